@@ -1,0 +1,95 @@
+# ctitan build. `make help` lists the targets.
+#
+# Layout of the output:
+#   build/ctitan                 the binary (core/)
+#   build/plugins/ctitan-*.so    one shared object per folder under plugins/ and models/
+#   build/tests/test_*           cmocka unit tests (tests/unit/test_*.c)
+
+CC        ?= cc
+BUILD     ?= build
+SANITIZE  ?= 0
+OPT       ?= -O2
+
+OPENBLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
+CPPFLAGS  += -Isdk/include -Icore -D_GNU_SOURCE
+CFLAGS    += -std=c11 -Wall -Wextra -Werror -g $(OPT) -fno-strict-aliasing
+LDLIBS    += -lyaml -lpcre2-8 -ljansson -ldl -lm -lpthread
+
+ifeq ($(SANITIZE),1)
+  BUILD   := build-san
+  CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  LDFLAGS += -fsanitize=address,undefined
+endif
+
+# Plugins include only sdk/ headers, hide every symbol but their entry function.
+PLUGIN_CFLAGS  := $(CFLAGS) -fPIC -fvisibility=hidden -Isdk/include
+PLUGIN_LDFLAGS := -shared $(LDFLAGS)
+
+CORE_SRC   := $(wildcard core/*.c)
+CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
+CORE_LIB_OBJ := $(filter-out $(BUILD)/core/main.o,$(CORE_OBJ))
+
+PLUGIN_DIRS := $(wildcard plugins/*/) $(wildcard models/*/)
+PLUGIN_NAMES := $(foreach d,$(PLUGIN_DIRS),$(notdir $(patsubst %/,%,$(d))))
+PLUGIN_SOS := $(foreach n,$(PLUGIN_NAMES),$(BUILD)/plugins/ctitan-$(n).so)
+
+TEST_SRC  := $(wildcard tests/unit/test_*.c)
+TEST_BIN  := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+
+# Extra link flags per plugin (plugins/<name>/plugin.mk may append to these).
+LIBS_cpu  := -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -fopenmp -lm
+CFLAGS_cpu := -fopenmp
+
+.PHONY: all help test bench demo deps clean fuzz
+all: $(BUILD)/ctitan $(PLUGIN_SOS) $(BUILD)/ctitan-sdk.pc
+
+help:
+	@echo "make            build build/ctitan and every plugin under build/plugins/"
+	@echo "make demo       install what is missing, build, prepare the demo data, train debugmodel, sample text"
+	@echo "make test       install what is missing, build, run the whole test suite"
+	@echo "make test SANITIZE=1   the same under AddressSanitizer + UndefinedBehaviorSanitizer"
+	@echo "make bench      sgemm peak, then tokens/s, GFLOP/s and the ratio to that peak"
+	@echo "make deps       install missing Debian packages (apt-get; a no-op when all are present)"
+	@echo "make fuzz       build the libFuzzer targets (clang) under build/fuzz/"
+	@echo "make clean      remove build outputs"
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD)/ctitan: $(CORE_OBJ)
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LDLIBS)
+
+$(BUILD)/core/%.o: core/%.c $(wildcard core/*.h) $(wildcard sdk/include/ctitan/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -DCT_BUILD_PLUGIN_DIR='"$(abspath $(BUILD))/plugins"' -c -o $@ $<
+
+# One shared object per plugin folder: every .c in it.
+define plugin_rule
+$(BUILD)/plugins/ctitan-$(1).so: $(wildcard $(2)*.c) $(wildcard $(2)*.h) $(wildcard sdk/include/ctitan/*.h)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(PLUGIN_CFLAGS) $$(CFLAGS_$(1)) $$(PLUGIN_LDFLAGS) -o $$@ $(wildcard $(2)*.c) $$(LIBS_$(1))
+endef
+$(foreach d,$(PLUGIN_DIRS),$(eval $(call plugin_rule,$(notdir $(patsubst %/,%,$(d))),$(d))))
+
+$(BUILD)/tests/%: tests/unit/%.c $(CORE_LIB_OBJ) $(wildcard tests/unit/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(TEST_CFLAGS_$*) -Itests/unit -o $@ $< $(TEST_EXTRA_$*) $(CORE_LIB_OBJ) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS_$*) -lcmocka
+
+$(BUILD)/ctitan-sdk.pc: sdk/ctitan-sdk.pc.in
+	@mkdir -p $(dir $@)
+	sed 's|@PREFIX@|$(abspath sdk)|' $< > $@
+
+-include $(wildcard plugins/*/plugin.mk) $(wildcard tests/unit/*.mk)
+
+test: deps
+	$(MAKE) all $(TEST_BIN)
+	BUILD=$(BUILD) tests/run.sh
+
+bench: deps all
+	BUILD=$(BUILD) scripts/bench.sh
+
+demo: deps all
+	BUILD=$(BUILD) scripts/demo.sh
+
+clean:
+	rm -rf build build-san

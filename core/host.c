@@ -1,0 +1,446 @@
+/* host.c: host services handed to plugins, memory counters, errors, tracing, plugin loader. */
+#include "host.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+mem_stats g_mem;
+int g_log_level = CT_LOG_INFO;
+
+static const char *mem_names[CT_MEM_NCATEGORIES] = {"params", "grads", "optimizer", "activations", "comm", "other"};
+
+const char *mem_category_name(ct_mem_category cat) {
+    return (unsigned)cat < CT_MEM_NCATEGORIES ? mem_names[cat] : "?";
+}
+
+void mem_account(ct_mem_category cat, int64_t delta) {
+    if ((unsigned)cat >= CT_MEM_NCATEGORIES) cat = CT_MEM_OTHER;
+    g_mem.cur[cat] += delta;
+    g_mem.cur_total += delta;
+    if (g_mem.cur[cat] > g_mem.peak[cat]) g_mem.peak[cat] = g_mem.cur[cat];
+    if (g_mem.cur_total > g_mem.peak_total) g_mem.peak_total = g_mem.cur_total;
+}
+
+/* ---- errors ---- */
+static _Thread_local char last_error[2048];
+
+const char *ct_last_error(void) { return last_error; }
+void ct_clear_error(void) { last_error[0] = 0; }
+void ct_set_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+}
+
+static void vlog(ct_log_level level, const char *who, const char *fmt, va_list ap) {
+    if ((int)level < g_log_level) return;
+    static const char *names[] = {"debug", "info", "warn", "error"};
+    FILE *f = level >= CT_LOG_WARN ? stderr : stdout;
+    if (level != CT_LOG_INFO || who) fprintf(f, "[%s%s%s] ", names[level & 3], who ? " " : "", who ? who : "");
+    vfprintf(f, fmt, ap);
+    fputc('\n', f);
+    fflush(f);
+}
+
+void ct_log(ct_log_level level, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(level, NULL, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- tracing: ranges kept in memory, written at the end ---- */
+typedef struct trace_event {
+    const char *name;
+    double ts_us;
+    char ph; /* 'B' or 'E' */
+} trace_event;
+static struct {
+    int on;
+    trace_event *ev;
+    size_t n, cap;
+    struct timespec t0;
+} g_trace;
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - g_trace.t0.tv_sec) * 1e6 + (double)(t.tv_nsec - g_trace.t0.tv_nsec) / 1e3;
+}
+
+void trace_enable(int on) {
+    g_trace.on = on;
+    clock_gettime(CLOCK_MONOTONIC, &g_trace.t0);
+}
+
+static void trace_push(const char *name, char ph) {
+    if (!g_trace.on) return;
+    if (g_trace.n == g_trace.cap) {
+        size_t cap = g_trace.cap ? g_trace.cap * 2 : 4096;
+        if (cap > (1u << 22)) return; /* bounded: drop ranges past 4M events */
+        trace_event *e = realloc(g_trace.ev, cap * sizeof *e);
+        if (!e) return;
+        g_trace.ev = e;
+        g_trace.cap = cap;
+    }
+    g_trace.ev[g_trace.n++] = (trace_event){name, now_us(), ph};
+}
+
+void trace_begin(const char *name) { trace_push(name, 'B'); }
+void trace_end(const char *name) { trace_push(name, 'E'); }
+
+int trace_write(const char *path, char *err, size_t errlen) {
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot write trace: %s", tmp, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "{\"traceEvents\":[\n");
+    for (size_t i = 0; i < g_trace.n; i++)
+        fprintf(f, "%s{\"name\":\"%s\",\"ph\":\"%c\",\"ts\":%.3f,\"pid\":0,\"tid\":0}", i ? ",\n" : "",
+                g_trace.ev[i].name, g_trace.ev[i].ph, g_trace.ev[i].ts_us);
+    fprintf(f, "\n]}\n");
+    int bad = ferror(f);
+    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        snprintf(err, errlen, "%s: cannot write trace", path);
+        unlink(tmp);
+        return -1;
+    }
+    free(g_trace.ev);
+    g_trace.ev = NULL;
+    g_trace.n = g_trace.cap = 0;
+    return 0;
+}
+
+/* ---- the host-services table ---- */
+static plugin *ctx_of(const ct_host *h) { return (plugin *)h->ctx; }
+
+static void h_log(const ct_host *h, ct_log_level level, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(level, ctx_of(h)->info.name ? ctx_of(h)->info.name : ctx_of(h)->path, fmt, ap);
+    va_end(ap);
+}
+
+static void h_set_error(const ct_host *h, const char *fmt, ...) {
+    char msg[1800];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *who = ctx_of(h)->info.name ? ctx_of(h)->info.name : "plugin";
+    ct_set_error("%s: %s", who, msg);
+}
+
+/* Host allocations carry a 64-byte header with their size and category. */
+typedef struct alloc_header {
+    size_t bytes;
+    int cat;
+    char pad[64 - sizeof(size_t) - sizeof(int)];
+} alloc_header;
+
+static void *h_mem_alloc(const ct_host *h, size_t bytes, ct_mem_category cat) {
+    (void)h;
+    if (bytes > SIZE_MAX - 128) return NULL;
+    alloc_header *a = aligned_alloc(64, (sizeof *a + bytes + 63) & ~(size_t)63);
+    if (!a) return NULL;
+    a->bytes = bytes;
+    a->cat = cat;
+    mem_account(cat, (int64_t)bytes);
+    return a + 1;
+}
+
+static void h_mem_free(const ct_host *h, void *p) {
+    (void)h;
+    if (!p) return;
+    alloc_header *a = (alloc_header *)p - 1;
+    mem_account((ct_mem_category)a->cat, -(int64_t)a->bytes);
+    free(a);
+}
+
+static void h_mem_account(const ct_host *h, ct_mem_category cat, int64_t delta) {
+    (void)h;
+    mem_account(cat, delta);
+}
+
+static const char *opt_raw(const ct_host *h, const char *key, ct_opt_type want, ct_status *st) {
+    plugin *p = ctx_of(h);
+    const ct_option_spec *spec = p->info.options;
+    for (; spec && spec->key; spec++)
+        if (strcmp(spec->key, key) == 0) break;
+    if (!spec || !spec->key || spec->type != want) {
+        ct_set_error("%s: asked for option '%s' it did not declare (or with another type)",
+                     p->info.name ? p->info.name : p->path, key);
+        *st = CT_ERR_INTERNAL;
+        return NULL;
+    }
+    char full[512];
+    snprintf(full, sizeof full, "%s.%s", p->section, key);
+    const char *s = NULL;
+    if (p->mf && mf_get_str(p->mf, full, &s) == 0) {
+        *st = CT_OK;
+        return s;
+    }
+    *st = spec->default_value ? CT_OK : CT_ERR_INVALID;
+    return spec->default_value;
+}
+
+static ct_status h_opt_int(const ct_host *h, const char *key, int64_t *out) {
+    ct_status st;
+    const char *s = opt_raw(h, key, CT_OPT_INT, &st);
+    if (st != CT_OK) return st;
+    return mf_parse_int(s, out) ? CT_ERR_INVALID : CT_OK;
+}
+static ct_status h_opt_float(const ct_host *h, const char *key, double *out) {
+    ct_status st;
+    const char *s = opt_raw(h, key, CT_OPT_FLOAT, &st);
+    if (st != CT_OK) return st;
+    return mf_parse_float(s, out) ? CT_ERR_INVALID : CT_OK;
+}
+static ct_status h_opt_bool(const ct_host *h, const char *key, int *out) {
+    ct_status st;
+    const char *s = opt_raw(h, key, CT_OPT_BOOL, &st);
+    if (st != CT_OK) return st;
+    return mf_parse_bool(s, out) ? CT_ERR_INVALID : CT_OK;
+}
+static ct_status h_opt_string(const ct_host *h, const char *key, const char **out) {
+    ct_status st;
+    const char *s = opt_raw(h, key, CT_OPT_STRING, &st);
+    if (st != CT_OK) return st;
+    *out = s;
+    return CT_OK;
+}
+
+static void h_trace_begin(const ct_host *h, const char *name) {
+    (void)h;
+    trace_begin(name);
+}
+static void h_trace_end(const ct_host *h, const char *name) {
+    (void)h;
+    trace_end(name);
+}
+
+static void host_table_init(plugin *p) {
+    p->host = (ct_host){
+        .struct_size = sizeof(ct_host),
+        .abi_major = CT_ABI_MAJOR,
+        .abi_minor = CT_ABI_MINOR,
+        .ctx = p,
+        .log = h_log,
+        .set_error = h_set_error,
+        .mem_alloc = h_mem_alloc,
+        .mem_free = h_mem_free,
+        .mem_account = h_mem_account,
+        .opt_int = h_opt_int,
+        .opt_float = h_opt_float,
+        .opt_bool = h_opt_bool,
+        .opt_string = h_opt_string,
+        .trace_begin = h_trace_begin,
+        .trace_end = h_trace_end,
+    };
+}
+
+/* ---- loader ---- */
+const char *plugin_kind_name(ct_plugin_kind kind) {
+    switch (kind) {
+    case CT_KIND_DEVICE: return "device";
+    case CT_KIND_MODEL: return "model";
+    case CT_KIND_OPTIMIZER: return "optimizer";
+    }
+    return "unknown";
+}
+
+/* The folder of the running binary + "/plugins". */
+static void exe_plugin_dir(char *buf, size_t len) {
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    buf[0] = 0;
+    if (n <= 0) return;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    if (strlen(exe) + sizeof "/plugins" <= len) {
+        strcpy(buf, exe);
+        strcat(buf, "/plugins");
+    }
+}
+
+/* Search path: the manifest's folder, $CTITAN_PLUGIN_PATH (':'-separated), the build's plugins. */
+static int search_dirs(const char *manifest_dir, char dirs[][PATH_MAX], int max) {
+    int n = 0;
+    if (manifest_dir && n < max && strlen(manifest_dir) < PATH_MAX) strcpy(dirs[n++], manifest_dir);
+    const char *env = getenv("CTITAN_PLUGIN_PATH");
+    while (env && *env && n < max) {
+        size_t len = strcspn(env, ":");
+        if (len) snprintf(dirs[n++], PATH_MAX, "%.*s", (int)len, env);
+        env += len + (env[len] == ':');
+    }
+    if (n < max) exe_plugin_dir(dirs[n++], PATH_MAX);
+#ifdef CT_BUILD_PLUGIN_DIR
+    if (n < max) snprintf(dirs[n++], PATH_MAX, "%s", CT_BUILD_PLUGIN_DIR);
+#endif
+    return n;
+}
+
+static int file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static plugin *open_plugin(const char *path, char *err, size_t errlen) {
+    dlerror();
+    /* RTLD_NODELETE: a plugin may start threads (OpenMP, CUDA) that outlive its handle */
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    if (!h) {
+        snprintf(err, errlen, "%s: cannot load plugin: %s", path, dlerror());
+        return NULL;
+    }
+    ct_plugin_entry_fn entry;
+    *(void **)&entry = dlsym(h, CT_PLUGIN_ENTRY_NAME);
+    if (!entry) {
+        snprintf(err, errlen, "%s: not a ctitan plugin: it does not export '%s'", path, CT_PLUGIN_ENTRY_NAME);
+        dlclose(h);
+        return NULL;
+    }
+    plugin *p = calloc(1, sizeof *p);
+    if (!p) {
+        dlclose(h);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    p->path = strdup(path);
+    p->handle = h;
+    p->section = "";
+    host_table_init(p);
+    p->info.struct_size = sizeof p->info;
+    ct_clear_error();
+    ct_status st = entry(&p->host, &p->info);
+    if (st != CT_OK) {
+        snprintf(err, errlen, "%s: plugin entry failed (status %d): %s", path, st, ct_last_error());
+        goto fail;
+    }
+    if (p->info.abi_major != CT_ABI_MAJOR) {
+        snprintf(err, errlen, "%s: plugin built for ctitan ABI %u.%u, this ctitan speaks ABI %d.%d: rebuild it against this SDK",
+                 path, p->info.abi_major, p->info.abi_minor, CT_ABI_MAJOR, CT_ABI_MINOR);
+        goto fail;
+    }
+    if (!p->info.name || !p->info.api) {
+        snprintf(err, errlen, "%s: plugin entry returned no name or no API table", path);
+        goto fail;
+    }
+    return p;
+fail:
+    plugin_unload(p);
+    return NULL;
+}
+
+plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, const manifest *mf,
+                    char *err, size_t errlen) {
+    char path[PATH_MAX];
+    const char *mdir = mf ? mf->dir : NULL;
+    if (strchr(name, '/') || (strlen(name) > 3 && strcmp(name + strlen(name) - 3, ".so") == 0)) {
+        if (name[0] == '/' || !mdir) snprintf(path, sizeof path, "%s", name);
+        else snprintf(path, sizeof path, "%s/%s", mdir, name);
+        if (!file_exists(path)) {
+            snprintf(err, errlen, "%s plugin '%s' not found at %s", plugin_kind_name(kind), name, path);
+            return NULL;
+        }
+    } else {
+        char lower[128];
+        size_t i = 0;
+        for (; name[i] && i < sizeof lower - 1; i++) lower[i] = (char)tolower((unsigned char)name[i]);
+        lower[i] = 0;
+        char dirs[16][PATH_MAX];
+        int nd = search_dirs(mdir, dirs, 16);
+        int found = 0;
+        char searched[2048] = "";
+        size_t used = 0;
+        for (int d = 0; d < nd && !found; d++) {
+            if (snprintf(path, sizeof path, "%s/ctitan-%s.so", dirs[d], lower) >= (int)sizeof path) continue;
+            found = file_exists(path);
+            int w = snprintf(searched + used, sizeof searched - used, "%s%s", used ? ", " : "", dirs[d]);
+            if (w > 0 && (size_t)w < sizeof searched - used) used += (size_t)w;
+        }
+        if (!found) {
+            snprintf(err, errlen, "%s plugin '%s' not found: no ctitan-%s.so in %s (set CTITAN_PLUGIN_PATH or give a path)",
+                     plugin_kind_name(kind), name, lower, searched);
+            return NULL;
+        }
+    }
+    plugin *p = open_plugin(path, err, errlen);
+    if (!p) return NULL;
+    if (p->info.kind != kind) {
+        snprintf(err, errlen, "%s: plugin '%s' is a %s plugin, expected a %s plugin", path, p->info.name,
+                 plugin_kind_name(p->info.kind), plugin_kind_name(kind));
+        plugin_unload(p);
+        return NULL;
+    }
+    p->section = section;
+    p->mf = mf;
+    return p;
+}
+
+void plugin_unload(plugin *p) {
+    if (!p) return;
+    if (p->handle) dlclose(p->handle);
+    free(p->path);
+    free(p);
+}
+
+int plugin_list(FILE *out, const char *manifest_dir) {
+    char dirs[16][PATH_MAX];
+    int nd = search_dirs(manifest_dir, dirs, 16), count = 0;
+    fprintf(out, "%-10s %-12s %-6s %s\n", "KIND", "NAME", "ABI", "PATH / DESCRIPTION");
+    char seen[16][PATH_MAX];
+    for (int d = 0; d < nd; d++) {
+        if (!realpath(dirs[d], seen[d])) seen[d][0] = 0;
+        int dup = !seen[d][0];
+        for (int j = 0; j < d && !dup; j++) dup = strcmp(seen[j], seen[d]) == 0;
+        if (dup) continue;
+        DIR *dir = opendir(dirs[d]);
+        if (!dir) continue;
+        struct dirent *e;
+        char (*names)[256] = NULL;
+        int nn = 0;
+        while ((e = readdir(dir))) {
+            size_t l = strlen(e->d_name);
+            if (strncmp(e->d_name, "ctitan-", 7) || l < 4 || strcmp(e->d_name + l - 3, ".so")) continue;
+            void *grown = realloc(names, sizeof(*names) * (size_t)(nn + 1));
+            if (!grown) break;
+            names = grown;
+            snprintf(names[nn++], 256, "%s", e->d_name);
+        }
+        closedir(dir);
+        qsort(names, (size_t)nn, sizeof *names, (int (*)(const void *, const void *))strcmp);
+        for (int i = 0; i < nn; i++) {
+            char path[PATH_MAX + 256], err[1024];
+            if (snprintf(path, sizeof path, "%s/%s", dirs[d], names[i]) >= (int)sizeof path) continue;
+            plugin *p = open_plugin(path, err, sizeof err);
+            if (!p) {
+                fprintf(out, "%-10s %-12s %-6s %s\n", "?", names[i], "-", err);
+                continue;
+            }
+            fprintf(out, "%-10s %-12s %u.%-4u %s\n%31s%s\n", plugin_kind_name(p->info.kind), p->info.name,
+                    p->info.abi_major, p->info.abi_minor, path, "",
+                    p->info.description ? p->info.description : "");
+            plugin_unload(p);
+            count++;
+        }
+        free(names);
+    }
+    return count;
+}

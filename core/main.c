@@ -1,0 +1,31 @@
+/* main.c: the `ctitan` command line. */
+#include "cmd_tokenize.h"
+#include "session.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char *usage =
+    "usage: ctitan COMMAND [ARGS]   (ctitan COMMAND --help for each)\n"
+    "commands:\n"
+    "  train MANIFEST      train the model a YAML manifest names (torchtitan's config keys)\n"
+    "  generate MANIFEST   sample text from the model a training run saved\n"
+    "  plugins [FOLDER]    list loadable plugins: kind, name, ABI version\n"
+    "  tokenize            turn text or JSONL into a token shard\n"
+    "  tokenizer           train / encode / decode with a BPE vocabulary (tiktoken format)\n"
+    "  help                this text\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? EXIT_BAD_INPUT : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
+    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 2, argv + 2);
+    if (!strcmp(cmd, "plugins")) return cmd_plugins(argc - 2, argv + 2);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenizer")) return cmd_tokenizer(argc - 1, argv + 1);
+    fprintf(stderr, "ctitan: unknown command '%s'\n%s", cmd, usage);
+    return EXIT_BAD_INPUT;
+}

@@ -1,0 +1,72 @@
+/* manifest.h: the YAML manifest (libyaml), command-line overrides and schema validation.
+ *
+ * A manifest is a tree of sections; nested maps flatten into dotted keys ("training.steps",
+ * "quantize.dense.float8.enable"). Every key carries where it came from (file and line, or the
+ * command line) so that every error names it. The schema (core keys plus the options each loaded
+ * plugin declares under its section) decides which keys exist and their types.
+ */
+#ifndef CT_MANIFEST_H
+#define CT_MANIFEST_H
+
+#include "ctitan/abi.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct mf_value {
+    char *key;    /* dotted: "training.steps" */
+    char *value;  /* the scalar as written; NULL for a sequence or map (type errors) */
+    int is_seq;   /* the YAML value was a sequence (items in `items`, joined with ',' in value) */
+    int line;     /* 1-based line in the manifest, 0 for the command line */
+} mf_value;
+
+typedef struct mf_schema_entry {
+    char *key; /* dotted */
+    ct_opt_type type;
+    char *default_value; /* NULL: unset unless given */
+    char *help;
+    int plugin; /* declared by a plugin (shown separately in --help) */
+} mf_schema_entry;
+
+typedef struct manifest {
+    char *path; /* as given */
+    char *dir;  /* its folder, for resolving relative paths */
+    mf_value *values;
+    int n_values;
+    mf_schema_entry *schema;
+    int n_schema;
+} manifest;
+
+/* Parses the YAML file. On error returns NULL and writes "path:line:col: what" into err. */
+manifest *manifest_load(const char *path, char *err, size_t errlen);
+/* Applies one "--section.key=value" (or key and value separately: value may be NULL when `arg`
+ * holds '='). The last override of a key wins. */
+int manifest_override(manifest *m, const char *key, const char *value, char *err, size_t errlen);
+void manifest_free(manifest *m);
+
+/* Adds the core's keys to the schema. */
+void manifest_add_core_schema(manifest *m);
+/* Adds a plugin's options under `section` ("model", "optimizer", "device"). */
+void manifest_add_plugin_schema(manifest *m, const char *section, const ct_option_spec *opts);
+/* Checks every key exists in the schema and parses as its type; first error -> err, returns -1. */
+int manifest_validate(const manifest *m, char *err, size_t errlen);
+
+/* Typed getters (after validation). Return 0 when the key is set or has a default, -1 when unset. */
+int mf_get_str(const manifest *m, const char *key, const char **out);
+int mf_get_int(const manifest *m, const char *key, int64_t *out);
+int mf_get_float(const manifest *m, const char *key, double *out);
+int mf_get_bool(const manifest *m, const char *key, int *out);
+/* Where a key was set: "path:line" or "command line" (for errors about values). */
+void mf_where(const manifest *m, const char *key, char *buf, size_t len);
+
+/* Prints the effective configuration (every schema key with its value) as YAML. */
+void manifest_print(const manifest *m, FILE *f);
+/* Prints the schema as help text. */
+void manifest_print_schema(const manifest *m, FILE *f);
+
+/* Parsers shared with plugins' option getters: 0 on success. */
+int mf_parse_int(const char *s, int64_t *out);
+int mf_parse_float(const char *s, double *out);
+int mf_parse_bool(const char *s, int *out);
+
+#endif

@@ -1,0 +1,503 @@
+/* runtime.c: parameters, initialisation, the forward/backward driver over units, activation
+ * checkpointing, and gradient utilities. */
+#include "runtime.h"
+
+#include "host.h"
+#include "tape.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- counter-based RNG: value i of stream `key` does not depend on any other draw ---- */
+uint64_t rng_splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+uint64_t rng_hash_str(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+double rng_uniform(uint64_t key, uint64_t i) {
+    uint64_t r = rng_splitmix64(key ^ rng_splitmix64(i));
+    return ((double)(r >> 11) + 0.5) * (1.0 / 9007199254740992.0); /* (0, 1) */
+}
+
+double rng_normal(uint64_t key, uint64_t i) {
+    double u1 = rng_uniform(key, 2 * i), u2 = rng_uniform(key, 2 * i + 1);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* ---- parameters ---- */
+typedef struct decl {
+    int unit;
+    char *name;
+    int ndim;
+    int64_t shape[CT_MAX_DIMS];
+    ct_init init;
+    uint32_t flags;
+} decl;
+
+typedef struct registry_ctx {
+    runtime *rt;
+    decl *decls;
+    int n;
+    int failed;
+} registry_ctx;
+
+static ct_tensor *reg_add(ct_param_registry *r, int unit, const char *name, int ndim, const int64_t *shape,
+                          const ct_init *init, uint32_t flags) {
+    registry_ctx *c = r->ctx;
+    if (!name || ndim < 1 || ndim > CT_MAX_DIMS || !init || unit < 0 || unit >= c->rt->desc.n_units) {
+        ct_set_error("declare_params: bad parameter '%s' (unit %d, %d dims)", name ? name : "?", unit, ndim);
+        c->failed = 1;
+        return NULL;
+    }
+    for (int i = 0; i < c->n; i++)
+        if (strcmp(c->decls[i].name, name) == 0) {
+            ct_set_error("declare_params: parameter '%s' declared twice", name);
+            c->failed = 1;
+            return NULL;
+        }
+    decl *grown = realloc(c->decls, sizeof(*grown) * (size_t)(c->n + 1));
+    rt_tensor *t = calloc(1, sizeof *t);
+    if (!grown || !t) {
+        if (grown) c->decls = grown;
+        free(t);
+        c->failed = 1;
+        return NULL;
+    }
+    c->decls = grown;
+    decl *d = &c->decls[c->n++];
+    memset(d, 0, sizeof *d);
+    d->unit = unit;
+    d->name = strdup(name);
+    d->ndim = ndim;
+    for (int i = 0; i < ndim; i++) d->shape[i] = shape[i];
+    d->init = *init;
+    d->flags = flags | CT_TENSOR_PARAM;
+    t->t.struct_size = sizeof t->t;
+    t->t.dtype = CT_F32;
+    t->t.ndim = ndim;
+    memcpy(t->t.shape, d->shape, sizeof d->shape);
+    t->t.name = d->name;
+    t->t.flags = d->flags;
+    /* the runtime takes ownership of t below, in declaration order */
+    rt_tensor **ps = realloc(c->rt->params, sizeof(*ps) * (size_t)c->n);
+    if (!ps) {
+        c->failed = 1;
+        free(t);
+        return NULL;
+    }
+    c->rt->params = ps;
+    ps[c->n - 1] = t;
+    c->rt->n_params = c->n;
+    return &t->t;
+}
+
+static void init_values(const decl *d, uint64_t seed, float *out, int64_t n) {
+    uint64_t key = rng_splitmix64(seed) ^ rng_hash_str(d->name);
+    const ct_init *in = &d->init;
+    for (int64_t i = 0; i < n; i++) {
+        double v;
+        switch (in->kind) {
+        case CT_INIT_CONSTANT: v = in->value; break;
+        case CT_INIT_UNIFORM: v = in->lo + (in->hi - in->lo) * rng_uniform(key, (uint64_t)i); break;
+        case CT_INIT_TRUNC_NORMAL: {
+            /* redraw outside [lo, hi]: draw j of element i is stream index i + j * n */
+            uint64_t j = 0;
+            do v = in->std * rng_normal(key, (uint64_t)i + j++ * (uint64_t)n);
+            while ((v < in->lo || v > in->hi) && j < 1000);
+            break;
+        }
+        default: v = in->std * rng_normal(key, (uint64_t)i); break;
+        }
+        out[i] = (float)v;
+    }
+}
+
+static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_api *m, void *model, uint64_t seed,
+                 char *err, size_t errlen) {
+    memset(rt, 0, sizeof *rt);
+    rt->d = d;
+    rt->dev = dev;
+    rt->m = m;
+    rt->model = model;
+    rt->seed = seed;
+    rt->desc.struct_size = sizeof rt->desc;
+    ct_clear_error();
+    if (m->describe(model, &rt->desc) != CT_OK) {
+        snprintf(err, errlen, "model describe failed: %s", ct_last_error());
+        return -1;
+    }
+    if (rt->desc.n_units < 2) {
+        snprintf(err, errlen, "model has %d units; need at least an embedding and a head", rt->desc.n_units);
+        return -1;
+    }
+    registry_ctx rc = {rt, NULL, 0, 0};
+    ct_param_registry reg = {sizeof reg, &rc, reg_add};
+    ct_status st = m->declare_params(model, &reg);
+    if (st != CT_OK || rc.failed) {
+        snprintf(err, errlen, "model declare_params failed: %s", ct_last_error());
+        goto fail;
+    }
+    /* one allocation for all parameters, one for all gradients */
+    size_t total = 0;
+    for (int i = 0; i < rc.n; i++) total += align64((size_t)ct_tensor_numel(&rt->params[i]->t) * sizeof(float));
+    rt->param_bytes = total;
+    if (d->alloc(dev, total, (void **)&rt->param_mem) != CT_OK ||
+        d->alloc(dev, total, (void **)&rt->grad_mem) != CT_OK) {
+        snprintf(err, errlen, "cannot allocate %zu bytes for parameters and gradients", 2 * total);
+        goto fail;
+    }
+    mem_account(CT_MEM_PARAMS, (int64_t)total);
+    mem_account(CT_MEM_GRADS, (int64_t)total);
+    rt->param_unit = calloc((size_t)rc.n, sizeof(int));
+    size_t off = 0, max_n = 0;
+    for (int i = 0; i < rc.n; i++) {
+        size_t n = (size_t)ct_tensor_numel(&rt->params[i]->t);
+        if (n > max_n) max_n = n;
+    }
+    float *host = malloc(max_n * sizeof(float));
+    if (!host || !rt->param_unit) {
+        free(host);
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < rc.n; i++) {
+        rt_tensor *t = rt->params[i];
+        int64_t n = ct_tensor_numel(&t->t);
+        t->t.data = rt->param_mem + off;
+        t->t.grad = rt->grad_mem + off;
+        rt->param_unit[i] = rc.decls[i].unit;
+        rt->n_param_elems += n;
+        init_values(&rc.decls[i], seed, host, n);
+        if (d->copy(dev, t->t.data, host, (size_t)n * sizeof(float), CT_COPY_H2D) != CT_OK) {
+            free(host);
+            snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
+            goto fail;
+        }
+        off += align64((size_t)n * sizeof(float));
+    }
+    free(host);
+    /* names are owned by the decls; keep them alive by handing them to the tensors */
+    for (int i = 0; i < rc.n; i++) rt->params[i]->t.name = rc.decls[i].name;
+    free(rc.decls);
+    rc.decls = NULL;
+    if (runtime_zero_grads(rt)) {
+        snprintf(err, errlen, "cannot zero gradients: %s", ct_last_error());
+        return -1;
+    }
+    pool_init(&rt->saved.data, d, dev, CT_MEM_ACTIVATIONS);
+    pool_init(&rt->saved.desc, NULL, NULL, CT_MEM_OTHER);
+    pool_init(&rt->scratch.data, d, dev, CT_MEM_ACTIVATIONS);
+    pool_init(&rt->scratch.desc, NULL, NULL, CT_MEM_OTHER);
+    pool_init(&rt->grads.data, d, dev, CT_MEM_ACTIVATIONS);
+    pool_init(&rt->grads.desc, NULL, NULL, CT_MEM_OTHER);
+    int nu = rt->desc.n_units;
+    rt->ac = calloc((size_t)nu, sizeof(int));
+    rt->unit_in = calloc((size_t)nu, sizeof(rt_tensor *));
+    rt->unit_out = calloc((size_t)nu, sizeof(rt_tensor *));
+    rt->unit_tape = calloc((size_t)nu, sizeof(tape_entry *));
+    if (!rt->ac || !rt->unit_in || !rt->unit_out || !rt->unit_tape) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    tape_builder_init(rt);
+    return 0;
+fail:
+    for (int i = 0; i < rc.n && rc.decls; i++) free(rc.decls[i].name);
+    free(rc.decls);
+    for (int i = 0; i < rt->n_params; i++) rt->params[i]->t.name = NULL;
+    return -1;
+}
+
+void runtime_free(runtime *rt) {
+    if (!rt->d) return;
+    for (int i = 0; i < rt->n_params; i++) {
+        free((char *)rt->params[i]->t.name);
+        free(rt->params[i]);
+    }
+    free(rt->params);
+    free(rt->param_unit);
+    if (rt->param_mem) {
+        rt->d->free(rt->dev, rt->param_mem);
+        mem_account(CT_MEM_PARAMS, -(int64_t)rt->param_bytes);
+    }
+    if (rt->grad_mem) {
+        rt->d->free(rt->dev, rt->grad_mem);
+        mem_account(CT_MEM_GRADS, -(int64_t)rt->param_bytes);
+    }
+    if (rt->bf16_shadow) {
+        rt->d->free(rt->dev, rt->bf16_shadow);
+        mem_account(CT_MEM_PARAMS, -(int64_t)rt->param_bytes);
+    }
+    free(rt->master_data);
+    pool_destroy(&rt->saved.data);
+    pool_destroy(&rt->saved.desc);
+    pool_destroy(&rt->scratch.data);
+    pool_destroy(&rt->scratch.desc);
+    pool_destroy(&rt->grads.data);
+    pool_destroy(&rt->grads.desc);
+    free(rt->ac);
+    free(rt->unit_in);
+    free(rt->unit_out);
+    free(rt->unit_tape);
+    memset(rt, 0, sizeof *rt);
+}
+
+int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err, size_t errlen) {
+    int nu = rt->desc.n_units;
+    memset(rt->ac, 0, sizeof(int) * (size_t)nu);
+    if (strcmp(mode, "none") == 0) return 0;
+    if (strcmp(mode, "full") == 0) {
+        for (int u = 1; u < nu - 1; u++) rt->ac[u] = 1; /* every block; embedding and head stay */
+        return 0;
+    }
+    if (strcmp(mode, "selective") == 0) {
+        int64_t every;
+        if (mf_parse_int(option, &every) || every < 1) {
+            snprintf(err, errlen,
+                     "activation_checkpoint.selective_ac_option: expected a positive integer N (checkpoint every Nth "
+                     "block), got '%s' (per-op selective checkpointing 'op' is not supported)",
+                     option);
+            return -1;
+        }
+        /* torchtitan's layer SAC: the k-th block (1-based) is checkpointed when k % N == 0 */
+        for (int u = 1; u < nu - 1; u++) rt->ac[u] = (u % every) == 0;
+        return 0;
+    }
+    snprintf(err, errlen, "activation_checkpoint.mode: expected none, full or selective, got '%s'", mode);
+    return -1;
+}
+
+int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
+    if (rt->d->alloc(rt->dev, rt->param_bytes, (void **)&rt->bf16_shadow) != CT_OK) {
+        snprintf(err, errlen, "cannot allocate the bf16 parameter copies");
+        return -1;
+    }
+    mem_account(CT_MEM_PARAMS, (int64_t)rt->param_bytes);
+    rt->master_data = calloc((size_t)rt->n_params, sizeof(void *));
+    if (!rt->master_data) return -1;
+    for (int i = 0; i < rt->n_params; i++) rt->master_data[i] = rt->params[i]->t.data;
+    return 0;
+}
+
+int runtime_begin_step(runtime *rt) {
+    if (!rt->bf16_shadow) return 0;
+    size_t off = 0;
+    for (int i = 0; i < rt->n_params; i++) {
+        int64_t n = ct_tensor_numel(&rt->params[i]->t);
+        float *dst = (float *)((char *)rt->bf16_shadow + off);
+        if (rt->d->copy(rt->dev, dst, rt->master_data[i], (size_t)n * sizeof(float), CT_COPY_D2D) != CT_OK ||
+            rt->d->round_bf16(rt->dev, dst, n) != CT_OK)
+            return -1;
+        off += align64((size_t)n * sizeof(float));
+    }
+    return 0;
+}
+
+/* Points the parameters at the bf16 copies (forward) or back at the masters (optimizer). */
+static void use_shadow(runtime *rt, int on) {
+    if (!rt->bf16_shadow) return;
+    size_t off = 0;
+    for (int i = 0; i < rt->n_params; i++) {
+        int64_t n = ct_tensor_numel(&rt->params[i]->t);
+        rt->params[i]->t.data = on ? (char *)rt->bf16_shadow + off : rt->master_data[i];
+        off += align64((size_t)n * sizeof(float));
+    }
+}
+
+/* ---- forward / backward over units ---- */
+static rt_tensor *upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T) {
+    int64_t shape[2] = {B, T};
+    rt_tensor *t = tape_new_activation(rt, CT_I32, 2, shape);
+    if (!t) return NULL;
+    if (rt->d->copy(rt->dev, t->t.data, ids, sizeof(int32_t) * (size_t)(B * T), CT_COPY_H2D) != CT_OK) return NULL;
+    return t;
+}
+
+static int reset_arenas(runtime *rt) {
+    int bad = pool_reset(&rt->saved.data) | pool_reset(&rt->saved.desc) | pool_reset(&rt->scratch.data) |
+              pool_reset(&rt->scratch.desc) | pool_reset(&rt->grads.data) | pool_reset(&rt->grads.desc);
+    return bad ? -1 : 0;
+}
+
+static void note_act_peak(runtime *rt) {
+    int64_t live = (int64_t)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
+    if (live > rt->peak_act_bytes) rt->peak_act_bytes = live;
+}
+
+static int unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, rt_tensor **out) {
+    ct_tensor *o = NULL;
+    ct_clear_error();
+    trace_begin(rt->m->unit_name ? rt->m->unit_name(rt->model, u) : "unit");
+    ct_status st = rt->m->unit_forward(rt->model, u, &rt->builder, x ? &x->t : NULL, &tokens->t,
+                                       targets ? &targets->t : NULL, &o);
+    trace_end(rt->m->unit_name ? rt->m->unit_name(rt->model, u) : "unit");
+    if (st != CT_OK || !o) {
+        if (!ct_last_error()[0]) ct_set_error("model unit %d forward failed (status %d)", u, st);
+        return -1;
+    }
+    *out = (rt_tensor *)o;
+    note_act_peak(rt);
+    return 0;
+}
+
+/* Forward of every unit; checkpointed units keep only their output. */
+static int forward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int record, rt_tensor **last) {
+    rt_tensor *x = NULL;
+    int nu = rt->desc.n_units;
+    for (int u = 0; u < nu; u++) {
+        rt_tensor *tg = u == nu - 1 ? targets : NULL;
+        rt->unit_in[u] = x;
+        rt->tail = NULL;
+        if (record && rt->ac[u]) {
+            pool_mark md = pool_get_mark(&rt->scratch.data), mh = pool_get_mark(&rt->scratch.desc);
+            rt->recording = 0;
+            rt->act = &rt->scratch;
+            rt_tensor *o;
+            if (unit_forward(rt, u, x, tokens, tg, &o)) return -1;
+            rt->act = &rt->saved;
+            rt_tensor *keep = tape_new_activation(rt, o->t.dtype, o->t.ndim, o->t.shape);
+            if (!keep || rt->d->copy(rt->dev, keep->t.data, o->t.data,
+                                     (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype), CT_COPY_D2D))
+                return -1;
+            pool_release(&rt->scratch.data, md);
+            pool_release(&rt->scratch.desc, mh);
+            x = keep;
+        } else {
+            rt->recording = record;
+            rt->act = &rt->saved;
+            if (unit_forward(rt, u, x, tokens, tg, &x)) return -1;
+        }
+        rt->unit_tape[u] = rt->tail;
+        rt->unit_out[u] = x;
+    }
+    rt->recording = 0;
+    *last = x;
+    return 0;
+}
+
+static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets) {
+    int nu = rt->desc.n_units;
+    for (int u = nu - 1; u >= 0; u--) {
+        rt_tensor *in = rt->unit_in[u];
+        if (in && !tape_grad(rt, in)) return -1; /* the boundary gradient outlives the unit */
+        pool_mark gd = pool_get_mark(&rt->grads.data);
+        pool_mark sd = pool_get_mark(&rt->scratch.data), sh = pool_get_mark(&rt->scratch.desc);
+        tape_entry *tail = rt->unit_tape[u];
+        if (rt->ac[u]) { /* recompute the unit, recording, into scratch */
+            rt->recording = 1;
+            rt->act = &rt->scratch;
+            rt->tail = NULL;
+            rt_tensor *o;
+            if (unit_forward(rt, u, in, tokens, u == nu - 1 ? targets : NULL, &o)) return -1;
+            rt->recording = 0;
+            rt_tensor *owner = o->base ? o->base : o;
+            owner->t.grad = rt->unit_out[u]->t.grad;
+            tail = rt->tail;
+        }
+        trace_begin("backward");
+        int bad = tape_backward(rt, tail, TAPE_BOTH);
+        trace_end("backward");
+        if (bad) return -1;
+        note_act_peak(rt);
+        pool_release(&rt->grads.data, gd);
+        pool_release(&rt->scratch.data, sd);
+        pool_release(&rt->scratch.desc, sh);
+    }
+    return 0;
+}
+
+int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                             float loss_scale, double *loss_sum) {
+    if (reset_arenas(rt)) return -1;
+    use_shadow(rt, 1);
+    rt->act = &rt->saved;
+    rt_tensor *tok = upload_ids(rt, tokens, B, T), *tgt = upload_ids(rt, targets, B, T), *loss = NULL;
+    int bad = !tok || !tgt || forward_units(rt, tok, tgt, 1, &loss);
+    if (!bad && (loss->t.ndim != 0 || loss->t.dtype != CT_F32)) {
+        ct_set_error("model: the last unit must return a scalar loss when given targets");
+        bad = 1;
+    }
+    float lf = 0;
+    if (!bad) bad = rt->d->copy(rt->dev, &lf, loss->t.data, sizeof lf, CT_COPY_D2H) != CT_OK;
+    if (!bad) {
+        float *g = tape_grad(rt, loss);
+        bad = !g || rt->d->copy(rt->dev, g, &loss_scale, sizeof loss_scale, CT_COPY_H2D) != CT_OK;
+    }
+    /* backward runs with the same (bf16-rounded) weights as forward; gradients land in the f32
+     * master gradients, which the parameters point at whatever their data pointer */
+    if (!bad) bad = backward_units(rt, tok, tgt);
+    use_shadow(rt, 0);
+    *loss_sum = lf;
+    return bad ? -1 : 0;
+}
+
+int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out) {
+    if (reset_arenas(rt)) return -1;
+    use_shadow(rt, 1);
+    rt->act = &rt->saved;
+    rt_tensor *tok = upload_ids(rt, tokens, B, T), *logits = NULL;
+    int bad = !tok || forward_units(rt, tok, NULL, 0, &logits);
+    use_shadow(rt, 0);
+    if (bad) return -1;
+    int64_t V = logits->t.shape[logits->t.ndim - 1];
+    if (ct_tensor_numel(&logits->t) != B * T * V) {
+        ct_set_error("model: the last unit must return logits (B, T, V) without targets");
+        return -1;
+    }
+    if (rt->d->copy(rt->dev, logits_out, logits->t.data, sizeof(float) * (size_t)(B * T * V), CT_COPY_D2H) != CT_OK)
+        return -1;
+    return 0;
+}
+
+int runtime_zero_grads(runtime *rt) {
+    return rt->d->zero(rt->dev, rt->grad_mem, rt->param_bytes) == CT_OK ? 0 : -1;
+}
+
+int runtime_grad_norm(runtime *rt, double *norm) {
+    double total = 0;
+    for (int i = 0; i < rt->n_params; i++) {
+        double s;
+        if (rt->d->sum_squares(rt->dev, &s, rt->params[i]->t.grad, ct_tensor_numel(&rt->params[i]->t)) != CT_OK)
+            return -1;
+        total += s;
+    }
+    *norm = sqrt(total);
+    return 0;
+}
+
+int runtime_scale_grads(runtime *rt, float s) {
+    for (int i = 0; i < rt->n_params; i++)
+        if (rt->d->scale(rt->dev, rt->params[i]->t.grad, s, ct_tensor_numel(&rt->params[i]->t)) != CT_OK) return -1;
+    return 0;
+}
+
+int runtime_param_get(runtime *rt, int i, float *host, int grad) {
+    rt_tensor *t = rt->params[i];
+    void *src = grad ? t->t.grad : (rt->master_data ? rt->master_data[i] : t->t.data);
+    return rt->d->copy(rt->dev, host, src, sizeof(float) * (size_t)ct_tensor_numel(&t->t), CT_COPY_D2H) == CT_OK ? 0
+                                                                                                             : -1;
+}
+
+int runtime_param_set(runtime *rt, int i, const float *host) {
+    rt_tensor *t = rt->params[i];
+    void *dst = rt->master_data ? rt->master_data[i] : t->t.data;
+    return rt->d->copy(rt->dev, dst, host, sizeof(float) * (size_t)ct_tensor_numel(&t->t), CT_COPY_H2D) == CT_OK ? 0
+                                                                                                            : -1;
+}
+
+int runtime_find_param(runtime *rt, const char *name) {
+    for (int i = 0; i < rt->n_params; i++)
+        if (strcmp(rt->params[i]->t.name, name) == 0) return i;
+    return -1;
+}

@@ -1,0 +1,126 @@
+/* runtime.h: the model at run time: parameters (one allocation each for data, gradients and
+ * optimizer states), activation arenas, the tape that records SDK ops and replays their backward,
+ * and activation checkpointing per unit.
+ *
+ * Memory lifetimes (each a pool: device memory + the host descriptors that go with it):
+ *   saved   activations kept from forward to backward; reset at each microbatch
+ *   scratch temporaries of checkpointed units (forward, then recompute in backward); reset per unit
+ *   grads   activation gradients; a unit's internal ones are released after its backward
+ */
+#ifndef CT_RUNTIME_H
+#define CT_RUNTIME_H
+
+#include "ctitan/device.h"
+#include "ctitan/model.h"
+
+/* A host tensor: the ABI descriptor plus what the tape needs. */
+typedef struct rt_tensor {
+    ct_tensor t;            /* first: plugins see &t */
+    struct rt_tensor *base; /* a view's owner (shares data and grad) */
+} rt_tensor;
+
+typedef struct pool_chunk {
+    char *base;
+    size_t cap;
+} pool_chunk;
+
+/* A bump allocator with marks; grows by chunks and coalesces into one chunk at reset, so steady
+ * state makes no allocation. */
+typedef struct pool {
+    const ct_device_api *d;
+    void *dev; /* NULL: host memory (malloc) */
+    ct_mem_category cat;
+    pool_chunk *chunks;
+    int n_chunks, cur;
+    size_t top;
+    size_t used, peak_used, cap_total;
+} pool;
+
+typedef struct pool_mark {
+    int cur;
+    size_t top, used;
+} pool_mark;
+
+void pool_init(pool *p, const ct_device_api *d, void *dev, ct_mem_category cat);
+void pool_destroy(pool *p);
+void *pool_alloc(pool *p, size_t bytes);
+pool_mark pool_get_mark(const pool *p);
+void pool_release(pool *p, pool_mark m);
+int pool_reset(pool *p);
+
+typedef struct tape_entry tape_entry;
+
+/* A pair of pools: device data and host descriptors with the same lifetime. */
+typedef struct arena {
+    pool data, desc;
+} arena;
+
+typedef struct runtime {
+    const ct_device_api *d;
+    void *dev;
+    const ct_model_api *m;
+    void *model;
+    ct_model_desc desc;
+    uint64_t seed;
+
+    /* parameters, in declaration order */
+    rt_tensor **params;
+    int *param_unit;
+    int n_params;
+    int64_t n_param_elems;
+    char *param_mem, *grad_mem; /* one device allocation each */
+    size_t param_bytes;
+    float *bf16_shadow;         /* mixed_precision_param=bfloat16: bf16-rounded copies used by forward */
+    void **master_data;         /* the f32 master pointers while the shadow is swapped in */
+
+    /* activation checkpointing: ac[u] != 0 when unit u is recomputed in backward */
+    int *ac;
+
+    arena saved, scratch, grads;
+    /* per microbatch */
+    rt_tensor **unit_in, **unit_out;
+    tape_entry **unit_tape;
+    int recording;
+    arena *act; /* where builder outputs go now */
+    tape_entry *tail;
+    ct_builder builder;
+    int64_t peak_act_bytes; /* live bytes of saved + scratch + grads at their worst */
+} runtime;
+
+/* Builds the runtime: declares, allocates and initialises the parameters from `seed`. */
+int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_api *m, void *model,
+                 uint64_t seed, char *err, size_t errlen);
+void runtime_free(runtime *rt);
+
+/* Sets which units are checkpointed: mode "none" | "full" | "selective" with every Nth block. */
+int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err, size_t errlen);
+/* Uses bf16-rounded parameters in forward (fp32 master weights and gradients). */
+int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen);
+/* Before the forward passes of a step: refreshes the bf16 shadow if enabled. */
+int runtime_begin_step(runtime *rt);
+
+/* One microbatch: tokens, targets (B,T) int32 on the host. Forward through every unit and backward,
+ * with d(loss_sum)/d(loss) = loss_scale (1 / global valid tokens). Accumulates into parameter
+ * gradients; *loss_sum receives the summed cross entropy of the microbatch. */
+int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B,
+                             int64_t T, float loss_scale, double *loss_sum);
+/* Forward only: the logits (B, T, V) into host memory. */
+int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out);
+
+int runtime_zero_grads(runtime *rt);
+/* Global L2 norm of all gradients (double accumulation). */
+int runtime_grad_norm(runtime *rt, double *norm);
+int runtime_scale_grads(runtime *rt, float s);
+
+/* Host copies for tests and export: parameter i's data or grad (numel floats). */
+int runtime_param_get(runtime *rt, int i, float *host, int grad);
+int runtime_param_set(runtime *rt, int i, const float *host);
+int runtime_find_param(runtime *rt, const char *name);
+
+/* Host-side counter-based RNG (splitmix64) shared by init and sampling. */
+uint64_t rng_splitmix64(uint64_t x);
+double rng_uniform(uint64_t key, uint64_t i);
+double rng_normal(uint64_t key, uint64_t i);
+uint64_t rng_hash_str(const char *s);
+
+#endif

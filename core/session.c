@@ -1,0 +1,406 @@
+/* session.c: from a manifest to a ready run: argument parsing, plugin loading, validation,
+ * device/model/optimizer creation, model save/load and sampling. */
+#include "session.h"
+
+#include "tensorfile.h"
+#include "tokenizer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, int *status) {
+    char err[2048];
+    const char *ov_key[512], *ov_val[512];
+    char *owned[512];
+    int n_ov = 0, n_owned = 0;
+    manifest *mf = NULL;
+    memset(a, 0, sizeof *a);
+    *status = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            a->help = 1;
+        } else if (!strcmp(arg, "--print-config") || !strcmp(arg, "--print_config")) {
+            a->print_config = 1;
+        } else if (!strcmp(arg, "--dry-run") || !strcmp(arg, "--dry_run")) {
+            a->dry_run = 1;
+        } else if (!strncmp(arg, "--checkpoint", 12) || !strncmp(arg, "--prompt", 8)) {
+            int is_ckpt = arg[2] == 'c';
+            const char *v = strchr(arg, '=') ? strchr(arg, '=') + 1 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v) {
+                fprintf(stderr, "ctitan: %s needs a value\n%s", arg, usage);
+                *status = EXIT_BAD_INPUT;
+                goto done;
+            }
+            if (is_ckpt) a->checkpoint = v;
+            else a->prompt = v;
+        } else if (!strncmp(arg, "--", 2)) {
+            if (n_ov == 512) {
+                fprintf(stderr, "ctitan: too many overrides\n");
+                *status = EXIT_BAD_INPUT;
+                goto done;
+            }
+            const char *eq = strchr(arg, '=');
+            if (eq) {
+                owned[n_owned] = strndup(arg + 2, (size_t)(eq - arg - 2));
+                ov_key[n_ov] = owned[n_owned++];
+                ov_val[n_ov++] = eq + 1;
+            } else if (i + 1 < argc) {
+                ov_key[n_ov] = arg + 2;
+                ov_val[n_ov++] = argv[++i];
+            } else {
+                fprintf(stderr, "ctitan: command line: %s: expected --section.key=value\n", arg);
+                *status = EXIT_BAD_INPUT;
+                goto done;
+            }
+        } else if (!a->config) {
+            a->config = arg;
+        } else {
+            fprintf(stderr, "ctitan: unexpected argument '%s'\n%s", arg, usage);
+            *status = EXIT_BAD_INPUT;
+            goto done;
+        }
+    }
+    for (int i = 0; i < n_ov && !a->config; i++)
+        if (!strcmp(ov_key[i], "job.config_file")) a->config = ov_val[i];
+    if (a->help) goto done;
+    if (!a->config) {
+        fprintf(stderr, "ctitan: no manifest given\n%s", usage);
+        *status = EXIT_BAD_INPUT;
+        goto done;
+    }
+    mf = manifest_load(a->config, err, sizeof err);
+    if (!mf) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        *status = EXIT_BAD_INPUT;
+        goto done;
+    }
+    for (int i = 0; i < n_ov; i++) {
+        if (!strcmp(ov_key[i], "job.config_file")) continue;
+        if (manifest_override(mf, ov_key[i], ov_val[i], err, sizeof err)) {
+            fprintf(stderr, "ctitan: %s\n", err);
+            manifest_free(mf);
+            mf = NULL;
+            *status = EXIT_BAD_INPUT;
+            goto done;
+        }
+    }
+    manifest_add_core_schema(mf);
+done:
+    for (int i = 0; i < n_owned; i++) free(owned[i]);
+    return mf;
+}
+
+void session_resolve_path(const manifest *mf, const char *p, char *out, size_t len) {
+    if (p[0] == '/' || access(p, F_OK) == 0 || snprintf(out, len, "%s/%s", mf->dir, p) >= (int)len ||
+        access(out, F_OK) != 0)
+        snprintf(out, len, "%s", p);
+}
+
+static int load_slot(session *s, const char *section, ct_plugin_kind kind, plugin **out) {
+    char key[64], err[2048], where[600];
+    const char *name;
+    snprintf(key, sizeof key, "%s.name", section);
+    mf_get_str(s->mf, key, &name);
+    *out = plugin_load(name, kind, section, s->mf, err, sizeof err);
+    if (!*out) {
+        mf_where(s->mf, key, where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return EXIT_BAD_INPUT;
+    }
+    const ct_plugin_info *in = &(*out)->info;
+    size_t need = kind == CT_KIND_DEVICE ? sizeof(size_t) : sizeof(size_t);
+    if (*(const size_t *)in->api < need) {
+        fprintf(stderr, "ctitan: %s: plugin '%s' has an empty API table\n", (*out)->path, in->name);
+        return EXIT_BAD_INPUT;
+    }
+    manifest_add_plugin_schema(s->mf, section, in->options);
+    return 0;
+}
+
+static int fail_line(int status, const char *what) {
+    fprintf(stderr, "ctitan: %s: %s\n", what, ct_last_error()[0] ? ct_last_error() : "failed");
+    return status;
+}
+
+static int check_parallelism(session *s) {
+    static const char *keys[] = {"parallelism.data_parallel_replicate_degree", "parallelism.tensor_parallel_degree",
+                                 "parallelism.pipeline_parallel_degree", "parallelism.context_parallel_degree",
+                                 "parallelism.data_parallel_shard_degree"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        int64_t v;
+        mf_get_int(s->mf, keys[i], &v);
+        int ok = v == 1 || (i == 4 && v == -1);
+        if (!ok) {
+            char where[600];
+            mf_where(s->mf, keys[i], where, sizeof where);
+            fprintf(stderr, "ctitan: %s: degree %lld needs more ranks; this build runs one rank (the product of the "
+                            "degrees must be 1)\n",
+                    where, (long long)v);
+            return EXIT_BAD_INPUT;
+        }
+    }
+    return 0;
+}
+
+int session_open(session *s, manifest *mf, int with_params, int with_optimizer) {
+    char err[2048], where[600];
+    int st;
+    memset(s, 0, sizeof *s);
+    s->mf = mf;
+    if ((st = load_slot(s, "device", CT_KIND_DEVICE, &s->devp))) return st;
+    if ((st = load_slot(s, "model", CT_KIND_MODEL, &s->modelp))) return st;
+    if ((st = load_slot(s, "optimizer", CT_KIND_OPTIMIZER, &s->optp))) return st;
+    if (manifest_validate(mf, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return EXIT_BAD_INPUT;
+    }
+    if ((st = check_parallelism(s))) return st;
+    s->d = s->devp->info.api;
+    s->m = s->modelp->info.api;
+    s->o = s->optp->info.api;
+    ct_clear_error();
+    if (s->d->create(&s->devp->host, &s->dev) != CT_OK) {
+        mf_where(mf, "device.name", where, sizeof where);
+        return fail_line(EXIT_BAD_INPUT, where);
+    }
+    int64_t seq_len;
+    const char *flavor;
+    mf_get_int(mf, "training.seq_len", &seq_len);
+    mf_get_str(mf, "model.flavor", &flavor);
+    if (seq_len < 1) {
+        mf_where(mf, "training.seq_len", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: must be positive\n", where);
+        return EXIT_BAD_INPUT;
+    }
+    ct_model_config cfg = {sizeof cfg, flavor, seq_len};
+    ct_clear_error();
+    if (s->m->create(&s->modelp->host, &cfg, &s->model) != CT_OK) {
+        mf_where(mf, "model.flavor", where, sizeof where);
+        return fail_line(EXIT_BAD_INPUT, where);
+    }
+    if (!with_params) return 0;
+    uint64_t seed;
+    int64_t seed_i;
+    mf_get_int(mf, "training.seed", &seed_i);
+    seed = (uint64_t)seed_i;
+    if (runtime_init(&s->rt, s->d, s->dev, s->m, s->model, seed, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return EXIT_RUN_FAILED;
+    }
+    s->rt_ready = 1;
+    const char *mode, *option, *mp;
+    mf_get_str(mf, "activation_checkpoint.mode", &mode);
+    mf_get_str(mf, "activation_checkpoint.selective_ac_option", &option);
+    if (runtime_set_ac(&s->rt, mode, option, err, sizeof err)) {
+        mf_where(mf, "activation_checkpoint.mode", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return EXIT_BAD_INPUT;
+    }
+    mf_get_str(mf, "training.mixed_precision_param", &mp);
+    if (!strcmp(mp, "bfloat16")) {
+        if (runtime_enable_bf16_params(&s->rt, err, sizeof err)) {
+            fprintf(stderr, "ctitan: %s\n", err);
+            return EXIT_RUN_FAILED;
+        }
+    } else if (strcmp(mp, "float32")) {
+        mf_where(mf, "training.mixed_precision_param", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: expected float32 or bfloat16, got '%s'\n", where, mp);
+        return EXIT_BAD_INPUT;
+    }
+    if (!with_optimizer) return 0;
+    ct_clear_error();
+    if (s->o->create(&s->optp->host, s->d, s->dev, &s->opt) != CT_OK) {
+        mf_where(mf, "optimizer.name", where, sizeof where);
+        return fail_line(EXIT_BAD_INPUT, where);
+    }
+    s->n_state = s->o->state_count(s->opt);
+    if (s->n_state < 0 || s->n_state > 8) {
+        fprintf(stderr, "ctitan: optimizer '%s' asks for %d state values per element\n", s->optp->info.name,
+                s->n_state);
+        return EXIT_RUN_FAILED;
+    }
+    s->opt_bytes = s->rt.param_bytes * (size_t)s->n_state;
+    if (s->opt_bytes) {
+        if (s->d->alloc(s->dev, s->opt_bytes, (void **)&s->opt_mem) != CT_OK ||
+            s->d->zero(s->dev, s->opt_mem, s->opt_bytes) != CT_OK) {
+            fprintf(stderr, "ctitan: cannot allocate %zu bytes of optimizer state\n", s->opt_bytes);
+            return EXIT_RUN_FAILED;
+        }
+        mem_account(CT_MEM_OPTIMIZER, (int64_t)s->opt_bytes);
+    }
+    return 0;
+}
+
+void session_close(session *s) {
+    if (s->opt_mem) {
+        s->d->free(s->dev, s->opt_mem);
+        mem_account(CT_MEM_OPTIMIZER, -(int64_t)s->opt_bytes);
+    }
+    if (s->opt) s->o->destroy(s->opt);
+    if (s->rt_ready) runtime_free(&s->rt);
+    if (s->model) s->m->destroy(s->model);
+    if (s->dev) s->d->destroy(s->dev);
+    plugin_unload(s->optp);
+    plugin_unload(s->modelp);
+    plugin_unload(s->devp);
+    manifest_free(s->mf);
+    memset(s, 0, sizeof *s);
+}
+
+int session_save_model(session *s, const char *path, char *err, size_t errlen) {
+    tf_writer *w = tf_writer_open(path, err, errlen);
+    if (!w) return -1;
+    float *buf = NULL;
+    for (int i = 0; i < s->rt.n_params; i++) {
+        ct_tensor *t = &s->rt.params[i]->t;
+        int64_t n = ct_tensor_numel(t);
+        float *grown = realloc(buf, sizeof(float) * (size_t)n);
+        if (!grown || runtime_param_get(&s->rt, i, grown, 0) ||
+            tf_writer_add(w, t->name, 1, t->ndim, t->shape, grown)) {
+            if (grown) buf = grown;
+            snprintf(err, errlen, "%s: cannot write %s: %s", path, t->name, tf_writer_error(w));
+            free(buf);
+            tf_writer_abort(w);
+            return -1;
+        }
+        buf = grown;
+    }
+    free(buf);
+    return tf_writer_close(w, err, errlen);
+}
+
+int session_load_model(session *s, const char *path, char *err, size_t errlen) {
+    tf_file *f = tf_read(path, err, errlen);
+    if (!f) return -1;
+    for (int i = 0; i < s->rt.n_params; i++) {
+        ct_tensor *t = &s->rt.params[i]->t;
+        const tf_entry *e = tf_expect(f, path, t->name, 1, t->ndim, t->shape, err, errlen);
+        if (!e || runtime_param_set(&s->rt, i, e->data)) {
+            tf_free(f);
+            return -1;
+        }
+    }
+    tf_free(f);
+    return 0;
+}
+
+/* Picks the next token from logits (V): greedy at temperature 0, else top-k sampling. */
+static int32_t sample(float *logits, int64_t V, double temperature, int64_t top_k, uint64_t key, uint64_t i) {
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; v++)
+        if (logits[v] > logits[best]) best = v;
+    if (temperature <= 0) return (int32_t)best;
+    double thresh = -INFINITY;
+    if (top_k > 0 && top_k < V) { /* the k-th largest logit, by repeated max (k is small) */
+        float *tmp = malloc(sizeof(float) * (size_t)V);
+        if (!tmp) return (int32_t)best;
+        memcpy(tmp, logits, sizeof(float) * (size_t)V);
+        for (int64_t j = 0; j < top_k; j++) {
+            int64_t m = 0;
+            for (int64_t v = 1; v < V; v++)
+                if (tmp[v] > tmp[m]) m = v;
+            thresh = tmp[m];
+            tmp[m] = -INFINITY;
+        }
+        free(tmp);
+    }
+    double total = 0, mx = logits[best];
+    for (int64_t v = 0; v < V; v++) total += logits[v] >= thresh ? exp((logits[v] - mx) / temperature) : 0;
+    double r = rng_uniform(key, i) * total, acc = 0;
+    for (int64_t v = 0; v < V; v++) {
+        if (logits[v] < thresh) continue;
+        acc += exp((logits[v] - mx) / temperature);
+        if (acc >= r) return (int32_t)v;
+    }
+    return (int32_t)best;
+}
+
+int session_generate(session *s, const char *tokenizer_path, const char *prompt, int64_t max_new, double temperature,
+                     int64_t top_k, uint64_t seed, int64_t max_context) {
+    char err[2048], path[4096];
+    session_resolve_path(s->mf, tokenizer_path, path, sizeof path);
+    ct_tokenizer *tok = tokenizer_load(path, err, sizeof err);
+    if (!tok) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return EXIT_BAD_INPUT;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int64_t V = s->rt.desc.vocab_size;
+    int32_t *ctx = malloc(sizeof(int32_t) * (size_t)(max_context + max_new + 1));
+    float *logits = malloc(sizeof(float) * (size_t)(V * max_context));
+    int rc = EXIT_RUN_FAILED;
+    if (!ctx || !logits || tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n, err, sizeof err)) {
+        fprintf(stderr, "ctitan: generate: %s\n", ctx && logits ? err : "out of memory");
+        goto done;
+    }
+    int64_t len = 0;
+    ctx[len++] = tokenizer_bos_id(tok);
+    for (size_t i = 0; i < n && len < max_context; i++) ctx[len++] = ids[i];
+    int64_t first_new = len;
+    uint64_t key = rng_splitmix64(seed ^ 0x5A3Bu);
+    for (int64_t step = 0; step < max_new; step++) {
+        int64_t T = len < max_context ? len : max_context;
+        if (runtime_forward_logits(&s->rt, ctx + len - T, 1, T, logits)) {
+            fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
+            goto done;
+        }
+        int32_t next = sample(logits + (T - 1) * V, V, temperature, top_k, key, (uint64_t)step);
+        if (next == tokenizer_eos_id(tok)) break;
+        ctx[len++] = next;
+    }
+    size_t out_len = 0;
+    char *text = tokenizer_decode(tok, ctx + first_new, (size_t)(len - first_new), &out_len, err, sizeof err);
+    if (!text) {
+        fprintf(stderr, "ctitan: generate: %s\n", err);
+        goto done;
+    }
+    printf("%s", prompt);
+    fwrite(text, 1, out_len, stdout);
+    printf("\n");
+    free(text);
+    rc = 0;
+done:
+    free(ids);
+    free(ctx);
+    free(logits);
+    tokenizer_free(tok);
+    return rc;
+}
+
+int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
+                       double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid_out) {
+    int64_t valid = 0;
+    for (int64_t i = 0; i < G * T; i++) valid += targets[i] != CT_IGNORE_INDEX;
+    float scale = valid > 0 ? 1.0f / (float)valid : 0.0f;
+    double loss_sum = 0;
+    *valid_out = valid;
+    if (runtime_zero_grads(&s->rt) || runtime_begin_step(&s->rt)) return -1;
+    for (int64_t m = 0; m < G / L; m++) {
+        double ls;
+        if (runtime_forward_backward(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, scale, &ls)) return -1;
+        loss_sum += ls;
+    }
+    *loss = valid > 0 ? loss_sum / (double)valid : 0.0;
+    if (runtime_grad_norm(&s->rt, norm)) return -1;
+    if (!isfinite(*norm)) return 1;
+    /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1 */
+    double coef = max_norm > 0 ? max_norm / (*norm + 1e-6) : 1.0;
+    if (coef < 1.0 && runtime_scale_grads(&s->rt, (float)coef)) return -1;
+    trace_begin("optimizer");
+    size_t off = 0;
+    for (int i = 0; i < s->rt.n_params; i++) {
+        ct_tensor *p = &s->rt.params[i]->t;
+        int64_t n = ct_tensor_numel(p);
+        float *state[8];
+        for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + off);
+        ct_clear_error();
+        if (s->o->step(s->opt, p, state, n, (float)lr, step) != CT_OK) return -1;
+        off += ((size_t)n * sizeof(float) + 63) & ~(size_t)63;
+    }
+    trace_end("optimizer");
+    return 0;
+}

@@ -1,0 +1,74 @@
+/* session.h: a run's pieces, built from a manifest: plugins, device, model, runtime, optimizer. */
+#ifndef CT_SESSION_H
+#define CT_SESSION_H
+
+#include "ctitan/device.h"
+#include "ctitan/model.h"
+#include "ctitan/optimizer.h"
+#include "host.h"
+#include "manifest.h"
+#include "runtime.h"
+
+/* Exit statuses: bad input (manifest, options, data files) and failures while running. */
+#define EXIT_BAD_INPUT 2
+#define EXIT_RUN_FAILED 1
+
+typedef struct session {
+    manifest *mf;
+    plugin *devp, *modelp, *optp;
+    const ct_device_api *d;
+    void *dev;
+    const ct_model_api *m;
+    void *model;
+    const ct_optimizer_api *o;
+    void *opt;
+    runtime rt;
+    int rt_ready;
+    char *opt_mem;   /* one allocation: state_count f32 values per parameter element */
+    size_t opt_bytes;
+    int n_state;
+    double peak_flops; /* measured f32 matmul peak of the device, FLOP/s (0 if unknown) */
+} session;
+
+/* Command-line arguments common to train/generate: a manifest and --section.key=value overrides. */
+typedef struct run_args {
+    const char *config;
+    int print_config, dry_run, help;
+    const char *checkpoint; /* generate: model file */
+    const char *prompt;     /* generate: overrides generate.prompt */
+} run_args;
+
+/* Parses argv after the subcommand into args and applies overrides to a freshly loaded manifest.
+ * Returns the manifest, or NULL after printing one error line (*status set). */
+manifest *session_parse(int argc, char **argv, run_args *args, const char *usage, int *status);
+
+/* Loads plugins, validates the manifest, creates device and model; with `with_params`, also the
+ * runtime (parameters initialised) and `with_optimizer` the optimizer and its states.
+ * Prints one error line and returns the exit status on failure, 0 on success. */
+int session_open(session *s, manifest *mf, int with_params, int with_optimizer);
+void session_close(session *s);
+
+/* A path from the manifest: as given when it exists (or is absolute), else relative to the
+ * manifest's folder. */
+void session_resolve_path(const manifest *mf, const char *p, char *out, size_t len);
+
+/* Writes the parameters to a ctt file (atomic). */
+int session_save_model(session *s, const char *path, char *err, size_t errlen);
+int session_load_model(session *s, const char *path, char *err, size_t errlen);
+
+/* Samples max_new tokens after `prompt` and prints the text. */
+int session_generate(session *s, const char *tokenizer_path, const char *prompt, int64_t max_new, double temperature,
+                     int64_t top_k, uint64_t seed, int64_t max_context);
+
+/* One optimizer step on a global batch of G sequences (inputs, targets: (G, T) on the host) in
+ * microbatches of L: zero grads, forward/backward each microbatch with the loss normalised by the
+ * batch's valid-token count, global grad norm, clip to max_norm, optimizer step at lr.
+ * Returns 0, -1 on a failure (ct_last_error), 1 when the norm is not finite (nothing updated). */
+int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
+                       double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid);
+
+int cmd_train(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_plugins(int argc, char **argv);
+
+#endif

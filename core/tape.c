@@ -1,0 +1,454 @@
+/* tape.c: the builder ops a model pack calls, their recording, and the backward replay.
+ *
+ * Each op runs its device forward at once and, when recording, appends a tape entry holding its
+ * inputs, output and saved values. Backward walks a unit's entries in reverse and calls the
+ * device's backward halves (input gradient, then weight gradient), accumulating into gradients.
+ */
+#include "host.h"
+#include "runtime.h"
+#include "tape.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct tape_entry {
+    op_kind op;
+    rt_tensor *out;
+    rt_tensor *in[3];
+    rt_tensor *aux[2];
+    float f;
+    tape_entry *prev;
+};
+
+#define RT(b) ((runtime *)(b)->ctx)
+#define DEV(rt) (rt)->d
+#define CALL(rt, expr)                                                                   \
+    do {                                                                                 \
+        ct_status st_ = (expr);                                                          \
+        if (st_ != CT_OK) {                                                              \
+            if (!ct_last_error()[0]) ct_set_error("device op failed: %s (status %d)", #expr, st_); \
+            return NULL;                                                                 \
+        }                                                                                \
+    } while (0)
+
+static int64_t numel(const rt_tensor *t) { return ct_tensor_numel(&t->t); }
+
+/* A new tensor in the current activation arena. */
+static rt_tensor *new_tensor(runtime *rt, arena *a, ct_dtype dt, int ndim, const int64_t *shape) {
+    rt_tensor *t = pool_alloc(&a->desc, sizeof *t);
+    if (!t) goto nomem;
+    memset(t, 0, sizeof *t);
+    t->t.struct_size = sizeof t->t;
+    t->t.dtype = dt;
+    t->t.ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->t.shape[i] = shape[i];
+    size_t bytes = (size_t)numel(t) * ct_dtype_size(dt);
+    t->t.data = pool_alloc(&a->data, bytes);
+    if (!t->t.data) goto nomem;
+    (void)rt;
+    return t;
+nomem:
+    ct_set_error("out of memory for activations");
+    return NULL;
+}
+
+rt_tensor *tape_new_activation(runtime *rt, ct_dtype dt, int ndim, const int64_t *shape) {
+    return new_tensor(rt, rt->act, dt, ndim, shape);
+}
+
+static rt_tensor *like(runtime *rt, const rt_tensor *x) {
+    return new_tensor(rt, rt->act, CT_F32, x->t.ndim, x->t.shape);
+}
+
+static int record(runtime *rt, op_kind op, rt_tensor *out, rt_tensor *a, rt_tensor *b, rt_tensor *c,
+                  rt_tensor *aux0, rt_tensor *aux1, float f) {
+    if (!rt->recording) return 0;
+    tape_entry *e = pool_alloc(&rt->act->desc, sizeof *e);
+    if (!e) {
+        ct_set_error("out of memory for the tape");
+        return -1;
+    }
+    *e = (tape_entry){op, out, {a, b, c}, {aux0, aux1}, f, rt->tail};
+    rt->tail = e;
+    return 0;
+}
+
+static int check_f32(const ct_tensor *t, const char *op, const char *what) {
+    if (!t || t->dtype != CT_F32) {
+        ct_set_error("%s: %s must be an f32 tensor", op, what);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- ops ---- */
+static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt;
+    if (check_f32(xt, "linear", "x") || check_f32(wt, "linear", "w")) return NULL;
+    if (w->t.ndim != 2 || x->t.shape[x->t.ndim - 1] != w->t.shape[1]) {
+        ct_set_error("linear: x (..., %lld) does not match w (%lld, %lld)", (long long)x->t.shape[x->t.ndim - 1],
+                     (long long)w->t.shape[0], (long long)w->t.shape[w->t.ndim - 1]);
+        return NULL;
+    }
+    int64_t in = w->t.shape[1], outf = w->t.shape[0], n = numel(x) / in;
+    int64_t shape[CT_MAX_DIMS];
+    memcpy(shape, x->t.shape, sizeof shape);
+    shape[x->t.ndim - 1] = outf;
+    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
+    if (!y) return NULL;
+    CALL(rt, DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f));
+    if (record(rt, OP_LINEAR, y, x, w, NULL, NULL, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_bias(ct_builder *b, ct_tensor *xt, ct_tensor *bt) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt, *bs = (rt_tensor *)bt;
+    if (check_f32(xt, "bias", "x") || check_f32(bt, "bias", "bias")) return NULL;
+    int64_t c = x->t.shape[x->t.ndim - 1];
+    if (numel(bs) != c) {
+        ct_set_error("bias: %lld values for rows of %lld", (long long)numel(bs), (long long)c);
+        return NULL;
+    }
+    rt_tensor *y = like(rt, x);
+    if (!y) return NULL;
+    CALL(rt, DEV(rt)->bias_forward(rt->dev, y->t.data, x->t.data, bs->t.data, numel(x) / c, c));
+    if (record(rt, OP_BIAS, y, x, bs, NULL, NULL, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_embedding(ct_builder *b, const ct_tensor *idst, ct_tensor *tablet) {
+    runtime *rt = RT(b);
+    rt_tensor *ids = (rt_tensor *)idst, *table = (rt_tensor *)tablet;
+    if (!idst || idst->dtype != CT_I32 || check_f32(tablet, "embedding", "table") || table->t.ndim != 2) {
+        ct_set_error("embedding: expects int32 ids and a (vocab, dim) f32 table");
+        return NULL;
+    }
+    int64_t shape[CT_MAX_DIMS];
+    memcpy(shape, ids->t.shape, sizeof shape);
+    if (ids->t.ndim >= CT_MAX_DIMS) return NULL;
+    shape[ids->t.ndim] = table->t.shape[1];
+    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, ids->t.ndim + 1, shape);
+    if (!y) return NULL;
+    CALL(rt, DEV(rt)->embedding_forward(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
+                                        table->t.shape[1], table->t.shape[0]));
+    if (record(rt, OP_EMBEDDING, y, ids, table, NULL, NULL, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_rmsnorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, float eps) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt;
+    if (check_f32(xt, "rmsnorm", "x") || check_f32(wt, "rmsnorm", "w")) return NULL;
+    int64_t c = x->t.shape[x->t.ndim - 1], n = numel(x) / c;
+    if (numel(w) != c) {
+        ct_set_error("rmsnorm: weight has %lld values for rows of %lld", (long long)numel(w), (long long)c);
+        return NULL;
+    }
+    rt_tensor *y = like(rt, x), *rstd = new_tensor(rt, rt->act, CT_F32, 1, &n);
+    if (!y || !rstd) return NULL;
+    CALL(rt, DEV(rt)->rmsnorm_forward(rt->dev, y->t.data, rstd->t.data, x->t.data, w->t.data, n, c, eps));
+    if (record(rt, OP_RMSNORM, y, x, w, NULL, rstd, NULL, eps)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_layernorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, ct_tensor *bt, float eps) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt, *bs = (rt_tensor *)bt;
+    if (check_f32(xt, "layernorm", "x") || check_f32(wt, "layernorm", "w")) return NULL;
+    if (bt && check_f32(bt, "layernorm", "bias")) return NULL;
+    int64_t c = x->t.shape[x->t.ndim - 1], n = numel(x) / c;
+    if (numel(w) != c || (bs && numel(bs) != c)) {
+        ct_set_error("layernorm: weight/bias size does not match rows of %lld", (long long)c);
+        return NULL;
+    }
+    rt_tensor *y = like(rt, x), *mean = new_tensor(rt, rt->act, CT_F32, 1, &n),
+              *rstd = new_tensor(rt, rt->act, CT_F32, 1, &n);
+    if (!y || !mean || !rstd) return NULL;
+    CALL(rt, DEV(rt)->layernorm_forward(rt->dev, y->t.data, mean->t.data, rstd->t.data, x->t.data, w->t.data,
+                                        bs ? bs->t.data : NULL, n, c, eps));
+    if (record(rt, OP_LAYERNORM, y, x, w, bs, mean, rstd, eps)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt;
+    if (check_f32(xt, "rope", "x")) return NULL;
+    if (x->t.ndim != 4 || x->t.shape[3] % 2) {
+        ct_set_error("rope: expects x of shape (B, T, H, D) with D even");
+        return NULL;
+    }
+    rt_tensor *y = like(rt, x);
+    if (!y) return NULL;
+    CALL(rt, DEV(rt)->rope_forward(rt->dev, y->t.data, x->t.data, x->t.shape[0], x->t.shape[1], x->t.shape[2],
+                                   x->t.shape[3], theta));
+    if (record(rt, OP_ROPE, y, x, NULL, NULL, NULL, NULL, theta)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_tensor *vt) {
+    runtime *rt = RT(b);
+    rt_tensor *q = (rt_tensor *)qt, *k = (rt_tensor *)kt, *v = (rt_tensor *)vt;
+    if (check_f32(qt, "attention", "q") || check_f32(kt, "attention", "k") || check_f32(vt, "attention", "v"))
+        return NULL;
+    const int64_t *qs = q->t.shape, *ks = k->t.shape;
+    if (q->t.ndim != 4 || k->t.ndim != 4 || v->t.ndim != 4 || ks[0] != qs[0] || ks[1] != qs[1] ||
+        ks[3] != qs[3] || memcmp(k->t.shape, v->t.shape, sizeof(int64_t) * 4) || qs[2] % ks[2]) {
+        ct_set_error("attention: expects q (B,T,H,D), k and v (B,T,KVH,D) with H a multiple of KVH");
+        return NULL;
+    }
+    int64_t lse_shape[3] = {qs[0], qs[2], qs[1]};
+    rt_tensor *y = like(rt, q), *lse = new_tensor(rt, rt->act, CT_F32, 3, lse_shape);
+    if (!y || !lse) return NULL;
+    CALL(rt, DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
+                                        qs[1], qs[2], ks[2], qs[3]));
+    if (record(rt, OP_ATTENTION, y, q, k, v, lse, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static int same_shape(const rt_tensor *a, const rt_tensor *b, const char *op) {
+    if (a->t.ndim != b->t.ndim || memcmp(a->t.shape, b->t.shape, sizeof(int64_t) * (size_t)a->t.ndim)) {
+        ct_set_error("%s: operands have different shapes", op);
+        return -1;
+    }
+    return 0;
+}
+
+static ct_tensor *op_swiglu(ct_builder *b, ct_tensor *at, ct_tensor *gt) {
+    runtime *rt = RT(b);
+    rt_tensor *a = (rt_tensor *)at, *g = (rt_tensor *)gt;
+    if (check_f32(at, "swiglu", "a") || check_f32(gt, "swiglu", "g") || same_shape(a, g, "swiglu")) return NULL;
+    rt_tensor *y = like(rt, a);
+    if (!y) return NULL;
+    CALL(rt, DEV(rt)->swiglu_forward(rt->dev, y->t.data, a->t.data, g->t.data, numel(a)));
+    if (record(rt, OP_SWIGLU, y, a, g, NULL, NULL, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_gelu(ct_builder *b, ct_tensor *xt) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt;
+    if (check_f32(xt, "gelu", "x")) return NULL;
+    rt_tensor *y = like(rt, x);
+    if (!y) return NULL;
+    CALL(rt, DEV(rt)->gelu_forward(rt->dev, y->t.data, x->t.data, numel(x)));
+    if (record(rt, OP_GELU, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_add(ct_builder *b, ct_tensor *xt, ct_tensor *yt) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt, *y = (rt_tensor *)yt;
+    if (check_f32(xt, "add", "x") || check_f32(yt, "add", "y") || same_shape(x, y, "add")) return NULL;
+    rt_tensor *o = like(rt, x);
+    if (!o) return NULL;
+    CALL(rt, DEV(rt)->add(rt->dev, o->t.data, x->t.data, y->t.data, numel(x)));
+    if (record(rt, OP_ADD, o, x, y, NULL, NULL, NULL, 0)) return NULL;
+    return &o->t;
+}
+
+static ct_tensor *op_view(ct_builder *b, ct_tensor *xt, int ndim, const int64_t *shape) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt;
+    int64_t n = 1;
+    if (ndim < 0 || ndim > CT_MAX_DIMS) {
+        ct_set_error("view: %d dims (at most %d)", ndim, CT_MAX_DIMS);
+        return NULL;
+    }
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    if (n != numel(x)) {
+        ct_set_error("view: %lld elements cannot be viewed as %lld", (long long)numel(x), (long long)n);
+        return NULL;
+    }
+    rt_tensor *v = pool_alloc(&rt->act->desc, sizeof *v);
+    if (!v) return NULL;
+    *v = *x;
+    v->t.ndim = ndim;
+    memset(v->t.shape, 0, sizeof v->t.shape);
+    for (int i = 0; i < ndim; i++) v->t.shape[i] = shape[i];
+    v->base = x->base ? x->base : x;
+    v->t.grad = NULL;
+    v->t.flags = 0;
+    return &v->t;
+}
+
+static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor *tt) {
+    runtime *rt = RT(b);
+    rt_tensor *logits = (rt_tensor *)lt, *targets = (rt_tensor *)tt;
+    if (check_f32(lt, "cross_entropy", "logits")) return NULL;
+    int64_t v = logits->t.shape[logits->t.ndim - 1], n = numel(logits) / v;
+    if (!tt || tt->dtype != CT_I32 || numel(targets) != n) {
+        ct_set_error("cross_entropy: targets must be int32 with one value per row of logits");
+        return NULL;
+    }
+    rt_tensor *losses = new_tensor(rt, rt->act, CT_F32, 1, &n);
+    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, 0, NULL);
+    if (!losses || !y) return NULL;
+    CALL(rt, DEV(rt)->cross_entropy_forward(rt->dev, losses->t.data, logits->t.data, targets->t.data, n, v,
+                                            CT_IGNORE_INDEX));
+    double sum = 0;
+    CALL(rt, DEV(rt)->sum(rt->dev, &sum, losses->t.data, n));
+    float fsum = (float)sum;
+    CALL(rt, DEV(rt)->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D));
+    if (record(rt, OP_CROSS_ENTROPY, y, logits, targets, NULL, NULL, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_positions(ct_builder *b, int64_t batch, int64_t seq) {
+    runtime *rt = RT(b);
+    int64_t shape[2] = {batch, seq};
+    if (batch <= 0 || seq <= 0) {
+        ct_set_error("positions: batch and seq must be positive");
+        return NULL;
+    }
+    rt_tensor *p = new_tensor(rt, rt->act, CT_I32, 2, shape);
+    int32_t *host = malloc(sizeof(int32_t) * (size_t)(batch * seq));
+    if (!p || !host) {
+        free(host);
+        return NULL;
+    }
+    for (int64_t i = 0; i < batch * seq; i++) host[i] = (int32_t)(i % seq);
+    ct_status st = DEV(rt)->copy(rt->dev, p->t.data, host, sizeof(int32_t) * (size_t)(batch * seq), CT_COPY_H2D);
+    free(host);
+    return st == CT_OK ? &p->t : NULL;
+}
+
+void tape_builder_init(runtime *rt) {
+    rt->builder = (ct_builder){
+        .struct_size = sizeof(ct_builder),
+        .ctx = rt,
+        .linear = op_linear,
+        .bias = op_bias,
+        .embedding = op_embedding,
+        .rmsnorm = op_rmsnorm,
+        .layernorm = op_layernorm,
+        .rope = op_rope,
+        .attention = op_attention,
+        .swiglu = op_swiglu,
+        .gelu = op_gelu,
+        .add = op_add,
+        .view = op_view,
+        .cross_entropy = op_cross_entropy,
+        .positions = op_positions,
+    };
+}
+
+/* ---- backward ---- */
+
+/* The gradient buffer of t (a view's is its base's), allocated zeroed in the grads arena. */
+static float *grad_of(runtime *rt, rt_tensor *t) {
+    rt_tensor *owner = t->base ? t->base : t;
+    if (!owner->t.grad) {
+        size_t bytes = (size_t)numel(owner) * sizeof(float);
+        owner->t.grad = pool_alloc(&rt->grads.data, bytes);
+        if (!owner->t.grad || DEV(rt)->zero(rt->dev, owner->t.grad, bytes) != CT_OK) {
+            ct_set_error("out of memory for activation gradients");
+            owner->t.grad = NULL;
+            return NULL;
+        }
+    }
+    return owner->t.grad;
+}
+
+float *tape_grad(runtime *rt, rt_tensor *t) { return grad_of(rt, t); }
+
+static const float *grad_if_any(const rt_tensor *t) {
+    const rt_tensor *owner = t->base ? t->base : t;
+    return owner->t.grad;
+}
+
+#define BCALL(expr)                                                                       \
+    do {                                                                                  \
+        ct_status st_ = (expr);                                                           \
+        if (st_ != CT_OK) {                                                               \
+            if (!ct_last_error()[0]) ct_set_error("device backward failed: %s", #expr);  \
+            return -1;                                                                    \
+        }                                                                                 \
+    } while (0)
+#define G(t) ({ float *g_ = grad_of(rt, (t)); if (!g_) return -1; g_; })
+
+static int entry_backward(runtime *rt, tape_entry *e, int halves) {
+    const float *dy = grad_if_any(e->out);
+    if (!dy) return 0; /* nothing flowed into this op */
+    const ct_device_api *d = DEV(rt);
+    void *dev = rt->dev;
+    rt_tensor *x = e->in[0], *w = e->in[1];
+    int in = halves & TAPE_INPUT, wt = halves & TAPE_WEIGHT;
+    switch (e->op) {
+    case OP_LINEAR: {
+        int64_t k = w->t.shape[1], m = w->t.shape[0], n = numel(x) / k;
+        if (in) BCALL(d->matmul(dev, G(x), dy, w->t.data, n, k, m, 0, 0, 1.0f, 1.0f));
+        if (wt) BCALL(d->matmul(dev, G(w), dy, x->t.data, m, k, n, 1, 0, 1.0f, 1.0f));
+        break;
+    }
+    case OP_BIAS: {
+        int64_t c = numel(w), n = numel(x) / c;
+        if (in) BCALL(d->axpy(dev, G(x), dy, 1.0f, numel(x)));
+        if (wt) BCALL(d->bias_backward(dev, G(w), dy, n, c));
+        break;
+    }
+    case OP_EMBEDDING:
+        if (wt) BCALL(d->embedding_backward(dev, G(w), x->t.data, dy, numel(x), w->t.shape[1], w->t.shape[0]));
+        break;
+    case OP_RMSNORM: {
+        int64_t c = numel(w), n = numel(x) / c;
+        if (in) BCALL(d->rmsnorm_backward_input(dev, G(x), dy, x->t.data, w->t.data, e->aux[0]->t.data, n, c));
+        if (wt) BCALL(d->rmsnorm_backward_weight(dev, G(w), dy, x->t.data, e->aux[0]->t.data, n, c));
+        break;
+    }
+    case OP_LAYERNORM: {
+        int64_t c = numel(w), n = numel(x) / c;
+        rt_tensor *bs = e->in[2];
+        if (in)
+            BCALL(d->layernorm_backward_input(dev, G(x), dy, x->t.data, w->t.data, e->aux[0]->t.data,
+                                              e->aux[1]->t.data, n, c));
+        if (wt)
+            BCALL(d->layernorm_backward_weight(dev, G(w), bs ? G(bs) : NULL, dy, x->t.data, e->aux[0]->t.data,
+                                               e->aux[1]->t.data, n, c));
+        break;
+    }
+    case OP_ROPE: {
+        const int64_t *s = x->t.shape;
+        if (in) BCALL(d->rope_backward(dev, G(x), dy, s[0], s[1], s[2], s[3], e->f));
+        break;
+    }
+    case OP_ATTENTION: {
+        rt_tensor *k = e->in[1], *v = e->in[2];
+        const int64_t *s = x->t.shape;
+        if (in)
+            BCALL(d->attention_backward(dev, G(x), G(k), G(v), dy, x->t.data, k->t.data, v->t.data,
+                                        e->out->t.data, e->aux[0]->t.data, s[0], s[1], s[2], k->t.shape[2], s[3]));
+        break;
+    }
+    case OP_SWIGLU:
+        if (in) BCALL(d->swiglu_backward(dev, G(x), G(w), dy, x->t.data, w->t.data, numel(x)));
+        break;
+    case OP_GELU:
+        if (in) BCALL(d->gelu_backward(dev, G(x), dy, x->t.data, numel(x)));
+        break;
+    case OP_ADD:
+        if (in) {
+            BCALL(d->axpy(dev, G(x), dy, 1.0f, numel(x)));
+            BCALL(d->axpy(dev, G(w), dy, 1.0f, numel(x)));
+        }
+        break;
+    case OP_CROSS_ENTROPY: {
+        if (!in) break;
+        float dloss;
+        BCALL(d->copy(dev, &dloss, dy, sizeof dloss, CT_COPY_D2H));
+        int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
+        BCALL(d->cross_entropy_backward(dev, G(x), x->t.data, w->t.data, dloss, n, v, CT_IGNORE_INDEX));
+        break;
+    }
+    }
+    return 0;
+}
+
+int tape_backward(runtime *rt, tape_entry *tail, int halves) {
+    for (tape_entry *e = tail; e; e = e->prev)
+        if (entry_backward(rt, e, halves)) return -1;
+    return 0;
+}

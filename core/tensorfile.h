@@ -1,0 +1,80 @@
+/* tensorfile.h: the "ctt" named-tensor file, a reader and an atomic writer.
+ *
+ * Golden files from PyTorch (tests/golden/) and other small tensor dumps use this format.
+ * Everything is little-endian:
+ *
+ *   header, 24 bytes:  "CTTENSOR" (8 bytes) | u32 version = 1 | u32 tensor count | u64 reserved = 0
+ *   then per tensor:   u32 name_len (1..1024) | name (UTF-8, no NUL, not terminated)
+ *                      | u32 dtype (1 = f32, 5 = int32) | u32 ndim (0..6) | u64 shape[ndim]
+ *                      | numel * 4 bytes of data, row-major (ndim 0 is a scalar: numel 1)
+ *
+ * Names are unique within a file. Nothing follows the last tensor.
+ *
+ * The reader checks the magic, the version, the reserved field, and every length against the file's
+ * size before it allocates or reads anything, so a truncated or hostile file gives a one-line error
+ * ("path: tensor 3 'name' at byte 120: what is wrong"; tensors count from 0), never a crash or a huge
+ * allocation. The writer streams tensors to "path.tmp" (no count needed up front), then patches the
+ * count, fsyncs and renames, so `path` is either the old file or the complete new one.
+ *
+ * Errors: functions that can fail take (char *err, size_t errlen) and write one line there; err may
+ * be NULL. Ownership: tf_read's result owns every name and data buffer; tf_free releases them all.
+ */
+#ifndef CTITAN_TENSORFILE_H
+#define CTITAN_TENSORFILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TF_VERSION 1
+#define TF_MAX_DIMS 6
+#define TF_MAX_NAME 1024
+
+/* The dtype codes are those of ct_dtype in ctitan/tensor.h. */
+enum { TF_F32 = 1, TF_I32 = 5 };
+
+typedef struct tf_entry {
+    char *name;                /* NUL-terminated copy of the stored name */
+    int dtype;                 /* TF_F32 or TF_I32 */
+    int ndim;                  /* 0..TF_MAX_DIMS */
+    int64_t shape[TF_MAX_DIMS];/* shape[ndim..] are 0 */
+    int64_t numel;             /* product of shape; 1 for a scalar */
+    void *data;                /* numel * 4 bytes, aligned for float/int32_t */
+} tf_entry;
+
+typedef struct tf_file {
+    tf_entry *entries;         /* in file order */
+    int count;
+} tf_file;
+
+/* Reads and validates a whole file. NULL on error (message in err). */
+tf_file *tf_read(const char *path, char *err, size_t errlen);
+
+/* The same over bytes in memory; `label` stands for the path in error messages. */
+tf_file *tf_read_mem(const void *buf, size_t len, const char *label, char *err, size_t errlen);
+
+/* The entry called `name`, or NULL. */
+const tf_entry *tf_find(const tf_file *f, const char *name);
+
+/* The entry called `name` if it has this dtype and shape; otherwise NULL and a message such as
+ * "tensor 'x' has shape (3, 4), expected (4, 3)". `label` prefixes the message (may be NULL). */
+const tf_entry *tf_expect(const tf_file *f, const char *label, const char *name, int dtype, int ndim,
+                          const int64_t *shape, char *err, size_t errlen);
+
+void tf_free(tf_file *f);
+
+/* Writer. tf_writer_add copies nothing it does not write at once; it returns 0, or -1 on a bad
+ * argument or an I/O error. The first error is sticky: later adds return -1 and do nothing,
+ * tf_writer_error gives the message, and tf_writer_close reports it. */
+typedef struct tf_writer tf_writer;
+
+tf_writer *tf_writer_open(const char *path, char *err, size_t errlen);
+int tf_writer_add(tf_writer *w, const char *name, int dtype, int ndim, const int64_t *shape,
+                  const void *data);
+const char *tf_writer_error(const tf_writer *w); /* "" while there is no error */
+/* Patches the count, fsyncs, renames path.tmp to path and frees w. On any error (including an
+ * earlier add's) it removes path.tmp, leaves path untouched, frees w and returns -1. */
+int tf_writer_close(tf_writer *w, char *err, size_t errlen);
+/* Gives up: removes path.tmp and frees w. NULL is a no-op. */
+void tf_writer_abort(tf_writer *w);
+
+#endif

@@ -1,0 +1,138 @@
+/* tokenizer.h: Llama 3's byte-level BPE tokenizer (tiktoken format), its trainer, its pre-tokenizer.
+ *
+ * Vocabulary file (Llama 3's tokenizer.model, "tiktoken" format): one line per base token,
+ *
+ *     <base64 of the token's bytes> <rank>
+ *
+ * with ranks 0..n-1, each once, in any order; blank lines are skipped. The file must hold all 256
+ * single bytes (a byte-level BPE can then encode any input). Token id = rank for base tokens; the 256
+ * special tokens follow at ids n..n+255 in Llama 3.1's order (<|begin_of_text|>, <|end_of_text|>, ...),
+ * so tokenizer_vocab_size() is n + 256 (128256 for Llama 3).
+ *
+ * Encoding does what tiktoken's Encoding.encode does:
+ *   1. with allow_special, the text is cut at every special token's text (emitted as its id);
+ *   2. each piece is split into chunks by Llama 3's regex (PCRE2, UTF + UCP);
+ *   3. a chunk that is itself a token is emitted as is; otherwise its bytes are merged by rank: the
+ *      adjacent pair whose concatenation has the lowest rank is merged first (leftmost on ties), until
+ *      no adjacent pair is a token.
+ * Bytes that are not valid UTF-8 (which tiktoken, taking Python str, never sees) are cut out of the
+ * text and encoded as single-byte tokens, so decode(encode(x)) == x for every byte string x.
+ *
+ * Errors: functions that can fail take (char *err, size_t errlen), write one line there (err may be
+ * NULL) and return NULL or -1. Loading errors read "path:line: what is wrong". Nothing here exits.
+ * Threads: a loaded ct_tokenizer is read-only; tokenizer_encode/decode may run on it concurrently.
+ */
+#ifndef CTITAN_TOKENIZER_H
+#define CTITAN_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TOKENIZER_N_SPECIAL 256
+#define TOKENIZER_MAX_BASE  (1 << 24)   /* base tokens a file may hold */
+
+/* Llama 3's pre-tokenisation pattern (PCRE2 syntax; identical to tiktoken's pat_str). */
+#define TOKENIZER_LLAMA3_PATTERN                                                                  \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+/* Offsets of some specials from the first special id (n_base). */
+enum {
+    TOKENIZER_BEGIN_OF_TEXT = 0,
+    TOKENIZER_END_OF_TEXT = 1,
+    TOKENIZER_START_HEADER = 6,
+    TOKENIZER_END_HEADER = 7,
+    TOKENIZER_EOM = 8,
+    TOKENIZER_EOT = 9,
+};
+
+typedef struct ct_tokenizer ct_tokenizer;
+
+/* ---- the tokenizer ---------------------------------------------------------------------------- */
+
+/* Reads and validates a vocabulary file. NULL on error ("path:line: what is wrong"). */
+ct_tokenizer *tokenizer_load(const char *path, char *err, size_t errlen);
+
+/* The same over bytes in memory; `label` stands for the path in messages. */
+ct_tokenizer *tokenizer_load_mem(const char *data, size_t len, const char *label, char *err,
+                                 size_t errlen);
+
+void tokenizer_free(ct_tokenizer *tok);
+
+/* Encodes len bytes of text. allow_special: 1 = special-token text becomes the special id
+ * (tiktoken's allowed_special="all"); 0 = it is ordinary text. On success *ids is a malloc'd array of
+ * *n ids (the caller frees it; NULL when *n is 0) and 0 is returned; -1 on error. */
+int tokenizer_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special,
+                     int32_t **ids, size_t *n, char *err, size_t errlen);
+
+/* The bytes of n ids concatenated (specials decode to their text). Returns a malloc'd buffer of *len
+ * bytes plus a terminating NUL that *len does not count; the bytes may be invalid UTF-8 and may hold
+ * NULs. NULL on error (an id out of range). */
+char *tokenizer_decode(const ct_tokenizer *tok, const int32_t *ids, size_t n, size_t *len, char *err,
+                       size_t errlen);
+
+int tokenizer_vocab_size(const ct_tokenizer *tok); /* n_base + 256 */
+int tokenizer_n_base(const ct_tokenizer *tok);     /* tokens in the file */
+int tokenizer_bos_id(const ct_tokenizer *tok);     /* <|begin_of_text|> */
+int tokenizer_eos_id(const ct_tokenizer *tok);     /* <|end_of_text|> */
+
+/* The bytes of one token (not NUL-terminated), or NULL if id is out of range. */
+const char *tokenizer_token_bytes(const ct_tokenizer *tok, int32_t id, size_t *len);
+
+/* The text of special token i (0..255), e.g. "<|eot_id|>"; NULL if out of range. */
+const char *tokenizer_special_name(int i);
+
+/* Id of a special token's text, or -1. */
+int tokenizer_special_id(const ct_tokenizer *tok, const char *name);
+
+/* BPE-merges one chunk by rank (step 3 above, without the whole-chunk lookup), appending the ids to
+ * out (room for len ids). Returns the number of ids. Exposed for tests. */
+size_t tokenizer_bpe_chunk(const ct_tokenizer *tok, const unsigned char *chunk, size_t len,
+                           int32_t *out);
+
+/* ---- the pre-tokenizer (shared by the tokenizer and the trainer) ------------------------------ */
+
+typedef struct ct_pretok ct_pretok;
+
+/* Compiles Llama 3's pattern (JIT when PCRE2 has it). NULL on error. */
+ct_pretok *pretok_create(char *err, size_t errlen);
+void pretok_free(ct_pretok *pt);
+
+/* Called once per chunk, in order; a non-zero return stops the split and is returned by it. */
+typedef int (*pretok_chunk_fn)(void *ctx, const unsigned char *chunk, size_t len);
+
+/* Splits text into regex chunks; every invalid UTF-8 byte becomes a chunk of its own. The chunks
+ * cover the text exactly. Returns 0, the callback's non-zero value, or -1 on a PCRE2 error. */
+int pretok_split(const ct_pretok *pt, const char *text, size_t len, pretok_chunk_fn fn, void *ctx,
+                 char *err, size_t errlen);
+
+/* ---- training (bpe_train.c) ------------------------------------------------------------------- */
+
+typedef struct ct_bpe_trainer ct_bpe_trainer;
+
+typedef struct ct_bpe_stats {
+    uint64_t documents;     /* bpe_trainer_add calls */
+    uint64_t bytes;         /* bytes of text seen */
+    uint64_t chunks;        /* regex chunks seen */
+    uint64_t unique_chunks; /* distinct chunks */
+    int merges;             /* merges made */
+    int n_base;             /* tokens in the trained vocabulary: 256 + merges (duplicates excepted) */
+} ct_bpe_stats;
+
+ct_bpe_trainer *bpe_trainer_create(char *err, size_t errlen);
+void bpe_trainer_free(ct_bpe_trainer *tr);
+
+/* Adds one document's text (its chunks are counted; nothing crosses documents). */
+int bpe_trainer_add(ct_bpe_trainer *tr, const char *text, size_t len, char *err, size_t errlen);
+
+/* Learns merges until the base vocabulary has vocab_size - 256 tokens (the rest are the specials) or
+ * no adjacent pair is left. The most frequent pair is merged first; ties go to the pair with the
+ * lowest (left rank, right rank). vocab_size must be at least 512. */
+int bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size, char *err, size_t errlen);
+
+/* Writes the vocabulary in tiktoken format (tmp file, fsync, rename). */
+int bpe_trainer_write(const ct_bpe_trainer *tr, const char *path, char *err, size_t errlen);
+
+void bpe_trainer_stats(const ct_bpe_trainer *tr, ct_bpe_stats *out);
+
+#endif

@@ -1,0 +1,393 @@
+/* train.c: `ctitan train`: the training loop, the LR schedule, clipping, metrics and the end-of-run
+ * model save and sample. */
+#include "data.h"
+#include "session.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *train_usage =
+    "usage: ctitan train MANIFEST.yaml [--section.key=value ...] [--print-config] [--dry-run]\n"
+    "  Trains the model the manifest names. Overrides use torchtitan's keys; the last one wins.\n"
+    "  --print-config   print the effective configuration and continue\n"
+    "  --dry-run        load and check everything, print the model's size, FLOPs and memory; do not train\n";
+
+typedef struct lr_schedule {
+    double lr, min_lr_factor;
+    int64_t warmup, stable, decay;
+    const char *type;
+} lr_schedule;
+
+/* torchtitan's linear_warmup_stable_decay; `step` counts from 1. */
+static double lr_at(const lr_schedule *s, int64_t step) {
+    int64_t cur = step - 1;
+    double adj;
+    if (cur < s->warmup) {
+        adj = (double)(cur + 1) / (double)(s->warmup + 1);
+    } else if (cur < s->warmup + s->stable) {
+        adj = 1.0;
+    } else {
+        double progress = (double)(cur + 1 - s->warmup - s->stable) / (double)(s->decay + 1);
+        if (!strcmp(s->type, "sqrt")) adj = 1.0 - sqrt(progress);
+        else if (!strcmp(s->type, "cosine")) adj = 0.5 * (1.0 + cos(M_PI * progress));
+        else adj = 1.0 - progress;
+        adj = s->min_lr_factor + (1.0 - s->min_lr_factor) * adj;
+    }
+    return s->lr * adj;
+}
+
+static int lr_setup(const manifest *mf, int64_t steps, lr_schedule *s) {
+    int64_t total;
+    double ratio;
+    char where[600];
+    mf_get_float(mf, "optimizer.lr", &s->lr);
+    mf_get_float(mf, "lr_scheduler.min_lr_factor", &s->min_lr_factor);
+    mf_get_int(mf, "lr_scheduler.warmup_steps", &s->warmup);
+    mf_get_str(mf, "lr_scheduler.decay_type", &s->type);
+    if (mf_get_int(mf, "lr_scheduler.total_steps", &total)) total = steps;
+    if (strcmp(s->type, "linear") && strcmp(s->type, "sqrt") && strcmp(s->type, "cosine")) {
+        mf_where(mf, "lr_scheduler.decay_type", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: expected linear, sqrt or cosine, got '%s'\n", where, s->type);
+        return -1;
+    }
+    if (s->warmup < 0 || s->min_lr_factor < 0 || s->min_lr_factor > 1 || total < 1) {
+        mf_where(mf, "lr_scheduler.warmup_steps", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: need warmup_steps >= 0, 0 <= min_lr_factor <= 1, total_steps >= 1\n", where);
+        return -1;
+    }
+    if (s->warmup > total) s->warmup = total;
+    if (mf_get_float(mf, "lr_scheduler.decay_ratio", &ratio) == 0) {
+        if (ratio < 0 || ratio > 1) {
+            mf_where(mf, "lr_scheduler.decay_ratio", where, sizeof where);
+            fprintf(stderr, "ctitan: %s: expected a fraction in [0, 1], got %g\n", where, ratio);
+            return -1;
+        }
+        s->decay = (int64_t)llround((double)total * ratio);
+        if (s->warmup + s->decay > total) s->warmup = total - s->decay;
+    } else {
+        s->decay = total - s->warmup;
+    }
+    s->stable = total - s->warmup - s->decay;
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int mkdir_p(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+static double gib(int64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+static void print_model_summary(session *s, int64_t seq_len) {
+    const ct_model_desc *d = &s->rt.desc;
+    printf("model: %s (%s): %.3fM parameters (%.3fM without embeddings), %d units, %.3f GFLOP per token at seq %lld\n",
+           s->modelp->info.name, s->modelp->path, (double)d->n_params / 1e6,
+           (double)(d->n_params - d->n_embedding_params) / 1e6, d->n_units, d->flops_per_token / 1e9,
+           (long long)seq_len);
+}
+
+static int dry_run(session *s, manifest *mf) {
+    ct_model_desc d = {.struct_size = sizeof d};
+    if (s->m->describe(s->model, &d) != CT_OK) {
+        fprintf(stderr, "ctitan: model describe failed: %s\n", ct_last_error());
+        return EXIT_RUN_FAILED;
+    }
+    int64_t seq, lbs;
+    mf_get_int(mf, "training.seq_len", &seq);
+    mf_get_int(mf, "training.local_batch_size", &lbs);
+    double p = (double)d.n_params * 4.0;
+    printf("dry run: model %s, %d layers, dim %lld, vocab %lld\n", s->modelp->info.name, d.n_layers,
+           (long long)d.dim, (long long)d.vocab_size);
+    printf("  parameters %.3fB, %.3f GFLOP per token at seq %lld\n", (double)d.n_params / 1e9,
+           d.flops_per_token / 1e9, (long long)seq);
+    printf("  memory on one rank (fp32): params %.2f GiB, grads %.2f GiB, AdamW states %.2f GiB\n", p / 1073741824.0,
+           p / 1073741824.0, 2 * p / 1073741824.0);
+    printf("  tokens per microbatch %lld\n", (long long)(seq * lbs));
+    return 0;
+}
+
+typedef struct batch_buf {
+    int32_t *inputs, *targets; /* (accum, L, T) on the host */
+} batch_buf;
+
+static int train_loop(session *s, manifest *mf) {
+    int64_t steps, L, G, T, log_freq, seed;
+    double max_norm;
+    const char *dump, *dataset;
+    char err[2048], where[600], path[4096];
+    mf_get_int(mf, "training.steps", &steps);
+    mf_get_int(mf, "training.local_batch_size", &L);
+    mf_get_int(mf, "training.global_batch_size", &G);
+    mf_get_int(mf, "training.seq_len", &T);
+    mf_get_int(mf, "metrics.log_freq", &log_freq);
+    mf_get_int(mf, "training.seed", &seed);
+    mf_get_float(mf, "training.max_norm", &max_norm);
+    mf_get_str(mf, "job.dump_folder", &dump);
+    if (G == -1) G = L; /* one data-parallel rank */
+    if (L < 1 || G < L || G % L || steps < 0 || log_freq < 1) {
+        mf_where(mf, "training.global_batch_size", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: need local_batch_size >= 1, global_batch_size a multiple of it (or -1), "
+                        "steps >= 0, metrics.log_freq >= 1 (got local %lld, global %lld)\n",
+                where, (long long)L, (long long)G);
+        return EXIT_BAD_INPUT;
+    }
+    int64_t accum = G / L;
+    lr_schedule sched;
+    if (lr_setup(mf, steps, &sched)) return EXIT_BAD_INPUT;
+    if (mf_get_str(mf, "training.dataset_path", &dataset)) {
+        fprintf(stderr, "ctitan: %s: training.dataset_path is not set (a token shard from `ctitan tokenize`)\n",
+                mf->path);
+        return EXIT_BAD_INPUT;
+    }
+    char dpath[4096];
+    session_resolve_path(mf, dataset, dpath, sizeof dpath);
+    dataloader dl;
+    if (dataloader_open(&dl, dpath, T, (uint64_t)seed, s->rt.desc.vocab_size, err, sizeof err)) {
+        mf_where(mf, "training.dataset_path", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return EXIT_BAD_INPUT;
+    }
+    if (mkdir_p(dump)) {
+        fprintf(stderr, "ctitan: job.dump_folder: cannot create %s: %s\n", dump, strerror(errno));
+        dataloader_close(&dl);
+        return EXIT_BAD_INPUT;
+    }
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dump);
+    FILE *jf = fopen(path, "w");
+    batch_buf bb = {malloc(sizeof(int32_t) * (size_t)(G * T)), malloc(sizeof(int32_t) * (size_t)(G * T))};
+    int rc = EXIT_RUN_FAILED;
+    if (!jf || !bb.inputs || !bb.targets) {
+        fprintf(stderr, "ctitan: cannot open %s or allocate the batch\n", path);
+        goto done;
+    }
+    print_model_summary(s, T);
+    printf("data: %llu tokens, %lld sequences of %lld; batch %lld x %lld microbatches; %lld steps\n",
+           (unsigned long long)dl.n_tokens, (long long)dl.n_windows, (long long)T, (long long)L, (long long)accum,
+           (long long)steps);
+    if (s->peak_flops > 0)
+        printf("device: %s, measured f32 matmul peak %.1f GFLOP/s (MFU below is against this %s peak)\n",
+               s->devp->info.name, s->peak_flops / 1e9, s->devp->info.name);
+    double t_log = now_s(), step_time_sum = 0;
+    int64_t tokens_since = 0, timed_steps = 0;
+    for (int64_t step = 1; step <= steps; step++) {
+        double t0 = now_s();
+        trace_begin("step");
+        double lr = lr_at(&sched, step);
+        /* the whole global batch first: the loss is normalised by its valid-token count */
+        int64_t base = (step - 1) * G;
+        for (int64_t i = 0; i < G; i++) dataloader_sequence(&dl, base + i, bb.inputs + i * T, bb.targets + i * T);
+        dl.position = base + G;
+        double loss, norm;
+        int64_t valid;
+        int bad = session_train_step(s, bb.inputs, bb.targets, G, L, T, lr, max_norm, step, &loss, &norm, &valid);
+        if (bad < 0) goto runfail;
+        if (bad > 0) {
+            fprintf(stderr, "ctitan: step %lld: gradient norm is %g; stopping (lower optimizer.lr?)\n", (long long)step,
+                    norm);
+            goto done;
+        }
+        trace_end("step");
+        double dt = now_s() - t0;
+        if (step > 1) {
+            step_time_sum += dt;
+            timed_steps++;
+        }
+        tokens_since += G * T;
+        if (step == 1 || step % log_freq == 0 || step == steps) {
+            double elapsed = now_s() - t_log;
+            double tps = (double)tokens_since / elapsed;
+            double tflops = s->rt.desc.flops_per_token * tps / 1e12;
+            double mfu = s->peak_flops > 0 ? 100.0 * tflops * 1e12 / s->peak_flops : 0.0;
+            printf("step %5lld  loss %8.4f  grad_norm %8.4f  lr %.3e  tps %8.0f  tflops %7.4f  mfu %5.1f%% (of %s peak)"
+                   "  memory %.3f GiB\n",
+                   (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, gib(g_mem.peak_total));
+            fflush(stdout);
+            fprintf(jf,
+                    "{\"step\": %lld, \"loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, \"tps\": %.1f, "
+                    "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
+                    "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld}}\n",
+                    (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)g_mem.peak_total,
+                    (long long)g_mem.peak[CT_MEM_PARAMS], (long long)g_mem.peak[CT_MEM_GRADS],
+                    (long long)g_mem.peak[CT_MEM_OPTIMIZER], (long long)g_mem.peak[CT_MEM_ACTIVATIONS],
+                    (long long)s->rt.peak_act_bytes);
+            fflush(jf);
+            t_log = now_s();
+            tokens_since = 0;
+        }
+    }
+    if (timed_steps > 0) {
+        double tps = (double)(G * T) * (double)timed_steps / step_time_sum;
+        double gflops = s->rt.desc.flops_per_token * tps / 1e9;
+        printf("summary: %lld steps after the first: %.0f tokens/s, %.2f GFLOP/s achieved, %.2f GFLOP/s measured %s "
+               "matmul peak, ratio %.3f, peak memory %.3f GiB (activations live peak %.3f GiB)\n",
+               (long long)timed_steps, tps, gflops, s->peak_flops / 1e9, s->devp->info.name,
+               s->peak_flops > 0 ? gflops * 1e9 / s->peak_flops : 0.0, gib(g_mem.peak_total),
+               gib(s->rt.peak_act_bytes));
+    }
+    snprintf(path, sizeof path, "%s/model.ctt", dump);
+    if (steps > 0 && session_save_model(s, path, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        goto done;
+    }
+    rc = 0;
+    goto done;
+runfail:
+    fprintf(stderr, "ctitan: training failed: %s\n", ct_last_error());
+done:
+    if (jf) fclose(jf);
+    free(bb.inputs);
+    free(bb.targets);
+    dataloader_close(&dl);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+    run_args a;
+    int st;
+    manifest *mf = session_parse(argc, argv, &a, train_usage, &st);
+    if (a.help) {
+        fputs(train_usage, stdout);
+        printf("\nkeys (plugins add theirs once loaded; see --print-config):\n");
+        manifest m0 = {0};
+        manifest_add_core_schema(&m0);
+        manifest_print_schema(&m0, stdout);
+        m0.path = NULL;
+        for (int i = 0; i < m0.n_schema; i++) {
+            free(m0.schema[i].key);
+            free(m0.schema[i].default_value);
+            free(m0.schema[i].help);
+        }
+        free(m0.schema);
+        manifest_free(mf);
+        return 0;
+    }
+    if (!mf) return st;
+    session s;
+    int dry = a.dry_run;
+    st = session_open(&s, mf, !dry, !dry);
+    if (st) goto out;
+    int pc = a.print_config;
+    if (!pc) mf_get_bool(mf, "job.print_config", &pc);
+    if (pc) manifest_print(mf, stdout);
+    if (dry) {
+        st = dry_run(&s, mf);
+        goto out;
+    }
+    int prof;
+    mf_get_bool(mf, "profiling.enable_profiling", &prof);
+    trace_enable(prof);
+    const char *desc;
+    if (!mf_get_str(mf, "job.description", &desc) && *desc) printf("job: %s\n", desc);
+    if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
+    st = train_loop(&s, mf);
+    if (!st && prof) {
+        const char *dump, *folder;
+        char path[4096], err[1024];
+        mf_get_str(mf, "job.dump_folder", &dump);
+        mf_get_str(mf, "profiling.save_traces_folder", &folder);
+        snprintf(path, sizeof path, "%s/%s", dump, folder);
+        mkdir_p(path);
+        snprintf(path, sizeof path, "%s/%s/trace.json", dump, folder);
+        if (trace_write(path, err, sizeof err)) fprintf(stderr, "ctitan: %s\n", err);
+        else printf("trace: %s\n", path);
+    }
+    int64_t max_new, top_k, seed, T;
+    mf_get_int(mf, "generate.max_new_tokens", &max_new);
+    const char *tok;
+    if (!st && max_new > 0) {
+        if (mf_get_str(mf, "model.tokenizer_path", &tok)) {
+            fprintf(stderr, "ctitan: generate.max_new_tokens is set but model.tokenizer_path is not\n");
+            st = EXIT_BAD_INPUT;
+            goto out;
+        }
+        const char *prompt;
+        double temp;
+        mf_get_str(mf, "generate.prompt", &prompt);
+        mf_get_float(mf, "generate.temperature", &temp);
+        mf_get_int(mf, "generate.top_k", &top_k);
+        mf_get_int(mf, "training.seed", &seed);
+        mf_get_int(mf, "training.seq_len", &T);
+        printf("sample:\n");
+        st = session_generate(&s, tok, prompt, max_new, temp, top_k, (uint64_t)seed, T);
+    }
+out:
+    session_close(&s);
+    return st;
+}
+
+static const char *generate_usage =
+    "usage: ctitan generate MANIFEST.yaml [--checkpoint MODEL.ctt] [--prompt TEXT] [--section.key=value ...]\n"
+    "  Samples text from a trained model: by default job.dump_folder/model.ctt, written by `ctitan train`.\n"
+    "  generate.max_new_tokens (default here 64), generate.temperature, generate.top_k apply.\n";
+
+int cmd_generate(int argc, char **argv) {
+    run_args a;
+    int st;
+    manifest *mf = session_parse(argc, argv, &a, generate_usage, &st);
+    if (a.help) {
+        fputs(generate_usage, stdout);
+        manifest_free(mf);
+        return 0;
+    }
+    if (!mf) return st;
+    session s;
+    st = session_open(&s, mf, 1, 0);
+    if (st) goto out;
+    char path[4096], err[2048];
+    const char *dump, *tok, *prompt;
+    mf_get_str(mf, "job.dump_folder", &dump);
+    if (a.checkpoint) snprintf(path, sizeof path, "%s", a.checkpoint);
+    else snprintf(path, sizeof path, "%s/model.ctt", dump);
+    if (session_load_model(&s, path, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        st = EXIT_BAD_INPUT;
+        goto out;
+    }
+    if (mf_get_str(mf, "model.tokenizer_path", &tok)) {
+        fprintf(stderr, "ctitan: %s: model.tokenizer_path is not set\n", mf->path);
+        st = EXIT_BAD_INPUT;
+        goto out;
+    }
+    int64_t max_new, top_k, seed, T;
+    double temp;
+    mf_get_int(mf, "generate.max_new_tokens", &max_new);
+    if (max_new <= 0) max_new = 64;
+    mf_get_str(mf, "generate.prompt", &prompt);
+    if (a.prompt) prompt = a.prompt;
+    mf_get_float(mf, "generate.temperature", &temp);
+    mf_get_int(mf, "generate.top_k", &top_k);
+    mf_get_int(mf, "training.seed", &seed);
+    mf_get_int(mf, "training.seq_len", &T);
+    st = session_generate(&s, tok, prompt, max_new, temp, top_k, (uint64_t)seed, T);
+out:
+    session_close(&s);
+    return st;
+}
+
+int cmd_plugins(int argc, char **argv) {
+    if (argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
+        printf("usage: ctitan plugins [FOLDER]\n  Lists the plugins found on the search path (FOLDER, "
+               "$CTITAN_PLUGIN_PATH, the build's plugins/) with kind, name and ABI version.\n");
+        return 0;
+    }
+    int n = plugin_list(stdout, argc > 0 ? argv[0] : NULL);
+    return n > 0 ? 0 : EXIT_RUN_FAILED;
+}

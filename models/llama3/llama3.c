@@ -1,0 +1,285 @@
+/* llama3.c: the Llama 3 model pack (torchtitan's llama3: RMSNorm, RoPE, grouped-query attention,
+ * SwiGLU, untied output). Forward only: the host's tape replays the backward.
+ *
+ * Units: 0 = tok_embeddings, 1..L = layers.0 .. layers.L-1, L+1 = norm + output (+ loss).
+ * Parameter names are torchtitan's FQNs, so checkpoints and Hugging Face mappings line up.
+ */
+#include "ctitan/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct flavor {
+    const char *name;
+    int64_t dim, n_layers, n_heads, n_kv_heads, vocab;
+    double ffn_dim_multiplier; /* 0: none */
+    int64_t multiple_of;
+    double rope_theta;
+} flavor;
+
+/* torchtitan's flavors (models/llama3/__init__.py) */
+static const flavor flavors[] = {
+    {"debugmodel", 256, 6, 16, 16, 2048, 0.0, 256, 500000.0},
+    {"1B", 2048, 16, 32, 8, 128256, 1.5, 1024, 500000.0},
+    {"3B", 3072, 28, 24, 8, 128256, 1.0, 1024, 500000.0},
+    {"8B", 4096, 32, 32, 8, 128256, 1.3, 1024, 500000.0},
+    {"70B", 8192, 80, 64, 8, 128256, 1.3, 4096, 500000.0},
+    {"405B", 16384, 126, 128, 8, 128256, 1.2, 4096, 500000.0},
+};
+static const char *const flavor_names[] = {"debugmodel", "1B", "3B", "8B", "70B", "405B", NULL};
+
+typedef struct layer {
+    ct_tensor *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
+} layer;
+
+typedef struct llama {
+    const ct_host *host;
+    int64_t dim, n_layers, n_heads, n_kv_heads, vocab, ffn_hidden, head_dim, seq_len;
+    double rope_theta, norm_eps;
+    int depth_init;
+    ct_tensor *tok_embeddings, *norm, *output;
+    layer *layers;
+    char unit_names[3][32];
+} llama;
+
+static const ct_option_spec options[] = {
+    {sizeof(ct_option_spec), "dim", CT_OPT_INT, NULL, "override the flavor's model width"},
+    {sizeof(ct_option_spec), "n_layers", CT_OPT_INT, NULL, "override the number of blocks"},
+    {sizeof(ct_option_spec), "n_heads", CT_OPT_INT, NULL, "override the number of query heads"},
+    {sizeof(ct_option_spec), "n_kv_heads", CT_OPT_INT, NULL, "override the number of key/value heads"},
+    {sizeof(ct_option_spec), "vocab_size", CT_OPT_INT, NULL, "override the vocabulary size"},
+    {sizeof(ct_option_spec), "ffn_hidden", CT_OPT_INT, NULL, "set the SwiGLU hidden size directly"},
+    {sizeof(ct_option_spec), "multiple_of", CT_OPT_INT, NULL, "round the SwiGLU hidden size up to this"},
+    {sizeof(ct_option_spec), "ffn_dim_multiplier", CT_OPT_FLOAT, NULL, "scale of the SwiGLU hidden size"},
+    {sizeof(ct_option_spec), "rope_theta", CT_OPT_FLOAT, NULL, "RoPE base"},
+    {sizeof(ct_option_spec), "norm_eps", CT_OPT_FLOAT, "1e-5", "RMSNorm epsilon"},
+    {sizeof(ct_option_spec), "depth_init", CT_OPT_BOOL, "true",
+     "output projections' std 0.02/sqrt(2(layer+1)) (else 0.02/sqrt(2 n_layers))"},
+    {0, NULL, 0, NULL, NULL},
+};
+
+static void opt_override_int(const ct_host *h, const char *key, int64_t *v) {
+    int64_t x;
+    if (h->opt_int(h, key, &x) == CT_OK) *v = x;
+}
+
+static void opt_override_float(const ct_host *h, const char *key, double *v) {
+    double x;
+    if (h->opt_float(h, key, &x) == CT_OK) *v = x;
+}
+
+static ct_status llama_create(const ct_host *h, const ct_model_config *cfg, void **out) {
+    const flavor *f = NULL;
+    for (size_t i = 0; i < sizeof flavors / sizeof flavors[0]; i++)
+        if (cfg->flavor && strcmp(cfg->flavor, flavors[i].name) == 0) f = &flavors[i];
+    if (!f) {
+        h->set_error(h, "unknown flavor '%s' (known: debugmodel, 1B, 3B, 8B, 70B, 405B)",
+                     cfg->flavor ? cfg->flavor : "");
+        return CT_ERR_INVALID;
+    }
+    llama *m = calloc(1, sizeof *m);
+    if (!m) return CT_ERR_NOMEM;
+    m->host = h;
+    m->dim = f->dim;
+    m->n_layers = f->n_layers;
+    m->n_heads = f->n_heads;
+    m->n_kv_heads = f->n_kv_heads;
+    m->vocab = f->vocab;
+    m->rope_theta = f->rope_theta;
+    m->seq_len = cfg->seq_len;
+    int64_t multiple_of = f->multiple_of;
+    double mult = f->ffn_dim_multiplier;
+    opt_override_int(h, "dim", &m->dim);
+    opt_override_int(h, "n_layers", &m->n_layers);
+    opt_override_int(h, "n_heads", &m->n_heads);
+    opt_override_int(h, "n_kv_heads", &m->n_kv_heads);
+    opt_override_int(h, "vocab_size", &m->vocab);
+    opt_override_int(h, "multiple_of", &multiple_of);
+    opt_override_float(h, "ffn_dim_multiplier", &mult);
+    opt_override_float(h, "rope_theta", &m->rope_theta);
+    opt_override_float(h, "norm_eps", &m->norm_eps);
+    if (h->opt_bool(h, "depth_init", &m->depth_init) != CT_OK) m->depth_init = 1;
+    if (m->dim <= 0 || m->n_layers <= 0 || m->n_heads <= 0 || m->n_kv_heads <= 0 || m->vocab <= 0 ||
+        multiple_of <= 0 || m->dim % m->n_heads || m->n_heads % m->n_kv_heads || (m->dim / m->n_heads) % 2) {
+        h->set_error(h, "inconsistent dims: dim %lld must divide into n_heads %lld of even size, n_heads a multiple "
+                        "of n_kv_heads %lld, everything positive",
+                     (long long)m->dim, (long long)m->n_heads, (long long)m->n_kv_heads);
+        free(m);
+        return CT_ERR_INVALID;
+    }
+    m->head_dim = m->dim / m->n_heads;
+    /* torchtitan: h = 4 dim; h = int(2h/3); h = int(mult h); round up to multiple_of */
+    int64_t hidden = 4 * m->dim;
+    hidden = 2 * hidden / 3;
+    if (mult > 0) hidden = (int64_t)(mult * (double)hidden);
+    hidden = multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+    opt_override_int(h, "ffn_hidden", &hidden);
+    m->ffn_hidden = hidden;
+    m->layers = calloc((size_t)m->n_layers, sizeof(layer));
+    if (!m->layers) {
+        free(m);
+        return CT_ERR_NOMEM;
+    }
+    *out = m;
+    return CT_OK;
+}
+
+static void llama_destroy(void *p) {
+    llama *m = p;
+    if (!m) return;
+    free(m->layers);
+    free(m);
+}
+
+static int64_t n_params_of(const llama *m) {
+    int64_t kv = m->n_kv_heads * m->head_dim, q = m->n_heads * m->head_dim;
+    int64_t per_layer = 2 * m->dim + m->dim * q * 2 + 2 * m->dim * kv + 3 * m->dim * m->ffn_hidden;
+    return m->vocab * m->dim * 2 + m->dim + m->n_layers * per_layer;
+}
+
+static ct_status llama_describe(void *p, ct_model_desc *d) {
+    llama *m = p;
+    d->n_units = (int)m->n_layers + 2;
+    d->vocab_size = m->vocab;
+    d->dim = m->dim;
+    d->n_layers = (int)m->n_layers;
+    d->n_params = n_params_of(m);
+    d->n_embedding_params = m->vocab * m->dim;
+    /* torchtitan: 6 * (params - embedding) + 12 * layers * heads * head_dim * seq_len */
+    d->flops_per_token = 6.0 * (double)(d->n_params - d->n_embedding_params) +
+                         12.0 * (double)m->n_layers * (double)m->n_heads * (double)m->head_dim * (double)m->seq_len;
+    return CT_OK;
+}
+
+static ct_tensor *add2(ct_param_registry *r, int unit, const char *name, int64_t d0, int64_t d1, ct_init init,
+                       uint32_t flags) {
+    int64_t shape[2] = {d0, d1};
+    return r->add(r, unit, name, d1 ? 2 : 1, shape, &init, flags);
+}
+
+static ct_init trunc_init(float std) { return (ct_init){sizeof(ct_init), CT_INIT_TRUNC_NORMAL, std, -2.0f, 2.0f, 0}; }
+
+static ct_status llama_declare(void *p, ct_param_registry *r) {
+    llama *m = p;
+    const ct_init ones = {sizeof(ct_init), CT_INIT_CONSTANT, 0, 0, 0, 1.0f};
+    const ct_init normal1 = {sizeof(ct_init), CT_INIT_NORMAL, 1.0f, 0, 0, 0};
+    int64_t q = m->n_heads * m->head_dim, kv = m->n_kv_heads * m->head_dim;
+    if (!(m->tok_embeddings = add2(r, 0, "tok_embeddings.weight", m->vocab, m->dim, normal1, 0)))
+        return CT_ERR_INVALID;
+    for (int64_t i = 0; i < m->n_layers; i++) {
+        layer *L = &m->layers[i];
+        int u = (int)i + 1;
+        float std = m->depth_init ? 0.02f / sqrtf(2.0f * (float)(i + 1)) : 0.02f / sqrtf(2.0f * (float)m->n_layers);
+        char n[128];
+#define P(field, suffix, d0, d1, init, flags)                               \
+    snprintf(n, sizeof n, "layers.%lld.%s", (long long)i, suffix);          \
+    if (!(L->field = add2(r, u, n, d0, d1, init, flags))) return CT_ERR_INVALID;
+        P(attention_norm, "attention_norm.weight", m->dim, 0, ones, CT_TENSOR_NO_DECAY);
+        P(wq, "attention.wq.weight", q, m->dim, trunc_init(0.02f), 0);
+        P(wk, "attention.wk.weight", kv, m->dim, trunc_init(0.02f), 0);
+        P(wv, "attention.wv.weight", kv, m->dim, trunc_init(0.02f), 0);
+        P(wo, "attention.wo.weight", m->dim, q, trunc_init(std), 0);
+        P(ffn_norm, "ffn_norm.weight", m->dim, 0, ones, CT_TENSOR_NO_DECAY);
+        P(w1, "feed_forward.w1.weight", m->ffn_hidden, m->dim, trunc_init(0.02f), 0);
+        P(w2, "feed_forward.w2.weight", m->dim, m->ffn_hidden, trunc_init(std), 0);
+        P(w3, "feed_forward.w3.weight", m->ffn_hidden, m->dim, trunc_init(std), 0);
+#undef P
+    }
+    int head = (int)m->n_layers + 1;
+    float out_std = 1.0f / sqrtf((float)m->dim);
+    ct_init out_init = {sizeof(ct_init), CT_INIT_TRUNC_NORMAL, out_std, -3 * out_std, 3 * out_std, 0};
+    if (!(m->norm = add2(r, head, "norm.weight", m->dim, 0, ones, CT_TENSOR_NO_DECAY))) return CT_ERR_INVALID;
+    if (!(m->output = add2(r, head, "output.weight", m->vocab, m->dim, out_init, 0))) return CT_ERR_INVALID;
+    return CT_OK;
+}
+
+static const char *llama_unit_name(void *p, int unit) {
+    llama *m = p;
+    char *buf = m->unit_names[unit % 3];
+    if (unit == 0) return "tok_embeddings";
+    if (unit == m->n_layers + 1) return "output";
+    snprintf(buf, sizeof m->unit_names[0], "layers.%d", unit - 1);
+    return buf;
+}
+
+#define TRY(x)                                  \
+    do {                                        \
+        if (!(x)) return CT_ERR_INVALID;        \
+    } while (0)
+
+/* x (B, T, D) -> x + attention(norm(x)) -> x + feed_forward(norm(x)) */
+static ct_status block_forward(llama *m, const layer *L, ct_builder *b, ct_tensor *x, ct_tensor **out) {
+    int64_t B = x->shape[0], T = x->shape[1], hd = m->head_dim;
+    float eps = (float)m->norm_eps, theta = (float)m->rope_theta;
+    int64_t nh = L->wq->shape[0] / hd, nkv = L->wk->shape[0] / hd; /* heads from shapes, not from flavor */
+    ct_tensor *h, *q, *k, *v, *o;
+    TRY(h = b->rmsnorm(b, x, L->attention_norm, eps));
+    TRY(q = b->linear(b, h, L->wq));
+    TRY(k = b->linear(b, h, L->wk));
+    TRY(v = b->linear(b, h, L->wv));
+    TRY(q = b->view(b, q, 4, (int64_t[]){B, T, nh, hd})); /* q is (B, T, NH, HD) */
+    TRY(k = b->view(b, k, 4, (int64_t[]){B, T, nkv, hd})); /* k, v are (B, T, NKV, HD) */
+    TRY(v = b->view(b, v, 4, (int64_t[]){B, T, nkv, hd}));
+    TRY(q = b->rope(b, q, theta));
+    TRY(k = b->rope(b, k, theta));
+    TRY(o = b->attention(b, q, k, v));
+    TRY(o = b->view(b, o, 3, (int64_t[]){B, T, nh * hd}));
+    TRY(o = b->linear(b, o, L->wo));
+    TRY(x = b->add(b, x, o));
+    ct_tensor *a, *g;
+    TRY(h = b->rmsnorm(b, x, L->ffn_norm, eps));
+    TRY(a = b->linear(b, h, L->w1));
+    TRY(g = b->linear(b, h, L->w3));
+    TRY(h = b->swiglu(b, a, g));
+    TRY(h = b->linear(b, h, L->w2));
+    TRY(*out = b->add(b, x, h));
+    return CT_OK;
+}
+
+static ct_status llama_unit_forward(void *p, int unit, ct_builder *b, ct_tensor *x, const ct_tensor *tokens,
+                                    const ct_tensor *targets, ct_tensor **out) {
+    llama *m = p;
+    if (unit == 0) {
+        TRY(*out = b->embedding(b, tokens, m->tok_embeddings));
+        return CT_OK;
+    }
+    if (unit <= m->n_layers) return block_forward(m, &m->layers[unit - 1], b, x, out);
+    if (unit == m->n_layers + 1) {
+        ct_tensor *h, *logits;
+        TRY(h = b->rmsnorm(b, x, m->norm, (float)m->norm_eps));
+        TRY(logits = b->linear(b, h, m->output));
+        if (!targets) {
+            *out = logits;
+            return CT_OK;
+        }
+        TRY(*out = b->cross_entropy(b, logits, targets));
+        return CT_OK;
+    }
+    m->host->set_error(m->host, "unit %d out of range (model has %lld units)", unit, (long long)m->n_layers + 2);
+    return CT_ERR_INVALID;
+}
+
+static const ct_model_api api = {
+    .struct_size = sizeof(ct_model_api),
+    .flavors = flavor_names,
+    .create = llama_create,
+    .destroy = llama_destroy,
+    .describe = llama_describe,
+    .declare_params = llama_declare,
+    .unit_name = llama_unit_name,
+    .unit_forward = llama_unit_forward,
+};
+
+CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {
+    (void)host;
+    info->abi_major = CT_ABI_MAJOR;
+    info->abi_minor = CT_ABI_MINOR;
+    info->kind = CT_KIND_MODEL;
+    info->name = "llama3";
+    info->description = "Llama 3 (RMSNorm, RoPE, GQA, SwiGLU); flavors debugmodel, 1B, 3B, 8B, 70B, 405B";
+    info->options = options;
+    info->api = &api;
+    return CT_OK;
+}

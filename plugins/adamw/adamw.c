@@ -1,0 +1,76 @@
+/* adamw.c: the AdamW optimizer (decoupled weight decay, PyTorch's formula) on the device's op.
+ * Norm weights and biases (CT_TENSOR_NO_DECAY) get no weight decay. */
+#include "ctitan/optimizer.h"
+
+#include <stdlib.h>
+
+typedef struct adamw {
+    const ct_host *host;
+    const ct_device_api *d;
+    void *dev;
+    double beta1, beta2, eps, weight_decay;
+} adamw;
+
+static const ct_option_spec options[] = {
+    {sizeof(ct_option_spec), "beta1", CT_OPT_FLOAT, "0.9", "first-moment decay"},
+    {sizeof(ct_option_spec), "beta2", CT_OPT_FLOAT, "0.95", "second-moment decay"},
+    {sizeof(ct_option_spec), "eps", CT_OPT_FLOAT, "1e-8", "denominator epsilon"},
+    {sizeof(ct_option_spec), "weight_decay", CT_OPT_FLOAT, "0.1", "decoupled weight decay"},
+    {sizeof(ct_option_spec), "implementation", CT_OPT_STRING, "fused",
+     "fused | foreach | for-loop (accepted for torchtitan configs; one kernel per tensor here)"},
+    {0, NULL, 0, NULL, NULL},
+};
+
+static ct_status adamw_create(const ct_host *h, const ct_device_api *d, void *dev, void **out) {
+    adamw *a = calloc(1, sizeof *a);
+    if (!a) return CT_ERR_NOMEM;
+    *a = (adamw){h, d, dev, 0.9, 0.95, 1e-8, 0.1};
+    ct_status st = h->opt_float(h, "beta1", &a->beta1);
+    if (!st) st = h->opt_float(h, "beta2", &a->beta2);
+    if (!st) st = h->opt_float(h, "eps", &a->eps);
+    if (!st) st = h->opt_float(h, "weight_decay", &a->weight_decay);
+    if (st) {
+        free(a);
+        return st;
+    }
+    if (a->beta1 < 0 || a->beta1 >= 1 || a->beta2 < 0 || a->beta2 >= 1 || a->eps <= 0 || a->weight_decay < 0) {
+        h->set_error(h, "expected 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0");
+        free(a);
+        return CT_ERR_INVALID;
+    }
+    *out = a;
+    return CT_OK;
+}
+
+static void adamw_destroy(void *p) { free(p); }
+static int adamw_state_count(void *p) {
+    (void)p;
+    return 2;
+}
+
+static ct_status adamw_step(void *p, ct_tensor *param, float *const *state, int64_t numel, float lr, int64_t step) {
+    adamw *a = p;
+    float wd = (param->flags & CT_TENSOR_NO_DECAY) ? 0.0f : (float)a->weight_decay;
+    return a->d->adamw(a->dev, param->data, param->grad, state[0], state[1], numel, lr, (float)a->beta1,
+                       (float)a->beta2, (float)a->eps, wd, step);
+}
+
+static const ct_optimizer_api api = {
+    .struct_size = sizeof(ct_optimizer_api),
+    .create = adamw_create,
+    .destroy = adamw_destroy,
+    .state_count = adamw_state_count,
+    .step = adamw_step,
+};
+
+CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {
+    (void)host;
+    info->abi_major = CT_ABI_MAJOR;
+    info->abi_minor = CT_ABI_MINOR;
+    info->kind = CT_KIND_OPTIMIZER;
+    info->name = "adamw";
+    info->description = "AdamW (PyTorch formula; no weight decay on norms and biases)";
+    info->options = options;
+    info->api = &api;
+    return CT_OK;
+}

@@ -1,0 +1,755 @@
+/* device.c: the CPU device plugin (ctitan-cpu.so): entry point, lifecycle, memory, and the
+ * ct_device_api table.
+ *
+ * Each op checks its arguments here, reports bad ones through host->set_error, and hands the
+ * work to the f32 kernels (kernels_impl.h instanced by kernels_f32.c). Memory is plain host
+ * memory: the host does the accounting, copies are memcpy, and every op has finished when it
+ * returns, so synchronize has nothing to wait for.
+ *
+ * Threads: option `threads` (0 = one per online core) sets both OpenMP and OpenBLAS. Every op
+ * sets the OpenMP thread count of the calling thread again, so ops called from another host
+ * thread use the same count (and give the same bits).
+ */
+#include "ctitan/abi.h"
+#include "ctitan/device.h"
+#include "ctitan/host.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+#include <omp.h>
+
+#include "cpu_math.h"
+#include "kernels.h"
+
+typedef struct cpu_device {
+    const ct_host *host;
+    int threads;
+} cpu_device;
+
+/* ---------------------------------------------------------------- errors and checks */
+
+/* Reports "op: message" through the host and returns `status`. */
+__attribute__((format(printf, 4, 5))) static ct_status cpu_fail(const cpu_device *d, ct_status status,
+                                                               const char *op, const char *fmt, ...)
+{
+    if (d && d->host && d->host->set_error) {
+        char msg[256];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        d->host->set_error(d->host, "%s: %s", op, msg);
+    }
+    return status;
+}
+
+/* Every op starts with these: the device handle, then argument checks that name the op. */
+#define CPU_OP_BEGIN(dev)                                                                          \
+    cpu_device *d = (dev);                                                                         \
+    if (!d)                                                                                        \
+        return CT_ERR_INVALID
+#define CPU_REQUIRE(cond, ...)                                                                     \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return cpu_fail(d, CT_ERR_INVALID, __func__ + 4, __VA_ARGS__);                         \
+    } while (0)
+#define CPU_NOMEM_IF(cond)                                                                         \
+    do {                                                                                           \
+        if (cond)                                                                                  \
+            return cpu_fail(d, CT_ERR_NOMEM, __func__ + 4, "cannot allocate scratch memory");     \
+    } while (0)
+
+/* The thread count applies per calling thread in OpenMP; OpenBLAS follows it. */
+static void cpu_enter(const cpu_device *d)
+{
+    if (omp_get_max_threads() != d->threads)
+        omp_set_num_threads(d->threads);
+}
+
+/* First i with ids[i] outside [0, limit), or -1 when all are valid. With use_skip, entries equal
+ * to `skip` (cross-entropy's ignore_index) are valid whatever their value. */
+static int64_t cpu_find_bad_id(const int32_t *ids, int64_t n, int64_t limit, int use_skip,
+                               int32_t skip)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (use_skip && ids[i] == skip)
+            continue;
+        if (ids[i] < 0 || ids[i] >= limit)
+            return i;
+    }
+    return -1;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static const ct_option_spec cpu_options[] = {
+    {sizeof(ct_option_spec), "threads", CT_OPT_INT, "0",
+     "worker threads for OpenMP and OpenBLAS; 0 = one per online core"},
+    {0, NULL, 0, NULL, NULL},
+};
+
+static ct_status cpu_create(const ct_host *host, void **dev)
+{
+    if (!dev)
+        return CT_ERR_INVALID;
+    *dev = NULL;
+    int64_t threads = 0;
+    if (host && host->opt_int) {
+        ct_status st = host->opt_int(host, "threads", &threads);
+        if (st != CT_OK && st != CT_ERR_INVALID)
+            return st;
+        if (st != CT_OK)
+            threads = 0;
+    }
+    cpu_device probe = {host, 1};
+    if (threads < 0 || threads > 4096)
+        return cpu_fail(&probe, CT_ERR_INVALID, "create",
+                        "option threads = %lld, expected 0 (one per core) to 4096", (long long)threads);
+    if (threads == 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = online > 0 ? online : 1;
+    }
+    cpu_device *d = calloc(1, sizeof *d);
+    if (!d)
+        return cpu_fail(&probe, CT_ERR_NOMEM, "create", "cannot allocate the device");
+    d->host = host;
+    d->threads = (int)threads;
+    omp_set_num_threads(d->threads);
+    openblas_set_num_threads(d->threads);
+    if (host && host->log)
+        host->log(host, CT_LOG_DEBUG, "cpu: %d threads (OpenMP and OpenBLAS)", d->threads);
+    *dev = d;
+    return CT_OK;
+}
+
+static void cpu_destroy(void *dev)
+{
+    free(dev);
+}
+
+static ct_status cpu_info(void *dev, ct_device_info *out)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(out != NULL, "null output");
+    if (out->struct_size == 0)
+        out->struct_size = sizeof *out;
+    if (CT_HAS_FIELD(out, ct_device_info, name))
+        out->name = "cpu";
+    if (CT_HAS_FIELD(out, ct_device_info, threads))
+        out->threads = d->threads;
+    if (CT_HAS_FIELD(out, ct_device_info, memory_bytes)) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        out->memory_bytes = pages > 0 && page > 0 ? (int64_t)pages * page : 0;
+    }
+    return CT_OK;
+}
+
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Best rate of a square sgemm over ~0.3 s. */
+static ct_status cpu_measure_peak_flops(void *dev, double *flops_per_s)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(flops_per_s != NULL, "null output");
+    const int n = 1536;
+    size_t bytes = (size_t)n * n * sizeof(float);
+    float *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes), *c = aligned_alloc(64, bytes);
+    if (!a || !b || !c) {
+        free(a);
+        free(b);
+        free(c);
+        return cpu_fail(d, CT_ERR_NOMEM, "measure_peak_flops", "cannot allocate 3 x %zu bytes", bytes);
+    }
+    for (size_t i = 0; i < (size_t)n * n; i++) {
+        a[i] = (float)(i % 7) * 0.01f;
+        b[i] = (float)(i % 5) * 0.02f;
+    }
+    cpu_enter(d);
+    double best = 1e30, start = cpu_now();
+    for (int rep = 0; rep < 20; rep++) {
+        double t0 = cpu_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        double dt = cpu_now() - t0;
+        if (rep > 0 && dt < best) /* rep 0 warms up caches and threads */
+            best = dt;
+        if (rep >= 2 && cpu_now() - start > 0.3)
+            break;
+    }
+    free(a);
+    free(b);
+    free(c);
+    *flops_per_s = 2.0 * n * n * (double)n / best;
+    return CT_OK;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static ct_status cpu_alloc(void *dev, size_t bytes, void **out)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(out != NULL, "null output");
+    *out = NULL;
+    CPU_REQUIRE(bytes <= SIZE_MAX - 64, "size %zu is too large", bytes);
+    size_t rounded = (bytes + 63) / 64 * 64; /* aligned_alloc wants a multiple of the alignment */
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!p)
+        return cpu_fail(d, CT_ERR_NOMEM, "alloc", "cannot allocate %zu bytes", bytes);
+    *out = p;
+    return CT_OK;
+}
+
+static void cpu_free(void *dev, void *p)
+{
+    (void)dev;
+    free(p);
+}
+
+static ct_status cpu_copy(void *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(kind == CT_COPY_H2D || kind == CT_COPY_D2H || kind == CT_COPY_D2D,
+                "unknown copy kind %d", (int)kind);
+    if (bytes == 0)
+        return CT_OK;
+    CPU_REQUIRE(dst && src, "null pointer");
+    memmove(dst, src, bytes);
+    return CT_OK;
+}
+
+static ct_status cpu_zero(void *dev, void *p, size_t bytes)
+{
+    CPU_OP_BEGIN(dev);
+    if (bytes == 0)
+        return CT_OK;
+    CPU_REQUIRE(p != NULL, "null pointer");
+    memset(p, 0, bytes);
+    return CT_OK;
+}
+
+static ct_status cpu_synchronize(void *dev)
+{
+    CPU_OP_BEGIN(dev);
+    (void)d;
+    return CT_OK;
+}
+
+/* ---------------------------------------------------------------- dense algebra */
+
+static ct_status cpu_matmul(void *dev, float *c, const float *a, const float *b, int64_t m, int64_t n,
+                            int64_t k, int trans_a, int trans_b, float alpha, float beta)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(m >= 0 && n >= 0 && k >= 0, "negative shape m=%lld n=%lld k=%lld", (long long)m,
+                (long long)n, (long long)k);
+    CPU_REQUIRE(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
+                "shape m=%lld n=%lld k=%lld exceeds the BLAS int range", (long long)m, (long long)n,
+                (long long)k);
+    if (m == 0 || n == 0)
+        return CT_OK;
+    CPU_REQUIRE(c && (k == 0 || (a && b)), "null pointer");
+    cpu_enter(d);
+    matmul_f32(c, a, b, (int)m, (int)n, (int)k, trans_a, trans_b, alpha, beta);
+    return CT_OK;
+}
+
+static ct_status cpu_axpy(void *dev, float *y, const float *x, float alpha, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(n == 0 || (y && x), "null pointer");
+    cpu_enter(d);
+    axpy_f32(y, x, alpha, n);
+    return CT_OK;
+}
+
+static ct_status cpu_add(void *dev, float *out, const float *a, const float *b, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(n == 0 || (out && a && b), "null pointer");
+    cpu_enter(d);
+    add_f32(out, a, b, n);
+    return CT_OK;
+}
+
+static ct_status cpu_scale(void *dev, float *x, float alpha, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(n == 0 || x, "null pointer");
+    cpu_enter(d);
+    scale_f32(x, alpha, n);
+    return CT_OK;
+}
+
+static ct_status cpu_sum(void *dev, double *out, const float *x, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(out && (n == 0 || x), "null pointer");
+    cpu_enter(d);
+    *out = sum_f32(x, n);
+    return CT_OK;
+}
+
+static ct_status cpu_sum_squares(void *dev, double *out, const float *x, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(out && (n == 0 || x), "null pointer");
+    cpu_enter(d);
+    *out = sum_squares_f32(x, n);
+    return CT_OK;
+}
+
+/* ---------------------------------------------------------------- layers */
+
+static ct_status cpu_embedding_forward(void *dev, float *out, const int32_t *ids, const float *table,
+                                       int64_t n, int64_t c, int64_t vocab)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0 && c >= 0 && vocab >= 0, "negative shape n=%lld c=%lld vocab=%lld",
+                (long long)n, (long long)c, (long long)vocab);
+    CPU_REQUIRE(n == 0 || ids, "null ids");
+    int64_t bad = cpu_find_bad_id(ids, n, vocab, 0, 0);
+    CPU_REQUIRE(bad < 0, "ids[%lld] = %d is outside [0, %lld)", (long long)bad,
+                bad < 0 ? 0 : ids[bad], (long long)vocab);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CPU_REQUIRE(out && table, "null pointer");
+    cpu_enter(d);
+    embedding_forward_f32(out, ids, table, n, c);
+    return CT_OK;
+}
+
+static ct_status cpu_embedding_backward(void *dev, float *dtable, const int32_t *ids, const float *dout,
+                                        int64_t n, int64_t c, int64_t vocab)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0 && c >= 0 && vocab >= 0, "negative shape n=%lld c=%lld vocab=%lld",
+                (long long)n, (long long)c, (long long)vocab);
+    CPU_REQUIRE(n == 0 || ids, "null ids");
+    int64_t bad = cpu_find_bad_id(ids, n, vocab, 0, 0);
+    CPU_REQUIRE(bad < 0, "ids[%lld] = %d is outside [0, %lld)", (long long)bad,
+                bad < 0 ? 0 : ids[bad], (long long)vocab);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CPU_REQUIRE(dtable && dout, "null pointer");
+    cpu_enter(d);
+    embedding_backward_f32(dtable, ids, dout, n, c);
+    return CT_OK;
+}
+
+/* Shared checks of the row ops: out (n,c) style shapes and their pointers. */
+#define CPU_REQUIRE_ROWS(n, c)                                                                     \
+    CPU_REQUIRE((n) >= 0 && (c) >= 0, "negative shape n=%lld c=%lld", (long long)(n), (long long)(c))
+
+static ct_status cpu_rmsnorm_forward(void *dev, float *out, float *rstd, const float *x, const float *w,
+                                     int64_t n, int64_t c, float eps)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE_ROWS(n, c);
+    CPU_REQUIRE(c > 0 || n == 0, "zero columns");
+    CPU_REQUIRE(eps >= 0, "eps %g is negative", (double)eps);
+    if (n == 0)
+        return CT_OK;
+    CPU_REQUIRE(out && rstd && x && w, "null pointer");
+    cpu_enter(d);
+    rmsnorm_forward_f32(out, rstd, x, w, n, c, eps);
+    return CT_OK;
+}
+
+static ct_status cpu_rmsnorm_backward_input(void *dev, float *dx, const float *dout, const float *x,
+                                            const float *w, const float *rstd, int64_t n, int64_t c)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE_ROWS(n, c);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CPU_REQUIRE(dx && dout && x && w && rstd, "null pointer");
+    cpu_enter(d);
+    rmsnorm_backward_input_f32(dx, dout, x, w, rstd, n, c);
+    return CT_OK;
+}
+
+static ct_status cpu_rmsnorm_backward_weight(void *dev, float *dw, const float *dout, const float *x,
+                                             const float *rstd, int64_t n, int64_t c)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE_ROWS(n, c);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CPU_REQUIRE(dw && dout && x && rstd, "null pointer");
+    cpu_enter(d);
+    rmsnorm_backward_weight_f32(dw, dout, x, rstd, n, c);
+    return CT_OK;
+}
+
+static ct_status cpu_layernorm_forward(void *dev, float *out, float *mean, float *rstd, const float *x,
+                                       const float *w, const float *b, int64_t n, int64_t c, float eps)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE_ROWS(n, c);
+    CPU_REQUIRE(c > 0 || n == 0, "zero columns");
+    CPU_REQUIRE(eps >= 0, "eps %g is negative", (double)eps);
+    if (n == 0)
+        return CT_OK;
+    CPU_REQUIRE(out && mean && rstd && x && w, "null pointer");
+    cpu_enter(d);
+    layernorm_forward_f32(out, mean, rstd, x, w, b, n, c, eps);
+    return CT_OK;
+}
+
+static ct_status cpu_layernorm_backward_input(void *dev, float *dx, const float *dout, const float *x,
+                                              const float *w, const float *mean, const float *rstd,
+                                              int64_t n, int64_t c)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE_ROWS(n, c);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CPU_REQUIRE(dx && dout && x && w && mean && rstd, "null pointer");
+    cpu_enter(d);
+    layernorm_backward_input_f32(dx, dout, x, w, mean, rstd, n, c);
+    return CT_OK;
+}
+
+static ct_status cpu_layernorm_backward_weight(void *dev, float *dw, float *db, const float *dout,
+                                               const float *x, const float *mean, const float *rstd,
+                                               int64_t n, int64_t c)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE_ROWS(n, c);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CPU_REQUIRE(dw && dout && x && mean && rstd, "null pointer");
+    cpu_enter(d);
+    layernorm_backward_weight_f32(dw, db, dout, x, mean, rstd, n, c);
+    return CT_OK;
+}
+
+static ct_status cpu_bias_forward(void *dev, float *out, const float *x, const float *bias, int64_t n,
+                                  int64_t c)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE_ROWS(n, c);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CPU_REQUIRE(out && x && bias, "null pointer");
+    cpu_enter(d);
+    bias_forward_f32(out, x, bias, n, c);
+    return CT_OK;
+}
+
+static ct_status cpu_bias_backward(void *dev, float *dbias, const float *dout, int64_t n, int64_t c)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE_ROWS(n, c);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CPU_REQUIRE(dbias && dout, "null pointer");
+    cpu_enter(d);
+    bias_backward_f32(dbias, dout, n, c);
+    return CT_OK;
+}
+
+/* Shared checks of rope_forward / rope_backward. */
+static ct_status cpu_rope(cpu_device *d, const char *op, float *out, const float *x, int64_t b,
+                          int64_t t, int64_t h, int64_t hd, float theta, int backward)
+{
+    if (b < 0 || t < 0 || h < 0 || hd < 0)
+        return cpu_fail(d, CT_ERR_INVALID, op, "negative shape b=%lld t=%lld h=%lld d=%lld",
+                        (long long)b, (long long)t, (long long)h, (long long)hd);
+    if (hd % 2 != 0)
+        return cpu_fail(d, CT_ERR_INVALID, op, "head dim %lld is odd, expected pairs", (long long)hd);
+    if (!(theta > 0))
+        return cpu_fail(d, CT_ERR_INVALID, op, "theta %g, expected > 0", (double)theta);
+    if (b == 0 || t == 0 || h == 0 || hd == 0)
+        return CT_OK;
+    if (!out || !x)
+        return cpu_fail(d, CT_ERR_INVALID, op, "null pointer");
+    cpu_enter(d);
+    int rc = backward ? rope_backward_f32(out, x, b, t, h, hd, theta)
+                      : rope_forward_f32(out, x, b, t, h, hd, theta);
+    if (rc != 0)
+        return cpu_fail(d, CT_ERR_NOMEM, op, "cannot allocate the cos/sin table");
+    return CT_OK;
+}
+
+static ct_status cpu_rope_forward(void *dev, float *out, const float *x, int64_t b, int64_t t, int64_t h,
+                                  int64_t hd, float theta)
+{
+    CPU_OP_BEGIN(dev);
+    return cpu_rope(d, "rope_forward", out, x, b, t, h, hd, theta, 0);
+}
+
+static ct_status cpu_rope_backward(void *dev, float *dx, const float *dout, int64_t b, int64_t t,
+                                   int64_t h, int64_t hd, float theta)
+{
+    CPU_OP_BEGIN(dev);
+    return cpu_rope(d, "rope_backward", dx, dout, b, t, h, hd, theta, 1);
+}
+
+/* Shared shape checks of attention_forward / attention_backward. */
+static ct_status cpu_attention_check(cpu_device *d, const char *op, int64_t b, int64_t t, int64_t h,
+                                     int64_t kvh, int64_t hd)
+{
+    if (b < 0 || t < 0 || h < 0 || kvh <= 0 || hd <= 0)
+        return cpu_fail(d, CT_ERR_INVALID, op,
+                        "shape b=%lld t=%lld h=%lld kvh=%lld d=%lld, expected kvh and d > 0",
+                        (long long)b, (long long)t, (long long)h, (long long)kvh, (long long)hd);
+    if (h % kvh != 0)
+        return cpu_fail(d, CT_ERR_INVALID, op, "%lld query heads are not a multiple of %lld kv heads",
+                        (long long)h, (long long)kvh);
+    if (t > INT_MAX || h * hd > INT_MAX)
+        return cpu_fail(d, CT_ERR_INVALID, op, "t=%lld or h*d=%lld exceeds the BLAS int range",
+                        (long long)t, (long long)(h * hd));
+    return CT_OK;
+}
+
+static ct_status cpu_attention_forward(void *dev, float *out, float *lse, const float *q, const float *k,
+                                       const float *v, int64_t b, int64_t t, int64_t h, int64_t kvh,
+                                       int64_t hd)
+{
+    CPU_OP_BEGIN(dev);
+    ct_status st = cpu_attention_check(d, "attention_forward", b, t, h, kvh, hd);
+    if (st != CT_OK)
+        return st;
+    if (b == 0 || t == 0 || h == 0)
+        return CT_OK;
+    CPU_REQUIRE(out && lse && q && k && v, "null pointer");
+    cpu_enter(d);
+    CPU_NOMEM_IF(attention_forward_f32(out, lse, q, k, v, b, t, h, kvh, hd) != 0);
+    return CT_OK;
+}
+
+static ct_status cpu_attention_backward(void *dev, float *dq, float *dk, float *dv, const float *dout,
+                                        const float *q, const float *k, const float *v, const float *out,
+                                        const float *lse, int64_t b, int64_t t, int64_t h, int64_t kvh,
+                                        int64_t hd)
+{
+    CPU_OP_BEGIN(dev);
+    ct_status st = cpu_attention_check(d, "attention_backward", b, t, h, kvh, hd);
+    if (st != CT_OK)
+        return st;
+    if (b == 0 || t == 0 || h == 0)
+        return CT_OK;
+    CPU_REQUIRE(dq && dk && dv && dout && q && k && v && out && lse, "null pointer");
+    cpu_enter(d);
+    CPU_NOMEM_IF(attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, hd) != 0);
+    return CT_OK;
+}
+
+static ct_status cpu_swiglu_forward(void *dev, float *out, const float *a, const float *g, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(n == 0 || (out && a && g), "null pointer");
+    cpu_enter(d);
+    swiglu_forward_f32(out, a, g, n);
+    return CT_OK;
+}
+
+static ct_status cpu_swiglu_backward(void *dev, float *da, float *dg, const float *dout, const float *a,
+                                     const float *g, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(n == 0 || (da && dg && dout && a && g), "null pointer");
+    cpu_enter(d);
+    swiglu_backward_f32(da, dg, dout, a, g, n);
+    return CT_OK;
+}
+
+static ct_status cpu_gelu_forward(void *dev, float *out, const float *x, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(n == 0 || (out && x), "null pointer");
+    cpu_enter(d);
+    gelu_forward_f32(out, x, n);
+    return CT_OK;
+}
+
+static ct_status cpu_gelu_backward(void *dev, float *dx, const float *dout, const float *x, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(n == 0 || (dx && dout && x), "null pointer");
+    cpu_enter(d);
+    gelu_backward_f32(dx, dout, x, n);
+    return CT_OK;
+}
+
+static ct_status cpu_cross_entropy_check(cpu_device *d, const char *op, const int32_t *targets,
+                                         int64_t n, int64_t v, int32_t ignore_index)
+{
+    if (n < 0 || v <= 0)
+        return cpu_fail(d, CT_ERR_INVALID, op, "shape n=%lld v=%lld, expected v > 0", (long long)n,
+                        (long long)v);
+    if (n > 0 && !targets)
+        return cpu_fail(d, CT_ERR_INVALID, op, "null targets");
+    int64_t bad = cpu_find_bad_id(targets, n, v, 1, ignore_index);
+    if (bad >= 0)
+        return cpu_fail(d, CT_ERR_INVALID, op,
+                        "targets[%lld] = %d is outside [0, %lld) and not ignore_index %d",
+                        (long long)bad, targets[bad], (long long)v, ignore_index);
+    return CT_OK;
+}
+
+static ct_status cpu_cross_entropy_forward(void *dev, float *losses, const float *logits,
+                                           const int32_t *targets, int64_t n, int64_t v,
+                                           int32_t ignore_index)
+{
+    CPU_OP_BEGIN(dev);
+    ct_status st = cpu_cross_entropy_check(d, "cross_entropy_forward", targets, n, v, ignore_index);
+    if (st != CT_OK)
+        return st;
+    if (n == 0)
+        return CT_OK;
+    CPU_REQUIRE(losses && logits, "null pointer");
+    cpu_enter(d);
+    cross_entropy_forward_f32(losses, logits, targets, n, v, ignore_index);
+    return CT_OK;
+}
+
+static ct_status cpu_cross_entropy_backward(void *dev, float *dlogits, const float *logits,
+                                            const int32_t *targets, float dloss, int64_t n, int64_t v,
+                                            int32_t ignore_index)
+{
+    CPU_OP_BEGIN(dev);
+    ct_status st = cpu_cross_entropy_check(d, "cross_entropy_backward", targets, n, v, ignore_index);
+    if (st != CT_OK)
+        return st;
+    if (n == 0)
+        return CT_OK;
+    CPU_REQUIRE(dlogits && logits, "null pointer");
+    cpu_enter(d);
+    cross_entropy_backward_f32(dlogits, logits, targets, dloss, n, v, ignore_index);
+    return CT_OK;
+}
+
+/* ---------------------------------------------------------------- optimizer and precision */
+
+static ct_status cpu_adamw(void *dev, float *param, const float *grad, float *m, float *v, int64_t n,
+                           float lr, float beta1, float beta2, float eps, float weight_decay,
+                           int64_t step)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(step >= 1, "step %lld, expected >= 1 (counted from 1)", (long long)step);
+    CPU_REQUIRE(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
+                "betas (%g, %g), expected each in [0, 1)", (double)beta1, (double)beta2);
+    CPU_REQUIRE(n == 0 || (param && grad && m && v), "null pointer");
+    cpu_enter(d);
+    adamw_f32(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+    return CT_OK;
+}
+
+static ct_status cpu_cast_f32_to_bf16(void *dev, uint16_t *dst, const float *src, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(n == 0 || (dst && src), "null pointer");
+    cpu_enter(d);
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = cpu_f32_to_bf16(src[i]);
+    return CT_OK;
+}
+
+static ct_status cpu_cast_bf16_to_f32(void *dev, float *dst, const uint16_t *src, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(n == 0 || (dst && src), "null pointer");
+    cpu_enter(d);
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = cpu_bf16_to_f32(src[i]);
+    return CT_OK;
+}
+
+static ct_status cpu_round_bf16(void *dev, float *x, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(n == 0 || x, "null pointer");
+    cpu_enter(d);
+#pragma omp parallel for simd schedule(static) if (n >= 65536)
+    for (int64_t i = 0; i < n; i++)
+        x[i] = cpu_bf16_to_f32(cpu_f32_to_bf16(x[i]));
+    return CT_OK;
+}
+
+/* ---------------------------------------------------------------- entry */
+
+static const ct_device_api cpu_api = {
+    .struct_size = sizeof(ct_device_api),
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .info = cpu_info,
+    .measure_peak_flops = cpu_measure_peak_flops,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .synchronize = cpu_synchronize,
+    .matmul = cpu_matmul,
+    .axpy = cpu_axpy,
+    .add = cpu_add,
+    .scale = cpu_scale,
+    .sum = cpu_sum,
+    .sum_squares = cpu_sum_squares,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward_input = cpu_rmsnorm_backward_input,
+    .rmsnorm_backward_weight = cpu_rmsnorm_backward_weight,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward_input = cpu_layernorm_backward_input,
+    .layernorm_backward_weight = cpu_layernorm_backward_weight,
+    .bias_forward = cpu_bias_forward,
+    .bias_backward = cpu_bias_backward,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .cross_entropy_forward = cpu_cross_entropy_forward,
+    .cross_entropy_backward = cpu_cross_entropy_backward,
+    .adamw = cpu_adamw,
+    .cast_f32_to_bf16 = cpu_cast_f32_to_bf16,
+    .cast_bf16_to_f32 = cpu_cast_bf16_to_f32,
+    .round_bf16 = cpu_round_bf16,
+};
+
+CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)
+{
+    (void)host;
+    if (!info || !CT_HAS_FIELD(info, ct_plugin_info, api))
+        return CT_ERR_INVALID;
+    info->abi_major = CT_ABI_MAJOR;
+    info->abi_minor = CT_ABI_MINOR;
+    info->kind = CT_KIND_DEVICE;
+    info->name = "cpu";
+    info->description = "CPU device: OpenBLAS sgemm, OpenMP kernels, deterministic reductions";
+    info->options = cpu_options;
+    info->api = &cpu_api;
+    return CT_OK;
+}

@@ -1,0 +1,64 @@
+/* kernels.h: the f32 instance of kernels_impl.h, as device.c calls it.
+ *
+ * kernels_f32.c includes this file before the template, so the compiler checks every prototype
+ * here against its definition. Shapes and semantics: see ctitan/device.h and kernels_impl.h.
+ * Functions returning int return nonzero only when their scratch memory cannot be allocated.
+ */
+#ifndef CTITAN_CPU_KERNELS_H
+#define CTITAN_CPU_KERNELS_H
+
+#include <stdint.h>
+
+void matmul_f32(float *c, const float *a, const float *b, int m, int n, int k, int trans_a,
+                int trans_b, float alpha, float beta);
+void axpy_f32(float *y, const float *x, float alpha, int64_t n);
+void add_f32(float *out, const float *a, const float *b, int64_t n);
+void scale_f32(float *x, float alpha, int64_t n);
+double sum_f32(const float *x, int64_t n);
+double sum_squares_f32(const float *x, int64_t n);
+
+void embedding_forward_f32(float *out, const int32_t *ids, const float *table, int64_t n, int64_t c);
+void embedding_backward_f32(float *dtable, const int32_t *ids, const float *dout, int64_t n, int64_t c);
+
+void rmsnorm_forward_f32(float *out, float *rstd, const float *x, const float *w, int64_t n,
+                         int64_t c, float eps);
+void rmsnorm_backward_input_f32(float *dx, const float *dout, const float *x, const float *w,
+                                const float *rstd, int64_t n, int64_t c);
+void rmsnorm_backward_weight_f32(float *dw, const float *dout, const float *x, const float *rstd,
+                                 int64_t n, int64_t c);
+void layernorm_forward_f32(float *out, float *mean, float *rstd, const float *x, const float *w,
+                           const float *b, int64_t n, int64_t c, float eps);
+void layernorm_backward_input_f32(float *dx, const float *dout, const float *x, const float *w,
+                                  const float *mean, const float *rstd, int64_t n, int64_t c);
+void layernorm_backward_weight_f32(float *dw, float *db, const float *dout, const float *x,
+                                   const float *mean, const float *rstd, int64_t n, int64_t c);
+
+void bias_forward_f32(float *out, const float *x, const float *bias, int64_t n, int64_t c);
+void bias_backward_f32(float *dbias, const float *dout, int64_t n, int64_t c);
+
+int rope_forward_f32(float *out, const float *x, int64_t b, int64_t t, int64_t h, int64_t d,
+                     float theta);
+int rope_backward_f32(float *dx, const float *dout, int64_t b, int64_t t, int64_t h, int64_t d,
+                      float theta);
+
+int attention_forward_f32(float *out, float *lse, const float *q, const float *k, const float *v,
+                          int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d);
+int attention_backward_f32(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                           const float *k, const float *v, const float *out, const float *lse,
+                           int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d);
+
+void swiglu_forward_f32(float *out, const float *a, const float *g, int64_t n);
+void swiglu_backward_f32(float *da, float *dg, const float *dout, const float *a, const float *g,
+                         int64_t n);
+void gelu_forward_f32(float *out, const float *x, int64_t n);
+void gelu_backward_f32(float *dx, const float *dout, const float *x, int64_t n);
+
+void cross_entropy_forward_f32(float *losses, const float *logits, const int32_t *targets,
+                               int64_t n, int64_t v, int32_t ignore_index);
+void cross_entropy_backward_f32(float *dlogits, const float *logits, const int32_t *targets,
+                                float dloss, int64_t n, int64_t v, int32_t ignore_index);
+
+void adamw_f32(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+               float beta1, float beta2, float eps, float weight_decay, int64_t step);
+
+#endif

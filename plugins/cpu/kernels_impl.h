@@ -1,0 +1,655 @@
+/* kernels_impl.h: the CPU numeric kernels, written once for two precisions.
+ *
+ * This file is a template. An instance defines CT_REAL_DOUBLE (0 or 1) and includes it:
+ *
+ *     #define CT_REAL_DOUBLE 0      // real = float,  names end in _f32, cblas_sgemm
+ *     #include "kernels_impl.h"
+ *
+ * plugins/cpu/kernels_f32.c is the plugin's instance; tests/unit/test_cpu_gradcheck.c also builds
+ * the double instance, so finite differences run on exactly this source. A file may include it
+ * once per precision.
+ *
+ * The kernels trust their arguments (device.c checks them and reports errors). Shapes follow
+ * ctitan/device.h: row-major, contiguous. Backward kernels accumulate (`+=`) into gradients.
+ *
+ * Threads: OpenMP, schedule(static) everywhere. Every reduction has a fixed order that does not
+ * depend on the thread count (partition by output column, or fixed-size chunks combined in
+ * order), so results are bit-identical run to run, and for most kernels across thread counts
+ * too. Only matmul leaves the split to OpenBLAS.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+#include <omp.h>
+
+#include "cpu_math.h"
+
+#ifndef CT_REAL_DOUBLE
+#error "define CT_REAL_DOUBLE (0 or 1) before including kernels_impl.h"
+#endif
+
+#if CT_REAL_DOUBLE
+#define real double
+#define K(name) name##_f64
+#define R_GEMM cblas_dgemm
+#define R_EXP(x) exp(x)
+#define R_LOG(x) log(x)
+#define R_SQRT(x) sqrt(x)
+#define R_TANH(x) tanh(x)
+#define R_POW(x, y) pow(x, y)
+#else
+#define real float
+#define K(name) name##_f32
+#define R_GEMM cblas_sgemm
+#define R_EXP(x) cpu_expf(x)
+#define R_LOG(x) logf(x)
+#define R_SQRT(x) sqrtf(x)
+#define R_TANH(x) cpu_tanhf(x)
+#define R_POW(x, y) powf(x, y)
+#endif
+
+/* Shared constants, defined once per file. */
+#ifndef CT_KERNELS_CONSTANTS
+#define CT_KERNELS_CONSTANTS
+/* Below this many elements a parallel region costs more than it saves. */
+#define CPU_PAR_MIN 16384
+/* Column block of the column-partitioned reductions (bias, norm weights, embedding). */
+#define CPU_COL_BLOCK 32
+/* Query rows per attention block: the causal mask lets a block skip keys after its last row. */
+#define CPU_ATT_BLOCK 64
+/* sum / sum_squares: at most this many chunks, each summed alone, then combined in order. */
+#define CPU_SUM_CHUNKS 1024
+#define CPU_SUM_MIN_CHUNK 8192
+#endif
+
+/* ---------------------------------------------------------------- dense algebra */
+
+/* c (m,n) = alpha op(a) op(b) + beta c; op(a) is (m,k), op(b) is (k,n). */
+void K(matmul)(real *c, const real *a, const real *b, int m, int n, int k, int trans_a,
+               int trans_b, real alpha, real beta)
+{
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0) { /* BLAS wants lda >= 1; the product is empty */
+        int64_t mn = (int64_t)m * n;
+        for (int64_t i = 0; i < mn; i++)
+            c[i] = beta == 0 ? 0 : beta * c[i];
+        return;
+    }
+    R_GEMM(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+           m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, beta, c, n);
+}
+
+/* y (n) += alpha x (n) */
+void K(axpy)(real *y, const real *x, real alpha, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        y[i] += alpha * x[i];
+}
+
+/* out (n) = a + b; out may alias a or b */
+void K(add)(real *out, const real *a, const real *b, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+/* x (n) *= alpha */
+void K(scale)(real *x, real alpha, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= alpha;
+}
+
+/* sum x or sum x^2 over n, in double. The chunking depends on n only, so the bits do not depend
+ * on the thread count. */
+static inline double K(sum_generic)(const real *x, int64_t n, int squares)
+{
+    double partial[CPU_SUM_CHUNKS];
+    int64_t chunk = (n + CPU_SUM_CHUNKS - 1) / CPU_SUM_CHUNKS;
+    if (chunk < CPU_SUM_MIN_CHUNK)
+        chunk = CPU_SUM_MIN_CHUNK;
+    int64_t nchunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+    for (int64_t ci = 0; ci < nchunks; ci++) {
+        int64_t i0 = ci * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
+        double s = 0;
+        if (squares) {
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = i0; i < i1; i++)
+                s += (double)x[i] * (double)x[i];
+        } else {
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = i0; i < i1; i++)
+                s += (double)x[i];
+        }
+        partial[ci] = s;
+    }
+    double total = 0;
+    for (int64_t ci = 0; ci < nchunks; ci++)
+        total += partial[ci];
+    return total;
+}
+
+double K(sum)(const real *x, int64_t n) { return K(sum_generic)(x, n, 0); }
+double K(sum_squares)(const real *x, int64_t n) { return K(sum_generic)(x, n, 1); }
+
+/* ---------------------------------------------------------------- embedding */
+
+/* out (n,c) = table[ids[i]]; ids already checked against vocab */
+void K(embedding_forward)(real *out, const int32_t *ids, const real *table, int64_t n, int64_t c)
+{
+#pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        memcpy(out + i * c, table + (int64_t)ids[i] * c, (size_t)c * sizeof(real));
+}
+
+/* dtable (vocab,c) += scatter of dout (n,c). Partitioned by column block: every block walks the
+ * rows in order, so repeated ids add up in a fixed order with no races. */
+void K(embedding_backward)(real *dtable, const int32_t *ids, const real *dout, int64_t n, int64_t c)
+{
+    int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
+#pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
+    for (int64_t bl = 0; bl < nblocks; bl++) {
+        int64_t j0 = bl * CPU_COL_BLOCK, j1 = j0 + CPU_COL_BLOCK < c ? j0 + CPU_COL_BLOCK : c;
+        for (int64_t i = 0; i < n; i++) {
+            real *dst = dtable + (int64_t)ids[i] * c;
+            const real *src = dout + i * c;
+            for (int64_t j = j0; j < j1; j++)
+                dst[j] += src[j];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- normalisation */
+
+/* out (n,c) = x * rstd * w;  rstd (n) = 1/sqrt(mean(x^2) + eps) */
+void K(rmsnorm_forward)(real *out, real *rstd, const real *x, const real *w, int64_t n, int64_t c,
+                        real eps)
+{
+#pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const real *xi = x + i * c;
+        real *oi = out + i * c;
+        double ss = 0;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t j = 0; j < c; j++)
+            ss += (double)xi[j] * (double)xi[j];
+        real r = (real)(1.0 / sqrt(ss / (double)c + (double)eps));
+        rstd[i] = r;
+        for (int64_t j = 0; j < c; j++)
+            oi[j] = xi[j] * r * w[j];
+    }
+}
+
+/* dx_j += r w_j g_j - x_j r^3 / c * sum_k g_k w_k x_k   (g = dout, r = rstd) */
+void K(rmsnorm_backward_input)(real *dx, const real *dout, const real *x, const real *w,
+                               const real *rstd, int64_t n, int64_t c)
+{
+#pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const real *xi = x + i * c, *gi = dout + i * c;
+        real *dxi = dx + i * c;
+        double dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < c; j++)
+            dot += (double)gi[j] * (double)w[j] * (double)xi[j];
+        real r = rstd[i];
+        real k = (real)(dot * (double)r * (double)r * (double)r / (double)c);
+        for (int64_t j = 0; j < c; j++)
+            dxi[j] += r * w[j] * gi[j] - xi[j] * k;
+    }
+}
+
+/* dw (c) += sum over rows of dout * x * rstd; partitioned by column block */
+void K(rmsnorm_backward_weight)(real *dw, const real *dout, const real *x, const real *rstd,
+                                int64_t n, int64_t c)
+{
+    int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
+#pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
+    for (int64_t bl = 0; bl < nblocks; bl++) {
+        int64_t j0 = bl * CPU_COL_BLOCK, j1 = j0 + CPU_COL_BLOCK < c ? j0 + CPU_COL_BLOCK : c;
+        double acc[CPU_COL_BLOCK] = {0};
+        for (int64_t i = 0; i < n; i++) {
+            const real *xi = x + i * c, *gi = dout + i * c;
+            double r = rstd[i];
+            for (int64_t j = j0; j < j1; j++)
+                acc[j - j0] += (double)gi[j] * (double)xi[j] * r;
+        }
+        for (int64_t j = j0; j < j1; j++)
+            dw[j] += (real)acc[j - j0];
+    }
+}
+
+/* out (n,c) = (x - mean) * rstd * w + b (b may be NULL); mean, rstd (n) saved */
+void K(layernorm_forward)(real *out, real *mean, real *rstd, const real *x, const real *w,
+                          const real *b, int64_t n, int64_t c, real eps)
+{
+#pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const real *xi = x + i * c;
+        real *oi = out + i * c;
+        double s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < c; j++)
+            s += (double)xi[j];
+        double mu = s / (double)c, var = 0;
+#pragma omp simd reduction(+ : var)
+        for (int64_t j = 0; j < c; j++)
+            var += ((double)xi[j] - mu) * ((double)xi[j] - mu);
+        real m = (real)mu, r = (real)(1.0 / sqrt(var / (double)c + (double)eps));
+        mean[i] = m;
+        rstd[i] = r;
+        for (int64_t j = 0; j < c; j++)
+            oi[j] = (xi[j] - m) * r * w[j] + (b ? b[j] : 0);
+    }
+}
+
+/* dx += r * (g w - mean(g w) - xhat * mean(g w xhat)),  xhat = (x - mean) r */
+void K(layernorm_backward_input)(real *dx, const real *dout, const real *x, const real *w,
+                                 const real *mean, const real *rstd, int64_t n, int64_t c)
+{
+#pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const real *xi = x + i * c, *gi = dout + i * c;
+        real *dxi = dx + i * c;
+        real m = mean[i], r = rstd[i];
+        double s_gw = 0, s_gwx = 0;
+#pragma omp simd reduction(+ : s_gw, s_gwx)
+        for (int64_t j = 0; j < c; j++) {
+            double gw = (double)gi[j] * (double)w[j];
+            s_gw += gw;
+            s_gwx += gw * ((double)xi[j] - (double)m) * (double)r;
+        }
+        real mean_gw = (real)(s_gw / (double)c), mean_gwx = (real)(s_gwx / (double)c);
+        for (int64_t j = 0; j < c; j++) {
+            real xhat = (xi[j] - m) * r;
+            dxi[j] += r * (gi[j] * w[j] - mean_gw - xhat * mean_gwx);
+        }
+    }
+}
+
+/* dw (c) += sum over rows of dout * xhat; db (c) += sum of dout (db may be NULL) */
+void K(layernorm_backward_weight)(real *dw, real *db, const real *dout, const real *x,
+                                  const real *mean, const real *rstd, int64_t n, int64_t c)
+{
+    int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
+#pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
+    for (int64_t bl = 0; bl < nblocks; bl++) {
+        int64_t j0 = bl * CPU_COL_BLOCK, j1 = j0 + CPU_COL_BLOCK < c ? j0 + CPU_COL_BLOCK : c;
+        double acc_w[CPU_COL_BLOCK] = {0}, acc_b[CPU_COL_BLOCK] = {0};
+        for (int64_t i = 0; i < n; i++) {
+            const real *xi = x + i * c, *gi = dout + i * c;
+            double m = mean[i], r = rstd[i];
+            for (int64_t j = j0; j < j1; j++) {
+                acc_w[j - j0] += (double)gi[j] * (((double)xi[j] - m) * r);
+                acc_b[j - j0] += (double)gi[j];
+            }
+        }
+        for (int64_t j = j0; j < j1; j++) {
+            dw[j] += (real)acc_w[j - j0];
+            if (db)
+                db[j] += (real)acc_b[j - j0];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- bias */
+
+/* out (n,c) = x + bias (c); out may alias x */
+void K(bias_forward)(real *out, const real *x, const real *bias, int64_t n, int64_t c)
+{
+#pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < c; j++)
+            out[i * c + j] = x[i * c + j] + bias[j];
+}
+
+/* dbias (c) += column sums of dout (n,c) */
+void K(bias_backward)(real *dbias, const real *dout, int64_t n, int64_t c)
+{
+    int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
+#pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
+    for (int64_t bl = 0; bl < nblocks; bl++) {
+        int64_t j0 = bl * CPU_COL_BLOCK, j1 = j0 + CPU_COL_BLOCK < c ? j0 + CPU_COL_BLOCK : c;
+        double acc[CPU_COL_BLOCK] = {0};
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = j0; j < j1; j++)
+                acc[j - j0] += (double)dout[i * c + j];
+        for (int64_t j = j0; j < j1; j++)
+            dbias[j] += (real)acc[j - j0];
+    }
+}
+
+/* ---------------------------------------------------------------- rotary embedding */
+
+/* Fills cs (t, d/2, 2) with cos, sin of p * theta^(-2i/d). The frequency and the angle are
+ * rounded to `real` the way torchtitan computes them in float32 (so the f32 build tracks
+ * PyTorch); cos and sin of that angle are then taken in double. */
+static inline void K(rope_table)(real *cs, int64_t t, int64_t d, real theta)
+{
+    int64_t half = d / 2;
+#pragma omp parallel for schedule(static) if (t * half >= 4096)
+    for (int64_t p = 0; p < t; p++) {
+        for (int64_t i = 0; i < half; i++) {
+            real freq = (real)1 / R_POW(theta, (real)(2 * i) / (real)d);
+            real angle = (real)p * freq;
+            cs[(p * half + i) * 2] = (real)cos((double)angle);
+            cs[(p * half + i) * 2 + 1] = (real)sin((double)angle);
+        }
+    }
+}
+
+/* Rotates every pair of x (b,t,h,d) by the table: forward out = R x (out may alias x);
+ * backward (transpose) dx += R^T dout. Returns nonzero when the table cannot be allocated. */
+static inline int K(rope_apply)(real *out, const real *x, int64_t b, int64_t t, int64_t h,
+                                int64_t d, real theta, int backward)
+{
+    int64_t half = d / 2;
+    real *cs = malloc((size_t)(t * half * 2) * sizeof(real) + 1);
+    if (!cs)
+        return -1;
+    K(rope_table)(cs, t, d, theta);
+#pragma omp parallel for schedule(static) if (b * t * h * d >= CPU_PAR_MIN)
+    for (int64_t row = 0; row < b * t; row++) {
+        const real *c = cs + (row % t) * half * 2;
+        for (int64_t hh = 0; hh < h; hh++) {
+            const real *xi = x + (row * h + hh) * d;
+            real *oi = out + (row * h + hh) * d;
+            for (int64_t i = 0; i < half; i++) {
+                real co = c[2 * i], si = c[2 * i + 1];
+                real x0 = xi[2 * i], x1 = xi[2 * i + 1];
+                if (!backward) {
+                    oi[2 * i] = x0 * co - x1 * si;
+                    oi[2 * i + 1] = x0 * si + x1 * co;
+                } else {
+                    oi[2 * i] += x0 * co + x1 * si;
+                    oi[2 * i + 1] += x1 * co - x0 * si;
+                }
+            }
+        }
+    }
+    free(cs);
+    return 0;
+}
+
+int K(rope_forward)(real *out, const real *x, int64_t b, int64_t t, int64_t h, int64_t d, real theta)
+{
+    return K(rope_apply)(out, x, b, t, h, d, theta, 0);
+}
+
+int K(rope_backward)(real *dx, const real *dout, int64_t b, int64_t t, int64_t h, int64_t d,
+                     real theta)
+{
+    return K(rope_apply)(dx, dout, b, t, h, d, theta, 1);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* Scores of query rows [r0, r1) against keys [0, r1) of one (batch, head) pair into s (br, r1):
+ * s = scale q k^T. q rows are `ldq` apart, k rows `ldk` apart. */
+static inline void K(attention_scores)(real *s, const real *q, const real *k, int64_t r0, int64_t r1,
+                                       int64_t d, int64_t ldq, int64_t ldk, real scale)
+{
+    R_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1, (int)d, scale,
+           q + r0 * ldq, (int)ldq, k, (int)ldk, 0, s, (int)r1);
+}
+
+/* Causal attention, GQA: q (b,t,h,d); k, v (b,t,kvh,d); out (b,t,h,d); lse (b,h,t).
+ * One task per (batch, head); each thread keeps one (CPU_ATT_BLOCK, t) score block. */
+int K(attention_forward)(real *out, real *lse, const real *q, const real *k, const real *v,
+                         int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
+{
+    int64_t group = h / kvh, ldq = h * d, ldk = kvh * d, per = CPU_ATT_BLOCK * t;
+    real scale = (real)(1.0 / sqrt((double)d));
+    int nthreads = omp_get_max_threads();
+    real *work = malloc((size_t)(nthreads * per) * sizeof(real) + 1);
+    if (!work)
+        return -1;
+#pragma omp parallel for schedule(static)
+    for (int64_t bh = 0; bh < b * h; bh++) {
+        int64_t bi = bh / h, hi = bh % h, kh = hi / group;
+        real *s = work + omp_get_thread_num() * per;
+        const real *qh = q + bi * t * ldq + hi * d;
+        const real *kh_ = k + bi * t * ldk + kh * d, *vh = v + bi * t * ldk + kh * d;
+        real *oh = out + bi * t * ldq + hi * d, *lh = lse + bh * t;
+        for (int64_t r0 = 0; r0 < t; r0 += CPU_ATT_BLOCK) {
+            int64_t r1 = r0 + CPU_ATT_BLOCK < t ? r0 + CPU_ATT_BLOCK : t;
+            K(attention_scores)(s, qh, kh_, r0, r1, d, ldq, ldk, scale);
+            for (int64_t i = r0; i < r1; i++) {
+                real *row = s + (i - r0) * r1;
+                real mx = row[0];
+                for (int64_t j = 1; j <= i; j++)
+                    mx = row[j] > mx ? row[j] : mx;
+                real sum = 0;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t j = 0; j <= i; j++) {
+                    real e = R_EXP(row[j] - mx);
+                    row[j] = e;
+                    sum += e;
+                }
+                real inv = 1 / sum;
+                for (int64_t j = 0; j <= i; j++)
+                    row[j] *= inv;
+                for (int64_t j = i + 1; j < r1; j++)
+                    row[j] = 0;
+                lh[i] = mx + R_LOG(sum);
+            }
+            /* out rows [r0, r1) = P (br, r1) @ v[0:r1] */
+            R_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)d, (int)r1, 1, s,
+                   (int)r1, vh, (int)ldk, 0, oh + r0 * ldq, (int)ldq);
+        }
+    }
+    free(work);
+    return 0;
+}
+
+/* Backward, recomputing P from q, k and lse:
+ *   dV += P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dO * O));  dQ += scale dS K;  dK += scale dS^T Q.
+ * One task per (batch, kv head) that walks its group's query heads in order, so the heads that
+ * share a dk/dv head add into it from one thread in a fixed order. */
+int K(attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *q,
+                          const real *k, const real *v, const real *out, const real *lse, int64_t b,
+                          int64_t t, int64_t h, int64_t kvh, int64_t d)
+{
+    int64_t group = h / kvh, ldq = h * d, ldk = kvh * d, per = CPU_ATT_BLOCK * t;
+    real scale = (real)(1.0 / sqrt((double)d));
+    int nthreads = omp_get_max_threads();
+    real *work = malloc((size_t)(nthreads * 2 * per) * sizeof(real) + 1);
+    if (!work)
+        return -1;
+#pragma omp parallel for schedule(static)
+    for (int64_t bk = 0; bk < b * kvh; bk++) {
+        int64_t bi = bk / kvh, kh = bk % kvh;
+        real *p = work + omp_get_thread_num() * 2 * per, *dp = p + per;
+        const real *kh_ = k + bi * t * ldk + kh * d, *vh = v + bi * t * ldk + kh * d;
+        real *dkh = dk + bi * t * ldk + kh * d, *dvh = dv + bi * t * ldk + kh * d;
+        for (int64_t hi = kh * group; hi < (kh + 1) * group; hi++) {
+            const real *qh = q + bi * t * ldq + hi * d, *oh = out + bi * t * ldq + hi * d;
+            const real *doh = dout + bi * t * ldq + hi * d, *lh = lse + (bi * h + hi) * t;
+            real *dqh = dq + bi * t * ldq + hi * d;
+            for (int64_t r0 = 0; r0 < t; r0 += CPU_ATT_BLOCK) {
+                int64_t r1 = r0 + CPU_ATT_BLOCK < t ? r0 + CPU_ATT_BLOCK : t;
+                int br = (int)(r1 - r0), nk = (int)r1;
+                K(attention_scores)(p, qh, kh_, r0, r1, d, ldq, ldk, scale);
+                for (int64_t i = r0; i < r1; i++) {
+                    real *row = p + (i - r0) * r1, l = lh[i];
+#pragma omp simd
+                    for (int64_t j = 0; j <= i; j++)
+                        row[j] = R_EXP(row[j] - l);
+                    for (int64_t j = i + 1; j < r1; j++)
+                        row[j] = 0;
+                }
+                /* dV[0:r1] += P^T dO[r0:r1];  dP = dO[r0:r1] V[0:r1]^T */
+                R_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, nk, (int)d, br, 1, p, nk,
+                       doh + r0 * ldq, (int)ldq, 1, dvh, (int)ldk);
+                R_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, br, nk, (int)d, 1, doh + r0 * ldq,
+                       (int)ldq, vh, (int)ldk, 0, dp, nk);
+                for (int64_t i = r0; i < r1; i++) {
+                    const real *doi = doh + i * ldq, *oi = oh + i * ldq;
+                    real di = 0;
+                    for (int64_t c = 0; c < d; c++)
+                        di += doi[c] * oi[c];
+                    real *prow = p + (i - r0) * r1, *dprow = dp + (i - r0) * r1;
+                    for (int64_t j = 0; j <= i; j++)
+                        dprow[j] = prow[j] * (dprow[j] - di);
+                    for (int64_t j = i + 1; j < r1; j++)
+                        dprow[j] = 0;
+                }
+                /* dQ[r0:r1] += scale dS K[0:r1];  dK[0:r1] += scale dS^T Q[r0:r1] */
+                R_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, (int)d, nk, scale, dp, nk,
+                       kh_, (int)ldk, 1, dqh + r0 * ldq, (int)ldq);
+                R_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, nk, (int)d, br, scale, dp, nk,
+                       qh + r0 * ldq, (int)ldq, 1, dkh, (int)ldk);
+            }
+        }
+    }
+    free(work);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- activations */
+
+/* out (n) = silu(a) * g */
+void K(swiglu_forward)(real *out, const real *a, const real *g, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        real sig = 1 / (1 + R_EXP(-a[i]));
+        out[i] = a[i] * sig * g[i];
+    }
+}
+
+/* da += dout * g * silu'(a);  dg += dout * silu(a);  silu'(a) = sig (1 + a (1 - sig)) */
+void K(swiglu_backward)(real *da, real *dg, const real *dout, const real *a, const real *g, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        real sig = 1 / (1 + R_EXP(-a[i]));
+        da[i] += dout[i] * g[i] * sig * (1 + a[i] * (1 - sig));
+        dg[i] += dout[i] * a[i] * sig;
+    }
+}
+
+#define CPU_GELU_K0 ((real)0.7978845608028654) /* sqrt(2/pi) */
+#define CPU_GELU_K1 ((real)0.044715)
+
+/* out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+void K(gelu_forward)(real *out, const real *x, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        real xi = x[i];
+        real u = CPU_GELU_K0 * (xi + CPU_GELU_K1 * xi * xi * xi);
+        out[i] = (real)0.5 * xi * (1 + R_TANH(u));
+    }
+}
+
+void K(gelu_backward)(real *dx, const real *dout, const real *x, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        real xi = x[i];
+        real u = CPU_GELU_K0 * (xi + CPU_GELU_K1 * xi * xi * xi);
+        real th = R_TANH(u);
+        real du = CPU_GELU_K0 * (1 + 3 * CPU_GELU_K1 * xi * xi);
+        dx[i] += dout[i] * ((real)0.5 * (1 + th) + (real)0.5 * xi * (1 - th * th) * du);
+    }
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+/* Softmax statistics of one row: its max and sum exp(x - max) (in double). Keeping the two apart
+ * keeps the loss exact to float precision even when the logits are large. */
+static inline void K(row_softmax_stats)(const real *x, int64_t v, real *max_out, double *sum_out)
+{
+    real mx = x[0];
+    for (int64_t j = 1; j < v; j++)
+        mx = x[j] > mx ? x[j] : mx;
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < v; j++)
+        s += (double)R_EXP(x[j] - mx);
+    *max_out = mx;
+    *sum_out = s;
+}
+
+/* losses (n) = (max - logits[target]) + log sum exp(logits - max); 0 where ignored.
+ * Targets already checked. */
+void K(cross_entropy_forward)(real *losses, const real *logits, const int32_t *targets, int64_t n,
+                              int64_t v, int32_t ignore_index)
+{
+#pragma omp parallel for schedule(static) if (n * v >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        if (targets[i] == ignore_index) {
+            losses[i] = 0;
+            continue;
+        }
+        const real *x = logits + i * v;
+        real mx;
+        double s;
+        K(row_softmax_stats)(x, v, &mx, &s);
+        losses[i] = (real)((double)(mx - x[targets[i]]) + log(s));
+    }
+}
+
+/* dlogits (n,v) += dloss * (softmax - onehot(target)) on rows not ignored */
+void K(cross_entropy_backward)(real *dlogits, const real *logits, const int32_t *targets, real dloss,
+                               int64_t n, int64_t v, int32_t ignore_index)
+{
+#pragma omp parallel for schedule(static) if (n * v >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        if (targets[i] == ignore_index)
+            continue;
+        const real *x = logits + i * v;
+        real *dx = dlogits + i * v;
+        real mx;
+        double s;
+        K(row_softmax_stats)(x, v, &mx, &s);
+        real w = (real)((double)dloss / s);
+#pragma omp simd
+        for (int64_t j = 0; j < v; j++)
+            dx[j] += w * R_EXP(x[j] - mx);
+        dx[targets[i]] -= dloss;
+    }
+}
+
+/* ---------------------------------------------------------------- optimizer */
+
+/* AdamW, PyTorch's arrangement: p *= 1 - lr wd;  m, v updated;
+ * p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc = 1 - beta^step. */
+void K(adamw)(real *param, const real *grad, real *m, real *v, int64_t n, real lr, real beta1,
+              real beta2, real eps, real weight_decay, int64_t step)
+{
+    double bc1 = 1.0 - pow((double)beta1, (double)step);
+    double bc2 = 1.0 - pow((double)beta2, (double)step);
+    real step_size = (real)((double)lr / bc1), bc2_sqrt = (real)sqrt(bc2);
+    real decay = 1 - lr * weight_decay;
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        real g = grad[i];
+        real mi = beta1 * m[i] + (1 - beta1) * g;
+        real vi = beta2 * v[i] + (1 - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = param[i] * decay - step_size * mi / (R_SQRT(vi) / bc2_sqrt + eps);
+    }
+}
+
+#undef real
+#undef K
+#undef R_GEMM
+#undef R_EXP
+#undef R_LOG
+#undef R_SQRT
+#undef R_TANH
+#undef R_POW
+#undef CPU_GELU_K0
+#undef CPU_GELU_K1
+#undef CT_REAL_DOUBLE

@@ -1,0 +1,10 @@
+# CPU plugin flags. The Makefile already links OpenBLAS (OpenMP build) and -fopenmp.
+# CPU_KERNEL_CFLAGS is also what tests/unit/test_cpu_gradcheck.mk compiles kernels_impl.h with.
+#   -I...openblas-openmp   cblas.h of the OpenBLAS build we link
+#   -fno-trapping-math     lets GCC if-convert the clamps in cpu_expf, so the exp loops
+#                          (softmax, cross-entropy, SiLU, GELU) vectorise
+#   -fvect-cost-model=dynamic  vectorises those loops at -O2 as well
+CPU_OPENBLAS_INC := /usr/include/x86_64-linux-gnu/openblas-openmp
+CPU_KERNEL_CFLAGS := -I$(CPU_OPENBLAS_INC) -fopenmp -fno-trapping-math -fvect-cost-model=dynamic
+CPU_KERNEL_LIBS := -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -fopenmp -lm
+CFLAGS_cpu += $(CPU_KERNEL_CFLAGS)

@@ -1,0 +1,83 @@
+/* ctitan/abi.h: versions, status codes, plugin kinds and the one entry symbol.
+ *
+ * Every plugin (.so) exports exactly one symbol, CT_PLUGIN_ENTRY_NAME:
+ *
+ *     CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info);
+ *
+ * The host fills `info->struct_size` and zeroes the rest; the plugin fills its kind, name, the ABI
+ * version it was built against (CT_ABI_MAJOR / CT_ABI_MINOR) and a pointer to its kind's API
+ * table (ct_device_api, ct_model_api, ct_optimizer_api ...), which must stay valid until the
+ * host unloads the plugin. The host refuses a plugin whose abi_major differs from its own.
+ *
+ * Versioning: every ABI struct begins with `size_t struct_size`. Minor versions only append
+ * fields; a reader checks struct_size before touching a field newer than what it was built with
+ * (CT_HAS_FIELD). A NULL optional function pointer means "not supported".
+ *
+ * Errors are values: calls return ct_status and put the detail in a message through
+ * host->set_error(). No plugin calls exit() or abort().
+ */
+#ifndef CTITAN_ABI_H
+#define CTITAN_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CT_ABI_MAJOR 1
+#define CT_ABI_MINOR 0
+
+#define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
+
+#if defined(__GNUC__)
+#define CT_EXPORT __attribute__((visibility("default")))
+#else
+#define CT_EXPORT
+#endif
+
+/* True when `s` (a pointer to an ABI struct) is large enough to hold `field`. */
+#define CT_HAS_FIELD(s, type, field) \
+    ((s)->struct_size >= offsetof(type, field) + sizeof(((type *)0)->field))
+
+typedef enum ct_status {
+    CT_OK = 0,
+    CT_ERR_INVALID = 1,     /* bad argument or option value */
+    CT_ERR_UNSUPPORTED = 2, /* the plugin cannot do this (shape, dtype, feature) */
+    CT_ERR_NOMEM = 3,       /* allocation failed */
+    CT_ERR_IO = 4,          /* file or stream error */
+    CT_ERR_INTERNAL = 5     /* a bug; the message says where */
+} ct_status;
+
+typedef enum ct_plugin_kind {
+    CT_KIND_DEVICE = 1,
+    CT_KIND_MODEL = 2,
+    CT_KIND_OPTIMIZER = 3
+} ct_plugin_kind;
+
+/* An option a plugin accepts in its manifest section. The host validates the manifest against
+ * this list (unknown keys and wrong types are errors naming file, line and key) and answers the
+ * host->opt_* getters from it. The list ends with an entry whose key is NULL. */
+typedef enum ct_opt_type { CT_OPT_INT = 1, CT_OPT_FLOAT = 2, CT_OPT_STRING = 3, CT_OPT_BOOL = 4 } ct_opt_type;
+
+typedef struct ct_option_spec {
+    size_t struct_size;
+    const char *key;
+    ct_opt_type type;
+    const char *default_value; /* as written in YAML; NULL = no default (optional, unset) */
+    const char *help;
+} ct_option_spec;
+
+typedef struct ct_host ct_host;
+
+typedef struct ct_plugin_info {
+    size_t struct_size;
+    uint32_t abi_major;
+    uint32_t abi_minor;
+    ct_plugin_kind kind;
+    const char *name;        /* e.g. "cpu", "llama3", "adamw" */
+    const char *description; /* one line for `ctitan plugins` */
+    const ct_option_spec *options; /* may be NULL: accepts no options */
+    const void *api;         /* ct_device_api *, ct_model_api *, ct_optimizer_api * per kind */
+} ct_plugin_info;
+
+typedef ct_status (*ct_plugin_entry_fn)(const ct_host *host, ct_plugin_info *info);
+
+#endif

@@ -1,0 +1,150 @@
+/* ctitan/device.h: the device-ops interface (plugin kind CT_KIND_DEVICE).
+ *
+ * A device plugin owns memory on its device and runs every op the models need. The host calls ops
+ * with raw device pointers and explicit shapes (llm.c style); tensors are row-major, contiguous,
+ * f32 unless the name says otherwise. The shape comment on each op is the contract.
+ *
+ * Conventions every op follows (the conformance harness checks them):
+ *  - Backward ops ACCUMULATE into their gradient outputs (`+=`): the host zeroes gradients once,
+ *    and fan-out (residuals) and gradient accumulation come for free.
+ *  - Backward is split into an input-gradient half and a weight-gradient half where the op has
+ *    weights, so zero-bubble pipeline schedules can run them apart.
+ *  - Ops are deterministic: the same inputs and the same thread count give the same bits.
+ *  - Ops may run asynchronously; `copy` to the host and `synchronize` wait for them.
+ *  - Every function returns CT_OK or an error code with detail through host->set_error.
+ *
+ * Optional ops (NULL = unsupported) are marked so; everything else is required.
+ */
+#ifndef CTITAN_DEVICE_H
+#define CTITAN_DEVICE_H
+
+#include "ctitan/abi.h"
+#include "ctitan/host.h"
+
+typedef enum ct_copy_kind { CT_COPY_H2D = 1, CT_COPY_D2H = 2, CT_COPY_D2D = 3 } ct_copy_kind;
+
+typedef struct ct_device_info {
+    size_t struct_size;
+    const char *name;   /* "cpu", "cuda:0" */
+    int threads;        /* worker threads (CPU) or SMs (GPU) */
+    int64_t memory_bytes; /* total device memory, 0 if unknown */
+} ct_device_info;
+
+typedef struct ct_device_api {
+    size_t struct_size;
+
+    /* ---- lifecycle ---- */
+    /* Reads the plugin's options through `host` (e.g. `threads`). */
+    ct_status (*create)(const ct_host *host, void **dev);
+    void (*destroy)(void *dev);
+    ct_status (*info)(void *dev, ct_device_info *out);
+    /* Optional: measure the f32 matmul peak of this device in FLOP/s (a short sgemm loop). */
+    ct_status (*measure_peak_flops)(void *dev, double *flops_per_s);
+
+    /* ---- memory ---- */
+    ct_status (*alloc)(void *dev, size_t bytes, void **out); /* 64-byte aligned */
+    void (*free)(void *dev, void *p);
+    ct_status (*copy)(void *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind);
+    ct_status (*zero)(void *dev, void *p, size_t bytes);
+    ct_status (*synchronize)(void *dev);
+
+    /* ---- dense algebra ---- */
+    /* c (m,n) = alpha * op(a) @ op(b) + beta * c, where op(a) is (m,k): a is (m,k), or (k,m) when
+     * trans_a; op(b) is (k,n): b is (k,n), or (n,k) when trans_b. beta 0 ignores c's contents. */
+    ct_status (*matmul)(void *dev, float *c, const float *a, const float *b, int64_t m, int64_t n,
+                        int64_t k, int trans_a, int trans_b, float alpha, float beta);
+    /* y (n) += alpha * x (n) */
+    ct_status (*axpy)(void *dev, float *y, const float *x, float alpha, int64_t n);
+    /* out (n) = a (n) + b (n); out may alias a or b */
+    ct_status (*add)(void *dev, float *out, const float *a, const float *b, int64_t n);
+    /* x (n) *= alpha */
+    ct_status (*scale)(void *dev, float *x, float alpha, int64_t n);
+    /* *out = sum x (n) and sum x^2 (n), accumulated in double, returned to the host. */
+    ct_status (*sum)(void *dev, double *out, const float *x, int64_t n);
+    ct_status (*sum_squares)(void *dev, double *out, const float *x, int64_t n);
+
+    /* ---- layers ---- */
+    /* out (n,c) = table[ids[i]]; table (vocab,c); an id outside [0,vocab) is CT_ERR_INVALID. */
+    ct_status (*embedding_forward)(void *dev, float *out, const int32_t *ids, const float *table,
+                                   int64_t n, int64_t c, int64_t vocab);
+    /* dtable (vocab,c) += scatter of dout (n,c) by ids */
+    ct_status (*embedding_backward)(void *dev, float *dtable, const int32_t *ids, const float *dout,
+                                    int64_t n, int64_t c, int64_t vocab);
+
+    /* out (n,c) = x / rms(x) * w; rstd (n) saved for backward = 1/sqrt(mean(x^2) + eps) */
+    ct_status (*rmsnorm_forward)(void *dev, float *out, float *rstd, const float *x, const float *w,
+                                 int64_t n, int64_t c, float eps);
+    ct_status (*rmsnorm_backward_input)(void *dev, float *dx, const float *dout, const float *x,
+                                        const float *w, const float *rstd, int64_t n, int64_t c);
+    ct_status (*rmsnorm_backward_weight)(void *dev, float *dw, const float *dout, const float *x,
+                                         const float *rstd, int64_t n, int64_t c);
+
+    /* out (n,c) = (x - mean) * rstd * w + b; b may be NULL; mean, rstd (n) saved */
+    ct_status (*layernorm_forward)(void *dev, float *out, float *mean, float *rstd, const float *x,
+                                   const float *w, const float *b, int64_t n, int64_t c, float eps);
+    ct_status (*layernorm_backward_input)(void *dev, float *dx, const float *dout, const float *x,
+                                          const float *w, const float *mean, const float *rstd,
+                                          int64_t n, int64_t c);
+    /* db may be NULL */
+    ct_status (*layernorm_backward_weight)(void *dev, float *dw, float *db, const float *dout,
+                                           const float *x, const float *mean, const float *rstd,
+                                           int64_t n, int64_t c);
+
+    /* out (n,c) = x + bias (c) broadcast over rows; out may alias x.  dbias (c) += column sums of dout */
+    ct_status (*bias_forward)(void *dev, float *out, const float *x, const float *bias, int64_t n, int64_t c);
+    ct_status (*bias_backward)(void *dev, float *dbias, const float *dout, int64_t n, int64_t c);
+
+    /* Rotary embedding on x (b,t,h,d), d even: each pair (x[2i], x[2i+1]) at position p (= t index)
+     * rotates by angle p * theta^(-2i/d) (Llama's interleaved-pair convention). out may alias x.
+     * Backward rotates by the negative angle: dx += R^T dout. */
+    ct_status (*rope_forward)(void *dev, float *out, const float *x, int64_t b, int64_t t, int64_t h,
+                              int64_t d, float theta);
+    ct_status (*rope_backward)(void *dev, float *dx, const float *dout, int64_t b, int64_t t,
+                               int64_t h, int64_t d, float theta);
+
+    /* Causal scaled-dot-product attention with grouped-query heads.
+     * q (b,t,h,d); k, v (b,t,kvh,d), h % kvh == 0, query head i reads kv head i / (h/kvh);
+     * out (b,t,h,d); lse (b,h,t) = logsumexp over keys of the scaled scores (scale 1/sqrt(d)),
+     * saved for backward. Backward accumulates into dq (b,t,h,d), dk and dv (b,t,kvh,d). */
+    ct_status (*attention_forward)(void *dev, float *out, float *lse, const float *q, const float *k,
+                                   const float *v, int64_t b, int64_t t, int64_t h, int64_t kvh,
+                                   int64_t d);
+    ct_status (*attention_backward)(void *dev, float *dq, float *dk, float *dv, const float *dout,
+                                    const float *q, const float *k, const float *v, const float *out,
+                                    const float *lse, int64_t b, int64_t t, int64_t h, int64_t kvh,
+                                    int64_t d);
+
+    /* out (n) = silu(a) * g;  backward: da += dout * g * silu'(a), dg += dout * silu(a) */
+    ct_status (*swiglu_forward)(void *dev, float *out, const float *a, const float *g, int64_t n);
+    ct_status (*swiglu_backward)(void *dev, float *da, float *dg, const float *dout, const float *a,
+                                 const float *g, int64_t n);
+    /* out (n) = gelu(x) with the tanh approximation (GPT-2);  dx += dout * gelu'(x) */
+    ct_status (*gelu_forward)(void *dev, float *out, const float *x, int64_t n);
+    ct_status (*gelu_backward)(void *dev, float *dx, const float *dout, const float *x, int64_t n);
+
+    /* losses (n) = -log softmax(logits (n,v))[targets[i]], or 0 where targets[i] == ignore_index;
+     * a target outside [0,v) that is not ignore_index is CT_ERR_INVALID.
+     * Backward: dlogits (n,v) += dloss * (softmax(logits) - onehot(target)) on rows not ignored. */
+    ct_status (*cross_entropy_forward)(void *dev, float *losses, const float *logits,
+                                       const int32_t *targets, int64_t n, int64_t v,
+                                       int32_t ignore_index);
+    ct_status (*cross_entropy_backward)(void *dev, float *dlogits, const float *logits,
+                                        const int32_t *targets, float dloss, int64_t n, int64_t v,
+                                        int32_t ignore_index);
+
+    /* ---- optimizer ---- */
+    /* One AdamW step on n elements, PyTorch's formula (decoupled weight decay, bias correction with
+     * `step` counted from 1):  p -= lr*wd*p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+     * p -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps). */
+    ct_status (*adamw)(void *dev, float *param, const float *grad, float *m, float *v, int64_t n,
+                       float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step);
+
+    /* ---- precision ---- */
+    /* Round to nearest even; NaN stays NaN. dst/src are bf16 bit patterns (uint16_t). */
+    ct_status (*cast_f32_to_bf16)(void *dev, uint16_t *dst, const float *src, int64_t n);
+    ct_status (*cast_bf16_to_f32)(void *dev, float *dst, const uint16_t *src, int64_t n);
+    /* x (n) = f32(bf16(x)): the value a bf16 store would keep, in place. */
+    ct_status (*round_bf16)(void *dev, float *x, int64_t n);
+} ct_device_api;
+
+#endif

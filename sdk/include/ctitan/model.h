@@ -1,0 +1,119 @@
+/* ctitan/model.h: the model-pack interface (plugin kind CT_KIND_MODEL).
+ *
+ * A model pack writes the forward pass once, single-device, with the host's ops (ct_builder), on
+ * the shapes it is given: it reads head counts from the tensors' shapes, never from a parallel
+ * degree. The host records every op on its tape and replays the backward; the pack writes no
+ * backward code.
+ *
+ * A model is a sequence of units: unit 0 is the embedding, then the blocks, then the head
+ * (final norm + output + loss). Units are what activation checkpointing, FSDP and pipeline stages
+ * work on. The pack declares every parameter with its unit, name, shape, initialisation and flags;
+ * the host allocates and initialises them, so it can count, shard and checkpoint them.
+ *
+ * Memory: tensors the builder returns live in host arenas until the step ends; the pack keeps
+ * only the ct_tensor pointers of its parameters (the host may change their `data` between calls).
+ * Errors: a builder op returns NULL after setting the message; the pack returns CT_ERR_* then.
+ */
+#ifndef CTITAN_MODEL_H
+#define CTITAN_MODEL_H
+
+#include "ctitan/abi.h"
+#include "ctitan/host.h"
+#include "ctitan/tensor.h"
+
+#define CT_IGNORE_INDEX (-100)
+
+typedef enum ct_init_kind {
+    CT_INIT_NORMAL = 1,       /* normal(0, std) */
+    CT_INIT_TRUNC_NORMAL = 2, /* normal(0, std) redrawn outside [lo, hi] (absolute bounds) */
+    CT_INIT_CONSTANT = 3,     /* every element = value */
+    CT_INIT_UNIFORM = 4       /* uniform(lo, hi) */
+} ct_init_kind;
+
+typedef struct ct_init {
+    size_t struct_size;
+    ct_init_kind kind;
+    float std, lo, hi, value;
+} ct_init;
+
+/* Handed to declare_params. */
+typedef struct ct_param_registry {
+    size_t struct_size;
+    void *ctx;
+    /* Declares a parameter of `unit` with its fully qualified name and global shape. Returns the
+     * tensor handle the pack keeps (its data/grad are filled by the host before any forward), or
+     * NULL with the error set. flags: CT_TENSOR_NO_DECAY for norm weights and biases. */
+    ct_tensor *(*add)(struct ct_param_registry *r, int unit, const char *name, int ndim,
+                      const int64_t *shape, const ct_init *init, uint32_t flags);
+} ct_param_registry;
+
+/* The host's ops. Every op returns a new tensor (or NULL on error) and records its backward. */
+typedef struct ct_builder ct_builder;
+struct ct_builder {
+    size_t struct_size;
+    void *ctx;
+    /* x (..., in) @ w (out, in)^T -> (..., out) */
+    ct_tensor *(*linear)(ct_builder *b, ct_tensor *x, ct_tensor *w);
+    /* x (..., c) + bias (c) */
+    ct_tensor *(*bias)(ct_builder *b, ct_tensor *x, ct_tensor *bias);
+    /* ids (...) int32 -> table[ids] (..., c); table (vocab, c) */
+    ct_tensor *(*embedding)(ct_builder *b, const ct_tensor *ids, ct_tensor *table);
+    ct_tensor *(*rmsnorm)(ct_builder *b, ct_tensor *x, ct_tensor *w, float eps);
+    /* bias may be NULL */
+    ct_tensor *(*layernorm)(ct_builder *b, ct_tensor *x, ct_tensor *w, ct_tensor *bias, float eps);
+    /* x (B, T, H, D): rotary embedding by position t (see device.h for the convention) */
+    ct_tensor *(*rope)(ct_builder *b, ct_tensor *x, float theta);
+    /* causal attention: q (B,T,H,D), k, v (B,T,KVH,D) -> (B,T,H,D) */
+    ct_tensor *(*attention)(ct_builder *b, ct_tensor *q, ct_tensor *k, ct_tensor *v);
+    /* silu(a) * g, same shapes */
+    ct_tensor *(*swiglu)(ct_builder *b, ct_tensor *a, ct_tensor *g);
+    ct_tensor *(*gelu)(ct_builder *b, ct_tensor *x);
+    ct_tensor *(*add)(ct_builder *b, ct_tensor *x, ct_tensor *y);
+    /* Same data, new shape with the same number of elements. */
+    ct_tensor *(*view)(ct_builder *b, ct_tensor *x, int ndim, const int64_t *shape);
+    /* logits (..., V), targets (...) int32 with CT_IGNORE_INDEX -> scalar: the SUM of the per-token
+     * losses over targets that are not ignored (the host normalises by the global token count). */
+    ct_tensor *(*cross_entropy)(ct_builder *b, ct_tensor *logits, const ct_tensor *targets);
+    /* int32 (batch, seq) holding t at [.., t]: positions for learned position embeddings */
+    ct_tensor *(*positions)(ct_builder *b, int64_t batch, int64_t seq);
+};
+
+typedef struct ct_model_config {
+    size_t struct_size;
+    const char *flavor;
+    int64_t seq_len; /* the training sequence length (for FLOPs and position tables) */
+} ct_model_config;
+
+typedef struct ct_model_desc {
+    size_t struct_size;
+    int n_units;              /* embedding + blocks + head */
+    int64_t vocab_size;
+    int64_t dim;
+    int n_layers;
+    int64_t n_params;           /* all parameters */
+    int64_t n_embedding_params; /* excluded from the 6N FLOPs term */
+    double flops_per_token;     /* training FLOPs (forward + backward) per token at cfg.seq_len */
+} ct_model_desc;
+
+typedef struct ct_model_api {
+    size_t struct_size;
+    const char *const *flavors; /* NULL-terminated list of flavor names */
+    /* Reads the pack's own options (model.* keys it declared) through `host`. An unknown flavor is
+     * CT_ERR_INVALID with a message listing the known ones. */
+    ct_status (*create)(const ct_host *host, const ct_model_config *cfg, void **model);
+    void (*destroy)(void *model);
+    ct_status (*describe)(void *model, ct_model_desc *out);
+    ct_status (*declare_params)(void *model, ct_param_registry *reg);
+    /* A short name for a unit, for logs and plans ("tok_embeddings", "layers.3", "output"). */
+    const char *(*unit_name)(void *model, int unit);
+    /* Forward of one unit.
+     *   x:       the previous unit's output (NULL for unit 0)
+     *   tokens:  (B, T) int32 input ids (every unit sees them)
+     *   targets: (B, T) int32 or NULL. The last unit returns the summed loss (scalar) when targets
+     *            are given and the logits (B, T, V) when they are NULL.
+     * *out receives the unit's output tensor. */
+    ct_status (*unit_forward)(void *model, int unit, ct_builder *b, ct_tensor *x,
+                              const ct_tensor *tokens, const ct_tensor *targets, ct_tensor **out);
+} ct_model_api;
+
+#endif

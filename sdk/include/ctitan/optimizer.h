@@ -1,0 +1,32 @@
+/* ctitan/optimizer.h: the optimizer interface (plugin kind CT_KIND_OPTIMIZER).
+ *
+ * The host owns the learning-rate schedule, gradient clipping and all memory: it asks how many
+ * f32 state values the optimizer keeps per parameter element, allocates them (zeroed, counted as
+ * optimizer memory, on the same shard as the parameter) and calls `step` once per parameter
+ * tensor with the already clipped gradient in param->grad. The optimizer computes with the
+ * device's ops (it is handed the device API at create time).
+ *
+ * Manifest: the `optimizer` section's `name` and `lr` belong to the host; every other key is the
+ * plugin's own option (declared in its ct_option_spec list), e.g. beta1, beta2, eps, weight_decay.
+ */
+#ifndef CTITAN_OPTIMIZER_H
+#define CTITAN_OPTIMIZER_H
+
+#include "ctitan/abi.h"
+#include "ctitan/device.h"
+#include "ctitan/host.h"
+#include "ctitan/tensor.h"
+
+typedef struct ct_optimizer_api {
+    size_t struct_size;
+    ct_status (*create)(const ct_host *host, const ct_device_api *dapi, void *dev, void **opt);
+    void (*destroy)(void *opt);
+    /* f32 state values per parameter element (AdamW: 2, the moments). */
+    int (*state_count)(void *opt);
+    /* One update of `param` (data f32, grad f32, param->flags say CT_TENSOR_NO_DECAY).
+     * state[i] points to numel f32 values on the device. step counts from 1. */
+    ct_status (*step)(void *opt, ct_tensor *param, float *const *state, int64_t numel, float lr,
+                      int64_t step);
+} ct_optimizer_api;
+
+#endif

@@ -1,0 +1,138 @@
+/* test_llama3_golden.c: the llama3 pack on the CPU device against PyTorch.
+ *
+ * tests/golden/llama3_tiny.ctt (made by tests/golden/gen_llama3_golden.py) holds a tiny Llama 3's
+ * weights, a batch, and PyTorch's logits, loss, every parameter gradient, and 10 AdamW steps with
+ * clipping. We load the weights into the C model and require agreement within 1e-4 relative. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+
+#include "session_fixture.h"
+#include "tensorfile.h"
+
+#define GOLDEN "tests/golden/llama3_tiny.ctt"
+
+static const char *manifest_yaml =
+    "device: {name: cpu, threads: 2}\n"
+    "model: {name: llama3, flavor: debugmodel, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2,\n"
+    "        vocab_size: 256, ffn_hidden: 192, rope_theta: 500000, norm_eps: 1e-5}\n"
+    "optimizer: {name: AdamW, lr: 3e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1}\n"
+    "training: {seq_len: 32, local_batch_size: 2, max_norm: 1.0}\n"
+    "activation_checkpoint: {mode: none}\n";
+
+typedef struct fixture {
+    session s;
+    tf_file *g;
+    const int32_t *tokens, *targets;
+} fixture;
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    char err[1024];
+    f->g = tf_read(GOLDEN, err, sizeof err);
+    if (!f->g) fail_msg("%s", err);
+    if (fixture_open(&f->s, manifest_yaml)) fail_msg("session: %s", ct_last_error());
+    if (session_load_model(&f->s, GOLDEN, err, sizeof err)) fail_msg("%s", err);
+    f->tokens = tf_find(f->g, "input.tokens")->data;
+    f->targets = tf_find(f->g, "input.targets")->data;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    session_close(&f->s);
+    tf_free(f->g);
+    free(f);
+    return 0;
+}
+
+/* Relative L2 error of got against want. */
+static double rel_err(const float *got, const float *want, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1e-30));
+}
+
+static void expect_close(const char *what, const float *got, const float *want, int64_t n, double tol) {
+    double e = rel_err(got, want, n);
+    if (!(e <= tol)) fail_msg("%s: relative error %.3g > %.1g", what, e, tol);
+}
+
+static void test_logits_match_pytorch(void **state) {
+    fixture *f = *state;
+    const tf_entry *want = tf_find(f->g, "expected.logits");
+    assert_non_null(want);
+    float *logits = malloc(sizeof(float) * (size_t)want->numel);
+    assert_int_equal(runtime_forward_logits(&f->s.rt, f->tokens, 2, 32, logits), 0);
+    expect_close("logits", logits, want->data, want->numel, 1e-4);
+    free(logits);
+}
+
+static void test_loss_and_every_gradient_match_pytorch(void **state) {
+    fixture *f = *state;
+    int64_t valid = 0;
+    for (int i = 0; i < 64; i++) valid += f->targets[i] != -100;
+    assert_int_equal(valid, 59);
+    double loss_sum;
+    assert_int_equal(runtime_zero_grads(&f->s.rt), 0);
+    assert_int_equal(runtime_forward_backward(&f->s.rt, f->tokens, f->targets, 2, 32, 1.0f / (float)valid, &loss_sum), 0);
+    float want_loss = *(const float *)tf_find(f->g, "expected.loss")->data;
+    double loss = loss_sum / (double)valid;
+    if (fabs(loss - want_loss) > 1e-4 * fabs(want_loss)) fail_msg("loss %.7f, PyTorch %.7f", loss, want_loss);
+    assert_int_equal(f->s.rt.n_params, 21);
+    for (int i = 0; i < f->s.rt.n_params; i++) {
+        ct_tensor *p = &f->s.rt.params[i]->t;
+        char name[256];
+        snprintf(name, sizeof name, "grad.%s", p->name);
+        const tf_entry *want = tf_find(f->g, name);
+        if (!want) fail_msg("golden has no %s", name);
+        assert_int_equal(want->numel, ct_tensor_numel(p));
+        float *g = malloc(sizeof(float) * (size_t)want->numel);
+        assert_int_equal(runtime_param_get(&f->s.rt, i, g, 1), 0);
+        expect_close(name, g, want->data, want->numel, 1e-4);
+        free(g);
+    }
+}
+
+static void test_ten_adamw_steps_match_pytorch(void **state) {
+    fixture *f = *state;
+    const float *losses = tf_find(f->g, "adamw.losses")->data;
+    const float *norms = tf_find(f->g, "adamw.grad_norms")->data;
+    for (int step = 1; step <= 10; step++) {
+        double loss, norm;
+        int64_t valid;
+        assert_int_equal(session_train_step(&f->s, f->tokens, f->targets, 2, 2, 32, 3e-3, 1.0, step, &loss, &norm, &valid), 0);
+        if (fabs(loss - losses[step - 1]) > 1e-4 * fabs(losses[step - 1]))
+            fail_msg("step %d: loss %.7f, PyTorch %.7f", step, loss, losses[step - 1]);
+        if (fabs(norm - norms[step - 1]) > 1e-4 * fabs(norms[step - 1]))
+            fail_msg("step %d: grad norm %.7f, PyTorch %.7f", step, norm, norms[step - 1]);
+    }
+    for (int i = 0; i < f->s.rt.n_params; i++) {
+        ct_tensor *p = &f->s.rt.params[i]->t;
+        char name[256];
+        snprintf(name, sizeof name, "adamw.final.%s", p->name);
+        const tf_entry *want = tf_find(f->g, name);
+        assert_non_null(want);
+        float *w = malloc(sizeof(float) * (size_t)want->numel);
+        assert_int_equal(runtime_param_get(&f->s.rt, i, w, 0), 0);
+        expect_close(name, w, want->data, want->numel, 1e-4);
+        free(w);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_logits_match_pytorch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_loss_and_every_gradient_match_pytorch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ten_adamw_steps_match_pytorch, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,692 @@
+/* test_tensorfile: the ctt reader and writer (core/tensorfile.c).
+ *
+ * Files for the reader are built byte by byte from the format in tensorfile.h, not with the writer,
+ * so the two sides are checked against the spec rather than against each other. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tensorfile.h"
+
+/* ---- a byte buffer to build files with ---- */
+
+typedef struct buf {
+    unsigned char *p;
+    size_t n, cap;
+} buf;
+
+static void put(buf *b, const void *src, size_t n) {
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+
+static void put_u32(buf *b, uint32_t v) {
+    unsigned char c[4];
+    for (int i = 0; i < 4; i++) c[i] = (unsigned char)(v >> (8 * i));
+    put(b, c, 4);
+}
+
+static void put_u64(buf *b, uint64_t v) {
+    unsigned char c[8];
+    for (int i = 0; i < 8; i++) c[i] = (unsigned char)(v >> (8 * i));
+    put(b, c, 8);
+}
+
+static void put_header(buf *b, uint32_t count) {
+    put(b, "CTTENSOR", 8);
+    put_u32(b, 1);
+    put_u32(b, count);
+    put_u64(b, 0);
+}
+
+/* One record with data value k, k+1, ... (as f32 or int32). */
+static void put_tensor(buf *b, const char *name, uint32_t dtype, uint32_t ndim, const uint64_t *shape) {
+    put_u32(b, (uint32_t)strlen(name));
+    put(b, name, strlen(name));
+    put_u32(b, dtype);
+    put_u32(b, ndim);
+    uint64_t numel = 1;
+    for (uint32_t i = 0; i < ndim; i++) {
+        put_u64(b, shape[i]);
+        numel *= shape[i];
+    }
+    for (uint64_t i = 0; i < numel; i++) {
+        if (dtype == TF_I32) {
+            int32_t v = (int32_t)i - 3;
+            put(b, &v, 4);
+        } else {
+            float v = 0.5f * (float)i;
+            put(b, &v, 4);
+        }
+    }
+}
+
+/* A valid three-tensor file: "w" (2,3) f32, "ids" (4,) int32, "s" scalar f32. */
+static buf sample_file(void) {
+    buf b = {0};
+    put_header(&b, 3);
+    put_tensor(&b, "w", TF_F32, 2, (uint64_t[]){2, 3});
+    put_tensor(&b, "ids", TF_I32, 1, (uint64_t[]){4});
+    put_tensor(&b, "s", TF_F32, 0, NULL);
+    return b;
+}
+
+/* Reads b from memory, expects failure with a message containing want (and starting "mem: "). */
+static void expect_error(const buf *b, const char *want) {
+    char err[512] = "";
+    tf_file *f = tf_read_mem(b->p, b->n, "mem", err, sizeof err);
+    if (f || !strstr(err, want) || strncmp(err, "mem: ", 5) != 0)
+        fail_msg("expected an error containing \"%s\", got %s \"%s\"", want, f ? "success," : "", err);
+    /* a NULL error buffer must be accepted too */
+    assert_null(tf_read_mem(b->p, b->n, "mem", NULL, 0));
+}
+
+static char tmpdir[64];
+
+static int setup_dir(void **state) {
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/test_tensorfile.XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown_dir(void **state) {
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char *tmp_path(const char *name) {
+    static char p[4][128];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(p[k], sizeof p[k], "%s/%s", tmpdir, name);
+    return p[k];
+}
+
+static void write_bytes(const char *path, const void *data, size_t n) {
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(data, 1, n, fp), n);
+    assert_int_equal(fclose(fp), 0);
+}
+
+static int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* ---- reader on valid input ---- */
+
+static void test_read_sample_gives_names_shapes_and_values(void **state) {
+    (void)state;
+    buf b = sample_file();
+    char err[256] = "";
+    tf_file *f = tf_read_mem(b.p, b.n, "mem", err, sizeof err);
+    assert_non_null(f);
+    assert_int_equal(f->count, 3);
+
+    const tf_entry *w = tf_find(f, "w");
+    assert_non_null(w);
+    assert_int_equal(w->dtype, TF_F32);
+    assert_int_equal(w->ndim, 2);
+    assert_int_equal(w->shape[0], 2);
+    assert_int_equal(w->shape[1], 3);
+    assert_int_equal(w->numel, 6);
+    for (int i = 0; i < 6; i++) assert_true(((float *)w->data)[i] == 0.5f * (float)i);
+
+    const tf_entry *ids = tf_find(f, "ids");
+    assert_non_null(ids);
+    assert_int_equal(ids->dtype, TF_I32);
+    for (int i = 0; i < 4; i++) assert_int_equal(((int32_t *)ids->data)[i], i - 3);
+
+    const tf_entry *s = tf_find(f, "s");
+    assert_non_null(s);
+    assert_int_equal(s->ndim, 0);
+    assert_int_equal(s->numel, 1);
+    assert_true(*(float *)s->data == 0.0f);
+
+    assert_null(tf_find(f, "nope"));
+    assert_null(tf_find(f, "i")); /* no prefix matching */
+    tf_free(f);
+    free(b.p);
+}
+
+static void test_expect_checks_dtype_and_shape(void **state) {
+    (void)state;
+    buf b = sample_file();
+    tf_file *f = tf_read_mem(b.p, b.n, "mem", NULL, 0);
+    assert_non_null(f);
+    char err[256];
+    assert_non_null(tf_expect(f, "g.ctt", "w", TF_F32, 2, (int64_t[]){2, 3}, err, sizeof err));
+    assert_non_null(tf_expect(f, "g.ctt", "s", TF_F32, 0, NULL, err, sizeof err));
+
+    assert_null(tf_expect(f, "g.ctt", "w", TF_F32, 2, (int64_t[]){3, 2}, err, sizeof err));
+    assert_string_equal(err, "g.ctt: tensor 'w' has shape (2, 3), expected (3, 2)");
+    assert_null(tf_expect(f, "g.ctt", "w", TF_F32, 1, (int64_t[]){6}, err, sizeof err));
+    assert_string_equal(err, "g.ctt: tensor 'w' has shape (2, 3), expected (6)");
+    assert_null(tf_expect(f, "g.ctt", "ids", TF_F32, 1, (int64_t[]){4}, err, sizeof err));
+    assert_string_equal(err, "g.ctt: tensor 'ids' has dtype 5, expected 1");
+    assert_null(tf_expect(f, NULL, "gone", TF_F32, 0, NULL, err, sizeof err));
+    assert_string_equal(err, "tensor 'gone' is missing");
+    tf_free(f);
+    free(b.p);
+}
+
+static void test_read_accepts_empty_file_and_zero_sized_tensor(void **state) {
+    (void)state;
+    buf b = {0};
+    put_header(&b, 0);
+    tf_file *f = tf_read_mem(b.p, b.n, "mem", NULL, 0);
+    assert_non_null(f);
+    assert_int_equal(f->count, 0);
+    tf_free(f);
+
+    b.n = 0;
+    put_header(&b, 1);
+    put_tensor(&b, "empty", TF_F32, 3, (uint64_t[]){4, 0, 5});
+    f = tf_read_mem(b.p, b.n, "mem", NULL, 0);
+    assert_non_null(f);
+    assert_int_equal(f->entries[0].numel, 0);
+    assert_non_null(f->entries[0].data);
+    tf_free(f);
+    free(b.p);
+}
+
+/* ---- reader on corrupt input: each case gives one clean line ---- */
+
+static void test_read_rejects_bad_magic_version_and_reserved(void **state) {
+    (void)state;
+    buf b = sample_file();
+    b.p[0] = 'X';
+    expect_error(&b, "bad magic");
+    b.p[0] = 'C';
+    b.p[8] = 2;
+    expect_error(&b, "format version 2 is not supported (expected 1)");
+    b.p[8] = 1;
+    b.p[20] = 1;
+    expect_error(&b, "reserved header field is");
+    b.p[20] = 0;
+    free(b.p);
+}
+
+static void test_read_rejects_truncation_at_every_length(void **state) {
+    (void)state;
+    buf b = sample_file();
+    for (size_t n = 0; n < b.n; n++) {
+        char err[512] = "";
+        tf_file *f = tf_read_mem(b.p, n, "mem", err, sizeof err);
+        if (f) fail_msg("a file cut to %zu of %zu bytes was accepted", n, b.n);
+        /* cut inside the header, or a count the bytes cannot hold, or a truncated field */
+        if (!strstr(err, "truncated") && !strstr(err, "shorter than the 24-byte header") &&
+            !strstr(err, "hold at most"))
+            fail_msg("cut to %zu bytes: unexpected message \"%s\"", n, err);
+    }
+    /* a cut inside the second tensor's data names that tensor and the field */
+    char err[512];
+    assert_null(tf_read_mem(b.p, b.n - 17 - 5, "mem", err, sizeof err));
+    assert_string_equal(err, "mem: tensor 1 'ids' at byte 77: truncated: data needs 16 bytes but only 11 remain");
+    free(b.p);
+}
+
+static void test_read_rejects_truncated_files_on_disk(void **state) {
+    (void)state;
+    buf b = sample_file();
+    const size_t cuts[] = {0, 7, 23, 24, 27, 29, b.n - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        const char *path = tmp_path("cut.ctt");
+        write_bytes(path, b.p, cuts[i]);
+        char err[512] = "";
+        assert_null(tf_read(path, err, sizeof err));
+        assert_int_equal(strncmp(err, path, strlen(path)), 0);
+    }
+    char err[512];
+    assert_null(tf_read(tmp_path("does-not-exist.ctt"), err, sizeof err));
+    assert_non_null(strstr(err, "cannot open"));
+    assert_null(tf_read(tmpdir, err, sizeof err));
+    assert_non_null(strstr(err, "not a regular file"));
+    free(b.p);
+}
+
+static void test_read_rejects_bad_name_lengths(void **state) {
+    (void)state;
+    buf b = {0};
+    put_header(&b, 1);
+    put_u32(&b, 0xffffffffu);
+    put(&b, "xxxxxxxxxxxxxxxx", 16);
+    expect_error(&b, "tensor 0 at byte 24: name length 4294967295 is outside 1..1024");
+
+    b.n = 0;
+    put_header(&b, 1);
+    put_u32(&b, 0);
+    put(&b, "xxxxxxxxxxxxxxxx", 16);
+    expect_error(&b, "name length 0 is outside 1..1024");
+
+    /* within limits but longer than the file */
+    b.n = 0;
+    put_header(&b, 1);
+    put_u32(&b, 1000);
+    put(&b, "xxxxxxxxxxxxxxxx", 16);
+    expect_error(&b, "truncated: name needs 1000 bytes but only 16 remain");
+    free(b.p);
+}
+
+static void test_read_rejects_bad_names(void **state) {
+    (void)state;
+    buf b = {0};
+    put_header(&b, 1);
+    put_u32(&b, 3);
+    put(&b, "a\0b", 3);
+    put_u32(&b, TF_F32);
+    put_u32(&b, 0);
+    put(&b, "\0\0\0\0", 4);
+    expect_error(&b, "name contains a NUL byte");
+
+    b.n = 0;
+    put_header(&b, 1);
+    put_tensor(&b, "bad\xc3(", TF_F32, 0, NULL);
+    expect_error(&b, "name is not valid UTF-8");
+
+    /* valid multi-byte UTF-8 is fine */
+    b.n = 0;
+    put_header(&b, 1);
+    put_tensor(&b, "gewicht.\xc3\xa4\xe2\x82\xac", TF_F32, 0, NULL);
+    tf_file *f = tf_read_mem(b.p, b.n, "mem", NULL, 0);
+    assert_non_null(f);
+    assert_non_null(tf_find(f, "gewicht.\xc3\xa4\xe2\x82\xac"));
+    tf_free(f);
+    free(b.p);
+}
+
+static void test_read_rejects_bad_dtype_and_ndim(void **state) {
+    (void)state;
+    buf b = {0};
+    put_header(&b, 1);
+    put_tensor(&b, "x", 2, 1, (uint64_t[]){1});
+    expect_error(&b, "tensor 0 'x' at byte 24: dtype 2 is not supported");
+
+    b.n = 0;
+    put_header(&b, 1);
+    put_u32(&b, 1);
+    put(&b, "x", 1);
+    put_u32(&b, TF_F32);
+    put_u32(&b, 7);
+    for (int i = 0; i < 7; i++) put_u64(&b, 1);
+    put(&b, "\0\0\0\0", 4);
+    expect_error(&b, "ndim 7 is outside 0..6");
+    free(b.p);
+}
+
+static void test_read_rejects_huge_shapes(void **state) {
+    (void)state;
+    buf b = {0};
+    put_header(&b, 1);
+    put_u32(&b, 1);
+    put(&b, "x", 1);
+    put_u32(&b, TF_F32);
+    put_u32(&b, 1);
+    put_u64(&b, UINT64_MAX);
+    put(&b, "\0\0\0\0", 4);
+    expect_error(&b, "shape[0] = 18446744073709551615 is too large");
+
+    /* each dimension fits, the product does not */
+    b.n = 0;
+    put_header(&b, 1);
+    put_u32(&b, 1);
+    put(&b, "x", 1);
+    put_u32(&b, TF_F32);
+    put_u32(&b, 3);
+    put_u64(&b, 1ull << 32);
+    put_u64(&b, 1ull << 32);
+    put_u64(&b, 4);
+    put(&b, "\0\0\0\0", 4);
+    expect_error(&b, "shape (4294967296, 4294967296, 4) has too many elements");
+
+    /* a product that fits but needs far more data than the file has: no allocation, clean error */
+    b.n = 0;
+    put_header(&b, 1);
+    put_u32(&b, 1);
+    put(&b, "x", 1);
+    put_u32(&b, TF_F32);
+    put_u32(&b, 2);
+    put_u64(&b, 1ull << 30);
+    put_u64(&b, 1ull << 30);
+    put(&b, "\0\0\0\0", 4);
+    expect_error(&b, "truncated: data needs 4611686018427387904 bytes but only 4 remain");
+    free(b.p);
+}
+
+static void test_read_rejects_bad_counts(void **state) {
+    (void)state;
+    buf b = sample_file();
+    b.p[12] = 0xff, b.p[13] = 0xff, b.p[14] = 0xff, b.p[15] = 0x7f;
+    expect_error(&b, "header says 2147483647 tensors");
+    b.p[12] = 4, b.p[13] = 0, b.p[14] = 0, b.p[15] = 0;
+    expect_error(&b, "tensor 3 at byte"); /* reads past the last real record */
+    b.p[12] = 2;
+    expect_error(&b, "mem: 17 trailing bytes after the last tensor (tensor count 2)");
+    free(b.p);
+}
+
+static void test_read_rejects_duplicate_names(void **state) {
+    (void)state;
+    buf b = {0};
+    put_header(&b, 5);
+    put_tensor(&b, "b", TF_F32, 0, NULL);
+    put_tensor(&b, "a", TF_F32, 0, NULL);
+    put_tensor(&b, "c", TF_F32, 0, NULL);
+    put_tensor(&b, "a", TF_F32, 1, (uint64_t[]){2});
+    put_tensor(&b, "b", TF_F32, 0, NULL);
+    expect_error(&b, "mem: tensor 3 'a': duplicate name (tensor 1 has it too)");
+    free(b.p);
+}
+
+/* Every single-byte change of a valid file either parses or fails cleanly (ASan watches). */
+static void test_read_survives_every_byte_flip(void **state) {
+    (void)state;
+    buf b = sample_file();
+    const unsigned char vals[] = {0x00, 0x01, 0x07, 0x80, 0xff};
+    int failed = 0;
+    for (size_t i = 0; i < b.n; i++) {
+        unsigned char keep = b.p[i];
+        for (size_t v = 0; v < sizeof vals; v++) {
+            b.p[i] = vals[v];
+            char err[512] = "";
+            tf_file *f = tf_read_mem(b.p, b.n, "mem", err, sizeof err);
+            if (f) tf_free(f);
+            else {
+                failed++;
+                assert_true(strncmp(err, "mem: ", 5) == 0 && strchr(err, '\n') == NULL);
+            }
+        }
+        b.p[i] = keep;
+    }
+    assert_true(failed > 0);
+    free(b.p);
+}
+
+/* ---- writer ---- */
+
+static void test_writer_round_trip(void **state) {
+    (void)state;
+    const char *path = tmp_path("rt.ctt");
+    float w[2 * 3 * 4];
+    for (int i = 0; i < 24; i++) w[i] = (float)i * 0.25f - 1.0f;
+    int32_t ids[5] = {0, -100, 7, 255, INT32_MIN};
+    float scalar = 3.5f;
+    float six[2 * 1 * 1 * 1 * 1 * 3] = {1, 2, 3, 4, 5, 6};
+
+    char err[256] = "";
+    tf_writer *wr = tf_writer_open(path, err, sizeof err);
+    assert_non_null(wr);
+    assert_int_equal(tf_writer_add(wr, "layers.0.w", TF_F32, 3, (int64_t[]){2, 3, 4}, w), 0);
+    assert_int_equal(tf_writer_add(wr, "input.tokens", TF_I32, 1, (int64_t[]){5}, ids), 0);
+    assert_int_equal(tf_writer_add(wr, "expected.loss", TF_F32, 0, NULL, &scalar), 0);
+    assert_int_equal(tf_writer_add(wr, "six", TF_F32, 6, (int64_t[]){2, 1, 1, 1, 1, 3}, six), 0);
+    assert_int_equal(tf_writer_add(wr, "none", TF_F32, 2, (int64_t[]){0, 9}, NULL), 0);
+    assert_string_equal(tf_writer_error(wr), "");
+    assert_int_equal(tf_writer_close(wr, err, sizeof err), 0);
+    assert_false(file_exists(tmp_path("rt.ctt.tmp")));
+
+    tf_file *f = tf_read(path, err, sizeof err);
+    if (!f) fail_msg("%s", err);
+    assert_int_equal(f->count, 5);
+    assert_string_equal(f->entries[0].name, "layers.0.w");
+    assert_string_equal(f->entries[4].name, "none");
+    const tf_entry *e = tf_expect(f, path, "layers.0.w", TF_F32, 3, (int64_t[]){2, 3, 4}, err, sizeof err);
+    assert_non_null(e);
+    assert_memory_equal(e->data, w, sizeof w);
+    e = tf_expect(f, path, "input.tokens", TF_I32, 1, (int64_t[]){5}, err, sizeof err);
+    assert_non_null(e);
+    assert_memory_equal(e->data, ids, sizeof ids);
+    e = tf_expect(f, path, "expected.loss", TF_F32, 0, NULL, err, sizeof err);
+    assert_non_null(e);
+    assert_true(*(float *)e->data == 3.5f);
+    e = tf_expect(f, path, "six", TF_F32, 6, (int64_t[]){2, 1, 1, 1, 1, 3}, err, sizeof err);
+    assert_non_null(e);
+    assert_memory_equal(e->data, six, sizeof six);
+    assert_int_equal(tf_find(f, "none")->numel, 0);
+    tf_free(f);
+}
+
+static void test_writer_output_matches_the_spec_bytes(void **state) {
+    (void)state;
+    const char *path = tmp_path("spec.ctt");
+    float wv[6];
+    int32_t iv[4];
+    for (int i = 0; i < 6; i++) wv[i] = 0.5f * (float)i;
+    for (int i = 0; i < 4; i++) iv[i] = i - 3;
+    float s = 0.0f;
+    tf_writer *w = tf_writer_open(path, NULL, 0);
+    assert_non_null(w);
+    assert_int_equal(tf_writer_add(w, "w", TF_F32, 2, (int64_t[]){2, 3}, wv), 0);
+    assert_int_equal(tf_writer_add(w, "ids", TF_I32, 1, (int64_t[]){4}, iv), 0);
+    assert_int_equal(tf_writer_add(w, "s", TF_F32, 0, NULL, &s), 0);
+    assert_int_equal(tf_writer_close(w, NULL, 0), 0);
+
+    buf want = sample_file();
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    unsigned char got[512];
+    size_t n = fread(got, 1, sizeof got, fp);
+    fclose(fp);
+    assert_int_equal(n, want.n);
+    assert_memory_equal(got, want.p, want.n);
+    free(want.p);
+}
+
+static void test_writer_is_atomic(void **state) {
+    (void)state;
+    const char *path = tmp_path("atomic.ctt"), *tmp = tmp_path("atomic.ctt.tmp");
+    write_bytes(path, "old contents", 12);
+    float x = 1.0f;
+
+    /* while the writer is open, path still holds the old file */
+    tf_writer *w = tf_writer_open(path, NULL, 0);
+    assert_non_null(w);
+    assert_int_equal(tf_writer_add(w, "x", TF_F32, 0, NULL, &x), 0);
+    assert_true(file_exists(tmp));
+    char err[256];
+    assert_null(tf_read(path, err, sizeof err));
+    assert_non_null(strstr(err, "shorter than the 24-byte header"));
+
+    /* aborting leaves the old file and no temporary */
+    tf_writer_abort(w);
+    assert_false(file_exists(tmp));
+    assert_null(tf_read(path, err, sizeof err));
+
+    /* closing replaces it */
+    w = tf_writer_open(path, NULL, 0);
+    assert_int_equal(tf_writer_add(w, "x", TF_F32, 0, NULL, &x), 0);
+    assert_int_equal(tf_writer_close(w, err, sizeof err), 0);
+    tf_file *f = tf_read(path, err, sizeof err);
+    assert_non_null(f);
+    assert_int_equal(f->count, 1);
+    tf_free(f);
+    tf_writer_abort(NULL);
+}
+
+/* A bad add is refused, the error sticks, and close removes the temporary and keeps the old file. */
+static void check_bad_add(const char *name, int dtype, int ndim, const int64_t *shape, const void *data,
+                          const char *want) {
+    const char *path = tmp_path("bad.ctt"), *tmp = tmp_path("bad.ctt.tmp");
+    remove(path);
+    float x[4] = {0};
+    tf_writer *w = tf_writer_open(path, NULL, 0);
+    assert_non_null(w);
+    assert_int_equal(tf_writer_add(w, "ok", TF_F32, 1, (int64_t[]){4}, x), 0);
+    assert_int_equal(tf_writer_add(w, name, dtype, ndim, shape, data), -1);
+    if (!strstr(tf_writer_error(w), want))
+        fail_msg("expected \"%s\" in \"%s\"", want, tf_writer_error(w));
+    assert_int_equal(tf_writer_add(w, "later", TF_F32, 1, (int64_t[]){4}, x), -1); /* sticky */
+    char err[512] = "";
+    assert_int_equal(tf_writer_close(w, err, sizeof err), -1);
+    assert_non_null(strstr(err, want));
+    assert_int_equal(strncmp(err, path, strlen(path)), 0);
+    assert_false(file_exists(tmp));
+    assert_false(file_exists(path));
+}
+
+static void test_writer_refuses_bad_tensors(void **state) {
+    (void)state;
+    float x[4] = {0};
+    char long_name[TF_MAX_NAME + 2];
+    memset(long_name, 'n', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    check_bad_add("ok", TF_F32, 1, (int64_t[]){4}, x, "tensor 1 'ok': duplicate name (tensor 0 has it too)");
+    check_bad_add("", TF_F32, 1, (int64_t[]){4}, x, "name length 0 is outside 1..1024");
+    check_bad_add(long_name, TF_F32, 1, (int64_t[]){4}, x, "name length 1025 is outside 1..1024");
+    check_bad_add(NULL, TF_F32, 1, (int64_t[]){4}, x, "name length 0");
+    check_bad_add("bad\xff", TF_F32, 1, (int64_t[]){4}, x, "not valid UTF-8");
+    check_bad_add("t", 2, 1, (int64_t[]){4}, x, "dtype 2 is not supported");
+    check_bad_add("t", TF_F32, 7, (int64_t[]){1, 1, 1, 1, 1, 1, 1}, x, "ndim 7 is outside 0..6");
+    check_bad_add("t", TF_F32, -1, NULL, x, "ndim -1");
+    check_bad_add("t", TF_F32, 1, NULL, x, "shape is NULL");
+    check_bad_add("t", TF_F32, 2, (int64_t[]){4, -1}, x, "shape[1] = -1");
+    check_bad_add("t", TF_F32, 2, (int64_t[]){INT64_MAX, 2}, x, "too large");
+    check_bad_add("t", TF_F32, 1, (int64_t[]){4}, NULL, "data is NULL");
+}
+
+static void test_writer_open_fails_cleanly(void **state) {
+    (void)state;
+    char err[256] = "";
+    assert_null(tf_writer_open(tmp_path("no/such/dir/x.ctt"), err, sizeof err));
+    assert_non_null(strstr(err, "cannot create"));
+    assert_int_equal(tf_writer_close(NULL, err, sizeof err), -1);
+}
+
+/* ---- the committed PyTorch golden file (tests/golden/llama3_tiny.ctt) ---- */
+
+#define GOLDEN "tests/golden/llama3_tiny.ctt"
+
+static int32_t golden_int(const tf_file *f, const char *name) {
+    char err[256];
+    const tf_entry *e = tf_expect(f, GOLDEN, name, TF_I32, 0, NULL, err, sizeof err);
+    if (!e) fail_msg("%s", err);
+    return *(const int32_t *)e->data;
+}
+
+static void expect_shape(const tf_file *f, const char *name, int ndim, int64_t d0, int64_t d1) {
+    char err[256];
+    if (!tf_expect(f, GOLDEN, name, TF_F32, ndim, (int64_t[]){d0, d1}, err, sizeof err)) fail_msg("%s", err);
+}
+
+/* The file parses with this reader and holds every name of the contract with the C model pack. */
+static void test_golden_file_has_the_contract_names(void **state) {
+    (void)state;
+    char err[512];
+    tf_file *f = tf_read(GOLDEN, err, sizeof err);
+    if (!f) fail_msg("%s (run the tests from the repository root)", err);
+    const int64_t D = golden_int(f, "config.dim"), V = golden_int(f, "config.vocab");
+    const int64_t H = golden_int(f, "config.n_heads"), KVH = golden_int(f, "config.n_kv_heads");
+    const int64_t HD = golden_int(f, "config.head_dim"), FF = golden_int(f, "config.ffn_hidden");
+    const int64_t B = golden_int(f, "config.batch"), T = golden_int(f, "config.seq_len");
+    const int L = golden_int(f, "config.n_layers");
+    assert_true(D == 64 && V == 256 && H == 4 && KVH == 2 && HD == 16 && FF == 192 && B == 2 && T == 32 && L == 2);
+
+    static const char *prefixes[] = {"", "grad.", "adamw.final."};
+    for (size_t p = 0; p < 3; p++) {
+        char n[160];
+#define SHAPE(nd, a, b, ...) (snprintf(n, sizeof n, __VA_ARGS__), expect_shape(f, n, nd, a, b))
+        SHAPE(2, V, D, "%stok_embeddings.weight", prefixes[p]);
+        for (int i = 0; i < L; i++) {
+            SHAPE(1, D, 0, "%slayers.%d.attention_norm.weight", prefixes[p], i);
+            SHAPE(2, H * HD, D, "%slayers.%d.attention.wq.weight", prefixes[p], i);
+            SHAPE(2, KVH * HD, D, "%slayers.%d.attention.wk.weight", prefixes[p], i);
+            SHAPE(2, KVH * HD, D, "%slayers.%d.attention.wv.weight", prefixes[p], i);
+            SHAPE(2, D, H * HD, "%slayers.%d.attention.wo.weight", prefixes[p], i);
+            SHAPE(1, D, 0, "%slayers.%d.ffn_norm.weight", prefixes[p], i);
+            SHAPE(2, FF, D, "%slayers.%d.feed_forward.w1.weight", prefixes[p], i);
+            SHAPE(2, D, FF, "%slayers.%d.feed_forward.w2.weight", prefixes[p], i);
+            SHAPE(2, FF, D, "%slayers.%d.feed_forward.w3.weight", prefixes[p], i);
+        }
+        SHAPE(1, D, 0, "%snorm.weight", prefixes[p]);
+        SHAPE(2, V, D, "%soutput.weight", prefixes[p]);
+#undef SHAPE
+    }
+    int steps = golden_int(f, "adamw.steps");
+    expect_shape(f, "adamw.losses", 1, steps, 0);
+    expect_shape(f, "adamw.grad_norms", 1, steps, 0);
+    expect_shape(f, "expected.loss", 0, 0, 0);
+    assert_non_null(tf_expect(f, GOLDEN, "expected.logits", TF_F32, 3, (int64_t[]){B, T, V}, err, sizeof err));
+    assert_non_null(tf_expect(f, GOLDEN, "input.tokens", TF_I32, 2, (int64_t[]){B, T}, err, sizeof err));
+    assert_non_null(tf_expect(f, GOLDEN, "input.targets", TF_I32, 2, (int64_t[]){B, T}, err, sizeof err));
+    tf_free(f);
+}
+
+/* The golden loss is the mean cross entropy of its logits over the targets that are not -100,
+ * recomputed here in double without PyTorch. */
+static void test_golden_loss_matches_its_logits(void **state) {
+    (void)state;
+    char err[512];
+    tf_file *f = tf_read(GOLDEN, err, sizeof err);
+    if (!f) fail_msg("%s", err);
+    const tf_entry *lg = tf_find(f, "expected.logits"), *tg = tf_find(f, "input.targets");
+    const tf_entry *tk = tf_find(f, "input.tokens"), *ls = tf_find(f, "expected.loss");
+    const tf_entry *al = tf_find(f, "adamw.losses");
+    assert_true(lg && tg && tk && ls && al);
+    const int64_t V = lg->shape[2], rows = lg->shape[0] * lg->shape[1];
+    const float *logits = lg->data;
+    const int32_t *targets = tg->data, *tokens = tk->data;
+    double sum = 0;
+    int valid = 0, ignored = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        assert_true(tokens[r] >= 0 && tokens[r] < V);
+        if (targets[r] == -100) { ignored++; continue; }
+        assert_true(targets[r] >= 0 && targets[r] < V);
+        const float *x = logits + r * V; /* x is (V,) */
+        double m = x[0], z = 0;
+        for (int64_t v = 1; v < V; v++) m = x[v] > m ? x[v] : m;
+        for (int64_t v = 0; v < V; v++) z += exp((double)x[v] - m);
+        sum += m + log(z) - x[targets[r]];
+        valid++;
+    }
+    assert_int_equal(ignored, 5);
+    const double loss = sum / valid, want = *(const float *)ls->data;
+    if (fabs(loss - want) > 1e-5 * fabs(want)) fail_msg("loss from logits %.9f, golden %.9f", loss, want);
+    /* the first AdamW step starts from the same weights */
+    assert_true(((const float *)al->data)[0] == *(const float *)ls->data);
+    const float *losses = al->data;
+    assert_true(losses[al->numel - 1] < losses[0]);
+    tf_free(f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_read_sample_gives_names_shapes_and_values),
+        cmocka_unit_test(test_expect_checks_dtype_and_shape),
+        cmocka_unit_test(test_read_accepts_empty_file_and_zero_sized_tensor),
+        cmocka_unit_test(test_read_rejects_bad_magic_version_and_reserved),
+        cmocka_unit_test(test_read_rejects_truncation_at_every_length),
+        cmocka_unit_test(test_read_rejects_truncated_files_on_disk),
+        cmocka_unit_test(test_read_rejects_bad_name_lengths),
+        cmocka_unit_test(test_read_rejects_bad_names),
+        cmocka_unit_test(test_read_rejects_bad_dtype_and_ndim),
+        cmocka_unit_test(test_read_rejects_huge_shapes),
+        cmocka_unit_test(test_read_rejects_bad_counts),
+        cmocka_unit_test(test_read_rejects_duplicate_names),
+        cmocka_unit_test(test_read_survives_every_byte_flip),
+        cmocka_unit_test(test_writer_round_trip),
+        cmocka_unit_test(test_writer_output_matches_the_spec_bytes),
+        cmocka_unit_test(test_writer_is_atomic),
+        cmocka_unit_test(test_writer_refuses_bad_tensors),
+        cmocka_unit_test(test_writer_open_fails_cleanly),
+        cmocka_unit_test(test_golden_file_has_the_contract_names),
+        cmocka_unit_test(test_golden_loss_matches_its_logits),
+    };
+    return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
+}
