@@ -291,7 +291,7 @@ static int search_dirs(const char *manifest_dir, char dirs[][PATH_MAX], int max)
     }
     if (n < max) exe_plugin_dir(dirs[n++], PATH_MAX);
 #ifdef CT_BUILD_PLUGIN_DIR
-    if (n < max) snprintf(dirs[n++], PATH_MAX, "%s", CT_BUILD_PLUGIN_DIR);
+    if (n < max && strcmp(dirs[n - 1], CT_BUILD_PLUGIN_DIR)) snprintf(dirs[n++], PATH_MAX, "%s", CT_BUILD_PLUGIN_DIR);
 #endif
     return n;
 }

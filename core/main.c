@@ -26,6 +26,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "plugins")) return cmd_plugins(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenizer")) return cmd_tokenizer(argc - 1, argv + 1);
-    fprintf(stderr, "ctitan: unknown command '%s'\n%s", cmd, usage);
+    fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plugins, tokenize, tokenizer; see ctitan help)\n", cmd);
     return EXIT_BAD_INPUT;
 }

@@ -265,16 +265,16 @@ int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err,
         int64_t every;
         if (mf_parse_int(option, &every) || every < 1) {
             snprintf(err, errlen,
-                     "activation_checkpoint.selective_ac_option: expected a positive integer N (checkpoint every Nth "
-                     "block), got '%s' (per-op selective checkpointing 'op' is not supported)",
+                     "expected a positive integer N (checkpoint every Nth block), got '%s' (per-op selective "
+                     "checkpointing 'op' is not supported yet)",
                      option);
-            return -1;
+            return -2;
         }
         /* torchtitan's layer SAC: the k-th block (1-based) is checkpointed when k % N == 0 */
         for (int u = 1; u < nu - 1; u++) rt->ac[u] = (u % every) == 0;
         return 0;
     }
-    snprintf(err, errlen, "activation_checkpoint.mode: expected none, full or selective, got '%s'", mode);
+    snprintf(err, errlen, "expected none, full or selective, got '%s'", mode);
     return -1;
 }
 

@@ -92,7 +92,8 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
                  uint64_t seed, char *err, size_t errlen);
 void runtime_free(runtime *rt);
 
-/* Sets which units are checkpointed: mode "none" | "full" | "selective" with every Nth block. */
+/* Sets which units are checkpointed: mode "none" | "full" | "selective" with every Nth block.
+ * Returns -1 for a bad mode, -2 for a bad option. */
 int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err, size_t errlen);
 /* Uses bf16-rounded parameters in forward (fp32 master weights and gradients). */
 int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen);

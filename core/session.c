@@ -30,7 +30,7 @@ manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, i
             int is_ckpt = arg[2] == 'c';
             const char *v = strchr(arg, '=') ? strchr(arg, '=') + 1 : (i + 1 < argc ? argv[++i] : NULL);
             if (!v) {
-                fprintf(stderr, "ctitan: %s needs a value\n%s", arg, usage);
+                fprintf(stderr, "ctitan: %s needs a value (see --help)\n", arg);
                 *status = EXIT_BAD_INPUT;
                 goto done;
             }
@@ -58,7 +58,7 @@ manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, i
         } else if (!a->config) {
             a->config = arg;
         } else {
-            fprintf(stderr, "ctitan: unexpected argument '%s'\n%s", arg, usage);
+            fprintf(stderr, "ctitan: unexpected argument '%s' (%.*s)\n", arg, (int)strcspn(usage, "\n"), usage);
             *status = EXIT_BAD_INPUT;
             goto done;
         }
@@ -67,7 +67,7 @@ manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, i
         if (!strcmp(ov_key[i], "job.config_file")) a->config = ov_val[i];
     if (a->help) goto done;
     if (!a->config) {
-        fprintf(stderr, "ctitan: no manifest given\n%s", usage);
+        fprintf(stderr, "ctitan: no manifest given (%.*s)\n", (int)strcspn(usage, "\n"), usage);
         *status = EXIT_BAD_INPUT;
         goto done;
     }
@@ -157,7 +157,6 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
         fprintf(stderr, "ctitan: %s\n", err);
         return EXIT_BAD_INPUT;
     }
-    if ((st = check_parallelism(s))) return st;
     s->d = s->devp->info.api;
     s->m = s->modelp->info.api;
     s->o = s->optp->info.api;
@@ -182,6 +181,7 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
         return fail_line(EXIT_BAD_INPUT, where);
     }
     if (!with_params) return 0;
+    if ((st = check_parallelism(s))) return st;
     uint64_t seed;
     int64_t seed_i;
     mf_get_int(mf, "training.seed", &seed_i);
@@ -194,8 +194,10 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     const char *mode, *option, *mp;
     mf_get_str(mf, "activation_checkpoint.mode", &mode);
     mf_get_str(mf, "activation_checkpoint.selective_ac_option", &option);
-    if (runtime_set_ac(&s->rt, mode, option, err, sizeof err)) {
-        mf_where(mf, "activation_checkpoint.mode", where, sizeof where);
+    int ac = runtime_set_ac(&s->rt, mode, option, err, sizeof err);
+    if (ac) {
+        mf_where(mf, ac == -2 ? "activation_checkpoint.selective_ac_option" : "activation_checkpoint.mode", where,
+                 sizeof where);
         fprintf(stderr, "ctitan: %s: %s\n", where, err);
         return EXIT_BAD_INPUT;
     }

@@ -113,13 +113,25 @@ static int dry_run(session *s, manifest *mf) {
     int64_t seq, lbs;
     mf_get_int(mf, "training.seq_len", &seq);
     mf_get_int(mf, "training.local_batch_size", &lbs);
-    double p = (double)d.n_params * 4.0;
+    int64_t rep, shard, tp, pp, cp;
+    mf_get_int(mf, "parallelism.data_parallel_replicate_degree", &rep);
+    mf_get_int(mf, "parallelism.data_parallel_shard_degree", &shard);
+    mf_get_int(mf, "parallelism.tensor_parallel_degree", &tp);
+    mf_get_int(mf, "parallelism.pipeline_parallel_degree", &pp);
+    mf_get_int(mf, "parallelism.context_parallel_degree", &cp);
+    if (shard < 1) shard = 1; /* -1: the ranks left over at launch; 1 here */
+    int64_t split = shard * cp * tp * pp; /* FSDP shards over dp_shard x cp; TP and PP split the model */
+    double p = (double)d.n_params * 4.0 / (double)split, gb = 1073741824.0;
     printf("dry run: model %s, %d layers, dim %lld, vocab %lld\n", s->modelp->info.name, d.n_layers,
            (long long)d.dim, (long long)d.vocab_size);
     printf("  parameters %.3fB, %.3f GFLOP per token at seq %lld\n", (double)d.n_params / 1e9,
            d.flops_per_token / 1e9, (long long)seq);
-    printf("  memory on one rank (fp32): params %.2f GiB, grads %.2f GiB, AdamW states %.2f GiB\n", p / 1073741824.0,
-           p / 1073741824.0, 2 * p / 1073741824.0);
+    printf("  layout: dp_replicate %lld x dp_shard %lld x cp %lld x tp %lld x pp %lld = %lld ranks (dp_shard -1 counts as 1)\n",
+           (long long)rep, (long long)shard, (long long)cp, (long long)tp, (long long)pp,
+           (long long)(rep * shard * cp * tp * pp));
+    printf("  estimate per rank, fp32 master weights, activations not counted: params %.2f GiB, grads %.2f GiB, "
+           "AdamW states %.2f GiB, total %.2f GiB\n",
+           p / gb, p / gb, 2 * p / gb, 4 * p / gb);
     printf("  tokens per microbatch %lld\n", (long long)(seq * lbs));
     return 0;
 }

@@ -8,3 +8,6 @@ CPU_OPENBLAS_INC := /usr/include/x86_64-linux-gnu/openblas-openmp
 CPU_KERNEL_CFLAGS := -I$(CPU_OPENBLAS_INC) -fopenmp -fno-trapping-math -fvect-cost-model=dynamic
 CPU_KERNEL_LIBS := -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -fopenmp -lm
 CFLAGS_cpu += $(CPU_KERNEL_CFLAGS)
+# Never unmapped by dlclose: libgomp's and OpenBLAS's worker threads outlive any call into the
+# plugin, and unloading the libraries under them crashes the process at exit.
+LIBS_cpu += -Wl,-z,nodelete

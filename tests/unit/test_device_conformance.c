@@ -1,0 +1,1260 @@
+/* test_device_conformance: the contract of ctitan/device.h, run against any device plugin.
+ *
+ * Usage:
+ *     build/tests/test_device_conformance                      # build/plugins/ctitan-cpu.so
+ *     BUILD=build-san build/tests/test_device_conformance      # build-san/plugins/ctitan-cpu.so
+ *     CT_DEVICE_PLUGIN=path/to/ctitan-mydev.so build/tests/test_device_conformance
+ *
+ * Environment:
+ *     CT_DEVICE_PLUGIN   the .so to test (default $BUILD/plugins/ctitan-cpu.so, BUILD default "build")
+ *     CT_DEVICE_OPTIONS  plugin options as key=value,key=value (default: the defaults the plugin's
+ *                        option spec declares), e.g. CT_DEVICE_OPTIONS=threads=1
+ *     CT_DEVICE_RTOL     tolerance, relative to each tensor's largest magnitude (default 1e-4)
+ *
+ * What it checks:
+ *   - the entry symbol fills ct_plugin_info: kind CT_KIND_DEVICE, the same ABI major, a name, an
+ *     option spec ending in a NULL key, an API table whose struct_size covers ABI 1.0 and whose
+ *     required functions are all set;
+ *   - create/info/destroy, alloc (64-byte aligned), copy in every direction, zero;
+ *   - every op, through the plugin's own memory (alloc + copy, so a GPU plugin is tested the same
+ *     way), against naive double-precision references written here; backward ops must ADD into
+ *     gradients that already hold values;
+ *   - bad arguments (out-of-range ids and targets, GQA head counts) return CT_ERR_INVALID with a
+ *     message, and do not crash;
+ *   - determinism: the same op run twice on the same inputs gives the same bits.
+ *
+ * The harness brings its own minimal ct_host (log, set_error, memory, option getters answered
+ * from the spec); it links nothing of the core, so a third party can build and run it alone.
+ */
+#include "ctitan/abi.h"
+#include "ctitan/device.h"
+#include "ctitan/host.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+/* ---------------------------------------------------------------- the minimal host */
+
+static char last_error[1024];
+static const ct_option_spec *plugin_options;
+
+static void host_log(const ct_host *h, ct_log_level level, const char *fmt, ...)
+{
+    (void)h;
+    if (!getenv("CT_CONFORMANCE_VERBOSE") && level < CT_LOG_WARN)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "plugin log: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+static void host_set_error(const ct_host *h, const char *fmt, ...)
+{
+    (void)h;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+}
+
+static void *host_mem_alloc(const ct_host *h, size_t bytes, ct_mem_category cat)
+{
+    (void)h;
+    (void)cat;
+    return aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+}
+
+static void host_mem_free(const ct_host *h, void *p)
+{
+    (void)h;
+    free(p);
+}
+
+static void host_mem_account(const ct_host *h, ct_mem_category cat, int64_t delta)
+{
+    (void)h;
+    (void)cat;
+    (void)delta;
+}
+
+/* The option's text: an override from CT_DEVICE_OPTIONS, else the spec's default. NULL when the
+ * key is unset; *known = 0 when the spec does not declare it (a plugin bug). */
+static const char *host_option_text(const char *key, ct_opt_type type, int *known)
+{
+    static char value[256];
+    *known = 0;
+    const ct_option_spec *spec = NULL;
+    for (const ct_option_spec *o = plugin_options; o && o->key; o++)
+        if (strcmp(o->key, key) == 0)
+            spec = o;
+    if (!spec || spec->type != type)
+        return NULL;
+    *known = 1;
+    const char *env = getenv("CT_DEVICE_OPTIONS");
+    size_t klen = strlen(key);
+    for (const char *p = env; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len > klen && strncmp(p, key, klen) == 0 && p[klen] == '=' && len - klen - 1 < sizeof value) {
+            memcpy(value, p + klen + 1, len - klen - 1);
+            value[len - klen - 1] = '\0';
+            return value;
+        }
+        p = end ? end + 1 : NULL;
+    }
+    return spec->default_value;
+}
+
+static ct_status host_opt_int(const ct_host *h, const char *key, int64_t *out)
+{
+    (void)h;
+    int known;
+    const char *s = host_option_text(key, CT_OPT_INT, &known);
+    if (!known)
+        return CT_ERR_INTERNAL;
+    if (!s)
+        return CT_ERR_INVALID;
+    *out = strtoll(s, NULL, 10);
+    return CT_OK;
+}
+
+static ct_status host_opt_float(const ct_host *h, const char *key, double *out)
+{
+    (void)h;
+    int known;
+    const char *s = host_option_text(key, CT_OPT_FLOAT, &known);
+    if (!known)
+        return CT_ERR_INTERNAL;
+    if (!s)
+        return CT_ERR_INVALID;
+    *out = strtod(s, NULL);
+    return CT_OK;
+}
+
+static ct_status host_opt_bool(const ct_host *h, const char *key, int *out)
+{
+    (void)h;
+    int known;
+    const char *s = host_option_text(key, CT_OPT_BOOL, &known);
+    if (!known)
+        return CT_ERR_INTERNAL;
+    if (!s)
+        return CT_ERR_INVALID;
+    *out = strcmp(s, "true") == 0 || strcmp(s, "1") == 0;
+    return CT_OK;
+}
+
+static ct_status host_opt_string(const ct_host *h, const char *key, const char **out)
+{
+    (void)h;
+    int known;
+    const char *s = host_option_text(key, CT_OPT_STRING, &known);
+    if (!known)
+        return CT_ERR_INTERNAL;
+    if (!s)
+        return CT_ERR_INVALID;
+    *out = s;
+    return CT_OK;
+}
+
+static void host_trace(const ct_host *h, const char *name)
+{
+    (void)h;
+    (void)name;
+}
+
+static const ct_host test_host = {
+    .struct_size = sizeof(ct_host),
+    .abi_major = CT_ABI_MAJOR,
+    .abi_minor = CT_ABI_MINOR,
+    .log = host_log,
+    .set_error = host_set_error,
+    .mem_alloc = host_mem_alloc,
+    .mem_free = host_mem_free,
+    .mem_account = host_mem_account,
+    .opt_int = host_opt_int,
+    .opt_float = host_opt_float,
+    .opt_bool = host_opt_bool,
+    .opt_string = host_opt_string,
+    .trace_begin = host_trace,
+    .trace_end = host_trace,
+};
+
+/* ---------------------------------------------------------------- the plugin under test */
+
+static void *so;
+static ct_plugin_info info;
+static const ct_device_api *api;
+static void *dev;
+static double rtol = 1e-4;
+
+static int load_plugin(void **state)
+{
+    (void)state;
+    char path[4096];
+    const char *env = getenv("CT_DEVICE_PLUGIN"), *build = getenv("BUILD");
+    if (env)
+        snprintf(path, sizeof path, "%s", env);
+    else
+        snprintf(path, sizeof path, "%s/plugins/ctitan-cpu.so", build && *build ? build : "build");
+    if (getenv("CT_DEVICE_RTOL"))
+        rtol = strtod(getenv("CT_DEVICE_RTOL"), NULL);
+    so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!so) {
+        fprintf(stderr, "cannot load %s: %s\n", path, dlerror());
+        return -1;
+    }
+    ct_plugin_entry_fn entry;
+    *(void **)&entry = dlsym(so, CT_PLUGIN_ENTRY_NAME);
+    if (!entry) {
+        fprintf(stderr, "%s exports no %s\n", path, CT_PLUGIN_ENTRY_NAME);
+        return -1;
+    }
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    if (entry(&test_host, &info) != CT_OK) {
+        fprintf(stderr, "%s: entry failed: %s\n", path, last_error);
+        return -1;
+    }
+    if (info.kind != CT_KIND_DEVICE || info.abi_major != CT_ABI_MAJOR || !info.api) {
+        fprintf(stderr, "%s: not a device plugin of ABI %d\n", path, CT_ABI_MAJOR);
+        return -1;
+    }
+    plugin_options = info.options;
+    api = info.api;
+    if (!api->create || api->create(&test_host, &dev) != CT_OK || !dev) {
+        fprintf(stderr, "%s: create failed: %s\n", path, last_error);
+        return -1;
+    }
+    return 0;
+}
+
+static int unload_plugin(void **state)
+{
+    (void)state;
+    if (api && dev)
+        api->destroy(dev);
+    if (so)
+        dlclose(so);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+
+static uint64_t rnd_u64(void)
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* uniform in [-scale, scale) */
+static float *host_rand(int64_t n, double scale)
+{
+    float *x = malloc((size_t)n * sizeof *x + 4);
+    assert_non_null(x);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)(scale * ((double)(rnd_u64() >> 11) / 4503599627370496.0 - 1.0));
+    return x;
+}
+
+static double *ref_alloc(int64_t n)
+{
+    double *x = calloc((size_t)n + 1, sizeof *x);
+    assert_non_null(x);
+    return x;
+}
+
+/* device buffer holding a copy of `host` (n bytes); host NULL leaves it zeroed */
+static void *dev_upload(const void *host, size_t bytes)
+{
+    void *p = NULL;
+    assert_int_equal(api->alloc(dev, bytes, &p), CT_OK);
+    assert_non_null(p);
+    if (host && bytes)
+        assert_int_equal(api->copy(dev, p, host, bytes, CT_COPY_H2D), CT_OK);
+    else if (bytes)
+        assert_int_equal(api->zero(dev, p, bytes), CT_OK);
+    return p;
+}
+
+static float *dev_floats(const float *host, int64_t n) { return dev_upload(host, (size_t)n * sizeof(float)); }
+
+static float *download(const float *d, int64_t n)
+{
+    float *h = malloc((size_t)n * sizeof *h + 4);
+    assert_non_null(h);
+    assert_int_equal(api->copy(dev, h, d, (size_t)n * sizeof *h, CT_COPY_D2H), CT_OK);
+    assert_int_equal(api->synchronize(dev), CT_OK);
+    return h;
+}
+
+/* Device result vs reference: |got - ref| <= rtol * max(1e-3, max|ref|) everywhere. */
+static void expect_close(const char *what, const float *dgot, const double *ref, int64_t n)
+{
+    float *got = download(dgot, n);
+    double scale = 1e-3;
+    for (int64_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(ref[i]));
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - ref[i]) <= rtol * scale)) {
+            double g = got[i];
+            free(got);
+            fail_msg("%s[%lld] = %.9g, reference %.9g (tolerance %.3g)", what, (long long)i, g, ref[i],
+                     rtol * scale);
+        }
+    free(got);
+}
+
+/* A gradient buffer that already holds values, to check that backward adds into it. */
+typedef struct grad_buf {
+    float *init; /* host copy of the starting values */
+    float *dev;
+    double *ref; /* starts at init; the reference adds into it */
+    int64_t n;
+} grad_buf;
+
+static grad_buf grad_new(int64_t n)
+{
+    grad_buf g = {host_rand(n, 0.5), NULL, ref_alloc(n), n};
+    g.dev = dev_floats(g.init, n);
+    for (int64_t i = 0; i < n; i++)
+        g.ref[i] = g.init[i];
+    return g;
+}
+
+static void grad_check_free(const char *what, grad_buf *g)
+{
+    expect_close(what, g->dev, g->ref, g->n);
+    api->free(dev, g->dev);
+    free(g->init);
+    free(g->ref);
+}
+
+static void expect_error(ct_status got, ct_status want, const char *what)
+{
+    if (got != want)
+        fail_msg("%s: status %d, expected %d", what, (int)got, (int)want);
+    if (want != CT_OK && last_error[0] == '\0')
+        fail_msg("%s: error %d without a message through host->set_error", what, (int)got);
+    last_error[0] = '\0';
+}
+
+/* ---------------------------------------------------------------- plugin, lifecycle, memory */
+
+static void test_plugin_info(void **state)
+{
+    (void)state;
+    assert_int_equal(info.kind, CT_KIND_DEVICE);
+    assert_int_equal(info.abi_major, CT_ABI_MAJOR);
+    assert_non_null(info.name);
+    assert_non_null(info.description);
+    assert_true(api->struct_size >= offsetof(ct_device_api, round_bf16) + sizeof(void *));
+    for (const ct_option_spec *o = info.options; o && o->key; o++) {
+        assert_true(o->struct_size >= sizeof(ct_option_spec));
+        assert_true(o->type >= CT_OPT_INT && o->type <= CT_OPT_BOOL);
+    }
+    /* every function but measure_peak_flops is required */
+    const void *required[] = {
+        (void *)api->create, (void *)api->destroy, (void *)api->info, (void *)api->alloc,
+        (void *)api->free, (void *)api->copy, (void *)api->zero, (void *)api->synchronize,
+        (void *)api->matmul, (void *)api->axpy, (void *)api->add, (void *)api->scale,
+        (void *)api->sum, (void *)api->sum_squares, (void *)api->embedding_forward,
+        (void *)api->embedding_backward, (void *)api->rmsnorm_forward,
+        (void *)api->rmsnorm_backward_input, (void *)api->rmsnorm_backward_weight,
+        (void *)api->layernorm_forward, (void *)api->layernorm_backward_input,
+        (void *)api->layernorm_backward_weight, (void *)api->bias_forward,
+        (void *)api->bias_backward, (void *)api->rope_forward, (void *)api->rope_backward,
+        (void *)api->attention_forward, (void *)api->attention_backward,
+        (void *)api->swiglu_forward, (void *)api->swiglu_backward, (void *)api->gelu_forward,
+        (void *)api->gelu_backward, (void *)api->cross_entropy_forward,
+        (void *)api->cross_entropy_backward, (void *)api->adamw, (void *)api->cast_f32_to_bf16,
+        (void *)api->cast_bf16_to_f32, (void *)api->round_bf16,
+    };
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
+        if (!required[i])
+            fail_msg("required function %zu of ct_device_api is NULL", i);
+}
+
+static void test_info_and_peak_flops(void **state)
+{
+    (void)state;
+    ct_device_info di;
+    memset(&di, 0, sizeof di);
+    di.struct_size = sizeof di;
+    assert_int_equal(api->info(dev, &di), CT_OK);
+    assert_non_null(di.name);
+    assert_true(di.threads >= 1);
+    assert_true(di.memory_bytes >= 0);
+    if (api->measure_peak_flops) {
+        double flops = 0;
+        assert_int_equal(api->measure_peak_flops(dev, &flops), CT_OK);
+        assert_true(flops > 1e8 && flops < 1e18);
+        fprintf(stderr, "%s: %d threads, peak %.1f GFLOP/s\n", di.name, di.threads, flops / 1e9);
+    }
+}
+
+static void test_memory_alloc_copy_zero(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {0, 1, 63, 64, 1000, 1 << 20};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        unsigned char *src = malloc(n + 1), *back = malloc(n + 1);
+        assert_true(src && back);
+        for (size_t i = 0; i < n; i++)
+            src[i] = (unsigned char)(rnd_u64() | 1u);
+        void *a = NULL, *b = NULL;
+        assert_int_equal(api->alloc(dev, n, &a), CT_OK);
+        assert_int_equal(api->alloc(dev, n, &b), CT_OK);
+        if (n == 0) { /* any pointer (NULL included) that free accepts */
+            api->free(dev, a);
+            api->free(dev, b);
+            free(src);
+            free(back);
+            continue;
+        }
+        assert_true(a != NULL && b != NULL);
+        assert_int_equal((uintptr_t)a % 64, 0);
+        assert_int_equal((uintptr_t)b % 64, 0);
+        assert_int_equal(api->copy(dev, a, src, n, CT_COPY_H2D), CT_OK);
+        assert_int_equal(api->copy(dev, b, a, n, CT_COPY_D2D), CT_OK);
+        assert_int_equal(api->copy(dev, back, b, n, CT_COPY_D2H), CT_OK);
+        assert_int_equal(api->synchronize(dev), CT_OK);
+        assert_memory_equal(back, src, n);
+        assert_int_equal(api->zero(dev, b, n), CT_OK);
+        assert_int_equal(api->copy(dev, back, b, n, CT_COPY_D2H), CT_OK);
+        assert_int_equal(api->synchronize(dev), CT_OK);
+        for (size_t i = 0; i < n; i++)
+            assert_int_equal(back[i], 0);
+        api->free(dev, a);
+        api->free(dev, b);
+        free(src);
+        free(back);
+    }
+}
+
+/* ---------------------------------------------------------------- dense algebra */
+
+static void test_matmul_against_reference(void **state)
+{
+    (void)state;
+    const int64_t m = 37, n = 29, k = 53;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int bi = 0; bi < 2; bi++) {
+                float alpha = 0.75f, beta = bi ? 0.5f : 0.0f;
+                float *a = host_rand(m * k, 1), *b = host_rand(k * n, 1), *c = host_rand(m * n, 1);
+                double *ref = ref_alloc(m * n);
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < n; j++) {
+                        double s = 0;
+                        for (int64_t p = 0; p < k; p++)
+                            s += (double)(ta ? a[p * m + i] : a[i * k + p]) *
+                                 (double)(tb ? b[j * k + p] : b[p * n + j]);
+                        ref[i * n + j] = alpha * s + (bi ? beta * (double)c[i * n + j] : 0.0);
+                    }
+                if (!bi)
+                    c[0] = NAN; /* beta 0 ignores c */
+                float *da = dev_floats(a, m * k), *db = dev_floats(b, k * n), *dc = dev_floats(c, m * n);
+                assert_int_equal(api->matmul(dev, dc, da, db, m, n, k, ta, tb, alpha, beta), CT_OK);
+                expect_close(ta ? (tb ? "matmul TT" : "matmul TN") : (tb ? "matmul NT" : "matmul NN"),
+                             dc, ref, m * n);
+                api->free(dev, da);
+                api->free(dev, db);
+                api->free(dev, dc);
+                free(a);
+                free(b);
+                free(c);
+                free(ref);
+            }
+}
+
+static void test_vector_ops(void **state)
+{
+    (void)state;
+    const int64_t n = 100003; /* odd, and past any parallel threshold */
+    float *x = host_rand(n, 1), *y = host_rand(n, 1);
+    double *ref = ref_alloc(n);
+    float *dx = dev_floats(x, n), *dy = dev_floats(y, n);
+
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = (double)y[i] + 0.25 * (double)x[i];
+    assert_int_equal(api->axpy(dev, dy, dx, 0.25f, n), CT_OK);
+    expect_close("axpy", dy, ref, n);
+
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = (double)(float)ref[i] + (double)x[i];
+    assert_int_equal(api->add(dev, dy, dy, dx, n), CT_OK); /* out aliases a */
+    expect_close("add", dy, ref, n);
+
+    for (int64_t i = 0; i < n; i++)
+        ref[i] *= -3.0;
+    assert_int_equal(api->scale(dev, dy, -3.0f, n), CT_OK);
+    expect_close("scale", dy, ref, n);
+
+    double s = 0, ss = 0, got = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s += x[i];
+        ss += (double)x[i] * x[i];
+    }
+    assert_int_equal(api->sum(dev, &got, dx, n), CT_OK);
+    assert_true(fabs(got - s) < 1e-9 * n);
+    assert_int_equal(api->sum_squares(dev, &got, dx, n), CT_OK);
+    assert_true(fabs(got - ss) < 1e-9 * ss);
+
+    api->free(dev, dx);
+    api->free(dev, dy);
+    free(x);
+    free(y);
+    free(ref);
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+static void test_embedding(void **state)
+{
+    (void)state;
+    const int64_t n = 50, c = 67, vocab = 13;
+    int32_t ids[50];
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = (int32_t)(rnd_u64() % (uint64_t)vocab); /* many repeats */
+    float *table = host_rand(vocab * c, 1), *dout = host_rand(n * c, 1);
+    int32_t *dids = dev_upload(ids, sizeof ids);
+    float *dtable = dev_floats(table, vocab * c), *ddout = dev_floats(dout, n * c);
+    float *dout_dev = dev_floats(NULL, n * c);
+    double *ref = ref_alloc(n * c);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < c; j++)
+            ref[i * c + j] = table[ids[i] * c + j];
+    assert_int_equal(api->embedding_forward(dev, dout_dev, dids, dtable, n, c, vocab), CT_OK);
+    expect_close("embedding_forward", dout_dev, ref, n * c);
+
+    grad_buf g = grad_new(vocab * c);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < c; j++)
+            g.ref[ids[i] * c + j] += dout[i * c + j];
+    assert_int_equal(api->embedding_backward(dev, g.dev, dids, ddout, n, c, vocab), CT_OK);
+    grad_check_free("embedding_backward dtable", &g);
+
+    /* an id outside [0, vocab) */
+    int32_t bad[3] = {0, (int32_t)vocab, 1};
+    int32_t *dbad = dev_upload(bad, sizeof bad);
+    expect_error(api->embedding_forward(dev, dout_dev, dbad, dtable, 3, c, vocab), CT_ERR_INVALID,
+                 "embedding_forward with id == vocab");
+    bad[1] = -1;
+    assert_int_equal(api->copy(dev, dbad, bad, sizeof bad, CT_COPY_H2D), CT_OK);
+    expect_error(api->embedding_backward(dev, dtable, dbad, ddout, 3, c, vocab), CT_ERR_INVALID,
+                 "embedding_backward with id -1");
+
+    api->free(dev, dbad);
+    api->free(dev, dids);
+    api->free(dev, dtable);
+    api->free(dev, ddout);
+    api->free(dev, dout_dev);
+    free(table);
+    free(dout);
+    free(ref);
+}
+
+/* ---------------------------------------------------------------- norms, bias */
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    const int64_t n = 33, c = 96;
+    const float eps = 1e-5f;
+    float *x = host_rand(n * c, 2), *w = host_rand(c, 1), *dout = host_rand(n * c, 1);
+    float *dx_ = dev_floats(x, n * c), *dw_ = dev_floats(w, c), *ddout = dev_floats(dout, n * c);
+    float *dout_dev = dev_floats(NULL, n * c), *drstd = dev_floats(NULL, n);
+    double *ref = ref_alloc(n * c), *rstd = ref_alloc(n);
+    for (int64_t i = 0; i < n; i++) {
+        double ms = 0;
+        for (int64_t j = 0; j < c; j++)
+            ms += (double)x[i * c + j] * x[i * c + j];
+        rstd[i] = 1.0 / sqrt(ms / c + eps);
+        for (int64_t j = 0; j < c; j++)
+            ref[i * c + j] = x[i * c + j] * rstd[i] * w[j];
+    }
+    assert_int_equal(api->rmsnorm_forward(dev, dout_dev, drstd, dx_, dw_, n, c, eps), CT_OK);
+    expect_close("rmsnorm_forward out", dout_dev, ref, n * c);
+    expect_close("rmsnorm_forward rstd", drstd, rstd, n);
+
+    grad_buf gx = grad_new(n * c), gw = grad_new(c);
+    for (int64_t i = 0; i < n; i++) {
+        double dot = 0;
+        for (int64_t j = 0; j < c; j++)
+            dot += (double)dout[i * c + j] * w[j] * x[i * c + j];
+        for (int64_t j = 0; j < c; j++) {
+            gx.ref[i * c + j] += rstd[i] * w[j] * dout[i * c + j] -
+                                 x[i * c + j] * rstd[i] * rstd[i] * rstd[i] * dot / c;
+            gw.ref[j] += (double)dout[i * c + j] * x[i * c + j] * rstd[i];
+        }
+    }
+    assert_int_equal(api->rmsnorm_backward_input(dev, gx.dev, ddout, dx_, dw_, drstd, n, c), CT_OK);
+    assert_int_equal(api->rmsnorm_backward_weight(dev, gw.dev, ddout, dx_, drstd, n, c), CT_OK);
+    grad_check_free("rmsnorm dx", &gx);
+    grad_check_free("rmsnorm dw", &gw);
+
+    api->free(dev, dx_);
+    api->free(dev, dw_);
+    api->free(dev, ddout);
+    api->free(dev, dout_dev);
+    api->free(dev, drstd);
+    free(x);
+    free(w);
+    free(dout);
+    free(ref);
+    free(rstd);
+}
+
+static void layernorm_case(int with_bias)
+{
+    const int64_t n = 21, c = 80;
+    const float eps = 1e-5f;
+    float *x = host_rand(n * c, 2), *w = host_rand(c, 1), *b = host_rand(c, 1), *dout = host_rand(n * c, 1);
+    for (int64_t j = 0; j < n * c; j++)
+        x[j] += 3.0f; /* a mean far from zero */
+    float *dx_ = dev_floats(x, n * c), *dw_ = dev_floats(w, c), *db_ = dev_floats(b, c);
+    float *ddout = dev_floats(dout, n * c), *dout_dev = dev_floats(NULL, n * c);
+    float *dmean = dev_floats(NULL, n), *drstd = dev_floats(NULL, n);
+    double *ref = ref_alloc(n * c), *mean = ref_alloc(n), *rstd = ref_alloc(n);
+    for (int64_t i = 0; i < n; i++) {
+        double s = 0, v = 0;
+        for (int64_t j = 0; j < c; j++)
+            s += x[i * c + j];
+        mean[i] = s / c;
+        for (int64_t j = 0; j < c; j++)
+            v += (x[i * c + j] - mean[i]) * (x[i * c + j] - mean[i]);
+        rstd[i] = 1.0 / sqrt(v / c + eps);
+        for (int64_t j = 0; j < c; j++)
+            ref[i * c + j] = (x[i * c + j] - mean[i]) * rstd[i] * w[j] + (with_bias ? b[j] : 0.0);
+    }
+    assert_int_equal(api->layernorm_forward(dev, dout_dev, dmean, drstd, dx_, dw_, with_bias ? db_ : NULL,
+                                            n, c, eps), CT_OK);
+    expect_close("layernorm_forward out", dout_dev, ref, n * c);
+    expect_close("layernorm_forward mean", dmean, mean, n);
+    expect_close("layernorm_forward rstd", drstd, rstd, n);
+
+    grad_buf gx = grad_new(n * c), gw = grad_new(c), gb = grad_new(c);
+    for (int64_t i = 0; i < n; i++) {
+        double m1 = 0, m2 = 0;
+        for (int64_t j = 0; j < c; j++) {
+            double xhat = (x[i * c + j] - mean[i]) * rstd[i], gwj = (double)dout[i * c + j] * w[j];
+            m1 += gwj / c;
+            m2 += gwj * xhat / c;
+        }
+        for (int64_t j = 0; j < c; j++) {
+            double xhat = (x[i * c + j] - mean[i]) * rstd[i];
+            gx.ref[i * c + j] += rstd[i] * ((double)dout[i * c + j] * w[j] - m1 - xhat * m2);
+            gw.ref[j] += (double)dout[i * c + j] * xhat;
+            if (with_bias)
+                gb.ref[j] += dout[i * c + j];
+        }
+    }
+    assert_int_equal(api->layernorm_backward_input(dev, gx.dev, ddout, dx_, dw_, dmean, drstd, n, c), CT_OK);
+    assert_int_equal(api->layernorm_backward_weight(dev, gw.dev, with_bias ? gb.dev : NULL, ddout, dx_,
+                                                    dmean, drstd, n, c), CT_OK);
+    grad_check_free("layernorm dx", &gx);
+    grad_check_free("layernorm dw", &gw);
+    grad_check_free("layernorm db", &gb); /* untouched without a bias */
+
+    float *bufs[] = {dx_, dw_, db_, ddout, dout_dev, dmean, drstd};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        api->free(dev, bufs[i]);
+    free(x);
+    free(w);
+    free(b);
+    free(dout);
+    free(ref);
+    free(mean);
+    free(rstd);
+}
+
+static void test_layernorm_with_bias(void **state)
+{
+    (void)state;
+    layernorm_case(1);
+}
+
+static void test_layernorm_without_bias(void **state)
+{
+    (void)state;
+    layernorm_case(0);
+}
+
+static void test_bias(void **state)
+{
+    (void)state;
+    const int64_t n = 40, c = 75;
+    float *x = host_rand(n * c, 1), *bias = host_rand(c, 1), *dout = host_rand(n * c, 1);
+    float *dx_ = dev_floats(x, n * c), *dbias = dev_floats(bias, c), *ddout = dev_floats(dout, n * c);
+    double *ref = ref_alloc(n * c);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < c; j++)
+            ref[i * c + j] = (double)x[i * c + j] + bias[j];
+    assert_int_equal(api->bias_forward(dev, dx_, dx_, dbias, n, c), CT_OK); /* in place */
+    expect_close("bias_forward", dx_, ref, n * c);
+
+    grad_buf g = grad_new(c);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < c; j++)
+            g.ref[j] += dout[i * c + j];
+    assert_int_equal(api->bias_backward(dev, g.dev, ddout, n, c), CT_OK);
+    grad_check_free("bias_backward", &g);
+
+    api->free(dev, dx_);
+    api->free(dev, dbias);
+    api->free(dev, ddout);
+    free(x);
+    free(bias);
+    free(dout);
+    free(ref);
+}
+
+/* ---------------------------------------------------------------- rope */
+
+static void rope_reference(double *out, const float *x, int64_t b, int64_t t, int64_t h, int64_t d,
+                           double theta, double sign)
+{
+    for (int64_t bi = 0; bi < b; bi++)
+        for (int64_t p = 0; p < t; p++)
+            for (int64_t hh = 0; hh < h; hh++)
+                for (int64_t i = 0; i < d / 2; i++) {
+                    double a = sign * (double)p * pow(theta, -2.0 * (double)i / (double)d);
+                    int64_t o = ((bi * t + p) * h + hh) * d + 2 * i;
+                    out[o] = x[o] * cos(a) - x[o + 1] * sin(a);
+                    out[o + 1] = x[o] * sin(a) + x[o + 1] * cos(a);
+                }
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    const int64_t b = 2, t = 23, h = 3, d = 16, n = b * t * h * d;
+    const float theta = 10000.0f;
+    float *x = host_rand(n, 1), *dout = host_rand(n, 1);
+    float *dx_ = dev_floats(x, n), *ddout = dev_floats(dout, n);
+    double *ref = ref_alloc(n);
+    rope_reference(ref, x, b, t, h, d, theta, 1.0);
+    assert_int_equal(api->rope_forward(dev, dx_, dx_, b, t, h, d, theta), CT_OK); /* in place */
+    expect_close("rope_forward", dx_, ref, n);
+
+    grad_buf g = grad_new(n);
+    double *back = ref_alloc(n);
+    rope_reference(back, dout, b, t, h, d, theta, -1.0); /* R^T = rotation by -angle */
+    for (int64_t i = 0; i < n; i++)
+        g.ref[i] += back[i];
+    assert_int_equal(api->rope_backward(dev, g.dev, ddout, b, t, h, d, theta), CT_OK);
+    grad_check_free("rope_backward", &g);
+
+    expect_error(api->rope_forward(dev, dx_, dx_, b, t, h, 5, theta), CT_ERR_INVALID, "rope with odd d");
+
+    api->free(dev, dx_);
+    api->free(dev, ddout);
+    free(x);
+    free(dout);
+    free(ref);
+    free(back);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* Naive causal GQA attention in double: out, lse, and the gradients added into gq/gk/gv. */
+static void attention_reference(double *out, double *lse, double *gq, double *gk, double *gv,
+                                const float *q, const float *k, const float *v, const float *dout,
+                                int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
+{
+    double scale = 1.0 / sqrt((double)d);
+    double *p = ref_alloc(t), *dp = ref_alloc(t);
+    for (int64_t bi = 0; bi < b; bi++)
+        for (int64_t hi = 0; hi < h; hi++) {
+            int64_t kh = hi / (h / kvh);
+            for (int64_t i = 0; i < t; i++) {
+                const float *qi = q + ((bi * t + i) * h + hi) * d;
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    const float *kj = k + ((bi * t + j) * kvh + kh) * d;
+                    double s = 0;
+                    for (int64_t c = 0; c < d; c++)
+                        s += (double)qi[c] * kj[c];
+                    p[j] = s * scale;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int64_t j = 0; j <= i; j++)
+                    sum += exp(p[j] - mx);
+                lse[(bi * h + hi) * t + i] = mx + log(sum);
+                for (int64_t j = 0; j <= i; j++)
+                    p[j] = exp(p[j] - mx) / sum;
+                double *oi = out + ((bi * t + i) * h + hi) * d;
+                const float *doi = dout + ((bi * t + i) * h + hi) * d;
+                for (int64_t c = 0; c < d; c++) {
+                    oi[c] = 0;
+                    for (int64_t j = 0; j <= i; j++)
+                        oi[c] += p[j] * v[((bi * t + j) * kvh + kh) * d + c];
+                }
+                /* backward of this row */
+                double di = 0;
+                for (int64_t c = 0; c < d; c++)
+                    di += doi[c] * oi[c];
+                for (int64_t j = 0; j <= i; j++) {
+                    const float *vj = v + ((bi * t + j) * kvh + kh) * d;
+                    dp[j] = 0;
+                    for (int64_t c = 0; c < d; c++)
+                        dp[j] += doi[c] * vj[c];
+                    double ds = p[j] * (dp[j] - di) * scale;
+                    const float *kj = k + ((bi * t + j) * kvh + kh) * d;
+                    for (int64_t c = 0; c < d; c++) {
+                        gq[((bi * t + i) * h + hi) * d + c] += ds * kj[c];
+                        gk[((bi * t + j) * kvh + kh) * d + c] += ds * qi[c];
+                        gv[((bi * t + j) * kvh + kh) * d + c] += p[j] * doi[c];
+                    }
+                }
+            }
+        }
+    free(p);
+    free(dp);
+}
+
+static void attention_case(int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
+{
+    int64_t nq = b * t * h * d, nk = b * t * kvh * d;
+    float *q = host_rand(nq, 1.5), *k = host_rand(nk, 1.5), *v = host_rand(nk, 1), *dout = host_rand(nq, 1);
+    float *dq_ = dev_floats(q, nq), *dk_ = dev_floats(k, nk), *dv_ = dev_floats(v, nk);
+    float *ddout = dev_floats(dout, nq), *dout_dev = dev_floats(NULL, nq), *dlse = dev_floats(NULL, b * h * t);
+    double *out = ref_alloc(nq), *lse = ref_alloc(b * h * t);
+    grad_buf gq = grad_new(nq), gk = grad_new(nk), gv = grad_new(nk);
+    attention_reference(out, lse, gq.ref, gk.ref, gv.ref, q, k, v, dout, b, t, h, kvh, d);
+
+    assert_int_equal(api->attention_forward(dev, dout_dev, dlse, dq_, dk_, dv_, b, t, h, kvh, d), CT_OK);
+    expect_close("attention_forward out", dout_dev, out, nq);
+    expect_close("attention_forward lse", dlse, lse, b * h * t);
+    assert_int_equal(api->attention_backward(dev, gq.dev, gk.dev, gv.dev, ddout, dq_, dk_, dv_, dout_dev,
+                                             dlse, b, t, h, kvh, d), CT_OK);
+    grad_check_free("attention dq", &gq);
+    grad_check_free("attention dk", &gk);
+    grad_check_free("attention dv", &gv);
+
+    float *bufs[] = {dq_, dk_, dv_, ddout, dout_dev, dlse};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        api->free(dev, bufs[i]);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(out);
+    free(lse);
+}
+
+static void test_attention_gqa(void **state)
+{
+    (void)state;
+    attention_case(2, 5, 4, 2, 6);
+    attention_case(2, 77, 4, 2, 16); /* longer than a typical query block */
+}
+
+static void test_attention_mha_and_mqa(void **state)
+{
+    (void)state;
+    attention_case(1, 40, 3, 3, 8);
+    attention_case(2, 130, 2, 1, 8);
+}
+
+static void test_attention_rejects_bad_heads(void **state)
+{
+    (void)state;
+    float *buf = dev_floats(NULL, 4 * 3 * 8);
+    expect_error(api->attention_forward(dev, buf, buf, buf, buf, buf, 1, 4, 3, 2, 8), CT_ERR_INVALID,
+                 "attention with h % kvh != 0");
+    api->free(dev, buf);
+}
+
+/* ---------------------------------------------------------------- activations */
+
+static void test_swiglu(void **state)
+{
+    (void)state;
+    const int64_t n = 70001;
+    float *a = host_rand(n, 6), *g = host_rand(n, 2), *dout = host_rand(n, 1);
+    float *da_ = dev_floats(a, n), *dg_ = dev_floats(g, n), *ddout = dev_floats(dout, n), *dout_dev = dev_floats(NULL, n);
+    double *ref = ref_alloc(n);
+    grad_buf ga = grad_new(n), gg = grad_new(n);
+    for (int64_t i = 0; i < n; i++) {
+        double sig = 1.0 / (1.0 + exp(-(double)a[i]));
+        ref[i] = a[i] * sig * g[i];
+        ga.ref[i] += dout[i] * g[i] * sig * (1.0 + a[i] * (1.0 - sig));
+        gg.ref[i] += dout[i] * a[i] * sig;
+    }
+    assert_int_equal(api->swiglu_forward(dev, dout_dev, da_, dg_, n), CT_OK);
+    expect_close("swiglu_forward", dout_dev, ref, n);
+    assert_int_equal(api->swiglu_backward(dev, ga.dev, gg.dev, ddout, da_, dg_, n), CT_OK);
+    grad_check_free("swiglu da", &ga);
+    grad_check_free("swiglu dg", &gg);
+    api->free(dev, da_);
+    api->free(dev, dg_);
+    api->free(dev, ddout);
+    api->free(dev, dout_dev);
+    free(a);
+    free(g);
+    free(dout);
+    free(ref);
+}
+
+static void test_gelu(void **state)
+{
+    (void)state;
+    const int64_t n = 70001;
+    const double k0 = sqrt(2.0 / 3.14159265358979323846), k1 = 0.044715;
+    float *x = host_rand(n, 6), *dout = host_rand(n, 1);
+    float *dx_ = dev_floats(x, n), *ddout = dev_floats(dout, n), *dout_dev = dev_floats(NULL, n);
+    double *ref = ref_alloc(n);
+    grad_buf gx = grad_new(n);
+    for (int64_t i = 0; i < n; i++) {
+        double xi = x[i], u = k0 * (xi + k1 * xi * xi * xi), th = tanh(u);
+        ref[i] = 0.5 * xi * (1 + th);
+        gx.ref[i] += dout[i] * (0.5 * (1 + th) + 0.5 * xi * (1 - th * th) * k0 * (1 + 3 * k1 * xi * xi));
+    }
+    assert_int_equal(api->gelu_forward(dev, dout_dev, dx_, n), CT_OK);
+    expect_close("gelu_forward", dout_dev, ref, n);
+    assert_int_equal(api->gelu_backward(dev, gx.dev, ddout, dx_, n), CT_OK);
+    grad_check_free("gelu dx", &gx);
+    api->free(dev, dx_);
+    api->free(dev, ddout);
+    api->free(dev, dout_dev);
+    free(x);
+    free(dout);
+    free(ref);
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+static void test_cross_entropy(void **state)
+{
+    (void)state;
+    const int64_t n = 31, v = 1001;
+    const int32_t ignore = -100;
+    const float dloss = 0.37f;
+    float *logits = host_rand(n * v, 8);
+    for (int64_t j = 0; j < v; j++)
+        logits[3 * v + j] += 500.0f; /* large logits: the max must be subtracted */
+    int32_t targets[31];
+    for (int64_t i = 0; i < n; i++)
+        targets[i] = i % 5 == 2 ? ignore : (int32_t)(rnd_u64() % (uint64_t)v);
+    targets[0] = 0;
+    targets[1] = (int32_t)v - 1;
+    float *dlogits_in = dev_floats(logits, n * v), *dlosses = dev_floats(NULL, n);
+    int32_t *dtargets = dev_upload(targets, sizeof targets);
+    double *losses = ref_alloc(n);
+    grad_buf g = grad_new(n * v);
+    for (int64_t i = 0; i < n; i++) {
+        if (targets[i] == ignore)
+            continue;
+        const float *x = logits + i * v;
+        double mx = -INFINITY, s = 0;
+        for (int64_t j = 0; j < v; j++)
+            mx = fmax(mx, x[j]);
+        for (int64_t j = 0; j < v; j++)
+            s += exp(x[j] - mx);
+        losses[i] = mx + log(s) - x[targets[i]];
+        for (int64_t j = 0; j < v; j++)
+            g.ref[i * v + j] += dloss * (exp(x[j] - mx) / s - (j == targets[i]));
+    }
+    assert_int_equal(api->cross_entropy_forward(dev, dlosses, dlogits_in, dtargets, n, v, ignore), CT_OK);
+    expect_close("cross_entropy_forward", dlosses, losses, n);
+    assert_int_equal(api->cross_entropy_backward(dev, g.dev, dlogits_in, dtargets, dloss, n, v, ignore), CT_OK);
+    grad_check_free("cross_entropy_backward", &g);
+
+    targets[4] = (int32_t)v; /* out of range and not ignore_index */
+    assert_int_equal(api->copy(dev, dtargets, targets, sizeof targets, CT_COPY_H2D), CT_OK);
+    expect_error(api->cross_entropy_forward(dev, dlosses, dlogits_in, dtargets, n, v, ignore),
+                 CT_ERR_INVALID, "cross_entropy_forward with target == v");
+    expect_error(api->cross_entropy_backward(dev, dlogits_in, dlogits_in, dtargets, 1.0f, n, v, ignore),
+                 CT_ERR_INVALID, "cross_entropy_backward with target == v");
+
+    api->free(dev, dlogits_in);
+    api->free(dev, dlosses);
+    api->free(dev, dtargets);
+    free(logits);
+    free(losses);
+}
+
+/* ---------------------------------------------------------------- optimizer, precision */
+
+static void test_adamw(void **state)
+{
+    (void)state;
+    const int64_t n = 5003;
+    const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    float *p = host_rand(n, 1), *m = host_rand(n, 0.1), *v = host_rand(n, 0.1);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = v[i] * v[i];
+    double *rp = ref_alloc(n), *rm = ref_alloc(n), *rv = ref_alloc(n);
+    for (int64_t i = 0; i < n; i++) {
+        rp[i] = p[i];
+        rm[i] = m[i];
+        rv[i] = v[i];
+    }
+    float *dp = dev_floats(p, n), *dm = dev_floats(m, n), *dv = dev_floats(v, n);
+    for (int64_t step = 1; step <= 3; step++) {
+        float *g = host_rand(n, 1);
+        float *dg = dev_floats(g, n);
+        for (int64_t i = 0; i < n; i++) {
+            rp[i] -= (double)lr * wd * rp[i];
+            rm[i] = b1 * rm[i] + (1 - (double)b1) * g[i];
+            rv[i] = b2 * rv[i] + (1 - (double)b2) * g[i] * g[i];
+            double mhat = rm[i] / (1 - pow(b1, (double)step)), vhat = rv[i] / (1 - pow(b2, (double)step));
+            rp[i] -= lr * mhat / (sqrt(vhat) + eps);
+        }
+        assert_int_equal(api->adamw(dev, dp, dg, dm, dv, n, lr, b1, b2, eps, wd, step), CT_OK);
+        api->free(dev, dg);
+        free(g);
+    }
+    expect_close("adamw param", dp, rp, n);
+    expect_close("adamw m", dm, rm, n);
+    expect_close("adamw v", dv, rv, n);
+    api->free(dev, dp);
+    api->free(dev, dm);
+    api->free(dev, dv);
+    free(p);
+    free(m);
+    free(v);
+    free(rp);
+    free(rm);
+    free(rv);
+}
+
+/* bf16 reference by value, not by bits: the nearer of the two bf16 neighbours, ties to even */
+static uint16_t bf16_reference(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if (isnan(f))
+        return 0x7FC0;
+    if (isinf(f))
+        return (uint16_t)(u >> 16);
+    uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+    uint32_t ul = (uint32_t)lo << 16, uh = (uint32_t)hi << 16;
+    float fl, fh;
+    memcpy(&fl, &ul, sizeof fl);
+    memcpy(&fh, &uh, sizeof fh);
+    double dl = fabs((double)f - fl), dh = isinf(fh) ? fabs((double)f - ldexp(1.0, 128) * (f < 0 ? -1 : 1))
+                                                     : fabs((double)f - fh);
+    if (dl < dh || (dl == dh && (lo & 1) == 0))
+        return lo;
+    return hi;
+}
+
+static void test_bf16_casts(void **state)
+{
+    (void)state;
+    enum { N = 4096 };
+    static const uint32_t special[] = {0x3F808000u, 0x3F818000u, 0x00008000u, 0x00018000u, 0x7F7FFFFFu,
+                                       0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0x80000000u,
+                                       0x00000001u, 0xFF7FFFFFu};
+    const int nspecial = (int)(sizeof special / sizeof special[0]);
+    float src[N];
+    for (int i = 0; i < N; i++) {
+        uint32_t u = i < nspecial ? special[i] : (uint32_t)rnd_u64();
+        if (i >= nspecial && i % 3 == 0)
+            u = (u & 0xFFFF0000u) | 0x8000u; /* exact ties */
+        memcpy(&src[i], &u, sizeof u);
+    }
+    float *dsrc = dev_floats(src, N);
+    uint16_t *dbf = dev_upload(NULL, sizeof(uint16_t) * N);
+    uint16_t bf[N];
+    assert_int_equal(api->cast_f32_to_bf16(dev, dbf, dsrc, N), CT_OK);
+    assert_int_equal(api->copy(dev, bf, dbf, sizeof bf, CT_COPY_D2H), CT_OK);
+    assert_int_equal(api->synchronize(dev), CT_OK);
+    for (int i = 0; i < N; i++) {
+        uint16_t want = bf16_reference(src[i]);
+        uint32_t bits;
+        memcpy(&bits, &src[i], sizeof bits);
+        if (isnan(src[i])) {
+            if ((bf[i] & 0x7F80) != 0x7F80 || (bf[i] & 0x7F) == 0)
+                fail_msg("cast_f32_to_bf16: NaN %08x became %04x, not a NaN", (unsigned)bits, bf[i]);
+        } else if (bf[i] != want) {
+            fail_msg("cast_f32_to_bf16(%08x) = %04x, expected %04x", (unsigned)bits, bf[i], want);
+        }
+    }
+
+    /* back to f32 is exact; round_bf16 equals the two casts */
+    float *dback = dev_floats(NULL, N);
+    assert_int_equal(api->cast_bf16_to_f32(dev, dback, dbf, N), CT_OK);
+    assert_int_equal(api->round_bf16(dev, dsrc, N), CT_OK);
+    float *back = download(dback, N), *rounded = download(dsrc, N);
+    for (int i = 0; i < N; i++) {
+        uint32_t u, r;
+        memcpy(&u, &back[i], sizeof u);
+        memcpy(&r, &rounded[i], sizeof r);
+        assert_int_equal(u, (uint32_t)bf[i] << 16);
+        if (!isnan(back[i]))
+            assert_int_equal(r, u);
+        else
+            assert_true(isnan(rounded[i]));
+    }
+    free(back);
+    free(rounded);
+    api->free(dev, dsrc);
+    api->free(dev, dbf);
+    api->free(dev, dback);
+}
+
+/* ---------------------------------------------------------------- determinism */
+
+/* Runs a set of ops (the ones with reductions or threads) on fixed inputs and returns all outputs
+ * concatenated, so two runs can be compared bit for bit. */
+static float *determinism_run(int64_t *count)
+{
+    const int64_t m = 192, b = 2, t = 96, h = 4, kvh = 2, d = 32, n = 64, v = 3001, big = 1 << 20;
+    rng_state = 42;
+    int64_t nq = b * t * h * d, nk = b * t * kvh * d;
+    int64_t total = m * m + nq + b * h * t + nq + 2 * nk + n + n * v + 4 + m + m;
+    float *all = malloc((size_t)total * sizeof(float));
+    assert_non_null(all);
+    float *o = all;
+
+    float *a = host_rand(m * m, 1), *da = dev_floats(a, m * m), *dc = dev_floats(NULL, m * m);
+    assert_int_equal(api->matmul(dev, dc, da, da, m, m, m, 0, 1, 1.0f, 0.0f), CT_OK);
+    float *r = download(dc, m * m);
+    memcpy(o, r, sizeof(float) * m * m), o += m * m;
+    free(r);
+
+    float *q = host_rand(nq, 1.5), *k = host_rand(nk, 1.5), *vv = host_rand(nk, 1);
+    float *dq_ = dev_floats(q, nq), *dk_ = dev_floats(k, nk), *dv_ = dev_floats(vv, nk);
+    float *dout_ = dev_floats(NULL, nq), *dlse = dev_floats(NULL, b * h * t);
+    float *gq = dev_floats(NULL, nq), *gk = dev_floats(NULL, nk), *gv = dev_floats(NULL, nk);
+    assert_int_equal(api->attention_forward(dev, dout_, dlse, dq_, dk_, dv_, b, t, h, kvh, d), CT_OK);
+    assert_int_equal(api->attention_backward(dev, gq, gk, gv, dq_, dq_, dk_, dv_, dout_, dlse, b, t, h, kvh, d), CT_OK);
+    float *outs[] = {dout_, dlse, gq, gk, gv};
+    int64_t sizes[] = {nq, b * h * t, nq, nk, nk};
+    for (int i = 0; i < 5; i++) {
+        r = download(outs[i], sizes[i]);
+        memcpy(o, r, sizeof(float) * sizes[i]), o += sizes[i];
+        free(r);
+    }
+
+    float *logits = host_rand(n * v, 5);
+    int32_t targets[64];
+    for (int64_t i = 0; i < n; i++)
+        targets[i] = (int32_t)((i * 37) % v);
+    float *dl = dev_floats(logits, n * v), *dlosses = dev_floats(NULL, n), *dgl = dev_floats(NULL, n * v);
+    int32_t *dt = dev_upload(targets, sizeof targets);
+    assert_int_equal(api->cross_entropy_forward(dev, dlosses, dl, dt, n, v, -100), CT_OK);
+    assert_int_equal(api->cross_entropy_backward(dev, dgl, dl, dt, 1.0f / n, n, v, -100), CT_OK);
+    r = download(dlosses, n);
+    memcpy(o, r, sizeof(float) * n), o += n;
+    free(r);
+    r = download(dgl, n * v);
+    memcpy(o, r, sizeof(float) * n * v), o += n * v;
+    free(r);
+
+    float *xb = host_rand(big, 1), *dxb = dev_floats(xb, big);
+    double s = 0, ss = 0;
+    assert_int_equal(api->sum(dev, &s, dxb, big), CT_OK);
+    assert_int_equal(api->sum_squares(dev, &ss, dxb, big), CT_OK);
+    memcpy(o, &s, sizeof s), o += 2; /* the two doubles' bytes, as four floats */
+    memcpy(o, &ss, sizeof ss), o += 2;
+
+    /* column reductions over many rows: bias and rmsnorm weight gradients */
+    float *gb = dev_floats(NULL, m), *gw = dev_floats(NULL, m), *drstd = dev_floats(NULL, big / m);
+    float *w = host_rand(m, 1), *dw = dev_floats(w, m), *ytmp = dev_floats(NULL, big / m * m);
+    assert_int_equal(api->bias_backward(dev, gb, dxb, big / m, m), CT_OK);
+    assert_int_equal(api->rmsnorm_forward(dev, ytmp, drstd, dxb, dw, big / m, m, 1e-5f), CT_OK);
+    assert_int_equal(api->rmsnorm_backward_weight(dev, gw, dxb, dxb, drstd, big / m, m), CT_OK);
+    r = download(gb, m);
+    memcpy(o, r, sizeof(float) * m), o += m;
+    free(r);
+    r = download(gw, m);
+    memcpy(o, r, sizeof(float) * m), o += m;
+    free(r);
+    assert_true(o - all == total);
+
+    void *dbufs[] = {da, dc, dq_, dk_, dv_, dout_, dlse, gq, gk, gv, dl, dlosses, dgl, dt, dxb, gb, gw, drstd, dw, ytmp};
+    for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++)
+        api->free(dev, dbufs[i]);
+    free(a);
+    free(q);
+    free(k);
+    free(vv);
+    free(logits);
+    free(xb);
+    free(w);
+    *count = total;
+    return all;
+}
+
+static void test_same_inputs_give_same_bits(void **state)
+{
+    (void)state;
+    int64_t n1, n2;
+    float *first = determinism_run(&n1), *second = determinism_run(&n2);
+    assert_int_equal(n1, n2);
+    for (int64_t i = 0; i < n1; i++)
+        if (memcmp(&first[i], &second[i], sizeof(float)) != 0)
+            fail_msg("run 2 differs from run 1 at output element %lld: %.9g vs %.9g", (long long)i,
+                     (double)first[i], (double)second[i]);
+    free(first);
+    free(second);
+}
+
+/* ---------------------------------------------------------------- bad arguments */
+
+static void test_bad_arguments_are_errors(void **state)
+{
+    (void)state;
+    float *buf = dev_floats(NULL, 64);
+    expect_error(api->matmul(dev, buf, buf, buf, -1, 2, 2, 0, 0, 1, 0), CT_ERR_INVALID, "matmul m = -1");
+    expect_error(api->axpy(dev, buf, buf, 1, -5), CT_ERR_INVALID, "axpy n = -5");
+    expect_error(api->copy(dev, buf, buf, 4, (ct_copy_kind)99), CT_ERR_INVALID, "copy kind 99");
+    expect_error(api->adamw(dev, buf, buf, buf, buf, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0, 0), CT_ERR_INVALID,
+                 "adamw step 0");
+    expect_error(api->rmsnorm_forward(dev, buf, buf, buf, buf, 2, -3, 1e-5f), CT_ERR_INVALID,
+                 "rmsnorm c = -3");
+    /* empty shapes are fine */
+    expect_error(api->matmul(dev, buf, buf, buf, 0, 4, 4, 0, 0, 1, 0), CT_OK, "matmul m = 0");
+    expect_error(api->attention_forward(dev, buf, buf, buf, buf, buf, 0, 4, 2, 1, 8), CT_OK, "attention b = 0");
+    api->free(dev, buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plugin_info),
+        cmocka_unit_test(test_info_and_peak_flops),
+        cmocka_unit_test(test_memory_alloc_copy_zero),
+        cmocka_unit_test(test_matmul_against_reference),
+        cmocka_unit_test(test_vector_ops),
+        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_layernorm_with_bias),
+        cmocka_unit_test(test_layernorm_without_bias),
+        cmocka_unit_test(test_bias),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_attention_gqa),
+        cmocka_unit_test(test_attention_mha_and_mqa),
+        cmocka_unit_test(test_attention_rejects_bad_heads),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_bf16_casts),
+        cmocka_unit_test(test_same_inputs_give_same_bits),
+        cmocka_unit_test(test_bad_arguments_are_errors),
+    };
+    return cmocka_run_group_tests(tests, load_plugin, unload_plugin);
+}

@@ -1,0 +1,231 @@
+/* test_shard.c: token shards round-trip, have the documented header, and every malformed file is
+ * refused with a message that names the file and the fault. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shard.h"
+
+static char dir[64];
+
+static int setup(void **state) {
+    (void)state;
+    strcpy(dir, "/tmp/ctitan-test-shard-XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[512];
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+    return 0;
+}
+
+static void path_of(char *out, const char *name) { snprintf(out, 256, "%s/%s", dir, name); }
+
+static void write_bytes(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    fclose(f);
+}
+
+static size_t read_bytes(const char *path, unsigned char *buf, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    return n;
+}
+
+static int exists(const char *path) { return access(path, F_OK) == 0; }
+
+static uint32_t rng_state = 12345;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 17;
+    rng_state ^= rng_state << 5;
+    return rng_state;
+}
+
+static void roundtrip(uint64_t n) {
+    char p[256];
+    path_of(p, "rt.bin");
+    uint32_t *t = malloc((n + 1) * sizeof *t);
+    for (uint64_t i = 0; i < n; i++) t[i] = i % 7 == 0 ? UINT32_MAX - (uint32_t)i : rnd();
+    char err[256] = "";
+    assert_int_equal(shard_write(p, t, n, err, sizeof err), 0);
+    uint32_t *back = NULL;
+    uint64_t m = 99;
+    assert_int_equal(shard_read(p, &back, &m, err, sizeof err), 0);
+    assert_int_equal(m, n);
+    if (n) assert_memory_equal(back, t, n * sizeof *t);
+    else assert_null(back);
+    uint64_t c = 0;
+    assert_int_equal(shard_count(p, &c, err, sizeof err), 0);
+    assert_int_equal(c, n);
+    shard_free(back);
+    free(t);
+    char tmp[300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    assert_false(exists(tmp));
+}
+
+static void test_roundtrip_sizes(void **state) {
+    (void)state;
+    roundtrip(0);
+    roundtrip(1);
+    roundtrip(65535);
+    roundtrip(65536);   /* exactly the writer's buffer */
+    roundtrip(200003);
+}
+
+static void test_header_is_the_documented_layout(void **state) {
+    (void)state;
+    char p[256], err[256];
+    path_of(p, "hdr.bin");
+    uint32_t t[3] = {1, 0x01020304, 0xfffffffe};
+    assert_int_equal(shard_write(p, t, 3, err, sizeof err), 0);
+    unsigned char b[64];
+    size_t n = read_bytes(p, b, sizeof b);
+    assert_int_equal(n, 32 + 12);
+    static const unsigned char want[44] = {
+        'C', 'T', 'T', 'O', 'K', 'E', 'N', 'S', 1, 0, 0, 0, 4, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0,
+        0,   0,   0,   0,   0,   0,   0,   0,   1, 0, 0, 0, 4, 3, 2, 1, 0xfe, 0xff, 0xff, 0xff};
+    assert_memory_equal(b, want, sizeof want);
+}
+
+/* A valid 2-token shard image to corrupt. */
+static void good_image(unsigned char *b) {
+    memset(b, 0, 40);
+    memcpy(b, "CTTOKENS", 8);
+    b[8] = 1;
+    b[12] = 4;
+    b[16] = 2;
+    b[32] = 7;
+    b[36] = 9;
+}
+
+static void expect_error(const unsigned char *img, size_t n, const char *what) {
+    char p[256], err[512] = "";
+    path_of(p, "bad.bin");
+    write_bytes(p, img, n);
+    uint32_t *t = (uint32_t *)1;
+    uint64_t m = 77;
+    assert_int_equal(shard_read(p, &t, &m, err, sizeof err), -1);
+    assert_null(t);
+    assert_int_equal(m, 0);
+    if (!strstr(err, p) || !strstr(err, what)) fail_msg("message '%s' should name %s and say '%s'", err, p, what);
+    uint64_t c;
+    assert_int_equal(shard_count(p, &c, err, sizeof err), -1);
+}
+
+static void test_malformed_files_are_refused(void **state) {
+    (void)state;
+    unsigned char b[64];
+    good_image(b);
+    char p[256], err[256];
+    path_of(p, "ok.bin");
+    write_bytes(p, b, 40);
+    uint32_t *t;
+    uint64_t m;
+    assert_int_equal(shard_read(p, &t, &m, err, sizeof err), 0);   /* the image itself is valid */
+    assert_int_equal(m, 2);
+    assert_int_equal(t[0], 7);
+    assert_int_equal(t[1], 9);
+    shard_free(t);
+
+    expect_error(b, 0, "too short");
+    expect_error(b, 31, "too short");
+    good_image(b); b[0] = 'X';  expect_error(b, 40, "bad magic");
+    good_image(b); b[8] = 2;    expect_error(b, 40, "version 2");
+    good_image(b); b[12] = 2;   expect_error(b, 40, "2 bytes per token");
+    good_image(b); b[30] = 1;   expect_error(b, 40, "reserved");
+    good_image(b);              expect_error(b, 39, "truncated");
+    good_image(b);              expect_error(b, 36, "truncated");
+    good_image(b); b[16] = 1;   expect_error(b, 40, "trailing bytes");
+    good_image(b); memset(b + 16, 0xff, 8); expect_error(b, 40, "header says 18446744073709551615 tokens");
+    good_image(b); b[23] = 0x40; expect_error(b, 40, "tokens");   /* 4 * count overflows 64 bits */
+
+    char missing[256];
+    path_of(missing, "nope.bin");
+    assert_int_equal(shard_read(missing, &t, &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, missing));
+    assert_int_equal(shard_read(dir, &t, &m, err, sizeof err), -1);   /* a directory */
+    assert_int_equal(shard_read(p, &t, &m, NULL, 0), 0);              /* err may be NULL */
+    shard_free(t);
+}
+
+static void test_streaming_writer_is_atomic(void **state) {
+    (void)state;
+    char p[256], tmp[300], err[256];
+    path_of(p, "stream.bin");
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    uint32_t old[2] = {5, 6};
+    assert_int_equal(shard_write(p, old, 2, err, sizeof err), 0);
+
+    shard_writer *w = shard_writer_open(p, err, sizeof err);
+    assert_non_null(w);
+    uint32_t all[1000];
+    for (uint32_t i = 0; i < 1000; i++) all[i] = i * 2654435761u;
+    for (size_t i = 0; i < 1000; i += 333) {
+        size_t k = 1000 - i < 333 ? 1000 - i : 333;
+        assert_int_equal(shard_writer_append(w, all + i, k, err, sizeof err), 0);
+    }
+    assert_int_equal(shard_writer_count(w), 1000);
+    /* Until close, readers still see the old shard. */
+    uint32_t *t;
+    uint64_t m;
+    assert_int_equal(shard_read(p, &t, &m, err, sizeof err), 0);
+    assert_int_equal(m, 2);
+    shard_free(t);
+    assert_true(exists(tmp));
+    assert_int_equal(shard_writer_close(w, err, sizeof err), 0);
+    assert_false(exists(tmp));
+    assert_int_equal(shard_read(p, &t, &m, err, sizeof err), 0);
+    assert_int_equal(m, 1000);
+    assert_memory_equal(t, all, sizeof all);
+    shard_free(t);
+
+    /* An aborted writer leaves the old file and no temporary. */
+    w = shard_writer_open(p, err, sizeof err);
+    assert_non_null(w);
+    assert_int_equal(shard_writer_append(w, old, 2, err, sizeof err), 0);
+    shard_writer_abort(w);
+    assert_false(exists(tmp));
+    assert_int_equal(shard_count(p, &m, err, sizeof err), 0);
+    assert_int_equal(m, 1000);
+
+    /* A directory that does not exist: an error naming the temporary file. */
+    char bad[300];
+    snprintf(bad, sizeof bad, "%s/no/such/dir.bin", dir);
+    assert_null(shard_writer_open(bad, err, sizeof err));
+    assert_non_null(strstr(err, "no/such/dir.bin.tmp"));
+    assert_int_equal(shard_write(bad, old, 2, err, sizeof err), -1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip_sizes),
+        cmocka_unit_test(test_header_is_the_documented_layout),
+        cmocka_unit_test(test_malformed_files_are_refused),
+        cmocka_unit_test(test_streaming_writer_is_atomic),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
