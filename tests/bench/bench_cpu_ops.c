@@ -1,0 +1,181 @@
+/* bench_cpu_ops: times the hot ops of a device plugin at the shapes of the benchmarked models.
+ *
+ *     cc -std=c11 -O2 -D_GNU_SOURCE -Isdk/include -o build/bench_cpu_ops tests/bench/bench_cpu_ops.c -ldl -lm
+ *     build/bench_cpu_ops [path/to/ctitan-cpu.so]      # default build/plugins/ctitan-cpu.so
+ *
+ * Env CT_BENCH_THREADS sets the plugin's `threads` option (default: its own default).
+ * Prints one line per op: shape, milliseconds per call (best of a few), GFLOP/s where it means
+ * something. Shapes: llama debugmodel (dim 256, 16 heads of 16, seq 256, batch 8, vocab 2000) and
+ * a 124M-class model (dim 768, 12 heads of 64, seq 512, batch 4, vocab 50257).
+ */
+#include "ctitan/abi.h"
+#include "ctitan/device.h"
+#include "ctitan/host.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const ct_option_spec *options;
+
+static void h_log(const ct_host *h, ct_log_level l, const char *fmt, ...) { (void)h; (void)l; (void)fmt; }
+static void h_err(const ct_host *h, const char *fmt, ...)
+{
+    (void)h;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "plugin error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+static ct_status h_int(const ct_host *h, const char *key, int64_t *out)
+{
+    (void)h;
+    if (strcmp(key, "threads") == 0 && getenv("CT_BENCH_THREADS")) {
+        *out = atoll(getenv("CT_BENCH_THREADS"));
+        return CT_OK;
+    }
+    for (const ct_option_spec *o = options; o && o->key; o++)
+        if (strcmp(o->key, key) == 0 && o->default_value) {
+            *out = atoll(o->default_value);
+            return CT_OK;
+        }
+    return CT_ERR_INVALID;
+}
+
+static const ct_host host = {.struct_size = sizeof(ct_host), .abi_major = CT_ABI_MAJOR,
+                             .abi_minor = CT_ABI_MINOR, .log = h_log, .set_error = h_err,
+                             .opt_int = h_int};
+static const ct_device_api *api;
+static void *dev;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static float *buf(int64_t n, float scale)
+{
+    void *p;
+    if (api->alloc(dev, (size_t)n * sizeof(float), &p) != CT_OK)
+        exit(1);
+    float *f = malloc((size_t)n * sizeof(float));
+    uint64_t s = 12345;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        f[i] = scale * ((float)(s >> 40) / 8388608.0f - 1.0f);
+    }
+    api->copy(dev, p, f, (size_t)n * sizeof(float), CT_COPY_H2D);
+    free(f);
+    return p;
+}
+
+#define TIME(label, flops, call)                                                                   \
+    do {                                                                                           \
+        double best = 1e30;                                                                        \
+        for (int rep = 0; rep < 5; rep++) {                                                        \
+            double t0 = now();                                                                     \
+            if ((call) != CT_OK)                                                                   \
+                exit(1);                                                                           \
+            api->synchronize(dev);                                                                 \
+            double dt = now() - t0;                                                                \
+            best = dt < best ? dt : best;                                                          \
+        }                                                                                          \
+        if ((flops) > 0)                                                                           \
+            printf("%-58s %9.2f ms %8.1f GFLOP/s\n", label, best * 1e3, (flops) / best / 1e9);     \
+        else                                                                                       \
+            printf("%-58s %9.2f ms\n", label, best * 1e3);                                         \
+    } while (0)
+
+static void bench_attention(int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
+{
+    int64_t nq = b * t * h * d, nk = b * t * kvh * d;
+    float *q = buf(nq, 1), *k = buf(nk, 1), *v = buf(nk, 1), *out = buf(nq, 0), *lse = buf(b * h * t, 0);
+    float *dq = buf(nq, 0), *dk = buf(nk, 0), *dv = buf(nk, 0), *dout = buf(nq, 1);
+    double fwd = 4.0 * b * h * t * t * d / 2; /* causal: half the scores */
+    char label[128];
+    snprintf(label, sizeof label, "attention_forward  b=%ld t=%ld h=%ld kvh=%ld d=%ld", (long)b, (long)t,
+             (long)h, (long)kvh, (long)d);
+    TIME(label, fwd, api->attention_forward(dev, out, lse, q, k, v, b, t, h, kvh, d));
+    snprintf(label, sizeof label, "attention_backward b=%ld t=%ld h=%ld kvh=%ld d=%ld", (long)b, (long)t,
+             (long)h, (long)kvh, (long)d);
+    TIME(label, 2.5 * fwd, api->attention_backward(dev, dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, d));
+    float *bufs[] = {q, k, v, out, lse, dq, dk, dv, dout};
+    for (int i = 0; i < 9; i++)
+        api->free(dev, bufs[i]);
+}
+
+static void bench_model(const char *name, int64_t n, int64_t c, int64_t ffn, int64_t vocab)
+{
+    char label[128];
+    float *x = buf(n * c, 1), *w = buf(c, 1), *y = buf(n * c, 0), *rstd = buf(n, 0), *dx = buf(n * c, 0);
+    float *W = buf(c * c, 0.05f), *a = buf(n * ffn, 2), *g = buf(n * ffn, 1), *o = buf(n * ffn, 0);
+    float *da = buf(n * ffn, 0), *dg = buf(n * ffn, 0), *dw = buf(c, 0);
+    snprintf(label, sizeof label, "%s matmul x@W^T (%ld,%ld)x(%ld,%ld)", name, (long)n, (long)c, (long)c, (long)c);
+    TIME(label, 2.0 * n * c * c, api->matmul(dev, y, x, W, n, c, c, 0, 1, 1, 0));
+    snprintf(label, sizeof label, "%s rmsnorm fwd+bwd (%ld,%ld)", name, (long)n, (long)c);
+    TIME(label, 0, api->rmsnorm_forward(dev, y, rstd, x, w, n, c, 1e-5f) ||
+                       api->rmsnorm_backward_input(dev, dx, x, x, w, rstd, n, c) ||
+                       api->rmsnorm_backward_weight(dev, dw, x, x, rstd, n, c));
+    snprintf(label, sizeof label, "%s swiglu fwd+bwd (%ld)", name, (long)(n * ffn));
+    TIME(label, 0, api->swiglu_forward(dev, o, a, g, n * ffn) || api->swiglu_backward(dev, da, dg, o, a, g, n * ffn));
+    snprintf(label, sizeof label, "%s gelu fwd+bwd (%ld)", name, (long)(n * ffn));
+    TIME(label, 0, api->gelu_forward(dev, o, a, n * ffn) || api->gelu_backward(dev, da, o, a, n * ffn));
+    float *bufs[] = {x, w, y, rstd, dx, W, a, g, o, da, dg, dw};
+    for (int i = 0; i < 12; i++)
+        api->free(dev, bufs[i]);
+
+    float *logits = buf(n * vocab, 3), *dl = buf(n * vocab, 0), *losses = buf(n, 0);
+    int32_t *tg;
+    api->alloc(dev, sizeof(int32_t) * (size_t)n, (void **)&tg);
+    int32_t *ht = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        ht[i] = (int32_t)((i * 7919) % vocab);
+    api->copy(dev, tg, ht, sizeof(int32_t) * (size_t)n, CT_COPY_H2D);
+    snprintf(label, sizeof label, "%s cross_entropy fwd+bwd (%ld,%ld)", name, (long)n, (long)vocab);
+    TIME(label, 0, api->cross_entropy_forward(dev, losses, logits, tg, n, vocab, -100) ||
+                       api->cross_entropy_backward(dev, dl, logits, tg, 1.0f / n, n, vocab, -100));
+    free(ht);
+    api->free(dev, tg);
+    api->free(dev, logits);
+    api->free(dev, dl);
+    api->free(dev, losses);
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = argc > 1 ? argv[1] : "build/plugins/ctitan-cpu.so";
+    void *so = dlopen(path, RTLD_NOW);
+    if (!so) {
+        fprintf(stderr, "%s\n", dlerror());
+        return 1;
+    }
+    ct_plugin_entry_fn entry;
+    *(void **)&entry = dlsym(so, CT_PLUGIN_ENTRY_NAME);
+    ct_plugin_info info = {.struct_size = sizeof info};
+    if (!entry || entry(&host, &info) != CT_OK || info.kind != CT_KIND_DEVICE)
+        return 1;
+    options = info.options;
+    api = info.api;
+    if (api->create(&host, &dev) != CT_OK)
+        return 1;
+    ct_device_info di = {.struct_size = sizeof di};
+    api->info(dev, &di);
+    double peak = 0;
+    if (api->measure_peak_flops)
+        api->measure_peak_flops(dev, &peak);
+    printf("device %s, %d threads, sgemm peak %.1f GFLOP/s\n", di.name, di.threads, peak / 1e9);
+    bench_attention(8, 256, 16, 16, 16);
+    bench_attention(4, 512, 12, 12, 64);
+    bench_model("debugmodel", 8 * 256, 256, 768, 2000);
+    bench_model("124M", 4 * 512, 768, 3072, 50257);
+    api->destroy(dev);
+    return 0;
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the tokenizer and shard fuzz targets as plain programs (cc, AddressSanitizer + UBSan, no
+# libFuzzer) and replays their seed corpora plus deterministic mutations of every seed.
+# Run from the repository root; BUILD (default build) says where the programs go.
+set -euo pipefail
+BUILD=${BUILD:-build}
+CC=${CC:-cc}
+out="$BUILD/fuzz-replay"
+mkdir -p "$out"
+flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
+       -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+
+"$CC" "${flags[@]}" -o "$out/fuzz_tokenizer_file" tests/fuzz/fuzz_tokenizer_file.c tests/fuzz/replay_main.c \
+    core/tokenizer.c -lpcre2-8 -lpthread
+"$CC" "${flags[@]}" -o "$out/fuzz_shard" tests/fuzz/fuzz_shard.c tests/fuzz/replay_main.c core/shard.c
+
+"$out/fuzz_tokenizer_file" -m 300 tests/fuzz/corpus/tokenizer_file
+"$out/fuzz_tokenizer_file" -m 100 tests/data/tokenizer/vocab.tiktoken
+"$out/fuzz_shard" -m 300 tests/fuzz/corpus/shard
