@@ -425,6 +425,7 @@ int K(attention_forward)(real *out, real *lse, const real *q, const real *k, con
             for (int64_t i = r0; i < r1; i++) {
                 real *row = s + (i - r0) * r1;
                 real mx = row[0];
+#pragma omp simd reduction(max : mx)
                 for (int64_t j = 1; j <= i; j++)
                     mx = row[j] > mx ? row[j] : mx;
                 real sum = 0;
@@ -570,6 +571,7 @@ void K(gelu_backward)(real *dx, const real *dout, const real *x, int64_t n)
 static inline void K(row_softmax_stats)(const real *x, int64_t v, real *max_out, double *sum_out)
 {
     real mx = x[0];
+#pragma omp simd reduction(max : mx)
     for (int64_t j = 1; j < v; j++)
         mx = x[j] > mx ? x[j] : mx;
     double s = 0;
