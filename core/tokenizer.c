@@ -405,6 +405,7 @@ fail:
 
 struct ct_pretok {
     pcre2_code *code;
+    pcre2_match_context *mctx;   /* read-only once made, so threads may share it */
 };
 
 ct_pretok *pretok_create(char *err, size_t errlen) {
@@ -420,18 +421,29 @@ ct_pretok *pretok_create(char *err, size_t errlen) {
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);   /* optional: the interpreter is the fallback */
     ct_pretok *pt = malloc(sizeof *pt);
-    if (!pt) {
+    pcre2_match_context *mctx = pcre2_match_context_create(NULL);
+    if (!pt || !mctx) {
         pcre2_code_free(code);
+        pcre2_match_context_free(mctx);
+        free(pt);
         set_err(err, errlen, "pre-tokenizer: out of memory");
         return NULL;
     }
+    /* No alternative of the pattern backtracks more than the length of the run it matches (a run of
+     * n spaces before a letter costs n steps in \s*[\r\n]+), so the work is linear; PCRE2's default
+     * limits (10M steps) would refuse runs of whitespace longer than that. */
+    pcre2_set_match_limit(mctx, UINT32_MAX);
+    pcre2_set_depth_limit(mctx, UINT32_MAX);
+    pcre2_set_heap_limit(mctx, UINT32_MAX);
     pt->code = code;
+    pt->mctx = mctx;
     return pt;
 }
 
 void pretok_free(ct_pretok *pt) {
     if (!pt) return;
     pcre2_code_free(pt->code);
+    pcre2_match_context_free(pt->mctx);
     free(pt);
 }
 
@@ -461,9 +473,9 @@ static int split_valid(const ct_pretok *pt, const unsigned char *s, size_t len, 
                        pretok_chunk_fn fn, void *ctx, char *err, size_t errlen) {
     size_t off = 0;
     while (off < len) {
-        int rc = pcre2_match(pt->code, s, len, off, PCRE2_NO_UTF_CHECK, md, NULL);
+        int rc = pcre2_match(pt->code, s, len, off, PCRE2_NO_UTF_CHECK, md, pt->mctx);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)   /* a pathological run: the interpreter uses the heap */
-            rc = pcre2_match(pt->code, s, len, off, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, NULL);
+            rc = pcre2_match(pt->code, s, len, off, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, pt->mctx);
         size_t ms, me;
         if (rc == PCRE2_ERROR_NOMATCH) {
             ms = me = len;

@@ -637,7 +637,7 @@ static ct_status cpu_cross_entropy_backward(void *dev, float *dlogits, const flo
         return CT_OK;
     CPU_REQUIRE(dlogits && logits, "null pointer");
     cpu_enter(d);
-    cross_entropy_backward_f32(dlogits, logits, targets, dloss, n, v, ignore_index);
+    CPU_NOMEM_IF(cross_entropy_backward_f32(dlogits, logits, targets, dloss, n, v, ignore_index) != 0);
     return CT_OK;
 }
 

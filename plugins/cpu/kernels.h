@@ -55,7 +55,7 @@ void gelu_backward_f32(float *dx, const float *dout, const float *x, int64_t n);
 
 void cross_entropy_forward_f32(float *losses, const float *logits, const int32_t *targets,
                                int64_t n, int64_t v, int32_t ignore_index);
-void cross_entropy_backward_f32(float *dlogits, const float *logits, const int32_t *targets,
+int cross_entropy_backward_f32(float *dlogits, const float *logits, const int32_t *targets,
                                 float dloss, int64_t n, int64_t v, int32_t ignore_index);
 
 void adamw_f32(float *param, const float *grad, float *m, float *v, int64_t n, float lr,

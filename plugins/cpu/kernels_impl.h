@@ -63,6 +63,14 @@
 /* sum / sum_squares: at most this many chunks, each summed alone, then combined in order. */
 #define CPU_SUM_CHUNKS 1024
 #define CPU_SUM_MIN_CHUNK 8192
+/* Every kernel is built twice, for AVX2+FMA (x86-64-v3) and for the baseline, and the loader
+ * picks one by the CPU (GCC/clang function multiversioning). The wider vectors are what the exp
+ * loops need; -std=c11 keeps FMA contraction off, so both give the same per-element results. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(CT_NO_CLONES)
+#define CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define CPU_CLONES
+#endif
 #endif
 
 /* ---------------------------------------------------------------- dense algebra */
@@ -84,7 +92,7 @@ void K(matmul)(real *c, const real *a, const real *b, int m, int n, int k, int t
 }
 
 /* y (n) += alpha x (n) */
-void K(axpy)(real *y, const real *x, real alpha, int64_t n)
+CPU_CLONES void K(axpy)(real *y, const real *x, real alpha, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -92,7 +100,7 @@ void K(axpy)(real *y, const real *x, real alpha, int64_t n)
 }
 
 /* out (n) = a + b; out may alias a or b */
-void K(add)(real *out, const real *a, const real *b, int64_t n)
+CPU_CLONES void K(add)(real *out, const real *a, const real *b, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -100,7 +108,7 @@ void K(add)(real *out, const real *a, const real *b, int64_t n)
 }
 
 /* x (n) *= alpha */
-void K(scale)(real *x, real alpha, int64_t n)
+CPU_CLONES void K(scale)(real *x, real alpha, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -109,7 +117,7 @@ void K(scale)(real *x, real alpha, int64_t n)
 
 /* sum x or sum x^2 over n, in double. The chunking depends on n only, so the bits do not depend
  * on the thread count. */
-static inline double K(sum_generic)(const real *x, int64_t n, int squares)
+static CPU_CLONES double K(sum_generic)(const real *x, int64_t n, int squares)
 {
     double partial[CPU_SUM_CHUNKS];
     int64_t chunk = (n + CPU_SUM_CHUNKS - 1) / CPU_SUM_CHUNKS;
@@ -143,7 +151,7 @@ double K(sum_squares)(const real *x, int64_t n) { return K(sum_generic)(x, n, 1)
 /* ---------------------------------------------------------------- embedding */
 
 /* out (n,c) = table[ids[i]]; ids already checked against vocab */
-void K(embedding_forward)(real *out, const int32_t *ids, const real *table, int64_t n, int64_t c)
+CPU_CLONES void K(embedding_forward)(real *out, const int32_t *ids, const real *table, int64_t n, int64_t c)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -152,7 +160,7 @@ void K(embedding_forward)(real *out, const int32_t *ids, const real *table, int6
 
 /* dtable (vocab,c) += scatter of dout (n,c). Partitioned by column block: every block walks the
  * rows in order, so repeated ids add up in a fixed order with no races. */
-void K(embedding_backward)(real *dtable, const int32_t *ids, const real *dout, int64_t n, int64_t c)
+CPU_CLONES void K(embedding_backward)(real *dtable, const int32_t *ids, const real *dout, int64_t n, int64_t c)
 {
     int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -170,7 +178,7 @@ void K(embedding_backward)(real *dtable, const int32_t *ids, const real *dout, i
 /* ---------------------------------------------------------------- normalisation */
 
 /* out (n,c) = x * rstd * w;  rstd (n) = 1/sqrt(mean(x^2) + eps) */
-void K(rmsnorm_forward)(real *out, real *rstd, const real *x, const real *w, int64_t n, int64_t c,
+CPU_CLONES void K(rmsnorm_forward)(real *out, real *rstd, const real *x, const real *w, int64_t n, int64_t c,
                         real eps)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -189,7 +197,7 @@ void K(rmsnorm_forward)(real *out, real *rstd, const real *x, const real *w, int
 }
 
 /* dx_j += r w_j g_j - x_j r^3 / c * sum_k g_k w_k x_k   (g = dout, r = rstd) */
-void K(rmsnorm_backward_input)(real *dx, const real *dout, const real *x, const real *w,
+CPU_CLONES void K(rmsnorm_backward_input)(real *dx, const real *dout, const real *x, const real *w,
                                const real *rstd, int64_t n, int64_t c)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -208,7 +216,7 @@ void K(rmsnorm_backward_input)(real *dx, const real *dout, const real *x, const 
 }
 
 /* dw (c) += sum over rows of dout * x * rstd; partitioned by column block */
-void K(rmsnorm_backward_weight)(real *dw, const real *dout, const real *x, const real *rstd,
+CPU_CLONES void K(rmsnorm_backward_weight)(real *dw, const real *dout, const real *x, const real *rstd,
                                 int64_t n, int64_t c)
 {
     int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
@@ -228,7 +236,7 @@ void K(rmsnorm_backward_weight)(real *dw, const real *dout, const real *x, const
 }
 
 /* out (n,c) = (x - mean) * rstd * w + b (b may be NULL); mean, rstd (n) saved */
-void K(layernorm_forward)(real *out, real *mean, real *rstd, const real *x, const real *w,
+CPU_CLONES void K(layernorm_forward)(real *out, real *mean, real *rstd, const real *x, const real *w,
                           const real *b, int64_t n, int64_t c, real eps)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -252,7 +260,7 @@ void K(layernorm_forward)(real *out, real *mean, real *rstd, const real *x, cons
 }
 
 /* dx += r * (g w - mean(g w) - xhat * mean(g w xhat)),  xhat = (x - mean) r */
-void K(layernorm_backward_input)(real *dx, const real *dout, const real *x, const real *w,
+CPU_CLONES void K(layernorm_backward_input)(real *dx, const real *dout, const real *x, const real *w,
                                  const real *mean, const real *rstd, int64_t n, int64_t c)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -276,7 +284,7 @@ void K(layernorm_backward_input)(real *dx, const real *dout, const real *x, cons
 }
 
 /* dw (c) += sum over rows of dout * xhat; db (c) += sum of dout (db may be NULL) */
-void K(layernorm_backward_weight)(real *dw, real *db, const real *dout, const real *x,
+CPU_CLONES void K(layernorm_backward_weight)(real *dw, real *db, const real *dout, const real *x,
                                   const real *mean, const real *rstd, int64_t n, int64_t c)
 {
     int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
@@ -303,7 +311,7 @@ void K(layernorm_backward_weight)(real *dw, real *db, const real *dout, const re
 /* ---------------------------------------------------------------- bias */
 
 /* out (n,c) = x + bias (c); out may alias x */
-void K(bias_forward)(real *out, const real *x, const real *bias, int64_t n, int64_t c)
+CPU_CLONES void K(bias_forward)(real *out, const real *x, const real *bias, int64_t n, int64_t c)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -312,7 +320,7 @@ void K(bias_forward)(real *out, const real *x, const real *bias, int64_t n, int6
 }
 
 /* dbias (c) += column sums of dout (n,c) */
-void K(bias_backward)(real *dbias, const real *dout, int64_t n, int64_t c)
+CPU_CLONES void K(bias_backward)(real *dbias, const real *dout, int64_t n, int64_t c)
 {
     int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -348,7 +356,7 @@ static inline void K(rope_table)(real *cs, int64_t t, int64_t d, real theta)
 
 /* Rotates every pair of x (b,t,h,d) by the table: forward out = R x (out may alias x);
  * backward (transpose) dx += R^T dout. Returns nonzero when the table cannot be allocated. */
-static inline int K(rope_apply)(real *out, const real *x, int64_t b, int64_t t, int64_t h,
+static CPU_CLONES int K(rope_apply)(real *out, const real *x, int64_t b, int64_t t, int64_t h,
                                 int64_t d, real theta, int backward)
 {
     int64_t half = d / 2;
@@ -402,9 +410,10 @@ static inline void K(attention_scores)(real *s, const real *q, const real *k, in
 }
 
 /* Causal attention, GQA: q (b,t,h,d); k, v (b,t,kvh,d); out (b,t,h,d); lse (b,h,t).
- * One task per (batch, head); each thread keeps one (CPU_ATT_BLOCK, t) score block. */
-int K(attention_forward)(real *out, real *lse, const real *q, const real *k, const real *v,
-                         int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
+ * One task per (batch, head); each thread keeps one (CPU_ATT_BLOCK, t) score block. The rows of P
+ * stay unnormalised through P @ v; the (d-wide) output rows are scaled by 1/sum after. */
+CPU_CLONES int K(attention_forward)(real *out, real *lse, const real *q, const real *k, const real *v,
+                                    int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
 {
     int64_t group = h / kvh, ldq = h * d, ldk = kvh * d, per = CPU_ATT_BLOCK * t;
     real scale = (real)(1.0 / sqrt((double)d));
@@ -415,7 +424,7 @@ int K(attention_forward)(real *out, real *lse, const real *q, const real *k, con
 #pragma omp parallel for schedule(static)
     for (int64_t bh = 0; bh < b * h; bh++) {
         int64_t bi = bh / h, hi = bh % h, kh = hi / group;
-        real *s = work + omp_get_thread_num() * per;
+        real *s = work + omp_get_thread_num() * per, inv_sum[CPU_ATT_BLOCK];
         const real *qh = q + bi * t * ldq + hi * d;
         const real *kh_ = k + bi * t * ldk + kh * d, *vh = v + bi * t * ldk + kh * d;
         real *oh = out + bi * t * ldq + hi * d, *lh = lse + bh * t;
@@ -435,16 +444,19 @@ int K(attention_forward)(real *out, real *lse, const real *q, const real *k, con
                     row[j] = e;
                     sum += e;
                 }
-                real inv = 1 / sum;
-                for (int64_t j = 0; j <= i; j++)
-                    row[j] *= inv;
-                for (int64_t j = i + 1; j < r1; j++)
+                for (int64_t j = i + 1; j < r1; j++) /* causal mask */
                     row[j] = 0;
+                inv_sum[i - r0] = 1 / sum;
                 lh[i] = mx + R_LOG(sum);
             }
-            /* out rows [r0, r1) = P (br, r1) @ v[0:r1] */
+            /* out rows [r0, r1) = (exp scores (br, r1) @ v[0:r1]) / sum */
             R_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)d, (int)r1, 1, s,
                    (int)r1, vh, (int)ldk, 0, oh + r0 * ldq, (int)ldq);
+            for (int64_t i = r0; i < r1; i++) {
+                real *oi = oh + i * ldq, inv = inv_sum[i - r0];
+                for (int64_t c = 0; c < d; c++)
+                    oi[c] *= inv;
+            }
         }
     }
     free(work);
@@ -455,7 +467,7 @@ int K(attention_forward)(real *out, real *lse, const real *q, const real *k, con
  *   dV += P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dO * O));  dQ += scale dS K;  dK += scale dS^T Q.
  * One task per (batch, kv head) that walks its group's query heads in order, so the heads that
  * share a dk/dv head add into it from one thread in a fixed order. */
-int K(attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *q,
+CPU_CLONES int K(attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *q,
                           const real *k, const real *v, const real *out, const real *lse, int64_t b,
                           int64_t t, int64_t h, int64_t kvh, int64_t d)
 {
@@ -518,7 +530,7 @@ int K(attention_backward)(real *dq, real *dk, real *dv, const real *dout, const 
 /* ---------------------------------------------------------------- activations */
 
 /* out (n) = silu(a) * g */
-void K(swiglu_forward)(real *out, const real *a, const real *g, int64_t n)
+CPU_CLONES void K(swiglu_forward)(real *out, const real *a, const real *g, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -528,7 +540,7 @@ void K(swiglu_forward)(real *out, const real *a, const real *g, int64_t n)
 }
 
 /* da += dout * g * silu'(a);  dg += dout * silu(a);  silu'(a) = sig (1 + a (1 - sig)) */
-void K(swiglu_backward)(real *da, real *dg, const real *dout, const real *a, const real *g, int64_t n)
+CPU_CLONES void K(swiglu_backward)(real *da, real *dg, const real *dout, const real *a, const real *g, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -542,7 +554,7 @@ void K(swiglu_backward)(real *da, real *dg, const real *dout, const real *a, con
 #define CPU_GELU_K1 ((real)0.044715)
 
 /* out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-void K(gelu_forward)(real *out, const real *x, int64_t n)
+CPU_CLONES void K(gelu_forward)(real *out, const real *x, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -552,7 +564,7 @@ void K(gelu_forward)(real *out, const real *x, int64_t n)
     }
 }
 
-void K(gelu_backward)(real *dx, const real *dout, const real *x, int64_t n)
+CPU_CLONES void K(gelu_backward)(real *dx, const real *dout, const real *x, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -568,7 +580,7 @@ void K(gelu_backward)(real *dx, const real *dout, const real *x, int64_t n)
 
 /* Softmax statistics of one row: its max and sum exp(x - max) (in double). Keeping the two apart
  * keeps the loss exact to float precision even when the logits are large. */
-static inline void K(row_softmax_stats)(const real *x, int64_t v, real *max_out, double *sum_out)
+static inline __attribute__((always_inline)) void K(row_softmax_stats)(const real *x, int64_t v, real *max_out, double *sum_out)
 {
     real mx = x[0];
 #pragma omp simd reduction(max : mx)
@@ -584,7 +596,7 @@ static inline void K(row_softmax_stats)(const real *x, int64_t v, real *max_out,
 
 /* losses (n) = (max - logits[target]) + log sum exp(logits - max); 0 where ignored.
  * Targets already checked. */
-void K(cross_entropy_forward)(real *losses, const real *logits, const int32_t *targets, int64_t n,
+CPU_CLONES void K(cross_entropy_forward)(real *losses, const real *logits, const int32_t *targets, int64_t n,
                               int64_t v, int32_t ignore_index)
 {
 #pragma omp parallel for schedule(static) if (n * v >= CPU_PAR_MIN)
@@ -601,32 +613,46 @@ void K(cross_entropy_forward)(real *losses, const real *logits, const int32_t *t
     }
 }
 
-/* dlogits (n,v) += dloss * (softmax - onehot(target)) on rows not ignored */
-void K(cross_entropy_backward)(real *dlogits, const real *logits, const int32_t *targets, real dloss,
-                               int64_t n, int64_t v, int32_t ignore_index)
+/* dlogits (n,v) += dloss * (softmax - onehot(target)) on rows not ignored. Each thread keeps
+ * one row of exp(x - max) so that exp runs once per logit. */
+CPU_CLONES int K(cross_entropy_backward)(real *dlogits, const real *logits, const int32_t *targets,
+                                         real dloss, int64_t n, int64_t v, int32_t ignore_index)
 {
+    int nthreads = omp_get_max_threads();
+    real *work = malloc((size_t)(nthreads * v) * sizeof(real) + 1);
+    if (!work)
+        return -1;
 #pragma omp parallel for schedule(static) if (n * v >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         if (targets[i] == ignore_index)
             continue;
         const real *x = logits + i * v;
-        real *dx = dlogits + i * v;
-        real mx;
-        double s;
-        K(row_softmax_stats)(x, v, &mx, &s);
+        real *dx = dlogits + i * v, *e = work + omp_get_thread_num() * v;
+        real mx = x[0];
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 1; j < v; j++)
+            mx = x[j] > mx ? x[j] : mx;
+        double s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < v; j++) {
+            e[j] = R_EXP(x[j] - mx);
+            s += (double)e[j];
+        }
         real w = (real)((double)dloss / s);
 #pragma omp simd
         for (int64_t j = 0; j < v; j++)
-            dx[j] += w * R_EXP(x[j] - mx);
+            dx[j] += w * e[j];
         dx[targets[i]] -= dloss;
     }
+    free(work);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- optimizer */
 
 /* AdamW, PyTorch's arrangement: p *= 1 - lr wd;  m, v updated;
  * p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc = 1 - beta^step. */
-void K(adamw)(real *param, const real *grad, real *m, real *v, int64_t n, real lr, real beta1,
+CPU_CLONES void K(adamw)(real *param, const real *grad, real *m, real *v, int64_t n, real lr, real beta1,
               real beta2, real eps, real weight_decay, int64_t step)
 {
     double bc1 = 1.0 - pow((double)beta1, (double)step);

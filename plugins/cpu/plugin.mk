@@ -11,3 +11,6 @@ CFLAGS_cpu += $(CPU_KERNEL_CFLAGS)
 # Never unmapped by dlclose: libgomp's and OpenBLAS's worker threads outlive any call into the
 # plugin, and unloading the libraries under them crashes the process at exit.
 LIBS_cpu += -Wl,-z,nodelete
+# Export ctitan_plugin_entry and nothing else (the ifunc dispatchers of the multiversioned kernels
+# would otherwise leak out; see exports.map).
+LIBS_cpu += -Wl,--version-script=plugins/cpu/exports.map
