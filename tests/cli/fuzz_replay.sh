@@ -17,3 +17,6 @@ flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
 "$out/fuzz_tokenizer_file" -m 300 tests/fuzz/corpus/tokenizer_file
 "$out/fuzz_tokenizer_file" -m 100 tests/data/tokenizer/vocab.tiktoken
 "$out/fuzz_shard" -m 300 tests/fuzz/corpus/shard
+
+"$CC" "${flags[@]}" -o "$out/fuzz_manifest" tests/fuzz/fuzz_manifest.c tests/fuzz/replay_main.c core/manifest.c -lyaml
+"$out/fuzz_manifest" -m 200 tests/fuzz/corpus/manifest
