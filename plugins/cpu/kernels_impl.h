@@ -71,12 +71,18 @@
 #else
 #define CPU_CLONES
 #endif
+/* Linkage of the kernels: external for the plugin's instance; a test that includes the template
+ * may define it as `static __attribute__((unused))` to keep the names to itself. */
+#ifndef CPU_KERNEL_LINKAGE
+#define CPU_KERNEL_LINKAGE
+#endif
+#define CPU_KERNEL CPU_KERNEL_LINKAGE CPU_CLONES
 #endif
 
 /* ---------------------------------------------------------------- dense algebra */
 
 /* c (m,n) = alpha op(a) op(b) + beta c; op(a) is (m,k), op(b) is (k,n). */
-void K(matmul)(real *c, const real *a, const real *b, int m, int n, int k, int trans_a,
+CPU_KERNEL_LINKAGE void K(matmul)(real *c, const real *a, const real *b, int m, int n, int k, int trans_a,
                int trans_b, real alpha, real beta)
 {
     if (m == 0 || n == 0)
@@ -92,7 +98,7 @@ void K(matmul)(real *c, const real *a, const real *b, int m, int n, int k, int t
 }
 
 /* y (n) += alpha x (n) */
-CPU_CLONES void K(axpy)(real *y, const real *x, real alpha, int64_t n)
+CPU_KERNEL void K(axpy)(real *y, const real *x, real alpha, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -100,7 +106,7 @@ CPU_CLONES void K(axpy)(real *y, const real *x, real alpha, int64_t n)
 }
 
 /* out (n) = a + b; out may alias a or b */
-CPU_CLONES void K(add)(real *out, const real *a, const real *b, int64_t n)
+CPU_KERNEL void K(add)(real *out, const real *a, const real *b, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -108,7 +114,7 @@ CPU_CLONES void K(add)(real *out, const real *a, const real *b, int64_t n)
 }
 
 /* x (n) *= alpha */
-CPU_CLONES void K(scale)(real *x, real alpha, int64_t n)
+CPU_KERNEL void K(scale)(real *x, real alpha, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -145,13 +151,13 @@ static CPU_CLONES double K(sum_generic)(const real *x, int64_t n, int squares)
     return total;
 }
 
-double K(sum)(const real *x, int64_t n) { return K(sum_generic)(x, n, 0); }
-double K(sum_squares)(const real *x, int64_t n) { return K(sum_generic)(x, n, 1); }
+CPU_KERNEL_LINKAGE double K(sum)(const real *x, int64_t n) { return K(sum_generic)(x, n, 0); }
+CPU_KERNEL_LINKAGE double K(sum_squares)(const real *x, int64_t n) { return K(sum_generic)(x, n, 1); }
 
 /* ---------------------------------------------------------------- embedding */
 
 /* out (n,c) = table[ids[i]]; ids already checked against vocab */
-CPU_CLONES void K(embedding_forward)(real *out, const int32_t *ids, const real *table, int64_t n, int64_t c)
+CPU_KERNEL void K(embedding_forward)(real *out, const int32_t *ids, const real *table, int64_t n, int64_t c)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -160,7 +166,7 @@ CPU_CLONES void K(embedding_forward)(real *out, const int32_t *ids, const real *
 
 /* dtable (vocab,c) += scatter of dout (n,c). Partitioned by column block: every block walks the
  * rows in order, so repeated ids add up in a fixed order with no races. */
-CPU_CLONES void K(embedding_backward)(real *dtable, const int32_t *ids, const real *dout, int64_t n, int64_t c)
+CPU_KERNEL void K(embedding_backward)(real *dtable, const int32_t *ids, const real *dout, int64_t n, int64_t c)
 {
     int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -178,7 +184,7 @@ CPU_CLONES void K(embedding_backward)(real *dtable, const int32_t *ids, const re
 /* ---------------------------------------------------------------- normalisation */
 
 /* out (n,c) = x * rstd * w;  rstd (n) = 1/sqrt(mean(x^2) + eps) */
-CPU_CLONES void K(rmsnorm_forward)(real *out, real *rstd, const real *x, const real *w, int64_t n, int64_t c,
+CPU_KERNEL void K(rmsnorm_forward)(real *out, real *rstd, const real *x, const real *w, int64_t n, int64_t c,
                         real eps)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -197,7 +203,7 @@ CPU_CLONES void K(rmsnorm_forward)(real *out, real *rstd, const real *x, const r
 }
 
 /* dx_j += r w_j g_j - x_j r^3 / c * sum_k g_k w_k x_k   (g = dout, r = rstd) */
-CPU_CLONES void K(rmsnorm_backward_input)(real *dx, const real *dout, const real *x, const real *w,
+CPU_KERNEL void K(rmsnorm_backward_input)(real *dx, const real *dout, const real *x, const real *w,
                                const real *rstd, int64_t n, int64_t c)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -216,7 +222,7 @@ CPU_CLONES void K(rmsnorm_backward_input)(real *dx, const real *dout, const real
 }
 
 /* dw (c) += sum over rows of dout * x * rstd; partitioned by column block */
-CPU_CLONES void K(rmsnorm_backward_weight)(real *dw, const real *dout, const real *x, const real *rstd,
+CPU_KERNEL void K(rmsnorm_backward_weight)(real *dw, const real *dout, const real *x, const real *rstd,
                                 int64_t n, int64_t c)
 {
     int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
@@ -236,7 +242,7 @@ CPU_CLONES void K(rmsnorm_backward_weight)(real *dw, const real *dout, const rea
 }
 
 /* out (n,c) = (x - mean) * rstd * w + b (b may be NULL); mean, rstd (n) saved */
-CPU_CLONES void K(layernorm_forward)(real *out, real *mean, real *rstd, const real *x, const real *w,
+CPU_KERNEL void K(layernorm_forward)(real *out, real *mean, real *rstd, const real *x, const real *w,
                           const real *b, int64_t n, int64_t c, real eps)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -260,7 +266,7 @@ CPU_CLONES void K(layernorm_forward)(real *out, real *mean, real *rstd, const re
 }
 
 /* dx += r * (g w - mean(g w) - xhat * mean(g w xhat)),  xhat = (x - mean) r */
-CPU_CLONES void K(layernorm_backward_input)(real *dx, const real *dout, const real *x, const real *w,
+CPU_KERNEL void K(layernorm_backward_input)(real *dx, const real *dout, const real *x, const real *w,
                                  const real *mean, const real *rstd, int64_t n, int64_t c)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -284,7 +290,7 @@ CPU_CLONES void K(layernorm_backward_input)(real *dx, const real *dout, const re
 }
 
 /* dw (c) += sum over rows of dout * xhat; db (c) += sum of dout (db may be NULL) */
-CPU_CLONES void K(layernorm_backward_weight)(real *dw, real *db, const real *dout, const real *x,
+CPU_KERNEL void K(layernorm_backward_weight)(real *dw, real *db, const real *dout, const real *x,
                                   const real *mean, const real *rstd, int64_t n, int64_t c)
 {
     int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
@@ -311,7 +317,7 @@ CPU_CLONES void K(layernorm_backward_weight)(real *dw, real *db, const real *dou
 /* ---------------------------------------------------------------- bias */
 
 /* out (n,c) = x + bias (c); out may alias x */
-CPU_CLONES void K(bias_forward)(real *out, const real *x, const real *bias, int64_t n, int64_t c)
+CPU_KERNEL void K(bias_forward)(real *out, const real *x, const real *bias, int64_t n, int64_t c)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -320,7 +326,7 @@ CPU_CLONES void K(bias_forward)(real *out, const real *x, const real *bias, int6
 }
 
 /* dbias (c) += column sums of dout (n,c) */
-CPU_CLONES void K(bias_backward)(real *dbias, const real *dout, int64_t n, int64_t c)
+CPU_KERNEL void K(bias_backward)(real *dbias, const real *dout, int64_t n, int64_t c)
 {
     int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -387,12 +393,12 @@ static CPU_CLONES int K(rope_apply)(real *out, const real *x, int64_t b, int64_t
     return 0;
 }
 
-int K(rope_forward)(real *out, const real *x, int64_t b, int64_t t, int64_t h, int64_t d, real theta)
+CPU_KERNEL_LINKAGE int K(rope_forward)(real *out, const real *x, int64_t b, int64_t t, int64_t h, int64_t d, real theta)
 {
     return K(rope_apply)(out, x, b, t, h, d, theta, 0);
 }
 
-int K(rope_backward)(real *dx, const real *dout, int64_t b, int64_t t, int64_t h, int64_t d,
+CPU_KERNEL_LINKAGE int K(rope_backward)(real *dx, const real *dout, int64_t b, int64_t t, int64_t h, int64_t d,
                      real theta)
 {
     return K(rope_apply)(dx, dout, b, t, h, d, theta, 1);
@@ -412,7 +418,7 @@ static inline void K(attention_scores)(real *s, const real *q, const real *k, in
 /* Causal attention, GQA: q (b,t,h,d); k, v (b,t,kvh,d); out (b,t,h,d); lse (b,h,t).
  * One task per (batch, head); each thread keeps one (CPU_ATT_BLOCK, t) score block. The rows of P
  * stay unnormalised through P @ v; the (d-wide) output rows are scaled by 1/sum after. */
-CPU_CLONES int K(attention_forward)(real *out, real *lse, const real *q, const real *k, const real *v,
+CPU_KERNEL int K(attention_forward)(real *out, real *lse, const real *q, const real *k, const real *v,
                                     int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
 {
     int64_t group = h / kvh, ldq = h * d, ldk = kvh * d, per = CPU_ATT_BLOCK * t;
@@ -467,7 +473,7 @@ CPU_CLONES int K(attention_forward)(real *out, real *lse, const real *q, const r
  *   dV += P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dO * O));  dQ += scale dS K;  dK += scale dS^T Q.
  * One task per (batch, kv head) that walks its group's query heads in order, so the heads that
  * share a dk/dv head add into it from one thread in a fixed order. */
-CPU_CLONES int K(attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *q,
+CPU_KERNEL int K(attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *q,
                           const real *k, const real *v, const real *out, const real *lse, int64_t b,
                           int64_t t, int64_t h, int64_t kvh, int64_t d)
 {
@@ -530,7 +536,7 @@ CPU_CLONES int K(attention_backward)(real *dq, real *dk, real *dv, const real *d
 /* ---------------------------------------------------------------- activations */
 
 /* out (n) = silu(a) * g */
-CPU_CLONES void K(swiglu_forward)(real *out, const real *a, const real *g, int64_t n)
+CPU_KERNEL void K(swiglu_forward)(real *out, const real *a, const real *g, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -540,7 +546,7 @@ CPU_CLONES void K(swiglu_forward)(real *out, const real *a, const real *g, int64
 }
 
 /* da += dout * g * silu'(a);  dg += dout * silu(a);  silu'(a) = sig (1 + a (1 - sig)) */
-CPU_CLONES void K(swiglu_backward)(real *da, real *dg, const real *dout, const real *a, const real *g, int64_t n)
+CPU_KERNEL void K(swiglu_backward)(real *da, real *dg, const real *dout, const real *a, const real *g, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -554,7 +560,7 @@ CPU_CLONES void K(swiglu_backward)(real *da, real *dg, const real *dout, const r
 #define CPU_GELU_K1 ((real)0.044715)
 
 /* out (n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-CPU_CLONES void K(gelu_forward)(real *out, const real *x, int64_t n)
+CPU_KERNEL void K(gelu_forward)(real *out, const real *x, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -564,7 +570,7 @@ CPU_CLONES void K(gelu_forward)(real *out, const real *x, int64_t n)
     }
 }
 
-CPU_CLONES void K(gelu_backward)(real *dx, const real *dout, const real *x, int64_t n)
+CPU_KERNEL void K(gelu_backward)(real *dx, const real *dout, const real *x, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -580,7 +586,8 @@ CPU_CLONES void K(gelu_backward)(real *dx, const real *dout, const real *x, int6
 
 /* Softmax statistics of one row: its max and sum exp(x - max) (in double). Keeping the two apart
  * keeps the loss exact to float precision even when the logits are large. */
-static inline __attribute__((always_inline)) void K(row_softmax_stats)(const real *x, int64_t v, real *max_out, double *sum_out)
+static inline __attribute__((always_inline)) void K(row_softmax_stats)(const real *x, int64_t v,
+                                                                       real *max_out, double *sum_out)
 {
     real mx = x[0];
 #pragma omp simd reduction(max : mx)
@@ -596,7 +603,7 @@ static inline __attribute__((always_inline)) void K(row_softmax_stats)(const rea
 
 /* losses (n) = (max - logits[target]) + log sum exp(logits - max); 0 where ignored.
  * Targets already checked. */
-CPU_CLONES void K(cross_entropy_forward)(real *losses, const real *logits, const int32_t *targets, int64_t n,
+CPU_KERNEL void K(cross_entropy_forward)(real *losses, const real *logits, const int32_t *targets, int64_t n,
                               int64_t v, int32_t ignore_index)
 {
 #pragma omp parallel for schedule(static) if (n * v >= CPU_PAR_MIN)
@@ -615,7 +622,7 @@ CPU_CLONES void K(cross_entropy_forward)(real *losses, const real *logits, const
 
 /* dlogits (n,v) += dloss * (softmax - onehot(target)) on rows not ignored. Each thread keeps
  * one row of exp(x - max) so that exp runs once per logit. */
-CPU_CLONES int K(cross_entropy_backward)(real *dlogits, const real *logits, const int32_t *targets,
+CPU_KERNEL int K(cross_entropy_backward)(real *dlogits, const real *logits, const int32_t *targets,
                                          real dloss, int64_t n, int64_t v, int32_t ignore_index)
 {
     int nthreads = omp_get_max_threads();
@@ -652,7 +659,7 @@ CPU_CLONES int K(cross_entropy_backward)(real *dlogits, const real *logits, cons
 
 /* AdamW, PyTorch's arrangement: p *= 1 - lr wd;  m, v updated;
  * p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc = 1 - beta^step. */
-CPU_CLONES void K(adamw)(real *param, const real *grad, real *m, real *v, int64_t n, real lr, real beta1,
+CPU_KERNEL void K(adamw)(real *param, const real *grad, real *m, real *v, int64_t n, real lr, real beta1,
               real beta2, real eps, real weight_decay, int64_t step)
 {
     double bc1 = 1.0 - pow((double)beta1, (double)step);

@@ -12,7 +12,9 @@
  *
  * Memory: tensors the builder returns live in host arenas until the step ends; the pack keeps
  * only the ct_tensor pointers of its parameters (the host may change their `data` between calls).
- * Errors: a builder op returns NULL after setting the message; the pack returns CT_ERR_* then.
+ * Errors: a builder op returns NULL after the host has recorded the message; the pack then returns
+ * any error status (CT_ERR_INVALID is customary) and the host reports its own message.
+ * Names: the host copies parameter names at declare time; the pack may free its buffers.
  */
 #ifndef CTITAN_MODEL_H
 #define CTITAN_MODEL_H
