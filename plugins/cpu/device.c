@@ -36,8 +36,8 @@ typedef struct cpu_device {
 /* ---------------------------------------------------------------- errors and checks */
 
 /* Reports "op: message" through the host and returns `status`. */
-__attribute__((format(printf, 4, 5))) static ct_status cpu_fail(const cpu_device *d, ct_status status,
-                                                               const char *op, const char *fmt, ...)
+__attribute__((format(printf, 4, 5))) static ct_status
+cpu_fail(const cpu_device *d, ct_status status, const char *op, const char *fmt, ...)
 {
     if (d && d->host && d->host->set_error) {
         char msg[256];
@@ -50,11 +50,13 @@ __attribute__((format(printf, 4, 5))) static ct_status cpu_fail(const cpu_device
     return status;
 }
 
-/* Every op starts with these: the device handle, then argument checks that name the op. */
+/* Every op starts with these: the device handle, then argument checks that name the op in their
+ * message (`__func__ + 4` is the function's name without its "cpu_" prefix). */
 #define CPU_OP_BEGIN(dev)                                                                          \
     cpu_device *d = (dev);                                                                         \
-    if (!d)                                                                                        \
-        return CT_ERR_INVALID
+    if (!d) {                                                                                      \
+        return CT_ERR_INVALID;                                                                     \
+    }
 #define CPU_REQUIRE(cond, ...)                                                                     \
     do {                                                                                           \
         if (!(cond))                                                                               \
@@ -63,7 +65,7 @@ __attribute__((format(printf, 4, 5))) static ct_status cpu_fail(const cpu_device
 #define CPU_NOMEM_IF(cond)                                                                         \
     do {                                                                                           \
         if (cond)                                                                                  \
-            return cpu_fail(d, CT_ERR_NOMEM, __func__ + 4, "cannot allocate scratch memory");     \
+            return cpu_fail(d, CT_ERR_NOMEM, __func__ + 4, "cannot allocate scratch memory");      \
     } while (0)
 
 /* The thread count applies per calling thread in OpenMP; OpenBLAS follows it. */
@@ -111,7 +113,8 @@ static ct_status cpu_create(const ct_host *host, void **dev)
     cpu_device probe = {host, 1};
     if (threads < 0 || threads > 4096)
         return cpu_fail(&probe, CT_ERR_INVALID, "create",
-                        "option threads = %lld, expected 0 (one per core) to 4096", (long long)threads);
+                        "option threads = %lld, expected 0 (one per core) to 4096",
+                        (long long)threads);
     if (threads == 0) {
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         threads = online > 0 ? online : 1;
@@ -165,12 +168,14 @@ static ct_status cpu_measure_peak_flops(void *dev, double *flops_per_s)
     CPU_REQUIRE(flops_per_s != NULL, "null output");
     const int n = 1536;
     size_t bytes = (size_t)n * n * sizeof(float);
-    float *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes), *c = aligned_alloc(64, bytes);
+    float *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes),
+          *c = aligned_alloc(64, bytes);
     if (!a || !b || !c) {
         free(a);
         free(b);
         free(c);
-        return cpu_fail(d, CT_ERR_NOMEM, "measure_peak_flops", "cannot allocate 3 x %zu bytes", bytes);
+        return cpu_fail(d, CT_ERR_NOMEM, "measure_peak_flops", "cannot allocate 3 x %zu bytes",
+                        bytes);
     }
     for (size_t i = 0; i < (size_t)n * n; i++) {
         a[i] = (float)(i % 7) * 0.01f;
@@ -180,7 +185,8 @@ static ct_status cpu_measure_peak_flops(void *dev, double *flops_per_s)
     double best = 1e30, start = cpu_now();
     for (int rep = 0; rep < 20; rep++) {
         double t0 = cpu_now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
+                    n);
         double dt = cpu_now() - t0;
         if (rep > 0 && dt < best) /* rep 0 warms up caches and threads */
             best = dt;
@@ -247,8 +253,8 @@ static ct_status cpu_synchronize(void *dev)
 
 /* ---------------------------------------------------------------- dense algebra */
 
-static ct_status cpu_matmul(void *dev, float *c, const float *a, const float *b, int64_t m, int64_t n,
-                            int64_t k, int trans_a, int trans_b, float alpha, float beta)
+static ct_status cpu_matmul(void *dev, float *c, const float *a, const float *b, int64_t m,
+                            int64_t n, int64_t k, int trans_a, int trans_b, float alpha, float beta)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(m >= 0 && n >= 0 && k >= 0, "negative shape m=%lld n=%lld k=%lld", (long long)m,
@@ -316,8 +322,8 @@ static ct_status cpu_sum_squares(void *dev, double *out, const float *x, int64_t
 
 /* ---------------------------------------------------------------- layers */
 
-static ct_status cpu_embedding_forward(void *dev, float *out, const int32_t *ids, const float *table,
-                                       int64_t n, int64_t c, int64_t vocab)
+static ct_status cpu_embedding_forward(void *dev, float *out, const int32_t *ids,
+                                       const float *table, int64_t n, int64_t c, int64_t vocab)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0 && c >= 0 && vocab >= 0, "negative shape n=%lld c=%lld vocab=%lld",
@@ -334,8 +340,8 @@ static ct_status cpu_embedding_forward(void *dev, float *out, const int32_t *ids
     return CT_OK;
 }
 
-static ct_status cpu_embedding_backward(void *dev, float *dtable, const int32_t *ids, const float *dout,
-                                        int64_t n, int64_t c, int64_t vocab)
+static ct_status cpu_embedding_backward(void *dev, float *dtable, const int32_t *ids,
+                                        const float *dout, int64_t n, int64_t c, int64_t vocab)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0 && c >= 0 && vocab >= 0, "negative shape n=%lld c=%lld vocab=%lld",
@@ -354,10 +360,11 @@ static ct_status cpu_embedding_backward(void *dev, float *dtable, const int32_t 
 
 /* Shared checks of the row ops: out (n,c) style shapes and their pointers. */
 #define CPU_REQUIRE_ROWS(n, c)                                                                     \
-    CPU_REQUIRE((n) >= 0 && (c) >= 0, "negative shape n=%lld c=%lld", (long long)(n), (long long)(c))
+    CPU_REQUIRE((n) >= 0 && (c) >= 0, "negative shape n=%lld c=%lld", (long long)(n),              \
+                (long long)(c))
 
-static ct_status cpu_rmsnorm_forward(void *dev, float *out, float *rstd, const float *x, const float *w,
-                                     int64_t n, int64_t c, float eps)
+static ct_status cpu_rmsnorm_forward(void *dev, float *out, float *rstd, const float *x,
+                                     const float *w, int64_t n, int64_t c, float eps)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE_ROWS(n, c);
@@ -384,8 +391,9 @@ static ct_status cpu_rmsnorm_backward_input(void *dev, float *dx, const float *d
     return CT_OK;
 }
 
-static ct_status cpu_rmsnorm_backward_weight(void *dev, float *dw, const float *dout, const float *x,
-                                             const float *rstd, int64_t n, int64_t c)
+static ct_status cpu_rmsnorm_backward_weight(void *dev, float *dw, const float *dout,
+                                             const float *x, const float *rstd, int64_t n,
+                                             int64_t c)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE_ROWS(n, c);
@@ -397,8 +405,9 @@ static ct_status cpu_rmsnorm_backward_weight(void *dev, float *dw, const float *
     return CT_OK;
 }
 
-static ct_status cpu_layernorm_forward(void *dev, float *out, float *mean, float *rstd, const float *x,
-                                       const float *w, const float *b, int64_t n, int64_t c, float eps)
+static ct_status cpu_layernorm_forward(void *dev, float *out, float *mean, float *rstd,
+                                       const float *x, const float *w, const float *b, int64_t n,
+                                       int64_t c, float eps)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE_ROWS(n, c);
@@ -412,9 +421,9 @@ static ct_status cpu_layernorm_forward(void *dev, float *out, float *mean, float
     return CT_OK;
 }
 
-static ct_status cpu_layernorm_backward_input(void *dev, float *dx, const float *dout, const float *x,
-                                              const float *w, const float *mean, const float *rstd,
-                                              int64_t n, int64_t c)
+static ct_status cpu_layernorm_backward_input(void *dev, float *dx, const float *dout,
+                                              const float *x, const float *w, const float *mean,
+                                              const float *rstd, int64_t n, int64_t c)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE_ROWS(n, c);
@@ -440,8 +449,8 @@ static ct_status cpu_layernorm_backward_weight(void *dev, float *dw, float *db, 
     return CT_OK;
 }
 
-static ct_status cpu_bias_forward(void *dev, float *out, const float *x, const float *bias, int64_t n,
-                                  int64_t c)
+static ct_status cpu_bias_forward(void *dev, float *out, const float *x, const float *bias,
+                                  int64_t n, int64_t c)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE_ROWS(n, c);
@@ -473,7 +482,8 @@ static ct_status cpu_rope(cpu_device *d, const char *op, float *out, const float
         return cpu_fail(d, CT_ERR_INVALID, op, "negative shape b=%lld t=%lld h=%lld d=%lld",
                         (long long)b, (long long)t, (long long)h, (long long)hd);
     if (hd % 2 != 0)
-        return cpu_fail(d, CT_ERR_INVALID, op, "head dim %lld is odd, expected pairs", (long long)hd);
+        return cpu_fail(d, CT_ERR_INVALID, op, "head dim %lld is odd, expected pairs",
+                        (long long)hd);
     if (!(theta > 0))
         return cpu_fail(d, CT_ERR_INVALID, op, "theta %g, expected > 0", (double)theta);
     if (b == 0 || t == 0 || h == 0 || hd == 0)
@@ -488,8 +498,8 @@ static ct_status cpu_rope(cpu_device *d, const char *op, float *out, const float
     return CT_OK;
 }
 
-static ct_status cpu_rope_forward(void *dev, float *out, const float *x, int64_t b, int64_t t, int64_t h,
-                                  int64_t hd, float theta)
+static ct_status cpu_rope_forward(void *dev, float *out, const float *x, int64_t b, int64_t t,
+                                  int64_t h, int64_t hd, float theta)
 {
     CPU_OP_BEGIN(dev);
     return cpu_rope(d, "rope_forward", out, x, b, t, h, hd, theta, 0);
@@ -511,17 +521,18 @@ static ct_status cpu_attention_check(cpu_device *d, const char *op, int64_t b, i
                         "shape b=%lld t=%lld h=%lld kvh=%lld d=%lld, expected kvh and d > 0",
                         (long long)b, (long long)t, (long long)h, (long long)kvh, (long long)hd);
     if (h % kvh != 0)
-        return cpu_fail(d, CT_ERR_INVALID, op, "%lld query heads are not a multiple of %lld kv heads",
-                        (long long)h, (long long)kvh);
+        return cpu_fail(d, CT_ERR_INVALID, op,
+                        "%lld query heads are not a multiple of %lld kv heads", (long long)h,
+                        (long long)kvh);
     if (t > INT_MAX || h * hd > INT_MAX)
         return cpu_fail(d, CT_ERR_INVALID, op, "t=%lld or h*d=%lld exceeds the BLAS int range",
                         (long long)t, (long long)(h * hd));
     return CT_OK;
 }
 
-static ct_status cpu_attention_forward(void *dev, float *out, float *lse, const float *q, const float *k,
-                                       const float *v, int64_t b, int64_t t, int64_t h, int64_t kvh,
-                                       int64_t hd)
+static ct_status cpu_attention_forward(void *dev, float *out, float *lse, const float *q,
+                                       const float *k, const float *v, int64_t b, int64_t t,
+                                       int64_t h, int64_t kvh, int64_t hd)
 {
     CPU_OP_BEGIN(dev);
     ct_status st = cpu_attention_check(d, "attention_forward", b, t, h, kvh, hd);
@@ -535,10 +546,10 @@ static ct_status cpu_attention_forward(void *dev, float *out, float *lse, const 
     return CT_OK;
 }
 
-static ct_status cpu_attention_backward(void *dev, float *dq, float *dk, float *dv, const float *dout,
-                                        const float *q, const float *k, const float *v, const float *out,
-                                        const float *lse, int64_t b, int64_t t, int64_t h, int64_t kvh,
-                                        int64_t hd)
+static ct_status cpu_attention_backward(void *dev, float *dq, float *dk, float *dv,
+                                        const float *dout, const float *q, const float *k,
+                                        const float *v, const float *out, const float *lse,
+                                        int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t hd)
 {
     CPU_OP_BEGIN(dev);
     ct_status st = cpu_attention_check(d, "attention_backward", b, t, h, kvh, hd);
@@ -548,11 +559,13 @@ static ct_status cpu_attention_backward(void *dev, float *dq, float *dk, float *
         return CT_OK;
     CPU_REQUIRE(dq && dk && dv && dout && q && k && v && out && lse, "null pointer");
     cpu_enter(d);
-    CPU_NOMEM_IF(attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, hd) != 0);
+    CPU_NOMEM_IF(attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, hd) !=
+                 0);
     return CT_OK;
 }
 
-static ct_status cpu_swiglu_forward(void *dev, float *out, const float *a, const float *g, int64_t n)
+static ct_status cpu_swiglu_forward(void *dev, float *out, const float *a, const float *g,
+                                    int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
@@ -562,8 +575,8 @@ static ct_status cpu_swiglu_forward(void *dev, float *out, const float *a, const
     return CT_OK;
 }
 
-static ct_status cpu_swiglu_backward(void *dev, float *da, float *dg, const float *dout, const float *a,
-                                     const float *g, int64_t n)
+static ct_status cpu_swiglu_backward(void *dev, float *da, float *dg, const float *dout,
+                                     const float *a, const float *g, int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
@@ -583,7 +596,8 @@ static ct_status cpu_gelu_forward(void *dev, float *out, const float *x, int64_t
     return CT_OK;
 }
 
-static ct_status cpu_gelu_backward(void *dev, float *dx, const float *dout, const float *x, int64_t n)
+static ct_status cpu_gelu_backward(void *dev, float *dx, const float *dout, const float *x,
+                                   int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
@@ -626,26 +640,28 @@ static ct_status cpu_cross_entropy_forward(void *dev, float *losses, const float
 }
 
 static ct_status cpu_cross_entropy_backward(void *dev, float *dlogits, const float *logits,
-                                            const int32_t *targets, float dloss, int64_t n, int64_t v,
-                                            int32_t ignore_index)
+                                            const int32_t *targets, float dloss, int64_t n,
+                                            int64_t v, int32_t ignore_index)
 {
     CPU_OP_BEGIN(dev);
-    ct_status st = cpu_cross_entropy_check(d, "cross_entropy_backward", targets, n, v, ignore_index);
+    ct_status st =
+        cpu_cross_entropy_check(d, "cross_entropy_backward", targets, n, v, ignore_index);
     if (st != CT_OK)
         return st;
     if (n == 0)
         return CT_OK;
     CPU_REQUIRE(dlogits && logits, "null pointer");
     cpu_enter(d);
-    CPU_NOMEM_IF(cross_entropy_backward_f32(dlogits, logits, targets, dloss, n, v, ignore_index) != 0);
+    CPU_NOMEM_IF(cross_entropy_backward_f32(dlogits, logits, targets, dloss, n, v, ignore_index) !=
+                 0);
     return CT_OK;
 }
 
 /* ---------------------------------------------------------------- optimizer and precision */
 
-static ct_status cpu_adamw(void *dev, float *param, const float *grad, float *m, float *v, int64_t n,
-                           float lr, float beta1, float beta2, float eps, float weight_decay,
-                           int64_t step)
+static ct_status cpu_adamw(void *dev, float *param, const float *grad, float *m, float *v,
+                           int64_t n, float lr, float beta1, float beta2, float eps,
+                           float weight_decay, int64_t step)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);

@@ -17,8 +17,10 @@ void scale_f32(float *x, float alpha, int64_t n);
 double sum_f32(const float *x, int64_t n);
 double sum_squares_f32(const float *x, int64_t n);
 
-void embedding_forward_f32(float *out, const int32_t *ids, const float *table, int64_t n, int64_t c);
-void embedding_backward_f32(float *dtable, const int32_t *ids, const float *dout, int64_t n, int64_t c);
+void embedding_forward_f32(float *out, const int32_t *ids, const float *table, int64_t n,
+                           int64_t c);
+void embedding_backward_f32(float *dtable, const int32_t *ids, const float *dout, int64_t n,
+                            int64_t c);
 
 void rmsnorm_forward_f32(float *out, float *rstd, const float *x, const float *w, int64_t n,
                          int64_t c, float eps);
@@ -56,7 +58,7 @@ void gelu_backward_f32(float *dx, const float *dout, const float *x, int64_t n);
 void cross_entropy_forward_f32(float *losses, const float *logits, const int32_t *targets,
                                int64_t n, int64_t v, int32_t ignore_index);
 int cross_entropy_backward_f32(float *dlogits, const float *logits, const int32_t *targets,
-                                float dloss, int64_t n, int64_t v, int32_t ignore_index);
+                               float dloss, int64_t n, int64_t v, int32_t ignore_index);
 
 void adamw_f32(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
                float beta1, float beta2, float eps, float weight_decay, int64_t step);

@@ -82,8 +82,8 @@
 /* ---------------------------------------------------------------- dense algebra */
 
 /* c (m,n) = alpha op(a) op(b) + beta c; op(a) is (m,k), op(b) is (k,n). */
-CPU_KERNEL_LINKAGE void K(matmul)(real *c, const real *a, const real *b, int m, int n, int k, int trans_a,
-               int trans_b, real alpha, real beta)
+CPU_KERNEL_LINKAGE void K(matmul)(real *c, const real *a, const real *b, int m, int n, int k,
+                                  int trans_a, int trans_b, real alpha, real beta)
 {
     if (m == 0 || n == 0)
         return;
@@ -151,13 +151,20 @@ static CPU_CLONES double K(sum_generic)(const real *x, int64_t n, int squares)
     return total;
 }
 
-CPU_KERNEL_LINKAGE double K(sum)(const real *x, int64_t n) { return K(sum_generic)(x, n, 0); }
-CPU_KERNEL_LINKAGE double K(sum_squares)(const real *x, int64_t n) { return K(sum_generic)(x, n, 1); }
+CPU_KERNEL_LINKAGE double K(sum)(const real *x, int64_t n)
+{
+    return K(sum_generic)(x, n, 0);
+}
+CPU_KERNEL_LINKAGE double K(sum_squares)(const real *x, int64_t n)
+{
+    return K(sum_generic)(x, n, 1);
+}
 
 /* ---------------------------------------------------------------- embedding */
 
 /* out (n,c) = table[ids[i]]; ids already checked against vocab */
-CPU_KERNEL void K(embedding_forward)(real *out, const int32_t *ids, const real *table, int64_t n, int64_t c)
+CPU_KERNEL void K(embedding_forward)(real *out, const int32_t *ids, const real *table, int64_t n,
+                                     int64_t c)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
@@ -166,7 +173,8 @@ CPU_KERNEL void K(embedding_forward)(real *out, const int32_t *ids, const real *
 
 /* dtable (vocab,c) += scatter of dout (n,c). Partitioned by column block: every block walks the
  * rows in order, so repeated ids add up in a fixed order with no races. */
-CPU_KERNEL void K(embedding_backward)(real *dtable, const int32_t *ids, const real *dout, int64_t n, int64_t c)
+CPU_KERNEL void K(embedding_backward)(real *dtable, const int32_t *ids, const real *dout, int64_t n,
+                                      int64_t c)
 {
     int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -184,8 +192,8 @@ CPU_KERNEL void K(embedding_backward)(real *dtable, const int32_t *ids, const re
 /* ---------------------------------------------------------------- normalisation */
 
 /* out (n,c) = x * rstd * w;  rstd (n) = 1/sqrt(mean(x^2) + eps) */
-CPU_KERNEL void K(rmsnorm_forward)(real *out, real *rstd, const real *x, const real *w, int64_t n, int64_t c,
-                        real eps)
+CPU_KERNEL void K(rmsnorm_forward)(real *out, real *rstd, const real *x, const real *w, int64_t n,
+                                   int64_t c, real eps)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -204,7 +212,7 @@ CPU_KERNEL void K(rmsnorm_forward)(real *out, real *rstd, const real *x, const r
 
 /* dx_j += r w_j g_j - x_j r^3 / c * sum_k g_k w_k x_k   (g = dout, r = rstd) */
 CPU_KERNEL void K(rmsnorm_backward_input)(real *dx, const real *dout, const real *x, const real *w,
-                               const real *rstd, int64_t n, int64_t c)
+                                          const real *rstd, int64_t n, int64_t c)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -222,8 +230,8 @@ CPU_KERNEL void K(rmsnorm_backward_input)(real *dx, const real *dout, const real
 }
 
 /* dw (c) += sum over rows of dout * x * rstd; partitioned by column block */
-CPU_KERNEL void K(rmsnorm_backward_weight)(real *dw, const real *dout, const real *x, const real *rstd,
-                                int64_t n, int64_t c)
+CPU_KERNEL void K(rmsnorm_backward_weight)(real *dw, const real *dout, const real *x,
+                                           const real *rstd, int64_t n, int64_t c)
 {
     int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -242,8 +250,8 @@ CPU_KERNEL void K(rmsnorm_backward_weight)(real *dw, const real *dout, const rea
 }
 
 /* out (n,c) = (x - mean) * rstd * w + b (b may be NULL); mean, rstd (n) saved */
-CPU_KERNEL void K(layernorm_forward)(real *out, real *mean, real *rstd, const real *x, const real *w,
-                          const real *b, int64_t n, int64_t c, real eps)
+CPU_KERNEL void K(layernorm_forward)(real *out, real *mean, real *rstd, const real *x,
+                                     const real *w, const real *b, int64_t n, int64_t c, real eps)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -266,8 +274,9 @@ CPU_KERNEL void K(layernorm_forward)(real *out, real *mean, real *rstd, const re
 }
 
 /* dx += r * (g w - mean(g w) - xhat * mean(g w xhat)),  xhat = (x - mean) r */
-CPU_KERNEL void K(layernorm_backward_input)(real *dx, const real *dout, const real *x, const real *w,
-                                 const real *mean, const real *rstd, int64_t n, int64_t c)
+CPU_KERNEL void K(layernorm_backward_input)(real *dx, const real *dout, const real *x,
+                                            const real *w, const real *mean, const real *rstd,
+                                            int64_t n, int64_t c)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -291,7 +300,8 @@ CPU_KERNEL void K(layernorm_backward_input)(real *dx, const real *dout, const re
 
 /* dw (c) += sum over rows of dout * xhat; db (c) += sum of dout (db may be NULL) */
 CPU_KERNEL void K(layernorm_backward_weight)(real *dw, real *db, const real *dout, const real *x,
-                                  const real *mean, const real *rstd, int64_t n, int64_t c)
+                                             const real *mean, const real *rstd, int64_t n,
+                                             int64_t c)
 {
     int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -363,7 +373,7 @@ static inline void K(rope_table)(real *cs, int64_t t, int64_t d, real theta)
 /* Rotates every pair of x (b,t,h,d) by the table: forward out = R x (out may alias x);
  * backward (transpose) dx += R^T dout. Returns nonzero when the table cannot be allocated. */
 static CPU_CLONES int K(rope_apply)(real *out, const real *x, int64_t b, int64_t t, int64_t h,
-                                int64_t d, real theta, int backward)
+                                    int64_t d, real theta, int backward)
 {
     int64_t half = d / 2;
     real *cs = malloc((size_t)(t * half * 2) * sizeof(real) + 1);
@@ -393,13 +403,14 @@ static CPU_CLONES int K(rope_apply)(real *out, const real *x, int64_t b, int64_t
     return 0;
 }
 
-CPU_KERNEL_LINKAGE int K(rope_forward)(real *out, const real *x, int64_t b, int64_t t, int64_t h, int64_t d, real theta)
+CPU_KERNEL_LINKAGE int K(rope_forward)(real *out, const real *x, int64_t b, int64_t t, int64_t h,
+                                       int64_t d, real theta)
 {
     return K(rope_apply)(out, x, b, t, h, d, theta, 0);
 }
 
-CPU_KERNEL_LINKAGE int K(rope_backward)(real *dx, const real *dout, int64_t b, int64_t t, int64_t h, int64_t d,
-                     real theta)
+CPU_KERNEL_LINKAGE int K(rope_backward)(real *dx, const real *dout, int64_t b, int64_t t, int64_t h,
+                                        int64_t d, real theta)
 {
     return K(rope_apply)(dx, dout, b, t, h, d, theta, 1);
 }
@@ -408,8 +419,8 @@ CPU_KERNEL_LINKAGE int K(rope_backward)(real *dx, const real *dout, int64_t b, i
 
 /* Scores of query rows [r0, r1) against keys [0, r1) of one (batch, head) pair into s (br, r1):
  * s = scale q k^T. q rows are `ldq` apart, k rows `ldk` apart. */
-static inline void K(attention_scores)(real *s, const real *q, const real *k, int64_t r0, int64_t r1,
-                                       int64_t d, int64_t ldq, int64_t ldk, real scale)
+static inline void K(attention_scores)(real *s, const real *q, const real *k, int64_t r0,
+                                       int64_t r1, int64_t d, int64_t ldq, int64_t ldk, real scale)
 {
     R_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1, (int)d, scale,
            q + r0 * ldq, (int)ldq, k, (int)ldk, 0, s, (int)r1);
@@ -418,8 +429,9 @@ static inline void K(attention_scores)(real *s, const real *q, const real *k, in
 /* Causal attention, GQA: q (b,t,h,d); k, v (b,t,kvh,d); out (b,t,h,d); lse (b,h,t).
  * One task per (batch, head); each thread keeps one (CPU_ATT_BLOCK, t) score block. The rows of P
  * stay unnormalised through P @ v; the (d-wide) output rows are scaled by 1/sum after. */
-CPU_KERNEL int K(attention_forward)(real *out, real *lse, const real *q, const real *k, const real *v,
-                                    int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
+CPU_KERNEL int K(attention_forward)(real *out, real *lse, const real *q, const real *k,
+                                    const real *v, int64_t b, int64_t t, int64_t h, int64_t kvh,
+                                    int64_t d)
 {
     int64_t group = h / kvh, ldq = h * d, ldk = kvh * d, per = CPU_ATT_BLOCK * t;
     real scale = (real)(1.0 / sqrt((double)d));
@@ -427,7 +439,7 @@ CPU_KERNEL int K(attention_forward)(real *out, real *lse, const real *q, const r
     real *work = malloc((size_t)(nthreads * per) * sizeof(real) + 1);
     if (!work)
         return -1;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (b * h * t * t * d >= CPU_PAR_MIN * 4)
     for (int64_t bh = 0; bh < b * h; bh++) {
         int64_t bi = bh / h, hi = bh % h, kh = hi / group;
         real *s = work + omp_get_thread_num() * per, inv_sum[CPU_ATT_BLOCK];
@@ -470,12 +482,13 @@ CPU_KERNEL int K(attention_forward)(real *out, real *lse, const real *q, const r
 }
 
 /* Backward, recomputing P from q, k and lse:
- *   dV += P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dO * O));  dQ += scale dS K;  dK += scale dS^T Q.
+ *   dV += P^T dO;   dP = dO V^T;   dS = P * (dP - rowsum(dO * O));
+ *   dQ += scale dS K;   dK += scale dS^T Q.
  * One task per (batch, kv head) that walks its group's query heads in order, so the heads that
  * share a dk/dv head add into it from one thread in a fixed order. */
 CPU_KERNEL int K(attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *q,
-                          const real *k, const real *v, const real *out, const real *lse, int64_t b,
-                          int64_t t, int64_t h, int64_t kvh, int64_t d)
+                                     const real *k, const real *v, const real *out, const real *lse,
+                                     int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
 {
     int64_t group = h / kvh, ldq = h * d, ldk = kvh * d, per = CPU_ATT_BLOCK * t;
     real scale = (real)(1.0 / sqrt((double)d));
@@ -483,7 +496,7 @@ CPU_KERNEL int K(attention_backward)(real *dq, real *dk, real *dv, const real *d
     real *work = malloc((size_t)(nthreads * 2 * per) * sizeof(real) + 1);
     if (!work)
         return -1;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (b * h * t * t * d >= CPU_PAR_MIN * 4)
     for (int64_t bk = 0; bk < b * kvh; bk++) {
         int64_t bi = bk / kvh, kh = bk % kvh;
         real *p = work + omp_get_thread_num() * 2 * per, *dp = p + per;
@@ -546,7 +559,8 @@ CPU_KERNEL void K(swiglu_forward)(real *out, const real *a, const real *g, int64
 }
 
 /* da += dout * g * silu'(a);  dg += dout * silu(a);  silu'(a) = sig (1 + a (1 - sig)) */
-CPU_KERNEL void K(swiglu_backward)(real *da, real *dg, const real *dout, const real *a, const real *g, int64_t n)
+CPU_KERNEL void K(swiglu_backward)(real *da, real *dg, const real *dout, const real *a,
+                                   const real *g, int64_t n)
 {
 #pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -586,8 +600,8 @@ CPU_KERNEL void K(gelu_backward)(real *dx, const real *dout, const real *x, int6
 
 /* Softmax statistics of one row: its max and sum exp(x - max) (in double). Keeping the two apart
  * keeps the loss exact to float precision even when the logits are large. */
-static inline __attribute__((always_inline)) void K(row_softmax_stats)(const real *x, int64_t v,
-                                                                       real *max_out, double *sum_out)
+static inline __attribute__((always_inline)) void
+K(row_softmax_stats)(const real *x, int64_t v, real *max_out, double *sum_out)
 {
     real mx = x[0];
 #pragma omp simd reduction(max : mx)
@@ -603,8 +617,8 @@ static inline __attribute__((always_inline)) void K(row_softmax_stats)(const rea
 
 /* losses (n) = (max - logits[target]) + log sum exp(logits - max); 0 where ignored.
  * Targets already checked. */
-CPU_KERNEL void K(cross_entropy_forward)(real *losses, const real *logits, const int32_t *targets, int64_t n,
-                              int64_t v, int32_t ignore_index)
+CPU_KERNEL void K(cross_entropy_forward)(real *losses, const real *logits, const int32_t *targets,
+                                         int64_t n, int64_t v, int32_t ignore_index)
 {
 #pragma omp parallel for schedule(static) if (n * v >= CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
@@ -659,8 +673,8 @@ CPU_KERNEL int K(cross_entropy_backward)(real *dlogits, const real *logits, cons
 
 /* AdamW, PyTorch's arrangement: p *= 1 - lr wd;  m, v updated;
  * p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc = 1 - beta^step. */
-CPU_KERNEL void K(adamw)(real *param, const real *grad, real *m, real *v, int64_t n, real lr, real beta1,
-              real beta2, real eps, real weight_decay, int64_t step)
+CPU_KERNEL void K(adamw)(real *param, const real *grad, real *m, real *v, int64_t n, real lr,
+                         real beta1, real beta2, real eps, real weight_decay, int64_t step)
 {
     double bc1 = 1.0 - pow((double)beta1, (double)step);
     double bc2 = 1.0 - pow((double)beta2, (double)step);

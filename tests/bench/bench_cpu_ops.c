@@ -22,7 +22,12 @@
 
 static const ct_option_spec *options;
 
-static void h_log(const ct_host *h, ct_log_level l, const char *fmt, ...) { (void)h; (void)l; (void)fmt; }
+static void h_log(const ct_host *h, ct_log_level l, const char *fmt, ...)
+{
+    (void)h;
+    (void)l;
+    (void)fmt;
+}
 static void h_err(const ct_host *h, const char *fmt, ...)
 {
     (void)h;
@@ -48,8 +53,11 @@ static ct_status h_int(const ct_host *h, const char *key, int64_t *out)
     return CT_ERR_INVALID;
 }
 
-static const ct_host host = {.struct_size = sizeof(ct_host), .abi_major = CT_ABI_MAJOR,
-                             .abi_minor = CT_ABI_MINOR, .log = h_log, .set_error = h_err,
+static const ct_host host = {.struct_size = sizeof(ct_host),
+                             .abi_major = CT_ABI_MAJOR,
+                             .abi_minor = CT_ABI_MINOR,
+                             .log = h_log,
+                             .set_error = h_err,
                              .opt_int = h_int};
 static const ct_device_api *api;
 static void *dev;
@@ -97,16 +105,18 @@ static float *buf(int64_t n, float scale)
 static void bench_attention(int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
 {
     int64_t nq = b * t * h * d, nk = b * t * kvh * d;
-    float *q = buf(nq, 1), *k = buf(nk, 1), *v = buf(nk, 1), *out = buf(nq, 0), *lse = buf(b * h * t, 0);
+    float *q = buf(nq, 1), *k = buf(nk, 1), *v = buf(nk, 1), *out = buf(nq, 0),
+          *lse = buf(b * h * t, 0);
     float *dq = buf(nq, 0), *dk = buf(nk, 0), *dv = buf(nk, 0), *dout = buf(nq, 1);
     double fwd = 4.0 * b * h * t * t * d / 2; /* causal: half the scores */
     char label[128];
-    snprintf(label, sizeof label, "attention_forward  b=%ld t=%ld h=%ld kvh=%ld d=%ld", (long)b, (long)t,
-             (long)h, (long)kvh, (long)d);
+    snprintf(label, sizeof label, "attention_forward  b=%ld t=%ld h=%ld kvh=%ld d=%ld", (long)b,
+             (long)t, (long)h, (long)kvh, (long)d);
     TIME(label, fwd, api->attention_forward(dev, out, lse, q, k, v, b, t, h, kvh, d));
-    snprintf(label, sizeof label, "attention_backward b=%ld t=%ld h=%ld kvh=%ld d=%ld", (long)b, (long)t,
-             (long)h, (long)kvh, (long)d);
-    TIME(label, 2.5 * fwd, api->attention_backward(dev, dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, d));
+    snprintf(label, sizeof label, "attention_backward b=%ld t=%ld h=%ld kvh=%ld d=%ld", (long)b,
+             (long)t, (long)h, (long)kvh, (long)d);
+    TIME(label, 2.5 * fwd,
+         api->attention_backward(dev, dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, d));
     float *bufs[] = {q, k, v, out, lse, dq, dk, dv, dout};
     for (int i = 0; i < 9; i++)
         api->free(dev, bufs[i]);
@@ -115,19 +125,25 @@ static void bench_attention(int64_t b, int64_t t, int64_t h, int64_t kvh, int64_
 static void bench_model(const char *name, int64_t n, int64_t c, int64_t ffn, int64_t vocab)
 {
     char label[128];
-    float *x = buf(n * c, 1), *w = buf(c, 1), *y = buf(n * c, 0), *rstd = buf(n, 0), *dx = buf(n * c, 0);
+    float *x = buf(n * c, 1), *w = buf(c, 1), *y = buf(n * c, 0), *rstd = buf(n, 0),
+          *dx = buf(n * c, 0);
     float *W = buf(c * c, 0.05f), *a = buf(n * ffn, 2), *g = buf(n * ffn, 1), *o = buf(n * ffn, 0);
     float *da = buf(n * ffn, 0), *dg = buf(n * ffn, 0), *dw = buf(c, 0);
-    snprintf(label, sizeof label, "%s matmul x@W^T (%ld,%ld)x(%ld,%ld)", name, (long)n, (long)c, (long)c, (long)c);
+    snprintf(label, sizeof label, "%s matmul x@W^T (%ld,%ld)x(%ld,%ld)", name, (long)n, (long)c,
+             (long)c, (long)c);
     TIME(label, 2.0 * n * c * c, api->matmul(dev, y, x, W, n, c, c, 0, 1, 1, 0));
     snprintf(label, sizeof label, "%s rmsnorm fwd+bwd (%ld,%ld)", name, (long)n, (long)c);
-    TIME(label, 0, api->rmsnorm_forward(dev, y, rstd, x, w, n, c, 1e-5f) ||
-                       api->rmsnorm_backward_input(dev, dx, x, x, w, rstd, n, c) ||
-                       api->rmsnorm_backward_weight(dev, dw, x, x, rstd, n, c));
+    TIME(label, 0,
+         api->rmsnorm_forward(dev, y, rstd, x, w, n, c, 1e-5f) ||
+             api->rmsnorm_backward_input(dev, dx, x, x, w, rstd, n, c) ||
+             api->rmsnorm_backward_weight(dev, dw, x, x, rstd, n, c));
     snprintf(label, sizeof label, "%s swiglu fwd+bwd (%ld)", name, (long)(n * ffn));
-    TIME(label, 0, api->swiglu_forward(dev, o, a, g, n * ffn) || api->swiglu_backward(dev, da, dg, o, a, g, n * ffn));
+    TIME(label, 0,
+         api->swiglu_forward(dev, o, a, g, n * ffn) ||
+             api->swiglu_backward(dev, da, dg, o, a, g, n * ffn));
     snprintf(label, sizeof label, "%s gelu fwd+bwd (%ld)", name, (long)(n * ffn));
-    TIME(label, 0, api->gelu_forward(dev, o, a, n * ffn) || api->gelu_backward(dev, da, o, a, n * ffn));
+    TIME(label, 0,
+         api->gelu_forward(dev, o, a, n * ffn) || api->gelu_backward(dev, da, o, a, n * ffn));
     float *bufs[] = {x, w, y, rstd, dx, W, a, g, o, da, dg, dw};
     for (int i = 0; i < 12; i++)
         api->free(dev, bufs[i]);
@@ -140,8 +156,9 @@ static void bench_model(const char *name, int64_t n, int64_t c, int64_t ffn, int
         ht[i] = (int32_t)((i * 7919) % vocab);
     api->copy(dev, tg, ht, sizeof(int32_t) * (size_t)n, CT_COPY_H2D);
     snprintf(label, sizeof label, "%s cross_entropy fwd+bwd (%ld,%ld)", name, (long)n, (long)vocab);
-    TIME(label, 0, api->cross_entropy_forward(dev, losses, logits, tg, n, vocab, -100) ||
-                       api->cross_entropy_backward(dev, dl, logits, tg, 1.0f / n, n, vocab, -100));
+    TIME(label, 0,
+         api->cross_entropy_forward(dev, losses, logits, tg, n, vocab, -100) ||
+             api->cross_entropy_backward(dev, dl, logits, tg, 1.0f / n, n, vocab, -100));
     free(ht);
     api->free(dev, tg);
     api->free(dev, logits);

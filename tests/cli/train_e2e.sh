@@ -46,6 +46,14 @@ paste -d' ' <(head -5 "$T/a.jsonl" | sed 's/.*"loss": \([0-9.]*\).*/\1/') \
   awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4 * $1) bad = 1 } END { exit bad }' ||
   fail "accumulated losses differ from the large batch"
 echo "ok   gradient accumulation matches the large batch"
+# bf16 parameters for compute (fp32 masters): close to fp32, not identical
+"$CTITAN" train "$T/run.yaml" --training.mixed_precision_param=bfloat16 --training.steps=5 \
+  --generate.max_new_tokens=0 --job.dump_folder="$T/bf16" >/dev/null 2>&1 || fail "bf16 run"
+paste -d' ' <(head -5 "$T/a.jsonl" | sed 's/.*"loss": \([0-9.]*\).*/\1/') \
+             <(sed 's/.*"loss": \([0-9.]*\).*/\1/' "$T/bf16/metrics.jsonl") |
+  awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-2 * $1) bad = 1; if (d > 0) moved = 1 } END { exit bad || !moved }' ||
+  fail "bf16 losses are not within 1% of fp32 (or are identical)"
+echo "ok   bf16 parameters: losses within 1% of fp32"
 # the saved model reloads for generation
 "$CTITAN" generate "$T/run.yaml" --prompt "The" >"$T/gen.log" 2>&1 || { cat "$T/gen.log"; fail "generate"; }
 [ -s "$T/gen.log" ] || fail "generate printed nothing"

@@ -271,7 +271,8 @@ static void linear_bwd64(op_case *c)
 }
 static void linear_fwd32(op_case *c, float *y)
 {
-    matmul_f32(y, c->in_f[0], c->in_f[1], (int)c->dim[0], (int)c->dim[2], (int)c->dim[1], 0, 1, 1, 0);
+    matmul_f32(y, c->in_f[0], c->in_f[1], (int)c->dim[0], (int)c->dim[2], (int)c->dim[1], 0, 1, 1,
+               0);
 }
 static void linear_bwd32(op_case *c)
 {
@@ -311,7 +312,8 @@ static void test_matmul_transposes_and_beta(void **state)
                     for (int j = 0; j < n; j++) {
                         double s = 0;
                         for (int p = 0; p < k; p++)
-                            s += (ta ? a[p * m + i] : a[i * k + p]) * (tb ? b[j * k + p] : b[p * n + j]);
+                            s += (ta ? a[p * m + i] : a[i * k + p]) *
+                                 (tb ? b[j * k + p] : b[p * n + j]);
                         ref[i * n + j] = alpha * s + (beta == 0 ? 0 : beta * cc[i * n + j]);
                     }
                 if (beta == 0) /* beta 0 ignores c's contents, NaN included */
@@ -319,8 +321,8 @@ static void test_matmul_transposes_and_beta(void **state)
                 matmul_f64(cc, a, b, m, n, k, ta, tb, alpha, beta);
                 for (int i = 0; i < m * n; i++)
                     if (!(fabs(cc[i] - ref[i]) < 1e-12))
-                        fail_msg("matmul ta=%d tb=%d beta=%g: c[%d] = %g, expected %g", ta, tb, beta,
-                                 i, cc[i], ref[i]);
+                        fail_msg("matmul ta=%d tb=%d beta=%g: c[%d] = %g, expected %g", ta, tb,
+                                 beta, i, cc[i], ref[i]);
                 free(a);
                 free(b);
                 free(cc);
@@ -331,10 +333,22 @@ static void test_matmul_transposes_and_beta(void **state)
 /* ---------------------------------------------------------------- embedding */
 
 /* out (n,c) = table[ids];  grad wrt the table (vocab,c) */
-static void emb_fwd64(op_case *c, double *out) { embedding_forward_f64(out, c->ids, c->in[0], c->dim[0], c->dim[1]); }
-static void emb_bwd64(op_case *c) { embedding_backward_f64(c->grad[0], c->ids, c->r, c->dim[0], c->dim[1]); }
-static void emb_fwd32(op_case *c, float *out) { embedding_forward_f32(out, c->ids, c->in_f[0], c->dim[0], c->dim[1]); }
-static void emb_bwd32(op_case *c) { embedding_backward_f32(c->grad_f[0], c->ids, c->r_f, c->dim[0], c->dim[1]); }
+static void emb_fwd64(op_case *c, double *out)
+{
+    embedding_forward_f64(out, c->ids, c->in[0], c->dim[0], c->dim[1]);
+}
+static void emb_bwd64(op_case *c)
+{
+    embedding_backward_f64(c->grad[0], c->ids, c->r, c->dim[0], c->dim[1]);
+}
+static void emb_fwd32(op_case *c, float *out)
+{
+    embedding_forward_f32(out, c->ids, c->in_f[0], c->dim[0], c->dim[1]);
+}
+static void emb_bwd32(op_case *c)
+{
+    embedding_backward_f32(c->grad_f[0], c->ids, c->r_f, c->dim[0], c->dim[1]);
+}
 
 static void test_embedding_gradients(void **state)
 {
@@ -365,21 +379,25 @@ static void rms_bwd64(op_case *c)
 {
     double *out = zero_vec(c->out_size);
     rms_fwd64(c, out);
-    rmsnorm_backward_input_f64(c->grad[0], c->r, c->in[0], c->in[1], c->saved[0], c->dim[0], c->dim[1]);
+    rmsnorm_backward_input_f64(c->grad[0], c->r, c->in[0], c->in[1], c->saved[0], c->dim[0],
+                               c->dim[1]);
     rmsnorm_backward_weight_f64(c->grad[1], c->r, c->in[0], c->saved[0], c->dim[0], c->dim[1]);
     free(out);
 }
 static void rms_fwd32(op_case *c, float *out)
 {
-    rmsnorm_forward_f32(out, c->saved_f[0], c->in_f[0], c->in_f[1], c->dim[0], c->dim[1], (float)c->param);
+    rmsnorm_forward_f32(out, c->saved_f[0], c->in_f[0], c->in_f[1], c->dim[0], c->dim[1],
+                        (float)c->param);
 }
 static void rms_bwd32(op_case *c)
 {
     float *out = calloc((size_t)c->out_size, sizeof(float));
     assert_non_null(out);
     rms_fwd32(c, out);
-    rmsnorm_backward_input_f32(c->grad_f[0], c->r_f, c->in_f[0], c->in_f[1], c->saved_f[0], c->dim[0], c->dim[1]);
-    rmsnorm_backward_weight_f32(c->grad_f[1], c->r_f, c->in_f[0], c->saved_f[0], c->dim[0], c->dim[1]);
+    rmsnorm_backward_input_f32(c->grad_f[0], c->r_f, c->in_f[0], c->in_f[1], c->saved_f[0],
+                               c->dim[0], c->dim[1]);
+    rmsnorm_backward_weight_f32(c->grad_f[1], c->r_f, c->in_f[0], c->saved_f[0], c->dim[0],
+                                c->dim[1]);
     free(out);
 }
 
@@ -387,7 +405,8 @@ static void test_rmsnorm_gradients(void **state)
 {
     (void)state;
     const int64_t n = 4, ch = 40;
-    op_case c = {.name = "rmsnorm", .n_in = 2, .in_name = {"x", "w"}, .dim = {n, ch}, .param = 1e-5};
+    op_case c = {
+        .name = "rmsnorm", .n_in = 2, .in_name = {"x", "w"}, .dim = {n, ch}, .param = 1e-5};
     c.in_size[0] = n * ch;
     c.in_size[1] = ch;
     c.out_size = n * ch;
@@ -438,7 +457,8 @@ static void test_layernorm_gradients(void **state)
 {
     (void)state;
     const int64_t n = 4, ch = 40;
-    op_case c = {.name = "layernorm", .n_in = 3, .in_name = {"x", "w", "b"}, .dim = {n, ch}, .param = 1e-5};
+    op_case c = {
+        .name = "layernorm", .n_in = 3, .in_name = {"x", "w", "b"}, .dim = {n, ch}, .param = 1e-5};
     c.in_size[0] = n * ch;
     c.in_size[1] = ch;
     c.in_size[2] = ch;
@@ -456,15 +476,24 @@ static void test_layernorm_gradients(void **state)
 /* ---------------------------------------------------------------- bias */
 
 /* out = x + bias; the gradient checked is the bias's (x's is dout itself). x is saved[0]. */
-static void bias_fwd64(op_case *c, double *out) { bias_forward_f64(out, c->saved[0], c->in[0], c->dim[0], c->dim[1]); }
-static void bias_bwd64(op_case *c) { bias_backward_f64(c->grad[0], c->r, c->dim[0], c->dim[1]); }
+static void bias_fwd64(op_case *c, double *out)
+{
+    bias_forward_f64(out, c->saved[0], c->in[0], c->dim[0], c->dim[1]);
+}
+static void bias_bwd64(op_case *c)
+{
+    bias_backward_f64(c->grad[0], c->r, c->dim[0], c->dim[1]);
+}
 static void bias_fwd32(op_case *c, float *out)
 {
     float *x = to_f32(c->saved[0], c->saved_size[0]);
     bias_forward_f32(out, x, c->in_f[0], c->dim[0], c->dim[1]);
     free(x);
 }
-static void bias_bwd32(op_case *c) { bias_backward_f32(c->grad_f[0], c->r_f, c->dim[0], c->dim[1]); }
+static void bias_bwd32(op_case *c)
+{
+    bias_backward_f32(c->grad_f[0], c->r_f, c->dim[0], c->dim[1]);
+}
 
 static void test_bias_gradients(void **state)
 {
@@ -488,19 +517,26 @@ static void test_bias_gradients(void **state)
 
 static void rope_fwd64(op_case *c, double *out)
 {
-    assert_int_equal(rope_forward_f64(out, c->in[0], c->dim[0], c->dim[1], c->dim[2], c->dim[3], c->param), 0);
+    assert_int_equal(
+        rope_forward_f64(out, c->in[0], c->dim[0], c->dim[1], c->dim[2], c->dim[3], c->param), 0);
 }
 static void rope_bwd64(op_case *c)
 {
-    assert_int_equal(rope_backward_f64(c->grad[0], c->r, c->dim[0], c->dim[1], c->dim[2], c->dim[3], c->param), 0);
+    assert_int_equal(
+        rope_backward_f64(c->grad[0], c->r, c->dim[0], c->dim[1], c->dim[2], c->dim[3], c->param),
+        0);
 }
 static void rope_fwd32(op_case *c, float *out)
 {
-    assert_int_equal(rope_forward_f32(out, c->in_f[0], c->dim[0], c->dim[1], c->dim[2], c->dim[3], (float)c->param), 0);
+    assert_int_equal(rope_forward_f32(out, c->in_f[0], c->dim[0], c->dim[1], c->dim[2], c->dim[3],
+                                      (float)c->param),
+                     0);
 }
 static void rope_bwd32(op_case *c)
 {
-    assert_int_equal(rope_backward_f32(c->grad_f[0], c->r_f, c->dim[0], c->dim[1], c->dim[2], c->dim[3], (float)c->param), 0);
+    assert_int_equal(rope_backward_f32(c->grad_f[0], c->r_f, c->dim[0], c->dim[1], c->dim[2],
+                                       c->dim[3], (float)c->param),
+                     0);
 }
 
 static void test_rope_gradients(void **state)
@@ -509,7 +545,8 @@ static void test_rope_gradients(void **state)
     /* a small theta makes the angles large */
     const double thetas[2] = {10000.0, 3.0};
     for (int ti = 0; ti < 2; ti++) {
-        op_case c = {.name = "rope", .n_in = 1, .in_name = {"x"}, .dim = {2, 5, 3, 8}, .param = thetas[ti]};
+        op_case c = {
+            .name = "rope", .n_in = 1, .in_name = {"x"}, .dim = {2, 5, 3, 8}, .param = thetas[ti]};
         c.in_size[0] = 2 * 5 * 3 * 8;
         c.out_size = c.in_size[0];
         c.forward_f64 = rope_fwd64;
@@ -545,32 +582,38 @@ static void test_rope_convention_and_in_place(void **state)
 /* inputs q, k, v; saved: lse (b,h,t) and out (b,t,h,d) for backward */
 static void att_fwd64(op_case *c, double *out)
 {
-    assert_int_equal(attention_forward_f64(out, c->saved[0], c->in[0], c->in[1], c->in[2], c->dim[0],
-                                           c->dim[1], c->dim[2], c->dim[3], c->dim[4]), 0);
+    assert_int_equal(attention_forward_f64(out, c->saved[0], c->in[0], c->in[1], c->in[2],
+                                           c->dim[0], c->dim[1], c->dim[2], c->dim[3], c->dim[4]),
+                     0);
 }
 static void att_bwd64(op_case *c)
 {
     att_fwd64(c, c->saved[1]);
-    assert_int_equal(attention_backward_f64(c->grad[0], c->grad[1], c->grad[2], c->r, c->in[0], c->in[1],
-                                            c->in[2], c->saved[1], c->saved[0], c->dim[0], c->dim[1],
-                                            c->dim[2], c->dim[3], c->dim[4]), 0);
+    assert_int_equal(attention_backward_f64(c->grad[0], c->grad[1], c->grad[2], c->r, c->in[0],
+                                            c->in[1], c->in[2], c->saved[1], c->saved[0], c->dim[0],
+                                            c->dim[1], c->dim[2], c->dim[3], c->dim[4]),
+                     0);
 }
 static void att_fwd32(op_case *c, float *out)
 {
     assert_int_equal(attention_forward_f32(out, c->saved_f[0], c->in_f[0], c->in_f[1], c->in_f[2],
-                                           c->dim[0], c->dim[1], c->dim[2], c->dim[3], c->dim[4]), 0);
+                                           c->dim[0], c->dim[1], c->dim[2], c->dim[3], c->dim[4]),
+                     0);
 }
 static void att_bwd32(op_case *c)
 {
     att_fwd32(c, c->saved_f[1]);
-    assert_int_equal(attention_backward_f32(c->grad_f[0], c->grad_f[1], c->grad_f[2], c->r_f, c->in_f[0],
-                                            c->in_f[1], c->in_f[2], c->saved_f[1], c->saved_f[0],
-                                            c->dim[0], c->dim[1], c->dim[2], c->dim[3], c->dim[4]), 0);
+    assert_int_equal(attention_backward_f32(c->grad_f[0], c->grad_f[1], c->grad_f[2], c->r_f,
+                                            c->in_f[0], c->in_f[1], c->in_f[2], c->saved_f[1],
+                                            c->saved_f[0], c->dim[0], c->dim[1], c->dim[2],
+                                            c->dim[3], c->dim[4]),
+                     0);
 }
 
 static void attention_case(int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
 {
-    op_case c = {.name = "attention", .n_in = 3, .in_name = {"q", "k", "v"}, .dim = {b, t, h, kvh, d}};
+    op_case c = {
+        .name = "attention", .n_in = 3, .in_name = {"q", "k", "v"}, .dim = {b, t, h, kvh, d}};
     c.in_size[0] = b * t * h * d;
     c.in_size[1] = c.in_size[2] = b * t * kvh * d;
     c.out_size = b * t * h * d;
@@ -605,10 +648,22 @@ static void test_attention_gradients_blocked_mqa(void **state)
 
 /* ---------------------------------------------------------------- swiglu, gelu */
 
-static void swiglu_fwd64(op_case *c, double *out) { swiglu_forward_f64(out, c->in[0], c->in[1], c->dim[0]); }
-static void swiglu_bwd64(op_case *c) { swiglu_backward_f64(c->grad[0], c->grad[1], c->r, c->in[0], c->in[1], c->dim[0]); }
-static void swiglu_fwd32(op_case *c, float *out) { swiglu_forward_f32(out, c->in_f[0], c->in_f[1], c->dim[0]); }
-static void swiglu_bwd32(op_case *c) { swiglu_backward_f32(c->grad_f[0], c->grad_f[1], c->r_f, c->in_f[0], c->in_f[1], c->dim[0]); }
+static void swiglu_fwd64(op_case *c, double *out)
+{
+    swiglu_forward_f64(out, c->in[0], c->in[1], c->dim[0]);
+}
+static void swiglu_bwd64(op_case *c)
+{
+    swiglu_backward_f64(c->grad[0], c->grad[1], c->r, c->in[0], c->in[1], c->dim[0]);
+}
+static void swiglu_fwd32(op_case *c, float *out)
+{
+    swiglu_forward_f32(out, c->in_f[0], c->in_f[1], c->dim[0]);
+}
+static void swiglu_bwd32(op_case *c)
+{
+    swiglu_backward_f32(c->grad_f[0], c->grad_f[1], c->r_f, c->in_f[0], c->in_f[1], c->dim[0]);
+}
 
 static void test_swiglu_gradients(void **state)
 {
@@ -623,10 +678,22 @@ static void test_swiglu_gradients(void **state)
     case_run_and_free(&c);
 }
 
-static void gelu_fwd64(op_case *c, double *out) { gelu_forward_f64(out, c->in[0], c->dim[0]); }
-static void gelu_bwd64(op_case *c) { gelu_backward_f64(c->grad[0], c->r, c->in[0], c->dim[0]); }
-static void gelu_fwd32(op_case *c, float *out) { gelu_forward_f32(out, c->in_f[0], c->dim[0]); }
-static void gelu_bwd32(op_case *c) { gelu_backward_f32(c->grad_f[0], c->r_f, c->in_f[0], c->dim[0]); }
+static void gelu_fwd64(op_case *c, double *out)
+{
+    gelu_forward_f64(out, c->in[0], c->dim[0]);
+}
+static void gelu_bwd64(op_case *c)
+{
+    gelu_backward_f64(c->grad[0], c->r, c->in[0], c->dim[0]);
+}
+static void gelu_fwd32(op_case *c, float *out)
+{
+    gelu_forward_f32(out, c->in_f[0], c->dim[0]);
+}
+static void gelu_bwd32(op_case *c)
+{
+    gelu_backward_f32(c->grad_f[0], c->r_f, c->in_f[0], c->dim[0]);
+}
 
 static void test_gelu_gradients(void **state)
 {
@@ -646,10 +713,26 @@ static void test_gelu_gradients(void **state)
 #define IGNORE (-100)
 
 /* losses (n); the op takes one dloss for all rows, so R is that constant */
-static void ce_fwd64(op_case *c, double *out) { cross_entropy_forward_f64(out, c->in[0], c->ids, c->dim[0], c->dim[1], IGNORE); }
-static void ce_bwd64(op_case *c) { assert_int_equal(cross_entropy_backward_f64(c->grad[0], c->in[0], c->ids, c->r[0], c->dim[0], c->dim[1], IGNORE), 0); }
-static void ce_fwd32(op_case *c, float *out) { cross_entropy_forward_f32(out, c->in_f[0], c->ids, c->dim[0], c->dim[1], IGNORE); }
-static void ce_bwd32(op_case *c) { assert_int_equal(cross_entropy_backward_f32(c->grad_f[0], c->in_f[0], c->ids, c->r_f[0], c->dim[0], c->dim[1], IGNORE), 0); }
+static void ce_fwd64(op_case *c, double *out)
+{
+    cross_entropy_forward_f64(out, c->in[0], c->ids, c->dim[0], c->dim[1], IGNORE);
+}
+static void ce_bwd64(op_case *c)
+{
+    assert_int_equal(cross_entropy_backward_f64(c->grad[0], c->in[0], c->ids, c->r[0], c->dim[0],
+                                                c->dim[1], IGNORE),
+                     0);
+}
+static void ce_fwd32(op_case *c, float *out)
+{
+    cross_entropy_forward_f32(out, c->in_f[0], c->ids, c->dim[0], c->dim[1], IGNORE);
+}
+static void ce_bwd32(op_case *c)
+{
+    assert_int_equal(cross_entropy_backward_f32(c->grad_f[0], c->in_f[0], c->ids, c->r_f[0],
+                                                c->dim[0], c->dim[1], IGNORE),
+                     0);
+}
 
 static void test_cross_entropy_gradients(void **state)
 {
@@ -726,26 +809,29 @@ static void test_adamw_matches_hand_computation(void **state)
 
 /* ---------------------------------------------------------------- bf16 */
 
-static uint16_t bf16_of_bits(uint32_t u) { return cpu_f32_to_bf16(cpu_f32_from_bits(u)); }
+static uint16_t bf16_of_bits(uint32_t u)
+{
+    return cpu_f32_to_bf16(cpu_f32_from_bits(u));
+}
 
 static void test_bf16_rounding(void **state)
 {
     (void)state;
-    assert_int_equal(bf16_of_bits(0x3F800000u), 0x3F80);  /* 1.0 exact */
-    assert_int_equal(bf16_of_bits(0x3F808000u), 0x3F80);  /* tie, lower is even: down */
-    assert_int_equal(bf16_of_bits(0x3F818000u), 0x3F82);  /* tie, lower is odd: up */
-    assert_int_equal(bf16_of_bits(0x3F808001u), 0x3F81);  /* just above a tie: up */
-    assert_int_equal(bf16_of_bits(0x3F807FFFu), 0x3F80);  /* just below: down */
-    assert_int_equal(bf16_of_bits(0xBF818000u), 0xBF82);  /* negative tie to even */
-    assert_int_equal(bf16_of_bits(0x7F800000u), 0x7F80);  /* +inf */
-    assert_int_equal(bf16_of_bits(0xFF800000u), 0xFF80);  /* -inf */
-    assert_int_equal(bf16_of_bits(0x7F7FFFFFu), 0x7F80);  /* FLT_MAX overflows to inf */
-    assert_int_equal(bf16_of_bits(0x00000001u), 0x0000);  /* smallest subnormal: to zero */
-    assert_int_equal(bf16_of_bits(0x00008000u), 0x0000);  /* subnormal tie, even: down */
-    assert_int_equal(bf16_of_bits(0x00018000u), 0x0002);  /* subnormal tie, odd: up */
-    assert_int_equal(bf16_of_bits(0x80010000u), 0x8001);  /* negative subnormal exact */
-    assert_int_equal(bf16_of_bits(0x007FFFFFu), 0x0080);  /* largest subnormal rounds to FLT_MIN */
-    assert_int_equal(bf16_of_bits(0x80000000u), 0x8000);  /* -0 */
+    assert_int_equal(bf16_of_bits(0x3F800000u), 0x3F80); /* 1.0 exact */
+    assert_int_equal(bf16_of_bits(0x3F808000u), 0x3F80); /* tie, lower is even: down */
+    assert_int_equal(bf16_of_bits(0x3F818000u), 0x3F82); /* tie, lower is odd: up */
+    assert_int_equal(bf16_of_bits(0x3F808001u), 0x3F81); /* just above a tie: up */
+    assert_int_equal(bf16_of_bits(0x3F807FFFu), 0x3F80); /* just below: down */
+    assert_int_equal(bf16_of_bits(0xBF818000u), 0xBF82); /* negative tie to even */
+    assert_int_equal(bf16_of_bits(0x7F800000u), 0x7F80); /* +inf */
+    assert_int_equal(bf16_of_bits(0xFF800000u), 0xFF80); /* -inf */
+    assert_int_equal(bf16_of_bits(0x7F7FFFFFu), 0x7F80); /* FLT_MAX overflows to inf */
+    assert_int_equal(bf16_of_bits(0x00000001u), 0x0000); /* smallest subnormal: to zero */
+    assert_int_equal(bf16_of_bits(0x00008000u), 0x0000); /* subnormal tie, even: down */
+    assert_int_equal(bf16_of_bits(0x00018000u), 0x0002); /* subnormal tie, odd: up */
+    assert_int_equal(bf16_of_bits(0x80010000u), 0x8001); /* negative subnormal exact */
+    assert_int_equal(bf16_of_bits(0x007FFFFFu), 0x0080); /* largest subnormal rounds to FLT_MIN */
+    assert_int_equal(bf16_of_bits(0x80000000u), 0x8000); /* -0 */
     /* NaNs stay NaNs (a signalling NaN whose payload is only in the low half included) */
     const uint32_t nans[4] = {0x7FC00000u, 0x7F800001u, 0xFF800001u, 0x7FFFFFFFu};
     for (int i = 0; i < 4; i++) {

@@ -107,7 +107,8 @@ static const char *host_option_text(const char *key, ct_opt_type type, int *know
     for (const char *p = env; p && *p;) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len > klen && strncmp(p, key, klen) == 0 && p[klen] == '=' && len - klen - 1 < sizeof value) {
+        if (len > klen && strncmp(p, key, klen) == 0 && p[klen] == '=' &&
+            len - klen - 1 < sizeof value) {
             memcpy(value, p + klen + 1, len - klen - 1);
             value[len - klen - 1] = '\0';
             return value;
@@ -293,7 +294,10 @@ static void *dev_upload(const void *host, size_t bytes)
     return p;
 }
 
-static float *dev_floats(const float *host, int64_t n) { return dev_upload(host, (size_t)n * sizeof(float)); }
+static float *dev_floats(const float *host, int64_t n)
+{
+    return dev_upload(host, (size_t)n * sizeof(float));
+}
 
 static float *download(const float *d, int64_t n)
 {
@@ -315,8 +319,8 @@ static void expect_close(const char *what, const float *dgot, const double *ref,
         if (!(fabs((double)got[i] - ref[i]) <= rtol * scale)) {
             double g = got[i];
             free(got);
-            fail_msg("%s[%lld] = %.9g, reference %.9g (tolerance %.3g)", what, (long long)i, g, ref[i],
-                     rtol * scale);
+            fail_msg("%s[%lld] = %.9g, reference %.9g (tolerance %.3g)", what, (long long)i, g,
+                     ref[i], rtol * scale);
         }
     free(got);
 }
@@ -371,20 +375,44 @@ static void test_plugin_info(void **state)
     }
     /* every function but measure_peak_flops is required */
     const void *required[] = {
-        (void *)api->create, (void *)api->destroy, (void *)api->info, (void *)api->alloc,
-        (void *)api->free, (void *)api->copy, (void *)api->zero, (void *)api->synchronize,
-        (void *)api->matmul, (void *)api->axpy, (void *)api->add, (void *)api->scale,
-        (void *)api->sum, (void *)api->sum_squares, (void *)api->embedding_forward,
-        (void *)api->embedding_backward, (void *)api->rmsnorm_forward,
-        (void *)api->rmsnorm_backward_input, (void *)api->rmsnorm_backward_weight,
-        (void *)api->layernorm_forward, (void *)api->layernorm_backward_input,
-        (void *)api->layernorm_backward_weight, (void *)api->bias_forward,
-        (void *)api->bias_backward, (void *)api->rope_forward, (void *)api->rope_backward,
-        (void *)api->attention_forward, (void *)api->attention_backward,
-        (void *)api->swiglu_forward, (void *)api->swiglu_backward, (void *)api->gelu_forward,
-        (void *)api->gelu_backward, (void *)api->cross_entropy_forward,
-        (void *)api->cross_entropy_backward, (void *)api->adamw, (void *)api->cast_f32_to_bf16,
-        (void *)api->cast_bf16_to_f32, (void *)api->round_bf16,
+        (void *)api->create,
+        (void *)api->destroy,
+        (void *)api->info,
+        (void *)api->alloc,
+        (void *)api->free,
+        (void *)api->copy,
+        (void *)api->zero,
+        (void *)api->synchronize,
+        (void *)api->matmul,
+        (void *)api->axpy,
+        (void *)api->add,
+        (void *)api->scale,
+        (void *)api->sum,
+        (void *)api->sum_squares,
+        (void *)api->embedding_forward,
+        (void *)api->embedding_backward,
+        (void *)api->rmsnorm_forward,
+        (void *)api->rmsnorm_backward_input,
+        (void *)api->rmsnorm_backward_weight,
+        (void *)api->layernorm_forward,
+        (void *)api->layernorm_backward_input,
+        (void *)api->layernorm_backward_weight,
+        (void *)api->bias_forward,
+        (void *)api->bias_backward,
+        (void *)api->rope_forward,
+        (void *)api->rope_backward,
+        (void *)api->attention_forward,
+        (void *)api->attention_backward,
+        (void *)api->swiglu_forward,
+        (void *)api->swiglu_backward,
+        (void *)api->gelu_forward,
+        (void *)api->gelu_backward,
+        (void *)api->cross_entropy_forward,
+        (void *)api->cross_entropy_backward,
+        (void *)api->adamw,
+        (void *)api->cast_f32_to_bf16,
+        (void *)api->cast_bf16_to_f32,
+        (void *)api->round_bf16,
     };
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
         if (!required[i])
@@ -471,9 +499,11 @@ static void test_matmul_against_reference(void **state)
                     }
                 if (!bi)
                     c[0] = NAN; /* beta 0 ignores c */
-                float *da = dev_floats(a, m * k), *db = dev_floats(b, k * n), *dc = dev_floats(c, m * n);
+                float *da = dev_floats(a, m * k), *db = dev_floats(b, k * n),
+                      *dc = dev_floats(c, m * n);
                 assert_int_equal(api->matmul(dev, dc, da, db, m, n, k, ta, tb, alpha, beta), CT_OK);
-                expect_close(ta ? (tb ? "matmul TT" : "matmul TN") : (tb ? "matmul NT" : "matmul NN"),
+                expect_close(ta ? (tb ? "matmul TT" : "matmul TN")
+                                : (tb ? "matmul NT" : "matmul NN"),
                              dc, ref, m * n);
                 api->free(dev, da);
                 api->free(dev, db);
@@ -627,7 +657,8 @@ static void layernorm_case(int with_bias)
 {
     const int64_t n = 21, c = 80;
     const float eps = 1e-5f;
-    float *x = host_rand(n * c, 2), *w = host_rand(c, 1), *b = host_rand(c, 1), *dout = host_rand(n * c, 1);
+    float *x = host_rand(n * c, 2), *w = host_rand(c, 1), *b = host_rand(c, 1),
+          *dout = host_rand(n * c, 1);
     for (int64_t j = 0; j < n * c; j++)
         x[j] += 3.0f; /* a mean far from zero */
     float *dx_ = dev_floats(x, n * c), *dw_ = dev_floats(w, c), *db_ = dev_floats(b, c);
@@ -645,8 +676,9 @@ static void layernorm_case(int with_bias)
         for (int64_t j = 0; j < c; j++)
             ref[i * c + j] = (x[i * c + j] - mean[i]) * rstd[i] * w[j] + (with_bias ? b[j] : 0.0);
     }
-    assert_int_equal(api->layernorm_forward(dev, dout_dev, dmean, drstd, dx_, dw_, with_bias ? db_ : NULL,
-                                            n, c, eps), CT_OK);
+    assert_int_equal(api->layernorm_forward(dev, dout_dev, dmean, drstd, dx_, dw_,
+                                            with_bias ? db_ : NULL, n, c, eps),
+                     CT_OK);
     expect_close("layernorm_forward out", dout_dev, ref, n * c);
     expect_close("layernorm_forward mean", dmean, mean, n);
     expect_close("layernorm_forward rstd", drstd, rstd, n);
@@ -667,9 +699,11 @@ static void layernorm_case(int with_bias)
                 gb.ref[j] += dout[i * c + j];
         }
     }
-    assert_int_equal(api->layernorm_backward_input(dev, gx.dev, ddout, dx_, dw_, dmean, drstd, n, c), CT_OK);
-    assert_int_equal(api->layernorm_backward_weight(dev, gw.dev, with_bias ? gb.dev : NULL, ddout, dx_,
-                                                    dmean, drstd, n, c), CT_OK);
+    assert_int_equal(
+        api->layernorm_backward_input(dev, gx.dev, ddout, dx_, dw_, dmean, drstd, n, c), CT_OK);
+    assert_int_equal(api->layernorm_backward_weight(dev, gw.dev, with_bias ? gb.dev : NULL, ddout,
+                                                    dx_, dmean, drstd, n, c),
+                     CT_OK);
     grad_check_free("layernorm dx", &gx);
     grad_check_free("layernorm dw", &gw);
     grad_check_free("layernorm db", &gb); /* untouched without a bias */
@@ -703,7 +737,8 @@ static void test_bias(void **state)
     (void)state;
     const int64_t n = 40, c = 75;
     float *x = host_rand(n * c, 1), *bias = host_rand(c, 1), *dout = host_rand(n * c, 1);
-    float *dx_ = dev_floats(x, n * c), *dbias = dev_floats(bias, c), *ddout = dev_floats(dout, n * c);
+    float *dx_ = dev_floats(x, n * c), *dbias = dev_floats(bias, c),
+          *ddout = dev_floats(dout, n * c);
     double *ref = ref_alloc(n * c);
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < c; j++)
@@ -763,7 +798,8 @@ static void test_rope(void **state)
     assert_int_equal(api->rope_backward(dev, g.dev, ddout, b, t, h, d, theta), CT_OK);
     grad_check_free("rope_backward", &g);
 
-    expect_error(api->rope_forward(dev, dx_, dx_, b, t, h, 5, theta), CT_ERR_INVALID, "rope with odd d");
+    expect_error(api->rope_forward(dev, dx_, dx_, b, t, h, 5, theta), CT_ERR_INVALID,
+                 "rope with odd d");
 
     api->free(dev, dx_);
     api->free(dev, ddout);
@@ -834,18 +870,22 @@ static void attention_reference(double *out, double *lse, double *gq, double *gk
 static void attention_case(int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
 {
     int64_t nq = b * t * h * d, nk = b * t * kvh * d;
-    float *q = host_rand(nq, 1.5), *k = host_rand(nk, 1.5), *v = host_rand(nk, 1), *dout = host_rand(nq, 1);
+    float *q = host_rand(nq, 1.5), *k = host_rand(nk, 1.5), *v = host_rand(nk, 1),
+          *dout = host_rand(nq, 1);
     float *dq_ = dev_floats(q, nq), *dk_ = dev_floats(k, nk), *dv_ = dev_floats(v, nk);
-    float *ddout = dev_floats(dout, nq), *dout_dev = dev_floats(NULL, nq), *dlse = dev_floats(NULL, b * h * t);
+    float *ddout = dev_floats(dout, nq), *dout_dev = dev_floats(NULL, nq),
+          *dlse = dev_floats(NULL, b * h * t);
     double *out = ref_alloc(nq), *lse = ref_alloc(b * h * t);
     grad_buf gq = grad_new(nq), gk = grad_new(nk), gv = grad_new(nk);
     attention_reference(out, lse, gq.ref, gk.ref, gv.ref, q, k, v, dout, b, t, h, kvh, d);
 
-    assert_int_equal(api->attention_forward(dev, dout_dev, dlse, dq_, dk_, dv_, b, t, h, kvh, d), CT_OK);
+    assert_int_equal(api->attention_forward(dev, dout_dev, dlse, dq_, dk_, dv_, b, t, h, kvh, d),
+                     CT_OK);
     expect_close("attention_forward out", dout_dev, out, nq);
     expect_close("attention_forward lse", dlse, lse, b * h * t);
-    assert_int_equal(api->attention_backward(dev, gq.dev, gk.dev, gv.dev, ddout, dq_, dk_, dv_, dout_dev,
-                                             dlse, b, t, h, kvh, d), CT_OK);
+    assert_int_equal(api->attention_backward(dev, gq.dev, gk.dev, gv.dev, ddout, dq_, dk_, dv_,
+                                             dout_dev, dlse, b, t, h, kvh, d),
+                     CT_OK);
     grad_check_free("attention dq", &gq);
     grad_check_free("attention dk", &gk);
     grad_check_free("attention dv", &gv);
@@ -879,8 +919,8 @@ static void test_attention_rejects_bad_heads(void **state)
 {
     (void)state;
     float *buf = dev_floats(NULL, 4 * 3 * 8);
-    expect_error(api->attention_forward(dev, buf, buf, buf, buf, buf, 1, 4, 3, 2, 8), CT_ERR_INVALID,
-                 "attention with h % kvh != 0");
+    expect_error(api->attention_forward(dev, buf, buf, buf, buf, buf, 1, 4, 3, 2, 8),
+                 CT_ERR_INVALID, "attention with h % kvh != 0");
     api->free(dev, buf);
 }
 
@@ -891,7 +931,8 @@ static void test_swiglu(void **state)
     (void)state;
     const int64_t n = 70001;
     float *a = host_rand(n, 6), *g = host_rand(n, 2), *dout = host_rand(n, 1);
-    float *da_ = dev_floats(a, n), *dg_ = dev_floats(g, n), *ddout = dev_floats(dout, n), *dout_dev = dev_floats(NULL, n);
+    float *da_ = dev_floats(a, n), *dg_ = dev_floats(g, n), *ddout = dev_floats(dout, n),
+          *dout_dev = dev_floats(NULL, n);
     double *ref = ref_alloc(n);
     grad_buf ga = grad_new(n), gg = grad_new(n);
     for (int64_t i = 0; i < n; i++) {
@@ -927,7 +968,8 @@ static void test_gelu(void **state)
     for (int64_t i = 0; i < n; i++) {
         double xi = x[i], u = k0 * (xi + k1 * xi * xi * xi), th = tanh(u);
         ref[i] = 0.5 * xi * (1 + th);
-        gx.ref[i] += dout[i] * (0.5 * (1 + th) + 0.5 * xi * (1 - th * th) * k0 * (1 + 3 * k1 * xi * xi));
+        gx.ref[i] +=
+            dout[i] * (0.5 * (1 + th) + 0.5 * xi * (1 - th * th) * k0 * (1 + 3 * k1 * xi * xi));
     }
     assert_int_equal(api->gelu_forward(dev, dout_dev, dx_, n), CT_OK);
     expect_close("gelu_forward", dout_dev, ref, n);
@@ -974,17 +1016,20 @@ static void test_cross_entropy(void **state)
         for (int64_t j = 0; j < v; j++)
             g.ref[i * v + j] += dloss * (exp(x[j] - mx) / s - (j == targets[i]));
     }
-    assert_int_equal(api->cross_entropy_forward(dev, dlosses, dlogits_in, dtargets, n, v, ignore), CT_OK);
+    assert_int_equal(api->cross_entropy_forward(dev, dlosses, dlogits_in, dtargets, n, v, ignore),
+                     CT_OK);
     expect_close("cross_entropy_forward", dlosses, losses, n);
-    assert_int_equal(api->cross_entropy_backward(dev, g.dev, dlogits_in, dtargets, dloss, n, v, ignore), CT_OK);
+    assert_int_equal(
+        api->cross_entropy_backward(dev, g.dev, dlogits_in, dtargets, dloss, n, v, ignore), CT_OK);
     grad_check_free("cross_entropy_backward", &g);
 
     targets[4] = (int32_t)v; /* out of range and not ignore_index */
     assert_int_equal(api->copy(dev, dtargets, targets, sizeof targets, CT_COPY_H2D), CT_OK);
     expect_error(api->cross_entropy_forward(dev, dlosses, dlogits_in, dtargets, n, v, ignore),
                  CT_ERR_INVALID, "cross_entropy_forward with target == v");
-    expect_error(api->cross_entropy_backward(dev, dlogits_in, dlogits_in, dtargets, 1.0f, n, v, ignore),
-                 CT_ERR_INVALID, "cross_entropy_backward with target == v");
+    expect_error(
+        api->cross_entropy_backward(dev, dlogits_in, dlogits_in, dtargets, 1.0f, n, v, ignore),
+        CT_ERR_INVALID, "cross_entropy_backward with target == v");
 
     api->free(dev, dlogits_in);
     api->free(dev, dlosses);
@@ -1017,7 +1062,8 @@ static void test_adamw(void **state)
             rp[i] -= (double)lr * wd * rp[i];
             rm[i] = b1 * rm[i] + (1 - (double)b1) * g[i];
             rv[i] = b2 * rv[i] + (1 - (double)b2) * g[i] * g[i];
-            double mhat = rm[i] / (1 - pow(b1, (double)step)), vhat = rv[i] / (1 - pow(b2, (double)step));
+            double mhat = rm[i] / (1 - pow(b1, (double)step)),
+                   vhat = rv[i] / (1 - pow(b2, (double)step));
             rp[i] -= lr * mhat / (sqrt(vhat) + eps);
         }
         assert_int_equal(api->adamw(dev, dp, dg, dm, dv, n, lr, b1, b2, eps, wd, step), CT_OK);
@@ -1052,8 +1098,9 @@ static uint16_t bf16_reference(float f)
     float fl, fh;
     memcpy(&fl, &ul, sizeof fl);
     memcpy(&fh, &uh, sizeof fh);
-    double dl = fabs((double)f - fl), dh = isinf(fh) ? fabs((double)f - ldexp(1.0, 128) * (f < 0 ? -1 : 1))
-                                                     : fabs((double)f - fh);
+    double dl = fabs((double)f - fl),
+           dh = isinf(fh) ? fabs((double)f - ldexp(1.0, 128) * (f < 0 ? -1 : 1))
+                          : fabs((double)f - fh);
     if (dl < dh || (dl == dh && (lo & 1) == 0))
         return lo;
     return hi;
@@ -1063,9 +1110,9 @@ static void test_bf16_casts(void **state)
 {
     (void)state;
     enum { N = 4096 };
-    static const uint32_t special[] = {0x3F808000u, 0x3F818000u, 0x00008000u, 0x00018000u, 0x7F7FFFFFu,
-                                       0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0x80000000u,
-                                       0x00000001u, 0xFF7FFFFFu};
+    static const uint32_t special[] = {0x3F808000u, 0x3F818000u, 0x00008000u, 0x00018000u,
+                                       0x7F7FFFFFu, 0x7F800000u, 0xFF800000u, 0x7FC00000u,
+                                       0x7F800001u, 0x80000000u, 0x00000001u, 0xFF7FFFFFu};
     const int nspecial = (int)(sizeof special / sizeof special[0]);
     float src[N];
     for (int i = 0; i < N; i++) {
@@ -1086,7 +1133,8 @@ static void test_bf16_casts(void **state)
         memcpy(&bits, &src[i], sizeof bits);
         if (isnan(src[i])) {
             if ((bf[i] & 0x7F80) != 0x7F80 || (bf[i] & 0x7F) == 0)
-                fail_msg("cast_f32_to_bf16: NaN %08x became %04x, not a NaN", (unsigned)bits, bf[i]);
+                fail_msg("cast_f32_to_bf16: NaN %08x became %04x, not a NaN", (unsigned)bits,
+                         bf[i]);
         } else if (bf[i] != want) {
             fail_msg("cast_f32_to_bf16(%08x) = %04x, expected %04x", (unsigned)bits, bf[i], want);
         }
@@ -1138,8 +1186,11 @@ static float *determinism_run(int64_t *count)
     float *dq_ = dev_floats(q, nq), *dk_ = dev_floats(k, nk), *dv_ = dev_floats(vv, nk);
     float *dout_ = dev_floats(NULL, nq), *dlse = dev_floats(NULL, b * h * t);
     float *gq = dev_floats(NULL, nq), *gk = dev_floats(NULL, nk), *gv = dev_floats(NULL, nk);
-    assert_int_equal(api->attention_forward(dev, dout_, dlse, dq_, dk_, dv_, b, t, h, kvh, d), CT_OK);
-    assert_int_equal(api->attention_backward(dev, gq, gk, gv, dq_, dq_, dk_, dv_, dout_, dlse, b, t, h, kvh, d), CT_OK);
+    assert_int_equal(api->attention_forward(dev, dout_, dlse, dq_, dk_, dv_, b, t, h, kvh, d),
+                     CT_OK);
+    assert_int_equal(
+        api->attention_backward(dev, gq, gk, gv, dq_, dq_, dk_, dv_, dout_, dlse, b, t, h, kvh, d),
+        CT_OK);
     float *outs[] = {dout_, dlse, gq, gk, gv};
     int64_t sizes[] = {nq, b * h * t, nq, nk, nk};
     for (int i = 0; i < 5; i++) {
@@ -1152,7 +1203,8 @@ static float *determinism_run(int64_t *count)
     int32_t targets[64];
     for (int64_t i = 0; i < n; i++)
         targets[i] = (int32_t)((i * 37) % v);
-    float *dl = dev_floats(logits, n * v), *dlosses = dev_floats(NULL, n), *dgl = dev_floats(NULL, n * v);
+    float *dl = dev_floats(logits, n * v), *dlosses = dev_floats(NULL, n),
+          *dgl = dev_floats(NULL, n * v);
     int32_t *dt = dev_upload(targets, sizeof targets);
     assert_int_equal(api->cross_entropy_forward(dev, dlosses, dl, dt, n, v, -100), CT_OK);
     assert_int_equal(api->cross_entropy_backward(dev, dgl, dl, dt, 1.0f / n, n, v, -100), CT_OK);
@@ -1184,7 +1236,8 @@ static float *determinism_run(int64_t *count)
     free(r);
     assert_true(o - all == total);
 
-    void *dbufs[] = {da, dc, dq_, dk_, dv_, dout_, dlse, gq, gk, gv, dl, dlosses, dgl, dt, dxb, gb, gw, drstd, dw, ytmp};
+    void *dbufs[] = {da, dc,      dq_, dk_, dv_, dout_, dlse, gq,    gk, gv,
+                     dl, dlosses, dgl, dt,  dxb, gb,    gw,   drstd, dw, ytmp};
     for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++)
         api->free(dev, dbufs[i]);
     free(a);
@@ -1218,16 +1271,18 @@ static void test_bad_arguments_are_errors(void **state)
 {
     (void)state;
     float *buf = dev_floats(NULL, 64);
-    expect_error(api->matmul(dev, buf, buf, buf, -1, 2, 2, 0, 0, 1, 0), CT_ERR_INVALID, "matmul m = -1");
+    expect_error(api->matmul(dev, buf, buf, buf, -1, 2, 2, 0, 0, 1, 0), CT_ERR_INVALID,
+                 "matmul m = -1");
     expect_error(api->axpy(dev, buf, buf, 1, -5), CT_ERR_INVALID, "axpy n = -5");
     expect_error(api->copy(dev, buf, buf, 4, (ct_copy_kind)99), CT_ERR_INVALID, "copy kind 99");
-    expect_error(api->adamw(dev, buf, buf, buf, buf, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0, 0), CT_ERR_INVALID,
-                 "adamw step 0");
+    expect_error(api->adamw(dev, buf, buf, buf, buf, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0, 0),
+                 CT_ERR_INVALID, "adamw step 0");
     expect_error(api->rmsnorm_forward(dev, buf, buf, buf, buf, 2, -3, 1e-5f), CT_ERR_INVALID,
                  "rmsnorm c = -3");
     /* empty shapes are fine */
     expect_error(api->matmul(dev, buf, buf, buf, 0, 4, 4, 0, 0, 1, 0), CT_OK, "matmul m = 0");
-    expect_error(api->attention_forward(dev, buf, buf, buf, buf, buf, 0, 4, 2, 1, 8), CT_OK, "attention b = 0");
+    expect_error(api->attention_forward(dev, buf, buf, buf, buf, buf, 0, 4, 2, 1, 8), CT_OK,
+                 "attention b = 0");
     api->free(dev, buf);
 }
 
