@@ -65,7 +65,7 @@ $(BUILD)/core/%.o: core/%.c $(wildcard core/*.h) $(wildcard sdk/include/ctitan/*
 
 # One shared object per plugin folder: every .c in it.
 define plugin_rule
-$(BUILD)/plugins/ctitan-$(1).so: $(wildcard $(2)*.c) $(wildcard $(2)*.h) $(wildcard sdk/include/ctitan/*.h)
+$(BUILD)/plugins/ctitan-$(1).so: $(wildcard $(2)*.c) $(wildcard $(2)*.h) $(wildcard $(2)*.mk) $(wildcard $(2)*.map) $(wildcard sdk/include/ctitan/*.h)
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(PLUGIN_CFLAGS) $$(CFLAGS_$(1)) $$(PLUGIN_LDFLAGS) -o $$@ $(wildcard $(2)*.c) $$(LIBS_$(1))
 endef

@@ -6,7 +6,7 @@
  * memory: the host does the accounting, copies are memcpy, and every op has finished when it
  * returns, so synchronize has nothing to wait for.
  *
- * Threads: option `threads` (0 = one per online core) sets both OpenMP and OpenBLAS. Every op
+ * Threads: option `threads` (0 = one per available core) sets both OpenMP and OpenBLAS. Every op
  * sets the OpenMP thread count of the calling thread again, so ops called from another host
  * thread use the same count (and give the same bits).
  */
@@ -93,7 +93,7 @@ static int64_t cpu_find_bad_id(const int32_t *ids, int64_t n, int64_t limit, int
 
 static const ct_option_spec cpu_options[] = {
     {sizeof(ct_option_spec), "threads", CT_OPT_INT, "0",
-     "worker threads for OpenMP and OpenBLAS; 0 = one per online core"},
+     "worker threads for OpenMP and OpenBLAS; 0 = one per available core"},
     {0, NULL, 0, NULL, NULL},
 };
 
@@ -110,24 +110,22 @@ static ct_status cpu_create(const ct_host *host, void **dev)
         if (st != CT_OK)
             threads = 0;
     }
-    cpu_device probe = {host, 1};
+    cpu_device unborn = {host, 1}; /* reports errors before the device exists */
     if (threads < 0 || threads > 4096)
-        return cpu_fail(&probe, CT_ERR_INVALID, "create",
+        return cpu_fail(&unborn, CT_ERR_INVALID, "create",
                         "option threads = %lld, expected 0 (one per core) to 4096",
                         (long long)threads);
-    if (threads == 0) {
-        long online = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = online > 0 ? online : 1;
-    }
+    if (threads == 0) /* the cores this process may run on (affinity mask included) */
+        threads = omp_get_num_procs();
     cpu_device *d = calloc(1, sizeof *d);
     if (!d)
-        return cpu_fail(&probe, CT_ERR_NOMEM, "create", "cannot allocate the device");
+        return cpu_fail(&unborn, CT_ERR_NOMEM, "create", "cannot allocate the device");
     d->host = host;
     d->threads = (int)threads;
     omp_set_num_threads(d->threads);
     openblas_set_num_threads(d->threads);
     if (host && host->log)
-        host->log(host, CT_LOG_DEBUG, "cpu: %d threads (OpenMP and OpenBLAS)", d->threads);
+        host->log(host, CT_LOG_DEBUG, "%d threads (OpenMP and OpenBLAS)", d->threads);
     *dev = d;
     return CT_OK;
 }

@@ -13,9 +13,10 @@
  * ctitan/device.h: row-major, contiguous. Backward kernels accumulate (`+=`) into gradients.
  *
  * Threads: OpenMP, schedule(static) everywhere. Every reduction has a fixed order that does not
- * depend on the thread count (partition by output column, or fixed-size chunks combined in
- * order), so results are bit-identical run to run, and for most kernels across thread counts
- * too. Only matmul leaves the split to OpenBLAS.
+ * depend on the thread count (partition by output column, fixed-size chunks combined in order,
+ * one attention task per (batch, kv head)), so results are bit-identical run to run, and across
+ * thread counts too for every kernel but matmul, whose split is OpenBLAS's. Scratch memory
+ * (attention blocks, the rope table, cross-entropy rows) is one allocation per call.
  */
 #include <math.h>
 #include <stdint.h>
@@ -65,7 +66,9 @@
 #define CPU_SUM_MIN_CHUNK 8192
 /* Every kernel is built twice, for AVX2+FMA (x86-64-v3) and for the baseline, and the loader
  * picks one by the CPU (GCC/clang function multiversioning). The wider vectors are what the exp
- * loops need; -std=c11 keeps FMA contraction off, so both give the same per-element results. */
+ * loops need (~1.5-2x on softmax, cross-entropy, GELU). GCC's -std=c11 keeps FMA contraction
+ * off, so elementwise results match between the two; vectorised reductions may differ in the
+ * last bits between machines, never between runs on one machine. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(CT_NO_CLONES)
 #define CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
@@ -353,17 +356,18 @@ CPU_KERNEL void K(bias_backward)(real *dbias, const real *dout, int64_t n, int64
 
 /* ---------------------------------------------------------------- rotary embedding */
 
-/* Fills cs (t, d/2, 2) with cos, sin of p * theta^(-2i/d). The frequency and the angle are
- * rounded to `real` the way torchtitan computes them in float32 (so the f32 build tracks
- * PyTorch); cos and sin of that angle are then taken in double. */
-static inline void K(rope_table)(real *cs, int64_t t, int64_t d, real theta)
+/* Fills cs (t, d/2, 2) with cos, sin of p * theta^(-2i/d), using freq (d/2) as scratch. The
+ * frequency and the angle are rounded to `real` the way torchtitan computes them in float32 (so
+ * the f32 build tracks PyTorch); cos and sin of that angle are then taken in double. */
+static inline void K(rope_table)(real *cs, real *freq, int64_t t, int64_t d, real theta)
 {
     int64_t half = d / 2;
+    for (int64_t i = 0; i < half; i++)
+        freq[i] = (real)1 / R_POW(theta, (real)(2 * i) / (real)d);
 #pragma omp parallel for schedule(static) if (t * half >= 4096)
     for (int64_t p = 0; p < t; p++) {
         for (int64_t i = 0; i < half; i++) {
-            real freq = (real)1 / R_POW(theta, (real)(2 * i) / (real)d);
-            real angle = (real)p * freq;
+            real angle = (real)p * freq[i];
             cs[(p * half + i) * 2] = (real)cos((double)angle);
             cs[(p * half + i) * 2 + 1] = (real)sin((double)angle);
         }
@@ -376,10 +380,10 @@ static CPU_CLONES int K(rope_apply)(real *out, const real *x, int64_t b, int64_t
                                     int64_t d, real theta, int backward)
 {
     int64_t half = d / 2;
-    real *cs = malloc((size_t)(t * half * 2) * sizeof(real) + 1);
+    real *cs = malloc((size_t)(t * half * 2 + half) * sizeof(real) + 1);
     if (!cs)
         return -1;
-    K(rope_table)(cs, t, d, theta);
+    K(rope_table)(cs, cs + t * half * 2, t, d, theta);
 #pragma omp parallel for schedule(static) if (b * t * h * d >= CPU_PAR_MIN)
     for (int64_t row = 0; row < b * t; row++) {
         const real *c = cs + (row % t) * half * 2;
@@ -526,6 +530,7 @@ CPU_KERNEL int K(attention_backward)(real *dq, real *dk, real *dv, const real *d
                 for (int64_t i = r0; i < r1; i++) {
                     const real *doi = doh + i * ldq, *oi = oh + i * ldq;
                     real di = 0;
+#pragma omp simd reduction(+ : di)
                     for (int64_t c = 0; c < d; c++)
                         di += doi[c] * oi[c];
                     real *prow = p + (i - r0) * r1, *dprow = dp + (i - r0) * r1;
