@@ -29,6 +29,12 @@ typedef struct dataloader {
 int dataloader_open(dataloader *dl, const char *path, int64_t seq_len, uint64_t seed, int64_t vocab, char *err,
                     size_t errlen);
 void dataloader_close(dataloader *dl);
+/* The global sequence number of row i of data-parallel rank dp_rank's slice of step `step`'s
+ * global batch of G sequences (step counts from 1; G divisible by dp). */
+static inline int64_t dataloader_global_index(int64_t step, int64_t G, int64_t dp_rank, int64_t dp, int64_t i) {
+    return (step - 1) * G + dp_rank * (G / dp) + i;
+}
+
 /* Sequence number s: inputs and targets (seq_len each). */
 int dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_t *targets);
 

@@ -1,6 +1,7 @@
 /* train.c: `ctitan train`: the training loop, the LR schedule, clipping, metrics and the end-of-run
  * model save and sample. */
 #include "data.h"
+#include "lr.h"
 #include "session.h"
 
 #include <errno.h>
@@ -16,65 +17,6 @@ static const char *train_usage =
     "  Trains the model the manifest names. Overrides use torchtitan's keys; the last one wins.\n"
     "  --print-config   print the effective configuration and continue\n"
     "  --dry-run        load and check everything, print the model's size, FLOPs and memory; do not train\n";
-
-typedef struct lr_schedule {
-    double lr, min_lr_factor;
-    int64_t warmup, stable, decay;
-    const char *type;
-} lr_schedule;
-
-/* torchtitan's linear_warmup_stable_decay; `step` counts from 1. */
-static double lr_at(const lr_schedule *s, int64_t step) {
-    int64_t cur = step - 1;
-    double adj;
-    if (cur < s->warmup) {
-        adj = (double)(cur + 1) / (double)(s->warmup + 1);
-    } else if (cur < s->warmup + s->stable) {
-        adj = 1.0;
-    } else {
-        double progress = (double)(cur + 1 - s->warmup - s->stable) / (double)(s->decay + 1);
-        if (!strcmp(s->type, "sqrt")) adj = 1.0 - sqrt(progress);
-        else if (!strcmp(s->type, "cosine")) adj = 0.5 * (1.0 + cos(M_PI * progress));
-        else adj = 1.0 - progress;
-        adj = s->min_lr_factor + (1.0 - s->min_lr_factor) * adj;
-    }
-    return s->lr * adj;
-}
-
-static int lr_setup(const manifest *mf, int64_t steps, lr_schedule *s) {
-    int64_t total;
-    double ratio;
-    char where[600];
-    mf_get_float(mf, "optimizer.lr", &s->lr);
-    mf_get_float(mf, "lr_scheduler.min_lr_factor", &s->min_lr_factor);
-    mf_get_int(mf, "lr_scheduler.warmup_steps", &s->warmup);
-    mf_get_str(mf, "lr_scheduler.decay_type", &s->type);
-    if (mf_get_int(mf, "lr_scheduler.total_steps", &total)) total = steps;
-    if (strcmp(s->type, "linear") && strcmp(s->type, "sqrt") && strcmp(s->type, "cosine")) {
-        mf_where(mf, "lr_scheduler.decay_type", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: expected linear, sqrt or cosine, got '%s'\n", where, s->type);
-        return -1;
-    }
-    if (s->warmup < 0 || s->min_lr_factor < 0 || s->min_lr_factor > 1 || total < 1) {
-        mf_where(mf, "lr_scheduler.warmup_steps", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: need warmup_steps >= 0, 0 <= min_lr_factor <= 1, total_steps >= 1\n", where);
-        return -1;
-    }
-    if (s->warmup > total) s->warmup = total;
-    if (mf_get_float(mf, "lr_scheduler.decay_ratio", &ratio) == 0) {
-        if (ratio < 0 || ratio > 1) {
-            mf_where(mf, "lr_scheduler.decay_ratio", where, sizeof where);
-            fprintf(stderr, "ctitan: %s: expected a fraction in [0, 1], got %g\n", where, ratio);
-            return -1;
-        }
-        s->decay = (int64_t)llround((double)total * ratio);
-        if (s->warmup + s->decay > total) s->warmup = total - s->decay;
-    } else {
-        s->decay = total - s->warmup;
-    }
-    s->stable = total - s->warmup - s->decay;
-    return 0;
-}
 
 static double now_s(void) {
     struct timespec t;
@@ -204,9 +146,9 @@ static int train_loop(session *s, manifest *mf) {
         trace_begin("step");
         double lr = lr_at(&sched, step);
         /* the whole global batch first: the loss is normalised by its valid-token count */
-        int64_t base = (step - 1) * G;
-        for (int64_t i = 0; i < G; i++) dataloader_sequence(&dl, base + i, bb.inputs + i * T, bb.targets + i * T);
-        dl.position = base + G;
+        for (int64_t i = 0; i < G; i++) /* one data-parallel rank: its slice is the whole batch */
+            dataloader_sequence(&dl, dataloader_global_index(step, G, 0, 1, i), bb.inputs + i * T, bb.targets + i * T);
+        dl.position = step * G;
         double loss, norm;
         int64_t valid;
         int bad = session_train_step(s, bb.inputs, bb.targets, G, L, T, lr, max_norm, step, &loss, &norm, &valid);

@@ -1,0 +1,186 @@
+/* test_core_config.c: the manifest (nesting, overrides, nulls, types), torchtitan's LR schedule,
+ * and the data loader (windows, shuffling, layout-independent global batches). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "data.h"
+#include "lr.h"
+#include "manifest.h"
+#include "shard.h"
+
+static manifest *load_yaml(const char *yaml) {
+    char path[] = "/tmp/ctitan-cfg-XXXXXX.yaml";
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, yaml, strlen(yaml)), (int)strlen(yaml));
+    close(fd);
+    char err[1024];
+    manifest *m = manifest_load(path, err, sizeof err);
+    unlink(path);
+    if (!m) fail_msg("%s", err);
+    manifest_add_core_schema(m);
+    return m;
+}
+
+static void test_overrides_last_wins_and_nulls_take_defaults(void **state) {
+    (void)state;
+    manifest *m = load_yaml("training:\n  steps: 5\n  seq_len: 64\nlr_scheduler: {decay_ratio: null, warmup_steps: ~}\n");
+    char err[512];
+    assert_int_equal(manifest_override(m, "training.steps", "7", err, sizeof err), 0);
+    assert_int_equal(manifest_override(m, "training.steps", "9", err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    int64_t v;
+    double f;
+    assert_int_equal(mf_get_int(m, "training.steps", &v), 0);
+    assert_int_equal(v, 9);
+    assert_int_equal(mf_get_int(m, "training.seq_len", &v), 0);
+    assert_int_equal(v, 64);
+    assert_int_equal(mf_get_int(m, "lr_scheduler.warmup_steps", &v), 0); /* null -> default 200 */
+    assert_int_equal(v, 200);
+    assert_int_equal(mf_get_float(m, "lr_scheduler.decay_ratio", &f), -1); /* null, no default: unset */
+    char where[256];
+    mf_where(m, "training.steps", where, sizeof where);
+    assert_string_equal(where, "command line: --training.steps");
+    mf_where(m, "training.seq_len", where, sizeof where);
+    assert_non_null(strstr(where, ":3: training.seq_len"));
+    manifest_free(m);
+}
+
+static void test_duplicate_keys_and_lists_are_errors(void **state) {
+    (void)state;
+    char path[] = "/tmp/ctitan-cfg-XXXXXX.yaml", err[512];
+    int fd = mkstemps(path, 5);
+    const char *y = "training:\n  steps: 1\n  steps: 2\n";
+    assert_int_equal(write(fd, y, strlen(y)), (int)strlen(y));
+    close(fd);
+    assert_null(manifest_load(path, err, sizeof err));
+    unlink(path);
+    assert_non_null(strstr(err, ":3: training.steps: duplicate key"));
+    manifest *m = load_yaml("training:\n  steps: [1, 2]\n");
+    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "expected an integer"));
+    manifest_free(m);
+}
+
+static lr_schedule schedule(const char *yaml, int64_t steps) {
+    manifest *m = load_yaml(yaml);
+    char err[512];
+    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    lr_schedule s;
+    assert_int_equal(lr_setup(m, steps, &s), 0);
+    /* s.type points into the manifest, freed below: keep a literal instead */
+    s.type = strcmp(s.type, "cosine") == 0 ? "cosine" : strcmp(s.type, "sqrt") == 0 ? "sqrt" : "linear";
+    manifest_free(m);
+    return s;
+}
+
+/* Expected values worked out from torchtitan's linear_warmup_stable_decay (0-based step c):
+ * warmup: (c+1)/(warmup+1); decay: progress = (c+1 - warmup - stable)/(decay+1). */
+static void test_lr_schedule_is_torchtitans(void **state) {
+    (void)state;
+    lr_schedule s = schedule("optimizer: {lr: 1.0}\nlr_scheduler: {warmup_steps: 2}\n", 10);
+    assert_true(fabs(lr_at(&s, 1) - 1.0 / 3) < 1e-12);
+    assert_true(fabs(lr_at(&s, 2) - 2.0 / 3) < 1e-12);
+    assert_true(fabs(lr_at(&s, 3) - (1 - 1.0 / 9)) < 1e-12); /* decay 8 steps, progress 1/9 */
+    assert_true(fabs(lr_at(&s, 10) - (1 - 8.0 / 9)) < 1e-12);
+    s = schedule("optimizer: {lr: 2.0}\nlr_scheduler: {warmup_steps: 2, decay_ratio: 0.5, decay_type: cosine, "
+                 "min_lr_factor: 0.1}\n",
+                 10);
+    assert_int_equal(s.warmup, 2);
+    assert_int_equal(s.stable, 3);
+    assert_int_equal(s.decay, 5);
+    assert_true(fabs(lr_at(&s, 3) - 2.0) < 1e-12); /* stable */
+    assert_true(fabs(lr_at(&s, 5) - 2.0) < 1e-12);
+    double adj = 0.1 + 0.9 * 0.5 * (1 + cos(M_PI * 1.0 / 6)); /* step 6: progress 1/6 */
+    assert_true(fabs(lr_at(&s, 6) - 2.0 * adj) < 1e-12);
+    s = schedule("optimizer: {lr: 1.0}\nlr_scheduler: {warmup_steps: 0, decay_type: sqrt}\n", 4);
+    assert_true(fabs(lr_at(&s, 1) - (1 - sqrt(1.0 / 5))) < 1e-12);
+}
+
+static void make_shard(const char *path, uint32_t n) {
+    uint32_t *t = malloc(sizeof(uint32_t) * n);
+    for (uint32_t i = 0; i < n; i++) t[i] = i;
+    char err[256];
+    assert_int_equal(shard_write(path, t, n, err, sizeof err), 0);
+    free(t);
+}
+
+static void test_dataloader_windows_shuffle_and_layouts(void **state) {
+    (void)state;
+    char path[] = "/tmp/ctitan-shard-XXXXXX";
+    int fd = mkstemp(path);
+    close(fd);
+    make_shard(path, 4 * 50 + 1); /* 50 windows of 4 + 1 */
+    dataloader dl, dl2;
+    char err[256];
+    assert_int_equal(dataloader_open(&dl, path, 4, 11, 1000, err, sizeof err), 0);
+    assert_int_equal(dl.n_windows, 50);
+    int seen[50] = {0};
+    int32_t in[4], tg[4];
+    for (int s = 0; s < 50; s++) { /* one epoch: every window once, targets shifted by one */
+        assert_int_equal(dataloader_sequence(&dl, s, in, tg), 0);
+        assert_int_equal(in[0] % 4, 0);
+        for (int i = 0; i < 4; i++) assert_int_equal(tg[i], in[i] + 1);
+        seen[in[0] / 4]++;
+    }
+    for (int w = 0; w < 50; w++) assert_int_equal(seen[w], 1);
+    /* the same seed gives the same order; another seed, another order; epochs differ */
+    assert_int_equal(dataloader_open(&dl2, path, 4, 11, 1000, err, sizeof err), 0);
+    int32_t in2[4], tg2[4], differ_epoch = 0;
+    for (int s = 0; s < 120; s++) {
+        dataloader_sequence(&dl, s, in, tg);
+        dataloader_sequence(&dl2, s, in2, tg2);
+        assert_memory_equal(in, in2, sizeof in);
+    }
+    for (int s = 0; s < 50; s++) {
+        dataloader_sequence(&dl, s, in, tg);
+        dataloader_sequence(&dl2, s + 50, in2, tg2);
+        differ_epoch |= in[0] != in2[0];
+    }
+    assert_true(differ_epoch);
+    dataloader_close(&dl2);
+    assert_int_equal(dataloader_open(&dl2, path, 4, 12, 1000, err, sizeof err), 0);
+    int differ_seed = 0;
+    for (int s = 0; s < 50; s++) {
+        dataloader_sequence(&dl, s, in, tg);
+        dataloader_sequence(&dl2, s, in2, tg2);
+        differ_seed |= in[0] != in2[0];
+    }
+    assert_true(differ_seed);
+    dataloader_close(&dl2);
+    /* a step's global batch is the same whatever the data-parallel degree */
+    const int64_t G = 8;
+    for (int64_t step = 1; step <= 3; step++) {
+        int64_t ref[8], got[8];
+        for (int64_t i = 0; i < G; i++) ref[i] = dataloader_global_index(step, G, 0, 1, i);
+        for (int64_t dp = 2; dp <= 8; dp *= 2) {
+            int64_t k = 0;
+            for (int64_t r = 0; r < dp; r++)
+                for (int64_t i = 0; i < G / dp; i++) got[k++] = dataloader_global_index(step, G, r, dp, i);
+            assert_memory_equal(ref, got, sizeof ref);
+        }
+    }
+    /* tokens outside the vocabulary are refused */
+    dataloader_close(&dl);
+    assert_int_equal(dataloader_open(&dl, path, 4, 11, 100, err, sizeof err), -1);
+    assert_non_null(strstr(err, "outside the model's vocabulary"));
+    unlink(path);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_overrides_last_wins_and_nulls_take_defaults),
+        cmocka_unit_test(test_duplicate_keys_and_lists_are_errors),
+        cmocka_unit_test(test_lr_schedule_is_torchtitans),
+        cmocka_unit_test(test_dataloader_windows_shuffle_and_layouts),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
