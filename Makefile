@@ -96,9 +96,9 @@ demo: deps all
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D_GNU_SOURCE
 fuzz:
 	@mkdir -p build/fuzz
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c core/manifest.c -lyaml
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tokenizer_file tests/fuzz/fuzz_tokenizer_file.c core/tokenizer.c -lpcre2-8 -lpthread
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_shard tests/fuzz/fuzz_shard.c core/shard.c
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c core/manifest.c core/util.c -lyaml
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tokenizer_file tests/fuzz/fuzz_tokenizer_file.c core/tokenizer.c core/util.c -lpcre2-8 -lpthread
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_shard tests/fuzz/fuzz_shard.c core/shard.c core/util.c
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tensorfile tests/fuzz/fuzz_tensorfile.c core/tensorfile.c
 
 clean:

@@ -13,6 +13,7 @@
  * already name a token (possible when two different splits spell the same bytes) reuses that token.
  */
 #include "tokenizer.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,14 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static uint64_t hash_bytes(const unsigned char *p, size_t n) {
     uint64_t h = 1469598103934665603ull;
@@ -258,7 +251,7 @@ struct ct_bpe_trainer {
 ct_bpe_trainer *bpe_trainer_create(char *err, size_t errlen) {
     ct_bpe_trainer *tr = calloc(1, sizeof *tr);
     if (!tr) {
-        set_err(err, errlen, "tokenizer train: out of memory");
+        ct_errf(err, errlen, "tokenizer train: out of memory");
         return NULL;
     }
     tr->pretok = pretok_create(err, errlen);
@@ -266,7 +259,7 @@ ct_bpe_trainer *bpe_trainer_create(char *err, size_t errlen) {
     for (int b = 0; b < 256; b++) {
         unsigned char c = (unsigned char)b;
         if (strmap_get_or_add(&tr->vocab, &c, 1, NULL) != b) {
-            set_err(err, errlen, "tokenizer train: out of memory");
+            ct_errf(err, errlen, "tokenizer train: out of memory");
             goto fail;
         }
     }
@@ -298,7 +291,7 @@ static int count_chunk(void *ctx, const unsigned char *c, size_t n) {
 
 int bpe_trainer_add(ct_bpe_trainer *tr, const char *text, size_t len, char *err, size_t errlen) {
     int rc = pretok_split(tr->pretok, text, len, count_chunk, tr, err, errlen);
-    if (rc == 2) set_err(err, errlen, "tokenizer train: out of memory counting chunks");
+    if (rc == 2) ct_errf(err, errlen, "tokenizer train: out of memory counting chunks");
     if (rc) return -1;
     tr->stats.documents++;
     tr->stats.bytes += len;
@@ -399,12 +392,12 @@ static int64_t merged_token(strmap *vocab, uint32_t a, uint32_t b, unsigned char
 
 int bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size, char *err, size_t errlen) {
     if (vocab_size < 2 * TOKENIZER_N_SPECIAL || vocab_size > TOKENIZER_MAX_BASE) {
-        set_err(err, errlen, "tokenizer train: vocab size %d out of range (%d..%d: 256 bytes + merges "
+        ct_errf(err, errlen, "tokenizer train: vocab size %d out of range (%d..%d: 256 bytes + merges "
                 "+ 256 specials)", vocab_size, 2 * TOKENIZER_N_SPECIAL, TOKENIZER_MAX_BASE);
         return -1;
     }
     if (tr->trained) {
-        set_err(err, errlen, "tokenizer train: already trained");
+        ct_errf(err, errlen, "tokenizer train: already trained");
         return -1;
     }
     tr->trained = 1;
@@ -471,7 +464,7 @@ int bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size, char *err, size_t errl
     rc = 0;
     goto done;
 oom:
-    set_err(err, errlen, "tokenizer train: out of memory");
+    ct_errf(err, errlen, "tokenizer train: out of memory");
 done:
     words_free(&w);
     pairs_free(&t);
@@ -499,19 +492,6 @@ static size_t b64_encode(const unsigned char *p, size_t n, char *out) {
     return o;
 }
 
-static int write_all(int fd, const char *p, size_t n) {
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 int bpe_trainer_write(const ct_bpe_trainer *tr, const char *path, char *err, size_t errlen) {
     const strmap *v = &tr->vocab;
     size_t maxlen = 0, total = 0;
@@ -525,7 +505,7 @@ int bpe_trainer_write(const ct_bpe_trainer *tr, const char *path, char *err, siz
     if (!text || !tmp) {
         free(text);
         free(tmp);
-        set_err(err, errlen, "%s: out of memory", path);
+        ct_errf(err, errlen, "%s: out of memory", path);
         return -1;
     }
     size_t o = 0;
@@ -537,17 +517,17 @@ int bpe_trainer_write(const ct_bpe_trainer *tr, const char *path, char *err, siz
     int rc = -1;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        set_err(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+        ct_errf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;
     }
-    if (write_all(fd, text, o) || fsync(fd)) {
-        set_err(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+    if (ct_write_all(fd, text, o) || fsync(fd)) {
+        ct_errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
         close(fd);
         unlink(tmp);
         goto out;
     }
     if (close(fd) || rename(tmp, path)) {
-        set_err(err, errlen, "%s: cannot finish writing: %s", path, strerror(errno));
+        ct_errf(err, errlen, "%s: cannot finish writing: %s", path, strerror(errno));
         unlink(tmp);
         goto out;
     }

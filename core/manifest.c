@@ -1,5 +1,6 @@
 /* manifest.c: YAML manifest -> flat dotted keys with lines; overrides; schema; typed getters. */
 #include "manifest.h"
+#include "util.h"
 
 #include <errno.h>
 #include <math.h>
@@ -60,13 +61,6 @@ static const struct {
 
 static char *xstrdup(const char *s) { return s ? strdup(s) : NULL; }
 
-static void seterr(char *err, size_t len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
 static mf_value *find_value(const manifest *m, const char *key) {
     for (int i = 0; i < m->n_values; i++)
         if (strcmp(m->values[i].key, key) == 0) return &m->values[i];
@@ -99,18 +93,18 @@ static int flatten(manifest *m, yaml_document_t *doc, yaml_node_t *node, const c
         yaml_node_t *v = yaml_document_get_node(doc, p->value);
         int line = (int)k->start_mark.line + 1;
         if (k->type != YAML_SCALAR_NODE) {
-            seterr(err, errlen, "%s:%d: keys must be plain names", m->path, line);
+            ct_errf(err, errlen, "%s:%d: keys must be plain names", m->path, line);
             return -1;
         }
         const char *kname = (const char *)k->data.scalar.value;
         if (!*kname || strchr(kname, '.')) {
-            seterr(err, errlen, "%s:%d: '%s': keys are plain names; nest sections as maps", m->path, line,
+            ct_errf(err, errlen, "%s:%d: '%s': keys are plain names; nest sections as maps", m->path, line,
                    kname);
             return -1;
         }
         char key[512];
         if (snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", kname) >= (int)sizeof key) {
-            seterr(err, errlen, "%s:%d: key too long", m->path, line);
+            ct_errf(err, errlen, "%s:%d: key too long", m->path, line);
             return -1;
         }
         if (v->type == YAML_MAPPING_NODE) {
@@ -118,12 +112,12 @@ static int flatten(manifest *m, yaml_document_t *doc, yaml_node_t *node, const c
             continue;
         }
         if (!*prefix) {
-            seterr(err, errlen, "%s:%d: %s: a top-level key must be a section (a map of keys)", m->path,
+            ct_errf(err, errlen, "%s:%d: %s: a top-level key must be a section (a map of keys)", m->path,
                    line, key);
             return -1;
         }
         if (find_value(m, key)) {
-            seterr(err, errlen, "%s:%d: %s: duplicate key", m->path, line, key);
+            ct_errf(err, errlen, "%s:%d: %s: duplicate key", m->path, line, key);
             return -1;
         }
         if (v->type == YAML_SCALAR_NODE) {
@@ -138,14 +132,14 @@ static int flatten(manifest *m, yaml_document_t *doc, yaml_node_t *node, const c
             for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
                 yaml_node_t *item = yaml_document_get_node(doc, *it);
                 if (item->type != YAML_SCALAR_NODE) {
-                    seterr(err, errlen, "%s:%d: %s: list items must be plain values", m->path,
+                    ct_errf(err, errlen, "%s:%d: %s: list items must be plain values", m->path,
                            (int)item->start_mark.line + 1, key);
                     return -1;
                 }
                 int n = snprintf(buf + used, sizeof buf - used, "%s%s", used ? "," : "",
                                  (const char *)item->data.scalar.value);
                 if (n < 0 || (size_t)n >= sizeof buf - used) {
-                    seterr(err, errlen, "%s:%d: %s: list too long", m->path, line, key);
+                    ct_errf(err, errlen, "%s:%d: %s: list too long", m->path, line, key);
                     return -1;
                 }
                 used += (size_t)n;
@@ -155,14 +149,14 @@ static int flatten(manifest *m, yaml_document_t *doc, yaml_node_t *node, const c
     }
     return 0;
 nomem:
-    seterr(err, errlen, "%s: out of memory", m->path);
+    ct_errf(err, errlen, "%s: out of memory", m->path);
     return -1;
 }
 
 manifest *manifest_load(const char *path, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        seterr(err, errlen, "%s: cannot open manifest: %s", path, strerror(errno));
+        ct_errf(err, errlen, "%s: cannot open manifest: %s", path, strerror(errno));
         return NULL;
     }
     manifest *m = calloc(1, sizeof *m);
@@ -172,7 +166,7 @@ manifest *manifest_load(const char *path, char *err, size_t errlen) {
     if (!m || !yaml_parser_initialize(&parser)) {
         fclose(f);
         free(m);
-        seterr(err, errlen, "%s: out of memory", path);
+        ct_errf(err, errlen, "%s: out of memory", path);
         return NULL;
     }
     m->path = strdup(path);
@@ -180,7 +174,7 @@ manifest *manifest_load(const char *path, char *err, size_t errlen) {
     m->dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
     yaml_parser_set_input_file(&parser, f);
     if (!yaml_parser_load(&parser, &doc)) {
-        seterr(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)parser.problem_mark.line + 1,
+        ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)parser.problem_mark.line + 1,
                (int)parser.problem_mark.column + 1, parser.problem ? parser.problem : "unknown",
                parser.context ? " " : "", parser.context ? parser.context : "");
         goto fail;
@@ -189,7 +183,7 @@ manifest *manifest_load(const char *path, char *err, size_t errlen) {
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (root) {
         if (root->type != YAML_MAPPING_NODE) {
-            seterr(err, errlen, "%s:%d: the manifest must be a map of sections (job:, model:, training: ...)",
+            ct_errf(err, errlen, "%s:%d: the manifest must be a map of sections (job:, model:, training: ...)",
                    path, (int)root->start_mark.line + 1);
             goto fail;
         }
@@ -209,7 +203,7 @@ fail:
 
 int manifest_override(manifest *m, const char *key, const char *value, char *err, size_t errlen) {
     if (!*key || key[0] == '.' || key[strlen(key) - 1] == '.' || !strchr(key, '.')) {
-        seterr(err, errlen, "command line: --%s: expected --section.key=value", key);
+        ct_errf(err, errlen, "command line: --%s: expected --section.key=value", key);
         return -1;
     }
     mf_value *v = find_value(m, key);
@@ -351,7 +345,7 @@ int manifest_validate(const manifest *m, char *err, size_t errlen) {
         if (!s) {
             char keys[2048];
             known_keys(m, v->key, keys, sizeof keys);
-            seterr(err, errlen, "%s: unknown key (known: %s)", where, keys);
+            ct_errf(err, errlen, "%s: unknown key (known: %s)", where, keys);
             return -1;
         }
         int ok = 1;
@@ -364,7 +358,7 @@ int manifest_validate(const manifest *m, char *err, size_t errlen) {
         else if (s->type == CT_OPT_FLOAT) ok = mf_parse_float(v->value, &fv) == 0;
         else if (s->type == CT_OPT_BOOL) ok = mf_parse_bool(v->value, &bv) == 0;
         if (!ok) {
-            seterr(err, errlen, "%s: expected %s, got '%s'", where, type_name(s->type),
+            ct_errf(err, errlen, "%s: expected %s, got '%s'", where, type_name(s->type),
                    v->value ? v->value : "(nothing)");
             return -1;
         }

@@ -1,5 +1,6 @@
 /* shard.c: token shard reader and atomic writer (format in shard.h). */
 #include "shard.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,14 +13,6 @@
 
 #define BUF_TOKENS 65536
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static void put_le32(unsigned char *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
@@ -31,20 +24,6 @@ static uint32_t get_le32(const unsigned char *p) {
 }
 static uint64_t get_le64(const unsigned char *p) {
     return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
-}
-
-static int write_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
 }
 
 static void header_encode(unsigned char *h, uint64_t count) {
@@ -71,7 +50,7 @@ shard_writer *shard_writer_open(const char *path, char *err, size_t errlen) {
     if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(n + 5))) {
         if (w) free(w->path);
         free(w);
-        set_err(err, errlen, "%s: out of memory", path);
+        ct_errf(err, errlen, "%s: out of memory", path);
         return NULL;
     }
     memcpy(w->tmp, path, n);
@@ -79,8 +58,8 @@ shard_writer *shard_writer_open(const char *path, char *err, size_t errlen) {
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     unsigned char h[SHARD_HEADER_BYTES];
     header_encode(h, 0);   /* the count is patched on close */
-    if (w->fd < 0 || write_all(w->fd, h, sizeof h)) {
-        set_err(err, errlen, "%s: cannot create: %s", w->tmp, strerror(errno));
+    if (w->fd < 0 || ct_write_all(w->fd, h, sizeof h)) {
+        ct_errf(err, errlen, "%s: cannot create: %s", w->tmp, strerror(errno));
         shard_writer_abort(w);
         return NULL;
     }
@@ -88,8 +67,8 @@ shard_writer *shard_writer_open(const char *path, char *err, size_t errlen) {
 }
 
 static int flush_buf(shard_writer *w, char *err, size_t errlen) {
-    if (w->nbuf && write_all(w->fd, w->buf, w->nbuf)) {
-        set_err(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
+    if (w->nbuf && ct_write_all(w->fd, w->buf, w->nbuf)) {
+        ct_errf(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
         return -1;
     }
     w->nbuf = 0;
@@ -124,13 +103,13 @@ int shard_writer_close(shard_writer *w, char *err, size_t errlen) {
     header_encode(h, w->count);
     if (flush_buf(w, err, errlen)) goto fail;
     if (pwrite(w->fd, h, sizeof h, 0) != (ssize_t)sizeof h || fsync(w->fd)) {
-        set_err(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
+        ct_errf(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
         goto fail;
     }
     int fd = w->fd;
     w->fd = -1;
     if (close(fd) || rename(w->tmp, w->path)) {
-        set_err(err, errlen, "%s: cannot finish writing: %s", w->path, strerror(errno));
+        ct_errf(err, errlen, "%s: cannot finish writing: %s", w->path, strerror(errno));
         unlink(w->tmp);
         goto fail;
     }
@@ -159,54 +138,54 @@ int shard_write(const char *path, const uint32_t *tokens, uint64_t n, char *err,
 static int open_checked(const char *path, uint64_t *count, char *err, size_t errlen) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
     struct stat st;
     unsigned char h[SHARD_HEADER_BYTES];
     if (fstat(fd, &st)) {
-        set_err(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        ct_errf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        set_err(err, errlen, "%s: not a regular file", path);
+        ct_errf(err, errlen, "%s: not a regular file", path);
         goto fail;
     }
     uint64_t size = (uint64_t)st.st_size;
     if (size < SHARD_HEADER_BYTES) {
-        set_err(err, errlen, "%s: %llu bytes, too short for the %d-byte token shard header", path,
+        ct_errf(err, errlen, "%s: %llu bytes, too short for the %d-byte token shard header", path,
                 (unsigned long long)size, SHARD_HEADER_BYTES);
         goto fail;
     }
     if (pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h) {
-        set_err(err, errlen, "%s: cannot read the header: %s", path, strerror(errno));
+        ct_errf(err, errlen, "%s: cannot read the header: %s", path, strerror(errno));
         goto fail;
     }
     if (memcmp(h, SHARD_MAGIC, 8) != 0) {
-        set_err(err, errlen, "%s: bad magic (expected \"%s\"; not a token shard)", path, SHARD_MAGIC);
+        ct_errf(err, errlen, "%s: bad magic (expected \"%s\"; not a token shard)", path, SHARD_MAGIC);
         goto fail;
     }
     uint32_t version = get_le32(h + 8), bpt = get_le32(h + 12);
     uint64_t n = get_le64(h + 16), reserved = get_le64(h + 24);
     if (version != SHARD_VERSION) {
-        set_err(err, errlen, "%s: version %u, this build reads version %d", path, version, SHARD_VERSION);
+        ct_errf(err, errlen, "%s: version %u, this build reads version %d", path, version, SHARD_VERSION);
         goto fail;
     }
     if (bpt != 4) {
-        set_err(err, errlen, "%s: %u bytes per token, expected 4", path, bpt);
+        ct_errf(err, errlen, "%s: %u bytes per token, expected 4", path, bpt);
         goto fail;
     }
     if (reserved != 0) {
-        set_err(err, errlen, "%s: reserved header field is %llu, expected 0", path,
+        ct_errf(err, errlen, "%s: reserved header field is %llu, expected 0", path,
                 (unsigned long long)reserved);
         goto fail;
     }
     if (n > (size - SHARD_HEADER_BYTES) / 4 || SHARD_HEADER_BYTES + 4 * n != size) {
         if (n > (UINT64_MAX - SHARD_HEADER_BYTES) / 4)
-            set_err(err, errlen, "%s: header says %llu tokens, file has %llu bytes", path,
+            ct_errf(err, errlen, "%s: header says %llu tokens, file has %llu bytes", path,
                     (unsigned long long)n, (unsigned long long)size);
         else
-            set_err(err, errlen, "%s: %s: header says %llu tokens (%llu bytes), file has %llu bytes",
+            ct_errf(err, errlen, "%s: %s: header says %llu tokens (%llu bytes), file has %llu bytes",
                     path, SHARD_HEADER_BYTES + 4 * n > size ? "truncated" : "trailing bytes",
                     (unsigned long long)n, (unsigned long long)(SHARD_HEADER_BYTES + 4 * n),
                     (unsigned long long)size);
@@ -237,13 +216,13 @@ int shard_read(const char *path, uint32_t **tokens, uint64_t *n, char *err, size
         return 0;
     }
     if (count > SIZE_MAX / 4) {
-        set_err(err, errlen, "%s: %llu tokens do not fit in memory", path, (unsigned long long)count);
+        ct_errf(err, errlen, "%s: %llu tokens do not fit in memory", path, (unsigned long long)count);
         close(fd);
         return -1;
     }
     uint32_t *t = malloc((size_t)count * 4);
     if (!t) {
-        set_err(err, errlen, "%s: out of memory for %llu tokens", path, (unsigned long long)count);
+        ct_errf(err, errlen, "%s: out of memory for %llu tokens", path, (unsigned long long)count);
         close(fd);
         return -1;
     }
@@ -253,7 +232,7 @@ int shard_read(const char *path, uint32_t **tokens, uint64_t *n, char *err, size
         ssize_t r = pread(fd, p + got, want - got, (off_t)(SHARD_HEADER_BYTES + got));
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
-            set_err(err, errlen, "%s: read failed at byte %zu: %s", path, SHARD_HEADER_BYTES + got,
+            ct_errf(err, errlen, "%s: read failed at byte %zu: %s", path, SHARD_HEADER_BYTES + got,
                     r < 0 ? strerror(errno) : "unexpected end of file");
             free(t);
             close(fd);

@@ -2,6 +2,7 @@
  * The format and the encoding rules are described in tokenizer.h. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer.h"
+#include "util.h"
 
 #include <errno.h>
 #include <pcre2.h>
@@ -13,14 +14,6 @@
 
 #define NO_RANK UINT32_MAX
 #define MAX_FILE_BYTES (1u << 30)   /* token offsets are u32 */
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- special tokens ---------------------------------------------------------------------------- */
 
@@ -237,18 +230,18 @@ static int load_lines(ct_tokenizer *tok, const char *data, size_t size, const ch
         if (n == 0) continue;
         const char *sp = memchr(s, ' ', n);
         if (!sp) {
-            set_err(err, errlen, "%s:%ld: missing rank (expected '<base64> <rank>')", label, it.lineno);
+            ct_errf(err, errlen, "%s:%ld: missing rank (expected '<base64> <rank>')", label, it.lineno);
             return -1;
         }
         const char *r = sp + 1, *rend = s + n;
         if (r == rend) {
-            set_err(err, errlen, "%s:%ld: missing rank (expected '<base64> <rank>')", label, it.lineno);
+            ct_errf(err, errlen, "%s:%ld: missing rank (expected '<base64> <rank>')", label, it.lineno);
             return -1;
         }
         uint64_t rank = 0;
         for (const char *q = r; q < rend; q++) {
             if (*q < '0' || *q > '9') {
-                set_err(err, errlen, "%s:%ld: rank is not a non-negative decimal integer "
+                ct_errf(err, errlen, "%s:%ld: rank is not a non-negative decimal integer "
                         "(expected '<base64> <rank>')", label, it.lineno);
                 return -1;
             }
@@ -256,20 +249,20 @@ static int load_lines(ct_tokenizer *tok, const char *data, size_t size, const ch
             if (rank > (uint64_t)tok->n_base) break;
         }
         if (rank >= (uint64_t)tok->n_base) {
-            set_err(err, errlen, "%s:%ld: rank %.*s out of range: the file has %d tokens, so ranks "
+            ct_errf(err, errlen, "%s:%ld: rank %.*s out of range: the file has %d tokens, so ranks "
                     "must run 0..%d", label, it.lineno, (int)(rend - r > 20 ? 20 : rend - r), r,
                     tok->n_base, tok->n_base - 1);
             return -1;
         }
         if (line_of[rank]) {
-            set_err(err, errlen, "%s:%ld: rank %llu already used on line %u (ranks must be "
+            ct_errf(err, errlen, "%s:%ld: rank %llu already used on line %u (ranks must be "
                     "0..n-1, each once)", label, it.lineno, (unsigned long long)rank, line_of[rank]);
             return -1;
         }
         const char *why = NULL;
         long blen = b64_decode((const unsigned char *)s, (size_t)(sp - s), tok->arena + used, &why);
         if (blen < 0) {
-            set_err(err, errlen, "%s:%ld: %s", label, it.lineno, why);
+            ct_errf(err, errlen, "%s:%ld: %s", label, it.lineno, why);
             return -1;
         }
         tok->off[rank] = used;
@@ -278,7 +271,7 @@ static int load_lines(ct_tokenizer *tok, const char *data, size_t size, const ch
         if (k != (int64_t)rank) {
             char shown[64];
             show_bytes(tok->arena + used, (size_t)blen, shown, sizeof shown);
-            set_err(err, errlen, "%s:%ld: duplicate token '%s' (also rank %lld on line %u)", label,
+            ct_errf(err, errlen, "%s:%ld: duplicate token '%s' (also rank %lld on line %u)", label,
                     it.lineno, shown, (long long)k, line_of[k]);
             return -1;
         }
@@ -306,7 +299,7 @@ static int add_specials(ct_tokenizer *tok, size_t base_bytes) {
 ct_tokenizer *tokenizer_load_mem(const char *data, size_t size, const char *label, char *err,
                                  size_t errlen) {
     if (size > MAX_FILE_BYTES) {
-        set_err(err, errlen, "%s: file too large (%zu bytes; at most %u)", label, size, MAX_FILE_BYTES);
+        ct_errf(err, errlen, "%s: file too large (%zu bytes; at most %u)", label, size, MAX_FILE_BYTES);
         return NULL;
     }
     /* Count non-empty lines: that is the number of tokens, so every rank must be below it. */
@@ -316,11 +309,11 @@ ct_tokenizer *tokenizer_load_mem(const char *data, size_t size, const char *labe
     size_t n;
     while (next_line(&it, &s, &n)) count += n > 0;
     if (count == 0) {
-        set_err(err, errlen, "%s: empty vocabulary file (no '<base64> <rank>' lines)", label);
+        ct_errf(err, errlen, "%s: empty vocabulary file (no '<base64> <rank>' lines)", label);
         return NULL;
     }
     if (count > TOKENIZER_MAX_BASE) {
-        set_err(err, errlen, "%s: %ld tokens, more than the %d allowed", label, count, TOKENIZER_MAX_BASE);
+        ct_errf(err, errlen, "%s: %ld tokens, more than the %d allowed", label, count, TOKENIZER_MAX_BASE);
         return NULL;
     }
     ct_tokenizer *tok = calloc(1, sizeof *tok);
@@ -342,7 +335,7 @@ ct_tokenizer *tokenizer_load_mem(const char *data, size_t size, const char *labe
         unsigned char c = (unsigned char)b;
         int64_t k = bmap_get(&tok->ranks, &c, 1);
         if (k < 0) {
-            set_err(err, errlen, "%s: no token for byte 0x%02x (a byte-level BPE vocabulary must "
+            ct_errf(err, errlen, "%s: no token for byte 0x%02x (a byte-level BPE vocabulary must "
                     "hold all 256 single bytes)", label, b);
             goto fail;
         }
@@ -354,7 +347,7 @@ ct_tokenizer *tokenizer_load_mem(const char *data, size_t size, const char *labe
     free(line_of);
     return tok;
 oom:
-    set_err(err, errlen, "%s: out of memory loading the vocabulary", label);
+    ct_errf(err, errlen, "%s: out of memory loading the vocabulary", label);
 fail:
     free(line_of);
     tokenizer_free(tok);
@@ -364,7 +357,7 @@ fail:
 ct_tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     char *buf = NULL;
@@ -372,13 +365,13 @@ ct_tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
     for (;;) {
         if (len == cap) {
             if (cap > MAX_FILE_BYTES) {
-                set_err(err, errlen, "%s: file too large (more than %u bytes)", path, MAX_FILE_BYTES);
+                ct_errf(err, errlen, "%s: file too large (more than %u bytes)", path, MAX_FILE_BYTES);
                 goto fail;
             }
             cap = cap ? cap * 2 : 1 << 16;
             char *nb = realloc(buf, cap);
             if (!nb) {
-                set_err(err, errlen, "%s: out of memory reading the file", path);
+                ct_errf(err, errlen, "%s: out of memory reading the file", path);
                 goto fail;
             }
             buf = nb;
@@ -388,7 +381,7 @@ ct_tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
         if (got == 0) break;
     }
     if (ferror(f)) {
-        set_err(err, errlen, "%s: read error: %s", path, strerror(errno));
+        ct_errf(err, errlen, "%s: read error: %s", path, strerror(errno));
         goto fail;
     }
     fclose(f);
@@ -416,7 +409,7 @@ ct_pretok *pretok_create(char *err, size_t errlen) {
     if (!code) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(ec, msg, sizeof msg);
-        set_err(err, errlen, "pre-tokenizer regex: %s at offset %zu", (const char *)msg, (size_t)eo);
+        ct_errf(err, errlen, "pre-tokenizer regex: %s at offset %zu", (const char *)msg, (size_t)eo);
         return NULL;
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);   /* optional: the interpreter is the fallback */
@@ -426,7 +419,7 @@ ct_pretok *pretok_create(char *err, size_t errlen) {
         pcre2_code_free(code);
         pcre2_match_context_free(mctx);
         free(pt);
-        set_err(err, errlen, "pre-tokenizer: out of memory");
+        ct_errf(err, errlen, "pre-tokenizer: out of memory");
         return NULL;
     }
     /* No alternative of the pattern backtracks more than the length of the run it matches (a run of
@@ -482,7 +475,7 @@ static int split_valid(const ct_pretok *pt, const unsigned char *s, size_t len, 
         } else if (rc < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            set_err(err, errlen, "pre-tokenizer: regex match failed at byte %zu: %s", off,
+            ct_errf(err, errlen, "pre-tokenizer: regex match failed at byte %zu: %s", off,
                     (const char *)msg);
             return -1;
         } else {
@@ -512,7 +505,7 @@ int pretok_split(const ct_pretok *pt, const char *text, size_t len, pretok_chunk
     const unsigned char *s = (const unsigned char *)text;
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(pt->code, NULL);
     if (!md) {
-        set_err(err, errlen, "pre-tokenizer: out of memory");
+        ct_errf(err, errlen, "pre-tokenizer: out of memory");
         return -1;
     }
     int rc = 0;
@@ -716,7 +709,7 @@ int tokenizer_encode(const ct_tokenizer *tok, const char *text, size_t len, int 
     }
     scratch_free(&e.s);
     if (rc) {
-        if (rc == ENC_OOM) set_err(err, errlen, "tokenizer: out of memory encoding %zu bytes", len);
+        if (rc == ENC_OOM) ct_errf(err, errlen, "tokenizer: out of memory encoding %zu bytes", len);
         free(e.ids);
         *ids = NULL;
         *n = 0;
@@ -737,7 +730,7 @@ char *tokenizer_decode(const ct_tokenizer *tok, const int32_t *ids, size_t n, si
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= vocab) {
-            set_err(err, errlen, "token id %ld (position %zu) out of range: vocabulary size is %d",
+            ct_errf(err, errlen, "token id %ld (position %zu) out of range: vocabulary size is %d",
                     (long)ids[i], i, vocab);
             return NULL;
         }
@@ -745,7 +738,7 @@ char *tokenizer_decode(const ct_tokenizer *tok, const int32_t *ids, size_t n, si
     }
     char *out = malloc(total + 1);
     if (!out) {
-        set_err(err, errlen, "tokenizer: out of memory decoding %zu tokens", n);
+        ct_errf(err, errlen, "tokenizer: out of memory decoding %zu tokens", n);
         return NULL;
     }
     size_t o = 0;

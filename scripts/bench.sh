@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: fixed training configs, 2 threads, fp32. Each run measures this machine's sgemm peak
-# first and ends with a summary line: tokens/s, achieved GFLOP/s and the ratio to that peak.
+# first and ends with a summary line over the steps after the first two (those touch fresh arena
+# memory): tokens/s, achieved GFLOP/s (torchtitan's FLOPs formula) and the ratio to that peak.
 set -euo pipefail
 BUILD=${BUILD:-build}
 CTITAN="$BUILD/ctitan"
@@ -10,7 +11,7 @@ common=(--device.threads=2 --training.mixed_precision_param=float32 --activation
 echo "== debugmodel, seq 256, batch 8 (12 steps)"
 "$CTITAN" train configs/llama3_debug.yaml "${common[@]}" --training.seq_len=256 --training.local_batch_size=8 \
   --training.steps=12 --metrics.log_freq=4 | grep -E '^(device|model|summary)'
-echo "== 124M-class: dim 768, 12 layers, 12 heads, 4 kv heads, ffn 2048, vocab 32000, seq 512, batch 4 (5 steps)"
+echo "== 124M-class: dim 768, 12 layers, 12 heads, 4 kv heads, ffn 2048, vocab 32000, seq 512, batch 4 (6 steps)"
 "$CTITAN" train configs/llama3_debug.yaml "${common[@]}" --model.dim=768 --model.n_layers=12 --model.n_heads=12 \
   --model.n_kv_heads=4 --model.ffn_hidden=2048 --model.vocab_size=32000 --training.seq_len=512 \
-  --training.local_batch_size=4 --training.steps=5 --metrics.log_freq=1 | grep -E '^(device|model|summary)'
+  --training.local_batch_size=4 --training.steps=6 --metrics.log_freq=1 | grep -E '^(device|model|summary)'

@@ -5,6 +5,7 @@ set -u
 BUILD=${BUILD:-build}
 export BUILD
 export CTITAN="$BUILD/ctitan"
+export LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")" && pwd)/lsan.supp:print_suppressions=0"
 cd "$(dirname "$0")/.."
 pass=0; fail=0; failed=()
 logdir="$BUILD/test-logs"; mkdir -p "$logdir"

@@ -11,12 +11,12 @@ flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
        -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
 
 "$CC" "${flags[@]}" -o "$out/fuzz_tokenizer_file" tests/fuzz/fuzz_tokenizer_file.c tests/fuzz/replay_main.c \
-    core/tokenizer.c -lpcre2-8 -lpthread
-"$CC" "${flags[@]}" -o "$out/fuzz_shard" tests/fuzz/fuzz_shard.c tests/fuzz/replay_main.c core/shard.c
+    core/tokenizer.c core/util.c -lpcre2-8 -lpthread
+"$CC" "${flags[@]}" -o "$out/fuzz_shard" tests/fuzz/fuzz_shard.c tests/fuzz/replay_main.c core/shard.c core/util.c
 
 "$out/fuzz_tokenizer_file" -m 300 tests/fuzz/corpus/tokenizer_file
 "$out/fuzz_tokenizer_file" -m 100 tests/data/tokenizer/vocab.tiktoken
 "$out/fuzz_shard" -m 300 tests/fuzz/corpus/shard
 
-"$CC" "${flags[@]}" -o "$out/fuzz_manifest" tests/fuzz/fuzz_manifest.c tests/fuzz/replay_main.c core/manifest.c -lyaml
+"$CC" "${flags[@]}" -o "$out/fuzz_manifest" tests/fuzz/fuzz_manifest.c tests/fuzz/replay_main.c core/manifest.c core/util.c -lyaml
 "$out/fuzz_manifest" -m 200 tests/fuzz/corpus/manifest
