@@ -29,16 +29,26 @@ CORE_SRC   := $(wildcard core/*.c)
 CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
 CORE_LIB_OBJ := $(filter-out $(BUILD)/core/main.o,$(CORE_OBJ))
 
+# Per-plugin flags: plugins/<name>/plugin.mk may append to CFLAGS_<name> / LIBS_<name>, or set
+# SKIP_<name> := 1 when what it needs is absent (e.g. the CUDA toolkit).
+-include $(wildcard plugins/*/plugin.mk)
 PLUGIN_DIRS := $(wildcard plugins/*/) $(wildcard models/*/)
 PLUGIN_NAMES := $(foreach d,$(PLUGIN_DIRS),$(notdir $(patsubst %/,%,$(d))))
+PLUGIN_NAMES := $(foreach n,$(PLUGIN_NAMES),$(if $(SKIP_$(n)),,$(n)))
 PLUGIN_SOS := $(foreach n,$(PLUGIN_NAMES),$(BUILD)/plugins/ctitan-$(n).so)
 
 TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
 # Extra link flags per plugin (plugins/<name>/plugin.mk may append to these).
-LIBS_cpu  := -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -fopenmp -lm
-CFLAGS_cpu := -fopenmp
+LIBS_cpu  += -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -fopenmp -lm
+CFLAGS_cpu += -fopenmp
+
+# Programs that run under mpirun (tests/mpi/*.c -> $(BUILD)/tests/mpi/*), driven by tests/cli scripts.
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
+MPI_TEST_SRC := $(wildcard tests/mpi/*.c)
+MPI_TEST_BIN := $(MPI_TEST_SRC:tests/mpi/%.c=$(BUILD)/tests/mpi/%)
 
 .PHONY: all help test bench demo deps clean fuzz
 all: $(BUILD)/ctitan $(PLUGIN_SOS) $(BUILD)/ctitan-sdk.pc
@@ -69,20 +79,24 @@ $(BUILD)/plugins/ctitan-$(1).so: $(wildcard $(2)*.c) $(wildcard $(2)*.h) $(wildc
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(PLUGIN_CFLAGS) $$(CFLAGS_$(1)) $$(PLUGIN_LDFLAGS) -o $$@ $(wildcard $(2)*.c) $$(LIBS_$(1))
 endef
-$(foreach d,$(PLUGIN_DIRS),$(eval $(call plugin_rule,$(notdir $(patsubst %/,%,$(d))),$(d))))
+$(foreach n,$(PLUGIN_NAMES),$(eval $(call plugin_rule,$(n),$(firstword $(filter %/$(n)/,$(PLUGIN_DIRS))))))
 
 $(BUILD)/tests/%: tests/unit/%.c $(CORE_LIB_OBJ) $(wildcard tests/unit/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(TEST_CFLAGS_$*) -Itests/unit -o $@ $< $(TEST_EXTRA_$*) $(CORE_LIB_OBJ) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS_$*) -lcmocka
 
+$(BUILD)/tests/mpi/%: tests/mpi/%.c $(wildcard tests/mpi/*.h) $(wildcard sdk/include/ctitan/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(MPI_CFLAGS) -o $@ $< $(LDFLAGS) -ldl -lm $(MPI_LIBS)
+
 $(BUILD)/ctitan-sdk.pc: sdk/ctitan-sdk.pc.in
 	@mkdir -p $(dir $@)
 	sed 's|@PREFIX@|$(abspath sdk)|' $< > $@
 
--include $(wildcard plugins/*/plugin.mk) $(wildcard tests/unit/*.mk)
+-include $(wildcard tests/unit/*.mk)
 
 test: deps
-	$(MAKE) all $(TEST_BIN)
+	$(MAKE) all $(TEST_BIN) $(MPI_TEST_BIN)
 	BUILD=$(BUILD) tests/run.sh
 
 bench: deps all

@@ -15,6 +15,7 @@
 
 mem_stats g_mem;
 int g_log_level = CT_LOG_INFO;
+int g_log_rank = -1;
 
 static const char *mem_names[CT_MEM_NCATEGORIES] = {"params", "grads", "optimizer", "activations", "comm", "other"};
 
@@ -46,10 +47,51 @@ static void vlog(ct_log_level level, const char *who, const char *fmt, va_list a
     if ((int)level < g_log_level) return;
     static const char *names[] = {"debug", "info", "warn", "error"};
     FILE *f = level >= CT_LOG_WARN ? stderr : stdout;
+    if (g_log_rank >= 0 && f == stdout) fprintf(f, "[rank %d] ", g_log_rank);
     if (level != CT_LOG_INFO || who) fprintf(f, "[%s%s%s] ", names[level & 3], who ? " " : "", who ? who : "");
     vfprintf(f, fmt, ap);
     fputc('\n', f);
     fflush(f);
+}
+
+/* A stream that prefixes every line with "[rank N] " (stderr on many ranks). */
+typedef struct prefix_stream {
+    int fd;
+    int at_line_start;
+    char prefix[32];
+} prefix_stream;
+
+static ssize_t prefix_write(void *cookie, const char *buf, size_t n) {
+    prefix_stream *p = cookie;
+    size_t done = 0;
+    while (done < n) {
+        if (p->at_line_start && write(p->fd, p->prefix, strlen(p->prefix)) < 0) return -1;
+        const char *nl = memchr(buf + done, '\n', n - done);
+        size_t len = nl ? (size_t)(nl - (buf + done)) + 1 : n - done;
+        if (write(p->fd, buf + done, len) < 0) return -1;
+        p->at_line_start = nl != NULL;
+        done += len;
+    }
+    return (ssize_t)n;
+}
+
+void log_set_rank(int rank, int world) {
+    if (world <= 1) return;
+    g_log_rank = rank;
+    static prefix_stream ps;
+    ps.fd = 2;
+    ps.at_line_start = 1;
+    snprintf(ps.prefix, sizeof ps.prefix, "[rank %d] ", rank);
+    cookie_io_functions_t io = {.write = prefix_write};
+    FILE *f = fopencookie(&ps, "w", io);
+    if (f) {
+        setvbuf(f, NULL, _IOLBF, 0);
+        stderr = f;
+    }
+    if (rank != 0) { /* metrics and samples come from rank 0; every rank reports its errors */
+        FILE *null = freopen("/dev/null", "w", stdout);
+        (void)null;
+    }
 }
 
 void ct_log(ct_log_level level, const char *fmt, ...) {
@@ -260,6 +302,8 @@ const char *plugin_kind_name(ct_plugin_kind kind) {
     case CT_KIND_DEVICE: return "device";
     case CT_KIND_MODEL: return "model";
     case CT_KIND_OPTIMIZER: return "optimizer";
+    case CT_KIND_COMM: return "comm";
+    case CT_KIND_STRATEGY: return "strategy";
     }
     return "unknown";
 }

@@ -29,6 +29,9 @@ void ct_clear_error(void);
 
 /* ---- logging ---- */
 extern int g_log_level; /* messages below this level are dropped */
+extern int g_log_rank;  /* >= 0: every line is prefixed "[rank N]" (many ranks) */
+/* Many ranks: stderr lines get "[rank N] ", and ranks other than 0 drop stdout. */
+void log_set_rank(int rank, int world);
 void ct_log(ct_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- tracing ---- */

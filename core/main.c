@@ -11,6 +11,7 @@ static const char *usage =
     "  train MANIFEST      train the model a YAML manifest names (torchtitan's config keys)\n"
     "  generate MANIFEST   sample text from the model a training run saved\n"
     "  plugins [FOLDER]    list loadable plugins: kind, name, ABI version\n"
+    "  launch -n N CMD     run `ctitan CMD` on N ranks under mpirun (as root, oversubscribed)\n"
     "  tokenize            turn text or JSONL into a token shard\n"
     "  tokenizer           train / encode / decode with a BPE vocabulary (tiktoken format)\n"
     "  help                this text\n";
@@ -24,8 +25,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 2, argv + 2);
     if (!strcmp(cmd, "plugins")) return cmd_plugins(argc - 2, argv + 2);
+    if (!strcmp(cmd, "launch")) return cmd_launch(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenizer")) return cmd_tokenizer(argc - 1, argv + 1);
-    fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plugins, tokenize, tokenizer; see ctitan help)\n", cmd);
+    fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plugins, launch, tokenize, tokenizer; see ctitan help)\n", cmd);
     return EXIT_BAD_INPUT;
 }

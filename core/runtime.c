@@ -100,11 +100,17 @@ static ct_tensor *reg_add(ct_param_registry *r, int unit, const char *name, int 
     return &t->t;
 }
 
-static void init_values(const decl *d, uint64_t seed, float *out, int64_t n) {
+/* Elements [offset, offset + count) of the flattened parameter; past its end, zeros (padding). */
+static void init_values(const decl *d, uint64_t seed, float *out, int64_t offset, int64_t count, int64_t n) {
     uint64_t key = rng_splitmix64(seed) ^ rng_hash_str(d->name);
     const ct_init *in = &d->init;
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t k = 0; k < count; k++) {
+        int64_t i = offset + k;
         double v;
+        if (i >= n) {
+            out[k] = 0.0f;
+            continue;
+        }
         switch (in->kind) {
         case CT_INIT_CONSTANT: v = in->value; break;
         case CT_INIT_UNIFORM: v = in->lo + (in->hi - in->lo) * rng_uniform(key, (uint64_t)i); break;
@@ -117,20 +123,53 @@ static void init_values(const decl *d, uint64_t seed, float *out, int64_t n) {
         }
         default: v = in->std * rng_normal(key, (uint64_t)i); break;
         }
-        out[i] = (float)v;
+        out[k] = (float)v;
     }
 }
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
+/* Placement: the strategy's, or everything local on one rank. */
+static int place_params(runtime *rt, char *err, size_t errlen) {
+    rt->slots = calloc((size_t)rt->n_params, sizeof(ct_param_slot));
+    rt->local = calloc((size_t)rt->n_params, sizeof(ct_tensor));
+    if (!rt->slots || !rt->local) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < rt->n_params; i++) {
+        ct_param_slot *sl = &rt->slots[i];
+        sl->struct_size = sizeof *sl;
+        sl->param = &rt->params[i]->t;
+        sl->numel = ct_tensor_numel(sl->param);
+        sl->placement = CT_PLACE_REPLICATE;
+        sl->local_numel = sl->numel;
+    }
+    ct_clear_error();
+    if (rt->dist.st && rt->dist.st->place(rt->dist.strat, rt->slots, rt->n_params) != CT_OK) {
+        snprintf(err, errlen, "strategy place failed: %s", ct_last_error());
+        return -1;
+    }
+    for (int i = 0; i < rt->n_params; i++) {
+        const ct_param_slot *sl = &rt->slots[i];
+        if (sl->local_numel < 0 || sl->offset < 0 || (sl->placement == CT_PLACE_REPLICATE && sl->local_numel != sl->numel)) {
+            snprintf(err, errlen, "strategy placed %s badly (local %lld at %lld of %lld)", sl->param->name,
+                     (long long)sl->local_numel, (long long)sl->offset, (long long)sl->numel);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_api *m, void *model, uint64_t seed,
-                 char *err, size_t errlen) {
+                 const runtime_dist *dist, char *err, size_t errlen) {
     memset(rt, 0, sizeof *rt);
     rt->d = d;
     rt->dev = dev;
     rt->m = m;
     rt->model = model;
     rt->seed = seed;
+    if (dist) rt->dist = *dist;
     rt->desc.struct_size = sizeof rt->desc;
     ct_clear_error();
     if (m->describe(model, &rt->desc) != CT_OK) {
@@ -148,51 +187,61 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
         snprintf(err, errlen, "model declare_params failed: %s", ct_last_error());
         goto fail;
     }
-    /* one allocation for all parameters, one for all gradients */
-    size_t total = 0;
-    for (int i = 0; i < rc.n; i++) total += align64((size_t)ct_tensor_numel(&rt->params[i]->t) * sizeof(float));
-    rt->param_bytes = total;
-    if (d->alloc(dev, total, (void **)&rt->param_mem) != CT_OK ||
-        d->alloc(dev, total, (void **)&rt->grad_mem) != CT_OK) {
-        snprintf(err, errlen, "cannot allocate %zu bytes for parameters and gradients", 2 * total);
-        goto fail;
-    }
-    mem_account(CT_MEM_PARAMS, (int64_t)total);
-    mem_account(CT_MEM_GRADS, (int64_t)total);
-    rt->param_unit = calloc((size_t)rc.n, sizeof(int));
-    size_t off = 0, max_n = 0;
+    for (int i = 0; i < rc.n; i++) rt->params[i]->t.name = rc.decls[i].name; /* the tensors own the names now */
+    if (place_params(rt, err, errlen)) goto fail_owned;
+    for (int i = 0; i < rc.n; i++) rt->slots[i].unit = rc.decls[i].unit;
+    /* this rank's storage: one allocation for its parameters, one for their gradients */
+    size_t total = 0, max_n = 0;
     for (int i = 0; i < rc.n; i++) {
-        size_t n = (size_t)ct_tensor_numel(&rt->params[i]->t);
+        size_t n = (size_t)rt->slots[i].local_numel;
+        total += align64(n * sizeof(float));
         if (n > max_n) max_n = n;
+        rt->n_param_elems += rt->slots[i].numel;
     }
-    float *host = malloc(max_n * sizeof(float));
-    if (!host || !rt->param_unit) {
-        free(host);
+    rt->param_bytes = total ? total : 64;
+    if (d->alloc(dev, rt->param_bytes, (void **)&rt->param_mem) != CT_OK ||
+        d->alloc(dev, rt->param_bytes, (void **)&rt->grad_mem) != CT_OK) {
+        snprintf(err, errlen, "cannot allocate %zu bytes for parameters and gradients", 2 * rt->param_bytes);
+        goto fail_owned;
+    }
+    mem_account(CT_MEM_PARAMS, (int64_t)rt->param_bytes);
+    mem_account(CT_MEM_GRADS, (int64_t)rt->param_bytes);
+    float *host = malloc((max_n ? max_n : 1) * sizeof(float));
+    if (!host) {
         snprintf(err, errlen, "out of memory");
-        goto fail;
+        goto fail_owned;
     }
+    size_t off = 0;
     for (int i = 0; i < rc.n; i++) {
+        ct_param_slot *sl = &rt->slots[i];
         rt_tensor *t = rt->params[i];
-        int64_t n = ct_tensor_numel(&t->t);
-        t->t.data = rt->param_mem + off;
-        t->t.grad = rt->grad_mem + off;
-        rt->param_unit[i] = rc.decls[i].unit;
-        rt->n_param_elems += n;
-        init_values(&rc.decls[i], seed, host, n);
-        if (d->copy(dev, t->t.data, host, (size_t)n * sizeof(float), CT_COPY_H2D) != CT_OK) {
+        sl->local_data = (float *)(rt->param_mem + off);
+        sl->local_grad = (float *)(rt->grad_mem + off);
+        rt->local[i] = (ct_tensor){.struct_size = sizeof(ct_tensor), .dtype = CT_F32, .ndim = 1,
+                                   .shape = {sl->local_numel}, .data = sl->local_data, .grad = sl->local_grad,
+                                   .name = t->t.name, .flags = t->t.flags};
+        if (!rt->dist.st) { /* one rank: the model computes on the storage itself */
+            t->t.data = sl->local_data;
+            t->t.grad = sl->local_grad;
+        }
+        init_values(&rc.decls[i], seed, host, sl->offset, sl->local_numel, sl->numel);
+        if (d->copy(dev, sl->local_data, host, (size_t)sl->local_numel * sizeof(float), CT_COPY_H2D) != CT_OK) {
             free(host);
             snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
-            goto fail;
+            goto fail_owned;
         }
-        off += align64((size_t)n * sizeof(float));
+        off += align64((size_t)sl->local_numel * sizeof(float));
     }
     free(host);
-    /* names are owned by the decls; keep them alive by handing them to the tensors */
-    for (int i = 0; i < rc.n; i++) rt->params[i]->t.name = rc.decls[i].name;
     free(rc.decls);
     rc.decls = NULL;
     if (runtime_zero_grads(rt)) {
         snprintf(err, errlen, "cannot zero gradients: %s", ct_last_error());
+        return -1;
+    }
+    ct_clear_error();
+    if (rt->dist.st && rt->dist.st->setup(rt->dist.strat, rt->slots, rt->n_params, rt->desc.n_units) != CT_OK) {
+        snprintf(err, errlen, "strategy setup failed: %s", ct_last_error());
         return -1;
     }
     pool_init(&rt->saved.data, d, dev, CT_MEM_ACTIVATIONS);
@@ -214,8 +263,11 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
     return 0;
 fail:
     for (int i = 0; i < rc.n && rc.decls; i++) free(rc.decls[i].name);
-    free(rc.decls);
     for (int i = 0; i < rt->n_params; i++) rt->params[i]->t.name = NULL;
+    free(rc.decls);
+    return -1;
+fail_owned: /* names belong to the tensors; runtime_free releases them */
+    free(rc.decls);
     return -1;
 }
 
@@ -226,7 +278,8 @@ void runtime_free(runtime *rt) {
         free(rt->params[i]);
     }
     free(rt->params);
-    free(rt->param_unit);
+    free(rt->slots);
+    free(rt->local);
     if (rt->param_mem) {
         rt->d->free(rt->dev, rt->param_mem);
         mem_account(CT_MEM_PARAMS, -(int64_t)rt->param_bytes);
@@ -278,6 +331,8 @@ int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err,
     return -1;
 }
 
+/* bf16 parameter copies for compute, for replicated parameters (a sharding strategy rounds what
+ * it gathers instead, told by ct_strategy_env.bf16_compute). */
 int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
     if (rt->d->alloc(rt->dev, rt->param_bytes, (void **)&rt->bf16_shadow) != CT_OK) {
         snprintf(err, errlen, "cannot allocate the bf16 parameter copies");
@@ -286,33 +341,33 @@ int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
     mem_account(CT_MEM_PARAMS, (int64_t)rt->param_bytes);
     rt->master_data = calloc((size_t)rt->n_params, sizeof(void *));
     if (!rt->master_data) return -1;
-    for (int i = 0; i < rt->n_params; i++) rt->master_data[i] = rt->params[i]->t.data;
+    for (int i = 0; i < rt->n_params; i++) rt->master_data[i] = rt->slots[i].local_data;
     return 0;
+}
+
+static float *shadow_of(runtime *rt, int i) {
+    return (float *)((char *)rt->bf16_shadow + ((char *)rt->slots[i].local_data - rt->param_mem));
 }
 
 int runtime_begin_step(runtime *rt) {
     if (!rt->bf16_shadow) return 0;
-    size_t off = 0;
     for (int i = 0; i < rt->n_params; i++) {
-        int64_t n = ct_tensor_numel(&rt->params[i]->t);
-        float *dst = (float *)((char *)rt->bf16_shadow + off);
-        if (rt->d->copy(rt->dev, dst, rt->master_data[i], (size_t)n * sizeof(float), CT_COPY_D2D) != CT_OK ||
-            rt->d->round_bf16(rt->dev, dst, n) != CT_OK)
+        const ct_param_slot *sl = &rt->slots[i];
+        if (sl->placement != CT_PLACE_REPLICATE) continue;
+        float *dst = shadow_of(rt, i);
+        if (rt->d->copy(rt->dev, dst, sl->local_data, (size_t)sl->numel * sizeof(float), CT_COPY_D2D) != CT_OK ||
+            rt->d->round_bf16(rt->dev, dst, sl->numel) != CT_OK)
             return -1;
-        off += align64((size_t)n * sizeof(float));
     }
     return 0;
 }
 
-/* Points the parameters at the bf16 copies (forward) or back at the masters (optimizer). */
+/* Points replicated parameters at their bf16 copies (forward and backward) or back at the masters. */
 static void use_shadow(runtime *rt, int on) {
     if (!rt->bf16_shadow) return;
-    size_t off = 0;
-    for (int i = 0; i < rt->n_params; i++) {
-        int64_t n = ct_tensor_numel(&rt->params[i]->t);
-        rt->params[i]->t.data = on ? (char *)rt->bf16_shadow + off : rt->master_data[i];
-        off += align64((size_t)n * sizeof(float));
-    }
+    for (int i = 0; i < rt->n_params; i++)
+        if (rt->slots[i].placement == CT_PLACE_REPLICATE)
+            rt->params[i]->t.data = on ? shadow_of(rt, i) : rt->slots[i].local_data;
 }
 
 /* ---- forward / backward over units ---- */
@@ -334,6 +389,19 @@ static void note_act_peak(runtime *rt) {
     int64_t live = (int64_t)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
     if (live > rt->peak_act_bytes) rt->peak_act_bytes = live;
 }
+
+#define HOOK(rt, name, ...)                                                                       \
+    do {                                                                                          \
+        if ((rt)->dist.st) {                                                                      \
+            ct_clear_error();                                                                     \
+            ct_status st_ = (rt)->dist.st->name((rt)->dist.strat, __VA_ARGS__);                  \
+            if (st_ != CT_OK) {                                                                   \
+                if (!ct_last_error()[0]) ct_set_error("strategy " #name " failed (status %d)", st_); \
+                rt->dist_status = st_;                                                            \
+                return -1;                                                                        \
+            }                                                                                     \
+        }                                                                                         \
+    } while (0)
 
 static int unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, rt_tensor **out) {
     ct_tensor *o = NULL;
@@ -359,6 +427,7 @@ static int forward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int
         rt_tensor *tg = u == nu - 1 ? targets : NULL;
         rt->unit_in[u] = x;
         rt->tail = NULL;
+        HOOK(rt, pre_forward, u);
         if (record && rt->ac[u]) {
             pool_mark md = pool_get_mark(&rt->scratch.data), mh = pool_get_mark(&rt->scratch.desc);
             rt->recording = 0;
@@ -380,16 +449,18 @@ static int forward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int
         }
         rt->unit_tape[u] = rt->tail;
         rt->unit_out[u] = x;
+        HOOK(rt, post_forward, u);
     }
     rt->recording = 0;
     *last = x;
     return 0;
 }
 
-static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets) {
+static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int last_microbatch) {
     int nu = rt->desc.n_units;
     for (int u = nu - 1; u >= 0; u--) {
         rt_tensor *in = rt->unit_in[u];
+        HOOK(rt, pre_backward, u);
         if (in && !tape_grad(rt, in)) return -1; /* the boundary gradient outlives the unit */
         pool_mark gd = pool_get_mark(&rt->grads.data);
         pool_mark sd = pool_get_mark(&rt->scratch.data), sh = pool_get_mark(&rt->scratch.desc);
@@ -413,12 +484,22 @@ static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets) {
         pool_release(&rt->grads.data, gd);
         pool_release(&rt->scratch.data, sd);
         pool_release(&rt->scratch.desc, sh);
+        HOOK(rt, post_backward, u, last_microbatch);
+    }
+    if (rt->dist.st) {
+        ct_clear_error();
+        ct_status st = rt->dist.st->finish_backward(rt->dist.strat);
+        if (st != CT_OK) {
+            if (!ct_last_error()[0]) ct_set_error("strategy finish_backward failed (status %d)", st);
+            rt->dist_status = st;
+            return -1;
+        }
     }
     return 0;
 }
 
 int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
-                             float loss_scale, double *loss_sum) {
+                             float loss_scale, int last_microbatch, double *loss_sum) {
     if (reset_arenas(rt)) return -1;
     use_shadow(rt, 1);
     rt->act = &rt->saved;
@@ -436,7 +517,7 @@ int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *
     }
     /* backward runs with the same (bf16-rounded) weights as forward; gradients land in the f32
      * master gradients, which the parameters point at whatever their data pointer */
-    if (!bad) bad = backward_units(rt, tok, tgt);
+    if (!bad) bad = backward_units(rt, tok, tgt, last_microbatch);
     use_shadow(rt, 0);
     *loss_sum = lf;
     return bad ? -1 : 0;
@@ -464,13 +545,35 @@ int runtime_zero_grads(runtime *rt) {
     return rt->d->zero(rt->dev, rt->grad_mem, rt->param_bytes) == CT_OK ? 0 : -1;
 }
 
+/* Sharded gradients: this rank's sum of squares, summed over the shard group; replicated ones are
+ * the same on every rank and count once. */
 int runtime_grad_norm(runtime *rt, double *norm) {
-    double total = 0;
+    double sharded[CT_MESH_NAXES] = {0}, replicated = 0;
+    int has[CT_MESH_NAXES] = {0}; /* the same on every rank: placements are */
     for (int i = 0; i < rt->n_params; i++) {
+        const ct_param_slot *sl = &rt->slots[i];
         double s;
-        if (rt->d->sum_squares(rt->dev, &s, rt->params[i]->t.grad, ct_tensor_numel(&rt->params[i]->t)) != CT_OK)
-            return -1;
-        total += s;
+        if (rt->d->sum_squares(rt->dev, &s, sl->local_grad, sl->local_numel) != CT_OK) return -1;
+        if (sl->placement == CT_PLACE_SHARD && (unsigned)sl->shard_axis < CT_MESH_NAXES) {
+            sharded[sl->shard_axis] += s;
+            has[sl->shard_axis] = 1;
+        } else {
+            replicated += s;
+        }
+    }
+    double total = replicated;
+    for (int a = 0; a < CT_MESH_NAXES; a++) {
+        if (!has[a]) continue;
+        if (rt->dist.capi && rt->dist.mesh->degree[a] > 1) {
+            ct_clear_error();
+            ct_status st = rt->dist.capi->all_reduce(rt->dist.comm, rt->dist.mesh->group[a], &sharded[a], &sharded[a],
+                                                     1, CT_F64, CT_REDUCE_SUM, NULL);
+            if (st != CT_OK) {
+                rt->dist_status = st;
+                return -1;
+            }
+        }
+        total += sharded[a];
     }
     *norm = sqrt(total);
     return 0;
@@ -478,22 +581,38 @@ int runtime_grad_norm(runtime *rt, double *norm) {
 
 int runtime_scale_grads(runtime *rt, float s) {
     for (int i = 0; i < rt->n_params; i++)
-        if (rt->d->scale(rt->dev, rt->params[i]->t.grad, s, ct_tensor_numel(&rt->params[i]->t)) != CT_OK) return -1;
+        if (rt->d->scale(rt->dev, rt->slots[i].local_grad, s, rt->slots[i].local_numel) != CT_OK) return -1;
     return 0;
 }
 
 int runtime_param_get(runtime *rt, int i, float *host, int grad) {
-    rt_tensor *t = rt->params[i];
-    void *src = grad ? t->t.grad : (rt->master_data ? rt->master_data[i] : t->t.data);
-    return rt->d->copy(rt->dev, host, src, sizeof(float) * (size_t)ct_tensor_numel(&t->t), CT_COPY_D2H) == CT_OK ? 0
-                                                                                                             : -1;
+    const ct_param_slot *sl = &rt->slots[i];
+    const float *src = grad ? sl->local_grad : sl->local_data;
+    if (sl->placement == CT_PLACE_REPLICATE)
+        return rt->d->copy(rt->dev, host, src, sizeof(float) * (size_t)sl->numel, CT_COPY_D2H) == CT_OK ? 0 : -1;
+    /* sharded: gather every rank's piece (zero-padded blocks in rank order) */
+    int size = rt->dist.mesh->degree[sl->shard_axis];
+    size_t bytes = sizeof(float) * (size_t)sl->local_numel * (size_t)size;
+    float *full = NULL;
+    int rc = -1;
+    if (rt->d->alloc(rt->dev, bytes, (void **)&full) != CT_OK) return -1;
+    if (rt->dist.capi->all_gather(rt->dist.comm, rt->dist.mesh->group[sl->shard_axis], src, full, sl->local_numel,
+                                  CT_F32, NULL) == CT_OK &&
+        rt->d->copy(rt->dev, host, full, sizeof(float) * (size_t)sl->numel, CT_COPY_D2H) == CT_OK)
+        rc = 0;
+    rt->d->free(rt->dev, full);
+    return rc;
 }
 
 int runtime_param_set(runtime *rt, int i, const float *host) {
-    rt_tensor *t = rt->params[i];
-    void *dst = rt->master_data ? rt->master_data[i] : t->t.data;
-    return rt->d->copy(rt->dev, dst, host, sizeof(float) * (size_t)ct_tensor_numel(&t->t), CT_COPY_H2D) == CT_OK ? 0
-                                                                                                            : -1;
+    const ct_param_slot *sl = &rt->slots[i];
+    int64_t n = sl->numel - sl->offset;
+    if (n > sl->local_numel) n = sl->local_numel;
+    if (n < 0) n = 0;
+    if (rt->d->zero(rt->dev, sl->local_data, sizeof(float) * (size_t)sl->local_numel) != CT_OK) return -1;
+    return rt->d->copy(rt->dev, sl->local_data, host + sl->offset, sizeof(float) * (size_t)n, CT_COPY_H2D) == CT_OK
+               ? 0
+               : -1;
 }
 
 int runtime_find_param(runtime *rt, const char *name) {

@@ -10,8 +10,10 @@
 #ifndef CT_RUNTIME_H
 #define CT_RUNTIME_H
 
+#include "ctitan/comm.h"
 #include "ctitan/device.h"
 #include "ctitan/model.h"
+#include "ctitan/strategy.h"
 
 /* A host tensor: the ABI descriptor plus what the tape needs. */
 typedef struct rt_tensor {
@@ -55,6 +57,15 @@ typedef struct arena {
     pool data, desc;
 } arena;
 
+/* Many ranks: the comm, the mesh and the data-parallel strategy (all NULL on one rank). */
+typedef struct runtime_dist {
+    const ct_comm_api *capi;
+    void *comm;
+    const ct_mesh_info *mesh;
+    const ct_strategy_api *st;
+    void *strat;
+} runtime_dist;
+
 typedef struct runtime {
     const ct_device_api *d;
     void *dev;
@@ -63,13 +74,17 @@ typedef struct runtime {
     ct_model_desc desc;
     uint64_t seed;
 
-    /* parameters, in declaration order */
+    /* parameters, in declaration order: the full-shape handles the model uses, their placement
+     * (slots) and views of this rank's local storage (what the optimizer updates) */
     rt_tensor **params;
-    int *param_unit;
+    ct_param_slot *slots;
+    ct_tensor *local;
     int n_params;
-    int64_t n_param_elems;
-    char *param_mem, *grad_mem; /* one device allocation each */
-    size_t param_bytes;
+    int64_t n_param_elems;      /* of the full model */
+    char *param_mem, *grad_mem; /* local storage: one device allocation each */
+    size_t param_bytes;         /* bytes of local storage (64-byte aligned per parameter) */
+    runtime_dist dist;
+    ct_status dist_status; /* the status of the last failed strategy or comm call (CT_ERR_TIMEOUT ...) */
     float *bf16_shadow;         /* mixed_precision_param=bfloat16: bf16-rounded copies used by forward */
     void **master_data;         /* the f32 master pointers while the shadow is swapped in */
 
@@ -87,9 +102,11 @@ typedef struct runtime {
     int64_t peak_act_bytes; /* live bytes of saved + scratch + grads at their worst */
 } runtime;
 
-/* Builds the runtime: declares, allocates and initialises the parameters from `seed`. */
+/* Builds the runtime: declares the parameters, lets the strategy place them (dist may be NULL: one
+ * rank), allocates this rank's storage and initialises it from `seed` (element i of a parameter
+ * gets the same value whatever the layout). */
 int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_api *m, void *model,
-                 uint64_t seed, char *err, size_t errlen);
+                 uint64_t seed, const runtime_dist *dist, char *err, size_t errlen);
 void runtime_free(runtime *rt);
 
 /* Sets which units are checkpointed: mode "none" | "full" | "selective" with every Nth block.
@@ -104,16 +121,17 @@ int runtime_begin_step(runtime *rt);
  * with d(loss_sum)/d(loss) = loss_scale (1 / global valid tokens). Accumulates into parameter
  * gradients; *loss_sum receives the summed cross entropy of the microbatch. */
 int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B,
-                             int64_t T, float loss_scale, double *loss_sum);
+                             int64_t T, float loss_scale, int last_microbatch, double *loss_sum);
 /* Forward only: the logits (B, T, V) into host memory. */
 int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out);
 
 int runtime_zero_grads(runtime *rt);
-/* Global L2 norm of all gradients (double accumulation). */
+/* Global L2 norm of all gradients over every rank (double accumulation). */
 int runtime_grad_norm(runtime *rt, double *norm);
 int runtime_scale_grads(runtime *rt, float s);
 
-/* Host copies for tests and export: parameter i's data or grad (numel floats). */
+/* Host copies for tests and export: parameter i's full data or grad (numel floats; gathered from
+ * the shards when sharded, a collective then). */
 int runtime_param_get(runtime *rt, int i, float *host, int grad);
 int runtime_param_set(runtime *rt, int i, const float *host);
 int runtime_find_param(runtime *rt, const char *name);

@@ -2,6 +2,7 @@
  * device/model/optimizer creation, model save/load and sampling. */
 #include "session.h"
 
+#include "mesh.h"
 #include "tensorfile.h"
 #include "tokenizer.h"
 
@@ -99,11 +100,9 @@ void session_resolve_path(const manifest *mf, const char *p, char *out, size_t l
         snprintf(out, len, "%s", p);
 }
 
-static int load_slot(session *s, const char *section, ct_plugin_kind kind, plugin **out) {
-    char key[64], err[2048], where[600];
-    const char *name;
-    snprintf(key, sizeof key, "%s.name", section);
-    mf_get_str(s->mf, key, &name);
+static int load_named(session *s, const char *section, const char *key, const char *name, ct_plugin_kind kind,
+                      plugin **out) {
+    char err[2048], where[600];
     *out = plugin_load(name, kind, section, s->mf, err, sizeof err);
     if (!*out) {
         mf_where(s->mf, key, where, sizeof where);
@@ -120,28 +119,72 @@ static int load_slot(session *s, const char *section, ct_plugin_kind kind, plugi
     return 0;
 }
 
+static int load_slot(session *s, const char *section, ct_plugin_kind kind, plugin **out) {
+    char key[64];
+    const char *name;
+    snprintf(key, sizeof key, "%s.name", section);
+    mf_get_str(s->mf, key, &name);
+    return load_named(s, section, key, name, kind, out);
+}
+
 static int fail_line(int status, const char *what) {
     fprintf(stderr, "ctitan: %s: %s\n", what, ct_last_error()[0] ? ct_last_error() : "failed");
     return status;
 }
 
-static int check_parallelism(session *s) {
-    static const char *keys[] = {"parallelism.data_parallel_replicate_degree", "parallelism.tensor_parallel_degree",
-                                 "parallelism.pipeline_parallel_degree", "parallelism.context_parallel_degree",
-                                 "parallelism.data_parallel_shard_degree"};
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        int64_t v;
-        mf_get_int(s->mf, keys[i], &v);
-        int ok = v == 1 || (i == 4 && v == -1);
-        if (!ok) {
-            char where[600];
-            mf_where(s->mf, keys[i], where, sizeof where);
-            fprintf(stderr, "ctitan: %s: degree %lld needs more ranks; this build runs one rank (the product of the "
-                            "degrees must be 1)\n",
-                    where, (long long)v);
-            return EXIT_BAD_INPUT;
-        }
+/* The data-parallel strategy the manifest asks for: parallelism.dp_strategy, or by the degrees
+ * (fsdp when dp_shard > 1, ddp when only dp_replicate > 1, none on one data-parallel rank). Read
+ * leniently: bad values are reported by validation right after. */
+static const char *strategy_name(const manifest *mf, int world) {
+    const char *name = "auto";
+    mf_get_str(mf, "parallelism.dp_strategy", &name);
+    if (strcmp(name, "auto") != 0) return strcmp(name, "none") ? name : NULL;
+    int64_t rep = 1, shard = -1, others = 1, v;
+    static const char *keys[] = {"parallelism.pipeline_parallel_degree", "parallelism.context_parallel_degree",
+                                 "parallelism.tensor_parallel_degree"};
+    if (mf_get_int(mf, "parallelism.data_parallel_replicate_degree", &rep) || rep < 1) rep = 1;
+    if (mf_get_int(mf, "parallelism.data_parallel_shard_degree", &shard)) shard = -1;
+    for (int i = 0; i < 3; i++)
+        if (!mf_get_int(mf, keys[i], &v) && v > 0) others *= v;
+    if (shard == -1) shard = world % (rep * others) ? 1 : world / (rep * others);
+    if (shard > 1) return "fsdp";
+    if (rep > 1) return "ddp";
+    return NULL;
+}
+
+/* Joins the job, builds the mesh and creates the strategy. */
+static int open_dist(session *s) {
+    char err[2048];
+    ct_clear_error();
+    if (s->commp) {
+        s->capi = s->commp->info.api;
+        void *world;
+        if (s->capi->create(&s->commp->host, &s->comm) != CT_OK || s->capi->world(s->comm, &world) != CT_OK ||
+            s->capi->group_rank(s->comm, world, &s->rank, &s->world) != CT_OK)
+            return fail_line(EXIT_RUN_FAILED, "comm");
+        log_set_rank(s->rank, s->world);
+    } else {
+        s->rank = 0;
+        s->world = 1;
     }
+    int degree[CT_MESH_NAXES];
+    if (mesh_degrees(s->mf, s->world, degree)) return EXIT_BAD_INPUT;
+    if (mesh_build(&s->mesh, s->commp ? s->capi : NULL, s->comm, s->rank, s->world, degree, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s: %s\n", err, ct_last_error());
+        return EXIT_RUN_FAILED;
+    }
+    if (!s->stratp) return 0;
+    if (!s->commp) {
+        fprintf(stderr, "ctitan: parallelism: strategy '%s' needs several ranks (launch with ctitan launch -n N)\n",
+                s->stratp->info.name);
+        return EXIT_BAD_INPUT;
+    }
+    const char *mp = "float32";
+    mf_get_str(s->mf, "training.mixed_precision_param", &mp);
+    ct_strategy_env env = {sizeof env, s->d, s->dev, s->capi, s->comm, &s->mesh, strcmp(mp, "bfloat16") == 0};
+    s->sapi = s->stratp->info.api;
+    ct_clear_error();
+    if (s->sapi->create(&s->stratp->host, &env, &s->strat) != CT_OK) return fail_line(EXIT_BAD_INPUT, "parallelism");
     return 0;
 }
 
@@ -153,6 +196,11 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     if ((st = load_slot(s, "device", CT_KIND_DEVICE, &s->devp))) return st;
     if ((st = load_slot(s, "model", CT_KIND_MODEL, &s->modelp))) return st;
     if ((st = load_slot(s, "optimizer", CT_KIND_OPTIMIZER, &s->optp))) return st;
+    int env_world = mesh_env_world_size();
+    if (with_params && env_world > 1 && (st = load_slot(s, "comm", CT_KIND_COMM, &s->commp))) return st;
+    const char *sname = with_params ? strategy_name(mf, env_world) : NULL;
+    if (sname && (st = load_named(s, "parallelism", "parallelism.dp_strategy", sname, CT_KIND_STRATEGY, &s->stratp)))
+        return st;
     if (manifest_validate(mf, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
         return EXIT_BAD_INPUT;
@@ -181,12 +229,13 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
         return fail_line(EXIT_BAD_INPUT, where);
     }
     if (!with_params) return 0;
-    if ((st = check_parallelism(s))) return st;
+    if ((st = open_dist(s))) return st;
+    runtime_dist dist = {s->capi, s->comm, &s->mesh, s->sapi, s->strat};
     uint64_t seed;
     int64_t seed_i;
     mf_get_int(mf, "training.seed", &seed_i);
     seed = (uint64_t)seed_i;
-    if (runtime_init(&s->rt, s->d, s->dev, s->m, s->model, seed, err, sizeof err)) {
+    if (runtime_init(&s->rt, s->d, s->dev, s->m, s->model, seed, s->commp ? &dist : NULL, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
         return EXIT_RUN_FAILED;
     }
@@ -243,8 +292,13 @@ void session_close(session *s) {
     }
     if (s->opt) s->o->destroy(s->opt);
     if (s->rt_ready) runtime_free(&s->rt);
+    if (s->strat) s->sapi->destroy(s->strat);
+    mesh_free(&s->mesh, s->comm ? s->capi : NULL, s->comm);
+    if (s->comm) s->capi->destroy(s->comm);
     if (s->model) s->m->destroy(s->model);
     if (s->dev) s->d->destroy(s->dev);
+    plugin_unload(s->stratp);
+    plugin_unload(s->commp);
     plugin_unload(s->optp);
     plugin_unload(s->modelp);
     plugin_unload(s->devp);
@@ -253,25 +307,26 @@ void session_close(session *s) {
 }
 
 int session_save_model(session *s, const char *path, char *err, size_t errlen) {
-    tf_writer *w = tf_writer_open(path, err, errlen);
-    if (!w) return -1;
+    /* every rank gathers (a collective for sharded parameters); rank 0 writes */
+    tf_writer *w = s->rank == 0 ? tf_writer_open(path, err, errlen) : NULL;
+    if (s->rank == 0 && !w) return -1;
     float *buf = NULL;
     for (int i = 0; i < s->rt.n_params; i++) {
         ct_tensor *t = &s->rt.params[i]->t;
         int64_t n = ct_tensor_numel(t);
         float *grown = realloc(buf, sizeof(float) * (size_t)n);
         if (!grown || runtime_param_get(&s->rt, i, grown, 0) ||
-            tf_writer_add(w, t->name, 1, t->ndim, t->shape, grown)) {
+            (w && tf_writer_add(w, t->name, 1, t->ndim, t->shape, grown))) {
             if (grown) buf = grown;
-            snprintf(err, errlen, "%s: cannot write %s: %s", path, t->name, tf_writer_error(w));
+            snprintf(err, errlen, "%s: cannot write %s: %s", path, t->name, w ? tf_writer_error(w) : "gather failed");
             free(buf);
-            tf_writer_abort(w);
+            if (w) tf_writer_abort(w);
             return -1;
         }
         buf = grown;
     }
     free(buf);
-    return tf_writer_close(w, err, errlen);
+    return w ? tf_writer_close(w, err, errlen) : 0;
 }
 
 int session_load_model(session *s, const char *path, char *err, size_t errlen) {
@@ -373,20 +428,33 @@ done:
     return rc;
 }
 
+/* Sums x over the data-parallel ranks (a no-op on one). */
+static int dp_sum(session *s, double *x) {
+    if (!s->capi || s->mesh.dp_size <= 1) return 0;
+    ct_clear_error();
+    ct_status st = s->capi->all_reduce(s->comm, s->mesh.dp_group, x, x, 1, CT_F64, CT_REDUCE_SUM, NULL);
+    if (st != CT_OK) s->rt.dist_status = st;
+    return st == CT_OK ? 0 : -1;
+}
+
 int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
                        double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid_out) {
-    int64_t valid = 0;
+    double valid = 0;
     for (int64_t i = 0; i < G * T; i++) valid += targets[i] != CT_IGNORE_INDEX;
-    float scale = valid > 0 ? 1.0f / (float)valid : 0.0f;
+    if (dp_sum(s, &valid)) return -1; /* the loss is normalised by the global batch's valid tokens */
+    float scale = valid > 0 ? (float)(1.0 / valid) : 0.0f;
     double loss_sum = 0;
-    *valid_out = valid;
+    *valid_out = (int64_t)valid;
     if (runtime_zero_grads(&s->rt) || runtime_begin_step(&s->rt)) return -1;
-    for (int64_t m = 0; m < G / L; m++) {
+    int64_t accum = G / L;
+    for (int64_t m = 0; m < accum; m++) {
         double ls;
-        if (runtime_forward_backward(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, scale, &ls)) return -1;
+        if (runtime_forward_backward(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, scale, m == accum - 1, &ls))
+            return -1;
         loss_sum += ls;
     }
-    *loss = valid > 0 ? loss_sum / (double)valid : 0.0;
+    if (dp_sum(s, &loss_sum)) return -1;
+    *loss = valid > 0 ? loss_sum / valid : 0.0;
     if (runtime_grad_norm(&s->rt, norm)) return -1;
     if (!isfinite(*norm)) return 1;
     /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1 */
@@ -395,8 +463,8 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     trace_begin("optimizer");
     size_t off = 0;
     for (int i = 0; i < s->rt.n_params; i++) {
-        ct_tensor *p = &s->rt.params[i]->t;
-        int64_t n = ct_tensor_numel(p);
+        ct_tensor *p = &s->rt.local[i]; /* this rank's storage: the whole parameter or its shard */
+        int64_t n = p->shape[0];
         float *state[8];
         for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + off);
         ct_clear_error();

@@ -5,6 +5,7 @@
 #include "ctitan/device.h"
 #include "ctitan/model.h"
 #include "ctitan/optimizer.h"
+#include "ctitan/strategy.h"
 #include "host.h"
 #include "manifest.h"
 #include "runtime.h"
@@ -15,7 +16,13 @@
 
 typedef struct session {
     manifest *mf;
-    plugin *devp, *modelp, *optp;
+    plugin *devp, *modelp, *optp, *commp, *stratp;
+    const ct_comm_api *capi; /* NULL on one rank */
+    void *comm;
+    const ct_strategy_api *sapi;
+    void *strat;
+    ct_mesh_info mesh;
+    int rank, world;
     const ct_device_api *d;
     void *dev;
     const ct_model_api *m;
@@ -60,9 +67,11 @@ int session_load_model(session *s, const char *path, char *err, size_t errlen);
 int session_generate(session *s, const char *tokenizer_path, const char *prompt, int64_t max_new, double temperature,
                      int64_t top_k, uint64_t seed, int64_t max_context);
 
-/* One optimizer step on a global batch of G sequences (inputs, targets: (G, T) on the host) in
- * microbatches of L: zero grads, forward/backward each microbatch with the loss normalised by the
- * batch's valid-token count, global grad norm, clip to max_norm, optimizer step at lr.
+/* One optimizer step. inputs, targets: this rank's G sequences (its slice of the global batch; the
+ * whole batch on one rank), (G, T) on the host, run in microbatches of L: zero grads,
+ * forward/backward each microbatch with the loss normalised by the global batch's valid-token
+ * count, global grad norm over every rank, clip to max_norm, optimizer step at lr on local storage.
+ * *loss and *valid are global.
  * Returns 0, -1 on a failure (ct_last_error), 1 when the norm is not finite (nothing updated). */
 int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
                        double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid);
@@ -70,5 +79,6 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
 int cmd_train(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_plugins(int argc, char **argv);
+int cmd_launch(int argc, char **argv);
 
 #endif

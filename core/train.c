@@ -95,15 +95,17 @@ static int train_loop(session *s, manifest *mf) {
     mf_get_int(mf, "training.seed", &seed);
     mf_get_float(mf, "training.max_norm", &max_norm);
     mf_get_str(mf, "job.dump_folder", &dump);
-    if (G == -1) G = L; /* one data-parallel rank */
-    if (L < 1 || G < L || G % L || steps < 0 || log_freq < 1) {
+    int64_t dp = s->mesh.dp_size > 0 ? s->mesh.dp_size : 1, dp_rank = s->mesh.dp_rank;
+    if (G == -1) G = L * dp; /* one microbatch per data-parallel rank */
+    if (L < 1 || G < L * dp || G % (L * dp) || steps < 0 || log_freq < 1) {
         mf_where(mf, "training.global_batch_size", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: need local_batch_size >= 1, global_batch_size a multiple of it (or -1), "
-                        "steps >= 0, metrics.log_freq >= 1 (got local %lld, global %lld)\n",
-                where, (long long)L, (long long)G);
+        fprintf(stderr, "ctitan: %s: need local_batch_size >= 1 and global_batch_size a multiple of local_batch_size x "
+                        "%lld data-parallel ranks (or -1), steps >= 0, metrics.log_freq >= 1 (got local %lld, global "
+                        "%lld)\n",
+                where, (long long)dp, (long long)L, (long long)G);
         return EXIT_BAD_INPUT;
     }
-    int64_t accum = G / L;
+    int64_t G_local = G / dp, accum = G_local / L; /* this rank's slice of the global batch */
     lr_schedule sched;
     if (lr_setup(mf, steps, &sched)) return EXIT_BAD_INPUT;
     if (mf_get_str(mf, "training.dataset_path", &dataset)) {
@@ -125,17 +127,22 @@ static int train_loop(session *s, manifest *mf) {
         return EXIT_BAD_INPUT;
     }
     snprintf(path, sizeof path, "%s/metrics.jsonl", dump);
-    FILE *jf = fopen(path, "w");
-    batch_buf bb = {malloc(sizeof(int32_t) * (size_t)(G * T)), malloc(sizeof(int32_t) * (size_t)(G * T))};
+    FILE *jf = s->rank == 0 ? fopen(path, "w") : fopen("/dev/null", "w");
+    batch_buf bb = {malloc(sizeof(int32_t) * (size_t)(G_local * T)), malloc(sizeof(int32_t) * (size_t)(G_local * T))};
     int rc = EXIT_RUN_FAILED;
     if (!jf || !bb.inputs || !bb.targets) {
         fprintf(stderr, "ctitan: cannot open %s or allocate the batch\n", path);
         goto done;
     }
     print_model_summary(s, T);
-    printf("data: %llu tokens, %lld sequences of %lld; batch %lld x %lld microbatches; %lld steps\n",
-           (unsigned long long)dl.n_tokens, (long long)dl.n_windows, (long long)T, (long long)L, (long long)accum,
-           (long long)steps);
+    printf("data: %llu tokens, %lld sequences of %lld; global batch %lld = %lld data-parallel ranks x %lld "
+           "microbatches x %lld; %lld steps\n",
+           (unsigned long long)dl.n_tokens, (long long)dl.n_windows, (long long)T, (long long)G, (long long)dp,
+           (long long)accum, (long long)L, (long long)steps);
+    if (s->world > 1)
+        printf("mesh: %d ranks: pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d; strategy %s\n", s->world,
+               s->mesh.degree[0], s->mesh.degree[1], s->mesh.degree[2], s->mesh.degree[3], s->mesh.degree[4],
+               s->stratp ? s->stratp->info.name : "none");
     if (s->peak_flops > 0)
         printf("device: %s, measured f32 matmul peak %.1f GFLOP/s (MFU below is against this %s peak)\n",
                s->devp->info.name, s->peak_flops / 1e9, s->devp->info.name);
@@ -147,12 +154,13 @@ static int train_loop(session *s, manifest *mf) {
         trace_begin("step");
         double lr = lr_at(&sched, step);
         /* the whole global batch first: the loss is normalised by its valid-token count */
-        for (int64_t i = 0; i < G; i++) /* one data-parallel rank: its slice is the whole batch */
-            dataloader_sequence(&dl, dataloader_global_index(step, G, 0, 1, i), bb.inputs + i * T, bb.targets + i * T);
+        for (int64_t i = 0; i < G_local; i++) /* this data-parallel rank's contiguous slice */
+            dataloader_sequence(&dl, dataloader_global_index(step, G, dp_rank, dp, i), bb.inputs + i * T,
+                                bb.targets + i * T);
         dl.position = step * G;
         double loss, norm;
         int64_t valid;
-        int bad = session_train_step(s, bb.inputs, bb.targets, G, L, T, lr, max_norm, step, &loss, &norm, &valid);
+        int bad = session_train_step(s, bb.inputs, bb.targets, G_local, L, T, lr, max_norm, step, &loss, &norm, &valid);
         if (bad < 0) goto runfail;
         if (bad > 0) {
             fprintf(stderr, "ctitan: step %lld: gradient norm is %g; stopping (lower optimizer.lr?)\n", (long long)step,
@@ -165,7 +173,7 @@ static int train_loop(session *s, manifest *mf) {
             step_time_sum += dt;
             timed_steps++;
         }
-        tokens_since += G * T;
+        tokens_since += G_local * T; /* per device */
         if (step == 1 || step % log_freq == 0 || step == steps) {
             double elapsed = now_s() - t_log;
             double tps = (double)tokens_since / elapsed;
@@ -176,7 +184,7 @@ static int train_loop(session *s, manifest *mf) {
                    (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, gib(g_mem.peak_total));
             fflush(stdout);
             fprintf(jf,
-                    "{\"step\": %lld, \"loss\": %.6f, \"grad_norm\": %.6f, \"lr\": %.6e, \"tps\": %.1f, "
+                    "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
                     "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
                     "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld}}\n",
                     (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)g_mem.peak_total,
@@ -189,7 +197,7 @@ static int train_loop(session *s, manifest *mf) {
         }
     }
     if (timed_steps > 0) {
-        double tps = (double)(G * T) * (double)timed_steps / step_time_sum;
+        double tps = (double)(G_local * T) * (double)timed_steps / step_time_sum;
         double gflops = s->rt.desc.flops_per_token * tps / 1e9;
         printf("summary: %lld steps after the first %lld: %.0f tokens/s, %.2f GFLOP/s achieved, %.2f GFLOP/s measured %s "
                "matmul peak, ratio %.3f, peak memory %.3f GiB (activations live peak %.3f GiB)\n",
@@ -206,6 +214,10 @@ static int train_loop(session *s, manifest *mf) {
     goto done;
 runfail:
     fprintf(stderr, "ctitan: training failed: %s\n", ct_last_error());
+    if (s->capi) { /* the other ranks would wait forever in their next collective */
+        fflush(stderr);
+        s->capi->abort(s->comm, EXIT_RUN_FAILED);
+    }
 done:
     if (jf) fclose(jf);
     free(bb.inputs);

@@ -93,7 +93,7 @@ static int64_t cpu_find_bad_id(const int32_t *ids, int64_t n, int64_t limit, int
 
 static const ct_option_spec cpu_options[] = {
     {sizeof(ct_option_spec), "threads", CT_OPT_INT, "0",
-     "worker threads for OpenMP and OpenBLAS; 0 = one per available core"},
+     "worker threads for OpenMP and OpenBLAS; 0 = the available cores divided among this node's ranks"},
     {0, NULL, 0, NULL, NULL},
 };
 
@@ -115,8 +115,16 @@ static ct_status cpu_create(const ct_host *host, void **dev)
         return cpu_fail(&unborn, CT_ERR_INVALID, "create",
                         "option threads = %lld, expected 0 (one per core) to 4096",
                         (long long)threads);
-    if (threads == 0) /* the cores this process may run on (affinity mask included) */
-        threads = omp_get_num_procs();
+    if (threads == 0) { /* the cores this process may run on, shared among the ranks on this node */
+        static const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
+        int local = 1;
+        for (size_t i = 0; i < sizeof vars / sizeof vars[0] && local == 1; i++)
+            if (getenv(vars[i]) && atoi(getenv(vars[i])) > 1)
+                local = atoi(getenv(vars[i]));
+        threads = omp_get_num_procs() / local;
+        if (threads < 1)
+            threads = 1;
+    }
     cpu_device *d = calloc(1, sizeof *d);
     if (!d)
         return cpu_fail(&unborn, CT_ERR_NOMEM, "create", "cannot allocate the device");

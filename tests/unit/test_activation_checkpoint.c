@@ -35,7 +35,7 @@ static void run(const char *mode, const char *option, result *r) {
         tgt[i] = i % 17 == 0 ? -100 : (int32_t)((i * 53 + 5) % 256);
     }
     assert_int_equal(runtime_zero_grads(&s.rt), 0);
-    assert_int_equal(runtime_forward_backward(&s.rt, tok, tgt, 2, 64, 1.0f / 120.0f, &r->loss), 0);
+    assert_int_equal(runtime_forward_backward(&s.rt, tok, tgt, 2, 64, 1.0f / 120.0f, 1, &r->loss), 0);
     r->n = s.rt.n_param_elems;
     r->grads = malloc(sizeof(float) * (size_t)r->n);
     int64_t off = 0;

@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 #define CT_ABI_MAJOR 1
-#define CT_ABI_MINOR 0
+#define CT_ABI_MINOR 1 /* 1.1: comm and strategy kinds, CT_ERR_TIMEOUT */
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 
@@ -43,13 +43,16 @@ typedef enum ct_status {
     CT_ERR_UNSUPPORTED = 2, /* the plugin cannot do this (shape, dtype, feature) */
     CT_ERR_NOMEM = 3,       /* allocation failed */
     CT_ERR_IO = 4,          /* file or stream error */
-    CT_ERR_INTERNAL = 5     /* a bug; the message says where */
+    CT_ERR_INTERNAL = 5,    /* a bug; the message says where */
+    CT_ERR_TIMEOUT = 6      /* a collective or transfer did not complete in time (a rank died or hangs) */
 } ct_status;
 
 typedef enum ct_plugin_kind {
     CT_KIND_DEVICE = 1,
     CT_KIND_MODEL = 2,
-    CT_KIND_OPTIMIZER = 3
+    CT_KIND_OPTIMIZER = 3,
+    CT_KIND_COMM = 4,
+    CT_KIND_STRATEGY = 5
 } ct_plugin_kind;
 
 /* An option a plugin accepts in its manifest section. The host validates the manifest against
@@ -75,7 +78,8 @@ typedef struct ct_plugin_info {
     const char *name;        /* e.g. "cpu", "llama3", "adamw" */
     const char *description; /* one line for `ctitan plugins` */
     const ct_option_spec *options; /* may be NULL: accepts no options */
-    const void *api;         /* ct_device_api *, ct_model_api *, ct_optimizer_api * per kind */
+    const void *api;         /* ct_device_api *, ct_model_api *, ct_optimizer_api *, ct_comm_api *,
+                                ct_strategy_api * per kind */
 } ct_plugin_info;
 
 typedef ct_status (*ct_plugin_entry_fn)(const ct_host *host, ct_plugin_info *info);

@@ -16,12 +16,14 @@ typedef enum ct_dtype {
     CT_BF16 = 2,
     CT_F8_E4M3 = 3,
     CT_F8_E5M2 = 4,
-    CT_I32 = 5
+    CT_I32 = 5,
+    CT_F64 = 6 /* host-side reductions (norms, token counts); not a tensor dtype of any model */
 } ct_dtype;
 
 /* Bytes per element of a dtype; 0 for an unknown one. */
 static inline size_t ct_dtype_size(ct_dtype t) {
     switch (t) {
+    case CT_F64: return 8;
     case CT_F32: case CT_I32: return 4;
     case CT_BF16: return 2;
     case CT_F8_E4M3: case CT_F8_E5M2: return 1;

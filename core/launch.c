@@ -1,0 +1,73 @@
+/* launch.c: `ctitan launch -n N COMMAND ...`: runs N ranks of this ctitan under OpenMPI's mpirun
+ * with the flags a small machine and a root account need. Multi-node jobs use mpirun or srun
+ * directly (with a host file); nothing in ctitan assumes one machine. */
+#include "session.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *launch_usage =
+    "usage: ctitan launch -n N [--mpirun-arg ARG ...] COMMAND [ARGS...]\n"
+    "  Runs `ctitan COMMAND ARGS` on N ranks: mpirun -n N --oversubscribe --allow-run-as-root (as root)\n"
+    "  --bind-to none. With more ranks than cores, OpenMP threads wait passively (OMP_WAIT_POLICY).\n"
+    "  example: ctitan launch -n 4 train configs/llama3_debug.yaml --parallelism.data_parallel_shard_degree=4\n";
+
+int cmd_launch(int argc, char **argv) {
+    long n = 0;
+    int i = 0;
+    const char *extra[32];
+    int n_extra = 0;
+    for (; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(launch_usage, stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "-n") || !strcmp(argv[i], "-np")) {
+            char *end;
+            n = i + 1 < argc ? strtol(argv[++i], &end, 10) : 0;
+            if (n < 1 || *end) {
+                fprintf(stderr, "ctitan: launch: -n needs a positive number of ranks\n");
+                return EXIT_BAD_INPUT;
+            }
+        } else if (!strcmp(argv[i], "--mpirun-arg") && i + 1 < argc && n_extra < 32) {
+            extra[n_extra++] = argv[++i];
+        } else {
+            break;
+        }
+    }
+    if (n < 1 || i >= argc) {
+        fprintf(stderr, "ctitan: launch: expected -n N and a command (see ctitan launch --help)\n");
+        return EXIT_BAD_INPUT;
+    }
+    char self[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) {
+        fprintf(stderr, "ctitan: launch: cannot find this executable\n");
+        return EXIT_RUN_FAILED;
+    }
+    self[len] = 0;
+    char nbuf[32];
+    snprintf(nbuf, sizeof nbuf, "%ld", n);
+    const char **av = calloc((size_t)(argc + n_extra + 16), sizeof(char *));
+    if (!av) return EXIT_RUN_FAILED;
+    int k = 0;
+    av[k++] = "mpirun";
+    av[k++] = "-n";
+    av[k++] = nbuf;
+    av[k++] = "--oversubscribe";
+    av[k++] = "--bind-to";
+    av[k++] = "none";
+    if (geteuid() == 0) av[k++] = "--allow-run-as-root";
+    for (int e = 0; e < n_extra; e++) av[k++] = extra[e];
+    av[k++] = self;
+    for (; i < argc; i++) av[k++] = argv[i];
+    av[k] = NULL;
+    if (n > sysconf(_SC_NPROCESSORS_ONLN)) setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+    fflush(stdout);
+    execvp("mpirun", (char *const *)av);
+    fprintf(stderr, "ctitan: launch: cannot run mpirun (install openmpi-bin: make deps)\n");
+    free(av);
+    return EXIT_RUN_FAILED;
+}

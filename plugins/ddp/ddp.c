@@ -1,0 +1,116 @@
+/* ddp.c: DDP as a strategy plugin, written against the public SDK only (the way a third party
+ * adds a strategy). Every rank holds every parameter; after the step's last backward each unit's
+ * gradients are all-reduced (SUM: the loss is already normalised by the global token count) as one
+ * bucket per unit, started as soon as the unit's backward ends so they overlap the rest. */
+#include "ctitan/strategy.h"
+
+#include <stdlib.h>
+
+typedef struct ddp {
+    const ct_host *host;
+    ct_strategy_env env;
+    ct_mesh_info mesh;
+    ct_param_slot *slots;
+    int n_slots, n_units;
+    void **req; /* per slot: pending all_reduce */
+} ddp;
+
+static ct_status ddp_create(const ct_host *h, const ct_strategy_env *env, void **out) {
+    if (env->mesh->degree[CT_AXIS_DP_SHARD] > 1) {
+        h->set_error(h, "DDP replicates only; use fsdp for data_parallel_shard_degree > 1");
+        return CT_ERR_INVALID;
+    }
+    ddp *d = calloc(1, sizeof *d);
+    if (!d) return CT_ERR_NOMEM;
+    d->host = h;
+    d->env = *env;
+    d->mesh = *env->mesh;
+    *out = d;
+    return CT_OK;
+}
+
+static void ddp_destroy(void *p) {
+    ddp *d = p;
+    if (!d) return;
+    free(d->req);
+    free(d);
+}
+
+static ct_status ddp_place(void *p, ct_param_slot *slots, int n) {
+    (void)p;
+    for (int i = 0; i < n; i++) {
+        slots[i].placement = CT_PLACE_REPLICATE;
+        slots[i].local_numel = slots[i].numel;
+        slots[i].offset = 0;
+    }
+    return CT_OK;
+}
+
+static ct_status ddp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
+    ddp *d = p;
+    d->slots = slots;
+    d->n_slots = n;
+    d->n_units = n_units;
+    d->req = calloc((size_t)n + 1, sizeof(void *));
+    if (!d->req) return CT_ERR_NOMEM;
+    for (int i = 0; i < n; i++) { /* the model computes on the replica itself */
+        slots[i].param->data = slots[i].local_data;
+        slots[i].param->grad = slots[i].local_grad;
+    }
+    return CT_OK;
+}
+
+static ct_status ddp_noop(void *p, int unit) {
+    (void)p;
+    (void)unit;
+    return CT_OK;
+}
+
+static ct_status ddp_post_backward(void *p, int unit, int last_microbatch) {
+    ddp *d = p;
+    if (!last_microbatch) return CT_OK; /* accumulate locally until the step's last microbatch */
+    for (int i = 0; i < d->n_slots; i++) {
+        if (d->slots[i].unit != unit) continue;
+        ct_status st = d->env.capi->all_reduce(d->env.comm, d->mesh.group[CT_AXIS_DP_REPLICATE], d->slots[i].local_grad,
+                                               d->slots[i].local_grad, d->slots[i].numel, CT_F32, CT_REDUCE_SUM,
+                                               &d->req[i]);
+        if (st) return st;
+    }
+    return CT_OK;
+}
+
+static ct_status ddp_finish_backward(void *p) {
+    ddp *d = p;
+    for (int i = 0; i < d->n_slots; i++) {
+        if (!d->req[i]) continue;
+        ct_status st = d->env.capi->wait(d->env.comm, d->req[i]);
+        d->req[i] = NULL;
+        if (st) return st;
+    }
+    return CT_OK;
+}
+
+static const ct_strategy_api api = {
+    .struct_size = sizeof(ct_strategy_api),
+    .create = ddp_create,
+    .destroy = ddp_destroy,
+    .place = ddp_place,
+    .setup = ddp_setup,
+    .pre_forward = ddp_noop,
+    .post_forward = ddp_noop,
+    .pre_backward = ddp_noop,
+    .post_backward = ddp_post_backward,
+    .finish_backward = ddp_finish_backward,
+};
+
+CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {
+    (void)host;
+    info->abi_major = CT_ABI_MAJOR;
+    info->abi_minor = CT_ABI_MINOR;
+    info->kind = CT_KIND_STRATEGY;
+    info->name = "ddp";
+    info->description = "DDP: replicated parameters, gradients all-reduced per unit after the last microbatch";
+    info->options = NULL;
+    info->api = &api;
+    return CT_OK;
+}

@@ -1,0 +1,330 @@
+/* fsdp.c: FSDP2 semantics as a strategy plugin (and HSDP when dp_replicate > 1).
+ *
+ * Every parameter is flattened and sharded over the dp_shard axis in dim-0 row blocks, padded so
+ * each rank holds the same count. Before a unit's forward its parameters are all-gathered (the next
+ * unit's gather is started as a prefetch), after it they are freed per the reshard policy, before
+ * its backward gathered again; after its backward the full gradients are reduce-scattered (fp32,
+ * SUM) into the local shard, and with HSDP then all-reduced (SUM) over dp_replicate. The optimizer
+ * sees shards only. Gathered buffers come from a small cache, counted as communication memory.
+ */
+#include "ctitan/strategy.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct buf {
+    float *p;
+    int64_t n;
+} buf;
+
+typedef struct unit_state {
+    int *params;
+    int n;
+    int gathered;   /* full parameters valid (or being gathered) */
+    void **greq;    /* per param: pending all_gather */
+    float **rs_out; /* per param: reduce-scatter output (local_numel) */
+    void **rsreq;   /* per param: pending reduce-scatter */
+    int rs_pending;
+} unit_state;
+
+typedef struct fsdp {
+    const ct_host *host;
+    ct_strategy_env env;
+    ct_mesh_info mesh;
+    int reshard; /* 0 never, 1 default, 2 always */
+    ct_param_slot *slots;
+    int n_slots, n_units;
+    unit_state *units;
+    buf *cache; /* free full-size buffers */
+    int n_cache, cap_cache;
+} fsdp;
+
+static const ct_option_spec options[] = {
+    {sizeof(ct_option_spec), "fsdp_reshard_after_forward", CT_OPT_STRING, "default",
+     "default (reshard after forward but the last unit) | always | never"},
+    {0, NULL, 0, NULL, NULL},
+};
+
+#define DAPI(f) (f)->env.dapi
+#define CAPI(f) (f)->env.capi
+
+static void *shard_group(fsdp *f) { return f->mesh.group[CT_AXIS_DP_SHARD]; }
+
+static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, void **out) {
+    fsdp *f = calloc(1, sizeof *f);
+    if (!f) return CT_ERR_NOMEM;
+    f->host = h;
+    f->env = *env;
+    f->mesh = *env->mesh;
+    const char *policy = "default";
+    h->opt_string(h, "fsdp_reshard_after_forward", &policy);
+    if (!strcmp(policy, "never")) f->reshard = 0;
+    else if (!strcmp(policy, "default")) f->reshard = 1;
+    else if (!strcmp(policy, "always")) f->reshard = 2;
+    else {
+        h->set_error(h, "parallelism.fsdp_reshard_after_forward: expected default, always or never, got '%s'", policy);
+        free(f);
+        return CT_ERR_INVALID;
+    }
+    if (!env->capi || !env->mesh->group[CT_AXIS_DP_SHARD]) {
+        h->set_error(h, "needs a comm plugin and a dp_shard group");
+        free(f);
+        return CT_ERR_INVALID;
+    }
+    *out = f;
+    return CT_OK;
+}
+
+/* ---- buffer cache: full-size parameter and gradient buffers ---- */
+static float *buf_get(fsdp *f, int64_t n) {
+    for (int i = 0; i < f->n_cache; i++)
+        if (f->cache[i].n == n) {
+            float *p = f->cache[i].p;
+            f->cache[i] = f->cache[--f->n_cache];
+            return p;
+        }
+    void *p = NULL;
+    if (DAPI(f)->alloc(f->env.dev, (size_t)n * sizeof(float), &p) != CT_OK) return NULL;
+    f->host->mem_account(f->host, CT_MEM_COMM, n * (int64_t)sizeof(float));
+    return p;
+}
+
+static void buf_put(fsdp *f, float *p, int64_t n) {
+    if (!p) return;
+    if (f->n_cache == f->cap_cache) {
+        int cap = f->cap_cache ? 2 * f->cap_cache : 16;
+        buf *c = realloc(f->cache, sizeof(buf) * (size_t)cap);
+        if (!c) { /* no room to cache it: give it back */
+            DAPI(f)->free(f->env.dev, p);
+            f->host->mem_account(f->host, CT_MEM_COMM, -n * (int64_t)sizeof(float));
+            return;
+        }
+        f->cache = c;
+        f->cap_cache = cap;
+    }
+    f->cache[f->n_cache++] = (buf){p, n};
+}
+
+static int64_t full_n(fsdp *f, const ct_param_slot *s) { return s->local_numel * f->mesh.degree[CT_AXIS_DP_SHARD]; }
+
+static ct_status fsdp_place(void *p, ct_param_slot *slots, int n) {
+    fsdp *f = p;
+    int S = f->mesh.degree[CT_AXIS_DP_SHARD], r = f->mesh.coord[CT_AXIS_DP_SHARD];
+    for (int i = 0; i < n; i++) {
+        ct_param_slot *s = &slots[i];
+        int64_t rows = s->param->ndim ? s->param->shape[0] : 1, row = s->numel / (rows ? rows : 1);
+        int64_t rows_per = (rows + S - 1) / S; /* dim-0 blocks, the last ones padded */
+        s->placement = CT_PLACE_SHARD;
+        s->shard_axis = CT_AXIS_DP_SHARD;
+        s->local_numel = rows_per * row;
+        s->offset = (int64_t)r * s->local_numel;
+    }
+    return CT_OK;
+}
+
+static ct_status fsdp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
+    fsdp *f = p;
+    f->slots = slots;
+    f->n_slots = n;
+    f->n_units = n_units;
+    f->units = calloc((size_t)n_units, sizeof(unit_state));
+    if (!f->units) return CT_ERR_NOMEM;
+    for (int i = 0; i < n; i++) {
+        if (slots[i].unit < 0 || slots[i].unit >= n_units) return CT_ERR_INVALID;
+        unit_state *u = &f->units[slots[i].unit];
+        int *grown = realloc(u->params, sizeof(int) * (size_t)(u->n + 1));
+        if (!grown) return CT_ERR_NOMEM;
+        u->params = grown;
+        u->params[u->n++] = i;
+        slots[i].param->data = NULL;
+        slots[i].param->grad = NULL;
+    }
+    for (int k = 0; k < n_units; k++) {
+        unit_state *u = &f->units[k];
+        u->greq = calloc((size_t)u->n + 1, sizeof(void *));
+        u->rsreq = calloc((size_t)u->n + 1, sizeof(void *));
+        u->rs_out = calloc((size_t)u->n + 1, sizeof(float *));
+        if (!u->greq || !u->rsreq || !u->rs_out) return CT_ERR_NOMEM;
+    }
+    return CT_OK;
+}
+
+/* Starts all-gathering unit k's parameters into full buffers. */
+static ct_status gather_start(fsdp *f, int k) {
+    if (k < 0 || k >= f->n_units) return CT_OK;
+    unit_state *u = &f->units[k];
+    if (u->gathered) return CT_OK;
+    for (int j = 0; j < u->n; j++) {
+        ct_param_slot *s = &f->slots[u->params[j]];
+        float *full = buf_get(f, full_n(f, s));
+        if (!full) {
+            f->host->set_error(f->host, "cannot allocate %lld floats to gather %s", (long long)full_n(f, s),
+                               s->param->name);
+            return CT_ERR_NOMEM;
+        }
+        s->param->data = full;
+        ct_status st = CAPI(f)->all_gather(f->env.comm, shard_group(f), s->local_data, full, s->local_numel, CT_F32,
+                                           &u->greq[j]);
+        if (st) return st;
+    }
+    u->gathered = 1;
+    return CT_OK;
+}
+
+/* Waits for unit k's gathers (if any are pending). */
+static ct_status gather_wait(fsdp *f, int k) {
+    unit_state *u = &f->units[k];
+    ct_status st = gather_start(f, k);
+    if (st) return st;
+    for (int j = 0; j < u->n; j++) {
+        if (!u->greq[j]) continue;
+        st = CAPI(f)->wait(f->env.comm, u->greq[j]);
+        u->greq[j] = NULL;
+        if (st) return st;
+        ct_param_slot *s = &f->slots[u->params[j]];
+        if (f->env.bf16_compute) { /* compute with bf16 values; the shards stay fp32 */
+            st = DAPI(f)->round_bf16(f->env.dev, s->param->data, s->numel);
+            if (st) return st;
+        }
+    }
+    return CT_OK;
+}
+
+static void release_params(fsdp *f, int k) {
+    unit_state *u = &f->units[k];
+    for (int j = 0; j < u->n; j++) {
+        ct_param_slot *s = &f->slots[u->params[j]];
+        buf_put(f, s->param->data, full_n(f, s));
+        s->param->data = NULL;
+    }
+    u->gathered = 0;
+}
+
+static ct_status fsdp_pre_forward(void *p, int k) {
+    fsdp *f = p;
+    if (k == 0) /* a new pass: parameters a forward-only pass left gathered may be stale */
+        for (int j = 0; j < f->n_units; j++)
+            if (f->units[j].gathered) {
+                ct_status st = gather_wait(f, j);
+                if (st) return st;
+                release_params(f, j);
+            }
+    ct_status st = gather_wait(f, k);
+    if (!st) st = gather_start(f, k + 1); /* prefetch the next unit while this one computes */
+    return st;
+}
+
+static ct_status fsdp_post_forward(void *p, int k) {
+    fsdp *f = p;
+    int last = k == f->n_units - 1;
+    if (f->reshard == 2 || (f->reshard == 1 && !last)) release_params(f, k);
+    return CT_OK;
+}
+
+static ct_status fsdp_pre_backward(void *p, int k) {
+    fsdp *f = p;
+    ct_status st = gather_wait(f, k);
+    if (st) return st;
+    unit_state *u = &f->units[k];
+    for (int j = 0; j < u->n; j++) { /* fresh full gradients, zeroed: the tape accumulates into them */
+        ct_param_slot *s = &f->slots[u->params[j]];
+        float *g = buf_get(f, full_n(f, s));
+        if (!g) return CT_ERR_NOMEM;
+        st = DAPI(f)->zero(f->env.dev, g, sizeof(float) * (size_t)full_n(f, s));
+        if (st) return st;
+        s->param->grad = g;
+    }
+    return gather_start(f, k - 1); /* prefetch the unit backward reaches next */
+}
+
+/* Completes unit k's reduce-scatters: local gradient += reduced shard (then summed over replicas). */
+static ct_status rs_finish(fsdp *f, int k) {
+    unit_state *u = &f->units[k];
+    if (!u->rs_pending) return CT_OK;
+    ct_status st = CT_OK;
+    for (int j = 0; j < u->n && !st; j++) {
+        ct_param_slot *s = &f->slots[u->params[j]];
+        st = CAPI(f)->wait(f->env.comm, u->rsreq[j]);
+        u->rsreq[j] = NULL;
+        if (!st && f->mesh.degree[CT_AXIS_DP_REPLICATE] > 1) /* HSDP: sum the shard over replicas */
+            st = CAPI(f)->all_reduce(f->env.comm, f->mesh.group[CT_AXIS_DP_REPLICATE], u->rs_out[j], u->rs_out[j],
+                                     s->local_numel, CT_F32, CT_REDUCE_SUM, NULL);
+        if (!st) st = DAPI(f)->axpy(f->env.dev, s->local_grad, u->rs_out[j], 1.0f, s->local_numel);
+        buf_put(f, u->rs_out[j], s->local_numel);
+        u->rs_out[j] = NULL;
+        buf_put(f, s->param->grad, full_n(f, s));
+        s->param->grad = NULL;
+    }
+    u->rs_pending = 0;
+    return st;
+}
+
+static ct_status fsdp_post_backward(void *p, int k, int last_microbatch) {
+    fsdp *f = p;
+    (void)last_microbatch; /* FSDP2 reduce-scatters every microbatch into the local shard */
+    unit_state *u = &f->units[k];
+    for (int j = 0; j < u->n; j++) {
+        ct_param_slot *s = &f->slots[u->params[j]];
+        u->rs_out[j] = buf_get(f, s->local_numel);
+        if (!u->rs_out[j]) return CT_ERR_NOMEM;
+        ct_status st = CAPI(f)->reduce_scatter(f->env.comm, shard_group(f), s->param->grad, u->rs_out[j],
+                                               s->local_numel, CT_F32, CT_REDUCE_SUM, &u->rsreq[j]);
+        if (st) return st;
+    }
+    u->rs_pending = u->n > 0;
+    release_params(f, k);
+    /* one unit's reductions in flight at a time: finish the unit after this one */
+    return k + 1 < f->n_units ? rs_finish(f, k + 1) : CT_OK;
+}
+
+static ct_status fsdp_finish_backward(void *p) {
+    fsdp *f = p;
+    for (int k = 0; k < f->n_units; k++) {
+        ct_status st = rs_finish(f, k);
+        if (st) return st;
+    }
+    return CT_OK;
+}
+
+static void fsdp_destroy(void *p) {
+    fsdp *f = p;
+    if (!f) return;
+    for (int i = 0; i < f->n_cache; i++) {
+        DAPI(f)->free(f->env.dev, f->cache[i].p);
+        f->host->mem_account(f->host, CT_MEM_COMM, -f->cache[i].n * (int64_t)sizeof(float));
+    }
+    free(f->cache);
+    for (int k = 0; f->units && k < f->n_units; k++) {
+        free(f->units[k].params);
+        free(f->units[k].greq);
+        free(f->units[k].rsreq);
+        free(f->units[k].rs_out);
+    }
+    free(f->units);
+    free(f);
+}
+
+static const ct_strategy_api api = {
+    .struct_size = sizeof(ct_strategy_api),
+    .create = fsdp_create,
+    .destroy = fsdp_destroy,
+    .place = fsdp_place,
+    .setup = fsdp_setup,
+    .pre_forward = fsdp_pre_forward,
+    .post_forward = fsdp_post_forward,
+    .pre_backward = fsdp_pre_backward,
+    .post_backward = fsdp_post_backward,
+    .finish_backward = fsdp_finish_backward,
+};
+
+CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {
+    (void)host;
+    info->abi_major = CT_ABI_MAJOR;
+    info->abi_minor = CT_ABI_MINOR;
+    info->kind = CT_KIND_STRATEGY;
+    info->name = "fsdp";
+    info->description = "FSDP2: parameters sharded on dim 0 over dp_shard, gathered per unit; HSDP with dp_replicate";
+    info->options = options;
+    info->api = &api;
+    return CT_OK;
+}

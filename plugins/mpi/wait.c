@@ -1,0 +1,161 @@
+/* wait.c: completing operations within a deadline.
+ *
+ * MPI's blocking calls cannot be bounded, so every operation is started with the non-blocking
+ * call and completed here: MPI_Test, then a pause that grows from 0 to 100 us, until the request
+ * completes or the deadline passes. MPI progresses non-blocking collectives only inside MPI calls,
+ * so the loop must keep testing; the pause keeps a waiting rank from taking a core away from ranks
+ * that still compute (tests oversubscribe 4 ranks on 2 cores).
+ *
+ * A request that misses its deadline can be neither freed nor cancelled (MPI forbids both for
+ * collectives), and MPI may still write its buffers. It moves to c->abandoned; every later wait
+ * tests it again and frees it once a late rank has completed it, and destroy drains what is left.
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep, _exit */
+
+#include "mpi_comm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PAUSE_FIRST_NS 1000L
+#define PAUSE_MAX_NS 100000L
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+ctmpi_req *ctmpi_req_new(const ctmpi_group *g, const char *op, int64_t count, ct_dtype dt)
+{
+    ctmpi_req *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->req = MPI_REQUEST_NULL;
+    r->op = op;
+    r->count = count;
+    r->dt = dt;
+    r->peer = -1;
+    snprintf(r->group, sizeof r->group, "%s", g->name);
+    r->rank = g->rank;
+    r->size = g->size;
+    return r;
+}
+
+void ctmpi_describe(const ctmpi_req *r, char *buf, size_t len)
+{
+    char count[64] = "", peer[32] = "";
+    if (r->dt)
+        snprintf(count, sizeof count, " of %lld %s", (long long)r->count,
+                 ctmpi_dtype_name(r->dt));
+    if (r->peer_word)
+        snprintf(peer, sizeof peer, " %s rank %d", r->peer_word, r->peer);
+    snprintf(buf, len, "%s%s%s on group %s (rank %d of %d)", r->op, count, peer, r->group, r->rank,
+             r->size);
+}
+
+ct_status ctmpi_mpi_error(ctmpi *c, const char *what, int rc)
+{
+    char msg[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
+        snprintf(msg, sizeof msg, "unknown error");
+    c->host->set_error(c->host, "%s: MPI error %d: %s", what, rc, msg);
+    return CT_ERR_IO;
+}
+
+int ctmpi_reap(ctmpi *c)
+{
+    int left = 0;
+    for (ctmpi_req **p = &c->abandoned; *p;) {
+        ctmpi_req *r = *p;
+        int done = 0;
+        /* an error also ends it: MPI has given up on the operation */
+        if (MPI_Test(&r->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) {
+            *p = r->next;
+            free(r);
+        } else {
+            p = &r->next;
+            left++;
+        }
+    }
+    return left;
+}
+
+int ctmpi_drain(ctmpi *c, double timeout)
+{
+    const double deadline = now_seconds() + timeout;
+    long pause_ns = PAUSE_FIRST_NS;
+    int left;
+    while ((left = ctmpi_reap(c)) > 0 && now_seconds() < deadline) {
+        struct timespec ts = {0, pause_ns};
+        nanosleep(&ts, NULL);
+        pause_ns = 2 * pause_ns < PAUSE_MAX_NS ? 2 * pause_ns : PAUSE_MAX_NS;
+    }
+    return left;
+}
+
+ct_status ctmpi_wait(ctmpi *c, ctmpi_req *r, double timeout)
+{
+    const double deadline = now_seconds() + timeout;
+    long pause_ns = 0;
+    for (;;) {
+        int done = 0;
+        int rc = MPI_Test(&r->req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            char what[256];
+            ctmpi_describe(r, what, sizeof what);
+            free(r);
+            return ctmpi_mpi_error(c, what, rc);
+        }
+        if (done) {
+            free(r);
+            return CT_OK;
+        }
+        if (now_seconds() >= deadline)
+            break;
+        if (c->abandoned)
+            ctmpi_reap(c);
+        if (pause_ns) {
+            struct timespec ts = {0, pause_ns};
+            nanosleep(&ts, NULL);
+        }
+        pause_ns = pause_ns ? (2 * pause_ns < PAUSE_MAX_NS ? 2 * pause_ns : PAUSE_MAX_NS)
+                            : PAUSE_FIRST_NS;
+    }
+    char what[256];
+    ctmpi_describe(r, what, sizeof what);
+    c->host->set_error(c->host, "%s: no completion within %g s; a rank died or is stuck", what,
+                       timeout);
+    r->next = c->abandoned;
+    c->abandoned = r;
+    return CT_ERR_TIMEOUT;
+}
+
+ct_status ctmpi_finish(ctmpi *c, ctmpi_req *r, int rc, void **req)
+{
+    if (rc != MPI_SUCCESS) {
+        char what[256];
+        ctmpi_describe(r, what, sizeof what);
+        free(r);
+        return ctmpi_mpi_error(c, what, rc);
+    }
+    if (req) {
+        *req = r;
+        return CT_OK;
+    }
+    return ctmpi_wait(c, r, c->train_timeout);
+}
+
+ct_status ctmpi_wait_api(void *comm, void *req)
+{
+    ctmpi *c = comm;
+    if (!req) {
+        c->host->set_error(c->host, "wait: NULL request");
+        return CT_ERR_INVALID;
+    }
+    return ctmpi_wait(c, req, c->train_timeout);
+}

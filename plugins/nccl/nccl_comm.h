@@ -1,0 +1,115 @@
+/* nccl_comm.h: state shared by the files of the NCCL comm plugin (GPU memory).
+ *
+ *   plugin.c  entry, options, create (MPI bootstrap, GPU choice, world communicator), destroy, abort
+ *   group.c   groups: world, split, free; polling a non-blocking communicator with a deadline
+ *   ops.c     argument checks, dtype/op mapping and the NCCL call behind each operation
+ *   wait.c    requests: a CUDA event recorded after the operation, polled with a deadline
+ *
+ * Every communicator is created non-blocking (ncclConfig_t.blocking = 0): no NCCL call holds the
+ * thread, so init, split, connection setup and the kernels themselves are all bounded by
+ * train_timeout_seconds; on a timeout the communicator is aborted (ncclCommAbort) and the call
+ * returns CT_ERR_TIMEOUT.
+ *
+ * Ordering with the device plugin: each group runs on its own CUDA stream, created as a blocking
+ * stream, so it is ordered after earlier work on the legacy default stream and before later work
+ * there. A device plugin that computes on its own non-blocking streams must synchronize before
+ * handing buffers to a collective.
+ */
+#ifndef CTITAN_NCCL_COMM_H
+#define CTITAN_NCCL_COMM_H
+
+#include "ctitan/comm.h"
+
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "the nccl plugin needs NCCL >= 2.18 (ncclCommSplit)"
+#endif
+/* fp8 reductions: NCCL >= 2.24 knows the two fp8 types; older ones move fp8 as bytes only. */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
+#define CTNCCL_HAS_FP8 1
+#else
+#define CTNCCL_HAS_FP8 0
+#endif
+
+typedef struct ctnccl_group {
+    ncclComm_t nc;
+    cudaStream_t stream; /* every operation on this group runs here */
+    int *scratch;        /* one int of device memory: the barrier's all_reduce */
+    int rank, size;
+    int aborted;         /* ncclCommAbort was called: the group only awaits group_free/destroy */
+    char name[64];       /* "world", or the name split was given (truncated) */
+    struct ctnccl_group *next; /* in ctnccl.groups */
+} ctnccl_group;
+
+typedef struct ctnccl {
+    const ct_host *host;
+    double train_timeout; /* seconds; bounds every call, wait, init and split */
+    int device;           /* the CUDA device of this rank */
+    int nccl_version;     /* of the library loaded at run time */
+    int mpi_inited_here;  /* we called MPI_Init_thread, so destroy calls MPI_Finalize */
+    int mpi_stuck;        /* a bootstrap exchange timed out: MPI may still own our buffers, and
+                             MPI_Finalize would wait for the missing rank */
+    MPI_Comm boot;        /* a duplicate of MPI_COMM_WORLD: the bootstrap (unique id, agreement) */
+    ctnccl_group *world;
+    ctnccl_group *groups; /* every live group, newest first (the world is last) */
+} ctnccl;
+
+/* One operation in flight and what its messages say about it. */
+typedef struct ctnccl_req {
+    cudaEvent_t done;   /* recorded on the group's stream after the operation; NULL: nothing ran */
+    ctnccl_group *g;
+    char what[192];     /* "all_reduce of 4096 f32 on group dp (rank 1 of 4)" */
+} ctnccl_req;
+
+/* group.c */
+double ctnccl_now(void);
+/* Sleeps a little longer each time (spin = how many times already), up to 1 ms. */
+void ctnccl_pause(unsigned spin);
+/* Polls a non-blocking communicator until the call that returned `r` has finished. Returns its
+ * final state (ncclSuccess or an error), or ncclInProgress when `deadline` passed first. */
+ncclResult_t ctnccl_settle(ncclComm_t nc, ncclResult_t r, double deadline);
+/* After an NCCL call on g that returned r: CT_OK once it has settled; otherwise aborts g and sets
+ * the error ("<what>: ..." or the timeout message). */
+ct_status ctnccl_group_settle(ctnccl *c, ctnccl_group *g, ncclResult_t r, const char *what);
+/* Wraps a ready communicator: rank, size, stream, scratch; links it into c->groups. */
+ct_status ctnccl_group_open(ctnccl *c, ncclComm_t nc, const char *name, ctnccl_group **out);
+/* finalize = 1: flush and destroy (bounded; aborts on timeout); 0: abort. Frees g. */
+void ctnccl_group_close(ctnccl *c, ctnccl_group *g, int finalize);
+void ctnccl_group_abort(ctnccl_group *g);
+/* Sets the host error "<what>: <NCCL error> (<last NCCL message>)" and returns the ct_status. */
+ct_status ctnccl_error(ctnccl *c, const char *what, ncclResult_t r, ncclComm_t nc);
+ct_status ctnccl_cuda_error(ctnccl *c, const char *what, cudaError_t e);
+/* The message of a CT_ERR_TIMEOUT, in the words of comm.h. */
+void ctnccl_timeout_error(ctnccl *c, const char *what);
+ct_status ctnccl_world(void *comm, void **group);
+ct_status ctnccl_group_rank(void *comm, void *group, int *rank, int *size);
+ct_status ctnccl_split(void *comm, void *group, int color, int key, const char *name, void **out);
+void ctnccl_group_free(void *comm, void *group);
+
+/* wait.c */
+/* Polls r's event until done, a NCCL error or the deadline; frees r. */
+ct_status ctnccl_wait(ctnccl *c, ctnccl_req *r);
+ct_status ctnccl_wait_api(void *comm, void *req);
+
+/* ops.c */
+const char *ctnccl_dtype_name(ct_dtype dt);
+ct_status ctnccl_all_reduce(void *comm, void *group, const void *send, void *recv, int64_t count,
+                            ct_dtype dt, ct_reduce_op op, void **req);
+ct_status ctnccl_all_gather(void *comm, void *group, const void *send, void *recv, int64_t count,
+                            ct_dtype dt, void **req);
+ct_status ctnccl_reduce_scatter(void *comm, void *group, const void *send, void *recv,
+                                int64_t count, ct_dtype dt, ct_reduce_op op, void **req);
+ct_status ctnccl_broadcast(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int root,
+                           void **req);
+ct_status ctnccl_all_to_all(void *comm, void *group, const void *send, void *recv, int64_t count,
+                            ct_dtype dt, void **req);
+ct_status ctnccl_send(void *comm, void *group, const void *buf, int64_t count, ct_dtype dt,
+                      int peer, int tag, void **req);
+ct_status ctnccl_recv(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int peer,
+                      int tag, void **req);
+ct_status ctnccl_barrier(void *comm, void *group);
+
+#endif

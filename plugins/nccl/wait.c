@@ -1,0 +1,65 @@
+/* wait.c: completing an operation of the NCCL comm plugin. The operation's event is polled
+ * (cudaEventQuery never blocks) together with the communicator's asynchronous error, until it is
+ * done, NCCL reports an error (a peer's network went away), or train_timeout_seconds pass; the
+ * last two abort the group's communicator, which makes NCCL's kernels return. */
+#include "nccl_comm.h"
+
+#include <stdlib.h>
+
+static void req_free(ctnccl_req *r) {
+    if (r->done)
+        cudaEventDestroy(r->done); /* safe while pending: released when the event completes */
+    free(r);
+}
+
+ct_status ctnccl_wait(ctnccl *c, ctnccl_req *r) {
+    ctnccl_group *g = r->g;
+    if (!r->done) { /* nothing was enqueued (count 0) */
+        req_free(r);
+        return CT_OK;
+    }
+    if (g->aborted) {
+        c->host->set_error(c->host, "%s: the group was aborted after an earlier error or timeout", r->what);
+        req_free(r);
+        return CT_ERR_INVALID;
+    }
+    double deadline = ctnccl_now() + c->train_timeout;
+    ct_status st = CT_OK;
+    for (unsigned spin = 0;; spin++) {
+        cudaError_t e = cudaEventQuery(r->done);
+        if (e == cudaSuccess)
+            break;
+        if (e != cudaErrorNotReady) {
+            st = ctnccl_cuda_error(c, r->what, e);
+            ctnccl_group_abort(g);
+            break;
+        }
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(g->nc, &state);
+        if (q == ncclSuccess && state != ncclSuccess && state != ncclInProgress)
+            q = state;
+        if (q != ncclSuccess) {
+            st = ctnccl_error(c, r->what, q, g->nc);
+            ctnccl_group_abort(g);
+            break;
+        }
+        if (ctnccl_now() >= deadline) {
+            ctnccl_timeout_error(c, r->what);
+            ctnccl_group_abort(g);
+            st = CT_ERR_TIMEOUT;
+            break;
+        }
+        ctnccl_pause(spin);
+    }
+    req_free(r);
+    return st;
+}
+
+ct_status ctnccl_wait_api(void *comm, void *req) {
+    ctnccl *c = comm;
+    if (!req) {
+        c->host->set_error(c->host, "wait: NULL request");
+        return CT_ERR_INVALID;
+    }
+    return ctnccl_wait(c, req);
+}

@@ -1,0 +1,67 @@
+/* ctitan/comm.h: the communication interface (plugin kind CT_KIND_COMM).
+ *
+ * A comm plugin moves tensors between the ranks of a job: MPI for host memory (plugins/mpi), NCCL
+ * for GPU memory (plugins/nccl). The host creates it once per process, takes the world group, and
+ * splits sub-groups from it (one per mesh axis). Buffers live in the memory of the device the
+ * plugin serves (host memory for MPI, device memory for NCCL).
+ *
+ * Contract:
+ *  - Every collective is called by every rank of the group, in the same order.
+ *  - `req == NULL`: the call returns when the operation is complete. `req != NULL`: the call starts
+ *    the operation and stores a handle in *req; `wait` completes it (and frees the handle). Buffers
+ *    must not be touched between the start and the wait.
+ *  - Nothing waits forever: a blocking call or `wait` that does not complete within the plugin's
+ *    `train_timeout_seconds` option returns CT_ERR_TIMEOUT with a message naming the operation, the
+ *    group and the count ("all_reduce of 4096 f32 on group dp (rank 1 of 4): no completion within
+ *    30 s; a rank died or is stuck"). The host then calls `abort`, which ends every rank of the job.
+ *  - Reductions SUM/MAX/MIN only: there is no implicit averaging; the host normalises.
+ *  - Results are deterministic for a fixed group size and layout.
+ * `send`/`recv` pair by (peer, tag) within a group.
+ */
+#ifndef CTITAN_COMM_H
+#define CTITAN_COMM_H
+
+#include "ctitan/abi.h"
+#include "ctitan/host.h"
+#include "ctitan/tensor.h"
+
+typedef enum ct_reduce_op { CT_REDUCE_SUM = 1, CT_REDUCE_MAX = 2, CT_REDUCE_MIN = 3 } ct_reduce_op;
+
+typedef struct ct_comm_api {
+    size_t struct_size;
+    /* Joins the job (MPI_Init_thread, NCCL bootstrap). world_rank/size identify this process. */
+    ct_status (*create)(const ct_host *host, void **comm);
+    /* Leaves the job cleanly (every rank calls it). */
+    void (*destroy)(void *comm);
+    /* The group of every rank. Owned by the comm; never freed by the caller. */
+    ct_status (*world)(void *comm, void **group);
+    ct_status (*group_rank)(void *comm, void *group, int *rank, int *size);
+    /* Collective over `group`: ranks with the same color form a new group, ordered by key. */
+    ct_status (*split)(void *comm, void *group, int color, int key, const char *name, void **out);
+    void (*group_free)(void *comm, void *group);
+
+    /* recv (count) = op over ranks of send (count); send == recv is in place. */
+    ct_status (*all_reduce)(void *comm, void *group, const void *send, void *recv, int64_t count, ct_dtype dt,
+                            ct_reduce_op op, void **req);
+    /* recv (size * count) = every rank's send (count), in rank order. */
+    ct_status (*all_gather)(void *comm, void *group, const void *send, void *recv, int64_t count, ct_dtype dt,
+                            void **req);
+    /* recv (count) = op over ranks of send[rank * count .. (rank + 1) * count). send is (size * count). */
+    ct_status (*reduce_scatter)(void *comm, void *group, const void *send, void *recv, int64_t count, ct_dtype dt,
+                                ct_reduce_op op, void **req);
+    ct_status (*broadcast)(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int root, void **req);
+    /* send (size * count): block j goes to rank j; recv (size * count): block j came from rank j. */
+    ct_status (*all_to_all)(void *comm, void *group, const void *send, void *recv, int64_t count, ct_dtype dt,
+                            void **req);
+    ct_status (*send)(void *comm, void *group, const void *buf, int64_t count, ct_dtype dt, int peer, int tag,
+                      void **req);
+    ct_status (*recv)(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int peer, int tag,
+                      void **req);
+    ct_status (*barrier)(void *comm, void *group);
+    /* Completes a started operation (bounded by the timeout) and frees the handle. */
+    ct_status (*wait)(void *comm, void *req);
+    /* Ends every rank of the job with exit status `code` (after an unrecoverable error). */
+    void (*abort)(void *comm, int code);
+} ct_comm_api;
+
+#endif

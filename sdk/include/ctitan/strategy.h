@@ -1,0 +1,93 @@
+/* ctitan/strategy.h: the parallel-strategy interface (plugin kind CT_KIND_STRATEGY).
+ *
+ * A strategy decides where each parameter lives (its placement) and acts around units: FSDP
+ * gathers a unit's parameters before its forward and reduce-scatters their gradients after its
+ * backward; DDP all-reduces gradients. The model never knows.
+ *
+ * Life of a run:
+ *   create(env)  -> place(slots)          : the strategy sets each slot's local size and offset
+ *   host allocates local storage (parameter shard, its gradient, optimizer states) and initialises
+ *   the shard from the seed       -> setup(slots)
+ *   each microbatch: for units 0..n-1: pre_forward(u), forward, post_forward(u)
+ *                    for units n-1..0: pre_backward(u), backward, post_backward(u, last)
+ *                    finish_backward()  (every gradient reduction complete)
+ *   optimizer on local storage only; clipping by the norm over every rank's local gradients.
+ *
+ * The model computes with slot->param: a tensor of the FULL (global) shape whose `data` and `grad`
+ * the strategy must point at valid memory from pre_forward/pre_backward until the matching post
+ * hook. The host's gradient accumulation is `+=` into param->grad, so a fresh full-gradient
+ * buffer must be zeroed. Gradients are SUMS over ranks: the host already divided the loss by the
+ * global token count, so a strategy never averages.
+ */
+#ifndef CTITAN_STRATEGY_H
+#define CTITAN_STRATEGY_H
+
+#include "ctitan/abi.h"
+#include "ctitan/comm.h"
+#include "ctitan/device.h"
+#include "ctitan/host.h"
+#include "ctitan/tensor.h"
+
+/* Mesh axes in torchtitan's order; tp varies fastest over ranks. */
+typedef enum ct_mesh_axis {
+    CT_AXIS_PP = 0,
+    CT_AXIS_DP_REPLICATE = 1,
+    CT_AXIS_DP_SHARD = 2,
+    CT_AXIS_CP = 3,
+    CT_AXIS_TP = 4,
+    CT_MESH_NAXES = 5
+} ct_mesh_axis;
+
+typedef struct ct_mesh_info {
+    size_t struct_size;
+    int world_rank, world_size;
+    int degree[CT_MESH_NAXES];
+    int coord[CT_MESH_NAXES];
+    void *group[CT_MESH_NAXES]; /* comm group of the ranks that differ only on this axis */
+    void *dp_group;             /* dp_replicate x dp_shard flattened (batch and loss reductions) */
+    int dp_rank, dp_size;
+} ct_mesh_info;
+
+typedef struct ct_strategy_env {
+    size_t struct_size;
+    const ct_device_api *dapi;
+    void *dev;
+    const ct_comm_api *capi;
+    void *comm;
+    const ct_mesh_info *mesh;
+    int bf16_compute; /* training.mixed_precision_param: bfloat16 -> gather and compute in bf16 values */
+} ct_strategy_env;
+
+/* Placement of one parameter on this rank. */
+#define CT_PLACE_REPLICATE 0 /* every rank holds all of it */
+#define CT_PLACE_SHARD 1     /* flattened, this rank holds [offset, offset + local_numel), zero-padded */
+
+typedef struct ct_param_slot {
+    size_t struct_size;
+    ct_tensor *param; /* full shape; the model computes with param->data / param->grad */
+    int unit;
+    int64_t numel;    /* of the full parameter */
+    /* set by place(): */
+    int placement;
+    int shard_axis;       /* the mesh axis sharded over (CT_AXIS_DP_SHARD for FSDP) */
+    int64_t local_numel;  /* elements this rank stores (padding included) */
+    int64_t offset;       /* first element of the flattened full parameter this rank stores */
+    /* set by the host before setup(): the local storage */
+    float *local_data, *local_grad;
+} ct_param_slot;
+
+typedef struct ct_strategy_api {
+    size_t struct_size;
+    ct_status (*create)(const ct_host *host, const ct_strategy_env *env, void **s);
+    void (*destroy)(void *s);
+    ct_status (*place)(void *s, ct_param_slot *slots, int n);
+    ct_status (*setup)(void *s, ct_param_slot *slots, int n, int n_units);
+    ct_status (*pre_forward)(void *s, int unit);
+    ct_status (*post_forward)(void *s, int unit);
+    ct_status (*pre_backward)(void *s, int unit);
+    /* last_microbatch: the step's last backward (DDP reduces only then) */
+    ct_status (*post_backward)(void *s, int unit, int last_microbatch);
+    ct_status (*finish_backward)(void *s);
+} ct_strategy_api;
+
+#endif
