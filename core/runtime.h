@@ -85,6 +85,7 @@ typedef struct runtime {
     size_t param_bytes;         /* bytes of local storage (64-byte aligned per parameter) */
     runtime_dist dist;
     ct_status dist_status; /* the status of the last failed strategy or comm call (CT_ERR_TIMEOUT ...) */
+    double comm_seconds;   /* wall time in strategy hooks and collectives (exposed communication) */
     float *bf16_shadow;         /* mixed_precision_param=bfloat16: bf16-rounded copies used by forward */
     void **master_data;         /* the f32 master pointers while the shadow is swapped in */
 
@@ -135,6 +136,9 @@ int runtime_scale_grads(runtime *rt, float s);
 int runtime_param_get(runtime *rt, int i, float *host, int grad);
 int runtime_param_set(runtime *rt, int i, const float *host);
 int runtime_find_param(runtime *rt, const char *name);
+
+/* Monotonic seconds. */
+double rt_now(void);
 
 /* Host-side counter-based RNG (splitmix64) shared by init and sampling. */
 uint64_t rng_splitmix64(uint64_t x);

@@ -432,7 +432,9 @@ done:
 static int dp_sum(session *s, double *x) {
     if (!s->capi || s->mesh.dp_size <= 1) return 0;
     ct_clear_error();
+    double t0 = rt_now();
     ct_status st = s->capi->all_reduce(s->comm, s->mesh.dp_group, x, x, 1, CT_F64, CT_REDUCE_SUM, NULL);
+    s->rt.comm_seconds += rt_now() - t0;
     if (st != CT_OK) s->rt.dist_status = st;
     return st == CT_OK ? 0 : -1;
 }

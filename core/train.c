@@ -146,11 +146,11 @@ static int train_loop(session *s, manifest *mf) {
     if (s->peak_flops > 0)
         printf("device: %s, measured f32 matmul peak %.1f GFLOP/s (MFU below is against this %s peak)\n",
                s->devp->info.name, s->peak_flops / 1e9, s->devp->info.name);
-    double t_log = now_s(), step_time_sum = 0;
+    double t_log = now_s(), step_time_sum = 0, comm_time_sum = 0;
     const int64_t warmup_steps = steps > 2 ? 2 : steps > 1 ? 1 : 0;
     int64_t tokens_since = 0, timed_steps = 0;
     for (int64_t step = 1; step <= steps; step++) {
-        double t0 = now_s();
+        double t0 = now_s(), comm_before = s->rt.comm_seconds;
         trace_begin("step");
         double lr = lr_at(&sched, step);
         /* the whole global batch first: the loss is normalised by its valid-token count */
@@ -171,6 +171,7 @@ static int train_loop(session *s, manifest *mf) {
         double dt = now_s() - t0;
         if (step > warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
             step_time_sum += dt;
+            comm_time_sum += s->rt.comm_seconds - comm_before;
             timed_steps++;
         }
         tokens_since += G_local * T; /* per device */
@@ -204,6 +205,10 @@ static int train_loop(session *s, manifest *mf) {
                (long long)timed_steps, (long long)warmup_steps, tps, gflops, s->peak_flops / 1e9, s->devp->info.name,
                s->peak_flops > 0 ? gflops * 1e9 / s->peak_flops : 0.0, gib(g_mem.peak_total),
                gib(s->rt.peak_act_bytes));
+        if (s->world > 1)
+            printf("summary: communication (time in strategy hooks and collectives, not hidden by compute) %.1f%% of "
+                   "step time on rank 0\n",
+                   100.0 * comm_time_sum / step_time_sum);
     }
     snprintf(path, sizeof path, "%s/model.ctt", dump);
     if (steps > 0 && session_save_model(s, path, err, sizeof err)) {

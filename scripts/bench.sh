@@ -15,3 +15,7 @@ echo "== 124M-class: dim 768, 12 layers, 12 heads, 4 kv heads, ffn 2048, vocab 3
 "$CTITAN" train configs/llama3_debug.yaml "${common[@]}" --model.dim=768 --model.n_layers=12 --model.n_heads=12 \
   --model.n_kv_heads=4 --model.ffn_hidden=2048 --model.vocab_size=32000 --training.seq_len=512 \
   --training.local_batch_size=4 --training.steps=6 --metrics.log_freq=1 | grep -E '^(device|model|summary)'
+echo "== FSDP 2 ranks (one thread each), debugmodel, seq 256, global batch 8 (12 steps)"
+"$CTITAN" launch -n 2 train configs/llama3_debug.yaml "${common[@]}" --device.threads=1 --training.seq_len=256 \
+  --training.local_batch_size=4 --training.global_batch_size=8 --training.steps=12 --metrics.log_freq=4 \
+  --parallelism.data_parallel_shard_degree=2 --job.dump_folder=outputs/bench_fsdp2 | grep -E '^(mesh|summary)'

@@ -6,10 +6,11 @@
  * message instead of a hang.
  *
  * What the timeouts cannot bound:
- *  - MPI_Init_thread: with mpirun it blocks in the runtime's start-up exchange until every rank has
- *    started, and MPI offers no way to bound it. init_timeout_seconds bounds the first collective
- *    after it (duplicating MPI_COMM_WORLD), where a rank that never arrives shows up when the
- *    launcher does not exchange at start-up (e.g. with --mca pmix_base_async_modex 1).
+ *  - MPI_Init_thread: under mpirun it blocks in the runtime's start-up exchange (a PMIx fence)
+ *    until every rank has called it, and MPI offers no way to bound it (seen with OpenMPI 4.1: a
+ *    rank started 6 s late holds the others in create for 6.2 s, whatever init_timeout_seconds
+ *    says). init_timeout_seconds bounds the first collective after it (duplicating
+ *    MPI_COMM_WORLD), which catches a missing rank only where MPI_Init does not wait for all.
  *  - MPI_Comm_split has no non-blocking form; split first waits (bounded) for a barrier of the
  *    parent group, so the split itself starts only once every rank has arrived.
  *  - MPI_Finalize (in destroy, only when this plugin started MPI) waits for every rank.
@@ -37,7 +38,7 @@ static const ct_option_spec options[] = {
      "the operation and group (a rank died or is stuck)"},
     {sizeof(ct_option_spec), "init_timeout_seconds", CT_OPT_FLOAT, "300",
      "seconds the first collective after MPI_Init (duplicating MPI_COMM_WORLD) may take; "
-     "MPI_Init itself cannot be bounded"},
+     "MPI_Init itself waits for every rank to start and cannot be bounded"},
     {0, NULL, 0, NULL, NULL},
 };
 
@@ -96,8 +97,10 @@ static ct_status world_create(ctmpi *c)
     MPI_Comm_size(MPI_COMM_WORLD, &w->size);
     w->comm = MPI_COMM_NULL;
     ctmpi_req *r = ctmpi_req_new(w, "create (MPI_Comm_idup of MPI_COMM_WORLD)", 0, (ct_dtype)0);
-    if (!r)
+    if (!r) {
+        c->host->set_error(c->host, "create: out of memory");
         return CT_ERR_NOMEM;
+    }
     int rc = MPI_Comm_idup(MPI_COMM_WORLD, &w->comm, &r->req);
     if (rc != MPI_SUCCESS) {
         free(r);
@@ -131,8 +134,10 @@ static ct_status mpi_create(const ct_host *h, void **out)
     }
     *out = NULL;
     ctmpi *c = calloc(1, sizeof *c);
-    if (!c)
+    if (!c) {
+        h->set_error(h, "create: out of memory");
         return CT_ERR_NOMEM;
+    }
     c->host = h;
     for (int i = 0; i < 3; i++)
         c->bf16_op[i] = MPI_OP_NULL;
@@ -174,7 +179,10 @@ static void mpi_destroy(void *comm)
         return;
     int finalised = 0;
     MPI_Finalized(&finalised);
-    int left = finalised ? 0 : ctmpi_drain(c, c->train_timeout);
+    /* Operations abandoned by a timeout complete within moments once the late rank has joined;
+     * when a rank died they never will, and waiting the whole timeout again would only delay the
+     * exit. */
+    int left = finalised ? 0 : ctmpi_drain(c, c->train_timeout < 1.0 ? c->train_timeout : 1.0);
     if (left)
         c->host->log(c->host, CT_LOG_WARN,
                      "%d timed-out operation(s) never completed; MPI_Finalize skipped (after a "
@@ -241,6 +249,7 @@ static ct_status mpi_split(void *comm, void *group, int color, int key, const ch
     if (!g || !r) {
         free(g);
         free(r);
+        h->set_error(h, "split of group %s: out of memory", parent->name);
         return CT_ERR_NOMEM;
     }
     /* MPI_Comm_split has no non-blocking form: wait (bounded) until every rank of the parent has

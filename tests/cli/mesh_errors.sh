@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Layout errors stop every rank at start-up with one clear line, before any work: degrees that do
+# not multiply to the world size, a global batch the data-parallel ranks cannot split, axes that are
+# not available yet, and a bad reshard policy.
+set -u
+CTITAN=${CTITAN:-build/ctitan}
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+fails=0
+corpus=tests/data/tokenizer/corpus.txt
+"$CTITAN" tokenizer train --input "$corpus" --vocab-size 512 --output "$T/tok.model" >/dev/null
+"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null
+base=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --model.vocab_size=512 --model.n_layers=1
+      --training.seq_len=32 --training.steps=2 --generate.max_new_tokens=0 --job.dump_folder="$T/out")
+expect() { # name ranks pattern -- args
+  local name=$1 n=$2 pat=$3; shift 4
+  local out rc
+  if [ "$n" -eq 1 ]; then out=$("$CTITAN" train "${base[@]}" "$@" 2>&1); rc=$?
+  else out=$(timeout 120 "$CTITAN" launch -n "$n" train "${base[@]}" "$@" 2>&1); rc=$?; fi
+  local hits; hits=$(echo "$out" | grep -cE -- "$pat")
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$hits" -ge "$n" ] && ! echo "$out" | grep -q '^step '; then
+    echo "ok   $name (status $rc): $(echo "$out" | grep -E -- "$pat" | head -1)"
+  else echo "FAIL $name: status $rc, $hits of $n ranks said /$pat/:"; echo "$out" | tail -8 | sed 's/^/     /'; fails=$((fails+1)); fi
+}
+expect "degrees exceed one rank" 1 "dp_shard 2 .* = 2 ranks, but the job has 1" -- --parallelism.data_parallel_shard_degree=2
+expect "degrees exceed the world" 2 "data_parallel_shard_degree.* = 4 ranks, but the job has 2" -- --parallelism.data_parallel_shard_degree=4
+expect "-1 cannot divide" 2 "does not divide|do not divide" -- --parallelism.data_parallel_replicate_degree=3
+expect "batch does not split" 2 "global_batch_size.*multiple of local_batch_size x 2" -- \
+  --parallelism.data_parallel_shard_degree=2 --training.local_batch_size=4 --training.global_batch_size=6
+expect "tensor parallel not yet" 2 "tp parallelism is not available yet" -- --parallelism.tensor_parallel_degree=2 \
+  --parallelism.data_parallel_shard_degree=1
+expect "bad reshard policy" 2 "fsdp_reshard_after_forward: expected default, always or never" -- \
+  --parallelism.data_parallel_shard_degree=2 --parallelism.fsdp_reshard_after_forward=sometimes
+exit $fails
