@@ -3,16 +3,56 @@
  * directly (with a host file); nothing in ctitan assumes one machine. */
 #include "session.h"
 
+#include <dirent.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+/* mpirun runs with --enable-recovery so that when a rank dies the others live long enough to hit
+ * their collective timeout and say which collective failed. mpirun then always exits 0, so each
+ * rank records its exit status in $CTITAN_STATUS_DIR and launch derives the job's status: the
+ * first non-zero status of a rank, or 1 for a rank that left no status (it was killed). */
+void launch_record_status(int status) {
+    const char *dir = getenv("CTITAN_STATUS_DIR"), *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!dir || !rank) return;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/rank-%s", dir, rank);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "%d\n", status);
+    fclose(f);
+}
+
+static int job_status(const char *dir, long n) {
+    int worst = 0;
+    for (long r = 0; r < n; r++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/rank-%ld", dir, r);
+        FILE *f = fopen(path, "r");
+        int st = 1;
+        if (f) {
+            if (fscanf(f, "%d", &st) != 1) st = 1;
+            fclose(f);
+            unlink(path);
+        } else {
+            fprintf(stderr, "ctitan: launch: rank %ld ended without a status (killed?)\n", r);
+        }
+        if (st && !worst) worst = st;
+    }
+    rmdir(dir);
+    return worst;
+}
 
 static const char *launch_usage =
     "usage: ctitan launch -n N [--mpirun-arg ARG ...] COMMAND [ARGS...]\n"
     "  Runs `ctitan COMMAND ARGS` on N ranks: mpirun -n N --oversubscribe --allow-run-as-root (as root)\n"
-    "  --bind-to none. With more ranks than cores, OpenMP threads wait passively (OMP_WAIT_POLICY).\n"
+    "  --bind-to none --enable-recovery (a rank that dies leaves the others to time out in their\n"
+    "  collective and say which one). Exits with the first non-zero status of a rank. With more ranks\n"
+    "  than cores, OpenMP threads wait passively (OMP_WAIT_POLICY).\n"
     "  example: ctitan launch -n 4 train configs/llama3_debug.yaml --parallelism.data_parallel_shard_degree=4\n";
 
 int cmd_launch(int argc, char **argv) {
@@ -59,15 +99,39 @@ int cmd_launch(int argc, char **argv) {
     av[k++] = "--oversubscribe";
     av[k++] = "--bind-to";
     av[k++] = "none";
+    av[k++] = "--enable-recovery";
     if (geteuid() == 0) av[k++] = "--allow-run-as-root";
     for (int e = 0; e < n_extra; e++) av[k++] = extra[e];
     av[k++] = self;
     for (; i < argc; i++) av[k++] = argv[i];
     av[k] = NULL;
     if (n > sysconf(_SC_NPROCESSORS_ONLN)) setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+    char dir[] = "/tmp/ctitan-launch-XXXXXX";
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "ctitan: launch: cannot create a status folder in /tmp\n");
+        free(av);
+        return EXIT_RUN_FAILED;
+    }
+    setenv("CTITAN_STATUS_DIR", dir, 1);
     fflush(stdout);
-    execvp("mpirun", (char *const *)av);
-    fprintf(stderr, "ctitan: launch: cannot run mpirun (install openmpi-bin: make deps)\n");
+    pid_t pid = fork();
+    if (pid == 0) {
+        execvp("mpirun", (char *const *)av);
+        fprintf(stderr, "ctitan: launch: cannot run mpirun (install openmpi-bin: make deps)\n");
+        _exit(127);
+    }
     free(av);
-    return EXIT_RUN_FAILED;
+    int wst = 0;
+    signal(SIGINT, SIG_IGN); /* Ctrl-C reaches mpirun, which stops the ranks; we report after */
+    if (pid < 0 || waitpid(pid, &wst, 0) < 0) {
+        fprintf(stderr, "ctitan: launch: cannot run mpirun\n");
+        return EXIT_RUN_FAILED;
+    }
+    if (WIFEXITED(wst) && WEXITSTATUS(wst) == 127) {
+        rmdir(dir);
+        return EXIT_RUN_FAILED;
+    }
+    int st = job_status(dir, n);
+    if (!st && !(WIFEXITED(wst) && WEXITSTATUS(wst) == 0)) st = EXIT_RUN_FAILED;
+    return st;
 }

@@ -22,8 +22,13 @@ int main(int argc, char **argv) {
         return argc < 2 ? EXIT_BAD_INPUT : 0;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
-    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 2, argv + 2);
+    int st;
+    if (!strcmp(cmd, "train")) st = cmd_train(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "generate")) st = cmd_generate(argc - 2, argv + 2);
+    else goto other;
+    launch_record_status(st); /* under `ctitan launch`: the job's status comes from its ranks */
+    return st;
+other:
     if (!strcmp(cmd, "plugins")) return cmd_plugins(argc - 2, argv + 2);
     if (!strcmp(cmd, "launch")) return cmd_launch(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);

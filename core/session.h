@@ -80,5 +80,7 @@ int cmd_train(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_plugins(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
+/* Under `ctitan launch`: records this rank's exit status for the launcher. */
+void launch_record_status(int status);
 
 #endif

@@ -221,6 +221,7 @@ runfail:
     fprintf(stderr, "ctitan: training failed: %s\n", ct_last_error());
     if (s->capi) { /* the other ranks would wait forever in their next collective */
         fflush(stderr);
+        launch_record_status(EXIT_RUN_FAILED);
         s->capi->abort(s->comm, EXIT_RUN_FAILED);
     }
 done:
