@@ -61,16 +61,21 @@ typedef struct prefix_stream {
     char prefix[32];
 } prefix_stream;
 
+/* Each line goes out in one write (prefix included) so ranks sharing a pipe do not interleave. */
 static ssize_t prefix_write(void *cookie, const char *buf, size_t n) {
     prefix_stream *p = cookie;
     size_t done = 0;
     while (done < n) {
-        if (p->at_line_start && write(p->fd, p->prefix, strlen(p->prefix)) < 0) return -1;
         const char *nl = memchr(buf + done, '\n', n - done);
         size_t len = nl ? (size_t)(nl - (buf + done)) + 1 : n - done;
-        if (write(p->fd, buf + done, len) < 0) return -1;
-        p->at_line_start = nl != NULL;
-        done += len;
+        char line[4096];
+        size_t pre = p->at_line_start ? strlen(p->prefix) : 0, take = len;
+        if (pre + take > sizeof line) take = sizeof line - pre;
+        memcpy(line, p->prefix, pre);
+        memcpy(line + pre, buf + done, take);
+        if (write(p->fd, line, pre + take) < 0) return -1;
+        p->at_line_start = nl != NULL && take == len;
+        done += take;
     }
     return (ssize_t)n;
 }

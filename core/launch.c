@@ -12,8 +12,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* mpirun runs with --enable-recovery so that when a rank dies the others live long enough to hit
- * their collective timeout and say which collective failed. mpirun then always exits 0, so each
+/* mpirun runs with orte_abort_on_non_zero_status=0 so that when a rank dies the others live long
+ * enough to hit their collective timeout and say which collective failed. mpirun's exit status
+ * then no longer tells which rank failed (it is 0 when ranks exit non-zero on their own), so each
  * rank records its exit status in $CTITAN_STATUS_DIR and launch derives the job's status: the
  * first non-zero status of a rank, or 1 for a rank that left no status (it was killed). */
 void launch_record_status(int status) {
@@ -49,10 +50,10 @@ static int job_status(const char *dir, long n) {
 
 static const char *launch_usage =
     "usage: ctitan launch -n N [--mpirun-arg ARG ...] COMMAND [ARGS...]\n"
-    "  Runs `ctitan COMMAND ARGS` on N ranks: mpirun -n N --oversubscribe --allow-run-as-root (as root)\n"
-    "  --bind-to none --enable-recovery (a rank that dies leaves the others to time out in their\n"
-    "  collective and say which one). Exits with the first non-zero status of a rank. With more ranks\n"
-    "  than cores, OpenMP threads wait passively (OMP_WAIT_POLICY).\n"
+    "  Runs `ctitan COMMAND ARGS` on N ranks: mpirun -n N --oversubscribe --bind-to none\n"
+    "  --mca orte_abort_on_non_zero_status 0 (and --allow-run-as-root as root). A rank that dies leaves\n"
+    "  the others to time out in their collective and say which one; the launcher exits with the\n"
+    "  first non-zero status of a rank. With more ranks than cores, OpenMP threads wait passively.\n"
     "  example: ctitan launch -n 4 train configs/llama3_debug.yaml --parallelism.data_parallel_shard_degree=4\n";
 
 int cmd_launch(int argc, char **argv) {
@@ -99,7 +100,9 @@ int cmd_launch(int argc, char **argv) {
     av[k++] = "--oversubscribe";
     av[k++] = "--bind-to";
     av[k++] = "none";
-    av[k++] = "--enable-recovery";
+    av[k++] = "--mca";
+    av[k++] = "orte_abort_on_non_zero_status";
+    av[k++] = "0";
     if (geteuid() == 0) av[k++] = "--allow-run-as-root";
     for (int e = 0; e < n_extra; e++) av[k++] = extra[e];
     av[k++] = self;

@@ -881,6 +881,13 @@ static void measure_all_reduce(group *w, ct_dtype dt)
         expect_status(api->all_reduce(comm, w->g, buf, buf, n, dt, CT_REDUCE_SUM, NULL), CT_OK,
                       "timed all_reduce");
         t[r] = now_seconds() - t0;
+        for (int64_t i = 0; i < n; i++) {
+            if (get(dt, buf, i) != 0.5 * w->size) {
+                failf("timed all_reduce of %s: element %lld is %g, expected %g", dtype_name(dt),
+                      (long long)i, get(dt, buf, i), 0.5 * w->size);
+                break;
+            }
+        }
         for (int64_t i = 0; i < n; i++)
             put(dt, buf, i, 0.5);
     }
@@ -1045,7 +1052,7 @@ int main(int argc, char **argv)
     check_done("bad arguments fail locally with a message");
     measure_all_reduce(&w, CT_F32);
     measure_all_reduce(&w, CT_BF16);
-    check_done("timed all_reduce");
+    check_done("all_reduce of 1M f32 and bf16 (timed)");
 
     check_recv_timeout(&w);
     check_done("wait on a recv nobody sent times out, naming the operation and group");
