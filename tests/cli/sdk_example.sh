@@ -37,6 +37,9 @@ build_plugins() {
     third_party_make "$WORK/gpt2"
     # The README's one-liner, as a user would type it (plus the warnings we hold ourselves to).
     (cd "$WORK/template" && cc $SDK_CFLAGS $WARN -shared -fPIC -o my.so sgd.c)
+    # The DDP strategy is written against the SDK alone: it builds out of tree the same way.
+    cp "$ROOT/plugins/ddp/ddp.c" "$WORK/ddp.c"
+    (cd "$WORK" && cc $SDK_CFLAGS $WARN -shared -fPIC -o ddp.so ddp.c) || fail "ddp.c does not build from the SDK alone"
     if grep -nE -- '-I|\.\./' "$WORK/template/Makefile" "$WORK/gpt2/Makefile"; then
         fail "an example Makefile reaches into the tree; only pkg-config may"
     fi
@@ -44,7 +47,7 @@ build_plugins() {
 
 check_exports() {
     local so syms
-    for so in "$WORK/template/sgd.so" "$WORK/template/my.so" "$WORK/gpt2/gpt2.so"; do
+    for so in "$WORK/template/sgd.so" "$WORK/template/my.so" "$WORK/gpt2/gpt2.so" "$WORK/ddp.so"; do
         syms=$(nm -D --defined-only "$so" | awk '{print $3}' | sort -u | tr '\n' ' ')
         [ "$syms" = "ctitan_plugin_entry " ] || fail "$(basename "$so") exports [$syms], expected only ctitan_plugin_entry"
         echo "ok: $(basename "$so") exports only ctitan_plugin_entry"

@@ -14,6 +14,8 @@
  *    `train_timeout_seconds` option returns CT_ERR_TIMEOUT with a message naming the operation, the
  *    group and the count ("all_reduce of 4096 f32 on group dp (rank 1 of 4): no completion within
  *    30 s; a rank died or is stuck"). The host then calls `abort`, which ends every rank of the job.
+ *  - After a timeout the handle is gone (wait took it back) but the operation may still write its
+ *    buffers until the job is aborted: treat them as lost.
  *  - Reductions SUM/MAX/MIN only: there is no implicit averaging; the host normalises.
  *  - Results are deterministic for a fixed group size and layout.
  * `send`/`recv` pair by (peer, tag) within a group.
