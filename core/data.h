@@ -29,10 +29,10 @@ typedef struct dataloader {
 int dataloader_open(dataloader *dl, const char *path, int64_t seq_len, uint64_t seed, int64_t vocab, char *err,
                     size_t errlen);
 void dataloader_close(dataloader *dl);
-/* The global sequence number of row i of data-parallel rank dp_rank's slice of step `step`'s
- * global batch of G sequences (step counts from 1; G divisible by dp). */
-static inline int64_t dataloader_global_index(int64_t step, int64_t G, int64_t dp_rank, int64_t dp, int64_t i) {
-    return (step - 1) * G + dp_rank * (G / dp) + i;
+/* The global sequence number of row i of data-parallel rank dp_rank's slice of the global batch of
+ * G sequences that starts at sequence `base` (G divisible by dp). */
+static inline int64_t dataloader_global_index(int64_t base, int64_t G, int64_t dp_rank, int64_t dp, int64_t i) {
+    return base + dp_rank * (G / dp) + i;
 }
 
 /* Sequence number s: inputs and targets (seq_len each). */

@@ -27,7 +27,8 @@ manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, i
             a->print_config = 1;
         } else if (!strcmp(arg, "--dry-run") || !strcmp(arg, "--dry_run")) {
             a->dry_run = 1;
-        } else if (!strncmp(arg, "--checkpoint", 12) || !strncmp(arg, "--prompt", 8)) {
+        } else if (!strcmp(arg, "--checkpoint") || !strncmp(arg, "--checkpoint=", 13) || !strcmp(arg, "--prompt") ||
+                   !strncmp(arg, "--prompt=", 9)) {
             int is_ckpt = arg[2] == 'c';
             const char *v = strchr(arg, '=') ? strchr(arg, '=') + 1 : (i + 1 < argc ? argv[++i] : NULL);
             if (!v) {
@@ -345,38 +346,55 @@ int session_load_model(session *s, const char *path, char *err, size_t errlen) {
 }
 
 /* Picks the next token from logits (V): greedy at temperature 0, else top-k sampling. */
-static int32_t sample(float *logits, int64_t V, double temperature, int64_t top_k, uint64_t key, uint64_t i) {
+static int desc_by_value(const void *a, const void *b, void *ctx) {
+    const float *l = ctx;
+    float x = l[*(const int32_t *)a], y = l[*(const int32_t *)b];
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Picks the next token from logits (V): greedy at temperature 0, else sampling among the top_k most
+ * likely tokens (0: all) and within them the smallest set holding top_p of the probability. */
+static int32_t sample(float *logits, int64_t V, double temperature, int64_t top_k, double top_p, uint64_t key,
+                      uint64_t i) {
     int64_t best = 0;
     for (int64_t v = 1; v < V; v++)
         if (logits[v] > logits[best]) best = v;
     if (temperature <= 0) return (int32_t)best;
-    double thresh = -INFINITY;
-    if (top_k > 0 && top_k < V) { /* the k-th largest logit, by repeated max (k is small) */
-        float *tmp = malloc(sizeof(float) * (size_t)V);
-        if (!tmp) return (int32_t)best;
-        memcpy(tmp, logits, sizeof(float) * (size_t)V);
-        for (int64_t j = 0; j < top_k; j++) {
-            int64_t m = 0;
-            for (int64_t v = 1; v < V; v++)
-                if (tmp[v] > tmp[m]) m = v;
-            thresh = tmp[m];
-            tmp[m] = -INFINITY;
-        }
-        free(tmp);
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)V);
+    double *p = malloc(sizeof(double) * (size_t)V);
+    if (!order || !p) {
+        free(order);
+        free(p);
+        return (int32_t)best;
     }
-    double total = 0, mx = logits[best];
-    for (int64_t v = 0; v < V; v++) total += logits[v] >= thresh ? exp((logits[v] - mx) / temperature) : 0;
+    for (int64_t v = 0; v < V; v++) order[v] = (int32_t)v;
+    qsort_r(order, (size_t)V, sizeof(int32_t), desc_by_value, logits);
+    int64_t k = top_k > 0 && top_k < V ? top_k : V;
+    double total = 0;
+    for (int64_t j = 0; j < k; j++) total += p[j] = exp((logits[order[j]] - logits[order[0]]) / temperature);
+    if (top_p > 0 && top_p < 1) { /* nucleus: keep the head of the distribution up to top_p */
+        double acc = 0;
+        int64_t keep = 0;
+        while (keep < k && acc < top_p * total) acc += p[keep++];
+        k = keep > 0 ? keep : 1;
+        total = acc;
+    }
     double r = rng_uniform(key, i) * total, acc = 0;
-    for (int64_t v = 0; v < V; v++) {
-        if (logits[v] < thresh) continue;
-        acc += exp((logits[v] - mx) / temperature);
-        if (acc >= r) return (int32_t)v;
+    int32_t pick = order[k - 1];
+    for (int64_t j = 0; j < k; j++) {
+        acc += p[j];
+        if (acc >= r) {
+            pick = order[j];
+            break;
+        }
     }
-    return (int32_t)best;
+    free(order);
+    free(p);
+    return pick;
 }
 
 int session_generate(session *s, const char *tokenizer_path, const char *prompt, int64_t max_new, double temperature,
-                     int64_t top_k, uint64_t seed, int64_t max_context) {
+                     int64_t top_k, double top_p, uint64_t seed, int64_t max_context) {
     char err[2048], path[4096];
     session_resolve_path(s->mf, tokenizer_path, path, sizeof path);
     ct_tokenizer *tok = tokenizer_load(path, err, sizeof err);
@@ -405,7 +423,7 @@ int session_generate(session *s, const char *tokenizer_path, const char *prompt,
             fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
             goto done;
         }
-        int32_t next = sample(logits + (T - 1) * V, V, temperature, top_k, key, (uint64_t)step);
+        int32_t next = sample(logits + (T - 1) * V, V, temperature, top_k, top_p, key, (uint64_t)step);
         if (next == tokenizer_eos_id(tok)) break;
         ctx[len++] = next;
     }

@@ -65,7 +65,7 @@ int session_load_model(session *s, const char *path, char *err, size_t errlen);
 
 /* Samples max_new tokens after `prompt` and prints the text. */
 int session_generate(session *s, const char *tokenizer_path, const char *prompt, int64_t max_new, double temperature,
-                     int64_t top_k, uint64_t seed, int64_t max_context);
+                     int64_t top_k, double top_p, uint64_t seed, int64_t max_context);
 
 /* One optimizer step. inputs, targets: this rank's G sequences (its slice of the global batch; the
  * whole batch on one rank), (G, T) on the host, run in microbatches of L: zero grads,

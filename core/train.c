@@ -1,5 +1,6 @@
 /* train.c: `ctitan train`: the training loop, the LR schedule, clipping, metrics and the end-of-run
  * model save and sample. */
+#include "checkpoint.h"
 #include "data.h"
 #include "lr.h"
 #include "session.h"
@@ -149,15 +150,22 @@ static int train_loop(session *s, manifest *mf) {
     double t_log = now_s(), step_time_sum = 0, comm_time_sum = 0;
     const int64_t warmup_steps = steps > 2 ? 2 : steps > 1 ? 1 : 0;
     int64_t tokens_since = 0, timed_steps = 0;
-    for (int64_t step = 1; step <= steps; step++) {
+    ckpt_plan ck;
+    if (ckpt_begin(s, mf, dump, &ck)) {
+        rc = EXIT_BAD_INPUT;
+        goto done;
+    }
+    dl.position = ck.state.data_position;
+    for (int64_t step = ck.state.step + 1; step <= steps; step++) {
         double t0 = now_s(), comm_before = s->rt.comm_seconds;
         trace_begin("step");
-        double lr = lr_at(&sched, step);
+        double lr = lr_at(&sched, step - ck.lr_offset);
         /* the whole global batch first: the loss is normalised by its valid-token count */
         for (int64_t i = 0; i < G_local; i++) /* this data-parallel rank's contiguous slice */
-            dataloader_sequence(&dl, dataloader_global_index(step, G, dp_rank, dp, i), bb.inputs + i * T,
+            dataloader_sequence(&dl, dataloader_global_index(dl.position, G, dp_rank, dp, i), bb.inputs + i * T,
                                 bb.targets + i * T);
-        dl.position = step * G;
+        dl.position += G;
+        ck.state.tokens_seen += G * T;
         double loss, norm;
         int64_t valid;
         int bad = session_train_step(s, bb.inputs, bb.targets, G_local, L, T, lr, max_norm, step, &loss, &norm, &valid);
@@ -196,6 +204,9 @@ static int train_loop(session *s, manifest *mf) {
             t_log = now_s();
             tokens_since = 0;
         }
+        ck.state.step = step;
+        ck.state.data_position = dl.position;
+        if (ckpt_step(s, &ck, step, steps)) goto runfail;
     }
     if (timed_steps > 0) {
         double tps = (double)(G_local * T) * (double)timed_steps / step_time_sum;
@@ -210,6 +221,7 @@ static int train_loop(session *s, manifest *mf) {
                    "step time on rank 0\n",
                    100.0 * comm_time_sum / step_time_sum);
     }
+    if (ckpt_end(s, &ck, steps)) goto runfail;
     snprintf(path, sizeof path, "%s/model.ctt", dump);
     if (steps > 0 && session_save_model(s, path, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
@@ -269,6 +281,14 @@ int cmd_train(int argc, char **argv) {
     trace_enable(prof);
     const char *desc;
     if (!mf_get_str(mf, "job.description", &desc) && *desc) printf("job: %s\n", desc);
+    int seed_ckpt;
+    mf_get_bool(mf, "checkpoint.create_seed_checkpoint", &seed_ckpt);
+    if (seed_ckpt) {
+        const char *dump;
+        mf_get_str(mf, "job.dump_folder", &dump);
+        st = mkdir_p(dump) || ckpt_seed(&s, mf, dump) ? EXIT_RUN_FAILED : 0;
+        goto out;
+    }
     if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
     st = train_loop(&s, mf);
     if (!st && prof) {
@@ -296,10 +316,12 @@ int cmd_train(int argc, char **argv) {
         mf_get_str(mf, "generate.prompt", &prompt);
         mf_get_float(mf, "generate.temperature", &temp);
         mf_get_int(mf, "generate.top_k", &top_k);
-        mf_get_int(mf, "training.seed", &seed);
+        double top_p;
+        mf_get_float(mf, "generate.top_p", &top_p);
+        if (mf_get_int(mf, "generate.seed", &seed)) mf_get_int(mf, "training.seed", &seed);
         mf_get_int(mf, "training.seq_len", &T);
         printf("sample:\n");
-        st = session_generate(&s, tok, prompt, max_new, temp, top_k, (uint64_t)seed, T);
+        st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
     }
 out:
     session_close(&s);
@@ -307,9 +329,11 @@ out:
 }
 
 static const char *generate_usage =
-    "usage: ctitan generate MANIFEST.yaml [--checkpoint MODEL.ctt] [--prompt TEXT] [--section.key=value ...]\n"
-    "  Samples text from a trained model: by default job.dump_folder/model.ctt, written by `ctitan train`.\n"
-    "  generate.max_new_tokens (default here 64), generate.temperature, generate.top_k apply.\n";
+    "usage: ctitan generate MANIFEST.yaml [--checkpoint MODEL.ctt|STEP_FOLDER|CHECKPOINT_FOLDER] [--prompt TEXT]\n"
+    "                       [--section.key=value ...]\n"
+    "  Samples text from a trained model: by default job.dump_folder/model.ctt, written by `ctitan train`;\n"
+    "  or any checkpoint (a step-N folder, or a checkpoint folder: its newest step), whatever its layout.\n"
+    "  generate.max_new_tokens (default here 64), temperature, top_k, top_p and seed apply.\n";
 
 int cmd_generate(int argc, char **argv) {
     run_args a;
@@ -329,7 +353,9 @@ int cmd_generate(int argc, char **argv) {
     mf_get_str(mf, "job.dump_folder", &dump);
     if (a.checkpoint) snprintf(path, sizeof path, "%s", a.checkpoint);
     else snprintf(path, sizeof path, "%s/model.ctt", dump);
-    if (session_load_model(&s, path, err, sizeof err)) {
+    struct stat sb;
+    int is_dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (is_dir ? ckpt_load_model_from(&s, path, err, sizeof err) : session_load_model(&s, path, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
         st = EXIT_BAD_INPUT;
         goto out;
@@ -347,9 +373,11 @@ int cmd_generate(int argc, char **argv) {
     if (a.prompt) prompt = a.prompt;
     mf_get_float(mf, "generate.temperature", &temp);
     mf_get_int(mf, "generate.top_k", &top_k);
-    mf_get_int(mf, "training.seed", &seed);
+    double top_p;
+    mf_get_float(mf, "generate.top_p", &top_p);
+    if (mf_get_int(mf, "generate.seed", &seed)) mf_get_int(mf, "training.seed", &seed);
     mf_get_int(mf, "training.seq_len", &T);
-    st = session_generate(&s, tok, prompt, max_new, temp, top_k, (uint64_t)seed, T);
+    st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
 out:
     session_close(&s);
     return st;

@@ -160,11 +160,11 @@ static void test_dataloader_windows_shuffle_and_layouts(void **state) {
     const int64_t G = 8;
     for (int64_t step = 1; step <= 3; step++) {
         int64_t ref[8], got[8];
-        for (int64_t i = 0; i < G; i++) ref[i] = dataloader_global_index(step, G, 0, 1, i);
+        for (int64_t i = 0; i < G; i++) ref[i] = dataloader_global_index((step - 1) * G, G, 0, 1, i);
         for (int64_t dp = 2; dp <= 8; dp *= 2) {
             int64_t k = 0;
             for (int64_t r = 0; r < dp; r++)
-                for (int64_t i = 0; i < G / dp; i++) got[k++] = dataloader_global_index(step, G, r, dp, i);
+                for (int64_t i = 0; i < G / dp; i++) got[k++] = dataloader_global_index((step - 1) * G, G, r, dp, i);
             assert_memory_equal(ref, got, sizeof ref);
         }
     }

@@ -1,0 +1,87 @@
+/* checkpoint.h: distributed checkpoints.
+ *
+ * A checkpoint is a folder `step-N` holding, per rank that has something to save, `rank-R.bin`
+ * (its pieces, back to back) and `rank-R.json` (what each piece is), and `metadata.json`, written
+ * last by rank 0: every tensor's global shape and dtype, every piece's box (offsets and sizes per
+ * dimension of the global tensor), file, byte offset, length and FNV-1a 64 checksum, and the
+ * training state. A save goes to `step-N.tmp` and is renamed once complete (fsync'd), so a folder
+ * named `step-N` with a metadata.json is always whole; anything else is ignored and cleaned.
+ *
+ * Loading reshards: each rank computes the box its current layout needs for every tensor and
+ * copies the intersections from whichever pieces cover it, whatever layout wrote them.
+ * Tensors: "<fqn>" (parameters) and "optimizer.<k>.<fqn>" (the optimizer's k-th state).
+ */
+#ifndef CT_CHECKPOINT_H
+#define CT_CHECKPOINT_H
+
+#include "session.h"
+
+#include <stdint.h>
+
+typedef struct ckpt_train_state {
+    int64_t step;          /* optimizer steps done */
+    int64_t tokens_seen;   /* over all ranks */
+    int64_t data_position; /* the data loader's next global sequence number */
+    int64_t seed;
+    int64_t dp_size;       /* data-parallel ranks when saved */
+} ckpt_train_state;
+
+#define CKPT_MODEL 1
+#define CKPT_OPTIMIZER 2
+
+/* Saves what `what` says (and the train state when st != NULL) into folder/step-N. Collective:
+ * every rank calls it. export_bf16 rounds the model to bf16 values (stored as f32). */
+int ckpt_save(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int what, int export_bf16,
+              char *err, size_t errlen);
+/* The parts of a save, for saving on a background thread (checkpoint.async_mode):
+ *   ckpt_prepare (collective)  -> ckpt_snapshot_take (device -> host copy; training may go on)
+ *   -> ckpt_snapshot_write (files; any thread) -> ckpt_commit (collective: metadata, rename). */
+typedef struct ckpt_snapshot ckpt_snapshot;
+int ckpt_prepare(session *s, const char *folder, int64_t step, char *err, size_t errlen);
+ckpt_snapshot *ckpt_snapshot_take(session *s, int what, int export_bf16, char *err, size_t errlen);
+int ckpt_snapshot_write(const ckpt_snapshot *sn, const char *dir, char *err, size_t errlen);
+void ckpt_snapshot_free(ckpt_snapshot *sn);
+int ckpt_commit(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int wrote_ok, char *err,
+                size_t errlen);
+
+/* The highest N with a complete folder/step-N, or -1. Removes leftover step-N.tmp folders when
+ * `clean` (rank 0 only). */
+int64_t ckpt_latest(const char *folder, int clean);
+/* Loads `what` from a step folder into this rank's storage, resharding. *st gets the train state
+ * when the checkpoint has one (*has_state = 1). Collective only in that every rank reads files. */
+int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, int *has_state, char *err,
+              size_t errlen);
+/* Deletes all but the newest k complete checkpoints (k <= 0: keep all). */
+void ckpt_purge(const char *folder, int64_t keep);
+
+#endif
+
+/* ---- the training loop's side (ckpt_run.c) ---- */
+#include <pthread.h>
+
+typedef struct ckpt_plan {
+    int enable, async, last_model_only, export_bf16;
+    int64_t interval, keep;
+    char folder[4096];
+    ckpt_train_state state; /* the loop keeps step, tokens_seen and data_position current */
+    int64_t lr_offset;      /* lr_scheduler excluded from loading: the schedule restarts */
+    /* async_mode: a save whose files a thread is writing */
+    pthread_t thread;
+    int pending, pending_ok;
+    int64_t pending_step;
+    ckpt_train_state pending_state;
+    ckpt_snapshot *snap;
+    char pending_dir[4200], pending_err[1024];
+} ckpt_plan;
+
+/* Reads the checkpoint section and resumes from the newest checkpoint (or initial_load_path).
+ * Prints one error line and returns -1 on failure. */
+int ckpt_begin(session *s, const manifest *mf, const char *dump_folder, ckpt_plan *ck);
+/* After step `step`: a periodic save when due (and completes an async save in flight). */
+int ckpt_step(session *s, ckpt_plan *ck, int64_t step, int64_t last_step);
+/* After the loop: completes any async save, then the final save. */
+int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step);
+/* `checkpoint.create_seed_checkpoint`: saves step-0 (model only) and returns. */
+int ckpt_seed(session *s, const manifest *mf, const char *dump_folder);
+/* Loads the model from a step folder or a checkpoint folder (its newest step). */
+int ckpt_load_model_from(session *s, const char *path, char *err, size_t errlen);

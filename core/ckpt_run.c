@@ -1,0 +1,239 @@
+/* ckpt_run.c: checkpoints in the training loop: resume at start, periodic and final saves,
+ * async_mode (files written by a background thread while training goes on), keep_latest_k. */
+#include "checkpoint.h"
+
+#include "util.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int excluded(const char *list, const char *what) {
+    size_t n = strlen(what);
+    for (const char *p = list; p && *p;) {
+        while (*p == ' ' || *p == ',') p++;
+        size_t len = strcspn(p, ",");
+        size_t l = len;
+        while (l && p[l - 1] == ' ') l--;
+        if (l == n && !strncmp(p, what, n)) return 1;
+        p += len;
+    }
+    return 0;
+}
+
+/* A step folder, or a checkpoint folder whose newest step is taken. */
+static int resolve_step_dir(const char *path, char *out, size_t len) {
+    char meta[PATH_MAX];
+    snprintf(meta, sizeof meta, "%s/metadata.json", path);
+    if (access(meta, R_OK) == 0) return snprintf(out, len, "%s", path) < (int)len ? 0 : -1;
+    int64_t latest = ckpt_latest(path, 0);
+    if (latest < 0) return -1;
+    return snprintf(out, len, "%s/step-%" PRId64, path, latest) < (int)len ? 0 : -1;
+}
+
+int ckpt_load_model_from(session *s, const char *path, char *err, size_t errlen) {
+    char dir[PATH_MAX];
+    if (resolve_step_dir(path, dir, sizeof dir)) {
+        ct_errf(err, errlen, "%s: no complete checkpoint here (a step-N folder with metadata.json)", path);
+        return -1;
+    }
+    ckpt_train_state st;
+    int has;
+    return ckpt_load(s, dir, CKPT_MODEL, &st, &has, err, errlen);
+}
+
+int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) {
+    char err[2048], where[600];
+    const char *folder, *mode, *dtype, *exclude, *initial;
+    int64_t load_step;
+    memset(ck, 0, sizeof *ck);
+    mf_get_bool(mf, "checkpoint.enable", &ck->enable);
+    mf_get_str(mf, "checkpoint.folder", &folder);
+    mf_get_int(mf, "checkpoint.interval", &ck->interval);
+    mf_get_int(mf, "checkpoint.keep_latest_k", &ck->keep);
+    mf_get_int(mf, "checkpoint.load_step", &load_step);
+    mf_get_bool(mf, "checkpoint.last_save_model_only", &ck->last_model_only);
+    mf_get_str(mf, "checkpoint.async_mode", &mode);
+    mf_get_str(mf, "checkpoint.export_dtype", &dtype);
+    mf_get_str(mf, "checkpoint.exclude_from_loading", &exclude);
+    int64_t seed;
+    mf_get_int(mf, "training.seed", &seed);
+    ck->state.seed = seed;
+    ck->state.dp_size = s->mesh.dp_size > 0 ? s->mesh.dp_size : 1;
+    snprintf(ck->folder, sizeof ck->folder, "%s/%s", dump, folder);
+    if (strcmp(mode, "disabled") && strcmp(mode, "async")) {
+        mf_where(mf, "checkpoint.async_mode", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: expected disabled or async, got '%s'\n", where, mode);
+        return -1;
+    }
+    ck->async = !strcmp(mode, "async");
+    if (strcmp(dtype, "float32") && strcmp(dtype, "bfloat16")) {
+        mf_where(mf, "checkpoint.export_dtype", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: expected float32 or bfloat16, got '%s'\n", where, dtype);
+        return -1;
+    }
+    ck->export_bf16 = !strcmp(dtype, "bfloat16");
+    if (ck->interval < 1 || ck->keep < 0 || (ck->keep == 1 && ck->async)) {
+        mf_where(mf, ck->interval < 1 ? "checkpoint.interval" : "checkpoint.keep_latest_k", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: need interval >= 1 and keep_latest_k 0 or >= 2 with async saves (the newest may "
+                        "still be writing), >= 1 otherwise\n", where);
+        return -1;
+    }
+    const char *bad_item = NULL;
+    for (const char *p = exclude; *p;) { /* every item must be one we know */
+        while (*p == ' ' || *p == ',') p++;
+        size_t len = strcspn(p, ",");
+        if (len) {
+            char item[64];
+            snprintf(item, sizeof item, "%.*s", (int)(len < 63 ? len : 63), p);
+            for (char *e = item + strlen(item); e > item && e[-1] == ' ';) *--e = 0;
+            if (*item && strcmp(item, "optimizer") && strcmp(item, "lr_scheduler") && strcmp(item, "dataloader"))
+                bad_item = p;
+        }
+        p += len;
+    }
+    if (bad_item) {
+        mf_where(mf, "checkpoint.exclude_from_loading", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: expected a list of optimizer, lr_scheduler, dataloader; got '%s'\n", where, exclude);
+        return -1;
+    }
+    /* resume from the run's own folder first, else the initial load */
+    char dir[PATH_MAX];
+    int found = 0;
+    if (ck->enable) {
+        int64_t step = load_step >= 0 ? load_step : ckpt_latest(ck->folder, s->rank == 0);
+        if (load_step >= 0 || step >= 0) {
+            found = snprintf(dir, sizeof dir, "%s/step-%" PRId64, ck->folder, step) < (int)sizeof dir;
+        }
+    }
+    int what = CKPT_MODEL | CKPT_OPTIMIZER, want_state = 1;
+    if (!found && !mf_get_str(mf, "checkpoint.initial_load_path", &initial)) {
+        int model_only, in_hf;
+        mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
+        mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
+        if (in_hf) {
+            mf_where(mf, "checkpoint.initial_load_in_hf", where, sizeof where);
+            fprintf(stderr, "ctitan: %s: loading Hugging Face folders needs `ctitan convert --from hf` first "
+                            "(then point initial_load_path at the .ctt's checkpoint)\n", where);
+            return -1;
+        }
+        if (resolve_step_dir(initial, dir, sizeof dir)) {
+            mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
+            fprintf(stderr, "ctitan: %s: %s holds no complete checkpoint\n", where, initial);
+            return -1;
+        }
+        found = 1;
+        if (model_only) {
+            what = CKPT_MODEL;
+            want_state = 0;
+        }
+    }
+    if (!found) return 0;
+    if (excluded(exclude, "optimizer")) what &= ~CKPT_OPTIMIZER;
+    ckpt_train_state st;
+    int has_state = 0;
+    if (ckpt_load(s, dir, what, &st, &has_state, err, sizeof err)) {
+        fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+        return -1;
+    }
+    if (want_state && has_state) {
+        ck->state.step = st.step;
+        ck->state.tokens_seen = st.tokens_seen;
+        /* the data position is global: a changed data-parallel degree restarts at the same token */
+        ck->state.data_position = excluded(exclude, "dataloader") ? 0 : st.data_position;
+        ck->lr_offset = excluded(exclude, "lr_scheduler") ? st.step : 0;
+    }
+    printf("checkpoint: loaded %s (%s%s), resuming after step %" PRId64 "\n", dir,
+           what & CKPT_OPTIMIZER ? "model and optimizer" : "model", want_state && has_state ? ", train state" : "",
+           ck->state.step);
+    return 0;
+}
+
+static void *write_thread(void *arg) {
+    ckpt_plan *ck = arg;
+    ck->pending_ok = ckpt_snapshot_write(ck->snap, ck->pending_dir, ck->pending_err, sizeof ck->pending_err) == 0;
+    return NULL;
+}
+
+/* Completes the async save in flight: join the writer, then the collective commit. */
+static int finish_pending(session *s, ckpt_plan *ck) {
+    if (!ck->pending) return 0;
+    pthread_join(ck->thread, NULL);
+    ck->pending = 0;
+    ckpt_snapshot_free(ck->snap);
+    ck->snap = NULL;
+    char err[2048];
+    if (!ck->pending_ok) fprintf(stderr, "ctitan: checkpoint: %s\n", ck->pending_err);
+    if (ckpt_commit(s, ck->folder, ck->pending_step, &ck->pending_state, ck->pending_ok, err, sizeof err)) {
+        ct_set_error("checkpoint: %s", err);
+        return -1;
+    }
+    if (s->rank == 0) ckpt_purge(ck->folder, ck->keep);
+    return 0;
+}
+
+static int save(session *s, ckpt_plan *ck, int64_t step, int what, int export_bf16, int with_state) {
+    char err[2048];
+    if (finish_pending(s, ck)) return -1;
+    if (!ck->async) {
+        if (ckpt_save(s, ck->folder, step, with_state ? &ck->state : NULL, what, export_bf16, err, sizeof err)) {
+            ct_set_error("checkpoint: %s", err);
+            return -1;
+        }
+        if (s->rank == 0) ckpt_purge(ck->folder, ck->keep);
+        return 0;
+    }
+    if (ckpt_prepare(s, ck->folder, step, err, sizeof err) ||
+        !(ck->snap = ckpt_snapshot_take(s, what, export_bf16, err, sizeof err))) {
+        ct_set_error("checkpoint: %s", err);
+        return -1;
+    }
+    snprintf(ck->pending_dir, sizeof ck->pending_dir, "%s/step-%" PRId64 ".tmp", ck->folder, step);
+    ck->pending_step = step;
+    ck->pending_state = ck->state;
+    ck->pending = 1;
+    if (pthread_create(&ck->thread, NULL, write_thread, ck)) { /* no thread: write here */
+        ck->pending_ok = ckpt_snapshot_write(ck->snap, ck->pending_dir, ck->pending_err, sizeof ck->pending_err) == 0;
+        ck->pending = 0;
+        ckpt_snapshot_free(ck->snap);
+        ck->snap = NULL;
+        if (ckpt_commit(s, ck->folder, step, &ck->state, ck->pending_ok, err, sizeof err)) {
+            ct_set_error("checkpoint: %s", err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int ckpt_step(session *s, ckpt_plan *ck, int64_t step, int64_t last_step) {
+    if (!ck->enable || step % ck->interval || step == last_step) return 0;
+    return save(s, ck, step, CKPT_MODEL | CKPT_OPTIMIZER, 0, 1);
+}
+
+int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step) {
+    if (!ck->enable) return 0;
+    int rc = 0;
+    if (ck->state.step == last_step && last_step > 0) {
+        int model_only = ck->last_model_only;
+        rc = save(s, ck, last_step, model_only ? CKPT_MODEL : CKPT_MODEL | CKPT_OPTIMIZER,
+                  model_only && ck->export_bf16, !model_only);
+    }
+    if (finish_pending(s, ck)) rc = -1;
+    return rc;
+}
+
+int ckpt_seed(session *s, const manifest *mf, const char *dump) {
+    const char *folder;
+    char path[PATH_MAX], err[2048];
+    mf_get_str(mf, "checkpoint.folder", &folder);
+    snprintf(path, sizeof path, "%s/%s", dump, folder);
+    if (ckpt_save(s, path, 0, NULL, CKPT_MODEL, 0, err, sizeof err)) {
+        fprintf(stderr, "ctitan: seed checkpoint: %s\n", err);
+        return -1;
+    }
+    printf("checkpoint: seed checkpoint written to %s/step-0\n", path);
+    return 0;
+}
