@@ -453,15 +453,104 @@ typedef struct piece {
     int verified;
 } piece;
 
+/* A list of at most CT_MAX_DIMS non-negative integers whose product stays below 2^48. */
 static int parse_box(json_t *a, int64_t *v, int *n) {
     if (!json_is_array(a) || json_array_size(a) > CT_MAX_DIMS) return -1;
     *n = (int)json_array_size(a);
     for (int d = 0; d < *n; d++) {
         json_t *x = json_array_get(a, (size_t)d);
-        if (!json_is_integer(x) || json_integer_value(x) < 0) return -1;
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > ((int64_t)1 << 48)) return -1;
         v[d] = json_integer_value(x);
     }
     return 0;
+}
+
+static int box_numel_ok(const box *b) {
+    int64_t n = 1;
+    for (int d = 0; d < b->ndim; d++) {
+        if (b->len[d] && n > ((int64_t)1 << 48) / b->len[d]) return 0;
+        n *= b->len[d];
+    }
+    return 1;
+}
+
+/* Validates metadata.json's structure and every piece against its tensor's shape. */
+static int parse_pieces(json_t *root, const char *path, piece **out, size_t *count, char *err, size_t errlen) {
+    json_t *ver = json_object_get(root, "version"), *shards = json_object_get(root, "shards");
+    json_t *tensors = json_object_get(root, "tensors"), *ts = json_object_get(root, "train_state");
+    *out = NULL;
+    *count = 0;
+    if (!json_is_object(root) || !json_is_integer(ver) || json_integer_value(ver) != CKPT_VERSION ||
+        !json_is_array(shards) || !json_is_object(tensors) || (ts && !json_is_object(ts))) {
+        ct_errf(err, errlen, "%s: not a ctitan checkpoint of version %d", path, CKPT_VERSION);
+        return -1;
+    }
+    if (ts) {
+        static const char *keys[] = {"step", "tokens_seen", "data_position", "seed", "dp_size"};
+        for (size_t k = 0; k < 5; k++) {
+            json_t *v = json_object_get(ts, keys[k]);
+            if (!json_is_integer(v) || (k != 3 && json_integer_value(v) < 0)) {
+                ct_errf(err, errlen, "%s: train_state.%s must be a non-negative integer", path, keys[k]);
+                return -1;
+            }
+        }
+    }
+    size_t np = json_array_size(shards);
+    piece *pieces = calloc(np + 1, sizeof *pieces);
+    if (!pieces) {
+        ct_errf(err, errlen, "%s: out of memory", path);
+        return -1;
+    }
+    for (size_t i = 0; i < np; i++) {
+        json_t *e = json_array_get(shards, i);
+        piece *p = &pieces[i];
+        int n1 = 0, n2 = 0, ns = 0;
+        int64_t shape[CT_MAX_DIMS];
+        json_t *t = json_object_get(e, "tensor"), *f = json_object_get(e, "file"), *sum = json_object_get(e, "fnv1a64");
+        json_t *bo = json_object_get(e, "byte_offset"), *by = json_object_get(e, "bytes");
+        json_t *tt = json_is_string(t) ? json_object_get(tensors, json_string_value(t)) : NULL;
+        int ok = json_is_object(e) && json_is_string(t) && json_is_string(f) && json_is_string(sum) &&
+                 json_is_integer(bo) && json_is_integer(by) && json_is_object(tt) &&
+                 !parse_box(json_object_get(tt, "shape"), shape, &ns) &&
+                 !parse_box(json_object_get(e, "offsets"), p->b.off, &n1) &&
+                 !parse_box(json_object_get(e, "sizes"), p->b.len, &n2) && n1 == n2 && n1 == ns &&
+                 !strchr(json_string_value(f), '/') && strcmp(json_string_value(f), "..") &&
+                 json_integer_value(bo) >= 0 && json_integer_value(bo) < ((int64_t)1 << 50);
+        if (ok) {
+            p->b.ndim = n1;
+            ok = box_numel_ok(&p->b) && json_integer_value(by) == (json_int_t)(box_numel(&p->b) * 4);
+            for (int d = 0; ok && d < n1; d++) ok = p->b.off[d] + p->b.len[d] <= shape[d];
+        }
+        if (!ok) {
+            ct_errf(err, errlen, "%s: shard %zu is malformed (tensor, file, offsets/sizes within the shape, bytes, "
+                                 "fnv1a64 expected)", path, i);
+            free(pieces);
+            return -1;
+        }
+        p->tensor = json_string_value(t);
+        p->file = json_string_value(f);
+        p->byte_offset = json_integer_value(bo);
+        p->bytes = json_integer_value(by);
+        p->sum = strtoull(json_string_value(sum), NULL, 16);
+    }
+    *out = pieces;
+    *count = np;
+    return 0;
+}
+
+int ckpt_check_metadata(const char *text, size_t len, const char *label, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *root = json_loadb(text, len, 0, &je);
+    if (!root) {
+        ct_errf(err, errlen, "%s:%d: not JSON (%s)", label, je.line, je.text);
+        return -1;
+    }
+    piece *pieces;
+    size_t n;
+    int rc = parse_pieces(root, label, &pieces, &n, err, errlen);
+    if (!rc) free(pieces);
+    json_decref(root);
+    return rc;
 }
 
 /* Copies the intersection of piece p (data src, laid out as p->b) into dst (laid out as want). */
@@ -509,36 +598,9 @@ int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, 
         ct_errf(err, errlen, "%s:%d: not a checkpoint (%s)", path, je.line, je.text);
         return -1;
     }
-    json_t *ver = json_object_get(root, "version"), *shards = json_object_get(root, "shards");
     json_t *tensors = json_object_get(root, "tensors");
-    if (!json_is_integer(ver) || json_integer_value(ver) != CKPT_VERSION || !json_is_array(shards) ||
-        !json_is_object(tensors)) {
-        ct_errf(err, errlen, "%s: not a ctitan checkpoint of version %d", path, CKPT_VERSION);
-        goto done;
-    }
-    size_t np = json_array_size(shards);
-    pieces = calloc(np + 1, sizeof *pieces);
-    if (!pieces) goto done;
-    for (size_t i = 0; i < np; i++) {
-        json_t *e = json_array_get(shards, i);
-        piece *p = &pieces[i];
-        int n1 = 0, n2 = 0;
-        json_t *t = json_object_get(e, "tensor"), *f = json_object_get(e, "file"), *sum = json_object_get(e, "fnv1a64");
-        json_t *bo = json_object_get(e, "byte_offset"), *by = json_object_get(e, "bytes");
-        if (!json_is_string(t) || !json_is_string(f) || !json_is_string(sum) || !json_is_integer(bo) ||
-            !json_is_integer(by) || parse_box(json_object_get(e, "offsets"), p->b.off, &n1) ||
-            parse_box(json_object_get(e, "sizes"), p->b.len, &n2) || n1 != n2 || strchr(json_string_value(f), '/') ||
-            json_integer_value(bo) < 0 || (p->b.ndim = n1, json_integer_value(by) != (json_int_t)(box_numel(&p->b) * 4))) {
-            ct_errf(err, errlen, "%s: shard %zu is malformed", path, i);
-            goto done;
-        }
-        p->b.ndim = n1;
-        p->tensor = json_string_value(t);
-        p->file = json_string_value(f);
-        p->byte_offset = json_integer_value(bo);
-        p->bytes = json_integer_value(by);
-        p->sum = strtoull(json_string_value(sum), NULL, 16);
-    }
+    size_t np = 0;
+    if (parse_pieces(root, path, &pieces, &np, err, errlen)) goto done;
     for (int i = 0; i < s->rt.n_params; i++) {
         const ct_param_slot *sl = &s->rt.slots[i];
         box want;

@@ -51,6 +51,8 @@ int64_t ckpt_latest(const char *folder, int clean);
  * when the checkpoint has one (*has_state = 1). Collective only in that every rank reads files. */
 int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, int *has_state, char *err,
               size_t errlen);
+/* Validates a metadata.json text (structure, shapes, every piece's box and size); for fuzzing. */
+int ckpt_check_metadata(const char *text, size_t len, const char *label, char *err, size_t errlen);
 /* Deletes all but the newest k complete checkpoints (k <= 0: keep all). */
 void ckpt_purge(const char *folder, int64_t keep);
 

@@ -20,3 +20,8 @@ flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
 
 "$CC" "${flags[@]}" -o "$out/fuzz_manifest" tests/fuzz/fuzz_manifest.c tests/fuzz/replay_main.c core/manifest.c core/util.c -lyaml
 "$out/fuzz_manifest" -m 200 tests/fuzz/corpus/manifest
+
+core_srcs=$(ls core/*.c | grep -v core/main.c)
+"$CC" "${flags[@]}" -o "$out/fuzz_checkpoint" tests/fuzz/fuzz_checkpoint.c tests/fuzz/replay_main.c $core_srcs \
+    -lyaml -lpcre2-8 -ljansson -ldl -lm -lpthread
+"$out/fuzz_checkpoint" -m 200 tests/fuzz/corpus/checkpoint
