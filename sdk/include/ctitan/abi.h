@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 #define CT_ABI_MAJOR 1
-#define CT_ABI_MINOR 1 /* 1.1: comm and strategy kinds, CT_ERR_TIMEOUT */
+#define CT_ABI_MINOR 2 /* 1.1: comm and strategy kinds, CT_ERR_TIMEOUT; 1.2: float8 device ops */
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 

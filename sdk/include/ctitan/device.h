@@ -20,6 +20,7 @@
 
 #include "ctitan/abi.h"
 #include "ctitan/host.h"
+#include "ctitan/tensor.h"
 
 typedef enum ct_copy_kind { CT_COPY_H2D = 1, CT_COPY_D2H = 2, CT_COPY_D2D = 3 } ct_copy_kind;
 
@@ -145,6 +146,21 @@ typedef struct ct_device_api {
     ct_status (*cast_bf16_to_f32)(void *dev, float *dst, const uint16_t *src, int64_t n);
     /* x (n) = f32(bf16(x)): the value a bf16 store would keep, in place. */
     ct_status (*round_bf16)(void *dev, float *x, int64_t n);
+
+    /* ---- ABI 1.2, optional: float8 (check struct_size, then NULL = unsupported) ---- */
+    /* Groups: element i belongs to group i / group (group divides n; group == n: one tensor-wide
+     * group). fmt is CT_F8_E4M3 or CT_F8_E5M2 (OCP FP8: e4m3 max 448, no inf; e5m2 max 57344).
+     * amax (n / group) = max |src| of each group (NaN propagates). */
+    ct_status (*amax)(void *dev, float *amax, const float *src, int64_t n, int64_t group);
+    /* dst (n) = fp8 bit patterns of saturate(round_nearest_even(src[i] * scale[i / group])):
+     * finite values beyond the format's max become +-max, NaN stays NaN (e4m3: 0x7f/0xff). */
+    ct_status (*quantize_fp8)(void *dev, uint8_t *dst, const float *src, const float *scale, int64_t n,
+                              int64_t group, ct_dtype fmt);
+    /* dst (n) = value(src[i]) / scale[i / group]: the dequantised f32. */
+    ct_status (*dequantize_fp8)(void *dev, float *dst, const uint8_t *src, const float *scale, int64_t n,
+                                int64_t group, ct_dtype fmt);
+    /* dst (cols, rows) = src (rows, cols) transposed. */
+    ct_status (*transpose)(void *dev, float *dst, const float *src, int64_t rows, int64_t cols);
 } ct_device_api;
 
 #endif
