@@ -105,11 +105,27 @@ static int64_t ctt_count(const tf_file *f, const char *name) {
     return ctt_scalar(f, name, &v) && v >= 1 && v <= INT32_MAX && v == floor(v) ? (int64_t)v : 0;
 }
 
+/* The shortest %g form that reads back as x (whole numbers in full). */
+static const char *short_g(char *out, size_t len, double x) {
+    if (x == floor(x) && fabs(x) < 1e16) {
+        snprintf(out, len, "%.0f", x);
+        return out;
+    }
+    for (int p = 1; p <= 17; p++) {
+        snprintf(out, len, "%.*g", p, x);
+        if (strtod(out, NULL) == x) break;
+    }
+    return out;
+}
+
+/* The manifest's model section that runs the converted file. */
 static void print_model_line(const hf_config *c) {
+    char theta[32], eps[32];
     printf("model: {name: llama3, dim: %lld, n_layers: %lld, n_heads: %lld, n_kv_heads: %lld, vocab_size: %lld, "
-           "ffn_hidden: %lld, rope_theta: %.17g, norm_eps: %.17g}\n",
+           "ffn_hidden: %lld, rope_theta: %s, norm_eps: %s}\n",
            (long long)c->dim, (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads,
-           (long long)c->vocab, (long long)c->ffn_hidden, c->rope_theta, c->norm_eps);
+           (long long)c->vocab, (long long)c->ffn_hidden, short_g(theta, sizeof theta, c->rope_theta),
+           short_g(eps, sizeof eps, c->norm_eps));
 }
 
 typedef struct args {

@@ -298,8 +298,13 @@ done:
     return rc;
 }
 
-/* Shortest decimal that reads back as x, always with a '.' or an exponent (so JSON keeps it a float). */
+/* Shortest decimal that reads back as x, always with a '.' or an exponent (so JSON keeps it a float);
+ * whole numbers below 1e16 in full ("500000.0", as Python prints them). */
 static void fmt_double(char *out, size_t len, double x) {
+    if (x == floor(x) && fabs(x) < 1e16) {
+        snprintf(out, len, "%.1f", x);
+        return;
+    }
     for (int p = 1; p <= 17; p++) {
         snprintf(out, len, "%.*g", p, x);
         if (strtod(out, NULL) == x) break;
@@ -447,7 +452,8 @@ static int load_param(const char *dir, const hf_config *cfg, const st_model *m, 
         char got[64], want[64];
         shape_str(got, sizeof got, t->ndim, t->shape);
         shape_str(want, sizeof want, p->ndim, p->shape);
-        ct_errf(err, errlen, "%s: tensor '%s' has shape %s, config.json says %s", dir, hf_name, got, want);
+        ct_errf(err, errlen, "%s: tensor '%s' has shape %s, config.json says %s", st_model_where(m, hf_name), hf_name,
+                got, want);
         return -1;
     }
     size_t n = (size_t)t->numel;
@@ -458,7 +464,7 @@ static int load_param(const char *dir, const hf_config *cfg, const st_model *m, 
         if (tmp != buf) free(tmp);
         return -1;
     }
-    if (st_to_f32(t, tmp, dir, err, errlen)) {
+    if (st_to_f32(t, tmp, st_model_where(m, hf_name), err, errlen)) {
         free(buf);
         if (tmp != buf) free(tmp);
         return -1;

@@ -309,6 +309,7 @@ const char *plugin_kind_name(ct_plugin_kind kind) {
     case CT_KIND_OPTIMIZER: return "optimizer";
     case CT_KIND_COMM: return "comm";
     case CT_KIND_STRATEGY: return "strategy";
+    case CT_KIND_QUANTIZER: return "quantizer";
     }
     return "unknown";
 }

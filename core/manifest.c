@@ -64,6 +64,19 @@ static const struct {
     {"checkpoint.exclude_from_loading", CT_OPT_STRING, "",
      "comma-separated: optimizer, lr_scheduler, dataloader (start those fresh on resume)"},
     {"checkpoint.create_seed_checkpoint", CT_OPT_BOOL, "false", "initialise, save step-0 (model only) and exit"},
+    {"quantize.dense.float8.enable", CT_OPT_BOOL, "false", "float8 linear layers (plugins/float8)"},
+    {"quantize.dense.float8.format", CT_OPT_STRING, "tensorwise",
+     "tensorwise | rowwise | rowwise_with_gw_hp | mxfp8 | e4m3 | e5m2"},
+    {"quantize.dense.float8.filter_fqns", CT_OPT_STRING, "output", "linear weights left in high precision (substrings)"},
+    {"quantize.dense.float8.enable_fsdp_float8_all_gather", CT_OPT_BOOL, "false",
+     "FSDP gathers tensorwise weights in float8 (not available yet)"},
+    {"quantize.linear.float8.recipe_name", CT_OPT_STRING, NULL, "torchtitan's spelling of quantize.dense.float8.format"},
+    {"quantize.linear.float8.filter_fqns", CT_OPT_STRING, NULL, "torchtitan's spelling of the filter"},
+    {"quantize.linear.float8.enable_fsdp_float8_all_gather", CT_OPT_BOOL, "false", "torchtitan's spelling"},
+    {"quantize.linear.mx.recipe_name", CT_OPT_STRING, NULL, "torchtitan's MX recipe (mxfp8, mxfp8_cublas ...)"},
+    {"quantize.linear.mx.filter_fqns", CT_OPT_STRING, NULL, "torchtitan's spelling of the filter"},
+    {"model.converters", CT_OPT_STRING, NULL,
+     "torchtitan's converters list: float8 / quantize.linear.float8 / mx / quantize.linear.mx enable float8"},
     {"generate.max_new_tokens", CT_OPT_INT, "0", "after training, sample this many tokens (0: none)"},
     {"generate.top_p", CT_OPT_FLOAT, "1.0", "nucleus sampling: the smallest set of tokens with this much probability"},
     {"generate.seed", CT_OPT_INT, NULL, "sampling seed (default: training.seed)"},
@@ -241,6 +254,24 @@ int manifest_override(manifest *m, const char *key, const char *value, char *err
     return add_value(m, key, value, 0, 0);
 }
 
+int manifest_alias(manifest *m, const char *from, const char *to) {
+    const mf_value *src = find_value(m, from);
+    if (!src || !src->value || (find_value(m, to) && find_value(m, to)->value)) return 0;
+    char *value = strdup(src->value);
+    int line = src->line, is_seq = src->is_seq, rc = 0;
+    mf_value *dst = find_value(m, to);
+    if (dst) {
+        free(dst->value);
+        dst->value = value;
+        dst->line = line;
+        dst->is_seq = is_seq;
+    } else {
+        rc = add_value(m, to, value, is_seq, line);
+        free(value);
+    }
+    return rc;
+}
+
 void manifest_free(manifest *m) {
     if (!m) return;
     for (int i = 0; i < m->n_values; i++) {
@@ -377,7 +408,7 @@ int manifest_validate(const manifest *m, char *err, size_t errlen) {
         double fv;
         int bv;
         if (!v->value && !v->is_seq) continue; /* null: the default applies */
-        if (v->is_seq) ok = 0;
+        if (v->is_seq) ok = s->type == CT_OPT_STRING; /* a list of strings, joined with ',' */
         else if (s->type == CT_OPT_INT) ok = mf_parse_int(v->value, &iv) == 0;
         else if (s->type == CT_OPT_FLOAT) ok = mf_parse_float(v->value, &fv) == 0;
         else if (s->type == CT_OPT_BOOL) ok = mf_parse_bool(v->value, &bv) == 0;

@@ -43,6 +43,8 @@ manifest *manifest_load(const char *path, char *err, size_t errlen);
  * holds '='). The last override of a key wins. */
 int manifest_override(manifest *m, const char *key, const char *value, char *err, size_t errlen);
 void manifest_free(manifest *m);
+/* Copies `from` (value and where it was set) to `to` when `to` is unset: one setting, two spellings. */
+int manifest_alias(manifest *m, const char *from, const char *to);
 
 /* Adds the core's keys to the schema. */
 void manifest_add_core_schema(manifest *m);

@@ -13,6 +13,7 @@
 #include "ctitan/comm.h"
 #include "ctitan/device.h"
 #include "ctitan/model.h"
+#include "ctitan/quantizer.h"
 #include "ctitan/strategy.h"
 
 /* A host tensor: the ABI descriptor plus what the tape needs. */
@@ -86,6 +87,8 @@ typedef struct runtime {
     runtime_dist dist;
     ct_status dist_status; /* the status of the last failed strategy or comm call (CT_ERR_TIMEOUT ...) */
     double comm_seconds;   /* wall time in strategy hooks and collectives (exposed communication) */
+    const ct_quantizer_api *qapi; /* float8 linear layers (NULL: none) */
+    void *quant;
     float *bf16_shadow;         /* mixed_precision_param=bfloat16: bf16-rounded copies used by forward */
     void **master_data;         /* the f32 master pointers while the shadow is swapped in */
 

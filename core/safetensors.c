@@ -228,24 +228,24 @@ static int parse_offsets(const char *label, const char *name, const json_t *v, u
 /* Checks that shape * dtype size is exactly the span's bytes, without overflowing on the way. */
 static int check_size(const char *label, const char *name, st_tensor *t, uint64_t span, char *err,
                       size_t errlen) {
-    uint64_t esize = dtypes[t->dtype].size, limit = span / esize, numel = 1;
-    int too_big = 0, zero = 0;
+    uint64_t esize = dtypes[t->dtype].size, limit = UINT64_MAX / esize, numel = 1;
+    int overflow = 0, zero = 0;
     for (int i = 0; i < t->ndim; i++) {
         uint64_t d = (uint64_t)t->shape[i];
         if (d == 0) zero = 1;
-        else if (numel > limit / d) too_big = 1;
+        else if (numel > limit / d) overflow = 1;
         else numel *= d;
     }
-    if (zero) numel = 0;
+    if (zero) numel = 0, overflow = 0;
     char s[200];
     shape_str(s, sizeof s, t->ndim, t->shape);
-    if ((too_big && !zero) || numel * esize != span) {
-        if (too_big && !zero)
-            fail(err, errlen, label, name, "shape %s of %s needs more than the %llu bytes its data_offsets hold",
-                 s, dtypes[t->dtype].name, (unsigned long long)span);
-        else
-            fail(err, errlen, label, name, "shape %s of %s needs %llu bytes, its data_offsets hold %llu", s,
-                 dtypes[t->dtype].name, (unsigned long long)(numel * esize), (unsigned long long)span);
+    if (overflow) {
+        fail(err, errlen, label, name, "shape %s of %s overflows a 64-bit byte count", s, dtypes[t->dtype].name);
+        return -1;
+    }
+    if (numel * esize != span) {
+        fail(err, errlen, label, name, "shape %s of %s needs %llu bytes, its data_offsets hold %llu", s,
+             dtypes[t->dtype].name, (unsigned long long)(numel * esize), (unsigned long long)span);
         return -1;
     }
     t->numel = (int64_t)numel;
@@ -532,7 +532,10 @@ static char *header_json(const char *path, const st_entry *const *order, int n, 
         }
         json_t *shape = json_array();
         for (int k = 0; shape && k < e->ndim; k++)
-            if (json_array_append_new(shape, json_integer(e->shape[k]))) goto fail;
+            if (json_array_append_new(shape, json_integer(e->shape[k]))) {
+                json_decref(shape);
+                goto fail;
+            }
         json_t *t = json_pack("{s:s, s:o, s:[I, I]}", "dtype", dtypes[e->dtype].name, "shape", shape,
                               "data_offsets", (json_int_t)off, (json_int_t)(off + nbytes));
         if (!t) goto fail;
@@ -844,4 +847,9 @@ st_model *st_model_open(const char *dir, char *err, size_t errlen) {
 const st_tensor *st_model_find(const st_model *m, const char *name) {
     int k = model_index_of(m, name);
     return k >= 0 ? m->tensors[k] : NULL;
+}
+
+const char *st_model_where(const st_model *m, const char *name) {
+    int k = model_index_of(m, name);
+    return k >= 0 ? m->where[k] : NULL;
 }

@@ -128,6 +128,8 @@ st_model *st_model_open(const char *dir, char *err, size_t errlen);
 int st_index_parse(const void *json, size_t len, const char *label, char ***pairs, int *n, char *err,
                    size_t errlen);
 const st_tensor *st_model_find(const st_model *m, const char *name);
+/* The label (path) of the file holding the tensor called name, or NULL. */
+const char *st_model_where(const st_model *m, const char *name);
 void st_model_free(st_model *m);
 
 #endif

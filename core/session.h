@@ -5,6 +5,7 @@
 #include "ctitan/device.h"
 #include "ctitan/model.h"
 #include "ctitan/optimizer.h"
+#include "ctitan/quantizer.h"
 #include "ctitan/strategy.h"
 #include "host.h"
 #include "manifest.h"
@@ -16,7 +17,9 @@
 
 typedef struct session {
     manifest *mf;
-    plugin *devp, *modelp, *optp, *commp, *stratp;
+    plugin *devp, *modelp, *optp, *commp, *stratp, *quantp;
+    const ct_quantizer_api *qapi; /* NULL: no float8 */
+    void *quant;
     const ct_comm_api *capi; /* NULL on one rank */
     void *comm;
     const ct_strategy_api *sapi;

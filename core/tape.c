@@ -82,6 +82,14 @@ static int check_f32(const ct_tensor *t, const char *op, const char *what) {
     return 0;
 }
 
+/* The start-up report of which linear layers float8 converts (rank 0 prints it). */
+static void quant_note(runtime *rt, const char *name, int yes, const char *why) {
+    if (g_log_rank > 0) return;
+    (void)rt;
+    if (yes) printf("float8: %s converted\n", name);
+    else printf("float8: %s stays in high precision (%s)\n", name, why);
+}
+
 /* ---- ops ---- */
 static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
     runtime *rt = RT(b);
@@ -98,8 +106,17 @@ static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
     shape[x->t.ndim - 1] = outf;
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
     if (!y) return NULL;
-    CALL(rt, DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f));
-    if (record(rt, OP_LINEAR, y, x, w, NULL, NULL, NULL, 0)) return NULL;
+    rt_tensor *owner = w->base ? w->base : w;
+    if (rt->qapi && !(owner->t.flags & CT_TENSOR_QUANT_DECIDED)) { /* ask once per weight */
+        const char *why = "";
+        int yes = rt->qapi->converts(rt->quant, &owner->t, &why);
+        owner->t.flags |= CT_TENSOR_QUANT_DECIDED | (yes ? CT_TENSOR_QUANTIZED : 0);
+        quant_note(rt, owner->t.name, yes, why);
+    }
+    int quant = rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED);
+    if (quant) CALL(rt, rt->qapi->forward(rt->quant, y->t.data, x->t.data, w->t.data, n, outf, in));
+    else CALL(rt, DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f));
+    if (record(rt, OP_LINEAR, y, x, w, NULL, NULL, NULL, (float)quant)) return NULL;
     return &y->t;
 }
 
@@ -380,6 +397,11 @@ static int entry_backward(runtime *rt, tape_entry *e, int halves) {
     switch (e->op) {
     case OP_LINEAR: {
         int64_t k = w->t.shape[1], m = w->t.shape[0], n = numel(x) / k;
+        if (e->f != 0) { /* float8: the quantizer runs both GEMMs */
+            if (in) BCALL(rt->qapi->backward_input(rt->quant, G(x), dy, w->t.data, n, m, k));
+            if (wt) BCALL(rt->qapi->backward_weight(rt->quant, G(w), dy, x->t.data, n, m, k));
+            break;
+        }
         if (in) BCALL(d->matmul(dev, G(x), dy, w->t.data, n, k, m, 0, 0, 1.0f, 1.0f));
         if (wt) BCALL(d->matmul(dev, G(w), dy, x->t.data, m, k, n, 1, 0, 1.0f, 1.0f));
         break;

@@ -8,6 +8,13 @@
  *
  * The bf16 helpers work on bit patterns: f32 -> bf16 rounds to nearest, ties to even; a NaN
  * stays a NaN (made quiet) and infinities stay infinite.
+ *
+ * The fp8 helpers do the same for OCP FP8 (e4m3: bias 7, 3 mantissa bits, max 448, no inf, NaN
+ * S.1111.111; e5m2: bias 15, 2 mantissa bits, max 57344, IEEE inf and NaN). f32 -> fp8 rounds to
+ * nearest, ties to even, and saturates: anything beyond max, infinities included, becomes +-max
+ * (CUDA's __NV_SATFINITE does the same); a NaN becomes S.1111111 (0x7f / 0xff, a NaN in both
+ * formats). The encoders are branch-free so the quantize loops vectorise. tests/unit/test_fp8.c
+ * checks them against tables from CUDA's cuda_fp8.h and from ml_dtypes (tests/golden/fp8/).
  */
 #ifndef CTITAN_CPU_MATH_H
 #define CTITAN_CPU_MATH_H
@@ -75,6 +82,65 @@ static inline uint16_t cpu_f32_to_bf16(float x)
 static inline float cpu_bf16_to_f32(uint16_t h)
 {
     return cpu_f32_from_bits((uint32_t)h << 16);
+}
+
+/* f32 -> fp8 with `mbits` mantissa bits, exponent bias `bias`, largest finite value `max`.
+ * Normal results round on the f32 bits (add half an fp8 ulp minus one, plus the bit that makes
+ * ties go to even, then shift). Subnormal results let the FPU round: adding 2^k, whose f32 ulp is
+ * the fp8 subnormal step, leaves round(|x| / step) in the low bits; the count may reach the
+ * smallest normal, whose code follows the subnormals. */
+static inline uint8_t cpu_f32_to_f8(float x, int mbits, int bias, float max)
+{
+    uint32_t u = cpu_f32_bits(x), sign = (u >> 24) & 0x80u, a = u & 0x7FFFFFFFu;
+    float ax = cpu_f32_from_bits(a);
+    ax = ax < max ? ax : max; /* saturate (inf included); NaN is replaced below */
+    uint32_t c = cpu_f32_bits(ax);
+    int shift = 23 - mbits;
+    uint32_t magic = (uint32_t)(127 + 24 - bias - mbits) << 23; /* 2^(24-bias-mbits) */
+    uint32_t sub = cpu_f32_bits(ax + cpu_f32_from_bits(magic)) - magic;
+    uint32_t nrm = (c - ((uint32_t)(127 - bias) << 23) + ((1u << (shift - 1)) - 1u) +
+                    ((c >> shift) & 1u)) >> shift;
+    uint32_t r = c < (uint32_t)(128 - bias) << 23 ? sub : nrm; /* below 2^(1-bias): subnormal */
+    r = a > 0x7F800000u ? 0x7Fu : r;
+    return (uint8_t)(sign | r);
+}
+
+/* fp8 -> f32, exact. `ieee`: the top exponent holds inf and NaN (e5m2); otherwise only
+ * S.1111.111 is NaN and the top exponent holds normal values (e4m3). */
+static inline float cpu_f8_to_f32(uint8_t b, int mbits, int bias, int ieee)
+{
+    uint32_t sign = (uint32_t)(b & 0x80u) << 24, e = (uint32_t)(b & 0x7Fu) >> mbits,
+             m = b & ((1u << mbits) - 1u), emax = (1u << (7 - mbits)) - 1u;
+    uint32_t bits;
+    if (e == 0) /* subnormal: m * 2^(1-bias-mbits) */
+        bits = cpu_f32_bits((float)m * cpu_f32_from_bits((uint32_t)(128 - bias - mbits) << 23));
+    else if (ieee && e == emax)
+        bits = m ? 0x7FC00000u : 0x7F800000u;
+    else if (!ieee && e == emax && m == (1u << mbits) - 1u)
+        bits = 0x7FC00000u;
+    else
+        bits = (e + 127u - (uint32_t)bias) << 23 | m << (23 - mbits);
+    return cpu_f32_from_bits(sign | bits);
+}
+
+#define CPU_E4M3_MAX 448.0f
+#define CPU_E5M2_MAX 57344.0f
+
+static inline uint8_t cpu_f32_to_e4m3(float x)
+{
+    return cpu_f32_to_f8(x, 3, 7, CPU_E4M3_MAX);
+}
+static inline uint8_t cpu_f32_to_e5m2(float x)
+{
+    return cpu_f32_to_f8(x, 2, 15, CPU_E5M2_MAX);
+}
+static inline float cpu_e4m3_to_f32(uint8_t b)
+{
+    return cpu_f8_to_f32(b, 3, 7, 0);
+}
+static inline float cpu_e5m2_to_f32(uint8_t b)
+{
+    return cpu_f8_to_f32(b, 2, 15, 1);
 }
 
 #endif

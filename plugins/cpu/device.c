@@ -716,6 +716,98 @@ static ct_status cpu_round_bf16(void *dev, float *x, int64_t n)
     return CT_OK;
 }
 
+/* ---------------------------------------------------------------- float8 (ABI 1.2) */
+
+/* Shared checks of the group ops: n >= 0 elements in groups of `group` (>= 1, dividing n). */
+static ct_status cpu_group_check(cpu_device *d, const char *op, int64_t n, int64_t group)
+{
+    if (n < 0 || group < 1)
+        return cpu_fail(d, CT_ERR_INVALID, op, "n=%lld group=%lld, expected n >= 0 and group >= 1",
+                        (long long)n, (long long)group);
+    if (n % group != 0)
+        return cpu_fail(d, CT_ERR_INVALID, op, "group %lld does not divide n=%lld",
+                        (long long)group, (long long)n);
+    return CT_OK;
+}
+
+static ct_status cpu_fp8_format_check(cpu_device *d, const char *op, ct_dtype fmt)
+{
+    if (fmt != CT_F8_E4M3 && fmt != CT_F8_E5M2)
+        return cpu_fail(d, CT_ERR_INVALID, op,
+                        "format %d, expected CT_F8_E4M3 (%d) or CT_F8_E5M2 (%d)", (int)fmt,
+                        (int)CT_F8_E4M3, (int)CT_F8_E5M2);
+    return CT_OK;
+}
+
+static ct_status cpu_amax(void *dev, float *amax, const float *src, int64_t n, int64_t group)
+{
+    CPU_OP_BEGIN(dev);
+    ct_status st = cpu_group_check(d, "amax", n, group);
+    if (st != CT_OK)
+        return st;
+    if (n == 0)
+        return CT_OK;
+    CPU_REQUIRE(amax && src, "null pointer");
+    cpu_enter(d);
+    amax_f32(amax, src, n, group);
+    return CT_OK;
+}
+
+/* The scale values are not checked (they may come from a device-side amax); a positive finite
+ * scale never makes a NaN or inf from a finite input, since the cast saturates. */
+static ct_status cpu_quantize_fp8(void *dev, uint8_t *dst, const float *src, const float *scale,
+                                  int64_t n, int64_t group, ct_dtype fmt)
+{
+    CPU_OP_BEGIN(dev);
+    ct_status st = cpu_group_check(d, "quantize_fp8", n, group);
+    if (st == CT_OK)
+        st = cpu_fp8_format_check(d, "quantize_fp8", fmt);
+    if (st != CT_OK)
+        return st;
+    if (n == 0)
+        return CT_OK;
+    CPU_REQUIRE(dst && src && scale, "null pointer");
+    cpu_enter(d);
+    quantize_fp8_f32(dst, src, scale, n, group, fmt == CT_F8_E5M2);
+    return CT_OK;
+}
+
+static ct_status cpu_dequantize_fp8(void *dev, float *dst, const uint8_t *src, const float *scale,
+                                    int64_t n, int64_t group, ct_dtype fmt)
+{
+    CPU_OP_BEGIN(dev);
+    ct_status st = cpu_group_check(d, "dequantize_fp8", n, group);
+    if (st == CT_OK)
+        st = cpu_fp8_format_check(d, "dequantize_fp8", fmt);
+    if (st != CT_OK)
+        return st;
+    if (n == 0)
+        return CT_OK;
+    CPU_REQUIRE(dst && src && scale, "null pointer");
+    cpu_enter(d);
+    dequantize_fp8_f32(dst, src, scale, n, group, fmt == CT_F8_E5M2);
+    return CT_OK;
+}
+
+/* Not in place: dst and src must not overlap. */
+static ct_status cpu_transpose(void *dev, float *dst, const float *src, int64_t rows, int64_t cols)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(rows >= 0 && cols >= 0, "negative shape rows=%lld cols=%lld", (long long)rows,
+                (long long)cols);
+    if (rows == 0 || cols == 0)
+        return CT_OK;
+    CPU_REQUIRE(rows <= INT64_MAX / cols / (int64_t)sizeof(float),
+                "shape rows=%lld cols=%lld is too large", (long long)rows, (long long)cols);
+    CPU_REQUIRE(dst && src, "null pointer");
+    uintptr_t bytes = (uintptr_t)(rows * cols) * sizeof(float), a = (uintptr_t)dst,
+              b = (uintptr_t)src;
+    CPU_REQUIRE(a + bytes <= b || b + bytes <= a, "dst and src overlap (not done in place)");
+    cpu_enter(d);
+    transpose_f32(dst, src, rows, cols);
+    return CT_OK;
+}
+
 /* ---------------------------------------------------------------- entry */
 
 static const ct_device_api cpu_api = {
@@ -759,6 +851,10 @@ static const ct_device_api cpu_api = {
     .cast_f32_to_bf16 = cpu_cast_f32_to_bf16,
     .cast_bf16_to_f32 = cpu_cast_bf16_to_f32,
     .round_bf16 = cpu_round_bf16,
+    .amax = cpu_amax,
+    .quantize_fp8 = cpu_quantize_fp8,
+    .dequantize_fp8 = cpu_dequantize_fp8,
+    .transpose = cpu_transpose,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

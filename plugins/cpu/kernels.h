@@ -1,7 +1,7 @@
-/* kernels.h: the f32 instance of kernels_impl.h, as device.c calls it.
+/* kernels.h: the f32 instance of kernels_impl.h and the float8 kernels, as device.c calls them.
  *
- * kernels_f32.c includes this file before the template, so the compiler checks every prototype
- * here against its definition. Shapes and semantics: see ctitan/device.h and kernels_impl.h.
+ * kernels_f32.c and kernels_fp8.c include this file before their definitions, so the compiler
+ * checks every prototype here against its definition. Shapes and semantics: see ctitan/device.h and kernels_impl.h.
  * Functions returning int return nonzero only when their scratch memory cannot be allocated.
  */
 #ifndef CTITAN_CPU_KERNELS_H
@@ -62,5 +62,15 @@ int cross_entropy_backward_f32(float *dlogits, const float *logits, const int32_
 
 void adamw_f32(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
                float beta1, float beta2, float eps, float weight_decay, int64_t step);
+
+void transpose_f32(float *dst, const float *src, int64_t rows, int64_t cols);
+
+/* float8 (kernels_fp8.c): groups of `group` elements, group divides n; e5m2 selects the format
+ * (else e4m3). */
+void amax_f32(float *amax, const float *src, int64_t n, int64_t group);
+void quantize_fp8_f32(uint8_t *dst, const float *src, const float *scale, int64_t n, int64_t group,
+                      int e5m2);
+void dequantize_fp8_f32(float *dst, const uint8_t *src, const float *scale, int64_t n,
+                        int64_t group, int e5m2);
 
 #endif

@@ -59,6 +59,8 @@
 #define CPU_PAR_MIN 16384
 /* Column block of the column-partitioned reductions (bias, norm weights, embedding). */
 #define CPU_COL_BLOCK 32
+/* Side of the square tiles of transpose. */
+#define CPU_TRANSPOSE_TILE 32
 /* Query rows per attention block: the causal mask lets a block skip keys after its last row. */
 #define CPU_ATT_BLOCK 64
 /* sum / sum_squares: at most this many chunks, each summed alone, then combined in order. */
@@ -161,6 +163,23 @@ CPU_KERNEL_LINKAGE double K(sum)(const real *x, int64_t n)
 CPU_KERNEL_LINKAGE double K(sum_squares)(const real *x, int64_t n)
 {
     return K(sum_generic)(x, n, 1);
+}
+
+/* dst (cols, rows) = src (rows, cols), in CPU_TRANSPOSE_TILE square tiles so that both the
+ * reads and the strided writes stay in cache. */
+CPU_KERNEL void K(transpose)(real *dst, const real *src, int64_t rows, int64_t cols)
+{
+    int64_t tr = (rows + CPU_TRANSPOSE_TILE - 1) / CPU_TRANSPOSE_TILE,
+            tc = (cols + CPU_TRANSPOSE_TILE - 1) / CPU_TRANSPOSE_TILE;
+#pragma omp parallel for schedule(static) if (rows * cols >= CPU_PAR_MIN)
+    for (int64_t t = 0; t < tr * tc; t++) {
+        int64_t i0 = t / tc * CPU_TRANSPOSE_TILE, j0 = t % tc * CPU_TRANSPOSE_TILE;
+        int64_t i1 = i0 + CPU_TRANSPOSE_TILE < rows ? i0 + CPU_TRANSPOSE_TILE : rows;
+        int64_t j1 = j0 + CPU_TRANSPOSE_TILE < cols ? j0 + CPU_TRANSPOSE_TILE : cols;
+        for (int64_t j = j0; j < j1; j++)
+            for (int64_t i = i0; i < i1; i++)
+                dst[j * rows + i] = src[i * cols + j];
+    }
 }
 
 /* ---------------------------------------------------------------- embedding */

@@ -52,7 +52,8 @@ typedef enum ct_plugin_kind {
     CT_KIND_MODEL = 2,
     CT_KIND_OPTIMIZER = 3,
     CT_KIND_COMM = 4,
-    CT_KIND_STRATEGY = 5
+    CT_KIND_STRATEGY = 5,
+    CT_KIND_QUANTIZER = 6
 } ct_plugin_kind;
 
 /* An option a plugin accepts in its manifest section. The host validates the manifest against

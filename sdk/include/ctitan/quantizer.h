@@ -1,0 +1,35 @@
+/* ctitan/quantizer.h: the quantizer interface (plugin kind CT_KIND_QUANTIZER, ABI 1.2).
+ *
+ * A quantizer owns the GEMMs of the linear layers it converts: forward (x W^T), input gradient
+ * (dY W) and weight gradient (dY^T X). It casts the operands per its recipe (scales, formats) and
+ * runs them with the device's ops; layers it does not convert stay in high precision. The host asks
+ * `converts` once per linear weight at start-up and reports the list.
+ *
+ * Accumulation: backward halves ADD into dx and dw, like every device backward op.
+ */
+#ifndef CTITAN_QUANTIZER_H
+#define CTITAN_QUANTIZER_H
+
+#include "ctitan/abi.h"
+#include "ctitan/device.h"
+#include "ctitan/host.h"
+#include "ctitan/tensor.h"
+
+typedef struct ct_quantizer_api {
+    size_t struct_size;
+    /* Reads the plugin's options (the recipe); an unknown recipe is CT_ERR_INVALID with a hint. */
+    ct_status (*create)(const ct_host *host, const ct_device_api *dapi, void *dev, void **q);
+    void (*destroy)(void *q);
+    /* 1 when this linear weight (out, in) is converted; *why gets a short reason when it is not. */
+    int (*converts)(void *q, const ct_tensor *weight, const char **why);
+    /* y (n, out) = x (n, in) @ w (out, in)^T */
+    ct_status (*forward)(void *q, float *y, const float *x, const float *w, int64_t n, int64_t out, int64_t in);
+    /* dx (n, in) += dy (n, out) @ w (out, in) */
+    ct_status (*backward_input)(void *q, float *dx, const float *dy, const float *w, int64_t n, int64_t out,
+                                int64_t in);
+    /* dw (out, in) += dy (n, out)^T @ x (n, in) */
+    ct_status (*backward_weight)(void *q, float *dw, const float *dy, const float *x, int64_t n, int64_t out,
+                                 int64_t in);
+} ct_quantizer_api;
+
+#endif

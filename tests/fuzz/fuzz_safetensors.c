@@ -1,0 +1,155 @@
+/* fuzz_safetensors: feeds arbitrary bytes to the safetensors reader (core/safetensors.c) and, as
+ * JSON, to the index and config.json parsers (core/safetensors.c, core/hf.c).
+ *
+ * Properties checked on every input:
+ *   - nothing crashes, leaks or trips a sanitizer, and no allocation is sized by the input's claims;
+ *   - a rejected input gets one line of error that starts with the label;
+ *   - an accepted file is self-consistent (names sorted and unique, numel = product of the shape,
+ *     bytes = numel * dtype size, inside the data section, no two tensors overlapping), its float
+ *     tensors convert to float32 and its others refuse to; written back with st_write and read again
+ *     it holds the same tensors, bytes and metadata;
+ *   - an accepted config.json describes a model ctitan can build (sizes that divide).
+ *
+ * Two ways to build it:
+ *   clang -fsanitize=fuzzer,address,undefined -Icore tests/fuzz/fuzz_safetensors.c core/safetensors.c \
+ *       core/hf.c core/tensorfile.c core/util.c -ljansson -lm          a libFuzzer binary;
+ *   cc -fsanitize=address,undefined -Icore tests/fuzz/fuzz_safetensors.c tests/fuzz/replay_main.c \
+ *       core/safetensors.c core/hf.c core/tensorfile.c core/util.c -ljansson -lm
+ *       a replay driver (`fuzz_safetensors [-m N] FILE|DIR ...`, see replay_main.c).
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hf.h"
+#include "safetensors.h"
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "fuzz_safetensors: check failed at %s:%d: %s\n", __FILE__, __LINE__,   \
+                    #cond);                                                                        \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void check_error_line(const char *err) {
+    CHECK(strncmp(err, "fuzz: ", 6) == 0);
+    CHECK(strchr(err, '\n') == NULL);
+}
+
+static const char *roundtrip_path(void) {
+    static char path[512];
+    if (!path[0]) {
+        const char *dir = getenv("TMPDIR");
+        snprintf(path, sizeof path, "%s/fuzz_safetensors.%ld.st", dir && dir[0] ? dir : "/tmp", (long)getpid());
+    }
+    return path;
+}
+
+static void check_consistent(const st_file *f, const uint8_t *data, size_t size) {
+    for (int i = 0; i < f->count; i++) {
+        const st_tensor *t = &f->tensors[i];
+        CHECK(t->name && t->name[0]);
+        CHECK(i == 0 || strcmp(f->tensors[i - 1].name, t->name) < 0);
+        CHECK(t->dtype >= 0 && t->dtype < ST_N_DTYPES);
+        CHECK(t->ndim >= 0 && t->ndim <= ST_MAX_DIMS);
+        uint64_t numel = 1;
+        for (int k = 0; k < t->ndim; k++) numel *= (uint64_t)t->shape[k];
+        CHECK(numel == (uint64_t)t->numel);
+        CHECK(t->nbytes == numel * st_dtype_size(t->dtype));
+        CHECK((const uint8_t *)t->data >= data && t->nbytes <= size &&
+              (const uint8_t *)t->data - data <= (ptrdiff_t)(size - t->nbytes));
+        CHECK(st_find(f, t->name) == t);
+    }
+    for (int i = 0; i < f->count; i++) /* pairwise: fine, inputs are small */
+        for (int k = i + 1; k < f->count; k++) {
+            const st_tensor *a = &f->tensors[i], *b = &f->tensors[k];
+            if (!a->nbytes || !b->nbytes) continue;
+            CHECK(a->offset + a->nbytes <= b->offset || b->offset + b->nbytes <= a->offset);
+        }
+}
+
+static void check_conversions(const st_file *f) {
+    for (int i = 0; i < f->count; i++) {
+        const st_tensor *t = &f->tensors[i];
+        float *out = malloc(sizeof(float) * (size_t)(t->numel ? t->numel : 1));
+        CHECK(out != NULL);
+        char err[512] = "";
+        int is_float = t->dtype == ST_F32 || t->dtype == ST_BF16 || t->dtype == ST_F16 || t->dtype == ST_F64;
+        int rc = st_to_f32(t, out, "fuzz", err, sizeof err);
+        CHECK(rc == (is_float ? 0 : -1));
+        if (rc) check_error_line(err);
+        free(out);
+    }
+}
+
+static void check_round_trip(const st_file *f) {
+    st_entry *e = calloc((size_t)f->count + 1, sizeof *e);
+    CHECK(e != NULL);
+    for (int i = 0; i < f->count; i++) {
+        const st_tensor *t = &f->tensors[i];
+        e[i] = (st_entry){t->name, t->dtype, t->ndim, t->shape, NULL, t->data};
+    }
+    const char *path = roundtrip_path();
+    char err[512] = "";
+    int rc = st_write(path, e, f->count, (const char *const *)f->meta, f->n_meta, err, sizeof err);
+    free(e);
+    CHECK(rc == 0); /* whatever the reader accepts, the writer can write */
+    st_file *g = st_read(path, err, sizeof err);
+    CHECK(g != NULL);
+    CHECK(g->count == f->count && g->n_meta == f->n_meta);
+    for (int i = 0; i < f->count; i++) {
+        const st_tensor *a = &f->tensors[i], *b = &g->tensors[i];
+        CHECK(strcmp(a->name, b->name) == 0 && a->dtype == b->dtype && a->ndim == b->ndim);
+        CHECK(memcmp(a->shape, b->shape, sizeof a->shape) == 0);
+        CHECK(a->nbytes == b->nbytes && (a->nbytes == 0 || memcmp(a->data, b->data, a->nbytes) == 0));
+    }
+    for (int i = 0; i < 2 * f->n_meta; i++) CHECK(strcmp(f->meta[i], g->meta[i]) == 0);
+    st_free(g);
+    remove(path);
+}
+
+static void check_json_parsers(const uint8_t *data, size_t size) {
+    char err[512] = "";
+    hf_config c;
+    if (hf_config_parse((const char *)data, size, "fuzz", &c, err, sizeof err) == 0) {
+        CHECK(c.dim > 0 && c.n_heads > 0 && c.n_kv_heads > 0 && c.n_layers > 0 && c.vocab > 0 && c.ffn_hidden > 0);
+        CHECK(c.dim % c.n_heads == 0 && c.n_heads % c.n_kv_heads == 0 && c.head_dim * c.n_heads == c.dim);
+        CHECK(c.head_dim % 2 == 0 && c.rope_theta > 0 && c.norm_eps >= 0);
+    } else {
+        check_error_line(err);
+    }
+    char **pairs;
+    int n;
+    err[0] = 0;
+    if (st_index_parse(data, size, "fuzz", &pairs, &n, err, sizeof err) == 0) {
+        CHECK(n > 0);
+        for (int i = 0; i < n; i++) {
+            CHECK(pairs[2 * i][0] && pairs[2 * i + 1][0] && !strchr(pairs[2 * i + 1], '/'));
+            free(pairs[2 * i]);
+            free(pairs[2 * i + 1]);
+        }
+        free(pairs);
+    } else {
+        check_error_line(err);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char err[512] = "";
+    st_file *f = st_read_mem(data, size, "fuzz", err, sizeof err);
+    if (!f) {
+        check_error_line(err);
+    } else {
+        check_consistent(f, data, size);
+        check_conversions(f);
+        check_round_trip(f);
+        st_free(f);
+    }
+    if (size && (data[0] == '{' || data[0] == '[' || data[0] == ' ')) check_json_parsers(data, size);
+    return 0;
+}
