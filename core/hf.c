@@ -457,7 +457,8 @@ static int load_param(const char *dir, const hf_config *cfg, const st_model *m, 
         return -1;
     }
     size_t n = (size_t)t->numel;
-    float *buf = malloc(sizeof(float) * (n ? n : 1)), *tmp = p->permute_heads ? malloc(sizeof(float) * (n ? n : 1)) : buf;
+    float *buf = malloc(sizeof(float) * (n ? n : 1));
+    float *tmp = p->permute_heads ? malloc(sizeof(float) * (n ? n : 1)) : buf; /* un-permuted from tmp */
     if (!(e->name = strdup(p->ct)) || !buf || !tmp) {
         ct_errf(err, errlen, "%s: out of memory for '%s'", dir, hf_name);
         free(buf);
@@ -505,7 +506,8 @@ int hf_load(const char *dir, hf_config *cfg, tf_file **weights, char *err, size_
         size_t nl = strlen(name);
         int rotary = nl > 20 && !strcmp(name + nl - 20, ".rotary_emb.inv_freq"); /* a buffer old checkpoints kept */
         if (!rotary && !is_expected_hf(cfg, name)) {
-            ct_errf(err, errlen, "%s: tensor '%s' is not a parameter of a %lld-layer Llama (nothing in ctitan to map it to)",
+            ct_errf(err, errlen,
+                    "%s: tensor '%s' is not a parameter of a %lld-layer Llama (nothing in ctitan to map it to)",
                     m->where[i], name, (long long)cfg->n_layers);
             goto fail;
         }
@@ -556,7 +558,8 @@ int hf_save(const char *dir, const hf_config *cfg, const tf_file *w, hf_dtype dt
     if (hf_check_weights(cfg, w, err, errlen)) return -1;
     struct stat sb;
     if (mkdir(dir, 0777) != 0 && (errno != EEXIST || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
-        ct_errf(err, errlen, "%s: cannot create the folder: %s", dir, errno == EEXIST ? "not a folder" : strerror(errno));
+        ct_errf(err, errlen, "%s: cannot create the folder: %s", dir,
+                errno == EEXIST ? "not a folder" : strerror(errno));
         return -1;
     }
     int64_t n = n_params(cfg);

@@ -493,7 +493,8 @@ static int entry_bytes(const char *path, const st_entry *e, uint64_t *nbytes, ch
         return -1;
     }
     if (e->f32 && e->dtype != ST_F32 && e->dtype != ST_BF16) {
-        fail(err, errlen, path, e->name, "float32 values can be stored as F32 or BF16, not %s", st_dtype_name(e->dtype));
+        fail(err, errlen, path, e->name, "float32 values can be stored as F32 or BF16, not %s",
+             st_dtype_name(e->dtype));
         return -1;
     }
     uint64_t numel = 1, esize = dtypes[e->dtype].size;

@@ -88,7 +88,8 @@ static inline float cpu_bf16_to_f32(uint16_t h)
  * Normal results round on the f32 bits (add half an fp8 ulp minus one, plus the bit that makes
  * ties go to even, then shift). Subnormal results let the FPU round: adding 2^k, whose f32 ulp is
  * the fp8 subnormal step, leaves round(|x| / step) in the low bits; the count may reach the
- * smallest normal, whose code follows the subnormals. */
+ * smallest normal, whose code follows the subnormals. Flush-to-zero / denormals-are-zero modes
+ * do not change the result: only f32 subnormals, which encode to +-0 anyway, are affected. */
 static inline uint8_t cpu_f32_to_f8(float x, int mbits, int bias, float max)
 {
     uint32_t u = cpu_f32_bits(x), sign = (u >> 24) & 0x80u, a = u & 0x7FFFFFFFu;

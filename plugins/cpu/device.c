@@ -2,7 +2,8 @@
  * ct_device_api table.
  *
  * Each op checks its arguments here, reports bad ones through host->set_error, and hands the
- * work to the f32 kernels (kernels_impl.h instanced by kernels_f32.c). Memory is plain host
+ * work to the f32 kernels (kernels_impl.h instanced by kernels_f32.c, and kernels_fp8.c for the
+ * float8 ops of ABI 1.2). Memory is plain host
  * memory: the host does the accounting, copies are memcpy, and every op has finished when it
  * returns, so synchronize has nothing to wait for.
  *

@@ -1,7 +1,8 @@
 /* kernels.h: the f32 instance of kernels_impl.h and the float8 kernels, as device.c calls them.
  *
  * kernels_f32.c and kernels_fp8.c include this file before their definitions, so the compiler
- * checks every prototype here against its definition. Shapes and semantics: see ctitan/device.h and kernels_impl.h.
+ * checks every prototype here against its definition. Shapes and semantics: see ctitan/device.h
+ * and kernels_impl.h.
  * Functions returning int return nonzero only when their scratch memory cannot be allocated.
  */
 #ifndef CTITAN_CPU_KERNELS_H

@@ -62,7 +62,8 @@ CPU_F8_CLONES void amax_f32(float *amax, const float *src, int64_t n, int64_t gr
         uint32_t m = 0;
 #pragma omp parallel for schedule(static) reduction(max : m)
         for (int64_t b = 0; b < nblocks; b++) {
-            int64_t i0 = b * CPU_F8_BLOCK, len = group - i0 < CPU_F8_BLOCK ? group - i0 : CPU_F8_BLOCK;
+            int64_t i0 = b * CPU_F8_BLOCK;
+            int64_t len = group - i0 < CPU_F8_BLOCK ? group - i0 : CPU_F8_BLOCK;
             uint32_t mb = amax_bits(x + i0, len);
             m = mb > m ? mb : m;
         }

@@ -181,13 +181,13 @@ static ct_status fake_quant(f8 *q, float *dst, const float *src, int64_t n, int6
     float maxv = fmt_max(fmt);
     for (int64_t g = 0; g < ng; g++) {
         float amax = q->host_amax[g], s;
-        if (!(amax > 0) || !isfinite(amax)) {
-            s = 1.0f; /* zero block: any scale; NaN/inf: let the cast propagate it */
-        } else if (mx) { /* E8M0: shared exponent floor(log2 amax) - emax(e4m3) = 8 */
-            s = ldexpf(1.0f, 8 - ilogbf(amax));
+        if (mx) { /* E8M0: shared exponent floor(log2 amax) - emax(e4m3) = 8; a zero block takes 1 */
+            s = amax > 0 && isfinite(amax) ? ldexpf(1.0f, 8 - ilogbf(amax)) : isnan(amax) ? NAN : 1.0f;
+        } else if (isnan(amax)) {
+            s = NAN; /* torchao: a NaN anywhere makes the scale NaN, and so the group's values */
         } else {
-            s = maxv / fmaxf(amax, 1e-12f); /* torchao amax_to_scale */
-            if (pow2) s = ldexpf(1.0f, ilogbf(s)); /* round down to a power of two */
+            s = maxv / fmaxf(amax, 1e-12f); /* torchao amax_to_scale (an inf amax gives 0) */
+            if (pow2 && s > 0) s = exp2f(floorf(log2f(s))); /* as torchao rounds, in f32 */
         }
         q->host_amax[g] = s;
     }
@@ -241,7 +241,10 @@ static ct_status f8_backward_input(void *p, float *dx, const float *dy, const fl
     float *gq = need(q, &q->a, sizeof(float) * (size_t)(n * out)), *wq = need(q, &q->b, sizeof(float) * (size_t)(out * in));
     if (!gq || !wq) return CT_ERR_NOMEM;
     TRY(cast_operand(q, gq, dy, n, out, 1, fmt_grad(q))); /* reduction over out: along dy's rows */
-    TRY(cast_operand(q, wq, w, out, in, 0, fmt_in(q)));   /* and down w's columns */
+    if (q->r == R_ROWWISE_GW_HP) /* torchao: this recipe scales w tensor-wide (power of two) for grad_input */
+        TRY(fake_quant(q, wq, w, out * in, out * in, CT_F8_E4M3, 1, 0));
+    else
+        TRY(cast_operand(q, wq, w, out, in, 0, fmt_in(q))); /* and down w's columns */
     return q->d->matmul(q->dev, dx, gq, wq, n, in, out, 0, 0, 1.0f, 1.0f);
 }
 

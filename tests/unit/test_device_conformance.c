@@ -21,7 +21,12 @@
  *     gradients that already hold values;
  *   - bad arguments (out-of-range ids and targets, GQA head counts) return CT_ERR_INVALID with a
  *     message, and do not crash;
- *   - determinism: the same op run twice on the same inputs gives the same bits.
+ *   - determinism: the same op run twice on the same inputs gives the same bits;
+ *   - the optional float8 ops of ABI 1.2 (amax, quantize_fp8, dequantize_fp8, transpose), when the
+ *     table's struct_size covers them and they are not NULL: every code decodes to its OCP FP8
+ *     value, casts round to nearest even and saturate, group scales (tensorwise, rowwise, blocks
+ *     of 32), amax with NaN, bad groups and formats are errors. (tests/unit/test_fp8.c checks the
+ *     CPU plugin's casts against CUDA's and ml_dtypes' tables.)
  *
  * The harness brings its own minimal ct_host (log, set_error, memory, option getters answered
  * from the spec); it links nothing of the core, so a third party can build and run it alone.
@@ -1265,6 +1270,216 @@ static void test_same_inputs_give_same_bits(void **state)
     free(second);
 }
 
+/* ---------------------------------------------------------------- float8 (ABI 1.2, optional) */
+
+/* The OCP FP8 value of `code` by the formula: e4m3 (bias 7, 3 mantissa bits, S.1111.111 NaN, no
+ * inf) or e5m2 (bias 15, 2 mantissa bits, IEEE inf and NaN). */
+static double f8_value(unsigned code, int e5m2)
+{
+    int mb = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7, emax = e5m2 ? 31 : 15;
+    int e = (int)(code & 0x7F) >> mb, m = (int)code & ((1 << mb) - 1);
+    double sign = code & 0x80 ? -1 : 1;
+    if (e5m2 && e == emax)
+        return m ? NAN : sign * INFINITY;
+    if (!e5m2 && e == emax && m == 7)
+        return NAN;
+    if (e == 0)
+        return sign * ldexp(m, 1 - bias - mb);
+    return sign * ldexp(1 + ldexp(m, -mb), e - bias);
+}
+
+/* Saturating round to nearest even by value: the nearest finite value, ties to the even code;
+ * NaN is any NaN code. */
+static unsigned f8_reference(float y, int e5m2)
+{
+    unsigned sign = signbit(y) ? 0x80 : 0, max_code = e5m2 ? 0x7B : 0x7E;
+    if (isnan(y))
+        return sign | 0x7F;
+    double a = fabs((double)y), best_d = INFINITY;
+    if (a >= f8_value(max_code, e5m2))
+        return sign | max_code;
+    unsigned best = 0;
+    for (unsigned c = 0; c <= max_code; c++) {
+        double dist = fabs(a - f8_value(c, e5m2));
+        if (dist < best_d || (dist == best_d && (c & 1) == 0)) {
+            best = c;
+            best_d = dist;
+        }
+    }
+    return sign | best;
+}
+
+static int f8_is_nan(unsigned code, int e5m2)
+{
+    return e5m2 ? (code & 0x7F) > 0x7C : (code & 0x7F) == 0x7F;
+}
+
+static void *download_bytes(const void *d, size_t bytes)
+{
+    void *h = malloc(bytes + 4);
+    assert_non_null(h);
+    assert_int_equal(api->copy(dev, h, d, bytes, CT_COPY_D2H), CT_OK);
+    assert_int_equal(api->synchronize(dev), CT_OK);
+    return h;
+}
+
+static int float8_ops_present(void)
+{
+    if (api->struct_size < offsetof(ct_device_api, transpose) + sizeof(void *)) {
+        fprintf(stderr, "float8 ops: struct_size %zu predates ABI 1.2, skipped\n",
+                api->struct_size);
+        return 0;
+    }
+    if (!api->amax || !api->quantize_fp8 || !api->dequantize_fp8) {
+        fprintf(stderr, "float8 ops: not all provided (NULL), skipped\n");
+        return 0;
+    }
+    return 1;
+}
+
+static void test_float8_decode_every_code(void **state)
+{
+    (void)state;
+    if (!float8_ops_present())
+        skip();
+    uint8_t codes[256];
+    for (int c = 0; c < 256; c++)
+        codes[c] = (uint8_t)c;
+    float one = 1.0f;
+    uint8_t *dcodes = dev_upload(codes, sizeof codes);
+    float *dscale = dev_floats(&one, 1), *dout = dev_floats(NULL, 256);
+    for (int e5m2 = 0; e5m2 < 2; e5m2++) {
+        ct_dtype fmt = e5m2 ? CT_F8_E5M2 : CT_F8_E4M3;
+        assert_int_equal(api->dequantize_fp8(dev, dout, dcodes, dscale, 256, 256, fmt), CT_OK);
+        float *got = download(dout, 256);
+        for (int c = 0; c < 256; c++) {
+            double want = f8_value((unsigned)c, e5m2);
+            if (isnan(want) ? !isnan(got[c]) : (double)got[c] != want ||
+                                                   !signbit(got[c]) != !signbit(want))
+                fail_msg("dequantize_fp8 %s code %02x = %.9g, expected %.9g",
+                         e5m2 ? "e5m2" : "e4m3", c, (double)got[c], want);
+        }
+        free(got);
+    }
+    api->free(dev, dcodes);
+    api->free(dev, dscale);
+    api->free(dev, dout);
+}
+
+/* rows x cols: values across the whole range (ties between fp8 neighbours, overflow, subnormals,
+ * NaN, inf), per-group scales from the device's amax, for group = n, cols and 32. */
+static void test_float8_group_scales(void **state)
+{
+    (void)state;
+    if (!float8_ops_present())
+        skip();
+    const int64_t rows = 48, cols = 128, n = rows * cols;
+    float *x = host_rand(n, 1);
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = (float)ldexp(x[i], (int)(i / cols % 24) - 12); /* a magnitude per row */
+        if (i % 7 == 3) { /* an exact tie of e4m3 or e5m2 neighbours, scaled */
+            unsigned c = (unsigned)(rnd_u64() % 0x7A);
+            int e5m2 = (int)(i % 2);
+            x[i] = (float)((f8_value(c, e5m2) + f8_value(c + 1, e5m2)) / 2 *
+                           ldexp(1.0, (int)(i / cols % 24) - 12));
+        }
+    }
+    x[5] = NAN;
+    x[cols + 9] = -INFINITY;
+    x[2 * cols + 1] = -3e38f;
+    float *dx = dev_floats(x, n), *damax = dev_floats(NULL, n), *dscale = dev_floats(NULL, n);
+    float *dback = dev_floats(NULL, n);
+    uint8_t *dq = dev_upload(NULL, (size_t)n);
+    const int64_t groups[3] = {n, cols, 32};
+    for (int e5m2 = 0; e5m2 < 2; e5m2++)
+        for (int gi = 0; gi < 3; gi++) {
+            int64_t group = groups[gi], ng = n / group;
+            ct_dtype fmt = e5m2 ? CT_F8_E5M2 : CT_F8_E4M3;
+            assert_int_equal(api->amax(dev, damax, dx, n, group), CT_OK);
+            float *amax = download(damax, ng), *scale = malloc((size_t)ng * sizeof *scale);
+            assert_non_null(scale);
+            for (int64_t g = 0; g < ng; g++) {
+                double want = 0;
+                for (int64_t i = g * group; i < (g + 1) * group; i++)
+                    want = isnan(x[i]) || isnan(want) ? NAN : fmax(want, fabs((double)x[i]));
+                if (isnan(want) ? !isnan(amax[g]) : (double)amax[g] != want)
+                    fail_msg("amax group %lld of %lld = %.9g, expected %.9g", (long long)g,
+                             (long long)group, (double)amax[g], want);
+                /* a finite scale even for the NaN and inf groups; 448 / 2^k otherwise */
+                scale[g] = isfinite(amax[g]) && amax[g] > 0
+                               ? (float)ldexp(1.0, (int)floor(log2(448.0 / amax[g])))
+                               : 1.0f;
+            }
+            assert_int_equal(api->copy(dev, dscale, scale, (size_t)ng * sizeof(float),
+                                       CT_COPY_H2D),
+                             CT_OK);
+            assert_int_equal(api->quantize_fp8(dev, dq, dx, dscale, n, group, fmt), CT_OK);
+            assert_int_equal(api->dequantize_fp8(dev, dback, dq, dscale, n, group, fmt), CT_OK);
+            uint8_t *q = download_bytes(dq, (size_t)n);
+            float *back = download(dback, n);
+            for (int64_t i = 0; i < n; i++) {
+                float s = scale[i / group];
+                unsigned want = f8_reference(x[i] * s, e5m2);
+                int ok = isnan(x[i]) ? f8_is_nan(q[i], e5m2) : q[i] == want;
+                if (!ok)
+                    fail_msg("quantize_fp8 %s group %lld [%lld]: %.9g * %.9g -> %02x, expected "
+                             "%02x",
+                             e5m2 ? "e5m2" : "e4m3", (long long)group, (long long)i,
+                             (double)x[i], (double)s, q[i], want);
+                float dq_want = (float)f8_value(q[i], e5m2) / s;
+                if (isnan(x[i]) ? !isnan(back[i]) : back[i] != dq_want)
+                    fail_msg("dequantize_fp8 %s [%lld] = %.9g, expected %.9g",
+                             e5m2 ? "e5m2" : "e4m3", (long long)i, (double)back[i],
+                             (double)dq_want);
+            }
+            free(amax);
+            free(scale);
+            free(q);
+            free(back);
+        }
+    expect_error(api->amax(dev, damax, dx, n, 100), CT_ERR_INVALID, "amax group 100 of 6144");
+    expect_error(api->quantize_fp8(dev, dq, dx, dscale, n, 0, CT_F8_E4M3), CT_ERR_INVALID,
+                 "quantize_fp8 group 0");
+    expect_error(api->quantize_fp8(dev, dq, dx, dscale, n, n, CT_F32), CT_ERR_INVALID,
+                 "quantize_fp8 to f32");
+    expect_error(api->dequantize_fp8(dev, dx, dq, dscale, n, n, CT_BF16), CT_ERR_INVALID,
+                 "dequantize_fp8 from bf16");
+    api->free(dev, dx);
+    api->free(dev, damax);
+    api->free(dev, dscale);
+    api->free(dev, dback);
+    api->free(dev, dq);
+    free(x);
+}
+
+static void test_float8_transpose(void **state)
+{
+    (void)state;
+    if (api->struct_size < offsetof(ct_device_api, transpose) + sizeof(void *) || !api->transpose)
+        skip();
+    const int64_t shapes[][2] = {{1, 33}, {33, 1}, {45, 70}, {200, 131}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t r = shapes[s][0], c = shapes[s][1];
+        float *a = host_rand(r * c, 1);
+        float *da = dev_floats(a, r * c), *dt = dev_floats(NULL, r * c);
+        assert_int_equal(api->transpose(dev, dt, da, r, c), CT_OK);
+        float *t = download(dt, r * c);
+        for (int64_t i = 0; i < r; i++)
+            for (int64_t j = 0; j < c; j++)
+                if (t[j * r + i] != a[i * c + j])
+                    fail_msg("transpose %lldx%lld: [%lld][%lld] = %g, expected %g", (long long)r,
+                             (long long)c, (long long)j, (long long)i, (double)t[j * r + i],
+                             (double)a[i * c + j]);
+        api->free(dev, da);
+        api->free(dev, dt);
+        free(a);
+        free(t);
+    }
+    float *buf = dev_floats(NULL, 4);
+    expect_error(api->transpose(dev, buf, buf, -1, 4), CT_ERR_INVALID, "transpose rows -1");
+    api->free(dev, buf);
+}
+
 /* ---------------------------------------------------------------- bad arguments */
 
 static void test_bad_arguments_are_errors(void **state)
@@ -1308,6 +1523,9 @@ int main(void)
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_bf16_casts),
+        cmocka_unit_test(test_float8_decode_every_code),
+        cmocka_unit_test(test_float8_group_scales),
+        cmocka_unit_test(test_float8_transpose),
         cmocka_unit_test(test_same_inputs_give_same_bits),
         cmocka_unit_test(test_bad_arguments_are_errors),
     };

@@ -347,7 +347,8 @@ static void test_missing_wrong_or_extra_tensors_are_refused(void **state) {
     snprintf(dir, sizeof dir, "%s/tensors", tmpdir);
     fresh_export(dir);
     expect_config_error(dir, "intermediate_size", "191",
-                        "model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has shape (192, 64), config.json says (191, 64)");
+                        "model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has shape (192, 64), "
+                        "config.json says (191, 64)");
     expect_config_error(dir, "num_hidden_layers", "1", "is not a parameter of a 1-layer Llama");
     expect_config_error(dir, "num_hidden_layers", "3", "tensor 'model.layers.2.input_layernorm.weight' "
                                                        "(ctitan's 'layers.2.attention_norm.weight') is missing");
@@ -373,7 +374,8 @@ static void test_missing_wrong_or_extra_tensors_are_refused(void **state) {
     st_free(sf);
     assert_int_equal(rename(path2, path), 0);
     expect_config_error(dir, NULL, NULL,
-                        "tensor 'lm_head.weight' (ctitan's 'output.weight') is missing and tie_word_embeddings is false");
+                        "tensor 'lm_head.weight' (ctitan's 'output.weight') is missing and "
+                        "tie_word_embeddings is false");
     config_with(dir, "tie_word_embeddings", "true");
     hf_config c;
     tf_file *w;

@@ -140,18 +140,23 @@ static void test_reader_rejects_each_broken_rule(void **state) {
                "\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}", 4, "duplicate");
     expect_bad("{\"a\": 3}", 0, "tensor 'a': is an integer, expected an object");
     expect_bad("{\"\": {\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}", 4, "empty name");
-    expect_bad("{\"a\":{\"dtype\":\"F31\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'a': unknown dtype 'F31'");
+    expect_bad("{\"a\":{\"dtype\":\"F31\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+               "tensor 'a': unknown dtype 'F31'");
     expect_bad("{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'a': dtype is missing");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "shape[0] is not a non-negative");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", 4, "shape[0] is not a non-negative");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+               "shape[0] is not a non-negative");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", 4,
+               "shape[0] is not a non-negative");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":\"1\",\"data_offsets\":[0,4]}}", 4, "shape is a string");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
                "9 dimensions");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, "end before they begin");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 4, "data_offsets must be");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,-4]}}", 4, "data_offsets must be");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "run past the data section (4 bytes)");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", 24, "needs 24 bytes, its data_offsets hold 20");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4,
+               "run past the data section (4 bytes)");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", 24,
+               "needs 24 bytes, its data_offsets hold 20");
     expect_bad("{\"a\":{\"dtype\":\"BF16\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,8]}}", 8,
                "overflows a 64-bit byte count");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2147483648,2147483648],\"data_offsets\":[0,8]}}", 8,
@@ -159,8 +164,10 @@ static void test_reader_rejects_each_broken_rule(void **state) {
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1073741824,1073741824],\"data_offsets\":[0,8]}}", 8,
                "needs 4611686018427387904 bytes, its data_offsets hold 8");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-               "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, "tensor 'b': data_offsets [4, 12] overlap");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4],\"extra\":1}}", 4, "unknown field 'extra'");
+               "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12,
+               "tensor 'b': data_offsets [4, 12] overlap");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4],\"extra\":1}}", 4,
+               "unknown field 'extra'");
     expect_bad("{\"__metadata__\": [1]}", 0, "__metadata__ is an array");
     expect_bad("{\"__metadata__\": {\"format\": 1}}", 0, "__metadata__ 'format' is an integer");
     expect_bad("{\"a\\u0001b\": 1}", 0, "tensor 'a?b'"); /* control bytes are not echoed */
