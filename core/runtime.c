@@ -634,3 +634,14 @@ int runtime_find_param(runtime *rt, const char *name) {
         if (strcmp(rt->params[i]->t.name, name) == 0) return i;
     return -1;
 }
+
+void runtime_decide_quant(runtime *rt) {
+    for (int i = 0; i < rt->n_params; i++) {
+        ct_tensor *w = &rt->params[i]->t;
+        if (!(w->flags & CT_TENSOR_LINEAR)) continue; /* others are decided when a linear first uses them */
+        const char *why = "";
+        int yes = rt->qapi->converts(rt->quant, w, &why);
+        w->flags |= CT_TENSOR_QUANT_DECIDED | (yes ? CT_TENSOR_QUANTIZED : 0);
+        quant_note(rt, w->name, yes, why);
+    }
+}

@@ -140,6 +140,9 @@ int runtime_param_get(runtime *rt, int i, float *host, int grad);
 int runtime_param_set(runtime *rt, int i, const float *host);
 int runtime_find_param(runtime *rt, const char *name);
 
+/* Asks the quantizer about every weight the pack declared as a linear layer's (and reports it). */
+void runtime_decide_quant(runtime *rt);
+
 /* Monotonic seconds. */
 double rt_now(void);
 

@@ -2,6 +2,7 @@
  * device/model/optimizer creation, model save/load and sampling. */
 #include "session.h"
 
+#include "commstats.h"
 #include "mesh.h"
 #include "tensorfile.h"
 #include "tokenizer.h"
@@ -200,7 +201,11 @@ static int open_dist(session *s) {
     }
     const char *mp = "float32";
     mf_get_str(s->mf, "training.mixed_precision_param", &mp);
-    ct_strategy_env env = {sizeof env, s->d, s->dev, s->capi, s->comm, &s->mesh, strcmp(mp, "bfloat16") == 0};
+    int fp8_ag = 0;
+    mf_get_bool(s->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
+    /* strategies talk through the counting table, so the metrics report their bytes */
+    ct_strategy_env env = {sizeof env, s->d, s->dev, commstats_wrap(s->capi), s->comm, &s->mesh,
+                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL};
     s->sapi = s->stratp->info.api;
     ct_clear_error();
     if (s->sapi->create(&s->stratp->host, &env, &s->strat) != CT_OK) return fail_line(EXIT_BAD_INPUT, "parallelism");
@@ -253,10 +258,13 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     }
     if (!with_params) return 0;
     int fp8_ag = 0;
+    const char *fmt = "tensorwise";
     mf_get_bool(mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
-    if (fp8_ag) {
+    mf_get_str(mf, "quantize.dense.float8.format", &fmt);
+    if (fp8_ag && (!s->quantp || strcmp(fmt, "tensorwise"))) {
         mf_where(mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: float8 all-gather in FSDP is not available yet (set it false)\n", where);
+        fprintf(stderr, "ctitan: %s: float8 all-gather needs float8 enabled with the tensorwise format (as in torchao)\n",
+                where);
         return EXIT_BAD_INPUT;
     }
     if (s->quantp) {
@@ -280,6 +288,7 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     s->rt_ready = 1;
     s->rt.qapi = s->qapi;
     s->rt.quant = s->quant;
+    if (s->qapi) runtime_decide_quant(&s->rt);
     const char *mode, *option, *mp;
     mf_get_str(mf, "activation_checkpoint.mode", &mode);
     mf_get_str(mf, "activation_checkpoint.selective_ac_option", &option);

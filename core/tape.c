@@ -83,7 +83,7 @@ static int check_f32(const ct_tensor *t, const char *op, const char *what) {
 }
 
 /* The start-up report of which linear layers float8 converts (rank 0 prints it). */
-static void quant_note(runtime *rt, const char *name, int yes, const char *why) {
+void quant_note(runtime *rt, const char *name, int yes, const char *why) {
     if (g_log_rank > 0) return;
     (void)rt;
     if (yes) printf("float8: %s converted\n", name);

@@ -20,6 +20,8 @@ void tape_builder_init(runtime *rt);
 rt_tensor *tape_new_activation(runtime *rt, ct_dtype dt, int ndim, const int64_t *shape);
 /* t's gradient buffer (allocated zeroed in the grads arena on first use). */
 float *tape_grad(runtime *rt, rt_tensor *t);
+/* Prints whether the quantizer converts the weight `name`. */
+void quant_note(runtime *rt, const char *name, int yes, const char *why);
 /* Replays entries from `tail` back to the first, accumulating gradients. */
 int tape_backward(runtime *rt, tape_entry *tail, int halves);
 

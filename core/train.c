@@ -1,6 +1,7 @@
 /* train.c: `ctitan train`: the training loop, the LR schedule, clipping, metrics and the end-of-run
  * model save and sample. */
 #include "checkpoint.h"
+#include "commstats.h"
 #include "data.h"
 #include "lr.h"
 #include "session.h"
@@ -195,11 +196,13 @@ static int train_loop(session *s, manifest *mf) {
             fprintf(jf,
                     "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
                     "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
-                    "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld}}\n",
+                    "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld}, "
+                    "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}}\n",
                     (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)g_mem.peak_total,
                     (long long)g_mem.peak[CT_MEM_PARAMS], (long long)g_mem.peak[CT_MEM_GRADS],
                     (long long)g_mem.peak[CT_MEM_OPTIMIZER], (long long)g_mem.peak[CT_MEM_ACTIVATIONS],
-                    (long long)s->rt.peak_act_bytes);
+                    (long long)s->rt.peak_act_bytes, (long long)g_comm_bytes[CS_ALL_GATHER],
+                    (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]);
             fflush(jf);
             t_log = now_s();
             tokens_since = 0;

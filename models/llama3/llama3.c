@@ -177,21 +177,22 @@ static ct_status llama_declare(void *p, ct_param_registry *r) {
     snprintf(n, sizeof n, "layers.%lld.%s", (long long)i, suffix);          \
     if (!(L->field = add2(r, u, n, d0, d1, init, flags))) return CT_ERR_INVALID;
         P(attention_norm, "attention_norm.weight", m->dim, 0, ones, CT_TENSOR_NO_DECAY);
-        P(wq, "attention.wq.weight", q, m->dim, trunc_init(0.02f), 0);
-        P(wk, "attention.wk.weight", kv, m->dim, trunc_init(0.02f), 0);
-        P(wv, "attention.wv.weight", kv, m->dim, trunc_init(0.02f), 0);
-        P(wo, "attention.wo.weight", m->dim, q, trunc_init(std), 0);
+        P(wq, "attention.wq.weight", q, m->dim, trunc_init(0.02f), CT_TENSOR_LINEAR);
+        P(wk, "attention.wk.weight", kv, m->dim, trunc_init(0.02f), CT_TENSOR_LINEAR);
+        P(wv, "attention.wv.weight", kv, m->dim, trunc_init(0.02f), CT_TENSOR_LINEAR);
+        P(wo, "attention.wo.weight", m->dim, q, trunc_init(std), CT_TENSOR_LINEAR);
         P(ffn_norm, "ffn_norm.weight", m->dim, 0, ones, CT_TENSOR_NO_DECAY);
-        P(w1, "feed_forward.w1.weight", m->ffn_hidden, m->dim, trunc_init(0.02f), 0);
-        P(w2, "feed_forward.w2.weight", m->dim, m->ffn_hidden, trunc_init(std), 0);
-        P(w3, "feed_forward.w3.weight", m->ffn_hidden, m->dim, trunc_init(std), 0);
+        P(w1, "feed_forward.w1.weight", m->ffn_hidden, m->dim, trunc_init(0.02f), CT_TENSOR_LINEAR);
+        P(w2, "feed_forward.w2.weight", m->dim, m->ffn_hidden, trunc_init(std), CT_TENSOR_LINEAR);
+        P(w3, "feed_forward.w3.weight", m->ffn_hidden, m->dim, trunc_init(std), CT_TENSOR_LINEAR);
 #undef P
     }
     int head = (int)m->n_layers + 1;
     float out_std = 1.0f / sqrtf((float)m->dim);
     ct_init out_init = {sizeof(ct_init), CT_INIT_TRUNC_NORMAL, out_std, -3 * out_std, 3 * out_std, 0};
     if (!(m->norm = add2(r, head, "norm.weight", m->dim, 0, ones, CT_TENSOR_NO_DECAY))) return CT_ERR_INVALID;
-    if (!(m->output = add2(r, head, "output.weight", m->vocab, m->dim, out_init, 0))) return CT_ERR_INVALID;
+    if (!(m->output = add2(r, head, "output.weight", m->vocab, m->dim, out_init, CT_TENSOR_LINEAR)))
+        return CT_ERR_INVALID;
     return CT_OK;
 }
 

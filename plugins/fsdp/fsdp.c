@@ -20,6 +20,7 @@ typedef struct buf {
 typedef struct unit_state {
     int *params;
     int n;
+    float **q8_local, **q8_full; /* float8 all-gather: this rank's e4m3 shard and the gathered bytes */
     int gathered;   /* full parameters valid (or being gathered) */
     void **greq;    /* per param: pending all_gather */
     float **rs_out; /* per param: reduce-scatter output (local_numel) */
@@ -37,6 +38,9 @@ typedef struct fsdp {
     unit_state *units;
     buf *cache; /* free full-size buffers */
     int n_cache, cap_cache;
+    int fp8;           /* gather converted weights in float8 */
+    float *dev_scales; /* per slot: the float8 scale of its gather (device) */
+    float *host_scales;
 } fsdp;
 
 static const ct_option_spec options[] = {
@@ -56,6 +60,12 @@ static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, void 
     f->host = h;
     f->env = *env;
     f->mesh = *env->mesh;
+    f->fp8 = CT_HAS_FIELD(env, ct_strategy_env, fp8_all_gather) && env->fp8_all_gather;
+    if (f->fp8 && (!CT_HAS_FIELD(env->dapi, ct_device_api, transpose) || !env->dapi->quantize_fp8)) {
+        h->set_error(h, "float8 all-gather needs the device's float8 ops");
+        free(f);
+        return CT_ERR_UNSUPPORTED;
+    }
     const char *policy = "default";
     h->opt_string(h, "fsdp_reshard_after_forward", &policy);
     if (!strcmp(policy, "never")) f->reshard = 0;
@@ -144,7 +154,51 @@ static ct_status fsdp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
         u->greq = calloc((size_t)u->n + 1, sizeof(void *));
         u->rsreq = calloc((size_t)u->n + 1, sizeof(void *));
         u->rs_out = calloc((size_t)u->n + 1, sizeof(float *));
-        if (!u->greq || !u->rsreq || !u->rs_out) return CT_ERR_NOMEM;
+        u->q8_local = calloc((size_t)u->n + 1, sizeof(float *));
+        u->q8_full = calloc((size_t)u->n + 1, sizeof(float *));
+        if (!u->greq || !u->rsreq || !u->rs_out || !u->q8_local || !u->q8_full) return CT_ERR_NOMEM;
+    }
+    if (f->fp8) {
+        f->host_scales = calloc((size_t)n + 1, sizeof(float));
+        if (!f->host_scales || DAPI(f)->alloc(f->env.dev, sizeof(float) * (size_t)(n + 1), (void **)&f->dev_scales))
+            return CT_ERR_NOMEM;
+    }
+    return CT_OK;
+}
+
+static int is_fp8(fsdp *f, const ct_param_slot *s) { return f->fp8 && (s->param->flags & CT_TENSOR_QUANTIZED); }
+
+/* Float8 all-gather of unit k's converted weights: one all-reduce of their amaxes, tensor-wide e4m3
+ * scales (448 / amax, as torchao), then each rank gathers bytes instead of floats. */
+static ct_status fp8_prepare(fsdp *f, unit_state *u) {
+    int nq = 0;
+    float amax[256];
+    for (int j = 0; j < u->n && nq < 256; j++) {
+        ct_param_slot *s = &f->slots[u->params[j]];
+        if (!is_fp8(f, s)) continue;
+        ct_status st = DAPI(f)->amax(f->env.dev, f->dev_scales + u->params[j], s->local_data, s->local_numel,
+                                     s->local_numel);
+        if (!st) st = DAPI(f)->copy(f->env.dev, &amax[nq], f->dev_scales + u->params[j], sizeof(float), CT_COPY_D2H);
+        if (st) return st;
+        nq++;
+    }
+    if (!nq) return CT_OK;
+    ct_status st = CAPI(f)->all_reduce(f->env.comm, shard_group(f), amax, amax, nq, CT_F32, CT_REDUCE_MAX, NULL);
+    if (st) return st;
+    for (int j = 0, i = 0; j < u->n; j++) {
+        ct_param_slot *s = &f->slots[u->params[j]];
+        if (!is_fp8(f, s)) continue;
+        float a = amax[i++], sc = a != a ? a : 448.0f / (a > 1e-12f ? a : 1e-12f);
+        f->host_scales[u->params[j]] = sc;
+        st = DAPI(f)->copy(f->env.dev, f->dev_scales + u->params[j], &sc, sizeof(float), CT_COPY_H2D);
+        if (!st) {
+            u->q8_local[j] = buf_get(f, (s->local_numel + 3) / 4);
+            u->q8_full[j] = buf_get(f, (full_n(f, s) + 3) / 4);
+            if (!u->q8_local[j] || !u->q8_full[j]) return CT_ERR_NOMEM;
+            st = DAPI(f)->quantize_fp8(f->env.dev, (uint8_t *)u->q8_local[j], s->local_data, f->dev_scales + u->params[j],
+                                       s->local_numel, s->local_numel, CT_F8_E4M3);
+        }
+        if (st) return st;
     }
     return CT_OK;
 }
@@ -154,6 +208,8 @@ static ct_status gather_start(fsdp *f, int k) {
     if (k < 0 || k >= f->n_units) return CT_OK;
     unit_state *u = &f->units[k];
     if (u->gathered) return CT_OK;
+    ct_status st = f->fp8 ? fp8_prepare(f, u) : CT_OK;
+    if (st) return st;
     for (int j = 0; j < u->n; j++) {
         ct_param_slot *s = &f->slots[u->params[j]];
         float *full = buf_get(f, full_n(f, s));
@@ -163,8 +219,12 @@ static ct_status gather_start(fsdp *f, int k) {
             return CT_ERR_NOMEM;
         }
         s->param->data = full;
-        ct_status st = CAPI(f)->all_gather(f->env.comm, shard_group(f), s->local_data, full, s->local_numel, CT_F32,
-                                           &u->greq[j]);
+        if (u->q8_full[j])
+            st = CAPI(f)->all_gather(f->env.comm, shard_group(f), u->q8_local[j], u->q8_full[j], s->local_numel,
+                                     CT_F8_E4M3, &u->greq[j]);
+        else
+            st = CAPI(f)->all_gather(f->env.comm, shard_group(f), s->local_data, full, s->local_numel, CT_F32,
+                                     &u->greq[j]);
         if (st) return st;
     }
     u->gathered = 1;
@@ -182,6 +242,14 @@ static ct_status gather_wait(fsdp *f, int k) {
         u->greq[j] = NULL;
         if (st) return st;
         ct_param_slot *s = &f->slots[u->params[j]];
+        if (u->q8_full[j]) { /* float8 bytes -> the f32 values on the e4m3 grid the quantizer would make */
+            st = DAPI(f)->dequantize_fp8(f->env.dev, s->param->data, (const uint8_t *)u->q8_full[j],
+                                         f->dev_scales + u->params[j], full_n(f, s), full_n(f, s), CT_F8_E4M3);
+            buf_put(f, u->q8_full[j], (full_n(f, s) + 3) / 4);
+            buf_put(f, u->q8_local[j], (s->local_numel + 3) / 4);
+            u->q8_full[j] = u->q8_local[j] = NULL;
+            if (st) return st;
+        }
         if (f->env.bf16_compute) { /* compute with bf16 values; the shards stay fp32 */
             st = DAPI(f)->round_bf16(f->env.dev, s->param->data, s->numel);
             if (st) return st;
@@ -299,8 +367,12 @@ static void fsdp_destroy(void *p) {
         free(f->units[k].greq);
         free(f->units[k].rsreq);
         free(f->units[k].rs_out);
+        free(f->units[k].q8_local);
+        free(f->units[k].q8_full);
     }
     free(f->units);
+    if (f->dev_scales) DAPI(f)->free(f->env.dev, f->dev_scales);
+    free(f->host_scales);
     free(f);
 }
 

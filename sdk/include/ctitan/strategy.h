@@ -56,6 +56,9 @@ typedef struct ct_strategy_env {
     void *comm;
     const ct_mesh_info *mesh;
     int bf16_compute; /* training.mixed_precision_param: bfloat16 -> gather and compute in bf16 values */
+    /* ABI 1.2: gather the weights the quantizer converts (CT_TENSOR_QUANTIZED) as e4m3 with tensor-wide
+     * scales from one all-reduced amax (torchao's float8 all-gather for FSDP) */
+    int fp8_all_gather;
 } ct_strategy_env;
 
 /* Placement of one parameter on this rank. */

@@ -34,6 +34,7 @@ static inline size_t ct_dtype_size(ct_dtype t) {
 /* Tensor flags. */
 #define CT_TENSOR_PARAM 0x1u    /* a trainable parameter */
 #define CT_TENSOR_NO_DECAY 0x2u /* excluded from weight decay (norm weights, biases) */
+#define CT_TENSOR_LINEAR 0x10u       /* declared by the pack: the weight (out, in) of a linear layer */
 #define CT_TENSOR_QUANT_DECIDED 0x4u /* host: the quantizer was asked about this weight */
 #define CT_TENSOR_QUANTIZED 0x8u     /* host: its linear GEMMs go through the quantizer */
 
