@@ -62,7 +62,7 @@ void ckpt_purge(const char *folder, int64_t keep);
 #include <pthread.h>
 
 typedef struct ckpt_plan {
-    int enable, async, last_model_only, export_bf16;
+    int enable, async, last_model_only, export_bf16, last_in_hf;
     int64_t interval, keep;
     char folder[4096];
     ckpt_train_state state; /* the loop keeps step, tokens_seen and data_position current */

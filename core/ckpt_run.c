@@ -2,6 +2,7 @@
  * async_mode (files written by a background thread while training goes on), keep_latest_k. */
 #include "checkpoint.h"
 
+#include "hf.h"
 #include "util.h"
 
 #include <inttypes.h>
@@ -45,6 +46,61 @@ int ckpt_load_model_from(session *s, const char *path, char *err, size_t errlen)
     return ckpt_load(s, dir, CKPT_MODEL, &st, &has, err, errlen);
 }
 
+/* Loads a Hugging Face Llama folder into the model (each rank takes its shard). */
+static int load_hf(session *s, const char *dir, char *err, size_t errlen) {
+    hf_config cfg;
+    tf_file *w = NULL;
+    if (hf_load(dir, &cfg, &w, err, errlen)) return -1;
+    int rc = 0;
+    for (int i = 0; i < s->rt.n_params && !rc; i++) {
+        const ct_tensor *p = &s->rt.params[i]->t;
+        const tf_entry *e = tf_expect(w, dir, p->name, 1, p->ndim, p->shape, err, errlen);
+        rc = !e || runtime_param_set(&s->rt, i, e->data) ? -1 : 0;
+    }
+    tf_free(w);
+    return rc;
+}
+
+/* Writes the model (gathered from every rank) as a Hugging Face Llama folder (rank 0 writes). */
+static int save_hf(session *s, const char *dir, int bf16, char *err, size_t errlen) {
+    const ct_model_desc *d = &s->rt.desc;
+    int n = s->rt.n_params, rc = -1;
+    tf_entry *e = calloc((size_t)n, sizeof *e);
+    if (!e) return -1;
+    for (int i = 0; i < n; i++) { /* every rank gathers: a collective for sharded parameters */
+        const ct_tensor *p = &s->rt.params[i]->t;
+        e[i] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = ct_tensor_numel(p)};
+        memcpy(e[i].shape, p->shape, sizeof(int64_t) * (size_t)p->ndim);
+        e[i].data = malloc(sizeof(float) * (size_t)e[i].numel);
+        if (!e[i].data || runtime_param_get(&s->rt, i, e[i].data, 0)) {
+            ct_errf(err, errlen, "cannot gather %s", p->name);
+            goto done;
+        }
+    }
+    rc = 0;
+    if (s->rank == 0) {
+        tf_file w = {e, n};
+        hf_config cfg = {0};
+        if (!d->n_heads) {
+            ct_errf(err, errlen, "the model pack does not describe its heads (ct_model_desc 1.2): cannot export");
+            rc = -1;
+        } else {
+            cfg.n_heads = d->n_heads;
+            cfg.rope_theta = d->rope_theta;
+            cfg.norm_eps = d->norm_eps;
+            cfg.max_position_embeddings = HF_DEFAULT_MAX_POSITIONS;
+            rc = hf_config_from_weights(&cfg, &w, err, errlen) ||
+                         hf_save(dir, &cfg, &w, bf16 ? HF_BFLOAT16 : HF_FLOAT32, err, errlen)
+                     ? -1
+                     : 0;
+        }
+    }
+done:
+    for (int i = 0; i < n; i++) free(e[i].data);
+    free(e);
+    return rc;
+}
+
 int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) {
     char err[2048], where[600];
     const char *folder, *mode, *dtype, *exclude, *initial;
@@ -56,6 +112,7 @@ int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) 
     mf_get_int(mf, "checkpoint.keep_latest_k", &ck->keep);
     mf_get_int(mf, "checkpoint.load_step", &load_step);
     mf_get_bool(mf, "checkpoint.last_save_model_only", &ck->last_model_only);
+    mf_get_bool(mf, "checkpoint.last_save_in_hf", &ck->last_in_hf);
     mf_get_str(mf, "checkpoint.async_mode", &mode);
     mf_get_str(mf, "checkpoint.export_dtype", &dtype);
     mf_get_str(mf, "checkpoint.exclude_from_loading", &exclude);
@@ -114,11 +171,14 @@ int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) 
         int model_only, in_hf;
         mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
         mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
-        if (in_hf) {
-            mf_where(mf, "checkpoint.initial_load_in_hf", where, sizeof where);
-            fprintf(stderr, "ctitan: %s: loading Hugging Face folders needs `ctitan convert --from hf` first "
-                            "(then point initial_load_path at the .ctt's checkpoint)\n", where);
-            return -1;
+        if (in_hf) { /* a Hugging Face Llama folder: the model only */
+            if (load_hf(s, initial, err, sizeof err)) {
+                mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
+                fprintf(stderr, "ctitan: %s: %s\n", where, err);
+                return -1;
+            }
+            printf("checkpoint: loaded the Hugging Face model %s\n", initial);
+            return 0;
         }
         if (resolve_step_dir(initial, dir, sizeof dir)) {
             mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
@@ -222,6 +282,15 @@ int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step) {
                   model_only && ck->export_bf16, !model_only);
     }
     if (finish_pending(s, ck)) rc = -1;
+    if (!rc && ck->last_in_hf && last_step > 0) {
+        char dir[4200], err[2048];
+        snprintf(dir, sizeof dir, "%s/step-%" PRId64 "-hf", ck->folder, last_step);
+        if (save_hf(s, dir, ck->export_bf16, err, sizeof err)) {
+            ct_set_error("checkpoint: Hugging Face export: %s", err);
+            return -1;
+        }
+        printf("checkpoint: Hugging Face model written to %s\n", dir);
+    }
     return rc;
 }
 

@@ -1,4 +1,5 @@
 /* main.c: the `ctitan` command line. */
+#include "cmd_convert.h"
 #include "cmd_tokenize.h"
 #include "session.h"
 
@@ -14,6 +15,7 @@ static const char *usage =
     "  launch -n N CMD     run `ctitan CMD` on N ranks under mpirun (as root, oversubscribed)\n"
     "  tokenize            turn text or JSONL into a token shard\n"
     "  tokenizer           train / encode / decode with a BPE vocabulary (tiktoken format)\n"
+    "  convert             --to hf | --from hf: a model (.ctt) to or from a Hugging Face Llama folder\n"
     "  help                this text\n";
 
 int main(int argc, char **argv) {
@@ -32,7 +34,8 @@ other:
     if (!strcmp(cmd, "plugins")) return cmd_plugins(argc - 2, argv + 2);
     if (!strcmp(cmd, "launch")) return cmd_launch(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenizer")) return cmd_tokenizer(argc - 1, argv + 1);
-    fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plugins, launch, tokenize, tokenizer; see ctitan help)\n", cmd);
+    fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plugins, launch, tokenize, tokenizer, convert; see ctitan help)\n", cmd);
     return EXIT_BAD_INPUT;
 }

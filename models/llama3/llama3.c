@@ -150,6 +150,14 @@ static ct_status llama_describe(void *p, ct_model_desc *d) {
     /* torchtitan: 6 * (params - embedding) + 12 * layers * heads * head_dim * seq_len */
     d->flops_per_token = 6.0 * (double)(d->n_params - d->n_embedding_params) +
                          12.0 * (double)m->n_layers * (double)m->n_heads * (double)m->head_dim * (double)m->seq_len;
+    if (CT_HAS_FIELD(d, ct_model_desc, norm_eps)) {
+        d->n_heads = m->n_heads;
+        d->n_kv_heads = m->n_kv_heads;
+        d->head_dim = m->head_dim;
+        d->ffn_hidden = m->ffn_hidden;
+        d->rope_theta = m->rope_theta;
+        d->norm_eps = m->norm_eps;
+    }
     return CT_OK;
 }
 

@@ -64,6 +64,15 @@ echo "ok   keep_latest_k 3 keeps step-16, -18, -20; the final save is model-only
   --checkpoint "$T/fsdp4/checkpoint/step-10" --prompt "The" --generate.top_p=0.9 >"$T/gen.log" 2>&1 \
   || { cat "$T/gen.log"; fail "generate from a checkpoint"; }
 echo "ok   generate from FSDP 4's step-10 on one rank: $(head -c 60 "$T/gen.log" | tr '\n' ' ')"
+# Hugging Face inside a run: the final model written as an HF folder, then a new run starting from it
+run hf_out 1 --training.local_batch_size=8 --training.steps=5 --checkpoint.last_save_in_hf=true
+[ -f "$T/hf_out/checkpoint/step-5-hf/config.json" ] && [ -f "$T/hf_out/checkpoint/step-5-hf/model.safetensors" ] || fail "no HF export"
+run from_hf 1 --training.local_batch_size=8 --training.steps=2 --checkpoint.initial_load_path="$T/hf_out/checkpoint/step-5-hf" \
+  --checkpoint.initial_load_in_hf=true --checkpoint.enable=false
+run from_ckpt 1 --training.local_batch_size=8 --training.steps=2 --checkpoint.initial_load_path="$T/hf_out/checkpoint/step-5" \
+  --checkpoint.enable=false
+cmp -s <(losses from_hf) <(losses from_ckpt) || fail "the HF export does not hold the same model as the checkpoint"
+echo "ok   last_save_in_hf + initial_load_in_hf: the HF folder continues exactly like the step-5 checkpoint"
 # crash safety: kill -9 at random points while saving every step
 crash=(--training.local_batch_size=8 --training.steps=100000 --checkpoint.interval=1 --checkpoint.keep_latest_k=2
        --checkpoint.last_save_model_only=false
