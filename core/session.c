@@ -112,9 +112,16 @@ static int load_named(session *s, const char *section, const char *key, const ch
         return EXIT_BAD_INPUT;
     }
     const ct_plugin_info *in = &(*out)->info;
-    size_t need = kind == CT_KIND_DEVICE ? sizeof(size_t) : sizeof(size_t);
+    /* the API table must hold every field this host calls unconditionally (its ABI 1.0 part) */
+    size_t need = kind == CT_KIND_DEVICE      ? offsetof(ct_device_api, amax)
+                  : kind == CT_KIND_MODEL     ? sizeof(ct_model_api)
+                  : kind == CT_KIND_OPTIMIZER ? sizeof(ct_optimizer_api)
+                  : kind == CT_KIND_COMM      ? sizeof(ct_comm_api)
+                  : kind == CT_KIND_STRATEGY  ? sizeof(ct_strategy_api)
+                                              : sizeof(ct_quantizer_api);
     if (*(const size_t *)in->api < need) {
-        fprintf(stderr, "ctitan: %s: plugin '%s' has an empty API table\n", (*out)->path, in->name);
+        fprintf(stderr, "ctitan: %s: plugin '%s' has an API table of %zu bytes; this host needs %zu: rebuild it\n",
+                (*out)->path, in->name, *(const size_t *)in->api, need);
         return EXIT_BAD_INPUT;
     }
     manifest_add_plugin_schema(s->mf, section, in->options);
