@@ -99,18 +99,6 @@ static int rm_rf(const char *path) {
     return rmdir(path);
 }
 
-static int mkdir_p(const char *path) {
-    char buf[PATH_MAX];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return -1;
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
-}
-
 /* ---- save ---- */
 
 /* The device memory of tensor `k` of slot i: -1 = the parameter, else optimizer state k. */
@@ -336,7 +324,7 @@ int ckpt_prepare(session *s, const char *folder, int64_t step, char *err, size_t
     int bad = 0;
     if (s->rank == 0) {
         rm_rf(tmpdir);
-        bad = mkdir_p(tmpdir) != 0;
+        bad = ct_mkdir_p(tmpdir) != 0;
         if (bad) ct_errf(err, errlen, "%s: cannot create: %s", tmpdir, strerror(errno));
     }
     if (barrier(s)) {

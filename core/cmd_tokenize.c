@@ -1,5 +1,6 @@
 /* cmd_tokenize.c: `ctitan tokenize` (text -> token shard) and `ctitan tokenizer train|encode|decode`. */
 #include "cmd_tokenize.h"
+#include "util.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -48,12 +49,6 @@ static int usage_error(const char *cmd, const char *msg, const char *arg) {
     fprintf(stderr, "ctitan %s: %s%s%s (see ctitan %s --help)\n", cmd, msg, arg ? " " : "",
             arg ? arg : "", cmd);
     return 2;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Matches argv[*i] against "--name VALUE" or "--name=VALUE". Returns 1 if it is the option (then
@@ -315,7 +310,7 @@ int cmd_tokenize(int argc, char **argv) {
     }
 
     rc = 1;
-    double t0 = now_s();
+    double t0 = ct_now();
     tok = tokenizer_load(tok_path, err, sizeof err);
     if (!tok) goto fail;
     c.tok = tok;
@@ -332,7 +327,7 @@ int cmd_tokenize(int argc, char **argv) {
     shard_writer *w = c.out;
     c.out = NULL;
     if (shard_writer_close(w, err, sizeof err)) goto fail;
-    double dt = now_s() - t0;
+    double dt = ct_now() - t0;
     printf("tokenize: %llu documents, %llu tokens from %.2f MB of text in %.2f s (%.2f MB/s) -> %s\n",
            (unsigned long long)in.src.documents, (unsigned long long)ntok, (double)in.src.bytes / 1e6,
            dt, dt > 0 ? (double)in.src.bytes / 1e6 / dt : 0.0, out_path);
@@ -403,14 +398,14 @@ static int tokenizer_train(int argc, char **argv) {
     }
 
     rc = 1;
-    double t0 = now_s();
+    double t0 = ct_now();
     tr = bpe_trainer_create(err, sizeof err);
     if (!tr) goto fail;
     for (int i = 0; i < in.ninputs; i++)
         if (read_documents(&in.src, in.inputs[i], train_doc, tr, err, sizeof err)) goto fail;
-    double t1 = now_s();
+    double t1 = ct_now();
     if (bpe_trainer_train(tr, (int)vocab, err, sizeof err)) goto fail;
-    double t2 = now_s();
+    double t2 = ct_now();
     if (bpe_trainer_write(tr, out_path, err, sizeof err)) goto fail;
     ct_bpe_stats st;
     bpe_trainer_stats(tr, &st);

@@ -1,6 +1,7 @@
 /* runtime.c: parameters, initialisation, the forward/backward driver over units, activation
  * checkpointing, and gradient utilities. */
 #include "runtime.h"
+#include "util.h"
 
 #include "host.h"
 #include "tape.h"
@@ -391,20 +392,14 @@ static void note_act_peak(runtime *rt) {
     if (live > rt->peak_act_bytes) rt->peak_act_bytes = live;
 }
 
-double rt_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* A strategy hook; the time spent in it (gathers, waits, reductions) counts as communication. */
 #define HOOK(rt, name, ...)                                                                       \
     do {                                                                                          \
         if ((rt)->dist.st) {                                                                      \
             ct_clear_error();                                                                     \
-            double t0_ = rt_now();                                                                \
+            double t0_ = ct_now();                                                                \
             ct_status st_ = (rt)->dist.st->name((rt)->dist.strat, __VA_ARGS__);                  \
-            (rt)->comm_seconds += rt_now() - t0_;                                                 \
+            (rt)->comm_seconds += ct_now() - t0_;                                                 \
             if (st_ != CT_OK) {                                                                   \
                 if (!ct_last_error()[0]) ct_set_error("strategy " #name " failed (status %d)", st_); \
                 rt->dist_status = st_;                                                            \
@@ -498,9 +493,9 @@ static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, in
     }
     if (rt->dist.st) {
         ct_clear_error();
-        double t0 = rt_now();
+        double t0 = ct_now();
         ct_status st = rt->dist.st->finish_backward(rt->dist.strat);
-        rt->comm_seconds += rt_now() - t0;
+        rt->comm_seconds += ct_now() - t0;
         if (st != CT_OK) {
             if (!ct_last_error()[0]) ct_set_error("strategy finish_backward failed (status %d)", st);
             rt->dist_status = st;
@@ -578,10 +573,10 @@ int runtime_grad_norm(runtime *rt, double *norm) {
         if (!has[a]) continue;
         if (rt->dist.capi && rt->dist.mesh->degree[a] > 1) {
             ct_clear_error();
-            double t0 = rt_now();
+            double t0 = ct_now();
             ct_status st = rt->dist.capi->all_reduce(rt->dist.comm, rt->dist.mesh->group[a], &sharded[a], &sharded[a],
                                                      1, CT_F64, CT_REDUCE_SUM, NULL);
-            rt->comm_seconds += rt_now() - t0;
+            rt->comm_seconds += ct_now() - t0;
             if (st != CT_OK) {
                 rt->dist_status = st;
                 return -1;

@@ -143,9 +143,6 @@ int runtime_find_param(runtime *rt, const char *name);
 /* Asks the quantizer about every weight the pack declared as a linear layer's (and reports it). */
 void runtime_decide_quant(runtime *rt);
 
-/* Monotonic seconds. */
-double rt_now(void);
-
 /* Host-side counter-based RNG (splitmix64) shared by init and sampling. */
 uint64_t rng_splitmix64(uint64_t x);
 double rng_uniform(uint64_t key, uint64_t i);

@@ -1,6 +1,7 @@
 /* session.c: from a manifest to a ready run: argument parsing, plugin loading, validation,
  * device/model/optimizer creation, model save/load and sampling. */
 #include "session.h"
+#include "util.h"
 
 #include "commstats.h"
 #include "mesh.h"
@@ -507,9 +508,9 @@ done:
 static int dp_sum(session *s, double *x) {
     if (!s->capi || s->mesh.dp_size <= 1) return 0;
     ct_clear_error();
-    double t0 = rt_now();
+    double t0 = ct_now();
     ct_status st = s->capi->all_reduce(s->comm, s->mesh.dp_group, x, x, 1, CT_F64, CT_REDUCE_SUM, NULL);
-    s->rt.comm_seconds += rt_now() - t0;
+    s->rt.comm_seconds += ct_now() - t0;
     if (st != CT_OK) s->rt.dist_status = st;
     return st == CT_OK ? 0 : -1;
 }

@@ -1,6 +1,7 @@
 /* train.c: `ctitan train`: the training loop, the LR schedule, clipping, metrics and the end-of-run
  * model save and sample. */
 #include "checkpoint.h"
+#include "util.h"
 #include "commstats.h"
 #include "data.h"
 #include "lr.h"
@@ -19,24 +20,6 @@ static const char *train_usage =
     "  Trains the model the manifest names. Overrides use torchtitan's keys; the last one wins.\n"
     "  --print-config   print the effective configuration and continue\n"
     "  --dry-run        load and check everything, print the model's size, FLOPs and memory; do not train\n";
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int mkdir_p(const char *path) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
-}
 
 static double gib(int64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
@@ -123,7 +106,7 @@ static int train_loop(session *s, manifest *mf) {
         fprintf(stderr, "ctitan: %s: %s\n", where, err);
         return EXIT_BAD_INPUT;
     }
-    if (mkdir_p(dump)) {
+    if (ct_mkdir_p(dump)) {
         fprintf(stderr, "ctitan: job.dump_folder: cannot create %s: %s\n", dump, strerror(errno));
         dataloader_close(&dl);
         return EXIT_BAD_INPUT;
@@ -148,7 +131,7 @@ static int train_loop(session *s, manifest *mf) {
     if (s->peak_flops > 0)
         printf("device: %s, measured f32 matmul peak %.1f GFLOP/s (MFU below is against this %s peak)\n",
                s->devp->info.name, s->peak_flops / 1e9, s->devp->info.name);
-    double t_log = now_s(), step_time_sum = 0, comm_time_sum = 0;
+    double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0;
     const int64_t warmup_steps = steps > 2 ? 2 : steps > 1 ? 1 : 0;
     int64_t tokens_since = 0, timed_steps = 0;
     ckpt_plan ck;
@@ -158,7 +141,7 @@ static int train_loop(session *s, manifest *mf) {
     }
     dl.position = ck.state.data_position;
     for (int64_t step = ck.state.step + 1; step <= steps; step++) {
-        double t0 = now_s(), comm_before = s->rt.comm_seconds;
+        double t0 = ct_now(), comm_before = s->rt.comm_seconds;
         trace_begin("step");
         double lr = lr_at(&sched, step - ck.lr_offset);
         /* the whole global batch first: the loss is normalised by its valid-token count */
@@ -177,7 +160,7 @@ static int train_loop(session *s, manifest *mf) {
             goto done;
         }
         trace_end("step");
-        double dt = now_s() - t0;
+        double dt = ct_now() - t0;
         if (step > warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
             step_time_sum += dt;
             comm_time_sum += s->rt.comm_seconds - comm_before;
@@ -185,7 +168,7 @@ static int train_loop(session *s, manifest *mf) {
         }
         tokens_since += G_local * T; /* per device */
         if (step == 1 || step % log_freq == 0 || step == steps) {
-            double elapsed = now_s() - t_log;
+            double elapsed = ct_now() - t_log;
             double tps = (double)tokens_since / elapsed;
             double tflops = s->rt.desc.flops_per_token * tps / 1e12;
             double mfu = s->peak_flops > 0 ? 100.0 * tflops * 1e12 / s->peak_flops : 0.0;
@@ -204,7 +187,7 @@ static int train_loop(session *s, manifest *mf) {
                     (long long)s->rt.peak_act_bytes, (long long)g_comm_bytes[CS_ALL_GATHER],
                     (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]);
             fflush(jf);
-            t_log = now_s();
+            t_log = ct_now();
             tokens_since = 0;
         }
         ck.state.step = step;
@@ -289,7 +272,7 @@ int cmd_train(int argc, char **argv) {
     if (seed_ckpt) {
         const char *dump;
         mf_get_str(mf, "job.dump_folder", &dump);
-        st = mkdir_p(dump) || ckpt_seed(&s, mf, dump) ? EXIT_RUN_FAILED : 0;
+        st = ct_mkdir_p(dump) || ckpt_seed(&s, mf, dump) ? EXIT_RUN_FAILED : 0;
         goto out;
     }
     if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
@@ -300,7 +283,7 @@ int cmd_train(int argc, char **argv) {
         mf_get_str(mf, "job.dump_folder", &dump);
         mf_get_str(mf, "profiling.save_traces_folder", &folder);
         snprintf(path, sizeof path, "%s/%s", dump, folder);
-        mkdir_p(path);
+        ct_mkdir_p(path);
         snprintf(path, sizeof path, "%s/%s/trace.json", dump, folder);
         if (trace_write(path, err, sizeof err)) fprintf(stderr, "ctitan: %s\n", err);
         else printf("trace: %s\n", path);

@@ -4,6 +4,9 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 void ct_errf(char *err, size_t errlen, const char *fmt, ...) {
@@ -26,4 +29,25 @@ int ct_write_all(int fd, const void *buf, size_t n) {
         n -= (size_t)w;
     }
     return 0;
+}
+
+double ct_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+int ct_mkdir_p(const char *path) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
 }

@@ -39,74 +39,9 @@ RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "float8_linear.ctt")
 
 # ---------------------------------------------------------------------------------------------------
-# ctt format (see core/tensorfile.h), copied from tests/golden/gen_llama3_golden.py: little-endian;
-# header "CTTENSOR", u32 version 1, u32 count, u64 reserved; per tensor u32 name_len, name, u32 dtype
-# (1 f32, 5 int32), u32 ndim, u64 shape[ndim], data.
-
-CTT_F32, CTT_I32 = 1, 5
-
-
-def ctt_bytes(items):
-    out = [b"CTTENSOR", struct.pack("<IIQ", 1, len(items), 0)]
-    seen = set()
-    for name, t in items:
-        assert name not in seen, f"duplicate name {name}"
-        seen.add(name)
-        nb = name.encode("utf-8")
-        assert 1 <= len(nb) <= 1024 and b"\0" not in nb
-        t = t.detach().contiguous()
-        if t.dtype in (torch.float32, torch.float64):
-            dtype, fmt, vals = CTT_F32, "f", t.to(torch.float32).flatten().tolist()
-        elif t.dtype in (torch.int32, torch.int64):
-            dtype, fmt, vals = CTT_I32, "i", t.to(torch.int32).flatten().tolist()
-        else:
-            raise TypeError(f"{name}: dtype {t.dtype} has no ctt code")
-        assert t.dim() <= 6
-        out.append(struct.pack("<I", len(nb)) + nb)
-        out.append(struct.pack("<II", dtype, t.dim()) + struct.pack(f"<{t.dim()}Q", *t.shape))
-        out.append(struct.pack(f"<{len(vals)}{fmt}", *vals))
-    return b"".join(out)
-
-
-def ctt_write(path, items):
-    """Atomic: write path.tmp, fsync, rename."""
-    data = ctt_bytes(items)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return len(data)
-
-
-def ctt_read(path):
-    """Returns {name: tensor} in file order (a strict reader, used to check what was written)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    assert data[:8] == b"CTTENSOR", "bad magic"
-    version, count, reserved = struct.unpack_from("<IIQ", data, 8)
-    assert version == 1 and reserved == 0
-    pos, out = 24, {}
-    for _ in range(count):
-        (n,) = struct.unpack_from("<I", data, pos)
-        name = data[pos + 4:pos + 4 + n].decode("utf-8")
-        pos += 4 + n
-        dtype, ndim = struct.unpack_from("<II", data, pos)
-        shape = struct.unpack_from(f"<{ndim}Q", data, pos + 8)
-        pos += 8 + 8 * ndim
-        numel = math.prod(shape)
-        fmt = {CTT_F32: "f", CTT_I32: "i"}[dtype]
-        vals = struct.unpack_from(f"<{numel}{fmt}", data, pos)
-        pos += 4 * numel
-        assert name not in out
-        out[name] = torch.tensor(vals, dtype=torch.float32 if dtype == CTT_F32 else torch.int32).reshape(shape)
-    assert pos == len(data), "trailing bytes"
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# Inputs
+# the ctt format (core/tensorfile.h): the reader and writer of tests/golden/gen_llama3_golden.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from gen_llama3_golden import ctt_read, ctt_write  # noqa: E402  (the ctt format, shared)
 
 
 def make_inputs():
