@@ -310,6 +310,7 @@ const char *plugin_kind_name(ct_plugin_kind kind) {
     case CT_KIND_COMM: return "comm";
     case CT_KIND_STRATEGY: return "strategy";
     case CT_KIND_QUANTIZER: return "quantizer";
+    case CT_KIND_SCHEDULE: return "schedule";
     }
     return "unknown";
 }

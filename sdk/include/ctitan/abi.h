@@ -23,7 +23,8 @@
 #include <stdint.h>
 
 #define CT_ABI_MAJOR 1
-#define CT_ABI_MINOR 2 /* 1.1: comm and strategy kinds, CT_ERR_TIMEOUT; 1.2: float8 device ops */
+#define CT_ABI_MINOR 3 /* 1.1: comm and strategy kinds, CT_ERR_TIMEOUT; 1.2: float8 device ops;
+                          1.3: tensor-parallel ops and hooks, the schedule kind */
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 
@@ -53,7 +54,8 @@ typedef enum ct_plugin_kind {
     CT_KIND_OPTIMIZER = 3,
     CT_KIND_COMM = 4,
     CT_KIND_STRATEGY = 5,
-    CT_KIND_QUANTIZER = 6
+    CT_KIND_QUANTIZER = 6,
+    CT_KIND_SCHEDULE = 7 /* 1.3: pipeline schedules (ctitan/schedule.h) */
 } ct_plugin_kind;
 
 /* An option a plugin accepts in its manifest section. The host validates the manifest against
@@ -80,7 +82,8 @@ typedef struct ct_plugin_info {
     const char *description; /* one line for `ctitan plugins` */
     const ct_option_spec *options; /* may be NULL: accepts no options */
     const void *api;         /* ct_device_api *, ct_model_api *, ct_optimizer_api *, ct_comm_api *,
-                                ct_strategy_api * per kind */
+                                ct_strategy_api *, ct_quantizer_api *,
+                                ct_schedule_api * per kind */
 } ct_plugin_info;
 
 typedef ct_status (*ct_plugin_entry_fn)(const ct_host *host, ct_plugin_info *info);
