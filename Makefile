@@ -30,7 +30,11 @@ CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
 CORE_LIB_OBJ := $(filter-out $(BUILD)/core/main.o,$(CORE_OBJ))
 
 # Per-plugin flags: plugins/<name>/plugin.mk may append to CFLAGS_<name> / LIBS_<name>, or set
-# SKIP_<name> := 1 when what it needs is absent (e.g. the CUDA toolkit).
+# SKIP_<name> := 1 when what it needs is absent (e.g. the CUDA toolkit). A folder that builds
+# differently (CUDA sources, one .so per file) sets SKIP_<name> := 1, writes its own rules and
+# appends its outputs to EXTRA_SOS.
+.DEFAULT_GOAL := all
+EXTRA_SOS :=
 -include $(wildcard plugins/*/plugin.mk)
 PLUGIN_DIRS := $(wildcard plugins/*/) $(wildcard models/*/)
 PLUGIN_NAMES := $(foreach d,$(PLUGIN_DIRS),$(notdir $(patsubst %/,%,$(d))))
@@ -51,7 +55,7 @@ MPI_TEST_SRC := $(wildcard tests/mpi/*.c)
 MPI_TEST_BIN := $(MPI_TEST_SRC:tests/mpi/%.c=$(BUILD)/tests/mpi/%)
 
 .PHONY: all help test bench demo deps clean fuzz
-all: $(BUILD)/ctitan $(PLUGIN_SOS) $(BUILD)/ctitan-sdk.pc
+all: $(BUILD)/ctitan $(PLUGIN_SOS) $(EXTRA_SOS) $(BUILD)/ctitan-sdk.pc
 
 help:
 	@echo "make            build build/ctitan and every plugin under build/plugins/"
