@@ -28,21 +28,23 @@ static int64_t box_numel(const box *b) {
     return n;
 }
 
-/* The part of the global tensor this rank's storage holds (padding excluded). FSDP shards are
- * dim-0 row blocks of the flattened parameter; replicated parameters are whole. */
+/* The part of the global tensor this rank's storage holds (padding excluded): its tensor-parallel
+ * block (a slice along tp_dim), then within it the dim-0 rows of the data-parallel shard (FSDP
+ * shards the flattened tp-local block by whole rows); replicated parameters are whole. */
 static void local_box(const ct_param_slot *sl, box *b) {
-    const ct_tensor *p = sl->param;
+    const ct_tensor *p = sl->param; /* the tp-local block's shape */
     b->ndim = p->ndim;
     for (int d = 0; d < p->ndim; d++) {
         b->off[d] = 0;
         b->len[d] = p->shape[d];
     }
+    if (sl->tp_dim >= 0) b->off[sl->tp_dim] = (int64_t)sl->tp_index * p->shape[sl->tp_dim];
     if (sl->placement != CT_PLACE_SHARD || p->ndim == 0) return;
     int64_t rows = p->shape[0], row = rows ? sl->numel / rows : 1;
     int64_t start = row ? sl->offset / row : 0, n = row ? sl->local_numel / row : 0;
     if (start > rows) start = rows;
     if (start + n > rows) n = rows - start;
-    b->off[0] = start;
+    b->off[0] += start;
     b->len[0] = n;
 }
 
@@ -51,6 +53,7 @@ static int saves(const session *s, const ct_param_slot *sl) {
     if (!s->capi) return 1;
     for (int a = 0; a < CT_MESH_NAXES; a++) {
         if (sl->placement == CT_PLACE_SHARD && a == sl->shard_axis) continue;
+        if (sl->tp_dim >= 0 && a == CT_AXIS_TP) continue;
         if (s->mesh.coord[a] != 0) return 0;
     }
     return 1;
@@ -283,7 +286,7 @@ static int write_metadata(session *s, const char *dir, int64_t step, const ckpt_
             if (!present) continue;
             json_t *t = json_object();
             json_object_set_new(t, "dtype", json_string("f32"));
-            json_object_set_new(t, "shape", box_json(p->shape, p->ndim));
+            json_object_set_new(t, "shape", box_json(s->rt.slots[i].global_shape, p->ndim));
             json_object_set_new(tensors, name, t);
         }
     }
@@ -604,7 +607,7 @@ int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, 
             int64_t shape[CT_MAX_DIMS];
             int nd = 0;
             if (!t || parse_box(json_object_get(t, "shape"), shape, &nd) || nd != sl->param->ndim ||
-                memcmp(shape, sl->param->shape, sizeof(int64_t) * (size_t)nd)) {
+                memcmp(shape, sl->global_shape, sizeof(int64_t) * (size_t)nd)) {
                 ct_errf(err, errlen, "%s: %s is missing or has another shape than the model's", path, name);
                 goto done;
             }

@@ -54,7 +54,7 @@ static int load_hf(session *s, const char *dir, char *err, size_t errlen) {
     int rc = 0;
     for (int i = 0; i < s->rt.n_params && !rc; i++) {
         const ct_tensor *p = &s->rt.params[i]->t;
-        const tf_entry *e = tf_expect(w, dir, p->name, 1, p->ndim, p->shape, err, errlen);
+        const tf_entry *e = tf_expect(w, dir, p->name, 1, p->ndim, runtime_global_shape(&s->rt, i), err, errlen);
         rc = !e || runtime_param_set(&s->rt, i, e->data) ? -1 : 0;
     }
     tf_free(w);
@@ -69,8 +69,9 @@ static int save_hf(session *s, const char *dir, int bf16, char *err, size_t errl
     if (!e) return -1;
     for (int i = 0; i < n; i++) { /* every rank gathers: a collective for sharded parameters */
         const ct_tensor *p = &s->rt.params[i]->t;
-        e[i] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = ct_tensor_numel(p)};
-        memcpy(e[i].shape, p->shape, sizeof(int64_t) * (size_t)p->ndim);
+        e[i] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
+        memcpy(e[i].shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
+        for (int d = 0; d < p->ndim; d++) e[i].numel *= e[i].shape[d];
         e[i].data = malloc(sizeof(float) * (size_t)e[i].numel);
         if (!e[i].data || runtime_param_get(&s->rt, i, e[i].data, 0)) {
             ct_errf(err, errlen, "cannot gather %s", p->name);

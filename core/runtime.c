@@ -89,6 +89,7 @@ static ct_tensor *reg_add(ct_param_registry *r, int unit, const char *name, int 
     memcpy(t->t.shape, d->shape, sizeof d->shape);
     t->t.name = d->name;
     t->t.flags = d->flags;
+    t->param = c->n;
     /* the runtime takes ownership of t below, in declaration order */
     rt_tensor **ps = realloc(c->rt->params, sizeof(*ps) * (size_t)c->n);
     if (!ps) {
@@ -102,17 +103,38 @@ static ct_tensor *reg_add(ct_param_registry *r, int unit, const char *name, int 
     return &t->t;
 }
 
-/* Elements [offset, offset + count) of the flattened parameter; past its end, zeros (padding). */
-static void init_values(const decl *d, uint64_t seed, float *out, int64_t offset, int64_t count, int64_t n) {
+int64_t runtime_global_index(const ct_param_slot *sl, int64_t k) {
+    if (!CT_HAS_FIELD(sl, ct_param_slot, global_shape) || sl->tp_dim < 0 || sl->tp_parts <= 1) return k;
+    const ct_tensor *p = sl->param;
+    int64_t inner = 1;
+    for (int d = sl->tp_dim + 1; d < p->ndim; d++) inner *= p->shape[d];
+    int64_t local = p->shape[sl->tp_dim], global = sl->global_shape[sl->tp_dim];
+    int64_t r = k % inner, rest = k / inner, dd = rest % local, o = rest / local;
+    return (o * global + (int64_t)sl->tp_index * local + dd) * inner + r;
+}
+
+const int64_t *runtime_global_shape(const runtime *rt, int i) { return rt->slots[i].global_shape; }
+
+static int64_t global_numel(const ct_param_slot *sl) {
+    int64_t n = 1;
+    for (int d = 0; d < sl->param->ndim; d++) n *= sl->global_shape[d];
+    return n;
+}
+
+/* Elements [offset, offset + count) of the flattened tp-local parameter; past its end, zeros (padding).
+ * Each value depends only on its index in the GLOBAL parameter, so every layout initialises alike. */
+static void init_values(const decl *d, const ct_param_slot *sl, uint64_t seed, float *out, int64_t offset,
+                        int64_t count) {
     uint64_t key = rng_splitmix64(seed) ^ rng_hash_str(d->name);
     const ct_init *in = &d->init;
+    int64_t n = global_numel(sl);
     for (int64_t k = 0; k < count; k++) {
-        int64_t i = offset + k;
         double v;
-        if (i >= n) {
+        if (offset + k >= sl->numel) {
             out[k] = 0.0f;
             continue;
         }
+        int64_t i = runtime_global_index(sl, offset + k);
         switch (in->kind) {
         case CT_INIT_CONSTANT: v = in->value; break;
         case CT_INIT_UNIFORM: v = in->lo + (in->hi - in->lo) * rng_uniform(key, (uint64_t)i); break;
@@ -131,7 +153,7 @@ static void init_values(const decl *d, uint64_t seed, float *out, int64_t offset
 
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
-/* Placement: the strategy's, or everything local on one rank. */
+/* Placement: the strategies' (tensor parallel first, then data parallel), or everything local on one rank. */
 static int place_params(runtime *rt, char *err, size_t errlen) {
     rt->slots = calloc((size_t)rt->n_params, sizeof(ct_param_slot));
     rt->local = calloc((size_t)rt->n_params, sizeof(ct_tensor));
@@ -146,17 +168,29 @@ static int place_params(runtime *rt, char *err, size_t errlen) {
         sl->numel = ct_tensor_numel(sl->param);
         sl->placement = CT_PLACE_REPLICATE;
         sl->local_numel = sl->numel;
+        sl->tp_dim = -1;
+        sl->tp_parts = 1;
+        memcpy(sl->global_shape, sl->param->shape, sizeof sl->global_shape);
     }
-    ct_clear_error();
-    if (rt->dist.st && rt->dist.st->place(rt->dist.strat, rt->slots, rt->n_params) != CT_OK) {
-        snprintf(err, errlen, "strategy place failed: %s", ct_last_error());
-        return -1;
+    for (int k = 0; k < rt->dist.n_st; k++) {
+        ct_clear_error();
+        if (rt->dist.st[k]->place(rt->dist.strat[k], rt->slots, rt->n_params) != CT_OK) {
+            snprintf(err, errlen, "strategy place failed: %s", ct_last_error());
+            return -1;
+        }
     }
     for (int i = 0; i < rt->n_params; i++) {
         const ct_param_slot *sl = &rt->slots[i];
-        if (sl->local_numel < 0 || sl->offset < 0 || (sl->placement == CT_PLACE_REPLICATE && sl->local_numel != sl->numel)) {
-            snprintf(err, errlen, "strategy placed %s badly (local %lld at %lld of %lld)", sl->param->name,
-                     (long long)sl->local_numel, (long long)sl->offset, (long long)sl->numel);
+        const ct_tensor *p = sl->param;
+        int tp_ok = sl->tp_dim < 0 ? sl->tp_parts == 1 && !memcmp(sl->global_shape, p->shape, sizeof sl->global_shape)
+                                   : sl->tp_dim < p->ndim && sl->tp_parts > 1 && sl->tp_index >= 0 &&
+                                         sl->tp_index < sl->tp_parts &&
+                                         p->shape[sl->tp_dim] * sl->tp_parts == sl->global_shape[sl->tp_dim];
+        if (!tp_ok || sl->numel != ct_tensor_numel(p) || sl->local_numel < 0 || sl->offset < 0 ||
+            (sl->placement == CT_PLACE_REPLICATE && sl->local_numel != sl->numel)) {
+            snprintf(err, errlen, "strategy placed %s badly (local %lld at %lld of %lld, tp dim %d in %d parts)",
+                     p->name, (long long)sl->local_numel, (long long)sl->offset, (long long)sl->numel, sl->tp_dim,
+                     sl->tp_parts);
             return -1;
         }
     }
@@ -198,7 +232,7 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
         size_t n = (size_t)rt->slots[i].local_numel;
         total += align64(n * sizeof(float));
         if (n > max_n) max_n = n;
-        rt->n_param_elems += rt->slots[i].numel;
+        rt->n_param_elems += global_numel(&rt->slots[i]);
     }
     rt->param_bytes = total ? total : 64;
     if (d->alloc(dev, rt->param_bytes, (void **)&rt->param_mem) != CT_OK ||
@@ -222,11 +256,11 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
         rt->local[i] = (ct_tensor){.struct_size = sizeof(ct_tensor), .dtype = CT_F32, .ndim = 1,
                                    .shape = {sl->local_numel}, .data = sl->local_data, .grad = sl->local_grad,
                                    .name = t->t.name, .flags = t->t.flags};
-        if (!rt->dist.st) { /* one rank: the model computes on the storage itself */
+        if (!rt->dist.n_st) { /* one rank: the model computes on the storage itself */
             t->t.data = sl->local_data;
             t->t.grad = sl->local_grad;
         }
-        init_values(&rc.decls[i], seed, host, sl->offset, sl->local_numel, sl->numel);
+        init_values(&rc.decls[i], sl, seed, host, sl->offset, sl->local_numel);
         if (d->copy(dev, sl->local_data, host, (size_t)sl->local_numel * sizeof(float), CT_COPY_H2D) != CT_OK) {
             free(host);
             snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
@@ -241,11 +275,14 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
         snprintf(err, errlen, "cannot zero gradients: %s", ct_last_error());
         return -1;
     }
-    ct_clear_error();
-    if (rt->dist.st && rt->dist.st->setup(rt->dist.strat, rt->slots, rt->n_params, rt->desc.n_units) != CT_OK) {
-        snprintf(err, errlen, "strategy setup failed: %s", ct_last_error());
-        return -1;
+    for (int k = 0; k < rt->dist.n_st; k++) {
+        ct_clear_error();
+        if (rt->dist.st[k]->setup(rt->dist.strat[k], rt->slots, rt->n_params, rt->desc.n_units) != CT_OK) {
+            snprintf(err, errlen, "strategy setup failed: %s", ct_last_error());
+            return -1;
+        }
     }
+    rt->tp.size = 1;
     pool_init(&rt->saved.data, d, dev, CT_MEM_ACTIVATIONS);
     pool_init(&rt->saved.desc, NULL, NULL, CT_MEM_OTHER);
     pool_init(&rt->scratch.data, d, dev, CT_MEM_ACTIVATIONS);
@@ -392,20 +429,32 @@ static void note_act_peak(runtime *rt) {
     if (live > rt->peak_act_bytes) rt->peak_act_bytes = live;
 }
 
-/* A strategy hook; the time spent in it (gathers, waits, reductions) counts as communication. */
-#define HOOK(rt, name, ...)                                                                       \
-    do {                                                                                          \
-        if ((rt)->dist.st) {                                                                      \
-            ct_clear_error();                                                                     \
-            double t0_ = ct_now();                                                                \
-            ct_status st_ = (rt)->dist.st->name((rt)->dist.strat, __VA_ARGS__);                  \
-            (rt)->comm_seconds += ct_now() - t0_;                                                 \
-            if (st_ != CT_OK) {                                                                   \
-                if (!ct_last_error()[0]) ct_set_error("strategy " #name " failed (status %d)", st_); \
-                rt->dist_status = st_;                                                            \
-                return -1;                                                                        \
-            }                                                                                     \
-        }                                                                                         \
+/* Runs a hook of every strategy, in order (reverse: finish_backward); the time spent in them
+ * (gathers, waits, reductions) counts as communication. */
+static int run_hook(runtime *rt, const char *name, int which, int unit, int last, int reverse) {
+    for (int j = 0; j < rt->dist.n_st; j++) {
+        int k = reverse ? rt->dist.n_st - 1 - j : j;
+        const ct_strategy_api *a = rt->dist.st[k];
+        void *s = rt->dist.strat[k];
+        ct_clear_error();
+        double t0 = ct_now();
+        ct_status st = which == 0   ? a->pre_forward(s, unit)
+                       : which == 1 ? a->post_forward(s, unit)
+                       : which == 2 ? a->pre_backward(s, unit)
+                       : which == 3 ? a->post_backward(s, unit, last)
+                                    : a->finish_backward(s);
+        rt->comm_seconds += ct_now() - t0;
+        if (st != CT_OK) {
+            if (!ct_last_error()[0]) ct_set_error("strategy %s failed (status %d)", name, st);
+            rt->dist_status = st;
+            return -1;
+        }
+    }
+    return 0;
+}
+#define HOOK(rt, name, which, unit, last)                                        \
+    do {                                                                         \
+        if (run_hook((rt), #name, (which), (unit), (last), (which) == 4)) return -1; \
     } while (0)
 
 static int unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, rt_tensor **out) {
@@ -432,7 +481,7 @@ static int forward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int
         rt_tensor *tg = u == nu - 1 ? targets : NULL;
         rt->unit_in[u] = x;
         rt->tail = NULL;
-        HOOK(rt, pre_forward, u);
+        HOOK(rt, pre_forward, 0, u, 0);
         if (record && rt->ac[u]) {
             pool_mark md = pool_get_mark(&rt->scratch.data), mh = pool_get_mark(&rt->scratch.desc);
             rt->recording = 0;
@@ -454,7 +503,7 @@ static int forward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int
         }
         rt->unit_tape[u] = rt->tail;
         rt->unit_out[u] = x;
-        HOOK(rt, post_forward, u);
+        HOOK(rt, post_forward, 1, u, 0);
     }
     rt->recording = 0;
     *last = x;
@@ -465,7 +514,7 @@ static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, in
     int nu = rt->desc.n_units;
     for (int u = nu - 1; u >= 0; u--) {
         rt_tensor *in = rt->unit_in[u];
-        HOOK(rt, pre_backward, u);
+        HOOK(rt, pre_backward, 2, u, 0);
         if (in && !tape_grad(rt, in)) return -1; /* the boundary gradient outlives the unit */
         pool_mark gd = pool_get_mark(&rt->grads.data);
         pool_mark sd = pool_get_mark(&rt->scratch.data), sh = pool_get_mark(&rt->scratch.desc);
@@ -489,19 +538,9 @@ static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, in
         pool_release(&rt->grads.data, gd);
         pool_release(&rt->scratch.data, sd);
         pool_release(&rt->scratch.desc, sh);
-        HOOK(rt, post_backward, u, last_microbatch);
+        HOOK(rt, post_backward, 3, u, last_microbatch);
     }
-    if (rt->dist.st) {
-        ct_clear_error();
-        double t0 = ct_now();
-        ct_status st = rt->dist.st->finish_backward(rt->dist.strat);
-        rt->comm_seconds += ct_now() - t0;
-        if (st != CT_OK) {
-            if (!ct_last_error()[0]) ct_set_error("strategy finish_backward failed (status %d)", st);
-            rt->dist_status = st;
-            return -1;
-        }
-    }
+    HOOK(rt, finish_backward, 4, 0, 0);
     return 0;
 }
 
@@ -536,6 +575,7 @@ int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_
     rt->act = &rt->saved;
     rt_tensor *tok = upload_ids(rt, tokens, B, T), *logits = NULL;
     int bad = !tok || forward_units(rt, tok, NULL, 0, &logits);
+    if (!bad && logits->col_full > 0) bad = !(logits = tape_tp_gather_cols(rt, logits)); /* vocabulary-sharded */
     use_shadow(rt, 0);
     if (bad) return -1;
     int64_t V = logits->t.shape[logits->t.ndim - 1];
@@ -552,37 +592,38 @@ int runtime_zero_grads(runtime *rt) {
     return rt->d->zero(rt->dev, rt->grad_mem, rt->param_bytes) == CT_OK ? 0 : -1;
 }
 
-/* Sharded gradients: this rank's sum of squares, summed over the shard group; replicated ones are
- * the same on every rank and count once. */
+/* Each gradient's sum of squares goes into the bucket of the mesh axes it is split over (the fsdp
+ * shard axis, tp when tensor parallel splits it); each bucket is summed over its axes' groups.
+ * A gradient that is whole on an axis is the same on every rank of it and counts once. */
 int runtime_grad_norm(runtime *rt, double *norm) {
-    double sharded[CT_MESH_NAXES] = {0}, replicated = 0;
-    int has[CT_MESH_NAXES] = {0}; /* the same on every rank: placements are */
+    double bucket[1 << CT_MESH_NAXES] = {0};
+    int used[1 << CT_MESH_NAXES] = {0}; /* the same on every rank: placements are */
     for (int i = 0; i < rt->n_params; i++) {
         const ct_param_slot *sl = &rt->slots[i];
         double s;
         if (rt->d->sum_squares(rt->dev, &s, sl->local_grad, sl->local_numel) != CT_OK) return -1;
-        if (sl->placement == CT_PLACE_SHARD && (unsigned)sl->shard_axis < CT_MESH_NAXES) {
-            sharded[sl->shard_axis] += s;
-            has[sl->shard_axis] = 1;
-        } else {
-            replicated += s;
-        }
+        unsigned mask = 0;
+        if (sl->placement == CT_PLACE_SHARD && (unsigned)sl->shard_axis < CT_MESH_NAXES) mask |= 1u << sl->shard_axis;
+        if (sl->tp_dim >= 0 && sl->tp_parts > 1) mask |= 1u << CT_AXIS_TP;
+        bucket[mask] += s;
+        used[mask] = 1;
     }
-    double total = replicated;
-    for (int a = 0; a < CT_MESH_NAXES; a++) {
-        if (!has[a]) continue;
-        if (rt->dist.capi && rt->dist.mesh->degree[a] > 1) {
+    double total = 0;
+    for (unsigned mask = 0; mask < (1u << CT_MESH_NAXES); mask++) {
+        if (!used[mask]) continue;
+        for (int a = 0; a < CT_MESH_NAXES; a++) {
+            if (!(mask & (1u << a)) || !rt->dist.capi || rt->dist.mesh->degree[a] <= 1) continue;
             ct_clear_error();
             double t0 = ct_now();
-            ct_status st = rt->dist.capi->all_reduce(rt->dist.comm, rt->dist.mesh->group[a], &sharded[a], &sharded[a],
-                                                     1, CT_F64, CT_REDUCE_SUM, NULL);
+            ct_status st = rt->dist.capi->all_reduce(rt->dist.comm, rt->dist.mesh->group[a], &bucket[mask],
+                                                     &bucket[mask], 1, CT_F64, CT_REDUCE_SUM, NULL);
             rt->comm_seconds += ct_now() - t0;
             if (st != CT_OK) {
                 rt->dist_status = st;
                 return -1;
             }
         }
-        total += sharded[a];
+        total += bucket[mask];
     }
     *norm = sqrt(total);
     return 0;
@@ -594,7 +635,9 @@ int runtime_scale_grads(runtime *rt, float s) {
     return 0;
 }
 
-int runtime_param_get(runtime *rt, int i, float *host, int grad) {
+/* The tp-local block of parameter i (numel floats) into host memory: gathered from the data-parallel
+ * shards when sharded (a collective then). */
+static int local_block_get(runtime *rt, int i, float *host, int grad) {
     const ct_param_slot *sl = &rt->slots[i];
     const float *src = grad ? sl->local_grad : sl->local_data;
     if (sl->placement == CT_PLACE_REPLICATE)
@@ -613,15 +656,52 @@ int runtime_param_get(runtime *rt, int i, float *host, int grad) {
     return rc;
 }
 
+int runtime_param_get(runtime *rt, int i, float *host, int grad) {
+    const ct_param_slot *sl = &rt->slots[i];
+    if (sl->tp_dim < 0) return local_block_get(rt, i, host, grad);
+    /* split by tensor parallel: every tp rank's block, placed where it belongs */
+    int parts = sl->tp_parts;
+    int64_t n = sl->numel;
+    float *blocks = malloc(sizeof(float) * (size_t)n * (size_t)parts), *dev = NULL;
+    int rc = -1;
+    if (!blocks || local_block_get(rt, i, blocks, grad)) goto done;
+    if (rt->d->alloc(rt->dev, sizeof(float) * (size_t)n * (size_t)(parts + 1), (void **)&dev) != CT_OK) goto done;
+    if (rt->d->copy(rt->dev, dev, blocks, sizeof(float) * (size_t)n, CT_COPY_H2D) != CT_OK ||
+        rt->dist.capi->all_gather(rt->dist.comm, rt->dist.mesh->group[CT_AXIS_TP], dev, dev + n, n, CT_F32, NULL) !=
+            CT_OK ||
+        rt->d->copy(rt->dev, blocks, dev + n, sizeof(float) * (size_t)n * (size_t)parts, CT_COPY_D2H) != CT_OK)
+        goto done;
+    ct_param_slot other = *sl;
+    for (int p = 0; p < parts; p++) {
+        other.tp_index = p;
+        for (int64_t k = 0; k < n; k++) host[runtime_global_index(&other, k)] = blocks[(int64_t)p * n + k];
+    }
+    rc = 0;
+done:
+    if (dev) rt->d->free(rt->dev, dev);
+    free(blocks);
+    return rc;
+}
+
+/* Sets parameter i from the whole (global) tensor in host memory: this rank keeps its part. */
 int runtime_param_set(runtime *rt, int i, const float *host) {
     const ct_param_slot *sl = &rt->slots[i];
+    float *block = NULL;
+    if (sl->tp_dim >= 0) { /* this rank's tp block first */
+        if (!(block = malloc(sizeof(float) * (size_t)sl->numel))) return -1;
+        for (int64_t k = 0; k < sl->numel; k++) block[k] = host[runtime_global_index(sl, k)];
+        host = block;
+    }
     int64_t n = sl->numel - sl->offset;
     if (n > sl->local_numel) n = sl->local_numel;
     if (n < 0) n = 0;
-    if (rt->d->zero(rt->dev, sl->local_data, sizeof(float) * (size_t)sl->local_numel) != CT_OK) return -1;
-    return rt->d->copy(rt->dev, sl->local_data, host + sl->offset, sizeof(float) * (size_t)n, CT_COPY_H2D) == CT_OK
-               ? 0
-               : -1;
+    int rc = rt->d->zero(rt->dev, sl->local_data, sizeof(float) * (size_t)sl->local_numel) == CT_OK &&
+                     rt->d->copy(rt->dev, sl->local_data, host + sl->offset, sizeof(float) * (size_t)n,
+                                 CT_COPY_H2D) == CT_OK
+                 ? 0
+                 : -1;
+    free(block);
+    return rc;
 }
 
 int runtime_find_param(runtime *rt, const char *name) {

@@ -20,6 +20,12 @@
 typedef struct rt_tensor {
     ct_tensor t;            /* first: plugins see &t */
     struct rt_tensor *base; /* a view's owner (shares data and grad) */
+    int param;              /* parameters: index + 1 in runtime.params; 0 for activations */
+    /* tensor parallel: */
+    int sp;                    /* holds 1/tp of the token rows (sequence parallel) */
+    int64_t col_begin, col_full; /* vocabulary-sharded logits: columns [col_begin, +last dim) of col_full */
+    struct rt_tensor *gathered; /* this tensor with every row (or the tp copy): made once, shared by the
+                                   column-wise linears that read it */
 } rt_tensor;
 
 typedef struct pool_chunk {
@@ -58,14 +64,29 @@ typedef struct arena {
     pool data, desc;
 } arena;
 
-/* Many ranks: the comm, the mesh and the data-parallel strategy (all NULL on one rank). */
+/* Many ranks: the comm, the mesh and the strategies (all NULL on one rank). Strategies run in order
+ * (tensor parallel first, then the data-parallel one); finish_backward in the reverse order. */
+#define RT_MAX_STRATEGIES 2
 typedef struct runtime_dist {
     const ct_comm_api *capi;
     void *comm;
     const ct_mesh_info *mesh;
-    const ct_strategy_api *st;
-    void *strat;
+    const ct_strategy_api *st[RT_MAX_STRATEGIES];
+    void *strat[RT_MAX_STRATEGIES];
+    int n_st;
 } runtime_dist;
+
+/* Tensor parallel as the tape runs it (size 1: off). */
+typedef struct runtime_tp {
+    int size, rank;
+    void *group;
+    const ct_comm_api *capi; /* the counting table: TP bytes show in the metrics */
+    int sequence_parallel;   /* the residual stream holds 1/size of the token rows */
+    int loss_parallel;       /* cross entropy on vocabulary-sharded logits */
+    int async_chunks;        /* > 1: all-gather/matmul and matmul/reduce-scatter overlapped in chunks */
+    double comm_seconds;     /* time blocked in TP collectives (exposed) */
+    int64_t collectives;
+} runtime_tp;
 
 typedef struct runtime {
     const ct_device_api *d;
@@ -85,6 +106,7 @@ typedef struct runtime {
     char *param_mem, *grad_mem; /* local storage: one device allocation each */
     size_t param_bytes;         /* bytes of local storage (64-byte aligned per parameter) */
     runtime_dist dist;
+    runtime_tp tp;
     ct_status dist_status; /* the status of the last failed strategy or comm call (CT_ERR_TIMEOUT ...) */
     double comm_seconds;   /* wall time in strategy hooks and collectives (exposed communication) */
     const ct_quantizer_api *qapi; /* float8 linear layers (NULL: none) */
@@ -139,6 +161,11 @@ int runtime_scale_grads(runtime *rt, float s);
 int runtime_param_get(runtime *rt, int i, float *host, int grad);
 int runtime_param_set(runtime *rt, int i, const float *host);
 int runtime_find_param(runtime *rt, const char *name);
+
+/* The global shape of parameter i (its tp-local block's, when tensor parallel splits it). */
+const int64_t *runtime_global_shape(const runtime *rt, int i);
+/* Element k of parameter i's tp-local block, flattened -> its index in the flattened global parameter. */
+int64_t runtime_global_index(const ct_param_slot *sl, int64_t k);
 
 /* Asks the quantizer about every weight the pack declared as a linear layer's (and reports it). */
 void runtime_decide_quant(runtime *rt);

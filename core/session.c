@@ -115,7 +115,7 @@ static int load_named(session *s, const char *section, const char *key, const ch
     const ct_plugin_info *in = &(*out)->info;
     /* the API table must hold every field this host calls unconditionally (its ABI 1.0 part) */
     size_t need = kind == CT_KIND_DEVICE      ? offsetof(ct_device_api, amax)
-                  : kind == CT_KIND_MODEL     ? sizeof(ct_model_api)
+                  : kind == CT_KIND_MODEL     ? offsetof(ct_model_api, tp_plan)
                   : kind == CT_KIND_OPTIMIZER ? sizeof(ct_optimizer_api)
                   : kind == CT_KIND_COMM      ? sizeof(ct_comm_api)
                   : kind == CT_KIND_STRATEGY  ? sizeof(ct_strategy_api)
@@ -201,22 +201,91 @@ static int open_dist(session *s) {
         fprintf(stderr, "ctitan: %s: %s\n", err, ct_last_error());
         return EXIT_RUN_FAILED;
     }
-    if (!s->stratp) return 0;
+    if (!s->stratp && !s->tpp) return 0;
     if (!s->commp) {
         fprintf(stderr, "ctitan: parallelism: strategy '%s' needs several ranks (launch with ctitan launch -n N)\n",
-                s->stratp->info.name);
+                (s->stratp ? s->stratp : s->tpp)->info.name);
         return EXIT_BAD_INPUT;
     }
     const char *mp = "float32";
     mf_get_str(s->mf, "training.mixed_precision_param", &mp);
-    int fp8_ag = 0;
+    int fp8_ag = 0, sp = 1;
     mf_get_bool(s->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
+    mf_get_bool(s->mf, "parallelism.enable_sequence_parallel", &sp);
     /* strategies talk through the counting table, so the metrics report their bytes */
     ct_strategy_env env = {sizeof env, s->d, s->dev, commstats_wrap(s->capi), s->comm, &s->mesh,
-                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL};
+                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, s->m->tp_plan, sp};
+    if (s->tpp) {
+        s->tapi = s->tpp->info.api;
+        ct_clear_error();
+        if (s->tapi->create(&s->tpp->host, &env, &s->tstrat) != CT_OK) return fail_line(EXIT_BAD_INPUT, "parallelism");
+    }
+    if (!s->stratp) return 0;
     s->sapi = s->stratp->info.api;
     ct_clear_error();
     if (s->sapi->create(&s->stratp->host, &env, &s->strat) != CT_OK) return fail_line(EXIT_BAD_INPUT, "parallelism");
+    return 0;
+}
+
+/* What the tape needs to run tensor parallel: the tp group, sequence and loss parallel, async TP. */
+static int runtime_tp_setup(session *s) {
+    runtime_tp *tp = &s->rt.tp;
+    int loss_off = 0, async = 0;
+    int64_t chunks = 4;
+    tp->size = s->mesh.degree[CT_AXIS_TP];
+    tp->rank = s->mesh.coord[CT_AXIS_TP];
+    tp->group = s->mesh.group[CT_AXIS_TP];
+    tp->capi = commstats_wrap(s->capi);
+    tp->sequence_parallel = 1;
+    mf_get_bool(s->mf, "parallelism.enable_sequence_parallel", &tp->sequence_parallel);
+    mf_get_bool(s->mf, "parallelism.disable_loss_parallel", &loss_off);
+    mf_get_bool(s->mf, "parallelism.enable_async_tensor_parallel", &async);
+    mf_get_int(s->mf, "parallelism.async_tensor_parallel_chunks", &chunks);
+    tp->loss_parallel = !loss_off;
+    if (async && (chunks < 1 || chunks > 64)) {
+        char where[600];
+        mf_where(s->mf, "parallelism.async_tensor_parallel_chunks", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: expected 1 to 64 chunks, got %lld\n", where, (long long)chunks);
+        return EXIT_BAD_INPUT;
+    }
+    if (async && !tp->sequence_parallel && s->rank == 0)
+        printf("async TP overlaps the sequence-parallel collectives; without sequence parallel it has no effect\n");
+    tp->async_chunks = async ? (int)chunks : 0;
+    return 0;
+}
+
+/* Tensor parallel splits heads, kv heads, the feed-forward width and the vocabulary, and sequence
+ * parallel the sequence: each must divide by the degree, checked before anything is allocated. */
+static int check_tp(session *s) {
+    int64_t tp = 1, seq = 0;
+    mf_get_int(s->mf, "parallelism.tensor_parallel_degree", &tp);
+    if (tp <= 1) return 0;
+    char where[600];
+    mf_where(s->mf, "parallelism.tensor_parallel_degree", where, sizeof where);
+    if (!CT_HAS_FIELD(s->m, ct_model_api, tp_plan) || !s->m->tp_plan) {
+        fprintf(stderr, "ctitan: %s: model '%s' declares no tensor-parallel plan (ct_model_api.tp_plan)\n", where,
+                s->modelp->info.name);
+        return EXIT_BAD_INPUT;
+    }
+    ct_model_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    ct_clear_error();
+    if (s->m->describe(s->model, &d) != CT_OK) return fail_line(EXIT_BAD_INPUT, "model");
+    mf_get_int(s->mf, "training.seq_len", &seq);
+    int sp = 1;
+    mf_get_bool(s->mf, "parallelism.enable_sequence_parallel", &sp);
+    struct {
+        const char *what;
+        int64_t n;
+    } dims[] = {{"attention heads", d.n_heads}, {"kv heads", d.n_kv_heads}, {"feed-forward hidden size", d.ffn_hidden},
+                {"vocabulary size", d.vocab_size}, {"sequence length (sequence parallel)", sp ? seq : 0}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].n > 0 && dims[i].n % tp) {
+            fprintf(stderr, "ctitan: %s: tensor_parallel_degree %lld must divide the %s (%lld)\n", where, (long long)tp,
+                    dims[i].what, (long long)dims[i].n);
+            return EXIT_BAD_INPUT;
+        }
     return 0;
 }
 
@@ -233,6 +302,14 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     const char *sname = with_params ? strategy_name(mf, env_world) : NULL;
     if (sname && (st = load_named(s, "parallelism", "parallelism.dp_strategy", sname, CT_KIND_STRATEGY, &s->stratp)))
         return st;
+    int64_t tp_degree = 1;
+    const char *tpname = "tp";
+    mf_get_int(mf, "parallelism.tensor_parallel_degree", &tp_degree);
+    mf_get_str(mf, "parallelism.tp_strategy", &tpname);
+    if (with_params && tp_degree > 1 &&
+        (st = load_named(s, "parallelism", "parallelism.tp_strategy", tpname, CT_KIND_STRATEGY, &s->tpp)))
+        return st;
+    manifest_alias(mf, "compile.enable_async_tensor_parallel", "parallelism.enable_async_tensor_parallel");
     if (float8_requested(mf) &&
         (st = load_named(s, "quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER,
                          &s->quantp)))
@@ -283,8 +360,17 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
             return fail_line(EXIT_BAD_INPUT, where);
         }
     }
+    if ((st = check_tp(s))) return st;
     if ((st = open_dist(s))) return st;
-    runtime_dist dist = {s->capi, s->comm, &s->mesh, s->sapi, s->strat};
+    runtime_dist dist = {s->capi, s->comm, &s->mesh, {0}, {0}, 0};
+    if (s->tstrat) {
+        dist.st[dist.n_st] = s->tapi;
+        dist.strat[dist.n_st++] = s->tstrat;
+    }
+    if (s->strat) {
+        dist.st[dist.n_st] = s->sapi;
+        dist.strat[dist.n_st++] = s->strat;
+    }
     uint64_t seed;
     int64_t seed_i;
     mf_get_int(mf, "training.seed", &seed_i);
@@ -294,6 +380,7 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
         return EXIT_RUN_FAILED;
     }
     s->rt_ready = 1;
+    if (s->tstrat && (st = runtime_tp_setup(s))) return st;
     s->rt.qapi = s->qapi;
     s->rt.quant = s->quant;
     if (s->qapi) runtime_decide_quant(&s->rt);
@@ -350,12 +437,14 @@ void session_close(session *s) {
     if (s->opt) s->o->destroy(s->opt);
     if (s->rt_ready) runtime_free(&s->rt);
     if (s->strat) s->sapi->destroy(s->strat);
+    if (s->tstrat) s->tapi->destroy(s->tstrat);
     if (s->quant) s->qapi->destroy(s->quant);
     mesh_free(&s->mesh, s->comm ? s->capi : NULL, s->comm);
     if (s->comm) s->capi->destroy(s->comm);
     if (s->model) s->m->destroy(s->model);
     if (s->dev) s->d->destroy(s->dev);
     plugin_unload(s->stratp);
+    plugin_unload(s->tpp);
     plugin_unload(s->quantp);
     plugin_unload(s->commp);
     plugin_unload(s->optp);
@@ -372,10 +461,12 @@ int session_save_model(session *s, const char *path, char *err, size_t errlen) {
     float *buf = NULL;
     for (int i = 0; i < s->rt.n_params; i++) {
         ct_tensor *t = &s->rt.params[i]->t;
-        int64_t n = ct_tensor_numel(t);
+        const int64_t *shape = runtime_global_shape(&s->rt, i);
+        int64_t n = 1;
+        for (int d = 0; d < t->ndim; d++) n *= shape[d];
         float *grown = realloc(buf, sizeof(float) * (size_t)n);
         if (!grown || runtime_param_get(&s->rt, i, grown, 0) ||
-            (w && tf_writer_add(w, t->name, 1, t->ndim, t->shape, grown))) {
+            (w && tf_writer_add(w, t->name, 1, t->ndim, shape, grown))) {
             if (grown) buf = grown;
             snprintf(err, errlen, "%s: cannot write %s: %s", path, t->name, w ? tf_writer_error(w) : "gather failed");
             free(buf);
@@ -393,7 +484,7 @@ int session_load_model(session *s, const char *path, char *err, size_t errlen) {
     if (!f) return -1;
     for (int i = 0; i < s->rt.n_params; i++) {
         ct_tensor *t = &s->rt.params[i]->t;
-        const tf_entry *e = tf_expect(f, path, t->name, 1, t->ndim, t->shape, err, errlen);
+        const tf_entry *e = tf_expect(f, path, t->name, 1, t->ndim, runtime_global_shape(&s->rt, i), err, errlen);
         if (!e || runtime_param_set(&s->rt, i, e->data)) {
             tf_free(f);
             return -1;

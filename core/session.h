@@ -17,13 +17,13 @@
 
 typedef struct session {
     manifest *mf;
-    plugin *devp, *modelp, *optp, *commp, *stratp, *quantp;
+    plugin *devp, *modelp, *optp, *commp, *stratp, *quantp, *tpp;
     const ct_quantizer_api *qapi; /* NULL: no float8 */
     void *quant;
     const ct_comm_api *capi; /* NULL on one rank */
     void *comm;
-    const ct_strategy_api *sapi;
-    void *strat;
+    const ct_strategy_api *sapi, *tapi; /* data-parallel strategy, tensor-parallel strategy */
+    void *strat, *tstrat;
     ct_mesh_info mesh;
     int rank, world;
     const ct_device_api *d;

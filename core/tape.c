@@ -7,6 +7,7 @@
 #include "host.h"
 #include "runtime.h"
 #include "tape.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@ struct tape_entry {
     rt_tensor *in[3];
     rt_tensor *aux[2];
     float f;
+    int64_t i0, i1; /* embedding and loss over a vocabulary range: its first row/column, and 1 when ranged */
     tape_entry *prev;
 };
 
@@ -57,8 +59,11 @@ rt_tensor *tape_new_activation(runtime *rt, ct_dtype dt, int ndim, const int64_t
     return new_tensor(rt, rt->act, dt, ndim, shape);
 }
 
+/* A tensor of x's shape; row-wise ops keep x's token rows, so a sequence-parallel x stays so. */
 static rt_tensor *like(runtime *rt, const rt_tensor *x) {
-    return new_tensor(rt, rt->act, CT_F32, x->t.ndim, x->t.shape);
+    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, x->t.shape);
+    if (y) y->sp = x->sp;
+    return y;
 }
 
 static int record(runtime *rt, op_kind op, rt_tensor *out, rt_tensor *a, rt_tensor *b, rt_tensor *c,
@@ -69,8 +74,19 @@ static int record(runtime *rt, op_kind op, rt_tensor *out, rt_tensor *a, rt_tens
         ct_set_error("out of memory for the tape");
         return -1;
     }
-    *e = (tape_entry){op, out, {a, b, c}, {aux0, aux1}, f, rt->tail};
+    *e = (tape_entry){op, out, {a, b, c}, {aux0, aux1}, f, 0, 0, rt->tail};
     rt->tail = e;
+    return 0;
+}
+
+/* record() for an op over a vocabulary range (tensor parallel): begin and the ranged flag. */
+static int record_range(runtime *rt, op_kind op, rt_tensor *out, rt_tensor *a, rt_tensor *b, rt_tensor *aux0,
+                        int64_t begin) {
+    if (record(rt, op, out, a, b, NULL, aux0, NULL, 0)) return -1;
+    if (rt->recording) {
+        rt->tail->i0 = begin;
+        rt->tail->i1 = 1;
+    }
     return 0;
 }
 
@@ -90,16 +106,147 @@ void quant_note(runtime *rt, const char *name, int yes, const char *why) {
     else printf("float8: %s stays in high precision (%s)\n", name, why);
 }
 
-/* ---- ops ---- */
-static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
-    runtime *rt = RT(b);
-    rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt;
-    if (check_f32(xt, "linear", "x") || check_f32(wt, "linear", "w")) return NULL;
-    if (w->t.ndim != 2 || x->t.shape[x->t.ndim - 1] != w->t.shape[1]) {
-        ct_set_error("linear: x (..., %lld) does not match w (%lld, %lld)", (long long)x->t.shape[x->t.ndim - 1],
-                     (long long)w->t.shape[0], (long long)w->t.shape[w->t.ndim - 1]);
+/* ---- tensor parallel: collectives over the tp group ---- */
+
+/* The tp style of a parameter (CT_TP_NONE for activations, or without tensor parallel). */
+static int tp_style(const runtime *rt, const rt_tensor *w) {
+    const rt_tensor *owner = w->base ? w->base : w;
+    if (rt->tp.size <= 1 || owner->param <= 0) return CT_TP_NONE;
+    return rt->slots[owner->param - 1].tp_style;
+}
+
+static int tp_done(runtime *rt, ct_status st, double t0, const char *what) {
+    double dt = ct_now() - t0;
+    rt->tp.comm_seconds += dt;
+    rt->comm_seconds += dt;
+    rt->tp.collectives++;
+    trace_end("tp_comm");
+    if (st != CT_OK) {
+        if (!ct_last_error()[0]) ct_set_error("tensor parallel %s failed (status %d)", what, st);
+        rt->dist_status = st;
+        return -1;
+    }
+    return 0;
+}
+
+static int tp_all_gather(runtime *rt, const float *send, float *recv, int64_t count) {
+    trace_begin("tp_comm");
+    double t0 = ct_now();
+    ct_clear_error();
+    return tp_done(rt, rt->tp.capi->all_gather(rt->dist.comm, rt->tp.group, send, recv, count, CT_F32, NULL), t0,
+                   "all-gather");
+}
+
+static int tp_reduce_scatter(runtime *rt, const float *send, float *recv, int64_t count) {
+    trace_begin("tp_comm");
+    double t0 = ct_now();
+    ct_clear_error();
+    return tp_done(rt,
+                   rt->tp.capi->reduce_scatter(rt->dist.comm, rt->tp.group, send, recv, count, CT_F32, CT_REDUCE_SUM,
+                                               NULL),
+                   t0, "reduce-scatter");
+}
+
+static int tp_all_reduce(runtime *rt, const float *send, float *recv, int64_t count) {
+    trace_begin("tp_comm");
+    double t0 = ct_now();
+    ct_clear_error();
+    return tp_done(rt,
+                   rt->tp.capi->all_reduce(rt->dist.comm, rt->tp.group, send, recv, count, CT_F32, CT_REDUCE_SUM, NULL),
+                   t0, "all-reduce");
+}
+
+static int tp_wait(runtime *rt, void *req) {
+    trace_begin("tp_comm");
+    double t0 = ct_now();
+    ct_clear_error();
+    return tp_done(rt, rt->tp.capi->wait(rt->dist.comm, req), t0, "wait");
+}
+
+/* x's shape with its token-row dim (the one before the features) multiplied by num/den. */
+static int rows_shape(const rt_tensor *x, int64_t num, int64_t den, int64_t *shape) {
+    if (x->t.ndim < 2 || (x->t.shape[x->t.ndim - 2] * num) % den) {
+        ct_set_error("tensor parallel: (%d dims, %lld rows) cannot be split in %lld", x->t.ndim,
+                     x->t.ndim >= 2 ? (long long)x->t.shape[x->t.ndim - 2] : 0LL, (long long)den);
+        return -1;
+    }
+    memcpy(shape, x->t.shape, sizeof(int64_t) * CT_MAX_DIMS);
+    shape[x->t.ndim - 2] = x->t.shape[x->t.ndim - 2] * num / den;
+    return 0;
+}
+
+/* Every token row of x (sequence parallel): the all-gather, made once per x. */
+static rt_tensor *tp_gather_rows(runtime *rt, rt_tensor *x) {
+    if (x->gathered) return x->gathered;
+    int64_t shape[CT_MAX_DIMS];
+    if (rows_shape(x, rt->tp.size, 1, shape)) return NULL;
+    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
+    if (!y || tp_all_gather(rt, x->t.data, y->t.data, numel(x))) return NULL;
+    if (record(rt, OP_TP_GATHER_ROWS, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
+    x->gathered = y;
+    return y;
+}
+
+/* The sum over tp ranks of x's partial values, this rank keeping its 1/tp of the token rows. */
+static rt_tensor *tp_reduce_scatter_rows(runtime *rt, rt_tensor *x) {
+    int64_t shape[CT_MAX_DIMS];
+    if (rows_shape(x, 1, rt->tp.size, shape)) return NULL;
+    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
+    if (!y || tp_reduce_scatter(rt, x->t.data, y->t.data, numel(y))) return NULL;
+    y->sp = 1;
+    if (record(rt, OP_TP_REDUCE_SCATTER_ROWS, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
+    return y;
+}
+
+/* Megatron's f: the same values, whose gradient is summed over tp ranks in backward. Made once per x. */
+static rt_tensor *tp_copy(runtime *rt, rt_tensor *x) {
+    if (x->gathered) return x->gathered;
+    rt_tensor *y = pool_alloc(&rt->act->desc, sizeof *y);
+    if (!y) return NULL;
+    memset(y, 0, sizeof *y);
+    y->t = x->t; /* shares the data, has its own gradient */
+    y->t.grad = NULL;
+    y->t.flags = 0;
+    if (record(rt, OP_TP_COPY, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
+    x->gathered = y;
+    return y;
+}
+
+/* Megatron's g: the sum over tp ranks of x's partial values. */
+static rt_tensor *tp_all_reduce_op(runtime *rt, rt_tensor *x) {
+    rt_tensor *y = like(rt, x);
+    if (!y || tp_all_reduce(rt, x->t.data, y->t.data, numel(x))) return NULL;
+    if (record(rt, OP_TP_ALL_REDUCE, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
+    return y;
+}
+
+/* Vocabulary-sharded logits (n, v) -> every column (n, V), for a loss that is not loss parallel. */
+static rt_tensor *tp_gather_cols(runtime *rt, rt_tensor *x) {
+    const ct_device_api *d = DEV(rt);
+    if (!CT_HAS_FIELD(d, ct_device_api, copy_2d) || !d->copy_2d) {
+        ct_set_error("tensor parallel: device lacks copy_2d (ABI 1.3), needed to gather logits without loss parallel");
         return NULL;
     }
+    int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v, tp = rt->tp.size, shape[CT_MAX_DIMS];
+    memcpy(shape, x->t.shape, sizeof shape);
+    shape[x->t.ndim - 1] = v * tp;
+    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
+    pool_mark m = pool_get_mark(&rt->scratch.data);
+    float *all = pool_alloc(&rt->scratch.data, sizeof(float) * (size_t)(n * v * tp));
+    if (!y || !all || tp_all_gather(rt, x->t.data, all, n * v)) return NULL;
+    for (int64_t p = 0; p < tp; p++)
+        CALL(rt, d->copy_2d(rt->dev, (float *)y->t.data + p * v, v * tp, all + p * n * v, v, n, v));
+    pool_release(&rt->scratch.data, m);
+    if (record_range(rt, OP_TP_GATHER_COLS, y, x, NULL, NULL, x->col_begin)) return NULL;
+    return y;
+}
+
+rt_tensor *tape_tp_gather_cols(runtime *rt, rt_tensor *logits) { return tp_gather_cols(rt, logits); }
+
+/* ---- ops ---- */
+
+/* y = x w^T on this rank's operands (the quantizer's GEMMs when it converts w). */
+static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
     int64_t in = w->t.shape[1], outf = w->t.shape[0], n = numel(x) / in;
     int64_t shape[CT_MAX_DIMS];
     memcpy(shape, x->t.shape, sizeof shape);
@@ -117,7 +264,148 @@ static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
     if (quant) CALL(rt, rt->qapi->forward(rt->quant, y->t.data, x->t.data, w->t.data, n, outf, in));
     else CALL(rt, DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f));
     if (record(rt, OP_LINEAR, y, x, w, NULL, NULL, NULL, (float)quant)) return NULL;
-    return &y->t;
+    return y;
+}
+
+static int converted(const runtime *rt, const rt_tensor *w) {
+    const rt_tensor *owner = w->base ? w->base : w;
+    return rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED);
+}
+
+/* Async TP, column-wise: the all-gather of x's rows in chunks, each chunk's matmul overlapping the
+ * gather of the next. Records the same two entries as the plain path (gather, then linear). */
+static rt_tensor *gather_linear_async(runtime *rt, rt_tensor *x, rt_tensor *w) {
+    const ct_device_api *d = DEV(rt);
+    int64_t in = w->t.shape[1], outf = w->t.shape[0], nl = numel(x) / in, tp = rt->tp.size, shape[CT_MAX_DIMS];
+    int64_t chunks = rt->tp.async_chunks < nl ? rt->tp.async_chunks : nl, rc = (nl + chunks - 1) / chunks;
+    chunks = (nl + rc - 1) / rc;
+    if (rows_shape(x, tp, 1, shape)) return NULL;
+    rt_tensor *X = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
+    shape[x->t.ndim - 1] = outf;
+    rt_tensor *Y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
+    pool_mark m = pool_get_mark(&rt->scratch.data);
+    float *buf[2] = {pool_alloc(&rt->scratch.data, sizeof(float) * (size_t)(tp * rc * in)),
+                     pool_alloc(&rt->scratch.data, sizeof(float) * (size_t)(tp * rc * in))};
+    if (!X || !Y || !buf[0] || !buf[1]) return NULL;
+    float *xd = x->t.data, *Xd = X->t.data, *Yd = Y->t.data;
+    void *req[2] = {NULL, NULL};
+    ct_clear_error();
+    int64_t cnt0 = rc < nl ? rc : nl;
+    if (rt->tp.capi->all_gather(rt->dist.comm, rt->tp.group, xd, buf[0], cnt0 * in, CT_F32, &req[0]) != CT_OK)
+        return NULL;
+    for (int64_t i = 0; i < chunks; i++) {
+        int64_t r0 = i * rc, cnt = nl - r0 < rc ? nl - r0 : rc;
+        if (i + 1 < chunks) { /* the next chunk's gather runs while this one multiplies */
+            int64_t r1 = (i + 1) * rc, c1 = nl - r1 < rc ? nl - r1 : rc;
+            if (rt->tp.capi->all_gather(rt->dist.comm, rt->tp.group, xd + r1 * in, buf[(i + 1) % 2], c1 * in, CT_F32,
+                                        &req[(i + 1) % 2]) != CT_OK)
+                return NULL;
+        }
+        if (tp_wait(rt, req[i % 2])) return NULL;
+        for (int64_t p = 0; p < tp; p++) {
+            int64_t row = p * nl + r0;
+            CALL(rt, d->copy(rt->dev, Xd + row * in, buf[i % 2] + p * cnt * in, sizeof(float) * (size_t)(cnt * in),
+                             CT_COPY_D2D));
+            CALL(rt, d->matmul(rt->dev, Yd + row * outf, Xd + row * in, w->t.data, cnt, outf, in, 0, 1, 1.0f, 0.0f));
+        }
+    }
+    pool_release(&rt->scratch.data, m);
+    if (record(rt, OP_TP_GATHER_ROWS, X, x, NULL, NULL, NULL, NULL, 0) ||
+        record(rt, OP_LINEAR, Y, X, w, NULL, NULL, NULL, 0))
+        return NULL;
+    x->gathered = X;
+    return Y;
+}
+
+/* Async TP, row-wise: the matmul in chunks of every rank's token rows, each chunk's reduce-scatter
+ * overlapping the next chunk's matmul. The linear's output tensor holds the partial sums in send
+ * order (only its gradient is used later); records the same entries as the plain path. */
+static rt_tensor *linear_reduce_scatter_async(runtime *rt, rt_tensor *x, rt_tensor *w) {
+    const ct_device_api *d = DEV(rt);
+    int64_t in = w->t.shape[1], outf = w->t.shape[0], n = numel(x) / in, tp = rt->tp.size, shape[CT_MAX_DIMS];
+    if (n % tp) {
+        ct_set_error("async tensor parallel: %lld token rows do not split in %lld", (long long)n, (long long)tp);
+        return NULL;
+    }
+    int64_t nl = n / tp, chunks = rt->tp.async_chunks < nl ? rt->tp.async_chunks : nl, rc = (nl + chunks - 1) / chunks;
+    chunks = (nl + rc - 1) / rc;
+    memcpy(shape, x->t.shape, sizeof shape);
+    shape[x->t.ndim - 1] = outf;
+    rt_tensor *P = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape); /* partial sums, chunk-major */
+    if (!P) return NULL;
+    rt_tensor tmp = *P;
+    int64_t oshape[CT_MAX_DIMS];
+    if (rows_shape(&tmp, 1, tp, oshape)) return NULL;
+    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, oshape);
+    void **req = calloc((size_t)chunks, sizeof(void *));
+    if (!y || !req) {
+        free(req);
+        return NULL;
+    }
+    float *xd = x->t.data, *Pd = P->t.data, *yd = y->t.data;
+    int bad = 0;
+    int64_t posted = 0;
+    for (int64_t i = 0; i < chunks && !bad; i++) {
+        int64_t r0 = i * rc, cnt = nl - r0 < rc ? nl - r0 : rc;
+        float *send = Pd + tp * r0 * outf; /* chunk i: (tp, cnt, out), block p for rank p */
+        for (int64_t p = 0; p < tp && !bad; p++)
+            bad = d->matmul(rt->dev, send + p * cnt * outf, xd + (p * nl + r0) * in, w->t.data, cnt, outf, in, 0, 1,
+                            1.0f, 0.0f) != CT_OK;
+        ct_clear_error();
+        if (!bad)
+            bad = rt->tp.capi->reduce_scatter(rt->dist.comm, rt->tp.group, send, yd + r0 * outf, cnt * outf, CT_F32,
+                                              CT_REDUCE_SUM, &req[i]) != CT_OK;
+        if (!bad) posted = i + 1;
+    }
+    for (int64_t i = 0; i < posted; i++) bad |= tp_wait(rt, req[i]) != 0;
+    free(req);
+    if (bad) {
+        if (!ct_last_error()[0]) ct_set_error("async tensor parallel: matmul/reduce-scatter failed");
+        return NULL;
+    }
+    y->sp = 1;
+    if (record(rt, OP_LINEAR, P, x, w, NULL, NULL, NULL, 0) ||
+        record(rt, OP_TP_REDUCE_SCATTER_ROWS, y, P, NULL, NULL, NULL, NULL, 0))
+        return NULL;
+    return y;
+}
+
+static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt, *y;
+    if (check_f32(xt, "linear", "x") || check_f32(wt, "linear", "w")) return NULL;
+    if (w->t.ndim != 2 || x->t.shape[x->t.ndim - 1] != w->t.shape[1]) {
+        ct_set_error("linear: x (..., %lld) does not match w (%lld, %lld)", (long long)x->t.shape[x->t.ndim - 1],
+                     (long long)w->t.shape[0], (long long)w->t.shape[w->t.ndim - 1]);
+        return NULL;
+    }
+    int style = tp_style(rt, w), async = rt->tp.async_chunks > 0 && !converted(rt, w);
+    switch (style) {
+    case CT_TP_COLWISE:
+    case CT_TP_OUTPUT_COLWISE:
+        /* every token row in; this rank's output features out */
+        if (x->sp && async && !x->gathered) y = gather_linear_async(rt, x, w);
+        else {
+            rt_tensor *xf = x->sp ? tp_gather_rows(rt, x) : tp_copy(rt, x);
+            y = xf ? linear_plain(rt, xf, w) : NULL;
+        }
+        if (!y || style == CT_TP_COLWISE) break;
+        y->col_begin = w->t.shape[0] * rt->tp.rank; /* vocabulary-sharded logits */
+        y->col_full = w->t.shape[0] * rt->tp.size;
+        if (!rt->tp.loss_parallel) y = tp_gather_cols(rt, y);
+        break;
+    case CT_TP_ROWWISE:
+        /* partial sums over this rank's input features: reduced (and scattered on rows under SP) */
+        if (rt->tp.sequence_parallel && async) {
+            y = linear_reduce_scatter_async(rt, x, w);
+            break;
+        }
+        y = linear_plain(rt, x, w);
+        if (y) y = rt->tp.sequence_parallel ? tp_reduce_scatter_rows(rt, y) : tp_all_reduce_op(rt, y);
+        break;
+    default: y = linear_plain(rt, x, w); break;
+    }
+    return y ? &y->t : NULL;
 }
 
 static ct_tensor *op_bias(ct_builder *b, ct_tensor *xt, ct_tensor *bt) {
@@ -149,6 +437,20 @@ static ct_tensor *op_embedding(ct_builder *b, const ct_tensor *idst, ct_tensor *
     shape[ids->t.ndim] = table->t.shape[1];
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, ids->t.ndim + 1, shape);
     if (!y) return NULL;
+    if (tp_style(rt, table) == CT_TP_EMBED_ROWWISE) { /* this rank's vocabulary rows; the rest are summed in */
+        const ct_device_api *d = DEV(rt);
+        if (!CT_HAS_FIELD(d, ct_device_api, embedding_backward_range) || !d->embedding_forward_range ||
+            !d->embedding_backward_range) {
+            ct_set_error("tensor parallel: device lacks the ranged embedding ops (ABI 1.3)");
+            return NULL;
+        }
+        int64_t rows = table->t.shape[0], begin = rows * rt->tp.rank;
+        CALL(rt, d->embedding_forward_range(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
+                                            table->t.shape[1], begin, rows));
+        if (record_range(rt, OP_EMBEDDING, y, ids, table, NULL, begin)) return NULL;
+        y = rt->tp.sequence_parallel ? tp_reduce_scatter_rows(rt, y) : tp_all_reduce_op(rt, y);
+        return y ? &y->t : NULL;
+    }
     CALL(rt, DEV(rt)->embedding_forward(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
                                         table->t.shape[1], table->t.shape[0]));
     if (record(rt, OP_EMBEDDING, y, ids, table, NULL, NULL, NULL, 0)) return NULL;
@@ -287,9 +589,64 @@ static ct_tensor *op_view(ct_builder *b, ct_tensor *xt, int ndim, const int64_t 
     memset(v->t.shape, 0, sizeof v->t.shape);
     for (int i = 0; i < ndim; i++) v->t.shape[i] = shape[i];
     v->base = x->base ? x->base : x;
+    v->gathered = NULL;
     v->t.grad = NULL;
     v->t.flags = 0;
     return &v->t;
+}
+
+/* Loss parallel: cross entropy on vocabulary-sharded logits. Each rank's per-row (max, sum of exp,
+ * target logit) are gathered and merged into the full row's logsumexp; the logits never move. */
+static rt_tensor *cross_entropy_sharded(runtime *rt, rt_tensor *logits, rt_tensor *targets, rt_tensor *y) {
+    const ct_device_api *d = DEV(rt);
+    if (!CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_lse) || !d->cross_entropy_stats ||
+        !d->cross_entropy_backward_lse) {
+        ct_set_error("loss parallel: device lacks cross_entropy_stats (ABI 1.3); set parallelism.disable_loss_parallel");
+        return NULL;
+    }
+    int64_t v = logits->t.shape[logits->t.ndim - 1], n = numel(logits) / v, tp = rt->tp.size, three = 3 * n;
+    rt_tensor *stats = new_tensor(rt, rt->act, CT_F32, 1, &three), *lse = new_tensor(rt, rt->act, CT_F32, 1, &n);
+    pool_mark m = pool_get_mark(&rt->scratch.data);
+    float *all = pool_alloc(&rt->scratch.data, sizeof(float) * (size_t)(3 * n * tp));
+    float *host = malloc(sizeof(float) * (size_t)(3 * n * tp + n + 1));
+    int32_t *tg = malloc(sizeof(int32_t) * (size_t)(n + 1));
+    double sum = 0;
+    int bad = !stats || !lse || !all || !host || !tg;
+    ct_clear_error();
+    bad = bad || d->cross_entropy_stats(rt->dev, stats->t.data, logits->t.data, targets->t.data, n, v, logits->col_begin,
+                                        CT_IGNORE_INDEX) != CT_OK;
+    bad = bad || tp_all_gather(rt, stats->t.data, all, 3 * n);
+    bad = bad || d->copy(rt->dev, host, all, sizeof(float) * (size_t)(3 * n * tp), CT_COPY_D2H) != CT_OK ||
+          d->copy(rt->dev, tg, targets->t.data, sizeof(int32_t) * (size_t)n, CT_COPY_D2H) != CT_OK;
+    float *l = host + 3 * n * tp;
+    for (int64_t i = 0; i < n && !bad; i++) {
+        double mx = -INFINITY, s = 0, t = 0;
+        for (int64_t p = 0; p < tp; p++) mx = fmax(mx, host[(p * n + i) * 3]);
+        for (int64_t p = 0; p < tp; p++) {
+            const float *st = host + (p * n + i) * 3;
+            s += st[1] * exp(st[0] - mx);
+            t += st[2];
+        }
+        l[i] = (float)(mx + log(s));
+        if (tg[i] == CT_IGNORE_INDEX) continue;
+        if (tg[i] < 0 || tg[i] >= logits->col_full) {
+            ct_set_error("cross_entropy: target %d outside the vocabulary [0, %lld)", tg[i], (long long)logits->col_full);
+            bad = 1;
+            break;
+        }
+        sum += (double)l[i] - t;
+    }
+    float fsum = (float)sum;
+    bad = bad || d->copy(rt->dev, lse->t.data, l, sizeof(float) * (size_t)n, CT_COPY_H2D) != CT_OK ||
+          d->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D) != CT_OK;
+    free(host);
+    free(tg);
+    if (all) pool_release(&rt->scratch.data, m);
+    if (bad || record_range(rt, OP_CROSS_ENTROPY, y, logits, targets, lse, logits->col_begin)) {
+        if (!ct_last_error()[0]) ct_set_error("loss parallel: cross entropy failed");
+        return NULL;
+    }
+    return y;
 }
 
 static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor *tt) {
@@ -301,9 +658,11 @@ static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor
         ct_set_error("cross_entropy: targets must be int32 with one value per row of logits");
         return NULL;
     }
-    rt_tensor *losses = new_tensor(rt, rt->act, CT_F32, 1, &n);
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, 0, NULL);
-    if (!losses || !y) return NULL;
+    if (!y) return NULL;
+    if (logits->col_full > 0) return (y = cross_entropy_sharded(rt, logits, targets, y)) ? &y->t : NULL;
+    rt_tensor *losses = new_tensor(rt, rt->act, CT_F32, 1, &n);
+    if (!losses) return NULL;
     CALL(rt, DEV(rt)->cross_entropy_forward(rt->dev, losses->t.data, logits->t.data, targets->t.data, n, v,
                                             CT_IGNORE_INDEX));
     double sum = 0;
@@ -387,6 +746,35 @@ static const float *grad_if_any(const rt_tensor *t) {
     } while (0)
 #define G(t) ({ float *g_ = grad_of(rt, (t)); if (!g_) return -1; g_; })
 
+/* The conjugate collective of a tensor-parallel op: its input's gradient += f(dy). */
+static int tp_backward(runtime *rt, tape_entry *e, const float *dy) {
+    const ct_device_api *d = DEV(rt);
+    rt_tensor *x = e->in[0];
+    int64_t nx = numel(x);
+    float *gx = grad_of(rt, x);
+    if (!gx) return -1;
+    if (e->op == OP_TP_ALL_REDUCE) return d->axpy(rt->dev, gx, dy, 1.0f, nx) == CT_OK ? 0 : -1;
+    pool_mark m = pool_get_mark(&rt->grads.data);
+    float *tmp = pool_alloc(&rt->grads.data, sizeof(float) * (size_t)nx);
+    if (!tmp) {
+        ct_set_error("out of memory for activation gradients");
+        return -1;
+    }
+    int bad = 0;
+    switch (e->op) {
+    case OP_TP_GATHER_ROWS: bad = tp_reduce_scatter(rt, dy, tmp, nx); break;
+    case OP_TP_REDUCE_SCATTER_ROWS: bad = tp_all_gather(rt, dy, tmp, numel(e->out)); break;
+    case OP_TP_COPY: bad = tp_all_reduce(rt, dy, tmp, nx); break;
+    default: { /* OP_TP_GATHER_COLS: this rank's columns of dy */
+        int64_t v = x->t.shape[x->t.ndim - 1], n = nx / v;
+        bad = d->copy_2d(rt->dev, tmp, v, dy + e->i0, v * rt->tp.size, n, v) != CT_OK;
+    }
+    }
+    bad = bad || d->axpy(rt->dev, gx, tmp, 1.0f, nx) != CT_OK;
+    pool_release(&rt->grads.data, m);
+    return bad ? -1 : 0;
+}
+
 static int entry_backward(runtime *rt, tape_entry *e, int halves) {
     const float *dy = grad_if_any(e->out);
     if (!dy) return 0; /* nothing flowed into this op */
@@ -413,7 +801,10 @@ static int entry_backward(runtime *rt, tape_entry *e, int halves) {
         break;
     }
     case OP_EMBEDDING:
-        if (wt) BCALL(d->embedding_backward(dev, G(w), x->t.data, dy, numel(x), w->t.shape[1], w->t.shape[0]));
+        if (wt && e->i1)
+            BCALL(d->embedding_backward_range(dev, G(w), x->t.data, dy, numel(x), w->t.shape[1], e->i0, w->t.shape[0]));
+        else if (wt)
+            BCALL(d->embedding_backward(dev, G(w), x->t.data, dy, numel(x), w->t.shape[1], w->t.shape[0]));
         break;
     case OP_RMSNORM: {
         int64_t c = numel(w), n = numel(x) / c;
@@ -462,9 +853,20 @@ static int entry_backward(runtime *rt, tape_entry *e, int halves) {
         float dloss;
         BCALL(d->copy(dev, &dloss, dy, sizeof dloss, CT_COPY_D2H));
         int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
-        BCALL(d->cross_entropy_backward(dev, G(x), x->t.data, w->t.data, dloss, n, v, CT_IGNORE_INDEX));
+        if (e->i1)
+            BCALL(d->cross_entropy_backward_lse(dev, G(x), x->t.data, w->t.data, e->aux[0]->t.data, dloss, n, v, e->i0,
+                                                CT_IGNORE_INDEX));
+        else
+            BCALL(d->cross_entropy_backward(dev, G(x), x->t.data, w->t.data, dloss, n, v, CT_IGNORE_INDEX));
         break;
     }
+    case OP_TP_GATHER_ROWS:
+    case OP_TP_REDUCE_SCATTER_ROWS:
+    case OP_TP_COPY:
+    case OP_TP_ALL_REDUCE:
+    case OP_TP_GATHER_COLS:
+        if (in && tp_backward(rt, e, dy)) return -1;
+        break;
     }
     return 0;
 }

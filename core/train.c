@@ -91,6 +91,7 @@ static int train_loop(session *s, manifest *mf) {
         return EXIT_BAD_INPUT;
     }
     int64_t G_local = G / dp, accum = G_local / L; /* this rank's slice of the global batch */
+    int64_t non_dp = s->world / dp > 0 ? s->world / dp : 1; /* ranks that share one data-parallel rank's batch */
     lr_schedule sched;
     if (lr_setup(mf, steps, &sched)) return EXIT_BAD_INPUT;
     if (mf_get_str(mf, "training.dataset_path", &dataset)) {
@@ -166,7 +167,7 @@ static int train_loop(session *s, manifest *mf) {
             comm_time_sum += s->rt.comm_seconds - comm_before;
             timed_steps++;
         }
-        tokens_since += G_local * T; /* per device */
+        tokens_since += G_local * T / non_dp; /* per device: tp (and pp, cp) ranks share a dp rank's tokens */
         if (step == 1 || step % log_freq == 0 || step == steps) {
             double elapsed = ct_now() - t_log;
             double tps = (double)tokens_since / elapsed;
@@ -195,7 +196,7 @@ static int train_loop(session *s, manifest *mf) {
         if (ckpt_step(s, &ck, step, steps)) goto runfail;
     }
     if (timed_steps > 0) {
-        double tps = (double)(G_local * T) * (double)timed_steps / step_time_sum;
+        double tps = (double)(G_local * T / non_dp) * (double)timed_steps / step_time_sum;
         double gflops = s->rt.desc.flops_per_token * tps / 1e9;
         printf("summary: %lld steps after the first %lld: %.0f tokens/s, %.2f GFLOP/s achieved, %.2f GFLOP/s measured %s "
                "matmul peak, ratio %.3f, peak memory %.3f GiB (activations live peak %.3f GiB)\n",

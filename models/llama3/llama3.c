@@ -218,9 +218,10 @@ static const char *llama_unit_name(void *p, int unit) {
         if (!(x)) return CT_ERR_INVALID;        \
     } while (0)
 
-/* x (B, T, D) -> x + attention(norm(x)) -> x + feed_forward(norm(x)) */
+/* x (B, T, D) -> x + attention(norm(x)) -> x + feed_forward(norm(x)).
+ * Batch and sequence come from q, not x: under sequence parallel x holds a slice of the rows. */
 static ct_status block_forward(llama *m, const layer *L, ct_builder *b, ct_tensor *x, ct_tensor **out) {
-    int64_t B = x->shape[0], T = x->shape[1], hd = m->head_dim;
+    int64_t B, T, hd = m->head_dim;
     float eps = (float)m->norm_eps, theta = (float)m->rope_theta;
     int64_t nh = L->wq->shape[0] / hd, nkv = L->wk->shape[0] / hd; /* heads from shapes, not from flavor */
     ct_tensor *h, *q, *k, *v, *o;
@@ -228,6 +229,8 @@ static ct_status block_forward(llama *m, const layer *L, ct_builder *b, ct_tenso
     TRY(q = b->linear(b, h, L->wq));
     TRY(k = b->linear(b, h, L->wk));
     TRY(v = b->linear(b, h, L->wv));
+    B = q->shape[0];
+    T = q->shape[1];
     TRY(q = b->view(b, q, 4, (int64_t[]){B, T, nh, hd})); /* q is (B, T, NH, HD) */
     TRY(k = b->view(b, k, 4, (int64_t[]){B, T, nkv, hd})); /* k, v are (B, T, NKV, HD) */
     TRY(v = b->view(b, v, 4, (int64_t[]){B, T, nkv, hd}));
@@ -270,6 +273,23 @@ static ct_status llama_unit_forward(void *p, int unit, ct_builder *b, ct_tensor 
     return CT_ERR_INVALID;
 }
 
+/* torchtitan's apply_tp plan for Llama, as data */
+static const ct_tp_rule tp_plan[] = {
+    {"tok_embeddings.weight", CT_TP_EMBED_ROWWISE},
+    {"layers.*.attention_norm.weight", CT_TP_SEQUENCE_PARALLEL},
+    {"layers.*.attention.wq.weight", CT_TP_COLWISE},
+    {"layers.*.attention.wk.weight", CT_TP_COLWISE},
+    {"layers.*.attention.wv.weight", CT_TP_COLWISE},
+    {"layers.*.attention.wo.weight", CT_TP_ROWWISE},
+    {"layers.*.ffn_norm.weight", CT_TP_SEQUENCE_PARALLEL},
+    {"layers.*.feed_forward.w1.weight", CT_TP_COLWISE},
+    {"layers.*.feed_forward.w2.weight", CT_TP_ROWWISE},
+    {"layers.*.feed_forward.w3.weight", CT_TP_COLWISE},
+    {"norm.weight", CT_TP_SEQUENCE_PARALLEL},
+    {"output.weight", CT_TP_OUTPUT_COLWISE},
+    {NULL, CT_TP_NONE},
+};
+
 static const ct_model_api api = {
     .struct_size = sizeof(ct_model_api),
     .flavors = flavor_names,
@@ -279,6 +299,7 @@ static const ct_model_api api = {
     .declare_params = llama_declare,
     .unit_name = llama_unit_name,
     .unit_forward = llama_unit_forward,
+    .tp_plan = tp_plan,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Layout errors stop every rank at start-up with one clear line, before any work: degrees that do
 # not multiply to the world size, a global batch the data-parallel ranks cannot split, axes that are
-# not available yet, and a bad reshard policy.
+# not available yet, a tp degree that does not divide the kv heads, and a bad reshard policy.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -26,8 +26,8 @@ expect "degrees exceed the world" 2 "data_parallel_shard_degree.* = 4 ranks, but
 expect "-1 cannot divide" 2 "does not divide|do not divide" -- --parallelism.data_parallel_replicate_degree=3
 expect "batch does not split" 2 "global_batch_size.*multiple of local_batch_size x 2" -- \
   --parallelism.data_parallel_shard_degree=2 --training.local_batch_size=4 --training.global_batch_size=6
-expect "tensor parallel not yet" 2 "tp parallelism is not available yet" -- --parallelism.tensor_parallel_degree=2 \
-  --parallelism.data_parallel_shard_degree=1
+expect "tp must divide kv heads" 2 "tensor_parallel_degree 2 must divide the kv heads \\(1\\)" -- \
+  --parallelism.tensor_parallel_degree=2 --parallelism.data_parallel_shard_degree=1 --model.n_kv_heads=1
 expect "bad reshard policy" 2 "fsdp_reshard_after_forward: expected default, always or never" -- \
   --parallelism.data_parallel_shard_degree=2 --parallelism.fsdp_reshard_after_forward=sometimes
 exit $fails

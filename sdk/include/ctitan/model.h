@@ -100,6 +100,25 @@ typedef struct ct_model_desc {
     double rope_theta, norm_eps;
 } ct_model_desc;
 
+/* ABI 1.3: the tensor-parallel plan, as data (torchtitan's parallelize plan). A strategy that splits
+ * parameters over the tp axis reads it; the host runs the collectives each style implies around the
+ * linear, embedding and loss ops, so the pack's forward stays single-device. With sequence parallel the
+ * residual stream between blocks holds 1/tp of the token rows on each rank; the pack must then take
+ * the sequence length from a column-wise linear's OUTPUT (which holds every row), not from x. */
+typedef enum ct_tp_style {
+    CT_TP_NONE = 0,
+    CT_TP_COLWISE = 1,        /* w (out, in) split on dim 0; input gathered (every token row), output sharded on features */
+    CT_TP_ROWWISE = 2,        /* w (out, in) split on dim 1; input sharded on features, output reduced (scattered on rows under SP) */
+    CT_TP_EMBED_ROWWISE = 3,  /* embedding table (vocab, dim) split on dim 0; output reduced (scattered on rows under SP) */
+    CT_TP_OUTPUT_COLWISE = 4, /* the output layer (vocab, dim) split on dim 0; vocabulary-sharded logits (loss parallel) */
+    CT_TP_SEQUENCE_PARALLEL = 5 /* a norm weight: replicated; under SP it sees 1/tp of the rows, so its gradient is summed over tp */
+} ct_tp_style;
+
+typedef struct ct_tp_rule {
+    const char *pattern; /* a parameter name; '*' matches any run of characters ("layers.*.attention.wq.weight") */
+    ct_tp_style style;
+} ct_tp_rule;
+
 typedef struct ct_model_api {
     size_t struct_size;
     const char *const *flavors; /* NULL-terminated list of flavor names */
@@ -119,6 +138,10 @@ typedef struct ct_model_api {
      * *out receives the unit's output tensor. */
     ct_status (*unit_forward)(void *model, int unit, ct_builder *b, ct_tensor *x,
                               const ct_tensor *tokens, const ct_tensor *targets, ct_tensor **out);
+    /* ABI 1.3, optional: the tensor-parallel plan, ended by a rule whose pattern is NULL; the first rule
+     * matching a parameter's name gives its style; a parameter no rule matches is replicated. NULL: the
+     * pack cannot be split over tp. */
+    const ct_tp_rule *tp_plan;
 } ct_model_api;
 
 #endif

@@ -4,6 +4,10 @@
  * gathers a unit's parameters before its forward and reduce-scatters their gradients after its
  * backward; DDP all-reduces gradients. The model never knows.
  *
+ * Strategies compose: with tensor parallel and a data-parallel strategy both active, the host calls
+ * tp's place() first, then the data-parallel one's on the tp-local blocks; every hook runs in that
+ * order, finish_backward in the reverse one.
+ *
  * Life of a run:
  *   create(env)  -> place(slots)          : the strategy sets each slot's local size and offset
  *   host allocates local storage (parameter shard, its gradient, optimizer states) and initialises
@@ -26,6 +30,7 @@
 #include "ctitan/comm.h"
 #include "ctitan/device.h"
 #include "ctitan/host.h"
+#include "ctitan/model.h"
 #include "ctitan/tensor.h"
 
 /* Mesh axes in torchtitan's order; tp varies fastest over ranks. */
@@ -59,6 +64,10 @@ typedef struct ct_strategy_env {
     /* ABI 1.2: gather the weights the quantizer converts (CT_TENSOR_QUANTIZED) as e4m3 with tensor-wide
      * scales from one all-reduced amax (torchao's float8 all-gather for FSDP) */
     int fp8_all_gather;
+    /* ABI 1.3: tensor parallel. The model pack's plan (NULL: none), and whether the residual stream is
+     * sharded on token rows between tp ranks (parallelism.enable_sequence_parallel). */
+    const ct_tp_rule *tp_plan;
+    int sequence_parallel;
 } ct_strategy_env;
 
 /* Placement of one parameter on this rank. */
@@ -77,6 +86,13 @@ typedef struct ct_param_slot {
     int64_t offset;       /* first element of the flattened full parameter this rank stores */
     /* set by the host before setup(): the local storage */
     float *local_data, *local_grad;
+    /* ABI 1.3: tensor parallel, set by a tp strategy's place(), which runs before a data-parallel
+     * strategy's. The model computes with block tp_index of tp_parts along dim tp_dim of the global
+     * parameter (tp_dim -1: whole): param->shape is that block's shape and `numel` its size, which a
+     * data-parallel strategy then shards; global_shape is the whole parameter's (the host fills it). */
+    int tp_style; /* ct_tp_style */
+    int tp_dim, tp_parts, tp_index;
+    int64_t global_shape[CT_MAX_DIMS];
 } ct_param_slot;
 
 typedef struct ct_strategy_api {
