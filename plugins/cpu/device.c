@@ -3,9 +3,10 @@
  *
  * Each op checks its arguments here, reports bad ones through host->set_error, and hands the
  * work to the f32 kernels (kernels_impl.h instanced by kernels_f32.c, and kernels_fp8.c for the
- * float8 ops of ABI 1.2). Memory is plain host
- * memory: the host does the accounting, copies are memcpy, and every op has finished when it
- * returns, so synchronize has nothing to wait for.
+ * float8 ops of ABI 1.2). The ABI 1.3 ops (vocabulary-sharded embedding and cross-entropy,
+ * copy_2d) are kernels_impl.h's too. Memory is plain host memory: the host does the accounting,
+ * copies are memcpy, and every op has finished when it returns, so synchronize has nothing to
+ * wait for.
  *
  * Threads: option `threads` (0 = one per available core) sets both OpenMP and OpenBLAS. Every op
  * sets the OpenMP thread count of the calling thread again, so ops called from another host
@@ -809,6 +810,100 @@ static ct_status cpu_transpose(void *dev, float *dst, const float *src, int64_t 
     return CT_OK;
 }
 
+/* ---------------------------------------------------------------- tensor parallel (ABI 1.3) */
+
+/* A vocabulary shard starts at begin >= 0 (the kernels subtract it from int32 ids). */
+#define CPU_REQUIRE_BEGIN(begin)                                                                   \
+    CPU_REQUIRE((begin) >= 0, "begin %lld, expected >= 0 (a vocabulary offset)", (long long)(begin))
+
+static ct_status cpu_embedding_forward_range(void *dev, float *out, const int32_t *ids,
+                                             const float *table, int64_t n, int64_t c,
+                                             int64_t begin, int64_t rows)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0 && c >= 0 && rows >= 0, "negative shape n=%lld c=%lld rows=%lld",
+                (long long)n, (long long)c, (long long)rows);
+    CPU_REQUIRE_BEGIN(begin);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CPU_REQUIRE(out && ids && (rows == 0 || table), "null pointer");
+    cpu_enter(d);
+    embedding_forward_range_f32(out, ids, table, n, c, begin, rows);
+    return CT_OK;
+}
+
+static ct_status cpu_embedding_backward_range(void *dev, float *dtable, const int32_t *ids,
+                                              const float *dout, int64_t n, int64_t c,
+                                              int64_t begin, int64_t rows)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0 && c >= 0 && rows >= 0, "negative shape n=%lld c=%lld rows=%lld",
+                (long long)n, (long long)c, (long long)rows);
+    CPU_REQUIRE_BEGIN(begin);
+    if (n == 0 || c == 0 || rows == 0)
+        return CT_OK;
+    CPU_REQUIRE(dtable && ids && dout, "null pointer");
+    cpu_enter(d);
+    embedding_backward_range_f32(dtable, ids, dout, n, c, begin, rows);
+    return CT_OK;
+}
+
+/* Targets are not checked: an id outside this shard's columns is simply not here. */
+static ct_status cpu_cross_entropy_stats(void *dev, float *stats, const float *logits,
+                                         const int32_t *targets, int64_t n, int64_t v,
+                                         int64_t begin, int32_t ignore_index)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0 && v >= 0, "negative shape n=%lld v=%lld", (long long)n, (long long)v);
+    CPU_REQUIRE_BEGIN(begin);
+    if (n == 0)
+        return CT_OK;
+    CPU_REQUIRE(stats && targets && (v == 0 || logits), "null pointer");
+    cpu_enter(d);
+    cross_entropy_stats_f32(stats, logits, targets, n, v, begin, ignore_index);
+    return CT_OK;
+}
+
+static ct_status cpu_cross_entropy_backward_lse(void *dev, float *dlogits, const float *logits,
+                                                const int32_t *targets, const float *lse,
+                                                float dloss, int64_t n, int64_t v, int64_t begin,
+                                                int32_t ignore_index)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0 && v >= 0, "negative shape n=%lld v=%lld", (long long)n, (long long)v);
+    CPU_REQUIRE_BEGIN(begin);
+    if (n == 0 || v == 0)
+        return CT_OK;
+    CPU_REQUIRE(dlogits && logits && targets && lse, "null pointer");
+    cpu_enter(d);
+    cross_entropy_backward_lse_f32(dlogits, logits, targets, lse, dloss, n, v, begin,
+                                   ignore_index);
+    return CT_OK;
+}
+
+static ct_status cpu_copy_2d(void *dev, float *dst, int64_t dst_stride, const float *src,
+                             int64_t src_stride, int64_t rows, int64_t cols)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(rows >= 0 && cols >= 0, "negative shape rows=%lld cols=%lld", (long long)rows,
+                (long long)cols);
+    CPU_REQUIRE(dst_stride >= cols && src_stride >= cols,
+                "strides dst %lld src %lld, expected each >= cols %lld", (long long)dst_stride,
+                (long long)src_stride, (long long)cols);
+    if (rows == 0 || cols == 0)
+        return CT_OK;
+    /* the last element's byte offset, (rows - 1) * stride + cols floats, must fit */
+    int64_t stride = dst_stride > src_stride ? dst_stride : src_stride;
+    int64_t limit = INT64_MAX / (int64_t)sizeof(float);
+    CPU_REQUIRE(cols <= limit && rows - 1 <= (limit - cols) / stride,
+                "rows=%lld cols=%lld with stride %lld is too large", (long long)rows,
+                (long long)cols, (long long)stride);
+    CPU_REQUIRE(dst && src, "null pointer");
+    cpu_enter(d);
+    copy_2d_f32(dst, dst_stride, src, src_stride, rows, cols);
+    return CT_OK;
+}
+
 /* ---------------------------------------------------------------- entry */
 
 static const ct_device_api cpu_api = {
@@ -856,6 +951,11 @@ static const ct_device_api cpu_api = {
     .quantize_fp8 = cpu_quantize_fp8,
     .dequantize_fp8 = cpu_dequantize_fp8,
     .transpose = cpu_transpose,
+    .embedding_forward_range = cpu_embedding_forward_range,
+    .embedding_backward_range = cpu_embedding_backward_range,
+    .cross_entropy_stats = cpu_cross_entropy_stats,
+    .cross_entropy_backward_lse = cpu_cross_entropy_backward_lse,
+    .copy_2d = cpu_copy_2d,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -23,6 +23,14 @@ void embedding_forward_f32(float *out, const int32_t *ids, const float *table, i
 void embedding_backward_f32(float *dtable, const int32_t *ids, const float *dout, int64_t n,
                             int64_t c);
 
+/* ABI 1.3: a table holding vocabulary rows [begin, begin + rows); begin >= 0. */
+void embedding_forward_range_f32(float *out, const int32_t *ids, const float *table, int64_t n,
+                                 int64_t c, int64_t begin, int64_t rows);
+void embedding_backward_range_f32(float *dtable, const int32_t *ids, const float *dout, int64_t n,
+                                  int64_t c, int64_t begin, int64_t rows);
+void copy_2d_f32(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
+                 int64_t cols);
+
 void rmsnorm_forward_f32(float *out, float *rstd, const float *x, const float *w, int64_t n,
                          int64_t c, float eps);
 void rmsnorm_backward_input_f32(float *dx, const float *dout, const float *x, const float *w,
@@ -60,6 +68,13 @@ void cross_entropy_forward_f32(float *losses, const float *logits, const int32_t
                                int64_t n, int64_t v, int32_t ignore_index);
 int cross_entropy_backward_f32(float *dlogits, const float *logits, const int32_t *targets,
                                float dloss, int64_t n, int64_t v, int32_t ignore_index);
+
+/* ABI 1.3: logits holding vocabulary columns [begin, begin + v); begin >= 0. */
+void cross_entropy_stats_f32(float *stats, const float *logits, const int32_t *targets, int64_t n,
+                             int64_t v, int64_t begin, int32_t ignore_index);
+void cross_entropy_backward_lse_f32(float *dlogits, const float *logits, const int32_t *targets,
+                                    const float *lse, float dloss, int64_t n, int64_t v,
+                                    int64_t begin, int32_t ignore_index);
 
 void adamw_f32(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
                float beta1, float beta2, float eps, float weight_decay, int64_t step);

@@ -27,6 +27,11 @@
  *     value, casts round to nearest even and saturate, group scales (tensorwise, rowwise, blocks
  *     of 32), amax with NaN, bad groups and formats are errors. (tests/unit/test_fp8.c checks the
  *     CPU plugin's casts against CUDA's and ml_dtypes' tables.)
+ *   - the optional tensor-parallel ops of ABI 1.3, each when the table covers it and it is not
+ *     NULL: embedding over a table shard (ids below, inside and above it), cross-entropy over
+ *     logits split into 1 to 3 column shards (the stats merged here as a host would, the loss
+ *     and the side-by-side gradients against the full-row ops), copy_2d of strided blocks;
+ *     their bad sizes are errors and their results are deterministic.
  *
  * The harness brings its own minimal ct_host (log, set_error, memory, option getters answered
  * from the spec); it links nothing of the core, so a third party can build and run it alone.
@@ -1480,6 +1485,422 @@ static void test_float8_transpose(void **state)
     api->free(dev, buf);
 }
 
+/* ---------------------------------------------------------------- tensor parallel (ABI 1.3) */
+
+/* The op is in the table (struct_size covers it) and set; else the test reports why it skips. */
+#define TP_OP_PRESENT(op)                                                                          \
+    (api->struct_size >= offsetof(ct_device_api, op) + sizeof(void *) && api->op != NULL)
+#define TP_SKIP_UNLESS(op)                                                                         \
+    do {                                                                                           \
+        if (!TP_OP_PRESENT(op)) {                                                                  \
+            fprintf(stderr, "%s: not provided (ABI < 1.3 or NULL), skipped\n", #op);               \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+static void expect_same_bits(const char *what, const float *a, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
+            fail_msg("%s: run 2 differs from run 1 at [%lld]: %.9g vs %.9g", what, (long long)i,
+                     (double)a[i], (double)b[i]);
+}
+
+/* A table shard of rows [begin, begin + rows) of a vocabulary of 20; ids below, inside and above
+ * the shard, negative and extreme ones too (any id is valid). */
+static void test_embedding_range(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(embedding_forward_range);
+    TP_SKIP_UNLESS(embedding_backward_range);
+    const int64_t n = 60, c = 45, begin = 7, rows = 6; /* c spans two column blocks */
+    int32_t ids[60];
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = (int32_t)(rnd_u64() % 20); /* about 30% inside, with repeats */
+    ids[0] = (int32_t)begin - 1;
+    ids[1] = (int32_t)begin;
+    ids[2] = (int32_t)(begin + rows - 1);
+    ids[3] = (int32_t)(begin + rows);
+    ids[4] = -1;
+    ids[5] = INT32_MAX;
+    ids[6] = INT32_MIN;
+    ids[7] = (int32_t)begin; /* a repeat of ids[1] */
+    float *table = host_rand(rows * c, 1), *dout = host_rand(n * c, 1);
+    float *garbage = host_rand(n * c, 9);
+    int32_t *dids = dev_upload(ids, sizeof ids);
+    float *dtable = dev_floats(table, rows * c), *ddout = dev_floats(dout, n * c);
+    float *out = dev_floats(garbage, n * c); /* rows outside the shard must be overwritten by 0 */
+    double *ref = ref_alloc(n * c);
+    grad_buf g = grad_new(rows * c);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = (int64_t)ids[i] - begin;
+        if (r < 0 || r >= rows)
+            continue;
+        for (int64_t j = 0; j < c; j++) {
+            ref[i * c + j] = table[r * c + j];
+            g.ref[r * c + j] += dout[i * c + j];
+        }
+    }
+    assert_int_equal(api->embedding_forward_range(dev, out, dids, dtable, n, c, begin, rows),
+                     CT_OK);
+    expect_close("embedding_forward_range", out, ref, n * c);
+    assert_int_equal(api->embedding_backward_range(dev, g.dev, dids, ddout, n, c, begin, rows),
+                     CT_OK);
+    grad_check_free("embedding_backward_range dtable", &g);
+
+    expect_error(api->embedding_forward_range(dev, out, dids, dtable, -1, c, begin, rows),
+                 CT_ERR_INVALID, "embedding_forward_range n = -1");
+    expect_error(api->embedding_forward_range(dev, out, dids, dtable, n, c, begin, -2),
+                 CT_ERR_INVALID, "embedding_forward_range rows = -2");
+    expect_error(api->embedding_backward_range(dev, dtable, dids, ddout, n, c, begin, -1),
+                 CT_ERR_INVALID, "embedding_backward_range rows = -1");
+    expect_error(api->embedding_backward_range(dev, dtable, dids, ddout, -3, c, begin, rows),
+                 CT_ERR_INVALID, "embedding_backward_range n = -3");
+
+    api->free(dev, dids);
+    api->free(dev, dtable);
+    api->free(dev, ddout);
+    api->free(dev, out);
+    free(table);
+    free(dout);
+    free(garbage);
+    free(ref);
+}
+
+/* embedding_backward_range with many repeated ids, past any parallel threshold: same bits twice. */
+static void test_embedding_range_is_deterministic(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(embedding_backward_range);
+    const int64_t n = 1024, c = 96, begin = 100, rows = 9;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    assert_non_null(ids);
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = (int32_t)(begin - 3 + (int64_t)(rnd_u64() % (uint64_t)(rows + 6)));
+    float *dout = host_rand(n * c, 1);
+    int32_t *dids = dev_upload(ids, (size_t)n * sizeof *ids);
+    float *ddout = dev_floats(dout, n * c), *g1 = dev_floats(NULL, rows * c),
+          *g2 = dev_floats(NULL, rows * c);
+    assert_int_equal(api->embedding_backward_range(dev, g1, dids, ddout, n, c, begin, rows), CT_OK);
+    assert_int_equal(api->embedding_backward_range(dev, g2, dids, ddout, n, c, begin, rows), CT_OK);
+    float *a = download(g1, rows * c), *b = download(g2, rows * c);
+    expect_same_bits("embedding_backward_range", a, b, rows * c);
+    api->free(dev, dids);
+    api->free(dev, ddout);
+    api->free(dev, g1);
+    api->free(dev, g2);
+    free(ids);
+    free(dout);
+    free(a);
+    free(b);
+}
+
+/* Columns [b, e) of x (n, v) as a contiguous (n, e - b) array. */
+static float *host_columns(const float *x, int64_t n, int64_t v, int64_t b, int64_t e)
+{
+    float *s = malloc((size_t)(n * (e - b)) * sizeof *s + 4);
+    assert_non_null(s);
+    for (int64_t i = 0; i < n; i++)
+        memcpy(s + i * (e - b), x + i * v + b, (size_t)(e - b) * sizeof *s);
+    return s;
+}
+
+/* Cross-entropy over logits (n, V) split into column shards at `cuts` (cuts[0] = 0, ..,
+ * cuts[nshards] = V): per-shard stats merged here as a tensor-parallel host would, the loss
+ * against the double reference and the plugin's own cross_entropy_forward; each shard's
+ * backward_lse against the reference (adding into a gradient that holds values), and the shards'
+ * gradients put side by side against the plugin's cross_entropy_backward of the full logits. */
+static void sharded_cross_entropy_case(const float *logits, const int32_t *targets, int64_t n,
+                                       int64_t V, const int64_t *cuts, int nshards, int32_t ignore,
+                                       float dloss)
+{
+    int32_t *dtargets = dev_upload(targets, (size_t)n * sizeof *targets);
+    double *m = ref_alloc(n), *s = ref_alloc(n), *tl = ref_alloc(n);
+    for (int64_t i = 0; i < n; i++)
+        m[i] = -INFINITY;
+    /* forward: the stats of each shard, checked, then merged */
+    float **shard = calloc((size_t)nshards, sizeof *shard);
+    float **dshard = calloc((size_t)nshards, sizeof *dshard);
+    assert_true(shard && dshard);
+    float *dstats = dev_floats(NULL, n * 3);
+    float *stats_all = malloc((size_t)(nshards * n * 3) * sizeof(float));
+    assert_non_null(stats_all);
+    for (int r = 0; r < nshards; r++) {
+        int64_t b = cuts[r], v = cuts[r + 1] - cuts[r];
+        shard[r] = host_columns(logits, n, V, b, cuts[r + 1]);
+        dshard[r] = dev_floats(shard[r], n * v);
+        assert_int_equal(
+            api->cross_entropy_stats(dev, dstats, dshard[r], dtargets, n, v, b, ignore), CT_OK);
+        float *st = download(dstats, n * 3);
+        for (int64_t i = 0; i < n; i++) {
+            const float *x = shard[r] + i * v;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < v; j++)
+                mx = fmax(mx, x[j]);
+            for (int64_t j = 0; j < v; j++)
+                sum += exp(x[j] - mx);
+            int64_t t = (int64_t)targets[i] - b;
+            double want_t = targets[i] != ignore && t >= 0 && t < v ? x[t] : 0.0;
+            if ((double)st[i * 3] != mx || fabs(st[i * 3 + 1] - sum) > 1e-5 * sum ||
+                (double)st[i * 3 + 2] != want_t)
+                fail_msg("cross_entropy_stats shard [%lld, %lld) row %lld = {%.9g, %.9g, %.9g}, "
+                         "expected {%.9g, %.9g, %.9g}",
+                         (long long)b, (long long)(b + v), (long long)i, (double)st[i * 3],
+                         (double)st[i * 3 + 1], (double)st[i * 3 + 2], mx, sum, want_t);
+            memcpy(stats_all + (r * n + i) * 3, st + i * 3, 3 * sizeof(float));
+        }
+        free(st);
+    }
+    /* the merge: m = max m_r, s = sum s_r exp(m_r - m), lse = m + log s */
+    float *lse = malloc((size_t)n * sizeof *lse + 4);
+    double *losses = ref_alloc(n), *want = ref_alloc(n);
+    assert_non_null(lse);
+    for (int64_t i = 0; i < n; i++) {
+        for (int r = 0; r < nshards; r++)
+            m[i] = fmax(m[i], stats_all[(r * n + i) * 3]);
+        for (int r = 0; r < nshards; r++) {
+            const float *st = stats_all + (r * n + i) * 3;
+            s[i] += st[1] * exp(st[0] - m[i]);
+            tl[i] += st[2];
+        }
+        double l = m[i] + log(s[i]);
+        lse[i] = (float)l;
+        losses[i] = targets[i] == ignore ? 0.0 : l - tl[i];
+        /* the double reference of the full row */
+        if (targets[i] == ignore)
+            continue;
+        const float *x = logits + i * V;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < V; j++)
+            mx = fmax(mx, x[j]);
+        for (int64_t j = 0; j < V; j++)
+            sum += exp(x[j] - mx);
+        want[i] = mx + log(sum) - x[targets[i]];
+    }
+    float *dfull = dev_floats(logits, n * V), *dlosses = dev_floats(NULL, n);
+    assert_int_equal(api->cross_entropy_forward(dev, dlosses, dfull, dtargets, n, V, ignore),
+                     CT_OK);
+    float *plugin_losses = download(dlosses, n);
+    double scale = 1e-3;
+    for (int64_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs(want[i]));
+    for (int64_t i = 0; i < n; i++)
+        if (fabs(losses[i] - want[i]) > rtol * scale ||
+            fabs(losses[i] - (double)plugin_losses[i]) > rtol * scale)
+            fail_msg("%d-shard cross-entropy row %lld: merged loss %.9g, reference %.9g, "
+                     "cross_entropy_forward %.9g",
+                     nshards, (long long)i, losses[i], want[i], (double)plugin_losses[i]);
+
+    /* backward: each shard adds into values already there; side by side they are the full op */
+    float *dlse = dev_floats(lse, n), *dgfull = dev_floats(NULL, n * V);
+    assert_int_equal(api->cross_entropy_backward(dev, dgfull, dfull, dtargets, dloss, n, V, ignore),
+                     CT_OK);
+    float *gfull = download(dgfull, n * V);
+    double *side = ref_alloc(n * V);
+    for (int r = 0; r < nshards; r++) {
+        int64_t b = cuts[r], v = cuts[r + 1] - cuts[r];
+        grad_buf g = grad_new(n * v);
+        for (int64_t i = 0; i < n; i++) {
+            if (targets[i] == ignore)
+                continue;
+            for (int64_t j = 0; j < v; j++)
+                g.ref[i * v + j] += dloss * (exp((double)shard[r][i * v + j] - (double)lse[i]) -
+                                             (targets[i] - b == j));
+        }
+        assert_int_equal(api->cross_entropy_backward_lse(dev, g.dev, dshard[r], dtargets, dlse,
+                                                         dloss, n, v, b, ignore),
+                         CT_OK);
+        grad_check_free("cross_entropy_backward_lse (adds)", &g);
+        float *dz = dev_floats(NULL, n * v);
+        assert_int_equal(api->cross_entropy_backward_lse(dev, dz, dshard[r], dtargets, dlse, dloss,
+                                                         n, v, b, ignore),
+                         CT_OK);
+        float *z = download(dz, n * v);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < v; j++)
+                side[i * V + b + j] = z[i * v + j];
+        api->free(dev, dz);
+        free(z);
+    }
+    scale = 1e-3;
+    for (int64_t i = 0; i < n * V; i++)
+        scale = fmax(scale, fabs((double)gfull[i]));
+    for (int64_t i = 0; i < n * V; i++)
+        if (fabs(side[i] - (double)gfull[i]) > rtol * scale)
+            fail_msg("%d-shard cross_entropy_backward_lse [%lld][%lld] = %.9g, "
+                     "cross_entropy_backward %.9g",
+                     nshards, (long long)(i / V), (long long)(i % V), side[i], (double)gfull[i]);
+
+    for (int r = 0; r < nshards; r++) {
+        api->free(dev, dshard[r]);
+        free(shard[r]);
+    }
+    api->free(dev, dtargets);
+    api->free(dev, dstats);
+    api->free(dev, dfull);
+    api->free(dev, dlosses);
+    api->free(dev, dlse);
+    api->free(dev, dgfull);
+    free(shard);
+    free(dshard);
+    free(stats_all);
+    free(lse);
+    free(losses);
+    free(want);
+    free(plugin_losses);
+    free(gfull);
+    free(side);
+    free(m);
+    free(s);
+    free(tl);
+}
+
+static void test_cross_entropy_sharded(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(cross_entropy_stats);
+    TP_SKIP_UNLESS(cross_entropy_backward_lse);
+    const int64_t n = 37, V = 50;
+    const int32_t ignore = -100;
+    float *logits = host_rand(n * V, 6);
+    for (int64_t j = 0; j < V; j++)
+        logits[3 * V + j] += 300.0f; /* large logits: every shard must subtract its max */
+    logits[5 * V + 45] = 40.0f;     /* row 5's max in the last shard, its target in the first */
+    int32_t targets[37];
+    for (int64_t i = 0; i < n; i++)
+        targets[i] = i % 6 == 4 ? ignore : (int32_t)(rnd_u64() % (uint64_t)V);
+    targets[0] = 0;
+    targets[1] = (int32_t)V - 1;
+    targets[5] = 2;
+    const int64_t one[] = {0, 50}, two[] = {0, 17, 50}, three[] = {0, 9, 31, 50},
+                  three_b[] = {0, 30, 31, 50}; /* a one-column shard */
+    sharded_cross_entropy_case(logits, targets, n, V, one, 1, ignore, 0.37f);
+    sharded_cross_entropy_case(logits, targets, n, V, two, 2, ignore, 0.37f);
+    sharded_cross_entropy_case(logits, targets, n, V, three, 3, ignore, 1.0f / 37);
+    sharded_cross_entropy_case(logits, targets, n, V, three_b, 3, ignore, 1.0f);
+
+    float *buf = dev_floats(NULL, 64);
+    int32_t *dt = dev_upload(targets, sizeof targets);
+    /* An empty shard (v == 0) may be refused; if accepted it must drop out of the merge:
+     * {-inf, 0, 0}, and its backward does nothing. */
+    float *dstats = dev_floats(NULL, 3 * 3);
+    ct_status st = api->cross_entropy_stats(dev, dstats, buf, dt, 3, 0, 20, ignore);
+    if (st == CT_OK) {
+        float *got = download(dstats, 3 * 3);
+        for (int i = 0; i < 3; i++)
+            if (!(isinf(got[i * 3]) && got[i * 3] < 0) || got[i * 3 + 1] != 0 ||
+                got[i * 3 + 2] != 0)
+                fail_msg("cross_entropy_stats v = 0 row %d = {%g, %g, %g}, expected {-inf, 0, 0}",
+                         i, (double)got[i * 3], (double)got[i * 3 + 1], (double)got[i * 3 + 2]);
+        free(got);
+        expect_error(
+            api->cross_entropy_backward_lse(dev, buf, buf, dt, buf, 1.0f, 3, 0, 20, ignore), CT_OK,
+            "cross_entropy_backward_lse v = 0");
+    } else {
+        expect_error(st, CT_ERR_INVALID, "cross_entropy_stats v = 0 (refused)");
+    }
+    api->free(dev, dstats);
+    expect_error(api->cross_entropy_stats(dev, buf, buf, dt, -1, 4, 0, ignore), CT_ERR_INVALID,
+                 "cross_entropy_stats n = -1");
+    expect_error(api->cross_entropy_backward_lse(dev, buf, buf, dt, buf, 1.0f, -1, 4, 0, ignore),
+                 CT_ERR_INVALID, "cross_entropy_backward_lse n = -1");
+    expect_error(api->cross_entropy_stats(dev, buf, buf, dt, 2, -4, 0, ignore), CT_ERR_INVALID,
+                 "cross_entropy_stats v = -4");
+    api->free(dev, buf);
+    api->free(dev, dt);
+    free(logits);
+}
+
+/* stats and backward_lse on a shard past any parallel threshold: same bits twice. */
+static void test_cross_entropy_sharded_is_deterministic(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(cross_entropy_stats);
+    TP_SKIP_UNLESS(cross_entropy_backward_lse);
+    const int64_t n = 64, v = 1500, begin = 3000;
+    float *logits = host_rand(n * v, 8), *lse = host_rand(n, 1);
+    int32_t targets[64];
+    for (int64_t i = 0; i < n; i++) {
+        targets[i] = (int32_t)(begin - 100 + (int64_t)(rnd_u64() % (uint64_t)(v + 200)));
+        lse[i] += 12.0f;
+    }
+    int32_t *dt = dev_upload(targets, sizeof targets);
+    float *dl = dev_floats(logits, n * v), *dlse = dev_floats(lse, n);
+    float *st[2], *gr[2];
+    for (int k = 0; k < 2; k++) {
+        float *dst = dev_floats(NULL, n * 3), *dg = dev_floats(NULL, n * v);
+        assert_int_equal(api->cross_entropy_stats(dev, dst, dl, dt, n, v, begin, -100), CT_OK);
+        assert_int_equal(
+            api->cross_entropy_backward_lse(dev, dg, dl, dt, dlse, 0.5f, n, v, begin, -100), CT_OK);
+        st[k] = download(dst, n * 3);
+        gr[k] = download(dg, n * v);
+        api->free(dev, dst);
+        api->free(dev, dg);
+    }
+    expect_same_bits("cross_entropy_stats", st[0], st[1], n * 3);
+    expect_same_bits("cross_entropy_backward_lse", gr[0], gr[1], n * v);
+    for (int k = 0; k < 2; k++) {
+        free(st[k]);
+        free(gr[k]);
+    }
+    api->free(dev, dt);
+    api->free(dev, dl);
+    api->free(dev, dlse);
+    free(logits);
+    free(lse);
+}
+
+/* A block of src (rows, cols) at (r0, c0) with row stride ss into dst at (q0, d0) with stride ds:
+ * inside the block dst is src's bits, outside it keeps what it held. */
+static void copy_2d_case(int64_t src_rows, int64_t ss, int64_t r0, int64_t c0, int64_t dst_rows,
+                         int64_t ds, int64_t q0, int64_t d0, int64_t rows, int64_t cols)
+{
+    float *src = host_rand(src_rows * ss, 1), *dst = host_rand(dst_rows * ds, 1);
+    float *dsrc = dev_floats(src, src_rows * ss), *ddst = dev_floats(dst, dst_rows * ds);
+    assert_int_equal(
+        api->copy_2d(dev, ddst + q0 * ds + d0, ds, dsrc + r0 * ss + c0, ss, rows, cols), CT_OK);
+    float *got = download(ddst, dst_rows * ds);
+    for (int64_t i = 0; i < dst_rows; i++)
+        for (int64_t j = 0; j < ds; j++) {
+            int inside = i >= q0 && i < q0 + rows && j >= d0 && j < d0 + cols;
+            float want = inside ? src[(i - q0 + r0) * ss + (j - d0 + c0)] : dst[i * ds + j];
+            if (memcmp(&got[i * ds + j], &want, sizeof want) != 0)
+                fail_msg("copy_2d %lldx%lld (strides dst %lld src %lld): dst[%lld][%lld] = %.9g, "
+                         "expected %.9g (%s the block)",
+                         (long long)rows, (long long)cols, (long long)ds, (long long)ss,
+                         (long long)i, (long long)j, (double)got[i * ds + j], (double)want,
+                         inside ? "inside" : "outside");
+        }
+    api->free(dev, dsrc);
+    api->free(dev, ddst);
+    free(src);
+    free(dst);
+    free(got);
+}
+
+static void test_copy_2d(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(copy_2d);
+    copy_2d_case(13, 40, 3, 5, 11, 27, 2, 4, 8, 20); /* a sub-block between two strides */
+    copy_2d_case(5, 16, 0, 0, 5, 16, 0, 0, 5, 16);   /* contiguous, stride == cols */
+    copy_2d_case(7, 50, 0, 30, 7, 20, 0, 0, 7, 20);  /* a column shard out of a wide matrix */
+    copy_2d_case(7, 20, 0, 0, 7, 50, 0, 30, 7, 20);  /* and back in */
+    copy_2d_case(300, 130, 0, 10, 300, 100, 0, 0, 300, 100); /* past any parallel threshold */
+    copy_2d_case(4, 9, 1, 2, 4, 9, 1, 2, 0, 5);      /* no rows: nothing changes */
+
+    float *buf = dev_floats(NULL, 64);
+    expect_error(api->copy_2d(dev, buf, 3, buf + 32, 8, 2, 4), CT_ERR_INVALID,
+                 "copy_2d dst_stride 3 < cols 4");
+    expect_error(api->copy_2d(dev, buf, 8, buf + 32, 3, 2, 4), CT_ERR_INVALID,
+                 "copy_2d src_stride 3 < cols 4");
+    expect_error(api->copy_2d(dev, buf, 8, buf + 32, 8, -1, 4), CT_ERR_INVALID,
+                 "copy_2d rows = -1");
+    expect_error(api->copy_2d(dev, buf, 8, buf + 32, 8, 2, -4), CT_ERR_INVALID,
+                 "copy_2d cols = -4");
+    api->free(dev, buf);
+}
+
 /* ---------------------------------------------------------------- bad arguments */
 
 static void test_bad_arguments_are_errors(void **state)
@@ -1526,6 +1947,11 @@ int main(void)
         cmocka_unit_test(test_float8_decode_every_code),
         cmocka_unit_test(test_float8_group_scales),
         cmocka_unit_test(test_float8_transpose),
+        cmocka_unit_test(test_embedding_range),
+        cmocka_unit_test(test_embedding_range_is_deterministic),
+        cmocka_unit_test(test_cross_entropy_sharded),
+        cmocka_unit_test(test_cross_entropy_sharded_is_deterministic),
+        cmocka_unit_test(test_copy_2d),
         cmocka_unit_test(test_same_inputs_give_same_bits),
         cmocka_unit_test(test_bad_arguments_are_errors),
     };

@@ -162,7 +162,7 @@ typedef struct ct_device_api {
     /* dst (cols, rows) = src (rows, cols) transposed. */
     ct_status (*transpose)(void *dev, float *dst, const float *src, int64_t rows, int64_t cols);
     /* ---- ABI 1.3, optional: tensor parallel (vocabulary-sharded embedding and loss) ---- */
-    /* The table holds rows [begin, begin + rows) of the full vocabulary.
+    /* The table holds rows [begin, begin + rows) of the full vocabulary (begin >= 0).
      * out (n,c) = table[ids[i] - begin] where ids[i] is in that range, 0 elsewhere (any id is valid). */
     ct_status (*embedding_forward_range)(void *dev, float *out, const int32_t *ids, const float *table, int64_t n,
                                          int64_t c, int64_t begin, int64_t rows);
@@ -171,7 +171,8 @@ typedef struct ct_device_api {
                                           int64_t n, int64_t c, int64_t begin, int64_t rows);
     /* logits (n,v) hold columns [begin, begin + v) of the full vocabulary. Per row i, stats (n,3) =
      * { m = max of the row, s = sum exp(logit - m), the target's logit when targets[i] - begin is in
-     * [0, v), else 0 }. Rows whose target is ignore_index still get m and s. Targets are not checked. */
+     * [0, v), else 0 }. Rows whose target is ignore_index still get m and s (and 0). Targets are not checked.
+     * v == 0 (an empty shard) writes { -inf, 0, 0 }, which drops out of the merge. */
     ct_status (*cross_entropy_stats)(void *dev, float *stats, const float *logits, const int32_t *targets,
                                      int64_t n, int64_t v, int64_t begin, int32_t ignore_index);
     /* dlogits (n,v) += dloss * (exp(logits - lse[i]) - onehot(targets[i] - begin)) on rows whose target is
@@ -179,7 +180,7 @@ typedef struct ct_device_api {
     ct_status (*cross_entropy_backward_lse)(void *dev, float *dlogits, const float *logits,
                                             const int32_t *targets, const float *lse, float dloss, int64_t n,
                                             int64_t v, int64_t begin, int32_t ignore_index);
-    /* dst[r * dst_stride + j] = src[r * src_stride + j] for r < rows, j < cols (f32 elements) */
+    /* dst[r * dst_stride + j] = src[r * src_stride + j] for r < rows, j < cols (f32 elements); no overlap */
     ct_status (*copy_2d)(void *dev, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                          int64_t rows, int64_t cols);
 } ct_device_api;
