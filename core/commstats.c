@@ -1,6 +1,8 @@
 /* commstats.c: byte counters around the comm plugin's collectives (see commstats.h). */
 #include "commstats.h"
 
+#include <string.h>
+
 int64_t g_comm_bytes[CS_N];
 const char *const commstats_names[CS_N] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
                                            "send"};
@@ -42,7 +44,8 @@ static ct_status w_send(void *c, void *g, const void *b, int64_t n, ct_dtype dt,
 
 const ct_comm_api *commstats_wrap(const ct_comm_api *r) {
     real = r;
-    wrapped = *r;
+    memset(&wrapped, 0, sizeof wrapped);
+    memcpy(&wrapped, r, r->struct_size < sizeof wrapped ? r->struct_size : sizeof wrapped); /* an older table is shorter */
     wrapped.all_reduce = w_all_reduce;
     wrapped.all_gather = w_all_gather;
     wrapped.reduce_scatter = w_reduce_scatter;

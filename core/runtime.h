@@ -84,7 +84,9 @@ typedef struct runtime_tp {
     int sequence_parallel;   /* the residual stream holds 1/size of the token rows */
     int loss_parallel;       /* cross entropy on vocabulary-sharded logits */
     int async_chunks;        /* > 1: all-gather/matmul and matmul/reduce-scatter overlapped in chunks */
-    double comm_seconds;     /* time blocked in TP collectives (exposed) */
+    double comm_seconds;     /* time blocked in TP collectives (exposed), forward and backward */
+    double bwd_seconds;      /* the backward's share of it */
+    int in_backward;
     int64_t collectives;
 } runtime_tp;
 

@@ -115,12 +115,19 @@ static int tp_style(const runtime *rt, const rt_tensor *w) {
     return rt->slots[owner->param - 1].tp_style;
 }
 
-static int tp_done(runtime *rt, ct_status st, double t0, const char *what) {
+#define TP_TRACE(rt) ((rt)->tp.in_backward ? "tp_comm_bwd" : "tp_comm_fwd")
+
+static void tp_account(runtime *rt, double t0) {
     double dt = ct_now() - t0;
     rt->tp.comm_seconds += dt;
+    if (rt->tp.in_backward) rt->tp.bwd_seconds += dt;
     rt->comm_seconds += dt;
+    trace_end(TP_TRACE(rt));
+}
+
+static int tp_done(runtime *rt, ct_status st, double t0, const char *what) {
+    tp_account(rt, t0);
     rt->tp.collectives++;
-    trace_end("tp_comm");
     if (st != CT_OK) {
         if (!ct_last_error()[0]) ct_set_error("tensor parallel %s failed (status %d)", what, st);
         rt->dist_status = st;
@@ -130,7 +137,7 @@ static int tp_done(runtime *rt, ct_status st, double t0, const char *what) {
 }
 
 static int tp_all_gather(runtime *rt, const float *send, float *recv, int64_t count) {
-    trace_begin("tp_comm");
+    trace_begin(TP_TRACE(rt));
     double t0 = ct_now();
     ct_clear_error();
     return tp_done(rt, rt->tp.capi->all_gather(rt->dist.comm, rt->tp.group, send, recv, count, CT_F32, NULL), t0,
@@ -138,7 +145,7 @@ static int tp_all_gather(runtime *rt, const float *send, float *recv, int64_t co
 }
 
 static int tp_reduce_scatter(runtime *rt, const float *send, float *recv, int64_t count) {
-    trace_begin("tp_comm");
+    trace_begin(TP_TRACE(rt));
     double t0 = ct_now();
     ct_clear_error();
     return tp_done(rt,
@@ -148,7 +155,7 @@ static int tp_reduce_scatter(runtime *rt, const float *send, float *recv, int64_
 }
 
 static int tp_all_reduce(runtime *rt, const float *send, float *recv, int64_t count) {
-    trace_begin("tp_comm");
+    trace_begin(TP_TRACE(rt));
     double t0 = ct_now();
     ct_clear_error();
     return tp_done(rt,
@@ -157,10 +164,21 @@ static int tp_all_reduce(runtime *rt, const float *send, float *recv, int64_t co
 }
 
 static int tp_wait(runtime *rt, void *req) {
-    trace_begin("tp_comm");
+    trace_begin(TP_TRACE(rt));
     double t0 = ct_now();
     ct_clear_error();
     return tp_done(rt, rt->tp.capi->wait(rt->dist.comm, req), t0, "wait");
+}
+
+/* Async TP: lets a started collective move while this rank computes (MPI progresses only inside calls). */
+static void tp_poke(runtime *rt, void *req) {
+    const ct_comm_api *c = rt->tp.capi;
+    if (!req || !CT_HAS_FIELD(c, ct_comm_api, test) || !c->test) return;
+    int done = 0;
+    trace_begin(TP_TRACE(rt));
+    double t0 = ct_now();
+    c->test(rt->dist.comm, req, &done); /* an error here resurfaces at the wait */
+    tp_account(rt, t0);
 }
 
 /* x's shape with its token-row dim (the one before the features) multiplied by num/den. */
@@ -272,6 +290,8 @@ static int converted(const runtime *rt, const rt_tensor *w) {
     return rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED);
 }
 
+#define TP_PIECES 4 /* matmul pieces per rank block of a chunk, with a poke of the collective in flight after each */
+
 /* Async TP, column-wise: the all-gather of x's rows in chunks, each chunk's matmul overlapping the
  * gather of the next. Records the same two entries as the plain path (gather, then linear). */
 static rt_tensor *gather_linear_async(runtime *rt, rt_tensor *x, rt_tensor *w) {
@@ -302,11 +322,18 @@ static rt_tensor *gather_linear_async(runtime *rt, rt_tensor *x, rt_tensor *w) {
                 return NULL;
         }
         if (tp_wait(rt, req[i % 2])) return NULL;
+        void *next = i + 1 < chunks ? req[(i + 1) % 2] : NULL;
         for (int64_t p = 0; p < tp; p++) {
             int64_t row = p * nl + r0;
             CALL(rt, d->copy(rt->dev, Xd + row * in, buf[i % 2] + p * cnt * in, sizeof(float) * (size_t)(cnt * in),
                              CT_COPY_D2D));
-            CALL(rt, d->matmul(rt->dev, Yd + row * outf, Xd + row * in, w->t.data, cnt, outf, in, 0, 1, 1.0f, 0.0f));
+            for (int64_t q = 0; q < TP_PIECES; q++) { /* poke the next gather between pieces of the matmul */
+                int64_t a = cnt * q / TP_PIECES, z = cnt * (q + 1) / TP_PIECES;
+                if (z > a)
+                    CALL(rt, d->matmul(rt->dev, Yd + (row + a) * outf, Xd + (row + a) * in, w->t.data, z - a, outf, in,
+                                       0, 1, 1.0f, 0.0f));
+                tp_poke(rt, next);
+            }
         }
     }
     pool_release(&rt->scratch.data, m);
@@ -349,8 +376,13 @@ static rt_tensor *linear_reduce_scatter_async(runtime *rt, rt_tensor *x, rt_tens
         int64_t r0 = i * rc, cnt = nl - r0 < rc ? nl - r0 : rc;
         float *send = Pd + tp * r0 * outf; /* chunk i: (tp, cnt, out), block p for rank p */
         for (int64_t p = 0; p < tp && !bad; p++)
-            bad = d->matmul(rt->dev, send + p * cnt * outf, xd + (p * nl + r0) * in, w->t.data, cnt, outf, in, 0, 1,
-                            1.0f, 0.0f) != CT_OK;
+            for (int64_t q = 0; q < TP_PIECES && !bad; q++) { /* poke the previous reduce-scatter between pieces */
+                int64_t a = cnt * q / TP_PIECES, z = cnt * (q + 1) / TP_PIECES;
+                if (z > a)
+                    bad = d->matmul(rt->dev, send + (p * cnt + a) * outf, xd + (p * nl + r0 + a) * in, w->t.data, z - a,
+                                    outf, in, 0, 1, 1.0f, 0.0f) != CT_OK;
+                if (i > 0) tp_poke(rt, req[i - 1]);
+            }
         ct_clear_error();
         if (!bad)
             bad = rt->tp.capi->reduce_scatter(rt->dist.comm, rt->tp.group, send, yd + r0 * outf, cnt * outf, CT_F32,
@@ -747,7 +779,15 @@ static const float *grad_if_any(const rt_tensor *t) {
 #define G(t) ({ float *g_ = grad_of(rt, (t)); if (!g_) return -1; g_; })
 
 /* The conjugate collective of a tensor-parallel op: its input's gradient += f(dy). */
+static int tp_backward_run(runtime *rt, tape_entry *e, const float *dy);
 static int tp_backward(runtime *rt, tape_entry *e, const float *dy) {
+    rt->tp.in_backward = 1;
+    int rc = tp_backward_run(rt, e, dy);
+    rt->tp.in_backward = 0;
+    return rc;
+}
+
+static int tp_backward_run(runtime *rt, tape_entry *e, const float *dy) {
     const ct_device_api *d = DEV(rt);
     rt_tensor *x = e->in[0];
     int64_t nx = numel(x);

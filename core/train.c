@@ -132,7 +132,7 @@ static int train_loop(session *s, manifest *mf) {
     if (s->peak_flops > 0)
         printf("device: %s, measured f32 matmul peak %.1f GFLOP/s (MFU below is against this %s peak)\n",
                s->devp->info.name, s->peak_flops / 1e9, s->devp->info.name);
-    double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0;
+    double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0, tp_time_sum = 0, tp_bwd_sum = 0;
     const int64_t warmup_steps = steps > 2 ? 2 : steps > 1 ? 1 : 0;
     int64_t tokens_since = 0, timed_steps = 0;
     ckpt_plan ck;
@@ -142,7 +142,8 @@ static int train_loop(session *s, manifest *mf) {
     }
     dl.position = ck.state.data_position;
     for (int64_t step = ck.state.step + 1; step <= steps; step++) {
-        double t0 = ct_now(), comm_before = s->rt.comm_seconds;
+        double t0 = ct_now(), comm_before = s->rt.comm_seconds, tp_before = s->rt.tp.comm_seconds,
+               tp_bwd_before = s->rt.tp.bwd_seconds;
         trace_begin("step");
         double lr = lr_at(&sched, step - ck.lr_offset);
         /* the whole global batch first: the loss is normalised by its valid-token count */
@@ -165,6 +166,8 @@ static int train_loop(session *s, manifest *mf) {
         if (step > warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
             step_time_sum += dt;
             comm_time_sum += s->rt.comm_seconds - comm_before;
+            tp_time_sum += s->rt.tp.comm_seconds - tp_before;
+            tp_bwd_sum += s->rt.tp.bwd_seconds - tp_bwd_before;
             timed_steps++;
         }
         tokens_since += G_local * T / non_dp; /* per device: tp (and pp, cp) ranks share a dp rank's tokens */
@@ -207,6 +210,12 @@ static int train_loop(session *s, manifest *mf) {
             printf("summary: communication (time in strategy hooks and collectives, not hidden by compute) %.1f%% of "
                    "step time on rank 0\n",
                    100.0 * comm_time_sum / step_time_sum);
+        if (s->rt.tp.size > 1)
+            printf("summary: tensor parallel%s: %.2f ms per step blocked in tp collectives (forward %.2f, backward "
+                   "%.2f; %.1f%% of step time)\n",
+                   s->rt.tp.async_chunks ? " (async)" : "", 1e3 * tp_time_sum / (double)timed_steps,
+                   1e3 * (tp_time_sum - tp_bwd_sum) / (double)timed_steps, 1e3 * tp_bwd_sum / (double)timed_steps,
+                   100.0 * tp_time_sum / step_time_sum);
     }
     if (ckpt_end(s, &ck, steps)) goto runfail;
     snprintf(path, sizeof path, "%s/model.ctt", dump);

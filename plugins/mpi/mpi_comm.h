@@ -96,5 +96,6 @@ ct_status ctmpi_recv(void *comm, void *group, void *buf, int64_t count, ct_dtype
                      int tag, void **req);
 ct_status ctmpi_barrier(void *comm, void *group);
 ct_status ctmpi_wait_api(void *comm, void *req);
+ct_status ctmpi_test_api(void *comm, void *req, int *done);
 
 #endif

@@ -314,6 +314,7 @@ static const ct_comm_api api = {
     .barrier = ctmpi_barrier,
     .wait = ctmpi_wait_api,
     .abort = mpi_abort,
+    .test = ctmpi_test_api,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

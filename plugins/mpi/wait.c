@@ -174,3 +174,21 @@ ct_status ctmpi_wait_api(void *comm, void *req)
     }
     return ctmpi_wait(c, req, c->train_timeout);
 }
+
+ct_status ctmpi_test_api(void *comm, void *req, int *done)
+{
+    ctmpi *c = comm;
+    ctmpi_req *r = req;
+    *done = 0;
+    if (!r) {
+        c->host->set_error(c->host, "test: NULL request");
+        return CT_ERR_INVALID;
+    }
+    if (r->req == MPI_REQUEST_NULL) { /* completed by an earlier test */
+        *done = 1;
+        return CT_OK;
+    }
+    int rc = MPI_Test(&r->req, done, MPI_STATUS_IGNORE); /* a completed request becomes MPI_REQUEST_NULL */
+    if (rc != MPI_SUCCESS) return ctmpi_mpi_error(c, r->op, rc);
+    return CT_OK;
+}

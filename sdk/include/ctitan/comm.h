@@ -64,6 +64,10 @@ typedef struct ct_comm_api {
     ct_status (*wait)(void *comm, void *req);
     /* Ends every rank of the job with exit status `code` (after an unrecoverable error). */
     void (*abort)(void *comm, int code);
+    /* ABI 1.3, optional: moves a started operation along without blocking (a backend that progresses
+     * only inside its calls, like MPI, needs these pokes to overlap work); *done = 1 once it completed.
+     * The handle stays valid: wait() still completes and frees it. */
+    ct_status (*test)(void *comm, void *req, int *done);
 } ct_comm_api;
 
 #endif
