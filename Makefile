@@ -120,6 +120,8 @@ fuzz:
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tensorfile tests/fuzz/fuzz_tensorfile.c core/tensorfile.c
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c core/safetensors.c core/hf.c \
 	  core/tensorfile.c core/util.c -ljansson -lm
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_schedule_csv tests/fuzz/fuzz_schedule_csv.c core/schedule.c core/host.c \
+	  core/manifest.c core/util.c -lyaml -ldl
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_checkpoint tests/fuzz/fuzz_checkpoint.c $(filter-out core/main.c,$(CORE_SRC)) \
 	  $(LDLIBS)
 

@@ -39,6 +39,7 @@ static void local_box(const ct_param_slot *sl, box *b) {
         b->len[d] = p->shape[d];
     }
     if (sl->tp_dim >= 0) b->off[sl->tp_dim] = (int64_t)sl->tp_index * p->shape[sl->tp_dim];
+    if (sl->placement == CT_PLACE_NONE && p->ndim > 0) b->len[0] = 0; /* another pipeline stage writes it */
     if (sl->placement != CT_PLACE_SHARD || p->ndim == 0) return;
     int64_t rows = p->shape[0], row = rows ? sl->numel / rows : 1;
     int64_t start = row ? sl->offset / row : 0, n = row ? sl->local_numel / row : 0;
@@ -54,6 +55,7 @@ static int saves(const session *s, const ct_param_slot *sl) {
     for (int a = 0; a < CT_MESH_NAXES; a++) {
         if (sl->placement == CT_PLACE_SHARD && a == sl->shard_axis) continue;
         if (sl->tp_dim >= 0 && a == CT_AXIS_TP) continue;
+        if (a == CT_AXIS_PP) continue; /* each stage writes its own units (the others hold none here) */
         if (s->mesh.coord[a] != 0) return 0;
     }
     return 1;

@@ -311,6 +311,7 @@ const char *plugin_kind_name(ct_plugin_kind kind) {
     case CT_KIND_STRATEGY: return "strategy";
     case CT_KIND_QUANTIZER: return "quantizer";
     case CT_KIND_SCHEDULE: return "schedule";
+    case CT_KIND_PIPELINE: return "pipeline";
     }
     return "unknown";
 }
@@ -331,7 +332,7 @@ static void exe_plugin_dir(char *buf, size_t len) {
 }
 
 /* Search path: the manifest's folder, $CTITAN_PLUGIN_PATH (':'-separated), the build's plugins. */
-static int search_dirs(const char *manifest_dir, char dirs[][PATH_MAX], int max) {
+int plugin_search_dirs(const char *manifest_dir, char dirs[][PATH_MAX], int max) {
     int n = 0;
     if (manifest_dir && n < max && strlen(manifest_dir) < PATH_MAX) strcpy(dirs[n++], manifest_dir);
     const char *env = getenv("CTITAN_PLUGIN_PATH");
@@ -416,7 +417,7 @@ plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, 
         for (; name[i] && i < sizeof lower - 1; i++) lower[i] = (char)tolower((unsigned char)name[i]);
         lower[i] = 0;
         char dirs[16][PATH_MAX];
-        int nd = search_dirs(mdir, dirs, 16);
+        int nd = plugin_search_dirs(mdir, dirs, 16);
         int found = 0;
         char searched[2048] = "";
         size_t used = 0;
@@ -454,7 +455,7 @@ void plugin_unload(plugin *p) {
 
 int plugin_list(FILE *out, const char *manifest_dir) {
     char dirs[16][PATH_MAX];
-    int nd = search_dirs(manifest_dir, dirs, 16), count = 0;
+    int nd = plugin_search_dirs(manifest_dir, dirs, 16), count = 0;
     fprintf(out, "%-10s %-12s %-6s %s\n", "KIND", "NAME", "ABI", "PATH / DESCRIPTION");
     char seen[16][PATH_MAX];
     for (int d = 0; d < nd; d++) {

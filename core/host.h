@@ -8,6 +8,8 @@
 #include "ctitan/host.h"
 #include "manifest.h"
 
+#include <limits.h>
+
 #include <stdio.h>
 
 /* ---- memory counters ---- */
@@ -58,6 +60,9 @@ plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, 
                     char *err, size_t errlen);
 void plugin_unload(plugin *p);
 const char *plugin_kind_name(ct_plugin_kind kind);
+/* The plugin search path: the manifest's folder (may be NULL), $CTITAN_PLUGIN_PATH (':'-separated), the
+ * binary's folder + /plugins, the build's plugins. Returns how many folders it wrote (at most max). */
+int plugin_search_dirs(const char *manifest_dir, char dirs[][PATH_MAX], int max);
 /* Lists every plugin found on the search path (kind, name, ABI, path, description). Returns the count. */
 int plugin_list(FILE *out, const char *manifest_dir);
 

@@ -1,5 +1,6 @@
 /* main.c: the `ctitan` command line. */
 #include "cmd_convert.h"
+#include "cmd_schedule.h"
 #include "cmd_tokenize.h"
 #include "session.h"
 
@@ -16,6 +17,7 @@ static const char *usage =
     "  tokenize            turn text or JSONL into a token shard\n"
     "  tokenizer           train / encode / decode with a BPE vocabulary (tiktoken format)\n"
     "  convert             --to hf | --from hf: a model (.ctt) to or from a Hugging Face Llama folder\n"
+    "  schedule            check and draw a pipeline schedule (timeline, bubble, --svg)\n"
     "  help                this text\n";
 
 int main(int argc, char **argv) {
@@ -35,6 +37,7 @@ other:
     if (!strcmp(cmd, "launch")) return cmd_launch(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "schedule")) return cmd_schedule(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenizer")) return cmd_tokenizer(argc - 1, argv + 1);
     fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plugins, launch, tokenize, tokenizer, convert; see ctitan help)\n", cmd);
     return EXIT_BAD_INPUT;

@@ -103,6 +103,16 @@ static const struct {
     {"compile.enable", CT_OPT_BOOL, "false", "capture the steady-state step in a CUDA graph (GPU devices; none on the CPU)"},
     {"compile.enable_async_tensor_parallel", CT_OPT_BOOL, "false", "torchtitan's later spelling of parallelism.enable_async_tensor_parallel"},
     {"parallelism.pipeline_parallel_degree", CT_OPT_INT, "1", "pipeline parallel degree"},
+    {"parallelism.pipeline_parallel_schedule", CT_OPT_STRING, "1F1B",
+     "GPipe | 1F1B | Interleaved1F1B | LoopedBFS | InterleavedZeroBubble | ZBVZeroBubble | CSV | a schedule plugin's path"},
+    {"parallelism.pipeline_parallel_schedule_csv", CT_OPT_STRING, "", "the CSV schedule's file: one row of actions per pp rank"},
+    {"parallelism.pipeline_parallel_microbatch_size", CT_OPT_INT, "1", "sequences per pipeline microbatch"},
+    {"parallelism.pipeline_parallel_layers_per_stage", CT_OPT_INT, "0",
+     "layers per stage (the embedding and output counted as below); 0: the schedule's stages per rank"},
+    {"parallelism.pipeline_parallel_first_stage_less_layers", CT_OPT_INT, "1", "the embedding counts as this many layers"},
+    {"parallelism.pipeline_parallel_last_stage_less_layers", CT_OPT_INT, "1", "the output counts as this many layers"},
+    {"parallelism.pipeline_parallel_stage_units", CT_OPT_STRING, "", "units per stage, e.g. \"3,3,2\" (overrides the above)"},
+    {"parallelism.pipeline_runner", CT_OPT_STRING, "pp", "the pipeline runner plugin (a name or a path)"},
     {"parallelism.context_parallel_degree", CT_OPT_INT, "1", "context parallel degree"},
 };
 

@@ -56,7 +56,7 @@ int mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]) 
         return -1;
     }
     for (int a = 0; a < CT_MESH_NAXES; a++) {
-        if (degree[a] > 1 && (a == CT_AXIS_PP || a == CT_AXIS_CP)) {
+        if (degree[a] > 1 && (a == CT_AXIS_CP)) {
             mf_where(mf, degree_keys[a], where, sizeof where);
             fprintf(stderr, "ctitan: %s: %s parallelism is not available yet (degree must be 1)\n", where,
                     mesh_axis_names[a]);

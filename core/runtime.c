@@ -154,7 +154,7 @@ static void init_values(const decl *d, const ct_param_slot *sl, uint64_t seed, f
 static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
 /* Placement: the strategies' (tensor parallel first, then data parallel), or everything local on one rank. */
-static int place_params(runtime *rt, char *err, size_t errlen) {
+static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen) {
     rt->slots = calloc((size_t)rt->n_params, sizeof(ct_param_slot));
     rt->local = calloc((size_t)rt->n_params, sizeof(ct_tensor));
     if (!rt->slots || !rt->local) {
@@ -171,6 +171,11 @@ static int place_params(runtime *rt, char *err, size_t errlen) {
         sl->tp_dim = -1;
         sl->tp_parts = 1;
         memcpy(sl->global_shape, sl->param->shape, sizeof sl->global_shape);
+        sl->unit = decls[i].unit;
+        if (rt->dist.unit_rank && rt->dist.unit_rank[sl->unit] != rt->dist.mesh->coord[CT_AXIS_PP]) {
+            sl->placement = CT_PLACE_NONE; /* another pipeline stage's: no storage here */
+            sl->local_numel = 0;
+        }
     }
     for (int k = 0; k < rt->dist.n_st; k++) {
         ct_clear_error();
@@ -187,7 +192,8 @@ static int place_params(runtime *rt, char *err, size_t errlen) {
                                          sl->tp_index < sl->tp_parts &&
                                          p->shape[sl->tp_dim] * sl->tp_parts == sl->global_shape[sl->tp_dim];
         if (!tp_ok || sl->numel != ct_tensor_numel(p) || sl->local_numel < 0 || sl->offset < 0 ||
-            (sl->placement == CT_PLACE_REPLICATE && sl->local_numel != sl->numel)) {
+            (sl->placement == CT_PLACE_REPLICATE && sl->local_numel != sl->numel) ||
+            (sl->placement == CT_PLACE_NONE && sl->local_numel != 0)) {
             snprintf(err, errlen, "strategy placed %s badly (local %lld at %lld of %lld, tp dim %d in %d parts)",
                      p->name, (long long)sl->local_numel, (long long)sl->offset, (long long)sl->numel, sl->tp_dim,
                      sl->tp_parts);
@@ -224,8 +230,7 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
         goto fail;
     }
     for (int i = 0; i < rc.n; i++) rt->params[i]->t.name = rc.decls[i].name; /* the tensors own the names now */
-    if (place_params(rt, err, errlen)) goto fail_owned;
-    for (int i = 0; i < rc.n; i++) rt->slots[i].unit = rc.decls[i].unit;
+    if (place_params(rt, rc.decls, err, errlen)) goto fail_owned;
     /* this rank's storage: one allocation for its parameters, one for their gradients */
     size_t total = 0, max_n = 0;
     for (int i = 0; i < rc.n; i++) {
@@ -402,7 +407,7 @@ int runtime_begin_step(runtime *rt) {
 }
 
 /* Points replicated parameters at their bf16 copies (forward and backward) or back at the masters. */
-static void use_shadow(runtime *rt, int on) {
+void runtime_use_shadow(runtime *rt, int on) {
     if (!rt->bf16_shadow) return;
     for (int i = 0; i < rt->n_params; i++)
         if (rt->slots[i].placement == CT_PLACE_REPLICATE)
@@ -410,7 +415,7 @@ static void use_shadow(runtime *rt, int on) {
 }
 
 /* ---- forward / backward over units ---- */
-static rt_tensor *upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T) {
+rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T) {
     int64_t shape[2] = {B, T};
     rt_tensor *t = tape_new_activation(rt, CT_I32, 2, shape);
     if (!t) return NULL;
@@ -418,7 +423,7 @@ static rt_tensor *upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t
     return t;
 }
 
-static int reset_arenas(runtime *rt) {
+int runtime_reset_arenas(runtime *rt) {
     int bad = pool_reset(&rt->saved.data) | pool_reset(&rt->saved.desc) | pool_reset(&rt->scratch.data) |
               pool_reset(&rt->scratch.desc) | pool_reset(&rt->grads.data) | pool_reset(&rt->grads.desc);
     return bad ? -1 : 0;
@@ -473,83 +478,107 @@ static int unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_
     return 0;
 }
 
-/* Forward of every unit; checkpointed units keep only their output. */
-static int forward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int record, rt_tensor **last) {
-    rt_tensor *x = NULL;
-    int nu = rt->desc.n_units;
-    for (int u = 0; u < nu; u++) {
-        rt_tensor *tg = u == nu - 1 ? targets : NULL;
-        rt->unit_in[u] = x;
-        rt->tail = NULL;
-        HOOK(rt, pre_forward, 0, u, 0);
-        if (record && rt->ac[u]) {
-            pool_mark md = pool_get_mark(&rt->scratch.data), mh = pool_get_mark(&rt->scratch.desc);
-            rt->recording = 0;
-            rt->act = &rt->scratch;
-            rt_tensor *o;
-            if (unit_forward(rt, u, x, tokens, tg, &o)) return -1;
-            rt->act = &rt->saved;
-            rt_tensor *keep = tape_new_activation(rt, o->t.dtype, o->t.ndim, o->t.shape);
-            if (!keep || rt->d->copy(rt->dev, keep->t.data, o->t.data,
-                                     (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype), CT_COPY_D2D))
-                return -1;
-            pool_release(&rt->scratch.data, md);
-            pool_release(&rt->scratch.desc, mh);
-            x = keep;
-        } else {
-            rt->recording = record;
-            rt->act = &rt->saved;
-            if (unit_forward(rt, u, x, tokens, tg, &x)) return -1;
-        }
-        rt->unit_tape[u] = rt->tail;
-        rt->unit_out[u] = x;
-        HOOK(rt, post_forward, 1, u, 0);
+/* Forward of unit u from x (NULL for unit 0), no hooks; a checkpointed unit keeps only its output. */
+int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, int record,
+                     rt_tensor **out) {
+    rt_tensor *tg = u == rt->desc.n_units - 1 ? targets : NULL;
+    rt->unit_in[u] = x;
+    rt->tail = NULL;
+    if (record && rt->ac[u]) {
+        pool_mark md = pool_get_mark(&rt->scratch.data), mh = pool_get_mark(&rt->scratch.desc);
+        rt->recording = 0;
+        rt->act = &rt->scratch;
+        rt_tensor *o;
+        if (unit_forward(rt, u, x, tokens, tg, &o)) return -1;
+        rt->act = &rt->saved;
+        rt_tensor *keep = tape_new_activation(rt, o->t.dtype, o->t.ndim, o->t.shape);
+        if (!keep || rt->d->copy(rt->dev, keep->t.data, o->t.data,
+                                 (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype), CT_COPY_D2D))
+            return -1;
+        pool_release(&rt->scratch.data, md);
+        pool_release(&rt->scratch.desc, mh);
+        x = keep;
+    } else {
+        rt->recording = record;
+        rt->act = &rt->saved;
+        if (unit_forward(rt, u, x, tokens, tg, &x)) return -1;
     }
     rt->recording = 0;
+    rt->unit_tape[u] = rt->tail;
+    rt->unit_out[u] = x;
+    *out = x;
+    return 0;
+}
+
+/* Backward halves of unit u, no hooks. TAPE_BOTH frees the unit's activation gradients after it;
+ * TAPE_INPUT keeps them (and a checkpointed unit's recomputed activations, in the saved arena) for
+ * the TAPE_WEIGHT half that follows later (zero-bubble pipeline schedules). */
+int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, int halves) {
+    int nu = rt->desc.n_units;
+    rt_tensor *in = rt->unit_in[u];
+    if (in && !tape_grad(rt, in)) return -1; /* the boundary gradient outlives the unit */
+    pool_mark gd = pool_get_mark(&rt->grads.data);
+    pool_mark sd = pool_get_mark(&rt->scratch.data), sh = pool_get_mark(&rt->scratch.desc);
+    tape_entry *tail = rt->unit_tape[u];
+    if (rt->ac[u] && halves != TAPE_WEIGHT) { /* recompute the unit, recording */
+        rt->recording = 1;
+        rt->act = halves == TAPE_BOTH ? &rt->scratch : &rt->saved;
+        rt->tail = NULL;
+        rt_tensor *o;
+        if (unit_forward(rt, u, in, tokens, u == nu - 1 ? targets : NULL, &o)) return -1;
+        rt->recording = 0;
+        rt->act = &rt->saved;
+        rt_tensor *owner = o->base ? o->base : o;
+        owner->t.grad = rt->unit_out[u]->t.grad;
+        tail = rt->tail;
+        if (halves == TAPE_INPUT) rt->unit_tape[u] = tail; /* the weight half replays the recomputed ops */
+    }
+    trace_begin(halves == TAPE_BOTH ? "backward" : halves == TAPE_INPUT ? "backward_input" : "backward_weight");
+    int bad = tape_backward(rt, tail, halves);
+    trace_end(halves == TAPE_BOTH ? "backward" : halves == TAPE_INPUT ? "backward_input" : "backward_weight");
+    if (bad) return -1;
+    note_act_peak(rt);
+    if (halves == TAPE_BOTH) {
+        pool_release(&rt->grads.data, gd);
+        pool_release(&rt->scratch.data, sd);
+        pool_release(&rt->scratch.desc, sh);
+    }
+    return 0;
+}
+
+/* Forward of every unit with the strategies' hooks around each. */
+static int forward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int record, rt_tensor **last) {
+    rt_tensor *x = NULL;
+    for (int u = 0; u < rt->desc.n_units; u++) {
+        HOOK(rt, pre_forward, 0, u, 0);
+        if (runtime_unit_fwd(rt, u, x, tokens, targets, record, &x)) return -1;
+        HOOK(rt, post_forward, 1, u, 0);
+    }
     *last = x;
     return 0;
 }
 
 static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int last_microbatch) {
-    int nu = rt->desc.n_units;
-    for (int u = nu - 1; u >= 0; u--) {
-        rt_tensor *in = rt->unit_in[u];
+    for (int u = rt->desc.n_units - 1; u >= 0; u--) {
         HOOK(rt, pre_backward, 2, u, 0);
-        if (in && !tape_grad(rt, in)) return -1; /* the boundary gradient outlives the unit */
-        pool_mark gd = pool_get_mark(&rt->grads.data);
-        pool_mark sd = pool_get_mark(&rt->scratch.data), sh = pool_get_mark(&rt->scratch.desc);
-        tape_entry *tail = rt->unit_tape[u];
-        if (rt->ac[u]) { /* recompute the unit, recording, into scratch */
-            rt->recording = 1;
-            rt->act = &rt->scratch;
-            rt->tail = NULL;
-            rt_tensor *o;
-            if (unit_forward(rt, u, in, tokens, u == nu - 1 ? targets : NULL, &o)) return -1;
-            rt->recording = 0;
-            rt_tensor *owner = o->base ? o->base : o;
-            owner->t.grad = rt->unit_out[u]->t.grad;
-            tail = rt->tail;
-        }
-        trace_begin("backward");
-        int bad = tape_backward(rt, tail, TAPE_BOTH);
-        trace_end("backward");
-        if (bad) return -1;
-        note_act_peak(rt);
-        pool_release(&rt->grads.data, gd);
-        pool_release(&rt->scratch.data, sd);
-        pool_release(&rt->scratch.desc, sh);
+        if (runtime_unit_bwd(rt, u, tokens, targets, TAPE_BOTH)) return -1;
         HOOK(rt, post_backward, 3, u, last_microbatch);
     }
     HOOK(rt, finish_backward, 4, 0, 0);
     return 0;
 }
 
+int runtime_hook(runtime *rt, int which, int unit, int last) {
+    static const char *names[] = {"pre_forward", "post_forward", "pre_backward", "post_backward", "finish_backward"};
+    return run_hook(rt, names[which], which, unit, last, which == 4);
+}
+
 int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
                              float loss_scale, int last_microbatch, double *loss_sum) {
-    if (reset_arenas(rt)) return -1;
-    use_shadow(rt, 1);
+    if (runtime_reset_arenas(rt)) return -1;
+    runtime_use_shadow(rt, 1);
     rt->act = &rt->saved;
-    rt_tensor *tok = upload_ids(rt, tokens, B, T), *tgt = upload_ids(rt, targets, B, T), *loss = NULL;
+    rt_tensor *tok = runtime_upload_ids(rt, tokens, B, T), *tgt = runtime_upload_ids(rt, targets, B, T), *loss = NULL;
     int bad = !tok || !tgt || forward_units(rt, tok, tgt, 1, &loss);
     if (!bad && (loss->t.ndim != 0 || loss->t.dtype != CT_F32)) {
         ct_set_error("model: the last unit must return a scalar loss when given targets");
@@ -564,19 +593,23 @@ int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *
     /* backward runs with the same (bf16-rounded) weights as forward; gradients land in the f32
      * master gradients, which the parameters point at whatever their data pointer */
     if (!bad) bad = backward_units(rt, tok, tgt, last_microbatch);
-    use_shadow(rt, 0);
+    runtime_use_shadow(rt, 0);
     *loss_sum = lf;
     return bad ? -1 : 0;
 }
 
 int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out) {
-    if (reset_arenas(rt)) return -1;
-    use_shadow(rt, 1);
+    if (rt->dist.unit_rank) {
+        ct_set_error("sampling under pipeline parallel is not supported: run ctitan generate on the saved model");
+        return -1;
+    }
+    if (runtime_reset_arenas(rt)) return -1;
+    runtime_use_shadow(rt, 1);
     rt->act = &rt->saved;
-    rt_tensor *tok = upload_ids(rt, tokens, B, T), *logits = NULL;
+    rt_tensor *tok = runtime_upload_ids(rt, tokens, B, T), *logits = NULL;
     int bad = !tok || forward_units(rt, tok, NULL, 0, &logits);
     if (!bad && logits->col_full > 0) bad = !(logits = tape_tp_gather_cols(rt, logits)); /* vocabulary-sharded */
-    use_shadow(rt, 0);
+    runtime_use_shadow(rt, 0);
     if (bad) return -1;
     int64_t V = logits->t.shape[logits->t.ndim - 1];
     if (ct_tensor_numel(&logits->t) != B * T * V) {
@@ -593,38 +626,39 @@ int runtime_zero_grads(runtime *rt) {
 }
 
 /* Each gradient's sum of squares goes into the bucket of the mesh axes it is split over (the fsdp
- * shard axis, tp when tensor parallel splits it); each bucket is summed over its axes' groups.
- * A gradient that is whole on an axis is the same on every rank of it and counts once. */
+ * shard axis, tp when tensor parallel splits it, pp: every parameter lives on one stage); each axis
+ * then sums the buckets that include it over its group, in the same order on every rank. A gradient
+ * that is whole on an axis is the same on every rank of it and counts once. */
 int runtime_grad_norm(runtime *rt, double *norm) {
-    double bucket[1 << CT_MESH_NAXES] = {0};
-    int used[1 << CT_MESH_NAXES] = {0}; /* the same on every rank: placements are */
+    enum { NB = 1 << CT_MESH_NAXES };
+    double bucket[NB] = {0}, part[NB];
+    int pp = rt->dist.mesh && rt->dist.mesh->degree[CT_AXIS_PP] > 1;
     for (int i = 0; i < rt->n_params; i++) {
         const ct_param_slot *sl = &rt->slots[i];
-        double s;
-        if (rt->d->sum_squares(rt->dev, &s, sl->local_grad, sl->local_numel) != CT_OK) return -1;
-        unsigned mask = 0;
+        double s = 0;
+        if (sl->local_numel > 0 && rt->d->sum_squares(rt->dev, &s, sl->local_grad, sl->local_numel) != CT_OK) return -1;
+        unsigned mask = pp ? 1u << CT_AXIS_PP : 0;
         if (sl->placement == CT_PLACE_SHARD && (unsigned)sl->shard_axis < CT_MESH_NAXES) mask |= 1u << sl->shard_axis;
         if (sl->tp_dim >= 0 && sl->tp_parts > 1) mask |= 1u << CT_AXIS_TP;
         bucket[mask] += s;
-        used[mask] = 1;
+    }
+    for (int a = 0; a < CT_MESH_NAXES && rt->dist.capi; a++) {
+        if (rt->dist.mesh->degree[a] <= 1) continue;
+        for (unsigned m = 0; m < NB; m++) part[m] = (m & (1u << a)) ? bucket[m] : 0.0;
+        ct_clear_error();
+        double t0 = ct_now();
+        ct_status st = rt->dist.capi->all_reduce(rt->dist.comm, rt->dist.mesh->group[a], part, part, NB, CT_F64,
+                                                 CT_REDUCE_SUM, NULL);
+        rt->comm_seconds += ct_now() - t0;
+        if (st != CT_OK) {
+            rt->dist_status = st;
+            return -1;
+        }
+        for (unsigned m = 0; m < NB; m++)
+            if (m & (1u << a)) bucket[m] = part[m];
     }
     double total = 0;
-    for (unsigned mask = 0; mask < (1u << CT_MESH_NAXES); mask++) {
-        if (!used[mask]) continue;
-        for (int a = 0; a < CT_MESH_NAXES; a++) {
-            if (!(mask & (1u << a)) || !rt->dist.capi || rt->dist.mesh->degree[a] <= 1) continue;
-            ct_clear_error();
-            double t0 = ct_now();
-            ct_status st = rt->dist.capi->all_reduce(rt->dist.comm, rt->dist.mesh->group[a], &bucket[mask],
-                                                     &bucket[mask], 1, CT_F64, CT_REDUCE_SUM, NULL);
-            rt->comm_seconds += ct_now() - t0;
-            if (st != CT_OK) {
-                rt->dist_status = st;
-                return -1;
-            }
-        }
-        total += bucket[mask];
-    }
+    for (unsigned m = 0; m < NB; m++) total += bucket[m];
     *norm = sqrt(total);
     return 0;
 }
@@ -656,7 +690,30 @@ static int local_block_get(runtime *rt, int i, float *host, int grad) {
     return rc;
 }
 
+static int param_get_here(runtime *rt, int i, float *host, int grad);
+
+/* Under pipeline parallel the stage that holds the parameter reads it, then broadcasts it over pp. */
 int runtime_param_get(runtime *rt, int i, float *host, int grad) {
+    const ct_param_slot *sl = &rt->slots[i];
+    if (!rt->dist.unit_rank) return param_get_here(rt, i, host, grad);
+    int owner = rt->dist.unit_rank[sl->unit];
+    if (sl->placement != CT_PLACE_NONE && param_get_here(rt, i, host, grad)) return -1;
+    int64_t n = 1;
+    for (int d = 0; d < sl->param->ndim; d++) n *= sl->global_shape[d];
+    float *dev = NULL;
+    int rc = -1;
+    if (rt->d->alloc(rt->dev, sizeof(float) * (size_t)(n > 0 ? n : 1), (void **)&dev) != CT_OK) return -1;
+    if ((sl->placement == CT_PLACE_NONE ||
+         rt->d->copy(rt->dev, dev, host, sizeof(float) * (size_t)n, CT_COPY_H2D) == CT_OK) &&
+        rt->dist.capi->broadcast(rt->dist.comm, rt->dist.mesh->group[CT_AXIS_PP], dev, n, CT_F32, owner, NULL) ==
+            CT_OK &&
+        rt->d->copy(rt->dev, host, dev, sizeof(float) * (size_t)n, CT_COPY_D2H) == CT_OK)
+        rc = 0;
+    rt->d->free(rt->dev, dev);
+    return rc;
+}
+
+static int param_get_here(runtime *rt, int i, float *host, int grad) {
     const ct_param_slot *sl = &rt->slots[i];
     if (sl->tp_dim < 0) return local_block_get(rt, i, host, grad);
     /* split by tensor parallel: every tp rank's block, placed where it belongs */
@@ -687,6 +744,7 @@ done:
 int runtime_param_set(runtime *rt, int i, const float *host) {
     const ct_param_slot *sl = &rt->slots[i];
     float *block = NULL;
+    if (sl->placement == CT_PLACE_NONE) return 0; /* another pipeline stage's */
     if (sl->tp_dim >= 0) { /* this rank's tp block first */
         if (!(block = malloc(sizeof(float) * (size_t)sl->numel))) return -1;
         for (int64_t k = 0; k < sl->numel; k++) block[k] = host[runtime_global_index(sl, k)];

@@ -74,6 +74,7 @@ typedef struct runtime_dist {
     const ct_strategy_api *st[RT_MAX_STRATEGIES];
     void *strat[RT_MAX_STRATEGIES];
     int n_st;
+    const int *unit_rank; /* pipeline parallel: the pp rank that runs each unit (NULL: this rank runs all) */
 } runtime_dist;
 
 /* Tensor parallel as the tape runs it (size 1: off). */
@@ -163,6 +164,18 @@ int runtime_scale_grads(runtime *rt, float s);
 int runtime_param_get(runtime *rt, int i, float *host, int grad);
 int runtime_param_set(runtime *rt, int i, const float *host);
 int runtime_find_param(runtime *rt, const char *name);
+
+/* ---- pieces the pipeline runtime (pipeline.c) drives unit by unit ---- */
+/* Forward of unit u from x (NULL for unit 0) without the strategies' hooks; *out = its output. */
+int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, int record,
+                     rt_tensor **out);
+/* Backward of unit u without hooks: halves TAPE_BOTH, TAPE_INPUT, or TAPE_WEIGHT after TAPE_INPUT. */
+int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, int halves);
+/* Strategy hook `which` (0 pre_forward, 1 post_forward, 2 pre_backward, 3 post_backward, 4 finish_backward). */
+int runtime_hook(runtime *rt, int which, int unit, int last);
+void runtime_use_shadow(runtime *rt, int on);
+rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T);
+int runtime_reset_arenas(runtime *rt);
 
 /* The global shape of parameter i (its tp-local block's, when tensor parallel splits it). */
 const int64_t *runtime_global_shape(const runtime *rt, int i);

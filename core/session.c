@@ -362,7 +362,16 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     }
     if ((st = check_tp(s))) return st;
     if ((st = open_dist(s))) return st;
-    runtime_dist dist = {s->capi, s->comm, &s->mesh, {0}, {0}, 0};
+    if (s->mesh.degree[CT_AXIS_PP] > 1) {
+        ct_model_desc d;
+        memset(&d, 0, sizeof d);
+        d.struct_size = sizeof d;
+        ct_clear_error();
+        if (s->m->describe(s->model, &d) != CT_OK) return fail_line(EXIT_BAD_INPUT, "model");
+        if (!(s->pl = calloc(1, sizeof *s->pl))) return EXIT_RUN_FAILED;
+        if ((st = pipeline_plan(s->pl, mf, &d, &s->mesh, s->m->unit_name, s->model))) return st;
+    }
+    runtime_dist dist = {s->capi, s->comm, &s->mesh, {0}, {0}, 0, s->pl ? s->pl->unit_rank : NULL};
     if (s->tstrat) {
         dist.st[dist.n_st] = s->tapi;
         dist.strat[dist.n_st++] = s->tstrat;
@@ -381,6 +390,7 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     }
     s->rt_ready = 1;
     if (s->tstrat && (st = runtime_tp_setup(s))) return st;
+    if (s->pl && (st = pipeline_start(s->pl, mf, &s->rt, commstats_wrap(s->capi), s->comm, &s->mesh))) return st;
     s->rt.qapi = s->qapi;
     s->rt.quant = s->quant;
     if (s->qapi) runtime_decide_quant(&s->rt);
@@ -435,6 +445,10 @@ void session_close(session *s) {
         mem_account(CT_MEM_OPTIMIZER, -(int64_t)s->opt_bytes);
     }
     if (s->opt) s->o->destroy(s->opt);
+    if (s->pl) {
+        pipeline_free(s->pl);
+        free(s->pl);
+    }
     if (s->rt_ready) runtime_free(&s->rt);
     if (s->strat) s->sapi->destroy(s->strat);
     if (s->tstrat) s->tapi->destroy(s->tstrat);
@@ -618,8 +632,10 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     int64_t accum = G / L;
     for (int64_t m = 0; m < accum; m++) {
         double ls;
-        if (runtime_forward_backward(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, scale, m == accum - 1, &ls))
-            return -1;
+        int bad = s->pl ? pipeline_step(s->pl, inputs + m * L * T, targets + m * L * T, L, T, scale, m == accum - 1, &ls)
+                        : runtime_forward_backward(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, scale,
+                                                   m == accum - 1, &ls);
+        if (bad) return -1;
         loss_sum += ls;
     }
     if (dp_sum(s, &loss_sum)) return -1;
@@ -634,6 +650,7 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     for (int i = 0; i < s->rt.n_params; i++) {
         ct_tensor *p = &s->rt.local[i]; /* this rank's storage: the whole parameter or its shard */
         int64_t n = p->shape[0];
+        if (n == 0) continue; /* another pipeline stage's parameter */
         float *state[8];
         for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + off);
         ct_clear_error();

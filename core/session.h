@@ -9,6 +9,7 @@
 #include "ctitan/strategy.h"
 #include "host.h"
 #include "manifest.h"
+#include "pipeline.h"
 #include "runtime.h"
 
 /* Exit statuses: bad input (manifest, options, data files) and failures while running. */
@@ -37,6 +38,7 @@ typedef struct session {
     char *opt_mem;   /* one allocation: state_count f32 values per parameter element */
     size_t opt_bytes;
     int n_state;
+    pipeline *pl;      /* pipeline parallel (pp > 1), else NULL */
     double peak_flops; /* measured f32 matmul peak of the device, FLOP/s (0 if unknown) */
 } session;
 

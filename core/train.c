@@ -132,7 +132,8 @@ static int train_loop(session *s, manifest *mf) {
     if (s->peak_flops > 0)
         printf("device: %s, measured f32 matmul peak %.1f GFLOP/s (MFU below is against this %s peak)\n",
                s->devp->info.name, s->peak_flops / 1e9, s->devp->info.name);
-    double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0, tp_time_sum = 0, tp_bwd_sum = 0;
+    double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0, tp_time_sum = 0, tp_bwd_sum = 0,
+           pp_sums[2] = {0, 0};
     const int64_t warmup_steps = steps > 2 ? 2 : steps > 1 ? 1 : 0;
     int64_t tokens_since = 0, timed_steps = 0;
     ckpt_plan ck;
@@ -143,7 +144,8 @@ static int train_loop(session *s, manifest *mf) {
     dl.position = ck.state.data_position;
     for (int64_t step = ck.state.step + 1; step <= steps; step++) {
         double t0 = ct_now(), comm_before = s->rt.comm_seconds, tp_before = s->rt.tp.comm_seconds,
-               tp_bwd_before = s->rt.tp.bwd_seconds;
+               tp_bwd_before = s->rt.tp.bwd_seconds, pp_busy_before = s->pl ? s->pl->busy_seconds : 0,
+               pp_step_before = s->pl ? s->pl->step_seconds : 0;
         trace_begin("step");
         double lr = lr_at(&sched, step - ck.lr_offset);
         /* the whole global batch first: the loss is normalised by its valid-token count */
@@ -168,6 +170,10 @@ static int train_loop(session *s, manifest *mf) {
             comm_time_sum += s->rt.comm_seconds - comm_before;
             tp_time_sum += s->rt.tp.comm_seconds - tp_before;
             tp_bwd_sum += s->rt.tp.bwd_seconds - tp_bwd_before;
+            if (s->pl) {
+                pp_sums[0] += s->pl->busy_seconds - pp_busy_before;
+                pp_sums[1] += s->pl->step_seconds - pp_step_before;
+            }
             timed_steps++;
         }
         tokens_since += G_local * T / non_dp; /* per device: tp (and pp, cp) ranks share a dp rank's tokens */
@@ -210,6 +216,12 @@ static int train_loop(session *s, manifest *mf) {
             printf("summary: communication (time in strategy hooks and collectives, not hidden by compute) %.1f%% of "
                    "step time on rank 0\n",
                    100.0 * comm_time_sum / step_time_sum);
+        /* every pp rank's time inside stage work against its time in the runner: the measured bubble */
+        if (s->pl && s->capi->all_reduce(s->comm, s->mesh.group[CT_AXIS_PP], pp_sums, pp_sums, 2, CT_F64, CT_REDUCE_SUM,
+                                         NULL) == CT_OK && pp_sums[1] > 0)
+            printf("summary: pipeline %s: measured bubble %.3f (time outside stage work, all %d pp ranks), schedule "
+                   "predicts %.3f; at most %d microbatches held on rank 0\n",
+                   s->pl->plan.name, 1.0 - pp_sums[0] / pp_sums[1], s->pl->pp, s->pl->plan.bubble, s->pl->peak_ctx);
         if (s->rt.tp.size > 1)
             printf("summary: tensor parallel%s: %.2f ms per step blocked in tp collectives (forward %.2f, backward "
                    "%.2f; %.1f%% of step time)\n",

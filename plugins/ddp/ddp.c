@@ -39,6 +39,7 @@ static void ddp_destroy(void *p) {
 static ct_status ddp_place(void *p, ct_param_slot *slots, int n) {
     (void)p;
     for (int i = 0; i < n; i++) {
+        if (slots[i].placement == CT_PLACE_NONE) continue; /* another pipeline stage's */
         slots[i].placement = CT_PLACE_REPLICATE;
         slots[i].local_numel = slots[i].numel;
         slots[i].offset = 0;
@@ -70,7 +71,7 @@ static ct_status ddp_post_backward(void *p, int unit, int last_microbatch) {
     ddp *d = p;
     if (!last_microbatch) return CT_OK; /* accumulate locally until the step's last microbatch */
     for (int i = 0; i < d->n_slots; i++) {
-        if (d->slots[i].unit != unit) continue;
+        if (d->slots[i].unit != unit || d->slots[i].placement == CT_PLACE_NONE) continue;
         ct_status st = d->env.capi->all_reduce(d->env.comm, d->mesh.group[CT_AXIS_DP_REPLICATE], d->slots[i].local_grad,
                                                d->slots[i].local_grad, d->slots[i].numel, CT_F32, CT_REDUCE_SUM,
                                                &d->req[i]);

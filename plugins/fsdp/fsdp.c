@@ -68,8 +68,15 @@ static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, void 
     }
     const char *policy = "default";
     h->opt_string(h, "fsdp_reshard_after_forward", &policy);
+    int pp = env->mesh->degree[CT_AXIS_PP] > 1;
     if (!strcmp(policy, "never")) f->reshard = 0;
-    else if (!strcmp(policy, "default")) f->reshard = 1;
+    else if (!strcmp(policy, "default")) f->reshard = pp ? 0 : 1; /* torchtitan: no resharding between microbatches under PP */
+    else if (!strcmp(policy, "always") && pp) {
+        h->set_error(h, "parallelism.fsdp_reshard_after_forward: 'always' is not supported with pipeline parallel "
+                        "(microbatches of a stage interleave); use default or never");
+        free(f);
+        return CT_ERR_INVALID;
+    }
     else if (!strcmp(policy, "always")) f->reshard = 2;
     else {
         h->set_error(h, "parallelism.fsdp_reshard_after_forward: expected default, always or never, got '%s'", policy);
@@ -122,6 +129,7 @@ static ct_status fsdp_place(void *p, ct_param_slot *slots, int n) {
     int S = f->mesh.degree[CT_AXIS_DP_SHARD], r = f->mesh.coord[CT_AXIS_DP_SHARD];
     for (int i = 0; i < n; i++) {
         ct_param_slot *s = &slots[i];
+        if (s->placement == CT_PLACE_NONE) continue; /* another pipeline stage's */
         int64_t rows = s->param->ndim ? s->param->shape[0] : 1, row = s->numel / (rows ? rows : 1);
         int64_t rows_per = (rows + S - 1) / S; /* dim-0 blocks, the last ones padded */
         s->placement = CT_PLACE_SHARD;
@@ -141,6 +149,7 @@ static ct_status fsdp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
     if (!f->units) return CT_ERR_NOMEM;
     for (int i = 0; i < n; i++) {
         if (slots[i].unit < 0 || slots[i].unit >= n_units) return CT_ERR_INVALID;
+        if (slots[i].placement == CT_PLACE_NONE) continue;
         unit_state *u = &f->units[slots[i].unit];
         int *grown = realloc(u->params, sizeof(int) * (size_t)(u->n + 1));
         if (!grown) return CT_ERR_NOMEM;

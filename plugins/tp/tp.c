@@ -66,6 +66,7 @@ static ct_status tp_place(void *p, ct_param_slot *slots, int n) {
             t->host->set_error(t->host, "tensor parallel: the host's parameter slots predate ABI 1.3");
             return CT_ERR_UNSUPPORTED;
         }
+        if (s->placement == CT_PLACE_NONE) continue; /* another pipeline stage's */
         ct_tensor *w = s->param;
         ct_tp_style st = style_of(t, w->name);
         s->tp_style = st;

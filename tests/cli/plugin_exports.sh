@@ -10,7 +10,7 @@ for so in "$BUILD"/plugins/ctitan-*.so; do
   if [ "$syms" = "ctitan_plugin_entry " ]; then echo "ok   $so exports only ctitan_plugin_entry"
   else echo "FAIL $so exports: $syms"; fails=$((fails+1)); fi
   name=$(basename "$so" .so); name=${name#ctitan-}
-  if ! "$CTITAN" plugins | grep -qE "^(device|model|optimizer|comm|strategy|quantizer) +$name +1\.[0-9]+ "; then
+  if ! "$CTITAN" plugins | grep -qE "^(device|model|optimizer|comm|strategy|quantizer|schedule|pipeline) +[^ ]+ +1\.[0-9]+ +.*/ctitan-$name\.so$"; then
     echo "FAIL ctitan plugins does not list $name"; fails=$((fails+1)); fi
 done
 [ $n -ge 3 ] || { echo "FAIL only $n plugins built"; fails=$((fails+1)); }

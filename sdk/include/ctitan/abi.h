@@ -55,7 +55,8 @@ typedef enum ct_plugin_kind {
     CT_KIND_COMM = 4,
     CT_KIND_STRATEGY = 5,
     CT_KIND_QUANTIZER = 6,
-    CT_KIND_SCHEDULE = 7 /* 1.3: pipeline schedules (ctitan/schedule.h) */
+    CT_KIND_SCHEDULE = 7, /* 1.3: pipeline schedules (ctitan/schedule.h) */
+    CT_KIND_PIPELINE = 8  /* 1.3: the pipeline runner (ctitan/pipeline.h) */
 } ct_plugin_kind;
 
 /* An option a plugin accepts in its manifest section. The host validates the manifest against
@@ -83,7 +84,7 @@ typedef struct ct_plugin_info {
     const ct_option_spec *options; /* may be NULL: accepts no options */
     const void *api;         /* ct_device_api *, ct_model_api *, ct_optimizer_api *, ct_comm_api *,
                                 ct_strategy_api *, ct_quantizer_api *,
-                                ct_schedule_api * per kind */
+                                ct_schedule_api *, ct_pipeline_api * per kind */
 } ct_plugin_info;
 
 typedef ct_status (*ct_plugin_entry_fn)(const ct_host *host, ct_plugin_info *info);

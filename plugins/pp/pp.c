@@ -1,0 +1,324 @@
+/* pp.c: the pipeline runner (ctitan/pipeline.h), written against the public SDK only.
+ *
+ * It runs this rank's actions in the schedule's order and moves what crosses stage boundaries:
+ *   - after F of stage s, when stage s + 1 is on another rank: the output goes there;
+ *   - after B or I of stage s, when stage s - 1 is on another rank: the input gradient goes there.
+ * Each message is a header (ndim and shape, int32) and the data, both sent non-blocking right after
+ * the work that produced them. Every header this rank will receive in the step is posted before
+ * the first action; between actions the runner tests them, and as soon as one has landed it asks
+ * the host where the data goes and posts that receive too. An action waits only for what it reads.
+ * Tags name (kind, destination stage, microbatch), so any order of arrival matches correctly.
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
+#include "ctitan/pipeline.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define HDR (1 + CT_MAX_DIMS)
+#define TAG_LIMIT 32767 /* the smallest MPI_TAG_UB the MPI standard allows */
+
+typedef struct incoming {
+    int kind, stage, mb, peer;
+    int32_t hdr[HDR];
+    void *hreq, *dreq;
+    int hdr_done, posted, done;
+} incoming;
+
+typedef struct outgoing {
+    int stage, mb; /* the (stage, mb) whose buffers it reads */
+    int32_t hdr[HDR];
+    void *hreq, *dreq;
+} outgoing;
+
+typedef struct runner {
+    const ct_host *host;
+    ct_pipeline_env env;
+    incoming *in;
+    int n_in;
+    outgoing *out;
+    int n_out, cap_out;
+    int *sends_left; /* per (stage, mb): sends still in flight */
+    int *finished;   /* per (stage, mb): its last action ran */
+    int *released;
+} runner;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int stage_rank(const runner *r, int stage) {
+    int p = r->env.pp_size;
+    if (r->env.placement == CT_PP_V) return stage < p ? stage : 2 * p - 1 - stage;
+    return stage % p;
+}
+
+static int tag(const runner *r, int kind, int stage, int mb, int part) {
+    return ((kind * r->env.n_stages + stage) * r->env.n_microbatches + mb) * 2 + part;
+}
+
+static int remote_prev(const runner *r, int s) { return s > 0 && stage_rank(r, s - 1) != r->env.pp_rank; }
+static int remote_next(const runner *r, int s) {
+    return s + 1 < r->env.n_stages && stage_rank(r, s + 1) != r->env.pp_rank;
+}
+
+static ct_status pp_create(const ct_host *h, const ct_pipeline_env *env, void **out) {
+    if (4 * env->n_stages * env->n_microbatches > TAG_LIMIT) {
+        h->set_error(h, "pp: %d stages x %d microbatches need more message tags than MPI guarantees (%d)", env->n_stages,
+                     env->n_microbatches, TAG_LIMIT);
+        return CT_ERR_INVALID;
+    }
+    runner *r = calloc(1, sizeof *r);
+    if (!r) return CT_ERR_NOMEM;
+    r->host = h;
+    r->env = *env;
+    int n = env->n_stages * env->n_microbatches;
+    r->in = calloc((size_t)env->n_actions + 1, sizeof(incoming));
+    r->out = calloc((size_t)env->n_actions + 1, sizeof(outgoing));
+    r->cap_out = env->n_actions;
+    r->sends_left = calloc((size_t)n, sizeof(int));
+    r->finished = calloc((size_t)n, sizeof(int));
+    r->released = calloc((size_t)n, sizeof(int));
+    if (!r->in || !r->out || !r->sends_left || !r->finished || !r->released) {
+        free(r->in);
+        free(r->out);
+        free(r->sends_left);
+        free(r->finished);
+        free(r->released);
+        free(r);
+        return CT_ERR_NOMEM;
+    }
+    /* what this rank will receive: an input for each F after a remote stage, an output gradient for
+     * each B or I before a remote stage */
+    for (int i = 0; i < env->n_actions; i++) {
+        const ct_pp_action *a = &env->actions[i];
+        if (a->op == CT_PP_F && remote_prev(r, a->stage))
+            r->in[r->n_in++] = (incoming){.kind = CT_PP_ACTIVATION, .stage = a->stage, .mb = a->microbatch,
+                                          .peer = stage_rank(r, a->stage - 1)};
+        else if ((a->op == CT_PP_B || a->op == CT_PP_I) && remote_next(r, a->stage))
+            r->in[r->n_in++] = (incoming){.kind = CT_PP_GRADIENT, .stage = a->stage, .mb = a->microbatch,
+                                          .peer = stage_rank(r, a->stage + 1)};
+    }
+    *out = r;
+    return CT_OK;
+}
+
+static void pp_destroy(void *p) {
+    runner *r = p;
+    if (!r) return;
+    free(r->in);
+    free(r->out);
+    free(r->sends_left);
+    free(r->finished);
+    free(r->released);
+    free(r);
+}
+
+static incoming *find_in(runner *r, int kind, int stage, int mb) {
+    for (int i = 0; i < r->n_in; i++)
+        if (r->in[i].kind == kind && r->in[i].stage == stage && r->in[i].mb == mb) return &r->in[i];
+    return NULL;
+}
+
+/* Header landed: ask the host for the destination and post the data receive. */
+static ct_status post_data(runner *r, const ct_pipeline_host *ph, incoming *m) {
+    int ndim = m->hdr[0];
+    int64_t shape[CT_MAX_DIMS], count = 1;
+    if (ndim < 0 || ndim > CT_MAX_DIMS) {
+        r->host->set_error(r->host, "pp: a message header with %d dims from pp rank %d", ndim, m->peer);
+        return CT_ERR_IO;
+    }
+    for (int d = 0; d < ndim; d++) count *= shape[d] = m->hdr[1 + d];
+    float *data;
+    ct_status st = ph->input(ph->ctx, m->stage, m->mb, m->kind, ndim, shape, &data);
+    if (st) return st;
+    st = r->env.capi->recv(r->env.comm, r->env.group, data, count, CT_F32, m->peer, tag(r, m->kind, m->stage, m->mb, 1),
+                           &m->dreq);
+    m->posted = 1;
+    return st;
+}
+
+static void maybe_release(runner *r, const ct_pipeline_host *ph, int stage, int mb) {
+    int k = stage * r->env.n_microbatches + mb;
+    if (r->finished[k] && !r->sends_left[k] && !r->released[k]) {
+        r->released[k] = 1;
+        ph->release(ph->ctx, stage, mb);
+    }
+}
+
+/* Moves every pending message along without blocking. */
+static ct_status progress(runner *r, const ct_pipeline_host *ph) {
+    const ct_comm_api *c = r->env.capi;
+    if (!CT_HAS_FIELD(c, ct_comm_api, test) || !c->test) return CT_OK;
+    for (int i = 0; i < r->n_in; i++) {
+        incoming *m = &r->in[i];
+        int done = 0;
+        if (!m->hdr_done) {
+            ct_status st = c->test(r->env.comm, m->hreq, &done);
+            if (st) return st;
+            if (!done) continue;
+            if ((st = c->wait(r->env.comm, m->hreq))) return st;
+            m->hreq = NULL;
+            m->hdr_done = 1;
+        }
+        if (!m->posted) {
+            ct_status st = post_data(r, ph, m);
+            if (st) return st;
+        }
+    }
+    for (int i = 0; i < r->n_out; i++) {
+        outgoing *o = &r->out[i];
+        if (!o->dreq) continue;
+        int hd = 0, dd = 0;
+        ct_status st = c->test(r->env.comm, o->hreq, &hd);
+        if (!st) st = c->test(r->env.comm, o->dreq, &dd);
+        if (st) return st;
+        if (!hd || !dd) continue;
+        if ((st = c->wait(r->env.comm, o->hreq)) || (st = c->wait(r->env.comm, o->dreq))) return st;
+        o->hreq = o->dreq = NULL;
+        r->sends_left[o->stage * r->env.n_microbatches + o->mb]--;
+        maybe_release(r, ph, o->stage, o->mb);
+    }
+    return CT_OK;
+}
+
+/* Blocks until what (kind, stage, mb) reads has arrived. */
+static ct_status await(runner *r, const ct_pipeline_host *ph, int kind, int stage, int mb, double *waited) {
+    incoming *m = find_in(r, kind, stage, mb);
+    if (!m) return CT_OK; /* a local neighbour: nothing to receive */
+    double t0 = now();
+    ct_status st = CT_OK;
+    r->host->trace_begin(r->host, "pp_wait");
+    if (!m->hdr_done) {
+        st = r->env.capi->wait(r->env.comm, m->hreq);
+        m->hreq = NULL;
+        m->hdr_done = !st;
+    }
+    if (!st && !m->posted) st = post_data(r, ph, m);
+    if (!st && !m->done) {
+        st = r->env.capi->wait(r->env.comm, m->dreq);
+        m->dreq = NULL;
+        m->done = !st;
+    }
+    r->host->trace_end(r->host, "pp_wait");
+    *waited += now() - t0;
+    return st;
+}
+
+static ct_status send_out(runner *r, const ct_pipeline_host *ph, int kind, int stage, int mb) {
+    int to = kind == CT_PP_ACTIVATION ? stage + 1 : stage - 1, peer = stage_rank(r, to);
+    const float *data;
+    int ndim;
+    int64_t shape[CT_MAX_DIMS], count = 1;
+    ct_status st = ph->output(ph->ctx, stage, mb, kind, &data, &ndim, shape);
+    if (st) return st;
+    if (r->n_out >= r->cap_out) {
+        r->host->set_error(r->host, "pp: more sends than actions");
+        return CT_ERR_INTERNAL;
+    }
+    outgoing *o = &r->out[r->n_out++];
+    memset(o, 0, sizeof *o);
+    o->stage = stage;
+    o->mb = mb;
+    o->hdr[0] = ndim;
+    for (int d = 0; d < ndim; d++) count *= o->hdr[1 + d] = (int32_t)shape[d];
+    const ct_comm_api *c = r->env.capi;
+    st = c->send(r->env.comm, r->env.group, o->hdr, HDR, CT_I32, peer, tag(r, kind, to, mb, 0), &o->hreq);
+    if (!st) st = c->send(r->env.comm, r->env.group, data, count, CT_F32, peer, tag(r, kind, to, mb, 1), &o->dreq);
+    if (!st) r->sends_left[stage * r->env.n_microbatches + mb]++;
+    return st;
+}
+
+static ct_status pp_run_step(void *p, const ct_pipeline_host *ph, ct_pipeline_stats *stats) {
+    runner *r = p;
+    const ct_comm_api *c = r->env.capi;
+    const ct_host *h = r->host;
+    double t_step = now(), busy = 0, waited = 0;
+    int n = r->env.n_stages * r->env.n_microbatches;
+    memset(r->sends_left, 0, sizeof(int) * (size_t)n);
+    memset(r->finished, 0, sizeof(int) * (size_t)n);
+    memset(r->released, 0, sizeof(int) * (size_t)n);
+    r->n_out = 0;
+    ct_status st = CT_OK;
+    for (int i = 0; i < r->n_in && !st; i++) { /* every header of the step, posted before any work */
+        incoming *m = &r->in[i];
+        m->hdr_done = m->posted = m->done = 0;
+        m->hreq = m->dreq = NULL;
+        st = c->recv(r->env.comm, r->env.group, m->hdr, HDR, CT_I32, m->peer, tag(r, m->kind, m->stage, m->mb, 0),
+                     &m->hreq);
+    }
+    static const char *names[] = {"", "pp_F", "pp_B", "pp_I", "pp_W"};
+    for (int i = 0; i < r->env.n_actions && !st; i++) {
+        const ct_pp_action *a = &r->env.actions[i];
+        int s = a->stage, mb = a->microbatch;
+        if ((st = progress(r, ph))) break;
+        if (a->op == CT_PP_F && (st = await(r, ph, CT_PP_ACTIVATION, s, mb, &waited))) break;
+        if ((a->op == CT_PP_B || a->op == CT_PP_I) && (st = await(r, ph, CT_PP_GRADIENT, s, mb, &waited))) break;
+        if (a->op < CT_PP_F || a->op > CT_PP_W) {
+            h->set_error(h, "pp: action %d of rank %d has op %d", i, r->env.pp_rank, a->op);
+            st = CT_ERR_INVALID;
+            break;
+        }
+        h->trace_begin(h, names[a->op]);
+        double t0 = now();
+        st = a->op == CT_PP_F ? ph->forward(ph->ctx, s, mb) : ph->backward(ph->ctx, s, mb, a->op);
+        busy += now() - t0;
+        h->trace_end(h, names[a->op]);
+        if (st) break;
+        if (a->op == CT_PP_F && remote_next(r, s)) st = send_out(r, ph, CT_PP_ACTIVATION, s, mb);
+        if ((a->op == CT_PP_B || a->op == CT_PP_I) && remote_prev(r, s)) st = send_out(r, ph, CT_PP_GRADIENT, s, mb);
+        if (!st && (a->op == CT_PP_B || a->op == CT_PP_W)) {
+            r->finished[s * r->env.n_microbatches + mb] = 1;
+            maybe_release(r, ph, s, mb);
+        }
+    }
+    /* every send completes before the step ends (its buffers belong to the step's microbatches) */
+    for (int i = 0; i < r->n_out; i++) {
+        outgoing *o = &r->out[i];
+        ct_status s1 = o->hreq ? c->wait(r->env.comm, o->hreq) : CT_OK;
+        ct_status s2 = o->dreq ? c->wait(r->env.comm, o->dreq) : CT_OK;
+        o->hreq = o->dreq = NULL;
+        if (!st) st = s1 ? s1 : s2;
+    }
+    if (st) { /* leave nothing half-done behind: complete or time out what is still posted */
+        for (int i = 0; i < r->n_in; i++) {
+            if (r->in[i].hreq) c->wait(r->env.comm, r->in[i].hreq);
+            if (r->in[i].dreq) c->wait(r->env.comm, r->in[i].dreq);
+            r->in[i].hreq = r->in[i].dreq = NULL;
+        }
+        return st;
+    }
+    for (int i = 0; i < r->n_in; i++)
+        if (!r->in[i].done) {
+            h->set_error(h, "pp: rank %d received a message for stage %d, microbatch %d that no action read",
+                         r->env.pp_rank, r->in[i].stage, r->in[i].mb);
+            return CT_ERR_INTERNAL;
+        }
+    stats->busy_seconds = busy;
+    stats->wait_seconds = waited;
+    stats->step_seconds = now() - t_step;
+    return CT_OK;
+}
+
+static const ct_pipeline_api api = {
+    .struct_size = sizeof(ct_pipeline_api),
+    .create = pp_create,
+    .destroy = pp_destroy,
+    .run_step = pp_run_step,
+};
+
+CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {
+    (void)host;
+    info->abi_major = CT_ABI_MAJOR;
+    info->abi_minor = CT_ABI_MINOR;
+    info->kind = CT_KIND_PIPELINE;
+    info->name = "pp";
+    info->description = "pipeline runner: a schedule's actions with non-blocking stage-to-stage sends, receives posted early";
+    info->options = NULL;
+    info->api = &api;
+    return CT_OK;
+}

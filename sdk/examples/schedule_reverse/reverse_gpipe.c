@@ -1,0 +1,51 @@
+/* reverse_gpipe.c: an out-of-tree pipeline schedule, built from the SDK headers alone.
+ *
+ * "ReverseGPipe": GPipe whose backwards run last-in first-out. Every rank runs all its forwards in
+ * microbatch order, then the backwards from the last microbatch to the first, the order in which
+ * a single process's autograd would unwind them. The last stage can start the backward of the
+ * microbatch it just finished, so the bubble is GPipe's; the peak activations are too (all of them).
+ *
+ * A schedule is pure logic (ctitan/schedule.h): given the pipeline's shape and one rank, write that
+ * rank's actions in order. The host calls it once per rank, checks the lists (`ctitan schedule
+ * --name ./reverse_gpipe.so --pp 4 --microbatches 8`) and the pp runtime runs them. */
+#include <ctitan/schedule.h>
+
+static ct_status reverse_actions(const ct_host *h, const ct_schedule_shape *s, ct_pp_action *out, int cap, int *n);
+
+static const ct_schedule_api api = {
+    .struct_size = sizeof(ct_schedule_api),
+    .placement = CT_PP_LOOP, /* stage s on rank s % pp; with 1 stage per rank, stage r on rank r */
+    .min_stages_per_rank = 1,
+    .max_stages_per_rank = 1,
+    .actions = reverse_actions,
+};
+
+static ct_status reverse_actions(const ct_host *h, const ct_schedule_shape *s, ct_pp_action *out, int cap, int *n) {
+    if (s->struct_size < sizeof *s || s->n_microbatches < 1 || s->rank < 0 || s->rank >= s->pp_size) {
+        h->set_error(h, "bad shape: rank %d of %d, %d microbatches", s->rank, s->pp_size, s->n_microbatches);
+        return CT_ERR_INVALID;
+    }
+    if (s->stages_per_rank != 1) {
+        h->set_error(h, "runs exactly 1 stage per rank, got %d", s->stages_per_rank);
+        return CT_ERR_INVALID;
+    }
+    /* 2 m actions; when they do not fit, say how many are needed (the host retries) */
+    int m = s->n_microbatches, k = 0;
+    *n = 2 * m;
+    if (cap < 2 * m) return CT_ERR_INVALID;
+    for (int mb = 0; mb < m; mb++) out[k++] = (ct_pp_action){.op = CT_PP_F, .stage = s->rank, .microbatch = mb};
+    for (int mb = m - 1; mb >= 0; mb--) out[k++] = (ct_pp_action){.op = CT_PP_B, .stage = s->rank, .microbatch = mb};
+    return CT_OK;
+}
+
+CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {
+    (void)host;
+    info->abi_major = CT_ABI_MAJOR;
+    info->abi_minor = CT_ABI_MINOR;
+    info->kind = CT_KIND_SCHEDULE;
+    info->name = "ReverseGPipe";
+    info->description = "pipeline schedule: GPipe with the backwards last-in first-out (an SDK example)";
+    info->options = NULL;
+    info->api = &api;
+    return CT_OK;
+}
