@@ -132,6 +132,12 @@ static int train_loop(session *s, manifest *mf) {
     if (s->peak_flops > 0)
         printf("device: %s, measured f32 matmul peak %.1f GFLOP/s (MFU below is against this %s peak)\n",
                s->devp->info.name, s->peak_flops / 1e9, s->devp->info.name);
+    int compile = 0;
+    mf_get_bool(mf, "compile.enable", &compile);
+    if (compile)
+        printf(strcmp(s->devp->info.name, "cpu") == 0
+                   ? "compile.enable: no effect on the cpu device (there is no graph to capture)\n"
+                   : "compile.enable: capturing the step in a CUDA graph is not implemented yet; the step runs eagerly\n");
     double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0, tp_time_sum = 0, tp_bwd_sum = 0,
            pp_sums[2] = {0, 0};
     const int64_t warmup_steps = steps > 2 ? 2 : steps > 1 ? 1 : 0;

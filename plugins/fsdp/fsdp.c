@@ -41,6 +41,7 @@ typedef struct fsdp {
     int fp8;           /* gather converted weights in float8 */
     float *dev_scales; /* per slot: the float8 scale of its gather (device) */
     float *host_scales;
+    int scales_fresh;  /* host/dev_scales match the current weights (cleared after each backward) */
 } fsdp;
 
 static const ct_option_spec options[] = {
@@ -177,39 +178,47 @@ static ct_status fsdp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
 
 static int is_fp8(fsdp *f, const ct_param_slot *s) { return f->fp8 && (s->param->flags & CT_TENSOR_QUANTIZED); }
 
-/* Float8 all-gather of unit k's converted weights: one all-reduce of their amaxes, tensor-wide e4m3
- * scales (448 / amax, as torchao), then each rank gathers bytes instead of floats. */
-static ct_status fp8_prepare(fsdp *f, unit_state *u) {
+/* Float8 scales of every converted weight this rank holds, from ONE all-reduce of their amaxes
+ * over the shard group (torchao's precompute_float8_dynamic_scale_for_fsdp): tensor-wide e4m3
+ * scales 448 / amax. Runs at the first gather after the weights may have changed. */
+static ct_status fp8_precompute(fsdp *f) {
     int nq = 0;
-    float amax[256];
-    for (int j = 0; j < u->n && nq < 256; j++) {
+    float *amax = calloc((size_t)f->n_slots + 1, sizeof(float));
+    if (!amax) return CT_ERR_NOMEM;
+    ct_status st = CT_OK;
+    for (int i = 0; i < f->n_slots && !st; i++) {
+        ct_param_slot *s = &f->slots[i];
+        if (!is_fp8(f, s) || s->placement == CT_PLACE_NONE) continue;
+        st = DAPI(f)->amax(f->env.dev, f->dev_scales + i, s->local_data, s->local_numel, s->local_numel);
+        if (!st) st = DAPI(f)->copy(f->env.dev, &amax[nq++], f->dev_scales + i, sizeof(float), CT_COPY_D2H);
+    }
+    if (!st && nq) st = CAPI(f)->all_reduce(f->env.comm, shard_group(f), amax, amax, nq, CT_F32, CT_REDUCE_MAX, NULL);
+    for (int i = 0, q = 0; i < f->n_slots && !st; i++) {
+        ct_param_slot *s = &f->slots[i];
+        if (!is_fp8(f, s) || s->placement == CT_PLACE_NONE) continue;
+        float a = amax[q++], sc = a != a ? a : 448.0f / (a > 1e-12f ? a : 1e-12f);
+        f->host_scales[i] = sc;
+        st = DAPI(f)->copy(f->env.dev, f->dev_scales + i, &sc, sizeof(float), CT_COPY_H2D);
+    }
+    free(amax);
+    f->scales_fresh = !st;
+    return st;
+}
+
+/* Float8 all-gather of unit k's converted weights: each shard cast to e4m3 with its precomputed
+ * scale, so each rank gathers bytes instead of floats. */
+static ct_status fp8_prepare(fsdp *f, unit_state *u) {
+    ct_status st = f->scales_fresh ? CT_OK : fp8_precompute(f);
+    for (int j = 0; j < u->n && !st; j++) {
         ct_param_slot *s = &f->slots[u->params[j]];
         if (!is_fp8(f, s)) continue;
-        ct_status st = DAPI(f)->amax(f->env.dev, f->dev_scales + u->params[j], s->local_data, s->local_numel,
-                                     s->local_numel);
-        if (!st) st = DAPI(f)->copy(f->env.dev, &amax[nq], f->dev_scales + u->params[j], sizeof(float), CT_COPY_D2H);
-        if (st) return st;
-        nq++;
+        u->q8_local[j] = buf_get(f, (s->local_numel + 3) / 4);
+        u->q8_full[j] = buf_get(f, (full_n(f, s) + 3) / 4);
+        if (!u->q8_local[j] || !u->q8_full[j]) return CT_ERR_NOMEM;
+        st = DAPI(f)->quantize_fp8(f->env.dev, (uint8_t *)u->q8_local[j], s->local_data, f->dev_scales + u->params[j],
+                                   s->local_numel, s->local_numel, CT_F8_E4M3);
     }
-    if (!nq) return CT_OK;
-    ct_status st = CAPI(f)->all_reduce(f->env.comm, shard_group(f), amax, amax, nq, CT_F32, CT_REDUCE_MAX, NULL);
-    if (st) return st;
-    for (int j = 0, i = 0; j < u->n; j++) {
-        ct_param_slot *s = &f->slots[u->params[j]];
-        if (!is_fp8(f, s)) continue;
-        float a = amax[i++], sc = a != a ? a : 448.0f / (a > 1e-12f ? a : 1e-12f);
-        f->host_scales[u->params[j]] = sc;
-        st = DAPI(f)->copy(f->env.dev, f->dev_scales + u->params[j], &sc, sizeof(float), CT_COPY_H2D);
-        if (!st) {
-            u->q8_local[j] = buf_get(f, (s->local_numel + 3) / 4);
-            u->q8_full[j] = buf_get(f, (full_n(f, s) + 3) / 4);
-            if (!u->q8_local[j] || !u->q8_full[j]) return CT_ERR_NOMEM;
-            st = DAPI(f)->quantize_fp8(f->env.dev, (uint8_t *)u->q8_local[j], s->local_data, f->dev_scales + u->params[j],
-                                       s->local_numel, s->local_numel, CT_F8_E4M3);
-        }
-        if (st) return st;
-    }
-    return CT_OK;
+    return st;
 }
 
 /* Starts all-gathering unit k's parameters into full buffers. */
@@ -356,6 +365,7 @@ static ct_status fsdp_post_backward(void *p, int k, int last_microbatch) {
 
 static ct_status fsdp_finish_backward(void *p) {
     fsdp *f = p;
+    f->scales_fresh = 0; /* the optimizer may change the weights next */
     for (int k = 0; k < f->n_units; k++) {
         ct_status st = rs_finish(f, k);
         if (st) return st;

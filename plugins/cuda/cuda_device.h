@@ -1,0 +1,169 @@
+/* cuda_device.h: the CUDA plugin's device handle and what its C files share.
+ *
+ * Files: device.c (entry, options, lifecycle, the API table), memory.c (the caching allocator,
+ * copies, scratch and readbacks), blas.c (matmul through cuBLASLt, the peak-FLOP/s loop),
+ * ops.c and ops_ext.c (argument checks, then the kernel launchers of kernels.h).
+ *
+ * Streams: every op runs on d->stream, which is the legacy default stream. The comm ABI hands
+ * device pointers to the NCCL plugin with no event or stream to order them by; the NCCL plugin
+ * runs on blocking streams (cudaStreamCreate), and the legacy stream is ordered with every
+ * blocking stream both ways, so a collective starts after the ops that produced its buffer and
+ * ops after it see its result, without the host waiting.
+ */
+#ifndef CTITAN_CUDA_DEVICE_H
+#define CTITAN_CUDA_DEVICE_H
+
+#include "ctitan/abi.h"
+#include "ctitan/device.h"
+#include "ctitan/host.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "kernels.h"
+
+/* One cudaMalloc'd block of the cache. */
+typedef struct cuda_block {
+    void *ptr;
+    size_t size;
+    int in_use;
+} cuda_block;
+
+/* The caching allocator: every block it got from cudaMalloc, and a map from a block's pointer
+ * to its index (open addressing, linear probing, -1 = empty). */
+typedef struct cuda_cache {
+    cuda_block *blocks;
+    size_t n, cap;
+    int64_t *slots;
+    size_t nslots;
+    size_t reserved, in_use; /* bytes held from CUDA, bytes handed out */
+    size_t mallocs;          /* cudaMalloc calls so far (steady state: no new ones) */
+} cuda_cache;
+
+struct cuda_plans; /* blas.c: cached cuBLASLt matmul plans */
+
+typedef struct cuda_device {
+    const ct_host *host;
+    int device;
+    int tf32;
+    char name[32]; /* "cuda:N" */
+    int64_t memory_bytes;
+    cudaStream_t stream;
+    cuk_env env;
+    cublasLtHandle_t lt;
+    cublasHandle_t blas;
+    void *workspace; /* cuBLASLt's */
+    size_t workspace_bytes;
+    struct cuda_plans *plans;
+    pthread_mutex_t mem_lock; /* the cache */
+    pthread_mutex_t op_lock;  /* the flag word and the pinned readback buffer */
+    cuda_cache cache;
+    unsigned long long *flag; /* device: cuk_find_bad_id's answer */
+    double *dsum;             /* device: cuk_sum's answer */
+    void *pinned;             /* CUDA_PINNED_BYTES of page-locked host memory for readbacks */
+} cuda_device;
+
+#define CUDA_PINNED_BYTES 64
+
+/* ---- errors (device.c) ---- */
+/* Reports "op: message" through the host and returns `status`. */
+ct_status cuda_fail(const cuda_device *d, ct_status status, const char *op, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* A failed CUDA call: CT_ERR_NOMEM for an allocation failure, CT_ERR_INTERNAL otherwise, with the
+ * call and CUDA's name and text of the error. Clears the (non-sticky) error. */
+ct_status cuda_error(const cuda_device *d, const char *op, const char *call, cudaError_t e);
+ct_status cuda_blas_error(const cuda_device *d, const char *op, const char *call, cublasStatus_t s);
+/* Makes d's GPU current on the calling thread (a no-op when it already is). */
+ct_status cuda_enter(cuda_device *d, const char *op);
+
+/* ---- memory (memory.c) ---- */
+ct_status cuda_cache_init(cuda_device *d);
+void cuda_cache_release(cuda_device *d); /* every block back to CUDA (destroy) */
+ct_status cuda_alloc(void *dev, size_t bytes, void **out);
+void cuda_free(void *dev, void *p);
+ct_status cuda_copy(void *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind);
+ct_status cuda_zero(void *dev, void *p, size_t bytes);
+ct_status cuda_synchronize(void *dev);
+/* bytes (<= CUDA_PINNED_BYTES) from device memory `src` into `dst`, waiting for the stream.
+ * The caller holds d->op_lock. */
+ct_status cuda_readback(cuda_device *d, const char *op, void *dst, const void *src, size_t bytes);
+
+/* ---- dense algebra (blas.c) ---- */
+ct_status cuda_blas_init(cuda_device *d);
+void cuda_blas_release(cuda_device *d);
+ct_status cuda_matmul(void *dev, float *c, const float *a, const float *b, int64_t m, int64_t n, int64_t k,
+                      int trans_a, int trans_b, float alpha, float beta);
+ct_status cuda_measure_peak_flops(void *dev, double *flops_per_s);
+
+/* ---- ops (ops.c; ops_ext.c: float8 and tensor parallel): argument checks, then launches ----
+ * CUDA_OP(x) declares cuda_x with the exact type of ct_device_api's member x. */
+#define CUDA_OP(name) __typeof__(*((ct_device_api *)0)->name) cuda_##name
+CUDA_OP(axpy);
+CUDA_OP(add);
+CUDA_OP(scale);
+CUDA_OP(sum);
+CUDA_OP(sum_squares);
+CUDA_OP(embedding_forward);
+CUDA_OP(embedding_backward);
+CUDA_OP(rmsnorm_forward);
+CUDA_OP(rmsnorm_backward_input);
+CUDA_OP(rmsnorm_backward_weight);
+CUDA_OP(layernorm_forward);
+CUDA_OP(layernorm_backward_input);
+CUDA_OP(layernorm_backward_weight);
+CUDA_OP(bias_forward);
+CUDA_OP(bias_backward);
+CUDA_OP(rope_forward);
+CUDA_OP(rope_backward);
+CUDA_OP(attention_forward);
+CUDA_OP(attention_backward);
+CUDA_OP(swiglu_forward);
+CUDA_OP(swiglu_backward);
+CUDA_OP(gelu_forward);
+CUDA_OP(gelu_backward);
+CUDA_OP(cross_entropy_forward);
+CUDA_OP(cross_entropy_backward);
+CUDA_OP(adamw);
+CUDA_OP(cast_f32_to_bf16);
+CUDA_OP(cast_bf16_to_f32);
+CUDA_OP(round_bf16);
+CUDA_OP(amax);
+CUDA_OP(quantize_fp8);
+CUDA_OP(dequantize_fp8);
+CUDA_OP(transpose);
+CUDA_OP(embedding_forward_range);
+CUDA_OP(embedding_backward_range);
+CUDA_OP(cross_entropy_stats);
+CUDA_OP(cross_entropy_backward_lse);
+CUDA_OP(copy_2d);
+
+/* The checks every op starts with (`__func__ + 5` is the op's name without "cuda_"). */
+#define CUDA_OP_BEGIN(dev)                                                                         \
+    cuda_device *d = (dev);                                                                        \
+    if (!d)                                                                                        \
+        return CT_ERR_INVALID;
+#define CUDA_REQUIRE(cond, ...)                                                                    \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return cuda_fail(d, CT_ERR_INVALID, __func__ + 5, __VA_ARGS__);                        \
+    } while (0)
+/* Enter the GPU, then run a launcher (kernels.h) and turn its status into the op's. */
+#define CUDA_ENTER()                                                                               \
+    do {                                                                                           \
+        ct_status st_ = cuda_enter(d, __func__ + 5);                                               \
+        if (st_ != CT_OK)                                                                          \
+            return st_;                                                                            \
+    } while (0)
+#define CUDA_LAUNCH(call)                                                                          \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return cuda_error(d, __func__ + 5, "kernel launch", e_);                               \
+    } while (0)
+
+#endif

@@ -1,0 +1,543 @@
+/* ops.c: the CUDA plugin's ops of ABI 1.0 (but matmul, in blas.c): argument checks, then the
+ * launchers of kernels.h.
+ *
+ * The checks and their messages are the CPU plugin's (plugins/cpu/device.c), so both devices
+ * refuse the same calls the same way. What only the GPU adds: shapes past the grid limits
+ * (CT_ERR_UNSUPPORTED), and ids and targets that live in device memory: cuk_find_bad_id finds
+ * the first bad one on the GPU, the op's kernels skip their work when there is one, and the
+ * answer is read back (one wait on the stream) to return CT_ERR_INVALID naming that entry, so a
+ * refused call changes nothing, as on the CPU.
+ */
+#include "cuda_device.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+
+#define CUDA_REQUIRE_LEN(n) CUDA_REQUIRE((n) >= 0, "negative length %lld", (long long)(n))
+#define CUDA_REQUIRE_ROWS(n, c)                                                                    \
+    CUDA_REQUIRE((n) >= 0 && (c) >= 0, "negative shape n=%lld c=%lld", (long long)(n), (long long)(c))
+/* Row kernels put one block per row in grid.x. */
+#define CUDA_GRID_ROWS(n)                                                                          \
+    do {                                                                                           \
+        if ((n) > INT32_MAX)                                                                       \
+            return cuda_fail(d, CT_ERR_UNSUPPORTED, __func__ + 5,                                  \
+                             "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)(n));  \
+    } while (0)
+
+/* ---------------------------------------------------------------- ids checked on the GPU */
+
+/* Enqueues the check of ids (n) against [0, limit) (entries equal to skip pass when use_skip)
+ * into d->flag. The caller holds d->op_lock until ids_check_end. */
+static ct_status ids_check_begin(cuda_device *d, const char *op, const int32_t *ids, int64_t n, int64_t limit,
+                                 int use_skip, int32_t skip)
+{
+    cudaError_t e = cuk_find_bad_id(&d->env, d->flag, ids, n, limit, use_skip, skip);
+    return e == cudaSuccess ? CT_OK : cuda_error(d, op, "kernel launch (id check)", e);
+}
+
+/* Waits for the check: CT_OK, or CT_ERR_INVALID naming the first bad entry of `what`. */
+static ct_status ids_check_end(cuda_device *d, const char *op, const char *what, const int32_t *ids, int64_t n,
+                               int64_t limit, int use_skip, int32_t skip)
+{
+    unsigned long long bad = 0;
+    ct_status st = cuda_readback(d, op, &bad, d->flag, sizeof bad);
+    if (st != CT_OK || bad >= (unsigned long long)n)
+        return st;
+    int32_t id = 0;
+    if ((st = cuda_readback(d, op, &id, ids + bad, sizeof id)) != CT_OK)
+        return st;
+    if (use_skip)
+        return cuda_fail(d, CT_ERR_INVALID, op, "%s[%llu] = %d is outside [0, %lld) and not ignore_index %d", what,
+                         bad, id, (long long)limit, skip);
+    return cuda_fail(d, CT_ERR_INVALID, op, "%s[%llu] = %d is outside [0, %lld)", what, bad, id, (long long)limit);
+}
+
+/* ---------------------------------------------------------------- dense algebra */
+
+ct_status cuda_axpy(void *dev, float *y, const float *x, float alpha, int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(n == 0 || (y && x), "null pointer");
+    if (n == 0)
+        return CT_OK;
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_axpy(&d->env, y, x, alpha, n));
+    return CT_OK;
+}
+
+ct_status cuda_add(void *dev, float *out, const float *a, const float *b, int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(n == 0 || (out && a && b), "null pointer");
+    if (n == 0)
+        return CT_OK;
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_add(&d->env, out, a, b, n));
+    return CT_OK;
+}
+
+ct_status cuda_scale(void *dev, float *x, float alpha, int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(n == 0 || x, "null pointer");
+    if (n == 0)
+        return CT_OK;
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_scale(&d->env, x, alpha, n));
+    return CT_OK;
+}
+
+/* sum or sum of squares in double on the GPU, read back (waits for the stream) */
+static ct_status sum_generic(cuda_device *d, const char *op, double *out, const float *x, int64_t n, int squares)
+{
+    if (n == 0) {
+        *out = 0;
+        return CT_OK;
+    }
+    ct_status st = cuda_enter(d, op);
+    if (st != CT_OK)
+        return st;
+    pthread_mutex_lock(&d->op_lock);
+    cudaError_t e = cuk_sum(&d->env, d->dsum, x, n, squares);
+    st = e == cudaSuccess ? cuda_readback(d, op, out, d->dsum, sizeof *out) : cuda_error(d, op, "kernel launch", e);
+    pthread_mutex_unlock(&d->op_lock);
+    return st;
+}
+
+ct_status cuda_sum(void *dev, double *out, const float *x, int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(out && (n == 0 || x), "null pointer");
+    return sum_generic(d, "sum", out, x, n, 0);
+}
+
+ct_status cuda_sum_squares(void *dev, double *out, const float *x, int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(out && (n == 0 || x), "null pointer");
+    return sum_generic(d, "sum_squares", out, x, n, 1);
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+/* The forward and backward of the full table: ids checked against vocab on the GPU. */
+static ct_status embedding_checked(cuda_device *d, const char *op, float *dst, const int32_t *ids,
+                                   const float *src, int64_t n, int64_t c, int64_t vocab, int backward)
+{
+    if (n < 0 || c < 0 || vocab < 0)
+        return cuda_fail(d, CT_ERR_INVALID, op, "negative shape n=%lld c=%lld vocab=%lld", (long long)n,
+                         (long long)c, (long long)vocab);
+    if (n > 0 && !ids)
+        return cuda_fail(d, CT_ERR_INVALID, op, "null ids");
+    if (n == 0)
+        return CT_OK;
+    if (c > 0 && (!dst || !src))
+        return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
+    if (n > INT32_MAX || vocab >= INT32_MAX || c > (int64_t)65535 * 128)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, op, "shape n=%lld c=%lld vocab=%lld exceeds the CUDA kernels' limits",
+                         (long long)n, (long long)c, (long long)vocab);
+    ct_status st = cuda_enter(d, op);
+    if (st != CT_OK)
+        return st;
+    pthread_mutex_lock(&d->op_lock);
+    st = ids_check_begin(d, op, ids, n, vocab, 0, 0);
+    if (st == CT_OK && c > 0) {
+        cudaError_t e = backward ? cuk_embedding_backward(&d->env, dst, ids, src, n, c, 0, vocab, d->flag)
+                                 : cuk_embedding_forward(&d->env, dst, ids, src, n, c, 0, vocab, d->flag);
+        if (e != cudaSuccess)
+            st = cuda_error(d, op, "kernel launch", e);
+    }
+    if (st == CT_OK)
+        st = ids_check_end(d, op, "ids", ids, n, vocab, 0, 0);
+    pthread_mutex_unlock(&d->op_lock);
+    return st;
+}
+
+ct_status cuda_embedding_forward(void *dev, float *out, const int32_t *ids, const float *table, int64_t n,
+                                 int64_t c, int64_t vocab)
+{
+    CUDA_OP_BEGIN(dev);
+    return embedding_checked(d, "embedding_forward", out, ids, table, n, c, vocab, 0);
+}
+
+ct_status cuda_embedding_backward(void *dev, float *dtable, const int32_t *ids, const float *dout, int64_t n,
+                                  int64_t c, int64_t vocab)
+{
+    CUDA_OP_BEGIN(dev);
+    return embedding_checked(d, "embedding_backward", dtable, ids, dout, n, c, vocab, 1);
+}
+
+/* ---------------------------------------------------------------- norms, bias */
+
+ct_status cuda_rmsnorm_forward(void *dev, float *out, float *rstd, const float *x, const float *w, int64_t n,
+                               int64_t c, float eps)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_ROWS(n, c);
+    CUDA_REQUIRE(c > 0 || n == 0, "zero columns");
+    CUDA_REQUIRE(eps >= 0, "eps %g is negative", (double)eps);
+    if (n == 0)
+        return CT_OK;
+    CUDA_REQUIRE(out && rstd && x && w, "null pointer");
+    CUDA_GRID_ROWS(n);
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_rmsnorm_forward(&d->env, out, rstd, x, w, n, c, eps));
+    return CT_OK;
+}
+
+ct_status cuda_rmsnorm_backward_input(void *dev, float *dx, const float *dout, const float *x, const float *w,
+                                      const float *rstd, int64_t n, int64_t c)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_ROWS(n, c);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CUDA_REQUIRE(dx && dout && x && w && rstd, "null pointer");
+    CUDA_GRID_ROWS(n);
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_rmsnorm_backward_input(&d->env, dx, dout, x, w, rstd, n, c));
+    return CT_OK;
+}
+
+ct_status cuda_rmsnorm_backward_weight(void *dev, float *dw, const float *dout, const float *x, const float *rstd,
+                                       int64_t n, int64_t c)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_ROWS(n, c);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CUDA_REQUIRE(dw && dout && x && rstd, "null pointer");
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_rmsnorm_backward_weight(&d->env, dw, dout, x, rstd, n, c));
+    return CT_OK;
+}
+
+ct_status cuda_layernorm_forward(void *dev, float *out, float *mean, float *rstd, const float *x, const float *w,
+                                 const float *b, int64_t n, int64_t c, float eps)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_ROWS(n, c);
+    CUDA_REQUIRE(c > 0 || n == 0, "zero columns");
+    CUDA_REQUIRE(eps >= 0, "eps %g is negative", (double)eps);
+    if (n == 0)
+        return CT_OK;
+    CUDA_REQUIRE(out && mean && rstd && x && w, "null pointer");
+    CUDA_GRID_ROWS(n);
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_layernorm_forward(&d->env, out, mean, rstd, x, w, b, n, c, eps));
+    return CT_OK;
+}
+
+ct_status cuda_layernorm_backward_input(void *dev, float *dx, const float *dout, const float *x, const float *w,
+                                        const float *mean, const float *rstd, int64_t n, int64_t c)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_ROWS(n, c);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CUDA_REQUIRE(dx && dout && x && w && mean && rstd, "null pointer");
+    CUDA_GRID_ROWS(n);
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_layernorm_backward_input(&d->env, dx, dout, x, w, mean, rstd, n, c));
+    return CT_OK;
+}
+
+ct_status cuda_layernorm_backward_weight(void *dev, float *dw, float *db, const float *dout, const float *x,
+                                         const float *mean, const float *rstd, int64_t n, int64_t c)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_ROWS(n, c);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CUDA_REQUIRE(dw && dout && x && mean && rstd, "null pointer");
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_layernorm_backward_weight(&d->env, dw, db, dout, x, mean, rstd, n, c));
+    return CT_OK;
+}
+
+ct_status cuda_bias_forward(void *dev, float *out, const float *x, const float *bias, int64_t n, int64_t c)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_ROWS(n, c);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CUDA_REQUIRE(out && x && bias, "null pointer");
+    CUDA_GRID_ROWS(n);
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_bias_forward(&d->env, out, x, bias, n, c));
+    return CT_OK;
+}
+
+ct_status cuda_bias_backward(void *dev, float *dbias, const float *dout, int64_t n, int64_t c)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_ROWS(n, c);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CUDA_REQUIRE(dbias && dout, "null pointer");
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_bias_backward(&d->env, dbias, dout, n, c));
+    return CT_OK;
+}
+
+/* ---------------------------------------------------------------- rope */
+
+static ct_status rope_checked(cuda_device *d, const char *op, float *out, const float *x, int64_t b, int64_t t,
+                              int64_t h, int64_t hd, float theta, int backward)
+{
+    if (b < 0 || t < 0 || h < 0 || hd < 0)
+        return cuda_fail(d, CT_ERR_INVALID, op, "negative shape b=%lld t=%lld h=%lld d=%lld", (long long)b,
+                         (long long)t, (long long)h, (long long)hd);
+    if (hd % 2 != 0)
+        return cuda_fail(d, CT_ERR_INVALID, op, "head dim %lld is odd, expected pairs", (long long)hd);
+    if (!(theta > 0))
+        return cuda_fail(d, CT_ERR_INVALID, op, "theta %g, expected > 0", (double)theta);
+    if (b == 0 || t == 0 || h == 0 || hd == 0)
+        return CT_OK;
+    if (!out || !x)
+        return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
+    ct_status st = cuda_enter(d, op);
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_rope(&d->env, out, x, b, t, h, hd, theta, backward);
+    return e == cudaSuccess ? CT_OK : cuda_error(d, op, "kernel launch", e);
+}
+
+ct_status cuda_rope_forward(void *dev, float *out, const float *x, int64_t b, int64_t t, int64_t h, int64_t hd,
+                            float theta)
+{
+    CUDA_OP_BEGIN(dev);
+    return rope_checked(d, "rope_forward", out, x, b, t, h, hd, theta, 0);
+}
+
+ct_status cuda_rope_backward(void *dev, float *dx, const float *dout, int64_t b, int64_t t, int64_t h, int64_t hd,
+                             float theta)
+{
+    CUDA_OP_BEGIN(dev);
+    return rope_checked(d, "rope_backward", dx, dout, b, t, h, hd, theta, 1);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* The CPU plugin's shape checks, then the GPU kernels' limits: head dim, grid, shared memory. */
+static ct_status attention_check(cuda_device *d, const char *op, int64_t b, int64_t t, int64_t h, int64_t kvh,
+                                 int64_t hd)
+{
+    if (b < 0 || t < 0 || h < 0 || kvh <= 0 || hd <= 0)
+        return cuda_fail(d, CT_ERR_INVALID, op, "shape b=%lld t=%lld h=%lld kvh=%lld d=%lld, expected kvh and d > 0",
+                         (long long)b, (long long)t, (long long)h, (long long)kvh, (long long)hd);
+    if (h % kvh != 0)
+        return cuda_fail(d, CT_ERR_INVALID, op, "%lld query heads are not a multiple of %lld kv heads", (long long)h,
+                         (long long)kvh);
+    if (t > INT_MAX || h * hd > INT_MAX)
+        return cuda_fail(d, CT_ERR_INVALID, op, "t=%lld or h*d=%lld exceeds the BLAS int range", (long long)t,
+                         (long long)(h * hd));
+    if (hd > CUK_ATTENTION_MAX_D)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, op, "head dim %lld: the CUDA attention kernels take d <= %d",
+                         (long long)hd, CUK_ATTENTION_MAX_D);
+    if (b > 65535 || h > 65535)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, op, "b=%lld or h=%lld exceeds the CUDA grid (65535)", (long long)b,
+                         (long long)h);
+    size_t need = cuk_attention_smem_bytes(hd);
+    if (need > d->env.smem_optin)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, op,
+                         "head dim %lld needs %zu bytes of shared memory per block; %s allows %zu", (long long)hd,
+                         need, d->name, d->env.smem_optin);
+    return CT_OK;
+}
+
+ct_status cuda_attention_forward(void *dev, float *out, float *lse, const float *q, const float *k, const float *v,
+                                 int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t hd)
+{
+    CUDA_OP_BEGIN(dev);
+    ct_status st = attention_check(d, "attention_forward", b, t, h, kvh, hd);
+    if (st != CT_OK)
+        return st;
+    if (b == 0 || t == 0 || h == 0)
+        return CT_OK;
+    CUDA_REQUIRE(out && lse && q && k && v, "null pointer");
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_attention_forward(&d->env, out, lse, q, k, v, b, t, h, kvh, hd));
+    return CT_OK;
+}
+
+ct_status cuda_attention_backward(void *dev, float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                  const float *k, const float *v, const float *out, const float *lse, int64_t b,
+                                  int64_t t, int64_t h, int64_t kvh, int64_t hd)
+{
+    CUDA_OP_BEGIN(dev);
+    ct_status st = attention_check(d, "attention_backward", b, t, h, kvh, hd);
+    if (st != CT_OK)
+        return st;
+    if (b == 0 || t == 0 || h == 0)
+        return CT_OK;
+    CUDA_REQUIRE(dq && dk && dv && dout && q && k && v && out && lse, "null pointer");
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_attention_backward(&d->env, dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, hd));
+    return CT_OK;
+}
+
+/* ---------------------------------------------------------------- activations */
+
+ct_status cuda_swiglu_forward(void *dev, float *out, const float *a, const float *g, int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(n == 0 || (out && a && g), "null pointer");
+    if (n == 0)
+        return CT_OK;
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_swiglu_forward(&d->env, out, a, g, n));
+    return CT_OK;
+}
+
+ct_status cuda_swiglu_backward(void *dev, float *da, float *dg, const float *dout, const float *a, const float *g,
+                               int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(n == 0 || (da && dg && dout && a && g), "null pointer");
+    if (n == 0)
+        return CT_OK;
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_swiglu_backward(&d->env, da, dg, dout, a, g, n));
+    return CT_OK;
+}
+
+ct_status cuda_gelu_forward(void *dev, float *out, const float *x, int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(n == 0 || (out && x), "null pointer");
+    if (n == 0)
+        return CT_OK;
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_gelu_forward(&d->env, out, x, n));
+    return CT_OK;
+}
+
+ct_status cuda_gelu_backward(void *dev, float *dx, const float *dout, const float *x, int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(n == 0 || (dx && dout && x), "null pointer");
+    if (n == 0)
+        return CT_OK;
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_gelu_backward(&d->env, dx, dout, x, n));
+    return CT_OK;
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+/* Shapes and pointers, then the targets checked on the GPU around the op's kernel. */
+static ct_status cross_entropy_checked(cuda_device *d, const char *op, float *dst, const float *logits,
+                                       const int32_t *targets, float dloss, int64_t n, int64_t v,
+                                       int32_t ignore_index, int backward)
+{
+    if (n < 0 || v <= 0)
+        return cuda_fail(d, CT_ERR_INVALID, op, "shape n=%lld v=%lld, expected v > 0", (long long)n, (long long)v);
+    if (n > 0 && !targets)
+        return cuda_fail(d, CT_ERR_INVALID, op, "null targets");
+    if (n == 0)
+        return CT_OK;
+    if (!dst || !logits)
+        return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
+    if (n > INT32_MAX)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, op, "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
+    ct_status st = cuda_enter(d, op);
+    if (st != CT_OK)
+        return st;
+    pthread_mutex_lock(&d->op_lock);
+    st = ids_check_begin(d, op, targets, n, v, 1, ignore_index);
+    if (st == CT_OK) {
+        cudaError_t e =
+            backward ? cuk_cross_entropy_backward(&d->env, dst, logits, targets, dloss, n, v, ignore_index, d->flag)
+                     : cuk_cross_entropy_forward(&d->env, dst, logits, targets, n, v, ignore_index, d->flag);
+        if (e != cudaSuccess)
+            st = cuda_error(d, op, "kernel launch", e);
+    }
+    if (st == CT_OK)
+        st = ids_check_end(d, op, "targets", targets, n, v, 1, ignore_index);
+    pthread_mutex_unlock(&d->op_lock);
+    return st;
+}
+
+ct_status cuda_cross_entropy_forward(void *dev, float *losses, const float *logits, const int32_t *targets,
+                                     int64_t n, int64_t v, int32_t ignore_index)
+{
+    CUDA_OP_BEGIN(dev);
+    return cross_entropy_checked(d, "cross_entropy_forward", losses, logits, targets, 0.0f, n, v, ignore_index, 0);
+}
+
+ct_status cuda_cross_entropy_backward(void *dev, float *dlogits, const float *logits, const int32_t *targets,
+                                      float dloss, int64_t n, int64_t v, int32_t ignore_index)
+{
+    CUDA_OP_BEGIN(dev);
+    return cross_entropy_checked(d, "cross_entropy_backward", dlogits, logits, targets, dloss, n, v, ignore_index,
+                                 1);
+}
+
+/* ---------------------------------------------------------------- optimizer, precision */
+
+ct_status cuda_adamw(void *dev, float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                     float beta1, float beta2, float eps, float weight_decay, int64_t step)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(step >= 1, "step %lld, expected >= 1 (counted from 1)", (long long)step);
+    CUDA_REQUIRE(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "betas (%g, %g), expected each in [0, 1)",
+                 (double)beta1, (double)beta2);
+    CUDA_REQUIRE(n == 0 || (param && grad && m && v), "null pointer");
+    if (n == 0)
+        return CT_OK;
+    /* the CPU plugin's constants: bias corrections in double, the rest in float */
+    double bc1 = 1.0 - pow((double)beta1, (double)step), bc2 = 1.0 - pow((double)beta2, (double)step);
+    float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    float decay = 1 - lr * weight_decay;
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_adamw(&d->env, param, grad, m, v, n, beta1, beta2, eps, step_size, bc2_sqrt, decay));
+    return CT_OK;
+}
+
+ct_status cuda_cast_f32_to_bf16(void *dev, uint16_t *dst, const float *src, int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(n == 0 || (dst && src), "null pointer");
+    if (n == 0)
+        return CT_OK;
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_cast_f32_to_bf16(&d->env, dst, src, n));
+    return CT_OK;
+}
+
+ct_status cuda_cast_bf16_to_f32(void *dev, float *dst, const uint16_t *src, int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(n == 0 || (dst && src), "null pointer");
+    if (n == 0)
+        return CT_OK;
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_cast_bf16_to_f32(&d->env, dst, src, n));
+    return CT_OK;
+}
+
+ct_status cuda_round_bf16(void *dev, float *x, int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(n == 0 || x, "null pointer");
+    if (n == 0)
+        return CT_OK;
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_round_bf16(&d->env, x, n));
+    return CT_OK;
+}

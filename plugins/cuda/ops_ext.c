@@ -1,0 +1,217 @@
+/* ops_ext.c: the CUDA plugin's optional ops: float8 (ABI 1.2: amax, quantize and dequantize
+ * with group scales, transpose) and tensor parallel (ABI 1.3: embedding and cross-entropy over a
+ * vocabulary shard, copy_2d). Checks and messages are the CPU plugin's.
+ */
+#include "cuda_device.h"
+
+#include <stdint.h>
+
+/* ---------------------------------------------------------------- float8 (ABI 1.2) */
+
+/* n >= 0 elements in groups of `group` (>= 1, dividing n). */
+static ct_status group_check(cuda_device *d, const char *op, int64_t n, int64_t group)
+{
+    if (n < 0 || group < 1)
+        return cuda_fail(d, CT_ERR_INVALID, op, "n=%lld group=%lld, expected n >= 0 and group >= 1", (long long)n,
+                         (long long)group);
+    if (n % group != 0)
+        return cuda_fail(d, CT_ERR_INVALID, op, "group %lld does not divide n=%lld", (long long)group, (long long)n);
+    return CT_OK;
+}
+
+static ct_status fp8_format_check(cuda_device *d, const char *op, ct_dtype fmt)
+{
+    if (fmt != CT_F8_E4M3 && fmt != CT_F8_E5M2)
+        return cuda_fail(d, CT_ERR_INVALID, op, "format %d, expected CT_F8_E4M3 (%d) or CT_F8_E5M2 (%d)", (int)fmt,
+                         (int)CT_F8_E4M3, (int)CT_F8_E5M2);
+    return CT_OK;
+}
+
+ct_status cuda_amax(void *dev, float *amax, const float *src, int64_t n, int64_t group)
+{
+    CUDA_OP_BEGIN(dev);
+    ct_status st = group_check(d, "amax", n, group);
+    if (st != CT_OK)
+        return st;
+    if (n == 0)
+        return CT_OK;
+    CUDA_REQUIRE(amax && src, "null pointer");
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_amax(&d->env, amax, src, n, group));
+    return CT_OK;
+}
+
+/* Scales are not checked (they may come from a device-side amax), as on the CPU. */
+ct_status cuda_quantize_fp8(void *dev, uint8_t *dst, const float *src, const float *scale, int64_t n,
+                            int64_t group, ct_dtype fmt)
+{
+    CUDA_OP_BEGIN(dev);
+    ct_status st = group_check(d, "quantize_fp8", n, group);
+    if (st == CT_OK)
+        st = fp8_format_check(d, "quantize_fp8", fmt);
+    if (st != CT_OK)
+        return st;
+    if (n == 0)
+        return CT_OK;
+    CUDA_REQUIRE(dst && src && scale, "null pointer");
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_quantize_fp8(&d->env, dst, src, scale, n, group, fmt == CT_F8_E5M2));
+    return CT_OK;
+}
+
+ct_status cuda_dequantize_fp8(void *dev, float *dst, const uint8_t *src, const float *scale, int64_t n,
+                              int64_t group, ct_dtype fmt)
+{
+    CUDA_OP_BEGIN(dev);
+    ct_status st = group_check(d, "dequantize_fp8", n, group);
+    if (st == CT_OK)
+        st = fp8_format_check(d, "dequantize_fp8", fmt);
+    if (st != CT_OK)
+        return st;
+    if (n == 0)
+        return CT_OK;
+    CUDA_REQUIRE(dst && src && scale, "null pointer");
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_dequantize_fp8(&d->env, dst, src, scale, n, group, fmt == CT_F8_E5M2));
+    return CT_OK;
+}
+
+/* Not in place: dst and src must not overlap. */
+ct_status cuda_transpose(void *dev, float *dst, const float *src, int64_t rows, int64_t cols)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE(rows >= 0 && cols >= 0, "negative shape rows=%lld cols=%lld", (long long)rows, (long long)cols);
+    if (rows == 0 || cols == 0)
+        return CT_OK;
+    CUDA_REQUIRE(rows <= INT64_MAX / cols / (int64_t)sizeof(float), "shape rows=%lld cols=%lld is too large",
+                 (long long)rows, (long long)cols);
+    CUDA_REQUIRE(dst && src, "null pointer");
+    uintptr_t bytes = (uintptr_t)(rows * cols) * sizeof(float), a = (uintptr_t)dst, b = (uintptr_t)src;
+    CUDA_REQUIRE(a + bytes <= b || b + bytes <= a, "dst and src overlap (not done in place)");
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_transpose(&d->env, dst, src, rows, cols));
+    return CT_OK;
+}
+
+/* ---------------------------------------------------------------- tensor parallel (ABI 1.3) */
+
+/* A vocabulary shard starts at begin >= 0 (the kernels subtract it from int32 ids). */
+#define CUDA_REQUIRE_BEGIN(begin)                                                                  \
+    CUDA_REQUIRE((begin) >= 0, "begin %lld, expected >= 0 (a vocabulary offset)", (long long)(begin))
+
+ct_status cuda_embedding_forward_range(void *dev, float *out, const int32_t *ids, const float *table, int64_t n,
+                                       int64_t c, int64_t begin, int64_t rows)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE(n >= 0 && c >= 0 && rows >= 0, "negative shape n=%lld c=%lld rows=%lld", (long long)n,
+                 (long long)c, (long long)rows);
+    CUDA_REQUIRE_BEGIN(begin);
+    if (n == 0 || c == 0)
+        return CT_OK;
+    CUDA_REQUIRE(out && ids && (rows == 0 || table), "null pointer");
+    if (n > INT32_MAX)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "embedding_forward_range",
+                         "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_embedding_forward(&d->env, out, ids, table, n, c, begin, rows, NULL));
+    return CT_OK;
+}
+
+ct_status cuda_embedding_backward_range(void *dev, float *dtable, const int32_t *ids, const float *dout, int64_t n,
+                                        int64_t c, int64_t begin, int64_t rows)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE(n >= 0 && c >= 0 && rows >= 0, "negative shape n=%lld c=%lld rows=%lld", (long long)n,
+                 (long long)c, (long long)rows);
+    CUDA_REQUIRE_BEGIN(begin);
+    if (n == 0 || c == 0 || rows == 0)
+        return CT_OK;
+    CUDA_REQUIRE(dtable && ids && dout, "null pointer");
+    if (n > INT32_MAX || rows >= INT32_MAX || c > (int64_t)65535 * 128)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "embedding_backward_range",
+                         "shape n=%lld c=%lld rows=%lld exceeds the CUDA kernels' limits", (long long)n, (long long)c,
+                         (long long)rows);
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_embedding_backward(&d->env, dtable, ids, dout, n, c, begin, rows, NULL));
+    return CT_OK;
+}
+
+/* Targets are not checked: an id outside this shard's columns is simply not here. */
+ct_status cuda_cross_entropy_stats(void *dev, float *stats, const float *logits, const int32_t *targets, int64_t n,
+                                   int64_t v, int64_t begin, int32_t ignore_index)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE(n >= 0 && v >= 0, "negative shape n=%lld v=%lld", (long long)n, (long long)v);
+    CUDA_REQUIRE_BEGIN(begin);
+    if (n == 0)
+        return CT_OK;
+    CUDA_REQUIRE(stats && targets && (v == 0 || logits), "null pointer");
+    if (n > INT32_MAX)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "cross_entropy_stats",
+                         "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
+    CUDA_ENTER();
+    CUDA_LAUNCH(cuk_cross_entropy_stats(&d->env, stats, logits, targets, n, v, begin, ignore_index));
+    return CT_OK;
+}
+
+ct_status cuda_cross_entropy_backward_lse(void *dev, float *dlogits, const float *logits, const int32_t *targets,
+                                          const float *lse, float dloss, int64_t n, int64_t v, int64_t begin,
+                                          int32_t ignore_index)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE(n >= 0 && v >= 0, "negative shape n=%lld v=%lld", (long long)n, (long long)v);
+    CUDA_REQUIRE_BEGIN(begin);
+    if (n == 0 || v == 0)
+        return CT_OK;
+    CUDA_REQUIRE(dlogits && logits && targets && lse, "null pointer");
+    if (n > INT32_MAX)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "cross_entropy_backward_lse",
+                         "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
+    CUDA_ENTER();
+    CUDA_LAUNCH(
+        cuk_cross_entropy_backward_lse(&d->env, dlogits, logits, targets, lse, dloss, n, v, begin, ignore_index));
+    return CT_OK;
+}
+
+/* dst[r * dst_stride + j] = src[r * src_stride + j]: one 2D copy on the stream. Overlapping spans
+ * go through a scratch block, so the result is src as it was before the call (which is what the
+ * CPU plugin's memmove gives for the overlaps it defines: whole rows moved within one buffer). */
+ct_status cuda_copy_2d(void *dev, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                       int64_t rows, int64_t cols)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE(rows >= 0 && cols >= 0, "negative shape rows=%lld cols=%lld", (long long)rows, (long long)cols);
+    CUDA_REQUIRE(dst_stride >= cols && src_stride >= cols, "strides dst %lld src %lld, expected each >= cols %lld",
+                 (long long)dst_stride, (long long)src_stride, (long long)cols);
+    if (rows == 0 || cols == 0)
+        return CT_OK;
+    int64_t stride = dst_stride > src_stride ? dst_stride : src_stride;
+    int64_t limit = INT64_MAX / (int64_t)sizeof(float);
+    CUDA_REQUIRE(cols <= limit && rows - 1 <= (limit - cols) / stride,
+                 "rows=%lld cols=%lld with stride %lld is too large", (long long)rows, (long long)cols,
+                 (long long)stride);
+    CUDA_REQUIRE(dst && src, "null pointer");
+    if (stride > INT32_MAX / (int64_t)sizeof(float))
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "copy_2d", "stride %lld floats exceeds cudaMemcpy2D's pitch limit",
+                         (long long)stride);
+    CUDA_ENTER();
+    size_t width = sizeof(float) * (size_t)cols, dpitch = sizeof(float) * (size_t)dst_stride,
+           spitch = sizeof(float) * (size_t)src_stride;
+    uintptr_t d0 = (uintptr_t)dst, s0 = (uintptr_t)src;
+    uintptr_t d1 = d0 + (uintptr_t)((rows - 1) * dst_stride + cols) * sizeof(float);
+    uintptr_t s1 = s0 + (uintptr_t)((rows - 1) * src_stride + cols) * sizeof(float);
+    cudaError_t e;
+    if (!(d0 < s1 && s0 < d1)) {
+        e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, (size_t)rows, cudaMemcpyDeviceToDevice, d->stream);
+        return e == cudaSuccess ? CT_OK : cuda_error(d, "copy_2d", "cudaMemcpy2DAsync", e);
+    }
+    void *tmp = cuda_scratch_get(d, width * (size_t)rows);
+    if (!tmp)
+        return cuda_fail(d, CT_ERR_NOMEM, "copy_2d", "cannot allocate %zu bytes of scratch for an overlapping copy",
+                         width * (size_t)rows);
+    e = cudaMemcpy2DAsync(tmp, width, src, spitch, width, (size_t)rows, cudaMemcpyDeviceToDevice, d->stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpy2DAsync(dst, dpitch, tmp, width, width, (size_t)rows, cudaMemcpyDeviceToDevice, d->stream);
+    cuda_scratch_put(d, tmp);
+    return e == cudaSuccess ? CT_OK : cuda_error(d, "copy_2d", "cudaMemcpy2DAsync (overlapping spans)", e);
+}

@@ -1,0 +1,450 @@
+/* cross_check: runs the same ops on two device plugins and compares the results, at the shapes a
+ * Llama model uses and the conformance harness does not reach: attention at head dims 48, 64 and
+ * 128 over several tiles with grouped heads, cross-entropy over a 128256 vocabulary, an embedding
+ * backward with many repeated ids and several column slices, column sums over 300000 rows,
+ * RoPE at head dim 128, a large matmul with transposes, long sums and a tensor-wide amax.
+ *
+ *     cross_check REFERENCE.so TESTED.so [RTOL]
+ *
+ * REFERENCE is normally build/plugins/ctitan-cpu.so; TESTED the CUDA plugin (on a GPU, from
+ * tests/gpu/run.sh) or its emulated build (tests/cli/cuda_emulated.sh). Each output must agree
+ * within RTOL (default 2e-4) of the largest magnitude of the reference output; every op is also
+ * run twice on TESTED and must give the same bits. Prints one line per check; exit 1 on any
+ * mismatch. Both plugins get their default options.
+ */
+#include "ctitan/abi.h"
+#include "ctitan/device.h"
+#include "ctitan/host.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- a minimal host */
+
+static const ct_option_spec *current_spec;
+static char last_error[1024];
+
+static void h_log(const ct_host *h, ct_log_level l, const char *f, ...)
+{
+    (void)h;
+    if (l < CT_LOG_WARN)
+        return;
+    va_list a;
+    va_start(a, f);
+    vfprintf(stderr, f, a);
+    fprintf(stderr, "\n");
+    va_end(a);
+}
+static void h_err(const ct_host *h, const char *f, ...)
+{
+    (void)h;
+    va_list a;
+    va_start(a, f);
+    vsnprintf(last_error, sizeof last_error, f, a);
+    va_end(a);
+}
+static void *h_alloc(const ct_host *h, size_t n, ct_mem_category c)
+{
+    (void)h;
+    (void)c;
+    return aligned_alloc(64, (n + 63) / 64 * 64 + 64);
+}
+static void h_free(const ct_host *h, void *p)
+{
+    (void)h;
+    free(p);
+}
+static void h_account(const ct_host *h, ct_mem_category c, int64_t d)
+{
+    (void)h;
+    (void)c;
+    (void)d;
+}
+static const char *opt_default(const char *key)
+{
+    for (const ct_option_spec *o = current_spec; o && o->key; o++)
+        if (strcmp(o->key, key) == 0)
+            return o->default_value;
+    return NULL;
+}
+static ct_status h_int(const ct_host *h, const char *k, int64_t *o)
+{
+    (void)h;
+    const char *v = opt_default(k);
+    if (!v)
+        return CT_ERR_INVALID;
+    *o = strtoll(v, NULL, 10);
+    return CT_OK;
+}
+static ct_status h_float(const ct_host *h, const char *k, double *o)
+{
+    (void)h;
+    const char *v = opt_default(k);
+    if (!v)
+        return CT_ERR_INVALID;
+    *o = strtod(v, NULL);
+    return CT_OK;
+}
+static ct_status h_bool(const ct_host *h, const char *k, int *o)
+{
+    (void)h;
+    const char *v = opt_default(k);
+    if (!v)
+        return CT_ERR_INVALID;
+    *o = strcmp(v, "true") == 0;
+    return CT_OK;
+}
+static ct_status h_string(const ct_host *h, const char *k, const char **o)
+{
+    (void)h;
+    *o = opt_default(k);
+    return *o ? CT_OK : CT_ERR_INVALID;
+}
+static void h_trace(const ct_host *h, const char *n)
+{
+    (void)h;
+    (void)n;
+}
+static const ct_host host = {sizeof(ct_host), CT_ABI_MAJOR, CT_ABI_MINOR, NULL,     h_log,    h_err,   h_alloc,
+                             h_free,          h_account,    h_int,        h_float,  h_bool,   h_string, h_trace,
+                             h_trace};
+
+/* ---------------------------------------------------------------- devices */
+
+typedef struct device {
+    const ct_device_api *api;
+    void *dev;
+    const char *path;
+} device;
+
+static int open_device(device *d, const char *path)
+{
+    void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!so) {
+        fprintf(stderr, "cross_check: cannot load %s: %s\n", path, dlerror());
+        return -1;
+    }
+    ct_plugin_entry_fn entry;
+    *(void **)&entry = dlsym(so, CT_PLUGIN_ENTRY_NAME);
+    ct_plugin_info info = {.struct_size = sizeof info};
+    if (!entry || entry(&host, &info) != CT_OK || info.kind != CT_KIND_DEVICE) {
+        fprintf(stderr, "cross_check: %s is not a device plugin\n", path);
+        return -1;
+    }
+    d->api = info.api;
+    d->path = path;
+    current_spec = info.options;
+    if (d->api->create(&host, &d->dev) != CT_OK) {
+        fprintf(stderr, "cross_check: %s: create failed: %s\n", path, last_error);
+        return -1;
+    }
+    return 0;
+}
+
+static int failures;
+static double rtol = 2e-4;
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static float urand(void) /* [-1, 1) */
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((double)(rng >> 11) / 4503599627370496.0 - 1.0);
+}
+
+static float *rand_host(int64_t n, float scale)
+{
+    float *x = malloc(sizeof(float) * (size_t)n + 4);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = scale * urand();
+    return x;
+}
+
+static void *up(device *d, const void *host_data, size_t bytes)
+{
+    void *p = NULL;
+    if (d->api->alloc(d->dev, bytes, &p) != CT_OK || !p) {
+        fprintf(stderr, "cross_check: %s: alloc of %zu bytes failed: %s\n", d->path, bytes, last_error);
+        exit(2);
+    }
+    if (host_data)
+        d->api->copy(d->dev, p, host_data, bytes, CT_COPY_H2D);
+    else
+        d->api->zero(d->dev, p, bytes);
+    return p;
+}
+
+static float *down(device *d, const void *p, int64_t n)
+{
+    float *h = malloc(sizeof(float) * (size_t)n + 4);
+    if (d->api->copy(d->dev, h, p, sizeof(float) * (size_t)n, CT_COPY_D2H) != CT_OK ||
+        d->api->synchronize(d->dev) != CT_OK) {
+        fprintf(stderr, "cross_check: %s: copy back failed: %s\n", d->path, last_error);
+        exit(2);
+    }
+    return h;
+}
+
+/* |test - ref| <= rtol * max(1e-3, max |ref|) everywhere */
+static void compare(const char *what, const float *ref, const float *got, int64_t n)
+{
+    double scale = 1e-3, worst = 0;
+    int64_t at = -1;
+    for (int64_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs((double)ref[i]));
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - (double)ref[i]);
+        if (!(e <= worst)) { /* NaN counts as worst */
+            worst = isnan(e) ? INFINITY : e;
+            at = i;
+        }
+    }
+    int ok = worst <= rtol * scale;
+    failures += !ok;
+    printf("%s %-48s max error %.3g of scale %.3g%s", ok ? "ok  " : "FAIL", what, worst, scale, ok ? "\n" : "");
+    if (!ok)
+        printf(" at [%lld]: %.9g vs reference %.9g\n", (long long)at, (double)got[at], (double)ref[at]);
+}
+
+static void same_bits(const char *what, const float *a, const float *b, int64_t n)
+{
+    if (memcmp(a, b, sizeof(float) * (size_t)n) != 0) {
+        failures++;
+        printf("FAIL %-48s differs between two runs on the same inputs\n", what);
+    }
+}
+
+static void must(ct_status st, device *d, const char *op)
+{
+    if (st != CT_OK) {
+        failures++;
+        printf("FAIL %s on %s: status %d: %s\n", op, d->path, (int)st, last_error);
+    }
+}
+
+/* ---------------------------------------------------------------- cases */
+
+/* Forward and backward on both devices; grads start from values so the backward's += shows. */
+static void attention_case(device *R, device *T, int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
+{
+    int64_t nq = b * t * h * d, nk = b * t * kvh * d, nl = b * h * t;
+    float *q = rand_host(nq, 1.5f), *k = rand_host(nk, 1.5f), *v = rand_host(nk, 1), *g = rand_host(nq, 1);
+    float *gq0 = rand_host(nq, 0.5f), *gk0 = rand_host(nk, 0.5f), *gv0 = rand_host(nk, 0.5f);
+    float *res[2][6];
+    device *devs[2] = {R, T};
+    for (int r = 0; r < 3; r++) { /* R once, T twice (determinism) */
+        device *D = devs[r > 0];
+        float *dq = up(D, q, 4 * nq), *dk = up(D, k, 4 * nk), *dv = up(D, v, 4 * nk), *dg = up(D, g, 4 * nq);
+        float *out = up(D, NULL, 4 * nq), *lse = up(D, NULL, 4 * nl);
+        float *gq = up(D, gq0, 4 * nq), *gk = up(D, gk0, 4 * nk), *gv = up(D, gv0, 4 * nk);
+        must(D->api->attention_forward(D->dev, out, lse, dq, dk, dv, b, t, h, kvh, d), D, "attention_forward");
+        must(D->api->attention_backward(D->dev, gq, gk, gv, dg, dq, dk, dv, out, lse, b, t, h, kvh, d), D,
+             "attention_backward");
+        float *got[6] = {down(D, out, nq), down(D, lse, nl), down(D, gq, nq), down(D, gk, nk), down(D, gv, nk), NULL};
+        if (r < 2)
+            memcpy(res[r], got, sizeof got);
+        else {
+            int64_t ns[5] = {nq, nl, nq, nk, nk};
+            for (int i = 0; i < 5; i++) {
+                same_bits("attention (twice)", res[1][i], got[i], ns[i]);
+                free(got[i]);
+            }
+        }
+        void *bufs[] = {dq, dk, dv, dg, out, lse, gq, gk, gv};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            D->api->free(D->dev, bufs[i]);
+    }
+    char what[128];
+    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+    int64_t ns[5] = {nq, nl, nq, nk, nk};
+    for (int i = 0; i < 5; i++) {
+        snprintf(what, sizeof what, "attention b%lld t%lld h%lld kvh%lld d%lld %s", (long long)b, (long long)t,
+                 (long long)h, (long long)kvh, (long long)d, names[i]);
+        compare(what, res[0][i], res[1][i], ns[i]);
+        free(res[0][i]);
+        free(res[1][i]);
+    }
+    free(q), free(k), free(v), free(g), free(gq0), free(gk0), free(gv0);
+}
+
+static void cross_entropy_case(device *R, device *T, int64_t n, int64_t v)
+{
+    float *logits = rand_host(n * v, 6.0f), *g0 = rand_host(n * v, 0.1f);
+    int32_t *targets = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        targets[i] = i % 4 == 3 ? -100 : (int32_t)((uint64_t)(i * 7919 + 13) % (uint64_t)v);
+    float *res[2][2];
+    device *devs[2] = {R, T};
+    for (int r = 0; r < 2; r++) {
+        device *D = devs[r];
+        float *dl = up(D, logits, 4 * n * v), *loss = up(D, NULL, 4 * n), *dg = up(D, g0, 4 * n * v);
+        int32_t *dt = up(D, targets, 4 * n);
+        must(D->api->cross_entropy_forward(D->dev, loss, dl, dt, n, v, -100), D, "cross_entropy_forward");
+        must(D->api->cross_entropy_backward(D->dev, dg, dl, dt, 1.0f / (float)n, n, v, -100), D,
+             "cross_entropy_backward");
+        res[r][0] = down(D, loss, n);
+        res[r][1] = down(D, dg, n * v);
+        D->api->free(D->dev, dl), D->api->free(D->dev, loss), D->api->free(D->dev, dg), D->api->free(D->dev, dt);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "cross_entropy n%lld v%lld losses", (long long)n, (long long)v);
+    compare(what, res[0][0], res[1][0], n);
+    snprintf(what, sizeof what, "cross_entropy n%lld v%lld dlogits", (long long)n, (long long)v);
+    compare(what, res[0][1], res[1][1], n * v);
+    for (int r = 0; r < 2; r++)
+        free(res[r][0]), free(res[r][1]);
+    free(logits), free(g0), free(targets);
+}
+
+static void embedding_backward_case(device *R, device *T, int64_t n, int64_t c, int64_t vocab)
+{
+    float *dout = rand_host(n * c, 1), *g0 = rand_host(vocab * c, 0.5f);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) /* skewed: id 0 is a third of the tokens */
+        ids[i] = i % 3 == 0 ? 0 : (int32_t)((uint64_t)(i * 2654435761u) % (uint64_t)vocab);
+    float *res[3];
+    device *devs[3] = {R, T, T};
+    for (int r = 0; r < 3; r++) {
+        device *D = devs[r];
+        float *dd = up(D, dout, 4 * n * c), *dg = up(D, g0, 4 * vocab * c);
+        int32_t *di = up(D, ids, 4 * n);
+        must(D->api->embedding_backward(D->dev, dg, di, dd, n, c, vocab), D, "embedding_backward");
+        res[r] = down(D, dg, vocab * c);
+        D->api->free(D->dev, dd), D->api->free(D->dev, dg), D->api->free(D->dev, di);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "embedding_backward n%lld c%lld vocab%lld", (long long)n, (long long)c,
+             (long long)vocab);
+    compare(what, res[0], res[1], vocab * c);
+    same_bits(what, res[1], res[2], vocab * c);
+    free(res[0]), free(res[1]), free(res[2]), free(dout), free(g0), free(ids);
+}
+
+/* Column sums over many rows (more than 1024 chunks of 256: the chunk grows with n). rstd is
+ * given (a forward over 300000 rows would be slow on the emulator and is covered elsewhere). */
+static void norm_weight_case(device *R, device *T, int64_t n, int64_t c)
+{
+    float *x = rand_host(n * c, 2), *g = rand_host(n * c, 1), *rs = rand_host(n, 0.5f);
+    for (int64_t i = 0; i < n; i++)
+        rs[i] += 1.0f;
+    float *res[3][2];
+    device *devs[3] = {R, T, T};
+    for (int r = 0; r < 3; r++) {
+        device *D = devs[r];
+        float *dx = up(D, x, 4 * n * c), *dg = up(D, g, 4 * n * c), *rstd = up(D, rs, 4 * n);
+        float *gw = up(D, NULL, 4 * c), *gb = up(D, NULL, 4 * c);
+        must(D->api->rmsnorm_backward_weight(D->dev, gw, dg, dx, rstd, n, c), D, "rmsnorm_backward_weight");
+        must(D->api->bias_backward(D->dev, gb, dg, n, c), D, "bias_backward");
+        res[r][0] = down(D, gw, c);
+        res[r][1] = down(D, gb, c);
+        void *bufs[] = {dx, dg, rstd, gw, gb};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            D->api->free(D->dev, bufs[i]);
+    }
+    char what[128];
+    const char *names[2] = {"rmsnorm_backward_weight", "bias_backward"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(what, sizeof what, "%s n%lld c%lld", names[i], (long long)n, (long long)c);
+        compare(what, res[0][i], res[1][i], c);
+        same_bits(what, res[1][i], res[2][i], c);
+        for (int r = 0; r < 3; r++)
+            free(res[r][i]);
+    }
+    free(x), free(g), free(rs);
+}
+
+static void rope_matmul_sum_case(device *R, device *T)
+{
+    const int64_t b = 1, t = 300, h = 4, d = 128, n = b * t * h * d;
+    const int64_t m = 300, nn = 257, k = 1000, big = 5000003;
+    float *x = rand_host(n, 1), *g0 = rand_host(n, 0.5f);
+    float *A = rand_host(k * m, 1), *B = rand_host(nn * k, 1), *C = rand_host(m * nn, 1);
+    float *xb = rand_host(big, 1);
+    float *res[2][3];
+    double sums[2][2];
+    device *devs[2] = {R, T};
+    for (int r = 0; r < 2; r++) {
+        device *D = devs[r];
+        float *dx = up(D, x, 4 * n), *dg = up(D, g0, 4 * n);
+        must(D->api->rope_forward(D->dev, dx, dx, b, t, h, d, 500000.0f), D, "rope_forward");
+        must(D->api->rope_backward(D->dev, dg, dx, b, t, h, d, 500000.0f), D, "rope_backward");
+        res[r][0] = down(D, dx, n);
+        res[r][1] = down(D, dg, n);
+        float *da = up(D, A, 4 * k * m), *db = up(D, B, 4 * nn * k), *dc = up(D, C, 4 * m * nn);
+        must(D->api->matmul(D->dev, dc, da, db, m, nn, k, 1, 1, 0.5f, 0.25f), D, "matmul TT");
+        res[r][2] = down(D, dc, m * nn);
+        float *dbig = up(D, xb, 4 * (size_t)big);
+        must(D->api->sum(D->dev, &sums[r][0], dbig, big), D, "sum");
+        must(D->api->sum_squares(D->dev, &sums[r][1], dbig, big), D, "sum_squares");
+        void *bufs[] = {dx, dg, da, db, dc, dbig};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            D->api->free(D->dev, bufs[i]);
+    }
+    compare("rope_forward t300 d128 theta 5e5", res[0][0], res[1][0], n);
+    compare("rope_backward t300 d128 theta 5e5", res[0][1], res[1][1], n);
+    compare("matmul TT m300 n257 k1000 alpha .5 beta .25", res[0][2], res[1][2], m * nn);
+    for (int i = 0; i < 2; i++) {
+        double e = fabs(sums[1][i] - sums[0][i]), tol = 1e-9 * (double)big;
+        int ok = e <= tol;
+        failures += !ok;
+        printf("%s %-48s %.12g vs reference %.12g\n", ok ? "ok  " : "FAIL", i ? "sum_squares n5000003" : "sum n5000003",
+               sums[1][i], sums[0][i]);
+    }
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 3; i++)
+            free(res[r][i]);
+    free(x), free(g0), free(A), free(B), free(C), free(xb);
+}
+
+static void amax_case(device *R, device *T, int64_t n)
+{
+    float *x = rand_host(n, 3);
+    x[n / 2 + 17] = -7.5f; /* the maximum, past the first chunks */
+    float got[2];
+    device *devs[2] = {R, T};
+    for (int r = 0; r < 2; r++) {
+        device *D = devs[r];
+        float *dx = up(D, x, 4 * n), *da = up(D, NULL, 4);
+        must(D->api->amax(D->dev, da, dx, n, n), D, "amax");
+        float *h = down(D, da, 1);
+        got[r] = h[0];
+        free(h);
+        D->api->free(D->dev, dx), D->api->free(D->dev, da);
+    }
+    int ok = got[0] == got[1] && got[1] == 7.5f;
+    failures += !ok;
+    printf("%s %-48s %g vs reference %g\n", ok ? "ok  " : "FAIL", "amax tensorwise n3000001", (double)got[1],
+           (double)got[0]);
+    free(x);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: cross_check REFERENCE.so TESTED.so [RTOL]\n");
+        return 2;
+    }
+    if (argc > 3)
+        rtol = strtod(argv[3], NULL);
+    device R, T;
+    if (open_device(&R, argv[1]) || open_device(&T, argv[2]))
+        return 2;
+    attention_case(&R, &T, 1, 200, 4, 2, 64);
+    attention_case(&R, &T, 1, 130, 2, 1, 128);
+    attention_case(&R, &T, 2, 70, 3, 3, 48);
+    cross_entropy_case(&R, &T, 5, 128256);
+    embedding_backward_case(&R, &T, 6000, 300, 50);
+    norm_weight_case(&R, &T, 300000, 8);
+    rope_matmul_sum_case(&R, &T);
+    amax_case(&R, &T, 3000001);
+    R.api->destroy(R.dev);
+    T.api->destroy(T.dev);
+    printf("cross_check: %s (%d failure(s)), rtol %g\n", failures ? "FAIL" : "ok", failures, rtol);
+    return failures ? 1 : 0;
+}

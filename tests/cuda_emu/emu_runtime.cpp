@@ -1,0 +1,769 @@
+/* emu_runtime.cpp: the CPU side of tests/cuda_emu: the CUDA runtime, cuBLAS and cuBLASLt calls the
+ * CUDA plugin makes, and the execution of kernel launches (see cuda_emu.h for the model).
+ *
+ * Device memory is aligned host memory; copies are memcpy; every stream operation has finished
+ * when the call returns. cudaMalloc keeps a registry of live blocks, so a copy or memset that
+ * reaches outside every block, or a free of a pointer that is not a block, is a failed call
+ * (cudaErrorInvalidValue) and a line on stderr. Environment:
+ *   CUDA_EMU_DEVICES=0      no device: cudaGetDeviceCount fails as without a driver
+ *   CUDA_EMU_MALLOC_LIMIT=N cudaMalloc fails once N bytes are live (tests the allocator's trim)
+ *   CUDA_EMU_LT_NONE=1      cuBLASLt's heuristic finds no algorithm (the plugin uses cublasSgemm)
+ */
+#include "cuda_emu.h"
+
+#include "cublasLt.h"
+#include "cublas_v2.h"
+
+#include <cblas.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <vector>
+
+/* ---------------------------------------------------------------- errors */
+
+static thread_local cudaError_t last_error = cudaSuccess;
+
+static cudaError_t fail(cudaError_t e, const char *what)
+{
+    fprintf(stderr, "cuda_emu: %s\n", what);
+    last_error = e;
+    return e;
+}
+
+extern "C" cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+
+extern "C" const char *cudaGetErrorName(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    default: return "cudaErrorUnknown";
+    }
+}
+
+extern "C" const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected (emulated)";
+    default: return "emulated error";
+    }
+}
+
+/* ---------------------------------------------------------------- device */
+
+extern "C" cudaError_t cudaGetDeviceCount(int *count)
+{
+    const char *env = getenv("CUDA_EMU_DEVICES");
+    *count = env ? atoi(env) : 1;
+    if (*count <= 0) {
+        *count = 0;
+        last_error = cudaErrorNoDevice;
+        return cudaErrorNoDevice;
+    }
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaSetDevice(int device)
+{
+    int n;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n)
+        return fail(cudaErrorInvalidDevice, "cudaSetDevice: no such device");
+    return cudaSuccess;
+}
+
+static const size_t EMU_SMEM_OPTIN = 227 * 1024;
+static const int EMU_SMS = 4; /* few SMs: grid-stride loops then really loop */
+
+extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+{
+    (void)device;
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "CUDA emulator (tests/cuda_emu)");
+    prop->totalGlobalMem = (size_t)8 << 30;
+    prop->multiProcessorCount = EMU_SMS;
+    prop->sharedMemPerBlockOptin = EMU_SMEM_OPTIN;
+    prop->major = 9;
+    prop->minor = 0;
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static std::mutex mem_lock;
+static std::map<uintptr_t, size_t> blocks; /* device blocks: start -> bytes */
+static std::map<uintptr_t, size_t> pinned;
+static size_t live_bytes;
+
+/* true when [p, p + n) lies inside one device block */
+static bool in_block(const void *p, size_t n)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    uintptr_t u = (uintptr_t)p;
+    auto it = blocks.upper_bound(u);
+    if (it == blocks.begin())
+        return false;
+    --it;
+    return u >= it->first && u + n <= it->first + it->second;
+}
+
+extern "C" cudaError_t cudaMalloc(void **p, size_t bytes)
+{
+    const char *limit = getenv("CUDA_EMU_MALLOC_LIMIT");
+    std::lock_guard<std::mutex> g(mem_lock);
+    if (limit && live_bytes + bytes > (size_t)strtoull(limit, NULL, 10)) {
+        fprintf(stderr, "cuda_emu: cudaMalloc of %zu bytes refused (%zu live, CUDA_EMU_MALLOC_LIMIT %s)\n", bytes,
+                live_bytes, limit);
+        last_error = cudaErrorMemoryAllocation;
+        return cudaErrorMemoryAllocation;
+    }
+    void *m = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+    if (!m) {
+        last_error = cudaErrorMemoryAllocation;
+        return cudaErrorMemoryAllocation;
+    }
+    memset(m, 0xA5, bytes); /* fresh device memory holds garbage */
+    blocks[(uintptr_t)m] = bytes;
+    live_bytes += bytes;
+    *p = m;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaFree(void *p)
+{
+    if (!p)
+        return cudaSuccess;
+    std::lock_guard<std::mutex> g(mem_lock);
+    auto it = blocks.find((uintptr_t)p);
+    if (it == blocks.end())
+        return fail(cudaErrorInvalidValue, "cudaFree of a pointer that cudaMalloc did not return");
+    live_bytes -= it->second;
+    blocks.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMallocHost(void **p, size_t bytes)
+{
+    void *m = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (!m)
+        return fail(cudaErrorMemoryAllocation, "cudaMallocHost");
+    std::lock_guard<std::mutex> g(mem_lock);
+    pinned[(uintptr_t)m] = bytes;
+    *p = m;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaFreeHost(void *p)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    pinned.erase((uintptr_t)p);
+    free(p);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *p)
+{
+    memset(attr, 0, sizeof *attr);
+    if (in_block(p, 1))
+        attr->type = cudaMemoryTypeDevice;
+    else {
+        std::lock_guard<std::mutex> g(mem_lock);
+        attr->type = pinned.count((uintptr_t)p) ? cudaMemoryTypeHost : cudaMemoryTypeUnregistered;
+    }
+    return cudaSuccess;
+}
+
+/* the device side of a copy must lie in a block; the host side must not */
+static cudaError_t check_copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
+{
+    bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (dst_dev != in_block(dst, bytes) || src_dev != in_block(src, bytes)) {
+        fprintf(stderr, "cuda_emu: cudaMemcpy kind %d of %zu bytes %p <- %p: %s\n", (int)kind, bytes, dst, src,
+                dst_dev && !in_block(dst, bytes) ? "destination outside every device block"
+                : src_dev && !in_block(src, bytes) ? "source outside every device block"
+                                                   : "host pointer inside a device block");
+        last_error = cudaErrorInvalidValue;
+        return cudaErrorInvalidValue;
+    }
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                                       cudaStream_t s)
+{
+    (void)s;
+    if (bytes == 0)
+        return cudaSuccess;
+    cudaError_t e = check_copy(dst, src, bytes, kind);
+    if (e != cudaSuccess)
+        return e;
+    uintptr_t d = (uintptr_t)dst, r = (uintptr_t)src;
+    if (d < r + bytes && r < d + bytes && dst != src)
+        return fail(cudaErrorInvalidValue, "cudaMemcpyAsync with overlapping ranges (undefined on a GPU)");
+    memcpy(dst, src, bytes);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                         size_t height, enum cudaMemcpyKind kind, cudaStream_t s)
+{
+    (void)s;
+    if (width == 0 || height == 0)
+        return cudaSuccess;
+    if (width > dpitch || width > spitch)
+        return fail(cudaErrorInvalidValue, "cudaMemcpy2DAsync: width above a pitch");
+    size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
+    if (kind != cudaMemcpyDeviceToDevice || !in_block(dst, dspan) || !in_block(src, sspan))
+        return fail(cudaErrorInvalidValue, "cudaMemcpy2DAsync outside device blocks");
+    uintptr_t d = (uintptr_t)dst, r = (uintptr_t)src;
+    if (d < r + sspan && r < d + dspan)
+        return fail(cudaErrorInvalidValue, "cudaMemcpy2DAsync with overlapping spans (undefined on a GPU)");
+    for (size_t i = 0; i < height; i++)
+        memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s)
+{
+    (void)s;
+    if (bytes == 0)
+        return cudaSuccess;
+    if (!in_block(p, bytes))
+        return fail(cudaErrorInvalidValue, "cudaMemsetAsync outside every device block");
+    memset(p, value, bytes);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    (void)s;
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- events */
+
+struct emu_event {
+    std::chrono::steady_clock::time_point t;
+};
+
+extern "C" cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    *e = new emu_event();
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    delete e;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    (void)s;
+    e->t = std::chrono::steady_clock::now();
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    (void)e;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t stop)
+{
+    *ms = std::chrono::duration<float, std::milli>(stop->t - start->t).count();
+    return cudaSuccess;
+}
+
+/* ---------------------------------------------------------------- launches */
+
+static std::mutex attr_lock;
+static std::map<const void *, int> smem_limit; /* cudaFuncAttributeMaxDynamicSharedMemorySize */
+
+extern "C" cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
+{
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > EMU_SMEM_OPTIN)
+        return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: bad attribute or value");
+    std::lock_guard<std::mutex> g(attr_lock);
+    smem_limit[func] = value;
+    return cudaSuccess;
+}
+
+/* Kernels run as fibers: every CUDA thread of a block is a fiber with its own stack, all on the
+ * calling host thread. A fiber runs until it waits at a barrier (__syncthreads, or a warp
+ * shuffle's exchange) or returns; the scheduler releases a barrier once every fiber that has not
+ * returned waits at it (the block's, or the warp's for a shuffle), as on the GPU. Fibers of one
+ * block waiting at different barriers is a kernel bug: reported, launch failed.
+ *
+ * The switch between fibers is a few instructions (emu_switch below: the callee-saved registers
+ * and the stack pointer), not swapcontext, which makes a system call each time: kernels with
+ * block reductions switch tens of millions of times in the conformance suite. */
+enum fiber_state { RUNNABLE, WAIT_SYNC, WAIT_WARP, DONE };
+
+struct Fiber {
+    void *sp; /* saved stack pointer while switched out */
+    char *stack;
+    fiber_state state;
+    uint3 tid;
+    int linear;
+    unsigned shuffles; /* shuffles done: picks the exchange slot (double buffered) */
+    void *fake_stack;  /* AddressSanitizer's bookkeeping of this fiber's stack */
+};
+
+struct Block {
+    int nthreads;
+    std::vector<Fiber> fibers;
+    std::vector<uint64_t> lanes; /* shuffle exchange slots: two per thread */
+    std::vector<unsigned char> smem;
+    const std::function<void()> *body;
+};
+
+#if !defined(__x86_64__)
+#error "tests/cuda_emu switches fibers with x86-64 code"
+#endif
+/* emu_switch(&save, to): pushes the callee-saved registers, stores the stack pointer in *save,
+ * loads `to` (a stack saved the same way, or a new one laid out by fiber_init) and pops. */
+extern "C" void emu_switch(void **save, void *to);
+asm(".text\n"
+    ".p2align 4\n"
+    ".type emu_switch,@function\n"
+    "emu_switch:\n"
+    "    pushq %rbp\n    pushq %rbx\n    pushq %r12\n    pushq %r13\n    pushq %r14\n    pushq %r15\n"
+    "    movq %rsp, (%rdi)\n"
+    "    movq %rsi, %rsp\n"
+    "    popq %r15\n    popq %r14\n    popq %r13\n    popq %r12\n    popq %rbx\n    popq %rbp\n"
+    "    ret\n"
+    ".size emu_switch, .-emu_switch\n");
+
+static const size_t EMU_STACK = (size_t)256 << 10;
+struct StackPool {
+    std::vector<char *> stacks;
+    ~StackPool()
+    {
+        for (char *st : stacks)
+            free(st);
+    }
+};
+static StackPool stack_pool;
+
+thread_local uint3 threadIdx, blockIdx;
+thread_local dim3 blockDim, gridDim;
+static thread_local Block *tl_block;
+static thread_local Fiber *tl_fiber;
+static thread_local void *tl_sched_sp;
+static thread_local void *tl_sched_fake;
+static thread_local const void *tl_sched_bottom;
+static thread_local size_t tl_sched_size;
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define EMU_START_SWITCH(fake, bottom, size) __sanitizer_start_switch_fiber(fake, bottom, size)
+#define EMU_FINISH_SWITCH(fake, bottom, size) __sanitizer_finish_switch_fiber(fake, bottom, size)
+/* a stack used before still carries the poisoned redzones of its old frames */
+#define EMU_UNPOISON(p, n) __asan_unpoison_memory_region(p, n)
+#else
+#define EMU_START_SWITCH(fake, bottom, size) ((void)(fake), (void)(bottom), (void)(size))
+#define EMU_FINISH_SWITCH(fake, bottom, size) ((void)(fake), (void)(bottom), (void)(size))
+#define EMU_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* From a fiber back to the scheduler, in `state`; returns when the scheduler resumes it. */
+static void fiber_yield(fiber_state state)
+{
+    Fiber *f = tl_fiber;
+    f->state = state;
+    EMU_START_SWITCH(&f->fake_stack, tl_sched_bottom, tl_sched_size);
+    emu_switch(&f->sp, tl_sched_sp);
+    EMU_FINISH_SWITCH(f->fake_stack, &tl_sched_bottom, &tl_sched_size);
+}
+
+/* A fiber's first frame: runs the kernel body for this thread, then leaves for good. */
+static void fiber_main(void)
+{
+    EMU_FINISH_SWITCH(NULL, &tl_sched_bottom, &tl_sched_size);
+    (*tl_block->body)();
+    Fiber *f = tl_fiber;
+    f->state = DONE;
+    EMU_START_SWITCH(NULL, tl_sched_bottom, tl_sched_size); /* NULL: this stack is finished */
+    void *dead;
+    emu_switch(&dead, tl_sched_sp);
+    abort(); /* never resumed */
+}
+
+/* Lays out a new stack so that switching to it enters fiber_main as if called: six zero
+ * registers for emu_switch to pop, then fiber_main as the return address (stack aligned so that
+ * the entry sees rsp = 8 mod 16, as after a call). */
+static void fiber_init(Fiber *f)
+{
+    EMU_UNPOISON(f->stack, EMU_STACK);
+    uintptr_t top = ((uintptr_t)f->stack + EMU_STACK) & ~(uintptr_t)15;
+    void **sp = (void **)(top - 8);
+    *sp = NULL; /* fiber_main's own return address: it never returns */
+    *--sp = (void *)fiber_main;
+    for (int i = 0; i < 6; i++)
+        *--sp = NULL;
+    f->sp = sp;
+    f->state = RUNNABLE;
+    f->fake_stack = NULL;
+    f->shuffles = 0;
+}
+
+void __syncthreads(void)
+{
+    fiber_yield(WAIT_SYNC);
+}
+
+void *emu_dynamic_smem(void)
+{
+    return tl_block->smem.data();
+}
+
+/* One barrier per shuffle: a lane's next shuffle writes the other slot, and cannot reach this
+ * slot again before every lane has passed the next barrier, so the values read here are intact. */
+uint64_t emu_shfl_xor(uint64_t v, int lanemask)
+{
+    Block *b = tl_block;
+    Fiber *f = tl_fiber;
+    int me = f->linear, other = (me & ~31) + ((me & 31) ^ lanemask);
+    size_t slot = (size_t)(f->shuffles++ & 1u) * (size_t)b->nthreads;
+    b->lanes[slot + (size_t)me] = v;
+    fiber_yield(WAIT_WARP);
+    return other < b->nthreads ? b->lanes[slot + (size_t)other] : v;
+}
+
+static void resume(Fiber *f)
+{
+    tl_fiber = f;
+    threadIdx = f->tid;
+    f->state = RUNNABLE;
+    EMU_START_SWITCH(&tl_sched_fake, f->stack, EMU_STACK);
+    emu_switch(&tl_sched_sp, f->sp);
+    EMU_FINISH_SWITCH(tl_sched_fake, NULL, NULL);
+}
+
+/* Runs one block to its end; false on a deadlock (fibers waiting at different barriers).
+ * `reverse`: resume the runnable fibers from the last thread to the first. Blocks alternate the
+ * order, so shared memory read before the barrier that should order it after another thread's
+ * write gives a wrong result in one order or the other. */
+static bool run_block(Block *b, bool reverse)
+{
+    for (Fiber &f : b->fibers)
+        fiber_init(&f);
+    memset(b->smem.data(), 0xff, b->smem.size());
+    const int nwarps = (b->nthreads + 31) / 32;
+    for (;;) {
+        for (int i = 0; i < b->nthreads; i++) {
+            Fiber &f = b->fibers[(size_t)(reverse ? b->nthreads - 1 - i : i)];
+            if (f.state == RUNNABLE)
+                resume(&f);
+        }
+        int live = 0, at_sync = 0;
+        for (const Fiber &f : b->fibers) {
+            live += f.state != DONE;
+            at_sync += f.state == WAIT_SYNC;
+        }
+        if (live == 0)
+            return true;
+        bool released = false;
+        if (at_sync == live) {
+            for (Fiber &f : b->fibers)
+                if (f.state == WAIT_SYNC)
+                    f.state = RUNNABLE;
+            released = true;
+        }
+        for (int w = 0; w < nwarps && !released; w++) {
+            int wl = 0, ww = 0;
+            for (int l = w * 32; l < b->nthreads && l < w * 32 + 32; l++) {
+                wl += b->fibers[(size_t)l].state != DONE;
+                ww += b->fibers[(size_t)l].state == WAIT_WARP;
+            }
+            if (ww > 0 && ww == wl) {
+                for (int l = w * 32; l < b->nthreads && l < w * 32 + 32; l++)
+                    b->fibers[(size_t)l].state = RUNNABLE;
+                released = true;
+            }
+        }
+        if (!released) {
+            fprintf(stderr, "cuda_emu: deadlock in block (%u,%u,%u): %d threads live, %d at __syncthreads, the "
+                            "rest at warp shuffles of partly waiting warps\n",
+                    blockIdx.x, blockIdx.y, blockIdx.z, live, at_sync);
+            return false;
+        }
+    }
+}
+
+void emu_run(const emu_cfg &cfg, const void *kernel, const std::function<void()> &f)
+{
+    uint64_t nthreads = (uint64_t)cfg.block.x * cfg.block.y * cfg.block.z;
+    uint64_t nblocks = (uint64_t)cfg.grid.x * cfg.grid.y * cfg.grid.z;
+    if (nthreads == 0 || nthreads > 1024 || nblocks == 0 || cfg.grid.x > 2147483647u || cfg.grid.y > 65535 ||
+        cfg.grid.z > 65535) {
+        fprintf(stderr, "cuda_emu: launch of grid (%u,%u,%u) block (%u,%u,%u) refused\n", cfg.grid.x, cfg.grid.y,
+                cfg.grid.z, cfg.block.x, cfg.block.y, cfg.block.z);
+        last_error = cudaErrorInvalidConfiguration;
+        return;
+    }
+    size_t limit = 48 * 1024;
+    {
+        std::lock_guard<std::mutex> g(attr_lock);
+        auto it = smem_limit.find(kernel);
+        if (it != smem_limit.end() && (size_t)it->second > limit)
+            limit = (size_t)it->second;
+    }
+    if (cfg.smem > limit) {
+        fprintf(stderr, "cuda_emu: launch with %zu bytes of dynamic shared memory; the kernel's limit is %zu\n",
+                cfg.smem, limit);
+        last_error = cudaErrorInvalidValue;
+        return;
+    }
+    static std::mutex launch_lock; /* one launch at a time: the stacks are shared */
+    std::lock_guard<std::mutex> g(launch_lock);
+    while (stack_pool.stacks.size() < nthreads) {
+        char *st = (char *)malloc(EMU_STACK);
+        if (!st) {
+            last_error = cudaErrorMemoryAllocation;
+            return;
+        }
+        stack_pool.stacks.push_back(st);
+    }
+    Block b;
+    b.nthreads = (int)nthreads;
+    b.fibers.resize(nthreads);
+    b.lanes.resize(2 * nthreads);
+    b.smem.resize(cfg.smem + 16);
+    b.body = &f;
+    for (uint64_t t = 0; t < nthreads; t++) {
+        Fiber &fb = b.fibers[t];
+        fb.stack = stack_pool.stacks[t];
+        fb.linear = (int)t;
+        fb.tid = uint3{(unsigned)(t % cfg.block.x), (unsigned)(t / cfg.block.x % cfg.block.y),
+                       (unsigned)(t / cfg.block.x / cfg.block.y)};
+    }
+    tl_block = &b;
+    blockDim = cfg.block;
+    gridDim = cfg.grid;
+    for (uint64_t blk = 0; blk < nblocks; blk++) {
+        blockIdx = uint3{(unsigned)(blk % cfg.grid.x), (unsigned)(blk / cfg.grid.x % cfg.grid.y),
+                         (unsigned)(blk / cfg.grid.x / cfg.grid.y)};
+        if (!run_block(&b, blk % 2 == 1)) {
+            last_error = cudaErrorLaunchFailure;
+            break;
+        }
+    }
+    tl_block = NULL;
+}
+
+/* ---------------------------------------------------------------- cuBLAS, cuBLASLt */
+
+struct emu_cublas {
+    int unused;
+};
+struct emu_lt {
+    int unused;
+};
+struct emu_lt_desc {
+    cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+};
+struct emu_lt_layout {
+    uint64_t rows, cols;
+    int64_t ld;
+};
+struct emu_lt_pref {
+    int unused;
+};
+
+extern "C" const char *cublasGetStatusString(cublasStatus_t s)
+{
+    return s == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_EMULATED_ERROR";
+}
+extern "C" const char *cublasLtGetStatusString(cublasStatus_t s)
+{
+    return cublasGetStatusString(s);
+}
+
+/* C (m,n) = alpha op(A) op(B) + beta C, column-major, on device blocks. */
+static cublasStatus_t sgemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                            const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc)
+{
+    int arows = ta == CUBLAS_OP_N ? m : k, acols = ta == CUBLAS_OP_N ? k : m;
+    int brows = tb == CUBLAS_OP_N ? k : n, bcols = tb == CUBLAS_OP_N ? n : k;
+    if (m < 0 || n < 0 || k < 0 || lda < (arows > 1 ? arows : 1) || ldb < (brows > 1 ? brows : 1) ||
+        ldc < (m > 1 ? m : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (m == 0 || n == 0)
+        return CUBLAS_STATUS_SUCCESS;
+    if (!in_block(a, sizeof(float) * ((size_t)lda * (size_t)(acols - 1) + (size_t)arows)) ||
+        !in_block(b, sizeof(float) * ((size_t)ldb * (size_t)(bcols - 1) + (size_t)brows)) ||
+        !in_block(c, sizeof(float) * ((size_t)ldc * (size_t)(n - 1) + (size_t)m))) {
+        fprintf(stderr, "cuda_emu: sgemm operand outside every device block\n");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cublasCreate(cublasHandle_t *h)
+{
+    *h = new emu_cublas();
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasDestroy(cublasHandle_t h)
+{
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s)
+{
+    (void)h;
+    (void)s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode)
+{
+    (void)h;
+    (void)mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                      int k, const float *alpha, const float *a, int lda, const float *b, int ldb,
+                                      const float *beta, float *c, int ldc)
+{
+    (void)h;
+    return sgemm(ta, tb, m, n, k, *alpha, a, lda, b, ldb, *beta, c, ldc);
+}
+
+extern "C" cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
+{
+    *h = new emu_lt();
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtDestroy(cublasLtHandle_t h)
+{
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,
+                                                   cudaDataType scale)
+{
+    if ((compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_FAST_TF32) || scale != CUDA_R_32F)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    *d = new emu_lt_desc();
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d)
+{
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                                         const void *buf, size_t size)
+{
+    if (size != sizeof(cublasOperation_t))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (attr == CUBLASLT_MATMUL_DESC_TRANSA)
+        memcpy(&d->ta, buf, size);
+    else if (attr == CUBLASLT_MATMUL_DESC_TRANSB)
+        memcpy(&d->tb, buf, size);
+    else
+        return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows,
+                                                     uint64_t cols, int64_t ld)
+{
+    if (type != CUDA_R_32F || ld < (int64_t)rows)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    *l = new emu_lt_layout{rows, cols, ld};
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
+{
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p)
+{
+    *p = new emu_lt_pref();
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p)
+{
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                               cublasLtMatmulPreferenceAttributes_t attr,
+                                                               const void *buf, size_t size)
+{
+    (void)p;
+    (void)buf;
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+        return size == 8 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+    return size == 4 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+
+/* The layouts must agree with the operation: op(A) (m,k), op(B) (k,n), C (m,n). */
+static bool shapes_agree(const emu_lt_desc *d, const emu_lt_layout *a, const emu_lt_layout *b,
+                         const emu_lt_layout *c)
+{
+    uint64_t m = c->rows, n = c->cols;
+    uint64_t am = d->ta == CUBLAS_OP_N ? a->rows : a->cols, ak = d->ta == CUBLAS_OP_N ? a->cols : a->rows;
+    uint64_t bk = d->tb == CUBLAS_OP_N ? b->rows : b->cols, bn = d->tb == CUBLAS_OP_N ? b->cols : b->rows;
+    return am == m && bn == n && ak == bk;
+}
+
+extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
+                                                         cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                                         cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl,
+                                                         cublasLtMatmulPreference_t p, int requested,
+                                                         cublasLtMatmulHeuristicResult_t *results, int *returned)
+{
+    (void)h;
+    (void)p;
+    *returned = 0;
+    if (requested < 1 || !shapes_agree(d, a, b, c) || c->rows != dl->rows || c->cols != dl->cols)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (getenv("CUDA_EMU_LT_NONE"))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    memset(&results[0], 0, sizeof results[0]);
+    results[0].algo.data[0] = 0xE3u;
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha,
+                                         const void *a, cublasLtMatrixLayout_t la, const void *b,
+                                         cublasLtMatrixLayout_t lb, const void *beta, const void *c,
+                                         cublasLtMatrixLayout_t lc, void *dd, cublasLtMatrixLayout_t ld,
+                                         const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_bytes,
+                                         cudaStream_t s)
+{
+    (void)h;
+    (void)workspace;
+    (void)workspace_bytes;
+    (void)s;
+    if (!algo || algo->data[0] != 0xE3u || !shapes_agree(d, la, lb, lc) || c != dd || lc->rows != ld->rows)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    int m = (int)lc->rows, n = (int)lc->cols, k = (int)(d->ta == CUBLAS_OP_N ? la->cols : la->rows);
+    return sgemm(d->ta, d->tb, m, n, k, *(const float *)alpha, (const float *)a, (int)la->ld, (const float *)b,
+                 (int)lb->ld, *(const float *)beta, (float *)dd, (int)lc->ld);
+}
