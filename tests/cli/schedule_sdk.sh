@@ -3,6 +3,7 @@
 # sdk/examples/schedule_reverse out of the tree, builds it with nothing but the pkg-config file
 # ($BUILD/ctitan-sdk.pc), checks it exports only ctitan_plugin_entry, and runs `ctitan schedule`
 # on it by path: the checker accepts it, with GPipe's bubble and the backwards last-in first-out.
+# Then a manifest names it by path and PP 2 trains to the single rank's losses.
 set -euo pipefail
 ROOT=$(pwd)
 BUILD=${BUILD:-build}
@@ -35,3 +36,25 @@ echo "$out" | grep -q '^rank 3 .*F7 B7--- B6---' || fail "rank 3 does not run B7
 err=$("$CTITAN" schedule --name "$so" --pp 2 --stages 4 --microbatches 4 2>&1 >/dev/null) && fail "2 stages per rank accepted"
 echo "$err" | grep -q "ReverseGPipe runs exactly 1 stage per rank" || fail "refusal message: $err"
 echo "schedule_sdk: ok"
+
+# ... and it trains: named by path in the manifest, PP 2 follows the single rank's losses
+T=$WORK/train; mkdir -p "$T"
+corpus=tests/data/tokenizer/corpus.txt
+"$CTITAN" tokenizer train --input "$corpus" --vocab-size 2048 --output "$T/tok.model" >/dev/null || fail "tokenizer"
+"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null || fail "tokenize"
+common=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --training.seq_len=64 --training.steps=5
+        --training.local_batch_size=8 --training.global_batch_size=8 --metrics.log_freq=1 --generate.max_new_tokens=0
+        --training.mixed_precision_param=float32 --activation_checkpoint.mode=none --device.threads=1)
+"$CTITAN" train "${common[@]}" --job.dump_folder="$T/single" >"$T/single.log" 2>&1 || fail "single-rank run"
+# a user's manifest naming the schedule by its path
+{ cat configs/llama3_debug.yaml
+  printf 'parallelism:\n  pipeline_parallel_degree: 2\n  data_parallel_shard_degree: 1\n  pipeline_parallel_schedule: %s\n' "$so"
+} >"$T/pp.yaml"
+"$CTITAN" launch -n 2 train "$T/pp.yaml" "${common[@]:1}" --job.dump_folder="$T/pp" >"$T/pp.log" 2>&1 \
+  || { tail "$T/pp.log"; fail "PP 2 with the out-of-tree schedule"; }
+grep -q "pipeline: ReverseGPipe, 2 stages on 2 ranks" "$T/pp.log" || fail "the run did not use ReverseGPipe"
+field() { sed 's/.*"loss": \([-0-9.e+]*\).*/\1/' "$1/metrics.jsonl"; }
+paste -d' ' <(field "$T/single") <(field "$T/pp") | awk '
+  { d = $1 - $2; if (d < 0) d = -d; if (d / $1 > w) w = d / $1 }
+  END { printf "%s: PP 2 with ReverseGPipe, 5 losses within %.1e of the single rank\n", (NR == 5 && w <= 1e-4) ? "ok" : "FAIL", w
+        exit !(NR == 5 && w <= 1e-4) }' || exit 1
