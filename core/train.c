@@ -312,7 +312,8 @@ int cmd_train(int argc, char **argv) {
         mf_get_str(mf, "profiling.save_traces_folder", &folder);
         snprintf(path, sizeof path, "%s/%s", dump, folder);
         ct_mkdir_p(path);
-        snprintf(path, sizeof path, "%s/%s/trace.json", dump, folder);
+        if (s.world > 1) snprintf(path, sizeof path, "%s/%s/rank%d_trace.json", dump, folder, s.rank); /* one per rank */
+        else snprintf(path, sizeof path, "%s/%s/trace.json", dump, folder);
         if (trace_write(path, err, sizeof err)) fprintf(stderr, "ctitan: %s\n", err);
         else printf("trace: %s\n", path);
     }

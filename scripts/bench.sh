@@ -27,3 +27,31 @@ for fmt in none tensorwise rowwise mxfp8; do
     --training.local_batch_size=8 --training.steps=8 --metrics.log_freq=8 --job.dump_folder=outputs/bench_fp8 |
     grep -E '^summary' | sed 's/ GFLOP\/s measured.*//'
 done
+# Tensor parallel on 2 ranks (one thread each): the time rank 0 is blocked in forward TP collectives,
+# summed from its trace (the tp_comm_fwd ranges), without and with async TP; the share async TP hides.
+echo "== tensor parallel 2 ranks, debugmodel, seq 256, batch 8 (10 steps): forward TP collectives, plain vs async"
+tp_fwd_ms() { awk -F'"ts":' '/"name":"tp_comm_fwd"/ { split($2, a, ","); t = a[1] + 0
+    if (/"ph":"B"/) b = t; else s += t - b } END { printf "%.1f", s / 1000 / steps }' steps=10 "$1"; }
+for async in false true; do
+  "$CTITAN" launch -n 2 train configs/llama3_debug.yaml "${common[@]}" --device.threads=1 --training.seq_len=256 \
+    --training.local_batch_size=8 --training.steps=10 --metrics.log_freq=10 --parallelism.tensor_parallel_degree=2 \
+    --parallelism.data_parallel_shard_degree=1 --parallelism.enable_async_tensor_parallel=$async \
+    --profiling.enable_profiling=true --job.dump_folder=outputs/bench_tp_$async | grep -E '^summary: (tensor|[0-9])' \
+    | sed 's/ GFLOP\/s measured.*//'
+  printf '%s\n' "$(tp_fwd_ms outputs/bench_tp_$async/profile_traces/rank0_trace.json)" >outputs/bench_tp_$async/fwd_ms
+done
+awk -v p="$(cat outputs/bench_tp_false/fwd_ms)" -v a="$(cat outputs/bench_tp_true/fwd_ms)" 'BEGIN {
+  printf "async TP: rank 0 blocked %.1f ms per step in forward TP collectives (plain: %.1f ms): %.0f%% of it hidden\n",
+         a, p, (p > 0 ? 100 * (1 - a / p) : 0) }'
+# Pipeline parallel: the measured bubble (time outside stage work) against the schedule's prediction
+echo "== pipeline parallel, debugmodel, seq 256, 8 microbatches of 1 (8 steps); pp 4 runs 4 ranks on this machine's cores"
+for pp in 2 4; do
+  for sched in 1F1B Interleaved1F1B; do
+    printf 'pp %d %-16s ' $pp $sched
+    "$CTITAN" launch -n $pp train configs/llama3_debug.yaml "${common[@]}" --device.threads=1 --training.seq_len=256 \
+      --training.local_batch_size=8 --training.steps=8 --metrics.log_freq=8 --parallelism.pipeline_parallel_degree=$pp \
+      --parallelism.data_parallel_shard_degree=1 --parallelism.pipeline_parallel_schedule=$sched \
+      --parallelism.pipeline_parallel_layers_per_stage=$([ $sched = 1F1B ] && echo 0 || echo $((8 / (2 * pp)))) \
+      --job.dump_folder=outputs/bench_pp | grep -E '^summary: pipeline' | sed 's/^summary: pipeline //'
+  done
+done
