@@ -1,6 +1,8 @@
 /* cmd_convert.c: `ctitan convert --to hf` (ctitan .ctt -> Hugging Face folder) and `--from hf` (back). */
 #include "cmd_convert.h"
 
+#include "util.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -46,20 +48,6 @@ static const char usage[] =
 static int usage_error(const char *msg, const char *arg) {
     fprintf(stderr, "ctitan convert: %s%s%s (see ctitan convert --help)\n", msg, arg ? " " : "", arg ? arg : "");
     return 2;
-}
-
-/* "--name VALUE" or "--name=VALUE": 1 if argv[*i] is the option (*val NULL when the value is missing). */
-static int opt(int argc, char **argv, int *i, const char *name, const char **val) {
-    const char *a = argv[*i];
-    size_t n = strlen(name);
-    if (strncmp(a, name, n) != 0) return 0;
-    if (a[n] == '=') {
-        *val = a + n + 1;
-        return 1;
-    }
-    if (a[n] != 0) return 0;
-    *val = *i + 1 < argc ? argv[++*i] : NULL;
-    return 1;
 }
 
 static int parse_pos_int(const char *s, int64_t *out) {
@@ -209,16 +197,16 @@ int cmd_convert(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *v;
         int bad = 0;
-        if (opt(argc, argv, &i, "--to", &v)) bad = !(to = v);
-        else if (opt(argc, argv, &i, "--from", &v)) bad = !(from = v);
-        else if (opt(argc, argv, &i, "--input", &v)) bad = !(a.input = v);
-        else if (opt(argc, argv, &i, "--output", &v)) bad = !(a.output = v);
-        else if (opt(argc, argv, &i, "--dtype", &v)) bad = !(dtype = v);
-        else if (opt(argc, argv, &i, "--n-heads", &v)) bad = parse_pos_int(v, &a.n_heads);
-        else if (opt(argc, argv, &i, "--n-kv-heads", &v)) bad = parse_pos_int(v, &a.n_kv_heads);
-        else if (opt(argc, argv, &i, "--max-position-embeddings", &v)) bad = parse_pos_int(v, &a.max_pos);
-        else if (opt(argc, argv, &i, "--rope-theta", &v)) bad = parse_pos_double(v, &a.rope_theta);
-        else if (opt(argc, argv, &i, "--norm-eps", &v)) bad = parse_pos_double(v, &a.norm_eps);
+        if (ct_cli_opt(argc, argv, &i, "--to", &v)) bad = !(to = v);
+        else if (ct_cli_opt(argc, argv, &i, "--from", &v)) bad = !(from = v);
+        else if (ct_cli_opt(argc, argv, &i, "--input", &v)) bad = !(a.input = v);
+        else if (ct_cli_opt(argc, argv, &i, "--output", &v)) bad = !(a.output = v);
+        else if (ct_cli_opt(argc, argv, &i, "--dtype", &v)) bad = !(dtype = v);
+        else if (ct_cli_opt(argc, argv, &i, "--n-heads", &v)) bad = parse_pos_int(v, &a.n_heads);
+        else if (ct_cli_opt(argc, argv, &i, "--n-kv-heads", &v)) bad = parse_pos_int(v, &a.n_kv_heads);
+        else if (ct_cli_opt(argc, argv, &i, "--max-position-embeddings", &v)) bad = parse_pos_int(v, &a.max_pos);
+        else if (ct_cli_opt(argc, argv, &i, "--rope-theta", &v)) bad = parse_pos_double(v, &a.rope_theta);
+        else if (ct_cli_opt(argc, argv, &i, "--norm-eps", &v)) bad = parse_pos_double(v, &a.norm_eps);
         else return usage_error("unknown argument", argv[i]);
         if (bad) return usage_error("missing or bad value for", argv[i][0] == '-' ? argv[i] : argv[i - 1]);
     }

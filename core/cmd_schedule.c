@@ -1,6 +1,8 @@
 /* cmd_schedule.c: `ctitan schedule`, a pipeline schedule checked and drawn without a model. */
 #include "cmd_schedule.h"
 
+#include "util.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,20 +37,6 @@ static const char usage[] =
 static int usage_error(const char *msg, const char *arg) {
     fprintf(stderr, "ctitan schedule: %s%s%s (see ctitan schedule --help)\n", msg, arg ? " " : "", arg ? arg : "");
     return 2;
-}
-
-/* "--name VALUE" or "--name=VALUE": 1 if argv[*i] is the option (*val NULL when the value is missing). */
-static int opt(int argc, char **argv, int *i, const char *name, const char **val) {
-    const char *a = argv[*i];
-    size_t n = strlen(name);
-    if (strncmp(a, name, n) != 0) return 0;
-    if (a[n] == '=') {
-        *val = a + n + 1;
-        return 1;
-    }
-    if (a[n] != 0) return 0;
-    *val = *i + 1 < argc ? argv[++*i] : NULL;
-    return 1;
 }
 
 static int parse_pos_int(const char *s, int *out) {
@@ -87,26 +75,26 @@ static int parse_args(int argc, char **argv, sched_args *a) {
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
-        if (opt(argc, argv, &i, "--name", &v)) {
+        if (ct_cli_opt(argc, argv, &i, "--name", &v)) {
             if (!v || !*v) return usage_error("--name needs a schedule name or a plugin path", NULL);
             a->name = v;
-        } else if (opt(argc, argv, &i, "--pp", &v)) {
+        } else if (ct_cli_opt(argc, argv, &i, "--pp", &v)) {
             if (parse_pos_int(v, &a->pp)) return usage_error("--pp needs a number of ranks >= 1, got", v ? v : "nothing");
-        } else if (opt(argc, argv, &i, "--stages", &v)) {
+        } else if (ct_cli_opt(argc, argv, &i, "--stages", &v)) {
             if (parse_pos_int(v, &a->stages)) return usage_error("--stages needs a number >= 1, got", v ? v : "nothing");
-        } else if (opt(argc, argv, &i, "--microbatches", &v)) {
+        } else if (ct_cli_opt(argc, argv, &i, "--microbatches", &v)) {
             if (parse_pos_int(v, &a->microbatches))
                 return usage_error("--microbatches needs a number >= 1, got", v ? v : "nothing");
-        } else if (opt(argc, argv, &i, "--csv", &v)) {
+        } else if (ct_cli_opt(argc, argv, &i, "--csv", &v)) {
             if (!v || !*v) return usage_error("--csv needs a file", NULL);
             a->csv = v;
-        } else if (opt(argc, argv, &i, "--svg", &v)) {
+        } else if (ct_cli_opt(argc, argv, &i, "--svg", &v)) {
             if (!v || !*v) return usage_error("--svg needs a file", NULL);
             a->svg = v;
-        } else if (opt(argc, argv, &i, "--write-csv", &v)) {
+        } else if (ct_cli_opt(argc, argv, &i, "--write-csv", &v)) {
             if (!v || !*v) return usage_error("--write-csv needs a file", NULL);
             a->write_csv = v;
-        } else if (opt(argc, argv, &i, "--costs", &v)) {
+        } else if (ct_cli_opt(argc, argv, &i, "--costs", &v)) {
             if (parse_costs(v, &a->costs))
                 return usage_error("--costs needs four time units >= 1 for F,B,I,W (e.g. 1,2,1,1), got", v ? v : "nothing");
         } else {

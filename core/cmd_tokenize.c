@@ -51,21 +51,6 @@ static int usage_error(const char *cmd, const char *msg, const char *arg) {
     return 2;
 }
 
-/* Matches argv[*i] against "--name VALUE" or "--name=VALUE". Returns 1 if it is the option (then
- * *val is its value, or NULL when the value is missing), 0 if it is not. */
-static int opt(int argc, char **argv, int *i, const char *name, const char **val) {
-    const char *a = argv[*i];
-    size_t n = strlen(name);
-    if (strncmp(a, name, n) != 0) return 0;
-    if (a[n] == '=') {
-        *val = a + n + 1;
-        return 1;
-    }
-    if (a[n] != 0) return 0;
-    *val = *i + 1 < argc ? argv[++*i] : NULL;
-    return 1;
-}
-
 /* ---- documents ----------------------------------------------------------------------------------- */
 
 typedef enum { FMT_TEXT, FMT_JSONL } doc_format;
@@ -224,17 +209,17 @@ typedef struct input_opts {
 
 static int input_opt(const char *cmd, int argc, char **argv, int *i, input_opts *o) {
     const char *v;
-    if (opt(argc, argv, i, "--input", &v)) {
+    if (ct_cli_opt(argc, argv, i, "--input", &v)) {
         if (!v) return usage_error(cmd, "--input needs a file", NULL);
         o->inputs[o->ninputs++] = v;
         return 1;
     }
-    if (opt(argc, argv, i, "--format", &v)) {
+    if (ct_cli_opt(argc, argv, i, "--format", &v)) {
         if (!v || parse_format(v, &o->src.format))
             return usage_error(cmd, "--format must be text or jsonl, got", v ? v : "nothing");
         return 1;
     }
-    if (opt(argc, argv, i, "--split-on", &v)) {
+    if (ct_cli_opt(argc, argv, i, "--split-on", &v)) {
         if (!v) return usage_error(cmd, "--split-on needs a line", NULL);
         o->src.split_on = v;
         return 1;
@@ -290,9 +275,9 @@ int cmd_tokenize(int argc, char **argv) {
         int r = input_opt(cmd, argc, argv, &i, &in);
         if (r == 2) goto done;
         if (r == 1) continue;
-        if (opt(argc, argv, &i, "--tokenizer", &v)) {
+        if (ct_cli_opt(argc, argv, &i, "--tokenizer", &v)) {
             if (!(tok_path = v)) { usage_error(cmd, "--tokenizer needs a file", NULL); goto done; }
-        } else if (opt(argc, argv, &i, "--output", &v)) {
+        } else if (ct_cli_opt(argc, argv, &i, "--output", &v)) {
             if (!(out_path = v)) { usage_error(cmd, "--output needs a file", NULL); goto done; }
         } else if (strcmp(argv[i], "--allow-special") == 0) {
             c.allow_special = 1;
@@ -375,9 +360,9 @@ static int tokenizer_train(int argc, char **argv) {
         int r = input_opt(cmd, argc, argv, &i, &in);
         if (r == 2) goto done;
         if (r == 1) continue;
-        if (opt(argc, argv, &i, "--output", &v)) {
+        if (ct_cli_opt(argc, argv, &i, "--output", &v)) {
             if (!(out_path = v)) { usage_error(cmd, "--output needs a file", NULL); goto done; }
-        } else if (opt(argc, argv, &i, "--vocab-size", &v)) {
+        } else if (ct_cli_opt(argc, argv, &i, "--vocab-size", &v)) {
             if (!v || parse_int(v, 2 * TOKENIZER_N_SPECIAL, TOKENIZER_MAX_BASE, &vocab)) {
                 fprintf(stderr, "ctitan %s: --vocab-size must be an integer in %d..%d, got %s (see "
                         "ctitan tokenizer --help)\n", cmd, 2 * TOKENIZER_N_SPECIAL, TOKENIZER_MAX_BASE,
@@ -435,9 +420,9 @@ static int tokenizer_encode_cmd(int argc, char **argv) {
     int allow_special = 0;
     for (int i = 2; i < argc; i++) {
         const char *v;
-        if (opt(argc, argv, &i, "--tokenizer", &v)) {
+        if (ct_cli_opt(argc, argv, &i, "--tokenizer", &v)) {
             if (!(tok_path = v)) return usage_error(cmd, "--tokenizer needs a file", NULL);
-        } else if (opt(argc, argv, &i, "--text", &v)) {
+        } else if (ct_cli_opt(argc, argv, &i, "--text", &v)) {
             if (!(text = v)) return usage_error(cmd, "--text needs a string", NULL);
         } else if (strcmp(argv[i], "--allow-special") == 0) {
             allow_special = 1;
@@ -475,7 +460,7 @@ static int tokenizer_decode_cmd(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *v;
         long id;
-        if (opt(argc, argv, &i, "--tokenizer", &v)) {
+        if (ct_cli_opt(argc, argv, &i, "--tokenizer", &v)) {
             if (!(tok_path = v)) { free(ids); return usage_error(cmd, "--tokenizer needs a file", NULL); }
         } else if (parse_int(argv[i], 0, INT32_MAX, &id) == 0) {
             ids[n++] = (int32_t)id;

@@ -51,3 +51,16 @@ int ct_mkdir_p(const char *path) {
     }
     return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
 }
+
+int ct_cli_opt(int argc, char **argv, int *i, const char *name, const char **val) {
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0) return 0;
+    if (a[n] == '=') {
+        *val = a + n + 1;
+        return 1;
+    }
+    if (a[n] != 0) return 0;
+    *val = *i + 1 < argc ? argv[++*i] : NULL;
+    return 1;
+}

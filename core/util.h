@@ -12,5 +12,8 @@ int ct_write_all(int fd, const void *buf, size_t n);
 double ct_now(void);
 /* mkdir -p: 0, or -1 with errno set. */
 int ct_mkdir_p(const char *path);
+/* Command-line option "--name VALUE" or "--name=VALUE" at argv[*i]: 1 if it is that option (*val NULL
+ * when the value is missing; *i moves past a separate value), else 0. */
+int ct_cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
 
 #endif

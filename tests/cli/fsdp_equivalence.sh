@@ -4,24 +4,7 @@
 # within 1e-6 relative, 20-step loss curves within 1e-4; and FSDP N holds 1/N of the parameter,
 # gradient and optimizer memory (within 5%).
 set -u
-CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL $*"; exit 1; }
-corpus=tests/data/tokenizer/corpus.txt
-"$CTITAN" tokenizer train --input "$corpus" --vocab-size 2048 --output "$T/tok.model" >/dev/null || fail "tokenizer"
-"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null || fail "tokenize"
-common=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --training.seq_len=64
-        --training.global_batch_size=8 --training.steps=20 --metrics.log_freq=1 --generate.max_new_tokens=0
-        --training.mixed_precision_param=float32 --activation_checkpoint.mode=none --lr_scheduler.warmup_steps=5
-        --device.threads=1 --comm.train_timeout_seconds=120)
-run() { # name ranks args...
-  local name=$1 n=$2; shift 2
-  if [ "$n" -eq 1 ]; then "$CTITAN" train "${common[@]}" --job.dump_folder="$T/$name" "$@" >"$T/$name.log" 2>&1
-  else "$CTITAN" launch -n "$n" train "${common[@]}" --job.dump_folder="$T/$name" "$@" >"$T/$name.log" 2>&1; fi \
-    || { tail -20 "$T/$name.log"; fail "$name run"; }
-}
-field() { sed "s/.*\"$2\": \([-0-9.e+]*\).*/\1/" "$T/$1/metrics.jsonl"; }
-mem() { sed -n 1p "$T/$1/metrics.jsonl" | sed 's/.*"params": \([0-9]*\), "grads": \([0-9]*\), "optimizer": \([0-9]*\).*/\1 \2 \3/' | awk '{print $1+$2+$3}'; }
+. tests/cli/lib/layouts.sh
 run single 1 --training.local_batch_size=8
 run fsdp2 2 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
 run fsdp4 4 --training.local_batch_size=2 --parallelism.data_parallel_shard_degree=4
@@ -30,13 +13,7 @@ run ddp2 2 --training.local_batch_size=4 --parallelism.data_parallel_replicate_d
 grep -q "strategy fsdp" "$T/fsdp4.log" || fail "fsdp4 did not run FSDP"
 grep -q "strategy ddp" "$T/ddp2.log" || fail "ddp2 did not run DDP"
 for r in fsdp2 fsdp4 hsdp2x2 ddp2; do
-  [ "$(wc -l <"$T/$r/metrics.jsonl")" -eq 20 ] || fail "$r: metrics.jsonl has $(wc -l <"$T/$r/metrics.jsonl") lines"
-  paste -d' ' <(field single loss) <(field $r loss) | awk -v r=$r '
-    { d = $1 - $2; if (d < 0) d = -d; rel = d / $1; if (rel > worst) worst = rel
-      if (NR == 1) { first = $1; if (rel > 1e-6) { printf "FAIL %s: step-1 loss %s vs single %s\n", r, $2, $1; bad = 1 } }
-      if (rel > 1e-4) { printf "FAIL %s: step %d loss %s vs single %s\n", r, NR, $2, $1; bad = 1 } }
-    END { if (!bad) printf "ok   %s: 20 losses within %.1e of the single rank (step-1 loss %s)\n", r, worst, first; exit bad }' \
-    || exit 1
+  compare single $r 20 || exit 1
 done
 single=$(mem single)
 for n in 2 4; do

@@ -6,59 +6,35 @@
 # than GPipe, a checkpoint saved under PP 2 resumes on one rank, an unknown schedule lists the
 # loadable ones, and a broken CSV is refused at start-up naming the rank and the action.
 set -u
-CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL $*"; exit 1; }
-corpus=tests/data/tokenizer/corpus.txt
-"$CTITAN" tokenizer train --input "$corpus" --vocab-size 2048 --output "$T/tok.model" >/dev/null || fail "tokenizer"
-"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null || fail "tokenize"
-steps=${PP_STEPS:-20}
-common=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --training.seq_len=64
-        --training.global_batch_size=8 --training.steps=$steps --metrics.log_freq=1 --generate.max_new_tokens=0
-        --training.mixed_precision_param=float32 --activation_checkpoint.mode=none --lr_scheduler.warmup_steps=5
-        --device.threads=1 --comm.train_timeout_seconds=120)
-run() { # name ranks args...
-  local name=$1 n=$2; shift 2
-  if [ "$n" -eq 1 ]; then "$CTITAN" train "${common[@]}" --job.dump_folder="$T/$name" "$@" >"$T/$name.log" 2>&1
-  else "$CTITAN" launch -n "$n" train "${common[@]}" --job.dump_folder="$T/$name" "$@" >"$T/$name.log" 2>&1; fi \
-    || { tail -20 "$T/$name.log"; fail "$name run"; }
-}
-field() { sed "s/.*\"$2\": \([-0-9.e+]*\).*/\1/" "$T/$1/metrics.jsonl"; }
-compare() { # reference run steps
-  [ "$(wc -l <"$T/$2/metrics.jsonl")" -eq "$3" ] || fail "$2: metrics.jsonl has $(wc -l <"$T/$2/metrics.jsonl") lines"
-  paste -d' ' <(field "$1" loss | head -"$3") <(field "$2" loss) | awk -v r="$2" -v n="$3" '
-    { d = $1 - $2; if (d < 0) d = -d; rel = d / $1; if (rel > worst) worst = rel
-      if (NR == 1) { first = $1; if (rel > 1e-6) { printf "FAIL %s: step-1 loss %s vs single %s\n", r, $2, $1; bad = 1 } }
-      if (rel > 1e-4) { printf "FAIL %s: step %d loss %s vs single %s\n", r, NR, $2, $1; bad = 1 } }
-    END { if (!bad) printf "ok   %s: %d losses within %.1e of the single rank\n", r, n, worst; exit bad }'
-}
+STEPS=${PP_STEPS:-20}
+. tests/cli/lib/layouts.sh
 pp=(--training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1)
 run single 1 --training.local_batch_size=8
 for s in GPipe 1F1B Interleaved1F1B LoopedBFS InterleavedZeroBubble ZBVZeroBubble; do
   run "pp2_$s" 2 "${pp[@]}" --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=$s
-  compare single "pp2_$s" "$steps" || exit 1
+  compare single "pp2_$s" "$STEPS" || exit 1
 done
 run pp4_interleaved 4 "${pp[@]}" --parallelism.pipeline_parallel_degree=4 \
   --parallelism.pipeline_parallel_schedule=interleaved_1f1b --parallelism.pipeline_parallel_layers_per_stage=1
 grep -q "Interleaved1F1B, 8 stages on 4 ranks (2 per rank)" "$T/pp4_interleaved.log" || fail "pp4: not 8 stages of Interleaved1F1B"
-compare single pp4_interleaved "$steps" || exit 1
+compare single pp4_interleaved "$STEPS" || exit 1
 # a hand-written schedule: GPipe's order with the backward of microbatch 0 first on each rank
 printf '0F0,0F1,0F2,0F3,0F4,0F5,0F6,0F7,0B0,0B1,0B2,0B3,0B4,0B5,0B6,0B7\n1F0,1F1,1F2,1F3,1F4,1F5,1F6,1F7,1B0,1B1,1B2,1B3,1B4,1B5,1B6,1B7\n' >"$T/mine.csv"
 run pp2_csv 2 "${pp[@]}" --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=csv \
   --parallelism.pipeline_parallel_schedule_csv="$T/mine.csv"
-compare single pp2_csv "$steps" || exit 1
+compare single pp2_csv "$STEPS" || exit 1
 run pp2_units 2 "${pp[@]}" --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_stage_units=2,6 \
   --parallelism.pipeline_parallel_microbatch_size=2
 grep -q "stage 0 (rank 0): units 0-1" "$T/pp2_units.log" || fail "pp2_units: stage split not as asked"
-compare single pp2_units "$steps" || exit 1
+compare single pp2_units "$STEPS" || exit 1
 run pp2_fsdp2 4 --training.local_batch_size=4 --parallelism.pipeline_parallel_degree=2 \
   --parallelism.data_parallel_shard_degree=2 --checkpoint.enable=true --checkpoint.interval=10
 grep -q "pp 2, dp_replicate 1, dp_shard 2, cp 1, tp 1; strategy fsdp" "$T/pp2_fsdp2.log" || fail "pp2_fsdp2 layout"
-compare single pp2_fsdp2 "$steps" || exit 1
+compare single pp2_fsdp2 "$STEPS" || exit 1
 run pp2_fsdp2_tp2 8 --training.local_batch_size=4 --parallelism.pipeline_parallel_degree=2 \
   --parallelism.data_parallel_shard_degree=2 --parallelism.tensor_parallel_degree=2
 grep -q "pp 2, dp_replicate 1, dp_shard 2, cp 1, tp 2; strategy fsdp" "$T/pp2_fsdp2_tp2.log" || fail "3D layout"
-compare single pp2_fsdp2_tp2 "$steps" || exit 1
+compare single pp2_fsdp2_tp2 "$STEPS" || exit 1
 
 # memory: 1F1B keeps at most pp microbatches' activations, GPipe all of them
 held() { sed -n 's/.*at most \([0-9]*\) microbatches held on rank 0.*/\1/p' "$T/$1.log"; }

@@ -6,31 +6,7 @@
 # (counters), a checkpoint saved under FSDP 2 x TP 2 resumes on one rank, and a degree that does not
 # divide the heads is refused at start-up.
 set -u
-CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL $*"; exit 1; }
-corpus=tests/data/tokenizer/corpus.txt
-"$CTITAN" tokenizer train --input "$corpus" --vocab-size 2048 --output "$T/tok.model" >/dev/null || fail "tokenizer"
-"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null || fail "tokenize"
-common=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --training.seq_len=64
-        --training.global_batch_size=8 --training.steps=20 --metrics.log_freq=1 --generate.max_new_tokens=0
-        --training.mixed_precision_param=float32 --activation_checkpoint.mode=none --lr_scheduler.warmup_steps=5
-        --device.threads=1 --comm.train_timeout_seconds=120)
-run() { # name ranks args...
-  local name=$1 n=$2; shift 2
-  if [ "$n" -eq 1 ]; then "$CTITAN" train "${common[@]}" --job.dump_folder="$T/$name" "$@" >"$T/$name.log" 2>&1
-  else "$CTITAN" launch -n "$n" train "${common[@]}" --job.dump_folder="$T/$name" "$@" >"$T/$name.log" 2>&1; fi \
-    || { tail -20 "$T/$name.log"; fail "$name run"; }
-}
-field() { sed "s/.*\"$2\": \([-0-9.e+]*\).*/\1/" "$T/$1/metrics.jsonl"; }
-compare() { # reference run steps
-  [ "$(wc -l <"$T/$2/metrics.jsonl")" -eq "$3" ] || fail "$2: metrics.jsonl has $(wc -l <"$T/$2/metrics.jsonl") lines"
-  paste -d' ' <(field "$1" loss | head -"$3") <(field "$2" loss) | awk -v r="$2" -v n="$3" '
-    { d = $1 - $2; if (d < 0) d = -d; rel = d / $1; if (rel > worst) worst = rel
-      if (NR == 1) { first = $1; if (rel > 1e-6) { printf "FAIL %s: step-1 loss %s vs single %s\n", r, $2, $1; bad = 1 } }
-      if (rel > 1e-4) { printf "FAIL %s: step %d loss %s vs single %s\n", r, NR, $2, $1; bad = 1 } }
-    END { if (!bad) printf "ok   %s: %d losses within %.1e of the single rank (step-1 loss %s)\n", r, n, worst, first; exit bad }'
-}
+. tests/cli/lib/layouts.sh
 tp=(--training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1)
 run single 1 --training.local_batch_size=8
 run tp2 2 "${tp[@]}" --parallelism.tensor_parallel_degree=2
@@ -46,7 +22,6 @@ for r in tp2 tp4 tp2_nosp tp2_async tp2_noloss fsdp2_tp2; do compare single $r 2
 
 # memory: parameters + gradients + AdamW states per rank under TP N, against the single rank. The norm
 # weights stay whole, so the ratio is a little above 1/N; the split matrices are exactly 1/N.
-mem() { sed -n 1p "$T/$1/metrics.jsonl" | sed 's/.*"params": \([0-9]*\), "grads": \([0-9]*\), "optimizer": \([0-9]*\).*/\1 \2 \3/' | awk '{print $1+$2+$3}'; }
 single=$(mem single)
 for n in 2 4; do
   got=$(mem tp$n)
