@@ -492,6 +492,11 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         if (unit_forward(rt, u, x, tokens, tg, &o)) return -1;
         rt->act = &rt->saved;
         rt_tensor *keep = tape_new_activation(rt, o->t.dtype, o->t.ndim, o->t.shape);
+        if (keep) { /* what the tensor parallel ops need to know of it */
+            keep->sp = o->sp;
+            keep->col_begin = o->col_begin;
+            keep->col_full = o->col_full;
+        }
         if (!keep || rt->d->copy(rt->dev, keep->t.data, o->t.data,
                                  (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype), CT_COPY_D2D))
             return -1;

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Tensor parallel computes the same function as one rank: llama3 debugmodel (fp32), same seed, same
 # global batch, real MPI ranks. TP 2, TP 4, TP 2 without sequence parallel, TP 2 with async TP,
-# TP 2 without loss parallel, and FSDP 2 x TP 2 on 4 ranks: step-1 loss within 1e-6 relative and
-# 20-step curves within 1e-4 of the single rank. Per-rank memory of the split matrices is 1/N
-# (counters), a checkpoint saved under FSDP 2 x TP 2 resumes on one rank, and a degree that does not
-# divide the heads is refused at start-up.
+# TP 2 without loss parallel, TP 2 with full activation checkpointing, and FSDP 2 x TP 2 on 4 ranks:
+# step-1 loss within 1e-6 relative and 20-step curves within 1e-4 of the single rank. Per-rank
+# memory of the split matrices is 1/N (counters), a checkpoint saved under FSDP 2 x TP 2 resumes on
+# one rank, and a degree that does not divide the heads is refused at start-up.
 set -u
 . tests/cli/lib/layouts.sh
 tp=(--training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1)
@@ -14,11 +14,12 @@ run tp4 4 "${tp[@]}" --parallelism.tensor_parallel_degree=4
 run tp2_nosp 2 "${tp[@]}" --parallelism.tensor_parallel_degree=2 --parallelism.enable_sequence_parallel=false
 run tp2_async 2 "${tp[@]}" --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
 run tp2_noloss 2 "${tp[@]}" --parallelism.tensor_parallel_degree=2 --parallelism.disable_loss_parallel=true
+run tp2_ac 2 "${tp[@]}" --parallelism.tensor_parallel_degree=2 --activation_checkpoint.mode=full
 run fsdp2_tp2 4 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
     --parallelism.tensor_parallel_degree=2 --checkpoint.enable=true --checkpoint.interval=10
 grep -q "tp 4; strategy none" "$T/tp4.log" || fail "tp4 did not run with tp 4"
 grep -q "dp_shard 2, cp 1, tp 2; strategy fsdp" "$T/fsdp2_tp2.log" || fail "fsdp2_tp2 did not run FSDP x TP"
-for r in tp2 tp4 tp2_nosp tp2_async tp2_noloss fsdp2_tp2; do compare single $r 20 || exit 1; done
+for r in tp2 tp4 tp2_nosp tp2_async tp2_noloss tp2_ac fsdp2_tp2; do compare single $r 20 || exit 1; done
 
 # memory: parameters + gradients + AdamW states per rank under TP N, against the single rank. The norm
 # weights stay whole, so the ratio is a little above 1/N; the split matrices are exactly 1/N.
