@@ -302,7 +302,7 @@ static pp_ctx *ctx_get(pipeline *pl, int mb) {
     memset(c->unit_tape, 0, sizeof(tape_entry *) * (size_t)nu);
     memset(c->stage_in, 0, sizeof(rt_tensor *) * (size_t)pl->n_stages);
     c->mb = mb;
-    pl->mb_ctx[mb] = (int)(k < pl->n_ctx ? k : pl->n_ctx - 1);
+    pl->mb_ctx[mb] = k; /* a new context went in at index k too */
     if (live + 1 > pl->peak_ctx) pl->peak_ctx = live + 1;
     runtime *rt = pl->rt;
     swap_ctx(rt, c);
@@ -348,8 +348,8 @@ static ct_status cb_forward(void *p, int stage, int mb) {
     for (int u = u0; u <= u1 && !bad; u++) {
         int first = !pl->fwd_hooked[u];
         pl->fwd_hooked[u] = 1;
-        bad = (first && runtime_hook(rt, 0, u, 0)) || runtime_unit_fwd(rt, u, x, c->tok, c->tgt, 1, &x) ||
-              (first && runtime_hook(rt, 1, u, 0));
+        bad = (first && runtime_hook(rt, HOOK_PRE_FORWARD, u, 0)) || runtime_unit_fwd(rt, u, x, c->tok, c->tgt, 1, &x) ||
+              (first && runtime_hook(rt, HOOK_POST_FORWARD, u, 0));
     }
     if (!bad && stage == pl->n_stages - 1) {
         float lf = 0;
@@ -385,10 +385,10 @@ static ct_status cb_backward(void *p, int stage, int mb, int op) {
     for (int u = u1; u >= u0 && !bad; u--) {
         if (op != CT_PP_W && !pl->bwd_hooked[u]) {
             pl->bwd_hooked[u] = 1;
-            bad = runtime_hook(rt, 2, u, 0);
+            bad = runtime_hook(rt, HOOK_PRE_BACKWARD, u, 0);
         }
         bad = bad || runtime_unit_bwd(rt, u, c->tok, c->tgt, halves);
-        if (!bad && op != CT_PP_I && ++pl->bwd_done[u] == pl->n_mb) bad = runtime_hook(rt, 3, u, pl->last);
+        if (!bad && op != CT_PP_I && ++pl->bwd_done[u] == pl->n_mb) bad = runtime_hook(rt, HOOK_POST_BACKWARD, u, pl->last);
     }
     swap_ctx(rt, c);
     return bad ? fail() : CT_OK;
@@ -498,7 +498,7 @@ int pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targets, i
             ct_set_error("pipeline: unit %d finished %d of %d backwards this step", u, pl->bwd_done[u], pl->n_mb);
             return -1;
         }
-    if (runtime_hook(rt, 4, 0, 0)) return -1;
+    if (runtime_hook(rt, HOOK_FINISH_BACKWARD, 0, 0)) return -1;
     pl->busy_seconds += stats.busy_seconds;
     pl->step_seconds += stats.step_seconds;
     /* the loss lives on the last stage: every pp rank gets it */

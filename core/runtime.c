@@ -434,33 +434,30 @@ static void note_act_peak(runtime *rt) {
     if (live > rt->peak_act_bytes) rt->peak_act_bytes = live;
 }
 
-/* Runs a hook of every strategy, in order (reverse: finish_backward); the time spent in them
+/* Runs a hook of every strategy, in order (finish_backward in reverse); the time spent in them
  * (gathers, waits, reductions) counts as communication. */
-static int run_hook(runtime *rt, const char *name, int which, int unit, int last, int reverse) {
+int runtime_hook(runtime *rt, rt_hook which, int unit, int last) {
+    static const char *names[] = {"pre_forward", "post_forward", "pre_backward", "post_backward", "finish_backward"};
     for (int j = 0; j < rt->dist.n_st; j++) {
-        int k = reverse ? rt->dist.n_st - 1 - j : j;
+        int k = which == HOOK_FINISH_BACKWARD ? rt->dist.n_st - 1 - j : j;
         const ct_strategy_api *a = rt->dist.st[k];
         void *s = rt->dist.strat[k];
         ct_clear_error();
         double t0 = ct_now();
-        ct_status st = which == 0   ? a->pre_forward(s, unit)
-                       : which == 1 ? a->post_forward(s, unit)
-                       : which == 2 ? a->pre_backward(s, unit)
-                       : which == 3 ? a->post_backward(s, unit, last)
-                                    : a->finish_backward(s);
+        ct_status st = which == HOOK_PRE_FORWARD     ? a->pre_forward(s, unit)
+                       : which == HOOK_POST_FORWARD  ? a->post_forward(s, unit)
+                       : which == HOOK_PRE_BACKWARD  ? a->pre_backward(s, unit)
+                       : which == HOOK_POST_BACKWARD ? a->post_backward(s, unit, last)
+                                                     : a->finish_backward(s);
         rt->comm_seconds += ct_now() - t0;
         if (st != CT_OK) {
-            if (!ct_last_error()[0]) ct_set_error("strategy %s failed (status %d)", name, st);
+            if (!ct_last_error()[0]) ct_set_error("strategy %s failed (status %d)", names[which], st);
             rt->dist_status = st;
             return -1;
         }
     }
     return 0;
 }
-#define HOOK(rt, name, which, unit, last)                                        \
-    do {                                                                         \
-        if (run_hook((rt), #name, (which), (unit), (last), (which) == 4)) return -1; \
-    } while (0)
 
 static int unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, rt_tensor **out) {
     ct_tensor *o = NULL;
@@ -555,9 +552,9 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
 static int forward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int record, rt_tensor **last) {
     rt_tensor *x = NULL;
     for (int u = 0; u < rt->desc.n_units; u++) {
-        HOOK(rt, pre_forward, 0, u, 0);
+        if (runtime_hook(rt, HOOK_PRE_FORWARD, u, 0)) return -1;
         if (runtime_unit_fwd(rt, u, x, tokens, targets, record, &x)) return -1;
-        HOOK(rt, post_forward, 1, u, 0);
+        if (runtime_hook(rt, HOOK_POST_FORWARD, u, 0)) return -1;
     }
     *last = x;
     return 0;
@@ -565,17 +562,11 @@ static int forward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int
 
 static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int last_microbatch) {
     for (int u = rt->desc.n_units - 1; u >= 0; u--) {
-        HOOK(rt, pre_backward, 2, u, 0);
+        if (runtime_hook(rt, HOOK_PRE_BACKWARD, u, 0)) return -1;
         if (runtime_unit_bwd(rt, u, tokens, targets, TAPE_BOTH)) return -1;
-        HOOK(rt, post_backward, 3, u, last_microbatch);
+        if (runtime_hook(rt, HOOK_POST_BACKWARD, u, last_microbatch)) return -1;
     }
-    HOOK(rt, finish_backward, 4, 0, 0);
-    return 0;
-}
-
-int runtime_hook(runtime *rt, int which, int unit, int last) {
-    static const char *names[] = {"pre_forward", "post_forward", "pre_backward", "post_backward", "finish_backward"};
-    return run_hook(rt, names[which], which, unit, last, which == 4);
+    return runtime_hook(rt, HOOK_FINISH_BACKWARD, 0, 0);
 }
 
 int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,

@@ -171,8 +171,11 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
                      rt_tensor **out);
 /* Backward of unit u without hooks: halves TAPE_BOTH, TAPE_INPUT, or TAPE_WEIGHT after TAPE_INPUT. */
 int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, int halves);
-/* Strategy hook `which` (0 pre_forward, 1 post_forward, 2 pre_backward, 3 post_backward, 4 finish_backward). */
-int runtime_hook(runtime *rt, int which, int unit, int last);
+/* Runs hook `which` of every strategy (unit and last are ignored where the hook has none). */
+typedef enum rt_hook {
+    HOOK_PRE_FORWARD, HOOK_POST_FORWARD, HOOK_PRE_BACKWARD, HOOK_POST_BACKWARD, HOOK_FINISH_BACKWARD
+} rt_hook;
+int runtime_hook(runtime *rt, rt_hook which, int unit, int last);
 void runtime_use_shadow(runtime *rt, int on);
 rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T);
 int runtime_reset_arenas(runtime *rt);

@@ -72,10 +72,6 @@ int schedule_normalize(const char *name, char *out, size_t len) {
 
 /* ---- loading ---- */
 
-static int sched_search_dirs(const manifest *mf, char dirs[][PATH_MAX], int max) {
-    return plugin_search_dirs(mf ? mf->dir : NULL, dirs, max);
-}
-
 static int sched_is_path(const char *name) {
     size_t n = strlen(name);
     return strchr(name, '/') || (n > 3 && strcmp(name + n - 3, ".so") == 0);
@@ -98,7 +94,7 @@ static void sched_list_add(char *out, size_t len, const char *s) {
 
 int schedule_list(const manifest *mf, char *out, size_t len) {
     char dirs[16][PATH_MAX];
-    int nd = sched_search_dirs(mf, dirs, 16), count = 0;
+    int nd = plugin_search_dirs(mf ? mf->dir : NULL, dirs, 16), count = 0;
     if (len) out[0] = 0;
     for (int d = 0; d < nd; d++) {
         DIR *dir = opendir(dirs[d]);
@@ -144,7 +140,7 @@ plugin *schedule_load(const char *name, const manifest *mf, char *err, size_t er
     }
     if (!sched_is_path(name)) {
         char dirs[16][PATH_MAX], list[1024];
-        int found = 0, nd = sched_search_dirs(mf, dirs, 16);
+        int found = 0, nd = plugin_search_dirs(mf ? mf->dir : NULL, dirs, 16);
         if (schedule_normalize(name, file, sizeof file) == 0)
             for (int d = 0; d < nd && !found; d++) {
                 char path[PATH_MAX + 200];

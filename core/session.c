@@ -228,7 +228,7 @@ static int open_dist(session *s) {
 }
 
 /* What the tape needs to run tensor parallel: the tp group, sequence and loss parallel, async TP. */
-static int runtime_tp_setup(session *s) {
+static int tp_setup(session *s) {
     runtime_tp *tp = &s->rt.tp;
     int loss_off = 0, async = 0;
     int64_t chunks = 4;
@@ -256,7 +256,7 @@ static int runtime_tp_setup(session *s) {
 
 /* Tensor parallel splits heads, kv heads, the feed-forward width and the vocabulary, and sequence
  * parallel the sequence: each must divide by the degree, checked before anything is allocated. */
-static int check_tp(session *s) {
+static int check_tp(session *s, const ct_model_desc *d) {
     int64_t tp = 1, seq = 0;
     mf_get_int(s->mf, "parallelism.tensor_parallel_degree", &tp);
     if (tp <= 1) return 0;
@@ -267,19 +267,14 @@ static int check_tp(session *s) {
                 s->modelp->info.name);
         return EXIT_BAD_INPUT;
     }
-    ct_model_desc d;
-    memset(&d, 0, sizeof d);
-    d.struct_size = sizeof d;
-    ct_clear_error();
-    if (s->m->describe(s->model, &d) != CT_OK) return fail_line(EXIT_BAD_INPUT, "model");
     mf_get_int(s->mf, "training.seq_len", &seq);
     int sp = 1;
     mf_get_bool(s->mf, "parallelism.enable_sequence_parallel", &sp);
     struct {
         const char *what;
         int64_t n;
-    } dims[] = {{"attention heads", d.n_heads}, {"kv heads", d.n_kv_heads}, {"feed-forward hidden size", d.ffn_hidden},
-                {"vocabulary size", d.vocab_size}, {"sequence length (sequence parallel)", sp ? seq : 0}};
+    } dims[] = {{"attention heads", d->n_heads}, {"kv heads", d->n_kv_heads}, {"feed-forward hidden size", d->ffn_hidden},
+                {"vocabulary size", d->vocab_size}, {"sequence length (sequence parallel)", sp ? seq : 0}};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i].n > 0 && dims[i].n % tp) {
             fprintf(stderr, "ctitan: %s: tensor_parallel_degree %lld must divide the %s (%lld)\n", where, (long long)tp,
@@ -360,14 +355,14 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
             return fail_line(EXIT_BAD_INPUT, where);
         }
     }
-    if ((st = check_tp(s))) return st;
+    ct_model_desc d; /* what the tensor- and pipeline-parallel checks and plans read */
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    ct_clear_error();
+    if (s->m->describe(s->model, &d) != CT_OK) return fail_line(EXIT_BAD_INPUT, "model");
+    if ((st = check_tp(s, &d))) return st;
     if ((st = open_dist(s))) return st;
     if (s->mesh.degree[CT_AXIS_PP] > 1) {
-        ct_model_desc d;
-        memset(&d, 0, sizeof d);
-        d.struct_size = sizeof d;
-        ct_clear_error();
-        if (s->m->describe(s->model, &d) != CT_OK) return fail_line(EXIT_BAD_INPUT, "model");
         if (!(s->pl = calloc(1, sizeof *s->pl))) return EXIT_RUN_FAILED;
         if ((st = pipeline_plan(s->pl, mf, &d, &s->mesh, s->m->unit_name, s->model))) return st;
     }
@@ -389,7 +384,7 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
         return EXIT_RUN_FAILED;
     }
     s->rt_ready = 1;
-    if (s->tstrat && (st = runtime_tp_setup(s))) return st;
+    if (s->tstrat && (st = tp_setup(s))) return st;
     if (s->pl && (st = pipeline_start(s->pl, mf, &s->rt, commstats_wrap(s->capi), s->comm, &s->mesh))) return st;
     s->rt.qapi = s->qapi;
     s->rt.quant = s->quant;

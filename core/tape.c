@@ -360,9 +360,8 @@ static rt_tensor *linear_reduce_scatter_async(runtime *rt, rt_tensor *x, rt_tens
     shape[x->t.ndim - 1] = outf;
     rt_tensor *P = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape); /* partial sums, chunk-major */
     if (!P) return NULL;
-    rt_tensor tmp = *P;
     int64_t oshape[CT_MAX_DIMS];
-    if (rows_shape(&tmp, 1, tp, oshape)) return NULL;
+    if (rows_shape(P, 1, tp, oshape)) return NULL;
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, oshape);
     void **req = calloc((size_t)chunks, sizeof(void *));
     if (!y || !req) {

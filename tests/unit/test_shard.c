@@ -6,6 +6,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tmpdir.h"
+
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,26 +16,15 @@
 
 #include "shard.h"
 
-static char dir[64];
 
 static int setup(void **state) {
     (void)state;
-    strcpy(dir, "/tmp/ctitan-test-shard-XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return tmpdir_make("shard");
 }
 
 static int teardown(void **state) {
     (void)state;
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char p[512];
-    while (d && (e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    if (d) closedir(d);
-    rmdir(dir);
+    tmpdir_remove();
     return 0;
 }
 

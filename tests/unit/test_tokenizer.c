@@ -13,6 +13,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tmpdir.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -29,15 +31,13 @@
 #define GOLDEN "tests/data/tokenizer/golden.txt"
 #define CORPUS "tests/data/tokenizer/corpus.txt"
 
-static char dir[64];
 static ct_tokenizer *tok;   /* the committed vocabulary */
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
 
 static int setup(void **state) {
     (void)state;
-    strcpy(dir, "/tmp/ctitan-test-tokenizer-XXXXXX");
-    if (!mkdtemp(dir)) return -1;
+    if (tmpdir_make("tokenizer")) return -1;
     char err[512];
     tok = tokenizer_load(VOCAB, err, sizeof err);
     if (!tok) fprintf(stderr, "cannot load %s (run from the repository root): %s\n", VOCAB, err);
@@ -47,16 +47,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
     (void)state;
     tokenizer_free(tok);
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char p[512];
-    while (d && (e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    if (d) closedir(d);
-    rmdir(dir);
+    tmpdir_remove();
     return 0;
 }
 
