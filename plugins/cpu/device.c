@@ -261,15 +261,25 @@ static ct_status cpu_synchronize(void *dev)
 
 /* ---------------------------------------------------------------- dense algebra */
 
+/* A GEMM's (m, n, k): non-negative and within BLAS's int. */
+static ct_status cpu_gemm_shape_check(cpu_device *d, const char *op, int64_t m, int64_t n, int64_t k)
+{
+    if (m < 0 || n < 0 || k < 0)
+        return cpu_fail(d, CT_ERR_INVALID, op, "negative shape m=%lld n=%lld k=%lld", (long long)m,
+                        (long long)n, (long long)k);
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
+        return cpu_fail(d, CT_ERR_INVALID, op, "shape m=%lld n=%lld k=%lld exceeds the BLAS int range",
+                        (long long)m, (long long)n, (long long)k);
+    return CT_OK;
+}
+
 static ct_status cpu_matmul(void *dev, float *c, const float *a, const float *b, int64_t m,
                             int64_t n, int64_t k, int trans_a, int trans_b, float alpha, float beta)
 {
     CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(m >= 0 && n >= 0 && k >= 0, "negative shape m=%lld n=%lld k=%lld", (long long)m,
-                (long long)n, (long long)k);
-    CPU_REQUIRE(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
-                "shape m=%lld n=%lld k=%lld exceeds the BLAS int range", (long long)m, (long long)n,
-                (long long)k);
+    ct_status shape_st = cpu_gemm_shape_check(d, __func__ + 4, m, n, k);
+    if (shape_st != CT_OK)
+        return shape_st;
     if (m == 0 || n == 0)
         return CT_OK;
     CPU_REQUIRE(c && (k == 0 || (a && b)), "null pointer");
@@ -791,6 +801,43 @@ static ct_status cpu_dequantize_fp8(void *dev, float *dst, const uint8_t *src, c
     return CT_OK;
 }
 
+/* The scaled fp8 matmul of ABI 1.4, emulated exactly: both operands dequantised to f32 (value /
+ * scale), then one sgemm c = alpha a b^T + beta c. Every format pair runs here. */
+static ct_status cpu_matmul_fp8(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
+                                const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n,
+                                int64_t k, float alpha, float beta)
+{
+    CPU_OP_BEGIN(dev);
+    ct_status st = cpu_fp8_format_check(d, "matmul_fp8", a_fmt);
+    if (st == CT_OK)
+        st = cpu_fp8_format_check(d, "matmul_fp8", b_fmt);
+    if (st != CT_OK)
+        return st;
+    ct_status shape_st = cpu_gemm_shape_check(d, __func__ + 4, m, n, k);
+    if (shape_st != CT_OK)
+        return shape_st;
+    if (m == 0 || n == 0)
+        return CT_OK;
+    CPU_REQUIRE(c && (k == 0 || (a && b && a_scale && b_scale)), "null pointer");
+    cpu_enter(d);
+    float *fa = NULL, *fb = NULL;
+    if (k > 0) {
+        fa = malloc(sizeof(float) * (size_t)(m * k));
+        fb = malloc(sizeof(float) * (size_t)(n * k));
+        if (!fa || !fb) {
+            free(fa);
+            free(fb);
+            CPU_NOMEM_IF(1);
+        }
+        dequantize_fp8_f32(fa, a, a_scale, m * k, m * k, a_fmt == CT_F8_E5M2);
+        dequantize_fp8_f32(fb, b, b_scale, n * k, n * k, b_fmt == CT_F8_E5M2);
+    }
+    matmul_f32(c, fa, fb, (int)m, (int)n, (int)k, 0, 1, alpha, beta);
+    free(fa);
+    free(fb);
+    return CT_OK;
+}
+
 /* Not in place: dst and src must not overlap. */
 static ct_status cpu_transpose(void *dev, float *dst, const float *src, int64_t rows, int64_t cols)
 {
@@ -956,6 +1003,7 @@ static const ct_device_api cpu_api = {
     .cross_entropy_stats = cpu_cross_entropy_stats,
     .cross_entropy_backward_lse = cpu_cross_entropy_backward_lse,
     .copy_2d = cpu_copy_2d,
+    .matmul_fp8 = cpu_matmul_fp8,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -11,9 +11,21 @@
  * answer, cached in a plan) and gives it a fixed workspace, so repeated calls cannot switch.
  *
  * Plans: the layouts, the operation descriptor and the chosen algorithm for one (m, n, k,
- * transposes, beta == 0, operand alignments) key, in a small cache with least-recently-used
- * eviction (a training step uses a few dozen shapes). When cuBLASLt has no algorithm for a key,
- * the plan falls back to cublasSgemm with the same mapping.
+ * transposes, operand types, beta == 0, operand alignments) key, in a small cache with
+ * least-recently-used eviction (a training step uses a few dozen shapes). When cuBLASLt has no
+ * algorithm for an f32 key, the plan falls back to cublasSgemm with the same mapping.
+ *
+ * bf16 (set_matmul_dtype(CT_BF16), what mixed_precision_param: bfloat16 asks for): each operand
+ * is cast to bf16 (round to nearest even) into scratch memory and cuBLASLt multiplies bf16 A and
+ * B on the tensor cores with f32 accumulation into the f32 c. A shape with no bf16 algorithm
+ * runs the f32 GEMM on the rounded operands (the same values, without the tensor cores).
+ *
+ * fp8 (matmul_fp8): cuBLASLt's fp8 GEMM (compute capability 8.9 and newer), which takes A
+ * transposed and B not ("TN"): the ABI's c = a b^T with both operands k-contiguous is exactly
+ * that. Its scale attributes multiply (D = alpha (sa A)(sb B) + beta C), the ABI's scales divide,
+ * so a small kernel writes the two reciprocals to d->fp8_recip before each GEMM; the pointers in
+ * the descriptor never change. What cuBLASLt cannot run (e5m2 x e5m2, k not a multiple of 16, an
+ * older GPU) is CT_ERR_UNSUPPORTED, and the quantizer emulates.
  */
 #include "cuda_device.h"
 
@@ -27,13 +39,14 @@
 typedef struct plan_key {
     int64_t m, n, k;
     int trans_a, trans_b, beta_zero;
+    int type_a, type_b; /* cudaDataType of the ABI's a and b (c is always f32) */
     int align_a, align_b, align_c; /* bytes, a power of two up to 256 */
 } plan_key;
 
 typedef struct plan {
     plan_key key;
     int used; /* the slot holds a plan */
-    int sgemm; /* no cuBLASLt algorithm: use cublasSgemm */
+    int sgemm; /* no cuBLASLt algorithm: cublasSgemm for f32, the caller's fallback otherwise */
     uint64_t last_use;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
@@ -82,6 +95,10 @@ ct_status cuda_blas_init(cuda_device *d)
     d->workspace_bytes = CUDA_WORKSPACE_BYTES;
     if (d->host && d->host->mem_account)
         d->host->mem_account(d->host, CT_MEM_OTHER, (int64_t)d->workspace_bytes);
+    if ((e = cudaMalloc((void **)&d->fp8_recip, 2 * sizeof(float))) != cudaSuccess) {
+        d->fp8_recip = NULL;
+        return cuda_error(d, "create", "cudaMalloc (fp8 scale reciprocals)", e);
+    }
     d->plans = calloc(1, sizeof *d->plans);
     if (!d->plans)
         return cuda_fail(d, CT_ERR_NOMEM, "create", "cannot allocate the matmul plan cache");
@@ -102,6 +119,9 @@ void cuda_blas_release(cuda_device *d)
             d->host->mem_account(d->host, CT_MEM_OTHER, -(int64_t)d->workspace_bytes);
         d->workspace = NULL;
     }
+    if (d->fp8_recip)
+        cudaFree(d->fp8_recip);
+    d->fp8_recip = NULL;
     if (d->blas)
         cublasDestroy(d->blas);
     if (d->lt)
@@ -134,7 +154,8 @@ static ct_status plan_build(cuda_device *d, plan *p, const plan_key *k)
     memset(p, 0, sizeof *p);
     p->key = *k;
     p->used = 1;
-    cublasComputeType_t compute = d->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    int typed = k->type_a != CUDA_R_32F;
+    cublasComputeType_t compute = d->tf32 && !typed ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cublasOperation_t op_a = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLAS's A is b */
     cublasOperation_t op_b = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLAS's B is a */
     LT_TRY(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
@@ -143,8 +164,13 @@ static ct_status plan_build(cuda_device *d, plan *p, const plan_key *k)
     /* stored shapes, column-major: b is (n, k) with ld n, or (k, n) with ld k when trans_b */
     uint64_t rows_a = (uint64_t)(k->trans_b ? k->k : k->n), cols_a = (uint64_t)(k->trans_b ? k->n : k->k);
     uint64_t rows_b = (uint64_t)(k->trans_a ? k->m : k->k), cols_b = (uint64_t)(k->trans_a ? k->k : k->m);
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, rows_a, cols_a, (int64_t)rows_a));
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_32F, rows_b, cols_b, (int64_t)rows_b));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->la, (cudaDataType)k->type_b, rows_a, cols_a, (int64_t)rows_a));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, (cudaDataType)k->type_a, rows_b, cols_b, (int64_t)rows_b));
+    if (k->type_a == CUDA_R_8F_E4M3 || k->type_a == CUDA_R_8F_E5M2) { /* cuBLAS's A is b: its factor is [1] */
+        const float *sa = d->fp8_recip + 1, *sb = d->fp8_recip;
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    }
     LT_TRY(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)k->n, (uint64_t)k->m, k->n));
 
     cublasLtMatmulPreference_t pref;
@@ -171,8 +197,9 @@ static ct_status plan_build(cuda_device *d, plan *p, const plan_key *k)
         return cuda_blas_error(d, "matmul", "cublasLtMatmulAlgoGetHeuristic", s);
     p->sgemm = 1;
     if (d->host && d->host->log)
-        d->host->log(d->host, CT_LOG_DEBUG, "matmul m=%lld n=%lld k=%lld: no cuBLASLt algorithm, using cublasSgemm",
-                     (long long)k->m, (long long)k->n, (long long)k->k);
+        d->host->log(d->host, CT_LOG_DEBUG, "matmul m=%lld n=%lld k=%lld types %d x %d: no cuBLASLt algorithm, %s",
+                     (long long)k->m, (long long)k->n, (long long)k->k, k->type_a, k->type_b,
+                     typed ? "the caller falls back" : "using cublasSgemm");
     return CT_OK;
 }
 
@@ -203,7 +230,7 @@ static ct_status plan_get(cuda_device *d, const plan_key *k, plan **out)
     return CT_OK;
 }
 
-static ct_status run_sgemm(cuda_device *d, const plan_key *k, float *c, const float *a, const float *b,
+static ct_status run_sgemm(cuda_device *d, const plan_key *k, float *c, const void *a, const void *b,
                            float alpha, float beta)
 {
     cublasOperation_t op_a = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -213,14 +240,117 @@ static ct_status run_sgemm(cuda_device *d, const plan_key *k, float *c, const fl
     return s == CUBLAS_STATUS_SUCCESS ? CT_OK : cuda_blas_error(d, "matmul", "cublasSgemm", s);
 }
 
+static plan_key make_key(int64_t m, int64_t n, int64_t k, int trans_a, int trans_b, float beta, int type_a,
+                         int type_b, const void *a, const void *b, const void *c)
+{
+    plan_key key;
+    memset(&key, 0, sizeof key); /* padding too: keys are compared with memcmp */
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.trans_a = trans_a != 0;
+    key.trans_b = trans_b != 0;
+    key.beta_zero = beta == 0.0f;
+    key.type_a = type_a;
+    key.type_b = type_b;
+    key.align_a = alignment_of(a);
+    key.align_b = alignment_of(b);
+    key.align_c = alignment_of(c);
+    return key;
+}
+
+/* One GEMM through the plan of `key` (the caller holds d->op_lock). A typed key without a cuBLASLt
+ * algorithm sets *no_algo and runs nothing; an f32 one runs cublasSgemm. */
+static ct_status lt_run(cuda_device *d, const plan_key *key, float *c, const void *a, const void *b, float alpha,
+                        float beta, int *no_algo)
+{
+    plan *p;
+    ct_status st = plan_get(d, key, &p);
+    if (st != CT_OK)
+        return st;
+    if (p->sgemm) {
+        if (key->type_a == CUDA_R_32F)
+            return run_sgemm(d, key, c, a, b, alpha, beta);
+        *no_algo = 1;
+        return CT_OK;
+    }
+    cublasStatus_t s = cublasLtMatmul(d->lt, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo,
+                                      d->workspace, d->workspace_bytes, d->stream);
+    return s == CUBLAS_STATUS_SUCCESS ? CT_OK : cuda_blas_error(d, "matmul", "cublasLtMatmul", s);
+}
+
+static ct_status lt_run_locked(cuda_device *d, const plan_key *key, float *c, const void *a, const void *b,
+                               float alpha, float beta, int *no_algo)
+{
+    pthread_mutex_lock(&d->op_lock);
+    ct_status st = lt_run(d, key, c, a, b, alpha, beta, no_algo);
+    pthread_mutex_unlock(&d->op_lock);
+    return st;
+}
+
+/* A GEMM's (m, n, k): non-negative and within BLAS's int. */
+static ct_status gemm_shape_check(cuda_device *d, const char *op, int64_t m, int64_t n, int64_t k)
+{
+    if (m < 0 || n < 0 || k < 0)
+        return cuda_fail(d, CT_ERR_INVALID, op, "negative shape m=%lld n=%lld k=%lld", (long long)m, (long long)n,
+                         (long long)k);
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
+        return cuda_fail(d, CT_ERR_INVALID, op, "shape m=%lld n=%lld k=%lld exceeds the BLAS int range", (long long)m,
+                         (long long)n, (long long)k);
+    return CT_OK;
+}
+
+/* The bf16 GEMM: both operands cast to bf16 scratch, then cuBLASLt's bf16 GEMM; a shape it has no
+ * algorithm for multiplies the rounded operands, widened back to f32, with the f32 GEMM (same
+ * values, no tensor cores). */
+static ct_status matmul_bf16(cuda_device *d, float *c, const float *a, const float *b, int64_t m, int64_t n,
+                             int64_t k, int trans_a, int trans_b, float alpha, float beta)
+{
+    size_t na = (size_t)(m * k), nb = (size_t)(k * n);
+    uint16_t *a16 = cuda_scratch_get(d, sizeof(uint16_t) * na);
+    uint16_t *b16 = a16 ? cuda_scratch_get(d, sizeof(uint16_t) * nb) : NULL;
+    float *a32 = NULL, *b32 = NULL;
+    int no_algo = 0;
+    ct_status st = CT_OK;
+    cudaError_t e = cudaSuccess;
+    if (!b16) {
+        st = cuda_fail(d, CT_ERR_NOMEM, "matmul", "no memory for the bf16 operands (%zu + %zu elements)", na, nb);
+    } else if ((e = cuk_cast_f32_to_bf16(&d->env, a16, a, (int64_t)na)) != cudaSuccess ||
+               (e = cuk_cast_f32_to_bf16(&d->env, b16, b, (int64_t)nb)) != cudaSuccess) {
+        st = cuda_error(d, "matmul", "kernel launch", e);
+    }
+    if (st == CT_OK) {
+        plan_key key = make_key(m, n, k, trans_a, trans_b, beta, CUDA_R_16BF, CUDA_R_16BF, a16, b16, c);
+        st = lt_run_locked(d, &key, c, a16, b16, alpha, beta, &no_algo);
+    }
+    if (st == CT_OK && no_algo) {
+        a32 = cuda_scratch_get(d, sizeof(float) * na);
+        b32 = a32 ? cuda_scratch_get(d, sizeof(float) * nb) : NULL;
+        if (!b32)
+            st = cuda_fail(d, CT_ERR_NOMEM, "matmul", "no memory for the rounded operands (%zu + %zu elements)", na, nb);
+        else if ((e = cuk_cast_bf16_to_f32(&d->env, a32, a16, (int64_t)na)) != cudaSuccess ||
+                 (e = cuk_cast_bf16_to_f32(&d->env, b32, b16, (int64_t)nb)) != cudaSuccess)
+            st = cuda_error(d, "matmul", "kernel launch", e);
+        if (st == CT_OK) {
+            plan_key key = make_key(m, n, k, trans_a, trans_b, beta, CUDA_R_32F, CUDA_R_32F, a32, b32, c);
+            st = lt_run_locked(d, &key, c, a32, b32, alpha, beta, &no_algo);
+        }
+    }
+    /* scratch goes back once the GEMM is enqueued: later users are ordered after it on the stream */
+    void *scratch[4] = {a16, b16, a32, b32};
+    for (int i = 0; i < 4; i++)
+        if (scratch[i])
+            cuda_scratch_put(d, scratch[i]);
+    return st;
+}
+
 ct_status cuda_matmul(void *dev, float *c, const float *a, const float *b, int64_t m, int64_t n, int64_t k,
                       int trans_a, int trans_b, float alpha, float beta)
 {
     CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(m >= 0 && n >= 0 && k >= 0, "negative shape m=%lld n=%lld k=%lld", (long long)m, (long long)n,
-                 (long long)k);
-    CUDA_REQUIRE(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX, "shape m=%lld n=%lld k=%lld exceeds the BLAS int range",
-                 (long long)m, (long long)n, (long long)k);
+    ct_status shape_st = gemm_shape_check(d, __func__ + 5, m, n, k);
+    if (shape_st != CT_OK)
+        return shape_st;
     if (m == 0 || n == 0)
         return CT_OK;
     CUDA_REQUIRE(c && (k == 0 || (a && b)), "null pointer");
@@ -233,31 +363,68 @@ ct_status cuda_matmul(void *dev, float *c, const float *a, const float *b, int64
         CUDA_LAUNCH(cuk_scale(&d->env, c, beta, m * n));
         return CT_OK;
     }
-    plan_key key;
-    memset(&key, 0, sizeof key); /* padding too: keys are compared with memcmp */
-    key.m = m;
-    key.n = n;
-    key.k = k;
-    key.trans_a = trans_a != 0;
-    key.trans_b = trans_b != 0;
-    key.beta_zero = beta == 0.0f;
-    key.align_a = alignment_of(a);
-    key.align_b = alignment_of(b);
-    key.align_c = alignment_of(c);
-    plan *p;
-    pthread_mutex_lock(&d->op_lock);
-    ct_status st = plan_get(d, &key, &p);
-    if (st == CT_OK) {
-        if (p->sgemm) {
-            st = run_sgemm(d, &key, c, a, b, alpha, beta);
-        } else {
-            cublasStatus_t s = cublasLtMatmul(d->lt, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
-                                              &p->algo, d->workspace, d->workspace_bytes, d->stream);
-            if (s != CUBLAS_STATUS_SUCCESS)
-                st = cuda_blas_error(d, "matmul", "cublasLtMatmul", s);
-        }
-    }
+    if (d->matmul_bf16)
+        return matmul_bf16(d, c, a, b, m, n, k, trans_a, trans_b, alpha, beta);
+    plan_key key = make_key(m, n, k, trans_a, trans_b, beta, CUDA_R_32F, CUDA_R_32F, a, b, c);
+    int no_algo = 0;
+    return lt_run_locked(d, &key, c, a, b, alpha, beta, &no_algo);
+}
+
+ct_status cuda_set_matmul_dtype(void *dev, ct_dtype dtype)
+{
+    CUDA_OP_BEGIN(dev);
+    if (dtype != CT_F32 && dtype != CT_BF16)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "set_matmul_dtype", "dtype %d: only f32 and bf16 operands are offered",
+                         (int)dtype);
+    d->matmul_bf16 = dtype == CT_BF16;
+    return CT_OK;
+}
+
+static int fp8_type(ct_dtype f)
+{
+    return f == CT_F8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+ct_status cuda_matmul_fp8(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
+                          const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n, int64_t k,
+                          float alpha, float beta)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE((a_fmt == CT_F8_E4M3 || a_fmt == CT_F8_E5M2) && (b_fmt == CT_F8_E4M3 || b_fmt == CT_F8_E5M2),
+                 "formats %d x %d: expected CT_F8_E4M3 or CT_F8_E5M2", (int)a_fmt, (int)b_fmt);
+    ct_status shape_st = gemm_shape_check(d, __func__ + 5, m, n, k);
+    if (shape_st != CT_OK)
+        return shape_st;
+    if (m == 0 || n == 0)
+        return CT_OK;
+    CUDA_REQUIRE(c && (k == 0 || (a && b && a_scale && b_scale)), "null pointer");
+    if (k == 0) /* an empty product: c = beta c, as matmul */
+        return cuda_matmul(d, c, NULL, NULL, m, n, 0, 0, 1, alpha, beta);
+    if (!d->fp8_gemm)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "matmul_fp8", "%s has no fp8 tensor cores (compute capability < 8.9)",
+                         d->name);
+    if (a_fmt == CT_F8_E5M2 && b_fmt == CT_F8_E5M2)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "matmul_fp8", "cuBLASLt has no e5m2 x e5m2 GEMM");
+    if (k % 16)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "matmul_fp8", "k = %lld: cuBLASLt's fp8 GEMM needs a multiple of 16",
+                         (long long)k);
+    CUDA_ENTER();
+    /* the ABI's a and b are k-contiguous: a (m,k) as is, b (n,k) transposed */
+    plan_key key = make_key(m, n, k, 0, 1, beta, fp8_type(a_fmt), fp8_type(b_fmt), a, b, c);
+    int no_algo = 0;
+    pthread_mutex_lock(&d->op_lock); /* the reciprocals' buffer is shared: keep each pair with its GEMM */
+    ct_status st = CT_OK;
+    cudaError_t e = cuk_reciprocal2(&d->env, d->fp8_recip, a_scale, b_scale);
+    if (e != cudaSuccess)
+        st = cuda_error(d, "matmul_fp8", "kernel launch", e);
+    if (st == CT_OK)
+        st = lt_run(d, &key, c, a, b, alpha, beta, &no_algo);
     pthread_mutex_unlock(&d->op_lock);
+    if (st == CT_OK && no_algo)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "matmul_fp8",
+                         "cuBLASLt has no fp8 algorithm for m=%lld n=%lld k=%lld (formats %s x %s)", (long long)m,
+                         (long long)n, (long long)k, a_fmt == CT_F8_E4M3 ? "e4m3" : "e5m2",
+                         b_fmt == CT_F8_E4M3 ? "e4m3" : "e5m2");
     return st;
 }
 

@@ -4,11 +4,10 @@
  * copies, scratch and readbacks), blas.c (matmul through cuBLASLt, the peak-FLOP/s loop),
  * ops.c and ops_ext.c (argument checks, then the kernel launchers of kernels.h).
  *
- * Streams: every op runs on d->stream, which is the legacy default stream. The comm ABI hands
- * device pointers to the NCCL plugin with no event or stream to order them by; the NCCL plugin
- * runs on blocking streams (cudaStreamCreate), and the legacy stream is ordered with every
- * blocking stream both ways, so a collective starts after the ops that produced its buffer and
- * ops after it see its result, without the host waiting.
+ * Streams: every op runs on d->stream. Until share_stream (ABI 1.4) that is the legacy default
+ * stream, ordered both ways with the NCCL plugin's blocking streams (no events needed, no
+ * overlap either); after it, a non-blocking stream of the plugin's own, which the NCCL plugin
+ * orders against with events once the host binds it (comm.h, bind_stream). See stream.c.
  */
 #ifndef CTITAN_CUDA_DEVICE_H
 #define CTITAN_CUDA_DEVICE_H
@@ -51,6 +50,8 @@ typedef struct cuda_device {
     const ct_host *host;
     int device;
     int tf32;
+    int matmul_bf16; /* set_matmul_dtype(CT_BF16): matmul operands rounded to bf16, bf16 tensor cores */
+    int fp8_gemm;    /* compute capability >= 8.9: cuBLASLt runs fp8 GEMMs */
     char name[32]; /* "cuda:N" */
     int64_t memory_bytes;
     cudaStream_t stream;
@@ -58,6 +59,7 @@ typedef struct cuda_device {
     cublasLtHandle_t lt;
     cublasHandle_t blas;
     void *workspace; /* cuBLASLt's */
+    float *fp8_recip; /* device: the two dequantisation factors of the fp8 GEMM in flight (blas.c) */
     size_t workspace_bytes;
     struct cuda_plans *plans;
     pthread_mutex_t mem_lock; /* the cache */
@@ -92,6 +94,8 @@ ct_status cuda_synchronize(void *dev);
 /* bytes (<= CUDA_PINNED_BYTES) from device memory `src` into `dst`, waiting for the stream.
  * The caller holds d->op_lock. */
 ct_status cuda_readback(cuda_device *d, const char *op, void *dst, const void *src, size_t bytes);
+/* destroy: the shared stream (if any) back to CUDA (stream.c) */
+void cuda_stream_release(cuda_device *d);
 
 /* ---- dense algebra (blas.c) ---- */
 ct_status cuda_blas_init(cuda_device *d);
@@ -141,6 +145,10 @@ CUDA_OP(embedding_backward_range);
 CUDA_OP(cross_entropy_stats);
 CUDA_OP(cross_entropy_backward_lse);
 CUDA_OP(copy_2d);
+/* ABI 1.4: blas.c (matmul_fp8, set_matmul_dtype), stream.c (share_stream) */
+CUDA_OP(matmul_fp8);
+CUDA_OP(set_matmul_dtype);
+CUDA_OP(share_stream);
 
 /* The checks every op starts with (`__func__ + 5` is the op's name without "cuda_"). */
 #define CUDA_OP_BEGIN(dev)                                                                         \

@@ -12,8 +12,8 @@
  * cores, default false: f32 GEMMs then stay within the conformance harness's f32 tolerances).
  *
  * Where the work is: memory.c (caching allocator), blas.c (matmul), ops.c / ops_ext.c (argument
- * checks), kernels_*.cu (the kernels). See cuda_device.h for why everything runs on the legacy
- * default stream.
+ * checks), kernels_*.cu (the kernels), stream.c (the device's stream, shared with the comm plugin
+ * through share_stream).
  */
 #include "cuda_device.h"
 
@@ -168,6 +168,7 @@ static ct_status cuda_create(const ct_host *host, void **dev)
     d->host = host;
     d->device = (int)device;
     d->tf32 = tf32;
+    d->fp8_gemm = prop.major * 10 + prop.minor >= 89;
     snprintf(d->name, sizeof d->name, "cuda:%d", d->device);
     d->memory_bytes = (int64_t)prop.totalGlobalMem;
     pthread_mutex_init(&d->mem_lock, NULL);
@@ -195,6 +196,7 @@ static void cuda_destroy(void *dev)
         return;
     if (cuda_enter(d, "destroy") == CT_OK)
         (void)cudaStreamSynchronize(d->stream);
+    cuda_stream_release(d);
     cuda_blas_release(d);
     cuda_cache_release(d);
     if (d->flag)
@@ -275,6 +277,9 @@ static const ct_device_api cuda_api = {
     .cross_entropy_stats = cuda_cross_entropy_stats,
     .cross_entropy_backward_lse = cuda_cross_entropy_backward_lse,
     .copy_2d = cuda_copy_2d,
+    .matmul_fp8 = cuda_matmul_fp8,
+    .set_matmul_dtype = cuda_set_matmul_dtype,
+    .share_stream = cuda_share_stream,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -6,7 +6,9 @@
  * when that fails it returns every free block to CUDA and tries once more. So the steady state
  * of a training loop (the host frees and re-allocates the same sizes) makes no cudaMalloc call.
  * Blocks are cudaMalloc's, 256-byte aligned (the ABI asks for 64). Everything runs on one stream,
- * so a block freed while kernels still use it is only handed to work ordered after them.
+ * d->stream (the legacy stream, or share_stream's: stream.c), so a block freed while kernels still
+ * use it is only handed to work ordered after them. Work other plugins queue on their own streams
+ * (collectives) is not: the host waits for it before freeing the buffers it uses.
  *
  * Accounting: the host counts what it allocates itself (as with the CPU plugin); the plugin
  * reports its own memory under CT_MEM_OTHER: cuBLASLt's workspace (blas.c) and scratch blocks

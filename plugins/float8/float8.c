@@ -6,9 +6,17 @@
  *   rowwise_with_gw_hp  rowwise, but the weight-gradient GEMM in high precision
  *   mxfp8               e4m3 in blocks of 32 along the reduction dimension, E8M0 (power-of-two) scales
  *
- * Each GEMM operand is cast to the fp8 grid with the device's quantize/dequantize ops and the GEMM
- * runs in f32 on the dequantised values: on the CPU this is the exact emulation of an fp8 GEMM with
- * f32 accumulation (up to summation order); a GPU device could run its scaled matmul instead.
+ * Tensor-wide recipes (tensorwise, e4m3, e5m2) run each GEMM on the device's scaled fp8 matmul
+ * (ABI 1.4 matmul_fp8: cuBLASLt's fp8 GEMM on a GPU, dequantise + sgemm on the CPU): both operands
+ * quantised with one scale each, k-contiguous, so the input-gradient GEMM takes w transposed and
+ * the weight-gradient GEMM takes dy and x transposed (as torchao's float8 linear does). A start-up
+ * probe decides: a device without the op, or one that refuses the recipe's format pairs (cuBLASLt
+ * has no e5m2 x e5m2), emulates, and says so once.
+ *
+ * Emulation (the row- and block-scaled recipes everywhere, and the fallback above): each operand
+ * is cast to the fp8 grid with the device's quantize/dequantize ops and the GEMM runs in f32 on
+ * the dequantised values, the exact emulation of an fp8 GEMM with f32 accumulation (up to
+ * summation order).
  */
 #include "ctitan/quantizer.h"
 
@@ -32,6 +40,8 @@ typedef struct f8 {
     recipe r;
     const char *filter; /* comma-separated substrings of weight names left in high precision */
     buf a, b, t, q8, sc; /* scratch: two dequantised operands, a transpose, fp8 bytes, scales */
+    buf q8b, s2;         /* the device GEMM's second fp8 operand, and its two tensor-wide scales */
+    int device_gemm;     /* the start-up probe found matmul_fp8 running this recipe's format pairs */
     float *host_amax;
     size_t host_cap;
 } f8;
@@ -40,6 +50,8 @@ static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "enable", CT_OPT_BOOL, "false", "train the converted linear layers in float8"},
     {sizeof(ct_option_spec), "format", CT_OPT_STRING, "tensorwise",
      "tensorwise | rowwise | rowwise_with_gw_hp | mxfp8 | e4m3 | e5m2"},
+    {sizeof(ct_option_spec), "emulate", CT_OPT_BOOL, "false",
+     "torchao's emulate: fp8 casts with f32 GEMMs even where the device has a scaled fp8 matmul"},
     {sizeof(ct_option_spec), "filter_fqns", CT_OPT_STRING, "output",
      "comma-separated substrings: linear weights whose name contains one stay in high precision"},
     {0, NULL, 0, NULL, NULL},
@@ -59,6 +71,9 @@ static size_t edit_distance(const char *a, const char *b) {
     }
     return prev[lb];
 }
+
+static void f8_destroy(void *p);
+static ct_status probe_device_gemm(f8 *q);
 
 static ct_status f8_create(const ct_host *h, const ct_device_api *d, void *dev, void **out) {
     const char *fmt = "tensorwise", *filter = "output";
@@ -91,6 +106,11 @@ static ct_status f8_create(const ct_host *h, const ct_device_api *d, void *dev, 
     f8 *q = calloc(1, sizeof *q);
     if (!q) return CT_ERR_NOMEM;
     *q = (f8){.host = h, .d = d, .dev = dev, .r = (recipe)r, .filter = filter};
+    ct_status st = probe_device_gemm(q);
+    if (st != CT_OK) {
+        f8_destroy(q);
+        return st;
+    }
     *out = q;
     return CT_OK;
 }
@@ -111,6 +131,8 @@ static void f8_destroy(void *p) {
     buf_free(q, &q->t);
     buf_free(q, &q->q8);
     buf_free(q, &q->sc);
+    buf_free(q, &q->q8b);
+    buf_free(q, &q->s2);
     free(q->host_amax);
     free(q);
 }
@@ -161,15 +183,12 @@ static int f8_converts(void *p, const ct_tensor *w, const char **why) {
 
 static float fmt_max(ct_dtype fmt) { return fmt == CT_F8_E5M2 ? 57344.0f : 448.0f; }
 
-/* dst (rows, cols) = src cast to the fp8 grid and back, with one scale per group of `group`
- * consecutive elements (group = rows*cols: tensor-wide). pow2: scales rounded down to powers of two;
- * mx: E8M0 block scales (2^(emax - floor(log2 amax))). */
-static ct_status fake_quant(f8 *q, float *dst, const float *src, int64_t n, int64_t group, ct_dtype fmt, int pow2,
-                            int mx) {
+/* scales (n / group, device) for src per the recipe's rule, from the device's amax:
+ * tensor- and row-wise: torchao's max / amax (pow2: rounded down to a power of two); mx: E8M0
+ * block scales (2^(emax - floor(log2 amax))). */
+static ct_status compute_scales(f8 *q, float *scales, const float *src, int64_t n, int64_t group, ct_dtype fmt,
+                                int pow2, int mx) {
     int64_t ng = n / group;
-    float *scales = need(q, &q->sc, sizeof(float) * (size_t)ng);
-    uint8_t *bytes = need(q, &q->q8, (size_t)n);
-    if (!scales || !bytes) return CT_ERR_NOMEM;
     if ((size_t)ng > q->host_cap) {
         float *h = realloc(q->host_amax, sizeof(float) * (size_t)ng);
         if (!h) return CT_ERR_NOMEM;
@@ -191,10 +210,19 @@ static ct_status fake_quant(f8 *q, float *dst, const float *src, int64_t n, int6
         }
         q->host_amax[g] = s;
     }
-    TRY(q->d->copy(q->dev, scales, q->host_amax, sizeof(float) * (size_t)ng, CT_COPY_H2D));
+    return q->d->copy(q->dev, scales, q->host_amax, sizeof(float) * (size_t)ng, CT_COPY_H2D);
+}
+
+/* dst (n) = src cast to the fp8 grid and back, with one scale per group of `group` consecutive
+ * elements (group = n: tensor-wide). */
+static ct_status fake_quant(f8 *q, float *dst, const float *src, int64_t n, int64_t group, ct_dtype fmt, int pow2,
+                            int mx) {
+    float *scales = need(q, &q->sc, sizeof(float) * (size_t)(n / group));
+    uint8_t *bytes = need(q, &q->q8, (size_t)n);
+    if (!scales || !bytes) return CT_ERR_NOMEM;
+    TRY(compute_scales(q, scales, src, n, group, fmt, pow2, mx));
     TRY(q->d->quantize_fp8(q->dev, bytes, src, scales, n, group, fmt));
-    TRY(q->d->dequantize_fp8(q->dev, dst, bytes, scales, n, group, fmt));
-    return CT_OK;
+    return q->d->dequantize_fp8(q->dev, dst, bytes, scales, n, group, fmt);
 }
 
 /* An operand (rows, cols) whose GEMM reduction runs along dim `red` (1: along rows' contiguous cols,
@@ -226,8 +254,87 @@ static ct_status cast_operand(f8 *q, float *dst, const float *src, int64_t rows,
 static ct_dtype fmt_in(f8 *q) { return q->r == R_E5M2 ? CT_F8_E5M2 : CT_F8_E4M3; }
 static ct_dtype fmt_grad(f8 *q) { return q->r == R_E4M3 ? CT_F8_E4M3 : q->r == R_TENSORWISE || q->r == R_E5M2 ? CT_F8_E5M2 : CT_F8_E4M3; }
 
+/* ---- the device's scaled fp8 GEMM (tensor-wide recipes) ---- */
+
+/* An operand (rows, k) cast tensor-wide to fp8 bytes dst, its scale left at *scale (device); with
+ * transpose, src is (k, rows) and is transposed first, so dst is always k-contiguous. */
+static ct_status quant_operand(f8 *q, uint8_t *dst, float *scale, const float *src, int64_t rows, int64_t k,
+                               int transpose, ct_dtype fmt) {
+    int64_t n = rows * k;
+    if (transpose) {
+        float *t = need(q, &q->t, sizeof(float) * (size_t)n);
+        if (!t) return CT_ERR_NOMEM;
+        TRY(q->d->transpose(q->dev, t, src, k, rows));
+        src = t;
+    }
+    TRY(compute_scales(q, scale, src, n, n, fmt, 0, 0));
+    return q->d->quantize_fp8(q->dev, dst, src, scale, n, n, fmt);
+}
+
+/* c (m, n) = alpha op(a) op(b)^T + beta c on the device's fp8 GEMM; a_t / b_t: the operand is
+ * stored (k, m) / (k, n) and is transposed into k-contiguous form first. */
+static ct_status device_gemm(f8 *q, float *c, const float *a, int a_t, ct_dtype fa, const float *b, int b_t,
+                             ct_dtype fb, int64_t m, int64_t n, int64_t k, float beta) {
+    uint8_t *a8 = need(q, &q->q8, (size_t)(m * k)), *b8 = need(q, &q->q8b, (size_t)(n * k));
+    float *sc = need(q, &q->s2, 2 * sizeof(float));
+    if (!a8 || !b8 || !sc) return CT_ERR_NOMEM;
+    TRY(quant_operand(q, a8, sc, a, m, k, a_t, fa));
+    TRY(quant_operand(q, b8, sc + 1, b, n, k, b_t, fb));
+    return q->d->matmul_fp8(q->dev, c, a8, sc, fa, b8, sc + 1, fb, m, n, k, 1.0f, beta);
+}
+
+static int tensorwise(const f8 *q) { return q->r == R_TENSORWISE || q->r == R_E4M3 || q->r == R_E5M2; }
+static ct_dtype fmt_in(f8 *q);
+static ct_dtype fmt_grad(f8 *q);
+
+/* At start-up: can the device run this recipe's GEMMs (the forward pair and the gradient pair)?
+ * One 16x16x16 GEMM of zeros per pair; the answer and what follows from it go to the log once. */
+static ct_status probe_device_gemm(f8 *q) {
+    const char *name = recipe_names[q->r];
+    int emulate = 0;
+    q->host->opt_bool(q->host, "emulate", &emulate);
+    if (emulate) {
+        q->host->log(q->host, CT_LOG_INFO, "float8 %s: emulated (fp8 casts, f32 GEMMs), as emulate: true asks", name);
+        return CT_OK;
+    }
+    if (!tensorwise(q)) {
+        q->host->log(q->host, CT_LOG_INFO,
+                     "float8 %s: emulated (fp8 casts, f32 GEMMs): the device's scaled fp8 matmul takes tensor-wide "
+                     "scales only", name);
+        return CT_OK;
+    }
+    if (!CT_HAS_FIELD(q->d, ct_device_api, matmul_fp8) || !q->d->matmul_fp8) {
+        q->host->log(q->host, CT_LOG_INFO, "float8 %s: emulated (fp8 casts, f32 GEMMs): the device has no matmul_fp8",
+                     name);
+        return CT_OK;
+    }
+    uint8_t *a8 = need(q, &q->q8, 256), *b8 = need(q, &q->q8b, 256);
+    float *sc = need(q, &q->s2, 2 * sizeof(float)), *c = need(q, &q->a, 256 * sizeof(float));
+    if (!a8 || !b8 || !sc || !c) return CT_ERR_NOMEM;
+    const float ones[2] = {1.0f, 1.0f};
+    TRY(q->d->zero(q->dev, a8, 256));
+    TRY(q->d->zero(q->dev, b8, 256));
+    TRY(q->d->copy(q->dev, sc, ones, sizeof ones, CT_COPY_H2D));
+    const ct_dtype pairs[2][2] = {{fmt_in(q), fmt_in(q)}, {fmt_grad(q), fmt_in(q)}};
+    for (int i = 0; i < 2; i++) {
+        ct_status st = q->d->matmul_fp8(q->dev, c, a8, sc, pairs[i][0], b8, sc + 1, pairs[i][1], 16, 16, 16, 1, 0);
+        if (st == CT_ERR_UNSUPPORTED) {
+            q->host->log(q->host, CT_LOG_INFO,
+                         "float8 %s: emulated (fp8 casts, f32 GEMMs): the device's matmul_fp8 does not run %s x %s",
+                         name, pairs[i][0] == CT_F8_E4M3 ? "e4m3" : "e5m2", pairs[i][1] == CT_F8_E4M3 ? "e4m3" : "e5m2");
+            return CT_OK;
+        }
+        TRY(st);
+    }
+    q->device_gemm = 1;
+    q->host->log(q->host, CT_LOG_INFO, "float8 %s: GEMMs on the device's scaled fp8 matmul", name);
+    return CT_OK;
+}
+
 static ct_status f8_forward(void *p, float *y, const float *x, const float *w, int64_t n, int64_t out, int64_t in) {
     f8 *q = p;
+    if (q->device_gemm) /* y (n, out) = x (n, in) w (out, in)^T: both k-contiguous already */
+        return device_gemm(q, y, x, 0, fmt_in(q), w, 0, fmt_in(q), n, out, in, 0.0f);
     float *xq = need(q, &q->a, sizeof(float) * (size_t)(n * in)), *wq = need(q, &q->b, sizeof(float) * (size_t)(out * in));
     if (!xq || !wq) return CT_ERR_NOMEM;
     TRY(cast_operand(q, xq, x, n, in, 1, fmt_in(q)));
@@ -238,6 +345,8 @@ static ct_status f8_forward(void *p, float *y, const float *x, const float *w, i
 static ct_status f8_backward_input(void *p, float *dx, const float *dy, const float *w, int64_t n, int64_t out,
                                    int64_t in) {
     f8 *q = p;
+    if (q->device_gemm) /* dx (n, in) += dy (n, out) (w^T (in, out))^T: w transposed */
+        return device_gemm(q, dx, dy, 0, fmt_grad(q), w, 1, fmt_in(q), n, in, out, 1.0f);
     float *gq = need(q, &q->a, sizeof(float) * (size_t)(n * out)), *wq = need(q, &q->b, sizeof(float) * (size_t)(out * in));
     if (!gq || !wq) return CT_ERR_NOMEM;
     TRY(cast_operand(q, gq, dy, n, out, 1, fmt_grad(q))); /* reduction over out: along dy's rows */
@@ -252,6 +361,8 @@ static ct_status f8_backward_weight(void *p, float *dw, const float *dy, const f
                                     int64_t in) {
     f8 *q = p;
     if (q->r == R_ROWWISE_GW_HP) return q->d->matmul(q->dev, dw, dy, x, out, in, n, 1, 0, 1.0f, 1.0f);
+    if (q->device_gemm) /* dw (out, in) += dy^T (out, n) (x^T (in, n))^T: both transposed */
+        return device_gemm(q, dw, dy, 1, fmt_grad(q), x, 1, fmt_in(q), out, in, n, 1.0f);
     float *gq = need(q, &q->a, sizeof(float) * (size_t)(n * out)), *xq = need(q, &q->b, sizeof(float) * (size_t)(n * in));
     if (!gq || !xq) return CT_ERR_NOMEM;
     TRY(cast_operand(q, gq, dy, n, out, 0, fmt_grad(q))); /* reduction over n: down the columns */

@@ -1,5 +1,6 @@
-/* group.c: the groups of the NCCL comm plugin (world, split, free) and the deadline-bounded
- * polling every non-blocking NCCL call goes through. */
+/* group.c: the groups of the NCCL comm plugin (world, split, free), the deadline-bounded
+ * polling every non-blocking NCCL call goes through, and a group's ordering after the bound
+ * compute stream (see nccl_comm.h). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep (plugins build without _GNU_SOURCE) */
 #include "nccl_comm.h"
 
@@ -114,12 +115,14 @@ ct_status ctnccl_group_open(ctnccl *c, ncclComm_t nc, const char *name, ctnccl_g
         free(g);
         return ctnccl_error(c, what, r, nc);
     }
-    /* A blocking stream (not cudaStreamNonBlocking): ordered with the legacy default stream. */
-    cudaError_t e = cudaStreamCreate(&g->stream);
+    /* Unbound, a blocking stream: ordered with the legacy default stream, where the device
+     * computes. Bound, a non-blocking one: events order it with the bound stream. */
+    cudaError_t e = c->bound ? cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)
+                             : cudaStreamCreate(&g->stream);
     if (e == cudaSuccess) {
         e = cudaMalloc((void **)&g->scratch, sizeof(int));
-        if (e == cudaSuccess)
-            e = cudaMemset(g->scratch, 0, sizeof(int));
+        if (e == cudaSuccess) /* on the group's stream, before the barriers that use it */
+            e = cudaMemsetAsync(g->scratch, 0, sizeof(int), g->stream);
     }
     if (e != cudaSuccess) {
         if (g->scratch)
@@ -162,8 +165,26 @@ void ctnccl_group_close(ctnccl *c, ctnccl_group *g, int finalize) {
      * with them: leave the 4 bytes (the job is ending). Destroying a busy stream does not wait. */
     if (clean)
         cudaFree(g->scratch);
+    if (g->before)
+        cudaEventDestroy(g->before); /* safe while a wait on it is pending */
     cudaStreamDestroy(g->stream);
     free(g);
+}
+
+ct_status ctnccl_group_order_after_bound(ctnccl *c, ctnccl_group *g, const char *what) {
+    if (!c->bound)
+        return CT_OK;
+    cudaError_t e;
+    if (!g->before && (e = cudaEventCreateWithFlags(&g->before, cudaEventDisableTiming)) != cudaSuccess) {
+        g->before = NULL;
+        return ctnccl_cuda_error(c, what, e);
+    }
+    /* One event serves every operation: a wait takes the record made just before it, and a
+     * later record does not change what an earlier wait waits for. */
+    e = cudaEventRecord(g->before, c->bound);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(g->stream, g->before, 0);
+    return e == cudaSuccess ? CT_OK : ctnccl_cuda_error(c, what, e);
 }
 
 ct_status ctnccl_world(void *comm, void **group) {

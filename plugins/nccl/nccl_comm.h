@@ -10,10 +10,20 @@
  * train_timeout_seconds; on a timeout the communicator is aborted (ncclCommAbort) and the call
  * returns CT_ERR_TIMEOUT.
  *
- * Ordering with the device plugin: each group runs on its own CUDA stream, created as a blocking
- * stream, so it is ordered after earlier work on the legacy default stream and before later work
- * there. A device plugin that computes on its own non-blocking streams must synchronize before
- * handing buffers to a collective.
+ * Ordering with the device plugin: each group runs on its own CUDA stream.
+ *   Unbound (no bind_stream): the group streams are blocking streams (cudaStreamCreate), so a
+ *     collective is ordered after earlier work on the legacy default stream (where the CUDA
+ *     device plugin computes until share_stream) and before later work there; no events needed.
+ *   Bound (bind_stream(s), s = the device's shared non-blocking stream): ordering comes from
+ *     events, for every group. Each operation first records the group's `before` event on s and
+ *     makes the group's stream wait for it, so it starts after the compute work queued so far;
+ *     wait() and blocking calls, once the host has seen the operation's `done` event complete,
+ *     make s wait for that event, so compute queued afterwards sees the result. In between, the
+ *     collective overlaps with compute. Groups opened after the bind get non-blocking streams;
+ *     older groups keep their blocking ones (still correct: the events order them with s, the
+ *     legacy ordering they also have is merely unused). The stream stays the device's: the comm
+ *     never destroys it, and the host must wait() for an operation before it frees or reuses its
+ *     buffers on s (the device's allocator knows nothing of the comm's streams).
  */
 #ifndef CTITAN_NCCL_COMM_H
 #define CTITAN_NCCL_COMM_H
@@ -37,6 +47,8 @@
 typedef struct ctnccl_group {
     ncclComm_t nc;
     cudaStream_t stream; /* every operation on this group runs here */
+    cudaEvent_t before;  /* bound: recorded on the bound stream, waited for here, before each
+                            operation (made at the first bound operation; reused) */
     int *scratch;        /* one int of device memory: the barrier's all_reduce */
     int rank, size;
     int aborted;         /* ncclCommAbort was called: the group only awaits group_free/destroy */
@@ -53,6 +65,7 @@ typedef struct ctnccl {
     int mpi_stuck;        /* a bootstrap exchange timed out: MPI may still own our buffers, and
                              MPI_Finalize would wait for the missing rank */
     MPI_Comm boot;        /* a duplicate of MPI_COMM_WORLD: the bootstrap (unique id, agreement) */
+    cudaStream_t bound;   /* bind_stream's: the device's compute stream; NULL until then */
     ctnccl_group *world;
     ctnccl_group *groups; /* every live group, newest first (the world is last) */
 } ctnccl;
@@ -89,8 +102,13 @@ ct_status ctnccl_group_rank(void *comm, void *group, int *rank, int *size);
 ct_status ctnccl_split(void *comm, void *group, int color, int key, const char *name, void **out);
 void ctnccl_group_free(void *comm, void *group);
 
+/* Bound: the group's stream waits for the work queued on c->bound so far (the group's `before`
+ * event). Unbound: nothing. `what` names the operation in an error. */
+ct_status ctnccl_group_order_after_bound(ctnccl *c, ctnccl_group *g, const char *what);
+
 /* wait.c */
-/* Polls r's event until done, a NCCL error or the deadline; frees r. */
+/* Polls r's event until done, a NCCL error or the deadline; bound, then makes c->bound wait for
+ * it too; frees r. */
 ct_status ctnccl_wait(ctnccl *c, ctnccl_req *r);
 ct_status ctnccl_wait_api(void *comm, void *req);
 

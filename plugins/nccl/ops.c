@@ -1,6 +1,7 @@
-/* ops.c: the operations of the NCCL comm plugin. Each checks its arguments, enqueues the NCCL
- * call on the group's stream, waits for the (non-blocking) call to settle, records an event after
- * it and either hands out the request or waits for it (wait.c).
+/* ops.c: the operations of the NCCL comm plugin. Each checks its arguments, (bound) makes the
+ * group's stream wait for the compute stream, enqueues the NCCL call on the group's stream, waits
+ * for the (non-blocking) call to settle, records an event after it and either hands out the
+ * request or waits for it (wait.c).
  *
  * send/recv: NCCL matches point-to-point transfers between two ranks in the order they are
  * posted, not by tag; the tag is accepted for the contract and otherwise unused, so a pair of
@@ -118,6 +119,12 @@ static ct_status op_begin(ctnccl *c, ctnccl_group *g, const char *name, int64_t 
         if (e != cudaSuccess) {
             free(o->req);
             return ctnccl_cuda_error(c, what, e);
+        }
+        ct_status st = ctnccl_group_order_after_bound(c, g, what);
+        if (st) {
+            cudaEventDestroy(o->req->done);
+            free(o->req);
+            return st;
         }
     }
     return CT_OK;

@@ -342,6 +342,21 @@ static void nccl_abort(void *comm, int code) {
         MPI_Abort(MPI_COMM_WORLD, code);
 }
 
+/* ABI 1.4: from now on ops order themselves after `stream` and wait() orders it after them with
+ * events (nccl_comm.h). A second bind replaces the first; the stream stays the caller's. */
+static ct_status nccl_bind_stream(void *comm, void *stream) {
+    ctnccl *c = comm;
+    if (!c)
+        return CT_ERR_INVALID;
+    if (!stream) {
+        c->host->set_error(c->host, "bind_stream: NULL stream (expected the device's share_stream)");
+        return CT_ERR_INVALID;
+    }
+    c->bound = (cudaStream_t)stream;
+    c->host->log(c->host, CT_LOG_DEBUG, "nccl: collectives ordered with the device's stream by events");
+    return CT_OK;
+}
+
 static const ct_comm_api api = {
     .struct_size = sizeof(ct_comm_api),
     .create = nccl_create,
@@ -360,6 +375,7 @@ static const ct_comm_api api = {
     .barrier = ctnccl_barrier,
     .wait = ctnccl_wait_api,
     .abort = nccl_abort,
+    .bind_stream = nccl_bind_stream,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

@@ -1,7 +1,8 @@
 /* wait.c: completing an operation of the NCCL comm plugin. The operation's event is polled
  * (cudaEventQuery never blocks) together with the communicator's asynchronous error, until it is
  * done, NCCL reports an error (a peer's network went away), or train_timeout_seconds pass; the
- * last two abort the group's communicator, which makes NCCL's kernels return. */
+ * last two abort the group's communicator, which makes NCCL's kernels return. When a compute
+ * stream is bound, a completed operation also makes it wait for the event (nccl_comm.h). */
 #include "nccl_comm.h"
 
 #include <stdlib.h>
@@ -50,6 +51,13 @@ ct_status ctnccl_wait(ctnccl *c, ctnccl_req *r) {
             break;
         }
         ctnccl_pause(spin);
+    }
+    /* The host saw the event complete; the bound stream is ordered by it too, as comm.h promises
+     * (waiting on a recorded event, then destroying it, is legal). */
+    if (!st && c->bound) {
+        cudaError_t e = cudaStreamWaitEvent(c->bound, r->done, 0);
+        if (e != cudaSuccess)
+            st = ctnccl_cuda_error(c, r->what, e);
     }
     req_free(r);
     return st;

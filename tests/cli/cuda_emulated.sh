@@ -10,7 +10,8 @@
 # plugin's C files are compiled as they are, against the stand-in headers.
 #
 #   (a) the emulated plugin passes every test of tests/unit/test_device_conformance.c (ABI 1.0,
-#       float8 and tensor-parallel ops), with ASan/UBSan on the kernels and the host code;
+#       float8 and tensor-parallel ops, and 1.4's fp8 GEMM, bf16 operands and shared stream), with
+#       ASan/UBSan on the kernels and the host code;
 #   (b) again with cuBLASLt finding no algorithm (the cublasSgemm fallback), and with cudaMalloc
 #       failing past 228 MiB live (the allocator's trim-and-retry);
 #   (c) with no device, create fails with "no CUDA device is visible";
@@ -54,9 +55,11 @@ for c in plugins/cuda/*.c; do
     pids+=($!)
     objs+=("$OUT/$name.c.o")
 done
-g++ -std=c++17 -O1 -g -fPIC -Wall -Wextra -Werror $SAN -I"$EMU" -I"$EMU/include" -I"$OPENBLAS_INC" \
-    -c -o "$OUT/emu_runtime.o" "$EMU/emu_runtime.cpp" &
-pids+=($!)
+for emu in emu_runtime emu_streams; do
+    g++ -std=c++17 -O1 -g -fPIC -Wall -Wextra -Werror $SAN -I"$EMU" -I"$EMU/include" -I"$OPENBLAS_INC" \
+        -c -o "$OUT/$emu.o" "$EMU/$emu.cpp" &
+    pids+=($!)
+done
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE $SAN -Isdk/include -o "$OUT/test_device_conformance" \
     tests/unit/test_device_conformance.c -lcmocka -ldl -lm &
 pids+=($!)
@@ -66,7 +69,7 @@ pids+=($!)
 for p in "${pids[@]}"; do
     wait "$p" || fail "a compile step failed (see above)"
 done
-g++ -shared $SAN -o "$OUT/ctitan-cuda-emu.so" "${objs[@]}" "$OUT/emu_runtime.o" -L"$OPENBLAS_LIB" \
+g++ -shared $SAN -o "$OUT/ctitan-cuda-emu.so" "${objs[@]}" "$OUT/emu_runtime.o" "$OUT/emu_streams.o" -L"$OPENBLAS_LIB" \
     -Wl,-rpath,"$OPENBLAS_LIB" -lopenblas -lpthread -Wl,-z,nodelete -Wl,--version-script=plugins/cuda/exports.map ||
     fail "cannot link the emulated plugin"
 echo "ok: built $OUT/ctitan-cuda-emu.so (plugins/cuda/*.c and *.cu on tests/cuda_emu)"

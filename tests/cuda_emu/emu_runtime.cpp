@@ -580,10 +580,12 @@ struct emu_lt {
 };
 struct emu_lt_desc {
     cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    const float *a_scale = nullptr, *b_scale = nullptr; /* device pointers (fp8 operands) */
 };
 struct emu_lt_layout {
     uint64_t rows, cols;
     int64_t ld;
+    cudaDataType type;
 };
 struct emu_lt_pref {
     int unused;
@@ -676,6 +678,12 @@ extern "C" cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d)
 extern "C" cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
                                                          const void *buf, size_t size)
 {
+    if (attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER || attr == CUBLASLT_MATMUL_DESC_B_SCALE_POINTER) {
+        if (size != sizeof(void *))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER ? &d->a_scale : &d->b_scale, buf, size);
+        return CUBLAS_STATUS_SUCCESS;
+    }
     if (size != sizeof(cublasOperation_t))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (attr == CUBLASLT_MATMUL_DESC_TRANSA)
@@ -689,9 +697,10 @@ extern "C" cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
 extern "C" cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows,
                                                      uint64_t cols, int64_t ld)
 {
-    if (type != CUDA_R_32F || ld < (int64_t)rows)
+    if ((type != CUDA_R_32F && type != CUDA_R_16BF && type != CUDA_R_8F_E4M3 && type != CUDA_R_8F_E5M2) ||
+        ld < (int64_t)rows)
         return CUBLAS_STATUS_INVALID_VALUE;
-    *l = new emu_lt_layout{rows, cols, ld};
+    *l = new emu_lt_layout{rows, cols, ld, type};
     return CUBLAS_STATUS_SUCCESS;
 }
 extern "C" cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
@@ -720,6 +729,58 @@ extern "C" cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPre
     return size == 4 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
 
+static bool is_fp8(cudaDataType t)
+{
+    return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2;
+}
+
+/* A and B: both f32, both bf16, or both fp8 (C and D are f32 throughout). */
+static bool types_agree(cudaDataType a, cudaDataType b)
+{
+    return a == b || (is_fp8(a) && is_fp8(b));
+}
+
+/* The OCP fp8 value of a bit pattern: e4m3 (bias 7, no inf, S.1111.111 NaN) or e5m2 (bias 15,
+ * IEEE-like inf and NaN); decoded independently of the plugin's own tables. */
+static float fp8_value(uint8_t v, bool e5m2)
+{
+    int sign = v >> 7, mbits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+    int e = (v & 0x7f) >> mbits, f = v & ((1 << mbits) - 1);
+    float mag;
+    if (e5m2 && e == 31)
+        mag = f ? NAN : INFINITY;
+    else if (!e5m2 && e == 15 && f == 7)
+        mag = NAN;
+    else if (e == 0)
+        mag = ldexpf((float)f, 1 - bias - mbits);
+    else
+        mag = ldexpf((float)(f + (1 << mbits)), e - bias - mbits);
+    return sign ? -mag : mag;
+}
+
+/* A column-major (rows, cols) operand with leading dimension ld, as f32 (fp8 times *scale). */
+static bool operand_f32(std::vector<float> &out, const void *p, const emu_lt_layout *l, const float *scale)
+{
+    size_t elem = l->type == CUDA_R_32F ? 4 : l->type == CUDA_R_16BF ? 2 : 1;
+    size_t span = (size_t)l->ld * (l->cols ? l->cols - 1 : 0) + l->rows;
+    if (!in_block(p, elem * span) || (is_fp8(l->type) && (!scale || !in_block(scale, sizeof(float))))) {
+        fprintf(stderr, "cuda_emu: cublasLtMatmul operand or scale outside every device block\n");
+        return false;
+    }
+    out.assign(span, 0.0f);
+    for (size_t i = 0; i < span; i++) {
+        if (l->type == CUDA_R_32F) {
+            out[i] = ((const float *)p)[i];
+        } else if (l->type == CUDA_R_16BF) {
+            uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
+            memcpy(&out[i], &bits, 4);
+        } else {
+            out[i] = fp8_value(((const uint8_t *)p)[i], l->type == CUDA_R_8F_E5M2) * *scale;
+        }
+    }
+    return true;
+}
+
 /* The layouts must agree with the operation: op(A) (m,k), op(B) (k,n), C (m,n). */
 static bool shapes_agree(const emu_lt_desc *d, const emu_lt_layout *a, const emu_lt_layout *b,
                          const emu_lt_layout *c)
@@ -739,10 +800,14 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cub
     (void)h;
     (void)p;
     *returned = 0;
-    if (requested < 1 || !shapes_agree(d, a, b, c) || c->rows != dl->rows || c->cols != dl->cols)
+    if (requested < 1 || !shapes_agree(d, a, b, c) || c->rows != dl->rows || c->cols != dl->cols ||
+        c->type != CUDA_R_32F || dl->type != CUDA_R_32F || !types_agree(a->type, b->type))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (getenv("CUDA_EMU_LT_NONE"))
         return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (is_fp8(a->type) && (d->ta != CUBLAS_OP_T || d->tb != CUBLAS_OP_N || a->ld % 16 || b->ld % 16 ||
+                            (a->type == CUDA_R_8F_E5M2 && b->type == CUDA_R_8F_E5M2)))
+        return CUBLAS_STATUS_NOT_SUPPORTED; /* cuBLASLt's fp8 rules */
     memset(&results[0], 0, sizeof results[0]);
     results[0].algo.data[0] = 0xE3u;
     results[0].state = CUBLAS_STATUS_SUCCESS;
@@ -763,7 +828,21 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
     (void)s;
     if (!algo || algo->data[0] != 0xE3u || !shapes_agree(d, la, lb, lc) || c != dd || lc->rows != ld->rows)
         return CUBLAS_STATUS_INVALID_VALUE;
+    if (lc->type != CUDA_R_32F || ld->type != CUDA_R_32F || !types_agree(la->type, lb->type) ||
+        (is_fp8(la->type) && (d->ta != CUBLAS_OP_T || d->tb != CUBLAS_OP_N)))
+        return CUBLAS_STATUS_INVALID_VALUE;
     int m = (int)lc->rows, n = (int)lc->cols, k = (int)(d->ta == CUBLAS_OP_N ? la->cols : la->rows);
-    return sgemm(d->ta, d->tb, m, n, k, *(const float *)alpha, (const float *)a, (int)la->ld, (const float *)b,
-                 (int)lb->ld, *(const float *)beta, (float *)dd, (int)lc->ld);
+    if (la->type == CUDA_R_32F)
+        return sgemm(d->ta, d->tb, m, n, k, *(const float *)alpha, (const float *)a, (int)la->ld, (const float *)b,
+                     (int)lb->ld, *(const float *)beta, (float *)dd, (int)lc->ld);
+    /* typed operands: decoded into host vectors, multiplied with the same column-major sgemm */
+    std::vector<float> fa, fb;
+    if (!operand_f32(fa, a, la, d->a_scale) || !operand_f32(fb, b, lb, d->b_scale))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (!in_block(dd, sizeof(float) * ((size_t)lc->ld * (size_t)(n - 1) + (size_t)m)))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    cblas_sgemm(CblasColMajor, d->ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                d->tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, *(const float *)alpha, fa.data(),
+                (int)la->ld, fb.data(), (int)lb->ld, *(const float *)beta, (float *)dd, (int)lc->ld);
+    return CUBLAS_STATUS_SUCCESS;
 }

@@ -26,6 +26,11 @@
 #   bench_<flavor>_<seq>  ctitan on the GPU: llama3 1B and 3B at seq 2048 (no activation
 #                       checkpointing) and 8192 (full checkpointing), batch 1, 6 steps; the summary
 #                       line's tokens/s, ratio to the measured f32 matmul peak (MFU) and peak memory
+#                       (under bf16 the peak the run measures is the bf16 GEMM's)
+#   bench_1B_2048_bf16  the same at 1B/2048 with mixed_precision_param bfloat16 (bf16 tensor-core
+#                       GEMMs through set_matmul_dtype, ABI 1.4)
+#   bench_1B_2048_fp8   and with float8 tensorwise on top (cuBLASLt fp8 GEMMs through matmul_fp8):
+#                       fp8 vs bf16 tokens/s, the figure issue #6 asks for
 #   torch_<...>         bench/torch_llama3.py on the same shapes (when torch sees the GPU): f32 (TF32
 #                       off, like ctitan) and bf16 autocast, eager; bf16 torch.compile at 1B/2048
 set -u
@@ -198,6 +203,29 @@ for flavor in 1B 3B; do
             record "$name" FAIL "$(why $rc "$OUT/$name.log")"
         fi
     done
+done
+
+# bf16 GEMMs, then float8 tensorwise GEMMs, at 1B / 2048 (TFLOP/s counted as for f32; the ratio in
+# the summary line is to the peak measured at start-up)
+for variant in bf16 fp8; do
+    name=bench_1B_2048_$variant
+    extra=(--training.mixed_precision_param=bfloat16)
+    [ $variant = fp8 ] && extra+=(--quantize.dense.float8.enable=true --quantize.dense.float8.format=tensorwise)
+    rc=0
+    run "$name" 900 $CTITAN train "$WORK/llama3_debug_cuda.yaml" "${common[@]}" --model.flavor=1B \
+        --training.seq_len=2048 --training.local_batch_size=1 --training.steps=$BENCH_STEPS \
+        --activation_checkpoint.mode=none "${extra[@]}" --job.dump_folder="$WORK/$name" || rc=$?
+    rm -rf "${WORK:?}/$name"
+    line=$(grep -m1 '^summary: [0-9]* steps' "$OUT/$name.log")
+    if [ $rc -eq 0 ] && [ -n "$line" ]; then
+        tps=$(sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/' <<<"$line")
+        gflops=$(sed -E 's/.* ([0-9.]+) GFLOP\/s achieved.*/\1/' <<<"$line")
+        mem=$(sed -E 's/.*peak memory ([0-9.]+) GiB.*/\1/' <<<"$line")
+        how=$(grep -m1 -o 'float8 tensorwise: [^;]*' "$OUT/$name.log" || echo "bf16 GEMMs")
+        record "$name" ok "ctitan $variant: $tps tok/s, $(awk -v g="$gflops" 'BEGIN{printf "%.1f", g/1000}') TFLOP/s, $mem GiB ($how)"
+    else
+        record "$name" FAIL "$(why $rc "$OUT/$name.log")"
+    fi
 done
 
 # ---------------------------------------------------------------- PyTorch on the same shapes

@@ -32,6 +32,10 @@
  *     logits split into 1 to 3 column shards (the stats merged here as a host would, the loss
  *     and the side-by-side gradients against the full-row ops), copy_2d of strided blocks;
  *     their bad sizes are errors and their results are deterministic.
+ *   - the optional ops of ABI 1.4: matmul_fp8 (tensor-wide scales, the format pairs of the three
+ *     training GEMMs against the codes decoded here; what a device cannot run must say so with
+ *     CT_ERR_UNSUPPORTED), set_matmul_dtype (bf16 operands against a reference of bf16-rounded
+ *     operands, and provably not the f32 result; back to exact f32), share_stream (ops go on).
  *
  * The harness brings its own minimal ct_host (log, set_error, memory, option getters answered
  * from the spec); it links nothing of the core, so a third party can build and run it alone.
@@ -1493,7 +1497,7 @@ static void test_float8_transpose(void **state)
 #define TP_SKIP_UNLESS(op)                                                                         \
     do {                                                                                           \
         if (!TP_OP_PRESENT(op)) {                                                                  \
-            fprintf(stderr, "%s: not provided (ABI < 1.3 or NULL), skipped\n", #op);               \
+            fprintf(stderr, "%s: not provided (an older ABI, or NULL), skipped\n", #op);             \
             skip();                                                                                \
         }                                                                                          \
     } while (0)
@@ -1901,6 +1905,172 @@ static void test_copy_2d(void **state)
     api->free(dev, buf);
 }
 
+/* ---------------------------------------------------------------- ABI 1.4 */
+
+/* One matmul_fp8 case: a (m,k) and b (n,k) quantised tensor-wide on the device, the GEMM against
+ * a double GEMM of the codes decoded here (value / scale). A pair the device does not run must be
+ * CT_ERR_UNSUPPORTED with a message, and then c is not checked. Returns 1 when it ran. */
+static int matmul_fp8_case(int64_t m, int64_t n, int64_t k, ct_dtype fa, ct_dtype fb, float beta, int must_run)
+{
+    float *a = host_rand(m * k, 3), *b = host_rand(n * k, 0.02), *c = host_rand(m * n, 1);
+    float amax_a = 0, amax_b = 0;
+    for (int64_t i = 0; i < m * k; i++)
+        amax_a = fmaxf(amax_a, fabsf(a[i]));
+    for (int64_t i = 0; i < n * k; i++)
+        amax_b = fmaxf(amax_b, fabsf(b[i]));
+    /* torchao's tensorwise scales: format max / amax, not powers of two */
+    float scale[2] = {(fa == CT_F8_E4M3 ? 448.0f : 57344.0f) / amax_a, (fb == CT_F8_E4M3 ? 448.0f : 57344.0f) / amax_b};
+    float *da = dev_floats(a, m * k), *db = dev_floats(b, n * k), *dc = dev_floats(c, m * n);
+    float *dscale = dev_floats(scale, 2);
+    uint8_t *qa = dev_upload(NULL, (size_t)(m * k)), *qb = dev_upload(NULL, (size_t)(n * k));
+    assert_int_equal(api->quantize_fp8(dev, qa, da, dscale, m * k, m * k, fa), CT_OK);
+    assert_int_equal(api->quantize_fp8(dev, qb, db, dscale + 1, n * k, n * k, fb), CT_OK);
+    uint8_t *ha = malloc((size_t)(m * k)), *hb = malloc((size_t)(n * k));
+    assert_non_null(ha);
+    assert_non_null(hb);
+    assert_int_equal(api->copy(dev, ha, qa, (size_t)(m * k), CT_COPY_D2H), CT_OK);
+    assert_int_equal(api->copy(dev, hb, qb, (size_t)(n * k), CT_COPY_D2H), CT_OK);
+    assert_int_equal(api->synchronize(dev), CT_OK);
+    double *ref = ref_alloc(m * n);
+    const float alpha = 0.5f;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double sum = 0;
+            for (int64_t p = 0; p < k; p++)
+                sum += f8_value(ha[i * k + p], fa == CT_F8_E5M2) / scale[0] *
+                       (f8_value(hb[j * k + p], fb == CT_F8_E5M2) / scale[1]);
+            ref[i * n + j] = alpha * sum + (beta != 0 ? beta * (double)c[i * n + j] : 0.0);
+        }
+    if (beta == 0)
+        assert_int_equal(api->copy(dev, dc, &(float){NAN}, sizeof(float), CT_COPY_H2D), CT_OK); /* ignored */
+    last_error[0] = '\0';
+    ct_status st = api->matmul_fp8(dev, dc, qa, dscale, fa, qb, dscale + 1, fb, m, n, k, alpha, beta);
+    char what[96];
+    snprintf(what, sizeof what, "matmul_fp8 %s x %s m=%lld n=%lld k=%lld beta %g", fa == CT_F8_E4M3 ? "e4m3" : "e5m2",
+             fb == CT_F8_E4M3 ? "e4m3" : "e5m2", (long long)m, (long long)n, (long long)k, (double)beta);
+    if (st == CT_ERR_UNSUPPORTED && !must_run) {
+        if (!last_error[0])
+            fail_msg("%s: CT_ERR_UNSUPPORTED without a message", what);
+        fprintf(stderr, "%s: unsupported here (%s)\n", what, last_error);
+        last_error[0] = '\0';
+    } else {
+        expect_error(st, CT_OK, what);
+        expect_close(what, dc, ref, m * n);
+    }
+    api->free(dev, da);
+    api->free(dev, db);
+    api->free(dev, dc);
+    api->free(dev, dscale);
+    api->free(dev, qa);
+    api->free(dev, qb);
+    free(a);
+    free(b);
+    free(c);
+    free(ha);
+    free(hb);
+    free(ref);
+    return st == CT_OK;
+}
+
+static void test_matmul_fp8(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(matmul_fp8);
+    if (!float8_ops_present())
+        skip();
+    /* e4m3 x e4m3 (forward), e5m2 x e4m3 and e4m3 x e5m2 (the gradient GEMMs): a device whose
+     * first pair runs must run all three; e5m2 x e5m2 and k % 16 != 0 may be unsupported */
+    int runs = matmul_fp8_case(48, 32, 64, CT_F8_E4M3, CT_F8_E4M3, 0.0f, 0);
+    matmul_fp8_case(48, 32, 64, CT_F8_E4M3, CT_F8_E4M3, 1.0f, runs);
+    matmul_fp8_case(40, 16, 96, CT_F8_E5M2, CT_F8_E4M3, 1.0f, runs);
+    matmul_fp8_case(16, 40, 32, CT_F8_E4M3, CT_F8_E5M2, 0.0f, runs);
+    matmul_fp8_case(16, 16, 32, CT_F8_E5M2, CT_F8_E5M2, 0.5f, 0);
+    matmul_fp8_case(24, 8, 24, CT_F8_E4M3, CT_F8_E4M3, 0.0f, 0);
+    fprintf(stderr, "matmul_fp8: %s\n", runs ? "runs" : "unsupported on this device (the quantizer emulates)");
+    float *buf = dev_floats(NULL, 64);
+    expect_error(api->matmul_fp8(dev, buf, (uint8_t *)buf, buf, CT_BF16, (uint8_t *)buf, buf, CT_F8_E4M3, 4, 4, 16,
+                                 1, 0),
+                 CT_ERR_INVALID, "matmul_fp8 with a bf16 operand");
+    expect_error(api->matmul_fp8(dev, buf, (uint8_t *)buf, buf, CT_F8_E4M3, (uint8_t *)buf, buf, CT_F8_E4M3, 4, -4,
+                                 16, 1, 0),
+                 CT_ERR_INVALID, "matmul_fp8 n = -4");
+    api->free(dev, buf);
+}
+
+static float bf16_round_ref(float f)
+{
+    uint32_t bits = (uint32_t)bf16_reference(f) << 16;
+    float r;
+    memcpy(&r, &bits, sizeof r);
+    return r;
+}
+
+/* set_matmul_dtype(CT_BF16): the operands are rounded to bf16 (nearest even), products summed in
+ * f32; CT_F32 restores the exact GEMM. */
+static void test_matmul_bf16(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(set_matmul_dtype);
+    const int64_t m = 33, n = 40, k = 72;
+    float *a = host_rand(m * k, 1), *b = host_rand(k * n, 1);
+    double *ref16 = ref_alloc(m * n), *ref32 = ref_alloc(m * n);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s16 = 0, s32 = 0;
+            for (int64_t p = 0; p < k; p++) {
+                s16 += (double)bf16_round_ref(a[i * k + p]) * (double)bf16_round_ref(b[j * k + p]);
+                s32 += (double)a[i * k + p] * (double)b[j * k + p];
+            }
+            ref16[i * n + j] = s16;
+            ref32[i * n + j] = s32;
+        }
+    float *da = dev_floats(a, m * k), *db = dev_floats(b, k * n), *dc = dev_floats(NULL, m * n);
+    expect_error(api->set_matmul_dtype(dev, CT_BF16), CT_OK, "set_matmul_dtype bf16");
+    assert_int_equal(api->matmul(dev, dc, da, db, m, n, k, 0, 1, 1.0f, 0.0f), CT_OK);
+    expect_close("matmul with bf16 operands", dc, ref16, m * n);
+    /* the same reference must NOT hold at f32: the rounding is real (differences ~1e-3 of scale) */
+    float *got = download(dc, m * n);
+    double worst = 0;
+    for (int64_t i = 0; i < m * n; i++)
+        worst = fmax(worst, fabs((double)got[i] - ref32[i]));
+    free(got);
+    if (worst < 1e-4)
+        fail_msg("bf16 matmul within %.3g of the exact f32 GEMM: the operands were not rounded", worst);
+    expect_error(api->set_matmul_dtype(dev, CT_F32), CT_OK, "set_matmul_dtype f32");
+    assert_int_equal(api->matmul(dev, dc, da, db, m, n, k, 0, 1, 1.0f, 0.0f), CT_OK);
+    expect_close("matmul back at f32", dc, ref32, m * n);
+    expect_error(api->set_matmul_dtype(dev, CT_F8_E4M3), CT_ERR_UNSUPPORTED, "set_matmul_dtype e4m3");
+    api->free(dev, da);
+    api->free(dev, db);
+    api->free(dev, dc);
+    free(a);
+    free(b);
+    free(ref16);
+    free(ref32);
+}
+
+/* share_stream: a stream handle, the same one again, and ops keep working on it. */
+static void test_share_stream(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(share_stream);
+    void *s1 = NULL, *s2 = NULL;
+    expect_error(api->share_stream(dev, &s1), CT_OK, "share_stream");
+    expect_error(api->share_stream(dev, &s2), CT_OK, "share_stream again");
+    assert_true(s1 == s2);
+    const int64_t n = 1000;
+    float *x = host_rand(n, 1);
+    double *ref = ref_alloc(n);
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = 2.5 * (double)x[i];
+    float *dx = dev_floats(x, n);
+    assert_int_equal(api->scale(dev, dx, 2.5f, n), CT_OK);
+    expect_close("scale after share_stream", dx, ref, n);
+    api->free(dev, dx);
+    free(x);
+    free(ref);
+}
+
 /* ---------------------------------------------------------------- bad arguments */
 
 static void test_bad_arguments_are_errors(void **state)
@@ -1952,8 +2122,11 @@ int main(void)
         cmocka_unit_test(test_cross_entropy_sharded),
         cmocka_unit_test(test_cross_entropy_sharded_is_deterministic),
         cmocka_unit_test(test_copy_2d),
+        cmocka_unit_test(test_matmul_fp8),
+        cmocka_unit_test(test_matmul_bf16),
         cmocka_unit_test(test_same_inputs_give_same_bits),
         cmocka_unit_test(test_bad_arguments_are_errors),
+        cmocka_unit_test(test_share_stream), /* last: the device stays on the shared stream */
     };
     return cmocka_run_group_tests(tests, load_plugin, unload_plugin);
 }

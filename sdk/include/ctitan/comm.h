@@ -68,6 +68,12 @@ typedef struct ct_comm_api {
      * only inside its calls, like MPI, needs these pokes to overlap work); *done = 1 once it completed.
      * The handle stays valid: wait() still completes and frees it. */
     ct_status (*test)(void *comm, void *req, int *done);
+    /* ABI 1.4, optional: the device's compute stream (device.h, share_stream). From now on every
+     * operation starts after the work queued on `stream` when it was called (an event recorded there
+     * and waited for on the comm's own stream), and wait() (or a blocking call) also makes `stream`
+     * wait for the operation, so work queued on it afterwards sees the result. The comm's streams
+     * overlap with the compute stream in between. */
+    ct_status (*bind_stream)(void *comm, void *stream);
 } ct_comm_api;
 
 #endif

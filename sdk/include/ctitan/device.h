@@ -39,7 +39,8 @@ typedef struct ct_device_api {
     ct_status (*create)(const ct_host *host, void **dev);
     void (*destroy)(void *dev);
     ct_status (*info)(void *dev, ct_device_info *out);
-    /* Optional: measure the f32 matmul peak of this device in FLOP/s (a short sgemm loop). */
+    /* Optional: measure the matmul peak of this device in FLOP/s (a short GEMM loop through matmul,
+     * so at the operand precision set_matmul_dtype chose: f32 unless the host asked for bf16). */
     ct_status (*measure_peak_flops)(void *dev, double *flops_per_s);
 
     /* ---- memory ---- */
@@ -183,6 +184,29 @@ typedef struct ct_device_api {
     /* dst[r * dst_stride + j] = src[r * src_stride + j] for r < rows, j < cols (f32 elements); no overlap */
     ct_status (*copy_2d)(void *dev, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                          int64_t rows, int64_t cols);
+
+    /* ---- ABI 1.4, optional ---- */
+    /* Scaled fp8 matmul (a tensor-core fp8 GEMM with f32 accumulation):
+     *   c (m,n) = alpha * A (m,k) @ B (n,k)^T + beta * c,  A = value(a) / *a_scale,  B = value(b) / *b_scale
+     * a (m,k) and b (n,k) are fp8 bit patterns, row-major, both with k contiguous (the layout fp8 tensor
+     * cores read); a_scale and b_scale point to ONE f32 each in device memory: the tensor-wide scales
+     * quantize_fp8 was given (group == n). beta 0 ignores c's contents. The result is the f32 GEMM of the
+     * dequantised operands up to summation order. A format pair or shape the device cannot run (e.g.
+     * e5m2 x e5m2 on cuBLASLt, k not a multiple of 16, a GPU without fp8 tensor cores) is
+     * CT_ERR_UNSUPPORTED with a message; the caller then emulates (dequantize + matmul). */
+    ct_status (*matmul_fp8)(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
+                            const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n, int64_t k,
+                            float alpha, float beta);
+    /* The precision of matmul's operands from now on: CT_F32 (exact, the default) or CT_BF16 (each
+     * operand rounded to bf16 as it is read, products summed in f32, c stays f32: a bf16 tensor-core
+     * GEMM). The host calls it with CT_BF16 when training.mixed_precision_param is bfloat16. A dtype
+     * the device does not offer is CT_ERR_UNSUPPORTED (matmul then stays exact). */
+    ct_status (*set_matmul_dtype)(void *dev, ct_dtype dtype);
+    /* Moves the device's work onto a stream that other plugins order against with events, and
+     * returns it (a cudaStream_t for CUDA). Until this call a device may run on a stream that is
+     * implicitly ordered with every other (CUDA's legacy default stream); after it, whoever touches
+     * device buffers on another stream must order itself with events (see comm.h, bind_stream). */
+    ct_status (*share_stream)(void *dev, void **stream);
 } ct_device_api;
 
 #endif

@@ -1,6 +1,11 @@
 /* tests/cuda_emu: a stand-in for cuBLASLt, the part the CUDA plugin uses (one algorithm: a
  * column-major sgemm). Set CUDA_EMU_LT_NONE=1 to make the heuristic find no algorithm, which
- * sends the plugin to its cublasSgemm fallback. */
+ * sends the plugin to its cublasSgemm fallback.
+ *
+ * Operand types as the real library takes them: f32; bf16 A and B (f32 C/D); fp8 A and B with
+ * their scale pointers (f32 C/D), under cuBLASLt's own fp8 rules: A transposed and B not (TN),
+ * not both e5m2, leading dimensions multiples of 16. The operands are decoded to f32 (fp8 values
+ * times their scale) and multiplied by the same sgemm. */
 #ifndef CTITAN_CUDA_EMU_CUBLASLT_H
 #define CTITAN_CUDA_EMU_CUBLASLT_H
 
@@ -25,7 +30,12 @@ typedef struct {
     int reserved[4];
 } cublasLtMatmulHeuristicResult_t;
 
-typedef enum { CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4 } cublasLtMatmulDescAttributes_t;
+typedef enum {
+    CUBLASLT_MATMUL_DESC_TRANSA = 3,
+    CUBLASLT_MATMUL_DESC_TRANSB = 4,
+    CUBLASLT_MATMUL_DESC_A_SCALE_POINTER = 17,
+    CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18
+} cublasLtMatmulDescAttributes_t;
 typedef enum {
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,

@@ -19,12 +19,15 @@ typedef enum cudaError {
     cudaErrorInsufficientDriver = 35,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
     cudaErrorLaunchFailure = 719
 } cudaError_t;
 
 typedef struct emu_stream *cudaStream_t;
 typedef struct emu_event *cudaEvent_t;
 #define cudaStreamLegacy ((cudaStream_t)0x1)
+#define cudaStreamDefault 0x0
+#define cudaStreamNonBlocking 0x1
 
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -70,6 +73,10 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
                               enum cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+/* emu_streams.cpp: streams are handles only (every operation has finished when its call returns);
+ * destroying one that was not created, or twice, is cudaErrorInvalidResourceHandle. */
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaGetLastError(void);
 const char *cudaGetErrorName(cudaError_t e);
 const char *cudaGetErrorString(cudaError_t e);

@@ -1,0 +1,43 @@
+/* emu_streams.cpp: created streams for tests/cuda_emu (the CUDA plugin's share_stream). Every
+ * operation has finished when its call returns (emu_runtime.cpp), so a stream is only a handle;
+ * what this file checks is its lifetime: a handle comes from cudaStreamCreateWithFlags, and
+ * destroying one that was not created here (the legacy stream included) or was already destroyed
+ * is a failed call (cudaErrorInvalidResourceHandle) and a "cuda_emu:" line on stderr. A stream
+ * never destroyed shows as a leak under LeakSanitizer (the registry is gone by its exit check). */
+#include "cuda_runtime_api.h"
+
+#include <cstdio>
+#include <mutex>
+#include <set>
+
+struct emu_stream {
+    unsigned flags;
+};
+
+static std::mutex stream_lock;
+static std::set<cudaStream_t> live_streams;
+
+extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+    if (!s || (flags != cudaStreamDefault && flags != cudaStreamNonBlocking)) {
+        fprintf(stderr, "cuda_emu: cudaStreamCreateWithFlags with %s\n", s ? "unknown flags" : "a null output");
+        return cudaErrorInvalidValue;
+    }
+    cudaStream_t h = new emu_stream{flags};
+    std::lock_guard<std::mutex> hold(stream_lock);
+    live_streams.insert(h);
+    *s = h;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    std::lock_guard<std::mutex> hold(stream_lock);
+    if (live_streams.erase(s) == 0) {
+        fprintf(stderr, "cuda_emu: cudaStreamDestroy of %p, which is not a live stream (never created, "
+                        "already destroyed, or the legacy stream)\n", (void *)s);
+        return cudaErrorInvalidResourceHandle;
+    }
+    delete s;
+    return cudaSuccess;
+}
