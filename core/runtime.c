@@ -151,7 +151,6 @@ static void init_values(const decl *d, const ct_param_slot *sl, uint64_t seed, f
     }
 }
 
-static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
 /* Placement: the strategies' (tensor parallel first, then data parallel), or everything local on one rank. */
 static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen) {
@@ -241,7 +240,8 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
     }
     rt->param_bytes = total ? total : 64;
     if (d->alloc(dev, rt->param_bytes, (void **)&rt->param_mem) != CT_OK ||
-        d->alloc(dev, rt->param_bytes, (void **)&rt->grad_mem) != CT_OK) {
+        d->alloc(dev, rt->param_bytes, (void **)&rt->grad_mem) != CT_OK ||
+        d->zero(dev, rt->param_mem, rt->param_bytes) != CT_OK) { /* the padding between tensors stays 0 */
         snprintf(err, errlen, "cannot allocate %zu bytes for parameters and gradients", 2 * rt->param_bytes);
         goto fail_owned;
     }
@@ -252,12 +252,19 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
         snprintf(err, errlen, "out of memory");
         goto fail_owned;
     }
+    /* storage order: the weight-decayed tensors first, then the rest (norms), so an elementwise
+     * optimizer updates each group in one call (session_train_step); every tensor 64-byte aligned */
     size_t off = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < rc.n; i++) {
+            if (!(rt->params[i]->t.flags & CT_TENSOR_NO_DECAY) != !pass) continue;
+            rt->slots[i].local_data = (float *)(rt->param_mem + off);
+            rt->slots[i].local_grad = (float *)(rt->grad_mem + off);
+            off += align64((size_t)rt->slots[i].local_numel * sizeof(float));
+        }
     for (int i = 0; i < rc.n; i++) {
         ct_param_slot *sl = &rt->slots[i];
         rt_tensor *t = rt->params[i];
-        sl->local_data = (float *)(rt->param_mem + off);
-        sl->local_grad = (float *)(rt->grad_mem + off);
         rt->local[i] = (ct_tensor){.struct_size = sizeof(ct_tensor), .dtype = CT_F32, .ndim = 1,
                                    .shape = {sl->local_numel}, .data = sl->local_data, .grad = sl->local_grad,
                                    .name = t->t.name, .flags = t->t.flags};
@@ -271,7 +278,6 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
             snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
             goto fail_owned;
         }
-        off += align64((size_t)sl->local_numel * sizeof(float));
     }
     free(host);
     free(rc.decls);

@@ -116,8 +116,8 @@ static int load_named(session *s, const char *section, const char *key, const ch
     /* the API table must hold every field this host calls unconditionally (its ABI 1.0 part) */
     size_t need = kind == CT_KIND_DEVICE      ? offsetof(ct_device_api, amax)
                   : kind == CT_KIND_MODEL     ? offsetof(ct_model_api, tp_plan)
-                  : kind == CT_KIND_OPTIMIZER ? sizeof(ct_optimizer_api)
-                  : kind == CT_KIND_COMM      ? sizeof(ct_comm_api)
+                  : kind == CT_KIND_OPTIMIZER ? offsetof(ct_optimizer_api, elementwise)
+                  : kind == CT_KIND_COMM      ? offsetof(ct_comm_api, test)
                   : kind == CT_KIND_STRATEGY  ? sizeof(ct_strategy_api)
                                               : sizeof(ct_quantizer_api);
     if (*(const size_t *)in->api < need) {
@@ -155,6 +155,7 @@ static int float8_requested(manifest *mf) {
     manifest_alias(mf, "quantize.linear.float8.recipe_name", "quantize.dense.float8.format");
     manifest_alias(mf, "quantize.linear.mx.filter_fqns", "quantize.dense.float8.filter_fqns");
     manifest_alias(mf, "quantize.linear.float8.filter_fqns", "quantize.dense.float8.filter_fqns");
+    manifest_alias(mf, "quantize.linear.float8.emulate", "quantize.dense.float8.emulate");
     manifest_alias(mf, "quantize.linear.float8.enable_fsdp_float8_all_gather",
                    "quantize.dense.float8.enable_fsdp_float8_all_gather");
     return on;
@@ -191,6 +192,14 @@ static int open_dist(session *s) {
             s->capi->group_rank(s->comm, world, &s->rank, &s->world) != CT_OK)
             return fail_line(EXIT_RUN_FAILED, "comm");
         log_set_rank(s->rank, s->world);
+        /* ABI 1.4: a device with its own stream and a comm that orders itself against it by events
+         * (CUDA + NCCL) overlap compute and communication; otherwise both keep implicit ordering */
+        if (CT_HAS_FIELD(s->capi, ct_comm_api, bind_stream) && s->capi->bind_stream &&
+            CT_HAS_FIELD(s->d, ct_device_api, share_stream) && s->d->share_stream) {
+            void *stream = NULL;
+            if (s->d->share_stream(s->dev, &stream) != CT_OK) return fail_line(EXIT_RUN_FAILED, "device");
+            if (s->capi->bind_stream(s->comm, stream) != CT_OK) return fail_line(EXIT_RUN_FAILED, "comm");
+        }
     } else {
         s->rank = 0;
         s->world = 1;
@@ -405,6 +414,15 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
             fprintf(stderr, "ctitan: %s\n", err);
             return EXIT_RUN_FAILED;
         }
+        /* ABI 1.4: bf16 GEMM operands where the device offers them (tensor cores); unsupported
+         * leaves matmul exact on the bf16-rounded parameters, as the CPU computes */
+        ct_clear_error();
+        if (CT_HAS_FIELD(s->d, ct_device_api, set_matmul_dtype) && s->d->set_matmul_dtype) {
+            ct_status mst = s->d->set_matmul_dtype(s->dev, CT_BF16);
+            if (mst != CT_OK && mst != CT_ERR_UNSUPPORTED) return fail_line(EXIT_RUN_FAILED, "device");
+            if (mst == CT_OK) s->matmul_precision = "bf16";
+            ct_clear_error();
+        }
     } else if (strcmp(mp, "float32")) {
         mf_where(mf, "training.mixed_precision_param", where, sizeof where);
         fprintf(stderr, "ctitan: %s: expected float32 or bfloat16, got '%s'\n", where, mp);
@@ -435,6 +453,8 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
 }
 
 void session_close(session *s) {
+    free(s->opt_order);
+    s->opt_order = NULL;
     if (s->opt_mem) {
         s->d->free(s->dev, s->opt_mem);
         mem_account(CT_MEM_OPTIMIZER, -(int64_t)s->opt_bytes);
@@ -641,17 +661,42 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     double coef = max_norm > 0 ? max_norm / (*norm + 1e-6) : 1.0;
     if (coef < 1.0 && runtime_scale_grads(&s->rt, (float)coef)) return -1;
     trace_begin("optimizer");
-    size_t off = 0;
-    for (int i = 0; i < s->rt.n_params; i++) {
-        ct_tensor *p = &s->rt.local[i]; /* this rank's storage: the whole parameter or its shard */
-        int64_t n = p->shape[0];
-        if (n == 0) continue; /* another pipeline stage's parameter */
-        float *state[8];
-        for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + off);
-        ct_clear_error();
-        if (s->o->step(s->opt, p, state, n, (float)lr, step) != CT_OK) return -1;
-        off += ((size_t)n * sizeof(float) + 63) & ~(size_t)63;
+    /* one call per run of back-to-back tensors with the same flags when the optimizer is
+     * elementwise (ABI 1.4), else one per tensor; states lie at the same offsets as the data */
+    int merge = CT_HAS_FIELD(s->o, ct_optimizer_api, elementwise) && s->o->elementwise && s->o->elementwise(s->opt);
+    int np = s->rt.n_params, calls = 0;
+    if (!s->opt_order) { /* the parameters in storage order (runtime.c puts decayed tensors first) */
+        if (!(s->opt_order = malloc(sizeof(int) * (size_t)(np ? np : 1)))) return -1;
+        for (int i = 0; i < np; i++) {
+            int j = i;
+            for (; j > 0 && (char *)s->rt.local[s->opt_order[j - 1]].data > (char *)s->rt.local[i].data; j--)
+                s->opt_order[j] = s->opt_order[j - 1];
+            s->opt_order[j] = i;
+        }
     }
+    for (int i = 0; i < np;) {
+        ct_tensor run = s->rt.local[s->opt_order[i]]; /* this rank's storage: the parameter or its shard */
+        size_t begin = (size_t)((char *)run.data - s->rt.param_mem), end = begin + align64((size_t)run.shape[0] * sizeof(float));
+        int j = i + 1;
+        for (; merge && j < np; j++) {
+            const ct_tensor *next = &s->rt.local[s->opt_order[j]];
+            size_t at = (size_t)((char *)next->data - s->rt.param_mem);
+            if (next->shape[0] > 0 && ((next->flags ^ run.flags) & CT_TENSOR_NO_DECAY || at != end ||
+                                       (char *)next->grad != (char *)run.grad + (at - begin)))
+                break;
+            end = at + align64((size_t)next->shape[0] * sizeof(float));
+        }
+        int64_t n = j > i + 1 ? (int64_t)((end - begin) / sizeof(float)) : run.shape[0];
+        i = j;
+        if (n == 0) continue; /* another pipeline stage's parameter */
+        run.shape[0] = n;
+        float *state[8];
+        for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + begin);
+        ct_clear_error();
+        if (s->o->step(s->opt, &run, state, n, (float)lr, step) != CT_OK) return -1;
+        calls++;
+    }
+    s->opt_calls = calls;
     trace_end("optimizer");
     return 0;
 }

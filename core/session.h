@@ -39,7 +39,10 @@ typedef struct session {
     size_t opt_bytes;
     int n_state;
     pipeline *pl;      /* pipeline parallel (pp > 1), else NULL */
-    double peak_flops; /* measured f32 matmul peak of the device, FLOP/s (0 if unknown) */
+    double peak_flops; /* measured matmul peak of the device at matmul_precision, FLOP/s (0 if unknown) */
+    int opt_calls;                /* optimizer calls in the last step (contiguous tensors merged) */
+    int *opt_order;               /* the parameters in storage order (built at the first step) */
+    const char *matmul_precision; /* "f32", or "bf16" once the device took set_matmul_dtype(CT_BF16) */
 } session;
 
 /* Command-line arguments common to train/generate: a manifest and --section.key=value overrides. */

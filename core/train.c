@@ -130,8 +130,9 @@ static int train_loop(session *s, manifest *mf) {
                s->mesh.degree[0], s->mesh.degree[1], s->mesh.degree[2], s->mesh.degree[3], s->mesh.degree[4],
                s->stratp ? s->stratp->info.name : "none");
     if (s->peak_flops > 0)
-        printf("device: %s, measured f32 matmul peak %.1f GFLOP/s (MFU below is against this %s peak)\n",
-               s->devp->info.name, s->peak_flops / 1e9, s->devp->info.name);
+        printf("device: %s, measured %s matmul peak %.1f GFLOP/s (MFU below is against this %s peak)\n",
+               s->devp->info.name, s->matmul_precision ? s->matmul_precision : "f32", s->peak_flops / 1e9,
+               s->devp->info.name);
     int compile = 0;
     mf_get_bool(mf, "compile.enable", &compile);
     if (compile)
@@ -142,6 +143,7 @@ static int train_loop(session *s, manifest *mf) {
            pp_sums[2] = {0, 0};
     const int64_t warmup_steps = steps > 2 ? 2 : steps > 1 ? 1 : 0;
     int64_t tokens_since = 0, timed_steps = 0;
+    int told_opt = 0;
     ckpt_plan ck;
     if (ckpt_begin(s, mf, dump, &ck)) {
         rc = EXIT_BAD_INPUT;
@@ -170,6 +172,9 @@ static int train_loop(session *s, manifest *mf) {
             goto done;
         }
         trace_end("step");
+        if (!told_opt++)
+            printf("optimizer: %d parameter tensors updated in %d call%s per step\n", s->rt.n_params, s->opt_calls,
+                   s->opt_calls == 1 ? "" : "s");
         double dt = ct_now() - t0;
         if (step > warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
             step_time_sum += dt;

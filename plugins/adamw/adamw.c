@@ -55,12 +55,18 @@ static ct_status adamw_step(void *p, ct_tensor *param, float *const *state, int6
                        (float)a->beta2, (float)a->eps, wd, step);
 }
 
+static int adamw_elementwise(void *p) {
+    (void)p;
+    return 1; /* PyTorch's AdamW is elementwise: contiguous tensors with one decay flag go in one call */
+}
+
 static const ct_optimizer_api api = {
     .struct_size = sizeof(ct_optimizer_api),
     .create = adamw_create,
     .destroy = adamw_destroy,
     .state_count = adamw_state_count,
     .step = adamw_step,
+    .elementwise = adamw_elementwise,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

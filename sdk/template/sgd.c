@@ -108,12 +108,20 @@ static ct_status sgd_step(void *opt, ct_tensor *param, float *const *state, int6
     return d->axpy(s->dev, p, b, -lr, numel);                                  /* p -= lr * b  */
 }
 
+/* ABI 1.4 (optional): SGD treats every element alike, so the host may hand it several tensors
+ * that lie back to back (same decay flag) as one; leave it out if your step needs each shape. */
+static int sgd_elementwise(void *opt) {
+    (void)opt;
+    return 1;
+}
+
 static const ct_optimizer_api sgd_api = {
     .struct_size = sizeof(ct_optimizer_api),
     .create = sgd_create,
     .destroy = sgd_destroy,
     .state_count = sgd_state_count,
     .step = sgd_step,
+    .elementwise = sgd_elementwise,
 };
 
 /* The only exported symbol. The host has set info->struct_size and zeroed the rest. */

@@ -367,7 +367,7 @@ static void check_plugin_info(const ct_plugin_info *info)
     if (!has_train || !has_init)
         failf("options lack train_timeout_seconds or init_timeout_seconds (float)");
     const ct_comm_api *a = info->api;
-    if (!a || a->struct_size < sizeof(ct_comm_api)) {
+    if (!a || a->struct_size < offsetof(ct_comm_api, test)) {
         failf("API table missing or smaller than ct_comm_api");
         return;
     }
@@ -1005,7 +1005,7 @@ int main(int argc, char **argv)
     }
     plugin_options = info.options;
     api = info.api;
-    if (api->struct_size < sizeof(ct_comm_api) || !api->create) {
+    if (api->struct_size < offsetof(ct_comm_api, test) || !api->create) {
         printf("FAIL %s: not a comm API table\n", argv[1]);
         return 1;
     }

@@ -27,6 +27,13 @@ typedef struct ct_optimizer_api {
      * state[i] points to numel f32 values on the device. step counts from 1. */
     ct_status (*step)(void *opt, ct_tensor *param, float *const *state, int64_t numel, float lr,
                       int64_t step);
+    /* ABI 1.4, optional: 1 when `step` treats every element alike (it reads only data, grad, numel
+     * and the CT_TENSOR_NO_DECAY flag: AdamW, SGD). The host may then update parameters that lie
+     * back to back in memory with the same CT_TENSOR_NO_DECAY in ONE call (the padding between them
+     * included: it is zero in data, grad and state, and stays zero); the host stores the decayed
+     * tensors first, so a step takes two calls. NULL or 0: one call per tensor (an optimizer that
+     * needs each matrix's shape, like Muon). */
+    int (*elementwise)(void *opt);
 } ct_optimizer_api;
 
 #endif
