@@ -801,24 +801,24 @@ static ct_status cpu_dequantize_fp8(void *dev, float *dst, const uint8_t *src, c
     return CT_OK;
 }
 
-/* The scaled fp8 matmul of ABI 1.4, emulated exactly: both operands dequantised to f32 (value /
- * scale), then one sgemm c = alpha a b^T + beta c. Every format pair runs here. */
-static ct_status cpu_matmul_fp8(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
-                                const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n,
-                                int64_t k, float alpha, float beta)
+/* The scaled fp8 matmuls of ABI 1.4, emulated exactly: both operands dequantised to f32 (value /
+ * scale, one scale per tensor or, with `rows`, per row), then one sgemm c = alpha a b^T + beta c.
+ * Every format pair runs here. */
+static ct_status cpu_fp8_gemm(cpu_device *d, const char *op, float *c, const uint8_t *a, const float *a_scale,
+                              ct_dtype a_fmt, const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m,
+                              int64_t n, int64_t k, float alpha, float beta, int rows)
 {
-    CPU_OP_BEGIN(dev);
-    ct_status st = cpu_fp8_format_check(d, "matmul_fp8", a_fmt);
+    ct_status st = cpu_fp8_format_check(d, op, a_fmt);
     if (st == CT_OK)
-        st = cpu_fp8_format_check(d, "matmul_fp8", b_fmt);
+        st = cpu_fp8_format_check(d, op, b_fmt);
+    if (st == CT_OK)
+        st = cpu_gemm_shape_check(d, op, m, n, k);
     if (st != CT_OK)
         return st;
-    ct_status shape_st = cpu_gemm_shape_check(d, __func__ + 4, m, n, k);
-    if (shape_st != CT_OK)
-        return shape_st;
     if (m == 0 || n == 0)
         return CT_OK;
-    CPU_REQUIRE(c && (k == 0 || (a && b && a_scale && b_scale)), "null pointer");
+    if (!c || (k > 0 && !(a && b && a_scale && b_scale)))
+        return cpu_fail(d, CT_ERR_INVALID, op, "null pointer");
     cpu_enter(d);
     float *fa = NULL, *fb = NULL;
     if (k > 0) {
@@ -827,15 +827,31 @@ static ct_status cpu_matmul_fp8(void *dev, float *c, const uint8_t *a, const flo
         if (!fa || !fb) {
             free(fa);
             free(fb);
-            CPU_NOMEM_IF(1);
+            return cpu_fail(d, CT_ERR_NOMEM, op, "cannot allocate scratch memory");
         }
-        dequantize_fp8_f32(fa, a, a_scale, m * k, m * k, a_fmt == CT_F8_E5M2);
-        dequantize_fp8_f32(fb, b, b_scale, n * k, n * k, b_fmt == CT_F8_E5M2);
+        dequantize_fp8_f32(fa, a, a_scale, m * k, rows ? k : m * k, a_fmt == CT_F8_E5M2);
+        dequantize_fp8_f32(fb, b, b_scale, n * k, rows ? k : n * k, b_fmt == CT_F8_E5M2);
     }
     matmul_f32(c, fa, fb, (int)m, (int)n, (int)k, 0, 1, alpha, beta);
     free(fa);
     free(fb);
     return CT_OK;
+}
+
+static ct_status cpu_matmul_fp8(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
+                                const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n,
+                                int64_t k, float alpha, float beta)
+{
+    CPU_OP_BEGIN(dev);
+    return cpu_fp8_gemm(d, "matmul_fp8", c, a, a_scale, a_fmt, b, b_scale, b_fmt, m, n, k, alpha, beta, 0);
+}
+
+static ct_status cpu_matmul_fp8_rows(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
+                                     const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n,
+                                     int64_t k, float alpha, float beta)
+{
+    CPU_OP_BEGIN(dev);
+    return cpu_fp8_gemm(d, "matmul_fp8_rows", c, a, a_scale, a_fmt, b, b_scale, b_fmt, m, n, k, alpha, beta, 1);
 }
 
 /* Not in place: dst and src must not overlap. */
@@ -1004,6 +1020,7 @@ static const ct_device_api cpu_api = {
     .cross_entropy_backward_lse = cpu_cross_entropy_backward_lse,
     .copy_2d = cpu_copy_2d,
     .matmul_fp8 = cpu_matmul_fp8,
+    .matmul_fp8_rows = cpu_matmul_fp8_rows,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

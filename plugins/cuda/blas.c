@@ -24,7 +24,10 @@
  * transposed and B not ("TN"): the ABI's c = a b^T with both operands k-contiguous is exactly
  * that. Its scale attributes multiply (D = alpha (sa A)(sb B) + beta C), the ABI's scales divide,
  * so a small kernel writes the two reciprocals to d->fp8_recip before each GEMM; the pointers in
- * the descriptor never change. What cuBLASLt cannot run (e5m2 x e5m2, k not a multiple of 16, an
+ * the descriptor never change. matmul_fp8_rows: one scale per row of each operand (torchao's rowwise
+ * recipes) through cuBLASLt's outer-vector scaling (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F:
+ * product (i, j) times sa[i] sb[j]); the reciprocal vectors go to d->fp8_rows, whose address the
+ * descriptor gets before each call. What cuBLASLt cannot run (e5m2 x e5m2, k not a multiple of 16, an
  * older GPU) is CT_ERR_UNSUPPORTED, and the quantizer emulates.
  */
 #include "cuda_device.h"
@@ -40,6 +43,7 @@ typedef struct plan_key {
     int64_t m, n, k;
     int trans_a, trans_b, beta_zero;
     int type_a, type_b; /* cudaDataType of the ABI's a and b (c is always f32) */
+    int rows;           /* fp8 with one scale per row (cuBLASLt's outer-vector scaling) */
     int align_a, align_b, align_c; /* bytes, a power of two up to 256 */
 } plan_key;
 
@@ -122,6 +126,10 @@ void cuda_blas_release(cuda_device *d)
     if (d->fp8_recip)
         cudaFree(d->fp8_recip);
     d->fp8_recip = NULL;
+    if (d->fp8_rows)
+        cuda_free(d, d->fp8_rows);
+    d->fp8_rows = NULL;
+    d->fp8_rows_cap = 0;
     if (d->blas)
         cublasDestroy(d->blas);
     if (d->lt)
@@ -166,7 +174,11 @@ static ct_status plan_build(cuda_device *d, plan *p, const plan_key *k)
     uint64_t rows_b = (uint64_t)(k->trans_a ? k->m : k->k), cols_b = (uint64_t)(k->trans_a ? k->k : k->m);
     LT_TRY(cublasLtMatrixLayoutCreate(&p->la, (cudaDataType)k->type_b, rows_a, cols_a, (int64_t)rows_a));
     LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, (cudaDataType)k->type_a, rows_b, cols_b, (int64_t)rows_b));
-    if (k->type_a == CUDA_R_8F_E4M3 || k->type_a == CUDA_R_8F_E5M2) { /* cuBLAS's A is b: its factor is [1] */
+    if (k->rows) { /* the scale vectors' pointers change per call: lt_run sets them */
+        int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
+    } else if (k->type_a == CUDA_R_8F_E4M3 || k->type_a == CUDA_R_8F_E5M2) { /* cuBLAS's A is b: factor [1] */
         const float *sa = d->fp8_recip + 1, *sb = d->fp8_recip;
         LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
         LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
@@ -273,6 +285,14 @@ static ct_status lt_run(cuda_device *d, const plan_key *key, float *c, const voi
             return run_sgemm(d, key, c, a, b, alpha, beta);
         *no_algo = 1;
         return CT_OK;
+    }
+    if (key->rows) { /* cuBLAS's A is b: its vector is b's (n), after a's (m) in d->fp8_rows */
+        const float *sa = d->fp8_rows + key->m, *sb = d->fp8_rows;
+        cublasStatus_t s1 = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
+        if (s1 == CUBLAS_STATUS_SUCCESS)
+            s1 = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
+        if (s1 != CUBLAS_STATUS_SUCCESS)
+            return cuda_blas_error(d, "matmul_fp8_rows", "cublasLtMatmulDescSetAttribute", s1);
     }
     cublasStatus_t s = cublasLtMatmul(d->lt, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo,
                                       d->workspace, d->workspace_bytes, d->stream);
@@ -385,47 +405,74 @@ static int fp8_type(ct_dtype f)
     return f == CT_F8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
 }
 
+/* Both fp8 GEMMs: tensor-wide scales (rows 0) or one per row (rows 1, cuBLASLt's outer vectors). */
+static ct_status fp8_gemm(cuda_device *d, const char *op, float *c, const uint8_t *a, const float *a_scale,
+                          ct_dtype a_fmt, const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n,
+                          int64_t k, float alpha, float beta, int rows)
+{
+    if (!(a_fmt == CT_F8_E4M3 || a_fmt == CT_F8_E5M2) || !(b_fmt == CT_F8_E4M3 || b_fmt == CT_F8_E5M2))
+        return cuda_fail(d, CT_ERR_INVALID, op, "formats %d x %d: expected CT_F8_E4M3 or CT_F8_E5M2", (int)a_fmt,
+                         (int)b_fmt);
+    ct_status st = gemm_shape_check(d, op, m, n, k);
+    if (st != CT_OK || m == 0 || n == 0)
+        return st;
+    if (!c || (k > 0 && !(a && b && a_scale && b_scale)))
+        return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
+    if (k == 0) /* an empty product: c = beta c, as matmul */
+        return cuda_matmul(d, c, NULL, NULL, m, n, 0, 0, 1, alpha, beta);
+    if (!d->fp8_gemm)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, op, "%s has no fp8 tensor cores (compute capability < 8.9)", d->name);
+    if (a_fmt == CT_F8_E5M2 && b_fmt == CT_F8_E5M2)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, op, "cuBLASLt has no e5m2 x e5m2 GEMM");
+    if (k % 16)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, op, "k = %lld: cuBLASLt's fp8 GEMM needs a multiple of 16", (long long)k);
+    if ((st = cuda_enter(d, op)) != CT_OK)
+        return st;
+    /* the ABI's a and b are k-contiguous: a (m,k) as is, b (n,k) transposed */
+    plan_key key = make_key(m, n, k, 0, 1, beta, fp8_type(a_fmt), fp8_type(b_fmt), a, b, c);
+    key.rows = rows;
+    int no_algo = 0;
+    pthread_mutex_lock(&d->op_lock); /* the reciprocals' buffers are shared: keep them with their GEMM */
+    cudaError_t e = cudaSuccess;
+    if (rows && (size_t)(m + n) > d->fp8_rows_cap) { /* grow the vectors' buffer (ordered: one stream) */
+        if (d->fp8_rows)
+            cuda_free(d, d->fp8_rows);
+        d->fp8_rows = NULL;
+        d->fp8_rows_cap = 0;
+        if ((st = cuda_alloc(d, sizeof(float) * (size_t)(m + n), (void **)&d->fp8_rows)) == CT_OK)
+            d->fp8_rows_cap = (size_t)(m + n);
+    }
+    if (st == CT_OK) {
+        e = rows ? cuk_reciprocal(&d->env, d->fp8_rows, a_scale, m) : cuk_reciprocal2(&d->env, d->fp8_recip, a_scale, b_scale);
+        if (e == cudaSuccess && rows)
+            e = cuk_reciprocal(&d->env, d->fp8_rows + m, b_scale, n);
+        if (e != cudaSuccess)
+            st = cuda_error(d, op, "kernel launch", e);
+    }
+    if (st == CT_OK)
+        st = lt_run(d, &key, c, a, b, alpha, beta, &no_algo);
+    pthread_mutex_unlock(&d->op_lock);
+    if (st == CT_OK && no_algo)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, op, "cuBLASLt has no fp8 algorithm for m=%lld n=%lld k=%lld (formats %s x %s%s)",
+                         (long long)m, (long long)n, (long long)k, a_fmt == CT_F8_E4M3 ? "e4m3" : "e5m2",
+                         b_fmt == CT_F8_E4M3 ? "e4m3" : "e5m2", rows ? ", row scales" : "");
+    return st;
+}
+
 ct_status cuda_matmul_fp8(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
                           const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n, int64_t k,
                           float alpha, float beta)
 {
     CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE((a_fmt == CT_F8_E4M3 || a_fmt == CT_F8_E5M2) && (b_fmt == CT_F8_E4M3 || b_fmt == CT_F8_E5M2),
-                 "formats %d x %d: expected CT_F8_E4M3 or CT_F8_E5M2", (int)a_fmt, (int)b_fmt);
-    ct_status shape_st = gemm_shape_check(d, __func__ + 5, m, n, k);
-    if (shape_st != CT_OK)
-        return shape_st;
-    if (m == 0 || n == 0)
-        return CT_OK;
-    CUDA_REQUIRE(c && (k == 0 || (a && b && a_scale && b_scale)), "null pointer");
-    if (k == 0) /* an empty product: c = beta c, as matmul */
-        return cuda_matmul(d, c, NULL, NULL, m, n, 0, 0, 1, alpha, beta);
-    if (!d->fp8_gemm)
-        return cuda_fail(d, CT_ERR_UNSUPPORTED, "matmul_fp8", "%s has no fp8 tensor cores (compute capability < 8.9)",
-                         d->name);
-    if (a_fmt == CT_F8_E5M2 && b_fmt == CT_F8_E5M2)
-        return cuda_fail(d, CT_ERR_UNSUPPORTED, "matmul_fp8", "cuBLASLt has no e5m2 x e5m2 GEMM");
-    if (k % 16)
-        return cuda_fail(d, CT_ERR_UNSUPPORTED, "matmul_fp8", "k = %lld: cuBLASLt's fp8 GEMM needs a multiple of 16",
-                         (long long)k);
-    CUDA_ENTER();
-    /* the ABI's a and b are k-contiguous: a (m,k) as is, b (n,k) transposed */
-    plan_key key = make_key(m, n, k, 0, 1, beta, fp8_type(a_fmt), fp8_type(b_fmt), a, b, c);
-    int no_algo = 0;
-    pthread_mutex_lock(&d->op_lock); /* the reciprocals' buffer is shared: keep each pair with its GEMM */
-    ct_status st = CT_OK;
-    cudaError_t e = cuk_reciprocal2(&d->env, d->fp8_recip, a_scale, b_scale);
-    if (e != cudaSuccess)
-        st = cuda_error(d, "matmul_fp8", "kernel launch", e);
-    if (st == CT_OK)
-        st = lt_run(d, &key, c, a, b, alpha, beta, &no_algo);
-    pthread_mutex_unlock(&d->op_lock);
-    if (st == CT_OK && no_algo)
-        return cuda_fail(d, CT_ERR_UNSUPPORTED, "matmul_fp8",
-                         "cuBLASLt has no fp8 algorithm for m=%lld n=%lld k=%lld (formats %s x %s)", (long long)m,
-                         (long long)n, (long long)k, a_fmt == CT_F8_E4M3 ? "e4m3" : "e5m2",
-                         b_fmt == CT_F8_E4M3 ? "e4m3" : "e5m2");
-    return st;
+    return fp8_gemm(d, "matmul_fp8", c, a, a_scale, a_fmt, b, b_scale, b_fmt, m, n, k, alpha, beta, 0);
+}
+
+ct_status cuda_matmul_fp8_rows(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
+                               const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n, int64_t k,
+                               float alpha, float beta)
+{
+    CUDA_OP_BEGIN(dev);
+    return fp8_gemm(d, "matmul_fp8_rows", c, a, a_scale, a_fmt, b, b_scale, b_fmt, m, n, k, alpha, beta, 1);
 }
 
 /* Best rate of a 4096^3 f32 matmul timed with events: a warm-up, then repetitions until two

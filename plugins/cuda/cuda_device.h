@@ -60,6 +60,8 @@ typedef struct cuda_device {
     cublasHandle_t blas;
     void *workspace; /* cuBLASLt's */
     float *fp8_recip; /* device: the two dequantisation factors of the fp8 GEMM in flight (blas.c) */
+    float *fp8_rows;  /* device: a row-scaled fp8 GEMM's factors, a's m then b's n (cache memory) */
+    size_t fp8_rows_cap;
     size_t workspace_bytes;
     struct cuda_plans *plans;
     pthread_mutex_t mem_lock; /* the cache */
@@ -149,6 +151,7 @@ CUDA_OP(copy_2d);
 CUDA_OP(matmul_fp8);
 CUDA_OP(set_matmul_dtype);
 CUDA_OP(share_stream);
+CUDA_OP(matmul_fp8_rows);
 
 /* The checks every op starts with (`__func__ + 5` is the op's name without "cuda_"). */
 #define CUDA_OP_BEGIN(dev)                                                                         \

@@ -280,6 +280,7 @@ static const ct_device_api cuda_api = {
     .matmul_fp8 = cuda_matmul_fp8,
     .set_matmul_dtype = cuda_set_matmul_dtype,
     .share_stream = cuda_share_stream,
+    .matmul_fp8_rows = cuda_matmul_fp8_rows,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -73,6 +73,8 @@ cudaError_t cuk_dequantize_fp8(const cuk_env *e, float *dst, const uint8_t *src,
 cudaError_t cuk_transpose(const cuk_env *e, float *dst, const float *src, int64_t rows, int64_t cols);
 /* out[0] = 1 / *a, out[1] = 1 / *b (the dequantisation factors of two fp8 scales; device memory) */
 cudaError_t cuk_reciprocal2(const cuk_env *e, float *out, const float *a, const float *b);
+/* out (n) = 1 / x (n) */
+cudaError_t cuk_reciprocal(const cuk_env *e, float *out, const float *x, int64_t n);
 
 /* ---- row ops (kernels_rows.cu) ---- */
 /* The table holds rows [begin, begin + rows); ids outside give zero rows. */

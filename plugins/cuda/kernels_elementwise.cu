@@ -329,6 +329,18 @@ extern "C" cudaError_t cuk_reciprocal2(const cuk_env *e, float *out, const float
     return cudaGetLastError();
 }
 
+static __global__ void reciprocal_k(float *out, const float *x, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = 1.0f / x[i];
+}
+
+extern "C" cudaError_t cuk_reciprocal(const cuk_env *e, float *out, const float *x, int64_t n)
+{
+    reciprocal_k<<<cuk_grid(e, n, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(out, x, n);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t cuk_cast_bf16_to_f32(const cuk_env *e, float *dst, const uint16_t *src, int64_t n)
 {
     cast_bf16_to_f32_k<<<cuk_grid(e, n, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(dst, src, n);

@@ -7,13 +7,14 @@
  *   mxfp8               e4m3 in blocks of 32 along the reduction dimension, E8M0 (power-of-two) scales
  *
  * Tensor-wide recipes (tensorwise, e4m3, e5m2) run each GEMM on the device's scaled fp8 matmul
- * (ABI 1.4 matmul_fp8: cuBLASLt's fp8 GEMM on a GPU, dequantise + sgemm on the CPU): both operands
- * quantised with one scale each, k-contiguous, so the input-gradient GEMM takes w transposed and
- * the weight-gradient GEMM takes dy and x transposed (as torchao's float8 linear does). A start-up
- * probe decides: a device without the op, or one that refuses the recipe's format pairs (cuBLASLt
- * has no e5m2 x e5m2), emulates, and says so once.
+ * (ABI 1.4 matmul_fp8: cuBLASLt's fp8 GEMM on a GPU, dequantise + sgemm on the CPU), row-wise ones
+ * on its row-scaled twin (matmul_fp8_rows: cuBLASLt's outer-vector scaling): both operands
+ * quantised k-contiguous, so the input-gradient GEMM takes w transposed and the weight-gradient
+ * GEMM takes dy and x transposed (as torchao's float8 linear does). A start-up probe decides: a
+ * device without the op, or one that refuses the recipe's format pairs (cuBLASLt has no e5m2 x
+ * e5m2), emulates, and says so once.
  *
- * Emulation (the row- and block-scaled recipes everywhere, and the fallback above): each operand
+ * Emulation (MXFP8's 32-element blocks everywhere, and the fallback above): each operand
  * is cast to the fp8 grid with the device's quantize/dequantize ops and the GEMM runs in f32 on
  * the dequantised values, the exact emulation of an fp8 GEMM with f32 accumulation (up to
  * summation order).
@@ -254,36 +255,58 @@ static ct_status cast_operand(f8 *q, float *dst, const float *src, int64_t rows,
 static ct_dtype fmt_in(f8 *q) { return q->r == R_E5M2 ? CT_F8_E5M2 : CT_F8_E4M3; }
 static ct_dtype fmt_grad(f8 *q) { return q->r == R_E4M3 ? CT_F8_E4M3 : q->r == R_TENSORWISE || q->r == R_E5M2 ? CT_F8_E5M2 : CT_F8_E4M3; }
 
-/* ---- the device's scaled fp8 GEMM (tensor-wide recipes) ---- */
+/* ---- the device's scaled fp8 GEMMs (tensor-wide and row-wise recipes) ---- */
 
-/* An operand (rows, k) cast tensor-wide to fp8 bytes dst, its scale left at *scale (device); with
- * transpose, src is (k, rows) and is transposed first, so dst is always k-contiguous. */
+static int tensorwise(const f8 *q) { return q->r == R_TENSORWISE || q->r == R_E4M3 || q->r == R_E5M2; }
+static int rowwise(const f8 *q) { return q->r == R_ROWWISE || q->r == R_ROWWISE_GW_HP; }
+
+/* How one operand is scaled for the device GEMM. */
+typedef enum { SC_TENSOR, SC_ROWS, SC_TENSOR_AS_ROWS } scaling;
+
+/* An operand (rows, k) cast to fp8 bytes dst, its scales left at scale (device: 1 value, or `rows`
+ * for the row-scaled GEMM; SC_TENSOR_AS_ROWS repeats one tensor-wide scale per row); with
+ * transpose, src is (k, rows) and is transposed first, so dst is always k-contiguous. Row-wise
+ * recipes round their scales down to powers of two, as torchao does. */
 static ct_status quant_operand(f8 *q, uint8_t *dst, float *scale, const float *src, int64_t rows, int64_t k,
-                               int transpose, ct_dtype fmt) {
-    int64_t n = rows * k;
+                               int transpose, ct_dtype fmt, scaling how) {
+    int64_t n = rows * k, group = how == SC_ROWS ? k : n;
+    int pow2 = rowwise(q);
     if (transpose) {
         float *t = need(q, &q->t, sizeof(float) * (size_t)n);
         if (!t) return CT_ERR_NOMEM;
         TRY(q->d->transpose(q->dev, t, src, k, rows));
         src = t;
     }
-    TRY(compute_scales(q, scale, src, n, n, fmt, 0, 0));
-    return q->d->quantize_fp8(q->dev, dst, src, scale, n, n, fmt);
+    TRY(compute_scales(q, scale, src, n, group, fmt, pow2, 0));
+    if (how == SC_TENSOR_AS_ROWS) { /* compute_scales left the one scale in host_amax[0] */
+        float s = q->host_amax[0];
+        if ((size_t)rows > q->host_cap) {
+            float *h = realloc(q->host_amax, sizeof(float) * (size_t)rows);
+            if (!h) return CT_ERR_NOMEM;
+            q->host_amax = h;
+            q->host_cap = (size_t)rows;
+        }
+        for (int64_t r = 0; r < rows; r++) q->host_amax[r] = s;
+        TRY(q->d->copy(q->dev, scale, q->host_amax, sizeof(float) * (size_t)rows, CT_COPY_H2D));
+    }
+    return q->d->quantize_fp8(q->dev, dst, src, scale, n, group, fmt);
 }
 
-/* c (m, n) = alpha op(a) op(b)^T + beta c on the device's fp8 GEMM; a_t / b_t: the operand is
- * stored (k, m) / (k, n) and is transposed into k-contiguous form first. */
+/* c (m, n) = op(a) op(b)^T + beta c on the device's fp8 GEMM (row-scaled for the row-wise recipes);
+ * a_t / b_t: the operand is stored (k, m) / (k, n) and is transposed into k-contiguous form first;
+ * b_tensor: b takes one tensor-wide scale (rowwise_with_gw_hp's weight in the input gradient). */
 static ct_status device_gemm(f8 *q, float *c, const float *a, int a_t, ct_dtype fa, const float *b, int b_t,
-                             ct_dtype fb, int64_t m, int64_t n, int64_t k, float beta) {
+                             ct_dtype fb, int64_t m, int64_t n, int64_t k, float beta, int b_tensor) {
+    int rows = rowwise(q);
     uint8_t *a8 = need(q, &q->q8, (size_t)(m * k)), *b8 = need(q, &q->q8b, (size_t)(n * k));
-    float *sc = need(q, &q->s2, 2 * sizeof(float));
+    float *sc = need(q, &q->s2, sizeof(float) * (size_t)(rows ? m + n : 2));
     if (!a8 || !b8 || !sc) return CT_ERR_NOMEM;
-    TRY(quant_operand(q, a8, sc, a, m, k, a_t, fa));
-    TRY(quant_operand(q, b8, sc + 1, b, n, k, b_t, fb));
-    return q->d->matmul_fp8(q->dev, c, a8, sc, fa, b8, sc + 1, fb, m, n, k, 1.0f, beta);
+    float *sb = sc + (rows ? m : 1);
+    TRY(quant_operand(q, a8, sc, a, m, k, a_t, fa, rows ? SC_ROWS : SC_TENSOR));
+    TRY(quant_operand(q, b8, sb, b, n, k, b_t, fb, !rows ? SC_TENSOR : b_tensor ? SC_TENSOR_AS_ROWS : SC_ROWS));
+    return (rows ? q->d->matmul_fp8_rows : q->d->matmul_fp8)(q->dev, c, a8, sc, fa, b8, sb, fb, m, n, k, 1.0f, beta);
 }
 
-static int tensorwise(const f8 *q) { return q->r == R_TENSORWISE || q->r == R_E4M3 || q->r == R_E5M2; }
 static ct_dtype fmt_in(f8 *q);
 static ct_dtype fmt_grad(f8 *q);
 
@@ -297,44 +320,51 @@ static ct_status probe_device_gemm(f8 *q) {
         q->host->log(q->host, CT_LOG_INFO, "float8 %s: emulated (fp8 casts, f32 GEMMs), as emulate: true asks", name);
         return CT_OK;
     }
-    if (!tensorwise(q)) {
+    if (!tensorwise(q) && !rowwise(q)) {
         q->host->log(q->host, CT_LOG_INFO,
-                     "float8 %s: emulated (fp8 casts, f32 GEMMs): the device's scaled fp8 matmul takes tensor-wide "
-                     "scales only", name);
+                     "float8 %s: emulated (fp8 casts, f32 GEMMs): the device's scaled fp8 matmuls take tensor-wide or "
+                     "per-row scales, not MX blocks", name);
         return CT_OK;
     }
-    if (!CT_HAS_FIELD(q->d, ct_device_api, matmul_fp8) || !q->d->matmul_fp8) {
-        q->host->log(q->host, CT_LOG_INFO, "float8 %s: emulated (fp8 casts, f32 GEMMs): the device has no matmul_fp8",
-                     name);
+    const char *op_name = rowwise(q) ? "matmul_fp8_rows" : "matmul_fp8";
+    ct_status (*gemm)(void *, float *, const uint8_t *, const float *, ct_dtype, const uint8_t *, const float *,
+                      ct_dtype, int64_t, int64_t, int64_t, float, float) = NULL;
+    if (rowwise(q) && CT_HAS_FIELD(q->d, ct_device_api, matmul_fp8_rows)) gemm = q->d->matmul_fp8_rows;
+    if (tensorwise(q) && CT_HAS_FIELD(q->d, ct_device_api, matmul_fp8)) gemm = q->d->matmul_fp8;
+    if (!gemm) {
+        q->host->log(q->host, CT_LOG_INFO, "float8 %s: emulated (fp8 casts, f32 GEMMs): the device has no %s", name,
+                     op_name);
         return CT_OK;
     }
     uint8_t *a8 = need(q, &q->q8, 256), *b8 = need(q, &q->q8b, 256);
-    float *sc = need(q, &q->s2, 2 * sizeof(float)), *c = need(q, &q->a, 256 * sizeof(float));
+    float *sc = need(q, &q->s2, 32 * sizeof(float)), *c = need(q, &q->a, 256 * sizeof(float));
     if (!a8 || !b8 || !sc || !c) return CT_ERR_NOMEM;
-    const float ones[2] = {1.0f, 1.0f};
+    float ones[32];
+    for (int i = 0; i < 32; i++) ones[i] = 1.0f;
     TRY(q->d->zero(q->dev, a8, 256));
     TRY(q->d->zero(q->dev, b8, 256));
     TRY(q->d->copy(q->dev, sc, ones, sizeof ones, CT_COPY_H2D));
     const ct_dtype pairs[2][2] = {{fmt_in(q), fmt_in(q)}, {fmt_grad(q), fmt_in(q)}};
     for (int i = 0; i < 2; i++) {
-        ct_status st = q->d->matmul_fp8(q->dev, c, a8, sc, pairs[i][0], b8, sc + 1, pairs[i][1], 16, 16, 16, 1, 0);
+        ct_status st = gemm(q->dev, c, a8, sc, pairs[i][0], b8, sc + 16, pairs[i][1], 16, 16, 16, 1, 0);
         if (st == CT_ERR_UNSUPPORTED) {
-            q->host->log(q->host, CT_LOG_INFO,
-                         "float8 %s: emulated (fp8 casts, f32 GEMMs): the device's matmul_fp8 does not run %s x %s",
-                         name, pairs[i][0] == CT_F8_E4M3 ? "e4m3" : "e5m2", pairs[i][1] == CT_F8_E4M3 ? "e4m3" : "e5m2");
+            q->host->log(q->host, CT_LOG_INFO, "float8 %s: emulated (fp8 casts, f32 GEMMs): the device's %s does not run %s x %s",
+                         name, op_name, pairs[i][0] == CT_F8_E4M3 ? "e4m3" : "e5m2",
+                         pairs[i][1] == CT_F8_E4M3 ? "e4m3" : "e5m2");
             return CT_OK;
         }
         TRY(st);
     }
     q->device_gemm = 1;
-    q->host->log(q->host, CT_LOG_INFO, "float8 %s: GEMMs on the device's scaled fp8 matmul", name);
+    q->host->log(q->host, CT_LOG_INFO, "float8 %s: GEMMs on the device's scaled fp8 matmul (%s)", name,
+                 rowwise(q) ? "row scales" : "tensor-wide scales");
     return CT_OK;
 }
 
 static ct_status f8_forward(void *p, float *y, const float *x, const float *w, int64_t n, int64_t out, int64_t in) {
     f8 *q = p;
     if (q->device_gemm) /* y (n, out) = x (n, in) w (out, in)^T: both k-contiguous already */
-        return device_gemm(q, y, x, 0, fmt_in(q), w, 0, fmt_in(q), n, out, in, 0.0f);
+        return device_gemm(q, y, x, 0, fmt_in(q), w, 0, fmt_in(q), n, out, in, 0.0f, 0);
     float *xq = need(q, &q->a, sizeof(float) * (size_t)(n * in)), *wq = need(q, &q->b, sizeof(float) * (size_t)(out * in));
     if (!xq || !wq) return CT_ERR_NOMEM;
     TRY(cast_operand(q, xq, x, n, in, 1, fmt_in(q)));
@@ -346,7 +376,7 @@ static ct_status f8_backward_input(void *p, float *dx, const float *dy, const fl
                                    int64_t in) {
     f8 *q = p;
     if (q->device_gemm) /* dx (n, in) += dy (n, out) (w^T (in, out))^T: w transposed */
-        return device_gemm(q, dx, dy, 0, fmt_grad(q), w, 1, fmt_in(q), n, in, out, 1.0f);
+        return device_gemm(q, dx, dy, 0, fmt_grad(q), w, 1, fmt_in(q), n, in, out, 1.0f, q->r == R_ROWWISE_GW_HP);
     float *gq = need(q, &q->a, sizeof(float) * (size_t)(n * out)), *wq = need(q, &q->b, sizeof(float) * (size_t)(out * in));
     if (!gq || !wq) return CT_ERR_NOMEM;
     TRY(cast_operand(q, gq, dy, n, out, 1, fmt_grad(q))); /* reduction over out: along dy's rows */
@@ -362,7 +392,7 @@ static ct_status f8_backward_weight(void *p, float *dw, const float *dy, const f
     f8 *q = p;
     if (q->r == R_ROWWISE_GW_HP) return q->d->matmul(q->dev, dw, dy, x, out, in, n, 1, 0, 1.0f, 1.0f);
     if (q->device_gemm) /* dw (out, in) += dy^T (out, n) (x^T (in, n))^T: both transposed */
-        return device_gemm(q, dw, dy, 1, fmt_grad(q), x, 1, fmt_in(q), out, in, n, 1.0f);
+        return device_gemm(q, dw, dy, 1, fmt_grad(q), x, 1, fmt_in(q), out, in, n, 1.0f, 0);
     float *gq = need(q, &q->a, sizeof(float) * (size_t)(n * out)), *xq = need(q, &q->b, sizeof(float) * (size_t)(n * in));
     if (!gq || !xq) return CT_ERR_NOMEM;
     TRY(cast_operand(q, gq, dy, n, out, 0, fmt_grad(q))); /* reduction over n: down the columns */

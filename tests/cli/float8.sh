@@ -30,27 +30,32 @@ for r in tensorwise rowwise rowwise_with_gw_hp mxfp8; do
       printf "%s %s: %d steps, final loss %.4f vs fp32 %.4f (%.2f%%), max gap over the curve %.2f%%\n",
              ok ? "ok  " : "FAIL", r, NR, last8, last32, 100 * final, 100 * maxgap; exit !ok }' || exit 1
 done
-# Where the GEMMs run: tensorwise on the device's scaled fp8 matmul (matmul_fp8, ABI 1.4; the CPU
-# plugin's is dequantise + sgemm), the row- and block-scaled recipes emulated, each said once at
-# start-up. The device GEMM path (operands quantised k-contiguous, w / dy / x transposed for the
-# backward GEMMs) gives the emulated path's losses (torchao's emulate: true) up to summation order.
-grep -q "float8 tensorwise: GEMMs on the device's scaled fp8 matmul" "$T/tensorwise.log" || fail "tensorwise: no device-GEMM notice"
-for r in rowwise rowwise_with_gw_hp mxfp8; do
-  grep -q "float8 $r: emulated (fp8 casts, f32 GEMMs): the device's scaled fp8 matmul takes tensor-wide scales only" \
-    "$T/$r.log" || fail "$r: no emulation notice"
+# Where the GEMMs run: tensorwise on the device's scaled fp8 matmul (matmul_fp8, ABI 1.4), the row-wise
+# recipes on its row-scaled twin (matmul_fp8_rows); the CPU plugin's are dequantise + sgemm. MXFP8 is
+# emulated. Each is said once at start-up. The device GEMM path (operands quantised k-contiguous,
+# w / dy / x transposed for the backward GEMMs) gives the emulated path's losses (torchao's
+# emulate: true) up to summation order.
+grep -q "float8 tensorwise: GEMMs on the device's scaled fp8 matmul (tensor-wide scales)" "$T/tensorwise.log" ||
+  fail "tensorwise: no device-GEMM notice"
+for r in rowwise rowwise_with_gw_hp; do
+  grep -q "float8 $r: GEMMs on the device's scaled fp8 matmul (row scales)" "$T/$r.log" || fail "$r: no device-GEMM notice"
 done
-for emu in false true; do # 30 steps each (the schedule depends on the step count)
-  "$CTITAN" train "${base[@]}" --training.steps=30 --quantize.dense.float8.enable=true \
-    --quantize.linear.float8.emulate=$emu --job.dump_folder="$T/emulate_$emu" >"$T/emulate_$emu.log" 2>&1 ||
-    { tail "$T/emulate_$emu.log"; fail "tensorwise emulate: $emu"; }
+grep -q "float8 mxfp8: emulated (fp8 casts, f32 GEMMs): the device's scaled fp8 matmuls take tensor-wide or per-row" \
+  "$T/mxfp8.log" || fail "mxfp8: no emulation notice"
+for r in tensorwise rowwise; do
+  for emu in false true; do # 30 steps each (the schedule depends on the step count)
+    "$CTITAN" train "${base[@]}" --training.steps=30 --quantize.dense.float8.enable=true --quantize.dense.float8.format=$r \
+      --quantize.linear.float8.emulate=$emu --job.dump_folder="$T/${r}_emulate_$emu" >"$T/${r}_emulate_$emu.log" 2>&1 ||
+      { tail "$T/${r}_emulate_$emu.log"; fail "$r emulate: $emu"; }
+  done
+  grep -q "float8 $r: emulated (fp8 casts, f32 GEMMs), as emulate: true asks" "$T/${r}_emulate_true.log" ||
+    fail "$r: no emulate notice"
+  paste -d' ' <(loss_of ${r}_emulate_false) <(loss_of ${r}_emulate_true) | awk -v r=$r '
+    { d = $1 - $2; if (d < 0) d = -d; if (d / $1 > w) w = d / $1 }
+    END { ok = NR == 30 && w <= 1e-4
+      printf "%s %s on the device GEMM vs emulated (emulate: true): 30 losses within %.1e\n", ok ? "ok  " : "FAIL", r, w
+      exit !ok }' || exit 1
 done
-grep -q "float8 tensorwise: emulated (fp8 casts, f32 GEMMs), as emulate: true asks" "$T/emulate_true.log" ||
-  fail "no emulate notice"
-paste -d' ' <(loss_of emulate_false) <(loss_of emulate_true) | awk '
-  { d = $1 - $2; if (d < 0) d = -d; if (d / $1 > w) w = d / $1 }
-  END { ok = NR == 30 && w <= 1e-4
-    printf "%s tensorwise on matmul_fp8 vs emulated (emulate: true): 30 losses within %.1e\n", ok ? "ok  " : "FAIL", w
-    exit !ok }' || exit 1
 # FSDP 2: float8 all-gather of the converted weights (tensorwise): the same losses within 1e-3, fewer bytes gathered
 fsdp=(--training.steps=20 --training.local_batch_size=4 --training.global_batch_size=8 --device.threads=1
       --parallelism.data_parallel_shard_degree=2 --quantize.dense.float8.enable=true)

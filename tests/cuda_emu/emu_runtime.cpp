@@ -581,6 +581,7 @@ struct emu_lt {
 struct emu_lt_desc {
     cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
     const float *a_scale = nullptr, *b_scale = nullptr; /* device pointers (fp8 operands) */
+    int32_t a_mode = 0, b_mode = 0;                     /* CUBLASLT_MATMUL_MATRIX_SCALE_* */
 };
 struct emu_lt_layout {
     uint64_t rows, cols;
@@ -678,6 +679,16 @@ extern "C" cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d)
 extern "C" cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
                                                          const void *buf, size_t size)
 {
+    if (attr == CUBLASLT_MATMUL_DESC_A_SCALE_MODE || attr == CUBLASLT_MATMUL_DESC_B_SCALE_MODE) {
+        int32_t mode;
+        if (size != sizeof mode)
+            return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&mode, buf, size);
+        if (mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F && mode != CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F)
+            return CUBLAS_STATUS_INVALID_VALUE;
+        (attr == CUBLASLT_MATMUL_DESC_A_SCALE_MODE ? d->a_mode : d->b_mode) = mode;
+        return CUBLAS_STATUS_SUCCESS;
+    }
     if (attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER || attr == CUBLASLT_MATMUL_DESC_B_SCALE_POINTER) {
         if (size != sizeof(void *))
             return CUBLAS_STATUS_INVALID_VALUE;
@@ -758,12 +769,15 @@ static float fp8_value(uint8_t v, bool e5m2)
     return sign ? -mag : mag;
 }
 
-/* A column-major (rows, cols) operand with leading dimension ld, as f32 (fp8 times *scale). */
-static bool operand_f32(std::vector<float> &out, const void *p, const emu_lt_layout *l, const float *scale)
+/* A column-major (rows, cols) operand with leading dimension ld, as f32 (fp8 times its scale: one,
+ * or with `vec` one per stored column, which for the TN fp8 layout is a row of op(A) / a column of
+ * op(B)). */
+static bool operand_f32(std::vector<float> &out, const void *p, const emu_lt_layout *l, const float *scale, bool vec)
 {
     size_t elem = l->type == CUDA_R_32F ? 4 : l->type == CUDA_R_16BF ? 2 : 1;
     size_t span = (size_t)l->ld * (l->cols ? l->cols - 1 : 0) + l->rows;
-    if (!in_block(p, elem * span) || (is_fp8(l->type) && (!scale || !in_block(scale, sizeof(float))))) {
+    if (!in_block(p, elem * span) ||
+        (is_fp8(l->type) && (!scale || !in_block(scale, sizeof(float) * (vec ? l->cols : 1))))) {
         fprintf(stderr, "cuda_emu: cublasLtMatmul operand or scale outside every device block\n");
         return false;
     }
@@ -775,7 +789,7 @@ static bool operand_f32(std::vector<float> &out, const void *p, const emu_lt_lay
             uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
             memcpy(&out[i], &bits, 4);
         } else {
-            out[i] = fp8_value(((const uint8_t *)p)[i], l->type == CUDA_R_8F_E5M2) * *scale;
+            out[i] = fp8_value(((const uint8_t *)p)[i], l->type == CUDA_R_8F_E5M2) * scale[vec ? i / l->ld : 0];
         }
     }
     return true;
@@ -837,7 +851,10 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
                      (int)lb->ld, *(const float *)beta, (float *)dd, (int)lc->ld);
     /* typed operands: decoded into host vectors, multiplied with the same column-major sgemm */
     std::vector<float> fa, fb;
-    if (!operand_f32(fa, a, la, d->a_scale) || !operand_f32(fb, b, lb, d->b_scale))
+    if ((d->a_mode || d->b_mode) && !is_fp8(la->type))
+        return CUBLAS_STATUS_INVALID_VALUE; /* scale modes belong to fp8 operands */
+    if (!operand_f32(fa, a, la, d->a_scale, d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) ||
+        !operand_f32(fb, b, lb, d->b_scale, d->b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (!in_block(dd, sizeof(float) * ((size_t)lc->ld * (size_t)(n - 1) + (size_t)m)))
         return CUBLAS_STATUS_INVALID_VALUE;

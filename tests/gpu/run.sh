@@ -31,6 +31,8 @@
 #                       GEMMs through set_matmul_dtype, ABI 1.4)
 #   bench_1B_2048_fp8   and with float8 tensorwise on top (cuBLASLt fp8 GEMMs through matmul_fp8):
 #                       fp8 vs bf16 tokens/s, the figure issue #6 asks for
+#   bench_1B_2048_fp8rows  float8 rowwise (cuBLASLt's outer-vector scaling, matmul_fp8_rows; the
+#                       start-up line says "emulated" if this cuBLASLt refuses it)
 #   torch_<...>         bench/torch_llama3.py on the same shapes (when torch sees the GPU): f32 (TF32
 #                       off, like ctitan) and bf16 autocast, eager; bf16 torch.compile at 1B/2048
 set -u
@@ -207,10 +209,11 @@ done
 
 # bf16 GEMMs, then float8 tensorwise GEMMs, at 1B / 2048 (TFLOP/s counted as for f32; the ratio in
 # the summary line is to the peak measured at start-up)
-for variant in bf16 fp8; do
+for variant in bf16 fp8 fp8rows; do
     name=bench_1B_2048_$variant
     extra=(--training.mixed_precision_param=bfloat16)
     [ $variant = fp8 ] && extra+=(--quantize.dense.float8.enable=true --quantize.dense.float8.format=tensorwise)
+    [ $variant = fp8rows ] && extra+=(--quantize.dense.float8.enable=true --quantize.dense.float8.format=rowwise)
     rc=0
     run "$name" 900 $CTITAN train "$WORK/llama3_debug_cuda.yaml" "${common[@]}" --model.flavor=1B \
         --training.seq_len=2048 --training.local_batch_size=1 --training.steps=$BENCH_STEPS \
@@ -221,7 +224,7 @@ for variant in bf16 fp8; do
         tps=$(sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/' <<<"$line")
         gflops=$(sed -E 's/.* ([0-9.]+) GFLOP\/s achieved.*/\1/' <<<"$line")
         mem=$(sed -E 's/.*peak memory ([0-9.]+) GiB.*/\1/' <<<"$line")
-        how=$(grep -m1 -o 'float8 tensorwise: [^;]*' "$OUT/$name.log" || echo "bf16 GEMMs")
+        how=$(grep -m1 -o 'float8 [a-z]*: [^;]*' "$OUT/$name.log" || echo "bf16 GEMMs")
         record "$name" ok "ctitan $variant: $tps tok/s, $(awk -v g="$gflops" 'BEGIN{printf "%.1f", g/1000}') TFLOP/s, $mem GiB ($how)"
     else
         record "$name" FAIL "$(why $rc "$OUT/$name.log")"

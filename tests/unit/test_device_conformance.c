@@ -32,9 +32,9 @@
  *     logits split into 1 to 3 column shards (the stats merged here as a host would, the loss
  *     and the side-by-side gradients against the full-row ops), copy_2d of strided blocks;
  *     their bad sizes are errors and their results are deterministic.
- *   - the optional ops of ABI 1.4: matmul_fp8 (tensor-wide scales, the format pairs of the three
- *     training GEMMs against the codes decoded here; what a device cannot run must say so with
- *     CT_ERR_UNSUPPORTED), set_matmul_dtype (bf16 operands against a reference of bf16-rounded
+ *   - the optional ops of ABI 1.4: matmul_fp8 and matmul_fp8_rows (tensor-wide and per-row scales,
+ *     the format pairs of the three training GEMMs against the codes decoded here; what a device
+ *     cannot run must say so with CT_ERR_UNSUPPORTED), set_matmul_dtype (bf16 operands against a reference of bf16-rounded
  *     operands, and provably not the f32 result; back to exact f32), share_stream (ops go on).
  *
  * The harness brings its own minimal ct_host (log, set_error, memory, option getters answered
@@ -1907,24 +1907,31 @@ static void test_copy_2d(void **state)
 
 /* ---------------------------------------------------------------- ABI 1.4 */
 
-/* One matmul_fp8 case: a (m,k) and b (n,k) quantised tensor-wide on the device, the GEMM against
- * a double GEMM of the codes decoded here (value / scale). A pair the device does not run must be
- * CT_ERR_UNSUPPORTED with a message, and then c is not checked. Returns 1 when it ran. */
-static int matmul_fp8_case(int64_t m, int64_t n, int64_t k, ct_dtype fa, ct_dtype fb, float beta, int must_run)
+/* One scaled fp8 GEMM: a (m,k) and b (n,k) quantised on the device, tensor-wide (matmul_fp8) or with
+ * one scale per row (rows: matmul_fp8_rows), the GEMM against a double GEMM of the codes decoded
+ * here (value / scale). A pair the device does not run must be CT_ERR_UNSUPPORTED with a message,
+ * and then c is not checked. Returns 1 when it ran. */
+static int matmul_fp8_case(int rows, int64_t m, int64_t n, int64_t k, ct_dtype fa, ct_dtype fb, float beta,
+                           int must_run)
 {
     float *a = host_rand(m * k, 3), *b = host_rand(n * k, 0.02), *c = host_rand(m * n, 1);
-    float amax_a = 0, amax_b = 0;
     for (int64_t i = 0; i < m * k; i++)
-        amax_a = fmaxf(amax_a, fabsf(a[i]));
+        a[i] = (float)ldexp(a[i], (int)(i / k % 9) - 4); /* rows of different magnitudes */
+    int64_t na = rows ? m : 1, nb = rows ? n : 1, ga = rows ? k : m * k, gb = rows ? k : n * k;
+    float *scale = calloc((size_t)(na + nb), sizeof *scale);
+    assert_non_null(scale);
+    /* torchao's scales: format max / amax (per tensor or per row; not powers of two here) */
+    for (int64_t i = 0; i < m * k; i++)
+        scale[i / ga] = fmaxf(scale[i / ga], fabsf(a[i]));
     for (int64_t i = 0; i < n * k; i++)
-        amax_b = fmaxf(amax_b, fabsf(b[i]));
-    /* torchao's tensorwise scales: format max / amax, not powers of two */
-    float scale[2] = {(fa == CT_F8_E4M3 ? 448.0f : 57344.0f) / amax_a, (fb == CT_F8_E4M3 ? 448.0f : 57344.0f) / amax_b};
+        scale[na + i / gb] = fmaxf(scale[na + i / gb], fabsf(b[i]));
+    for (int64_t g = 0; g < na + nb; g++)
+        scale[g] = ((g < na ? fa : fb) == CT_F8_E4M3 ? 448.0f : 57344.0f) / fmaxf(scale[g], 1e-12f);
     float *da = dev_floats(a, m * k), *db = dev_floats(b, n * k), *dc = dev_floats(c, m * n);
-    float *dscale = dev_floats(scale, 2);
+    float *dscale = dev_floats(scale, na + nb);
     uint8_t *qa = dev_upload(NULL, (size_t)(m * k)), *qb = dev_upload(NULL, (size_t)(n * k));
-    assert_int_equal(api->quantize_fp8(dev, qa, da, dscale, m * k, m * k, fa), CT_OK);
-    assert_int_equal(api->quantize_fp8(dev, qb, db, dscale + 1, n * k, n * k, fb), CT_OK);
+    assert_int_equal(api->quantize_fp8(dev, qa, da, dscale, m * k, ga, fa), CT_OK);
+    assert_int_equal(api->quantize_fp8(dev, qb, db, dscale + na, n * k, gb, fb), CT_OK);
     uint8_t *ha = malloc((size_t)(m * k)), *hb = malloc((size_t)(n * k));
     assert_non_null(ha);
     assert_non_null(hb);
@@ -1937,17 +1944,19 @@ static int matmul_fp8_case(int64_t m, int64_t n, int64_t k, ct_dtype fa, ct_dtyp
         for (int64_t j = 0; j < n; j++) {
             double sum = 0;
             for (int64_t p = 0; p < k; p++)
-                sum += f8_value(ha[i * k + p], fa == CT_F8_E5M2) / scale[0] *
-                       (f8_value(hb[j * k + p], fb == CT_F8_E5M2) / scale[1]);
+                sum += f8_value(ha[i * k + p], fa == CT_F8_E5M2) / scale[rows ? i : 0] *
+                       (f8_value(hb[j * k + p], fb == CT_F8_E5M2) / scale[na + (rows ? j : 0)]);
             ref[i * n + j] = alpha * sum + (beta != 0 ? beta * (double)c[i * n + j] : 0.0);
         }
     if (beta == 0)
         assert_int_equal(api->copy(dev, dc, &(float){NAN}, sizeof(float), CT_COPY_H2D), CT_OK); /* ignored */
     last_error[0] = '\0';
-    ct_status st = api->matmul_fp8(dev, dc, qa, dscale, fa, qb, dscale + 1, fb, m, n, k, alpha, beta);
-    char what[96];
-    snprintf(what, sizeof what, "matmul_fp8 %s x %s m=%lld n=%lld k=%lld beta %g", fa == CT_F8_E4M3 ? "e4m3" : "e5m2",
-             fb == CT_F8_E4M3 ? "e4m3" : "e5m2", (long long)m, (long long)n, (long long)k, (double)beta);
+    ct_status st = (rows ? api->matmul_fp8_rows : api->matmul_fp8)(dev, dc, qa, dscale, fa, qb, dscale + na, fb, m, n,
+                                                                    k, alpha, beta);
+    char what[112];
+    snprintf(what, sizeof what, "%s %s x %s m=%lld n=%lld k=%lld beta %g", rows ? "matmul_fp8_rows" : "matmul_fp8",
+             fa == CT_F8_E4M3 ? "e4m3" : "e5m2", fb == CT_F8_E4M3 ? "e4m3" : "e5m2", (long long)m, (long long)n,
+             (long long)k, (double)beta);
     if (st == CT_ERR_UNSUPPORTED && !must_run) {
         if (!last_error[0])
             fail_msg("%s: CT_ERR_UNSUPPORTED without a message", what);
@@ -1969,7 +1978,31 @@ static int matmul_fp8_case(int64_t m, int64_t n, int64_t k, ct_dtype fa, ct_dtyp
     free(ha);
     free(hb);
     free(ref);
+    free(scale);
     return st == CT_OK;
+}
+
+/* The format pairs of the three training GEMMs: e4m3 x e4m3 (forward), e5m2 x e4m3 and e4m3 x e5m2
+ * (the gradients): a device whose first pair runs must run all three; e5m2 x e5m2 and
+ * k % 16 != 0 may be unsupported. */
+static void fp8_gemm_cases(int rows)
+{
+    int runs = matmul_fp8_case(rows, 48, 32, 64, CT_F8_E4M3, CT_F8_E4M3, 0.0f, 0);
+    matmul_fp8_case(rows, 48, 32, 64, CT_F8_E4M3, CT_F8_E4M3, 1.0f, runs);
+    matmul_fp8_case(rows, 40, 16, 96, CT_F8_E5M2, CT_F8_E4M3, 1.0f, runs);
+    matmul_fp8_case(rows, 16, 40, 32, CT_F8_E4M3, CT_F8_E5M2, 0.0f, runs);
+    matmul_fp8_case(rows, 16, 16, 32, CT_F8_E5M2, CT_F8_E5M2, 0.5f, 0);
+    matmul_fp8_case(rows, 24, 8, 24, CT_F8_E4M3, CT_F8_E4M3, 0.0f, 0);
+    fprintf(stderr, "%s: %s\n", rows ? "matmul_fp8_rows" : "matmul_fp8",
+            runs ? "runs" : "unsupported on this device (the quantizer emulates)");
+    float *buf = dev_floats(NULL, 64);
+    ct_status (*op)(void *, float *, const uint8_t *, const float *, ct_dtype, const uint8_t *, const float *, ct_dtype,
+                    int64_t, int64_t, int64_t, float, float) = rows ? api->matmul_fp8_rows : api->matmul_fp8;
+    expect_error(op(dev, buf, (uint8_t *)buf, buf, CT_BF16, (uint8_t *)buf, buf, CT_F8_E4M3, 4, 4, 16, 1, 0),
+                 CT_ERR_INVALID, "scaled fp8 matmul with a bf16 operand");
+    expect_error(op(dev, buf, (uint8_t *)buf, buf, CT_F8_E4M3, (uint8_t *)buf, buf, CT_F8_E4M3, 4, -4, 16, 1, 0),
+                 CT_ERR_INVALID, "scaled fp8 matmul n = -4");
+    api->free(dev, buf);
 }
 
 static void test_matmul_fp8(void **state)
@@ -1978,23 +2011,16 @@ static void test_matmul_fp8(void **state)
     TP_SKIP_UNLESS(matmul_fp8);
     if (!float8_ops_present())
         skip();
-    /* e4m3 x e4m3 (forward), e5m2 x e4m3 and e4m3 x e5m2 (the gradient GEMMs): a device whose
-     * first pair runs must run all three; e5m2 x e5m2 and k % 16 != 0 may be unsupported */
-    int runs = matmul_fp8_case(48, 32, 64, CT_F8_E4M3, CT_F8_E4M3, 0.0f, 0);
-    matmul_fp8_case(48, 32, 64, CT_F8_E4M3, CT_F8_E4M3, 1.0f, runs);
-    matmul_fp8_case(40, 16, 96, CT_F8_E5M2, CT_F8_E4M3, 1.0f, runs);
-    matmul_fp8_case(16, 40, 32, CT_F8_E4M3, CT_F8_E5M2, 0.0f, runs);
-    matmul_fp8_case(16, 16, 32, CT_F8_E5M2, CT_F8_E5M2, 0.5f, 0);
-    matmul_fp8_case(24, 8, 24, CT_F8_E4M3, CT_F8_E4M3, 0.0f, 0);
-    fprintf(stderr, "matmul_fp8: %s\n", runs ? "runs" : "unsupported on this device (the quantizer emulates)");
-    float *buf = dev_floats(NULL, 64);
-    expect_error(api->matmul_fp8(dev, buf, (uint8_t *)buf, buf, CT_BF16, (uint8_t *)buf, buf, CT_F8_E4M3, 4, 4, 16,
-                                 1, 0),
-                 CT_ERR_INVALID, "matmul_fp8 with a bf16 operand");
-    expect_error(api->matmul_fp8(dev, buf, (uint8_t *)buf, buf, CT_F8_E4M3, (uint8_t *)buf, buf, CT_F8_E4M3, 4, -4,
-                                 16, 1, 0),
-                 CT_ERR_INVALID, "matmul_fp8 n = -4");
-    api->free(dev, buf);
+    fp8_gemm_cases(0);
+}
+
+static void test_matmul_fp8_rows(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(matmul_fp8_rows);
+    if (!float8_ops_present())
+        skip();
+    fp8_gemm_cases(1);
 }
 
 static float bf16_round_ref(float f)
@@ -2123,6 +2149,7 @@ int main(void)
         cmocka_unit_test(test_cross_entropy_sharded_is_deterministic),
         cmocka_unit_test(test_copy_2d),
         cmocka_unit_test(test_matmul_fp8),
+        cmocka_unit_test(test_matmul_fp8_rows),
         cmocka_unit_test(test_matmul_bf16),
         cmocka_unit_test(test_same_inputs_give_same_bits),
         cmocka_unit_test(test_bad_arguments_are_errors),

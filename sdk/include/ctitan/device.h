@@ -207,6 +207,12 @@ typedef struct ct_device_api {
      * implicitly ordered with every other (CUDA's legacy default stream); after it, whoever touches
      * device buffers on another stream must order itself with events (see comm.h, bind_stream). */
     ct_status (*share_stream)(void *dev, void **stream);
+    /* matmul_fp8 with one scale per ROW of each operand (torchao's rowwise recipes): a_scale (m) and
+     * b_scale (n) in device memory, A[i,:] = value(a[i,:]) / a_scale[i], B[j,:] = value(b[j,:]) /
+     * b_scale[j]; otherwise as matmul_fp8 (cuBLASLt's outer-vector scaling on a GPU). */
+    ct_status (*matmul_fp8_rows)(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
+                                 const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n,
+                                 int64_t k, float alpha, float beta);
 } ct_device_api;
 
 #endif

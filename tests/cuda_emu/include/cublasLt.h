@@ -4,8 +4,9 @@
  *
  * Operand types as the real library takes them: f32; bf16 A and B (f32 C/D); fp8 A and B with
  * their scale pointers (f32 C/D), under cuBLASLt's own fp8 rules: A transposed and B not (TN),
- * not both e5m2, leading dimensions multiples of 16. The operands are decoded to f32 (fp8 values
- * times their scale) and multiplied by the same sgemm. */
+ * not both e5m2, leading dimensions multiples of 16; scalar scales or outer vectors (one per row
+ * of op(A), one per column of op(B)). The operands are decoded to f32 (fp8 values times their
+ * scale) and multiplied by the same sgemm. */
 #ifndef CTITAN_CUDA_EMU_CUBLASLT_H
 #define CTITAN_CUDA_EMU_CUBLASLT_H
 
@@ -34,8 +35,14 @@ typedef enum {
     CUBLASLT_MATMUL_DESC_TRANSA = 3,
     CUBLASLT_MATMUL_DESC_TRANSB = 4,
     CUBLASLT_MATMUL_DESC_A_SCALE_POINTER = 17,
-    CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18
+    CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18,
+    CUBLASLT_MATMUL_DESC_A_SCALE_MODE = 31,
+    CUBLASLT_MATMUL_DESC_B_SCALE_MODE = 32
 } cublasLtMatmulDescAttributes_t;
+typedef enum {
+    CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F = 0,
+    CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F = 3
+} cublasLtMatmulMatrixScale_t;
 typedef enum {
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
