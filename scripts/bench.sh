@@ -19,7 +19,7 @@ echo "== FSDP 2 ranks (one thread each), debugmodel, seq 256, global batch 8 (12
 "$CTITAN" launch -n 2 train configs/llama3_debug.yaml "${common[@]}" --device.threads=1 --training.seq_len=256 \
   --training.local_batch_size=4 --training.global_batch_size=8 --training.steps=12 --metrics.log_freq=4 \
   --parallelism.data_parallel_shard_degree=2 --job.dump_folder=outputs/bench_fsdp2 | grep -E '^(mesh|summary)'
-echo "== float8 (CPU emulation: each GEMM operand is cast to the fp8 grid, then an f32 GEMM; slower than fp32 here)"
+echo "== float8 on the CPU (tensorwise/rowwise: the CPU's scaled fp8 matmuls, dequantise + sgemm; mxfp8: casts + f32 GEMM; all slower than fp32 here)"
 for fmt in none tensorwise rowwise mxfp8; do
   extra=(); [ "$fmt" != none ] && extra=(--quantize.dense.float8.enable=true --quantize.dense.float8.format=$fmt)
   printf '%-11s ' "$fmt"
