@@ -7,7 +7,7 @@
  * plugin, creates the comm (the plugin initialises MPI), and checks on device buffers
  *   all_reduce (f32 sum, in place max, i32 min, bf16 sum, 1 Mi elements), all_gather, reduce_scatter,
  *   broadcast, all_to_all, fp8 moves, started operations + wait, split (key order, colors),
- *   send/recv (2 ranks), count 0, argument errors, barrier,
+ *   send/recv (2 ranks), count 0, argument errors, barrier, ordering with a bound stream (ABI 1.4),
  * and last the timeout: a 64 MB send nobody receives must fail with CT_ERR_TIMEOUT and the message
  * of comm.h within train_timeout_seconds (set to 20 here), after which the group refuses work.
  * Values are small integers, so every sum is exact in f32 and bf16. Each rank prints its failures
@@ -316,6 +316,38 @@ static void test_timeout(void) {
     /* d may still be referenced by the aborted kernel for a moment; the process ends soon */
 }
 
+/* ABI 1.4 bind_stream: a non-blocking stream stands in for the device's compute stream. A 64 MB
+ * memset queued on it must land before the all_reduce that reads the buffer (the comm's stream
+ * waits for an event recorded on it), and a copy queued on it after wait() must see the sum (wait
+ * makes it wait for the collective), with no host synchronisation in between. */
+static void test_bound_stream(void) {
+    if (!CT_HAS_FIELD(api, ct_comm_api, bind_stream) || !api->bind_stream) {
+        CHECK(0, "bind_stream is missing (ABI 1.4)");
+        return;
+    }
+    enum { M = 16 << 20 }; /* floats */
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "cudaStreamCreateWithFlags");
+    float *d = dev((size_t)M * 4), *h = NULL;
+    CHECK(cudaMallocHost((void **)&h, (size_t)M * 4) == cudaSuccess, "cudaMallocHost");
+    OK(api->bind_stream(comm, s), "bind_stream");
+    cudaMemsetAsync(d, 0x3f, (size_t)M * 4, s); /* every float 0x3f3f3f3f */
+    void *req = NULL;
+    OK(api->all_reduce(comm, world, d, d, M, CT_F32, CT_REDUCE_SUM, &req), "all_reduce after a memset on the bound stream");
+    if (req) OK(api->wait(comm, req), "wait");
+    cudaMemcpyAsync(h, d, (size_t)M * 4, cudaMemcpyDeviceToHost, s);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "cudaStreamSynchronize");
+    uint32_t bits = 0x3f3f3f3fu;
+    float one, want;
+    memcpy(&one, &bits, 4);
+    want = one * (float)size;
+    for (int64_t i = 0; i < M; i += 4099)
+        if (h[i] != want) { CHECK(0, "bound stream: [%lld] = %g, expected %g (ordering by events broken)", (long long)i, h[i], want); break; }
+    cudaFreeHost(h);
+    cudaFree(d);
+    /* the stream stays bound (the plugin never destroys it); the timeout test follows on it */
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) { fprintf(stderr, "usage: mpirun -np 1|2 %s ctitan-nccl.so\n", argv[0]); return 2; }
     void *so = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -342,6 +374,7 @@ int main(int argc, char **argv) {
     test_send_recv();
     test_errors();
     OK(api->barrier(comm, world), "barrier");
+    test_bound_stream();
     test_timeout();
 
     api->destroy(comm);
