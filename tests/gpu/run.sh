@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh OUT_DIR: ctitan's checks for a machine with an NVIDIA GPU (a few minutes on one
-# H100/H200). Run from the repository root. Every step's log goes to OUT_DIR/<step>.log; a step
+# H100/H200; QUICK=1 keeps the benchmarks to 1B at seq 2048, for a device call of under 10
+# minutes). Run from the repository root. Every step's log goes to OUT_DIR/<step>.log; a step
 # that fails is recorded and the script goes on; a table of every step comes last (also in
 # OUT_DIR/summary.txt). Exit status: 0 when every check passed, 1 when one failed, 2 when no GPU
 # is visible (then nothing runs).
@@ -180,33 +181,6 @@ else
 fi
 
 # ---------------------------------------------------------------- ctitan bench on the GPU
-# summary: N steps after the first 2: T tokens/s, G GFLOP/s achieved, P GFLOP/s measured cuda:0
-#   matmul peak, ratio R, peak memory M GiB (activations live peak A GiB)
-for flavor in 1B 3B; do
-    for seq in 2048 8192; do
-        ac=none
-        [ "$seq" -gt 4096 ] && ac=full
-        name=bench_${flavor}_${seq}
-        rc=0
-        run "$name" 900 $CTITAN train "$WORK/llama3_debug_cuda.yaml" "${common[@]}" --model.flavor=$flavor \
-            --training.seq_len=$seq --training.local_batch_size=1 --training.steps=$BENCH_STEPS \
-            --activation_checkpoint.mode=$ac --job.dump_folder="$WORK/$name" || rc=$?
-        cp "$WORK/$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null
-        rm -rf "${WORK:?}/$name" # the saved model (GBs at these sizes) is not wanted
-        line=$(grep -m1 '^summary: [0-9]* steps' "$OUT/$name.log")
-        if [ $rc -eq 0 ] && [ -n "$line" ]; then
-            tps=$(sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/' <<<"$line")
-            gflops=$(sed -E 's/.* ([0-9.]+) GFLOP\/s achieved.*/\1/' <<<"$line")
-            ratio=$(sed -E 's/.*ratio ([0-9.]+).*/\1/' <<<"$line")
-            peak=$(sed -E 's/.*, ([0-9.]+) GFLOP\/s measured.*/\1/' <<<"$line")
-            mem=$(sed -E 's/.*peak memory ([0-9.]+) GiB.*/\1/' <<<"$line")
-            record "$name" ok "ctitan f32 ac=$ac: $tps tok/s, $(awk -v g="$gflops" 'BEGIN{printf "%.1f", g/1000}') TFLOP/s, MFU $(awk -v r="$ratio" 'BEGIN{printf "%.1f%%", 100*r}') of $(awk -v p="$peak" 'BEGIN{printf "%.1f", p/1000}') f32 peak, $mem GiB"
-        else
-            record "$name" FAIL "$(why $rc "$OUT/$name.log")"
-        fi
-    done
-done
-
 # bf16 GEMMs, then float8 tensorwise GEMMs, at 1B / 2048 (TFLOP/s counted as for f32; the ratio in
 # the summary line is to the peak measured at start-up)
 for variant in bf16 fp8 fp8rows; do
@@ -231,6 +205,35 @@ for variant in bf16 fp8 fp8rows; do
     fi
 done
 
+# summary: N steps after the first 2: T tokens/s, G GFLOP/s achieved, P GFLOP/s measured cuda:0
+#   matmul peak, ratio R, peak memory M GiB (activations live peak A GiB)
+FLAVORS="1B 3B" SEQS="2048 8192"
+[ "${QUICK:-0}" = 1 ] && FLAVORS=1B SEQS=2048
+for flavor in $FLAVORS; do
+    for seq in $SEQS; do
+        ac=none
+        [ "$seq" -gt 4096 ] && ac=full
+        name=bench_${flavor}_${seq}
+        rc=0
+        run "$name" 900 $CTITAN train "$WORK/llama3_debug_cuda.yaml" "${common[@]}" --model.flavor=$flavor \
+            --training.seq_len=$seq --training.local_batch_size=1 --training.steps=$BENCH_STEPS \
+            --activation_checkpoint.mode=$ac --job.dump_folder="$WORK/$name" || rc=$?
+        cp "$WORK/$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null
+        rm -rf "${WORK:?}/$name" # the saved model (GBs at these sizes) is not wanted
+        line=$(grep -m1 '^summary: [0-9]* steps' "$OUT/$name.log")
+        if [ $rc -eq 0 ] && [ -n "$line" ]; then
+            tps=$(sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/' <<<"$line")
+            gflops=$(sed -E 's/.* ([0-9.]+) GFLOP\/s achieved.*/\1/' <<<"$line")
+            ratio=$(sed -E 's/.*ratio ([0-9.]+).*/\1/' <<<"$line")
+            peak=$(sed -E 's/.*, ([0-9.]+) GFLOP\/s measured.*/\1/' <<<"$line")
+            mem=$(sed -E 's/.*peak memory ([0-9.]+) GiB.*/\1/' <<<"$line")
+            record "$name" ok "ctitan f32 ac=$ac: $tps tok/s, $(awk -v g="$gflops" 'BEGIN{printf "%.1f", g/1000}') TFLOP/s, MFU $(awk -v r="$ratio" 'BEGIN{printf "%.1f%%", 100*r}') of $(awk -v p="$peak" 'BEGIN{printf "%.1f", p/1000}') f32 peak, $mem GiB"
+        else
+            record "$name" FAIL "$(why $rc "$OUT/$name.log")"
+        fi
+    done
+done
+
 # ---------------------------------------------------------------- PyTorch on the same shapes
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
     torch_run() { # name timeout args...
@@ -253,9 +256,13 @@ if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
         done < <(grep '^torch_llama3: ' "$OUT/$name.log")
         [ $any -eq 1 ] || record "$name" FAIL "$(why $rc "$OUT/$name.log")"
     }
-    torch_run torch_2048 900 --flavor 1B 3B --seq 2048 --dtype fp32 bf16 --mode eager --ac none
-    torch_run torch_8192 900 --flavor 1B 3B --seq 8192 --dtype fp32 bf16 --mode eager --ac full
-    torch_run torch_compile 900 --flavor 1B --seq 2048 --dtype bf16 --mode compile --ac none
+    if [ "${QUICK:-0}" = 1 ]; then
+        torch_run torch_2048 900 --flavor 1B --seq 2048 --dtype fp32 bf16 --mode eager --ac none
+    else
+        torch_run torch_2048 900 --flavor 1B 3B --seq 2048 --dtype fp32 bf16 --mode eager --ac none
+        torch_run torch_8192 900 --flavor 1B 3B --seq 8192 --dtype fp32 bf16 --mode eager --ac full
+        torch_run torch_compile 900 --flavor 1B --seq 2048 --dtype bf16 --mode compile --ac none
+    fi
 else
     record torch SKIP "torch with CUDA is not importable here"
 fi
