@@ -151,7 +151,6 @@ static void init_values(const decl *d, const ct_param_slot *sl, uint64_t seed, f
     }
 }
 
-
 /* Placement: the strategies' (tensor parallel first, then data parallel), or everything local on one rank. */
 static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen) {
     rt->slots = calloc((size_t)rt->n_params, sizeof(ct_param_slot));

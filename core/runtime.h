@@ -16,10 +16,10 @@
 #include "ctitan/quantizer.h"
 #include "ctitan/strategy.h"
 
-/* A host tensor: the ABI descriptor plus what the tape needs. */
 /* Each parameter's storage (data, grad, optimizer state) starts on a 64-byte boundary. */
 static inline size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
+/* A host tensor: the ABI descriptor plus what the tape needs. */
 typedef struct rt_tensor {
     ct_tensor t;            /* first: plugins see &t */
     struct rt_tensor *base; /* a view's owner (shares data and grad) */

@@ -661,7 +661,7 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     double coef = max_norm > 0 ? max_norm / (*norm + 1e-6) : 1.0;
     if (coef < 1.0 && runtime_scale_grads(&s->rt, (float)coef)) return -1;
     trace_begin("optimizer");
-    /* one call per run of back-to-back tensors with the same flags when the optimizer is
+    /* one call per run of back-to-back tensors with the same decay flag when the optimizer is
      * elementwise (ABI 1.4), else one per tensor; states lie at the same offsets as the data */
     int merge = CT_HAS_FIELD(s->o, ct_optimizer_api, elementwise) && s->o->elementwise && s->o->elementwise(s->opt);
     int np = s->rt.n_params, calls = 0;
