@@ -10,7 +10,8 @@
 #   build               make -j16 all and the unit-test binaries
 #   conformance_f32     the device conformance harness on ctitan-cuda.so (TF32 off), tolerance
 #                       CT_DEVICE_RTOL=1e-4 relative to each tensor's largest magnitude, for every
-#                       op (every op is f32 in and out; bf16 and fp8 casts are compared bit for bit)
+#                       op (every op is f32 in and out; bf16 and fp8 casts are compared bit for bit;
+#                       the fp8 GEMMs at max(rtol, 1e-3): fp8 tensor cores accumulate in fewer bits)
 #   conformance_tf32    the same with device option tf32=true, tolerance 5e-3 (a TF32 product keeps
 #                       10 mantissa bits: ~5e-4 per product, a few e-4 summed over k = 53)
 #   cross_check         tests/cuda_emu/cross_check.c: the CUDA plugin against the CPU plugin at Llama's

@@ -1964,7 +1964,12 @@ static int matmul_fp8_case(int rows, int64_t m, int64_t n, int64_t k, ct_dtype f
         last_error[0] = '\0';
     } else {
         expect_error(st, CT_OK, what);
+        /* per-op tolerance: at least 1e-3 of scale, as Hopper's fp8 tensor cores add in fewer bits
+         * than f32 between cuBLASLt's promotions (the CPU's dequantise + sgemm meets 1e-4 anyway) */
+        double saved = rtol;
+        rtol = fmax(rtol, 1e-3);
         expect_close(what, dc, ref, m * n);
+        rtol = saved;
     }
     api->free(dev, da);
     api->free(dev, db);
