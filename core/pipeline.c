@@ -220,22 +220,20 @@ int pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_
 
 /* ---- microbatch contexts ---- */
 
+#define SWAP(type, a, b) \
+    do {                   \
+        type t_ = (a);     \
+        (a) = (b);         \
+        (b) = t_;          \
+    } while (0)
+
+/* The runtime's per-step state (arenas, unit boundaries, tape) and a microbatch's trade places. */
 static void swap_ctx(runtime *rt, pp_ctx *c) {
-    arena a = rt->saved;
-    rt->saved = c->saved;
-    c->saved = a;
-    a = rt->grads;
-    rt->grads = c->grads;
-    c->grads = a;
-    rt_tensor **t = rt->unit_in;
-    rt->unit_in = c->unit_in;
-    c->unit_in = t;
-    t = rt->unit_out;
-    rt->unit_out = c->unit_out;
-    c->unit_out = t;
-    tape_entry **e = rt->unit_tape;
-    rt->unit_tape = c->unit_tape;
-    c->unit_tape = e;
+    SWAP(arena, rt->saved, c->saved);
+    SWAP(arena, rt->grads, c->grads);
+    SWAP(rt_tensor **, rt->unit_in, c->unit_in);
+    SWAP(rt_tensor **, rt->unit_out, c->unit_out);
+    SWAP(tape_entry **, rt->unit_tape, c->unit_tape);
 }
 
 static pp_ctx *ctx_new(pipeline *pl) {

@@ -155,7 +155,8 @@ static void init_values(const decl *d, const ct_param_slot *sl, uint64_t seed, f
 static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen) {
     rt->slots = calloc((size_t)rt->n_params, sizeof(ct_param_slot));
     rt->local = calloc((size_t)rt->n_params, sizeof(ct_tensor));
-    if (!rt->slots || !rt->local) {
+    rt->storage_order = calloc((size_t)rt->n_params + 1, sizeof(int));
+    if (!rt->slots || !rt->local || !rt->storage_order) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -254,9 +255,11 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
     /* storage order: the weight-decayed tensors first, then the rest (norms), so an elementwise
      * optimizer updates each group in one call (session_train_step); every tensor 64-byte aligned */
     size_t off = 0;
+    int placed = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < rc.n; i++) {
             if (!(rt->params[i]->t.flags & CT_TENSOR_NO_DECAY) != !pass) continue;
+            rt->storage_order[placed++] = i;
             rt->slots[i].local_data = (float *)(rt->param_mem + off);
             rt->slots[i].local_grad = (float *)(rt->grad_mem + off);
             off += align64((size_t)rt->slots[i].local_numel * sizeof(float));
@@ -329,6 +332,7 @@ void runtime_free(runtime *rt) {
     free(rt->params);
     free(rt->slots);
     free(rt->local);
+    free(rt->storage_order);
     if (rt->param_mem) {
         rt->d->free(rt->dev, rt->param_mem);
         mem_account(CT_MEM_PARAMS, -(int64_t)rt->param_bytes);

@@ -107,6 +107,7 @@ typedef struct runtime {
     rt_tensor **params;
     ct_param_slot *slots;
     ct_tensor *local;
+    int *storage_order; /* parameter indices by storage offset: the weight-decayed ones, then the rest */
     int n_params;
     int64_t n_param_elems;      /* of the full model */
     char *param_mem, *grad_mem; /* local storage: one device allocation each */

@@ -453,8 +453,6 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
 }
 
 void session_close(session *s) {
-    free(s->opt_order);
-    s->opt_order = NULL;
     if (s->opt_mem) {
         s->d->free(s->dev, s->opt_mem);
         mem_account(CT_MEM_OPTIMIZER, -(int64_t)s->opt_bytes);
@@ -665,21 +663,13 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
      * elementwise (ABI 1.4), else one per tensor; states lie at the same offsets as the data */
     int merge = CT_HAS_FIELD(s->o, ct_optimizer_api, elementwise) && s->o->elementwise && s->o->elementwise(s->opt);
     int np = s->rt.n_params, calls = 0;
-    if (!s->opt_order) { /* the parameters in storage order (runtime.c puts decayed tensors first) */
-        if (!(s->opt_order = malloc(sizeof(int) * (size_t)(np ? np : 1)))) return -1;
-        for (int i = 0; i < np; i++) {
-            int j = i;
-            for (; j > 0 && (char *)s->rt.local[s->opt_order[j - 1]].data > (char *)s->rt.local[i].data; j--)
-                s->opt_order[j] = s->opt_order[j - 1];
-            s->opt_order[j] = i;
-        }
-    }
+    const int *order = s->rt.storage_order; /* runtime.c stores the decayed tensors first */
     for (int i = 0; i < np;) {
-        ct_tensor run = s->rt.local[s->opt_order[i]]; /* this rank's storage: the parameter or its shard */
+        ct_tensor run = s->rt.local[order[i]]; /* this rank's storage: the parameter or its shard */
         size_t begin = (size_t)((char *)run.data - s->rt.param_mem), end = begin + align64((size_t)run.shape[0] * sizeof(float));
         int j = i + 1;
         for (; merge && j < np; j++) {
-            const ct_tensor *next = &s->rt.local[s->opt_order[j]];
+            const ct_tensor *next = &s->rt.local[order[j]];
             size_t at = (size_t)((char *)next->data - s->rt.param_mem);
             if (next->shape[0] > 0 && ((next->flags ^ run.flags) & CT_TENSOR_NO_DECAY || at != end ||
                                        (char *)next->grad != (char *)run.grad + (at - begin)))

@@ -41,7 +41,6 @@ typedef struct session {
     pipeline *pl;      /* pipeline parallel (pp > 1), else NULL */
     double peak_flops; /* measured matmul peak of the device at matmul_precision, FLOP/s (0 if unknown) */
     int opt_calls;                /* optimizer calls in the last step (contiguous tensors merged) */
-    int *opt_order;               /* the parameters in storage order (built at the first step) */
     const char *matmul_precision; /* "f32", or "bf16" once the device took set_matmul_dtype(CT_BF16) */
 } session;
 

@@ -184,18 +184,23 @@ static int f8_converts(void *p, const ct_tensor *w, const char **why) {
 
 static float fmt_max(ct_dtype fmt) { return fmt == CT_F8_E5M2 ? 57344.0f : 448.0f; }
 
+/* The host buffer of amaxes and scales, grown to hold n floats; nonzero when memory ran out. */
+static int host_need(f8 *q, int64_t n) {
+    if ((size_t)n <= q->host_cap) return 0;
+    float *h = realloc(q->host_amax, sizeof(float) * (size_t)n);
+    if (!h) return 1;
+    q->host_amax = h;
+    q->host_cap = (size_t)n;
+    return 0;
+}
+
 /* scales (n / group, device) for src per the recipe's rule, from the device's amax:
  * tensor- and row-wise: torchao's max / amax (pow2: rounded down to a power of two); mx: E8M0
  * block scales (2^(emax - floor(log2 amax))). */
 static ct_status compute_scales(f8 *q, float *scales, const float *src, int64_t n, int64_t group, ct_dtype fmt,
                                 int pow2, int mx) {
     int64_t ng = n / group;
-    if ((size_t)ng > q->host_cap) {
-        float *h = realloc(q->host_amax, sizeof(float) * (size_t)ng);
-        if (!h) return CT_ERR_NOMEM;
-        q->host_amax = h;
-        q->host_cap = (size_t)ng;
-    }
+    if (host_need(q, ng)) return CT_ERR_NOMEM;
     TRY(q->d->amax(q->dev, scales, src, n, group));
     TRY(q->d->copy(q->dev, q->host_amax, scales, sizeof(float) * (size_t)ng, CT_COPY_D2H));
     float maxv = fmt_max(fmt);
@@ -280,12 +285,7 @@ static ct_status quant_operand(f8 *q, uint8_t *dst, float *scale, const float *s
     TRY(compute_scales(q, scale, src, n, group, fmt, pow2, 0));
     if (how == SC_TENSOR_AS_ROWS) { /* compute_scales left the one scale in host_amax[0] */
         float s = q->host_amax[0];
-        if ((size_t)rows > q->host_cap) {
-            float *h = realloc(q->host_amax, sizeof(float) * (size_t)rows);
-            if (!h) return CT_ERR_NOMEM;
-            q->host_amax = h;
-            q->host_cap = (size_t)rows;
-        }
+        if (host_need(q, rows)) return CT_ERR_NOMEM;
         for (int64_t r = 0; r < rows; r++) q->host_amax[r] = s;
         TRY(q->d->copy(q->dev, scale, q->host_amax, sizeof(float) * (size_t)rows, CT_COPY_H2D));
     }

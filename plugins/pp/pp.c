@@ -66,6 +66,17 @@ static int remote_next(const runner *r, int s) {
     return s + 1 < r->env.n_stages && stage_rank(r, s + 1) != r->env.pp_rank;
 }
 
+static void pp_destroy(void *p) {
+    runner *r = p;
+    if (!r) return;
+    free(r->in);
+    free(r->out);
+    free(r->sends_left);
+    free(r->finished);
+    free(r->released);
+    free(r);
+}
+
 static ct_status pp_create(const ct_host *h, const ct_pipeline_env *env, void **out) {
     if (4 * env->n_stages * env->n_microbatches > TAG_LIMIT) {
         h->set_error(h, "pp: %d stages x %d microbatches need more message tags than MPI guarantees (%d)", env->n_stages,
@@ -84,12 +95,7 @@ static ct_status pp_create(const ct_host *h, const ct_pipeline_env *env, void **
     r->finished = calloc((size_t)n, sizeof(int));
     r->released = calloc((size_t)n, sizeof(int));
     if (!r->in || !r->out || !r->sends_left || !r->finished || !r->released) {
-        free(r->in);
-        free(r->out);
-        free(r->sends_left);
-        free(r->finished);
-        free(r->released);
-        free(r);
+        pp_destroy(r);
         return CT_ERR_NOMEM;
     }
     /* what this rank will receive: an input for each F after a remote stage, an output gradient for
@@ -107,16 +113,6 @@ static ct_status pp_create(const ct_host *h, const ct_pipeline_env *env, void **
     return CT_OK;
 }
 
-static void pp_destroy(void *p) {
-    runner *r = p;
-    if (!r) return;
-    free(r->in);
-    free(r->out);
-    free(r->sends_left);
-    free(r->finished);
-    free(r->released);
-    free(r);
-}
 
 static incoming *find_in(runner *r, int kind, int stage, int mb) {
     for (int i = 0; i < r->n_in; i++)

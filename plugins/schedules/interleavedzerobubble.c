@@ -16,16 +16,7 @@ static const ct_schedule_api api = {
 };
 
 static ct_status zb_actions(const ct_host *h, const ct_schedule_shape *s, ct_pp_action *out, int cap, int *n) {
-    ct_status st = sched_check_shape(h, &api, s);
-    if (st) return st;
-    sched_1f1b_plan pl = {
-        .p = s->pp_size, .v = s->stages_per_rank, .m = s->n_microbatches, .rank = s->rank, .zero_bubble = 1};
-    if ((st = sched_rounds(h, s, &pl.per_round))) return st;
-    pl.warmup = (pl.v - 1) * pl.per_round + (pl.p - 1 - pl.rank);
-    if (pl.warmup > pl.v * pl.m) pl.warmup = pl.v * pl.m;
-    sched_writer w = {out, cap, 0};
-    if ((st = sched_1f1b_family(h, &pl, &w))) return st;
-    return sched_finish(&w, n);
+    return sched_interleaved(h, &api, s, 1, out, cap, n);
 }
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

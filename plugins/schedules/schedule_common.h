@@ -139,6 +139,23 @@ static inline ct_status sched_rounds(const ct_host *h, const ct_schedule_shape *
     return CT_OK;
 }
 
+/* The whole action list of an interleaved schedule (loop placement, checked against `api`): the
+ * warmup is (v - 1) * per_round + (p - 1 - r) forwards, doubled in its second term for plain
+ * interleaved 1F1B (whose B is twice an F), single for the zero-bubble variant (whose I is one). */
+static inline ct_status sched_interleaved(const ct_host *h, const ct_schedule_api *api, const ct_schedule_shape *s,
+                                          int zero_bubble, ct_pp_action *out, int cap, int *n) {
+    ct_status st = sched_check_shape(h, api, s);
+    if (st) return st;
+    sched_1f1b_plan pl = {
+        .p = s->pp_size, .v = s->stages_per_rank, .m = s->n_microbatches, .rank = s->rank, .zero_bubble = zero_bubble};
+    if ((st = sched_rounds(h, s, &pl.per_round))) return st;
+    pl.warmup = (pl.v - 1) * pl.per_round + (zero_bubble ? 1 : 2) * (pl.p - 1 - pl.rank);
+    if (pl.warmup > pl.v * pl.m) pl.warmup = pl.v * pl.m;
+    sched_writer w = {out, cap, 0};
+    if ((st = sched_1f1b_family(h, &pl, &w))) return st;
+    return sched_finish(&w, n);
+}
+
 /* Fills the plugin info of a schedule plugin. */
 static inline ct_status sched_entry(ct_plugin_info *info, const char *name, const char *description,
                                     const ct_schedule_api *api) {
