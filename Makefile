@@ -85,7 +85,7 @@ $(BUILD)/plugins/ctitan-$(1).so: $(wildcard $(2)*.c) $(wildcard $(2)*.h) $(wildc
 endef
 $(foreach n,$(PLUGIN_NAMES),$(eval $(call plugin_rule,$(n),$(firstword $(filter %/$(n)/,$(PLUGIN_DIRS))))))
 
-$(BUILD)/tests/%: tests/unit/%.c $(CORE_LIB_OBJ) $(wildcard tests/unit/*.h)
+$(BUILD)/tests/%: tests/unit/%.c $(CORE_LIB_OBJ) $(wildcard tests/unit/*.h sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(TEST_CFLAGS_$*) -Itests/unit -o $@ $< $(TEST_EXTRA_$*) $(CORE_LIB_OBJ) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS_$*) -lcmocka
 

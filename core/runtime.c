@@ -323,8 +323,11 @@ fail_owned: /* names belong to the tensors; runtime_free releases them */
     return -1;
 }
 
+static void graph_drop(runtime *rt);
+
 void runtime_free(runtime *rt) {
     if (!rt->d) return;
+    graph_drop(rt);
     for (int i = 0; i < rt->n_params; i++) {
         free((char *)rt->params[i]->t.name);
         free(rt->params[i]);
@@ -578,29 +581,124 @@ static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, in
     return runtime_hook(rt, HOOK_FINISH_BACKWARD, 0, 0);
 }
 
-int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
-                             float loss_scale, int last_microbatch, double *loss_sum) {
+/* Uploads a microbatch into the freshly reset arenas: ids, targets, then the loss scale, which the
+ * backward copies into the loss's gradient on the device (so a replayed graph reads this step's).
+ * The arenas are bump allocators, so the same shapes land at the same addresses every time. */
+static int upload_microbatch(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                             float loss_scale, rt_tensor *io[3]) {
     if (runtime_reset_arenas(rt)) return -1;
-    runtime_use_shadow(rt, 1);
     rt->act = &rt->saved;
-    rt_tensor *tok = runtime_upload_ids(rt, tokens, B, T), *tgt = runtime_upload_ids(rt, targets, B, T), *loss = NULL;
-    int bad = !tok || !tgt || forward_units(rt, tok, tgt, 1, &loss);
-    if (!bad && (loss->t.ndim != 0 || loss->t.dtype != CT_F32)) {
+    io[0] = runtime_upload_ids(rt, tokens, B, T);
+    io[1] = io[0] ? runtime_upload_ids(rt, targets, B, T) : NULL;
+    io[2] = io[1] ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;
+    return io[2] && rt->d->copy(rt->dev, io[2]->t.data, &loss_scale, sizeof loss_scale, CT_COPY_H2D) == CT_OK ? 0 : -1;
+}
+
+/* Forward and backward of the uploaded microbatch, with no host synchronisation when the device has
+ * ABI 1.5's loss ops (so it can run inside a capture); *loss: the scalar loss on the device. */
+static int microbatch(runtime *rt, rt_tensor *io[3], int last_microbatch, rt_tensor **loss) {
+    runtime_use_shadow(rt, 1);
+    *loss = NULL;
+    int bad = forward_units(rt, io[0], io[1], 1, loss);
+    if (!bad && ((*loss)->t.ndim != 0 || (*loss)->t.dtype != CT_F32)) {
         ct_set_error("model: the last unit must return a scalar loss when given targets");
         bad = 1;
     }
-    float lf = 0;
-    if (!bad) bad = rt->d->copy(rt->dev, &lf, loss->t.data, sizeof lf, CT_COPY_D2H) != CT_OK;
     if (!bad) {
-        float *g = tape_grad(rt, loss);
-        bad = !g || rt->d->copy(rt->dev, g, &loss_scale, sizeof loss_scale, CT_COPY_H2D) != CT_OK;
+        float *g = tape_grad(rt, *loss);
+        bad = !g || rt->d->copy(rt->dev, g, io[2]->t.data, sizeof(float), CT_COPY_D2D) != CT_OK;
     }
     /* backward runs with the same (bf16-rounded) weights as forward; gradients land in the f32
      * master gradients, which the parameters point at whatever their data pointer */
-    if (!bad) bad = backward_units(rt, tok, tgt, last_microbatch);
+    if (!bad) bad = backward_units(rt, io[0], io[1], last_microbatch);
     runtime_use_shadow(rt, 0);
-    *loss_sum = lf;
     return bad ? -1 : 0;
+}
+
+static void graph_drop(runtime *rt) {
+    if (rt->graph.graph) rt->d->graph_free(rt->dev, rt->graph.graph);
+    rt->graph.graph = NULL;
+}
+
+/* The device addresses a graph depends on: the uploads, the loss, and the arena chunks under them
+ * (after a reset each arena is one chunk; one that grew since gets a new chunk). */
+static void graph_addresses(runtime *rt, rt_tensor *io[3], const rt_tensor *loss, void *at[4], char *base[3]) {
+    for (int i = 0; i < 3; i++) at[i] = io[i]->t.data;
+    at[3] = loss ? loss->t.data : NULL;
+    const pool *p[3] = {&rt->saved.data, &rt->scratch.data, &rt->grads.data};
+    for (int i = 0; i < 3; i++) base[i] = p[i]->n_chunks == 1 ? p[i]->chunks[0].base : NULL;
+}
+
+/* Captures the uploaded microbatch; on success the graph has not run yet. On failure the capture
+ * is given up for good (graph.why) and the caller runs the microbatch eagerly. */
+static int graph_capture(runtime *rt, rt_tensor *io[3], int last_microbatch) {
+    runtime_graph *g = &rt->graph;
+    rt_tensor *loss = NULL;
+    ct_clear_error();
+    int bad = rt->d->graph_begin(rt->dev) != CT_OK;
+    if (!bad) {
+        bad = microbatch(rt, io, last_microbatch, &loss) != 0;
+        char failed[sizeof g->why];
+        snprintf(failed, sizeof failed, "%s", ct_last_error());
+        ct_status st = rt->d->graph_end(rt->dev, &g->graph, &g->ops);
+        if (st != CT_OK || !g->graph) bad = 1;
+        else if (bad) graph_drop(rt);
+        if (bad && failed[0]) ct_set_error("%s", failed); /* the op that failed, not the end of capture */
+    }
+    if (bad) {
+        g->failed = 1;
+        snprintf(g->why, sizeof g->why, "%s", ct_last_error()[0] ? ct_last_error() : "the device refused");
+        ct_clear_error();
+        return -1;
+    }
+    void *at[4];
+    char *base[3];
+    graph_addresses(rt, io, loss, at, base);
+    memcpy(g->at, at, sizeof at);
+    memcpy(g->arena_base, base, sizeof base);
+    g->captures++;
+    return 0;
+}
+
+int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                             float loss_scale, int last_microbatch, double *loss_sum) {
+    runtime_graph *g = &rt->graph;
+    rt_tensor *io[3], *loss = NULL;
+    if (upload_microbatch(rt, tokens, targets, B, T, loss_scale, io)) return -1;
+    if (B != g->B || T != g->T) { /* a new shape: eager until its arenas are steady */
+        graph_drop(rt);
+        g->B = B;
+        g->T = T;
+        g->eager_runs = 0;
+    }
+    if (g->graph) { /* the graph's addresses must still be these: else capture again */
+        void *at[4];
+        char *base[3];
+        graph_addresses(rt, io, NULL, at, base);
+        if (memcmp(at, g->at, 3 * sizeof at[0]) || memcmp(base, g->arena_base, sizeof base)) {
+            graph_drop(rt);
+            g->eager_runs = 0;
+        }
+    }
+    if (!g->graph && g->enabled && !g->failed && g->eager_runs >= 2 && graph_capture(rt, io, last_microbatch) != 0) {
+        /* the failed capture ran nothing: the microbatch runs eagerly after all, from fresh arenas */
+        if (upload_microbatch(rt, tokens, targets, B, T, loss_scale, io)) return -1;
+    }
+    const float *loss_at;
+    if (g->graph) {
+        ct_clear_error();
+        if (rt->d->graph_launch(rt->dev, g->graph) != CT_OK) return -1;
+        g->launches++;
+        loss_at = g->at[3];
+    } else {
+        if (microbatch(rt, io, last_microbatch, &loss)) return -1;
+        g->eager_runs++;
+        loss_at = loss->t.data;
+    }
+    float lf = 0;
+    if (rt->d->copy(rt->dev, &lf, loss_at, sizeof lf, CT_COPY_D2H) != CT_OK) return -1;
+    *loss_sum = lf;
+    return 0;
 }
 
 int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out) {

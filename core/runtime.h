@@ -94,6 +94,20 @@ typedef struct runtime_tp {
     int64_t collectives;
 } runtime_tp;
 
+/* compile.enable on a device with graph ops (ABI 1.5): one microbatch's forward and backward
+ * captured once the arenas are steady, then launched as one graph per microbatch (runtime.c). */
+typedef struct runtime_graph {
+    int enabled;          /* the session allows it: one rank, no float8, the 1.5 loss ops */
+    int failed;           /* a capture failed (why): eager from then on */
+    char why[256];
+    int eager_runs;       /* microbatches run eagerly at shape (B, T) */
+    int64_t B, T;
+    void *graph;          /* the device's graph, or NULL */
+    void *at[4];          /* what it reads and writes: the uploads' and the loss's addresses ... */
+    char *arena_base[3];  /* ... inside these arena chunks (saved, scratch, grads) */
+    int64_t ops, captures, launches;
+} runtime_graph;
+
 typedef struct runtime {
     const ct_device_api *d;
     void *dev;
@@ -133,6 +147,7 @@ typedef struct runtime {
     tape_entry *tail;
     ct_builder builder;
     int64_t peak_act_bytes; /* live bytes of saved + scratch + grads at their worst */
+    runtime_graph graph;
 } runtime;
 
 /* Builds the runtime: declares the parameters, lets the strategy place them (dist may be NULL: one
@@ -152,7 +167,8 @@ int runtime_begin_step(runtime *rt);
 
 /* One microbatch: tokens, targets (B,T) int32 on the host. Forward through every unit and backward,
  * with d(loss_sum)/d(loss) = loss_scale (1 / global valid tokens). Accumulates into parameter
- * gradients; *loss_sum receives the summed cross entropy of the microbatch. */
+ * gradients; *loss_sum receives the summed cross entropy of the microbatch. With graph.enabled,
+ * the third microbatch of a shape is captured and every later one launches the graph. */
 int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B,
                              int64_t T, float loss_scale, int last_microbatch, double *loss_sum);
 /* Forward only: the logits (B, T, V) into host memory. */

@@ -696,10 +696,14 @@ static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor
     if (!losses) return NULL;
     CALL(rt, DEV(rt)->cross_entropy_forward(rt->dev, losses->t.data, logits->t.data, targets->t.data, n, v,
                                             CT_IGNORE_INDEX));
-    double sum = 0;
-    CALL(rt, DEV(rt)->sum(rt->dev, &sum, losses->t.data, n));
-    float fsum = (float)sum;
-    CALL(rt, DEV(rt)->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D));
+    if (CT_HAS_FIELD(DEV(rt), ct_device_api, sum_to_device) && DEV(rt)->sum_to_device) {
+        CALL(rt, DEV(rt)->sum_to_device(rt->dev, y->t.data, losses->t.data, n)); /* no wait for the device */
+    } else {
+        double sum = 0;
+        CALL(rt, DEV(rt)->sum(rt->dev, &sum, losses->t.data, n));
+        float fsum = (float)sum;
+        CALL(rt, DEV(rt)->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D));
+    }
     if (record(rt, OP_CROSS_ENTROPY, y, logits, targets, NULL, NULL, NULL, 0)) return NULL;
     return &y->t;
 }
@@ -889,9 +893,13 @@ static int entry_backward(runtime *rt, tape_entry *e, int halves) {
         break;
     case OP_CROSS_ENTROPY: {
         if (!in) break;
+        int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
+        if (!e->i1 && CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev) {
+            BCALL(d->cross_entropy_backward_dev(dev, G(x), x->t.data, w->t.data, dy, n, v, CT_IGNORE_INDEX));
+            break; /* dloss stays on the device */
+        }
         float dloss;
         BCALL(d->copy(dev, &dloss, dy, sizeof dloss, CT_COPY_D2H));
-        int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
         if (e->i1)
             BCALL(d->cross_entropy_backward_lse(dev, G(x), x->t.data, w->t.data, e->aux[0]->t.data, dloss, n, v, e->i0,
                                                 CT_IGNORE_INDEX));

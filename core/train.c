@@ -23,6 +23,46 @@ static const char *train_usage =
 
 static double gib(int64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
+/* compile.enable: the steady-state microbatch as one device graph (runtime.c) where the device
+ * captures graphs (ABI 1.5) and nothing in the step needs the host mid-way: one rank (the
+ * strategies' collectives are not captured), no float8 (its scales are read back). */
+static void compile_setup(session *s, manifest *mf) {
+    int compile = 0;
+    mf_get_bool(mf, "compile.enable", &compile);
+    if (!compile) return;
+    const ct_device_api *d = s->rt.d;
+    const char *name = s->devp->info.name, *why = NULL;
+    if (!CT_HAS_FIELD(d, ct_device_api, graph_free) || !d->graph_begin || !d->graph_end || !d->graph_launch ||
+        !d->graph_free || !d->sum_to_device || !d->cross_entropy_backward_dev)
+        why = "the device has no graph capture (ABI 1.5 graph_begin)";
+    else if (s->world > 1)
+        why = "not with several ranks yet (the strategies' collectives are not captured)";
+    else if (s->rt.qapi)
+        why = "not with float8 (its scales are read back on the host)";
+    if (why) {
+        printf("compile.enable: no effect on the %s device: %s; the step runs eagerly\n", name, why);
+        return;
+    }
+    s->rt.graph.enabled = 1;
+    printf("compile.enable: each microbatch's forward and backward will be captured in a %s graph once the "
+           "arenas are steady (the third microbatch), then replayed\n",
+           name);
+}
+
+/* One line when a capture happened or failed since the last step. */
+static void compile_report(const runtime_graph *g, int64_t step, int64_t *told) {
+    if (g->failed && *told >= 0) {
+        printf("compile.enable: the capture failed at step %lld (%s); the step runs eagerly\n", (long long)step,
+               g->why);
+        *told = -1;
+    } else if (g->captures > *told && *told >= 0) {
+        printf("compile.enable: step %lld: captured one microbatch's forward and backward as a graph of %lld "
+               "device operations (capture %lld); later microbatches launch it\n",
+               (long long)step, (long long)g->ops, (long long)g->captures);
+        *told = g->captures;
+    }
+}
+
 static void print_model_summary(session *s, int64_t seq_len) {
     const ct_model_desc *d = &s->rt.desc;
     printf("model: %s (%s): %.3fM parameters (%.3fM without embeddings), %d units, %.3f GFLOP per token at seq %lld\n",
@@ -133,17 +173,13 @@ static int train_loop(session *s, manifest *mf) {
         printf("device: %s, measured %s matmul peak %.1f GFLOP/s (MFU below is against this %s peak)\n",
                s->devp->info.name, s->matmul_precision ? s->matmul_precision : "f32", s->peak_flops / 1e9,
                s->devp->info.name);
-    int compile = 0;
-    mf_get_bool(mf, "compile.enable", &compile);
-    if (compile)
-        printf(strcmp(s->devp->info.name, "cpu") == 0
-                   ? "compile.enable: no effect on the cpu device (there is no graph to capture)\n"
-                   : "compile.enable: capturing the step in a CUDA graph is not implemented yet; the step runs eagerly\n");
+    compile_setup(s, mf);
     double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0, tp_time_sum = 0, tp_bwd_sum = 0,
            pp_sums[2] = {0, 0};
     const int64_t warmup_steps = steps > 2 ? 2 : steps > 1 ? 1 : 0;
     int64_t tokens_since = 0, timed_steps = 0;
     int told_opt = 0;
+    int64_t told_graph = 0;
     ckpt_plan ck;
     if (ckpt_begin(s, mf, dump, &ck)) {
         rc = EXIT_BAD_INPUT;
@@ -175,6 +211,7 @@ static int train_loop(session *s, manifest *mf) {
         if (!told_opt++)
             printf("optimizer: %d parameter tensors updated in %d call%s per step\n", s->rt.n_params, s->opt_calls,
                    s->opt_calls == 1 ? "" : "s");
+        compile_report(&s->rt.graph, step, &told_graph);
         double dt = ct_now() - t0;
         if (step > warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
             step_time_sum += dt;
@@ -223,6 +260,11 @@ static int train_loop(session *s, manifest *mf) {
                (long long)timed_steps, (long long)warmup_steps, tps, gflops, s->peak_flops / 1e9, s->devp->info.name,
                s->peak_flops > 0 ? gflops * 1e9 / s->peak_flops : 0.0, gib(g_mem.peak_total),
                gib(s->rt.peak_act_bytes));
+        if (s->rt.graph.launches > 0)
+            printf("summary: compile: %lld microbatches ran as one graph launch each (%lld device operations; "
+                   "%lld capture%s)\n",
+                   (long long)s->rt.graph.launches, (long long)s->rt.graph.ops, (long long)s->rt.graph.captures,
+                   s->rt.graph.captures == 1 ? "" : "s");
         if (s->world > 1)
             printf("summary: communication (time in strategy hooks and collectives, not hidden by compute) %.1f%% of "
                    "step time on rank 0\n",

@@ -328,6 +328,17 @@ static ct_status cpu_sum(void *dev, double *out, const float *x, int64_t n)
     return CT_OK;
 }
 
+/* ABI 1.5: the sum stays in device memory (here the host's: nothing to wait for) */
+static ct_status cpu_sum_to_device(void *dev, float *out, const float *x, int64_t n)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
+    CPU_REQUIRE(out && (n == 0 || x), "null pointer");
+    cpu_enter(d);
+    *out = (float)sum_f32(x, n);
+    return CT_OK;
+}
+
 static ct_status cpu_sum_squares(void *dev, double *out, const float *x, int64_t n)
 {
     CPU_OP_BEGIN(dev);
@@ -673,6 +684,16 @@ static ct_status cpu_cross_entropy_backward(void *dev, float *dlogits, const flo
     CPU_NOMEM_IF(cross_entropy_backward_f32(dlogits, logits, targets, dloss, n, v, ignore_index) !=
                  0);
     return CT_OK;
+}
+
+/* ABI 1.5: dloss in device memory, read when the op runs */
+static ct_status cpu_cross_entropy_backward_dev(void *dev, float *dlogits, const float *logits,
+                                                const int32_t *targets, const float *dloss, int64_t n,
+                                                int64_t v, int32_t ignore_index)
+{
+    CPU_OP_BEGIN(dev);
+    CPU_REQUIRE(dloss != NULL, "null dloss");
+    return cpu_cross_entropy_backward(dev, dlogits, logits, targets, *dloss, n, v, ignore_index);
 }
 
 /* ---------------------------------------------------------------- optimizer and precision */
@@ -1021,6 +1042,8 @@ static const ct_device_api cpu_api = {
     .copy_2d = cpu_copy_2d,
     .matmul_fp8 = cpu_matmul_fp8,
     .matmul_fp8_rows = cpu_matmul_fp8_rows,
+    .sum_to_device = cpu_sum_to_device,
+    .cross_entropy_backward_dev = cpu_cross_entropy_backward_dev,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

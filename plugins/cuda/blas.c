@@ -420,6 +420,8 @@ static ct_status fp8_gemm(cuda_device *d, const char *op, float *c, const uint8_
         return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
     if (k == 0) /* an empty product: c = beta c, as matmul */
         return cuda_matmul(d, c, NULL, NULL, m, n, 0, 0, 1, alpha, beta);
+    if ((st = cuda_no_capture(d, op, "an fp8 GEMM (its scale buffers are not held for graphs)")) != CT_OK)
+        return st;
     if (!d->fp8_gemm)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, op, "%s has no fp8 tensor cores (compute capability < 8.9)", d->name);
     if (a_fmt == CT_F8_E5M2 && b_fmt == CT_F8_E5M2)

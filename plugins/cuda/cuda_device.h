@@ -2,7 +2,8 @@
  *
  * Files: device.c (entry, options, lifecycle, the API table), memory.c (the caching allocator,
  * copies, scratch and readbacks), blas.c (matmul through cuBLASLt, the peak-FLOP/s loop),
- * ops.c and ops_ext.c (argument checks, then the kernel launchers of kernels.h).
+ * ops.c and ops_ext.c (argument checks, then the kernel launchers of kernels.h), stream.c
+ * (share_stream), graph.c (capture into CUDA graphs, ABI 1.5).
  *
  * Streams: every op runs on d->stream. Until share_stream (ABI 1.4) that is the legacy default
  * stream, ordered both ways with the NCCL plugin's blocking streams (no events needed, no
@@ -26,11 +27,13 @@
 
 #include "kernels.h"
 
-/* One cudaMalloc'd block of the cache. */
+/* One cudaMalloc'd block of the cache. `held`: the serial of the graph that owns the block while
+ * it is not in use (a scratch block given back during that graph's capture), 0 for none. */
 typedef struct cuda_block {
     void *ptr;
     size_t size;
     int in_use;
+    unsigned held;
 } cuda_block;
 
 /* The caching allocator: every block it got from cudaMalloc, and a map from a block's pointer
@@ -70,18 +73,23 @@ typedef struct cuda_device {
     unsigned long long *flag; /* device: cuk_find_bad_id's answer */
     double *dsum;             /* device: cuk_sum's answer */
     void *pinned;             /* CUDA_PINNED_BYTES of page-locked host memory for readbacks */
+    /* graph capture (graph.c): the serial of the graph being captured (0: not capturing), the
+     * first failure of an op during the capture, the last serial handed out */
+    unsigned capture;
+    ct_status capture_failed;
+    unsigned graph_serial;
 } cuda_device;
 
 #define CUDA_PINNED_BYTES 64
 
 /* ---- errors (device.c) ---- */
 /* Reports "op: message" through the host and returns `status`. */
-ct_status cuda_fail(const cuda_device *d, ct_status status, const char *op, const char *fmt, ...)
+ct_status cuda_fail(cuda_device *d, ct_status status, const char *op, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* A failed CUDA call: CT_ERR_NOMEM for an allocation failure, CT_ERR_INTERNAL otherwise, with the
  * call and CUDA's name and text of the error. Clears the (non-sticky) error. */
-ct_status cuda_error(const cuda_device *d, const char *op, const char *call, cudaError_t e);
-ct_status cuda_blas_error(const cuda_device *d, const char *op, const char *call, cublasStatus_t s);
+ct_status cuda_error(cuda_device *d, const char *op, const char *call, cudaError_t e);
+ct_status cuda_blas_error(cuda_device *d, const char *op, const char *call, cublasStatus_t s);
 /* Makes d's GPU current on the calling thread (a no-op when it already is). */
 ct_status cuda_enter(cuda_device *d, const char *op);
 
@@ -98,6 +106,10 @@ ct_status cuda_synchronize(void *dev);
 ct_status cuda_readback(cuda_device *d, const char *op, void *dst, const void *src, size_t bytes);
 /* destroy: the shared stream (if any) back to CUDA (stream.c) */
 void cuda_stream_release(cuda_device *d);
+/* graph_free: the blocks graph `serial` held go back to the cache */
+void cuda_cache_unhold(cuda_device *d, unsigned serial);
+/* CT_OK, or CT_ERR_INVALID "op: ... cannot be part of a graph" while a capture runs */
+ct_status cuda_no_capture(cuda_device *d, const char *op, const char *what);
 
 /* ---- dense algebra (blas.c) ---- */
 ct_status cuda_blas_init(cuda_device *d);
@@ -152,6 +164,13 @@ CUDA_OP(matmul_fp8);
 CUDA_OP(set_matmul_dtype);
 CUDA_OP(share_stream);
 CUDA_OP(matmul_fp8_rows);
+/* ABI 1.5: ops.c (sum_to_device, cross_entropy_backward_dev), graph.c (the graph ops) */
+CUDA_OP(sum_to_device);
+CUDA_OP(cross_entropy_backward_dev);
+CUDA_OP(graph_begin);
+CUDA_OP(graph_end);
+CUDA_OP(graph_launch);
+CUDA_OP(graph_free);
 
 /* The checks every op starts with (`__func__ + 5` is the op's name without "cuda_"). */
 #define CUDA_OP_BEGIN(dev)                                                                         \

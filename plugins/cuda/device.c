@@ -24,7 +24,7 @@
 
 /* ---------------------------------------------------------------- errors */
 
-ct_status cuda_fail(const cuda_device *d, ct_status status, const char *op, const char *fmt, ...)
+ct_status cuda_fail(cuda_device *d, ct_status status, const char *op, const char *fmt, ...)
 {
     if (d && d->host && d->host->set_error) {
         char msg[512];
@@ -34,17 +34,19 @@ ct_status cuda_fail(const cuda_device *d, ct_status status, const char *op, cons
         va_end(ap);
         d->host->set_error(d->host, "%s: %s", op, msg);
     }
+    if (d && d->capture && d->capture_failed == CT_OK) /* graph_end reports it */
+        d->capture_failed = status;
     return status;
 }
 
-ct_status cuda_error(const cuda_device *d, const char *op, const char *call, cudaError_t e)
+ct_status cuda_error(cuda_device *d, const char *op, const char *call, cudaError_t e)
 {
     (void)cudaGetLastError(); /* clear it unless it is sticky (then every later call reports it) */
     ct_status st = e == cudaErrorMemoryAllocation ? CT_ERR_NOMEM : CT_ERR_INTERNAL;
     return cuda_fail(d, st, op, "%s failed: %s (%s)", call, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
-ct_status cuda_blas_error(const cuda_device *d, const char *op, const char *call, cublasStatus_t s)
+ct_status cuda_blas_error(cuda_device *d, const char *op, const char *call, cublasStatus_t s)
 {
     ct_status st = s == CUBLAS_STATUS_ALLOC_FAILED ? CT_ERR_NOMEM : CT_ERR_INTERNAL;
     return cuda_fail(d, st, op, "%s failed: %s (status %d)", call, cublasGetStatusString(s), (int)s);
@@ -281,6 +283,12 @@ static const ct_device_api cuda_api = {
     .set_matmul_dtype = cuda_set_matmul_dtype,
     .share_stream = cuda_share_stream,
     .matmul_fp8_rows = cuda_matmul_fp8_rows,
+    .sum_to_device = cuda_sum_to_device,
+    .cross_entropy_backward_dev = cuda_cross_entropy_backward_dev,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

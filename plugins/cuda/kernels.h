@@ -51,7 +51,8 @@ cudaError_t cuk_axpy(const cuk_env *e, float *y, const float *x, float alpha, in
 cudaError_t cuk_add(const cuk_env *e, float *out, const float *a, const float *b, int64_t n);
 cudaError_t cuk_scale(const cuk_env *e, float *x, float alpha, int64_t n);
 /* *out (device double) = sum x, or sum x^2 when squares */
-cudaError_t cuk_sum(const cuk_env *e, double *out, const float *x, int64_t n, int squares);
+/* *out = sum x (or of x^2) in double; with out NULL, *out_f32 = that double rounded to f32 */
+cudaError_t cuk_sum(const cuk_env *e, double *out, float *out_f32, const float *x, int64_t n, int squares);
 cudaError_t cuk_rope(const cuk_env *e, float *out, const float *x, int64_t b, int64_t t, int64_t h,
                      int64_t d, float theta, int backward);
 cudaError_t cuk_swiglu_forward(const cuk_env *e, float *out, const float *a, const float *g, int64_t n);
@@ -101,9 +102,10 @@ cudaError_t cuk_bias_backward(const cuk_env *e, float *dbias, const float *dout,
 cudaError_t cuk_cross_entropy_forward(const cuk_env *e, float *losses, const float *logits,
                                       const int32_t *targets, int64_t n, int64_t v, int32_t ignore_index,
                                       const unsigned long long *bad);
+/* dloss_dev (device, one f32) replaces dloss when not NULL */
 cudaError_t cuk_cross_entropy_backward(const cuk_env *e, float *dlogits, const float *logits,
-                                       const int32_t *targets, float dloss, int64_t n, int64_t v,
-                                       int32_t ignore_index, const unsigned long long *bad);
+                                       const int32_t *targets, float dloss, const float *dloss_dev, int64_t n,
+                                       int64_t v, int32_t ignore_index, const unsigned long long *bad);
 cudaError_t cuk_cross_entropy_stats(const cuk_env *e, float *stats, const float *logits,
                                     const int32_t *targets, int64_t n, int64_t v, int64_t begin,
                                     int32_t ignore_index);

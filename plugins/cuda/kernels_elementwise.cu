@@ -103,19 +103,25 @@ static __global__ void sum_partial_k(double *partial, const float *x, int64_t n,
         partial[blockIdx.x] = s;
 }
 
-static __global__ void sum_final_k(double *out, const double *partial, int np)
+/* *out, or *out_f32 (the double rounded once) when out is NULL */
+static __global__ void sum_final_k(double *out, float *out_f32, const double *partial, int np)
 {
     __shared__ double red[32];
     double s = 0;
     for (int i = threadIdx.x; i < np; i += blockDim.x)
         s += partial[i];
     s = cuk_block_sum(s, red);
-    if (threadIdx.x == 0)
-        *out = s;
+    if (threadIdx.x == 0) {
+        if (out)
+            *out = s;
+        else
+            *out_f32 = (float)s;
+    }
 }
 
 /* The block count depends on n only (not on the GPU), so the bits do not depend on the SMs. */
-extern "C" cudaError_t cuk_sum(const cuk_env *e, double *out, const float *x, int64_t n, int squares)
+extern "C" cudaError_t cuk_sum(const cuk_env *e, double *out, float *out_f32, const float *x, int64_t n,
+                               int squares)
 {
     int64_t blocks = (n + CUK_THREADS - 1) / CUK_THREADS;
     if (blocks > CUK_SUM_BLOCKS)
@@ -126,7 +132,7 @@ extern "C" cudaError_t cuk_sum(const cuk_env *e, double *out, const float *x, in
     if (!partial)
         return cudaErrorMemoryAllocation;
     sum_partial_k<<<(unsigned)blocks, CUK_THREADS, 0, e->stream>>>(partial, x, n, squares);
-    sum_final_k<<<1, 1024, 0, e->stream>>>(out, partial, (int)blocks);
+    sum_final_k<<<1, 1024, 0, e->stream>>>(out, out_f32, partial, (int)blocks);
     cudaError_t err = cudaGetLastError();
     cuda_scratch_put(e->dev, partial);
     return err;

@@ -343,8 +343,8 @@ static __global__ void cross_entropy_forward_k(float *losses, const float *logit
 /* dlogits (n,v) += dloss * (softmax - onehot(target)) on rows not ignored; as the CPU plugin:
  * dx += (dloss / sum) * exp(x - max), then dx[target] -= dloss (one thread does both). */
 static __global__ void cross_entropy_backward_k(float *dlogits, const float *logits, const int32_t *targets,
-                                                float dloss, int64_t n, int64_t v, int32_t ignore_index,
-                                                const unsigned long long *bad)
+                                                float dloss_value, const float *dloss_dev, int64_t n, int64_t v,
+                                                int32_t ignore_index, const unsigned long long *bad)
 {
     __shared__ float redf[32];
     __shared__ double redd[32];
@@ -359,6 +359,7 @@ static __global__ void cross_entropy_backward_k(float *dlogits, const float *log
     float mx;
     double s;
     row_softmax_stats(x, v, &mx, &s, redf, redd);
+    const float dloss = dloss_dev ? *dloss_dev : dloss_value;
     float w = (float)((double)dloss / s);
     for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
         dx[j] += w * expf(x[j] - mx);
@@ -428,11 +429,12 @@ extern "C" cudaError_t cuk_cross_entropy_forward(const cuk_env *e, float *losses
 }
 
 extern "C" cudaError_t cuk_cross_entropy_backward(const cuk_env *e, float *dlogits, const float *logits,
-                                                  const int32_t *targets, float dloss, int64_t n, int64_t v,
-                                                  int32_t ignore_index, const unsigned long long *bad)
+                                                  const int32_t *targets, float dloss, const float *dloss_dev,
+                                                  int64_t n, int64_t v, int32_t ignore_index,
+                                                  const unsigned long long *bad)
 {
-    cross_entropy_backward_k<<<(unsigned)n, CUK_CE_THREADS, 0, e->stream>>>(dlogits, logits, targets, dloss, n,
-                                                                             v, ignore_index, bad);
+    cross_entropy_backward_k<<<(unsigned)n, CUK_CE_THREADS, 0, e->stream>>>(dlogits, logits, targets, dloss,
+                                                                             dloss_dev, n, v, ignore_index, bad);
     return cudaGetLastError();
 }
 

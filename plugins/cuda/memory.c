@@ -15,6 +15,11 @@
  * while an op holds them. Bytes cached but unused are not counted (as PyTorch's "allocated",
  * not "reserved").
  *
+ * Graphs (graph.c): a block given back while a capture runs is held for that graph (its kernels
+ * write it again at every launch) and handed out only to the same capture until graph_free, so
+ * memory the host allocates later never aliases a graph's scratch. A capture never trims (cudaFree
+ * cannot run during one); trimming skips held blocks.
+ *
  * Copies run on the stream: host to device returns once CUDA has staged a pageable source (so
  * the caller may reuse it at once); a pinned source is waited for. Device to host waits for the
  * stream, so the host sees the data on return.
@@ -97,7 +102,7 @@ static void cache_trim(cuda_device *d)
     cuda_cache *c = &d->cache;
     size_t kept = 0;
     for (size_t i = 0; i < c->n; i++) {
-        if (c->blocks[i].in_use) {
+        if (c->blocks[i].in_use || c->blocks[i].held) {
             c->blocks[kept++] = c->blocks[i];
         } else {
             cudaFree(c->blocks[i].ptr);
@@ -129,7 +134,7 @@ static void *cache_get(cuda_device *d, size_t bytes, cudaError_t *err, size_t *s
     int64_t best = -1;
     for (size_t i = 0; i < c->n; i++) {
         const cuda_block *b = &c->blocks[i];
-        if (!b->in_use && b->size >= want && b->size - want <= want / 8 &&
+        if (!b->in_use && (b->held == 0 || b->held == d->capture) && b->size >= want && b->size - want <= want / 8 &&
             (best < 0 || b->size < c->blocks[best].size))
             best = (int64_t)i;
     }
@@ -155,7 +160,7 @@ static void *cache_get(cuda_device *d, size_t bytes, cudaError_t *err, size_t *s
     }
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, want);
-    if (e == cudaErrorMemoryAllocation) {
+    if (e == cudaErrorMemoryAllocation && !d->capture) { /* cudaFree cannot run during a capture */
         (void)cudaGetLastError();
         cache_trim(d);
         e = cudaMalloc(&p, want);
@@ -165,7 +170,7 @@ static void *cache_get(cuda_device *d, size_t bytes, cudaError_t *err, size_t *s
         *err = e;
         return NULL;
     }
-    c->blocks[c->n] = (cuda_block){p, want, 1};
+    c->blocks[c->n] = (cuda_block){p, want, 1, 0};
     map_put(c, p, (int64_t)c->n);
     c->n++;
     c->reserved += want;
@@ -183,8 +188,26 @@ static size_t cache_put(cuda_device *d, void *p)
     if (i < 0 || !c->blocks[i].in_use)
         return 0;
     c->blocks[i].in_use = 0;
+    if (d->capture) /* the graph's kernels use it again at every launch */
+        c->blocks[i].held = d->capture;
     c->in_use -= c->blocks[i].size;
     return c->blocks[i].size;
+}
+
+void cuda_cache_unhold(cuda_device *d, unsigned serial)
+{
+    pthread_mutex_lock(&d->mem_lock);
+    for (size_t i = 0; i < d->cache.n; i++)
+        if (d->cache.blocks[i].held == serial)
+            d->cache.blocks[i].held = 0;
+    pthread_mutex_unlock(&d->mem_lock);
+}
+
+ct_status cuda_no_capture(cuda_device *d, const char *op, const char *what)
+{
+    if (!d->capture)
+        return CT_OK;
+    return cuda_fail(d, CT_ERR_INVALID, op, "%s cannot be part of a graph (a capture is running)", what);
 }
 
 ct_status cuda_alloc(void *dev, size_t bytes, void **out)
@@ -276,6 +299,11 @@ ct_status cuda_copy(void *dev, void *dst, const void *src, size_t bytes, ct_copy
     CUDA_REQUIRE(dst && src, "null pointer");
     CUDA_ENTER();
     cudaError_t e;
+    if (kind != CT_COPY_D2D) {
+        ct_status st = cuda_no_capture(d, "copy", kind == CT_COPY_H2D ? "a copy from the host" : "a copy to the host");
+        if (st != CT_OK)
+            return st;
+    }
     if (kind == CT_COPY_H2D) {
         e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, d->stream);
         if (e == cudaSuccess && host_is_pinned(src))
@@ -320,6 +348,9 @@ ct_status cuda_zero(void *dev, void *p, size_t bytes)
 ct_status cuda_synchronize(void *dev)
 {
     CUDA_OP_BEGIN(dev);
+    ct_status st = cuda_no_capture(d, "synchronize", "waiting for the device");
+    if (st != CT_OK)
+        return st;
     CUDA_ENTER();
     cudaError_t e = cudaStreamSynchronize(d->stream);
     return e == cudaSuccess ? CT_OK : cuda_error(d, "synchronize", "cudaStreamSynchronize", e);
@@ -327,6 +358,9 @@ ct_status cuda_synchronize(void *dev)
 
 ct_status cuda_readback(cuda_device *d, const char *op, void *dst, const void *src, size_t bytes)
 {
+    ct_status st = cuda_no_capture(d, op, "reading a result back to the host");
+    if (st != CT_OK)
+        return st;
     cudaError_t e = cudaMemcpyAsync(d->pinned, src, bytes, cudaMemcpyDeviceToHost, d->stream);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(d->stream);

@@ -40,6 +40,8 @@ static ct_status ids_check_begin(cuda_device *d, const char *op, const int32_t *
 static ct_status ids_check_end(cuda_device *d, const char *op, const char *what, const int32_t *ids, int64_t n,
                                int64_t limit, int use_skip, int32_t skip)
 {
+    if (d->capture) /* a graph cannot wait for the answer: the op's kernels still skip on a bad id */
+        return CT_OK;
     unsigned long long bad = 0;
     ct_status st = cuda_readback(d, op, &bad, d->flag, sizeof bad);
     if (st != CT_OK || bad >= (unsigned long long)n)
@@ -102,7 +104,7 @@ static ct_status sum_generic(cuda_device *d, const char *op, double *out, const 
     if (st != CT_OK)
         return st;
     pthread_mutex_lock(&d->op_lock);
-    cudaError_t e = cuk_sum(&d->env, d->dsum, x, n, squares);
+    cudaError_t e = cuk_sum(&d->env, d->dsum, NULL, x, n, squares);
     st = e == cudaSuccess ? cuda_readback(d, op, out, d->dsum, sizeof *out) : cuda_error(d, op, "kernel launch", e);
     pthread_mutex_unlock(&d->op_lock);
     return st;
@@ -122,6 +124,20 @@ ct_status cuda_sum_squares(void *dev, double *out, const float *x, int64_t n)
     CUDA_REQUIRE_LEN(n);
     CUDA_REQUIRE(out && (n == 0 || x), "null pointer");
     return sum_generic(d, "sum_squares", out, x, n, 1);
+}
+
+ct_status cuda_sum_to_device(void *dev, float *out, const float *x, int64_t n)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE_LEN(n);
+    CUDA_REQUIRE(out && (n == 0 || x), "null pointer");
+    CUDA_ENTER();
+    if (n == 0) {
+        cudaError_t e = cudaMemsetAsync(out, 0, sizeof *out, d->stream);
+        return e == cudaSuccess ? CT_OK : cuda_error(d, "sum_to_device", "cudaMemsetAsync", e);
+    }
+    CUDA_LAUNCH(cuk_sum(&d->env, NULL, out, x, n, 0));
+    return CT_OK;
 }
 
 /* ---------------------------------------------------------------- embedding */
@@ -438,8 +454,8 @@ ct_status cuda_gelu_backward(void *dev, float *dx, const float *dout, const floa
 
 /* Shapes and pointers, then the targets checked on the GPU around the op's kernel. */
 static ct_status cross_entropy_checked(cuda_device *d, const char *op, float *dst, const float *logits,
-                                       const int32_t *targets, float dloss, int64_t n, int64_t v,
-                                       int32_t ignore_index, int backward)
+                                       const int32_t *targets, float dloss, const float *dloss_dev, int64_t n,
+                                       int64_t v, int32_t ignore_index, int backward)
 {
     if (n < 0 || v <= 0)
         return cuda_fail(d, CT_ERR_INVALID, op, "shape n=%lld v=%lld, expected v > 0", (long long)n, (long long)v);
@@ -458,7 +474,8 @@ static ct_status cross_entropy_checked(cuda_device *d, const char *op, float *ds
     st = ids_check_begin(d, op, targets, n, v, 1, ignore_index);
     if (st == CT_OK) {
         cudaError_t e =
-            backward ? cuk_cross_entropy_backward(&d->env, dst, logits, targets, dloss, n, v, ignore_index, d->flag)
+            backward ? cuk_cross_entropy_backward(&d->env, dst, logits, targets, dloss, dloss_dev, n, v, ignore_index,
+                                                  d->flag)
                      : cuk_cross_entropy_forward(&d->env, dst, logits, targets, n, v, ignore_index, d->flag);
         if (e != cudaSuccess)
             st = cuda_error(d, op, "kernel launch", e);
@@ -473,15 +490,25 @@ ct_status cuda_cross_entropy_forward(void *dev, float *losses, const float *logi
                                      int64_t n, int64_t v, int32_t ignore_index)
 {
     CUDA_OP_BEGIN(dev);
-    return cross_entropy_checked(d, "cross_entropy_forward", losses, logits, targets, 0.0f, n, v, ignore_index, 0);
+    return cross_entropy_checked(d, "cross_entropy_forward", losses, logits, targets, 0.0f, NULL, n, v, ignore_index,
+                                 0);
 }
 
 ct_status cuda_cross_entropy_backward(void *dev, float *dlogits, const float *logits, const int32_t *targets,
                                       float dloss, int64_t n, int64_t v, int32_t ignore_index)
 {
     CUDA_OP_BEGIN(dev);
-    return cross_entropy_checked(d, "cross_entropy_backward", dlogits, logits, targets, dloss, n, v, ignore_index,
-                                 1);
+    return cross_entropy_checked(d, "cross_entropy_backward", dlogits, logits, targets, dloss, NULL, n, v,
+                                 ignore_index, 1);
+}
+
+ct_status cuda_cross_entropy_backward_dev(void *dev, float *dlogits, const float *logits, const int32_t *targets,
+                                          const float *dloss, int64_t n, int64_t v, int32_t ignore_index)
+{
+    CUDA_OP_BEGIN(dev);
+    CUDA_REQUIRE(dloss != NULL, "null dloss");
+    return cross_entropy_checked(d, "cross_entropy_backward_dev", dlogits, logits, targets, 0.0f, dloss, n, v,
+                                 ignore_index, 1);
 }
 
 /* ---------------------------------------------------------------- optimizer, precision */

@@ -10,13 +10,16 @@
 # plugin's C files are compiled as they are, against the stand-in headers.
 #
 #   (a) the emulated plugin passes every test of tests/unit/test_device_conformance.c (ABI 1.0,
-#       float8 and tensor-parallel ops, and 1.4's fp8 GEMM, bf16 operands and shared stream), with
+#       float8 and tensor-parallel ops, 1.4's fp8 GEMM, bf16 operands and shared stream, 1.5's
+#       device-resident loss ops and graph capture), with
 #       ASan/UBSan on the kernels and the host code;
 #   (b) again with cuBLASLt finding no algorithm (the cublasSgemm fallback), and with cudaMalloc
 #       failing past 228 MiB live (the allocator's trim-and-retry);
 #   (c) with no device, create fails with "no CUDA device is visible";
 #   (d) tests/cuda_emu/cross_check against the CPU plugin at Llama's shapes (attention at head dims
-#       48, 64, 128 over several tiles, cross-entropy over 128256 columns, ...), twice for bits.
+#       48, 64, 128 over several tiles, cross-entropy over 128256 columns, ...), twice for bits;
+#   (e) compile.enable: ctitan train with the emulated plugin, the microbatch captured as a CUDA
+#       graph and launched, against the eager run (f32; bf16 with checkpointing; a refused capture).
 set -euo pipefail
 
 BUILD=${BUILD:-build}
@@ -55,7 +58,7 @@ for c in plugins/cuda/*.c; do
     pids+=($!)
     objs+=("$OUT/$name.c.o")
 done
-for emu in emu_runtime emu_streams; do
+for emu in emu_runtime emu_streams emu_graphs; do
     g++ -std=c++17 -O1 -g -fPIC -Wall -Wextra -Werror $SAN -I"$EMU" -I"$EMU/include" -I"$OPENBLAS_INC" \
         -c -o "$OUT/$emu.o" "$EMU/$emu.cpp" &
     pids+=($!)
@@ -69,8 +72,9 @@ pids+=($!)
 for p in "${pids[@]}"; do
     wait "$p" || fail "a compile step failed (see above)"
 done
-g++ -shared $SAN -o "$OUT/ctitan-cuda-emu.so" "${objs[@]}" "$OUT/emu_runtime.o" "$OUT/emu_streams.o" -L"$OPENBLAS_LIB" \
-    -Wl,-rpath,"$OPENBLAS_LIB" -lopenblas -lpthread -Wl,-z,nodelete -Wl,--version-script=plugins/cuda/exports.map ||
+g++ -shared $SAN -o "$OUT/ctitan-cuda-emu.so" "${objs[@]}" "$OUT/emu_runtime.o" "$OUT/emu_streams.o" \
+    "$OUT/emu_graphs.o" -L"$OPENBLAS_LIB" -Wl,-rpath,"$OPENBLAS_LIB" -lopenblas -lpthread -Wl,-z,nodelete \
+    -Wl,--version-script=plugins/cuda/exports.map ||
     fail "cannot link the emulated plugin"
 echo "ok: built $OUT/ctitan-cuda-emu.so (plugins/cuda/*.c and *.cu on tests/cuda_emu)"
 
@@ -137,4 +141,77 @@ harness "$OUT/nodevice.log" CUDA_EMU_DEVICES=0 || rc=$?
 [ $rc -ne 0 ] && [ $rc -lt 128 ] || fail "with no device the harness exited $rc"
 grep -q 'create failed: create: no CUDA device is visible' "$OUT/nodevice.log" || fail "no 'no CUDA device' message"
 echo "ok: with no device, create refuses cleanly"
+
+# the emulator's own stream capture and graphs (tests/cuda_emu/emu_graph_check.cpp), with leak checks
+g++ "${CXX_FLAGS[@]}" -I"$OPENBLAS_INC" -o "$OUT/emu_graph_check" "$EMU/emu_graph_check.cpp" "$OUT/emu_runtime.o" \
+    "$OUT/emu_streams.o" "$OUT/emu_graphs.o" -L"$OPENBLAS_LIB" -Wl,-rpath,"$OPENBLAS_LIB" -lopenblas -lpthread ||
+    fail "cannot build $EMU/emu_graph_check.cpp"
+"$OUT/emu_graph_check" >"$OUT/emu_graph_check.log" 2>&1 ||
+    { grep -E '^FAIL|runtime error|Sanitizer' "$OUT/emu_graph_check.log" | head -20 || true
+      fail "$EMU/emu_graph_check.cpp: see $OUT/emu_graph_check.log"; }
+echo "ok: $(grep -c '^ok' "$OUT/emu_graph_check.log") checks of the emulator's stream capture and graphs pass"
+
+# (e) compile.enable end to end: ctitan train on the emulated plugin (a tiny Llama, 2 microbatches
+# a step), each microbatch from the third on one graph launch, against the same run eager: the
+# same loss and gradient norm every step, bit for bit (the graph replays the same kernels). f32,
+# then bf16 parameters with full activation checkpointing (bf16 GEMM scratch held by the graph,
+# recomputation inside it); then a capture CUDA refuses mid-way (the 50th operation): the run says
+# so and goes on eagerly with the same losses. The host binary is not sanitized: libasan and
+# libubsan are preloaded for the plugin's sake.
+CTITAN=$BUILD/ctitan
+corpus=tests/data/tokenizer/corpus.txt
+"$CTITAN" tokenizer train --input "$corpus" --vocab-size 512 --output "$OUT/tok.model" >/dev/null &&
+    "$CTITAN" tokenize --tokenizer "$OUT/tok.model" --input "$corpus" --output "$OUT/data.bin" >/dev/null ||
+    fail "cannot make the training data"
+cat >"$OUT/train.yaml" <<YAML
+device: {name: $(pwd)/$OUT/ctitan-cuda-emu.so}
+model: {name: llama3, flavor: debugmodel, n_layers: 2, dim: 64, n_heads: 4, n_kv_heads: 2, vocab_size: 512,
+        tokenizer_path: $OUT/tok.model}
+optimizer: {name: AdamW, lr: 3e-3}
+lr_scheduler: {warmup_steps: 2}
+training: {dataset_path: $OUT/data.bin, local_batch_size: 2, global_batch_size: 4, seq_len: 32, steps: 3, seed: 3}
+metrics: {log_freq: 1}
+YAML
+PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libubsan.so)"
+train() { # name, options...
+    local name=$1
+    shift
+    env LD_PRELOAD="$PRELOAD" timeout 600 "$CTITAN" train "$OUT/train.yaml" --job.dump_folder="$OUT/$name" "$@" \
+        >"$OUT/$name.log" 2>&1 || { grep -E 'ctitan:|cuda_emu:|runtime error|Sanitizer' "$OUT/$name.log" | head -5
+                                   fail "ctitan train $name (see $OUT/$name.log)"; }
+}
+curve() { sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3/' "$OUT/$1/metrics.jsonl"; }
+same_curve() { # eager, compiled
+    [ "$(curve "$1" | wc -l)" -eq 3 ] && [ "$(curve "$1")" = "$(curve "$2")" ] ||
+        fail "$2 against $1: $(paste -d' ' <(curve "$1") <(curve "$2") | tr '\n' ';')"
+}
+captured() { grep -q "compile.enable: step 2: captured one microbatch's forward and backward as a graph of" "$OUT/$1.log" &&
+             grep -q 'summary: compile: 4 microbatches ran as one graph launch each' "$OUT/$1.log" ||
+             fail "$1: no capture at step 2 and 4 launches (see $OUT/$1.log)"; }
+train eager_f32 &
+pid=$!
+train compile_f32 --compile.enable=true
+wait $pid || exit 1
+same_curve eager_f32 compile_f32
+captured compile_f32
+echo "ok: compile.enable, f32: $(grep -o 'a graph of [0-9]* device operations' "$OUT/compile_f32.log"), 4 launches; 3 steps identical to eager"
+bf16=(--training.mixed_precision_param=bfloat16 --activation_checkpoint.mode=full)
+train eager_bf16 "${bf16[@]}" &
+pid=$!
+train compile_bf16 "${bf16[@]}" --compile.enable=true
+wait $pid || exit 1
+same_curve eager_bf16 compile_bf16
+captured compile_bf16
+echo "ok: compile.enable, bf16 parameters and full activation checkpointing: $(grep -o 'a graph of [0-9]* device operations' "$OUT/compile_bf16.log"), 3 steps identical to eager"
+CUDA_EMU_CAPTURE_FAIL_AT=50 train refused_capture --compile.enable=true
+grep -q 'compile.enable: the capture failed at step 2 (.*cudaErrorStreamCapture.*); the step runs eagerly' \
+    "$OUT/refused_capture.log" || fail "a refused capture: no notice (see $OUT/refused_capture.log)"
+! grep -q 'summary: compile' "$OUT/refused_capture.log" || fail "a refused capture still launched a graph"
+same_curve eager_f32 refused_capture
+echo "ok: a capture refused at its 50th operation: notice, then eager with the same losses"
+"$CTITAN" train "$OUT/train.yaml" --device.name=cpu --compile.enable=true --training.steps=1 \
+    --job.dump_folder="$OUT/cpu" >"$OUT/cpu.log" 2>&1 || fail "compile.enable on the cpu (see $OUT/cpu.log)"
+grep -q 'compile.enable: no effect on the cpu device: the device has no graph capture' "$OUT/cpu.log" ||
+    fail "compile.enable on the cpu: no notice"
+echo "ok: compile.enable on the cpu: a one-line notice"
 echo "cuda_emulated: ok"

@@ -16,6 +16,11 @@
  * CUDA's: at most 1024 threads, grid.y and grid.z at most 65535, dynamic shared memory above
  * 48 KiB only after cudaFuncSetAttribute raised the kernel's limit, never above 227 KiB.
  *
+ * Every operation queued to a stream (a launch, a copy, a memset, a cuBLAS or CUB call) goes
+ * through emu_enqueue: it runs before the call returns, unless the stream is capturing
+ * (cudaStreamBeginCapture): then it is checked as if it ran, and recorded, with its arguments as
+ * at the call, to run when the captured graph is launched (emu_graphs.cpp).
+ *
  * What it cannot show: races between blocks (they never overlap here), interleavings finer than
  * barrier to barrier, the timing and memory model of a real GPU, and CUB's or cuBLAS's own
  * kernels (stand-ins in include/).
@@ -126,7 +131,16 @@ static inline emu_cfg emu_cfg_of(dim3 g, dim3 b, size_t smem = 0, cudaStream_t s
 }
 #define EMU_CFG(...) emu_cfg_of(__VA_ARGS__)
 
-/* Runs f on every thread of every block of cfg (or records why the launch is refused). */
+/* ---- streams ---- */
+/* Queues op to stream s: runs op(true) now, or when s captures, calls op(false) (the operation's
+ * checks, made at the call as CUDA makes them) and, if that succeeds, keeps op for the graph,
+ * where it runs as op(true), checks again included. A refusal on the capturing stream invalidates
+ * the capture; so does any use of the legacy stream (cudaErrorStreamCaptureImplicit) while a
+ * blocking stream captures. Returns what op returned or the refusal. */
+cudaError_t emu_enqueue(cudaStream_t s, const char *kind, std::function<cudaError_t(bool run)> op);
+
+/* Runs f on every thread of every block of cfg (or records why the launch is refused); queued
+ * through emu_enqueue to cfg.stream, with f (the kernel's arguments by value) kept by a capture. */
 void emu_run(const emu_cfg &cfg, const void *kernel, const std::function<void()> &f);
 
 template <typename... P, typename... A> static inline void emu_launch(const emu_cfg &cfg, void (*kernel)(P...), A... args)

@@ -2,14 +2,16 @@
  * CUDA plugin makes, and the execution of kernel launches (see cuda_emu.h for the model).
  *
  * Device memory is aligned host memory; copies are memcpy; every stream operation has finished
- * when the call returns. cudaMalloc keeps a registry of live blocks, so a copy or memset that
- * reaches outside every block, or a free of a pointer that is not a block, is a failed call
- * (cudaErrorInvalidValue) and a line on stderr. Environment:
+ * when the call returns, unless its stream captures (each goes through emu_enqueue, which then
+ * records it for a graph: emu_graphs.cpp). cudaMalloc keeps a registry of live blocks, so a copy
+ * or memset that reaches outside every block, or a free of a pointer that is not a block, is a
+ * failed call (cudaErrorInvalidValue) and a line on stderr. Environment:
  *   CUDA_EMU_DEVICES=0      no device: cudaGetDeviceCount fails as without a driver
  *   CUDA_EMU_MALLOC_LIMIT=N cudaMalloc fails once N bytes are live (tests the allocator's trim)
  *   CUDA_EMU_LT_NONE=1      cuBLASLt's heuristic finds no algorithm (the plugin uses cublasSgemm)
  */
 #include "cuda_emu.h"
+#include "emu_internal.h"
 
 #include "cublasLt.h"
 #include "cublas_v2.h"
@@ -17,6 +19,7 @@
 #include <cblas.h>
 
 #include <chrono>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -27,9 +30,14 @@
 
 static thread_local cudaError_t last_error = cudaSuccess;
 
-static cudaError_t fail(cudaError_t e, const char *what)
+cudaError_t emu_fail(cudaError_t e, const char *fmt, ...)
 {
-    fprintf(stderr, "cuda_emu: %s\n", what);
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("cuda_emu: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
     last_error = e;
     return e;
 }
@@ -51,6 +59,14 @@ extern "C" const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     default: return "cudaErrorUnknown";
     }
 }
@@ -62,6 +78,14 @@ extern "C" const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected (emulated)";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+        return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread:
+        return "attempt to terminate a thread-local capture sequence from another thread";
     default: return "emulated error";
     }
 }
@@ -84,7 +108,7 @@ extern "C" cudaError_t cudaSetDevice(int device)
 {
     int n;
     if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n)
-        return fail(cudaErrorInvalidDevice, "cudaSetDevice: no such device");
+        return emu_fail(cudaErrorInvalidDevice, "cudaSetDevice: no such device");
     return cudaSuccess;
 }
 
@@ -125,6 +149,9 @@ static bool in_block(const void *p, size_t n)
 
 extern "C" cudaError_t cudaMalloc(void **p, size_t bytes)
 {
+    cudaError_t e = emu_capture_forbid("cudaMalloc", false);
+    if (e != cudaSuccess)
+        return e;
     const char *limit = getenv("CUDA_EMU_MALLOC_LIMIT");
     std::lock_guard<std::mutex> g(mem_lock);
     if (limit && live_bytes + bytes > (size_t)strtoull(limit, NULL, 10)) {
@@ -149,10 +176,13 @@ extern "C" cudaError_t cudaFree(void *p)
 {
     if (!p)
         return cudaSuccess;
+    cudaError_t e = emu_capture_forbid("cudaFree", true);
+    if (e != cudaSuccess)
+        return e;
     std::lock_guard<std::mutex> g(mem_lock);
     auto it = blocks.find((uintptr_t)p);
     if (it == blocks.end())
-        return fail(cudaErrorInvalidValue, "cudaFree of a pointer that cudaMalloc did not return");
+        return emu_fail(cudaErrorInvalidValue, "cudaFree of a pointer that cudaMalloc did not return");
     live_bytes -= it->second;
     blocks.erase(it);
     free(p);
@@ -163,7 +193,7 @@ extern "C" cudaError_t cudaMallocHost(void **p, size_t bytes)
 {
     void *m = aligned_alloc(256, (bytes + 255) / 256 * 256);
     if (!m)
-        return fail(cudaErrorMemoryAllocation, "cudaMallocHost");
+        return emu_fail(cudaErrorMemoryAllocation, "cudaMallocHost");
     std::lock_guard<std::mutex> g(mem_lock);
     pinned[(uintptr_t)m] = bytes;
     *p = m;
@@ -172,6 +202,11 @@ extern "C" cudaError_t cudaMallocHost(void **p, size_t bytes)
 
 extern "C" cudaError_t cudaFreeHost(void *p)
 {
+    if (!p)
+        return cudaSuccess;
+    cudaError_t e = emu_capture_forbid("cudaFreeHost", true);
+    if (e != cudaSuccess)
+        return e;
     std::lock_guard<std::mutex> g(mem_lock);
     pinned.erase((uintptr_t)p);
     free(p);
@@ -195,73 +230,94 @@ static cudaError_t check_copy(void *dst, const void *src, size_t bytes, cudaMemc
 {
     bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
     bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-    if (dst_dev != in_block(dst, bytes) || src_dev != in_block(src, bytes)) {
-        fprintf(stderr, "cuda_emu: cudaMemcpy kind %d of %zu bytes %p <- %p: %s\n", (int)kind, bytes, dst, src,
-                dst_dev && !in_block(dst, bytes) ? "destination outside every device block"
-                : src_dev && !in_block(src, bytes) ? "source outside every device block"
-                                                   : "host pointer inside a device block");
-        last_error = cudaErrorInvalidValue;
-        return cudaErrorInvalidValue;
-    }
+    if (dst_dev != in_block(dst, bytes) || src_dev != in_block(src, bytes))
+        return emu_fail(cudaErrorInvalidValue, "cudaMemcpy kind %d of %zu bytes %p <- %p: %s", (int)kind, bytes, dst,
+                        src,
+                        dst_dev && !in_block(dst, bytes) ? "destination outside every device block"
+                        : src_dev && !in_block(src, bytes) ? "source outside every device block"
+                                                           : "host pointer inside a device block");
     return cudaSuccess;
+}
+
+/* CUDA would capture a copy from or to pinned memory, but the plugin must never queue one into a
+ * capture (the host side would be read or written at every replay, not at the call): refused. */
+static cudaError_t refuse_host_copy(const char *call, cudaMemcpyKind kind)
+{
+    return emu_fail(cudaErrorStreamCaptureUnsupported, "%s of kind %d into a capture: only device-to-device copies "
+                                                       "are captured here", call, (int)kind);
 }
 
 extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
                                        cudaStream_t s)
 {
-    (void)s;
     if (bytes == 0)
         return cudaSuccess;
-    cudaError_t e = check_copy(dst, src, bytes, kind);
-    if (e != cudaSuccess)
-        return e;
-    uintptr_t d = (uintptr_t)dst, r = (uintptr_t)src;
-    if (d < r + bytes && r < d + bytes && dst != src)
-        return fail(cudaErrorInvalidValue, "cudaMemcpyAsync with overlapping ranges (undefined on a GPU)");
-    memcpy(dst, src, bytes);
-    return cudaSuccess;
+    return emu_enqueue(s, "cudaMemcpyAsync", [=](bool run) {
+        if (!run && kind != cudaMemcpyDeviceToDevice)
+            return refuse_host_copy("cudaMemcpyAsync", kind);
+        cudaError_t e = check_copy(dst, src, bytes, kind);
+        if (e != cudaSuccess)
+            return e;
+        uintptr_t d = (uintptr_t)dst, r = (uintptr_t)src;
+        if (d < r + bytes && r < d + bytes && dst != src)
+            return emu_fail(cudaErrorInvalidValue, "cudaMemcpyAsync with overlapping ranges (undefined on a GPU)");
+        if (run)
+            memcpy(dst, src, bytes);
+        return cudaSuccess;
+    });
 }
 
 extern "C" cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                                          size_t height, enum cudaMemcpyKind kind, cudaStream_t s)
 {
-    (void)s;
     if (width == 0 || height == 0)
         return cudaSuccess;
-    if (width > dpitch || width > spitch)
-        return fail(cudaErrorInvalidValue, "cudaMemcpy2DAsync: width above a pitch");
-    size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
-    if (kind != cudaMemcpyDeviceToDevice || !in_block(dst, dspan) || !in_block(src, sspan))
-        return fail(cudaErrorInvalidValue, "cudaMemcpy2DAsync outside device blocks");
-    uintptr_t d = (uintptr_t)dst, r = (uintptr_t)src;
-    if (d < r + sspan && r < d + dspan)
-        return fail(cudaErrorInvalidValue, "cudaMemcpy2DAsync with overlapping spans (undefined on a GPU)");
-    for (size_t i = 0; i < height; i++)
-        memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
-    return cudaSuccess;
+    return emu_enqueue(s, "cudaMemcpy2DAsync", [=](bool run) {
+        if (!run && kind != cudaMemcpyDeviceToDevice)
+            return refuse_host_copy("cudaMemcpy2DAsync", kind);
+        if (width > dpitch || width > spitch)
+            return emu_fail(cudaErrorInvalidValue, "cudaMemcpy2DAsync: width above a pitch");
+        size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
+        if (kind != cudaMemcpyDeviceToDevice || !in_block(dst, dspan) || !in_block(src, sspan))
+            return emu_fail(cudaErrorInvalidValue, "cudaMemcpy2DAsync outside device blocks");
+        uintptr_t d = (uintptr_t)dst, r = (uintptr_t)src;
+        if (d < r + sspan && r < d + dspan)
+            return emu_fail(cudaErrorInvalidValue, "cudaMemcpy2DAsync with overlapping spans (undefined on a GPU)");
+        for (size_t i = 0; run && i < height; i++)
+            memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+        return cudaSuccess;
+    });
 }
 
 extern "C" cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s)
 {
-    (void)s;
     if (bytes == 0)
         return cudaSuccess;
-    if (!in_block(p, bytes))
-        return fail(cudaErrorInvalidValue, "cudaMemsetAsync outside every device block");
-    memset(p, value, bytes);
-    return cudaSuccess;
+    return emu_enqueue(s, "cudaMemsetAsync", [=](bool run) {
+        if (!in_block(p, bytes))
+            return emu_fail(cudaErrorInvalidValue, "cudaMemsetAsync outside every device block");
+        if (run)
+            memset(p, value, bytes);
+        return cudaSuccess;
+    });
 }
 
+/* Nothing to wait for (every operation has finished); on the capturing stream, a refusal that
+ * invalidates the capture, as in CUDA. */
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-    (void)s;
-    return cudaSuccess;
+    return emu_enqueue(s, "cudaStreamSynchronize", [s](bool run) {
+        return run ? cudaSuccess
+                   : emu_fail(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize of stream %p, which captures",
+                              (void *)s);
+    });
 }
 
 /* ---------------------------------------------------------------- events */
 
 struct emu_event {
     std::chrono::steady_clock::time_point t;
+    bool captured; /* last recorded into a capture: no time to wait for or read until recorded again */
 };
 
 extern "C" cudaError_t cudaEventCreate(cudaEvent_t *e)
@@ -276,17 +332,28 @@ extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e)
 }
 extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
-    (void)s;
-    e->t = std::chrono::steady_clock::now();
-    return cudaSuccess;
+    return emu_enqueue(s, "cudaEventRecord", [e](bool run) {
+        if (run)
+            e->t = std::chrono::steady_clock::now();
+        e->captured = !run;
+        return cudaSuccess;
+    });
+}
+/* An event last recorded into a capture has no time until the graph records it: CUDA refuses to
+ * wait for it or read it (and the wait would invalidate the capture that holds the record). */
+static cudaError_t refuse_captured(const char *call, cudaEvent_t e)
+{
+    emu_capture_invalidate(call);
+    return emu_fail(cudaErrorCapturedEvent, "%s on event %p, last recorded into a capture", call, (void *)e);
 }
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
-    (void)e;
-    return cudaSuccess;
+    return e->captured ? refuse_captured("cudaEventSynchronize", e) : cudaSuccess;
 }
 extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t stop)
 {
+    if (start->captured || stop->captured)
+        return refuse_captured("cudaEventElapsedTime", start->captured ? start : stop);
     *ms = std::chrono::duration<float, std::milli>(stop->t - start->t).count();
     return cudaSuccess;
 }
@@ -299,7 +366,7 @@ static std::map<const void *, int> smem_limit; /* cudaFuncAttributeMaxDynamicSha
 extern "C" cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
 {
     if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > EMU_SMEM_OPTIN)
-        return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: bad attribute or value");
+        return emu_fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: bad attribute or value");
     std::lock_guard<std::mutex> g(attr_lock);
     smem_limit[func] = value;
     return cudaSuccess;
@@ -509,17 +576,15 @@ static bool run_block(Block *b, bool reverse)
     }
 }
 
-void emu_run(const emu_cfg &cfg, const void *kernel, const std::function<void()> &f)
+/* A launch's checks, as CUDA makes them when the launch is queued. */
+static cudaError_t launch_check(const emu_cfg &cfg, const void *kernel)
 {
     uint64_t nthreads = (uint64_t)cfg.block.x * cfg.block.y * cfg.block.z;
     uint64_t nblocks = (uint64_t)cfg.grid.x * cfg.grid.y * cfg.grid.z;
     if (nthreads == 0 || nthreads > 1024 || nblocks == 0 || cfg.grid.x > 2147483647u || cfg.grid.y > 65535 ||
-        cfg.grid.z > 65535) {
-        fprintf(stderr, "cuda_emu: launch of grid (%u,%u,%u) block (%u,%u,%u) refused\n", cfg.grid.x, cfg.grid.y,
-                cfg.grid.z, cfg.block.x, cfg.block.y, cfg.block.z);
-        last_error = cudaErrorInvalidConfiguration;
-        return;
-    }
+        cfg.grid.z > 65535)
+        return emu_fail(cudaErrorInvalidConfiguration, "launch of grid (%u,%u,%u) block (%u,%u,%u) refused",
+                        cfg.grid.x, cfg.grid.y, cfg.grid.z, cfg.block.x, cfg.block.y, cfg.block.z);
     size_t limit = 48 * 1024;
     {
         std::lock_guard<std::mutex> g(attr_lock);
@@ -527,20 +592,23 @@ void emu_run(const emu_cfg &cfg, const void *kernel, const std::function<void()>
         if (it != smem_limit.end() && (size_t)it->second > limit)
             limit = (size_t)it->second;
     }
-    if (cfg.smem > limit) {
-        fprintf(stderr, "cuda_emu: launch with %zu bytes of dynamic shared memory; the kernel's limit is %zu\n",
-                cfg.smem, limit);
-        last_error = cudaErrorInvalidValue;
-        return;
-    }
+    if (cfg.smem > limit)
+        return emu_fail(cudaErrorInvalidValue,
+                        "launch with %zu bytes of dynamic shared memory; the kernel's limit is %zu", cfg.smem, limit);
+    return cudaSuccess;
+}
+
+/* Runs a launch that passed launch_check. */
+static cudaError_t launch_blocks(const emu_cfg &cfg, const std::function<void()> &f)
+{
+    uint64_t nthreads = (uint64_t)cfg.block.x * cfg.block.y * cfg.block.z;
+    uint64_t nblocks = (uint64_t)cfg.grid.x * cfg.grid.y * cfg.grid.z;
     static std::mutex launch_lock; /* one launch at a time: the stacks are shared */
     std::lock_guard<std::mutex> g(launch_lock);
     while (stack_pool.stacks.size() < nthreads) {
         char *st = (char *)malloc(EMU_STACK);
-        if (!st) {
-            last_error = cudaErrorMemoryAllocation;
-            return;
-        }
+        if (!st)
+            return last_error = cudaErrorMemoryAllocation;
         stack_pool.stacks.push_back(st);
     }
     Block b;
@@ -559,21 +627,30 @@ void emu_run(const emu_cfg &cfg, const void *kernel, const std::function<void()>
     tl_block = &b;
     blockDim = cfg.block;
     gridDim = cfg.grid;
-    for (uint64_t blk = 0; blk < nblocks; blk++) {
+    cudaError_t e = cudaSuccess;
+    for (uint64_t blk = 0; blk < nblocks && e == cudaSuccess; blk++) {
         blockIdx = uint3{(unsigned)(blk % cfg.grid.x), (unsigned)(blk / cfg.grid.x % cfg.grid.y),
                          (unsigned)(blk / cfg.grid.x / cfg.grid.y)};
-        if (!run_block(&b, blk % 2 == 1)) {
-            last_error = cudaErrorLaunchFailure;
-            break;
-        }
+        if (!run_block(&b, blk % 2 == 1))
+            e = last_error = cudaErrorLaunchFailure;
     }
     tl_block = NULL;
+    return e;
+}
+
+/* Errors reach the caller as CUDA's do, through cudaGetLastError. */
+void emu_run(const emu_cfg &cfg, const void *kernel, const std::function<void()> &f)
+{
+    (void)emu_enqueue(cfg.stream, "kernel launch", [cfg, kernel, f](bool run) {
+        cudaError_t e = launch_check(cfg, kernel);
+        return e != cudaSuccess || !run ? e : launch_blocks(cfg, f);
+    });
 }
 
 /* ---------------------------------------------------------------- cuBLAS, cuBLASLt */
 
 struct emu_cublas {
-    int unused;
+    cudaStream_t stream; /* cublasSetStream's: where cublasSgemm queues its work */
 };
 struct emu_lt {
     int unused;
@@ -601,8 +678,21 @@ extern "C" const char *cublasLtGetStatusString(cublasStatus_t s)
     return cublasGetStatusString(s);
 }
 
-/* C (m,n) = alpha op(A) op(B) + beta C, column-major, on device blocks. */
-static cublasStatus_t sgemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+/* The cuBLAS calls queue their work through emu_enqueue, whose operations say cudaError_t. */
+static cudaError_t queued(cublasStatus_t s)
+{
+    return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+static cublasStatus_t status_of(cudaError_t e)
+{
+    return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS
+           : e == cudaErrorInvalidValue ? CUBLAS_STATUS_INVALID_VALUE
+                                        : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+/* C (m,n) = alpha op(A) op(B) + beta C, column-major, on device blocks; with `run` false only the
+ * checks. */
+static cublasStatus_t sgemm(bool run, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
                             const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc)
 {
     int arows = ta == CUBLAS_OP_N ? m : k, acols = ta == CUBLAS_OP_N ? k : m;
@@ -618,6 +708,8 @@ static cublasStatus_t sgemm(cublasOperation_t ta, cublasOperation_t tb, int m, i
         fprintf(stderr, "cuda_emu: sgemm operand outside every device block\n");
         return CUBLAS_STATUS_INVALID_VALUE;
     }
+    if (!run)
+        return CUBLAS_STATUS_SUCCESS;
     cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
                 tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return CUBLAS_STATUS_SUCCESS;
@@ -635,8 +727,7 @@ extern "C" cublasStatus_t cublasDestroy(cublasHandle_t h)
 }
 extern "C" cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s)
 {
-    (void)h;
-    (void)s;
+    h->stream = s;
     return CUBLAS_STATUS_SUCCESS;
 }
 extern "C" cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode)
@@ -649,8 +740,10 @@ extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cu
                                       int k, const float *alpha, const float *a, int lda, const float *b, int ldb,
                                       const float *beta, float *c, int ldc)
 {
-    (void)h;
-    return sgemm(ta, tb, m, n, k, *alpha, a, lda, b, ldb, *beta, c, ldc);
+    float al = *alpha, be = *beta; /* host scalars: read at the call, as a capture reads them */
+    return status_of(emu_enqueue(h->stream, "cublasSgemm", [=](bool run) {
+        return queued(sgemm(run, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc));
+    }));
 }
 
 extern "C" cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
@@ -769,18 +862,30 @@ static float fp8_value(uint8_t v, bool e5m2)
     return sign ? -mag : mag;
 }
 
-/* A column-major (rows, cols) operand with leading dimension ld, as f32 (fp8 times its scale: one,
- * or with `vec` one per stored column, which for the TN fp8 layout is a row of op(A) / a column of
- * op(B)). */
-static bool operand_f32(std::vector<float> &out, const void *p, const emu_lt_layout *l, const float *scale, bool vec)
+/* The elements a column-major (rows, cols) operand with leading dimension ld reaches. */
+static size_t operand_span(const emu_lt_layout *l)
+{
+    return (size_t)l->ld * (l->cols ? l->cols - 1 : 0) + l->rows;
+}
+
+/* Whether an operand (and, fp8, its scale: one, or with `vec` one per stored column) lies in device
+ * blocks. */
+static bool operand_ok(const void *p, const emu_lt_layout *l, const float *scale, bool vec)
 {
     size_t elem = l->type == CUDA_R_32F ? 4 : l->type == CUDA_R_16BF ? 2 : 1;
-    size_t span = (size_t)l->ld * (l->cols ? l->cols - 1 : 0) + l->rows;
-    if (!in_block(p, elem * span) ||
+    if (!in_block(p, elem * operand_span(l)) ||
         (is_fp8(l->type) && (!scale || !in_block(scale, sizeof(float) * (vec ? l->cols : 1))))) {
         fprintf(stderr, "cuda_emu: cublasLtMatmul operand or scale outside every device block\n");
         return false;
     }
+    return true;
+}
+
+/* An operand that passed operand_ok as f32 (fp8 times its scale; with `vec` one per stored column,
+ * which for the TN fp8 layout is a row of op(A) / a column of op(B)). */
+static void operand_f32(std::vector<float> &out, const void *p, const emu_lt_layout *l, const float *scale, bool vec)
+{
+    size_t span = operand_span(l);
     out.assign(span, 0.0f);
     for (size_t i = 0; i < span; i++) {
         if (l->type == CUDA_R_32F) {
@@ -792,7 +897,6 @@ static bool operand_f32(std::vector<float> &out, const void *p, const emu_lt_lay
             out[i] = fp8_value(((const uint8_t *)p)[i], l->type == CUDA_R_8F_E5M2) * scale[vec ? i / l->ld : 0];
         }
     }
-    return true;
 }
 
 /* The layouts must agree with the operation: op(A) (m,k), op(B) (k,n), C (m,n). */
@@ -829,6 +933,40 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cub
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* D = alpha op(A) op(B) + beta C with C = D; with `run` false only the checks. */
+static cublasStatus_t lt_matmul(bool run, const emu_lt_desc &d, float alpha, const void *a, const emu_lt_layout &la,
+                                const void *b, const emu_lt_layout &lb, float beta, const void *c,
+                                const emu_lt_layout &lc, void *dd, const emu_lt_layout &ld,
+                                const cublasLtMatmulAlgo_t &algo)
+{
+    if (algo.data[0] != 0xE3u || !shapes_agree(&d, &la, &lb, &lc) || c != dd || lc.rows != ld.rows)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (lc.type != CUDA_R_32F || ld.type != CUDA_R_32F || !types_agree(la.type, lb.type) ||
+        (is_fp8(la.type) && (d.ta != CUBLAS_OP_T || d.tb != CUBLAS_OP_N)))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    int m = (int)lc.rows, n = (int)lc.cols, k = (int)(d.ta == CUBLAS_OP_N ? la.cols : la.rows);
+    if (la.type == CUDA_R_32F)
+        return sgemm(run, d.ta, d.tb, m, n, k, alpha, (const float *)a, (int)la.ld, (const float *)b, (int)lb.ld,
+                     beta, (float *)dd, (int)lc.ld);
+    /* typed operands: decoded into host vectors, multiplied with the same column-major sgemm */
+    if ((d.a_mode || d.b_mode) && !is_fp8(la.type))
+        return CUBLAS_STATUS_INVALID_VALUE; /* scale modes belong to fp8 operands */
+    bool avec = d.a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    bool bvec = d.b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    if (!operand_ok(a, &la, d.a_scale, avec) || !operand_ok(b, &lb, d.b_scale, bvec) ||
+        !in_block(dd, sizeof(float) * ((size_t)lc.ld * (size_t)(n - 1) + (size_t)m)))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (!run)
+        return CUBLAS_STATUS_SUCCESS;
+    std::vector<float> fa, fb;
+    operand_f32(fa, a, &la, d.a_scale, avec);
+    operand_f32(fb, b, &lb, d.b_scale, bvec);
+    cblas_sgemm(CblasColMajor, d.ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                d.tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, alpha, fa.data(), (int)la.ld, fb.data(),
+                (int)lb.ld, beta, (float *)dd, (int)lc.ld);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha,
                                          const void *a, cublasLtMatrixLayout_t la, const void *b,
                                          cublasLtMatrixLayout_t lb, const void *beta, const void *c,
@@ -839,27 +977,15 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
     (void)h;
     (void)workspace;
     (void)workspace_bytes;
-    (void)s;
-    if (!algo || algo->data[0] != 0xE3u || !shapes_agree(d, la, lb, lc) || c != dd || lc->rows != ld->rows)
+    if (!algo)
         return CUBLAS_STATUS_INVALID_VALUE;
-    if (lc->type != CUDA_R_32F || ld->type != CUDA_R_32F || !types_agree(la->type, lb->type) ||
-        (is_fp8(la->type) && (d->ta != CUBLAS_OP_T || d->tb != CUBLAS_OP_N)))
-        return CUBLAS_STATUS_INVALID_VALUE;
-    int m = (int)lc->rows, n = (int)lc->cols, k = (int)(d->ta == CUBLAS_OP_N ? la->cols : la->rows);
-    if (la->type == CUDA_R_32F)
-        return sgemm(d->ta, d->tb, m, n, k, *(const float *)alpha, (const float *)a, (int)la->ld, (const float *)b,
-                     (int)lb->ld, *(const float *)beta, (float *)dd, (int)lc->ld);
-    /* typed operands: decoded into host vectors, multiplied with the same column-major sgemm */
-    std::vector<float> fa, fb;
-    if ((d->a_mode || d->b_mode) && !is_fp8(la->type))
-        return CUBLAS_STATUS_INVALID_VALUE; /* scale modes belong to fp8 operands */
-    if (!operand_f32(fa, a, la, d->a_scale, d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) ||
-        !operand_f32(fb, b, lb, d->b_scale, d->b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F))
-        return CUBLAS_STATUS_INVALID_VALUE;
-    if (!in_block(dd, sizeof(float) * ((size_t)lc->ld * (size_t)(n - 1) + (size_t)m)))
-        return CUBLAS_STATUS_INVALID_VALUE;
-    cblas_sgemm(CblasColMajor, d->ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
-                d->tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, *(const float *)alpha, fa.data(),
-                (int)la->ld, fb.data(), (int)lb->ld, *(const float *)beta, (float *)dd, (int)lc->ld);
-    return CUBLAS_STATUS_SUCCESS;
+    /* by value, as a capture keeps them: the caller may change or destroy the descriptor and
+     * layouts once the call has returned, and alpha and beta are host scalars */
+    emu_lt_desc dv = *d;
+    emu_lt_layout av = *la, bv = *lb, cv = *lc, dl = *ld;
+    cublasLtMatmulAlgo_t alg = *algo;
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    return status_of(emu_enqueue(s, "cublasLtMatmul", [=](bool run) {
+        return queued(lt_matmul(run, dv, al, a, av, b, bv, be, c, cv, dd, dl, alg));
+    }));
 }

@@ -1,10 +1,12 @@
 /* emu_streams.cpp: created streams for tests/cuda_emu (the CUDA plugin's share_stream). Every
- * operation has finished when its call returns (emu_runtime.cpp), so a stream is only a handle;
- * what this file checks is its lifetime: a handle comes from cudaStreamCreateWithFlags, and
- * destroying one that was not created here (the legacy stream included) or was already destroyed
- * is a failed call (cudaErrorInvalidResourceHandle) and a "cuda_emu:" line on stderr. A stream
+ * operation has finished when its call returns (emu_runtime.cpp), so a stream is only a handle,
+ * unless it captures (emu_graphs.cpp: its operations are then recorded for a graph). What this
+ * file checks is its lifetime: a handle comes from cudaStreamCreateWithFlags, and destroying one
+ * that was not created here (the legacy stream included), was already destroyed, or still
+ * captures is a failed call (cudaErrorInvalidResourceHandle; cudaErrorIllegalState for a capture)
+ * and a "cuda_emu:" line on stderr. Only created streams can capture (emu_stream_live). A stream
  * never destroyed shows as a leak under LeakSanitizer (the registry is gone by its exit check). */
-#include "cuda_runtime_api.h"
+#include "emu_internal.h"
 
 #include <cstdio>
 #include <mutex>
@@ -30,8 +32,22 @@ extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags
     return cudaSuccess;
 }
 
+bool emu_stream_live(cudaStream_t s, unsigned *flags)
+{
+    std::lock_guard<std::mutex> hold(stream_lock);
+    if (!live_streams.count(s))
+        return false;
+    *flags = s->flags;
+    return true;
+}
+
 extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
+    /* asked before the registry's lock is taken: this file's lock and emu_graphs.cpp's are never
+     * held together */
+    if (emu_stream_capturing(s))
+        return emu_fail(cudaErrorIllegalState, "cudaStreamDestroy of %p, which captures (end the capture first)",
+                        (void *)s);
     std::lock_guard<std::mutex> hold(stream_lock);
     if (live_streams.erase(s) == 0) {
         fprintf(stderr, "cuda_emu: cudaStreamDestroy of %p, which is not a live stream (never created, "

@@ -25,12 +25,14 @@
 #                       seed and data): every step's loss must agree within LOSS_ATOL and the
 #                       gradient norm within GNORM_RTOL (f32 sums in another order drift apart
 #                       slowly; a wrong kernel shows at step 1)
+#   golden_compile      the GPU run again with compile.enable: the same losses and norms as eager
 #   bench_<flavor>_<seq>  ctitan on the GPU: llama3 1B and 3B at seq 2048 (no activation
 #                       checkpointing) and 8192 (full checkpointing), batch 1, 6 steps; the summary
 #                       line's tokens/s, ratio to the measured f32 matmul peak (MFU) and peak memory
 #                       (under bf16 the peak the run measures is the bf16 GEMM's)
 #   bench_1B_2048_bf16  the same at 1B/2048 with mixed_precision_param bfloat16 (bf16 tensor-core
 #                       GEMMs through set_matmul_dtype, ABI 1.4)
+#   bench_1B_2048_bf16compile  and with compile.enable (each microbatch one CUDA graph launch)
 #   bench_1B_2048_fp8   and with float8 tensorwise on top (cuBLASLt fp8 GEMMs through matmul_fp8):
 #                       fp8 vs bf16 tokens/s, the figure issue #6 asks for
 #   bench_1B_2048_fp8rows  float8 rowwise (cuBLASLt's outer-vector scaling, matmul_fp8_rows; the
@@ -181,12 +183,27 @@ else
     [ $? -eq 0 ] && record golden_debugmodel ok "$verdict" || record golden_debugmodel FAIL "$verdict"
 fi
 
+# compile.enable on the GPU: each microbatch after the second is one CUDA graph launch, the same
+# kernels as eager, so every step's loss and gradient norm must be eager's to the printed digit
+rc=0
+run golden_compile 600 $CTITAN train "$WORK/llama3_debug_cuda.yaml" "${common[@]}" --training.steps=10 \
+    --compile.enable=true --job.dump_folder="$WORK/golden_compile" || rc=$?
+if [ $rc -ne 0 ] || ! grep -q 'compile.enable: step [0-9]*: captured' "$OUT/golden_compile.log"; then
+    record golden_compile FAIL "$(why $((rc + 1)) "$OUT/golden_compile.log")"
+elif cmp -s <(steps_of "$OUT/golden_gpu.log") <(steps_of "$OUT/golden_compile.log"); then
+    record golden_compile ok "$(grep -m1 -o 'a graph of [0-9]* device operations' "$OUT/golden_compile.log"); 10 steps identical to eager"
+else
+    record golden_compile FAIL "the losses differ from the eager GPU run (see golden_compile.log)"
+fi
+
 # ---------------------------------------------------------------- ctitan bench on the GPU
-# bf16 GEMMs, then float8 tensorwise GEMMs, at 1B / 2048 (TFLOP/s counted as for f32; the ratio in
-# the summary line is to the peak measured at start-up)
-for variant in bf16 fp8 fp8rows; do
+# bf16 GEMMs (eager, then replayed as CUDA graphs: compile.enable), then float8 tensorwise and
+# rowwise GEMMs, at 1B / 2048 (TFLOP/s counted as for f32; the ratio in the summary line is to
+# the peak measured at start-up)
+for variant in bf16 bf16compile fp8 fp8rows; do
     name=bench_1B_2048_$variant
     extra=(--training.mixed_precision_param=bfloat16)
+    [ $variant = bf16compile ] && extra+=(--compile.enable=true)
     [ $variant = fp8 ] && extra+=(--quantize.dense.float8.enable=true --quantize.dense.float8.format=tensorwise)
     [ $variant = fp8rows ] && extra+=(--quantize.dense.float8.enable=true --quantize.dense.float8.format=rowwise)
     rc=0
@@ -199,7 +216,8 @@ for variant in bf16 fp8 fp8rows; do
         tps=$(sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/' <<<"$line")
         gflops=$(sed -E 's/.* ([0-9.]+) GFLOP\/s achieved.*/\1/' <<<"$line")
         mem=$(sed -E 's/.*peak memory ([0-9.]+) GiB.*/\1/' <<<"$line")
-        how=$(grep -m1 -o 'float8 [a-z]*: [^;]*' "$OUT/$name.log" || echo "bf16 GEMMs")
+        how=$(grep -m1 -o -e 'float8 [a-z]*: [^;]*' -e 'a graph of [0-9]* device operations' "$OUT/$name.log" ||
+              echo "bf16 GEMMs")
         record "$name" ok "ctitan $variant: $tps tok/s, $(awk -v g="$gflops" 'BEGIN{printf "%.1f", g/1000}') TFLOP/s, $mem GiB ($how)"
     else
         record "$name" FAIL "$(why $rc "$OUT/$name.log")"

@@ -36,6 +36,11 @@
  *     the format pairs of the three training GEMMs against the codes decoded here; what a device
  *     cannot run must say so with CT_ERR_UNSUPPORTED), set_matmul_dtype (bf16 operands against a reference of bf16-rounded
  *     operands, and provably not the f32 result; back to exact f32), share_stream (ops go on).
+ *   - the optional ops of ABI 1.5: sum_to_device (the f32 of `sum`), cross_entropy_backward_dev
+ *     (the bits of cross_entropy_backward), and graph capture: captured work does not run until
+ *     launched, a launch gives the eager bits, again on new inputs; memory allocated after a
+ *     capture survives launches (the graph's scratch stays its own); a copy to the host, a sum or
+ *     a synchronize during a capture is refused and the capture with it; eager work goes on.
  *
  * The harness brings its own minimal ct_host (log, set_error, memory, option getters answered
  * from the spec); it links nothing of the core, so a third party can build and run it alone.
@@ -2102,6 +2107,216 @@ static void test_share_stream(void **state)
     free(ref);
 }
 
+/* ---------------------------------------------------------------- ABI 1.5: no host waits, graphs */
+
+/* sum_to_device: the f32 rounding of what `sum` returns, in device memory; 0 for n == 0. */
+static void test_sum_to_device(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(sum_to_device);
+    const int64_t ns[] = {0, 1, 257, 100003};
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+        const int64_t n = ns[c];
+        float *x = host_rand(n > 0 ? n : 1, 3), minus_one = -1.0f;
+        float *dx = dev_floats(x, n > 0 ? n : 1), *dout = dev_floats(&minus_one, 1);
+        double want = 0;
+        assert_int_equal(api->sum(dev, &want, dx, n), CT_OK);
+        assert_int_equal(api->sum_to_device(dev, dout, dx, n), CT_OK);
+        float *got = download(dout, 1), w = (float)want;
+        if (memcmp(got, &w, sizeof w) != 0)
+            fail_msg("sum_to_device of %lld floats = %.9g, sum gives %.9g", (long long)n, (double)got[0], (double)w);
+        free(got);
+        api->free(dev, dx);
+        api->free(dev, dout);
+        free(x);
+    }
+    expect_error(api->sum_to_device(dev, NULL, NULL, 4), CT_ERR_INVALID, "sum_to_device with null pointers");
+}
+
+/* cross_entropy_backward_dev: bit for bit cross_entropy_backward with the same dloss by value. */
+static void test_cross_entropy_backward_dev(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(cross_entropy_backward_dev);
+    const int64_t n = 19, v = 517;
+    const float dloss = 0.0123f;
+    float *logits = host_rand(n * v, 6), *init = host_rand(n * v, 0.5);
+    int32_t targets[19];
+    for (int64_t i = 0; i < n; i++)
+        targets[i] = i % 4 == 1 ? -100 : (int32_t)(rnd_u64() % (uint64_t)v);
+    float *dl = dev_floats(logits, n * v), *g1 = dev_floats(init, n * v), *g2 = dev_floats(init, n * v);
+    float *ddloss = dev_floats(&dloss, 1);
+    int32_t *dt = dev_upload(targets, sizeof targets);
+    assert_int_equal(api->cross_entropy_backward(dev, g1, dl, dt, dloss, n, v, -100), CT_OK);
+    assert_int_equal(api->cross_entropy_backward_dev(dev, g2, dl, dt, ddloss, n, v, -100), CT_OK);
+    float *a = download(g1, n * v), *b = download(g2, n * v);
+    expect_same_bits("cross_entropy_backward_dev vs cross_entropy_backward", a, b, n * v);
+    expect_error(api->cross_entropy_backward_dev(dev, g2, dl, dt, NULL, n, v, -100), CT_ERR_INVALID,
+                 "cross_entropy_backward_dev with a null dloss");
+    targets[3] = (int32_t)v;
+    assert_int_equal(api->copy(dev, dt, targets, sizeof targets, CT_COPY_H2D), CT_OK);
+    expect_error(api->cross_entropy_backward_dev(dev, g2, dl, dt, ddloss, n, v, -100), CT_ERR_INVALID,
+                 "cross_entropy_backward_dev with target == v");
+    float *dev_bufs[] = {dl, g1, g2, ddloss};
+    for (size_t i = 0; i < 4; i++)
+        api->free(dev, dev_bufs[i]);
+    api->free(dev, dt);
+    free(a);
+    free(b);
+    free(logits);
+    free(init);
+}
+
+/* The work a graph test captures: h = x w^T (bf16 operands when the device has them: scratch
+ * blocks), h += x2, losses = CE(h, targets), *loss = sum losses, dh += dloss * dCE. */
+typedef struct graph_bufs {
+    float *x, *w, *x2, *h, *losses, *loss, *dloss, *dh;
+    int32_t *targets;
+} graph_bufs;
+enum { GM = 24, GN = 40, GK = 32 };
+
+static ct_status graph_work(const graph_bufs *b)
+{
+    ct_status st = api->matmul(dev, b->h, b->x, b->w, GM, GN, GK, 0, 1, 1.0f, 0.0f);
+    if (st == CT_OK)
+        st = api->axpy(dev, b->h, b->x2, 1.0f, GM * GN);
+    if (st == CT_OK)
+        st = api->cross_entropy_forward(dev, b->losses, b->h, b->targets, GM, GN, -100);
+    if (st == CT_OK)
+        st = api->sum_to_device(dev, b->loss, b->losses, GM);
+    if (st == CT_OK)
+        st = api->cross_entropy_backward_dev(dev, b->dh, b->h, b->targets, b->dloss, GM, GN, -100);
+    return st;
+}
+
+/* New inputs (seeded), outputs zeroed. */
+static void graph_inputs(const graph_bufs *b, uint64_t seed)
+{
+    rng_state = seed;
+    float *x = host_rand(GM * GK, 1), *w = host_rand(GN * GK, 1), *x2 = host_rand(GM * GN, 1);
+    float dloss = (float)(seed % 7 + 1) / 8.0f;
+    int32_t t[GM];
+    for (int i = 0; i < GM; i++)
+        t[i] = i % 5 == 3 ? -100 : (int32_t)(rnd_u64() % GN);
+    assert_int_equal(api->copy(dev, b->x, x, sizeof(float) * GM * GK, CT_COPY_H2D), CT_OK);
+    assert_int_equal(api->copy(dev, b->w, w, sizeof(float) * GN * GK, CT_COPY_H2D), CT_OK);
+    assert_int_equal(api->copy(dev, b->x2, x2, sizeof(float) * GM * GN, CT_COPY_H2D), CT_OK);
+    assert_int_equal(api->copy(dev, b->dloss, &dloss, sizeof dloss, CT_COPY_H2D), CT_OK);
+    assert_int_equal(api->copy(dev, b->targets, t, sizeof t, CT_COPY_H2D), CT_OK);
+    assert_int_equal(api->zero(dev, b->dh, sizeof(float) * GM * GN), CT_OK);
+    assert_int_equal(api->zero(dev, b->loss, sizeof(float)), CT_OK);
+    free(x);
+    free(w);
+    free(x2);
+}
+
+static graph_bufs graph_bufs_new(void)
+{
+    graph_bufs b = {dev_floats(NULL, GM * GK), dev_floats(NULL, GN * GK), dev_floats(NULL, GM * GN),
+                    dev_floats(NULL, GM * GN), dev_floats(NULL, GM), dev_floats(NULL, 1), dev_floats(NULL, 1),
+                    dev_floats(NULL, GM * GN), dev_upload(NULL, sizeof(int32_t) * GM)};
+    return b;
+}
+
+static void graph_bufs_free(graph_bufs *b)
+{
+    float *f[] = {b->x, b->w, b->x2, b->h, b->losses, b->loss, b->dloss, b->dh};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        api->free(dev, f[i]);
+    api->free(dev, b->targets);
+}
+
+/* The loss and dh after graph_work, downloaded (n + 1 floats: dh, then the loss). */
+static float *graph_results(const graph_bufs *b)
+{
+    float *r = malloc(sizeof(float) * (GM * GN + 1));
+    assert_non_null(r);
+    assert_int_equal(api->copy(dev, r, b->dh, sizeof(float) * GM * GN, CT_COPY_D2H), CT_OK);
+    assert_int_equal(api->copy(dev, r + GM * GN, b->loss, sizeof(float), CT_COPY_D2H), CT_OK);
+    return r;
+}
+
+/* A captured graph does nothing until launched, then gives the eager bits; launched again on new
+ * inputs it gives what eager gives on them; memory allocated after the capture is not the graph's
+ * scratch; an op that needs the host fails the capture with a message, and the device goes on. */
+static void test_graph_capture(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(graph_free);
+    assert_true(api->graph_begin && api->graph_end && api->graph_launch && api->sum_to_device &&
+                api->cross_entropy_backward_dev);
+    int bf16 = TP_OP_PRESENT(set_matmul_dtype) && api->set_matmul_dtype(dev, CT_BF16) == CT_OK;
+    graph_bufs e = graph_bufs_new(), g = graph_bufs_new();
+    float *want[2];
+    for (int r = 0; r < 2; r++) { /* eager, on the inputs of seeds 11 and 12 */
+        graph_inputs(&e, 11 + (uint64_t)r);
+        assert_int_equal(graph_work(&e), CT_OK);
+        want[r] = graph_results(&e);
+    }
+    graph_inputs(&g, 11);
+    void *graph = NULL;
+    int64_t ops = -1;
+    expect_error(api->graph_begin(dev), CT_OK, "graph_begin");
+    expect_error(graph_work(&g), CT_OK, "the ops during capture");
+    expect_error(api->graph_end(dev, &graph, &ops), CT_OK, "graph_end");
+    assert_non_null(graph);
+    if (ops < 5)
+        fail_msg("graph_end counted %lld operations for at least 5 ops", (long long)ops);
+    float *before = graph_results(&g);
+    for (int64_t i = 0; i <= GM * GN; i++)
+        if (before[i] != 0.0f)
+            fail_msg("captured work ran during the capture: result[%lld] = %g", (long long)i, (double)before[i]);
+    free(before);
+    /* a buffer the size of the bf16 scratch, allocated after the capture, must survive launches */
+    const int64_t guard_n = GM * GK / 2;
+    float *guard_host = host_rand(guard_n, 1), *guard = dev_floats(guard_host, guard_n);
+    for (int r = 0; r < 2; r++) {
+        if (r == 1)
+            graph_inputs(&g, 12);
+        expect_error(api->graph_launch(dev, graph), CT_OK, "graph_launch");
+        float *got = graph_results(&g);
+        expect_same_bits(r ? "graph launched on new inputs vs eager" : "graph launch vs eager", want[r], got,
+                         GM * GN + 1);
+        free(got);
+    }
+    float *guard_after = download(guard, guard_n);
+    expect_same_bits("a buffer allocated after the capture, after two launches", guard_host, guard_after, guard_n);
+    api->graph_free(dev, graph);
+
+    /* what a graph cannot hold: each refused with a message, and graph_end then refuses too */
+    float host_word = 0;
+    double sum = 0;
+    for (int c = 0; c < 3; c++) {
+        expect_error(api->graph_begin(dev), CT_OK, "graph_begin");
+        last_error[0] = '\0';
+        ct_status st = c == 0   ? api->copy(dev, &host_word, g.loss, sizeof host_word, CT_COPY_D2H)
+                       : c == 1 ? api->sum(dev, &sum, g.losses, GM)
+                                : api->synchronize(dev);
+        expect_error(st, CT_ERR_INVALID, c == 0 ? "copy to the host during a capture"
+                                         : c == 1 ? "sum during a capture"
+                                                  : "synchronize during a capture");
+        graph = (void *)&sum;
+        assert_int_not_equal(api->graph_end(dev, &graph, NULL), CT_OK);
+        assert_null(graph);
+    }
+    expect_error(api->graph_end(dev, &graph, NULL), CT_ERR_INVALID, "graph_end without a capture");
+    /* and the device still runs eagerly */
+    graph_inputs(&e, 12);
+    assert_int_equal(graph_work(&e), CT_OK);
+    float *again = graph_results(&e);
+    expect_same_bits("eager work after refused captures", want[1], again, GM * GN + 1);
+    free(again);
+    if (bf16)
+        assert_int_equal(api->set_matmul_dtype(dev, CT_F32), CT_OK);
+    free(want[0]);
+    free(want[1]);
+    free(guard_host);
+    free(guard_after);
+    api->free(dev, guard);
+    graph_bufs_free(&e);
+    graph_bufs_free(&g);
+}
+
 /* ---------------------------------------------------------------- bad arguments */
 
 static void test_bad_arguments_are_errors(void **state)
@@ -2158,7 +2373,10 @@ int main(void)
         cmocka_unit_test(test_matmul_bf16),
         cmocka_unit_test(test_same_inputs_give_same_bits),
         cmocka_unit_test(test_bad_arguments_are_errors),
-        cmocka_unit_test(test_share_stream), /* last: the device stays on the shared stream */
+        cmocka_unit_test(test_sum_to_device),
+        cmocka_unit_test(test_cross_entropy_backward_dev),
+        cmocka_unit_test(test_share_stream), /* the device stays on the shared stream from here */
+        cmocka_unit_test(test_graph_capture),
     };
     return cmocka_run_group_tests(tests, load_plugin, unload_plugin);
 }

@@ -23,9 +23,10 @@
 #include <stdint.h>
 
 #define CT_ABI_MAJOR 1
-#define CT_ABI_MINOR 4 /* 1.1: comm and strategy kinds, CT_ERR_TIMEOUT; 1.2: float8 device ops;
+#define CT_ABI_MINOR 5 /* 1.1: comm and strategy kinds, CT_ERR_TIMEOUT; 1.2: float8 device ops;
                           1.3: tensor-parallel ops and hooks, the schedule kind;
-                          1.4: scaled fp8 matmul, the matmul operand dtype, shared device streams */
+                          1.4: scaled fp8 matmul, the matmul operand dtype, shared device streams;
+                          1.5: device-resident loss ops and graph capture */
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 

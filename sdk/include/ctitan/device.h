@@ -213,6 +213,31 @@ typedef struct ct_device_api {
     ct_status (*matmul_fp8_rows)(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
                                  const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n,
                                  int64_t k, float alpha, float beta);
+
+    /* ---- ABI 1.5, optional: a step with no host synchronisation, captured in a graph ---- */
+    /* *out (ONE f32 in device memory) = sum x (n), summed as `sum` sums (double), without waiting
+     * for the device: the loss stays on the device until the host copies it back. */
+    ct_status (*sum_to_device)(void *dev, float *out, const float *x, int64_t n);
+    /* cross_entropy_backward with dloss read from device memory (ONE f32) when the kernels run,
+     * not passed by value: the loss scale of a replayed graph may change from step to step. */
+    ct_status (*cross_entropy_backward_dev)(void *dev, float *dlogits, const float *logits, const int32_t *targets,
+                                            const float *dloss, int64_t n, int64_t v, int32_t ignore_index);
+    /* Graph capture (CUDA graphs), for the steady state of a training step. Between graph_begin and
+     * graph_end the device RECORDS the work of every op instead of running it; graph_launch runs
+     * the recorded work again, with whatever the buffers hold then, on the device's queue (async).
+     * While capturing, an op that would wait for the device or move bytes between host and device
+     * (copy to or from the host, sum, sum_squares, synchronize) fails with CT_ERR_INVALID, and
+     * ops skip what they would read back: ids and targets are not checked (a bad one makes the
+     * op a no-op instead of an error, so the host checks them before upload). A graph refers to
+     * device addresses: the host keeps every buffer it uses alive and in place until graph_free;
+     * memory an op takes and gives back internally (scratch) stays the graph's until graph_free.
+     * graph_end ends the capture even when an op failed during it; it then returns that failure
+     * (or CT_ERR_UNSUPPORTED when the device could not capture something) and *graph = NULL.
+     * `ops` (may be NULL) receives the number of operations recorded. */
+    ct_status (*graph_begin)(void *dev);
+    ct_status (*graph_end)(void *dev, void **graph, int64_t *ops);
+    ct_status (*graph_launch)(void *dev, void *graph);
+    void (*graph_free)(void *dev, void *graph);
 } ct_device_api;
 
 #endif

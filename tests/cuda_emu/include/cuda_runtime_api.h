@@ -1,6 +1,10 @@
 /* tests/cuda_emu: a stand-in for the CUDA runtime API, the part the CUDA plugin uses, run on the
  * CPU by emu_runtime.cpp (device memory is host memory; a kernel launch runs every block in turn,
- * each CUDA thread as a fiber: see ../cuda_emu.h). Only for tests/cli/cuda_emulated.sh. */
+ * each CUDA thread as a fiber: see ../cuda_emu.h). Only for tests/cli/cuda_emulated.sh.
+ *
+ * Stream capture and graphs (emu_graphs.cpp): while a stream captures, what is queued to it is
+ * checked at the call and recorded instead of run; cudaGraphLaunch runs the recorded operations
+ * in order. One capture at a time in the process. */
 #ifndef CTITAN_CUDA_EMU_RUNTIME_API_H
 #define CTITAN_CUDA_EMU_RUNTIME_API_H
 
@@ -20,7 +24,13 @@ typedef enum cudaError {
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
-    cudaErrorLaunchFailure = 719
+    cudaErrorIllegalState = 401,
+    cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorCapturedEvent = 907,
+    cudaErrorStreamCaptureWrongThread = 908
 } cudaError_t;
 
 typedef struct emu_stream *cudaStream_t;
@@ -51,6 +61,22 @@ struct cudaPointerAttributes {
     void *hostPointer;
 };
 
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
+
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+};
+
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph_exec *cudaGraphExec_t;
+typedef struct emu_graph_node *cudaGraphNode_t;
+
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
 struct cudaDeviceProp {
@@ -73,8 +99,9 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
                               enum cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
-/* emu_streams.cpp: streams are handles only (every operation has finished when its call returns);
- * destroying one that was not created, or twice, is cudaErrorInvalidResourceHandle. */
+/* emu_streams.cpp: streams are handles only (every operation has finished when its call returns,
+ * unless the stream captures); destroying one that was not created, or twice, is
+ * cudaErrorInvalidResourceHandle, and one that captures cudaErrorIllegalState. */
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaGetLastError(void);
@@ -87,6 +114,20 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t stop);
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
+/* emu_graphs.cpp: capture as CUDA does it, one capture at a time. The legacy stream cannot
+ * capture; synchronising the capturing stream, copies to or from host memory on it, cudaFree and
+ * cudaFreeHost during a capture, cudaMalloc during a Global one (or a ThreadLocal one on its
+ * thread), waiting for an event recorded into a capture, and using the legacy stream while a
+ * blocking stream captures fail and invalidate the capture, as does any refused operation on the
+ * capturing stream. A graph holds its operations with their arguments as at the call. */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status);
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *numNodes);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
 
 #ifdef __cplusplus
 }

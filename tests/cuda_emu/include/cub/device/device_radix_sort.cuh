@@ -1,5 +1,6 @@
 /* tests/cuda_emu: a stand-in for CUB's DeviceRadixSort::SortPairs: a stable sort on the key bits
- * [begin_bit, end_bit), as CUB's LSD radix sort orders them. */
+ * [begin_bit, end_bit), as CUB's LSD radix sort orders them, queued to `stream` like CUB's kernels
+ * (emu_enqueue: a capture records it; the size query queues nothing). Needs cuda_emu.h first. */
 #ifndef CTITAN_CUDA_EMU_CUB_RADIX_SORT_CUH
 #define CTITAN_CUDA_EMU_CUB_RADIX_SORT_CUH
 
@@ -13,13 +14,23 @@ struct DeviceRadixSort {
     static cudaError_t SortPairs(void *temp, size_t &temp_bytes, const K *keys_in, K *keys_out, const V *vals_in,
                                  V *vals_out, int n, int begin_bit, int end_bit, cudaStream_t stream)
     {
-        (void)stream;
         if (!temp) {
             temp_bytes = 256 + (size_t)n; /* something to allocate, as CUB asks for */
             return cudaSuccess;
         }
-        if (n < 0 || begin_bit < 0 || end_bit > (int)(8 * sizeof(K)) || begin_bit >= end_bit)
-            return cudaErrorInvalidValue;
+        return emu_enqueue(stream, "cub::DeviceRadixSort::SortPairs", [=](bool run) {
+            if (n < 0 || begin_bit < 0 || end_bit > (int)(8 * sizeof(K)) || begin_bit >= end_bit)
+                return cudaErrorInvalidValue;
+            if (run)
+                sort(keys_in, keys_out, vals_in, vals_out, n, begin_bit, end_bit);
+            return cudaSuccess;
+        });
+    }
+
+  private:
+    template <typename K, typename V>
+    static void sort(const K *keys_in, K *keys_out, const V *vals_in, V *vals_out, int n, int begin_bit, int end_bit)
+    {
         typedef typename std::make_unsigned<K>::type U;
         U mask = (U)((end_bit - begin_bit >= (int)(8 * sizeof(U))) ? ~(U)0 : (((U)1 << (end_bit - begin_bit)) - 1));
         auto digit = [&](K k) { return (U)(((U)k >> begin_bit) & mask); };
@@ -34,7 +45,6 @@ struct DeviceRadixSort {
         }
         std::copy(k2.begin(), k2.end(), keys_out);
         std::copy(v2.begin(), v2.end(), vals_out);
-        return cudaSuccess;
     }
 };
 } // namespace cub
