@@ -332,11 +332,12 @@ static ct_status cpu_sum(void *dev, double *out, const float *x, int64_t n)
 static ct_status cpu_sum_to_device(void *dev, float *out, const float *x, int64_t n)
 {
     CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(out && (n == 0 || x), "null pointer");
-    cpu_enter(d);
-    *out = (float)sum_f32(x, n);
-    return CT_OK;
+    CPU_REQUIRE(out != NULL, "null pointer");
+    double sum = 0;
+    ct_status st = cpu_sum(dev, &sum, x, n);
+    if (st == CT_OK)
+        *out = (float)sum;
+    return st;
 }
 
 static ct_status cpu_sum_squares(void *dev, double *out, const float *x, int64_t n)
