@@ -35,8 +35,8 @@ static void compile_setup(session *s, manifest *mf) {
     if (!CT_HAS_FIELD(d, ct_device_api, graph_free) || !d->graph_begin || !d->graph_end || !d->graph_launch ||
         !d->graph_free || !d->sum_to_device || !d->cross_entropy_backward_dev)
         why = "the device has no graph capture (ABI 1.5 graph_begin)";
-    else if (s->world > 1)
-        why = "not with several ranks yet (the strategies' collectives are not captured)";
+    else if (s->world > 1 || s->rt.dist.n_st > 0 || s->pl)
+        why = "not with several ranks or a parallelism plugin yet (their hooks and collectives are not captured)";
     else if (s->rt.qapi)
         why = "not with float8 (its scales are read back on the host)";
     if (why) {
