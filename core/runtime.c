@@ -728,21 +728,37 @@ int runtime_zero_grads(runtime *rt) {
     return rt->d->zero(rt->dev, rt->grad_mem, rt->param_bytes) == CT_OK ? 0 : -1;
 }
 
-/* Each gradient's sum of squares goes into the bucket of the mesh axes it is split over (the fsdp
- * shard axis, tp when tensor parallel splits it, pp: every parameter lives on one stage); each axis
+/* The mesh axes a gradient is split over: the fsdp shard axis, tp when tensor parallel splits it,
+ * pp (every parameter lives on one stage). */
+static unsigned grad_axes(const ct_param_slot *sl, int pp) {
+    unsigned mask = pp ? 1u << CT_AXIS_PP : 0;
+    if (sl->placement == CT_PLACE_SHARD && (unsigned)sl->shard_axis < CT_MESH_NAXES) mask |= 1u << sl->shard_axis;
+    if (sl->tp_dim >= 0 && sl->tp_parts > 1) mask |= 1u << CT_AXIS_TP;
+    return mask;
+}
+
+/* Each gradient's sum of squares goes into the bucket of the mesh axes it is split over; each axis
  * then sums the buckets that include it over its group, in the same order on every rank. A gradient
- * that is whole on an axis is the same on every rank of it and counts once. */
+ * that is whole on an axis is the same on every rank of it and counts once. Back-to-back gradients
+ * of one bucket are summed in one pass (the padding between them is zero): on one rank, the whole
+ * gradient storage in one sum_squares, one wait for the device. */
 int runtime_grad_norm(runtime *rt, double *norm) {
     enum { NB = 1 << CT_MESH_NAXES };
     double bucket[NB] = {0}, part[NB];
     int pp = rt->dist.mesh && rt->dist.mesh->degree[CT_AXIS_PP] > 1;
-    for (int i = 0; i < rt->n_params; i++) {
-        const ct_param_slot *sl = &rt->slots[i];
+    const int *order = rt->storage_order;
+    for (int i = 0; i < rt->n_params;) {
+        unsigned mask = grad_axes(&rt->slots[order[i]], pp);
+        const char *begin = (const char *)rt->slots[order[i]].local_grad, *end = begin;
+        for (; i < rt->n_params && grad_axes(&rt->slots[order[i]], pp) == mask; i++) {
+            const ct_param_slot *sl = &rt->slots[order[i]];
+            const char *e = (const char *)(sl->local_grad + sl->local_numel);
+            if (e > end) end = e;
+        }
         double s = 0;
-        if (sl->local_numel > 0 && rt->d->sum_squares(rt->dev, &s, sl->local_grad, sl->local_numel) != CT_OK) return -1;
-        unsigned mask = pp ? 1u << CT_AXIS_PP : 0;
-        if (sl->placement == CT_PLACE_SHARD && (unsigned)sl->shard_axis < CT_MESH_NAXES) mask |= 1u << sl->shard_axis;
-        if (sl->tp_dim >= 0 && sl->tp_parts > 1) mask |= 1u << CT_AXIS_TP;
+        if (end > begin && rt->d->sum_squares(rt->dev, &s, (const float *)begin,
+                                              (int64_t)((size_t)(end - begin) / sizeof(float))) != CT_OK)
+            return -1;
         bucket[mask] += s;
     }
     for (int a = 0; a < CT_MESH_NAXES && rt->dist.capi; a++) {
@@ -766,10 +782,10 @@ int runtime_grad_norm(runtime *rt, double *norm) {
     return 0;
 }
 
+/* Every local gradient lies in grad_mem, the padding zero: one pass. */
 int runtime_scale_grads(runtime *rt, float s) {
-    for (int i = 0; i < rt->n_params; i++)
-        if (rt->d->scale(rt->dev, rt->slots[i].local_grad, s, rt->slots[i].local_numel) != CT_OK) return -1;
-    return 0;
+    return rt->d->scale(rt->dev, (float *)rt->grad_mem, s, (int64_t)(rt->param_bytes / sizeof(float))) == CT_OK ? 0
+                                                                                                          : -1;
 }
 
 /* The tp-local block of parameter i (numel floats) into host memory: gathered from the data-parallel
