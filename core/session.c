@@ -509,6 +509,13 @@ int session_save_model(session *s, const char *path, char *err, size_t errlen) {
 int session_load_model(session *s, const char *path, char *err, size_t errlen) {
     tf_file *f = tf_read(path, err, errlen);
     if (!f) return -1;
+    if (tf_check_finite(f, path, err, errlen)) {
+        tf_free(f);
+        return -1;
+    }
+    if (f->version < 2 && s->rank == 0) /* read, as before checksums: say so once */
+        fprintf(stderr, "ctitan: warning: %s: format version %d has no checksums: its data cannot be verified\n",
+                path, f->version);
     for (int i = 0; i < s->rt.n_params; i++) {
         ct_tensor *t = &s->rt.params[i]->t;
         const tf_entry *e = tf_expect(f, path, t->name, 1, t->ndim, runtime_global_shape(&s->rt, i), err, errlen);
