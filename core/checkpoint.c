@@ -690,7 +690,11 @@ static int check_fields(json_t *root, const char *path, char *err, size_t errlen
     json_object_foreach(json_object_get(root, "tensors"), name, t) {
         json_t *dt = json_object_get(t, "dtype");
         if (!json_is_object(t) || !json_is_string(dt) || strcmp(json_string_value(dt), "f32")) {
-            ct_errf(err, errlen, "%s: tensors.%.200s.dtype must be \"f32\"", path, name);
+            char shown[201]; /* the name as it can be printed on one line */
+            size_t k = 0;
+            for (; name[k] && k < 200; k++) shown[k] = (unsigned char)name[k] < 0x20 ? '?' : name[k];
+            shown[k] = 0;
+            ct_errf(err, errlen, "%s: tensors.%s.dtype must be \"f32\"", path, shown);
             return -1;
         }
     }

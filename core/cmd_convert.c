@@ -132,8 +132,8 @@ static int to_hf(const args *a) {
         return 2;
     }
     if (f->version < 2)
-        fprintf(stderr, "ctitan convert: warning: %s: format version %d has no checksums: its data cannot be verified\n",
-                a->input, f->version);
+        printf("convert: note: %s: format version %d has no checksums: its data cannot be verified\n", a->input,
+               f->version);
     hf_config cfg = {0};
     double v;
     cfg.n_heads = a->n_heads ? a->n_heads : ctt_count(f, "config.n_heads");
