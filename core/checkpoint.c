@@ -818,7 +818,9 @@ static void config_diff(session *s, json_t *root, int resume, char *out, size_t 
         json_t *was = json_object_get(stored, key);
         if (!stored && !strcmp(key, "training.seed")) /* older checkpoints: the train state's seed */
             was = json_object_get(json_object_get(root, "train_state"), "seed");
-        if (!was || (!resume && strncmp(key, "model.", 6)) || json_equal(was, v)) continue;
+        /* loading only the model (generate, initial loads) needs the same weights, not the same preset */
+        if (!resume && (strncmp(key, "model.", 6) || !strcmp(key, "model.flavor"))) continue;
+        if (!was || json_equal(was, v)) continue;
         char *a = json_dumps(was, JSON_ENCODE_ANY), *b = json_dumps(v, JSON_ENCODE_ANY);
         snprintf(out, len, "%s %.60s; this run has %.60s", key, a ? a : "?", b ? b : "?");
         free(a);

@@ -142,7 +142,8 @@ static int config_allowed(const manifest *mf, const char *dir, const ckpt_info *
 }
 
 /* Picks the step folder a run resumes from (checkpoint.load_step, else the newest) and checks it:
- * 1 and its path in dir, 0 when there is none (a fresh start), -1 after printing an error line.
+ * 1 and its path in dir (2: a seed checkpoint, the model only), 0 when there is none (a fresh
+ * start), -1 after printing an error line.
  * A checkpoint at training.steps means the run already finished (ck->finished: its model is loaded,
  * for the end-of-run sample, and nothing is trained or written). A model-only save (the final save
  * under last_save_model_only) cannot resume training: the newest full-state one below it does. */
@@ -196,6 +197,7 @@ static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t lo
         return 1;
     }
     if (info.has_state) return 1;
+    if (info.step == 0) return 2; /* a seed checkpoint (create_seed_checkpoint): the model, then step 1 */
     if (load_step >= 0) {
         int64_t full = ckpt_latest_full(ck->folder, INT64_MAX);
         mf_where(mf, "checkpoint.load_step", where, sizeof where);
@@ -282,14 +284,17 @@ int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) 
     }
     /* resume from the run's own folder first, else the initial load */
     char dir[PATH_MAX];
-    int found = 0;
+    int found = 0, what = CKPT_MODEL | CKPT_OPTIMIZER, want_state = 1;
     if (ck->enable) {
         int rc = pick_resume(s, mf, ck, load_step, dir, sizeof dir);
         if (rc < 0) return -1;
         if (ck->finished) return 0;
-        found = rc;
+        found = rc > 0;
+        if (rc == 2) {
+            what = CKPT_MODEL;
+            want_state = 0;
+        }
     }
-    int what = CKPT_MODEL | CKPT_OPTIMIZER, want_state = 1;
     if (!found && !mf_get_str(mf, "checkpoint.initial_load_path", &initial)) {
         int model_only, in_hf;
         mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);

@@ -141,6 +141,18 @@ cmp -s <(losses "$T/full/metrics.jsonl") <(losses "$T/long/metrics.jsonl" | sed 
 echo "ok   extended 20 -> 30 steps (full final save): resumes at step 20, steps 21-30 bit-identical"
 train ref --training.steps=30 --checkpoint.load_step=20
 expect "load_step names a model-only save" $? 2 "checkpoint.load_step.*step-20 holds the model only .*\(step-10 has it\)"
+"$CTITAN" train "${base[@]}" --job.dump_folder="$T/seedrun" --checkpoint.create_seed_checkpoint=true >/dev/null 2>&1 || fail "seed"
+train seedrun || { cat "$T/err"; fail "a run from its own seed checkpoint"; }
+grep -q "loaded .*seedrun/checkpoint/step-0 (model)" "$T/out" || fail "the seed checkpoint step-0 was not loaded"
+cmp -s <(losses "$T/seedrun/metrics.jsonl") <(losses "$T/ref.metrics") || fail "a run from its seed checkpoint differs"
+echo "ok   a model-only step-0 (seed checkpoint) in the run's own folder: the model loads, training matches"
+# a crash while a re-save of step-10 swapped the old one aside: step-10.old comes back (or goes, once
+# a complete step-10 exists)
+tamper swap ''; mv "$T/swap/checkpoint/step-10" "$T/swap/checkpoint/step-10.old"
+cp -r "$T/swap/checkpoint/step-10.old" "$T/swap/checkpoint/step-10.tmp"
+train swap || { cat "$T/err"; fail "a step-10.old left by a crash"; }
+grep -q "resuming after step 10" "$T/out" && [ ! -e "$T/swap/checkpoint/step-10.old" ] || fail "step-10.old was not restored"
+echo "ok   a replaced save left as step-10.old by a crash is restored and resumed from"
 train keep1 --checkpoint.keep_latest_k=1 || fail "keep_latest_k 1"
 [ "$(ls "$T/keep1/checkpoint" | tr '\n' ' ')" = "step-10 step-20 " ] || fail "keep_latest_k 1 left $(ls "$T/keep1/checkpoint")"
 echo "ok   keep_latest_k 1 keeps the model-only step-20 and step-10, the newest full save"
