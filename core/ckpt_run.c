@@ -219,8 +219,12 @@ static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t lo
            ", the newest save with the full training state (steps %" PRId64 "-%" PRId64 " are trained again)\n",
            dir, full, full + 1, info.step);
     if (snprintf(dir, len, "%s/step-%" PRId64, ck->folder, full) >= (int)len) return -1; /* fit above: shorter */
-    if (ckpt_inspect(s, dir, 1, &info, err, sizeof err) || config_allowed(mf, dir, &info, err, sizeof err)) {
+    if (ckpt_inspect(s, dir, 1, &info, err, sizeof err)) {
         fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+        return -1;
+    }
+    if (config_allowed(mf, dir, &info, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
         return -1;
     }
     return 1;
