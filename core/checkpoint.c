@@ -1,6 +1,7 @@
 /* checkpoint.c: save and load distributed checkpoints with resharding (see checkpoint.h). */
 #include "checkpoint.h"
 
+#include "tensorfile.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -16,6 +17,10 @@
 #include <unistd.h>
 
 #define CKPT_VERSION 1
+/* Largest world_size, step and token counts a checkpoint may claim: far beyond any real run, far
+ * below where the loop's int64 arithmetic (position + batch, tokens + batch x seq_len) overflows. */
+#define CKPT_MAX_WORLD (1 << 20)
+#define CKPT_MAX_COUNT ((int64_t)1 << 50)
 
 typedef struct box {
     int ndim;
@@ -237,8 +242,8 @@ int ckpt_snapshot_write(const ckpt_snapshot *sn, const char *dir, char *err, siz
     char *text = json_dumps(index, JSON_COMPACT);
     if (!text || snprintf(path, sizeof path, "%s/rank-%05d.json", dir, sn->rank) >= (int)sizeof path ||
         write_file_synced(path, text, strlen(text))) {
+        ct_errf(err, errlen, "%s: cannot write the index: %s", path, text ? strerror(errno) : "out of memory");
         free(text);
-        ct_errf(err, errlen, "%s: cannot write the index", path);
         goto done;
     }
     free(text);
@@ -247,6 +252,27 @@ done:
     if (fd >= 0) close(fd);
     json_decref(index);
     return rc;
+}
+
+/* What a resume must match (checkpoint.allow_config_change lifts it): the data order (seed,
+ * seq_len) and the model, under the config keys that set them. Zeros are a pack that does not say. */
+static json_t *run_config(session *s) {
+    json_t *c = json_object();
+    const ct_model_desc *d = &s->rt.desc;
+    const char *str;
+    int64_t v;
+    if (s->mf && !mf_get_int(s->mf, "training.seed", &v)) json_object_set_new(c, "training.seed", json_integer(v));
+    if (s->mf && !mf_get_int(s->mf, "training.seq_len", &v)) json_object_set_new(c, "training.seq_len", json_integer(v));
+    if (s->mf && !mf_get_str(s->mf, "model.name", &str)) json_object_set_new(c, "model.name", json_string(str));
+    if (s->mf && !mf_get_str(s->mf, "model.flavor", &str)) json_object_set_new(c, "model.flavor", json_string(str));
+    const struct { const char *key; int64_t v; } ints[] = {
+        {"model.vocab_size", d->vocab_size}, {"model.dim", d->dim},           {"model.n_layers", d->n_layers},
+        {"model.n_heads", d->n_heads},       {"model.n_kv_heads", d->n_kv_heads}, {"model.ffn_hidden", d->ffn_hidden}};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
+        if (ints[i].v > 0) json_object_set_new(c, ints[i].key, json_integer(ints[i].v));
+    if (d->rope_theta > 0) json_object_set_new(c, "model.rope_theta", json_real(d->rope_theta));
+    if (d->norm_eps > 0) json_object_set_new(c, "model.norm_eps", json_real(d->norm_eps));
+    return c;
 }
 
 /* Rank 0: merges the rank indexes into metadata.json (the last file written). */
@@ -258,6 +284,14 @@ static int write_metadata(session *s, const char *dir, int64_t step, const ckpt_
     json_object_set_new(root, "version", json_integer(CKPT_VERSION));
     json_object_set_new(root, "step", json_integer(step));
     json_object_set_new(root, "world_size", json_integer(s->world));
+    if (s->capi) { /* the layout it was written with (loading reshards to any other) */
+        json_t *mesh = json_object();
+        static const char *axes[] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
+        for (int a = 0; a < CT_MESH_NAXES && a < 5; a++)
+            json_object_set_new(mesh, axes[a], json_integer(s->mesh.degree[a] > 0 ? s->mesh.degree[a] : 1));
+        json_object_set_new(root, "mesh", mesh);
+    }
+    json_object_set_new(root, "config", run_config(s));
     for (int r = 0; r < s->world; r++) {
         char path[PATH_MAX];
         if (snprintf(path, sizeof path, "%s/rank-%05d.json", dir, r) >= (int)sizeof path) goto done;
@@ -311,7 +345,8 @@ static int write_metadata(session *s, const char *dir, int64_t step, const ckpt_
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (!text || long_path || write_file_synced(tmp, text, strlen(text)) || rename(tmp, path) || fsync_path(dir)) {
         free(text);
-        ct_errf(err, errlen, "%s: cannot write the metadata", path);
+        ct_errf(err, errlen, "%s: cannot write the metadata: %s", path, text ? strerror(errno) : "out of memory");
+        unlink(tmp);
         goto done;
     }
     free(text);
@@ -355,15 +390,23 @@ int ckpt_commit(session *s, const char *folder, int64_t step, const ckpt_train_s
         }
     }
     int bad = ok < 1;
+    /* a rank that failed has its own message in err already (the caller passed it to the write) */
     if (bad && wrote_ok) ct_errf(err, errlen, "checkpoint %s: another rank failed to write its files", dir);
     if (s->rank == 0 && !bad) {
         bad = write_metadata(s, tmpdir, step, st, err, errlen) != 0;
         if (!bad) {
-            rm_rf(dir); /* an older complete save of the same step (a rerun) */
-            bad = rename(tmpdir, dir) != 0 || fsync_path(folder) != 0;
+            /* an older complete save of the same step (a rerun) steps aside as step-N.old until the new
+             * one is in place, so a crash in between leaves one of them (ckpt_steps tidies up) */
+            char old[PATH_MAX + 8];
+            snprintf(old, sizeof old, "%s.old", dir);
+            rm_rf(old);
+            int had = access(dir, F_OK) == 0;
+            bad = (had && rename(dir, old) != 0) || rename(tmpdir, dir) != 0 || fsync_path(folder) != 0;
             if (bad) ct_errf(err, errlen, "%s: cannot commit: %s", dir, strerror(errno));
+            else if (had) rm_rf(old);
         }
     }
+    if (s->rank == 0 && bad) rm_rf(tmpdir); /* a failed save leaves nothing behind (and frees the disk) */
     if (barrier(s)) {
         ct_errf(err, errlen, "checkpoint %s: a rank did not reach the save barrier: %s", dir, ct_last_error());
         return -1;
@@ -382,58 +425,152 @@ int ckpt_save(session *s, const char *folder, int64_t step, const ckpt_train_sta
     return ckpt_commit(s, folder, step, st, ok, err, errlen);
 }
 
+/* N for "step-N"; *tmp = 1 for the leftovers "step-N.tmp" (a save in progress) and "step-N.old" (a
+ * complete save being replaced). -1 for any other name. */
 static int64_t step_of(const char *name, int *tmp) {
-    if (strncmp(name, "step-", 5)) return -1;
+    if (strncmp(name, "step-", 5) || name[5] < '0' || name[5] > '9') return -1;
     char *end;
+    errno = 0;
     long long v = strtoll(name + 5, &end, 10);
-    if (end == name + 5 || v < 0) return -1;
-    *tmp = strcmp(end, ".tmp") == 0;
+    if (errno || v < 0) return -1;
+    *tmp = !strcmp(end, ".tmp") ? 1 : !strcmp(end, ".old") ? 2 : 0;
     return *end && !*tmp ? -1 : v;
 }
 
-int64_t ckpt_latest(const char *folder, int clean) {
+/* Whether dir holds any rank-R.bin or rank-R.json piece. */
+static int has_pieces(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d))) found = !strncmp(e->d_name, "rank-", 5);
+    closedir(d);
+    return found;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int ckpt_steps(const char *folder, int clean, int64_t **out, char *err, size_t errlen) {
+    *out = NULL;
     DIR *d = opendir(folder);
-    if (!d) return -1;
-    int64_t best = -1;
+    if (!d) return 0;
+    int64_t *steps = NULL;
+    int n = 0, cap = 0, rc = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
         int tmp = 0;
         int64_t v = step_of(e->d_name, &tmp);
         if (v < 0) continue;
-        char p[PATH_MAX];
+        char p[PATH_MAX], meta[PATH_MAX + 16];
         if (snprintf(p, sizeof p, "%s/%s", folder, e->d_name) >= (int)sizeof p) continue;
-        if (tmp) {
-            if (clean) rm_rf(p); /* an interrupted save */
-            continue;
+        if (tmp == 1 && clean) rm_rf(p); /* an interrupted save */
+        if (tmp == 2 && clean) {          /* a replaced save: gone once its successor is complete */
+            char live[PATH_MAX];
+            snprintf(live, sizeof live, "%s/step-%" PRId64 "/metadata.json", folder, v);
+            if (access(live, F_OK) == 0) rm_rf(p);
+            else {
+                snprintf(live, sizeof live, "%s/step-%" PRId64, folder, v);
+                rm_rf(live);
+                if (rename(p, live) == 0 && n < INT_MAX) goto counted;
+            }
         }
-        char meta[PATH_MAX + 16];
+        if (tmp) continue;
         snprintf(meta, sizeof meta, "%s/metadata.json", p);
-        if (access(meta, R_OK) == 0 && v > best) best = v;
+        if (access(meta, F_OK) != 0) {
+            if (!has_pieces(p)) continue; /* an empty or foreign folder */
+            ct_errf(err, errlen, "%s holds rank pieces but no metadata.json (deleted, or not a finished save): delete "
+                                 "that folder, or set checkpoint.load_step to another step", p);
+            rc = -1;
+            break;
+        }
+    counted:
+        if (n == cap) {
+            int64_t *g = realloc(steps, sizeof *g * (size_t)(cap = cap ? 2 * cap : 16));
+            if (!g) {
+                ct_errf(err, errlen, "%s: out of memory", folder);
+                rc = -1;
+                break;
+            }
+            steps = g;
+        }
+        steps[n++] = v;
     }
     closedir(d);
+    if (rc) {
+        free(steps);
+        return -1;
+    }
+    if (n) qsort(steps, (size_t)n, sizeof *steps, cmp_desc);
+    *out = steps;
+    return n;
+}
+
+int64_t ckpt_latest(const char *folder, int clean) {
+    int64_t *steps, best = -1;
+    char err[8];
+    int n = ckpt_steps(folder, clean, &steps, err, sizeof err);
+    if (n > 0) best = steps[0];
+    free(steps);
     return best;
+}
+
+/* Whether a step folder's metadata.json has a train state (a full save, not a model-only one). */
+static int full_state(const char *dir) {
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/metadata.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    int full = json_is_object(json_object_get(root, "train_state"));
+    json_decref(root);
+    return full;
+}
+
+int64_t ckpt_latest_full(const char *folder, int64_t below) {
+    int64_t *steps, found = -1;
+    char err[8];
+    int n = ckpt_steps(folder, 0, &steps, err, sizeof err);
+    for (int i = 0; i < n && found < 0; i++) {
+        char dir[PATH_MAX];
+        if (steps[i] >= below) continue;
+        snprintf(dir, sizeof dir, "%s/step-%" PRId64, folder, steps[i]);
+        if (full_state(dir)) found = steps[i];
+    }
+    free(steps);
+    return found;
 }
 
 void ckpt_purge(const char *folder, int64_t keep) {
     if (keep <= 0) return;
-    for (;;) {
-        DIR *d = opendir(folder);
-        if (!d) return;
-        int64_t count = 0, oldest = -1;
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            int tmp = 0;
-            int64_t v = step_of(e->d_name, &tmp);
-            if (v < 0 || tmp) continue;
-            count++;
-            if (oldest < 0 || v < oldest) oldest = v;
+    /* the newest k, and the newest save with the full training state whatever k says: after a
+     * model-only final save that is what an extended run resumes from */
+    int64_t full = ckpt_latest_full(folder, INT64_MAX), *steps = NULL;
+    size_t n = 0, cap = 0;
+    DIR *d = opendir(folder);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int tmp = 0;
+        int64_t v = step_of(e->d_name, &tmp);
+        if (v < 0 || tmp) continue;
+        if (n == cap) {
+            int64_t *g = realloc(steps, sizeof *g * (cap = cap ? 2 * cap : 16));
+            if (!g) break;
+            steps = g;
         }
-        closedir(d);
-        if (count <= keep) return;
-        char p[PATH_MAX];
-        snprintf(p, sizeof p, "%s/step-%" PRId64, folder, oldest);
-        if (rm_rf(p)) return;
+        steps[n++] = v;
     }
+    closedir(d);
+    if (n) qsort(steps, n, sizeof *steps, cmp_desc);
+    for (size_t i = (size_t)keep; i < n; i++) {
+        if (steps[i] == full) continue;
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/step-%" PRId64, folder, steps[i]);
+        rm_rf(p);
+    }
+    free(steps);
 }
 
 /* ---- load ---- */
@@ -445,6 +582,15 @@ typedef struct piece {
     uint64_t sum;
     int verified;
 } piece;
+
+/* R for a file name "rank-RRRRR<ext>" (five or more digits, as the writer names them), else -1. */
+static int64_t rank_file(const char *name, const char *ext) {
+    if (strncmp(name, "rank-", 5)) return -1;
+    int64_t r = 0;
+    const char *p = name + 5;
+    for (; *p >= '0' && *p <= '9' && r < CKPT_MAX_WORLD; p++) r = r * 10 + (*p - '0');
+    return p - name >= 10 && !strcmp(p, ext) ? r : -1;
+}
 
 /* A list of at most CT_MAX_DIMS non-negative integers whose product stays below 2^48. */
 static int parse_box(json_t *a, int64_t *v, int *n) {
@@ -467,6 +613,94 @@ static int box_numel_ok(const box *b) {
     return 1;
 }
 
+/* An integer member of o in [lo, hi]: 0 and *v; else -1 and "path: field must be ...". */
+static int get_int(json_t *o, const char *key, const char *field, int64_t lo, int64_t hi, int64_t *v,
+                   const char *path, char *err, size_t errlen) {
+    json_t *x = json_object_get(o, key);
+    if (json_is_integer(x) && json_integer_value(x) >= lo && json_integer_value(x) <= hi) {
+        *v = json_integer_value(x);
+        return 0;
+    }
+    char got[48] = "missing";
+    if (x) {
+        char *t = json_dumps(x, JSON_ENCODE_ANY);
+        snprintf(got, sizeof got, "%.40s", t ? t : "?");
+        free(t);
+    }
+    ct_errf(err, errlen, "%s: %s must be an integer from %" PRId64 " to %" PRId64 ", got %s", path, field, lo, hi, got);
+    return -1;
+}
+
+/* The fields besides the pieces: format, step, world_size and mesh, train_state, every tensor's dtype
+ * (all checked for type and range: metadata.json is input like any other file). */
+static int check_fields(json_t *root, const char *path, char *err, size_t errlen) {
+    json_t *fmt = json_object_get(root, "format"), *ts = json_object_get(root, "train_state");
+    json_t *mesh = json_object_get(root, "mesh"), *cfg = json_object_get(root, "config");
+    int64_t step, world, v;
+    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "ctitan-checkpoint")) {
+        ct_errf(err, errlen, "%s: format must be \"ctitan-checkpoint\"", path);
+        return -1;
+    }
+    if (get_int(root, "step", "step", 0, CKPT_MAX_COUNT, &step, path, err, errlen) ||
+        get_int(root, "world_size", "world_size", 1, CKPT_MAX_WORLD, &world, path, err, errlen))
+        return -1;
+    if ((ts && !json_is_object(ts)) || (mesh && !json_is_object(mesh)) || (cfg && !json_is_object(cfg))) {
+        ct_errf(err, errlen, "%s: %s must be an object", path,
+                ts && !json_is_object(ts) ? "train_state" : mesh && !json_is_object(mesh) ? "mesh" : "config");
+        return -1;
+    }
+    int64_t dp = 0;
+    if (mesh) {
+        static const char *axes[] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
+        int64_t prod = 1, deg[5];
+        for (int a = 0; a < 5; a++) {
+            char field[32];
+            snprintf(field, sizeof field, "mesh.%s", axes[a]);
+            if (get_int(mesh, axes[a], field, 1, CKPT_MAX_WORLD, &deg[a], path, err, errlen)) return -1;
+            prod *= deg[a];
+            if (prod > CKPT_MAX_WORLD) break;
+        }
+        if (prod != world) {
+            ct_errf(err, errlen, "%s: mesh degrees multiply to %" PRId64 ", not world_size %" PRId64, path, prod, world);
+            return -1;
+        }
+        dp = deg[1] * deg[2];
+    }
+    if (ts) {
+        int64_t ts_step;
+        if (get_int(ts, "step", "train_state.step", 0, CKPT_MAX_COUNT, &ts_step, path, err, errlen) ||
+            get_int(ts, "tokens_seen", "train_state.tokens_seen", 0, CKPT_MAX_COUNT, &v, path, err, errlen) ||
+            get_int(ts, "data_position", "train_state.data_position", 0, CKPT_MAX_COUNT, &v, path, err, errlen) ||
+            get_int(ts, "seed", "train_state.seed", INT64_MIN, INT64_MAX, &v, path, err, errlen) ||
+            get_int(ts, "dp_size", "train_state.dp_size", 1, world, &v, path, err, errlen))
+            return -1;
+        if (ts_step != step) {
+            ct_errf(err, errlen, "%s: train_state.step %" PRId64 " is not the checkpoint's step %" PRId64, path, ts_step,
+                    step);
+            return -1;
+        }
+        if (world % v || (dp && v != dp)) {
+            ct_errf(err, errlen, "%s: train_state.dp_size %" PRId64 " does not fit world_size %" PRId64 "%s", path, v,
+                    world, dp ? " and the mesh's dp_replicate x dp_shard" : " (it must divide it)");
+            return -1;
+        }
+    }
+    const char *name;
+    json_t *t;
+    json_object_foreach(json_object_get(root, "tensors"), name, t) {
+        json_t *dt = json_object_get(t, "dtype");
+        if (!json_is_object(t) || !json_is_string(dt) || strcmp(json_string_value(dt), "f32")) {
+            char shown[201]; /* the name as it can be printed on one line */
+            size_t k = 0;
+            for (; name[k] && k < 200; k++) shown[k] = (unsigned char)name[k] < 0x20 ? '?' : name[k];
+            shown[k] = 0;
+            ct_errf(err, errlen, "%s: tensors.%s.dtype must be \"f32\"", path, shown);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Validates metadata.json's structure and every piece against its tensor's shape. */
 static int parse_pieces(json_t *root, const char *path, piece **out, size_t *count, char *err, size_t errlen) {
     json_t *ver = json_object_get(root, "version"), *shards = json_object_get(root, "shards");
@@ -478,16 +712,9 @@ static int parse_pieces(json_t *root, const char *path, piece **out, size_t *cou
         ct_errf(err, errlen, "%s: not a ctitan checkpoint of version %d", path, CKPT_VERSION);
         return -1;
     }
-    if (ts) {
-        static const char *keys[] = {"step", "tokens_seen", "data_position", "seed", "dp_size"};
-        for (size_t k = 0; k < 5; k++) {
-            json_t *v = json_object_get(ts, keys[k]);
-            if (!json_is_integer(v) || (k != 3 && json_integer_value(v) < 0)) {
-                ct_errf(err, errlen, "%s: train_state.%s must be a non-negative integer", path, keys[k]);
-                return -1;
-            }
-        }
-    }
+    (void)ts;
+    if (check_fields(root, path, err, errlen)) return -1;
+    int64_t world = json_integer_value(json_object_get(root, "world_size"));
     size_t np = json_array_size(shards);
     piece *pieces = calloc(np + 1, sizeof *pieces);
     if (!pieces) {
@@ -507,7 +734,7 @@ static int parse_pieces(json_t *root, const char *path, piece **out, size_t *cou
                  !parse_box(json_object_get(tt, "shape"), shape, &ns) &&
                  !parse_box(json_object_get(e, "offsets"), p->b.off, &n1) &&
                  !parse_box(json_object_get(e, "sizes"), p->b.len, &n2) && n1 == n2 && n1 == ns &&
-                 !strchr(json_string_value(f), '/') && strcmp(json_string_value(f), "..") &&
+                 rank_file(json_string_value(f), ".bin") >= 0 && rank_file(json_string_value(f), ".bin") < world &&
                  json_integer_value(bo) >= 0 && json_integer_value(bo) < ((int64_t)1 << 50);
         if (ok) {
             p->b.ndim = n1;
@@ -515,8 +742,8 @@ static int parse_pieces(json_t *root, const char *path, piece **out, size_t *cou
             for (int d = 0; ok && d < n1; d++) ok = p->b.off[d] + p->b.len[d] <= shape[d];
         }
         if (!ok) {
-            ct_errf(err, errlen, "%s: shard %zu is malformed (tensor, file, offsets/sizes within the shape, bytes, "
-                                 "fnv1a64 expected)", path, i);
+            ct_errf(err, errlen, "%s: shard %zu is malformed (tensor, file rank-R.bin with R below world_size, "
+                                 "offsets/sizes within the shape, bytes, fnv1a64 expected)", path, i);
             free(pieces);
             return -1;
         }
@@ -542,6 +769,100 @@ int ckpt_check_metadata(const char *text, size_t len, const char *label, char *e
     size_t n;
     int rc = parse_pieces(root, label, &pieces, &n, err, errlen);
     if (!rc) free(pieces);
+    json_decref(root);
+    return rc;
+}
+
+/* A step folder against its metadata: a folder named step-N holds step N, and the rank indexes
+ * (rank-R.json, one per rank that saved) are exactly those of world_size ranks. */
+static int check_folder(json_t *root, const char *dir, const char *path, char *err, size_t errlen) {
+    int64_t step = json_integer_value(json_object_get(root, "step"));
+    int64_t world = json_integer_value(json_object_get(root, "world_size"));
+    const char *base = strrchr(dir, '/');
+    base = base ? base + 1 : dir;
+    int tmp = 0;
+    int64_t named = step_of(base, &tmp);
+    if (named >= 0 && !tmp && named != step) {
+        ct_errf(err, errlen, "%s: step is %" PRId64 " but the folder is %s", path, step, base);
+        return -1;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        ct_errf(err, errlen, "%s: cannot list: %s", dir, strerror(errno));
+        return -1;
+    }
+    int64_t count = 0, stray = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t r = rank_file(e->d_name, ".json");
+        if (r < 0) continue;
+        count++;
+        if (r >= world) stray = r;
+    }
+    closedir(d);
+    if (stray >= 0 || count != world) {
+        ct_errf(err, errlen, "%s: world_size is %" PRId64 " but the folder holds the rank indexes (rank-R.json) of %" PRId64
+                             " rank%s%s", path, world, count, count == 1 ? "" : "s", stray >= 0 ? ", one beyond it" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* "training.seed 0; this run has 1": the first setting of this run (run_config) that the checkpoint
+ * recorded otherwise; "" when none. resume: all of them, else the model's only. */
+static void config_diff(session *s, json_t *root, int resume, char *out, size_t len) {
+    json_t *stored = json_object_get(root, "config"), *now = run_config(s), *v;
+    const char *key;
+    out[0] = 0;
+    json_object_foreach(now, key, v) {
+        json_t *was = json_object_get(stored, key);
+        if (!stored && !strcmp(key, "training.seed")) /* older checkpoints: the train state's seed */
+            was = json_object_get(json_object_get(root, "train_state"), "seed");
+        /* loading only the model (generate, initial loads) needs the same weights, not the same preset */
+        if (!resume && (strncmp(key, "model.", 6) || !strcmp(key, "model.flavor"))) continue;
+        if (!was || json_equal(was, v)) continue;
+        char *a = json_dumps(was, JSON_ENCODE_ANY), *b = json_dumps(v, JSON_ENCODE_ANY);
+        snprintf(out, len, "%s %.60s; this run has %.60s", key, a ? a : "?", b ? b : "?");
+        free(a);
+        free(b);
+        break;
+    }
+    json_decref(now);
+}
+
+int ckpt_inspect(session *s, const char *step_dir, int resume, ckpt_info *info, char *err, size_t errlen) {
+    char path[PATH_MAX];
+    memset(info, 0, sizeof *info);
+    snprintf(path, sizeof path, "%s/metadata.json", step_dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) {
+        ct_errf(err, errlen, "%s:%d: not a checkpoint (%s)", path, je.line, je.text);
+        return -1;
+    }
+    piece *pieces = NULL;
+    size_t np;
+    int rc = -1;
+    if (parse_pieces(root, path, &pieces, &np, err, errlen) || check_folder(root, step_dir, path, err, errlen)) goto done;
+    json_t *ts = json_object_get(root, "train_state"), *t;
+    info->step = json_integer_value(json_object_get(root, "step"));
+    info->world_size = (int)json_integer_value(json_object_get(root, "world_size"));
+    info->has_state = json_is_object(ts);
+    info->has_config = json_is_object(json_object_get(root, "config"));
+    const char *name;
+    json_object_foreach(json_object_get(root, "tensors"), name, t) if (!strncmp(name, "optimizer.", 10))
+        info->has_optimizer = 1;
+    if (info->has_state) {
+        info->state.step = json_integer_value(json_object_get(ts, "step"));
+        info->state.tokens_seen = json_integer_value(json_object_get(ts, "tokens_seen"));
+        info->state.data_position = json_integer_value(json_object_get(ts, "data_position"));
+        info->state.seed = json_integer_value(json_object_get(ts, "seed"));
+        info->state.dp_size = json_integer_value(json_object_get(ts, "dp_size"));
+    }
+    config_diff(s, root, resume, info->config_diff, sizeof info->config_diff);
+    rc = 0;
+done:
+    free(pieces);
     json_decref(root);
     return rc;
 }
@@ -593,7 +914,7 @@ int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, 
     }
     json_t *tensors = json_object_get(root, "tensors");
     size_t np = 0;
-    if (parse_pieces(root, path, &pieces, &np, err, errlen)) goto done;
+    if (parse_pieces(root, path, &pieces, &np, err, errlen) || check_folder(root, step_dir, path, err, errlen)) goto done;
     for (int i = 0; i < s->rt.n_params; i++) {
         const ct_param_slot *sl = &s->rt.slots[i];
         box want;
@@ -635,6 +956,7 @@ int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, 
                     ct_errf(err, errlen, "%s: checksum mismatch in %s: the checkpoint is corrupt", fpath, name);
                     goto done;
                 }
+                if (tf_check_finite_data(buf, p->bytes / 4, fpath, name, err, errlen)) goto done;
                 covered += copy_intersection(p, buf, &want, local);
             }
             if (covered != n) {

@@ -44,16 +44,37 @@ void ckpt_snapshot_free(ckpt_snapshot *sn);
 int ckpt_commit(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int wrote_ok, char *err,
                 size_t errlen);
 
-/* The highest N with a complete folder/step-N, or -1. Removes leftover step-N.tmp folders when
- * `clean` (rank 0 only). */
+/* The steps N of the complete folder/step-N (with a metadata.json), newest first, in *steps (free
+ * it); their count, or -1 and one line in err when a step folder holds rank pieces but no
+ * metadata.json (deleted by hand: never silently skipped, nor overwritten). `clean` (rank 0 only):
+ * removes interrupted saves (step-N.tmp) and finishes interrupted replacements (step-N.old). */
+int ckpt_steps(const char *folder, int clean, int64_t **steps, char *err, size_t errlen);
+/* The newest complete step, or -1 (none, or an error of ckpt_steps). */
 int64_t ckpt_latest(const char *folder, int clean);
+/* The newest step below `below` whose save holds the full training state (not model-only), or -1. */
+int64_t ckpt_latest_full(const char *folder, int64_t below);
+
+/* What a step folder's metadata.json says, once validated as untrusted input: every field's type
+ * and range, the pieces against the shapes, world_size and mesh against each other and against the
+ * rank indexes present, the step against the folder's name. */
+typedef struct ckpt_info {
+    int64_t step;
+    int world_size;
+    int has_state;     /* a train_state (full save); 0: model only */
+    int has_optimizer; /* optimizer.* tensors */
+    int has_config;    /* the run's settings were recorded (checkpoints of older ctitan: not) */
+    ckpt_train_state state;
+    char config_diff[256]; /* "training.seed 0; this run has 1": the first difference, or "" */
+} ckpt_info;
+/* resume: compare the data settings (training.seed, seq_len) too, not only the model's. */
+int ckpt_inspect(session *s, const char *step_dir, int resume, ckpt_info *info, char *err, size_t errlen);
 /* Loads `what` from a step folder into this rank's storage, resharding. *st gets the train state
  * when the checkpoint has one (*has_state = 1). Collective only in that every rank reads files. */
 int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, int *has_state, char *err,
               size_t errlen);
 /* Validates a metadata.json text (structure, shapes, every piece's box and size); for fuzzing. */
 int ckpt_check_metadata(const char *text, size_t len, const char *label, char *err, size_t errlen);
-/* Deletes all but the newest k complete checkpoints (k <= 0: keep all). */
+/* Deletes all but the newest k checkpoints (k <= 0: keep all), never the newest full-state one. */
 void ckpt_purge(const char *folder, int64_t keep);
 
 #endif
@@ -74,6 +95,7 @@ typedef struct ckpt_plan {
     ckpt_train_state pending_state;
     ckpt_snapshot *snap;
     char pending_dir[4200], pending_err[1024];
+    int finished; /* the newest checkpoint is at training.steps: nothing to train, nothing to save */
 } ckpt_plan;
 
 /* Reads the checkpoint section and resumes from the newest checkpoint (or initial_load_path).

@@ -25,25 +25,43 @@ static int excluded(const char *list, const char *what) {
     return 0;
 }
 
-/* A step folder, or a checkpoint folder whose newest step is taken. */
-static int resolve_step_dir(const char *path, char *out, size_t len) {
+/* A step folder, or a checkpoint folder whose newest step is taken. -1 and a line in err if neither. */
+static int resolve_step_dir(const char *path, char *out, size_t len, char *err, size_t errlen) {
     char meta[PATH_MAX];
     snprintf(meta, sizeof meta, "%s/metadata.json", path);
     if (access(meta, R_OK) == 0) return snprintf(out, len, "%s", path) < (int)len ? 0 : -1;
-    int64_t latest = ckpt_latest(path, 0);
-    if (latest < 0) return -1;
-    return snprintf(out, len, "%s/step-%" PRId64, path, latest) < (int)len ? 0 : -1;
+    int64_t *steps;
+    int n = ckpt_steps(path, 0, &steps, err, errlen);
+    if (n < 0) return -1;
+    int rc = n > 0 && snprintf(out, len, "%s/step-%" PRId64, path, steps[0]) < (int)len ? 0 : -1;
+    free(steps);
+    if (rc) ct_errf(err, errlen, "%s: no complete checkpoint here (a step-N folder with metadata.json)", path);
+    return rc;
 }
 
-int ckpt_load_model_from(session *s, const char *path, char *err, size_t errlen) {
-    char dir[PATH_MAX];
-    if (resolve_step_dir(path, dir, sizeof dir)) {
-        ct_errf(err, errlen, "%s: no complete checkpoint here (a step-N folder with metadata.json)", path);
-        return -1;
+/* The model of a checkpoint made for this model: its recorded model settings must match the run's. */
+static int load_model_checked(session *s, const char *dir, char *err, size_t errlen) {
+    ckpt_info info;
+    if (ckpt_inspect(s, dir, 0, &info, err, errlen)) return -1;
+    if (info.config_diff[0]) {
+        int allow = 0;
+        if (s->mf) mf_get_bool(s->mf, "checkpoint.allow_config_change", &allow);
+        if (!allow) {
+            ct_errf(err, errlen, "checkpoint %s was written with %s (set checkpoint.allow_config_change: true to load it "
+                                 "anyway)", dir, info.config_diff);
+            return -1;
+        }
+        printf("checkpoint: %s was written with %s (allowed by checkpoint.allow_config_change)\n", dir, info.config_diff);
     }
     ckpt_train_state st;
     int has;
     return ckpt_load(s, dir, CKPT_MODEL, &st, &has, err, errlen);
+}
+
+int ckpt_load_model_from(session *s, const char *path, char *err, size_t errlen) {
+    char dir[PATH_MAX];
+    if (resolve_step_dir(path, dir, sizeof dir, err, errlen)) return -1;
+    return load_model_checked(s, dir, err, errlen);
 }
 
 /* Loads a Hugging Face Llama folder into the model (each rank takes its shard). */
@@ -55,7 +73,10 @@ static int load_hf(session *s, const char *dir, char *err, size_t errlen) {
     for (int i = 0; i < s->rt.n_params && !rc; i++) {
         const ct_tensor *p = &s->rt.params[i]->t;
         const tf_entry *e = tf_expect(w, dir, p->name, 1, p->ndim, runtime_global_shape(&s->rt, i), err, errlen);
-        rc = !e || runtime_param_set(&s->rt, i, e->data) ? -1 : 0;
+        rc = !e || tf_check_finite_data(e->data, e->numel, dir, p->name, err, errlen) ||
+                     runtime_param_set(&s->rt, i, e->data)
+                 ? -1
+                 : 0;
     }
     tf_free(w);
     return rc;
@@ -80,7 +101,7 @@ static int save_hf(session *s, const char *dir, int bf16, char *err, size_t errl
     }
     rc = 0;
     if (s->rank == 0) {
-        tf_file w = {e, n};
+        tf_file w = {e, n, TF_VERSION};
         hf_config cfg = {0};
         if (!d->n_heads) {
             ct_errf(err, errlen, "the model pack does not describe its heads (ct_model_desc 1.2): cannot export");
@@ -100,6 +121,113 @@ done:
     for (int i = 0; i < n; i++) free(e[i].data);
     free(e);
     return rc;
+}
+
+/* 0 if the checkpoint was written with this run's settings, or checkpoint.allow_config_change lets
+ * it differ (said in one line); else -1 and the difference in err. */
+static int config_allowed(const manifest *mf, const char *dir, const ckpt_info *info, char *err, size_t errlen) {
+    int allow = 0;
+    mf_get_bool(mf, "checkpoint.allow_config_change", &allow);
+    if (!info->has_config)
+        printf("checkpoint: %s does not record the run's settings (an older ctitan wrote it): training.seq_len and "
+               "the model's settings are not compared\n", dir);
+    if (!info->config_diff[0]) return 0;
+    if (!allow) {
+        ct_errf(err, errlen, "checkpoint %s was written with %s (set checkpoint.allow_config_change: true to resume "
+                             "anyway, or start in another job.dump_folder)", dir, info->config_diff);
+        return -1;
+    }
+    printf("checkpoint: %s was written with %s (allowed by checkpoint.allow_config_change)\n", dir, info->config_diff);
+    return 0;
+}
+
+/* Picks the step folder a run resumes from (checkpoint.load_step, else the newest) and checks it:
+ * 1 and its path in dir (2: a seed checkpoint, the model only), 0 when there is none (a fresh
+ * start), -1 after printing an error line.
+ * A checkpoint at training.steps means the run already finished (ck->finished: its model is loaded,
+ * for the end-of-run sample, and nothing is trained or written). A model-only save (the final save
+ * under last_save_model_only) cannot resume training: the newest full-state one below it does. */
+static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t load_step, char *dir, size_t len) {
+    char err[2048], where[600];
+    int64_t steps_total, step = load_step;
+    mf_get_int(mf, "training.steps", &steps_total);
+    if (load_step < 0) {
+        int64_t *steps;
+        int n = ckpt_steps(ck->folder, s->rank == 0, &steps, err, sizeof err);
+        if (n < 0) {
+            fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+            return -1;
+        }
+        step = n > 0 ? steps[0] : -1;
+        free(steps);
+        if (step < 0) return 0;
+    }
+    if (snprintf(dir, len, "%s/step-%" PRId64, ck->folder, step) >= (int)len) {
+        fprintf(stderr, "ctitan: checkpoint: %s: path too long\n", ck->folder);
+        return -1;
+    }
+    ckpt_info info;
+    if (ckpt_inspect(s, dir, 1, &info, err, sizeof err)) {
+        if (load_step >= 0) {
+            mf_where(mf, "checkpoint.load_step", where, sizeof where);
+            fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        } else fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+        return -1;
+    }
+    if (config_allowed(mf, dir, &info, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return -1;
+    }
+    if (info.step > steps_total) {
+        mf_where(mf, "training.steps", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: checkpoint %s is at step %" PRId64 ", past training.steps %" PRId64 ": raise "
+                        "training.steps, or resume from an earlier step with checkpoint.load_step\n",
+                where, dir, info.step, steps_total);
+        return -1;
+    }
+    if (info.step == steps_total && steps_total > 0) {
+        if (ckpt_load(s, dir, CKPT_MODEL, &info.state, &info.has_state, err, sizeof err)) {
+            fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+            return -1;
+        }
+        printf("checkpoint: this run already finished at step %" PRId64 " (%s): nothing to train; raise "
+               "training.steps to train further\n", info.step, dir);
+        ck->state.step = info.step;
+        ck->finished = 1;
+        return 1;
+    }
+    if (info.has_state) return 1;
+    if (info.step == 0) return 2; /* a seed checkpoint (create_seed_checkpoint): the model, then step 1 */
+    if (load_step >= 0) {
+        int64_t full = ckpt_latest_full(ck->folder, INT64_MAX);
+        mf_where(mf, "checkpoint.load_step", where, sizeof where);
+        char alt[64] = "none is here";
+        if (full >= 0) snprintf(alt, sizeof alt, "step-%" PRId64 " has it", full);
+        fprintf(stderr, "ctitan: %s: %s holds the model only (a final save under checkpoint.last_save_model_only); "
+                        "resuming needs the optimizer and train state (%s): set checkpoint.load_step to a full save, or "
+                        "load it as checkpoint.initial_load_path into a new job.dump_folder\n",
+                where, dir, alt);
+        return -1;
+    }
+    int64_t full = ckpt_latest_full(ck->folder, info.step);
+    if (full < 0) {
+        printf("checkpoint: %s holds the model only (checkpoint.last_save_model_only) and no checkpoint in %s holds "
+               "the full training state: training starts again from step 0\n", dir, ck->folder);
+        return 0;
+    }
+    printf("checkpoint: %s holds the model only (checkpoint.last_save_model_only); resuming from step-%" PRId64
+           ", the newest save with the full training state (steps %" PRId64 "-%" PRId64 " are trained again)\n",
+           dir, full, full + 1, info.step);
+    if (snprintf(dir, len, "%s/step-%" PRId64, ck->folder, full) >= (int)len) return -1; /* fit above: shorter */
+    if (ckpt_inspect(s, dir, 1, &info, err, sizeof err)) {
+        fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+        return -1;
+    }
+    if (config_allowed(mf, dir, &info, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return -1;
+    }
+    return 1;
 }
 
 int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) {
@@ -160,14 +288,17 @@ int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) 
     }
     /* resume from the run's own folder first, else the initial load */
     char dir[PATH_MAX];
-    int found = 0;
+    int found = 0, what = CKPT_MODEL | CKPT_OPTIMIZER, want_state = 1;
     if (ck->enable) {
-        int64_t step = load_step >= 0 ? load_step : ckpt_latest(ck->folder, s->rank == 0);
-        if (load_step >= 0 || step >= 0) {
-            found = snprintf(dir, sizeof dir, "%s/step-%" PRId64, ck->folder, step) < (int)sizeof dir;
+        int rc = pick_resume(s, mf, ck, load_step, dir, sizeof dir);
+        if (rc < 0) return -1;
+        if (ck->finished) return 0;
+        found = rc > 0;
+        if (rc == 2) {
+            what = CKPT_MODEL;
+            want_state = 0;
         }
     }
-    int what = CKPT_MODEL | CKPT_OPTIMIZER, want_state = 1;
     if (!found && !mf_get_str(mf, "checkpoint.initial_load_path", &initial)) {
         int model_only, in_hf;
         mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
@@ -181,15 +312,28 @@ int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) 
             printf("checkpoint: loaded the Hugging Face model %s\n", initial);
             return 0;
         }
-        if (resolve_step_dir(initial, dir, sizeof dir)) {
+        if (resolve_step_dir(initial, dir, sizeof dir, err, sizeof err)) {
             mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
-            fprintf(stderr, "ctitan: %s: %s holds no complete checkpoint\n", where, initial);
+            fprintf(stderr, "ctitan: %s: %s\n", where, err);
             return -1;
         }
         found = 1;
         if (model_only) {
             what = CKPT_MODEL;
             want_state = 0;
+            if (load_model_checked(s, dir, err, sizeof err)) {
+                mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
+                fprintf(stderr, "ctitan: %s: %s\n", where, err);
+                return -1;
+            }
+            printf("checkpoint: loaded %s (model)\n", dir);
+            return 0;
+        }
+        ckpt_info info; /* a full initial load continues another run: the same checks as a resume */
+        if (ckpt_inspect(s, dir, 1, &info, err, sizeof err) || config_allowed(mf, dir, &info, err, sizeof err)) {
+            mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
+            fprintf(stderr, "ctitan: %s: %s\n", where, err);
+            return -1;
         }
     }
     if (!found) return 0;
@@ -226,8 +370,9 @@ static int finish_pending(session *s, ckpt_plan *ck) {
     ck->pending = 0;
     ckpt_snapshot_free(ck->snap);
     ck->snap = NULL;
+    /* the writer's own message, if it failed (ckpt_commit adds one only for another rank's failure) */
     char err[2048];
-    if (!ck->pending_ok) fprintf(stderr, "ctitan: checkpoint: %s\n", ck->pending_err);
+    snprintf(err, sizeof err, "%s", ck->pending_ok ? "" : ck->pending_err);
     if (ckpt_commit(s, ck->folder, ck->pending_step, &ck->pending_state, ck->pending_ok, err, sizeof err)) {
         ct_set_error("checkpoint: %s", err);
         return -1;
@@ -257,7 +402,7 @@ static int save(session *s, ckpt_plan *ck, int64_t step, int what, int export_bf
     ck->pending_state = ck->state;
     ck->pending = 1;
     if (pthread_create(&ck->thread, NULL, write_thread, ck)) { /* no thread: write here */
-        ck->pending_ok = ckpt_snapshot_write(ck->snap, ck->pending_dir, ck->pending_err, sizeof ck->pending_err) == 0;
+        ck->pending_ok = ckpt_snapshot_write(ck->snap, ck->pending_dir, err, sizeof err) == 0;
         ck->pending = 0;
         ckpt_snapshot_free(ck->snap);
         ck->snap = NULL;
@@ -270,12 +415,12 @@ static int save(session *s, ckpt_plan *ck, int64_t step, int what, int export_bf
 }
 
 int ckpt_step(session *s, ckpt_plan *ck, int64_t step, int64_t last_step) {
-    if (!ck->enable || step % ck->interval || step == last_step) return 0;
+    if (!ck->enable || ck->finished || step % ck->interval || step == last_step) return 0;
     return save(s, ck, step, CKPT_MODEL | CKPT_OPTIMIZER, 0, 1);
 }
 
 int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step) {
-    if (!ck->enable) return 0;
+    if (!ck->enable || ck->finished) return 0;
     int rc = 0;
     if (ck->state.step == last_step && last_step > 0) {
         int model_only = ck->last_model_only;

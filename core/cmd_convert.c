@@ -126,10 +126,14 @@ typedef struct args {
 static int to_hf(const args *a) {
     char err[ERRLEN];
     tf_file *f = tf_read(a->input, err, sizeof err);
-    if (!f) {
+    if (!f || tf_check_finite(f, a->input, err, sizeof err)) {
         fprintf(stderr, "ctitan convert: %s\n", err);
+        tf_free(f);
         return 2;
     }
+    if (f->version < 2)
+        printf("convert: note: %s: format version %d has no checksums: its data cannot be verified\n", a->input,
+               f->version);
     hf_config cfg = {0};
     double v;
     cfg.n_heads = a->n_heads ? a->n_heads : ctt_count(f, "config.n_heads");
@@ -165,8 +169,9 @@ static int from_hf(const args *a) {
     char err[ERRLEN];
     hf_config cfg;
     tf_file *f;
-    if (hf_load(a->input, &cfg, &f, err, sizeof err)) {
+    if (hf_load(a->input, &cfg, &f, err, sizeof err) || tf_check_finite(f, a->input, err, sizeof err)) {
         fprintf(stderr, "ctitan convert: %s\n", err);
+        tf_free(f);
         return 2;
     }
     tf_writer *w = tf_writer_open(a->output, err, sizeof err);

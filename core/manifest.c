@@ -63,6 +63,7 @@ static const struct {
     {"checkpoint.async_mode", CT_OPT_STRING, "disabled", "disabled | async (files written by a background thread)"},
     {"checkpoint.exclude_from_loading", CT_OPT_STRING, "",
      "comma-separated: optimizer, lr_scheduler, dataloader (start those fresh on resume)"},
+    {"checkpoint.allow_config_change", CT_OPT_BOOL, "false", "resume although seed, seq_len or model differ from the checkpoint's"},
     {"checkpoint.create_seed_checkpoint", CT_OPT_BOOL, "false", "initialise, save step-0 (model only) and exit"},
     {"quantize.dense.float8.enable", CT_OPT_BOOL, "false", "float8 linear layers (plugins/float8)"},
     {"quantize.dense.float8.format", CT_OPT_STRING, "tensorwise",

@@ -495,7 +495,8 @@ int session_save_model(session *s, const char *path, char *err, size_t errlen) {
         if (!grown || runtime_param_get(&s->rt, i, grown, 0) ||
             (w && tf_writer_add(w, t->name, 1, t->ndim, shape, grown))) {
             if (grown) buf = grown;
-            snprintf(err, errlen, "%s: cannot write %s: %s", path, t->name, w ? tf_writer_error(w) : "gather failed");
+            if (w && tf_writer_error(w)[0]) snprintf(err, errlen, "%s (writing %s)", tf_writer_error(w), t->name);
+            else snprintf(err, errlen, "%s: cannot gather %s: %s", path, t->name, grown ? ct_last_error() : "out of memory");
             free(buf);
             if (w) tf_writer_abort(w);
             return -1;
@@ -509,6 +510,12 @@ int session_save_model(session *s, const char *path, char *err, size_t errlen) {
 int session_load_model(session *s, const char *path, char *err, size_t errlen) {
     tf_file *f = tf_read(path, err, errlen);
     if (!f) return -1;
+    if (tf_check_finite(f, path, err, errlen)) {
+        tf_free(f);
+        return -1;
+    }
+    if (f->version < 2 && s->rank == 0) /* read, as before checksums: say so once */
+        printf("model: note: %s: format version %d has no checksums: its data cannot be verified\n", path, f->version);
     for (int i = 0; i < s->rt.n_params; i++) {
         ct_tensor *t = &s->rt.params[i]->t;
         const tf_entry *e = tf_expect(f, path, t->name, 1, t->ndim, runtime_global_shape(&s->rt, i), err, errlen);

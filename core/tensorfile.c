@@ -20,6 +20,14 @@
 #define TF_HEADER_BYTES 24
 /* The smallest tensor record: name_len, a 1-byte name, dtype, ndim = 0, one 4-byte element. */
 #define TF_MIN_RECORD_BYTES (4 + 1 + 4 + 4 + 4)
+#define TF_FNV_BASIS 14695981039346656037ull /* 0xcbf29ce484222325 */
+
+/* FNV-1a 64 (the checkpoint pieces' checksum too): continues h over n bytes. */
+static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
 
 static uint32_t get_u32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -105,6 +113,8 @@ typedef struct reader {
     uint64_t start;   /* byte offset of that tensor's record */
     const char *name; /* its name once read, else NULL */
     size_t name_len;
+    int hashing;      /* version 2: every byte read goes into h, the record's checksum */
+    uint64_t h;
 } reader;
 
 static void fail(reader *r, const char *fmt, ...) {
@@ -147,6 +157,7 @@ static int take(reader *r, void *dst, uint64_t n, const char *what) {
              ferror(r->fp) ? strerror(errno) : "file shrank while being read");
         return -1;
     }
+    if (r->hashing) r->h = fnv1a(dst, (size_t)n, r->h);
     r->pos += n;
     return 0;
 }
@@ -268,15 +279,16 @@ static tf_file *parse(reader *r) {
     }
     uint32_t version = get_u32(h + 8), count = get_u32(h + 12);
     uint64_t reserved = get_u64(h + 16);
-    if (version != TF_VERSION) {
-        fail(r, "format version %u is not supported (expected %d)", version, TF_VERSION);
+    if (version != 1 && version != TF_VERSION) {
+        fail(r, "format version %u is not supported (expected 1 or %d)", version, TF_VERSION);
         return NULL;
     }
+    uint64_t sum_bytes = version >= 2 ? 8 : 0; /* per tensor, after the last record */
     if (reserved != 0) {
         fail(r, "reserved header field is %llu, expected 0", (unsigned long long)reserved);
         return NULL;
     }
-    uint64_t most = (r->size - TF_HEADER_BYTES) / TF_MIN_RECORD_BYTES;
+    uint64_t most = (r->size - TF_HEADER_BYTES) / (TF_MIN_RECORD_BYTES + sum_bytes);
     if (count > most || count > INT_MAX) {
         fail(r, "header says %u tensors but the remaining %llu bytes hold at most %llu", count,
              (unsigned long long)(r->size - TF_HEADER_BYTES), (unsigned long long)most);
@@ -284,28 +296,59 @@ static tf_file *parse(reader *r) {
     }
 
     tf_file *f = calloc(1, sizeof *f);
+    uint64_t *sums = calloc(count ? count : 1, sizeof *sums), *starts = calloc(count ? count : 1, sizeof *starts);
     if (f) f->entries = calloc(count ? count : 1, sizeof *f->entries);
-    if (!f || !f->entries) {
+    if (!f || !f->entries || !sums || !starts) {
+        if (f) free(f->entries);
         free(f);
+        free(sums);
+        free(starts);
         fail(r, "out of memory");
         return NULL;
     }
+    f->version = (int)version;
     for (uint32_t i = 0; i < count; i++) {
         r->tensor = (long)i;
-        r->start = r->pos;
+        r->start = starts[i] = r->pos;
         r->name = NULL;
         f->count = (int)i + 1; /* so tf_free releases this entry's partial allocations too */
+        r->hashing = sum_bytes > 0;
+        r->h = TF_FNV_BASIS;
         if (read_entry(r, &f->entries[i])) goto fail;
+        r->hashing = 0;
+        sums[i] = r->h;
     }
     r->tensor = -1;
+    if (sum_bytes && r->size - r->pos != sum_bytes * count) {
+        fail(r, "after the last tensor %llu bytes remain; the %u checksums take %llu",
+             (unsigned long long)(r->size - r->pos), count, (unsigned long long)(sum_bytes * count));
+        goto fail;
+    }
+    for (uint32_t i = 0; sum_bytes && i < count; i++) {
+        unsigned char b[8];
+        if (take(r, b, 8, "checksum")) goto fail;
+        if (get_u64(b) != sums[i]) {
+            r->tensor = (long)i;
+            r->start = starts[i];
+            r->name = f->entries[i].name;
+            r->name_len = strlen(r->name);
+            fail(r, "checksum mismatch (stored %016llx, the record gives %016llx): the file is corrupt",
+                 (unsigned long long)get_u64(b), (unsigned long long)sums[i]);
+            goto fail;
+        }
+    }
     if (r->pos != r->size) {
         fail(r, "%llu trailing bytes after the last tensor (tensor count %u)",
              (unsigned long long)(r->size - r->pos), count);
         goto fail;
     }
     if (check_unique(r, f)) goto fail;
+    free(sums);
+    free(starts);
     return f;
 fail:
+    free(sums);
+    free(starts);
     tf_free(f);
     return NULL;
 }
@@ -385,6 +428,27 @@ void tf_free(tf_file *f) {
     free(f);
 }
 
+int tf_check_finite_data(const float *x, int64_t n, const char *label, const char *what, char *err, size_t errlen) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        if ((u & 0x7f800000u) != 0x7f800000u) continue; /* exponent all ones: Inf or NaN */
+        if (err && errlen)
+            snprintf(err, errlen, "%s: tensor '%s' holds %s at element %lld of %lld: refusing non-finite weights", label,
+                     what, u & 0x007fffffu ? "NaN" : (u >> 31) ? "-Inf" : "Inf", (long long)i, (long long)n);
+        return -1;
+    }
+    return 0;
+}
+
+int tf_check_finite(const tf_file *f, const char *label, char *err, size_t errlen) {
+    for (int i = 0; f && i < f->count; i++) {
+        const tf_entry *e = &f->entries[i];
+        if (e->dtype == TF_F32 && tf_check_finite_data(e->data, e->numel, label, e->name, err, errlen)) return -1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Writer                                                                                          */
 
@@ -393,6 +457,7 @@ struct tf_writer {
     char *path, *tmp;
     uint32_t count;
     char **names; /* every name added so far, to refuse duplicates */
+    uint64_t *sums; /* every record's checksum, written after the last record */
     size_t names_cap;
     char err[512];
 };
@@ -410,6 +475,7 @@ static void wfail(tf_writer *w, const char *fmt, ...) {
 static void writer_free(tf_writer *w) {
     for (uint32_t i = 0; i < w->count; i++) free(w->names[i]);
     free(w->names);
+    free(w->sums);
     free(w->path);
     free(w->tmp);
     free(w);
@@ -500,8 +566,10 @@ int tf_writer_add(tf_writer *w, const char *name, int dtype, int ndim, const int
     if (w->count == w->names_cap) {
         size_t cap = w->names_cap ? 2 * w->names_cap : 16;
         char **grown = realloc(w->names, cap * sizeof *grown);
-        if (!grown) { wfail(w, "out of memory"); return -1; }
-        w->names = grown;
+        if (grown) w->names = grown;
+        uint64_t *sums = grown ? realloc(w->sums, cap * sizeof *sums) : NULL;
+        if (!sums) { wfail(w, "out of memory"); return -1; }
+        w->sums = sums;
         w->names_cap = cap;
     }
     size_t len = strlen(name);
@@ -512,11 +580,13 @@ int tf_writer_add(tf_writer *w, const char *name, int dtype, int ndim, const int
     size_t hn = 0;
     put_u32(head, (uint32_t)len);
     int ok = fwrite(head, 1, 4, w->fp) == 4 && fwrite(name, 1, len, w->fp) == len;
+    uint64_t h = fnv1a(name, len, fnv1a(head, 4, TF_FNV_BASIS));
     put_u32(head + hn, (uint32_t)dtype); hn += 4;
     put_u32(head + hn, (uint32_t)ndim); hn += 4;
     for (int k = 0; k < ndim; k++, hn += 8) put_u64(head + hn, (uint64_t)shape[k]);
     size_t bytes = 4 * (size_t)numel;
     ok = ok && fwrite(head, 1, hn, w->fp) == hn && (bytes == 0 || fwrite(data, 1, bytes, w->fp) == bytes);
+    w->sums[w->count] = fnv1a(data, bytes, fnv1a(head, hn, h));
     if (!ok) {
         free(copy);
         wfail(w, "cannot write %s: %s", w->tmp, strerror(errno));
@@ -555,6 +625,11 @@ int tf_writer_close(tf_writer *w, char *err, size_t errlen) {
     if (!w) {
         if (err && errlen) snprintf(err, errlen, "tf_writer_close: no writer");
         return -1;
+    }
+    for (uint32_t i = 0; i < w->count && !w->err[0]; i++) { /* the checksums follow the last record */
+        unsigned char c[8];
+        put_u64(c, w->sums[i]);
+        if (fwrite(c, 1, 8, w->fp) != 8) wfail(w, "cannot write %s: %s", w->tmp, strerror(errno));
     }
     if (!w->err[0]) {
         unsigned char c[4];

@@ -3,12 +3,16 @@
  * Golden files from PyTorch (tests/golden/) and other small tensor dumps use this format.
  * Everything is little-endian:
  *
- *   header, 24 bytes:  "CTTENSOR" (8 bytes) | u32 version = 1 | u32 tensor count | u64 reserved = 0
+ *   header, 24 bytes:  "CTTENSOR" (8 bytes) | u32 version = 2 | u32 tensor count | u64 reserved = 0
  *   then per tensor:   u32 name_len (1..1024) | name (UTF-8, no NUL, not terminated)
  *                      | u32 dtype (1 = f32, 5 = int32) | u32 ndim (0..6) | u64 shape[ndim]
  *                      | numel * 4 bytes of data, row-major (ndim 0 is a scalar: numel 1)
+ *   then (version 2) per tensor, in file order: u64 FNV-1a 64 of its record (name_len through its
+ *                      last data byte), so a flipped bit anywhere in a record names that tensor.
  *
- * Names are unique within a file. Nothing follows the last tensor.
+ * Names are unique within a file. Nothing follows the checksums (version 1: the last tensor).
+ * Version 1 files (no checksums: the golden files of tests/golden/) are still read; tf_file.version
+ * tells a caller that wants to say their data could not be verified.
  *
  * The reader checks the magic, the version, the reserved field, and every length against the file's
  * size before it allocates or reads anything, so a truncated or hostile file gives a one-line error
@@ -25,7 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TF_VERSION 1
+#define TF_VERSION 2 /* written; 1 is still read */
 #define TF_MAX_DIMS 6
 #define TF_MAX_NAME 1024
 
@@ -44,6 +48,7 @@ typedef struct tf_entry {
 typedef struct tf_file {
     tf_entry *entries;         /* in file order */
     int count;
+    int version;               /* as read: 1 = no checksums, 2 = every record checked */
 } tf_file;
 
 /* Reads and validates a whole file. NULL on error (message in err). */
@@ -61,6 +66,12 @@ const tf_entry *tf_expect(const tf_file *f, const char *label, const char *name,
                           const int64_t *shape, char *err, size_t errlen);
 
 void tf_free(tf_file *f);
+
+/* 0 if every f32 entry is finite; else -1 and "label: tensor 'name' holds NaN at element 17 of 4096"
+ * (the first non-finite value, file order). A model with NaN or Inf weights is refused on load. */
+int tf_check_finite(const tf_file *f, const char *label, char *err, size_t errlen);
+/* The same over n floats of one tensor; `what` names it in the message. */
+int tf_check_finite_data(const float *x, int64_t n, const char *label, const char *what, char *err, size_t errlen);
 
 /* Writer. tf_writer_add copies nothing it does not write at once; it returns 0, or -1 on a bad
  * argument or an I/O error. The first error is sticky: later adds return -1 and do nothing,

@@ -153,10 +153,10 @@ static int train_loop(session *s, manifest *mf) {
         return EXIT_BAD_INPUT;
     }
     snprintf(path, sizeof path, "%s/metrics.jsonl", dump);
-    FILE *jf = s->rank == 0 ? fopen(path, "w") : fopen("/dev/null", "w");
+    FILE *jf = NULL; /* opened once the checkpoint is loaded: a finished run's restart leaves it alone */
     batch_buf bb = {malloc(sizeof(int32_t) * (size_t)(G_local * T)), malloc(sizeof(int32_t) * (size_t)(G_local * T))};
     int rc = EXIT_RUN_FAILED;
-    if (!jf || !bb.inputs || !bb.targets) {
+    if (!bb.inputs || !bb.targets) {
         fprintf(stderr, "ctitan: cannot open %s or allocate the batch\n", path);
         goto done;
     }
@@ -183,6 +183,15 @@ static int train_loop(session *s, manifest *mf) {
     ckpt_plan ck;
     if (ckpt_begin(s, mf, dump, &ck)) {
         rc = EXIT_BAD_INPUT;
+        goto done;
+    }
+    if (ck.finished) { /* restarted after its last step: said so; trains and writes nothing */
+        rc = 0;
+        goto done;
+    }
+    jf = s->rank == 0 ? fopen(path, "w") : fopen("/dev/null", "w");
+    if (!jf) {
+        fprintf(stderr, "ctitan: cannot open %s: %s\n", path, strerror(errno));
         goto done;
     }
     dl.position = ck.state.data_position;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The ctt reader (core/tensorfile.c) under AddressSanitizer + UBSan: builds the replay driver of
-# tests/fuzz/fuzz_tensorfile.c with cc, runs it on valid, truncated and corrupted seeds plus seeded
+# tests/fuzz/fuzz_tensorfile.c with cc, runs it on valid, truncated and corrupted seeds (version 1
+# built here, version 2 in tests/fuzz/corpus/tensorfile) plus seeded
 # random mutations of each, then (when clang has libFuzzer) a short libFuzzer run.
 set -euo pipefail
 BUILD=${BUILD:-build}
@@ -35,7 +36,7 @@ small="$seeds/small"; mkdir -p "$small"
 { header 1; printf "$(u32 4294967295)xxxxxxxx"; } > "$small/huge_name_len.ctt"
 { header 1; printf "$(u32 1)x$(u32 1)$(u32 2)$(u64 4294967296)$(u64 4294967296)xxxx"; } > "$small/huge_shape.ctt"
 { header 2147483647; record x 1 1; } > "$small/huge_count.ctt"
-{ printf 'CTTENSOR'; printf "$(u32 2)$(u32 0)$(u64 0)"; } > "$small/bad_version.ctt"
+{ printf 'CTTENSOR'; printf "$(u32 3)$(u32 0)$(u64 0)"; } > "$small/bad_version.ctt"
 { printf 'NOTATENS'; printf "$(u32 1)$(u32 0)$(u64 0)"; } > "$small/bad_magic.ctt"
 { header 1; record x 1 2; printf 'tail'; } > "$small/trailing.ctt"
 n=$(stat -c %s "$small/valid.ctt")
@@ -45,6 +46,8 @@ done
 
 # every small seed must be handled without a sanitizer report; the valid ones must round-trip
 FUZZ_MUTATIONS=300 "$out/fuzz_tensorfile_replay" "$small"
+# the committed version-2 seeds (checksums; a flipped byte, a missing or wrong checksum, a NaN)
+FUZZ_MUTATIONS=300 "$out/fuzz_tensorfile_replay" tests/fuzz/corpus/tensorfile
 
 golden=tests/golden/llama3_tiny.ctt
 if [ -f "$golden" ]; then
@@ -63,7 +66,7 @@ if command -v clang >/dev/null &&
     clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Icore \
         -o "$out/fuzz_tensorfile" tests/fuzz/fuzz_tensorfile.c core/tensorfile.c 2>/dev/null; then
     corpus="$seeds/corpus"; mkdir -p "$corpus"
-    cp "$small"/* "$corpus"/
+    cp "$small"/* tests/fuzz/corpus/tensorfile/* "$corpus"/
     "$out/fuzz_tensorfile" -runs=100000 -max_len=4096 -seed=1 "$corpus" 2>&1 | tail -n 1
 else
     echo "fuzz_tensorfile: clang with libFuzzer not found, skipped the libFuzzer run"

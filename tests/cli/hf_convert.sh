@@ -41,9 +41,10 @@ else bad "llama3_tiny -> HF"; cat "$T/err"; fi
 # HF -> ctitan: llama3_tiny's parameters, bit for bit
 start=$(( $(offset_of tok_embeddings.weight) - 4 )); end=$(( $(offset_of input.tokens) - 4 ))
 if run --from hf --input "$T/hf" --output "$T/a.ctt" &&
-    cmp <(tail -c +25 "$T/a.ctt") <(tail -c +$((start + 1)) "$G/llama3_tiny.ctt" | head -c $((end - start))) &&
-    [ "$(od -An -tu4 -j12 -N4 "$T/a.ctt" | tr -d ' ')" = 21 ]; then
-    ok "HF -> .ctt holds llama3_tiny's 21 parameter records byte for byte"
+    cmp <(tail -c +25 "$T/a.ctt" | head -c $((end - start))) <(tail -c +$((start + 1)) "$G/llama3_tiny.ctt" | head -c $((end - start))) &&
+    [ "$(od -An -tu4 -j12 -N4 "$T/a.ctt" | tr -d ' ')" = 21 ] &&
+    [ "$(stat -c %s "$T/a.ctt")" -eq $((24 + end - start + 8 * 21)) ]; then
+    ok "HF -> .ctt holds llama3_tiny's 21 parameter records byte for byte (then their 21 checksums)"
 else bad "HF -> .ctt"; cat "$T/err"; fi
 grep -q "model: {name: llama3, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 256, ffn_hidden: 192, rope_theta: 500000, norm_eps: 1e-05}" "$T/out" &&
     ok "--from hf prints the model options" || { bad "--from hf model line"; cat "$T/out"; }

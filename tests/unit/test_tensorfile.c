@@ -85,6 +85,30 @@ static buf sample_file(void) {
     return b;
 }
 
+/* FNV-1a 64, written out from its definition (offset basis, prime) to check the reader and writer. */
+static uint64_t fnv1a64(const unsigned char *p, size_t n) {
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The sample as format version 2: the same records, then each record's checksum. */
+static buf sample_file_v2(void) {
+    buf b = {0};
+    size_t start[4];
+    put_header(&b, 3);
+    b.p[8] = 2;
+    start[0] = b.n;
+    put_tensor(&b, "w", TF_F32, 2, (uint64_t[]){2, 3});
+    start[1] = b.n;
+    put_tensor(&b, "ids", TF_I32, 1, (uint64_t[]){4});
+    start[2] = b.n;
+    put_tensor(&b, "s", TF_F32, 0, NULL);
+    start[3] = b.n;
+    for (int i = 0; i < 3; i++) put_u64(&b, fnv1a64(b.p + start[i], start[i + 1] - start[i]));
+    return b;
+}
+
 /* Reads b from memory, expects failure with a message containing want (and starting "mem: "). */
 static void expect_error(const buf *b, const char *want) {
     char err[512] = "";
@@ -215,8 +239,8 @@ static void test_read_rejects_bad_magic_version_and_reserved(void **state) {
     b.p[0] = 'X';
     expect_error(&b, "bad magic");
     b.p[0] = 'C';
-    b.p[8] = 2;
-    expect_error(&b, "format version 2 is not supported (expected 1)");
+    b.p[8] = 3;
+    expect_error(&b, "format version 3 is not supported (expected 1 or 2)");
     b.p[8] = 1;
     b.p[20] = 1;
     expect_error(&b, "reserved header field is");
@@ -478,7 +502,7 @@ static void test_writer_output_matches_the_spec_bytes(void **state) {
     assert_int_equal(tf_writer_add(w, "s", TF_F32, 0, NULL, &s), 0);
     assert_int_equal(tf_writer_close(w, NULL, 0), 0);
 
-    buf want = sample_file();
+    buf want = sample_file_v2();
     FILE *fp = fopen(path, "rb");
     assert_non_null(fp);
     unsigned char got[512];
@@ -487,6 +511,65 @@ static void test_writer_output_matches_the_spec_bytes(void **state) {
     assert_int_equal(n, want.n);
     assert_memory_equal(got, want.p, want.n);
     free(want.p);
+}
+
+/* Version 2 files carry a checksum per record: the sample reads with the same contents as version 1,
+ * and a change to any byte of any record is refused with a line naming that record's tensor. */
+static void test_v2_checksums_name_the_corrupt_tensor(void **state) {
+    (void)state;
+    buf b = sample_file_v2(), v1 = sample_file();
+    char err[512] = "";
+    tf_file *f = tf_read_mem(b.p, b.n, "mem", err, sizeof err), *g = tf_read_mem(v1.p, v1.n, "mem", err, sizeof err);
+    assert_non_null(f);
+    assert_non_null(g);
+    assert_int_equal(f->version, 2);
+    assert_int_equal(g->version, 1);
+    assert_int_equal(f->count, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_string_equal(f->entries[i].name, g->entries[i].name);
+        assert_memory_equal(f->entries[i].data, g->entries[i].data, 4 * (size_t)g->entries[i].numel);
+    }
+    tf_free(f);
+    tf_free(g);
+    /* the data bytes of each record: "w" (2,3) f32 at 24 + 29, "ids" (4,) at 77 + 23, "s" at 116 + 13 */
+    const struct { size_t at; const char *name; } flips[] = {{24 + 29, "'w'"}, {24 + 29 + 23, "'w'"},
+                                                              {77 + 23, "'ids'"}, {116 + 13, "'s'"}};
+    for (size_t k = 0; k < sizeof flips / sizeof *flips; k++) {
+        b.p[flips[k].at] ^= 0x01;
+        expect_error(&b, "checksum mismatch");
+        tf_read_mem(b.p, b.n, "mem", err, sizeof err);
+        if (!strstr(err, flips[k].name)) fail_msg("flip at %zu: \"%s\" does not name %s", flips[k].at, err, flips[k].name);
+        b.p[flips[k].at] ^= 0x01;
+    }
+    b.p[b.n - 1] ^= 0x80; /* the stored checksum itself */
+    expect_error(&b, "tensor 2 's' at byte 116: checksum mismatch");
+    b.p[b.n - 1] ^= 0x80;
+    put(&b, "x", 1); /* one byte too many after the checksums */
+    expect_error(&b, "after the last tensor 25 bytes remain; the 3 checksums take 24");
+    free(b.p);
+    free(v1.p);
+}
+
+/* NaN and Inf weights are found and named (the first one in file order). */
+static void test_check_finite_names_the_tensor(void **state) {
+    (void)state;
+    buf b = sample_file_v2();
+    char err[512] = "";
+    tf_file *f = tf_read_mem(b.p, b.n, "mem", err, sizeof err);
+    assert_non_null(f);
+    assert_int_equal(tf_check_finite(f, "model.ctt", err, sizeof err), 0);
+    ((float *)f->entries[2].data)[0] = INFINITY;
+    assert_int_equal(tf_check_finite(f, "model.ctt", err, sizeof err), -1);
+    assert_string_equal(err, "model.ctt: tensor 's' holds Inf at element 0 of 1: refusing non-finite weights");
+    ((float *)f->entries[0].data)[4] = NAN;
+    assert_int_equal(tf_check_finite(f, "model.ctt", err, sizeof err), -1);
+    assert_string_equal(err, "model.ctt: tensor 'w' holds NaN at element 4 of 6: refusing non-finite weights");
+    ((int32_t *)f->entries[1].data)[0] = -1; /* int32 data is never a float: 0xffffffff is a fine id */
+    ((float *)f->entries[0].data)[4] = 1.0f;
+    ((float *)f->entries[2].data)[0] = 0.0f;
+    assert_int_equal(tf_check_finite(f, "model.ctt", err, sizeof err), 0);
+    tf_free(f);
+    free(b.p);
 }
 
 static void test_writer_is_atomic(void **state) {
@@ -671,6 +754,8 @@ int main(void) {
         cmocka_unit_test(test_expect_checks_dtype_and_shape),
         cmocka_unit_test(test_read_accepts_empty_file_and_zero_sized_tensor),
         cmocka_unit_test(test_read_rejects_bad_magic_version_and_reserved),
+        cmocka_unit_test(test_v2_checksums_name_the_corrupt_tensor),
+        cmocka_unit_test(test_check_finite_names_the_tensor),
         cmocka_unit_test(test_read_rejects_truncation_at_every_length),
         cmocka_unit_test(test_read_rejects_truncated_files_on_disk),
         cmocka_unit_test(test_read_rejects_bad_name_lengths),
