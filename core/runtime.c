@@ -701,26 +701,104 @@ int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *
     return 0;
 }
 
+/* Under sequence parallel the token rows split over the tp ranks, so a sequence whose length is not
+ * a multiple of tp is right-padded (with its last token) up to one: attention is causal, so the
+ * padding after the last real token changes none of the real positions' logits. */
+/* Forward without the pipeline runner (one sequence to sample from): each stage's units run on the
+ * pp rank that holds them, and its output is broadcast over the pp group to every rank, so the next
+ * stage's rank has its input and at the end every rank has the (gathered) logits. */
+static int forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor **last) {
+    const ct_mesh_info *mesh = rt->dist.mesh;
+    int nu = rt->desc.n_units, me = mesh->coord[CT_AXIS_PP];
+    rt_tensor *x = NULL;
+    for (int u = 0; u < nu;) {
+        int owner = rt->dist.unit_rank[u], u1 = u;
+        while (u1 + 1 < nu && rt->dist.unit_rank[u1 + 1] == owner) u1++;
+        double meta[3 + CT_MAX_DIMS] = {0}; /* ndim, sp, shape..., a failure on the owner */
+        if (owner == me) {
+            int bad = 0;
+            for (int k = u; k <= u1 && !bad; k++)
+                bad = runtime_hook(rt, HOOK_PRE_FORWARD, k, 0) || runtime_unit_fwd(rt, k, x, tokens, NULL, 0, &x) ||
+                      runtime_hook(rt, HOOK_POST_FORWARD, k, 0);
+            if (!bad && u1 == nu - 1 && x->col_full > 0) bad = !(x = tape_tp_gather_cols(rt, x));
+            meta[2 + CT_MAX_DIMS] = bad;
+            if (!bad) {
+                meta[0] = x->t.ndim;
+                meta[1] = x->sp;
+                for (int d = 0; d < x->t.ndim; d++) meta[2 + d] = (double)x->t.shape[d];
+            }
+        }
+        ct_clear_error();
+        if (rt->dist.capi->broadcast(rt->dist.comm, mesh->group[CT_AXIS_PP], meta, 3 + CT_MAX_DIMS, CT_F64, owner,
+                                     NULL) != CT_OK)
+            return -1;
+        if (meta[2 + CT_MAX_DIMS] != 0) { /* every rank stops, the owner with its own error */
+            if (owner != me) ct_set_error("pipeline stage on pp rank %d failed in forward", owner);
+            return -1;
+        }
+        if (owner != me) {
+            int64_t shape[CT_MAX_DIMS] = {0};
+            int nd = (int)meta[0];
+            for (int d = 0; d < nd && d < CT_MAX_DIMS; d++) shape[d] = (int64_t)meta[2 + d];
+            if (!(x = tape_new_activation(rt, CT_F32, nd, shape))) return -1;
+            x->sp = (int)meta[1];
+        }
+        if (rt->dist.capi->broadcast(rt->dist.comm, mesh->group[CT_AXIS_PP], x->t.data, ct_tensor_numel(&x->t), CT_F32,
+                                     owner, NULL) != CT_OK)
+            return -1;
+        u = u1 + 1;
+    }
+    *last = x;
+    return 0;
+}
+
 int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out) {
-    if (rt->dist.unit_rank) {
-        ct_set_error("sampling under pipeline parallel is not supported: run ctitan generate on the saved model");
+    int64_t tp = rt->tp.size > 1 && rt->tp.sequence_parallel ? rt->tp.size : 1, Tp = (T + tp - 1) / tp * tp;
+    int32_t *padded = NULL;
+    float *host = NULL;
+    if (B < 1 || T < 1) {
+        ct_set_error("forward_logits: empty input (%lld x %lld)", (long long)B, (long long)T);
         return -1;
     }
-    if (runtime_reset_arenas(rt)) return -1;
+    if (Tp != T) {
+        if (!(padded = malloc(sizeof(int32_t) * (size_t)(B * Tp)))) {
+            ct_set_error("out of memory");
+            return -1;
+        }
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < Tp; t++) padded[b * Tp + t] = tokens[b * T + (t < T ? t : T - 1)];
+        tokens = padded;
+    }
+    int bad = runtime_reset_arenas(rt);
     runtime_use_shadow(rt, 1);
     rt->act = &rt->saved;
-    rt_tensor *tok = runtime_upload_ids(rt, tokens, B, T), *logits = NULL;
-    int bad = !tok || forward_units(rt, tok, NULL, 0, &logits);
+    rt_tensor *tok = bad ? NULL : runtime_upload_ids(rt, tokens, B, Tp), *logits = NULL;
+    bad = !tok || (rt->dist.unit_rank ? forward_units_pp(rt, tok, &logits) : forward_units(rt, tok, NULL, 0, &logits));
     if (!bad && logits->col_full > 0) bad = !(logits = tape_tp_gather_cols(rt, logits)); /* vocabulary-sharded */
     runtime_use_shadow(rt, 0);
+    free(padded);
     if (bad) return -1;
     int64_t V = logits->t.shape[logits->t.ndim - 1];
-    if (ct_tensor_numel(&logits->t) != B * T * V) {
+    if (ct_tensor_numel(&logits->t) != B * Tp * V) {
         ct_set_error("model: the last unit must return logits (B, T, V) without targets");
         return -1;
     }
-    if (rt->d->copy(rt->dev, logits_out, logits->t.data, sizeof(float) * (size_t)(B * T * V), CT_COPY_D2H) != CT_OK)
+    if (Tp == T)
+        return rt->d->copy(rt->dev, logits_out, logits->t.data, sizeof(float) * (size_t)(B * T * V), CT_COPY_D2H) ==
+                       CT_OK
+                   ? 0
+                   : -1;
+    if (!(host = malloc(sizeof(float) * (size_t)(B * Tp * V)))) {
+        ct_set_error("out of memory");
         return -1;
+    }
+    if (rt->d->copy(rt->dev, host, logits->t.data, sizeof(float) * (size_t)(B * Tp * V), CT_COPY_D2H) != CT_OK) {
+        free(host);
+        return -1;
+    }
+    for (int64_t b = 0; b < B; b++) /* the real positions of each sequence */
+        memcpy(logits_out + b * T * V, host + b * Tp * V, sizeof(float) * (size_t)(T * V));
+    free(host);
     return 0;
 }
 

@@ -327,12 +327,17 @@ int cmd_train(int argc, char **argv) {
     }
     if (!mf) return st;
     session s;
+    ct_tokenizer *tok = NULL;
     int dry = a.dry_run;
     st = session_open(&s, mf, !dry, !dry);
     if (st) goto out;
     int pc = a.print_config;
     if (!pc) mf_get_bool(mf, "job.print_config", &pc);
     if (pc) manifest_print(mf, stdout);
+    /* what the end of the run needs is checked now, not after the training */
+    int64_t max_new = 0;
+    mf_get_int(mf, "generate.max_new_tokens", &max_new);
+    if (max_new > 0 && (st = session_open_tokenizer(&s, &tok))) goto out;
     if (dry) {
         st = dry_run(&s, mf);
         goto out;
@@ -361,31 +366,26 @@ int cmd_train(int argc, char **argv) {
         ct_mkdir_p(path);
         if (s.world > 1) snprintf(path, sizeof path, "%s/%s/rank%d_trace.json", dump, folder, s.rank); /* one per rank */
         else snprintf(path, sizeof path, "%s/%s/trace.json", dump, folder);
-        if (trace_write(path, err, sizeof err)) fprintf(stderr, "ctitan: %s\n", err);
+        if (trace_write(path, err, sizeof err)) fprintf(stderr, "ctitan: warning: %s (the training completed)\n", err);
         else printf("trace: %s\n", path);
     }
-    int64_t max_new, top_k, seed, T;
-    mf_get_int(mf, "generate.max_new_tokens", &max_new);
-    const char *tok;
-    if (!st && max_new > 0) {
-        if (mf_get_str(mf, "model.tokenizer_path", &tok)) {
-            fprintf(stderr, "ctitan: generate.max_new_tokens is set but model.tokenizer_path is not\n");
-            st = EXIT_BAD_INPUT;
-            goto out;
-        }
+    if (!st && max_new > 0) { /* an optional end-of-run step: its failure is a warning, the training stands */
+        int64_t top_k, seed, T;
         const char *prompt;
-        double temp;
+        double temp, top_p;
         mf_get_str(mf, "generate.prompt", &prompt);
         mf_get_float(mf, "generate.temperature", &temp);
         mf_get_int(mf, "generate.top_k", &top_k);
-        double top_p;
         mf_get_float(mf, "generate.top_p", &top_p);
         if (mf_get_int(mf, "generate.seed", &seed)) mf_get_int(mf, "training.seed", &seed);
         mf_get_int(mf, "training.seq_len", &T);
         printf("sample:\n");
-        st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
+        if (session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T))
+            fprintf(stderr, "ctitan: warning: the end-of-run sample failed (above); the training itself completed "
+                            "and was saved\n");
     }
 out:
+    tokenizer_free(tok);
     session_close(&s);
     return st;
 }
@@ -408,10 +408,11 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!mf) return st;
     session s;
+    ct_tokenizer *tok = NULL;
     st = session_open(&s, mf, 1, 0);
-    if (st) goto out;
+    if (st || (st = session_open_tokenizer(&s, &tok))) goto out;
     char path[4096], err[2048];
-    const char *dump, *tok, *prompt;
+    const char *dump, *prompt;
     mf_get_str(mf, "job.dump_folder", &dump);
     if (a.checkpoint) snprintf(path, sizeof path, "%s", a.checkpoint);
     else snprintf(path, sizeof path, "%s/model.ctt", dump);
@@ -419,11 +420,6 @@ int cmd_generate(int argc, char **argv) {
     int is_dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
     if (is_dir ? ckpt_load_model_from(&s, path, err, sizeof err) : session_load_model(&s, path, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
-        st = EXIT_BAD_INPUT;
-        goto out;
-    }
-    if (mf_get_str(mf, "model.tokenizer_path", &tok)) {
-        fprintf(stderr, "ctitan: %s: model.tokenizer_path is not set\n", mf->path);
         st = EXIT_BAD_INPUT;
         goto out;
     }
@@ -441,6 +437,7 @@ int cmd_generate(int argc, char **argv) {
     mf_get_int(mf, "training.seq_len", &T);
     st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
 out:
+    tokenizer_free(tok);
     session_close(&s);
     return st;
 }
