@@ -367,20 +367,22 @@ int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err,
     memset(rt->ac, 0, sizeof(int) * (size_t)nu);
     if (strcmp(mode, "none") == 0) return 0;
     if (strcmp(mode, "full") == 0) {
-        for (int u = 1; u < nu - 1; u++) rt->ac[u] = 1; /* every block; embedding and head stay */
+        for (int u = 1; u < nu - 1; u++) rt->ac[u] = RT_AC_FULL; /* every block; embedding and head stay */
         return 0;
     }
     if (strcmp(mode, "selective") == 0) {
         int64_t every;
+        if (strcmp(option, "op") == 0) { /* torchtitan's per-op SAC: every block, the costly outputs kept */
+            for (int u = 1; u < nu - 1; u++) rt->ac[u] = RT_AC_OP;
+            return 0;
+        }
         if (mf_parse_int(option, &every) || every < 1) {
-            snprintf(err, errlen,
-                     "expected a positive integer N (checkpoint every Nth block), got '%s' (per-op selective "
-                     "checkpointing 'op' is not supported yet)",
+            snprintf(err, errlen, "expected 'op' (per-op policy) or a positive integer N (every Nth block), got '%s'",
                      option);
             return -2;
         }
         /* torchtitan's layer SAC: the k-th block (1-based) is checkpointed when k % N == 0 */
-        for (int u = 1; u < nu - 1; u++) rt->ac[u] = (u % every) == 0;
+        for (int u = 1; u < nu - 1; u++) rt->ac[u] = (u % every) == 0 ? RT_AC_FULL : RT_AC_NONE;
         return 0;
     }
     snprintf(err, errlen, "expected none, full or selective, got '%s'", mode);
@@ -497,14 +499,20 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         pool_mark md = pool_get_mark(&rt->scratch.data), mh = pool_get_mark(&rt->scratch.desc);
         rt->recording = 0;
         rt->act = &rt->scratch;
+        rt->sac_phase = rt->ac[u] == RT_AC_OP ? RT_SAC_SAVE : RT_SAC_OFF; /* the kept outputs go to saved */
+        rt->sac_mm = 0;
+        rt->sac_head = rt->sac_tail = NULL;
         rt_tensor *o;
-        if (unit_forward(rt, u, x, tokens, tg, &o)) return -1;
+        int bad = unit_forward(rt, u, x, tokens, tg, &o);
+        rt->sac_phase = RT_SAC_OFF;
+        if (bad) return -1;
         rt->act = &rt->saved;
         rt_tensor *keep = tape_new_activation(rt, o->t.dtype, o->t.ndim, o->t.shape);
         if (keep) { /* what the tensor parallel ops need to know of it */
             keep->sp = o->sp;
             keep->col_begin = o->col_begin;
             keep->col_full = o->col_full;
+            keep->sac_next = rt->sac_head; /* the recompute finds the saved outputs here */
         }
         if (!keep || rt->d->copy(rt->dev, keep->t.data, o->t.data,
                                  (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype), CT_COPY_D2D))
@@ -538,8 +546,17 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
         rt->recording = 1;
         rt->act = halves == TAPE_BOTH ? &rt->scratch : &rt->saved;
         rt->tail = NULL;
+        rt->sac_phase = rt->ac[u] == RT_AC_OP ? RT_SAC_REUSE : RT_SAC_OFF;
+        rt->sac_mm = 0;
+        rt->sac_head = rt->unit_out[u]->sac_next;
         rt_tensor *o;
-        if (unit_forward(rt, u, in, tokens, u == nu - 1 ? targets : NULL, &o)) return -1;
+        int bad = unit_forward(rt, u, in, tokens, u == nu - 1 ? targets : NULL, &o);
+        if (!bad && rt->sac_phase == RT_SAC_REUSE && rt->sac_head) {
+            ct_set_error("per-op checkpointing: unit %d's recompute used fewer saved outputs than its forward made", u);
+            bad = 1;
+        }
+        rt->sac_phase = RT_SAC_OFF;
+        if (bad) return -1;
         rt->recording = 0;
         rt->act = &rt->saved;
         rt_tensor *owner = o->base ? o->base : o;
