@@ -170,9 +170,9 @@ static int train_loop(session *s, manifest *mf) {
                s->mesh.degree[0], s->mesh.degree[1], s->mesh.degree[2], s->mesh.degree[3], s->mesh.degree[4],
                s->stratp ? s->stratp->info.name : "none");
     if (s->peak_flops > 0)
-        printf("device: %s, measured %s matmul peak %.1f GFLOP/s (MFU below is against this %s peak)\n",
-               s->devp->info.name, s->matmul_precision ? s->matmul_precision : "f32", s->peak_flops / 1e9,
-               s->devp->info.name);
+        printf("device: %s, %s matmul peak %.1f GFLOP/s (the device's figure, how it got it above; MFU below is "
+               "against it)\n",
+               s->devp->info.name, s->matmul_precision ? s->matmul_precision : "f32", s->peak_flops / 1e9);
     compile_setup(s, mf);
     double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0, tp_time_sum = 0, tp_bwd_sum = 0,
            pp_sums[2] = {0, 0};
@@ -230,9 +230,12 @@ static int train_loop(session *s, manifest *mf) {
             double tps = (double)tokens_since / elapsed;
             double tflops = s->rt.desc.flops_per_token * tps / 1e12;
             double mfu = s->peak_flops > 0 ? 100.0 * tflops * 1e12 / s->peak_flops : 0.0;
-            printf("step %5lld  loss %8.4f  grad_norm %8.4f  lr %.3e  tps %8.0f  tflops %7.4f  mfu %5.1f%% (of %s peak)"
+            /* above 100% the peak figure is wrong (a bug to report); the line says it was clamped */
+            const char *clamped = mfu > 100.0 ? ", clamped: achieved exceeds the peak figure" : "";
+            if (mfu > 100.0) mfu = 100.0;
+            printf("step %5lld  loss %8.4f  grad_norm %8.4f  lr %.3e  tps %8.0f  tflops %7.4f  mfu %5.1f%% (of %s peak%s)"
                    "  memory %.3f GiB\n",
-                   (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, gib(g_mem.peak_total));
+                   (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib(g_mem.peak_total));
             fflush(stdout);
             fprintf(jf,
                     "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
@@ -255,7 +258,7 @@ static int train_loop(session *s, manifest *mf) {
     if (timed_steps > 0) {
         double tps = (double)(G_local * T / non_dp) * (double)timed_steps / step_time_sum;
         double gflops = s->rt.desc.flops_per_token * tps / 1e9;
-        printf("summary: %lld steps after the first %lld: %.0f tokens/s, %.2f GFLOP/s achieved, %.2f GFLOP/s measured %s "
+        printf("summary: %lld steps after the first %lld: %.0f tokens/s, %.2f GFLOP/s achieved, %.2f GFLOP/s %s "
                "matmul peak, ratio %.3f, peak memory %.3f GiB (activations live peak %.3f GiB)\n",
                (long long)timed_steps, (long long)warmup_steps, tps, gflops, s->peak_flops / 1e9, s->devp->info.name,
                s->peak_flops > 0 ? gflops * 1e9 / s->peak_flops : 0.0, gib(g_mem.peak_total),
