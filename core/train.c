@@ -4,6 +4,7 @@
 #include "util.h"
 #include "commstats.h"
 #include "data.h"
+#include "hf.h"
 #include "lr.h"
 #include "session.h"
 
@@ -101,6 +102,41 @@ static int dry_run(session *s, manifest *mf) {
            p / gb, p / gb, 2 * p / gb, 4 * p / gb);
     printf("  tokens per microbatch %lld\n", (long long)(seq * lbs));
     return 0;
+}
+
+/* checkpoint.last_save_in_hf: what the final export needs, checked before training (the names and
+ * shapes of the parameters as a Hugging Face Llama, and a checkpoint folder to write into). */
+static int check_hf_export(session *s, manifest *mf) {
+    int hf = 0, enable = 0;
+    char where[600], err[1024];
+    mf_get_bool(mf, "checkpoint.last_save_in_hf", &hf);
+    if (!hf) return 0;
+    mf_get_bool(mf, "checkpoint.enable", &enable);
+    mf_where(mf, "checkpoint.last_save_in_hf", where, sizeof where);
+    if (!enable) {
+        fprintf(stderr, "ctitan: %s: the final Hugging Face export goes into the checkpoint folder; it needs "
+                        "checkpoint.enable: true\n", where);
+        return EXIT_BAD_INPUT;
+    }
+    const ct_model_desc *d = &s->rt.desc;
+    int n = s->rt.n_params, rc = 0;
+    tf_entry *e = calloc((size_t)(n > 0 ? n : 1), sizeof *e);
+    if (!e) return EXIT_RUN_FAILED;
+    for (int i = 0; i < n; i++) { /* shapes only: the check reads no data */
+        const ct_tensor *p = &s->rt.params[i]->t;
+        e[i] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
+        memcpy(e[i].shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
+    }
+    tf_file w = {e, n};
+    hf_config cfg = {.n_heads = d->n_heads, .rope_theta = d->rope_theta, .norm_eps = d->norm_eps,
+                     .max_position_embeddings = HF_DEFAULT_MAX_POSITIONS};
+    if (!d->n_heads || hf_config_from_weights(&cfg, &w, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s: model %s cannot be exported as a Hugging Face Llama: %s\n", where,
+                s->modelp->info.name, d->n_heads ? err : "its pack does not describe its heads (ct_model_desc 1.2)");
+        rc = EXIT_BAD_INPUT;
+    }
+    free(e);
+    return rc;
 }
 
 typedef struct batch_buf {
@@ -341,6 +377,7 @@ int cmd_train(int argc, char **argv) {
     int64_t max_new = 0;
     mf_get_int(mf, "generate.max_new_tokens", &max_new);
     if (max_new > 0 && (st = session_open_tokenizer(&s, &tok))) goto out;
+    if (!dry && (st = check_hf_export(&s, mf))) goto out;
     if (dry) {
         st = dry_run(&s, mf);
         goto out;
