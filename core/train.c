@@ -373,15 +373,15 @@ int cmd_train(int argc, char **argv) {
     int pc = a.print_config;
     if (!pc) mf_get_bool(mf, "job.print_config", &pc);
     if (pc) manifest_print(mf, stdout);
+    if (dry) { /* like the dataset, the files the run reads are not opened */
+        st = dry_run(&s, mf);
+        goto out;
+    }
     /* what the end of the run needs is checked now, not after the training */
     int64_t max_new = 0;
     mf_get_int(mf, "generate.max_new_tokens", &max_new);
     if (max_new > 0 && (st = session_open_tokenizer(&s, &tok))) goto out;
-    if (!dry && (st = check_hf_export(&s, mf))) goto out;
-    if (dry) {
-        st = dry_run(&s, mf);
-        goto out;
-    }
+    if ((st = check_hf_export(&s, mf))) goto out;
     int prof;
     mf_get_bool(mf, "profiling.enable_profiling", &prof);
     trace_enable(prof);
