@@ -718,9 +718,6 @@ int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *
     return 0;
 }
 
-/* Under sequence parallel the token rows split over the tp ranks, so a sequence whose length is not
- * a multiple of tp is right-padded (with its last token) up to one: attention is causal, so the
- * padding after the last real token changes none of the real positions' logits. */
 /* Forward without the pipeline runner (one sequence to sample from): each stage's units run on the
  * pp rank that holds them, and its output is broadcast over the pp group to every rank, so the next
  * stage's rank has its input and at the end every rank has the (gathered) logits. */
@@ -769,6 +766,9 @@ static int forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor **last) {
     return 0;
 }
 
+/* Under sequence parallel the token rows split over the tp ranks, so a sequence whose length is not
+ * a multiple of tp is right-padded (with its last token) up to one: attention is causal, so the
+ * padding after the last real token changes none of the real positions' logits. */
 int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out) {
     int64_t tp = rt->tp.size > 1 && rt->tp.sequence_parallel ? rt->tp.size : 1, Tp = (T + tp - 1) / tp * tp;
     int32_t *padded = NULL;
