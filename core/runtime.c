@@ -367,20 +367,22 @@ int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err,
     memset(rt->ac, 0, sizeof(int) * (size_t)nu);
     if (strcmp(mode, "none") == 0) return 0;
     if (strcmp(mode, "full") == 0) {
-        for (int u = 1; u < nu - 1; u++) rt->ac[u] = 1; /* every block; embedding and head stay */
+        for (int u = 1; u < nu - 1; u++) rt->ac[u] = RT_AC_FULL; /* every block; embedding and head stay */
         return 0;
     }
     if (strcmp(mode, "selective") == 0) {
         int64_t every;
+        if (strcmp(option, "op") == 0) { /* torchtitan's per-op SAC: every block, the costly outputs kept */
+            for (int u = 1; u < nu - 1; u++) rt->ac[u] = RT_AC_OP;
+            return 0;
+        }
         if (mf_parse_int(option, &every) || every < 1) {
-            snprintf(err, errlen,
-                     "expected a positive integer N (checkpoint every Nth block), got '%s' (per-op selective "
-                     "checkpointing 'op' is not supported yet)",
+            snprintf(err, errlen, "expected 'op' (per-op policy) or a positive integer N (every Nth block), got '%s'",
                      option);
             return -2;
         }
         /* torchtitan's layer SAC: the k-th block (1-based) is checkpointed when k % N == 0 */
-        for (int u = 1; u < nu - 1; u++) rt->ac[u] = (u % every) == 0;
+        for (int u = 1; u < nu - 1; u++) rt->ac[u] = (u % every) == 0 ? RT_AC_FULL : RT_AC_NONE;
         return 0;
     }
     snprintf(err, errlen, "expected none, full or selective, got '%s'", mode);
@@ -497,14 +499,20 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         pool_mark md = pool_get_mark(&rt->scratch.data), mh = pool_get_mark(&rt->scratch.desc);
         rt->recording = 0;
         rt->act = &rt->scratch;
+        rt->sac_phase = rt->ac[u] == RT_AC_OP ? RT_SAC_SAVE : RT_SAC_OFF; /* the kept outputs go to saved */
+        rt->sac_mm = 0;
+        rt->sac_head = rt->sac_tail = NULL;
         rt_tensor *o;
-        if (unit_forward(rt, u, x, tokens, tg, &o)) return -1;
+        int bad = unit_forward(rt, u, x, tokens, tg, &o);
+        rt->sac_phase = RT_SAC_OFF;
+        if (bad) return -1;
         rt->act = &rt->saved;
         rt_tensor *keep = tape_new_activation(rt, o->t.dtype, o->t.ndim, o->t.shape);
         if (keep) { /* what the tensor parallel ops need to know of it */
             keep->sp = o->sp;
             keep->col_begin = o->col_begin;
             keep->col_full = o->col_full;
+            keep->sac_next = rt->sac_head; /* the recompute finds the saved outputs here */
         }
         if (!keep || rt->d->copy(rt->dev, keep->t.data, o->t.data,
                                  (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype), CT_COPY_D2D))
@@ -538,8 +546,17 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
         rt->recording = 1;
         rt->act = halves == TAPE_BOTH ? &rt->scratch : &rt->saved;
         rt->tail = NULL;
+        rt->sac_phase = rt->ac[u] == RT_AC_OP ? RT_SAC_REUSE : RT_SAC_OFF;
+        rt->sac_mm = 0;
+        rt->sac_head = rt->unit_out[u]->sac_next;
         rt_tensor *o;
-        if (unit_forward(rt, u, in, tokens, u == nu - 1 ? targets : NULL, &o)) return -1;
+        int bad = unit_forward(rt, u, in, tokens, u == nu - 1 ? targets : NULL, &o);
+        if (!bad && rt->sac_phase == RT_SAC_REUSE && rt->sac_head) {
+            ct_set_error("per-op checkpointing: unit %d's recompute used fewer saved outputs than its forward made", u);
+            bad = 1;
+        }
+        rt->sac_phase = RT_SAC_OFF;
+        if (bad) return -1;
         rt->recording = 0;
         rt->act = &rt->saved;
         rt_tensor *owner = o->base ? o->base : o;
@@ -701,26 +718,104 @@ int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *
     return 0;
 }
 
+/* Forward without the pipeline runner (one sequence to sample from): each stage's units run on the
+ * pp rank that holds them, and its output is broadcast over the pp group to every rank, so the next
+ * stage's rank has its input and at the end every rank has the (gathered) logits. */
+static int forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor **last) {
+    const ct_mesh_info *mesh = rt->dist.mesh;
+    int nu = rt->desc.n_units, me = mesh->coord[CT_AXIS_PP];
+    rt_tensor *x = NULL;
+    for (int u = 0; u < nu;) {
+        int owner = rt->dist.unit_rank[u], u1 = u;
+        while (u1 + 1 < nu && rt->dist.unit_rank[u1 + 1] == owner) u1++;
+        double meta[3 + CT_MAX_DIMS] = {0}; /* ndim, sp, shape..., a failure on the owner */
+        if (owner == me) {
+            int bad = 0;
+            for (int k = u; k <= u1 && !bad; k++)
+                bad = runtime_hook(rt, HOOK_PRE_FORWARD, k, 0) || runtime_unit_fwd(rt, k, x, tokens, NULL, 0, &x) ||
+                      runtime_hook(rt, HOOK_POST_FORWARD, k, 0);
+            if (!bad && u1 == nu - 1 && x->col_full > 0) bad = !(x = tape_tp_gather_cols(rt, x));
+            meta[2 + CT_MAX_DIMS] = bad;
+            if (!bad) {
+                meta[0] = x->t.ndim;
+                meta[1] = x->sp;
+                for (int d = 0; d < x->t.ndim; d++) meta[2 + d] = (double)x->t.shape[d];
+            }
+        }
+        ct_clear_error();
+        if (rt->dist.capi->broadcast(rt->dist.comm, mesh->group[CT_AXIS_PP], meta, 3 + CT_MAX_DIMS, CT_F64, owner,
+                                     NULL) != CT_OK)
+            return -1;
+        if (meta[2 + CT_MAX_DIMS] != 0) { /* every rank stops, the owner with its own error */
+            if (owner != me) ct_set_error("pipeline stage on pp rank %d failed in forward", owner);
+            return -1;
+        }
+        if (owner != me) {
+            int64_t shape[CT_MAX_DIMS] = {0};
+            int nd = (int)meta[0];
+            for (int d = 0; d < nd && d < CT_MAX_DIMS; d++) shape[d] = (int64_t)meta[2 + d];
+            if (!(x = tape_new_activation(rt, CT_F32, nd, shape))) return -1;
+            x->sp = (int)meta[1];
+        }
+        if (rt->dist.capi->broadcast(rt->dist.comm, mesh->group[CT_AXIS_PP], x->t.data, ct_tensor_numel(&x->t), CT_F32,
+                                     owner, NULL) != CT_OK)
+            return -1;
+        u = u1 + 1;
+    }
+    *last = x;
+    return 0;
+}
+
+/* Under sequence parallel the token rows split over the tp ranks, so a sequence whose length is not
+ * a multiple of tp is right-padded (with its last token) up to one: attention is causal, so the
+ * padding after the last real token changes none of the real positions' logits. */
 int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out) {
-    if (rt->dist.unit_rank) {
-        ct_set_error("sampling under pipeline parallel is not supported: run ctitan generate on the saved model");
+    int64_t tp = rt->tp.size > 1 && rt->tp.sequence_parallel ? rt->tp.size : 1, Tp = (T + tp - 1) / tp * tp;
+    int32_t *padded = NULL;
+    float *host = NULL;
+    if (B < 1 || T < 1) {
+        ct_set_error("forward_logits: empty input (%lld x %lld)", (long long)B, (long long)T);
         return -1;
     }
-    if (runtime_reset_arenas(rt)) return -1;
+    if (Tp != T) {
+        if (!(padded = malloc(sizeof(int32_t) * (size_t)(B * Tp)))) {
+            ct_set_error("out of memory");
+            return -1;
+        }
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < Tp; t++) padded[b * Tp + t] = tokens[b * T + (t < T ? t : T - 1)];
+        tokens = padded;
+    }
+    int bad = runtime_reset_arenas(rt);
     runtime_use_shadow(rt, 1);
     rt->act = &rt->saved;
-    rt_tensor *tok = runtime_upload_ids(rt, tokens, B, T), *logits = NULL;
-    int bad = !tok || forward_units(rt, tok, NULL, 0, &logits);
+    rt_tensor *tok = bad ? NULL : runtime_upload_ids(rt, tokens, B, Tp), *logits = NULL;
+    bad = !tok || (rt->dist.unit_rank ? forward_units_pp(rt, tok, &logits) : forward_units(rt, tok, NULL, 0, &logits));
     if (!bad && logits->col_full > 0) bad = !(logits = tape_tp_gather_cols(rt, logits)); /* vocabulary-sharded */
     runtime_use_shadow(rt, 0);
+    free(padded);
     if (bad) return -1;
     int64_t V = logits->t.shape[logits->t.ndim - 1];
-    if (ct_tensor_numel(&logits->t) != B * T * V) {
+    if (ct_tensor_numel(&logits->t) != B * Tp * V) {
         ct_set_error("model: the last unit must return logits (B, T, V) without targets");
         return -1;
     }
-    if (rt->d->copy(rt->dev, logits_out, logits->t.data, sizeof(float) * (size_t)(B * T * V), CT_COPY_D2H) != CT_OK)
+    if (Tp == T)
+        return rt->d->copy(rt->dev, logits_out, logits->t.data, sizeof(float) * (size_t)(B * T * V), CT_COPY_D2H) ==
+                       CT_OK
+                   ? 0
+                   : -1;
+    if (!(host = malloc(sizeof(float) * (size_t)(B * Tp * V)))) {
+        ct_set_error("out of memory");
         return -1;
+    }
+    if (rt->d->copy(rt->dev, host, logits->t.data, sizeof(float) * (size_t)(B * Tp * V), CT_COPY_D2H) != CT_OK) {
+        free(host);
+        return -1;
+    }
+    for (int64_t b = 0; b < B; b++) /* the real positions of each sequence */
+        memcpy(logits_out + b * T * V, host + b * Tp * V, sizeof(float) * (size_t)(T * V));
+    free(host);
     return 0;
 }
 

@@ -29,6 +29,8 @@ typedef struct rt_tensor {
     int64_t col_begin, col_full; /* vocabulary-sharded logits: columns [col_begin, +last dim) of col_full */
     struct rt_tensor *gathered; /* this tensor with every row (or the tp copy): made once, shared by the
                                    column-wise linears that read it */
+    struct rt_tensor *sac_next; /* per-op checkpointing: the next op output a block saved (from its
+                                   output's, in op order) */
 } rt_tensor;
 
 typedef struct pool_chunk {
@@ -108,6 +110,9 @@ typedef struct runtime_graph {
     int64_t ops, captures, launches;
 } runtime_graph;
 
+enum { RT_AC_NONE, RT_AC_FULL, RT_AC_OP };
+enum { RT_SAC_OFF, RT_SAC_SAVE, RT_SAC_REUSE };
+
 typedef struct runtime {
     const ct_device_api *d;
     void *dev;
@@ -135,8 +140,13 @@ typedef struct runtime {
     float *bf16_shadow;         /* mixed_precision_param=bfloat16: bf16-rounded copies used by forward */
     void **master_data;         /* the f32 master pointers while the shadow is swapped in */
 
-    /* activation checkpointing: ac[u] != 0 when unit u is recomputed in backward */
+    /* activation checkpointing: ac[u] is RT_AC_NONE, RT_AC_FULL (unit u recomputed in backward) or
+     * RT_AC_OP (recomputed, but the outputs of its matmuls (every other one), attention and tp
+     * reduce-scatters are saved in forward and reused: torchtitan's per-op policy) */
     int *ac;
+    int sac_phase;       /* RT_SAC_SAVE in an RT_AC_OP unit's forward, RT_SAC_REUSE in its recompute */
+    int sac_mm;          /* linears seen in this pass of the unit */
+    rt_tensor *sac_head, *sac_tail; /* SAVE: the chain of saved outputs; REUSE: head = the next one */
 
     arena saved, scratch, grads;
     /* per microbatch */
@@ -157,7 +167,8 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
                  uint64_t seed, const runtime_dist *dist, char *err, size_t errlen);
 void runtime_free(runtime *rt);
 
-/* Sets which units are checkpointed: mode "none" | "full" | "selective" with every Nth block.
+/* Sets which units are checkpointed: mode "none" | "full" | "selective" with every Nth block, or
+ * with "op" every block under the per-op policy.
  * Returns -1 for a bad mode, -2 for a bad option. */
 int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err, size_t errlen);
 /* Uses bf16-rounded parameters in forward (fp32 master weights and gradients). */

@@ -576,23 +576,60 @@ static int32_t sample(float *logits, int64_t V, double temperature, int64_t top_
     return pick;
 }
 
-int session_generate(session *s, const char *tokenizer_path, const char *prompt, int64_t max_new, double temperature,
-                     int64_t top_k, double top_p, uint64_t seed, int64_t max_context) {
-    char err[2048], path[4096];
-    session_resolve_path(s->mf, tokenizer_path, path, sizeof path);
-    ct_tokenizer *tok = tokenizer_load(path, err, sizeof err);
-    if (!tok) {
-        fprintf(stderr, "ctitan: %s\n", err);
+int session_open_tokenizer(session *s, ct_tokenizer **out) {
+    const char *tp;
+    char err[2048], path[4096], where[600];
+    *out = NULL;
+    if (mf_get_str(s->mf, "model.tokenizer_path", &tp) || !*tp) {
+        mf_where(s->mf, "model.tokenizer_path", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: not set; sampling (generate.max_new_tokens > 0) needs a tokenizer file\n", where);
         return EXIT_BAD_INPUT;
     }
-    int32_t *ids = NULL;
-    size_t n = 0;
+    session_resolve_path(s->mf, tp, path, sizeof path);
+    ct_tokenizer *tok = tokenizer_load(path, err, sizeof err);
+    mf_where(s->mf, "model.tokenizer_path", where, sizeof where);
+    if (!tok) {
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return EXIT_BAD_INPUT;
+    }
+    /* every id it can produce (the specials last) must be a row of the model's embedding */
     int64_t V = s->rt.desc.vocab_size;
-    int32_t *ctx = malloc(sizeof(int32_t) * (size_t)(max_context + max_new + 1));
-    float *logits = malloc(sizeof(float) * (size_t)(V * max_context));
+    if (V > 0 && tokenizer_vocab_size(tok) > V) {
+        fprintf(stderr, "ctitan: %s: %s has %d tokens (with its 256 specials) but the model's vocabulary is %lld; "
+                        "expected a tokenizer of at most model.vocab_size tokens\n",
+                where, path, tokenizer_vocab_size(tok), (long long)V);
+        tokenizer_free(tok);
+        return EXIT_BAD_INPUT;
+    }
+    *out = tok;
+    return 0;
+}
+
+int session_generate(session *s, const ct_tokenizer *tok, const char *prompt, int64_t max_new, double temperature,
+                     int64_t top_k, double top_p, uint64_t seed, int64_t max_context) {
+    char err[2048];
+    int32_t *ids = NULL, *ctx = NULL;
+    float *logits = NULL;
+    size_t n = 0, cap = 0, logit_bytes;
+    int64_t V = s->rt.desc.vocab_size;
     int rc = EXIT_RUN_FAILED;
-    if (!ctx || !logits || tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n, err, sizeof err)) {
-        fprintf(stderr, "ctitan: generate: %s\n", ctx && logits ? err : "out of memory");
+    /* every size from the manifest is checked: max_new may be anything up to INT64_MAX */
+    if (max_new < 0 || max_context < 1 || V < 1 ||
+        __builtin_mul_overflow((size_t)V, (size_t)max_context, &logit_bytes) ||
+        __builtin_mul_overflow(logit_bytes, sizeof(float), &logit_bytes)) {
+        fprintf(stderr, "ctitan: generate: bad sizes (max_new_tokens %lld, context %lld, vocabulary %lld)\n",
+                (long long)max_new, (long long)max_context, (long long)V);
+        return EXIT_BAD_INPUT;
+    }
+    logits = malloc(logit_bytes);
+    if (!logits || tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n, err, sizeof err)) {
+        fprintf(stderr, "ctitan: generate: %s\n", logits ? err : "out of memory for the logits");
+        goto done;
+    }
+    /* the context grows with what is sampled, so memory follows the tokens made, not max_new */
+    cap = (size_t)(max_context < 64 ? 64 : max_context) + 1;
+    if (!(ctx = malloc(sizeof(int32_t) * cap))) {
+        fprintf(stderr, "ctitan: generate: out of memory\n");
         goto done;
     }
     int64_t len = 0;
@@ -608,6 +645,18 @@ int session_generate(session *s, const char *tokenizer_path, const char *prompt,
         }
         int32_t next = sample(logits + (T - 1) * V, V, temperature, top_k, top_p, key, (uint64_t)step);
         if (next == tokenizer_eos_id(tok)) break;
+        if ((size_t)len == cap) {
+            size_t grown_cap;
+            int32_t *grown = NULL;
+            if (!__builtin_mul_overflow(cap, (size_t)2, &grown_cap) && grown_cap <= SIZE_MAX / sizeof(int32_t))
+                grown = realloc(ctx, sizeof(int32_t) * grown_cap);
+            if (!grown) {
+                fprintf(stderr, "ctitan: generate: out of memory after %lld tokens\n", (long long)(len - first_new));
+                goto done;
+            }
+            ctx = grown;
+            cap = grown_cap;
+        }
         ctx[len++] = next;
     }
     size_t out_len = 0;
@@ -625,7 +674,6 @@ done:
     free(ids);
     free(ctx);
     free(logits);
-    tokenizer_free(tok);
     return rc;
 }
 

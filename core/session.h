@@ -11,6 +11,7 @@
 #include "manifest.h"
 #include "pipeline.h"
 #include "runtime.h"
+#include "tokenizer.h"
 
 /* Exit statuses: bad input (manifest, options, data files) and failures while running. */
 #define EXIT_BAD_INPUT 2
@@ -70,8 +71,12 @@ void session_resolve_path(const manifest *mf, const char *p, char *out, size_t l
 int session_save_model(session *s, const char *path, char *err, size_t errlen);
 int session_load_model(session *s, const char *path, char *err, size_t errlen);
 
-/* Samples max_new tokens after `prompt` and prints the text. */
-int session_generate(session *s, const char *tokenizer_path, const char *prompt, int64_t max_new, double temperature,
+/* Opens model.tokenizer_path and checks it against the model (every id it makes is a row of the
+ * embedding). Prints one line naming the key and returns EXIT_BAD_INPUT, or 0 with *tok set. */
+int session_open_tokenizer(session *s, ct_tokenizer **tok);
+/* Samples up to max_new tokens after `prompt` and prints the text (rank 0). Sizes are checked, and
+ * memory grows with the tokens made. */
+int session_generate(session *s, const ct_tokenizer *tok, const char *prompt, int64_t max_new, double temperature,
                      int64_t top_k, double top_p, uint64_t seed, int64_t max_context);
 
 /* One optimizer step. inputs, targets: this rank's G sequences (its slice of the global batch; the

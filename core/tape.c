@@ -106,6 +106,47 @@ void quant_note(runtime *rt, const char *name, int yes, const char *why) {
     else printf("float8: %s stays in high precision (%s)\n", name, why);
 }
 
+/* ---- per-op selective checkpointing (RT_AC_OP units) ----
+ * torchtitan's policy: the outputs of the compute-heavy ops (attention, every other matmul of a
+ * block: the 1st, 3rd, ... and tp reduce-scatters) are saved in forward; everything else is
+ * recomputed in backward. The recompute meets the same ops in the same order and takes the saved
+ * outputs instead of computing them again, so it is bit-identical to `none`. */
+static int sac_saves(runtime *rt, int is_mm) {
+    if (rt->sac_phase == RT_SAC_OFF) return 0;
+    return is_mm ? ++rt->sac_mm % 2 == 1 : 1;
+}
+
+/* The output of a saved op: SAVE allocates it in the saved arena and chains it; REUSE takes the
+ * next saved one (a new descriptor over its data; the op then computes nothing). */
+static rt_tensor *sac_out(runtime *rt, ct_dtype dt, int ndim, const int64_t *shape) {
+    if (rt->sac_phase == RT_SAC_SAVE) {
+        rt_tensor *t = new_tensor(rt, &rt->saved, dt, ndim, shape);
+        if (!t) return NULL;
+        if (rt->sac_tail) rt->sac_tail->sac_next = t;
+        else rt->sac_head = t;
+        rt->sac_tail = t;
+        return t;
+    }
+    rt_tensor *src = rt->sac_head;
+    if (!src || src->t.dtype != dt || src->t.ndim != ndim || memcmp(src->t.shape, shape, sizeof(int64_t) * (size_t)ndim)) {
+        ct_set_error("per-op checkpointing: the recompute of a block differs from its forward");
+        return NULL;
+    }
+    rt->sac_head = src->sac_next;
+    rt_tensor *t = pool_alloc(&rt->act->desc, sizeof *t);
+    if (!t) {
+        ct_set_error("out of memory for activations");
+        return NULL;
+    }
+    memset(t, 0, sizeof *t);
+    t->t = src->t; /* the saved data; a gradient of its own */
+    t->t.grad = NULL;
+    t->t.flags = 0;
+    return t;
+}
+
+#define SAC_REUSED(rt, saved) ((saved) && (rt)->sac_phase == RT_SAC_REUSE)
+
 /* ---- tensor parallel: collectives over the tp group ---- */
 
 /* The tp style of a parameter (CT_TP_NONE for activations, or without tensor parallel). */
@@ -209,8 +250,9 @@ static rt_tensor *tp_gather_rows(runtime *rt, rt_tensor *x) {
 static rt_tensor *tp_reduce_scatter_rows(runtime *rt, rt_tensor *x) {
     int64_t shape[CT_MAX_DIMS];
     if (rows_shape(x, 1, rt->tp.size, shape)) return NULL;
-    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
-    if (!y || tp_reduce_scatter(rt, x->t.data, y->t.data, numel(y))) return NULL;
+    int saved = sac_saves(rt, 0);
+    rt_tensor *y = saved ? sac_out(rt, CT_F32, x->t.ndim, shape) : new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
+    if (!y || (!SAC_REUSED(rt, saved) && tp_reduce_scatter(rt, x->t.data, y->t.data, numel(y)))) return NULL;
     y->sp = 1;
     if (record(rt, OP_TP_REDUCE_SCATTER_ROWS, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
     return y;
@@ -269,7 +311,8 @@ static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
     int64_t shape[CT_MAX_DIMS];
     memcpy(shape, x->t.shape, sizeof shape);
     shape[x->t.ndim - 1] = outf;
-    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
+    int saved = sac_saves(rt, 1);
+    rt_tensor *y = saved ? sac_out(rt, CT_F32, x->t.ndim, shape) : new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
     if (!y) return NULL;
     rt_tensor *owner = w->base ? w->base : w;
     if (rt->qapi && !(owner->t.flags & CT_TENSOR_QUANT_DECIDED)) { /* ask once per weight */
@@ -279,8 +322,10 @@ static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
         quant_note(rt, owner->t.name, yes, why);
     }
     int quant = rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED);
-    if (quant) CALL(rt, rt->qapi->forward(rt->quant, y->t.data, x->t.data, w->t.data, n, outf, in));
-    else CALL(rt, DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f));
+    if (!SAC_REUSED(rt, saved)) { /* else computed in forward and saved */
+        if (quant) CALL(rt, rt->qapi->forward(rt->quant, y->t.data, x->t.data, w->t.data, n, outf, in));
+        else CALL(rt, DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f));
+    }
     if (record(rt, OP_LINEAR, y, x, w, NULL, NULL, NULL, (float)quant)) return NULL;
     return y;
 }
@@ -551,9 +596,13 @@ static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_t
         return NULL;
     }
     int64_t lse_shape[3] = {qs[0], qs[2], qs[1]};
-    rt_tensor *y = like(rt, q), *lse = new_tensor(rt, rt->act, CT_F32, 3, lse_shape);
+    int saved = sac_saves(rt, 0);
+    rt_tensor *y = saved ? sac_out(rt, CT_F32, q->t.ndim, q->t.shape) : like(rt, q);
+    rt_tensor *lse = !y ? NULL : saved ? sac_out(rt, CT_F32, 3, lse_shape) : new_tensor(rt, rt->act, CT_F32, 3, lse_shape);
     if (!y || !lse) return NULL;
-    CALL(rt, DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
+    y->sp = q->sp;
+    if (!SAC_REUSED(rt, saved))
+        CALL(rt, DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
                                         qs[1], qs[2], ks[2], qs[3]));
     if (record(rt, OP_ATTENTION, y, q, k, v, lse, NULL, 0)) return NULL;
     return &y->t;

@@ -4,6 +4,7 @@
 #include "util.h"
 #include "commstats.h"
 #include "data.h"
+#include "hf.h"
 #include "lr.h"
 #include "session.h"
 
@@ -103,6 +104,41 @@ static int dry_run(session *s, manifest *mf) {
     return 0;
 }
 
+/* checkpoint.last_save_in_hf: what the final export needs, checked before training (the names and
+ * shapes of the parameters as a Hugging Face Llama, and a checkpoint folder to write into). */
+static int check_hf_export(session *s, manifest *mf) {
+    int hf = 0, enable = 0;
+    char where[600], err[1024];
+    mf_get_bool(mf, "checkpoint.last_save_in_hf", &hf);
+    if (!hf) return 0;
+    mf_get_bool(mf, "checkpoint.enable", &enable);
+    mf_where(mf, "checkpoint.last_save_in_hf", where, sizeof where);
+    if (!enable) {
+        fprintf(stderr, "ctitan: %s: the final Hugging Face export goes into the checkpoint folder; it needs "
+                        "checkpoint.enable: true\n", where);
+        return EXIT_BAD_INPUT;
+    }
+    const ct_model_desc *d = &s->rt.desc;
+    int n = s->rt.n_params, rc = 0;
+    tf_entry *e = calloc((size_t)(n > 0 ? n : 1), sizeof *e);
+    if (!e) return EXIT_RUN_FAILED;
+    for (int i = 0; i < n; i++) { /* shapes only: the check reads no data */
+        const ct_tensor *p = &s->rt.params[i]->t;
+        e[i] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
+        memcpy(e[i].shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
+    }
+    tf_file w = {e, n};
+    hf_config cfg = {.n_heads = d->n_heads, .rope_theta = d->rope_theta, .norm_eps = d->norm_eps,
+                     .max_position_embeddings = HF_DEFAULT_MAX_POSITIONS};
+    if (!d->n_heads || hf_config_from_weights(&cfg, &w, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s: model %s cannot be exported as a Hugging Face Llama: %s\n", where,
+                s->modelp->info.name, d->n_heads ? err : "its pack does not describe its heads (ct_model_desc 1.2)");
+        rc = EXIT_BAD_INPUT;
+    }
+    free(e);
+    return rc;
+}
+
 typedef struct batch_buf {
     int32_t *inputs, *targets; /* (accum, L, T) on the host */
 } batch_buf;
@@ -170,9 +206,9 @@ static int train_loop(session *s, manifest *mf) {
                s->mesh.degree[0], s->mesh.degree[1], s->mesh.degree[2], s->mesh.degree[3], s->mesh.degree[4],
                s->stratp ? s->stratp->info.name : "none");
     if (s->peak_flops > 0)
-        printf("device: %s, measured %s matmul peak %.1f GFLOP/s (MFU below is against this %s peak)\n",
-               s->devp->info.name, s->matmul_precision ? s->matmul_precision : "f32", s->peak_flops / 1e9,
-               s->devp->info.name);
+        printf("device: %s, %s matmul peak %.1f GFLOP/s (the device's figure, how it got it above; MFU below is "
+               "against it)\n",
+               s->devp->info.name, s->matmul_precision ? s->matmul_precision : "f32", s->peak_flops / 1e9);
     compile_setup(s, mf);
     double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0, tp_time_sum = 0, tp_bwd_sum = 0,
            pp_sums[2] = {0, 0};
@@ -239,9 +275,12 @@ static int train_loop(session *s, manifest *mf) {
             double tps = (double)tokens_since / elapsed;
             double tflops = s->rt.desc.flops_per_token * tps / 1e12;
             double mfu = s->peak_flops > 0 ? 100.0 * tflops * 1e12 / s->peak_flops : 0.0;
-            printf("step %5lld  loss %8.4f  grad_norm %8.4f  lr %.3e  tps %8.0f  tflops %7.4f  mfu %5.1f%% (of %s peak)"
+            /* above 100% the peak figure is wrong (a bug to report); the line says it was clamped */
+            const char *clamped = mfu > 100.0 ? ", clamped: achieved exceeds the peak figure" : "";
+            if (mfu > 100.0) mfu = 100.0;
+            printf("step %5lld  loss %8.4f  grad_norm %8.4f  lr %.3e  tps %8.0f  tflops %7.4f  mfu %5.1f%% (of %s peak%s)"
                    "  memory %.3f GiB\n",
-                   (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, gib(g_mem.peak_total));
+                   (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib(g_mem.peak_total));
             fflush(stdout);
             fprintf(jf,
                     "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
@@ -264,7 +303,7 @@ static int train_loop(session *s, manifest *mf) {
     if (timed_steps > 0) {
         double tps = (double)(G_local * T / non_dp) * (double)timed_steps / step_time_sum;
         double gflops = s->rt.desc.flops_per_token * tps / 1e9;
-        printf("summary: %lld steps after the first %lld: %.0f tokens/s, %.2f GFLOP/s achieved, %.2f GFLOP/s measured %s "
+        printf("summary: %lld steps after the first %lld: %.0f tokens/s, %.2f GFLOP/s achieved, %.2f GFLOP/s %s "
                "matmul peak, ratio %.3f, peak memory %.3f GiB (activations live peak %.3f GiB)\n",
                (long long)timed_steps, (long long)warmup_steps, tps, gflops, s->peak_flops / 1e9, s->devp->info.name,
                s->peak_flops > 0 ? gflops * 1e9 / s->peak_flops : 0.0, gib(g_mem.peak_total),
@@ -336,16 +375,22 @@ int cmd_train(int argc, char **argv) {
     }
     if (!mf) return st;
     session s;
+    ct_tokenizer *tok = NULL;
     int dry = a.dry_run;
     st = session_open(&s, mf, !dry, !dry);
     if (st) goto out;
     int pc = a.print_config;
     if (!pc) mf_get_bool(mf, "job.print_config", &pc);
     if (pc) manifest_print(mf, stdout);
-    if (dry) {
+    if (dry) { /* like the dataset, the files the run reads are not opened */
         st = dry_run(&s, mf);
         goto out;
     }
+    /* what the end of the run needs is checked now, not after the training */
+    int64_t max_new = 0;
+    mf_get_int(mf, "generate.max_new_tokens", &max_new);
+    if (max_new > 0 && (st = session_open_tokenizer(&s, &tok))) goto out;
+    if ((st = check_hf_export(&s, mf))) goto out;
     int prof;
     mf_get_bool(mf, "profiling.enable_profiling", &prof);
     trace_enable(prof);
@@ -370,31 +415,26 @@ int cmd_train(int argc, char **argv) {
         ct_mkdir_p(path);
         if (s.world > 1) snprintf(path, sizeof path, "%s/%s/rank%d_trace.json", dump, folder, s.rank); /* one per rank */
         else snprintf(path, sizeof path, "%s/%s/trace.json", dump, folder);
-        if (trace_write(path, err, sizeof err)) fprintf(stderr, "ctitan: %s\n", err);
+        if (trace_write(path, err, sizeof err)) fprintf(stderr, "ctitan: warning: %s (the training completed)\n", err);
         else printf("trace: %s\n", path);
     }
-    int64_t max_new, top_k, seed, T;
-    mf_get_int(mf, "generate.max_new_tokens", &max_new);
-    const char *tok;
-    if (!st && max_new > 0) {
-        if (mf_get_str(mf, "model.tokenizer_path", &tok)) {
-            fprintf(stderr, "ctitan: generate.max_new_tokens is set but model.tokenizer_path is not\n");
-            st = EXIT_BAD_INPUT;
-            goto out;
-        }
+    if (!st && max_new > 0) { /* an optional end-of-run step: its failure is a warning, the training stands */
+        int64_t top_k, seed, T;
         const char *prompt;
-        double temp;
+        double temp, top_p;
         mf_get_str(mf, "generate.prompt", &prompt);
         mf_get_float(mf, "generate.temperature", &temp);
         mf_get_int(mf, "generate.top_k", &top_k);
-        double top_p;
         mf_get_float(mf, "generate.top_p", &top_p);
         if (mf_get_int(mf, "generate.seed", &seed)) mf_get_int(mf, "training.seed", &seed);
         mf_get_int(mf, "training.seq_len", &T);
         printf("sample:\n");
-        st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
+        if (session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T))
+            fprintf(stderr, "ctitan: warning: the end-of-run sample failed (above); the training itself completed "
+                            "and was saved\n");
     }
 out:
+    tokenizer_free(tok);
     session_close(&s);
     return st;
 }
@@ -417,10 +457,11 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!mf) return st;
     session s;
+    ct_tokenizer *tok = NULL;
     st = session_open(&s, mf, 1, 0);
-    if (st) goto out;
+    if (st || (st = session_open_tokenizer(&s, &tok))) goto out;
     char path[4096], err[2048];
-    const char *dump, *tok, *prompt;
+    const char *dump, *prompt;
     mf_get_str(mf, "job.dump_folder", &dump);
     if (a.checkpoint) snprintf(path, sizeof path, "%s", a.checkpoint);
     else snprintf(path, sizeof path, "%s/model.ctt", dump);
@@ -428,11 +469,6 @@ int cmd_generate(int argc, char **argv) {
     int is_dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
     if (is_dir ? ckpt_load_model_from(&s, path, err, sizeof err) : session_load_model(&s, path, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
-        st = EXIT_BAD_INPUT;
-        goto out;
-    }
-    if (mf_get_str(mf, "model.tokenizer_path", &tok)) {
-        fprintf(stderr, "ctitan: %s: model.tokenizer_path is not set\n", mf->path);
         st = EXIT_BAD_INPUT;
         goto out;
     }
@@ -450,6 +486,7 @@ int cmd_generate(int argc, char **argv) {
     mf_get_int(mf, "training.seq_len", &T);
     st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
 out:
+    tokenizer_free(tok);
     session_close(&s);
     return st;
 }

@@ -25,7 +25,7 @@ for fmt in none tensorwise rowwise mxfp8; do
   printf '%-11s ' "$fmt"
   "$CTITAN" train configs/llama3_debug.yaml "${common[@]}" "${extra[@]}" --training.seq_len=256 \
     --training.local_batch_size=8 --training.steps=8 --metrics.log_freq=8 --job.dump_folder=outputs/bench_fp8 |
-    grep -E '^summary' | sed 's/ GFLOP\/s measured.*//'
+    grep -E '^summary' | sed 's/ GFLOP\/s [a-z0-9:]* matmul peak.*//'
 done
 # Tensor parallel on 2 ranks (one thread each): the time rank 0 is blocked in forward TP collectives,
 # summed from its trace (the tp_comm_fwd ranges), without and with async TP; the share async TP hides.
@@ -37,7 +37,7 @@ for async in false true; do
     --training.local_batch_size=8 --training.steps=10 --metrics.log_freq=10 --parallelism.tensor_parallel_degree=2 \
     --parallelism.data_parallel_shard_degree=1 --parallelism.enable_async_tensor_parallel=$async \
     --profiling.enable_profiling=true --job.dump_folder=outputs/bench_tp_$async | grep -E '^summary: (tensor|[0-9])' \
-    | sed 's/ GFLOP\/s measured.*//'
+    | sed 's/ GFLOP\/s [a-z0-9:]* matmul peak.*//'
   printf '%s\n' "$(tp_fwd_ms outputs/bench_tp_$async/profile_traces/rank0_trace.json)" >outputs/bench_tp_$async/fwd_ms
 done
 awk -v p="$(cat outputs/bench_tp_false/fwd_ms)" -v a="$(cat outputs/bench_tp_true/fwd_ms)" 'BEGIN {

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Every command in README.md's fenced ``` blocks runs and exits 0, as written: a command added to
+# the README that breaks fails this test. Commands are read from the README itself:
+#   - `build/ctitan ...`, `mpirun ...`, `make ...`, `cc ...` lines (with `\` continuations);
+#     build/ is $BUILD (the sanitizer build under SANITIZE=1);
+#   - train runs get overrides APPENDED only: a tiny dataset and tokenizer made here, 3 steps of
+#     seq 32, an 8-token sample, one thread, their own dump folder;
+#   - synopsis lines (placeholders such as MANIFEST.yaml, [--option], a|b, ...) run `ctitan CMD --help`;
+#   - `make demo`, `make test`, `make bench`, `make fuzz` are skipped: minutes of training, the
+#     whole suite this test is part of, the benchmark, the fuzzers.
+# mpirun as root needs Open MPI's allow-run-as-root and oversubscribe switches: set through its
+# environment variables, so the command line stays as written.
+set -u
+CTITAN=${CTITAN:-build/ctitan}; BUILD=${BUILD:-build}
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL $*"; exit 1; }
+root=$(pwd)
+corpus=tests/data/tokenizer/corpus.txt
+"$CTITAN" tokenizer train --input "$corpus" --vocab-size 2048 --output "$T/tok.model" >/dev/null || fail "tokenizer"
+"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null || fail "tokenize"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+
+# The commands of README.md's fenced blocks, one per line (continuations joined, comments cut).
+awk '/^```/ { inb = !inb; next }
+     inb { line = $0; sub(/^[ \t]+/, "", line)
+           if (cont != "") { line = cont " " line; cont = "" }
+           if (line ~ /\\$/) { sub(/[ \t]*\\$/, "", line); cont = line; next }
+           sub(/[ \t]+#.*$/, "", line)
+           if (line ~ /^(build\/ctitan|make|mpirun|cc|PKG_CONFIG_PATH=)/) print line }' README.md >"$T/commands"
+n=$(wc -l <"$T/commands")
+[ "$n" -ge 10 ] || fail "only $n commands found in README.md's fenced blocks"
+
+tiny=(--training.dataset_path="$T/data.bin" --model.tokenizer_path="$T/tok.model" --training.steps=3
+      --training.seq_len=32 --generate.max_new_tokens=8 --device.threads=1 --metrics.log_freq=1)
+fails=0; i=0
+while IFS= read -r cmd; do
+  i=$((i + 1))
+  case "$cmd" in
+    "make demo"*|"make test"*|"make bench"*|"make fuzz"*) echo "skip $cmd (minutes, or the suite itself)"; continue ;;
+  esac
+  run=${cmd//build\/ctitan/$CTITAN}
+  if [[ "$cmd" =~ (MANIFEST|FILE|FOLDER|COMMAND|NAME|\[|\||\.\.\.) ]]; then # a synopsis: the command's help
+    sub=$(sed -E 's/^build\/ctitan ([a-z]+).*/\1/' <<<"$cmd")
+    if "$CTITAN" "$sub" --help >"$T/$i.log" 2>&1 </dev/null; then echo "ok   $cmd  (synopsis: ctitan $sub --help)"
+    else echo "FAIL $cmd: ctitan $sub --help exited $?"; fails=$((fails + 1)); fi
+    continue
+  fi
+  if [[ "$cmd" == *pkg-config* ]]; then # an out-of-tree plugin: the SDK template as my.c
+    mkdir -p "$T/sdk$i" && cp sdk/template/sgd.c "$T/sdk$i/my.c" && ln -s "$root/$BUILD" "$T/sdk$i/build"
+    if (cd "$T/sdk$i" && eval "$cmd") >"$T/$i.log" 2>&1 </dev/null && [ -s "$T/sdk$i/my.so" ]; then echo "ok   $cmd"
+    else echo "FAIL $cmd:"; tail -5 "$T/$i.log" | sed 's/^/     /'; fails=$((fails + 1)); fi
+    continue
+  fi
+  extra=()
+  # under the sanitizer build, LeakSanitizer's report at exit (Open MPI's own allocations among
+  # them) turns a rank's status nonzero; `ctitan launch` reads the ranks' own status, raw mpirun
+  # does not: leak checks are off for it, every other memory error still fails
+  [[ "$cmd" == mpirun* ]] && run="ASAN_OPTIONS=\${ASAN_OPTIONS:+\$ASAN_OPTIONS:}detect_leaks=0 $run"
+  [[ "$run" == *" train "* ]] && extra=("${tiny[@]}" --job.dump_folder="$T/run$i")
+  if eval "$run" '"${extra[@]}"' >"$T/$i.log" 2>&1 </dev/null; then # mpirun would read the list
+    echo "ok   $cmd  ($(grep -c '^step\|\] step' "$T/$i.log") step lines; sample: $(grep -A1 '^sample:\|\] sample:' "$T/$i.log" | tail -1 | cut -c1-50))"
+  else
+    echo "FAIL $cmd: exit $?:"; tail -5 "$T/$i.log" | sed 's/^/     /'; fails=$((fails + 1))
+  fi
+  grep -qi 'warning' "$T/$i.log" && { echo "FAIL $cmd: printed a warning:"; grep -i warning "$T/$i.log" | head -3; fails=$((fails + 1)); }
+done <"$T/commands"
+echo "$i README commands, $fails failed"
+[ "$fails" -eq 0 ]
