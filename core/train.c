@@ -127,7 +127,7 @@ static int check_hf_export(session *s, manifest *mf) {
         e[i] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
         memcpy(e[i].shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
     }
-    tf_file w = {e, n};
+    tf_file w = {.entries = e, .count = n};
     hf_config cfg = {.n_heads = d->n_heads, .rope_theta = d->rope_theta, .norm_eps = d->norm_eps,
                      .max_position_embeddings = HF_DEFAULT_MAX_POSITIONS};
     if (!d->n_heads || hf_config_from_weights(&cfg, &w, err, sizeof err)) {
