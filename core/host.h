@@ -53,17 +53,22 @@ typedef struct plugin {
     const manifest *mf;
 } plugin;
 
-/* Loads the plugin `name` (a bare name -> "ctitan-<lowercase name>.so" on the search path, or a
- * path to a .so, relative to the manifest's folder) and checks it is of `kind`. On error returns
+/* Loads the plugin `name` (a bare name -> "ctitan-<lowercase name>.so" on the search path, which
+ * never includes the manifest's folder; or a path to a .so, relative to the manifest's folder) and
+ * checks it is of `kind`. The file is checked before dlopen (plugin_file_check). On error returns
  * NULL and writes one line into err. */
 plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, const manifest *mf,
                     char *err, size_t errlen);
 void plugin_unload(plugin *p);
 const char *plugin_kind_name(ct_plugin_kind kind);
-/* The plugin search path: the manifest's folder (may be NULL), $CTITAN_PLUGIN_PATH (':'-separated), the
- * binary's folder + /plugins, the build's plugins. Returns how many folders it wrote (at most max). */
-int plugin_search_dirs(const char *manifest_dir, char dirs[][PATH_MAX], int max);
+/* The plugin search path: first_dir (a folder the user named, `ctitan plugins FOLDER`; may be NULL),
+ * $CTITAN_PLUGIN_PATH (':'-separated), the binary's folder + /plugins, the build's plugins. Returns
+ * how many folders it wrote (at most max). */
+int plugin_search_dirs(const char *first_dir, char dirs[][PATH_MAX], int max);
 /* Lists every plugin found on the search path (kind, name, ABI, path, description). Returns the count. */
-int plugin_list(FILE *out, const char *manifest_dir);
+int plugin_list(FILE *out, const char *first_dir);
+/* Whether path may be handed to dlopen: a regular file holding a 64-bit ELF shared object for this
+ * machine, as long as its headers say. 0, or -1 with one line in err. */
+int plugin_file_check(const char *path, char *err, size_t errlen);
 
 #endif
