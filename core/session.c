@@ -388,9 +388,9 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     int64_t seed_i;
     mf_get_int(mf, "training.seed", &seed_i);
     seed = (uint64_t)seed_i;
-    if (runtime_init(&s->rt, s->d, s->dev, s->m, s->model, seed, s->commp ? &dist : NULL, err, sizeof err)) {
+    if ((st = runtime_init(&s->rt, s->d, s->dev, s->m, s->model, seed, s->commp ? &dist : NULL, err, sizeof err))) {
         fprintf(stderr, "ctitan: %s\n", err);
-        return EXIT_RUN_FAILED;
+        return st == -2 ? EXIT_BAD_INPUT : EXIT_RUN_FAILED; /* -2: the model does not fit */
     }
     s->rt_ready = 1;
     if (s->tstrat && (st = tp_setup(s))) return st;
