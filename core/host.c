@@ -85,21 +85,44 @@ static ssize_t prefix_write(void *cookie, const char *buf, size_t n) {
 }
 
 void log_set_rank(int rank, int world) {
-    if (world <= 1) return;
-    g_log_rank = rank;
     static prefix_stream ps;
-    ps.fd = 2;
-    ps.at_line_start = 1;
-    snprintf(ps.prefix, sizeof ps.prefix, "[rank %d] ", rank);
-    cookie_io_functions_t io = {.write = prefix_write};
-    FILE *f = fopencookie(&ps, "w", io);
-    if (f) {
-        setvbuf(f, NULL, _IOLBF, 0);
-        stderr = f;
+    static int wrapped, silenced;
+    if (world <= 1 || rank < 0) return;
+    g_log_rank = rank;
+    snprintf(ps.prefix, sizeof ps.prefix, "[rank %d] ", rank); /* again when the comm confirms it */
+    if (!wrapped) {
+        ps.fd = 2;
+        ps.at_line_start = 1;
+        cookie_io_functions_t io = {.write = prefix_write};
+        FILE *f = fopencookie(&ps, "w", io);
+        if (f) {
+            setvbuf(f, NULL, _IOLBF, 0);
+            fflush(stderr);
+            stderr = f;
+            wrapped = 1;
+        }
     }
-    if (rank != 0) { /* metrics and samples come from rank 0; every rank reports its errors */
+    if (rank != 0 && !silenced) { /* start-up lines, metrics and samples come from rank 0; every rank reports its errors */
+        fflush(stdout);
         FILE *null = freopen("/dev/null", "w", stdout);
         (void)null;
+        silenced = 1;
+    }
+}
+
+/* The launchers' variables: (rank, world size), in the order mesh_env_world_size reads them. */
+void log_set_rank_from_env(void) {
+    static const char *vars[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK", "PMI_SIZE"},
+                                    {"PMIX_RANK", "PMIX_SIZE"}, {"SLURM_PROCID", "SLURM_NTASKS"},
+                                    {"RANK", "WORLD_SIZE"}};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *r = getenv(vars[i][0]), *w = getenv(vars[i][1]);
+        if (!r || !w) continue;
+        char *end_r, *end_w;
+        long rank = strtol(r, &end_r, 10), world = strtol(w, &end_w, 10);
+        if (*r && !*end_r && *w && !*end_w && rank >= 0 && rank < world && world <= INT_MAX)
+            log_set_rank((int)rank, (int)world);
+        return;
     }
 }
 

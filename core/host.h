@@ -32,8 +32,12 @@ void ct_clear_error(void);
 /* ---- logging ---- */
 extern int g_log_level; /* messages below this level are dropped */
 extern int g_log_rank;  /* >= 0: every line is prefixed "[rank N]" (many ranks) */
-/* Many ranks: stderr lines get "[rank N] ", and ranks other than 0 drop stdout. */
+/* Many ranks: stderr lines get "[rank N] ", and ranks other than 0 drop stdout. May be called again
+ * (the comm's rank replaces the launcher's). */
 void log_set_rank(int rank, int world);
+/* log_set_rank from the launcher's environment (mpirun, srun, torchrun), so that lines printed before
+ * the comm plugin joins the job carry their rank too. Nothing outside a launcher. */
+void log_set_rank_from_env(void);
 void ct_log(ct_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- tracing ---- */
