@@ -280,8 +280,9 @@ static int params_fit(runtime *rt, char *err, size_t errlen) {
     } else {
         return 0;
     }
-    snprintf(err, errlen, "model: %.4g M parameters need %s on this rank for parameters and gradients (4 bytes each), "
-             "more than %s: a smaller model or more ranks", (double)rt->n_param_elems / 1e6, a, what);
+    double n = (double)rt->n_param_elems;
+    snprintf(err, errlen, "model: %.2f%s parameters need %s on this rank for parameters and gradients (4 bytes each), "
+             "more than %s: a smaller model or more ranks", n >= 1e9 ? n / 1e9 : n / 1e6, n >= 1e9 ? "B" : "M", a, what);
     return -1;
 }
 
@@ -308,9 +309,13 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
     ct_param_registry reg = {sizeof reg, &rc, reg_add};
     ct_status st = m->declare_params(model, &reg);
     free(rc.index);
-    if (st != CT_OK || rc.failed) {
+    if (st != CT_OK || rc.failed) { /* the pack is at fault, or its options: bad input */
         snprintf(err, errlen, "model declare_params failed: %s", ct_last_error());
-        goto fail;
+        for (int i = 0; i < rc.n; i++) free(rc.decls[i].name);
+        for (int i = 0; i < rt->n_params; i++) rt->params[i]->t.name = NULL;
+        free(rc.decls);
+        runtime_free(rt);
+        return -2;
     }
     for (int i = 0; i < rc.n; i++) rt->params[i]->t.name = rc.decls[i].name; /* the tensors own the names now */
     if (place_params(rt, rc.decls, err, errlen)) goto fail_owned;
@@ -408,12 +413,6 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
     }
     tape_builder_init(rt);
     return 0;
-fail:
-    for (int i = 0; i < rc.n && rc.decls; i++) free(rc.decls[i].name);
-    for (int i = 0; i < rt->n_params; i++) rt->params[i]->t.name = NULL;
-    free(rc.decls);
-    runtime_free(rt);
-    return -1;
 fail_owned: /* names belong to the tensors; runtime_free releases them */
     free(rc.decls);
     runtime_free(rt);

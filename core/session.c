@@ -392,7 +392,7 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     seed = (uint64_t)seed_i;
     if ((st = runtime_init(&s->rt, s->d, s->dev, s->m, s->model, seed, s->commp ? &dist : NULL, err, sizeof err))) {
         fprintf(stderr, "ctitan: %s\n", err);
-        return st == -2 ? EXIT_BAD_INPUT : EXIT_RUN_FAILED; /* -2: the model does not fit */
+        return st == -2 ? EXIT_BAD_INPUT : EXIT_RUN_FAILED; /* -2: refused declarations, or too large */
     }
     s->rt_ready = 1;
     if (s->tstrat && (st = tp_setup(s))) return st;
