@@ -263,7 +263,11 @@ static const char *opt_raw(const ct_host *h, const char *key, ct_opt_type want, 
         return NULL;
     }
     char full[512];
-    snprintf(full, sizeof full, "%s.%s", p->section, key);
+    if (snprintf(full, sizeof full, "%s.%s", p->section, key) >= (int)sizeof full) {
+        ct_set_error("%s: option key '%.64s...' is too long", p->info.name ? p->info.name : p->path, key);
+        *st = CT_ERR_INVALID;
+        return NULL;
+    }
     const char *s = NULL;
     if (p->mf && mf_get_str(p->mf, full, &s) == 0) {
         *st = CT_OK;
@@ -410,8 +414,8 @@ static int64_t table_end(uint64_t off, uint64_t n, uint64_t size) {
     return (int64_t)end;
 }
 
-/* Checks a plugin file before dlopen maps it and runs its constructors: a regular file (opened
- * without blocking on a FIFO or following into a device), a 64-bit ELF shared object for this
+/* Checks a plugin file before dlopen maps it and runs its constructors: a regular file (opened so
+ * that a FIFO does not block and a terminal is not adopted), a 64-bit ELF shared object for this
  * machine, and long enough for every table and loadable segment its headers describe (dlopen
  * maps segments past the end of a truncated file, and touching them raises SIGBUS). */
 int plugin_file_check(const char *path, char *err, size_t errlen) {
@@ -580,8 +584,12 @@ plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, 
     char path[PATH_MAX];
     const char *mdir = mf ? mf->dir : NULL;
     if (strchr(name, '/') || (strlen(name) > 3 && strcmp(name + strlen(name) - 3, ".so") == 0)) {
-        if (name[0] == '/' || !mdir) snprintf(path, sizeof path, "%s", name);
-        else snprintf(path, sizeof path, "%s/%s", mdir, name + (strncmp(name, "./", 2) ? 0 : 2));
+        int w = name[0] == '/' || !mdir ? snprintf(path, sizeof path, "%s", name)
+                                         : snprintf(path, sizeof path, "%s/%s", mdir, name + (strncmp(name, "./", 2) ? 0 : 2));
+        if (w < 0 || w >= (int)sizeof path) {
+            snprintf(err, errlen, "%s plugin path '%.80s...' is longer than PATH_MAX", plugin_kind_name(kind), name);
+            return NULL;
+        }
         if (!path_exists(path)) {
             snprintf(err, errlen, "%s plugin '%s' not found at %s", plugin_kind_name(kind), name, path);
             return NULL;
@@ -589,7 +597,12 @@ plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, 
     } else {
         char lower[128];
         size_t i = 0;
-        for (; name[i] && i < sizeof lower - 1; i++) lower[i] = (char)tolower((unsigned char)name[i]);
+        if (strlen(name) >= sizeof lower) { /* truncated, it could name another plugin */
+            snprintf(err, errlen, "%s plugin name '%.40s...' is longer than %zu characters", plugin_kind_name(kind), name,
+                     sizeof lower - 1);
+            return NULL;
+        }
+        for (; name[i]; i++) lower[i] = (char)tolower((unsigned char)name[i]);
         lower[i] = 0;
         char dirs[16][PATH_MAX];
         int nd = plugin_search_dirs(NULL, dirs, 16);
@@ -603,8 +616,13 @@ plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, 
             if (w > 0 && (size_t)w < sizeof searched - used) used += (size_t)w;
         }
         if (!found) {
-            snprintf(err, errlen, "%s plugin '%s' not found: no ctitan-%s.so in %s (set CTITAN_PLUGIN_PATH or give a path)",
-                     plugin_kind_name(kind), name, lower, searched);
+            char beside[PATH_MAX], hint[sizeof lower + 96] = "";
+            if (mdir && snprintf(beside, sizeof beside, "%s/ctitan-%s.so", mdir, lower) < (int)sizeof beside &&
+                path_exists(beside))
+                snprintf(hint, sizeof hint, "; the manifest's folder is not searched: name ./ctitan-%s.so to load the one there",
+                         lower);
+            snprintf(err, errlen, "%s plugin '%s' not found: no ctitan-%s.so in %s (set CTITAN_PLUGIN_PATH or give a path%s)",
+                     plugin_kind_name(kind), name, lower, searched, hint);
             return NULL;
         }
     }

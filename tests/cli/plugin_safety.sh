@@ -60,6 +60,11 @@ YAML
 if [ -e "$T/marker" ]; then fail "the ctitan-cpu.so beside the manifest was loaded"
 elif [ $rc -eq 0 ]; then echo "ok   planted ctitan-cpu.so beside the manifest not loaded (the build's was)"
 else fail "dry run exited $rc: $(head -3 "$T/out")"; fi
+cp "$T/untrusted/ctitan-cpu.so" "$T/untrusted/ctitan-planted.so"
+printf 'model:\n  name: planted\n' >"$T/untrusted/planted.yaml"
+expect "a name found only beside the manifest" 2 "planted.yaml:2" "model plugin 'planted' not found" \
+  "the manifest's folder is not searched: name ./ctitan-planted.so" -- "$CTITAN" train "$T/untrusted/planted.yaml"
+[ -e "$T/marker" ] && fail "ctitan-planted.so beside the manifest was loaded"
 # ... while a manifest that names it by path loads it (its constructor runs, and it is no plugin)
 manifest named ./untrusted/ctitan-cpu.so
 expect "a plugin named by path is the manifest's choice" 2 "does not export 'ctitan_plugin_entry'" -- "$CTITAN" train "$T/named.yaml"
