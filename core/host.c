@@ -511,16 +511,18 @@ static int path_exists(const char *p) {
 /* Under an address-space limit (ulimit -v) some libraries spin instead of failing when a mapping is
  * refused: OpenBLAS, which the CPU plugin links, retries its buffer mmap forever, and it maps its
  * library and one 128 MiB buffer per OpenMP thread as it loads (167 MiB with one thread, measured
- * with VmSize around dlopen). So under a limit the loader has OpenBLAS load with one thread
- * (OMP_NUM_THREADS=1 unless the user set it; the CPU plugin then checks the room for its own thread
- * count) and, before the first plugin loads, wants PLUGIN_MIN_ROOM left. Without a limit nothing
- * changes. */
+ * with VmSize around dlopen). So under a limit the loader has OpenBLAS load with one thread (its
+ * thread variables set to 1: the CPU plugin sets its own count from device.threads, after checking
+ * the room for it, so they choose nothing else) and, before the first plugin loads, wants
+ * PLUGIN_MIN_ROOM left. Without a limit nothing changes. */
 #define PLUGIN_MIN_ROOM ((int64_t)256 << 20)
 static int address_space_check(const char *path, char *err, size_t errlen) {
     static int checked;
     int64_t limit, left = ct_address_space_left(&limit);
     if (checked || left < 0) return 0;
-    setenv("OMP_NUM_THREADS", "1", 0);
+    setenv("OMP_NUM_THREADS", "1", 1); /* OpenBLAS built with OpenMP reads this one */
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    setenv("GOTO_NUM_THREADS", "1", 1);
     if (left < PLUGIN_MIN_ROOM) {
         ct_errf(err, errlen, "%s: cannot load plugins under the address-space limit (ulimit -v %lld KiB): %lld MiB left, "
                 "plugins need %lld MiB as they load (OpenBLAS alone maps 167 MiB): raise ulimit -v",

@@ -128,6 +128,9 @@ else
   for kb in 80000 150000 300000 450000 600000; do
     expect "ulimit -v $kb" 2 "ulimit -v $kb KiB" -- bash -c "ulimit -v $kb; exec \"\$0\" train \"\$@\"" "$CTITAN" "${run[@]}"
   done
+  # OpenBLAS maps a buffer per OMP_NUM_THREADS thread as it loads: the loader has it load with one
+  expect "ulimit -v 450000 with OMP_NUM_THREADS=16" 2 "ulimit -v 450000 KiB" -- \
+    env OMP_NUM_THREADS=16 bash -c "ulimit -v 450000; exec \"\$0\" train \"\$@\"" "$CTITAN" "${run[@]}"
   # and with room enough the limited path trains (one thread: the room OpenBLAS needs is 128 MiB)
   (ulimit -v 1500000; timeout 60 "$CTITAN" train "${run[@]}" --device.threads=1 --model.n_layers=1) >"$T/out" 2>&1 \
     && grep -q '^step *1 ' "$T/out" && echo "ok   ulimit -v 1500000 with one thread trains" \
