@@ -184,6 +184,7 @@ static const char *launch_usage =
     "  --mca orte_abort_on_non_zero_status 0 (and --allow-run-as-root as root). A rank that dies leaves\n"
     "  the others to time out in their collective and say which one; the launcher exits with the\n"
     "  first non-zero status of a rank. With more ranks than cores, OpenMP threads wait passively.\n"
+    "  Every rank's stderr lines carry [rank N]; a line several ranks print comes out once.\n"
     "  example: ctitan launch -n 4 train configs/llama3_debug.yaml --parallelism.data_parallel_shard_degree=4\n";
 
 int cmd_launch(int argc, char **argv) {
