@@ -1,10 +1,14 @@
 /* host.c: host services handed to plugins, memory counters, errors, tracing, plugin loader. */
 #include "host.h"
 
+#include "util.h"
+
 #include <ctype.h>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -81,21 +85,44 @@ static ssize_t prefix_write(void *cookie, const char *buf, size_t n) {
 }
 
 void log_set_rank(int rank, int world) {
-    if (world <= 1) return;
-    g_log_rank = rank;
     static prefix_stream ps;
-    ps.fd = 2;
-    ps.at_line_start = 1;
-    snprintf(ps.prefix, sizeof ps.prefix, "[rank %d] ", rank);
-    cookie_io_functions_t io = {.write = prefix_write};
-    FILE *f = fopencookie(&ps, "w", io);
-    if (f) {
-        setvbuf(f, NULL, _IOLBF, 0);
-        stderr = f;
+    static int wrapped, silenced;
+    if (world <= 1 || rank < 0) return;
+    g_log_rank = rank;
+    snprintf(ps.prefix, sizeof ps.prefix, "[rank %d] ", rank); /* again when the comm confirms it */
+    if (!wrapped) {
+        ps.fd = 2;
+        ps.at_line_start = 1;
+        cookie_io_functions_t io = {.write = prefix_write};
+        FILE *f = fopencookie(&ps, "w", io);
+        if (f) {
+            setvbuf(f, NULL, _IOLBF, 0);
+            fflush(stderr);
+            stderr = f;
+            wrapped = 1;
+        }
     }
-    if (rank != 0) { /* metrics and samples come from rank 0; every rank reports its errors */
+    if (rank != 0 && !silenced) { /* start-up lines, metrics and samples come from rank 0; every rank reports its errors */
+        fflush(stdout);
         FILE *null = freopen("/dev/null", "w", stdout);
         (void)null;
+        silenced = 1;
+    }
+}
+
+/* The launchers' variables: (rank, world size), in the order mesh_env_world_size reads them. */
+void log_set_rank_from_env(void) {
+    static const char *vars[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI_RANK", "PMI_SIZE"},
+                                    {"PMIX_RANK", "PMIX_SIZE"}, {"SLURM_PROCID", "SLURM_NTASKS"},
+                                    {"RANK", "WORLD_SIZE"}};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *r = getenv(vars[i][0]), *w = getenv(vars[i][1]);
+        if (!r || !w) continue;
+        char *end_r, *end_w;
+        long rank = strtol(r, &end_r, 10), world = strtol(w, &end_w, 10);
+        if (*r && !*end_r && *w && !*end_w && rank >= 0 && rank < world && world <= INT_MAX)
+            log_set_rank((int)rank, (int)world);
+        return;
     }
 }
 
@@ -236,7 +263,11 @@ static const char *opt_raw(const ct_host *h, const char *key, ct_opt_type want, 
         return NULL;
     }
     char full[512];
-    snprintf(full, sizeof full, "%s.%s", p->section, key);
+    if (snprintf(full, sizeof full, "%s.%s", p->section, key) >= (int)sizeof full) {
+        ct_set_error("%s: option key '%.64s...' is too long", p->info.name ? p->info.name : p->path, key);
+        *st = CT_ERR_INVALID;
+        return NULL;
+    }
     const char *s = NULL;
     if (p->mf && mf_get_str(p->mf, full, &s) == 0) {
         *st = CT_OK;
@@ -331,10 +362,13 @@ static void exe_plugin_dir(char *buf, size_t len) {
     }
 }
 
-/* Search path: the manifest's folder, $CTITAN_PLUGIN_PATH (':'-separated), the build's plugins. */
-int plugin_search_dirs(const char *manifest_dir, char dirs[][PATH_MAX], int max) {
+/* Search path: an explicit folder (`ctitan plugins FOLDER`; NULL otherwise), $CTITAN_PLUGIN_PATH
+ * (':'-separated), the binary's plugins folder, the build's. Never the manifest's folder: a manifest
+ * in a folder someone else can write would load the ctitan-*.so beside it, and a plugin's
+ * constructors run before any check. A manifest that wants a plugin beside it names it by path. */
+int plugin_search_dirs(const char *first_dir, char dirs[][PATH_MAX], int max) {
     int n = 0;
-    if (manifest_dir && n < max && strlen(manifest_dir) < PATH_MAX) strcpy(dirs[n++], manifest_dir);
+    if (first_dir && n < max && strlen(first_dir) < PATH_MAX) strcpy(dirs[n++], first_dir);
     const char *env = getenv("CTITAN_PLUGIN_PATH");
     while (env && *env && n < max) {
         size_t len = strcspn(env, ":");
@@ -348,12 +382,159 @@ int plugin_search_dirs(const char *manifest_dir, char dirs[][PATH_MAX], int max)
     return n;
 }
 
-static int file_exists(const char *p) {
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define HOST_ELF_DATA ELFDATA2MSB
+#else
+#define HOST_ELF_DATA ELFDATA2LSB
+#endif
+
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket"
+           : S_ISCHR(m) || S_ISBLK(m) ? "a device" : "not a regular file";
+}
+
+/* The ELF machine this process runs as, from its own header (0 when it cannot be read). */
+static unsigned host_elf_machine(void) {
+    static unsigned machine = ~0u;
+    if (machine != ~0u) return machine;
+    machine = 0;
+    Elf64_Ehdr eh;
+    int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0 && pread(fd, &eh, sizeof eh, 0) == (ssize_t)sizeof eh && !memcmp(eh.e_ident, ELFMAG, SELFMAG))
+        machine = eh.e_machine;
+    if (fd >= 0) close(fd);
+    return machine;
+}
+
+/* end = off + n * size, or -1 when that overflows. */
+static int64_t table_end(uint64_t off, uint64_t n, uint64_t size) {
+    uint64_t bytes, end;
+    if (__builtin_mul_overflow(n, size, &bytes) || __builtin_add_overflow(off, bytes, &end) || end > INT64_MAX)
+        return -1;
+    return (int64_t)end;
+}
+
+/* Checks a plugin file before dlopen maps it and runs its constructors: a regular file (opened so
+ * that a FIFO does not block and a terminal is not adopted), a 64-bit ELF shared object for this
+ * machine, and long enough for every table and loadable segment its headers describe (dlopen
+ * maps segments past the end of a truncated file, and touching them raises SIGBUS). */
+int plugin_file_check(const char *path, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        ct_errf(err, errlen, "%s: cannot open plugin: %s", path, strerror(errno));
+        return -1;
+    }
     struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+    Elf64_Ehdr eh;
+    Elf64_Phdr *ph = NULL;
+    int rc = -1;
+    if (fstat(fd, &st) != 0) {
+        ct_errf(err, errlen, "%s: cannot stat plugin: %s", path, strerror(errno));
+        goto done;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ct_errf(err, errlen, "%s: not a plugin: %s, expected a shared object (.so)", path, file_kind(st.st_mode));
+        goto done;
+    }
+    int64_t size = st.st_size;
+    if (size < (int64_t)sizeof eh || pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh) {
+        ct_errf(err, errlen, "%s: not a plugin: %lld bytes, shorter than an ELF header (%zu bytes)", path,
+                (long long)size, sizeof eh);
+        goto done;
+    }
+    if (memcmp(eh.e_ident, ELFMAG, SELFMAG)) {
+        ct_errf(err, errlen, "%s: not a plugin: no ELF magic (expected a shared object built for this machine)", path);
+        goto done;
+    }
+    if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] != HOST_ELF_DATA) {
+        ct_errf(err, errlen, "%s: not a plugin for this machine: ELF class %d, data %d; expected class %d, data %d",
+                path, eh.e_ident[EI_CLASS], eh.e_ident[EI_DATA], ELFCLASS64, HOST_ELF_DATA);
+        goto done;
+    }
+    if (eh.e_type != ET_DYN) {
+        ct_errf(err, errlen, "%s: not a plugin: ELF type %u, expected a shared object (%u)", path, eh.e_type, ET_DYN);
+        goto done;
+    }
+    unsigned machine = host_elf_machine();
+    if (machine && eh.e_machine != machine) {
+        ct_errf(err, errlen, "%s: plugin built for ELF machine %u, this process is machine %u", path, eh.e_machine,
+                machine);
+        goto done;
+    }
+    if (eh.e_phnum == 0 || eh.e_phentsize != sizeof(Elf64_Phdr) || (eh.e_shnum && eh.e_shentsize != sizeof(Elf64_Shdr))) {
+        ct_errf(err, errlen, "%s: not a plugin: %u program headers of %u bytes, %u section headers of %u bytes", path,
+                eh.e_phnum, eh.e_phentsize, eh.e_shnum, eh.e_shentsize);
+        goto done;
+    }
+    /* the least size the headers promise: both header tables and every segment's file bytes */
+    int64_t need = table_end(eh.e_phoff, eh.e_phnum, sizeof(Elf64_Phdr)), sh = table_end(eh.e_shoff, eh.e_shnum, sizeof(Elf64_Shdr));
+    if (need < 0 || sh < 0) {
+        ct_errf(err, errlen, "%s: not a plugin: ELF header tables lie past any file size", path);
+        goto done;
+    }
+    if (sh > need) need = sh;
+    if (need <= size) {
+        size_t bytes = (size_t)eh.e_phnum * sizeof *ph;
+        if (!(ph = malloc(bytes)) || pread(fd, ph, bytes, (off_t)eh.e_phoff) != (ssize_t)bytes) {
+            ct_errf(err, errlen, "%s: cannot read its program headers: %s", path, ph ? strerror(errno) : "out of memory");
+            goto done;
+        }
+        for (int i = 0; i < eh.e_phnum; i++) {
+            int64_t end = table_end(ph[i].p_offset, 1, ph[i].p_filesz);
+            if (ph[i].p_type != PT_LOAD) continue;
+            if (end < 0) {
+                ct_errf(err, errlen, "%s: not a plugin: segment %d lies past any file size", path, i);
+                goto done;
+            }
+            if (end > need) need = end;
+        }
+    }
+    if (need > size) {
+        ct_errf(err, errlen, "%s: truncated: %lld bytes, the ELF headers say at least %lld", path, (long long)size,
+                (long long)need);
+        goto done;
+    }
+    rc = 0;
+done:
+    free(ph);
+    close(fd);
+    return rc;
+}
+
+/* Anything by that name: a directory or FIFO named like a plugin is reported by plugin_file_check,
+ * not skipped in favour of a later folder. */
+static int path_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* Under an address-space limit (ulimit -v) some libraries spin instead of failing when a mapping is
+ * refused: OpenBLAS, which the CPU plugin links, retries its buffer mmap forever, and it maps its
+ * library and one 128 MiB buffer per OpenMP thread as it loads (167 MiB with one thread, measured
+ * with VmSize around dlopen). So under a limit the loader has OpenBLAS load with one thread (its
+ * thread variables set to 1: the CPU plugin sets its own count from device.threads, after checking
+ * the room for it, so they choose nothing else) and, before the first plugin loads, wants
+ * PLUGIN_MIN_ROOM left. Without a limit nothing changes. */
+#define PLUGIN_MIN_ROOM ((int64_t)256 << 20)
+static int address_space_check(const char *path, char *err, size_t errlen) {
+    static int checked;
+    int64_t limit, left = ct_address_space_left(&limit);
+    if (checked || left < 0) return 0;
+    setenv("OMP_NUM_THREADS", "1", 1); /* OpenBLAS built with OpenMP reads this one */
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    setenv("GOTO_NUM_THREADS", "1", 1);
+    if (left < PLUGIN_MIN_ROOM) {
+        ct_errf(err, errlen, "%s: cannot load plugins under the address-space limit (ulimit -v %lld KiB): %lld MiB left, "
+                "plugins need %lld MiB as they load (OpenBLAS alone maps 167 MiB): raise ulimit -v",
+                path, (long long)(limit >> 10), (long long)(left >> 20), (long long)(PLUGIN_MIN_ROOM >> 20));
+        return -1;
+    }
+    checked = 1;
+    return 0;
 }
 
 static plugin *open_plugin(const char *path, char *err, size_t errlen) {
+    if (plugin_file_check(path, err, errlen) || address_space_check(path, err, errlen)) return NULL;
     dlerror();
     /* RTLD_NODELETE: a plugin may start threads (OpenMP, CUDA) that outlive its handle */
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
@@ -405,31 +586,45 @@ plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, 
     char path[PATH_MAX];
     const char *mdir = mf ? mf->dir : NULL;
     if (strchr(name, '/') || (strlen(name) > 3 && strcmp(name + strlen(name) - 3, ".so") == 0)) {
-        if (name[0] == '/' || !mdir) snprintf(path, sizeof path, "%s", name);
-        else snprintf(path, sizeof path, "%s/%s", mdir, name);
-        if (!file_exists(path)) {
+        int w = name[0] == '/' || !mdir ? snprintf(path, sizeof path, "%s", name)
+                                         : snprintf(path, sizeof path, "%s/%s", mdir, name + (strncmp(name, "./", 2) ? 0 : 2));
+        if (w < 0 || w >= (int)sizeof path) {
+            snprintf(err, errlen, "%s plugin path '%.80s...' is longer than PATH_MAX", plugin_kind_name(kind), name);
+            return NULL;
+        }
+        if (!path_exists(path)) {
             snprintf(err, errlen, "%s plugin '%s' not found at %s", plugin_kind_name(kind), name, path);
             return NULL;
         }
     } else {
         char lower[128];
         size_t i = 0;
-        for (; name[i] && i < sizeof lower - 1; i++) lower[i] = (char)tolower((unsigned char)name[i]);
+        if (strlen(name) >= sizeof lower) { /* truncated, it could name another plugin */
+            snprintf(err, errlen, "%s plugin name '%.40s...' is longer than %zu characters", plugin_kind_name(kind), name,
+                     sizeof lower - 1);
+            return NULL;
+        }
+        for (; name[i]; i++) lower[i] = (char)tolower((unsigned char)name[i]);
         lower[i] = 0;
         char dirs[16][PATH_MAX];
-        int nd = plugin_search_dirs(mdir, dirs, 16);
+        int nd = plugin_search_dirs(NULL, dirs, 16);
         int found = 0;
         char searched[2048] = "";
         size_t used = 0;
         for (int d = 0; d < nd && !found; d++) {
             if (snprintf(path, sizeof path, "%s/ctitan-%s.so", dirs[d], lower) >= (int)sizeof path) continue;
-            found = file_exists(path);
+            found = path_exists(path);
             int w = snprintf(searched + used, sizeof searched - used, "%s%s", used ? ", " : "", dirs[d]);
             if (w > 0 && (size_t)w < sizeof searched - used) used += (size_t)w;
         }
         if (!found) {
-            snprintf(err, errlen, "%s plugin '%s' not found: no ctitan-%s.so in %s (set CTITAN_PLUGIN_PATH or give a path)",
-                     plugin_kind_name(kind), name, lower, searched);
+            char beside[PATH_MAX], hint[sizeof lower + 96] = "";
+            if (mdir && snprintf(beside, sizeof beside, "%s/ctitan-%s.so", mdir, lower) < (int)sizeof beside &&
+                path_exists(beside))
+                snprintf(hint, sizeof hint, "; the manifest's folder is not searched: name ./ctitan-%s.so to load the one there",
+                         lower);
+            snprintf(err, errlen, "%s plugin '%s' not found: no ctitan-%s.so in %s (set CTITAN_PLUGIN_PATH or give a path%s)",
+                     plugin_kind_name(kind), name, lower, searched, hint);
             return NULL;
         }
     }
@@ -453,9 +648,9 @@ void plugin_unload(plugin *p) {
     free(p);
 }
 
-int plugin_list(FILE *out, const char *manifest_dir) {
+int plugin_list(FILE *out, const char *first_dir) {
     char dirs[16][PATH_MAX];
-    int nd = plugin_search_dirs(manifest_dir, dirs, 16), count = 0;
+    int nd = plugin_search_dirs(first_dir, dirs, 16), count = 0;
     fprintf(out, "%-10s %-12s %-6s %s\n", "KIND", "NAME", "ABI", "PATH / DESCRIPTION");
     char seen[16][PATH_MAX];
     for (int d = 0; d < nd; d++) {

@@ -32,8 +32,12 @@ void ct_clear_error(void);
 /* ---- logging ---- */
 extern int g_log_level; /* messages below this level are dropped */
 extern int g_log_rank;  /* >= 0: every line is prefixed "[rank N]" (many ranks) */
-/* Many ranks: stderr lines get "[rank N] ", and ranks other than 0 drop stdout. */
+/* Many ranks: stderr lines get "[rank N] ", and ranks other than 0 drop stdout. May be called again
+ * (the comm's rank replaces the launcher's). */
 void log_set_rank(int rank, int world);
+/* log_set_rank from the launcher's environment (mpirun, srun, torchrun), so that lines printed before
+ * the comm plugin joins the job carry their rank too. Nothing outside a launcher. */
+void log_set_rank_from_env(void);
 void ct_log(ct_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- tracing ---- */
@@ -53,17 +57,22 @@ typedef struct plugin {
     const manifest *mf;
 } plugin;
 
-/* Loads the plugin `name` (a bare name -> "ctitan-<lowercase name>.so" on the search path, or a
- * path to a .so, relative to the manifest's folder) and checks it is of `kind`. On error returns
+/* Loads the plugin `name` (a bare name -> "ctitan-<lowercase name>.so" on the search path, which
+ * never includes the manifest's folder; or a path to a .so, relative to the manifest's folder) and
+ * checks it is of `kind`. The file is checked before dlopen (plugin_file_check). On error returns
  * NULL and writes one line into err. */
 plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, const manifest *mf,
                     char *err, size_t errlen);
 void plugin_unload(plugin *p);
 const char *plugin_kind_name(ct_plugin_kind kind);
-/* The plugin search path: the manifest's folder (may be NULL), $CTITAN_PLUGIN_PATH (':'-separated), the
- * binary's folder + /plugins, the build's plugins. Returns how many folders it wrote (at most max). */
-int plugin_search_dirs(const char *manifest_dir, char dirs[][PATH_MAX], int max);
+/* The plugin search path: first_dir (a folder the user named, `ctitan plugins FOLDER`; may be NULL),
+ * $CTITAN_PLUGIN_PATH (':'-separated), the binary's folder + /plugins, the build's plugins. Returns
+ * how many folders it wrote (at most max). */
+int plugin_search_dirs(const char *first_dir, char dirs[][PATH_MAX], int max);
 /* Lists every plugin found on the search path (kind, name, ABI, path, description). Returns the count. */
-int plugin_list(FILE *out, const char *manifest_dir);
+int plugin_list(FILE *out, const char *first_dir);
+/* Whether path may be handed to dlopen: a regular file holding a 64-bit ELF shared object for this
+ * machine, as long as its headers say. 0, or -1 with one line in err. */
+int plugin_file_check(const char *path, char *err, size_t errlen);
 
 #endif

@@ -3,8 +3,14 @@
  * directly (with a host file); nothing in ctitan assumes one machine. */
 #include "session.h"
 
+#include "util.h"
+
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,12 +54,137 @@ static int job_status(const char *dir, long n) {
     return worst;
 }
 
+/* ---- each error once ----
+ * Every rank prints its errors with "[rank N] " in front, and a bad manifest or a failed collective
+ * is seen by every rank: the job's stderr would say it N times. mpirun's stderr comes through a pipe
+ * to a thread here, and a rank's line whose text (after the prefix) another rank printed first is
+ * dropped: the first rank to say it speaks for all. Other lines pass unchanged as soon as they end
+ * (a partial line after 100 ms). relay_start before the fork, relay_child in the child,
+ * relay_finish after mpirun has exited. */
+#define RELAY_SEEN_MAX 4096 /* distinct texts remembered; past that, lines pass unchecked */
+
+typedef struct relay_seen {
+    char *text;
+    long rank;
+} relay_seen;
+
+typedef struct stderr_relay {
+    int fd[2]; /* the pipe: mpirun writes fd[1], the thread reads fd[0] */
+    pthread_t thread;
+    int started;
+    volatile sig_atomic_t stop; /* mpirun has exited: drain what is there and end */
+    char line[65536];
+    size_t len;
+    int mid_line; /* part of this line went out already: pass the rest through */
+    relay_seen seen[RELAY_SEEN_MAX];
+    int n_seen;
+} stderr_relay;
+
+/* "[rank N] text": N, and *text after the prefix; -1 for any other line. */
+static long relay_rank(const char *s, size_t n, size_t *text) {
+    if (n < 9 || memcmp(s, "[rank ", 6)) return -1;
+    size_t i = 6;
+    long r = 0;
+    for (; i < n && s[i] >= '0' && s[i] <= '9' && r < 1000000000; i++) r = r * 10 + (s[i] - '0');
+    if (i == 6 || i + 1 >= n || s[i] != ']' || s[i + 1] != ' ') return -1;
+    *text = i + 2;
+    return r;
+}
+
+/* Whether another rank printed this text first (and remembers it when new). */
+static int relay_repeat(stderr_relay *r, long rank, const char *text, size_t n) {
+    for (int i = 0; i < r->n_seen; i++)
+        if (strlen(r->seen[i].text) == n && !memcmp(r->seen[i].text, text, n)) return r->seen[i].rank != rank;
+    if (r->n_seen < RELAY_SEEN_MAX && (r->seen[r->n_seen].text = strndup(text, n))) r->seen[r->n_seen++].rank = rank;
+    return 0;
+}
+
+/* One line (whole: with its newline) out to our stderr, unless another rank said it first. */
+static void relay_line(stderr_relay *r, const char *s, size_t n, int whole) {
+    size_t text = 0;
+    long rank = r->mid_line ? -1 : relay_rank(s, n, &text);
+    if (!(whole && rank >= 0 && relay_repeat(r, rank, s + text, n - text))) ct_write_all(2, s, n);
+    r->mid_line = !whole;
+}
+
+static void *relay_main(void *arg) {
+    stderr_relay *r = arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the launcher's main thread's */
+    for (;;) {
+        struct pollfd p = {r->fd[0], POLLIN, 0};
+        int ready = poll(&p, 1, 100);
+        if (ready < 0 && errno != EINTR) break;
+        if (ready <= 0) {
+            if (r->len) relay_line(r, r->line, r->len, 0); /* a partial line waits no longer */
+            r->len = 0;
+            if (r->stop) break;
+            continue;
+        }
+        ssize_t got = read(r->fd[0], r->line + r->len, sizeof r->line - r->len);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        size_t start = 0, end = r->len + (size_t)got;
+        for (size_t i = r->len; i < end; i++)
+            if (r->line[i] == '\n') {
+                relay_line(r, r->line + start, i + 1 - start, 1);
+                start = i + 1;
+            }
+        r->len = end - start;
+        memmove(r->line, r->line + start, r->len);
+        if (r->len == sizeof r->line) { /* a line longer than the buffer: out in pieces */
+            relay_line(r, r->line, r->len, 0);
+            r->len = 0;
+        }
+    }
+    if (r->len) relay_line(r, r->line, r->len, 0);
+    return NULL;
+}
+
+/* 0, or -1 when there is no pipe (then mpirun writes to our stderr directly). */
+static int relay_start(stderr_relay *r) {
+    memset(r, 0, sizeof *r);
+    r->fd[0] = r->fd[1] = -1;
+    if (pipe2(r->fd, O_CLOEXEC)) return -1;
+    if (pthread_create(&r->thread, NULL, relay_main, r)) {
+        close(r->fd[0]);
+        close(r->fd[1]);
+        r->fd[0] = r->fd[1] = -1;
+        return -1;
+    }
+    r->started = 1;
+    return 0;
+}
+
+/* In the forked child, before exec: stderr is the pipe. */
+static void relay_child(const stderr_relay *r) {
+    if (r->started) dup2(r->fd[1], 2);
+}
+
+/* After the fork in the parent: only the children hold the write end now. */
+static void relay_parent(stderr_relay *r) {
+    if (r->started) close(r->fd[1]);
+}
+
+/* After mpirun exited: the thread ends at end of file, or, when something it left behind still holds
+ * the pipe, at the next quiet 100 ms. */
+static void relay_finish(stderr_relay *r) {
+    if (!r->started) return;
+    r->stop = 1;
+    pthread_join(r->thread, NULL);
+    close(r->fd[0]);
+    for (int i = 0; i < r->n_seen; i++) free(r->seen[i].text);
+    r->started = 0;
+}
+
 static const char *launch_usage =
     "usage: ctitan launch -n N [--mpirun-arg ARG ...] COMMAND [ARGS...]\n"
     "  Runs `ctitan COMMAND ARGS` on N ranks: mpirun -n N --oversubscribe --bind-to none\n"
     "  --mca orte_abort_on_non_zero_status 0 (and --allow-run-as-root as root). A rank that dies leaves\n"
     "  the others to time out in their collective and say which one; the launcher exits with the\n"
     "  first non-zero status of a rank. With more ranks than cores, OpenMP threads wait passively.\n"
+    "  Every rank's stderr lines carry [rank N]; a line several ranks print comes out once.\n"
     "  example: ctitan launch -n 4 train configs/llama3_debug.yaml --parallelism.data_parallel_shard_degree=4\n";
 
 int cmd_launch(int argc, char **argv) {
@@ -117,16 +248,22 @@ int cmd_launch(int argc, char **argv) {
     }
     setenv("CTITAN_STATUS_DIR", dir, 1);
     fflush(stdout);
+    static stderr_relay relay; /* 64 KiB line buffer and the texts seen: not on the stack */
+    relay_start(&relay);
     pid_t pid = fork();
     if (pid == 0) {
+        relay_child(&relay);
         execvp("mpirun", (char *const *)av);
         fprintf(stderr, "ctitan: launch: cannot run mpirun (install openmpi-bin: make deps)\n");
         _exit(127);
     }
     free(av);
+    relay_parent(&relay);
     int wst = 0;
     signal(SIGINT, SIG_IGN); /* Ctrl-C reaches mpirun, which stops the ranks; we report after */
-    if (pid < 0 || waitpid(pid, &wst, 0) < 0) {
+    int waited = pid < 0 ? -1 : waitpid(pid, &wst, 0);
+    relay_finish(&relay);
+    if (waited < 0) {
         fprintf(stderr, "ctitan: launch: cannot run mpirun\n");
         return EXIT_RUN_FAILED;
     }

@@ -27,6 +27,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     int st;
+    if (!strcmp(cmd, "train") || !strcmp(cmd, "generate")) log_set_rank_from_env(); /* "[rank N]" from the start */
     if (!strcmp(cmd, "train")) st = cmd_train(argc - 2, argv + 2);
     else if (!strcmp(cmd, "generate")) st = cmd_generate(argc - 2, argv + 2);
     else goto other;

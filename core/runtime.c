@@ -6,6 +6,7 @@
 #include "host.h"
 #include "tape.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,9 +49,52 @@ typedef struct decl {
 typedef struct registry_ctx {
     runtime *rt;
     decl *decls;
-    int n;
+    int n, cap;
+    int *index;        /* open addressing over decls by name hash: decl i + 1, 0 = empty */
+    size_t index_size; /* a power of two, at least twice n, so a lookup takes O(1) */
     int failed;
 } registry_ctx;
+
+/* The slot of `name` in the index: where it is, or the empty slot where it would go. */
+static size_t reg_slot(const registry_ctx *c, const char *name) {
+    size_t mask = c->index_size - 1, i = (size_t)rng_hash_str(name) & mask;
+    while (c->index[i] && strcmp(c->decls[c->index[i] - 1].name, name)) i = (i + 1) & mask;
+    return i;
+}
+
+/* Room for one more declaration: the arrays grow by doubling, the index is rebuilt at half full. */
+static int reg_grow(registry_ctx *c) {
+    if (c->n == c->cap) {
+        if (c->cap > INT_MAX / 2) return -1;
+        int cap = c->cap ? 2 * c->cap : 64;
+        decl *grown = realloc(c->decls, sizeof(*grown) * (size_t)cap);
+        if (!grown) return -1;
+        c->decls = grown;
+        rt_tensor **ps = realloc(c->rt->params, sizeof(*ps) * (size_t)cap);
+        if (!ps) return -1;
+        c->rt->params = ps;
+        c->cap = cap;
+    }
+    if (2 * (size_t)(c->n + 1) <= c->index_size) return 0;
+    size_t size = c->index_size ? 2 * c->index_size : 128;
+    int *old = c->index;
+    if (!(c->index = calloc(size, sizeof *c->index))) {
+        c->index = old;
+        return -1;
+    }
+    c->index_size = size;
+    for (int i = 0; i < c->n; i++) c->index[reg_slot(c, c->decls[i].name)] = i + 1;
+    free(old);
+    return 0;
+}
+
+/* Elements of a declared shape: every dimension at least 1, and its bytes (f32) within int64. */
+static int64_t shape_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 1 || __builtin_mul_overflow(n, shape[i], &n)) return -1;
+    return n > INT64_MAX / (int64_t)sizeof(float) ? -1 : n;
+}
 
 static ct_tensor *reg_add(ct_param_registry *r, int unit, const char *name, int ndim, const int64_t *shape,
                           const ct_init *init, uint32_t flags) {
@@ -60,25 +104,27 @@ static ct_tensor *reg_add(ct_param_registry *r, int unit, const char *name, int 
         c->failed = 1;
         return NULL;
     }
-    for (int i = 0; i < c->n; i++)
-        if (strcmp(c->decls[i].name, name) == 0) {
-            ct_set_error("declare_params: parameter '%s' declared twice", name);
-            c->failed = 1;
-            return NULL;
-        }
-    decl *grown = realloc(c->decls, sizeof(*grown) * (size_t)(c->n + 1));
-    rt_tensor *t = calloc(1, sizeof *t);
-    if (!grown || !t) {
-        if (grown) c->decls = grown;
-        free(t);
+    if (!shape || shape_numel(ndim, shape) < 0) {
+        ct_set_error("declare_params: parameter '%s' has a dimension below 1 or more than 2^61 elements", name);
         c->failed = 1;
         return NULL;
     }
-    c->decls = grown;
+    rt_tensor *t = NULL;
+    char *copy = NULL;
+    if (reg_grow(c) || !(t = calloc(1, sizeof *t)) || !(copy = strdup(name))) {
+        ct_set_error("declare_params: out of memory at parameter %d ('%s')", c->n, name);
+        goto fail;
+    }
+    size_t slot = reg_slot(c, name);
+    if (c->index[slot]) {
+        ct_set_error("declare_params: parameter '%s' declared twice", name);
+        goto fail;
+    }
+    c->index[slot] = c->n + 1;
     decl *d = &c->decls[c->n++];
     memset(d, 0, sizeof *d);
     d->unit = unit;
-    d->name = strdup(name);
+    d->name = copy;
     d->ndim = ndim;
     for (int i = 0; i < ndim; i++) d->shape[i] = shape[i];
     d->init = *init;
@@ -90,17 +136,15 @@ static ct_tensor *reg_add(ct_param_registry *r, int unit, const char *name, int 
     t->t.name = d->name;
     t->t.flags = d->flags;
     t->param = c->n;
-    /* the runtime takes ownership of t below, in declaration order */
-    rt_tensor **ps = realloc(c->rt->params, sizeof(*ps) * (size_t)c->n);
-    if (!ps) {
-        c->failed = 1;
-        free(t);
-        return NULL;
-    }
-    c->rt->params = ps;
-    ps[c->n - 1] = t;
+    /* the runtime owns t from here, in declaration order */
+    c->rt->params[c->n - 1] = t;
     c->rt->n_params = c->n;
     return &t->t;
+fail:
+    free(copy);
+    free(t);
+    c->failed = 1;
+    return NULL;
 }
 
 int64_t runtime_global_index(const ct_param_slot *sl, int64_t k) {
@@ -186,10 +230,18 @@ static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen
     for (int i = 0; i < rt->n_params; i++) {
         const ct_param_slot *sl = &rt->slots[i];
         const ct_tensor *p = sl->param;
+        int64_t split;
         int tp_ok = sl->tp_dim < 0 ? sl->tp_parts == 1 && !memcmp(sl->global_shape, p->shape, sizeof sl->global_shape)
                                    : sl->tp_dim < p->ndim && sl->tp_parts > 1 && sl->tp_index >= 0 &&
                                          sl->tp_index < sl->tp_parts &&
-                                         p->shape[sl->tp_dim] * sl->tp_parts == sl->global_shape[sl->tp_dim];
+                                         !__builtin_mul_overflow(p->shape[sl->tp_dim], sl->tp_parts, &split) &&
+                                         split == sl->global_shape[sl->tp_dim];
+        /* sizes the runtime computes later (bytes of the whole tensor, of a gathered shard) fit */
+        int sharded = sl->placement == CT_PLACE_SHARD;
+        if (sharded && (!rt->dist.mesh || sl->shard_axis < 0 || sl->shard_axis >= CT_MESH_NAXES)) tp_ok = 0;
+        int64_t gathered, parts = tp_ok && sharded ? rt->dist.mesh->degree[sl->shard_axis] : 1;
+        tp_ok = tp_ok && shape_numel(p->ndim, sl->global_shape) >= 0 &&
+                !__builtin_mul_overflow(sl->local_numel, parts * (int64_t)sizeof(float), &gathered);
         if (!tp_ok || sl->numel != ct_tensor_numel(p) || sl->local_numel < 0 || sl->offset < 0 ||
             (sl->placement == CT_PLACE_REPLICATE && sl->local_numel != sl->numel) ||
             (sl->placement == CT_PLACE_NONE && sl->local_numel != 0)) {
@@ -200,6 +252,38 @@ static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen
         }
     }
     return 0;
+}
+
+static void bytes_str(char *buf, size_t len, int64_t bytes) {
+    if (bytes >= (int64_t)1 << 30) snprintf(buf, len, "%.2f GiB", (double)bytes / (1 << 30));
+    else snprintf(buf, len, "%.1f MiB", (double)bytes / (1 << 20));
+}
+
+/* Parameters and gradients (2 x param_bytes) must fit before they are allocated: a model too large
+ * for the device's memory, or for what the address-space limit (ulimit -v) leaves, fails here with
+ * one line instead of in an allocation, or, under overcommit, at the first touch of a page. */
+static int params_fit(runtime *rt, char *err, size_t errlen) {
+    int64_t need, limit, left = ct_address_space_left(&limit);
+    if (rt->param_bytes > INT64_MAX / 2) need = INT64_MAX;
+    else need = 2 * (int64_t)rt->param_bytes;
+    ct_device_info info = {sizeof info, NULL, 0, 0};
+    int64_t mem = rt->d->info && rt->d->info(rt->dev, &info) == CT_OK ? info.memory_bytes : 0;
+    char a[32], b[32], what[160];
+    bytes_str(a, sizeof a, need);
+    if (mem > 0 && need > mem) {
+        bytes_str(b, sizeof b, mem);
+        snprintf(what, sizeof what, "the device's memory (%s: %s)", info.name ? info.name : "device", b);
+    } else if (left >= 0 && need > left) {
+        bytes_str(b, sizeof b, left);
+        snprintf(what, sizeof what, "what the address-space limit leaves (ulimit -v %lld KiB: %s)",
+                 (long long)(limit >> 10), b);
+    } else {
+        return 0;
+    }
+    double n = (double)rt->n_param_elems;
+    snprintf(err, errlen, "model: %.2f%s parameters need %s on this rank for parameters and gradients (4 bytes each), "
+             "more than %s: a smaller model or more ranks", n >= 1e9 ? n / 1e9 : n / 1e6, n >= 1e9 ? "B" : "M", a, what);
+    return -1;
 }
 
 int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_api *m, void *model, uint64_t seed,
@@ -221,28 +305,44 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
         snprintf(err, errlen, "model has %d units; need at least an embedding and a head", rt->desc.n_units);
         return -1;
     }
-    registry_ctx rc = {rt, NULL, 0, 0};
+    registry_ctx rc = {.rt = rt};
     ct_param_registry reg = {sizeof reg, &rc, reg_add};
     ct_status st = m->declare_params(model, &reg);
-    if (st != CT_OK || rc.failed) {
+    free(rc.index);
+    if (st != CT_OK || rc.failed) { /* the pack is at fault, or its options: bad input */
         snprintf(err, errlen, "model declare_params failed: %s", ct_last_error());
-        goto fail;
+        for (int i = 0; i < rc.n; i++) free(rc.decls[i].name);
+        for (int i = 0; i < rt->n_params; i++) rt->params[i]->t.name = NULL;
+        free(rc.decls);
+        runtime_free(rt);
+        return -2;
     }
     for (int i = 0; i < rc.n; i++) rt->params[i]->t.name = rc.decls[i].name; /* the tensors own the names now */
     if (place_params(rt, rc.decls, err, errlen)) goto fail_owned;
     /* this rank's storage: one allocation for its parameters, one for their gradients */
     size_t total = 0, max_n = 0;
     for (int i = 0; i < rc.n; i++) {
-        size_t n = (size_t)rt->slots[i].local_numel;
-        total += align64(n * sizeof(float));
+        size_t n = (size_t)rt->slots[i].local_numel; /* bounded by place_params */
+        if (__builtin_add_overflow(total, align64(n * sizeof(float)), &total) ||
+            __builtin_add_overflow(rt->n_param_elems, global_numel(&rt->slots[i]), &rt->n_param_elems)) {
+            snprintf(err, errlen, "model: the parameters' sizes add up past 2^63 bytes");
+            goto fail_owned;
+        }
         if (n > max_n) max_n = n;
-        rt->n_param_elems += global_numel(&rt->slots[i]);
     }
     rt->param_bytes = total ? total : 64;
+    if (params_fit(rt, err, errlen)) {
+        free(rc.decls);
+        runtime_free(rt);
+        return -2;
+    }
     if (d->alloc(dev, rt->param_bytes, (void **)&rt->param_mem) != CT_OK ||
         d->alloc(dev, rt->param_bytes, (void **)&rt->grad_mem) != CT_OK ||
         d->zero(dev, rt->param_mem, rt->param_bytes) != CT_OK) { /* the padding between tensors stays 0 */
         snprintf(err, errlen, "cannot allocate %zu bytes for parameters and gradients", 2 * rt->param_bytes);
+        if (rt->param_mem) d->free(dev, rt->param_mem);
+        if (rt->grad_mem) d->free(dev, rt->grad_mem);
+        rt->param_mem = rt->grad_mem = NULL; /* not yet counted: runtime_free must not uncount them */
         goto fail_owned;
     }
     mem_account(CT_MEM_PARAMS, (int64_t)rt->param_bytes);
@@ -313,13 +413,9 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
     }
     tape_builder_init(rt);
     return 0;
-fail:
-    for (int i = 0; i < rc.n && rc.decls; i++) free(rc.decls[i].name);
-    for (int i = 0; i < rt->n_params; i++) rt->params[i]->t.name = NULL;
-    free(rc.decls);
-    return -1;
 fail_owned: /* names belong to the tensors; runtime_free releases them */
     free(rc.decls);
+    runtime_free(rt);
     return -1;
 }
 

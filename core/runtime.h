@@ -162,7 +162,10 @@ typedef struct runtime {
 
 /* Builds the runtime: declares the parameters, lets the strategy place them (dist may be NULL: one
  * rank), allocates this rank's storage and initialises it from `seed` (element i of a parameter
- * gets the same value whatever the layout). */
+ * gets the same value whatever the layout). 0; -2 when the model's declarations are refused or its
+ * parameters and gradients would not fit the device's memory or the address-space limit (checked
+ * before allocating); -1 on other errors.
+ * On error the runtime is freed and err holds one line. */
 int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_api *m, void *model,
                  uint64_t seed, const runtime_dist *dist, char *err, size_t errlen);
 void runtime_free(runtime *rt);

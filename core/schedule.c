@@ -93,8 +93,9 @@ static void sched_list_add(char *out, size_t len, const char *s) {
 }
 
 int schedule_list(const manifest *mf, char *out, size_t len) {
+    (void)mf; /* the manifest's folder is not searched: a manifest names a schedule beside it by path */
     char dirs[16][PATH_MAX];
-    int nd = plugin_search_dirs(mf ? mf->dir : NULL, dirs, 16), count = 0;
+    int nd = plugin_search_dirs(NULL, dirs, 16), count = 0;
     if (len) out[0] = 0;
     for (int d = 0; d < nd; d++) {
         DIR *dir = opendir(dirs[d]);
@@ -140,7 +141,7 @@ plugin *schedule_load(const char *name, const manifest *mf, char *err, size_t er
     }
     if (!sched_is_path(name)) {
         char dirs[16][PATH_MAX], list[1024];
-        int found = 0, nd = plugin_search_dirs(mf ? mf->dir : NULL, dirs, 16);
+        int found = 0, nd = plugin_search_dirs(NULL, dirs, 16);
         if (schedule_normalize(name, file, sizeof file) == 0)
             for (int d = 0; d < nd && !found; d++) {
                 char path[PATH_MAX + 200];

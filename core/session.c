@@ -188,8 +188,10 @@ static int open_dist(session *s) {
     if (s->commp) {
         s->capi = s->commp->info.api;
         void *world;
-        if (s->capi->create(&s->commp->host, &s->comm) != CT_OK || s->capi->world(s->comm, &world) != CT_OK ||
-            s->capi->group_rank(s->comm, world, &s->rank, &s->world) != CT_OK)
+        ct_status cst = s->capi->create(&s->commp->host, &s->comm);
+        if (cst != CT_OK) /* CT_ERR_INVALID: one of its options */
+            return fail_line(cst == CT_ERR_INVALID ? EXIT_BAD_INPUT : EXIT_RUN_FAILED, "comm");
+        if (s->capi->world(s->comm, &world) != CT_OK || s->capi->group_rank(s->comm, world, &s->rank, &s->world) != CT_OK)
             return fail_line(EXIT_RUN_FAILED, "comm");
         log_set_rank(s->rank, s->world);
         /* ABI 1.4: a device with its own stream and a comm that orders itself against it by events
@@ -388,9 +390,9 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     int64_t seed_i;
     mf_get_int(mf, "training.seed", &seed_i);
     seed = (uint64_t)seed_i;
-    if (runtime_init(&s->rt, s->d, s->dev, s->m, s->model, seed, s->commp ? &dist : NULL, err, sizeof err)) {
+    if ((st = runtime_init(&s->rt, s->d, s->dev, s->m, s->model, seed, s->commp ? &dist : NULL, err, sizeof err))) {
         fprintf(stderr, "ctitan: %s\n", err);
-        return EXIT_RUN_FAILED;
+        return st == -2 ? EXIT_BAD_INPUT : EXIT_RUN_FAILED; /* -2: refused declarations, or too large */
     }
     s->rt_ready = 1;
     if (s->tstrat && (st = tp_setup(s))) return st;

@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -63,4 +65,18 @@ int ct_cli_opt(int argc, char **argv, int *i, const char *name, const char **val
     if (a[n] != 0) return 0;
     *val = *i + 1 < argc ? argv[++*i] : NULL;
     return 1;
+}
+
+int64_t ct_address_space_left(int64_t *limit) {
+    struct rlimit rl;
+    if (limit) *limit = -1;
+    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > INT64_MAX) return -1;
+    if (limit) *limit = (int64_t)rl.rlim_cur;
+    int64_t used = 0; /* VmSize: what the limit counts */
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmSize:", 7)) used = strtoll(line + 7, NULL, 10) * 1024;
+    if (f) fclose(f);
+    return (int64_t)rl.rlim_cur > used ? (int64_t)rl.rlim_cur - used : 0;
 }

@@ -3,6 +3,7 @@
 #define CT_UTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Formats one error line into err (err may be NULL or errlen 0: nothing is written). */
 void ct_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -15,5 +16,8 @@ int ct_mkdir_p(const char *path);
 /* Command-line option "--name VALUE" or "--name=VALUE" at argv[*i]: 1 if it is that option (*val NULL
  * when the value is missing; *i moves past a separate value), else 0. */
 int ct_cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
+/* Bytes this process may still map under its address-space limit (RLIMIT_AS, ulimit -v): the limit
+ * minus VmSize. -1 when there is no limit. *limit (may be NULL) gets the limit in bytes, or -1. */
+int64_t ct_address_space_left(int64_t *limit);
 
 #endif

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -99,6 +100,96 @@ static const ct_option_spec cpu_options[] = {
     {0, NULL, 0, NULL, NULL},
 };
 
+/* ---- OpenBLAS under an address-space limit (ulimit -v)
+ * OpenBLAS (0.3.21) keeps a 128 MiB buffer per thread of its own and one per concurrent caller (the
+ * attention kernels call sgemm from every OpenMP thread at once), maps each the first time it is
+ * needed, and when that mmap is refused retries forever: a run under a tight limit spun with no
+ * output. So under a limit the room is checked before OpenBLAS is asked for its threads, and every
+ * buffer it can use is mapped at start-up (blas_memory_alloc / blas_memory_free: mapped buffers
+ * stay for reuse), before parameters and activations take the room. Measured with VmSize (OpenBLAS
+ * loaded with OMP_NUM_THREADS=1, as the core loads it under a limit): setting T threads maps
+ * (T - 1) x 128 MiB; T concurrent callers map T x 128 MiB more, and the OpenMP team a stack for each
+ * extra thread. Without a limit nothing here runs. */
+#define CPU_BLAS_BUFFER ((int64_t)128 << 20)
+
+/* OpenBLAS's buffer pool; weak, so another BLAS without them leaves the warm-up to the first calls */
+extern void *blas_memory_alloc(int procpos) __attribute__((weak));
+extern void blas_memory_free(void *buffer) __attribute__((weak));
+
+/* Bytes still mappable under RLIMIT_AS (the limit minus VmSize), or -1 with no limit. */
+static int64_t cpu_address_space_left(int64_t *limit)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > INT64_MAX)
+        return -1;
+    if (limit)
+        *limit = (int64_t)rl.rlim_cur;
+    int64_t used = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmSize:", 7))
+            used = strtoll(line + 7, NULL, 10) * 1024;
+    if (f)
+        fclose(f);
+    return (int64_t)rl.rlim_cur > used ? (int64_t)rl.rlim_cur - used : 0;
+}
+
+/* What OpenBLAS and OpenMP map for `threads` threads beyond what is mapped now, when OpenBLAS has
+ * buffers for `loaded` threads of its own and none for callers yet. */
+static int64_t cpu_blas_need(int threads, int loaded, int64_t stack)
+{
+    int64_t more = threads > loaded ? threads - loaded : 0;
+    return (more + threads) * CPU_BLAS_BUFFER + (int64_t)(threads - 1) * stack;
+}
+
+static ct_status cpu_blas_room(const cpu_device *unborn, int threads)
+{
+    int64_t limit = 0, left = cpu_address_space_left(&limit);
+    if (left < 0)
+        return CT_OK;
+    struct rlimit rl;
+    int64_t stack = (int64_t)8 << 20; /* a thread's stack is RLIMIT_STACK (glibc), 8 MiB by default */
+    if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < ((rlim_t)1 << 32))
+        stack = (int64_t)rl.rlim_cur;
+    int loaded = openblas_get_num_threads();
+    int64_t need = cpu_blas_need(threads, loaded, stack);
+    if (need <= left)
+        return CT_OK;
+    int fit = 0; /* the most threads that fit, 0 when even one does not */
+    while (fit < threads && cpu_blas_need(fit + 1, loaded, stack) <= left)
+        fit++;
+    char advice[64];
+    if (fit > 0)
+        snprintf(advice, sizeof advice, "set device.threads=%d or raise ulimit -v", fit);
+    else
+        snprintf(advice, sizeof advice, "raise ulimit -v");
+    return cpu_fail(unborn, CT_ERR_NOMEM, "create",
+                    "%d threads need %lld MiB more address space for OpenBLAS's buffers (128 MiB "
+                    "per thread and per caller) than the limit (ulimit -v %lld KiB) leaves (%lld "
+                    "MiB): %s",
+                    threads, (long long)(need >> 20), (long long)(limit >> 10),
+                    (long long)(left >> 20), advice);
+}
+
+/* Starts the OpenMP team and maps one OpenBLAS buffer per concurrent caller, now. */
+static void cpu_blas_warm_up(const cpu_device *d)
+{
+    cpu_enter(d);
+#pragma omp parallel
+    {
+        (void)0;
+    }
+    if (!blas_memory_alloc || !blas_memory_free)
+        return;
+    void *held[4096]; /* threads <= 4096 (cpu_create) */
+    int n = 0;
+    while (n < d->threads && (held[n] = blas_memory_alloc(0)) != NULL)
+        n++;
+    while (n > 0)
+        blas_memory_free(held[--n]);
+}
+
 static ct_status cpu_create(const ct_host *host, void **dev)
 {
     if (!dev)
@@ -127,6 +218,9 @@ static ct_status cpu_create(const ct_host *host, void **dev)
         if (threads < 1)
             threads = 1;
     }
+    ct_status room = cpu_blas_room(&unborn, (int)threads);
+    if (room != CT_OK)
+        return room;
     cpu_device *d = calloc(1, sizeof *d);
     if (!d)
         return cpu_fail(&unborn, CT_ERR_NOMEM, "create", "cannot allocate the device");
@@ -134,6 +228,8 @@ static ct_status cpu_create(const ct_host *host, void **dev)
     d->threads = (int)threads;
     omp_set_num_threads(d->threads);
     openblas_set_num_threads(d->threads);
+    if (cpu_address_space_left(NULL) >= 0)
+        cpu_blas_warm_up(d);
     if (host && host->log)
         host->log(host, CT_LOG_DEBUG, "%d threads (OpenMP and OpenBLAS)", d->threads);
     *dev = d;
