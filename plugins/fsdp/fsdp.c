@@ -22,6 +22,8 @@ typedef struct unit_state {
     int n;
     float **q8_local, **q8_full; /* float8 all-gather: this rank's e4m3 shard and the gathered bytes */
     int gathered;   /* full parameters valid (or being gathered) */
+    float **full;   /* per param: its gathered buffer while gathered (owned here, so destroy frees it) */
+    int64_t *full_numel;
     void **greq;    /* per param: pending all_gather */
     float **rs_out; /* per param: reduce-scatter output (local_numel) */
     void **rsreq;   /* per param: pending reduce-scatter */
@@ -162,11 +164,13 @@ static ct_status fsdp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
     for (int k = 0; k < n_units; k++) {
         unit_state *u = &f->units[k];
         u->greq = calloc((size_t)u->n + 1, sizeof(void *));
+        u->full = calloc((size_t)u->n + 1, sizeof(float *));
+        u->full_numel = calloc((size_t)u->n + 1, sizeof(int64_t));
         u->rsreq = calloc((size_t)u->n + 1, sizeof(void *));
         u->rs_out = calloc((size_t)u->n + 1, sizeof(float *));
         u->q8_local = calloc((size_t)u->n + 1, sizeof(float *));
         u->q8_full = calloc((size_t)u->n + 1, sizeof(float *));
-        if (!u->greq || !u->rsreq || !u->rs_out || !u->q8_local || !u->q8_full) return CT_ERR_NOMEM;
+        if (!u->greq || !u->full || !u->full_numel || !u->rsreq || !u->rs_out || !u->q8_local || !u->q8_full) return CT_ERR_NOMEM;
     }
     if (f->fp8) {
         f->host_scales = calloc((size_t)n + 1, sizeof(float));
@@ -237,6 +241,8 @@ static ct_status gather_start(fsdp *f, int k) {
             return CT_ERR_NOMEM;
         }
         s->param->data = full;
+        u->full[j] = full;
+        u->full_numel[j] = full_n(f, s);
         if (u->q8_full[j])
             st = CAPI(f)->all_gather(f->env.comm, shard_group(f), u->q8_local[j], u->q8_full[j], s->local_numel,
                                      CT_F8_E4M3, &u->greq[j]);
@@ -282,6 +288,7 @@ static void release_params(fsdp *f, int k) {
         ct_param_slot *s = &f->slots[u->params[j]];
         buf_put(f, s->param->data, full_n(f, s));
         s->param->data = NULL;
+        u->full[j] = NULL;
     }
     u->gathered = 0;
 }
@@ -376,6 +383,15 @@ static ct_status fsdp_finish_backward(void *p) {
 static void fsdp_destroy(void *p) {
     fsdp *f = p;
     if (!f) return;
+    /* a forward-only pass (sampling) leaves the last unit gathered; the parameters themselves may be
+     * gone by now, so the unit's own record of its buffers is what is given back */
+    for (int k = 0; f->units && k < f->n_units; k++) {
+        unit_state *u = &f->units[k];
+        for (int j = 0; u->full && j < u->n; j++) {
+            if (u->greq && u->greq[j]) CAPI(f)->wait(f->env.comm, u->greq[j]); /* never free under a gather */
+            if (u->full[j]) buf_put(f, u->full[j], u->full_numel[j]);
+        }
+    }
     for (int i = 0; i < f->n_cache; i++) {
         DAPI(f)->free(f->env.dev, f->cache[i].p);
         f->host->mem_account(f->host, CT_MEM_COMM, -f->cache[i].n * (int64_t)sizeof(float));
@@ -384,6 +400,8 @@ static void fsdp_destroy(void *p) {
     for (int k = 0; f->units && k < f->n_units; k++) {
         free(f->units[k].params);
         free(f->units[k].greq);
+        free(f->units[k].full);
+        free(f->units[k].full_numel);
         free(f->units[k].rsreq);
         free(f->units[k].rs_out);
         free(f->units[k].q8_local);
