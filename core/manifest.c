@@ -810,8 +810,9 @@ void manifest_print(const manifest *m, FILE *f) {
 void manifest_print_schema(const manifest *m, FILE *f) {
     for (int i = 0; i < m->n_schema; i++) {
         const mf_schema_entry *s = &m->schema[i];
-        fprintf(f, "  --%-44s %s%s [%s%s%s]\n", s->key, s->plugin ? "(plugin) " : "", s->help,
+        fprintf(f, "  --%-44s %s%s [%s%s%s%s%s]\n", s->key, s->plugin ? "(plugin) " : "", s->help,
                 s->type == CT_OPT_INT ? "int" : s->type == CT_OPT_FLOAT ? "float" : s->type == CT_OPT_BOOL ? "bool" : "string",
-                s->default_value ? ", default " : "", s->default_value ? s->default_value : "");
+                s->range ? " in " : "", s->range ? s->range : "", s->default_value ? ", default " : "",
+                s->default_value ? s->default_value : "");
     }
 }
