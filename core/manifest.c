@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -693,6 +694,38 @@ static void choices_text(const char *choices, char *buf, size_t len) {
     }
 }
 
+/* Levenshtein distance of two short strings (longer ones count as far apart). */
+static size_t edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    size_t row[65];
+    if (na > 64 || nb > 64) return SIZE_MAX;
+    for (size_t j = 0; j <= nb; j++) row[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[nb];
+}
+
+/* " (did you mean 'x'?)" for the choice within two edits of s, else "". */
+static void suggestion(const char *choices, const char *s, char *buf, size_t len) {
+    size_t best = 3;
+    buf[0] = 0;
+    for (const char *c = choices; *c; c += strcspn(c, "|"), c += *c == '|') {
+        size_t w = strcspn(c, "|"), d = edit_distance(s, strlen(s), c, w);
+        if (d < best) {
+            best = d;
+            snprintf(buf, len, " (did you mean '%.*s'?)", (int)w, c);
+        }
+    }
+}
+
 /* One value against its schema entry: 0, or -1 with the error in err. */
 static int check_value(const manifest *m, const mf_value *v, const mf_schema_entry *s, char *err, size_t errlen) {
     char where[600], text[600];
@@ -718,8 +751,10 @@ static int check_value(const manifest *m, const mf_value *v, const mf_schema_ent
         return -1;
     }
     if (s->choices && !is_choice(s->choices, v->value)) {
+        char hint[128];
         choices_text(s->choices, text, sizeof text);
-        ct_errf(err, errlen, "%s: expected %s, got '%.200s'", where, text, v->value);
+        suggestion(s->choices, v->value, hint, sizeof hint);
+        ct_errf(err, errlen, "%s: expected %s, got '%.200s'%s", where, text, v->value, hint);
         return -1;
     }
     return 0;
