@@ -213,10 +213,14 @@ static const mf_schema_entry *find_schema(const manifest *m, const char *key) {
 /* Adds a key that is not there yet (callers check with find_value). */
 static int add_value(manifest *m, const char *key, const char *value, int is_seq, int line) {
     if (index_reserve(m)) return -1;
-    mf_value *v = realloc(m->values, sizeof(*v) * (size_t)(m->n_values + 1));
-    if (!v) return -1;
-    m->values = v;
-    v = &m->values[m->n_values];
+    if (m->n_values == m->values_cap) { /* doubling: a copy per key would be quadratic */
+        int cap = m->values_cap ? 2 * m->values_cap : 32;
+        mf_value *grown = realloc(m->values, sizeof(*grown) * (size_t)cap);
+        if (!grown) return -1;
+        m->values = grown;
+        m->values_cap = cap;
+    }
+    mf_value *v = &m->values[m->n_values];
     v->key = xstrdup(key);
     v->value = xstrdup(value);
     v->is_seq = is_seq;
@@ -228,6 +232,12 @@ static int add_value(manifest *m, const char *key, const char *value, int is_seq
     }
     *index_slot(m, key) = ++m->n_values;
     return 0;
+}
+
+/* An error quotes keys and values as written, which may hold line breaks: it stays one line. */
+static void one_line(char *err, size_t errlen) {
+    for (size_t i = 0; err && i < errlen && err[i]; i++)
+        if ((unsigned char)err[i] < 0x20) err[i] = ' ';
 }
 
 /* ---- reading the YAML ---- */
@@ -497,6 +507,7 @@ fail:
     yaml_parser_delete(&parser);
     free(buf);
     manifest_free(m);
+    one_line(err, errlen);
     return NULL;
 }
 
@@ -789,9 +800,13 @@ int manifest_validate(const manifest *m, char *err, size_t errlen) {
             mf_where(m, v->key, where, sizeof where);
             known_keys(m, v->key, keys, sizeof keys);
             ct_errf(err, errlen, "%s: unknown key (known: %s)", where, keys);
+            one_line(err, errlen);
             return -1;
         }
-        if (check_value(m, v, s, err, errlen)) return -1;
+        if (check_value(m, v, s, err, errlen)) {
+            one_line(err, errlen);
+            return -1;
+        }
     }
     return check_sizes(m, err, errlen);
 }

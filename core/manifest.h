@@ -37,7 +37,7 @@ typedef struct manifest {
     char *path; /* as given */
     char *dir;  /* its folder, for resolving relative paths */
     mf_value *values;
-    int n_values;
+    int n_values, values_cap;
     int *index;        /* open-addressing hash of values by key: value index + 1, 0 = empty */
     size_t index_cap;  /* a power of two, more than twice n_values; 0 before the first value */
     mf_schema_entry *schema;
