@@ -32,15 +32,23 @@ int lr_setup(const manifest *mf, int64_t steps, lr_schedule *s) {
     mf_get_float(mf, "lr_scheduler.min_lr_factor", &s->min_lr_factor);
     mf_get_int(mf, "lr_scheduler.warmup_steps", &s->warmup);
     mf_get_str(mf, "lr_scheduler.decay_type", &s->type);
-    if (mf_get_int(mf, "lr_scheduler.total_steps", &total)) total = steps;
-    if (strcmp(s->type, "linear") && strcmp(s->type, "sqrt") && strcmp(s->type, "cosine")) {
-        mf_where(mf, "lr_scheduler.decay_type", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: expected linear, sqrt or cosine, got '%s'\n", where, s->type);
-        return -1;
+    const char *total_key = "lr_scheduler.total_steps";
+    if (mf_get_int(mf, total_key, &total)) {
+        total = steps;
+        total_key = "training.steps";
     }
-    if (s->warmup < 0 || s->min_lr_factor < 0 || s->min_lr_factor > 1 || total < 1) {
-        mf_where(mf, "lr_scheduler.warmup_steps", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: need warmup_steps >= 0, 0 <= min_lr_factor <= 1, total_steps >= 1\n", where);
+    /* manifest_validate holds each key to its range and choices; these name the key for a caller
+     * that did not validate */
+    const char *bad = strcmp(s->type, "linear") && strcmp(s->type, "sqrt") && strcmp(s->type, "cosine")
+                          ? "lr_scheduler.decay_type"
+                      : s->warmup < 0                                   ? "lr_scheduler.warmup_steps"
+                      : !(s->min_lr_factor >= 0 && s->min_lr_factor <= 1) ? "lr_scheduler.min_lr_factor"
+                      : total < 1                                       ? total_key
+                                                                        : NULL;
+    if (bad) {
+        mf_where(mf, bad, where, sizeof where);
+        fprintf(stderr, "ctitan: %s: need decay_type linear, sqrt or cosine, warmup_steps >= 0, 0 <= min_lr_factor <= 1 "
+                        "and at least one step\n", where);
         return -1;
     }
     if (s->warmup > total) s->warmup = total;

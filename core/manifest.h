@@ -26,18 +26,40 @@ typedef struct mf_schema_entry {
     char *default_value; /* NULL: unset unless given */
     char *help;
     int plugin; /* declared by a plugin (shown separately in --help) */
+    /* Checked for every value given, whether or not the key's feature is on (static strings, not
+     * owned; NULL: none). range: "[lo, hi]" with '(' or ')' for an open end, both ends numbers;
+     * choices: "a|b|c", the only strings accepted. */
+    const char *range;
+    const char *choices;
 } mf_schema_entry;
 
 typedef struct manifest {
     char *path; /* as given */
     char *dir;  /* its folder, for resolving relative paths */
     mf_value *values;
-    int n_values;
+    int n_values, values_cap;
+    int *index;        /* open-addressing hash of values by key: value index + 1, 0 = empty */
+    size_t index_cap;  /* a power of two, more than twice n_values; 0 before the first value */
     mf_schema_entry *schema;
     int n_schema;
 } manifest;
 
-/* Parses the YAML file. On error returns NULL and writes "path:line:col: what" into err. */
+/* Limits on reading a manifest, which is untrusted input: every cost of reading one is bounded and
+ * linear in its size. Each refusal is one "path:line: ..." line naming the limit. */
+#define MF_MAX_BYTES (4 << 20)  /* file size */
+#define MF_MAX_DEPTH 64         /* maps and lists nested in each other (aliases expanded) */
+#define MF_MAX_ANCHORS 1024     /* &anchors (libyaml looks each alias up among them one by one) */
+#define MF_MAX_ALIASES 4096     /* *aliases */
+#define MF_MAX_NODES (1 << 18)  /* nodes visited while flattening, aliases expanded (alias bombs) */
+#define MF_MAX_KEYS 65536       /* keys in all */
+#define MF_MAX_KEY_LEN 255      /* one dotted key */
+/* Sizes computed from several keys, checked by manifest_validate before anything is allocated */
+#define MF_MAX_MICROBATCH_TOKENS (1 << 24) /* training.local_batch_size x training.seq_len */
+#define MF_MAX_STEP_TOKENS (1 << 30)       /* training.global_batch_size x training.seq_len */
+
+/* Parses the YAML file: one document whose root is a map of sections; explicit nulls (`key: ~`,
+ * `key: null`, `key:`) are refused, so a key is either given a value or left out for its default.
+ * On error returns NULL and writes "path:line[:col]: what" into err. */
 manifest *manifest_load(const char *path, char *err, size_t errlen);
 /* Applies one "--section.key=value" (or key and value separately: value may be NULL when `arg`
  * holds '='). The last override of a key wins. */
@@ -50,7 +72,8 @@ int manifest_alias(manifest *m, const char *from, const char *to);
 void manifest_add_core_schema(manifest *m);
 /* Adds a plugin's options under `section` ("model", "optimizer", "device"). */
 void manifest_add_plugin_schema(manifest *m, const char *section, const ct_option_spec *opts);
-/* Checks every key exists in the schema and parses as its type; first error -> err, returns -1. */
+/* Checks every key exists in the schema, parses as its type and lies in its range or choices, then
+ * the sizes computed from several keys; first error -> err, returns -1. */
 int manifest_validate(const manifest *m, char *err, size_t errlen);
 
 /* Typed getters (after validation). Return 0 when the key is set or has a default, -1 when unset. */

@@ -35,8 +35,21 @@ int mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]) 
                     a == CT_AXIS_DP_SHARD ? " (or -1: the ranks left over)" : "", (long long)v);
             return -1;
         }
+        if (v > world_size && a != CT_AXIS_DP_SHARD) { /* one key at a time: the key that is wrong is named */
+            mf_where(mf, degree_keys[a], where, sizeof where);
+            fprintf(stderr, "ctitan: %s: degree %lld is more than the job's %d ranks (launch with `ctitan launch -n N`)\n",
+                    where, (long long)v, world_size);
+            return -1;
+        }
         degree[a] = (int)v;
-        if (a != CT_AXIS_DP_SHARD) others *= v;
+        if (a == CT_AXIS_DP_SHARD) continue;
+        others *= v; /* <= world_size squared: no overflow */
+        if (others > world_size) {
+            mf_where(mf, degree_keys[a], where, sizeof where);
+            fprintf(stderr, "ctitan: %s: with degree %lld the axes other than dp_shard already need %lld ranks, more than "
+                            "the job's %d\n", where, (long long)v, (long long)others, world_size);
+            return -1;
+        }
     }
     if (degree[CT_AXIS_DP_SHARD] == -1) {
         if (world_size % others) {

@@ -132,6 +132,37 @@ int schedule_list(const manifest *mf, char *out, size_t len) {
     return count;
 }
 
+/* Finds a schedule by name on the plugin search path: 0 with its file name in `file`, or -1 with
+ * the error (listing the schedules that can be loaded) in err. */
+static int sched_find(const char *name, const manifest *mf, char *file, size_t filelen, char *err, size_t errlen) {
+    char dirs[16][PATH_MAX], list[1024];
+    int found = 0, nd = plugin_search_dirs(NULL, dirs, 16); /* never the manifest's folder */
+    if (schedule_normalize(name, file, filelen) == 0)
+        for (int d = 0; d < nd && !found; d++) {
+            char path[PATH_MAX + 200];
+            found = snprintf(path, sizeof path, "%s/%s", dirs[d], file) < (int)sizeof path && sched_file_exists(path);
+        }
+    if (found) return 0;
+    schedule_list(mf, list, sizeof list);
+    ct_errf(err, errlen, "unknown pipeline schedule '%s'; the schedules that can be loaded: %s (or give the path of a .so)",
+            name, *list ? list : "none found (set CTITAN_PLUGIN_PATH)");
+    return -1;
+}
+
+int schedule_exists(const char *name, const manifest *mf, char *err, size_t errlen) {
+    char file[160], path[PATH_MAX];
+    if (!name || !*name) {
+        ct_errf(err, errlen, "no pipeline schedule named (e.g. 1F1B, GPipe, Interleaved1F1B, ZBVZeroBubble)");
+        return -1;
+    }
+    if (!sched_is_path(name)) return sched_find(name, mf, file, sizeof file, err, errlen);
+    if (name[0] == '/' || !mf) snprintf(path, sizeof path, "%s", name);
+    else snprintf(path, sizeof path, "%s/%s", mf->dir, name);
+    if (sched_file_exists(path)) return 0;
+    ct_errf(err, errlen, "schedule plugin '%s' not found at %s", name, path);
+    return -1;
+}
+
 plugin *schedule_load(const char *name, const manifest *mf, char *err, size_t errlen) {
     char file[160], bare[160];
     const char *what = name;
@@ -140,19 +171,7 @@ plugin *schedule_load(const char *name, const manifest *mf, char *err, size_t er
         return NULL;
     }
     if (!sched_is_path(name)) {
-        char dirs[16][PATH_MAX], list[1024];
-        int found = 0, nd = plugin_search_dirs(NULL, dirs, 16);
-        if (schedule_normalize(name, file, sizeof file) == 0)
-            for (int d = 0; d < nd && !found; d++) {
-                char path[PATH_MAX + 200];
-                found = snprintf(path, sizeof path, "%s/%s", dirs[d], file) < (int)sizeof path && sched_file_exists(path);
-            }
-        if (!found) {
-            schedule_list(mf, list, sizeof list);
-            ct_errf(err, errlen, "unknown pipeline schedule '%s'; the schedules that can be loaded: %s (or give the path of a .so)",
-                    name, *list ? list : "none found (set CTITAN_PLUGIN_PATH)");
-            return NULL;
-        }
+        if (sched_find(name, mf, file, sizeof file, err, errlen)) return NULL;
         /* plugin_load looks a bare name up as ctitan-<name>.so */
         snprintf(bare, sizeof bare, "%.*s", (int)(strlen(file) - strlen("ctitan-") - strlen(".so")), file + 7);
         what = bare;

@@ -5,6 +5,7 @@
 
 #include "commstats.h"
 #include "mesh.h"
+#include "schedule.h"
 #include "tensorfile.h"
 #include "tokenizer.h"
 
@@ -142,6 +143,25 @@ static int fail_line(int status, const char *what) {
     return status;
 }
 
+/* A plugin's create failed. An error that starts with one of its own option keys ("n_layers: ...")
+ * is reported where that key was set; any other where `key` was. */
+static int fail_plugin(const session *s, int status, const plugin *p, const char *section, const char *key) {
+    char where[600], full[512];
+    const char *msg = ct_last_error(), *name = p->info.name ? p->info.name : "plugin";
+    size_t nl = strlen(name);
+    const char *body = strncmp(msg, name, nl) == 0 && msg[nl] == ':' && msg[nl + 1] == ' ' ? msg + nl + 2 : "";
+    for (const ct_option_spec *o = p->info.options; o && o->key; o++) {
+        size_t kl = strlen(o->key);
+        if (strncmp(body, o->key, kl) || body[kl] != ':' || body[kl + 1] != ' ') continue;
+        snprintf(full, sizeof full, "%s.%s", section, o->key);
+        mf_where(s->mf, full, where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s: %s\n", where, name, body + kl + 2);
+        return status;
+    }
+    mf_where(s->mf, key, where, sizeof where);
+    return fail_line(status, where);
+}
+
 /* Float8 is asked for by quantize.dense.float8.enable, torchtitan's recipe names, or its
  * converters list; torchtitan's spellings become quantize.dense.float8.* (with their lines). */
 static int float8_requested(manifest *mf) {
@@ -173,8 +193,9 @@ static const char *strategy_name(const manifest *mf, int world) {
                                  "parallelism.tensor_parallel_degree"};
     if (mf_get_int(mf, "parallelism.data_parallel_replicate_degree", &rep) || rep < 1) rep = 1;
     if (mf_get_int(mf, "parallelism.data_parallel_shard_degree", &shard)) shard = -1;
-    for (int i = 0; i < 3; i++)
-        if (!mf_get_int(mf, keys[i], &v) && v > 0) others *= v;
+    for (int i = 0; i < 3; i++) /* not validated yet: capped past the world so nothing overflows */
+        if (!mf_get_int(mf, keys[i], &v) && v > 0) others = v > world || others * v > world ? world + 1 : others * v;
+    if (rep > world) rep = world + 1;
     if (shard == -1) shard = world % (rep * others) ? 1 : world / (rep * others);
     if (shard > 1) return "fsdp";
     if (rep > 1) return "ddp";
@@ -324,14 +345,20 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
         fprintf(stderr, "ctitan: %s\n", err);
         return EXIT_BAD_INPUT;
     }
+    int64_t pp_degree = 1;
+    const char *sched = "1F1B";
+    mf_get_int(mf, "parallelism.pipeline_parallel_degree", &pp_degree);
+    mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &sched);
+    if (pp_degree == 1 && schedule_exists(sched, mf, err, sizeof err)) { /* pipeline_plan loads it otherwise */
+        mf_where(mf, "parallelism.pipeline_parallel_schedule", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return EXIT_BAD_INPUT;
+    }
     s->d = s->devp->info.api;
     s->m = s->modelp->info.api;
     s->o = s->optp->info.api;
     ct_clear_error();
-    if (s->d->create(&s->devp->host, &s->dev) != CT_OK) {
-        mf_where(mf, "device.name", where, sizeof where);
-        return fail_line(EXIT_BAD_INPUT, where);
-    }
+    if (s->d->create(&s->devp->host, &s->dev) != CT_OK) return fail_plugin(s, EXIT_BAD_INPUT, s->devp, "device", "device.name");
     int64_t seq_len;
     const char *flavor;
     mf_get_int(mf, "training.seq_len", &seq_len);
@@ -343,10 +370,8 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     }
     ct_model_config cfg = {sizeof cfg, flavor, seq_len};
     ct_clear_error();
-    if (s->m->create(&s->modelp->host, &cfg, &s->model) != CT_OK) {
-        mf_where(mf, "model.flavor", where, sizeof where);
-        return fail_line(EXIT_BAD_INPUT, where);
-    }
+    if (s->m->create(&s->modelp->host, &cfg, &s->model) != CT_OK)
+        return fail_plugin(s, EXIT_BAD_INPUT, s->modelp, "model", "model.flavor");
     if (!with_params) return 0;
     int fp8_ag = 0;
     const char *fmt = "tensorwise";
@@ -432,10 +457,8 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     }
     if (!with_optimizer) return 0;
     ct_clear_error();
-    if (s->o->create(&s->optp->host, s->d, s->dev, &s->opt) != CT_OK) {
-        mf_where(mf, "optimizer.name", where, sizeof where);
-        return fail_line(EXIT_BAD_INPUT, where);
-    }
+    if (s->o->create(&s->optp->host, s->d, s->dev, &s->opt) != CT_OK)
+        return fail_plugin(s, EXIT_BAD_INPUT, s->optp, "optimizer", "optimizer.name");
     s->n_state = s->o->state_count(s->opt);
     if (s->n_state < 0 || s->n_state > 8) {
         fprintf(stderr, "ctitan: optimizer '%s' asks for %d state values per element\n", s->optp->info.name,

@@ -60,14 +60,82 @@ static const ct_option_spec options[] = {
     {0, NULL, 0, NULL, NULL},
 };
 
-static void opt_override_int(const ct_host *h, const char *key, int64_t *v) {
-    int64_t x;
-    if (h->opt_int(h, key, &x) == CT_OK) *v = x;
+/* Bounds on the options, checked at create (the option list has no room for them). The caps keep
+ * the parameter count far from overflow and a typo such as n_layers: 100000 from spinning through
+ * start-up; torchtitan's largest flavor (405B) is well inside them. */
+static const struct {
+    const char *key;
+    double lo, hi;
+    int lo_open; /* lo itself is refused */
+} bounds[] = {
+    {"dim", 1, 131072, 0},        {"n_layers", 1, 1024, 0},       {"n_heads", 1, 4096, 0},
+    {"n_kv_heads", 1, 4096, 0},   {"vocab_size", 1, 16777216, 0}, {"ffn_hidden", 1, 4194304, 0},
+    {"multiple_of", 1, 1048576, 0}, {"ffn_dim_multiplier", 0, 100, 1}, {"rope_theta", 0, 1e12, 1},
+    {"norm_eps", 0, 1, 1},
+};
+
+/* Refuses a value out of its bounds with an error that starts with the key, so the host reports it
+ * where the key was set. 0 when in bounds. */
+static int out_of_bounds(const ct_host *h, const char *key, double x) {
+    for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++) {
+        if (strcmp(bounds[i].key, key)) continue;
+        if ((bounds[i].lo_open ? x > bounds[i].lo : x >= bounds[i].lo) && x <= bounds[i].hi) return 0;
+        h->set_error(h, "%s: expected a value in %c%.10g, %.10g], got %.10g", key, bounds[i].lo_open ? '(' : '[', bounds[i].lo,
+                     bounds[i].hi, x);
+        return 1;
+    }
+    return 0;
 }
 
-static void opt_override_float(const ct_host *h, const char *key, double *v) {
+/* An option that overrides the flavor's value: 1 when given, 0 when not, -1 when out of bounds. */
+static int opt_override_int(const ct_host *h, const char *key, int64_t *v) {
+    int64_t x;
+    if (h->opt_int(h, key, &x) != CT_OK) return 0;
+    if (out_of_bounds(h, key, (double)x)) return -1;
+    *v = x;
+    return 1;
+}
+
+static int opt_override_float(const ct_host *h, const char *key, double *v) {
     double x;
-    if (h->opt_float(h, key, &x) == CT_OK) *v = x;
+    if (h->opt_float(h, key, &x) != CT_OK) return 0;
+    if (out_of_bounds(h, key, x)) return -1;
+    *v = x;
+    return 1;
+}
+
+/* The option values and their consistency; `given` is which of them the manifest set. 0, or -1
+ * with the error set (naming the key the manifest set, when one did). */
+static int read_options(const ct_host *h, llama *m, int64_t *multiple_of, double *mult, int64_t *hidden) {
+    int dim = opt_override_int(h, "dim", &m->dim), heads = opt_override_int(h, "n_heads", &m->n_heads);
+    int kv = opt_override_int(h, "n_kv_heads", &m->n_kv_heads), mo = opt_override_int(h, "multiple_of", multiple_of);
+    int mu = opt_override_float(h, "ffn_dim_multiplier", mult);
+    if (dim < 0 || heads < 0 || kv < 0 || mo < 0 || mu < 0 || opt_override_int(h, "n_layers", &m->n_layers) < 0 ||
+        opt_override_int(h, "vocab_size", &m->vocab) < 0 || opt_override_float(h, "rope_theta", &m->rope_theta) < 0 ||
+        opt_override_float(h, "norm_eps", &m->norm_eps) < 0)
+        return -1;
+    if (m->dim % m->n_heads || (m->dim / m->n_heads) % 2) {
+        h->set_error(h, "%sdim %lld must split into n_heads %lld heads of even size", dim ? "dim: " : heads ? "n_heads: " : "",
+                     (long long)m->dim, (long long)m->n_heads);
+        return -1;
+    }
+    if (m->n_heads % m->n_kv_heads) {
+        h->set_error(h, "%sn_heads %lld must be a multiple of n_kv_heads %lld", kv ? "n_kv_heads: " : heads ? "n_heads: " : "",
+                     (long long)m->n_heads, (long long)m->n_kv_heads);
+        return -1;
+    }
+    /* torchtitan: h = 4 dim; h = int(2h/3); h = int(mult h); round up to multiple_of */
+    *hidden = 2 * (4 * m->dim) / 3;
+    if (*mult > 0) *hidden = (int64_t)(*mult * (double)*hidden);
+    *hidden = *multiple_of * ((*hidden + *multiple_of - 1) / *multiple_of);
+    int fh = opt_override_int(h, "ffn_hidden", hidden);
+    if (fh < 0) return -1;
+    if (!fh && (*hidden < 1 || *hidden > 4194304)) {
+        h->set_error(h, "%sthe SwiGLU hidden size comes out as %lld; expected 1 to 4194304 (or set ffn_hidden)",
+                     mu ? "ffn_dim_multiplier: " : mo ? "multiple_of: " : dim ? "dim: " : "", (long long)*hidden);
+        return -1;
+    }
+    return 0;
 }
 
 static ct_status llama_create(const ct_host *h, const ct_model_config *cfg, void **out) {
@@ -88,34 +156,16 @@ static ct_status llama_create(const ct_host *h, const ct_model_config *cfg, void
     m->n_kv_heads = f->n_kv_heads;
     m->vocab = f->vocab;
     m->rope_theta = f->rope_theta;
+    m->norm_eps = 1e-5;
     m->seq_len = cfg->seq_len;
-    int64_t multiple_of = f->multiple_of;
+    int64_t multiple_of = f->multiple_of, hidden;
     double mult = f->ffn_dim_multiplier;
-    opt_override_int(h, "dim", &m->dim);
-    opt_override_int(h, "n_layers", &m->n_layers);
-    opt_override_int(h, "n_heads", &m->n_heads);
-    opt_override_int(h, "n_kv_heads", &m->n_kv_heads);
-    opt_override_int(h, "vocab_size", &m->vocab);
-    opt_override_int(h, "multiple_of", &multiple_of);
-    opt_override_float(h, "ffn_dim_multiplier", &mult);
-    opt_override_float(h, "rope_theta", &m->rope_theta);
-    opt_override_float(h, "norm_eps", &m->norm_eps);
     if (h->opt_bool(h, "depth_init", &m->depth_init) != CT_OK) m->depth_init = 1;
-    if (m->dim <= 0 || m->n_layers <= 0 || m->n_heads <= 0 || m->n_kv_heads <= 0 || m->vocab <= 0 ||
-        multiple_of <= 0 || m->dim % m->n_heads || m->n_heads % m->n_kv_heads || (m->dim / m->n_heads) % 2) {
-        h->set_error(h, "inconsistent dims: dim %lld must divide into n_heads %lld of even size, n_heads a multiple "
-                        "of n_kv_heads %lld, everything positive",
-                     (long long)m->dim, (long long)m->n_heads, (long long)m->n_kv_heads);
+    if (read_options(h, m, &multiple_of, &mult, &hidden)) {
         free(m);
         return CT_ERR_INVALID;
     }
     m->head_dim = m->dim / m->n_heads;
-    /* torchtitan: h = 4 dim; h = int(2h/3); h = int(mult h); round up to multiple_of */
-    int64_t hidden = 4 * m->dim;
-    hidden = 2 * hidden / 3;
-    if (mult > 0) hidden = (int64_t)(mult * (double)hidden);
-    hidden = multiple_of * ((hidden + multiple_of - 1) / multiple_of);
-    opt_override_int(h, "ffn_hidden", &hidden);
     m->ffn_hidden = hidden;
     m->layers = calloc((size_t)m->n_layers, sizeof(layer));
     if (!m->layers) {

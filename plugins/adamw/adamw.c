@@ -3,6 +3,7 @@
 #include "ctitan/optimizer.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct adamw {
     const ct_host *host;
@@ -33,13 +34,22 @@ static ct_status adamw_create(const ct_host *h, const ct_device_api *d, void *de
         free(a);
         return st;
     }
-    if (a->beta1 < 0 || a->beta1 >= 1 || a->beta2 < 0 || a->beta2 >= 1 || a->eps <= 0 || a->weight_decay < 0) {
-        h->set_error(h, "expected 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0");
-        free(a);
-        return CT_ERR_INVALID;
+    /* each error starts with its key, so the host reports it where the key was set */
+    const char *impl = "fused";
+    h->opt_string(h, "implementation", &impl);
+    if (!(a->beta1 >= 0 && a->beta1 < 1)) h->set_error(h, "beta1: expected 0 <= beta1 < 1, got %g", a->beta1);
+    else if (!(a->beta2 >= 0 && a->beta2 < 1)) h->set_error(h, "beta2: expected 0 <= beta2 < 1, got %g", a->beta2);
+    else if (!(a->eps > 0 && a->eps <= 1)) h->set_error(h, "eps: expected 0 < eps <= 1, got %g", a->eps);
+    else if (!(a->weight_decay >= 0 && a->weight_decay <= 1e3))
+        h->set_error(h, "weight_decay: expected 0 <= weight_decay <= 1000, got %g", a->weight_decay);
+    else if (strcmp(impl, "fused") && strcmp(impl, "foreach") && strcmp(impl, "for-loop"))
+        h->set_error(h, "implementation: expected fused, foreach or for-loop, got '%s'", impl);
+    else {
+        *out = a;
+        return CT_OK;
     }
-    *out = a;
-    return CT_OK;
+    free(a);
+    return CT_ERR_INVALID;
 }
 
 static void adamw_destroy(void *p) { free(p); }

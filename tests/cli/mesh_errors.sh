@@ -25,7 +25,13 @@ expect() { # name ranks pattern -- args
 }
 expect "degrees exceed one rank" 1 "dp_shard 2 .* = 2 ranks, but the job has 1" -- --parallelism.data_parallel_shard_degree=2
 expect "degrees exceed the world" 2 "data_parallel_shard_degree.* = 4 ranks, but the job has 2" -- --parallelism.data_parallel_shard_degree=4
-expect "-1 cannot divide" 2 "does not divide|do not divide" -- --parallelism.data_parallel_replicate_degree=3
+expect "-1 cannot divide" 3 "3 ranks do not divide by the other degrees' product 2" -- --parallelism.data_parallel_replicate_degree=2
+expect "degree above the ranks, at its own key" 2 "data_parallel_replicate_degree: degree 3 is more than the job's 2 ranks" -- \
+  --parallelism.data_parallel_replicate_degree=3
+expect "degrees whose product is above the ranks" 2 "tensor_parallel_degree: with degree 2 the axes other than dp_shard already need 4" -- \
+  --parallelism.data_parallel_replicate_degree=2 --parallelism.tensor_parallel_degree=2
+expect "huge degree, at its own key" 1 "command line: --parallelism.pipeline_parallel_degree: degree 1048576 is more than the job's 1 ranks" -- \
+  --parallelism.pipeline_parallel_degree=1048576
 expect "batch does not split" 2 "global_batch_size.*multiple of local_batch_size x 2" -- \
   --parallelism.data_parallel_shard_degree=2 --training.local_batch_size=4 --training.global_batch_size=6
 expect "tp must divide kv heads" 2 "tensor_parallel_degree 2 must divide the kv heads \\(1\\)" -- \

@@ -142,7 +142,8 @@ if command -v mpirun >/dev/null; then
   printf 'training:\n  stpes: 3\n' >"$T/bad.yaml"
   expect "2 ranks, bad manifest" 2 "^\[rank [01]\] ctitan: .*bad.yaml:2: training.stpes: unknown key" -- "$CTITAN" launch -n 2 train "$T/bad.yaml"
   expect "4 ranks, bad manifest" 2 "^\[rank [0-3]\] ctitan: .*bad.yaml:2" -- "$CTITAN" launch -n 4 train "$T/bad.yaml"
-  expect "2 ranks, comm plugin option" 2 "^\[rank [01]\] ctitan: comm: mpi: option train_timeout_seconds" -- \
+  # (the schema's range refuses it before the comm plugin reads it; the rank faults test covers the plugin's own lines)
+  expect "2 ranks, comm option" 2 "^\[rank [01]\] ctitan: .*comm.train_timeout_seconds: expected a number" -- \
     "$CTITAN" launch -n 2 train "${run[@]}" --comm.train_timeout_seconds=-1
 else
   echo "skip rank cases: mpirun not installed"

@@ -30,9 +30,21 @@ static manifest *load_yaml(const char *yaml) {
     return m;
 }
 
-static void test_overrides_last_wins_and_nulls_take_defaults(void **state) {
+/* manifest_load's error for a YAML text (the manifest must be refused). */
+static void load_error(const char *yaml, char *err, size_t errlen) {
+    char path[] = "/tmp/ctitan-cfg-XXXXXX.yaml";
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, yaml, strlen(yaml)), (int)strlen(yaml));
+    close(fd);
+    manifest *m = manifest_load(path, err, errlen);
+    unlink(path);
+    if (m) fail_msg("accepted: %s", yaml);
+}
+
+static void test_overrides_last_wins_and_unset_keys_take_defaults(void **state) {
     (void)state;
-    manifest *m = load_yaml("training:\n  steps: 5\n  seq_len: 64\nlr_scheduler: {decay_ratio: null, warmup_steps: ~}\n");
+    manifest *m = load_yaml("training:\n  steps: 5\n  seq_len: 64\nlr_scheduler: {decay_type: sqrt}\n");
     char err[512];
     assert_int_equal(manifest_override(m, "training.steps", "7", err, sizeof err), 0);
     assert_int_equal(manifest_override(m, "training.steps", "9", err, sizeof err), 0);
@@ -43,9 +55,9 @@ static void test_overrides_last_wins_and_nulls_take_defaults(void **state) {
     assert_int_equal(v, 9);
     assert_int_equal(mf_get_int(m, "training.seq_len", &v), 0);
     assert_int_equal(v, 64);
-    assert_int_equal(mf_get_int(m, "lr_scheduler.warmup_steps", &v), 0); /* null -> default 200 */
+    assert_int_equal(mf_get_int(m, "lr_scheduler.warmup_steps", &v), 0); /* not given -> default 200 */
     assert_int_equal(v, 200);
-    assert_int_equal(mf_get_float(m, "lr_scheduler.decay_ratio", &f), -1); /* null, no default: unset */
+    assert_int_equal(mf_get_float(m, "lr_scheduler.decay_ratio", &f), -1); /* no default: unset */
     char where[256];
     mf_where(m, "training.steps", where, sizeof where);
     assert_string_equal(where, "command line: --training.steps");
@@ -68,6 +80,110 @@ static void test_duplicate_keys_and_lists_are_errors(void **state) {
     assert_int_equal(manifest_validate(m, err, sizeof err), -1);
     assert_non_null(strstr(err, "expected an integer"));
     manifest_free(m);
+}
+
+/* An explicit null is refused naming the key, never the default in disguise; so are a second
+ * document and a TOML file. */
+static void test_nulls_second_documents_and_toml_are_refused(void **state) {
+    (void)state;
+    char err[1024];
+    load_error("training:\n  seq_len: 64\n  steps: ~\n", err, sizeof err);
+    assert_non_null(strstr(err, ":3: training.steps: no value"));
+    load_error("lr_scheduler: {decay_ratio: null}\n", err, sizeof err);
+    assert_non_null(strstr(err, ":1: lr_scheduler.decay_ratio: no value"));
+    load_error("training:\n  steps:\n  seq_len: 64\n", err, sizeof err);
+    assert_non_null(strstr(err, ":2: training.steps: no value"));
+    load_error("training: {steps: 1}\n---\ntraining: {steps: 2}\n", err, sizeof err);
+    assert_non_null(strstr(err, ":2: a second YAML document"));
+    load_error("[job]\ndump_folder = \"./outputs\"\n[training]\nsteps = 10\n", err, sizeof err);
+    assert_non_null(strstr(err, ":1: this is TOML"));
+    manifest *m = load_yaml("generate: {prompt: \"\"}\n"); /* an empty string is a value */
+    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    manifest_free(m);
+}
+
+/* Each limit on a manifest refuses it with the limit named, fast (the texts expand to billions of
+ * nodes, or nest 100,000 deep, if read without limits). */
+static void test_limits_refuse_bombs_depth_and_key_counts(void **state) {
+    (void)state;
+    char err[1024], yaml[4096];
+    size_t n = (size_t)snprintf(yaml, sizeof yaml, "s:\n  a0: &a0 {}\n");
+    for (int i = 1; i < 10; i++) {
+        n += (size_t)snprintf(yaml + n, sizeof yaml - n, "  a%d: &a%d {", i, i);
+        for (int j = 0; j < 9; j++) n += (size_t)snprintf(yaml + n, sizeof yaml - n, "%sk%d: *a%d", j ? ", " : "", j, i - 1);
+        n += (size_t)snprintf(yaml + n, sizeof yaml - n, "}\n");
+    }
+    load_error(yaml, err, sizeof err);
+    assert_non_null(strstr(err, "expands to more than"));
+    load_error("x: &a {b: *a}\n", err, sizeof err); /* a map holding an alias of itself */
+    assert_non_null(strstr(err, "nested deeper than 64"));
+    size_t deep = 100000;
+    char *big = malloc(4 * deep + 16);
+    strcpy(big, "x: ");
+    for (size_t i = 0; i < deep; i++) strcat(big + 3 + 4 * i, "{a: ");
+    load_error(big, err, sizeof err);
+    assert_non_null(strstr(err, ":1: maps and lists nested deeper than 64 levels"));
+    free(big);
+    size_t keys = MF_MAX_KEYS + 10;
+    big = malloc(16 * keys + 16);
+    n = (size_t)sprintf(big, "training:\n");
+    for (size_t i = 0; i < keys; i++) n += (size_t)sprintf(big + n, "  k%zu: 1\n", i);
+    load_error(big, err, sizeof err);
+    assert_non_null(strstr(err, "more than 65536 keys"));
+    free(big);
+    load_error("training:\n  k: 1\n  j: 2\n  k: 3\n", err, sizeof err); /* duplicates, found by hash */
+    assert_non_null(strstr(err, ":4: training.k: duplicate key"));
+}
+
+/* validate's message for one override on an otherwise empty manifest ("" when valid). */
+static const char *override_error(const char *key, const char *value) {
+    static char err[1024];
+    manifest *m = load_yaml("job: {description: x}\n");
+    assert_int_equal(manifest_override(m, key, value, err, sizeof err), 0);
+    err[0] = 0;
+    manifest_validate(m, err, sizeof err);
+    manifest_free(m);
+    return err;
+}
+
+/* Bounds and choices hold for every value, whether or not its feature is on. */
+static void test_ranges_and_choices_name_the_key(void **state) {
+    (void)state;
+    static const struct {
+        const char *key, *value, *want; /* want: a piece of the error, NULL: accepted */
+    } cases[] = {
+        {"optimizer.lr", "-1", "optimizer.lr: expected a number in [0, 1000], got '-1'"},
+        {"optimizer.lr", "1e308", "optimizer.lr: expected a number in [0, 1000]"},
+        {"optimizer.lr", "3e-4", NULL},
+        {"training.steps", "0", "training.steps: expected an integer in [1, 1e12], got '0'"},
+        {"training.local_batch_size", "1000000000", "training.local_batch_size: expected an integer in"},
+        {"training.local_batch_size", "65536", "training.local_batch_size: 65536 sequences of seq_len 2048"},
+        {"training.global_batch_size", "1000000", "training.global_batch_size: 1000000 sequences"},
+        {"training.global_batch_size", "-1", NULL},
+        {"training.seq_len", "0", "training.seq_len: expected an integer in [1, 1048576]"},
+        {"generate.temperature", "-1", "generate.temperature: expected a number in [0, 100]"},
+        {"generate.top_k", "-1", "generate.top_k: expected an integer in"},
+        {"generate.top_p", "0", "generate.top_p: expected a number in (0, 1]"},
+        {"generate.top_p", "1", NULL},
+        {"generate.max_new_tokens", "4611686018427387891", "generate.max_new_tokens: expected an integer in [0, 1048576]"},
+        {"generate.max_new_tokens", "-1", "generate.max_new_tokens"},
+        {"lr_scheduler.decay_type", "exp", "lr_scheduler.decay_type: expected linear, sqrt or cosine, got 'exp'"},
+        {"activation_checkpoint.mode", "partial", "expected none, full or selective"},
+        {"checkpoint.async_mode", "sync", "expected disabled or async"},
+        {"parallelism.fsdp_reshard_after_forward", "sometimes", "expected default, always or never"},
+        {"quantize.dense.float8.format", "mxpf8", "quantize.dense.float8.format: expected tensorwise, rowwise"},
+        {"quantize.dense.float8.format", "mxfp8_cublas", NULL},
+        {"parallelism.tensor_parallel_degree", "0", "tensor_parallel_degree: expected an integer in [1, 1048576]"},
+        {"parallelism.data_parallel_shard_degree", "-1", NULL},
+        {"parallelism.data_parallel_shard_degree", "-2", "data_parallel_shard_degree: expected an integer in [-1,"},
+        {"parallelism.pipeline_parallel_degree", "99999999999", "pipeline_parallel_degree: expected an integer in"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *err = override_error(cases[i].key, cases[i].value);
+        if (cases[i].want ? !strstr(err, cases[i].want) : err[0] != 0)
+            fail_msg("--%s=%s: got \"%s\", wanted \"%s\"", cases[i].key, cases[i].value, err,
+                     cases[i].want ? cases[i].want : "");
+    }
 }
 
 static lr_schedule schedule(const char *yaml, int64_t steps) {
@@ -177,7 +293,10 @@ static void test_dataloader_windows_shuffle_and_layouts(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_overrides_last_wins_and_nulls_take_defaults),
+        cmocka_unit_test(test_overrides_last_wins_and_unset_keys_take_defaults),
+        cmocka_unit_test(test_nulls_second_documents_and_toml_are_refused),
+        cmocka_unit_test(test_limits_refuse_bombs_depth_and_key_counts),
+        cmocka_unit_test(test_ranges_and_choices_name_the_key),
         cmocka_unit_test(test_duplicate_keys_and_lists_are_errors),
         cmocka_unit_test(test_lr_schedule_is_torchtitans),
         cmocka_unit_test(test_dataloader_windows_shuffle_and_layouts),

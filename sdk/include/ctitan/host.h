@@ -34,7 +34,9 @@ struct ct_host {
     /* Logging; the message is one line without a trailing newline. */
     void (*log)(const ct_host *h, ct_log_level level, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
-    /* Detail for the error the plugin is about to return; the host prefixes the plugin's name. */
+    /* Detail for the error the plugin is about to return; the host prefixes the plugin's name. A
+     * create error that starts with one of the plugin's option keys ("n_layers: expected ...") is
+     * reported at the file and line where that key was set. */
     void (*set_error)(const ct_host *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
     /* Host memory, counted under `cat`. Returns NULL on failure (and sets no error). 64-byte aligned. */
