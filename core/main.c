@@ -27,6 +27,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     int st;
+    if (!strcmp(cmd, "train") || !strcmp(cmd, "generate")) launch_rank_start();
     if (!strcmp(cmd, "train")) st = cmd_train(argc - 2, argv + 2);
     else if (!strcmp(cmd, "generate")) st = cmd_generate(argc - 2, argv + 2);
     else goto other;

@@ -204,6 +204,7 @@ static int open_dist(session *s) {
         s->rank = 0;
         s->world = 1;
     }
+    if (launch_check_world(s->world)) return EXIT_BAD_INPUT; /* torchrun or srun without an MPI job */
     int degree[CT_MESH_NAXES];
     if (mesh_degrees(s->mf, s->world, degree)) return EXIT_BAD_INPUT;
     if (mesh_build(&s->mesh, s->commp ? s->capi : NULL, s->comm, s->rank, s->world, degree, err, sizeof err)) {

@@ -89,5 +89,11 @@ int cmd_plugins(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
 /* Under `ctitan launch`: records this rank's exit status for the launcher. */
 void launch_record_status(int status);
+/* In a rank started by `ctitan launch`: registers its pid for the launcher's signal forwarding and
+ * ends the rank when the launcher or its parent (mpirun) ends. No-op otherwise. */
+void launch_rank_start(void);
+/* The launcher's environment (torchrun's WORLD_SIZE, srun's SLURM_NTASKS) against the MPI world
+ * this process joined: 0, or EXIT_BAD_INPUT with one line saying how to launch. */
+int launch_check_world(int world);
 
 #endif

@@ -3,6 +3,7 @@
 #define CT_UTIL_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 /* Formats one error line into err (err may be NULL or errlen 0: nothing is written). */
 void ct_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -15,5 +16,14 @@ int ct_mkdir_p(const char *path);
 /* Command-line option "--name VALUE" or "--name=VALUE" at argv[*i]: 1 if it is that option (*val NULL
  * when the value is missing; *i moves past a separate value), else 0. */
 int ct_cli_opt(int argc, char **argv, int *i, const char *name, const char **val);
+/* Opens a file to write ("w": truncate, "a": append) without following a symlink at its last
+ * component, close-on-exec. NULL with errno set (ELOOP for a symlink: see ct_open_strerror). */
+FILE *ct_fopen_nofollow(const char *path, const char *mode);
+/* strerror, with a clear text for ELOOP from an O_NOFOLLOW open. */
+const char *ct_open_strerror(int e);
+/* 0 if path is a folder; -1 with errno set (ENOTDIR for a file). */
+int ct_require_dir(const char *path);
+/* Wall-clock time as ISO-8601 UTC with milliseconds: 2026-12-01T23:45:01.123Z (25 bytes). */
+void ct_utc_iso(char *out, size_t len);
 
 #endif
