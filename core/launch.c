@@ -243,36 +243,34 @@ int cmd_launch(int argc, char **argv) {
 }
 
 /* ---- a launcher's world against the MPI world ----
- * torchrun (RANK, WORLD_SIZE) and srun (SLURM_PROCID, SLURM_NTASKS) start N processes but no MPI
- * job: each would join an MPI world of one and train on its own into the same folder. When an MPI
- * launcher started this process (mpirun: OMPI_COMM_WORLD_SIZE; PMI or PMIx: srun --mpi=pmix), its
- * world is the MPI world and nothing else is compared. */
+ * torchrun (RANK, WORLD_SIZE) and srun without an MPI plugin (SLURM_PROCID, SLURM_STEP_NUM_TASKS)
+ * start N processes but no MPI job: each would join an MPI world of one and train on its own into
+ * the same folder. A process an MPI launcher started (mpirun: OMPI_COMM_WORLD_SIZE; PMI or PMIx:
+ * srun --mpi=pmix) has its world from MPI, and nothing else is compared. */
 static int env_int(const char *name) {
     const char *v = getenv(name);
     return v && *v ? atoi(v) : 0;
 }
 
-int launch_check_world(int world) {
-    int mpi_launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK") ||
-                       getenv("PMI_SIZE");
-    if (mpi_launched) return 0;
-    int torch = env_int("WORLD_SIZE"), slurm = 0;
-    if (getenv("SLURM_PROCID")) { /* a task of an srun step (the batch script itself has no step size) */
-        slurm = env_int("SLURM_STEP_NUM_TASKS");
-        if (!getenv("SLURM_STEP_ID") && !getenv("SLURM_STEPID")) slurm = 0;
-    }
-    if (torch > 1 && torch != world) {
-        fprintf(stderr, "ctitan: started by torchrun (WORLD_SIZE=%d, RANK=%s) but this process is rank 0 of an MPI "
-                        "world of %d: ctitan's ranks are MPI processes; launch with `ctitan launch -n %d train ...` "
-                        "or `mpirun -n %d ctitan train ...`\n",
-                torch, getenv("RANK") ? getenv("RANK") : "?", world, torch, torch);
+int launch_check_world(void) {
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK") || getenv("PMI_SIZE")) return 0;
+    int torch = env_int("WORLD_SIZE");
+    /* a task of an srun step; a batch script also has SLURM_PROCID but no step, and runs one process */
+    int slurm = getenv("SLURM_PROCID") && (getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID"))
+                    ? env_int("SLURM_STEP_NUM_TASKS")
+                    : 0;
+    if (torch > 1) {
+        fprintf(stderr, "ctitan: started by torchrun (WORLD_SIZE=%d, RANK=%s) but not as an MPI job, so each process "
+                        "would train alone: ctitan's ranks are MPI processes; launch with `ctitan launch -n %d train "
+                        "...` or `mpirun -n %d ctitan train ...`\n",
+                torch, getenv("RANK") ? getenv("RANK") : "?", torch, torch);
         return EXIT_BAD_INPUT;
     }
-    if (slurm > 1 && slurm != world) {
-        fprintf(stderr, "ctitan: started by srun (SLURM_STEP_NUM_TASKS=%d, SLURM_PROCID=%s) but this process joined "
-                        "an MPI world of %d: launch with `srun --mpi=pmix ctitan train ...` (or mpirun inside the "
-                        "allocation)\n",
-                slurm, getenv("SLURM_PROCID"), world);
+    if (slurm > 1) {
+        fprintf(stderr, "ctitan: started by srun (SLURM_STEP_NUM_TASKS=%d, SLURM_PROCID=%s) but not as an MPI job, "
+                        "so each task would train alone: launch with `srun --mpi=pmix ctitan train ...` (or `mpirun "
+                        "-n %d ctitan train ...` inside the allocation)\n",
+                slurm, getenv("SLURM_PROCID"), slurm);
         return EXIT_BAD_INPUT;
     }
     return 0;

@@ -204,7 +204,6 @@ static int open_dist(session *s) {
         s->rank = 0;
         s->world = 1;
     }
-    if (launch_check_world(s->world)) return EXIT_BAD_INPUT; /* torchrun or srun without an MPI job */
     int degree[CT_MESH_NAXES];
     if (mesh_degrees(s->mf, s->world, degree)) return EXIT_BAD_INPUT;
     if (mesh_build(&s->mesh, s->commp ? s->capi : NULL, s->comm, s->rank, s->world, degree, err, sizeof err)) {
@@ -299,6 +298,7 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     int st;
     memset(s, 0, sizeof *s);
     s->mf = mf;
+    if ((st = launch_check_world())) return st; /* torchrun or srun without an MPI job: before MPI sets its variables */
     if ((st = load_slot(s, "device", CT_KIND_DEVICE, &s->devp))) return st;
     if ((st = load_slot(s, "model", CT_KIND_MODEL, &s->modelp))) return st;
     if ((st = load_slot(s, "optimizer", CT_KIND_OPTIMIZER, &s->optp))) return st;
