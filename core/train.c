@@ -245,14 +245,27 @@ static void on_stop_signal(int sig) {
     g_stop_signal = sig;
 }
 
+/* on: the stop handler for SIGTERM and SIGINT; off: back to what they were (a shell's background job
+ * ignores SIGINT, for one). */
 static void stop_signals_catch(int on) {
+    static struct sigaction old_term, old_int;
+    static int caught;
+    if (!on) {
+        if (caught) {
+            sigaction(SIGTERM, &old_term, NULL);
+            sigaction(SIGINT, &old_int, NULL);
+        }
+        caught = 0;
+        return;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on ? on_stop_signal : SIG_DFL;
+    sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART; /* file writes and reads in flight go on */
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old_int);
+    caught = 1;
 }
 
 static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
@@ -475,6 +488,11 @@ static int train_loop(session *s, manifest *mf) {
                    100.0 * tp_time_sum / step_time_sum);
     }
     if (ckpt_end(s, &ck, steps)) goto runfail;
+    /* a stop signal in the last step or the final saves: the run is complete; the model is saved, the
+     * sample and traces are skipped. From here a signal ends the process at once. */
+    int late = 0;
+    if (world_max(s, g_stop_signal, &late)) goto runfail;
+    stop_signals_catch(0);
     snprintf(path, sizeof path, "%s/model.ctt", dump);
     if (steps > 0 && session_save_model(s, path, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
@@ -482,6 +500,13 @@ static int train_loop(session *s, manifest *mf) {
     }
     if (log_record(&lg, "\"event\": \"end\", \"last_step\": %lld", (long long)steps) || log_close(&lg)) goto runfail;
     rc = 0;
+    if (late) {
+        if (s->rank == 0)
+            fprintf(stderr, "ctitan: stopped by %s after the last step %lld; the run is complete and saved (the "
+                            "end-of-run sample and traces are skipped)\n",
+                    signal_name(late), (long long)steps);
+        rc = 128 + late;
+    }
     goto done;
 runfail:
     fprintf(stderr, "ctitan: training failed: %s\n", ct_last_error());
@@ -491,6 +516,7 @@ runfail:
         s->capi->abort(s->comm, EXIT_RUN_FAILED);
     }
 done:
+    stop_signals_catch(0);
     if (lg.f && log_close(&lg) && !rc) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         rc = EXIT_RUN_FAILED;
@@ -548,20 +574,6 @@ int cmd_train(int argc, char **argv) {
     }
     if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
     st = train_loop(&s, mf);
-    if (!st) { /* a stop signal during the last step or the final saves: the run is complete; skip the rest */
-        int sig = 0;
-        if (world_max(&s, g_stop_signal, &sig)) {
-            fprintf(stderr, "ctitan: %s\n", ct_last_error());
-            st = EXIT_RUN_FAILED;
-        } else if (sig) {
-            if (s.rank == 0)
-                fprintf(stderr, "ctitan: stopped by %s after the last step; the run is complete and saved (the "
-                                "end-of-run sample and traces are skipped)\n",
-                        signal_name(sig));
-            st = 128 + sig;
-        }
-    }
-    stop_signals_catch(0); /* from here a signal ends the process at once */
     if (!st && prof) {
         const char *dump, *folder;
         char path[4096], err[1024];

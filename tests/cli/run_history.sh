@@ -4,8 +4,8 @@
 # pid, files are not written through planted symlinks, a dump folder that is a file is refused,
 # torchrun's and srun's environments without an MPI job are refused, a write error (file size
 # limit) is reported; SIGTERM stops a run after its step with a checkpoint, and the resumed run
-# continues bit-identically (one rank, and FSDP 2 stopped through `ctitan launch`); killing the
-# launcher with SIGKILL leaves no rank or mpirun behind.
+# continues bit-identically (one rank, and FSDP 2 stopped through `ctitan launch`); SIGINT and a
+# SIGHUP to the launcher stop too; killing the launcher with SIGKILL leaves no rank or mpirun behind.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d)
@@ -89,6 +89,18 @@ n=$((k + 4))
 cmp -s <(steps_of stop2) <(steps_of whole2) || fail "FSDP 2: stopped + resumed differs from the whole run"
 echo "ok   FSDP 2 under ctitan launch: SIGTERM to the launcher stops both ranks after step $k (status 143); resumed bit-identically to $n"
 
+gone_within "$T/stop2" 5 || fail "ranks or mpirun left after the stop"
+# SIGHUP to the launcher reaches the ranks as SIGTERM (here with checkpoints off)
+"$CTITAN" launch -n 2 train "${base[@]}" "${fsdp2[@]}" --training.steps=100000 --checkpoint.enable=false \
+  --job.dump_folder="$T/hup" >"$T/hup.log" 2>&1 &
+pid=$!
+wait_step "$T/hup.log" 3
+kill -HUP $pid
+wait $pid; rc=$?
+[ $rc -eq 143 ] && grep -qE '^\[rank 0\] ctitan: stopped by SIGTERM after step [0-9]+ \(checkpoints are off: nothing saved\)$' "$T/hup.log" ||
+  { tail -3 "$T/hup.log"; fail "SIGHUP to the launcher: status $rc"; }
+gone_within "$T/hup" 5 || fail "ranks or mpirun left after SIGHUP"
+echo "ok   SIGHUP to ctitan launch: both ranks stop as by SIGTERM (status 143), none left"
 # SIGINT with checkpoints off: the same stop, nothing saved, status 130
 "$CTITAN" train "${base[@]}" "${one[@]}" --training.steps=100000 --checkpoint.enable=false --job.dump_folder="$T/int" >"$T/int.log" 2>&1 &
 pid=$!
