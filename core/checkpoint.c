@@ -88,7 +88,7 @@ static int fsync_path(const char *path) {
 }
 
 static int write_file_synced(const char *path, const char *data, size_t n) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
     if (fd < 0) return -1;
     int rc = ct_write_all(fd, data, n) || fsync(fd);
     rc |= close(fd);
@@ -208,7 +208,7 @@ int ckpt_snapshot_write(const ckpt_snapshot *sn, const char *dir, char *err, siz
     int64_t file_off = 0;
     for (int i = 0; i < sn->n; i++) {
         const snap_piece *p = &sn->p[i];
-        if (fd < 0 && (fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644)) < 0) {
+        if (fd < 0 && (fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644)) < 0) {
             ct_errf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
             goto done;
         }

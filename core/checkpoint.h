@@ -105,6 +105,9 @@ int ckpt_begin(session *s, const manifest *mf, const char *dump_folder, ckpt_pla
 int ckpt_step(session *s, ckpt_plan *ck, int64_t step, int64_t last_step);
 /* After the loop: completes any async save, then the final save. */
 int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step);
+/* A stop before the last step: a full, resumable save of `step` now (unless the periodic save of this
+ * step was just made), with any async save committed. 0 when checkpoints are off. */
+int ckpt_save_now(session *s, ckpt_plan *ck, int64_t step);
 /* `checkpoint.create_seed_checkpoint`: saves step-0 (model only) and returns. */
 int ckpt_seed(session *s, const manifest *mf, const char *dump_folder);
 /* Loads the model from a step folder or a checkpoint folder (its newest step). */

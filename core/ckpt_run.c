@@ -419,6 +419,14 @@ int ckpt_step(session *s, ckpt_plan *ck, int64_t step, int64_t last_step) {
     return save(s, ck, step, CKPT_MODEL | CKPT_OPTIMIZER, 0, 1);
 }
 
+int ckpt_save_now(session *s, ckpt_plan *ck, int64_t step) {
+    if (!ck->enable) return 0;
+    int rc = 0;
+    if (step % ck->interval) rc = save(s, ck, step, CKPT_MODEL | CKPT_OPTIMIZER, 0, 1); /* else ckpt_step saved it */
+    if (finish_pending(s, ck)) rc = -1;
+    return rc;
+}
+
 int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step) {
     if (!ck->enable || ck->finished) return 0;
     int rc = 0;

@@ -176,9 +176,9 @@ void trace_end(const char *name) { trace_push(name, 'E'); }
 int trace_write(const char *path, char *err, size_t errlen) {
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
+    FILE *f = ct_fopen_nofollow(tmp, "w");
     if (!f) {
-        snprintf(err, errlen, "%s: cannot write trace: %s", tmp, strerror(errno));
+        snprintf(err, errlen, "%s: cannot write trace: %s", tmp, ct_open_strerror(errno));
         return -1;
     }
     fprintf(f, "{\"traceEvents\":[\n");

@@ -27,7 +27,10 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     int st;
-    if (!strcmp(cmd, "train") || !strcmp(cmd, "generate")) log_set_rank_from_env(); /* "[rank N]" from the start */
+    if (!strcmp(cmd, "train") || !strcmp(cmd, "generate")) {
+        log_set_rank_from_env(); /* "[rank N]" from the start */
+        launch_rank_start();     /* under `ctitan launch`: register with it, end with it */
+    }
     if (!strcmp(cmd, "train")) st = cmd_train(argc - 2, argv + 2);
     else if (!strcmp(cmd, "generate")) st = cmd_generate(argc - 2, argv + 2);
     else goto other;

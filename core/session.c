@@ -321,6 +321,7 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     int st;
     memset(s, 0, sizeof *s);
     s->mf = mf;
+    if ((st = launch_check_world())) return st; /* torchrun or srun without an MPI job: before MPI sets its variables */
     if ((st = load_slot(s, "device", CT_KIND_DEVICE, &s->devp))) return st;
     if ((st = load_slot(s, "model", CT_KIND_MODEL, &s->modelp))) return st;
     if ((st = load_slot(s, "optimizer", CT_KIND_OPTIMIZER, &s->optp))) return st;

@@ -94,5 +94,12 @@ int cmd_plugins(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
 /* Under `ctitan launch`: records this rank's exit status for the launcher. */
 void launch_record_status(int status);
+/* In a rank started by `ctitan launch`: registers its pid for the launcher's signal forwarding and
+ * ends the rank when the launcher or its parent (mpirun) ends. No-op otherwise. */
+void launch_rank_start(void);
+/* Started by torchrun (WORLD_SIZE) or srun (SLURM_STEP_NUM_TASKS) with several processes but not
+ * as an MPI job (each would be rank 0 of 1): EXIT_BAD_INPUT with one line saying how to launch; else
+ * 0. Call before the comm plugin joins (an MPI singleton sets MPI's variables). */
+int launch_check_world(void);
 
 #endif

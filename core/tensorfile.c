@@ -1,6 +1,8 @@
 /* tensorfile.c: the "ctt" named-tensor file (format in tensorfile.h). */
 #include "tensorfile.h"
 
+#include "util.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -491,9 +493,9 @@ tf_writer *tf_writer_open(const char *path, char *err, size_t errlen) {
     }
     memcpy(w->tmp, path, n);
     memcpy(w->tmp + n, ".tmp", 5);
-    w->fp = fopen(w->tmp, "wb");
+    w->fp = ct_fopen_nofollow(w->tmp, "wb"); /* a symlink planted at the temporary name is refused */
     if (!w->fp) {
-        if (err && errlen) snprintf(err, errlen, "%s: cannot create %s: %s", path, w->tmp, strerror(errno));
+        if (err && errlen) snprintf(err, errlen, "%s: cannot create %s: %s", path, w->tmp, ct_open_strerror(errno));
         writer_free(w);
         return NULL;
     }

@@ -6,12 +6,16 @@
 #include "data.h"
 #include "hf.h"
 #include "lr.h"
+#include "runlock.h"
 #include "session.h"
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -143,6 +147,194 @@ typedef struct batch_buf {
     int32_t *inputs, *targets; /* (accum, L, T) on the host */
 } batch_buf;
 
+/* ---- run history: metrics.jsonl is appended, never truncated; every record carries the wall-clock
+ * time and the id of the start that wrote it, so the steps of a run resumed after a stop or crash
+ * sit after those of the start before, each under its own run_id. ---- */
+typedef struct run_log {
+    FILE *f;         /* metrics.jsonl on rank 0; NULL on the other ranks */
+    char path[4200]; /* job.dump_folder/metrics.jsonl */
+    char id[64];     /* this start's run_id: UTC start time, pid, 16 random bits */
+} run_log;
+
+static void run_id_make(char *out, size_t len) {
+    uint16_t r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) r = (uint16_t)(ct_now() * 1e9);
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    char day[32];
+    strftime(day, sizeof day, "%Y%m%dT%H%M%SZ", &tm);
+    snprintf(out, len, "%s-%ld-%04x", day, (long)getpid(), r);
+}
+
+/* s as a JSON string literal in out (quotes, backslashes and control bytes escaped; cut to fit). */
+static void json_string(char *out, size_t len, const char *s) {
+    size_t k = 0;
+    out[k++] = '"';
+    for (; *s && k + 8 < len; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') k += (size_t)snprintf(out + k, len - k, "\\%c", c);
+        else if (c < 0x20) k += (size_t)snprintf(out + k, len - k, "\\u%04x", c);
+        else out[k++] = (char)c;
+    }
+    out[k++] = '"';
+    out[k] = 0;
+}
+
+/* Makes sure a write error (ENOSPC, EIO, a file size limit) is reported, not lost in a buffer. */
+static int log_flush(run_log *lg) {
+    if (fflush(lg->f) == 0 && !ferror(lg->f)) return 0;
+    ct_set_error("cannot write %s: %s", lg->path, strerror(errno ? errno : EIO));
+    return -1;
+}
+
+/* Appends one record: the fields fmt gives (no braces), then time and run_id. -1 on a write error
+ * (ct_last_error says which). */
+__attribute__((format(printf, 2, 3))) static int log_record(run_log *lg, const char *fmt, ...) {
+    if (!lg->f) return 0;
+    char now[40];
+    ct_utc_iso(now, sizeof now);
+    va_list ap;
+    va_start(ap, fmt);
+    fputc('{', lg->f);
+    vfprintf(lg->f, fmt, ap);
+    va_end(ap);
+    fprintf(lg->f, ", \"time\": \"%s\", \"run_id\": \"%s\"}\n", now, lg->id);
+    errno = 0;
+    return log_flush(lg);
+}
+
+/* The start record: where this start begins and with what, so a reader can tell runs apart. */
+static int log_start(run_log *lg, session *s, manifest *mf, int64_t after_step, int64_t steps, int64_t seed) {
+    if (!lg->f) return 0;
+    char abs[4096], quoted[8300];
+    json_string(quoted, sizeof quoted, realpath(mf->path, abs) ? abs : mf->path);
+    return log_record(lg, "\"event\": \"start\", \"first_step\": %lld, \"steps\": %lld, \"world_size\": %d, "
+                          "\"seed\": %lld, \"manifest\": %s, \"pid\": %ld",
+                      (long long)(after_step + 1), (long long)steps, s->world, (long long)seed, quoted, (long)getpid());
+}
+
+static int log_close(run_log *lg) {
+    if (!lg->f) return 0;
+    int bad = log_flush(lg);
+    errno = 0;
+    if (fclose(lg->f) && !bad) {
+        ct_set_error("cannot write %s: %s", lg->path, strerror(errno ? errno : EIO));
+        bad = -1;
+    }
+    lg->f = NULL;
+    return bad;
+}
+
+/* v's maximum over every rank of the job (itself on one rank): how the ranks agree on a refusal at
+ * start-up and on a stop signal each step (one 4-byte-sized collective). 0, or -1 if the collective
+ * failed. */
+static int world_max(session *s, int v, int *out) {
+    *out = v;
+    if (!s->capi) return 0;
+    void *world;
+    double x = v;
+    if (s->capi->world(s->comm, &world) != CT_OK ||
+        s->capi->all_reduce(s->comm, world, &x, &x, 1, CT_F64, CT_REDUCE_MAX, NULL) != CT_OK)
+        return -1;
+    *out = (int)x;
+    return 0;
+}
+
+/* Rank 0 takes the dump folder's lock and opens metrics.jsonl to append; every rank learns whether
+ * that worked, so a refused job ends on all of them. 0, EXIT_BAD_INPUT or EXIT_RUN_FAILED. */
+static int run_log_open(session *s, manifest *mf, const char *dump, run_log *lg) {
+    int bad = 0;
+    memset(lg, 0, sizeof *lg);
+    snprintf(lg->path, sizeof lg->path, "%s/metrics.jsonl", dump);
+    if (s->rank == 0) {
+        char err[4600], where[600];
+        run_id_make(lg->id, sizeof lg->id);
+        mf_where(mf, "job.dump_folder", where, sizeof where);
+        if (runlock_acquire(dump, lg->id, err, sizeof err)) {
+            fprintf(stderr, "ctitan: %s: %s\n", where, err);
+            bad = 1;
+        } else if (!(lg->f = ct_fopen_nofollow(lg->path, "a"))) {
+            fprintf(stderr, "ctitan: %s: cannot open %s to append: %s\n", where, lg->path, ct_open_strerror(errno));
+            bad = 1;
+        }
+    }
+    if (world_max(s, bad, &bad)) {
+        fprintf(stderr, "ctitan: start-up: %s\n", ct_last_error());
+        return EXIT_RUN_FAILED;
+    }
+    if (!bad) printf("run: id %s; appending to %s\n", lg->id, lg->path);
+    return bad ? EXIT_BAD_INPUT : 0;
+}
+
+/* ---- stop signals: SIGTERM (Slurm preemption, a forwarded stop) and SIGINT end the run after the
+ * current step, with a checkpoint when checkpoints are on; a second one ends it at once. ---- */
+static volatile sig_atomic_t g_stop_signal; /* the first stop signal seen; 0 while none */
+
+static void on_stop_signal(int sig) {
+    if (g_stop_signal) {
+        static const char msg[] = "ctitan: a second stop signal: exiting now, nothing saved\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+        _exit(128 + sig);
+    }
+    g_stop_signal = sig;
+}
+
+/* on: the stop handler for SIGTERM and SIGINT; off: back to what they were (a shell's background job
+ * ignores SIGINT, for one). */
+static void stop_signals_catch(int on) {
+    static struct sigaction old_term, old_int;
+    static int caught;
+    if (!on) {
+        if (caught) {
+            sigaction(SIGTERM, &old_term, NULL);
+            sigaction(SIGINT, &old_int, NULL);
+        }
+        caught = 0;
+        return;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART; /* file writes and reads in flight go on */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old_int);
+    caught = 1;
+}
+
+static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+
+/* After the step all ranks agreed to stop at: a full, resumable checkpoint (when checkpoints are
+ * on), the stop record, one line. Returns 128 + the signal (the shell's convention for a process
+ * ended by a signal), or 1 if the save or the record failed. */
+static int stop_after(session *s, ckpt_plan *ck, run_log *lg, int sig, int64_t step) {
+    int saved = ck->enable;
+    if (ckpt_save_now(s, ck, step)) {
+        fprintf(stderr, "ctitan: stopped by %s after step %lld, but the checkpoint failed: %s\n", signal_name(sig),
+                (long long)step, ct_last_error());
+        return EXIT_RUN_FAILED;
+    }
+    char ckname[64] = "null";
+    if (saved) snprintf(ckname, sizeof ckname, "\"step-%lld\"", (long long)step);
+    if (log_record(lg, "\"event\": \"stop\", \"signal\": \"%s\", \"last_step\": %lld, \"checkpoint\": %s",
+                   signal_name(sig), (long long)step, ckname) ||
+        log_close(lg)) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        return EXIT_RUN_FAILED;
+    }
+    if (s->rank == 0) {
+        if (saved)
+            fprintf(stderr, "ctitan: stopped by %s after step %lld; checkpoint step-%lld saved\n", signal_name(sig),
+                    (long long)step, (long long)step);
+        else
+            fprintf(stderr, "ctitan: stopped by %s after step %lld (checkpoints are off: nothing saved)\n",
+                    signal_name(sig), (long long)step);
+    }
+    return 128 + sig;
+}
+
 static int train_loop(session *s, manifest *mf) {
     int64_t steps, L, G, T, log_freq, seed;
     double max_norm;
@@ -183,17 +375,21 @@ static int train_loop(session *s, manifest *mf) {
         fprintf(stderr, "ctitan: %s: %s\n", where, err);
         return EXIT_BAD_INPUT;
     }
-    if (ct_mkdir_p(dump)) {
-        fprintf(stderr, "ctitan: job.dump_folder: cannot create %s: %s\n", dump, strerror(errno));
+    if (ct_mkdir_p(dump) || ct_require_dir(dump)) {
+        mf_where(mf, "job.dump_folder", where, sizeof where);
+        if (errno == ENOTDIR) fprintf(stderr, "ctitan: %s: %s is not a folder (a file is in the way)\n", where, dump);
+        else fprintf(stderr, "ctitan: %s: cannot create %s: %s\n", where, dump, strerror(errno));
         dataloader_close(&dl);
         return EXIT_BAD_INPUT;
     }
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dump);
-    FILE *jf = NULL; /* opened once the checkpoint is loaded: a finished run's restart leaves it alone */
+    run_log lg;
+    int rc = run_log_open(s, mf, dump, &lg);
     batch_buf bb = {malloc(sizeof(int32_t) * (size_t)(G_local * T)), malloc(sizeof(int32_t) * (size_t)(G_local * T))};
-    int rc = EXIT_RUN_FAILED;
+    if (rc) goto done;
+    rc = EXIT_RUN_FAILED;
     if (!bb.inputs || !bb.targets) {
-        fprintf(stderr, "ctitan: cannot open %s or allocate the batch\n", path);
+        fprintf(stderr, "ctitan: cannot allocate the batch: %lld sequences of %lld tokens\n", (long long)G_local,
+                (long long)T);
         goto done;
     }
     print_model_summary(s, T);
@@ -225,12 +421,10 @@ static int train_loop(session *s, manifest *mf) {
         rc = 0;
         goto done;
     }
-    jf = s->rank == 0 ? fopen(path, "w") : fopen("/dev/null", "w");
-    if (!jf) {
-        fprintf(stderr, "ctitan: cannot open %s: %s\n", path, strerror(errno));
-        goto done;
-    }
     dl.position = ck.state.data_position;
+    if (log_start(&lg, s, mf, ck.state.step, steps, seed)) goto runfail;
+    int stop = 0; /* the stop signal every rank agreed on after a step; 0 while none */
+    stop_signals_catch(1);
     for (int64_t step = ck.state.step + 1; step <= steps; step++) {
         double t0 = ct_now(), comm_before = s->rt.comm_seconds, tp_before = s->rt.tp.comm_seconds,
                tp_bwd_before = s->rt.tp.bwd_seconds, pp_busy_before = s->pl ? s->pl->busy_seconds : 0,
@@ -257,6 +451,8 @@ static int train_loop(session *s, manifest *mf) {
             printf("optimizer: %d parameter tensors updated in %d call%s per step\n", s->rt.n_params, s->opt_calls,
                    s->opt_calls == 1 ? "" : "s");
         compile_report(&s->rt.graph, step, &told_graph);
+        /* a stop takes effect after a step every rank has finished; the last step ends the run anyway */
+        if (step < steps && world_max(s, g_stop_signal, &stop)) goto runfail;
         double dt = ct_now() - t0;
         if (step > warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
             step_time_sum += dt;
@@ -270,7 +466,7 @@ static int train_loop(session *s, manifest *mf) {
             timed_steps++;
         }
         tokens_since += G_local * T / non_dp; /* per device: tp (and pp, cp) ranks share a dp rank's tokens */
-        if (step == 1 || step % log_freq == 0 || step == steps) {
+        if (step == 1 || step % log_freq == 0 || step == steps || stop) {
             double elapsed = ct_now() - t_log;
             double tps = (double)tokens_since / elapsed;
             double tflops = s->rt.desc.flops_per_token * tps / 1e12;
@@ -282,23 +478,27 @@ static int train_loop(session *s, manifest *mf) {
                    "  memory %.3f GiB\n",
                    (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib(g_mem.peak_total));
             fflush(stdout);
-            fprintf(jf,
-                    "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
+            if (log_record(&lg,
+                    "\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
                     "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
                     "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld}, "
-                    "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}}\n",
+                    "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}",
                     (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)g_mem.peak_total,
                     (long long)g_mem.peak[CT_MEM_PARAMS], (long long)g_mem.peak[CT_MEM_GRADS],
                     (long long)g_mem.peak[CT_MEM_OPTIMIZER], (long long)g_mem.peak[CT_MEM_ACTIVATIONS],
                     (long long)s->rt.peak_act_bytes, (long long)g_comm_bytes[CS_ALL_GATHER],
-                    (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]);
-            fflush(jf);
+                    (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]))
+                goto runfail;
             t_log = ct_now();
             tokens_since = 0;
         }
         ck.state.step = step;
         ck.state.data_position = dl.position;
         if (ckpt_step(s, &ck, step, steps)) goto runfail;
+        if (stop) {
+            rc = stop_after(s, &ck, &lg, stop, step);
+            goto done;
+        }
     }
     if (timed_steps > 0) {
         double tps = (double)(G_local * T / non_dp) * (double)timed_steps / step_time_sum;
@@ -331,12 +531,25 @@ static int train_loop(session *s, manifest *mf) {
                    100.0 * tp_time_sum / step_time_sum);
     }
     if (ckpt_end(s, &ck, steps)) goto runfail;
+    /* a stop signal in the last step or the final saves: the run is complete; the model is saved, the
+     * sample and traces are skipped. From here a signal ends the process at once. */
+    int late = 0;
+    if (world_max(s, g_stop_signal, &late)) goto runfail;
+    stop_signals_catch(0);
     snprintf(path, sizeof path, "%s/model.ctt", dump);
     if (steps > 0 && session_save_model(s, path, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
         goto done;
     }
+    if (log_record(&lg, "\"event\": \"end\", \"last_step\": %lld", (long long)steps) || log_close(&lg)) goto runfail;
     rc = 0;
+    if (late) {
+        if (s->rank == 0)
+            fprintf(stderr, "ctitan: stopped by %s after the last step %lld; the run is complete and saved (the "
+                            "end-of-run sample and traces are skipped)\n",
+                    signal_name(late), (long long)steps);
+        rc = 128 + late;
+    }
     goto done;
 runfail:
     fprintf(stderr, "ctitan: training failed: %s\n", ct_last_error());
@@ -346,7 +559,11 @@ runfail:
         s->capi->abort(s->comm, EXIT_RUN_FAILED);
     }
 done:
-    if (jf) fclose(jf);
+    stop_signals_catch(0);
+    if (lg.f && log_close(&lg) && !rc) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        rc = EXIT_RUN_FAILED;
+    }
     free(bb.inputs);
     free(bb.targets);
     dataloader_close(&dl);
@@ -435,6 +652,7 @@ int cmd_train(int argc, char **argv) {
     }
 out:
     tokenizer_free(tok);
+    runlock_release();
     session_close(&s);
     return st;
 }

@@ -2,6 +2,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -83,4 +84,42 @@ int64_t ct_address_space_left(int64_t *limit) {
         if (!strncmp(line, "VmSize:", 7)) used = strtoll(line + 7, NULL, 10) * 1024;
     if (f) fclose(f);
     return (int64_t)rl.rlim_cur > used ? (int64_t)rl.rlim_cur - used : 0;
+}
+
+FILE *ct_fopen_nofollow(const char *path, const char *mode) {
+    int flags = O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | (mode[0] == 'a' ? O_APPEND : O_TRUNC);
+    int fd = open(path, flags, 0644);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, mode);
+    if (!f) {
+        int e = errno;
+        close(fd);
+        errno = e;
+    }
+    return f;
+}
+
+const char *ct_open_strerror(int e) {
+    /* O_NOFOLLOW reports a symlink as ELOOP, whose text ("too many levels") misleads */
+    return e == ELOOP ? "it is a symbolic link (refusing to write through it)" : strerror(e);
+}
+
+int ct_require_dir(const char *path) {
+    struct stat sb;
+    if (stat(path, &sb)) return -1;
+    if (!S_ISDIR(sb.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+void ct_utc_iso(char *out, size_t len) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    struct tm tm;
+    gmtime_r(&t.tv_sec, &tm);
+    char day[32];
+    strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out, len, "%s.%03ldZ", day, t.tv_nsec / 1000000);
 }

@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Formats one error line into err (err may be NULL or errlen 0: nothing is written). */
 void ct_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -19,5 +20,14 @@ int ct_cli_opt(int argc, char **argv, int *i, const char *name, const char **val
 /* Bytes this process may still map under its address-space limit (RLIMIT_AS, ulimit -v): the limit
  * minus VmSize. -1 when there is no limit. *limit (may be NULL) gets the limit in bytes, or -1. */
 int64_t ct_address_space_left(int64_t *limit);
+/* Opens a file to write ("w": truncate, "a": append) without following a symlink at its last
+ * component, close-on-exec. NULL with errno set (ELOOP for a symlink: see ct_open_strerror). */
+FILE *ct_fopen_nofollow(const char *path, const char *mode);
+/* strerror, with a clear text for ELOOP from an O_NOFOLLOW open. */
+const char *ct_open_strerror(int e);
+/* 0 if path is a folder; -1 with errno set (ENOTDIR for a file). */
+int ct_require_dir(const char *path);
+/* Wall-clock time as ISO-8601 UTC with milliseconds: 2026-12-01T23:45:01.123Z (25 bytes). */
+void ct_utc_iso(char *out, size_t len);
 
 #endif

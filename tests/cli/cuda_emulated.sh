@@ -180,7 +180,7 @@ train() { # name, options...
         >"$OUT/$name.log" 2>&1 || { grep -E 'ctitan:|cuda_emu:|runtime error|Sanitizer' "$OUT/$name.log" | head -5
                                    fail "ctitan train $name (see $OUT/$name.log)"; }
 }
-curve() { sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3/' "$OUT/$1/metrics.jsonl"; }
+curve() { grep '"loss"' "$OUT/$1/metrics.jsonl" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3/'; }
 same_curve() { # eager, compiled
     [ "$(curve "$1" | wc -l)" -eq 3 ] && [ "$(curve "$1")" = "$(curve "$2")" ] ||
         fail "$2 against $1: $(paste -d' ' <(curve "$1") <(curve "$2") | tr '\n' ';')"

@@ -22,13 +22,14 @@ run() { # name ranks args...
   else "$CTITAN" launch -n "$n" train "${common[@]}" --job.dump_folder="$T/$name" "$@" >"$T/$name.log" 2>&1; fi \
     || { tail -20 "$T/$name.log"; fail "$name run"; }
 }
-field() { sed "s/.*\"$2\": \([-0-9.e+]*\).*/\1/" "$T/$1/metrics.jsonl"; }
+step_records() { grep '"loss"' "$T/$1/metrics.jsonl"; } # the step records (not the start and end records)
+field() { step_records "$1" | sed "s/.*\"$2\": \([-0-9.e+]*\).*/\1/"; }
 compare() { # reference run steps
-  [ "$(wc -l <"$T/$2/metrics.jsonl")" -eq "$3" ] || fail "$2: metrics.jsonl has $(wc -l <"$T/$2/metrics.jsonl") lines"
+  [ "$(step_records "$2" | wc -l)" -eq "$3" ] || fail "$2: metrics.jsonl has $(step_records "$2" | wc -l) step records"
   paste -d' ' <(field "$1" loss | head -"$3") <(field "$2" loss) | awk -v r="$2" -v n="$3" -v ref="$1" '
     { d = $1 - $2; if (d < 0) d = -d; rel = d / $1; if (rel > worst) worst = rel
       if (NR == 1) { first = $1; if (rel > 1e-6) { printf "FAIL %s: step-1 loss %s vs %s %s\n", r, $2, ref, $1; bad = 1 } }
       if (rel > 1e-4) { printf "FAIL %s: step %d loss %s vs %s %s\n", r, NR, $2, ref, $1; bad = 1 } }
     END { if (!bad) printf "ok   %s: %d losses within %.1e of %s (step-1 loss %s)\n", r, n, worst, ref, first; exit bad }'
 }
-mem() { sed -n 1p "$T/$1/metrics.jsonl" | sed 's/.*"params": \([0-9]*\), "grads": \([0-9]*\), "optimizer": \([0-9]*\).*/\1 \2 \3/' | awk '{print $1+$2+$3}'; }
+mem() { step_records "$1" | sed -n 1p | sed 's/.*"params": \([0-9]*\), "grads": \([0-9]*\), "optimizer": \([0-9]*\).*/\1 \2 \3/' | awk '{print $1+$2+$3}'; }
