@@ -176,6 +176,7 @@ PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libubsan.so)"
 train() { # name, options...
     local name=$1
     shift
+    rm -rf "${OUT:?}/$name" # metrics.jsonl is appended to: each suite run starts its runs afresh
     env LD_PRELOAD="$PRELOAD" timeout 600 "$CTITAN" train "$OUT/train.yaml" --job.dump_folder="$OUT/$name" "$@" \
         >"$OUT/$name.log" 2>&1 || { grep -E 'ctitan:|cuda_emu:|runtime error|Sanitizer' "$OUT/$name.log" | head -5
                                    fail "ctitan train $name (see $OUT/$name.log)"; }
