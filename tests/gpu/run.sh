@@ -224,7 +224,7 @@ for variant in bf16 bf16compile fp8 fp8rows; do
     fi
 done
 
-# summary: N steps after the first 2: T tokens/s, G GFLOP/s achieved, P GFLOP/s measured cuda:0
+# summary: N steps after the first 2: T tokens/s, G GFLOP/s achieved, P GFLOP/s cuda
 #   matmul peak, ratio R, peak memory M GiB (activations live peak A GiB)
 FLAVORS="1B 3B" SEQS="2048 8192"
 [ "${QUICK:-0}" = 1 ] && FLAVORS=1B SEQS=2048
@@ -244,7 +244,7 @@ for flavor in $FLAVORS; do
             tps=$(sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/' <<<"$line")
             gflops=$(sed -E 's/.* ([0-9.]+) GFLOP\/s achieved.*/\1/' <<<"$line")
             ratio=$(sed -E 's/.*ratio ([0-9.]+).*/\1/' <<<"$line")
-            peak=$(sed -E 's/.*, ([0-9.]+) GFLOP\/s measured.*/\1/' <<<"$line")
+            peak=$(sed -E 's/.*, ([0-9.]+) GFLOP\/s [a-z0-9:]* matmul peak.*/\1/' <<<"$line")
             mem=$(sed -E 's/.*peak memory ([0-9.]+) GiB.*/\1/' <<<"$line")
             record "$name" ok "ctitan f32 ac=$ac: $tps tok/s, $(awk -v g="$gflops" 'BEGIN{printf "%.1f", g/1000}') TFLOP/s, MFU $(awk -v r="$ratio" 'BEGIN{printf "%.1f%%", 100*r}') of $(awk -v p="$peak" 'BEGIN{printf "%.1f", p/1000}') f32 peak, $mem GiB"
         else
