@@ -615,10 +615,25 @@ int cmd_train(int argc, char **argv) {
     if (!mf_get_str(mf, "job.description", &desc) && *desc) printf("job: %s\n", desc);
     int seed_ckpt;
     mf_get_bool(mf, "checkpoint.create_seed_checkpoint", &seed_ckpt);
-    if (seed_ckpt) {
+    if (seed_ckpt) { /* writes step-0 into the folder: under its lock like any run */
         const char *dump;
+        char id[64], lerr[4600], where[600];
         mf_get_str(mf, "job.dump_folder", &dump);
-        st = ct_mkdir_p(dump) || ckpt_seed(&s, mf, dump) ? EXIT_RUN_FAILED : 0;
+        int bad = 0;
+        if (s.rank == 0) {
+            run_id_make(id, sizeof id);
+            mf_where(mf, "job.dump_folder", where, sizeof where);
+            if (ct_mkdir_p(dump) || ct_require_dir(dump)) {
+                fprintf(stderr, "ctitan: %s: cannot create %s: %s\n", where, dump,
+                        errno == ENOTDIR ? "a file is in the way" : strerror(errno));
+                bad = 1;
+            } else if (runlock_acquire(dump, id, lerr, sizeof lerr)) {
+                fprintf(stderr, "ctitan: %s: %s\n", where, lerr);
+                bad = 1;
+            }
+        }
+        if (world_max(&s, bad, &bad)) st = EXIT_RUN_FAILED;
+        else st = bad ? EXIT_BAD_INPUT : ckpt_seed(&s, mf, dump) ? EXIT_RUN_FAILED : 0;
         goto out;
     }
     if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;

@@ -44,6 +44,13 @@ rc=$?
   "$T/second.log" || { cat "$T/second.log"; fail "second run into a busy folder: status $rc"; }
 [ "$(grep -c . "$T/second.log")" -eq 1 ] || { cat "$T/second.log"; fail "the refusal is not one line"; }
 echo "ok   a second run into a busy dump folder exits 2 naming pid $pid"
+# a seed checkpoint (it writes step-0 there) takes the same lock
+"$CTITAN" train "${base[@]}" "${one[@]}" --checkpoint.create_seed_checkpoint=true --job.dump_folder="$T/stop1" \
+  >/dev/null 2>"$T/seed.log"
+rc=$?
+[ $rc -eq 2 ] && grep -q "is in use by pid $pid on " "$T/seed.log" && [ ! -e "$T/stop1/checkpoint/step-0" ] ||
+  { cat "$T/seed.log"; fail "seed checkpoint into a busy folder: status $rc"; }
+echo "ok   a seed checkpoint into a busy dump folder exits 2 naming pid $pid, writing nothing"
 kill -TERM $pid
 wait $pid; rc=$?
 [ $rc -eq 143 ] || { tail -5 "$T/stop1.log"; fail "SIGTERM: status $rc, want 143"; }
