@@ -230,6 +230,14 @@ static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t lo
     return 1;
 }
 
+/* An initial load's error, at the line that set checkpoint.initial_load_path. Returns -1. */
+static int initial_load_fail(const manifest *mf, const char *err) {
+    char where[600];
+    mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
+    fprintf(stderr, "ctitan: %s: %s\n", where, err);
+    return -1;
+}
+
 int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) {
     char err[2048], where[600];
     const char *folder, *mode, *dtype, *exclude, *initial;
@@ -304,37 +312,22 @@ int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) 
         mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
         mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
         if (in_hf) { /* a Hugging Face Llama folder: the model only */
-            if (load_hf(s, initial, err, sizeof err)) {
-                mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
-                fprintf(stderr, "ctitan: %s: %s\n", where, err);
-                return -1;
-            }
+            if (load_hf(s, initial, err, sizeof err)) return initial_load_fail(mf, err);
             printf("checkpoint: loaded the Hugging Face model %s\n", initial);
             return 0;
         }
-        if (resolve_step_dir(initial, dir, sizeof dir, err, sizeof err)) {
-            mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
-            fprintf(stderr, "ctitan: %s: %s\n", where, err);
-            return -1;
-        }
+        if (resolve_step_dir(initial, dir, sizeof dir, err, sizeof err)) return initial_load_fail(mf, err);
         found = 1;
         if (model_only) {
             what = CKPT_MODEL;
             want_state = 0;
-            if (load_model_checked(s, dir, err, sizeof err)) {
-                mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
-                fprintf(stderr, "ctitan: %s: %s\n", where, err);
-                return -1;
-            }
+            if (load_model_checked(s, dir, err, sizeof err)) return initial_load_fail(mf, err);
             printf("checkpoint: loaded %s (model)\n", dir);
             return 0;
         }
         ckpt_info info; /* a full initial load continues another run: the same checks as a resume */
-        if (ckpt_inspect(s, dir, 1, &info, err, sizeof err) || config_allowed(mf, dir, &info, err, sizeof err)) {
-            mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
-            fprintf(stderr, "ctitan: %s: %s\n", where, err);
-            return -1;
-        }
+        if (ckpt_inspect(s, dir, 1, &info, err, sizeof err) || config_allowed(mf, dir, &info, err, sizeof err))
+            return initial_load_fail(mf, err);
     }
     if (!found) return 0;
     if (excluded(exclude, "optimizer")) what &= ~CKPT_OPTIMIZER;

@@ -235,12 +235,6 @@ static int add_value(manifest *m, const char *key, const char *value, int is_seq
     return 0;
 }
 
-/* An error quotes keys and values as written, which may hold line breaks: it stays one line. */
-static void one_line(char *err, size_t errlen) {
-    for (size_t i = 0; err && i < errlen && err[i]; i++)
-        if ((unsigned char)err[i] < 0x20) err[i] = ' ';
-}
-
 /* ---- reading the YAML ---- */
 typedef struct flattener {
     manifest *m;
@@ -508,7 +502,6 @@ fail:
     yaml_parser_delete(&parser);
     free(buf);
     manifest_free(m);
-    one_line(err, errlen);
     return NULL;
 }
 
@@ -800,14 +793,10 @@ int manifest_validate(const manifest *m, char *err, size_t errlen) {
             char where[600], keys[2048];
             mf_where(m, v->key, where, sizeof where);
             known_keys(m, v->key, keys, sizeof keys);
-            ct_errf(err, errlen, "%s: unknown key (known: %s)", where, keys);
-            one_line(err, errlen);
+            ct_errf(err, errlen, "%s: unknown key (known: %s)", where, keys); /* one line (ct_errf) */
             return -1;
         }
-        if (check_value(m, v, s, err, errlen)) {
-            one_line(err, errlen);
-            return -1;
-        }
+        if (check_value(m, v, s, err, errlen)) return -1;
     }
     return check_sizes(m, err, errlen);
 }

@@ -17,9 +17,8 @@ MNT=""
 cleanup() { [ -n "$MNT" ] && umount "$MNT" 2>/dev/null; [ -n "${KEEP_T:-}" ] || rm -rf "$T"; }
 trap cleanup EXIT
 fail() { echo "FAIL $*"; exit 1; }
-corpus=tests/data/tokenizer/corpus.txt
-"$CTITAN" tokenizer train --input "$corpus" --vocab-size 512 --output "$T/tok.model" >/dev/null || fail tokenizer
-"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null || fail tokenize
+. tests/cli/lib/data.sh
+test_data "$T" 512 || fail "test data"
 # lr_scheduler.total_steps fixes the schedule, so a 20-step run is the first 20 steps of a 30-step one
 base=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --model.vocab_size=512 --model.n_layers=2
       --model.dim=128 --model.n_heads=4 --model.n_kv_heads=2 --training.seq_len=32 --training.global_batch_size=8

@@ -7,9 +7,8 @@ set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL $*"; exit 1; }
-corpus=tests/data/tokenizer/corpus.txt
-"$CTITAN" tokenizer train --input "$corpus" --vocab-size 2048 --output "$T/tok.model" >/dev/null || fail "tokenizer"
-"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null || fail "tokenize"
+. tests/cli/lib/data.sh
+test_data "$T" 2048 || fail "test data"
 base=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --model.tokenizer_path="$T/tok.model"
       --training.seq_len=32 --device.threads=1 --generate.max_new_tokens=24 --generate.prompt="The meaning of life is"
       --training.mixed_precision_param=float32)

@@ -116,9 +116,8 @@ expect "a shape past 2^61 elements" 2 "parameter 'p0' has a dimension below 1 or
 
 # ---- tight address-space limits: one line and a non-zero exit, never a spin (sanitizers need more
 # address space than any of these, so a sanitizer build skips them)
-corpus=tests/data/tokenizer/corpus.txt
-"$CTITAN" tokenizer train --input "$corpus" --vocab-size 512 --output "$T/tok.model" >/dev/null &&
-  "$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null || fail "tokenizer"
+. tests/cli/lib/data.sh
+test_data "$T" 512 || fail "test data"
 run=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --model.tokenizer_path="$T/tok.model"
      --job.dump_folder="$T/dump" --training.steps=1 --training.seq_len=32 --model.vocab_size=512
      --generate.max_new_tokens=0 --metrics.log_freq=1)

@@ -15,9 +15,8 @@ CTITAN=${CTITAN:-build/ctitan}; BUILD=${BUILD:-build}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL $*"; exit 1; }
 root=$(pwd)
-corpus=tests/data/tokenizer/corpus.txt
-"$CTITAN" tokenizer train --input "$corpus" --vocab-size 2048 --output "$T/tok.model" >/dev/null || fail "tokenizer"
-"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null || fail "tokenize"
+. tests/cli/lib/data.sh
+test_data "$T" 2048 || fail "test data"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 # The commands of README.md's fenced blocks, one per line (continuations joined, comments cut).

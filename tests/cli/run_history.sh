@@ -12,9 +12,8 @@ T=$(mktemp -d)
 cleanup() { for p in $(pgrep -f "$T/" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done; rm -rf "$T"; }
 trap cleanup EXIT
 fail() { echo "FAIL $*"; exit 1; }
-corpus=tests/data/tokenizer/corpus.txt
-"$CTITAN" tokenizer train --input "$corpus" --vocab-size 512 --output "$T/tok.model" >/dev/null || fail tokenizer
-"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null || fail tokenize
+. tests/cli/lib/data.sh
+test_data "$T" 512 || fail "test data"
 # a constant learning rate after warmup, so a run's steps do not depend on training.steps
 base=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --model.vocab_size=512 --model.n_layers=2
       --model.dim=64 --model.n_heads=4 --model.n_kv_heads=2 --training.seq_len=32 --training.global_batch_size=8
