@@ -33,17 +33,17 @@ static int64_t box_numel(const box *b) {
     return n;
 }
 
-/* The part of the global tensor this rank's storage holds (padding excluded): its tensor-parallel
- * block (a slice along tp_dim), then within it the dim-0 rows of the data-parallel shard (FSDP
- * shards the flattened tp-local block by whole rows); replicated parameters are whole. */
+/* The part of the global tensor this rank's storage holds (padding excluded): the block an axis
+ * strategy split it into (a slice along split_dim), then within it the dim-0 rows of the
+ * data-parallel shard (FSDP shards the flattened block by whole rows); replicated parameters are whole. */
 static void local_box(const ct_param_slot *sl, box *b) {
-    const ct_tensor *p = sl->param; /* the tp-local block's shape */
+    const ct_tensor *p = sl->param; /* the block's shape */
     b->ndim = p->ndim;
     for (int d = 0; d < p->ndim; d++) {
         b->off[d] = 0;
         b->len[d] = p->shape[d];
     }
-    if (sl->tp_dim >= 0) b->off[sl->tp_dim] = (int64_t)sl->tp_index * p->shape[sl->tp_dim];
+    if (sl->split_dim >= 0) b->off[sl->split_dim] = (int64_t)sl->split_index * p->shape[sl->split_dim];
     if (sl->placement == CT_PLACE_NONE && p->ndim > 0) b->len[0] = 0; /* another pipeline stage writes it */
     if (sl->placement != CT_PLACE_SHARD || p->ndim == 0) return;
     int64_t rows = p->shape[0], row = rows ? sl->numel / rows : 1;
@@ -59,7 +59,7 @@ static int saves(const session *s, const ct_param_slot *sl) {
     if (!s->capi) return 1;
     for (int a = 0; a < CT_MESH_NAXES; a++) {
         if (sl->placement == CT_PLACE_SHARD && a == sl->shard_axis) continue;
-        if (sl->tp_dim >= 0 && a == CT_AXIS_TP) continue;
+        if (sl->split_dim >= 0 && a == sl->split_axis) continue;
         if (a == CT_AXIS_PP) continue; /* each stage writes its own units (the others hold none here) */
         if (s->mesh.coord[a] != 0) return 0;
     }

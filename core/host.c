@@ -263,7 +263,9 @@ static const char *opt_raw(const ct_host *h, const char *key, ct_opt_type want, 
         return NULL;
     }
     char full[512];
-    if (snprintf(full, sizeof full, "%s.%s", p->section, key) >= (int)sizeof full) {
+    int absolute = strchr(key, '.') != NULL; /* a key of another section, spelled whole */
+    if ((absolute ? snprintf(full, sizeof full, "%s", key) : snprintf(full, sizeof full, "%s.%s", p->section, key)) >=
+        (int)sizeof full) {
         ct_set_error("%s: option key '%.64s...' is too long", p->info.name ? p->info.name : p->path, key);
         *st = CT_ERR_INVALID;
         return NULL;

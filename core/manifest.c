@@ -96,17 +96,10 @@ static const struct {
     {"parallelism.data_parallel_replicate_degree", CT_OPT_INT, "1", "DDP/HSDP replicas"},
     {"parallelism.data_parallel_shard_degree", CT_OPT_INT, "-1", "FSDP degree; -1 = ranks left over"},
     {"parallelism.tensor_parallel_degree", CT_OPT_INT, "1", "tensor parallel degree"},
-    {"parallelism.tp_strategy", CT_OPT_STRING, "tp", "the tensor-parallel plugin (a name or a path)"},
-    {"parallelism.enable_sequence_parallel", CT_OPT_BOOL, "true",
-     "under tensor parallel, shard the residual stream's token rows over tp (all-gather / reduce-scatter)"},
-    {"parallelism.disable_loss_parallel", CT_OPT_BOOL, "false",
-     "gather the vocabulary-sharded logits before the loss instead of computing it sharded"},
-    {"parallelism.enable_async_tensor_parallel", CT_OPT_BOOL, "false",
-     "overlap the tp all-gather with the column-wise matmul and the row-wise matmul with its reduce-scatter"},
-    {"parallelism.async_tensor_parallel_chunks", CT_OPT_INT, "4", "chunks per overlapped collective under async TP"},
+    {"parallelism.tp_strategy", CT_OPT_STRING, "tp",
+     "the strategy plugin serving the tp mesh axis (a name or a path); it declares its own parallelism.* keys"},
     {"compile.enable", CT_OPT_BOOL, "false",
      "capture a microbatch's forward and backward as a device graph and launch it from then on (CUDA; one rank, no float8)"},
-    {"compile.enable_async_tensor_parallel", CT_OPT_BOOL, "false", "torchtitan's later spelling of parallelism.enable_async_tensor_parallel"},
     {"parallelism.pipeline_parallel_degree", CT_OPT_INT, "1", "pipeline parallel degree"},
     {"parallelism.pipeline_parallel_schedule", CT_OPT_STRING, "1F1B",
      "GPipe | 1F1B | Interleaved1F1B | LoopedBFS | InterleavedZeroBubble | ZBVZeroBubble | CSV | a schedule plugin's path"},
@@ -161,7 +154,6 @@ static const struct {
     {"parallelism.tensor_parallel_degree", "[1, 1048576]", NULL},
     {"parallelism.pipeline_parallel_degree", "[1, 1048576]", NULL},
     {"parallelism.context_parallel_degree", "[1, 1048576]", NULL},
-    {"parallelism.async_tensor_parallel_chunks", "[1, 64]", NULL},
     {"parallelism.pipeline_parallel_microbatch_size", "[1, 1048576]", NULL},
     {"parallelism.pipeline_parallel_layers_per_stage", "[0, 1048576]", NULL},
     {"parallelism.pipeline_parallel_first_stage_less_layers", "[0, 1048576]", NULL},
@@ -591,8 +583,11 @@ void manifest_add_core_schema(manifest *m) {
 void manifest_add_plugin_schema(manifest *m, const char *section, const ct_option_spec *opts) {
     for (; opts && opts->key; opts++) {
         char key[512];
-        snprintf(key, sizeof key, "%s.%s", section, opts->key);
-        schema_add(m, key, opts->type, opts->default_value, opts->help, 1, NULL, NULL);
+        if (strchr(opts->key, '.')) snprintf(key, sizeof key, "%s", opts->key); /* another section's key, spelled whole */
+        else snprintf(key, sizeof key, "%s.%s", section, opts->key);
+        int checks = CT_HAS_FIELD(opts, ct_option_spec, choices);
+        schema_add(m, key, opts->type, opts->default_value, opts->help, 1, checks ? opts->range : NULL,
+                   checks ? opts->choices : NULL);
     }
 }
 

@@ -431,8 +431,7 @@ static ct_status cb_input(void *p, int stage, int mb, int kind, int ndim, const 
     float *out = NULL;
     if (kind == CT_PP_ACTIVATION) {
         rt_tensor *t = tape_new_activation(rt, CT_F32, ndim, shape);
-        if (t) { /* under sequence parallel the residual stream between units holds 1/tp of the rows */
-            t->sp = rt->tp.size > 1 && rt->tp.sequence_parallel;
+        if (t) {
             c->stage_in[stage] = t;
             out = t->t.data;
         }

@@ -148,16 +148,47 @@ fail:
 }
 
 int64_t runtime_global_index(const ct_param_slot *sl, int64_t k) {
-    if (!CT_HAS_FIELD(sl, ct_param_slot, global_shape) || sl->tp_dim < 0 || sl->tp_parts <= 1) return k;
+    if (!CT_HAS_FIELD(sl, ct_param_slot, global_shape) || sl->split_dim < 0 || sl->split_parts <= 1) return k;
     const ct_tensor *p = sl->param;
     int64_t inner = 1;
-    for (int d = sl->tp_dim + 1; d < p->ndim; d++) inner *= p->shape[d];
-    int64_t local = p->shape[sl->tp_dim], global = sl->global_shape[sl->tp_dim];
+    for (int d = sl->split_dim + 1; d < p->ndim; d++) inner *= p->shape[d];
+    int64_t local = p->shape[sl->split_dim], global = sl->global_shape[sl->split_dim];
     int64_t r = k % inner, rest = k / inner, dd = rest % local, o = rest / local;
-    return (o * global + (int64_t)sl->tp_index * local + dd) * inner + r;
+    return (o * global + (int64_t)sl->split_index * local + dd) * inner + r;
 }
 
 const int64_t *runtime_global_shape(const runtime *rt, int i) { return rt->slots[i].global_shape; }
+
+int runtime_wrap_builder(runtime *rt, char *err, size_t errlen) {
+    for (int k = 0; k < rt->dist.n_st; k++) {
+        const ct_strategy_api *a = rt->dist.st[k];
+        if (CT_HAS_FIELD(a, ct_strategy_api, sequence_multiple) && a->sequence_multiple) {
+            int64_t m = a->sequence_multiple(rt->dist.strat[k]);
+            int64_t g = rt->seq_multiple, r = m; /* the least common multiple of every strategy's */
+            while (r > 0) {
+                int64_t t = g % r;
+                g = r;
+                r = t;
+            }
+            if (m > 1) rt->seq_multiple = rt->seq_multiple / g * m;
+        }
+        if (!CT_HAS_FIELD(a, ct_strategy_api, wrap_builder) || !a->wrap_builder) continue;
+        ct_builder *out = tape_layer_new(rt, rt->top);
+        if (!out || rt->n_layers >= RT_MAX_STRATEGIES) {
+            tape_layer_free(out);
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        rt->layers[rt->n_layers++] = out;
+        ct_clear_error();
+        if (a->wrap_builder(rt->dist.strat[k], rt->top, out) != CT_OK) {
+            snprintf(err, errlen, "strategy: wrap_builder failed: %s", ct_last_error()[0] ? ct_last_error() : "no message");
+            return -1;
+        }
+        rt->top = out;
+    }
+    return 0;
+}
 
 static int64_t global_numel(const ct_param_slot *sl) {
     int64_t n = 1;
@@ -165,7 +196,7 @@ static int64_t global_numel(const ct_param_slot *sl) {
     return n;
 }
 
-/* Elements [offset, offset + count) of the flattened tp-local parameter; past its end, zeros (padding).
+/* Elements [offset, offset + count) of the flattened parameter block; past its end, zeros (padding).
  * Each value depends only on its index in the GLOBAL parameter, so every layout initialises alike. */
 static void init_values(const decl *d, const ct_param_slot *sl, uint64_t seed, float *out, int64_t offset,
                         int64_t count) {
@@ -211,8 +242,9 @@ static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen
         sl->numel = ct_tensor_numel(sl->param);
         sl->placement = CT_PLACE_REPLICATE;
         sl->local_numel = sl->numel;
-        sl->tp_dim = -1;
-        sl->tp_parts = 1;
+        sl->split_axis = -1;
+        sl->split_dim = -1;
+        sl->split_parts = 1;
         memcpy(sl->global_shape, sl->param->shape, sizeof sl->global_shape);
         sl->unit = decls[i].unit;
         if (rt->dist.unit_rank && rt->dist.unit_rank[sl->unit] != rt->dist.mesh->coord[CT_AXIS_PP]) {
@@ -231,23 +263,25 @@ static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen
         const ct_param_slot *sl = &rt->slots[i];
         const ct_tensor *p = sl->param;
         int64_t split;
-        int tp_ok = sl->tp_dim < 0 ? sl->tp_parts == 1 && !memcmp(sl->global_shape, p->shape, sizeof sl->global_shape)
-                                   : sl->tp_dim < p->ndim && sl->tp_parts > 1 && sl->tp_index >= 0 &&
-                                         sl->tp_index < sl->tp_parts &&
-                                         !__builtin_mul_overflow(p->shape[sl->tp_dim], sl->tp_parts, &split) &&
-                                         split == sl->global_shape[sl->tp_dim];
+        int split_ok = sl->split_dim < 0 ? sl->split_parts == 1 && !memcmp(sl->global_shape, p->shape, sizeof sl->global_shape)
+                                   : sl->split_dim < p->ndim && sl->split_parts > 1 && sl->split_axis >= 0 &&
+                                         sl->split_axis < CT_MESH_NAXES && rt->dist.mesh &&
+                                         rt->dist.mesh->degree[sl->split_axis] == sl->split_parts && sl->split_index >= 0 &&
+                                         sl->split_index < sl->split_parts &&
+                                         !__builtin_mul_overflow(p->shape[sl->split_dim], sl->split_parts, &split) &&
+                                         split == sl->global_shape[sl->split_dim];
         /* sizes the runtime computes later (bytes of the whole tensor, of a gathered shard) fit */
         int sharded = sl->placement == CT_PLACE_SHARD;
-        if (sharded && (!rt->dist.mesh || sl->shard_axis < 0 || sl->shard_axis >= CT_MESH_NAXES)) tp_ok = 0;
-        int64_t gathered, parts = tp_ok && sharded ? rt->dist.mesh->degree[sl->shard_axis] : 1;
-        tp_ok = tp_ok && shape_numel(p->ndim, sl->global_shape) >= 0 &&
+        if (sharded && (!rt->dist.mesh || sl->shard_axis < 0 || sl->shard_axis >= CT_MESH_NAXES)) split_ok = 0;
+        int64_t gathered, parts = split_ok && sharded ? rt->dist.mesh->degree[sl->shard_axis] : 1;
+        split_ok = split_ok && shape_numel(p->ndim, sl->global_shape) >= 0 &&
                 !__builtin_mul_overflow(sl->local_numel, parts * (int64_t)sizeof(float), &gathered);
-        if (!tp_ok || sl->numel != ct_tensor_numel(p) || sl->local_numel < 0 || sl->offset < 0 ||
+        if (!split_ok || sl->numel != ct_tensor_numel(p) || sl->local_numel < 0 || sl->offset < 0 ||
             (sl->placement == CT_PLACE_REPLICATE && sl->local_numel != sl->numel) ||
             (sl->placement == CT_PLACE_NONE && sl->local_numel != 0)) {
-            snprintf(err, errlen, "strategy placed %s badly (local %lld at %lld of %lld, tp dim %d in %d parts)",
-                     p->name, (long long)sl->local_numel, (long long)sl->offset, (long long)sl->numel, sl->tp_dim,
-                     sl->tp_parts);
+            snprintf(err, errlen, "strategy placed %s badly (local %lld at %lld of %lld, dim %d in %d parts)",
+                     p->name, (long long)sl->local_numel, (long long)sl->offset, (long long)sl->numel, sl->split_dim,
+                     sl->split_parts);
             return -1;
         }
     }
@@ -395,7 +429,7 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
             return -1;
         }
     }
-    rt->tp.size = 1;
+    pool_init(&rt->opscratch, d, dev, CT_MEM_ACTIVATIONS);
     pool_init(&rt->saved.data, d, dev, CT_MEM_ACTIVATIONS);
     pool_init(&rt->saved.desc, NULL, NULL, CT_MEM_OTHER);
     pool_init(&rt->scratch.data, d, dev, CT_MEM_ACTIVATIONS);
@@ -412,6 +446,7 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
         return -1;
     }
     tape_builder_init(rt);
+    rt->seq_multiple = 1;
     return 0;
 fail_owned: /* names belong to the tensors; runtime_free releases them */
     free(rc.decls);
@@ -445,6 +480,8 @@ void runtime_free(runtime *rt) {
         mem_account(CT_MEM_PARAMS, -(int64_t)rt->param_bytes);
     }
     free(rt->master_data);
+    for (int i = 0; i < rt->n_layers; i++) tape_layer_free(rt->layers[i]);
+    pool_destroy(&rt->opscratch);
     pool_destroy(&rt->saved.data);
     pool_destroy(&rt->saved.desc);
     pool_destroy(&rt->scratch.data);
@@ -534,7 +571,7 @@ rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_
 }
 
 int runtime_reset_arenas(runtime *rt) {
-    int bad = pool_reset(&rt->saved.data) | pool_reset(&rt->saved.desc) | pool_reset(&rt->scratch.data) |
+    int bad = pool_reset(&rt->opscratch) | pool_reset(&rt->saved.data) | pool_reset(&rt->saved.desc) | pool_reset(&rt->scratch.data) |
               pool_reset(&rt->scratch.desc) | pool_reset(&rt->grads.data) | pool_reset(&rt->grads.desc);
     return bad ? -1 : 0;
 }
@@ -573,7 +610,8 @@ static int unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_
     ct_tensor *o = NULL;
     ct_clear_error();
     trace_begin(rt->m->unit_name ? rt->m->unit_name(rt->model, u) : "unit");
-    ct_status st = rt->m->unit_forward(rt->model, u, &rt->builder, x ? &x->t : NULL, &tokens->t,
+    rt->memo_pass++; /* strategies' notes on activations hold within one pass over a unit */
+    ct_status st = rt->m->unit_forward(rt->model, u, rt->top, x ? &x->t : NULL, &tokens->t,
                                        targets ? &targets->t : NULL, &o);
     trace_end(rt->m->unit_name ? rt->m->unit_name(rt->model, u) : "unit");
     if (st != CT_OK || !o) {
@@ -604,12 +642,7 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         if (bad) return -1;
         rt->act = &rt->saved;
         rt_tensor *keep = tape_new_activation(rt, o->t.dtype, o->t.ndim, o->t.shape);
-        if (keep) { /* what the tensor parallel ops need to know of it */
-            keep->sp = o->sp;
-            keep->col_begin = o->col_begin;
-            keep->col_full = o->col_full;
-            keep->sac_next = rt->sac_head; /* the recompute finds the saved outputs here */
-        }
+        if (keep) keep->sac_next = rt->sac_head; /* the recompute finds the saved outputs here */
         if (!keep || rt->d->copy(rt->dev, keep->t.data, o->t.data,
                                  (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype), CT_COPY_D2D))
             return -1;
@@ -824,17 +857,16 @@ static int forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor **last) {
     for (int u = 0; u < nu;) {
         int owner = rt->dist.unit_rank[u], u1 = u;
         while (u1 + 1 < nu && rt->dist.unit_rank[u1 + 1] == owner) u1++;
-        double meta[3 + CT_MAX_DIMS] = {0}; /* ndim, sp, shape..., a failure on the owner */
+        double meta[3 + CT_MAX_DIMS] = {0}; /* ndim, (unused), shape..., a failure on the owner */
         if (owner == me) {
             int bad = 0;
             for (int k = u; k <= u1 && !bad; k++)
                 bad = runtime_hook(rt, HOOK_PRE_FORWARD, k, 0) || runtime_unit_fwd(rt, k, x, tokens, NULL, 0, &x) ||
                       runtime_hook(rt, HOOK_POST_FORWARD, k, 0);
-            if (!bad && u1 == nu - 1 && x->col_full > 0) bad = !(x = tape_tp_gather_cols(rt, x));
+            if (!bad && u1 == nu - 1) bad = !(x = (rt_tensor *)rt->top->finish_output(rt->top, &x->t));
             meta[2 + CT_MAX_DIMS] = bad;
             if (!bad) {
                 meta[0] = x->t.ndim;
-                meta[1] = x->sp;
                 for (int d = 0; d < x->t.ndim; d++) meta[2 + d] = (double)x->t.shape[d];
             }
         }
@@ -851,7 +883,6 @@ static int forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor **last) {
             int nd = (int)meta[0];
             for (int d = 0; d < nd && d < CT_MAX_DIMS; d++) shape[d] = (int64_t)meta[2 + d];
             if (!(x = tape_new_activation(rt, CT_F32, nd, shape))) return -1;
-            x->sp = (int)meta[1];
         }
         if (rt->dist.capi->broadcast(rt->dist.comm, mesh->group[CT_AXIS_PP], x->t.data, ct_tensor_numel(&x->t), CT_F32,
                                      owner, NULL) != CT_OK)
@@ -862,11 +893,12 @@ static int forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor **last) {
     return 0;
 }
 
-/* Under sequence parallel the token rows split over the tp ranks, so a sequence whose length is not
- * a multiple of tp is right-padded (with its last token) up to one: attention is causal, so the
- * padding after the last real token changes none of the real positions' logits. */
+/* A strategy may need every sequence length to be a multiple of some number (sequence parallel
+ * splits token rows over tp), so a sequence of another length is right-padded (with its last token)
+ * up to one: attention is causal, so the padding after the last real token changes none of the real
+ * positions' logits. */
 int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out) {
-    int64_t tp = rt->tp.size > 1 && rt->tp.sequence_parallel ? rt->tp.size : 1, Tp = (T + tp - 1) / tp * tp;
+    int64_t mult = rt->seq_multiple > 1 ? rt->seq_multiple : 1, Tp = (T + mult - 1) / mult * mult;
     int32_t *padded = NULL;
     float *host = NULL;
     if (B < 1 || T < 1) {
@@ -887,7 +919,8 @@ int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_
     rt->act = &rt->saved;
     rt_tensor *tok = bad ? NULL : runtime_upload_ids(rt, tokens, B, Tp), *logits = NULL;
     bad = !tok || (rt->dist.unit_rank ? forward_units_pp(rt, tok, &logits) : forward_units(rt, tok, NULL, 0, &logits));
-    if (!bad && logits->col_full > 0) bad = !(logits = tape_tp_gather_cols(rt, logits)); /* vocabulary-sharded */
+    if (!bad && !rt->dist.unit_rank) /* a strategy that left the logits split returns them whole */
+        bad = !(logits = (rt_tensor *)rt->top->finish_output(rt->top, &logits->t));
     runtime_use_shadow(rt, 0);
     free(padded);
     if (bad) return -1;
@@ -919,12 +952,12 @@ int runtime_zero_grads(runtime *rt) {
     return rt->d->zero(rt->dev, rt->grad_mem, rt->param_bytes) == CT_OK ? 0 : -1;
 }
 
-/* The mesh axes a gradient is split over: the fsdp shard axis, tp when tensor parallel splits it,
- * pp (every parameter lives on one stage). */
+/* The mesh axes a gradient is split over: the fsdp shard axis, the axis a strategy splits it over
+ * (tp), pp (every parameter lives on one stage). */
 static unsigned grad_axes(const ct_param_slot *sl, int pp) {
     unsigned mask = pp ? 1u << CT_AXIS_PP : 0;
     if (sl->placement == CT_PLACE_SHARD && (unsigned)sl->shard_axis < CT_MESH_NAXES) mask |= 1u << sl->shard_axis;
-    if (sl->tp_dim >= 0 && sl->tp_parts > 1) mask |= 1u << CT_AXIS_TP;
+    if (sl->split_dim >= 0 && sl->split_parts > 1) mask |= 1u << sl->split_axis;
     return mask;
 }
 
@@ -979,7 +1012,7 @@ int runtime_scale_grads(runtime *rt, float s) {
                                                                                                           : -1;
 }
 
-/* The tp-local block of parameter i (numel floats) into host memory: gathered from the data-parallel
+/* The block of parameter i (numel floats) into host memory: gathered from the data-parallel
  * shards when sharded (a collective then). */
 static int local_block_get(runtime *rt, int i, float *host, int grad) {
     const ct_param_slot *sl = &rt->slots[i];
@@ -1025,22 +1058,22 @@ int runtime_param_get(runtime *rt, int i, float *host, int grad) {
 
 static int param_get_here(runtime *rt, int i, float *host, int grad) {
     const ct_param_slot *sl = &rt->slots[i];
-    if (sl->tp_dim < 0) return local_block_get(rt, i, host, grad);
-    /* split by tensor parallel: every tp rank's block, placed where it belongs */
-    int parts = sl->tp_parts;
+    if (sl->split_dim < 0) return local_block_get(rt, i, host, grad);
+    /* split over a mesh axis: every rank's block, placed where it belongs */
+    int parts = sl->split_parts;
     int64_t n = sl->numel;
     float *blocks = malloc(sizeof(float) * (size_t)n * (size_t)parts), *dev = NULL;
     int rc = -1;
     if (!blocks || local_block_get(rt, i, blocks, grad)) goto done;
     if (rt->d->alloc(rt->dev, sizeof(float) * (size_t)n * (size_t)(parts + 1), (void **)&dev) != CT_OK) goto done;
     if (rt->d->copy(rt->dev, dev, blocks, sizeof(float) * (size_t)n, CT_COPY_H2D) != CT_OK ||
-        rt->dist.capi->all_gather(rt->dist.comm, rt->dist.mesh->group[CT_AXIS_TP], dev, dev + n, n, CT_F32, NULL) !=
+        rt->dist.capi->all_gather(rt->dist.comm, rt->dist.mesh->group[sl->split_axis], dev, dev + n, n, CT_F32, NULL) !=
             CT_OK ||
         rt->d->copy(rt->dev, blocks, dev + n, sizeof(float) * (size_t)n * (size_t)parts, CT_COPY_D2H) != CT_OK)
         goto done;
     ct_param_slot other = *sl;
     for (int p = 0; p < parts; p++) {
-        other.tp_index = p;
+        other.split_index = p;
         for (int64_t k = 0; k < n; k++) host[runtime_global_index(&other, k)] = blocks[(int64_t)p * n + k];
     }
     rc = 0;
@@ -1055,7 +1088,7 @@ int runtime_param_set(runtime *rt, int i, const float *host) {
     const ct_param_slot *sl = &rt->slots[i];
     float *block = NULL;
     if (sl->placement == CT_PLACE_NONE) return 0; /* another pipeline stage's */
-    if (sl->tp_dim >= 0) { /* this rank's tp block first */
+    if (sl->split_dim >= 0) { /* this rank's block first */
         if (!(block = malloc(sizeof(float) * (size_t)sl->numel))) return -1;
         for (int64_t k = 0; k < sl->numel; k++) block[k] = host[runtime_global_index(sl, k)];
         host = block;

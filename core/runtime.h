@@ -24,11 +24,8 @@ typedef struct rt_tensor {
     ct_tensor t;            /* first: plugins see &t */
     struct rt_tensor *base; /* a view's owner (shares data and grad) */
     int param;              /* parameters: index + 1 in runtime.params; 0 for activations */
-    /* tensor parallel: */
-    int sp;                    /* holds 1/tp of the token rows (sequence parallel) */
-    int64_t col_begin, col_full; /* vocabulary-sharded logits: columns [col_begin, +last dim) of col_full */
-    struct rt_tensor *gathered; /* this tensor with every row (or the tp copy): made once, shared by the
-                                   column-wise linears that read it */
+    struct rt_memo *memo;   /* notes strategies keep on it (ct_builder.memo), valid in memo_pass only */
+    int64_t memo_pass;
     struct rt_tensor *sac_next; /* per-op checkpointing: the next op output a block saved (from its
                                    output's, in op order) */
 } rt_tensor;
@@ -82,19 +79,12 @@ typedef struct runtime_dist {
     const int *unit_rank; /* pipeline parallel: the pp rank that runs each unit (NULL: this rank runs all) */
 } runtime_dist;
 
-/* Tensor parallel as the tape runs it (size 1: off). */
-typedef struct runtime_tp {
-    int size, rank;
-    void *group;
-    const ct_comm_api *capi; /* the counting table: TP bytes show in the metrics */
-    int sequence_parallel;   /* the residual stream holds 1/size of the token rows */
-    int loss_parallel;       /* cross entropy on vocabulary-sharded logits */
-    int async_chunks;        /* > 1: all-gather/matmul and matmul/reduce-scatter overlapped in chunks */
-    double comm_seconds;     /* time blocked in TP collectives (exposed), forward and backward */
-    double bwd_seconds;      /* the backward's share of it */
-    int in_backward;
+/* Time blocked in the tape's collectives over one mesh axis (and in strategies' custom ops that
+ * report it), forward and backward. */
+typedef struct runtime_axis_comm {
+    double seconds, bwd_seconds;
     int64_t collectives;
-} runtime_tp;
+} runtime_axis_comm;
 
 /* compile.enable on a device with graph ops (ABI 1.5): one microbatch's forward and backward
  * captured once the arenas are steady, then launched as one graph per microbatch (runtime.c). */
@@ -132,7 +122,10 @@ typedef struct runtime {
     char *param_mem, *grad_mem; /* local storage: one device allocation each */
     size_t param_bytes;         /* bytes of local storage (64-byte aligned per parameter) */
     runtime_dist dist;
-    runtime_tp tp;
+    const ct_comm_api *coll_capi;          /* the tape's collectives (the counting table: bytes in the metrics) */
+    runtime_axis_comm axis_comm[CT_MESH_NAXES];
+    int in_backward;
+    int64_t seq_multiple;                  /* every sequence's length is a multiple of it (strategies') */
     ct_status dist_status; /* the status of the last failed strategy or comm call (CT_ERR_TIMEOUT ...) */
     double comm_seconds;   /* wall time in strategy hooks and collectives (exposed communication) */
     const ct_quantizer_api *qapi; /* float8 linear layers (NULL: none) */
@@ -149,13 +142,18 @@ typedef struct runtime {
     rt_tensor *sac_head, *sac_tail; /* SAVE: the chain of saved outputs; REUSE: head = the next one */
 
     arena saved, scratch, grads;
+    pool opscratch;      /* custom ops' temporaries (ct_builder.scratch), released when the callback returns */
+    int64_t memo_pass;   /* bumped at every unit forward: notes from an earlier pass are stale */
     /* per microbatch */
     rt_tensor **unit_in, **unit_out;
     tape_entry **unit_tape;
     int recording;
     arena *act; /* where builder outputs go now */
     tape_entry *tail;
-    ct_builder builder;
+    ct_builder builder;  /* the host's ops */
+    ct_builder *top;     /* what the pack calls: the host's, wrapped by each op-level strategy in order */
+    ct_builder *layers[RT_MAX_STRATEGIES]; /* the wrapping layers (tape_layer_new) */
+    int n_layers;
     int64_t peak_act_bytes; /* live bytes of saved + scratch + grads at their worst */
     runtime_graph graph;
 } runtime;
@@ -214,9 +212,11 @@ void runtime_use_shadow(runtime *rt, int on);
 rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T);
 int runtime_reset_arenas(runtime *rt);
 
-/* The global shape of parameter i (its tp-local block's, when tensor parallel splits it). */
+/* The global shape of parameter i (the whole parameter's, when an axis strategy splits it). */
 const int64_t *runtime_global_shape(const runtime *rt, int i);
-/* Element k of parameter i's tp-local block, flattened -> its index in the flattened global parameter. */
+/* Asks each op-level strategy to wrap the builder (after setup); rt->top is what the pack calls. */
+int runtime_wrap_builder(runtime *rt, char *err, size_t errlen);
+/* Element k of parameter i's block, flattened -> its index in the flattened global parameter. */
 int64_t runtime_global_index(const ct_param_slot *sl, int64_t k);
 
 /* Asks the quantizer about every weight the pack declared as a linear layer's (and reports it). */

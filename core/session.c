@@ -158,6 +158,16 @@ static int fail_plugin(const session *s, int status, const plugin *p, const char
         fprintf(stderr, "ctitan: %s: %s: %s\n", where, name, body + kl + 2);
         return status;
     }
+    /* "tensor_parallel_degree: ..." from a strategy: another key of its section, where it was set */
+    const char *colon = strstr(body, ": ");
+    const char *v;
+    if (colon && colon > body && (size_t)(colon - body) < 128 && !memchr(body, ' ', (size_t)(colon - body)) &&
+        snprintf(full, sizeof full, "%s.%.*s", section, (int)(colon - body), body) < (int)sizeof full &&
+        mf_get_str(s->mf, full, &v) == 0) {
+        mf_where(s->mf, full, where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s: %s\n", where, name, colon + 2);
+        return status;
+    }
     mf_where(s->mf, key, where, sizeof where);
     return fail_line(status, where);
 }
@@ -202,8 +212,8 @@ static const char *strategy_name(const manifest *mf, int world) {
     return NULL;
 }
 
-/* Joins the job, builds the mesh and creates the strategy. */
-static int open_dist(session *s) {
+/* Joins the job, builds the mesh and creates the strategies. */
+static int open_dist(session *s, const ct_model_desc *d) {
     char err[2048];
     ct_clear_error();
     if (s->commp) {
@@ -233,86 +243,34 @@ static int open_dist(session *s) {
         fprintf(stderr, "ctitan: %s: %s\n", err, ct_last_error());
         return EXIT_RUN_FAILED;
     }
-    if (!s->stratp && !s->tpp) return 0;
+    int axis_on = s->axisp && s->mesh.degree[CT_AXIS_TP] > 1;
+    if (!s->stratp && !axis_on) return 0;
     if (!s->commp) {
         fprintf(stderr, "ctitan: parallelism: strategy '%s' needs several ranks (launch with ctitan launch -n N)\n",
-                (s->stratp ? s->stratp : s->tpp)->info.name);
+                (s->stratp ? s->stratp : s->axisp)->info.name);
         return EXIT_BAD_INPUT;
     }
     const char *mp = "float32";
     mf_get_str(s->mf, "training.mixed_precision_param", &mp);
-    int fp8_ag = 0, sp = 1;
+    int fp8_ag = 0;
+    int64_t seq_len = 0;
     mf_get_bool(s->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
-    mf_get_bool(s->mf, "parallelism.enable_sequence_parallel", &sp);
+    mf_get_int(s->mf, "training.seq_len", &seq_len);
     /* strategies talk through the counting table, so the metrics report their bytes */
+    /* the plan is an optional field of the model's table: read only where the table holds it */
+    const ct_tp_rule *plan = CT_HAS_FIELD(s->m, ct_model_api, tp_plan) ? s->m->tp_plan : NULL;
     ct_strategy_env env = {sizeof env, s->d, s->dev, commstats_wrap(s->capi), s->comm, &s->mesh,
-                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, s->m->tp_plan, sp};
-    if (s->tpp) {
-        s->tapi = s->tpp->info.api;
+                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, plan, d, seq_len, s->qapi != NULL};
+    if (s->axisp && s->mesh.degree[CT_AXIS_TP] > 1) {
+        s->xapi = s->axisp->info.api;
         ct_clear_error();
-        if (s->tapi->create(&s->tpp->host, &env, &s->tstrat) != CT_OK) return fail_line(EXIT_BAD_INPUT, "parallelism");
+        if (s->xapi->create(&s->axisp->host, &env, &s->xstrat) != CT_OK)
+            return fail_plugin(s, EXIT_BAD_INPUT, s->axisp, "parallelism", "parallelism.tensor_parallel_degree");
     }
     if (!s->stratp) return 0;
     s->sapi = s->stratp->info.api;
     ct_clear_error();
     if (s->sapi->create(&s->stratp->host, &env, &s->strat) != CT_OK) return fail_line(EXIT_BAD_INPUT, "parallelism");
-    return 0;
-}
-
-/* What the tape needs to run tensor parallel: the tp group, sequence and loss parallel, async TP. */
-static int tp_setup(session *s) {
-    runtime_tp *tp = &s->rt.tp;
-    int loss_off = 0, async = 0;
-    int64_t chunks = 4;
-    tp->size = s->mesh.degree[CT_AXIS_TP];
-    tp->rank = s->mesh.coord[CT_AXIS_TP];
-    tp->group = s->mesh.group[CT_AXIS_TP];
-    tp->capi = commstats_wrap(s->capi);
-    tp->sequence_parallel = 1;
-    mf_get_bool(s->mf, "parallelism.enable_sequence_parallel", &tp->sequence_parallel);
-    mf_get_bool(s->mf, "parallelism.disable_loss_parallel", &loss_off);
-    mf_get_bool(s->mf, "parallelism.enable_async_tensor_parallel", &async);
-    mf_get_int(s->mf, "parallelism.async_tensor_parallel_chunks", &chunks);
-    tp->loss_parallel = !loss_off;
-    if (async && (chunks < 1 || chunks > 64)) {
-        char where[600];
-        mf_where(s->mf, "parallelism.async_tensor_parallel_chunks", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: expected 1 to 64 chunks, got %lld\n", where, (long long)chunks);
-        return EXIT_BAD_INPUT;
-    }
-    if (async && !tp->sequence_parallel && s->rank == 0)
-        printf("async TP overlaps the sequence-parallel collectives; without sequence parallel it has no effect\n");
-    tp->async_chunks = async ? (int)chunks : 0;
-    return 0;
-}
-
-/* Tensor parallel splits heads, kv heads, the feed-forward width and the vocabulary, and sequence
- * parallel the sequence: each must divide by the degree, checked before anything is allocated. */
-static int check_tp(session *s, const ct_model_desc *d) {
-    int64_t tp = 1, seq = 0;
-    mf_get_int(s->mf, "parallelism.tensor_parallel_degree", &tp);
-    if (tp <= 1) return 0;
-    char where[600];
-    mf_where(s->mf, "parallelism.tensor_parallel_degree", where, sizeof where);
-    if (!CT_HAS_FIELD(s->m, ct_model_api, tp_plan) || !s->m->tp_plan) {
-        fprintf(stderr, "ctitan: %s: model '%s' declares no tensor-parallel plan (ct_model_api.tp_plan)\n", where,
-                s->modelp->info.name);
-        return EXIT_BAD_INPUT;
-    }
-    mf_get_int(s->mf, "training.seq_len", &seq);
-    int sp = 1;
-    mf_get_bool(s->mf, "parallelism.enable_sequence_parallel", &sp);
-    struct {
-        const char *what;
-        int64_t n;
-    } dims[] = {{"attention heads", d->n_heads}, {"kv heads", d->n_kv_heads}, {"feed-forward hidden size", d->ffn_hidden},
-                {"vocabulary size", d->vocab_size}, {"sequence length (sequence parallel)", sp ? seq : 0}};
-    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
-        if (dims[i].n > 0 && dims[i].n % tp) {
-            fprintf(stderr, "ctitan: %s: tensor_parallel_degree %lld must divide the %s (%lld)\n", where, (long long)tp,
-                    dims[i].what, (long long)dims[i].n);
-            return EXIT_BAD_INPUT;
-        }
     return 0;
 }
 
@@ -330,14 +288,11 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     const char *sname = with_params ? strategy_name(mf, env_world) : NULL;
     if (sname && (st = load_named(s, "parallelism", "parallelism.dp_strategy", sname, CT_KIND_STRATEGY, &s->stratp)))
         return st;
-    int64_t tp_degree = 1;
-    const char *tpname = "tp";
-    mf_get_int(mf, "parallelism.tensor_parallel_degree", &tp_degree);
-    mf_get_str(mf, "parallelism.tp_strategy", &tpname);
-    if (with_params && tp_degree > 1 &&
-        (st = load_named(s, "parallelism", "parallelism.tp_strategy", tpname, CT_KIND_STRATEGY, &s->tpp)))
-        return st;
-    manifest_alias(mf, "compile.enable_async_tensor_parallel", "parallelism.enable_async_tensor_parallel");
+    /* the tp axis's strategy: loaded in every run, so its parallelism.* keys are validated even when
+     * tensor_parallel_degree is 1 (created only when it is more) */
+    const char *axisname = "tp";
+    mf_get_str(mf, "parallelism.tp_strategy", &axisname);
+    if ((st = load_named(s, "parallelism", "parallelism.tp_strategy", axisname, CT_KIND_STRATEGY, &s->axisp))) return st;
     if (float8_requested(mf) &&
         (st = load_named(s, "quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER,
                          &s->quantp)))
@@ -392,21 +347,20 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
             return fail_line(EXIT_BAD_INPUT, where);
         }
     }
-    ct_model_desc d; /* what the tensor- and pipeline-parallel checks and plans read */
+    ct_model_desc d; /* what the strategies and the pipeline plan read */
     memset(&d, 0, sizeof d);
     d.struct_size = sizeof d;
     ct_clear_error();
     if (s->m->describe(s->model, &d) != CT_OK) return fail_line(EXIT_BAD_INPUT, "model");
-    if ((st = check_tp(s, &d))) return st;
-    if ((st = open_dist(s))) return st;
+    if ((st = open_dist(s, &d))) return st;
     if (s->mesh.degree[CT_AXIS_PP] > 1) {
         if (!(s->pl = calloc(1, sizeof *s->pl))) return EXIT_RUN_FAILED;
         if ((st = pipeline_plan(s->pl, mf, &d, &s->mesh, s->m->unit_name, s->model))) return st;
     }
     runtime_dist dist = {s->capi, s->comm, &s->mesh, {0}, {0}, 0, s->pl ? s->pl->unit_rank : NULL};
-    if (s->tstrat) {
-        dist.st[dist.n_st] = s->tapi;
-        dist.strat[dist.n_st++] = s->tstrat;
+    if (s->xstrat) {
+        dist.st[dist.n_st] = s->xapi;
+        dist.strat[dist.n_st++] = s->xstrat;
     }
     if (s->strat) {
         dist.st[dist.n_st] = s->sapi;
@@ -421,7 +375,11 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
         return st == -2 ? EXIT_BAD_INPUT : EXIT_RUN_FAILED; /* -2: refused declarations, or too large */
     }
     s->rt_ready = 1;
-    if (s->tstrat && (st = tp_setup(s))) return st;
+    s->rt.coll_capi = s->capi ? commstats_wrap(s->capi) : NULL;
+    if (runtime_wrap_builder(&s->rt, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return EXIT_BAD_INPUT;
+    }
     if (s->pl && (st = pipeline_start(s->pl, mf, &s->rt, commstats_wrap(s->capi), s->comm, &s->mesh))) return st;
     s->rt.qapi = s->qapi;
     s->rt.quant = s->quant;
@@ -490,14 +448,14 @@ void session_close(session *s) {
     }
     if (s->rt_ready) runtime_free(&s->rt);
     if (s->strat) s->sapi->destroy(s->strat);
-    if (s->tstrat) s->tapi->destroy(s->tstrat);
+    if (s->xstrat) s->xapi->destroy(s->xstrat);
     if (s->quant) s->qapi->destroy(s->quant);
     mesh_free(&s->mesh, s->comm ? s->capi : NULL, s->comm);
     if (s->comm) s->capi->destroy(s->comm);
     if (s->model) s->m->destroy(s->model);
     if (s->dev) s->d->destroy(s->dev);
     plugin_unload(s->stratp);
-    plugin_unload(s->tpp);
+    plugin_unload(s->axisp);
     plugin_unload(s->quantp);
     plugin_unload(s->commp);
     plugin_unload(s->optp);

@@ -19,13 +19,13 @@
 
 typedef struct session {
     manifest *mf;
-    plugin *devp, *modelp, *optp, *commp, *stratp, *quantp, *tpp;
+    plugin *devp, *modelp, *optp, *commp, *stratp, *quantp, *axisp;
     const ct_quantizer_api *qapi; /* NULL: no float8 */
     void *quant;
     const ct_comm_api *capi; /* NULL on one rank */
     void *comm;
-    const ct_strategy_api *sapi, *tapi; /* data-parallel strategy, tensor-parallel strategy */
-    void *strat, *tstrat;
+    const ct_strategy_api *sapi, *xapi; /* the data-parallel strategy; the one serving the tp mesh axis */
+    void *strat, *xstrat;
     ct_mesh_info mesh;
     int rank, world;
     const ct_device_api *d;

@@ -5,6 +5,7 @@
  * device's backward halves (input gradient, then weight gradient), accumulating into gradients.
  */
 #include "host.h"
+#include "mesh.h"
 #include "runtime.h"
 #include "tape.h"
 #include "util.h"
@@ -19,7 +20,8 @@ struct tape_entry {
     rt_tensor *in[3];
     rt_tensor *aux[2];
     float f;
-    int64_t i0, i1; /* embedding and loss over a vocabulary range: its first row/column, and 1 when ranged */
+    int64_t i0, i1; /* collectives: the kind, and axis * 2 + (1 if over columns) */
+    struct custom_entry *custom; /* OP_CUSTOM: the strategy's op and its tensors */
     tape_entry *prev;
 };
 
@@ -59,12 +61,8 @@ rt_tensor *tape_new_activation(runtime *rt, ct_dtype dt, int ndim, const int64_t
     return new_tensor(rt, rt->act, dt, ndim, shape);
 }
 
-/* A tensor of x's shape; row-wise ops keep x's token rows, so a sequence-parallel x stays so. */
-static rt_tensor *like(runtime *rt, const rt_tensor *x) {
-    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, x->t.shape);
-    if (y) y->sp = x->sp;
-    return y;
-}
+/* A tensor of x's shape. */
+static rt_tensor *like(runtime *rt, const rt_tensor *x) { return new_tensor(rt, rt->act, CT_F32, x->t.ndim, x->t.shape); }
 
 static int record(runtime *rt, op_kind op, rt_tensor *out, rt_tensor *a, rt_tensor *b, rt_tensor *c,
                   rt_tensor *aux0, rt_tensor *aux1, float f) {
@@ -74,19 +72,8 @@ static int record(runtime *rt, op_kind op, rt_tensor *out, rt_tensor *a, rt_tens
         ct_set_error("out of memory for the tape");
         return -1;
     }
-    *e = (tape_entry){op, out, {a, b, c}, {aux0, aux1}, f, 0, 0, rt->tail};
+    *e = (tape_entry){op, out, {a, b, c}, {aux0, aux1}, f, 0, 0, NULL, rt->tail};
     rt->tail = e;
-    return 0;
-}
-
-/* record() for an op over a vocabulary range (tensor parallel): begin and the ranged flag. */
-static int record_range(runtime *rt, op_kind op, rt_tensor *out, rt_tensor *a, rt_tensor *b, rt_tensor *aux0,
-                        int64_t begin) {
-    if (record(rt, op, out, a, b, NULL, aux0, NULL, 0)) return -1;
-    if (rt->recording) {
-        rt->tail->i0 = begin;
-        rt->tail->i1 = 1;
-    }
     return 0;
 }
 
@@ -108,7 +95,7 @@ void quant_note(runtime *rt, const char *name, int yes, const char *why) {
 
 /* ---- per-op selective checkpointing (RT_AC_OP units) ----
  * torchtitan's policy: the outputs of the compute-heavy ops (attention, every other matmul of a
- * block: the 1st, 3rd, ... and tp reduce-scatters) are saved in forward; everything else is
+ * block: the 1st, 3rd, ... and reduce-scatters) are saved in forward; everything else is
  * recomputed in backward. The recompute meets the same ops in the same order and takes the saved
  * outputs instead of computing them again, so it is bit-identical to `none`. */
 static int sac_saves(runtime *rt, int is_mm) {
@@ -147,161 +134,302 @@ static rt_tensor *sac_out(runtime *rt, ct_dtype dt, int ndim, const int64_t *sha
 
 #define SAC_REUSED(rt, saved) ((saved) && (rt)->sac_phase == RT_SAC_REUSE)
 
-/* ---- tensor parallel: collectives over the tp group ---- */
+/* ---- differentiable collectives over a mesh axis ---- */
 
-/* The tp style of a parameter (CT_TP_NONE for activations, or without tensor parallel). */
-static int tp_style(const runtime *rt, const rt_tensor *w) {
-    const rt_tensor *owner = w->base ? w->base : w;
-    if (rt->tp.size <= 1 || owner->param <= 0) return CT_TP_NONE;
-    return rt->slots[owner->param - 1].tp_style;
+static float *grad_of(runtime *rt, rt_tensor *t);
+
+static const char *comm_trace_name(const runtime *rt, int axis) {
+    static const char *names[CT_MESH_NAXES][2] = {{"pp_comm_fwd", "pp_comm_bwd"},
+                                                   {"dp_replicate_comm_fwd", "dp_replicate_comm_bwd"},
+                                                   {"dp_shard_comm_fwd", "dp_shard_comm_bwd"},
+                                                   {"cp_comm_fwd", "cp_comm_bwd"},
+                                                   {"tp_comm_fwd", "tp_comm_bwd"}};
+    return names[axis][rt->in_backward ? 1 : 0];
 }
 
-#define TP_TRACE(rt) ((rt)->tp.in_backward ? "tp_comm_bwd" : "tp_comm_fwd")
-
-static void tp_account(runtime *rt, double t0) {
-    double dt = ct_now() - t0;
-    rt->tp.comm_seconds += dt;
-    if (rt->tp.in_backward) rt->tp.bwd_seconds += dt;
-    rt->comm_seconds += dt;
-    trace_end(TP_TRACE(rt));
+static void account_comm(runtime *rt, int axis, double seconds) {
+    runtime_axis_comm *c = &rt->axis_comm[axis];
+    c->seconds += seconds;
+    if (rt->in_backward) c->bwd_seconds += seconds;
+    rt->comm_seconds += seconds;
 }
 
-static int tp_done(runtime *rt, ct_status st, double t0, const char *what) {
-    tp_account(rt, t0);
-    rt->tp.collectives++;
+/* One blocking collective over `axis` (counted, timed, traced). kind: 'g' all-gather, 's' reduce-scatter
+ * (count = the received elements), 'r' all-reduce. */
+static int axis_collective(runtime *rt, int axis, char kind, const float *send, float *recv, int64_t count) {
+    const ct_comm_api *c = rt->coll_capi;
+    void *comm = rt->dist.comm, *group = rt->dist.mesh->group[axis];
+    const char *name = comm_trace_name(rt, axis);
+    trace_begin(name);
+    double t0 = ct_now();
+    ct_clear_error();
+    ct_status st = kind == 'g'   ? c->all_gather(comm, group, send, recv, count, CT_F32, NULL)
+                   : kind == 's' ? c->reduce_scatter(comm, group, send, recv, count, CT_F32, CT_REDUCE_SUM, NULL)
+                                 : c->all_reduce(comm, group, send, recv, count, CT_F32, CT_REDUCE_SUM, NULL);
+    account_comm(rt, axis, ct_now() - t0);
+    trace_end(name);
+    rt->axis_comm[axis].collectives++;
     if (st != CT_OK) {
-        if (!ct_last_error()[0]) ct_set_error("tensor parallel %s failed (status %d)", what, st);
+        if (!ct_last_error()[0])
+            ct_set_error("%s over the %s axis failed (status %d)",
+                         kind == 'g' ? "all-gather" : kind == 's' ? "reduce-scatter" : "all-reduce", mesh_axis_names[axis], st);
         rt->dist_status = st;
         return -1;
     }
     return 0;
 }
 
-static int tp_all_gather(runtime *rt, const float *send, float *recv, int64_t count) {
-    trace_begin(TP_TRACE(rt));
-    double t0 = ct_now();
-    ct_clear_error();
-    return tp_done(rt, rt->tp.capi->all_gather(rt->dist.comm, rt->tp.group, send, recv, count, CT_F32, NULL), t0,
-                   "all-gather");
-}
-
-static int tp_reduce_scatter(runtime *rt, const float *send, float *recv, int64_t count) {
-    trace_begin(TP_TRACE(rt));
-    double t0 = ct_now();
-    ct_clear_error();
-    return tp_done(rt,
-                   rt->tp.capi->reduce_scatter(rt->dist.comm, rt->tp.group, send, recv, count, CT_F32, CT_REDUCE_SUM,
-                                               NULL),
-                   t0, "reduce-scatter");
-}
-
-static int tp_all_reduce(runtime *rt, const float *send, float *recv, int64_t count) {
-    trace_begin(TP_TRACE(rt));
-    double t0 = ct_now();
-    ct_clear_error();
-    return tp_done(rt,
-                   rt->tp.capi->all_reduce(rt->dist.comm, rt->tp.group, send, recv, count, CT_F32, CT_REDUCE_SUM, NULL),
-                   t0, "all-reduce");
-}
-
-static int tp_wait(runtime *rt, void *req) {
-    trace_begin(TP_TRACE(rt));
-    double t0 = ct_now();
-    ct_clear_error();
-    return tp_done(rt, rt->tp.capi->wait(rt->dist.comm, req), t0, "wait");
-}
-
-/* Async TP: lets a started collective move while this rank computes (MPI progresses only inside calls). */
-static void tp_poke(runtime *rt, void *req) {
-    const ct_comm_api *c = rt->tp.capi;
-    if (!req || !CT_HAS_FIELD(c, ct_comm_api, test) || !c->test) return;
-    int done = 0;
-    trace_begin(TP_TRACE(rt));
-    double t0 = ct_now();
-    c->test(rt->dist.comm, req, &done); /* an error here resurfaces at the wait */
-    tp_account(rt, t0);
-}
-
-/* x's shape with its token-row dim (the one before the features) multiplied by num/den. */
-static int rows_shape(const rt_tensor *x, int64_t num, int64_t den, int64_t *shape) {
-    if (x->t.ndim < 2 || (x->t.shape[x->t.ndim - 2] * num) % den) {
-        ct_set_error("tensor parallel: (%d dims, %lld rows) cannot be split in %lld", x->t.ndim,
-                     x->t.ndim >= 2 ? (long long)x->t.shape[x->t.ndim - 2] : 0LL, (long long)den);
+/* x's shape with dim d multiplied by num/den (checked: it must divide). */
+static int scaled_shape(const rt_tensor *x, int d, int64_t num, int64_t den, int64_t *shape) {
+    if ((x->t.shape[d] * num) % den) {
+        ct_set_error("collective: dim %d of %lld cannot be split in %lld", d, (long long)x->t.shape[d], (long long)den);
         return -1;
     }
     memcpy(shape, x->t.shape, sizeof(int64_t) * CT_MAX_DIMS);
-    shape[x->t.ndim - 2] = x->t.shape[x->t.ndim - 2] * num / den;
+    shape[d] = x->t.shape[d] * num / den;
     return 0;
 }
 
-/* Every token row of x (sequence parallel): the all-gather, made once per x. */
-static rt_tensor *tp_gather_rows(runtime *rt, rt_tensor *x) {
-    if (x->gathered) return x->gathered;
-    int64_t shape[CT_MAX_DIMS];
-    if (rows_shape(x, rt->tp.size, 1, shape)) return NULL;
-    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
-    if (!y || tp_all_gather(rt, x->t.data, y->t.data, numel(x))) return NULL;
-    if (record(rt, OP_TP_GATHER_ROWS, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
-    x->gathered = y;
-    return y;
+/* ---- notes strategies keep on activations (ct_builder.memo) ---- */
+typedef struct rt_memo {
+    const void *key;
+    rt_tensor *value;
+    struct rt_memo *next;
+} rt_memo;
+
+static rt_tensor *memo_get(const runtime *rt, const rt_tensor *x, const void *key) {
+    if (x->memo_pass != rt->memo_pass) return NULL; /* made in an earlier unit pass: its arena may be gone */
+    for (const rt_memo *m = x->memo; m; m = m->next)
+        if (m->key == key) return m->value;
+    return NULL;
 }
 
-/* The sum over tp ranks of x's partial values, this rank keeping its 1/tp of the token rows. */
-static rt_tensor *tp_reduce_scatter_rows(runtime *rt, rt_tensor *x) {
-    int64_t shape[CT_MAX_DIMS];
-    if (rows_shape(x, 1, rt->tp.size, shape)) return NULL;
-    int saved = sac_saves(rt, 0);
-    rt_tensor *y = saved ? sac_out(rt, CT_F32, x->t.ndim, shape) : new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
-    if (!y || (!SAC_REUSED(rt, saved) && tp_reduce_scatter(rt, x->t.data, y->t.data, numel(y)))) return NULL;
-    y->sp = 1;
-    if (record(rt, OP_TP_REDUCE_SCATTER_ROWS, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
-    return y;
+static int memo_put(runtime *rt, rt_tensor *x, const void *key, rt_tensor *v) {
+    if (x->memo_pass != rt->memo_pass) {
+        x->memo = NULL;
+        x->memo_pass = rt->memo_pass;
+    }
+    rt_memo *m = pool_alloc(&rt->act->desc, sizeof *m);
+    if (!m) {
+        ct_set_error("out of memory for activations");
+        return -1;
+    }
+    *m = (rt_memo){key, v, x->memo};
+    x->memo = m;
+    return 0;
 }
 
-/* Megatron's f: the same values, whose gradient is summed over tp ranks in backward. Made once per x. */
-static rt_tensor *tp_copy(runtime *rt, rt_tensor *x) {
-    if (x->gathered) return x->gathered;
-    rt_tensor *y = pool_alloc(&rt->act->desc, sizeof *y);
-    if (!y) return NULL;
-    memset(y, 0, sizeof *y);
-    y->t = x->t; /* shares the data, has its own gradient */
-    y->t.grad = NULL;
-    y->t.flags = 0;
-    if (record(rt, OP_TP_COPY, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
-    x->gathered = y;
-    return y;
-}
+/* The memo keys of the collectives that are made once per tensor: [kind][axis][cols]. */
+static char coll_keys[6][CT_MESH_NAXES][2];
 
-/* Megatron's g: the sum over tp ranks of x's partial values. */
-static rt_tensor *tp_all_reduce_op(runtime *rt, rt_tensor *x) {
-    rt_tensor *y = like(rt, x);
-    if (!y || tp_all_reduce(rt, x->t.data, y->t.data, numel(x))) return NULL;
-    if (record(rt, OP_TP_ALL_REDUCE, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
-    return y;
-}
-
-/* Vocabulary-sharded logits (n, v) -> every column (n, V), for a loss that is not loss parallel. */
-static rt_tensor *tp_gather_cols(runtime *rt, rt_tensor *x) {
+/* Every rank's columns of x (rows n, v columns here) -> (n, v * degree), through a scratch buffer. */
+static int gather_cols(runtime *rt, int axis, int degree, const rt_tensor *x, rt_tensor *y) {
     const ct_device_api *d = DEV(rt);
     if (!CT_HAS_FIELD(d, ct_device_api, copy_2d) || !d->copy_2d) {
-        ct_set_error("tensor parallel: device lacks copy_2d (ABI 1.3), needed to gather logits without loss parallel");
+        ct_set_error("collective over columns: the device lacks copy_2d");
+        return -1;
+    }
+    int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    float *all = pool_alloc(&rt->opscratch, sizeof(float) * (size_t)(n * v * degree));
+    int bad = !all || axis_collective(rt, axis, 'g', x->t.data, all, n * v);
+    for (int64_t p = 0; p < degree && !bad; p++)
+        bad = d->copy_2d(rt->dev, (float *)y->t.data + p * v, v * degree, all + p * n * v, v, n, v) != CT_OK;
+    pool_release(&rt->opscratch, m);
+    return bad ? -1 : 0;
+}
+
+static rt_tensor *collective_impl(runtime *rt, ct_collective kind, rt_tensor *x, int axis, int dim) {
+    if (axis < 0 || axis >= CT_MESH_NAXES || kind < CT_COLL_ALL_GATHER || kind > CT_COLL_COPY) {
+        ct_set_error("collective: unknown kind %d or mesh axis %d", (int)kind, axis);
         return NULL;
     }
-    int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v, tp = rt->tp.size, shape[CT_MAX_DIMS];
-    memcpy(shape, x->t.shape, sizeof shape);
-    shape[x->t.ndim - 1] = v * tp;
-    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
-    pool_mark m = pool_get_mark(&rt->scratch.data);
-    float *all = pool_alloc(&rt->scratch.data, sizeof(float) * (size_t)(n * v * tp));
-    if (!y || !all || tp_all_gather(rt, x->t.data, all, n * v)) return NULL;
-    for (int64_t p = 0; p < tp; p++)
-        CALL(rt, d->copy_2d(rt->dev, (float *)y->t.data + p * v, v * tp, all + p * n * v, v, n, v));
-    pool_release(&rt->scratch.data, m);
-    if (record_range(rt, OP_TP_GATHER_COLS, y, x, NULL, NULL, x->col_begin)) return NULL;
+    int degree = rt->dist.mesh ? rt->dist.mesh->degree[axis] : 1, nd = x->t.ndim;
+    if (degree <= 1) return x;
+    int cols = dim == CT_DIM_COLS || dim == nd - 1;
+    if (nd < 2 || (!cols && dim != CT_DIM_ROWS && dim != nd - 2) ||
+        (cols && kind == CT_COLL_REDUCE_SCATTER)) {
+        ct_set_error("collective: dim %d of a %d-dim tensor is not supported (token rows or columns; no reduce-scatter "
+                     "of columns)", dim, nd);
+        return NULL;
+    }
+    int d = cols ? nd - 1 : nd - 2, once = kind == CT_COLL_ALL_GATHER || kind == CT_COLL_ALL_GATHER_SLICE || kind == CT_COLL_COPY;
+    const void *key = &coll_keys[kind][axis][cols];
+    rt_tensor *y = once ? memo_get(rt, x, key) : NULL;
+    if (y) return y;
+    int64_t shape[CT_MAX_DIMS];
+    switch (kind) {
+    case CT_COLL_ALL_GATHER:
+    case CT_COLL_ALL_GATHER_SLICE:
+        if (scaled_shape(x, d, degree, 1, shape) || !(y = new_tensor(rt, rt->act, CT_F32, nd, shape))) return NULL;
+        if (cols ? gather_cols(rt, axis, degree, x, y) : axis_collective(rt, axis, 'g', x->t.data, y->t.data, numel(x)))
+            return NULL;
+        break;
+    case CT_COLL_REDUCE_SCATTER: { /* torchtitan's per-op policy saves its output */
+        if (scaled_shape(x, d, 1, degree, shape)) return NULL;
+        int saved = sac_saves(rt, 0);
+        y = saved ? sac_out(rt, CT_F32, nd, shape) : new_tensor(rt, rt->act, CT_F32, nd, shape);
+        if (!y || (!SAC_REUSED(rt, saved) && axis_collective(rt, axis, 's', x->t.data, y->t.data, numel(y)))) return NULL;
+        break;
+    }
+    case CT_COLL_ALL_REDUCE:
+        if (!(y = new_tensor(rt, rt->act, CT_F32, nd, x->t.shape)) ||
+            axis_collective(rt, axis, 'r', x->t.data, y->t.data, numel(x)))
+            return NULL;
+        break;
+    case CT_COLL_COPY: /* the same data, a gradient of its own */
+        if (!(y = pool_alloc(&rt->act->desc, sizeof *y))) return NULL;
+        memset(y, 0, sizeof *y);
+        y->t = x->t;
+        y->t.grad = NULL;
+        y->t.flags = 0;
+        break;
+    }
+    if (record(rt, OP_COLLECTIVE, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
+    if (rt->recording) {
+        rt->tail->i0 = kind;
+        rt->tail->i1 = axis * 2 + cols;
+    }
+    if (once && memo_put(rt, x, key, y)) return NULL;
     return y;
 }
 
-rt_tensor *tape_tp_gather_cols(runtime *rt, rt_tensor *logits) { return tp_gather_cols(rt, logits); }
+static ct_tensor *op_collective(ct_builder *b, ct_collective kind, ct_tensor *xt, int axis, int dim) {
+    if (check_f32(xt, "collective", "x")) return NULL;
+    rt_tensor *y = collective_impl(RT(b), kind, (rt_tensor *)xt, axis, dim);
+    return y ? &y->t : NULL;
+}
+
+/* The conjugate of a collective in backward: x's gradient += f(dy). */
+static int collective_backward(runtime *rt, tape_entry *e, const float *dy) {
+    const ct_device_api *d = DEV(rt);
+    rt_tensor *x = e->in[0];
+    int kind = (int)e->i0, axis = (int)(e->i1 / 2), cols = (int)(e->i1 % 2);
+    int degree = rt->dist.mesh->degree[axis], me = rt->dist.mesh->coord[axis];
+    int64_t nx = numel(x), v = x->t.shape[x->t.ndim - 1], n = nx / v;
+    float *gx = grad_of(rt, x);
+    if (!gx) return -1;
+    if (kind == CT_COLL_ALL_REDUCE) return d->axpy(rt->dev, gx, dy, 1.0f, nx) == CT_OK ? 0 : -1;
+    if (kind == CT_COLL_ALL_GATHER_SLICE && !cols) return d->axpy(rt->dev, gx, dy + me * nx, 1.0f, nx) == CT_OK ? 0 : -1;
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    float *tmp = pool_alloc(&rt->opscratch, sizeof(float) * (size_t)nx * (kind == CT_COLL_ALL_GATHER && cols ? degree + 1 : 1));
+    if (!tmp) {
+        ct_set_error("out of memory for activation gradients");
+        return -1;
+    }
+    int bad = 0;
+    switch (kind) {
+    case CT_COLL_ALL_GATHER:
+        if (cols) /* each rank's columns made contiguous, then summed onto their rank */
+            for (int64_t p = 0; p < degree && !bad; p++)
+                bad = d->copy_2d(rt->dev, tmp + nx + p * nx, v, dy + p * v, v * degree, n, v) != CT_OK;
+        bad = bad || axis_collective(rt, axis, 's', cols ? tmp + nx : dy, tmp, nx);
+        break;
+    case CT_COLL_ALL_GATHER_SLICE: bad = d->copy_2d(rt->dev, tmp, v, dy + me * v, v * degree, n, v) != CT_OK; break;
+    case CT_COLL_REDUCE_SCATTER: bad = axis_collective(rt, axis, 'g', dy, tmp, numel(e->out)); break;
+    default: bad = axis_collective(rt, axis, 'r', dy, tmp, nx); break; /* CT_COLL_COPY */
+    }
+    bad = bad || d->axpy(rt->dev, gx, tmp, 1.0f, nx) != CT_OK;
+    pool_release(&rt->opscratch, m);
+    return bad ? -1 : 0;
+}
+
+/* ---- custom ops a strategy records (ct_builder.custom) ---- */
+#define CUSTOM_MAX_IO 8
+
+typedef struct custom_entry {
+    const ct_custom_op *op;
+    void *state;
+    ct_tensor *in[CUSTOM_MAX_IO], *out[CUSTOM_MAX_IO];
+    int n_in, n_out;
+} custom_entry;
+
+static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *state, size_t state_bytes,
+                           ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
+    runtime *rt = RT(b);
+    if (!op || !op->forward || !op->backward || n_in < 0 || n_in > CUSTOM_MAX_IO || n_out < 1 ||
+        n_out > CUSTOM_MAX_IO || (n_in && !in) || !out) {
+        ct_set_error("custom op %s: needs forward and backward, 0-%d inputs and 1-%d outputs", op && op->name ? op->name : "?",
+                     CUSTOM_MAX_IO, CUSTOM_MAX_IO);
+        return CT_ERR_INVALID;
+    }
+    custom_entry *c = pool_alloc(&rt->act->desc, sizeof *c);
+    void *st = state_bytes ? pool_alloc(&rt->act->desc, state_bytes) : NULL;
+    if (!c || (state_bytes && !st)) {
+        ct_set_error("out of memory for the tape");
+        return CT_ERR_NOMEM;
+    }
+    memset(c, 0, sizeof *c);
+    if (state_bytes) memcpy(st, state, state_bytes);
+    *c = (custom_entry){.op = op, .state = st, .n_in = n_in, .n_out = n_out};
+    for (int i = 0; i < n_in; i++) c->in[i] = in[i];
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    ct_clear_error();
+    ct_status s = op->forward(&rt->builder, st, c->in, n_in, c->out, n_out);
+    pool_release(&rt->opscratch, m);
+    for (int i = 0; i < n_out && s == CT_OK; i++)
+        if (!c->out[i]) s = CT_ERR_INTERNAL;
+    if (s != CT_OK) {
+        if (!ct_last_error()[0]) ct_set_error("custom op %s failed (status %d)", op->name ? op->name : "?", s);
+        return s;
+    }
+    for (int i = 0; i < n_out; i++) out[i] = c->out[i];
+    if (record(rt, OP_CUSTOM, (rt_tensor *)c->out[0], NULL, NULL, NULL, NULL, NULL, 0)) return CT_ERR_NOMEM;
+    if (rt->recording) rt->tail->custom = c;
+    return CT_OK;
+}
+
+static const float *grad_if_any(const rt_tensor *t);
+
+static int custom_backward(runtime *rt, tape_entry *e, int halves) {
+    custom_entry *c = e->custom;
+    const float *dy[CUSTOM_MAX_IO];
+    int any = 0;
+    for (int i = 0; i < c->n_out; i++) any |= (dy[i] = grad_if_any((rt_tensor *)c->out[i])) != NULL;
+    if (!any) return 0;
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    ct_clear_error();
+    ct_status s = c->op->backward(&rt->builder, c->state, c->in, c->n_in, c->out, dy, c->n_out, halves);
+    pool_release(&rt->opscratch, m);
+    if (s != CT_OK) {
+        if (!ct_last_error()[0]) ct_set_error("custom op %s backward failed (status %d)", c->op->name, s);
+        return -1;
+    }
+    return 0;
+}
+
+static ct_tensor *op_new_tensor(ct_builder *b, ct_dtype dt, int ndim, const int64_t *shape) {
+    if ((dt != CT_F32 && dt != CT_I32) || ndim < 0 || ndim > CT_MAX_DIMS) {
+        ct_set_error("new_tensor: f32 or int32 with 0-%d dims", CT_MAX_DIMS);
+        return NULL;
+    }
+    rt_tensor *t = new_tensor(RT(b), RT(b)->act, dt, ndim, shape);
+    return t ? &t->t : NULL;
+}
+
+static void *op_scratch(ct_builder *b, size_t bytes) {
+    void *p = pool_alloc(&RT(b)->opscratch, bytes);
+    if (!p) ct_set_error("out of memory for a custom op's scratch (%zu bytes)", bytes);
+    return p;
+}
+
+static float *op_grad(ct_builder *b, ct_tensor *t) { return t ? grad_of(RT(b), (rt_tensor *)t) : NULL; }
+
+static ct_tensor *op_memo(ct_builder *b, ct_tensor *xt, const void *key, ct_tensor *value) {
+    runtime *rt = RT(b);
+    if (!xt) return NULL;
+    if (!value) return (ct_tensor *)memo_get(rt, (rt_tensor *)xt, key);
+    return memo_put(rt, (rt_tensor *)xt, key, (rt_tensor *)value) ? NULL : value;
+}
+
+static void op_account_comm(ct_builder *b, int axis, double seconds) {
+    if (axis >= 0 && axis < CT_MESH_NAXES) account_comm(RT(b), axis, seconds);
+}
+
+static ct_tensor *op_finish_output(ct_builder *b, ct_tensor *x) {
+    (void)b;
+    return x;
+}
 
 /* ---- ops ---- */
 
@@ -330,157 +458,16 @@ static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
     return y;
 }
 
-static int converted(const runtime *rt, const rt_tensor *w) {
-    const rt_tensor *owner = w->base ? w->base : w;
-    return rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED);
-}
-
-#define TP_PIECES 4 /* matmul pieces per rank block of a chunk, with a poke of the collective in flight after each */
-
-/* Async TP, column-wise: the all-gather of x's rows in chunks, each chunk's matmul overlapping the
- * gather of the next. Records the same two entries as the plain path (gather, then linear). */
-static rt_tensor *gather_linear_async(runtime *rt, rt_tensor *x, rt_tensor *w) {
-    const ct_device_api *d = DEV(rt);
-    int64_t in = w->t.shape[1], outf = w->t.shape[0], nl = numel(x) / in, tp = rt->tp.size, shape[CT_MAX_DIMS];
-    int64_t chunks = rt->tp.async_chunks < nl ? rt->tp.async_chunks : nl, rc = (nl + chunks - 1) / chunks;
-    chunks = (nl + rc - 1) / rc;
-    if (rows_shape(x, tp, 1, shape)) return NULL;
-    rt_tensor *X = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
-    shape[x->t.ndim - 1] = outf;
-    rt_tensor *Y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
-    pool_mark m = pool_get_mark(&rt->scratch.data);
-    float *buf[2] = {pool_alloc(&rt->scratch.data, sizeof(float) * (size_t)(tp * rc * in)),
-                     pool_alloc(&rt->scratch.data, sizeof(float) * (size_t)(tp * rc * in))};
-    if (!X || !Y || !buf[0] || !buf[1]) return NULL;
-    float *xd = x->t.data, *Xd = X->t.data, *Yd = Y->t.data;
-    void *req[2] = {NULL, NULL};
-    ct_clear_error();
-    int64_t cnt0 = rc < nl ? rc : nl;
-    if (rt->tp.capi->all_gather(rt->dist.comm, rt->tp.group, xd, buf[0], cnt0 * in, CT_F32, &req[0]) != CT_OK)
-        return NULL;
-    for (int64_t i = 0; i < chunks; i++) {
-        int64_t r0 = i * rc, cnt = nl - r0 < rc ? nl - r0 : rc;
-        if (i + 1 < chunks) { /* the next chunk's gather runs while this one multiplies */
-            int64_t r1 = (i + 1) * rc, c1 = nl - r1 < rc ? nl - r1 : rc;
-            if (rt->tp.capi->all_gather(rt->dist.comm, rt->tp.group, xd + r1 * in, buf[(i + 1) % 2], c1 * in, CT_F32,
-                                        &req[(i + 1) % 2]) != CT_OK)
-                return NULL;
-        }
-        if (tp_wait(rt, req[i % 2])) return NULL;
-        void *next = i + 1 < chunks ? req[(i + 1) % 2] : NULL;
-        for (int64_t p = 0; p < tp; p++) {
-            int64_t row = p * nl + r0;
-            CALL(rt, d->copy(rt->dev, Xd + row * in, buf[i % 2] + p * cnt * in, sizeof(float) * (size_t)(cnt * in),
-                             CT_COPY_D2D));
-            for (int64_t q = 0; q < TP_PIECES; q++) { /* poke the next gather between pieces of the matmul */
-                int64_t a = cnt * q / TP_PIECES, z = cnt * (q + 1) / TP_PIECES;
-                if (z > a)
-                    CALL(rt, d->matmul(rt->dev, Yd + (row + a) * outf, Xd + (row + a) * in, w->t.data, z - a, outf, in,
-                                       0, 1, 1.0f, 0.0f));
-                tp_poke(rt, next);
-            }
-        }
-    }
-    pool_release(&rt->scratch.data, m);
-    if (record(rt, OP_TP_GATHER_ROWS, X, x, NULL, NULL, NULL, NULL, 0) ||
-        record(rt, OP_LINEAR, Y, X, w, NULL, NULL, NULL, 0))
-        return NULL;
-    x->gathered = X;
-    return Y;
-}
-
-/* Async TP, row-wise: the matmul in chunks of every rank's token rows, each chunk's reduce-scatter
- * overlapping the next chunk's matmul. The linear's output tensor holds the partial sums in send
- * order (only its gradient is used later); records the same entries as the plain path. */
-static rt_tensor *linear_reduce_scatter_async(runtime *rt, rt_tensor *x, rt_tensor *w) {
-    const ct_device_api *d = DEV(rt);
-    int64_t in = w->t.shape[1], outf = w->t.shape[0], n = numel(x) / in, tp = rt->tp.size, shape[CT_MAX_DIMS];
-    if (n % tp) {
-        ct_set_error("async tensor parallel: %lld token rows do not split in %lld", (long long)n, (long long)tp);
-        return NULL;
-    }
-    int64_t nl = n / tp, chunks = rt->tp.async_chunks < nl ? rt->tp.async_chunks : nl, rc = (nl + chunks - 1) / chunks;
-    chunks = (nl + rc - 1) / rc;
-    memcpy(shape, x->t.shape, sizeof shape);
-    shape[x->t.ndim - 1] = outf;
-    rt_tensor *P = new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape); /* partial sums, chunk-major */
-    if (!P) return NULL;
-    int64_t oshape[CT_MAX_DIMS];
-    if (rows_shape(P, 1, tp, oshape)) return NULL;
-    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, oshape);
-    void **req = calloc((size_t)chunks, sizeof(void *));
-    if (!y || !req) {
-        free(req);
-        return NULL;
-    }
-    float *xd = x->t.data, *Pd = P->t.data, *yd = y->t.data;
-    int bad = 0;
-    int64_t posted = 0;
-    for (int64_t i = 0; i < chunks && !bad; i++) {
-        int64_t r0 = i * rc, cnt = nl - r0 < rc ? nl - r0 : rc;
-        float *send = Pd + tp * r0 * outf; /* chunk i: (tp, cnt, out), block p for rank p */
-        for (int64_t p = 0; p < tp && !bad; p++)
-            for (int64_t q = 0; q < TP_PIECES && !bad; q++) { /* poke the previous reduce-scatter between pieces */
-                int64_t a = cnt * q / TP_PIECES, z = cnt * (q + 1) / TP_PIECES;
-                if (z > a)
-                    bad = d->matmul(rt->dev, send + (p * cnt + a) * outf, xd + (p * nl + r0 + a) * in, w->t.data, z - a,
-                                    outf, in, 0, 1, 1.0f, 0.0f) != CT_OK;
-                if (i > 0) tp_poke(rt, req[i - 1]);
-            }
-        ct_clear_error();
-        if (!bad)
-            bad = rt->tp.capi->reduce_scatter(rt->dist.comm, rt->tp.group, send, yd + r0 * outf, cnt * outf, CT_F32,
-                                              CT_REDUCE_SUM, &req[i]) != CT_OK;
-        if (!bad) posted = i + 1;
-    }
-    for (int64_t i = 0; i < posted; i++) bad |= tp_wait(rt, req[i]) != 0;
-    free(req);
-    if (bad) {
-        if (!ct_last_error()[0]) ct_set_error("async tensor parallel: matmul/reduce-scatter failed");
-        return NULL;
-    }
-    y->sp = 1;
-    if (record(rt, OP_LINEAR, P, x, w, NULL, NULL, NULL, 0) ||
-        record(rt, OP_TP_REDUCE_SCATTER_ROWS, y, P, NULL, NULL, NULL, NULL, 0))
-        return NULL;
-    return y;
-}
-
 static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
     runtime *rt = RT(b);
-    rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt, *y;
+    rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt;
     if (check_f32(xt, "linear", "x") || check_f32(wt, "linear", "w")) return NULL;
     if (w->t.ndim != 2 || x->t.shape[x->t.ndim - 1] != w->t.shape[1]) {
         ct_set_error("linear: x (..., %lld) does not match w (%lld, %lld)", (long long)x->t.shape[x->t.ndim - 1],
                      (long long)w->t.shape[0], (long long)w->t.shape[w->t.ndim - 1]);
         return NULL;
     }
-    int style = tp_style(rt, w), async = rt->tp.async_chunks > 0 && !converted(rt, w);
-    switch (style) {
-    case CT_TP_COLWISE:
-    case CT_TP_OUTPUT_COLWISE:
-        /* every token row in; this rank's output features out */
-        if (x->sp && async && !x->gathered) y = gather_linear_async(rt, x, w);
-        else {
-            rt_tensor *xf = x->sp ? tp_gather_rows(rt, x) : tp_copy(rt, x);
-            y = xf ? linear_plain(rt, xf, w) : NULL;
-        }
-        if (!y || style == CT_TP_COLWISE) break;
-        y->col_begin = w->t.shape[0] * rt->tp.rank; /* vocabulary-sharded logits */
-        y->col_full = w->t.shape[0] * rt->tp.size;
-        if (!rt->tp.loss_parallel) y = tp_gather_cols(rt, y);
-        break;
-    case CT_TP_ROWWISE:
-        /* partial sums over this rank's input features: reduced (and scattered on rows under SP) */
-        if (rt->tp.sequence_parallel && async) {
-            y = linear_reduce_scatter_async(rt, x, w);
-            break;
-        }
-        y = linear_plain(rt, x, w);
-        if (y) y = rt->tp.sequence_parallel ? tp_reduce_scatter_rows(rt, y) : tp_all_reduce_op(rt, y);
-        break;
-    default: y = linear_plain(rt, x, w); break;
-    }
+    rt_tensor *y = linear_plain(rt, x, w);
     return y ? &y->t : NULL;
 }
 
@@ -513,20 +500,6 @@ static ct_tensor *op_embedding(ct_builder *b, const ct_tensor *idst, ct_tensor *
     shape[ids->t.ndim] = table->t.shape[1];
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, ids->t.ndim + 1, shape);
     if (!y) return NULL;
-    if (tp_style(rt, table) == CT_TP_EMBED_ROWWISE) { /* this rank's vocabulary rows; the rest are summed in */
-        const ct_device_api *d = DEV(rt);
-        if (!CT_HAS_FIELD(d, ct_device_api, embedding_backward_range) || !d->embedding_forward_range ||
-            !d->embedding_backward_range) {
-            ct_set_error("tensor parallel: device lacks the ranged embedding ops (ABI 1.3)");
-            return NULL;
-        }
-        int64_t rows = table->t.shape[0], begin = rows * rt->tp.rank;
-        CALL(rt, d->embedding_forward_range(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
-                                            table->t.shape[1], begin, rows));
-        if (record_range(rt, OP_EMBEDDING, y, ids, table, NULL, begin)) return NULL;
-        y = rt->tp.sequence_parallel ? tp_reduce_scatter_rows(rt, y) : tp_all_reduce_op(rt, y);
-        return y ? &y->t : NULL;
-    }
     CALL(rt, DEV(rt)->embedding_forward(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
                                         table->t.shape[1], table->t.shape[0]));
     if (record(rt, OP_EMBEDDING, y, ids, table, NULL, NULL, NULL, 0)) return NULL;
@@ -600,7 +573,6 @@ static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_t
     rt_tensor *y = saved ? sac_out(rt, CT_F32, q->t.ndim, q->t.shape) : like(rt, q);
     rt_tensor *lse = !y ? NULL : saved ? sac_out(rt, CT_F32, 3, lse_shape) : new_tensor(rt, rt->act, CT_F32, 3, lse_shape);
     if (!y || !lse) return NULL;
-    y->sp = q->sp;
     if (!SAC_REUSED(rt, saved))
         CALL(rt, DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
                                         qs[1], qs[2], ks[2], qs[3]));
@@ -669,64 +641,10 @@ static ct_tensor *op_view(ct_builder *b, ct_tensor *xt, int ndim, const int64_t 
     memset(v->t.shape, 0, sizeof v->t.shape);
     for (int i = 0; i < ndim; i++) v->t.shape[i] = shape[i];
     v->base = x->base ? x->base : x;
-    v->gathered = NULL;
+    v->memo = NULL;
     v->t.grad = NULL;
     v->t.flags = 0;
     return &v->t;
-}
-
-/* Loss parallel: cross entropy on vocabulary-sharded logits. Each rank's per-row (max, sum of exp,
- * target logit) are gathered and merged into the full row's logsumexp; the logits never move. */
-static rt_tensor *cross_entropy_sharded(runtime *rt, rt_tensor *logits, rt_tensor *targets, rt_tensor *y) {
-    const ct_device_api *d = DEV(rt);
-    if (!CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_lse) || !d->cross_entropy_stats ||
-        !d->cross_entropy_backward_lse) {
-        ct_set_error("loss parallel: device lacks cross_entropy_stats (ABI 1.3); set parallelism.disable_loss_parallel");
-        return NULL;
-    }
-    int64_t v = logits->t.shape[logits->t.ndim - 1], n = numel(logits) / v, tp = rt->tp.size, three = 3 * n;
-    rt_tensor *stats = new_tensor(rt, rt->act, CT_F32, 1, &three), *lse = new_tensor(rt, rt->act, CT_F32, 1, &n);
-    pool_mark m = pool_get_mark(&rt->scratch.data);
-    float *all = pool_alloc(&rt->scratch.data, sizeof(float) * (size_t)(3 * n * tp));
-    float *host = malloc(sizeof(float) * (size_t)(3 * n * tp + n + 1));
-    int32_t *tg = malloc(sizeof(int32_t) * (size_t)(n + 1));
-    double sum = 0;
-    int bad = !stats || !lse || !all || !host || !tg;
-    ct_clear_error();
-    bad = bad || d->cross_entropy_stats(rt->dev, stats->t.data, logits->t.data, targets->t.data, n, v, logits->col_begin,
-                                        CT_IGNORE_INDEX) != CT_OK;
-    bad = bad || tp_all_gather(rt, stats->t.data, all, 3 * n);
-    bad = bad || d->copy(rt->dev, host, all, sizeof(float) * (size_t)(3 * n * tp), CT_COPY_D2H) != CT_OK ||
-          d->copy(rt->dev, tg, targets->t.data, sizeof(int32_t) * (size_t)n, CT_COPY_D2H) != CT_OK;
-    float *l = host + 3 * n * tp;
-    for (int64_t i = 0; i < n && !bad; i++) {
-        double mx = -INFINITY, s = 0, t = 0;
-        for (int64_t p = 0; p < tp; p++) mx = fmax(mx, host[(p * n + i) * 3]);
-        for (int64_t p = 0; p < tp; p++) {
-            const float *st = host + (p * n + i) * 3;
-            s += st[1] * exp(st[0] - mx);
-            t += st[2];
-        }
-        l[i] = (float)(mx + log(s));
-        if (tg[i] == CT_IGNORE_INDEX) continue;
-        if (tg[i] < 0 || tg[i] >= logits->col_full) {
-            ct_set_error("cross_entropy: target %d outside the vocabulary [0, %lld)", tg[i], (long long)logits->col_full);
-            bad = 1;
-            break;
-        }
-        sum += (double)l[i] - t;
-    }
-    float fsum = (float)sum;
-    bad = bad || d->copy(rt->dev, lse->t.data, l, sizeof(float) * (size_t)n, CT_COPY_H2D) != CT_OK ||
-          d->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D) != CT_OK;
-    free(host);
-    free(tg);
-    if (all) pool_release(&rt->scratch.data, m);
-    if (bad || record_range(rt, OP_CROSS_ENTROPY, y, logits, targets, lse, logits->col_begin)) {
-        if (!ct_last_error()[0]) ct_set_error("loss parallel: cross entropy failed");
-        return NULL;
-    }
-    return y;
 }
 
 static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor *tt) {
@@ -740,7 +658,6 @@ static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor
     }
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, 0, NULL);
     if (!y) return NULL;
-    if (logits->col_full > 0) return (y = cross_entropy_sharded(rt, logits, targets, y)) ? &y->t : NULL;
     rt_tensor *losses = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!losses) return NULL;
     CALL(rt, DEV(rt)->cross_entropy_forward(rt->dev, losses->t.data, logits->t.data, targets->t.data, n, v,
@@ -793,7 +710,16 @@ void tape_builder_init(runtime *rt) {
         .view = op_view,
         .cross_entropy = op_cross_entropy,
         .positions = op_positions,
+        .collective = op_collective,
+        .finish_output = op_finish_output,
+        .new_tensor = op_new_tensor,
+        .scratch = op_scratch,
+        .custom = op_custom,
+        .grad = op_grad,
+        .memo = op_memo,
+        .account_comm = op_account_comm,
     };
+    rt->top = &rt->builder;
 }
 
 /* ---- backward ---- */
@@ -830,44 +756,13 @@ static const float *grad_if_any(const rt_tensor *t) {
     } while (0)
 #define G(t) ({ float *g_ = grad_of(rt, (t)); if (!g_) return -1; g_; })
 
-/* The conjugate collective of a tensor-parallel op: its input's gradient += f(dy). */
-static int tp_backward_run(runtime *rt, tape_entry *e, const float *dy);
-static int tp_backward(runtime *rt, tape_entry *e, const float *dy) {
-    rt->tp.in_backward = 1;
-    int rc = tp_backward_run(rt, e, dy);
-    rt->tp.in_backward = 0;
-    return rc;
-}
-
-static int tp_backward_run(runtime *rt, tape_entry *e, const float *dy) {
-    const ct_device_api *d = DEV(rt);
-    rt_tensor *x = e->in[0];
-    int64_t nx = numel(x);
-    float *gx = grad_of(rt, x);
-    if (!gx) return -1;
-    if (e->op == OP_TP_ALL_REDUCE) return d->axpy(rt->dev, gx, dy, 1.0f, nx) == CT_OK ? 0 : -1;
-    pool_mark m = pool_get_mark(&rt->grads.data);
-    float *tmp = pool_alloc(&rt->grads.data, sizeof(float) * (size_t)nx);
-    if (!tmp) {
-        ct_set_error("out of memory for activation gradients");
-        return -1;
-    }
-    int bad = 0;
-    switch (e->op) {
-    case OP_TP_GATHER_ROWS: bad = tp_reduce_scatter(rt, dy, tmp, nx); break;
-    case OP_TP_REDUCE_SCATTER_ROWS: bad = tp_all_gather(rt, dy, tmp, numel(e->out)); break;
-    case OP_TP_COPY: bad = tp_all_reduce(rt, dy, tmp, nx); break;
-    default: { /* OP_TP_GATHER_COLS: this rank's columns of dy */
-        int64_t v = x->t.shape[x->t.ndim - 1], n = nx / v;
-        bad = d->copy_2d(rt->dev, tmp, v, dy + e->i0, v * rt->tp.size, n, v) != CT_OK;
-    }
-    }
-    bad = bad || d->axpy(rt->dev, gx, tmp, 1.0f, nx) != CT_OK;
-    pool_release(&rt->grads.data, m);
-    return bad ? -1 : 0;
-}
-
 static int entry_backward(runtime *rt, tape_entry *e, int halves) {
+    if (e->op == OP_CUSTOM) {
+        rt->in_backward = 1;
+        int bad = custom_backward(rt, e, halves);
+        rt->in_backward = 0;
+        return bad;
+    }
     const float *dy = grad_if_any(e->out);
     if (!dy) return 0; /* nothing flowed into this op */
     const ct_device_api *d = DEV(rt);
@@ -893,9 +788,7 @@ static int entry_backward(runtime *rt, tape_entry *e, int halves) {
         break;
     }
     case OP_EMBEDDING:
-        if (wt && e->i1)
-            BCALL(d->embedding_backward_range(dev, G(w), x->t.data, dy, numel(x), w->t.shape[1], e->i0, w->t.shape[0]));
-        else if (wt)
+        if (wt)
             BCALL(d->embedding_backward(dev, G(w), x->t.data, dy, numel(x), w->t.shape[1], w->t.shape[0]));
         break;
     case OP_RMSNORM: {
@@ -943,26 +836,24 @@ static int entry_backward(runtime *rt, tape_entry *e, int halves) {
     case OP_CROSS_ENTROPY: {
         if (!in) break;
         int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
-        if (!e->i1 && CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev) {
+        if (CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev) {
             BCALL(d->cross_entropy_backward_dev(dev, G(x), x->t.data, w->t.data, dy, n, v, CT_IGNORE_INDEX));
             break; /* dloss stays on the device */
         }
         float dloss;
         BCALL(d->copy(dev, &dloss, dy, sizeof dloss, CT_COPY_D2H));
-        if (e->i1)
-            BCALL(d->cross_entropy_backward_lse(dev, G(x), x->t.data, w->t.data, e->aux[0]->t.data, dloss, n, v, e->i0,
-                                                CT_IGNORE_INDEX));
-        else
-            BCALL(d->cross_entropy_backward(dev, G(x), x->t.data, w->t.data, dloss, n, v, CT_IGNORE_INDEX));
+        BCALL(d->cross_entropy_backward(dev, G(x), x->t.data, w->t.data, dloss, n, v, CT_IGNORE_INDEX));
         break;
     }
-    case OP_TP_GATHER_ROWS:
-    case OP_TP_REDUCE_SCATTER_ROWS:
-    case OP_TP_COPY:
-    case OP_TP_ALL_REDUCE:
-    case OP_TP_GATHER_COLS:
-        if (in && tp_backward(rt, e, dy)) return -1;
+    case OP_COLLECTIVE:
+        if (in) {
+            rt->in_backward = 1;
+            int bad = collective_backward(rt, e, dy);
+            rt->in_backward = 0;
+            if (bad) return -1;
+        }
         break;
+    case OP_CUSTOM: break; /* custom_backward, before */
     }
     return 0;
 }
@@ -972,3 +863,92 @@ int tape_backward(runtime *rt, tape_entry *tail, int halves) {
         if (entry_backward(rt, e, halves)) return -1;
     return 0;
 }
+
+/* ---- the layers operation-level strategies wrap around the builder ----
+ * A layer starts as a builder whose every op forwards to the one below it; the strategy replaces
+ * the ops it changes. The forwarding ops find the builder below from their own address. */
+typedef struct tape_layer {
+    ct_builder b; /* first */
+    ct_builder *next;
+} tape_layer;
+
+#define NEXT(b) (((tape_layer *)(b))->next)
+
+static ct_tensor *fw_linear(ct_builder *b, ct_tensor *x, ct_tensor *w) { return NEXT(b)->linear(NEXT(b), x, w); }
+static ct_tensor *fw_bias(ct_builder *b, ct_tensor *x, ct_tensor *bias) { return NEXT(b)->bias(NEXT(b), x, bias); }
+static ct_tensor *fw_embedding(ct_builder *b, const ct_tensor *ids, ct_tensor *table) {
+    return NEXT(b)->embedding(NEXT(b), ids, table);
+}
+static ct_tensor *fw_rmsnorm(ct_builder *b, ct_tensor *x, ct_tensor *w, float eps) {
+    return NEXT(b)->rmsnorm(NEXT(b), x, w, eps);
+}
+static ct_tensor *fw_layernorm(ct_builder *b, ct_tensor *x, ct_tensor *w, ct_tensor *bias, float eps) {
+    return NEXT(b)->layernorm(NEXT(b), x, w, bias, eps);
+}
+static ct_tensor *fw_rope(ct_builder *b, ct_tensor *x, float theta) { return NEXT(b)->rope(NEXT(b), x, theta); }
+static ct_tensor *fw_attention(ct_builder *b, ct_tensor *q, ct_tensor *k, ct_tensor *v) {
+    return NEXT(b)->attention(NEXT(b), q, k, v);
+}
+static ct_tensor *fw_swiglu(ct_builder *b, ct_tensor *a, ct_tensor *g) { return NEXT(b)->swiglu(NEXT(b), a, g); }
+static ct_tensor *fw_gelu(ct_builder *b, ct_tensor *x) { return NEXT(b)->gelu(NEXT(b), x); }
+static ct_tensor *fw_add(ct_builder *b, ct_tensor *x, ct_tensor *y) { return NEXT(b)->add(NEXT(b), x, y); }
+static ct_tensor *fw_view(ct_builder *b, ct_tensor *x, int ndim, const int64_t *shape) {
+    return NEXT(b)->view(NEXT(b), x, ndim, shape);
+}
+static ct_tensor *fw_cross_entropy(ct_builder *b, ct_tensor *logits, const ct_tensor *targets) {
+    return NEXT(b)->cross_entropy(NEXT(b), logits, targets);
+}
+static ct_tensor *fw_positions(ct_builder *b, int64_t batch, int64_t seq) {
+    return NEXT(b)->positions(NEXT(b), batch, seq);
+}
+static ct_tensor *fw_collective(ct_builder *b, ct_collective kind, ct_tensor *x, int axis, int dim) {
+    return NEXT(b)->collective(NEXT(b), kind, x, axis, dim);
+}
+static ct_tensor *fw_finish_output(ct_builder *b, ct_tensor *x) { return NEXT(b)->finish_output(NEXT(b), x); }
+static ct_tensor *fw_new_tensor(ct_builder *b, ct_dtype dt, int ndim, const int64_t *shape) {
+    return NEXT(b)->new_tensor(NEXT(b), dt, ndim, shape);
+}
+static void *fw_scratch(ct_builder *b, size_t bytes) { return NEXT(b)->scratch(NEXT(b), bytes); }
+static ct_status fw_custom(ct_builder *b, const ct_custom_op *op, const void *state, size_t state_bytes,
+                           ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
+    return NEXT(b)->custom(NEXT(b), op, state, state_bytes, in, n_in, out, n_out);
+}
+static float *fw_grad(ct_builder *b, ct_tensor *t) { return NEXT(b)->grad(NEXT(b), t); }
+static ct_tensor *fw_memo(ct_builder *b, ct_tensor *x, const void *key, ct_tensor *value) {
+    return NEXT(b)->memo(NEXT(b), x, key, value);
+}
+static void fw_account_comm(ct_builder *b, int axis, double seconds) { NEXT(b)->account_comm(NEXT(b), axis, seconds); }
+
+ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
+    tape_layer *l = calloc(1, sizeof *l);
+    if (!l) return NULL;
+    l->next = next;
+    l->b = (ct_builder){
+        .struct_size = sizeof(ct_builder),
+        .linear = fw_linear,
+        .bias = fw_bias,
+        .embedding = fw_embedding,
+        .rmsnorm = fw_rmsnorm,
+        .layernorm = fw_layernorm,
+        .rope = fw_rope,
+        .attention = fw_attention,
+        .swiglu = fw_swiglu,
+        .gelu = fw_gelu,
+        .add = fw_add,
+        .view = fw_view,
+        .cross_entropy = fw_cross_entropy,
+        .positions = fw_positions,
+        .collective = fw_collective,
+        .finish_output = fw_finish_output,
+        .new_tensor = fw_new_tensor,
+        .scratch = fw_scratch,
+        .custom = fw_custom,
+        .grad = fw_grad,
+        .memo = fw_memo,
+        .account_comm = fw_account_comm,
+    };
+    (void)rt;
+    return &l->b;
+}
+
+void tape_layer_free(ct_builder *b) { free(b); }

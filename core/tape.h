@@ -7,12 +7,8 @@
 typedef enum op_kind {
     OP_LINEAR, OP_BIAS, OP_EMBEDDING, OP_RMSNORM, OP_LAYERNORM, OP_ROPE, OP_ATTENTION,
     OP_SWIGLU, OP_GELU, OP_ADD, OP_CROSS_ENTROPY,
-    /* tensor parallel: collectives over the tp group, each with its conjugate in backward */
-    OP_TP_GATHER_ROWS,        /* all-gather token rows        | backward: reduce-scatter */
-    OP_TP_REDUCE_SCATTER_ROWS, /* reduce-scatter token rows   | backward: all-gather */
-    OP_TP_COPY,               /* identity                     | backward: all-reduce */
-    OP_TP_ALL_REDUCE,         /* all-reduce                   | backward: identity */
-    OP_TP_GATHER_COLS         /* all-gather the last dim      | backward: this rank's columns */
+    OP_COLLECTIVE, /* ct_builder.collective: over a mesh axis, with its conjugate in backward */
+    OP_CUSTOM      /* ct_builder.custom: a strategy's own forward and backward */
 } op_kind;
 
 /* Which halves of the backward to run: input gradients, weight gradients, or both. */
@@ -28,8 +24,10 @@ rt_tensor *tape_new_activation(runtime *rt, ct_dtype dt, int ndim, const int64_t
 float *tape_grad(runtime *rt, rt_tensor *t);
 /* Prints whether the quantizer converts the weight `name`. */
 void quant_note(runtime *rt, const char *name, int yes, const char *why);
-/* Vocabulary-sharded logits (tensor parallel) -> every column, on every tp rank. */
-rt_tensor *tape_tp_gather_cols(runtime *rt, rt_tensor *logits);
+/* A builder layer for an operation-level strategy: every op forwards to `next` until the strategy
+ * replaces it (ct_strategy_api.wrap_builder). Freed with tape_layer_free. */
+ct_builder *tape_layer_new(runtime *rt, ct_builder *next);
+void tape_layer_free(ct_builder *b);
 /* Replays entries from `tail` back to the first, accumulating gradients. */
 int tape_backward(runtime *rt, tape_entry *tail, int halves);
 

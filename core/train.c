@@ -6,6 +6,7 @@
 #include "data.h"
 #include "hf.h"
 #include "lr.h"
+#include "mesh.h"
 #include "runlock.h"
 #include "session.h"
 
@@ -406,8 +407,8 @@ static int train_loop(session *s, manifest *mf) {
                "against it)\n",
                s->devp->info.name, s->matmul_precision ? s->matmul_precision : "f32", s->peak_flops / 1e9);
     compile_setup(s, mf);
-    double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0, tp_time_sum = 0, tp_bwd_sum = 0,
-           pp_sums[2] = {0, 0};
+    double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0, pp_sums[2] = {0, 0};
+    runtime_axis_comm axis_sum[CT_MESH_NAXES] = {{0}}; /* the tape's collectives per mesh axis, timed steps */
     const int64_t warmup_steps = steps > 2 ? 2 : steps > 1 ? 1 : 0;
     int64_t tokens_since = 0, timed_steps = 0;
     int told_opt = 0;
@@ -426,9 +427,10 @@ static int train_loop(session *s, manifest *mf) {
     int stop = 0; /* the stop signal every rank agreed on after a step; 0 while none */
     stop_signals_catch(1);
     for (int64_t step = ck.state.step + 1; step <= steps; step++) {
-        double t0 = ct_now(), comm_before = s->rt.comm_seconds, tp_before = s->rt.tp.comm_seconds,
-               tp_bwd_before = s->rt.tp.bwd_seconds, pp_busy_before = s->pl ? s->pl->busy_seconds : 0,
+        double t0 = ct_now(), comm_before = s->rt.comm_seconds, pp_busy_before = s->pl ? s->pl->busy_seconds : 0,
                pp_step_before = s->pl ? s->pl->step_seconds : 0;
+        runtime_axis_comm axis_before[CT_MESH_NAXES];
+        memcpy(axis_before, s->rt.axis_comm, sizeof axis_before);
         trace_begin("step");
         double lr = lr_at(&sched, step - ck.lr_offset);
         /* the whole global batch first: the loss is normalised by its valid-token count */
@@ -457,8 +459,11 @@ static int train_loop(session *s, manifest *mf) {
         if (step > warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
             step_time_sum += dt;
             comm_time_sum += s->rt.comm_seconds - comm_before;
-            tp_time_sum += s->rt.tp.comm_seconds - tp_before;
-            tp_bwd_sum += s->rt.tp.bwd_seconds - tp_bwd_before;
+            for (int a = 0; a < CT_MESH_NAXES; a++) {
+                axis_sum[a].seconds += s->rt.axis_comm[a].seconds - axis_before[a].seconds;
+                axis_sum[a].bwd_seconds += s->rt.axis_comm[a].bwd_seconds - axis_before[a].bwd_seconds;
+                axis_sum[a].collectives += s->rt.axis_comm[a].collectives - axis_before[a].collectives;
+            }
             if (s->pl) {
                 pp_sums[0] += s->pl->busy_seconds - pp_busy_before;
                 pp_sums[1] += s->pl->step_seconds - pp_step_before;
@@ -523,12 +528,13 @@ static int train_loop(session *s, manifest *mf) {
             printf("summary: pipeline %s: measured bubble %.3f (time outside stage work, all %d pp ranks), schedule "
                    "predicts %.3f; at most %d microbatches held on rank 0\n",
                    s->pl->plan.name, 1.0 - pp_sums[0] / pp_sums[1], s->pl->pp, s->pl->plan.bubble, s->pl->peak_ctx);
-        if (s->rt.tp.size > 1)
-            printf("summary: tensor parallel%s: %.2f ms per step blocked in tp collectives (forward %.2f, backward "
-                   "%.2f; %.1f%% of step time)\n",
-                   s->rt.tp.async_chunks ? " (async)" : "", 1e3 * tp_time_sum / (double)timed_steps,
-                   1e3 * (tp_time_sum - tp_bwd_sum) / (double)timed_steps, 1e3 * tp_bwd_sum / (double)timed_steps,
-                   100.0 * tp_time_sum / step_time_sum);
+        for (int a = 0; a < CT_MESH_NAXES; a++) /* op-level strategies' collectives (tp's, cp's) */
+            if (axis_sum[a].collectives > 0 || axis_sum[a].seconds > 0)
+                printf("summary: %s axis: %.2f ms per step blocked in its op-level collectives (forward %.2f, backward "
+                       "%.2f; %.1f%% of step time)\n",
+                       mesh_axis_names[a], 1e3 * axis_sum[a].seconds / (double)timed_steps,
+                       1e3 * (axis_sum[a].seconds - axis_sum[a].bwd_seconds) / (double)timed_steps,
+                       1e3 * axis_sum[a].bwd_seconds / (double)timed_steps, 100.0 * axis_sum[a].seconds / step_time_sum);
     }
     if (ckpt_end(s, &ck, steps)) goto runfail;
     /* a stop signal in the last step or the final saves: the run is complete; the model is saved, the

@@ -36,7 +36,7 @@ for async in false true; do
   "$CTITAN" launch -n 2 train configs/llama3_debug.yaml "${common[@]}" --device.threads=1 --training.seq_len=256 \
     --training.local_batch_size=8 --training.steps=10 --metrics.log_freq=10 --parallelism.tensor_parallel_degree=2 \
     --parallelism.data_parallel_shard_degree=1 --parallelism.enable_async_tensor_parallel=$async \
-    --profiling.enable_profiling=true --job.dump_folder=outputs/bench_tp_$async | grep -E '^summary: (tensor|[0-9])' \
+    --profiling.enable_profiling=true --job.dump_folder=outputs/bench_tp_$async | grep -E '^summary: (tp axis|[0-9])' \
     | sed 's/ GFLOP\/s [a-z0-9:]* matmul peak.*//'
   printf '%s\n' "$(tp_fwd_ms outputs/bench_tp_$async/profile_traces/rank0_trace.json)" >outputs/bench_tp_$async/fwd_ms
 done

@@ -45,19 +45,19 @@ typedef struct llama {
 } llama;
 
 static const ct_option_spec options[] = {
-    {sizeof(ct_option_spec), "dim", CT_OPT_INT, NULL, "override the flavor's model width"},
-    {sizeof(ct_option_spec), "n_layers", CT_OPT_INT, NULL, "override the number of blocks"},
-    {sizeof(ct_option_spec), "n_heads", CT_OPT_INT, NULL, "override the number of query heads"},
-    {sizeof(ct_option_spec), "n_kv_heads", CT_OPT_INT, NULL, "override the number of key/value heads"},
-    {sizeof(ct_option_spec), "vocab_size", CT_OPT_INT, NULL, "override the vocabulary size"},
-    {sizeof(ct_option_spec), "ffn_hidden", CT_OPT_INT, NULL, "set the SwiGLU hidden size directly"},
-    {sizeof(ct_option_spec), "multiple_of", CT_OPT_INT, NULL, "round the SwiGLU hidden size up to this"},
-    {sizeof(ct_option_spec), "ffn_dim_multiplier", CT_OPT_FLOAT, NULL, "scale of the SwiGLU hidden size"},
-    {sizeof(ct_option_spec), "rope_theta", CT_OPT_FLOAT, NULL, "RoPE base"},
-    {sizeof(ct_option_spec), "norm_eps", CT_OPT_FLOAT, "1e-5", "RMSNorm epsilon"},
+    {sizeof(ct_option_spec), "dim", CT_OPT_INT, NULL, "override the flavor's model width", NULL, NULL},
+    {sizeof(ct_option_spec), "n_layers", CT_OPT_INT, NULL, "override the number of blocks", NULL, NULL},
+    {sizeof(ct_option_spec), "n_heads", CT_OPT_INT, NULL, "override the number of query heads", NULL, NULL},
+    {sizeof(ct_option_spec), "n_kv_heads", CT_OPT_INT, NULL, "override the number of key/value heads", NULL, NULL},
+    {sizeof(ct_option_spec), "vocab_size", CT_OPT_INT, NULL, "override the vocabulary size", NULL, NULL},
+    {sizeof(ct_option_spec), "ffn_hidden", CT_OPT_INT, NULL, "set the SwiGLU hidden size directly", NULL, NULL},
+    {sizeof(ct_option_spec), "multiple_of", CT_OPT_INT, NULL, "round the SwiGLU hidden size up to this", NULL, NULL},
+    {sizeof(ct_option_spec), "ffn_dim_multiplier", CT_OPT_FLOAT, NULL, "scale of the SwiGLU hidden size", NULL, NULL},
+    {sizeof(ct_option_spec), "rope_theta", CT_OPT_FLOAT, NULL, "RoPE base", NULL, NULL},
+    {sizeof(ct_option_spec), "norm_eps", CT_OPT_FLOAT, "1e-5", "RMSNorm epsilon", NULL, NULL},
     {sizeof(ct_option_spec), "depth_init", CT_OPT_BOOL, "true",
-     "output projections' std 0.02/sqrt(2(layer+1)) (else 0.02/sqrt(2 n_layers))"},
-    {0, NULL, 0, NULL, NULL},
+     "output projections' std 0.02/sqrt(2(layer+1)) (else 0.02/sqrt(2 n_layers))", NULL, NULL},
+    {0},
 };
 
 /* Bounds on the options, checked at create (the option list has no room for them). The caps keep

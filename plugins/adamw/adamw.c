@@ -13,13 +13,13 @@ typedef struct adamw {
 } adamw;
 
 static const ct_option_spec options[] = {
-    {sizeof(ct_option_spec), "beta1", CT_OPT_FLOAT, "0.9", "first-moment decay"},
-    {sizeof(ct_option_spec), "beta2", CT_OPT_FLOAT, "0.95", "second-moment decay"},
-    {sizeof(ct_option_spec), "eps", CT_OPT_FLOAT, "1e-8", "denominator epsilon"},
-    {sizeof(ct_option_spec), "weight_decay", CT_OPT_FLOAT, "0.1", "decoupled weight decay"},
+    {sizeof(ct_option_spec), "beta1", CT_OPT_FLOAT, "0.9", "first-moment decay", NULL, NULL},
+    {sizeof(ct_option_spec), "beta2", CT_OPT_FLOAT, "0.95", "second-moment decay", NULL, NULL},
+    {sizeof(ct_option_spec), "eps", CT_OPT_FLOAT, "1e-8", "denominator epsilon", NULL, NULL},
+    {sizeof(ct_option_spec), "weight_decay", CT_OPT_FLOAT, "0.1", "decoupled weight decay", NULL, NULL},
     {sizeof(ct_option_spec), "implementation", CT_OPT_STRING, "fused",
-     "fused | foreach | for-loop (accepted for torchtitan configs; one kernel per tensor here)"},
-    {0, NULL, 0, NULL, NULL},
+     "fused | foreach | for-loop (accepted for torchtitan configs; one kernel per tensor here)", NULL, NULL},
+    {0},
 };
 
 static ct_status adamw_create(const ct_host *h, const ct_device_api *d, void *dev, void **out) {

@@ -96,8 +96,8 @@ static int64_t cpu_find_bad_id(const int32_t *ids, int64_t n, int64_t limit, int
 
 static const ct_option_spec cpu_options[] = {
     {sizeof(ct_option_spec), "threads", CT_OPT_INT, "0",
-     "worker threads for OpenMP and OpenBLAS; 0 = the available cores divided among this node's ranks"},
-    {0, NULL, 0, NULL, NULL},
+     "worker threads for OpenMP and OpenBLAS; 0 = the available cores divided among this node's ranks", NULL, NULL},
+    {0},
 };
 
 /* ---- OpenBLAS under an address-space limit (ulimit -v)

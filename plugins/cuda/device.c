@@ -71,10 +71,10 @@ ct_status cuda_enter(cuda_device *d, const char *op)
 
 static const ct_option_spec cuda_options[] = {
     {sizeof(ct_option_spec), "device", CT_OPT_INT, "-1",
-     "CUDA device index of this process; -1 = the rank's index on its node modulo the visible GPUs (0 alone)"},
+     "CUDA device index of this process; -1 = the rank's index on its node modulo the visible GPUs (0 alone)", NULL, NULL},
     {sizeof(ct_option_spec), "tf32", CT_OPT_BOOL, "false",
-     "let f32 matmuls use TF32 tensor cores (faster, ~1e-3 relative error); false keeps f32 accuracy"},
-    {0, NULL, 0, NULL, NULL},
+     "let f32 matmuls use TF32 tensor cores (faster, ~1e-3 relative error); false keeps f32 accuracy", NULL, NULL},
+    {0},
 };
 
 /* This process's index among the ranks of its node (launchers' variables), 0 when alone. */

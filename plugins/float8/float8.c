@@ -48,14 +48,14 @@ typedef struct f8 {
 } f8;
 
 static const ct_option_spec options[] = {
-    {sizeof(ct_option_spec), "enable", CT_OPT_BOOL, "false", "train the converted linear layers in float8"},
+    {sizeof(ct_option_spec), "enable", CT_OPT_BOOL, "false", "train the converted linear layers in float8", NULL, NULL},
     {sizeof(ct_option_spec), "format", CT_OPT_STRING, "tensorwise",
-     "tensorwise | rowwise | rowwise_with_gw_hp | mxfp8 | e4m3 | e5m2"},
+     "tensorwise | rowwise | rowwise_with_gw_hp | mxfp8 | e4m3 | e5m2", NULL, NULL},
     {sizeof(ct_option_spec), "emulate", CT_OPT_BOOL, "false",
-     "torchao's emulate: fp8 casts with f32 GEMMs even where the device has a scaled fp8 matmul"},
+     "torchao's emulate: fp8 casts with f32 GEMMs even where the device has a scaled fp8 matmul", NULL, NULL},
     {sizeof(ct_option_spec), "filter_fqns", CT_OPT_STRING, "output",
-     "comma-separated substrings: linear weights whose name contains one stay in high precision"},
-    {0, NULL, 0, NULL, NULL},
+     "comma-separated substrings: linear weights whose name contains one stay in high precision", NULL, NULL},
+    {0},
 };
 
 static size_t edit_distance(const char *a, const char *b) {

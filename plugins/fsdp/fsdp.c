@@ -48,8 +48,8 @@ typedef struct fsdp {
 
 static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "fsdp_reshard_after_forward", CT_OPT_STRING, "default",
-     "default (reshard after forward but the last unit) | always | never"},
-    {0, NULL, 0, NULL, NULL},
+     "default (reshard after forward but the last unit) | always | never", NULL, NULL},
+    {0},
 };
 
 #define DAPI(f) (f)->env.dapi

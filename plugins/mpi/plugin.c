@@ -35,11 +35,11 @@
 static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "train_timeout_seconds", CT_OPT_FLOAT, "300",
      "seconds any collective, send/recv or wait may take before it returns a timeout error naming "
-     "the operation and group (a rank died or is stuck)"},
+     "the operation and group (a rank died or is stuck)", NULL, NULL},
     {sizeof(ct_option_spec), "init_timeout_seconds", CT_OPT_FLOAT, "300",
      "seconds the first collective after MPI_Init (duplicating MPI_COMM_WORLD) may take; "
-     "MPI_Init itself waits for every rank to start and cannot be bounded"},
-    {0, NULL, 0, NULL, NULL},
+     "MPI_Init itself waits for every rank to start and cannot be bounded", NULL, NULL},
+    {0},
 };
 
 /* Process-wide: MPI is started at most once per process and finalised by the last instance. */

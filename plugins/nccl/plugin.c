@@ -18,11 +18,11 @@
 
 static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "device", CT_OPT_INT, "-1",
-     "CUDA device of this rank; -1 = the rank's index on its node modulo the visible GPUs"},
+     "CUDA device of this rank; -1 = the rank's index on its node modulo the visible GPUs", NULL, NULL},
     {sizeof(ct_option_spec), "train_timeout_seconds", CT_OPT_FLOAT, "300",
      "an operation (or init, split, wait) that does not complete in this many seconds fails with "
-     "a timeout; the host then aborts the job"},
-    {0, NULL, 0, NULL, NULL},
+     "a timeout; the host then aborts the job", NULL, NULL},
+    {0},
 };
 
 /* The rank's index among the ranks on its node: Open MPI says so in the environment; otherwise

@@ -2,26 +2,32 @@
  *
  * The model pack's plan (ct_model_api.tp_plan, handed over in the strategy env) names a style per
  * parameter. place() splits each parameter over the tp axis: column-wise weights (and the embedding
- * and output tables) on dim 0, row-wise weights on dim 1; everything else stays whole. The host's
- * tape then runs the collectives each style implies around the linear, embedding and loss ops
- * (all-gather before a column-wise linear, reduce-scatter after a row-wise one under sequence
- * parallel, all-reduces without it). What is left here is the one reduction the tape cannot see:
- * under sequence parallel a norm weight meets 1/tp of the token rows on each rank, so its gradient
- * is summed over tp after the step's last backward.
+ * and output tables) on dim 0, row-wise weights on dim 1; everything else stays whole. The builder
+ * this plugin wraps (ops.c) then puts the collectives each style implies around the linear,
+ * embedding and loss ops, through the host's differentiable collectives and its own custom ops
+ * (custom.c). What is left here is the one reduction no op sees: under sequence parallel a norm
+ * weight meets 1/tp of the token rows on each rank, so its gradient is summed over tp after the
+ * step's last backward.
  */
-#include "ctitan/strategy.h"
+#include "tp.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct tp {
-    const ct_host *host;
-    ct_strategy_env env;
-    ct_mesh_info mesh;
-    ct_param_slot *slots;
-    int n_slots;
-    int last; /* the microbatch whose backward just ran is the step's last */
-} tp;
+static const ct_option_spec options[] = {
+    {sizeof(ct_option_spec), "enable_sequence_parallel", CT_OPT_BOOL, "true",
+     "under tensor parallel, shard the residual stream's token rows over tp (all-gather / reduce-scatter)", NULL, NULL},
+    {sizeof(ct_option_spec), "disable_loss_parallel", CT_OPT_BOOL, "false",
+     "gather the vocabulary-sharded logits before the loss instead of computing it sharded", NULL, NULL},
+    {sizeof(ct_option_spec), "enable_async_tensor_parallel", CT_OPT_BOOL, "false",
+     "overlap the tp all-gather with the column-wise matmul and the row-wise matmul with its reduce-scatter", NULL,
+     NULL},
+    {sizeof(ct_option_spec), "async_tensor_parallel_chunks", CT_OPT_INT, "4",
+     "chunks per overlapped collective under async TP", "[1, 64]", NULL},
+    {sizeof(ct_option_spec), "compile.enable_async_tensor_parallel", CT_OPT_BOOL, "false",
+     "torchtitan's later spelling of parallelism.enable_async_tensor_parallel", NULL, NULL},
+    {0},
+};
 
 /* '*' matches any run of characters; everything else matches itself. */
 static int glob(const char *p, const char *s) {
@@ -35,9 +41,70 @@ static int glob(const char *p, const char *s) {
     return *s == *p && glob(p + 1, s + 1);
 }
 
+static ct_tp_style plan_style(const tp *t, const char *name) {
+    for (const ct_tp_rule *r = t->env.tp_plan; r->pattern; r++)
+        if (name && glob(r->pattern, name)) return r->style;
+    return CT_TP_NONE;
+}
+
+static size_t style_slot(const tp *t, const ct_tensor *w) {
+    size_t h = ((uintptr_t)w >> 4) * 0x9E3779B97F4A7C15ull, mask = t->style_cap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask)
+        if (!t->style_key[i] || t->style_key[i] == w) return i;
+}
+
+ct_tp_style tp_style_of(const tp *t, const ct_tensor *w) {
+    if (!t->style_cap || !w) return CT_TP_NONE;
+    size_t i = style_slot(t, w);
+    return t->style_key[i] ? (ct_tp_style)t->style_val[i] : CT_TP_NONE;
+}
+
+/* Tensor parallel splits heads, kv heads, the feed-forward width and the vocabulary, and sequence
+ * parallel the sequence: each must divide by the degree. */
+static ct_status check_divides(const tp *t) {
+    const ct_model_desc *d = t->env.model;
+    struct {
+        const char *what;
+        int64_t n;
+    } dims[] = {{"attention heads", d ? d->n_heads : 0},
+                {"kv heads", d ? d->n_kv_heads : 0},
+                {"feed-forward hidden size", d ? d->ffn_hidden : 0},
+                {"vocabulary size", d ? d->vocab_size : 0},
+                {"sequence length (sequence parallel)", t->sequence_parallel ? t->env.seq_len : 0}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].n > 0 && dims[i].n % t->size) {
+            t->host->set_error(t->host, "tensor_parallel_degree %d must divide the %s (%lld)", t->size, dims[i].what,
+                               (long long)dims[i].n);
+            return CT_ERR_INVALID;
+        }
+    return CT_OK;
+}
+
+static ct_status read_options(tp *t) {
+    const ct_host *h = t->host;
+    int sp = 1, loss_off = 0, async = 0, async2 = 0;
+    int64_t chunks = 4;
+    if (h->opt_bool(h, "enable_sequence_parallel", &sp) || h->opt_bool(h, "disable_loss_parallel", &loss_off) ||
+        h->opt_bool(h, "enable_async_tensor_parallel", &async) ||
+        h->opt_bool(h, "compile.enable_async_tensor_parallel", &async2) ||
+        h->opt_int(h, "async_tensor_parallel_chunks", &chunks))
+        return CT_ERR_INVALID;
+    async |= async2;
+    if (chunks < 1 || chunks > 64) {
+        h->set_error(h, "async_tensor_parallel_chunks: expected 1 to 64 chunks, got %lld", (long long)chunks);
+        return CT_ERR_INVALID;
+    }
+    if (async && !sp && t->mesh.world_rank == 0)
+        h->log(h, CT_LOG_INFO, "async TP overlaps the sequence-parallel collectives; without sequence parallel it has no effect");
+    t->sequence_parallel = sp;
+    t->loss_parallel = !loss_off;
+    t->async_chunks = async ? (int)chunks : 0;
+    return CT_OK;
+}
+
 static ct_status tp_create(const ct_host *h, const ct_strategy_env *env, void **out) {
-    if (!CT_HAS_FIELD(env, ct_strategy_env, sequence_parallel) || !env->tp_plan) {
-        h->set_error(h, "tensor parallel needs the model pack's plan (ct_model_api.tp_plan, ABI 1.3)");
+    if (!CT_HAS_FIELD(env, ct_strategy_env, has_quantizer) || !env->tp_plan) {
+        h->set_error(h, "the model pack declares no tensor-parallel plan (ct_model_api.tp_plan)");
         return CT_ERR_INVALID;
     }
     tp *t = calloc(1, sizeof *t);
@@ -45,50 +112,74 @@ static ct_status tp_create(const ct_host *h, const ct_strategy_env *env, void **
     t->host = h;
     t->env = *env;
     t->mesh = *env->mesh;
+    t->size = t->mesh.degree[CT_AXIS_TP];
+    t->rank = t->mesh.coord[CT_AXIS_TP];
+    t->group = t->mesh.group[CT_AXIS_TP];
+    ct_status st = read_options(t);
+    if (st == CT_OK) st = check_divides(t);
+    if (st != CT_OK) {
+        free(t);
+        return st;
+    }
     *out = t;
     return CT_OK;
 }
 
-static void tp_destroy(void *p) { free(p); }
+static void tp_destroy(void *p) {
+    tp *t = p;
+    if (!t) return;
+    free(t->style_key);
+    free(t->style_val);
+    free(t);
+}
 
-static ct_tp_style style_of(const tp *t, const char *name) {
-    for (const ct_tp_rule *r = t->env.tp_plan; r->pattern; r++)
-        if (glob(r->pattern, name)) return r->style;
-    return CT_TP_NONE;
+/* Splits one parameter by its style: column-wise on dim 0, row-wise on dim 1. */
+static ct_status split_slot(tp *t, ct_param_slot *s, ct_tp_style st) {
+    ct_tensor *w = s->param;
+    int dim = st == CT_TP_ROWWISE ? 1
+              : (st == CT_TP_COLWISE || st == CT_TP_EMBED_ROWWISE || st == CT_TP_OUTPUT_COLWISE) ? 0
+                                                                                              : -1;
+    if (dim < 0) return CT_OK;
+    if (w->ndim != 2 || w->shape[dim] % t->size) {
+        t->host->set_error(t->host, "tensor parallel: %s (%lld x %lld) cannot be split in %d along dim %d (the plan says %s)",
+                           w->name, (long long)w->shape[0], w->ndim > 1 ? (long long)w->shape[1] : 1LL, t->size, dim,
+                           dim ? "row-wise" : "column-wise");
+        return CT_ERR_INVALID;
+    }
+    w->shape[dim] /= t->size;
+    s->split_axis = CT_AXIS_TP;
+    s->split_dim = dim;
+    s->split_parts = t->size;
+    s->split_index = t->rank;
+    s->numel = w->shape[0] * w->shape[1];
+    s->placement = CT_PLACE_REPLICATE;
+    s->local_numel = s->numel;
+    s->offset = 0;
+    if (st == CT_TP_OUTPUT_COLWISE) t->output_rows = w->shape[0];
+    return CT_OK;
 }
 
 static ct_status tp_place(void *p, ct_param_slot *slots, int n) {
     tp *t = p;
-    int parts = t->mesh.degree[CT_AXIS_TP], index = t->mesh.coord[CT_AXIS_TP];
+    if (n > 0 && !CT_HAS_FIELD(slots, ct_param_slot, global_shape)) {
+        t->host->set_error(t->host, "tensor parallel: the host's parameter slots predate ABI 2.0");
+        return CT_ERR_UNSUPPORTED;
+    }
+    t->style_cap = 16;
+    while (t->style_cap < (size_t)n * 2 + 2) t->style_cap *= 2;
+    t->style_key = calloc(t->style_cap, sizeof *t->style_key);
+    t->style_val = calloc(t->style_cap, 1);
+    if (!t->style_key || !t->style_val) return CT_ERR_NOMEM;
     for (int i = 0; i < n; i++) {
-        ct_param_slot *s = &slots[i];
-        if (!CT_HAS_FIELD(s, ct_param_slot, global_shape)) {
-            t->host->set_error(t->host, "tensor parallel: the host's parameter slots predate ABI 1.3");
-            return CT_ERR_UNSUPPORTED;
-        }
+        ct_param_slot *s = CT_SLOT_AT(slots, i);
         if (s->placement == CT_PLACE_NONE) continue; /* another pipeline stage's */
-        ct_tensor *w = s->param;
-        ct_tp_style st = style_of(t, w->name);
-        s->tp_style = st;
-        int dim = st == CT_TP_ROWWISE ? 1
-                  : (st == CT_TP_COLWISE || st == CT_TP_EMBED_ROWWISE || st == CT_TP_OUTPUT_COLWISE) ? 0
-                                                                                                    : -1;
-        if (dim < 0) continue;
-        if (w->ndim != 2 || w->shape[dim] % parts) {
-            t->host->set_error(t->host,
-                               "tensor parallel: %s (%lld x %lld) cannot be split in %d along dim %d (the plan says %s)",
-                               w->name, (long long)w->shape[0], w->ndim > 1 ? (long long)w->shape[1] : 1LL, parts, dim,
-                               dim ? "row-wise" : "column-wise");
-            return CT_ERR_INVALID;
-        }
-        w->shape[dim] /= parts;
-        s->tp_dim = dim;
-        s->tp_parts = parts;
-        s->tp_index = index;
-        s->numel = w->shape[0] * w->shape[1];
-        s->placement = CT_PLACE_REPLICATE;
-        s->local_numel = s->numel;
-        s->offset = 0;
+        ct_tp_style st = plan_style(t, s->param->name);
+        if (st == CT_TP_NONE) continue;
+        size_t k = style_slot(t, s->param);
+        t->style_key[k] = s->param;
+        t->style_val[k] = (unsigned char)st;
+        ct_status rc = split_slot(t, s, st);
+        if (rc != CT_OK) return rc;
     }
     return CT_OK;
 }
@@ -99,8 +190,9 @@ static ct_status tp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
     t->slots = slots;
     t->n_slots = n;
     for (int i = 0; i < n; i++) { /* compute on the local block (a data-parallel strategy repoints these) */
-        slots[i].param->data = slots[i].local_data;
-        slots[i].param->grad = slots[i].local_grad;
+        ct_param_slot *s = CT_SLOT_AT(slots, i);
+        s->param->data = s->local_data;
+        s->param->grad = s->local_grad;
     }
     return CT_OK;
 }
@@ -120,15 +212,25 @@ static ct_status tp_post_backward(void *p, int unit, int last_microbatch) {
 /* Runs after the data-parallel strategy's finish: the local gradients are final but for tp. */
 static ct_status tp_finish_backward(void *p) {
     tp *t = p;
-    if (!t->last || !t->env.sequence_parallel) return CT_OK;
+    if (!t->last || !t->sequence_parallel) return CT_OK;
     for (int i = 0; i < t->n_slots; i++) {
-        ct_param_slot *s = &t->slots[i];
-        if (s->tp_style != CT_TP_SEQUENCE_PARALLEL || s->local_numel == 0) continue;
-        ct_status st = t->env.capi->all_reduce(t->env.comm, t->mesh.group[CT_AXIS_TP], s->local_grad, s->local_grad,
-                                               s->local_numel, CT_F32, CT_REDUCE_SUM, NULL);
+        ct_param_slot *s = CT_SLOT_AT(t->slots, i);
+        if (s->local_numel == 0 || tp_style_of(t, s->param) != CT_TP_SEQUENCE_PARALLEL) continue;
+        ct_status st = t->env.capi->all_reduce(t->env.comm, t->group, s->local_grad, s->local_grad, s->local_numel,
+                                               CT_F32, CT_REDUCE_SUM, NULL);
         if (st) return st;
     }
     return CT_OK;
+}
+
+static ct_status tp_wrap_builder(void *p, ct_builder *next, ct_builder *out) {
+    tp_builder_init(p, next, out);
+    return CT_OK;
+}
+
+static int64_t tp_sequence_multiple(void *p) {
+    const tp *t = p;
+    return t->sequence_parallel ? t->size : 1;
 }
 
 static const ct_strategy_api api = {
@@ -142,6 +244,8 @@ static const ct_strategy_api api = {
     .pre_backward = tp_noop,
     .post_backward = tp_post_backward,
     .finish_backward = tp_finish_backward,
+    .wrap_builder = tp_wrap_builder,
+    .sequence_multiple = tp_sequence_multiple,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {
@@ -150,8 +254,9 @@ CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *inf
     info->abi_minor = CT_ABI_MINOR;
     info->kind = CT_KIND_STRATEGY;
     info->name = "tp";
-    info->description = "tensor parallel (Megatron): column/row-wise splits from the model's plan, sequence and loss parallel";
-    info->options = NULL;
+    info->description = "tensor parallel (Megatron): column/row-wise splits from the model's plan, sequence and loss "
+                        "parallel, async TP";
+    info->options = options;
     info->api = &api;
     return CT_OK;
 }

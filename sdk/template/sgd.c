@@ -24,10 +24,10 @@
 
 /* The plugin's manifest keys (the `optimizer` section's `name` and `lr` belong to the host). */
 static const ct_option_spec sgd_options[] = {
-    {sizeof(ct_option_spec), "momentum", CT_OPT_FLOAT, "0.0", "momentum factor in [0, 1); 0 keeps no state"},
+    {sizeof(ct_option_spec), "momentum", CT_OPT_FLOAT, "0.0", "momentum factor in [0, 1); 0 keeps no state", NULL, NULL},
     {sizeof(ct_option_spec), "weight_decay", CT_OPT_FLOAT, "0.0",
-     "L2 penalty added to the gradient (not applied to CT_TENSOR_NO_DECAY tensors)"},
-    {0, NULL, 0, NULL, NULL},
+     "L2 penalty added to the gradient (not applied to CT_TENSOR_NO_DECAY tensors)", NULL, NULL},
+    {0},
 };
 
 typedef struct sgd {

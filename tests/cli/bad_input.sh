@@ -61,7 +61,7 @@ cat >"$T/abi.c" <<'C'
 #include "ctitan/model.h"
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *h, ct_plugin_info *info) {
     (void)h; static const ct_model_api api = {sizeof api};
-    info->abi_major = CT_ABI_MAJOR + 98; info->abi_minor = 0; info->kind = CT_KIND_MODEL;
+    info->abi_major = 99; info->abi_minor = 0; info->kind = CT_KIND_MODEL;
     info->name = "future"; info->api = &api; return CT_OK;
 }
 C

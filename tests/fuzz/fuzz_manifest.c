@@ -16,11 +16,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Options shaped like a model pack's (plugin keys validate by type only). */
 static const ct_option_spec plugin_opts[] = {
-    {sizeof(ct_option_spec), "n_layers", CT_OPT_INT, NULL, "blocks"},
-    {sizeof(ct_option_spec), "norm_eps", CT_OPT_FLOAT, "1e-5", "epsilon"},
-    {sizeof(ct_option_spec), "depth_init", CT_OPT_BOOL, "true", "init"},
-    {sizeof(ct_option_spec), "kind", CT_OPT_STRING, NULL, "a string"},
-    {0, NULL, 0, NULL, NULL},
+    {sizeof(ct_option_spec), "n_layers", CT_OPT_INT, NULL, "blocks", NULL, NULL},
+    {sizeof(ct_option_spec), "norm_eps", CT_OPT_FLOAT, "1e-5", "epsilon", NULL, NULL},
+    {sizeof(ct_option_spec), "depth_init", CT_OPT_BOOL, "true", "init", NULL, NULL},
+    {sizeof(ct_option_spec), "kind", CT_OPT_STRING, NULL, "a string", NULL, NULL},
+    {0},
 };
 
 /* A broken promise is a crash the fuzzer reports. */

@@ -43,12 +43,12 @@ static const gpt2_config gpt2_flavors[] = {
 
 /* model.* keys beyond name and flavor; unset means "the flavor's value". */
 static const ct_option_spec gpt2_options[] = {
-    {sizeof(ct_option_spec), "vocab_size", CT_OPT_INT, NULL, "rows of wte and lm_head (default: flavor)"},
-    {sizeof(ct_option_spec), "dim", CT_OPT_INT, NULL, "model width (default: flavor)"},
-    {sizeof(ct_option_spec), "n_layers", CT_OPT_INT, NULL, "transformer blocks (default: flavor)"},
-    {sizeof(ct_option_spec), "n_heads", CT_OPT_INT, NULL, "attention heads; must divide dim (default: flavor)"},
-    {sizeof(ct_option_spec), "max_seq_len", CT_OPT_INT, NULL, "rows of wpe, the longest sequence (default: flavor)"},
-    {0, NULL, 0, NULL, NULL},
+    {sizeof(ct_option_spec), "vocab_size", CT_OPT_INT, NULL, "rows of wte and lm_head (default: flavor)", NULL, NULL},
+    {sizeof(ct_option_spec), "dim", CT_OPT_INT, NULL, "model width (default: flavor)", NULL, NULL},
+    {sizeof(ct_option_spec), "n_layers", CT_OPT_INT, NULL, "transformer blocks (default: flavor)", NULL, NULL},
+    {sizeof(ct_option_spec), "n_heads", CT_OPT_INT, NULL, "attention heads; must divide dim (default: flavor)", NULL, NULL},
+    {sizeof(ct_option_spec), "max_seq_len", CT_OPT_INT, NULL, "rows of wpe, the longest sequence (default: flavor)", NULL, NULL},
+    {0},
 };
 
 /* One transformer block's parameters, HF's names after "transformer.h.{i}.". */

@@ -22,8 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CT_ABI_MAJOR 1
-#define CT_ABI_MINOR 5 /* 1.1: comm and strategy kinds, CT_ERR_TIMEOUT; 1.2: float8 device ops;
+#define CT_ABI_MAJOR 2
+#define CT_ABI_MINOR 0 /* 1.1: comm and strategy kinds, CT_ERR_TIMEOUT; 1.2: float8 device ops;
                           1.3: tensor-parallel ops and hooks, the schedule kind;
                           1.4: scaled fp8 matmul, the matmul operand dtype, shared device streams;
                           1.5: device-resident loss ops and graph capture */
@@ -68,10 +68,16 @@ typedef enum ct_opt_type { CT_OPT_INT = 1, CT_OPT_FLOAT = 2, CT_OPT_STRING = 3, 
 
 typedef struct ct_option_spec {
     size_t struct_size;
-    const char *key;
+    const char *key;           /* in the plugin's section ("n_layers"); a key with a dot is another
+                                  section's, spelled whole ("compile.enable_async_tensor_parallel") */
     ct_opt_type type;
     const char *default_value; /* as written in YAML; NULL = no default (optional, unset) */
     const char *help;
+    /* ABI 2.0, may be NULL: checked by the host for every value given, whether or not the plugin
+     * is created in the run. range: "[lo, hi]" (a bracket may be "(" or ")" for an open end);
+     * choices: "a|b|c". */
+    const char *range;
+    const char *choices;
 } ct_option_spec;
 
 typedef struct ct_host ct_host;

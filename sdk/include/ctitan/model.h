@@ -49,8 +49,28 @@ typedef struct ct_param_registry {
                       const int64_t *shape, const ct_init *init, uint32_t flags);
 } ct_param_registry;
 
+/* ABI 2.0: the differentiable collectives (ct_builder.collective). Each runs over one mesh axis and
+ * records its conjugate, so the gradient that reaches x is what the single-device function's is. */
+typedef enum ct_collective {
+    CT_COLL_ALL_GATHER = 1,       /* every rank's block, concatenated along dim | backward: reduce-scatter
+                                     (each rank's consumer made a partial gradient) */
+    CT_COLL_ALL_GATHER_SLICE = 2, /* the same | backward: this rank's block of the gradient (every rank
+                                     computed the same one, e.g. from a replicated loss) */
+    CT_COLL_REDUCE_SCATTER = 3,   /* the sum over the axis, this rank keeping its block along dim
+                                     | backward: all-gather */
+    CT_COLL_ALL_REDUCE = 4,       /* the sum over the axis | backward: identity (Megatron's g) */
+    CT_COLL_COPY = 5              /* identity | backward: all-reduce (Megatron's f) */
+} ct_collective;
+
+/* The dims a collective splits along. Token rows: every dim but the last, flattened; rank r's block
+ * is the r-th contiguous run of rows, and the gathered tensor's second-to-last dim is degree times
+ * the block's. Columns: the last dim; rank r's block is the r-th run of columns of every row. */
+#define CT_DIM_ROWS (-2)
+#define CT_DIM_COLS (-1)
+
 /* The host's ops. Every op returns a new tensor (or NULL on error) and records its backward. */
 typedef struct ct_builder ct_builder;
+struct ct_custom_op;
 struct ct_builder {
     size_t struct_size;
     void *ctx;
@@ -78,7 +98,58 @@ struct ct_builder {
     ct_tensor *(*cross_entropy)(ct_builder *b, ct_tensor *logits, const ct_tensor *targets);
     /* int32 (batch, seq) holding t at [.., t]: positions for learned position embeddings */
     ct_tensor *(*positions)(ct_builder *b, int64_t batch, int64_t seq);
+
+    /* ---- ABI 2.0: what operation-level strategies build with (ctitan/strategy.h, wrap_builder).
+     * A model pack may call these too, but a single-device pack has no reason to. ---- */
+
+    /* A differentiable collective over mesh axis `axis` (ct_mesh_axis) on x, recorded with its
+     * conjugate for backward (see ct_collective). `dim` is CT_DIM_ROWS or CT_DIM_COLS. An all-gather
+     * or copy of the same tensor over the same axis and dim is made once: a second call returns the
+     * first result. On one rank of the axis every kind is the identity. */
+    ct_tensor *(*collective)(ct_builder *b, ct_collective kind, ct_tensor *x, int axis, int dim);
+    /* The host calls this on a model output it is about to read (the logits, when no targets were
+     * given); a strategy that left that output split returns it whole. The host's own returns x. */
+    ct_tensor *(*finish_output)(ct_builder *b, ct_tensor *x);
+    /* A fresh f32 or int32 activation in the arena the builder writes to now (lives as long as the
+     * builder's other outputs: until the step's backward has used it). Its gradient starts NULL. */
+    ct_tensor *(*new_tensor)(ct_builder *b, ct_dtype dtype, int ndim, const int64_t *shape);
+    /* Device memory for a custom op's temporaries: valid until its forward or backward callback
+     * returns. NULL (with the error set) when out of memory. */
+    void *(*scratch)(ct_builder *b, size_t bytes);
+    /* Runs op->forward now and records the op for backward. `state` (state_bytes, may be 0) is copied
+     * into host memory that lives as long as the op's outputs; forward and backward get that copy.
+     * in[] and out[] are copied too. Returns CT_OK, or the callback's status with the error set. */
+    ct_status (*custom)(ct_builder *b, const struct ct_custom_op *op, const void *state, size_t state_bytes,
+                        ct_tensor *const *in, int n_in, ct_tensor **out, int n_out);
+    /* In a backward callback: t's gradient buffer (numel f32, zeroed on first use; a parameter's is
+     * its own), to accumulate into with `+=`. NULL with the error set when out of memory. */
+    float *(*grad)(ct_builder *b, ct_tensor *t);
+    /* A note a strategy keeps on an activation: memo(b, x, key, NULL) returns the tensor stored
+     * under `key` (any address the strategy owns) on x, or NULL; memo(b, x, key, v) stores v. Notes
+     * live as long as x; a view of x starts without any. */
+    ct_tensor *(*memo)(ct_builder *b, ct_tensor *x, const void *key, ct_tensor *value);
+    /* Time a custom op spent blocked in communication over `axis`, for the per-axis summary. */
+    void (*account_comm)(ct_builder *b, int axis, double seconds);
 };
+
+/* ABI 2.0: a custom op a strategy records (async tensor parallel's overlapped pieces, loss parallel,
+ * a vocabulary-ranged embedding ...). The host calls forward at once and backward when the tape is
+ * replayed. Both may use the device and comm the strategy was given and the builder's new_tensor,
+ * scratch and grad; neither may record other ops. */
+typedef struct ct_custom_op {
+    size_t struct_size;
+    const char *name; /* for traces and errors; static */
+    /* Fills out[0..n_out) with tensors made by b->new_tensor (the host counts and frees them). */
+    ct_status (*forward)(ct_builder *b, void *state, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out);
+    /* dy[i]: out[i]'s gradient, or NULL where none flowed. halves: CT_GRAD_INPUT (accumulate into
+     * the inputs' gradients that are not parameters'), CT_GRAD_WEIGHT (into the parameters'), or
+     * both; a zero-bubble schedule calls the weight half later, after the input half. */
+    ct_status (*backward)(ct_builder *b, void *state, ct_tensor *const *in, int n_in, ct_tensor *const *out,
+                          const float *const *dy, int n_out, int halves);
+} ct_custom_op;
+
+#define CT_GRAD_INPUT 1
+#define CT_GRAD_WEIGHT 2
 
 typedef struct ct_model_config {
     size_t struct_size;
@@ -100,11 +171,12 @@ typedef struct ct_model_desc {
     double rope_theta, norm_eps;
 } ct_model_desc;
 
-/* ABI 1.3: the tensor-parallel plan, as data (torchtitan's parallelize plan). A strategy that splits
- * parameters over the tp axis reads it; the host runs the collectives each style implies around the
- * linear, embedding and loss ops, so the pack's forward stays single-device. With sequence parallel the
- * residual stream between blocks holds 1/tp of the token rows on each rank; the pack must then take
- * the sequence length from a column-wise linear's OUTPUT (which holds every row), not from x. */
+/* The tensor-parallel plan, as data (torchtitan's parallelize plan): the pack names a style per
+ * parameter; the strategy that serves the tp mesh axis (plugins/tp) splits the parameters and wraps
+ * the builder's linear, embedding and cross-entropy ops with the collectives each style implies, so
+ * the pack's forward stays single-device. With sequence parallel the residual stream between blocks
+ * holds 1/tp of the token rows on each rank; the pack must then take the sequence length from a
+ * column-wise linear's OUTPUT (which holds every row), not from x. */
 typedef enum ct_tp_style {
     CT_TP_NONE = 0,
     CT_TP_COLWISE = 1,        /* w (out, in) split on dim 0; input gathered (every token row), output sharded on features */
@@ -114,6 +186,8 @@ typedef enum ct_tp_style {
     CT_TP_SEQUENCE_PARALLEL = 5 /* a norm weight: replicated; under SP it sees 1/tp of the rows, so its gradient is summed over tp */
 } ct_tp_style;
 
+/* Frozen: this element never grows (a later minor that needs more adds a new array), so readers
+ * index the plan as a plain C array. */
 typedef struct ct_tp_rule {
     const char *pattern; /* a parameter name; '*' matches any run of characters ("layers.*.attention.wq.weight") */
     ct_tp_style style;
@@ -138,9 +212,9 @@ typedef struct ct_model_api {
      * *out receives the unit's output tensor. */
     ct_status (*unit_forward)(void *model, int unit, ct_builder *b, ct_tensor *x,
                               const ct_tensor *tokens, const ct_tensor *targets, ct_tensor **out);
-    /* ABI 1.3, optional: the tensor-parallel plan, ended by a rule whose pattern is NULL; the first rule
+    /* Optional: the tensor-parallel plan, ended by a rule whose pattern is NULL; the first rule
      * matching a parameter's name gives its style; a parameter no rule matches is replicated. NULL: the
-     * pack cannot be split over tp. */
+     * pack cannot be split over tp. Static: valid while the plugin is loaded. */
     const ct_tp_rule *tp_plan;
 } ct_model_api;
 

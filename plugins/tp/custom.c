@@ -1,0 +1,411 @@
+/* custom.c: tensor parallel's custom ops, each a forward and a backward the host records on its
+ * tape: the vocabulary-ranged embedding, loss parallel's cross entropy, and async TP's overlapped
+ * all-gather + matmul and matmul + reduce-scatter. They call the device and the comm the strategy
+ * was given; the time they are blocked in a collective is reported as the tp axis's. */
+#define _POSIX_C_SOURCE 199309L
+#include "tp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define TP_PIECES 4 /* matmul pieces per rank block of a chunk, with a poke of the collective in flight after each */
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const char *trace_name(int backward) { return backward ? "tp_comm_bwd" : "tp_comm_fwd"; }
+
+static int64_t numel(const ct_tensor *t) { return ct_tensor_numel(t); }
+
+/* The status of a failed call, with a message when the callee left none. */
+static int failed(tp *t, ct_status st, const char *what) {
+    if (st == CT_OK) return 0;
+    t->host->set_error(t->host, "%s failed (status %d)", what, st);
+    return -1;
+}
+
+int tp_comm(tp *t, ct_builder *b, int backward, char kind, const float *send, float *recv, int64_t count, void **req) {
+    const ct_comm_api *c = t->env.capi;
+    if (!req) t->host->trace_begin(t->host, trace_name(backward)); /* a started one is waited for later */
+    double t0 = now();
+    ct_status st = kind == 'g'   ? c->all_gather(t->env.comm, t->group, send, recv, count, CT_F32, req)
+                   : kind == 's' ? c->reduce_scatter(t->env.comm, t->group, send, recv, count, CT_F32, CT_REDUCE_SUM, req)
+                                 : c->all_reduce(t->env.comm, t->group, send, recv, count, CT_F32, CT_REDUCE_SUM, req);
+    if (!req) {
+        b->account_comm(b, CT_AXIS_TP, now() - t0);
+        t->host->trace_end(t->host, trace_name(backward));
+    }
+    return failed(t, st, kind == 'g' ? "tp all-gather" : kind == 's' ? "tp reduce-scatter" : "tp all-reduce");
+}
+
+int tp_wait(tp *t, ct_builder *b, int backward, void *req) {
+    t->host->trace_begin(t->host, trace_name(backward));
+    double t0 = now();
+    ct_status st = t->env.capi->wait(t->env.comm, req);
+    b->account_comm(b, CT_AXIS_TP, now() - t0);
+    t->host->trace_end(t->host, trace_name(backward));
+    return failed(t, st, "tp wait");
+}
+
+/* Lets a started collective move while this rank computes (MPI progresses only inside calls). */
+static void poke(tp *t, ct_builder *b, void *req) {
+    const ct_comm_api *c = t->env.capi;
+    if (!req || !CT_HAS_FIELD(c, ct_comm_api, test) || !c->test) return;
+    int done = 0;
+    t->host->trace_begin(t->host, trace_name(0));
+    double t0 = now();
+    c->test(t->env.comm, req, &done); /* an error here resurfaces at the wait */
+    b->account_comm(b, CT_AXIS_TP, now() - t0);
+    t->host->trace_end(t->host, trace_name(0));
+}
+
+/* ---- the vocabulary-ranged embedding: this rank's rows of the table, zeros for the other ids ---- */
+typedef struct {
+    tp *t;
+    int64_t begin;
+} ranged_state;
+
+static ct_status embedding_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
+    ranged_state *s = sp;
+    const ct_device_api *d = s->t->env.dapi;
+    const ct_tensor *ids = in[0], *table = in[1];
+    (void)n_in;
+    (void)n_out;
+    int64_t shape[CT_MAX_DIMS];
+    memcpy(shape, ids->shape, sizeof shape);
+    shape[ids->ndim] = table->shape[1];
+    if (!(out[0] = b->new_tensor(b, CT_F32, ids->ndim + 1, shape))) return CT_ERR_NOMEM;
+    return d->embedding_forward_range(s->t->env.dev, out[0]->data, ids->data, table->data, numel(ids), table->shape[1],
+                                      s->begin, table->shape[0]);
+}
+
+static ct_status embedding_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor *const *out,
+                               const float *const *dy, int n_out, int halves) {
+    ranged_state *s = sp;
+    ct_tensor *ids = in[0], *table = in[1];
+    (void)n_in;
+    (void)out;
+    (void)n_out;
+    if (!(halves & CT_GRAD_WEIGHT) || !dy[0]) return CT_OK;
+    float *g = b->grad(b, table);
+    if (!g) return CT_ERR_NOMEM;
+    return s->t->env.dapi->embedding_backward_range(s->t->env.dev, g, ids->data, dy[0], numel(ids), table->shape[1],
+                                                    s->begin, table->shape[0]);
+}
+
+static const ct_custom_op embedding_op = {sizeof(ct_custom_op), "tp.embedding", embedding_fwd, embedding_bwd};
+
+ct_tensor *tp_embedding_ranged(tp *t, ct_builder *b, const ct_tensor *ids, ct_tensor *table) {
+    const ct_device_api *d = t->env.dapi;
+    if (!ids || ids->dtype != CT_I32 || ids->ndim >= CT_MAX_DIMS || !table || table->ndim != 2) {
+        t->host->set_error(t->host, "embedding: expects int32 ids and a (vocab, dim) f32 table");
+        return NULL;
+    }
+    if (!d->embedding_forward_range || !d->embedding_backward_range) {
+        t->host->set_error(t->host, "tensor parallel: the device lacks the ranged embedding ops");
+        return NULL;
+    }
+    ranged_state s = {t, table->shape[0] * t->rank};
+    ct_tensor *in[2] = {(ct_tensor *)ids, table}, *out[1] = {NULL};
+    return b->custom(b, &embedding_op, &s, sizeof s, in, 2, out, 1) == CT_OK ? out[0] : NULL;
+}
+
+/* ---- loss parallel: cross entropy on vocabulary-sharded logits ----
+ * Each rank's per-row (max, sum of exp, target logit) are gathered and merged into the whole row's
+ * log-sum-exp; the logits never move. */
+typedef struct {
+    tp *t;
+    int64_t begin;
+    ct_tensor *lse;
+} ce_state;
+
+/* Merges every rank's stats (host, rank-major) into lse (host) and the summed loss. */
+static int ce_merge(tp *t, const float *stats, const int32_t *tg, int64_t n, int64_t vfull, float *lse, double *sum) {
+    *sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double mx = -INFINITY, s = 0, tl = 0;
+        for (int64_t p = 0; p < t->size; p++) mx = fmax(mx, stats[(p * n + i) * 3]);
+        for (int64_t p = 0; p < t->size; p++) {
+            const float *st = stats + (p * n + i) * 3;
+            s += st[1] * exp(st[0] - mx);
+            tl += st[2];
+        }
+        lse[i] = (float)(mx + log(s));
+        if (tg[i] == CT_IGNORE_INDEX) continue;
+        if (tg[i] < 0 || tg[i] >= vfull) {
+            t->host->set_error(t->host, "cross_entropy: target %d outside the vocabulary [0, %lld)", tg[i], (long long)vfull);
+            return -1;
+        }
+        *sum += (double)lse[i] - tl;
+    }
+    return 0;
+}
+
+static ct_status ce_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
+    ce_state *s = sp;
+    tp *t = s->t;
+    const ct_device_api *d = t->env.dapi;
+    void *dev = t->env.dev;
+    ct_tensor *logits = in[0], *targets = in[1];
+    (void)n_in;
+    (void)n_out;
+    int64_t v = logits->shape[logits->ndim - 1], n = numel(logits) / v, three = 3 * n;
+    ct_tensor *stats = b->new_tensor(b, CT_F32, 1, &three);
+    s->lse = b->new_tensor(b, CT_F32, 1, &n);
+    out[0] = b->new_tensor(b, CT_F32, 0, NULL);
+    float *all = b->scratch(b, sizeof(float) * (size_t)(3 * n * t->size));
+    float *host = malloc(sizeof(float) * (size_t)(3 * n * t->size + n + 1));
+    int32_t *tg = malloc(sizeof(int32_t) * (size_t)(n + 1));
+    double sum = 0;
+    int bad = !stats || !s->lse || !out[0] || !all || !host || !tg;
+    bad = bad || failed(t, d->cross_entropy_stats(dev, stats->data, logits->data, targets->data, n, v, s->begin,
+                                                  CT_IGNORE_INDEX), "loss parallel: cross_entropy_stats");
+    bad = bad || tp_comm(t, b, 0, 'g', stats->data, all, 3 * n, NULL);
+    bad = bad || failed(t, d->copy(dev, host, all, sizeof(float) * (size_t)(3 * n * t->size), CT_COPY_D2H), "copy") ||
+          failed(t, d->copy(dev, tg, targets->data, sizeof(int32_t) * (size_t)n, CT_COPY_D2H), "copy");
+    float *l = host ? host + 3 * n * t->size : NULL;
+    bad = bad || ce_merge(t, host, tg, n, v * t->size, l, &sum);
+    float fsum = (float)sum;
+    bad = bad || failed(t, d->copy(dev, s->lse->data, l, sizeof(float) * (size_t)n, CT_COPY_H2D), "copy") ||
+          failed(t, d->copy(dev, out[0]->data, &fsum, sizeof fsum, CT_COPY_H2D), "copy");
+    free(host);
+    free(tg);
+    return bad ? CT_ERR_INVALID : CT_OK;
+}
+
+static ct_status ce_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor *const *out,
+                        const float *const *dy, int n_out, int halves) {
+    ce_state *s = sp;
+    const ct_device_api *d = s->t->env.dapi;
+    ct_tensor *logits = in[0], *targets = in[1];
+    (void)n_in;
+    (void)out;
+    (void)n_out;
+    if (!(halves & CT_GRAD_INPUT) || !dy[0]) return CT_OK;
+    int64_t v = logits->shape[logits->ndim - 1], n = numel(logits) / v;
+    float dloss, *g = b->grad(b, logits);
+    if (!g) return CT_ERR_NOMEM;
+    ct_status st = d->copy(s->t->env.dev, &dloss, dy[0], sizeof dloss, CT_COPY_D2H);
+    if (st != CT_OK) return st;
+    return d->cross_entropy_backward_lse(s->t->env.dev, g, logits->data, targets->data, s->lse->data, dloss, n, v,
+                                         s->begin, CT_IGNORE_INDEX);
+}
+
+static const ct_custom_op ce_op = {sizeof(ct_custom_op), "tp.cross_entropy", ce_fwd, ce_bwd};
+
+ct_tensor *tp_cross_entropy_sharded(tp *t, ct_builder *b, ct_tensor *logits, const ct_tensor *targets) {
+    const ct_device_api *d = t->env.dapi;
+    if (!d->cross_entropy_stats || !d->cross_entropy_backward_lse) {
+        t->host->set_error(t->host, "loss parallel: the device lacks cross_entropy_stats; set "
+                                    "parallelism.disable_loss_parallel");
+        return NULL;
+    }
+    int64_t v = logits->shape[logits->ndim - 1];
+    if (logits->dtype != CT_F32 || !targets || targets->dtype != CT_I32 || numel(targets) != numel(logits) / v) {
+        t->host->set_error(t->host, "cross_entropy: targets must be int32 with one value per row of logits");
+        return NULL;
+    }
+    ce_state s = {t, v * t->rank, NULL};
+    ct_tensor *in[2] = {logits, (ct_tensor *)targets}, *out[1] = {NULL};
+    return b->custom(b, &ce_op, &s, sizeof s, in, 2, out, 1) == CT_OK ? out[0] : NULL;
+}
+
+/* ---- async TP, column-wise: out = (y, x with every row) ---- */
+typedef struct {
+    tp *t;
+} async_state;
+
+/* Chunks of at most rc rows over nl rows: how many, and rc. */
+static int64_t chunking(const tp *t, int64_t nl, int64_t *rc) {
+    int64_t chunks = t->async_chunks < nl ? t->async_chunks : nl;
+    *rc = (nl + chunks - 1) / chunks;
+    return (nl + *rc - 1) / *rc;
+}
+
+/* Chunk i of x's rows arrived in buf (rank-major): copied into its place in X, multiplied in pieces,
+ * the next chunk's gather poked between them. */
+static int gl_chunk(tp *t, ct_builder *b, const float *buf, int64_t r0, int64_t cnt, int64_t nl, int64_t in,
+                    int64_t outf, const ct_tensor *w, float *Xd, float *Yd, void *next) {
+    const ct_device_api *d = t->env.dapi;
+    void *dev = t->env.dev;
+    for (int64_t p = 0; p < t->size; p++) {
+        int64_t row = p * nl + r0;
+        if (failed(t, d->copy(dev, Xd + row * in, buf + p * cnt * in, sizeof(float) * (size_t)(cnt * in), CT_COPY_D2D),
+                   "copy"))
+            return -1;
+        for (int64_t q = 0; q < TP_PIECES; q++) {
+            int64_t a = cnt * q / TP_PIECES, z = cnt * (q + 1) / TP_PIECES;
+            if (z > a && failed(t, d->matmul(dev, Yd + (row + a) * outf, Xd + (row + a) * in, w->data, z - a, outf, in, 0,
+                                             1, 1.0f, 0.0f), "matmul"))
+                return -1;
+            poke(t, b, next);
+        }
+    }
+    return 0;
+}
+
+static ct_status gl_fwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_in, ct_tensor **out, int n_out) {
+    tp *t = ((async_state *)sp)->t;
+    ct_tensor *x = in_t[0], *w = in_t[1];
+    (void)n_in;
+    (void)n_out;
+    int64_t in = w->shape[1], outf = w->shape[0], nl = numel(x) / in, rc, shape[CT_MAX_DIMS];
+    int64_t chunks = chunking(t, nl, &rc);
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 2] *= t->size;
+    ct_tensor *X = b->new_tensor(b, CT_F32, x->ndim, shape);
+    shape[x->ndim - 1] = outf;
+    ct_tensor *Y = b->new_tensor(b, CT_F32, x->ndim, shape);
+    float *buf[2] = {b->scratch(b, sizeof(float) * (size_t)(t->size * rc * in)),
+                     b->scratch(b, sizeof(float) * (size_t)(t->size * rc * in))};
+    if (!X || !Y || !buf[0] || !buf[1]) return CT_ERR_NOMEM;
+    const float *xd = x->data;
+    void *req[2] = {NULL, NULL};
+    if (tp_comm(t, b, 0, 'g', xd, buf[0], (rc < nl ? rc : nl) * in, &req[0])) return CT_ERR_INTERNAL;
+    for (int64_t i = 0; i < chunks; i++) {
+        int64_t r0 = i * rc, cnt = nl - r0 < rc ? nl - r0 : rc;
+        if (i + 1 < chunks) { /* the next chunk's gather runs while this one multiplies */
+            int64_t r1 = (i + 1) * rc, c1 = nl - r1 < rc ? nl - r1 : rc;
+            if (tp_comm(t, b, 0, 'g', xd + r1 * in, buf[(i + 1) % 2], c1 * in, &req[(i + 1) % 2])) return CT_ERR_INTERNAL;
+        }
+        if (tp_wait(t, b, 0, req[i % 2])) return CT_ERR_INTERNAL;
+        void *next = i + 1 < chunks ? req[(i + 1) % 2] : NULL;
+        if (gl_chunk(t, b, buf[i % 2], r0, cnt, nl, in, outf, w, X->data, Y->data, next)) return CT_ERR_INTERNAL;
+    }
+    out[0] = Y;
+    out[1] = X;
+    return CT_OK;
+}
+
+/* dX (every row: from this op's y and from the other linears that read X) is reduce-scattered
+ * onto x's rows; dw from dy and X. */
+static ct_status gl_bwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_in, ct_tensor *const *out,
+                        const float *const *dy, int n_out, int halves) {
+    tp *t = ((async_state *)sp)->t;
+    const ct_device_api *d = t->env.dapi;
+    void *dev = t->env.dev;
+    ct_tensor *x = in_t[0], *w = in_t[1], *X = out[1];
+    (void)n_in;
+    (void)n_out;
+    int64_t k = w->shape[1], m = w->shape[0], n = numel(X) / k, nx = numel(x);
+    if (halves & CT_GRAD_INPUT) {
+        float *gX = b->grad(b, X), *gx = b->grad(b, x), *tmp = b->scratch(b, sizeof(float) * (size_t)nx);
+        if (!gX || !gx || !tmp) return CT_ERR_NOMEM;
+        if (dy[0] && failed(t, d->matmul(dev, gX, dy[0], w->data, n, k, m, 0, 0, 1.0f, 1.0f), "matmul")) return CT_ERR_INTERNAL;
+        if (tp_comm(t, b, 1, 's', gX, tmp, nx, NULL) || failed(t, d->axpy(dev, gx, tmp, 1.0f, nx), "axpy"))
+            return CT_ERR_INTERNAL;
+    }
+    if ((halves & CT_GRAD_WEIGHT) && dy[0]) {
+        float *gw = b->grad(b, w);
+        if (!gw) return CT_ERR_NOMEM;
+        return d->matmul(dev, gw, dy[0], X->data, m, k, n, 1, 0, 1.0f, 1.0f);
+    }
+    return CT_OK;
+}
+
+static const ct_custom_op gather_linear_op = {sizeof(ct_custom_op), "tp.all_gather_matmul", gl_fwd, gl_bwd};
+
+ct_tensor *tp_gather_linear(tp *t, ct_builder *b, ct_tensor *x, ct_tensor *w, ct_tensor **gathered) {
+    if (x->ndim < 2 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1]) {
+        t->host->set_error(t->host, "async tensor parallel: x does not match the column-wise weight %s", w->name);
+        return NULL;
+    }
+    async_state s = {t};
+    ct_tensor *in[2] = {x, w}, *out[2] = {NULL, NULL};
+    if (b->custom(b, &gather_linear_op, &s, sizeof s, in, 2, out, 2) != CT_OK) return NULL;
+    *gathered = out[1];
+    return out[0];
+}
+
+/* ---- async TP, row-wise: out = (y with this rank's rows, the partial sums P in send order) ---- */
+static int rs_chunk(tp *t, ct_builder *b, const float *xd, const ct_tensor *w, float *send, int64_t r0, int64_t cnt,
+                    int64_t nl, int64_t in, int64_t outf, void *prev) {
+    const ct_device_api *d = t->env.dapi;
+    for (int64_t p = 0; p < t->size; p++)
+        for (int64_t q = 0; q < TP_PIECES; q++) { /* poke the previous reduce-scatter between pieces */
+            int64_t a = cnt * q / TP_PIECES, z = cnt * (q + 1) / TP_PIECES;
+            if (z > a && failed(t, d->matmul(t->env.dev, send + (p * cnt + a) * outf, xd + (p * nl + r0 + a) * in, w->data,
+                                             z - a, outf, in, 0, 1, 1.0f, 0.0f), "matmul"))
+                return -1;
+            poke(t, b, prev);
+        }
+    return 0;
+}
+
+static ct_status rs_fwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_in, ct_tensor **out, int n_out) {
+    tp *t = ((async_state *)sp)->t;
+    ct_tensor *x = in_t[0], *w = in_t[1];
+    (void)n_in;
+    (void)n_out;
+    int64_t in = w->shape[1], outf = w->shape[0], n = numel(x) / in, rows = x->shape[x->ndim - 2], shape[CT_MAX_DIMS];
+    if (n % t->size || rows % t->size) {
+        t->host->set_error(t->host, "async tensor parallel: %lld token rows do not split in %d", (long long)n, t->size);
+        return CT_ERR_INVALID;
+    }
+    int64_t nl = n / t->size, rc, chunks = chunking(t, nl, &rc);
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = outf;
+    ct_tensor *P = b->new_tensor(b, CT_F32, x->ndim, shape); /* partial sums, chunk-major */
+    shape[x->ndim - 2] = rows / t->size;
+    ct_tensor *y = b->new_tensor(b, CT_F32, x->ndim, shape);
+    void **req = calloc((size_t)chunks, sizeof(void *));
+    int bad = !P || !y || !req;
+    int64_t posted = 0;
+    for (int64_t i = 0; i < chunks && !bad; i++) {
+        int64_t r0 = i * rc, cnt = nl - r0 < rc ? nl - r0 : rc;
+        float *send = (float *)P->data + t->size * r0 * outf; /* chunk i: (tp, cnt, out), block p for rank p */
+        bad = rs_chunk(t, b, x->data, w, send, r0, cnt, nl, in, outf, i > 0 ? req[i - 1] : NULL) ||
+              tp_comm(t, b, 0, 's', send, (float *)y->data + r0 * outf, cnt * outf, &req[i]);
+        if (!bad) posted = i + 1;
+    }
+    for (int64_t i = 0; i < posted; i++) bad |= tp_wait(t, b, 0, req[i]) != 0;
+    free(req);
+    if (bad) return CT_ERR_INTERNAL;
+    out[0] = y;
+    out[1] = P;
+    return CT_OK;
+}
+
+/* dP (every rank's rows, in x's row order) is the all-gather of dy; dx and dw from it. */
+static ct_status rs_bwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_in, ct_tensor *const *out,
+                        const float *const *dy, int n_out, int halves) {
+    tp *t = ((async_state *)sp)->t;
+    const ct_device_api *d = t->env.dapi;
+    void *dev = t->env.dev;
+    ct_tensor *x = in_t[0], *w = in_t[1], *P = out[1];
+    (void)n_in;
+    (void)n_out;
+    int64_t k = w->shape[1], m = w->shape[0], n = numel(x) / k, np = numel(P);
+    const float *gP = dy[1];
+    if ((halves & CT_GRAD_INPUT) && dy[0]) {
+        float *g = b->grad(b, P), *gx = b->grad(b, x), *tmp = b->scratch(b, sizeof(float) * (size_t)np);
+        if (!g || !gx || !tmp) return CT_ERR_NOMEM;
+        if (tp_comm(t, b, 1, 'g', dy[0], tmp, numel(out[0]), NULL) || failed(t, d->axpy(dev, g, tmp, 1.0f, np), "axpy") ||
+            failed(t, d->matmul(dev, gx, g, w->data, n, k, m, 0, 0, 1.0f, 1.0f), "matmul"))
+            return CT_ERR_INTERNAL;
+        gP = g;
+    }
+    if ((halves & CT_GRAD_WEIGHT) && gP) {
+        float *gw = b->grad(b, w);
+        if (!gw) return CT_ERR_NOMEM;
+        return d->matmul(dev, gw, gP, x->data, m, k, n, 1, 0, 1.0f, 1.0f);
+    }
+    return CT_OK;
+}
+
+static const ct_custom_op linear_rs_op = {sizeof(ct_custom_op), "tp.matmul_reduce_scatter", rs_fwd, rs_bwd};
+
+ct_tensor *tp_linear_reduce_scatter(tp *t, ct_builder *b, ct_tensor *x, ct_tensor *w) {
+    if (x->ndim < 2 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1]) {
+        t->host->set_error(t->host, "async tensor parallel: x does not match the row-wise weight %s", w->name);
+        return NULL;
+    }
+    async_state s = {t};
+    ct_tensor *in[2] = {x, w}, *out[2] = {NULL, NULL};
+    return b->custom(b, &linear_rs_op, &s, sizeof s, in, 2, out, 2) == CT_OK ? out[0] : NULL;
+}
