@@ -173,6 +173,15 @@ static void trace_push(const char *name, char ph) {
 void trace_begin(const char *name) { trace_push(name, 'B'); }
 void trace_end(const char *name) { trace_push(name, 'E'); }
 
+/* A name as a JSON string body: a plugin's unit name may hold a quote or a control character. */
+static void trace_put_name(FILE *f, const char *name) {
+    for (const unsigned char *c = (const unsigned char *)(name ? name : "?"); *c; c++) {
+        if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+        else if (*c < 0x20) fprintf(f, "\\u%04x", *c);
+        else fputc(*c, f);
+    }
+}
+
 int trace_write(const char *path, char *err, size_t errlen) {
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -182,9 +191,11 @@ int trace_write(const char *path, char *err, size_t errlen) {
         return -1;
     }
     fprintf(f, "{\"traceEvents\":[\n");
-    for (size_t i = 0; i < g_trace.n; i++)
-        fprintf(f, "%s{\"name\":\"%s\",\"ph\":\"%c\",\"ts\":%.3f,\"pid\":0,\"tid\":0}", i ? ",\n" : "",
-                g_trace.ev[i].name, g_trace.ev[i].ph, g_trace.ev[i].ts_us);
+    for (size_t i = 0; i < g_trace.n; i++) {
+        fprintf(f, "%s{\"name\":\"", i ? ",\n" : "");
+        trace_put_name(f, g_trace.ev[i].name);
+        fprintf(f, "\",\"ph\":\"%c\",\"ts\":%.3f,\"pid\":0,\"tid\":0}", g_trace.ev[i].ph, g_trace.ev[i].ts_us);
+    }
     fprintf(f, "\n]}\n");
     int bad = ferror(f);
     bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
