@@ -588,11 +588,13 @@ void manifest_add_core_schema(manifest *m) {
     }
 }
 
+/* opts steps by its entries' struct_size (ctitan/abi.h); the loader checked it covers help. */
 void manifest_add_plugin_schema(manifest *m, const char *section, const ct_option_spec *opts) {
-    for (; opts && opts->key; opts++) {
+    for (int i = 0; opts && CT_AT(const ct_option_spec, opts, i)->key; i++) {
+        const ct_option_spec *o = CT_AT(const ct_option_spec, opts, i);
         char key[512];
-        snprintf(key, sizeof key, "%s.%s", section, opts->key);
-        schema_add(m, key, opts->type, opts->default_value, opts->help, 1, NULL, NULL);
+        snprintf(key, sizeof key, "%s.%s", section, o->key);
+        schema_add(m, key, o->type, o->default_value, o->help, 1, NULL, NULL);
     }
 }
 
