@@ -31,9 +31,9 @@
 #include <stdint.h>
 
 /* The one place the ABI version is written: the pkg-config file and `ctitan --version` take it from
- * here, and a test holds the README to it. 2.0 breaks with 1.x (ct_pp_action gained struct_size and
- * arrays of ABI structs are stepped by it); a 1.x plugin is refused and must be rebuilt. Minor
- * versions of 2 only append. */
+ * here, and a test holds the README to it. 2.0 is the break with 1.x (among others, ct_pp_action
+ * gained struct_size and arrays of ABI structs are stepped by it): a 1.x plugin is refused and must
+ * be rebuilt against this SDK. Minor versions of 2 only append fields, functions and kinds. */
 #define CT_ABI_MAJOR 2
 #define CT_ABI_MINOR 0
 
@@ -50,7 +50,7 @@
     ((s)->struct_size >= offsetof(type, field) + sizeof(((type *)0)->field))
 
 /* Element i of an array of ABI structs whose first element is `base`, stepping by base->struct_size
- * (the writer's element size). Check CT_HAS_FIELD(base, type, <last field read>) once first: it also
+ * (the element size of whoever allocated the array, which may differ from the reader's sizeof). Check CT_HAS_FIELD(base, type, <last field read>) once first: it also
  * refuses a stride of 0. `type` may be const-qualified: CT_AT(const ct_option_spec, opts, i). */
 #define CT_AT(type, base, i) ((type *)(const void *)((const char *)(base) + (size_t)(i) * (base)->struct_size))
 
