@@ -93,9 +93,11 @@ $(BUILD)/tests/mpi/%: tests/mpi/%.c $(wildcard tests/mpi/*.h) $(wildcard sdk/inc
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(MPI_CFLAGS) -o $@ $< $(LDFLAGS) -ldl -lm $(MPI_LIBS)
 
-$(BUILD)/ctitan-sdk.pc: sdk/ctitan-sdk.pc.in
+# The ABI version is written once, in abi.h; the pkg-config file's Version is MAJOR.MINOR.0 from it.
+ABI_VERSION = $(shell sed -n 's/^\#define CT_ABI_MAJOR \([0-9]*\).*/\1/p' sdk/include/ctitan/abi.h).$(shell sed -n 's/^\#define CT_ABI_MINOR \([0-9]*\).*/\1/p' sdk/include/ctitan/abi.h)
+$(BUILD)/ctitan-sdk.pc: sdk/ctitan-sdk.pc.in sdk/include/ctitan/abi.h
 	@mkdir -p $(dir $@)
-	sed 's|@PREFIX@|$(abspath sdk)|' $< > $@
+	sed -e 's|@PREFIX@|$(abspath sdk)|' -e 's|@VERSION@|$(ABI_VERSION).0|' $< > $@
 
 -include $(wildcard tests/unit/*.mk)
 

@@ -173,6 +173,15 @@ static void trace_push(const char *name, char ph) {
 void trace_begin(const char *name) { trace_push(name, 'B'); }
 void trace_end(const char *name) { trace_push(name, 'E'); }
 
+/* A name as a JSON string body: a plugin's unit name may hold a quote or a control character. */
+static void trace_put_name(FILE *f, const char *name) {
+    for (const unsigned char *c = (const unsigned char *)(name ? name : "?"); *c; c++) {
+        if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+        else if (*c < 0x20) fprintf(f, "\\u%04x", *c);
+        else fputc(*c, f);
+    }
+}
+
 int trace_write(const char *path, char *err, size_t errlen) {
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -182,9 +191,11 @@ int trace_write(const char *path, char *err, size_t errlen) {
         return -1;
     }
     fprintf(f, "{\"traceEvents\":[\n");
-    for (size_t i = 0; i < g_trace.n; i++)
-        fprintf(f, "%s{\"name\":\"%s\",\"ph\":\"%c\",\"ts\":%.3f,\"pid\":0,\"tid\":0}", i ? ",\n" : "",
-                g_trace.ev[i].name, g_trace.ev[i].ph, g_trace.ev[i].ts_us);
+    for (size_t i = 0; i < g_trace.n; i++) {
+        fprintf(f, "%s{\"name\":\"", i ? ",\n" : "");
+        trace_put_name(f, g_trace.ev[i].name);
+        fprintf(f, "\",\"ph\":\"%c\",\"ts\":%.3f,\"pid\":0,\"tid\":0}", g_trace.ev[i].ph, g_trace.ev[i].ts_us);
+    }
     fprintf(f, "\n]}\n");
     int bad = ferror(f);
     bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
@@ -253,10 +264,13 @@ static void h_mem_account(const ct_host *h, ct_mem_category cat, int64_t delta) 
 
 static const char *opt_raw(const ct_host *h, const char *key, ct_opt_type want, ct_status *st) {
     plugin *p = ctx_of(h);
-    const ct_option_spec *spec = p->info.options;
-    for (; spec && spec->key; spec++)
-        if (strcmp(spec->key, key) == 0) break;
-    if (!spec || !spec->key || spec->type != want) {
+    const ct_option_spec *spec = NULL; /* stepped by struct_size: the loader checked the list */
+    for (int i = 0; p->info.options && CT_AT(const ct_option_spec, p->info.options, i)->key; i++)
+        if (strcmp(CT_AT(const ct_option_spec, p->info.options, i)->key, key) == 0) {
+            spec = CT_AT(const ct_option_spec, p->info.options, i);
+            break;
+        }
+    if (!spec || spec->type != want) {
         ct_set_error("%s: asked for option '%s' it did not declare (or with another type)",
                      p->info.name ? p->info.name : p->path, key);
         *st = CT_ERR_INTERNAL;
@@ -347,6 +361,62 @@ const char *plugin_kind_name(ct_plugin_kind kind) {
     case CT_KIND_PIPELINE: return "pipeline";
     }
     return "unknown";
+}
+
+/* The oldest minor of CT_ABI_MAJOR the host accepts, per kind: it reads the fields of that minor
+ * without a CT_HAS_FIELD guard. Raise a kind's entry when the host starts to rely on a field added
+ * later; a field newer than the entry is read only behind CT_HAS_FIELD. */
+static const struct {
+    ct_plugin_kind kind;
+    uint32_t oldest_minor;
+} abi_oldest_minor[] = {
+    {CT_KIND_DEVICE, 0}, {CT_KIND_MODEL, 0},    {CT_KIND_OPTIMIZER, 0}, {CT_KIND_COMM, 0},
+    {CT_KIND_STRATEGY, 0}, {CT_KIND_QUANTIZER, 0}, {CT_KIND_SCHEDULE, 0}, {CT_KIND_PIPELINE, 0},
+};
+
+uint32_t plugin_oldest_minor(ct_plugin_kind kind) {
+    for (size_t i = 0; i < sizeof abi_oldest_minor / sizeof abi_oldest_minor[0]; i++)
+        if (abi_oldest_minor[i].kind == kind) return abi_oldest_minor[i].oldest_minor;
+    return 0; /* an unknown kind is refused by its caller, which asked for another */
+}
+
+/* The plugin's ABI version against the host's: another major, a newer minor, or a minor older than
+ * its kind needs, is one line naming the file and both versions. */
+static int abi_check(const char *path, const ct_plugin_info *info, char *err, size_t errlen) {
+    unsigned maj = info->abi_major, min = info->abi_minor, oldest = plugin_oldest_minor(info->kind);
+    if (maj != CT_ABI_MAJOR)
+        ct_errf(err, errlen, "%s: built against ctitan ABI %u.%u; this host speaks ABI %d.%d: rebuild it against this SDK "
+                "(pkg-config ctitan-sdk)", path, maj, min, CT_ABI_MAJOR, CT_ABI_MINOR);
+    else if (min > CT_ABI_MINOR)
+        ct_errf(err, errlen, "%s: built against ctitan ABI %u.%u, newer than the ABI %d.%d this host speaks: rebuild it "
+                "against this SDK (pkg-config ctitan-sdk) or use a newer ctitan", path, maj, min, CT_ABI_MAJOR, CT_ABI_MINOR);
+    else if (min < oldest)
+        ct_errf(err, errlen, "%s: built against ctitan ABI %u.%u; this host speaks ABI %d.%d and takes %s plugins of ABI "
+                "%d.%u or newer: rebuild it against this SDK (pkg-config ctitan-sdk)", path, maj, min, CT_ABI_MAJOR,
+                CT_ABI_MINOR, plugin_kind_name(info->kind), CT_ABI_MAJOR, oldest);
+    else return 0;
+    return -1;
+}
+
+/* A plugin's option list is an array of ABI structs (ctitan/abi.h): stepped by its first entry's
+ * struct_size, which must cover every field the host reads, and be the same in every entry. */
+static int options_check(const char *path, const ct_option_spec *opts, char *err, size_t errlen) {
+    if (!opts) return 0;
+    if (!CT_HAS_FIELD(opts, ct_option_spec, help)) {
+        ct_errf(err, errlen, "%s: option list's first entry has struct_size %zu, less than the %zu of ABI %d.0's "
+                "ct_option_spec: set it to sizeof(ct_option_spec) (an empty list is options = NULL)", path,
+                opts->struct_size, offsetof(ct_option_spec, help) + sizeof opts->help, CT_ABI_MAJOR);
+        return -1;
+    }
+    for (int i = 0; CT_AT(const ct_option_spec, opts, i)->key; i++) {
+        const ct_option_spec *o = CT_AT(const ct_option_spec, opts, i);
+        if (o->struct_size == opts->struct_size) continue;
+        ct_errf(err, errlen, "%s: option '%.64s' has struct_size %zu and the list's first entry %zu: every entry "
+                "but the NULL-key terminator must have sizeof(ct_option_spec)", path, o->key, o->struct_size,
+                opts->struct_size);
+        return -1;
+    }
+    return 0;
 }
 
 /* The folder of the running binary + "/plugins". */
@@ -568,15 +638,12 @@ static plugin *open_plugin(const char *path, char *err, size_t errlen) {
         snprintf(err, errlen, "%s: plugin entry failed (status %d): %s", path, st, ct_last_error());
         goto fail;
     }
-    if (p->info.abi_major != CT_ABI_MAJOR) {
-        snprintf(err, errlen, "%s: plugin built for ctitan ABI %u.%u, this ctitan speaks ABI %d.%d: rebuild it against this SDK",
-                 path, p->info.abi_major, p->info.abi_minor, CT_ABI_MAJOR, CT_ABI_MINOR);
-        goto fail;
-    }
+    if (abi_check(path, &p->info, err, errlen)) goto fail;
     if (!p->info.name || !p->info.api) {
         snprintf(err, errlen, "%s: plugin entry returned no name or no API table", path);
         goto fail;
     }
+    if (options_check(path, p->info.options, err, errlen)) goto fail;
     return p;
 fail:
     plugin_unload(p);
@@ -653,6 +720,7 @@ void plugin_unload(plugin *p) {
 int plugin_list(FILE *out, const char *first_dir) {
     char dirs[16][PATH_MAX];
     int nd = plugin_search_dirs(first_dir, dirs, 16), count = 0;
+    fprintf(out, "host ABI %d.%d (CT_ABI_MAJOR.CT_ABI_MINOR of ctitan/abi.h)\n", CT_ABI_MAJOR, CT_ABI_MINOR);
     fprintf(out, "%-10s %-12s %-6s %s\n", "KIND", "NAME", "ABI", "PATH / DESCRIPTION");
     char seen[16][PATH_MAX];
     for (int d = 0; d < nd; d++) {

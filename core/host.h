@@ -65,6 +65,9 @@ plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, 
                     char *err, size_t errlen);
 void plugin_unload(plugin *p);
 const char *plugin_kind_name(ct_plugin_kind kind);
+/* The oldest minor of CT_ABI_MAJOR the loader accepts for a plugin of `kind` (newer ones than the
+ * host's CT_ABI_MINOR are refused too). */
+uint32_t plugin_oldest_minor(ct_plugin_kind kind);
 /* The plugin search path: first_dir (a folder the user named, `ctitan plugins FOLDER`; may be NULL),
  * $CTITAN_PLUGIN_PATH (':'-separated), the binary's folder + /plugins, the build's plugins. Returns
  * how many folders it wrote (at most max). */

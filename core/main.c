@@ -18,12 +18,17 @@ static const char *usage =
     "  tokenizer           train / encode / decode with a BPE vocabulary (tiktoken format)\n"
     "  convert             --to hf | --from hf: a model (.ctt) to or from a Hugging Face Llama folder\n"
     "  schedule            check and draw a pipeline schedule (timeline, bubble, --svg)\n"
-    "  help                this text\n";
+    "  help                this text\n"
+    "  --version           the plugin ABI version this ctitan speaks\n";
 
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? EXIT_BAD_INPUT : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("ctitan: plugin ABI %d.%d\n", CT_ABI_MAJOR, CT_ABI_MINOR);
+        return 0;
     }
     const char *cmd = argv[1];
     int st;

@@ -580,14 +580,15 @@ void manifest_add_core_schema(manifest *m) {
     }
 }
 
+/* opts steps by its entries' struct_size (ctitan/abi.h); the loader checked it covers help. */
 void manifest_add_plugin_schema(manifest *m, const char *section, const ct_option_spec *opts) {
-    for (; opts && opts->key; opts++) {
+    for (int i = 0; opts && CT_AT(const ct_option_spec, opts, i)->key; i++) {
+        const ct_option_spec *o = CT_AT(const ct_option_spec, opts, i);
         char key[512];
-        if (strchr(opts->key, '.')) snprintf(key, sizeof key, "%s", opts->key); /* another section's key, spelled whole */
-        else snprintf(key, sizeof key, "%s.%s", section, opts->key);
-        int checks = CT_HAS_FIELD(opts, ct_option_spec, choices);
-        schema_add(m, key, opts->type, opts->default_value, opts->help, 1, checks ? opts->range : NULL,
-                   checks ? opts->choices : NULL);
+        if (strchr(o->key, '.')) snprintf(key, sizeof key, "%s", o->key); /* another section's key, spelled whole */
+        else snprintf(key, sizeof key, "%s.%s", section, o->key);
+        int checks = CT_HAS_FIELD(o, ct_option_spec, choices);
+        schema_add(m, key, o->type, o->default_value, o->help, 1, checks ? o->range : NULL, checks ? o->choices : NULL);
     }
 }
 

@@ -242,10 +242,20 @@ static int sched_rank_actions(const plugin *p, const ct_schedule_shape *shape, s
             return -1;
         }
         out->actions = grown;
+        /* the plugin steps through them by this struct_size (ctitan/abi.h's rule for arrays) */
+        for (int k = 0; k < cap; k++) grown[k] = (ct_pp_action){.struct_size = sizeof(ct_pp_action)};
         int n = 0;
         ct_clear_error();
         ct_status st = api->actions(&p->host, shape, out->actions, cap, &n);
         if (st == CT_OK && n >= 0 && n <= cap) {
+            for (int k = 0; k < n; k++) {
+                const ct_pp_action *a = CT_AT(const ct_pp_action, out->actions, k);
+                if (a->struct_size == sizeof(ct_pp_action)) continue;
+                ct_errf(err, errlen, "schedule %s broke its contract for rank %d: it overwrote action %d's struct_size "
+                        "(%zu, the host set %zu): write each field through CT_AT and leave struct_size",
+                        p->info.name, shape->rank, k, a->struct_size, sizeof(ct_pp_action));
+                return -1;
+            }
             out->n = n;
             return 0;
         }
@@ -426,21 +436,21 @@ static int sim_ready(const sched_sim *s, const ct_pp_action *a, int64_t *ready_a
     if (a->op == CT_PP_F) {
         if (a->stage > 0) {
             const sched_cell *prev = sim_cell(s, a->stage - 1, a->microbatch);
-            *dep = (ct_pp_action){CT_PP_F, a->stage - 1, a->microbatch};
+            *dep = (ct_pp_action){sizeof(ct_pp_action), CT_PP_F, a->stage - 1, a->microbatch};
             if (prev->f_end < 0) return 0;
             t = prev->f_end;
         }
     } else if (a->op == CT_PP_W) {
-        *dep = (ct_pp_action){CT_PP_I, a->stage, a->microbatch};
+        *dep = (ct_pp_action){sizeof(ct_pp_action), CT_PP_I, a->stage, a->microbatch};
         if (c->bi_end < 0) return 0;
         t = c->bi_end;
     } else {
-        *dep = (ct_pp_action){CT_PP_F, a->stage, a->microbatch};
+        *dep = (ct_pp_action){sizeof(ct_pp_action), CT_PP_F, a->stage, a->microbatch};
         if (c->f_end < 0) return 0;
         t = c->f_end;
         if (a->stage + 1 < pl->n_stages) {
             const sched_cell *next = sim_cell(s, a->stage + 1, a->microbatch);
-            *dep = (ct_pp_action){next->bi_op, a->stage + 1, a->microbatch};
+            *dep = (ct_pp_action){sizeof(ct_pp_action), next->bi_op, a->stage + 1, a->microbatch};
             if (next->bi_end < 0) return 0;
             if (next->bi_end > t) t = next->bi_end;
         }
@@ -491,7 +501,7 @@ static int sim_deadlock(const sched_sim *s, char *err, size_t errlen) {
         if (s->next[r] >= pl->ranks[r].n) continue;
         const ct_pp_action *a = &pl->ranks[r].actions[s->next[r]];
         int64_t ready;
-        ct_pp_action dep = {0, 0, 0};
+        ct_pp_action dep = {sizeof dep, 0, 0, 0};
         sim_ready(s, a, &ready, &dep);
         char a1[48], a2[48];
         int w = snprintf(err + used, errlen - used, "%s rank %d waits at %s for %s (rank %d)",

@@ -27,7 +27,8 @@ typedef struct schedule_costs {
 #define SCHEDULE_COSTS_DEFAULT ((schedule_costs){1, 2, 1, 1})
 
 typedef struct sched_rank {
-    ct_pp_action *actions; /* in the order the rank runs them */
+    ct_pp_action *actions; /* in the order the rank runs them; allocated here with sizeof(ct_pp_action) elements,
+                              so the host indexes them directly (plugins step with CT_AT) */
     int n;
     int64_t *start; /* schedule_check: when each action starts */
     int64_t busy;   /* schedule_check: time spent computing */

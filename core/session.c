@@ -150,7 +150,8 @@ static int fail_plugin(const session *s, int status, const plugin *p, const char
     const char *msg = ct_last_error(), *name = p->info.name ? p->info.name : "plugin";
     size_t nl = strlen(name);
     const char *body = strncmp(msg, name, nl) == 0 && msg[nl] == ':' && msg[nl + 1] == ' ' ? msg + nl + 2 : "";
-    for (const ct_option_spec *o = p->info.options; o && o->key; o++) {
+    for (int i = 0; p->info.options && CT_AT(const ct_option_spec, p->info.options, i)->key; i++) {
+        const ct_option_spec *o = CT_AT(const ct_option_spec, p->info.options, i); /* by struct_size */
         size_t kl = strlen(o->key);
         if (strncmp(body, o->key, kl) || body[kl] != ':' || body[kl + 1] != ' ') continue;
         snprintf(full, sizeof full, "%s.%s", section, o->key);

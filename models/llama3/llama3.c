@@ -32,6 +32,7 @@ static const char *const flavor_names[] = {"debugmodel", "1B", "3B", "8B", "70B"
 
 typedef struct layer {
     ct_tensor *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
+    char name[24]; /* "layers.<i>": unit_name's answer, kept from create to destroy (the trace keeps it) */
 } layer;
 
 typedef struct llama {
@@ -41,7 +42,6 @@ typedef struct llama {
     int depth_init;
     ct_tensor *tok_embeddings, *norm, *output;
     layer *layers;
-    char unit_names[3][32];
 } llama;
 
 static const ct_option_spec options[] = {
@@ -172,6 +172,7 @@ static ct_status llama_create(const ct_host *h, const ct_model_config *cfg, void
         free(m);
         return CT_ERR_NOMEM;
     }
+    for (int i = 0; i < (int)m->n_layers; i++) snprintf(m->layers[i].name, sizeof m->layers[i].name, "layers.%d", i);
     *out = m;
     return CT_OK;
 }
@@ -254,13 +255,13 @@ static ct_status llama_declare(void *p, ct_param_registry *r) {
     return CT_OK;
 }
 
+/* Every name lives as long as the model: the profiler's trace keeps the pointers until it is written. */
 static const char *llama_unit_name(void *p, int unit) {
     llama *m = p;
-    char *buf = m->unit_names[unit % 3];
     if (unit == 0) return "tok_embeddings";
     if (unit == m->n_layers + 1) return "output";
-    snprintf(buf, sizeof m->unit_names[0], "layers.%d", unit - 1);
-    return buf;
+    if (unit < 0 || unit > m->n_layers + 1) return "unit?";
+    return m->layers[unit - 1].name;
 }
 
 #define TRY(x)                                  \

@@ -83,6 +83,11 @@ static ct_status pp_create(const ct_host *h, const ct_pipeline_env *env, void **
                      env->n_microbatches, TAG_LIMIT);
         return CT_ERR_INVALID;
     }
+    if (env->n_actions > 0 && (!env->actions || !CT_HAS_FIELD(env->actions, ct_pp_action, microbatch))) {
+        h->set_error(h, "pp: the action list's elements are %zu bytes, too small for op, stage and microbatch",
+                     env->actions ? env->actions->struct_size : (size_t)0);
+        return CT_ERR_INVALID;
+    }
     runner *r = calloc(1, sizeof *r);
     if (!r) return CT_ERR_NOMEM;
     r->host = h;
@@ -101,7 +106,7 @@ static ct_status pp_create(const ct_host *h, const ct_pipeline_env *env, void **
     /* what this rank will receive: an input for each F after a remote stage, an output gradient for
      * each B or I before a remote stage */
     for (int i = 0; i < env->n_actions; i++) {
-        const ct_pp_action *a = &env->actions[i];
+        const ct_pp_action *a = CT_AT(const ct_pp_action, env->actions, i);
         if (a->op == CT_PP_F && remote_prev(r, a->stage))
             r->in[r->n_in++] = (incoming){.kind = CT_PP_ACTIVATION, .stage = a->stage, .mb = a->microbatch,
                                           .peer = stage_rank(r, a->stage - 1)};
@@ -249,7 +254,7 @@ static ct_status pp_run_step(void *p, const ct_pipeline_host *ph, ct_pipeline_st
     }
     static const char *names[] = {"", "pp_F", "pp_B", "pp_I", "pp_W"};
     for (int i = 0; i < r->env.n_actions && !st; i++) {
-        const ct_pp_action *a = &r->env.actions[i];
+        const ct_pp_action *a = CT_AT(const ct_pp_action, r->env.actions, i);
         int s = a->stage, mb = a->microbatch;
         if ((st = progress(r, ph))) break;
         if (a->op == CT_PP_F && (st = await(r, ph, CT_PP_ACTIVATION, s, mb, &waited))) break;

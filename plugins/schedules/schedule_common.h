@@ -49,8 +49,14 @@ typedef struct sched_writer {
     int cap, n;
 } sched_writer;
 
+/* Element k steps by the host's struct_size (ctitan/abi.h), which the host set on every element. */
 static inline void sched_emit(sched_writer *w, int op, int stage, int microbatch) {
-    if (w->n < w->cap) w->out[w->n] = (ct_pp_action){.op = op, .stage = stage, .microbatch = microbatch};
+    if (w->n < w->cap) {
+        ct_pp_action *a = CT_AT(ct_pp_action, w->out, w->n);
+        a->op = op;
+        a->stage = stage;
+        a->microbatch = microbatch;
+    }
     w->n++;
 }
 

@@ -8,7 +8,7 @@
 #
 #   (a) $BUILD/plugins/ctitan-cuda.so exists when nvcc does; exports only ctitan_plugin_entry
 #   (b) `make NVCC=/nonexistent/nvcc` prints the skip line and plans no CUDA build
-#   (c) `ctitan plugins` lists it as a device plugin of ABI 1.x
+#   (c) `ctitan plugins` lists it as a device plugin of the host's ABI major
 #   (d) the harness dlopens it with LD_BIND_NOW=1 (every symbol of every library bound at load):
 #       no GPU: create fails with the message, exit status non-zero and not a signal;
 #       GPU: every conformance test passes (f32 tolerance CT_DEVICE_RTOL, default 1e-4)
@@ -44,7 +44,8 @@ syms=$(nm -D --defined-only "$SO" | awk '$2 ~ /^[TDBRVWiu]$/ {print $3}' | sort 
 echo "ok: $(basename "$SO") exports only ctitan_plugin_entry"
 
 # (c) listed
-"$CTITAN" plugins | grep -qE "^device +cuda +1\.[0-9]+ " || fail "ctitan plugins does not list the cuda device plugin"
+MAJOR=$(sed -n 's/^#define CT_ABI_MAJOR \([0-9]*\).*/\1/p' sdk/include/ctitan/abi.h)
+"$CTITAN" plugins | grep -qE "^device +cuda +$MAJOR\.[0-9]+ " || fail "ctitan plugins does not list the cuda device plugin"
 echo "ok: ctitan plugins lists it"
 
 # (d) the conformance harness

@@ -33,6 +33,7 @@ static int parse_rank(const char *text, size_t len, const ct_schedule_shape *sha
     }
     out->actions = malloc(sizeof *out->actions * (size_t)(w.n + 1));
     CHECK(out->actions);
+    for (int k = 0; k < w.n; k++) out->actions[k] = (ct_pp_action){.struct_size = sizeof(ct_pp_action)}; /* as the host does */
     sched_writer fill = {out->actions, w.n, 0};
     CHECK(csv_parse("fuzz.csv", text, len, shape, &fill, err, errlen) == 0);
     CHECK(fill.n == w.n);

@@ -319,6 +319,7 @@ static void test_small_capacity_reports_the_count(void **state) {
     const ct_schedule_api *api = schedule_api(p);
     ct_schedule_shape shape = {.struct_size = sizeof shape, .pp_size = 4, .stages_per_rank = 2, .n_microbatches = 8, .rank = 1};
     ct_pp_action few[5];
+    for (int k = 0; k < 5; k++) few[k] = (ct_pp_action){.struct_size = sizeof few[k]};
     int n = -1;
     assert_int_equal(api->actions(&p->host, &shape, few, 5, &n), CT_ERR_INVALID);
     assert_int_equal(n, 2 * 8 * 3);
@@ -432,8 +433,9 @@ static void test_csv_broken_schedules_name_rank_and_action(void **state) {
 /* The checker itself, on a plan no plugin made: out-of-range fields and V placement. */
 static void test_checker_rejects_bad_fields_and_knows_v_placement(void **state) {
     (void)state;
-    ct_pp_action r0[] = {{CT_PP_F, 0, 0}, {CT_PP_F, 3, 0}, {CT_PP_B, 3, 0}, {CT_PP_B, 0, 0}};
-    ct_pp_action r1[] = {{CT_PP_F, 1, 0}, {CT_PP_F, 2, 0}, {CT_PP_B, 2, 0}, {CT_PP_B, 1, 0}};
+    enum { SZ = sizeof(ct_pp_action) };
+    ct_pp_action r0[] = {{SZ, CT_PP_F, 0, 0}, {SZ, CT_PP_F, 3, 0}, {SZ, CT_PP_B, 3, 0}, {SZ, CT_PP_B, 0, 0}};
+    ct_pp_action r1[] = {{SZ, CT_PP_F, 1, 0}, {SZ, CT_PP_F, 2, 0}, {SZ, CT_PP_B, 2, 0}, {SZ, CT_PP_B, 1, 0}};
     sched_rank ranks[2] = {{.actions = r0, .n = 4}, {.actions = r1, .n = 4}};
     sched_plan plan = {.name = "V", .placement = CT_PP_V, .pp = 2, .stages_per_rank = 2, .n_stages = 4,
                        .n_microbatches = 1, .ranks = ranks};

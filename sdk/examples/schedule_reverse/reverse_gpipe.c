@@ -20,6 +20,15 @@ static const ct_schedule_api api = {
     .actions = reverse_actions,
 };
 
+/* The host allocated out and set each element's struct_size: step by it (CT_AT), never out[k], and
+ * write fields one by one so struct_size stays (a newer host's elements are larger than ours). */
+static void put(ct_pp_action *out, int k, int op, int stage, int microbatch) {
+    ct_pp_action *a = CT_AT(ct_pp_action, out, k);
+    a->op = op;
+    a->stage = stage;
+    a->microbatch = microbatch;
+}
+
 static ct_status reverse_actions(const ct_host *h, const ct_schedule_shape *s, ct_pp_action *out, int cap, int *n) {
     if (s->struct_size < sizeof *s || s->n_microbatches < 1 || s->rank < 0 || s->rank >= s->pp_size) {
         h->set_error(h, "bad shape: rank %d of %d, %d microbatches", s->rank, s->pp_size, s->n_microbatches);
@@ -33,8 +42,8 @@ static ct_status reverse_actions(const ct_host *h, const ct_schedule_shape *s, c
     int m = s->n_microbatches, k = 0;
     *n = 2 * m;
     if (cap < 2 * m) return CT_ERR_INVALID;
-    for (int mb = 0; mb < m; mb++) out[k++] = (ct_pp_action){.op = CT_PP_F, .stage = s->rank, .microbatch = mb};
-    for (int mb = m - 1; mb >= 0; mb--) out[k++] = (ct_pp_action){.op = CT_PP_B, .stage = s->rank, .microbatch = mb};
+    for (int mb = 0; mb < m; mb++) put(out, k++, CT_PP_F, s->rank, mb);
+    for (int mb = m - 1; mb >= 0; mb--) put(out, k++, CT_PP_B, s->rank, mb);
     return CT_OK;
 }
 

@@ -7,11 +7,19 @@
  * The host fills `info->struct_size` and zeroes the rest; the plugin fills its kind, name, the ABI
  * version it was built against (CT_ABI_MAJOR / CT_ABI_MINOR) and a pointer to its kind's API
  * table (ct_device_api, ct_model_api, ct_optimizer_api ...), which must stay valid until the
- * host unloads the plugin. The host refuses a plugin whose abi_major differs from its own.
+ * host unloads the plugin. The host refuses a plugin whose abi_major differs from its own, one of
+ * a newer minor than its own, and one older than the oldest minor it accepts for the plugin's kind.
  *
  * Versioning: every ABI struct begins with `size_t struct_size`. Minor versions only append
  * fields; a reader checks struct_size before touching a field newer than what it was built with
  * (CT_HAS_FIELD). A NULL optional function pointer means "not supported".
+ *
+ * Arrays of ABI structs (ct_option_spec lists, ct_pp_action lists) are stepped through by their
+ * elements' struct_size, never by the reader's sizeof: a writer built against a later minor has
+ * larger elements. Element i is CT_AT(type, base, i), with the stride base->struct_size; every
+ * element of one array has the same struct_size (a terminator of all zeros aside), set by whoever
+ * allocated the array. Before stepping, the reader checks that stride covers the last field it
+ * reads (CT_HAS_FIELD(base, type, field)); an array whose stride does not is refused, never read.
  *
  * Errors are values: calls return ct_status and put the detail in a message through
  * host->set_error(). No plugin calls exit() or abort().
@@ -22,11 +30,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The one place the ABI version is written: the pkg-config file and `ctitan --version` take it from
+ * here, and a test holds the README to it. 2.0 is the break with 1.x (among others, ct_pp_action
+ * gained struct_size and arrays of ABI structs are stepped by it): a 1.x plugin is refused and must
+ * be rebuilt against this SDK. Minor versions of 2 only append fields, functions and kinds. */
 #define CT_ABI_MAJOR 2
-#define CT_ABI_MINOR 0 /* 1.1: comm and strategy kinds, CT_ERR_TIMEOUT; 1.2: float8 device ops;
-                          1.3: tensor-parallel ops and hooks, the schedule kind;
-                          1.4: scaled fp8 matmul, the matmul operand dtype, shared device streams;
-                          1.5: device-resident loss ops and graph capture */
+#define CT_ABI_MINOR 0
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 
@@ -39,6 +48,11 @@
 /* True when `s` (a pointer to an ABI struct) is large enough to hold `field`. */
 #define CT_HAS_FIELD(s, type, field) \
     ((s)->struct_size >= offsetof(type, field) + sizeof(((type *)0)->field))
+
+/* Element i of an array of ABI structs whose first element is `base`, stepping by base->struct_size
+ * (the element size of whoever allocated the array, which may differ from the reader's sizeof). Check CT_HAS_FIELD(base, type, <last field read>) once first: it also
+ * refuses a stride of 0. `type` may be const-qualified: CT_AT(const ct_option_spec, opts, i). */
+#define CT_AT(type, base, i) ((type *)(const void *)((const char *)(base) + (size_t)(i) * (base)->struct_size))
 
 typedef enum ct_status {
     CT_OK = 0,
@@ -57,13 +71,15 @@ typedef enum ct_plugin_kind {
     CT_KIND_COMM = 4,
     CT_KIND_STRATEGY = 5,
     CT_KIND_QUANTIZER = 6,
-    CT_KIND_SCHEDULE = 7, /* 1.3: pipeline schedules (ctitan/schedule.h) */
-    CT_KIND_PIPELINE = 8  /* 1.3: the pipeline runner (ctitan/pipeline.h) */
+    CT_KIND_SCHEDULE = 7, /* pipeline schedules (ctitan/schedule.h) */
+    CT_KIND_PIPELINE = 8  /* the pipeline runner (ctitan/pipeline.h) */
 } ct_plugin_kind;
 
 /* An option a plugin accepts in its manifest section. The host validates the manifest against
  * this list (unknown keys and wrong types are errors naming file, line and key) and answers the
- * host->opt_* getters from it. The list ends with an entry whose key is NULL. */
+ * host->opt_* getters from it. The list ends with an entry whose key is NULL. Every entry but that
+ * last one has struct_size = sizeof(ct_option_spec): the host steps through the list by the first
+ * entry's struct_size (CT_AT) and refuses a list whose entries differ. */
 typedef enum ct_opt_type { CT_OPT_INT = 1, CT_OPT_FLOAT = 2, CT_OPT_STRING = 3, CT_OPT_BOOL = 4 } ct_opt_type;
 
 typedef struct ct_option_spec {

@@ -202,7 +202,8 @@ typedef struct ct_model_api {
     void (*destroy)(void *model);
     ct_status (*describe)(void *model, ct_model_desc *out);
     ct_status (*declare_params)(void *model, ct_param_registry *reg);
-    /* A short name for a unit, for logs and plans ("tok_embeddings", "layers.3", "output"). */
+    /* A short name for a unit, for logs, plans and traces ("tok_embeddings", "layers.3", "output"). The
+     * string must stay valid and unchanged from create to destroy: the host keeps the pointer (the trace does). */
     const char *(*unit_name)(void *model, int unit);
     /* Forward of one unit.
      *   x:       the previous unit's output (NULL for unit 0)

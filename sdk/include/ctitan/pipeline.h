@@ -56,7 +56,7 @@ typedef struct ct_pipeline_env {
     int pp_rank, pp_size;
     int n_stages, n_microbatches;
     ct_pp_placement placement;
-    const ct_pp_action *actions; /* this rank's, in order (the host keeps them alive) */
+    const ct_pp_action *actions; /* this rank's, in order (the host keeps them alive); step with CT_AT */
     int n_actions;
 } ct_pipeline_env;
 

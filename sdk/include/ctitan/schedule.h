@@ -1,4 +1,4 @@
-/* ctitan/schedule.h: pipeline schedules (plugin kind CT_KIND_SCHEDULE, ABI 1.3).
+/* ctitan/schedule.h: pipeline schedules (plugin kind CT_KIND_SCHEDULE).
  *
  * A schedule is pure logic: given the pipeline's shape and one pp rank, it lists that rank's compute
  * actions in the order the rank runs them. It never touches a tensor, so it can be checked and
@@ -33,7 +33,10 @@ typedef enum ct_pp_op {
     CT_PP_W = 4  /* backward for the weights only */
 } ct_pp_op;
 
+/* One action. Lists of them are arrays of ABI structs (ctitan/abi.h): whoever allocates a list sets
+ * every element's struct_size, and readers and writers step through it with CT_AT, never out[k]. */
 typedef struct ct_pp_action {
+    size_t struct_size;
     int op; /* ct_pp_op */
     int stage;
     int microbatch;
@@ -55,7 +58,9 @@ typedef struct ct_schedule_api {
     ct_pp_placement placement;
     /* The stages per rank the schedule supports: [min, max], max 0 = no upper limit. */
     int min_stages_per_rank, max_stages_per_rank;
-    /* Writes the rank's actions into out[0 .. *n). When cap is too small: CT_ERR_INVALID with *n set to
+    /* Writes the rank's actions into out's first *n elements. The host allocated `cap` elements and set
+     * every one's struct_size: write element k at CT_AT(ct_pp_action, out, k), only the fields that
+     * struct_size covers, and leave struct_size as it is. When cap is too small: CT_ERR_INVALID with *n set to
      * the number needed. A shape the schedule cannot serve (e.g. fewer microbatches than it needs):
      * CT_ERR_INVALID with a message through host->set_error. */
     ct_status (*actions)(const ct_host *host, const ct_schedule_shape *shape, ct_pp_action *out, int cap, int *n);
