@@ -25,7 +25,7 @@ endif
 PLUGIN_CFLAGS  := $(CFLAGS) -fPIC -fvisibility=hidden -Isdk/include
 PLUGIN_LDFLAGS := -shared $(LDFLAGS)
 
-CORE_SRC   := $(wildcard core/*.c)
+CORE_SRC   := $(wildcard core/*.c core/*/*.c)
 CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
 CORE_LIB_OBJ := $(filter-out $(BUILD)/core/main.o,$(CORE_OBJ))
 
@@ -73,7 +73,7 @@ deps:
 $(BUILD)/ctitan: $(CORE_OBJ)
 	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LDLIBS)
 
-$(BUILD)/core/%.o: core/%.c $(wildcard core/*.h) $(wildcard sdk/include/ctitan/*.h)
+$(BUILD)/core/%.o: core/%.c $(wildcard core/*/*.h) $(wildcard sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -DCT_BUILD_PLUGIN_DIR='"$(abspath $(BUILD))/plugins"' -c -o $@ $<
 
@@ -116,14 +116,14 @@ demo: deps all
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D_GNU_SOURCE
 fuzz:
 	@mkdir -p build/fuzz
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c core/manifest.c core/util.c -lyaml
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tokenizer_file tests/fuzz/fuzz_tokenizer_file.c core/tokenizer.c core/util.c -lpcre2-8 -lpthread
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_shard tests/fuzz/fuzz_shard.c core/shard.c core/util.c
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tensorfile tests/fuzz/fuzz_tensorfile.c core/tensorfile.c core/util.c
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c core/safetensors.c core/hf.c \
-	  core/tensorfile.c core/util.c -ljansson -lm
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_schedule_csv tests/fuzz/fuzz_schedule_csv.c core/schedule.c core/host.c \
-	  core/manifest.c core/util.c -lyaml -ldl
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c core/config/manifest.c core/host/util.c -lyaml
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tokenizer_file tests/fuzz/fuzz_tokenizer_file.c core/tools/tokenizer.c core/host/util.c -lpcre2-8 -lpthread
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_shard tests/fuzz/fuzz_shard.c core/data/shard.c core/host/util.c
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tensorfile tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c core/host/util.c
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c core/formats/safetensors.c core/formats/hf.c \
+	  core/formats/tensorfile.c core/host/util.c -ljansson -lm
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_schedule_csv tests/fuzz/fuzz_schedule_csv.c core/tools/schedule.c core/host/host.c \
+	  core/config/manifest.c core/host/util.c -lyaml -ldl
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_checkpoint tests/fuzz/fuzz_checkpoint.c $(filter-out core/main.c,$(CORE_SRC)) \
 	  $(LDLIBS)
 

@@ -1,8 +1,8 @@
 /* main.c: the `ctitan` command line. */
-#include "cmd_convert.h"
-#include "cmd_schedule.h"
-#include "cmd_tokenize.h"
-#include "session.h"
+#include "tools/cmd_convert.h"
+#include "tools/cmd_schedule.h"
+#include "tools/cmd_tokenize.h"
+#include "engine/session.h"
 
 #include <stdio.h>
 #include <string.h>

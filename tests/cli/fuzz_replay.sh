@@ -11,17 +11,17 @@ flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
        -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
 
 "$CC" "${flags[@]}" -o "$out/fuzz_tokenizer_file" tests/fuzz/fuzz_tokenizer_file.c tests/fuzz/replay_main.c \
-    core/tokenizer.c core/util.c -lpcre2-8 -lpthread
-"$CC" "${flags[@]}" -o "$out/fuzz_shard" tests/fuzz/fuzz_shard.c tests/fuzz/replay_main.c core/shard.c core/util.c
+    core/tools/tokenizer.c core/host/util.c -lpcre2-8 -lpthread
+"$CC" "${flags[@]}" -o "$out/fuzz_shard" tests/fuzz/fuzz_shard.c tests/fuzz/replay_main.c core/data/shard.c core/host/util.c
 
 "$out/fuzz_tokenizer_file" -m 300 tests/fuzz/corpus/tokenizer_file
 "$out/fuzz_tokenizer_file" -m 100 tests/data/tokenizer/vocab.tiktoken
 "$out/fuzz_shard" -m 300 tests/fuzz/corpus/shard
 
-"$CC" "${flags[@]}" -o "$out/fuzz_manifest" tests/fuzz/fuzz_manifest.c tests/fuzz/replay_main.c core/manifest.c core/util.c -lyaml
+"$CC" "${flags[@]}" -o "$out/fuzz_manifest" tests/fuzz/fuzz_manifest.c tests/fuzz/replay_main.c core/config/manifest.c core/host/util.c -lyaml
 "$out/fuzz_manifest" -m 200 tests/fuzz/corpus/manifest
 
-core_srcs=$(ls core/*.c | grep -v core/main.c)
+core_srcs=$(ls core/*/*.c)
 "$CC" "${flags[@]}" -o "$out/fuzz_checkpoint" tests/fuzz/fuzz_checkpoint.c tests/fuzz/replay_main.c $core_srcs \
     -lyaml -lpcre2-8 -ljansson -ldl -lm -lpthread
 "$out/fuzz_checkpoint" -m 200 tests/fuzz/corpus/checkpoint

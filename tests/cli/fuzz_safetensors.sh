@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The safetensors reader (core/safetensors.c) and the config.json / index parsers (core/hf.c,
-# core/safetensors.c) under AddressSanitizer + UBSan: builds tests/fuzz/fuzz_safetensors.c as a replay
+# The safetensors reader (core/formats/safetensors.c) and the config.json / index parsers (core/formats/hf.c,
+# core/formats/safetensors.c) under AddressSanitizer + UBSan: builds tests/fuzz/fuzz_safetensors.c as a replay
 # program (cc, tests/fuzz/replay_main.c, no libFuzzer), replays the committed seeds
 # (tests/fuzz/corpus/safetensors: valid files written by Python's safetensors, hand-made broken ones,
 # config.json and index seeds) and the golden Hugging Face folders, each with seeded mutations; then,
@@ -14,7 +14,7 @@ mkdir -p "$out" "$BUILD/fuzz"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export TMPDIR="$work"   # the round-trip files
-src=(tests/fuzz/fuzz_safetensors.c core/safetensors.c core/hf.c core/tensorfile.c core/util.c)
+src=(tests/fuzz/fuzz_safetensors.c core/formats/safetensors.c core/formats/hf.c core/formats/tensorfile.c core/host/util.c)
 flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
        -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ctt reader (core/tensorfile.c) under AddressSanitizer + UBSan: builds the replay driver of
+# The ctt reader (core/formats/tensorfile.c) under AddressSanitizer + UBSan: builds the replay driver of
 # tests/fuzz/fuzz_tensorfile.c with cc, runs it on valid, truncated and corrupted seeds (version 1
 # built here, version 2 in tests/fuzz/corpus/tensorfile) plus seeded
 # random mutations of each, then (when clang has libFuzzer) a short libFuzzer run.
@@ -13,7 +13,7 @@ export TMPDIR="$seeds"
 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 
 ${CC:-cc} -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -g -O1 $SAN -DFUZZ_REPLAY_MAIN -Icore \
-    -o "$out/fuzz_tensorfile_replay" tests/fuzz/fuzz_tensorfile.c core/tensorfile.c core/util.c
+    -o "$out/fuzz_tensorfile_replay" tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c core/host/util.c
 
 # u32 / u64 little-endian as printf escapes
 u32() { printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(($1 & 255)) $(($1 >> 8 & 255)) $(($1 >> 16 & 255)) $(($1 >> 24 & 255)); }
@@ -64,7 +64,7 @@ fi
 # a short coverage-guided libFuzzer run from the small seeds, when clang has libFuzzer
 if command -v clang >/dev/null &&
     clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Icore \
-        -o "$out/fuzz_tensorfile" tests/fuzz/fuzz_tensorfile.c core/tensorfile.c core/util.c 2>/dev/null; then
+        -o "$out/fuzz_tensorfile" tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c core/host/util.c 2>/dev/null; then
     corpus="$seeds/corpus"; mkdir -p "$corpus"
     cp "$small"/* tests/fuzz/corpus/tensorfile/* "$corpus"/
     "$out/fuzz_tensorfile" -runs=100000 -max_len=4096 -seed=1 "$corpus" 2>&1 | tail -n 1

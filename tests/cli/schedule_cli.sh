@@ -118,7 +118,7 @@ mkdir -p "$BUILD/fuzz-replay"
 if "$CC" -std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore \
     -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
     -o "$BUILD/fuzz-replay/fuzz_schedule_csv" tests/fuzz/fuzz_schedule_csv.c tests/fuzz/replay_main.c \
-    core/schedule.c core/host.c core/manifest.c core/util.c -lyaml -ldl; then
+    core/tools/schedule.c core/host/host.c core/config/manifest.c core/host/util.c -lyaml -ldl; then
     if "$BUILD/fuzz-replay/fuzz_schedule_csv" -m 300 tests/fuzz/corpus/schedule_csv >"$WORK/fuzz.log" 2>&1; then
         ok "fuzz_schedule_csv replays its corpus ($(ls tests/fuzz/corpus/schedule_csv | wc -l) seeds x 300 mutations)"
     else

@@ -1,6 +1,6 @@
 /* fuzz_checkpoint.c: any bytes as a checkpoint's metadata.json: the validator must accept or give
  * one line of error that starts with the label, never crash, overflow or leak. */
-#include "checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * It must return an error or a manifest, never crash, leak or hang, and it checks what the limits
  * promise: an error is one line naming the file; a manifest holds at most MF_MAX_KEYS keys, none
  * longer than MF_MAX_KEY_LEN, none without a value (explicit nulls are refused). */
-#include "manifest.h"
+#include "config/manifest.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
-/* fuzz_safetensors: feeds arbitrary bytes to the safetensors reader (core/safetensors.c) and, as
- * JSON, to the index and config.json parsers (core/safetensors.c, core/hf.c).
+/* fuzz_safetensors: feeds arbitrary bytes to the safetensors reader (core/formats/safetensors.c) and, as
+ * JSON, to the index and config.json parsers (core/formats/safetensors.c, core/formats/hf.c).
  *
  * Properties checked on every input:
  *   - nothing crashes, leaks or trips a sanitizer, and no allocation is sized by the input's claims;
@@ -11,10 +11,10 @@
  *   - an accepted config.json describes a model ctitan can build (sizes that divide).
  *
  * Two ways to build it:
- *   clang -fsanitize=fuzzer,address,undefined -Icore tests/fuzz/fuzz_safetensors.c core/safetensors.c \
- *       core/hf.c core/tensorfile.c core/util.c -ljansson -lm          a libFuzzer binary;
+ *   clang -fsanitize=fuzzer,address,undefined -Icore tests/fuzz/fuzz_safetensors.c core/formats/safetensors.c \
+ *       core/formats/hf.c core/formats/tensorfile.c core/host/util.c -ljansson -lm          a libFuzzer binary;
  *   cc -fsanitize=address,undefined -Icore tests/fuzz/fuzz_safetensors.c tests/fuzz/replay_main.c \
- *       core/safetensors.c core/hf.c core/tensorfile.c core/util.c -ljansson -lm
+ *       core/formats/safetensors.c core/formats/hf.c core/formats/tensorfile.c core/host/util.c -ljansson -lm
  *       a replay driver (`fuzz_safetensors [-m N] FILE|DIR ...`, see replay_main.c).
  */
 #include <stddef.h>
@@ -24,8 +24,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "hf.h"
-#include "safetensors.h"
+#include "formats/hf.h"
+#include "formats/safetensors.h"
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

@@ -4,7 +4,7 @@
  * tokens again must reproduce the file byte for byte.
  *
  * libFuzzer:  clang -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D_GNU_SOURCE \
- *                 tests/fuzz/fuzz_shard.c core/shard.c
+ *                 tests/fuzz/fuzz_shard.c core/data/shard.c
  * plain:      link with tests/fuzz/replay_main.c instead of -fsanitize=fuzzer (tests/cli/fuzz_replay.sh) */
 #include <stdint.h>
 #include <stdio.h>
@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "shard.h"
+#include "data/shard.h"
 
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "fuzz_shard: %s failed\n", #c); __builtin_trap(); } } while (0)
 

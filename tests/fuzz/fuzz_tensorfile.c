@@ -1,4 +1,4 @@
-/* fuzz_tensorfile: feeds arbitrary bytes to the ctt reader (core/tensorfile.c).
+/* fuzz_tensorfile: feeds arbitrary bytes to the ctt reader (core/formats/tensorfile.c).
  *
  * Properties checked on every input:
  *   - tf_read_mem never crashes, leaks or trips a sanitizer;
@@ -8,9 +8,9 @@
  *     a version-2 input, and for a version-1 one (no checksums) a version-2 file with the same tensors.
  *
  * Two ways to build it:
- *   clang -fsanitize=fuzzer,address,undefined -Icore tests/fuzz/fuzz_tensorfile.c core/tensorfile.c
+ *   clang -fsanitize=fuzzer,address,undefined -Icore tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c
  *       a libFuzzer binary (run it on a corpus folder);
- *   cc -DFUZZ_REPLAY_MAIN -fsanitize=address,undefined -Icore tests/fuzz/fuzz_tensorfile.c core/tensorfile.c
+ *   cc -DFUZZ_REPLAY_MAIN -fsanitize=address,undefined -Icore tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c
  *       a replay driver: `fuzz_tensorfile FILE_OR_DIR...` runs each file once, and with
  *       FUZZ_MUTATIONS=N also N seeded random mutations of each (byte changes and cuts).
  */
@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "tensorfile.h"
+#include "formats/tensorfile.h"
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

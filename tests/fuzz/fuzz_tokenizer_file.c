@@ -5,14 +5,14 @@
  * and without special tokens, by a small fixed vocabulary: decode(encode(x)) must equal x.
  *
  * libFuzzer:  clang -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D_GNU_SOURCE \
- *                 tests/fuzz/fuzz_tokenizer_file.c core/tokenizer.c -lpcre2-8 -lpthread
+ *                 tests/fuzz/fuzz_tokenizer_file.c core/tools/tokenizer.c -lpcre2-8 -lpthread
  * plain:      link with tests/fuzz/replay_main.c instead of -fsanitize=fuzzer (tests/cli/fuzz_replay.sh) */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer.h"
+#include "tools/tokenizer.h"
 
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "fuzz_tokenizer_file: %s failed\n", #c); __builtin_trap(); } } while (0)
 

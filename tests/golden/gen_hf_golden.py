@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden files for ctitan's Hugging Face interop (core/hf.c, `ctitan convert`), checked with transformers.
+"""Golden files for ctitan's Hugging Face interop (core/formats/hf.c, `ctitan convert`), checked with transformers.
 
 Two directions, both under tests/golden/hf/:
 

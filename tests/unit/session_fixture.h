@@ -3,7 +3,7 @@
 #ifndef CT_TEST_SESSION_FIXTURE_H
 #define CT_TEST_SESSION_FIXTURE_H
 
-#include "session.h"
+#include "engine/session.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,10 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "data.h"
-#include "lr.h"
-#include "manifest.h"
-#include "shard.h"
+#include "data/data.h"
+#include "engine/lr.h"
+#include "config/manifest.h"
+#include "data/shard.h"
 
 static manifest *load_yaml(const char *yaml) {
     char path[] = "/tmp/ctitan-cfg-XXXXXX.yaml";

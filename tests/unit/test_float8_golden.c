@@ -15,10 +15,10 @@
  * The plugins are loaded through the core's loader (plugin_load) with a manifest from a temporary file,
  * as a session does; run from the repository root (BUILD=build-san picks the sanitizer build).
  */
-#include "host.h"
-#include "manifest.h"
+#include "host/host.h"
+#include "config/manifest.h"
 #include "session_fixture.h"
-#include "tensorfile.h"
+#include "formats/tensorfile.h"
 
 #include "ctitan/quantizer.h"
 

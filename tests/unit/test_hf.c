@@ -1,4 +1,4 @@
-/* test_hf.c: Hugging Face Llama folders <-> ctitan's llama3 (core/hf.c), against transformers.
+/* test_hf.c: Hugging Face Llama folders <-> ctitan's llama3 (core/formats/hf.c), against transformers.
  *
  * Golden data (tests/golden/hf/, made and checked by tests/golden/gen_hf_golden.py):
  *   from_transformers/ + from_transformers.ctt: a LlamaForCausalLM saved by transformers and its
@@ -16,10 +16,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "hf.h"
-#include "safetensors.h"
+#include "formats/hf.h"
+#include "formats/safetensors.h"
 #include "session_fixture.h"
-#include "tensorfile.h"
+#include "formats/tensorfile.h"
 
 #define GOLDEN_DIR "tests/golden/hf"
 #define LLAMA3_TINY "tests/golden/llama3_tiny.ctt"

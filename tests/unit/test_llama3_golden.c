@@ -11,7 +11,7 @@
 #include <math.h>
 
 #include "session_fixture.h"
-#include "tensorfile.h"
+#include "formats/tensorfile.h"
 
 #define GOLDEN "tests/golden/llama3_tiny.ctt"
 

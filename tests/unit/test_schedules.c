@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "schedule.h"
+#include "tools/schedule.h"
 
 
 static int setup(void **state) {

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "shard.h"
+#include "data/shard.h"
 
 
 static int setup(void **state) {

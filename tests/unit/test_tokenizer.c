@@ -23,9 +23,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cmd_tokenize.h"
-#include "shard.h"
-#include "tokenizer.h"
+#include "tools/cmd_tokenize.h"
+#include "data/shard.h"
+#include "tools/tokenizer.h"
 
 #define VOCAB "tests/data/tokenizer/vocab.tiktoken"
 #define GOLDEN "tests/data/tokenizer/golden.txt"

@@ -1,0 +1,991 @@
+/* checkpoint.c: save and load distributed checkpoints with resharding (see checkpoint.h). */
+#include "checkpoint/checkpoint.h"
+
+#include "formats/tensorfile.h"
+#include "host/util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CKPT_VERSION 1
+/* Largest world_size, step and token counts a checkpoint may claim: far beyond any real run, far
+ * below where the loop's int64 arithmetic (position + batch, tokens + batch x seq_len) overflows. */
+#define CKPT_MAX_WORLD (1 << 20)
+#define CKPT_MAX_COUNT ((int64_t)1 << 50)
+
+typedef struct box {
+    int ndim;
+    int64_t off[CT_MAX_DIMS], len[CT_MAX_DIMS];
+} box;
+
+static int64_t box_numel(const box *b) {
+    int64_t n = 1;
+    for (int d = 0; d < b->ndim; d++) n *= b->len[d];
+    return n;
+}
+
+/* The part of the global tensor this rank's storage holds (padding excluded): the block an axis
+ * strategy split it into (a slice along split_dim), then within it the dim-0 rows of the
+ * data-parallel shard (FSDP shards the flattened block by whole rows); replicated parameters are whole. */
+static void local_box(const ct_param_slot *sl, box *b) {
+    const ct_tensor *p = sl->param; /* the block's shape */
+    b->ndim = p->ndim;
+    for (int d = 0; d < p->ndim; d++) {
+        b->off[d] = 0;
+        b->len[d] = p->shape[d];
+    }
+    if (sl->split_dim >= 0) b->off[sl->split_dim] = (int64_t)sl->split_index * p->shape[sl->split_dim];
+    if (sl->placement == CT_PLACE_NONE && p->ndim > 0) b->len[0] = 0; /* another pipeline stage writes it */
+    if (sl->placement != CT_PLACE_SHARD || p->ndim == 0) return;
+    int64_t rows = p->shape[0], row = rows ? sl->numel / rows : 1;
+    int64_t start = row ? sl->offset / row : 0, n = row ? sl->local_numel / row : 0;
+    if (start > rows) start = rows;
+    if (start + n > rows) n = rows - start;
+    b->off[0] += start;
+    b->len[0] = n;
+}
+
+/* Whether this rank writes slot i: one copy of every element in the job. */
+static int saves(const session *s, const ct_param_slot *sl) {
+    if (!s->capi) return 1;
+    for (int a = 0; a < CT_MESH_NAXES; a++) {
+        if (sl->placement == CT_PLACE_SHARD && a == sl->shard_axis) continue;
+        if (sl->split_dim >= 0 && a == sl->split_axis) continue;
+        if (a == CT_AXIS_PP) continue; /* each stage writes its own units (the others hold none here) */
+        if (s->mesh.coord[a] != 0) return 0;
+    }
+    return 1;
+}
+
+static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
+
+static int barrier(session *s) {
+    if (!s->capi) return 0;
+    void *world;
+    s->capi->world(s->comm, &world);
+    return s->capi->barrier(s->comm, world) == CT_OK ? 0 : -1;
+}
+
+static int fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+static int write_file_synced(const char *path, const char *data, size_t n) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
+    if (fd < 0) return -1;
+    int rc = ct_write_all(fd, data, n) || fsync(fd);
+    rc |= close(fd);
+    return rc ? -1 : 0;
+}
+
+static int rm_rf(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return unlink(path);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[PATH_MAX];
+        if (snprintf(p, sizeof p, "%s/%s", path, e->d_name) >= (int)sizeof p) continue;
+        rm_rf(p);
+    }
+    closedir(d);
+    return rmdir(path);
+}
+
+/* ---- save ---- */
+
+/* The device memory of tensor `k` of slot i: -1 = the parameter, else optimizer state k. */
+static const float *storage(session *s, int i, int k) {
+    const ct_param_slot *sl = &s->rt.slots[i];
+    if (k < 0) return sl->local_data;
+    size_t off = (size_t)((const char *)sl->local_data - s->rt.param_mem);
+    return (const float *)(s->opt_mem + (size_t)k * s->rt.param_bytes + off);
+}
+
+static void tensor_name(char *buf, size_t len, const char *fqn, int k) {
+    if (k < 0) snprintf(buf, len, "%s", fqn);
+    else snprintf(buf, len, "optimizer.%d.%s", k, fqn);
+}
+
+static json_t *box_json(const int64_t *v, int n) {
+    json_t *a = json_array();
+    for (int d = 0; d < n; d++) json_array_append_new(a, json_integer(v[d]));
+    return a;
+}
+
+/* This rank's pieces, copied to host memory: what a save writes (possibly on another thread). */
+typedef struct snap_piece {
+    char name[512];
+    box b;
+    float *data;
+    int64_t n;
+} snap_piece;
+
+struct ckpt_snapshot {
+    snap_piece *p;
+    int n;
+    int rank;
+};
+
+void ckpt_snapshot_free(ckpt_snapshot *sn) {
+    if (!sn) return;
+    for (int i = 0; i < sn->n; i++) free(sn->p[i].data);
+    free(sn->p);
+    free(sn);
+}
+
+ckpt_snapshot *ckpt_snapshot_take(session *s, int what, int export_bf16, char *err, size_t errlen) {
+    ckpt_snapshot *sn = calloc(1, sizeof *sn);
+    if (!sn) goto nomem;
+    sn->rank = s->rank;
+    int kmax = (what & CKPT_OPTIMIZER) ? s->n_state : 0;
+    sn->p = calloc((size_t)s->rt.n_params * (size_t)(kmax + 1) + 1, sizeof(snap_piece));
+    if (!sn->p) goto nomem;
+    for (int i = 0; i < s->rt.n_params; i++) {
+        const ct_param_slot *sl = &s->rt.slots[i];
+        if (!saves(s, sl)) continue;
+        box b;
+        local_box(sl, &b);
+        int64_t n = box_numel(&b);
+        if (n <= 0) continue;
+        for (int k = (what & CKPT_MODEL) ? -1 : 0; k < kmax; k++) {
+            snap_piece *p = &sn->p[sn->n];
+            p->data = malloc(sizeof(float) * (size_t)n);
+            if (!p->data) goto nomem;
+            sn->n++;
+            p->b = b;
+            p->n = n;
+            tensor_name(p->name, sizeof p->name, sl->param->name, k);
+            /* the box is a prefix of the local storage: dim-0 rows, padding after */
+            if (s->d->copy(s->dev, p->data, storage(s, i, k), sizeof(float) * (size_t)n, CT_COPY_D2H) != CT_OK) {
+                ct_errf(err, errlen, "checkpoint: cannot copy %s from the device", sl->param->name);
+                ckpt_snapshot_free(sn);
+                return NULL;
+            }
+            if (export_bf16 && k < 0)
+                for (int64_t j = 0; j < n; j++) { /* round to nearest even, kept as f32 */
+                    uint32_t u;
+                    memcpy(&u, &p->data[j], 4);
+                    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+                    memcpy(&p->data[j], &u, 4);
+                }
+        }
+    }
+    return sn;
+nomem:
+    ct_errf(err, errlen, "checkpoint: out of memory for the snapshot");
+    ckpt_snapshot_free(sn);
+    return NULL;
+}
+
+/* Writes a snapshot's pieces and their index into dir (no collective: any thread). */
+int ckpt_snapshot_write(const ckpt_snapshot *sn, const char *dir, char *err, size_t errlen) {
+    char path[PATH_MAX], fname[64];
+    snprintf(fname, sizeof fname, "rank-%05d.bin", sn->rank);
+    if (snprintf(path, sizeof path, "%s/%s", dir, fname) >= (int)sizeof path) {
+        ct_errf(err, errlen, "checkpoint folder path too long");
+        return -1;
+    }
+    int fd = -1, rc = -1;
+    json_t *index = json_array();
+    int64_t file_off = 0;
+    for (int i = 0; i < sn->n; i++) {
+        const snap_piece *p = &sn->p[i];
+        if (fd < 0 && (fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644)) < 0) {
+            ct_errf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+            goto done;
+        }
+        size_t bytes = sizeof(float) * (size_t)p->n;
+        if (ct_write_all(fd, p->data, bytes)) {
+            ct_errf(err, errlen, "%s: write failed: %s", path, strerror(errno));
+            goto done;
+        }
+        json_t *e = json_object();
+        json_object_set_new(e, "tensor", json_string(p->name));
+        json_object_set_new(e, "offsets", box_json(p->b.off, p->b.ndim));
+        json_object_set_new(e, "sizes", box_json(p->b.len, p->b.ndim));
+        json_object_set_new(e, "file", json_string(fname));
+        json_object_set_new(e, "byte_offset", json_integer(file_off));
+        json_object_set_new(e, "bytes", json_integer((json_int_t)bytes));
+        char sum[32];
+        snprintf(sum, sizeof sum, "%016" PRIx64, fnv1a(p->data, bytes, 1469598103934665603ull));
+        json_object_set_new(e, "fnv1a64", json_string(sum));
+        json_array_append_new(index, e);
+        file_off += (int64_t)bytes;
+    }
+    if (fd >= 0) {
+        int bad = fsync(fd) != 0;
+        bad |= close(fd) != 0;
+        fd = -1;
+        if (bad) {
+            ct_errf(err, errlen, "%s: cannot sync: %s", path, strerror(errno));
+            goto done;
+        }
+    }
+    char *text = json_dumps(index, JSON_COMPACT);
+    if (!text || snprintf(path, sizeof path, "%s/rank-%05d.json", dir, sn->rank) >= (int)sizeof path ||
+        write_file_synced(path, text, strlen(text))) {
+        ct_errf(err, errlen, "%s: cannot write the index: %s", path, text ? strerror(errno) : "out of memory");
+        free(text);
+        goto done;
+    }
+    free(text);
+    rc = 0;
+done:
+    if (fd >= 0) close(fd);
+    json_decref(index);
+    return rc;
+}
+
+/* What a resume must match (checkpoint.allow_config_change lifts it): the data order (seed,
+ * seq_len) and the model, under the config keys that set them. Zeros are a pack that does not say. */
+static json_t *run_config(session *s) {
+    json_t *c = json_object();
+    const ct_model_desc *d = &s->rt.desc;
+    const char *str;
+    int64_t v;
+    if (s->mf && !mf_get_int(s->mf, "training.seed", &v)) json_object_set_new(c, "training.seed", json_integer(v));
+    if (s->mf && !mf_get_int(s->mf, "training.seq_len", &v)) json_object_set_new(c, "training.seq_len", json_integer(v));
+    if (s->mf && !mf_get_str(s->mf, "model.name", &str)) json_object_set_new(c, "model.name", json_string(str));
+    if (s->mf && !mf_get_str(s->mf, "model.flavor", &str)) json_object_set_new(c, "model.flavor", json_string(str));
+    const struct { const char *key; int64_t v; } ints[] = {
+        {"model.vocab_size", d->vocab_size}, {"model.dim", d->dim},           {"model.n_layers", d->n_layers},
+        {"model.n_heads", d->n_heads},       {"model.n_kv_heads", d->n_kv_heads}, {"model.ffn_hidden", d->ffn_hidden}};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
+        if (ints[i].v > 0) json_object_set_new(c, ints[i].key, json_integer(ints[i].v));
+    if (d->rope_theta > 0) json_object_set_new(c, "model.rope_theta", json_real(d->rope_theta));
+    if (d->norm_eps > 0) json_object_set_new(c, "model.norm_eps", json_real(d->norm_eps));
+    return c;
+}
+
+/* Rank 0: merges the rank indexes into metadata.json (the last file written). */
+static int write_metadata(session *s, const char *dir, int64_t step, const ckpt_train_state *st, char *err,
+                          size_t errlen) {
+    json_t *root = json_object(), *shards = json_array(), *tensors = json_object();
+    int rc = -1;
+    json_object_set_new(root, "format", json_string("ctitan-checkpoint"));
+    json_object_set_new(root, "version", json_integer(CKPT_VERSION));
+    json_object_set_new(root, "step", json_integer(step));
+    json_object_set_new(root, "world_size", json_integer(s->world));
+    if (s->capi) { /* the layout it was written with (loading reshards to any other) */
+        json_t *mesh = json_object();
+        static const char *axes[] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
+        for (int a = 0; a < CT_MESH_NAXES && a < 5; a++)
+            json_object_set_new(mesh, axes[a], json_integer(s->mesh.degree[a] > 0 ? s->mesh.degree[a] : 1));
+        json_object_set_new(root, "mesh", mesh);
+    }
+    json_object_set_new(root, "config", run_config(s));
+    for (int r = 0; r < s->world; r++) {
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof path, "%s/rank-%05d.json", dir, r) >= (int)sizeof path) goto done;
+        json_error_t je;
+        json_t *idx = json_load_file(path, 0, &je);
+        if (!idx || !json_is_array(idx)) {
+            json_decref(idx);
+            ct_errf(err, errlen, "%s: missing or unreadable rank index", path);
+            goto done;
+        }
+        size_t i;
+        json_t *e;
+        json_array_foreach(idx, i, e) json_array_append(shards, e);
+        json_decref(idx);
+    }
+    for (int i = 0; i < s->rt.n_params; i++) {
+        const ct_tensor *p = s->rt.slots[i].param;
+        for (int k = -1; k < s->n_state; k++) {
+            char name[512];
+            tensor_name(name, sizeof name, p->name, k);
+            int present = 0; /* list the tensors this save holds (a model-only save has no optimizer) */
+            size_t j;
+            json_t *e;
+            json_array_foreach(shards, j, e) if (!strcmp(json_string_value(json_object_get(e, "tensor")), name)) {
+                present = 1;
+                break;
+            }
+            if (!present) continue;
+            json_t *t = json_object();
+            json_object_set_new(t, "dtype", json_string("f32"));
+            json_object_set_new(t, "shape", box_json(s->rt.slots[i].global_shape, p->ndim));
+            json_object_set_new(tensors, name, t);
+        }
+    }
+    json_object_set_new(root, "tensors", tensors);
+    tensors = NULL;
+    json_object_set_new(root, "shards", shards);
+    shards = NULL;
+    if (st) {
+        json_t *t = json_object();
+        json_object_set_new(t, "step", json_integer(st->step));
+        json_object_set_new(t, "tokens_seen", json_integer(st->tokens_seen));
+        json_object_set_new(t, "data_position", json_integer(st->data_position));
+        json_object_set_new(t, "seed", json_integer(st->seed));
+        json_object_set_new(t, "dp_size", json_integer(st->dp_size));
+        json_object_set_new(root, "train_state", t);
+    }
+    char *text = json_dumps(root, JSON_INDENT(1));
+    char path[PATH_MAX], tmp[PATH_MAX + 8];
+    int long_path = snprintf(path, sizeof path, "%s/metadata.json", dir) >= (int)sizeof path;
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (!text || long_path || write_file_synced(tmp, text, strlen(text)) || rename(tmp, path) || fsync_path(dir)) {
+        free(text);
+        ct_errf(err, errlen, "%s: cannot write the metadata: %s", path, text ? strerror(errno) : "out of memory");
+        unlink(tmp);
+        goto done;
+    }
+    free(text);
+    rc = 0;
+done:
+    json_decref(shards);
+    json_decref(tensors);
+    json_decref(root);
+    return rc;
+}
+
+int ckpt_prepare(session *s, const char *folder, int64_t step, char *err, size_t errlen) {
+    char tmpdir[PATH_MAX];
+    snprintf(tmpdir, sizeof tmpdir, "%s/step-%" PRId64 ".tmp", folder, step);
+    int bad = 0;
+    if (s->rank == 0) {
+        rm_rf(tmpdir);
+        bad = ct_mkdir_p(tmpdir) != 0;
+        if (bad) ct_errf(err, errlen, "%s: cannot create: %s", tmpdir, strerror(errno));
+    }
+    if (barrier(s)) {
+        ct_errf(err, errlen, "checkpoint %s: a rank did not reach the save barrier: %s", tmpdir, ct_last_error());
+        return -1;
+    }
+    return bad ? -1 : 0;
+}
+
+int ckpt_commit(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int wrote_ok, char *err,
+                size_t errlen) {
+    char dir[PATH_MAX], tmpdir[PATH_MAX + 8];
+    snprintf(dir, sizeof dir, "%s/step-%" PRId64, folder, step);
+    snprintf(tmpdir, sizeof tmpdir, "%s.tmp", dir);
+    /* every rank says whether its files are written; the folder is committed only if all are */
+    double ok = wrote_ok ? 1 : 0;
+    if (s->capi) {
+        void *world;
+        s->capi->world(s->comm, &world);
+        if (s->capi->all_reduce(s->comm, world, &ok, &ok, 1, CT_F64, CT_REDUCE_MIN, NULL) != CT_OK) {
+            ct_errf(err, errlen, "checkpoint %s: a rank did not reach the commit: %s", dir, ct_last_error());
+            return -1;
+        }
+    }
+    int bad = ok < 1;
+    /* a rank that failed has its own message in err already (the caller passed it to the write) */
+    if (bad && wrote_ok) ct_errf(err, errlen, "checkpoint %s: another rank failed to write its files", dir);
+    if (s->rank == 0 && !bad) {
+        bad = write_metadata(s, tmpdir, step, st, err, errlen) != 0;
+        if (!bad) {
+            /* an older complete save of the same step (a rerun) steps aside as step-N.old until the new
+             * one is in place, so a crash in between leaves one of them (ckpt_steps tidies up) */
+            char old[PATH_MAX + 8];
+            snprintf(old, sizeof old, "%s.old", dir);
+            rm_rf(old);
+            int had = access(dir, F_OK) == 0;
+            bad = (had && rename(dir, old) != 0) || rename(tmpdir, dir) != 0 || fsync_path(folder) != 0;
+            if (bad) ct_errf(err, errlen, "%s: cannot commit: %s", dir, strerror(errno));
+            else if (had) rm_rf(old);
+        }
+    }
+    if (s->rank == 0 && bad) rm_rf(tmpdir); /* a failed save leaves nothing behind (and frees the disk) */
+    if (barrier(s)) {
+        ct_errf(err, errlen, "checkpoint %s: a rank did not reach the save barrier: %s", dir, ct_last_error());
+        return -1;
+    }
+    return bad ? -1 : 0;
+}
+
+int ckpt_save(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int what, int export_bf16,
+              char *err, size_t errlen) {
+    char tmpdir[PATH_MAX];
+    snprintf(tmpdir, sizeof tmpdir, "%s/step-%" PRId64 ".tmp", folder, step);
+    if (ckpt_prepare(s, folder, step, err, errlen)) return -1;
+    ckpt_snapshot *sn = ckpt_snapshot_take(s, what, export_bf16, err, errlen);
+    int ok = sn && ckpt_snapshot_write(sn, tmpdir, err, errlen) == 0;
+    ckpt_snapshot_free(sn);
+    return ckpt_commit(s, folder, step, st, ok, err, errlen);
+}
+
+/* N for "step-N"; *tmp = 1 for the leftovers "step-N.tmp" (a save in progress) and "step-N.old" (a
+ * complete save being replaced). -1 for any other name. */
+static int64_t step_of(const char *name, int *tmp) {
+    if (strncmp(name, "step-", 5) || name[5] < '0' || name[5] > '9') return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(name + 5, &end, 10);
+    if (errno || v < 0) return -1;
+    *tmp = !strcmp(end, ".tmp") ? 1 : !strcmp(end, ".old") ? 2 : 0;
+    return *end && !*tmp ? -1 : v;
+}
+
+/* Whether dir holds any rank-R.bin or rank-R.json piece. */
+static int has_pieces(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d))) found = !strncmp(e->d_name, "rank-", 5);
+    closedir(d);
+    return found;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int ckpt_steps(const char *folder, int clean, int64_t **out, char *err, size_t errlen) {
+    *out = NULL;
+    DIR *d = opendir(folder);
+    if (!d) return 0;
+    int64_t *steps = NULL;
+    int n = 0, cap = 0, rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int tmp = 0;
+        int64_t v = step_of(e->d_name, &tmp);
+        if (v < 0) continue;
+        char p[PATH_MAX], meta[PATH_MAX + 16];
+        if (snprintf(p, sizeof p, "%s/%s", folder, e->d_name) >= (int)sizeof p) continue;
+        if (tmp == 1 && clean) rm_rf(p); /* an interrupted save */
+        if (tmp == 2 && clean) {          /* a replaced save: gone once its successor is complete */
+            char live[PATH_MAX];
+            snprintf(live, sizeof live, "%s/step-%" PRId64 "/metadata.json", folder, v);
+            if (access(live, F_OK) == 0) rm_rf(p);
+            else {
+                snprintf(live, sizeof live, "%s/step-%" PRId64, folder, v);
+                rm_rf(live);
+                if (rename(p, live) == 0 && n < INT_MAX) goto counted;
+            }
+        }
+        if (tmp) continue;
+        snprintf(meta, sizeof meta, "%s/metadata.json", p);
+        if (access(meta, F_OK) != 0) {
+            if (!has_pieces(p)) continue; /* an empty or foreign folder */
+            ct_errf(err, errlen, "%s holds rank pieces but no metadata.json (deleted, or not a finished save): delete "
+                                 "that folder, or set checkpoint.load_step to another step", p);
+            rc = -1;
+            break;
+        }
+    counted:
+        if (n == cap) {
+            int64_t *g = realloc(steps, sizeof *g * (size_t)(cap = cap ? 2 * cap : 16));
+            if (!g) {
+                ct_errf(err, errlen, "%s: out of memory", folder);
+                rc = -1;
+                break;
+            }
+            steps = g;
+        }
+        steps[n++] = v;
+    }
+    closedir(d);
+    if (rc) {
+        free(steps);
+        return -1;
+    }
+    if (n) qsort(steps, (size_t)n, sizeof *steps, cmp_desc);
+    *out = steps;
+    return n;
+}
+
+int64_t ckpt_latest(const char *folder, int clean) {
+    int64_t *steps, best = -1;
+    char err[8];
+    int n = ckpt_steps(folder, clean, &steps, err, sizeof err);
+    if (n > 0) best = steps[0];
+    free(steps);
+    return best;
+}
+
+/* Whether a step folder's metadata.json has a train state (a full save, not a model-only one). */
+static int full_state(const char *dir) {
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/metadata.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    int full = json_is_object(json_object_get(root, "train_state"));
+    json_decref(root);
+    return full;
+}
+
+int64_t ckpt_latest_full(const char *folder, int64_t below) {
+    int64_t *steps, found = -1;
+    char err[8];
+    int n = ckpt_steps(folder, 0, &steps, err, sizeof err);
+    for (int i = 0; i < n && found < 0; i++) {
+        char dir[PATH_MAX];
+        if (steps[i] >= below) continue;
+        snprintf(dir, sizeof dir, "%s/step-%" PRId64, folder, steps[i]);
+        if (full_state(dir)) found = steps[i];
+    }
+    free(steps);
+    return found;
+}
+
+void ckpt_purge(const char *folder, int64_t keep) {
+    if (keep <= 0) return;
+    /* the newest k, and the newest save with the full training state whatever k says: after a
+     * model-only final save that is what an extended run resumes from */
+    int64_t full = ckpt_latest_full(folder, INT64_MAX), *steps = NULL;
+    size_t n = 0, cap = 0;
+    DIR *d = opendir(folder);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int tmp = 0;
+        int64_t v = step_of(e->d_name, &tmp);
+        if (v < 0 || tmp) continue;
+        if (n == cap) {
+            int64_t *g = realloc(steps, sizeof *g * (cap = cap ? 2 * cap : 16));
+            if (!g) break;
+            steps = g;
+        }
+        steps[n++] = v;
+    }
+    closedir(d);
+    if (n) qsort(steps, n, sizeof *steps, cmp_desc);
+    for (size_t i = (size_t)keep; i < n; i++) {
+        if (steps[i] == full) continue;
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/step-%" PRId64, folder, steps[i]);
+        rm_rf(p);
+    }
+    free(steps);
+}
+
+/* ---- load ---- */
+
+typedef struct piece {
+    const char *tensor, *file;
+    box b;
+    int64_t byte_offset, bytes;
+    uint64_t sum;
+    int verified;
+} piece;
+
+/* R for a file name "rank-RRRRR<ext>" (five or more digits, as the writer names them), else -1. */
+static int64_t rank_file(const char *name, const char *ext) {
+    if (strncmp(name, "rank-", 5)) return -1;
+    int64_t r = 0;
+    const char *p = name + 5;
+    for (; *p >= '0' && *p <= '9' && r < CKPT_MAX_WORLD; p++) r = r * 10 + (*p - '0');
+    return p - name >= 10 && !strcmp(p, ext) ? r : -1;
+}
+
+/* A list of at most CT_MAX_DIMS non-negative integers whose product stays below 2^48. */
+static int parse_box(json_t *a, int64_t *v, int *n) {
+    if (!json_is_array(a) || json_array_size(a) > CT_MAX_DIMS) return -1;
+    *n = (int)json_array_size(a);
+    for (int d = 0; d < *n; d++) {
+        json_t *x = json_array_get(a, (size_t)d);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > ((int64_t)1 << 48)) return -1;
+        v[d] = json_integer_value(x);
+    }
+    return 0;
+}
+
+static int box_numel_ok(const box *b) {
+    int64_t n = 1;
+    for (int d = 0; d < b->ndim; d++) {
+        if (b->len[d] && n > ((int64_t)1 << 48) / b->len[d]) return 0;
+        n *= b->len[d];
+    }
+    return 1;
+}
+
+/* An integer member of o in [lo, hi]: 0 and *v; else -1 and "path: field must be ...". */
+static int get_int(json_t *o, const char *key, const char *field, int64_t lo, int64_t hi, int64_t *v,
+                   const char *path, char *err, size_t errlen) {
+    json_t *x = json_object_get(o, key);
+    if (json_is_integer(x) && json_integer_value(x) >= lo && json_integer_value(x) <= hi) {
+        *v = json_integer_value(x);
+        return 0;
+    }
+    char got[48] = "missing";
+    if (x) {
+        char *t = json_dumps(x, JSON_ENCODE_ANY);
+        snprintf(got, sizeof got, "%.40s", t ? t : "?");
+        free(t);
+    }
+    ct_errf(err, errlen, "%s: %s must be an integer from %" PRId64 " to %" PRId64 ", got %s", path, field, lo, hi, got);
+    return -1;
+}
+
+/* The fields besides the pieces: format, step, world_size and mesh, train_state, every tensor's dtype
+ * (all checked for type and range: metadata.json is input like any other file). */
+static int check_fields(json_t *root, const char *path, char *err, size_t errlen) {
+    json_t *fmt = json_object_get(root, "format"), *ts = json_object_get(root, "train_state");
+    json_t *mesh = json_object_get(root, "mesh"), *cfg = json_object_get(root, "config");
+    int64_t step, world, v;
+    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "ctitan-checkpoint")) {
+        ct_errf(err, errlen, "%s: format must be \"ctitan-checkpoint\"", path);
+        return -1;
+    }
+    if (get_int(root, "step", "step", 0, CKPT_MAX_COUNT, &step, path, err, errlen) ||
+        get_int(root, "world_size", "world_size", 1, CKPT_MAX_WORLD, &world, path, err, errlen))
+        return -1;
+    if ((ts && !json_is_object(ts)) || (mesh && !json_is_object(mesh)) || (cfg && !json_is_object(cfg))) {
+        ct_errf(err, errlen, "%s: %s must be an object", path,
+                ts && !json_is_object(ts) ? "train_state" : mesh && !json_is_object(mesh) ? "mesh" : "config");
+        return -1;
+    }
+    int64_t dp = 0;
+    if (mesh) {
+        static const char *axes[] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
+        int64_t prod = 1, deg[5];
+        for (int a = 0; a < 5; a++) {
+            char field[32];
+            snprintf(field, sizeof field, "mesh.%s", axes[a]);
+            if (get_int(mesh, axes[a], field, 1, CKPT_MAX_WORLD, &deg[a], path, err, errlen)) return -1;
+            prod *= deg[a];
+            if (prod > CKPT_MAX_WORLD) break;
+        }
+        if (prod != world) {
+            ct_errf(err, errlen, "%s: mesh degrees multiply to %" PRId64 ", not world_size %" PRId64, path, prod, world);
+            return -1;
+        }
+        dp = deg[1] * deg[2];
+    }
+    if (ts) {
+        int64_t ts_step;
+        if (get_int(ts, "step", "train_state.step", 0, CKPT_MAX_COUNT, &ts_step, path, err, errlen) ||
+            get_int(ts, "tokens_seen", "train_state.tokens_seen", 0, CKPT_MAX_COUNT, &v, path, err, errlen) ||
+            get_int(ts, "data_position", "train_state.data_position", 0, CKPT_MAX_COUNT, &v, path, err, errlen) ||
+            get_int(ts, "seed", "train_state.seed", INT64_MIN, INT64_MAX, &v, path, err, errlen) ||
+            get_int(ts, "dp_size", "train_state.dp_size", 1, world, &v, path, err, errlen))
+            return -1;
+        if (ts_step != step) {
+            ct_errf(err, errlen, "%s: train_state.step %" PRId64 " is not the checkpoint's step %" PRId64, path, ts_step,
+                    step);
+            return -1;
+        }
+        if (world % v || (dp && v != dp)) {
+            ct_errf(err, errlen, "%s: train_state.dp_size %" PRId64 " does not fit world_size %" PRId64 "%s", path, v,
+                    world, dp ? " and the mesh's dp_replicate x dp_shard" : " (it must divide it)");
+            return -1;
+        }
+    }
+    const char *name;
+    json_t *t;
+    json_object_foreach(json_object_get(root, "tensors"), name, t) {
+        json_t *dt = json_object_get(t, "dtype");
+        if (!json_is_object(t) || !json_is_string(dt) || strcmp(json_string_value(dt), "f32")) {
+            char shown[201]; /* the name as it can be printed on one line */
+            size_t k = 0;
+            for (; name[k] && k < 200; k++) shown[k] = (unsigned char)name[k] < 0x20 ? '?' : name[k];
+            shown[k] = 0;
+            ct_errf(err, errlen, "%s: tensors.%s.dtype must be \"f32\"", path, shown);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Validates metadata.json's structure and every piece against its tensor's shape. */
+static int parse_pieces(json_t *root, const char *path, piece **out, size_t *count, char *err, size_t errlen) {
+    json_t *ver = json_object_get(root, "version"), *shards = json_object_get(root, "shards");
+    json_t *tensors = json_object_get(root, "tensors"), *ts = json_object_get(root, "train_state");
+    *out = NULL;
+    *count = 0;
+    if (!json_is_object(root) || !json_is_integer(ver) || json_integer_value(ver) != CKPT_VERSION ||
+        !json_is_array(shards) || !json_is_object(tensors) || (ts && !json_is_object(ts))) {
+        ct_errf(err, errlen, "%s: not a ctitan checkpoint of version %d", path, CKPT_VERSION);
+        return -1;
+    }
+    (void)ts;
+    if (check_fields(root, path, err, errlen)) return -1;
+    int64_t world = json_integer_value(json_object_get(root, "world_size"));
+    size_t np = json_array_size(shards);
+    piece *pieces = calloc(np + 1, sizeof *pieces);
+    if (!pieces) {
+        ct_errf(err, errlen, "%s: out of memory", path);
+        return -1;
+    }
+    for (size_t i = 0; i < np; i++) {
+        json_t *e = json_array_get(shards, i);
+        piece *p = &pieces[i];
+        int n1 = 0, n2 = 0, ns = 0;
+        int64_t shape[CT_MAX_DIMS];
+        json_t *t = json_object_get(e, "tensor"), *f = json_object_get(e, "file"), *sum = json_object_get(e, "fnv1a64");
+        json_t *bo = json_object_get(e, "byte_offset"), *by = json_object_get(e, "bytes");
+        json_t *tt = json_is_string(t) ? json_object_get(tensors, json_string_value(t)) : NULL;
+        int ok = json_is_object(e) && json_is_string(t) && json_is_string(f) && json_is_string(sum) &&
+                 json_is_integer(bo) && json_is_integer(by) && json_is_object(tt) &&
+                 !parse_box(json_object_get(tt, "shape"), shape, &ns) &&
+                 !parse_box(json_object_get(e, "offsets"), p->b.off, &n1) &&
+                 !parse_box(json_object_get(e, "sizes"), p->b.len, &n2) && n1 == n2 && n1 == ns &&
+                 rank_file(json_string_value(f), ".bin") >= 0 && rank_file(json_string_value(f), ".bin") < world &&
+                 json_integer_value(bo) >= 0 && json_integer_value(bo) < ((int64_t)1 << 50);
+        if (ok) {
+            p->b.ndim = n1;
+            ok = box_numel_ok(&p->b) && json_integer_value(by) == (json_int_t)(box_numel(&p->b) * 4);
+            for (int d = 0; ok && d < n1; d++) ok = p->b.off[d] + p->b.len[d] <= shape[d];
+        }
+        if (!ok) {
+            ct_errf(err, errlen, "%s: shard %zu is malformed (tensor, file rank-R.bin with R below world_size, "
+                                 "offsets/sizes within the shape, bytes, fnv1a64 expected)", path, i);
+            free(pieces);
+            return -1;
+        }
+        p->tensor = json_string_value(t);
+        p->file = json_string_value(f);
+        p->byte_offset = json_integer_value(bo);
+        p->bytes = json_integer_value(by);
+        p->sum = strtoull(json_string_value(sum), NULL, 16);
+    }
+    *out = pieces;
+    *count = np;
+    return 0;
+}
+
+int ckpt_check_metadata(const char *text, size_t len, const char *label, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *root = json_loadb(text, len, 0, &je);
+    if (!root) {
+        ct_errf(err, errlen, "%s:%d: not JSON (%s)", label, je.line, je.text);
+        return -1;
+    }
+    piece *pieces;
+    size_t n;
+    int rc = parse_pieces(root, label, &pieces, &n, err, errlen);
+    if (!rc) free(pieces);
+    json_decref(root);
+    return rc;
+}
+
+/* A step folder against its metadata: a folder named step-N holds step N, and the rank indexes
+ * (rank-R.json, one per rank that saved) are exactly those of world_size ranks. */
+static int check_folder(json_t *root, const char *dir, const char *path, char *err, size_t errlen) {
+    int64_t step = json_integer_value(json_object_get(root, "step"));
+    int64_t world = json_integer_value(json_object_get(root, "world_size"));
+    const char *base = strrchr(dir, '/');
+    base = base ? base + 1 : dir;
+    int tmp = 0;
+    int64_t named = step_of(base, &tmp);
+    if (named >= 0 && !tmp && named != step) {
+        ct_errf(err, errlen, "%s: step is %" PRId64 " but the folder is %s", path, step, base);
+        return -1;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        ct_errf(err, errlen, "%s: cannot list: %s", dir, strerror(errno));
+        return -1;
+    }
+    int64_t count = 0, stray = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t r = rank_file(e->d_name, ".json");
+        if (r < 0) continue;
+        count++;
+        if (r >= world) stray = r;
+    }
+    closedir(d);
+    if (stray >= 0 || count != world) {
+        ct_errf(err, errlen, "%s: world_size is %" PRId64 " but the folder holds the rank indexes (rank-R.json) of %" PRId64
+                             " rank%s%s", path, world, count, count == 1 ? "" : "s", stray >= 0 ? ", one beyond it" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* "training.seed 0; this run has 1": the first setting of this run (run_config) that the checkpoint
+ * recorded otherwise; "" when none. resume: all of them, else the model's only. */
+static void config_diff(session *s, json_t *root, int resume, char *out, size_t len) {
+    json_t *stored = json_object_get(root, "config"), *now = run_config(s), *v;
+    const char *key;
+    out[0] = 0;
+    json_object_foreach(now, key, v) {
+        json_t *was = json_object_get(stored, key);
+        if (!stored && !strcmp(key, "training.seed")) /* older checkpoints: the train state's seed */
+            was = json_object_get(json_object_get(root, "train_state"), "seed");
+        /* loading only the model (generate, initial loads) needs the same weights, not the same preset */
+        if (!resume && (strncmp(key, "model.", 6) || !strcmp(key, "model.flavor"))) continue;
+        if (!was || json_equal(was, v)) continue;
+        char *a = json_dumps(was, JSON_ENCODE_ANY), *b = json_dumps(v, JSON_ENCODE_ANY);
+        snprintf(out, len, "%s %.60s; this run has %.60s", key, a ? a : "?", b ? b : "?");
+        free(a);
+        free(b);
+        break;
+    }
+    json_decref(now);
+}
+
+int ckpt_inspect(session *s, const char *step_dir, int resume, ckpt_info *info, char *err, size_t errlen) {
+    char path[PATH_MAX];
+    memset(info, 0, sizeof *info);
+    snprintf(path, sizeof path, "%s/metadata.json", step_dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) {
+        ct_errf(err, errlen, "%s:%d: not a checkpoint (%s)", path, je.line, je.text);
+        return -1;
+    }
+    piece *pieces = NULL;
+    size_t np;
+    int rc = -1;
+    if (parse_pieces(root, path, &pieces, &np, err, errlen) || check_folder(root, step_dir, path, err, errlen)) goto done;
+    json_t *ts = json_object_get(root, "train_state"), *t;
+    info->step = json_integer_value(json_object_get(root, "step"));
+    info->world_size = (int)json_integer_value(json_object_get(root, "world_size"));
+    info->has_state = json_is_object(ts);
+    info->has_config = json_is_object(json_object_get(root, "config"));
+    const char *name;
+    json_object_foreach(json_object_get(root, "tensors"), name, t) if (!strncmp(name, "optimizer.", 10))
+        info->has_optimizer = 1;
+    if (info->has_state) {
+        info->state.step = json_integer_value(json_object_get(ts, "step"));
+        info->state.tokens_seen = json_integer_value(json_object_get(ts, "tokens_seen"));
+        info->state.data_position = json_integer_value(json_object_get(ts, "data_position"));
+        info->state.seed = json_integer_value(json_object_get(ts, "seed"));
+        info->state.dp_size = json_integer_value(json_object_get(ts, "dp_size"));
+    }
+    config_diff(s, root, resume, info->config_diff, sizeof info->config_diff);
+    rc = 0;
+done:
+    free(pieces);
+    json_decref(root);
+    return rc;
+}
+
+/* Copies the intersection of piece p (data src, laid out as p->b) into dst (laid out as want). */
+static int64_t copy_intersection(const piece *p, const float *src, const box *want, float *dst) {
+    box x;
+    x.ndim = want->ndim;
+    for (int d = 0; d < want->ndim; d++) {
+        int64_t lo = p->b.off[d] > want->off[d] ? p->b.off[d] : want->off[d];
+        int64_t hi_p = p->b.off[d] + p->b.len[d], hi_w = want->off[d] + want->len[d];
+        int64_t hi = hi_p < hi_w ? hi_p : hi_w;
+        if (hi <= lo) return 0;
+        x.off[d] = lo;
+        x.len[d] = hi - lo;
+    }
+    int64_t n = box_numel(&x);
+    int64_t inner = want->ndim ? x.len[want->ndim - 1] : 1, rows = inner ? n / inner : 0;
+    int64_t idx[CT_MAX_DIMS] = {0};
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t so = 0, dof = 0;
+        for (int d = 0; d < want->ndim; d++) {
+            int64_t g = x.off[d] + idx[d];
+            so = so * p->b.len[d] + (g - p->b.off[d]);
+            dof = dof * want->len[d] + (g - want->off[d]);
+        }
+        memcpy(dst + dof, src + so, sizeof(float) * (size_t)inner);
+        for (int d = want->ndim - 2; d >= 0; d--) { /* next row of the intersection */
+            if (++idx[d] < x.len[d]) break;
+            idx[d] = 0;
+        }
+    }
+    return n;
+}
+
+int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, int *has_state, char *err,
+              size_t errlen) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/metadata.json", step_dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    piece *pieces = NULL;
+    float *buf = NULL, *local = NULL;
+    int rc = -1;
+    *has_state = 0;
+    if (!root) {
+        ct_errf(err, errlen, "%s:%d: not a checkpoint (%s)", path, je.line, je.text);
+        return -1;
+    }
+    json_t *tensors = json_object_get(root, "tensors");
+    size_t np = 0;
+    if (parse_pieces(root, path, &pieces, &np, err, errlen) || check_folder(root, step_dir, path, err, errlen)) goto done;
+    for (int i = 0; i < s->rt.n_params; i++) {
+        const ct_param_slot *sl = &s->rt.slots[i];
+        box want;
+        local_box(sl, &want);
+        int64_t n = box_numel(&want);
+        float *grown = realloc(local, sizeof(float) * (size_t)(sl->local_numel > 0 ? sl->local_numel : 1));
+        if (!grown) goto done;
+        local = grown;
+        for (int k = (what & CKPT_MODEL) ? -1 : 0; k < ((what & CKPT_OPTIMIZER) ? s->n_state : 0); k++) {
+            char name[512];
+            tensor_name(name, sizeof name, sl->param->name, k);
+            json_t *t = json_object_get(tensors, name);
+            int64_t shape[CT_MAX_DIMS];
+            int nd = 0;
+            if (!t || parse_box(json_object_get(t, "shape"), shape, &nd) || nd != sl->param->ndim ||
+                memcmp(shape, sl->global_shape, sizeof(int64_t) * (size_t)nd)) {
+                ct_errf(err, errlen, "%s: %s is missing or has another shape than the model's", path, name);
+                goto done;
+            }
+            memset(local, 0, sizeof(float) * (size_t)sl->local_numel);
+            int64_t covered = 0;
+            for (size_t j = 0; j < np && n > 0; j++) {
+                piece *p = &pieces[j];
+                if (strcmp(p->tensor, name) || p->b.ndim != want.ndim) continue;
+                float *g = realloc(buf, (size_t)p->bytes + 4);
+                if (!g) goto done;
+                buf = g;
+                char fpath[PATH_MAX];
+                snprintf(fpath, sizeof fpath, "%s/%s", step_dir, p->file);
+                int fd = open(fpath, O_RDONLY);
+                ssize_t got = fd >= 0 ? pread(fd, buf, (size_t)p->bytes, p->byte_offset) : -1;
+                if (fd >= 0) close(fd);
+                if (got != p->bytes) {
+                    ct_errf(err, errlen, "%s: %s is truncated or missing (needed %" PRId64 " bytes at %" PRId64 ")",
+                            fpath, name, p->bytes, p->byte_offset);
+                    goto done;
+                }
+                if (fnv1a(buf, (size_t)p->bytes, 1469598103934665603ull) != p->sum) {
+                    ct_errf(err, errlen, "%s: checksum mismatch in %s: the checkpoint is corrupt", fpath, name);
+                    goto done;
+                }
+                if (tf_check_finite_data(buf, p->bytes / 4, fpath, name, err, errlen)) goto done;
+                covered += copy_intersection(p, buf, &want, local);
+            }
+            if (covered != n) {
+                ct_errf(err, errlen, "%s: the pieces of %s cover %" PRId64 " of the %" PRId64 " elements this rank needs",
+                        path, name, covered, n);
+                goto done;
+            }
+            float *dst = (float *)storage(s, i, k);
+            if (s->d->copy(s->dev, dst, local, sizeof(float) * (size_t)sl->local_numel, CT_COPY_H2D) != CT_OK) {
+                ct_errf(err, errlen, "checkpoint: cannot copy %s to the device", name);
+                goto done;
+            }
+        }
+    }
+    json_t *ts = json_object_get(root, "train_state");
+    if (st && json_is_object(ts)) {
+        st->step = json_integer_value(json_object_get(ts, "step"));
+        st->tokens_seen = json_integer_value(json_object_get(ts, "tokens_seen"));
+        st->data_position = json_integer_value(json_object_get(ts, "data_position"));
+        st->seed = json_integer_value(json_object_get(ts, "seed"));
+        st->dp_size = json_integer_value(json_object_get(ts, "dp_size"));
+        *has_state = 1;
+    }
+    rc = 0;
+done:
+    if (rc && !err[0]) ct_errf(err, errlen, "%s: out of memory", path);
+    free(pieces);
+    free(buf);
+    free(local);
+    json_decref(root);
+    return rc;
+}

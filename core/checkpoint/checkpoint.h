@@ -1,0 +1,114 @@
+/* checkpoint.h: distributed checkpoints.
+ *
+ * A checkpoint is a folder `step-N` holding, per rank that has something to save, `rank-R.bin`
+ * (its pieces, back to back) and `rank-R.json` (what each piece is), and `metadata.json`, written
+ * last by rank 0: every tensor's global shape and dtype, every piece's box (offsets and sizes per
+ * dimension of the global tensor), file, byte offset, length and FNV-1a 64 checksum, and the
+ * training state. A save goes to `step-N.tmp` and is renamed once complete (fsync'd), so a folder
+ * named `step-N` with a metadata.json is always whole; anything else is ignored and cleaned.
+ *
+ * Loading reshards: each rank computes the box its current layout needs for every tensor and
+ * copies the intersections from whichever pieces cover it, whatever layout wrote them.
+ * Tensors: "<fqn>" (parameters) and "optimizer.<k>.<fqn>" (the optimizer's k-th state).
+ */
+#ifndef CT_CHECKPOINT_H
+#define CT_CHECKPOINT_H
+
+#include "engine/session.h"
+
+#include <stdint.h>
+
+typedef struct ckpt_train_state {
+    int64_t step;          /* optimizer steps done */
+    int64_t tokens_seen;   /* over all ranks */
+    int64_t data_position; /* the data loader's next global sequence number */
+    int64_t seed;
+    int64_t dp_size;       /* data-parallel ranks when saved */
+} ckpt_train_state;
+
+#define CKPT_MODEL 1
+#define CKPT_OPTIMIZER 2
+
+/* Saves what `what` says (and the train state when st != NULL) into folder/step-N. Collective:
+ * every rank calls it. export_bf16 rounds the model to bf16 values (stored as f32). */
+int ckpt_save(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int what, int export_bf16,
+              char *err, size_t errlen);
+/* The parts of a save, for saving on a background thread (checkpoint.async_mode):
+ *   ckpt_prepare (collective)  -> ckpt_snapshot_take (device -> host copy; training may go on)
+ *   -> ckpt_snapshot_write (files; any thread) -> ckpt_commit (collective: metadata, rename). */
+typedef struct ckpt_snapshot ckpt_snapshot;
+int ckpt_prepare(session *s, const char *folder, int64_t step, char *err, size_t errlen);
+ckpt_snapshot *ckpt_snapshot_take(session *s, int what, int export_bf16, char *err, size_t errlen);
+int ckpt_snapshot_write(const ckpt_snapshot *sn, const char *dir, char *err, size_t errlen);
+void ckpt_snapshot_free(ckpt_snapshot *sn);
+int ckpt_commit(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int wrote_ok, char *err,
+                size_t errlen);
+
+/* The steps N of the complete folder/step-N (with a metadata.json), newest first, in *steps (free
+ * it); their count, or -1 and one line in err when a step folder holds rank pieces but no
+ * metadata.json (deleted by hand: never silently skipped, nor overwritten). `clean` (rank 0 only):
+ * removes interrupted saves (step-N.tmp) and finishes interrupted replacements (step-N.old). */
+int ckpt_steps(const char *folder, int clean, int64_t **steps, char *err, size_t errlen);
+/* The newest complete step, or -1 (none, or an error of ckpt_steps). */
+int64_t ckpt_latest(const char *folder, int clean);
+/* The newest step below `below` whose save holds the full training state (not model-only), or -1. */
+int64_t ckpt_latest_full(const char *folder, int64_t below);
+
+/* What a step folder's metadata.json says, once validated as untrusted input: every field's type
+ * and range, the pieces against the shapes, world_size and mesh against each other and against the
+ * rank indexes present, the step against the folder's name. */
+typedef struct ckpt_info {
+    int64_t step;
+    int world_size;
+    int has_state;     /* a train_state (full save); 0: model only */
+    int has_optimizer; /* optimizer.* tensors */
+    int has_config;    /* the run's settings were recorded (checkpoints of older ctitan: not) */
+    ckpt_train_state state;
+    char config_diff[256]; /* "training.seed 0; this run has 1": the first difference, or "" */
+} ckpt_info;
+/* resume: compare the data settings (training.seed, seq_len) too, not only the model's. */
+int ckpt_inspect(session *s, const char *step_dir, int resume, ckpt_info *info, char *err, size_t errlen);
+/* Loads `what` from a step folder into this rank's storage, resharding. *st gets the train state
+ * when the checkpoint has one (*has_state = 1). Collective only in that every rank reads files. */
+int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, int *has_state, char *err,
+              size_t errlen);
+/* Validates a metadata.json text (structure, shapes, every piece's box and size); for fuzzing. */
+int ckpt_check_metadata(const char *text, size_t len, const char *label, char *err, size_t errlen);
+/* Deletes all but the newest k checkpoints (k <= 0: keep all), never the newest full-state one. */
+void ckpt_purge(const char *folder, int64_t keep);
+
+#endif
+
+/* ---- the training loop's side (ckpt_run.c) ---- */
+#include <pthread.h>
+
+typedef struct ckpt_plan {
+    int enable, async, last_model_only, export_bf16, last_in_hf;
+    int64_t interval, keep;
+    char folder[4096];
+    ckpt_train_state state; /* the loop keeps step, tokens_seen and data_position current */
+    int64_t lr_offset;      /* lr_scheduler excluded from loading: the schedule restarts */
+    /* async_mode: a save whose files a thread is writing */
+    pthread_t thread;
+    int pending, pending_ok;
+    int64_t pending_step;
+    ckpt_train_state pending_state;
+    ckpt_snapshot *snap;
+    char pending_dir[4200], pending_err[1024];
+    int finished; /* the newest checkpoint is at training.steps: nothing to train, nothing to save */
+} ckpt_plan;
+
+/* Reads the checkpoint section and resumes from the newest checkpoint (or initial_load_path).
+ * Prints one error line and returns -1 on failure. */
+int ckpt_begin(session *s, const manifest *mf, const char *dump_folder, ckpt_plan *ck);
+/* After step `step`: a periodic save when due (and completes an async save in flight). */
+int ckpt_step(session *s, ckpt_plan *ck, int64_t step, int64_t last_step);
+/* After the loop: completes any async save, then the final save. */
+int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step);
+/* A stop before the last step: a full, resumable save of `step` now (unless the periodic save of this
+ * step was just made), with any async save committed. 0 when checkpoints are off. */
+int ckpt_save_now(session *s, ckpt_plan *ck, int64_t step);
+/* `checkpoint.create_seed_checkpoint`: saves step-0 (model only) and returns. */
+int ckpt_seed(session *s, const manifest *mf, const char *dump_folder);
+/* Loads the model from a step folder or a checkpoint folder (its newest step). */
+int ckpt_load_model_from(session *s, const char *path, char *err, size_t errlen);

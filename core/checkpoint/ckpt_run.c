@@ -1,0 +1,455 @@
+/* ckpt_run.c: checkpoints in the training loop: resume at start, periodic and final saves,
+ * async_mode (files written by a background thread while training goes on), keep_latest_k. */
+#include "checkpoint/checkpoint.h"
+
+#include "formats/hf.h"
+#include "host/util.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int excluded(const char *list, const char *what) {
+    size_t n = strlen(what);
+    for (const char *p = list; p && *p;) {
+        while (*p == ' ' || *p == ',') p++;
+        size_t len = strcspn(p, ",");
+        size_t l = len;
+        while (l && p[l - 1] == ' ') l--;
+        if (l == n && !strncmp(p, what, n)) return 1;
+        p += len;
+    }
+    return 0;
+}
+
+/* A step folder, or a checkpoint folder whose newest step is taken. -1 and a line in err if neither. */
+static int resolve_step_dir(const char *path, char *out, size_t len, char *err, size_t errlen) {
+    char meta[PATH_MAX];
+    snprintf(meta, sizeof meta, "%s/metadata.json", path);
+    if (access(meta, R_OK) == 0) return snprintf(out, len, "%s", path) < (int)len ? 0 : -1;
+    int64_t *steps;
+    int n = ckpt_steps(path, 0, &steps, err, errlen);
+    if (n < 0) return -1;
+    int rc = n > 0 && snprintf(out, len, "%s/step-%" PRId64, path, steps[0]) < (int)len ? 0 : -1;
+    free(steps);
+    if (rc) ct_errf(err, errlen, "%s: no complete checkpoint here (a step-N folder with metadata.json)", path);
+    return rc;
+}
+
+/* The model of a checkpoint made for this model: its recorded model settings must match the run's. */
+static int load_model_checked(session *s, const char *dir, char *err, size_t errlen) {
+    ckpt_info info;
+    if (ckpt_inspect(s, dir, 0, &info, err, errlen)) return -1;
+    if (info.config_diff[0]) {
+        int allow = 0;
+        if (s->mf) mf_get_bool(s->mf, "checkpoint.allow_config_change", &allow);
+        if (!allow) {
+            ct_errf(err, errlen, "checkpoint %s was written with %s (set checkpoint.allow_config_change: true to load it "
+                                 "anyway)", dir, info.config_diff);
+            return -1;
+        }
+        printf("checkpoint: %s was written with %s (allowed by checkpoint.allow_config_change)\n", dir, info.config_diff);
+    }
+    ckpt_train_state st;
+    int has;
+    return ckpt_load(s, dir, CKPT_MODEL, &st, &has, err, errlen);
+}
+
+int ckpt_load_model_from(session *s, const char *path, char *err, size_t errlen) {
+    char dir[PATH_MAX];
+    if (resolve_step_dir(path, dir, sizeof dir, err, errlen)) return -1;
+    return load_model_checked(s, dir, err, errlen);
+}
+
+/* Loads a Hugging Face Llama folder into the model (each rank takes its shard). */
+static int load_hf(session *s, const char *dir, char *err, size_t errlen) {
+    hf_config cfg;
+    tf_file *w = NULL;
+    if (hf_load(dir, &cfg, &w, err, errlen)) return -1;
+    int rc = 0;
+    for (int i = 0; i < s->rt.n_params && !rc; i++) {
+        const ct_tensor *p = &s->rt.params[i]->t;
+        const tf_entry *e = tf_expect(w, dir, p->name, 1, p->ndim, runtime_global_shape(&s->rt, i), err, errlen);
+        rc = !e || tf_check_finite_data(e->data, e->numel, dir, p->name, err, errlen) ||
+                     runtime_param_set(&s->rt, i, e->data)
+                 ? -1
+                 : 0;
+    }
+    tf_free(w);
+    return rc;
+}
+
+/* Writes the model (gathered from every rank) as a Hugging Face Llama folder (rank 0 writes). */
+static int save_hf(session *s, const char *dir, int bf16, char *err, size_t errlen) {
+    const ct_model_desc *d = &s->rt.desc;
+    int n = s->rt.n_params, rc = -1;
+    tf_entry *e = calloc((size_t)n, sizeof *e);
+    if (!e) return -1;
+    for (int i = 0; i < n; i++) { /* every rank gathers: a collective for sharded parameters */
+        const ct_tensor *p = &s->rt.params[i]->t;
+        e[i] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
+        memcpy(e[i].shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
+        for (int d = 0; d < p->ndim; d++) e[i].numel *= e[i].shape[d];
+        e[i].data = malloc(sizeof(float) * (size_t)e[i].numel);
+        if (!e[i].data || runtime_param_get(&s->rt, i, e[i].data, 0)) {
+            ct_errf(err, errlen, "cannot gather %s", p->name);
+            goto done;
+        }
+    }
+    rc = 0;
+    if (s->rank == 0) {
+        tf_file w = {e, n, TF_VERSION};
+        hf_config cfg = {0};
+        if (!d->n_heads) {
+            ct_errf(err, errlen, "the model pack does not describe its heads (ct_model_desc 1.2): cannot export");
+            rc = -1;
+        } else {
+            cfg.n_heads = d->n_heads;
+            cfg.rope_theta = d->rope_theta;
+            cfg.norm_eps = d->norm_eps;
+            cfg.max_position_embeddings = HF_DEFAULT_MAX_POSITIONS;
+            rc = hf_config_from_weights(&cfg, &w, err, errlen) ||
+                         hf_save(dir, &cfg, &w, bf16 ? HF_BFLOAT16 : HF_FLOAT32, err, errlen)
+                     ? -1
+                     : 0;
+        }
+    }
+done:
+    for (int i = 0; i < n; i++) free(e[i].data);
+    free(e);
+    return rc;
+}
+
+/* 0 if the checkpoint was written with this run's settings, or checkpoint.allow_config_change lets
+ * it differ (said in one line); else -1 and the difference in err. */
+static int config_allowed(const manifest *mf, const char *dir, const ckpt_info *info, char *err, size_t errlen) {
+    int allow = 0;
+    mf_get_bool(mf, "checkpoint.allow_config_change", &allow);
+    if (!info->has_config)
+        printf("checkpoint: %s does not record the run's settings (an older ctitan wrote it): training.seq_len and "
+               "the model's settings are not compared\n", dir);
+    if (!info->config_diff[0]) return 0;
+    if (!allow) {
+        ct_errf(err, errlen, "checkpoint %s was written with %s (set checkpoint.allow_config_change: true to resume "
+                             "anyway, or start in another job.dump_folder)", dir, info->config_diff);
+        return -1;
+    }
+    printf("checkpoint: %s was written with %s (allowed by checkpoint.allow_config_change)\n", dir, info->config_diff);
+    return 0;
+}
+
+/* Picks the step folder a run resumes from (checkpoint.load_step, else the newest) and checks it:
+ * 1 and its path in dir (2: a seed checkpoint, the model only), 0 when there is none (a fresh
+ * start), -1 after printing an error line.
+ * A checkpoint at training.steps means the run already finished (ck->finished: its model is loaded,
+ * for the end-of-run sample, and nothing is trained or written). A model-only save (the final save
+ * under last_save_model_only) cannot resume training: the newest full-state one below it does. */
+static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t load_step, char *dir, size_t len) {
+    char err[2048], where[600];
+    int64_t steps_total, step = load_step;
+    mf_get_int(mf, "training.steps", &steps_total);
+    if (load_step < 0) {
+        int64_t *steps;
+        int n = ckpt_steps(ck->folder, s->rank == 0, &steps, err, sizeof err);
+        if (n < 0) {
+            fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+            return -1;
+        }
+        step = n > 0 ? steps[0] : -1;
+        free(steps);
+        if (step < 0) return 0;
+    }
+    if (snprintf(dir, len, "%s/step-%" PRId64, ck->folder, step) >= (int)len) {
+        fprintf(stderr, "ctitan: checkpoint: %s: path too long\n", ck->folder);
+        return -1;
+    }
+    ckpt_info info;
+    if (ckpt_inspect(s, dir, 1, &info, err, sizeof err)) {
+        if (load_step >= 0) {
+            mf_where(mf, "checkpoint.load_step", where, sizeof where);
+            fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        } else fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+        return -1;
+    }
+    if (config_allowed(mf, dir, &info, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return -1;
+    }
+    if (info.step > steps_total) {
+        mf_where(mf, "training.steps", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: checkpoint %s is at step %" PRId64 ", past training.steps %" PRId64 ": raise "
+                        "training.steps, or resume from an earlier step with checkpoint.load_step\n",
+                where, dir, info.step, steps_total);
+        return -1;
+    }
+    if (info.step == steps_total && steps_total > 0) {
+        if (ckpt_load(s, dir, CKPT_MODEL, &info.state, &info.has_state, err, sizeof err)) {
+            fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+            return -1;
+        }
+        printf("checkpoint: this run already finished at step %" PRId64 " (%s): nothing to train; raise "
+               "training.steps to train further\n", info.step, dir);
+        ck->state.step = info.step;
+        ck->finished = 1;
+        return 1;
+    }
+    if (info.has_state) return 1;
+    if (info.step == 0) return 2; /* a seed checkpoint (create_seed_checkpoint): the model, then step 1 */
+    if (load_step >= 0) {
+        int64_t full = ckpt_latest_full(ck->folder, INT64_MAX);
+        mf_where(mf, "checkpoint.load_step", where, sizeof where);
+        char alt[64] = "none is here";
+        if (full >= 0) snprintf(alt, sizeof alt, "step-%" PRId64 " has it", full);
+        fprintf(stderr, "ctitan: %s: %s holds the model only (a final save under checkpoint.last_save_model_only); "
+                        "resuming needs the optimizer and train state (%s): set checkpoint.load_step to a full save, or "
+                        "load it as checkpoint.initial_load_path into a new job.dump_folder\n",
+                where, dir, alt);
+        return -1;
+    }
+    int64_t full = ckpt_latest_full(ck->folder, info.step);
+    if (full < 0) {
+        printf("checkpoint: %s holds the model only (checkpoint.last_save_model_only) and no checkpoint in %s holds "
+               "the full training state: training starts again from step 0\n", dir, ck->folder);
+        return 0;
+    }
+    printf("checkpoint: %s holds the model only (checkpoint.last_save_model_only); resuming from step-%" PRId64
+           ", the newest save with the full training state (steps %" PRId64 "-%" PRId64 " are trained again)\n",
+           dir, full, full + 1, info.step);
+    if (snprintf(dir, len, "%s/step-%" PRId64, ck->folder, full) >= (int)len) return -1; /* fit above: shorter */
+    if (ckpt_inspect(s, dir, 1, &info, err, sizeof err)) {
+        fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+        return -1;
+    }
+    if (config_allowed(mf, dir, &info, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return -1;
+    }
+    return 1;
+}
+
+/* An initial load's error, at the line that set checkpoint.initial_load_path. Returns -1. */
+static int initial_load_fail(const manifest *mf, const char *err) {
+    char where[600];
+    mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
+    fprintf(stderr, "ctitan: %s: %s\n", where, err);
+    return -1;
+}
+
+int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) {
+    char err[2048], where[600];
+    const char *folder, *mode, *dtype, *exclude, *initial;
+    int64_t load_step;
+    memset(ck, 0, sizeof *ck);
+    mf_get_bool(mf, "checkpoint.enable", &ck->enable);
+    mf_get_str(mf, "checkpoint.folder", &folder);
+    mf_get_int(mf, "checkpoint.interval", &ck->interval);
+    mf_get_int(mf, "checkpoint.keep_latest_k", &ck->keep);
+    mf_get_int(mf, "checkpoint.load_step", &load_step);
+    mf_get_bool(mf, "checkpoint.last_save_model_only", &ck->last_model_only);
+    mf_get_bool(mf, "checkpoint.last_save_in_hf", &ck->last_in_hf);
+    mf_get_str(mf, "checkpoint.async_mode", &mode);
+    mf_get_str(mf, "checkpoint.export_dtype", &dtype);
+    mf_get_str(mf, "checkpoint.exclude_from_loading", &exclude);
+    int64_t seed;
+    mf_get_int(mf, "training.seed", &seed);
+    ck->state.seed = seed;
+    ck->state.dp_size = s->mesh.dp_size > 0 ? s->mesh.dp_size : 1;
+    snprintf(ck->folder, sizeof ck->folder, "%s/%s", dump, folder);
+    if (strcmp(mode, "disabled") && strcmp(mode, "async")) {
+        mf_where(mf, "checkpoint.async_mode", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: expected disabled or async, got '%s'\n", where, mode);
+        return -1;
+    }
+    ck->async = !strcmp(mode, "async");
+    if (strcmp(dtype, "float32") && strcmp(dtype, "bfloat16")) {
+        mf_where(mf, "checkpoint.export_dtype", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: expected float32 or bfloat16, got '%s'\n", where, dtype);
+        return -1;
+    }
+    ck->export_bf16 = !strcmp(dtype, "bfloat16");
+    if (ck->interval < 1 || ck->keep < 0 || (ck->keep == 1 && ck->async)) {
+        mf_where(mf, ck->interval < 1 ? "checkpoint.interval" : "checkpoint.keep_latest_k", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: need interval >= 1 and keep_latest_k 0 or >= 2 with async saves (the newest may "
+                        "still be writing), >= 1 otherwise\n", where);
+        return -1;
+    }
+    const char *bad_item = NULL;
+    for (const char *p = exclude; *p;) { /* every item must be one we know */
+        while (*p == ' ' || *p == ',') p++;
+        size_t len = strcspn(p, ",");
+        if (len) {
+            char item[64];
+            snprintf(item, sizeof item, "%.*s", (int)(len < 63 ? len : 63), p);
+            for (char *e = item + strlen(item); e > item && e[-1] == ' ';) *--e = 0;
+            if (*item && strcmp(item, "optimizer") && strcmp(item, "lr_scheduler") && strcmp(item, "dataloader"))
+                bad_item = p;
+        }
+        p += len;
+    }
+    if (bad_item) {
+        mf_where(mf, "checkpoint.exclude_from_loading", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: expected a list of optimizer, lr_scheduler, dataloader; got '%s'\n", where, exclude);
+        return -1;
+    }
+    /* resume from the run's own folder first, else the initial load */
+    char dir[PATH_MAX];
+    int found = 0, what = CKPT_MODEL | CKPT_OPTIMIZER, want_state = 1;
+    if (ck->enable) {
+        int rc = pick_resume(s, mf, ck, load_step, dir, sizeof dir);
+        if (rc < 0) return -1;
+        if (ck->finished) return 0;
+        found = rc > 0;
+        if (rc == 2) {
+            what = CKPT_MODEL;
+            want_state = 0;
+        }
+    }
+    if (!found && !mf_get_str(mf, "checkpoint.initial_load_path", &initial)) {
+        int model_only, in_hf;
+        mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
+        mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
+        if (in_hf) { /* a Hugging Face Llama folder: the model only */
+            if (load_hf(s, initial, err, sizeof err)) return initial_load_fail(mf, err);
+            printf("checkpoint: loaded the Hugging Face model %s\n", initial);
+            return 0;
+        }
+        if (resolve_step_dir(initial, dir, sizeof dir, err, sizeof err)) return initial_load_fail(mf, err);
+        found = 1;
+        if (model_only) {
+            what = CKPT_MODEL;
+            want_state = 0;
+            if (load_model_checked(s, dir, err, sizeof err)) return initial_load_fail(mf, err);
+            printf("checkpoint: loaded %s (model)\n", dir);
+            return 0;
+        }
+        ckpt_info info; /* a full initial load continues another run: the same checks as a resume */
+        if (ckpt_inspect(s, dir, 1, &info, err, sizeof err) || config_allowed(mf, dir, &info, err, sizeof err))
+            return initial_load_fail(mf, err);
+    }
+    if (!found) return 0;
+    if (excluded(exclude, "optimizer")) what &= ~CKPT_OPTIMIZER;
+    ckpt_train_state st;
+    int has_state = 0;
+    if (ckpt_load(s, dir, what, &st, &has_state, err, sizeof err)) {
+        fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+        return -1;
+    }
+    if (want_state && has_state) {
+        ck->state.step = st.step;
+        ck->state.tokens_seen = st.tokens_seen;
+        /* the data position is global: a changed data-parallel degree restarts at the same token */
+        ck->state.data_position = excluded(exclude, "dataloader") ? 0 : st.data_position;
+        ck->lr_offset = excluded(exclude, "lr_scheduler") ? st.step : 0;
+    }
+    printf("checkpoint: loaded %s (%s%s), resuming after step %" PRId64 "\n", dir,
+           what & CKPT_OPTIMIZER ? "model and optimizer" : "model", want_state && has_state ? ", train state" : "",
+           ck->state.step);
+    return 0;
+}
+
+static void *write_thread(void *arg) {
+    ckpt_plan *ck = arg;
+    ck->pending_ok = ckpt_snapshot_write(ck->snap, ck->pending_dir, ck->pending_err, sizeof ck->pending_err) == 0;
+    return NULL;
+}
+
+/* Completes the async save in flight: join the writer, then the collective commit. */
+static int finish_pending(session *s, ckpt_plan *ck) {
+    if (!ck->pending) return 0;
+    pthread_join(ck->thread, NULL);
+    ck->pending = 0;
+    ckpt_snapshot_free(ck->snap);
+    ck->snap = NULL;
+    /* the writer's own message, if it failed (ckpt_commit adds one only for another rank's failure) */
+    char err[2048];
+    snprintf(err, sizeof err, "%s", ck->pending_ok ? "" : ck->pending_err);
+    if (ckpt_commit(s, ck->folder, ck->pending_step, &ck->pending_state, ck->pending_ok, err, sizeof err)) {
+        ct_set_error("checkpoint: %s", err);
+        return -1;
+    }
+    if (s->rank == 0) ckpt_purge(ck->folder, ck->keep);
+    return 0;
+}
+
+static int save(session *s, ckpt_plan *ck, int64_t step, int what, int export_bf16, int with_state) {
+    char err[2048];
+    if (finish_pending(s, ck)) return -1;
+    if (!ck->async) {
+        if (ckpt_save(s, ck->folder, step, with_state ? &ck->state : NULL, what, export_bf16, err, sizeof err)) {
+            ct_set_error("checkpoint: %s", err);
+            return -1;
+        }
+        if (s->rank == 0) ckpt_purge(ck->folder, ck->keep);
+        return 0;
+    }
+    if (ckpt_prepare(s, ck->folder, step, err, sizeof err) ||
+        !(ck->snap = ckpt_snapshot_take(s, what, export_bf16, err, sizeof err))) {
+        ct_set_error("checkpoint: %s", err);
+        return -1;
+    }
+    snprintf(ck->pending_dir, sizeof ck->pending_dir, "%s/step-%" PRId64 ".tmp", ck->folder, step);
+    ck->pending_step = step;
+    ck->pending_state = ck->state;
+    ck->pending = 1;
+    if (pthread_create(&ck->thread, NULL, write_thread, ck)) { /* no thread: write here */
+        ck->pending_ok = ckpt_snapshot_write(ck->snap, ck->pending_dir, err, sizeof err) == 0;
+        ck->pending = 0;
+        ckpt_snapshot_free(ck->snap);
+        ck->snap = NULL;
+        if (ckpt_commit(s, ck->folder, step, &ck->state, ck->pending_ok, err, sizeof err)) {
+            ct_set_error("checkpoint: %s", err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int ckpt_step(session *s, ckpt_plan *ck, int64_t step, int64_t last_step) {
+    if (!ck->enable || ck->finished || step % ck->interval || step == last_step) return 0;
+    return save(s, ck, step, CKPT_MODEL | CKPT_OPTIMIZER, 0, 1);
+}
+
+int ckpt_save_now(session *s, ckpt_plan *ck, int64_t step) {
+    if (!ck->enable) return 0;
+    int rc = 0;
+    if (step % ck->interval) rc = save(s, ck, step, CKPT_MODEL | CKPT_OPTIMIZER, 0, 1); /* else ckpt_step saved it */
+    if (finish_pending(s, ck)) rc = -1;
+    return rc;
+}
+
+int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step) {
+    if (!ck->enable || ck->finished) return 0;
+    int rc = 0;
+    if (ck->state.step == last_step && last_step > 0) {
+        int model_only = ck->last_model_only;
+        rc = save(s, ck, last_step, model_only ? CKPT_MODEL : CKPT_MODEL | CKPT_OPTIMIZER,
+                  model_only && ck->export_bf16, !model_only);
+    }
+    if (finish_pending(s, ck)) rc = -1;
+    if (!rc && ck->last_in_hf && last_step > 0) {
+        char dir[4200], err[2048];
+        snprintf(dir, sizeof dir, "%s/step-%" PRId64 "-hf", ck->folder, last_step);
+        if (save_hf(s, dir, ck->export_bf16, err, sizeof err)) {
+            ct_set_error("checkpoint: Hugging Face export: %s", err);
+            return -1;
+        }
+        printf("checkpoint: Hugging Face model written to %s\n", dir);
+    }
+    return rc;
+}
+
+int ckpt_seed(session *s, const manifest *mf, const char *dump) {
+    const char *folder;
+    char path[PATH_MAX], err[2048];
+    mf_get_str(mf, "checkpoint.folder", &folder);
+    snprintf(path, sizeof path, "%s/%s", dump, folder);
+    if (ckpt_save(s, path, 0, NULL, CKPT_MODEL, 0, err, sizeof err)) {
+        fprintf(stderr, "ctitan: seed checkpoint: %s\n", err);
+        return -1;
+    }
+    printf("checkpoint: seed checkpoint written to %s/step-0\n", path);
+    return 0;
+}

@@ -1,0 +1,854 @@
+/* manifest.c: YAML manifest -> flat dotted keys with lines; overrides; schema; typed getters. */
+#include "config/manifest.h"
+#include "host/util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+/* The core's keys. Names follow torchtitan's sections so configs move over without a table. */
+static const struct {
+    const char *key;
+    ct_opt_type type;
+    const char *def;
+    const char *help;
+} core_schema[] = {
+    {"job.dump_folder", CT_OPT_STRING, "./outputs", "folder for metrics.jsonl, the model and traces"},
+    {"job.description", CT_OPT_STRING, "", "free text shown at start-up"},
+    {"job.print_config", CT_OPT_BOOL, "false", "print the effective configuration at start-up"},
+    {"device.name", CT_OPT_STRING, "cpu", "device plugin (name or path to a .so)"},
+    {"model.name", CT_OPT_STRING, "llama3", "model pack plugin (name or path to a .so)"},
+    {"model.flavor", CT_OPT_STRING, "debugmodel", "model size preset of the pack"},
+    {"model.tokenizer_path", CT_OPT_STRING, NULL, "tiktoken-format vocabulary (for generation)"},
+    {"optimizer.name", CT_OPT_STRING, "AdamW", "optimizer plugin (name or path to a .so)"},
+    {"optimizer.lr", CT_OPT_FLOAT, "8e-4", "peak learning rate"},
+    {"lr_scheduler.warmup_steps", CT_OPT_INT, "200", "linear warmup steps"},
+    {"lr_scheduler.total_steps", CT_OPT_INT, NULL, "schedule length (default: training.steps)"},
+    {"lr_scheduler.decay_ratio", CT_OPT_FLOAT, NULL,
+     "unset: decay right after warmup; else warmup-stable-decay, decaying over this last fraction"},
+    {"lr_scheduler.decay_type", CT_OPT_STRING, "linear", "linear | sqrt | cosine"},
+    {"lr_scheduler.min_lr_factor", CT_OPT_FLOAT, "0.0", "floor of the decay, as a fraction of lr"},
+    {"training.dataset_path", CT_OPT_STRING, NULL, "token shard file (ctitan tokenize) or a folder of them"},
+    {"training.local_batch_size", CT_OPT_INT, "8", "sequences per microbatch per data-parallel rank"},
+    {"training.global_batch_size", CT_OPT_INT, "-1",
+     "sequences per step over all ranks; -1 = local x dp; more = gradient accumulation"},
+    {"training.seq_len", CT_OPT_INT, "2048", "tokens per sequence"},
+    {"training.steps", CT_OPT_INT, "10000", "optimizer steps"},
+    {"training.max_norm", CT_OPT_FLOAT, "1.0", "clip gradients to this global norm (<= 0: no clipping)"},
+    {"training.seed", CT_OPT_INT, "0", "seed for initialisation and data order"},
+    {"training.mixed_precision_param", CT_OPT_STRING, "float32",
+     "float32 | bfloat16 (parameters rounded to bf16 for compute; fp32 master weights)"},
+    {"activation_checkpoint.mode", CT_OPT_STRING, "selective", "none | full | selective"},
+    {"activation_checkpoint.selective_ac_option", CT_OPT_STRING, "2",
+     "selective: N = checkpoint every Nth transformer block; op = torchtitan's per-op policy"},
+    {"metrics.log_freq", CT_OPT_INT, "10", "log every N steps (and the first and last)"},
+    {"profiling.enable_profiling", CT_OPT_BOOL, "false", "write a Chrome trace of the host's ranges"},
+    {"profiling.save_traces_folder", CT_OPT_STRING, "profile_traces", "under job.dump_folder"},
+    {"checkpoint.enable", CT_OPT_BOOL, "false", "save checkpoints and resume from the newest one in the folder"},
+    {"checkpoint.folder", CT_OPT_STRING, "checkpoint", "under job.dump_folder; one step-N folder per save"},
+    {"checkpoint.interval", CT_OPT_INT, "500", "save every N steps"},
+    {"checkpoint.keep_latest_k", CT_OPT_INT, "10", "keep the newest k checkpoints (0: all)"},
+    {"checkpoint.load_step", CT_OPT_INT, "-1", "resume from this step (-1: the newest)"},
+    {"checkpoint.initial_load_path", CT_OPT_STRING, NULL,
+     "a step folder (or a checkpoint folder: its newest) to start from when the run's own folder has none"},
+    {"checkpoint.initial_load_model_only", CT_OPT_BOOL, "true", "initial load: the model only, not optimizer and state"},
+    {"checkpoint.initial_load_in_hf", CT_OPT_BOOL, "false", "initial_load_path is a Hugging Face Llama folder"},
+    {"checkpoint.last_save_model_only", CT_OPT_BOOL, "true", "the final save holds the model only"},
+    {"checkpoint.last_save_in_hf", CT_OPT_BOOL, "false", "also write the final model as a Hugging Face folder (checkpoint/step-N-hf/)"},
+    {"checkpoint.export_dtype", CT_OPT_STRING, "float32", "float32 | bfloat16: the final model-only save's values"},
+    {"checkpoint.async_mode", CT_OPT_STRING, "disabled", "disabled | async (files written by a background thread)"},
+    {"checkpoint.exclude_from_loading", CT_OPT_STRING, "",
+     "comma-separated: optimizer, lr_scheduler, dataloader (start those fresh on resume)"},
+    {"checkpoint.allow_config_change", CT_OPT_BOOL, "false", "resume although seed, seq_len or model differ from the checkpoint's"},
+    {"checkpoint.create_seed_checkpoint", CT_OPT_BOOL, "false", "initialise, save step-0 (model only) and exit"},
+    {"quantize.dense.float8.enable", CT_OPT_BOOL, "false", "float8 linear layers (plugins/float8)"},
+    {"quantize.dense.float8.format", CT_OPT_STRING, "tensorwise",
+     "tensorwise | rowwise | rowwise_with_gw_hp | mxfp8 | e4m3 | e5m2"},
+    {"quantize.dense.float8.filter_fqns", CT_OPT_STRING, "output", "linear weights left in high precision (substrings)"},
+    {"quantize.dense.float8.enable_fsdp_float8_all_gather", CT_OPT_BOOL, "false",
+     "FSDP gathers tensorwise weights in float8 (half the bytes; one amax all-reduce per step)"},
+    {"quantize.linear.float8.recipe_name", CT_OPT_STRING, NULL, "torchtitan's spelling of quantize.dense.float8.format"},
+    {"quantize.linear.float8.filter_fqns", CT_OPT_STRING, NULL, "torchtitan's spelling of the filter"},
+    {"quantize.linear.float8.emulate", CT_OPT_BOOL, NULL, "torchtitan's spelling of quantize.dense.float8.emulate"},
+    {"quantize.linear.float8.enable_fsdp_float8_all_gather", CT_OPT_BOOL, "false", "torchtitan's spelling"},
+    {"quantize.linear.mx.recipe_name", CT_OPT_STRING, NULL, "torchtitan's MX recipe (mxfp8, mxfp8_cublas ...)"},
+    {"quantize.linear.mx.filter_fqns", CT_OPT_STRING, NULL, "torchtitan's spelling of the filter"},
+    {"model.converters", CT_OPT_STRING, NULL,
+     "torchtitan's converters list: float8 / quantize.linear.float8 / mx / quantize.linear.mx enable float8"},
+    {"generate.max_new_tokens", CT_OPT_INT, "0", "after training, sample this many tokens (0: none)"},
+    {"generate.top_p", CT_OPT_FLOAT, "1.0", "nucleus sampling: the smallest set of tokens with this much probability"},
+    {"generate.seed", CT_OPT_INT, NULL, "sampling seed (default: training.seed)"},
+    {"generate.prompt", CT_OPT_STRING, "", "text to continue"},
+    {"generate.temperature", CT_OPT_FLOAT, "0.8", "sampling temperature (0: greedy)"},
+    {"generate.top_k", CT_OPT_INT, "40", "sample among the k most likely tokens (0: all)"},
+    {"comm.name", CT_OPT_STRING, "mpi", "communication plugin, loaded when the job has several ranks"},
+    {"comm.train_timeout_seconds", CT_OPT_FLOAT, "300", "bound on every collective: a dead or stuck rank ends the job"},
+    {"comm.init_timeout_seconds", CT_OPT_FLOAT, "300", "bound on joining the job (where the plugin can bound it)"},
+    {"parallelism.dp_strategy", CT_OPT_STRING, "auto",
+     "auto (fsdp when data_parallel_shard_degree > 1, ddp when only replicate > 1) | none | a plugin name or path"},
+    {"parallelism.fsdp_reshard_after_forward", CT_OPT_STRING, "default", "default | always | never"},
+    {"parallelism.data_parallel_replicate_degree", CT_OPT_INT, "1", "DDP/HSDP replicas"},
+    {"parallelism.data_parallel_shard_degree", CT_OPT_INT, "-1", "FSDP degree; -1 = ranks left over"},
+    {"parallelism.tensor_parallel_degree", CT_OPT_INT, "1", "tensor parallel degree"},
+    {"parallelism.tp_strategy", CT_OPT_STRING, "tp",
+     "the strategy plugin serving the tp mesh axis (a name or a path); it declares its own parallelism.* keys"},
+    {"compile.enable", CT_OPT_BOOL, "false",
+     "capture a microbatch's forward and backward as a device graph and launch it from then on (CUDA; one rank, no float8)"},
+    {"parallelism.pipeline_parallel_degree", CT_OPT_INT, "1", "pipeline parallel degree"},
+    {"parallelism.pipeline_parallel_schedule", CT_OPT_STRING, "1F1B",
+     "GPipe | 1F1B | Interleaved1F1B | LoopedBFS | InterleavedZeroBubble | ZBVZeroBubble | CSV | a schedule plugin's path"},
+    {"parallelism.pipeline_parallel_schedule_csv", CT_OPT_STRING, "", "the CSV schedule's file: one row of actions per pp rank"},
+    {"parallelism.pipeline_parallel_microbatch_size", CT_OPT_INT, "1", "sequences per pipeline microbatch"},
+    {"parallelism.pipeline_parallel_layers_per_stage", CT_OPT_INT, "0",
+     "layers per stage (the embedding and output counted as below); 0: the schedule's stages per rank"},
+    {"parallelism.pipeline_parallel_first_stage_less_layers", CT_OPT_INT, "1", "the embedding counts as this many layers"},
+    {"parallelism.pipeline_parallel_last_stage_less_layers", CT_OPT_INT, "1", "the output counts as this many layers"},
+    {"parallelism.pipeline_parallel_stage_units", CT_OPT_STRING, "", "units per stage, e.g. \"3,3,2\" (overrides the above)"},
+    {"parallelism.pipeline_runner", CT_OPT_STRING, "pp", "the pipeline runner plugin (a name or a path)"},
+    {"parallelism.context_parallel_degree", CT_OPT_INT, "1", "context parallel degree"},
+};
+
+/* Bounds and choices of the core's keys, checked for every value given (manifest_validate). The caps
+ * on sizes and counts are far above any real run and keep what is computed from them in range. */
+static const struct {
+    const char *key, *range, *choices;
+} core_checks[] = {
+    {"optimizer.lr", "[0, 1000]", NULL},
+    {"lr_scheduler.warmup_steps", "[0, 1e12]", NULL},
+    {"lr_scheduler.total_steps", "[1, 1e12]", NULL},
+    {"lr_scheduler.decay_ratio", "[0, 1]", NULL},
+    {"lr_scheduler.decay_type", NULL, "linear|sqrt|cosine"},
+    {"lr_scheduler.min_lr_factor", "[0, 1]", NULL},
+    {"training.local_batch_size", "[1, 1048576]", NULL},
+    {"training.global_batch_size", "[-1, 1e9]", NULL},
+    {"training.seq_len", "[1, 1048576]", NULL},
+    {"training.steps", "[1, 1e12]", NULL},
+    {"training.mixed_precision_param", NULL, "float32|bfloat16"},
+    {"activation_checkpoint.mode", NULL, "none|full|selective"},
+    {"metrics.log_freq", "[1, 1e12]", NULL},
+    {"checkpoint.interval", "[1, 1e12]", NULL},
+    {"checkpoint.keep_latest_k", "[0, 1e9]", NULL},
+    {"checkpoint.load_step", "[-1, 1e12]", NULL},
+    {"checkpoint.export_dtype", NULL, "float32|bfloat16"},
+    {"checkpoint.async_mode", NULL, "disabled|async"},
+    {"quantize.dense.float8.format", NULL,
+     "tensorwise|rowwise|rowwise_with_gw_hp|mxfp8|e4m3|e5m2|mxfp8_cublas|mxfp8_cublas_rceil|mxfp8_rceil"},
+    {"quantize.linear.float8.recipe_name", NULL, "tensorwise|rowwise|rowwise_with_gw_hp"},
+    {"quantize.linear.mx.recipe_name", NULL, "mxfp8|mxfp8_cublas|mxfp8_cublas_rceil|mxfp8_rceil"},
+    {"generate.max_new_tokens", "[0, 1048576]", NULL},
+    {"generate.top_p", "(0, 1]", NULL},
+    {"generate.temperature", "[0, 100]", NULL},
+    {"generate.top_k", "[0, 16777216]", NULL},
+    {"comm.train_timeout_seconds", "(0, 1e9]", NULL},
+    {"comm.init_timeout_seconds", "(0, 1e9]", NULL},
+    {"parallelism.fsdp_reshard_after_forward", NULL, "default|always|never"},
+    /* degrees: mesh_degrees checks them against the job's ranks; these keep them in an int */
+    {"parallelism.data_parallel_replicate_degree", "[1, 1048576]", NULL},
+    {"parallelism.data_parallel_shard_degree", "[-1, 1048576]", NULL},
+    {"parallelism.tensor_parallel_degree", "[1, 1048576]", NULL},
+    {"parallelism.pipeline_parallel_degree", "[1, 1048576]", NULL},
+    {"parallelism.context_parallel_degree", "[1, 1048576]", NULL},
+    {"parallelism.pipeline_parallel_microbatch_size", "[1, 1048576]", NULL},
+    {"parallelism.pipeline_parallel_layers_per_stage", "[0, 1048576]", NULL},
+    {"parallelism.pipeline_parallel_first_stage_less_layers", "[0, 1048576]", NULL},
+    {"parallelism.pipeline_parallel_last_stage_less_layers", "[0, 1048576]", NULL},
+};
+
+static char *xstrdup(const char *s) { return s ? strdup(s) : NULL; }
+
+/* ---- the values, found by a hash of their key (a manifest may hold MF_MAX_KEYS of them) ---- */
+static uint64_t key_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* The slot that holds `key`, or the empty slot where it would go. */
+static int *index_slot(const manifest *m, const char *key) {
+    size_t mask = m->index_cap - 1;
+    for (size_t i = key_hash(key) & mask;; i = (i + 1) & mask) {
+        int *slot = &m->index[i];
+        if (!*slot || strcmp(m->values[*slot - 1].key, key) == 0) return slot;
+    }
+}
+
+/* Makes room for one more value: the table stays under half full, so probes stay short. */
+static int index_reserve(manifest *m) {
+    if ((size_t)(m->n_values + 1) * 2 < m->index_cap) return 0;
+    size_t cap = m->index_cap ? m->index_cap * 2 : 64;
+    int *grown = calloc(cap, sizeof *grown);
+    if (!grown) return -1;
+    free(m->index);
+    m->index = grown;
+    m->index_cap = cap;
+    for (int i = 0; i < m->n_values; i++) *index_slot(m, m->values[i].key) = i + 1;
+    return 0;
+}
+
+static mf_value *find_value(const manifest *m, const char *key) {
+    if (!m->index_cap) return NULL; /* no value added yet */
+    int at = *index_slot(m, key);
+    return at ? &m->values[at - 1] : NULL;
+}
+
+static const mf_schema_entry *find_schema(const manifest *m, const char *key) {
+    for (int i = 0; i < m->n_schema; i++)
+        if (strcmp(m->schema[i].key, key) == 0) return &m->schema[i];
+    return NULL;
+}
+
+/* Adds a key that is not there yet (callers check with find_value). */
+static int add_value(manifest *m, const char *key, const char *value, int is_seq, int line) {
+    if (index_reserve(m)) return -1;
+    if (m->n_values == m->values_cap) { /* doubling: a copy per key would be quadratic */
+        int cap = m->values_cap ? 2 * m->values_cap : 32;
+        mf_value *grown = realloc(m->values, sizeof(*grown) * (size_t)cap);
+        if (!grown) return -1;
+        m->values = grown;
+        m->values_cap = cap;
+    }
+    mf_value *v = &m->values[m->n_values];
+    v->key = xstrdup(key);
+    v->value = xstrdup(value);
+    v->is_seq = is_seq;
+    v->line = line;
+    if (!v->key || (value && !v->value)) {
+        free(v->key);
+        free(v->value);
+        return -1;
+    }
+    *index_slot(m, key) = ++m->n_values;
+    return 0;
+}
+
+/* ---- reading the YAML ---- */
+typedef struct flattener {
+    manifest *m;
+    yaml_document_t *doc;
+    long nodes; /* visited so far, aliases expanded */
+    char *err;
+    size_t errlen;
+} flattener;
+
+static int is_null(const yaml_node_t *v) {
+    const char *s = (const char *)v->data.scalar.value;
+    return v->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+           (!*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL"));
+}
+
+/* Counts one visited node against MF_MAX_NODES. */
+static int visit(flattener *f, const yaml_node_t *n) {
+    if (++f->nodes <= MF_MAX_NODES) return 0;
+    ct_errf(f->err, f->errlen, "%s:%d: the manifest expands to more than %d nodes (aliases counted each time they "
+            "are used)", f->m->path, (int)n->start_mark.line + 1, MF_MAX_NODES);
+    return -1;
+}
+
+/* A sequence value becomes one string, its items joined with ','. */
+static int join_list(flattener *f, const yaml_node_t *v, const char *key, int line) {
+    char buf[4096] = "";
+    size_t used = 0;
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
+        yaml_node_t *item = yaml_document_get_node(f->doc, *it);
+        if (visit(f, item)) return -1;
+        if (item->type != YAML_SCALAR_NODE) {
+            ct_errf(f->err, f->errlen, "%s:%d: %s: list items must be plain values", f->m->path,
+                    (int)item->start_mark.line + 1, key);
+            return -1;
+        }
+        int n = snprintf(buf + used, sizeof buf - used, "%s%s", used ? "," : "", (const char *)item->data.scalar.value);
+        if (n < 0 || (size_t)n >= sizeof buf - used) {
+            ct_errf(f->err, f->errlen, "%s:%d: %s: list too long", f->m->path, line, key);
+            return -1;
+        }
+        used += (size_t)n;
+    }
+    if (add_value(f->m, key, buf, 1, line) == 0) return 0;
+    ct_errf(f->err, f->errlen, "%s: out of memory", f->m->path);
+    return -1;
+}
+
+/* Flattens a YAML mapping node into dotted keys. `depth` counts the maps around it, aliases
+ * expanded, so a map that holds an alias of itself ends at MF_MAX_DEPTH. */
+static int flatten(flattener *f, yaml_node_t *node, const char *prefix, int depth) {
+    manifest *m = f->m;
+    if (depth > MF_MAX_DEPTH) {
+        ct_errf(f->err, f->errlen, "%s:%d: maps nested deeper than %d levels (aliases expanded)", m->path,
+                (int)node->start_mark.line + 1, MF_MAX_DEPTH);
+        return -1;
+    }
+    for (yaml_node_pair_t *p = node->data.mapping.pairs.start; p < node->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(f->doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(f->doc, p->value);
+        int line = (int)k->start_mark.line + 1;
+        if (visit(f, k) || visit(f, v)) return -1;
+        if (k->type != YAML_SCALAR_NODE) {
+            ct_errf(f->err, f->errlen, "%s:%d: keys must be plain names", m->path, line);
+            return -1;
+        }
+        const char *kname = (const char *)k->data.scalar.value;
+        if (!*kname || strchr(kname, '.')) {
+            ct_errf(f->err, f->errlen, "%s:%d: '%.80s': keys are plain names; nest sections as maps", m->path, line,
+                    kname);
+            return -1;
+        }
+        char key[MF_MAX_KEY_LEN + 1];
+        if (snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", kname) >= (int)sizeof key) {
+            ct_errf(f->err, f->errlen, "%s:%d: key '%.40s...' is longer than %d characters", m->path, line, kname,
+                    MF_MAX_KEY_LEN);
+            return -1;
+        }
+        if (v->type == YAML_MAPPING_NODE) {
+            if (flatten(f, v, key, depth + 1)) return -1;
+            continue;
+        }
+        if (!*prefix) {
+            ct_errf(f->err, f->errlen, "%s:%d: %s: a top-level key must be a section (a map of keys)", m->path,
+                    line, key);
+            return -1;
+        }
+        if (find_value(m, key)) {
+            ct_errf(f->err, f->errlen, "%s:%d: %s: duplicate key", m->path, line, key);
+            return -1;
+        }
+        if (m->n_values >= MF_MAX_KEYS) {
+            ct_errf(f->err, f->errlen, "%s:%d: %s: more than %d keys", m->path, line, key, MF_MAX_KEYS);
+            return -1;
+        }
+        if (v->type == YAML_SCALAR_NODE && is_null(v)) {
+            ct_errf(f->err, f->errlen, "%s:%d: %s: no value (an empty value, ~ or null); give one, or leave the key "
+                    "out for its default", m->path, line, key);
+            return -1;
+        }
+        if (v->type != YAML_SCALAR_NODE) {
+            if (join_list(f, v, key, line)) return -1;
+        } else if (add_value(m, key, (const char *)v->data.scalar.value, 0, line)) {
+            ct_errf(f->err, f->errlen, "%s: out of memory", m->path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* torchtitan's configs are TOML: "[section]" tables and "key = value" lines. Returns the line of the
+ * first table header when the text has both, else 0. */
+static int toml_header_line(const char *buf, size_t n) {
+    int line = 1, header = 0, assign = 0;
+    for (size_t i = 0; i < n; line++) {
+        size_t j = i;
+        while (j < n && buf[j] != '\n') j++;
+        const char *s = buf + i, *e = memchr(s, '#', j - i);
+        if (!e) e = buf + j;
+        while (s < e && (*s == ' ' || *s == '\t')) s++;
+        while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r')) e--;
+        size_t w = 0;
+        while (s + w < e && (isalnum((unsigned char)s[w]) || s[w] == '_' || s[w] == '-' || s[w] == '.')) w++;
+        if (e - s > 2 && *s == '[' && e[-1] == ']' && !header) {
+            const char *c = s;
+            while (c < e && (isalnum((unsigned char)*c) || strchr("[]_-.\" ", *c))) c++;
+            if (c == e) header = line;
+        } else if (w) {
+            const char *c = s + w;
+            while (c < e && (*c == ' ' || *c == '\t')) c++;
+            assign |= c < e && *c == '=';
+        }
+        i = j + 1;
+    }
+    return header && assign ? header : 0;
+}
+
+/* The error for a file that is no YAML map: TOML gets its own line. */
+static int not_yaml_map(const char *path, const char *buf, size_t n, char *err, size_t errlen) {
+    size_t pl = strlen(path);
+    int line = toml_header_line(buf, n);
+    if (!line && pl > 5 && strcmp(path + pl - 5, ".toml") == 0) line = 1;
+    if (!line) return 0;
+    ct_errf(err, errlen, "%s:%d: this is TOML (torchtitan's .toml configs); ctitan reads YAML manifests: write "
+            "[section] as 'section:' and key = value as '  key: value' (see configs/*.yaml)", path, line);
+    return 1;
+}
+
+/* Streams the parser's events once before loading: refuses a second document, nesting deeper than
+ * MF_MAX_DEPTH, and more anchors or aliases than allowed, stopping as soon as one is seen (libyaml
+ * itself has no depth limit, and its scanner slows down with the depth of flow collections). */
+static int check_events(const char *path, const unsigned char *buf, size_t n, char *err, size_t errlen) {
+    yaml_parser_t p;
+    yaml_event_t e;
+    int depth = 0, docs = 0, anchors = 0, aliases = 0, rc = -1;
+    if (!yaml_parser_initialize(&p)) {
+        ct_errf(err, errlen, "%s: out of memory", path);
+        return -1;
+    }
+    yaml_parser_set_input_string(&p, buf, n);
+    for (;;) {
+        if (!yaml_parser_parse(&p, &e)) {
+            if (!not_yaml_map(path, (const char *)buf, n, err, errlen))
+                ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)p.problem_mark.line + 1,
+                        (int)p.problem_mark.column + 1, p.problem ? p.problem : "unknown", p.context ? " " : "",
+                        p.context ? p.context : "");
+            break;
+        }
+        int line = (int)e.start_mark.line + 1, done = e.type == YAML_STREAM_END_EVENT;
+        const char *anchor = e.type == YAML_SCALAR_EVENT           ? (const char *)e.data.scalar.anchor
+                             : e.type == YAML_MAPPING_START_EVENT  ? (const char *)e.data.mapping_start.anchor
+                             : e.type == YAML_SEQUENCE_START_EVENT ? (const char *)e.data.sequence_start.anchor
+                                                                   : NULL;
+        if (e.type == YAML_MAPPING_START_EVENT || e.type == YAML_SEQUENCE_START_EVENT) depth++;
+        if (e.type == YAML_MAPPING_END_EVENT || e.type == YAML_SEQUENCE_END_EVENT) depth--;
+        anchors += anchor != NULL;
+        aliases += e.type == YAML_ALIAS_EVENT;
+        docs += e.type == YAML_DOCUMENT_START_EVENT;
+        yaml_event_delete(&e);
+        if (docs > 1)
+            ct_errf(err, errlen, "%s:%d: a second YAML document starts here; a manifest is one document", path, line);
+        else if (depth > MF_MAX_DEPTH)
+            ct_errf(err, errlen, "%s:%d: maps and lists nested deeper than %d levels", path, line, MF_MAX_DEPTH);
+        else if (anchors > MF_MAX_ANCHORS)
+            ct_errf(err, errlen, "%s:%d: more than %d anchors (&name)", path, line, MF_MAX_ANCHORS);
+        else if (aliases > MF_MAX_ALIASES)
+            ct_errf(err, errlen, "%s:%d: more than %d aliases (*name)", path, line, MF_MAX_ALIASES);
+        else if (done) rc = 0;
+        else continue;
+        break;
+    }
+    yaml_parser_delete(&p);
+    return rc;
+}
+
+/* The whole file, refused past MF_MAX_BYTES. NULL with err set. */
+static unsigned char *read_capped(const char *path, size_t *n, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ct_errf(err, errlen, "%s: cannot open manifest: %s", path, strerror(errno));
+        return NULL;
+    }
+    unsigned char *buf = malloc(MF_MAX_BYTES + 1);
+    size_t got = buf ? fread(buf, 1, MF_MAX_BYTES + 1, f) : 0;
+    int bad = !buf || ferror(f);
+    fclose(f);
+    if (bad) ct_errf(err, errlen, "%s: cannot read manifest: %s", path, buf ? strerror(errno) : "out of memory");
+    else if (got > MF_MAX_BYTES)
+        ct_errf(err, errlen, "%s:1: the manifest is larger than %d MiB", path, MF_MAX_BYTES >> 20);
+    if (bad || got > MF_MAX_BYTES) {
+        free(buf);
+        return NULL;
+    }
+    *n = got;
+    return buf;
+}
+
+manifest *manifest_load(const char *path, char *err, size_t errlen) {
+    size_t n = 0;
+    if (err && errlen) err[0] = 0;
+    unsigned char *buf = read_capped(path, &n, err, errlen);
+    if (!buf) return NULL;
+    manifest *m = calloc(1, sizeof *m);
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    int have_doc = 0;
+    if (!m || !yaml_parser_initialize(&parser)) {
+        free(buf);
+        free(m);
+        ct_errf(err, errlen, "%s: out of memory", path);
+        return NULL;
+    }
+    m->path = strdup(path);
+    const char *slash = strrchr(path, '/');
+    m->dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+    if (!m->path || !m->dir) {
+        ct_errf(err, errlen, "%s: out of memory", path);
+        goto fail;
+    }
+    if (check_events(path, buf, n, err, errlen)) goto fail;
+    yaml_parser_set_input_string(&parser, buf, n);
+    if (!yaml_parser_load(&parser, &doc)) {
+        ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)parser.problem_mark.line + 1,
+                (int)parser.problem_mark.column + 1, parser.problem ? parser.problem : "unknown",
+                parser.context ? " " : "", parser.context ? parser.context : "");
+        goto fail;
+    }
+    have_doc = 1;
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root) {
+        if (root->type != YAML_MAPPING_NODE) {
+            if (!not_yaml_map(path, (const char *)buf, n, err, errlen))
+                ct_errf(err, errlen, "%s:%d: the manifest must be a map of sections (job:, model:, training: ...)",
+                        path, (int)root->start_mark.line + 1);
+            goto fail;
+        }
+        flattener f = {m, &doc, 0, err, errlen};
+        if (flatten(&f, root, "", 1)) goto fail;
+    }
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    free(buf);
+    return m;
+fail:
+    if (have_doc) yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    free(buf);
+    manifest_free(m);
+    return NULL;
+}
+
+int manifest_override(manifest *m, const char *key, const char *value, char *err, size_t errlen) {
+    if (!*key || key[0] == '.' || key[strlen(key) - 1] == '.' || !strchr(key, '.')) {
+        ct_errf(err, errlen, "command line: --%s: expected --section.key=value", key);
+        return -1;
+    }
+    mf_value *v = find_value(m, key);
+    if (v) {
+        free(v->value);
+        v->value = xstrdup(value);
+        v->is_seq = 0;
+        v->line = 0;
+        return 0;
+    }
+    return add_value(m, key, value, 0, 0);
+}
+
+int manifest_alias(manifest *m, const char *from, const char *to) {
+    const mf_value *src = find_value(m, from);
+    if (!src || !src->value || (find_value(m, to) && find_value(m, to)->value)) return 0;
+    char *value = strdup(src->value);
+    int line = src->line, is_seq = src->is_seq, rc = 0;
+    mf_value *dst = find_value(m, to);
+    if (dst) {
+        free(dst->value);
+        dst->value = value;
+        dst->line = line;
+        dst->is_seq = is_seq;
+    } else {
+        rc = add_value(m, to, value, is_seq, line);
+        free(value);
+    }
+    return rc;
+}
+
+void manifest_free(manifest *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_values; i++) {
+        free(m->values[i].key);
+        free(m->values[i].value);
+    }
+    for (int i = 0; i < m->n_schema; i++) {
+        free(m->schema[i].key);
+        free(m->schema[i].default_value);
+        free(m->schema[i].help);
+    }
+    free(m->values);
+    free(m->index);
+    free(m->schema);
+    free(m->path);
+    free(m->dir);
+    free(m);
+}
+
+static void schema_add(manifest *m, const char *key, ct_opt_type type, const char *def, const char *help,
+                       int plugin, const char *range, const char *choices) {
+    for (int i = 0; i < m->n_schema; i++)
+        if (strcmp(m->schema[i].key, key) == 0) return; /* the first declaration wins */
+    mf_schema_entry *s = realloc(m->schema, sizeof(*s) * (size_t)(m->n_schema + 1));
+    if (!s) return;
+    m->schema = s;
+    s = &m->schema[m->n_schema++];
+    s->key = xstrdup(key);
+    s->type = type;
+    s->default_value = xstrdup(def);
+    s->help = xstrdup(help ? help : "");
+    s->plugin = plugin;
+    s->range = range;
+    s->choices = choices;
+}
+
+void manifest_add_core_schema(manifest *m) {
+    for (size_t i = 0; i < sizeof core_schema / sizeof core_schema[0]; i++) {
+        const char *range = NULL, *choices = NULL;
+        for (size_t c = 0; c < sizeof core_checks / sizeof core_checks[0]; c++)
+            if (strcmp(core_checks[c].key, core_schema[i].key) == 0) {
+                range = core_checks[c].range;
+                choices = core_checks[c].choices;
+            }
+        schema_add(m, core_schema[i].key, core_schema[i].type, core_schema[i].def, core_schema[i].help, 0, range,
+                   choices);
+    }
+}
+
+/* opts steps by its entries' struct_size (ctitan/abi.h); the loader checked it covers help. */
+void manifest_add_plugin_schema(manifest *m, const char *section, const ct_option_spec *opts) {
+    for (int i = 0; opts && CT_AT(const ct_option_spec, opts, i)->key; i++) {
+        const ct_option_spec *o = CT_AT(const ct_option_spec, opts, i);
+        char key[512];
+        if (strchr(o->key, '.')) snprintf(key, sizeof key, "%s", o->key); /* another section's key, spelled whole */
+        else snprintf(key, sizeof key, "%s.%s", section, o->key);
+        int checks = CT_HAS_FIELD(o, ct_option_spec, choices);
+        schema_add(m, key, o->type, o->default_value, o->help, 1, checks ? o->range : NULL, checks ? o->choices : NULL);
+    }
+}
+
+int mf_parse_int(const char *s, int64_t *out) {
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+int mf_parse_float(const char *s, double *out) {
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+int mf_parse_bool(const char *s, int *out) {
+    if (!s) return -1;
+    if (!strcasecmp(s, "true") || !strcasecmp(s, "yes") || !strcasecmp(s, "on")) *out = 1;
+    else if (!strcasecmp(s, "false") || !strcasecmp(s, "no") || !strcasecmp(s, "off")) *out = 0;
+    else return -1;
+    return 0;
+}
+
+void mf_where(const manifest *m, const char *key, char *buf, size_t len) {
+    const mf_value *v = find_value(m, key);
+    if (!v) snprintf(buf, len, "%s: %s (default)", m->path, key);
+    else if (v->line) snprintf(buf, len, "%s:%d: %s", m->path, v->line, key);
+    else snprintf(buf, len, "command line: --%s", key);
+}
+
+static const char *type_name(ct_opt_type t) {
+    switch (t) {
+    case CT_OPT_INT: return "an integer";
+    case CT_OPT_FLOAT: return "a number";
+    case CT_OPT_BOOL: return "true or false";
+    case CT_OPT_STRING: return "a string";
+    }
+    return "?";
+}
+
+/* Lists the schema keys of `section` into buf (for "unknown key" errors). */
+static void known_keys(const manifest *m, const char *key, char *buf, size_t len) {
+    size_t sec = strcspn(key, ".");
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; i < m->n_schema; i++) {
+        const char *k = m->schema[i].key;
+        if (strncmp(k, key, sec) != 0 || k[sec] != '.') continue;
+        int n = snprintf(buf + used, len - used, "%s%s", used ? ", " : "", k + sec + 1);
+        if (n < 0 || (size_t)n >= len - used) break;
+        used += (size_t)n;
+    }
+    if (!used) {
+        /* unknown section: list the sections */
+        for (int i = 0; i < m->n_schema; i++) {
+            const char *k = m->schema[i].key;
+            size_t s = strcspn(k, ".");
+            int seen = 0;
+            for (int j = 0; j < i && !seen; j++)
+                seen = strncmp(m->schema[j].key, k, s) == 0 && m->schema[j].key[s] == '.';
+            if (seen) continue;
+            int n = snprintf(buf + used, len - used, "%s%.*s", used ? ", " : "sections: ", (int)s, k);
+            if (n < 0 || (size_t)n >= len - used) break;
+            used += (size_t)n;
+        }
+    }
+}
+
+/* x lies in `range`, "[lo, hi]" with '(' / ')' for open ends. */
+static int in_range(const char *range, double x) {
+    char *end;
+    double lo = strtod(range + 1, &end), hi = strtod(end + 1, NULL);
+    char close = range[strlen(range) - 1];
+    return (range[0] == '(' ? x > lo : x >= lo) && (close == ')' ? x < hi : x <= hi);
+}
+
+/* s is one of "a|b|c". */
+static int is_choice(const char *choices, const char *s) {
+    size_t n = strlen(s);
+    for (const char *c = choices; *c; c += strcspn(c, "|"), c += *c == '|') {
+        size_t w = strcspn(c, "|");
+        if (w == n && strncmp(c, s, n) == 0) return 1;
+    }
+    return 0;
+}
+
+/* "a|b|c" as "a, b or c". */
+static void choices_text(const char *choices, char *buf, size_t len) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (const char *c = choices; *c && used < len; c += strcspn(c, "|"), c += *c == '|') {
+        int w = (int)strcspn(c, "|"), last = c[w] == 0;
+        int n = snprintf(buf + used, len - used, "%s%.*s", used == 0 ? "" : last ? " or " : ", ", w, c);
+        if (n < 0) break;
+        used += (size_t)n;
+    }
+}
+
+/* Levenshtein distance of two short strings (longer ones count as far apart). */
+static size_t edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    size_t row[65];
+    if (na > 64 || nb > 64) return SIZE_MAX;
+    for (size_t j = 0; j <= nb; j++) row[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[nb];
+}
+
+/* " (did you mean 'x'?)" for the choice within two edits of s, else "". */
+static void suggestion(const char *choices, const char *s, char *buf, size_t len) {
+    size_t best = 3;
+    buf[0] = 0;
+    for (const char *c = choices; *c; c += strcspn(c, "|"), c += *c == '|') {
+        size_t w = strcspn(c, "|"), d = edit_distance(s, strlen(s), c, w);
+        if (d < best) {
+            best = d;
+            snprintf(buf, len, " (did you mean '%.*s'?)", (int)w, c);
+        }
+    }
+}
+
+/* One value against its schema entry: 0, or -1 with the error in err. */
+static int check_value(const manifest *m, const mf_value *v, const mf_schema_entry *s, char *err, size_t errlen) {
+    char where[600], text[600];
+    int64_t iv = 0;
+    double fv = 0;
+    int bv, ok = 1;
+    mf_where(m, v->key, where, sizeof where);
+    if (!v->value) {
+        ct_errf(err, errlen, "%s: no value; give one, or leave the key out for its default", where);
+        return -1;
+    }
+    if (v->is_seq) ok = s->type == CT_OPT_STRING; /* a list of strings, joined with ',' */
+    else if (s->type == CT_OPT_INT) ok = mf_parse_int(v->value, &iv) == 0;
+    else if (s->type == CT_OPT_FLOAT) ok = mf_parse_float(v->value, &fv) == 0;
+    else if (s->type == CT_OPT_BOOL) ok = mf_parse_bool(v->value, &bv) == 0;
+    if (!ok) {
+        ct_errf(err, errlen, "%s: expected %s, got '%.200s'", where, type_name(s->type), v->value);
+        return -1;
+    }
+    if (s->range && (s->type == CT_OPT_INT || s->type == CT_OPT_FLOAT) &&
+        !in_range(s->range, s->type == CT_OPT_INT ? (double)iv : fv)) {
+        ct_errf(err, errlen, "%s: expected %s in %s, got '%.200s'", where, type_name(s->type), s->range, v->value);
+        return -1;
+    }
+    if (s->choices && !is_choice(s->choices, v->value)) {
+        char hint[128];
+        choices_text(s->choices, text, sizeof text);
+        suggestion(s->choices, v->value, hint, sizeof hint);
+        ct_errf(err, errlen, "%s: expected %s, got '%.200s'%s", where, text, v->value, hint);
+        return -1;
+    }
+    return 0;
+}
+
+/* Sizes computed from several keys: the batch is allocated from them before any memory check. */
+static int check_sizes(const manifest *m, char *err, size_t errlen) {
+    int64_t L, T, G;
+    char where[600];
+    if (mf_get_int(m, "training.local_batch_size", &L) || mf_get_int(m, "training.seq_len", &T)) return 0;
+    if (L * T > MF_MAX_MICROBATCH_TOKENS) {
+        mf_where(m, "training.local_batch_size", where, sizeof where);
+        ct_errf(err, errlen, "%s: %lld sequences of seq_len %lld are %lld tokens per microbatch; the limit is %d", where,
+                (long long)L, (long long)T, (long long)(L * T), MF_MAX_MICROBATCH_TOKENS);
+        return -1;
+    }
+    if (!mf_get_int(m, "training.global_batch_size", &G) && G * T > MF_MAX_STEP_TOKENS) {
+        mf_where(m, "training.global_batch_size", where, sizeof where);
+        ct_errf(err, errlen, "%s: %lld sequences of seq_len %lld are %lld tokens per step; the limit is %d", where,
+                (long long)G, (long long)T, (long long)(G * T), MF_MAX_STEP_TOKENS);
+        return -1;
+    }
+    return 0;
+}
+
+int manifest_validate(const manifest *m, char *err, size_t errlen) {
+    for (int i = 0; i < m->n_values; i++) {
+        const mf_value *v = &m->values[i];
+        const mf_schema_entry *s = find_schema(m, v->key);
+        if (!s) {
+            char where[600], keys[2048];
+            mf_where(m, v->key, where, sizeof where);
+            known_keys(m, v->key, keys, sizeof keys);
+            ct_errf(err, errlen, "%s: unknown key (known: %s)", where, keys); /* one line (ct_errf) */
+            return -1;
+        }
+        if (check_value(m, v, s, err, errlen)) return -1;
+    }
+    return check_sizes(m, err, errlen);
+}
+
+static const char *raw(const manifest *m, const char *key) {
+    const mf_value *v = find_value(m, key);
+    if (v && v->value) return v->value;
+    const mf_schema_entry *s = find_schema(m, key);
+    return s ? s->default_value : NULL;
+}
+
+int mf_get_str(const manifest *m, const char *key, const char **out) {
+    const char *s = raw(m, key);
+    if (!s) return -1;
+    *out = s;
+    return 0;
+}
+
+int mf_get_int(const manifest *m, const char *key, int64_t *out) { return mf_parse_int(raw(m, key), out); }
+int mf_get_float(const manifest *m, const char *key, double *out) {
+    return mf_parse_float(raw(m, key), out);
+}
+int mf_get_bool(const manifest *m, const char *key, int *out) { return mf_parse_bool(raw(m, key), out); }
+
+static int section_cmp(const void *a, const void *b) {
+    const mf_schema_entry *x = a, *y = b;
+    return strcmp(x->key, y->key);
+}
+
+void manifest_print(const manifest *m, FILE *f) {
+    mf_schema_entry *sorted = malloc(sizeof(*sorted) * (size_t)(m->n_schema ? m->n_schema : 1));
+    if (!sorted) return;
+    memcpy(sorted, m->schema, sizeof(*sorted) * (size_t)m->n_schema);
+    qsort(sorted, (size_t)m->n_schema, sizeof *sorted, section_cmp);
+    char section[128] = "";
+    for (int i = 0; i < m->n_schema; i++) {
+        const char *k = sorted[i].key;
+        size_t s = strcspn(k, ".");
+        if (strlen(section) != s || strncmp(section, k, s) != 0) {
+            snprintf(section, sizeof section, "%.*s", (int)s, k);
+            fprintf(f, "%s:\n", section);
+        }
+        const char *v = raw(m, k);
+        if (!v) fprintf(f, "  %s: null\n", k + s + 1);
+        else if (sorted[i].type == CT_OPT_STRING) fprintf(f, "  %s: \"%s\"\n", k + s + 1, v);
+        else fprintf(f, "  %s: %s\n", k + s + 1, v);
+    }
+    free(sorted);
+}
+
+void manifest_print_schema(const manifest *m, FILE *f) {
+    for (int i = 0; i < m->n_schema; i++) {
+        const mf_schema_entry *s = &m->schema[i];
+        fprintf(f, "  --%-44s %s%s [%s%s%s%s%s]\n", s->key, s->plugin ? "(plugin) " : "", s->help,
+                s->type == CT_OPT_INT ? "int" : s->type == CT_OPT_FLOAT ? "float" : s->type == CT_OPT_BOOL ? "bool" : "string",
+                s->range ? " in " : "", s->range ? s->range : "", s->default_value ? ", default " : "",
+                s->default_value ? s->default_value : "");
+    }
+}

@@ -1,0 +1,250 @@
+/* shard.c: token shard reader and atomic writer (format in shard.h). */
+#include "data/shard.h"
+#include "host/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define BUF_TOKENS 65536
+
+static void put_le32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void put_le64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get_le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get_le64(const unsigned char *p) {
+    return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
+}
+
+static void header_encode(unsigned char *h, uint64_t count) {
+    memcpy(h, SHARD_MAGIC, 8);
+    put_le32(h + 8, SHARD_VERSION);
+    put_le32(h + 12, 4);
+    put_le64(h + 16, count);
+    put_le64(h + 24, 0);
+}
+
+/* ---- writer -------------------------------------------------------------------------------------- */
+
+struct shard_writer {
+    char *path, *tmp;
+    int fd;
+    uint64_t count;
+    unsigned char buf[4 * BUF_TOKENS];
+    size_t nbuf;           /* bytes in buf */
+};
+
+shard_writer *shard_writer_open(const char *path, char *err, size_t errlen) {
+    shard_writer *w = calloc(1, sizeof *w);
+    size_t n = strlen(path);
+    if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(n + 5))) {
+        if (w) free(w->path);
+        free(w);
+        ct_errf(err, errlen, "%s: out of memory", path);
+        return NULL;
+    }
+    memcpy(w->tmp, path, n);
+    memcpy(w->tmp + n, ".tmp", 5);
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    unsigned char h[SHARD_HEADER_BYTES];
+    header_encode(h, 0);   /* the count is patched on close */
+    if (w->fd < 0 || ct_write_all(w->fd, h, sizeof h)) {
+        ct_errf(err, errlen, "%s: cannot create: %s", w->tmp, strerror(errno));
+        shard_writer_abort(w);
+        return NULL;
+    }
+    return w;
+}
+
+static int flush_buf(shard_writer *w, char *err, size_t errlen) {
+    if (w->nbuf && ct_write_all(w->fd, w->buf, w->nbuf)) {
+        ct_errf(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
+        return -1;
+    }
+    w->nbuf = 0;
+    return 0;
+}
+
+int shard_writer_append(shard_writer *w, const uint32_t *tokens, size_t n, char *err, size_t errlen) {
+    for (size_t i = 0; i < n; i++) {
+        if (w->nbuf == sizeof w->buf && flush_buf(w, err, errlen)) return -1;
+        put_le32(w->buf + w->nbuf, tokens[i]);
+        w->nbuf += 4;
+    }
+    w->count += n;
+    return 0;
+}
+
+uint64_t shard_writer_count(const shard_writer *w) { return w->count; }
+
+void shard_writer_abort(shard_writer *w) {
+    if (!w) return;
+    if (w->fd >= 0) {
+        close(w->fd);
+        unlink(w->tmp);
+    }
+    free(w->path);
+    free(w->tmp);
+    free(w);
+}
+
+int shard_writer_close(shard_writer *w, char *err, size_t errlen) {
+    unsigned char h[SHARD_HEADER_BYTES];
+    header_encode(h, w->count);
+    if (flush_buf(w, err, errlen)) goto fail;
+    if (pwrite(w->fd, h, sizeof h, 0) != (ssize_t)sizeof h || fsync(w->fd)) {
+        ct_errf(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
+        goto fail;
+    }
+    int fd = w->fd;
+    w->fd = -1;
+    if (close(fd) || rename(w->tmp, w->path)) {
+        ct_errf(err, errlen, "%s: cannot finish writing: %s", w->path, strerror(errno));
+        unlink(w->tmp);
+        goto fail;
+    }
+    free(w->path);
+    free(w->tmp);
+    free(w);
+    return 0;
+fail:
+    shard_writer_abort(w);
+    return -1;
+}
+
+int shard_write(const char *path, const uint32_t *tokens, uint64_t n, char *err, size_t errlen) {
+    shard_writer *w = shard_writer_open(path, err, errlen);
+    if (!w) return -1;
+    if (shard_writer_append(w, tokens, (size_t)n, err, errlen)) {
+        shard_writer_abort(w);
+        return -1;
+    }
+    return shard_writer_close(w, err, errlen);
+}
+
+/* ---- reader -------------------------------------------------------------------------------------- */
+
+/* Opens path and validates its header against its size; returns the fd, or -1. */
+static int open_checked(const char *path, uint64_t *count, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    unsigned char h[SHARD_HEADER_BYTES];
+    if (fstat(fd, &st)) {
+        ct_errf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ct_errf(err, errlen, "%s: not a regular file", path);
+        goto fail;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    if (size < SHARD_HEADER_BYTES) {
+        ct_errf(err, errlen, "%s: %llu bytes, too short for the %d-byte token shard header", path,
+                (unsigned long long)size, SHARD_HEADER_BYTES);
+        goto fail;
+    }
+    if (pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h) {
+        ct_errf(err, errlen, "%s: cannot read the header: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (memcmp(h, SHARD_MAGIC, 8) != 0) {
+        ct_errf(err, errlen, "%s: bad magic (expected \"%s\"; not a token shard)", path, SHARD_MAGIC);
+        goto fail;
+    }
+    uint32_t version = get_le32(h + 8), bpt = get_le32(h + 12);
+    uint64_t n = get_le64(h + 16), reserved = get_le64(h + 24);
+    if (version != SHARD_VERSION) {
+        ct_errf(err, errlen, "%s: version %u, this build reads version %d", path, version, SHARD_VERSION);
+        goto fail;
+    }
+    if (bpt != 4) {
+        ct_errf(err, errlen, "%s: %u bytes per token, expected 4", path, bpt);
+        goto fail;
+    }
+    if (reserved != 0) {
+        ct_errf(err, errlen, "%s: reserved header field is %llu, expected 0", path,
+                (unsigned long long)reserved);
+        goto fail;
+    }
+    if (n > (size - SHARD_HEADER_BYTES) / 4 || SHARD_HEADER_BYTES + 4 * n != size) {
+        if (n > (UINT64_MAX - SHARD_HEADER_BYTES) / 4)
+            ct_errf(err, errlen, "%s: header says %llu tokens, file has %llu bytes", path,
+                    (unsigned long long)n, (unsigned long long)size);
+        else
+            ct_errf(err, errlen, "%s: %s: header says %llu tokens (%llu bytes), file has %llu bytes",
+                    path, SHARD_HEADER_BYTES + 4 * n > size ? "truncated" : "trailing bytes",
+                    (unsigned long long)n, (unsigned long long)(SHARD_HEADER_BYTES + 4 * n),
+                    (unsigned long long)size);
+        goto fail;
+    }
+    *count = n;
+    return fd;
+fail:
+    close(fd);
+    return -1;
+}
+
+int shard_count(const char *path, uint64_t *n, char *err, size_t errlen) {
+    int fd = open_checked(path, n, err, errlen);
+    if (fd < 0) return -1;
+    close(fd);
+    return 0;
+}
+
+int shard_read(const char *path, uint32_t **tokens, uint64_t *n, char *err, size_t errlen) {
+    *tokens = NULL;
+    *n = 0;
+    uint64_t count;
+    int fd = open_checked(path, &count, err, errlen);
+    if (fd < 0) return -1;
+    if (count == 0) {
+        close(fd);
+        return 0;
+    }
+    if (count > SIZE_MAX / 4) {
+        ct_errf(err, errlen, "%s: %llu tokens do not fit in memory", path, (unsigned long long)count);
+        close(fd);
+        return -1;
+    }
+    uint32_t *t = malloc((size_t)count * 4);
+    if (!t) {
+        ct_errf(err, errlen, "%s: out of memory for %llu tokens", path, (unsigned long long)count);
+        close(fd);
+        return -1;
+    }
+    unsigned char *p = (unsigned char *)t;
+    size_t want = (size_t)count * 4, got = 0;
+    while (got < want) {
+        ssize_t r = pread(fd, p + got, want - got, (off_t)(SHARD_HEADER_BYTES + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            ct_errf(err, errlen, "%s: read failed at byte %zu: %s", path, SHARD_HEADER_BYTES + got,
+                    r < 0 ? strerror(errno) : "unexpected end of file");
+            free(t);
+            close(fd);
+            return -1;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    for (size_t i = 0; i < (size_t)count; i++) t[i] = get_le32(p + 4 * i);   /* no-op on LE hosts */
+    *tokens = t;
+    *n = count;
+    return 0;
+}
+
+void shard_free(uint32_t *tokens) { free(tokens); }

@@ -1,0 +1,69 @@
+/* lr.c: torchtitan's learning-rate schedule: linear warmup, an optional stable phase, then a
+ * linear, sqrt or cosine decay to min_lr_factor (warmup-stable-decay when decay_ratio is set). */
+#include "engine/lr.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* torchtitan's linear_warmup_stable_decay; `step` counts from 1. */
+double lr_at(const lr_schedule *s, int64_t step) {
+    int64_t cur = step - 1;
+    double adj;
+    if (cur < s->warmup) {
+        adj = (double)(cur + 1) / (double)(s->warmup + 1);
+    } else if (cur < s->warmup + s->stable) {
+        adj = 1.0;
+    } else {
+        double progress = (double)(cur + 1 - s->warmup - s->stable) / (double)(s->decay + 1);
+        if (!strcmp(s->type, "sqrt")) adj = 1.0 - sqrt(progress);
+        else if (!strcmp(s->type, "cosine")) adj = 0.5 * (1.0 + cos(M_PI * progress));
+        else adj = 1.0 - progress;
+        adj = s->min_lr_factor + (1.0 - s->min_lr_factor) * adj;
+    }
+    return s->lr * adj;
+}
+
+int lr_setup(const manifest *mf, int64_t steps, lr_schedule *s) {
+    int64_t total;
+    double ratio;
+    char where[600];
+    mf_get_float(mf, "optimizer.lr", &s->lr);
+    mf_get_float(mf, "lr_scheduler.min_lr_factor", &s->min_lr_factor);
+    mf_get_int(mf, "lr_scheduler.warmup_steps", &s->warmup);
+    mf_get_str(mf, "lr_scheduler.decay_type", &s->type);
+    const char *total_key = "lr_scheduler.total_steps";
+    if (mf_get_int(mf, total_key, &total)) {
+        total = steps;
+        total_key = "training.steps";
+    }
+    /* manifest_validate holds each key to its range and choices; these name the key for a caller
+     * that did not validate */
+    const char *bad = strcmp(s->type, "linear") && strcmp(s->type, "sqrt") && strcmp(s->type, "cosine")
+                          ? "lr_scheduler.decay_type"
+                      : s->warmup < 0                                   ? "lr_scheduler.warmup_steps"
+                      : !(s->min_lr_factor >= 0 && s->min_lr_factor <= 1) ? "lr_scheduler.min_lr_factor"
+                      : total < 1                                       ? total_key
+                                                                        : NULL;
+    if (bad) {
+        mf_where(mf, bad, where, sizeof where);
+        fprintf(stderr, "ctitan: %s: need decay_type linear, sqrt or cosine, warmup_steps >= 0, 0 <= min_lr_factor <= 1 "
+                        "and at least one step\n", where);
+        return -1;
+    }
+    if (s->warmup > total) s->warmup = total;
+    if (mf_get_float(mf, "lr_scheduler.decay_ratio", &ratio) == 0) {
+        if (ratio < 0 || ratio > 1) {
+            mf_where(mf, "lr_scheduler.decay_ratio", where, sizeof where);
+            fprintf(stderr, "ctitan: %s: expected a fraction in [0, 1], got %g\n", where, ratio);
+            return -1;
+        }
+        s->decay = (int64_t)llround((double)total * ratio);
+        if (s->warmup + s->decay > total) s->warmup = total - s->decay;
+    } else {
+        s->decay = total - s->warmup;
+    }
+    s->stable = total - s->warmup - s->decay;
+    return 0;
+}
+

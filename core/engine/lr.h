@@ -1,0 +1,21 @@
+/* lr.h: the learning-rate schedule (torchtitan's lr_scheduler section). */
+#ifndef CT_LR_H
+#define CT_LR_H
+
+#include "config/manifest.h"
+
+#include <stdint.h>
+
+typedef struct lr_schedule {
+    double lr, min_lr_factor;
+    int64_t warmup, stable, decay;
+    const char *type; /* linear | sqrt | cosine */
+} lr_schedule;
+
+/* Reads optimizer.lr and lr_scheduler.* for a run of `steps`; prints one error line and returns -1
+ * on a bad value. */
+int lr_setup(const manifest *mf, int64_t steps, lr_schedule *s);
+/* The learning rate of optimizer step `step` (counted from 1), as torchtitan's LambdaLR gives it. */
+double lr_at(const lr_schedule *s, int64_t step);
+
+#endif

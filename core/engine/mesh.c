@@ -1,0 +1,126 @@
+/* mesh.c: degrees from the manifest, coordinates, and one comm group per mesh axis. */
+#include "engine/mesh.h"
+
+#include "host/util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const mesh_axis_names[CT_MESH_NAXES] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
+
+static const char *degree_keys[CT_MESH_NAXES] = {
+    "parallelism.pipeline_parallel_degree", "parallelism.data_parallel_replicate_degree",
+    "parallelism.data_parallel_shard_degree", "parallelism.context_parallel_degree",
+    "parallelism.tensor_parallel_degree"};
+
+int mesh_env_world_size(void) {
+    static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "WORLD_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && atoi(v) > 0) return atoi(v);
+    }
+    return 1;
+}
+
+int mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]) {
+    char where[600];
+    int64_t others = 1;
+    for (int a = 0; a < CT_MESH_NAXES; a++) {
+        int64_t v;
+        mf_get_int(mf, degree_keys[a], &v);
+        if (v < 1 && !(a == CT_AXIS_DP_SHARD && v == -1)) {
+            mf_where(mf, degree_keys[a], where, sizeof where);
+            fprintf(stderr, "ctitan: %s: a degree must be >= 1%s, got %lld\n", where,
+                    a == CT_AXIS_DP_SHARD ? " (or -1: the ranks left over)" : "", (long long)v);
+            return -1;
+        }
+        if (v > world_size && a != CT_AXIS_DP_SHARD) { /* one key at a time: the key that is wrong is named */
+            mf_where(mf, degree_keys[a], where, sizeof where);
+            fprintf(stderr, "ctitan: %s: degree %lld is more than the job's %d ranks (launch with `ctitan launch -n N`)\n",
+                    where, (long long)v, world_size);
+            return -1;
+        }
+        degree[a] = (int)v;
+        if (a == CT_AXIS_DP_SHARD) continue;
+        others *= v; /* <= world_size squared: no overflow */
+        if (others > world_size) {
+            mf_where(mf, degree_keys[a], where, sizeof where);
+            fprintf(stderr, "ctitan: %s: with degree %lld the axes other than dp_shard already need %lld ranks, more than "
+                            "the job's %d\n", where, (long long)v, (long long)others, world_size);
+            return -1;
+        }
+    }
+    if (degree[CT_AXIS_DP_SHARD] == -1) {
+        if (world_size % others) {
+            mf_where(mf, degree_keys[CT_AXIS_DP_SHARD], where, sizeof where);
+            fprintf(stderr, "ctitan: %s: -1 takes the ranks left over, but %d ranks do not divide by the other "
+                            "degrees' product %lld\n", where, world_size, (long long)others);
+            return -1;
+        }
+        degree[CT_AXIS_DP_SHARD] = (int)(world_size / others);
+    }
+    int64_t product = others * degree[CT_AXIS_DP_SHARD];
+    if (product != world_size) {
+        mf_where(mf, degree_keys[CT_AXIS_DP_SHARD], where, sizeof where);
+        fprintf(stderr, "ctitan: %s: pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d = %lld ranks, but the job "
+                        "has %d (launch with `ctitan launch -n %lld` or mpirun -n %lld)\n", where, degree[0], degree[1],
+                degree[2], degree[3], degree[4], (long long)product, world_size, (long long)product, (long long)product);
+        return -1;
+    }
+    for (int a = 0; a < CT_MESH_NAXES; a++) {
+        if (degree[a] > 1 && (a == CT_AXIS_CP)) {
+            mf_where(mf, degree_keys[a], where, sizeof where);
+            fprintf(stderr, "ctitan: %s: %s parallelism is not available yet (degree must be 1)\n", where,
+                    mesh_axis_names[a]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int mesh_build(ct_mesh_info *m, const ct_comm_api *c, void *comm, int world_rank, int world_size,
+               const int degree[CT_MESH_NAXES], char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    m->struct_size = sizeof *m;
+    m->world_rank = world_rank;
+    m->world_size = world_size;
+    int stride[CT_MESH_NAXES], s = 1;
+    for (int a = CT_MESH_NAXES - 1; a >= 0; a--) {
+        m->degree[a] = degree[a];
+        stride[a] = s;
+        s *= degree[a];
+    }
+    for (int a = 0; a < CT_MESH_NAXES; a++) m->coord[a] = (world_rank / stride[a]) % degree[a];
+    m->dp_rank = m->coord[CT_AXIS_DP_REPLICATE] * degree[CT_AXIS_DP_SHARD] + m->coord[CT_AXIS_DP_SHARD];
+    m->dp_size = degree[CT_AXIS_DP_REPLICATE] * degree[CT_AXIS_DP_SHARD];
+    if (!c) return 0; /* one rank: no groups */
+    void *world;
+    if (c->world(comm, &world) != CT_OK) {
+        ct_errf(err, errlen, "comm: no world group");
+        return -1;
+    }
+    for (int a = 0; a < CT_MESH_NAXES; a++) {
+        /* ranks that agree on every other axis form this axis's group, ordered by its coordinate */
+        int color = world_rank - m->coord[a] * stride[a];
+        if (c->split(comm, world, color, m->coord[a], mesh_axis_names[a], &m->group[a]) != CT_OK) {
+            ct_errf(err, errlen, "comm: cannot create the %s group", mesh_axis_names[a]);
+            return -1;
+        }
+    }
+    int dp_color = world_rank - m->coord[CT_AXIS_DP_REPLICATE] * stride[CT_AXIS_DP_REPLICATE] -
+                   m->coord[CT_AXIS_DP_SHARD] * stride[CT_AXIS_DP_SHARD];
+    if (c->split(comm, world, dp_color, m->dp_rank, "dp", &m->dp_group) != CT_OK) {
+        ct_errf(err, errlen, "comm: cannot create the dp group");
+        return -1;
+    }
+    return 0;
+}
+
+void mesh_free(ct_mesh_info *m, const ct_comm_api *c, void *comm) {
+    if (!c) return;
+    for (int a = 0; a < CT_MESH_NAXES; a++)
+        if (m->group[a]) c->group_free(comm, m->group[a]);
+    if (m->dp_group) c->group_free(comm, m->dp_group);
+    memset(m, 0, sizeof *m);
+}

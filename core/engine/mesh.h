@@ -1,0 +1,23 @@
+/* mesh.h: the device mesh. Named axes in torchtitan's order (pp, dp_replicate, dp_shard, cp, tp;
+ * tp varies fastest over ranks), one comm group per axis, and the flattened data-parallel group. */
+#ifndef CT_MESH_H
+#define CT_MESH_H
+
+#include "ctitan/comm.h"
+#include "ctitan/strategy.h"
+#include "config/manifest.h"
+
+extern const char *const mesh_axis_names[CT_MESH_NAXES];
+
+/* Reads parallelism.* and checks that the degrees multiply to world_size (dp_shard -1 takes what is
+ * left). On error prints one line naming the key and returns -1. */
+int mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]);
+/* Fills coordinates and creates the groups (a collective over the world). */
+int mesh_build(ct_mesh_info *m, const ct_comm_api *c, void *comm, int world_rank, int world_size,
+               const int degree[CT_MESH_NAXES], char *err, size_t errlen);
+void mesh_free(ct_mesh_info *m, const ct_comm_api *c, void *comm);
+
+/* The job's world size from the launcher's environment (mpirun, srun, PMI); 1 when not launched. */
+int mesh_env_world_size(void);
+
+#endif

@@ -1,0 +1,532 @@
+/* pipeline.c: pipeline parallel on the host side (see pipeline.h).
+ *
+ * Stages: units are split like torchtitan's generate_llm_fqn_per_model_part: the embedding counts
+ * as pipeline_parallel_first_stage_less_layers layers and the output as ..._last_stage_less_layers,
+ * every block as one, and the stages share that weight as evenly as integers allow (the first ones
+ * take the remainder). pipeline_parallel_stage_units ("3,3,2,2") names the units per stage instead.
+ *
+ * Microbatch contexts: each microbatch in flight on this rank owns a context (its activation and
+ * gradient arenas, its tape and its boundary tensors). The runtime works on one context at a time:
+ * entering swaps the context's arenas and unit tables into the runtime, leaving swaps them back.
+ * A context is reused once the runner released every local stage of its microbatch, so a 1F1B
+ * schedule holds at most about pp microbatches' activations where GPipe holds all of them.
+ *
+ * Strategy hooks: a unit's pre_forward/post_forward run around its first forward of the step,
+ * pre_backward before its first backward and post_backward after its last (FSDP keeps the unit's
+ * parameters gathered in between: no resharding between microbatches, as in torchtitan), and
+ * finish_backward once at the end.
+ */
+#include "engine/pipeline.h"
+
+#include "host/host.h"
+#include "engine/session.h"
+#include "engine/tape.h"
+#include "host/util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct pp_ctx {
+    arena saved, grads;
+    rt_tensor **unit_in, **unit_out;
+    tape_entry **unit_tape;
+    rt_tensor *tok, *tgt;
+    rt_tensor **stage_in; /* per stage: the activation received for it (NULL: from a local stage) */
+    int mb;               /* the microbatch it holds, -1 when free */
+};
+
+static int bad_setting(const manifest *mf, const char *key, const char *fmt, const char *what) {
+    char where[600];
+    mf_where(mf, key, where, sizeof where);
+    fprintf(stderr, "ctitan: %s: ", where);
+    fprintf(stderr, fmt, what);
+    fputc('\n', stderr);
+    return EXIT_BAD_INPUT;
+}
+
+/* Units per stage: explicit counts, or by weight (the embedding and the output as configured). */
+static int split_units(pipeline *pl, const manifest *mf, const ct_model_desc *desc) {
+    int nu = desc->n_units, S = pl->n_stages;
+    pl->stage_u0 = calloc((size_t)S, sizeof(int));
+    pl->stage_u1 = calloc((size_t)S, sizeof(int));
+    if (!pl->stage_u0 || !pl->stage_u1) return -1;
+    const char *list = NULL;
+    if (!mf_get_str(mf, "parallelism.pipeline_parallel_stage_units", &list) && list[0]) {
+        int s = 0, u = 0;
+        for (const char *p = list; *p && s <= S;) {
+            char *end;
+            long n = strtol(p, &end, 10);
+            if (end == p || n < 1) return bad_setting(mf, "parallelism.pipeline_parallel_stage_units",
+                                                     "expected positive unit counts separated by commas, got '%s'", list);
+            if (s < S) {
+                pl->stage_u0[s] = u;
+                pl->stage_u1[s] = u + (int)n - 1;
+            }
+            u += (int)n;
+            s++;
+            p = end + strspn(end, ", ");
+        }
+        if (s != S || u != nu) {
+            char what[200];
+            snprintf(what, sizeof what, "'%s' gives %d stages of %d units; the pipeline has %d stages and the model %d units",
+                     list, s, u, S, nu);
+            return bad_setting(mf, "parallelism.pipeline_parallel_stage_units", "%s", what);
+        }
+        return 0;
+    }
+    int64_t first = 1, last = 1;
+    mf_get_int(mf, "parallelism.pipeline_parallel_first_stage_less_layers", &first);
+    mf_get_int(mf, "parallelism.pipeline_parallel_last_stage_less_layers", &last);
+    if (first < 0 || last < 0)
+        return bad_setting(mf, "parallelism.pipeline_parallel_first_stage_less_layers", "%s", "must not be negative");
+    int64_t *w = calloc((size_t)nu, sizeof(int64_t)), total = 0;
+    if (!w) return -1;
+    for (int u = 0; u < nu; u++) total += w[u] = u == 0 ? first : u == nu - 1 ? last : 1;
+    int64_t per = total / S, extra = total % S, quota = 0, cum = 0;
+    int s = 0;
+    pl->stage_u0[0] = 0;
+    for (int u = 0; u < nu; u++) {
+        if (cum >= quota + (s < S ? per + (s < extra) : 0) && s + 1 < S && u > pl->stage_u0[s]) {
+            quota += per + (s < extra); /* stage s is full: the next one starts here */
+            pl->stage_u1[s] = u - 1;
+            pl->stage_u0[++s] = u;
+        }
+        cum += w[u];
+    }
+    free(w);
+    pl->stage_u1[s] = nu - 1;
+    if (s != S - 1) {
+        char what[160];
+        snprintf(what, sizeof what, "%d stages need at least %d units; the model has %d", S, S, nu);
+        return bad_setting(mf, "parallelism.pipeline_parallel_degree", "%s", what);
+    }
+    return 0;
+}
+
+int pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
+                  const char *(*unit_name)(void *, int), void *model) {
+    char err[2048];
+    memset(pl, 0, sizeof *pl);
+    pl->pp = mesh->degree[CT_AXIS_PP];
+    pl->rank = mesh->coord[CT_AXIS_PP];
+    const char *name = "1F1B", *csv = NULL;
+    mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &name);
+    if (mf_get_str(mf, "parallelism.pipeline_parallel_schedule_csv", &csv) || !csv[0]) csv = NULL;
+    char csv_path[4096];
+    if (csv) {
+        session_resolve_path(mf, csv, csv_path, sizeof csv_path);
+        csv = csv_path;
+    }
+    if (!(pl->schedp = schedule_load(name, mf, err, sizeof err)))
+        return bad_setting(mf, "parallelism.pipeline_parallel_schedule", "%s", err);
+    const ct_schedule_api *sa = schedule_api(pl->schedp);
+    int64_t L = 1, mbs = 1, lps = 0;
+    mf_get_int(mf, "training.local_batch_size", &L);
+    mf_get_int(mf, "parallelism.pipeline_parallel_microbatch_size", &mbs);
+    mf_get_int(mf, "parallelism.pipeline_parallel_layers_per_stage", &lps);
+    if (mbs < 1 || L % mbs) {
+        char what[160];
+        snprintf(what, sizeof what, "%lld must divide training.local_batch_size (%lld) into microbatches", (long long)mbs,
+                 (long long)L);
+        return bad_setting(mf, "parallelism.pipeline_parallel_microbatch_size", "%s", what);
+    }
+    pl->mb_size = mbs;
+    pl->n_mb = (int)(L / mbs);
+    const char *list = NULL;
+    int n_stages = 0;
+    if (!mf_get_str(mf, "parallelism.pipeline_parallel_stage_units", &list) && list[0]) {
+        n_stages = 1;
+        for (const char *p = list; *p; p++) n_stages += *p == ',';
+    } else if (lps > 0) {
+        int64_t first = 1, last = 1;
+        mf_get_int(mf, "parallelism.pipeline_parallel_first_stage_less_layers", &first);
+        mf_get_int(mf, "parallelism.pipeline_parallel_last_stage_less_layers", &last);
+        n_stages = (int)((desc->n_layers + first + last + lps - 1) / lps);
+    } else {
+        n_stages = pl->pp * (sa->min_stages_per_rank > 0 ? sa->min_stages_per_rank : 1);
+    }
+    if (n_stages % pl->pp) {
+        char what[200];
+        snprintf(what, sizeof what, "the split gives %d stages, which %d pipeline ranks cannot share evenly", n_stages,
+                 pl->pp);
+        return bad_setting(mf, list ? "parallelism.pipeline_parallel_stage_units"
+                                    : "parallelism.pipeline_parallel_layers_per_stage", "%s", what);
+    }
+    pl->n_stages = n_stages;
+    pl->spr = n_stages / pl->pp;
+    if (pl->spr < sa->min_stages_per_rank || (sa->max_stages_per_rank > 0 && pl->spr > sa->max_stages_per_rank)) {
+        char what[200];
+        snprintf(what, sizeof what, "%s runs %d to %d stages per rank; this split gives %d", pl->schedp->info.name,
+                 sa->min_stages_per_rank, sa->max_stages_per_rank, pl->spr);
+        return bad_setting(mf, "parallelism.pipeline_parallel_schedule", "%s", what);
+    }
+    int st = split_units(pl, mf, desc);
+    if (st) return st > 0 ? st : EXIT_RUN_FAILED;
+    if (schedule_actions(pl->schedp, pl->pp, pl->spr, pl->n_mb, csv, &pl->plan, err, sizeof err))
+        return bad_setting(mf, csv ? "parallelism.pipeline_parallel_schedule_csv" : "parallelism.pipeline_parallel_schedule",
+                           "%s", err);
+    schedule_costs costs = SCHEDULE_COSTS_DEFAULT;
+    if (schedule_check(&pl->plan, &costs, err, sizeof err))
+        return bad_setting(mf, csv ? "parallelism.pipeline_parallel_schedule_csv" : "parallelism.pipeline_parallel_schedule",
+                           "%s", err);
+    int nu = desc->n_units;
+    pl->unit_rank = calloc((size_t)nu, sizeof(int));
+    if (!pl->unit_rank) return EXIT_RUN_FAILED;
+    for (int s = 0; s < n_stages; s++)
+        for (int u = pl->stage_u0[s]; u <= pl->stage_u1[s]; u++)
+            pl->unit_rank[u] = schedule_stage_rank(pl->plan.placement, pl->pp, s);
+    if (pl->rank == 0 && mesh->world_rank == 0) {
+        printf("pipeline: %s, %d stages on %d ranks (%d per rank), %d microbatches of %lld; predicted bubble %.3f "
+               "(F=1, B=2), at most %d microbatches held\n",
+               pl->plan.name, n_stages, pl->pp, pl->spr, pl->n_mb, (long long)mbs, pl->plan.bubble,
+               pl->plan.peak_activations);
+        for (int s = 0; s < n_stages; s++)
+            printf("  stage %d (rank %d): units %d-%d (%s .. %s)\n", s, schedule_stage_rank(pl->plan.placement, pl->pp, s),
+                   pl->stage_u0[s], pl->stage_u1[s], unit_name ? unit_name(model, pl->stage_u0[s]) : "",
+                   unit_name ? unit_name(model, pl->stage_u1[s]) : "");
+    }
+    return 0;
+}
+
+int pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, void *comm,
+                   const ct_mesh_info *mesh) {
+    char err[2048];
+    const char *name = "pp";
+    mf_get_str(mf, "parallelism.pipeline_runner", &name);
+    if (!(pl->runp = plugin_load(name, CT_KIND_PIPELINE, "parallelism", mf, err, sizeof err)))
+        return bad_setting(mf, "parallelism.pipeline_runner", "%s", err);
+    pl->api = pl->runp->info.api;
+    if (pl->api->struct_size < sizeof(ct_pipeline_api))
+        return bad_setting(mf, "parallelism.pipeline_runner", "%s", "the runner's API table is too small: rebuild it");
+    int nu = rt->desc.n_units;
+    pl->rt = rt;
+    pl->stage_left = calloc((size_t)pl->n_mb, sizeof(int));
+    pl->mb_ctx = calloc((size_t)pl->n_mb, sizeof(int));
+    pl->fwd_hooked = calloc((size_t)nu, sizeof(int));
+    pl->bwd_hooked = calloc((size_t)nu, sizeof(int));
+    pl->bwd_done = calloc((size_t)nu, sizeof(int));
+    if (!pl->stage_left || !pl->mb_ctx || !pl->fwd_hooked || !pl->bwd_hooked || !pl->bwd_done) return EXIT_RUN_FAILED;
+    const sched_rank *mine = &pl->plan.ranks[pl->rank];
+    ct_pipeline_env env = {sizeof env, capi, comm, mesh->group[CT_AXIS_PP], pl->rank, pl->pp, pl->n_stages,
+                           pl->n_mb, pl->plan.placement, mine->actions, mine->n};
+    ct_clear_error();
+    if (pl->api->create(&pl->runp->host, &env, &pl->runner) != CT_OK) {
+        fprintf(stderr, "ctitan: pipeline runner '%s': %s\n", name, ct_last_error());
+        return EXIT_BAD_INPUT;
+    }
+    return 0;
+}
+
+/* ---- microbatch contexts ---- */
+
+#define SWAP(type, a, b) \
+    do {                   \
+        type t_ = (a);     \
+        (a) = (b);         \
+        (b) = t_;          \
+    } while (0)
+
+/* The runtime's per-step state (arenas, unit boundaries, tape) and a microbatch's trade places. */
+static void swap_ctx(runtime *rt, pp_ctx *c) {
+    SWAP(arena, rt->saved, c->saved);
+    SWAP(arena, rt->grads, c->grads);
+    SWAP(rt_tensor **, rt->unit_in, c->unit_in);
+    SWAP(rt_tensor **, rt->unit_out, c->unit_out);
+    SWAP(tape_entry **, rt->unit_tape, c->unit_tape);
+}
+
+static pp_ctx *ctx_new(pipeline *pl) {
+    runtime *rt = pl->rt;
+    int nu = rt->desc.n_units;
+    pp_ctx *c = calloc(1, sizeof *c);
+    pp_ctx **grown = realloc(pl->ctx, sizeof(*grown) * (size_t)(pl->n_ctx + 1));
+    if (!c || !grown) {
+        free(c);
+        if (grown) pl->ctx = grown;
+        return NULL;
+    }
+    pl->ctx = grown;
+    pool_init(&c->saved.data, rt->d, rt->dev, CT_MEM_ACTIVATIONS);
+    pool_init(&c->saved.desc, NULL, NULL, CT_MEM_OTHER);
+    pool_init(&c->grads.data, rt->d, rt->dev, CT_MEM_ACTIVATIONS);
+    pool_init(&c->grads.desc, NULL, NULL, CT_MEM_OTHER);
+    c->unit_in = calloc((size_t)nu, sizeof(rt_tensor *));
+    c->unit_out = calloc((size_t)nu, sizeof(rt_tensor *));
+    c->unit_tape = calloc((size_t)nu, sizeof(tape_entry *));
+    c->stage_in = calloc((size_t)pl->n_stages, sizeof(rt_tensor *));
+    c->mb = -1;
+    pl->ctx[pl->n_ctx++] = c;
+    if (!c->unit_in || !c->unit_out || !c->unit_tape || !c->stage_in) return NULL;
+    return c;
+}
+
+static void ctx_free(pp_ctx *c) {
+    if (!c) return;
+    pool_destroy(&c->saved.data);
+    pool_destroy(&c->saved.desc);
+    pool_destroy(&c->grads.data);
+    pool_destroy(&c->grads.desc);
+    free(c->unit_in);
+    free(c->unit_out);
+    free(c->unit_tape);
+    free(c->stage_in);
+    free(c);
+}
+
+/* The context of microbatch mb, taken (a free one, or a new one) on first use: its tokens uploaded. */
+static pp_ctx *ctx_get(pipeline *pl, int mb) {
+    if (mb < 0 || mb >= pl->n_mb) {
+        ct_set_error("pipeline: microbatch %d out of range (0..%d)", mb, pl->n_mb - 1);
+        return NULL;
+    }
+    if (pl->mb_ctx[mb] >= 0) return pl->ctx[pl->mb_ctx[mb]];
+    int k = 0, live = 0;
+    for (int i = 0; i < pl->n_ctx; i++) live += pl->ctx[i]->mb >= 0;
+    while (k < pl->n_ctx && pl->ctx[k]->mb >= 0) k++;
+    pp_ctx *c = k < pl->n_ctx ? pl->ctx[k] : ctx_new(pl);
+    if (!c) {
+        ct_set_error("pipeline: out of memory for a microbatch context");
+        return NULL;
+    }
+    if (pool_reset(&c->saved.data) | pool_reset(&c->saved.desc) | pool_reset(&c->grads.data) |
+        pool_reset(&c->grads.desc)) {
+        ct_set_error("pipeline: out of memory for activations");
+        return NULL;
+    }
+    int nu = pl->rt->desc.n_units;
+    memset(c->unit_in, 0, sizeof(rt_tensor *) * (size_t)nu);
+    memset(c->unit_out, 0, sizeof(rt_tensor *) * (size_t)nu);
+    memset(c->unit_tape, 0, sizeof(tape_entry *) * (size_t)nu);
+    memset(c->stage_in, 0, sizeof(rt_tensor *) * (size_t)pl->n_stages);
+    c->mb = mb;
+    pl->mb_ctx[mb] = k; /* a new context went in at index k too */
+    if (live + 1 > pl->peak_ctx) pl->peak_ctx = live + 1;
+    runtime *rt = pl->rt;
+    swap_ctx(rt, c);
+    rt->act = &rt->saved;
+    int64_t n = pl->mb_size * pl->T;
+    c->tok = runtime_upload_ids(rt, pl->tokens + (int64_t)mb * n, pl->mb_size, pl->T);
+    c->tgt = runtime_upload_ids(rt, pl->targets + (int64_t)mb * n, pl->mb_size, pl->T);
+    swap_ctx(rt, c);
+    if (!c->tok || !c->tgt) {
+        if (!ct_last_error()[0]) ct_set_error("pipeline: cannot upload microbatch %d", mb);
+        return NULL;
+    }
+    return c;
+}
+
+static int check_stage(pipeline *pl, int stage) {
+    if (stage < 0 || stage >= pl->n_stages || schedule_stage_rank(pl->plan.placement, pl->pp, stage) != pl->rank) {
+        ct_set_error("pipeline: stage %d does not run on pp rank %d", stage, pl->rank);
+        return -1;
+    }
+    return 0;
+}
+
+static ct_status fail(void) {
+    if (!ct_last_error()[0]) ct_set_error("pipeline stage failed");
+    return CT_ERR_INTERNAL;
+}
+
+/* ---- what the runner calls ---- */
+
+static ct_status cb_forward(void *p, int stage, int mb) {
+    pipeline *pl = p;
+    runtime *rt = pl->rt;
+    pp_ctx *c;
+    if (check_stage(pl, stage) || !(c = ctx_get(pl, mb))) return fail();
+    int u0 = pl->stage_u0[stage], u1 = pl->stage_u1[stage], bad = 0;
+    swap_ctx(rt, c);
+    rt_tensor *x = stage == 0 ? NULL : c->stage_in[stage] ? c->stage_in[stage] : rt->unit_out[u0 - 1];
+    if (stage > 0 && !x) {
+        ct_set_error("pipeline: stage %d has no input for microbatch %d", stage, mb);
+        bad = 1;
+    }
+    for (int u = u0; u <= u1 && !bad; u++) {
+        int first = !pl->fwd_hooked[u];
+        pl->fwd_hooked[u] = 1;
+        bad = (first && runtime_hook(rt, HOOK_PRE_FORWARD, u, 0)) || runtime_unit_fwd(rt, u, x, c->tok, c->tgt, 1, &x) ||
+              (first && runtime_hook(rt, HOOK_POST_FORWARD, u, 0));
+    }
+    if (!bad && stage == pl->n_stages - 1) {
+        float lf = 0;
+        if (x->t.ndim != 0 || rt->d->copy(rt->dev, &lf, x->t.data, sizeof lf, CT_COPY_D2H) != CT_OK) {
+            ct_set_error("model: the last unit must return a scalar loss when given targets");
+            bad = 1;
+        }
+        pl->loss_sum += lf;
+    }
+    swap_ctx(rt, c);
+    return bad ? fail() : CT_OK;
+}
+
+static ct_status cb_backward(void *p, int stage, int mb, int op) {
+    pipeline *pl = p;
+    runtime *rt = pl->rt;
+    if (check_stage(pl, stage) || mb < 0 || mb >= pl->n_mb || pl->mb_ctx[mb] < 0) {
+        if (!ct_last_error()[0]) ct_set_error("pipeline: backward of microbatch %d before its forward", mb);
+        return fail();
+    }
+    if (op != CT_PP_B && op != CT_PP_I && op != CT_PP_W) {
+        ct_set_error("pipeline: backward op %d", op);
+        return CT_ERR_INVALID;
+    }
+    pp_ctx *c = pl->ctx[pl->mb_ctx[mb]];
+    int u0 = pl->stage_u0[stage], u1 = pl->stage_u1[stage], bad = 0;
+    int halves = op == CT_PP_B ? TAPE_BOTH : op == CT_PP_I ? TAPE_INPUT : TAPE_WEIGHT;
+    swap_ctx(rt, c);
+    if (stage == pl->n_stages - 1 && op != CT_PP_W) { /* d(loss)/d(loss) = 1 / global valid tokens */
+        float *g = rt->unit_out[u1] ? tape_grad(rt, rt->unit_out[u1]) : NULL;
+        bad = !g || rt->d->copy(rt->dev, g, &pl->loss_scale, sizeof pl->loss_scale, CT_COPY_H2D) != CT_OK;
+    }
+    for (int u = u1; u >= u0 && !bad; u--) {
+        if (op != CT_PP_W && !pl->bwd_hooked[u]) {
+            pl->bwd_hooked[u] = 1;
+            bad = runtime_hook(rt, HOOK_PRE_BACKWARD, u, 0);
+        }
+        bad = bad || runtime_unit_bwd(rt, u, c->tok, c->tgt, halves);
+        if (!bad && op != CT_PP_I && ++pl->bwd_done[u] == pl->n_mb) bad = runtime_hook(rt, HOOK_POST_BACKWARD, u, pl->last);
+    }
+    swap_ctx(rt, c);
+    return bad ? fail() : CT_OK;
+}
+
+static ct_status cb_output(void *p, int stage, int mb, int kind, const float **data, int *ndim, int64_t *shape) {
+    pipeline *pl = p;
+    runtime *rt = pl->rt;
+    if (check_stage(pl, stage) || mb < 0 || mb >= pl->n_mb || pl->mb_ctx[mb] < 0) return fail();
+    pp_ctx *c = pl->ctx[pl->mb_ctx[mb]];
+    swap_ctx(rt, c);
+    rt_tensor *t = kind == CT_PP_ACTIVATION ? rt->unit_out[pl->stage_u1[stage]] : rt->unit_in[pl->stage_u0[stage]];
+    const float *d = !t ? NULL : kind == CT_PP_ACTIVATION ? t->t.data : tape_grad(rt, t);
+    swap_ctx(rt, c);
+    if (!d) {
+        ct_set_error("pipeline: stage %d has no %s for microbatch %d yet", stage,
+                     kind == CT_PP_ACTIVATION ? "output" : "input gradient", mb);
+        return fail();
+    }
+    *data = d;
+    *ndim = t->t.ndim;
+    memcpy(shape, t->t.shape, sizeof(int64_t) * (size_t)t->t.ndim);
+    return CT_OK;
+}
+
+static ct_status cb_input(void *p, int stage, int mb, int kind, int ndim, const int64_t *shape, float **data) {
+    pipeline *pl = p;
+    runtime *rt = pl->rt;
+    pp_ctx *c;
+    if (check_stage(pl, stage) || !(c = ctx_get(pl, mb))) return fail();
+    if (ndim < 0 || ndim > CT_MAX_DIMS) {
+        ct_set_error("pipeline: a boundary tensor of %d dims", ndim);
+        return CT_ERR_INVALID;
+    }
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] < 0 || shape[d] > ((int64_t)1 << 40)) {
+            ct_set_error("pipeline: a boundary tensor of bad shape");
+            return CT_ERR_INVALID;
+        }
+    swap_ctx(rt, c);
+    rt->act = &rt->saved;
+    float *out = NULL;
+    if (kind == CT_PP_ACTIVATION) {
+        rt_tensor *t = tape_new_activation(rt, CT_F32, ndim, shape);
+        if (t) {
+            c->stage_in[stage] = t;
+            out = t->t.data;
+        }
+    } else {
+        rt_tensor *t = rt->unit_out[pl->stage_u1[stage]];
+        if (t && t->t.ndim == ndim && !memcmp(t->t.shape, shape, sizeof(int64_t) * (size_t)ndim)) out = tape_grad(rt, t);
+        else ct_set_error("pipeline: the gradient for stage %d, microbatch %d has another shape than its output", stage, mb);
+    }
+    swap_ctx(rt, c);
+    if (!out) return fail();
+    *data = out;
+    return CT_OK;
+}
+
+static void cb_release(void *p, int stage, int mb) {
+    pipeline *pl = p;
+    (void)stage;
+    if (mb < 0 || mb >= pl->n_mb || pl->mb_ctx[mb] < 0) return;
+    if (--pl->stage_left[mb] > 0) return;
+    pl->ctx[pl->mb_ctx[mb]]->mb = -1; /* free for the next microbatch */
+    pl->mb_ctx[mb] = -1;
+}
+
+int pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T, float loss_scale,
+                  int last, double *loss_sum) {
+    runtime *rt = pl->rt;
+    if (B != pl->mb_size * pl->n_mb) {
+        ct_set_error("pipeline: a batch of %lld sequences, planned for %d microbatches of %lld", (long long)B, pl->n_mb,
+                     (long long)pl->mb_size);
+        return -1;
+    }
+    int nu = rt->desc.n_units;
+    pl->tokens = tokens;
+    pl->targets = targets;
+    pl->T = T;
+    pl->loss_scale = loss_scale;
+    pl->last = last;
+    pl->loss_sum = 0;
+    memset(pl->fwd_hooked, 0, sizeof(int) * (size_t)nu);
+    memset(pl->bwd_hooked, 0, sizeof(int) * (size_t)nu);
+    memset(pl->bwd_done, 0, sizeof(int) * (size_t)nu);
+    for (int m = 0; m < pl->n_mb; m++) {
+        pl->mb_ctx[m] = -1;
+        pl->stage_left[m] = pl->spr;
+    }
+    for (int i = 0; i < pl->n_ctx; i++) pl->ctx[i]->mb = -1;
+    if (runtime_reset_arenas(rt)) return -1; /* the runtime's own arenas: scratch for checkpointed units */
+    runtime_use_shadow(rt, 1);
+    ct_pipeline_host ph = {sizeof ph, pl, cb_forward, cb_backward, cb_output, cb_input, cb_release};
+    ct_pipeline_stats stats = {sizeof stats, 0, 0, 0};
+    ct_clear_error();
+    ct_status st = pl->api->run_step(pl->runner, &ph, &stats);
+    runtime_use_shadow(rt, 0);
+    if (st != CT_OK) {
+        if (!ct_last_error()[0]) ct_set_error("pipeline runner failed (status %d)", st);
+        if (st == CT_ERR_TIMEOUT) rt->dist_status = st;
+        return -1;
+    }
+    for (int u = 0; u < nu; u++)
+        if (pl->unit_rank[u] == pl->rank && pl->bwd_done[u] != pl->n_mb) {
+            ct_set_error("pipeline: unit %d finished %d of %d backwards this step", u, pl->bwd_done[u], pl->n_mb);
+            return -1;
+        }
+    if (runtime_hook(rt, HOOK_FINISH_BACKWARD, 0, 0)) return -1;
+    pl->busy_seconds += stats.busy_seconds;
+    pl->step_seconds += stats.step_seconds;
+    /* the loss lives on the last stage: every pp rank gets it */
+    double loss = pl->loss_sum;
+    ct_clear_error();
+    double t0 = ct_now();
+    st = rt->dist.capi->all_reduce(rt->dist.comm, rt->dist.mesh->group[CT_AXIS_PP], &loss, &loss, 1, CT_F64,
+                                   CT_REDUCE_SUM, NULL);
+    rt->comm_seconds += ct_now() - t0;
+    if (st != CT_OK) {
+        rt->dist_status = st;
+        return -1;
+    }
+    *loss_sum = loss;
+    return 0;
+}
+
+void pipeline_free(pipeline *pl) {
+    if (pl->runner) pl->api->destroy(pl->runner);
+    for (int i = 0; i < pl->n_ctx; i++) ctx_free(pl->ctx[i]);
+    free(pl->ctx);
+    schedule_plan_free(&pl->plan);
+    plugin_unload(pl->runp);
+    plugin_unload(pl->schedp);
+    free(pl->stage_u0);
+    free(pl->stage_u1);
+    free(pl->unit_rank);
+    free(pl->stage_left);
+    free(pl->mb_ctx);
+    free(pl->fwd_hooked);
+    free(pl->bwd_hooked);
+    free(pl->bwd_done);
+    memset(pl, 0, sizeof *pl);
+}

@@ -1,0 +1,55 @@
+/* pipeline.h: pipeline parallel on the host side. The model's units are split into stages over
+ * the pp axis (pipeline_parallel_* keys), a schedule plugin lists each rank's actions and a runner
+ * plugin (ctitan/pipeline.h) executes them; this file plans the split, lends the runner the calls
+ * that run one stage for one microbatch, and keeps each microbatch's activations until its last
+ * backward on this rank. */
+#ifndef CT_PIPELINE_H
+#define CT_PIPELINE_H
+
+#include "ctitan/pipeline.h"
+#include "config/manifest.h"
+#include "engine/runtime.h"
+#include "tools/schedule.h"
+
+typedef struct pp_ctx pp_ctx;
+
+typedef struct pipeline {
+    plugin *schedp, *runp;
+    const ct_pipeline_api *api;
+    void *runner;
+    sched_plan plan;
+    int pp, rank, n_stages, spr, n_mb;
+    int64_t mb_size;
+    int *stage_u0, *stage_u1; /* units [u0, u1] of each stage */
+    int *unit_rank;           /* the pp rank that runs each unit (runtime_dist.unit_rank) */
+    int *stage_left;          /* per microbatch: this rank's stages whose work is not finished */
+    pp_ctx **ctx;             /* microbatch contexts: activations, tape, gradients; reused */
+    int n_ctx;
+    int *mb_ctx;              /* microbatch -> context index, -1 none yet */
+    int peak_ctx;             /* the most contexts live at once (microbatches held) */
+    /* one call of pipeline_step */
+    runtime *rt;
+    const int32_t *tokens, *targets;
+    int64_t T;
+    float loss_scale;
+    int last;
+    double loss_sum;
+    int *fwd_hooked, *bwd_hooked, *bwd_done; /* per unit, per step */
+    /* measured over the timed steps */
+    double busy_seconds, step_seconds; /* summed over every pipeline_step */
+} pipeline;
+
+/* Plans the pipeline from the manifest (pp > 1): loads the schedule and checks it, splits the units
+ * into stages. Prints one clear line and returns EXIT_BAD_INPUT (2) for a bad setting; 0 on success. */
+int pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
+                  const char *(*unit_name)(void *, int), void *model);
+/* Creates the runner plugin once the runtime exists. 0, or an exit status after printing. */
+int pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, void *comm,
+                   const ct_mesh_info *mesh);
+/* One local batch (B sequences of T) through the pipeline: forward, backward and the strategies'
+ * hooks; *loss_sum gets the summed loss of the batch on every pp rank. */
+int pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T, float loss_scale,
+                  int last, double *loss_sum);
+void pipeline_free(pipeline *pl);
+
+#endif

@@ -1,0 +1,1123 @@
+/* runtime.c: parameters, initialisation, the forward/backward driver over units, activation
+ * checkpointing, and gradient utilities. */
+#include "engine/runtime.h"
+#include "host/util.h"
+
+#include "host/host.h"
+#include "engine/tape.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- counter-based RNG: value i of stream `key` does not depend on any other draw ---- */
+uint64_t rng_splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+uint64_t rng_hash_str(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+double rng_uniform(uint64_t key, uint64_t i) {
+    uint64_t r = rng_splitmix64(key ^ rng_splitmix64(i));
+    return ((double)(r >> 11) + 0.5) * (1.0 / 9007199254740992.0); /* (0, 1) */
+}
+
+double rng_normal(uint64_t key, uint64_t i) {
+    double u1 = rng_uniform(key, 2 * i), u2 = rng_uniform(key, 2 * i + 1);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* ---- parameters ---- */
+typedef struct decl {
+    int unit;
+    char *name;
+    int ndim;
+    int64_t shape[CT_MAX_DIMS];
+    ct_init init;
+    uint32_t flags;
+} decl;
+
+typedef struct registry_ctx {
+    runtime *rt;
+    decl *decls;
+    int n, cap;
+    int *index;        /* open addressing over decls by name hash: decl i + 1, 0 = empty */
+    size_t index_size; /* a power of two, at least twice n, so a lookup takes O(1) */
+    int failed;
+} registry_ctx;
+
+/* The slot of `name` in the index: where it is, or the empty slot where it would go. */
+static size_t reg_slot(const registry_ctx *c, const char *name) {
+    size_t mask = c->index_size - 1, i = (size_t)rng_hash_str(name) & mask;
+    while (c->index[i] && strcmp(c->decls[c->index[i] - 1].name, name)) i = (i + 1) & mask;
+    return i;
+}
+
+/* Room for one more declaration: the arrays grow by doubling, the index is rebuilt at half full. */
+static int reg_grow(registry_ctx *c) {
+    if (c->n == c->cap) {
+        if (c->cap > INT_MAX / 2) return -1;
+        int cap = c->cap ? 2 * c->cap : 64;
+        decl *grown = realloc(c->decls, sizeof(*grown) * (size_t)cap);
+        if (!grown) return -1;
+        c->decls = grown;
+        rt_tensor **ps = realloc(c->rt->params, sizeof(*ps) * (size_t)cap);
+        if (!ps) return -1;
+        c->rt->params = ps;
+        c->cap = cap;
+    }
+    if (2 * (size_t)(c->n + 1) <= c->index_size) return 0;
+    size_t size = c->index_size ? 2 * c->index_size : 128;
+    int *old = c->index;
+    if (!(c->index = calloc(size, sizeof *c->index))) {
+        c->index = old;
+        return -1;
+    }
+    c->index_size = size;
+    for (int i = 0; i < c->n; i++) c->index[reg_slot(c, c->decls[i].name)] = i + 1;
+    free(old);
+    return 0;
+}
+
+/* Elements of a declared shape: every dimension at least 1, and its bytes (f32) within int64. */
+static int64_t shape_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 1 || __builtin_mul_overflow(n, shape[i], &n)) return -1;
+    return n > INT64_MAX / (int64_t)sizeof(float) ? -1 : n;
+}
+
+static ct_tensor *reg_add(ct_param_registry *r, int unit, const char *name, int ndim, const int64_t *shape,
+                          const ct_init *init, uint32_t flags) {
+    registry_ctx *c = r->ctx;
+    if (!name || ndim < 1 || ndim > CT_MAX_DIMS || !init || unit < 0 || unit >= c->rt->desc.n_units) {
+        ct_set_error("declare_params: bad parameter '%s' (unit %d, %d dims)", name ? name : "?", unit, ndim);
+        c->failed = 1;
+        return NULL;
+    }
+    if (!shape || shape_numel(ndim, shape) < 0) {
+        ct_set_error("declare_params: parameter '%s' has a dimension below 1 or more than 2^61 elements", name);
+        c->failed = 1;
+        return NULL;
+    }
+    rt_tensor *t = NULL;
+    char *copy = NULL;
+    if (reg_grow(c) || !(t = calloc(1, sizeof *t)) || !(copy = strdup(name))) {
+        ct_set_error("declare_params: out of memory at parameter %d ('%s')", c->n, name);
+        goto fail;
+    }
+    size_t slot = reg_slot(c, name);
+    if (c->index[slot]) {
+        ct_set_error("declare_params: parameter '%s' declared twice", name);
+        goto fail;
+    }
+    c->index[slot] = c->n + 1;
+    decl *d = &c->decls[c->n++];
+    memset(d, 0, sizeof *d);
+    d->unit = unit;
+    d->name = copy;
+    d->ndim = ndim;
+    for (int i = 0; i < ndim; i++) d->shape[i] = shape[i];
+    d->init = *init;
+    d->flags = flags | CT_TENSOR_PARAM;
+    t->t.struct_size = sizeof t->t;
+    t->t.dtype = CT_F32;
+    t->t.ndim = ndim;
+    memcpy(t->t.shape, d->shape, sizeof d->shape);
+    t->t.name = d->name;
+    t->t.flags = d->flags;
+    t->param = c->n;
+    /* the runtime owns t from here, in declaration order */
+    c->rt->params[c->n - 1] = t;
+    c->rt->n_params = c->n;
+    return &t->t;
+fail:
+    free(copy);
+    free(t);
+    c->failed = 1;
+    return NULL;
+}
+
+int64_t runtime_global_index(const ct_param_slot *sl, int64_t k) {
+    if (!CT_HAS_FIELD(sl, ct_param_slot, global_shape) || sl->split_dim < 0 || sl->split_parts <= 1) return k;
+    const ct_tensor *p = sl->param;
+    int64_t inner = 1;
+    for (int d = sl->split_dim + 1; d < p->ndim; d++) inner *= p->shape[d];
+    int64_t local = p->shape[sl->split_dim], global = sl->global_shape[sl->split_dim];
+    int64_t r = k % inner, rest = k / inner, dd = rest % local, o = rest / local;
+    return (o * global + (int64_t)sl->split_index * local + dd) * inner + r;
+}
+
+const int64_t *runtime_global_shape(const runtime *rt, int i) { return rt->slots[i].global_shape; }
+
+int runtime_wrap_builder(runtime *rt, char *err, size_t errlen) {
+    for (int k = 0; k < rt->dist.n_st; k++) {
+        const ct_strategy_api *a = rt->dist.st[k];
+        if (CT_HAS_FIELD(a, ct_strategy_api, sequence_multiple) && a->sequence_multiple) {
+            int64_t m = a->sequence_multiple(rt->dist.strat[k]);
+            int64_t g = rt->seq_multiple, r = m; /* the least common multiple of every strategy's */
+            while (r > 0) {
+                int64_t t = g % r;
+                g = r;
+                r = t;
+            }
+            if (m > 1) rt->seq_multiple = rt->seq_multiple / g * m;
+        }
+        if (!CT_HAS_FIELD(a, ct_strategy_api, wrap_builder) || !a->wrap_builder) continue;
+        ct_builder *out = tape_layer_new(rt, rt->top);
+        if (!out || rt->n_layers >= RT_MAX_STRATEGIES) {
+            tape_layer_free(out);
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        rt->layers[rt->n_layers++] = out;
+        ct_clear_error();
+        if (a->wrap_builder(rt->dist.strat[k], rt->top, out) != CT_OK) {
+            snprintf(err, errlen, "strategy: wrap_builder failed: %s", ct_last_error()[0] ? ct_last_error() : "no message");
+            return -1;
+        }
+        rt->top = out;
+    }
+    return 0;
+}
+
+static int64_t global_numel(const ct_param_slot *sl) {
+    int64_t n = 1;
+    for (int d = 0; d < sl->param->ndim; d++) n *= sl->global_shape[d];
+    return n;
+}
+
+/* Elements [offset, offset + count) of the flattened parameter block; past its end, zeros (padding).
+ * Each value depends only on its index in the GLOBAL parameter, so every layout initialises alike. */
+static void init_values(const decl *d, const ct_param_slot *sl, uint64_t seed, float *out, int64_t offset,
+                        int64_t count) {
+    uint64_t key = rng_splitmix64(seed) ^ rng_hash_str(d->name);
+    const ct_init *in = &d->init;
+    int64_t n = global_numel(sl);
+    for (int64_t k = 0; k < count; k++) {
+        double v;
+        if (offset + k >= sl->numel) {
+            out[k] = 0.0f;
+            continue;
+        }
+        int64_t i = runtime_global_index(sl, offset + k);
+        switch (in->kind) {
+        case CT_INIT_CONSTANT: v = in->value; break;
+        case CT_INIT_UNIFORM: v = in->lo + (in->hi - in->lo) * rng_uniform(key, (uint64_t)i); break;
+        case CT_INIT_TRUNC_NORMAL: {
+            /* redraw outside [lo, hi]: draw j of element i is stream index i + j * n */
+            uint64_t j = 0;
+            do v = in->std * rng_normal(key, (uint64_t)i + j++ * (uint64_t)n);
+            while ((v < in->lo || v > in->hi) && j < 1000);
+            break;
+        }
+        default: v = in->std * rng_normal(key, (uint64_t)i); break;
+        }
+        out[k] = (float)v;
+    }
+}
+
+/* Placement: the strategies' (tensor parallel first, then data parallel), or everything local on one rank. */
+static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen) {
+    rt->slots = calloc((size_t)rt->n_params, sizeof(ct_param_slot));
+    rt->local = calloc((size_t)rt->n_params, sizeof(ct_tensor));
+    rt->storage_order = calloc((size_t)rt->n_params + 1, sizeof(int));
+    if (!rt->slots || !rt->local || !rt->storage_order) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < rt->n_params; i++) {
+        ct_param_slot *sl = &rt->slots[i];
+        sl->struct_size = sizeof *sl;
+        sl->param = &rt->params[i]->t;
+        sl->numel = ct_tensor_numel(sl->param);
+        sl->placement = CT_PLACE_REPLICATE;
+        sl->local_numel = sl->numel;
+        sl->split_axis = -1;
+        sl->split_dim = -1;
+        sl->split_parts = 1;
+        memcpy(sl->global_shape, sl->param->shape, sizeof sl->global_shape);
+        sl->unit = decls[i].unit;
+        if (rt->dist.unit_rank && rt->dist.unit_rank[sl->unit] != rt->dist.mesh->coord[CT_AXIS_PP]) {
+            sl->placement = CT_PLACE_NONE; /* another pipeline stage's: no storage here */
+            sl->local_numel = 0;
+        }
+    }
+    for (int k = 0; k < rt->dist.n_st; k++) {
+        ct_clear_error();
+        if (rt->dist.st[k]->place(rt->dist.strat[k], rt->slots, rt->n_params) != CT_OK) {
+            snprintf(err, errlen, "strategy place failed: %s", ct_last_error());
+            return -1;
+        }
+    }
+    for (int i = 0; i < rt->n_params; i++) {
+        const ct_param_slot *sl = &rt->slots[i];
+        const ct_tensor *p = sl->param;
+        int64_t split;
+        int split_ok = sl->split_dim < 0 ? sl->split_parts == 1 && !memcmp(sl->global_shape, p->shape, sizeof sl->global_shape)
+                                   : sl->split_dim < p->ndim && sl->split_parts > 1 && sl->split_axis >= 0 &&
+                                         sl->split_axis < CT_MESH_NAXES && rt->dist.mesh &&
+                                         rt->dist.mesh->degree[sl->split_axis] == sl->split_parts && sl->split_index >= 0 &&
+                                         sl->split_index < sl->split_parts &&
+                                         !__builtin_mul_overflow(p->shape[sl->split_dim], sl->split_parts, &split) &&
+                                         split == sl->global_shape[sl->split_dim];
+        /* sizes the runtime computes later (bytes of the whole tensor, of a gathered shard) fit */
+        int sharded = sl->placement == CT_PLACE_SHARD;
+        if (sharded && (!rt->dist.mesh || sl->shard_axis < 0 || sl->shard_axis >= CT_MESH_NAXES)) split_ok = 0;
+        int64_t gathered, parts = split_ok && sharded ? rt->dist.mesh->degree[sl->shard_axis] : 1;
+        split_ok = split_ok && shape_numel(p->ndim, sl->global_shape) >= 0 &&
+                !__builtin_mul_overflow(sl->local_numel, parts * (int64_t)sizeof(float), &gathered);
+        if (!split_ok || sl->numel != ct_tensor_numel(p) || sl->local_numel < 0 || sl->offset < 0 ||
+            (sl->placement == CT_PLACE_REPLICATE && sl->local_numel != sl->numel) ||
+            (sl->placement == CT_PLACE_NONE && sl->local_numel != 0)) {
+            snprintf(err, errlen, "strategy placed %s badly (local %lld at %lld of %lld, dim %d in %d parts)",
+                     p->name, (long long)sl->local_numel, (long long)sl->offset, (long long)sl->numel, sl->split_dim,
+                     sl->split_parts);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void bytes_str(char *buf, size_t len, int64_t bytes) {
+    if (bytes >= (int64_t)1 << 30) snprintf(buf, len, "%.2f GiB", (double)bytes / (1 << 30));
+    else snprintf(buf, len, "%.1f MiB", (double)bytes / (1 << 20));
+}
+
+/* Parameters and gradients (2 x param_bytes) must fit before they are allocated: a model too large
+ * for the device's memory, or for what the address-space limit (ulimit -v) leaves, fails here with
+ * one line instead of in an allocation, or, under overcommit, at the first touch of a page. */
+static int params_fit(runtime *rt, char *err, size_t errlen) {
+    int64_t need, limit, left = ct_address_space_left(&limit);
+    if (rt->param_bytes > INT64_MAX / 2) need = INT64_MAX;
+    else need = 2 * (int64_t)rt->param_bytes;
+    ct_device_info info = {sizeof info, NULL, 0, 0};
+    int64_t mem = rt->d->info && rt->d->info(rt->dev, &info) == CT_OK ? info.memory_bytes : 0;
+    char a[32], b[32], what[160];
+    bytes_str(a, sizeof a, need);
+    if (mem > 0 && need > mem) {
+        bytes_str(b, sizeof b, mem);
+        snprintf(what, sizeof what, "the device's memory (%s: %s)", info.name ? info.name : "device", b);
+    } else if (left >= 0 && need > left) {
+        bytes_str(b, sizeof b, left);
+        snprintf(what, sizeof what, "what the address-space limit leaves (ulimit -v %lld KiB: %s)",
+                 (long long)(limit >> 10), b);
+    } else {
+        return 0;
+    }
+    double n = (double)rt->n_param_elems;
+    snprintf(err, errlen, "model: %.2f%s parameters need %s on this rank for parameters and gradients (4 bytes each), "
+             "more than %s: a smaller model or more ranks", n >= 1e9 ? n / 1e9 : n / 1e6, n >= 1e9 ? "B" : "M", a, what);
+    return -1;
+}
+
+int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_api *m, void *model, uint64_t seed,
+                 const runtime_dist *dist, char *err, size_t errlen) {
+    memset(rt, 0, sizeof *rt);
+    rt->d = d;
+    rt->dev = dev;
+    rt->m = m;
+    rt->model = model;
+    rt->seed = seed;
+    if (dist) rt->dist = *dist;
+    rt->desc.struct_size = sizeof rt->desc;
+    ct_clear_error();
+    if (m->describe(model, &rt->desc) != CT_OK) {
+        snprintf(err, errlen, "model describe failed: %s", ct_last_error());
+        return -1;
+    }
+    if (rt->desc.n_units < 2) {
+        snprintf(err, errlen, "model has %d units; need at least an embedding and a head", rt->desc.n_units);
+        return -1;
+    }
+    registry_ctx rc = {.rt = rt};
+    ct_param_registry reg = {sizeof reg, &rc, reg_add};
+    ct_status st = m->declare_params(model, &reg);
+    free(rc.index);
+    if (st != CT_OK || rc.failed) { /* the pack is at fault, or its options: bad input */
+        snprintf(err, errlen, "model declare_params failed: %s", ct_last_error());
+        for (int i = 0; i < rc.n; i++) free(rc.decls[i].name);
+        for (int i = 0; i < rt->n_params; i++) rt->params[i]->t.name = NULL;
+        free(rc.decls);
+        runtime_free(rt);
+        return -2;
+    }
+    for (int i = 0; i < rc.n; i++) rt->params[i]->t.name = rc.decls[i].name; /* the tensors own the names now */
+    if (place_params(rt, rc.decls, err, errlen)) goto fail_owned;
+    /* this rank's storage: one allocation for its parameters, one for their gradients */
+    size_t total = 0, max_n = 0;
+    for (int i = 0; i < rc.n; i++) {
+        size_t n = (size_t)rt->slots[i].local_numel; /* bounded by place_params */
+        if (__builtin_add_overflow(total, align64(n * sizeof(float)), &total) ||
+            __builtin_add_overflow(rt->n_param_elems, global_numel(&rt->slots[i]), &rt->n_param_elems)) {
+            snprintf(err, errlen, "model: the parameters' sizes add up past 2^63 bytes");
+            goto fail_owned;
+        }
+        if (n > max_n) max_n = n;
+    }
+    rt->param_bytes = total ? total : 64;
+    if (params_fit(rt, err, errlen)) {
+        free(rc.decls);
+        runtime_free(rt);
+        return -2;
+    }
+    if (d->alloc(dev, rt->param_bytes, (void **)&rt->param_mem) != CT_OK ||
+        d->alloc(dev, rt->param_bytes, (void **)&rt->grad_mem) != CT_OK ||
+        d->zero(dev, rt->param_mem, rt->param_bytes) != CT_OK) { /* the padding between tensors stays 0 */
+        snprintf(err, errlen, "cannot allocate %zu bytes for parameters and gradients", 2 * rt->param_bytes);
+        if (rt->param_mem) d->free(dev, rt->param_mem);
+        if (rt->grad_mem) d->free(dev, rt->grad_mem);
+        rt->param_mem = rt->grad_mem = NULL; /* not yet counted: runtime_free must not uncount them */
+        goto fail_owned;
+    }
+    mem_account(CT_MEM_PARAMS, (int64_t)rt->param_bytes);
+    mem_account(CT_MEM_GRADS, (int64_t)rt->param_bytes);
+    float *host = malloc((max_n ? max_n : 1) * sizeof(float));
+    if (!host) {
+        snprintf(err, errlen, "out of memory");
+        goto fail_owned;
+    }
+    /* storage order: the weight-decayed tensors first, then the rest (norms), so an elementwise
+     * optimizer updates each group in one call (session_train_step); every tensor 64-byte aligned */
+    size_t off = 0;
+    int placed = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < rc.n; i++) {
+            if (!(rt->params[i]->t.flags & CT_TENSOR_NO_DECAY) != !pass) continue;
+            rt->storage_order[placed++] = i;
+            rt->slots[i].local_data = (float *)(rt->param_mem + off);
+            rt->slots[i].local_grad = (float *)(rt->grad_mem + off);
+            off += align64((size_t)rt->slots[i].local_numel * sizeof(float));
+        }
+    for (int i = 0; i < rc.n; i++) {
+        ct_param_slot *sl = &rt->slots[i];
+        rt_tensor *t = rt->params[i];
+        rt->local[i] = (ct_tensor){.struct_size = sizeof(ct_tensor), .dtype = CT_F32, .ndim = 1,
+                                   .shape = {sl->local_numel}, .data = sl->local_data, .grad = sl->local_grad,
+                                   .name = t->t.name, .flags = t->t.flags};
+        if (!rt->dist.n_st) { /* one rank: the model computes on the storage itself */
+            t->t.data = sl->local_data;
+            t->t.grad = sl->local_grad;
+        }
+        init_values(&rc.decls[i], sl, seed, host, sl->offset, sl->local_numel);
+        if (d->copy(dev, sl->local_data, host, (size_t)sl->local_numel * sizeof(float), CT_COPY_H2D) != CT_OK) {
+            free(host);
+            snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
+            goto fail_owned;
+        }
+    }
+    free(host);
+    free(rc.decls);
+    rc.decls = NULL;
+    if (runtime_zero_grads(rt)) {
+        snprintf(err, errlen, "cannot zero gradients: %s", ct_last_error());
+        return -1;
+    }
+    for (int k = 0; k < rt->dist.n_st; k++) {
+        ct_clear_error();
+        if (rt->dist.st[k]->setup(rt->dist.strat[k], rt->slots, rt->n_params, rt->desc.n_units) != CT_OK) {
+            snprintf(err, errlen, "strategy setup failed: %s", ct_last_error());
+            return -1;
+        }
+    }
+    pool_init(&rt->opscratch, d, dev, CT_MEM_ACTIVATIONS);
+    pool_init(&rt->saved.data, d, dev, CT_MEM_ACTIVATIONS);
+    pool_init(&rt->saved.desc, NULL, NULL, CT_MEM_OTHER);
+    pool_init(&rt->scratch.data, d, dev, CT_MEM_ACTIVATIONS);
+    pool_init(&rt->scratch.desc, NULL, NULL, CT_MEM_OTHER);
+    pool_init(&rt->grads.data, d, dev, CT_MEM_ACTIVATIONS);
+    pool_init(&rt->grads.desc, NULL, NULL, CT_MEM_OTHER);
+    int nu = rt->desc.n_units;
+    rt->ac = calloc((size_t)nu, sizeof(int));
+    rt->unit_in = calloc((size_t)nu, sizeof(rt_tensor *));
+    rt->unit_out = calloc((size_t)nu, sizeof(rt_tensor *));
+    rt->unit_tape = calloc((size_t)nu, sizeof(tape_entry *));
+    if (!rt->ac || !rt->unit_in || !rt->unit_out || !rt->unit_tape) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    tape_builder_init(rt);
+    rt->seq_multiple = 1;
+    return 0;
+fail_owned: /* names belong to the tensors; runtime_free releases them */
+    free(rc.decls);
+    runtime_free(rt);
+    return -1;
+}
+
+static void graph_drop(runtime *rt);
+
+void runtime_free(runtime *rt) {
+    if (!rt->d) return;
+    graph_drop(rt);
+    for (int i = 0; i < rt->n_params; i++) {
+        free((char *)rt->params[i]->t.name);
+        free(rt->params[i]);
+    }
+    free(rt->params);
+    free(rt->slots);
+    free(rt->local);
+    free(rt->storage_order);
+    if (rt->param_mem) {
+        rt->d->free(rt->dev, rt->param_mem);
+        mem_account(CT_MEM_PARAMS, -(int64_t)rt->param_bytes);
+    }
+    if (rt->grad_mem) {
+        rt->d->free(rt->dev, rt->grad_mem);
+        mem_account(CT_MEM_GRADS, -(int64_t)rt->param_bytes);
+    }
+    if (rt->bf16_shadow) {
+        rt->d->free(rt->dev, rt->bf16_shadow);
+        mem_account(CT_MEM_PARAMS, -(int64_t)rt->param_bytes);
+    }
+    free(rt->master_data);
+    for (int i = 0; i < rt->n_layers; i++) tape_layer_free(rt->layers[i]);
+    pool_destroy(&rt->opscratch);
+    pool_destroy(&rt->saved.data);
+    pool_destroy(&rt->saved.desc);
+    pool_destroy(&rt->scratch.data);
+    pool_destroy(&rt->scratch.desc);
+    pool_destroy(&rt->grads.data);
+    pool_destroy(&rt->grads.desc);
+    free(rt->ac);
+    free(rt->unit_in);
+    free(rt->unit_out);
+    free(rt->unit_tape);
+    memset(rt, 0, sizeof *rt);
+}
+
+int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err, size_t errlen) {
+    int nu = rt->desc.n_units;
+    memset(rt->ac, 0, sizeof(int) * (size_t)nu);
+    if (strcmp(mode, "none") == 0) return 0;
+    if (strcmp(mode, "full") == 0) {
+        for (int u = 1; u < nu - 1; u++) rt->ac[u] = RT_AC_FULL; /* every block; embedding and head stay */
+        return 0;
+    }
+    if (strcmp(mode, "selective") == 0) {
+        int64_t every;
+        if (strcmp(option, "op") == 0) { /* torchtitan's per-op SAC: every block, the costly outputs kept */
+            for (int u = 1; u < nu - 1; u++) rt->ac[u] = RT_AC_OP;
+            return 0;
+        }
+        if (mf_parse_int(option, &every) || every < 1) {
+            snprintf(err, errlen, "expected 'op' (per-op policy) or a positive integer N (every Nth block), got '%s'",
+                     option);
+            return -2;
+        }
+        /* torchtitan's layer SAC: the k-th block (1-based) is checkpointed when k % N == 0 */
+        for (int u = 1; u < nu - 1; u++) rt->ac[u] = (u % every) == 0 ? RT_AC_FULL : RT_AC_NONE;
+        return 0;
+    }
+    snprintf(err, errlen, "expected none, full or selective, got '%s'", mode);
+    return -1;
+}
+
+/* bf16 parameter copies for compute, for replicated parameters (a sharding strategy rounds what
+ * it gathers instead, told by ct_strategy_env.bf16_compute). */
+int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
+    if (rt->d->alloc(rt->dev, rt->param_bytes, (void **)&rt->bf16_shadow) != CT_OK) {
+        snprintf(err, errlen, "cannot allocate the bf16 parameter copies");
+        return -1;
+    }
+    mem_account(CT_MEM_PARAMS, (int64_t)rt->param_bytes);
+    rt->master_data = calloc((size_t)rt->n_params, sizeof(void *));
+    if (!rt->master_data) return -1;
+    for (int i = 0; i < rt->n_params; i++) rt->master_data[i] = rt->slots[i].local_data;
+    return 0;
+}
+
+static float *shadow_of(runtime *rt, int i) {
+    return (float *)((char *)rt->bf16_shadow + ((char *)rt->slots[i].local_data - rt->param_mem));
+}
+
+int runtime_begin_step(runtime *rt) {
+    if (!rt->bf16_shadow) return 0;
+    for (int i = 0; i < rt->n_params; i++) {
+        const ct_param_slot *sl = &rt->slots[i];
+        if (sl->placement != CT_PLACE_REPLICATE) continue;
+        float *dst = shadow_of(rt, i);
+        if (rt->d->copy(rt->dev, dst, sl->local_data, (size_t)sl->numel * sizeof(float), CT_COPY_D2D) != CT_OK ||
+            rt->d->round_bf16(rt->dev, dst, sl->numel) != CT_OK)
+            return -1;
+    }
+    return 0;
+}
+
+/* Points replicated parameters at their bf16 copies (forward and backward) or back at the masters. */
+void runtime_use_shadow(runtime *rt, int on) {
+    if (!rt->bf16_shadow) return;
+    for (int i = 0; i < rt->n_params; i++)
+        if (rt->slots[i].placement == CT_PLACE_REPLICATE)
+            rt->params[i]->t.data = on ? shadow_of(rt, i) : rt->slots[i].local_data;
+}
+
+/* ---- forward / backward over units ---- */
+rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T) {
+    int64_t shape[2] = {B, T};
+    rt_tensor *t = tape_new_activation(rt, CT_I32, 2, shape);
+    if (!t) return NULL;
+    if (rt->d->copy(rt->dev, t->t.data, ids, sizeof(int32_t) * (size_t)(B * T), CT_COPY_H2D) != CT_OK) return NULL;
+    return t;
+}
+
+int runtime_reset_arenas(runtime *rt) {
+    int bad = pool_reset(&rt->opscratch) | pool_reset(&rt->saved.data) | pool_reset(&rt->saved.desc) | pool_reset(&rt->scratch.data) |
+              pool_reset(&rt->scratch.desc) | pool_reset(&rt->grads.data) | pool_reset(&rt->grads.desc);
+    return bad ? -1 : 0;
+}
+
+static void note_act_peak(runtime *rt) {
+    int64_t live = (int64_t)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
+    if (live > rt->peak_act_bytes) rt->peak_act_bytes = live;
+}
+
+/* Runs a hook of every strategy, in order (finish_backward in reverse); the time spent in them
+ * (gathers, waits, reductions) counts as communication. */
+int runtime_hook(runtime *rt, rt_hook which, int unit, int last) {
+    static const char *names[] = {"pre_forward", "post_forward", "pre_backward", "post_backward", "finish_backward"};
+    for (int j = 0; j < rt->dist.n_st; j++) {
+        int k = which == HOOK_FINISH_BACKWARD ? rt->dist.n_st - 1 - j : j;
+        const ct_strategy_api *a = rt->dist.st[k];
+        void *s = rt->dist.strat[k];
+        ct_clear_error();
+        double t0 = ct_now();
+        ct_status st = which == HOOK_PRE_FORWARD     ? a->pre_forward(s, unit)
+                       : which == HOOK_POST_FORWARD  ? a->post_forward(s, unit)
+                       : which == HOOK_PRE_BACKWARD  ? a->pre_backward(s, unit)
+                       : which == HOOK_POST_BACKWARD ? a->post_backward(s, unit, last)
+                                                     : a->finish_backward(s);
+        rt->comm_seconds += ct_now() - t0;
+        if (st != CT_OK) {
+            if (!ct_last_error()[0]) ct_set_error("strategy %s failed (status %d)", names[which], st);
+            rt->dist_status = st;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, rt_tensor **out) {
+    ct_tensor *o = NULL;
+    ct_clear_error();
+    trace_begin(rt->m->unit_name ? rt->m->unit_name(rt->model, u) : "unit");
+    rt->memo_pass++; /* strategies' notes on activations hold within one pass over a unit */
+    ct_status st = rt->m->unit_forward(rt->model, u, rt->top, x ? &x->t : NULL, &tokens->t,
+                                       targets ? &targets->t : NULL, &o);
+    trace_end(rt->m->unit_name ? rt->m->unit_name(rt->model, u) : "unit");
+    if (st != CT_OK || !o) {
+        if (!ct_last_error()[0]) ct_set_error("model unit %d forward failed (status %d)", u, st);
+        return -1;
+    }
+    *out = (rt_tensor *)o;
+    note_act_peak(rt);
+    return 0;
+}
+
+/* Forward of unit u from x (NULL for unit 0), no hooks; a checkpointed unit keeps only its output. */
+int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, int record,
+                     rt_tensor **out) {
+    rt_tensor *tg = u == rt->desc.n_units - 1 ? targets : NULL;
+    rt->unit_in[u] = x;
+    rt->tail = NULL;
+    if (record && rt->ac[u]) {
+        pool_mark md = pool_get_mark(&rt->scratch.data), mh = pool_get_mark(&rt->scratch.desc);
+        rt->recording = 0;
+        rt->act = &rt->scratch;
+        rt->sac_phase = rt->ac[u] == RT_AC_OP ? RT_SAC_SAVE : RT_SAC_OFF; /* the kept outputs go to saved */
+        rt->sac_mm = 0;
+        rt->sac_head = rt->sac_tail = NULL;
+        rt_tensor *o;
+        int bad = unit_forward(rt, u, x, tokens, tg, &o);
+        rt->sac_phase = RT_SAC_OFF;
+        if (bad) return -1;
+        rt->act = &rt->saved;
+        rt_tensor *keep = tape_new_activation(rt, o->t.dtype, o->t.ndim, o->t.shape);
+        if (keep) keep->sac_next = rt->sac_head; /* the recompute finds the saved outputs here */
+        if (!keep || rt->d->copy(rt->dev, keep->t.data, o->t.data,
+                                 (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype), CT_COPY_D2D))
+            return -1;
+        pool_release(&rt->scratch.data, md);
+        pool_release(&rt->scratch.desc, mh);
+        x = keep;
+    } else {
+        rt->recording = record;
+        rt->act = &rt->saved;
+        if (unit_forward(rt, u, x, tokens, tg, &x)) return -1;
+    }
+    rt->recording = 0;
+    rt->unit_tape[u] = rt->tail;
+    rt->unit_out[u] = x;
+    *out = x;
+    return 0;
+}
+
+/* Backward halves of unit u, no hooks. TAPE_BOTH frees the unit's activation gradients after it;
+ * TAPE_INPUT keeps them (and a checkpointed unit's recomputed activations, in the saved arena) for
+ * the TAPE_WEIGHT half that follows later (zero-bubble pipeline schedules). */
+int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, int halves) {
+    int nu = rt->desc.n_units;
+    rt_tensor *in = rt->unit_in[u];
+    if (in && !tape_grad(rt, in)) return -1; /* the boundary gradient outlives the unit */
+    pool_mark gd = pool_get_mark(&rt->grads.data);
+    pool_mark sd = pool_get_mark(&rt->scratch.data), sh = pool_get_mark(&rt->scratch.desc);
+    tape_entry *tail = rt->unit_tape[u];
+    if (rt->ac[u] && halves != TAPE_WEIGHT) { /* recompute the unit, recording */
+        rt->recording = 1;
+        rt->act = halves == TAPE_BOTH ? &rt->scratch : &rt->saved;
+        rt->tail = NULL;
+        rt->sac_phase = rt->ac[u] == RT_AC_OP ? RT_SAC_REUSE : RT_SAC_OFF;
+        rt->sac_mm = 0;
+        rt->sac_head = rt->unit_out[u]->sac_next;
+        rt_tensor *o;
+        int bad = unit_forward(rt, u, in, tokens, u == nu - 1 ? targets : NULL, &o);
+        if (!bad && rt->sac_phase == RT_SAC_REUSE && rt->sac_head) {
+            ct_set_error("per-op checkpointing: unit %d's recompute used fewer saved outputs than its forward made", u);
+            bad = 1;
+        }
+        rt->sac_phase = RT_SAC_OFF;
+        if (bad) return -1;
+        rt->recording = 0;
+        rt->act = &rt->saved;
+        rt_tensor *owner = o->base ? o->base : o;
+        owner->t.grad = rt->unit_out[u]->t.grad;
+        tail = rt->tail;
+        if (halves == TAPE_INPUT) rt->unit_tape[u] = tail; /* the weight half replays the recomputed ops */
+    }
+    trace_begin(halves == TAPE_BOTH ? "backward" : halves == TAPE_INPUT ? "backward_input" : "backward_weight");
+    int bad = tape_backward(rt, tail, halves);
+    trace_end(halves == TAPE_BOTH ? "backward" : halves == TAPE_INPUT ? "backward_input" : "backward_weight");
+    if (bad) return -1;
+    note_act_peak(rt);
+    if (halves == TAPE_BOTH) {
+        pool_release(&rt->grads.data, gd);
+        pool_release(&rt->scratch.data, sd);
+        pool_release(&rt->scratch.desc, sh);
+    }
+    return 0;
+}
+
+/* Forward of every unit with the strategies' hooks around each. */
+static int forward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int record, rt_tensor **last) {
+    rt_tensor *x = NULL;
+    for (int u = 0; u < rt->desc.n_units; u++) {
+        if (runtime_hook(rt, HOOK_PRE_FORWARD, u, 0)) return -1;
+        if (runtime_unit_fwd(rt, u, x, tokens, targets, record, &x)) return -1;
+        if (runtime_hook(rt, HOOK_POST_FORWARD, u, 0)) return -1;
+    }
+    *last = x;
+    return 0;
+}
+
+static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int last_microbatch) {
+    for (int u = rt->desc.n_units - 1; u >= 0; u--) {
+        if (runtime_hook(rt, HOOK_PRE_BACKWARD, u, 0)) return -1;
+        if (runtime_unit_bwd(rt, u, tokens, targets, TAPE_BOTH)) return -1;
+        if (runtime_hook(rt, HOOK_POST_BACKWARD, u, last_microbatch)) return -1;
+    }
+    return runtime_hook(rt, HOOK_FINISH_BACKWARD, 0, 0);
+}
+
+/* Uploads a microbatch into the freshly reset arenas: ids, targets, then the loss scale, which the
+ * backward copies into the loss's gradient on the device (so a replayed graph reads this step's).
+ * The arenas are bump allocators, so the same shapes land at the same addresses every time. */
+static int upload_microbatch(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                             float loss_scale, rt_tensor *io[3]) {
+    if (runtime_reset_arenas(rt)) return -1;
+    rt->act = &rt->saved;
+    io[0] = runtime_upload_ids(rt, tokens, B, T);
+    io[1] = io[0] ? runtime_upload_ids(rt, targets, B, T) : NULL;
+    io[2] = io[1] ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;
+    return io[2] && rt->d->copy(rt->dev, io[2]->t.data, &loss_scale, sizeof loss_scale, CT_COPY_H2D) == CT_OK ? 0 : -1;
+}
+
+/* Forward and backward of the uploaded microbatch, with no host synchronisation when the device has
+ * ABI 1.5's loss ops (so it can run inside a capture); *loss: the scalar loss on the device. */
+static int microbatch(runtime *rt, rt_tensor *io[3], int last_microbatch, rt_tensor **loss) {
+    runtime_use_shadow(rt, 1);
+    *loss = NULL;
+    int bad = forward_units(rt, io[0], io[1], 1, loss);
+    if (!bad && ((*loss)->t.ndim != 0 || (*loss)->t.dtype != CT_F32)) {
+        ct_set_error("model: the last unit must return a scalar loss when given targets");
+        bad = 1;
+    }
+    if (!bad) {
+        float *g = tape_grad(rt, *loss);
+        bad = !g || rt->d->copy(rt->dev, g, io[2]->t.data, sizeof(float), CT_COPY_D2D) != CT_OK;
+    }
+    /* backward runs with the same (bf16-rounded) weights as forward; gradients land in the f32
+     * master gradients, which the parameters point at whatever their data pointer */
+    if (!bad) bad = backward_units(rt, io[0], io[1], last_microbatch);
+    runtime_use_shadow(rt, 0);
+    return bad ? -1 : 0;
+}
+
+static void graph_drop(runtime *rt) {
+    if (rt->graph.graph) rt->d->graph_free(rt->dev, rt->graph.graph);
+    rt->graph.graph = NULL;
+}
+
+/* The device addresses a graph depends on: the uploads, the loss, and the arena chunks under them
+ * (after a reset each arena is one chunk; one that grew since gets a new chunk). */
+static void graph_addresses(runtime *rt, rt_tensor *io[3], const rt_tensor *loss, void *at[4], char *base[3]) {
+    for (int i = 0; i < 3; i++) at[i] = io[i]->t.data;
+    at[3] = loss ? loss->t.data : NULL;
+    const pool *p[3] = {&rt->saved.data, &rt->scratch.data, &rt->grads.data};
+    for (int i = 0; i < 3; i++) base[i] = p[i]->n_chunks == 1 ? p[i]->chunks[0].base : NULL;
+}
+
+/* Captures the uploaded microbatch; on success the graph has not run yet. On failure the capture
+ * is given up for good (graph.why) and the caller runs the microbatch eagerly. */
+static int graph_capture(runtime *rt, rt_tensor *io[3], int last_microbatch) {
+    runtime_graph *g = &rt->graph;
+    rt_tensor *loss = NULL;
+    ct_clear_error();
+    int bad = rt->d->graph_begin(rt->dev) != CT_OK;
+    if (!bad) {
+        bad = microbatch(rt, io, last_microbatch, &loss) != 0;
+        char failed[sizeof g->why];
+        snprintf(failed, sizeof failed, "%s", ct_last_error());
+        ct_status st = rt->d->graph_end(rt->dev, &g->graph, &g->ops);
+        if (st != CT_OK || !g->graph) bad = 1;
+        else if (bad) graph_drop(rt);
+        if (bad && failed[0]) ct_set_error("%s", failed); /* the op that failed, not the end of capture */
+    }
+    if (bad) {
+        g->failed = 1;
+        snprintf(g->why, sizeof g->why, "%s", ct_last_error()[0] ? ct_last_error() : "the device refused");
+        ct_clear_error();
+        return -1;
+    }
+    void *at[4];
+    char *base[3];
+    graph_addresses(rt, io, loss, at, base);
+    memcpy(g->at, at, sizeof at);
+    memcpy(g->arena_base, base, sizeof base);
+    g->captures++;
+    return 0;
+}
+
+int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                             float loss_scale, int last_microbatch, double *loss_sum) {
+    runtime_graph *g = &rt->graph;
+    rt_tensor *io[3], *loss = NULL;
+    if (upload_microbatch(rt, tokens, targets, B, T, loss_scale, io)) return -1;
+    if (B != g->B || T != g->T) { /* a new shape: eager until its arenas are steady */
+        graph_drop(rt);
+        g->B = B;
+        g->T = T;
+        g->eager_runs = 0;
+    }
+    if (g->graph) { /* the graph's addresses must still be these: else capture again */
+        void *at[4];
+        char *base[3];
+        graph_addresses(rt, io, NULL, at, base);
+        if (memcmp(at, g->at, 3 * sizeof at[0]) || memcmp(base, g->arena_base, sizeof base)) {
+            graph_drop(rt);
+            g->eager_runs = 0;
+        }
+    }
+    if (!g->graph && g->enabled && !g->failed && g->eager_runs >= 2 && graph_capture(rt, io, last_microbatch) != 0) {
+        /* the failed capture ran nothing: the microbatch runs eagerly after all, from fresh arenas */
+        if (upload_microbatch(rt, tokens, targets, B, T, loss_scale, io)) return -1;
+    }
+    const float *loss_at;
+    if (g->graph) {
+        ct_clear_error();
+        if (rt->d->graph_launch(rt->dev, g->graph) != CT_OK) return -1;
+        g->launches++;
+        loss_at = g->at[3];
+    } else {
+        if (microbatch(rt, io, last_microbatch, &loss)) return -1;
+        g->eager_runs++;
+        loss_at = loss->t.data;
+    }
+    float lf = 0;
+    if (rt->d->copy(rt->dev, &lf, loss_at, sizeof lf, CT_COPY_D2H) != CT_OK) return -1;
+    *loss_sum = lf;
+    return 0;
+}
+
+/* Forward without the pipeline runner (one sequence to sample from): each stage's units run on the
+ * pp rank that holds them, and its output is broadcast over the pp group to every rank, so the next
+ * stage's rank has its input and at the end every rank has the (gathered) logits. */
+static int forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor **last) {
+    const ct_mesh_info *mesh = rt->dist.mesh;
+    int nu = rt->desc.n_units, me = mesh->coord[CT_AXIS_PP];
+    rt_tensor *x = NULL;
+    for (int u = 0; u < nu;) {
+        int owner = rt->dist.unit_rank[u], u1 = u;
+        while (u1 + 1 < nu && rt->dist.unit_rank[u1 + 1] == owner) u1++;
+        double meta[3 + CT_MAX_DIMS] = {0}; /* ndim, (unused), shape..., a failure on the owner */
+        if (owner == me) {
+            int bad = 0;
+            for (int k = u; k <= u1 && !bad; k++)
+                bad = runtime_hook(rt, HOOK_PRE_FORWARD, k, 0) || runtime_unit_fwd(rt, k, x, tokens, NULL, 0, &x) ||
+                      runtime_hook(rt, HOOK_POST_FORWARD, k, 0);
+            if (!bad && u1 == nu - 1) bad = !(x = (rt_tensor *)rt->top->finish_output(rt->top, &x->t));
+            meta[2 + CT_MAX_DIMS] = bad;
+            if (!bad) {
+                meta[0] = x->t.ndim;
+                for (int d = 0; d < x->t.ndim; d++) meta[2 + d] = (double)x->t.shape[d];
+            }
+        }
+        ct_clear_error();
+        if (rt->dist.capi->broadcast(rt->dist.comm, mesh->group[CT_AXIS_PP], meta, 3 + CT_MAX_DIMS, CT_F64, owner,
+                                     NULL) != CT_OK)
+            return -1;
+        if (meta[2 + CT_MAX_DIMS] != 0) { /* every rank stops, the owner with its own error */
+            if (owner != me) ct_set_error("pipeline stage on pp rank %d failed in forward", owner);
+            return -1;
+        }
+        if (owner != me) {
+            int64_t shape[CT_MAX_DIMS] = {0};
+            int nd = (int)meta[0];
+            for (int d = 0; d < nd && d < CT_MAX_DIMS; d++) shape[d] = (int64_t)meta[2 + d];
+            if (!(x = tape_new_activation(rt, CT_F32, nd, shape))) return -1;
+        }
+        if (rt->dist.capi->broadcast(rt->dist.comm, mesh->group[CT_AXIS_PP], x->t.data, ct_tensor_numel(&x->t), CT_F32,
+                                     owner, NULL) != CT_OK)
+            return -1;
+        u = u1 + 1;
+    }
+    *last = x;
+    return 0;
+}
+
+/* A strategy may need every sequence length to be a multiple of some number (sequence parallel
+ * splits token rows over tp), so a sequence of another length is right-padded (with its last token)
+ * up to one: attention is causal, so the padding after the last real token changes none of the real
+ * positions' logits. */
+int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out) {
+    int64_t mult = rt->seq_multiple > 1 ? rt->seq_multiple : 1, Tp = (T + mult - 1) / mult * mult;
+    int32_t *padded = NULL;
+    float *host = NULL;
+    if (B < 1 || T < 1) {
+        ct_set_error("forward_logits: empty input (%lld x %lld)", (long long)B, (long long)T);
+        return -1;
+    }
+    if (Tp != T) {
+        if (!(padded = malloc(sizeof(int32_t) * (size_t)(B * Tp)))) {
+            ct_set_error("out of memory");
+            return -1;
+        }
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < Tp; t++) padded[b * Tp + t] = tokens[b * T + (t < T ? t : T - 1)];
+        tokens = padded;
+    }
+    int bad = runtime_reset_arenas(rt);
+    runtime_use_shadow(rt, 1);
+    rt->act = &rt->saved;
+    rt_tensor *tok = bad ? NULL : runtime_upload_ids(rt, tokens, B, Tp), *logits = NULL;
+    bad = !tok || (rt->dist.unit_rank ? forward_units_pp(rt, tok, &logits) : forward_units(rt, tok, NULL, 0, &logits));
+    if (!bad && !rt->dist.unit_rank) /* a strategy that left the logits split returns them whole */
+        bad = !(logits = (rt_tensor *)rt->top->finish_output(rt->top, &logits->t));
+    runtime_use_shadow(rt, 0);
+    free(padded);
+    if (bad) return -1;
+    int64_t V = logits->t.shape[logits->t.ndim - 1];
+    if (ct_tensor_numel(&logits->t) != B * Tp * V) {
+        ct_set_error("model: the last unit must return logits (B, T, V) without targets");
+        return -1;
+    }
+    if (Tp == T)
+        return rt->d->copy(rt->dev, logits_out, logits->t.data, sizeof(float) * (size_t)(B * T * V), CT_COPY_D2H) ==
+                       CT_OK
+                   ? 0
+                   : -1;
+    if (!(host = malloc(sizeof(float) * (size_t)(B * Tp * V)))) {
+        ct_set_error("out of memory");
+        return -1;
+    }
+    if (rt->d->copy(rt->dev, host, logits->t.data, sizeof(float) * (size_t)(B * Tp * V), CT_COPY_D2H) != CT_OK) {
+        free(host);
+        return -1;
+    }
+    for (int64_t b = 0; b < B; b++) /* the real positions of each sequence */
+        memcpy(logits_out + b * T * V, host + b * Tp * V, sizeof(float) * (size_t)(T * V));
+    free(host);
+    return 0;
+}
+
+int runtime_zero_grads(runtime *rt) {
+    return rt->d->zero(rt->dev, rt->grad_mem, rt->param_bytes) == CT_OK ? 0 : -1;
+}
+
+/* The mesh axes a gradient is split over: the fsdp shard axis, the axis a strategy splits it over
+ * (tp), pp (every parameter lives on one stage). */
+static unsigned grad_axes(const ct_param_slot *sl, int pp) {
+    unsigned mask = pp ? 1u << CT_AXIS_PP : 0;
+    if (sl->placement == CT_PLACE_SHARD && (unsigned)sl->shard_axis < CT_MESH_NAXES) mask |= 1u << sl->shard_axis;
+    if (sl->split_dim >= 0 && sl->split_parts > 1) mask |= 1u << sl->split_axis;
+    return mask;
+}
+
+/* Each gradient's sum of squares goes into the bucket of the mesh axes it is split over; each axis
+ * then sums the buckets that include it over its group, in the same order on every rank. A gradient
+ * that is whole on an axis is the same on every rank of it and counts once. Back-to-back gradients
+ * of one bucket are summed in one pass (the padding between them is zero): on one rank, the whole
+ * gradient storage in one sum_squares, one wait for the device. */
+int runtime_grad_norm(runtime *rt, double *norm) {
+    enum { NB = 1 << CT_MESH_NAXES };
+    double bucket[NB] = {0}, part[NB];
+    int pp = rt->dist.mesh && rt->dist.mesh->degree[CT_AXIS_PP] > 1;
+    const int *order = rt->storage_order;
+    for (int i = 0; i < rt->n_params;) {
+        unsigned mask = grad_axes(&rt->slots[order[i]], pp);
+        const char *begin = (const char *)rt->slots[order[i]].local_grad, *end = begin;
+        for (; i < rt->n_params && grad_axes(&rt->slots[order[i]], pp) == mask; i++) {
+            const ct_param_slot *sl = &rt->slots[order[i]];
+            const char *e = (const char *)(sl->local_grad + sl->local_numel);
+            if (e > end) end = e;
+        }
+        double s = 0;
+        if (end > begin && rt->d->sum_squares(rt->dev, &s, (const float *)begin,
+                                              (int64_t)((size_t)(end - begin) / sizeof(float))) != CT_OK)
+            return -1;
+        bucket[mask] += s;
+    }
+    for (int a = 0; a < CT_MESH_NAXES && rt->dist.capi; a++) {
+        if (rt->dist.mesh->degree[a] <= 1) continue;
+        for (unsigned m = 0; m < NB; m++) part[m] = (m & (1u << a)) ? bucket[m] : 0.0;
+        ct_clear_error();
+        double t0 = ct_now();
+        ct_status st = rt->dist.capi->all_reduce(rt->dist.comm, rt->dist.mesh->group[a], part, part, NB, CT_F64,
+                                                 CT_REDUCE_SUM, NULL);
+        rt->comm_seconds += ct_now() - t0;
+        if (st != CT_OK) {
+            rt->dist_status = st;
+            return -1;
+        }
+        for (unsigned m = 0; m < NB; m++)
+            if (m & (1u << a)) bucket[m] = part[m];
+    }
+    double total = 0;
+    for (unsigned m = 0; m < NB; m++) total += bucket[m];
+    *norm = sqrt(total);
+    return 0;
+}
+
+/* Every local gradient lies in grad_mem, the padding zero: one pass. */
+int runtime_scale_grads(runtime *rt, float s) {
+    return rt->d->scale(rt->dev, (float *)rt->grad_mem, s, (int64_t)(rt->param_bytes / sizeof(float))) == CT_OK ? 0
+                                                                                                          : -1;
+}
+
+/* The block of parameter i (numel floats) into host memory: gathered from the data-parallel
+ * shards when sharded (a collective then). */
+static int local_block_get(runtime *rt, int i, float *host, int grad) {
+    const ct_param_slot *sl = &rt->slots[i];
+    const float *src = grad ? sl->local_grad : sl->local_data;
+    if (sl->placement == CT_PLACE_REPLICATE)
+        return rt->d->copy(rt->dev, host, src, sizeof(float) * (size_t)sl->numel, CT_COPY_D2H) == CT_OK ? 0 : -1;
+    /* sharded: gather every rank's piece (zero-padded blocks in rank order) */
+    int size = rt->dist.mesh->degree[sl->shard_axis];
+    size_t bytes = sizeof(float) * (size_t)sl->local_numel * (size_t)size;
+    float *full = NULL;
+    int rc = -1;
+    if (rt->d->alloc(rt->dev, bytes, (void **)&full) != CT_OK) return -1;
+    if (rt->dist.capi->all_gather(rt->dist.comm, rt->dist.mesh->group[sl->shard_axis], src, full, sl->local_numel,
+                                  CT_F32, NULL) == CT_OK &&
+        rt->d->copy(rt->dev, host, full, sizeof(float) * (size_t)sl->numel, CT_COPY_D2H) == CT_OK)
+        rc = 0;
+    rt->d->free(rt->dev, full);
+    return rc;
+}
+
+static int param_get_here(runtime *rt, int i, float *host, int grad);
+
+/* Under pipeline parallel the stage that holds the parameter reads it, then broadcasts it over pp. */
+int runtime_param_get(runtime *rt, int i, float *host, int grad) {
+    const ct_param_slot *sl = &rt->slots[i];
+    if (!rt->dist.unit_rank) return param_get_here(rt, i, host, grad);
+    int owner = rt->dist.unit_rank[sl->unit];
+    if (sl->placement != CT_PLACE_NONE && param_get_here(rt, i, host, grad)) return -1;
+    int64_t n = 1;
+    for (int d = 0; d < sl->param->ndim; d++) n *= sl->global_shape[d];
+    float *dev = NULL;
+    int rc = -1;
+    if (rt->d->alloc(rt->dev, sizeof(float) * (size_t)(n > 0 ? n : 1), (void **)&dev) != CT_OK) return -1;
+    if ((sl->placement == CT_PLACE_NONE ||
+         rt->d->copy(rt->dev, dev, host, sizeof(float) * (size_t)n, CT_COPY_H2D) == CT_OK) &&
+        rt->dist.capi->broadcast(rt->dist.comm, rt->dist.mesh->group[CT_AXIS_PP], dev, n, CT_F32, owner, NULL) ==
+            CT_OK &&
+        rt->d->copy(rt->dev, host, dev, sizeof(float) * (size_t)n, CT_COPY_D2H) == CT_OK)
+        rc = 0;
+    rt->d->free(rt->dev, dev);
+    return rc;
+}
+
+static int param_get_here(runtime *rt, int i, float *host, int grad) {
+    const ct_param_slot *sl = &rt->slots[i];
+    if (sl->split_dim < 0) return local_block_get(rt, i, host, grad);
+    /* split over a mesh axis: every rank's block, placed where it belongs */
+    int parts = sl->split_parts;
+    int64_t n = sl->numel;
+    float *blocks = malloc(sizeof(float) * (size_t)n * (size_t)parts), *dev = NULL;
+    int rc = -1;
+    if (!blocks || local_block_get(rt, i, blocks, grad)) goto done;
+    if (rt->d->alloc(rt->dev, sizeof(float) * (size_t)n * (size_t)(parts + 1), (void **)&dev) != CT_OK) goto done;
+    if (rt->d->copy(rt->dev, dev, blocks, sizeof(float) * (size_t)n, CT_COPY_H2D) != CT_OK ||
+        rt->dist.capi->all_gather(rt->dist.comm, rt->dist.mesh->group[sl->split_axis], dev, dev + n, n, CT_F32, NULL) !=
+            CT_OK ||
+        rt->d->copy(rt->dev, blocks, dev + n, sizeof(float) * (size_t)n * (size_t)parts, CT_COPY_D2H) != CT_OK)
+        goto done;
+    ct_param_slot other = *sl;
+    for (int p = 0; p < parts; p++) {
+        other.split_index = p;
+        for (int64_t k = 0; k < n; k++) host[runtime_global_index(&other, k)] = blocks[(int64_t)p * n + k];
+    }
+    rc = 0;
+done:
+    if (dev) rt->d->free(rt->dev, dev);
+    free(blocks);
+    return rc;
+}
+
+/* Sets parameter i from the whole (global) tensor in host memory: this rank keeps its part. */
+int runtime_param_set(runtime *rt, int i, const float *host) {
+    const ct_param_slot *sl = &rt->slots[i];
+    float *block = NULL;
+    if (sl->placement == CT_PLACE_NONE) return 0; /* another pipeline stage's */
+    if (sl->split_dim >= 0) { /* this rank's block first */
+        if (!(block = malloc(sizeof(float) * (size_t)sl->numel))) return -1;
+        for (int64_t k = 0; k < sl->numel; k++) block[k] = host[runtime_global_index(sl, k)];
+        host = block;
+    }
+    int64_t n = sl->numel - sl->offset;
+    if (n > sl->local_numel) n = sl->local_numel;
+    if (n < 0) n = 0;
+    int rc = rt->d->zero(rt->dev, sl->local_data, sizeof(float) * (size_t)sl->local_numel) == CT_OK &&
+                     rt->d->copy(rt->dev, sl->local_data, host + sl->offset, sizeof(float) * (size_t)n,
+                                 CT_COPY_H2D) == CT_OK
+                 ? 0
+                 : -1;
+    free(block);
+    return rc;
+}
+
+int runtime_find_param(runtime *rt, const char *name) {
+    for (int i = 0; i < rt->n_params; i++)
+        if (strcmp(rt->params[i]->t.name, name) == 0) return i;
+    return -1;
+}
+
+void runtime_decide_quant(runtime *rt) {
+    for (int i = 0; i < rt->n_params; i++) {
+        ct_tensor *w = &rt->params[i]->t;
+        if (!(w->flags & CT_TENSOR_LINEAR)) continue; /* others are decided when a linear first uses them */
+        const char *why = "";
+        int yes = rt->qapi->converts(rt->quant, w, &why);
+        w->flags |= CT_TENSOR_QUANT_DECIDED | (yes ? CT_TENSOR_QUANTIZED : 0);
+        quant_note(rt, w->name, yes, why);
+    }
+}

@@ -1,0 +1,732 @@
+/* session.c: from a manifest to a ready run: argument parsing, plugin loading, validation,
+ * device/model/optimizer creation, model save/load and sampling. */
+#include "engine/session.h"
+#include "host/util.h"
+
+#include "host/commstats.h"
+#include "engine/mesh.h"
+#include "tools/schedule.h"
+#include "formats/tensorfile.h"
+#include "tools/tokenizer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, int *status) {
+    char err[2048];
+    const char *ov_key[512], *ov_val[512];
+    char *owned[512];
+    int n_ov = 0, n_owned = 0;
+    manifest *mf = NULL;
+    memset(a, 0, sizeof *a);
+    *status = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            a->help = 1;
+        } else if (!strcmp(arg, "--print-config") || !strcmp(arg, "--print_config")) {
+            a->print_config = 1;
+        } else if (!strcmp(arg, "--dry-run") || !strcmp(arg, "--dry_run")) {
+            a->dry_run = 1;
+        } else if (!strcmp(arg, "--checkpoint") || !strncmp(arg, "--checkpoint=", 13) || !strcmp(arg, "--prompt") ||
+                   !strncmp(arg, "--prompt=", 9)) {
+            int is_ckpt = arg[2] == 'c';
+            const char *v = strchr(arg, '=') ? strchr(arg, '=') + 1 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v) {
+                fprintf(stderr, "ctitan: %s needs a value (see --help)\n", arg);
+                *status = EXIT_BAD_INPUT;
+                goto done;
+            }
+            if (is_ckpt) a->checkpoint = v;
+            else a->prompt = v;
+        } else if (!strncmp(arg, "--", 2)) {
+            if (n_ov == 512) {
+                fprintf(stderr, "ctitan: too many overrides\n");
+                *status = EXIT_BAD_INPUT;
+                goto done;
+            }
+            const char *eq = strchr(arg, '=');
+            if (eq) {
+                owned[n_owned] = strndup(arg + 2, (size_t)(eq - arg - 2));
+                ov_key[n_ov] = owned[n_owned++];
+                ov_val[n_ov++] = eq + 1;
+            } else if (i + 1 < argc) {
+                ov_key[n_ov] = arg + 2;
+                ov_val[n_ov++] = argv[++i];
+            } else {
+                fprintf(stderr, "ctitan: command line: %s: expected --section.key=value\n", arg);
+                *status = EXIT_BAD_INPUT;
+                goto done;
+            }
+        } else if (!a->config) {
+            a->config = arg;
+        } else {
+            fprintf(stderr, "ctitan: unexpected argument '%s' (%.*s)\n", arg, (int)strcspn(usage, "\n"), usage);
+            *status = EXIT_BAD_INPUT;
+            goto done;
+        }
+    }
+    for (int i = 0; i < n_ov && !a->config; i++)
+        if (!strcmp(ov_key[i], "job.config_file")) a->config = ov_val[i];
+    if (a->help) goto done;
+    if (!a->config) {
+        fprintf(stderr, "ctitan: no manifest given (%.*s)\n", (int)strcspn(usage, "\n"), usage);
+        *status = EXIT_BAD_INPUT;
+        goto done;
+    }
+    mf = manifest_load(a->config, err, sizeof err);
+    if (!mf) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        *status = EXIT_BAD_INPUT;
+        goto done;
+    }
+    for (int i = 0; i < n_ov; i++) {
+        if (!strcmp(ov_key[i], "job.config_file")) continue;
+        if (manifest_override(mf, ov_key[i], ov_val[i], err, sizeof err)) {
+            fprintf(stderr, "ctitan: %s\n", err);
+            manifest_free(mf);
+            mf = NULL;
+            *status = EXIT_BAD_INPUT;
+            goto done;
+        }
+    }
+    manifest_add_core_schema(mf);
+done:
+    for (int i = 0; i < n_owned; i++) free(owned[i]);
+    return mf;
+}
+
+void session_resolve_path(const manifest *mf, const char *p, char *out, size_t len) {
+    if (p[0] == '/' || access(p, F_OK) == 0 || snprintf(out, len, "%s/%s", mf->dir, p) >= (int)len ||
+        access(out, F_OK) != 0)
+        snprintf(out, len, "%s", p);
+}
+
+static int load_named(session *s, const char *section, const char *key, const char *name, ct_plugin_kind kind,
+                      plugin **out) {
+    char err[2048], where[600];
+    *out = plugin_load(name, kind, section, s->mf, err, sizeof err);
+    if (!*out) {
+        mf_where(s->mf, key, where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return EXIT_BAD_INPUT;
+    }
+    const ct_plugin_info *in = &(*out)->info;
+    /* the API table must hold every field this host calls unconditionally (its ABI 1.0 part) */
+    size_t need = kind == CT_KIND_DEVICE      ? offsetof(ct_device_api, amax)
+                  : kind == CT_KIND_MODEL     ? offsetof(ct_model_api, tp_plan)
+                  : kind == CT_KIND_OPTIMIZER ? offsetof(ct_optimizer_api, elementwise)
+                  : kind == CT_KIND_COMM      ? offsetof(ct_comm_api, test)
+                  : kind == CT_KIND_STRATEGY  ? sizeof(ct_strategy_api)
+                                              : sizeof(ct_quantizer_api);
+    if (*(const size_t *)in->api < need) {
+        fprintf(stderr, "ctitan: %s: plugin '%s' has an API table of %zu bytes; this host needs %zu: rebuild it\n",
+                (*out)->path, in->name, *(const size_t *)in->api, need);
+        return EXIT_BAD_INPUT;
+    }
+    manifest_add_plugin_schema(s->mf, section, in->options);
+    return 0;
+}
+
+static int load_slot(session *s, const char *section, ct_plugin_kind kind, plugin **out) {
+    char key[64];
+    const char *name;
+    snprintf(key, sizeof key, "%s.name", section);
+    mf_get_str(s->mf, key, &name);
+    return load_named(s, section, key, name, kind, out);
+}
+
+static int fail_line(int status, const char *what) {
+    fprintf(stderr, "ctitan: %s: %s\n", what, ct_last_error()[0] ? ct_last_error() : "failed");
+    return status;
+}
+
+/* A plugin's create failed. An error that starts with one of its own option keys ("n_layers: ...")
+ * is reported where that key was set; any other where `key` was. */
+static int fail_plugin(const session *s, int status, const plugin *p, const char *section, const char *key) {
+    char where[600], full[512];
+    const char *msg = ct_last_error(), *name = p->info.name ? p->info.name : "plugin";
+    size_t nl = strlen(name);
+    const char *body = strncmp(msg, name, nl) == 0 && msg[nl] == ':' && msg[nl + 1] == ' ' ? msg + nl + 2 : "";
+    for (int i = 0; p->info.options && CT_AT(const ct_option_spec, p->info.options, i)->key; i++) {
+        const ct_option_spec *o = CT_AT(const ct_option_spec, p->info.options, i); /* by struct_size */
+        size_t kl = strlen(o->key);
+        if (strncmp(body, o->key, kl) || body[kl] != ':' || body[kl + 1] != ' ') continue;
+        snprintf(full, sizeof full, "%s.%s", section, o->key);
+        mf_where(s->mf, full, where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s: %s\n", where, name, body + kl + 2);
+        return status;
+    }
+    /* "tensor_parallel_degree: ..." from a strategy: another key of its section, where it was set */
+    const char *colon = strstr(body, ": ");
+    const char *v;
+    if (colon && colon > body && (size_t)(colon - body) < 128 && !memchr(body, ' ', (size_t)(colon - body)) &&
+        snprintf(full, sizeof full, "%s.%.*s", section, (int)(colon - body), body) < (int)sizeof full &&
+        mf_get_str(s->mf, full, &v) == 0) {
+        mf_where(s->mf, full, where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s: %s\n", where, name, colon + 2);
+        return status;
+    }
+    mf_where(s->mf, key, where, sizeof where);
+    return fail_line(status, where);
+}
+
+/* Float8 is asked for by quantize.dense.float8.enable, torchtitan's recipe names, or its
+ * converters list; torchtitan's spellings become quantize.dense.float8.* (with their lines). */
+static int float8_requested(manifest *mf) {
+    int on = 0;
+    const char *v;
+    mf_get_bool(mf, "quantize.dense.float8.enable", &on);
+    if (!mf_get_str(mf, "quantize.linear.float8.recipe_name", &v) || !mf_get_str(mf, "quantize.linear.mx.recipe_name", &v))
+        on = 1;
+    if (!mf_get_str(mf, "model.converters", &v) && (strstr(v, "float8") || strstr(v, "mx"))) on = 1;
+    manifest_alias(mf, "quantize.linear.mx.recipe_name", "quantize.dense.float8.format");
+    manifest_alias(mf, "quantize.linear.float8.recipe_name", "quantize.dense.float8.format");
+    manifest_alias(mf, "quantize.linear.mx.filter_fqns", "quantize.dense.float8.filter_fqns");
+    manifest_alias(mf, "quantize.linear.float8.filter_fqns", "quantize.dense.float8.filter_fqns");
+    manifest_alias(mf, "quantize.linear.float8.emulate", "quantize.dense.float8.emulate");
+    manifest_alias(mf, "quantize.linear.float8.enable_fsdp_float8_all_gather",
+                   "quantize.dense.float8.enable_fsdp_float8_all_gather");
+    return on;
+}
+
+/* The data-parallel strategy the manifest asks for: parallelism.dp_strategy, or by the degrees
+ * (fsdp when dp_shard > 1, ddp when only dp_replicate > 1, none on one data-parallel rank). Read
+ * leniently: bad values are reported by validation right after. */
+static const char *strategy_name(const manifest *mf, int world) {
+    const char *name = "auto";
+    mf_get_str(mf, "parallelism.dp_strategy", &name);
+    if (strcmp(name, "auto") != 0) return strcmp(name, "none") ? name : NULL;
+    int64_t rep = 1, shard = -1, others = 1, v;
+    static const char *keys[] = {"parallelism.pipeline_parallel_degree", "parallelism.context_parallel_degree",
+                                 "parallelism.tensor_parallel_degree"};
+    if (mf_get_int(mf, "parallelism.data_parallel_replicate_degree", &rep) || rep < 1) rep = 1;
+    if (mf_get_int(mf, "parallelism.data_parallel_shard_degree", &shard)) shard = -1;
+    for (int i = 0; i < 3; i++) /* not validated yet: capped past the world so nothing overflows */
+        if (!mf_get_int(mf, keys[i], &v) && v > 0) others = v > world || others * v > world ? world + 1 : others * v;
+    if (rep > world) rep = world + 1;
+    if (shard == -1) shard = world % (rep * others) ? 1 : world / (rep * others);
+    if (shard > 1) return "fsdp";
+    if (rep > 1) return "ddp";
+    return NULL;
+}
+
+/* Joins the job, builds the mesh and creates the strategies. */
+static int open_dist(session *s, const ct_model_desc *d) {
+    char err[2048];
+    ct_clear_error();
+    if (s->commp) {
+        s->capi = s->commp->info.api;
+        void *world;
+        ct_status cst = s->capi->create(&s->commp->host, &s->comm);
+        if (cst != CT_OK) /* CT_ERR_INVALID: one of its options */
+            return fail_line(cst == CT_ERR_INVALID ? EXIT_BAD_INPUT : EXIT_RUN_FAILED, "comm");
+        if (s->capi->world(s->comm, &world) != CT_OK || s->capi->group_rank(s->comm, world, &s->rank, &s->world) != CT_OK)
+            return fail_line(EXIT_RUN_FAILED, "comm");
+        log_set_rank(s->rank, s->world);
+        /* ABI 1.4: a device with its own stream and a comm that orders itself against it by events
+         * (CUDA + NCCL) overlap compute and communication; otherwise both keep implicit ordering */
+        if (CT_HAS_FIELD(s->capi, ct_comm_api, bind_stream) && s->capi->bind_stream &&
+            CT_HAS_FIELD(s->d, ct_device_api, share_stream) && s->d->share_stream) {
+            void *stream = NULL;
+            if (s->d->share_stream(s->dev, &stream) != CT_OK) return fail_line(EXIT_RUN_FAILED, "device");
+            if (s->capi->bind_stream(s->comm, stream) != CT_OK) return fail_line(EXIT_RUN_FAILED, "comm");
+        }
+    } else {
+        s->rank = 0;
+        s->world = 1;
+    }
+    int degree[CT_MESH_NAXES];
+    if (mesh_degrees(s->mf, s->world, degree)) return EXIT_BAD_INPUT;
+    if (mesh_build(&s->mesh, s->commp ? s->capi : NULL, s->comm, s->rank, s->world, degree, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s: %s\n", err, ct_last_error());
+        return EXIT_RUN_FAILED;
+    }
+    int axis_on = s->axisp && s->mesh.degree[CT_AXIS_TP] > 1;
+    if (!s->stratp && !axis_on) return 0;
+    if (!s->commp) {
+        fprintf(stderr, "ctitan: parallelism: strategy '%s' needs several ranks (launch with ctitan launch -n N)\n",
+                (s->stratp ? s->stratp : s->axisp)->info.name);
+        return EXIT_BAD_INPUT;
+    }
+    const char *mp = "float32";
+    mf_get_str(s->mf, "training.mixed_precision_param", &mp);
+    int fp8_ag = 0;
+    int64_t seq_len = 0;
+    mf_get_bool(s->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
+    mf_get_int(s->mf, "training.seq_len", &seq_len);
+    /* strategies talk through the counting table, so the metrics report their bytes */
+    /* the plan is an optional field of the model's table: read only where the table holds it */
+    const ct_tp_rule *plan = CT_HAS_FIELD(s->m, ct_model_api, tp_plan) ? s->m->tp_plan : NULL;
+    ct_strategy_env env = {sizeof env, s->d, s->dev, commstats_wrap(s->capi), s->comm, &s->mesh,
+                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, plan, d, seq_len, s->qapi != NULL};
+    if (s->axisp && s->mesh.degree[CT_AXIS_TP] > 1) {
+        s->xapi = s->axisp->info.api;
+        ct_clear_error();
+        if (s->xapi->create(&s->axisp->host, &env, &s->xstrat) != CT_OK)
+            return fail_plugin(s, EXIT_BAD_INPUT, s->axisp, "parallelism", "parallelism.tensor_parallel_degree");
+    }
+    if (!s->stratp) return 0;
+    s->sapi = s->stratp->info.api;
+    ct_clear_error();
+    if (s->sapi->create(&s->stratp->host, &env, &s->strat) != CT_OK) return fail_line(EXIT_BAD_INPUT, "parallelism");
+    return 0;
+}
+
+int session_open(session *s, manifest *mf, int with_params, int with_optimizer) {
+    char err[2048], where[600];
+    int st;
+    memset(s, 0, sizeof *s);
+    s->mf = mf;
+    if ((st = launch_check_world())) return st; /* torchrun or srun without an MPI job: before MPI sets its variables */
+    if ((st = load_slot(s, "device", CT_KIND_DEVICE, &s->devp))) return st;
+    if ((st = load_slot(s, "model", CT_KIND_MODEL, &s->modelp))) return st;
+    if ((st = load_slot(s, "optimizer", CT_KIND_OPTIMIZER, &s->optp))) return st;
+    int env_world = mesh_env_world_size();
+    if (with_params && env_world > 1 && (st = load_slot(s, "comm", CT_KIND_COMM, &s->commp))) return st;
+    const char *sname = with_params ? strategy_name(mf, env_world) : NULL;
+    if (sname && (st = load_named(s, "parallelism", "parallelism.dp_strategy", sname, CT_KIND_STRATEGY, &s->stratp)))
+        return st;
+    /* the tp axis's strategy: loaded in every run, so its parallelism.* keys are validated even when
+     * tensor_parallel_degree is 1 (created only when it is more) */
+    const char *axisname = "tp";
+    mf_get_str(mf, "parallelism.tp_strategy", &axisname);
+    if ((st = load_named(s, "parallelism", "parallelism.tp_strategy", axisname, CT_KIND_STRATEGY, &s->axisp))) return st;
+    if (float8_requested(mf) &&
+        (st = load_named(s, "quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER,
+                         &s->quantp)))
+        return st;
+    if (manifest_validate(mf, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return EXIT_BAD_INPUT;
+    }
+    int64_t pp_degree = 1;
+    const char *sched = "1F1B";
+    mf_get_int(mf, "parallelism.pipeline_parallel_degree", &pp_degree);
+    mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &sched);
+    if (pp_degree == 1 && schedule_exists(sched, mf, err, sizeof err)) { /* pipeline_plan loads it otherwise */
+        mf_where(mf, "parallelism.pipeline_parallel_schedule", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return EXIT_BAD_INPUT;
+    }
+    s->d = s->devp->info.api;
+    s->m = s->modelp->info.api;
+    s->o = s->optp->info.api;
+    ct_clear_error();
+    if (s->d->create(&s->devp->host, &s->dev) != CT_OK) return fail_plugin(s, EXIT_BAD_INPUT, s->devp, "device", "device.name");
+    int64_t seq_len;
+    const char *flavor;
+    mf_get_int(mf, "training.seq_len", &seq_len);
+    mf_get_str(mf, "model.flavor", &flavor);
+    if (seq_len < 1) {
+        mf_where(mf, "training.seq_len", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: must be positive\n", where);
+        return EXIT_BAD_INPUT;
+    }
+    ct_model_config cfg = {sizeof cfg, flavor, seq_len};
+    ct_clear_error();
+    if (s->m->create(&s->modelp->host, &cfg, &s->model) != CT_OK)
+        return fail_plugin(s, EXIT_BAD_INPUT, s->modelp, "model", "model.flavor");
+    if (!with_params) return 0;
+    int fp8_ag = 0;
+    const char *fmt = "tensorwise";
+    mf_get_bool(mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
+    mf_get_str(mf, "quantize.dense.float8.format", &fmt);
+    if (fp8_ag && (!s->quantp || strcmp(fmt, "tensorwise"))) {
+        mf_where(mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: float8 all-gather needs float8 enabled with the tensorwise format (as in torchao)\n",
+                where);
+        return EXIT_BAD_INPUT;
+    }
+    if (s->quantp) {
+        s->qapi = s->quantp->info.api;
+        ct_clear_error();
+        if (s->qapi->create(&s->quantp->host, s->d, s->dev, &s->quant) != CT_OK) {
+            mf_where(mf, "quantize.dense.float8.format", where, sizeof where);
+            return fail_line(EXIT_BAD_INPUT, where);
+        }
+    }
+    ct_model_desc d; /* what the strategies and the pipeline plan read */
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    ct_clear_error();
+    if (s->m->describe(s->model, &d) != CT_OK) return fail_line(EXIT_BAD_INPUT, "model");
+    if ((st = open_dist(s, &d))) return st;
+    if (s->mesh.degree[CT_AXIS_PP] > 1) {
+        if (!(s->pl = calloc(1, sizeof *s->pl))) return EXIT_RUN_FAILED;
+        if ((st = pipeline_plan(s->pl, mf, &d, &s->mesh, s->m->unit_name, s->model))) return st;
+    }
+    runtime_dist dist = {s->capi, s->comm, &s->mesh, {0}, {0}, 0, s->pl ? s->pl->unit_rank : NULL};
+    if (s->xstrat) {
+        dist.st[dist.n_st] = s->xapi;
+        dist.strat[dist.n_st++] = s->xstrat;
+    }
+    if (s->strat) {
+        dist.st[dist.n_st] = s->sapi;
+        dist.strat[dist.n_st++] = s->strat;
+    }
+    uint64_t seed;
+    int64_t seed_i;
+    mf_get_int(mf, "training.seed", &seed_i);
+    seed = (uint64_t)seed_i;
+    if ((st = runtime_init(&s->rt, s->d, s->dev, s->m, s->model, seed, s->commp ? &dist : NULL, err, sizeof err))) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return st == -2 ? EXIT_BAD_INPUT : EXIT_RUN_FAILED; /* -2: refused declarations, or too large */
+    }
+    s->rt_ready = 1;
+    s->rt.coll_capi = s->capi ? commstats_wrap(s->capi) : NULL;
+    if (runtime_wrap_builder(&s->rt, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return EXIT_BAD_INPUT;
+    }
+    if (s->pl && (st = pipeline_start(s->pl, mf, &s->rt, commstats_wrap(s->capi), s->comm, &s->mesh))) return st;
+    s->rt.qapi = s->qapi;
+    s->rt.quant = s->quant;
+    if (s->qapi) runtime_decide_quant(&s->rt);
+    const char *mode, *option, *mp;
+    mf_get_str(mf, "activation_checkpoint.mode", &mode);
+    mf_get_str(mf, "activation_checkpoint.selective_ac_option", &option);
+    int ac = runtime_set_ac(&s->rt, mode, option, err, sizeof err);
+    if (ac) {
+        mf_where(mf, ac == -2 ? "activation_checkpoint.selective_ac_option" : "activation_checkpoint.mode", where,
+                 sizeof where);
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return EXIT_BAD_INPUT;
+    }
+    mf_get_str(mf, "training.mixed_precision_param", &mp);
+    if (!strcmp(mp, "bfloat16")) {
+        if (runtime_enable_bf16_params(&s->rt, err, sizeof err)) {
+            fprintf(stderr, "ctitan: %s\n", err);
+            return EXIT_RUN_FAILED;
+        }
+        /* ABI 1.4: bf16 GEMM operands where the device offers them (tensor cores); unsupported
+         * leaves matmul exact on the bf16-rounded parameters, as the CPU computes */
+        ct_clear_error();
+        if (CT_HAS_FIELD(s->d, ct_device_api, set_matmul_dtype) && s->d->set_matmul_dtype) {
+            ct_status mst = s->d->set_matmul_dtype(s->dev, CT_BF16);
+            if (mst != CT_OK && mst != CT_ERR_UNSUPPORTED) return fail_line(EXIT_RUN_FAILED, "device");
+            if (mst == CT_OK) s->matmul_precision = "bf16";
+            ct_clear_error();
+        }
+    } else if (strcmp(mp, "float32")) {
+        mf_where(mf, "training.mixed_precision_param", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: expected float32 or bfloat16, got '%s'\n", where, mp);
+        return EXIT_BAD_INPUT;
+    }
+    if (!with_optimizer) return 0;
+    ct_clear_error();
+    if (s->o->create(&s->optp->host, s->d, s->dev, &s->opt) != CT_OK)
+        return fail_plugin(s, EXIT_BAD_INPUT, s->optp, "optimizer", "optimizer.name");
+    s->n_state = s->o->state_count(s->opt);
+    if (s->n_state < 0 || s->n_state > 8) {
+        fprintf(stderr, "ctitan: optimizer '%s' asks for %d state values per element\n", s->optp->info.name,
+                s->n_state);
+        return EXIT_RUN_FAILED;
+    }
+    s->opt_bytes = s->rt.param_bytes * (size_t)s->n_state;
+    if (s->opt_bytes) {
+        if (s->d->alloc(s->dev, s->opt_bytes, (void **)&s->opt_mem) != CT_OK ||
+            s->d->zero(s->dev, s->opt_mem, s->opt_bytes) != CT_OK) {
+            fprintf(stderr, "ctitan: cannot allocate %zu bytes of optimizer state\n", s->opt_bytes);
+            return EXIT_RUN_FAILED;
+        }
+        mem_account(CT_MEM_OPTIMIZER, (int64_t)s->opt_bytes);
+    }
+    return 0;
+}
+
+void session_close(session *s) {
+    if (s->opt_mem) {
+        s->d->free(s->dev, s->opt_mem);
+        mem_account(CT_MEM_OPTIMIZER, -(int64_t)s->opt_bytes);
+    }
+    if (s->opt) s->o->destroy(s->opt);
+    if (s->pl) {
+        pipeline_free(s->pl);
+        free(s->pl);
+    }
+    if (s->rt_ready) runtime_free(&s->rt);
+    if (s->strat) s->sapi->destroy(s->strat);
+    if (s->xstrat) s->xapi->destroy(s->xstrat);
+    if (s->quant) s->qapi->destroy(s->quant);
+    mesh_free(&s->mesh, s->comm ? s->capi : NULL, s->comm);
+    if (s->comm) s->capi->destroy(s->comm);
+    if (s->model) s->m->destroy(s->model);
+    if (s->dev) s->d->destroy(s->dev);
+    plugin_unload(s->stratp);
+    plugin_unload(s->axisp);
+    plugin_unload(s->quantp);
+    plugin_unload(s->commp);
+    plugin_unload(s->optp);
+    plugin_unload(s->modelp);
+    plugin_unload(s->devp);
+    manifest_free(s->mf);
+    memset(s, 0, sizeof *s);
+}
+
+int session_save_model(session *s, const char *path, char *err, size_t errlen) {
+    /* every rank gathers (a collective for sharded parameters); rank 0 writes */
+    tf_writer *w = s->rank == 0 ? tf_writer_open(path, err, errlen) : NULL;
+    if (s->rank == 0 && !w) return -1;
+    float *buf = NULL;
+    for (int i = 0; i < s->rt.n_params; i++) {
+        ct_tensor *t = &s->rt.params[i]->t;
+        const int64_t *shape = runtime_global_shape(&s->rt, i);
+        int64_t n = 1;
+        for (int d = 0; d < t->ndim; d++) n *= shape[d];
+        float *grown = realloc(buf, sizeof(float) * (size_t)n);
+        if (!grown || runtime_param_get(&s->rt, i, grown, 0) ||
+            (w && tf_writer_add(w, t->name, 1, t->ndim, shape, grown))) {
+            if (grown) buf = grown;
+            if (w && tf_writer_error(w)[0]) snprintf(err, errlen, "%s (writing %s)", tf_writer_error(w), t->name);
+            else snprintf(err, errlen, "%s: cannot gather %s: %s", path, t->name, grown ? ct_last_error() : "out of memory");
+            free(buf);
+            if (w) tf_writer_abort(w);
+            return -1;
+        }
+        buf = grown;
+    }
+    free(buf);
+    return w ? tf_writer_close(w, err, errlen) : 0;
+}
+
+int session_load_model(session *s, const char *path, char *err, size_t errlen) {
+    tf_file *f = tf_read(path, err, errlen);
+    if (!f) return -1;
+    if (tf_check_finite(f, path, err, errlen)) {
+        tf_free(f);
+        return -1;
+    }
+    if (f->version < 2 && s->rank == 0) /* read, as before checksums: say so once */
+        printf("model: note: %s: format version %d has no checksums: its data cannot be verified\n", path, f->version);
+    for (int i = 0; i < s->rt.n_params; i++) {
+        ct_tensor *t = &s->rt.params[i]->t;
+        const tf_entry *e = tf_expect(f, path, t->name, 1, t->ndim, runtime_global_shape(&s->rt, i), err, errlen);
+        if (!e || runtime_param_set(&s->rt, i, e->data)) {
+            tf_free(f);
+            return -1;
+        }
+    }
+    tf_free(f);
+    return 0;
+}
+
+/* Picks the next token from logits (V): greedy at temperature 0, else top-k sampling. */
+static int desc_by_value(const void *a, const void *b, void *ctx) {
+    const float *l = ctx;
+    float x = l[*(const int32_t *)a], y = l[*(const int32_t *)b];
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Picks the next token from logits (V): greedy at temperature 0, else sampling among the top_k most
+ * likely tokens (0: all) and within them the smallest set holding top_p of the probability. */
+static int32_t sample(float *logits, int64_t V, double temperature, int64_t top_k, double top_p, uint64_t key,
+                      uint64_t i) {
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; v++)
+        if (logits[v] > logits[best]) best = v;
+    if (temperature <= 0) return (int32_t)best;
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)V);
+    double *p = malloc(sizeof(double) * (size_t)V);
+    if (!order || !p) {
+        free(order);
+        free(p);
+        return (int32_t)best;
+    }
+    for (int64_t v = 0; v < V; v++) order[v] = (int32_t)v;
+    qsort_r(order, (size_t)V, sizeof(int32_t), desc_by_value, logits);
+    int64_t k = top_k > 0 && top_k < V ? top_k : V;
+    double total = 0;
+    for (int64_t j = 0; j < k; j++) total += p[j] = exp((logits[order[j]] - logits[order[0]]) / temperature);
+    if (top_p > 0 && top_p < 1) { /* nucleus: keep the head of the distribution up to top_p */
+        double acc = 0;
+        int64_t keep = 0;
+        while (keep < k && acc < top_p * total) acc += p[keep++];
+        k = keep > 0 ? keep : 1;
+        total = acc;
+    }
+    double r = rng_uniform(key, i) * total, acc = 0;
+    int32_t pick = order[k - 1];
+    for (int64_t j = 0; j < k; j++) {
+        acc += p[j];
+        if (acc >= r) {
+            pick = order[j];
+            break;
+        }
+    }
+    free(order);
+    free(p);
+    return pick;
+}
+
+int session_open_tokenizer(session *s, ct_tokenizer **out) {
+    const char *tp;
+    char err[2048], path[4096], where[600];
+    *out = NULL;
+    if (mf_get_str(s->mf, "model.tokenizer_path", &tp) || !*tp) {
+        mf_where(s->mf, "model.tokenizer_path", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: not set; sampling (generate.max_new_tokens > 0) needs a tokenizer file\n", where);
+        return EXIT_BAD_INPUT;
+    }
+    session_resolve_path(s->mf, tp, path, sizeof path);
+    ct_tokenizer *tok = tokenizer_load(path, err, sizeof err);
+    mf_where(s->mf, "model.tokenizer_path", where, sizeof where);
+    if (!tok) {
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return EXIT_BAD_INPUT;
+    }
+    /* every id it can produce (the specials last) must be a row of the model's embedding */
+    int64_t V = s->rt.desc.vocab_size;
+    if (V > 0 && tokenizer_vocab_size(tok) > V) {
+        fprintf(stderr, "ctitan: %s: %s has %d tokens (with its 256 specials) but the model's vocabulary is %lld; "
+                        "expected a tokenizer of at most model.vocab_size tokens\n",
+                where, path, tokenizer_vocab_size(tok), (long long)V);
+        tokenizer_free(tok);
+        return EXIT_BAD_INPUT;
+    }
+    *out = tok;
+    return 0;
+}
+
+int session_generate(session *s, const ct_tokenizer *tok, const char *prompt, int64_t max_new, double temperature,
+                     int64_t top_k, double top_p, uint64_t seed, int64_t max_context) {
+    char err[2048];
+    int32_t *ids = NULL, *ctx = NULL;
+    float *logits = NULL;
+    size_t n = 0, cap = 0, logit_bytes;
+    int64_t V = s->rt.desc.vocab_size;
+    int rc = EXIT_RUN_FAILED;
+    /* every size from the manifest is checked: max_new may be anything up to INT64_MAX */
+    if (max_new < 0 || max_context < 1 || V < 1 ||
+        __builtin_mul_overflow((size_t)V, (size_t)max_context, &logit_bytes) ||
+        __builtin_mul_overflow(logit_bytes, sizeof(float), &logit_bytes)) {
+        fprintf(stderr, "ctitan: generate: bad sizes (max_new_tokens %lld, context %lld, vocabulary %lld)\n",
+                (long long)max_new, (long long)max_context, (long long)V);
+        return EXIT_BAD_INPUT;
+    }
+    logits = malloc(logit_bytes);
+    if (!logits || tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n, err, sizeof err)) {
+        fprintf(stderr, "ctitan: generate: %s\n", logits ? err : "out of memory for the logits");
+        goto done;
+    }
+    /* the context grows with what is sampled, so memory follows the tokens made, not max_new */
+    cap = (size_t)(max_context < 64 ? 64 : max_context) + 1;
+    if (!(ctx = malloc(sizeof(int32_t) * cap))) {
+        fprintf(stderr, "ctitan: generate: out of memory\n");
+        goto done;
+    }
+    int64_t len = 0;
+    ctx[len++] = tokenizer_bos_id(tok);
+    for (size_t i = 0; i < n && len < max_context; i++) ctx[len++] = ids[i];
+    int64_t first_new = len;
+    uint64_t key = rng_splitmix64(seed ^ 0x5A3Bu);
+    for (int64_t step = 0; step < max_new; step++) {
+        int64_t T = len < max_context ? len : max_context;
+        if (runtime_forward_logits(&s->rt, ctx + len - T, 1, T, logits)) {
+            fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
+            goto done;
+        }
+        int32_t next = sample(logits + (T - 1) * V, V, temperature, top_k, top_p, key, (uint64_t)step);
+        if (next == tokenizer_eos_id(tok)) break;
+        if ((size_t)len == cap) {
+            size_t grown_cap;
+            int32_t *grown = NULL;
+            if (!__builtin_mul_overflow(cap, (size_t)2, &grown_cap) && grown_cap <= SIZE_MAX / sizeof(int32_t))
+                grown = realloc(ctx, sizeof(int32_t) * grown_cap);
+            if (!grown) {
+                fprintf(stderr, "ctitan: generate: out of memory after %lld tokens\n", (long long)(len - first_new));
+                goto done;
+            }
+            ctx = grown;
+            cap = grown_cap;
+        }
+        ctx[len++] = next;
+    }
+    size_t out_len = 0;
+    char *text = tokenizer_decode(tok, ctx + first_new, (size_t)(len - first_new), &out_len, err, sizeof err);
+    if (!text) {
+        fprintf(stderr, "ctitan: generate: %s\n", err);
+        goto done;
+    }
+    printf("%s", prompt);
+    fwrite(text, 1, out_len, stdout);
+    printf("\n");
+    free(text);
+    rc = 0;
+done:
+    free(ids);
+    free(ctx);
+    free(logits);
+    return rc;
+}
+
+/* Sums x over the data-parallel ranks (a no-op on one). */
+static int dp_sum(session *s, double *x) {
+    if (!s->capi || s->mesh.dp_size <= 1) return 0;
+    ct_clear_error();
+    double t0 = ct_now();
+    ct_status st = s->capi->all_reduce(s->comm, s->mesh.dp_group, x, x, 1, CT_F64, CT_REDUCE_SUM, NULL);
+    s->rt.comm_seconds += ct_now() - t0;
+    if (st != CT_OK) s->rt.dist_status = st;
+    return st == CT_OK ? 0 : -1;
+}
+
+int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
+                       double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid_out) {
+    double valid = 0;
+    for (int64_t i = 0; i < G * T; i++) valid += targets[i] != CT_IGNORE_INDEX;
+    if (dp_sum(s, &valid)) return -1; /* the loss is normalised by the global batch's valid tokens */
+    float scale = valid > 0 ? (float)(1.0 / valid) : 0.0f;
+    double loss_sum = 0;
+    *valid_out = (int64_t)valid;
+    if (runtime_zero_grads(&s->rt) || runtime_begin_step(&s->rt)) return -1;
+    int64_t accum = G / L;
+    for (int64_t m = 0; m < accum; m++) {
+        double ls;
+        int bad = s->pl ? pipeline_step(s->pl, inputs + m * L * T, targets + m * L * T, L, T, scale, m == accum - 1, &ls)
+                        : runtime_forward_backward(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, scale,
+                                                   m == accum - 1, &ls);
+        if (bad) return -1;
+        loss_sum += ls;
+    }
+    if (dp_sum(s, &loss_sum)) return -1;
+    *loss = valid > 0 ? loss_sum / valid : 0.0;
+    if (runtime_grad_norm(&s->rt, norm)) return -1;
+    if (!isfinite(*norm)) return 1;
+    /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1 */
+    double coef = max_norm > 0 ? max_norm / (*norm + 1e-6) : 1.0;
+    if (coef < 1.0 && runtime_scale_grads(&s->rt, (float)coef)) return -1;
+    trace_begin("optimizer");
+    /* one call per run of back-to-back tensors with the same decay flag when the optimizer is
+     * elementwise (ABI 1.4), else one per tensor; states lie at the same offsets as the data */
+    int merge = CT_HAS_FIELD(s->o, ct_optimizer_api, elementwise) && s->o->elementwise && s->o->elementwise(s->opt);
+    int np = s->rt.n_params, calls = 0;
+    const int *order = s->rt.storage_order; /* runtime.c stores the decayed tensors first */
+    for (int i = 0; i < np;) {
+        ct_tensor run = s->rt.local[order[i]]; /* this rank's storage: the parameter or its shard */
+        size_t begin = (size_t)((char *)run.data - s->rt.param_mem), end = begin + align64((size_t)run.shape[0] * sizeof(float));
+        int j = i + 1;
+        for (; merge && j < np; j++) {
+            const ct_tensor *next = &s->rt.local[order[j]];
+            size_t at = (size_t)((char *)next->data - s->rt.param_mem);
+            if (next->shape[0] > 0 && ((next->flags ^ run.flags) & CT_TENSOR_NO_DECAY || at != end ||
+                                       (char *)next->grad != (char *)run.grad + (at - begin)))
+                break;
+            end = at + align64((size_t)next->shape[0] * sizeof(float));
+        }
+        int64_t n = j > i + 1 ? (int64_t)((end - begin) / sizeof(float)) : run.shape[0];
+        i = j;
+        if (n == 0) continue; /* another pipeline stage's parameter */
+        run.shape[0] = n;
+        float *state[8];
+        for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + begin);
+        ct_clear_error();
+        if (s->o->step(s->opt, &run, state, n, (float)lr, step) != CT_OK) return -1;
+        calls++;
+    }
+    s->opt_calls = calls;
+    trace_end("optimizer");
+    return 0;
+}

@@ -1,0 +1,954 @@
+/* tape.c: the builder ops a model pack calls, their recording, and the backward replay.
+ *
+ * Each op runs its device forward at once and, when recording, appends a tape entry holding its
+ * inputs, output and saved values. Backward walks a unit's entries in reverse and calls the
+ * device's backward halves (input gradient, then weight gradient), accumulating into gradients.
+ */
+#include "host/host.h"
+#include "engine/mesh.h"
+#include "engine/runtime.h"
+#include "engine/tape.h"
+#include "host/util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct tape_entry {
+    op_kind op;
+    rt_tensor *out;
+    rt_tensor *in[3];
+    rt_tensor *aux[2];
+    float f;
+    int64_t i0, i1; /* collectives: the kind, and axis * 2 + (1 if over columns) */
+    struct custom_entry *custom; /* OP_CUSTOM: the strategy's op and its tensors */
+    tape_entry *prev;
+};
+
+#define RT(b) ((runtime *)(b)->ctx)
+#define DEV(rt) (rt)->d
+#define CALL(rt, expr)                                                                   \
+    do {                                                                                 \
+        ct_status st_ = (expr);                                                          \
+        if (st_ != CT_OK) {                                                              \
+            if (!ct_last_error()[0]) ct_set_error("device op failed: %s (status %d)", #expr, st_); \
+            return NULL;                                                                 \
+        }                                                                                \
+    } while (0)
+
+static int64_t numel(const rt_tensor *t) { return ct_tensor_numel(&t->t); }
+
+/* A new tensor in the current activation arena. */
+static rt_tensor *new_tensor(runtime *rt, arena *a, ct_dtype dt, int ndim, const int64_t *shape) {
+    rt_tensor *t = pool_alloc(&a->desc, sizeof *t);
+    if (!t) goto nomem;
+    memset(t, 0, sizeof *t);
+    t->t.struct_size = sizeof t->t;
+    t->t.dtype = dt;
+    t->t.ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->t.shape[i] = shape[i];
+    size_t bytes = (size_t)numel(t) * ct_dtype_size(dt);
+    t->t.data = pool_alloc(&a->data, bytes);
+    if (!t->t.data) goto nomem;
+    (void)rt;
+    return t;
+nomem:
+    ct_set_error("out of memory for activations");
+    return NULL;
+}
+
+rt_tensor *tape_new_activation(runtime *rt, ct_dtype dt, int ndim, const int64_t *shape) {
+    return new_tensor(rt, rt->act, dt, ndim, shape);
+}
+
+/* A tensor of x's shape. */
+static rt_tensor *like(runtime *rt, const rt_tensor *x) { return new_tensor(rt, rt->act, CT_F32, x->t.ndim, x->t.shape); }
+
+static int record(runtime *rt, op_kind op, rt_tensor *out, rt_tensor *a, rt_tensor *b, rt_tensor *c,
+                  rt_tensor *aux0, rt_tensor *aux1, float f) {
+    if (!rt->recording) return 0;
+    tape_entry *e = pool_alloc(&rt->act->desc, sizeof *e);
+    if (!e) {
+        ct_set_error("out of memory for the tape");
+        return -1;
+    }
+    *e = (tape_entry){op, out, {a, b, c}, {aux0, aux1}, f, 0, 0, NULL, rt->tail};
+    rt->tail = e;
+    return 0;
+}
+
+static int check_f32(const ct_tensor *t, const char *op, const char *what) {
+    if (!t || t->dtype != CT_F32) {
+        ct_set_error("%s: %s must be an f32 tensor", op, what);
+        return -1;
+    }
+    return 0;
+}
+
+/* The start-up report of which linear layers float8 converts (rank 0 prints it). */
+void quant_note(runtime *rt, const char *name, int yes, const char *why) {
+    if (g_log_rank > 0) return;
+    (void)rt;
+    if (yes) printf("float8: %s converted\n", name);
+    else printf("float8: %s stays in high precision (%s)\n", name, why);
+}
+
+/* ---- per-op selective checkpointing (RT_AC_OP units) ----
+ * torchtitan's policy: the outputs of the compute-heavy ops (attention, every other matmul of a
+ * block: the 1st, 3rd, ... and reduce-scatters) are saved in forward; everything else is
+ * recomputed in backward. The recompute meets the same ops in the same order and takes the saved
+ * outputs instead of computing them again, so it is bit-identical to `none`. */
+static int sac_saves(runtime *rt, int is_mm) {
+    if (rt->sac_phase == RT_SAC_OFF) return 0;
+    return is_mm ? ++rt->sac_mm % 2 == 1 : 1;
+}
+
+/* The output of a saved op: SAVE allocates it in the saved arena and chains it; REUSE takes the
+ * next saved one (a new descriptor over its data; the op then computes nothing). */
+static rt_tensor *sac_out(runtime *rt, ct_dtype dt, int ndim, const int64_t *shape) {
+    if (rt->sac_phase == RT_SAC_SAVE) {
+        rt_tensor *t = new_tensor(rt, &rt->saved, dt, ndim, shape);
+        if (!t) return NULL;
+        if (rt->sac_tail) rt->sac_tail->sac_next = t;
+        else rt->sac_head = t;
+        rt->sac_tail = t;
+        return t;
+    }
+    rt_tensor *src = rt->sac_head;
+    if (!src || src->t.dtype != dt || src->t.ndim != ndim || memcmp(src->t.shape, shape, sizeof(int64_t) * (size_t)ndim)) {
+        ct_set_error("per-op checkpointing: the recompute of a block differs from its forward");
+        return NULL;
+    }
+    rt->sac_head = src->sac_next;
+    rt_tensor *t = pool_alloc(&rt->act->desc, sizeof *t);
+    if (!t) {
+        ct_set_error("out of memory for activations");
+        return NULL;
+    }
+    memset(t, 0, sizeof *t);
+    t->t = src->t; /* the saved data; a gradient of its own */
+    t->t.grad = NULL;
+    t->t.flags = 0;
+    return t;
+}
+
+#define SAC_REUSED(rt, saved) ((saved) && (rt)->sac_phase == RT_SAC_REUSE)
+
+/* ---- differentiable collectives over a mesh axis ---- */
+
+static float *grad_of(runtime *rt, rt_tensor *t);
+
+static const char *comm_trace_name(const runtime *rt, int axis) {
+    static const char *names[CT_MESH_NAXES][2] = {{"pp_comm_fwd", "pp_comm_bwd"},
+                                                   {"dp_replicate_comm_fwd", "dp_replicate_comm_bwd"},
+                                                   {"dp_shard_comm_fwd", "dp_shard_comm_bwd"},
+                                                   {"cp_comm_fwd", "cp_comm_bwd"},
+                                                   {"tp_comm_fwd", "tp_comm_bwd"}};
+    return names[axis][rt->in_backward ? 1 : 0];
+}
+
+static void account_comm(runtime *rt, int axis, double seconds) {
+    runtime_axis_comm *c = &rt->axis_comm[axis];
+    c->seconds += seconds;
+    if (rt->in_backward) c->bwd_seconds += seconds;
+    rt->comm_seconds += seconds;
+}
+
+/* One blocking collective over `axis` (counted, timed, traced). kind: 'g' all-gather, 's' reduce-scatter
+ * (count = the received elements), 'r' all-reduce. */
+static int axis_collective(runtime *rt, int axis, char kind, const float *send, float *recv, int64_t count) {
+    const ct_comm_api *c = rt->coll_capi;
+    void *comm = rt->dist.comm, *group = rt->dist.mesh->group[axis];
+    const char *name = comm_trace_name(rt, axis);
+    trace_begin(name);
+    double t0 = ct_now();
+    ct_clear_error();
+    ct_status st = kind == 'g'   ? c->all_gather(comm, group, send, recv, count, CT_F32, NULL)
+                   : kind == 's' ? c->reduce_scatter(comm, group, send, recv, count, CT_F32, CT_REDUCE_SUM, NULL)
+                                 : c->all_reduce(comm, group, send, recv, count, CT_F32, CT_REDUCE_SUM, NULL);
+    account_comm(rt, axis, ct_now() - t0);
+    trace_end(name);
+    rt->axis_comm[axis].collectives++;
+    if (st != CT_OK) {
+        if (!ct_last_error()[0])
+            ct_set_error("%s over the %s axis failed (status %d)",
+                         kind == 'g' ? "all-gather" : kind == 's' ? "reduce-scatter" : "all-reduce", mesh_axis_names[axis], st);
+        rt->dist_status = st;
+        return -1;
+    }
+    return 0;
+}
+
+/* x's shape with dim d multiplied by num/den (checked: it must divide). */
+static int scaled_shape(const rt_tensor *x, int d, int64_t num, int64_t den, int64_t *shape) {
+    if ((x->t.shape[d] * num) % den) {
+        ct_set_error("collective: dim %d of %lld cannot be split in %lld", d, (long long)x->t.shape[d], (long long)den);
+        return -1;
+    }
+    memcpy(shape, x->t.shape, sizeof(int64_t) * CT_MAX_DIMS);
+    shape[d] = x->t.shape[d] * num / den;
+    return 0;
+}
+
+/* ---- notes strategies keep on activations (ct_builder.memo) ---- */
+typedef struct rt_memo {
+    const void *key;
+    rt_tensor *value;
+    struct rt_memo *next;
+} rt_memo;
+
+static rt_tensor *memo_get(const runtime *rt, const rt_tensor *x, const void *key) {
+    if (x->memo_pass != rt->memo_pass) return NULL; /* made in an earlier unit pass: its arena may be gone */
+    for (const rt_memo *m = x->memo; m; m = m->next)
+        if (m->key == key) return m->value;
+    return NULL;
+}
+
+static int memo_put(runtime *rt, rt_tensor *x, const void *key, rt_tensor *v) {
+    if (x->memo_pass != rt->memo_pass) {
+        x->memo = NULL;
+        x->memo_pass = rt->memo_pass;
+    }
+    rt_memo *m = pool_alloc(&rt->act->desc, sizeof *m);
+    if (!m) {
+        ct_set_error("out of memory for activations");
+        return -1;
+    }
+    *m = (rt_memo){key, v, x->memo};
+    x->memo = m;
+    return 0;
+}
+
+/* The memo keys of the collectives that are made once per tensor: [kind][axis][cols]. */
+static char coll_keys[6][CT_MESH_NAXES][2];
+
+/* Every rank's columns of x (rows n, v columns here) -> (n, v * degree), through a scratch buffer. */
+static int gather_cols(runtime *rt, int axis, int degree, const rt_tensor *x, rt_tensor *y) {
+    const ct_device_api *d = DEV(rt);
+    if (!CT_HAS_FIELD(d, ct_device_api, copy_2d) || !d->copy_2d) {
+        ct_set_error("collective over columns: the device lacks copy_2d");
+        return -1;
+    }
+    int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    float *all = pool_alloc(&rt->opscratch, sizeof(float) * (size_t)(n * v * degree));
+    int bad = !all || axis_collective(rt, axis, 'g', x->t.data, all, n * v);
+    for (int64_t p = 0; p < degree && !bad; p++)
+        bad = d->copy_2d(rt->dev, (float *)y->t.data + p * v, v * degree, all + p * n * v, v, n, v) != CT_OK;
+    pool_release(&rt->opscratch, m);
+    return bad ? -1 : 0;
+}
+
+static rt_tensor *collective_impl(runtime *rt, ct_collective kind, rt_tensor *x, int axis, int dim) {
+    if (axis < 0 || axis >= CT_MESH_NAXES || kind < CT_COLL_ALL_GATHER || kind > CT_COLL_COPY) {
+        ct_set_error("collective: unknown kind %d or mesh axis %d", (int)kind, axis);
+        return NULL;
+    }
+    int degree = rt->dist.mesh ? rt->dist.mesh->degree[axis] : 1, nd = x->t.ndim;
+    if (degree <= 1) return x;
+    int cols = dim == CT_DIM_COLS || dim == nd - 1;
+    if (nd < 2 || (!cols && dim != CT_DIM_ROWS && dim != nd - 2) ||
+        (cols && kind == CT_COLL_REDUCE_SCATTER)) {
+        ct_set_error("collective: dim %d of a %d-dim tensor is not supported (token rows or columns; no reduce-scatter "
+                     "of columns)", dim, nd);
+        return NULL;
+    }
+    int d = cols ? nd - 1 : nd - 2, once = kind == CT_COLL_ALL_GATHER || kind == CT_COLL_ALL_GATHER_SLICE || kind == CT_COLL_COPY;
+    const void *key = &coll_keys[kind][axis][cols];
+    rt_tensor *y = once ? memo_get(rt, x, key) : NULL;
+    if (y) return y;
+    int64_t shape[CT_MAX_DIMS];
+    switch (kind) {
+    case CT_COLL_ALL_GATHER:
+    case CT_COLL_ALL_GATHER_SLICE:
+        if (scaled_shape(x, d, degree, 1, shape) || !(y = new_tensor(rt, rt->act, CT_F32, nd, shape))) return NULL;
+        if (cols ? gather_cols(rt, axis, degree, x, y) : axis_collective(rt, axis, 'g', x->t.data, y->t.data, numel(x)))
+            return NULL;
+        break;
+    case CT_COLL_REDUCE_SCATTER: { /* torchtitan's per-op policy saves its output */
+        if (scaled_shape(x, d, 1, degree, shape)) return NULL;
+        int saved = sac_saves(rt, 0);
+        y = saved ? sac_out(rt, CT_F32, nd, shape) : new_tensor(rt, rt->act, CT_F32, nd, shape);
+        if (!y || (!SAC_REUSED(rt, saved) && axis_collective(rt, axis, 's', x->t.data, y->t.data, numel(y)))) return NULL;
+        break;
+    }
+    case CT_COLL_ALL_REDUCE:
+        if (!(y = new_tensor(rt, rt->act, CT_F32, nd, x->t.shape)) ||
+            axis_collective(rt, axis, 'r', x->t.data, y->t.data, numel(x)))
+            return NULL;
+        break;
+    case CT_COLL_COPY: /* the same data, a gradient of its own */
+        if (!(y = pool_alloc(&rt->act->desc, sizeof *y))) return NULL;
+        memset(y, 0, sizeof *y);
+        y->t = x->t;
+        y->t.grad = NULL;
+        y->t.flags = 0;
+        break;
+    }
+    if (record(rt, OP_COLLECTIVE, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
+    if (rt->recording) {
+        rt->tail->i0 = kind;
+        rt->tail->i1 = axis * 2 + cols;
+    }
+    if (once && memo_put(rt, x, key, y)) return NULL;
+    return y;
+}
+
+static ct_tensor *op_collective(ct_builder *b, ct_collective kind, ct_tensor *xt, int axis, int dim) {
+    if (check_f32(xt, "collective", "x")) return NULL;
+    rt_tensor *y = collective_impl(RT(b), kind, (rt_tensor *)xt, axis, dim);
+    return y ? &y->t : NULL;
+}
+
+/* The conjugate of a collective in backward: x's gradient += f(dy). */
+static int collective_backward(runtime *rt, tape_entry *e, const float *dy) {
+    const ct_device_api *d = DEV(rt);
+    rt_tensor *x = e->in[0];
+    int kind = (int)e->i0, axis = (int)(e->i1 / 2), cols = (int)(e->i1 % 2);
+    int degree = rt->dist.mesh->degree[axis], me = rt->dist.mesh->coord[axis];
+    int64_t nx = numel(x), v = x->t.shape[x->t.ndim - 1], n = nx / v;
+    float *gx = grad_of(rt, x);
+    if (!gx) return -1;
+    if (kind == CT_COLL_ALL_REDUCE) return d->axpy(rt->dev, gx, dy, 1.0f, nx) == CT_OK ? 0 : -1;
+    if (kind == CT_COLL_ALL_GATHER_SLICE && !cols) return d->axpy(rt->dev, gx, dy + me * nx, 1.0f, nx) == CT_OK ? 0 : -1;
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    float *tmp = pool_alloc(&rt->opscratch, sizeof(float) * (size_t)nx * (kind == CT_COLL_ALL_GATHER && cols ? degree + 1 : 1));
+    if (!tmp) {
+        ct_set_error("out of memory for activation gradients");
+        return -1;
+    }
+    int bad = 0;
+    switch (kind) {
+    case CT_COLL_ALL_GATHER:
+        if (cols) /* each rank's columns made contiguous, then summed onto their rank */
+            for (int64_t p = 0; p < degree && !bad; p++)
+                bad = d->copy_2d(rt->dev, tmp + nx + p * nx, v, dy + p * v, v * degree, n, v) != CT_OK;
+        bad = bad || axis_collective(rt, axis, 's', cols ? tmp + nx : dy, tmp, nx);
+        break;
+    case CT_COLL_ALL_GATHER_SLICE: bad = d->copy_2d(rt->dev, tmp, v, dy + me * v, v * degree, n, v) != CT_OK; break;
+    case CT_COLL_REDUCE_SCATTER: bad = axis_collective(rt, axis, 'g', dy, tmp, numel(e->out)); break;
+    default: bad = axis_collective(rt, axis, 'r', dy, tmp, nx); break; /* CT_COLL_COPY */
+    }
+    bad = bad || d->axpy(rt->dev, gx, tmp, 1.0f, nx) != CT_OK;
+    pool_release(&rt->opscratch, m);
+    return bad ? -1 : 0;
+}
+
+/* ---- custom ops a strategy records (ct_builder.custom) ---- */
+#define CUSTOM_MAX_IO 8
+
+typedef struct custom_entry {
+    const ct_custom_op *op;
+    void *state;
+    ct_tensor *in[CUSTOM_MAX_IO], *out[CUSTOM_MAX_IO];
+    int n_in, n_out;
+} custom_entry;
+
+static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *state, size_t state_bytes,
+                           ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
+    runtime *rt = RT(b);
+    if (!op || !op->forward || !op->backward || n_in < 0 || n_in > CUSTOM_MAX_IO || n_out < 1 ||
+        n_out > CUSTOM_MAX_IO || (n_in && !in) || !out) {
+        ct_set_error("custom op %s: needs forward and backward, 0-%d inputs and 1-%d outputs", op && op->name ? op->name : "?",
+                     CUSTOM_MAX_IO, CUSTOM_MAX_IO);
+        return CT_ERR_INVALID;
+    }
+    custom_entry *c = pool_alloc(&rt->act->desc, sizeof *c);
+    void *st = state_bytes ? pool_alloc(&rt->act->desc, state_bytes) : NULL;
+    if (!c || (state_bytes && !st)) {
+        ct_set_error("out of memory for the tape");
+        return CT_ERR_NOMEM;
+    }
+    memset(c, 0, sizeof *c);
+    if (state_bytes) memcpy(st, state, state_bytes);
+    *c = (custom_entry){.op = op, .state = st, .n_in = n_in, .n_out = n_out};
+    for (int i = 0; i < n_in; i++) c->in[i] = in[i];
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    ct_clear_error();
+    ct_status s = op->forward(&rt->builder, st, c->in, n_in, c->out, n_out);
+    pool_release(&rt->opscratch, m);
+    for (int i = 0; i < n_out && s == CT_OK; i++)
+        if (!c->out[i]) s = CT_ERR_INTERNAL;
+    if (s != CT_OK) {
+        if (!ct_last_error()[0]) ct_set_error("custom op %s failed (status %d)", op->name ? op->name : "?", s);
+        return s;
+    }
+    for (int i = 0; i < n_out; i++) out[i] = c->out[i];
+    if (record(rt, OP_CUSTOM, (rt_tensor *)c->out[0], NULL, NULL, NULL, NULL, NULL, 0)) return CT_ERR_NOMEM;
+    if (rt->recording) rt->tail->custom = c;
+    return CT_OK;
+}
+
+static const float *grad_if_any(const rt_tensor *t);
+
+static int custom_backward(runtime *rt, tape_entry *e, int halves) {
+    custom_entry *c = e->custom;
+    const float *dy[CUSTOM_MAX_IO];
+    int any = 0;
+    for (int i = 0; i < c->n_out; i++) any |= (dy[i] = grad_if_any((rt_tensor *)c->out[i])) != NULL;
+    if (!any) return 0;
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    ct_clear_error();
+    ct_status s = c->op->backward(&rt->builder, c->state, c->in, c->n_in, c->out, dy, c->n_out, halves);
+    pool_release(&rt->opscratch, m);
+    if (s != CT_OK) {
+        if (!ct_last_error()[0]) ct_set_error("custom op %s backward failed (status %d)", c->op->name, s);
+        return -1;
+    }
+    return 0;
+}
+
+static ct_tensor *op_new_tensor(ct_builder *b, ct_dtype dt, int ndim, const int64_t *shape) {
+    if ((dt != CT_F32 && dt != CT_I32) || ndim < 0 || ndim > CT_MAX_DIMS) {
+        ct_set_error("new_tensor: f32 or int32 with 0-%d dims", CT_MAX_DIMS);
+        return NULL;
+    }
+    rt_tensor *t = new_tensor(RT(b), RT(b)->act, dt, ndim, shape);
+    return t ? &t->t : NULL;
+}
+
+static void *op_scratch(ct_builder *b, size_t bytes) {
+    void *p = pool_alloc(&RT(b)->opscratch, bytes);
+    if (!p) ct_set_error("out of memory for a custom op's scratch (%zu bytes)", bytes);
+    return p;
+}
+
+static float *op_grad(ct_builder *b, ct_tensor *t) { return t ? grad_of(RT(b), (rt_tensor *)t) : NULL; }
+
+static ct_tensor *op_memo(ct_builder *b, ct_tensor *xt, const void *key, ct_tensor *value) {
+    runtime *rt = RT(b);
+    if (!xt) return NULL;
+    if (!value) return (ct_tensor *)memo_get(rt, (rt_tensor *)xt, key);
+    return memo_put(rt, (rt_tensor *)xt, key, (rt_tensor *)value) ? NULL : value;
+}
+
+static void op_account_comm(ct_builder *b, int axis, double seconds) {
+    if (axis >= 0 && axis < CT_MESH_NAXES) account_comm(RT(b), axis, seconds);
+}
+
+static ct_tensor *op_finish_output(ct_builder *b, ct_tensor *x) {
+    (void)b;
+    return x;
+}
+
+/* ---- ops ---- */
+
+/* y = x w^T on this rank's operands (the quantizer's GEMMs when it converts w). */
+static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
+    int64_t in = w->t.shape[1], outf = w->t.shape[0], n = numel(x) / in;
+    int64_t shape[CT_MAX_DIMS];
+    memcpy(shape, x->t.shape, sizeof shape);
+    shape[x->t.ndim - 1] = outf;
+    int saved = sac_saves(rt, 1);
+    rt_tensor *y = saved ? sac_out(rt, CT_F32, x->t.ndim, shape) : new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
+    if (!y) return NULL;
+    rt_tensor *owner = w->base ? w->base : w;
+    if (rt->qapi && !(owner->t.flags & CT_TENSOR_QUANT_DECIDED)) { /* ask once per weight */
+        const char *why = "";
+        int yes = rt->qapi->converts(rt->quant, &owner->t, &why);
+        owner->t.flags |= CT_TENSOR_QUANT_DECIDED | (yes ? CT_TENSOR_QUANTIZED : 0);
+        quant_note(rt, owner->t.name, yes, why);
+    }
+    int quant = rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED);
+    if (!SAC_REUSED(rt, saved)) { /* else computed in forward and saved */
+        if (quant) CALL(rt, rt->qapi->forward(rt->quant, y->t.data, x->t.data, w->t.data, n, outf, in));
+        else CALL(rt, DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f));
+    }
+    if (record(rt, OP_LINEAR, y, x, w, NULL, NULL, NULL, (float)quant)) return NULL;
+    return y;
+}
+
+static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt;
+    if (check_f32(xt, "linear", "x") || check_f32(wt, "linear", "w")) return NULL;
+    if (w->t.ndim != 2 || x->t.shape[x->t.ndim - 1] != w->t.shape[1]) {
+        ct_set_error("linear: x (..., %lld) does not match w (%lld, %lld)", (long long)x->t.shape[x->t.ndim - 1],
+                     (long long)w->t.shape[0], (long long)w->t.shape[w->t.ndim - 1]);
+        return NULL;
+    }
+    rt_tensor *y = linear_plain(rt, x, w);
+    return y ? &y->t : NULL;
+}
+
+static ct_tensor *op_bias(ct_builder *b, ct_tensor *xt, ct_tensor *bt) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt, *bs = (rt_tensor *)bt;
+    if (check_f32(xt, "bias", "x") || check_f32(bt, "bias", "bias")) return NULL;
+    int64_t c = x->t.shape[x->t.ndim - 1];
+    if (numel(bs) != c) {
+        ct_set_error("bias: %lld values for rows of %lld", (long long)numel(bs), (long long)c);
+        return NULL;
+    }
+    rt_tensor *y = like(rt, x);
+    if (!y) return NULL;
+    CALL(rt, DEV(rt)->bias_forward(rt->dev, y->t.data, x->t.data, bs->t.data, numel(x) / c, c));
+    if (record(rt, OP_BIAS, y, x, bs, NULL, NULL, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_embedding(ct_builder *b, const ct_tensor *idst, ct_tensor *tablet) {
+    runtime *rt = RT(b);
+    rt_tensor *ids = (rt_tensor *)idst, *table = (rt_tensor *)tablet;
+    if (!idst || idst->dtype != CT_I32 || check_f32(tablet, "embedding", "table") || table->t.ndim != 2) {
+        ct_set_error("embedding: expects int32 ids and a (vocab, dim) f32 table");
+        return NULL;
+    }
+    int64_t shape[CT_MAX_DIMS];
+    memcpy(shape, ids->t.shape, sizeof shape);
+    if (ids->t.ndim >= CT_MAX_DIMS) return NULL;
+    shape[ids->t.ndim] = table->t.shape[1];
+    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, ids->t.ndim + 1, shape);
+    if (!y) return NULL;
+    CALL(rt, DEV(rt)->embedding_forward(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
+                                        table->t.shape[1], table->t.shape[0]));
+    if (record(rt, OP_EMBEDDING, y, ids, table, NULL, NULL, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_rmsnorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, float eps) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt;
+    if (check_f32(xt, "rmsnorm", "x") || check_f32(wt, "rmsnorm", "w")) return NULL;
+    int64_t c = x->t.shape[x->t.ndim - 1], n = numel(x) / c;
+    if (numel(w) != c) {
+        ct_set_error("rmsnorm: weight has %lld values for rows of %lld", (long long)numel(w), (long long)c);
+        return NULL;
+    }
+    rt_tensor *y = like(rt, x), *rstd = new_tensor(rt, rt->act, CT_F32, 1, &n);
+    if (!y || !rstd) return NULL;
+    CALL(rt, DEV(rt)->rmsnorm_forward(rt->dev, y->t.data, rstd->t.data, x->t.data, w->t.data, n, c, eps));
+    if (record(rt, OP_RMSNORM, y, x, w, NULL, rstd, NULL, eps)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_layernorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, ct_tensor *bt, float eps) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt, *bs = (rt_tensor *)bt;
+    if (check_f32(xt, "layernorm", "x") || check_f32(wt, "layernorm", "w")) return NULL;
+    if (bt && check_f32(bt, "layernorm", "bias")) return NULL;
+    int64_t c = x->t.shape[x->t.ndim - 1], n = numel(x) / c;
+    if (numel(w) != c || (bs && numel(bs) != c)) {
+        ct_set_error("layernorm: weight/bias size does not match rows of %lld", (long long)c);
+        return NULL;
+    }
+    rt_tensor *y = like(rt, x), *mean = new_tensor(rt, rt->act, CT_F32, 1, &n),
+              *rstd = new_tensor(rt, rt->act, CT_F32, 1, &n);
+    if (!y || !mean || !rstd) return NULL;
+    CALL(rt, DEV(rt)->layernorm_forward(rt->dev, y->t.data, mean->t.data, rstd->t.data, x->t.data, w->t.data,
+                                        bs ? bs->t.data : NULL, n, c, eps));
+    if (record(rt, OP_LAYERNORM, y, x, w, bs, mean, rstd, eps)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt;
+    if (check_f32(xt, "rope", "x")) return NULL;
+    if (x->t.ndim != 4 || x->t.shape[3] % 2) {
+        ct_set_error("rope: expects x of shape (B, T, H, D) with D even");
+        return NULL;
+    }
+    rt_tensor *y = like(rt, x);
+    if (!y) return NULL;
+    CALL(rt, DEV(rt)->rope_forward(rt->dev, y->t.data, x->t.data, x->t.shape[0], x->t.shape[1], x->t.shape[2],
+                                   x->t.shape[3], theta));
+    if (record(rt, OP_ROPE, y, x, NULL, NULL, NULL, NULL, theta)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_tensor *vt) {
+    runtime *rt = RT(b);
+    rt_tensor *q = (rt_tensor *)qt, *k = (rt_tensor *)kt, *v = (rt_tensor *)vt;
+    if (check_f32(qt, "attention", "q") || check_f32(kt, "attention", "k") || check_f32(vt, "attention", "v"))
+        return NULL;
+    const int64_t *qs = q->t.shape, *ks = k->t.shape;
+    if (q->t.ndim != 4 || k->t.ndim != 4 || v->t.ndim != 4 || ks[0] != qs[0] || ks[1] != qs[1] ||
+        ks[3] != qs[3] || memcmp(k->t.shape, v->t.shape, sizeof(int64_t) * 4) || qs[2] % ks[2]) {
+        ct_set_error("attention: expects q (B,T,H,D), k and v (B,T,KVH,D) with H a multiple of KVH");
+        return NULL;
+    }
+    int64_t lse_shape[3] = {qs[0], qs[2], qs[1]};
+    int saved = sac_saves(rt, 0);
+    rt_tensor *y = saved ? sac_out(rt, CT_F32, q->t.ndim, q->t.shape) : like(rt, q);
+    rt_tensor *lse = !y ? NULL : saved ? sac_out(rt, CT_F32, 3, lse_shape) : new_tensor(rt, rt->act, CT_F32, 3, lse_shape);
+    if (!y || !lse) return NULL;
+    if (!SAC_REUSED(rt, saved))
+        CALL(rt, DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
+                                        qs[1], qs[2], ks[2], qs[3]));
+    if (record(rt, OP_ATTENTION, y, q, k, v, lse, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static int same_shape(const rt_tensor *a, const rt_tensor *b, const char *op) {
+    if (a->t.ndim != b->t.ndim || memcmp(a->t.shape, b->t.shape, sizeof(int64_t) * (size_t)a->t.ndim)) {
+        ct_set_error("%s: operands have different shapes", op);
+        return -1;
+    }
+    return 0;
+}
+
+static ct_tensor *op_swiglu(ct_builder *b, ct_tensor *at, ct_tensor *gt) {
+    runtime *rt = RT(b);
+    rt_tensor *a = (rt_tensor *)at, *g = (rt_tensor *)gt;
+    if (check_f32(at, "swiglu", "a") || check_f32(gt, "swiglu", "g") || same_shape(a, g, "swiglu")) return NULL;
+    rt_tensor *y = like(rt, a);
+    if (!y) return NULL;
+    CALL(rt, DEV(rt)->swiglu_forward(rt->dev, y->t.data, a->t.data, g->t.data, numel(a)));
+    if (record(rt, OP_SWIGLU, y, a, g, NULL, NULL, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_gelu(ct_builder *b, ct_tensor *xt) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt;
+    if (check_f32(xt, "gelu", "x")) return NULL;
+    rt_tensor *y = like(rt, x);
+    if (!y) return NULL;
+    CALL(rt, DEV(rt)->gelu_forward(rt->dev, y->t.data, x->t.data, numel(x)));
+    if (record(rt, OP_GELU, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_add(ct_builder *b, ct_tensor *xt, ct_tensor *yt) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt, *y = (rt_tensor *)yt;
+    if (check_f32(xt, "add", "x") || check_f32(yt, "add", "y") || same_shape(x, y, "add")) return NULL;
+    rt_tensor *o = like(rt, x);
+    if (!o) return NULL;
+    CALL(rt, DEV(rt)->add(rt->dev, o->t.data, x->t.data, y->t.data, numel(x)));
+    if (record(rt, OP_ADD, o, x, y, NULL, NULL, NULL, 0)) return NULL;
+    return &o->t;
+}
+
+static ct_tensor *op_view(ct_builder *b, ct_tensor *xt, int ndim, const int64_t *shape) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt;
+    int64_t n = 1;
+    if (ndim < 0 || ndim > CT_MAX_DIMS) {
+        ct_set_error("view: %d dims (at most %d)", ndim, CT_MAX_DIMS);
+        return NULL;
+    }
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    if (n != numel(x)) {
+        ct_set_error("view: %lld elements cannot be viewed as %lld", (long long)numel(x), (long long)n);
+        return NULL;
+    }
+    rt_tensor *v = pool_alloc(&rt->act->desc, sizeof *v);
+    if (!v) return NULL;
+    *v = *x;
+    v->t.ndim = ndim;
+    memset(v->t.shape, 0, sizeof v->t.shape);
+    for (int i = 0; i < ndim; i++) v->t.shape[i] = shape[i];
+    v->base = x->base ? x->base : x;
+    v->memo = NULL;
+    v->t.grad = NULL;
+    v->t.flags = 0;
+    return &v->t;
+}
+
+static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor *tt) {
+    runtime *rt = RT(b);
+    rt_tensor *logits = (rt_tensor *)lt, *targets = (rt_tensor *)tt;
+    if (check_f32(lt, "cross_entropy", "logits")) return NULL;
+    int64_t v = logits->t.shape[logits->t.ndim - 1], n = numel(logits) / v;
+    if (!tt || tt->dtype != CT_I32 || numel(targets) != n) {
+        ct_set_error("cross_entropy: targets must be int32 with one value per row of logits");
+        return NULL;
+    }
+    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, 0, NULL);
+    if (!y) return NULL;
+    rt_tensor *losses = new_tensor(rt, rt->act, CT_F32, 1, &n);
+    if (!losses) return NULL;
+    CALL(rt, DEV(rt)->cross_entropy_forward(rt->dev, losses->t.data, logits->t.data, targets->t.data, n, v,
+                                            CT_IGNORE_INDEX));
+    if (CT_HAS_FIELD(DEV(rt), ct_device_api, sum_to_device) && DEV(rt)->sum_to_device) {
+        CALL(rt, DEV(rt)->sum_to_device(rt->dev, y->t.data, losses->t.data, n)); /* no wait for the device */
+    } else {
+        double sum = 0;
+        CALL(rt, DEV(rt)->sum(rt->dev, &sum, losses->t.data, n));
+        float fsum = (float)sum;
+        CALL(rt, DEV(rt)->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D));
+    }
+    if (record(rt, OP_CROSS_ENTROPY, y, logits, targets, NULL, NULL, NULL, 0)) return NULL;
+    return &y->t;
+}
+
+static ct_tensor *op_positions(ct_builder *b, int64_t batch, int64_t seq) {
+    runtime *rt = RT(b);
+    int64_t shape[2] = {batch, seq};
+    if (batch <= 0 || seq <= 0) {
+        ct_set_error("positions: batch and seq must be positive");
+        return NULL;
+    }
+    rt_tensor *p = new_tensor(rt, rt->act, CT_I32, 2, shape);
+    int32_t *host = malloc(sizeof(int32_t) * (size_t)(batch * seq));
+    if (!p || !host) {
+        free(host);
+        return NULL;
+    }
+    for (int64_t i = 0; i < batch * seq; i++) host[i] = (int32_t)(i % seq);
+    ct_status st = DEV(rt)->copy(rt->dev, p->t.data, host, sizeof(int32_t) * (size_t)(batch * seq), CT_COPY_H2D);
+    free(host);
+    return st == CT_OK ? &p->t : NULL;
+}
+
+void tape_builder_init(runtime *rt) {
+    rt->builder = (ct_builder){
+        .struct_size = sizeof(ct_builder),
+        .ctx = rt,
+        .linear = op_linear,
+        .bias = op_bias,
+        .embedding = op_embedding,
+        .rmsnorm = op_rmsnorm,
+        .layernorm = op_layernorm,
+        .rope = op_rope,
+        .attention = op_attention,
+        .swiglu = op_swiglu,
+        .gelu = op_gelu,
+        .add = op_add,
+        .view = op_view,
+        .cross_entropy = op_cross_entropy,
+        .positions = op_positions,
+        .collective = op_collective,
+        .finish_output = op_finish_output,
+        .new_tensor = op_new_tensor,
+        .scratch = op_scratch,
+        .custom = op_custom,
+        .grad = op_grad,
+        .memo = op_memo,
+        .account_comm = op_account_comm,
+    };
+    rt->top = &rt->builder;
+}
+
+/* ---- backward ---- */
+
+/* The gradient buffer of t (a view's is its base's), allocated zeroed in the grads arena. */
+static float *grad_of(runtime *rt, rt_tensor *t) {
+    rt_tensor *owner = t->base ? t->base : t;
+    if (!owner->t.grad) {
+        size_t bytes = (size_t)numel(owner) * sizeof(float);
+        owner->t.grad = pool_alloc(&rt->grads.data, bytes);
+        if (!owner->t.grad || DEV(rt)->zero(rt->dev, owner->t.grad, bytes) != CT_OK) {
+            ct_set_error("out of memory for activation gradients");
+            owner->t.grad = NULL;
+            return NULL;
+        }
+    }
+    return owner->t.grad;
+}
+
+float *tape_grad(runtime *rt, rt_tensor *t) { return grad_of(rt, t); }
+
+static const float *grad_if_any(const rt_tensor *t) {
+    const rt_tensor *owner = t->base ? t->base : t;
+    return owner->t.grad;
+}
+
+#define BCALL(expr)                                                                       \
+    do {                                                                                  \
+        ct_status st_ = (expr);                                                           \
+        if (st_ != CT_OK) {                                                               \
+            if (!ct_last_error()[0]) ct_set_error("device backward failed: %s", #expr);  \
+            return -1;                                                                    \
+        }                                                                                 \
+    } while (0)
+#define G(t) ({ float *g_ = grad_of(rt, (t)); if (!g_) return -1; g_; })
+
+static int entry_backward(runtime *rt, tape_entry *e, int halves) {
+    if (e->op == OP_CUSTOM) {
+        rt->in_backward = 1;
+        int bad = custom_backward(rt, e, halves);
+        rt->in_backward = 0;
+        return bad;
+    }
+    const float *dy = grad_if_any(e->out);
+    if (!dy) return 0; /* nothing flowed into this op */
+    const ct_device_api *d = DEV(rt);
+    void *dev = rt->dev;
+    rt_tensor *x = e->in[0], *w = e->in[1];
+    int in = halves & TAPE_INPUT, wt = halves & TAPE_WEIGHT;
+    switch (e->op) {
+    case OP_LINEAR: {
+        int64_t k = w->t.shape[1], m = w->t.shape[0], n = numel(x) / k;
+        if (e->f != 0) { /* float8: the quantizer runs both GEMMs */
+            if (in) BCALL(rt->qapi->backward_input(rt->quant, G(x), dy, w->t.data, n, m, k));
+            if (wt) BCALL(rt->qapi->backward_weight(rt->quant, G(w), dy, x->t.data, n, m, k));
+            break;
+        }
+        if (in) BCALL(d->matmul(dev, G(x), dy, w->t.data, n, k, m, 0, 0, 1.0f, 1.0f));
+        if (wt) BCALL(d->matmul(dev, G(w), dy, x->t.data, m, k, n, 1, 0, 1.0f, 1.0f));
+        break;
+    }
+    case OP_BIAS: {
+        int64_t c = numel(w), n = numel(x) / c;
+        if (in) BCALL(d->axpy(dev, G(x), dy, 1.0f, numel(x)));
+        if (wt) BCALL(d->bias_backward(dev, G(w), dy, n, c));
+        break;
+    }
+    case OP_EMBEDDING:
+        if (wt)
+            BCALL(d->embedding_backward(dev, G(w), x->t.data, dy, numel(x), w->t.shape[1], w->t.shape[0]));
+        break;
+    case OP_RMSNORM: {
+        int64_t c = numel(w), n = numel(x) / c;
+        if (in) BCALL(d->rmsnorm_backward_input(dev, G(x), dy, x->t.data, w->t.data, e->aux[0]->t.data, n, c));
+        if (wt) BCALL(d->rmsnorm_backward_weight(dev, G(w), dy, x->t.data, e->aux[0]->t.data, n, c));
+        break;
+    }
+    case OP_LAYERNORM: {
+        int64_t c = numel(w), n = numel(x) / c;
+        rt_tensor *bs = e->in[2];
+        if (in)
+            BCALL(d->layernorm_backward_input(dev, G(x), dy, x->t.data, w->t.data, e->aux[0]->t.data,
+                                              e->aux[1]->t.data, n, c));
+        if (wt)
+            BCALL(d->layernorm_backward_weight(dev, G(w), bs ? G(bs) : NULL, dy, x->t.data, e->aux[0]->t.data,
+                                               e->aux[1]->t.data, n, c));
+        break;
+    }
+    case OP_ROPE: {
+        const int64_t *s = x->t.shape;
+        if (in) BCALL(d->rope_backward(dev, G(x), dy, s[0], s[1], s[2], s[3], e->f));
+        break;
+    }
+    case OP_ATTENTION: {
+        rt_tensor *k = e->in[1], *v = e->in[2];
+        const int64_t *s = x->t.shape;
+        if (in)
+            BCALL(d->attention_backward(dev, G(x), G(k), G(v), dy, x->t.data, k->t.data, v->t.data,
+                                        e->out->t.data, e->aux[0]->t.data, s[0], s[1], s[2], k->t.shape[2], s[3]));
+        break;
+    }
+    case OP_SWIGLU:
+        if (in) BCALL(d->swiglu_backward(dev, G(x), G(w), dy, x->t.data, w->t.data, numel(x)));
+        break;
+    case OP_GELU:
+        if (in) BCALL(d->gelu_backward(dev, G(x), dy, x->t.data, numel(x)));
+        break;
+    case OP_ADD:
+        if (in) {
+            BCALL(d->axpy(dev, G(x), dy, 1.0f, numel(x)));
+            BCALL(d->axpy(dev, G(w), dy, 1.0f, numel(x)));
+        }
+        break;
+    case OP_CROSS_ENTROPY: {
+        if (!in) break;
+        int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
+        if (CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev) {
+            BCALL(d->cross_entropy_backward_dev(dev, G(x), x->t.data, w->t.data, dy, n, v, CT_IGNORE_INDEX));
+            break; /* dloss stays on the device */
+        }
+        float dloss;
+        BCALL(d->copy(dev, &dloss, dy, sizeof dloss, CT_COPY_D2H));
+        BCALL(d->cross_entropy_backward(dev, G(x), x->t.data, w->t.data, dloss, n, v, CT_IGNORE_INDEX));
+        break;
+    }
+    case OP_COLLECTIVE:
+        if (in) {
+            rt->in_backward = 1;
+            int bad = collective_backward(rt, e, dy);
+            rt->in_backward = 0;
+            if (bad) return -1;
+        }
+        break;
+    case OP_CUSTOM: break; /* custom_backward, before */
+    }
+    return 0;
+}
+
+int tape_backward(runtime *rt, tape_entry *tail, int halves) {
+    for (tape_entry *e = tail; e; e = e->prev)
+        if (entry_backward(rt, e, halves)) return -1;
+    return 0;
+}
+
+/* ---- the layers operation-level strategies wrap around the builder ----
+ * A layer starts as a builder whose every op forwards to the one below it; the strategy replaces
+ * the ops it changes. The forwarding ops find the builder below from their own address. */
+typedef struct tape_layer {
+    ct_builder b; /* first */
+    ct_builder *next;
+} tape_layer;
+
+#define NEXT(b) (((tape_layer *)(b))->next)
+
+static ct_tensor *fw_linear(ct_builder *b, ct_tensor *x, ct_tensor *w) { return NEXT(b)->linear(NEXT(b), x, w); }
+static ct_tensor *fw_bias(ct_builder *b, ct_tensor *x, ct_tensor *bias) { return NEXT(b)->bias(NEXT(b), x, bias); }
+static ct_tensor *fw_embedding(ct_builder *b, const ct_tensor *ids, ct_tensor *table) {
+    return NEXT(b)->embedding(NEXT(b), ids, table);
+}
+static ct_tensor *fw_rmsnorm(ct_builder *b, ct_tensor *x, ct_tensor *w, float eps) {
+    return NEXT(b)->rmsnorm(NEXT(b), x, w, eps);
+}
+static ct_tensor *fw_layernorm(ct_builder *b, ct_tensor *x, ct_tensor *w, ct_tensor *bias, float eps) {
+    return NEXT(b)->layernorm(NEXT(b), x, w, bias, eps);
+}
+static ct_tensor *fw_rope(ct_builder *b, ct_tensor *x, float theta) { return NEXT(b)->rope(NEXT(b), x, theta); }
+static ct_tensor *fw_attention(ct_builder *b, ct_tensor *q, ct_tensor *k, ct_tensor *v) {
+    return NEXT(b)->attention(NEXT(b), q, k, v);
+}
+static ct_tensor *fw_swiglu(ct_builder *b, ct_tensor *a, ct_tensor *g) { return NEXT(b)->swiglu(NEXT(b), a, g); }
+static ct_tensor *fw_gelu(ct_builder *b, ct_tensor *x) { return NEXT(b)->gelu(NEXT(b), x); }
+static ct_tensor *fw_add(ct_builder *b, ct_tensor *x, ct_tensor *y) { return NEXT(b)->add(NEXT(b), x, y); }
+static ct_tensor *fw_view(ct_builder *b, ct_tensor *x, int ndim, const int64_t *shape) {
+    return NEXT(b)->view(NEXT(b), x, ndim, shape);
+}
+static ct_tensor *fw_cross_entropy(ct_builder *b, ct_tensor *logits, const ct_tensor *targets) {
+    return NEXT(b)->cross_entropy(NEXT(b), logits, targets);
+}
+static ct_tensor *fw_positions(ct_builder *b, int64_t batch, int64_t seq) {
+    return NEXT(b)->positions(NEXT(b), batch, seq);
+}
+static ct_tensor *fw_collective(ct_builder *b, ct_collective kind, ct_tensor *x, int axis, int dim) {
+    return NEXT(b)->collective(NEXT(b), kind, x, axis, dim);
+}
+static ct_tensor *fw_finish_output(ct_builder *b, ct_tensor *x) { return NEXT(b)->finish_output(NEXT(b), x); }
+static ct_tensor *fw_new_tensor(ct_builder *b, ct_dtype dt, int ndim, const int64_t *shape) {
+    return NEXT(b)->new_tensor(NEXT(b), dt, ndim, shape);
+}
+static void *fw_scratch(ct_builder *b, size_t bytes) { return NEXT(b)->scratch(NEXT(b), bytes); }
+static ct_status fw_custom(ct_builder *b, const ct_custom_op *op, const void *state, size_t state_bytes,
+                           ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
+    return NEXT(b)->custom(NEXT(b), op, state, state_bytes, in, n_in, out, n_out);
+}
+static float *fw_grad(ct_builder *b, ct_tensor *t) { return NEXT(b)->grad(NEXT(b), t); }
+static ct_tensor *fw_memo(ct_builder *b, ct_tensor *x, const void *key, ct_tensor *value) {
+    return NEXT(b)->memo(NEXT(b), x, key, value);
+}
+static void fw_account_comm(ct_builder *b, int axis, double seconds) { NEXT(b)->account_comm(NEXT(b), axis, seconds); }
+
+ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
+    tape_layer *l = calloc(1, sizeof *l);
+    if (!l) return NULL;
+    l->next = next;
+    l->b = (ct_builder){
+        .struct_size = sizeof(ct_builder),
+        .linear = fw_linear,
+        .bias = fw_bias,
+        .embedding = fw_embedding,
+        .rmsnorm = fw_rmsnorm,
+        .layernorm = fw_layernorm,
+        .rope = fw_rope,
+        .attention = fw_attention,
+        .swiglu = fw_swiglu,
+        .gelu = fw_gelu,
+        .add = fw_add,
+        .view = fw_view,
+        .cross_entropy = fw_cross_entropy,
+        .positions = fw_positions,
+        .collective = fw_collective,
+        .finish_output = fw_finish_output,
+        .new_tensor = fw_new_tensor,
+        .scratch = fw_scratch,
+        .custom = fw_custom,
+        .grad = fw_grad,
+        .memo = fw_memo,
+        .account_comm = fw_account_comm,
+    };
+    (void)rt;
+    return &l->b;
+}
+
+void tape_layer_free(ct_builder *b) { free(b); }

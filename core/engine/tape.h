@@ -1,0 +1,34 @@
+/* tape.h: builder ops (recorded) and backward replay. See tape.c. */
+#ifndef CT_TAPE_H
+#define CT_TAPE_H
+
+#include "engine/runtime.h"
+
+typedef enum op_kind {
+    OP_LINEAR, OP_BIAS, OP_EMBEDDING, OP_RMSNORM, OP_LAYERNORM, OP_ROPE, OP_ATTENTION,
+    OP_SWIGLU, OP_GELU, OP_ADD, OP_CROSS_ENTROPY,
+    OP_COLLECTIVE, /* ct_builder.collective: over a mesh axis, with its conjugate in backward */
+    OP_CUSTOM      /* ct_builder.custom: a strategy's own forward and backward */
+} op_kind;
+
+/* Which halves of the backward to run: input gradients, weight gradients, or both. */
+#define TAPE_INPUT 1
+#define TAPE_WEIGHT 2
+#define TAPE_BOTH 3
+
+/* Fills rt->builder with the ops. */
+void tape_builder_init(runtime *rt);
+/* A fresh activation tensor in the arena the builder currently writes to. */
+rt_tensor *tape_new_activation(runtime *rt, ct_dtype dt, int ndim, const int64_t *shape);
+/* t's gradient buffer (allocated zeroed in the grads arena on first use). */
+float *tape_grad(runtime *rt, rt_tensor *t);
+/* Prints whether the quantizer converts the weight `name`. */
+void quant_note(runtime *rt, const char *name, int yes, const char *why);
+/* A builder layer for an operation-level strategy: every op forwards to `next` until the strategy
+ * replaces it (ct_strategy_api.wrap_builder). Freed with tape_layer_free. */
+ct_builder *tape_layer_new(runtime *rt, ct_builder *next);
+void tape_layer_free(ct_builder *b);
+/* Replays entries from `tail` back to the first, accumulating gradients. */
+int tape_backward(runtime *rt, tape_entry *tail, int halves);
+
+#endif

@@ -1,0 +1,741 @@
+/* train.c: `ctitan train`: the training loop, the LR schedule, clipping, metrics and the end-of-run
+ * model save and sample. */
+#include "checkpoint/checkpoint.h"
+#include "host/util.h"
+#include "host/commstats.h"
+#include "data/data.h"
+#include "formats/hf.h"
+#include "engine/lr.h"
+#include "engine/mesh.h"
+#include "host/runlock.h"
+#include "engine/session.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *train_usage =
+    "usage: ctitan train MANIFEST.yaml [--section.key=value ...] [--print-config] [--dry-run]\n"
+    "  Trains the model the manifest names. Overrides use torchtitan's keys; the last one wins.\n"
+    "  --print-config   print the effective configuration and continue\n"
+    "  --dry-run        load and check everything, print the model's size, FLOPs and memory; do not train\n";
+
+static double gib(int64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+/* compile.enable: the steady-state microbatch as one device graph (runtime.c) where the device
+ * captures graphs (ABI 1.5) and nothing in the step needs the host mid-way: one rank (the
+ * strategies' collectives are not captured), no float8 (its scales are read back). */
+static void compile_setup(session *s, manifest *mf) {
+    int compile = 0;
+    mf_get_bool(mf, "compile.enable", &compile);
+    if (!compile) return;
+    const ct_device_api *d = s->rt.d;
+    const char *name = s->devp->info.name, *why = NULL;
+    if (!CT_HAS_FIELD(d, ct_device_api, graph_free) || !d->graph_begin || !d->graph_end || !d->graph_launch ||
+        !d->graph_free || !d->sum_to_device || !d->cross_entropy_backward_dev)
+        why = "the device has no graph capture (ABI 1.5 graph_begin)";
+    else if (s->world > 1 || s->rt.dist.n_st > 0 || s->pl)
+        why = "not with several ranks or a parallelism plugin yet (their hooks and collectives are not captured)";
+    else if (s->rt.qapi)
+        why = "not with float8 (its scales are read back on the host)";
+    if (why) {
+        printf("compile.enable: no effect on the %s device: %s; the step runs eagerly\n", name, why);
+        return;
+    }
+    s->rt.graph.enabled = 1;
+    printf("compile.enable: each microbatch's forward and backward will be captured in a %s graph once the "
+           "arenas are steady (the third microbatch), then replayed\n",
+           name);
+}
+
+/* One line when a capture happened or failed since the last step. */
+static void compile_report(const runtime_graph *g, int64_t step, int64_t *told) {
+    if (g->failed && *told >= 0) {
+        printf("compile.enable: the capture failed at step %lld (%s); the step runs eagerly\n", (long long)step,
+               g->why);
+        *told = -1;
+    } else if (g->captures > *told && *told >= 0) {
+        printf("compile.enable: step %lld: captured one microbatch's forward and backward as a graph of %lld "
+               "device operations (capture %lld); later microbatches launch it\n",
+               (long long)step, (long long)g->ops, (long long)g->captures);
+        *told = g->captures;
+    }
+}
+
+static void print_model_summary(session *s, int64_t seq_len) {
+    const ct_model_desc *d = &s->rt.desc;
+    printf("model: %s (%s): %.3fM parameters (%.3fM without embeddings), %d units, %.3f GFLOP per token at seq %lld\n",
+           s->modelp->info.name, s->modelp->path, (double)d->n_params / 1e6,
+           (double)(d->n_params - d->n_embedding_params) / 1e6, d->n_units, d->flops_per_token / 1e9,
+           (long long)seq_len);
+}
+
+static int dry_run(session *s, manifest *mf) {
+    ct_model_desc d = {.struct_size = sizeof d};
+    if (s->m->describe(s->model, &d) != CT_OK) {
+        fprintf(stderr, "ctitan: model describe failed: %s\n", ct_last_error());
+        return EXIT_RUN_FAILED;
+    }
+    int64_t seq, lbs;
+    mf_get_int(mf, "training.seq_len", &seq);
+    mf_get_int(mf, "training.local_batch_size", &lbs);
+    int64_t rep, shard, tp, pp, cp;
+    mf_get_int(mf, "parallelism.data_parallel_replicate_degree", &rep);
+    mf_get_int(mf, "parallelism.data_parallel_shard_degree", &shard);
+    mf_get_int(mf, "parallelism.tensor_parallel_degree", &tp);
+    mf_get_int(mf, "parallelism.pipeline_parallel_degree", &pp);
+    mf_get_int(mf, "parallelism.context_parallel_degree", &cp);
+    if (shard < 1) shard = 1; /* -1: the ranks left over at launch; 1 here */
+    int64_t split = shard * cp * tp * pp; /* FSDP shards over dp_shard x cp; TP and PP split the model */
+    double p = (double)d.n_params * 4.0 / (double)split, gb = 1073741824.0;
+    printf("dry run: model %s, %d layers, dim %lld, vocab %lld\n", s->modelp->info.name, d.n_layers,
+           (long long)d.dim, (long long)d.vocab_size);
+    printf("  parameters %.3fB, %.3f GFLOP per token at seq %lld\n", (double)d.n_params / 1e9,
+           d.flops_per_token / 1e9, (long long)seq);
+    printf("  layout: dp_replicate %lld x dp_shard %lld x cp %lld x tp %lld x pp %lld = %lld ranks (dp_shard -1 counts as 1)\n",
+           (long long)rep, (long long)shard, (long long)cp, (long long)tp, (long long)pp,
+           (long long)(rep * shard * cp * tp * pp));
+    printf("  estimate per rank, fp32 master weights, activations not counted: params %.2f GiB, grads %.2f GiB, "
+           "AdamW states %.2f GiB, total %.2f GiB\n",
+           p / gb, p / gb, 2 * p / gb, 4 * p / gb);
+    printf("  tokens per microbatch %lld\n", (long long)(seq * lbs));
+    return 0;
+}
+
+/* checkpoint.last_save_in_hf: what the final export needs, checked before training (the names and
+ * shapes of the parameters as a Hugging Face Llama, and a checkpoint folder to write into). */
+static int check_hf_export(session *s, manifest *mf) {
+    int hf = 0, enable = 0;
+    char where[600], err[1024];
+    mf_get_bool(mf, "checkpoint.last_save_in_hf", &hf);
+    if (!hf) return 0;
+    mf_get_bool(mf, "checkpoint.enable", &enable);
+    mf_where(mf, "checkpoint.last_save_in_hf", where, sizeof where);
+    if (!enable) {
+        fprintf(stderr, "ctitan: %s: the final Hugging Face export goes into the checkpoint folder; it needs "
+                        "checkpoint.enable: true\n", where);
+        return EXIT_BAD_INPUT;
+    }
+    const ct_model_desc *d = &s->rt.desc;
+    int n = s->rt.n_params, rc = 0;
+    tf_entry *e = calloc((size_t)(n > 0 ? n : 1), sizeof *e);
+    if (!e) return EXIT_RUN_FAILED;
+    for (int i = 0; i < n; i++) { /* shapes only: the check reads no data */
+        const ct_tensor *p = &s->rt.params[i]->t;
+        e[i] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
+        memcpy(e[i].shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
+    }
+    tf_file w = {.entries = e, .count = n};
+    hf_config cfg = {.n_heads = d->n_heads, .rope_theta = d->rope_theta, .norm_eps = d->norm_eps,
+                     .max_position_embeddings = HF_DEFAULT_MAX_POSITIONS};
+    if (!d->n_heads || hf_config_from_weights(&cfg, &w, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s: model %s cannot be exported as a Hugging Face Llama: %s\n", where,
+                s->modelp->info.name, d->n_heads ? err : "its pack does not describe its heads (ct_model_desc 1.2)");
+        rc = EXIT_BAD_INPUT;
+    }
+    free(e);
+    return rc;
+}
+
+typedef struct batch_buf {
+    int32_t *inputs, *targets; /* (accum, L, T) on the host */
+} batch_buf;
+
+/* ---- run history: metrics.jsonl is appended, never truncated; every record carries the wall-clock
+ * time and the id of the start that wrote it, so the steps of a run resumed after a stop or crash
+ * sit after those of the start before, each under its own run_id. ---- */
+typedef struct run_log {
+    FILE *f;         /* metrics.jsonl on rank 0; NULL on the other ranks */
+    char path[4200]; /* job.dump_folder/metrics.jsonl */
+    char id[64];     /* this start's run_id: UTC start time, pid, 16 random bits */
+} run_log;
+
+static void run_id_make(char *out, size_t len) {
+    uint16_t r = 0;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) r = (uint16_t)(ct_now() * 1e9);
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    char day[32];
+    strftime(day, sizeof day, "%Y%m%dT%H%M%SZ", &tm);
+    snprintf(out, len, "%s-%ld-%04x", day, (long)getpid(), r);
+}
+
+/* s as a JSON string literal in out (quotes, backslashes and control bytes escaped; cut to fit). */
+static void json_string(char *out, size_t len, const char *s) {
+    size_t k = 0;
+    out[k++] = '"';
+    for (; *s && k + 8 < len; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') k += (size_t)snprintf(out + k, len - k, "\\%c", c);
+        else if (c < 0x20) k += (size_t)snprintf(out + k, len - k, "\\u%04x", c);
+        else out[k++] = (char)c;
+    }
+    out[k++] = '"';
+    out[k] = 0;
+}
+
+/* Makes sure a write error (ENOSPC, EIO, a file size limit) is reported, not lost in a buffer. */
+static int log_flush(run_log *lg) {
+    if (fflush(lg->f) == 0 && !ferror(lg->f)) return 0;
+    ct_set_error("cannot write %s: %s", lg->path, strerror(errno ? errno : EIO));
+    return -1;
+}
+
+/* Appends one record: the fields fmt gives (no braces), then time and run_id. -1 on a write error
+ * (ct_last_error says which). */
+__attribute__((format(printf, 2, 3))) static int log_record(run_log *lg, const char *fmt, ...) {
+    if (!lg->f) return 0;
+    char now[40];
+    ct_utc_iso(now, sizeof now);
+    va_list ap;
+    va_start(ap, fmt);
+    fputc('{', lg->f);
+    vfprintf(lg->f, fmt, ap);
+    va_end(ap);
+    fprintf(lg->f, ", \"time\": \"%s\", \"run_id\": \"%s\"}\n", now, lg->id);
+    errno = 0;
+    return log_flush(lg);
+}
+
+/* The start record: where this start begins and with what, so a reader can tell runs apart. */
+static int log_start(run_log *lg, session *s, manifest *mf, int64_t after_step, int64_t steps, int64_t seed) {
+    if (!lg->f) return 0;
+    char abs[4096], quoted[8300];
+    json_string(quoted, sizeof quoted, realpath(mf->path, abs) ? abs : mf->path);
+    return log_record(lg, "\"event\": \"start\", \"first_step\": %lld, \"steps\": %lld, \"world_size\": %d, "
+                          "\"seed\": %lld, \"manifest\": %s, \"pid\": %ld",
+                      (long long)(after_step + 1), (long long)steps, s->world, (long long)seed, quoted, (long)getpid());
+}
+
+static int log_close(run_log *lg) {
+    if (!lg->f) return 0;
+    int bad = log_flush(lg);
+    errno = 0;
+    if (fclose(lg->f) && !bad) {
+        ct_set_error("cannot write %s: %s", lg->path, strerror(errno ? errno : EIO));
+        bad = -1;
+    }
+    lg->f = NULL;
+    return bad;
+}
+
+/* v's maximum over every rank of the job (itself on one rank): how the ranks agree on a refusal at
+ * start-up and on a stop signal each step (one 4-byte-sized collective). 0, or -1 if the collective
+ * failed. */
+static int world_max(session *s, int v, int *out) {
+    *out = v;
+    if (!s->capi) return 0;
+    void *world;
+    double x = v;
+    if (s->capi->world(s->comm, &world) != CT_OK ||
+        s->capi->all_reduce(s->comm, world, &x, &x, 1, CT_F64, CT_REDUCE_MAX, NULL) != CT_OK)
+        return -1;
+    *out = (int)x;
+    return 0;
+}
+
+/* Rank 0 takes the dump folder's lock and opens metrics.jsonl to append; every rank learns whether
+ * that worked, so a refused job ends on all of them. 0, EXIT_BAD_INPUT or EXIT_RUN_FAILED. */
+static int run_log_open(session *s, manifest *mf, const char *dump, run_log *lg) {
+    int bad = 0;
+    memset(lg, 0, sizeof *lg);
+    snprintf(lg->path, sizeof lg->path, "%s/metrics.jsonl", dump);
+    if (s->rank == 0) {
+        char err[4600], where[600];
+        run_id_make(lg->id, sizeof lg->id);
+        mf_where(mf, "job.dump_folder", where, sizeof where);
+        if (runlock_acquire(dump, lg->id, err, sizeof err)) {
+            fprintf(stderr, "ctitan: %s: %s\n", where, err);
+            bad = 1;
+        } else if (!(lg->f = ct_fopen_nofollow(lg->path, "a"))) {
+            fprintf(stderr, "ctitan: %s: cannot open %s to append: %s\n", where, lg->path, ct_open_strerror(errno));
+            bad = 1;
+        }
+    }
+    if (world_max(s, bad, &bad)) {
+        fprintf(stderr, "ctitan: start-up: %s\n", ct_last_error());
+        return EXIT_RUN_FAILED;
+    }
+    if (!bad) printf("run: id %s; appending to %s\n", lg->id, lg->path);
+    return bad ? EXIT_BAD_INPUT : 0;
+}
+
+/* ---- stop signals: SIGTERM (Slurm preemption, a forwarded stop) and SIGINT end the run after the
+ * current step, with a checkpoint when checkpoints are on; a second one ends it at once. ---- */
+static volatile sig_atomic_t g_stop_signal; /* the first stop signal seen; 0 while none */
+
+static void on_stop_signal(int sig) {
+    if (g_stop_signal) {
+        static const char msg[] = "ctitan: a second stop signal: exiting now, nothing saved\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+        _exit(128 + sig);
+    }
+    g_stop_signal = sig;
+}
+
+/* on: the stop handler for SIGTERM and SIGINT; off: back to what they were (a shell's background job
+ * ignores SIGINT, for one). */
+static void stop_signals_catch(int on) {
+    static struct sigaction old_term, old_int;
+    static int caught;
+    if (!on) {
+        if (caught) {
+            sigaction(SIGTERM, &old_term, NULL);
+            sigaction(SIGINT, &old_int, NULL);
+        }
+        caught = 0;
+        return;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART; /* file writes and reads in flight go on */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old_int);
+    caught = 1;
+}
+
+static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+
+/* After the step all ranks agreed to stop at: a full, resumable checkpoint (when checkpoints are
+ * on), the stop record, one line. Returns 128 + the signal (the shell's convention for a process
+ * ended by a signal), or 1 if the save or the record failed. */
+static int stop_after(session *s, ckpt_plan *ck, run_log *lg, int sig, int64_t step) {
+    int saved = ck->enable;
+    if (ckpt_save_now(s, ck, step)) {
+        fprintf(stderr, "ctitan: stopped by %s after step %lld, but the checkpoint failed: %s\n", signal_name(sig),
+                (long long)step, ct_last_error());
+        return EXIT_RUN_FAILED;
+    }
+    char ckname[64] = "null";
+    if (saved) snprintf(ckname, sizeof ckname, "\"step-%lld\"", (long long)step);
+    if (log_record(lg, "\"event\": \"stop\", \"signal\": \"%s\", \"last_step\": %lld, \"checkpoint\": %s",
+                   signal_name(sig), (long long)step, ckname) ||
+        log_close(lg)) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        return EXIT_RUN_FAILED;
+    }
+    if (s->rank == 0) {
+        if (saved)
+            fprintf(stderr, "ctitan: stopped by %s after step %lld; checkpoint step-%lld saved\n", signal_name(sig),
+                    (long long)step, (long long)step);
+        else
+            fprintf(stderr, "ctitan: stopped by %s after step %lld (checkpoints are off: nothing saved)\n",
+                    signal_name(sig), (long long)step);
+    }
+    return 128 + sig;
+}
+
+static int train_loop(session *s, manifest *mf) {
+    int64_t steps, L, G, T, log_freq, seed;
+    double max_norm;
+    const char *dump, *dataset;
+    char err[2048], where[600], path[4096];
+    mf_get_int(mf, "training.steps", &steps);
+    mf_get_int(mf, "training.local_batch_size", &L);
+    mf_get_int(mf, "training.global_batch_size", &G);
+    mf_get_int(mf, "training.seq_len", &T);
+    mf_get_int(mf, "metrics.log_freq", &log_freq);
+    mf_get_int(mf, "training.seed", &seed);
+    mf_get_float(mf, "training.max_norm", &max_norm);
+    mf_get_str(mf, "job.dump_folder", &dump);
+    int64_t dp = s->mesh.dp_size > 0 ? s->mesh.dp_size : 1, dp_rank = s->mesh.dp_rank;
+    if (G == -1) G = L * dp; /* one microbatch per data-parallel rank */
+    if (L < 1 || G < L * dp || G % (L * dp) || steps < 0 || log_freq < 1) {
+        mf_where(mf, "training.global_batch_size", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: need local_batch_size >= 1 and global_batch_size a multiple of local_batch_size x "
+                        "%lld data-parallel ranks (or -1), steps >= 0, metrics.log_freq >= 1 (got local %lld, global "
+                        "%lld)\n",
+                where, (long long)dp, (long long)L, (long long)G);
+        return EXIT_BAD_INPUT;
+    }
+    int64_t G_local = G / dp, accum = G_local / L; /* this rank's slice of the global batch */
+    int64_t non_dp = s->world / dp > 0 ? s->world / dp : 1; /* ranks that share one data-parallel rank's batch */
+    lr_schedule sched;
+    if (lr_setup(mf, steps, &sched)) return EXIT_BAD_INPUT;
+    if (mf_get_str(mf, "training.dataset_path", &dataset)) {
+        fprintf(stderr, "ctitan: %s: training.dataset_path is not set (a token shard from `ctitan tokenize`)\n",
+                mf->path);
+        return EXIT_BAD_INPUT;
+    }
+    char dpath[4096];
+    session_resolve_path(mf, dataset, dpath, sizeof dpath);
+    dataloader dl;
+    if (dataloader_open(&dl, dpath, T, (uint64_t)seed, s->rt.desc.vocab_size, err, sizeof err)) {
+        mf_where(mf, "training.dataset_path", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return EXIT_BAD_INPUT;
+    }
+    if (ct_mkdir_p(dump) || ct_require_dir(dump)) {
+        mf_where(mf, "job.dump_folder", where, sizeof where);
+        if (errno == ENOTDIR) fprintf(stderr, "ctitan: %s: %s is not a folder (a file is in the way)\n", where, dump);
+        else fprintf(stderr, "ctitan: %s: cannot create %s: %s\n", where, dump, strerror(errno));
+        dataloader_close(&dl);
+        return EXIT_BAD_INPUT;
+    }
+    run_log lg;
+    int rc = run_log_open(s, mf, dump, &lg);
+    batch_buf bb = {malloc(sizeof(int32_t) * (size_t)(G_local * T)), malloc(sizeof(int32_t) * (size_t)(G_local * T))};
+    if (rc) goto done;
+    rc = EXIT_RUN_FAILED;
+    if (!bb.inputs || !bb.targets) {
+        fprintf(stderr, "ctitan: cannot allocate the batch: %lld sequences of %lld tokens\n", (long long)G_local,
+                (long long)T);
+        goto done;
+    }
+    print_model_summary(s, T);
+    printf("data: %llu tokens, %lld sequences of %lld; global batch %lld = %lld data-parallel ranks x %lld "
+           "microbatches x %lld; %lld steps\n",
+           (unsigned long long)dl.n_tokens, (long long)dl.n_windows, (long long)T, (long long)G, (long long)dp,
+           (long long)accum, (long long)L, (long long)steps);
+    if (s->world > 1)
+        printf("mesh: %d ranks: pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d; strategy %s\n", s->world,
+               s->mesh.degree[0], s->mesh.degree[1], s->mesh.degree[2], s->mesh.degree[3], s->mesh.degree[4],
+               s->stratp ? s->stratp->info.name : "none");
+    if (s->peak_flops > 0)
+        printf("device: %s, %s matmul peak %.1f GFLOP/s (the device's figure, how it got it above; MFU below is "
+               "against it)\n",
+               s->devp->info.name, s->matmul_precision ? s->matmul_precision : "f32", s->peak_flops / 1e9);
+    compile_setup(s, mf);
+    double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0, pp_sums[2] = {0, 0};
+    runtime_axis_comm axis_sum[CT_MESH_NAXES] = {{0}}; /* the tape's collectives per mesh axis, timed steps */
+    const int64_t warmup_steps = steps > 2 ? 2 : steps > 1 ? 1 : 0;
+    int64_t tokens_since = 0, timed_steps = 0;
+    int told_opt = 0;
+    int64_t told_graph = 0;
+    ckpt_plan ck;
+    if (ckpt_begin(s, mf, dump, &ck)) {
+        rc = EXIT_BAD_INPUT;
+        goto done;
+    }
+    if (ck.finished) { /* restarted after its last step: said so; trains and writes nothing */
+        rc = 0;
+        goto done;
+    }
+    dl.position = ck.state.data_position;
+    if (log_start(&lg, s, mf, ck.state.step, steps, seed)) goto runfail;
+    int stop = 0; /* the stop signal every rank agreed on after a step; 0 while none */
+    stop_signals_catch(1);
+    for (int64_t step = ck.state.step + 1; step <= steps; step++) {
+        double t0 = ct_now(), comm_before = s->rt.comm_seconds, pp_busy_before = s->pl ? s->pl->busy_seconds : 0,
+               pp_step_before = s->pl ? s->pl->step_seconds : 0;
+        runtime_axis_comm axis_before[CT_MESH_NAXES];
+        memcpy(axis_before, s->rt.axis_comm, sizeof axis_before);
+        trace_begin("step");
+        double lr = lr_at(&sched, step - ck.lr_offset);
+        /* the whole global batch first: the loss is normalised by its valid-token count */
+        for (int64_t i = 0; i < G_local; i++) /* this data-parallel rank's contiguous slice */
+            dataloader_sequence(&dl, dataloader_global_index(dl.position, G, dp_rank, dp, i), bb.inputs + i * T,
+                                bb.targets + i * T);
+        dl.position += G;
+        ck.state.tokens_seen += G * T;
+        double loss, norm;
+        int64_t valid;
+        int bad = session_train_step(s, bb.inputs, bb.targets, G_local, L, T, lr, max_norm, step, &loss, &norm, &valid);
+        if (bad < 0) goto runfail;
+        if (bad > 0) {
+            fprintf(stderr, "ctitan: step %lld: gradient norm is %g; stopping (lower optimizer.lr?)\n", (long long)step,
+                    norm);
+            goto done;
+        }
+        trace_end("step");
+        if (!told_opt++)
+            printf("optimizer: %d parameter tensors updated in %d call%s per step\n", s->rt.n_params, s->opt_calls,
+                   s->opt_calls == 1 ? "" : "s");
+        compile_report(&s->rt.graph, step, &told_graph);
+        /* a stop takes effect after a step every rank has finished; the last step ends the run anyway */
+        if (step < steps && world_max(s, g_stop_signal, &stop)) goto runfail;
+        double dt = ct_now() - t0;
+        if (step > warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
+            step_time_sum += dt;
+            comm_time_sum += s->rt.comm_seconds - comm_before;
+            for (int a = 0; a < CT_MESH_NAXES; a++) {
+                axis_sum[a].seconds += s->rt.axis_comm[a].seconds - axis_before[a].seconds;
+                axis_sum[a].bwd_seconds += s->rt.axis_comm[a].bwd_seconds - axis_before[a].bwd_seconds;
+                axis_sum[a].collectives += s->rt.axis_comm[a].collectives - axis_before[a].collectives;
+            }
+            if (s->pl) {
+                pp_sums[0] += s->pl->busy_seconds - pp_busy_before;
+                pp_sums[1] += s->pl->step_seconds - pp_step_before;
+            }
+            timed_steps++;
+        }
+        tokens_since += G_local * T / non_dp; /* per device: tp (and pp, cp) ranks share a dp rank's tokens */
+        if (step == 1 || step % log_freq == 0 || step == steps || stop) {
+            double elapsed = ct_now() - t_log;
+            double tps = (double)tokens_since / elapsed;
+            double tflops = s->rt.desc.flops_per_token * tps / 1e12;
+            double mfu = s->peak_flops > 0 ? 100.0 * tflops * 1e12 / s->peak_flops : 0.0;
+            /* above 100% the peak figure is wrong (a bug to report); the line says it was clamped */
+            const char *clamped = mfu > 100.0 ? ", clamped: achieved exceeds the peak figure" : "";
+            if (mfu > 100.0) mfu = 100.0;
+            printf("step %5lld  loss %8.4f  grad_norm %8.4f  lr %.3e  tps %8.0f  tflops %7.4f  mfu %5.1f%% (of %s peak%s)"
+                   "  memory %.3f GiB\n",
+                   (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib(g_mem.peak_total));
+            fflush(stdout);
+            if (log_record(&lg,
+                    "\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
+                    "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
+                    "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld}, "
+                    "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}",
+                    (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)g_mem.peak_total,
+                    (long long)g_mem.peak[CT_MEM_PARAMS], (long long)g_mem.peak[CT_MEM_GRADS],
+                    (long long)g_mem.peak[CT_MEM_OPTIMIZER], (long long)g_mem.peak[CT_MEM_ACTIVATIONS],
+                    (long long)s->rt.peak_act_bytes, (long long)g_comm_bytes[CS_ALL_GATHER],
+                    (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]))
+                goto runfail;
+            t_log = ct_now();
+            tokens_since = 0;
+        }
+        ck.state.step = step;
+        ck.state.data_position = dl.position;
+        if (ckpt_step(s, &ck, step, steps)) goto runfail;
+        if (stop) {
+            rc = stop_after(s, &ck, &lg, stop, step);
+            goto done;
+        }
+    }
+    if (timed_steps > 0) {
+        double tps = (double)(G_local * T / non_dp) * (double)timed_steps / step_time_sum;
+        double gflops = s->rt.desc.flops_per_token * tps / 1e9;
+        printf("summary: %lld steps after the first %lld: %.0f tokens/s, %.2f GFLOP/s achieved, %.2f GFLOP/s %s "
+               "matmul peak, ratio %.3f, peak memory %.3f GiB (activations live peak %.3f GiB)\n",
+               (long long)timed_steps, (long long)warmup_steps, tps, gflops, s->peak_flops / 1e9, s->devp->info.name,
+               s->peak_flops > 0 ? gflops * 1e9 / s->peak_flops : 0.0, gib(g_mem.peak_total),
+               gib(s->rt.peak_act_bytes));
+        if (s->rt.graph.launches > 0)
+            printf("summary: compile: %lld microbatches ran as one graph launch each (%lld device operations; "
+                   "%lld capture%s)\n",
+                   (long long)s->rt.graph.launches, (long long)s->rt.graph.ops, (long long)s->rt.graph.captures,
+                   s->rt.graph.captures == 1 ? "" : "s");
+        if (s->world > 1)
+            printf("summary: communication (time in strategy hooks and collectives, not hidden by compute) %.1f%% of "
+                   "step time on rank 0\n",
+                   100.0 * comm_time_sum / step_time_sum);
+        /* every pp rank's time inside stage work against its time in the runner: the measured bubble */
+        if (s->pl && s->capi->all_reduce(s->comm, s->mesh.group[CT_AXIS_PP], pp_sums, pp_sums, 2, CT_F64, CT_REDUCE_SUM,
+                                         NULL) == CT_OK && pp_sums[1] > 0)
+            printf("summary: pipeline %s: measured bubble %.3f (time outside stage work, all %d pp ranks), schedule "
+                   "predicts %.3f; at most %d microbatches held on rank 0\n",
+                   s->pl->plan.name, 1.0 - pp_sums[0] / pp_sums[1], s->pl->pp, s->pl->plan.bubble, s->pl->peak_ctx);
+        for (int a = 0; a < CT_MESH_NAXES; a++) /* op-level strategies' collectives (tp's, cp's) */
+            if (axis_sum[a].collectives > 0 || axis_sum[a].seconds > 0)
+                printf("summary: %s axis: %.2f ms per step blocked in its op-level collectives (forward %.2f, backward "
+                       "%.2f; %.1f%% of step time)\n",
+                       mesh_axis_names[a], 1e3 * axis_sum[a].seconds / (double)timed_steps,
+                       1e3 * (axis_sum[a].seconds - axis_sum[a].bwd_seconds) / (double)timed_steps,
+                       1e3 * axis_sum[a].bwd_seconds / (double)timed_steps, 100.0 * axis_sum[a].seconds / step_time_sum);
+    }
+    if (ckpt_end(s, &ck, steps)) goto runfail;
+    /* a stop signal in the last step or the final saves: the run is complete; the model is saved, the
+     * sample and traces are skipped. From here a signal ends the process at once. */
+    int late = 0;
+    if (world_max(s, g_stop_signal, &late)) goto runfail;
+    stop_signals_catch(0);
+    snprintf(path, sizeof path, "%s/model.ctt", dump);
+    if (steps > 0 && session_save_model(s, path, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        goto done;
+    }
+    if (log_record(&lg, "\"event\": \"end\", \"last_step\": %lld", (long long)steps) || log_close(&lg)) goto runfail;
+    rc = 0;
+    if (late) {
+        if (s->rank == 0)
+            fprintf(stderr, "ctitan: stopped by %s after the last step %lld; the run is complete and saved (the "
+                            "end-of-run sample and traces are skipped)\n",
+                    signal_name(late), (long long)steps);
+        rc = 128 + late;
+    }
+    goto done;
+runfail:
+    fprintf(stderr, "ctitan: training failed: %s\n", ct_last_error());
+    if (s->capi) { /* the other ranks would wait forever in their next collective */
+        fflush(stderr);
+        launch_record_status(EXIT_RUN_FAILED);
+        s->capi->abort(s->comm, EXIT_RUN_FAILED);
+    }
+done:
+    stop_signals_catch(0);
+    if (lg.f && log_close(&lg) && !rc) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        rc = EXIT_RUN_FAILED;
+    }
+    free(bb.inputs);
+    free(bb.targets);
+    dataloader_close(&dl);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+    run_args a;
+    int st;
+    manifest *mf = session_parse(argc, argv, &a, train_usage, &st);
+    if (a.help) {
+        fputs(train_usage, stdout);
+        printf("\nkeys (plugins add theirs once loaded; see --print-config):\n");
+        manifest m0 = {0};
+        manifest_add_core_schema(&m0);
+        manifest_print_schema(&m0, stdout);
+        m0.path = NULL;
+        for (int i = 0; i < m0.n_schema; i++) {
+            free(m0.schema[i].key);
+            free(m0.schema[i].default_value);
+            free(m0.schema[i].help);
+        }
+        free(m0.schema);
+        manifest_free(mf);
+        return 0;
+    }
+    if (!mf) return st;
+    session s;
+    ct_tokenizer *tok = NULL;
+    int dry = a.dry_run;
+    st = session_open(&s, mf, !dry, !dry);
+    if (st) goto out;
+    int pc = a.print_config;
+    if (!pc) mf_get_bool(mf, "job.print_config", &pc);
+    if (pc) manifest_print(mf, stdout);
+    if (dry) { /* like the dataset, the files the run reads are not opened */
+        st = dry_run(&s, mf);
+        goto out;
+    }
+    /* what the end of the run needs is checked now, not after the training */
+    int64_t max_new = 0;
+    mf_get_int(mf, "generate.max_new_tokens", &max_new);
+    if (max_new > 0 && (st = session_open_tokenizer(&s, &tok))) goto out;
+    if ((st = check_hf_export(&s, mf))) goto out;
+    int prof;
+    mf_get_bool(mf, "profiling.enable_profiling", &prof);
+    trace_enable(prof);
+    const char *desc;
+    if (!mf_get_str(mf, "job.description", &desc) && *desc) printf("job: %s\n", desc);
+    int seed_ckpt;
+    mf_get_bool(mf, "checkpoint.create_seed_checkpoint", &seed_ckpt);
+    if (seed_ckpt) { /* writes step-0 into the folder: under its lock like any run */
+        const char *dump;
+        char id[64], lerr[4600], where[600];
+        mf_get_str(mf, "job.dump_folder", &dump);
+        int bad = 0;
+        if (s.rank == 0) {
+            run_id_make(id, sizeof id);
+            mf_where(mf, "job.dump_folder", where, sizeof where);
+            if (ct_mkdir_p(dump) || ct_require_dir(dump)) {
+                fprintf(stderr, "ctitan: %s: cannot create %s: %s\n", where, dump,
+                        errno == ENOTDIR ? "a file is in the way" : strerror(errno));
+                bad = 1;
+            } else if (runlock_acquire(dump, id, lerr, sizeof lerr)) {
+                fprintf(stderr, "ctitan: %s: %s\n", where, lerr);
+                bad = 1;
+            }
+        }
+        if (world_max(&s, bad, &bad)) st = EXIT_RUN_FAILED;
+        else st = bad ? EXIT_BAD_INPUT : ckpt_seed(&s, mf, dump) ? EXIT_RUN_FAILED : 0;
+        goto out;
+    }
+    if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
+    st = train_loop(&s, mf);
+    if (!st && prof) {
+        const char *dump, *folder;
+        char path[4096], err[1024];
+        mf_get_str(mf, "job.dump_folder", &dump);
+        mf_get_str(mf, "profiling.save_traces_folder", &folder);
+        snprintf(path, sizeof path, "%s/%s", dump, folder);
+        ct_mkdir_p(path);
+        if (s.world > 1) snprintf(path, sizeof path, "%s/%s/rank%d_trace.json", dump, folder, s.rank); /* one per rank */
+        else snprintf(path, sizeof path, "%s/%s/trace.json", dump, folder);
+        if (trace_write(path, err, sizeof err)) fprintf(stderr, "ctitan: warning: %s (the training completed)\n", err);
+        else printf("trace: %s\n", path);
+    }
+    if (!st && max_new > 0) { /* an optional end-of-run step: its failure is a warning, the training stands */
+        int64_t top_k, seed, T;
+        const char *prompt;
+        double temp, top_p;
+        mf_get_str(mf, "generate.prompt", &prompt);
+        mf_get_float(mf, "generate.temperature", &temp);
+        mf_get_int(mf, "generate.top_k", &top_k);
+        mf_get_float(mf, "generate.top_p", &top_p);
+        if (mf_get_int(mf, "generate.seed", &seed)) mf_get_int(mf, "training.seed", &seed);
+        mf_get_int(mf, "training.seq_len", &T);
+        printf("sample:\n");
+        if (session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T))
+            fprintf(stderr, "ctitan: warning: the end-of-run sample failed (above); the training itself completed "
+                            "and was saved\n");
+    }
+out:
+    tokenizer_free(tok);
+    runlock_release();
+    session_close(&s);
+    return st;
+}
+
+static const char *generate_usage =
+    "usage: ctitan generate MANIFEST.yaml [--checkpoint MODEL.ctt|STEP_FOLDER|CHECKPOINT_FOLDER] [--prompt TEXT]\n"
+    "                       [--section.key=value ...]\n"
+    "  Samples text from a trained model: by default job.dump_folder/model.ctt, written by `ctitan train`;\n"
+    "  or any checkpoint (a step-N folder, or a checkpoint folder: its newest step), whatever its layout.\n"
+    "  generate.max_new_tokens (default here 64), temperature, top_k, top_p and seed apply.\n";
+
+int cmd_generate(int argc, char **argv) {
+    run_args a;
+    int st;
+    manifest *mf = session_parse(argc, argv, &a, generate_usage, &st);
+    if (a.help) {
+        fputs(generate_usage, stdout);
+        manifest_free(mf);
+        return 0;
+    }
+    if (!mf) return st;
+    session s;
+    ct_tokenizer *tok = NULL;
+    st = session_open(&s, mf, 1, 0);
+    if (st || (st = session_open_tokenizer(&s, &tok))) goto out;
+    char path[4096], err[2048];
+    const char *dump, *prompt;
+    mf_get_str(mf, "job.dump_folder", &dump);
+    if (a.checkpoint) snprintf(path, sizeof path, "%s", a.checkpoint);
+    else snprintf(path, sizeof path, "%s/model.ctt", dump);
+    struct stat sb;
+    int is_dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (is_dir ? ckpt_load_model_from(&s, path, err, sizeof err) : session_load_model(&s, path, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        st = EXIT_BAD_INPUT;
+        goto out;
+    }
+    int64_t max_new, top_k, seed, T;
+    double temp;
+    mf_get_int(mf, "generate.max_new_tokens", &max_new);
+    if (max_new <= 0) max_new = 64;
+    mf_get_str(mf, "generate.prompt", &prompt);
+    if (a.prompt) prompt = a.prompt;
+    mf_get_float(mf, "generate.temperature", &temp);
+    mf_get_int(mf, "generate.top_k", &top_k);
+    double top_p;
+    mf_get_float(mf, "generate.top_p", &top_p);
+    if (mf_get_int(mf, "generate.seed", &seed)) mf_get_int(mf, "training.seed", &seed);
+    mf_get_int(mf, "training.seq_len", &T);
+    st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
+out:
+    tokenizer_free(tok);
+    session_close(&s);
+    return st;
+}
+
+int cmd_plugins(int argc, char **argv) {
+    if (argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
+        printf("usage: ctitan plugins [FOLDER]\n  Lists the plugins found on the search path (FOLDER, "
+               "$CTITAN_PLUGIN_PATH, the build's plugins/) with kind, name and ABI version.\n");
+        return 0;
+    }
+    int n = plugin_list(stdout, argc > 0 ? argv[0] : NULL);
+    return n > 0 ? 0 : EXIT_RUN_FAILED;
+}

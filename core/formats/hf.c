@@ -1,0 +1,607 @@
+/* hf.c: Hugging Face Llama checkpoints <-> ctitan's llama3 parameters (mapping in hf.h). */
+#include "formats/hf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "formats/safetensors.h"
+#include "host/util.h"
+
+#define MAX_DIM (1 << 24)    /* any one size; real ones are below 2^18 */
+#define MAX_LAYERS (1 << 16)
+#define CONFIG_CAP (1 << 20) /* bytes of config.json we read */
+
+/* ---- the parameter table ----------------------------------------------------------------------- */
+
+enum { K_EMB, K_NORM, K_Q, K_K, K_V, K_O, K_W1, K_W2, K_W3, K_OUT };
+
+/* Per block, in the order the llama3 pack declares them. */
+static const struct {
+    const char *ct, *hf;
+    int kind;
+} block_params[] = {
+    {"attention_norm.weight", "input_layernorm.weight", K_NORM},
+    {"attention.wq.weight", "self_attn.q_proj.weight", K_Q},
+    {"attention.wk.weight", "self_attn.k_proj.weight", K_K},
+    {"attention.wv.weight", "self_attn.v_proj.weight", K_V},
+    {"attention.wo.weight", "self_attn.o_proj.weight", K_O},
+    {"ffn_norm.weight", "post_attention_layernorm.weight", K_NORM},
+    {"feed_forward.w1.weight", "mlp.gate_proj.weight", K_W1},
+    {"feed_forward.w2.weight", "mlp.down_proj.weight", K_W2},
+    {"feed_forward.w3.weight", "mlp.up_proj.weight", K_W3},
+};
+#define N_BLOCK_PARAMS ((int64_t)(sizeof block_params / sizeof block_params[0]))
+
+typedef struct param {
+    char ct[128], hf[160];
+    int kind;
+    int ndim;
+    int64_t shape[2];
+    int64_t permute_heads; /* q: n_heads, k: n_kv_heads, else 0 */
+} param;
+
+static int64_t n_params(const hf_config *c) { return 3 + N_BLOCK_PARAMS * c->n_layers; }
+
+/* Parameter i (0 .. n_params-1) of the model c describes. */
+static void param_at(const hf_config *c, int64_t i, param *p) {
+    int64_t D = c->dim, q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim, F = c->ffn_hidden;
+    memset(p, 0, sizeof *p);
+    if (i == 0) {
+        snprintf(p->ct, sizeof p->ct, "tok_embeddings.weight");
+        snprintf(p->hf, sizeof p->hf, "model.embed_tokens.weight");
+        p->kind = K_EMB;
+    } else if (i == n_params(c) - 2) {
+        snprintf(p->ct, sizeof p->ct, "norm.weight");
+        snprintf(p->hf, sizeof p->hf, "model.norm.weight");
+        p->kind = K_NORM;
+    } else if (i == n_params(c) - 1) {
+        snprintf(p->ct, sizeof p->ct, "output.weight");
+        snprintf(p->hf, sizeof p->hf, "lm_head.weight");
+        p->kind = K_OUT;
+    } else {
+        int64_t layer = (i - 1) / N_BLOCK_PARAMS, k = (i - 1) % N_BLOCK_PARAMS;
+        snprintf(p->ct, sizeof p->ct, "layers.%lld.%s", (long long)layer, block_params[k].ct);
+        snprintf(p->hf, sizeof p->hf, "model.layers.%lld.%s", (long long)layer, block_params[k].hf);
+        p->kind = block_params[k].kind;
+    }
+    int64_t rows = 0, cols = D;
+    switch (p->kind) {
+    case K_EMB: case K_OUT: rows = c->vocab; break;
+    case K_NORM: rows = D; cols = 0; break;
+    case K_Q: rows = q; p->permute_heads = c->n_heads; break;
+    case K_K: rows = kv; p->permute_heads = c->n_kv_heads; break;
+    case K_V: rows = kv; break;
+    case K_O: rows = D; cols = q; break;
+    case K_W1: case K_W3: rows = F; break;
+    case K_W2: rows = D; cols = F; break;
+    }
+    p->ndim = cols ? 2 : 1;
+    p->shape[0] = rows;
+    p->shape[1] = cols;
+}
+
+/* A name on the ctitan side that belongs to the model's parameters (the rest of a file is ignored). */
+static int is_param_name(const char *name) {
+    return !strcmp(name, "tok_embeddings.weight") || !strcmp(name, "norm.weight") ||
+           !strcmp(name, "output.weight") || !strncmp(name, "layers.", 7);
+}
+
+/* 1 if name is "PREFIX<layer>.<suffix>" with layer < n_layers and suffix one of the block's (ct or hf). */
+static int is_block_name(const char *name, const char *prefix, int64_t n_layers, int hf_side) {
+    size_t pl = strlen(prefix);
+    if (strncmp(name, prefix, pl)) return 0;
+    const char *s = name + pl;
+    if (*s < '0' || *s > '9' || (*s == '0' && s[1] != '.')) return 0;
+    int64_t layer = 0;
+    while (*s >= '0' && *s <= '9' && layer <= MAX_LAYERS) layer = layer * 10 + (*s++ - '0');
+    if (*s++ != '.' || layer >= n_layers) return 0;
+    for (int64_t k = 0; k < N_BLOCK_PARAMS; k++)
+        if (!strcmp(s, hf_side ? block_params[k].hf : block_params[k].ct)) return 1;
+    return 0;
+}
+
+static int is_expected_ct(const hf_config *c, const char *name) {
+    return !strcmp(name, "tok_embeddings.weight") || !strcmp(name, "norm.weight") ||
+           !strcmp(name, "output.weight") || is_block_name(name, "layers.", c->n_layers, 0);
+}
+
+static int is_expected_hf(const hf_config *c, const char *name) {
+    return !strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "model.norm.weight") ||
+           !strcmp(name, "lm_head.weight") || is_block_name(name, "model.layers.", c->n_layers, 1);
+}
+
+void hf_permute_rows(float *dst, const float *src, int64_t n_heads, int64_t head_dim, int64_t cols, int to_hf) {
+    int64_t half = head_dim / 2;
+    for (int64_t h = 0; h < n_heads; h++)
+        for (int64_t j = 0; j < 2; j++)
+            for (int64_t i = 0; i < half; i++) {
+                int64_t hf_row = h * head_dim + j * half + i, ct_row = h * head_dim + 2 * i + j;
+                int64_t to = to_hf ? hf_row : ct_row, from = to_hf ? ct_row : hf_row;
+                memcpy(dst + to * cols, src + from * cols, sizeof(float) * (size_t)cols);
+            }
+}
+
+static void shape_str(char *out, size_t len, int ndim, const int64_t *shape) {
+    if (ndim == 1) snprintf(out, len, "(%lld)", (long long)shape[0]);
+    else if (ndim == 2) snprintf(out, len, "(%lld, %lld)", (long long)shape[0], (long long)shape[1]);
+    else snprintf(out, len, "(%d dimensions)", ndim);
+}
+
+/* ---- the config -------------------------------------------------------------------------------- */
+
+static int check_config(const hf_config *c, const char *label, char *err, size_t errlen) {
+    const struct {
+        const char *key;
+        int64_t v, max;
+    } sizes[] = {
+        {"hidden_size", c->dim, MAX_DIM}, {"num_hidden_layers", c->n_layers, MAX_LAYERS},
+        {"num_attention_heads", c->n_heads, MAX_DIM}, {"num_key_value_heads", c->n_kv_heads, MAX_DIM},
+        {"vocab_size", c->vocab, MAX_DIM}, {"intermediate_size", c->ffn_hidden, MAX_DIM},
+        {"max_position_embeddings", c->max_position_embeddings, INT32_MAX},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].v < 1 || sizes[i].v > sizes[i].max) {
+            ct_errf(err, errlen, "%s: %s %lld is out of range (1..%lld)", label, sizes[i].key, (long long)sizes[i].v,
+                    (long long)sizes[i].max);
+            return -1;
+        }
+    if (c->dim % c->n_heads || c->n_heads % c->n_kv_heads || (c->dim / c->n_heads) % 2) {
+        ct_errf(err, errlen,
+                "%s: hidden_size %lld must split into num_attention_heads %lld heads of even size, and "
+                "num_attention_heads be a multiple of num_key_value_heads %lld",
+                label, (long long)c->dim, (long long)c->n_heads, (long long)c->n_kv_heads);
+        return -1;
+    }
+    if (c->head_dim != c->dim / c->n_heads) {
+        ct_errf(err, errlen, "%s: head_dim %lld is not hidden_size / num_attention_heads = %lld (ctitan's llama3 "
+                             "derives it)", label, (long long)c->head_dim, (long long)(c->dim / c->n_heads));
+        return -1;
+    }
+    if (!isfinite(c->rope_theta) || c->rope_theta <= 0 || !isfinite(c->norm_eps) || c->norm_eps < 0) {
+        ct_errf(err, errlen, "%s: rope_theta %g must be > 0 and rms_norm_eps %g >= 0, both finite", label,
+                c->rope_theta, c->norm_eps);
+        return -1;
+    }
+    return 0;
+}
+
+/* key: a positive JSON integer (or absent: *out = dflt, when dflt > 0; absent and no default: an error). */
+static int get_int(json_t *root, const char *label, const char *key, int64_t dflt, int64_t *out, char *err,
+                   size_t errlen) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        if (dflt > 0) {
+            *out = dflt;
+            return 0;
+        }
+        ct_errf(err, errlen, "%s: key '%s' is missing", label, key);
+        return -1;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX) {
+        ct_errf(err, errlen, "%s: key '%s' must be a positive integer", label, key);
+        return -1;
+    }
+    *out = (int64_t)json_integer_value(v);
+    return 0;
+}
+
+static int get_num(json_t *obj, const char *label, const char *key, double dflt, double *out, char *err,
+                   size_t errlen) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_number(v)) {
+        ct_errf(err, errlen, "%s: key '%s' must be a number", label, key);
+        return -1;
+    }
+    *out = json_number_value(v);
+    return 0;
+}
+
+/* key, when present, must be the string want / the boolean want. */
+static int want_str(json_t *obj, const char *label, const char *key, const char *want, const char *why, char *err,
+                    size_t errlen) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v) || (json_is_string(v) && !strcmp(json_string_value(v), want))) return 0;
+    char got[64];
+    snprintf(got, sizeof got, "%s", json_is_string(v) ? json_string_value(v) : "(not a string)");
+    for (char *p = got; *p; p++)
+        if ((unsigned char)*p < 0x20) *p = '?';
+    ct_errf(err, errlen, "%s: %s '%s' is not supported (%s)", label, key, got, why);
+    return -1;
+}
+
+static int want_false(json_t *obj, const char *label, const char *key, char *err, size_t errlen) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v) || json_is_false(v)) return 0;
+    ct_errf(err, errlen, "%s: %s must be false (ctitan's llama3 has no biases)", label, key);
+    return -1;
+}
+
+/* rope_scaling (transformers 4) / rope_parameters (transformers 5): only plain RoPE. */
+static int check_rope(json_t *root, const char *label, double *theta, char *err, size_t errlen) {
+    const char *why = "ctitan's llama3 has plain RoPE; Llama 3.1-style scaling is not implemented yet";
+    json_t *scaling = json_object_get(root, "rope_scaling"), *params = json_object_get(root, "rope_parameters");
+    if (scaling && !json_is_null(scaling)) {
+        if (!json_is_object(scaling)) {
+            ct_errf(err, errlen, "%s: rope_scaling must be null or an object", label);
+            return -1;
+        }
+        if (!json_object_get(scaling, "rope_type") && !json_object_get(scaling, "type")) {
+            ct_errf(err, errlen, "%s: rope_scaling has no rope_type (%s)", label, why);
+            return -1;
+        }
+        if (want_str(scaling, label, "rope_type", "default", why, err, errlen) ||
+            want_str(scaling, label, "type", "default", why, err, errlen))
+            return -1;
+    }
+    if (params && !json_is_null(params)) {
+        if (!json_is_object(params)) {
+            ct_errf(err, errlen, "%s: rope_parameters must be null or an object", label);
+            return -1;
+        }
+        if (want_str(params, label, "rope_type", "default", why, err, errlen)) return -1;
+    }
+    json_t *top = json_object_get(root, "rope_theta");
+    if (top && !json_is_null(top)) return get_num(root, label, "rope_theta", 10000.0, theta, err, errlen);
+    if (json_is_object(params)) return get_num(params, label, "rope_theta", 10000.0, theta, err, errlen);
+    *theta = 10000.0; /* LlamaConfig's default */
+    return 0;
+}
+
+int hf_config_parse(const char *json, size_t len, const char *label, hf_config *cfg, char *err, size_t errlen) {
+    memset(cfg, 0, sizeof *cfg);
+    json_error_t je;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        ct_errf(err, errlen, "%s: invalid JSON at line %d column %d: %s", label, je.line, je.column, je.text);
+        return -1;
+    }
+    int rc = -1;
+    if (!json_is_object(root)) {
+        ct_errf(err, errlen, "%s: expected a JSON object (a LlamaConfig)", label);
+        goto done;
+    }
+    if (want_str(root, label, "model_type", "llama", "ctitan converts model_type \"llama\"", err, errlen) ||
+        want_str(root, label, "hidden_act", "silu", "ctitan's llama3 uses SwiGLU with silu", err, errlen) ||
+        want_false(root, label, "attention_bias", err, errlen) || want_false(root, label, "mlp_bias", err, errlen) ||
+        get_int(root, label, "hidden_size", 0, &cfg->dim, err, errlen) ||
+        get_int(root, label, "intermediate_size", 0, &cfg->ffn_hidden, err, errlen) ||
+        get_int(root, label, "num_hidden_layers", 0, &cfg->n_layers, err, errlen) ||
+        get_int(root, label, "num_attention_heads", 0, &cfg->n_heads, err, errlen) ||
+        get_int(root, label, "vocab_size", 0, &cfg->vocab, err, errlen) ||
+        get_int(root, label, "num_key_value_heads", cfg->n_heads, &cfg->n_kv_heads, err, errlen) ||
+        get_int(root, label, "head_dim", cfg->dim >= cfg->n_heads ? cfg->dim / cfg->n_heads : 1, &cfg->head_dim, err,
+                errlen) ||
+        get_int(root, label, "max_position_embeddings", 2048, &cfg->max_position_embeddings, err, errlen) ||
+        get_num(root, label, "rms_norm_eps", 1e-6, &cfg->norm_eps, err, errlen) ||
+        check_rope(root, label, &cfg->rope_theta, err, errlen))
+        goto done;
+    json_t *tie = json_object_get(root, "tie_word_embeddings");
+    if (tie && !json_is_null(tie) && !json_is_boolean(tie)) {
+        ct_errf(err, errlen, "%s: tie_word_embeddings must be true or false", label);
+        goto done;
+    }
+    cfg->tied = json_is_true(tie);
+    rc = check_config(cfg, label, err, errlen);
+done:
+    json_decref(root);
+    return rc;
+}
+
+/* Shortest decimal that reads back as x, always with a '.' or an exponent (so JSON keeps it a float);
+ * whole numbers below 1e16 in full ("500000.0", as Python prints them). */
+static void fmt_double(char *out, size_t len, double x) {
+    if (x == floor(x) && fabs(x) < 1e16) {
+        snprintf(out, len, "%.1f", x);
+        return;
+    }
+    for (int p = 1; p <= 17; p++) {
+        snprintf(out, len, "%.*g", p, x);
+        if (strtod(out, NULL) == x) break;
+    }
+    if (!strpbrk(out, ".en")) strncat(out, ".0", len - strlen(out) - 1);
+}
+
+static char *config_json(const hf_config *c, hf_dtype dtype) {
+    char theta[40], eps[40];
+    fmt_double(theta, sizeof theta, c->rope_theta);
+    fmt_double(eps, sizeof eps, c->norm_eps);
+    const char *fmt = "{\n"
+                      "  \"architectures\": [\n"
+                      "    \"LlamaForCausalLM\"\n"
+                      "  ],\n"
+                      "  \"attention_bias\": false,\n"
+                      "  \"attention_dropout\": 0.0,\n"
+                      "  \"head_dim\": %lld,\n"
+                      "  \"hidden_act\": \"silu\",\n"
+                      "  \"hidden_size\": %lld,\n"
+                      "  \"initializer_range\": 0.02,\n"
+                      "  \"intermediate_size\": %lld,\n"
+                      "  \"max_position_embeddings\": %lld,\n"
+                      "  \"mlp_bias\": false,\n"
+                      "  \"model_type\": \"llama\",\n"
+                      "  \"num_attention_heads\": %lld,\n"
+                      "  \"num_hidden_layers\": %lld,\n"
+                      "  \"num_key_value_heads\": %lld,\n"
+                      "  \"pretraining_tp\": 1,\n"
+                      "  \"rms_norm_eps\": %s,\n"
+                      "  \"rope_scaling\": null,\n"
+                      "  \"rope_theta\": %s,\n"
+                      "  \"tie_word_embeddings\": false,\n"
+                      "  \"torch_dtype\": \"%s\",\n"
+                      "  \"use_cache\": true,\n"
+                      "  \"vocab_size\": %lld\n"
+                      "}\n";
+    char *out = NULL;
+    if (asprintf(&out, fmt, (long long)c->head_dim, (long long)c->dim, (long long)c->ffn_hidden,
+                 (long long)c->max_position_embeddings, (long long)c->n_heads, (long long)c->n_layers,
+                 (long long)c->n_kv_heads, eps, theta, dtype == HF_BFLOAT16 ? "bfloat16" : "float32",
+                 (long long)c->vocab) < 0)
+        return NULL;
+    return out;
+}
+
+/* ---- checks on the ctitan side ----------------------------------------------------------------- */
+
+int hf_check_weights(const hf_config *cfg, const tf_file *w, char *err, size_t errlen) {
+    if (check_config(cfg, "config", err, errlen)) return -1;
+    for (int64_t i = 0; i < n_params(cfg); i++) {
+        param p;
+        param_at(cfg, i, &p);
+        if (!tf_expect(w, NULL, p.ct, TF_F32, p.ndim, p.shape, err, errlen)) return -1;
+    }
+    for (int i = 0; i < w->count; i++)
+        if (is_param_name(w->entries[i].name) && !is_expected_ct(cfg, w->entries[i].name)) {
+            ct_errf(err, errlen, "tensor '%s' is not a parameter of a %lld-layer llama3", w->entries[i].name,
+                    (long long)cfg->n_layers);
+            return -1;
+        }
+    return 0;
+}
+
+/* A 2-D float32 entry's shape, or an error naming what it was needed for. */
+static const tf_entry *need_2d(const tf_file *w, const char *name, const char *why, char *err, size_t errlen) {
+    const tf_entry *e = tf_find(w, name);
+    if (!e || e->dtype != TF_F32 || e->ndim != 2) {
+        ct_errf(err, errlen, "tensor '%s' is %s (it gives the %s)", name,
+                e ? "not a 2-D float32 tensor" : "missing", why);
+        return NULL;
+    }
+    return e;
+}
+
+int hf_config_from_weights(hf_config *cfg, const tf_file *w, char *err, size_t errlen) {
+    const tf_entry *emb = need_2d(w, "tok_embeddings.weight", "width and vocabulary", err, errlen);
+    const tf_entry *w1 = emb ? need_2d(w, "layers.0.feed_forward.w1.weight", "SwiGLU hidden size", err, errlen) : NULL;
+    if (!w1) return -1;
+    cfg->vocab = emb->shape[0];
+    cfg->dim = emb->shape[1];
+    cfg->ffn_hidden = w1->shape[0];
+    cfg->n_layers = 0;
+    for (;;) {
+        char name[64];
+        snprintf(name, sizeof name, "layers.%lld.attention_norm.weight", (long long)cfg->n_layers);
+        if (!tf_find(w, name) || cfg->n_layers >= MAX_LAYERS) break;
+        cfg->n_layers++;
+    }
+    if (cfg->n_heads < 1 || cfg->dim % cfg->n_heads) {
+        ct_errf(err, errlen, "n_heads %lld does not divide the model width %lld (from tok_embeddings.weight)",
+                (long long)cfg->n_heads, (long long)cfg->dim);
+        return -1;
+    }
+    cfg->head_dim = cfg->dim / cfg->n_heads;
+    if (cfg->n_kv_heads == 0) {
+        const tf_entry *wk = need_2d(w, "layers.0.attention.wk.weight", "number of key/value heads", err, errlen);
+        if (!wk) return -1;
+        if (wk->shape[0] % cfg->head_dim) {
+            ct_errf(err, errlen, "tensor 'layers.0.attention.wk.weight' has %lld rows, not a multiple of head_dim %lld",
+                    (long long)wk->shape[0], (long long)cfg->head_dim);
+            return -1;
+        }
+        cfg->n_kv_heads = wk->shape[0] / cfg->head_dim;
+    }
+    cfg->tied = 0;
+    return hf_check_weights(cfg, w, err, errlen);
+}
+
+/* ---- load -------------------------------------------------------------------------------------- */
+
+static char *read_text(const char *path, size_t cap, size_t *len, char *err, size_t errlen) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = malloc(cap + 1);
+    size_t n = buf ? fread(buf, 1, cap + 1, fp) : 0;
+    int bad = !buf || ferror(fp);
+    fclose(fp);
+    if (bad || n > cap) {
+        ct_errf(err, errlen, "%s: %s", path, bad ? "cannot read it" : "larger than 1 MB; not a config.json?");
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+/* Fills entry e (parameter p) from the checkpoint: converted to float32, q/k rows un-permuted. */
+static int load_param(const char *dir, const hf_config *cfg, const st_model *m, const param *p, tf_entry *e,
+                      char *err, size_t errlen) {
+    const char *hf_name = p->hf;
+    const st_tensor *t = st_model_find(m, hf_name);
+    if (!t && p->kind == K_OUT && cfg->tied) t = st_model_find(m, hf_name = "model.embed_tokens.weight");
+    if (!t) {
+        ct_errf(err, errlen, "%s: tensor '%s' (ctitan's '%s') is missing%s", dir, p->hf, p->ct,
+                p->kind == K_OUT ? " and tie_word_embeddings is false" : "");
+        return -1;
+    }
+    int same = t->ndim == p->ndim;
+    for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+    if (!same) {
+        char got[64], want[64];
+        shape_str(got, sizeof got, t->ndim, t->shape);
+        shape_str(want, sizeof want, p->ndim, p->shape);
+        ct_errf(err, errlen, "%s: tensor '%s' has shape %s, config.json says %s", st_model_where(m, hf_name), hf_name,
+                got, want);
+        return -1;
+    }
+    size_t n = (size_t)t->numel;
+    float *buf = malloc(sizeof(float) * (n ? n : 1));
+    float *tmp = p->permute_heads ? malloc(sizeof(float) * (n ? n : 1)) : buf; /* un-permuted from tmp */
+    if (!(e->name = strdup(p->ct)) || !buf || !tmp) {
+        ct_errf(err, errlen, "%s: out of memory for '%s'", dir, hf_name);
+        free(buf);
+        if (tmp != buf) free(tmp);
+        return -1;
+    }
+    if (st_to_f32(t, tmp, st_model_where(m, hf_name), err, errlen)) {
+        free(buf);
+        if (tmp != buf) free(tmp);
+        return -1;
+    }
+    if (p->permute_heads) {
+        hf_permute_rows(buf, tmp, p->permute_heads, cfg->head_dim, cfg->dim, 0);
+        free(tmp);
+    }
+    e->data = buf;
+    e->dtype = TF_F32;
+    e->ndim = p->ndim;
+    e->shape[0] = p->shape[0];
+    e->shape[1] = p->ndim == 2 ? p->shape[1] : 0;
+    e->numel = t->numel;
+    return 0;
+}
+
+int hf_load(const char *dir, hf_config *cfg, tf_file **weights, char *err, size_t errlen) {
+    *weights = NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len;
+    char *text = read_text(path, CONFIG_CAP, &len, err, errlen);
+    if (!text) return -1;
+    int bad = hf_config_parse(text, len, path, cfg, err, errlen);
+    free(text);
+    if (bad) return -1;
+    st_model *m = st_model_open(dir, err, errlen);
+    if (!m) return -1;
+    tf_file *f = calloc(1, sizeof *f);
+    int64_t n = n_params(cfg);
+    if (!f || !(f->entries = calloc((size_t)n, sizeof(tf_entry)))) {
+        ct_errf(err, errlen, "%s: out of memory", dir);
+        goto fail;
+    }
+    for (int i = 0; i < m->count; i++) {
+        const char *name = m->tensors[i]->name;
+        size_t nl = strlen(name);
+        int rotary = nl > 20 && !strcmp(name + nl - 20, ".rotary_emb.inv_freq"); /* a buffer old checkpoints kept */
+        if (!rotary && !is_expected_hf(cfg, name)) {
+            ct_errf(err, errlen,
+                    "%s: tensor '%s' is not a parameter of a %lld-layer Llama (nothing in ctitan to map it to)",
+                    m->where[i], name, (long long)cfg->n_layers);
+            goto fail;
+        }
+    }
+    for (int64_t i = 0; i < n; i++) {
+        param p;
+        param_at(cfg, i, &p);
+        if (load_param(dir, cfg, m, &p, &f->entries[f->count], err, errlen)) {
+            free(f->entries[f->count].name); /* the entry may be half made */
+            goto fail;
+        }
+        f->count++;
+    }
+    st_model_free(m);
+    *weights = f;
+    return 0;
+fail:
+    st_model_free(m);
+    tf_free(f);
+    return -1;
+}
+
+/* ---- save -------------------------------------------------------------------------------------- */
+
+static int write_text_atomic(const char *path, const char *text, char *err, size_t errlen) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        ct_errf(err, errlen, "%s: cannot create %s: %s", path, tmp, strerror(errno));
+        return -1;
+    }
+    if (ct_write_all(fd, text, strlen(text)) || fsync(fd)) {
+        ct_errf(err, errlen, "%s: cannot write %s: %s", path, tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return -1;
+    }
+    if (close(fd) || rename(tmp, path)) {
+        ct_errf(err, errlen, "%s: cannot write %s: %s", path, tmp, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+int hf_save(const char *dir, const hf_config *cfg, const tf_file *w, hf_dtype dtype, char *err, size_t errlen) {
+    if (hf_check_weights(cfg, w, err, errlen)) return -1;
+    struct stat sb;
+    if (mkdir(dir, 0777) != 0 && (errno != EEXIST || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+        ct_errf(err, errlen, "%s: cannot create the folder: %s", dir,
+                errno == EEXIST ? "not a folder" : strerror(errno));
+        return -1;
+    }
+    int64_t n = n_params(cfg);
+    st_entry *entries = calloc((size_t)n, sizeof *entries);
+    param *ps = calloc((size_t)n, sizeof *ps);
+    float **owned = calloc((size_t)n, sizeof *owned); /* permuted copies of q and k */
+    char *config = NULL;
+    int rc = -1;
+    if (!entries || !ps || !owned) {
+        ct_errf(err, errlen, "%s: out of memory", dir);
+        goto done;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        param *p = &ps[i];
+        param_at(cfg, i, p);
+        const tf_entry *e = tf_find(w, p->ct);
+        const float *data = e->data;
+        if (p->permute_heads) {
+            if (!(owned[i] = malloc(sizeof(float) * (size_t)e->numel))) {
+                ct_errf(err, errlen, "%s: out of memory", dir);
+                goto done;
+            }
+            hf_permute_rows(owned[i], data, p->permute_heads, cfg->head_dim, cfg->dim, 1);
+            data = owned[i];
+        }
+        entries[i] = (st_entry){p->hf, dtype == HF_BFLOAT16 ? ST_BF16 : ST_F32, p->ndim, p->shape, data, NULL};
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const char *meta[] = {"format", "pt"};
+    if (st_write(path, entries, (int)n, meta, 1, err, errlen)) goto done;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!(config = config_json(cfg, dtype))) {
+        ct_errf(err, errlen, "%s: out of memory", path);
+        goto done;
+    }
+    rc = write_text_atomic(path, config, err, errlen);
+done:
+    for (int64_t i = 0; owned && i < n; i++) free(owned[i]);
+    free(owned);
+    free(ps);
+    free(entries);
+    free(config);
+    return rc;
+}

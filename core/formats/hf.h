@@ -1,0 +1,87 @@
+/* hf.h: Hugging Face Llama checkpoints <-> ctitan's llama3 parameters.
+ *
+ * A Hugging Face folder holds config.json (a LlamaConfig) and model.safetensors (or shards named by
+ * model.safetensors.index.json). ctitan names parameters as torchtitan does; the mapping is
+ *
+ *   tok_embeddings.weight                 model.embed_tokens.weight
+ *   layers.N.attention_norm.weight        model.layers.N.input_layernorm.weight
+ *   layers.N.attention.wq.weight          model.layers.N.self_attn.q_proj.weight   (rows permuted)
+ *   layers.N.attention.wk.weight          model.layers.N.self_attn.k_proj.weight   (rows permuted)
+ *   layers.N.attention.wv.weight          model.layers.N.self_attn.v_proj.weight
+ *   layers.N.attention.wo.weight          model.layers.N.self_attn.o_proj.weight
+ *   layers.N.ffn_norm.weight              model.layers.N.post_attention_layernorm.weight
+ *   layers.N.feed_forward.w1.weight       model.layers.N.mlp.gate_proj.weight
+ *   layers.N.feed_forward.w2.weight       model.layers.N.mlp.down_proj.weight
+ *   layers.N.feed_forward.w3.weight       model.layers.N.mlp.up_proj.weight
+ *   norm.weight                           model.norm.weight
+ *   output.weight                         lm_head.weight
+ *
+ * ctitan's RoPE rotates interleaved pairs (x[2i], x[2i+1]) of each head; Hugging Face's rotates
+ * halves (x[i], x[i + hd/2]). So q and k rows are permuted per head: HF row h*hd + j*hd/2 + i is
+ * ctitan row h*hd + 2i + j (j = 0, 1; i < hd/2), exactly what transformers'
+ * convert_llama_weights_to_hf.py `permute` does (with n_kv_heads for k).
+ *
+ * Weights on the ctitan side are a tf_file (tensorfile.h) of float32 tensors under ctitan's names.
+ * Entries that are not parameters (names other than tok_embeddings.weight, norm.weight,
+ * output.weight and layers.*) are ignored, so a golden file with config.* / expected.* entries or a
+ * model file can be passed as is. Round trips in float32 are bit-exact.
+ *
+ * Errors: one line in err ("DIR/config.json: key 'x': what is wrong"); functions return 0 or -1.
+ */
+#ifndef CTITAN_HF_H
+#define CTITAN_HF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "formats/tensorfile.h"
+
+typedef struct hf_config {
+    int64_t dim;        /* hidden_size */
+    int64_t n_layers;   /* num_hidden_layers */
+    int64_t n_heads;    /* num_attention_heads */
+    int64_t n_kv_heads; /* num_key_value_heads */
+    int64_t head_dim;   /* dim / n_heads (ctitan derives it; a config.json that says otherwise is refused) */
+    int64_t vocab;      /* vocab_size */
+    int64_t ffn_hidden; /* intermediate_size */
+    int64_t max_position_embeddings;
+    double rope_theta, norm_eps; /* rope_theta, rms_norm_eps */
+    int tied;           /* hf_load: the checkpoint ties lm_head to the embeddings (output.weight is a copy) */
+} hf_config;
+
+/* What hf_save writes. */
+typedef enum hf_dtype { HF_FLOAT32, HF_BFLOAT16 } hf_dtype;
+
+#define HF_DEFAULT_ROPE_THETA 500000.0 /* ctitan's llama3 flavors */
+#define HF_DEFAULT_NORM_EPS 1e-5
+#define HF_DEFAULT_MAX_POSITIONS 8192
+
+/* Reads DIR/config.json and the weights: *cfg, and *weights (ctitan names, float32, in the order
+ * the llama3 pack declares them: tok_embeddings, layers.0 ..., norm, output; free with tf_free).
+ * bf16/f16/f32/f64 tensors are converted to float32; q/k rows are un-permuted. Refuses configs ctitan
+ * cannot run the same way (RoPE scaling, biases, another activation or model type). */
+int hf_load(const char *dir, hf_config *cfg, tf_file **weights, char *err, size_t errlen);
+
+/* Parses config.json's text into *cfg (exposed for the fuzzer and tests). */
+int hf_config_parse(const char *json, size_t len, const char *label, hf_config *cfg, char *err, size_t errlen);
+
+/* Fills dim, vocab, n_layers, ffn_hidden, head_dim (and n_kv_heads when it is 0) from the weights'
+ * shapes. The caller sets n_heads (shapes cannot tell it), rope_theta, norm_eps and
+ * max_position_embeddings first. Then checks everything as hf_check_weights does. */
+int hf_config_from_weights(hf_config *cfg, const tf_file *weights, char *err, size_t errlen);
+
+/* Every parameter of cfg's model is present in weights, float32, with its shape, and no
+ * parameter-like entry is left over. */
+int hf_check_weights(const hf_config *cfg, const tf_file *weights, char *err, size_t errlen);
+
+/* Writes DIR/config.json and DIR/model.safetensors (tensors in name order, metadata format "pt"),
+ * each atomically; creates DIR if it does not exist. The output is a function of the inputs only,
+ * byte for byte. */
+int hf_save(const char *dir, const hf_config *cfg, const tf_file *weights, hf_dtype dtype, char *err,
+            size_t errlen);
+
+/* The q/k row permutation of one (n_heads * head_dim, cols) matrix: to_hf = 1 from ctitan's
+ * interleaved layout to Hugging Face's, 0 back. dst and src must not overlap. */
+void hf_permute_rows(float *dst, const float *src, int64_t n_heads, int64_t head_dim, int64_t cols, int to_hf);
+
+#endif

@@ -1,0 +1,658 @@
+/* tensorfile.c: the "ctt" named-tensor file (format in tensorfile.h). */
+#include "formats/tensorfile.h"
+
+#include "host/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Data arrays are copied as they are in memory, so the host must be little-endian like the file. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "tensorfile.c assumes a little-endian host"
+#endif
+
+#define TF_MAGIC "CTTENSOR"
+#define TF_HEADER_BYTES 24
+/* The smallest tensor record: name_len, a 1-byte name, dtype, ndim = 0, one 4-byte element. */
+#define TF_MIN_RECORD_BYTES (4 + 1 + 4 + 4 + 4)
+#define TF_FNV_BASIS 14695981039346656037ull /* 0xcbf29ce484222325 */
+
+/* FNV-1a 64 (the checkpoint pieces' checksum too): continues h over n bytes. */
+static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
+
+static uint32_t get_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get_u64(const unsigned char *p) {
+    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
+}
+
+static void put_u32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_u64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static int dtype_known(uint32_t dtype) {
+    return dtype == TF_F32 || dtype == TF_I32;
+}
+
+/* 1 if the n bytes are well-formed UTF-8 (no overlongs, no surrogates, at most U+10FFFF). */
+static int utf8_valid(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t len;
+        unsigned min;
+        if (c < 0x80) { i++; continue; }
+        if (c >= 0xc2 && c <= 0xdf) { len = 2; min = 0x80; }
+        else if (c >= 0xe0 && c <= 0xef) { len = 3; min = 0x800; }
+        else if (c >= 0xf0 && c <= 0xf4) { len = 4; min = 0x10000; }
+        else return 0;
+        if (n - i < len) return 0;
+        unsigned cp = c & (0x7f >> len);
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return 0;
+            cp = cp << 6 | (s[i + k] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+        i += len;
+    }
+    return 1;
+}
+
+/* A printable excerpt of a name for error messages: control bytes become '?', long names end "...". */
+static void name_excerpt(char *out, size_t outlen, const char *name, size_t n) {
+    size_t keep = n > 64 ? 64 : n;
+    if (keep + 4 > outlen) keep = outlen - 4;
+    size_t j = 0;
+    for (size_t i = 0; i < keep; i++) {
+        unsigned char c = (unsigned char)name[i];
+        out[j++] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
+    }
+    if (keep < n) { memcpy(out + j, "...", 3); j += 3; }
+    out[j] = '\0';
+}
+
+/* "(2, 32, 256)"; "()" for a scalar. */
+static void shape_str(char *out, size_t outlen, int ndim, const int64_t *shape) {
+    size_t used = 0;
+    int n = snprintf(out, outlen, "(");
+    used = n > 0 ? (size_t)n : 0;
+    for (int i = 0; i < ndim && used < outlen; i++) {
+        n = snprintf(out + used, outlen - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
+        if (n > 0) used += (size_t)n;
+    }
+    if (used < outlen) snprintf(out + used, outlen - used, ")");
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Reader                                                                                          */
+
+/* Where the bytes come from: a FILE (tf_read) or a buffer (tf_read_mem). `size` is known up front. */
+typedef struct reader {
+    FILE *fp;
+    const unsigned char *mem;
+    uint64_t size, pos;
+    const char *label;
+    char *err;
+    size_t errlen;
+    long tensor;      /* index of the tensor being parsed, or -1 in the header */
+    uint64_t start;   /* byte offset of that tensor's record */
+    const char *name; /* its name once read, else NULL */
+    size_t name_len;
+    int hashing;      /* version 2: every byte read goes into h, the record's checksum */
+    uint64_t h;
+} reader;
+
+static void fail(reader *r, const char *fmt, ...) {
+    if (!r->err || r->errlen == 0) return;
+    char what[256], where[160] = "";
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (r->tensor >= 0) {
+        char shown[80] = "", at[40] = "";
+        if (r->name) {
+            name_excerpt(shown + 2, sizeof shown - 3, r->name, r->name_len);
+            shown[0] = ' ';
+            shown[1] = '\'';
+            strcat(shown, "'");
+        }
+        if (r->start != UINT64_MAX) snprintf(at, sizeof at, " at byte %llu", (unsigned long long)r->start);
+        snprintf(where, sizeof where, "tensor %ld%s%s: ", r->tensor, shown, at);
+    }
+    snprintf(r->err, r->errlen, "%s: %s%s", r->label, where, what);
+}
+
+/* 0 if the file still holds n bytes; else -1 and a "truncated" error naming the field. */
+static int need(reader *r, uint64_t n, const char *what) {
+    uint64_t left = r->size - r->pos;
+    if (n <= left) return 0;
+    fail(r, "truncated: %s needs %llu bytes but only %llu remain", what, (unsigned long long)n,
+         (unsigned long long)left);
+    return -1;
+}
+
+/* Reads n bytes, after checking that the file holds them. `what` names the field for the error. */
+static int take(reader *r, void *dst, uint64_t n, const char *what) {
+    if (need(r, n, what)) return -1;
+    if (r->mem) {
+        if (n) memcpy(dst, r->mem + r->pos, (size_t)n);
+    } else if (n && fread(dst, 1, (size_t)n, r->fp) != (size_t)n) {
+        fail(r, "read error in %s at byte %llu: %s", what, (unsigned long long)r->pos,
+             ferror(r->fp) ? strerror(errno) : "file shrank while being read");
+        return -1;
+    }
+    if (r->hashing) r->h = fnv1a(dst, (size_t)n, r->h);
+    r->pos += n;
+    return 0;
+}
+
+static int take_u32(reader *r, uint32_t *v, const char *what) {
+    unsigned char b[4];
+    if (take(r, b, 4, what)) return -1;
+    *v = get_u32(b);
+    return 0;
+}
+
+/* Reads one tensor record into e (which tf_free can release however far this got). */
+static int read_entry(reader *r, tf_entry *e) {
+    uint32_t name_len, dtype, ndim;
+    if (take_u32(r, &name_len, "name length")) return -1;
+    if (name_len < 1 || name_len > TF_MAX_NAME) {
+        fail(r, "name length %u is outside 1..%d", name_len, TF_MAX_NAME);
+        return -1;
+    }
+    if (need(r, name_len, "name")) return -1;
+    e->name = malloc((size_t)name_len + 1);
+    if (!e->name) { fail(r, "out of memory"); return -1; }
+    if (take(r, e->name, name_len, "name")) return -1;
+    e->name[name_len] = '\0';
+    if (memchr(e->name, '\0', name_len)) { fail(r, "name contains a NUL byte"); return -1; }
+    r->name = e->name;
+    r->name_len = name_len;
+    if (!utf8_valid((const unsigned char *)e->name, name_len)) {
+        fail(r, "name is not valid UTF-8");
+        return -1;
+    }
+
+    if (take_u32(r, &dtype, "dtype")) return -1;
+    if (!dtype_known(dtype)) {
+        fail(r, "dtype %u is not supported (expected 1 = f32 or 5 = int32)", dtype);
+        return -1;
+    }
+    e->dtype = (int)dtype;
+    if (take_u32(r, &ndim, "ndim")) return -1;
+    if (ndim > TF_MAX_DIMS) {
+        fail(r, "ndim %u is outside 0..%d", ndim, TF_MAX_DIMS);
+        return -1;
+    }
+    e->ndim = (int)ndim;
+
+    unsigned char sb[8 * TF_MAX_DIMS];
+    if (take(r, sb, 8ull * ndim, "shape")) return -1;
+    /* numel * 4 must fit in int64_t (and in size_t, which is as wide on every supported host). */
+    const int64_t max_numel = INT64_MAX / 4;
+    int64_t numel = 1;
+    int too_big = 0;
+    for (uint32_t k = 0; k < ndim; k++) {
+        uint64_t d = get_u64(sb + 8 * k);
+        if (d > (uint64_t)INT64_MAX) {
+            fail(r, "shape[%u] = %llu is too large", k, (unsigned long long)d);
+            return -1;
+        }
+        e->shape[k] = (int64_t)d;
+        if (d != 0 && numel > max_numel / (int64_t)d) too_big = 1;
+        else numel *= (int64_t)d;
+    }
+    if (too_big) {
+        char s[160];
+        shape_str(s, sizeof s, e->ndim, e->shape);
+        fail(r, "shape %s has too many elements", s);
+        return -1;
+    }
+    e->numel = numel;
+
+    uint64_t bytes = 4ull * (uint64_t)numel;
+    if (need(r, bytes, "data")) return -1; /* before allocating: the file must hold the data */
+    e->data = malloc(bytes ? (size_t)bytes : 1);
+    if (!e->data) { fail(r, "out of memory for %llu bytes of data", (unsigned long long)bytes); return -1; }
+    return take(r, e->data, bytes, "data");
+}
+
+static int cmp_entry_ptr(const void *a, const void *b) {
+    const tf_entry *x = *(const tf_entry *const *)a, *y = *(const tf_entry *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x < y ? -1 : x > y);
+}
+
+/* Names must be unique. Sorting keeps this O(n log n) however many tensors a file claims. The error
+ * names the first tensor, in file order, that repeats an earlier name. */
+static int check_unique(reader *r, tf_file *f) {
+    if (f->count < 2) return 0;
+    const tf_entry **by_name = malloc((size_t)f->count * sizeof *by_name);
+    if (!by_name) { fail(r, "out of memory"); return -1; }
+    for (int i = 0; i < f->count; i++) by_name[i] = &f->entries[i];
+    qsort(by_name, (size_t)f->count, sizeof *by_name, cmp_entry_ptr);
+    /* Equal names now sit together in file order: a group's first member is the original. */
+    const tf_entry *dup = NULL, *orig = NULL;
+    for (int i = 1, group = 0; i < f->count; i++) {
+        if (strcmp(by_name[i]->name, by_name[i - 1]->name) != 0) { group = i; continue; }
+        if (!dup || by_name[i] < dup) { dup = by_name[i]; orig = by_name[group]; }
+    }
+    free(by_name);
+    if (!dup) return 0;
+    r->tensor = (long)(dup - f->entries);
+    r->start = UINT64_MAX; /* record offsets are not kept */
+    r->name = dup->name;
+    r->name_len = strlen(dup->name);
+    fail(r, "duplicate name (tensor %ld has it too)", (long)(orig - f->entries));
+    return -1;
+}
+
+static tf_file *parse(reader *r) {
+    unsigned char h[TF_HEADER_BYTES];
+    r->tensor = -1;
+    if (r->size < TF_HEADER_BYTES) {
+        fail(r, "file is %llu bytes, shorter than the %d-byte header", (unsigned long long)r->size,
+             TF_HEADER_BYTES);
+        return NULL;
+    }
+    if (take(r, h, TF_HEADER_BYTES, "header")) return NULL;
+    if (memcmp(h, TF_MAGIC, 8) != 0) {
+        fail(r, "bad magic (expected \"CTTENSOR\"): not a ctt tensor file");
+        return NULL;
+    }
+    uint32_t version = get_u32(h + 8), count = get_u32(h + 12);
+    uint64_t reserved = get_u64(h + 16);
+    if (version != 1 && version != TF_VERSION) {
+        fail(r, "format version %u is not supported (expected 1 or %d)", version, TF_VERSION);
+        return NULL;
+    }
+    uint64_t sum_bytes = version >= 2 ? 8 : 0; /* per tensor, after the last record */
+    if (reserved != 0) {
+        fail(r, "reserved header field is %llu, expected 0", (unsigned long long)reserved);
+        return NULL;
+    }
+    uint64_t most = (r->size - TF_HEADER_BYTES) / (TF_MIN_RECORD_BYTES + sum_bytes);
+    if (count > most || count > INT_MAX) {
+        fail(r, "header says %u tensors but the remaining %llu bytes hold at most %llu", count,
+             (unsigned long long)(r->size - TF_HEADER_BYTES), (unsigned long long)most);
+        return NULL;
+    }
+
+    tf_file *f = calloc(1, sizeof *f);
+    uint64_t *sums = calloc(count ? count : 1, sizeof *sums), *starts = calloc(count ? count : 1, sizeof *starts);
+    if (f) f->entries = calloc(count ? count : 1, sizeof *f->entries);
+    if (!f || !f->entries || !sums || !starts) {
+        if (f) free(f->entries);
+        free(f);
+        free(sums);
+        free(starts);
+        fail(r, "out of memory");
+        return NULL;
+    }
+    f->version = (int)version;
+    for (uint32_t i = 0; i < count; i++) {
+        r->tensor = (long)i;
+        r->start = starts[i] = r->pos;
+        r->name = NULL;
+        f->count = (int)i + 1; /* so tf_free releases this entry's partial allocations too */
+        r->hashing = sum_bytes > 0;
+        r->h = TF_FNV_BASIS;
+        if (read_entry(r, &f->entries[i])) goto fail;
+        r->hashing = 0;
+        sums[i] = r->h;
+    }
+    r->tensor = -1;
+    if (sum_bytes && r->size - r->pos != sum_bytes * count) {
+        fail(r, "after the last tensor %llu bytes remain; the %u checksums take %llu",
+             (unsigned long long)(r->size - r->pos), count, (unsigned long long)(sum_bytes * count));
+        goto fail;
+    }
+    for (uint32_t i = 0; sum_bytes && i < count; i++) {
+        unsigned char b[8];
+        if (take(r, b, 8, "checksum")) goto fail;
+        if (get_u64(b) != sums[i]) {
+            r->tensor = (long)i;
+            r->start = starts[i];
+            r->name = f->entries[i].name;
+            r->name_len = strlen(r->name);
+            fail(r, "checksum mismatch (stored %016llx, the record gives %016llx): the file is corrupt",
+                 (unsigned long long)get_u64(b), (unsigned long long)sums[i]);
+            goto fail;
+        }
+    }
+    if (r->pos != r->size) {
+        fail(r, "%llu trailing bytes after the last tensor (tensor count %u)",
+             (unsigned long long)(r->size - r->pos), count);
+        goto fail;
+    }
+    if (check_unique(r, f)) goto fail;
+    free(sums);
+    free(starts);
+    return f;
+fail:
+    free(sums);
+    free(starts);
+    tf_free(f);
+    return NULL;
+}
+
+tf_file *tf_read(const char *path, char *err, size_t errlen) {
+    reader r = {.label = path, .err = err, .errlen = errlen, .tensor = -1};
+    r.fp = fopen(path, "rb");
+    if (!r.fp) {
+        fail(&r, "cannot open: %s", strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fileno(r.fp), &st) != 0) {
+        fail(&r, "cannot stat: %s", strerror(errno));
+        fclose(r.fp);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fail(&r, "not a regular file");
+        fclose(r.fp);
+        return NULL;
+    }
+    r.size = (uint64_t)st.st_size;
+    tf_file *f = parse(&r);
+    fclose(r.fp);
+    return f;
+}
+
+tf_file *tf_read_mem(const void *buf, size_t len, const char *label, char *err, size_t errlen) {
+    static const unsigned char empty[1];
+    reader r = {.mem = buf ? buf : empty, .size = buf ? len : 0, .label = label ? label : "<memory>",
+                .err = err, .errlen = errlen, .tensor = -1};
+    return parse(&r);
+}
+
+const tf_entry *tf_find(const tf_file *f, const char *name) {
+    if (!f || !name) return NULL;
+    for (int i = 0; i < f->count; i++)
+        if (f->entries[i].name && strcmp(f->entries[i].name, name) == 0) return &f->entries[i];
+    return NULL;
+}
+
+const tf_entry *tf_expect(const tf_file *f, const char *label, const char *name, int dtype, int ndim,
+                          const int64_t *shape, char *err, size_t errlen) {
+    const char *pre = label ? label : "", *sep = label ? ": " : "";
+    const tf_entry *e = tf_find(f, name);
+    if (!e) {
+        if (err && errlen) snprintf(err, errlen, "%s%stensor '%s' is missing", pre, sep, name);
+        return NULL;
+    }
+    if (e->dtype != dtype) {
+        if (err && errlen)
+            snprintf(err, errlen, "%s%stensor '%s' has dtype %d, expected %d", pre, sep, name, e->dtype,
+                     dtype);
+        return NULL;
+    }
+    int same = e->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = e->shape[i] == shape[i];
+    if (!same) {
+        char got[160], want[160];
+        shape_str(got, sizeof got, e->ndim, e->shape);
+        shape_str(want, sizeof want, ndim < 0 ? 0 : ndim > TF_MAX_DIMS ? TF_MAX_DIMS : ndim, shape);
+        if (err && errlen)
+            snprintf(err, errlen, "%s%stensor '%s' has shape %s, expected %s", pre, sep, name, got, want);
+        return NULL;
+    }
+    return e;
+}
+
+void tf_free(tf_file *f) {
+    if (!f) return;
+    for (int i = 0; i < f->count; i++) {
+        free(f->entries[i].name);
+        free(f->entries[i].data);
+    }
+    free(f->entries);
+    free(f);
+}
+
+int tf_check_finite_data(const float *x, int64_t n, const char *label, const char *what, char *err, size_t errlen) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        if ((u & 0x7f800000u) != 0x7f800000u) continue; /* exponent all ones: Inf or NaN */
+        if (err && errlen)
+            snprintf(err, errlen, "%s: tensor '%s' holds %s at element %lld of %lld: refusing non-finite weights", label,
+                     what, u & 0x007fffffu ? "NaN" : (u >> 31) ? "-Inf" : "Inf", (long long)i, (long long)n);
+        return -1;
+    }
+    return 0;
+}
+
+int tf_check_finite(const tf_file *f, const char *label, char *err, size_t errlen) {
+    for (int i = 0; f && i < f->count; i++) {
+        const tf_entry *e = &f->entries[i];
+        if (e->dtype == TF_F32 && tf_check_finite_data(e->data, e->numel, label, e->name, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Writer                                                                                          */
+
+struct tf_writer {
+    FILE *fp;
+    char *path, *tmp;
+    uint32_t count;
+    char **names; /* every name added so far, to refuse duplicates */
+    uint64_t *sums; /* every record's checksum, written after the last record */
+    size_t names_cap;
+    char err[512];
+};
+
+static void wfail(tf_writer *w, const char *fmt, ...) {
+    if (w->err[0]) return; /* keep the first error */
+    char what[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    snprintf(w->err, sizeof w->err, "%s: %s", w->path, what);
+}
+
+static void writer_free(tf_writer *w) {
+    for (uint32_t i = 0; i < w->count; i++) free(w->names[i]);
+    free(w->names);
+    free(w->sums);
+    free(w->path);
+    free(w->tmp);
+    free(w);
+}
+
+tf_writer *tf_writer_open(const char *path, char *err, size_t errlen) {
+    tf_writer *w = calloc(1, sizeof *w);
+    size_t n = strlen(path);
+    if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(n + 5))) {
+        if (err && errlen) snprintf(err, errlen, "%s: out of memory", path);
+        if (w) writer_free(w);
+        return NULL;
+    }
+    memcpy(w->tmp, path, n);
+    memcpy(w->tmp + n, ".tmp", 5);
+    w->fp = ct_fopen_nofollow(w->tmp, "wb"); /* a symlink planted at the temporary name is refused */
+    if (!w->fp) {
+        if (err && errlen) snprintf(err, errlen, "%s: cannot create %s: %s", path, w->tmp, ct_open_strerror(errno));
+        writer_free(w);
+        return NULL;
+    }
+    unsigned char h[TF_HEADER_BYTES] = {0};
+    memcpy(h, TF_MAGIC, 8);
+    put_u32(h + 8, TF_VERSION); /* the count (h + 12) is patched by tf_writer_close */
+    if (fwrite(h, 1, sizeof h, w->fp) != sizeof h) {
+        if (err && errlen) snprintf(err, errlen, "%s: cannot write %s: %s", path, w->tmp, strerror(errno));
+        tf_writer_abort(w);
+        return NULL;
+    }
+    return w;
+}
+
+/* Checks the arguments of tf_writer_add; 0 if they make a valid record, numel in *numel. */
+static int check_add(tf_writer *w, const char *name, int dtype, int ndim, const int64_t *shape,
+                     const void *data, int64_t *numel) {
+    size_t len = name ? strlen(name) : 0;
+    char shown[72] = "";
+    if (name) name_excerpt(shown, sizeof shown, name, len);
+    if (len < 1 || len > TF_MAX_NAME) {
+        wfail(w, "tensor %u '%s': name length %zu is outside 1..%d", w->count, shown, len, TF_MAX_NAME);
+        return -1;
+    }
+    if (!utf8_valid((const unsigned char *)name, len)) {
+        wfail(w, "tensor %u '%s': name is not valid UTF-8", w->count, shown);
+        return -1;
+    }
+    if (!dtype_known((uint32_t)dtype)) {
+        wfail(w, "tensor %u '%s': dtype %d is not supported (1 = f32, 5 = int32)", w->count, shown, dtype);
+        return -1;
+    }
+    if (ndim < 0 || ndim > TF_MAX_DIMS || (ndim > 0 && !shape)) {
+        wfail(w, "tensor %u '%s': ndim %d is outside 0..%d or shape is NULL", w->count, shown, ndim,
+              TF_MAX_DIMS);
+        return -1;
+    }
+    int64_t n = 1;
+    for (int k = 0; k < ndim; k++) {
+        if (shape[k] < 0 || (shape[k] != 0 && n > (INT64_MAX / 4) / shape[k])) {
+            wfail(w, "tensor %u '%s': shape[%d] = %lld is negative or makes the tensor too large", w->count,
+                  shown, k, (long long)shape[k]);
+            return -1;
+        }
+        n *= shape[k];
+    }
+    if (n > 0 && !data) {
+        wfail(w, "tensor %u '%s': data is NULL", w->count, shown);
+        return -1;
+    }
+    for (uint32_t i = 0; i < w->count; i++) {
+        if (strcmp(w->names[i], name) == 0) {
+            wfail(w, "tensor %u '%s': duplicate name (tensor %u has it too)", w->count, shown, i);
+            return -1;
+        }
+    }
+    if (w->count == UINT32_MAX || w->count == INT_MAX) {
+        wfail(w, "too many tensors");
+        return -1;
+    }
+    *numel = n;
+    return 0;
+}
+
+int tf_writer_add(tf_writer *w, const char *name, int dtype, int ndim, const int64_t *shape,
+                  const void *data) {
+    if (!w || w->err[0]) return -1;
+    int64_t numel;
+    if (check_add(w, name, dtype, ndim, shape, data, &numel)) return -1;
+    if (w->count == w->names_cap) {
+        size_t cap = w->names_cap ? 2 * w->names_cap : 16;
+        char **grown = realloc(w->names, cap * sizeof *grown);
+        if (grown) w->names = grown;
+        uint64_t *sums = grown ? realloc(w->sums, cap * sizeof *sums) : NULL;
+        if (!sums) { wfail(w, "out of memory"); return -1; }
+        w->sums = sums;
+        w->names_cap = cap;
+    }
+    size_t len = strlen(name);
+    char *copy = strdup(name);
+    if (!copy) { wfail(w, "out of memory"); return -1; }
+
+    unsigned char head[4 + 4 + 4 + 8 * TF_MAX_DIMS];
+    size_t hn = 0;
+    put_u32(head, (uint32_t)len);
+    int ok = fwrite(head, 1, 4, w->fp) == 4 && fwrite(name, 1, len, w->fp) == len;
+    uint64_t h = fnv1a(name, len, fnv1a(head, 4, TF_FNV_BASIS));
+    put_u32(head + hn, (uint32_t)dtype); hn += 4;
+    put_u32(head + hn, (uint32_t)ndim); hn += 4;
+    for (int k = 0; k < ndim; k++, hn += 8) put_u64(head + hn, (uint64_t)shape[k]);
+    size_t bytes = 4 * (size_t)numel;
+    ok = ok && fwrite(head, 1, hn, w->fp) == hn && (bytes == 0 || fwrite(data, 1, bytes, w->fp) == bytes);
+    w->sums[w->count] = fnv1a(data, bytes, fnv1a(head, hn, h));
+    if (!ok) {
+        free(copy);
+        wfail(w, "cannot write %s: %s", w->tmp, strerror(errno));
+        return -1;
+    }
+    w->names[w->count++] = copy;
+    return 0;
+}
+
+const char *tf_writer_error(const tf_writer *w) {
+    return w ? w->err : "no writer";
+}
+
+void tf_writer_abort(tf_writer *w) {
+    if (!w) return;
+    if (w->fp) fclose(w->fp);
+    remove(w->tmp);
+    writer_free(w);
+}
+
+/* fsync the folder holding path, so the rename itself survives a crash. Best effort. */
+static void sync_parent_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else return;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return;
+    fsync(fd);
+    close(fd);
+}
+
+int tf_writer_close(tf_writer *w, char *err, size_t errlen) {
+    if (!w) {
+        if (err && errlen) snprintf(err, errlen, "tf_writer_close: no writer");
+        return -1;
+    }
+    for (uint32_t i = 0; i < w->count && !w->err[0]; i++) { /* the checksums follow the last record */
+        unsigned char c[8];
+        put_u64(c, w->sums[i]);
+        if (fwrite(c, 1, 8, w->fp) != 8) wfail(w, "cannot write %s: %s", w->tmp, strerror(errno));
+    }
+    if (!w->err[0]) {
+        unsigned char c[4];
+        put_u32(c, w->count);
+        if (fseek(w->fp, 12, SEEK_SET) != 0 || fwrite(c, 1, 4, w->fp) != 4 || fflush(w->fp) != 0 ||
+            fsync(fileno(w->fp)) != 0)
+            wfail(w, "cannot write %s: %s", w->tmp, strerror(errno));
+    }
+    if (!w->err[0]) {
+        int rc = fclose(w->fp);
+        w->fp = NULL;
+        if (rc != 0) wfail(w, "cannot close %s: %s", w->tmp, strerror(errno));
+        else if (rename(w->tmp, w->path) != 0)
+            wfail(w, "cannot rename %s to %s: %s", w->tmp, w->path, strerror(errno));
+    }
+    if (w->err[0]) {
+        if (err && errlen) snprintf(err, errlen, "%s", w->err);
+        tf_writer_abort(w);
+        return -1;
+    }
+    sync_parent_dir(w->path);
+    writer_free(w);
+    return 0;
+}

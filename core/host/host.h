@@ -1,0 +1,81 @@
+/* host.h: the core's side of the ABI: host-services tables, memory counters, errors, and the
+ * plugin loader (dlopen from a search path, entry symbol, ABI major check). */
+#ifndef CT_HOST_H
+#define CT_HOST_H
+
+#include "ctitan/abi.h"
+#include "ctitan/device.h"
+#include "ctitan/host.h"
+#include "config/manifest.h"
+
+#include <limits.h>
+
+#include <stdio.h>
+
+/* ---- memory counters ---- */
+typedef struct mem_stats {
+    int64_t cur[CT_MEM_NCATEGORIES];
+    int64_t peak[CT_MEM_NCATEGORIES];
+    int64_t cur_total, peak_total;
+} mem_stats;
+
+extern mem_stats g_mem;
+void mem_account(ct_mem_category cat, int64_t delta);
+const char *mem_category_name(ct_mem_category cat);
+
+/* ---- errors ---- */
+/* The detail of the last failure (set by a plugin through its host table or by the core). */
+const char *ct_last_error(void);
+void ct_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void ct_clear_error(void);
+
+/* ---- logging ---- */
+extern int g_log_level; /* messages below this level are dropped */
+extern int g_log_rank;  /* >= 0: every line is prefixed "[rank N]" (many ranks) */
+/* Many ranks: stderr lines get "[rank N] ", and ranks other than 0 drop stdout. May be called again
+ * (the comm's rank replaces the launcher's). */
+void log_set_rank(int rank, int world);
+/* log_set_rank from the launcher's environment (mpirun, srun, torchrun), so that lines printed before
+ * the comm plugin joins the job carry their rank too. Nothing outside a launcher. */
+void log_set_rank_from_env(void);
+void ct_log(ct_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- tracing ---- */
+void trace_enable(int on);
+void trace_begin(const char *name);
+void trace_end(const char *name);
+/* Writes collected ranges as a Chrome trace (chrome://tracing, Perfetto). */
+int trace_write(const char *path, char *err, size_t errlen);
+
+/* ---- plugins ---- */
+typedef struct plugin {
+    char *path;
+    void *handle;
+    ct_plugin_info info;
+    ct_host host;        /* this plugin's table; ctx points back here */
+    const char *section; /* its manifest section */
+    const manifest *mf;
+} plugin;
+
+/* Loads the plugin `name` (a bare name -> "ctitan-<lowercase name>.so" on the search path, which
+ * never includes the manifest's folder; or a path to a .so, relative to the manifest's folder) and
+ * checks it is of `kind`. The file is checked before dlopen (plugin_file_check). On error returns
+ * NULL and writes one line into err. */
+plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, const manifest *mf,
+                    char *err, size_t errlen);
+void plugin_unload(plugin *p);
+const char *plugin_kind_name(ct_plugin_kind kind);
+/* The oldest minor of CT_ABI_MAJOR the loader accepts for a plugin of `kind` (newer ones than the
+ * host's CT_ABI_MINOR are refused too). */
+uint32_t plugin_oldest_minor(ct_plugin_kind kind);
+/* The plugin search path: first_dir (a folder the user named, `ctitan plugins FOLDER`; may be NULL),
+ * $CTITAN_PLUGIN_PATH (':'-separated), the binary's folder + /plugins, the build's plugins. Returns
+ * how many folders it wrote (at most max). */
+int plugin_search_dirs(const char *first_dir, char dirs[][PATH_MAX], int max);
+/* Lists every plugin found on the search path (kind, name, ABI, path, description). Returns the count. */
+int plugin_list(FILE *out, const char *first_dir);
+/* Whether path may be handed to dlopen: a regular file holding a 64-bit ELF shared object for this
+ * machine, as long as its headers say. 0, or -1 with one line in err. */
+int plugin_file_check(const char *path, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,230 @@
+/* cmd_convert.c: `ctitan convert --to hf` (ctitan .ctt -> Hugging Face folder) and `--from hf` (back). */
+#include "tools/cmd_convert.h"
+
+#include "host/util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/hf.h"
+#include "formats/tensorfile.h"
+
+#define ERRLEN 1024
+
+static const char usage[] =
+    "usage: ctitan convert --to hf --input MODEL.ctt --output DIR [--dtype float32|bfloat16]\n"
+    "                      [--n-heads H] [--n-kv-heads K] [--rope-theta X] [--norm-eps X]\n"
+    "                      [--max-position-embeddings N]\n"
+    "       ctitan convert --from hf --input DIR --output MODEL.ctt\n"
+    "\n"
+    "Converts a llama3 model between ctitan's model file (a .ctt of float32 parameters under\n"
+    "torchtitan's names, as `ctitan train` saves it) and a Hugging Face LlamaForCausalLM folder\n"
+    "(config.json + model.safetensors). q and k rows are permuted between ctitan's interleaved RoPE\n"
+    "pairs and Hugging Face's halves; a float32 round trip is bit-exact.\n"
+    "\n"
+    "  --to hf             write DIR/config.json and DIR/model.safetensors (DIR is created if missing).\n"
+    "                      The sizes come from the tensors' shapes. Entries of MODEL.ctt that are not\n"
+    "                      parameters (config.*, input.*, expected.*, grad.*, ...) are ignored, except\n"
+    "                      that config.n_heads, config.n_kv_heads, config.rope_theta and\n"
+    "                      config.norm_eps scalars, when present, stand in for the flags below.\n"
+    "  --dtype T           float32 (default) or bfloat16 (rounded to nearest even)\n"
+    "  --n-heads H         query heads (the shapes cannot tell; required unless MODEL.ctt has config.n_heads)\n"
+    "  --n-kv-heads K      key/value heads (default: from layers.0.attention.wk.weight's shape)\n"
+    "  --rope-theta X      RoPE base (default 500000, as ctitan's llama3 flavors)\n"
+    "  --norm-eps X        RMSNorm epsilon (default 1e-5)\n"
+    "  --max-position-embeddings N   written to config.json (default 8192)\n"
+    "\n"
+    "  --from hf           read DIR/config.json and DIR/model.safetensors (or the shards named by\n"
+    "                      model.safetensors.index.json; F32, BF16, F16 or F64 tensors) and write the\n"
+    "                      parameters as float32, in the order the llama3 pack declares them. The model\n"
+    "                      options to use with the file are printed. Refused: RoPE scaling (Llama 3.1+),\n"
+    "                      biases, other activations or model types, head_dim != hidden_size / heads.\n"
+    "  --help              this text\n";
+
+static int usage_error(const char *msg, const char *arg) {
+    fprintf(stderr, "ctitan convert: %s%s%s (see ctitan convert --help)\n", msg, arg ? " " : "", arg ? arg : "");
+    return 2;
+}
+
+static int parse_pos_int(const char *s, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = s ? strtoll(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno || v < 1 || v > INT32_MAX) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_pos_double(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || !*s || *end || errno || !isfinite(v) || v <= 0) return -1;
+    *out = v;
+    return 0;
+}
+
+/* A scalar config.* entry of a golden-style .ctt, if present: 1 and *out, else 0. A float32 value
+ * becomes the double of its shortest decimal (1e-5f -> 1e-5), so it prints as it was written. */
+static int ctt_scalar(const tf_file *f, const char *name, double *out) {
+    const tf_entry *e = tf_find(f, name);
+    if (!e || e->numel != 1) return 0;
+    if (e->dtype == TF_I32) {
+        *out = *(const int32_t *)e->data;
+        return 1;
+    }
+    float v = *(const float *)e->data;
+    char s[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(s, sizeof s, "%.*g", p, (double)v);
+        if ((float)strtod(s, NULL) == v) break;
+    }
+    *out = strtod(s, NULL);
+    return 1;
+}
+
+/* A positive integer config.* scalar, or 0 when absent or not one. */
+static int64_t ctt_count(const tf_file *f, const char *name) {
+    double v;
+    return ctt_scalar(f, name, &v) && v >= 1 && v <= INT32_MAX && v == floor(v) ? (int64_t)v : 0;
+}
+
+/* The shortest %g form that reads back as x (whole numbers in full). */
+static const char *short_g(char *out, size_t len, double x) {
+    if (x == floor(x) && fabs(x) < 1e16) {
+        snprintf(out, len, "%.0f", x);
+        return out;
+    }
+    for (int p = 1; p <= 17; p++) {
+        snprintf(out, len, "%.*g", p, x);
+        if (strtod(out, NULL) == x) break;
+    }
+    return out;
+}
+
+/* The manifest's model section that runs the converted file. */
+static void print_model_line(const hf_config *c) {
+    char theta[32], eps[32];
+    printf("model: {name: llama3, dim: %lld, n_layers: %lld, n_heads: %lld, n_kv_heads: %lld, vocab_size: %lld, "
+           "ffn_hidden: %lld, rope_theta: %s, norm_eps: %s}\n",
+           (long long)c->dim, (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads,
+           (long long)c->vocab, (long long)c->ffn_hidden, short_g(theta, sizeof theta, c->rope_theta),
+           short_g(eps, sizeof eps, c->norm_eps));
+}
+
+typedef struct args {
+    const char *input, *output;
+    hf_dtype dtype;
+    int64_t n_heads, n_kv_heads, max_pos; /* 0: not given */
+    double rope_theta, norm_eps;          /* 0: not given */
+} args;
+
+static int to_hf(const args *a) {
+    char err[ERRLEN];
+    tf_file *f = tf_read(a->input, err, sizeof err);
+    if (!f || tf_check_finite(f, a->input, err, sizeof err)) {
+        fprintf(stderr, "ctitan convert: %s\n", err);
+        tf_free(f);
+        return 2;
+    }
+    if (f->version < 2)
+        printf("convert: note: %s: format version %d has no checksums: its data cannot be verified\n", a->input,
+               f->version);
+    hf_config cfg = {0};
+    double v;
+    cfg.n_heads = a->n_heads ? a->n_heads : ctt_count(f, "config.n_heads");
+    cfg.n_kv_heads = a->n_kv_heads ? a->n_kv_heads : ctt_count(f, "config.n_kv_heads");
+    cfg.rope_theta = a->rope_theta ? a->rope_theta : ctt_scalar(f, "config.rope_theta", &v) ? v : HF_DEFAULT_ROPE_THETA;
+    cfg.norm_eps = a->norm_eps ? a->norm_eps : ctt_scalar(f, "config.norm_eps", &v) ? v : HF_DEFAULT_NORM_EPS;
+    cfg.max_position_embeddings = a->max_pos ? a->max_pos : HF_DEFAULT_MAX_POSITIONS;
+    int rc = 2;
+    if (!cfg.n_heads) {
+        fprintf(stderr, "ctitan convert: %s has no config.n_heads; give --n-heads (the shapes cannot tell it)\n",
+                a->input);
+        goto done;
+    }
+    if (hf_config_from_weights(&cfg, f, err, sizeof err)) {
+        fprintf(stderr, "ctitan convert: %s: %s\n", a->input, err);
+        goto done;
+    }
+    rc = 1;
+    if (hf_save(a->output, &cfg, f, a->dtype, err, sizeof err)) {
+        fprintf(stderr, "ctitan convert: %s\n", err);
+        goto done;
+    }
+    printf("convert: %s -> %s/config.json, %s/model.safetensors (%lld tensors, %s)\n", a->input, a->output,
+           a->output, (long long)(3 + 9 * cfg.n_layers), a->dtype == HF_BFLOAT16 ? "bfloat16" : "float32");
+    print_model_line(&cfg);
+    rc = 0;
+done:
+    tf_free(f);
+    return rc;
+}
+
+static int from_hf(const args *a) {
+    char err[ERRLEN];
+    hf_config cfg;
+    tf_file *f;
+    if (hf_load(a->input, &cfg, &f, err, sizeof err) || tf_check_finite(f, a->input, err, sizeof err)) {
+        fprintf(stderr, "ctitan convert: %s\n", err);
+        tf_free(f);
+        return 2;
+    }
+    tf_writer *w = tf_writer_open(a->output, err, sizeof err);
+    for (int i = 0; w && i < f->count; i++) {
+        const tf_entry *e = &f->entries[i];
+        if (tf_writer_add(w, e->name, e->dtype, e->ndim, e->shape, e->data)) break;
+    }
+    if (!w || tf_writer_close(w, err, sizeof err)) {
+        fprintf(stderr, "ctitan convert: %s\n", err);
+        tf_free(f);
+        return 1;
+    }
+    printf("convert: %s -> %s (%d tensors, float32%s)\n", a->input, a->output, f->count,
+           cfg.tied ? "; output.weight copied from the tied embeddings" : "");
+    print_model_line(&cfg);
+    tf_free(f);
+    return 0;
+}
+
+int cmd_convert(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+    args a = {0};
+    const char *to = NULL, *from = NULL, *dtype = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int bad = 0;
+        if (ct_cli_opt(argc, argv, &i, "--to", &v)) bad = !(to = v);
+        else if (ct_cli_opt(argc, argv, &i, "--from", &v)) bad = !(from = v);
+        else if (ct_cli_opt(argc, argv, &i, "--input", &v)) bad = !(a.input = v);
+        else if (ct_cli_opt(argc, argv, &i, "--output", &v)) bad = !(a.output = v);
+        else if (ct_cli_opt(argc, argv, &i, "--dtype", &v)) bad = !(dtype = v);
+        else if (ct_cli_opt(argc, argv, &i, "--n-heads", &v)) bad = parse_pos_int(v, &a.n_heads);
+        else if (ct_cli_opt(argc, argv, &i, "--n-kv-heads", &v)) bad = parse_pos_int(v, &a.n_kv_heads);
+        else if (ct_cli_opt(argc, argv, &i, "--max-position-embeddings", &v)) bad = parse_pos_int(v, &a.max_pos);
+        else if (ct_cli_opt(argc, argv, &i, "--rope-theta", &v)) bad = parse_pos_double(v, &a.rope_theta);
+        else if (ct_cli_opt(argc, argv, &i, "--norm-eps", &v)) bad = parse_pos_double(v, &a.norm_eps);
+        else return usage_error("unknown argument", argv[i]);
+        if (bad) return usage_error("missing or bad value for", argv[i][0] == '-' ? argv[i] : argv[i - 1]);
+    }
+    if (!to == !from) return usage_error("give exactly one of --to hf and --from hf", NULL);
+    if (strcmp(to ? to : from, "hf") != 0) return usage_error("the only other format is hf, not", to ? to : from);
+    if (!a.input || !a.output) return usage_error("--input and --output are required", NULL);
+    if (from && (dtype || a.n_heads || a.n_kv_heads || a.max_pos || a.rope_theta || a.norm_eps))
+        return usage_error("--dtype, --n-heads, --n-kv-heads, --rope-theta, --norm-eps and "
+                           "--max-position-embeddings apply to --to hf only", NULL);
+    if (dtype) {
+        if (!strcmp(dtype, "float32") || !strcmp(dtype, "f32")) a.dtype = HF_FLOAT32;
+        else if (!strcmp(dtype, "bfloat16") || !strcmp(dtype, "bf16")) a.dtype = HF_BFLOAT16;
+        else return usage_error("--dtype must be float32 or bfloat16, not", dtype);
+    }
+    return to ? to_hf(&a) : from_hf(&a);
+}

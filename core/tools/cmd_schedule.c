@@ -1,0 +1,172 @@
+/* cmd_schedule.c: `ctitan schedule`, a pipeline schedule checked and drawn without a model. */
+#include "tools/cmd_schedule.h"
+
+#include "host/util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/schedule.h"
+
+#define ERRLEN 2048
+
+static const char usage[] =
+    "usage: ctitan schedule --name NAME [--pp P] [--stages S] --microbatches M [--csv FILE] [--svg FILE]\n"
+    "                       [--write-csv FILE] [--costs F,B,I,W]\n"
+    "\n"
+    "Builds every pp rank's list of actions for a pipeline schedule, checks the lists by running all\n"
+    "ranks together (an action waits for what it needs: F of stage s for F of s-1; B or I of s for F of s\n"
+    "and B or I of s+1; W for I), prints a timeline (one line per rank, one column per time unit), then\n"
+    "\"bubble X.XXX  peak activations N  makespan T\". Exit status 0: valid; 1: the checker rejects it\n"
+    "(the message names the rank and the action); 2: bad usage or input.\n"
+    "\n"
+    "  --name NAME         GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble,\n"
+    "                      CSV (any case; '_' and '-' ignored; aliases such as interleave_1f1b, zbv), or\n"
+    "                      the path of a schedule plugin (.so). Default CSV when --csv is given.\n"
+    "  --pp P              pipeline ranks (default: S / the schedule's fewest stages per rank)\n"
+    "  --stages S          stages in all (default: P x the schedule's fewest stages per rank)\n"
+    "  --microbatches M    microbatches per step\n"
+    "  --csv FILE          the CSV schedule's file: one row per rank, cells <stage><F|B|I|W><microbatch>\n"
+    "  --svg FILE          also draw the timeline as SVG\n"
+    "  --write-csv FILE    also write the actions as a CSV schedule (to edit and run with --csv)\n"
+    "  --costs F,B,I,W     time units per action (default 1,2,1,1)\n"
+    "  --help              this text\n";
+
+static int usage_error(const char *msg, const char *arg) {
+    fprintf(stderr, "ctitan schedule: %s%s%s (see ctitan schedule --help)\n", msg, arg ? " " : "", arg ? arg : "");
+    return 2;
+}
+
+static int parse_pos_int(const char *s, int *out) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno || v < 1 || v > 1000000) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_costs(const char *s, schedule_costs *c) {
+    int v[4];
+    const char *p = s;
+    for (int k = 0; k < 4; k++) {
+        char *end;
+        errno = 0;
+        long x = p ? strtol(p, &end, 10) : 0;
+        if (!p || end == p || errno || x < 1 || x > 1000000 || *end != (k < 3 ? ',' : 0)) return -1;
+        v[k] = (int)x;
+        p = end + 1;
+    }
+    *c = (schedule_costs){v[0], v[1], v[2], v[3]};
+    return 0;
+}
+
+typedef struct sched_args {
+    const char *name, *csv, *svg, *write_csv;
+    int pp, stages, microbatches;
+    schedule_costs costs;
+} sched_args;
+
+/* 0, 1 for --help, or 2 after printing a usage error. */
+static int parse_args(int argc, char **argv, sched_args *a) {
+    *a = (sched_args){.costs = SCHEDULE_COSTS_DEFAULT};
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+        if (ct_cli_opt(argc, argv, &i, "--name", &v)) {
+            if (!v || !*v) return usage_error("--name needs a schedule name or a plugin path", NULL);
+            a->name = v;
+        } else if (ct_cli_opt(argc, argv, &i, "--pp", &v)) {
+            if (parse_pos_int(v, &a->pp)) return usage_error("--pp needs a number of ranks >= 1, got", v ? v : "nothing");
+        } else if (ct_cli_opt(argc, argv, &i, "--stages", &v)) {
+            if (parse_pos_int(v, &a->stages)) return usage_error("--stages needs a number >= 1, got", v ? v : "nothing");
+        } else if (ct_cli_opt(argc, argv, &i, "--microbatches", &v)) {
+            if (parse_pos_int(v, &a->microbatches))
+                return usage_error("--microbatches needs a number >= 1, got", v ? v : "nothing");
+        } else if (ct_cli_opt(argc, argv, &i, "--csv", &v)) {
+            if (!v || !*v) return usage_error("--csv needs a file", NULL);
+            a->csv = v;
+        } else if (ct_cli_opt(argc, argv, &i, "--svg", &v)) {
+            if (!v || !*v) return usage_error("--svg needs a file", NULL);
+            a->svg = v;
+        } else if (ct_cli_opt(argc, argv, &i, "--write-csv", &v)) {
+            if (!v || !*v) return usage_error("--write-csv needs a file", NULL);
+            a->write_csv = v;
+        } else if (ct_cli_opt(argc, argv, &i, "--costs", &v)) {
+            if (parse_costs(v, &a->costs))
+                return usage_error("--costs needs four time units >= 1 for F,B,I,W (e.g. 1,2,1,1), got", v ? v : "nothing");
+        } else {
+            return usage_error("unknown argument", argv[i]);
+        }
+    }
+    if (!a->name) a->name = a->csv ? "CSV" : NULL;
+    if (!a->name) return usage_error("--name is required (e.g. --name 1F1B)", NULL);
+    if (!a->microbatches) return usage_error("--microbatches is required", NULL);
+    if (!a->pp && !a->stages) return usage_error("give --pp (ranks) or --stages (stages in all), or both", NULL);
+    return 0;
+}
+
+/* Fills pp and stages from whichever was given, with the schedule's fewest stages per rank. */
+static int resolve_shape(sched_args *a, const ct_schedule_api *api, const char *name) {
+    int min = api->min_stages_per_rank;
+    if (!a->stages) a->stages = a->pp * min;
+    if (!a->pp) {
+        if (a->stages % min) {
+            fprintf(stderr, "ctitan schedule: %s runs %d stages per rank; %d stages do not split evenly (give --pp)\n",
+                    name, min, a->stages);
+            return 2;
+        }
+        a->pp = a->stages / min;
+    }
+    if (a->stages % a->pp) {
+        fprintf(stderr, "ctitan schedule: %d stages do not split evenly over %d ranks\n", a->stages, a->pp);
+        return 2;
+    }
+    return 0;
+}
+
+int cmd_schedule(int argc, char **argv) {
+    sched_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc == 1) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    if (rc) return rc;
+    char err[ERRLEN];
+    plugin *p = schedule_load(a.name, NULL, err, sizeof err);
+    if (!p) {
+        fprintf(stderr, "ctitan schedule: %s\n", err);
+        return 2;
+    }
+    sched_plan plan = {0};
+    if ((rc = resolve_shape(&a, schedule_api(p), p->info.name))) goto out;
+    if (schedule_actions(p, a.pp, a.stages / a.pp, a.microbatches, a.csv, &plan, err, sizeof err)) {
+        fprintf(stderr, "ctitan schedule: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    rc = schedule_check(&plan, &a.costs, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "ctitan schedule: %s: %s\n", plan.name, err);
+        rc = rc < 0 ? 2 : 1;
+        goto out;
+    }
+    printf("%s: pp %d, %d stage%s (%d per rank), %d microbatch%s; F=%d B=%d I=%d W=%d time units\n", plan.name,
+           plan.pp, plan.n_stages, plan.n_stages == 1 ? "" : "s", plan.stages_per_rank, plan.n_microbatches,
+           plan.n_microbatches == 1 ? "" : "es", a.costs.f, a.costs.b, a.costs.i, a.costs.w);
+    schedule_timeline(&plan, stdout);
+    printf("bubble %.3f  peak activations %d  makespan %lld\n", plan.bubble, plan.peak_activations,
+           (long long)plan.makespan);
+    if ((a.svg && schedule_svg(&plan, a.svg, err, sizeof err)) ||
+        (a.write_csv && schedule_write_csv(&plan, a.write_csv, err, sizeof err))) {
+        fprintf(stderr, "ctitan schedule: %s\n", err);
+        rc = 2;
+    }
+out:
+    schedule_plan_free(&plan);
+    plugin_unload(p);
+    return rc;
+}

@@ -1,0 +1,412 @@
+/* launch.c: `ctitan launch -n N COMMAND ...`: runs N ranks of this ctitan under OpenMPI's mpirun
+ * with the flags a small machine and a root account need. Multi-node jobs use mpirun or srun
+ * directly (with a host file); nothing in ctitan assumes one machine. */
+#include "engine/session.h"
+
+#include "host/util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* mpirun runs with orte_abort_on_non_zero_status=0 so that when a rank dies the others live long
+ * enough to hit their collective timeout and say which collective failed. mpirun's exit status
+ * then no longer tells which rank failed (it is 0 when ranks exit non-zero on their own), so each
+ * rank records its exit status in $CTITAN_STATUS_DIR and launch derives the job's status: the
+ * first non-zero status of a rank, or 1 for a rank that left no status (it was killed). */
+void launch_record_status(int status) {
+    const char *dir = getenv("CTITAN_STATUS_DIR"), *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!dir || !rank) return;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/rank-%s", dir, rank);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "%d\n", status);
+    fclose(f);
+}
+
+/* ---- no rank outlives its launcher ----
+ * `ctitan launch` exports CTITAN_LAUNCH_PID; each rank it starts registers its pid in the status
+ * folder (so the launcher can forward stop signals to it), asks the kernel for SIGKILL when its
+ * parent (mpirun, or orted on another node) dies, and runs a watchdog thread that ends it within a
+ * second of the launcher's end (covering a parent that died before the request). */
+static pid_t g_launcher;
+
+static void *launcher_watchdog(void *arg) {
+    (void)arg;
+    for (;;) {
+        struct timespec t = {0, 500 * 1000 * 1000};
+        nanosleep(&t, NULL);
+        if (kill(g_launcher, 0) && errno == ESRCH) {
+            fprintf(stderr, "ctitan: the launcher (pid %ld) is gone; this rank ends too\n", (long)g_launcher);
+            fflush(stderr);
+            _exit(EXIT_RUN_FAILED);
+        }
+    }
+    return NULL;
+}
+
+void launch_rank_start(void) {
+    const char *lp = getenv("CTITAN_LAUNCH_PID"), *dir = getenv("CTITAN_STATUS_DIR"),
+               *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!lp || !dir || !rank) return; /* not started by `ctitan launch` */
+    g_launcher = (pid_t)atol(lp);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (g_launcher > 1) {
+        pthread_t t;
+        if (!pthread_create(&t, NULL, launcher_watchdog, NULL)) pthread_detach(t);
+    }
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/pid-%s", dir, rank);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "%ld\n", (long)getpid());
+    fclose(f);
+}
+
+/* Launcher side: a stop signal for the job. mpirun would pass SIGTERM on with a SIGKILL one second
+ * later (too soon for a checkpoint), so the launcher signals the ranks itself: SIGTERM and SIGINT as
+ * they are, SIGHUP as SIGTERM (the terminal is gone: stop cleanly). With no rank registered yet,
+ * mpirun gets it and ends the job its way. */
+static volatile sig_atomic_t g_forward;
+
+static void on_launch_signal(int sig) { g_forward = sig; }
+
+static void forward_to_ranks(const char *dir, long n, pid_t mpirun, int sig) {
+    int to = sig == SIGHUP ? SIGTERM : sig, sent = 0;
+    for (long r = 0; r < n; r++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/pid-%ld", dir, r);
+        FILE *f = fopen(path, "r");
+        long pid = 0;
+        if (!f) continue;
+        if (fscanf(f, "%ld", &pid) == 1 && pid > 1 && kill((pid_t)pid, to) == 0) sent++;
+        fclose(f);
+    }
+    if (!sent) kill(mpirun, to);
+}
+
+/* Waits for mpirun, forwarding stop signals meanwhile. */
+static int wait_job(pid_t pid, const char *dir, long n, int *wst) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_launch_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    for (;;) {
+        pid_t r = waitpid(pid, wst, WNOHANG);
+        if (r == pid) return 0;
+        if (r < 0 && errno != EINTR) return -1;
+        if (g_forward) {
+            int sig = g_forward;
+            g_forward = 0;
+            forward_to_ranks(dir, n, pid, sig);
+        }
+        struct timespec t = {0, 50 * 1000 * 1000}; /* a signal cuts the sleep short */
+        nanosleep(&t, NULL);
+    }
+}
+
+static int job_status(const char *dir, long n) {
+    int worst = 0;
+    for (long r = 0; r < n; r++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/rank-%ld", dir, r);
+        FILE *f = fopen(path, "r");
+        int st = 1;
+        snprintf(path, sizeof path, "%s/pid-%ld", dir, r);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/rank-%ld", dir, r);
+        if (f) {
+            if (fscanf(f, "%d", &st) != 1) st = 1;
+            fclose(f);
+            unlink(path);
+        } else {
+            fprintf(stderr, "ctitan: launch: rank %ld ended without a status (killed?)\n", r);
+        }
+        if (st && !worst) worst = st;
+    }
+    rmdir(dir);
+    return worst;
+}
+
+/* ---- each error once ----
+ * Every rank prints its errors with "[rank N] " in front, and a bad manifest or a failed collective
+ * is seen by every rank: the job's stderr would say it N times. mpirun's stderr comes through a pipe
+ * to a thread here, and a rank's line whose text (after the prefix) another rank printed first is
+ * dropped: the first rank to say it speaks for all. Other lines pass unchanged as soon as they end
+ * (a partial line after 100 ms). relay_start before the fork, relay_child in the child,
+ * relay_finish after mpirun has exited. */
+#define RELAY_SEEN_MAX 4096 /* distinct texts remembered; past that, lines pass unchecked */
+
+typedef struct relay_seen {
+    char *text;
+    long rank;
+} relay_seen;
+
+typedef struct stderr_relay {
+    int fd[2]; /* the pipe: mpirun writes fd[1], the thread reads fd[0] */
+    pthread_t thread;
+    int started;
+    volatile sig_atomic_t stop; /* mpirun has exited: drain what is there and end */
+    char line[65536];
+    size_t len;
+    int mid_line; /* part of this line went out already: pass the rest through */
+    relay_seen seen[RELAY_SEEN_MAX];
+    int n_seen;
+} stderr_relay;
+
+/* "[rank N] text": N, and *text after the prefix; -1 for any other line. */
+static long relay_rank(const char *s, size_t n, size_t *text) {
+    if (n < 9 || memcmp(s, "[rank ", 6)) return -1;
+    size_t i = 6;
+    long r = 0;
+    for (; i < n && s[i] >= '0' && s[i] <= '9' && r < 1000000000; i++) r = r * 10 + (s[i] - '0');
+    if (i == 6 || i + 1 >= n || s[i] != ']' || s[i + 1] != ' ') return -1;
+    *text = i + 2;
+    return r;
+}
+
+/* Whether another rank printed this text first (and remembers it when new). */
+static int relay_repeat(stderr_relay *r, long rank, const char *text, size_t n) {
+    for (int i = 0; i < r->n_seen; i++)
+        if (strlen(r->seen[i].text) == n && !memcmp(r->seen[i].text, text, n)) return r->seen[i].rank != rank;
+    if (r->n_seen < RELAY_SEEN_MAX && (r->seen[r->n_seen].text = strndup(text, n))) r->seen[r->n_seen++].rank = rank;
+    return 0;
+}
+
+/* One line (whole: with its newline) out to our stderr, unless another rank said it first. */
+static void relay_line(stderr_relay *r, const char *s, size_t n, int whole) {
+    size_t text = 0;
+    long rank = r->mid_line ? -1 : relay_rank(s, n, &text);
+    if (!(whole && rank >= 0 && relay_repeat(r, rank, s + text, n - text))) ct_write_all(2, s, n);
+    r->mid_line = !whole;
+}
+
+static void *relay_main(void *arg) {
+    stderr_relay *r = arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the launcher's main thread's */
+    for (;;) {
+        struct pollfd p = {r->fd[0], POLLIN, 0};
+        int ready = poll(&p, 1, 100);
+        if (ready < 0 && errno != EINTR) break;
+        if (ready <= 0) {
+            if (r->len) relay_line(r, r->line, r->len, 0); /* a partial line waits no longer */
+            r->len = 0;
+            if (r->stop) break;
+            continue;
+        }
+        ssize_t got = read(r->fd[0], r->line + r->len, sizeof r->line - r->len);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        size_t start = 0, end = r->len + (size_t)got;
+        for (size_t i = r->len; i < end; i++)
+            if (r->line[i] == '\n') {
+                relay_line(r, r->line + start, i + 1 - start, 1);
+                start = i + 1;
+            }
+        r->len = end - start;
+        memmove(r->line, r->line + start, r->len);
+        if (r->len == sizeof r->line) { /* a line longer than the buffer: out in pieces */
+            relay_line(r, r->line, r->len, 0);
+            r->len = 0;
+        }
+    }
+    if (r->len) relay_line(r, r->line, r->len, 0);
+    return NULL;
+}
+
+/* 0, or -1 when there is no pipe (then mpirun writes to our stderr directly). */
+static int relay_start(stderr_relay *r) {
+    memset(r, 0, sizeof *r);
+    r->fd[0] = r->fd[1] = -1;
+    if (pipe2(r->fd, O_CLOEXEC)) return -1;
+    if (pthread_create(&r->thread, NULL, relay_main, r)) {
+        close(r->fd[0]);
+        close(r->fd[1]);
+        r->fd[0] = r->fd[1] = -1;
+        return -1;
+    }
+    r->started = 1;
+    return 0;
+}
+
+/* In the forked child, before exec: stderr is the pipe. */
+static void relay_child(const stderr_relay *r) {
+    if (r->started) dup2(r->fd[1], 2);
+}
+
+/* After the fork in the parent: only the children hold the write end now. */
+static void relay_parent(stderr_relay *r) {
+    if (r->started) close(r->fd[1]);
+}
+
+/* After mpirun exited: the thread ends at end of file, or, when something it left behind still holds
+ * the pipe, at the next quiet 100 ms. */
+static void relay_finish(stderr_relay *r) {
+    if (!r->started) return;
+    r->stop = 1;
+    pthread_join(r->thread, NULL);
+    close(r->fd[0]);
+    for (int i = 0; i < r->n_seen; i++) free(r->seen[i].text);
+    r->started = 0;
+}
+
+static const char *launch_usage =
+    "usage: ctitan launch -n N [--mpirun-arg ARG ...] COMMAND [ARGS...]\n"
+    "  Runs `ctitan COMMAND ARGS` on N ranks: mpirun -n N --oversubscribe --bind-to none\n"
+    "  --mca orte_abort_on_non_zero_status 0 (and --allow-run-as-root as root). A rank that dies leaves\n"
+    "  the others to time out in their collective and say which one; the launcher exits with the\n"
+    "  first non-zero status of a rank. With more ranks than cores, OpenMP threads wait passively.\n"
+    "  Every rank's stderr lines carry [rank N]; a line several ranks print comes out once.\n"
+    "  SIGTERM, SIGINT and SIGHUP (as SIGTERM) are passed to every rank, which stops after its step and\n"
+    "  saves a checkpoint; a second one ends them at once. mpirun runs in its own process group (a\n"
+    "  Ctrl-C reaches it through the launcher) with --stdin none; when the launcher dies, so do the ranks.\n"
+    "  example: ctitan launch -n 4 train configs/llama3_debug.yaml --parallelism.data_parallel_shard_degree=4\n";
+
+int cmd_launch(int argc, char **argv) {
+    long n = 0;
+    int i = 0;
+    const char *extra[32];
+    int n_extra = 0;
+    for (; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(launch_usage, stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "-n") || !strcmp(argv[i], "-np")) {
+            char *end;
+            n = i + 1 < argc ? strtol(argv[++i], &end, 10) : 0;
+            if (n < 1 || *end) {
+                fprintf(stderr, "ctitan: launch: -n needs a positive number of ranks\n");
+                return EXIT_BAD_INPUT;
+            }
+        } else if (!strcmp(argv[i], "--mpirun-arg") && i + 1 < argc && n_extra < 32) {
+            extra[n_extra++] = argv[++i];
+        } else {
+            break;
+        }
+    }
+    if (n < 1 || i >= argc) {
+        fprintf(stderr, "ctitan: launch: expected -n N and a command (see ctitan launch --help)\n");
+        return EXIT_BAD_INPUT;
+    }
+    char self[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) {
+        fprintf(stderr, "ctitan: launch: cannot find this executable\n");
+        return EXIT_RUN_FAILED;
+    }
+    self[len] = 0;
+    char nbuf[32];
+    snprintf(nbuf, sizeof nbuf, "%ld", n);
+    const char **av = calloc((size_t)(argc + n_extra + 16), sizeof(char *));
+    if (!av) return EXIT_RUN_FAILED;
+    int k = 0;
+    av[k++] = "mpirun";
+    av[k++] = "-n";
+    av[k++] = nbuf;
+    av[k++] = "--oversubscribe";
+    av[k++] = "--bind-to";
+    av[k++] = "none";
+    av[k++] = "--mca";
+    av[k++] = "orte_abort_on_non_zero_status";
+    av[k++] = "0";
+    av[k++] = "--stdin"; /* mpirun is in a background process group, where reading the terminal stops it */
+    av[k++] = "none";
+    if (geteuid() == 0) av[k++] = "--allow-run-as-root";
+    for (int e = 0; e < n_extra; e++) av[k++] = extra[e];
+    av[k++] = self;
+    for (; i < argc; i++) av[k++] = argv[i];
+    av[k] = NULL;
+    if (n > sysconf(_SC_NPROCESSORS_ONLN)) setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+    char dir[] = "/tmp/ctitan-launch-XXXXXX";
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "ctitan: launch: cannot create a status folder in /tmp\n");
+        free(av);
+        return EXIT_RUN_FAILED;
+    }
+    setenv("CTITAN_STATUS_DIR", dir, 1);
+    char self_pid[32];
+    snprintf(self_pid, sizeof self_pid, "%ld", (long)getpid());
+    setenv("CTITAN_LAUNCH_PID", self_pid, 1);
+    fflush(stdout);
+    static stderr_relay relay; /* 64 KiB line buffer and the texts seen: not on the stack */
+    relay_start(&relay);
+    pid_t pid = fork();
+    if (pid == 0) {
+        relay_child(&relay);
+        /* its own process group: a Ctrl-C reaches the launcher only, which forwards it to the ranks;
+         * and mpirun (which ends the ranks on SIGTERM) ends with the launcher */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != (pid_t)atol(self_pid)) _exit(EXIT_RUN_FAILED); /* the launcher died already */
+        execvp("mpirun", (char *const *)av);
+        fprintf(stderr, "ctitan: launch: cannot run mpirun (install openmpi-bin: make deps)\n");
+        _exit(127);
+    }
+    free(av);
+    relay_parent(&relay);
+    int wst = 0;
+    int waited = pid < 0 ? -1 : wait_job(pid, dir, n, &wst); /* forwards stop signals to the ranks */
+    relay_finish(&relay);
+    if (waited) {
+        fprintf(stderr, "ctitan: launch: cannot run mpirun\n");
+        return EXIT_RUN_FAILED;
+    }
+    if (WIFEXITED(wst) && WEXITSTATUS(wst) == 127) {
+        rmdir(dir);
+        return EXIT_RUN_FAILED;
+    }
+    int st = job_status(dir, n);
+    if (!st && !(WIFEXITED(wst) && WEXITSTATUS(wst) == 0)) st = EXIT_RUN_FAILED;
+    return st;
+}
+
+/* ---- a launcher's world against the MPI world ----
+ * torchrun (RANK, WORLD_SIZE) and srun without an MPI plugin (SLURM_PROCID, SLURM_STEP_NUM_TASKS)
+ * start N processes but no MPI job: each would join an MPI world of one and train on its own into
+ * the same folder. A process an MPI launcher started (mpirun: OMPI_COMM_WORLD_SIZE; PMI or PMIx:
+ * srun --mpi=pmix) has its world from MPI, and nothing else is compared. */
+static int env_int(const char *name) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : 0;
+}
+
+int launch_check_world(void) {
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK") || getenv("PMI_SIZE")) return 0;
+    int torch = env_int("WORLD_SIZE");
+    /* a task of an srun step; a batch script also has SLURM_PROCID but no step, and runs one process */
+    int slurm = getenv("SLURM_PROCID") && (getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID"))
+                    ? env_int("SLURM_STEP_NUM_TASKS")
+                    : 0;
+    if (torch > 1) {
+        fprintf(stderr, "ctitan: started by torchrun (WORLD_SIZE=%d, RANK=%s) but not as an MPI job, so each process "
+                        "would train alone: ctitan's ranks are MPI processes; launch with `ctitan launch -n %d train "
+                        "...` or `mpirun -n %d ctitan train ...`\n",
+                torch, getenv("RANK") ? getenv("RANK") : "?", torch, torch);
+        return EXIT_BAD_INPUT;
+    }
+    if (slurm > 1) {
+        fprintf(stderr, "ctitan: started by srun (SLURM_STEP_NUM_TASKS=%d, SLURM_PROCID=%s) but not as an MPI job, "
+                        "so each task would train alone: launch with `srun --mpi=pmix ctitan train ...` (or `mpirun "
+                        "-n %d ctitan train ...` inside the allocation)\n",
+                slurm, getenv("SLURM_PROCID"), slurm);
+        return EXIT_BAD_INPUT;
+    }
+    return 0;
+}

@@ -1,0 +1,752 @@
+/* tokenizer.c: loads a tiktoken vocabulary, splits text with Llama 3's regex, BPE-merges by rank.
+ * The format and the encoding rules are described in tokenizer.h. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "tools/tokenizer.h"
+#include "host/util.h"
+
+#include <errno.h>
+#include <pcre2.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NO_RANK UINT32_MAX
+#define MAX_FILE_BYTES (1u << 30)   /* token offsets are u32 */
+
+/* ---- special tokens ---------------------------------------------------------------------------- */
+
+/* Llama 3.1's named specials; the rest are <|reserved_special_token_3|> ... _247|>. */
+static const char *const special_named[] = {
+    "<|begin_of_text|>",           "<|end_of_text|>",  "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
+    "<|start_header_id|>",          "<|end_header_id|>", "<|eom_id|>",
+    "<|eot_id|>",                   "<|python_tag|>",
+};
+#define N_NAMED ((int)(sizeof special_named / sizeof special_named[0]))
+
+static char special_reserved[TOKENIZER_N_SPECIAL - N_NAMED][40];
+static pthread_once_t special_once = PTHREAD_ONCE_INIT;
+
+static void special_init(void) {
+    for (int i = N_NAMED; i < TOKENIZER_N_SPECIAL; i++)
+        snprintf(special_reserved[i - N_NAMED], sizeof special_reserved[0],
+                 "<|reserved_special_token_%d|>", i - N_NAMED + 3);
+}
+
+const char *tokenizer_special_name(int i) {
+    if (i < 0 || i >= TOKENIZER_N_SPECIAL) return NULL;
+    if (i < N_NAMED) return special_named[i];
+    pthread_once(&special_once, special_init);
+    return special_reserved[i - N_NAMED];
+}
+
+/* ---- a hash set of byte strings, each named by an index into (arena, off[], len[]) ------------ */
+
+typedef struct bmap {
+    uint32_t *slots;        /* index + 1; 0 = empty */
+    uint32_t mask;
+    const unsigned char *arena;
+    const uint32_t *off, *len;
+} bmap;
+
+static uint64_t hash_bytes(const unsigned char *p, size_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    for (size_t i = 0; i < n; i++) w |= (uint64_t)p[i] << (8 * i);
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 29;
+    h *= 0x94d049bb133111ebull;
+    return h ^ (h >> 32);
+}
+
+static int bmap_init(bmap *m, size_t n, const unsigned char *arena, const uint32_t *off,
+                     const uint32_t *len) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    m->slots = calloc(cap, sizeof *m->slots);
+    if (!m->slots) return -1;
+    m->mask = (uint32_t)(cap - 1);
+    m->arena = arena;
+    m->off = off;
+    m->len = len;
+    return 0;
+}
+
+/* Index of the string equal to (p, n), or -1. */
+static int64_t bmap_get(const bmap *m, const unsigned char *p, size_t n) {
+    for (uint64_t i = hash_bytes(p, n) & m->mask;; i = (i + 1) & m->mask) {
+        uint32_t s = m->slots[i];
+        if (s == 0) return -1;
+        uint32_t k = s - 1;
+        if (m->len[k] == n && memcmp(m->arena + m->off[k], p, n) == 0) return k;
+    }
+}
+
+/* Inserts index k; returns k, or the index already holding the same bytes. */
+static int64_t bmap_put(bmap *m, uint32_t k) {
+    const unsigned char *p = m->arena + m->off[k];
+    size_t n = m->len[k];
+    for (uint64_t i = hash_bytes(p, n) & m->mask;; i = (i + 1) & m->mask) {
+        uint32_t s = m->slots[i];
+        if (s == 0) {
+            m->slots[i] = k + 1;
+            return k;
+        }
+        if (m->len[s - 1] == n && memcmp(m->arena + m->off[s - 1], p, n) == 0) return s - 1;
+    }
+}
+
+/* ---- the tokenizer object ----------------------------------------------------------------------- */
+
+struct ct_tokenizer {
+    int n_base;
+    unsigned char *arena;   /* token bytes, base tokens then special names */
+    uint32_t *off, *len;    /* per id (n_base + 256) */
+    bmap ranks;             /* base token bytes -> rank */
+    bmap specials;          /* special text -> index n_base + i */
+    uint32_t byte_rank[256];
+    ct_pretok *pretok;
+};
+
+void tokenizer_free(ct_tokenizer *tok) {
+    if (!tok) return;
+    free(tok->arena);
+    free(tok->off);
+    free(tok->len);
+    free(tok->ranks.slots);
+    free(tok->specials.slots);
+    pretok_free(tok->pretok);
+    free(tok);
+}
+
+int tokenizer_vocab_size(const ct_tokenizer *tok) { return tok->n_base + TOKENIZER_N_SPECIAL; }
+int tokenizer_n_base(const ct_tokenizer *tok) { return tok->n_base; }
+int tokenizer_bos_id(const ct_tokenizer *tok) { return tok->n_base + TOKENIZER_BEGIN_OF_TEXT; }
+int tokenizer_eos_id(const ct_tokenizer *tok) { return tok->n_base + TOKENIZER_END_OF_TEXT; }
+
+const char *tokenizer_token_bytes(const ct_tokenizer *tok, int32_t id, size_t *len) {
+    if (id < 0 || id >= tokenizer_vocab_size(tok)) return NULL;
+    if (len) *len = tok->len[id];
+    return (const char *)tok->arena + tok->off[id];
+}
+
+int tokenizer_special_id(const ct_tokenizer *tok, const char *name) {
+    int64_t k = bmap_get(&tok->specials, (const unsigned char *)name, strlen(name));
+    return k < 0 ? -1 : (int)k;
+}
+
+/* ---- loading ----------------------------------------------------------------------------------- */
+
+static int b64_value(unsigned char c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
+/* Strict standard base64 with '=' padding; the unused bits of the last group must be zero.
+ * Returns the decoded length, or -1 with a reason. */
+static long b64_decode(const unsigned char *s, size_t n, unsigned char *out, const char **why) {
+    if (n == 0) { *why = "empty token"; return -1; }
+    if (n % 4) { *why = "bad base64 (length is not a multiple of 4)"; return -1; }
+    size_t pad = 0;
+    if (s[n - 1] == '=') pad++;
+    if (n >= 2 && s[n - 2] == '=') pad++;
+    long o = 0;
+    for (size_t i = 0; i < n; i += 4) {
+        int v[4];
+        for (int j = 0; j < 4; j++) {
+            int last_group = i + 4 == n;
+            if (last_group && j >= 4 - (int)pad) { v[j] = 0; continue; }
+            v[j] = b64_value(s[i + j]);
+            if (v[j] < 0) {
+                *why = s[i + j] == '=' ? "bad base64 ('=' before the end)"
+                                       : "bad base64 (a character outside A-Z a-z 0-9 + /)";
+                return -1;
+            }
+        }
+        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+        int bytes = i + 4 == n ? 3 - (int)pad : 3;
+        if ((bytes == 1 && (w & 0xffff)) || (bytes == 2 && (w & 0xff))) {
+            *why = "bad base64 (non-zero padding bits)";
+            return -1;
+        }
+        out[o++] = (unsigned char)(w >> 16);
+        if (bytes > 1) out[o++] = (unsigned char)(w >> 8);
+        if (bytes > 2) out[o++] = (unsigned char)w;
+    }
+    return o;
+}
+
+/* A printable, bounded rendering of token bytes for messages. */
+static void show_bytes(const unsigned char *p, size_t n, char *out, size_t outlen) {
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 8 < outlen; i++) {
+        if (p[i] >= 0x20 && p[i] < 0x7f && p[i] != '\'' && p[i] != '\\') out[o++] = (char)p[i];
+        else o += (size_t)snprintf(out + o, outlen - o, "\\x%02x", p[i]);
+        if (i + 1 < n && o + 8 >= outlen) { memcpy(out + o, "...", 3); o += 3; break; }
+    }
+    out[o] = 0;
+}
+
+typedef struct line_iter {
+    const char *p, *end;
+    long lineno;
+} line_iter;
+
+/* The next line without its "\n" (or "\r\n"); 0 at the end. */
+static int next_line(line_iter *it, const char **s, size_t *n) {
+    if (it->p >= it->end) return 0;
+    const char *nl = memchr(it->p, '\n', (size_t)(it->end - it->p));
+    const char *e = nl ? nl : it->end;
+    *s = it->p;
+    *n = (size_t)(e - it->p);
+    if (*n && (*s)[*n - 1] == '\r') (*n)--;
+    it->p = nl ? nl + 1 : it->end;
+    it->lineno++;
+    return 1;
+}
+
+/* Parses "<base64> <rank>" lines into tok (arena, off, len, ranks). */
+static int load_lines(ct_tokenizer *tok, const char *data, size_t size, const char *label,
+                      uint32_t *line_of, char *err, size_t errlen) {
+    line_iter it = {data, data + size, 0};
+    const char *s;
+    size_t n;
+    uint32_t used = 0;   /* arena bytes */
+    while (next_line(&it, &s, &n)) {
+        if (n == 0) continue;
+        const char *sp = memchr(s, ' ', n);
+        if (!sp) {
+            ct_errf(err, errlen, "%s:%ld: missing rank (expected '<base64> <rank>')", label, it.lineno);
+            return -1;
+        }
+        const char *r = sp + 1, *rend = s + n;
+        if (r == rend) {
+            ct_errf(err, errlen, "%s:%ld: missing rank (expected '<base64> <rank>')", label, it.lineno);
+            return -1;
+        }
+        uint64_t rank = 0;
+        for (const char *q = r; q < rend; q++) {
+            if (*q < '0' || *q > '9') {
+                ct_errf(err, errlen, "%s:%ld: rank is not a non-negative decimal integer "
+                        "(expected '<base64> <rank>')", label, it.lineno);
+                return -1;
+            }
+            rank = rank * 10 + (uint64_t)(*q - '0');
+            if (rank > (uint64_t)tok->n_base) break;
+        }
+        if (rank >= (uint64_t)tok->n_base) {
+            ct_errf(err, errlen, "%s:%ld: rank %.*s out of range: the file has %d tokens, so ranks "
+                    "must run 0..%d", label, it.lineno, (int)(rend - r > 20 ? 20 : rend - r), r,
+                    tok->n_base, tok->n_base - 1);
+            return -1;
+        }
+        if (line_of[rank]) {
+            ct_errf(err, errlen, "%s:%ld: rank %llu already used on line %u (ranks must be "
+                    "0..n-1, each once)", label, it.lineno, (unsigned long long)rank, line_of[rank]);
+            return -1;
+        }
+        const char *why = NULL;
+        long blen = b64_decode((const unsigned char *)s, (size_t)(sp - s), tok->arena + used, &why);
+        if (blen < 0) {
+            ct_errf(err, errlen, "%s:%ld: %s", label, it.lineno, why);
+            return -1;
+        }
+        tok->off[rank] = used;
+        tok->len[rank] = (uint32_t)blen;
+        int64_t k = bmap_put(&tok->ranks, (uint32_t)rank);
+        if (k != (int64_t)rank) {
+            char shown[64];
+            show_bytes(tok->arena + used, (size_t)blen, shown, sizeof shown);
+            ct_errf(err, errlen, "%s:%ld: duplicate token '%s' (also rank %lld on line %u)", label,
+                    it.lineno, shown, (long long)k, line_of[k]);
+            return -1;
+        }
+        line_of[rank] = (uint32_t)it.lineno;
+        used += (uint32_t)blen;
+    }
+    return 0;
+}
+
+static int add_specials(ct_tokenizer *tok, size_t base_bytes) {
+    size_t o = base_bytes;
+    for (int i = 0; i < TOKENIZER_N_SPECIAL; i++) {
+        const char *name = tokenizer_special_name(i);
+        size_t n = strlen(name);
+        memcpy(tok->arena + o, name, n);
+        tok->off[tok->n_base + i] = (uint32_t)o;
+        tok->len[tok->n_base + i] = (uint32_t)n;
+        o += n;
+    }
+    if (bmap_init(&tok->specials, TOKENIZER_N_SPECIAL, tok->arena, tok->off, tok->len)) return -1;
+    for (int i = 0; i < TOKENIZER_N_SPECIAL; i++) bmap_put(&tok->specials, (uint32_t)(tok->n_base + i));
+    return 0;
+}
+
+ct_tokenizer *tokenizer_load_mem(const char *data, size_t size, const char *label, char *err,
+                                 size_t errlen) {
+    if (size > MAX_FILE_BYTES) {
+        ct_errf(err, errlen, "%s: file too large (%zu bytes; at most %u)", label, size, MAX_FILE_BYTES);
+        return NULL;
+    }
+    /* Count non-empty lines: that is the number of tokens, so every rank must be below it. */
+    long count = 0;
+    line_iter it = {data, data + size, 0};
+    const char *s;
+    size_t n;
+    while (next_line(&it, &s, &n)) count += n > 0;
+    if (count == 0) {
+        ct_errf(err, errlen, "%s: empty vocabulary file (no '<base64> <rank>' lines)", label);
+        return NULL;
+    }
+    if (count > TOKENIZER_MAX_BASE) {
+        ct_errf(err, errlen, "%s: %ld tokens, more than the %d allowed", label, count, TOKENIZER_MAX_BASE);
+        return NULL;
+    }
+    ct_tokenizer *tok = calloc(1, sizeof *tok);
+    uint32_t *line_of = calloc((size_t)count, sizeof *line_of);
+    size_t special_bytes = 40 * TOKENIZER_N_SPECIAL;
+    if (!tok || !line_of) goto oom;
+    tok->n_base = (int)count;
+    size_t ids = (size_t)count + TOKENIZER_N_SPECIAL;
+    tok->arena = malloc(size + special_bytes);
+    tok->off = malloc(ids * sizeof *tok->off);
+    tok->len = malloc(ids * sizeof *tok->len);
+    if (!tok->arena || !tok->off || !tok->len) goto oom;
+    if (bmap_init(&tok->ranks, (size_t)count, tok->arena, tok->off, tok->len)) goto oom;
+    if (load_lines(tok, data, size, label, line_of, err, errlen)) goto fail;
+    /* Every rank below count was seen once (count lines, no duplicates, none out of range). */
+    size_t base_bytes = 0;
+    for (long r = 0; r < count; r++) base_bytes += tok->len[r];
+    for (int b = 0; b < 256; b++) {
+        unsigned char c = (unsigned char)b;
+        int64_t k = bmap_get(&tok->ranks, &c, 1);
+        if (k < 0) {
+            ct_errf(err, errlen, "%s: no token for byte 0x%02x (a byte-level BPE vocabulary must "
+                    "hold all 256 single bytes)", label, b);
+            goto fail;
+        }
+        tok->byte_rank[b] = (uint32_t)k;
+    }
+    if (add_specials(tok, base_bytes)) goto oom;
+    tok->pretok = pretok_create(err, errlen);
+    if (!tok->pretok) goto fail;
+    free(line_of);
+    return tok;
+oom:
+    ct_errf(err, errlen, "%s: out of memory loading the vocabulary", label);
+fail:
+    free(line_of);
+    tokenizer_free(tok);
+    return NULL;
+}
+
+ct_tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            if (cap > MAX_FILE_BYTES) {
+                ct_errf(err, errlen, "%s: file too large (more than %u bytes)", path, MAX_FILE_BYTES);
+                goto fail;
+            }
+            cap = cap ? cap * 2 : 1 << 16;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                ct_errf(err, errlen, "%s: out of memory reading the file", path);
+                goto fail;
+            }
+            buf = nb;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) break;
+    }
+    if (ferror(f)) {
+        ct_errf(err, errlen, "%s: read error: %s", path, strerror(errno));
+        goto fail;
+    }
+    fclose(f);
+    ct_tokenizer *tok = tokenizer_load_mem(buf, len, path, err, errlen);
+    free(buf);
+    return tok;
+fail:
+    fclose(f);
+    free(buf);
+    return NULL;
+}
+
+/* ---- the pre-tokenizer ------------------------------------------------------------------------- */
+
+struct ct_pretok {
+    pcre2_code *code;
+    pcre2_match_context *mctx;   /* read-only once made, so threads may share it */
+};
+
+ct_pretok *pretok_create(char *err, size_t errlen) {
+    int ec;
+    PCRE2_SIZE eo;
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)TOKENIZER_LLAMA3_PATTERN, PCRE2_ZERO_TERMINATED,
+                                     PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    if (!code) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(ec, msg, sizeof msg);
+        ct_errf(err, errlen, "pre-tokenizer regex: %s at offset %zu", (const char *)msg, (size_t)eo);
+        return NULL;
+    }
+    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);   /* optional: the interpreter is the fallback */
+    ct_pretok *pt = malloc(sizeof *pt);
+    pcre2_match_context *mctx = pcre2_match_context_create(NULL);
+    if (!pt || !mctx) {
+        pcre2_code_free(code);
+        pcre2_match_context_free(mctx);
+        free(pt);
+        ct_errf(err, errlen, "pre-tokenizer: out of memory");
+        return NULL;
+    }
+    /* No alternative of the pattern backtracks more than the length of the run it matches (a run of
+     * n spaces before a letter costs n steps in \s*[\r\n]+), so the work is linear; PCRE2's default
+     * limits (10M steps) would refuse runs of whitespace longer than that. */
+    pcre2_set_match_limit(mctx, UINT32_MAX);
+    pcre2_set_depth_limit(mctx, UINT32_MAX);
+    pcre2_set_heap_limit(mctx, UINT32_MAX);
+    pt->code = code;
+    pt->mctx = mctx;
+    return pt;
+}
+
+void pretok_free(ct_pretok *pt) {
+    if (!pt) return;
+    pcre2_code_free(pt->code);
+    pcre2_match_context_free(pt->mctx);
+    free(pt);
+}
+
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 if s does not start one. Same rules as
+ * PCRE2's check: no overlong forms, no surrogates, nothing above U+10FFFF. */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+    unsigned char c = s[0];
+    if (c < 0x80) return 1;
+    size_t need;
+    uint32_t cp;
+    if (c >= 0xc2 && c <= 0xdf) { need = 2; cp = c & 0x1f; }
+    else if (c >= 0xe0 && c <= 0xef) { need = 3; cp = c & 0x0f; }
+    else if (c >= 0xf0 && c <= 0xf4) { need = 4; cp = c & 0x07; }
+    else return 0;
+    if (n < need) return 0;
+    for (size_t i = 1; i < need; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (s[i] & 0x3f);
+    }
+    if (need == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) return 0;
+    if (need == 4 && (cp < 0x10000 || cp > 0x10ffff)) return 0;
+    return need;
+}
+
+/* Runs the regex over a run of valid UTF-8. */
+static int split_valid(const ct_pretok *pt, const unsigned char *s, size_t len, pcre2_match_data *md,
+                       pretok_chunk_fn fn, void *ctx, char *err, size_t errlen) {
+    size_t off = 0;
+    while (off < len) {
+        int rc = pcre2_match(pt->code, s, len, off, PCRE2_NO_UTF_CHECK, md, pt->mctx);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT)   /* a pathological run: the interpreter uses the heap */
+            rc = pcre2_match(pt->code, s, len, off, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, pt->mctx);
+        size_t ms, me;
+        if (rc == PCRE2_ERROR_NOMATCH) {
+            ms = me = len;
+        } else if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            ct_errf(err, errlen, "pre-tokenizer: regex match failed at byte %zu: %s", off,
+                    (const char *)msg);
+            return -1;
+        } else {
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+            ms = ov[0];
+            me = ov[1];
+        }
+        /* The pattern matches at every character, so there are no gaps and no empty matches; if
+         * there were, the bytes still become chunks so that nothing is lost. */
+        if (ms > off) {
+            int r = fn(ctx, s + off, ms - off);
+            if (r) return r;
+        }
+        if (me == ms) {
+            if (ms >= len) break;
+            me = ms + utf8_seq(s + ms, len - ms);
+        }
+        int r = fn(ctx, s + ms, me - ms);
+        if (r) return r;
+        off = me;
+    }
+    return 0;
+}
+
+int pretok_split(const ct_pretok *pt, const char *text, size_t len, pretok_chunk_fn fn, void *ctx,
+                 char *err, size_t errlen) {
+    const unsigned char *s = (const unsigned char *)text;
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(pt->code, NULL);
+    if (!md) {
+        ct_errf(err, errlen, "pre-tokenizer: out of memory");
+        return -1;
+    }
+    int rc = 0;
+    size_t i = 0;
+    while (i < len && rc == 0) {
+        size_t start = i;
+        for (size_t k; i < len && (k = utf8_seq(s + i, len - i)) != 0;) i += k;
+        if (i > start) rc = split_valid(pt, s + start, i - start, md, fn, ctx, err, errlen);
+        if (rc == 0 && i < len) rc = fn(ctx, s + i++, 1);   /* an invalid byte: a chunk of its own */
+    }
+    pcre2_match_data_free(md);
+    return rc;
+}
+
+/* ---- BPE --------------------------------------------------------------------------------------- */
+
+/* Scratch for merging one chunk of n bytes. Parts are named by the offset of their first byte. */
+typedef struct bpe_scratch {
+    size_t cap;
+    uint32_t *next, *prev;
+    uint32_t *pair_rank;    /* rank of part i joined with the part after it, or NO_RANK */
+    uint32_t *part_rank;    /* rank of part i itself */
+    uint64_t *heap;         /* (pair rank << 32 | part), min first: lowest rank, then leftmost */
+} bpe_scratch;
+
+static void scratch_free(bpe_scratch *s) {
+    free(s->next);
+    free(s->prev);
+    free(s->pair_rank);
+    free(s->part_rank);
+    free(s->heap);
+    memset(s, 0, sizeof *s);
+}
+
+static int scratch_reserve(bpe_scratch *s, size_t n) {
+    if (n <= s->cap) return 0;
+    size_t cap = s->cap ? s->cap : 64;
+    while (cap < n) cap *= 2;
+    scratch_free(s);
+    s->next = malloc(cap * sizeof *s->next);
+    s->prev = malloc(cap * sizeof *s->prev);
+    s->pair_rank = malloc(cap * sizeof *s->pair_rank);
+    s->part_rank = malloc(cap * sizeof *s->part_rank);
+    s->heap = malloc(3 * cap * sizeof *s->heap);
+    if (!s->next || !s->prev || !s->pair_rank || !s->part_rank || !s->heap) {
+        scratch_free(s);
+        return -1;
+    }
+    s->cap = cap;
+    return 0;
+}
+
+static void heap_push(uint64_t *h, size_t *n, uint64_t v) {
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (h[p] <= v) break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = v;
+}
+
+static uint64_t heap_pop(uint64_t *h, size_t *n) {
+    uint64_t top = h[0], v = h[--(*n)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && h[c + 1] < h[c]) c++;
+        if (v <= h[c]) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n) h[i] = v;
+    return top;
+}
+
+static uint32_t rank_of(const ct_tokenizer *tok, const unsigned char *p, size_t n) {
+    int64_t k = bmap_get(&tok->ranks, p, n);
+    return k < 0 ? NO_RANK : (uint32_t)k;
+}
+
+/* tiktoken's byte_pair_merge with a heap instead of a rescan per merge: the same merges in the same
+ * order (lowest rank first, leftmost on ties), O(n log n) rather than O(n^2) on long chunks. */
+static size_t bpe_merge(const ct_tokenizer *tok, const unsigned char *c, size_t n, bpe_scratch *s,
+                        int32_t *out) {
+    if (n == 1) {
+        out[0] = (int32_t)tok->byte_rank[c[0]];
+        return 1;
+    }
+    size_t hn = 0;
+    for (size_t i = 0; i < n; i++) {
+        s->next[i] = (uint32_t)(i + 1);
+        s->prev[i] = (uint32_t)i - 1;
+        s->part_rank[i] = tok->byte_rank[c[i]];
+        s->pair_rank[i] = i + 1 < n ? rank_of(tok, c + i, 2) : NO_RANK;
+        if (s->pair_rank[i] != NO_RANK) heap_push(s->heap, &hn, (uint64_t)s->pair_rank[i] << 32 | i);
+    }
+    while (hn) {
+        uint64_t e = heap_pop(s->heap, &hn);
+        uint32_t r = (uint32_t)(e >> 32), i = (uint32_t)e;
+        if (s->pair_rank[i] != r) continue;   /* stale: part i merged or re-paired since */
+        uint32_t j = s->next[i], k = s->next[j];
+        s->part_rank[i] = r;
+        s->pair_rank[j] = NO_RANK;            /* j is gone */
+        s->next[i] = k;
+        if (k < n) s->prev[k] = i;
+        s->pair_rank[i] = k < n ? rank_of(tok, c + i, s->next[k] - i) : NO_RANK;
+        if (s->pair_rank[i] != NO_RANK) heap_push(s->heap, &hn, (uint64_t)s->pair_rank[i] << 32 | i);
+        if (i > 0) {
+            uint32_t p = s->prev[i];
+            s->pair_rank[p] = rank_of(tok, c + p, k - p);
+            if (s->pair_rank[p] != NO_RANK) heap_push(s->heap, &hn, (uint64_t)s->pair_rank[p] << 32 | p);
+        }
+    }
+    size_t m = 0;
+    for (uint32_t i = 0; i < n; i = s->next[i]) out[m++] = (int32_t)s->part_rank[i];
+    return m;
+}
+
+size_t tokenizer_bpe_chunk(const ct_tokenizer *tok, const unsigned char *chunk, size_t len,
+                           int32_t *out) {
+    if (len == 0) return 0;
+    bpe_scratch s = {0};
+    if (scratch_reserve(&s, len)) return 0;
+    size_t m = bpe_merge(tok, chunk, len, &s, out);
+    scratch_free(&s);
+    return m;
+}
+
+/* ---- encoding ---------------------------------------------------------------------------------- */
+
+typedef struct encoder {
+    const ct_tokenizer *tok;
+    int32_t *ids;
+    size_t n, cap;
+    bpe_scratch s;
+} encoder;
+
+static int enc_reserve(encoder *e, size_t more) {
+    if (e->n + more <= e->cap) return 0;
+    size_t cap = e->cap ? e->cap : 256;
+    while (cap < e->n + more) cap *= 2;
+    int32_t *ids = realloc(e->ids, cap * sizeof *ids);
+    if (!ids) return -1;
+    e->ids = ids;
+    e->cap = cap;
+    return 0;
+}
+
+#define ENC_OOM 2
+
+static int enc_chunk(void *ctx, const unsigned char *c, size_t n) {
+    encoder *e = ctx;
+    if (enc_reserve(e, n)) return ENC_OOM;
+    uint32_t r = rank_of(e->tok, c, n);
+    if (r != NO_RANK) {
+        e->ids[e->n++] = (int32_t)r;
+        return 0;
+    }
+    if (scratch_reserve(&e->s, n)) return ENC_OOM;
+    e->n += bpe_merge(e->tok, c, n, &e->s, e->ids + e->n);
+    return 0;
+}
+
+/* Next special token at or after from: its start in *at and its id; -1 if none. */
+static int find_special(const ct_tokenizer *tok, const char *t, size_t len, size_t from, size_t *at) {
+    const char *q = NULL;   /* the first "|>" after the last "<|" looked at */
+    while (from + 4 <= len) {
+        const char *p = memmem(t + from, len - from, "<|", 2);
+        if (!p) return -1;
+        size_t ps = (size_t)(p - t);
+        /* A special is "<|name|>" and no name holds "|>", so it can only end at the first "|>". */
+        if (!q || q < p + 2) q = ps + 2 < len ? memmem(p + 2, len - ps - 2, "|>", 2) : NULL;
+        if (!q) return -1;
+        int64_t k = bmap_get(&tok->specials, (const unsigned char *)p, (size_t)(q + 2 - p));
+        if (k >= 0) {
+            *at = ps;
+            return (int)k;
+        }
+        from = ps + 1;
+    }
+    return -1;
+}
+
+int tokenizer_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special,
+                     int32_t **ids, size_t *n, char *err, size_t errlen) {
+    encoder e = {.tok = tok};
+    size_t start = 0;
+    int rc = 0;
+    while (rc == 0) {
+        size_t at = len;
+        int sid = allow_special ? find_special(tok, text, len, start, &at) : -1;
+        if (sid < 0) at = len;
+        rc = pretok_split(tok->pretok, text + start, at - start, enc_chunk, &e, err, errlen);
+        if (rc || sid < 0) break;
+        if (enc_reserve(&e, 1)) { rc = ENC_OOM; break; }
+        e.ids[e.n++] = sid;
+        start = at + tok->len[sid];
+    }
+    scratch_free(&e.s);
+    if (rc) {
+        if (rc == ENC_OOM) ct_errf(err, errlen, "tokenizer: out of memory encoding %zu bytes", len);
+        free(e.ids);
+        *ids = NULL;
+        *n = 0;
+        return -1;
+    }
+    if (e.n == 0) {
+        free(e.ids);
+        e.ids = NULL;
+    }
+    *ids = e.ids;
+    *n = e.n;
+    return 0;
+}
+
+char *tokenizer_decode(const ct_tokenizer *tok, const int32_t *ids, size_t n, size_t *len, char *err,
+                       size_t errlen) {
+    int vocab = tokenizer_vocab_size(tok);
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= vocab) {
+            ct_errf(err, errlen, "token id %ld (position %zu) out of range: vocabulary size is %d",
+                    (long)ids[i], i, vocab);
+            return NULL;
+        }
+        total += tok->len[ids[i]];
+    }
+    char *out = malloc(total + 1);
+    if (!out) {
+        ct_errf(err, errlen, "tokenizer: out of memory decoding %zu tokens", n);
+        return NULL;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(out + o, tok->arena + tok->off[ids[i]], tok->len[ids[i]]);
+        o += tok->len[ids[i]];
+    }
+    out[o] = 0;
+    if (len) *len = o;
+    return out;
+}
