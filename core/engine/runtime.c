@@ -226,7 +226,7 @@ static void init_values(const decl *d, const ct_param_slot *sl, uint64_t seed, f
     }
 }
 
-/* Placement: the strategies' (tensor parallel first, then data parallel), or everything local on one rank. */
+/* Placement: the strategies' (the axis strategy first, then the data-parallel one), or everything local on one rank. */
 static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen) {
     rt->slots = calloc((size_t)rt->n_params, sizeof(ct_param_slot));
     rt->local = calloc((size_t)rt->n_params, sizeof(ct_tensor));
@@ -320,18 +320,12 @@ static int params_fit(runtime *rt, char *err, size_t errlen) {
     return -1;
 }
 
-int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_api *m, void *model, uint64_t seed,
-                 const runtime_dist *dist, char *err, size_t errlen) {
-    memset(rt, 0, sizeof *rt);
-    rt->d = d;
-    rt->dev = dev;
-    rt->m = m;
-    rt->model = model;
-    rt->seed = seed;
-    if (dist) rt->dist = *dist;
+/* The model's description and its parameter declarations; the tensors own their names after. -2 when
+ * the pack refuses (its options are bad input), -1 on other errors. */
+static int declare_params(runtime *rt, registry_ctx *rc, char *err, size_t errlen) {
     rt->desc.struct_size = sizeof rt->desc;
     ct_clear_error();
-    if (m->describe(model, &rt->desc) != CT_OK) {
+    if (rt->m->describe(rt->model, &rt->desc) != CT_OK) {
         snprintf(err, errlen, "model describe failed: %s", ct_last_error());
         return -1;
     }
@@ -339,66 +333,76 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
         snprintf(err, errlen, "model has %d units; need at least an embedding and a head", rt->desc.n_units);
         return -1;
     }
-    registry_ctx rc = {.rt = rt};
-    ct_param_registry reg = {sizeof reg, &rc, reg_add};
-    ct_status st = m->declare_params(model, &reg);
-    free(rc.index);
-    if (st != CT_OK || rc.failed) { /* the pack is at fault, or its options: bad input */
+    ct_param_registry reg = {sizeof reg, rc, reg_add};
+    ct_status st = rt->m->declare_params(rt->model, &reg);
+    free(rc->index);
+    rc->index = NULL;
+    if (st != CT_OK || rc->failed) {
         snprintf(err, errlen, "model declare_params failed: %s", ct_last_error());
-        for (int i = 0; i < rc.n; i++) free(rc.decls[i].name);
+        for (int i = 0; i < rc->n; i++) free(rc->decls[i].name);
         for (int i = 0; i < rt->n_params; i++) rt->params[i]->t.name = NULL;
-        free(rc.decls);
-        runtime_free(rt);
         return -2;
     }
-    for (int i = 0; i < rc.n; i++) rt->params[i]->t.name = rc.decls[i].name; /* the tensors own the names now */
-    if (place_params(rt, rc.decls, err, errlen)) goto fail_owned;
-    /* this rank's storage: one allocation for its parameters, one for their gradients */
-    size_t total = 0, max_n = 0;
-    for (int i = 0; i < rc.n; i++) {
+    for (int i = 0; i < rc->n; i++) rt->params[i]->t.name = rc->decls[i].name;
+    return 0;
+}
+
+/* Bytes of this rank's storage (64-byte aligned per parameter) and the largest local tensor; -2 when
+ * it would not fit the device or the address-space limit. */
+static int size_storage(runtime *rt, size_t *max_n, char *err, size_t errlen) {
+    size_t total = 0;
+    *max_n = 0;
+    for (int i = 0; i < rt->n_params; i++) {
         size_t n = (size_t)rt->slots[i].local_numel; /* bounded by place_params */
         if (__builtin_add_overflow(total, align64(n * sizeof(float)), &total) ||
             __builtin_add_overflow(rt->n_param_elems, global_numel(&rt->slots[i]), &rt->n_param_elems)) {
             snprintf(err, errlen, "model: the parameters' sizes add up past 2^63 bytes");
-            goto fail_owned;
+            return -1;
         }
-        if (n > max_n) max_n = n;
+        if (n > *max_n) *max_n = n;
     }
     rt->param_bytes = total ? total : 64;
-    if (params_fit(rt, err, errlen)) {
-        free(rc.decls);
-        runtime_free(rt);
-        return -2;
-    }
-    if (d->alloc(dev, rt->param_bytes, (void **)&rt->param_mem) != CT_OK ||
-        d->alloc(dev, rt->param_bytes, (void **)&rt->grad_mem) != CT_OK ||
-        d->zero(dev, rt->param_mem, rt->param_bytes) != CT_OK) { /* the padding between tensors stays 0 */
+    return params_fit(rt, err, errlen) ? -2 : 0;
+}
+
+/* One allocation for the parameters, one for their gradients, carved in storage order: the
+ * weight-decayed tensors first, then the rest (norms), so an elementwise optimizer updates each group
+ * in one call (session_train_step); every tensor 64-byte aligned, the padding zero. */
+static int alloc_storage(runtime *rt, char *err, size_t errlen) {
+    const ct_device_api *d = rt->d;
+    if (d->alloc(rt->dev, rt->param_bytes, (void **)&rt->param_mem) != CT_OK ||
+        d->alloc(rt->dev, rt->param_bytes, (void **)&rt->grad_mem) != CT_OK ||
+        d->zero(rt->dev, rt->param_mem, rt->param_bytes) != CT_OK) {
         snprintf(err, errlen, "cannot allocate %zu bytes for parameters and gradients", 2 * rt->param_bytes);
-        if (rt->param_mem) d->free(dev, rt->param_mem);
-        if (rt->grad_mem) d->free(dev, rt->grad_mem);
+        if (rt->param_mem) d->free(rt->dev, rt->param_mem);
+        if (rt->grad_mem) d->free(rt->dev, rt->grad_mem);
         rt->param_mem = rt->grad_mem = NULL; /* not yet counted: runtime_free must not uncount them */
-        goto fail_owned;
+        return -1;
     }
     mem_account(CT_MEM_PARAMS, (int64_t)rt->param_bytes);
     mem_account(CT_MEM_GRADS, (int64_t)rt->param_bytes);
-    float *host = malloc((max_n ? max_n : 1) * sizeof(float));
-    if (!host) {
-        snprintf(err, errlen, "out of memory");
-        goto fail_owned;
-    }
-    /* storage order: the weight-decayed tensors first, then the rest (norms), so an elementwise
-     * optimizer updates each group in one call (session_train_step); every tensor 64-byte aligned */
     size_t off = 0;
     int placed = 0;
     for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < rc.n; i++) {
+        for (int i = 0; i < rt->n_params; i++) {
             if (!(rt->params[i]->t.flags & CT_TENSOR_NO_DECAY) != !pass) continue;
             rt->storage_order[placed++] = i;
             rt->slots[i].local_data = (float *)(rt->param_mem + off);
             rt->slots[i].local_grad = (float *)(rt->grad_mem + off);
             off += align64((size_t)rt->slots[i].local_numel * sizeof(float));
         }
-    for (int i = 0; i < rc.n; i++) {
+    return 0;
+}
+
+/* Each parameter's local view, and its values from the seed (element i of the whole parameter gets
+ * the same value whatever the layout). */
+static int init_storage(runtime *rt, const decl *decls, size_t max_n, char *err, size_t errlen) {
+    float *host = malloc((max_n ? max_n : 1) * sizeof(float));
+    if (!host) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (int i = 0; i < rt->n_params; i++) {
         ct_param_slot *sl = &rt->slots[i];
         rt_tensor *t = rt->params[i];
         rt->local[i] = (ct_tensor){.struct_size = sizeof(ct_tensor), .dtype = CT_F32, .ndim = 1,
@@ -408,16 +412,19 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
             t->t.data = sl->local_data;
             t->t.grad = sl->local_grad;
         }
-        init_values(&rc.decls[i], sl, seed, host, sl->offset, sl->local_numel);
-        if (d->copy(dev, sl->local_data, host, (size_t)sl->local_numel * sizeof(float), CT_COPY_H2D) != CT_OK) {
+        init_values(&decls[i], sl, rt->seed, host, sl->offset, sl->local_numel);
+        if (rt->d->copy(rt->dev, sl->local_data, host, (size_t)sl->local_numel * sizeof(float), CT_COPY_H2D) != CT_OK) {
             free(host);
             snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
-            goto fail_owned;
+            return -1;
         }
     }
     free(host);
-    free(rc.decls);
-    rc.decls = NULL;
+    return 0;
+}
+
+/* Gradients zeroed, the strategies' setup, the activation arenas and the per-unit tables. */
+static int start_runtime(runtime *rt, char *err, size_t errlen) {
     if (runtime_zero_grads(rt)) {
         snprintf(err, errlen, "cannot zero gradients: %s", ct_last_error());
         return -1;
@@ -429,12 +436,13 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
             return -1;
         }
     }
-    pool_init(&rt->opscratch, d, dev, CT_MEM_ACTIVATIONS);
-    pool_init(&rt->saved.data, d, dev, CT_MEM_ACTIVATIONS);
+    const ct_device_api *d = rt->d;
+    pool_init(&rt->opscratch, d, rt->dev, CT_MEM_ACTIVATIONS);
+    pool_init(&rt->saved.data, d, rt->dev, CT_MEM_ACTIVATIONS);
     pool_init(&rt->saved.desc, NULL, NULL, CT_MEM_OTHER);
-    pool_init(&rt->scratch.data, d, dev, CT_MEM_ACTIVATIONS);
+    pool_init(&rt->scratch.data, d, rt->dev, CT_MEM_ACTIVATIONS);
     pool_init(&rt->scratch.desc, NULL, NULL, CT_MEM_OTHER);
-    pool_init(&rt->grads.data, d, dev, CT_MEM_ACTIVATIONS);
+    pool_init(&rt->grads.data, d, rt->dev, CT_MEM_ACTIVATIONS);
     pool_init(&rt->grads.desc, NULL, NULL, CT_MEM_OTHER);
     int nu = rt->desc.n_units;
     rt->ac = calloc((size_t)nu, sizeof(int));
@@ -448,10 +456,29 @@ int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_
     tape_builder_init(rt);
     rt->seq_multiple = 1;
     return 0;
-fail_owned: /* names belong to the tensors; runtime_free releases them */
-    free(rc.decls);
-    runtime_free(rt);
-    return -1;
+}
+
+int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_api *m, void *model, uint64_t seed,
+                 const runtime_dist *dist, char *err, size_t errlen) {
+    memset(rt, 0, sizeof *rt);
+    rt->d = d;
+    rt->dev = dev;
+    rt->m = m;
+    rt->model = model;
+    rt->seed = seed;
+    if (dist) rt->dist = *dist;
+    registry_ctx rc = {.rt = rt};
+    size_t max_n = 0;
+    int rc_st = declare_params(rt, &rc, err, errlen);
+    if (!rc_st && place_params(rt, rc.decls, err, errlen)) rc_st = -1;
+    if (!rc_st) rc_st = size_storage(rt, &max_n, err, errlen);
+    if (!rc_st && (alloc_storage(rt, err, errlen) || init_storage(rt, rc.decls, max_n, err, errlen))) rc_st = -1;
+    free(rc.decls); /* the names belong to the tensors now; runtime_free releases them */
+    if (rc_st) {
+        runtime_free(rt);
+        return rc_st;
+    }
+    return start_runtime(rt, err, errlen);
 }
 
 static void graph_drop(runtime *rt);

@@ -275,11 +275,11 @@ static int open_dist(session *s, const ct_model_desc *d) {
     return 0;
 }
 
-int session_open(session *s, manifest *mf, int with_params, int with_optimizer) {
+/* Loads every plugin the manifest names (the tp axis's in every run, so its keys are validated even
+ * when tensor_parallel_degree is 1) and validates the manifest against the core's and their keys. */
+static int load_plugins(session *s, manifest *mf, int with_params) {
     char err[2048], where[600];
     int st;
-    memset(s, 0, sizeof *s);
-    s->mf = mf;
     if ((st = launch_check_world())) return st; /* torchrun or srun without an MPI job: before MPI sets its variables */
     if ((st = load_slot(s, "device", CT_KIND_DEVICE, &s->devp))) return st;
     if ((st = load_slot(s, "model", CT_KIND_MODEL, &s->modelp))) return st;
@@ -289,8 +289,6 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     const char *sname = with_params ? strategy_name(mf, env_world) : NULL;
     if (sname && (st = load_named(s, "parallelism", "parallelism.dp_strategy", sname, CT_KIND_STRATEGY, &s->stratp)))
         return st;
-    /* the tp axis's strategy: loaded in every run, so its parallelism.* keys are validated even when
-     * tensor_parallel_degree is 1 (created only when it is more) */
     const char *axisname = "tp";
     mf_get_str(mf, "parallelism.tp_strategy", &axisname);
     if ((st = load_named(s, "parallelism", "parallelism.tp_strategy", axisname, CT_KIND_STRATEGY, &s->axisp))) return st;
@@ -314,6 +312,12 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     s->d = s->devp->info.api;
     s->m = s->modelp->info.api;
     s->o = s->optp->info.api;
+    return 0;
+}
+
+/* The device, then the model pack on the training sequence length. */
+static int create_device_and_model(session *s, manifest *mf) {
+    char where[600];
     ct_clear_error();
     if (s->d->create(&s->devp->host, &s->dev) != CT_OK) return fail_plugin(s, EXIT_BAD_INPUT, s->devp, "device", "device.name");
     int64_t seq_len;
@@ -329,7 +333,11 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     ct_clear_error();
     if (s->m->create(&s->modelp->host, &cfg, &s->model) != CT_OK)
         return fail_plugin(s, EXIT_BAD_INPUT, s->modelp, "model", "model.flavor");
-    if (!with_params) return 0;
+    return 0;
+}
+
+static int create_quantizer(session *s, manifest *mf) {
+    char where[600];
     int fp8_ag = 0;
     const char *fmt = "tensorwise";
     mf_get_bool(mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
@@ -340,14 +348,21 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
                 where);
         return EXIT_BAD_INPUT;
     }
-    if (s->quantp) {
-        s->qapi = s->quantp->info.api;
-        ct_clear_error();
-        if (s->qapi->create(&s->quantp->host, s->d, s->dev, &s->quant) != CT_OK) {
-            mf_where(mf, "quantize.dense.float8.format", where, sizeof where);
-            return fail_line(EXIT_BAD_INPUT, where);
-        }
+    if (!s->quantp) return 0;
+    s->qapi = s->quantp->info.api;
+    ct_clear_error();
+    if (s->qapi->create(&s->quantp->host, s->d, s->dev, &s->quant) != CT_OK) {
+        mf_where(mf, "quantize.dense.float8.format", where, sizeof where);
+        return fail_line(EXIT_BAD_INPUT, where);
     }
+    return 0;
+}
+
+/* The mesh and strategies, the pipeline plan, then the runtime: parameters placed, allocated and
+ * initialised, the builder wrapped by the op-level strategies. */
+static int build_runtime(session *s, manifest *mf) {
+    char err[2048];
+    int st;
     ct_model_desc d; /* what the strategies and the pipeline plan read */
     memset(&d, 0, sizeof d);
     d.struct_size = sizeof d;
@@ -367,11 +382,9 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
         dist.st[dist.n_st] = s->sapi;
         dist.strat[dist.n_st++] = s->strat;
     }
-    uint64_t seed;
-    int64_t seed_i;
-    mf_get_int(mf, "training.seed", &seed_i);
-    seed = (uint64_t)seed_i;
-    if ((st = runtime_init(&s->rt, s->d, s->dev, s->m, s->model, seed, s->commp ? &dist : NULL, err, sizeof err))) {
+    int64_t seed = 0;
+    mf_get_int(mf, "training.seed", &seed);
+    if ((st = runtime_init(&s->rt, s->d, s->dev, s->m, s->model, (uint64_t)seed, s->commp ? &dist : NULL, err, sizeof err))) {
         fprintf(stderr, "ctitan: %s\n", err);
         return st == -2 ? EXIT_BAD_INPUT : EXIT_RUN_FAILED; /* -2: refused declarations, or too large */
     }
@@ -385,6 +398,13 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
     s->rt.qapi = s->qapi;
     s->rt.quant = s->quant;
     if (s->qapi) runtime_decide_quant(&s->rt);
+    return 0;
+}
+
+/* Activation checkpointing and the parameters' precision (bf16 GEMM operands where the device
+ * offers them; unsupported leaves matmul exact on the bf16-rounded parameters, as the CPU computes). */
+static int set_compute_modes(session *s, manifest *mf) {
+    char err[2048], where[600];
     const char *mode, *option, *mp;
     mf_get_str(mf, "activation_checkpoint.mode", &mode);
     mf_get_str(mf, "activation_checkpoint.selective_ac_option", &option);
@@ -396,26 +416,28 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
         return EXIT_BAD_INPUT;
     }
     mf_get_str(mf, "training.mixed_precision_param", &mp);
-    if (!strcmp(mp, "bfloat16")) {
-        if (runtime_enable_bf16_params(&s->rt, err, sizeof err)) {
-            fprintf(stderr, "ctitan: %s\n", err);
-            return EXIT_RUN_FAILED;
-        }
-        /* ABI 1.4: bf16 GEMM operands where the device offers them (tensor cores); unsupported
-         * leaves matmul exact on the bf16-rounded parameters, as the CPU computes */
-        ct_clear_error();
-        if (CT_HAS_FIELD(s->d, ct_device_api, set_matmul_dtype) && s->d->set_matmul_dtype) {
-            ct_status mst = s->d->set_matmul_dtype(s->dev, CT_BF16);
-            if (mst != CT_OK && mst != CT_ERR_UNSUPPORTED) return fail_line(EXIT_RUN_FAILED, "device");
-            if (mst == CT_OK) s->matmul_precision = "bf16";
-            ct_clear_error();
-        }
-    } else if (strcmp(mp, "float32")) {
+    if (strcmp(mp, "bfloat16") && strcmp(mp, "float32")) {
         mf_where(mf, "training.mixed_precision_param", where, sizeof where);
         fprintf(stderr, "ctitan: %s: expected float32 or bfloat16, got '%s'\n", where, mp);
         return EXIT_BAD_INPUT;
     }
-    if (!with_optimizer) return 0;
+    if (strcmp(mp, "bfloat16")) return 0;
+    if (runtime_enable_bf16_params(&s->rt, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return EXIT_RUN_FAILED;
+    }
+    ct_clear_error();
+    if (CT_HAS_FIELD(s->d, ct_device_api, set_matmul_dtype) && s->d->set_matmul_dtype) {
+        ct_status mst = s->d->set_matmul_dtype(s->dev, CT_BF16);
+        if (mst != CT_OK && mst != CT_ERR_UNSUPPORTED) return fail_line(EXIT_RUN_FAILED, "device");
+        if (mst == CT_OK) s->matmul_precision = "bf16";
+        ct_clear_error();
+    }
+    return 0;
+}
+
+/* The optimizer and its states: one zeroed allocation of n_state values per local element. */
+static int create_optimizer(session *s) {
     ct_clear_error();
     if (s->o->create(&s->optp->host, s->d, s->dev, &s->opt) != CT_OK)
         return fail_plugin(s, EXIT_BAD_INPUT, s->optp, "optimizer", "optimizer.name");
@@ -426,15 +448,24 @@ int session_open(session *s, manifest *mf, int with_params, int with_optimizer) 
         return EXIT_RUN_FAILED;
     }
     s->opt_bytes = s->rt.param_bytes * (size_t)s->n_state;
-    if (s->opt_bytes) {
-        if (s->d->alloc(s->dev, s->opt_bytes, (void **)&s->opt_mem) != CT_OK ||
-            s->d->zero(s->dev, s->opt_mem, s->opt_bytes) != CT_OK) {
-            fprintf(stderr, "ctitan: cannot allocate %zu bytes of optimizer state\n", s->opt_bytes);
-            return EXIT_RUN_FAILED;
-        }
-        mem_account(CT_MEM_OPTIMIZER, (int64_t)s->opt_bytes);
+    if (!s->opt_bytes) return 0;
+    if (s->d->alloc(s->dev, s->opt_bytes, (void **)&s->opt_mem) != CT_OK ||
+        s->d->zero(s->dev, s->opt_mem, s->opt_bytes) != CT_OK) {
+        fprintf(stderr, "ctitan: cannot allocate %zu bytes of optimizer state\n", s->opt_bytes);
+        return EXIT_RUN_FAILED;
     }
+    mem_account(CT_MEM_OPTIMIZER, (int64_t)s->opt_bytes);
     return 0;
+}
+
+int session_open(session *s, manifest *mf, int with_params, int with_optimizer) {
+    int st;
+    memset(s, 0, sizeof *s);
+    s->mf = mf;
+    if ((st = load_plugins(s, mf, with_params)) || (st = create_device_and_model(s, mf))) return st;
+    if (!with_params) return 0;
+    if ((st = create_quantizer(s, mf)) || (st = build_runtime(s, mf)) || (st = set_compute_modes(s, mf))) return st;
+    return with_optimizer ? create_optimizer(s) : 0;
 }
 
 void session_close(session *s) {
@@ -562,15 +593,15 @@ static int32_t sample(float *logits, int64_t V, double temperature, int64_t top_
 }
 
 int session_open_tokenizer(session *s, ct_tokenizer **out) {
-    const char *tp;
+    const char *tok_path;
     char err[2048], path[4096], where[600];
     *out = NULL;
-    if (mf_get_str(s->mf, "model.tokenizer_path", &tp) || !*tp) {
+    if (mf_get_str(s->mf, "model.tokenizer_path", &tok_path) || !*tok_path) {
         mf_where(s->mf, "model.tokenizer_path", where, sizeof where);
         fprintf(stderr, "ctitan: %s: not set; sampling (generate.max_new_tokens > 0) needs a tokenizer file\n", where);
         return EXIT_BAD_INPUT;
     }
-    session_resolve_path(s->mf, tp, path, sizeof path);
+    session_resolve_path(s->mf, tok_path, path, sizeof path);
     ct_tokenizer *tok = tokenizer_load(path, err, sizeof err);
     mf_where(s->mf, "model.tokenizer_path", where, sizeof where);
     if (!tok) {

@@ -27,14 +27,12 @@ struct tape_entry {
 
 #define RT(b) ((runtime *)(b)->ctx)
 #define DEV(rt) (rt)->d
-#define CALL(rt, expr)                                                                   \
-    do {                                                                                 \
-        ct_status st_ = (expr);                                                          \
-        if (st_ != CT_OK) {                                                              \
-            if (!ct_last_error()[0]) ct_set_error("device op failed: %s (status %d)", #expr, st_); \
-            return NULL;                                                                 \
-        }                                                                                \
-    } while (0)
+/* A device or quantizer call's status: 1 (with a message, when the callee left none) if it failed. */
+static int dev_fail(ct_status st, const char *what) {
+    if (st == CT_OK) return 0;
+    if (!ct_last_error()[0]) ct_set_error("device op %s failed (status %d)", what, st);
+    return 1;
+}
 
 static int64_t numel(const rt_tensor *t) { return ct_tensor_numel(&t->t); }
 
@@ -451,8 +449,9 @@ static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
     }
     int quant = rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED);
     if (!SAC_REUSED(rt, saved)) { /* else computed in forward and saved */
-        if (quant) CALL(rt, rt->qapi->forward(rt->quant, y->t.data, x->t.data, w->t.data, n, outf, in));
-        else CALL(rt, DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f));
+        ct_status st = quant ? rt->qapi->forward(rt->quant, y->t.data, x->t.data, w->t.data, n, outf, in)
+                             : DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f);
+        if (dev_fail(st, quant ? "float8 forward" : "matmul")) return NULL;
     }
     if (record(rt, OP_LINEAR, y, x, w, NULL, NULL, NULL, (float)quant)) return NULL;
     return y;
@@ -482,7 +481,7 @@ static ct_tensor *op_bias(ct_builder *b, ct_tensor *xt, ct_tensor *bt) {
     }
     rt_tensor *y = like(rt, x);
     if (!y) return NULL;
-    CALL(rt, DEV(rt)->bias_forward(rt->dev, y->t.data, x->t.data, bs->t.data, numel(x) / c, c));
+    if (dev_fail(DEV(rt)->bias_forward(rt->dev, y->t.data, x->t.data, bs->t.data, numel(x) / c, c), "bias_forward")) return NULL;
     if (record(rt, OP_BIAS, y, x, bs, NULL, NULL, NULL, 0)) return NULL;
     return &y->t;
 }
@@ -500,8 +499,8 @@ static ct_tensor *op_embedding(ct_builder *b, const ct_tensor *idst, ct_tensor *
     shape[ids->t.ndim] = table->t.shape[1];
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, ids->t.ndim + 1, shape);
     if (!y) return NULL;
-    CALL(rt, DEV(rt)->embedding_forward(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
-                                        table->t.shape[1], table->t.shape[0]));
+    if (dev_fail(DEV(rt)->embedding_forward(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
+                                        table->t.shape[1], table->t.shape[0]), "embedding_forward")) return NULL;
     if (record(rt, OP_EMBEDDING, y, ids, table, NULL, NULL, NULL, 0)) return NULL;
     return &y->t;
 }
@@ -517,7 +516,7 @@ static ct_tensor *op_rmsnorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, float 
     }
     rt_tensor *y = like(rt, x), *rstd = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!y || !rstd) return NULL;
-    CALL(rt, DEV(rt)->rmsnorm_forward(rt->dev, y->t.data, rstd->t.data, x->t.data, w->t.data, n, c, eps));
+    if (dev_fail(DEV(rt)->rmsnorm_forward(rt->dev, y->t.data, rstd->t.data, x->t.data, w->t.data, n, c, eps), "rmsnorm_forward")) return NULL;
     if (record(rt, OP_RMSNORM, y, x, w, NULL, rstd, NULL, eps)) return NULL;
     return &y->t;
 }
@@ -535,8 +534,8 @@ static ct_tensor *op_layernorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, ct_t
     rt_tensor *y = like(rt, x), *mean = new_tensor(rt, rt->act, CT_F32, 1, &n),
               *rstd = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!y || !mean || !rstd) return NULL;
-    CALL(rt, DEV(rt)->layernorm_forward(rt->dev, y->t.data, mean->t.data, rstd->t.data, x->t.data, w->t.data,
-                                        bs ? bs->t.data : NULL, n, c, eps));
+    if (dev_fail(DEV(rt)->layernorm_forward(rt->dev, y->t.data, mean->t.data, rstd->t.data, x->t.data, w->t.data,
+                                        bs ? bs->t.data : NULL, n, c, eps), "layernorm_forward")) return NULL;
     if (record(rt, OP_LAYERNORM, y, x, w, bs, mean, rstd, eps)) return NULL;
     return &y->t;
 }
@@ -551,8 +550,8 @@ static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
     }
     rt_tensor *y = like(rt, x);
     if (!y) return NULL;
-    CALL(rt, DEV(rt)->rope_forward(rt->dev, y->t.data, x->t.data, x->t.shape[0], x->t.shape[1], x->t.shape[2],
-                                   x->t.shape[3], theta));
+    if (dev_fail(DEV(rt)->rope_forward(rt->dev, y->t.data, x->t.data, x->t.shape[0], x->t.shape[1], x->t.shape[2],
+                                   x->t.shape[3], theta), "rope_forward")) return NULL;
     if (record(rt, OP_ROPE, y, x, NULL, NULL, NULL, NULL, theta)) return NULL;
     return &y->t;
 }
@@ -574,8 +573,8 @@ static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_t
     rt_tensor *lse = !y ? NULL : saved ? sac_out(rt, CT_F32, 3, lse_shape) : new_tensor(rt, rt->act, CT_F32, 3, lse_shape);
     if (!y || !lse) return NULL;
     if (!SAC_REUSED(rt, saved))
-        CALL(rt, DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
-                                        qs[1], qs[2], ks[2], qs[3]));
+        if (dev_fail(DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
+                                        qs[1], qs[2], ks[2], qs[3]), "attention_forward")) return NULL;
     if (record(rt, OP_ATTENTION, y, q, k, v, lse, NULL, 0)) return NULL;
     return &y->t;
 }
@@ -594,7 +593,7 @@ static ct_tensor *op_swiglu(ct_builder *b, ct_tensor *at, ct_tensor *gt) {
     if (check_f32(at, "swiglu", "a") || check_f32(gt, "swiglu", "g") || same_shape(a, g, "swiglu")) return NULL;
     rt_tensor *y = like(rt, a);
     if (!y) return NULL;
-    CALL(rt, DEV(rt)->swiglu_forward(rt->dev, y->t.data, a->t.data, g->t.data, numel(a)));
+    if (dev_fail(DEV(rt)->swiglu_forward(rt->dev, y->t.data, a->t.data, g->t.data, numel(a)), "swiglu_forward")) return NULL;
     if (record(rt, OP_SWIGLU, y, a, g, NULL, NULL, NULL, 0)) return NULL;
     return &y->t;
 }
@@ -605,7 +604,7 @@ static ct_tensor *op_gelu(ct_builder *b, ct_tensor *xt) {
     if (check_f32(xt, "gelu", "x")) return NULL;
     rt_tensor *y = like(rt, x);
     if (!y) return NULL;
-    CALL(rt, DEV(rt)->gelu_forward(rt->dev, y->t.data, x->t.data, numel(x)));
+    if (dev_fail(DEV(rt)->gelu_forward(rt->dev, y->t.data, x->t.data, numel(x)), "gelu_forward")) return NULL;
     if (record(rt, OP_GELU, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
     return &y->t;
 }
@@ -616,7 +615,7 @@ static ct_tensor *op_add(ct_builder *b, ct_tensor *xt, ct_tensor *yt) {
     if (check_f32(xt, "add", "x") || check_f32(yt, "add", "y") || same_shape(x, y, "add")) return NULL;
     rt_tensor *o = like(rt, x);
     if (!o) return NULL;
-    CALL(rt, DEV(rt)->add(rt->dev, o->t.data, x->t.data, y->t.data, numel(x)));
+    if (dev_fail(DEV(rt)->add(rt->dev, o->t.data, x->t.data, y->t.data, numel(x)), "add")) return NULL;
     if (record(rt, OP_ADD, o, x, y, NULL, NULL, NULL, 0)) return NULL;
     return &o->t;
 }
@@ -660,15 +659,15 @@ static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor
     if (!y) return NULL;
     rt_tensor *losses = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!losses) return NULL;
-    CALL(rt, DEV(rt)->cross_entropy_forward(rt->dev, losses->t.data, logits->t.data, targets->t.data, n, v,
-                                            CT_IGNORE_INDEX));
+    if (dev_fail(DEV(rt)->cross_entropy_forward(rt->dev, losses->t.data, logits->t.data, targets->t.data, n, v,
+                                            CT_IGNORE_INDEX), "cross_entropy_forward")) return NULL;
     if (CT_HAS_FIELD(DEV(rt), ct_device_api, sum_to_device) && DEV(rt)->sum_to_device) {
-        CALL(rt, DEV(rt)->sum_to_device(rt->dev, y->t.data, losses->t.data, n)); /* no wait for the device */
+        if (dev_fail(DEV(rt)->sum_to_device(rt->dev, y->t.data, losses->t.data, n), "sum_to_device")) return NULL; /* no wait for the device */
     } else {
         double sum = 0;
-        CALL(rt, DEV(rt)->sum(rt->dev, &sum, losses->t.data, n));
+        if (dev_fail(DEV(rt)->sum(rt->dev, &sum, losses->t.data, n), "sum")) return NULL;
         float fsum = (float)sum;
-        CALL(rt, DEV(rt)->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D));
+        if (dev_fail(DEV(rt)->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D), "copy")) return NULL;
     }
     if (record(rt, OP_CROSS_ENTROPY, y, logits, targets, NULL, NULL, NULL, 0)) return NULL;
     return &y->t;
@@ -746,116 +745,151 @@ static const float *grad_if_any(const rt_tensor *t) {
     return owner->t.grad;
 }
 
-#define BCALL(expr)                                                                       \
-    do {                                                                                  \
-        ct_status st_ = (expr);                                                           \
-        if (st_ != CT_OK) {                                                               \
-            if (!ct_last_error()[0]) ct_set_error("device backward failed: %s", #expr);  \
-            return -1;                                                                    \
-        }                                                                                 \
-    } while (0)
-#define G(t) ({ float *g_ = grad_of(rt, (t)); if (!g_) return -1; g_; })
+/* Gradient buffers of up to three tensors (NULL entries skipped): 0, or -1 when out of memory. */
+static int grads_of(runtime *rt, rt_tensor *a, float **ga, rt_tensor *b, float **gb, rt_tensor *c, float **gc) {
+    if (a && !(*ga = grad_of(rt, a))) return -1;
+    if (b && !(*gb = grad_of(rt, b))) return -1;
+    if (c && !(*gc = grad_of(rt, c))) return -1;
+    return 0;
+}
+
+/* Each op's backward: its input half (in) and weight half (wt) accumulate into the gradients. */
+static int linear_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int wt) {
+    const ct_device_api *d = DEV(rt);
+    rt_tensor *x = e->in[0], *w = e->in[1];
+    int64_t k = w->t.shape[1], m = w->t.shape[0], n = numel(x) / k;
+    float *gx = NULL, *gw = NULL;
+    if (grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, NULL, NULL)) return -1;
+    if (e->f != 0) { /* float8: the quantizer runs both GEMMs */
+        if (in && dev_fail(rt->qapi->backward_input(rt->quant, gx, dy, w->t.data, n, m, k), "float8 backward_input"))
+            return -1;
+        if (wt && dev_fail(rt->qapi->backward_weight(rt->quant, gw, dy, x->t.data, n, m, k), "float8 backward_weight"))
+            return -1;
+        return 0;
+    }
+    if (in && dev_fail(d->matmul(rt->dev, gx, dy, w->t.data, n, k, m, 0, 0, 1.0f, 1.0f), "matmul")) return -1;
+    if (wt && dev_fail(d->matmul(rt->dev, gw, dy, x->t.data, m, k, n, 1, 0, 1.0f, 1.0f), "matmul")) return -1;
+    return 0;
+}
+
+static int norm_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int wt) {
+    const ct_device_api *d = DEV(rt);
+    rt_tensor *x = e->in[0], *w = e->in[1], *bs = e->in[2];
+    int64_t c = numel(w), n = numel(x) / c;
+    float *gx = NULL, *gw = NULL, *gb = NULL;
+    if (grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, wt ? bs : NULL, &gb)) return -1;
+    const float *xd = x->t.data, *a0 = e->aux[0]->t.data;
+    if (e->op == OP_RMSNORM) {
+        if (in && dev_fail(d->rmsnorm_backward_input(rt->dev, gx, dy, xd, w->t.data, a0, n, c), "rmsnorm_backward_input"))
+            return -1;
+        if (wt && dev_fail(d->rmsnorm_backward_weight(rt->dev, gw, dy, xd, a0, n, c), "rmsnorm_backward_weight"))
+            return -1;
+        return 0;
+    }
+    const float *a1 = e->aux[1]->t.data;
+    if (in && dev_fail(d->layernorm_backward_input(rt->dev, gx, dy, xd, w->t.data, a0, a1, n, c), "layernorm_backward_input"))
+        return -1;
+    if (wt && dev_fail(d->layernorm_backward_weight(rt->dev, gw, gb, dy, xd, a0, a1, n, c), "layernorm_backward_weight"))
+        return -1;
+    return 0;
+}
+
+static int attention_bwd(runtime *rt, tape_entry *e, const float *dy) {
+    rt_tensor *q = e->in[0], *k = e->in[1], *v = e->in[2];
+    const int64_t *s = q->t.shape;
+    float *gq, *gk, *gv;
+    if (grads_of(rt, q, &gq, k, &gk, v, &gv)) return -1;
+    return dev_fail(DEV(rt)->attention_backward(rt->dev, gq, gk, gv, dy, q->t.data, k->t.data, v->t.data, e->out->t.data,
+                                                e->aux[0]->t.data, s[0], s[1], s[2], k->t.shape[2], s[3]),
+                    "attention_backward")
+               ? -1
+               : 0;
+}
+
+static int cross_entropy_bwd(runtime *rt, tape_entry *e, const float *dy) {
+    const ct_device_api *d = DEV(rt);
+    rt_tensor *x = e->in[0], *targets = e->in[1];
+    int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
+    float *gx, dloss;
+    if (grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) return -1;
+    if (CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev) /* dloss stays on the device */
+        return dev_fail(d->cross_entropy_backward_dev(rt->dev, gx, x->t.data, targets->t.data, dy, n, v, CT_IGNORE_INDEX),
+                        "cross_entropy_backward_dev")
+                   ? -1
+                   : 0;
+    if (dev_fail(d->copy(rt->dev, &dloss, dy, sizeof dloss, CT_COPY_D2H), "copy")) return -1;
+    return dev_fail(d->cross_entropy_backward(rt->dev, gx, x->t.data, targets->t.data, dloss, n, v, CT_IGNORE_INDEX),
+                    "cross_entropy_backward")
+               ? -1
+               : 0;
+}
+
+/* The ops whose backward is one elementwise device call (or two, for add). */
+static int pointwise_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int wt) {
+    const ct_device_api *d = DEV(rt);
+    rt_tensor *x = e->in[0], *w = e->in[1];
+    float *gx = NULL, *gw = NULL;
+    ct_status st = CT_OK;
+    switch (e->op) {
+    case OP_BIAS:
+        if (grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, NULL, NULL)) return -1;
+        if (in) st = d->axpy(rt->dev, gx, dy, 1.0f, numel(x));
+        if (wt && st == CT_OK) st = d->bias_backward(rt->dev, gw, dy, numel(x) / numel(w), numel(w));
+        break;
+    case OP_EMBEDDING:
+        if (!wt) return 0;
+        if (grads_of(rt, w, &gw, NULL, NULL, NULL, NULL)) return -1;
+        st = d->embedding_backward(rt->dev, gw, x->t.data, dy, numel(x), w->t.shape[1], w->t.shape[0]);
+        break;
+    case OP_ROPE:
+        if (!in) return 0;
+        if (grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) return -1;
+        st = d->rope_backward(rt->dev, gx, dy, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], e->f);
+        break;
+    case OP_SWIGLU:
+        if (!in) return 0;
+        if (grads_of(rt, x, &gx, w, &gw, NULL, NULL)) return -1;
+        st = d->swiglu_backward(rt->dev, gx, gw, dy, x->t.data, w->t.data, numel(x));
+        break;
+    case OP_GELU:
+        if (!in) return 0;
+        if (grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) return -1;
+        st = d->gelu_backward(rt->dev, gx, dy, x->t.data, numel(x));
+        break;
+    default: /* OP_ADD */
+        if (!in) return 0;
+        if (grads_of(rt, x, &gx, w, &gw, NULL, NULL)) return -1;
+        st = d->axpy(rt->dev, gx, dy, 1.0f, numel(x));
+        if (st == CT_OK) st = d->axpy(rt->dev, gw, dy, 1.0f, numel(x));
+        break;
+    }
+    return dev_fail(st, "backward") ? -1 : 0;
+}
 
 static int entry_backward(runtime *rt, tape_entry *e, int halves) {
+    int in = halves & TAPE_INPUT, wt = halves & TAPE_WEIGHT, bad = 0;
     if (e->op == OP_CUSTOM) {
         rt->in_backward = 1;
-        int bad = custom_backward(rt, e, halves);
+        bad = custom_backward(rt, e, halves);
         rt->in_backward = 0;
         return bad;
     }
     const float *dy = grad_if_any(e->out);
     if (!dy) return 0; /* nothing flowed into this op */
-    const ct_device_api *d = DEV(rt);
-    void *dev = rt->dev;
-    rt_tensor *x = e->in[0], *w = e->in[1];
-    int in = halves & TAPE_INPUT, wt = halves & TAPE_WEIGHT;
     switch (e->op) {
-    case OP_LINEAR: {
-        int64_t k = w->t.shape[1], m = w->t.shape[0], n = numel(x) / k;
-        if (e->f != 0) { /* float8: the quantizer runs both GEMMs */
-            if (in) BCALL(rt->qapi->backward_input(rt->quant, G(x), dy, w->t.data, n, m, k));
-            if (wt) BCALL(rt->qapi->backward_weight(rt->quant, G(w), dy, x->t.data, n, m, k));
-            break;
-        }
-        if (in) BCALL(d->matmul(dev, G(x), dy, w->t.data, n, k, m, 0, 0, 1.0f, 1.0f));
-        if (wt) BCALL(d->matmul(dev, G(w), dy, x->t.data, m, k, n, 1, 0, 1.0f, 1.0f));
-        break;
-    }
-    case OP_BIAS: {
-        int64_t c = numel(w), n = numel(x) / c;
-        if (in) BCALL(d->axpy(dev, G(x), dy, 1.0f, numel(x)));
-        if (wt) BCALL(d->bias_backward(dev, G(w), dy, n, c));
-        break;
-    }
-    case OP_EMBEDDING:
-        if (wt)
-            BCALL(d->embedding_backward(dev, G(w), x->t.data, dy, numel(x), w->t.shape[1], w->t.shape[0]));
-        break;
-    case OP_RMSNORM: {
-        int64_t c = numel(w), n = numel(x) / c;
-        if (in) BCALL(d->rmsnorm_backward_input(dev, G(x), dy, x->t.data, w->t.data, e->aux[0]->t.data, n, c));
-        if (wt) BCALL(d->rmsnorm_backward_weight(dev, G(w), dy, x->t.data, e->aux[0]->t.data, n, c));
-        break;
-    }
-    case OP_LAYERNORM: {
-        int64_t c = numel(w), n = numel(x) / c;
-        rt_tensor *bs = e->in[2];
-        if (in)
-            BCALL(d->layernorm_backward_input(dev, G(x), dy, x->t.data, w->t.data, e->aux[0]->t.data,
-                                              e->aux[1]->t.data, n, c));
-        if (wt)
-            BCALL(d->layernorm_backward_weight(dev, G(w), bs ? G(bs) : NULL, dy, x->t.data, e->aux[0]->t.data,
-                                               e->aux[1]->t.data, n, c));
-        break;
-    }
-    case OP_ROPE: {
-        const int64_t *s = x->t.shape;
-        if (in) BCALL(d->rope_backward(dev, G(x), dy, s[0], s[1], s[2], s[3], e->f));
-        break;
-    }
-    case OP_ATTENTION: {
-        rt_tensor *k = e->in[1], *v = e->in[2];
-        const int64_t *s = x->t.shape;
-        if (in)
-            BCALL(d->attention_backward(dev, G(x), G(k), G(v), dy, x->t.data, k->t.data, v->t.data,
-                                        e->out->t.data, e->aux[0]->t.data, s[0], s[1], s[2], k->t.shape[2], s[3]));
-        break;
-    }
-    case OP_SWIGLU:
-        if (in) BCALL(d->swiglu_backward(dev, G(x), G(w), dy, x->t.data, w->t.data, numel(x)));
-        break;
-    case OP_GELU:
-        if (in) BCALL(d->gelu_backward(dev, G(x), dy, x->t.data, numel(x)));
-        break;
-    case OP_ADD:
-        if (in) {
-            BCALL(d->axpy(dev, G(x), dy, 1.0f, numel(x)));
-            BCALL(d->axpy(dev, G(w), dy, 1.0f, numel(x)));
-        }
-        break;
-    case OP_CROSS_ENTROPY: {
-        if (!in) break;
-        int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
-        if (CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev) {
-            BCALL(d->cross_entropy_backward_dev(dev, G(x), x->t.data, w->t.data, dy, n, v, CT_IGNORE_INDEX));
-            break; /* dloss stays on the device */
-        }
-        float dloss;
-        BCALL(d->copy(dev, &dloss, dy, sizeof dloss, CT_COPY_D2H));
-        BCALL(d->cross_entropy_backward(dev, G(x), x->t.data, w->t.data, dloss, n, v, CT_IGNORE_INDEX));
-        break;
-    }
+    case OP_LINEAR: return linear_bwd(rt, e, dy, in, wt);
+    case OP_RMSNORM:
+    case OP_LAYERNORM: return norm_bwd(rt, e, dy, in, wt);
+    case OP_ATTENTION: return in ? attention_bwd(rt, e, dy) : 0;
+    case OP_CROSS_ENTROPY: return in ? cross_entropy_bwd(rt, e, dy) : 0;
     case OP_COLLECTIVE:
-        if (in) {
-            rt->in_backward = 1;
-            int bad = collective_backward(rt, e, dy);
-            rt->in_backward = 0;
-            if (bad) return -1;
-        }
-        break;
-    case OP_CUSTOM: break; /* custom_backward, before */
+        if (!in) return 0;
+        rt->in_backward = 1;
+        bad = collective_backward(rt, e, dy);
+        rt->in_backward = 0;
+        return bad;
+    default: return pointwise_bwd(rt, e, dy, in, wt);
     }
-    return 0;
 }
 
 int tape_backward(runtime *rt, tape_entry *tail, int halves) {
