@@ -353,7 +353,7 @@ static rt_tensor *gather_linear_async(runtime *rt, rt_tensor *x, rt_tensor *w) {
                      pool_alloc(&rt->scratch.data, sizeof(float) * (size_t)(tp * rc * in))};
     if (!X || !Y || !buf[0] || !buf[1]) return NULL;
     float *xd = x->t.data, *Xd = X->t.data, *Yd = Y->t.data;
-    void *req[2] = {NULL, NULL};
+    ct_comm_request *req[2] = {NULL, NULL};
     ct_clear_error();
     int64_t cnt0 = rc < nl ? rc : nl;
     if (rt->tp.capi->all_gather(rt->dist.comm, rt->tp.group, xd, buf[0], cnt0 * in, CT_F32, &req[0]) != CT_OK)
@@ -408,7 +408,7 @@ static rt_tensor *linear_reduce_scatter_async(runtime *rt, rt_tensor *x, rt_tens
     int64_t oshape[CT_MAX_DIMS];
     if (rows_shape(P, 1, tp, oshape)) return NULL;
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, x->t.ndim, oshape);
-    void **req = calloc((size_t)chunks, sizeof(void *));
+    ct_comm_request **req = calloc((size_t)chunks, sizeof *req);
     if (!y || !req) {
         free(req);
         return NULL;

@@ -21,16 +21,16 @@ typedef struct unit_state {
     int *params;
     int n;
     float **q8_local, **q8_full; /* float8 all-gather: this rank's e4m3 shard and the gathered bytes */
-    int gathered;   /* full parameters valid (or being gathered) */
-    float **full;   /* per param: its gathered buffer while gathered (owned here, so destroy frees it) */
+    int gathered;            /* full parameters valid (or being gathered) */
+    float **full;            /* per param: its gathered buffer while gathered (owned here, so destroy frees it) */
     int64_t *full_numel;
-    void **greq;    /* per param: pending all_gather */
-    float **rs_out; /* per param: reduce-scatter output (local_numel) */
-    void **rsreq;   /* per param: pending reduce-scatter */
+    ct_comm_request **greq;  /* per param: pending all_gather */
+    float **rs_out;          /* per param: reduce-scatter output (local_numel) */
+    ct_comm_request **rsreq; /* per param: pending reduce-scatter */
     int rs_pending;
 } unit_state;
 
-typedef struct fsdp {
+typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     const ct_host *host;
     ct_strategy_env env;
     ct_mesh_info mesh;
@@ -55,9 +55,9 @@ static const ct_option_spec options[] = {
 #define DAPI(f) (f)->env.dapi
 #define CAPI(f) (f)->env.capi
 
-static void *shard_group(fsdp *f) { return f->mesh.group[CT_AXIS_DP_SHARD]; }
+static ct_comm_group *shard_group(fsdp *f) { return f->mesh.group[CT_AXIS_DP_SHARD]; }
 
-static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, void **out) {
+static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
     fsdp *f = calloc(1, sizeof *f);
     if (!f) return CT_ERR_NOMEM;
     f->host = h;
@@ -127,7 +127,7 @@ static void buf_put(fsdp *f, float *p, int64_t n) {
 
 static int64_t full_n(fsdp *f, const ct_param_slot *s) { return s->local_numel * f->mesh.degree[CT_AXIS_DP_SHARD]; }
 
-static ct_status fsdp_place(void *p, ct_param_slot *slots, int n) {
+static ct_status fsdp_place(ct_strategy *p, ct_param_slot *slots, int n) {
     fsdp *f = p;
     int S = f->mesh.degree[CT_AXIS_DP_SHARD], r = f->mesh.coord[CT_AXIS_DP_SHARD];
     for (int i = 0; i < n; i++) {
@@ -143,7 +143,7 @@ static ct_status fsdp_place(void *p, ct_param_slot *slots, int n) {
     return CT_OK;
 }
 
-static ct_status fsdp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
+static ct_status fsdp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_units) {
     fsdp *f = p;
     f->slots = slots;
     f->n_slots = n;
@@ -163,10 +163,10 @@ static ct_status fsdp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
     }
     for (int k = 0; k < n_units; k++) {
         unit_state *u = &f->units[k];
-        u->greq = calloc((size_t)u->n + 1, sizeof(void *));
+        u->greq = calloc((size_t)u->n + 1, sizeof *u->greq);
         u->full = calloc((size_t)u->n + 1, sizeof(float *));
         u->full_numel = calloc((size_t)u->n + 1, sizeof(int64_t));
-        u->rsreq = calloc((size_t)u->n + 1, sizeof(void *));
+        u->rsreq = calloc((size_t)u->n + 1, sizeof *u->rsreq);
         u->rs_out = calloc((size_t)u->n + 1, sizeof(float *));
         u->q8_local = calloc((size_t)u->n + 1, sizeof(float *));
         u->q8_full = calloc((size_t)u->n + 1, sizeof(float *));
@@ -293,7 +293,7 @@ static void release_params(fsdp *f, int k) {
     u->gathered = 0;
 }
 
-static ct_status fsdp_pre_forward(void *p, int k) {
+static ct_status fsdp_pre_forward(ct_strategy *p, int k) {
     fsdp *f = p;
     if (k == 0) /* a new pass: parameters a forward-only pass left gathered may be stale */
         for (int j = 0; j < f->n_units; j++)
@@ -307,14 +307,14 @@ static ct_status fsdp_pre_forward(void *p, int k) {
     return st;
 }
 
-static ct_status fsdp_post_forward(void *p, int k) {
+static ct_status fsdp_post_forward(ct_strategy *p, int k) {
     fsdp *f = p;
     int last = k == f->n_units - 1;
     if (f->reshard == 2 || (f->reshard == 1 && !last)) release_params(f, k);
     return CT_OK;
 }
 
-static ct_status fsdp_pre_backward(void *p, int k) {
+static ct_status fsdp_pre_backward(ct_strategy *p, int k) {
     fsdp *f = p;
     ct_status st = gather_wait(f, k);
     if (st) return st;
@@ -352,7 +352,7 @@ static ct_status rs_finish(fsdp *f, int k) {
     return st;
 }
 
-static ct_status fsdp_post_backward(void *p, int k, int last_microbatch) {
+static ct_status fsdp_post_backward(ct_strategy *p, int k, int last_microbatch) {
     fsdp *f = p;
     (void)last_microbatch; /* FSDP2 reduce-scatters every microbatch into the local shard */
     unit_state *u = &f->units[k];
@@ -370,7 +370,7 @@ static ct_status fsdp_post_backward(void *p, int k, int last_microbatch) {
     return k + 1 < f->n_units ? rs_finish(f, k + 1) : CT_OK;
 }
 
-static ct_status fsdp_finish_backward(void *p) {
+static ct_status fsdp_finish_backward(ct_strategy *p) {
     fsdp *f = p;
     f->scales_fresh = 0; /* the optimizer may change the weights next */
     for (int k = 0; k < f->n_units; k++) {
@@ -380,7 +380,7 @@ static ct_status fsdp_finish_backward(void *p) {
     return CT_OK;
 }
 
-static void fsdp_destroy(void *p) {
+static void fsdp_destroy(ct_strategy *p) {
     fsdp *f = p;
     if (!f) return;
     /* a forward-only pass (sampling) leaves the last unit gathered; the parameters themselves may be

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct tp {
+typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     const ct_host *host;
     ct_strategy_env env;
     ct_mesh_info mesh;
@@ -35,7 +35,7 @@ static int glob(const char *p, const char *s) {
     return *s == *p && glob(p + 1, s + 1);
 }
 
-static ct_status tp_create(const ct_host *h, const ct_strategy_env *env, void **out) {
+static ct_status tp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
     if (!CT_HAS_FIELD(env, ct_strategy_env, sequence_parallel) || !env->tp_plan) {
         h->set_error(h, "tensor parallel needs the model pack's plan (ct_model_api.tp_plan, ABI 1.3)");
         return CT_ERR_INVALID;
@@ -49,7 +49,7 @@ static ct_status tp_create(const ct_host *h, const ct_strategy_env *env, void **
     return CT_OK;
 }
 
-static void tp_destroy(void *p) { free(p); }
+static void tp_destroy(ct_strategy *p) { free(p); }
 
 static ct_tp_style style_of(const tp *t, const char *name) {
     for (const ct_tp_rule *r = t->env.tp_plan; r->pattern; r++)
@@ -57,7 +57,7 @@ static ct_tp_style style_of(const tp *t, const char *name) {
     return CT_TP_NONE;
 }
 
-static ct_status tp_place(void *p, ct_param_slot *slots, int n) {
+static ct_status tp_place(ct_strategy *p, ct_param_slot *slots, int n) {
     tp *t = p;
     int parts = t->mesh.degree[CT_AXIS_TP], index = t->mesh.coord[CT_AXIS_TP];
     for (int i = 0; i < n; i++) {
@@ -93,7 +93,7 @@ static ct_status tp_place(void *p, ct_param_slot *slots, int n) {
     return CT_OK;
 }
 
-static ct_status tp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
+static ct_status tp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_units) {
     tp *t = p;
     (void)n_units;
     t->slots = slots;
@@ -105,20 +105,20 @@ static ct_status tp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
     return CT_OK;
 }
 
-static ct_status tp_noop(void *p, int unit) {
+static ct_status tp_noop(ct_strategy *p, int unit) {
     (void)p;
     (void)unit;
     return CT_OK;
 }
 
-static ct_status tp_post_backward(void *p, int unit, int last_microbatch) {
+static ct_status tp_post_backward(ct_strategy *p, int unit, int last_microbatch) {
     (void)unit;
     ((tp *)p)->last = last_microbatch;
     return CT_OK;
 }
 
 /* Runs after the data-parallel strategy's finish: the local gradients are final but for tp. */
-static ct_status tp_finish_backward(void *p) {
+static ct_status tp_finish_backward(ct_strategy *p) {
     tp *t = p;
     if (!t->last || !t->env.sequence_parallel) return CT_OK;
     for (int i = 0; i < t->n_slots; i++) {
