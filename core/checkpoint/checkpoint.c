@@ -74,7 +74,7 @@ static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
 
 static int barrier(session *s) {
     if (!s->capi) return 0;
-    void *world;
+    ct_comm_group *world;
     s->capi->world(s->comm, &world);
     return s->capi->barrier(s->comm, world) == CT_OK ? 0 : -1;
 }
@@ -382,7 +382,7 @@ int ckpt_commit(session *s, const char *folder, int64_t step, const ckpt_train_s
     /* every rank says whether its files are written; the folder is committed only if all are */
     double ok = wrote_ok ? 1 : 0;
     if (s->capi) {
-        void *world;
+        ct_comm_group *world;
         s->capi->world(s->comm, &world);
         if (s->capi->all_reduce(s->comm, world, &ok, &ok, 1, CT_F64, CT_REDUCE_MIN, NULL) != CT_OK) {
             ct_errf(err, errlen, "checkpoint %s: a rank did not reach the commit: %s", dir, ct_last_error());

@@ -79,7 +79,7 @@ int mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]) 
     return 0;
 }
 
-int mesh_build(ct_mesh_info *m, const ct_comm_api *c, void *comm, int world_rank, int world_size,
+int mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_rank, int world_size,
                const int degree[CT_MESH_NAXES], char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     m->struct_size = sizeof *m;
@@ -95,7 +95,7 @@ int mesh_build(ct_mesh_info *m, const ct_comm_api *c, void *comm, int world_rank
     m->dp_rank = m->coord[CT_AXIS_DP_REPLICATE] * degree[CT_AXIS_DP_SHARD] + m->coord[CT_AXIS_DP_SHARD];
     m->dp_size = degree[CT_AXIS_DP_REPLICATE] * degree[CT_AXIS_DP_SHARD];
     if (!c) return 0; /* one rank: no groups */
-    void *world;
+    ct_comm_group *world;
     if (c->world(comm, &world) != CT_OK) {
         ct_errf(err, errlen, "comm: no world group");
         return -1;
@@ -117,7 +117,7 @@ int mesh_build(ct_mesh_info *m, const ct_comm_api *c, void *comm, int world_rank
     return 0;
 }
 
-void mesh_free(ct_mesh_info *m, const ct_comm_api *c, void *comm) {
+void mesh_free(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm) {
     if (!c) return;
     for (int a = 0; a < CT_MESH_NAXES; a++)
         if (m->group[a]) c->group_free(comm, m->group[a]);

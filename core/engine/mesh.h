@@ -13,9 +13,9 @@ extern const char *const mesh_axis_names[CT_MESH_NAXES];
  * left). On error prints one line naming the key and returns -1. */
 int mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]);
 /* Fills coordinates and creates the groups (a collective over the world). */
-int mesh_build(ct_mesh_info *m, const ct_comm_api *c, void *comm, int world_rank, int world_size,
+int mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_rank, int world_size,
                const int degree[CT_MESH_NAXES], char *err, size_t errlen);
-void mesh_free(ct_mesh_info *m, const ct_comm_api *c, void *comm);
+void mesh_free(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm);
 
 /* The job's world size from the launcher's environment (mpirun, srun, PMI); 1 when not launched. */
 int mesh_env_world_size(void);

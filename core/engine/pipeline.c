@@ -105,7 +105,7 @@ static int split_units(pipeline *pl, const manifest *mf, const ct_model_desc *de
 }
 
 int pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
-                  const char *(*unit_name)(void *, int), void *model) {
+                  const char *(*unit_name)(ct_model *, int), ct_model *model) {
     char err[2048];
     memset(pl, 0, sizeof *pl);
     pl->pp = mesh->degree[CT_AXIS_PP];
@@ -189,7 +189,7 @@ int pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, c
     return 0;
 }
 
-int pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, void *comm,
+int pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, ct_comm *comm,
                    const ct_mesh_info *mesh) {
     char err[2048];
     const char *name = "pp";

@@ -16,7 +16,7 @@ typedef struct pp_ctx pp_ctx;
 typedef struct pipeline {
     plugin *schedp, *runp;
     const ct_pipeline_api *api;
-    void *runner;
+    ct_runner *runner;
     sched_plan plan;
     int pp, rank, n_stages, spr, n_mb;
     int64_t mb_size;
@@ -42,9 +42,9 @@ typedef struct pipeline {
 /* Plans the pipeline from the manifest (pp > 1): loads the schedule and checks it, splits the units
  * into stages. Prints one clear line and returns EXIT_BAD_INPUT (2) for a bad setting; 0 on success. */
 int pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
-                  const char *(*unit_name)(void *, int), void *model);
+                  const char *(*unit_name)(ct_model *, int), ct_model *model);
 /* Creates the runner plugin once the runtime exists. 0, or an exit status after printing. */
-int pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, void *comm,
+int pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, ct_comm *comm,
                    const ct_mesh_info *mesh);
 /* One local batch (B sequences of T) through the pipeline: forward, backward and the strategies'
  * hooks; *loss_sum gets the summed loss of the batch on every pp rank. */

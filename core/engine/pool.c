@@ -29,7 +29,7 @@ static void chunk_free(pool *p, pool_chunk *c) {
     p->cap_total -= c->cap;
 }
 
-void pool_init(pool *p, const ct_device_api *d, void *dev, ct_mem_category cat) {
+void pool_init(pool *p, const ct_device_api *d, ct_device *dev, ct_mem_category cat) {
     memset(p, 0, sizeof *p);
     p->d = d;
     p->dev = dev;

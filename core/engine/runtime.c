@@ -458,7 +458,7 @@ static int start_runtime(runtime *rt, char *err, size_t errlen) {
     return 0;
 }
 
-int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_api *m, void *model, uint64_t seed,
+int runtime_init(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model, uint64_t seed,
                  const runtime_dist *dist, char *err, size_t errlen) {
     memset(rt, 0, sizeof *rt);
     rt->d = d;
@@ -615,7 +615,7 @@ int runtime_hook(runtime *rt, rt_hook which, int unit, int last) {
     for (int j = 0; j < rt->dist.n_st; j++) {
         int k = which == HOOK_FINISH_BACKWARD ? rt->dist.n_st - 1 - j : j;
         const ct_strategy_api *a = rt->dist.st[k];
-        void *s = rt->dist.strat[k];
+        ct_strategy *s = rt->dist.strat[k];
         ct_clear_error();
         double t0 = ct_now();
         ct_status st = which == HOOK_PRE_FORWARD     ? a->pre_forward(s, unit)

@@ -39,7 +39,7 @@ typedef struct pool_chunk {
  * state makes no allocation. */
 typedef struct pool {
     const ct_device_api *d;
-    void *dev; /* NULL: host memory (malloc) */
+    ct_device *dev; /* NULL: host memory (malloc) */
     ct_mem_category cat;
     pool_chunk *chunks;
     int n_chunks, cur;
@@ -52,7 +52,7 @@ typedef struct pool_mark {
     size_t top, used;
 } pool_mark;
 
-void pool_init(pool *p, const ct_device_api *d, void *dev, ct_mem_category cat);
+void pool_init(pool *p, const ct_device_api *d, ct_device *dev, ct_mem_category cat);
 void pool_destroy(pool *p);
 void *pool_alloc(pool *p, size_t bytes);
 pool_mark pool_get_mark(const pool *p);
@@ -71,10 +71,10 @@ typedef struct arena {
 #define RT_MAX_STRATEGIES 2
 typedef struct runtime_dist {
     const ct_comm_api *capi;
-    void *comm;
+    ct_comm *comm;
     const ct_mesh_info *mesh;
     const ct_strategy_api *st[RT_MAX_STRATEGIES];
-    void *strat[RT_MAX_STRATEGIES];
+    ct_strategy *strat[RT_MAX_STRATEGIES];
     int n_st;
     const int *unit_rank; /* pipeline parallel: the pp rank that runs each unit (NULL: this rank runs all) */
 } runtime_dist;
@@ -94,7 +94,7 @@ typedef struct runtime_graph {
     char why[256];
     int eager_runs;       /* microbatches run eagerly at shape (B, T) */
     int64_t B, T;
-    void *graph;          /* the device's graph, or NULL */
+    ct_graph *graph;      /* the device's graph, or NULL */
     void *at[4];          /* what it reads and writes: the uploads' and the loss's addresses ... */
     char *arena_base[3];  /* ... inside these arena chunks (saved, scratch, grads) */
     int64_t ops, captures, launches;
@@ -105,9 +105,9 @@ enum { RT_SAC_OFF, RT_SAC_SAVE, RT_SAC_REUSE };
 
 typedef struct runtime {
     const ct_device_api *d;
-    void *dev;
+    ct_device *dev;
     const ct_model_api *m;
-    void *model;
+    ct_model *model;
     ct_model_desc desc;
     uint64_t seed;
 
@@ -129,7 +129,7 @@ typedef struct runtime {
     ct_status dist_status; /* the status of the last failed strategy or comm call (CT_ERR_TIMEOUT ...) */
     double comm_seconds;   /* wall time in strategy hooks and collectives (exposed communication) */
     const ct_quantizer_api *qapi; /* float8 linear layers (NULL: none) */
-    void *quant;
+    ct_quantizer *quant;
     float *bf16_shadow;         /* mixed_precision_param=bfloat16: bf16-rounded copies used by forward */
     void **master_data;         /* the f32 master pointers while the shadow is swapped in */
 
@@ -164,7 +164,7 @@ typedef struct runtime {
  * parameters and gradients would not fit the device's memory or the address-space limit (checked
  * before allocating); -1 on other errors.
  * On error the runtime is freed and err holds one line. */
-int runtime_init(runtime *rt, const ct_device_api *d, void *dev, const ct_model_api *m, void *model,
+int runtime_init(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model,
                  uint64_t seed, const runtime_dist *dist, char *err, size_t errlen);
 void runtime_free(runtime *rt);
 

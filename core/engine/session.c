@@ -219,7 +219,7 @@ static int open_dist(session *s, const ct_model_desc *d) {
     ct_clear_error();
     if (s->commp) {
         s->capi = s->commp->info.api;
-        void *world;
+        ct_comm_group *world;
         ct_status cst = s->capi->create(&s->commp->host, &s->comm);
         if (cst != CT_OK) /* CT_ERR_INVALID: one of its options */
             return fail_line(cst == CT_ERR_INVALID ? EXIT_BAD_INPUT : EXIT_RUN_FAILED, "comm");
@@ -230,7 +230,7 @@ static int open_dist(session *s, const ct_model_desc *d) {
          * (CUDA + NCCL) overlap compute and communication; otherwise both keep implicit ordering */
         if (CT_HAS_FIELD(s->capi, ct_comm_api, bind_stream) && s->capi->bind_stream &&
             CT_HAS_FIELD(s->d, ct_device_api, share_stream) && s->d->share_stream) {
-            void *stream = NULL;
+            ct_stream *stream = NULL;
             if (s->d->share_stream(s->dev, &stream) != CT_OK) return fail_line(EXIT_RUN_FAILED, "device");
             if (s->capi->bind_stream(s->comm, stream) != CT_OK) return fail_line(EXIT_RUN_FAILED, "comm");
         }

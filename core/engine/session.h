@@ -21,19 +21,19 @@ typedef struct session {
     manifest *mf;
     plugin *devp, *modelp, *optp, *commp, *stratp, *quantp, *axisp;
     const ct_quantizer_api *qapi; /* NULL: no float8 */
-    void *quant;
+    ct_quantizer *quant;
     const ct_comm_api *capi; /* NULL on one rank */
-    void *comm;
+    ct_comm *comm;
     const ct_strategy_api *sapi, *xapi; /* the data-parallel strategy; the one serving the tp mesh axis */
-    void *strat, *xstrat;
+    ct_strategy *strat, *xstrat;
     ct_mesh_info mesh;
     int rank, world;
     const ct_device_api *d;
-    void *dev;
+    ct_device *dev;
     const ct_model_api *m;
-    void *model;
+    ct_model *model;
     const ct_optimizer_api *o;
-    void *opt;
+    ct_optimizer *opt;
     runtime rt;
     int rt_ready;
     char *opt_mem;   /* one allocation: state_count f32 values per parameter element */

@@ -233,7 +233,7 @@ static int log_close(run_log *lg) {
 static int world_max(session *s, int v, int *out) {
     *out = v;
     if (!s->capi) return 0;
-    void *world;
+    ct_comm_group *world;
     double x = v;
     if (s->capi->world(s->comm, &world) != CT_OK ||
         s->capi->all_reduce(s->comm, world, &x, &x, 1, CT_F64, CT_REDUCE_MAX, NULL) != CT_OK)

@@ -11,33 +11,37 @@ static ct_comm_api wrapped;
 
 #define BYTES(count, dt) ((count) * (int64_t)ct_dtype_size(dt))
 
-static ct_status w_all_reduce(void *c, void *g, const void *s, void *r, int64_t n, ct_dtype dt, ct_reduce_op op,
-                              void **req) {
+static ct_status w_all_reduce(ct_comm *c, ct_comm_group *g, const void *s, void *r, int64_t n, ct_dtype dt,
+                              ct_reduce_op op, ct_comm_request **req) {
     g_comm_bytes[CS_ALL_REDUCE] += BYTES(n, dt);
     return real->all_reduce(c, g, s, r, n, dt, op, req);
 }
-static ct_status w_all_gather(void *c, void *g, const void *s, void *r, int64_t n, ct_dtype dt, void **req) {
+static ct_status w_all_gather(ct_comm *c, ct_comm_group *g, const void *s, void *r, int64_t n, ct_dtype dt,
+                              ct_comm_request **req) {
     g_comm_bytes[CS_ALL_GATHER] += BYTES(n, dt);
     return real->all_gather(c, g, s, r, n, dt, req);
 }
-static ct_status w_reduce_scatter(void *c, void *g, const void *s, void *r, int64_t n, ct_dtype dt, ct_reduce_op op,
-                                  void **req) {
+static ct_status w_reduce_scatter(ct_comm *c, ct_comm_group *g, const void *s, void *r, int64_t n, ct_dtype dt,
+                                  ct_reduce_op op, ct_comm_request **req) {
     int rank = 0, size = 1;
     real->group_rank(c, g, &rank, &size);
     g_comm_bytes[CS_REDUCE_SCATTER] += BYTES(n, dt) * size;
     return real->reduce_scatter(c, g, s, r, n, dt, op, req);
 }
-static ct_status w_broadcast(void *c, void *g, void *b, int64_t n, ct_dtype dt, int root, void **req) {
+static ct_status w_broadcast(ct_comm *c, ct_comm_group *g, void *b, int64_t n, ct_dtype dt, int root,
+                             ct_comm_request **req) {
     g_comm_bytes[CS_BROADCAST] += BYTES(n, dt);
     return real->broadcast(c, g, b, n, dt, root, req);
 }
-static ct_status w_all_to_all(void *c, void *g, const void *s, void *r, int64_t n, ct_dtype dt, void **req) {
+static ct_status w_all_to_all(ct_comm *c, ct_comm_group *g, const void *s, void *r, int64_t n, ct_dtype dt,
+                              ct_comm_request **req) {
     int rank = 0, size = 1;
     real->group_rank(c, g, &rank, &size);
     g_comm_bytes[CS_ALL_TO_ALL] += BYTES(n, dt) * size;
     return real->all_to_all(c, g, s, r, n, dt, req);
 }
-static ct_status w_send(void *c, void *g, const void *b, int64_t n, ct_dtype dt, int peer, int tag, void **req) {
+static ct_status w_send(ct_comm *c, ct_comm_group *g, const void *b, int64_t n, ct_dtype dt, int peer, int tag,
+                        ct_comm_request **req) {
     g_comm_bytes[CS_SEND] += BYTES(n, dt);
     return real->send(c, g, b, n, dt, peer, tag, req);
 }

@@ -32,10 +32,10 @@ static const char *const flavor_names[] = {"debugmodel", "1B", "3B", "8B", "70B"
 
 typedef struct layer {
     ct_tensor *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
-    char name[24]; /* "layers.<i>": unit_name's answer, kept from create to destroy (the trace keeps it) */
+    char unit_name[24]; /* "layers.3": unit_name's answer, kept until destroy as model.h promises */
 } layer;
 
-typedef struct llama {
+typedef struct ct_model { /* the ABI's opaque ct_model */
     const ct_host *host;
     int64_t dim, n_layers, n_heads, n_kv_heads, vocab, ffn_hidden, head_dim, seq_len;
     double rope_theta, norm_eps;
@@ -138,7 +138,7 @@ static int read_options(const ct_host *h, llama *m, int64_t *multiple_of, double
     return 0;
 }
 
-static ct_status llama_create(const ct_host *h, const ct_model_config *cfg, void **out) {
+static ct_status llama_create(const ct_host *h, const ct_model_config *cfg, ct_model **out) {
     const flavor *f = NULL;
     for (size_t i = 0; i < sizeof flavors / sizeof flavors[0]; i++)
         if (cfg->flavor && strcmp(cfg->flavor, flavors[i].name) == 0) f = &flavors[i];
@@ -172,12 +172,13 @@ static ct_status llama_create(const ct_host *h, const ct_model_config *cfg, void
         free(m);
         return CT_ERR_NOMEM;
     }
-    for (int i = 0; i < (int)m->n_layers; i++) snprintf(m->layers[i].name, sizeof m->layers[i].name, "layers.%d", i);
+    for (int64_t l = 0; l < m->n_layers; l++)
+        snprintf(m->layers[l].unit_name, sizeof m->layers[l].unit_name, "layers.%d", (int)l); /* n_layers <= 1024 */
     *out = m;
     return CT_OK;
 }
 
-static void llama_destroy(void *p) {
+static void llama_destroy(ct_model *p) {
     llama *m = p;
     if (!m) return;
     free(m->layers);
@@ -190,7 +191,7 @@ static int64_t n_params_of(const llama *m) {
     return m->vocab * m->dim * 2 + m->dim + m->n_layers * per_layer;
 }
 
-static ct_status llama_describe(void *p, ct_model_desc *d) {
+static ct_status llama_describe(ct_model *p, ct_model_desc *d) {
     llama *m = p;
     d->n_units = (int)m->n_layers + 2;
     d->vocab_size = m->vocab;
@@ -220,7 +221,7 @@ static ct_tensor *add2(ct_param_registry *r, int unit, const char *name, int64_t
 
 static ct_init trunc_init(float std) { return (ct_init){sizeof(ct_init), CT_INIT_TRUNC_NORMAL, std, -2.0f, 2.0f, 0}; }
 
-static ct_status llama_declare(void *p, ct_param_registry *r) {
+static ct_status llama_declare(ct_model *p, ct_param_registry *r) {
     llama *m = p;
     const ct_init ones = {sizeof(ct_init), CT_INIT_CONSTANT, 0, 0, 0, 1.0f};
     const ct_init normal1 = {sizeof(ct_init), CT_INIT_NORMAL, 1.0f, 0, 0, 0};
@@ -255,13 +256,12 @@ static ct_status llama_declare(void *p, ct_param_registry *r) {
     return CT_OK;
 }
 
-/* Every name lives as long as the model: the profiler's trace keeps the pointers until it is written. */
-static const char *llama_unit_name(void *p, int unit) {
+static const char *llama_unit_name(ct_model *p, int unit) {
     llama *m = p;
     if (unit == 0) return "tok_embeddings";
     if (unit == m->n_layers + 1) return "output";
-    if (unit < 0 || unit > m->n_layers + 1) return "unit?";
-    return m->layers[unit - 1].name;
+    if (unit < 0 || unit > m->n_layers + 1) return "?";
+    return m->layers[unit - 1].unit_name;
 }
 
 #define TRY(x)                                  \
@@ -301,7 +301,7 @@ static ct_status block_forward(llama *m, const layer *L, ct_builder *b, ct_tenso
     return CT_OK;
 }
 
-static ct_status llama_unit_forward(void *p, int unit, ct_builder *b, ct_tensor *x, const ct_tensor *tokens,
+static ct_status llama_unit_forward(ct_model *p, int unit, ct_builder *b, ct_tensor *x, const ct_tensor *tokens,
                                     const ct_tensor *targets, ct_tensor **out) {
     llama *m = p;
     if (unit == 0) {

@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct adamw {
+typedef struct ct_optimizer { /* the ABI's opaque ct_optimizer */
     const ct_host *host;
     const ct_device_api *d;
-    void *dev;
+    ct_device *dev;
     double beta1, beta2, eps, weight_decay;
 } adamw;
 
@@ -22,7 +22,7 @@ static const ct_option_spec options[] = {
     {0},
 };
 
-static ct_status adamw_create(const ct_host *h, const ct_device_api *d, void *dev, void **out) {
+static ct_status adamw_create(const ct_host *h, const ct_device_api *d, ct_device *dev, ct_optimizer **out) {
     adamw *a = calloc(1, sizeof *a);
     if (!a) return CT_ERR_NOMEM;
     *a = (adamw){h, d, dev, 0.9, 0.95, 1e-8, 0.1};
@@ -52,20 +52,21 @@ static ct_status adamw_create(const ct_host *h, const ct_device_api *d, void *de
     return CT_ERR_INVALID;
 }
 
-static void adamw_destroy(void *p) { free(p); }
-static int adamw_state_count(void *p) {
+static void adamw_destroy(ct_optimizer *p) { free(p); }
+static int adamw_state_count(ct_optimizer *p) {
     (void)p;
     return 2;
 }
 
-static ct_status adamw_step(void *p, ct_tensor *param, float *const *state, int64_t numel, float lr, int64_t step) {
+static ct_status adamw_step(ct_optimizer *p, ct_tensor *param, float *const *state, int64_t numel, float lr,
+                            int64_t step) {
     adamw *a = p;
     float wd = (param->flags & CT_TENSOR_NO_DECAY) ? 0.0f : (float)a->weight_decay;
     return a->d->adamw(a->dev, param->data, param->grad, state[0], state[1], numel, lr, (float)a->beta1,
                        (float)a->beta2, (float)a->eps, wd, step);
 }
 
-static int adamw_elementwise(void *p) {
+static int adamw_elementwise(ct_optimizer *p) {
     (void)p;
     return 1; /* PyTorch's AdamW is elementwise: contiguous tensors with one decay flag go in one call */
 }

@@ -31,7 +31,8 @@
 #include "cpu_math.h"
 #include "kernels.h"
 
-typedef struct cpu_device {
+/* The ABI's opaque ct_device is this state: create hands out a cpu_device *. */
+typedef struct ct_device {
     const ct_host *host;
     int threads;
 } cpu_device;
@@ -190,7 +191,7 @@ static void cpu_blas_warm_up(const cpu_device *d)
         blas_memory_free(held[--n]);
 }
 
-static ct_status cpu_create(const ct_host *host, void **dev)
+static ct_status cpu_create(const ct_host *host, ct_device **dev)
 {
     if (!dev)
         return CT_ERR_INVALID;
@@ -236,12 +237,12 @@ static ct_status cpu_create(const ct_host *host, void **dev)
     return CT_OK;
 }
 
-static void cpu_destroy(void *dev)
+static void cpu_destroy(ct_device *dev)
 {
     free(dev);
 }
 
-static ct_status cpu_info(void *dev, ct_device_info *out)
+static ct_status cpu_info(ct_device *dev, ct_device_info *out)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(out != NULL, "null output");
@@ -325,7 +326,7 @@ static double cpu_max_ghz(const char **from)
 /* The f32 matmul peak: the cores' own figure (threads x clock x flops per cycle), or a best-of-N
  * sgemm probe when that reads higher (the clock figure is then below the real one, as with turbo
  * under a VM's nominal 'cpu MHz'). One line says which and how. */
-static ct_status cpu_measure_peak_flops(void *dev, double *flops_per_s)
+static ct_status cpu_measure_peak_flops(ct_device *dev, double *flops_per_s)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(flops_per_s != NULL, "null output");
@@ -384,7 +385,7 @@ static ct_status cpu_measure_peak_flops(void *dev, double *flops_per_s)
 
 /* ---------------------------------------------------------------- memory */
 
-static ct_status cpu_alloc(void *dev, size_t bytes, void **out)
+static ct_status cpu_alloc(ct_device *dev, size_t bytes, void **out)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(out != NULL, "null output");
@@ -398,13 +399,13 @@ static ct_status cpu_alloc(void *dev, size_t bytes, void **out)
     return CT_OK;
 }
 
-static void cpu_free(void *dev, void *p)
+static void cpu_free(ct_device *dev, void *p)
 {
     (void)dev;
     free(p);
 }
 
-static ct_status cpu_copy(void *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind)
+static ct_status cpu_copy(ct_device *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(kind == CT_COPY_H2D || kind == CT_COPY_D2H || kind == CT_COPY_D2D,
@@ -416,7 +417,7 @@ static ct_status cpu_copy(void *dev, void *dst, const void *src, size_t bytes, c
     return CT_OK;
 }
 
-static ct_status cpu_zero(void *dev, void *p, size_t bytes)
+static ct_status cpu_zero(ct_device *dev, void *p, size_t bytes)
 {
     CPU_OP_BEGIN(dev);
     if (bytes == 0)
@@ -426,7 +427,7 @@ static ct_status cpu_zero(void *dev, void *p, size_t bytes)
     return CT_OK;
 }
 
-static ct_status cpu_synchronize(void *dev)
+static ct_status cpu_synchronize(ct_device *dev)
 {
     CPU_OP_BEGIN(dev);
     (void)d;
@@ -447,7 +448,7 @@ static ct_status cpu_gemm_shape_check(cpu_device *d, const char *op, int64_t m, 
     return CT_OK;
 }
 
-static ct_status cpu_matmul(void *dev, float *c, const float *a, const float *b, int64_t m,
+static ct_status cpu_matmul(ct_device *dev, float *c, const float *a, const float *b, int64_t m,
                             int64_t n, int64_t k, int trans_a, int trans_b, float alpha, float beta)
 {
     CPU_OP_BEGIN(dev);
@@ -462,7 +463,7 @@ static ct_status cpu_matmul(void *dev, float *c, const float *a, const float *b,
     return CT_OK;
 }
 
-static ct_status cpu_axpy(void *dev, float *y, const float *x, float alpha, int64_t n)
+static ct_status cpu_axpy(ct_device *dev, float *y, const float *x, float alpha, int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
@@ -472,7 +473,7 @@ static ct_status cpu_axpy(void *dev, float *y, const float *x, float alpha, int6
     return CT_OK;
 }
 
-static ct_status cpu_add(void *dev, float *out, const float *a, const float *b, int64_t n)
+static ct_status cpu_add(ct_device *dev, float *out, const float *a, const float *b, int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
@@ -482,7 +483,7 @@ static ct_status cpu_add(void *dev, float *out, const float *a, const float *b, 
     return CT_OK;
 }
 
-static ct_status cpu_scale(void *dev, float *x, float alpha, int64_t n)
+static ct_status cpu_scale(ct_device *dev, float *x, float alpha, int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
@@ -492,7 +493,7 @@ static ct_status cpu_scale(void *dev, float *x, float alpha, int64_t n)
     return CT_OK;
 }
 
-static ct_status cpu_sum(void *dev, double *out, const float *x, int64_t n)
+static ct_status cpu_sum(ct_device *dev, double *out, const float *x, int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
@@ -503,7 +504,7 @@ static ct_status cpu_sum(void *dev, double *out, const float *x, int64_t n)
 }
 
 /* ABI 1.5: the sum stays in device memory (here the host's: nothing to wait for) */
-static ct_status cpu_sum_to_device(void *dev, float *out, const float *x, int64_t n)
+static ct_status cpu_sum_to_device(ct_device *dev, float *out, const float *x, int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(out != NULL, "null pointer");
@@ -514,7 +515,7 @@ static ct_status cpu_sum_to_device(void *dev, float *out, const float *x, int64_
     return st;
 }
 
-static ct_status cpu_sum_squares(void *dev, double *out, const float *x, int64_t n)
+static ct_status cpu_sum_squares(ct_device *dev, double *out, const float *x, int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
@@ -526,7 +527,7 @@ static ct_status cpu_sum_squares(void *dev, double *out, const float *x, int64_t
 
 /* ---------------------------------------------------------------- layers */
 
-static ct_status cpu_embedding_forward(void *dev, float *out, const int32_t *ids,
+static ct_status cpu_embedding_forward(ct_device *dev, float *out, const int32_t *ids,
                                        const float *table, int64_t n, int64_t c, int64_t vocab)
 {
     CPU_OP_BEGIN(dev);
@@ -544,7 +545,7 @@ static ct_status cpu_embedding_forward(void *dev, float *out, const int32_t *ids
     return CT_OK;
 }
 
-static ct_status cpu_embedding_backward(void *dev, float *dtable, const int32_t *ids,
+static ct_status cpu_embedding_backward(ct_device *dev, float *dtable, const int32_t *ids,
                                         const float *dout, int64_t n, int64_t c, int64_t vocab)
 {
     CPU_OP_BEGIN(dev);
@@ -567,7 +568,7 @@ static ct_status cpu_embedding_backward(void *dev, float *dtable, const int32_t 
     CPU_REQUIRE((n) >= 0 && (c) >= 0, "negative shape n=%lld c=%lld", (long long)(n),              \
                 (long long)(c))
 
-static ct_status cpu_rmsnorm_forward(void *dev, float *out, float *rstd, const float *x,
+static ct_status cpu_rmsnorm_forward(ct_device *dev, float *out, float *rstd, const float *x,
                                      const float *w, int64_t n, int64_t c, float eps)
 {
     CPU_OP_BEGIN(dev);
@@ -582,7 +583,7 @@ static ct_status cpu_rmsnorm_forward(void *dev, float *out, float *rstd, const f
     return CT_OK;
 }
 
-static ct_status cpu_rmsnorm_backward_input(void *dev, float *dx, const float *dout, const float *x,
+static ct_status cpu_rmsnorm_backward_input(ct_device *dev, float *dx, const float *dout, const float *x,
                                             const float *w, const float *rstd, int64_t n, int64_t c)
 {
     CPU_OP_BEGIN(dev);
@@ -595,7 +596,7 @@ static ct_status cpu_rmsnorm_backward_input(void *dev, float *dx, const float *d
     return CT_OK;
 }
 
-static ct_status cpu_rmsnorm_backward_weight(void *dev, float *dw, const float *dout,
+static ct_status cpu_rmsnorm_backward_weight(ct_device *dev, float *dw, const float *dout,
                                              const float *x, const float *rstd, int64_t n,
                                              int64_t c)
 {
@@ -609,7 +610,7 @@ static ct_status cpu_rmsnorm_backward_weight(void *dev, float *dw, const float *
     return CT_OK;
 }
 
-static ct_status cpu_layernorm_forward(void *dev, float *out, float *mean, float *rstd,
+static ct_status cpu_layernorm_forward(ct_device *dev, float *out, float *mean, float *rstd,
                                        const float *x, const float *w, const float *b, int64_t n,
                                        int64_t c, float eps)
 {
@@ -625,7 +626,7 @@ static ct_status cpu_layernorm_forward(void *dev, float *out, float *mean, float
     return CT_OK;
 }
 
-static ct_status cpu_layernorm_backward_input(void *dev, float *dx, const float *dout,
+static ct_status cpu_layernorm_backward_input(ct_device *dev, float *dx, const float *dout,
                                               const float *x, const float *w, const float *mean,
                                               const float *rstd, int64_t n, int64_t c)
 {
@@ -639,7 +640,7 @@ static ct_status cpu_layernorm_backward_input(void *dev, float *dx, const float 
     return CT_OK;
 }
 
-static ct_status cpu_layernorm_backward_weight(void *dev, float *dw, float *db, const float *dout,
+static ct_status cpu_layernorm_backward_weight(ct_device *dev, float *dw, float *db, const float *dout,
                                                const float *x, const float *mean, const float *rstd,
                                                int64_t n, int64_t c)
 {
@@ -653,7 +654,7 @@ static ct_status cpu_layernorm_backward_weight(void *dev, float *dw, float *db, 
     return CT_OK;
 }
 
-static ct_status cpu_bias_forward(void *dev, float *out, const float *x, const float *bias,
+static ct_status cpu_bias_forward(ct_device *dev, float *out, const float *x, const float *bias,
                                   int64_t n, int64_t c)
 {
     CPU_OP_BEGIN(dev);
@@ -666,7 +667,7 @@ static ct_status cpu_bias_forward(void *dev, float *out, const float *x, const f
     return CT_OK;
 }
 
-static ct_status cpu_bias_backward(void *dev, float *dbias, const float *dout, int64_t n, int64_t c)
+static ct_status cpu_bias_backward(ct_device *dev, float *dbias, const float *dout, int64_t n, int64_t c)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE_ROWS(n, c);
@@ -702,14 +703,14 @@ static ct_status cpu_rope(cpu_device *d, const char *op, float *out, const float
     return CT_OK;
 }
 
-static ct_status cpu_rope_forward(void *dev, float *out, const float *x, int64_t b, int64_t t,
+static ct_status cpu_rope_forward(ct_device *dev, float *out, const float *x, int64_t b, int64_t t,
                                   int64_t h, int64_t hd, float theta)
 {
     CPU_OP_BEGIN(dev);
     return cpu_rope(d, "rope_forward", out, x, b, t, h, hd, theta, 0);
 }
 
-static ct_status cpu_rope_backward(void *dev, float *dx, const float *dout, int64_t b, int64_t t,
+static ct_status cpu_rope_backward(ct_device *dev, float *dx, const float *dout, int64_t b, int64_t t,
                                    int64_t h, int64_t hd, float theta)
 {
     CPU_OP_BEGIN(dev);
@@ -734,7 +735,7 @@ static ct_status cpu_attention_check(cpu_device *d, const char *op, int64_t b, i
     return CT_OK;
 }
 
-static ct_status cpu_attention_forward(void *dev, float *out, float *lse, const float *q,
+static ct_status cpu_attention_forward(ct_device *dev, float *out, float *lse, const float *q,
                                        const float *k, const float *v, int64_t b, int64_t t,
                                        int64_t h, int64_t kvh, int64_t hd)
 {
@@ -750,7 +751,7 @@ static ct_status cpu_attention_forward(void *dev, float *out, float *lse, const 
     return CT_OK;
 }
 
-static ct_status cpu_attention_backward(void *dev, float *dq, float *dk, float *dv,
+static ct_status cpu_attention_backward(ct_device *dev, float *dq, float *dk, float *dv,
                                         const float *dout, const float *q, const float *k,
                                         const float *v, const float *out, const float *lse,
                                         int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t hd)
@@ -768,7 +769,7 @@ static ct_status cpu_attention_backward(void *dev, float *dq, float *dk, float *
     return CT_OK;
 }
 
-static ct_status cpu_swiglu_forward(void *dev, float *out, const float *a, const float *g,
+static ct_status cpu_swiglu_forward(ct_device *dev, float *out, const float *a, const float *g,
                                     int64_t n)
 {
     CPU_OP_BEGIN(dev);
@@ -779,7 +780,7 @@ static ct_status cpu_swiglu_forward(void *dev, float *out, const float *a, const
     return CT_OK;
 }
 
-static ct_status cpu_swiglu_backward(void *dev, float *da, float *dg, const float *dout,
+static ct_status cpu_swiglu_backward(ct_device *dev, float *da, float *dg, const float *dout,
                                      const float *a, const float *g, int64_t n)
 {
     CPU_OP_BEGIN(dev);
@@ -790,7 +791,7 @@ static ct_status cpu_swiglu_backward(void *dev, float *da, float *dg, const floa
     return CT_OK;
 }
 
-static ct_status cpu_gelu_forward(void *dev, float *out, const float *x, int64_t n)
+static ct_status cpu_gelu_forward(ct_device *dev, float *out, const float *x, int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
@@ -800,7 +801,7 @@ static ct_status cpu_gelu_forward(void *dev, float *out, const float *x, int64_t
     return CT_OK;
 }
 
-static ct_status cpu_gelu_backward(void *dev, float *dx, const float *dout, const float *x,
+static ct_status cpu_gelu_backward(ct_device *dev, float *dx, const float *dout, const float *x,
                                    int64_t n)
 {
     CPU_OP_BEGIN(dev);
@@ -827,7 +828,7 @@ static ct_status cpu_cross_entropy_check(cpu_device *d, const char *op, const in
     return CT_OK;
 }
 
-static ct_status cpu_cross_entropy_forward(void *dev, float *losses, const float *logits,
+static ct_status cpu_cross_entropy_forward(ct_device *dev, float *losses, const float *logits,
                                            const int32_t *targets, int64_t n, int64_t v,
                                            int32_t ignore_index)
 {
@@ -843,7 +844,7 @@ static ct_status cpu_cross_entropy_forward(void *dev, float *losses, const float
     return CT_OK;
 }
 
-static ct_status cpu_cross_entropy_backward(void *dev, float *dlogits, const float *logits,
+static ct_status cpu_cross_entropy_backward(ct_device *dev, float *dlogits, const float *logits,
                                             const int32_t *targets, float dloss, int64_t n,
                                             int64_t v, int32_t ignore_index)
 {
@@ -862,7 +863,7 @@ static ct_status cpu_cross_entropy_backward(void *dev, float *dlogits, const flo
 }
 
 /* ABI 1.5: dloss in device memory, read when the op runs */
-static ct_status cpu_cross_entropy_backward_dev(void *dev, float *dlogits, const float *logits,
+static ct_status cpu_cross_entropy_backward_dev(ct_device *dev, float *dlogits, const float *logits,
                                                 const int32_t *targets, const float *dloss, int64_t n,
                                                 int64_t v, int32_t ignore_index)
 {
@@ -873,7 +874,7 @@ static ct_status cpu_cross_entropy_backward_dev(void *dev, float *dlogits, const
 
 /* ---------------------------------------------------------------- optimizer and precision */
 
-static ct_status cpu_adamw(void *dev, float *param, const float *grad, float *m, float *v,
+static ct_status cpu_adamw(ct_device *dev, float *param, const float *grad, float *m, float *v,
                            int64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int64_t step)
 {
@@ -888,7 +889,7 @@ static ct_status cpu_adamw(void *dev, float *param, const float *grad, float *m,
     return CT_OK;
 }
 
-static ct_status cpu_cast_f32_to_bf16(void *dev, uint16_t *dst, const float *src, int64_t n)
+static ct_status cpu_cast_f32_to_bf16(ct_device *dev, uint16_t *dst, const float *src, int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
@@ -900,7 +901,7 @@ static ct_status cpu_cast_f32_to_bf16(void *dev, uint16_t *dst, const float *src
     return CT_OK;
 }
 
-static ct_status cpu_cast_bf16_to_f32(void *dev, float *dst, const uint16_t *src, int64_t n)
+static ct_status cpu_cast_bf16_to_f32(ct_device *dev, float *dst, const uint16_t *src, int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
@@ -912,7 +913,7 @@ static ct_status cpu_cast_bf16_to_f32(void *dev, float *dst, const uint16_t *src
     return CT_OK;
 }
 
-static ct_status cpu_round_bf16(void *dev, float *x, int64_t n)
+static ct_status cpu_round_bf16(ct_device *dev, float *x, int64_t n)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
@@ -947,7 +948,7 @@ static ct_status cpu_fp8_format_check(cpu_device *d, const char *op, ct_dtype fm
     return CT_OK;
 }
 
-static ct_status cpu_amax(void *dev, float *amax, const float *src, int64_t n, int64_t group)
+static ct_status cpu_amax(ct_device *dev, float *amax, const float *src, int64_t n, int64_t group)
 {
     CPU_OP_BEGIN(dev);
     ct_status st = cpu_group_check(d, "amax", n, group);
@@ -963,7 +964,7 @@ static ct_status cpu_amax(void *dev, float *amax, const float *src, int64_t n, i
 
 /* The scale values are not checked (they may come from a device-side amax); a positive finite
  * scale never makes a NaN or inf from a finite input, since the cast saturates. */
-static ct_status cpu_quantize_fp8(void *dev, uint8_t *dst, const float *src, const float *scale,
+static ct_status cpu_quantize_fp8(ct_device *dev, uint8_t *dst, const float *src, const float *scale,
                                   int64_t n, int64_t group, ct_dtype fmt)
 {
     CPU_OP_BEGIN(dev);
@@ -980,7 +981,7 @@ static ct_status cpu_quantize_fp8(void *dev, uint8_t *dst, const float *src, con
     return CT_OK;
 }
 
-static ct_status cpu_dequantize_fp8(void *dev, float *dst, const uint8_t *src, const float *scale,
+static ct_status cpu_dequantize_fp8(ct_device *dev, float *dst, const uint8_t *src, const float *scale,
                                     int64_t n, int64_t group, ct_dtype fmt)
 {
     CPU_OP_BEGIN(dev);
@@ -1034,7 +1035,7 @@ static ct_status cpu_fp8_gemm(cpu_device *d, const char *op, float *c, const uin
     return CT_OK;
 }
 
-static ct_status cpu_matmul_fp8(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
+static ct_status cpu_matmul_fp8(ct_device *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
                                 const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n,
                                 int64_t k, float alpha, float beta)
 {
@@ -1042,16 +1043,16 @@ static ct_status cpu_matmul_fp8(void *dev, float *c, const uint8_t *a, const flo
     return cpu_fp8_gemm(d, "matmul_fp8", c, a, a_scale, a_fmt, b, b_scale, b_fmt, m, n, k, alpha, beta, 0);
 }
 
-static ct_status cpu_matmul_fp8_rows(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
-                                     const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n,
-                                     int64_t k, float alpha, float beta)
+static ct_status cpu_matmul_fp8_rows(ct_device *dev, float *c, const uint8_t *a, const float *a_scale,
+                                     ct_dtype a_fmt, const uint8_t *b, const float *b_scale, ct_dtype b_fmt,
+                                     int64_t m, int64_t n, int64_t k, float alpha, float beta)
 {
     CPU_OP_BEGIN(dev);
     return cpu_fp8_gemm(d, "matmul_fp8_rows", c, a, a_scale, a_fmt, b, b_scale, b_fmt, m, n, k, alpha, beta, 1);
 }
 
 /* Not in place: dst and src must not overlap. */
-static ct_status cpu_transpose(void *dev, float *dst, const float *src, int64_t rows, int64_t cols)
+static ct_status cpu_transpose(ct_device *dev, float *dst, const float *src, int64_t rows, int64_t cols)
 {
     CPU_OP_BEGIN(dev);
     CPU_REQUIRE(rows >= 0 && cols >= 0, "negative shape rows=%lld cols=%lld", (long long)rows,
@@ -1075,7 +1076,7 @@ static ct_status cpu_transpose(void *dev, float *dst, const float *src, int64_t 
 #define CPU_REQUIRE_BEGIN(begin)                                                                   \
     CPU_REQUIRE((begin) >= 0, "begin %lld, expected >= 0 (a vocabulary offset)", (long long)(begin))
 
-static ct_status cpu_embedding_forward_range(void *dev, float *out, const int32_t *ids,
+static ct_status cpu_embedding_forward_range(ct_device *dev, float *out, const int32_t *ids,
                                              const float *table, int64_t n, int64_t c,
                                              int64_t begin, int64_t rows)
 {
@@ -1091,7 +1092,7 @@ static ct_status cpu_embedding_forward_range(void *dev, float *out, const int32_
     return CT_OK;
 }
 
-static ct_status cpu_embedding_backward_range(void *dev, float *dtable, const int32_t *ids,
+static ct_status cpu_embedding_backward_range(ct_device *dev, float *dtable, const int32_t *ids,
                                               const float *dout, int64_t n, int64_t c,
                                               int64_t begin, int64_t rows)
 {
@@ -1108,7 +1109,7 @@ static ct_status cpu_embedding_backward_range(void *dev, float *dtable, const in
 }
 
 /* Targets are not checked: an id outside this shard's columns is simply not here. */
-static ct_status cpu_cross_entropy_stats(void *dev, float *stats, const float *logits,
+static ct_status cpu_cross_entropy_stats(ct_device *dev, float *stats, const float *logits,
                                          const int32_t *targets, int64_t n, int64_t v,
                                          int64_t begin, int32_t ignore_index)
 {
@@ -1123,7 +1124,7 @@ static ct_status cpu_cross_entropy_stats(void *dev, float *stats, const float *l
     return CT_OK;
 }
 
-static ct_status cpu_cross_entropy_backward_lse(void *dev, float *dlogits, const float *logits,
+static ct_status cpu_cross_entropy_backward_lse(ct_device *dev, float *dlogits, const float *logits,
                                                 const int32_t *targets, const float *lse,
                                                 float dloss, int64_t n, int64_t v, int64_t begin,
                                                 int32_t ignore_index)
@@ -1140,7 +1141,7 @@ static ct_status cpu_cross_entropy_backward_lse(void *dev, float *dlogits, const
     return CT_OK;
 }
 
-static ct_status cpu_copy_2d(void *dev, float *dst, int64_t dst_stride, const float *src,
+static ct_status cpu_copy_2d(ct_device *dev, float *dst, int64_t dst_stride, const float *src,
                              int64_t src_stride, int64_t rows, int64_t cols)
 {
     CPU_OP_BEGIN(dev);

@@ -364,7 +364,7 @@ static ct_status matmul_bf16(cuda_device *d, float *c, const float *a, const flo
     return st;
 }
 
-ct_status cuda_matmul(void *dev, float *c, const float *a, const float *b, int64_t m, int64_t n, int64_t k,
+ct_status cuda_matmul(ct_device *dev, float *c, const float *a, const float *b, int64_t m, int64_t n, int64_t k,
                       int trans_a, int trans_b, float alpha, float beta)
 {
     CUDA_OP_BEGIN(dev);
@@ -390,7 +390,7 @@ ct_status cuda_matmul(void *dev, float *c, const float *a, const float *b, int64
     return lt_run_locked(d, &key, c, a, b, alpha, beta, &no_algo);
 }
 
-ct_status cuda_set_matmul_dtype(void *dev, ct_dtype dtype)
+ct_status cuda_set_matmul_dtype(ct_device *dev, ct_dtype dtype)
 {
     CUDA_OP_BEGIN(dev);
     if (dtype != CT_F32 && dtype != CT_BF16)
@@ -461,7 +461,7 @@ static ct_status fp8_gemm(cuda_device *d, const char *op, float *c, const uint8_
     return st;
 }
 
-ct_status cuda_matmul_fp8(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
+ct_status cuda_matmul_fp8(ct_device *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
                           const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n, int64_t k,
                           float alpha, float beta)
 {
@@ -469,7 +469,7 @@ ct_status cuda_matmul_fp8(void *dev, float *c, const uint8_t *a, const float *a_
     return fp8_gemm(d, "matmul_fp8", c, a, a_scale, a_fmt, b, b_scale, b_fmt, m, n, k, alpha, beta, 0);
 }
 
-ct_status cuda_matmul_fp8_rows(void *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
+ct_status cuda_matmul_fp8_rows(ct_device *dev, float *c, const uint8_t *a, const float *a_scale, ct_dtype a_fmt,
                                const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n, int64_t k,
                                float alpha, float beta)
 {
@@ -479,7 +479,7 @@ ct_status cuda_matmul_fp8_rows(void *dev, float *c, const uint8_t *a, const floa
 
 /* Best rate of a 4096^3 f32 matmul timed with events: a warm-up, then repetitions until two
  * or more have run and 50 ms have passed (about 20 on an H100; never more than 10 timed). */
-ct_status cuda_measure_peak_flops(void *dev, double *flops_per_s)
+ct_status cuda_measure_peak_flops(ct_device *dev, double *flops_per_s)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE(flops_per_s != NULL, "null output");

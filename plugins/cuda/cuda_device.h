@@ -49,7 +49,7 @@ typedef struct cuda_cache {
 
 struct cuda_plans; /* blas.c: cached cuBLASLt matmul plans */
 
-typedef struct cuda_device {
+typedef struct ct_device { /* the ABI's opaque ct_device */
     const ct_host *host;
     int device;
     int tf32;
@@ -96,11 +96,11 @@ ct_status cuda_enter(cuda_device *d, const char *op);
 /* ---- memory (memory.c) ---- */
 ct_status cuda_cache_init(cuda_device *d);
 void cuda_cache_release(cuda_device *d); /* every block back to CUDA (destroy) */
-ct_status cuda_alloc(void *dev, size_t bytes, void **out);
-void cuda_free(void *dev, void *p);
-ct_status cuda_copy(void *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind);
-ct_status cuda_zero(void *dev, void *p, size_t bytes);
-ct_status cuda_synchronize(void *dev);
+ct_status cuda_alloc(ct_device *dev, size_t bytes, void **out);
+void cuda_free(ct_device *dev, void *p);
+ct_status cuda_copy(ct_device *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind);
+ct_status cuda_zero(ct_device *dev, void *p, size_t bytes);
+ct_status cuda_synchronize(ct_device *dev);
 /* bytes (<= CUDA_PINNED_BYTES) from device memory `src` into `dst`, waiting for the stream.
  * The caller holds d->op_lock. */
 ct_status cuda_readback(cuda_device *d, const char *op, void *dst, const void *src, size_t bytes);
@@ -114,9 +114,9 @@ ct_status cuda_no_capture(cuda_device *d, const char *op, const char *what);
 /* ---- dense algebra (blas.c) ---- */
 ct_status cuda_blas_init(cuda_device *d);
 void cuda_blas_release(cuda_device *d);
-ct_status cuda_matmul(void *dev, float *c, const float *a, const float *b, int64_t m, int64_t n, int64_t k,
-                      int trans_a, int trans_b, float alpha, float beta);
-ct_status cuda_measure_peak_flops(void *dev, double *flops_per_s);
+ct_status cuda_matmul(ct_device *dev, float *c, const float *a, const float *b, int64_t m, int64_t n,
+                      int64_t k, int trans_a, int trans_b, float alpha, float beta);
+ct_status cuda_measure_peak_flops(ct_device *dev, double *flops_per_s);
 
 /* ---- ops (ops.c; ops_ext.c: float8 and tensor parallel): argument checks, then launches ----
  * CUDA_OP(x) declares cuda_x with the exact type of ct_device_api's member x. */

@@ -110,7 +110,7 @@ static ct_status cuda_read_options(const ct_host *host, int64_t *device, int *tf
     return CT_OK;
 }
 
-static void cuda_destroy(void *dev);
+static void cuda_destroy(ct_device *dev);
 
 /* The stream, the cuBLAS handles, the readback words. Called with d's GPU current. */
 static ct_status cuda_open(cuda_device *d)
@@ -130,7 +130,7 @@ static ct_status cuda_open(cuda_device *d)
     return CT_OK;
 }
 
-static ct_status cuda_create(const ct_host *host, void **dev)
+static ct_status cuda_create(const ct_host *host, ct_device **dev)
 {
     if (!dev)
         return CT_ERR_INVALID;
@@ -191,7 +191,7 @@ static ct_status cuda_create(const ct_host *host, void **dev)
 
 /* Waits for the GPU, then returns everything to CUDA. The CUDA context itself stays: other
  * plugins of the process (NCCL) share it. */
-static void cuda_destroy(void *dev)
+static void cuda_destroy(ct_device *dev)
 {
     cuda_device *d = dev;
     if (!d)
@@ -211,7 +211,7 @@ static void cuda_destroy(void *dev)
     free(d);
 }
 
-static ct_status cuda_info(void *dev, ct_device_info *out)
+static ct_status cuda_info(ct_device *dev, ct_device_info *out)
 {
     CUDA_OP_BEGIN(dev);
     if (!out)

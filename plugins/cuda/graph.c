@@ -21,16 +21,16 @@
 
 #include <stdlib.h>
 
-typedef struct cuda_graph {
+typedef struct ct_graph { /* the ABI's opaque ct_graph */
     cudaGraphExec_t exec;
     unsigned serial;
 } cuda_graph;
 
-ct_status cuda_graph_begin(void *dev)
+ct_status cuda_graph_begin(ct_device *dev)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE(!d->capture, "a capture is already running");
-    void *stream;
+    ct_stream *stream;
     ct_status st = cuda_share_stream(d, &stream); /* CUDA cannot capture the legacy stream */
     if (st != CT_OK)
         return st;
@@ -45,7 +45,7 @@ ct_status cuda_graph_begin(void *dev)
     return CT_OK;
 }
 
-ct_status cuda_graph_end(void *dev, void **graph, int64_t *ops)
+ct_status cuda_graph_end(ct_device *dev, ct_graph **graph, int64_t *ops)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE(graph != NULL, "null output");
@@ -90,17 +90,17 @@ ct_status cuda_graph_end(void *dev, void **graph, int64_t *ops)
     return CT_OK;
 }
 
-ct_status cuda_graph_launch(void *dev, void *graph)
+ct_status cuda_graph_launch(ct_device *dev, ct_graph *graph)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE(graph != NULL, "null graph");
     CUDA_REQUIRE(!d->capture, "cannot launch a graph while a capture is running");
     CUDA_ENTER();
-    cudaError_t e = cudaGraphLaunch(((cuda_graph *)graph)->exec, d->stream);
+    cudaError_t e = cudaGraphLaunch(graph->exec, d->stream);
     return e == cudaSuccess ? CT_OK : cuda_error(d, "graph_launch", "cudaGraphLaunch", e);
 }
 
-void cuda_graph_free(void *dev, void *graph)
+void cuda_graph_free(ct_device *dev, ct_graph *graph)
 {
     cuda_device *d = dev;
     cuda_graph *g = graph;

@@ -24,20 +24,20 @@
 extern "C" {
 #endif
 
-struct cuda_device;
+struct ct_device;
 
 typedef struct cuk_env {
     cudaStream_t stream;
     int sms;                 /* multiprocessors: grid sizes of the grid-stride kernels */
     size_t smem_optin;       /* largest dynamic shared memory a block may ask for */
-    struct cuda_device *dev; /* for scratch memory */
+    struct ct_device *dev; /* for scratch memory */
 } cuk_env;
 
 /* Scratch device memory (memory.c) from the plugin's cache. A launcher hands it back right
  * after enqueueing the kernels that use it: everything runs on one stream, so the next user of
  * the block is ordered after them. NULL when there is no memory. */
-void *cuda_scratch_get(struct cuda_device *d, size_t bytes);
-void cuda_scratch_put(struct cuda_device *d, void *p);
+void *cuda_scratch_get(struct ct_device *d, size_t bytes);
+void cuda_scratch_put(struct ct_device *d, void *p);
 
 /* ---- validation (kernels_elementwise.cu) ---- */
 /* *bad = the first i with ids[i] outside [0, limit) (entries equal to `skip` are valid when

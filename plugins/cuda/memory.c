@@ -210,7 +210,7 @@ ct_status cuda_no_capture(cuda_device *d, const char *op, const char *what)
     return cuda_fail(d, CT_ERR_INVALID, op, "%s cannot be part of a graph (a capture is running)", what);
 }
 
-ct_status cuda_alloc(void *dev, size_t bytes, void **out)
+ct_status cuda_alloc(ct_device *dev, size_t bytes, void **out)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE(out != NULL, "null output");
@@ -234,7 +234,7 @@ ct_status cuda_alloc(void *dev, size_t bytes, void **out)
 
 /* NULL and pointers that are not ours are ignored (the ABI's free returns nothing to complain
  * with; a debug log notes the foreign pointer). */
-void cuda_free(void *dev, void *p)
+void cuda_free(ct_device *dev, void *p)
 {
     cuda_device *d = dev;
     if (!d || !p)
@@ -246,7 +246,7 @@ void cuda_free(void *dev, void *p)
         d->host->log(d->host, CT_LOG_WARN, "free: %p was not allocated by %s (ignored)", p, d->name);
 }
 
-void *cuda_scratch_get(struct cuda_device *d, size_t bytes)
+void *cuda_scratch_get(struct ct_device *d, size_t bytes)
 {
     cudaError_t err = cudaSuccess;
     size_t size = 0;
@@ -258,7 +258,7 @@ void *cuda_scratch_get(struct cuda_device *d, size_t bytes)
     return p;
 }
 
-void cuda_scratch_put(struct cuda_device *d, void *p)
+void cuda_scratch_put(struct ct_device *d, void *p)
 {
     if (!p)
         return;
@@ -289,7 +289,7 @@ static int overlaps(const void *a, const void *b, size_t n)
     return x < y + n && y < x + n;
 }
 
-ct_status cuda_copy(void *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind)
+ct_status cuda_copy(ct_device *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE(kind == CT_COPY_H2D || kind == CT_COPY_D2H || kind == CT_COPY_D2D, "unknown copy kind %d",
@@ -334,7 +334,7 @@ ct_status cuda_copy(void *dev, void *dst, const void *src, size_t bytes, ct_copy
     return e == cudaSuccess ? CT_OK : cuda_error(d, "copy", "cudaMemcpyAsync (overlapping device to device)", e);
 }
 
-ct_status cuda_zero(void *dev, void *p, size_t bytes)
+ct_status cuda_zero(ct_device *dev, void *p, size_t bytes)
 {
     CUDA_OP_BEGIN(dev);
     if (bytes == 0)
@@ -345,7 +345,7 @@ ct_status cuda_zero(void *dev, void *p, size_t bytes)
     return e == cudaSuccess ? CT_OK : cuda_error(d, "zero", "cudaMemsetAsync", e);
 }
 
-ct_status cuda_synchronize(void *dev)
+ct_status cuda_synchronize(ct_device *dev)
 {
     CUDA_OP_BEGIN(dev);
     ct_status st = cuda_no_capture(d, "synchronize", "waiting for the device");

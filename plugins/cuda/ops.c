@@ -57,7 +57,7 @@ static ct_status ids_check_end(cuda_device *d, const char *op, const char *what,
 
 /* ---------------------------------------------------------------- dense algebra */
 
-ct_status cuda_axpy(void *dev, float *y, const float *x, float alpha, int64_t n)
+ct_status cuda_axpy(ct_device *dev, float *y, const float *x, float alpha, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);
@@ -69,7 +69,7 @@ ct_status cuda_axpy(void *dev, float *y, const float *x, float alpha, int64_t n)
     return CT_OK;
 }
 
-ct_status cuda_add(void *dev, float *out, const float *a, const float *b, int64_t n)
+ct_status cuda_add(ct_device *dev, float *out, const float *a, const float *b, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);
@@ -81,7 +81,7 @@ ct_status cuda_add(void *dev, float *out, const float *a, const float *b, int64_
     return CT_OK;
 }
 
-ct_status cuda_scale(void *dev, float *x, float alpha, int64_t n)
+ct_status cuda_scale(ct_device *dev, float *x, float alpha, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);
@@ -110,7 +110,7 @@ static ct_status sum_generic(cuda_device *d, const char *op, double *out, const 
     return st;
 }
 
-ct_status cuda_sum(void *dev, double *out, const float *x, int64_t n)
+ct_status cuda_sum(ct_device *dev, double *out, const float *x, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);
@@ -118,7 +118,7 @@ ct_status cuda_sum(void *dev, double *out, const float *x, int64_t n)
     return sum_generic(d, "sum", out, x, n, 0);
 }
 
-ct_status cuda_sum_squares(void *dev, double *out, const float *x, int64_t n)
+ct_status cuda_sum_squares(ct_device *dev, double *out, const float *x, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);
@@ -126,7 +126,7 @@ ct_status cuda_sum_squares(void *dev, double *out, const float *x, int64_t n)
     return sum_generic(d, "sum_squares", out, x, n, 1);
 }
 
-ct_status cuda_sum_to_device(void *dev, float *out, const float *x, int64_t n)
+ct_status cuda_sum_to_device(ct_device *dev, float *out, const float *x, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);
@@ -171,14 +171,14 @@ static ct_status embedding_checked(cuda_device *d, const char *op, float *dst, c
     return st;
 }
 
-ct_status cuda_embedding_forward(void *dev, float *out, const int32_t *ids, const float *table, int64_t n,
+ct_status cuda_embedding_forward(ct_device *dev, float *out, const int32_t *ids, const float *table, int64_t n,
                                  int64_t c, int64_t vocab)
 {
     CUDA_OP_BEGIN(dev);
     return embedding_checked(d, "embedding_forward", out, ids, table, n, c, vocab, 0);
 }
 
-ct_status cuda_embedding_backward(void *dev, float *dtable, const int32_t *ids, const float *dout, int64_t n,
+ct_status cuda_embedding_backward(ct_device *dev, float *dtable, const int32_t *ids, const float *dout, int64_t n,
                                   int64_t c, int64_t vocab)
 {
     CUDA_OP_BEGIN(dev);
@@ -187,7 +187,7 @@ ct_status cuda_embedding_backward(void *dev, float *dtable, const int32_t *ids, 
 
 /* ---------------------------------------------------------------- norms, bias */
 
-ct_status cuda_rmsnorm_forward(void *dev, float *out, float *rstd, const float *x, const float *w, int64_t n,
+ct_status cuda_rmsnorm_forward(ct_device *dev, float *out, float *rstd, const float *x, const float *w, int64_t n,
                                int64_t c, float eps)
 {
     CUDA_OP_BEGIN(dev);
@@ -203,7 +203,7 @@ ct_status cuda_rmsnorm_forward(void *dev, float *out, float *rstd, const float *
     return CT_OK;
 }
 
-ct_status cuda_rmsnorm_backward_input(void *dev, float *dx, const float *dout, const float *x, const float *w,
+ct_status cuda_rmsnorm_backward_input(ct_device *dev, float *dx, const float *dout, const float *x, const float *w,
                                       const float *rstd, int64_t n, int64_t c)
 {
     CUDA_OP_BEGIN(dev);
@@ -217,8 +217,8 @@ ct_status cuda_rmsnorm_backward_input(void *dev, float *dx, const float *dout, c
     return CT_OK;
 }
 
-ct_status cuda_rmsnorm_backward_weight(void *dev, float *dw, const float *dout, const float *x, const float *rstd,
-                                       int64_t n, int64_t c)
+ct_status cuda_rmsnorm_backward_weight(ct_device *dev, float *dw, const float *dout, const float *x,
+                                       const float *rstd, int64_t n, int64_t c)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_ROWS(n, c);
@@ -230,7 +230,7 @@ ct_status cuda_rmsnorm_backward_weight(void *dev, float *dw, const float *dout, 
     return CT_OK;
 }
 
-ct_status cuda_layernorm_forward(void *dev, float *out, float *mean, float *rstd, const float *x, const float *w,
+ct_status cuda_layernorm_forward(ct_device *dev, float *out, float *mean, float *rstd, const float *x, const float *w,
                                  const float *b, int64_t n, int64_t c, float eps)
 {
     CUDA_OP_BEGIN(dev);
@@ -246,7 +246,7 @@ ct_status cuda_layernorm_forward(void *dev, float *out, float *mean, float *rstd
     return CT_OK;
 }
 
-ct_status cuda_layernorm_backward_input(void *dev, float *dx, const float *dout, const float *x, const float *w,
+ct_status cuda_layernorm_backward_input(ct_device *dev, float *dx, const float *dout, const float *x, const float *w,
                                         const float *mean, const float *rstd, int64_t n, int64_t c)
 {
     CUDA_OP_BEGIN(dev);
@@ -260,7 +260,7 @@ ct_status cuda_layernorm_backward_input(void *dev, float *dx, const float *dout,
     return CT_OK;
 }
 
-ct_status cuda_layernorm_backward_weight(void *dev, float *dw, float *db, const float *dout, const float *x,
+ct_status cuda_layernorm_backward_weight(ct_device *dev, float *dw, float *db, const float *dout, const float *x,
                                          const float *mean, const float *rstd, int64_t n, int64_t c)
 {
     CUDA_OP_BEGIN(dev);
@@ -273,7 +273,7 @@ ct_status cuda_layernorm_backward_weight(void *dev, float *dw, float *db, const 
     return CT_OK;
 }
 
-ct_status cuda_bias_forward(void *dev, float *out, const float *x, const float *bias, int64_t n, int64_t c)
+ct_status cuda_bias_forward(ct_device *dev, float *out, const float *x, const float *bias, int64_t n, int64_t c)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_ROWS(n, c);
@@ -286,7 +286,7 @@ ct_status cuda_bias_forward(void *dev, float *out, const float *x, const float *
     return CT_OK;
 }
 
-ct_status cuda_bias_backward(void *dev, float *dbias, const float *dout, int64_t n, int64_t c)
+ct_status cuda_bias_backward(ct_device *dev, float *dbias, const float *dout, int64_t n, int64_t c)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_ROWS(n, c);
@@ -321,15 +321,15 @@ static ct_status rope_checked(cuda_device *d, const char *op, float *out, const 
     return e == cudaSuccess ? CT_OK : cuda_error(d, op, "kernel launch", e);
 }
 
-ct_status cuda_rope_forward(void *dev, float *out, const float *x, int64_t b, int64_t t, int64_t h, int64_t hd,
+ct_status cuda_rope_forward(ct_device *dev, float *out, const float *x, int64_t b, int64_t t, int64_t h, int64_t hd,
                             float theta)
 {
     CUDA_OP_BEGIN(dev);
     return rope_checked(d, "rope_forward", out, x, b, t, h, hd, theta, 0);
 }
 
-ct_status cuda_rope_backward(void *dev, float *dx, const float *dout, int64_t b, int64_t t, int64_t h, int64_t hd,
-                             float theta)
+ct_status cuda_rope_backward(ct_device *dev, float *dx, const float *dout, int64_t b, int64_t t, int64_t h,
+                             int64_t hd, float theta)
 {
     CUDA_OP_BEGIN(dev);
     return rope_checked(d, "rope_backward", dx, dout, b, t, h, hd, theta, 1);
@@ -364,8 +364,8 @@ static ct_status attention_check(cuda_device *d, const char *op, int64_t b, int6
     return CT_OK;
 }
 
-ct_status cuda_attention_forward(void *dev, float *out, float *lse, const float *q, const float *k, const float *v,
-                                 int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t hd)
+ct_status cuda_attention_forward(ct_device *dev, float *out, float *lse, const float *q, const float *k,
+                                 const float *v, int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t hd)
 {
     CUDA_OP_BEGIN(dev);
     ct_status st = attention_check(d, "attention_forward", b, t, h, kvh, hd);
@@ -379,7 +379,7 @@ ct_status cuda_attention_forward(void *dev, float *out, float *lse, const float 
     return CT_OK;
 }
 
-ct_status cuda_attention_backward(void *dev, float *dq, float *dk, float *dv, const float *dout, const float *q,
+ct_status cuda_attention_backward(ct_device *dev, float *dq, float *dk, float *dv, const float *dout, const float *q,
                                   const float *k, const float *v, const float *out, const float *lse, int64_t b,
                                   int64_t t, int64_t h, int64_t kvh, int64_t hd)
 {
@@ -397,7 +397,7 @@ ct_status cuda_attention_backward(void *dev, float *dq, float *dk, float *dv, co
 
 /* ---------------------------------------------------------------- activations */
 
-ct_status cuda_swiglu_forward(void *dev, float *out, const float *a, const float *g, int64_t n)
+ct_status cuda_swiglu_forward(ct_device *dev, float *out, const float *a, const float *g, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);
@@ -409,8 +409,8 @@ ct_status cuda_swiglu_forward(void *dev, float *out, const float *a, const float
     return CT_OK;
 }
 
-ct_status cuda_swiglu_backward(void *dev, float *da, float *dg, const float *dout, const float *a, const float *g,
-                               int64_t n)
+ct_status cuda_swiglu_backward(ct_device *dev, float *da, float *dg, const float *dout, const float *a,
+                               const float *g, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);
@@ -422,7 +422,7 @@ ct_status cuda_swiglu_backward(void *dev, float *da, float *dg, const float *dou
     return CT_OK;
 }
 
-ct_status cuda_gelu_forward(void *dev, float *out, const float *x, int64_t n)
+ct_status cuda_gelu_forward(ct_device *dev, float *out, const float *x, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);
@@ -434,7 +434,7 @@ ct_status cuda_gelu_forward(void *dev, float *out, const float *x, int64_t n)
     return CT_OK;
 }
 
-ct_status cuda_gelu_backward(void *dev, float *dx, const float *dout, const float *x, int64_t n)
+ct_status cuda_gelu_backward(ct_device *dev, float *dx, const float *dout, const float *x, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);
@@ -482,7 +482,7 @@ static ct_status cross_entropy_checked(cuda_device *d, const char *op, float *ds
     return st;
 }
 
-ct_status cuda_cross_entropy_forward(void *dev, float *losses, const float *logits, const int32_t *targets,
+ct_status cuda_cross_entropy_forward(ct_device *dev, float *losses, const float *logits, const int32_t *targets,
                                      int64_t n, int64_t v, int32_t ignore_index)
 {
     CUDA_OP_BEGIN(dev);
@@ -490,7 +490,7 @@ ct_status cuda_cross_entropy_forward(void *dev, float *losses, const float *logi
                                  0);
 }
 
-ct_status cuda_cross_entropy_backward(void *dev, float *dlogits, const float *logits, const int32_t *targets,
+ct_status cuda_cross_entropy_backward(ct_device *dev, float *dlogits, const float *logits, const int32_t *targets,
                                       float dloss, int64_t n, int64_t v, int32_t ignore_index)
 {
     CUDA_OP_BEGIN(dev);
@@ -498,7 +498,7 @@ ct_status cuda_cross_entropy_backward(void *dev, float *dlogits, const float *lo
                                  ignore_index, 1);
 }
 
-ct_status cuda_cross_entropy_backward_dev(void *dev, float *dlogits, const float *logits, const int32_t *targets,
+ct_status cuda_cross_entropy_backward_dev(ct_device *dev, float *dlogits, const float *logits, const int32_t *targets,
                                           const float *dloss, int64_t n, int64_t v, int32_t ignore_index)
 {
     CUDA_OP_BEGIN(dev);
@@ -509,7 +509,7 @@ ct_status cuda_cross_entropy_backward_dev(void *dev, float *dlogits, const float
 
 /* ---------------------------------------------------------------- optimizer, precision */
 
-ct_status cuda_adamw(void *dev, float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+ct_status cuda_adamw(ct_device *dev, float *param, const float *grad, float *m, float *v, int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, int64_t step)
 {
     CUDA_OP_BEGIN(dev);
@@ -529,7 +529,7 @@ ct_status cuda_adamw(void *dev, float *param, const float *grad, float *m, float
     return CT_OK;
 }
 
-ct_status cuda_cast_f32_to_bf16(void *dev, uint16_t *dst, const float *src, int64_t n)
+ct_status cuda_cast_f32_to_bf16(ct_device *dev, uint16_t *dst, const float *src, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);
@@ -541,7 +541,7 @@ ct_status cuda_cast_f32_to_bf16(void *dev, uint16_t *dst, const float *src, int6
     return CT_OK;
 }
 
-ct_status cuda_cast_bf16_to_f32(void *dev, float *dst, const uint16_t *src, int64_t n)
+ct_status cuda_cast_bf16_to_f32(ct_device *dev, float *dst, const uint16_t *src, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);
@@ -553,7 +553,7 @@ ct_status cuda_cast_bf16_to_f32(void *dev, float *dst, const uint16_t *src, int6
     return CT_OK;
 }
 
-ct_status cuda_round_bf16(void *dev, float *x, int64_t n)
+ct_status cuda_round_bf16(ct_device *dev, float *x, int64_t n)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE_LEN(n);

@@ -27,7 +27,7 @@ static ct_status fp8_format_check(cuda_device *d, const char *op, ct_dtype fmt)
     return CT_OK;
 }
 
-ct_status cuda_amax(void *dev, float *amax, const float *src, int64_t n, int64_t group)
+ct_status cuda_amax(ct_device *dev, float *amax, const float *src, int64_t n, int64_t group)
 {
     CUDA_OP_BEGIN(dev);
     ct_status st = group_check(d, "amax", n, group);
@@ -42,7 +42,7 @@ ct_status cuda_amax(void *dev, float *amax, const float *src, int64_t n, int64_t
 }
 
 /* Scales are not checked (they may come from a device-side amax), as on the CPU. */
-ct_status cuda_quantize_fp8(void *dev, uint8_t *dst, const float *src, const float *scale, int64_t n,
+ct_status cuda_quantize_fp8(ct_device *dev, uint8_t *dst, const float *src, const float *scale, int64_t n,
                             int64_t group, ct_dtype fmt)
 {
     CUDA_OP_BEGIN(dev);
@@ -59,7 +59,7 @@ ct_status cuda_quantize_fp8(void *dev, uint8_t *dst, const float *src, const flo
     return CT_OK;
 }
 
-ct_status cuda_dequantize_fp8(void *dev, float *dst, const uint8_t *src, const float *scale, int64_t n,
+ct_status cuda_dequantize_fp8(ct_device *dev, float *dst, const uint8_t *src, const float *scale, int64_t n,
                               int64_t group, ct_dtype fmt)
 {
     CUDA_OP_BEGIN(dev);
@@ -77,7 +77,7 @@ ct_status cuda_dequantize_fp8(void *dev, float *dst, const uint8_t *src, const f
 }
 
 /* Not in place: dst and src must not overlap. */
-ct_status cuda_transpose(void *dev, float *dst, const float *src, int64_t rows, int64_t cols)
+ct_status cuda_transpose(ct_device *dev, float *dst, const float *src, int64_t rows, int64_t cols)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE(rows >= 0 && cols >= 0, "negative shape rows=%lld cols=%lld", (long long)rows, (long long)cols);
@@ -99,7 +99,7 @@ ct_status cuda_transpose(void *dev, float *dst, const float *src, int64_t rows, 
 #define CUDA_REQUIRE_BEGIN(begin)                                                                  \
     CUDA_REQUIRE((begin) >= 0, "begin %lld, expected >= 0 (a vocabulary offset)", (long long)(begin))
 
-ct_status cuda_embedding_forward_range(void *dev, float *out, const int32_t *ids, const float *table, int64_t n,
+ct_status cuda_embedding_forward_range(ct_device *dev, float *out, const int32_t *ids, const float *table, int64_t n,
                                        int64_t c, int64_t begin, int64_t rows)
 {
     CUDA_OP_BEGIN(dev);
@@ -117,8 +117,8 @@ ct_status cuda_embedding_forward_range(void *dev, float *out, const int32_t *ids
     return CT_OK;
 }
 
-ct_status cuda_embedding_backward_range(void *dev, float *dtable, const int32_t *ids, const float *dout, int64_t n,
-                                        int64_t c, int64_t begin, int64_t rows)
+ct_status cuda_embedding_backward_range(ct_device *dev, float *dtable, const int32_t *ids, const float *dout,
+                                        int64_t n, int64_t c, int64_t begin, int64_t rows)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE(n >= 0 && c >= 0 && rows >= 0, "negative shape n=%lld c=%lld rows=%lld", (long long)n,
@@ -137,8 +137,8 @@ ct_status cuda_embedding_backward_range(void *dev, float *dtable, const int32_t 
 }
 
 /* Targets are not checked: an id outside this shard's columns is simply not here. */
-ct_status cuda_cross_entropy_stats(void *dev, float *stats, const float *logits, const int32_t *targets, int64_t n,
-                                   int64_t v, int64_t begin, int32_t ignore_index)
+ct_status cuda_cross_entropy_stats(ct_device *dev, float *stats, const float *logits, const int32_t *targets,
+                                   int64_t n, int64_t v, int64_t begin, int32_t ignore_index)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE(n >= 0 && v >= 0, "negative shape n=%lld v=%lld", (long long)n, (long long)v);
@@ -154,7 +154,7 @@ ct_status cuda_cross_entropy_stats(void *dev, float *stats, const float *logits,
     return CT_OK;
 }
 
-ct_status cuda_cross_entropy_backward_lse(void *dev, float *dlogits, const float *logits, const int32_t *targets,
+ct_status cuda_cross_entropy_backward_lse(ct_device *dev, float *dlogits, const float *logits, const int32_t *targets,
                                           const float *lse, float dloss, int64_t n, int64_t v, int64_t begin,
                                           int32_t ignore_index)
 {
@@ -176,7 +176,7 @@ ct_status cuda_cross_entropy_backward_lse(void *dev, float *dlogits, const float
 /* dst[r * dst_stride + j] = src[r * src_stride + j]: one 2D copy on the stream. Overlapping spans
  * go through a scratch block, so the result is src as it was before the call (which is what the
  * CPU plugin's memmove gives for the overlaps it defines: whole rows moved within one buffer). */
-ct_status cuda_copy_2d(void *dev, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+ct_status cuda_copy_2d(ct_device *dev, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                        int64_t rows, int64_t cols)
 {
     CUDA_OP_BEGIN(dev);

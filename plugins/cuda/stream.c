@@ -21,7 +21,7 @@
  */
 #include "cuda_device.h"
 
-ct_status cuda_share_stream(void *dev, void **stream)
+ct_status cuda_share_stream(ct_device *dev, ct_stream **stream)
 {
     CUDA_OP_BEGIN(dev);
     CUDA_REQUIRE(stream != NULL, "null output");
@@ -31,7 +31,7 @@ ct_status cuda_share_stream(void *dev, void **stream)
     /* op_lock: cuBLAS's handle (blas.c calls it under this lock) and the readbacks' stream */
     pthread_mutex_lock(&d->op_lock);
     if (d->stream != cudaStreamLegacy) {
-        *stream = d->stream;
+        *stream = (ct_stream *)d->stream;
         goto out;
     }
     /* Everything queued so far finishes on the legacy stream, so the new stream starts with no
@@ -54,7 +54,7 @@ ct_status cuda_share_stream(void *dev, void **stream)
     }
     d->stream = s;
     d->env.stream = s;
-    *stream = s;
+    *stream = (ct_stream *)s; /* the ABI's ct_stream is a cudaStream_t here */
     if (d->host && d->host->log)
         d->host->log(d->host, CT_LOG_DEBUG, "%s: computing on a shared non-blocking stream", d->name);
 out:

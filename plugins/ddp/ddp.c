@@ -6,16 +6,16 @@
 
 #include <stdlib.h>
 
-typedef struct ddp {
+typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     const ct_host *host;
     ct_strategy_env env;
     ct_mesh_info mesh;
     ct_param_slot *slots;
     int n_slots, n_units;
-    void **req; /* per slot: pending all_reduce */
+    ct_comm_request **req; /* per slot: pending all_reduce */
 } ddp;
 
-static ct_status ddp_create(const ct_host *h, const ct_strategy_env *env, void **out) {
+static ct_status ddp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
     if (env->mesh->degree[CT_AXIS_DP_SHARD] > 1) {
         h->set_error(h, "DDP replicates only; use fsdp for data_parallel_shard_degree > 1");
         return CT_ERR_INVALID;
@@ -29,58 +29,58 @@ static ct_status ddp_create(const ct_host *h, const ct_strategy_env *env, void *
     return CT_OK;
 }
 
-static void ddp_destroy(void *p) {
+static void ddp_destroy(ct_strategy *p) {
     ddp *d = p;
     if (!d) return;
     free(d->req);
     free(d);
 }
 
-static ct_status ddp_place(void *p, ct_param_slot *slots, int n) {
+static ct_status ddp_place(ct_strategy *p, ct_param_slot *slots, int n) {
     (void)p;
     for (int i = 0; i < n; i++) {
-        if (slots[i].placement == CT_PLACE_NONE) continue; /* another pipeline stage's */
-        slots[i].placement = CT_PLACE_REPLICATE;
-        slots[i].local_numel = slots[i].numel;
-        slots[i].offset = 0;
+        if (CT_SLOT_AT(slots, i)->placement == CT_PLACE_NONE) continue; /* another pipeline stage's */
+        CT_SLOT_AT(slots, i)->placement = CT_PLACE_REPLICATE;
+        CT_SLOT_AT(slots, i)->local_numel = CT_SLOT_AT(slots, i)->numel;
+        CT_SLOT_AT(slots, i)->offset = 0;
     }
     return CT_OK;
 }
 
-static ct_status ddp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
+static ct_status ddp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_units) {
     ddp *d = p;
     d->slots = slots;
     d->n_slots = n;
     d->n_units = n_units;
-    d->req = calloc((size_t)n + 1, sizeof(void *));
+    d->req = calloc((size_t)n + 1, sizeof *d->req);
     if (!d->req) return CT_ERR_NOMEM;
     for (int i = 0; i < n; i++) { /* the model computes on the replica itself */
-        slots[i].param->data = slots[i].local_data;
-        slots[i].param->grad = slots[i].local_grad;
+        CT_SLOT_AT(slots, i)->param->data = CT_SLOT_AT(slots, i)->local_data;
+        CT_SLOT_AT(slots, i)->param->grad = CT_SLOT_AT(slots, i)->local_grad;
     }
     return CT_OK;
 }
 
-static ct_status ddp_noop(void *p, int unit) {
+static ct_status ddp_noop(ct_strategy *p, int unit) {
     (void)p;
     (void)unit;
     return CT_OK;
 }
 
-static ct_status ddp_post_backward(void *p, int unit, int last_microbatch) {
+static ct_status ddp_post_backward(ct_strategy *p, int unit, int last_microbatch) {
     ddp *d = p;
     if (!last_microbatch) return CT_OK; /* accumulate locally until the step's last microbatch */
     for (int i = 0; i < d->n_slots; i++) {
-        if (d->slots[i].unit != unit || d->slots[i].placement == CT_PLACE_NONE) continue;
-        ct_status st = d->env.capi->all_reduce(d->env.comm, d->mesh.group[CT_AXIS_DP_REPLICATE], d->slots[i].local_grad,
-                                               d->slots[i].local_grad, d->slots[i].numel, CT_F32, CT_REDUCE_SUM,
+        if (CT_SLOT_AT(d->slots, i)->unit != unit || CT_SLOT_AT(d->slots, i)->placement == CT_PLACE_NONE) continue;
+        ct_status st = d->env.capi->all_reduce(d->env.comm, d->mesh.group[CT_AXIS_DP_REPLICATE], CT_SLOT_AT(d->slots, i)->local_grad,
+                                               CT_SLOT_AT(d->slots, i)->local_grad, CT_SLOT_AT(d->slots, i)->numel, CT_F32, CT_REDUCE_SUM,
                                                &d->req[i]);
         if (st) return st;
     }
     return CT_OK;
 }
 
-static ct_status ddp_finish_backward(void *p) {
+static ct_status ddp_finish_backward(ct_strategy *p) {
     ddp *d = p;
     for (int i = 0; i < d->n_slots; i++) {
         if (!d->req[i]) continue;

@@ -34,10 +34,10 @@ typedef struct buf {
     size_t cap;
 } buf;
 
-typedef struct f8 {
+typedef struct ct_quantizer { /* the ABI's opaque ct_quantizer */
     const ct_host *host;
     const ct_device_api *d;
-    void *dev;
+    ct_device *dev;
     recipe r;
     const char *filter; /* comma-separated substrings of weight names left in high precision */
     buf a, b, t, q8, sc; /* scratch: two dequantised operands, a transpose, fp8 bytes, scales */
@@ -73,10 +73,10 @@ static size_t edit_distance(const char *a, const char *b) {
     return prev[lb];
 }
 
-static void f8_destroy(void *p);
+static void f8_destroy(ct_quantizer *p);
 static ct_status probe_device_gemm(f8 *q);
 
-static ct_status f8_create(const ct_host *h, const ct_device_api *d, void *dev, void **out) {
+static ct_status f8_create(const ct_host *h, const ct_device_api *d, ct_device *dev, ct_quantizer **out) {
     const char *fmt = "tensorwise", *filter = "output";
     h->opt_string(h, "format", &fmt);
     h->opt_string(h, "filter_fqns", &filter);
@@ -124,7 +124,7 @@ static void buf_free(f8 *q, buf *b) {
     b->cap = 0;
 }
 
-static void f8_destroy(void *p) {
+static void f8_destroy(ct_quantizer *p) {
     f8 *q = p;
     if (!q) return;
     buf_free(q, &q->a);
@@ -152,7 +152,7 @@ static void *need(f8 *q, buf *b, size_t bytes) {
     return b->p;
 }
 
-static int f8_converts(void *p, const ct_tensor *w, const char **why) {
+static int f8_converts(ct_quantizer *p, const ct_tensor *w, const char **why) {
     f8 *q = p;
     const char *name = w->name ? w->name : "";
     for (const char *f = q->filter; *f;) {
@@ -327,7 +327,7 @@ static ct_status probe_device_gemm(f8 *q) {
         return CT_OK;
     }
     const char *op_name = rowwise(q) ? "matmul_fp8_rows" : "matmul_fp8";
-    ct_status (*gemm)(void *, float *, const uint8_t *, const float *, ct_dtype, const uint8_t *, const float *,
+    ct_status (*gemm)(ct_device *, float *, const uint8_t *, const float *, ct_dtype, const uint8_t *, const float *,
                       ct_dtype, int64_t, int64_t, int64_t, float, float) = NULL;
     if (rowwise(q) && CT_HAS_FIELD(q->d, ct_device_api, matmul_fp8_rows)) gemm = q->d->matmul_fp8_rows;
     if (tensorwise(q) && CT_HAS_FIELD(q->d, ct_device_api, matmul_fp8)) gemm = q->d->matmul_fp8;
@@ -361,7 +361,8 @@ static ct_status probe_device_gemm(f8 *q) {
     return CT_OK;
 }
 
-static ct_status f8_forward(void *p, float *y, const float *x, const float *w, int64_t n, int64_t out, int64_t in) {
+static ct_status f8_forward(ct_quantizer *p, float *y, const float *x, const float *w, int64_t n, int64_t out,
+                            int64_t in) {
     f8 *q = p;
     if (q->device_gemm) /* y (n, out) = x (n, in) w (out, in)^T: both k-contiguous already */
         return device_gemm(q, y, x, 0, fmt_in(q), w, 0, fmt_in(q), n, out, in, 0.0f, 0);
@@ -372,7 +373,7 @@ static ct_status f8_forward(void *p, float *y, const float *x, const float *w, i
     return q->d->matmul(q->dev, y, xq, wq, n, out, in, 0, 1, 1.0f, 0.0f);
 }
 
-static ct_status f8_backward_input(void *p, float *dx, const float *dy, const float *w, int64_t n, int64_t out,
+static ct_status f8_backward_input(ct_quantizer *p, float *dx, const float *dy, const float *w, int64_t n, int64_t out,
                                    int64_t in) {
     f8 *q = p;
     if (q->device_gemm) /* dx (n, in) += dy (n, out) (w^T (in, out))^T: w transposed */
@@ -387,7 +388,7 @@ static ct_status f8_backward_input(void *p, float *dx, const float *dy, const fl
     return q->d->matmul(q->dev, dx, gq, wq, n, in, out, 0, 0, 1.0f, 1.0f);
 }
 
-static ct_status f8_backward_weight(void *p, float *dw, const float *dy, const float *x, int64_t n, int64_t out,
+static ct_status f8_backward_weight(ct_quantizer *p, float *dw, const float *dy, const float *x, int64_t n, int64_t out,
                                     int64_t in) {
     f8 *q = p;
     if (q->r == R_ROWWISE_GW_HP) return q->d->matmul(q->dev, dw, dy, x, out, in, n, 1, 0, 1.0f, 1.0f);

@@ -21,16 +21,16 @@ typedef struct unit_state {
     int *params;
     int n;
     float **q8_local, **q8_full; /* float8 all-gather: this rank's e4m3 shard and the gathered bytes */
-    int gathered;   /* full parameters valid (or being gathered) */
-    float **full;   /* per param: its gathered buffer while gathered (owned here, so destroy frees it) */
+    int gathered;            /* full parameters valid (or being gathered) */
+    float **full;            /* per param: its gathered buffer while gathered (owned here, so destroy frees it) */
     int64_t *full_numel;
-    void **greq;    /* per param: pending all_gather */
-    float **rs_out; /* per param: reduce-scatter output (local_numel) */
-    void **rsreq;   /* per param: pending reduce-scatter */
+    ct_comm_request **greq;  /* per param: pending all_gather */
+    float **rs_out;          /* per param: reduce-scatter output (local_numel) */
+    ct_comm_request **rsreq; /* per param: pending reduce-scatter */
     int rs_pending;
 } unit_state;
 
-typedef struct fsdp {
+typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     const ct_host *host;
     ct_strategy_env env;
     ct_mesh_info mesh;
@@ -55,9 +55,9 @@ static const ct_option_spec options[] = {
 #define DAPI(f) (f)->env.dapi
 #define CAPI(f) (f)->env.capi
 
-static void *shard_group(fsdp *f) { return f->mesh.group[CT_AXIS_DP_SHARD]; }
+static ct_comm_group *shard_group(fsdp *f) { return f->mesh.group[CT_AXIS_DP_SHARD]; }
 
-static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, void **out) {
+static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
     fsdp *f = calloc(1, sizeof *f);
     if (!f) return CT_ERR_NOMEM;
     f->host = h;
@@ -127,11 +127,11 @@ static void buf_put(fsdp *f, float *p, int64_t n) {
 
 static int64_t full_n(fsdp *f, const ct_param_slot *s) { return s->local_numel * f->mesh.degree[CT_AXIS_DP_SHARD]; }
 
-static ct_status fsdp_place(void *p, ct_param_slot *slots, int n) {
+static ct_status fsdp_place(ct_strategy *p, ct_param_slot *slots, int n) {
     fsdp *f = p;
     int S = f->mesh.degree[CT_AXIS_DP_SHARD], r = f->mesh.coord[CT_AXIS_DP_SHARD];
     for (int i = 0; i < n; i++) {
-        ct_param_slot *s = &slots[i];
+        ct_param_slot *s = CT_SLOT_AT(slots, i);
         if (s->placement == CT_PLACE_NONE) continue; /* another pipeline stage's */
         int64_t rows = s->param->ndim ? s->param->shape[0] : 1, row = s->numel / (rows ? rows : 1);
         int64_t rows_per = (rows + S - 1) / S; /* dim-0 blocks, the last ones padded */
@@ -143,7 +143,7 @@ static ct_status fsdp_place(void *p, ct_param_slot *slots, int n) {
     return CT_OK;
 }
 
-static ct_status fsdp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
+static ct_status fsdp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_units) {
     fsdp *f = p;
     f->slots = slots;
     f->n_slots = n;
@@ -151,22 +151,22 @@ static ct_status fsdp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
     f->units = calloc((size_t)n_units, sizeof(unit_state));
     if (!f->units) return CT_ERR_NOMEM;
     for (int i = 0; i < n; i++) {
-        if (slots[i].unit < 0 || slots[i].unit >= n_units) return CT_ERR_INVALID;
-        if (slots[i].placement == CT_PLACE_NONE) continue;
-        unit_state *u = &f->units[slots[i].unit];
+        if (CT_SLOT_AT(slots, i)->unit < 0 || CT_SLOT_AT(slots, i)->unit >= n_units) return CT_ERR_INVALID;
+        if (CT_SLOT_AT(slots, i)->placement == CT_PLACE_NONE) continue;
+        unit_state *u = &f->units[CT_SLOT_AT(slots, i)->unit];
         int *grown = realloc(u->params, sizeof(int) * (size_t)(u->n + 1));
         if (!grown) return CT_ERR_NOMEM;
         u->params = grown;
         u->params[u->n++] = i;
-        slots[i].param->data = NULL;
-        slots[i].param->grad = NULL;
+        CT_SLOT_AT(slots, i)->param->data = NULL;
+        CT_SLOT_AT(slots, i)->param->grad = NULL;
     }
     for (int k = 0; k < n_units; k++) {
         unit_state *u = &f->units[k];
-        u->greq = calloc((size_t)u->n + 1, sizeof(void *));
+        u->greq = calloc((size_t)u->n + 1, sizeof *u->greq);
         u->full = calloc((size_t)u->n + 1, sizeof(float *));
         u->full_numel = calloc((size_t)u->n + 1, sizeof(int64_t));
-        u->rsreq = calloc((size_t)u->n + 1, sizeof(void *));
+        u->rsreq = calloc((size_t)u->n + 1, sizeof *u->rsreq);
         u->rs_out = calloc((size_t)u->n + 1, sizeof(float *));
         u->q8_local = calloc((size_t)u->n + 1, sizeof(float *));
         u->q8_full = calloc((size_t)u->n + 1, sizeof(float *));
@@ -191,14 +191,14 @@ static ct_status fp8_precompute(fsdp *f) {
     if (!amax) return CT_ERR_NOMEM;
     ct_status st = CT_OK;
     for (int i = 0; i < f->n_slots && !st; i++) {
-        ct_param_slot *s = &f->slots[i];
+        ct_param_slot *s = CT_SLOT_AT(f->slots, i);
         if (!is_fp8(f, s) || s->placement == CT_PLACE_NONE) continue;
         st = DAPI(f)->amax(f->env.dev, f->dev_scales + i, s->local_data, s->local_numel, s->local_numel);
         if (!st) st = DAPI(f)->copy(f->env.dev, &amax[nq++], f->dev_scales + i, sizeof(float), CT_COPY_D2H);
     }
     if (!st && nq) st = CAPI(f)->all_reduce(f->env.comm, shard_group(f), amax, amax, nq, CT_F32, CT_REDUCE_MAX, NULL);
     for (int i = 0, q = 0; i < f->n_slots && !st; i++) {
-        ct_param_slot *s = &f->slots[i];
+        ct_param_slot *s = CT_SLOT_AT(f->slots, i);
         if (!is_fp8(f, s) || s->placement == CT_PLACE_NONE) continue;
         float a = amax[q++], sc = a != a ? a : 448.0f / (a > 1e-12f ? a : 1e-12f);
         f->host_scales[i] = sc;
@@ -214,7 +214,7 @@ static ct_status fp8_precompute(fsdp *f) {
 static ct_status fp8_prepare(fsdp *f, unit_state *u) {
     ct_status st = f->scales_fresh ? CT_OK : fp8_precompute(f);
     for (int j = 0; j < u->n && !st; j++) {
-        ct_param_slot *s = &f->slots[u->params[j]];
+        ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         if (!is_fp8(f, s)) continue;
         u->q8_local[j] = buf_get(f, (s->local_numel + 3) / 4);
         u->q8_full[j] = buf_get(f, (full_n(f, s) + 3) / 4);
@@ -233,7 +233,7 @@ static ct_status gather_start(fsdp *f, int k) {
     ct_status st = f->fp8 ? fp8_prepare(f, u) : CT_OK;
     if (st) return st;
     for (int j = 0; j < u->n; j++) {
-        ct_param_slot *s = &f->slots[u->params[j]];
+        ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         float *full = buf_get(f, full_n(f, s));
         if (!full) {
             f->host->set_error(f->host, "cannot allocate %lld floats to gather %s", (long long)full_n(f, s),
@@ -265,7 +265,7 @@ static ct_status gather_wait(fsdp *f, int k) {
         st = CAPI(f)->wait(f->env.comm, u->greq[j]);
         u->greq[j] = NULL;
         if (st) return st;
-        ct_param_slot *s = &f->slots[u->params[j]];
+        ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         if (u->q8_full[j]) { /* float8 bytes -> the f32 values on the e4m3 grid the quantizer would make */
             st = DAPI(f)->dequantize_fp8(f->env.dev, s->param->data, (const uint8_t *)u->q8_full[j],
                                          f->dev_scales + u->params[j], full_n(f, s), full_n(f, s), CT_F8_E4M3);
@@ -285,7 +285,7 @@ static ct_status gather_wait(fsdp *f, int k) {
 static void release_params(fsdp *f, int k) {
     unit_state *u = &f->units[k];
     for (int j = 0; j < u->n; j++) {
-        ct_param_slot *s = &f->slots[u->params[j]];
+        ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         buf_put(f, s->param->data, full_n(f, s));
         s->param->data = NULL;
         u->full[j] = NULL;
@@ -293,7 +293,7 @@ static void release_params(fsdp *f, int k) {
     u->gathered = 0;
 }
 
-static ct_status fsdp_pre_forward(void *p, int k) {
+static ct_status fsdp_pre_forward(ct_strategy *p, int k) {
     fsdp *f = p;
     if (k == 0) /* a new pass: parameters a forward-only pass left gathered may be stale */
         for (int j = 0; j < f->n_units; j++)
@@ -307,20 +307,20 @@ static ct_status fsdp_pre_forward(void *p, int k) {
     return st;
 }
 
-static ct_status fsdp_post_forward(void *p, int k) {
+static ct_status fsdp_post_forward(ct_strategy *p, int k) {
     fsdp *f = p;
     int last = k == f->n_units - 1;
     if (f->reshard == 2 || (f->reshard == 1 && !last)) release_params(f, k);
     return CT_OK;
 }
 
-static ct_status fsdp_pre_backward(void *p, int k) {
+static ct_status fsdp_pre_backward(ct_strategy *p, int k) {
     fsdp *f = p;
     ct_status st = gather_wait(f, k);
     if (st) return st;
     unit_state *u = &f->units[k];
     for (int j = 0; j < u->n; j++) { /* fresh full gradients, zeroed: the tape accumulates into them */
-        ct_param_slot *s = &f->slots[u->params[j]];
+        ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         float *g = buf_get(f, full_n(f, s));
         if (!g) return CT_ERR_NOMEM;
         st = DAPI(f)->zero(f->env.dev, g, sizeof(float) * (size_t)full_n(f, s));
@@ -336,7 +336,7 @@ static ct_status rs_finish(fsdp *f, int k) {
     if (!u->rs_pending) return CT_OK;
     ct_status st = CT_OK;
     for (int j = 0; j < u->n && !st; j++) {
-        ct_param_slot *s = &f->slots[u->params[j]];
+        ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         st = CAPI(f)->wait(f->env.comm, u->rsreq[j]);
         u->rsreq[j] = NULL;
         if (!st && f->mesh.degree[CT_AXIS_DP_REPLICATE] > 1) /* HSDP: sum the shard over replicas */
@@ -352,12 +352,12 @@ static ct_status rs_finish(fsdp *f, int k) {
     return st;
 }
 
-static ct_status fsdp_post_backward(void *p, int k, int last_microbatch) {
+static ct_status fsdp_post_backward(ct_strategy *p, int k, int last_microbatch) {
     fsdp *f = p;
     (void)last_microbatch; /* FSDP2 reduce-scatters every microbatch into the local shard */
     unit_state *u = &f->units[k];
     for (int j = 0; j < u->n; j++) {
-        ct_param_slot *s = &f->slots[u->params[j]];
+        ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         u->rs_out[j] = buf_get(f, s->local_numel);
         if (!u->rs_out[j]) return CT_ERR_NOMEM;
         ct_status st = CAPI(f)->reduce_scatter(f->env.comm, shard_group(f), s->param->grad, u->rs_out[j],
@@ -370,7 +370,7 @@ static ct_status fsdp_post_backward(void *p, int k, int last_microbatch) {
     return k + 1 < f->n_units ? rs_finish(f, k + 1) : CT_OK;
 }
 
-static ct_status fsdp_finish_backward(void *p) {
+static ct_status fsdp_finish_backward(ct_strategy *p) {
     fsdp *f = p;
     f->scales_fresh = 0; /* the optimizer may change the weights next */
     for (int k = 0; k < f->n_units; k++) {
@@ -380,7 +380,7 @@ static ct_status fsdp_finish_backward(void *p) {
     return CT_OK;
 }
 
-static void fsdp_destroy(void *p) {
+static void fsdp_destroy(ct_strategy *p) {
     fsdp *f = p;
     if (!f) return;
     /* a forward-only pass (sampling) leaves the last unit gathered; the parameters themselves may be

@@ -33,8 +33,8 @@ __attribute__((format(printf, 4, 5))) static ct_status op_error(ctmpi *c, ctmpi_
 }
 
 /* What every operation checks first; on success *out is its request and *type its MPI type. */
-static ct_status op_begin(ctmpi *c, void *group, const char *op, int64_t count, ct_dtype dt,
-                          void **req, ctmpi_req **out, MPI_Datatype *type)
+static ct_status op_begin(ctmpi *c, ct_comm_group *group, const char *op, int64_t count, ct_dtype dt,
+                          ct_comm_request **req, ctmpi_req **out, MPI_Datatype *type)
 {
     if (req)
         *req = NULL;
@@ -76,8 +76,8 @@ static int overlap(const void *a, size_t alen, const void *b, size_t blen)
     return alen && blen && x < y + blen && y < x + alen;
 }
 
-ct_status ctmpi_all_reduce(void *comm, void *group, const void *send, void *recv, int64_t count,
-                           ct_dtype dt, ct_reduce_op op, void **req)
+ct_status ctmpi_all_reduce(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                           int64_t count, ct_dtype dt, ct_reduce_op op, ct_comm_request **req)
 {
     ctmpi *c = comm;
     ctmpi_req *r;
@@ -97,8 +97,8 @@ ct_status ctmpi_all_reduce(void *comm, void *group, const void *send, void *recv
     return ctmpi_finish(c, r, rc, req);
 }
 
-ct_status ctmpi_all_gather(void *comm, void *group, const void *send, void *recv, int64_t count,
-                           ct_dtype dt, void **req)
+ct_status ctmpi_all_gather(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                           int64_t count, ct_dtype dt, ct_comm_request **req)
 {
     ctmpi *c = comm;
     ctmpi_req *r;
@@ -120,8 +120,8 @@ ct_status ctmpi_all_gather(void *comm, void *group, const void *send, void *recv
     return ctmpi_finish(c, r, rc, req);
 }
 
-ct_status ctmpi_reduce_scatter(void *comm, void *group, const void *send, void *recv,
-                               int64_t count, ct_dtype dt, ct_reduce_op op, void **req)
+ct_status ctmpi_reduce_scatter(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                               int64_t count, ct_dtype dt, ct_reduce_op op, ct_comm_request **req)
 {
     ctmpi *c = comm;
     ctmpi_req *r;
@@ -142,8 +142,8 @@ ct_status ctmpi_reduce_scatter(void *comm, void *group, const void *send, void *
     return ctmpi_finish(c, r, rc, req);
 }
 
-ct_status ctmpi_broadcast(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int root,
-                          void **req)
+ct_status ctmpi_broadcast(ct_comm *comm, ct_comm_group *group, void *buf, int64_t count, ct_dtype dt,
+                          int root, ct_comm_request **req)
 {
     ctmpi *c = comm;
     ctmpi_req *r;
@@ -162,8 +162,8 @@ ct_status ctmpi_broadcast(void *comm, void *group, void *buf, int64_t count, ct_
     return ctmpi_finish(c, r, rc, req);
 }
 
-ct_status ctmpi_all_to_all(void *comm, void *group, const void *send, void *recv, int64_t count,
-                           ct_dtype dt, void **req)
+ct_status ctmpi_all_to_all(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                           int64_t count, ct_dtype dt, ct_comm_request **req)
 {
     ctmpi *c = comm;
     ctmpi_req *r;
@@ -195,8 +195,8 @@ static ct_status check_peer(ctmpi *c, ctmpi_req *r, const void *buf, int peer, i
     return CT_OK;
 }
 
-ct_status ctmpi_send(void *comm, void *group, const void *buf, int64_t count, ct_dtype dt, int peer,
-                     int tag, void **req)
+ct_status ctmpi_send(ct_comm *comm, ct_comm_group *group, const void *buf, int64_t count,
+                     ct_dtype dt, int peer, int tag, ct_comm_request **req)
 {
     ctmpi *c = comm;
     ctmpi_req *r;
@@ -213,8 +213,8 @@ ct_status ctmpi_send(void *comm, void *group, const void *buf, int64_t count, ct
     return ctmpi_finish(c, r, rc, req);
 }
 
-ct_status ctmpi_recv(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int peer,
-                     int tag, void **req)
+ct_status ctmpi_recv(ct_comm *comm, ct_comm_group *group, void *buf, int64_t count, ct_dtype dt,
+                     int peer, int tag, ct_comm_request **req)
 {
     ctmpi *c = comm;
     ctmpi_req *r;
@@ -231,7 +231,7 @@ ct_status ctmpi_recv(void *comm, void *group, void *buf, int64_t count, ct_dtype
     return ctmpi_finish(c, r, rc, req);
 }
 
-ct_status ctmpi_barrier(void *comm, void *group)
+ct_status ctmpi_barrier(ct_comm *comm, ct_comm_group *group)
 {
     ctmpi *c = comm;
     if (!group) {

@@ -17,7 +17,7 @@
 #include <mpi.h>
 
 /* A communicator and what error messages say about it. */
-typedef struct ctmpi_group {
+typedef struct ct_comm_group { /* the ABI's opaque ct_comm_group */
     MPI_Comm comm;
     char name[64]; /* "world", or the name split was given (truncated) */
     int rank, size;
@@ -26,7 +26,7 @@ typedef struct ctmpi_group {
 /* One operation in flight, and what its timeout message needs ("all_reduce of 4096 f32 on group
  * dp (rank 1 of 4)"). A snapshot, not a pointer to the group: an abandoned operation can outlive
  * its group. */
-typedef struct ctmpi_req {
+typedef struct ct_comm_request { /* the ABI's opaque ct_comm_request */
     MPI_Request req;
     const char *op;       /* "all_reduce", "send", ... (a string literal) */
     int64_t count;        /* elements; with dt == 0 the message shows no count (barrier) */
@@ -35,10 +35,10 @@ typedef struct ctmpi_req {
     int peer;
     char group[64];
     int rank, size;
-    struct ctmpi_req *next; /* in ctmpi.abandoned */
+    struct ct_comm_request *next; /* in ctmpi.abandoned */
 } ctmpi_req;
 
-typedef struct ctmpi {
+typedef struct ct_comm { /* the ABI's opaque ct_comm */
     const ct_host *host;
     double train_timeout; /* seconds, bounds every blocking call and wait */
     double init_timeout;  /* seconds, bounds the first collective after MPI_Init (see plugin.c) */
@@ -57,7 +57,7 @@ ctmpi_req *ctmpi_req_new(const ctmpi_group *g, const char *op, int64_t count, ct
  * (its buffers stay in use by MPI); on any return the caller no longer owns r. */
 ct_status ctmpi_wait(ctmpi *c, ctmpi_req *r, double timeout);
 /* After starting r with MPI status `rc`: the error, or r handed out (req != NULL), or completed. */
-ct_status ctmpi_finish(ctmpi *c, ctmpi_req *r, int rc, void **req);
+ct_status ctmpi_finish(ctmpi *c, ctmpi_req *r, int rc, ct_comm_request **req);
 /* Tests every abandoned operation once; frees the completed ones. Returns how many remain. */
 int ctmpi_reap(ctmpi *c);
 /* Reaps abandoned operations until none is left or `timeout` seconds pass; returns how many are
@@ -80,22 +80,22 @@ int ctmpi_bf16_ops_create(MPI_Op ops[3]);
 void ctmpi_bf16_ops_free(MPI_Op ops[3]);
 
 /* collectives.c: the ct_comm_api functions that move data */
-ct_status ctmpi_all_reduce(void *comm, void *group, const void *send, void *recv, int64_t count,
-                           ct_dtype dt, ct_reduce_op op, void **req);
-ct_status ctmpi_all_gather(void *comm, void *group, const void *send, void *recv, int64_t count,
-                           ct_dtype dt, void **req);
-ct_status ctmpi_reduce_scatter(void *comm, void *group, const void *send, void *recv,
-                               int64_t count, ct_dtype dt, ct_reduce_op op, void **req);
-ct_status ctmpi_broadcast(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int root,
-                          void **req);
-ct_status ctmpi_all_to_all(void *comm, void *group, const void *send, void *recv, int64_t count,
-                           ct_dtype dt, void **req);
-ct_status ctmpi_send(void *comm, void *group, const void *buf, int64_t count, ct_dtype dt, int peer,
-                     int tag, void **req);
-ct_status ctmpi_recv(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int peer,
-                     int tag, void **req);
-ct_status ctmpi_barrier(void *comm, void *group);
-ct_status ctmpi_wait_api(void *comm, void *req);
-ct_status ctmpi_test_api(void *comm, void *req, int *done);
+ct_status ctmpi_all_reduce(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                           int64_t count, ct_dtype dt, ct_reduce_op op, ct_comm_request **req);
+ct_status ctmpi_all_gather(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                           int64_t count, ct_dtype dt, ct_comm_request **req);
+ct_status ctmpi_reduce_scatter(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                               int64_t count, ct_dtype dt, ct_reduce_op op, ct_comm_request **req);
+ct_status ctmpi_broadcast(ct_comm *comm, ct_comm_group *group, void *buf, int64_t count,
+                          ct_dtype dt, int root, ct_comm_request **req);
+ct_status ctmpi_all_to_all(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                           int64_t count, ct_dtype dt, ct_comm_request **req);
+ct_status ctmpi_send(ct_comm *comm, ct_comm_group *group, const void *buf, int64_t count,
+                     ct_dtype dt, int peer, int tag, ct_comm_request **req);
+ct_status ctmpi_recv(ct_comm *comm, ct_comm_group *group, void *buf, int64_t count, ct_dtype dt,
+                     int peer, int tag, ct_comm_request **req);
+ct_status ctmpi_barrier(ct_comm *comm, ct_comm_group *group);
+ct_status ctmpi_wait_api(ct_comm *comm, ct_comm_request *req);
+ct_status ctmpi_test_api(ct_comm *comm, ct_comm_request *req, int *done);
 
 #endif

@@ -126,7 +126,7 @@ static void log_started(ctmpi *c)
                  c->world.rank, c->world.size, lib, provided, c->train_timeout);
 }
 
-static ct_status mpi_create(const ct_host *h, void **out)
+static ct_status mpi_create(const ct_host *h, ct_comm **out)
 {
     if (!out) {
         h->set_error(h, "create: NULL output pointer");
@@ -172,7 +172,7 @@ static ct_status mpi_create(const ct_host *h, void **out)
     return CT_OK;
 }
 
-static void mpi_destroy(void *comm)
+static void mpi_destroy(ct_comm *comm)
 {
     ctmpi *c = comm;
     if (!c)
@@ -204,7 +204,7 @@ static void mpi_destroy(void *comm)
     free(c);
 }
 
-static ct_status mpi_world(void *comm, void **group)
+static ct_status mpi_world(ct_comm *comm, ct_comm_group **group)
 {
     ctmpi *c = comm;
     if (!group) {
@@ -215,7 +215,7 @@ static ct_status mpi_world(void *comm, void **group)
     return CT_OK;
 }
 
-static ct_status mpi_group_rank(void *comm, void *group, int *rank, int *size)
+static ct_status mpi_group_rank(ct_comm *comm, ct_comm_group *group, int *rank, int *size)
 {
     ctmpi *c = comm;
     const ctmpi_group *g = group;
@@ -228,8 +228,8 @@ static ct_status mpi_group_rank(void *comm, void *group, int *rank, int *size)
     return CT_OK;
 }
 
-static ct_status mpi_split(void *comm, void *group, int color, int key, const char *name,
-                           void **out)
+static ct_status mpi_split(ct_comm *comm, ct_comm_group *group, int color, int key, const char *name,
+                           ct_comm_group **out)
 {
     ctmpi *c = comm;
     ctmpi_group *parent = group;
@@ -275,7 +275,7 @@ static ct_status mpi_split(void *comm, void *group, int color, int key, const ch
     return CT_OK;
 }
 
-static void mpi_group_free(void *comm, void *group)
+static void mpi_group_free(ct_comm *comm, ct_comm_group *group)
 {
     ctmpi *c = comm;
     ctmpi_group *g = group;
@@ -285,7 +285,7 @@ static void mpi_group_free(void *comm, void *group)
     free(g);
 }
 
-static void mpi_abort(void *comm, int code)
+static void mpi_abort(ct_comm *comm, int code)
 {
     (void)comm;
     int initialised = 0, finalised = 0;

@@ -150,7 +150,7 @@ ct_status ctmpi_wait(ctmpi *c, ctmpi_req *r, double timeout)
     return CT_ERR_TIMEOUT;
 }
 
-ct_status ctmpi_finish(ctmpi *c, ctmpi_req *r, int rc, void **req)
+ct_status ctmpi_finish(ctmpi *c, ctmpi_req *r, int rc, ct_comm_request **req)
 {
     if (rc != MPI_SUCCESS) {
         char what[256];
@@ -165,7 +165,7 @@ ct_status ctmpi_finish(ctmpi *c, ctmpi_req *r, int rc, void **req)
     return ctmpi_wait(c, r, c->train_timeout);
 }
 
-ct_status ctmpi_wait_api(void *comm, void *req)
+ct_status ctmpi_wait_api(ct_comm *comm, ct_comm_request *req)
 {
     ctmpi *c = comm;
     if (!req) {
@@ -175,7 +175,7 @@ ct_status ctmpi_wait_api(void *comm, void *req)
     return ctmpi_wait(c, req, c->train_timeout);
 }
 
-ct_status ctmpi_test_api(void *comm, void *req, int *done)
+ct_status ctmpi_test_api(ct_comm *comm, ct_comm_request *req, int *done)
 {
     ctmpi *c = comm;
     ctmpi_req *r = req;

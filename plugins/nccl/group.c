@@ -187,7 +187,7 @@ ct_status ctnccl_group_order_after_bound(ctnccl *c, ctnccl_group *g, const char 
     return e == cudaSuccess ? CT_OK : ctnccl_cuda_error(c, what, e);
 }
 
-ct_status ctnccl_world(void *comm, void **group) {
+ct_status ctnccl_world(ct_comm *comm, ct_comm_group **group) {
     ctnccl *c = comm;
     if (!group)
         return CT_ERR_INVALID;
@@ -195,7 +195,7 @@ ct_status ctnccl_world(void *comm, void **group) {
     return CT_OK;
 }
 
-ct_status ctnccl_group_rank(void *comm, void *group, int *rank, int *size) {
+ct_status ctnccl_group_rank(ct_comm *comm, ct_comm_group *group, int *rank, int *size) {
     ctnccl *c = comm;
     ctnccl_group *g = group;
     if (!g) {
@@ -209,7 +209,8 @@ ct_status ctnccl_group_rank(void *comm, void *group, int *rank, int *size) {
     return CT_OK;
 }
 
-ct_status ctnccl_split(void *comm, void *group, int color, int key, const char *name, void **out) {
+ct_status ctnccl_split(ct_comm *comm, ct_comm_group *group, int color, int key, const char *name,
+                       ct_comm_group **out) {
     ctnccl *c = comm;
     ctnccl_group *p = group;
     if (!p || !out) {
@@ -269,7 +270,7 @@ ct_status ctnccl_split(void *comm, void *group, int color, int key, const char *
     return CT_OK;
 }
 
-void ctnccl_group_free(void *comm, void *group) {
+void ctnccl_group_free(ct_comm *comm, ct_comm_group *group) {
     ctnccl *c = comm;
     ctnccl_group *g = group;
     if (!g || g == c->world)

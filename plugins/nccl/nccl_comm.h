@@ -44,7 +44,7 @@
 #define CTNCCL_HAS_FP8 0
 #endif
 
-typedef struct ctnccl_group {
+typedef struct ct_comm_group { /* the ABI's opaque ct_comm_group */
     ncclComm_t nc;
     cudaStream_t stream; /* every operation on this group runs here */
     cudaEvent_t before;  /* bound: recorded on the bound stream, waited for here, before each
@@ -53,10 +53,10 @@ typedef struct ctnccl_group {
     int rank, size;
     int aborted;         /* ncclCommAbort was called: the group only awaits group_free/destroy */
     char name[64];       /* "world", or the name split was given (truncated) */
-    struct ctnccl_group *next; /* in ctnccl.groups */
+    struct ct_comm_group *next; /* in ctnccl.groups */
 } ctnccl_group;
 
-typedef struct ctnccl {
+typedef struct ct_comm { /* the ABI's opaque ct_comm */
     const ct_host *host;
     double train_timeout; /* seconds; bounds every call, wait, init and split */
     int device;           /* the CUDA device of this rank */
@@ -71,7 +71,7 @@ typedef struct ctnccl {
 } ctnccl;
 
 /* One operation in flight and what its messages say about it. */
-typedef struct ctnccl_req {
+typedef struct ct_comm_request { /* the ABI's opaque ct_comm_request */
     cudaEvent_t done;   /* recorded on the group's stream after the operation; NULL: nothing ran */
     ctnccl_group *g;
     char what[192];     /* "all_reduce of 4096 f32 on group dp (rank 1 of 4)" */
@@ -97,10 +97,11 @@ ct_status ctnccl_error(ctnccl *c, const char *what, ncclResult_t r, ncclComm_t n
 ct_status ctnccl_cuda_error(ctnccl *c, const char *what, cudaError_t e);
 /* The message of a CT_ERR_TIMEOUT, in the words of comm.h. */
 void ctnccl_timeout_error(ctnccl *c, const char *what);
-ct_status ctnccl_world(void *comm, void **group);
-ct_status ctnccl_group_rank(void *comm, void *group, int *rank, int *size);
-ct_status ctnccl_split(void *comm, void *group, int color, int key, const char *name, void **out);
-void ctnccl_group_free(void *comm, void *group);
+ct_status ctnccl_world(ct_comm *comm, ct_comm_group **group);
+ct_status ctnccl_group_rank(ct_comm *comm, ct_comm_group *group, int *rank, int *size);
+ct_status ctnccl_split(ct_comm *comm, ct_comm_group *group, int color, int key, const char *name,
+                       ct_comm_group **out);
+void ctnccl_group_free(ct_comm *comm, ct_comm_group *group);
 
 /* Bound: the group's stream waits for the work queued on c->bound so far (the group's `before`
  * event). Unbound: nothing. `what` names the operation in an error. */
@@ -110,24 +111,24 @@ ct_status ctnccl_group_order_after_bound(ctnccl *c, ctnccl_group *g, const char 
 /* Polls r's event until done, a NCCL error or the deadline; bound, then makes c->bound wait for
  * it too; frees r. */
 ct_status ctnccl_wait(ctnccl *c, ctnccl_req *r);
-ct_status ctnccl_wait_api(void *comm, void *req);
+ct_status ctnccl_wait_api(ct_comm *comm, ct_comm_request *req);
 
 /* ops.c */
 const char *ctnccl_dtype_name(ct_dtype dt);
-ct_status ctnccl_all_reduce(void *comm, void *group, const void *send, void *recv, int64_t count,
-                            ct_dtype dt, ct_reduce_op op, void **req);
-ct_status ctnccl_all_gather(void *comm, void *group, const void *send, void *recv, int64_t count,
-                            ct_dtype dt, void **req);
-ct_status ctnccl_reduce_scatter(void *comm, void *group, const void *send, void *recv,
-                                int64_t count, ct_dtype dt, ct_reduce_op op, void **req);
-ct_status ctnccl_broadcast(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int root,
-                           void **req);
-ct_status ctnccl_all_to_all(void *comm, void *group, const void *send, void *recv, int64_t count,
-                            ct_dtype dt, void **req);
-ct_status ctnccl_send(void *comm, void *group, const void *buf, int64_t count, ct_dtype dt,
-                      int peer, int tag, void **req);
-ct_status ctnccl_recv(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int peer,
-                      int tag, void **req);
-ct_status ctnccl_barrier(void *comm, void *group);
+ct_status ctnccl_all_reduce(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                            int64_t count, ct_dtype dt, ct_reduce_op op, ct_comm_request **req);
+ct_status ctnccl_all_gather(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                            int64_t count, ct_dtype dt, ct_comm_request **req);
+ct_status ctnccl_reduce_scatter(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                                int64_t count, ct_dtype dt, ct_reduce_op op, ct_comm_request **req);
+ct_status ctnccl_broadcast(ct_comm *comm, ct_comm_group *group, void *buf, int64_t count,
+                           ct_dtype dt, int root, ct_comm_request **req);
+ct_status ctnccl_all_to_all(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                            int64_t count, ct_dtype dt, ct_comm_request **req);
+ct_status ctnccl_send(ct_comm *comm, ct_comm_group *group, const void *buf, int64_t count,
+                      ct_dtype dt, int peer, int tag, ct_comm_request **req);
+ct_status ctnccl_recv(ct_comm *comm, ct_comm_group *group, void *buf, int64_t count, ct_dtype dt,
+                      int peer, int tag, ct_comm_request **req);
+ct_status ctnccl_barrier(ct_comm *comm, ct_comm_group *group);
 
 #endif

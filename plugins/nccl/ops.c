@@ -142,7 +142,7 @@ static ct_status need(ctnccl *c, op *o, int64_t count, const void *a, const void
 }
 
 /* After the NCCL call (or calls) returned r: settle, record the event, hand out or wait. */
-static ct_status op_end(ctnccl *c, ctnccl_group *g, op *o, ncclResult_t r, void **req) {
+static ct_status op_end(ctnccl *c, ctnccl_group *g, op *o, ncclResult_t r, ct_comm_request **req) {
     ctnccl_req *q = o->req;
     ct_status st = CT_OK;
     if (q->done) {
@@ -166,8 +166,8 @@ static ct_status op_end(ctnccl *c, ctnccl_group *g, op *o, ncclResult_t r, void 
     return ctnccl_wait(c, q);
 }
 
-ct_status ctnccl_all_reduce(void *comm, void *group, const void *send, void *recv, int64_t count,
-                            ct_dtype dt, ct_reduce_op rop, void **req) {
+ct_status ctnccl_all_reduce(ct_comm *comm, ct_comm_group *group, const void *send, void *recv, int64_t count,
+                            ct_dtype dt, ct_reduce_op rop, ct_comm_request **req) {
     ctnccl *c = comm;
     ctnccl_group *g = group;
     op o = {0};
@@ -180,8 +180,8 @@ ct_status ctnccl_all_reduce(void *comm, void *group, const void *send, void *rec
     return op_end(c, g, &o, r, req);
 }
 
-ct_status ctnccl_all_gather(void *comm, void *group, const void *send, void *recv, int64_t count,
-                            ct_dtype dt, void **req) {
+ct_status ctnccl_all_gather(ct_comm *comm, ct_comm_group *group, const void *send, void *recv, int64_t count,
+                            ct_dtype dt, ct_comm_request **req) {
     ctnccl *c = comm;
     ctnccl_group *g = group;
     op o = {0};
@@ -194,8 +194,8 @@ ct_status ctnccl_all_gather(void *comm, void *group, const void *send, void *rec
     return op_end(c, g, &o, r, req);
 }
 
-ct_status ctnccl_reduce_scatter(void *comm, void *group, const void *send, void *recv,
-                                int64_t count, ct_dtype dt, ct_reduce_op rop, void **req) {
+ct_status ctnccl_reduce_scatter(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
+                                int64_t count, ct_dtype dt, ct_reduce_op rop, ct_comm_request **req) {
     ctnccl *c = comm;
     ctnccl_group *g = group;
     op o = {0};
@@ -208,8 +208,8 @@ ct_status ctnccl_reduce_scatter(void *comm, void *group, const void *send, void 
     return op_end(c, g, &o, r, req);
 }
 
-ct_status ctnccl_broadcast(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int root,
-                           void **req) {
+ct_status ctnccl_broadcast(ct_comm *comm, ct_comm_group *group, void *buf, int64_t count, ct_dtype dt, int root,
+                           ct_comm_request **req) {
     ctnccl *c = comm;
     ctnccl_group *g = group;
     op o = {0};
@@ -222,8 +222,8 @@ ct_status ctnccl_broadcast(void *comm, void *group, void *buf, int64_t count, ct
     return op_end(c, g, &o, r, req);
 }
 
-ct_status ctnccl_all_to_all(void *comm, void *group, const void *send, void *recv, int64_t count,
-                            ct_dtype dt, void **req) {
+ct_status ctnccl_all_to_all(ct_comm *comm, ct_comm_group *group, const void *send, void *recv, int64_t count,
+                            ct_dtype dt, ct_comm_request **req) {
     ctnccl *c = comm;
     ctnccl_group *g = group;
     op o = {0};
@@ -248,8 +248,8 @@ ct_status ctnccl_all_to_all(void *comm, void *group, const void *send, void *rec
     return op_end(c, g, &o, r, req);
 }
 
-ct_status ctnccl_send(void *comm, void *group, const void *buf, int64_t count, ct_dtype dt, int peer,
-                      int tag, void **req) {
+ct_status ctnccl_send(ct_comm *comm, ct_comm_group *group, const void *buf, int64_t count, ct_dtype dt, int peer,
+                      int tag, ct_comm_request **req) {
     ctnccl *c = comm;
     ctnccl_group *g = group;
     op o = {0};
@@ -263,8 +263,8 @@ ct_status ctnccl_send(void *comm, void *group, const void *buf, int64_t count, c
     return op_end(c, g, &o, r, req);
 }
 
-ct_status ctnccl_recv(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int peer, int tag,
-                      void **req) {
+ct_status ctnccl_recv(ct_comm *comm, ct_comm_group *group, void *buf, int64_t count, ct_dtype dt, int peer,
+                      int tag, ct_comm_request **req) {
     ctnccl *c = comm;
     ctnccl_group *g = group;
     op o = {0};
@@ -279,7 +279,7 @@ ct_status ctnccl_recv(void *comm, void *group, void *buf, int64_t count, ct_dtyp
 }
 
 /* An all_reduce of one int on the group's scratch buffer: returns when every rank has reached it. */
-ct_status ctnccl_barrier(void *comm, void *group) {
+ct_status ctnccl_barrier(ct_comm *comm, ct_comm_group *group) {
     ctnccl *c = comm;
     ctnccl_group *g = group;
     op o = {0};

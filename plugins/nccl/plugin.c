@@ -249,7 +249,7 @@ static ct_status world_init(ctnccl *c, const ncclUniqueId *id, int rank, int siz
     return st;
 }
 
-static ct_status nccl_create(const ct_host *h, void **out) {
+static ct_status nccl_create(const ct_host *h, ct_comm **out) {
     if (!out)
         return CT_ERR_INVALID;
     *out = NULL;
@@ -318,7 +318,7 @@ static ct_status nccl_create(const ct_host *h, void **out) {
     return CT_OK;
 }
 
-static void nccl_destroy(void *comm) {
+static void nccl_destroy(ct_comm *comm) {
     ctnccl *c = comm;
     if (!c)
         return;
@@ -330,7 +330,7 @@ static void nccl_destroy(void *comm) {
     mpi_leave(c);
 }
 
-static void nccl_abort(void *comm, int code) {
+static void nccl_abort(ct_comm *comm, int code) {
     ctnccl *c = comm;
     if (c) {
         for (ctnccl_group *g = c->groups; g; g = g->next)
@@ -344,7 +344,7 @@ static void nccl_abort(void *comm, int code) {
 
 /* ABI 1.4: from now on ops order themselves after `stream` and wait() orders it after them with
  * events (nccl_comm.h). A second bind replaces the first; the stream stays the caller's. */
-static ct_status nccl_bind_stream(void *comm, void *stream) {
+static ct_status nccl_bind_stream(ct_comm *comm, ct_stream *stream) {
     ctnccl *c = comm;
     if (!c)
         return CT_ERR_INVALID;
@@ -352,7 +352,7 @@ static ct_status nccl_bind_stream(void *comm, void *stream) {
         c->host->set_error(c->host, "bind_stream: NULL stream (expected the device's share_stream)");
         return CT_ERR_INVALID;
     }
-    c->bound = (cudaStream_t)stream;
+    c->bound = (cudaStream_t)stream; /* a ct_stream from a CUDA device is its cudaStream_t */
     c->host->log(c->host, CT_LOG_DEBUG, "nccl: collectives ordered with the device's stream by events");
     return CT_OK;
 }

@@ -63,7 +63,7 @@ ct_status ctnccl_wait(ctnccl *c, ctnccl_req *r) {
     return st;
 }
 
-ct_status ctnccl_wait_api(void *comm, void *req) {
+ct_status ctnccl_wait_api(ct_comm *comm, ct_comm_request *req) {
     ctnccl *c = comm;
     if (!req) {
         c->host->set_error(c->host, "wait: NULL request");

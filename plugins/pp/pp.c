@@ -23,17 +23,17 @@
 typedef struct incoming {
     int kind, stage, mb, peer;
     int32_t hdr[HDR];
-    void *hreq, *dreq;
+    ct_comm_request *hreq, *dreq;
     int hdr_done, posted, done;
 } incoming;
 
 typedef struct outgoing {
     int stage, mb; /* the (stage, mb) whose buffers it reads */
     int32_t hdr[HDR];
-    void *hreq, *dreq;
+    ct_comm_request *hreq, *dreq;
 } outgoing;
 
-typedef struct runner {
+typedef struct ct_runner { /* the ABI's opaque ct_runner */
     const ct_host *host;
     ct_pipeline_env env;
     incoming *in;
@@ -66,7 +66,7 @@ static int remote_next(const runner *r, int s) {
     return s + 1 < r->env.n_stages && stage_rank(r, s + 1) != r->env.pp_rank;
 }
 
-static void pp_destroy(void *p) {
+static void pp_destroy(ct_runner *p) {
     runner *r = p;
     if (!r) return;
     free(r->in);
@@ -77,7 +77,7 @@ static void pp_destroy(void *p) {
     free(r);
 }
 
-static ct_status pp_create(const ct_host *h, const ct_pipeline_env *env, void **out) {
+static ct_status pp_create(const ct_host *h, const ct_pipeline_env *env, ct_runner **out) {
     if (4 * env->n_stages * env->n_microbatches > TAG_LIMIT) {
         h->set_error(h, "pp: %d stages x %d microbatches need more message tags than MPI guarantees (%d)", env->n_stages,
                      env->n_microbatches, TAG_LIMIT);
@@ -234,7 +234,7 @@ static ct_status send_out(runner *r, const ct_pipeline_host *ph, int kind, int s
     return st;
 }
 
-static ct_status pp_run_step(void *p, const ct_pipeline_host *ph, ct_pipeline_stats *stats) {
+static ct_status pp_run_step(ct_runner *p, const ct_pipeline_host *ph, ct_pipeline_stats *stats) {
     runner *r = p;
     const ct_comm_api *c = r->env.capi;
     const ct_host *h = r->host;

@@ -29,7 +29,8 @@ static int failed(tp *t, ct_status st, const char *what) {
     return -1;
 }
 
-int tp_comm(tp *t, ct_builder *b, int backward, char kind, const float *send, float *recv, int64_t count, void **req) {
+int tp_comm(tp *t, ct_builder *b, int backward, char kind, const float *send, float *recv, int64_t count,
+            ct_comm_request **req) {
     const ct_comm_api *c = t->env.capi;
     if (!req) t->host->trace_begin(t->host, trace_name(backward)); /* a started one is waited for later */
     double t0 = now();
@@ -43,7 +44,7 @@ int tp_comm(tp *t, ct_builder *b, int backward, char kind, const float *send, fl
     return failed(t, st, kind == 'g' ? "tp all-gather" : kind == 's' ? "tp reduce-scatter" : "tp all-reduce");
 }
 
-int tp_wait(tp *t, ct_builder *b, int backward, void *req) {
+int tp_wait(tp *t, ct_builder *b, int backward, ct_comm_request *req) {
     t->host->trace_begin(t->host, trace_name(backward));
     double t0 = now();
     ct_status st = t->env.capi->wait(t->env.comm, req);
@@ -53,7 +54,7 @@ int tp_wait(tp *t, ct_builder *b, int backward, void *req) {
 }
 
 /* Lets a started collective move while this rank computes (MPI progresses only inside calls). */
-static void poke(tp *t, ct_builder *b, void *req) {
+static void poke(tp *t, ct_builder *b, ct_comm_request *req) {
     const ct_comm_api *c = t->env.capi;
     if (!req || !CT_HAS_FIELD(c, ct_comm_api, test) || !c->test) return;
     int done = 0;
@@ -150,7 +151,7 @@ static ct_status ce_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in,
     ce_state *s = sp;
     tp *t = s->t;
     const ct_device_api *d = t->env.dapi;
-    void *dev = t->env.dev;
+    ct_device *dev = t->env.dev;
     ct_tensor *logits = in[0], *targets = in[1];
     (void)n_in;
     (void)n_out;
@@ -230,9 +231,9 @@ static int64_t chunking(const tp *t, int64_t nl, int64_t *rc) {
 /* Chunk i of x's rows arrived in buf (rank-major): copied into its place in X, multiplied in pieces,
  * the next chunk's gather poked between them. */
 static int gl_chunk(tp *t, ct_builder *b, const float *buf, int64_t r0, int64_t cnt, int64_t nl, int64_t in,
-                    int64_t outf, const ct_tensor *w, float *Xd, float *Yd, void *next) {
+                    int64_t outf, const ct_tensor *w, float *Xd, float *Yd, ct_comm_request *next) {
     const ct_device_api *d = t->env.dapi;
-    void *dev = t->env.dev;
+    ct_device *dev = t->env.dev;
     for (int64_t p = 0; p < t->size; p++) {
         int64_t row = p * nl + r0;
         if (failed(t, d->copy(dev, Xd + row * in, buf + p * cnt * in, sizeof(float) * (size_t)(cnt * in), CT_COPY_D2D),
@@ -265,7 +266,7 @@ static ct_status gl_fwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_i
                      b->scratch(b, sizeof(float) * (size_t)(t->size * rc * in))};
     if (!X || !Y || !buf[0] || !buf[1]) return CT_ERR_NOMEM;
     const float *xd = x->data;
-    void *req[2] = {NULL, NULL};
+    ct_comm_request *req[2] = {NULL, NULL};
     if (tp_comm(t, b, 0, 'g', xd, buf[0], (rc < nl ? rc : nl) * in, &req[0])) return CT_ERR_INTERNAL;
     for (int64_t i = 0; i < chunks; i++) {
         int64_t r0 = i * rc, cnt = nl - r0 < rc ? nl - r0 : rc;
@@ -274,7 +275,7 @@ static ct_status gl_fwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_i
             if (tp_comm(t, b, 0, 'g', xd + r1 * in, buf[(i + 1) % 2], c1 * in, &req[(i + 1) % 2])) return CT_ERR_INTERNAL;
         }
         if (tp_wait(t, b, 0, req[i % 2])) return CT_ERR_INTERNAL;
-        void *next = i + 1 < chunks ? req[(i + 1) % 2] : NULL;
+        ct_comm_request *next = i + 1 < chunks ? req[(i + 1) % 2] : NULL;
         if (gl_chunk(t, b, buf[i % 2], r0, cnt, nl, in, outf, w, X->data, Y->data, next)) return CT_ERR_INTERNAL;
     }
     out[0] = Y;
@@ -288,7 +289,7 @@ static ct_status gl_bwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_i
                         const float *const *dy, int n_out, int halves) {
     tp *t = ((async_state *)sp)->t;
     const ct_device_api *d = t->env.dapi;
-    void *dev = t->env.dev;
+    ct_device *dev = t->env.dev;
     ct_tensor *x = in_t[0], *w = in_t[1], *X = out[1];
     (void)n_in;
     (void)n_out;
@@ -324,7 +325,7 @@ ct_tensor *tp_gather_linear(tp *t, ct_builder *b, ct_tensor *x, ct_tensor *w, ct
 
 /* ---- async TP, row-wise: out = (y with this rank's rows, the partial sums P in send order) ---- */
 static int rs_chunk(tp *t, ct_builder *b, const float *xd, const ct_tensor *w, float *send, int64_t r0, int64_t cnt,
-                    int64_t nl, int64_t in, int64_t outf, void *prev) {
+                    int64_t nl, int64_t in, int64_t outf, ct_comm_request *prev) {
     const ct_device_api *d = t->env.dapi;
     for (int64_t p = 0; p < t->size; p++)
         for (int64_t q = 0; q < TP_PIECES; q++) { /* poke the previous reduce-scatter between pieces */
@@ -353,7 +354,7 @@ static ct_status rs_fwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_i
     ct_tensor *P = b->new_tensor(b, CT_F32, x->ndim, shape); /* partial sums, chunk-major */
     shape[x->ndim - 2] = rows / t->size;
     ct_tensor *y = b->new_tensor(b, CT_F32, x->ndim, shape);
-    void **req = calloc((size_t)chunks, sizeof(void *));
+    ct_comm_request **req = calloc((size_t)chunks, sizeof *req);
     int bad = !P || !y || !req;
     int64_t posted = 0;
     for (int64_t i = 0; i < chunks && !bad; i++) {
@@ -376,7 +377,7 @@ static ct_status rs_bwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_i
                         const float *const *dy, int n_out, int halves) {
     tp *t = ((async_state *)sp)->t;
     const ct_device_api *d = t->env.dapi;
-    void *dev = t->env.dev;
+    ct_device *dev = t->env.dev;
     ct_tensor *x = in_t[0], *w = in_t[1], *P = out[1];
     (void)n_in;
     (void)n_out;

@@ -102,7 +102,7 @@ static ct_status read_options(tp *t) {
     return CT_OK;
 }
 
-static ct_status tp_create(const ct_host *h, const ct_strategy_env *env, void **out) {
+static ct_status tp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
     if (!CT_HAS_FIELD(env, ct_strategy_env, has_quantizer) || !env->tp_plan) {
         h->set_error(h, "the model pack declares no tensor-parallel plan (ct_model_api.tp_plan)");
         return CT_ERR_INVALID;
@@ -125,7 +125,7 @@ static ct_status tp_create(const ct_host *h, const ct_strategy_env *env, void **
     return CT_OK;
 }
 
-static void tp_destroy(void *p) {
+static void tp_destroy(ct_strategy *p) {
     tp *t = p;
     if (!t) return;
     free(t->style_key);
@@ -159,7 +159,7 @@ static ct_status split_slot(tp *t, ct_param_slot *s, ct_tp_style st) {
     return CT_OK;
 }
 
-static ct_status tp_place(void *p, ct_param_slot *slots, int n) {
+static ct_status tp_place(ct_strategy *p, ct_param_slot *slots, int n) {
     tp *t = p;
     if (n > 0 && !CT_HAS_FIELD(slots, ct_param_slot, global_shape)) {
         t->host->set_error(t->host, "tensor parallel: the host's parameter slots predate ABI 2.0");
@@ -184,7 +184,7 @@ static ct_status tp_place(void *p, ct_param_slot *slots, int n) {
     return CT_OK;
 }
 
-static ct_status tp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
+static ct_status tp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_units) {
     tp *t = p;
     (void)n_units;
     t->slots = slots;
@@ -197,20 +197,20 @@ static ct_status tp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
     return CT_OK;
 }
 
-static ct_status tp_noop(void *p, int unit) {
+static ct_status tp_noop(ct_strategy *p, int unit) {
     (void)p;
     (void)unit;
     return CT_OK;
 }
 
-static ct_status tp_post_backward(void *p, int unit, int last_microbatch) {
+static ct_status tp_post_backward(ct_strategy *p, int unit, int last_microbatch) {
     (void)unit;
     ((tp *)p)->last = last_microbatch;
     return CT_OK;
 }
 
 /* Runs after the data-parallel strategy's finish: the local gradients are final but for tp. */
-static ct_status tp_finish_backward(void *p) {
+static ct_status tp_finish_backward(ct_strategy *p) {
     tp *t = p;
     if (!t->last || !t->sequence_parallel) return CT_OK;
     for (int i = 0; i < t->n_slots; i++) {
@@ -223,12 +223,12 @@ static ct_status tp_finish_backward(void *p) {
     return CT_OK;
 }
 
-static ct_status tp_wrap_builder(void *p, ct_builder *next, ct_builder *out) {
+static ct_status tp_wrap_builder(ct_strategy *p, ct_builder *next, ct_builder *out) {
     tp_builder_init(p, next, out);
     return CT_OK;
 }
 
-static int64_t tp_sequence_multiple(void *p) {
+static int64_t tp_sequence_multiple(ct_strategy *p) {
     const tp *t = p;
     return t->sequence_parallel ? t->size : 1;
 }

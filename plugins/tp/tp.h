@@ -10,12 +10,12 @@
 
 #include "ctitan/strategy.h"
 
-typedef struct tp {
+typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     const ct_host *host;
     ct_strategy_env env;
     ct_mesh_info mesh;
     int size, rank;        /* the tp axis: degree, this rank's coordinate */
-    void *group;
+    ct_comm_group *group;
     int sequence_parallel; /* the residual stream holds 1/size of the token rows */
     int loss_parallel;     /* cross entropy on vocabulary-sharded logits */
     int async_chunks;      /* > 0: all-gather/matmul and matmul/reduce-scatter overlapped in chunks */
@@ -39,8 +39,9 @@ void tp_builder_init(tp *t, ct_builder *next, ct_builder *out);
 /* A blocking or started collective over the tp group, timed, traced and reported to the host as
  * time blocked on the tp axis (custom.c). kind: 'g' all-gather, 's' reduce-scatter, 'r' all-reduce;
  * req NULL: blocking. */
-int tp_comm(tp *t, ct_builder *b, int backward, char kind, const float *send, float *recv, int64_t count, void **req);
-int tp_wait(tp *t, ct_builder *b, int backward, void *req);
+int tp_comm(tp *t, ct_builder *b, int backward, char kind, const float *send, float *recv, int64_t count,
+            ct_comm_request **req);
+int tp_wait(tp *t, ct_builder *b, int backward, ct_comm_request *req);
 
 /* Custom ops (custom.c); each returns its first output or NULL with the error set. */
 ct_tensor *tp_embedding_ranged(tp *t, ct_builder *b, const ct_tensor *ids, ct_tensor *table);

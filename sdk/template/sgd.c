@@ -30,15 +30,18 @@ static const ct_option_spec sgd_options[] = {
     {0},
 };
 
-typedef struct sgd {
+/* The plugin's state. The API hands it back as an opaque `ct_optimizer *`; naming the struct
+ * `ct_optimizer` makes that handle this struct, so no function needs a cast. */
+typedef struct ct_optimizer {
     const ct_host *host;
     const ct_device_api *dapi;
-    void *dev;
+    ct_device *dev;
     float momentum;
     float weight_decay;
 } sgd;
 
-static ct_status sgd_create(const ct_host *host, const ct_device_api *dapi, void *dev, void **out) {
+static ct_status sgd_create(const ct_host *host, const ct_device_api *dapi, ct_device *dev,
+                            ct_optimizer **out) {
     /* A device API built against an older minor version may end before the ops we call. */
     if (!dapi || !CT_HAS_FIELD(dapi, ct_device_api, scale) || !dapi->axpy || !dapi->scale) {
         host->set_error(host, "the device API has no axpy/scale ops");
@@ -69,18 +72,18 @@ static ct_status sgd_create(const ct_host *host, const ct_device_api *dapi, void
     return CT_OK;
 }
 
-static void sgd_destroy(void *opt) {
+static void sgd_destroy(ct_optimizer *opt) {
     sgd *s = opt;
     if (s) s->host->mem_free(s->host, s);
 }
 
 /* One f32 buffer per parameter element with momentum, none without. */
-static int sgd_state_count(void *opt) {
+static int sgd_state_count(ct_optimizer *opt) {
     const sgd *s = opt;
     return s->momentum > 0.0f ? 1 : 0;
 }
 
-static ct_status sgd_step(void *opt, ct_tensor *param, float *const *state, int64_t numel, float lr,
+static ct_status sgd_step(ct_optimizer *opt, ct_tensor *param, float *const *state, int64_t numel, float lr,
                           int64_t step) {
     sgd *s = opt;
     const ct_device_api *d = s->dapi;
@@ -110,7 +113,7 @@ static ct_status sgd_step(void *opt, ct_tensor *param, float *const *state, int6
 
 /* ABI 1.4 (optional): SGD treats every element alike, so the host may hand it several tensors
  * that lie back to back (same decay flag) as one; leave it out if your step needs each shape. */
-static int sgd_elementwise(void *opt) {
+static int sgd_elementwise(ct_optimizer *opt) {
     (void)opt;
     return 1;
 }

@@ -60,7 +60,7 @@ static const ct_host host = {.struct_size = sizeof(ct_host),
                              .set_error = h_err,
                              .opt_int = h_int};
 static const ct_device_api *api;
-static void *dev;
+static ct_device *dev;
 
 static double now(void)
 {

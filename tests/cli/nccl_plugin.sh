@@ -116,7 +116,7 @@ static const ct_option_spec *find(const char *key) {
 
 /* create with one option overridden must fail with CT_ERR_INVALID naming the option. */
 static void bad_option(const ct_comm_api *api, const char *key, const char *value) {
-    void *comm = (void *)&comm;
+    ct_comm *comm = (ct_comm *)&comm; /* a sentinel a failed create must clear */
     last_error[0] = '\0';
     set_key = key; set_value = value;
     ct_status st = api->create(&host, &comm);
@@ -157,7 +157,7 @@ int main(int argc, char **argv) {
     bad_option(api, "train_timeout_seconds", "-5");
     bad_option(api, "device", "-2");
 
-    void *comm = (void *)&comm;
+    ct_comm *comm = (ct_comm *)&comm; /* a sentinel a failed create must clear */
     last_error[0] = '\0';
     ct_status st = api->create(&host, &comm);
     if (!gpu) {
@@ -167,12 +167,12 @@ int main(int argc, char **argv) {
         CHECK(comm == NULL, "create failed but left comm = %p", comm);
         CHECK(strstr(last_error, want) != NULL, "message '%s' lacks '%s'", last_error, want);
         printf("create without a GPU: %s\n", last_error);
-        comm = (void *)&comm;
+        comm = (ct_comm *)&comm;
         CHECK(api->create(&host, &comm) == CT_ERR_UNSUPPORTED && comm == NULL, "a second create differs");
     } else {
         CHECK(st == CT_OK && comm, "create on a GPU machine: status %d '%s'", (int)st, last_error);
         if (st == CT_OK) {
-            void *world = NULL;
+            ct_comm_group *world = NULL;
             int rank = -1, size = -1;
             CHECK(api->world(comm, &world) == CT_OK && world, "world");
             CHECK(api->group_rank(comm, world, &rank, &size) == CT_OK && rank == 0 && size == 1,

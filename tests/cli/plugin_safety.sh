@@ -79,13 +79,13 @@ cat >"$T/model.c" <<'C'
 /* MODE=many: 300000 parameters of 2^20 floats (1.2 TB); dup: one name twice; huge: a 2^80 shape */
 static const char *const flavors[] = {"x", NULL};
 static const ct_host *host;
-static ct_status create(const ct_host *h, const ct_model_config *c, void **m) { (void)c; host = h; *m = (void *)1; return CT_OK; }
-static void destroy(void *m) { (void)m; }
-static ct_status describe(void *m, ct_model_desc *d) {
+static ct_status create(const ct_host *h, const ct_model_config *c, ct_model **m) { (void)c; host = h; *m = (ct_model *)1; return CT_OK; }
+static void destroy(ct_model *m) { (void)m; }
+static ct_status describe(ct_model *m, ct_model_desc *d) {
     (void)m; d->n_units = 2; d->vocab_size = 16; d->dim = 4; d->n_layers = 0; d->n_params = 1;
     d->n_heads = d->n_kv_heads = 1; d->head_dim = d->ffn_hidden = 4; return CT_OK;
 }
-static ct_status declare(void *m, ct_param_registry *r) {
+static ct_status declare(ct_model *m, ct_param_registry *r) {
     (void)m;
     const char *mode = getenv("MODE");
     ct_init in = {sizeof in, CT_INIT_CONSTANT, 0, 0, 0, 0};
@@ -99,7 +99,7 @@ static ct_status declare(void *m, ct_param_registry *r) {
     }
     return CT_OK;
 }
-static const char *unit_name(void *m, int u) { (void)m; return u ? "head" : "embed"; }
+static const char *unit_name(ct_model *m, int u) { (void)m; return u ? "head" : "embed"; }
 static const ct_model_api api = {sizeof api, flavors, create, destroy, describe, declare, unit_name, NULL, NULL};
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *h, ct_plugin_info *info) {
     (void)h; info->abi_major = CT_ABI_MAJOR; info->abi_minor = CT_ABI_MINOR; info->kind = CT_KIND_MODEL;

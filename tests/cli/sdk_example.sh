@@ -139,7 +139,7 @@ static ct_tensor *reg_add(ct_param_registry *r, int unit, const char *name, int 
 static void check_gpt2(const char *path) {
     const ct_model_api *api = load(path, CT_KIND_MODEL, "gpt2");
     ct_model_config mc = {.struct_size = sizeof mc, .flavor = "tiny", .seq_len = 64};
-    void *m = NULL;
+    ct_model *m = NULL;
     CHECK(api->create(&host, &mc, &m) == CT_OK, "create tiny: %s", last_error);
     if (!m) return;
     ct_model_desc d = {.struct_size = sizeof d};
@@ -174,13 +174,13 @@ static void check_gpt2(const char *path) {
 }
 
 /* The stand-in device runs on host memory. */
-static ct_status d_axpy(void *d, float *y, const float *x, float a, int64_t n) { (void)d; for (int64_t i = 0; i < n; i++) y[i] += a * x[i]; return CT_OK; }
-static ct_status d_scale(void *d, float *x, float a, int64_t n) { (void)d; for (int64_t i = 0; i < n; i++) x[i] *= a; return CT_OK; }
+static ct_status d_axpy(ct_device *d, float *y, const float *x, float a, int64_t n) { (void)d; for (int64_t i = 0; i < n; i++) y[i] += a * x[i]; return CT_OK; }
+static ct_status d_scale(ct_device *d, float *x, float a, int64_t n) { (void)d; for (int64_t i = 0; i < n; i++) x[i] *= a; return CT_OK; }
 
 static void check_sgd(const char *path) {
     const ct_optimizer_api *api = load(path, CT_KIND_OPTIMIZER, "sgd");
     ct_device_api dapi = {.struct_size = sizeof dapi, .axpy = d_axpy, .scale = d_scale};
-    void *o = NULL;
+    ct_optimizer *o = NULL;
     set_key = "momentum"; set_value = 0.5;
     CHECK(api->create(&host, &dapi, NULL, &o) == CT_OK && api->state_count(o) == 1, "momentum 0.5: state_count");
     float p[3] = {1, 2, 3}, g[3] = {0.5f, -1, 2}, b[3] = {0}, *state[1] = {b};

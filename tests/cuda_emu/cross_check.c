@@ -118,7 +118,7 @@ static const ct_host host = {sizeof(ct_host), CT_ABI_MAJOR, CT_ABI_MINOR, NULL, 
 
 typedef struct device {
     const ct_device_api *api;
-    void *dev;
+    ct_device *dev;
     const char *path;
 } device;
 

@@ -97,7 +97,8 @@ static uint16_t to_bf16(float f) { uint32_t u; memcpy(&u, &f, 4); return (uint16
 static float from_bf16(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 
 static const ct_comm_api *api;
-static void *comm, *world;
+static ct_comm *comm;
+static ct_comm_group *world;
 enum { N = 1031, BIG = 1 << 20 };
 
 /* Calls an operation and checks it returned CT_OK. */
@@ -205,7 +206,7 @@ static void test_started(void) {
     for (int i = 0; i < N; i++) h[i] = (float)(rank + 2 * i);
     up(g_in, h, sizeof h);
     for (int j = 0; j < size; j++) for (int i = 0; i < N; i++) wall[(size_t)j * N + i] = (float)(j + 2 * i);
-    void *r1 = NULL, *r2 = NULL;
+    ct_comm_request *r1 = NULL, *r2 = NULL;
     OK(api->all_reduce(comm, world, a, a, N, CT_F32, CT_REDUCE_SUM, &r1), "started all_reduce");
     OK(api->all_gather(comm, world, g_in, g_out, N, CT_F32, &r2), "started all_gather");
     CHECK(r1 && r2, "started operations gave no request");
@@ -216,7 +217,7 @@ static void test_started(void) {
     down(got, g_out, all * 4);
     expect_f32("started all_gather", got, wall, (int64_t)all);
     /* count 0: nothing to move, NULL buffers allowed, both forms */
-    void *r0 = NULL;
+    ct_comm_request *r0 = NULL;
     OK(api->all_reduce(comm, world, NULL, NULL, 0, CT_F32, CT_REDUCE_SUM, NULL), "all_reduce of 0");
     OK(api->all_gather(comm, world, NULL, NULL, 0, CT_F32, &r0), "started all_gather of 0");
     if (r0) OK(api->wait(comm, r0), "wait all_gather of 0");
@@ -225,7 +226,7 @@ static void test_started(void) {
 
 static void test_split(void) {
     /* one group, reversed: key = -rank puts the last world rank first */
-    void *rev = NULL, *par = NULL;
+    ct_comm_group *rev = NULL, *par = NULL;
     int r = -1, s = -1;
     OK(api->split(comm, world, 0, -rank, "rev", &rev), "split rev");
     if (rev) {
@@ -262,7 +263,7 @@ static void test_send_recv(void) {
         if (rank == sender) {
             for (int i = 0; i < N; i++) h[i] = (float)(round * 1000 + i);
             up(d, h, sizeof h);
-            void *req = NULL;
+            ct_comm_request *req = NULL;
             OK(api->send(comm, world, d, N, CT_F32, 1 - rank, 7, round ? &req : NULL), "send");
             if (req) OK(api->wait(comm, req), "wait send");
         } else {
@@ -288,7 +289,7 @@ static void test_errors(void) {
     CHECK(api->all_reduce(comm, world, NULL, d, N, CT_F32, CT_REDUCE_SUM, NULL) == CT_ERR_INVALID, "NULL send");
     CHECK(api->broadcast(comm, world, d, N, CT_F32, -1, NULL) == CT_ERR_INVALID, "root -1");
     CHECK(api->wait(comm, NULL) == CT_ERR_INVALID, "wait(NULL)");
-    CHECK(api->split(comm, world, -3, 0, "neg", &(void *){NULL}) == CT_ERR_INVALID, "color -3");
+    CHECK(api->split(comm, world, -3, 0, "neg", &(ct_comm_group *){NULL}) == CT_ERR_INVALID, "color -3");
     OK(api->barrier(comm, world), "barrier after argument errors");
     cudaFree(d);
 }
@@ -300,7 +301,7 @@ static void test_timeout(void) {
     cudaMemset(d, 0, (size_t)n * 4);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    void *req = NULL;
+    ct_comm_request *req = NULL;
     last_error[0] = '\0';
     ct_status st = api->send(comm, world, d, n, CT_F32, (rank + 1) % size, 0, &req);
     if (st == CT_OK && req) st = api->wait(comm, req);
@@ -330,9 +331,9 @@ static void test_bound_stream(void) {
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "cudaStreamCreateWithFlags");
     float *d = dev((size_t)M * 4), *h = NULL;
     CHECK(cudaMallocHost((void **)&h, (size_t)M * 4) == cudaSuccess, "cudaMallocHost");
-    OK(api->bind_stream(comm, s), "bind_stream");
+    OK(api->bind_stream(comm, (ct_stream *)s), "bind_stream");
     cudaMemsetAsync(d, 0x3f, (size_t)M * 4, s); /* every float 0x3f3f3f3f */
-    void *req = NULL;
+    ct_comm_request *req = NULL;
     OK(api->all_reduce(comm, world, d, d, M, CT_F32, CT_REDUCE_SUM, &req), "all_reduce after a memset on the bound stream");
     if (req) OK(api->wait(comm, req), "wait");
     cudaMemcpyAsync(h, d, (size_t)M * 4, cudaMemcpyDeviceToHost, s);

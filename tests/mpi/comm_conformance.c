@@ -195,7 +195,7 @@ static const ct_host test_host = {
 /* ---------------------------------------------------------------- verdicts */
 
 static const ct_comm_api *api;
-static void *comm;
+static ct_comm *comm;
 static int wrank, wsize;    /* in the world group */
 static int local_fails;     /* failures on this rank in the current check */
 static int failed_checks;   /* checks that failed on some rank */
@@ -244,7 +244,7 @@ static double now_seconds(void)
 /* ---------------------------------------------------------------- values */
 
 typedef struct group {
-    void *g;
+    ct_comm_group *g;
     const char *name;
     int rank, size;
 } group;
@@ -628,7 +628,7 @@ static void check_send_recv(group *g)
          *in2 = xmalloc(bytes);
     fill_bytes(out1, bytes, 1000u + (unsigned)g->rank);
     fill_bytes(out2, bytes, 2000u + (unsigned)g->rank);
-    void *r[4] = {0};
+    ct_comm_request *r[4] = {0};
     expect_status(api->recv(comm, g->g, in2, n, CT_F32, prev, 2, &r[0]), CT_OK, "recv tag 2");
     expect_status(api->recv(comm, g->g, in1, n, CT_F32, prev, 1, &r[1]), CT_OK, "recv tag 1");
     expect_status(api->send(comm, g->g, out1, n, CT_F32, next, 1, &r[2]), CT_OK, "send tag 1");
@@ -681,7 +681,7 @@ static void check_in_flight(group *g, group *other)
     for (int64_t i = 0; i < rs * g->size; i++)
         put(CT_F32, rs_send, i, value(CT_F32, g->rank, i));
 
-    void *r[5] = {0};
+    ct_comm_request *r[5] = {0};
     expect_status(api->all_reduce(comm, g->g, ar, ar, n, CT_F32, CT_REDUCE_SUM, &r[0]), CT_OK,
                   "start all_reduce");
     expect_status(api->all_gather(comm, g->g, ag_send, ag, m, CT_I32, &r[1]), CT_OK,
@@ -743,7 +743,7 @@ static void expect_error(ct_status got, ct_status want, const char *what, const 
 static void check_bad_arguments(group *w)
 {
     float buf[64] = {0};
-    void *req = (void *)&buf;
+    ct_comm_request *req = (ct_comm_request *)&buf; /* a sentinel a failed start must clear */
     expect_error(api->all_reduce(comm, w->g, buf, buf, -1, CT_F32, CT_REDUCE_SUM, NULL),
                  CT_ERR_INVALID, "count -1", "all_reduce");
     expect_error(api->all_reduce(comm, w->g, buf, buf, 4, (ct_dtype)99, CT_REDUCE_SUM, NULL),
@@ -772,7 +772,7 @@ static void check_bad_arguments(group *w)
     expect_error(api->recv(comm, w->g, buf, 4, CT_F32, 0, -1, NULL), CT_ERR_INVALID, "tag -1",
                  "tag");
     expect_error(api->wait(comm, NULL), CT_ERR_INVALID, "wait(NULL)", "wait");
-    void *g = NULL;
+    ct_comm_group *g = NULL;
     expect_error(api->split(comm, w->g, -1, 0, "bad", &g), CT_ERR_INVALID, "split color -1",
                  "color");
     expect_status(api->barrier(comm, w->g), CT_OK, "barrier after the bad calls");
@@ -806,7 +806,7 @@ static void expect_timeout(ct_status st, double t0, const char *what, const char
 static float late_recv[4];
 static void check_recv_timeout(group *w)
 {
-    void *req = NULL;
+    ct_comm_request *req = NULL;
     memset(late_recv, 0, sizeof late_recv);
     expect_status(api->recv(comm, w->g, late_recv, 4, CT_F32, w->rank, 99, &req), CT_OK,
                   "start recv");

@@ -217,7 +217,7 @@ static const ct_host test_host = {
 static void *so;
 static ct_plugin_info info;
 static const ct_device_api *api;
-static void *dev;
+static ct_device *dev;
 static double rtol = 1e-4;
 
 static int load_plugin(void **state)
@@ -2006,8 +2006,8 @@ static void fp8_gemm_cases(int rows)
     fprintf(stderr, "%s: %s\n", rows ? "matmul_fp8_rows" : "matmul_fp8",
             runs ? "runs" : "unsupported on this device (the quantizer emulates)");
     float *buf = dev_floats(NULL, 64);
-    ct_status (*op)(void *, float *, const uint8_t *, const float *, ct_dtype, const uint8_t *, const float *, ct_dtype,
-                    int64_t, int64_t, int64_t, float, float) = rows ? api->matmul_fp8_rows : api->matmul_fp8;
+    ct_status (*op)(ct_device *, float *, const uint8_t *, const float *, ct_dtype, const uint8_t *, const float *,
+                    ct_dtype, int64_t, int64_t, int64_t, float, float) = rows ? api->matmul_fp8_rows : api->matmul_fp8;
     expect_error(op(dev, buf, (uint8_t *)buf, buf, CT_BF16, (uint8_t *)buf, buf, CT_F8_E4M3, 4, 4, 16, 1, 0),
                  CT_ERR_INVALID, "scaled fp8 matmul with a bf16 operand");
     expect_error(op(dev, buf, (uint8_t *)buf, buf, CT_F8_E4M3, (uint8_t *)buf, buf, CT_F8_E4M3, 4, -4, 16, 1, 0),
@@ -2090,7 +2090,7 @@ static void test_share_stream(void **state)
 {
     (void)state;
     TP_SKIP_UNLESS(share_stream);
-    void *s1 = NULL, *s2 = NULL;
+    ct_stream *s1 = NULL, *s2 = NULL;
     expect_error(api->share_stream(dev, &s1), CT_OK, "share_stream");
     expect_error(api->share_stream(dev, &s2), CT_OK, "share_stream again");
     assert_true(s1 == s2);
@@ -2254,7 +2254,7 @@ static void test_graph_capture(void **state)
         want[r] = graph_results(&e);
     }
     graph_inputs(&g, 11);
-    void *graph = NULL;
+    ct_graph *graph = NULL;
     int64_t ops = -1;
     expect_error(api->graph_begin(dev), CT_OK, "graph_begin");
     expect_error(graph_work(&g), CT_OK, "the ops during capture");

@@ -43,9 +43,9 @@ typedef struct env {
     manifest *mf;
     plugin *devp, *quantp;
     const ct_device_api *d;
-    void *dev;
+    ct_device *dev;
     const ct_quantizer_api *q;
-    void *quant;
+    ct_quantizer *quant;
 } env;
 
 static void env_close(env *e) {

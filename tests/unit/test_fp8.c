@@ -196,7 +196,7 @@ static int is_nan_code(unsigned code, int f)
 
 static void *so;
 static const ct_device_api *api;
-static void *dev, *dev1; /* 2 threads, 1 thread */
+static ct_device *dev, *dev1; /* 2 threads, 1 thread */
 
 static int setup(void **state)
 {

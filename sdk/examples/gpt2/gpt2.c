@@ -62,7 +62,7 @@ typedef struct gpt2_block {
     ct_tensor *mlp_proj_w, *mlp_proj_b;   /* (C, 4C), (C) */
 } gpt2_block;
 
-typedef struct gpt2 {
+typedef struct ct_model { /* the ABI's opaque ct_model handle is this state */
     const ct_host *host;
     gpt2_config cfg;
     int64_t seq_len; /* training sequence length, for FLOPs */
@@ -153,7 +153,7 @@ static ct_status gpt2_alloc(gpt2 *m) {
     return CT_OK;
 }
 
-static ct_status gpt2_create(const ct_host *host, const ct_model_config *mc, void **out) {
+static ct_status gpt2_create(const ct_host *host, const ct_model_config *mc, ct_model **out) {
     if (!mc || !CT_HAS_FIELD(mc, ct_model_config, seq_len)) {
         host->set_error(host, "model config missing or too small");
         return CT_ERR_INVALID;
@@ -181,7 +181,7 @@ static ct_status gpt2_create(const ct_host *host, const ct_model_config *mc, voi
     return CT_OK;
 }
 
-static void gpt2_destroy(void *model) {
+static void gpt2_destroy(ct_model *model) {
     gpt2 *m = model;
     if (!m) return;
     if (m->arena) m->host->mem_free(m->host, m->arena);
@@ -199,7 +199,7 @@ static int64_t gpt2_param_count(const gpt2_config *c) {
     return gpt2_embedding_params(c) + c->n_layers * block + 2 * C /* ln_f */ + c->vocab_size * C /* lm_head */;
 }
 
-static ct_status gpt2_describe(void *model, ct_model_desc *out) {
+static ct_status gpt2_describe(ct_model *model, ct_model_desc *out) {
     gpt2 *m = model;
     if (!CT_HAS_FIELD(out, ct_model_desc, flops_per_token)) {
         m->host->set_error(m->host, "model description struct too small (%zu bytes)", out->struct_size);
@@ -220,7 +220,7 @@ static ct_status gpt2_describe(void *model, ct_model_desc *out) {
     return CT_OK;
 }
 
-static const char *gpt2_unit_name(void *model, int unit) {
+static const char *gpt2_unit_name(ct_model *model, int unit) {
     gpt2 *m = model;
     if (unit < 0 || unit >= m->n_units) return "?";
     return m->unit_names[unit];
@@ -291,7 +291,7 @@ static void gpt2_declare_block(gpt2_decl *d, gpt2_block *blk) {
     blk->mlp_proj_b = gpt2_vector(d, "mlp.c_proj.bias", C, 0.0f);
 }
 
-static ct_status gpt2_declare_params(void *model, ct_param_registry *reg) {
+static ct_status gpt2_declare_params(ct_model *model, ct_param_registry *reg) {
     gpt2 *m = model;
     const gpt2_config *c = &m->cfg;
     gpt2_decl d = {.m = m, .reg = reg, .unit = 0, .prefix = "transformer.", .st = CT_OK};
@@ -408,7 +408,7 @@ static ct_status gpt2_check_inputs(const gpt2 *m, int unit, const ct_tensor *x, 
     return CT_OK;
 }
 
-static ct_status gpt2_unit_forward(void *model, int unit, ct_builder *b, ct_tensor *x, const ct_tensor *tokens,
+static ct_status gpt2_unit_forward(ct_model *model, int unit, ct_builder *b, ct_tensor *x, const ct_tensor *tokens,
                                    const ct_tensor *targets, ct_tensor **out) {
     gpt2 *m = model;
     ct_status st = gpt2_check_inputs(m, unit, x, tokens);

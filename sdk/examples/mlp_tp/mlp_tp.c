@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct mlp_tp {
+typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     const ct_host *host;
     int size, rank;
     ct_builder *next;
@@ -34,7 +34,7 @@ static int in_list(ct_tensor *const *list, int n, const ct_tensor *w) {
     return 0;
 }
 
-static ct_status mlp_create(const ct_host *h, const ct_strategy_env *env, void **out) {
+static ct_status mlp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
     mlp_tp *t = calloc(1, sizeof *t);
     if (!t) return CT_ERR_NOMEM;
     t->host = h;
@@ -50,7 +50,7 @@ static ct_status mlp_create(const ct_host *h, const ct_strategy_env *env, void *
     return CT_OK;
 }
 
-static void mlp_destroy(void *p) {
+static void mlp_destroy(ct_strategy *p) {
     mlp_tp *t = p;
     free(t->colwise);
     free(t->rowwise);
@@ -68,7 +68,7 @@ static void split(mlp_tp *t, ct_param_slot *s, int dim) {
     s->local_numel = s->numel;
 }
 
-static ct_status mlp_place(void *p, ct_param_slot *slots, int n) {
+static ct_status mlp_place(ct_strategy *p, ct_param_slot *slots, int n) {
     mlp_tp *t = p;
     t->colwise = calloc((size_t)n + 1, sizeof *t->colwise);
     t->rowwise = calloc((size_t)n + 1, sizeof *t->rowwise);
@@ -88,7 +88,7 @@ static ct_status mlp_place(void *p, ct_param_slot *slots, int n) {
     return CT_OK;
 }
 
-static ct_status mlp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
+static ct_status mlp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_units) {
     (void)p;
     (void)n_units;
     for (int i = 0; i < n; i++) { /* compute on the local block (a data-parallel strategy repoints these) */
@@ -99,18 +99,18 @@ static ct_status mlp_setup(void *p, ct_param_slot *slots, int n, int n_units) {
     return CT_OK;
 }
 
-static ct_status mlp_unit(void *p, int unit) {
+static ct_status mlp_unit(ct_strategy *p, int unit) {
     (void)p;
     (void)unit;
     return CT_OK;
 }
-static ct_status mlp_post_backward(void *p, int unit, int last) {
+static ct_status mlp_post_backward(ct_strategy *p, int unit, int last) {
     (void)p;
     (void)unit;
     (void)last;
     return CT_OK;
 }
-static ct_status mlp_finish(void *p) {
+static ct_status mlp_finish(ct_strategy *p) {
     (void)p;
     return CT_OK;
 }
@@ -133,7 +133,7 @@ static ct_tensor *mlp_linear(ct_builder *b, ct_tensor *x, ct_tensor *w) {
     return n->linear(n, x, w);
 }
 
-static ct_status mlp_wrap(void *p, ct_builder *next, ct_builder *out) {
+static ct_status mlp_wrap(ct_strategy *p, ct_builder *next, ct_builder *out) {
     mlp_tp *t = p;
     t->next = next;
     out->ctx = t;

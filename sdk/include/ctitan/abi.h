@@ -10,6 +10,11 @@
  * host unloads the plugin. The host refuses a plugin whose abi_major differs from its own, one of
  * a newer minor than its own, and one older than the oldest minor it accepts for the plugin's kind.
  *
+ * Instances: each kind's `create` hands out an opaque, typed handle (ct_device *, ct_model *,
+ * ct_comm * ...; see "Opaque handles" below) that the host passes back to every call until
+ * `destroy`. Lifetimes: every header says, for each pointer that crosses the ABI, who owns it and
+ * until when. Pointers the plugin hands out in static tables live until it is unloaded.
+ *
  * Versioning: every ABI struct begins with `size_t struct_size`. Minor versions only append
  * fields; a reader checks struct_size before touching a field newer than what it was built with
  * (CT_HAS_FIELD). A NULL optional function pointer means "not supported".
@@ -82,6 +87,7 @@ typedef enum ct_plugin_kind {
  * entry's struct_size (CT_AT) and refuses a list whose entries differ. */
 typedef enum ct_opt_type { CT_OPT_INT = 1, CT_OPT_FLOAT = 2, CT_OPT_STRING = 3, CT_OPT_BOOL = 4 } ct_opt_type;
 
+/* The list and its strings belong to the plugin and must stay valid until it is unloaded (static). */
 typedef struct ct_option_spec {
     size_t struct_size;
     const char *key;           /* in the plugin's section ("n_layers"); a key with a dot is another
@@ -98,6 +104,33 @@ typedef struct ct_option_spec {
 
 typedef struct ct_host ct_host;
 
+/* Opaque handles. Each is a pointer to a struct that only its creator defines (a device plugin
+ * writes `struct ct_device { ... }` for its own state); everyone else passes it back unread. A
+ * typed pointer instead of `void *` lets the compiler catch a comm handed where a device belongs.
+ * Who owns each and until when:
+ *   ct_device, ct_comm, ct_model, ct_optimizer, ct_strategy, ct_quantizer, ct_runner
+ *       a plugin instance: made by its api's create, owned by the host until it calls destroy.
+ *   ct_comm_group    made by the comm (world, split); world's belongs to the comm until destroy,
+ *                    split's to the caller until group_free.
+ *   ct_comm_request  a started operation; belongs to the comm until wait() completes and frees it.
+ *   ct_graph         a captured device graph (graph_end); the host's until graph_free.
+ *   ct_stream        the device's compute stream (share_stream); the device's until its destroy.
+ *                    A CUDA device hands out its cudaStream_t itself, cast to ct_stream *.
+ * `void *` is left only for untyped memory (buffers) and the ctx fields of host tables. */
+typedef struct ct_device ct_device;
+typedef struct ct_stream ct_stream;
+typedef struct ct_graph ct_graph;
+typedef struct ct_comm ct_comm;
+typedef struct ct_comm_group ct_comm_group;
+typedef struct ct_comm_request ct_comm_request;
+typedef struct ct_model ct_model;
+typedef struct ct_optimizer ct_optimizer;
+typedef struct ct_strategy ct_strategy;
+typedef struct ct_quantizer ct_quantizer;
+typedef struct ct_runner ct_runner;
+
+/* Filled by the entry function. Every pointer in it (name, description, options, api) belongs to
+ * the plugin and must stay valid until the host unloads it: static storage, never the stack. */
 typedef struct ct_plugin_info {
     size_t struct_size;
     uint32_t abi_major;

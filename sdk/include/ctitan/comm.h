@@ -8,8 +8,9 @@
  * Contract:
  *  - Every collective is called by every rank of the group, in the same order.
  *  - `req == NULL`: the call returns when the operation is complete. `req != NULL`: the call starts
- *    the operation and stores a handle in *req; `wait` completes it (and frees the handle). Buffers
- *    must not be touched between the start and the wait.
+ *    the operation and stores a handle in *req; `wait` completes it (and frees the handle): the
+ *    ct_comm_request belongs to the comm and is valid until that wait. Buffers must not be touched
+ *    between the start and the wait.
  *  - Nothing waits forever: a blocking call or `wait` that does not complete within the plugin's
  *    `train_timeout_seconds` option returns CT_ERR_TIMEOUT with a message naming the operation, the
  *    group and the count ("all_reduce of 4096 f32 on group dp (rank 1 of 4): no completion within
@@ -31,49 +32,54 @@ typedef enum ct_reduce_op { CT_REDUCE_SUM = 1, CT_REDUCE_MAX = 2, CT_REDUCE_MIN 
 
 typedef struct ct_comm_api {
     size_t struct_size;
-    /* Joins the job (MPI_Init_thread, NCCL bootstrap). world_rank/size identify this process. */
-    ct_status (*create)(const ct_host *host, void **comm);
+    /* Joins the job (MPI_Init_thread, NCCL bootstrap). world_rank/size identify this process.
+     * *comm is the caller's until destroy. */
+    ct_status (*create)(const ct_host *host, ct_comm **comm);
     /* Leaves the job cleanly (every rank calls it). */
-    void (*destroy)(void *comm);
-    /* The group of every rank. Owned by the comm; never freed by the caller. */
-    ct_status (*world)(void *comm, void **group);
-    ct_status (*group_rank)(void *comm, void *group, int *rank, int *size);
-    /* Collective over `group`: ranks with the same color form a new group, ordered by key. */
-    ct_status (*split)(void *comm, void *group, int color, int key, const char *name, void **out);
-    void (*group_free)(void *comm, void *group);
+    void (*destroy)(ct_comm *comm);
+    /* The group of every rank. Owned by the comm until its destroy; never freed by the caller. */
+    ct_status (*world)(ct_comm *comm, ct_comm_group **group);
+    ct_status (*group_rank)(ct_comm *comm, ct_comm_group *group, int *rank, int *size);
+    /* Collective over `group`: ranks with the same color form a new group, ordered by key. The comm
+     * copies `name` (for messages). *out is the caller's until group_free (before destroy). */
+    ct_status (*split)(ct_comm *comm, ct_comm_group *group, int color, int key, const char *name,
+                       ct_comm_group **out);
+    void (*group_free)(ct_comm *comm, ct_comm_group *group);
 
     /* recv (count) = op over ranks of send (count); send == recv is in place. */
-    ct_status (*all_reduce)(void *comm, void *group, const void *send, void *recv, int64_t count, ct_dtype dt,
-                            ct_reduce_op op, void **req);
+    ct_status (*all_reduce)(ct_comm *comm, ct_comm_group *group, const void *send, void *recv, int64_t count,
+                            ct_dtype dt, ct_reduce_op op, ct_comm_request **req);
     /* recv (size * count) = every rank's send (count), in rank order. */
-    ct_status (*all_gather)(void *comm, void *group, const void *send, void *recv, int64_t count, ct_dtype dt,
-                            void **req);
+    ct_status (*all_gather)(ct_comm *comm, ct_comm_group *group, const void *send, void *recv, int64_t count,
+                            ct_dtype dt, ct_comm_request **req);
     /* recv (count) = op over ranks of send[rank * count .. (rank + 1) * count). send is (size * count). */
-    ct_status (*reduce_scatter)(void *comm, void *group, const void *send, void *recv, int64_t count, ct_dtype dt,
-                                ct_reduce_op op, void **req);
-    ct_status (*broadcast)(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int root, void **req);
+    ct_status (*reduce_scatter)(ct_comm *comm, ct_comm_group *group, const void *send, void *recv, int64_t count,
+                                ct_dtype dt, ct_reduce_op op, ct_comm_request **req);
+    ct_status (*broadcast)(ct_comm *comm, ct_comm_group *group, void *buf, int64_t count, ct_dtype dt, int root,
+                           ct_comm_request **req);
     /* send (size * count): block j goes to rank j; recv (size * count): block j came from rank j. */
-    ct_status (*all_to_all)(void *comm, void *group, const void *send, void *recv, int64_t count, ct_dtype dt,
-                            void **req);
-    ct_status (*send)(void *comm, void *group, const void *buf, int64_t count, ct_dtype dt, int peer, int tag,
-                      void **req);
-    ct_status (*recv)(void *comm, void *group, void *buf, int64_t count, ct_dtype dt, int peer, int tag,
-                      void **req);
-    ct_status (*barrier)(void *comm, void *group);
+    ct_status (*all_to_all)(ct_comm *comm, ct_comm_group *group, const void *send, void *recv, int64_t count,
+                            ct_dtype dt, ct_comm_request **req);
+    ct_status (*send)(ct_comm *comm, ct_comm_group *group, const void *buf, int64_t count, ct_dtype dt, int peer,
+                      int tag, ct_comm_request **req);
+    ct_status (*recv)(ct_comm *comm, ct_comm_group *group, void *buf, int64_t count, ct_dtype dt, int peer,
+                      int tag, ct_comm_request **req);
+    ct_status (*barrier)(ct_comm *comm, ct_comm_group *group);
     /* Completes a started operation (bounded by the timeout) and frees the handle. */
-    ct_status (*wait)(void *comm, void *req);
+    ct_status (*wait)(ct_comm *comm, ct_comm_request *req);
     /* Ends every rank of the job with exit status `code` (after an unrecoverable error). */
-    void (*abort)(void *comm, int code);
+    void (*abort)(ct_comm *comm, int code);
     /* ABI 1.3, optional: moves a started operation along without blocking (a backend that progresses
      * only inside its calls, like MPI, needs these pokes to overlap work); *done = 1 once it completed.
      * The handle stays valid: wait() still completes and frees it. */
-    ct_status (*test)(void *comm, void *req, int *done);
+    ct_status (*test)(ct_comm *comm, ct_comm_request *req, int *done);
     /* ABI 1.4, optional: the device's compute stream (device.h, share_stream). From now on every
      * operation starts after the work queued on `stream` when it was called (an event recorded there
      * and waited for on the comm's own stream), and wait() (or a blocking call) also makes `stream`
      * wait for the operation, so work queued on it afterwards sees the result. The comm's streams
-     * overlap with the compute stream in between. */
-    ct_status (*bind_stream)(void *comm, void *stream);
+     * overlap with the compute stream in between. The stream stays the device's; the comm uses it
+     * until its destroy, so the device is destroyed after the comm. */
+    ct_status (*bind_stream)(ct_comm *comm, ct_stream *stream);
 } ct_comm_api;
 
 #endif

@@ -39,7 +39,8 @@ struct ct_host {
      * reported at the file and line where that key was set. */
     void (*set_error)(const ct_host *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-    /* Host memory, counted under `cat`. Returns NULL on failure (and sets no error). 64-byte aligned. */
+    /* Host memory, counted under `cat`. Returns NULL on failure (and sets no error). 64-byte aligned.
+     * The block is the plugin's until it gives it back with mem_free (before its destroy returns). */
     void *(*mem_alloc)(const ct_host *h, size_t bytes, ct_mem_category cat);
     void (*mem_free)(const ct_host *h, void *p);
     /* For memory the plugin obtains elsewhere (device memory): add or remove bytes from a counter. */

@@ -15,6 +15,9 @@
  * Errors: a builder op returns NULL after the host has recorded the message; the pack then returns
  * any error status (CT_ERR_INVALID is customary) and the host reports its own message.
  * Names: the host copies parameter names at declare time; the pack may free its buffers.
+ * Handles: the ct_model from create is the host's to pass back until destroy. What the pack hands
+ * out (flavors, tp_plan, unit_name's strings) stays valid until destroy or, for the static tables
+ * in ct_model_api, until the plugin is unloaded.
  */
 #ifndef CTITAN_MODEL_H
 #define CTITAN_MODEL_H
@@ -44,7 +47,9 @@ typedef struct ct_param_registry {
     void *ctx;
     /* Declares a parameter of `unit` with its fully qualified name and global shape. Returns the
      * tensor handle the pack keeps (its data/grad are filled by the host before any forward), or
-     * NULL with the error set. flags: CT_TENSOR_NO_DECAY for norm weights and biases. */
+     * NULL with the error set. flags: CT_TENSOR_NO_DECAY for norm weights and biases. The tensor is
+     * the host's and stays at the same address for every later call but destroy (the host may free
+     * it first, so destroy must not read it). */
     ct_tensor *(*add)(struct ct_param_registry *r, int unit, const char *name, int ndim,
                       const int64_t *shape, const ct_init *init, uint32_t flags);
 } ct_param_registry;
@@ -195,23 +200,24 @@ typedef struct ct_tp_rule {
 
 typedef struct ct_model_api {
     size_t struct_size;
-    const char *const *flavors; /* NULL-terminated list of flavor names */
+    const char *const *flavors; /* NULL-terminated list of flavor names; static, valid until unload */
     /* Reads the pack's own options (model.* keys it declared) through `host`. An unknown flavor is
      * CT_ERR_INVALID with a message listing the known ones. */
-    ct_status (*create)(const ct_host *host, const ct_model_config *cfg, void **model);
-    void (*destroy)(void *model);
-    ct_status (*describe)(void *model, ct_model_desc *out);
-    ct_status (*declare_params)(void *model, ct_param_registry *reg);
+    ct_status (*create)(const ct_host *host, const ct_model_config *cfg, ct_model **model);
+    void (*destroy)(ct_model *model);
+    ct_status (*describe)(ct_model *model, ct_model_desc *out);
+    ct_status (*declare_params)(ct_model *model, ct_param_registry *reg);
     /* A short name for a unit, for logs, plans and traces ("tok_embeddings", "layers.3", "output"). The
-     * string must stay valid and unchanged from create to destroy: the host keeps the pointer (the trace does). */
-    const char *(*unit_name)(void *model, int unit);
+     * string is the model's and stays valid and unchanged until destroy: the host keeps the pointer
+     * (the trace does) and may hold several at once. */
+    const char *(*unit_name)(ct_model *model, int unit);
     /* Forward of one unit.
      *   x:       the previous unit's output (NULL for unit 0)
      *   tokens:  (B, T) int32 input ids (every unit sees them)
      *   targets: (B, T) int32 or NULL. The last unit returns the summed loss (scalar) when targets
      *            are given and the logits (B, T, V) when they are NULL.
      * *out receives the unit's output tensor. */
-    ct_status (*unit_forward)(void *model, int unit, ct_builder *b, ct_tensor *x,
+    ct_status (*unit_forward)(ct_model *model, int unit, ct_builder *b, ct_tensor *x,
                               const ct_tensor *tokens, const ct_tensor *targets, ct_tensor **out);
     /* Optional: the tensor-parallel plan, ended by a rule whose pattern is NULL; the first rule
      * matching a parameter's name gives its style; a parameter no rule matches is replicated. NULL: the

@@ -37,22 +37,25 @@ typedef struct ct_pipeline_host {
      * an earlier one reads the output gradient that input() placed. */
     ct_status (*backward)(void *ctx, int stage, int mb, int op);
     /* What leaves a stage after its work: kind CT_PP_ACTIVATION after forward (its output), or
-     * CT_PP_GRADIENT after B or I (the gradient of its input). Valid until the step ends. */
+     * CT_PP_GRADIENT after B or I (the gradient of its input). *data is the host's, valid until the
+     * runner releases (stage, mb): the host then reuses that memory for another microbatch. */
     ct_status (*output)(void *ctx, int stage, int mb, int kind, const float **data, int *ndim, int64_t *shape);
     /* Where what arrives for a stage goes: kind CT_PP_ACTIVATION (its input, before its forward) or
-     * CT_PP_GRADIENT (its output's gradient, before its backward), of the shape the sender sent. */
+     * CT_PP_GRADIENT (its output's gradient, before its backward), of the shape the sender sent.
+     * *data is the host's buffer for the runner to fill, valid until it releases (stage, mb). */
     ct_status (*input)(void *ctx, int stage, int mb, int kind, int ndim, const int64_t *shape, float **data);
     /* The runner is done with (stage, mb): its last action ran and every send from it completed. When
      * all of this rank's stages released a microbatch, the host reuses its memory for another. */
     void (*release)(void *ctx, int stage, int mb);
 } ct_pipeline_host;
 
-/* How the pipeline is laid out, given at create. */
+/* How the pipeline is laid out, given at create. Copy the struct; the pointers in it (capi, comm,
+ * group, actions) are the host's and stay valid until destroy. */
 typedef struct ct_pipeline_env {
     size_t struct_size;
     const ct_comm_api *capi;
-    void *comm;
-    void *group;          /* the pp group: rank r of it runs stage(s) per placement */
+    ct_comm *comm;
+    ct_comm_group *group; /* the pp group: rank r of it runs stage(s) per placement */
     int pp_rank, pp_size;
     int n_stages, n_microbatches;
     ct_pp_placement placement;
@@ -70,10 +73,11 @@ typedef struct ct_pipeline_stats {
 
 typedef struct ct_pipeline_api {
     size_t struct_size;
-    ct_status (*create)(const ct_host *host, const ct_pipeline_env *env, void **runner);
-    void (*destroy)(void *runner);
+    /* *runner is the host's until destroy. */
+    ct_status (*create)(const ct_host *host, const ct_pipeline_env *env, ct_runner **runner);
+    void (*destroy)(ct_runner *runner);
     /* Runs every action of this rank for one step; returns after all its sends completed. */
-    ct_status (*run_step)(void *runner, const ct_pipeline_host *ph, ct_pipeline_stats *stats);
+    ct_status (*run_step)(ct_runner *runner, const ct_pipeline_host *ph, ct_pipeline_stats *stats);
 } ct_pipeline_api;
 
 #endif

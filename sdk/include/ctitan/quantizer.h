@@ -17,19 +17,22 @@
 
 typedef struct ct_quantizer_api {
     size_t struct_size;
-    /* Reads the plugin's options (the recipe); an unknown recipe is CT_ERR_INVALID with a hint. */
-    ct_status (*create)(const ct_host *host, const ct_device_api *dapi, void *dev, void **q);
-    void (*destroy)(void *q);
-    /* 1 when this linear weight (out, in) is converted; *why gets a short reason when it is not. */
-    int (*converts)(void *q, const ct_tensor *weight, const char **why);
+    /* Reads the plugin's options (the recipe); an unknown recipe is CT_ERR_INVALID with a hint.
+     * dapi and dev are the host's and outlive the quantizer; *q is the host's until destroy. */
+    ct_status (*create)(const ct_host *host, const ct_device_api *dapi, ct_device *dev, ct_quantizer **q);
+    void (*destroy)(ct_quantizer *q);
+    /* 1 when this linear weight (out, in) is converted; *why gets a short reason when it is not,
+     * a string the quantizer owns and keeps valid until destroy. */
+    int (*converts)(ct_quantizer *q, const ct_tensor *weight, const char **why);
     /* y (n, out) = x (n, in) @ w (out, in)^T */
-    ct_status (*forward)(void *q, float *y, const float *x, const float *w, int64_t n, int64_t out, int64_t in);
+    ct_status (*forward)(ct_quantizer *q, float *y, const float *x, const float *w, int64_t n, int64_t out,
+                         int64_t in);
     /* dx (n, in) += dy (n, out) @ w (out, in) */
-    ct_status (*backward_input)(void *q, float *dx, const float *dy, const float *w, int64_t n, int64_t out,
-                                int64_t in);
+    ct_status (*backward_input)(ct_quantizer *q, float *dx, const float *dy, const float *w, int64_t n,
+                                int64_t out, int64_t in);
     /* dw (out, in) += dy (n, out)^T @ x (n, in) */
-    ct_status (*backward_weight)(void *q, float *dw, const float *dy, const float *x, int64_t n, int64_t out,
-                                 int64_t in);
+    ct_status (*backward_weight)(ct_quantizer *q, float *dw, const float *dy, const float *x, int64_t n,
+                                 int64_t out, int64_t in);
 } ct_quantizer_api;
 
 #endif

@@ -50,7 +50,8 @@ typedef struct ct_schedule_shape {
     int stages_per_rank; /* 1 for GPipe and 1F1B, 2 or more for the interleaved ones */
     int n_microbatches;
     int rank;            /* the pp rank whose actions are wanted, 0 .. pp_size - 1 */
-    const char *csv_path; /* parallelism.pipeline_parallel_schedule_csv (the CSV schedule reads it), or NULL */
+    const char *csv_path; /* parallelism.pipeline_parallel_schedule_csv (the CSV schedule reads it), or NULL;
+                             the host's, valid during the call */
 } ct_schedule_shape;
 
 typedef struct ct_schedule_api {
@@ -60,7 +61,8 @@ typedef struct ct_schedule_api {
     int min_stages_per_rank, max_stages_per_rank;
     /* Writes the rank's actions into out's first *n elements. The host allocated `cap` elements and set
      * every one's struct_size: write element k at CT_AT(ct_pp_action, out, k), only the fields that
-     * struct_size covers, and leave struct_size as it is. When cap is too small: CT_ERR_INVALID with *n set to
+     * struct_size covers, and leave struct_size as it is. The array is the caller's: keep no pointer to it
+     * or to shape. When cap is too small: CT_ERR_INVALID with *n set to
      * the number needed. A shape the schedule cannot serve (e.g. fewer microbatches than it needs):
      * CT_ERR_INVALID with a message through host->set_error. */
     ct_status (*actions)(const ct_host *host, const ct_schedule_shape *shape, ct_pp_action *out, int cap, int *n);

@@ -58,17 +58,21 @@ typedef struct ct_mesh_info {
     int world_rank, world_size;
     int degree[CT_MESH_NAXES];
     int coord[CT_MESH_NAXES];
-    void *group[CT_MESH_NAXES]; /* comm group of the ranks that differ only on this axis */
-    void *dp_group;             /* dp_replicate x dp_shard flattened (batch and loss reductions) */
+    /* The groups belong to the host (split from the comm's world) and stay valid until every
+     * strategy is destroyed; a strategy uses them and never frees them. */
+    ct_comm_group *group[CT_MESH_NAXES]; /* comm group of the ranks that differ only on this axis */
+    ct_comm_group *dp_group;             /* dp_replicate x dp_shard flattened (batch and loss reductions) */
     int dp_rank, dp_size;
 } ct_mesh_info;
 
+/* Given at create. The env struct itself may be gone after create returns (copy it); every pointer
+ * in it (dapi, dev, capi, comm, mesh, tp_plan) is the host's and stays valid until destroy. */
 typedef struct ct_strategy_env {
     size_t struct_size;
     const ct_device_api *dapi;
-    void *dev;
+    ct_device *dev;
     const ct_comm_api *capi; /* counts the bytes a strategy hands it (comm_bytes in the metrics) */
-    void *comm;
+    ct_comm *comm;
     const ct_mesh_info *mesh;
     int bf16_compute; /* training.mixed_precision_param: bfloat16 -> gather and compute in bf16 values */
     /* gather the weights the quantizer converts (CT_TENSOR_QUANTIZED) as e4m3 with tensor-wide scales
@@ -116,27 +120,30 @@ typedef struct ct_param_slot {
 /* Slot i of an array handed over by the host, stepping by the host's element size. */
 #define CT_SLOT_AT(slots, i) ((ct_param_slot *)((char *)(slots) + (size_t)(i) * (slots)->struct_size))
 
+/* create's *s is the host's until destroy. The slots array handed to place and setup is the host's:
+ * the same array at the same address for every hook, so a strategy may keep the pointer; the host
+ * may free it (and the parameters) before destroy, so destroy must not read it. */
 typedef struct ct_strategy_api {
     size_t struct_size;
-    ct_status (*create)(const ct_host *host, const ct_strategy_env *env, void **s);
-    void (*destroy)(void *s);
-    ct_status (*place)(void *s, ct_param_slot *slots, int n);
-    ct_status (*setup)(void *s, ct_param_slot *slots, int n, int n_units);
-    ct_status (*pre_forward)(void *s, int unit);
-    ct_status (*post_forward)(void *s, int unit);
-    ct_status (*pre_backward)(void *s, int unit);
+    ct_status (*create)(const ct_host *host, const ct_strategy_env *env, ct_strategy **s);
+    void (*destroy)(ct_strategy *s);
+    ct_status (*place)(ct_strategy *s, ct_param_slot *slots, int n);
+    ct_status (*setup)(ct_strategy *s, ct_param_slot *slots, int n, int n_units);
+    ct_status (*pre_forward)(ct_strategy *s, int unit);
+    ct_status (*post_forward)(ct_strategy *s, int unit);
+    ct_status (*pre_backward)(ct_strategy *s, int unit);
     /* last_microbatch: the step's last backward (DDP reduces only then) */
-    ct_status (*post_backward)(void *s, int unit, int last_microbatch);
-    ct_status (*finish_backward)(void *s);
+    ct_status (*post_backward)(ct_strategy *s, int unit, int last_microbatch);
+    ct_status (*finish_backward)(ct_strategy *s);
     /* Optional (NULL: acts around units only): an operation-level strategy wraps the builder. `out`
      * arrives with every op forwarding to `next` and ctx NULL; the strategy replaces the ops it
      * changes and sets out->ctx to its own state. Its ops call next's (`next->linear(next, ...)`) for
      * what they compute. Called once, after setup; `next` and `out` are the host's and live until
      * destroy. */
-    ct_status (*wrap_builder)(void *s, ct_builder *next, ct_builder *out);
+    ct_status (*wrap_builder)(ct_strategy *s, ct_builder *next, ct_builder *out);
     /* Optional: every sequence the host runs must have a multiple of this many tokens (sequence
      * parallel splits token rows over tp); the host pads a sampling prompt up to it. NULL: 1. */
-    int64_t (*sequence_multiple)(void *s);
+    int64_t (*sequence_multiple)(ct_strategy *s);
 } ct_strategy_api;
 
 #endif

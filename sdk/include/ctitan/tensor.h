@@ -1,8 +1,8 @@
 /* ctitan/tensor.h: dtypes and the tensor descriptor shared by the model, optimizer and host.
  *
  * A tensor is a view of device memory: the host owns `data` and `grad` (they come from the host's
- * arenas); plugins read the shape and pointers and never free them. Shapes are row-major and
- * contiguous: shape[ndim-1] varies fastest.
+ * arenas) and the descriptor itself; plugins read the shape and pointers and never free them.
+ * Shapes are row-major and contiguous: shape[ndim-1] varies fastest.
  */
 #ifndef CTITAN_TENSOR_H
 #define CTITAN_TENSOR_H
@@ -45,7 +45,8 @@ typedef struct ct_tensor {
     int64_t shape[CT_MAX_DIMS];
     void *data;       /* device memory, numel * dtype size bytes */
     void *grad;       /* device memory of the same shape in f32, or NULL */
-    const char *name; /* parameters: fully qualified name ("layers.0.attention.wq.weight") */
+    const char *name; /* parameters: fully qualified name ("layers.0.attention.wq.weight"); the host's
+                         copy, valid as long as the tensor */
     uint32_t flags;
     int device;       /* device index; 0 for the CPU */
 } ct_tensor;
