@@ -598,6 +598,7 @@ static int train_finish(train_run *r) {
     return 128 + late;
 }
 
+/* One start of the run: 0, EXIT_BAD_INPUT, EXIT_RUN_FAILED, or 128 + the stop signal it ended on. */
 static int train_loop(session *s, manifest *mf) {
     train_run r = {.s = s, .mf = mf};
     int rc = train_settings_read(&r);
