@@ -276,43 +276,37 @@ static json_t *run_config(session *s) {
 }
 
 /* Rank 0: merges the rank indexes into metadata.json (the last file written). */
-static int write_metadata(session *s, const char *dir, int64_t step, const ckpt_train_state *st, char *err,
-                          size_t errlen) {
-    json_t *root = json_object(), *shards = json_array(), *tensors = json_object();
-    int rc = -1;
-    json_object_set_new(root, "format", json_string("ctitan-checkpoint"));
-    json_object_set_new(root, "version", json_integer(CKPT_VERSION));
-    json_object_set_new(root, "step", json_integer(step));
-    json_object_set_new(root, "world_size", json_integer(s->world));
-    if (s->capi) { /* the layout it was written with (loading reshards to any other) */
-        json_t *mesh = json_object();
-        static const char *axes[] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
-        for (int a = 0; a < CT_MESH_NAXES && a < 5; a++)
-            json_object_set_new(mesh, axes[a], json_integer(s->mesh.degree[a] > 0 ? s->mesh.degree[a] : 1));
-        json_object_set_new(root, "mesh", mesh);
-    }
-    json_object_set_new(root, "config", run_config(s));
+/* Every rank's index (dir/rank-NNNNN.json) appended to shards. 0, or -1 (err says why, unless a path
+ * was too long). */
+static int shards_gather(const session *s, const char *dir, json_t *shards, char *err, size_t errlen) {
     for (int r = 0; r < s->world; r++) {
         char path[PATH_MAX];
-        if (snprintf(path, sizeof path, "%s/rank-%05d.json", dir, r) >= (int)sizeof path) goto done;
+        if (snprintf(path, sizeof path, "%s/rank-%05d.json", dir, r) >= (int)sizeof path) return -1;
         json_error_t je;
         json_t *idx = json_load_file(path, 0, &je);
         if (!idx || !json_is_array(idx)) {
             json_decref(idx);
             ct_errf(err, errlen, "%s: missing or unreadable rank index", path);
-            goto done;
+            return -1;
         }
         size_t i;
         json_t *e;
         json_array_foreach(idx, i, e) json_array_append(shards, e);
         json_decref(idx);
     }
+    return 0;
+}
+
+/* The tensors this save holds, name -> dtype and global shape (a model-only save has no optimizer
+ * state): those some shard names. */
+static json_t *tensors_listed(const session *s, json_t *shards) {
+    json_t *tensors = json_object();
     for (int i = 0; i < s->rt.n_params; i++) {
         const ct_tensor *p = s->rt.slots[i].param;
         for (int k = -1; k < s->n_state; k++) {
             char name[512];
             tensor_name(name, sizeof name, p->name, k);
-            int present = 0; /* list the tensors this save holds (a model-only save has no optimizer) */
+            int present = 0;
             size_t j;
             json_t *e;
             json_array_foreach(shards, j, e) if (!strcmp(json_string_value(json_object_get(e, "tensor")), name)) {
@@ -326,34 +320,59 @@ static int write_metadata(session *s, const char *dir, int64_t step, const ckpt_
             json_object_set_new(tensors, name, t);
         }
     }
-    json_object_set_new(root, "tensors", tensors);
-    tensors = NULL;
-    json_object_set_new(root, "shards", shards);
-    shards = NULL;
-    if (st) {
-        json_t *t = json_object();
-        json_object_set_new(t, "step", json_integer(st->step));
-        json_object_set_new(t, "tokens_seen", json_integer(st->tokens_seen));
-        json_object_set_new(t, "data_position", json_integer(st->data_position));
-        json_object_set_new(t, "seed", json_integer(st->seed));
-        json_object_set_new(t, "dp_size", json_integer(st->dp_size));
-        json_object_set_new(root, "train_state", t);
-    }
+    return tensors;
+}
+
+static json_t *train_state_json(const ckpt_train_state *st) {
+    json_t *t = json_object();
+    json_object_set_new(t, "step", json_integer(st->step));
+    json_object_set_new(t, "tokens_seen", json_integer(st->tokens_seen));
+    json_object_set_new(t, "data_position", json_integer(st->data_position));
+    json_object_set_new(t, "seed", json_integer(st->seed));
+    json_object_set_new(t, "dp_size", json_integer(st->dp_size));
+    return t;
+}
+
+/* root as dir/metadata.json: written to a temporary name, synced, renamed, the folder synced. */
+static int metadata_file_write(const char *dir, const json_t *root, char *err, size_t errlen) {
     char *text = json_dumps(root, JSON_INDENT(1));
     char path[PATH_MAX], tmp[PATH_MAX + 8];
     int long_path = snprintf(path, sizeof path, "%s/metadata.json", dir) >= (int)sizeof path;
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (!text || long_path || write_file_synced(tmp, text, strlen(text)) || rename(tmp, path) || fsync_path(dir)) {
-        free(text);
         ct_errf(err, errlen, "%s: cannot write the metadata: %s", path, text ? strerror(errno) : "out of memory");
+        free(text);
         unlink(tmp);
-        goto done;
+        return -1;
     }
     free(text);
-    rc = 0;
-done:
-    json_decref(shards);
-    json_decref(tensors);
+    return 0;
+}
+
+static int write_metadata(session *s, const char *dir, int64_t step, const ckpt_train_state *st, char *err,
+                          size_t errlen) {
+    json_t *root = json_object(), *shards = json_array();
+    json_object_set_new(root, "format", json_string("ctitan-checkpoint"));
+    json_object_set_new(root, "version", json_integer(CKPT_VERSION));
+    json_object_set_new(root, "step", json_integer(step));
+    json_object_set_new(root, "world_size", json_integer(s->world));
+    if (s->capi) { /* the layout it was written with (loading reshards to any other) */
+        json_t *mesh = json_object();
+        static const char *axes[] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
+        for (int a = 0; a < CT_MESH_NAXES && a < 5; a++)
+            json_object_set_new(mesh, axes[a], json_integer(s->mesh.degree[a] > 0 ? s->mesh.degree[a] : 1));
+        json_object_set_new(root, "mesh", mesh);
+    }
+    json_object_set_new(root, "config", run_config(s));
+    if (shards_gather(s, dir, shards, err, errlen)) {
+        json_decref(shards);
+        json_decref(root);
+        return -1;
+    }
+    json_object_set_new(root, "tensors", tensors_listed(s, shards));
+    json_object_set_new(root, "shards", shards);
+    if (st) json_object_set_new(root, "train_state", train_state_json(st));
+    int rc = metadata_file_write(dir, root, err, errlen);
     json_decref(root);
     return rc;
 }
@@ -898,78 +917,102 @@ static int64_t copy_intersection(const piece *p, const float *src, const box *wa
     return n;
 }
 
+/* What ckpt_load reads from: the step folder, its metadata and pieces, and buffers reused across
+ * tensors. */
+typedef struct ckpt_reader {
+    const char *step_dir;
+    const char *path; /* its metadata.json */
+    json_t *tensors;  /* the metadata's tensor list */
+    piece *pieces;
+    size_t np;
+    float *buf;   /* one piece's bytes */
+    float *local; /* this rank's part of one tensor */
+} ckpt_reader;
+
+/* Piece p of tensor `name` into r->buf, its size, checksum and values checked. 0 or -1 (err says
+ * why, or is empty when memory ran out). */
+static int piece_read(ckpt_reader *r, const piece *p, const char *name, char *err, size_t errlen) {
+    float *g = realloc(r->buf, (size_t)p->bytes + 4);
+    if (!g) return -1;
+    r->buf = g;
+    char fpath[PATH_MAX];
+    snprintf(fpath, sizeof fpath, "%s/%s", r->step_dir, p->file);
+    int fd = open(fpath, O_RDONLY);
+    ssize_t got = fd >= 0 ? pread(fd, r->buf, (size_t)p->bytes, p->byte_offset) : -1;
+    if (fd >= 0) close(fd);
+    if (got != p->bytes) {
+        ct_errf(err, errlen, "%s: %s is truncated or missing (needed %" PRId64 " bytes at %" PRId64 ")", fpath, name,
+                p->bytes, p->byte_offset);
+        return -1;
+    }
+    if (fnv1a(r->buf, (size_t)p->bytes, 1469598103934665603ull) != p->sum) {
+        ct_errf(err, errlen, "%s: checksum mismatch in %s: the checkpoint is corrupt", fpath, name);
+        return -1;
+    }
+    return tf_check_finite_data(r->buf, p->bytes / 4, fpath, name, err, errlen);
+}
+
+/* Parameter i's tensor k (-1: the weights, else optimizer state k): this rank's box want of it,
+ * gathered from every piece that overlaps it, onto the device. 0 or -1 (err as piece_read). */
+static int tensor_load(session *s, ckpt_reader *r, int i, int k, const box *want, char *err, size_t errlen) {
+    const ct_param_slot *sl = &s->rt.slots[i];
+    int64_t n = box_numel(want);
+    char name[512];
+    tensor_name(name, sizeof name, sl->param->name, k);
+    json_t *t = json_object_get(r->tensors, name);
+    int64_t shape[CT_MAX_DIMS];
+    int nd = 0;
+    if (!t || parse_box(json_object_get(t, "shape"), shape, &nd) || nd != sl->param->ndim ||
+        memcmp(shape, sl->global_shape, sizeof(int64_t) * (size_t)nd)) {
+        ct_errf(err, errlen, "%s: %s is missing or has another shape than the model's", r->path, name);
+        return -1;
+    }
+    memset(r->local, 0, sizeof(float) * (size_t)sl->local_numel);
+    int64_t covered = 0;
+    for (size_t j = 0; j < r->np && n > 0; j++) {
+        piece *p = &r->pieces[j];
+        if (strcmp(p->tensor, name) || p->b.ndim != want->ndim) continue;
+        if (piece_read(r, p, name, err, errlen)) return -1;
+        covered += copy_intersection(p, r->buf, want, r->local);
+    }
+    if (covered != n) {
+        ct_errf(err, errlen, "%s: the pieces of %s cover %" PRId64 " of the %" PRId64 " elements this rank needs",
+                r->path, name, covered, n);
+        return -1;
+    }
+    float *dst = (float *)storage(s, i, k);
+    if (s->d->copy(s->dev, dst, r->local, sizeof(float) * (size_t)sl->local_numel, CT_COPY_H2D) != CT_OK) {
+        ct_errf(err, errlen, "checkpoint: cannot copy %s to the device", name);
+        return -1;
+    }
+    return 0;
+}
+
 int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, int *has_state, char *err,
               size_t errlen) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/metadata.json", step_dir);
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
-    piece *pieces = NULL;
-    float *buf = NULL, *local = NULL;
+    ckpt_reader r = {.step_dir = step_dir, .path = path};
     int rc = -1;
     *has_state = 0;
     if (!root) {
         ct_errf(err, errlen, "%s:%d: not a checkpoint (%s)", path, je.line, je.text);
         return -1;
     }
-    json_t *tensors = json_object_get(root, "tensors");
-    size_t np = 0;
-    if (parse_pieces(root, path, &pieces, &np, err, errlen) || check_folder(root, step_dir, path, err, errlen)) goto done;
+    r.tensors = json_object_get(root, "tensors");
+    if (parse_pieces(root, path, &r.pieces, &r.np, err, errlen) || check_folder(root, step_dir, path, err, errlen))
+        goto done;
     for (int i = 0; i < s->rt.n_params; i++) {
         const ct_param_slot *sl = &s->rt.slots[i];
         box want;
         local_box(sl, &want);
-        int64_t n = box_numel(&want);
-        float *grown = realloc(local, sizeof(float) * (size_t)(sl->local_numel > 0 ? sl->local_numel : 1));
+        float *grown = realloc(r.local, sizeof(float) * (size_t)(sl->local_numel > 0 ? sl->local_numel : 1));
         if (!grown) goto done;
-        local = grown;
-        for (int k = (what & CKPT_MODEL) ? -1 : 0; k < ((what & CKPT_OPTIMIZER) ? s->n_state : 0); k++) {
-            char name[512];
-            tensor_name(name, sizeof name, sl->param->name, k);
-            json_t *t = json_object_get(tensors, name);
-            int64_t shape[CT_MAX_DIMS];
-            int nd = 0;
-            if (!t || parse_box(json_object_get(t, "shape"), shape, &nd) || nd != sl->param->ndim ||
-                memcmp(shape, sl->global_shape, sizeof(int64_t) * (size_t)nd)) {
-                ct_errf(err, errlen, "%s: %s is missing or has another shape than the model's", path, name);
-                goto done;
-            }
-            memset(local, 0, sizeof(float) * (size_t)sl->local_numel);
-            int64_t covered = 0;
-            for (size_t j = 0; j < np && n > 0; j++) {
-                piece *p = &pieces[j];
-                if (strcmp(p->tensor, name) || p->b.ndim != want.ndim) continue;
-                float *g = realloc(buf, (size_t)p->bytes + 4);
-                if (!g) goto done;
-                buf = g;
-                char fpath[PATH_MAX];
-                snprintf(fpath, sizeof fpath, "%s/%s", step_dir, p->file);
-                int fd = open(fpath, O_RDONLY);
-                ssize_t got = fd >= 0 ? pread(fd, buf, (size_t)p->bytes, p->byte_offset) : -1;
-                if (fd >= 0) close(fd);
-                if (got != p->bytes) {
-                    ct_errf(err, errlen, "%s: %s is truncated or missing (needed %" PRId64 " bytes at %" PRId64 ")",
-                            fpath, name, p->bytes, p->byte_offset);
-                    goto done;
-                }
-                if (fnv1a(buf, (size_t)p->bytes, 1469598103934665603ull) != p->sum) {
-                    ct_errf(err, errlen, "%s: checksum mismatch in %s: the checkpoint is corrupt", fpath, name);
-                    goto done;
-                }
-                if (tf_check_finite_data(buf, p->bytes / 4, fpath, name, err, errlen)) goto done;
-                covered += copy_intersection(p, buf, &want, local);
-            }
-            if (covered != n) {
-                ct_errf(err, errlen, "%s: the pieces of %s cover %" PRId64 " of the %" PRId64 " elements this rank needs",
-                        path, name, covered, n);
-                goto done;
-            }
-            float *dst = (float *)storage(s, i, k);
-            if (s->d->copy(s->dev, dst, local, sizeof(float) * (size_t)sl->local_numel, CT_COPY_H2D) != CT_OK) {
-                ct_errf(err, errlen, "checkpoint: cannot copy %s to the device", name);
-                goto done;
-            }
-        }
+        r.local = grown;
+        for (int k = (what & CKPT_MODEL) ? -1 : 0; k < ((what & CKPT_OPTIMIZER) ? s->n_state : 0); k++)
+            if (tensor_load(s, &r, i, k, &want, err, errlen)) goto done;
     }
     json_t *ts = json_object_get(root, "train_state");
     if (st && json_is_object(ts)) {
@@ -983,9 +1026,9 @@ int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, 
     rc = 0;
 done:
     if (rc && !err[0]) ct_errf(err, errlen, "%s: out of memory", path);
-    free(pieces);
-    free(buf);
-    free(local);
+    free(r.pieces);
+    free(r.buf);
+    free(r.local);
     json_decref(root);
     return rc;
 }

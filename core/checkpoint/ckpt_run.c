@@ -141,6 +141,45 @@ static int config_allowed(const manifest *mf, const char *dir, const ckpt_info *
     return 0;
 }
 
+/* pick_resume's step folder dir (at step model_step) holds the model only (a final save under
+ * last_save_model_only): with checkpoint.load_step naming it, an error; else the newest full-state
+ * save below it, in dir (1), or none: a fresh start (0). -1 after printing an error line. */
+static int resume_full_below(session *s, const manifest *mf, ckpt_plan *ck, int64_t load_step, int64_t model_step,
+                             char *dir, size_t len) {
+    char err[2048], where[600];
+    if (load_step >= 0) {
+        int64_t full = ckpt_latest_full(ck->folder, INT64_MAX);
+        mf_where(mf, "checkpoint.load_step", where, sizeof where);
+        char alt[64] = "none is here";
+        if (full >= 0) snprintf(alt, sizeof alt, "step-%" PRId64 " has it", full);
+        fprintf(stderr, "ctitan: %s: %s holds the model only (a final save under checkpoint.last_save_model_only); "
+                        "resuming needs the optimizer and train state (%s): set checkpoint.load_step to a full save, or "
+                        "load it as checkpoint.initial_load_path into a new job.dump_folder\n",
+                where, dir, alt);
+        return -1;
+    }
+    int64_t full = ckpt_latest_full(ck->folder, model_step);
+    if (full < 0) {
+        printf("checkpoint: %s holds the model only (checkpoint.last_save_model_only) and no checkpoint in %s holds "
+               "the full training state: training starts again from step 0\n", dir, ck->folder);
+        return 0;
+    }
+    printf("checkpoint: %s holds the model only (checkpoint.last_save_model_only); resuming from step-%" PRId64
+           ", the newest save with the full training state (steps %" PRId64 "-%" PRId64 " are trained again)\n",
+           dir, full, full + 1, model_step);
+    if (snprintf(dir, len, "%s/step-%" PRId64, ck->folder, full) >= (int)len) return -1; /* fit above: shorter */
+    ckpt_info info;
+    if (ckpt_inspect(s, dir, 1, &info, err, sizeof err)) {
+        fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+        return -1;
+    }
+    if (config_allowed(mf, dir, &info, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return -1;
+    }
+    return 1;
+}
+
 /* Picks the step folder a run resumes from (checkpoint.load_step, else the newest) and checks it:
  * 1 and its path in dir (2: a seed checkpoint, the model only), 0 when there is none (a fresh
  * start), -1 after printing an error line.
@@ -198,36 +237,7 @@ static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t lo
     }
     if (info.has_state) return 1;
     if (info.step == 0) return 2; /* a seed checkpoint (create_seed_checkpoint): the model, then step 1 */
-    if (load_step >= 0) {
-        int64_t full = ckpt_latest_full(ck->folder, INT64_MAX);
-        mf_where(mf, "checkpoint.load_step", where, sizeof where);
-        char alt[64] = "none is here";
-        if (full >= 0) snprintf(alt, sizeof alt, "step-%" PRId64 " has it", full);
-        fprintf(stderr, "ctitan: %s: %s holds the model only (a final save under checkpoint.last_save_model_only); "
-                        "resuming needs the optimizer and train state (%s): set checkpoint.load_step to a full save, or "
-                        "load it as checkpoint.initial_load_path into a new job.dump_folder\n",
-                where, dir, alt);
-        return -1;
-    }
-    int64_t full = ckpt_latest_full(ck->folder, info.step);
-    if (full < 0) {
-        printf("checkpoint: %s holds the model only (checkpoint.last_save_model_only) and no checkpoint in %s holds "
-               "the full training state: training starts again from step 0\n", dir, ck->folder);
-        return 0;
-    }
-    printf("checkpoint: %s holds the model only (checkpoint.last_save_model_only); resuming from step-%" PRId64
-           ", the newest save with the full training state (steps %" PRId64 "-%" PRId64 " are trained again)\n",
-           dir, full, full + 1, info.step);
-    if (snprintf(dir, len, "%s/step-%" PRId64, ck->folder, full) >= (int)len) return -1; /* fit above: shorter */
-    if (ckpt_inspect(s, dir, 1, &info, err, sizeof err)) {
-        fprintf(stderr, "ctitan: checkpoint: %s\n", err);
-        return -1;
-    }
-    if (config_allowed(mf, dir, &info, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s\n", err);
-        return -1;
-    }
-    return 1;
+    return resume_full_below(s, mf, ck, load_step, info.step, dir, len);
 }
 
 /* An initial load's error, at the line that set checkpoint.initial_load_path. Returns -1. */
@@ -238,21 +248,45 @@ static int initial_load_fail(const manifest *mf, const char *err) {
     return -1;
 }
 
-int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) {
-    char err[2048], where[600];
-    const char *folder, *mode, *dtype, *exclude, *initial;
-    int64_t load_step;
+/* checkpoint.exclude_from_loading: 0 when every item is one we know, else -1 after an error line. */
+static int exclude_list_check(const manifest *mf, const char *exclude) {
+    char where[600];
+    const char *bad_item = NULL;
+    for (const char *p = exclude; *p;) {
+        while (*p == ' ' || *p == ',') p++;
+        size_t len = strcspn(p, ",");
+        if (len) {
+            char item[64];
+            snprintf(item, sizeof item, "%.*s", (int)(len < 63 ? len : 63), p);
+            for (char *e = item + strlen(item); e > item && e[-1] == ' ';) *--e = 0;
+            if (*item && strcmp(item, "optimizer") && strcmp(item, "lr_scheduler") && strcmp(item, "dataloader"))
+                bad_item = p;
+        }
+        p += len;
+    }
+    if (!bad_item) return 0;
+    mf_where(mf, "checkpoint.exclude_from_loading", where, sizeof where);
+    fprintf(stderr, "ctitan: %s: expected a list of optimizer, lr_scheduler, dataloader; got '%s'\n", where, exclude);
+    return -1;
+}
+
+/* The checkpoint keys into a fresh ck, checked; load_step and exclude_from_loading for the caller.
+ * 0, or -1 after an error line. */
+static int ckpt_settings_read(session *s, const manifest *mf, const char *dump, ckpt_plan *ck, int64_t *load_step,
+                              const char **exclude) {
+    char where[600];
+    const char *folder, *mode, *dtype;
     memset(ck, 0, sizeof *ck);
     mf_get_bool(mf, "checkpoint.enable", &ck->enable);
     mf_get_str(mf, "checkpoint.folder", &folder);
     mf_get_int(mf, "checkpoint.interval", &ck->interval);
     mf_get_int(mf, "checkpoint.keep_latest_k", &ck->keep);
-    mf_get_int(mf, "checkpoint.load_step", &load_step);
+    mf_get_int(mf, "checkpoint.load_step", load_step);
     mf_get_bool(mf, "checkpoint.last_save_model_only", &ck->last_model_only);
     mf_get_bool(mf, "checkpoint.last_save_in_hf", &ck->last_in_hf);
     mf_get_str(mf, "checkpoint.async_mode", &mode);
     mf_get_str(mf, "checkpoint.export_dtype", &dtype);
-    mf_get_str(mf, "checkpoint.exclude_from_loading", &exclude);
+    mf_get_str(mf, "checkpoint.exclude_from_loading", exclude);
     int64_t seed;
     mf_get_int(mf, "training.seed", &seed);
     ck->state.seed = seed;
@@ -276,60 +310,40 @@ int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) 
                         "still be writing), >= 1 otherwise\n", where);
         return -1;
     }
-    const char *bad_item = NULL;
-    for (const char *p = exclude; *p;) { /* every item must be one we know */
-        while (*p == ' ' || *p == ',') p++;
-        size_t len = strcspn(p, ",");
-        if (len) {
-            char item[64];
-            snprintf(item, sizeof item, "%.*s", (int)(len < 63 ? len : 63), p);
-            for (char *e = item + strlen(item); e > item && e[-1] == ' ';) *--e = 0;
-            if (*item && strcmp(item, "optimizer") && strcmp(item, "lr_scheduler") && strcmp(item, "dataloader"))
-                bad_item = p;
-        }
-        p += len;
+    return exclude_list_check(mf, *exclude);
+}
+
+/* checkpoint.initial_load_path, when the run's own folder gave nothing: a Hugging Face model or a
+ * model-only load is done here (0); a full checkpoint is checked like a resume and left in dir for
+ * the caller to load (1). 0 too when no initial load is set; -1 after an error line. */
+static int initial_load(session *s, const manifest *mf, char *dir, size_t len) {
+    char err[2048];
+    const char *initial;
+    if (mf_get_str(mf, "checkpoint.initial_load_path", &initial)) return 0;
+    int model_only, in_hf;
+    mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
+    mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
+    if (in_hf) { /* a Hugging Face Llama folder: the model only */
+        if (load_hf(s, initial, err, sizeof err)) return initial_load_fail(mf, err);
+        printf("checkpoint: loaded the Hugging Face model %s\n", initial);
+        return 0;
     }
-    if (bad_item) {
-        mf_where(mf, "checkpoint.exclude_from_loading", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: expected a list of optimizer, lr_scheduler, dataloader; got '%s'\n", where, exclude);
-        return -1;
+    if (resolve_step_dir(initial, dir, len, err, sizeof err)) return initial_load_fail(mf, err);
+    if (model_only) {
+        if (load_model_checked(s, dir, err, sizeof err)) return initial_load_fail(mf, err);
+        printf("checkpoint: loaded %s (model)\n", dir);
+        return 0;
     }
-    /* resume from the run's own folder first, else the initial load */
-    char dir[PATH_MAX];
-    int found = 0, what = CKPT_MODEL | CKPT_OPTIMIZER, want_state = 1;
-    if (ck->enable) {
-        int rc = pick_resume(s, mf, ck, load_step, dir, sizeof dir);
-        if (rc < 0) return -1;
-        if (ck->finished) return 0;
-        found = rc > 0;
-        if (rc == 2) {
-            what = CKPT_MODEL;
-            want_state = 0;
-        }
-    }
-    if (!found && !mf_get_str(mf, "checkpoint.initial_load_path", &initial)) {
-        int model_only, in_hf;
-        mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
-        mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
-        if (in_hf) { /* a Hugging Face Llama folder: the model only */
-            if (load_hf(s, initial, err, sizeof err)) return initial_load_fail(mf, err);
-            printf("checkpoint: loaded the Hugging Face model %s\n", initial);
-            return 0;
-        }
-        if (resolve_step_dir(initial, dir, sizeof dir, err, sizeof err)) return initial_load_fail(mf, err);
-        found = 1;
-        if (model_only) {
-            what = CKPT_MODEL;
-            want_state = 0;
-            if (load_model_checked(s, dir, err, sizeof err)) return initial_load_fail(mf, err);
-            printf("checkpoint: loaded %s (model)\n", dir);
-            return 0;
-        }
-        ckpt_info info; /* a full initial load continues another run: the same checks as a resume */
-        if (ckpt_inspect(s, dir, 1, &info, err, sizeof err) || config_allowed(mf, dir, &info, err, sizeof err))
-            return initial_load_fail(mf, err);
-    }
-    if (!found) return 0;
+    ckpt_info info; /* a full initial load continues another run: the same checks as a resume */
+    if (ckpt_inspect(s, dir, 1, &info, err, sizeof err) || config_allowed(mf, dir, &info, err, sizeof err))
+        return initial_load_fail(mf, err);
+    return 1;
+}
+
+/* Loads what of dir (CKPT_* bits) the exclusions leave and, with want_state, the train state the
+ * run goes on from. 0, or -1 after an error line. */
+static int resume_load(session *s, ckpt_plan *ck, const char *dir, int what, int want_state, const char *exclude) {
+    char err[2048];
     if (excluded(exclude, "optimizer")) what &= ~CKPT_OPTIMIZER;
     ckpt_train_state st;
     int has_state = 0;
@@ -348,6 +362,28 @@ int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) 
            what & CKPT_OPTIMIZER ? "model and optimizer" : "model", want_state && has_state ? ", train state" : "",
            ck->state.step);
     return 0;
+}
+
+int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) {
+    int64_t load_step;
+    const char *exclude;
+    if (ckpt_settings_read(s, mf, dump, ck, &load_step, &exclude)) return -1;
+    /* resume from the run's own folder first, else the initial load */
+    char dir[PATH_MAX];
+    int found = 0, what = CKPT_MODEL | CKPT_OPTIMIZER, want_state = 1;
+    if (ck->enable) {
+        int rc = pick_resume(s, mf, ck, load_step, dir, sizeof dir);
+        if (rc < 0) return -1;
+        if (ck->finished) return 0;
+        found = rc > 0;
+        if (rc == 2) { /* a seed checkpoint: the model only */
+            what = CKPT_MODEL;
+            want_state = 0;
+        }
+    }
+    if (!found) found = initial_load(s, mf, dir, sizeof dir);
+    if (found <= 0) return found;
+    return resume_load(s, ck, dir, what, want_state, exclude);
 }
 
 static void *write_thread(void *arg) {

@@ -144,10 +144,6 @@ static int check_hf_export(session *s, manifest *mf) {
     return rc;
 }
 
-typedef struct batch_buf {
-    int32_t *inputs, *targets; /* (accum, L, T) on the host */
-} batch_buf;
-
 /* ---- run history: metrics.jsonl is appended, never truncated; every record carries the wall-clock
  * time and the id of the start that wrote it, so the steps of a run resumed after a stop or crash
  * sit after those of the start before, each under its own run_id. ---- */
@@ -336,68 +332,94 @@ static int stop_after(session *s, ckpt_plan *ck, run_log *lg, int sig, int64_t s
     return 128 + sig;
 }
 
-static int train_loop(session *s, manifest *mf) {
-    int64_t steps, L, G, T, log_freq, seed;
+/* One start of `ctitan train`: its settings, its data, its files and what the steps measure. */
+typedef struct train_run {
+    session *s;
+    manifest *mf;
+    int64_t steps, L, G, T, log_freq, seed; /* training.*, metrics.log_freq */
     double max_norm;
-    const char *dump, *dataset;
-    char err[2048], where[600], path[4096];
-    mf_get_int(mf, "training.steps", &steps);
-    mf_get_int(mf, "training.local_batch_size", &L);
-    mf_get_int(mf, "training.global_batch_size", &G);
-    mf_get_int(mf, "training.seq_len", &T);
-    mf_get_int(mf, "metrics.log_freq", &log_freq);
-    mf_get_int(mf, "training.seed", &seed);
-    mf_get_float(mf, "training.max_norm", &max_norm);
-    mf_get_str(mf, "job.dump_folder", &dump);
-    int64_t dp = s->mesh.dp_size > 0 ? s->mesh.dp_size : 1, dp_rank = s->mesh.dp_rank;
-    if (G == -1) G = L * dp; /* one microbatch per data-parallel rank */
-    if (L < 1 || G < L * dp || G % (L * dp) || steps < 0 || log_freq < 1) {
+    const char *dump;
+    int64_t dp, dp_rank;  /* data-parallel ranks, and this rank's place among them */
+    int64_t G_local;      /* this rank's slice of the global batch: accum microbatches of L */
+    int64_t accum;
+    int64_t non_dp;       /* ranks that share one data-parallel rank's batch */
+    lr_schedule sched;
+    dataloader dl;
+    int32_t *inputs, *targets; /* (accum, L, T) on the host */
+    run_log lg;
+    ckpt_plan ck;
+    /* steady-state timing: the steps after the first warmup_steps */
+    int64_t warmup_steps, timed_steps, tokens_since;
+    double t_log, step_time_sum, comm_time_sum, pp_sums[2];
+    runtime_axis_comm axis_sum[CT_MESH_NAXES]; /* the tape's collectives per mesh axis, timed steps */
+    int told_opt;       /* the optimizer's calls per step were printed */
+    int64_t told_graph; /* compile_report's state */
+} train_run;
+
+/* The training keys, checked. 0 or EXIT_BAD_INPUT. */
+static int train_settings_read(train_run *r) {
+    manifest *mf = r->mf;
+    char where[600];
+    mf_get_int(mf, "training.steps", &r->steps);
+    mf_get_int(mf, "training.local_batch_size", &r->L);
+    mf_get_int(mf, "training.global_batch_size", &r->G);
+    mf_get_int(mf, "training.seq_len", &r->T);
+    mf_get_int(mf, "metrics.log_freq", &r->log_freq);
+    mf_get_int(mf, "training.seed", &r->seed);
+    mf_get_float(mf, "training.max_norm", &r->max_norm);
+    mf_get_str(mf, "job.dump_folder", &r->dump);
+    r->dp = r->s->mesh.dp_size > 0 ? r->s->mesh.dp_size : 1;
+    r->dp_rank = r->s->mesh.dp_rank;
+    int64_t L = r->L, dp = r->dp;
+    if (r->G == -1) r->G = L * dp; /* one microbatch per data-parallel rank */
+    if (L < 1 || r->G < L * dp || r->G % (L * dp) || r->steps < 0 || r->log_freq < 1) {
         mf_where(mf, "training.global_batch_size", where, sizeof where);
         fprintf(stderr, "ctitan: %s: need local_batch_size >= 1 and global_batch_size a multiple of local_batch_size x "
                         "%lld data-parallel ranks (or -1), steps >= 0, metrics.log_freq >= 1 (got local %lld, global "
                         "%lld)\n",
-                where, (long long)dp, (long long)L, (long long)G);
+                where, (long long)dp, (long long)L, (long long)r->G);
         return EXIT_BAD_INPUT;
     }
-    int64_t G_local = G / dp, accum = G_local / L; /* this rank's slice of the global batch */
-    int64_t non_dp = s->world / dp > 0 ? s->world / dp : 1; /* ranks that share one data-parallel rank's batch */
-    lr_schedule sched;
-    if (lr_setup(mf, steps, &sched)) return EXIT_BAD_INPUT;
+    r->G_local = r->G / dp;
+    r->accum = r->G_local / L;
+    r->non_dp = r->s->world / dp > 0 ? r->s->world / dp : 1;
+    return lr_setup(mf, r->steps, &r->sched) ? EXIT_BAD_INPUT : 0;
+}
+
+/* Opens the token shard and makes the dump folder. 0 or EXIT_BAD_INPUT (the shard closed again). */
+static int train_data_open(train_run *r) {
+    manifest *mf = r->mf;
+    const char *dataset;
+    char err[2048], where[600], dpath[4096];
     if (mf_get_str(mf, "training.dataset_path", &dataset)) {
         fprintf(stderr, "ctitan: %s: training.dataset_path is not set (a token shard from `ctitan tokenize`)\n",
                 mf->path);
         return EXIT_BAD_INPUT;
     }
-    char dpath[4096];
     session_resolve_path(mf, dataset, dpath, sizeof dpath);
-    dataloader dl;
-    if (dataloader_open(&dl, dpath, T, (uint64_t)seed, s->rt.desc.vocab_size, err, sizeof err)) {
+    if (dataloader_open(&r->dl, dpath, r->T, (uint64_t)r->seed, r->s->rt.desc.vocab_size, err, sizeof err)) {
         mf_where(mf, "training.dataset_path", where, sizeof where);
         fprintf(stderr, "ctitan: %s: %s\n", where, err);
         return EXIT_BAD_INPUT;
     }
-    if (ct_mkdir_p(dump) || ct_require_dir(dump)) {
+    if (ct_mkdir_p(r->dump) || ct_require_dir(r->dump)) {
         mf_where(mf, "job.dump_folder", where, sizeof where);
-        if (errno == ENOTDIR) fprintf(stderr, "ctitan: %s: %s is not a folder (a file is in the way)\n", where, dump);
-        else fprintf(stderr, "ctitan: %s: cannot create %s: %s\n", where, dump, strerror(errno));
-        dataloader_close(&dl);
+        if (errno == ENOTDIR) fprintf(stderr, "ctitan: %s: %s is not a folder (a file is in the way)\n", where, r->dump);
+        else fprintf(stderr, "ctitan: %s: cannot create %s: %s\n", where, r->dump, strerror(errno));
+        dataloader_close(&r->dl);
         return EXIT_BAD_INPUT;
     }
-    run_log lg;
-    int rc = run_log_open(s, mf, dump, &lg);
-    batch_buf bb = {malloc(sizeof(int32_t) * (size_t)(G_local * T)), malloc(sizeof(int32_t) * (size_t)(G_local * T))};
-    if (rc) goto done;
-    rc = EXIT_RUN_FAILED;
-    if (!bb.inputs || !bb.targets) {
-        fprintf(stderr, "ctitan: cannot allocate the batch: %lld sequences of %lld tokens\n", (long long)G_local,
-                (long long)T);
-        goto done;
-    }
-    print_model_summary(s, T);
+    return 0;
+}
+
+/* The lines that open a run: model, data, mesh, device. */
+static void train_banner_print(const train_run *r) {
+    session *s = r->s;
+    print_model_summary(s, r->T);
     printf("data: %llu tokens, %lld sequences of %lld; global batch %lld = %lld data-parallel ranks x %lld "
            "microbatches x %lld; %lld steps\n",
-           (unsigned long long)dl.n_tokens, (long long)dl.n_windows, (long long)T, (long long)G, (long long)dp,
-           (long long)accum, (long long)L, (long long)steps);
+           (unsigned long long)r->dl.n_tokens, (long long)r->dl.n_windows, (long long)r->T, (long long)r->G,
+           (long long)r->dp, (long long)r->accum, (long long)r->L, (long long)r->steps);
     if (s->world > 1)
         printf("mesh: %d ranks: pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d; strategy %s\n", s->world,
                s->mesh.degree[0], s->mesh.degree[1], s->mesh.degree[2], s->mesh.degree[3], s->mesh.degree[4],
@@ -406,158 +428,206 @@ static int train_loop(session *s, manifest *mf) {
         printf("device: %s, %s matmul peak %.1f GFLOP/s (the device's figure, how it got it above; MFU below is "
                "against it)\n",
                s->devp->info.name, s->matmul_precision ? s->matmul_precision : "f32", s->peak_flops / 1e9);
-    compile_setup(s, mf);
-    double t_log = ct_now(), step_time_sum = 0, comm_time_sum = 0, pp_sums[2] = {0, 0};
-    runtime_axis_comm axis_sum[CT_MESH_NAXES] = {{0}}; /* the tape's collectives per mesh axis, timed steps */
-    const int64_t warmup_steps = steps > 2 ? 2 : steps > 1 ? 1 : 0;
-    int64_t tokens_since = 0, timed_steps = 0;
-    int told_opt = 0;
-    int64_t told_graph = 0;
-    ckpt_plan ck;
-    if (ckpt_begin(s, mf, dump, &ck)) {
-        rc = EXIT_BAD_INPUT;
-        goto done;
+}
+
+/* After the log is open: the batch buffers, the opening lines, compile, and the checkpoint to resume
+ * from. 0, or the status to end with (EXIT_RUN_FAILED, EXIT_BAD_INPUT). */
+static int train_start(train_run *r) {
+    size_t bytes = sizeof(int32_t) * (size_t)(r->G_local * r->T);
+    r->inputs = malloc(bytes);
+    r->targets = malloc(bytes);
+    if (!r->inputs || !r->targets) {
+        fprintf(stderr, "ctitan: cannot allocate the batch: %lld sequences of %lld tokens\n", (long long)r->G_local,
+                (long long)r->T);
+        return EXIT_RUN_FAILED;
     }
-    if (ck.finished) { /* restarted after its last step: said so; trains and writes nothing */
-        rc = 0;
-        goto done;
+    train_banner_print(r);
+    compile_setup(r->s, r->mf);
+    r->t_log = ct_now();
+    r->warmup_steps = r->steps > 2 ? 2 : r->steps > 1 ? 1 : 0;
+    return ckpt_begin(r->s, r->mf, r->dump, &r->ck) ? EXIT_BAD_INPUT : 0;
+}
+
+/* The console metrics line and its metrics.jsonl record. -1 on a write error. */
+static int step_log(train_run *r, int64_t step, double loss, double norm, double lr) {
+    const session *s = r->s;
+    double elapsed = ct_now() - r->t_log;
+    double tps = (double)r->tokens_since / elapsed;
+    double tflops = s->rt.desc.flops_per_token * tps / 1e12;
+    double mfu = s->peak_flops > 0 ? 100.0 * tflops * 1e12 / s->peak_flops : 0.0;
+    /* above 100% the peak figure is wrong (a bug to report); the line says it was clamped */
+    const char *clamped = mfu > 100.0 ? ", clamped: achieved exceeds the peak figure" : "";
+    if (mfu > 100.0) mfu = 100.0;
+    printf("step %5lld  loss %8.4f  grad_norm %8.4f  lr %.3e  tps %8.0f  tflops %7.4f  mfu %5.1f%% (of %s peak%s)"
+           "  memory %.3f GiB\n",
+           (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib(g_mem.peak_total));
+    fflush(stdout);
+    if (log_record(&r->lg,
+            "\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
+            "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
+            "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld}, "
+            "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}",
+            (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)g_mem.peak_total,
+            (long long)g_mem.peak[CT_MEM_PARAMS], (long long)g_mem.peak[CT_MEM_GRADS],
+            (long long)g_mem.peak[CT_MEM_OPTIMIZER], (long long)g_mem.peak[CT_MEM_ACTIVATIONS],
+            (long long)s->rt.peak_act_bytes, (long long)g_comm_bytes[CS_ALL_GATHER],
+            (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]))
+        return -1;
+    r->t_log = ct_now();
+    r->tokens_since = 0;
+    return 0;
+}
+
+/* The whole global batch is read first: the loss is normalised by its valid-token count. */
+static void batch_read(train_run *r) {
+    for (int64_t i = 0; i < r->G_local; i++) /* this data-parallel rank's contiguous slice */
+        dataloader_sequence(&r->dl, dataloader_global_index(r->dl.position, r->G, r->dp_rank, r->dp, i),
+                            r->inputs + i * r->T, r->targets + i * r->T);
+    r->dl.position += r->G;
+    r->ck.state.tokens_seen += r->G * r->T;
+}
+
+/* One step: its batch, the forward, backward and update, the stop every rank agrees on, the timing,
+ * the metrics line and the checkpoint. 0 to go on, -1 on a failure (ct_last_error says which), or
+ * the status the run ends with here. */
+static int train_step(train_run *r, int64_t step) {
+    session *s = r->s;
+    double t0 = ct_now(), comm_before = s->rt.comm_seconds, pp_busy_before = s->pl ? s->pl->busy_seconds : 0,
+           pp_step_before = s->pl ? s->pl->step_seconds : 0;
+    runtime_axis_comm axis_before[CT_MESH_NAXES];
+    memcpy(axis_before, s->rt.axis_comm, sizeof axis_before);
+    trace_begin("step");
+    double lr = lr_at(&r->sched, step - r->ck.lr_offset);
+    batch_read(r);
+    double loss, norm;
+    int64_t valid;
+    int bad = session_train_step(s, r->inputs, r->targets, r->G_local, r->L, r->T, lr, r->max_norm, step, &loss,
+                                 &norm, &valid);
+    if (bad < 0) return -1;
+    if (bad > 0) {
+        fprintf(stderr, "ctitan: step %lld: gradient norm is %g; stopping (lower optimizer.lr?)\n", (long long)step,
+                norm);
+        return EXIT_RUN_FAILED;
     }
-    dl.position = ck.state.data_position;
-    if (log_start(&lg, s, mf, ck.state.step, steps, seed)) goto runfail;
-    int stop = 0; /* the stop signal every rank agreed on after a step; 0 while none */
-    stop_signals_catch(1);
-    for (int64_t step = ck.state.step + 1; step <= steps; step++) {
-        double t0 = ct_now(), comm_before = s->rt.comm_seconds, pp_busy_before = s->pl ? s->pl->busy_seconds : 0,
-               pp_step_before = s->pl ? s->pl->step_seconds : 0;
-        runtime_axis_comm axis_before[CT_MESH_NAXES];
-        memcpy(axis_before, s->rt.axis_comm, sizeof axis_before);
-        trace_begin("step");
-        double lr = lr_at(&sched, step - ck.lr_offset);
-        /* the whole global batch first: the loss is normalised by its valid-token count */
-        for (int64_t i = 0; i < G_local; i++) /* this data-parallel rank's contiguous slice */
-            dataloader_sequence(&dl, dataloader_global_index(dl.position, G, dp_rank, dp, i), bb.inputs + i * T,
-                                bb.targets + i * T);
-        dl.position += G;
-        ck.state.tokens_seen += G * T;
-        double loss, norm;
-        int64_t valid;
-        int bad = session_train_step(s, bb.inputs, bb.targets, G_local, L, T, lr, max_norm, step, &loss, &norm, &valid);
-        if (bad < 0) goto runfail;
-        if (bad > 0) {
-            fprintf(stderr, "ctitan: step %lld: gradient norm is %g; stopping (lower optimizer.lr?)\n", (long long)step,
-                    norm);
-            goto done;
+    trace_end("step");
+    if (!r->told_opt++)
+        printf("optimizer: %d parameter tensors updated in %d call%s per step\n", s->rt.n_params, s->opt_calls,
+               s->opt_calls == 1 ? "" : "s");
+    compile_report(&s->rt.graph, step, &r->told_graph);
+    /* a stop takes effect after a step every rank has finished; the last step ends the run anyway */
+    int stop = 0;
+    if (step < r->steps && world_max(s, g_stop_signal, &stop)) return -1;
+    double dt = ct_now() - t0;
+    if (step > r->warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
+        r->step_time_sum += dt;
+        r->comm_time_sum += s->rt.comm_seconds - comm_before;
+        for (int a = 0; a < CT_MESH_NAXES; a++) {
+            r->axis_sum[a].seconds += s->rt.axis_comm[a].seconds - axis_before[a].seconds;
+            r->axis_sum[a].bwd_seconds += s->rt.axis_comm[a].bwd_seconds - axis_before[a].bwd_seconds;
+            r->axis_sum[a].collectives += s->rt.axis_comm[a].collectives - axis_before[a].collectives;
         }
-        trace_end("step");
-        if (!told_opt++)
-            printf("optimizer: %d parameter tensors updated in %d call%s per step\n", s->rt.n_params, s->opt_calls,
-                   s->opt_calls == 1 ? "" : "s");
-        compile_report(&s->rt.graph, step, &told_graph);
-        /* a stop takes effect after a step every rank has finished; the last step ends the run anyway */
-        if (step < steps && world_max(s, g_stop_signal, &stop)) goto runfail;
-        double dt = ct_now() - t0;
-        if (step > warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
-            step_time_sum += dt;
-            comm_time_sum += s->rt.comm_seconds - comm_before;
-            for (int a = 0; a < CT_MESH_NAXES; a++) {
-                axis_sum[a].seconds += s->rt.axis_comm[a].seconds - axis_before[a].seconds;
-                axis_sum[a].bwd_seconds += s->rt.axis_comm[a].bwd_seconds - axis_before[a].bwd_seconds;
-                axis_sum[a].collectives += s->rt.axis_comm[a].collectives - axis_before[a].collectives;
-            }
-            if (s->pl) {
-                pp_sums[0] += s->pl->busy_seconds - pp_busy_before;
-                pp_sums[1] += s->pl->step_seconds - pp_step_before;
-            }
-            timed_steps++;
+        if (s->pl) {
+            r->pp_sums[0] += s->pl->busy_seconds - pp_busy_before;
+            r->pp_sums[1] += s->pl->step_seconds - pp_step_before;
         }
-        tokens_since += G_local * T / non_dp; /* per device: tp (and pp, cp) ranks share a dp rank's tokens */
-        if (step == 1 || step % log_freq == 0 || step == steps || stop) {
-            double elapsed = ct_now() - t_log;
-            double tps = (double)tokens_since / elapsed;
-            double tflops = s->rt.desc.flops_per_token * tps / 1e12;
-            double mfu = s->peak_flops > 0 ? 100.0 * tflops * 1e12 / s->peak_flops : 0.0;
-            /* above 100% the peak figure is wrong (a bug to report); the line says it was clamped */
-            const char *clamped = mfu > 100.0 ? ", clamped: achieved exceeds the peak figure" : "";
-            if (mfu > 100.0) mfu = 100.0;
-            printf("step %5lld  loss %8.4f  grad_norm %8.4f  lr %.3e  tps %8.0f  tflops %7.4f  mfu %5.1f%% (of %s peak%s)"
-                   "  memory %.3f GiB\n",
-                   (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib(g_mem.peak_total));
-            fflush(stdout);
-            if (log_record(&lg,
-                    "\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
-                    "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
-                    "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld}, "
-                    "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}",
-                    (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)g_mem.peak_total,
-                    (long long)g_mem.peak[CT_MEM_PARAMS], (long long)g_mem.peak[CT_MEM_GRADS],
-                    (long long)g_mem.peak[CT_MEM_OPTIMIZER], (long long)g_mem.peak[CT_MEM_ACTIVATIONS],
-                    (long long)s->rt.peak_act_bytes, (long long)g_comm_bytes[CS_ALL_GATHER],
-                    (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]))
-                goto runfail;
-            t_log = ct_now();
-            tokens_since = 0;
-        }
-        ck.state.step = step;
-        ck.state.data_position = dl.position;
-        if (ckpt_step(s, &ck, step, steps)) goto runfail;
-        if (stop) {
-            rc = stop_after(s, &ck, &lg, stop, step);
-            goto done;
-        }
+        r->timed_steps++;
     }
-    if (timed_steps > 0) {
-        double tps = (double)(G_local * T / non_dp) * (double)timed_steps / step_time_sum;
-        double gflops = s->rt.desc.flops_per_token * tps / 1e9;
-        printf("summary: %lld steps after the first %lld: %.0f tokens/s, %.2f GFLOP/s achieved, %.2f GFLOP/s %s "
-               "matmul peak, ratio %.3f, peak memory %.3f GiB (activations live peak %.3f GiB)\n",
-               (long long)timed_steps, (long long)warmup_steps, tps, gflops, s->peak_flops / 1e9, s->devp->info.name,
-               s->peak_flops > 0 ? gflops * 1e9 / s->peak_flops : 0.0, gib(g_mem.peak_total),
-               gib(s->rt.peak_act_bytes));
-        if (s->rt.graph.launches > 0)
-            printf("summary: compile: %lld microbatches ran as one graph launch each (%lld device operations; "
-                   "%lld capture%s)\n",
-                   (long long)s->rt.graph.launches, (long long)s->rt.graph.ops, (long long)s->rt.graph.captures,
-                   s->rt.graph.captures == 1 ? "" : "s");
-        if (s->world > 1)
-            printf("summary: communication (time in strategy hooks and collectives, not hidden by compute) %.1f%% of "
-                   "step time on rank 0\n",
-                   100.0 * comm_time_sum / step_time_sum);
-        /* every pp rank's time inside stage work against its time in the runner: the measured bubble */
-        if (s->pl && s->capi->all_reduce(s->comm, s->mesh.group[CT_AXIS_PP], pp_sums, pp_sums, 2, CT_F64, CT_REDUCE_SUM,
-                                         NULL) == CT_OK && pp_sums[1] > 0)
-            printf("summary: pipeline %s: measured bubble %.3f (time outside stage work, all %d pp ranks), schedule "
-                   "predicts %.3f; at most %d microbatches held on rank 0\n",
-                   s->pl->plan.name, 1.0 - pp_sums[0] / pp_sums[1], s->pl->pp, s->pl->plan.bubble, s->pl->peak_ctx);
-        for (int a = 0; a < CT_MESH_NAXES; a++) /* op-level strategies' collectives (tp's, cp's) */
-            if (axis_sum[a].collectives > 0 || axis_sum[a].seconds > 0)
-                printf("summary: %s axis: %.2f ms per step blocked in its op-level collectives (forward %.2f, backward "
-                       "%.2f; %.1f%% of step time)\n",
-                       mesh_axis_names[a], 1e3 * axis_sum[a].seconds / (double)timed_steps,
-                       1e3 * (axis_sum[a].seconds - axis_sum[a].bwd_seconds) / (double)timed_steps,
-                       1e3 * axis_sum[a].bwd_seconds / (double)timed_steps, 100.0 * axis_sum[a].seconds / step_time_sum);
+    r->tokens_since += r->G_local * r->T / r->non_dp; /* per device: tp (and pp, cp) ranks share a dp rank's tokens */
+    if (step == 1 || step % r->log_freq == 0 || step == r->steps || stop)
+        if (step_log(r, step, loss, norm, lr)) return -1;
+    r->ck.state.step = step;
+    r->ck.state.data_position = r->dl.position;
+    if (ckpt_step(s, &r->ck, step, r->steps)) return -1;
+    return stop ? stop_after(s, &r->ck, &r->lg, stop, step) : 0;
+}
+
+/* The summary lines over the steady-state steps. */
+static void train_summary_print(train_run *r) {
+    session *s = r->s;
+    double step_time_sum = r->step_time_sum, comm_time_sum = r->comm_time_sum, *pp_sums = r->pp_sums;
+    int64_t timed_steps = r->timed_steps;
+    if (timed_steps <= 0) return;
+    double tps = (double)(r->G_local * r->T / r->non_dp) * (double)timed_steps / step_time_sum;
+    double gflops = s->rt.desc.flops_per_token * tps / 1e9;
+    printf("summary: %lld steps after the first %lld: %.0f tokens/s, %.2f GFLOP/s achieved, %.2f GFLOP/s %s "
+           "matmul peak, ratio %.3f, peak memory %.3f GiB (activations live peak %.3f GiB)\n",
+           (long long)timed_steps, (long long)r->warmup_steps, tps, gflops, s->peak_flops / 1e9, s->devp->info.name,
+           s->peak_flops > 0 ? gflops * 1e9 / s->peak_flops : 0.0, gib(g_mem.peak_total),
+           gib(s->rt.peak_act_bytes));
+    if (s->rt.graph.launches > 0)
+        printf("summary: compile: %lld microbatches ran as one graph launch each (%lld device operations; "
+               "%lld capture%s)\n",
+               (long long)s->rt.graph.launches, (long long)s->rt.graph.ops, (long long)s->rt.graph.captures,
+               s->rt.graph.captures == 1 ? "" : "s");
+    if (s->world > 1)
+        printf("summary: communication (time in strategy hooks and collectives, not hidden by compute) %.1f%% of "
+               "step time on rank 0\n",
+               100.0 * comm_time_sum / step_time_sum);
+    /* every pp rank's time inside stage work against its time in the runner: the measured bubble */
+    if (s->pl && s->capi->all_reduce(s->comm, s->mesh.group[CT_AXIS_PP], pp_sums, pp_sums, 2, CT_F64, CT_REDUCE_SUM,
+                                     NULL) == CT_OK && pp_sums[1] > 0)
+        printf("summary: pipeline %s: measured bubble %.3f (time outside stage work, all %d pp ranks), schedule "
+               "predicts %.3f; at most %d microbatches held on rank 0\n",
+               s->pl->plan.name, 1.0 - pp_sums[0] / pp_sums[1], s->pl->pp, s->pl->plan.bubble, s->pl->peak_ctx);
+    for (int a = 0; a < CT_MESH_NAXES; a++) { /* op-level strategies' collectives (tp's, cp's) */
+        const runtime_axis_comm *c = &r->axis_sum[a];
+        if (c->collectives > 0 || c->seconds > 0)
+            printf("summary: %s axis: %.2f ms per step blocked in its op-level collectives (forward %.2f, backward "
+                   "%.2f; %.1f%% of step time)\n",
+                   mesh_axis_names[a], 1e3 * c->seconds / (double)timed_steps,
+                   1e3 * (c->seconds - c->bwd_seconds) / (double)timed_steps, 1e3 * c->bwd_seconds / (double)timed_steps,
+                   100.0 * c->seconds / step_time_sum);
     }
-    if (ckpt_end(s, &ck, steps)) goto runfail;
+}
+
+/* After the last step: the final saves, the model, the end record. 0, 128 + a signal that came in the
+ * last step, EXIT_RUN_FAILED if the model could not be saved, or -1 on a failure. */
+static int train_finish(train_run *r) {
+    session *s = r->s;
+    char err[2048], path[4096];
+    if (ckpt_end(s, &r->ck, r->steps)) return -1;
     /* a stop signal in the last step or the final saves: the run is complete; the model is saved, the
      * sample and traces are skipped. From here a signal ends the process at once. */
     int late = 0;
-    if (world_max(s, g_stop_signal, &late)) goto runfail;
+    if (world_max(s, g_stop_signal, &late)) return -1;
     stop_signals_catch(0);
-    snprintf(path, sizeof path, "%s/model.ctt", dump);
-    if (steps > 0 && session_save_model(s, path, err, sizeof err)) {
+    snprintf(path, sizeof path, "%s/model.ctt", r->dump);
+    if (r->steps > 0 && session_save_model(s, path, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
-        goto done;
+        return EXIT_RUN_FAILED;
     }
-    if (log_record(&lg, "\"event\": \"end\", \"last_step\": %lld", (long long)steps) || log_close(&lg)) goto runfail;
-    rc = 0;
-    if (late) {
-        if (s->rank == 0)
-            fprintf(stderr, "ctitan: stopped by %s after the last step %lld; the run is complete and saved (the "
-                            "end-of-run sample and traces are skipped)\n",
-                    signal_name(late), (long long)steps);
-        rc = 128 + late;
+    if (log_record(&r->lg, "\"event\": \"end\", \"last_step\": %lld", (long long)r->steps) || log_close(&r->lg))
+        return -1;
+    if (!late) return 0;
+    if (s->rank == 0)
+        fprintf(stderr, "ctitan: stopped by %s after the last step %lld; the run is complete and saved (the "
+                        "end-of-run sample and traces are skipped)\n",
+                signal_name(late), (long long)r->steps);
+    return 128 + late;
+}
+
+/* One start of the run: 0, EXIT_BAD_INPUT, EXIT_RUN_FAILED, or 128 + the stop signal it ended on. */
+static int train_loop(session *s, manifest *mf) {
+    train_run r = {.s = s, .mf = mf};
+    int rc = train_settings_read(&r);
+    if (!rc) rc = train_data_open(&r);
+    if (rc) return rc;
+    rc = run_log_open(s, mf, r.dump, &r.lg);
+    if (!rc) rc = train_start(&r);
+    if (rc || r.ck.finished) goto done; /* finished: restarted after its last step: said so; writes nothing */
+    r.dl.position = r.ck.state.data_position;
+    if (log_start(&r.lg, s, mf, r.ck.state.step, r.steps, r.seed)) goto runfail;
+    stop_signals_catch(1);
+    for (int64_t step = r.ck.state.step + 1; step <= r.steps; step++) {
+        rc = train_step(&r, step);
+        if (rc < 0) goto runfail;
+        if (rc > 0) goto done;
     }
-    goto done;
+    train_summary_print(&r);
+    rc = train_finish(&r);
+    if (rc >= 0) goto done;
 runfail:
+    rc = EXIT_RUN_FAILED;
     fprintf(stderr, "ctitan: training failed: %s\n", ct_last_error());
     if (s->capi) { /* the other ranks would wait forever in their next collective */
         fflush(stderr);
@@ -566,14 +636,83 @@ runfail:
     }
 done:
     stop_signals_catch(0);
-    if (lg.f && log_close(&lg) && !rc) {
+    if (r.lg.f && log_close(&r.lg) && !rc) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         rc = EXIT_RUN_FAILED;
     }
-    free(bb.inputs);
-    free(bb.targets);
-    dataloader_close(&dl);
+    free(r.inputs);
+    free(r.targets);
+    dataloader_close(&r.dl);
     return rc;
+}
+
+/* `ctitan train --help`: the usage and every core key. */
+static void train_help_print(void) {
+    fputs(train_usage, stdout);
+    printf("\nkeys (plugins add theirs once loaded; see --print-config):\n");
+    manifest m0 = {0};
+    manifest_add_core_schema(&m0);
+    manifest_print_schema(&m0, stdout);
+    m0.path = NULL;
+    for (int i = 0; i < m0.n_schema; i++) {
+        free(m0.schema[i].key);
+        free(m0.schema[i].default_value);
+        free(m0.schema[i].help);
+    }
+    free(m0.schema);
+}
+
+/* checkpoint.create_seed_checkpoint: writes step-0 into the folder, under its lock like any run. */
+static int seed_checkpoint_write(session *s, manifest *mf) {
+    const char *dump;
+    char id[64], lerr[4600], where[600];
+    mf_get_str(mf, "job.dump_folder", &dump);
+    int bad = 0;
+    if (s->rank == 0) {
+        run_id_make(id, sizeof id);
+        mf_where(mf, "job.dump_folder", where, sizeof where);
+        if (ct_mkdir_p(dump) || ct_require_dir(dump)) {
+            fprintf(stderr, "ctitan: %s: cannot create %s: %s\n", where, dump,
+                    errno == ENOTDIR ? "a file is in the way" : strerror(errno));
+            bad = 1;
+        } else if (runlock_acquire(dump, id, lerr, sizeof lerr)) {
+            fprintf(stderr, "ctitan: %s: %s\n", where, lerr);
+            bad = 1;
+        }
+    }
+    if (world_max(s, bad, &bad)) return EXIT_RUN_FAILED;
+    return bad ? EXIT_BAD_INPUT : ckpt_seed(s, mf, dump) ? EXIT_RUN_FAILED : 0;
+}
+
+/* profiling.enable_profiling: the Chrome trace, one per rank. A failure is a warning. */
+static void traces_write(const session *s, manifest *mf) {
+    const char *dump, *folder;
+    char path[4096], err[1024];
+    mf_get_str(mf, "job.dump_folder", &dump);
+    mf_get_str(mf, "profiling.save_traces_folder", &folder);
+    snprintf(path, sizeof path, "%s/%s", dump, folder);
+    ct_mkdir_p(path);
+    if (s->world > 1) snprintf(path, sizeof path, "%s/%s/rank%d_trace.json", dump, folder, s->rank); /* one per rank */
+    else snprintf(path, sizeof path, "%s/%s/trace.json", dump, folder);
+    if (trace_write(path, err, sizeof err)) fprintf(stderr, "ctitan: warning: %s (the training completed)\n", err);
+    else printf("trace: %s\n", path);
+}
+
+/* The end-of-run sample: optional, so its failure is a warning; the training stands. */
+static void sample_print(session *s, manifest *mf, ct_tokenizer *tok, int64_t max_new) {
+    int64_t top_k, seed, T;
+    const char *prompt;
+    double temp, top_p;
+    mf_get_str(mf, "generate.prompt", &prompt);
+    mf_get_float(mf, "generate.temperature", &temp);
+    mf_get_int(mf, "generate.top_k", &top_k);
+    mf_get_float(mf, "generate.top_p", &top_p);
+    if (mf_get_int(mf, "generate.seed", &seed)) mf_get_int(mf, "training.seed", &seed);
+    mf_get_int(mf, "training.seq_len", &T);
+    printf("sample:\n");
+    if (session_generate(s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T))
+        fprintf(stderr, "ctitan: warning: the end-of-run sample failed (above); the training itself completed "
+                        "and was saved\n");
 }
 
 int cmd_train(int argc, char **argv) {
@@ -581,18 +720,7 @@ int cmd_train(int argc, char **argv) {
     int st;
     manifest *mf = session_parse(argc, argv, &a, train_usage, &st);
     if (a.help) {
-        fputs(train_usage, stdout);
-        printf("\nkeys (plugins add theirs once loaded; see --print-config):\n");
-        manifest m0 = {0};
-        manifest_add_core_schema(&m0);
-        manifest_print_schema(&m0, stdout);
-        m0.path = NULL;
-        for (int i = 0; i < m0.n_schema; i++) {
-            free(m0.schema[i].key);
-            free(m0.schema[i].default_value);
-            free(m0.schema[i].help);
-        }
-        free(m0.schema);
+        train_help_print();
         manifest_free(mf);
         return 0;
     }
@@ -621,56 +749,14 @@ int cmd_train(int argc, char **argv) {
     if (!mf_get_str(mf, "job.description", &desc) && *desc) printf("job: %s\n", desc);
     int seed_ckpt;
     mf_get_bool(mf, "checkpoint.create_seed_checkpoint", &seed_ckpt);
-    if (seed_ckpt) { /* writes step-0 into the folder: under its lock like any run */
-        const char *dump;
-        char id[64], lerr[4600], where[600];
-        mf_get_str(mf, "job.dump_folder", &dump);
-        int bad = 0;
-        if (s.rank == 0) {
-            run_id_make(id, sizeof id);
-            mf_where(mf, "job.dump_folder", where, sizeof where);
-            if (ct_mkdir_p(dump) || ct_require_dir(dump)) {
-                fprintf(stderr, "ctitan: %s: cannot create %s: %s\n", where, dump,
-                        errno == ENOTDIR ? "a file is in the way" : strerror(errno));
-                bad = 1;
-            } else if (runlock_acquire(dump, id, lerr, sizeof lerr)) {
-                fprintf(stderr, "ctitan: %s: %s\n", where, lerr);
-                bad = 1;
-            }
-        }
-        if (world_max(&s, bad, &bad)) st = EXIT_RUN_FAILED;
-        else st = bad ? EXIT_BAD_INPUT : ckpt_seed(&s, mf, dump) ? EXIT_RUN_FAILED : 0;
+    if (seed_ckpt) {
+        st = seed_checkpoint_write(&s, mf);
         goto out;
     }
     if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
     st = train_loop(&s, mf);
-    if (!st && prof) {
-        const char *dump, *folder;
-        char path[4096], err[1024];
-        mf_get_str(mf, "job.dump_folder", &dump);
-        mf_get_str(mf, "profiling.save_traces_folder", &folder);
-        snprintf(path, sizeof path, "%s/%s", dump, folder);
-        ct_mkdir_p(path);
-        if (s.world > 1) snprintf(path, sizeof path, "%s/%s/rank%d_trace.json", dump, folder, s.rank); /* one per rank */
-        else snprintf(path, sizeof path, "%s/%s/trace.json", dump, folder);
-        if (trace_write(path, err, sizeof err)) fprintf(stderr, "ctitan: warning: %s (the training completed)\n", err);
-        else printf("trace: %s\n", path);
-    }
-    if (!st && max_new > 0) { /* an optional end-of-run step: its failure is a warning, the training stands */
-        int64_t top_k, seed, T;
-        const char *prompt;
-        double temp, top_p;
-        mf_get_str(mf, "generate.prompt", &prompt);
-        mf_get_float(mf, "generate.temperature", &temp);
-        mf_get_int(mf, "generate.top_k", &top_k);
-        mf_get_float(mf, "generate.top_p", &top_p);
-        if (mf_get_int(mf, "generate.seed", &seed)) mf_get_int(mf, "training.seed", &seed);
-        mf_get_int(mf, "training.seq_len", &T);
-        printf("sample:\n");
-        if (session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T))
-            fprintf(stderr, "ctitan: warning: the end-of-run sample failed (above); the training itself completed "
-                            "and was saved\n");
-    }
+    if (!st && prof) traces_write(&s, mf);
+    if (!st && max_new > 0) sample_print(&s, mf, tok, max_new);
 out:
     tokenizer_free(tok);
     runlock_release();

@@ -266,37 +266,71 @@ static int check_unique(reader *r, tf_file *f) {
     return -1;
 }
 
-static tf_file *parse(reader *r) {
+/* The fixed header: magic, a version we read, a zero reserved field, and a tensor count the file
+ * can hold. 0 or -1 (the reader's error says why). */
+static int header_read(reader *r, uint32_t *version, uint32_t *count) {
     unsigned char h[TF_HEADER_BYTES];
-    r->tensor = -1;
     if (r->size < TF_HEADER_BYTES) {
         fail(r, "file is %llu bytes, shorter than the %d-byte header", (unsigned long long)r->size,
              TF_HEADER_BYTES);
-        return NULL;
+        return -1;
     }
-    if (take(r, h, TF_HEADER_BYTES, "header")) return NULL;
+    if (take(r, h, TF_HEADER_BYTES, "header")) return -1;
     if (memcmp(h, TF_MAGIC, 8) != 0) {
         fail(r, "bad magic (expected \"CTTENSOR\"): not a ctt tensor file");
-        return NULL;
+        return -1;
     }
-    uint32_t version = get_u32(h + 8), count = get_u32(h + 12);
+    *version = get_u32(h + 8);
+    *count = get_u32(h + 12);
     uint64_t reserved = get_u64(h + 16);
-    if (version != 1 && version != TF_VERSION) {
-        fail(r, "format version %u is not supported (expected 1 or %d)", version, TF_VERSION);
-        return NULL;
+    if (*version != 1 && *version != TF_VERSION) {
+        fail(r, "format version %u is not supported (expected 1 or %d)", *version, TF_VERSION);
+        return -1;
     }
-    uint64_t sum_bytes = version >= 2 ? 8 : 0; /* per tensor, after the last record */
+    uint64_t sum_bytes = *version >= 2 ? 8 : 0; /* per tensor, after the last record */
     if (reserved != 0) {
         fail(r, "reserved header field is %llu, expected 0", (unsigned long long)reserved);
-        return NULL;
+        return -1;
     }
     uint64_t most = (r->size - TF_HEADER_BYTES) / (TF_MIN_RECORD_BYTES + sum_bytes);
-    if (count > most || count > INT_MAX) {
-        fail(r, "header says %u tensors but the remaining %llu bytes hold at most %llu", count,
+    if (*count > most || *count > INT_MAX) {
+        fail(r, "header says %u tensors but the remaining %llu bytes hold at most %llu", *count,
              (unsigned long long)(r->size - TF_HEADER_BYTES), (unsigned long long)most);
-        return NULL;
+        return -1;
     }
+    return 0;
+}
 
+/* Version 2: after the records, one checksum per tensor, equal to its record's (sums; starts are
+ * the records' offsets, for the error). 0 or -1. */
+static int checksums_check(reader *r, const tf_file *f, uint32_t count, const uint64_t *sums,
+                           const uint64_t *starts) {
+    uint64_t sum_bytes = 8;
+    if (r->size - r->pos != sum_bytes * count) {
+        fail(r, "after the last tensor %llu bytes remain; the %u checksums take %llu",
+             (unsigned long long)(r->size - r->pos), count, (unsigned long long)(sum_bytes * count));
+        return -1;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        unsigned char b[8];
+        if (take(r, b, 8, "checksum")) return -1;
+        if (get_u64(b) == sums[i]) continue;
+        r->tensor = (long)i;
+        r->start = starts[i];
+        r->name = f->entries[i].name;
+        r->name_len = strlen(r->name);
+        fail(r, "checksum mismatch (stored %016llx, the record gives %016llx): the file is corrupt",
+             (unsigned long long)get_u64(b), (unsigned long long)sums[i]);
+        return -1;
+    }
+    return 0;
+}
+
+static tf_file *parse(reader *r) {
+    uint32_t version, count;
+    r->tensor = -1;
+    if (header_read(r, &version, &count)) return NULL;
+    uint64_t sum_bytes = version >= 2 ? 8 : 0;
     tf_file *f = calloc(1, sizeof *f);
     uint64_t *sums = calloc(count ? count : 1, sizeof *sums), *starts = calloc(count ? count : 1, sizeof *starts);
     if (f) f->entries = calloc(count ? count : 1, sizeof *f->entries);
@@ -321,24 +355,7 @@ static tf_file *parse(reader *r) {
         sums[i] = r->h;
     }
     r->tensor = -1;
-    if (sum_bytes && r->size - r->pos != sum_bytes * count) {
-        fail(r, "after the last tensor %llu bytes remain; the %u checksums take %llu",
-             (unsigned long long)(r->size - r->pos), count, (unsigned long long)(sum_bytes * count));
-        goto fail;
-    }
-    for (uint32_t i = 0; sum_bytes && i < count; i++) {
-        unsigned char b[8];
-        if (take(r, b, 8, "checksum")) goto fail;
-        if (get_u64(b) != sums[i]) {
-            r->tensor = (long)i;
-            r->start = starts[i];
-            r->name = f->entries[i].name;
-            r->name_len = strlen(r->name);
-            fail(r, "checksum mismatch (stored %016llx, the record gives %016llx): the file is corrupt",
-                 (unsigned long long)get_u64(b), (unsigned long long)sums[i]);
-            goto fail;
-        }
-    }
+    if (sum_bytes && checksums_check(r, f, count, sums, starts)) goto fail;
     if (r->pos != r->size) {
         fail(r, "%llu trailing bytes after the last tensor (tensor count %u)",
              (unsigned long long)(r->size - r->pos), count);

@@ -390,6 +390,73 @@ static int64_t merged_token(strmap *vocab, uint32_t a, uint32_t b, unsigned char
     return strmap_get_or_add(vocab, *buf, la + lb, NULL);
 }
 
+/* The merge loop's working state, freed together: the words, the pair counts, the heap of candidate
+ * merges, and scratch lists. */
+typedef struct merge_state {
+    words w;
+    pair_table t;
+    pair_heap q;
+    uint32_t *touched; /* pairs whose count rose in the current merge */
+    uint32_t *list;    /* the merged pair's where list, taken */
+    size_t ntouched, captouched, caplist;
+} merge_state;
+
+/* Every adjacent pair of every word counted, with the words it occurs in, and heaped. -1: no memory. */
+static int merge_state_init(merge_state *m, const strmap *chunks) {
+    words *w = &m->w;
+    if (words_init(w, chunks) || pairs_rehash(&m->t, 1 << 16)) return -1;
+    for (size_t k = 0; k < w->n; k++)
+        if (word_count_pairs(&m->t, w, k, +1, UINT32_MAX, 0, NULL, NULL, NULL)) return -1;
+    for (size_t k = 0; k < w->n; k++) { /* where lists for the byte pairs */
+        const uint32_t *s = w->sym + w->start[k];
+        for (uint32_t i = 0; i + 1 < w->len[k]; i++)
+            if (pair_add_where(&m->t.p[pairs_get(&m->t, s[i], s[i + 1], 0)], (uint32_t)k)) return -1;
+    }
+    for (size_t i = 0; i < m->t.n; i++)
+        if (m->t.p[i].count > 0 &&
+            heap_push(&m->q, (heap_entry){m->t.p[i].count, m->t.p[i].a, m->t.p[i].b, (uint32_t)i}))
+            return -1;
+    return 0;
+}
+
+static void merge_state_free(merge_state *m) {
+    words_free(&m->w);
+    pairs_free(&m->t);
+    free(m->q.h);
+    free(m->touched);
+    free(m->list);
+}
+
+/* Merge number merge_no: pair e becomes token nt in every word that holds it; the pairs whose count
+ * rose go back on the heap. -1: no memory. */
+static int merge_apply(merge_state *m, heap_entry e, uint32_t nt, uint32_t merge_no) {
+    words *w = &m->w;
+    pair_info *p = &m->t.p[e.pair];
+    /* Take the where list: rewriting words appends only to lists of pairs holding nt. */
+    size_t nlist = p->nwhere;
+    if (grow((void **)&m->list, &m->caplist, nlist, sizeof *m->list)) return -1;
+    if (nlist) memcpy(m->list, p->where, nlist * sizeof *m->list);
+    free(p->where);
+    p->where = NULL;
+    p->nwhere = p->capwhere = 0;
+    m->ntouched = 0;
+    for (size_t i = 0; i < nlist; i++) {
+        size_t k = m->list[i];
+        if (w->stamp[k] == merge_no || !word_has_pair(w, k, e.a, e.b)) continue;
+        w->stamp[k] = merge_no;
+        if (word_count_pairs(&m->t, w, k, -1, UINT32_MAX, merge_no, NULL, NULL, NULL)) return -1;
+        word_merge(w, k, e.a, e.b, nt);
+        if (word_count_pairs(&m->t, w, k, +1, nt, merge_no, &m->touched, &m->ntouched, &m->captouched))
+            return -1;
+    }
+    for (size_t i = 0; i < m->ntouched; i++) {
+        pair_info *np = &m->t.p[m->touched[i]];
+        if (np->count > 0 && heap_push(&m->q, (heap_entry){np->count, np->a, np->b, m->touched[i]}))
+            return -1;
+    }
+    return 0;
+}
+
 int bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size, char *err, size_t errlen) {
     if (vocab_size < 2 * TOKENIZER_N_SPECIAL || vocab_size > TOKENIZER_MAX_BASE) {
         ct_errf(err, errlen, "tokenizer train: vocab size %d out of range (%d..%d: 256 bytes + merges "
@@ -402,62 +469,24 @@ int bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size, char *err, size_t errl
     }
     tr->trained = 1;
     size_t target = (size_t)(vocab_size - TOKENIZER_N_SPECIAL);
-    words w = {0};
-    pair_table t = {0};
-    pair_heap q = {0};
-    uint32_t *touched = NULL, *list = NULL;
-    size_t ntouched = 0, captouched = 0, caplist = 0, capbuf = 0;
+    merge_state m = {0};
     unsigned char *buf = NULL;
+    size_t capbuf = 0;
     int rc = -1;
-
-    if (words_init(&w, &tr->chunks) || pairs_rehash(&t, 1 << 16)) goto oom;
-    for (size_t k = 0; k < w.n; k++)
-        if (word_count_pairs(&t, &w, k, +1, UINT32_MAX, 0, NULL, NULL, NULL)) goto oom;
-    for (size_t k = 0; k < w.n; k++) {   /* where lists for the byte pairs */
-        const uint32_t *s = w.sym + w.start[k];
-        for (uint32_t i = 0; i + 1 < w.len[k]; i++)
-            if (pair_add_where(&t.p[pairs_get(&t, s[i], s[i + 1], 0)], (uint32_t)k)) goto oom;
-    }
-    for (size_t i = 0; i < t.n; i++)
-        if (t.p[i].count > 0 &&
-            heap_push(&q, (heap_entry){t.p[i].count, t.p[i].a, t.p[i].b, (uint32_t)i}))
-            goto oom;
-
+    if (merge_state_init(&m, &tr->chunks)) goto oom;
     uint32_t merge_no = 0;
-    while (tr->vocab.n < target && q.n) {
-        heap_entry e = heap_pop(&q);
-        pair_info *p = &t.p[e.pair];
-        if (p->count != e.count) {   /* stale: counts only fall between pushes */
-            if (p->count > 0 && heap_push(&q, (heap_entry){p->count, p->a, p->b, e.pair})) goto oom;
+    while (tr->vocab.n < target && m.q.n) {
+        heap_entry e = heap_pop(&m.q);
+        pair_info *p = &m.t.p[e.pair];
+        if (p->count != e.count) { /* stale: counts only fall between pushes */
+            if (p->count > 0 && heap_push(&m.q, (heap_entry){p->count, p->a, p->b, e.pair})) goto oom;
             continue;
         }
         if (p->count <= 0) continue;
         int64_t nt = merged_token(&tr->vocab, e.a, e.b, &buf, &capbuf);
         if (nt < 0) goto oom;
         merge_no++;
-        /* Take the where list: rewriting words appends only to lists of pairs holding nt. */
-        size_t nlist = p->nwhere;
-        if (grow((void **)&list, &caplist, nlist, sizeof *list)) goto oom;
-        if (nlist) memcpy(list, p->where, nlist * sizeof *list);
-        free(p->where);
-        p->where = NULL;
-        p->nwhere = p->capwhere = 0;
-        ntouched = 0;
-        for (size_t i = 0; i < nlist; i++) {
-            size_t k = list[i];
-            if (w.stamp[k] == merge_no || !word_has_pair(&w, k, e.a, e.b)) continue;
-            w.stamp[k] = merge_no;
-            if (word_count_pairs(&t, &w, k, -1, UINT32_MAX, merge_no, NULL, NULL, NULL)) goto oom;
-            word_merge(&w, k, e.a, e.b, (uint32_t)nt);
-            if (word_count_pairs(&t, &w, k, +1, (uint32_t)nt, merge_no, &touched, &ntouched,
-                                 &captouched))
-                goto oom;
-        }
-        for (size_t i = 0; i < ntouched; i++) {
-            pair_info *np = &t.p[touched[i]];
-            if (np->count > 0 && heap_push(&q, (heap_entry){np->count, np->a, np->b, touched[i]}))
-                goto oom;
-        }
+        if (merge_apply(&m, e, (uint32_t)nt, merge_no)) goto oom;
         tr->stats.merges++;
     }
     tr->stats.n_base = (int)tr->vocab.n;
@@ -466,11 +495,7 @@ int bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size, char *err, size_t errl
 oom:
     ct_errf(err, errlen, "tokenizer train: out of memory");
 done:
-    words_free(&w);
-    pairs_free(&t);
-    free(q.h);
-    free(touched);
-    free(list);
+    merge_state_free(&m);
     free(buf);
     return rc;
 }

@@ -279,43 +279,50 @@ static const char *launch_usage =
     "  Ctrl-C reaches it through the launcher) with --stdin none; when the launcher dies, so do the ranks.\n"
     "  example: ctitan launch -n 4 train configs/llama3_debug.yaml --parallelism.data_parallel_shard_degree=4\n";
 
-int cmd_launch(int argc, char **argv) {
-    long n = 0;
+/* What `ctitan launch` was asked: the ranks, mpirun's extra arguments, where the command starts. */
+typedef struct launch_args {
+    long n;
+    const char *extra[32]; /* --mpirun-arg, in order */
+    int n_extra;
+    int cmd;  /* argv index of COMMAND */
+    int help; /* --help was printed */
+} launch_args;
+
+/* 0 (a->help when the usage was printed) or EXIT_BAD_INPUT after an error line. */
+static int launch_args_parse(int argc, char **argv, launch_args *a) {
+    memset(a, 0, sizeof *a);
     int i = 0;
-    const char *extra[32];
-    int n_extra = 0;
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(launch_usage, stdout);
+            a->help = 1;
             return 0;
         } else if (!strcmp(argv[i], "-n") || !strcmp(argv[i], "-np")) {
             char *end;
-            n = i + 1 < argc ? strtol(argv[++i], &end, 10) : 0;
-            if (n < 1 || *end) {
+            a->n = i + 1 < argc ? strtol(argv[++i], &end, 10) : 0;
+            if (a->n < 1 || *end) {
                 fprintf(stderr, "ctitan: launch: -n needs a positive number of ranks\n");
                 return EXIT_BAD_INPUT;
             }
-        } else if (!strcmp(argv[i], "--mpirun-arg") && i + 1 < argc && n_extra < 32) {
-            extra[n_extra++] = argv[++i];
+        } else if (!strcmp(argv[i], "--mpirun-arg") && i + 1 < argc && a->n_extra < 32) {
+            a->extra[a->n_extra++] = argv[++i];
         } else {
             break;
         }
     }
-    if (n < 1 || i >= argc) {
+    if (a->n < 1 || i >= argc) {
         fprintf(stderr, "ctitan: launch: expected -n N and a command (see ctitan launch --help)\n");
         return EXIT_BAD_INPUT;
     }
-    char self[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len <= 0) {
-        fprintf(stderr, "ctitan: launch: cannot find this executable\n");
-        return EXIT_RUN_FAILED;
-    }
-    self[len] = 0;
-    char nbuf[32];
-    snprintf(nbuf, sizeof nbuf, "%ld", n);
-    const char **av = calloc((size_t)(argc + n_extra + 16), sizeof(char *));
-    if (!av) return EXIT_RUN_FAILED;
+    a->cmd = i;
+    return 0;
+}
+
+/* mpirun's argument vector (NULL-terminated; the caller frees the array): its options, then this
+ * executable (self) with the command and its arguments. nbuf holds the rank count as text. */
+static const char **mpirun_argv(const launch_args *a, int argc, char **argv, const char *self, const char *nbuf) {
+    const char **av = calloc((size_t)(argc + a->n_extra + 16), sizeof(char *));
+    if (!av) return NULL;
     int k = 0;
     av[k++] = "mpirun";
     av[k++] = "-n";
@@ -329,21 +336,16 @@ int cmd_launch(int argc, char **argv) {
     av[k++] = "--stdin"; /* mpirun is in a background process group, where reading the terminal stops it */
     av[k++] = "none";
     if (geteuid() == 0) av[k++] = "--allow-run-as-root";
-    for (int e = 0; e < n_extra; e++) av[k++] = extra[e];
+    for (int e = 0; e < a->n_extra; e++) av[k++] = a->extra[e];
     av[k++] = self;
-    for (; i < argc; i++) av[k++] = argv[i];
+    for (int i = a->cmd; i < argc; i++) av[k++] = argv[i];
     av[k] = NULL;
-    if (n > sysconf(_SC_NPROCESSORS_ONLN)) setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-    char dir[] = "/tmp/ctitan-launch-XXXXXX";
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "ctitan: launch: cannot create a status folder in /tmp\n");
-        free(av);
-        return EXIT_RUN_FAILED;
-    }
-    setenv("CTITAN_STATUS_DIR", dir, 1);
-    char self_pid[32];
-    snprintf(self_pid, sizeof self_pid, "%ld", (long)getpid());
-    setenv("CTITAN_LAUNCH_PID", self_pid, 1);
+    return av;
+}
+
+/* Runs mpirun (av, freed here) with stderr relayed and stop signals forwarded, and returns the job's
+ * status: the first non-zero status of a rank (dir holds their records), else mpirun's. */
+static int mpirun_run(const char **av, const char *dir, long n, const char *self_pid) {
     fflush(stdout);
     static stderr_relay relay; /* 64 KiB line buffer and the texts seen: not on the stack */
     relay_start(&relay);
@@ -375,6 +377,35 @@ int cmd_launch(int argc, char **argv) {
     int st = job_status(dir, n);
     if (!st && !(WIFEXITED(wst) && WEXITSTATUS(wst) == 0)) st = EXIT_RUN_FAILED;
     return st;
+}
+
+int cmd_launch(int argc, char **argv) {
+    launch_args a;
+    int st = launch_args_parse(argc, argv, &a);
+    if (st || a.help) return st;
+    char self[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) {
+        fprintf(stderr, "ctitan: launch: cannot find this executable\n");
+        return EXIT_RUN_FAILED;
+    }
+    self[len] = 0;
+    char nbuf[32];
+    snprintf(nbuf, sizeof nbuf, "%ld", a.n);
+    const char **av = mpirun_argv(&a, argc, argv, self, nbuf);
+    if (!av) return EXIT_RUN_FAILED;
+    if (a.n > sysconf(_SC_NPROCESSORS_ONLN)) setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+    char dir[] = "/tmp/ctitan-launch-XXXXXX";
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "ctitan: launch: cannot create a status folder in /tmp\n");
+        free(av);
+        return EXIT_RUN_FAILED;
+    }
+    setenv("CTITAN_STATUS_DIR", dir, 1);
+    char self_pid[32];
+    snprintf(self_pid, sizeof self_pid, "%ld", (long)getpid());
+    setenv("CTITAN_LAUNCH_PID", self_pid, 1);
+    return mpirun_run(av, dir, a.n, self_pid);
 }
 
 /* ---- a launcher's world against the MPI world ----

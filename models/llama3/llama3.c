@@ -232,20 +232,29 @@ static ct_status llama_declare(ct_model *p, ct_param_registry *r) {
         layer *L = &m->layers[i];
         int u = (int)i + 1;
         float std = m->depth_init ? 0.02f / sqrtf(2.0f * (float)(i + 1)) : 0.02f / sqrtf(2.0f * (float)m->n_layers);
-        char n[128];
-#define P(field, suffix, d0, d1, init, flags)                               \
-    snprintf(n, sizeof n, "layers.%lld.%s", (long long)i, suffix);          \
-    if (!(L->field = add2(r, u, n, d0, d1, init, flags))) return CT_ERR_INVALID;
-        P(attention_norm, "attention_norm.weight", m->dim, 0, ones, CT_TENSOR_NO_DECAY);
-        P(wq, "attention.wq.weight", q, m->dim, trunc_init(0.02f), CT_TENSOR_LINEAR);
-        P(wk, "attention.wk.weight", kv, m->dim, trunc_init(0.02f), CT_TENSOR_LINEAR);
-        P(wv, "attention.wv.weight", kv, m->dim, trunc_init(0.02f), CT_TENSOR_LINEAR);
-        P(wo, "attention.wo.weight", m->dim, q, trunc_init(std), CT_TENSOR_LINEAR);
-        P(ffn_norm, "ffn_norm.weight", m->dim, 0, ones, CT_TENSOR_NO_DECAY);
-        P(w1, "feed_forward.w1.weight", m->ffn_hidden, m->dim, trunc_init(0.02f), CT_TENSOR_LINEAR);
-        P(w2, "feed_forward.w2.weight", m->dim, m->ffn_hidden, trunc_init(std), CT_TENSOR_LINEAR);
-        P(w3, "feed_forward.w3.weight", m->ffn_hidden, m->dim, trunc_init(std), CT_TENSOR_LINEAR);
-#undef P
+        /* this layer's parameters, in registration order */
+        const struct {
+            ct_tensor **t;
+            const char *suffix;
+            int64_t d0, d1;
+            ct_init init;
+            uint32_t flags;
+        } ps[] = {
+            {&L->attention_norm, "attention_norm.weight", m->dim, 0, ones, CT_TENSOR_NO_DECAY},
+            {&L->wq, "attention.wq.weight", q, m->dim, trunc_init(0.02f), CT_TENSOR_LINEAR},
+            {&L->wk, "attention.wk.weight", kv, m->dim, trunc_init(0.02f), CT_TENSOR_LINEAR},
+            {&L->wv, "attention.wv.weight", kv, m->dim, trunc_init(0.02f), CT_TENSOR_LINEAR},
+            {&L->wo, "attention.wo.weight", m->dim, q, trunc_init(std), CT_TENSOR_LINEAR},
+            {&L->ffn_norm, "ffn_norm.weight", m->dim, 0, ones, CT_TENSOR_NO_DECAY},
+            {&L->w1, "feed_forward.w1.weight", m->ffn_hidden, m->dim, trunc_init(0.02f), CT_TENSOR_LINEAR},
+            {&L->w2, "feed_forward.w2.weight", m->dim, m->ffn_hidden, trunc_init(std), CT_TENSOR_LINEAR},
+            {&L->w3, "feed_forward.w3.weight", m->ffn_hidden, m->dim, trunc_init(std), CT_TENSOR_LINEAR},
+        };
+        for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+            char n[128];
+            snprintf(n, sizeof n, "layers.%lld.%s", (long long)i, ps[k].suffix);
+            if (!(*ps[k].t = add2(r, u, n, ps[k].d0, ps[k].d1, ps[k].init, ps[k].flags))) return CT_ERR_INVALID;
+        }
     }
     int head = (int)m->n_layers + 1;
     float out_std = 1.0f / sqrtf((float)m->dim);
@@ -264,11 +273,7 @@ static const char *llama_unit_name(ct_model *p, int unit) {
     return m->layers[unit - 1].unit_name;
 }
 
-#define TRY(x)                                  \
-    do {                                        \
-        if (!(x)) return CT_ERR_INVALID;        \
-    } while (0)
-
+/* Every builder call returns NULL on failure (the builder has set the error): each is checked. */
 /* x (B, T, D) -> x + attention(norm(x)) -> x + feed_forward(norm(x)).
  * Batch and sequence come from q, not x: under sequence parallel x holds a slice of the rows. */
 static ct_status block_forward(llama *m, const layer *L, ct_builder *b, ct_tensor *x, ct_tensor **out) {
@@ -276,28 +281,28 @@ static ct_status block_forward(llama *m, const layer *L, ct_builder *b, ct_tenso
     float eps = (float)m->norm_eps, theta = (float)m->rope_theta;
     int64_t nh = L->wq->shape[0] / hd, nkv = L->wk->shape[0] / hd; /* heads from shapes, not from flavor */
     ct_tensor *h, *q, *k, *v, *o;
-    TRY(h = b->rmsnorm(b, x, L->attention_norm, eps));
-    TRY(q = b->linear(b, h, L->wq));
-    TRY(k = b->linear(b, h, L->wk));
-    TRY(v = b->linear(b, h, L->wv));
+    if (!(h = b->rmsnorm(b, x, L->attention_norm, eps))) return CT_ERR_INVALID;
+    if (!(q = b->linear(b, h, L->wq))) return CT_ERR_INVALID;
+    if (!(k = b->linear(b, h, L->wk))) return CT_ERR_INVALID;
+    if (!(v = b->linear(b, h, L->wv))) return CT_ERR_INVALID;
     B = q->shape[0];
     T = q->shape[1];
-    TRY(q = b->view(b, q, 4, (int64_t[]){B, T, nh, hd})); /* q is (B, T, NH, HD) */
-    TRY(k = b->view(b, k, 4, (int64_t[]){B, T, nkv, hd})); /* k, v are (B, T, NKV, HD) */
-    TRY(v = b->view(b, v, 4, (int64_t[]){B, T, nkv, hd}));
-    TRY(q = b->rope(b, q, theta));
-    TRY(k = b->rope(b, k, theta));
-    TRY(o = b->attention(b, q, k, v));
-    TRY(o = b->view(b, o, 3, (int64_t[]){B, T, nh * hd}));
-    TRY(o = b->linear(b, o, L->wo));
-    TRY(x = b->add(b, x, o));
+    if (!(q = b->view(b, q, 4, (int64_t[]){B, T, nh, hd}))) return CT_ERR_INVALID; /* q is (B, T, NH, HD) */
+    if (!(k = b->view(b, k, 4, (int64_t[]){B, T, nkv, hd}))) return CT_ERR_INVALID; /* k, v are (B, T, NKV, HD) */
+    if (!(v = b->view(b, v, 4, (int64_t[]){B, T, nkv, hd}))) return CT_ERR_INVALID;
+    if (!(q = b->rope(b, q, theta))) return CT_ERR_INVALID;
+    if (!(k = b->rope(b, k, theta))) return CT_ERR_INVALID;
+    if (!(o = b->attention(b, q, k, v))) return CT_ERR_INVALID;
+    if (!(o = b->view(b, o, 3, (int64_t[]){B, T, nh * hd}))) return CT_ERR_INVALID;
+    if (!(o = b->linear(b, o, L->wo))) return CT_ERR_INVALID;
+    if (!(x = b->add(b, x, o))) return CT_ERR_INVALID;
     ct_tensor *a, *g;
-    TRY(h = b->rmsnorm(b, x, L->ffn_norm, eps));
-    TRY(a = b->linear(b, h, L->w1));
-    TRY(g = b->linear(b, h, L->w3));
-    TRY(h = b->swiglu(b, a, g));
-    TRY(h = b->linear(b, h, L->w2));
-    TRY(*out = b->add(b, x, h));
+    if (!(h = b->rmsnorm(b, x, L->ffn_norm, eps))) return CT_ERR_INVALID;
+    if (!(a = b->linear(b, h, L->w1))) return CT_ERR_INVALID;
+    if (!(g = b->linear(b, h, L->w3))) return CT_ERR_INVALID;
+    if (!(h = b->swiglu(b, a, g))) return CT_ERR_INVALID;
+    if (!(h = b->linear(b, h, L->w2))) return CT_ERR_INVALID;
+    if (!(*out = b->add(b, x, h))) return CT_ERR_INVALID;
     return CT_OK;
 }
 
@@ -305,19 +310,19 @@ static ct_status llama_unit_forward(ct_model *p, int unit, ct_builder *b, ct_ten
                                     const ct_tensor *targets, ct_tensor **out) {
     llama *m = p;
     if (unit == 0) {
-        TRY(*out = b->embedding(b, tokens, m->tok_embeddings));
+        if (!(*out = b->embedding(b, tokens, m->tok_embeddings))) return CT_ERR_INVALID;
         return CT_OK;
     }
     if (unit <= m->n_layers) return block_forward(m, &m->layers[unit - 1], b, x, out);
     if (unit == m->n_layers + 1) {
         ct_tensor *h, *logits;
-        TRY(h = b->rmsnorm(b, x, m->norm, (float)m->norm_eps));
-        TRY(logits = b->linear(b, h, m->output));
+        if (!(h = b->rmsnorm(b, x, m->norm, (float)m->norm_eps))) return CT_ERR_INVALID;
+        if (!(logits = b->linear(b, h, m->output))) return CT_ERR_INVALID;
         if (!targets) {
             *out = logits;
             return CT_OK;
         }
-        TRY(*out = b->cross_entropy(b, logits, targets));
+        if (!(*out = b->cross_entropy(b, logits, targets))) return CT_ERR_INVALID;
         return CT_OK;
     }
     m->host->set_error(m->host, "unit %d out of range (model has %lld units)", unit, (long long)m->n_layers + 2);

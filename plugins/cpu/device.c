@@ -54,24 +54,6 @@ cpu_fail(const cpu_device *d, ct_status status, const char *op, const char *fmt,
     return status;
 }
 
-/* Every op starts with these: the device handle, then argument checks that name the op in their
- * message (`__func__ + 4` is the function's name without its "cpu_" prefix). */
-#define CPU_OP_BEGIN(dev)                                                                          \
-    cpu_device *d = (dev);                                                                         \
-    if (!d) {                                                                                      \
-        return CT_ERR_INVALID;                                                                     \
-    }
-#define CPU_REQUIRE(cond, ...)                                                                     \
-    do {                                                                                           \
-        if (!(cond))                                                                               \
-            return cpu_fail(d, CT_ERR_INVALID, __func__ + 4, __VA_ARGS__);                         \
-    } while (0)
-#define CPU_NOMEM_IF(cond)                                                                         \
-    do {                                                                                           \
-        if (cond)                                                                                  \
-            return cpu_fail(d, CT_ERR_NOMEM, __func__ + 4, "cannot allocate scratch memory");      \
-    } while (0)
-
 /* The thread count applies per calling thread in OpenMP; OpenBLAS follows it. */
 static void cpu_enter(const cpu_device *d)
 {
@@ -244,8 +226,11 @@ static void cpu_destroy(ct_device *dev)
 
 static ct_status cpu_info(ct_device *dev, ct_device_info *out)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(out != NULL, "null output");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!out)
+        return cpu_fail(d, CT_ERR_INVALID, "info", "null output");
     if (out->struct_size == 0)
         out->struct_size = sizeof *out;
     if (CT_HAS_FIELD(out, ct_device_info, name))
@@ -328,8 +313,11 @@ static double cpu_max_ghz(const char **from)
  * under a VM's nominal 'cpu MHz'). One line says which and how. */
 static ct_status cpu_measure_peak_flops(ct_device *dev, double *flops_per_s)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(flops_per_s != NULL, "null output");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!flops_per_s)
+        return cpu_fail(d, CT_ERR_INVALID, "measure_peak_flops", "null output");
     const int n = 1536;
     size_t bytes = (size_t)n * n * sizeof(float);
     float *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes),
@@ -387,10 +375,14 @@ static ct_status cpu_measure_peak_flops(ct_device *dev, double *flops_per_s)
 
 static ct_status cpu_alloc(ct_device *dev, size_t bytes, void **out)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(out != NULL, "null output");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!out)
+        return cpu_fail(d, CT_ERR_INVALID, "alloc", "null output");
     *out = NULL;
-    CPU_REQUIRE(bytes <= SIZE_MAX - 64, "size %zu is too large", bytes);
+    if (bytes > SIZE_MAX - 64)
+        return cpu_fail(d, CT_ERR_INVALID, "alloc", "size %zu is too large", bytes);
     size_t rounded = (bytes + 63) / 64 * 64; /* aligned_alloc wants a multiple of the alignment */
     void *p = aligned_alloc(64, rounded ? rounded : 64);
     if (!p)
@@ -407,29 +399,37 @@ static void cpu_free(ct_device *dev, void *p)
 
 static ct_status cpu_copy(ct_device *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(kind == CT_COPY_H2D || kind == CT_COPY_D2H || kind == CT_COPY_D2D,
-                "unknown copy kind %d", (int)kind);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!(kind == CT_COPY_H2D || kind == CT_COPY_D2H || kind == CT_COPY_D2D))
+        return cpu_fail(d, CT_ERR_INVALID, "copy", "unknown copy kind %d", (int)kind);
     if (bytes == 0)
         return CT_OK;
-    CPU_REQUIRE(dst && src, "null pointer");
+    if (!dst || !src)
+        return cpu_fail(d, CT_ERR_INVALID, "copy", "null pointer");
     memmove(dst, src, bytes);
     return CT_OK;
 }
 
 static ct_status cpu_zero(ct_device *dev, void *p, size_t bytes)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     if (bytes == 0)
         return CT_OK;
-    CPU_REQUIRE(p != NULL, "null pointer");
+    if (!p)
+        return cpu_fail(d, CT_ERR_INVALID, "zero", "null pointer");
     memset(p, 0, bytes);
     return CT_OK;
 }
 
 static ct_status cpu_synchronize(ct_device *dev)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     (void)d;
     return CT_OK;
 }
@@ -451,13 +451,16 @@ static ct_status cpu_gemm_shape_check(cpu_device *d, const char *op, int64_t m, 
 static ct_status cpu_matmul(ct_device *dev, float *c, const float *a, const float *b, int64_t m,
                             int64_t n, int64_t k, int trans_a, int trans_b, float alpha, float beta)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status shape_st = cpu_gemm_shape_check(d, __func__ + 4, m, n, k);
     if (shape_st != CT_OK)
         return shape_st;
     if (m == 0 || n == 0)
         return CT_OK;
-    CPU_REQUIRE(c && (k == 0 || (a && b)), "null pointer");
+    if (!(c && (k == 0 || (a && b))))
+        return cpu_fail(d, CT_ERR_INVALID, "matmul", "null pointer");
     cpu_enter(d);
     matmul_f32(c, a, b, (int)m, (int)n, (int)k, trans_a, trans_b, alpha, beta);
     return CT_OK;
@@ -465,9 +468,13 @@ static ct_status cpu_matmul(ct_device *dev, float *c, const float *a, const floa
 
 static ct_status cpu_axpy(ct_device *dev, float *y, const float *x, float alpha, int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(n == 0 || (y && x), "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "axpy", "negative length %lld", (long long)n);
+    if (!(n == 0 || (y && x)))
+        return cpu_fail(d, CT_ERR_INVALID, "axpy", "null pointer");
     cpu_enter(d);
     axpy_f32(y, x, alpha, n);
     return CT_OK;
@@ -475,9 +482,13 @@ static ct_status cpu_axpy(ct_device *dev, float *y, const float *x, float alpha,
 
 static ct_status cpu_add(ct_device *dev, float *out, const float *a, const float *b, int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(n == 0 || (out && a && b), "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "add", "negative length %lld", (long long)n);
+    if (!(n == 0 || (out && a && b)))
+        return cpu_fail(d, CT_ERR_INVALID, "add", "null pointer");
     cpu_enter(d);
     add_f32(out, a, b, n);
     return CT_OK;
@@ -485,9 +496,13 @@ static ct_status cpu_add(ct_device *dev, float *out, const float *a, const float
 
 static ct_status cpu_scale(ct_device *dev, float *x, float alpha, int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(n == 0 || x, "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "scale", "negative length %lld", (long long)n);
+    if (!(n == 0 || x))
+        return cpu_fail(d, CT_ERR_INVALID, "scale", "null pointer");
     cpu_enter(d);
     scale_f32(x, alpha, n);
     return CT_OK;
@@ -495,9 +510,13 @@ static ct_status cpu_scale(ct_device *dev, float *x, float alpha, int64_t n)
 
 static ct_status cpu_sum(ct_device *dev, double *out, const float *x, int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(out && (n == 0 || x), "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "sum", "negative length %lld", (long long)n);
+    if (!(out && (n == 0 || x)))
+        return cpu_fail(d, CT_ERR_INVALID, "sum", "null pointer");
     cpu_enter(d);
     *out = sum_f32(x, n);
     return CT_OK;
@@ -506,8 +525,11 @@ static ct_status cpu_sum(ct_device *dev, double *out, const float *x, int64_t n)
 /* ABI 1.5: the sum stays in device memory (here the host's: nothing to wait for) */
 static ct_status cpu_sum_to_device(ct_device *dev, float *out, const float *x, int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(out != NULL, "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!out)
+        return cpu_fail(d, CT_ERR_INVALID, "sum_to_device", "null pointer");
     double sum = 0;
     ct_status st = cpu_sum(dev, &sum, x, n);
     if (st == CT_OK)
@@ -517,9 +539,13 @@ static ct_status cpu_sum_to_device(ct_device *dev, float *out, const float *x, i
 
 static ct_status cpu_sum_squares(ct_device *dev, double *out, const float *x, int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(out && (n == 0 || x), "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "sum_squares", "negative length %lld", (long long)n);
+    if (!(out && (n == 0 || x)))
+        return cpu_fail(d, CT_ERR_INVALID, "sum_squares", "null pointer");
     cpu_enter(d);
     *out = sum_squares_f32(x, n);
     return CT_OK;
@@ -530,16 +556,24 @@ static ct_status cpu_sum_squares(ct_device *dev, double *out, const float *x, in
 static ct_status cpu_embedding_forward(ct_device *dev, float *out, const int32_t *ids,
                                        const float *table, int64_t n, int64_t c, int64_t vocab)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0 && c >= 0 && vocab >= 0, "negative shape n=%lld c=%lld vocab=%lld",
-                (long long)n, (long long)c, (long long)vocab);
-    CPU_REQUIRE(n == 0 || ids, "null ids");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0 || vocab < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_forward",
+                        "negative shape n=%lld c=%lld vocab=%lld", (long long)n, (long long)c,
+                        (long long)vocab);
+    if (!(n == 0 || ids))
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_forward", "null ids");
     int64_t bad = cpu_find_bad_id(ids, n, vocab, 0, 0);
-    CPU_REQUIRE(bad < 0, "ids[%lld] = %d is outside [0, %lld)", (long long)bad,
-                bad < 0 ? 0 : ids[bad], (long long)vocab);
+    if (bad >= 0)
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_forward",
+                        "ids[%lld] = %d is outside [0, %lld)", (long long)bad,
+                        bad < 0 ? 0 : ids[bad], (long long)vocab);
     if (n == 0 || c == 0)
         return CT_OK;
-    CPU_REQUIRE(out && table, "null pointer");
+    if (!out || !table)
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_forward", "null pointer");
     cpu_enter(d);
     embedding_forward_f32(out, ids, table, n, c);
     return CT_OK;
@@ -548,36 +582,46 @@ static ct_status cpu_embedding_forward(ct_device *dev, float *out, const int32_t
 static ct_status cpu_embedding_backward(ct_device *dev, float *dtable, const int32_t *ids,
                                         const float *dout, int64_t n, int64_t c, int64_t vocab)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0 && c >= 0 && vocab >= 0, "negative shape n=%lld c=%lld vocab=%lld",
-                (long long)n, (long long)c, (long long)vocab);
-    CPU_REQUIRE(n == 0 || ids, "null ids");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0 || vocab < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_backward",
+                        "negative shape n=%lld c=%lld vocab=%lld", (long long)n, (long long)c,
+                        (long long)vocab);
+    if (!(n == 0 || ids))
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_backward", "null ids");
     int64_t bad = cpu_find_bad_id(ids, n, vocab, 0, 0);
-    CPU_REQUIRE(bad < 0, "ids[%lld] = %d is outside [0, %lld)", (long long)bad,
-                bad < 0 ? 0 : ids[bad], (long long)vocab);
+    if (bad >= 0)
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_backward",
+                        "ids[%lld] = %d is outside [0, %lld)", (long long)bad,
+                        bad < 0 ? 0 : ids[bad], (long long)vocab);
     if (n == 0 || c == 0)
         return CT_OK;
-    CPU_REQUIRE(dtable && dout, "null pointer");
+    if (!dtable || !dout)
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_backward", "null pointer");
     cpu_enter(d);
     embedding_backward_f32(dtable, ids, dout, n, c);
     return CT_OK;
 }
 
-/* Shared checks of the row ops: out (n,c) style shapes and their pointers. */
-#define CPU_REQUIRE_ROWS(n, c)                                                                     \
-    CPU_REQUIRE((n) >= 0 && (c) >= 0, "negative shape n=%lld c=%lld", (long long)(n),              \
-                (long long)(c))
-
 static ct_status cpu_rmsnorm_forward(ct_device *dev, float *out, float *rstd, const float *x,
                                      const float *w, int64_t n, int64_t c, float eps)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE_ROWS(n, c);
-    CPU_REQUIRE(c > 0 || n == 0, "zero columns");
-    CPU_REQUIRE(eps >= 0, "eps %g is negative", (double)eps);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "rmsnorm_forward", "negative shape n=%lld c=%lld",
+                        (long long)n, (long long)c);
+    if (!(c > 0 || n == 0))
+        return cpu_fail(d, CT_ERR_INVALID, "rmsnorm_forward", "zero columns");
+    if (!(eps >= 0))
+        return cpu_fail(d, CT_ERR_INVALID, "rmsnorm_forward", "eps %g is negative", (double)eps);
     if (n == 0)
         return CT_OK;
-    CPU_REQUIRE(out && rstd && x && w, "null pointer");
+    if (!out || !rstd || !x || !w)
+        return cpu_fail(d, CT_ERR_INVALID, "rmsnorm_forward", "null pointer");
     cpu_enter(d);
     rmsnorm_forward_f32(out, rstd, x, w, n, c, eps);
     return CT_OK;
@@ -586,11 +630,16 @@ static ct_status cpu_rmsnorm_forward(ct_device *dev, float *out, float *rstd, co
 static ct_status cpu_rmsnorm_backward_input(ct_device *dev, float *dx, const float *dout, const float *x,
                                             const float *w, const float *rstd, int64_t n, int64_t c)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE_ROWS(n, c);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "rmsnorm_backward_input", "negative shape n=%lld c=%lld",
+                        (long long)n, (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    CPU_REQUIRE(dx && dout && x && w && rstd, "null pointer");
+    if (!dx || !dout || !x || !w || !rstd)
+        return cpu_fail(d, CT_ERR_INVALID, "rmsnorm_backward_input", "null pointer");
     cpu_enter(d);
     rmsnorm_backward_input_f32(dx, dout, x, w, rstd, n, c);
     return CT_OK;
@@ -600,11 +649,16 @@ static ct_status cpu_rmsnorm_backward_weight(ct_device *dev, float *dw, const fl
                                              const float *x, const float *rstd, int64_t n,
                                              int64_t c)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE_ROWS(n, c);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "rmsnorm_backward_weight",
+                        "negative shape n=%lld c=%lld", (long long)n, (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    CPU_REQUIRE(dw && dout && x && rstd, "null pointer");
+    if (!dw || !dout || !x || !rstd)
+        return cpu_fail(d, CT_ERR_INVALID, "rmsnorm_backward_weight", "null pointer");
     cpu_enter(d);
     rmsnorm_backward_weight_f32(dw, dout, x, rstd, n, c);
     return CT_OK;
@@ -614,13 +668,20 @@ static ct_status cpu_layernorm_forward(ct_device *dev, float *out, float *mean, 
                                        const float *x, const float *w, const float *b, int64_t n,
                                        int64_t c, float eps)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE_ROWS(n, c);
-    CPU_REQUIRE(c > 0 || n == 0, "zero columns");
-    CPU_REQUIRE(eps >= 0, "eps %g is negative", (double)eps);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "layernorm_forward", "negative shape n=%lld c=%lld",
+                        (long long)n, (long long)c);
+    if (!(c > 0 || n == 0))
+        return cpu_fail(d, CT_ERR_INVALID, "layernorm_forward", "zero columns");
+    if (!(eps >= 0))
+        return cpu_fail(d, CT_ERR_INVALID, "layernorm_forward", "eps %g is negative", (double)eps);
     if (n == 0)
         return CT_OK;
-    CPU_REQUIRE(out && mean && rstd && x && w, "null pointer");
+    if (!out || !mean || !rstd || !x || !w)
+        return cpu_fail(d, CT_ERR_INVALID, "layernorm_forward", "null pointer");
     cpu_enter(d);
     layernorm_forward_f32(out, mean, rstd, x, w, b, n, c, eps);
     return CT_OK;
@@ -630,11 +691,16 @@ static ct_status cpu_layernorm_backward_input(ct_device *dev, float *dx, const f
                                               const float *x, const float *w, const float *mean,
                                               const float *rstd, int64_t n, int64_t c)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE_ROWS(n, c);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "layernorm_backward_input",
+                        "negative shape n=%lld c=%lld", (long long)n, (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    CPU_REQUIRE(dx && dout && x && w && mean && rstd, "null pointer");
+    if (!dx || !dout || !x || !w || !mean || !rstd)
+        return cpu_fail(d, CT_ERR_INVALID, "layernorm_backward_input", "null pointer");
     cpu_enter(d);
     layernorm_backward_input_f32(dx, dout, x, w, mean, rstd, n, c);
     return CT_OK;
@@ -644,11 +710,16 @@ static ct_status cpu_layernorm_backward_weight(ct_device *dev, float *dw, float 
                                                const float *x, const float *mean, const float *rstd,
                                                int64_t n, int64_t c)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE_ROWS(n, c);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "layernorm_backward_weight",
+                        "negative shape n=%lld c=%lld", (long long)n, (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    CPU_REQUIRE(dw && dout && x && mean && rstd, "null pointer");
+    if (!dw || !dout || !x || !mean || !rstd)
+        return cpu_fail(d, CT_ERR_INVALID, "layernorm_backward_weight", "null pointer");
     cpu_enter(d);
     layernorm_backward_weight_f32(dw, db, dout, x, mean, rstd, n, c);
     return CT_OK;
@@ -657,11 +728,16 @@ static ct_status cpu_layernorm_backward_weight(ct_device *dev, float *dw, float 
 static ct_status cpu_bias_forward(ct_device *dev, float *out, const float *x, const float *bias,
                                   int64_t n, int64_t c)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE_ROWS(n, c);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "bias_forward", "negative shape n=%lld c=%lld",
+                        (long long)n, (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    CPU_REQUIRE(out && x && bias, "null pointer");
+    if (!out || !x || !bias)
+        return cpu_fail(d, CT_ERR_INVALID, "bias_forward", "null pointer");
     cpu_enter(d);
     bias_forward_f32(out, x, bias, n, c);
     return CT_OK;
@@ -669,11 +745,16 @@ static ct_status cpu_bias_forward(ct_device *dev, float *out, const float *x, co
 
 static ct_status cpu_bias_backward(ct_device *dev, float *dbias, const float *dout, int64_t n, int64_t c)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE_ROWS(n, c);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "bias_backward", "negative shape n=%lld c=%lld",
+                        (long long)n, (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    CPU_REQUIRE(dbias && dout, "null pointer");
+    if (!dbias || !dout)
+        return cpu_fail(d, CT_ERR_INVALID, "bias_backward", "null pointer");
     cpu_enter(d);
     bias_backward_f32(dbias, dout, n, c);
     return CT_OK;
@@ -706,14 +787,18 @@ static ct_status cpu_rope(cpu_device *d, const char *op, float *out, const float
 static ct_status cpu_rope_forward(ct_device *dev, float *out, const float *x, int64_t b, int64_t t,
                                   int64_t h, int64_t hd, float theta)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     return cpu_rope(d, "rope_forward", out, x, b, t, h, hd, theta, 0);
 }
 
 static ct_status cpu_rope_backward(ct_device *dev, float *dx, const float *dout, int64_t b, int64_t t,
                                    int64_t h, int64_t hd, float theta)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     return cpu_rope(d, "rope_backward", dx, dout, b, t, h, hd, theta, 1);
 }
 
@@ -739,15 +824,19 @@ static ct_status cpu_attention_forward(ct_device *dev, float *out, float *lse, c
                                        const float *k, const float *v, int64_t b, int64_t t,
                                        int64_t h, int64_t kvh, int64_t hd)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st = cpu_attention_check(d, "attention_forward", b, t, h, kvh, hd);
     if (st != CT_OK)
         return st;
     if (b == 0 || t == 0 || h == 0)
         return CT_OK;
-    CPU_REQUIRE(out && lse && q && k && v, "null pointer");
+    if (!out || !lse || !q || !k || !v)
+        return cpu_fail(d, CT_ERR_INVALID, "attention_forward", "null pointer");
     cpu_enter(d);
-    CPU_NOMEM_IF(attention_forward_f32(out, lse, q, k, v, b, t, h, kvh, hd) != 0);
+    if (attention_forward_f32(out, lse, q, k, v, b, t, h, kvh, hd) != 0)
+        return cpu_fail(d, CT_ERR_NOMEM, "attention_forward", "cannot allocate scratch memory");
     return CT_OK;
 }
 
@@ -756,25 +845,32 @@ static ct_status cpu_attention_backward(ct_device *dev, float *dq, float *dk, fl
                                         const float *v, const float *out, const float *lse,
                                         int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t hd)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st = cpu_attention_check(d, "attention_backward", b, t, h, kvh, hd);
     if (st != CT_OK)
         return st;
     if (b == 0 || t == 0 || h == 0)
         return CT_OK;
-    CPU_REQUIRE(dq && dk && dv && dout && q && k && v && out && lse, "null pointer");
+    if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse)
+        return cpu_fail(d, CT_ERR_INVALID, "attention_backward", "null pointer");
     cpu_enter(d);
-    CPU_NOMEM_IF(attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, hd) !=
-                 0);
+    if (attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, hd) != 0)
+        return cpu_fail(d, CT_ERR_NOMEM, "attention_backward", "cannot allocate scratch memory");
     return CT_OK;
 }
 
 static ct_status cpu_swiglu_forward(ct_device *dev, float *out, const float *a, const float *g,
                                     int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(n == 0 || (out && a && g), "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "swiglu_forward", "negative length %lld", (long long)n);
+    if (!(n == 0 || (out && a && g)))
+        return cpu_fail(d, CT_ERR_INVALID, "swiglu_forward", "null pointer");
     cpu_enter(d);
     swiglu_forward_f32(out, a, g, n);
     return CT_OK;
@@ -783,9 +879,13 @@ static ct_status cpu_swiglu_forward(ct_device *dev, float *out, const float *a, 
 static ct_status cpu_swiglu_backward(ct_device *dev, float *da, float *dg, const float *dout,
                                      const float *a, const float *g, int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(n == 0 || (da && dg && dout && a && g), "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "swiglu_backward", "negative length %lld", (long long)n);
+    if (!(n == 0 || (da && dg && dout && a && g)))
+        return cpu_fail(d, CT_ERR_INVALID, "swiglu_backward", "null pointer");
     cpu_enter(d);
     swiglu_backward_f32(da, dg, dout, a, g, n);
     return CT_OK;
@@ -793,9 +893,13 @@ static ct_status cpu_swiglu_backward(ct_device *dev, float *da, float *dg, const
 
 static ct_status cpu_gelu_forward(ct_device *dev, float *out, const float *x, int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(n == 0 || (out && x), "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "gelu_forward", "negative length %lld", (long long)n);
+    if (!(n == 0 || (out && x)))
+        return cpu_fail(d, CT_ERR_INVALID, "gelu_forward", "null pointer");
     cpu_enter(d);
     gelu_forward_f32(out, x, n);
     return CT_OK;
@@ -804,9 +908,13 @@ static ct_status cpu_gelu_forward(ct_device *dev, float *out, const float *x, in
 static ct_status cpu_gelu_backward(ct_device *dev, float *dx, const float *dout, const float *x,
                                    int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(n == 0 || (dx && dout && x), "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "gelu_backward", "negative length %lld", (long long)n);
+    if (!(n == 0 || (dx && dout && x)))
+        return cpu_fail(d, CT_ERR_INVALID, "gelu_backward", "null pointer");
     cpu_enter(d);
     gelu_backward_f32(dx, dout, x, n);
     return CT_OK;
@@ -832,13 +940,16 @@ static ct_status cpu_cross_entropy_forward(ct_device *dev, float *losses, const 
                                            const int32_t *targets, int64_t n, int64_t v,
                                            int32_t ignore_index)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st = cpu_cross_entropy_check(d, "cross_entropy_forward", targets, n, v, ignore_index);
     if (st != CT_OK)
         return st;
     if (n == 0)
         return CT_OK;
-    CPU_REQUIRE(losses && logits, "null pointer");
+    if (!losses || !logits)
+        return cpu_fail(d, CT_ERR_INVALID, "cross_entropy_forward", "null pointer");
     cpu_enter(d);
     cross_entropy_forward_f32(losses, logits, targets, n, v, ignore_index);
     return CT_OK;
@@ -848,17 +959,21 @@ static ct_status cpu_cross_entropy_backward(ct_device *dev, float *dlogits, cons
                                             const int32_t *targets, float dloss, int64_t n,
                                             int64_t v, int32_t ignore_index)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st =
         cpu_cross_entropy_check(d, "cross_entropy_backward", targets, n, v, ignore_index);
     if (st != CT_OK)
         return st;
     if (n == 0)
         return CT_OK;
-    CPU_REQUIRE(dlogits && logits, "null pointer");
+    if (!dlogits || !logits)
+        return cpu_fail(d, CT_ERR_INVALID, "cross_entropy_backward", "null pointer");
     cpu_enter(d);
-    CPU_NOMEM_IF(cross_entropy_backward_f32(dlogits, logits, targets, dloss, n, v, ignore_index) !=
-                 0);
+    if (cross_entropy_backward_f32(dlogits, logits, targets, dloss, n, v, ignore_index) != 0)
+        return cpu_fail(d, CT_ERR_NOMEM, "cross_entropy_backward",
+                        "cannot allocate scratch memory");
     return CT_OK;
 }
 
@@ -867,8 +982,11 @@ static ct_status cpu_cross_entropy_backward_dev(ct_device *dev, float *dlogits, 
                                                 const int32_t *targets, const float *dloss, int64_t n,
                                                 int64_t v, int32_t ignore_index)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(dloss != NULL, "null dloss");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!dloss)
+        return cpu_fail(d, CT_ERR_INVALID, "cross_entropy_backward_dev", "null dloss");
     return cpu_cross_entropy_backward(dev, dlogits, logits, targets, *dloss, n, v, ignore_index);
 }
 
@@ -878,12 +996,19 @@ static ct_status cpu_adamw(ct_device *dev, float *param, const float *grad, floa
                            int64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int64_t step)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(step >= 1, "step %lld, expected >= 1 (counted from 1)", (long long)step);
-    CPU_REQUIRE(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
-                "betas (%g, %g), expected each in [0, 1)", (double)beta1, (double)beta2);
-    CPU_REQUIRE(n == 0 || (param && grad && m && v), "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "adamw", "negative length %lld", (long long)n);
+    if (step < 1)
+        return cpu_fail(d, CT_ERR_INVALID, "adamw", "step %lld, expected >= 1 (counted from 1)",
+                        (long long)step);
+    if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1))
+        return cpu_fail(d, CT_ERR_INVALID, "adamw", "betas (%g, %g), expected each in [0, 1)",
+                        (double)beta1, (double)beta2);
+    if (!(n == 0 || (param && grad && m && v)))
+        return cpu_fail(d, CT_ERR_INVALID, "adamw", "null pointer");
     cpu_enter(d);
     adamw_f32(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
     return CT_OK;
@@ -891,9 +1016,14 @@ static ct_status cpu_adamw(ct_device *dev, float *param, const float *grad, floa
 
 static ct_status cpu_cast_f32_to_bf16(ct_device *dev, uint16_t *dst, const float *src, int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(n == 0 || (dst && src), "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "cast_f32_to_bf16", "negative length %lld",
+                        (long long)n);
+    if (!(n == 0 || (dst && src)))
+        return cpu_fail(d, CT_ERR_INVALID, "cast_f32_to_bf16", "null pointer");
     cpu_enter(d);
 #pragma omp parallel for simd schedule(static) if (n >= 65536)
     for (int64_t i = 0; i < n; i++)
@@ -903,9 +1033,14 @@ static ct_status cpu_cast_f32_to_bf16(ct_device *dev, uint16_t *dst, const float
 
 static ct_status cpu_cast_bf16_to_f32(ct_device *dev, float *dst, const uint16_t *src, int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(n == 0 || (dst && src), "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "cast_bf16_to_f32", "negative length %lld",
+                        (long long)n);
+    if (!(n == 0 || (dst && src)))
+        return cpu_fail(d, CT_ERR_INVALID, "cast_bf16_to_f32", "null pointer");
     cpu_enter(d);
 #pragma omp parallel for simd schedule(static) if (n >= 65536)
     for (int64_t i = 0; i < n; i++)
@@ -915,9 +1050,13 @@ static ct_status cpu_cast_bf16_to_f32(ct_device *dev, float *dst, const uint16_t
 
 static ct_status cpu_round_bf16(ct_device *dev, float *x, int64_t n)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0, "negative length %lld", (long long)n);
-    CPU_REQUIRE(n == 0 || x, "null pointer");
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "round_bf16", "negative length %lld", (long long)n);
+    if (!(n == 0 || x))
+        return cpu_fail(d, CT_ERR_INVALID, "round_bf16", "null pointer");
     cpu_enter(d);
 #pragma omp parallel for simd schedule(static) if (n >= 65536)
     for (int64_t i = 0; i < n; i++)
@@ -950,13 +1089,16 @@ static ct_status cpu_fp8_format_check(cpu_device *d, const char *op, ct_dtype fm
 
 static ct_status cpu_amax(ct_device *dev, float *amax, const float *src, int64_t n, int64_t group)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st = cpu_group_check(d, "amax", n, group);
     if (st != CT_OK)
         return st;
     if (n == 0)
         return CT_OK;
-    CPU_REQUIRE(amax && src, "null pointer");
+    if (!amax || !src)
+        return cpu_fail(d, CT_ERR_INVALID, "amax", "null pointer");
     cpu_enter(d);
     amax_f32(amax, src, n, group);
     return CT_OK;
@@ -967,7 +1109,9 @@ static ct_status cpu_amax(ct_device *dev, float *amax, const float *src, int64_t
 static ct_status cpu_quantize_fp8(ct_device *dev, uint8_t *dst, const float *src, const float *scale,
                                   int64_t n, int64_t group, ct_dtype fmt)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st = cpu_group_check(d, "quantize_fp8", n, group);
     if (st == CT_OK)
         st = cpu_fp8_format_check(d, "quantize_fp8", fmt);
@@ -975,7 +1119,8 @@ static ct_status cpu_quantize_fp8(ct_device *dev, uint8_t *dst, const float *src
         return st;
     if (n == 0)
         return CT_OK;
-    CPU_REQUIRE(dst && src && scale, "null pointer");
+    if (!dst || !src || !scale)
+        return cpu_fail(d, CT_ERR_INVALID, "quantize_fp8", "null pointer");
     cpu_enter(d);
     quantize_fp8_f32(dst, src, scale, n, group, fmt == CT_F8_E5M2);
     return CT_OK;
@@ -984,7 +1129,9 @@ static ct_status cpu_quantize_fp8(ct_device *dev, uint8_t *dst, const float *src
 static ct_status cpu_dequantize_fp8(ct_device *dev, float *dst, const uint8_t *src, const float *scale,
                                     int64_t n, int64_t group, ct_dtype fmt)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st = cpu_group_check(d, "dequantize_fp8", n, group);
     if (st == CT_OK)
         st = cpu_fp8_format_check(d, "dequantize_fp8", fmt);
@@ -992,7 +1139,8 @@ static ct_status cpu_dequantize_fp8(ct_device *dev, float *dst, const uint8_t *s
         return st;
     if (n == 0)
         return CT_OK;
-    CPU_REQUIRE(dst && src && scale, "null pointer");
+    if (!dst || !src || !scale)
+        return cpu_fail(d, CT_ERR_INVALID, "dequantize_fp8", "null pointer");
     cpu_enter(d);
     dequantize_fp8_f32(dst, src, scale, n, group, fmt == CT_F8_E5M2);
     return CT_OK;
@@ -1039,7 +1187,9 @@ static ct_status cpu_matmul_fp8(ct_device *dev, float *c, const uint8_t *a, cons
                                 const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n,
                                 int64_t k, float alpha, float beta)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     return cpu_fp8_gemm(d, "matmul_fp8", c, a, a_scale, a_fmt, b, b_scale, b_fmt, m, n, k, alpha, beta, 0);
 }
 
@@ -1047,24 +1197,32 @@ static ct_status cpu_matmul_fp8_rows(ct_device *dev, float *c, const uint8_t *a,
                                      ct_dtype a_fmt, const uint8_t *b, const float *b_scale, ct_dtype b_fmt,
                                      int64_t m, int64_t n, int64_t k, float alpha, float beta)
 {
-    CPU_OP_BEGIN(dev);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     return cpu_fp8_gemm(d, "matmul_fp8_rows", c, a, a_scale, a_fmt, b, b_scale, b_fmt, m, n, k, alpha, beta, 1);
 }
 
 /* Not in place: dst and src must not overlap. */
 static ct_status cpu_transpose(ct_device *dev, float *dst, const float *src, int64_t rows, int64_t cols)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(rows >= 0 && cols >= 0, "negative shape rows=%lld cols=%lld", (long long)rows,
-                (long long)cols);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (rows < 0 || cols < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "transpose", "negative shape rows=%lld cols=%lld",
+                        (long long)rows, (long long)cols);
     if (rows == 0 || cols == 0)
         return CT_OK;
-    CPU_REQUIRE(rows <= INT64_MAX / cols / (int64_t)sizeof(float),
-                "shape rows=%lld cols=%lld is too large", (long long)rows, (long long)cols);
-    CPU_REQUIRE(dst && src, "null pointer");
+    if (rows > INT64_MAX / cols / (int64_t)sizeof(float))
+        return cpu_fail(d, CT_ERR_INVALID, "transpose", "shape rows=%lld cols=%lld is too large",
+                        (long long)rows, (long long)cols);
+    if (!dst || !src)
+        return cpu_fail(d, CT_ERR_INVALID, "transpose", "null pointer");
     uintptr_t bytes = (uintptr_t)(rows * cols) * sizeof(float), a = (uintptr_t)dst,
               b = (uintptr_t)src;
-    CPU_REQUIRE(a + bytes <= b || b + bytes <= a, "dst and src overlap (not done in place)");
+    if (!(a + bytes <= b || b + bytes <= a))
+        return cpu_fail(d, CT_ERR_INVALID, "transpose", "dst and src overlap (not done in place)");
     cpu_enter(d);
     transpose_f32(dst, src, rows, cols);
     return CT_OK;
@@ -1072,21 +1230,24 @@ static ct_status cpu_transpose(ct_device *dev, float *dst, const float *src, int
 
 /* ---------------------------------------------------------------- tensor parallel (ABI 1.3) */
 
-/* A vocabulary shard starts at begin >= 0 (the kernels subtract it from int32 ids). */
-#define CPU_REQUIRE_BEGIN(begin)                                                                   \
-    CPU_REQUIRE((begin) >= 0, "begin %lld, expected >= 0 (a vocabulary offset)", (long long)(begin))
-
 static ct_status cpu_embedding_forward_range(ct_device *dev, float *out, const int32_t *ids,
                                              const float *table, int64_t n, int64_t c,
                                              int64_t begin, int64_t rows)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0 && c >= 0 && rows >= 0, "negative shape n=%lld c=%lld rows=%lld",
-                (long long)n, (long long)c, (long long)rows);
-    CPU_REQUIRE_BEGIN(begin);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0 || rows < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_forward_range",
+                        "negative shape n=%lld c=%lld rows=%lld", (long long)n, (long long)c,
+                        (long long)rows);
+    if (begin < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_forward_range",
+                        "begin %lld, expected >= 0 (a vocabulary offset)", (long long)begin);
     if (n == 0 || c == 0)
         return CT_OK;
-    CPU_REQUIRE(out && ids && (rows == 0 || table), "null pointer");
+    if (!(out && ids && (rows == 0 || table)))
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_forward_range", "null pointer");
     cpu_enter(d);
     embedding_forward_range_f32(out, ids, table, n, c, begin, rows);
     return CT_OK;
@@ -1096,13 +1257,20 @@ static ct_status cpu_embedding_backward_range(ct_device *dev, float *dtable, con
                                               const float *dout, int64_t n, int64_t c,
                                               int64_t begin, int64_t rows)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0 && c >= 0 && rows >= 0, "negative shape n=%lld c=%lld rows=%lld",
-                (long long)n, (long long)c, (long long)rows);
-    CPU_REQUIRE_BEGIN(begin);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0 || rows < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_backward_range",
+                        "negative shape n=%lld c=%lld rows=%lld", (long long)n, (long long)c,
+                        (long long)rows);
+    if (begin < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_backward_range",
+                        "begin %lld, expected >= 0 (a vocabulary offset)", (long long)begin);
     if (n == 0 || c == 0 || rows == 0)
         return CT_OK;
-    CPU_REQUIRE(dtable && ids && dout, "null pointer");
+    if (!dtable || !ids || !dout)
+        return cpu_fail(d, CT_ERR_INVALID, "embedding_backward_range", "null pointer");
     cpu_enter(d);
     embedding_backward_range_f32(dtable, ids, dout, n, c, begin, rows);
     return CT_OK;
@@ -1113,12 +1281,19 @@ static ct_status cpu_cross_entropy_stats(ct_device *dev, float *stats, const flo
                                          const int32_t *targets, int64_t n, int64_t v,
                                          int64_t begin, int32_t ignore_index)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0 && v >= 0, "negative shape n=%lld v=%lld", (long long)n, (long long)v);
-    CPU_REQUIRE_BEGIN(begin);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || v < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "cross_entropy_stats", "negative shape n=%lld v=%lld",
+                        (long long)n, (long long)v);
+    if (begin < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "cross_entropy_stats",
+                        "begin %lld, expected >= 0 (a vocabulary offset)", (long long)begin);
     if (n == 0)
         return CT_OK;
-    CPU_REQUIRE(stats && targets && (v == 0 || logits), "null pointer");
+    if (!(stats && targets && (v == 0 || logits)))
+        return cpu_fail(d, CT_ERR_INVALID, "cross_entropy_stats", "null pointer");
     cpu_enter(d);
     cross_entropy_stats_f32(stats, logits, targets, n, v, begin, ignore_index);
     return CT_OK;
@@ -1129,12 +1304,19 @@ static ct_status cpu_cross_entropy_backward_lse(ct_device *dev, float *dlogits, 
                                                 float dloss, int64_t n, int64_t v, int64_t begin,
                                                 int32_t ignore_index)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(n >= 0 && v >= 0, "negative shape n=%lld v=%lld", (long long)n, (long long)v);
-    CPU_REQUIRE_BEGIN(begin);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || v < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "cross_entropy_backward_lse",
+                        "negative shape n=%lld v=%lld", (long long)n, (long long)v);
+    if (begin < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "cross_entropy_backward_lse",
+                        "begin %lld, expected >= 0 (a vocabulary offset)", (long long)begin);
     if (n == 0 || v == 0)
         return CT_OK;
-    CPU_REQUIRE(dlogits && logits && targets && lse, "null pointer");
+    if (!dlogits || !logits || !targets || !lse)
+        return cpu_fail(d, CT_ERR_INVALID, "cross_entropy_backward_lse", "null pointer");
     cpu_enter(d);
     cross_entropy_backward_lse_f32(dlogits, logits, targets, lse, dloss, n, v, begin,
                                    ignore_index);
@@ -1144,21 +1326,27 @@ static ct_status cpu_cross_entropy_backward_lse(ct_device *dev, float *dlogits, 
 static ct_status cpu_copy_2d(ct_device *dev, float *dst, int64_t dst_stride, const float *src,
                              int64_t src_stride, int64_t rows, int64_t cols)
 {
-    CPU_OP_BEGIN(dev);
-    CPU_REQUIRE(rows >= 0 && cols >= 0, "negative shape rows=%lld cols=%lld", (long long)rows,
-                (long long)cols);
-    CPU_REQUIRE(dst_stride >= cols && src_stride >= cols,
-                "strides dst %lld src %lld, expected each >= cols %lld", (long long)dst_stride,
-                (long long)src_stride, (long long)cols);
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (rows < 0 || cols < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "copy_2d", "negative shape rows=%lld cols=%lld",
+                        (long long)rows, (long long)cols);
+    if (dst_stride < cols || src_stride < cols)
+        return cpu_fail(d, CT_ERR_INVALID, "copy_2d",
+                        "strides dst %lld src %lld, expected each >= cols %lld",
+                        (long long)dst_stride, (long long)src_stride, (long long)cols);
     if (rows == 0 || cols == 0)
         return CT_OK;
     /* the last element's byte offset, (rows - 1) * stride + cols floats, must fit */
     int64_t stride = dst_stride > src_stride ? dst_stride : src_stride;
     int64_t limit = INT64_MAX / (int64_t)sizeof(float);
-    CPU_REQUIRE(cols <= limit && rows - 1 <= (limit - cols) / stride,
-                "rows=%lld cols=%lld with stride %lld is too large", (long long)rows,
-                (long long)cols, (long long)stride);
-    CPU_REQUIRE(dst && src, "null pointer");
+    if (cols > limit || rows - 1 > (limit - cols) / stride)
+        return cpu_fail(d, CT_ERR_INVALID, "copy_2d",
+                        "rows=%lld cols=%lld with stride %lld is too large", (long long)rows,
+                        (long long)cols, (long long)stride);
+    if (!dst || !src)
+        return cpu_fail(d, CT_ERR_INVALID, "copy_2d", "null pointer");
     cpu_enter(d);
     copy_2d_f32(dst, dst_stride, src, src_stride, rows, cols);
     return CT_OK;

@@ -148,13 +148,6 @@ static int alignment_of(const void *p)
     return a;
 }
 
-#define LT_TRY(call)                                                                               \
-    do {                                                                                           \
-        cublasStatus_t s_ = (call);                                                                \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                           \
-            return cuda_blas_error(d, "matmul", #call, s_);                                        \
-    } while (0)
-
 /* Builds the cuBLASLt objects for key k into p and asks the heuristic for an algorithm; no
  * algorithm (or an unsupported key) leaves p->sgemm set. */
 static ct_status plan_build(cuda_device *d, plan *p, const plan_key *k)
@@ -166,31 +159,67 @@ static ct_status plan_build(cuda_device *d, plan *p, const plan_key *k)
     cublasComputeType_t compute = d->tf32 && !typed ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cublasOperation_t op_a = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLAS's A is b */
     cublasOperation_t op_b = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLAS's B is a */
-    LT_TRY(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
-    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    cublasStatus_t s = cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return cuda_blas_error(d, "matmul", "cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F)", s);
+    s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return cuda_blas_error(
+            d, "matmul", "cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a)", s);
+    s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return cuda_blas_error(
+            d, "matmul", "cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b)", s);
     /* stored shapes, column-major: b is (n, k) with ld n, or (k, n) with ld k when trans_b */
     uint64_t rows_a = (uint64_t)(k->trans_b ? k->k : k->n), cols_a = (uint64_t)(k->trans_b ? k->n : k->k);
     uint64_t rows_b = (uint64_t)(k->trans_a ? k->m : k->k), cols_b = (uint64_t)(k->trans_a ? k->k : k->m);
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->la, (cudaDataType)k->type_b, rows_a, cols_a, (int64_t)rows_a));
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, (cudaDataType)k->type_a, rows_b, cols_b, (int64_t)rows_b));
+    s = cublasLtMatrixLayoutCreate(&p->la, (cudaDataType)k->type_b, rows_a, cols_a, (int64_t)rows_a);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return cuda_blas_error(
+            d, "matmul", "cublasLtMatrixLayoutCreate(&p->la, (cudaDataType)k->type_b, rows_a, cols_a, (int64_t)rows_a)",
+            s);
+    s = cublasLtMatrixLayoutCreate(&p->lb, (cudaDataType)k->type_a, rows_b, cols_b, (int64_t)rows_b);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return cuda_blas_error(
+            d, "matmul", "cublasLtMatrixLayoutCreate(&p->lb, (cudaDataType)k->type_a, rows_b, cols_b, (int64_t)rows_b)",
+            s);
     if (k->rows) { /* the scale vectors' pointers change per call: lt_run sets them */
         int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
-        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
+        s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
+        if (s != CUBLAS_STATUS_SUCCESS)
+            return cuda_blas_error(
+                d, "matmul",
+                "cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode)", s);
+        s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
+        if (s != CUBLAS_STATUS_SUCCESS)
+            return cuda_blas_error(
+                d, "matmul",
+                "cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode)", s);
     } else if (k->type_a == CUDA_R_8F_E4M3 || k->type_a == CUDA_R_8F_E5M2) { /* cuBLAS's A is b: factor [1] */
         const float *sa = d->fp8_recip + 1, *sb = d->fp8_recip;
-        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
-        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+        s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
+        if (s != CUBLAS_STATUS_SUCCESS)
+            return cuda_blas_error(
+                d, "matmul",
+                "cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa)", s);
+        s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
+        if (s != CUBLAS_STATUS_SUCCESS)
+            return cuda_blas_error(
+                d, "matmul",
+                "cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb)", s);
     }
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)k->n, (uint64_t)k->m, k->n));
+    s = cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)k->n, (uint64_t)k->m, k->n);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return cuda_blas_error(
+            d, "matmul", "cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)k->n, (uint64_t)k->m, k->n)", s);
 
     cublasLtMatmulPreference_t pref;
-    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    s = cublasLtMatmulPreferenceCreate(&pref);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return cuda_blas_error(d, "matmul", "cublasLtMatmulPreferenceCreate(&pref)", s);
     uint64_t ws = d->workspace_bytes;
     uint32_t align[4] = {(uint32_t)k->align_b, (uint32_t)k->align_a, (uint32_t)k->align_c, (uint32_t)k->align_c};
-    cublasStatus_t s =
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
     const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -367,20 +396,27 @@ static ct_status matmul_bf16(cuda_device *d, float *c, const float *a, const flo
 ct_status cuda_matmul(ct_device *dev, float *c, const float *a, const float *b, int64_t m, int64_t n, int64_t k,
                       int trans_a, int trans_b, float alpha, float beta)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status shape_st = gemm_shape_check(d, __func__ + 5, m, n, k);
     if (shape_st != CT_OK)
         return shape_st;
     if (m == 0 || n == 0)
         return CT_OK;
-    CUDA_REQUIRE(c && (k == 0 || (a && b)), "null pointer");
-    CUDA_ENTER();
+    if (!(c && (k == 0 || (a && b))))
+        return cuda_fail(d, CT_ERR_INVALID, "matmul", "null pointer");
+    ct_status st = cuda_enter(d, "matmul");
+    if (st != CT_OK)
+        return st;
     if (k == 0) { /* an empty product: c = beta c (beta 0 ignores c's contents, NaN included) */
         if (beta == 0.0f) {
             cudaError_t e = cudaMemsetAsync(c, 0, sizeof(float) * (size_t)(m * n), d->stream);
             return e == cudaSuccess ? CT_OK : cuda_error(d, "matmul", "cudaMemsetAsync", e);
         }
-        CUDA_LAUNCH(cuk_scale(&d->env, c, beta, m * n));
+        cudaError_t e = cuk_scale(&d->env, c, beta, m * n);
+        if (e != cudaSuccess)
+            return cuda_error(d, "matmul", "kernel launch", e);
         return CT_OK;
     }
     if (d->matmul_bf16)
@@ -392,7 +428,9 @@ ct_status cuda_matmul(ct_device *dev, float *c, const float *a, const float *b, 
 
 ct_status cuda_set_matmul_dtype(ct_device *dev, ct_dtype dtype)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     if (dtype != CT_F32 && dtype != CT_BF16)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "set_matmul_dtype", "dtype %d: only f32 and bf16 operands are offered",
                          (int)dtype);
@@ -465,7 +503,9 @@ ct_status cuda_matmul_fp8(ct_device *dev, float *c, const uint8_t *a, const floa
                           const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n, int64_t k,
                           float alpha, float beta)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     return fp8_gemm(d, "matmul_fp8", c, a, a_scale, a_fmt, b, b_scale, b_fmt, m, n, k, alpha, beta, 0);
 }
 
@@ -473,7 +513,9 @@ ct_status cuda_matmul_fp8_rows(ct_device *dev, float *c, const uint8_t *a, const
                                const uint8_t *b, const float *b_scale, ct_dtype b_fmt, int64_t m, int64_t n, int64_t k,
                                float alpha, float beta)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     return fp8_gemm(d, "matmul_fp8_rows", c, a, a_scale, a_fmt, b, b_scale, b_fmt, m, n, k, alpha, beta, 1);
 }
 
@@ -481,14 +523,19 @@ ct_status cuda_matmul_fp8_rows(ct_device *dev, float *c, const uint8_t *a, const
  * or more have run and 50 ms have passed (about 20 on an H100; never more than 10 timed). */
 ct_status cuda_measure_peak_flops(ct_device *dev, double *flops_per_s)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(flops_per_s != NULL, "null output");
-    CUDA_ENTER();
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!flops_per_s)
+        return cuda_fail(d, CT_ERR_INVALID, "measure_peak_flops", "null output");
+    ct_status st = cuda_enter(d, "measure_peak_flops");
+    if (st != CT_OK)
+        return st;
     const int64_t n = 4096;
     const size_t bytes = sizeof(float) * (size_t)(n * n);
     float *a = NULL, *b = NULL, *c = NULL;
     cudaEvent_t start = NULL, stop = NULL;
-    ct_status st = cuda_alloc(d, bytes, (void **)&a);
+    st = cuda_alloc(d, bytes, (void **)&a);
     if (st == CT_OK)
         st = cuda_alloc(d, bytes, (void **)&b);
     if (st == CT_OK)

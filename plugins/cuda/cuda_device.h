@@ -172,28 +172,4 @@ CUDA_OP(graph_end);
 CUDA_OP(graph_launch);
 CUDA_OP(graph_free);
 
-/* The checks every op starts with (`__func__ + 5` is the op's name without "cuda_"). */
-#define CUDA_OP_BEGIN(dev)                                                                         \
-    cuda_device *d = (dev);                                                                        \
-    if (!d)                                                                                        \
-        return CT_ERR_INVALID;
-#define CUDA_REQUIRE(cond, ...)                                                                    \
-    do {                                                                                           \
-        if (!(cond))                                                                               \
-            return cuda_fail(d, CT_ERR_INVALID, __func__ + 5, __VA_ARGS__);                        \
-    } while (0)
-/* Enter the GPU, then run a launcher (kernels.h) and turn its status into the op's. */
-#define CUDA_ENTER()                                                                               \
-    do {                                                                                           \
-        ct_status st_ = cuda_enter(d, __func__ + 5);                                               \
-        if (st_ != CT_OK)                                                                          \
-            return st_;                                                                            \
-    } while (0)
-#define CUDA_LAUNCH(call)                                                                          \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess)                                                                     \
-            return cuda_error(d, __func__ + 5, "kernel launch", e_);                               \
-    } while (0)
-
 #endif

@@ -213,7 +213,9 @@ static void cuda_destroy(ct_device *dev)
 
 static ct_status cuda_info(ct_device *dev, ct_device_info *out)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     if (!out)
         return cuda_fail(d, CT_ERR_INVALID, "info", "null output");
     if (out->struct_size == 0)

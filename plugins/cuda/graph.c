@@ -28,13 +28,18 @@ typedef struct ct_graph { /* the ABI's opaque ct_graph */
 
 ct_status cuda_graph_begin(ct_device *dev)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(!d->capture, "a capture is already running");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (d->capture)
+        return cuda_fail(d, CT_ERR_INVALID, "graph_begin", "a capture is already running");
     ct_stream *stream;
     ct_status st = cuda_share_stream(d, &stream); /* CUDA cannot capture the legacy stream */
     if (st != CT_OK)
         return st;
-    CUDA_ENTER();
+    st = cuda_enter(d, "graph_begin");
+    if (st != CT_OK)
+        return st;
     cudaError_t e = cudaStreamBeginCapture(d->stream, cudaStreamCaptureModeRelaxed);
     if (e != cudaSuccess)
         return cuda_error(d, "graph_begin", "cudaStreamBeginCapture", e);
@@ -47,19 +52,25 @@ ct_status cuda_graph_begin(ct_device *dev)
 
 ct_status cuda_graph_end(ct_device *dev, ct_graph **graph, int64_t *ops)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(graph != NULL, "null output");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!graph)
+        return cuda_fail(d, CT_ERR_INVALID, "graph_end", "null output");
     *graph = NULL;
     if (ops)
         *ops = 0;
-    CUDA_REQUIRE(d->capture, "no capture is running (graph_begin)");
-    CUDA_ENTER();
+    if (!d->capture)
+        return cuda_fail(d, CT_ERR_INVALID, "graph_end", "no capture is running (graph_begin)");
+    ct_status st = cuda_enter(d, "graph_end");
+    if (st != CT_OK)
+        return st;
     unsigned serial = d->capture;
     ct_status failed = d->capture_failed;
     cudaGraph_t g = NULL;
     cudaError_t e = cudaStreamEndCapture(d->stream, &g);
     d->capture = 0; /* from here on, failures are this call's own */
-    ct_status st = CT_OK;
+    st = CT_OK;
     size_t nodes = 0;
     cudaGraphExec_t exec = NULL;
     cuda_graph *out = NULL;
@@ -92,10 +103,16 @@ ct_status cuda_graph_end(ct_device *dev, ct_graph **graph, int64_t *ops)
 
 ct_status cuda_graph_launch(ct_device *dev, ct_graph *graph)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(graph != NULL, "null graph");
-    CUDA_REQUIRE(!d->capture, "cannot launch a graph while a capture is running");
-    CUDA_ENTER();
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!graph)
+        return cuda_fail(d, CT_ERR_INVALID, "graph_launch", "null graph");
+    if (d->capture)
+        return cuda_fail(d, CT_ERR_INVALID, "graph_launch", "cannot launch a graph while a capture is running");
+    ct_status st = cuda_enter(d, "graph_launch");
+    if (st != CT_OK)
+        return st;
     cudaError_t e = cudaGraphLaunch(graph->exec, d->stream);
     return e == cudaSuccess ? CT_OK : cuda_error(d, "graph_launch", "cudaGraphLaunch", e);
 }

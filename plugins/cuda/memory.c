@@ -212,11 +212,17 @@ ct_status cuda_no_capture(cuda_device *d, const char *op, const char *what)
 
 ct_status cuda_alloc(ct_device *dev, size_t bytes, void **out)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(out != NULL, "null output");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!out)
+        return cuda_fail(d, CT_ERR_INVALID, "alloc", "null output");
     *out = NULL;
-    CUDA_REQUIRE(bytes <= SIZE_MAX - CUDA_LARGE_STEP, "size %zu is too large", bytes);
-    CUDA_ENTER();
+    if (bytes > SIZE_MAX - CUDA_LARGE_STEP)
+        return cuda_fail(d, CT_ERR_INVALID, "alloc", "size %zu is too large", bytes);
+    ct_status st = cuda_enter(d, "alloc");
+    if (st != CT_OK)
+        return st;
     cudaError_t err = cudaSuccess;
     size_t size;
     pthread_mutex_lock(&d->mem_lock);
@@ -291,13 +297,18 @@ static int overlaps(const void *a, const void *b, size_t n)
 
 ct_status cuda_copy(ct_device *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(kind == CT_COPY_H2D || kind == CT_COPY_D2H || kind == CT_COPY_D2D, "unknown copy kind %d",
-                 (int)kind);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!(kind == CT_COPY_H2D || kind == CT_COPY_D2H || kind == CT_COPY_D2D))
+        return cuda_fail(d, CT_ERR_INVALID, "copy", "unknown copy kind %d", (int)kind);
     if (bytes == 0)
         return CT_OK;
-    CUDA_REQUIRE(dst && src, "null pointer");
-    CUDA_ENTER();
+    if (!dst || !src)
+        return cuda_fail(d, CT_ERR_INVALID, "copy", "null pointer");
+    ct_status st = cuda_enter(d, "copy");
+    if (st != CT_OK)
+        return st;
     cudaError_t e;
     if (kind != CT_COPY_D2D) {
         ct_status st = cuda_no_capture(d, "copy", kind == CT_COPY_H2D ? "a copy from the host" : "a copy to the host");
@@ -336,22 +347,31 @@ ct_status cuda_copy(ct_device *dev, void *dst, const void *src, size_t bytes, ct
 
 ct_status cuda_zero(ct_device *dev, void *p, size_t bytes)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     if (bytes == 0)
         return CT_OK;
-    CUDA_REQUIRE(p != NULL, "null pointer");
-    CUDA_ENTER();
+    if (!p)
+        return cuda_fail(d, CT_ERR_INVALID, "zero", "null pointer");
+    ct_status st = cuda_enter(d, "zero");
+    if (st != CT_OK)
+        return st;
     cudaError_t e = cudaMemsetAsync(p, 0, bytes, d->stream);
     return e == cudaSuccess ? CT_OK : cuda_error(d, "zero", "cudaMemsetAsync", e);
 }
 
 ct_status cuda_synchronize(ct_device *dev)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st = cuda_no_capture(d, "synchronize", "waiting for the device");
     if (st != CT_OK)
         return st;
-    CUDA_ENTER();
+    st = cuda_enter(d, "synchronize");
+    if (st != CT_OK)
+        return st;
     cudaError_t e = cudaStreamSynchronize(d->stream);
     return e == cudaSuccess ? CT_OK : cuda_error(d, "synchronize", "cudaStreamSynchronize", e);
 }

@@ -14,17 +14,6 @@
 #include <math.h>
 #include <stdio.h>
 
-#define CUDA_REQUIRE_LEN(n) CUDA_REQUIRE((n) >= 0, "negative length %lld", (long long)(n))
-#define CUDA_REQUIRE_ROWS(n, c)                                                                    \
-    CUDA_REQUIRE((n) >= 0 && (c) >= 0, "negative shape n=%lld c=%lld", (long long)(n), (long long)(c))
-/* Row kernels put one block per row in grid.x. */
-#define CUDA_GRID_ROWS(n)                                                                          \
-    do {                                                                                           \
-        if ((n) > INT32_MAX)                                                                       \
-            return cuda_fail(d, CT_ERR_UNSUPPORTED, __func__ + 5,                                  \
-                             "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)(n));  \
-    } while (0)
-
 /* ---------------------------------------------------------------- ids checked on the GPU */
 
 /* Enqueues the check of ids (n) against [0, limit) (entries equal to skip pass when use_skip)
@@ -59,37 +48,61 @@ static ct_status ids_check_end(cuda_device *d, const char *op, const char *what,
 
 ct_status cuda_axpy(ct_device *dev, float *y, const float *x, float alpha, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(n == 0 || (y && x), "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "axpy", "negative length %lld", (long long)n);
+    if (!(n == 0 || (y && x)))
+        return cuda_fail(d, CT_ERR_INVALID, "axpy", "null pointer");
     if (n == 0)
         return CT_OK;
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_axpy(&d->env, y, x, alpha, n));
+    ct_status st = cuda_enter(d, "axpy");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_axpy(&d->env, y, x, alpha, n);
+    if (e != cudaSuccess)
+        return cuda_error(d, "axpy", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_add(ct_device *dev, float *out, const float *a, const float *b, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(n == 0 || (out && a && b), "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "add", "negative length %lld", (long long)n);
+    if (!(n == 0 || (out && a && b)))
+        return cuda_fail(d, CT_ERR_INVALID, "add", "null pointer");
     if (n == 0)
         return CT_OK;
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_add(&d->env, out, a, b, n));
+    ct_status st = cuda_enter(d, "add");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_add(&d->env, out, a, b, n);
+    if (e != cudaSuccess)
+        return cuda_error(d, "add", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_scale(ct_device *dev, float *x, float alpha, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(n == 0 || x, "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "scale", "negative length %lld", (long long)n);
+    if (!(n == 0 || x))
+        return cuda_fail(d, CT_ERR_INVALID, "scale", "null pointer");
     if (n == 0)
         return CT_OK;
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_scale(&d->env, x, alpha, n));
+    ct_status st = cuda_enter(d, "scale");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_scale(&d->env, x, alpha, n);
+    if (e != cudaSuccess)
+        return cuda_error(d, "scale", "kernel launch", e);
     return CT_OK;
 }
 
@@ -112,27 +125,43 @@ static ct_status sum_generic(cuda_device *d, const char *op, double *out, const 
 
 ct_status cuda_sum(ct_device *dev, double *out, const float *x, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(out && (n == 0 || x), "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "sum", "negative length %lld", (long long)n);
+    if (!(out && (n == 0 || x)))
+        return cuda_fail(d, CT_ERR_INVALID, "sum", "null pointer");
     return sum_generic(d, "sum", out, x, n, 0);
 }
 
 ct_status cuda_sum_squares(ct_device *dev, double *out, const float *x, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(out && (n == 0 || x), "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "sum_squares", "negative length %lld", (long long)n);
+    if (!(out && (n == 0 || x)))
+        return cuda_fail(d, CT_ERR_INVALID, "sum_squares", "null pointer");
     return sum_generic(d, "sum_squares", out, x, n, 1);
 }
 
 ct_status cuda_sum_to_device(ct_device *dev, float *out, const float *x, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(out && (n == 0 || x), "null pointer");
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_sum(&d->env, NULL, out, x, n, 0)); /* n == 0: one empty block, *out = 0 */
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "sum_to_device", "negative length %lld", (long long)n);
+    if (!(out && (n == 0 || x)))
+        return cuda_fail(d, CT_ERR_INVALID, "sum_to_device", "null pointer");
+    ct_status st = cuda_enter(d, "sum_to_device");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_sum(&d->env, NULL, out, x, n, 0); /* n == 0: one empty block, *out = 0 */
+    if (e != cudaSuccess)
+        return cuda_error(d, "sum_to_device", "kernel launch", e);
     return CT_OK;
 }
 
@@ -174,14 +203,18 @@ static ct_status embedding_checked(cuda_device *d, const char *op, float *dst, c
 ct_status cuda_embedding_forward(ct_device *dev, float *out, const int32_t *ids, const float *table, int64_t n,
                                  int64_t c, int64_t vocab)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     return embedding_checked(d, "embedding_forward", out, ids, table, n, c, vocab, 0);
 }
 
 ct_status cuda_embedding_backward(ct_device *dev, float *dtable, const int32_t *ids, const float *dout, int64_t n,
                                   int64_t c, int64_t vocab)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     return embedding_checked(d, "embedding_backward", dtable, ids, dout, n, c, vocab, 1);
 }
 
@@ -190,111 +223,196 @@ ct_status cuda_embedding_backward(ct_device *dev, float *dtable, const int32_t *
 ct_status cuda_rmsnorm_forward(ct_device *dev, float *out, float *rstd, const float *x, const float *w, int64_t n,
                                int64_t c, float eps)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_ROWS(n, c);
-    CUDA_REQUIRE(c > 0 || n == 0, "zero columns");
-    CUDA_REQUIRE(eps >= 0, "eps %g is negative", (double)eps);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_forward", "negative shape n=%lld c=%lld", (long long)n,
+                         (long long)c);
+    if (!(c > 0 || n == 0))
+        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_forward", "zero columns");
+    if (!(eps >= 0))
+        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_forward", "eps %g is negative", (double)eps);
     if (n == 0)
         return CT_OK;
-    CUDA_REQUIRE(out && rstd && x && w, "null pointer");
-    CUDA_GRID_ROWS(n);
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_rmsnorm_forward(&d->env, out, rstd, x, w, n, c, eps));
+    if (!out || !rstd || !x || !w)
+        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_forward", "null pointer");
+    if (n > INT32_MAX)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "rmsnorm_forward", "%lld rows exceed the CUDA grid (2^31 - 1 blocks)",
+                         (long long)n);
+    ct_status st = cuda_enter(d, "rmsnorm_forward");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_rmsnorm_forward(&d->env, out, rstd, x, w, n, c, eps);
+    if (e != cudaSuccess)
+        return cuda_error(d, "rmsnorm_forward", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_rmsnorm_backward_input(ct_device *dev, float *dx, const float *dout, const float *x, const float *w,
                                       const float *rstd, int64_t n, int64_t c)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_ROWS(n, c);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_backward_input", "negative shape n=%lld c=%lld", (long long)n,
+                         (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    CUDA_REQUIRE(dx && dout && x && w && rstd, "null pointer");
-    CUDA_GRID_ROWS(n);
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_rmsnorm_backward_input(&d->env, dx, dout, x, w, rstd, n, c));
+    if (!dx || !dout || !x || !w || !rstd)
+        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_backward_input", "null pointer");
+    if (n > INT32_MAX)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "rmsnorm_backward_input",
+                         "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
+    ct_status st = cuda_enter(d, "rmsnorm_backward_input");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_rmsnorm_backward_input(&d->env, dx, dout, x, w, rstd, n, c);
+    if (e != cudaSuccess)
+        return cuda_error(d, "rmsnorm_backward_input", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_rmsnorm_backward_weight(ct_device *dev, float *dw, const float *dout, const float *x,
                                        const float *rstd, int64_t n, int64_t c)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_ROWS(n, c);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_backward_weight", "negative shape n=%lld c=%lld", (long long)n,
+                         (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    CUDA_REQUIRE(dw && dout && x && rstd, "null pointer");
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_rmsnorm_backward_weight(&d->env, dw, dout, x, rstd, n, c));
+    if (!dw || !dout || !x || !rstd)
+        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_backward_weight", "null pointer");
+    ct_status st = cuda_enter(d, "rmsnorm_backward_weight");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_rmsnorm_backward_weight(&d->env, dw, dout, x, rstd, n, c);
+    if (e != cudaSuccess)
+        return cuda_error(d, "rmsnorm_backward_weight", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_layernorm_forward(ct_device *dev, float *out, float *mean, float *rstd, const float *x, const float *w,
                                  const float *b, int64_t n, int64_t c, float eps)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_ROWS(n, c);
-    CUDA_REQUIRE(c > 0 || n == 0, "zero columns");
-    CUDA_REQUIRE(eps >= 0, "eps %g is negative", (double)eps);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "layernorm_forward", "negative shape n=%lld c=%lld", (long long)n,
+                         (long long)c);
+    if (!(c > 0 || n == 0))
+        return cuda_fail(d, CT_ERR_INVALID, "layernorm_forward", "zero columns");
+    if (!(eps >= 0))
+        return cuda_fail(d, CT_ERR_INVALID, "layernorm_forward", "eps %g is negative", (double)eps);
     if (n == 0)
         return CT_OK;
-    CUDA_REQUIRE(out && mean && rstd && x && w, "null pointer");
-    CUDA_GRID_ROWS(n);
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_layernorm_forward(&d->env, out, mean, rstd, x, w, b, n, c, eps));
+    if (!out || !mean || !rstd || !x || !w)
+        return cuda_fail(d, CT_ERR_INVALID, "layernorm_forward", "null pointer");
+    if (n > INT32_MAX)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "layernorm_forward", "%lld rows exceed the CUDA grid (2^31 - 1 blocks)",
+                         (long long)n);
+    ct_status st = cuda_enter(d, "layernorm_forward");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_layernorm_forward(&d->env, out, mean, rstd, x, w, b, n, c, eps);
+    if (e != cudaSuccess)
+        return cuda_error(d, "layernorm_forward", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_layernorm_backward_input(ct_device *dev, float *dx, const float *dout, const float *x, const float *w,
                                         const float *mean, const float *rstd, int64_t n, int64_t c)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_ROWS(n, c);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "layernorm_backward_input", "negative shape n=%lld c=%lld", (long long)n,
+                         (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    CUDA_REQUIRE(dx && dout && x && w && mean && rstd, "null pointer");
-    CUDA_GRID_ROWS(n);
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_layernorm_backward_input(&d->env, dx, dout, x, w, mean, rstd, n, c));
+    if (!dx || !dout || !x || !w || !mean || !rstd)
+        return cuda_fail(d, CT_ERR_INVALID, "layernorm_backward_input", "null pointer");
+    if (n > INT32_MAX)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "layernorm_backward_input",
+                         "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
+    ct_status st = cuda_enter(d, "layernorm_backward_input");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_layernorm_backward_input(&d->env, dx, dout, x, w, mean, rstd, n, c);
+    if (e != cudaSuccess)
+        return cuda_error(d, "layernorm_backward_input", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_layernorm_backward_weight(ct_device *dev, float *dw, float *db, const float *dout, const float *x,
                                          const float *mean, const float *rstd, int64_t n, int64_t c)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_ROWS(n, c);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "layernorm_backward_weight", "negative shape n=%lld c=%lld", (long long)n,
+                         (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    CUDA_REQUIRE(dw && dout && x && mean && rstd, "null pointer");
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_layernorm_backward_weight(&d->env, dw, db, dout, x, mean, rstd, n, c));
+    if (!dw || !dout || !x || !mean || !rstd)
+        return cuda_fail(d, CT_ERR_INVALID, "layernorm_backward_weight", "null pointer");
+    ct_status st = cuda_enter(d, "layernorm_backward_weight");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_layernorm_backward_weight(&d->env, dw, db, dout, x, mean, rstd, n, c);
+    if (e != cudaSuccess)
+        return cuda_error(d, "layernorm_backward_weight", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_bias_forward(ct_device *dev, float *out, const float *x, const float *bias, int64_t n, int64_t c)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_ROWS(n, c);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "bias_forward", "negative shape n=%lld c=%lld", (long long)n, (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    CUDA_REQUIRE(out && x && bias, "null pointer");
-    CUDA_GRID_ROWS(n);
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_bias_forward(&d->env, out, x, bias, n, c));
+    if (!out || !x || !bias)
+        return cuda_fail(d, CT_ERR_INVALID, "bias_forward", "null pointer");
+    if (n > INT32_MAX)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, "bias_forward", "%lld rows exceed the CUDA grid (2^31 - 1 blocks)",
+                         (long long)n);
+    ct_status st = cuda_enter(d, "bias_forward");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_bias_forward(&d->env, out, x, bias, n, c);
+    if (e != cudaSuccess)
+        return cuda_error(d, "bias_forward", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_bias_backward(ct_device *dev, float *dbias, const float *dout, int64_t n, int64_t c)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_ROWS(n, c);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "bias_backward", "negative shape n=%lld c=%lld", (long long)n,
+                         (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    CUDA_REQUIRE(dbias && dout, "null pointer");
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_bias_backward(&d->env, dbias, dout, n, c));
+    if (!dbias || !dout)
+        return cuda_fail(d, CT_ERR_INVALID, "bias_backward", "null pointer");
+    ct_status st = cuda_enter(d, "bias_backward");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_bias_backward(&d->env, dbias, dout, n, c);
+    if (e != cudaSuccess)
+        return cuda_error(d, "bias_backward", "kernel launch", e);
     return CT_OK;
 }
 
@@ -324,14 +442,18 @@ static ct_status rope_checked(cuda_device *d, const char *op, float *out, const 
 ct_status cuda_rope_forward(ct_device *dev, float *out, const float *x, int64_t b, int64_t t, int64_t h, int64_t hd,
                             float theta)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     return rope_checked(d, "rope_forward", out, x, b, t, h, hd, theta, 0);
 }
 
 ct_status cuda_rope_backward(ct_device *dev, float *dx, const float *dout, int64_t b, int64_t t, int64_t h,
                              int64_t hd, float theta)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     return rope_checked(d, "rope_backward", dx, dout, b, t, h, hd, theta, 1);
 }
 
@@ -367,15 +489,22 @@ static ct_status attention_check(cuda_device *d, const char *op, int64_t b, int6
 ct_status cuda_attention_forward(ct_device *dev, float *out, float *lse, const float *q, const float *k,
                                  const float *v, int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t hd)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st = attention_check(d, "attention_forward", b, t, h, kvh, hd);
     if (st != CT_OK)
         return st;
     if (b == 0 || t == 0 || h == 0)
         return CT_OK;
-    CUDA_REQUIRE(out && lse && q && k && v, "null pointer");
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_attention_forward(&d->env, out, lse, q, k, v, b, t, h, kvh, hd));
+    if (!out || !lse || !q || !k || !v)
+        return cuda_fail(d, CT_ERR_INVALID, "attention_forward", "null pointer");
+    st = cuda_enter(d, "attention_forward");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_attention_forward(&d->env, out, lse, q, k, v, b, t, h, kvh, hd);
+    if (e != cudaSuccess)
+        return cuda_error(d, "attention_forward", "kernel launch", e);
     return CT_OK;
 }
 
@@ -383,15 +512,22 @@ ct_status cuda_attention_backward(ct_device *dev, float *dq, float *dk, float *d
                                   const float *k, const float *v, const float *out, const float *lse, int64_t b,
                                   int64_t t, int64_t h, int64_t kvh, int64_t hd)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st = attention_check(d, "attention_backward", b, t, h, kvh, hd);
     if (st != CT_OK)
         return st;
     if (b == 0 || t == 0 || h == 0)
         return CT_OK;
-    CUDA_REQUIRE(dq && dk && dv && dout && q && k && v && out && lse, "null pointer");
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_attention_backward(&d->env, dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, hd));
+    if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse)
+        return cuda_fail(d, CT_ERR_INVALID, "attention_backward", "null pointer");
+    st = cuda_enter(d, "attention_backward");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_attention_backward(&d->env, dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, hd);
+    if (e != cudaSuccess)
+        return cuda_error(d, "attention_backward", "kernel launch", e);
     return CT_OK;
 }
 
@@ -399,50 +535,82 @@ ct_status cuda_attention_backward(ct_device *dev, float *dq, float *dk, float *d
 
 ct_status cuda_swiglu_forward(ct_device *dev, float *out, const float *a, const float *g, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(n == 0 || (out && a && g), "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "swiglu_forward", "negative length %lld", (long long)n);
+    if (!(n == 0 || (out && a && g)))
+        return cuda_fail(d, CT_ERR_INVALID, "swiglu_forward", "null pointer");
     if (n == 0)
         return CT_OK;
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_swiglu_forward(&d->env, out, a, g, n));
+    ct_status st = cuda_enter(d, "swiglu_forward");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_swiglu_forward(&d->env, out, a, g, n);
+    if (e != cudaSuccess)
+        return cuda_error(d, "swiglu_forward", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_swiglu_backward(ct_device *dev, float *da, float *dg, const float *dout, const float *a,
                                const float *g, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(n == 0 || (da && dg && dout && a && g), "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "swiglu_backward", "negative length %lld", (long long)n);
+    if (!(n == 0 || (da && dg && dout && a && g)))
+        return cuda_fail(d, CT_ERR_INVALID, "swiglu_backward", "null pointer");
     if (n == 0)
         return CT_OK;
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_swiglu_backward(&d->env, da, dg, dout, a, g, n));
+    ct_status st = cuda_enter(d, "swiglu_backward");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_swiglu_backward(&d->env, da, dg, dout, a, g, n);
+    if (e != cudaSuccess)
+        return cuda_error(d, "swiglu_backward", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_gelu_forward(ct_device *dev, float *out, const float *x, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(n == 0 || (out && x), "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "gelu_forward", "negative length %lld", (long long)n);
+    if (!(n == 0 || (out && x)))
+        return cuda_fail(d, CT_ERR_INVALID, "gelu_forward", "null pointer");
     if (n == 0)
         return CT_OK;
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_gelu_forward(&d->env, out, x, n));
+    ct_status st = cuda_enter(d, "gelu_forward");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_gelu_forward(&d->env, out, x, n);
+    if (e != cudaSuccess)
+        return cuda_error(d, "gelu_forward", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_gelu_backward(ct_device *dev, float *dx, const float *dout, const float *x, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(n == 0 || (dx && dout && x), "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "gelu_backward", "negative length %lld", (long long)n);
+    if (!(n == 0 || (dx && dout && x)))
+        return cuda_fail(d, CT_ERR_INVALID, "gelu_backward", "null pointer");
     if (n == 0)
         return CT_OK;
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_gelu_backward(&d->env, dx, dout, x, n));
+    ct_status st = cuda_enter(d, "gelu_backward");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_gelu_backward(&d->env, dx, dout, x, n);
+    if (e != cudaSuccess)
+        return cuda_error(d, "gelu_backward", "kernel launch", e);
     return CT_OK;
 }
 
@@ -485,7 +653,9 @@ static ct_status cross_entropy_checked(cuda_device *d, const char *op, float *ds
 ct_status cuda_cross_entropy_forward(ct_device *dev, float *losses, const float *logits, const int32_t *targets,
                                      int64_t n, int64_t v, int32_t ignore_index)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     return cross_entropy_checked(d, "cross_entropy_forward", losses, logits, targets, 0.0f, NULL, n, v, ignore_index,
                                  0);
 }
@@ -493,7 +663,9 @@ ct_status cuda_cross_entropy_forward(ct_device *dev, float *losses, const float 
 ct_status cuda_cross_entropy_backward(ct_device *dev, float *dlogits, const float *logits, const int32_t *targets,
                                       float dloss, int64_t n, int64_t v, int32_t ignore_index)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     return cross_entropy_checked(d, "cross_entropy_backward", dlogits, logits, targets, dloss, NULL, n, v,
                                  ignore_index, 1);
 }
@@ -501,8 +673,11 @@ ct_status cuda_cross_entropy_backward(ct_device *dev, float *dlogits, const floa
 ct_status cuda_cross_entropy_backward_dev(ct_device *dev, float *dlogits, const float *logits, const int32_t *targets,
                                           const float *dloss, int64_t n, int64_t v, int32_t ignore_index)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(dloss != NULL, "null dloss");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!dloss)
+        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_backward_dev", "null dloss");
     return cross_entropy_checked(d, "cross_entropy_backward_dev", dlogits, logits, targets, 0.0f, dloss, n, v,
                                  ignore_index, 1);
 }
@@ -512,55 +687,89 @@ ct_status cuda_cross_entropy_backward_dev(ct_device *dev, float *dlogits, const 
 ct_status cuda_adamw(ct_device *dev, float *param, const float *grad, float *m, float *v, int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, int64_t step)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(step >= 1, "step %lld, expected >= 1 (counted from 1)", (long long)step);
-    CUDA_REQUIRE(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, "betas (%g, %g), expected each in [0, 1)",
-                 (double)beta1, (double)beta2);
-    CUDA_REQUIRE(n == 0 || (param && grad && m && v), "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "adamw", "negative length %lld", (long long)n);
+    if (step < 1)
+        return cuda_fail(d, CT_ERR_INVALID, "adamw", "step %lld, expected >= 1 (counted from 1)", (long long)step);
+    if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1))
+        return cuda_fail(d, CT_ERR_INVALID, "adamw", "betas (%g, %g), expected each in [0, 1)", (double)beta1,
+                         (double)beta2);
+    if (!(n == 0 || (param && grad && m && v)))
+        return cuda_fail(d, CT_ERR_INVALID, "adamw", "null pointer");
     if (n == 0)
         return CT_OK;
     /* the CPU plugin's constants: bias corrections in double, the rest in float */
     double bc1 = 1.0 - pow((double)beta1, (double)step), bc2 = 1.0 - pow((double)beta2, (double)step);
     float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
     float decay = 1 - lr * weight_decay;
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_adamw(&d->env, param, grad, m, v, n, beta1, beta2, eps, step_size, bc2_sqrt, decay));
+    ct_status st = cuda_enter(d, "adamw");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_adamw(&d->env, param, grad, m, v, n, beta1, beta2, eps, step_size, bc2_sqrt, decay);
+    if (e != cudaSuccess)
+        return cuda_error(d, "adamw", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_cast_f32_to_bf16(ct_device *dev, uint16_t *dst, const float *src, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(n == 0 || (dst && src), "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "cast_f32_to_bf16", "negative length %lld", (long long)n);
+    if (!(n == 0 || (dst && src)))
+        return cuda_fail(d, CT_ERR_INVALID, "cast_f32_to_bf16", "null pointer");
     if (n == 0)
         return CT_OK;
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_cast_f32_to_bf16(&d->env, dst, src, n));
+    ct_status st = cuda_enter(d, "cast_f32_to_bf16");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_cast_f32_to_bf16(&d->env, dst, src, n);
+    if (e != cudaSuccess)
+        return cuda_error(d, "cast_f32_to_bf16", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_cast_bf16_to_f32(ct_device *dev, float *dst, const uint16_t *src, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(n == 0 || (dst && src), "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "cast_bf16_to_f32", "negative length %lld", (long long)n);
+    if (!(n == 0 || (dst && src)))
+        return cuda_fail(d, CT_ERR_INVALID, "cast_bf16_to_f32", "null pointer");
     if (n == 0)
         return CT_OK;
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_cast_bf16_to_f32(&d->env, dst, src, n));
+    ct_status st = cuda_enter(d, "cast_bf16_to_f32");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_cast_bf16_to_f32(&d->env, dst, src, n);
+    if (e != cudaSuccess)
+        return cuda_error(d, "cast_bf16_to_f32", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_round_bf16(ct_device *dev, float *x, int64_t n)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE_LEN(n);
-    CUDA_REQUIRE(n == 0 || x, "null pointer");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "round_bf16", "negative length %lld", (long long)n);
+    if (!(n == 0 || x))
+        return cuda_fail(d, CT_ERR_INVALID, "round_bf16", "null pointer");
     if (n == 0)
         return CT_OK;
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_round_bf16(&d->env, x, n));
+    ct_status st = cuda_enter(d, "round_bf16");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_round_bf16(&d->env, x, n);
+    if (e != cudaSuccess)
+        return cuda_error(d, "round_bf16", "kernel launch", e);
     return CT_OK;
 }

@@ -29,15 +29,22 @@ static ct_status fp8_format_check(cuda_device *d, const char *op, ct_dtype fmt)
 
 ct_status cuda_amax(ct_device *dev, float *amax, const float *src, int64_t n, int64_t group)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st = group_check(d, "amax", n, group);
     if (st != CT_OK)
         return st;
     if (n == 0)
         return CT_OK;
-    CUDA_REQUIRE(amax && src, "null pointer");
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_amax(&d->env, amax, src, n, group));
+    if (!amax || !src)
+        return cuda_fail(d, CT_ERR_INVALID, "amax", "null pointer");
+    st = cuda_enter(d, "amax");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_amax(&d->env, amax, src, n, group);
+    if (e != cudaSuccess)
+        return cuda_error(d, "amax", "kernel launch", e);
     return CT_OK;
 }
 
@@ -45,7 +52,9 @@ ct_status cuda_amax(ct_device *dev, float *amax, const float *src, int64_t n, in
 ct_status cuda_quantize_fp8(ct_device *dev, uint8_t *dst, const float *src, const float *scale, int64_t n,
                             int64_t group, ct_dtype fmt)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st = group_check(d, "quantize_fp8", n, group);
     if (st == CT_OK)
         st = fp8_format_check(d, "quantize_fp8", fmt);
@@ -53,16 +62,23 @@ ct_status cuda_quantize_fp8(ct_device *dev, uint8_t *dst, const float *src, cons
         return st;
     if (n == 0)
         return CT_OK;
-    CUDA_REQUIRE(dst && src && scale, "null pointer");
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_quantize_fp8(&d->env, dst, src, scale, n, group, fmt == CT_F8_E5M2));
+    if (!dst || !src || !scale)
+        return cuda_fail(d, CT_ERR_INVALID, "quantize_fp8", "null pointer");
+    st = cuda_enter(d, "quantize_fp8");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_quantize_fp8(&d->env, dst, src, scale, n, group, fmt == CT_F8_E5M2);
+    if (e != cudaSuccess)
+        return cuda_error(d, "quantize_fp8", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_dequantize_fp8(ct_device *dev, float *dst, const uint8_t *src, const float *scale, int64_t n,
                               int64_t group, ct_dtype fmt)
 {
-    CUDA_OP_BEGIN(dev);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
     ct_status st = group_check(d, "dequantize_fp8", n, group);
     if (st == CT_OK)
         st = fp8_format_check(d, "dequantize_fp8", fmt);
@@ -70,69 +86,101 @@ ct_status cuda_dequantize_fp8(ct_device *dev, float *dst, const uint8_t *src, co
         return st;
     if (n == 0)
         return CT_OK;
-    CUDA_REQUIRE(dst && src && scale, "null pointer");
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_dequantize_fp8(&d->env, dst, src, scale, n, group, fmt == CT_F8_E5M2));
+    if (!dst || !src || !scale)
+        return cuda_fail(d, CT_ERR_INVALID, "dequantize_fp8", "null pointer");
+    st = cuda_enter(d, "dequantize_fp8");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_dequantize_fp8(&d->env, dst, src, scale, n, group, fmt == CT_F8_E5M2);
+    if (e != cudaSuccess)
+        return cuda_error(d, "dequantize_fp8", "kernel launch", e);
     return CT_OK;
 }
 
 /* Not in place: dst and src must not overlap. */
 ct_status cuda_transpose(ct_device *dev, float *dst, const float *src, int64_t rows, int64_t cols)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(rows >= 0 && cols >= 0, "negative shape rows=%lld cols=%lld", (long long)rows, (long long)cols);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (rows < 0 || cols < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "transpose", "negative shape rows=%lld cols=%lld", (long long)rows,
+                         (long long)cols);
     if (rows == 0 || cols == 0)
         return CT_OK;
-    CUDA_REQUIRE(rows <= INT64_MAX / cols / (int64_t)sizeof(float), "shape rows=%lld cols=%lld is too large",
-                 (long long)rows, (long long)cols);
-    CUDA_REQUIRE(dst && src, "null pointer");
+    if (rows > INT64_MAX / cols / (int64_t)sizeof(float))
+        return cuda_fail(d, CT_ERR_INVALID, "transpose", "shape rows=%lld cols=%lld is too large", (long long)rows,
+                         (long long)cols);
+    if (!dst || !src)
+        return cuda_fail(d, CT_ERR_INVALID, "transpose", "null pointer");
     uintptr_t bytes = (uintptr_t)(rows * cols) * sizeof(float), a = (uintptr_t)dst, b = (uintptr_t)src;
-    CUDA_REQUIRE(a + bytes <= b || b + bytes <= a, "dst and src overlap (not done in place)");
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_transpose(&d->env, dst, src, rows, cols));
+    if (!(a + bytes <= b || b + bytes <= a))
+        return cuda_fail(d, CT_ERR_INVALID, "transpose", "dst and src overlap (not done in place)");
+    ct_status st = cuda_enter(d, "transpose");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_transpose(&d->env, dst, src, rows, cols);
+    if (e != cudaSuccess)
+        return cuda_error(d, "transpose", "kernel launch", e);
     return CT_OK;
 }
 
 /* ---------------------------------------------------------------- tensor parallel (ABI 1.3) */
 
-/* A vocabulary shard starts at begin >= 0 (the kernels subtract it from int32 ids). */
-#define CUDA_REQUIRE_BEGIN(begin)                                                                  \
-    CUDA_REQUIRE((begin) >= 0, "begin %lld, expected >= 0 (a vocabulary offset)", (long long)(begin))
-
 ct_status cuda_embedding_forward_range(ct_device *dev, float *out, const int32_t *ids, const float *table, int64_t n,
                                        int64_t c, int64_t begin, int64_t rows)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(n >= 0 && c >= 0 && rows >= 0, "negative shape n=%lld c=%lld rows=%lld", (long long)n,
-                 (long long)c, (long long)rows);
-    CUDA_REQUIRE_BEGIN(begin);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0 || rows < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "embedding_forward_range", "negative shape n=%lld c=%lld rows=%lld",
+                         (long long)n, (long long)c, (long long)rows);
+    if (begin < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "embedding_forward_range",
+                         "begin %lld, expected >= 0 (a vocabulary offset)", (long long)begin);
     if (n == 0 || c == 0)
         return CT_OK;
-    CUDA_REQUIRE(out && ids && (rows == 0 || table), "null pointer");
+    if (!(out && ids && (rows == 0 || table)))
+        return cuda_fail(d, CT_ERR_INVALID, "embedding_forward_range", "null pointer");
     if (n > INT32_MAX)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "embedding_forward_range",
                          "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_embedding_forward(&d->env, out, ids, table, n, c, begin, rows, NULL));
+    ct_status st = cuda_enter(d, "embedding_forward_range");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_embedding_forward(&d->env, out, ids, table, n, c, begin, rows, NULL);
+    if (e != cudaSuccess)
+        return cuda_error(d, "embedding_forward_range", "kernel launch", e);
     return CT_OK;
 }
 
 ct_status cuda_embedding_backward_range(ct_device *dev, float *dtable, const int32_t *ids, const float *dout,
                                         int64_t n, int64_t c, int64_t begin, int64_t rows)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(n >= 0 && c >= 0 && rows >= 0, "negative shape n=%lld c=%lld rows=%lld", (long long)n,
-                 (long long)c, (long long)rows);
-    CUDA_REQUIRE_BEGIN(begin);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || c < 0 || rows < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "embedding_backward_range", "negative shape n=%lld c=%lld rows=%lld",
+                         (long long)n, (long long)c, (long long)rows);
+    if (begin < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "embedding_backward_range",
+                         "begin %lld, expected >= 0 (a vocabulary offset)", (long long)begin);
     if (n == 0 || c == 0 || rows == 0)
         return CT_OK;
-    CUDA_REQUIRE(dtable && ids && dout, "null pointer");
+    if (!dtable || !ids || !dout)
+        return cuda_fail(d, CT_ERR_INVALID, "embedding_backward_range", "null pointer");
     if (n > INT32_MAX || rows >= INT32_MAX || c > (int64_t)65535 * 128)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "embedding_backward_range",
                          "shape n=%lld c=%lld rows=%lld exceeds the CUDA kernels' limits", (long long)n, (long long)c,
                          (long long)rows);
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_embedding_backward(&d->env, dtable, ids, dout, n, c, begin, rows, NULL));
+    ct_status st = cuda_enter(d, "embedding_backward_range");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_embedding_backward(&d->env, dtable, ids, dout, n, c, begin, rows, NULL);
+    if (e != cudaSuccess)
+        return cuda_error(d, "embedding_backward_range", "kernel launch", e);
     return CT_OK;
 }
 
@@ -140,17 +188,28 @@ ct_status cuda_embedding_backward_range(ct_device *dev, float *dtable, const int
 ct_status cuda_cross_entropy_stats(ct_device *dev, float *stats, const float *logits, const int32_t *targets,
                                    int64_t n, int64_t v, int64_t begin, int32_t ignore_index)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(n >= 0 && v >= 0, "negative shape n=%lld v=%lld", (long long)n, (long long)v);
-    CUDA_REQUIRE_BEGIN(begin);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || v < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_stats", "negative shape n=%lld v=%lld", (long long)n,
+                         (long long)v);
+    if (begin < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_stats", "begin %lld, expected >= 0 (a vocabulary offset)",
+                         (long long)begin);
     if (n == 0)
         return CT_OK;
-    CUDA_REQUIRE(stats && targets && (v == 0 || logits), "null pointer");
+    if (!(stats && targets && (v == 0 || logits)))
+        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_stats", "null pointer");
     if (n > INT32_MAX)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "cross_entropy_stats",
                          "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
-    CUDA_ENTER();
-    CUDA_LAUNCH(cuk_cross_entropy_stats(&d->env, stats, logits, targets, n, v, begin, ignore_index));
+    ct_status st = cuda_enter(d, "cross_entropy_stats");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_cross_entropy_stats(&d->env, stats, logits, targets, n, v, begin, ignore_index);
+    if (e != cudaSuccess)
+        return cuda_error(d, "cross_entropy_stats", "kernel launch", e);
     return CT_OK;
 }
 
@@ -158,18 +217,29 @@ ct_status cuda_cross_entropy_backward_lse(ct_device *dev, float *dlogits, const 
                                           const float *lse, float dloss, int64_t n, int64_t v, int64_t begin,
                                           int32_t ignore_index)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(n >= 0 && v >= 0, "negative shape n=%lld v=%lld", (long long)n, (long long)v);
-    CUDA_REQUIRE_BEGIN(begin);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0 || v < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_backward_lse", "negative shape n=%lld v=%lld", (long long)n,
+                         (long long)v);
+    if (begin < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_backward_lse",
+                         "begin %lld, expected >= 0 (a vocabulary offset)", (long long)begin);
     if (n == 0 || v == 0)
         return CT_OK;
-    CUDA_REQUIRE(dlogits && logits && targets && lse, "null pointer");
+    if (!dlogits || !logits || !targets || !lse)
+        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_backward_lse", "null pointer");
     if (n > INT32_MAX)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "cross_entropy_backward_lse",
                          "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
-    CUDA_ENTER();
-    CUDA_LAUNCH(
-        cuk_cross_entropy_backward_lse(&d->env, dlogits, logits, targets, lse, dloss, n, v, begin, ignore_index));
+    ct_status st = cuda_enter(d, "cross_entropy_backward_lse");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e =
+        cuk_cross_entropy_backward_lse(&d->env, dlogits, logits, targets, lse, dloss, n, v, begin, ignore_index);
+    if (e != cudaSuccess)
+        return cuda_error(d, "cross_entropy_backward_lse", "kernel launch", e);
     return CT_OK;
 }
 
@@ -179,22 +249,30 @@ ct_status cuda_cross_entropy_backward_lse(ct_device *dev, float *dlogits, const 
 ct_status cuda_copy_2d(ct_device *dev, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                        int64_t rows, int64_t cols)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(rows >= 0 && cols >= 0, "negative shape rows=%lld cols=%lld", (long long)rows, (long long)cols);
-    CUDA_REQUIRE(dst_stride >= cols && src_stride >= cols, "strides dst %lld src %lld, expected each >= cols %lld",
-                 (long long)dst_stride, (long long)src_stride, (long long)cols);
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (rows < 0 || cols < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "copy_2d", "negative shape rows=%lld cols=%lld", (long long)rows,
+                         (long long)cols);
+    if (dst_stride < cols || src_stride < cols)
+        return cuda_fail(d, CT_ERR_INVALID, "copy_2d", "strides dst %lld src %lld, expected each >= cols %lld",
+                         (long long)dst_stride, (long long)src_stride, (long long)cols);
     if (rows == 0 || cols == 0)
         return CT_OK;
     int64_t stride = dst_stride > src_stride ? dst_stride : src_stride;
     int64_t limit = INT64_MAX / (int64_t)sizeof(float);
-    CUDA_REQUIRE(cols <= limit && rows - 1 <= (limit - cols) / stride,
-                 "rows=%lld cols=%lld with stride %lld is too large", (long long)rows, (long long)cols,
-                 (long long)stride);
-    CUDA_REQUIRE(dst && src, "null pointer");
+    if (cols > limit || rows - 1 > (limit - cols) / stride)
+        return cuda_fail(d, CT_ERR_INVALID, "copy_2d", "rows=%lld cols=%lld with stride %lld is too large",
+                         (long long)rows, (long long)cols, (long long)stride);
+    if (!dst || !src)
+        return cuda_fail(d, CT_ERR_INVALID, "copy_2d", "null pointer");
     if (stride > INT32_MAX / (int64_t)sizeof(float))
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "copy_2d", "stride %lld floats exceeds cudaMemcpy2D's pitch limit",
                          (long long)stride);
-    CUDA_ENTER();
+    ct_status st = cuda_enter(d, "copy_2d");
+    if (st != CT_OK)
+        return st;
     size_t width = sizeof(float) * (size_t)cols, dpitch = sizeof(float) * (size_t)dst_stride,
            spitch = sizeof(float) * (size_t)src_stride;
     uintptr_t d0 = (uintptr_t)dst, s0 = (uintptr_t)src;

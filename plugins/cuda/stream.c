@@ -23,11 +23,15 @@
 
 ct_status cuda_share_stream(ct_device *dev, ct_stream **stream)
 {
-    CUDA_OP_BEGIN(dev);
-    CUDA_REQUIRE(stream != NULL, "null output");
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!stream)
+        return cuda_fail(d, CT_ERR_INVALID, "share_stream", "null output");
     *stream = NULL;
-    CUDA_ENTER();
-    ct_status st = CT_OK;
+    ct_status st = cuda_enter(d, "share_stream");
+    if (st != CT_OK)
+        return st;
     /* op_lock: cuBLAS's handle (blas.c calls it under this lock) and the readbacks' stream */
     pthread_mutex_lock(&d->op_lock);
     if (d->stream != cudaStreamLegacy) {

@@ -176,12 +176,6 @@ static int f8_converts(ct_quantizer *p, const ct_tensor *w, const char **why) {
     return 1;
 }
 
-#define TRY(x)                                  \
-    do {                                        \
-        ct_status st_ = (x);                    \
-        if (st_ != CT_OK) return st_;           \
-    } while (0)
-
 static float fmt_max(ct_dtype fmt) { return fmt == CT_F8_E5M2 ? 57344.0f : 448.0f; }
 
 /* The host buffer of amaxes and scales, grown to hold n floats; nonzero when memory ran out. */
@@ -201,8 +195,10 @@ static ct_status compute_scales(f8 *q, float *scales, const float *src, int64_t 
                                 int pow2, int mx) {
     int64_t ng = n / group;
     if (host_need(q, ng)) return CT_ERR_NOMEM;
-    TRY(q->d->amax(q->dev, scales, src, n, group));
-    TRY(q->d->copy(q->dev, q->host_amax, scales, sizeof(float) * (size_t)ng, CT_COPY_D2H));
+    ct_status st = q->d->amax(q->dev, scales, src, n, group);
+    if (st != CT_OK) return st;
+    st = q->d->copy(q->dev, q->host_amax, scales, sizeof(float) * (size_t)ng, CT_COPY_D2H);
+    if (st != CT_OK) return st;
     float maxv = fmt_max(fmt);
     for (int64_t g = 0; g < ng; g++) {
         float amax = q->host_amax[g], s;
@@ -226,8 +222,10 @@ static ct_status fake_quant(f8 *q, float *dst, const float *src, int64_t n, int6
     float *scales = need(q, &q->sc, sizeof(float) * (size_t)(n / group));
     uint8_t *bytes = need(q, &q->q8, (size_t)n);
     if (!scales || !bytes) return CT_ERR_NOMEM;
-    TRY(compute_scales(q, scales, src, n, group, fmt, pow2, mx));
-    TRY(q->d->quantize_fp8(q->dev, bytes, src, scales, n, group, fmt));
+    ct_status st = compute_scales(q, scales, src, n, group, fmt, pow2, mx);
+    if (st != CT_OK) return st;
+    st = q->d->quantize_fp8(q->dev, bytes, src, scales, n, group, fmt);
+    if (st != CT_OK) return st;
     return q->d->dequantize_fp8(q->dev, dst, bytes, scales, n, group, fmt);
 }
 
@@ -252,8 +250,10 @@ static ct_status cast_operand(f8 *q, float *dst, const float *src, int64_t rows,
     /* groups run down the columns: cast the transpose, then transpose back */
     float *t = need(q, &q->t, sizeof(float) * (size_t)n);
     if (!t) return CT_ERR_NOMEM;
-    TRY(q->d->transpose(q->dev, t, src, rows, cols));
-    TRY(fake_quant(q, t, t, n, group, CT_F8_E4M3, !mx, mx));
+    ct_status st = q->d->transpose(q->dev, t, src, rows, cols);
+    if (st != CT_OK) return st;
+    st = fake_quant(q, t, t, n, group, CT_F8_E4M3, !mx, mx);
+    if (st != CT_OK) return st;
     return q->d->transpose(q->dev, dst, t, cols, rows);
 }
 
@@ -276,18 +276,22 @@ static ct_status quant_operand(f8 *q, uint8_t *dst, float *scale, const float *s
                                int transpose, ct_dtype fmt, scaling how) {
     int64_t n = rows * k, group = how == SC_ROWS ? k : n;
     int pow2 = rowwise(q);
+    ct_status st;
     if (transpose) {
         float *t = need(q, &q->t, sizeof(float) * (size_t)n);
         if (!t) return CT_ERR_NOMEM;
-        TRY(q->d->transpose(q->dev, t, src, k, rows));
+        st = q->d->transpose(q->dev, t, src, k, rows);
+        if (st != CT_OK) return st;
         src = t;
     }
-    TRY(compute_scales(q, scale, src, n, group, fmt, pow2, 0));
+    st = compute_scales(q, scale, src, n, group, fmt, pow2, 0);
+    if (st != CT_OK) return st;
     if (how == SC_TENSOR_AS_ROWS) { /* compute_scales left the one scale in host_amax[0] */
         float s = q->host_amax[0];
         if (host_need(q, rows)) return CT_ERR_NOMEM;
         for (int64_t r = 0; r < rows; r++) q->host_amax[r] = s;
-        TRY(q->d->copy(q->dev, scale, q->host_amax, sizeof(float) * (size_t)rows, CT_COPY_H2D));
+        st = q->d->copy(q->dev, scale, q->host_amax, sizeof(float) * (size_t)rows, CT_COPY_H2D);
+        if (st != CT_OK) return st;
     }
     return q->d->quantize_fp8(q->dev, dst, src, scale, n, group, fmt);
 }
@@ -302,8 +306,10 @@ static ct_status device_gemm(f8 *q, float *c, const float *a, int a_t, ct_dtype 
     float *sc = need(q, &q->s2, sizeof(float) * (size_t)(rows ? m + n : 2));
     if (!a8 || !b8 || !sc) return CT_ERR_NOMEM;
     float *sb = sc + (rows ? m : 1);
-    TRY(quant_operand(q, a8, sc, a, m, k, a_t, fa, rows ? SC_ROWS : SC_TENSOR));
-    TRY(quant_operand(q, b8, sb, b, n, k, b_t, fb, !rows ? SC_TENSOR : b_tensor ? SC_TENSOR_AS_ROWS : SC_ROWS));
+    ct_status st = quant_operand(q, a8, sc, a, m, k, a_t, fa, rows ? SC_ROWS : SC_TENSOR);
+    if (st != CT_OK) return st;
+    st = quant_operand(q, b8, sb, b, n, k, b_t, fb, !rows ? SC_TENSOR : b_tensor ? SC_TENSOR_AS_ROWS : SC_ROWS);
+    if (st != CT_OK) return st;
     return (rows ? q->d->matmul_fp8_rows : q->d->matmul_fp8)(q->dev, c, a8, sc, fa, b8, sb, fb, m, n, k, 1.0f, beta);
 }
 
@@ -341,9 +347,12 @@ static ct_status probe_device_gemm(f8 *q) {
     if (!a8 || !b8 || !sc || !c) return CT_ERR_NOMEM;
     float ones[32];
     for (int i = 0; i < 32; i++) ones[i] = 1.0f;
-    TRY(q->d->zero(q->dev, a8, 256));
-    TRY(q->d->zero(q->dev, b8, 256));
-    TRY(q->d->copy(q->dev, sc, ones, sizeof ones, CT_COPY_H2D));
+    ct_status st = q->d->zero(q->dev, a8, 256);
+    if (st != CT_OK) return st;
+    st = q->d->zero(q->dev, b8, 256);
+    if (st != CT_OK) return st;
+    st = q->d->copy(q->dev, sc, ones, sizeof ones, CT_COPY_H2D);
+    if (st != CT_OK) return st;
     const ct_dtype pairs[2][2] = {{fmt_in(q), fmt_in(q)}, {fmt_grad(q), fmt_in(q)}};
     for (int i = 0; i < 2; i++) {
         ct_status st = gemm(q->dev, c, a8, sc, pairs[i][0], b8, sc + 16, pairs[i][1], 16, 16, 16, 1, 0);
@@ -353,7 +362,7 @@ static ct_status probe_device_gemm(f8 *q) {
                          pairs[i][1] == CT_F8_E4M3 ? "e4m3" : "e5m2");
             return CT_OK;
         }
-        TRY(st);
+        if (st != CT_OK) return st;
     }
     q->device_gemm = 1;
     q->host->log(q->host, CT_LOG_INFO, "float8 %s: GEMMs on the device's scaled fp8 matmul (%s)", name,
@@ -368,8 +377,10 @@ static ct_status f8_forward(ct_quantizer *p, float *y, const float *x, const flo
         return device_gemm(q, y, x, 0, fmt_in(q), w, 0, fmt_in(q), n, out, in, 0.0f, 0);
     float *xq = need(q, &q->a, sizeof(float) * (size_t)(n * in)), *wq = need(q, &q->b, sizeof(float) * (size_t)(out * in));
     if (!xq || !wq) return CT_ERR_NOMEM;
-    TRY(cast_operand(q, xq, x, n, in, 1, fmt_in(q)));
-    TRY(cast_operand(q, wq, w, out, in, 1, fmt_in(q)));
+    ct_status st = cast_operand(q, xq, x, n, in, 1, fmt_in(q));
+    if (st != CT_OK) return st;
+    st = cast_operand(q, wq, w, out, in, 1, fmt_in(q));
+    if (st != CT_OK) return st;
     return q->d->matmul(q->dev, y, xq, wq, n, out, in, 0, 1, 1.0f, 0.0f);
 }
 
@@ -380,11 +391,13 @@ static ct_status f8_backward_input(ct_quantizer *p, float *dx, const float *dy, 
         return device_gemm(q, dx, dy, 0, fmt_grad(q), w, 1, fmt_in(q), n, in, out, 1.0f, q->r == R_ROWWISE_GW_HP);
     float *gq = need(q, &q->a, sizeof(float) * (size_t)(n * out)), *wq = need(q, &q->b, sizeof(float) * (size_t)(out * in));
     if (!gq || !wq) return CT_ERR_NOMEM;
-    TRY(cast_operand(q, gq, dy, n, out, 1, fmt_grad(q))); /* reduction over out: along dy's rows */
+    ct_status st = cast_operand(q, gq, dy, n, out, 1, fmt_grad(q)); /* reduction over out: along dy's rows */
+    if (st != CT_OK) return st;
     if (q->r == R_ROWWISE_GW_HP) /* torchao: this recipe scales w tensor-wide (power of two) for grad_input */
-        TRY(fake_quant(q, wq, w, out * in, out * in, CT_F8_E4M3, 1, 0));
+        st = fake_quant(q, wq, w, out * in, out * in, CT_F8_E4M3, 1, 0);
     else
-        TRY(cast_operand(q, wq, w, out, in, 0, fmt_in(q))); /* and down w's columns */
+        st = cast_operand(q, wq, w, out, in, 0, fmt_in(q)); /* and down w's columns */
+    if (st != CT_OK) return st;
     return q->d->matmul(q->dev, dx, gq, wq, n, in, out, 0, 0, 1.0f, 1.0f);
 }
 
@@ -396,8 +409,10 @@ static ct_status f8_backward_weight(ct_quantizer *p, float *dw, const float *dy,
         return device_gemm(q, dw, dy, 1, fmt_grad(q), x, 1, fmt_in(q), out, in, n, 1.0f, 0);
     float *gq = need(q, &q->a, sizeof(float) * (size_t)(n * out)), *xq = need(q, &q->b, sizeof(float) * (size_t)(n * in));
     if (!gq || !xq) return CT_ERR_NOMEM;
-    TRY(cast_operand(q, gq, dy, n, out, 0, fmt_grad(q))); /* reduction over n: down the columns */
-    TRY(cast_operand(q, xq, x, n, in, 0, fmt_in(q)));
+    ct_status st = cast_operand(q, gq, dy, n, out, 0, fmt_grad(q)); /* reduction over n: down the columns */
+    if (st != CT_OK) return st;
+    st = cast_operand(q, xq, x, n, in, 0, fmt_in(q));
+    if (st != CT_OK) return st;
     return q->d->matmul(q->dev, dw, gq, xq, out, in, n, 1, 0, 1.0f, 1.0f);
 }
 

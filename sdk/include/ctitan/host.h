@@ -36,7 +36,9 @@ struct ct_host {
         __attribute__((format(printf, 3, 4)));
     /* Detail for the error the plugin is about to return; the host prefixes the plugin's name. A
      * create error that starts with one of the plugin's option keys ("n_layers: expected ...") is
-     * reported at the file and line where that key was set. */
+     * reported at the file and line where that key was set. May be called from the plugin's own
+     * thread (an async writer, a progress thread): the message is then kept until a call fails on
+     * another thread that set none of its own, and reported there. */
     void (*set_error)(const ct_host *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
     /* Host memory, counted under `cat`. Returns NULL on failure (and sets no error). 64-byte aligned.
