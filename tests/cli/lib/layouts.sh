@@ -2,7 +2,6 @@
 # tokenizer on the test corpus into $T, and defines:
 #   common   the debugmodel fp32 settings every run shares ($STEPS steps, global batch 8 x 64 tokens)
 #   run NAME RANKS ARGS...   one run (launched on RANKS ranks when > 1), its log in $T/NAME.log
-#   field RUN KEY            a metrics.jsonl column of $T/RUN
 #   compare REF RUN N        RUN's N losses and grad norms against REF's, within 1e-6 (same_curve)
 #   mem RUN                  bytes of parameters + gradients + optimizer states per rank (first step)
 CTITAN=${CTITAN:-build/ctitan}
@@ -24,6 +23,5 @@ run() { # name ranks args...
     || { tail -20 "$T/$name.log"; fail "$name run"; }
 }
 step_records() { grep '"loss"' "$T/$1/metrics.jsonl"; } # the step records (not the start and end records)
-field() { step_records "$1" | sed "s/.*\"$2\": \([-0-9.e+]*\).*/\1/"; }
 compare() { same_curve "$2 vs $1" "$T/$1/metrics.jsonl" "$T/$2/metrics.jsonl" "$3"; } # reference run steps
 mem() { step_records "$1" | sed -n 1p | sed 's/.*"params": \([0-9]*\), "grads": \([0-9]*\), "optimizer": \([0-9]*\).*/\1 \2 \3/' | awk '{print $1+$2+$3}'; }
