@@ -54,12 +54,13 @@ MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
 MPI_TEST_SRC := $(wildcard tests/mpi/*.c)
 MPI_TEST_BIN := $(MPI_TEST_SRC:tests/mpi/%.c=$(BUILD)/tests/mpi/%)
 
-.PHONY: all help test bench demo deps clean fuzz
+.PHONY: all help check test bench demo deps clean fuzz
 all: $(BUILD)/ctitan $(PLUGIN_SOS) $(EXTRA_SOS) $(BUILD)/ctitan-sdk.pc
 
 help:
 	@echo "make            build build/ctitan and every plugin under build/plugins/"
 	@echo "make demo       install what is missing, build, prepare the demo data, train debugmodel, sample text"
+	@echo "make check      build, run the fast tier: unit tests and CLI checks with no MPI and no training (seconds)"
 	@echo "make test       install what is missing, build, run the whole test suite"
 	@echo "make test SANITIZE=1   the same under AddressSanitizer + UndefinedBehaviorSanitizer"
 	@echo "make bench      sgemm peak, then tokens/s, GFLOP/s and the ratio to that peak"
@@ -100,6 +101,14 @@ $(BUILD)/ctitan-sdk.pc: sdk/ctitan-sdk.pc.in sdk/include/ctitan/abi.h
 	sed -e 's|@PREFIX@|$(abspath sdk)|' -e 's|@VERSION@|$(ABI_VERSION).0|' $< > $@
 
 -include $(wildcard tests/unit/*.mk)
+
+# The fast tier for the edit-compile loop: unit tests that open no session and CLI scripts that run
+# in seconds, none launching MPI ranks or a training run. `make test` runs these and everything else.
+CHECK_UNIT := test_core_config test_shard test_safetensors test_tensorfile test_tokenizer test_fp8 \
+              test_cpu_gradcheck test_schedules test_device_conformance
+CHECK_CLI  := configs plugin_exports bad_input manifest_limits hf_convert schedule_cli
+check: all $(CHECK_UNIT:%=$(BUILD)/tests/%)
+	BUILD=$(BUILD) tests/run.sh $(CHECK_UNIT) $(CHECK_CLI)
 
 test: deps
 	$(MAKE) all $(TEST_BIN) $(MPI_TEST_BIN)

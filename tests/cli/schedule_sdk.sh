@@ -53,8 +53,5 @@ common=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --traini
 "$CTITAN" launch -n 2 train "$T/pp.yaml" "${common[@]:1}" --job.dump_folder="$T/pp" >"$T/pp.log" 2>&1 \
   || { tail "$T/pp.log"; fail "PP 2 with the out-of-tree schedule"; }
 grep -q "pipeline: ReverseGPipe, 2 stages on 2 ranks" "$T/pp.log" || fail "the run did not use ReverseGPipe"
-field() { grep '"loss"' "$1/metrics.jsonl" | sed 's/.*"loss": \([-0-9.e+]*\).*/\1/'; }
-paste -d' ' <(field "$T/single") <(field "$T/pp") | awk '
-  { d = $1 - $2; if (d < 0) d = -d; if (d / $1 > w) w = d / $1 }
-  END { printf "%s: PP 2 with ReverseGPipe, 5 losses within %.1e of the single rank\n", (NR == 5 && w <= 1e-4) ? "ok" : "FAIL", w
-        exit !(NR == 5 && w <= 1e-4) }' || exit 1
+. "$ROOT/tests/cli/lib/curves.sh"
+same_curve "PP 2 with ReverseGPipe vs the single rank" "$T/single/metrics.jsonl" "$T/pp/metrics.jsonl" 5 || exit 1
