@@ -4,7 +4,10 @@
 # TP 2 without loss parallel, TP 2 with full activation checkpointing, and FSDP 2 x TP 2 on 4 ranks:
 # 20-step loss and grad-norm curves within 1e-6 (relative) of the single rank. Per-rank
 # memory of the split matrices is 1/N (counters), a checkpoint saved under FSDP 2 x TP 2 resumes on
-# one rank, and a degree that does not divide the heads is refused at start-up.
+# one rank, and a degree that does not divide the heads is refused at start-up. Last, an
+# operation-level strategy written out of tree (sdk/examples/mlp_tp: the feed-forward blocks only),
+# built with nothing but the pkg-config file and named by path as the tp axis's strategy, trains on
+# 2 ranks to the same curve with its feed-forward memory halved.
 set -u
 . tests/cli/lib/layouts.sh
 tp=(--training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1)
@@ -47,3 +50,17 @@ out=$("$CTITAN" launch -n 3 train "${common[@]}" --training.local_batch_size=8 -
 [ $st -ne 0 ] || fail "tp 3 was accepted"
 echo "$out" | grep -q "tensor_parallel_degree 3 must divide the attention heads" || { echo "$out" | tail -5; fail "tp 3 message"; }
 echo "ok   tp 3 refused: $(echo "$out" | grep -m1 'must divide' | sed 's/^\[rank [0-9]*\] //')"
+
+# an out-of-tree operation-level strategy: built with pkg-config alone, serving the tp axis by path
+ROOT=$(pwd)
+[ -f "$BUILD/ctitan-sdk.pc" ] || fail "$BUILD/ctitan-sdk.pc is missing (run make)"
+cp -r sdk/examples/mlp_tp "$T/mlp_tp" && rm -f "$T"/mlp_tp/*.so
+env -u MAKEFLAGS -u MFLAGS -u CFLAGS -u CPPFLAGS -u LDFLAGS PKG_CONFIG_PATH="$ROOT/$BUILD" \
+  make --no-print-directory -C "$T/mlp_tp" >"$T/make.log" 2>&1 || { cat "$T/make.log"; fail "mlp_tp: out-of-tree build"; }
+run mlp_tp2 2 "${tp[@]}" --parallelism.tensor_parallel_degree=2 --parallelism.tp_strategy="$T/mlp_tp/mlp_tp.so"
+grep -q "tp 2; strategy none" "$T/mlp_tp2.log" || fail "mlp_tp2 did not run with tp 2"
+compare single mlp_tp2 20 || exit 1
+# the feed-forward weights (3 x 6 layers of 768 x 256 in debugmodel) halved, the rest whole
+awk -v s="$single" -v g="$(mem mlp_tp2)" 'BEGIN { ffn = 3 * 6 * 768 * 256 * 4 * 4; want = s - ffn / 2; r = g / want
+  printf "%s  mlp_tp 2 (out of tree, by path): params+grads+optimizer %d bytes per rank; halved feed-forward predicts %d (ratio %.4f)\n",
+         (r > 0.99 && r < 1.01) ? "ok  " : "FAIL", g, want, r; exit !(r > 0.99 && r < 1.01) }' || exit 1

@@ -69,11 +69,11 @@ typedef struct ct_comm_api {
     ct_status (*wait)(ct_comm *comm, ct_comm_request *req);
     /* Ends every rank of the job with exit status `code` (after an unrecoverable error). */
     void (*abort)(ct_comm *comm, int code);
-    /* ABI 1.3, optional: moves a started operation along without blocking (a backend that progresses
+    /* Optional: moves a started operation along without blocking (a backend that progresses
      * only inside its calls, like MPI, needs these pokes to overlap work); *done = 1 once it completed.
      * The handle stays valid: wait() still completes and frees it. */
     ct_status (*test)(ct_comm *comm, ct_comm_request *req, int *done);
-    /* ABI 1.4, optional: the device's compute stream (device.h, share_stream). From now on every
+    /* Optional: the device's compute stream (device.h, share_stream). From now on every
      * operation starts after the work queued on `stream` when it was called (an event recorded there
      * and waited for on the comm's own stream), and wait() (or a blocking call) also makes `stream`
      * wait for the operation, so work queued on it afterwards sees the result. The comm's streams

@@ -171,7 +171,7 @@ typedef struct ct_model_desc {
     int64_t n_params;           /* all parameters */
     int64_t n_embedding_params; /* excluded from the 6N FLOPs term */
     double flops_per_token;     /* training FLOPs (forward + backward) per token at cfg.seq_len */
-    /* ABI 1.2 (0 when a pack does not say): what exporting to other formats (Hugging Face) needs */
+    /* 0 when a pack does not say: what exporting to other formats (Hugging Face) needs */
     int64_t n_heads, n_kv_heads, head_dim, ffn_hidden;
     double rope_theta, norm_eps;
 } ct_model_desc;

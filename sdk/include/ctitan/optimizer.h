@@ -31,7 +31,7 @@ typedef struct ct_optimizer_api {
      * their memory are the host's, lent for this call only. */
     ct_status (*step)(ct_optimizer *opt, ct_tensor *param, float *const *state, int64_t numel,
                       float lr, int64_t step);
-    /* ABI 1.4, optional: 1 when `step` treats every element alike (it reads only data, grad, numel
+    /* Optional: 1 when `step` treats every element alike (it reads only data, grad, numel
      * and the CT_TENSOR_NO_DECAY flag: AdamW, SGD). The host may then update parameters that lie
      * back to back in memory with the same CT_TENSOR_NO_DECAY in ONE call (the padding between them
      * included: it is zero in data, grad and state, and stays zero); the host stores the decayed

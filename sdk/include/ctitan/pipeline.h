@@ -1,4 +1,4 @@
-/* ctitan/pipeline.h: the pipeline runner (plugin kind CT_KIND_PIPELINE, ABI 1.3).
+/* ctitan/pipeline.h: the pipeline runner (plugin kind CT_KIND_PIPELINE).
  *
  * With pipeline_parallel_degree > 1 the model's units are split into stages over the pp axis and a
  * runner plugin executes one training step: the list of actions a schedule plugin (schedule.h) gave

@@ -1,4 +1,4 @@
-/* ctitan/quantizer.h: the quantizer interface (plugin kind CT_KIND_QUANTIZER, ABI 1.2).
+/* ctitan/quantizer.h: the quantizer interface (plugin kind CT_KIND_QUANTIZER).
  *
  * A quantizer owns the GEMMs of the linear layers it converts: forward (x W^T), input gradient
  * (dY W) and weight gradient (dY^T X). It casts the operands per its recipe (scales, formats) and

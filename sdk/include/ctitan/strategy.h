@@ -89,7 +89,7 @@ typedef struct ct_strategy_env {
 /* Placement of one parameter on this rank. */
 #define CT_PLACE_REPLICATE 0 /* every rank holds all of it */
 #define CT_PLACE_SHARD 1     /* flattened, this rank holds [offset, offset + local_numel), zero-padded */
-#define CT_PLACE_NONE 2      /* ABI 1.3: another pipeline stage holds it; local_numel 0. Set by the host
+#define CT_PLACE_NONE 2      /* another pipeline stage holds it; local_numel 0. Set by the host
                                 before place(); a strategy leaves such slots alone */
 
 /* The host hands place() and setup() an array of slots and every strategy steps through it by
