@@ -145,7 +145,8 @@ static ct_status fail_line(ct_status status, const char *what) {
 
 /* A plugin's create failed. An error that starts with one of its own option keys ("n_layers: ...")
  * is reported where that key was set; any other where `key` was. */
-static ct_status fail_plugin(const session *s, ct_status status, const plugin *p, const char *section, const char *key) {
+static ct_status fail_plugin(const session *s, ct_status status, const plugin *p, const char *section,
+                             const char *key) {
     char where[600], full[512];
     const char *msg = ct_last_error(), *name = p->info.name ? p->info.name : "plugin";
     size_t nl = strlen(name);
@@ -319,7 +320,8 @@ static ct_status load_plugins(session *s, manifest *mf, int with_params) {
 static ct_status create_device_and_model(session *s, manifest *mf) {
     char where[600];
     ct_clear_error();
-    if (s->d->create(&s->devp->host, &s->dev) != CT_OK) return fail_plugin(s, CT_ERR_INVALID, s->devp, "device", "device.name");
+    if (s->d->create(&s->devp->host, &s->dev) != CT_OK)
+        return fail_plugin(s, CT_ERR_INVALID, s->devp, "device", "device.name");
     int64_t seq_len;
     const char *flavor;
     mf_get_int(mf, "training.seq_len", &seq_len);

@@ -274,7 +274,7 @@ static void on_stop_signal(int sig) {
         static const char msg[] = "ctitan: a second stop signal: exiting now, nothing saved\n";
         ssize_t w = write(2, msg, sizeof msg - 1);
         (void)w;
-        _exit(128 + sig);
+        _exit(128 + sig); /* the process ends in the handler, not through main.c: the shell's convention */
     }
     g_stop_signal = sig;
 }
@@ -637,7 +637,8 @@ static ct_status train_loop(session *s, manifest *mf, int *stop_signal) {
     r.dl.position = r.ck.state.data_position;
     if (log_start(&r.lg, s, mf, r.ck.state.step, r.steps, r.seed)) goto runfail;
     stop_signals_catch(1);
-    for (int64_t step = r.ck.state.step + 1; step <= r.steps && next == STEP_GO_ON; step++) next = train_step(&r, step);
+    for (int64_t step = r.ck.state.step + 1; step <= r.steps && next == STEP_GO_ON; step++)
+        next = train_step(&r, step);
     if (next == STEP_GO_ON) {
         train_summary_print(&r);
         next = train_finish(&r);
