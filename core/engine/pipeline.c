@@ -36,21 +36,21 @@ struct pp_ctx {
     int mb;               /* the microbatch it holds, -1 when free */
 };
 
-static int bad_setting(const manifest *mf, const char *key, const char *fmt, const char *what) {
+static ct_status bad_setting(const manifest *mf, const char *key, const char *fmt, const char *what) {
     char where[600];
     mf_where(mf, key, where, sizeof where);
     fprintf(stderr, "ctitan: %s: ", where);
     fprintf(stderr, fmt, what);
     fputc('\n', stderr);
-    return EXIT_BAD_INPUT;
+    return CT_ERR_INVALID;
 }
 
 /* Units per stage: explicit counts, or by weight (the embedding and the output as configured). */
-static int split_units(pipeline *pl, const manifest *mf, const ct_model_desc *desc) {
+static ct_status split_units(pipeline *pl, const manifest *mf, const ct_model_desc *desc) {
     int nu = desc->n_units, S = pl->n_stages;
     pl->stage_u0 = calloc((size_t)S, sizeof(int));
     pl->stage_u1 = calloc((size_t)S, sizeof(int));
-    if (!pl->stage_u0 || !pl->stage_u1) return -1;
+    if (!pl->stage_u0 || !pl->stage_u1) return CT_ERR_NOMEM;
     const char *list = NULL;
     if (!mf_get_str(mf, "parallelism.pipeline_parallel_stage_units", &list) && list[0]) {
         int s = 0, u = 0;
@@ -73,7 +73,7 @@ static int split_units(pipeline *pl, const manifest *mf, const ct_model_desc *de
                      list, s, u, S, nu);
             return bad_setting(mf, "parallelism.pipeline_parallel_stage_units", "%s", what);
         }
-        return 0;
+        return CT_OK;
     }
     int64_t first = 1, last = 1;
     mf_get_int(mf, "parallelism.pipeline_parallel_first_stage_less_layers", &first);
@@ -81,7 +81,7 @@ static int split_units(pipeline *pl, const manifest *mf, const ct_model_desc *de
     if (first < 0 || last < 0)
         return bad_setting(mf, "parallelism.pipeline_parallel_first_stage_less_layers", "%s", "must not be negative");
     int64_t *w = calloc((size_t)nu, sizeof(int64_t)), total = 0;
-    if (!w) return -1;
+    if (!w) return CT_ERR_NOMEM;
     for (int u = 0; u < nu; u++) total += w[u] = u == 0 ? first : u == nu - 1 ? last : 1;
     int64_t per = total / S, extra = total % S, quota = 0, cum = 0;
     int s = 0;
@@ -101,10 +101,10 @@ static int split_units(pipeline *pl, const manifest *mf, const ct_model_desc *de
         snprintf(what, sizeof what, "%d stages need at least %d units; the model has %d", S, S, nu);
         return bad_setting(mf, "parallelism.pipeline_parallel_degree", "%s", what);
     }
-    return 0;
+    return CT_OK;
 }
 
-int pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
+ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
                   const char *(*unit_name)(ct_model *, int), ct_model *model) {
     char err[2048];
     memset(pl, 0, sizeof *pl);
@@ -161,8 +161,8 @@ int pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, c
                  sa->min_stages_per_rank, sa->max_stages_per_rank, pl->spr);
         return bad_setting(mf, "parallelism.pipeline_parallel_schedule", "%s", what);
     }
-    int st = split_units(pl, mf, desc);
-    if (st) return st > 0 ? st : EXIT_RUN_FAILED;
+    ct_status st = split_units(pl, mf, desc);
+    if (st) return st;
     if (schedule_actions(pl->schedp, pl->pp, pl->spr, pl->n_mb, csv, &pl->plan, err, sizeof err))
         return bad_setting(mf, csv ? "parallelism.pipeline_parallel_schedule_csv" : "parallelism.pipeline_parallel_schedule",
                            "%s", err);
@@ -172,7 +172,7 @@ int pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, c
                            "%s", err);
     int nu = desc->n_units;
     pl->unit_rank = calloc((size_t)nu, sizeof(int));
-    if (!pl->unit_rank) return EXIT_RUN_FAILED;
+    if (!pl->unit_rank) return CT_ERR_NOMEM;
     for (int s = 0; s < n_stages; s++)
         for (int u = pl->stage_u0[s]; u <= pl->stage_u1[s]; u++)
             pl->unit_rank[u] = schedule_stage_rank(pl->plan.placement, pl->pp, s);
@@ -186,10 +186,10 @@ int pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, c
                    pl->stage_u0[s], pl->stage_u1[s], unit_name ? unit_name(model, pl->stage_u0[s]) : "",
                    unit_name ? unit_name(model, pl->stage_u1[s]) : "");
     }
-    return 0;
+    return CT_OK;
 }
 
-int pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, ct_comm *comm,
+ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, ct_comm *comm,
                    const ct_mesh_info *mesh) {
     char err[2048];
     const char *name = "pp";
@@ -206,16 +206,16 @@ int pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_
     pl->fwd_hooked = calloc((size_t)nu, sizeof(int));
     pl->bwd_hooked = calloc((size_t)nu, sizeof(int));
     pl->bwd_done = calloc((size_t)nu, sizeof(int));
-    if (!pl->stage_left || !pl->mb_ctx || !pl->fwd_hooked || !pl->bwd_hooked || !pl->bwd_done) return EXIT_RUN_FAILED;
+    if (!pl->stage_left || !pl->mb_ctx || !pl->fwd_hooked || !pl->bwd_hooked || !pl->bwd_done) return CT_ERR_NOMEM;
     const sched_rank *mine = &pl->plan.ranks[pl->rank];
     ct_pipeline_env env = {sizeof env, capi, comm, mesh->group[CT_AXIS_PP], pl->rank, pl->pp, pl->n_stages,
                            pl->n_mb, pl->plan.placement, mine->actions, mine->n};
     ct_clear_error();
     if (pl->api->create(&pl->runp->host, &env, &pl->runner) != CT_OK) {
         fprintf(stderr, "ctitan: pipeline runner '%s': %s\n", name, ct_last_error());
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
-    return 0;
+    return CT_OK;
 }
 
 /* ---- microbatch contexts ---- */

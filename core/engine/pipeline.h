@@ -40,11 +40,12 @@ typedef struct pipeline {
 } pipeline;
 
 /* Plans the pipeline from the manifest (pp > 1): loads the schedule and checks it, splits the units
- * into stages. Prints one clear line and returns EXIT_BAD_INPUT (2) for a bad setting; 0 on success. */
-int pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
+ * into stages. Prints one clear line and returns CT_ERR_INVALID for a bad setting (CT_ERR_NOMEM when
+ * memory runs out); CT_OK on success. */
+ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
                   const char *(*unit_name)(ct_model *, int), ct_model *model);
-/* Creates the runner plugin once the runtime exists. 0, or an exit status after printing. */
-int pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, ct_comm *comm,
+/* Creates the runner plugin once the runtime exists. CT_OK, or a status after printing one line. */
+ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, ct_comm *comm,
                    const ct_mesh_info *mesh);
 /* One local batch (B sequences of T) through the pipeline: forward, backward and the strategies'
  * hooks; *loss_sum gets the summed loss of the batch on every pp rank. */

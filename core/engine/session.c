@@ -14,14 +14,14 @@
 #include <string.h>
 #include <unistd.h>
 
-manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, int *status) {
+manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, ct_status *status) {
     char err[2048];
     const char *ov_key[512], *ov_val[512];
     char *owned[512];
     int n_ov = 0, n_owned = 0;
     manifest *mf = NULL;
     memset(a, 0, sizeof *a);
-    *status = 0;
+    *status = CT_OK;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -36,7 +36,7 @@ manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, i
             const char *v = strchr(arg, '=') ? strchr(arg, '=') + 1 : (i + 1 < argc ? argv[++i] : NULL);
             if (!v) {
                 fprintf(stderr, "ctitan: %s needs a value (see --help)\n", arg);
-                *status = EXIT_BAD_INPUT;
+                *status = CT_ERR_INVALID;
                 goto done;
             }
             if (is_ckpt) a->checkpoint = v;
@@ -44,7 +44,7 @@ manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, i
         } else if (!strncmp(arg, "--", 2)) {
             if (n_ov == 512) {
                 fprintf(stderr, "ctitan: too many overrides\n");
-                *status = EXIT_BAD_INPUT;
+                *status = CT_ERR_INVALID;
                 goto done;
             }
             const char *eq = strchr(arg, '=');
@@ -57,14 +57,14 @@ manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, i
                 ov_val[n_ov++] = argv[++i];
             } else {
                 fprintf(stderr, "ctitan: command line: %s: expected --section.key=value\n", arg);
-                *status = EXIT_BAD_INPUT;
+                *status = CT_ERR_INVALID;
                 goto done;
             }
         } else if (!a->config) {
             a->config = arg;
         } else {
             fprintf(stderr, "ctitan: unexpected argument '%s' (%.*s)\n", arg, (int)strcspn(usage, "\n"), usage);
-            *status = EXIT_BAD_INPUT;
+            *status = CT_ERR_INVALID;
             goto done;
         }
     }
@@ -73,13 +73,13 @@ manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, i
     if (a->help) goto done;
     if (!a->config) {
         fprintf(stderr, "ctitan: no manifest given (%.*s)\n", (int)strcspn(usage, "\n"), usage);
-        *status = EXIT_BAD_INPUT;
+        *status = CT_ERR_INVALID;
         goto done;
     }
     mf = manifest_load(a->config, err, sizeof err);
     if (!mf) {
         fprintf(stderr, "ctitan: %s\n", err);
-        *status = EXIT_BAD_INPUT;
+        *status = CT_ERR_INVALID;
         goto done;
     }
     for (int i = 0; i < n_ov; i++) {
@@ -88,7 +88,7 @@ manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, i
             fprintf(stderr, "ctitan: %s\n", err);
             manifest_free(mf);
             mf = NULL;
-            *status = EXIT_BAD_INPUT;
+            *status = CT_ERR_INVALID;
             goto done;
         }
     }
@@ -104,14 +104,14 @@ void session_resolve_path(const manifest *mf, const char *p, char *out, size_t l
         snprintf(out, len, "%s", p);
 }
 
-static int load_named(session *s, const char *section, const char *key, const char *name, ct_plugin_kind kind,
+static ct_status load_named(session *s, const char *section, const char *key, const char *name, ct_plugin_kind kind,
                       plugin **out) {
     char err[2048], where[600];
     *out = plugin_load(name, kind, section, s->mf, err, sizeof err);
     if (!*out) {
         mf_where(s->mf, key, where, sizeof where);
         fprintf(stderr, "ctitan: %s: %s\n", where, err);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     const ct_plugin_info *in = &(*out)->info;
     /* the API table must hold every field this host calls unconditionally (its ABI 1.0 part) */
@@ -124,13 +124,13 @@ static int load_named(session *s, const char *section, const char *key, const ch
     if (*(const size_t *)in->api < need) {
         fprintf(stderr, "ctitan: %s: plugin '%s' has an API table of %zu bytes; this host needs %zu: rebuild it\n",
                 (*out)->path, in->name, *(const size_t *)in->api, need);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     manifest_add_plugin_schema(s->mf, section, in->options);
-    return 0;
+    return CT_OK;
 }
 
-static int load_slot(session *s, const char *section, ct_plugin_kind kind, plugin **out) {
+static ct_status load_slot(session *s, const char *section, ct_plugin_kind kind, plugin **out) {
     char key[64];
     const char *name;
     snprintf(key, sizeof key, "%s.name", section);
@@ -138,14 +138,15 @@ static int load_slot(session *s, const char *section, ct_plugin_kind kind, plugi
     return load_named(s, section, key, name, kind, out);
 }
 
-static int fail_line(int status, const char *what) {
+static ct_status fail_line(ct_status status, const char *what) {
     fprintf(stderr, "ctitan: %s: %s\n", what, ct_last_error()[0] ? ct_last_error() : "failed");
     return status;
 }
 
 /* A plugin's create failed. An error that starts with one of its own option keys ("n_layers: ...")
  * is reported where that key was set; any other where `key` was. */
-static int fail_plugin(const session *s, int status, const plugin *p, const char *section, const char *key) {
+static ct_status fail_plugin(const session *s, ct_status status, const plugin *p, const char *section,
+                             const char *key) {
     char where[600], full[512];
     const char *msg = ct_last_error(), *name = p->info.name ? p->info.name : "plugin";
     size_t nl = strlen(name);
@@ -214,7 +215,7 @@ static const char *strategy_name(const manifest *mf, int world) {
 }
 
 /* Joins the job, builds the mesh and creates the strategies. */
-static int open_dist(session *s, const ct_model_desc *d) {
+static ct_status open_dist(session *s, const ct_model_desc *d) {
     char err[2048];
     ct_clear_error();
     if (s->commp) {
@@ -222,34 +223,34 @@ static int open_dist(session *s, const ct_model_desc *d) {
         ct_comm_group *world;
         ct_status cst = s->capi->create(&s->commp->host, &s->comm);
         if (cst != CT_OK) /* CT_ERR_INVALID: one of its options */
-            return fail_line(cst == CT_ERR_INVALID ? EXIT_BAD_INPUT : EXIT_RUN_FAILED, "comm");
+            return fail_line(cst, "comm");
         if (s->capi->world(s->comm, &world) != CT_OK || s->capi->group_rank(s->comm, world, &s->rank, &s->world) != CT_OK)
-            return fail_line(EXIT_RUN_FAILED, "comm");
+            return fail_line(CT_ERR_INTERNAL, "comm");
         log_set_rank(s->rank, s->world);
         /* ABI 1.4: a device with its own stream and a comm that orders itself against it by events
          * (CUDA + NCCL) overlap compute and communication; otherwise both keep implicit ordering */
         if (CT_HAS_FIELD(s->capi, ct_comm_api, bind_stream) && s->capi->bind_stream &&
             CT_HAS_FIELD(s->d, ct_device_api, share_stream) && s->d->share_stream) {
             ct_stream *stream = NULL;
-            if (s->d->share_stream(s->dev, &stream) != CT_OK) return fail_line(EXIT_RUN_FAILED, "device");
-            if (s->capi->bind_stream(s->comm, stream) != CT_OK) return fail_line(EXIT_RUN_FAILED, "comm");
+            if (s->d->share_stream(s->dev, &stream) != CT_OK) return fail_line(CT_ERR_INTERNAL, "device");
+            if (s->capi->bind_stream(s->comm, stream) != CT_OK) return fail_line(CT_ERR_INTERNAL, "comm");
         }
     } else {
         s->rank = 0;
         s->world = 1;
     }
     int degree[CT_MESH_NAXES];
-    if (mesh_degrees(s->mf, s->world, degree)) return EXIT_BAD_INPUT;
+    if (mesh_degrees(s->mf, s->world, degree)) return CT_ERR_INVALID;
     if (mesh_build(&s->mesh, s->commp ? s->capi : NULL, s->comm, s->rank, s->world, degree, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s: %s\n", err, ct_last_error());
-        return EXIT_RUN_FAILED;
+        return CT_ERR_INTERNAL;
     }
     int axis_on = s->axisp && s->mesh.degree[CT_AXIS_TP] > 1;
-    if (!s->stratp && !axis_on) return 0;
+    if (!s->stratp && !axis_on) return CT_OK;
     if (!s->commp) {
         fprintf(stderr, "ctitan: parallelism: strategy '%s' needs several ranks (launch with ctitan launch -n N)\n",
                 (s->stratp ? s->stratp : s->axisp)->info.name);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     const char *mp = "float32";
     mf_get_str(s->mf, "training.mixed_precision_param", &mp);
@@ -266,20 +267,20 @@ static int open_dist(session *s, const ct_model_desc *d) {
         s->xapi = s->axisp->info.api;
         ct_clear_error();
         if (s->xapi->create(&s->axisp->host, &env, &s->xstrat) != CT_OK)
-            return fail_plugin(s, EXIT_BAD_INPUT, s->axisp, "parallelism", "parallelism.tensor_parallel_degree");
+            return fail_plugin(s, CT_ERR_INVALID, s->axisp, "parallelism", "parallelism.tensor_parallel_degree");
     }
-    if (!s->stratp) return 0;
+    if (!s->stratp) return CT_OK;
     s->sapi = s->stratp->info.api;
     ct_clear_error();
-    if (s->sapi->create(&s->stratp->host, &env, &s->strat) != CT_OK) return fail_line(EXIT_BAD_INPUT, "parallelism");
-    return 0;
+    if (s->sapi->create(&s->stratp->host, &env, &s->strat) != CT_OK) return fail_line(CT_ERR_INVALID, "parallelism");
+    return CT_OK;
 }
 
 /* Loads every plugin the manifest names (the tp axis's in every run, so its keys are validated even
  * when tensor_parallel_degree is 1) and validates the manifest against the core's and their keys. */
-static int load_plugins(session *s, manifest *mf, int with_params) {
+static ct_status load_plugins(session *s, manifest *mf, int with_params) {
     char err[2048], where[600];
-    int st;
+    ct_status st;
     if ((st = launch_check_world())) return st; /* torchrun or srun without an MPI job: before MPI sets its variables */
     if ((st = load_slot(s, "device", CT_KIND_DEVICE, &s->devp))) return st;
     if ((st = load_slot(s, "model", CT_KIND_MODEL, &s->modelp))) return st;
@@ -298,7 +299,7 @@ static int load_plugins(session *s, manifest *mf, int with_params) {
         return st;
     if (manifest_validate(mf, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     int64_t pp_degree = 1;
     const char *sched = "1F1B";
@@ -307,19 +308,20 @@ static int load_plugins(session *s, manifest *mf, int with_params) {
     if (pp_degree == 1 && schedule_exists(sched, mf, err, sizeof err)) { /* pipeline_plan loads it otherwise */
         mf_where(mf, "parallelism.pipeline_parallel_schedule", where, sizeof where);
         fprintf(stderr, "ctitan: %s: %s\n", where, err);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     s->d = s->devp->info.api;
     s->m = s->modelp->info.api;
     s->o = s->optp->info.api;
-    return 0;
+    return CT_OK;
 }
 
 /* The device, then the model pack on the training sequence length. */
-static int create_device_and_model(session *s, manifest *mf) {
+static ct_status create_device_and_model(session *s, manifest *mf) {
     char where[600];
     ct_clear_error();
-    if (s->d->create(&s->devp->host, &s->dev) != CT_OK) return fail_plugin(s, EXIT_BAD_INPUT, s->devp, "device", "device.name");
+    if (s->d->create(&s->devp->host, &s->dev) != CT_OK)
+        return fail_plugin(s, CT_ERR_INVALID, s->devp, "device", "device.name");
     int64_t seq_len;
     const char *flavor;
     mf_get_int(mf, "training.seq_len", &seq_len);
@@ -327,16 +329,16 @@ static int create_device_and_model(session *s, manifest *mf) {
     if (seq_len < 1) {
         mf_where(mf, "training.seq_len", where, sizeof where);
         fprintf(stderr, "ctitan: %s: must be positive\n", where);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     ct_model_config cfg = {sizeof cfg, flavor, seq_len};
     ct_clear_error();
     if (s->m->create(&s->modelp->host, &cfg, &s->model) != CT_OK)
-        return fail_plugin(s, EXIT_BAD_INPUT, s->modelp, "model", "model.flavor");
-    return 0;
+        return fail_plugin(s, CT_ERR_INVALID, s->modelp, "model", "model.flavor");
+    return CT_OK;
 }
 
-static int create_quantizer(session *s, manifest *mf) {
+static ct_status create_quantizer(session *s, manifest *mf) {
     char where[600];
     int fp8_ag = 0;
     const char *fmt = "tensorwise";
@@ -346,31 +348,31 @@ static int create_quantizer(session *s, manifest *mf) {
         mf_where(mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", where, sizeof where);
         fprintf(stderr, "ctitan: %s: float8 all-gather needs float8 enabled with the tensorwise format (as in torchao)\n",
                 where);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
-    if (!s->quantp) return 0;
+    if (!s->quantp) return CT_OK;
     s->qapi = s->quantp->info.api;
     ct_clear_error();
     if (s->qapi->create(&s->quantp->host, s->d, s->dev, &s->quant) != CT_OK) {
         mf_where(mf, "quantize.dense.float8.format", where, sizeof where);
-        return fail_line(EXIT_BAD_INPUT, where);
+        return fail_line(CT_ERR_INVALID, where);
     }
-    return 0;
+    return CT_OK;
 }
 
 /* The mesh and strategies, the pipeline plan, then the runtime: parameters placed, allocated and
  * initialised, the builder wrapped by the op-level strategies. */
-static int build_runtime(session *s, manifest *mf) {
+static ct_status build_runtime(session *s, manifest *mf) {
     char err[2048];
-    int st;
+    ct_status st;
     ct_model_desc d; /* what the strategies and the pipeline plan read */
     memset(&d, 0, sizeof d);
     d.struct_size = sizeof d;
     ct_clear_error();
-    if (s->m->describe(s->model, &d) != CT_OK) return fail_line(EXIT_BAD_INPUT, "model");
+    if (s->m->describe(s->model, &d) != CT_OK) return fail_line(CT_ERR_INVALID, "model");
     if ((st = open_dist(s, &d))) return st;
     if (s->mesh.degree[CT_AXIS_PP] > 1) {
-        if (!(s->pl = calloc(1, sizeof *s->pl))) return EXIT_RUN_FAILED;
+        if (!(s->pl = calloc(1, sizeof *s->pl))) return CT_ERR_NOMEM;
         if ((st = pipeline_plan(s->pl, mf, &d, &s->mesh, s->m->unit_name, s->model))) return st;
     }
     runtime_dist dist = {s->capi, s->comm, &s->mesh, {0}, {0}, 0, s->pl ? s->pl->unit_rank : NULL};
@@ -384,26 +386,27 @@ static int build_runtime(session *s, manifest *mf) {
     }
     int64_t seed = 0;
     mf_get_int(mf, "training.seed", &seed);
-    if ((st = runtime_init(&s->rt, s->d, s->dev, s->m, s->model, (uint64_t)seed, s->commp ? &dist : NULL, err, sizeof err))) {
+    int rst = runtime_init(&s->rt, s->d, s->dev, s->m, s->model, (uint64_t)seed, s->commp ? &dist : NULL, err, sizeof err);
+    if (rst) {
         fprintf(stderr, "ctitan: %s\n", err);
-        return st == -2 ? EXIT_BAD_INPUT : EXIT_RUN_FAILED; /* -2: refused declarations, or too large */
+        return rst == -2 ? CT_ERR_INVALID : CT_ERR_INTERNAL; /* -2: refused declarations, or too large */
     }
     s->rt_ready = 1;
     s->rt.coll_capi = s->capi ? commstats_wrap(s->capi) : NULL;
     if (runtime_wrap_builder(&s->rt, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     if (s->pl && (st = pipeline_start(s->pl, mf, &s->rt, commstats_wrap(s->capi), s->comm, &s->mesh))) return st;
     s->rt.qapi = s->qapi;
     s->rt.quant = s->quant;
     if (s->qapi) runtime_decide_quant(&s->rt);
-    return 0;
+    return CT_OK;
 }
 
 /* Activation checkpointing and the parameters' precision (bf16 GEMM operands where the device
  * offers them; unsupported leaves matmul exact on the bf16-rounded parameters, as the CPU computes). */
-static int set_compute_modes(session *s, manifest *mf) {
+static ct_status set_compute_modes(session *s, manifest *mf) {
     char err[2048], where[600];
     const char *mode, *option, *mp;
     mf_get_str(mf, "activation_checkpoint.mode", &mode);
@@ -413,59 +416,59 @@ static int set_compute_modes(session *s, manifest *mf) {
         mf_where(mf, ac == -2 ? "activation_checkpoint.selective_ac_option" : "activation_checkpoint.mode", where,
                  sizeof where);
         fprintf(stderr, "ctitan: %s: %s\n", where, err);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     mf_get_str(mf, "training.mixed_precision_param", &mp);
     if (strcmp(mp, "bfloat16") && strcmp(mp, "float32")) {
         mf_where(mf, "training.mixed_precision_param", where, sizeof where);
         fprintf(stderr, "ctitan: %s: expected float32 or bfloat16, got '%s'\n", where, mp);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
-    if (strcmp(mp, "bfloat16")) return 0;
+    if (strcmp(mp, "bfloat16")) return CT_OK;
     if (runtime_enable_bf16_params(&s->rt, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
-        return EXIT_RUN_FAILED;
+        return CT_ERR_INTERNAL;
     }
     ct_clear_error();
     if (CT_HAS_FIELD(s->d, ct_device_api, set_matmul_dtype) && s->d->set_matmul_dtype) {
         ct_status mst = s->d->set_matmul_dtype(s->dev, CT_BF16);
-        if (mst != CT_OK && mst != CT_ERR_UNSUPPORTED) return fail_line(EXIT_RUN_FAILED, "device");
+        if (mst != CT_OK && mst != CT_ERR_UNSUPPORTED) return fail_line(CT_ERR_INTERNAL, "device");
         if (mst == CT_OK) s->matmul_precision = "bf16";
         ct_clear_error();
     }
-    return 0;
+    return CT_OK;
 }
 
 /* The optimizer and its states: one zeroed allocation of n_state values per local element. */
-static int create_optimizer(session *s) {
+static ct_status create_optimizer(session *s) {
     ct_clear_error();
     if (s->o->create(&s->optp->host, s->d, s->dev, &s->opt) != CT_OK)
-        return fail_plugin(s, EXIT_BAD_INPUT, s->optp, "optimizer", "optimizer.name");
+        return fail_plugin(s, CT_ERR_INVALID, s->optp, "optimizer", "optimizer.name");
     s->n_state = s->o->state_count(s->opt);
     if (s->n_state < 0 || s->n_state > 8) {
         fprintf(stderr, "ctitan: optimizer '%s' asks for %d state values per element\n", s->optp->info.name,
                 s->n_state);
-        return EXIT_RUN_FAILED;
+        return CT_ERR_INTERNAL;
     }
     s->opt_bytes = s->rt.param_bytes * (size_t)s->n_state;
-    if (!s->opt_bytes) return 0;
+    if (!s->opt_bytes) return CT_OK;
     if (s->d->alloc(s->dev, s->opt_bytes, (void **)&s->opt_mem) != CT_OK ||
         s->d->zero(s->dev, s->opt_mem, s->opt_bytes) != CT_OK) {
         fprintf(stderr, "ctitan: cannot allocate %zu bytes of optimizer state\n", s->opt_bytes);
-        return EXIT_RUN_FAILED;
+        return CT_ERR_NOMEM;
     }
     mem_account(CT_MEM_OPTIMIZER, (int64_t)s->opt_bytes);
-    return 0;
+    return CT_OK;
 }
 
-int session_open(session *s, manifest *mf, int with_params, int with_optimizer) {
-    int st;
+ct_status session_open(session *s, manifest *mf, int with_params, int with_optimizer) {
+    ct_status st;
     memset(s, 0, sizeof *s);
     s->mf = mf;
     if ((st = load_plugins(s, mf, with_params)) || (st = create_device_and_model(s, mf))) return st;
-    if (!with_params) return 0;
+    if (!with_params) return CT_OK;
     if ((st = create_quantizer(s, mf)) || (st = build_runtime(s, mf)) || (st = set_compute_modes(s, mf))) return st;
-    return with_optimizer ? create_optimizer(s) : 0;
+    return with_optimizer ? create_optimizer(s) : CT_OK;
 }
 
 void session_close(session *s) {
@@ -592,21 +595,21 @@ static int32_t sample(float *logits, int64_t V, double temperature, int64_t top_
     return pick;
 }
 
-int session_open_tokenizer(session *s, ct_tokenizer **out) {
+ct_status session_open_tokenizer(session *s, ct_tokenizer **out) {
     const char *tok_path;
     char err[2048], path[4096], where[600];
     *out = NULL;
     if (mf_get_str(s->mf, "model.tokenizer_path", &tok_path) || !*tok_path) {
         mf_where(s->mf, "model.tokenizer_path", where, sizeof where);
         fprintf(stderr, "ctitan: %s: not set; sampling (generate.max_new_tokens > 0) needs a tokenizer file\n", where);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     session_resolve_path(s->mf, tok_path, path, sizeof path);
     ct_tokenizer *tok = tokenizer_load(path, err, sizeof err);
     mf_where(s->mf, "model.tokenizer_path", where, sizeof where);
     if (!tok) {
         fprintf(stderr, "ctitan: %s: %s\n", where, err);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     /* every id it can produce (the specials last) must be a row of the model's embedding */
     int64_t V = s->rt.desc.vocab_size;
@@ -615,27 +618,27 @@ int session_open_tokenizer(session *s, ct_tokenizer **out) {
                         "expected a tokenizer of at most model.vocab_size tokens\n",
                 where, path, tokenizer_vocab_size(tok), (long long)V);
         tokenizer_free(tok);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     *out = tok;
-    return 0;
+    return CT_OK;
 }
 
-int session_generate(session *s, const ct_tokenizer *tok, const char *prompt, int64_t max_new, double temperature,
+ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prompt, int64_t max_new, double temperature,
                      int64_t top_k, double top_p, uint64_t seed, int64_t max_context) {
     char err[2048];
     int32_t *ids = NULL, *ctx = NULL;
     float *logits = NULL;
     size_t n = 0, cap = 0, logit_bytes;
     int64_t V = s->rt.desc.vocab_size;
-    int rc = EXIT_RUN_FAILED;
+    ct_status rc = CT_ERR_INTERNAL; /* until the text is out */
     /* every size from the manifest is checked: max_new may be anything up to INT64_MAX */
     if (max_new < 0 || max_context < 1 || V < 1 ||
         __builtin_mul_overflow((size_t)V, (size_t)max_context, &logit_bytes) ||
         __builtin_mul_overflow(logit_bytes, sizeof(float), &logit_bytes)) {
         fprintf(stderr, "ctitan: generate: bad sizes (max_new_tokens %lld, context %lld, vocabulary %lld)\n",
                 (long long)max_new, (long long)max_context, (long long)V);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     logits = malloc(logit_bytes);
     if (!logits || tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n, err, sizeof err)) {
@@ -685,7 +688,7 @@ int session_generate(session *s, const ct_tokenizer *tok, const char *prompt, in
     fwrite(text, 1, out_len, stdout);
     printf("\n");
     free(text);
-    rc = 0;
+    rc = CT_OK;
 done:
     free(ids);
     free(ctx);

@@ -13,9 +13,9 @@
 #include "engine/runtime.h"
 #include "tools/tokenizer.h"
 
-/* Exit statuses: bad input (manifest, options, data files) and failures while running. */
-#define EXIT_BAD_INPUT 2
-#define EXIT_RUN_FAILED 1
+/* Errors: every function here that can fail returns ct_status after printing its one line on
+ * stderr: CT_ERR_INVALID for bad input (manifest, options, plugins, data files, usage), another
+ * status for a failure while running. main.c alone turns statuses into exit codes. */
 
 typedef struct session {
     manifest *mf;
@@ -54,13 +54,14 @@ typedef struct run_args {
 } run_args;
 
 /* Parses argv after the subcommand into args and applies overrides to a freshly loaded manifest.
- * Returns the manifest, or NULL after printing one error line (*status set). */
-manifest *session_parse(int argc, char **argv, run_args *args, const char *usage, int *status);
+ * Returns the manifest, or NULL after printing one error line (*status CT_ERR_INVALID; CT_OK with
+ * args->help). */
+manifest *session_parse(int argc, char **argv, run_args *args, const char *usage, ct_status *status);
 
 /* Loads plugins, validates the manifest, creates device and model; with `with_params`, also the
  * runtime (parameters initialised) and `with_optimizer` the optimizer and its states.
- * Prints one error line and returns the exit status on failure, 0 on success. */
-int session_open(session *s, manifest *mf, int with_params, int with_optimizer);
+ * Prints one error line and returns its status on failure, CT_OK on success. */
+ct_status session_open(session *s, manifest *mf, int with_params, int with_optimizer);
 void session_close(session *s);
 
 /* A path from the manifest: as given when it exists (or is absolute), else relative to the
@@ -72,11 +73,11 @@ int session_save_model(session *s, const char *path, char *err, size_t errlen);
 int session_load_model(session *s, const char *path, char *err, size_t errlen);
 
 /* Opens model.tokenizer_path and checks it against the model (every id it makes is a row of the
- * embedding). Prints one line naming the key and returns EXIT_BAD_INPUT, or 0 with *tok set. */
-int session_open_tokenizer(session *s, ct_tokenizer **tok);
+ * embedding). Prints one line naming the key and returns CT_ERR_INVALID, or CT_OK with *tok set. */
+ct_status session_open_tokenizer(session *s, ct_tokenizer **tok);
 /* Samples up to max_new tokens after `prompt` and prints the text (rank 0). Sizes are checked, and
  * memory grows with the tokens made. */
-int session_generate(session *s, const ct_tokenizer *tok, const char *prompt, int64_t max_new, double temperature,
+ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prompt, int64_t max_new, double temperature,
                      int64_t top_k, double top_p, uint64_t seed, int64_t max_context);
 
 /* One optimizer step. inputs, targets: this rank's G sequences (its slice of the global batch; the
@@ -88,18 +89,27 @@ int session_generate(session *s, const ct_tokenizer *tok, const char *prompt, in
 int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
                        double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid);
 
-int cmd_train(int argc, char **argv);
-int cmd_generate(int argc, char **argv);
-int cmd_plugins(int argc, char **argv);
-int cmd_launch(int argc, char **argv);
-/* Under `ctitan launch`: records this rank's exit status for the launcher. */
-void launch_record_status(int status);
+/* The commands take the arguments after their name; `--help` prints the usage and returns CT_OK.
+ * Two outcomes that are not errors reach the exit code through an out-parameter, never mixed into
+ * the status:
+ * - cmd_train: *stop_signal is N (SIGTERM, SIGINT) when a stop signal ended the run cleanly after a
+ *   step (checkpoint saved when checkpoints are on), with CT_OK; else 0. main.c exits 128 + N.
+ * - cmd_launch: with CT_OK the job ran to its end and *job_exit is its exit status: the first
+ *   non-zero exit status of a rank, else 0. Any other status is launch's own failure (bad usage,
+ *   mpirun missing or failed, a rank that ended without a status), *job_exit unset. */
+ct_status cmd_train(int argc, char **argv, int *stop_signal);
+ct_status cmd_generate(int argc, char **argv);
+ct_status cmd_plugins(int argc, char **argv);
+ct_status cmd_launch(int argc, char **argv, int *job_exit);
+/* Under `ctitan launch`: records this rank's exit status (main.c's, from the status) for the
+ * launcher. */
+void launch_record_status(int exit_status);
 /* In a rank started by `ctitan launch`: registers its pid for the launcher's signal forwarding and
  * ends the rank when the launcher or its parent (mpirun) ends. No-op otherwise. */
 void launch_rank_start(void);
 /* Started by torchrun (WORLD_SIZE) or srun (SLURM_STEP_NUM_TASKS) with several processes but not
- * as an MPI job (each would be rank 0 of 1): EXIT_BAD_INPUT with one line saying how to launch; else
- * 0. Call before the comm plugin joins (an MPI singleton sets MPI's variables). */
-int launch_check_world(void);
+ * as an MPI job (each would be rank 0 of 1): CT_ERR_INVALID with one line saying how to launch; else
+ * CT_OK. Call before the comm plugin joins (an MPI singleton sets MPI's variables). */
+ct_status launch_check_world(void);
 
 #endif

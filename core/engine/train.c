@@ -77,11 +77,11 @@ static void print_model_summary(session *s, int64_t seq_len) {
            (long long)seq_len);
 }
 
-static int dry_run(session *s, manifest *mf) {
+static ct_status dry_run(session *s, manifest *mf) {
     ct_model_desc d = {.struct_size = sizeof d};
     if (s->m->describe(s->model, &d) != CT_OK) {
         fprintf(stderr, "ctitan: model describe failed: %s\n", ct_last_error());
-        return EXIT_RUN_FAILED;
+        return CT_ERR_INTERNAL;
     }
     int64_t seq, lbs;
     mf_get_int(mf, "training.seq_len", &seq);
@@ -106,27 +106,28 @@ static int dry_run(session *s, manifest *mf) {
            "AdamW states %.2f GiB, total %.2f GiB\n",
            p / gb, p / gb, 2 * p / gb, 4 * p / gb);
     printf("  tokens per microbatch %lld\n", (long long)(seq * lbs));
-    return 0;
+    return CT_OK;
 }
 
 /* checkpoint.last_save_in_hf: what the final export needs, checked before training (the names and
  * shapes of the parameters as a Hugging Face Llama, and a checkpoint folder to write into). */
-static int check_hf_export(session *s, manifest *mf) {
+static ct_status check_hf_export(session *s, manifest *mf) {
     int hf = 0, enable = 0;
     char where[600], err[1024];
     mf_get_bool(mf, "checkpoint.last_save_in_hf", &hf);
-    if (!hf) return 0;
+    if (!hf) return CT_OK;
     mf_get_bool(mf, "checkpoint.enable", &enable);
     mf_where(mf, "checkpoint.last_save_in_hf", where, sizeof where);
     if (!enable) {
         fprintf(stderr, "ctitan: %s: the final Hugging Face export goes into the checkpoint folder; it needs "
                         "checkpoint.enable: true\n", where);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     const ct_model_desc *d = &s->rt.desc;
-    int n = s->rt.n_params, rc = 0;
+    int n = s->rt.n_params;
+    ct_status rc = CT_OK;
     tf_entry *e = calloc((size_t)(n > 0 ? n : 1), sizeof *e);
-    if (!e) return EXIT_RUN_FAILED;
+    if (!e) return CT_ERR_NOMEM;
     for (int i = 0; i < n; i++) { /* shapes only: the check reads no data */
         const ct_tensor *p = &s->rt.params[i]->t;
         e[i] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
@@ -138,7 +139,7 @@ static int check_hf_export(session *s, manifest *mf) {
     if (!d->n_heads || hf_config_from_weights(&cfg, &w, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s: model %s cannot be exported as a Hugging Face Llama: %s\n", where,
                 s->modelp->info.name, d->n_heads ? err : "its pack does not describe its heads (ct_model_desc 1.2)");
-        rc = EXIT_BAD_INPUT;
+        rc = CT_ERR_INVALID;
     }
     free(e);
     return rc;
@@ -239,8 +240,8 @@ static int world_max(session *s, int v, int *out) {
 }
 
 /* Rank 0 takes the dump folder's lock and opens metrics.jsonl to append; every rank learns whether
- * that worked, so a refused job ends on all of them. 0, EXIT_BAD_INPUT or EXIT_RUN_FAILED. */
-static int run_log_open(session *s, manifest *mf, const char *dump, run_log *lg) {
+ * that worked, so a refused job ends on all of them. */
+static ct_status run_log_open(session *s, manifest *mf, const char *dump, run_log *lg) {
     int bad = 0;
     memset(lg, 0, sizeof *lg);
     snprintf(lg->path, sizeof lg->path, "%s/metrics.jsonl", dump);
@@ -258,10 +259,10 @@ static int run_log_open(session *s, manifest *mf, const char *dump, run_log *lg)
     }
     if (world_max(s, bad, &bad)) {
         fprintf(stderr, "ctitan: start-up: %s\n", ct_last_error());
-        return EXIT_RUN_FAILED;
+        return CT_ERR_INTERNAL;
     }
     if (!bad) printf("run: id %s; appending to %s\n", lg->id, lg->path);
-    return bad ? EXIT_BAD_INPUT : 0;
+    return bad ? CT_ERR_INVALID : CT_OK;
 }
 
 /* ---- stop signals: SIGTERM (Slurm preemption, a forwarded stop) and SIGINT end the run after the
@@ -273,7 +274,7 @@ static void on_stop_signal(int sig) {
         static const char msg[] = "ctitan: a second stop signal: exiting now, nothing saved\n";
         ssize_t w = write(2, msg, sizeof msg - 1);
         (void)w;
-        _exit(128 + sig);
+        _exit(128 + sig); /* the process ends in the handler, not through main.c: the shell's convention */
     }
     g_stop_signal = sig;
 }
@@ -304,14 +305,15 @@ static void stop_signals_catch(int on) {
 static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
 
 /* After the step all ranks agreed to stop at: a full, resumable checkpoint (when checkpoints are
- * on), the stop record, one line. Returns 128 + the signal (the shell's convention for a process
- * ended by a signal), or 1 if the save or the record failed. */
-static int stop_after(session *s, ckpt_plan *ck, run_log *lg, int sig, int64_t step) {
+ * on), the stop record, one line. CT_OK (the caller ends the run on the signal: exit 128 + it, the
+ * shell's convention for a process ended by a signal), or CT_ERR_IO if the save or the record
+ * failed. */
+static ct_status stop_after(session *s, ckpt_plan *ck, run_log *lg, int sig, int64_t step) {
     int saved = ck->enable;
     if (ckpt_save_now(s, ck, step)) {
         fprintf(stderr, "ctitan: stopped by %s after step %lld, but the checkpoint failed: %s\n", signal_name(sig),
                 (long long)step, ct_last_error());
-        return EXIT_RUN_FAILED;
+        return CT_ERR_IO;
     }
     char ckname[64] = "null";
     if (saved) snprintf(ckname, sizeof ckname, "\"step-%lld\"", (long long)step);
@@ -319,7 +321,7 @@ static int stop_after(session *s, ckpt_plan *ck, run_log *lg, int sig, int64_t s
                    signal_name(sig), (long long)step, ckname) ||
         log_close(lg)) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
-        return EXIT_RUN_FAILED;
+        return CT_ERR_IO;
     }
     if (s->rank == 0) {
         if (saved)
@@ -329,8 +331,13 @@ static int stop_after(session *s, ckpt_plan *ck, run_log *lg, int sig, int64_t s
             fprintf(stderr, "ctitan: stopped by %s after step %lld (checkpoints are off: nothing saved)\n",
                     signal_name(sig), (long long)step);
     }
-    return 128 + sig;
+    return CT_OK;
 }
+
+/* What the loop does after a step (or the finish): go on; end the run with train_run.status (CT_OK
+ * after a clean stop, train_run.stop_signal naming the signal, or an error already printed); or fail
+ * (ct_last_error says which; the job is aborted, since the other ranks would wait forever). */
+typedef enum step_next { STEP_GO_ON, STEP_END, STEP_FAILED } step_next;
 
 /* One start of `ctitan train`: its settings, its data, its files and what the steps measure. */
 typedef struct train_run {
@@ -354,10 +361,12 @@ typedef struct train_run {
     runtime_axis_comm axis_sum[CT_MESH_NAXES]; /* the tape's collectives per mesh axis, timed steps */
     int told_opt;       /* the optimizer's calls per step were printed */
     int64_t told_graph; /* compile_report's state */
+    ct_status status;   /* STEP_END: how the run ends */
+    int stop_signal;    /* STEP_END with CT_OK: the stop signal the run ended on, 0 for none */
 } train_run;
 
-/* The training keys, checked. 0 or EXIT_BAD_INPUT. */
-static int train_settings_read(train_run *r) {
+/* The training keys, checked. */
+static ct_status train_settings_read(train_run *r) {
     manifest *mf = r->mf;
     char where[600];
     mf_get_int(mf, "training.steps", &r->steps);
@@ -378,38 +387,38 @@ static int train_settings_read(train_run *r) {
                         "%lld data-parallel ranks (or -1), steps >= 0, metrics.log_freq >= 1 (got local %lld, global "
                         "%lld)\n",
                 where, (long long)dp, (long long)L, (long long)r->G);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     r->G_local = r->G / dp;
     r->accum = r->G_local / L;
     r->non_dp = r->s->world / dp > 0 ? r->s->world / dp : 1;
-    return lr_setup(mf, r->steps, &r->sched) ? EXIT_BAD_INPUT : 0;
+    return lr_setup(mf, r->steps, &r->sched) ? CT_ERR_INVALID : CT_OK;
 }
 
-/* Opens the token shard and makes the dump folder. 0 or EXIT_BAD_INPUT (the shard closed again). */
-static int train_data_open(train_run *r) {
+/* Opens the token shard and makes the dump folder; on CT_ERR_INVALID the shard is closed again. */
+static ct_status train_data_open(train_run *r) {
     manifest *mf = r->mf;
     const char *dataset;
     char err[2048], where[600], dpath[4096];
     if (mf_get_str(mf, "training.dataset_path", &dataset)) {
         fprintf(stderr, "ctitan: %s: training.dataset_path is not set (a token shard from `ctitan tokenize`)\n",
                 mf->path);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     session_resolve_path(mf, dataset, dpath, sizeof dpath);
     if (dataloader_open(&r->dl, dpath, r->T, (uint64_t)r->seed, r->s->rt.desc.vocab_size, err, sizeof err)) {
         mf_where(mf, "training.dataset_path", where, sizeof where);
         fprintf(stderr, "ctitan: %s: %s\n", where, err);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     if (ct_mkdir_p(r->dump) || ct_require_dir(r->dump)) {
         mf_where(mf, "job.dump_folder", where, sizeof where);
         if (errno == ENOTDIR) fprintf(stderr, "ctitan: %s: %s is not a folder (a file is in the way)\n", where, r->dump);
         else fprintf(stderr, "ctitan: %s: cannot create %s: %s\n", where, r->dump, strerror(errno));
         dataloader_close(&r->dl);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
-    return 0;
+    return CT_OK;
 }
 
 /* The lines that open a run: model, data, mesh, device. */
@@ -431,21 +440,21 @@ static void train_banner_print(const train_run *r) {
 }
 
 /* After the log is open: the batch buffers, the opening lines, compile, and the checkpoint to resume
- * from. 0, or the status to end with (EXIT_RUN_FAILED, EXIT_BAD_INPUT). */
-static int train_start(train_run *r) {
+ * from. */
+static ct_status train_start(train_run *r) {
     size_t bytes = sizeof(int32_t) * (size_t)(r->G_local * r->T);
     r->inputs = malloc(bytes);
     r->targets = malloc(bytes);
     if (!r->inputs || !r->targets) {
         fprintf(stderr, "ctitan: cannot allocate the batch: %lld sequences of %lld tokens\n", (long long)r->G_local,
                 (long long)r->T);
-        return EXIT_RUN_FAILED;
+        return CT_ERR_NOMEM;
     }
     train_banner_print(r);
     compile_setup(r->s, r->mf);
     r->t_log = ct_now();
     r->warmup_steps = r->steps > 2 ? 2 : r->steps > 1 ? 1 : 0;
-    return ckpt_begin(r->s, r->mf, r->dump, &r->ck) ? EXIT_BAD_INPUT : 0;
+    return ckpt_begin(r->s, r->mf, r->dump, &r->ck) ? CT_ERR_INVALID : CT_OK;
 }
 
 /* The console metrics line and its metrics.jsonl record. -1 on a write error. */
@@ -488,9 +497,8 @@ static void batch_read(train_run *r) {
 }
 
 /* One step: its batch, the forward, backward and update, the stop every rank agrees on, the timing,
- * the metrics line and the checkpoint. 0 to go on, -1 on a failure (ct_last_error says which), or
- * the status the run ends with here. */
-static int train_step(train_run *r, int64_t step) {
+ * the metrics line and the checkpoint. */
+static step_next train_step(train_run *r, int64_t step) {
     session *s = r->s;
     double t0 = ct_now(), comm_before = s->rt.comm_seconds, pp_busy_before = s->pl ? s->pl->busy_seconds : 0,
            pp_step_before = s->pl ? s->pl->step_seconds : 0;
@@ -503,11 +511,12 @@ static int train_step(train_run *r, int64_t step) {
     int64_t valid;
     int bad = session_train_step(s, r->inputs, r->targets, r->G_local, r->L, r->T, lr, r->max_norm, step, &loss,
                                  &norm, &valid);
-    if (bad < 0) return -1;
+    if (bad < 0) return STEP_FAILED;
     if (bad > 0) {
         fprintf(stderr, "ctitan: step %lld: gradient norm is %g; stopping (lower optimizer.lr?)\n", (long long)step,
                 norm);
-        return EXIT_RUN_FAILED;
+        r->status = CT_ERR_INTERNAL; /* every rank saw the same norm: all end here, none waits */
+        return STEP_END;
     }
     trace_end("step");
     if (!r->told_opt++)
@@ -516,7 +525,7 @@ static int train_step(train_run *r, int64_t step) {
     compile_report(&s->rt.graph, step, &r->told_graph);
     /* a stop takes effect after a step every rank has finished; the last step ends the run anyway */
     int stop = 0;
-    if (step < r->steps && world_max(s, g_stop_signal, &stop)) return -1;
+    if (step < r->steps && world_max(s, g_stop_signal, &stop)) return STEP_FAILED;
     double dt = ct_now() - t0;
     if (step > r->warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
         r->step_time_sum += dt;
@@ -534,11 +543,14 @@ static int train_step(train_run *r, int64_t step) {
     }
     r->tokens_since += r->G_local * r->T / r->non_dp; /* per device: tp (and pp, cp) ranks share a dp rank's tokens */
     if (step == 1 || step % r->log_freq == 0 || step == r->steps || stop)
-        if (step_log(r, step, loss, norm, lr)) return -1;
+        if (step_log(r, step, loss, norm, lr)) return STEP_FAILED;
     r->ck.state.step = step;
     r->ck.state.data_position = r->dl.position;
-    if (ckpt_step(s, &r->ck, step, r->steps)) return -1;
-    return stop ? stop_after(s, &r->ck, &r->lg, stop, step) : 0;
+    if (ckpt_step(s, &r->ck, step, r->steps)) return STEP_FAILED;
+    if (!stop) return STEP_GO_ON;
+    r->status = stop_after(s, &r->ck, &r->lg, stop, step);
+    r->stop_signal = r->status == CT_OK ? stop : 0;
+    return STEP_END;
 }
 
 /* The summary lines over the steady-state steps. */
@@ -580,36 +592,43 @@ static void train_summary_print(train_run *r) {
     }
 }
 
-/* After the last step: the final saves, the model, the end record. 0, 128 + a signal that came in the
- * last step, EXIT_RUN_FAILED if the model could not be saved, or -1 on a failure. */
-static int train_finish(train_run *r) {
+/* After the last step: the final saves, the model, the end record. STEP_END with r->status CT_OK
+ * (r->stop_signal set when a signal came in the last step) or CT_ERR_IO if the model could not be
+ * saved; STEP_FAILED on a failure. */
+static step_next train_finish(train_run *r) {
     session *s = r->s;
     char err[2048], path[4096];
-    if (ckpt_end(s, &r->ck, r->steps)) return -1;
+    if (ckpt_end(s, &r->ck, r->steps)) return STEP_FAILED;
     /* a stop signal in the last step or the final saves: the run is complete; the model is saved, the
      * sample and traces are skipped. From here a signal ends the process at once. */
     int late = 0;
-    if (world_max(s, g_stop_signal, &late)) return -1;
+    if (world_max(s, g_stop_signal, &late)) return STEP_FAILED;
     stop_signals_catch(0);
     snprintf(path, sizeof path, "%s/model.ctt", r->dump);
     if (r->steps > 0 && session_save_model(s, path, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
-        return EXIT_RUN_FAILED;
+        r->status = CT_ERR_IO;
+        return STEP_END;
     }
     if (log_record(&r->lg, "\"event\": \"end\", \"last_step\": %lld", (long long)r->steps) || log_close(&r->lg))
-        return -1;
-    if (!late) return 0;
+        return STEP_FAILED;
+    r->status = CT_OK;
+    r->stop_signal = late;
+    if (!late) return STEP_END;
     if (s->rank == 0)
         fprintf(stderr, "ctitan: stopped by %s after the last step %lld; the run is complete and saved (the "
                         "end-of-run sample and traces are skipped)\n",
                 signal_name(late), (long long)r->steps);
-    return 128 + late;
+    return STEP_END;
 }
 
-/* One start of the run: 0, EXIT_BAD_INPUT, EXIT_RUN_FAILED, or 128 + the stop signal it ended on. */
-static int train_loop(session *s, manifest *mf) {
+/* One start of the run. CT_OK with *stop_signal set when a stop signal ended it cleanly (after a
+ * step, or in the last one); else *stop_signal is 0. */
+static ct_status train_loop(session *s, manifest *mf, int *stop_signal) {
     train_run r = {.s = s, .mf = mf};
-    int rc = train_settings_read(&r);
+    step_next next = STEP_GO_ON;
+    ct_status rc = train_settings_read(&r);
+    *stop_signal = 0;
     if (!rc) rc = train_data_open(&r);
     if (rc) return rc;
     rc = run_log_open(s, mf, r.dump, &r.lg);
@@ -618,27 +637,31 @@ static int train_loop(session *s, manifest *mf) {
     r.dl.position = r.ck.state.data_position;
     if (log_start(&r.lg, s, mf, r.ck.state.step, r.steps, r.seed)) goto runfail;
     stop_signals_catch(1);
-    for (int64_t step = r.ck.state.step + 1; step <= r.steps; step++) {
-        rc = train_step(&r, step);
-        if (rc < 0) goto runfail;
-        if (rc > 0) goto done;
+    for (int64_t step = r.ck.state.step + 1; step <= r.steps && next == STEP_GO_ON; step++)
+        next = train_step(&r, step);
+    if (next == STEP_GO_ON) {
+        train_summary_print(&r);
+        next = train_finish(&r);
     }
-    train_summary_print(&r);
-    rc = train_finish(&r);
-    if (rc >= 0) goto done;
+    rc = r.status;
+    *stop_signal = r.stop_signal;
+    if (next == STEP_END) goto done;
 runfail:
-    rc = EXIT_RUN_FAILED;
+    rc = CT_ERR_INTERNAL;
+    *stop_signal = 0;
     fprintf(stderr, "ctitan: training failed: %s\n", ct_last_error());
     if (s->capi) { /* the other ranks would wait forever in their next collective */
         fflush(stderr);
-        launch_record_status(EXIT_RUN_FAILED);
-        s->capi->abort(s->comm, EXIT_RUN_FAILED);
+        /* the job ends here, not through main.c: 1 is the exit status main.c gives a failure while running */
+        launch_record_status(1);
+        s->capi->abort(s->comm, 1);
     }
 done:
     stop_signals_catch(0);
     if (r.lg.f && log_close(&r.lg) && !rc) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
-        rc = EXIT_RUN_FAILED;
+        rc = CT_ERR_IO;
+        *stop_signal = 0;
     }
     free(r.inputs);
     free(r.targets);
@@ -663,7 +686,7 @@ static void train_help_print(void) {
 }
 
 /* checkpoint.create_seed_checkpoint: writes step-0 into the folder, under its lock like any run. */
-static int seed_checkpoint_write(session *s, manifest *mf) {
+static ct_status seed_checkpoint_write(session *s, manifest *mf) {
     const char *dump;
     char id[64], lerr[4600], where[600];
     mf_get_str(mf, "job.dump_folder", &dump);
@@ -680,8 +703,8 @@ static int seed_checkpoint_write(session *s, manifest *mf) {
             bad = 1;
         }
     }
-    if (world_max(s, bad, &bad)) return EXIT_RUN_FAILED;
-    return bad ? EXIT_BAD_INPUT : ckpt_seed(s, mf, dump) ? EXIT_RUN_FAILED : 0;
+    if (world_max(s, bad, &bad)) return CT_ERR_INTERNAL;
+    return bad ? CT_ERR_INVALID : ckpt_seed(s, mf, dump) ? CT_ERR_IO : CT_OK;
 }
 
 /* profiling.enable_profiling: the Chrome trace, one per rank. A failure is a warning. */
@@ -715,14 +738,15 @@ static void sample_print(session *s, manifest *mf, ct_tokenizer *tok, int64_t ma
                         "and was saved\n");
 }
 
-int cmd_train(int argc, char **argv) {
+ct_status cmd_train(int argc, char **argv, int *stop_signal) {
     run_args a;
-    int st;
+    ct_status st;
+    *stop_signal = 0;
     manifest *mf = session_parse(argc, argv, &a, train_usage, &st);
     if (a.help) {
         train_help_print();
         manifest_free(mf);
-        return 0;
+        return CT_OK;
     }
     if (!mf) return st;
     session s;
@@ -754,9 +778,9 @@ int cmd_train(int argc, char **argv) {
         goto out;
     }
     if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
-    st = train_loop(&s, mf);
-    if (!st && prof) traces_write(&s, mf);
-    if (!st && max_new > 0) sample_print(&s, mf, tok, max_new);
+    st = train_loop(&s, mf, stop_signal);
+    if (!st && !*stop_signal && prof) traces_write(&s, mf); /* after a stop: skipped, as it said */
+    if (!st && !*stop_signal && max_new > 0) sample_print(&s, mf, tok, max_new);
 out:
     tokenizer_free(tok);
     runlock_release();
@@ -771,14 +795,14 @@ static const char *generate_usage =
     "  or any checkpoint (a step-N folder, or a checkpoint folder: its newest step), whatever its layout.\n"
     "  generate.max_new_tokens (default here 64), temperature, top_k, top_p and seed apply.\n";
 
-int cmd_generate(int argc, char **argv) {
+ct_status cmd_generate(int argc, char **argv) {
     run_args a;
-    int st;
+    ct_status st;
     manifest *mf = session_parse(argc, argv, &a, generate_usage, &st);
     if (a.help) {
         fputs(generate_usage, stdout);
         manifest_free(mf);
-        return 0;
+        return CT_OK;
     }
     if (!mf) return st;
     session s;
@@ -794,7 +818,7 @@ int cmd_generate(int argc, char **argv) {
     int is_dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
     if (is_dir ? ckpt_load_model_from(&s, path, err, sizeof err) : session_load_model(&s, path, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
-        st = EXIT_BAD_INPUT;
+        st = CT_ERR_INVALID;
         goto out;
     }
     int64_t max_new, top_k, seed, T;
@@ -816,12 +840,12 @@ out:
     return st;
 }
 
-int cmd_plugins(int argc, char **argv) {
+ct_status cmd_plugins(int argc, char **argv) {
     if (argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
         printf("usage: ctitan plugins [FOLDER]\n  Lists the plugins found on the search path (FOLDER, "
                "$CTITAN_PLUGIN_PATH, the build's plugins/) with kind, name and ABI version.\n");
-        return 0;
+        return CT_OK;
     }
     int n = plugin_list(stdout, argc > 0 ? argv[0] : NULL);
-    return n > 0 ? 0 : EXIT_RUN_FAILED;
+    return n > 0 ? CT_OK : CT_ERR_IO;
 }

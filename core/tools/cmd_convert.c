@@ -45,9 +45,9 @@ static const char usage[] =
     "                      biases, other activations or model types, head_dim != hidden_size / heads.\n"
     "  --help              this text\n";
 
-static int usage_error(const char *msg, const char *arg) {
+static ct_status usage_error(const char *msg, const char *arg) {
     fprintf(stderr, "ctitan convert: %s%s%s (see ctitan convert --help)\n", msg, arg ? " " : "", arg ? arg : "");
-    return 2;
+    return CT_ERR_INVALID;
 }
 
 static int parse_pos_int(const char *s, int64_t *out) {
@@ -123,13 +123,13 @@ typedef struct args {
     double rope_theta, norm_eps;          /* 0: not given */
 } args;
 
-static int to_hf(const args *a) {
+static ct_status to_hf(const args *a) {
     char err[ERRLEN];
     tf_file *f = tf_read(a->input, err, sizeof err);
     if (!f || tf_check_finite(f, a->input, err, sizeof err)) {
         fprintf(stderr, "ctitan convert: %s\n", err);
         tf_free(f);
-        return 2;
+        return CT_ERR_INVALID;
     }
     if (f->version < 2)
         printf("convert: note: %s: format version %d has no checksums: its data cannot be verified\n", a->input,
@@ -141,7 +141,7 @@ static int to_hf(const args *a) {
     cfg.rope_theta = a->rope_theta ? a->rope_theta : ctt_scalar(f, "config.rope_theta", &v) ? v : HF_DEFAULT_ROPE_THETA;
     cfg.norm_eps = a->norm_eps ? a->norm_eps : ctt_scalar(f, "config.norm_eps", &v) ? v : HF_DEFAULT_NORM_EPS;
     cfg.max_position_embeddings = a->max_pos ? a->max_pos : HF_DEFAULT_MAX_POSITIONS;
-    int rc = 2;
+    ct_status rc = CT_ERR_INVALID; /* until the input is known good */
     if (!cfg.n_heads) {
         fprintf(stderr, "ctitan convert: %s has no config.n_heads; give --n-heads (the shapes cannot tell it)\n",
                 a->input);
@@ -151,7 +151,7 @@ static int to_hf(const args *a) {
         fprintf(stderr, "ctitan convert: %s: %s\n", a->input, err);
         goto done;
     }
-    rc = 1;
+    rc = CT_ERR_IO;
     if (hf_save(a->output, &cfg, f, a->dtype, err, sizeof err)) {
         fprintf(stderr, "ctitan convert: %s\n", err);
         goto done;
@@ -159,20 +159,20 @@ static int to_hf(const args *a) {
     printf("convert: %s -> %s/config.json, %s/model.safetensors (%lld tensors, %s)\n", a->input, a->output,
            a->output, (long long)(3 + 9 * cfg.n_layers), a->dtype == HF_BFLOAT16 ? "bfloat16" : "float32");
     print_model_line(&cfg);
-    rc = 0;
+    rc = CT_OK;
 done:
     tf_free(f);
     return rc;
 }
 
-static int from_hf(const args *a) {
+static ct_status from_hf(const args *a) {
     char err[ERRLEN];
     hf_config cfg;
     tf_file *f;
     if (hf_load(a->input, &cfg, &f, err, sizeof err) || tf_check_finite(f, a->input, err, sizeof err)) {
         fprintf(stderr, "ctitan convert: %s\n", err);
         tf_free(f);
-        return 2;
+        return CT_ERR_INVALID;
     }
     tf_writer *w = tf_writer_open(a->output, err, sizeof err);
     for (int i = 0; w && i < f->count; i++) {
@@ -182,20 +182,20 @@ static int from_hf(const args *a) {
     if (!w || tf_writer_close(w, err, sizeof err)) {
         fprintf(stderr, "ctitan convert: %s\n", err);
         tf_free(f);
-        return 1;
+        return CT_ERR_IO;
     }
     printf("convert: %s -> %s (%d tensors, float32%s)\n", a->input, a->output, f->count,
            cfg.tied ? "; output.weight copied from the tied embeddings" : "");
     print_model_line(&cfg);
     tf_free(f);
-    return 0;
+    return CT_OK;
 }
 
-int cmd_convert(int argc, char **argv) {
+ct_status cmd_convert(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(usage, stdout);
-            return 0;
+            return CT_OK;
         }
     args a = {0};
     const char *to = NULL, *from = NULL, *dtype = NULL;

@@ -34,9 +34,9 @@ static const char usage[] =
     "  --costs F,B,I,W     time units per action (default 1,2,1,1)\n"
     "  --help              this text\n";
 
-static int usage_error(const char *msg, const char *arg) {
+static ct_status usage_error(const char *msg, const char *arg) {
     fprintf(stderr, "ctitan schedule: %s%s%s (see ctitan schedule --help)\n", msg, arg ? " " : "", arg ? arg : "");
-    return 2;
+    return CT_ERR_INVALID;
 }
 
 static int parse_pos_int(const char *s, int *out) {
@@ -67,14 +67,18 @@ typedef struct sched_args {
     const char *name, *csv, *svg, *write_csv;
     int pp, stages, microbatches;
     schedule_costs costs;
+    int help; /* --help was asked for */
 } sched_args;
 
-/* 0, 1 for --help, or 2 after printing a usage error. */
-static int parse_args(int argc, char **argv, sched_args *a) {
+/* CT_OK (a->help for --help), or CT_ERR_INVALID after printing a usage error. */
+static ct_status parse_args(int argc, char **argv, sched_args *a) {
     *a = (sched_args){.costs = SCHEDULE_COSTS_DEFAULT};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            a->help = 1;
+            return CT_OK;
+        }
         if (ct_cli_opt(argc, argv, &i, "--name", &v)) {
             if (!v || !*v) return usage_error("--name needs a schedule name or a plugin path", NULL);
             a->name = v;
@@ -105,53 +109,54 @@ static int parse_args(int argc, char **argv, sched_args *a) {
     if (!a->name) return usage_error("--name is required (e.g. --name 1F1B)", NULL);
     if (!a->microbatches) return usage_error("--microbatches is required", NULL);
     if (!a->pp && !a->stages) return usage_error("give --pp (ranks) or --stages (stages in all), or both", NULL);
-    return 0;
+    return CT_OK;
 }
 
 /* Fills pp and stages from whichever was given, with the schedule's fewest stages per rank. */
-static int resolve_shape(sched_args *a, const ct_schedule_api *api, const char *name) {
+static ct_status resolve_shape(sched_args *a, const ct_schedule_api *api, const char *name) {
     int min = api->min_stages_per_rank;
     if (!a->stages) a->stages = a->pp * min;
     if (!a->pp) {
         if (a->stages % min) {
             fprintf(stderr, "ctitan schedule: %s runs %d stages per rank; %d stages do not split evenly (give --pp)\n",
                     name, min, a->stages);
-            return 2;
+            return CT_ERR_INVALID;
         }
         a->pp = a->stages / min;
     }
     if (a->stages % a->pp) {
         fprintf(stderr, "ctitan schedule: %d stages do not split evenly over %d ranks\n", a->stages, a->pp);
-        return 2;
+        return CT_ERR_INVALID;
     }
-    return 0;
+    return CT_OK;
 }
 
-int cmd_schedule(int argc, char **argv) {
+ct_status cmd_schedule(int argc, char **argv) {
     sched_args a;
-    int rc = parse_args(argc, argv, &a);
-    if (rc == 1) {
+    ct_status rc = parse_args(argc, argv, &a);
+    if (!rc && a.help) {
         fputs(usage, stdout);
-        return 0;
+        return CT_OK;
     }
     if (rc) return rc;
     char err[ERRLEN];
     plugin *p = schedule_load(a.name, NULL, err, sizeof err);
     if (!p) {
         fprintf(stderr, "ctitan schedule: %s\n", err);
-        return 2;
+        return CT_ERR_INVALID;
     }
     sched_plan plan = {0};
     if ((rc = resolve_shape(&a, schedule_api(p), p->info.name))) goto out;
     if (schedule_actions(p, a.pp, a.stages / a.pp, a.microbatches, a.csv, &plan, err, sizeof err)) {
         fprintf(stderr, "ctitan schedule: %s\n", err);
-        rc = 2;
+        rc = CT_ERR_INVALID;
         goto out;
     }
-    rc = schedule_check(&plan, &a.costs, err, sizeof err);
-    if (rc) {
+    int bad = schedule_check(&plan, &a.costs, err, sizeof err);
+    if (bad) {
         fprintf(stderr, "ctitan schedule: %s: %s\n", plan.name, err);
-        rc = rc < 0 ? 2 : 1;
+        /* < 0: lists the checker cannot read (bad input); > 0: the schedule itself is wrong (exit 1) */
+        rc = bad < 0 ? CT_ERR_INVALID : CT_ERR_INTERNAL;
         goto out;
     }
     printf("%s: pp %d, %d stage%s (%d per rank), %d microbatch%s; F=%d B=%d I=%d W=%d time units\n", plan.name,
@@ -163,7 +168,7 @@ int cmd_schedule(int argc, char **argv) {
     if ((a.svg && schedule_svg(&plan, a.svg, err, sizeof err)) ||
         (a.write_csv && schedule_write_csv(&plan, a.write_csv, err, sizeof err))) {
         fprintf(stderr, "ctitan schedule: %s\n", err);
-        rc = 2;
+        rc = CT_ERR_INVALID;
     }
 out:
     schedule_plan_free(&plan);

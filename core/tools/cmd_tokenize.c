@@ -45,10 +45,10 @@ static const char tokenizer_usage[] =
     "  --input FILE, --format, --split-on   as for `ctitan tokenize` (see ctitan tokenize --help)\n"
     "  --help   this text\n";
 
-static int usage_error(const char *cmd, const char *msg, const char *arg) {
+static ct_status usage_error(const char *cmd, const char *msg, const char *arg) {
     fprintf(stderr, "ctitan %s: %s%s%s (see ctitan %s --help)\n", cmd, msg, arg ? " " : "",
             arg ? arg : "", cmd);
-    return 2;
+    return CT_ERR_INVALID;
 }
 
 /* ---- documents ----------------------------------------------------------------------------------- */
@@ -200,7 +200,7 @@ static int read_documents(doc_source *src, const char *path, doc_fn fn, void *ct
 }
 
 /* Options shared by `tokenize` and `tokenizer train`. Returns 1 if argv[*i] was one of them, 0 if
- * not, 2 after printing a usage error. */
+ * not, -1 after printing a usage error. */
 typedef struct input_opts {
     const char **inputs;
     int ninputs;
@@ -210,17 +210,25 @@ typedef struct input_opts {
 static int input_opt(const char *cmd, int argc, char **argv, int *i, input_opts *o) {
     const char *v;
     if (ct_cli_opt(argc, argv, i, "--input", &v)) {
-        if (!v) return usage_error(cmd, "--input needs a file", NULL);
+        if (!v) {
+            usage_error(cmd, "--input needs a file", NULL);
+            return -1;
+        }
         o->inputs[o->ninputs++] = v;
         return 1;
     }
     if (ct_cli_opt(argc, argv, i, "--format", &v)) {
-        if (!v || parse_format(v, &o->src.format))
-            return usage_error(cmd, "--format must be text or jsonl, got", v ? v : "nothing");
+        if (!v || parse_format(v, &o->src.format)) {
+            usage_error(cmd, "--format must be text or jsonl, got", v ? v : "nothing");
+            return -1;
+        }
         return 1;
     }
     if (ct_cli_opt(argc, argv, i, "--split-on", &v)) {
-        if (!v) return usage_error(cmd, "--split-on needs a line", NULL);
+        if (!v) {
+            usage_error(cmd, "--split-on needs a line", NULL);
+            return -1;
+        }
         o->src.split_on = v;
         return 1;
     }
@@ -254,26 +262,26 @@ static int tokenize_doc(void *ctx, const char *text, size_t len, char *err, size
     return rc ? -1 : 0;
 }
 
-int cmd_tokenize(int argc, char **argv) {
+ct_status cmd_tokenize(int argc, char **argv) {
     static const char cmd[] = "tokenize";
     if (wants_help(argc, argv)) {
         fputs(tokenize_usage, stdout);
-        return 0;
+        return CT_OK;
     }
     const char *tok_path = NULL, *out_path = NULL;
     input_opts in = {.inputs = calloc((size_t)argc + 1, sizeof(char *))};
     tokenize_ctx c = {0};
     ct_tokenizer *tok = NULL;
     char err[ERRLEN] = "";
-    int rc = 2;
+    ct_status rc = CT_ERR_INVALID; /* until the command line is read */
     if (!in.inputs) {
         fprintf(stderr, "ctitan tokenize: out of memory\n");
-        return 1;
+        return CT_ERR_NOMEM;
     }
     for (int i = 1; i < argc; i++) {
         const char *v;
         int r = input_opt(cmd, argc, argv, &i, &in);
-        if (r == 2) goto done;
+        if (r < 0) goto done;
         if (r == 1) continue;
         if (ct_cli_opt(argc, argv, &i, "--tokenizer", &v)) {
             if (!(tok_path = v)) { usage_error(cmd, "--tokenizer needs a file", NULL); goto done; }
@@ -294,7 +302,7 @@ int cmd_tokenize(int argc, char **argv) {
         goto done;
     }
 
-    rc = 1;
+    rc = CT_ERR_IO;
     double t0 = ct_now();
     tok = tokenizer_load(tok_path, err, sizeof err);
     if (!tok) goto fail;
@@ -316,7 +324,7 @@ int cmd_tokenize(int argc, char **argv) {
     printf("tokenize: %llu documents, %llu tokens from %.2f MB of text in %.2f s (%.2f MB/s) -> %s\n",
            (unsigned long long)in.src.documents, (unsigned long long)ntok, (double)in.src.bytes / 1e6,
            dt, dt > 0 ? (double)in.src.bytes / 1e6 / dt : 0.0, out_path);
-    rc = 0;
+    rc = CT_OK;
     goto cleanup;
 fail:
     fprintf(stderr, "ctitan tokenize: %s\n", err);
@@ -343,22 +351,22 @@ static int parse_int(const char *s, long lo, long hi, long *out) {
     return 0;
 }
 
-static int tokenizer_train(int argc, char **argv) {
+static ct_status tokenizer_train(int argc, char **argv) {
     static const char cmd[] = "tokenizer train";
     const char *out_path = NULL;
     long vocab = 0;
     input_opts in = {.inputs = calloc((size_t)argc + 1, sizeof(char *))};
     ct_bpe_trainer *tr = NULL;
     char err[ERRLEN] = "";
-    int rc = 2;
+    ct_status rc = CT_ERR_INVALID; /* until the command line is read */
     if (!in.inputs) {
         fprintf(stderr, "ctitan tokenizer: out of memory\n");
-        return 1;
+        return CT_ERR_NOMEM;
     }
     for (int i = 2; i < argc; i++) {
         const char *v;
         int r = input_opt(cmd, argc, argv, &i, &in);
-        if (r == 2) goto done;
+        if (r < 0) goto done;
         if (r == 1) continue;
         if (ct_cli_opt(argc, argv, &i, "--output", &v)) {
             if (!(out_path = v)) { usage_error(cmd, "--output needs a file", NULL); goto done; }
@@ -382,7 +390,7 @@ static int tokenizer_train(int argc, char **argv) {
         goto done;
     }
 
-    rc = 1;
+    rc = CT_ERR_IO;
     double t0 = ct_now();
     tr = bpe_trainer_create(err, sizeof err);
     if (!tr) goto fail;
@@ -403,7 +411,7 @@ static int tokenizer_train(int argc, char **argv) {
         fprintf(stderr, "ctitan tokenizer train: warning: the text ran out of pairs to merge; the "
                 "vocabulary has %d tokens, not the %ld asked for\n", st.n_base + TOKENIZER_N_SPECIAL,
                 vocab);
-    rc = 0;
+    rc = CT_OK;
     goto cleanup;
 fail:
     fprintf(stderr, "ctitan tokenizer train: %s\n", err);
@@ -414,7 +422,7 @@ done:
     return rc;
 }
 
-static int tokenizer_encode_cmd(int argc, char **argv) {
+static ct_status tokenizer_encode_cmd(int argc, char **argv) {
     static const char cmd[] = "tokenizer encode";
     const char *tok_path = NULL, *text = NULL;
     int allow_special = 0;
@@ -439,23 +447,23 @@ static int tokenizer_encode_cmd(int argc, char **argv) {
     if (!tok || tokenizer_encode(tok, text, strlen(text), allow_special, &ids, &n, err, sizeof err)) {
         fprintf(stderr, "ctitan %s: %s\n", cmd, err);
         tokenizer_free(tok);
-        return 1;
+        return CT_ERR_IO;
     }
     for (size_t i = 0; i < n; i++) printf("%s%ld", i ? " " : "", (long)ids[i]);
     printf("\n");
     free(ids);
     tokenizer_free(tok);
-    return 0;
+    return CT_OK;
 }
 
-static int tokenizer_decode_cmd(int argc, char **argv) {
+static ct_status tokenizer_decode_cmd(int argc, char **argv) {
     static const char cmd[] = "tokenizer decode";
     const char *tok_path = NULL;
     int32_t *ids = malloc(((size_t)argc + 1) * sizeof *ids);
     size_t n = 0;
     if (!ids) {
         fprintf(stderr, "ctitan %s: out of memory\n", cmd);
-        return 1;
+        return CT_ERR_NOMEM;
     }
     for (int i = 2; i < argc; i++) {
         const char *v;
@@ -474,10 +482,10 @@ static int tokenizer_decode_cmd(int argc, char **argv) {
     ct_tokenizer *tok = tokenizer_load(tok_path, err, sizeof err);
     size_t len = 0;
     char *bytes = tok ? tokenizer_decode(tok, ids, n, &len, err, sizeof err) : NULL;
-    int rc = 0;
+    ct_status rc = CT_OK;
     if (!bytes) {
         fprintf(stderr, "ctitan %s: %s\n", cmd, err);
-        rc = 1;
+        rc = CT_ERR_IO;
     } else {
         fwrite(bytes, 1, len, stdout);
         printf("\n");
@@ -488,12 +496,12 @@ static int tokenizer_decode_cmd(int argc, char **argv) {
     return rc;
 }
 
-int cmd_tokenizer(int argc, char **argv) {
+ct_status cmd_tokenizer(int argc, char **argv) {
     const char *sub = argc > 1 ? argv[1] : NULL;
     if (!sub) return usage_error("tokenizer", "missing subcommand (train, encode or decode)", NULL);
     if (wants_help(argc, argv)) {
         fputs(tokenizer_usage, stdout);
-        return 0;
+        return CT_OK;
     }
     if (strcmp(sub, "train") == 0) return tokenizer_train(argc, argv);
     if (strcmp(sub, "encode") == 0) return tokenizer_encode_cmd(argc, argv);

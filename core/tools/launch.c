@@ -24,7 +24,7 @@
  * enough to hit their collective timeout and say which collective failed. mpirun's exit status
  * then no longer tells which rank failed (it is 0 when ranks exit non-zero on their own), so each
  * rank records its exit status in $CTITAN_STATUS_DIR and launch derives the job's status: the
- * first non-zero status of a rank, or 1 for a rank that left no status (it was killed). */
+ * first non-zero status of a rank; a rank that left no status (it was killed) fails the launch. */
 void launch_record_status(int status) {
     const char *dir = getenv("CTITAN_STATUS_DIR"), *rank = getenv("OMPI_COMM_WORLD_RANK");
     if (!dir || !rank) return;
@@ -51,7 +51,7 @@ static void *launcher_watchdog(void *arg) {
         if (kill(g_launcher, 0) && errno == ESRCH) {
             fprintf(stderr, "ctitan: the launcher (pid %ld) is gone; this rank ends too\n", (long)g_launcher);
             fflush(stderr);
-            _exit(EXIT_RUN_FAILED);
+            _exit(1); /* the rank ends here, not through main.c: 1, a failure while running */
         }
     }
     return NULL;
@@ -120,18 +120,20 @@ static int wait_job(pid_t pid, const char *dir, long n, int *wst) {
     }
 }
 
+/* The job's exit status from its ranks' records: the first non-zero one in rank order, 0 when all
+ * are 0, or -1 when the first rank that did not end with 0 left no status (it was killed). */
 static int job_status(const char *dir, long n) {
     int worst = 0;
     for (long r = 0; r < n; r++) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/rank-%ld", dir, r);
         FILE *f = fopen(path, "r");
-        int st = 1;
+        int st = -1;
         snprintf(path, sizeof path, "%s/pid-%ld", dir, r);
         unlink(path);
         snprintf(path, sizeof path, "%s/rank-%ld", dir, r);
         if (f) {
-            if (fscanf(f, "%d", &st) != 1) st = 1;
+            if (fscanf(f, "%d", &st) != 1) st = -1;
             fclose(f);
             unlink(path);
         } else {
@@ -288,21 +290,21 @@ typedef struct launch_args {
     int help; /* --help was printed */
 } launch_args;
 
-/* 0 (a->help when the usage was printed) or EXIT_BAD_INPUT after an error line. */
-static int launch_args_parse(int argc, char **argv, launch_args *a) {
+/* CT_OK (a->help when the usage was printed) or CT_ERR_INVALID after an error line. */
+static ct_status launch_args_parse(int argc, char **argv, launch_args *a) {
     memset(a, 0, sizeof *a);
     int i = 0;
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(launch_usage, stdout);
             a->help = 1;
-            return 0;
+            return CT_OK;
         } else if (!strcmp(argv[i], "-n") || !strcmp(argv[i], "-np")) {
             char *end;
             a->n = i + 1 < argc ? strtol(argv[++i], &end, 10) : 0;
             if (a->n < 1 || *end) {
                 fprintf(stderr, "ctitan: launch: -n needs a positive number of ranks\n");
-                return EXIT_BAD_INPUT;
+                return CT_ERR_INVALID;
             }
         } else if (!strcmp(argv[i], "--mpirun-arg") && i + 1 < argc && a->n_extra < 32) {
             a->extra[a->n_extra++] = argv[++i];
@@ -312,10 +314,10 @@ static int launch_args_parse(int argc, char **argv, launch_args *a) {
     }
     if (a->n < 1 || i >= argc) {
         fprintf(stderr, "ctitan: launch: expected -n N and a command (see ctitan launch --help)\n");
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     a->cmd = i;
-    return 0;
+    return CT_OK;
 }
 
 /* mpirun's argument vector (NULL-terminated; the caller frees the array): its options, then this
@@ -343,9 +345,11 @@ static const char **mpirun_argv(const launch_args *a, int argc, char **argv, con
     return av;
 }
 
-/* Runs mpirun (av, freed here) with stderr relayed and stop signals forwarded, and returns the job's
- * status: the first non-zero status of a rank (dir holds their records), else mpirun's. */
-static int mpirun_run(const char **av, const char *dir, long n, const char *self_pid) {
+/* Runs mpirun (av, freed here) with stderr relayed and stop signals forwarded. CT_OK with *job_exit
+ * the job's exit status (the first non-zero status of a rank; dir holds their records), or a status
+ * when the launch itself failed: mpirun could not run or failed with every rank at 0, or a rank
+ * left no status. */
+static ct_status mpirun_run(const char **av, const char *dir, long n, const char *self_pid, int *job_exit) {
     fflush(stdout);
     static stderr_relay relay; /* 64 KiB line buffer and the texts seen: not on the stack */
     relay_start(&relay);
@@ -356,10 +360,10 @@ static int mpirun_run(const char **av, const char *dir, long n, const char *self
          * and mpirun (which ends the ranks on SIGTERM) ends with the launcher */
         setpgid(0, 0);
         prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != (pid_t)atol(self_pid)) _exit(EXIT_RUN_FAILED); /* the launcher died already */
+        if (getppid() != (pid_t)atol(self_pid)) _exit(1); /* the launcher died already: nobody reads this */
         execvp("mpirun", (char *const *)av);
         fprintf(stderr, "ctitan: launch: cannot run mpirun (install openmpi-bin: make deps)\n");
-        _exit(127);
+        _exit(127); /* to the parent below: the shell's "command not found" */
     }
     free(av);
     relay_parent(&relay);
@@ -368,44 +372,47 @@ static int mpirun_run(const char **av, const char *dir, long n, const char *self
     relay_finish(&relay);
     if (waited) {
         fprintf(stderr, "ctitan: launch: cannot run mpirun\n");
-        return EXIT_RUN_FAILED;
+        return CT_ERR_INTERNAL;
     }
     if (WIFEXITED(wst) && WEXITSTATUS(wst) == 127) {
         rmdir(dir);
-        return EXIT_RUN_FAILED;
+        return CT_ERR_IO;
     }
     int st = job_status(dir, n);
-    if (!st && !(WIFEXITED(wst) && WEXITSTATUS(wst) == 0)) st = EXIT_RUN_FAILED;
-    return st;
+    if (st < 0) return CT_ERR_INTERNAL; /* a rank killed: said so above */
+    if (!st && !(WIFEXITED(wst) && WEXITSTATUS(wst) == 0)) return CT_ERR_INTERNAL; /* mpirun said why */
+    *job_exit = st;
+    return CT_OK;
 }
 
-int cmd_launch(int argc, char **argv) {
+ct_status cmd_launch(int argc, char **argv, int *job_exit) {
     launch_args a;
-    int st = launch_args_parse(argc, argv, &a);
+    *job_exit = 0;
+    ct_status st = launch_args_parse(argc, argv, &a);
     if (st || a.help) return st;
     char self[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len <= 0) {
         fprintf(stderr, "ctitan: launch: cannot find this executable\n");
-        return EXIT_RUN_FAILED;
+        return CT_ERR_IO;
     }
     self[len] = 0;
     char nbuf[32];
     snprintf(nbuf, sizeof nbuf, "%ld", a.n);
     const char **av = mpirun_argv(&a, argc, argv, self, nbuf);
-    if (!av) return EXIT_RUN_FAILED;
+    if (!av) return CT_ERR_NOMEM;
     if (a.n > sysconf(_SC_NPROCESSORS_ONLN)) setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     char dir[] = "/tmp/ctitan-launch-XXXXXX";
     if (!mkdtemp(dir)) {
         fprintf(stderr, "ctitan: launch: cannot create a status folder in /tmp\n");
         free(av);
-        return EXIT_RUN_FAILED;
+        return CT_ERR_IO;
     }
     setenv("CTITAN_STATUS_DIR", dir, 1);
     char self_pid[32];
     snprintf(self_pid, sizeof self_pid, "%ld", (long)getpid());
     setenv("CTITAN_LAUNCH_PID", self_pid, 1);
-    return mpirun_run(av, dir, a.n, self_pid);
+    return mpirun_run(av, dir, a.n, self_pid, job_exit);
 }
 
 /* ---- a launcher's world against the MPI world ----
@@ -418,8 +425,8 @@ static int env_int(const char *name) {
     return v && *v ? atoi(v) : 0;
 }
 
-int launch_check_world(void) {
-    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK") || getenv("PMI_SIZE")) return 0;
+ct_status launch_check_world(void) {
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK") || getenv("PMI_SIZE")) return CT_OK;
     int torch = env_int("WORLD_SIZE");
     /* a task of an srun step; a batch script also has SLURM_PROCID but no step, and runs one process */
     int slurm = getenv("SLURM_PROCID") && (getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID"))
@@ -430,14 +437,14 @@ int launch_check_world(void) {
                         "would train alone: ctitan's ranks are MPI processes; launch with `ctitan launch -n %d train "
                         "...` or `mpirun -n %d ctitan train ...`\n",
                 torch, getenv("RANK") ? getenv("RANK") : "?", torch, torch);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
     if (slurm > 1) {
         fprintf(stderr, "ctitan: started by srun (SLURM_STEP_NUM_TASKS=%d, SLURM_PROCID=%s) but not as an MPI job, "
                         "so each task would train alone: launch with `srun --mpi=pmix ctitan train ...` (or `mpirun "
                         "-n %d ctitan train ...` inside the allocation)\n",
                 slurm, getenv("SLURM_PROCID"), slurm);
-        return EXIT_BAD_INPUT;
+        return CT_ERR_INVALID;
     }
-    return 0;
+    return CT_OK;
 }

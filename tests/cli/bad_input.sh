@@ -87,6 +87,20 @@ expect "no manifest" "no manifest" -- train
 expect "missing manifest" "nothere.yaml" "cannot open" -- train "$T/nothere.yaml"
 expect "unknown command" "unknown command" -- frobnicate
 
+# every command's usage errors are bad input (CT_ERR_INVALID, which main.c alone maps to 2) and its
+# --help exits 0 with nothing on stderr
+expect "launch usage" "launch" "expected -n N" -- launch
+expect "launch ranks" "launch" "-n needs a positive number" -- launch -n 0 train
+expect "generate usage" "no manifest" -- generate
+expect "tokenize usage" "tokenize" "--tokenizer FILE is required" -- tokenize
+expect "tokenizer usage" "tokenizer" "missing subcommand" -- tokenizer
+expect "convert usage" "convert" "exactly one of --to hf and --from hf" -- convert
+expect "schedule usage" "schedule" "--name is required" -- schedule
+for c in train generate launch tokenize tokenizer convert schedule plugins; do
+  if "$CTITAN" $c --help >/dev/null 2>"$T/err" && [ ! -s "$T/err" ]; then echo "ok   $c --help: status 0"
+  else echo "FAIL $c --help: not status 0 with an empty stderr"; fails=$((fails+1)); fi
+done
+
 echo
 [ $fails -eq 0 ] && echo "bad_input: all cases gave one line and status 2" || echo "bad_input: $fails case(s) failed"
 exit $fails

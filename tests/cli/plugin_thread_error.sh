@@ -37,16 +37,16 @@ static ct_status fail_on_thread(const char *why) {
     return CT_ERR_INTERNAL;
 }
 static int fails_at(const char *where) { const char *e = getenv("FAIL_AT"); return e && !strcmp(e, where); }
-static ct_status create(const ct_host *h, const ct_device_api *dapi, void *dev, void **opt) {
+static ct_status create(const ct_host *h, const ct_device_api *dapi, ct_device *dev, ct_optimizer **opt) {
     (void)dapi; (void)dev;
     host = h;
-    *opt = (void *)h;
+    *opt = (ct_optimizer *)(void *)h; /* any non-NULL handle: this optimizer keeps no state */
     if (fails_at("create")) return fail_on_thread("cannot open the state file");
     return CT_OK;
 }
-static void destroy(void *opt) { (void)opt; }
-static int state_count(void *opt) { (void)opt; return 0; }
-static ct_status step(void *opt, ct_tensor *p, float *const *state, int64_t n, float lr, int64_t s) {
+static void destroy(ct_optimizer *opt) { (void)opt; }
+static int state_count(ct_optimizer *opt) { (void)opt; return 0; }
+static ct_status step(ct_optimizer *opt, ct_tensor *p, float *const *state, int64_t n, float lr, int64_t s) {
     (void)opt; (void)p; (void)state; (void)n; (void)lr; (void)s;
     if (fails_at("step")) return fail_on_thread("the device stream lost its queue");
     return CT_OK;

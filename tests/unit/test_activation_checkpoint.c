@@ -92,7 +92,7 @@ static void test_selective_bad_option_is_rejected_clearly(void **state) {
     session s;
     char yaml[1024];
     snprintf(yaml, sizeof yaml, yaml_fmt, "selective", "ops");
-    assert_int_equal(fixture_open(&s, yaml), EXIT_BAD_INPUT);
+    assert_int_equal(fixture_open(&s, yaml), CT_ERR_INVALID);
 }
 
 int main(void) {

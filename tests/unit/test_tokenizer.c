@@ -117,8 +117,8 @@ static void expect_roundtrip(const char *text, size_t len, const int32_t *ids, s
 }
 
 /* Runs a command with stdout and stderr captured (each NUL-terminated, malloc'd). */
-typedef int (*cmd_fn)(int, char **);
-static int run_cmdv(cmd_fn fn, int argc, char **argv, char **out, char **errout) {
+typedef ct_status (*cmd_fn)(int, char **);
+static ct_status run_cmdv(cmd_fn fn, int argc, char **argv, char **out, char **errout) {
     static char po[256], pe[256];
     snprintf(po, sizeof po, "%s/stdout.txt", dir);
     snprintf(pe, sizeof pe, "%s/stderr.txt", dir);
@@ -128,7 +128,7 @@ static int run_cmdv(cmd_fn fn, int argc, char **argv, char **out, char **errout)
     int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fo, 1);
     dup2(fe, 2);
-    int rc = fn(argc, argv);
+    ct_status rc = fn(argc, argv);
     fflush(stdout);
     fflush(stderr);
     dup2(so, 1);
@@ -144,7 +144,7 @@ static int run_cmdv(cmd_fn fn, int argc, char **argv, char **out, char **errout)
 }
 
 /* The same with the arguments listed, NULL-terminated. */
-static int run_cmd(cmd_fn fn, char **out, char **errout, const char *arg0, ...) {
+static ct_status run_cmd(cmd_fn fn, char **out, char **errout, const char *arg0, ...) {
     char *argv[64];
     int argc = 0;
     va_list ap;
@@ -668,7 +668,7 @@ static void test_trainer_equals_naive_trainer(void **state) {
 static void test_train_command_reproduces_committed_vocab(void **state) {
     (void)state;
     char *out, *errs, *p = path_of("vocab.tiktoken");
-    int rc = run_cmd(cmd_tokenizer, &out, &errs, "tokenizer", "train", "--input", CORPUS, "--split-on",
+    ct_status rc = run_cmd(cmd_tokenizer, &out, &errs, "tokenizer", "train", "--input", CORPUS, "--split-on",
                      "%", "--vocab-size", "1024", "--output", p, NULL);
     if (rc) fail_msg("rc %d: %s", rc, errs);
     assert_non_null(strstr(out, "512 merges"));
@@ -718,7 +718,7 @@ static void test_tokenize_text_and_jsonl(void **state) {
     const char *f1 = "doc one\n%\ndoc two <|eot_id|>\nline\n%\n%\r\n", *f2 = "%\nthird\r\n";
     write_file(in1, f1, strlen(f1));
     write_file(in2, f2, strlen(f2));
-    int rc = run_cmd(cmd_tokenize, &out, &errs, "tokenize", "--tokenizer", VOCAB, "--input", in1, "--input",
+    ct_status rc = run_cmd(cmd_tokenize, &out, &errs, "tokenize", "--tokenizer", VOCAB, "--input", in1, "--input",
                  in2, "--output", sh, "--split-on", "%", NULL);
     if (rc) fail_msg("rc %d: %s", rc, errs);
     assert_non_null(strstr(out, "3 documents"));
@@ -759,7 +759,7 @@ static void test_tokenize_text_and_jsonl(void **state) {
     free(errs);
 }
 
-static void expect_cmd_fails(cmd_fn fn, int want_rc, const char *what, const char *arg0, ...) {
+static void expect_cmd_fails(cmd_fn fn, ct_status want_rc, const char *what, const char *arg0, ...) {
     char *argv[32];
     int argc = 0;
     va_list ap;
@@ -768,7 +768,7 @@ static void expect_cmd_fails(cmd_fn fn, int want_rc, const char *what, const cha
     va_end(ap);
     argv[argc] = NULL;
     char *out, *errs;
-    int rc = run_cmdv(fn, argc, argv, &out, &errs);
+    ct_status rc = run_cmdv(fn, argc, argv, &out, &errs);
     if (rc != want_rc || count_lines(errs) != 1 || !strstr(errs, what))
         fail_msg("rc %d (want %d), stderr '%s' (want one line saying '%s')", rc, want_rc, errs, what);
     free(out);
@@ -779,16 +779,16 @@ static void test_command_errors(void **state) {
     (void)state;
     char *sh = path_of("never.bin"), *jl = path_of("bad.jsonl"), *txt = path_of("t.txt");
     write_file(txt, "hi\n", 3);
-    expect_cmd_fails(cmd_tokenize, 2, "--tokenizer FILE is required", "tokenize", NULL);
-    expect_cmd_fails(cmd_tokenize, 2, "unknown argument --bogus", "tokenize", "--bogus", NULL);
-    expect_cmd_fails(cmd_tokenize, 2, "--format must be text or jsonl, got xml", "tokenize", "--format", "xml", NULL);
-    expect_cmd_fails(cmd_tokenize, 2, "--output needs a file", "tokenize", "--tokenizer", VOCAB, "--input", txt, "--output", NULL);
-    expect_cmd_fails(cmd_tokenize, 2, "--output SHARD is required", "tokenize", "--tokenizer", VOCAB, "--input", txt, NULL);
-    expect_cmd_fails(cmd_tokenize, 2, "--split-on applies to --format text only", "tokenize", "--tokenizer", VOCAB,
+    expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--tokenizer FILE is required", "tokenize", NULL);
+    expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "unknown argument --bogus", "tokenize", "--bogus", NULL);
+    expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--format must be text or jsonl, got xml", "tokenize", "--format", "xml", NULL);
+    expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--output needs a file", "tokenize", "--tokenizer", VOCAB, "--input", txt, "--output", NULL);
+    expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--output SHARD is required", "tokenize", "--tokenizer", VOCAB, "--input", txt, NULL);
+    expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--split-on applies to --format text only", "tokenize", "--tokenizer", VOCAB,
                      "--input", txt, "--output", sh, "--format", "jsonl", "--split-on", "%", NULL);
-    expect_cmd_fails(cmd_tokenize, 1, "cannot open", "tokenize", "--tokenizer", "no-such.tiktoken", "--input", txt,
+    expect_cmd_fails(cmd_tokenize, CT_ERR_IO, "cannot open", "tokenize", "--tokenizer", "no-such.tiktoken", "--input", txt,
                      "--output", sh, NULL);
-    expect_cmd_fails(cmd_tokenize, 1, "no documents", "tokenize", "--tokenizer", VOCAB, "--input", "/dev/null",
+    expect_cmd_fails(cmd_tokenize, CT_ERR_IO, "no documents", "tokenize", "--tokenizer", VOCAB, "--input", "/dev/null",
                      "--output", sh, NULL);
     const char *bad[][2] = {
         {"{\"text\": \"ok\"}\n{\"text\": 5}\n", ":2: \"text\" is not a string"},
@@ -801,7 +801,7 @@ static void test_command_errors(void **state) {
         write_file(jl, bad[k][0], strlen(bad[k][0]));
         char want[400];
         snprintf(want, sizeof want, "%s%s", jl, bad[k][1]);
-        expect_cmd_fails(cmd_tokenize, 1, want, "tokenize", "--tokenizer", VOCAB, "--input", jl, "--output", sh,
+        expect_cmd_fails(cmd_tokenize, CT_ERR_IO, want, "tokenize", "--tokenizer", VOCAB, "--input", jl, "--output", sh,
                          "--format", "jsonl", NULL);
     }
     char tmp[300];
@@ -809,28 +809,28 @@ static void test_command_errors(void **state) {
     assert_false(exists(sh));   /* failures leave neither the shard nor its temporary */
     assert_false(exists(tmp));
 
-    expect_cmd_fails(cmd_tokenizer, 2, "missing subcommand", "tokenizer", NULL);
-    expect_cmd_fails(cmd_tokenizer, 2, "unknown subcommand", "tokenizer", "frobnicate", NULL);
-    expect_cmd_fails(cmd_tokenizer, 2, "--vocab-size must be an integer in 512..", "tokenizer", "train", "--input",
+    expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "missing subcommand", "tokenizer", NULL);
+    expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "unknown subcommand", "tokenizer", "frobnicate", NULL);
+    expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "--vocab-size must be an integer in 512..", "tokenizer", "train", "--input",
                      txt, "--vocab-size", "100", "--output", sh, NULL);
-    expect_cmd_fails(cmd_tokenizer, 2, "--vocab-size must be", "tokenizer", "train", "--vocab-size", "12x", NULL);
-    expect_cmd_fails(cmd_tokenizer, 2, "--output FILE is required", "tokenizer", "train", "--input", txt,
+    expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "--vocab-size must be", "tokenizer", "train", "--vocab-size", "12x", NULL);
+    expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "--output FILE is required", "tokenizer", "train", "--input", txt,
                      "--vocab-size", "600", NULL);
-    expect_cmd_fails(cmd_tokenizer, 1, "cannot open", "tokenizer", "train", "--input", "no-such-file",
+    expect_cmd_fails(cmd_tokenizer, CT_ERR_IO, "cannot open", "tokenizer", "train", "--input", "no-such-file",
                      "--vocab-size", "600", "--output", sh, NULL);
-    expect_cmd_fails(cmd_tokenizer, 2, "--text STR is required", "tokenizer", "encode", "--tokenizer", VOCAB, NULL);
-    expect_cmd_fails(cmd_tokenizer, 2, "expected a token id", "tokenizer", "decode", "--tokenizer", VOCAB, "1", "x", NULL);
-    expect_cmd_fails(cmd_tokenizer, 2, "expected a token id", "tokenizer", "decode", "--tokenizer", VOCAB, "-1", NULL);
-    expect_cmd_fails(cmd_tokenizer, 1, "token id 5000", "tokenizer", "decode", "--tokenizer", VOCAB, "5000", NULL);
+    expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "--text STR is required", "tokenizer", "encode", "--tokenizer", VOCAB, NULL);
+    expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "expected a token id", "tokenizer", "decode", "--tokenizer", VOCAB, "1", "x", NULL);
+    expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "expected a token id", "tokenizer", "decode", "--tokenizer", VOCAB, "-1", NULL);
+    expect_cmd_fails(cmd_tokenizer, CT_ERR_IO, "token id 5000", "tokenizer", "decode", "--tokenizer", VOCAB, "5000", NULL);
     assert_false(exists(sh));
 
     char *out, *errs;
-    assert_int_equal(run_cmd(cmd_tokenize, &out, &errs, "tokenize", "--help", NULL), 0);
+    assert_int_equal(run_cmd(cmd_tokenize, &out, &errs, "tokenize", "--help", NULL), CT_OK);
     assert_non_null(strstr(out, "usage: ctitan tokenize"));
     assert_non_null(strstr(out, "--split-on"));
     free(out);
     free(errs);
-    assert_int_equal(run_cmd(cmd_tokenizer, &out, &errs, "tokenizer", "train", "--help", NULL), 0);
+    assert_int_equal(run_cmd(cmd_tokenizer, &out, &errs, "tokenizer", "train", "--help", NULL), CT_OK);
     assert_non_null(strstr(out, "tokenizer train"));
     assert_non_null(strstr(out, "--vocab-size"));
     free(out);
@@ -846,7 +846,7 @@ static void test_encode_and_decode_commands(void **state) {
         size_t n = encode(text, strlen(text), allow, &ids), o = 0;
         for (size_t i = 0; i < n; i++) o += (size_t)sprintf(want + o, "%s%d", i ? " " : "", ids[i]);
         strcpy(want + o, "\n");
-        int rc = allow ? run_cmd(cmd_tokenizer, &out, &errs, "tokenizer", "encode", "--tokenizer", VOCAB, "--text",
+        ct_status rc = allow ? run_cmd(cmd_tokenizer, &out, &errs, "tokenizer", "encode", "--tokenizer", VOCAB, "--text",
                                  text, "--allow-special", NULL)
                        : run_cmd(cmd_tokenizer, &out, &errs, "tokenizer", "encode", "--tokenizer", VOCAB, "--text",
                                  text, NULL);
