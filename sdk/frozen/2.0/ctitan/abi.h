@@ -27,7 +27,9 @@
  * reads (CT_HAS_FIELD(base, type, field)); an array whose stride does not is refused, never read.
  *
  * Errors are values: calls return ct_status and put the detail in a message through
- * host->set_error(). No plugin calls exit() or abort().
+ * host->set_error(). No plugin calls exit() or abort(). The host keeps ct_status end to end and
+ * only its main() turns it into an exit status: 2 for bad input (CT_ERR_INVALID; a plugin whose
+ * create refuses its options counts as that), 1 for a failure while running, 0 for CT_OK.
  */
 #ifndef CTITAN_ABI_H
 #define CTITAN_ABI_H
