@@ -117,15 +117,17 @@ wait $pid; rc=$?
   { tail -3 "$T/int.log"; fail "SIGINT: status $rc"; }
 echo "ok   SIGINT with checkpoints off: status 130, $(tail -1 "$T/int.log")"
 
-# a second signal (another one: two SIGTERMs could merge while pending) ends the run at once
+# a second signal (another one: two SIGTERMs could merge while pending) ends the run at once, with the
+# status of whichever the process handled second: when both are pending together the kernel delivers
+# the lower-numbered SIGINT first, so 143 (SIGTERM second) is as right as 130
 "$CTITAN" train "${base[@]}" "${one[@]}" --training.steps=100000 --job.dump_folder="$T/twice" >"$T/twice.log" 2>&1 &
 pid=$!
 wait_step "$T/twice.log" 3
 kill -TERM $pid; kill -INT $pid
 wait $pid; rc=$?
-[ $rc -eq 130 ] && grep -q '^ctitan: a second stop signal: exiting now, nothing saved$' "$T/twice.log" &&
+{ [ $rc -eq 130 ] || [ $rc -eq 143 ]; } && grep -q '^ctitan: a second stop signal: exiting now, nothing saved$' "$T/twice.log" &&
   ! grep -q "stopped by" "$T/twice.log" || { tail -3 "$T/twice.log"; fail "a second signal: status $rc"; }
-echo "ok   a second signal exits at once (status 130, nothing saved)"
+echo "ok   a second signal exits at once (status $rc, nothing saved)"
 
 # 3. Killing the launcher with SIGKILL: mpirun and the ranks end too
 "$CTITAN" launch -n 2 train "${base[@]}" "${fsdp2[@]}" --training.steps=100000 --job.dump_folder="$T/orphan" >"$T/orphan.log" 2>&1 &
