@@ -104,27 +104,11 @@ static ct_status split_units(pipeline *pl, const manifest *mf, const ct_model_de
     return CT_OK;
 }
 
-ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
-                  const char *(*unit_name)(ct_model *, int), ct_model *model) {
-    char err[2048];
-    memset(pl, 0, sizeof *pl);
-    pl->pp = mesh->degree[CT_AXIS_PP];
-    pl->rank = mesh->coord[CT_AXIS_PP];
-    const char *name = "1F1B", *csv = NULL;
-    mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &name);
-    if (mf_get_str(mf, "parallelism.pipeline_parallel_schedule_csv", &csv) || !csv[0]) csv = NULL;
-    char csv_path[4096];
-    if (csv) {
-        session_resolve_path(mf, csv, csv_path, sizeof csv_path);
-        csv = csv_path;
-    }
-    if (!(pl->schedp = schedule_load(name, mf, err, sizeof err)))
-        return bad_setting(mf, "parallelism.pipeline_parallel_schedule", "%s", err);
-    const ct_schedule_api *sa = schedule_api(pl->schedp);
-    int64_t L = 1, mbs = 1, lps = 0;
+/* Microbatches: training.local_batch_size in pieces of pipeline_parallel_microbatch_size. */
+static ct_status plan_microbatches(pipeline *pl, const manifest *mf) {
+    int64_t L = 1, mbs = 1;
     mf_get_int(mf, "training.local_batch_size", &L);
     mf_get_int(mf, "parallelism.pipeline_parallel_microbatch_size", &mbs);
-    mf_get_int(mf, "parallelism.pipeline_parallel_layers_per_stage", &lps);
     if (mbs < 1 || L % mbs) {
         char what[160];
         snprintf(what, sizeof what, "%lld must divide training.local_batch_size (%lld) into microbatches", (long long)mbs,
@@ -133,8 +117,17 @@ ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *d
     }
     pl->mb_size = mbs;
     pl->n_mb = (int)(L / mbs);
+    return CT_OK;
+}
+
+/* How many stages: the units list, layers per stage, or the schedule's stages per rank; they must
+ * share evenly among the pp ranks, in a number per rank the schedule runs. */
+static ct_status plan_stage_count(pipeline *pl, const manifest *mf, const ct_model_desc *desc) {
+    const ct_schedule_api *sa = schedule_api(pl->schedp);
     const char *list = NULL;
-    int n_stages = 0;
+    int64_t lps = 0;
+    int n_stages;
+    mf_get_int(mf, "parallelism.pipeline_parallel_layers_per_stage", &lps);
     if (!mf_get_str(mf, "parallelism.pipeline_parallel_stage_units", &list) && list[0]) {
         n_stages = 1;
         for (const char *p = list; *p; p++) n_stages += *p == ',';
@@ -146,46 +139,65 @@ ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *d
     } else {
         n_stages = pl->pp * (sa->min_stages_per_rank > 0 ? sa->min_stages_per_rank : 1);
     }
+    char what[200];
     if (n_stages % pl->pp) {
-        char what[200];
         snprintf(what, sizeof what, "the split gives %d stages, which %d pipeline ranks cannot share evenly", n_stages,
                  pl->pp);
-        return bad_setting(mf, list ? "parallelism.pipeline_parallel_stage_units"
+        return bad_setting(mf, list && list[0] ? "parallelism.pipeline_parallel_stage_units"
                                     : "parallelism.pipeline_parallel_layers_per_stage", "%s", what);
     }
     pl->n_stages = n_stages;
     pl->spr = n_stages / pl->pp;
     if (pl->spr < sa->min_stages_per_rank || (sa->max_stages_per_rank > 0 && pl->spr > sa->max_stages_per_rank)) {
-        char what[200];
         snprintf(what, sizeof what, "%s runs %d to %d stages per rank; this split gives %d", pl->schedp->info.name,
                  sa->min_stages_per_rank, sa->max_stages_per_rank, pl->spr);
         return bad_setting(mf, "parallelism.pipeline_parallel_schedule", "%s", what);
     }
-    ct_status st = split_units(pl, mf, desc);
-    if (st) return st;
+    return CT_OK;
+}
+
+/* Rank 0's start-up lines: the schedule's prediction and each stage's units. */
+static void plan_print(const pipeline *pl, const char *(*unit_name)(ct_model *, int), ct_model *model) {
+    printf("pipeline: %s, %d stages on %d ranks (%d per rank), %d microbatches of %lld; predicted bubble %.3f "
+           "(F=1, B=2), at most %d microbatches held\n",
+           pl->plan.name, pl->n_stages, pl->pp, pl->spr, pl->n_mb, (long long)pl->mb_size, pl->plan.bubble,
+           pl->plan.peak_activations);
+    for (int s = 0; s < pl->n_stages; s++)
+        printf("  stage %d (rank %d): units %d-%d (%s .. %s)\n", s, schedule_stage_rank(pl->plan.placement, pl->pp, s),
+               pl->stage_u0[s], pl->stage_u1[s], unit_name ? unit_name(model, pl->stage_u0[s]) : "",
+               unit_name ? unit_name(model, pl->stage_u1[s]) : "");
+}
+
+ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
+                  const char *(*unit_name)(ct_model *, int), ct_model *model) {
+    char err[2048], csv_path[4096];
+    memset(pl, 0, sizeof *pl);
+    pl->pp = mesh->degree[CT_AXIS_PP];
+    pl->rank = mesh->coord[CT_AXIS_PP];
+    const char *name = "1F1B", *csv = NULL;
+    mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &name);
+    if (mf_get_str(mf, "parallelism.pipeline_parallel_schedule_csv", &csv) || !csv[0]) csv = NULL;
+    if (csv) {
+        session_resolve_path(mf, csv, csv_path, sizeof csv_path);
+        csv = csv_path;
+    }
+    if (!(pl->schedp = schedule_load(name, mf, err, sizeof err)))
+        return bad_setting(mf, "parallelism.pipeline_parallel_schedule", "%s", err);
+    ct_status st = plan_microbatches(pl, mf);
+    if (st == CT_OK) st = plan_stage_count(pl, mf, desc);
+    if (st == CT_OK) st = split_units(pl, mf, desc);
+    if (st != CT_OK) return st;
+    const char *key = csv ? "parallelism.pipeline_parallel_schedule_csv" : "parallelism.pipeline_parallel_schedule";
     if (schedule_actions(pl->schedp, pl->pp, pl->spr, pl->n_mb, csv, &pl->plan, err, sizeof err))
-        return bad_setting(mf, csv ? "parallelism.pipeline_parallel_schedule_csv" : "parallelism.pipeline_parallel_schedule",
-                           "%s", err);
+        return bad_setting(mf, key, "%s", err);
     schedule_costs costs = SCHEDULE_COSTS_DEFAULT;
-    if (schedule_check(&pl->plan, &costs, err, sizeof err))
-        return bad_setting(mf, csv ? "parallelism.pipeline_parallel_schedule_csv" : "parallelism.pipeline_parallel_schedule",
-                           "%s", err);
-    int nu = desc->n_units;
-    pl->unit_rank = calloc((size_t)nu, sizeof(int));
+    if (schedule_check(&pl->plan, &costs, err, sizeof err)) return bad_setting(mf, key, "%s", err);
+    pl->unit_rank = calloc((size_t)desc->n_units, sizeof(int));
     if (!pl->unit_rank) return CT_ERR_NOMEM;
-    for (int s = 0; s < n_stages; s++)
+    for (int s = 0; s < pl->n_stages; s++)
         for (int u = pl->stage_u0[s]; u <= pl->stage_u1[s]; u++)
             pl->unit_rank[u] = schedule_stage_rank(pl->plan.placement, pl->pp, s);
-    if (pl->rank == 0 && mesh->world_rank == 0) {
-        printf("pipeline: %s, %d stages on %d ranks (%d per rank), %d microbatches of %lld; predicted bubble %.3f "
-               "(F=1, B=2), at most %d microbatches held\n",
-               pl->plan.name, n_stages, pl->pp, pl->spr, pl->n_mb, (long long)mbs, pl->plan.bubble,
-               pl->plan.peak_activations);
-        for (int s = 0; s < n_stages; s++)
-            printf("  stage %d (rank %d): units %d-%d (%s .. %s)\n", s, schedule_stage_rank(pl->plan.placement, pl->pp, s),
-                   pl->stage_u0[s], pl->stage_u1[s], unit_name ? unit_name(model, pl->stage_u0[s]) : "",
-                   unit_name ? unit_name(model, pl->stage_u1[s]) : "");
-    }
+    if (pl->rank == 0 && mesh->world_rank == 0) plan_print(pl, unit_name, model);
     return CT_OK;
 }
 

@@ -14,87 +14,107 @@
 #include <string.h>
 #include <unistd.h>
 
-manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, ct_status *status) {
-    char err[2048];
-    const char *ov_key[512], *ov_val[512];
+/* The command line's --section.key=value overrides, in order (keys copied where they were split). */
+typedef struct overrides {
+    const char *key[512], *val[512];
     char *owned[512];
-    int n_ov = 0, n_owned = 0;
-    manifest *mf = NULL;
-    memset(a, 0, sizeof *a);
-    *status = CT_OK;
-    for (int i = 0; i < argc; i++) {
+    int n, n_owned;
+} overrides;
+
+/* A flag with a value (--checkpoint PATH, --prompt TEXT): CT_OK, or CT_ERR_INVALID when it has none. */
+static ct_status flag_value(int argc, char **argv, int *i, run_args *a) {
+    const char *arg = argv[*i];
+    const char *v = strchr(arg, '=') ? strchr(arg, '=') + 1 : (*i + 1 < argc ? argv[++*i] : NULL);
+    if (!v) {
+        fprintf(stderr, "ctitan: %s needs a value (see --help)\n", arg);
+        return CT_ERR_INVALID;
+    }
+    if (arg[2] == 'c') a->checkpoint = v;
+    else a->prompt = v;
+    return CT_OK;
+}
+
+static ct_status override_add(overrides *ov, int argc, char **argv, int *i) {
+    const char *arg = argv[*i], *eq = strchr(arg, '=');
+    if (ov->n == 512) {
+        fprintf(stderr, "ctitan: too many overrides\n");
+        return CT_ERR_INVALID;
+    }
+    if (eq) {
+        ov->owned[ov->n_owned] = strndup(arg + 2, (size_t)(eq - arg - 2));
+        ov->key[ov->n] = ov->owned[ov->n_owned++];
+        ov->val[ov->n++] = eq + 1;
+    } else if (*i + 1 < argc) {
+        ov->key[ov->n] = arg + 2;
+        ov->val[ov->n++] = argv[++*i];
+    } else {
+        fprintf(stderr, "ctitan: command line: %s: expected --section.key=value\n", arg);
+        return CT_ERR_INVALID;
+    }
+    return CT_OK;
+}
+
+/* The arguments: flags, overrides, the manifest's path (or job.config_file among the overrides). */
+static ct_status args_parse(int argc, char **argv, run_args *a, overrides *ov, const char *usage) {
+    ct_status st = CT_OK;
+    for (int i = 0; i < argc && st == CT_OK; i++) {
         const char *arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            a->help = 1;
-        } else if (!strcmp(arg, "--print-config") || !strcmp(arg, "--print_config")) {
-            a->print_config = 1;
-        } else if (!strcmp(arg, "--dry-run") || !strcmp(arg, "--dry_run")) {
-            a->dry_run = 1;
-        } else if (!strcmp(arg, "--checkpoint") || !strncmp(arg, "--checkpoint=", 13) || !strcmp(arg, "--prompt") ||
-                   !strncmp(arg, "--prompt=", 9)) {
-            int is_ckpt = arg[2] == 'c';
-            const char *v = strchr(arg, '=') ? strchr(arg, '=') + 1 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!v) {
-                fprintf(stderr, "ctitan: %s needs a value (see --help)\n", arg);
-                *status = CT_ERR_INVALID;
-                goto done;
-            }
-            if (is_ckpt) a->checkpoint = v;
-            else a->prompt = v;
-        } else if (!strncmp(arg, "--", 2)) {
-            if (n_ov == 512) {
-                fprintf(stderr, "ctitan: too many overrides\n");
-                *status = CT_ERR_INVALID;
-                goto done;
-            }
-            const char *eq = strchr(arg, '=');
-            if (eq) {
-                owned[n_owned] = strndup(arg + 2, (size_t)(eq - arg - 2));
-                ov_key[n_ov] = owned[n_owned++];
-                ov_val[n_ov++] = eq + 1;
-            } else if (i + 1 < argc) {
-                ov_key[n_ov] = arg + 2;
-                ov_val[n_ov++] = argv[++i];
-            } else {
-                fprintf(stderr, "ctitan: command line: %s: expected --section.key=value\n", arg);
-                *status = CT_ERR_INVALID;
-                goto done;
-            }
-        } else if (!a->config) {
-            a->config = arg;
-        } else {
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) a->help = 1;
+        else if (!strcmp(arg, "--print-config") || !strcmp(arg, "--print_config")) a->print_config = 1;
+        else if (!strcmp(arg, "--dry-run") || !strcmp(arg, "--dry_run")) a->dry_run = 1;
+        else if (!strcmp(arg, "--checkpoint") || !strncmp(arg, "--checkpoint=", 13) || !strcmp(arg, "--prompt") ||
+                 !strncmp(arg, "--prompt=", 9))
+            st = flag_value(argc, argv, &i, a);
+        else if (!strncmp(arg, "--", 2)) st = override_add(ov, argc, argv, &i);
+        else if (!a->config) a->config = arg;
+        else {
             fprintf(stderr, "ctitan: unexpected argument '%s' (%.*s)\n", arg, (int)strcspn(usage, "\n"), usage);
-            *status = CT_ERR_INVALID;
-            goto done;
+            st = CT_ERR_INVALID;
         }
     }
-    for (int i = 0; i < n_ov && !a->config; i++)
-        if (!strcmp(ov_key[i], "job.config_file")) a->config = ov_val[i];
-    if (a->help) goto done;
-    if (!a->config) {
-        fprintf(stderr, "ctitan: no manifest given (%.*s)\n", (int)strcspn(usage, "\n"), usage);
-        *status = CT_ERR_INVALID;
-        goto done;
-    }
-    mf = manifest_load(a->config, err, sizeof err);
+    for (int i = 0; i < ov->n && !a->config; i++)
+        if (!strcmp(ov->key[i], "job.config_file")) a->config = ov->val[i];
+    return st;
+}
+
+/* The manifest with the overrides applied and the core's schema added; NULL after its message. */
+static manifest *manifest_open(const run_args *a, const overrides *ov) {
+    char err[2048];
+    manifest *mf = manifest_load(a->config, err, sizeof err);
     if (!mf) {
         fprintf(stderr, "ctitan: %s\n", err);
-        *status = CT_ERR_INVALID;
-        goto done;
+        return NULL;
     }
-    for (int i = 0; i < n_ov; i++) {
-        if (!strcmp(ov_key[i], "job.config_file")) continue;
-        if (manifest_override(mf, ov_key[i], ov_val[i], err, sizeof err)) {
+    for (int i = 0; i < ov->n; i++) {
+        if (!strcmp(ov->key[i], "job.config_file")) continue;
+        if (manifest_override(mf, ov->key[i], ov->val[i], err, sizeof err)) {
             fprintf(stderr, "ctitan: %s\n", err);
             manifest_free(mf);
-            mf = NULL;
-            *status = CT_ERR_INVALID;
-            goto done;
+            return NULL;
         }
     }
     manifest_add_core_schema(mf);
-done:
-    for (int i = 0; i < n_owned; i++) free(owned[i]);
+    return mf;
+}
+
+manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, ct_status *status) {
+    overrides *ov = calloc(1, sizeof *ov);
+    manifest *mf = NULL;
+    memset(a, 0, sizeof *a);
+    *status = CT_OK;
+    if (!ov) {
+        fprintf(stderr, "ctitan: out of memory\n");
+        *status = CT_ERR_NOMEM;
+        return NULL;
+    }
+    *status = args_parse(argc, argv, a, ov, usage);
+    if (*status == CT_OK && !a->help && !a->config) {
+        fprintf(stderr, "ctitan: no manifest given (%.*s)\n", (int)strcspn(usage, "\n"), usage);
+        *status = CT_ERR_INVALID;
+    }
+    if (*status == CT_OK && !a->help && !(mf = manifest_open(a, ov))) *status = CT_ERR_INVALID;
+    for (int i = 0; i < ov->n_owned; i++) free(ov->owned[i]);
+    free(ov);
     return mf;
 }
 
