@@ -38,4 +38,9 @@ expect "tp must divide kv heads" 2 "tensor_parallel_degree 2 must divide the kv 
   --parallelism.tensor_parallel_degree=2 --parallelism.data_parallel_shard_degree=1 --model.n_kv_heads=1
 expect "bad reshard policy" 2 "fsdp_reshard_after_forward: expected default, always or never" -- \
   --parallelism.data_parallel_shard_degree=2 --parallelism.fsdp_reshard_after_forward=sometimes
+# n_layers 1 + the embedding and the output = 3 layers of weight, 2 per stage: 2 stages; 1 per stage: 3 stages
+expect "uneven pipeline split, at the key that was set" 2 \
+  "pipeline_parallel_layers_per_stage: the split gives 3 stages, which 2 pipeline ranks cannot share evenly" -- \
+  --parallelism.pipeline_parallel_degree=2 --parallelism.data_parallel_shard_degree=1 \
+  --parallelism.pipeline_parallel_layers_per_stage=1
 exit $fails
