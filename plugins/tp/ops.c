@@ -16,17 +16,16 @@
 
 #define TP(b) ((tp *)(b)->ctx)
 
-static char gathered_key, sharded_logits_key; /* notes on activations (ct_builder.memo) */
+/* notes on activations (ct_builder.memo): x's rows gathered by async TP's fused op (the other
+ * column-wise linears reading x reuse them), and logits left sharded for the loss */
+static char gathered_key, sharded_logits_key;
 
 static int quantized(const ct_tensor *w) { return (w->flags & CT_TENSOR_QUANTIZED) != 0; }
 
-/* x with every token row (sequence parallel) or its f copy, made once per x. */
+/* x with every token row (sequence parallel) or its f copy: the host makes each once per x. */
 static ct_tensor *rows_in(tp *t, ct_tensor *x) {
     ct_builder *n = t->next;
-    ct_tensor *X = n->memo(n, x, &gathered_key, NULL);
-    if (X) return X;
-    X = n->collective(n, t->sequence_parallel ? CT_COLL_ALL_GATHER : CT_COLL_COPY, x, CT_AXIS_TP, CT_DIM_ROWS);
-    return X && n->memo(n, x, &gathered_key, X) ? X : NULL;
+    return n->collective(n, t->sequence_parallel ? CT_COLL_ALL_GATHER : CT_COLL_COPY, x, CT_AXIS_TP, CT_DIM_ROWS);
 }
 
 static ct_tensor *linear_colwise(tp *t, ct_tensor *x, ct_tensor *w, ct_tp_style style) {
