@@ -333,7 +333,7 @@ static int declare_params(runtime *rt, registry_ctx *rc, char *err, size_t errle
         snprintf(err, errlen, "model has %d units; need at least an embedding and a head", rt->desc.n_units);
         return -1;
     }
-    ct_param_registry reg = {sizeof reg, rc, reg_add};
+    ct_param_registry reg = {sizeof reg, rc, reg_add, NULL};
     ct_status st = rt->m->declare_params(rt->model, &reg);
     free(rc->index);
     rc->index = NULL;

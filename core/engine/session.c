@@ -134,12 +134,13 @@ static ct_status load_named(session *s, const char *section, const char *key, co
         return CT_ERR_INVALID;
     }
     const ct_plugin_info *in = &(*out)->info;
-    /* the API table must hold every field this host calls unconditionally (its ABI 1.0 part) */
+    /* the API table must hold every field this host calls unconditionally (its 2.0 part for
+     * strategies, 1.0 for the rest); later fields are read behind CT_HAS_FIELD */
     size_t need = kind == CT_KIND_DEVICE      ? offsetof(ct_device_api, amax)
                   : kind == CT_KIND_MODEL     ? offsetof(ct_model_api, tp_plan)
                   : kind == CT_KIND_OPTIMIZER ? offsetof(ct_optimizer_api, elementwise)
                   : kind == CT_KIND_COMM      ? offsetof(ct_comm_api, test)
-                  : kind == CT_KIND_STRATEGY  ? sizeof(ct_strategy_api)
+                  : kind == CT_KIND_STRATEGY  ? offsetof(ct_strategy_api, post_step)
                                               : sizeof(ct_quantizer_api);
     if (*(const size_t *)in->api < need) {
         fprintf(stderr, "ctitan: %s: plugin '%s' has an API table of %zu bytes; this host needs %zu: rebuild it\n",
@@ -282,7 +283,7 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
     /* the plan is an optional field of the model's table: read only where the table holds it */
     const ct_tp_rule *plan = CT_HAS_FIELD(s->m, ct_model_api, tp_plan) ? s->m->tp_plan : NULL;
     ct_strategy_env env = {sizeof env, s->d, s->dev, commstats_wrap(s->capi), s->comm, &s->mesh,
-                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, plan, d, seq_len, s->qapi != NULL};
+                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, plan, d, seq_len, s->qapi != NULL, 0};
     if (s->axisp && s->mesh.degree[CT_AXIS_TP] > 1) {
         s->xapi = s->axisp->info.api;
         ct_clear_error();

@@ -22,7 +22,7 @@ mem_stats g_mem;
 int g_log_level = CT_LOG_INFO;
 int g_log_rank = -1;
 
-static const char *mem_names[CT_MEM_NCATEGORIES] = {"params", "grads", "optimizer", "activations", "comm", "other"};
+static const char *mem_names[CT_MEM_NCATEGORIES] = {"params", "grads", "optimizer", "activations", "comm", "other", "master"};
 
 const char *mem_category_name(ct_mem_category cat) {
     return (unsigned)cat < CT_MEM_NCATEGORIES ? mem_names[cat] : "?";

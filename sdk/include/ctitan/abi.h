@@ -40,9 +40,13 @@
 /* The one place the ABI version is written: the pkg-config file and `ctitan --version` take it from
  * here, and a test holds the README to it. 2.0 is the break with 1.x (among others, ct_pp_action
  * gained struct_size and arrays of ABI structs are stepped by it): a 1.x plugin is refused and must
- * be rebuilt against this SDK. Minor versions of 2 only append fields, functions and kinds. */
+ * be rebuilt against this SDK. Minor versions of 2 only append fields, functions and kinds.
+ * 2.1 appended: shared (tied) parameters and the model's features (model.h); the strategy's whole
+ * compute storage, post_step and report (strategy.h); the optimizer's per-parameter step with its
+ * slot and the mesh (optimizer.h); elementwise device ops (device.h); the master-weight memory
+ * category (host.h). A 2.0 plugin loads unchanged. */
 #define CT_ABI_MAJOR 2
-#define CT_ABI_MINOR 0
+#define CT_ABI_MINOR 1
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 

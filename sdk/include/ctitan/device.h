@@ -243,6 +243,25 @@ typedef struct ct_device_api {
     ct_status (*graph_end)(ct_device *dev, ct_graph **graph, int64_t *ops);
     ct_status (*graph_launch)(ct_device *dev, ct_graph *graph);
     void (*graph_free)(ct_device *dev, ct_graph *graph);
+
+    /* ---- ABI 2.1: elementwise ops for optimizers (optional: NULL = unsupported) ----
+     * n elements each; `out` may alias any input. Results are what the same f32 expression in C gives
+     * (sqrtf, copysign-free sign: -1, 0 or 1, NaN stays NaN). */
+    /* out = alpha * x + beta * y */
+    ct_status (*ew_axpby)(ct_device *dev, float *out, float alpha, const float *x, float beta, const float *y,
+                          int64_t n);
+    /* out = x * y */
+    ct_status (*ew_mul)(ct_device *dev, float *out, const float *x, const float *y, int64_t n);
+    /* out = x / (y + eps) */
+    ct_status (*ew_div)(ct_device *dev, float *out, const float *x, const float *y, float eps, int64_t n);
+    /* out = sqrt(x) */
+    ct_status (*ew_sqrt)(ct_device *dev, float *out, const float *x, int64_t n);
+    /* out = sign(x): -1, 0 or 1 */
+    ct_status (*ew_sign)(ct_device *dev, float *out, const float *x, int64_t n);
+    /* out = min(max(x, lo), hi) */
+    ct_status (*ew_clamp)(ct_device *dev, float *out, const float *x, float lo, float hi, int64_t n);
+    /* out = x > y ? 1 : 0 (a mask to multiply by) */
+    ct_status (*ew_greater)(ct_device *dev, float *out, const float *x, const float *y, int64_t n);
 } ct_device_api;
 
 #endif

@@ -22,7 +22,8 @@ typedef enum ct_mem_category {
     CT_MEM_ACTIVATIONS = 3,
     CT_MEM_COMM = 4,
     CT_MEM_OTHER = 5,
-    CT_MEM_NCATEGORIES = 6
+    CT_MEM_MASTER = 6, /* ABI 2.1: f32 master weights kept apart from whole compute parameters (ZeRO) */
+    CT_MEM_NCATEGORIES = 7 /* grows with minors: size arrays by your own build's value */
 } ct_mem_category;
 
 struct ct_host {

@@ -52,6 +52,17 @@ typedef struct ct_param_registry {
      * it first, so destroy must not read it). */
     ct_tensor *(*add)(struct ct_param_registry *r, int unit, const char *name, int ndim,
                       const int64_t *shape, const ct_init *init, uint32_t flags);
+    /* ABI 2.1: a shared (tied) parameter. `unit` also computes with `param`, which `add` declared
+     * for an earlier unit; `use_name` names this use (the tensor-parallel plan is matched against it,
+     * so each use has its own style: "output.weight" column-wise where "tok_embeddings.weight" is
+     * row-wise). Returns the handle `unit` computes with, or NULL with the error set.
+     * The host keeps one copy per use, each placed by the strategies like any parameter of its unit
+     * (so a pipeline stage holds the uses of its own units); it initialises the copies alike and,
+     * after every strategy's finish_backward, sets each copy's gradient to the sum over the uses, so
+     * the copies stay equal (Megatron's tied embeddings). The norm, the parameter count,
+     * checkpoints and exports take the parameter once, under its declared name. Computing with a
+     * parameter in a unit that neither declared nor shared it is an error naming both. */
+    ct_tensor *(*share)(struct ct_param_registry *r, int unit, const char *use_name, ct_tensor *param);
 } ct_param_registry;
 
 /* ABI 2.0: the differentiable collectives (ct_builder.collective). Each runs over one mesh axis and
@@ -174,7 +185,14 @@ typedef struct ct_model_desc {
     /* 0 when a pack does not say: what exporting to other formats (Hugging Face) needs */
     int64_t n_heads, n_kv_heads, head_dim, ffn_hidden;
     double rope_theta, norm_eps;
+    /* ABI 2.1: what export needs beyond the sizes */
+    uint32_t features;         /* CT_MODEL_* bits */
+    const char *hf_model_type; /* Hugging Face's model_type ("llama", "qwen2"); NULL: "llama". The
+                                  pack's string, valid until destroy */
 } ct_model_desc;
+
+#define CT_MODEL_TIED_EMBEDDINGS 0x1u /* the output head shares the embedding table (tie_word_embeddings) */
+#define CT_MODEL_QKV_BIAS 0x2u        /* the q, k and v projections have biases (attention.w{q,k,v}.bias) */
 
 /* The tensor-parallel plan, as data (torchtitan's parallelize plan): the pack names a style per
  * parameter; the strategy that serves the tp mesh axis (plugins/tp) splits the parameters and wraps
@@ -190,6 +208,9 @@ typedef enum ct_tp_style {
     CT_TP_OUTPUT_COLWISE = 4, /* the output layer (vocab, dim) split on dim 0; vocabulary-sharded logits (loss parallel) */
     CT_TP_SEQUENCE_PARALLEL = 5 /* a norm weight: replicated; under SP it sees 1/tp of the rows, so its gradient is summed over tp */
 } ct_tp_style;
+/* A 1-D tensor (a bias) takes the style of the linear it belongs to: CT_TP_COLWISE splits it along
+ * its one dim with the output features; CT_TP_ROWWISE leaves it whole (added once, after the
+ * reduction). */
 
 /* Frozen: this element never grows (a later minor that needs more adds a new array), so readers
  * index the plan as a plain C array. */
@@ -223,6 +244,10 @@ typedef struct ct_model_api {
      * matching a parameter's name gives its style; a parameter no rule matches is replicated. NULL: the
      * pack cannot be split over tp. Static: valid while the plugin is loaded. */
     const ct_tp_rule *tp_plan;
+    /* ABI 2.1, optional: this instance's plan (it may depend on the pack's options), in the same form;
+     * when set it is used instead of tp_plan. NULL return: the instance cannot be split over tp. The
+     * array is the model's and stays valid until destroy. */
+    const ct_tp_rule *(*get_tp_plan)(ct_model *model);
 } ct_model_api;
 
 #endif

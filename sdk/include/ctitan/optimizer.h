@@ -2,9 +2,19 @@
  *
  * The host owns the learning-rate schedule, gradient clipping and all memory: it asks how many
  * f32 state values the optimizer keeps per parameter element, allocates them (zeroed, counted as
- * optimizer memory, on the same shard as the parameter) and calls `step` once per parameter
- * tensor with the already clipped gradient in param->grad. The optimizer computes with the
- * device's ops (it is handed the device API at create time).
+ * optimizer memory, on the same shard as the parameter's local storage) and, once per step, after
+ * every gradient reduction and the clipping, calls the optimizer on this rank's local storage only.
+ * The optimizer computes with the device's ops (it is handed the device API at create time).
+ *
+ * What it is called with, in order of preference:
+ *   step_param (2.1): one call per parameter this rank stores, with its slot (ctitan/strategy.h):
+ *       the real block shape (slot->param->ndim / shape), the whole parameter's global_shape, the
+ *       split an axis strategy made (split_axis/dim/parts/index) and the flat shard this rank
+ *       stores (placement, shard_axis, offset, local_numel), the local data and gradient
+ *       (slot->local_data, slot->local_grad). With `attach`'s mesh and comm the optimizer can
+ *       gather a whole matrix (Muon's orthogonalisation does). On one rank the slot is whole.
+ *   step: with a flat 1-D view of local storage (param->shape = {numel}); when `elementwise` says
+ *       so, one call covers parameters stored back to back.
  *
  * Manifest: the `optimizer` section's `name` and `lr` belong to the host; every other key is the
  * plugin's own option (declared in its ct_option_spec list), e.g. beta1, beta2, eps, weight_decay.
@@ -15,7 +25,16 @@
 #include "ctitan/abi.h"
 #include "ctitan/device.h"
 #include "ctitan/host.h"
+#include "ctitan/strategy.h"
 #include "ctitan/tensor.h"
+
+/* ABI 2.1: what `attach` hands over on many ranks (every pointer the host's, valid until destroy). */
+typedef struct ct_optimizer_env {
+    size_t struct_size;
+    const ct_comm_api *capi;
+    ct_comm *comm;
+    const ct_mesh_info *mesh; /* its groups reach every axis a slot is split or sharded over */
+} ct_optimizer_env;
 
 typedef struct ct_optimizer_api {
     size_t struct_size;
@@ -38,6 +57,15 @@ typedef struct ct_optimizer_api {
      * tensors first, so a step takes two calls. NULL or 0: one call per tensor (an optimizer that
      * needs each matrix's shape, like Muon). */
     int (*elementwise)(ct_optimizer *opt);
+    /* ---- ABI 2.1, optional ---- */
+    /* Called once after create when the run has more than one rank (never on one rank). */
+    ct_status (*attach)(ct_optimizer *opt, const ct_optimizer_env *env);
+    /* When set, used instead of step: one update of the parameter in `slot` (see the top of this
+     * file). state[i]: slot->local_numel f32 values. Called on EVERY rank for every slot in the same
+     * order (slots of another pipeline stage have local_numel 0: return at once), so the optimizer
+     * may run collectives over the mesh's groups. Slot and state are lent for the call. */
+    ct_status (*step_param)(ct_optimizer *opt, const ct_param_slot *slot, float *const *state, float lr,
+                            int64_t step);
 } ct_optimizer_api;
 
 #endif

@@ -12,22 +12,35 @@
  * runs in that order, finish_backward in the reverse one. Builders wrap in that order too: the pack
  * calls the outermost (the last strategy's), whose ops call the next one's, down to the host's.
  *
- * Life of a run:
+ * Life of a run (what a strategy gets, when):
  *   create(env)  -> place(slots)          : the strategy sets each slot's local size and offset
- *   host allocates local storage (parameter shard, its gradient, optimizer states) and initialises
- *   the shard from the seed       -> setup(slots) -> wrap_builder(host's builder)
- *   each microbatch: for units 0..n-1: pre_forward(u), forward, post_forward(u)
- *                    for units n-1..0: pre_backward(u), backward, post_backward(u, last)
- *                    finish_backward()  (every gradient reduction complete)
- *   optimizer on local storage only; clipping by the norm over every rank's local gradients.
- *   Under pipeline parallel the hooks run once per unit per step (pre_forward before the unit's
- *   first microbatch ...), not per microbatch.
+ *   host allocates local storage (parameter shard, its gradient, optimizer states; and, where place()
+ *   asked for them, whole compute copies), initialises it from the seed
+ *                                -> setup(slots) -> wrap_builder(host's builder)
+ *   each step:
+ *     each microbatch: for units 0..n-1: pre_forward(u), forward, post_forward(u)
+ *                      for units n-1..0: pre_backward(u), backward, post_backward(u, last)
+ *     finish_backward()  (every gradient reduction complete)
+ *     the host sums the gradients of shared parameters' copies, clips by the norm over every rank's
+ *     local gradients, and runs the optimizer on local storage only -> post_step()
+ *   after a checkpoint is loaded into local storage: post_step() again
+ *   Pipeline parallel: each stage calls the hooks of its own units, per microbatch, in the order of
+ *   the schedule's actions: a forward action runs pre_forward(u), forward, post_forward(u) for each
+ *   of the stage's units in order; a backward action (B, or the input half I) runs pre_backward(u) and
+ *   the backward for each unit in reverse order; post_backward(u, last) follows the action that
+ *   completes u's weight gradient for that microbatch (B, or the weight half W), with last = 1 on the
+ *   step's final one for u. Under zero-bubble schedules the windows of two microbatches of one unit
+ *   may overlap (pre_backward for microbatch 2 before post_backward for microbatch 1): a strategy
+ *   keeps a unit's storage valid while any of its backward windows is open (count them).
+ *   tests/cli/strategy_hooks.sh holds the host to this order on every schedule.
  *
  * The model computes with slot->param: a tensor whose `data` and `grad` the strategy must point at
- * valid memory from pre_forward/pre_backward until the matching post hook. The host's gradient
+ * valid memory from pre_forward/pre_backward until the matching post hook (or, for whole compute
+ * copies, the host points them at whole_data/whole_grad for the whole run). The host's gradient
  * accumulation is `+=` into param->grad, so a fresh full-gradient buffer must be zeroed. Gradients
  * are SUMS over ranks: the host already divided the loss by the global token count, so a strategy
- * never averages.
+ * never averages. A gradient the backward would write where the strategy left param->grad NULL is an
+ * error naming the tensor and the unit.
  *
  * Lifetimes: the env and the mesh it points to live until destroy; the slots array until destroy
  * (the host may not move it after setup); a builder returned by wrap_builder must live until
@@ -84,6 +97,10 @@ typedef struct ct_strategy_env {
     int64_t seq_len;  /* training.seq_len */
     int has_quantizer; /* a quantizer converts some linears: an op strategy that computes a linear
                           itself must leave those to the host's linear */
+    /* ABI 2.1: 1 when the instance is made only to report its costs for this mesh (the planner):
+     * dapi, dev, capi, comm and the mesh's groups are NULL; place() and report() are the only calls
+     * before destroy. */
+    int planning;
 } ct_strategy_env;
 
 /* Placement of one parameter on this rank. */
@@ -115,7 +132,49 @@ typedef struct ct_param_slot {
     int split_axis;
     int split_dim, split_parts, split_index;
     int64_t global_shape[CT_MAX_DIMS];
+    /* ABI 2.1: whole compute storage beside the placed one (ZeRO: the optimizer updates a shard, the
+     * model computes with the whole block). place() sets `whole` to CT_WHOLE_DATA and/or
+     * CT_WHOLE_GRAD; the host then allocates whole_data and/or whole_grad (numel f32 each), points
+     * param->data / param->grad at them for the whole run and counts them as parameters / gradients
+     * (the placed local_data is then counted as master weights). whole_data starts with the block's
+     * values; the host zeroes whole_grad with the local gradients at each step. The strategy moves
+     * gradients from whole to local storage (reduce-scatter) by finish_backward, and local data back
+     * to whole (all-gather) in post_step. */
+    uint32_t whole;
+    float *whole_data, *whole_grad;
+    /* ABI 2.1, set by the host: the slot whose parameter this one is a copy of (a shared parameter's
+     * use in another unit, model.h's share), or -1. A strategy places a copy like any slot. */
+    int copy_of;
 } ct_param_slot;
+
+#define CT_WHOLE_DATA 0x1u
+#define CT_WHOLE_GRAD 0x2u
+
+/* ABI 2.1: one collective a strategy issues per step, for the planner (ct_strategy_api.report). */
+typedef enum ct_step_phase { CT_PHASE_FORWARD = 1, CT_PHASE_BACKWARD = 2, CT_PHASE_STEP = 3 } ct_step_phase;
+
+typedef struct ct_comm_cost {
+    size_t struct_size;
+    int axis;            /* ct_mesh_axis it runs over */
+    ct_collective kind;  /* CT_COLL_ALL_GATHER, CT_COLL_REDUCE_SCATTER or CT_COLL_ALL_REDUCE */
+    int unit;            /* the unit it serves, -1 for the whole model */
+    ct_step_phase phase;
+    double bytes;        /* the size of the whole (gathered, or reduced) buffer, in bytes */
+    double count;        /* how many times per step */
+    int overlapped;      /* 1: issued asynchronously, so it may hide behind compute */
+} ct_comm_cost;
+
+/* Filled by report. mem_bytes: this rank's peak bytes by ct_mem_category (index < 8) of what the
+ * strategy allocates itself (gather buffers, gradient buckets); the host counts its own storage from
+ * the placement. comms: the host's array of max_comms elements (step by comms->struct_size,
+ * CT_AT); the strategy fills the first min(n, max_comms) and sets n_comms to n. */
+typedef struct ct_strategy_report {
+    size_t struct_size;
+    int64_t mem_bytes[8];
+    ct_comm_cost *comms;
+    int max_comms;
+    int n_comms;
+} ct_strategy_report;
 
 /* Slot i of an array handed over by the host, stepping by the host's element size. */
 #define CT_SLOT_AT(slots, i) ((ct_param_slot *)((char *)(slots) + (size_t)(i) * (slots)->struct_size))
@@ -144,6 +203,13 @@ typedef struct ct_strategy_api {
     /* Optional: every sequence the host runs must have a multiple of this many tokens (sequence
      * parallel splits token rows over tp); the host pads a sampling prompt up to it. NULL: 1. */
     int64_t (*sequence_multiple)(ct_strategy *s);
+    /* ---- ABI 2.1, optional ---- */
+    /* After the optimizer's step (and after a checkpoint load) changed local storage: e.g. ZeRO's
+     * all-gather of the updated shards into whole_data. */
+    ct_status (*post_step)(ct_strategy *s);
+    /* After place(), on a live or a planning instance: the strategy's own memory and the collectives
+     * it issues per step with `n_microbatches` microbatches per step. */
+    ct_status (*report)(ct_strategy *s, int n_microbatches, ct_strategy_report *out);
 } ct_strategy_api;
 
 #endif
