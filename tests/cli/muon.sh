@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Muon optimizer (plugins/muon) computes the same update however the weights are laid out: llama3
-# debugmodel (2 layers, fp32) on one rank, under FSDP 2 and under TP 2 (real MPI ranks): 8-step loss
+# debugmodel (2 layers, fp32) on one rank, under FSDP 2, TP 2 and PP 2 (real MPI ranks): 8-step loss
 # and grad-norm curves within 1e-6 relative of the single rank, and the loss falls. A bad Muon or
 # AdamW option exits 2 with one line naming the key.
 set -u
@@ -14,11 +14,15 @@ common+=(--model.n_layers=2 --training.seq_len=32)
 run single 1 --training.local_batch_size=8
 run fsdp2 2 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
 run tp2 2 --training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1 --parallelism.tensor_parallel_degree=2
+# each stage's ranks skip the other stage's slots (no local storage) alike
+run pp2 2 --training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1 --parallelism.pipeline_parallel_degree=2 \
+    --parallelism.pipeline_parallel_schedule=1F1B
 grep -q "strategy fsdp" "$T/fsdp2.log" || fail "fsdp2 did not run FSDP"
 grep -q "tp 2" "$T/tp2.log" || fail "tp2 did not run with tp 2"
 grep -qi "muon" "$T/single.log" || fail "single did not name the muon optimizer"
 compare single fsdp2 $STEPS || exit 1
 compare single tp2 $STEPS || exit 1
+compare single pp2 $STEPS || exit 1
 curve_records "$T/single/metrics.jsonl" | awk 'NR == 1 { first = $1 } { last = $1 }
   END { ok = last < first - 0.05; printf "%s loss falls under Muon: %.4f -> %.4f over %d steps\n", ok ? "ok  " : "FAIL", first, last, NR; exit !ok }' ||
   exit 1
