@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Muon optimizer (plugins/muon) computes the same update however the weights are laid out: llama3
 # debugmodel (2 layers, fp32) on one rank, under FSDP 2, TP 2 and PP 2 (real MPI ranks): 8-step loss
-# and grad-norm curves within 1e-6 relative of the single rank, and the loss falls. A bad Muon or
-# AdamW option exits 2 with one line naming the key.
+# and grad-norm curves within 1e-6 relative of the single rank, and the loss falls. Its momentum
+# resumes from a checkpoint exactly (and resharded, FSDP 2 to one rank). A bad Muon or AdamW option
+# exits 2 with one line naming the key.
 set -u
 STEPS=8
 . tests/cli/lib/layouts.sh
@@ -11,8 +12,9 @@ awk '/^optimizer:/ { print "optimizer:\n  name: muon\n  lr: 3e-3"; skip = 1; nex
      skip && /^[^ ]/ { skip = 0 } !skip' configs/llama3_debug.yaml >"$T/muon.yaml"
 common[0]="$T/muon.yaml"
 common+=(--model.n_layers=2 --training.seq_len=32)
-run single 1 --training.local_batch_size=8
-run fsdp2 2 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
+ckpt=(--checkpoint.enable=true --checkpoint.interval=4)
+run single 1 --training.local_batch_size=8 "${ckpt[@]}"
+run fsdp2 2 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 "${ckpt[@]}"
 run tp2 2 --training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1 --parallelism.tensor_parallel_degree=2
 # each stage's ranks skip the other stage's slots (no local storage) alike
 run pp2 2 --training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1 --parallelism.pipeline_parallel_degree=2 \
@@ -23,6 +25,19 @@ grep -qi "muon" "$T/single.log" || fail "single did not name the muon optimizer"
 compare single fsdp2 $STEPS || exit 1
 compare single tp2 $STEPS || exit 1
 compare single pp2 $STEPS || exit 1
+# the momentum is checkpointed like AdamW's moments: a resume from step 4 on one rank is exact, and
+# FSDP 2's step 4 continued on one rank follows the single rank's curve
+resume() { mkdir -p "$T/$1/checkpoint" && cp -r "$T/$2/checkpoint/step-4" "$T/$1/checkpoint/"; }
+resume resumed single
+run resumed 1 --training.local_batch_size=8 "${ckpt[@]}"
+grep -q "resuming after step 4" "$T/resumed.log" || fail "did not resume after step 4"
+cmp -s <(curve_records "$T/single/metrics.jsonl" | tail -n +5) <(curve_records "$T/resumed/metrics.jsonl") ||
+  fail "Muon: steps 5-8 resumed on one rank differ from the uninterrupted run"
+echo "ok   Muon resumed from step 4 on one rank: steps 5-8 bit-identical"
+resume fsdp2_on_one fsdp2
+run fsdp2_on_one 1 --training.local_batch_size=8 "${ckpt[@]}"
+grep -q "resuming after step 4" "$T/fsdp2_on_one.log" || fail "FSDP 2's checkpoint: did not resume after step 4"
+same_curve "FSDP 2's step 4 continued on one rank" "$T/single/metrics.jsonl" "$T/fsdp2_on_one/metrics.jsonl" 4 5 || exit 1
 curve_records "$T/single/metrics.jsonl" | awk 'NR == 1 { first = $1 } { last = $1 }
   END { ok = last < first - 0.05; printf "%s loss falls under Muon: %.4f -> %.4f over %d steps\n", ok ? "ok  " : "FAIL", first, last, NR; exit !ok }' ||
   exit 1
