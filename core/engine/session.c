@@ -740,6 +740,10 @@ static int dp_sum(session *s, double *x) {
 }
 
 int session_step_params(session *s, double lr, int64_t step) {
+    if (!CT_HAS_FIELD(s->o, ct_optimizer_api, step_param) || !s->o->step_param) {
+        ct_set_error("optimizer '%s' has no step_param", s->optp->info.name);
+        return -1;
+    }
     int calls = 0;
     for (int i = 0; i < s->rt.n_params; i++) {
         const ct_param_slot *sl = &s->rt.slots[i];

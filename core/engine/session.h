@@ -90,7 +90,7 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
                        double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid);
 
 /* ABI 2.1: the optimizer's step_param once per parameter slot, in slot order on every rank (slots of
- * another pipeline stage included), at lr; the optimizer must have step_param. 0 or -1 (ct_last_error). */
+ * another pipeline stage included), at lr. 0, or -1 (ct_last_error; also when it has no step_param). */
 int session_step_params(session *s, double lr, int64_t step);
 
 /* The commands take the arguments after their name; `--help` prints the usage and returns CT_OK.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Muon optimizer (plugins/muon) computes the same update however the weights are laid out: llama3
-# debugmodel (2 layers, fp32) on one rank, under FSDP 2, TP 2 and PP 2 (real MPI ranks): 8-step loss
+# debugmodel (2 layers, fp32) on one rank, under FSDP 2, TP 2, PP 2 and FSDP 2 x TP 2 (real MPI ranks): 8-step loss
 # and grad-norm curves within 1e-6 relative of the single rank, and the loss falls. Its momentum
 # resumes from a checkpoint exactly (and resharded, FSDP 2 to one rank). A bad Muon or AdamW option
 # exits 2 with one line naming the key.
@@ -16,6 +16,7 @@ ckpt=(--checkpoint.enable=true --checkpoint.interval=4)
 run single 1 --training.local_batch_size=8 "${ckpt[@]}"
 run fsdp2 2 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 "${ckpt[@]}"
 run tp2 2 --training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1 --parallelism.tensor_parallel_degree=2
+run fsdp2_tp2 4 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.tensor_parallel_degree=2
 # each stage's ranks skip the other stage's slots (no local storage) alike
 run pp2 2 --training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1 --parallelism.pipeline_parallel_degree=2 \
     --parallelism.pipeline_parallel_schedule=1F1B
@@ -25,6 +26,7 @@ grep -qi "muon" "$T/single.log" || fail "single did not name the muon optimizer"
 compare single fsdp2 $STEPS || exit 1
 compare single tp2 $STEPS || exit 1
 compare single pp2 $STEPS || exit 1
+compare single fsdp2_tp2 $STEPS || exit 1
 # the momentum is checkpointed like AdamW's moments: a resume from step 4 on one rank is exact, and
 # FSDP 2's step 4 continued on one rank follows the single rank's curve
 resume() { mkdir -p "$T/$1/checkpoint" && cp -r "$T/$2/checkpoint/step-4" "$T/$1/checkpoint/"; }
