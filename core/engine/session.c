@@ -460,6 +460,17 @@ static ct_status set_compute_modes(session *s, manifest *mf) {
     return CT_OK;
 }
 
+/* ABI 2.1: on many ranks the optimizer gets the comm and mesh the strategies get (Muon gathers
+ * whole matrices over the groups a slot is sharded or split over). */
+static ct_status attach_optimizer(session *s) {
+    if (!s->commp || s->world <= 1 || !CT_HAS_FIELD(s->o, ct_optimizer_api, attach) || !s->o->attach) return CT_OK;
+    ct_optimizer_env env = {sizeof env, commstats_wrap(s->capi), s->comm, &s->mesh};
+    ct_clear_error();
+    if (s->o->attach(s->opt, &env) != CT_OK)
+        return fail_plugin(s, CT_ERR_INVALID, s->optp, "optimizer", "optimizer.name");
+    return CT_OK;
+}
+
 /* The optimizer and its states: one zeroed allocation of n_state values per local element. */
 static ct_status create_optimizer(session *s) {
     ct_clear_error();
@@ -479,7 +490,7 @@ static ct_status create_optimizer(session *s) {
         return CT_ERR_NOMEM;
     }
     mem_account(CT_MEM_OPTIMIZER, (int64_t)s->opt_bytes);
-    return CT_OK;
+    return attach_optimizer(s);
 }
 
 ct_status session_open(session *s, manifest *mf, int with_params, int with_optimizer) {
@@ -730,6 +741,27 @@ static int dp_sum(session *s, double *x) {
     return st == CT_OK ? 0 : -1;
 }
 
+int session_step_params(session *s, double lr, int64_t step) {
+    if (!CT_HAS_FIELD(s->o, ct_optimizer_api, step_param) || !s->o->step_param) {
+        ct_set_error("optimizer '%s' has no step_param", s->optp->info.name);
+        return -1;
+    }
+    int calls = 0;
+    for (int i = 0; i < s->rt.n_params; i++) {
+        const ct_param_slot *sl = &s->rt.slots[i];
+        float *state[8] = {0}; /* slots of another pipeline stage (local_numel 0) get NULLs */
+        if (sl->local_numel > 0) {
+            size_t at = (size_t)((char *)sl->local_data - s->rt.param_mem); /* states lie as the data does */
+            for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + at);
+            calls++;
+        }
+        ct_clear_error();
+        if (s->o->step_param(s->opt, sl, state, (float)lr, step) != CT_OK) return -1;
+    }
+    s->opt_calls = calls;
+    return 0;
+}
+
 int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
                        double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid_out) {
     double valid = 0;
@@ -756,6 +788,11 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     double coef = max_norm > 0 ? max_norm / (*norm + 1e-6) : 1.0;
     if (coef < 1.0 && runtime_scale_grads(&s->rt, (float)coef)) return -1;
     trace_begin("optimizer");
+    if (CT_HAS_FIELD(s->o, ct_optimizer_api, step_param) && s->o->step_param) {
+        int rc = session_step_params(s, lr, step);
+        trace_end("optimizer");
+        return rc;
+    }
     /* one call per run of back-to-back tensors with the same decay flag when the optimizer is
      * elementwise (ABI 1.4), else one per tensor; states lie at the same offsets as the data */
     int merge = CT_HAS_FIELD(s->o, ct_optimizer_api, elementwise) && s->o->elementwise && s->o->elementwise(s->opt);

@@ -89,6 +89,10 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
 int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
                        double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid);
 
+/* ABI 2.1: the optimizer's step_param once per parameter slot, in slot order on every rank (slots of
+ * another pipeline stage included), at lr. 0, or -1 (ct_last_error; also when it has no step_param). */
+int session_step_params(session *s, double lr, int64_t step);
+
 /* The commands take the arguments after their name; `--help` prints the usage and returns CT_OK.
  * Two outcomes that are not errors reach the exit code through an out-parameter, never mixed into
  * the status:
