@@ -755,6 +755,17 @@ int session_step_params(session *s, double lr, int64_t step) {
             for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + at);
             calls++;
         }
+        /* a shared parameter's other use goes by the declared name, so the optimizer treats every
+         * copy alike (a name-based choice, like Muon's exclusions, must not split them) */
+        ct_tensor named;
+        ct_param_slot copy;
+        if (runtime_param_copy_of(&s->rt, i) >= 0) {
+            named = *sl->param;
+            named.name = runtime_param_key(&s->rt, i);
+            copy = *sl;
+            copy.param = &named;
+            sl = &copy;
+        }
         ct_clear_error();
         if (s->o->step_param(s->opt, sl, state, (float)lr, step) != CT_OK) return -1;
     }

@@ -520,8 +520,8 @@ static step_next train_step(train_run *r, int64_t step) {
     }
     trace_end("step");
     if (!r->told_opt++)
-        printf("optimizer: %d parameter tensors updated in %d call%s per step\n", s->rt.n_params, s->opt_calls,
-               s->opt_calls == 1 ? "" : "s");
+        printf("optimizer: %s: %d parameter tensors updated in %d call%s per step\n", s->optp->info.name, s->rt.n_params,
+               s->opt_calls, s->opt_calls == 1 ? "" : "s");
     compile_report(&s->rt.graph, step, &r->told_graph);
     /* a stop takes effect after a step every rank has finished; the last step ends the run anyway */
     int stop = 0;
