@@ -717,6 +717,26 @@ done:
     return rc;
 }
 
+/* ABI 2.1: every strategy's post_step, in order, after local storage changed (the optimizer's step,
+ * a checkpoint load): ZeRO all-gathers the updated shards into the whole compute copies. A 2.0
+ * strategy's table ends before the field. Counts as communication time. */
+int session_post_step(session *s) {
+    for (int k = 0; k < s->rt.dist.n_st; k++) {
+        const ct_strategy_api *a = s->rt.dist.st[k];
+        if (!CT_HAS_FIELD(a, ct_strategy_api, post_step) || !a->post_step) continue;
+        ct_clear_error();
+        double t0 = ct_now();
+        ct_status st = a->post_step(s->rt.dist.strat[k]);
+        s->rt.comm_seconds += ct_now() - t0;
+        if (st != CT_OK) {
+            if (!ct_last_error()[0]) ct_set_error("strategy post_step failed (status %d)", st);
+            s->rt.dist_status = st;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Sums x over the data-parallel ranks (a no-op on one). */
 static int dp_sum(session *s, double *x) {
     if (!s->capi || s->mesh.dp_size <= 1) return 0;
@@ -783,5 +803,5 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     }
     s->opt_calls = calls;
     trace_end("optimizer");
-    return 0;
+    return session_post_step(s);
 }

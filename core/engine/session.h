@@ -71,6 +71,9 @@ void session_resolve_path(const manifest *mf, const char *p, char *out, size_t l
 /* Writes the parameters to a ctt file (atomic). */
 int session_save_model(session *s, const char *path, char *err, size_t errlen);
 int session_load_model(session *s, const char *path, char *err, size_t errlen);
+/* Every strategy's post_step (ABI 2.1): after the optimizer's step and after local storage was loaded.
+ * 0, or -1 with the error set. */
+int session_post_step(session *s);
 
 /* Opens model.tokenizer_path and checks it against the model (every id it makes is a row of the
  * embedding). Prints one line naming the key and returns CT_ERR_INVALID, or CT_OK with *tok set. */

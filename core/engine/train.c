@@ -454,7 +454,13 @@ static ct_status train_start(train_run *r) {
     compile_setup(r->s, r->mf);
     r->t_log = ct_now();
     r->warmup_steps = r->steps > 2 ? 2 : r->steps > 1 ? 1 : 0;
-    return ckpt_begin(r->s, r->mf, r->dump, &r->ck) ? CT_ERR_INVALID : CT_OK;
+    if (ckpt_begin(r->s, r->mf, r->dump, &r->ck)) return CT_ERR_INVALID;
+    /* whole compute copies (ZeRO) follow what local storage now holds, loaded or initialised */
+    if (session_post_step(r->s)) {
+        fprintf(stderr, "ctitan: parallelism: post_step: %s\n", ct_last_error());
+        return CT_ERR_INTERNAL;
+    }
+    return CT_OK;
 }
 
 /* The console metrics line and its metrics.jsonl record. -1 on a write error. */
@@ -474,12 +480,14 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
     if (log_record(&r->lg,
             "\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
             "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
-            "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld}, "
+            "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld, "
+            "\"master\": %lld, \"comm\": %lld}, "
             "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}",
             (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)g_mem.peak_total,
             (long long)g_mem.peak[CT_MEM_PARAMS], (long long)g_mem.peak[CT_MEM_GRADS],
             (long long)g_mem.peak[CT_MEM_OPTIMIZER], (long long)g_mem.peak[CT_MEM_ACTIVATIONS],
-            (long long)s->rt.peak_act_bytes, (long long)g_comm_bytes[CS_ALL_GATHER],
+            (long long)s->rt.peak_act_bytes, (long long)g_mem.peak[CT_MEM_MASTER], (long long)g_mem.peak[CT_MEM_COMM],
+            (long long)g_comm_bytes[CS_ALL_GATHER],
             (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]))
         return -1;
     r->t_log = ct_now();
@@ -819,6 +827,11 @@ ct_status cmd_generate(int argc, char **argv) {
     if (is_dir ? ckpt_load_model_from(&s, path, err, sizeof err) : session_load_model(&s, path, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
         st = CT_ERR_INVALID;
+        goto out;
+    }
+    if (session_post_step(&s)) { /* whole compute copies (ZeRO) take the loaded values */
+        fprintf(stderr, "ctitan: parallelism: post_step: %s\n", ct_last_error());
+        st = CT_ERR_INTERNAL;
         goto out;
     }
     int64_t max_new, top_k, seed, T;
