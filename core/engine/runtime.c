@@ -564,6 +564,23 @@ int runtime_init(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_m
     return start_runtime(rt, err, errlen);
 }
 
+/* The parameters declared and placed by the strategies, nothing allocated (a plan: `ctitan train
+ * --dry-run` asks the strategies for their costs on these slots). runtime_free releases it. */
+int runtime_plan(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model,
+                 const runtime_dist *dist, char *err, size_t errlen) {
+    memset(rt, 0, sizeof *rt);
+    rt->d = d;
+    rt->dev = dev;
+    rt->m = m;
+    rt->model = model;
+    if (dist) rt->dist = *dist;
+    registry_ctx rc = {.rt = rt};
+    int st = declare_params(rt, &rc, err, errlen);
+    if (!st && place_params(rt, rc.decls, err, errlen)) st = -1;
+    free(rc.decls);
+    return st;
+}
+
 static void graph_drop(runtime *rt);
 
 void runtime_free(runtime *rt) {

@@ -88,6 +88,8 @@ static int64_t full_n(const zero *z, const ct_param_slot *s) { return s->local_n
 static ct_status zero_place(ct_strategy *p, ct_param_slot *slots, int n) {
     zero *z = p;
     int S = z->mesh.degree[CT_AXIS_DP_SHARD], r = z->mesh.coord[CT_AXIS_DP_SHARD];
+    z->slots = slots; /* report() reads the placement (a planning instance gets no setup) */
+    z->n_slots = n;
     for (int i = 0; i < n; i++) {
         ct_param_slot *s = CT_SLOT_AT(slots, i);
         if (s->placement == CT_PLACE_NONE) continue; /* another pipeline stage's */
@@ -294,7 +296,7 @@ static ct_status zero_report(ct_strategy *p, int n_microbatches, ct_strategy_rep
         free(unit_tmp);
         return CT_ERR_NOMEM;
     }
-    int64_t all_full = 0, gather_tmp = 0;
+    int64_t gather_tmp = 0;
     for (int i = 0; i < z->n_slots; i++) {
         const ct_param_slot *s = CT_SLOT_AT(z->slots, i);
         if (s->placement == CT_PLACE_NONE) continue;
@@ -304,7 +306,6 @@ static ct_status zero_report(ct_strategy *p, int n_microbatches, ct_strategy_rep
         /* zero2: the whole gradient and its shard; zero1: a padded copy of an uneven one */
         unit_tmp[s->unit] += z->stage == 2 ? full + s->local_numel * (int64_t)sizeof(float) : padded ? full : 0;
         if (padded && full > gather_tmp) gather_tmp = full;
-        all_full += full;
     }
     memset(out->mem_bytes, 0, sizeof out->mem_bytes);
     out->n_comms = 0;
@@ -320,13 +321,19 @@ static ct_status zero_report(ct_strategy *p, int n_microbatches, ct_strategy_rep
     out->mem_bytes[CT_MEM_GRADS] = top1 + top2;
     out->mem_bytes[CT_MEM_COMM] = gather_tmp;
     double per_step = z->stage == 2 ? (double)(n_microbatches > 0 ? n_microbatches : 1) : 1.0;
-    for (int k = 0; k < nu; k++) {
-        if (!unit_full[k]) continue;
-        add_cost(out, CT_AXIS_DP_SHARD, CT_COLL_REDUCE_SCATTER, k, CT_PHASE_BACKWARD, (double)unit_full[k], per_step, 1);
-        if (R > 1)
-            add_cost(out, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, k, CT_PHASE_BACKWARD, (double)unit_local[k], per_step, 0);
+    for (int i = 0; i < z->n_slots; i++) { /* one reduction per parameter, as the hooks issue them */
+        const ct_param_slot *s = CT_SLOT_AT(z->slots, i);
+        if (s->placement == CT_PLACE_NONE) continue;
+        double local = (double)s->local_numel * sizeof(float);
+        add_cost(out, CT_AXIS_DP_SHARD, CT_COLL_REDUCE_SCATTER, s->unit, CT_PHASE_BACKWARD, local * S, per_step, 1);
+        if (R > 1) add_cost(out, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD, local, per_step, 0);
     }
-    if (all_full) add_cost(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_GATHER, -1, CT_PHASE_STEP, (double)all_full, 1.0, 0);
+    for (int i = 0; i < z->n_slots; i++) { /* post_step: one gather per parameter */
+        const ct_param_slot *s = CT_SLOT_AT(z->slots, i);
+        if (s->placement != CT_PLACE_NONE)
+            add_cost(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_STEP,
+                     (double)s->local_numel * sizeof(float) * S, 1.0, 0);
+    }
     free(unit_full);
     free(unit_local);
     free(unit_tmp);
