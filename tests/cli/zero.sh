@@ -3,7 +3,8 @@
 # a tiny llama3 (2 layers, dim 128, seq 32, global batch 8, fp32):
 #   - the loss and grad-norm curves of 8 steps equal the single rank's within 1e-6 for zero1 and
 #     zero2 on 2 ranks (dp_shard 2), 4 ranks (dp_replicate 2 x dp_shard 2) and with 2 microbatches;
-#     zero1 with bf16 compute equals the single rank's bf16 run;
+#     so do zero2 under pipeline parallel (ZBV zero-bubble) and zero1 with bf16 compute (against
+#     the single rank's bf16 run);
 #   - a checkpoint saved under zero1 continues on one rank (1e-6) and under zero2 (bit-identical to
 #     zero2's own uninterrupted run);
 #   - the memory counters show the distributed optimizer's arithmetic: master weights and optimizer
@@ -51,6 +52,11 @@ for z in zero1 zero2; do
   grep -q "x 2 microbatches" "$T/$z-accum.log" || fail "$z-accum: not 2 microbatches per step"
   for r in $z-2 $z-4 $z-accum; do compare single $r 8 || exit 1; done
 done
+# pipeline parallel (the other stage's slots left alone); ZBV zero-bubble opens a unit's backward
+# windows of two microbatches at once (zero2 keeps one transient buffer for both)
+run zero2-pp 4 --training.local_batch_size=1 --parallelism.pipeline_parallel_degree=2 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.dp_strategy=zero2 --parallelism.pipeline_parallel_schedule=ZBVZeroBubble --parallelism.pipeline_parallel_layers_per_stage=1
+compare single zero2-pp 8 || exit 1
 run single_bf16 1 --training.local_batch_size=8 --training.mixed_precision_param=bfloat16 --training.steps=4
 run zero1_bf16 2 "${two[@]}" --parallelism.dp_strategy=zero1 --training.mixed_precision_param=bfloat16 --training.steps=4
 compare single_bf16 zero1_bf16 4 || exit 1
