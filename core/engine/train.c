@@ -100,7 +100,7 @@ static void strategy_report_print(const char *name, const ct_strategy_api *a, ct
     static const char *phases[4] = {"?", "forward", "backward", "step"};
     enum { MAX_COMMS = 4096, MAX_GROUPS = 64 };
     if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) {
-        printf("  strategy %s: reports no costs (an ABI 2.0 plugin)\n", name);
+        printf("  strategy %s: reports no costs (it has no report function)\n", name);
         return;
     }
     ct_comm_cost *c = calloc(MAX_COMMS, sizeof *c);

@@ -112,7 +112,7 @@ static ct_status ddp_report(ct_strategy *p, int n_microbatches, ct_strategy_repo
         if (s->placement == CT_PLACE_NONE || d->mesh.degree[CT_AXIS_DP_REPLICATE] <= 1) continue;
         if (out->comms && out->n_comms < out->max_comms) {
             ct_comm_cost *c = (ct_comm_cost *)((char *)out->comms + (size_t)out->n_comms * out->comms->struct_size);
-            size_t size = c->struct_size;
+            size_t size = out->comms->struct_size; /* the host's element size */
             ct_comm_cost v = {sizeof v, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD,
                               (double)s->numel * sizeof(float), 1.0, 1};
             memcpy(c, &v, size < sizeof v ? size : sizeof v);

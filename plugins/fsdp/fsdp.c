@@ -427,7 +427,7 @@ static void report_add(ct_strategy_report *r, int axis, ct_collective kind, int 
                        double count, int overlapped) {
     if (r->comms && r->n_comms < r->max_comms) {
         ct_comm_cost *c = (ct_comm_cost *)((char *)r->comms + (size_t)r->n_comms * r->comms->struct_size);
-        size_t size = c->struct_size;
+        size_t size = r->comms->struct_size; /* the host's element size */
         ct_comm_cost v = {sizeof v, axis, kind, unit, phase, bytes, count, overlapped};
         memcpy(c, &v, size < sizeof v ? size : sizeof v);
     }
