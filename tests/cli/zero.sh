@@ -97,6 +97,15 @@ transient=$(sed -n 's/.*own memory grads \([0-9]*\) B.*/\1/p' "$T/zero2_dry.dry"
 [ -n "$transient" ] || fail "zero2's report has no transient gradient memory: $(cat "$T/zero2_dry.dry")"
 near "memory: zero2 gradients (G/2 shard + reported transient $transient)" "$(mem zero2-2 grads)" $((G / 2 + transient)) 0.05 ||
   exit 1
+# deeper (8 layers): zero2's gradients shrink towards the shard, the transient buffers stay two units'
+deep=(--model.n_layers=8 --training.steps=2)
+run zero2-deep 2 "${two[@]}" --parallelism.dp_strategy=zero2 "${deep[@]}"
+report zero2_deep "${two[@]}" --parallelism.dp_strategy=zero2 "${deep[@]}" >/dev/null
+transient=$(sed -n 's/.*own memory grads \([0-9]*\) B.*/\1/p' "$T/zero2_deep.dry")
+Pd=$(( $(mem zero2-deep master) * 2 )) # the whole model's bytes (no padding at dim 128 on 2 shards)
+near "memory: zero2, 8 layers, gradients (G/2 shard + reported transient $transient)" "$(mem zero2-deep grads)" \
+  $((Pd / 2 + transient)) 0.05 || exit 1
+awk -v g="$(mem zero2-deep grads)" -v p="$Pd" 'BEGIN { printf "%s memory: zero2, 8 layers: gradients %.2f of the whole model'"'"'s\n", g < 0.9 * p ? "ok  " : "FAIL", g / p; exit !(g < 0.9 * p) }' || exit 1
 run fsdp-2 2 "${two[@]}" --parallelism.dp_strategy=fsdp
 report zero1_dry "${two[@]}" --parallelism.dp_strategy=zero1 >/dev/null
 report fsdp_dry "${two[@]}" --parallelism.dp_strategy=fsdp >/dev/null
