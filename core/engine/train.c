@@ -11,6 +11,7 @@
 #include "engine/session.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -98,18 +99,26 @@ typedef struct comm_group_sum {
 static void strategy_report_print(const char *name, const ct_strategy_api *a, ct_strategy *st, int n_micro) {
     static const char *axes[CT_MESH_NAXES] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
     static const char *phases[4] = {"?", "forward", "backward", "step"};
-    enum { MAX_COMMS = 4096, MAX_GROUPS = 64 };
+    enum { MAX_GROUPS = 64 };
     if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) {
         printf("  strategy %s: reports no costs (it has no report function)\n", name);
         return;
     }
-    ct_comm_cost *c = calloc(MAX_COMMS, sizeof *c);
-    if (!c) return;
-    for (int i = 0; i < MAX_COMMS; i++) c[i].struct_size = sizeof *c;
-    ct_strategy_report r = {sizeof r, {0}, c, MAX_COMMS, 0};
+    /* first how many collectives it has, then all of them */
+    ct_strategy_report r = {sizeof r, {0}, NULL, 0, 0};
     ct_clear_error();
-    if (a->report(st, n_micro, &r) != CT_OK) {
-        printf("  strategy %s: report failed: %s\n", name, ct_last_error());
+    ct_status rst = a->report(st, n_micro, &r);
+    int max = r.n_comms > 0 && r.n_comms < INT_MAX / 2 ? r.n_comms : 1;
+    ct_comm_cost *c = rst == CT_OK ? calloc((size_t)max, sizeof *c) : NULL;
+    if (rst == CT_OK && !c) rst = CT_ERR_NOMEM;
+    for (int i = 0; c && i < max; i++) c[i].struct_size = sizeof *c;
+    if (rst == CT_OK) {
+        r = (ct_strategy_report){sizeof r, {0}, c, max, 0};
+        ct_clear_error();
+        rst = a->report(st, n_micro, &r);
+    }
+    if (rst != CT_OK) {
+        printf("  strategy %s: report failed: %s\n", name, ct_last_error()[0] ? ct_last_error() : "no message");
         free(c);
         return;
     }
@@ -124,7 +133,7 @@ static void strategy_report_print(const char *name, const ct_strategy_api *a, ct
     if (!any) line_add(line, sizeof line, &at, " none");
     /* grouped by kind, axis, phase and overlap, in order of first appearance */
     comm_group_sum g[MAX_GROUPS];
-    int ng = 0, n = r.n_comms < MAX_COMMS ? r.n_comms : MAX_COMMS;
+    int ng = 0, n = r.n_comms < max ? r.n_comms : max;
     for (int i = 0; i < n; i++) {
         int j = 0;
         while (j < ng && !(g[j].kind == (int)c[i].kind && g[j].axis == c[i].axis && g[j].phase == (int)c[i].phase &&
