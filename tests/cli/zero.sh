@@ -43,6 +43,11 @@ four=(--training.local_batch_size=2 --parallelism.data_parallel_replicate_degree
 accum=(--training.local_batch_size=2 --parallelism.data_parallel_shard_degree=2)
 ckpt=(--checkpoint.enable=true --checkpoint.interval=4)
 
+# on one process there is nothing to shard over: refused with one line, status 2
+"$CTITAN" train "${base[@]}" --job.dump_folder="$T/one" --parallelism.dp_strategy=zero1 >"$T/one.log" 2>&1; rc=$?
+[ $rc = 2 ] && grep -q "strategy 'zero1' needs several ranks" "$T/one.log" ||
+  fail "zero1 on one rank: status $rc, expected 2 with a line naming the strategy: $(cat "$T/one.log")"
+echo "ok   zero1 on one rank refused (status 2): $(cat "$T/one.log")"
 run single 1 --training.local_batch_size=8
 for z in zero1 zero2; do
   run $z-2 2 "${two[@]}" --parallelism.dp_strategy=$z "${ckpt[@]}"
