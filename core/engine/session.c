@@ -730,6 +730,92 @@ done:
     return rc;
 }
 
+/* A dry run's strategies: the data-parallel one (and the tp axis's, when tensor_parallel_degree > 1)
+ * created as planning instances (env.planning: no device, comm or groups) on rank 0's coordinates of
+ * the manifest's mesh, and the parameters placed by them (runtime_plan); pipeline stages are not
+ * split (every unit is placed). Strategies it could not create are left out, s->plan_note says why. */
+ct_status session_plan(session *s) {
+    char err[2048];
+    int64_t v;
+    static const char *keys[CT_MESH_NAXES] = {"parallelism.pipeline_parallel_degree", "parallelism.data_parallel_replicate_degree",
+                                              "parallelism.data_parallel_shard_degree", "parallelism.context_parallel_degree",
+                                              "parallelism.tensor_parallel_degree"};
+    memset(&s->mesh, 0, sizeof s->mesh);
+    s->mesh.struct_size = sizeof s->mesh;
+    s->mesh.world_size = 1;
+    for (int a = 0; a < CT_MESH_NAXES; a++) {
+        s->mesh.degree[a] = mf_get_int(s->mf, keys[a], &v) || v < 1 || v > 1 << 20 ? 1 : (int)v; /* -1: 1 here */
+        s->mesh.world_size *= s->mesh.degree[a];
+    }
+    s->mesh.dp_size = s->mesh.degree[CT_AXIS_DP_REPLICATE] * s->mesh.degree[CT_AXIS_DP_SHARD];
+    const char *sname = strategy_name(s->mf, s->mesh.world_size);
+    ct_status st;
+    if (sname && (st = load_named(s, "parallelism", "parallelism.dp_strategy", sname, CT_KIND_STRATEGY, &s->stratp)))
+        return st;
+    ct_model_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    ct_clear_error();
+    if (s->m->describe(s->model, &d) != CT_OK) return fail_line(CT_ERR_INVALID, "model");
+    const ct_tp_rule *plan = CT_HAS_FIELD(s->m, ct_model_api, tp_plan) ? s->m->tp_plan : NULL;
+    int64_t seq_len = 0;
+    mf_get_int(s->mf, "training.seq_len", &seq_len);
+    const char *mp = "float32";
+    mf_get_str(s->mf, "training.mixed_precision_param", &mp);
+    ct_strategy_env env = {sizeof env, NULL, NULL, NULL, NULL, &s->mesh, strcmp(mp, "bfloat16") == 0, 0, plan, &d,
+                           seq_len, 0, 1};
+    runtime_dist dist = {NULL, NULL, &s->mesh, {0}, {0}, 0, NULL};
+    plugin *ps[2] = {s->mesh.degree[CT_AXIS_TP] > 1 ? s->axisp : NULL, s->stratp};
+    s->plan_note[0] = 0;
+    for (int k = 0; k < 2; k++) {
+        if (!ps[k]) continue;
+        const ct_strategy_api *a = ps[k]->info.api;
+        ct_strategy *inst = NULL;
+        ct_clear_error();
+        if (a->create(&ps[k]->host, &env, &inst) != CT_OK) { /* one that cannot plan: left out, said so */
+            snprintf(s->plan_note + strlen(s->plan_note), sizeof s->plan_note - strlen(s->plan_note),
+                     "%sstrategy %s cannot plan: %s", s->plan_note[0] ? "; " : "", ps[k]->info.name, ct_last_error());
+            continue;
+        }
+        if (k == 0) {
+            s->xapi = a;
+            s->xstrat = inst;
+        } else {
+            s->sapi = a;
+            s->strat = inst;
+        }
+        dist.st[dist.n_st] = a;
+        dist.strat[dist.n_st++] = inst;
+    }
+    int rst = runtime_plan(&s->rt, s->d, s->dev, s->m, s->model, &dist, err, sizeof err);
+    s->rt_ready = 1; /* session_close frees what it holds */
+    if (rst) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return rst == -2 ? CT_ERR_INVALID : CT_ERR_INTERNAL;
+    }
+    return CT_OK;
+}
+
+/* ABI 2.1: every strategy's post_step, in order, after local storage changed (the optimizer's step,
+ * a checkpoint load): ZeRO all-gathers the updated shards into the whole compute copies. A 2.0
+ * strategy's table ends before the field. Counts as communication time. */
+int session_post_step(session *s) {
+    for (int k = 0; k < s->rt.dist.n_st; k++) {
+        const ct_strategy_api *a = s->rt.dist.st[k];
+        if (!CT_HAS_FIELD(a, ct_strategy_api, post_step) || !a->post_step) continue;
+        ct_clear_error();
+        double t0 = ct_now();
+        ct_status st = a->post_step(s->rt.dist.strat[k]);
+        s->rt.comm_seconds += ct_now() - t0;
+        if (st != CT_OK) {
+            if (!ct_last_error()[0]) ct_set_error("strategy post_step failed (status %d)", st);
+            s->rt.dist_status = st;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Sums x over the data-parallel ranks (a no-op on one). */
 static int dp_sum(session *s, double *x) {
     if (!s->capi || s->mesh.dp_size <= 1) return 0;
@@ -833,5 +919,5 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     }
     s->opt_calls = calls;
     trace_end("optimizer");
-    return 0;
+    return session_post_step(s);
 }

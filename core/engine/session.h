@@ -36,6 +36,7 @@ typedef struct session {
     ct_optimizer *opt;
     runtime rt;
     int rt_ready;
+    char plan_note[512]; /* session_plan: the strategies it could not create, and why */
     char *opt_mem;   /* one allocation: state_count f32 values per parameter element */
     size_t opt_bytes;
     int n_state;
@@ -71,6 +72,11 @@ void session_resolve_path(const manifest *mf, const char *p, char *out, size_t l
 /* Writes the parameters to a ctt file (atomic). */
 int session_save_model(session *s, const char *path, char *err, size_t errlen);
 int session_load_model(session *s, const char *path, char *err, size_t errlen);
+/* Every strategy's post_step (ABI 2.1): after the optimizer's step and after local storage was loaded.
+ * 0, or -1 with the error set. */
+int session_post_step(session *s);
+/* A dry run's planning strategies and placed parameters (no storage); see session.c. */
+ct_status session_plan(session *s);
 
 /* Opens model.tokenizer_path and checks it against the model (every id it makes is a row of the
  * embedding). Prints one line naming the key and returns CT_ERR_INVALID, or CT_OK with *tok set. */
