@@ -504,7 +504,8 @@ static int whole_alloc(runtime *rt, const decl *decls, char *err, size_t errlen)
             mem_account(CT_MEM_PARAMS, -local_bytes(sl)); /* the placed shard is the optimizer's master now */
             mem_account(CT_MEM_MASTER, local_bytes(sl));
             mem_account(CT_MEM_PARAMS, (int64_t)bytes);
-            init_values(&decls[i], sl, rt->seed, host, 0, sl->numel); /* element i: the value local storage has */
+            const decl *key = decls[i].copy_of >= 0 ? &decls[decls[i].copy_of] : &decls[i]; /* copies start alike */
+            init_values(&decls[i], key->name, sl, rt->seed, host, 0, sl->numel); /* the value local storage has */
             if (rt->d->copy(rt->dev, sl->whole_data, host, bytes, CT_COPY_H2D) != CT_OK) {
                 snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
                 goto fail;
