@@ -171,5 +171,13 @@ CUDA_OP(graph_begin);
 CUDA_OP(graph_end);
 CUDA_OP(graph_launch);
 CUDA_OP(graph_free);
+/* ABI 2.1: ops_ew.c (the elementwise ops) */
+CUDA_OP(ew_axpby);
+CUDA_OP(ew_mul);
+CUDA_OP(ew_div);
+CUDA_OP(ew_sqrt);
+CUDA_OP(ew_sign);
+CUDA_OP(ew_clamp);
+CUDA_OP(ew_greater);
 
 #endif

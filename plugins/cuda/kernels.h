@@ -77,6 +77,16 @@ cudaError_t cuk_reciprocal2(const cuk_env *e, float *out, const float *a, const 
 /* out (n) = 1 / x (n) */
 cudaError_t cuk_reciprocal(const cuk_env *e, float *out, const float *x, int64_t n);
 
+/* ---- ABI 2.1 elementwise ops (kernels_ew.cu): device.h's ew_*, out may alias any input ---- */
+cudaError_t cuk_ew_axpby(const cuk_env *e, float *out, float alpha, const float *x, float beta, const float *y,
+                         int64_t n);
+cudaError_t cuk_ew_mul(const cuk_env *e, float *out, const float *x, const float *y, int64_t n);
+cudaError_t cuk_ew_div(const cuk_env *e, float *out, const float *x, const float *y, float eps, int64_t n);
+cudaError_t cuk_ew_sqrt(const cuk_env *e, float *out, const float *x, int64_t n);
+cudaError_t cuk_ew_sign(const cuk_env *e, float *out, const float *x, int64_t n);
+cudaError_t cuk_ew_clamp(const cuk_env *e, float *out, const float *x, float lo, float hi, int64_t n);
+cudaError_t cuk_ew_greater(const cuk_env *e, float *out, const float *x, const float *y, int64_t n);
+
 /* ---- row ops (kernels_rows.cu) ---- */
 /* The table holds rows [begin, begin + rows); ids outside give zero rows. */
 cudaError_t cuk_embedding_forward(const cuk_env *e, float *out, const int32_t *ids, const float *table,
