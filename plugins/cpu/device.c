@@ -4,7 +4,7 @@
  * Each op checks its arguments here, reports bad ones through host->set_error, and hands the
  * work to the f32 kernels (kernels_impl.h instanced by kernels_f32.c, and kernels_fp8.c for the
  * float8 ops of ABI 1.2). The ABI 1.3 ops (vocabulary-sharded embedding and cross-entropy,
- * copy_2d) are kernels_impl.h's too. Memory is plain host memory: the host does the accounting,
+ * copy_2d) and the elementwise ops of ABI 2.1 (ew_*) are kernels_impl.h's too. Memory is plain host memory: the host does the accounting,
  * copies are memcpy, and every op has finished when it returns, so synchronize has nothing to
  * wait for.
  *

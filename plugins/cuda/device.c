@@ -11,8 +11,8 @@
  * collectives run on; a single process gets GPU 0) and `tf32` (let f32 GEMMs use TF32 tensor
  * cores, default false: f32 GEMMs then stay within the conformance harness's f32 tolerances).
  *
- * Where the work is: memory.c (caching allocator), blas.c (matmul), ops.c / ops_ext.c (argument
- * checks), kernels_*.cu (the kernels), stream.c (the device's stream, shared with the comm plugin
+ * Where the work is: memory.c (caching allocator), blas.c (matmul), ops.c / ops_ext.c / ops_ew.c
+ * (argument checks), kernels_*.cu (the kernels), stream.c (the device's stream, shared with the comm plugin
  * through share_stream).
  */
 #include "cuda_device.h"

@@ -2,7 +2,7 @@
  *
  * Every launcher enqueues its kernels on env->stream and returns the launch status
  * (cudaGetLastError, or cudaErrorMemoryAllocation when its scratch memory is not there). The
- * arguments are already checked by ops.c / ops_ext.c: shapes are non-negative, pointers set,
+ * arguments are already checked by ops.c / ops_ext.c / ops_ew.c: shapes are non-negative, pointers set,
  * ids and targets validated by cuk_find_bad_id where the op needs it. Shapes and contracts are
  * those of ctitan/device.h: row-major, contiguous, f32; backward launchers ADD into gradients.
  *
