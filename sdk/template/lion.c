@@ -30,7 +30,8 @@
 /* The plugin's manifest keys (the `optimizer` section's `name` and `lr` belong to the host). The
  * host checks every given value against the range, so create need not. */
 static const ct_option_spec lion_options[] = {
-    {sizeof(ct_option_spec), "beta1", CT_OPT_FLOAT, "0.9", "weight of the momentum in the update's sign", "[0, 1]", NULL},
+    {sizeof(ct_option_spec), "beta1", CT_OPT_FLOAT, "0.9", "weight of the momentum in the update's sign", "[0, 1]",
+     NULL},
     {sizeof(ct_option_spec), "beta2", CT_OPT_FLOAT, "0.99", "decay of the momentum", "[0, 1]", NULL},
     {sizeof(ct_option_spec), "weight_decay", CT_OPT_FLOAT, "0.0",
      "decoupled weight decay (not applied to CT_TENSOR_NO_DECAY tensors)", "[0, inf)", NULL},
@@ -90,14 +91,18 @@ static int lion_state_count(ct_optimizer *opt) {
     return 1;
 }
 
-/* One slice of at most LION_CHUNK elements: p (n), g (n), m (n). */
+/* One slice of at most LION_CHUNK elements: p (n), g (n), m (n); c is the scratch. */
 static ct_status lion_update(lion *s, float *p, const float *g, float *m, int64_t n, float lr, float wd) {
     const ct_device_api *d = s->dapi;
+    float *c = s->c;
     ct_status st;
-    if ((st = d->ew_axpby(s->dev, s->c, s->beta1, m, 1.0f - s->beta1, g, n)) != CT_OK) return st; /* c = b1 m + (1-b1) g */
-    if ((st = d->ew_sign(s->dev, s->c, s->c, n)) != CT_OK) return st;                            /* c = sign(c)        */
-    if ((st = d->ew_axpby(s->dev, p, 1.0f - lr * wd, p, -lr, s->c, n)) != CT_OK) return st;      /* p = (1-lr wd) p - lr c */
-    return d->ew_axpby(s->dev, m, s->beta2, m, 1.0f - s->beta2, g, n);                           /* m = b2 m + (1-b2) g */
+    /* c = sign(beta1 m + (1 - beta1) g) */
+    if ((st = d->ew_axpby(s->dev, c, s->beta1, m, 1.0f - s->beta1, g, n)) != CT_OK) return st;
+    if ((st = d->ew_sign(s->dev, c, c, n)) != CT_OK) return st;
+    /* p = (1 - lr wd) p - lr c */
+    if ((st = d->ew_axpby(s->dev, p, 1.0f - lr * wd, p, -lr, c, n)) != CT_OK) return st;
+    /* m = beta2 m + (1 - beta2) g */
+    return d->ew_axpby(s->dev, m, s->beta2, m, 1.0f - s->beta2, g, n);
 }
 
 static ct_status lion_step(ct_optimizer *opt, ct_tensor *param, float *const *state, int64_t numel, float lr,
