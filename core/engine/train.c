@@ -839,13 +839,3 @@ out:
     session_close(&s);
     return st;
 }
-
-ct_status cmd_plugins(int argc, char **argv) {
-    if (argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
-        printf("usage: ctitan plugins [FOLDER]\n  Lists the plugins found on the search path (FOLDER, "
-               "$CTITAN_PLUGIN_PATH, the build's plugins/) with kind, name and ABI version.\n");
-        return CT_OK;
-    }
-    int n = plugin_list(stdout, argc > 0 ? argv[0] : NULL);
-    return n > 0 ? CT_OK : CT_ERR_IO;
-}
