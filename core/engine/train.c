@@ -672,17 +672,12 @@ done:
 /* `ctitan train --help`: the usage and every core key. */
 static void train_help_print(void) {
     fputs(train_usage, stdout);
-    printf("\nkeys (plugins add theirs once loaded; see --print-config):\n");
-    manifest m0 = {0};
-    manifest_add_core_schema(&m0);
-    manifest_print_schema(&m0, stdout);
-    m0.path = NULL;
-    for (int i = 0; i < m0.n_schema; i++) {
-        free(m0.schema[i].key);
-        free(m0.schema[i].default_value);
-        free(m0.schema[i].help);
-    }
-    free(m0.schema);
+    printf("\nkeys (plugins add theirs once loaded; see --print-config, or ctitan plugins FILE.so for one plugin's):\n");
+    manifest *m0 = manifest_new();
+    if (!m0) return;
+    manifest_add_core_schema(m0);
+    manifest_print_schema(m0, stdout);
+    manifest_free(m0);
 }
 
 /* checkpoint.create_seed_checkpoint: writes step-0 into the folder, under its lock like any run. */
