@@ -3,6 +3,8 @@
 
 #include "host/host.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -72,6 +74,12 @@ static void describe(const plugin *p) {
 }
 
 static ct_status list_folder(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "ctitan plugins: %s: cannot read the folder: %s\n", dir, strerror(errno));
+        return CT_ERR_INVALID;
+    }
+    closedir(d);
     int files = 0, n = plugin_list(stdout, dir, &files);
     if (n > 0) return CT_OK;
     fflush(stdout);
