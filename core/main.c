@@ -9,6 +9,7 @@
  * Three paths end the process before main returns and write the same numbers themselves: a second
  * stop signal (128 + N), a rank aborting its job after a failure and a rank whose launcher died (1). */
 #include "tools/cmd_convert.h"
+#include "tools/cmd_plugins.h"
 #include "tools/cmd_schedule.h"
 #include "tools/cmd_tokenize.h"
 #include "engine/session.h"
@@ -21,7 +22,7 @@ static const char *usage =
     "commands:\n"
     "  train MANIFEST      train the model a YAML manifest names (torchtitan's config keys)\n"
     "  generate MANIFEST   sample text from the model a training run saved\n"
-    "  plugins [FOLDER]    list loadable plugins: kind, name, ABI version\n"
+    "  plugins [PATH]      the plugins on the search path; PATH: every file of a folder, or one plugin in full\n"
     "  launch -n N CMD     run `ctitan CMD` on N ranks under mpirun (as root, oversubscribed)\n"
     "  tokenize            turn text or JSONL into a token shard\n"
     "  tokenizer           train / encode / decode with a BPE vocabulary (tiktoken format)\n"
@@ -64,6 +65,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "convert")) return exit_code(cmd_convert(argc - 1, argv + 1));
     if (!strcmp(cmd, "schedule")) return exit_code(cmd_schedule(argc - 1, argv + 1));
     if (!strcmp(cmd, "tokenizer")) return exit_code(cmd_tokenizer(argc - 1, argv + 1));
-    fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plugins, launch, tokenize, tokenizer, convert; see ctitan help)\n", cmd);
+    fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plugins, launch, tokenize, tokenizer, convert, schedule; see ctitan help)\n", cmd);
     return exit_code(CT_ERR_INVALID);
 }

@@ -92,7 +92,6 @@ static const struct {
     {"comm.init_timeout_seconds", CT_OPT_FLOAT, "300", "bound on joining the job (where the plugin can bound it)"},
     {"parallelism.dp_strategy", CT_OPT_STRING, "auto",
      "auto (fsdp when data_parallel_shard_degree > 1, ddp when only replicate > 1) | none | a plugin name or path"},
-    {"parallelism.fsdp_reshard_after_forward", CT_OPT_STRING, "default", "default | always | never"},
     {"parallelism.data_parallel_replicate_degree", CT_OPT_INT, "1", "DDP/HSDP replicas"},
     {"parallelism.data_parallel_shard_degree", CT_OPT_INT, "-1", "FSDP degree; -1 = ranks left over"},
     {"parallelism.tensor_parallel_degree", CT_OPT_INT, "1", "tensor parallel degree"},
@@ -147,7 +146,6 @@ static const struct {
     {"generate.top_k", "[0, 16777216]", NULL},
     {"comm.train_timeout_seconds", "(0, 1e9]", NULL},
     {"comm.init_timeout_seconds", "(0, 1e9]", NULL},
-    {"parallelism.fsdp_reshard_after_forward", NULL, "default|always|never"},
     /* degrees: mesh_degrees checks them against the job's ranks; these keep them in an int */
     {"parallelism.data_parallel_replicate_degree", "[1, 1048576]", NULL},
     {"parallelism.data_parallel_shard_degree", "[-1, 1048576]", NULL},
@@ -513,6 +511,16 @@ int manifest_override(manifest *m, const char *key, const char *value, char *err
     return add_value(m, key, value, 0, 0);
 }
 
+manifest *manifest_new(void) {
+    manifest *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->path = strdup("command line");
+    m->dir = strdup(".");
+    if (m->path && m->dir) return m;
+    manifest_free(m);
+    return NULL;
+}
+
 int manifest_alias(manifest *m, const char *from, const char *to) {
     const mf_value *src = find_value(m, from);
     if (!src || !src->value || (find_value(m, to) && find_value(m, to)->value)) return 0;
@@ -541,6 +549,8 @@ void manifest_free(manifest *m) {
         free(m->schema[i].key);
         free(m->schema[i].default_value);
         free(m->schema[i].help);
+        free(m->schema[i].range);
+        free(m->schema[i].choices);
     }
     free(m->values);
     free(m->index);
@@ -563,8 +573,8 @@ static void schema_add(manifest *m, const char *key, ct_opt_type type, const cha
     s->default_value = xstrdup(def);
     s->help = xstrdup(help ? help : "");
     s->plugin = plugin;
-    s->range = range;
-    s->choices = choices;
+    s->range = xstrdup(range);
+    s->choices = xstrdup(choices);
 }
 
 void manifest_add_core_schema(manifest *m) {
@@ -590,6 +600,13 @@ void manifest_add_plugin_schema(manifest *m, const char *section, const ct_optio
         int checks = CT_HAS_FIELD(o, ct_option_spec, choices);
         schema_add(m, key, o->type, o->default_value, o->help, 1, checks ? o->range : NULL, checks ? o->choices : NULL);
     }
+}
+
+int manifest_has_unknown(const manifest *m, const char *prefix) {
+    size_t n = strlen(prefix);
+    for (int i = 0; i < m->n_values; i++)
+        if (!strncmp(m->values[i].key, prefix, n) && !find_schema(m, m->values[i].key)) return 1;
+    return 0;
 }
 
 int mf_parse_int(const char *s, int64_t *out) {

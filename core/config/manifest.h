@@ -26,11 +26,11 @@ typedef struct mf_schema_entry {
     char *default_value; /* NULL: unset unless given */
     char *help;
     int plugin; /* declared by a plugin (shown separately in --help) */
-    /* Checked for every value given, whether or not the key's feature is on (static strings, not
-     * owned; NULL: none). range: "[lo, hi]" with '(' or ')' for an open end, both ends numbers;
-     * choices: "a|b|c", the only strings accepted. */
-    const char *range;
-    const char *choices;
+    /* Checked for every value given, whether or not the key's feature is on (copies: a plugin read
+     * only for its option list is unloaded; NULL: none). range: "[lo, hi]" with '(' or ')' for an
+     * open end, both ends numbers; choices: "a|b|c", the only strings accepted. */
+    char *range;
+    char *choices;
 } mf_schema_entry;
 
 typedef struct manifest {
@@ -65,13 +65,21 @@ manifest *manifest_load(const char *path, char *err, size_t errlen);
  * holds '='). The last override of a key wins. */
 int manifest_override(manifest *m, const char *key, const char *value, char *err, size_t errlen);
 void manifest_free(manifest *m);
+/* An empty manifest whose values all come from the command line (manifest_override): a command
+ * that takes plugin options without a YAML file (`ctitan schedule --parallelism.KEY=VALUE`).
+ * Relative paths resolve from the working folder. NULL when out of memory. */
+manifest *manifest_new(void);
 /* Copies `from` (value and where it was set) to `to` when `to` is unset: one setting, two spellings. */
 int manifest_alias(manifest *m, const char *from, const char *to);
 
 /* Adds the core's keys to the schema. */
 void manifest_add_core_schema(manifest *m);
-/* Adds a plugin's options under `section` ("model", "optimizer", "device"). */
+/* Adds a plugin's options under `section` ("model", "optimizer", "device"). The schema keeps
+ * copies of every string: the plugin may be unloaded afterwards. */
 void manifest_add_plugin_schema(manifest *m, const char *section, const ct_option_spec *opts);
+/* Whether a key given under `prefix` ("comm.") is not in the schema yet: a plugin whose section it
+ * is has options to add before manifest_validate. */
+int manifest_has_unknown(const manifest *m, const char *prefix);
 /* Checks every key exists in the schema, parses as its type and lies in its range or choices, then
  * the sizes computed from several keys; first error -> err, returns -1. */
 int manifest_validate(const manifest *m, char *err, size_t errlen);

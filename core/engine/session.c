@@ -141,6 +141,7 @@ static ct_status load_named(session *s, const char *section, const char *key, co
                   : kind == CT_KIND_OPTIMIZER ? offsetof(ct_optimizer_api, elementwise)
                   : kind == CT_KIND_COMM      ? offsetof(ct_comm_api, test)
                   : kind == CT_KIND_STRATEGY  ? offsetof(ct_strategy_api, post_step)
+                  : kind == CT_KIND_PIPELINE  ? sizeof(ct_pipeline_api)
                                               : sizeof(ct_quantizer_api);
     if (*(const size_t *)in->api < need) {
         fprintf(stderr, "ctitan: %s: plugin '%s' has an API table of %zu bytes; this host needs %zu: rebuild it\n",
@@ -148,6 +149,52 @@ static ct_status load_named(session *s, const char *section, const char *key, co
         return CT_ERR_INVALID;
     }
     manifest_add_plugin_schema(s->mf, section, in->options);
+    return CT_OK;
+}
+
+/* The option lists of plugins this run names but may not create, so that one manifest validates
+ * the same on 1 rank, on N and under --dry-run: the data-parallel strategy (under "auto" both that
+ * it can pick), the pipeline schedule and runner, the float8 quantizer, and the comm plugin when a
+ * comm key is not known yet (the comm plugin links MPI, which a 1-rank run does not load).
+ * Each is loaded (a name that does not load is an error at its key), its options join the schema,
+ * and it is unloaded; the plugins the run creates are loaded again, later, as before. */
+static ct_status add_option_lists(session *s, manifest *mf) {
+    static const struct {
+        const char *section, *key, *dflt;
+        ct_plugin_kind kind;
+    } named[] = {
+        {"parallelism", "parallelism.dp_strategy", "auto", CT_KIND_STRATEGY},
+        {"parallelism", "parallelism.pipeline_runner", "pp", CT_KIND_PIPELINE},
+        {"quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER},
+        {"comm", "comm.name", "mpi", CT_KIND_COMM},
+    };
+    char err[2048], where[600];
+    plugin *p;
+    ct_status st;
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
+        const char *name = named[i].dflt;
+        if (named[i].kind != CT_KIND_QUANTIZER) mf_get_str(mf, named[i].key, &name);
+        if (named[i].kind == CT_KIND_COMM && (s->commp || !manifest_has_unknown(mf, "comm."))) continue;
+        const char *names[2] = {name, NULL};
+        if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "auto")) names[0] = "fsdp", names[1] = "ddp";
+        if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "none")) names[0] = NULL;
+        for (int k = 0; k < 2 && names[k]; k++) {
+            if ((named[i].kind == CT_KIND_STRATEGY && s->stratp && !strcmp(names[k], s->stratp->info.name)) ||
+                (named[i].kind == CT_KIND_QUANTIZER && s->quantp))
+                continue; /* loaded for this run: its options are in */
+            if ((st = load_named(s, named[i].section, named[i].key, names[k], named[i].kind, &p))) return st;
+            plugin_unload(p);
+        }
+    }
+    const char *sched = "1F1B"; /* by its own loader: schedule names are normalized */
+    mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &sched);
+    if (!(p = schedule_load(sched, mf, err, sizeof err))) {
+        mf_where(mf, "parallelism.pipeline_parallel_schedule", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return CT_ERR_INVALID;
+    }
+    manifest_add_plugin_schema(mf, "parallelism", p->info.options);
+    plugin_unload(p);
     return CT_OK;
 }
 
@@ -298,9 +345,10 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
 }
 
 /* Loads every plugin the manifest names (the tp axis's in every run, so its keys are validated even
- * when tensor_parallel_degree is 1) and validates the manifest against the core's and their keys. */
+ * when tensor_parallel_degree is 1; the option lists of the others it may not create, see
+ * add_option_lists) and validates the manifest against the core's and their keys. */
 static ct_status load_plugins(session *s, manifest *mf, int with_params) {
-    char err[2048], where[600];
+    char err[2048];
     ct_status st;
     if ((st = launch_check_world())) return st; /* torchrun or srun without an MPI job: before MPI sets its variables */
     if ((st = load_slot(s, "device", CT_KIND_DEVICE, &s->devp))) return st;
@@ -318,17 +366,9 @@ static ct_status load_plugins(session *s, manifest *mf, int with_params) {
         (st = load_named(s, "quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER,
                          &s->quantp)))
         return st;
+    if ((st = add_option_lists(s, mf))) return st;
     if (manifest_validate(mf, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
-        return CT_ERR_INVALID;
-    }
-    int64_t pp_degree = 1;
-    const char *sched = "1F1B";
-    mf_get_int(mf, "parallelism.pipeline_parallel_degree", &pp_degree);
-    mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &sched);
-    if (pp_degree == 1 && schedule_exists(sched, mf, err, sizeof err)) { /* pipeline_plan loads it otherwise */
-        mf_where(mf, "parallelism.pipeline_parallel_schedule", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: %s\n", where, err);
         return CT_ERR_INVALID;
     }
     s->d = s->devp->info.api;

@@ -109,7 +109,6 @@ int session_step_params(session *s, double lr, int64_t step);
  *   mpirun missing or failed, a rank that ended without a status), *job_exit unset. */
 ct_status cmd_train(int argc, char **argv, int *stop_signal);
 ct_status cmd_generate(int argc, char **argv);
-ct_status cmd_plugins(int argc, char **argv);
 ct_status cmd_launch(int argc, char **argv, int *job_exit);
 /* Under `ctitan launch`: records this rank's exit status (main.c's, from the status) for the
  * launcher. */

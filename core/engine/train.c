@@ -773,17 +773,12 @@ done:
 /* `ctitan train --help`: the usage and every core key. */
 static void train_help_print(void) {
     fputs(train_usage, stdout);
-    printf("\nkeys (plugins add theirs once loaded; see --print-config):\n");
-    manifest m0 = {0};
-    manifest_add_core_schema(&m0);
-    manifest_print_schema(&m0, stdout);
-    m0.path = NULL;
-    for (int i = 0; i < m0.n_schema; i++) {
-        free(m0.schema[i].key);
-        free(m0.schema[i].default_value);
-        free(m0.schema[i].help);
-    }
-    free(m0.schema);
+    printf("\nkeys (plugins add theirs once loaded; see --print-config, or ctitan plugins FILE.so for one plugin's):\n");
+    manifest *m0 = manifest_new();
+    if (!m0) return;
+    manifest_add_core_schema(m0);
+    manifest_print_schema(m0, stdout);
+    manifest_free(m0);
 }
 
 /* checkpoint.create_seed_checkpoint: writes step-0 into the folder, under its lock like any run. */
@@ -944,14 +939,4 @@ out:
     tokenizer_free(tok);
     session_close(&s);
     return st;
-}
-
-ct_status cmd_plugins(int argc, char **argv) {
-    if (argc > 0 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
-        printf("usage: ctitan plugins [FOLDER]\n  Lists the plugins found on the search path (FOLDER, "
-               "$CTITAN_PLUGIN_PATH, the build's plugins/) with kind, name and ABI version.\n");
-        return CT_OK;
-    }
-    int n = plugin_list(stdout, argc > 0 ? argv[0] : NULL);
-    return n > 0 ? CT_OK : CT_ERR_IO;
 }

@@ -645,7 +645,7 @@ static int address_space_check(const char *path, char *err, size_t errlen) {
     return 0;
 }
 
-static plugin *open_plugin(const char *path, char *err, size_t errlen) {
+plugin *plugin_open(const char *path, char *err, size_t errlen) {
     if (plugin_file_check(path, err, errlen) || address_space_check(path, err, errlen)) return NULL;
     dlerror();
     /* RTLD_NODELETE: a plugin may start threads (OpenMP, CUDA) that outlive its handle */
@@ -737,7 +737,7 @@ plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, 
             return NULL;
         }
     }
-    plugin *p = open_plugin(path, err, errlen);
+    plugin *p = plugin_open(path, err, errlen);
     if (!p) return NULL;
     if (p->info.kind != kind) {
         snprintf(err, errlen, "%s: plugin '%s' is a %s plugin, expected a %s plugin", path, p->info.name,
@@ -757,47 +757,64 @@ void plugin_unload(plugin *p) {
     free(p);
 }
 
-int plugin_list(FILE *out, const char *first_dir) {
-    char dirs[16][PATH_MAX];
-    int nd = plugin_search_dirs(first_dir, dirs, 16), count = 0;
+/* A folder's entries to examine, sorted: every name but "." and ".." (all), or only ctitan-*.so.
+ * NULL when the folder cannot be read (*n = 0) or out of memory. */
+static char (*dir_names(const char *dir, int all, int *n))[256] {
+    DIR *d = opendir(dir);
+    char (*names)[256] = NULL;
+    *n = 0;
+    if (!d) return NULL;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || l >= 256) continue;
+        if (!all && (strncmp(e->d_name, "ctitan-", 7) || l < 4 || strcmp(e->d_name + l - 3, ".so"))) continue;
+        void *grown = realloc(names, sizeof(*names) * (size_t)(*n + 1));
+        if (!grown) break;
+        names = grown;
+        memcpy(names[(*n)++], e->d_name, l + 1);
+    }
+    closedir(d);
+    if (names) qsort(names, (size_t)*n, sizeof *names, (int (*)(const void *, const void *))strcmp);
+    return names;
+}
+
+/* One folder: a plugin is "KIND NAME ABI PATH" and its description below; any other file is
+ * "? FILE - why" with the loader's own error. Subfolders are skipped. */
+static void list_dir(FILE *out, const char *dir, int all, int *count, int *files) {
+    int nn;
+    char (*names)[256] = dir_names(dir, all, &nn);
+    for (int i = 0; i < nn; i++) {
+        char path[PATH_MAX + 256], err[1024];
+        struct stat st;
+        if (snprintf(path, sizeof path, "%s/%s", dir, names[i]) >= (int)sizeof path) continue;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) continue;
+        (*files)++;
+        plugin *p = plugin_open(path, err, sizeof err);
+        if (!p) {
+            fprintf(out, "%-10s %-12s %-6s %s\n", "?", names[i], "-", err);
+            continue;
+        }
+        fprintf(out, "%-10s %-12s %u.%-4u %s\n%31s%s\n", plugin_kind_name(p->info.kind), p->info.name,
+                p->info.abi_major, p->info.abi_minor, path, "", p->info.description ? p->info.description : "");
+        plugin_unload(p);
+        (*count)++;
+    }
+    free(names);
+}
+
+int plugin_list(FILE *out, const char *folder, int *files) {
+    char dirs[16][PATH_MAX], seen[16][PATH_MAX];
+    int nd = folder ? 1 : plugin_search_dirs(NULL, dirs, 16), count = 0, nfiles = 0;
+    if (folder) snprintf(dirs[0], PATH_MAX, "%s", folder);
     fprintf(out, "host ABI %d.%d (CT_ABI_MAJOR.CT_ABI_MINOR of ctitan/abi.h)\n", CT_ABI_MAJOR, CT_ABI_MINOR);
     fprintf(out, "%-10s %-12s %-6s %s\n", "KIND", "NAME", "ABI", "PATH / DESCRIPTION");
-    char seen[16][PATH_MAX];
     for (int d = 0; d < nd; d++) {
         if (!realpath(dirs[d], seen[d])) seen[d][0] = 0;
         int dup = !seen[d][0];
         for (int j = 0; j < d && !dup; j++) dup = strcmp(seen[j], seen[d]) == 0;
-        if (dup) continue;
-        DIR *dir = opendir(dirs[d]);
-        if (!dir) continue;
-        struct dirent *e;
-        char (*names)[256] = NULL;
-        int nn = 0;
-        while ((e = readdir(dir))) {
-            size_t l = strlen(e->d_name);
-            if (strncmp(e->d_name, "ctitan-", 7) || l < 4 || strcmp(e->d_name + l - 3, ".so")) continue;
-            void *grown = realloc(names, sizeof(*names) * (size_t)(nn + 1));
-            if (!grown) break;
-            names = grown;
-            snprintf(names[nn++], 256, "%s", e->d_name);
-        }
-        closedir(dir);
-        qsort(names, (size_t)nn, sizeof *names, (int (*)(const void *, const void *))strcmp);
-        for (int i = 0; i < nn; i++) {
-            char path[PATH_MAX + 256], err[1024];
-            if (snprintf(path, sizeof path, "%s/%s", dirs[d], names[i]) >= (int)sizeof path) continue;
-            plugin *p = open_plugin(path, err, sizeof err);
-            if (!p) {
-                fprintf(out, "%-10s %-12s %-6s %s\n", "?", names[i], "-", err);
-                continue;
-            }
-            fprintf(out, "%-10s %-12s %u.%-4u %s\n%31s%s\n", plugin_kind_name(p->info.kind), p->info.name,
-                    p->info.abi_major, p->info.abi_minor, path, "",
-                    p->info.description ? p->info.description : "");
-            plugin_unload(p);
-            count++;
-        }
-        free(names);
+        if (!dup) list_dir(out, dirs[d], folder != NULL, &count, &nfiles);
     }
+    if (files) *files = nfiles;
     return count;
 }

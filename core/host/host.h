@@ -72,8 +72,14 @@ uint32_t plugin_oldest_minor(ct_plugin_kind kind);
  * $CTITAN_PLUGIN_PATH (':'-separated), the binary's folder + /plugins, the build's plugins. Returns
  * how many folders it wrote (at most max). */
 int plugin_search_dirs(const char *first_dir, char dirs[][PATH_MAX], int max);
-/* Lists every plugin found on the search path (kind, name, ABI, path, description). Returns the count. */
-int plugin_list(FILE *out, const char *first_dir);
+/* Opens any plugin file (no kind asked for): plugin_file_check, dlopen, the entry symbol, the ABI
+ * version and the option list's struct_size. NULL with the one line saying why in err. */
+plugin *plugin_open(const char *path, char *err, size_t errlen);
+/* Lists plugins with kind, name, ABI, path and description. folder NULL: every ctitan-*.so on the
+ * search path (the files a bare name loads). A folder: every file in it (subfolders skipped), each
+ * that is not a loadable plugin on a "?" line with the loader's reason. *files (may be NULL) gets
+ * how many files were examined. Returns how many plugins were listed. */
+int plugin_list(FILE *out, const char *folder, int *files);
 /* Whether path may be handed to dlopen: a regular file holding a 64-bit ELF shared object for this
  * machine, as long as its headers say. 0, or -1 with one line in err. */
 int plugin_file_check(const char *path, char *err, size_t errlen);

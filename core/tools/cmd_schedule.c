@@ -1,6 +1,7 @@
 /* cmd_schedule.c: `ctitan schedule`, a pipeline schedule checked and drawn without a model. */
 #include "tools/cmd_schedule.h"
 
+#include "config/manifest.h"
 #include "host/util.h"
 
 #include <errno.h>
@@ -14,7 +15,7 @@
 
 static const char usage[] =
     "usage: ctitan schedule --name NAME [--pp P] [--stages S] --microbatches M [--csv FILE] [--svg FILE]\n"
-    "                       [--write-csv FILE] [--costs F,B,I,W]\n"
+    "                       [--write-csv FILE] [--costs F,B,I,W] [--parallelism.KEY=VALUE ...]\n"
     "\n"
     "Builds every pp rank's list of actions for a pipeline schedule, checks the lists by running all\n"
     "ranks together (an action waits for what it needs: F of stage s for F of s-1; B or I of s for F of s\n"
@@ -32,6 +33,10 @@ static const char usage[] =
     "  --svg FILE          also draw the timeline as SVG\n"
     "  --write-csv FILE    also write the actions as a CSV schedule (to edit and run with --csv)\n"
     "  --costs F,B,I,W     time units per action (default 1,2,1,1)\n"
+    "  --parallelism.KEY=VALUE\n"
+    "                      an option the schedule declares, as a manifest's parallelism.KEY (also\n"
+    "                      --parallelism.KEY VALUE); checked against its type, range and choices\n"
+    "                      (ctitan plugins FILE lists a plugin's options)\n"
     "  --help              this text\n";
 
 static ct_status usage_error(const char *msg, const char *arg) {
@@ -70,8 +75,27 @@ typedef struct sched_args {
     int help; /* --help was asked for */
 } sched_args;
 
-/* CT_OK (a->help for --help), or CT_ERR_INVALID after printing a usage error. */
-static ct_status parse_args(int argc, char **argv, sched_args *a) {
+/* --parallelism.KEY=VALUE or --parallelism.KEY VALUE: one of the schedule's options, into mf. */
+static ct_status parse_option(int argc, char **argv, int *i, manifest *mf) {
+    char key[256], err[ERRLEN];
+    const char *arg = argv[*i] + 2, *eq = strchr(arg, '='), *value;
+    size_t klen = eq ? (size_t)(eq - arg) : strlen(arg);
+    if (klen >= sizeof key) return usage_error("option key too long:", argv[*i]);
+    memcpy(key, arg, klen);
+    key[klen] = 0;
+    if (eq) value = eq + 1;
+    else if (*i + 1 < argc) value = argv[++*i];
+    else return usage_error("no value for", argv[*i]);
+    if (manifest_override(mf, key, value, err, sizeof err)) {
+        fprintf(stderr, "ctitan schedule: %s\n", err);
+        return CT_ERR_INVALID;
+    }
+    return CT_OK;
+}
+
+/* CT_OK (a->help for --help), or CT_ERR_INVALID after printing a usage error. Schedule options go
+ * into mf. */
+static ct_status parse_args(int argc, char **argv, sched_args *a, manifest *mf) {
     *a = (sched_args){.costs = SCHEDULE_COSTS_DEFAULT};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -101,6 +125,8 @@ static ct_status parse_args(int argc, char **argv, sched_args *a) {
         } else if (ct_cli_opt(argc, argv, &i, "--costs", &v)) {
             if (parse_costs(v, &a->costs))
                 return usage_error("--costs needs four time units >= 1 for F,B,I,W (e.g. 1,2,1,1), got", v ? v : "nothing");
+        } else if (!strncmp(argv[i], "--parallelism.", 14) && argv[i][14] && argv[i][14] != '=') {
+            if (parse_option(argc, argv, &i, mf)) return CT_ERR_INVALID;
         } else {
             return usage_error("unknown argument", argv[i]);
         }
@@ -131,22 +157,45 @@ static ct_status resolve_shape(sched_args *a, const ct_schedule_api *api, const 
     return CT_OK;
 }
 
+/* The options given, checked against the ones the schedule declares; then its getters read them. */
+static ct_status apply_options(plugin *p, manifest *mf) {
+    char err[ERRLEN];
+    if (!p->info.options && mf->n_values) {
+        fprintf(stderr, "ctitan schedule: command line: --%s: %s declares no options\n", mf->values[0].key,
+                p->info.name);
+        return CT_ERR_INVALID;
+    }
+    manifest_add_plugin_schema(mf, "parallelism", p->info.options);
+    if (manifest_validate(mf, err, sizeof err)) {
+        fprintf(stderr, "ctitan schedule: %s: %s\n", p->info.name, err);
+        return CT_ERR_INVALID;
+    }
+    p->mf = mf;
+    return CT_OK;
+}
+
 ct_status cmd_schedule(int argc, char **argv) {
     sched_args a;
-    ct_status rc = parse_args(argc, argv, &a);
-    if (!rc && a.help) {
-        fputs(usage, stdout);
-        return CT_OK;
+    manifest *mf = manifest_new();
+    if (!mf) {
+        fprintf(stderr, "ctitan schedule: out of memory\n");
+        return CT_ERR_NOMEM;
     }
-    if (rc) return rc;
+    ct_status rc = parse_args(argc, argv, &a, mf);
+    if (rc || a.help) {
+        if (!rc) fputs(usage, stdout);
+        manifest_free(mf);
+        return rc;
+    }
     char err[ERRLEN];
     plugin *p = schedule_load(a.name, NULL, err, sizeof err);
     if (!p) {
         fprintf(stderr, "ctitan schedule: %s\n", err);
+        manifest_free(mf);
         return CT_ERR_INVALID;
     }
     sched_plan plan = {0};
-    if ((rc = resolve_shape(&a, schedule_api(p), p->info.name))) goto out;
+    if ((rc = apply_options(p, mf)) || (rc = resolve_shape(&a, schedule_api(p), p->info.name))) goto out;
     if (schedule_actions(p, a.pp, a.stages / a.pp, a.microbatches, a.csv, &plan, err, sizeof err)) {
         fprintf(stderr, "ctitan schedule: %s\n", err);
         rc = CT_ERR_INVALID;
@@ -173,5 +222,6 @@ ct_status cmd_schedule(int argc, char **argv) {
 out:
     schedule_plan_free(&plan);
     plugin_unload(p);
+    manifest_free(mf);
     return rc;
 }

@@ -13,7 +13,8 @@
 #include "ctitan/abi.h"
 
 /* ctitan schedule --name NAME [--pp P] [--stages S] --microbatches M [--csv FILE] [--svg FILE]
- *                 [--write-csv FILE] [--costs F,B,I,W] */
+ *                 [--write-csv FILE] [--costs F,B,I,W] [--parallelism.KEY=VALUE ...]: the options
+ * the schedule declares, checked against its list as a manifest's would be. */
 ct_status cmd_schedule(int argc, char **argv);
 
 #endif

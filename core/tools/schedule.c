@@ -149,20 +149,6 @@ static int sched_find(const char *name, const manifest *mf, char *file, size_t f
     return -1;
 }
 
-int schedule_exists(const char *name, const manifest *mf, char *err, size_t errlen) {
-    char file[160], path[PATH_MAX];
-    if (!name || !*name) {
-        ct_errf(err, errlen, "no pipeline schedule named (e.g. 1F1B, GPipe, Interleaved1F1B, ZBVZeroBubble)");
-        return -1;
-    }
-    if (!sched_is_path(name)) return sched_find(name, mf, file, sizeof file, err, errlen);
-    if (name[0] == '/' || !mf) snprintf(path, sizeof path, "%s", name);
-    else snprintf(path, sizeof path, "%s/%s", mf->dir, name);
-    if (sched_file_exists(path)) return 0;
-    ct_errf(err, errlen, "schedule plugin '%s' not found at %s", name, path);
-    return -1;
-}
-
 plugin *schedule_load(const char *name, const manifest *mf, char *err, size_t errlen) {
     char file[160], bare[160];
     const char *what = name;

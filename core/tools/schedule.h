@@ -60,10 +60,6 @@ int schedule_normalize(const char *name, char *out, size_t len);
  * loaded. NULL with one line in err on failure. */
 plugin *schedule_load(const char *name, const manifest *mf, char *err, size_t errlen);
 
-/* Whether schedule_load would find `name`, without loading it: 0, or -1 with one line in err. Run
- * when the pipeline degree is 1, so a misspelt schedule is refused even when no pipeline runs. */
-int schedule_exists(const char *name, const manifest *mf, char *err, size_t errlen);
-
 /* The API table of a plugin schedule_load returned. */
 const ct_schedule_api *schedule_api(const plugin *p);
 

@@ -48,7 +48,7 @@ typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
 
 static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "fsdp_reshard_after_forward", CT_OPT_STRING, "default",
-     "default (reshard after forward but the last unit) | always | never", NULL, NULL},
+     "default (reshard after forward but the last unit) | always | never", NULL, "default|always|never"},
     {0},
 };
 

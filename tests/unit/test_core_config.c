@@ -170,7 +170,6 @@ static void test_ranges_and_choices_name_the_key(void **state) {
         {"lr_scheduler.decay_type", "exp", "lr_scheduler.decay_type: expected linear, sqrt or cosine, got 'exp'"},
         {"activation_checkpoint.mode", "partial", "expected none, full or selective"},
         {"checkpoint.async_mode", "sync", "expected disabled or async"},
-        {"parallelism.fsdp_reshard_after_forward", "sometimes", "expected default, always or never"},
         {"quantize.dense.float8.format", "mxpf8", "quantize.dense.float8.format: expected tensorwise, rowwise"},
         {"quantize.dense.float8.format", "mxfp8_cublas", NULL},
         {"parallelism.tensor_parallel_degree", "0", "tensor_parallel_degree: expected an integer in [1, 1048576]"},
@@ -184,6 +183,33 @@ static void test_ranges_and_choices_name_the_key(void **state) {
             fail_msg("--%s=%s: got \"%s\", wanted \"%s\"", cases[i].key, cases[i].value, err,
                      cases[i].want ? cases[i].want : "");
     }
+}
+
+/* A plugin's option list may be unloaded right after its options join the schema (a plugin a run
+ * names but does not create): the schema keeps its own copies of the key, help, range and choices. */
+static void test_plugin_options_outlive_the_plugin(void **state) {
+    (void)state;
+    char key[32] = "probe_level", help[32] = "a level", range[32] = "[0, 3]", choices[32] = "a|b";
+    char skey[32] = "probe_mode";
+    ct_option_spec opts[3] = {
+        {sizeof(ct_option_spec), key, CT_OPT_INT, "1", help, range, NULL},
+        {sizeof(ct_option_spec), skey, CT_OPT_STRING, "a", help, NULL, choices},
+        {0},
+    };
+    manifest *m = load_yaml("parallelism: {probe_level: 4}\n");
+    manifest_add_plugin_schema(m, "parallelism", opts);
+    memset(key, 'x', sizeof key - 1); /* the plugin's strings are gone */
+    memset(skey, 'x', sizeof skey - 1);
+    memset(range, 0, sizeof range);
+    memset(choices, 0, sizeof choices);
+    char err[512] = "";
+    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
+    if (!strstr(err, "parallelism.probe_level: expected an integer in [0, 3], got '4'")) fail_msg("got \"%s\"", err);
+    assert_int_equal(manifest_override(m, "parallelism.probe_level", "3", err, sizeof err), 0);
+    assert_int_equal(manifest_override(m, "parallelism.probe_mode", "c", err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
+    if (!strstr(err, "parallelism.probe_mode: expected a or b, got 'c'")) fail_msg("got \"%s\"", err);
+    manifest_free(m);
 }
 
 static lr_schedule schedule(const char *yaml, int64_t steps) {
@@ -297,6 +323,7 @@ int main(void) {
         cmocka_unit_test(test_nulls_second_documents_and_toml_are_refused),
         cmocka_unit_test(test_limits_refuse_bombs_depth_and_key_counts),
         cmocka_unit_test(test_ranges_and_choices_name_the_key),
+        cmocka_unit_test(test_plugin_options_outlive_the_plugin),
         cmocka_unit_test(test_duplicate_keys_and_lists_are_errors),
         cmocka_unit_test(test_lr_schedule_is_torchtitans),
         cmocka_unit_test(test_dataloader_windows_shuffle_and_layouts),
