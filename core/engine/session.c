@@ -811,6 +811,12 @@ ct_status session_plan(session *s) {
         if (!ps[k]) continue;
         const ct_strategy_api *a = ps[k]->info.api;
         ct_strategy *inst = NULL;
+        if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) { /* it never promised to plan: not created */
+            snprintf(s->plan_note + strlen(s->plan_note), sizeof s->plan_note - strlen(s->plan_note),
+                     "%sstrategy %s reports no costs (its API has no report)", s->plan_note[0] ? "; " : "",
+                     ps[k]->info.name);
+            continue;
+        }
         ct_clear_error();
         if (a->create(&ps[k]->host, &env, &inst) != CT_OK) { /* one that cannot plan: left out, said so */
             snprintf(s->plan_note + strlen(s->plan_note), sizeof s->plan_note - strlen(s->plan_note),

@@ -208,7 +208,8 @@ typedef struct ct_strategy_api {
      * all-gather of the updated shards into whole_data. */
     ct_status (*post_step)(ct_strategy *s);
     /* After place(), on a live or a planning instance: the strategy's own memory and the collectives
-     * it issues per step with `n_microbatches` microbatches per step. */
+     * it issues per step with `n_microbatches` microbatches per step. A strategy that sets report
+     * must accept env.planning; the host makes planning instances only of those. */
     ct_status (*report)(ct_strategy *s, int n_microbatches, ct_strategy_report *out);
 } ct_strategy_api;
 
