@@ -106,7 +106,7 @@ static ct_status read_options(tp *t) {
 
 static ct_status tp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
     if (!CT_HAS_FIELD(env, ct_strategy_env, has_quantizer) || !env->tp_plan) {
-        h->set_error(h, "the model pack declares no tensor-parallel plan (ct_model_api.tp_plan)");
+        h->set_error(h, "the model pack declares no tensor-parallel plan (ct_model_api.tp_plan or get_tp_plan)");
         return CT_ERR_INVALID;
     }
     tp *t = calloc(1, sizeof *t);

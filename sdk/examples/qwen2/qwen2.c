@@ -322,8 +322,11 @@ static const ct_tp_rule tp_plan[] = {
     {NULL, CT_TP_NONE},
 };
 
+/* ABI 2.1: the plan comes from the instance (the static ct_model_api.tp_plan is left NULL, so a
+ * tensor-parallel run proves the host reads this). Every instance splits the same way today; an
+ * option that changed the split (a bias on wo, say) would pick another table here. */
 static const ct_tp_rule *qwen2_get_tp_plan(ct_model *p) {
-    (void)p; /* every instance splits the same way; the hook shows where an option-dependent plan goes */
+    (void)p;
     return tp_plan;
 }
 
@@ -336,7 +339,7 @@ static const ct_model_api api = {
     .declare_params = qwen2_declare,
     .unit_name = qwen2_unit_name,
     .unit_forward = qwen2_unit_forward,
-    .tp_plan = tp_plan,
+    .tp_plan = NULL,
     .get_tp_plan = qwen2_get_tp_plan,
 };
 

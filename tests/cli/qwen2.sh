@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# qwen2: sdk/examples/qwen2, built out of tree with nothing but the pkg-config file, computes the same
+# function on every layout: 1 rank, FSDP 2, TP 2 (its q/k/v biases split with their column-wise
+# linears) and PP 2, 8-step loss and grad-norm curves within 1e-6 of the single rank, untied and, when
+# the host shares parameters (ABI 2.1 share), with tied embeddings. Then the Hugging Face side: the
+# trained model exports as a Qwen2ForCausalLM folder (checkpoint.last_save_in_hf and ctitan convert
+# give the same bytes), converts back and forth bit for bit, and the tied golden from transformers
+# converts to a model file without output.weight and back without lm_head.weight.
+set -u
+CTITAN=${CTITAN:-build/ctitan}
+BUILD=${BUILD:-build}
+ROOT=$(pwd)
+case $CTITAN in /*) ;; *) CTITAN=$ROOT/$CTITAN ;; esac
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/curves.sh
+
+# the pack, as a third party builds it
+[ -f "$BUILD/ctitan-sdk.pc" ] || fail "$BUILD/ctitan-sdk.pc is missing (run make)"
+cp -r sdk/examples/qwen2 "$T/qwen2" && rm -rf "$T"/qwen2/*.so "$T/qwen2/outputs"
+grep -nE -- '-I|\.\./' "$T/qwen2/Makefile" && fail "the qwen2 Makefile reaches into the tree; only pkg-config may"
+env -u MAKEFLAGS -u MFLAGS -u CFLAGS -u CPPFLAGS -u LDFLAGS PKG_CONFIG_PATH="$ROOT/$BUILD" \
+  make --no-print-directory -C "$T/qwen2" >"$T/make.log" 2>&1 || { cat "$T/make.log"; fail "qwen2: out-of-tree build"; }
+echo "ok   qwen2.so built out of tree with pkg-config alone"
+
+corpus=tests/data/tokenizer/corpus.txt
+"$CTITAN" tokenizer train --input "$corpus" --vocab-size 2048 --output "$T/tok.model" >/dev/null || fail "tokenizer"
+"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null || fail "tokenize"
+common=("$T/qwen2/qwen2_tiny.yaml" --training.dataset_path="$T/data.bin" --training.seq_len=64
+        --training.global_batch_size=8 --training.steps=8 --metrics.log_freq=1 --training.mixed_precision_param=float32
+        --activation_checkpoint.mode=none --device.threads=1 --comm.train_timeout_seconds=120)
+run() { # name ranks args...
+  local name=$1 n=$2; shift 2
+  if [ "$n" -eq 1 ]; then "$CTITAN" train "${common[@]}" --job.dump_folder="$T/$name" "$@" >"$T/$name.log" 2>&1
+  else "$CTITAN" launch -n "$n" train "${common[@]}" --job.dump_folder="$T/$name" "$@" >"$T/$name.log" 2>&1; fi \
+    || { tail -5 "$T/$name.log"; fail "$name run"; }
+}
+layouts() { # tie: the single rank, then FSDP 2, TP 2 and PP 2 against it
+  local tie=$1 t=(--model.tie_word_embeddings="$1" --parallelism.data_parallel_shard_degree=1 --training.local_batch_size=8)
+  run "single_$tie" 1 "${t[@]}" --checkpoint.enable=true --checkpoint.last_save_in_hf=true
+  run "fsdp2_$tie" 2 --model.tie_word_embeddings="$tie" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
+  run "tp2_$tie" 2 "${t[@]}" --parallelism.tensor_parallel_degree=2
+  run "pp2_$tie" 2 "${t[@]}" --parallelism.pipeline_parallel_degree=2
+  grep -q "tp 2; strategy none" "$T/tp2_$tie.log" || fail "tp2_$tie did not run with tp 2"
+  for r in fsdp2 tp2 pp2; do
+    same_curve "qwen2 tie_word_embeddings=$tie: $r vs 1 rank" "$T/single_$tie/metrics.jsonl" "$T/${r}_$tie/metrics.jsonl" 8 ||
+      exit 1
+  done
+}
+layouts false
+out=$("$CTITAN" train "${common[@]}" --job.dump_folder="$T/probe" --training.steps=1 2>&1)
+if echo "$out" | grep -q "cannot share a parameter between units"; then
+  echo "skip tied layouts: this host has no ct_param_registry.share yet ($(echo "$out" | grep -m1 -o 'tie_word_embeddings: this host[^;]*'))"
+else
+  layouts true
+fi
+
+# Hugging Face: the run's own export and ctitan convert agree, and a round trip is bit-exact
+hf=$T/single_false/checkpoint/step-8-hf
+grep -q '"Qwen2ForCausalLM"' "$hf/config.json" && grep -q '"tie_word_embeddings": false' "$hf/config.json" ||
+  fail "last_save_in_hf: not an untied Qwen2 config"
+"$CTITAN" convert --to hf --input "$T/single_false/model.ctt" --output "$T/conv" --n-heads 4 >/dev/null ||
+  fail "convert --to hf of the trained model"
+cmp -s "$hf/model.safetensors" "$T/conv/model.safetensors" || fail "convert and last_save_in_hf wrote different tensors"
+"$CTITAN" convert --from hf --input "$hf" --output "$T/back.ctt" >"$T/back.log" || fail "convert --from hf"
+grep -q "name: qwen2, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 2048, ffn_hidden: 192, rope_theta: 1000000, norm_eps: 1e-06, tie_word_embeddings: false" \
+  "$T/back.log" || { cat "$T/back.log"; fail "--from hf model line"; }
+"$CTITAN" convert --to hf --input "$T/back.ctt" --output "$T/again" --n-heads 4 >/dev/null &&
+  cmp -s "$T/conv/model.safetensors" "$T/again/model.safetensors" || fail "HF -> .ctt -> HF is not bit-exact"
+echo "ok   the trained qwen2 exports as Qwen2ForCausalLM (last_save_in_hf = convert --to hf), round trip bit-exact"
+
+# transformers' tied Qwen2: no output.weight on ctitan's side, no lm_head.weight back on HF's
+g=tests/golden/hf/qwen2_from_transformers
+"$CTITAN" convert --from hf --input "$g" --output "$T/g.ctt" >"$T/g.log" || fail "convert --from hf of the golden"
+grep -q "qwen2, 26 tensors, float32; tied embeddings: no output.weight" "$T/g.log" || { cat "$T/g.log"; fail "golden import"; }
+"$CTITAN" convert --to hf --input "$T/g.ctt" --output "$T/g_hf" --n-heads 4 >"$T/g.log" || fail "convert --to hf of the golden"
+grep -q '"tie_word_embeddings": true' "$T/g_hf/config.json" && ! grep -q lm_head "$T/g_hf/model.safetensors" &&
+  grep -q "model.layers.1.self_attn.q_proj.bias" "$T/g_hf/model.safetensors" || fail "tied export: config or tensors"
+echo "ok   transformers' tied Qwen2 -> .ctt (no output.weight) -> HF (tie_word_embeddings true, no lm_head.weight)"
