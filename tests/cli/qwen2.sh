@@ -4,7 +4,8 @@
 # linears) and PP 2, 8-step loss and grad-norm curves within 1e-6 of the single rank, untied and, when
 # the host shares parameters (ABI 2.1 share), with tied embeddings. Then the Hugging Face side: the
 # trained model exports as a Qwen2ForCausalLM folder (checkpoint.last_save_in_hf and ctitan convert
-# give the same bytes), converts back and forth bit for bit, and the tied golden from transformers
+# give the same bytes), converts back and forth bit for bit, starts a run exactly as its native
+# checkpoint does (checkpoint.initial_load_in_hf), and the tied golden from transformers
 # converts to a model file without output.weight and back without lm_head.weight.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
@@ -68,6 +69,14 @@ grep -q "name: qwen2, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_siz
 "$CTITAN" convert --to hf --input "$T/back.ctt" --output "$T/again" --n-heads 4 >/dev/null &&
   cmp -s "$T/conv/model.safetensors" "$T/again/model.safetensors" || fail "HF -> .ctt -> HF is not bit-exact"
 echo "ok   the trained qwen2 exports as Qwen2ForCausalLM (last_save_in_hf = convert --to hf), round trip bit-exact"
+# a run started from the HF export follows the one started from the native checkpoint, bit for bit
+u=(--model.tie_word_embeddings=false --training.steps=2 --checkpoint.enable=true)
+run from_hf 1 "${u[@]}" --checkpoint.initial_load_path="$hf" --checkpoint.initial_load_in_hf=true
+run from_native 1 "${u[@]}" --checkpoint.initial_load_path="$T/single_false/checkpoint/step-8" \
+  --checkpoint.initial_load_model_only=true
+grep -q "loaded the Hugging Face model" "$T/from_hf.log" || fail "from_hf did not load the export"
+CURVE_TOL=0 same_curve "qwen2 started from its HF export vs from its checkpoint" "$T/from_native/metrics.jsonl" \
+  "$T/from_hf/metrics.jsonl" 2 || exit 1
 
 # transformers' tied Qwen2: no output.weight on ctitan's side, no lm_head.weight back on HF's
 g=tests/golden/hf/qwen2_from_transformers
