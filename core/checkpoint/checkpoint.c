@@ -56,6 +56,7 @@ static void local_box(const ct_param_slot *sl, box *b) {
 
 /* Whether this rank writes slot i: one copy of every element in the job. */
 static int saves(const session *s, const ct_param_slot *sl) {
+    if (sl->copy_of >= 0) return 0; /* a shared parameter's other use: saved once, as the declared one */
     if (!s->capi) return 1;
     for (int a = 0; a < CT_MESH_NAXES; a++) {
         if (sl->placement == CT_PLACE_SHARD && a == sl->shard_axis) continue;
@@ -958,7 +959,7 @@ static int tensor_load(session *s, ckpt_reader *r, int i, int k, const box *want
     const ct_param_slot *sl = &s->rt.slots[i];
     int64_t n = box_numel(want);
     char name[512];
-    tensor_name(name, sizeof name, sl->param->name, k);
+    tensor_name(name, sizeof name, runtime_param_key(&s->rt, i), k); /* a shared use loads the declared one */
     json_t *t = json_object_get(r->tensors, name);
     int64_t shape[CT_MAX_DIMS];
     int nd = 0;

@@ -72,7 +72,8 @@ static int load_hf(session *s, const char *dir, char *err, size_t errlen) {
     int rc = 0;
     for (int i = 0; i < s->rt.n_params && !rc; i++) {
         const ct_tensor *p = &s->rt.params[i]->t;
-        const tf_entry *e = tf_expect(w, dir, p->name, 1, p->ndim, runtime_global_shape(&s->rt, i), err, errlen);
+        const tf_entry *e = tf_expect(w, dir, runtime_param_key(&s->rt, i), 1, p->ndim, runtime_global_shape(&s->rt, i),
+                                      err, errlen);
         rc = !e || tf_check_finite_data(e->data, e->numel, dir, p->name, err, errlen) ||
                      runtime_param_set(&s->rt, i, e->data)
                  ? -1
@@ -85,16 +86,18 @@ static int load_hf(session *s, const char *dir, char *err, size_t errlen) {
 /* Writes the model (gathered from every rank) as a Hugging Face Llama folder (rank 0 writes). */
 static int save_hf(session *s, const char *dir, int bf16, char *err, size_t errlen) {
     const ct_model_desc *d = &s->rt.desc;
-    int n = s->rt.n_params, rc = -1;
-    tf_entry *e = calloc((size_t)n, sizeof *e);
+    int n = 0, rc = -1;
+    tf_entry *e = calloc((size_t)s->rt.n_params, sizeof *e);
     if (!e) return -1;
-    for (int i = 0; i < n; i++) { /* every rank gathers: a collective for sharded parameters */
+    for (int i = 0; i < s->rt.n_params; i++) { /* every rank gathers: a collective for sharded parameters */
         const ct_tensor *p = &s->rt.params[i]->t;
-        e[i] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
-        memcpy(e[i].shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
-        for (int d = 0; d < p->ndim; d++) e[i].numel *= e[i].shape[d];
-        e[i].data = malloc(sizeof(float) * (size_t)e[i].numel);
-        if (!e[i].data || runtime_param_get(&s->rt, i, e[i].data, 0)) {
+        if (runtime_param_copy_of(&s->rt, i) >= 0) continue; /* a shared parameter is written once */
+        tf_entry *t = &e[n++];
+        *t = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
+        memcpy(t->shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
+        for (int d = 0; d < p->ndim; d++) t->numel *= t->shape[d];
+        t->data = malloc(sizeof(float) * (size_t)t->numel);
+        if (!t->data || runtime_param_get(&s->rt, i, t->data, 0)) {
             ct_errf(err, errlen, "cannot gather %s", p->name);
             goto done;
         }

@@ -44,6 +44,7 @@ typedef struct decl {
     int64_t shape[CT_MAX_DIMS];
     ct_init init;
     uint32_t flags;
+    int copy_of; /* a shared parameter's use in another unit: the declared parameter's index, else -1 */
 } decl;
 
 typedef struct registry_ctx {
@@ -129,6 +130,7 @@ static ct_tensor *reg_add(ct_param_registry *r, int unit, const char *name, int 
     for (int i = 0; i < ndim; i++) d->shape[i] = shape[i];
     d->init = *init;
     d->flags = flags | CT_TENSOR_PARAM;
+    d->copy_of = -1;
     t->t.struct_size = sizeof t->t;
     t->t.dtype = CT_F32;
     t->t.ndim = ndim;
@@ -145,6 +147,56 @@ fail:
     free(t);
     c->failed = 1;
     return NULL;
+}
+
+/* A shared parameter's use in another unit: a copy declared like the parameter (same shape, init
+ * and flags, values from the parameter's name), under the use's name. */
+static ct_tensor *reg_share(ct_param_registry *r, int unit, const char *use_name, ct_tensor *param) {
+    registry_ctx *c = r->ctx;
+    const rt_tensor *p = (const rt_tensor *)param;
+    int owner = -1;
+    for (int i = 0; param && i < c->n; i++) /* the pack's handle must be one of ours */
+        if (&c->rt->params[i]->t == param) owner = i;
+    if (owner < 0 || p->param != owner + 1) {
+        ct_set_error("declare_params: share('%s'): the tensor is not a parameter declared with add",
+                     use_name ? use_name : "?");
+        c->failed = 1;
+        return NULL;
+    }
+    const decl *o = &c->decls[owner];
+    if (o->copy_of >= 0) {
+        ct_set_error("declare_params: share('%s'): '%s' is itself a shared use; share the declared parameter '%s'",
+                     use_name ? use_name : "?", o->name, c->decls[o->copy_of].name);
+        c->failed = 1;
+        return NULL;
+    }
+    if (unit == o->unit) {
+        ct_set_error("declare_params: share('%s'): '%s' is declared in unit %d already; a unit computes with its own "
+                     "parameters directly", use_name ? use_name : "?", o->name, unit);
+        c->failed = 1;
+        return NULL;
+    }
+    for (int i = 0; i < c->n; i++)
+        if (c->decls[i].copy_of == owner && c->decls[i].unit == unit) {
+            ct_set_error("declare_params: share('%s'): '%s' is shared with unit %d twice (also as '%s')",
+                         use_name ? use_name : "?", o->name, unit, c->decls[i].name);
+            c->failed = 1;
+            return NULL;
+        }
+    decl od = *o; /* add may move the array */
+    ct_tensor *t = reg_add(r, unit, use_name, od.ndim, od.shape, &od.init, od.flags & ~CT_TENSOR_PARAM);
+    if (!t) return NULL;
+    c->decls[c->n - 1].copy_of = owner;
+    return t;
+}
+
+int runtime_param_copy_of(const runtime *rt, int i) {
+    return CT_HAS_FIELD(&rt->slots[i], ct_param_slot, copy_of) ? rt->slots[i].copy_of : -1;
+}
+
+const char *runtime_param_key(const runtime *rt, int i) {
+    int o = runtime_param_copy_of(rt, i);
+    return rt->params[o >= 0 ? o : i]->t.name;
 }
 
 int64_t runtime_global_index(const ct_param_slot *sl, int64_t k) {
@@ -198,9 +250,9 @@ static int64_t global_numel(const ct_param_slot *sl) {
 
 /* Elements [offset, offset + count) of the flattened parameter block; past its end, zeros (padding).
  * Each value depends only on its index in the GLOBAL parameter, so every layout initialises alike. */
-static void init_values(const decl *d, const ct_param_slot *sl, uint64_t seed, float *out, int64_t offset,
-                        int64_t count) {
-    uint64_t key = rng_splitmix64(seed) ^ rng_hash_str(d->name);
+static void init_values(const decl *d, const char *key_name, const ct_param_slot *sl, uint64_t seed, float *out,
+                        int64_t offset, int64_t count) {
+    uint64_t key = rng_splitmix64(seed) ^ rng_hash_str(key_name);
     const ct_init *in = &d->init;
     int64_t n = global_numel(sl);
     for (int64_t k = 0; k < count; k++) {
@@ -247,6 +299,7 @@ static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen
         sl->split_parts = 1;
         memcpy(sl->global_shape, sl->param->shape, sizeof sl->global_shape);
         sl->unit = decls[i].unit;
+        sl->copy_of = decls[i].copy_of;
         if (rt->dist.unit_rank && rt->dist.unit_rank[sl->unit] != rt->dist.mesh->coord[CT_AXIS_PP]) {
             sl->placement = CT_PLACE_NONE; /* another pipeline stage's: no storage here */
             sl->local_numel = 0;
@@ -333,7 +386,7 @@ static int declare_params(runtime *rt, registry_ctx *rc, char *err, size_t errle
         snprintf(err, errlen, "model has %d units; need at least an embedding and a head", rt->desc.n_units);
         return -1;
     }
-    ct_param_registry reg = {sizeof reg, rc, reg_add, NULL};
+    ct_param_registry reg = {sizeof reg, rc, reg_add, reg_share};
     ct_status st = rt->m->declare_params(rt->model, &reg);
     free(rc->index);
     rc->index = NULL;
@@ -355,7 +408,8 @@ static int size_storage(runtime *rt, size_t *max_n, char *err, size_t errlen) {
     for (int i = 0; i < rt->n_params; i++) {
         size_t n = (size_t)rt->slots[i].local_numel; /* bounded by place_params */
         if (__builtin_add_overflow(total, align64(n * sizeof(float)), &total) ||
-            __builtin_add_overflow(rt->n_param_elems, global_numel(&rt->slots[i]), &rt->n_param_elems)) {
+            __builtin_add_overflow(rt->n_param_elems, rt->slots[i].copy_of >= 0 ? 0 : global_numel(&rt->slots[i]),
+                                   &rt->n_param_elems)) {
             snprintf(err, errlen, "model: the parameters' sizes add up past 2^63 bytes");
             return -1;
         }
@@ -412,7 +466,8 @@ static int init_storage(runtime *rt, const decl *decls, size_t max_n, char *err,
             t->t.data = sl->local_data;
             t->t.grad = sl->local_grad;
         }
-        init_values(&decls[i], sl, rt->seed, host, sl->offset, sl->local_numel);
+        const decl *key = decls[i].copy_of >= 0 ? &decls[decls[i].copy_of] : &decls[i]; /* copies start alike */
+        init_values(&decls[i], key->name, sl, rt->seed, host, sl->offset, sl->local_numel);
         if (rt->d->copy(rt->dev, sl->local_data, host, (size_t)sl->local_numel * sizeof(float), CT_COPY_H2D) != CT_OK) {
             free(host);
             snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
@@ -455,6 +510,7 @@ static int start_runtime(runtime *rt, char *err, size_t errlen) {
     }
     tape_builder_init(rt);
     rt->seq_multiple = 1;
+    rt->cur_unit = -1;
     return 0;
 }
 
@@ -478,7 +534,8 @@ int runtime_init(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_m
         runtime_free(rt);
         return rc_st;
     }
-    return start_runtime(rt, err, errlen);
+    if (start_runtime(rt, err, errlen)) return -1;
+    return runtime_check_shared(rt, err, errlen) ? -2 : 0;
 }
 
 static void graph_drop(runtime *rt);
@@ -507,6 +564,7 @@ void runtime_free(runtime *rt) {
         mem_account(CT_MEM_PARAMS, -(int64_t)rt->param_bytes);
     }
     free(rt->master_data);
+    if (rt->share_buf) rt->d->free(rt->dev, rt->share_buf);
     for (int i = 0; i < rt->n_layers; i++) tape_layer_free(rt->layers[i]);
     pool_destroy(&rt->opscratch);
     pool_destroy(&rt->saved.data);
@@ -654,6 +712,7 @@ static int unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_
 int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, int record,
                      rt_tensor **out) {
     rt_tensor *tg = u == rt->desc.n_units - 1 ? targets : NULL;
+    rt->cur_unit = u;
     rt->unit_in[u] = x;
     rt->tail = NULL;
     if (record && rt->ac[u]) {
@@ -694,6 +753,7 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
 int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, int halves) {
     int nu = rt->desc.n_units;
     rt_tensor *in = rt->unit_in[u];
+    rt->cur_unit = u;
     if (in && !tape_grad(rt, in)) return -1; /* the boundary gradient outlives the unit */
     pool_mark gd = pool_get_mark(&rt->grads.data);
     pool_mark sd = pool_get_mark(&rt->scratch.data), sh = pool_get_mark(&rt->scratch.desc);
@@ -999,9 +1059,14 @@ int runtime_grad_norm(runtime *rt, double *norm) {
     int pp = rt->dist.mesh && rt->dist.mesh->degree[CT_AXIS_PP] > 1;
     const int *order = rt->storage_order;
     for (int i = 0; i < rt->n_params;) {
+        if (rt->slots[order[i]].copy_of >= 0) { /* a shared parameter counts once */
+            i++;
+            continue;
+        }
         unsigned mask = grad_axes(&rt->slots[order[i]], pp);
         const char *begin = (const char *)rt->slots[order[i]].local_grad, *end = begin;
-        for (; i < rt->n_params && grad_axes(&rt->slots[order[i]], pp) == mask; i++) {
+        for (; i < rt->n_params && rt->slots[order[i]].copy_of < 0 && grad_axes(&rt->slots[order[i]], pp) == mask;
+             i++) {
             const ct_param_slot *sl = &rt->slots[order[i]];
             const char *e = (const char *)(sl->local_grad + sl->local_numel);
             if (e > end) end = e;
@@ -1030,6 +1095,97 @@ int runtime_grad_norm(runtime *rt, double *norm) {
     double total = 0;
     for (unsigned m = 0; m < NB; m++) total += bucket[m];
     *norm = sqrt(total);
+    return 0;
+}
+
+/* ---- shared parameters ---- */
+
+/* The pp rank of the stage holding parameter i, and whether that is this rank. */
+static int stage_of(const runtime *rt, int i) { return rt->dist.unit_rank ? rt->dist.unit_rank[rt->slots[i].unit] : 0; }
+
+/* Trades n values with the same parameter's other use on pp rank `peer`: send `mine`, receive into
+ * `theirs`. Both sides post both operations, then wait. */
+static int trade(runtime *rt, int peer, const void *mine, void *theirs, int64_t n, ct_dtype dt, int tag) {
+    const ct_comm_api *c = rt->dist.capi;
+    ct_comm_group *g = rt->dist.mesh->group[CT_AXIS_PP];
+    ct_comm_request *rs = NULL, *rr = NULL;
+    ct_clear_error();
+    double t0 = ct_now();
+    ct_status st = c->recv(rt->dist.comm, g, theirs, n, dt, peer, tag, &rr);
+    if (st == CT_OK) st = c->send(rt->dist.comm, g, mine, n, dt, peer, tag, &rs);
+    ct_status w1 = rs ? c->wait(rt->dist.comm, rs) : CT_OK, w2 = rr ? c->wait(rt->dist.comm, rr) : CT_OK;
+    rt->comm_seconds += ct_now() - t0;
+    if (st == CT_OK) st = w1 != CT_OK ? w1 : w2;
+    if (st != CT_OK) rt->dist_status = st;
+    return st == CT_OK ? 0 : -1;
+}
+
+int runtime_check_shared(runtime *rt, char *err, size_t errlen) {
+    for (int i = 0; i < rt->n_params; i++) {
+        int o = rt->slots[i].copy_of;
+        if (o < 0) continue;
+        const ct_param_slot *a = &rt->slots[o], *b = &rt->slots[i];
+        int here = stage_of(rt, i) == (rt->dist.mesh ? rt->dist.mesh->coord[CT_AXIS_PP] : 0);
+        int here_o = stage_of(rt, o) == (rt->dist.mesh ? rt->dist.mesh->coord[CT_AXIS_PP] : 0);
+        if (!here && !here_o) continue;
+        const ct_param_slot *mine = here ? b : a;
+        double lay[6] = {(double)mine->placement, (double)mine->offset, (double)mine->local_numel,
+                         (double)mine->split_dim, (double)mine->split_index, (double)mine->shard_axis},
+               other[6];
+        if (here && here_o) {
+            const ct_param_slot *s2 = a;
+            double l2[6] = {(double)s2->placement, (double)s2->offset, (double)s2->local_numel,
+                            (double)s2->split_dim, (double)s2->split_index, (double)s2->shard_axis};
+            memcpy(other, l2, sizeof other);
+        } else if (trade(rt, here ? stage_of(rt, o) : stage_of(rt, i), lay, other, 6, CT_F64, 0x5a00 + i)) {
+            snprintf(err, errlen, "shared parameter '%s': cannot compare its uses' placement across stages: %s",
+                     rt->params[o]->t.name, ct_last_error());
+            return -1;
+        }
+        if (memcmp(lay, other, sizeof lay)) {
+            snprintf(err, errlen, "shared parameter '%s' is placed differently in unit %d (as '%s') than in unit %d: "
+                     "its uses must be split and sharded alike (a tensor-parallel style that splits the same dim)",
+                     rt->params[o]->t.name, b->unit, b->param->name, a->unit);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int runtime_sum_shared_grads(runtime *rt) {
+    const ct_device_api *d = rt->d;
+    int me = rt->dist.mesh ? rt->dist.mesh->coord[CT_AXIS_PP] : 0;
+    for (int i = 0; i < rt->n_params; i++) {
+        int o = rt->slots[i].copy_of;
+        if (o < 0) continue;
+        ct_param_slot *a = &rt->slots[o], *b = &rt->slots[i];
+        int here = stage_of(rt, i) == me, here_o = stage_of(rt, o) == me;
+        int64_t n = here ? b->local_numel : a->local_numel;
+        if ((!here && !here_o) || n == 0) continue;
+        size_t bytes = sizeof(float) * (size_t)n;
+        if (here && here_o) { /* both uses on this rank: each gets the sum */
+            if (d->add(rt->dev, b->local_grad, b->local_grad, a->local_grad, n) != CT_OK ||
+                d->copy(rt->dev, a->local_grad, b->local_grad, bytes, CT_COPY_D2D) != CT_OK)
+                return -1;
+            continue;
+        }
+        if (n > rt->share_buf_n) {
+            if (rt->share_buf) d->free(rt->dev, rt->share_buf);
+            rt->share_buf_n = 0;
+            if (d->alloc(rt->dev, bytes, (void **)&rt->share_buf) != CT_OK) {
+                rt->share_buf = NULL;
+                ct_set_error("out of memory for a shared parameter's gradient (%zu bytes)", bytes);
+                return -1;
+            }
+            rt->share_buf_n = n;
+        }
+        float *g = here ? b->local_grad : a->local_grad;
+        /* a sum of two is the same bits in either order: both stages get the same values */
+        if (d->synchronize(rt->dev) != CT_OK ||
+            trade(rt, here ? stage_of(rt, o) : stage_of(rt, i), g, rt->share_buf, n, CT_F32, 0x5b00 + i) ||
+            d->add(rt->dev, g, g, rt->share_buf, n) != CT_OK)
+            return -1;
+    }
     return 0;
 }
 

@@ -125,6 +125,9 @@ typedef struct runtime {
     const ct_comm_api *coll_capi;          /* the tape's collectives (the counting table: bytes in the metrics) */
     runtime_axis_comm axis_comm[CT_MESH_NAXES];
     int in_backward;
+    int cur_unit;          /* the unit whose forward or backward runs now, -1 outside */
+    float *share_buf;      /* a shared parameter's gradient from another pipeline stage */
+    int64_t share_buf_n;
     int64_t seq_multiple;                  /* every sequence's length is a multiple of it (strategies') */
     ct_status dist_status; /* the status of the last failed strategy or comm call (CT_ERR_TIMEOUT ...) */
     double comm_seconds;   /* wall time in strategy hooks and collectives (exposed communication) */
@@ -196,6 +199,15 @@ int runtime_scale_grads(runtime *rt, float s);
 int runtime_param_get(runtime *rt, int i, float *host, int grad);
 int runtime_param_set(runtime *rt, int i, const float *host);
 int runtime_find_param(runtime *rt, const char *name);
+/* Shared parameters (model.h's share): parameter i's index of the parameter it is a copy of, or -1;
+ * and the name it is stored under (the declared parameter's: checkpoints and exports hold it once). */
+int runtime_param_copy_of(const runtime *rt, int i);
+const char *runtime_param_key(const runtime *rt, int i);
+/* After the step's last backward: each copy's gradient becomes the sum over the parameter's uses
+ * (a trade over the pp group when a use is on another stage), so the copies stay equal. */
+int runtime_sum_shared_grads(runtime *rt);
+/* Each copy is placed like the parameter it copies (same local block), or one line in err. */
+int runtime_check_shared(runtime *rt, char *err, size_t errlen);
 
 /* ---- pieces the pipeline runtime (pipeline.c) drives unit by unit ---- */
 /* Forward of unit u from x (NULL for unit 0) without the strategies' hooks; *out = its output. */

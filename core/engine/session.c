@@ -531,6 +531,7 @@ int session_save_model(session *s, const char *path, char *err, size_t errlen) {
     for (int i = 0; i < s->rt.n_params; i++) {
         ct_tensor *t = &s->rt.params[i]->t;
         const int64_t *shape = runtime_global_shape(&s->rt, i);
+        if (runtime_param_copy_of(&s->rt, i) >= 0) continue; /* a shared parameter is written once */
         int64_t n = 1;
         for (int d = 0; d < t->ndim; d++) n *= shape[d];
         float *grown = realloc(buf, sizeof(float) * (size_t)n);
@@ -560,7 +561,8 @@ int session_load_model(session *s, const char *path, char *err, size_t errlen) {
         printf("model: note: %s: format version %d has no checksums: its data cannot be verified\n", path, f->version);
     for (int i = 0; i < s->rt.n_params; i++) {
         ct_tensor *t = &s->rt.params[i]->t;
-        const tf_entry *e = tf_expect(f, path, t->name, 1, t->ndim, runtime_global_shape(&s->rt, i), err, errlen);
+        const tf_entry *e = tf_expect(f, path, runtime_param_key(&s->rt, i), 1, t->ndim, runtime_global_shape(&s->rt, i),
+                                      err, errlen);
         if (!e || runtime_param_set(&s->rt, i, e->data)) {
             tf_free(f);
             return -1;
@@ -750,7 +752,7 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     }
     if (dp_sum(s, &loss_sum)) return -1;
     *loss = valid > 0 ? loss_sum / valid : 0.0;
-    if (runtime_grad_norm(&s->rt, norm)) return -1;
+    if (runtime_sum_shared_grads(&s->rt) || runtime_grad_norm(&s->rt, norm)) return -1;
     if (!isfinite(*norm)) return 1;
     /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1 */
     double coef = max_norm > 0 ? max_norm / (*norm + 1e-6) : 1.0;

@@ -342,6 +342,8 @@ typedef struct custom_entry {
     int n_in, n_out;
 } custom_entry;
 
+static int param_usable(runtime *rt, const ct_tensor *t, const char *op);
+
 static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *state, size_t state_bytes,
                            ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
     runtime *rt = RT(b);
@@ -351,6 +353,8 @@ static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *st
                      CUSTOM_MAX_IO, CUSTOM_MAX_IO);
         return CT_ERR_INVALID;
     }
+    for (int i = 0; i < n_in; i++)
+        if (param_usable(rt, in[i], op->name ? op->name : "custom op")) return CT_ERR_INVALID;
     custom_entry *c = pool_alloc(&rt->act->desc, sizeof *c);
     void *st = state_bytes ? pool_alloc(&rt->act->desc, state_bytes) : NULL;
     if (!c || (state_bytes && !st)) {
@@ -431,6 +435,29 @@ static ct_tensor *op_finish_output(ct_builder *b, ct_tensor *x) {
 
 /* ---- ops ---- */
 
+/* A parameter the unit computes with must be its own (declared or shared with it) and have storage
+ * now: a strategy provides it only inside its unit's window, so any other use would read or write
+ * memory that is not the parameter's. */
+static int param_usable(runtime *rt, const ct_tensor *t, const char *op) {
+    const rt_tensor *w = (const rt_tensor *)t;
+    if (w && w->base) w = w->base;
+    if (!w || !w->param || rt->cur_unit < 0) return 0;
+    const ct_param_slot *sl = &rt->slots[w->param - 1];
+    const char *un = rt->m->unit_name ? rt->m->unit_name(rt->model, rt->cur_unit) : NULL;
+    if (sl->unit != rt->cur_unit) {
+        ct_set_error("model: %s in unit %d (%s) uses parameter '%s' of unit %d: a parameter used by several units must "
+                     "be shared with each (ct_param_registry.share)", op, rt->cur_unit, un ? un : "?", w->t.name,
+                     sl->unit);
+        return -1;
+    }
+    if (!w->t.data) {
+        ct_set_error("%s in unit %d (%s): parameter '%s' has no storage here (the strategy left its data NULL)", op,
+                     rt->cur_unit, un ? un : "?", w->t.name);
+        return -1;
+    }
+    return 0;
+}
+
 /* y = x w^T on this rank's operands (the quantizer's GEMMs when it converts w). */
 static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
     int64_t in = w->t.shape[1], outf = w->t.shape[0], n = numel(x) / in;
@@ -460,7 +487,7 @@ static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
 static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt;
-    if (check_f32(xt, "linear", "x") || check_f32(wt, "linear", "w")) return NULL;
+    if (check_f32(xt, "linear", "x") || check_f32(wt, "linear", "w") || param_usable(rt, wt, "linear")) return NULL;
     if (w->t.ndim != 2 || x->t.shape[x->t.ndim - 1] != w->t.shape[1]) {
         ct_set_error("linear: x (..., %lld) does not match w (%lld, %lld)", (long long)x->t.shape[x->t.ndim - 1],
                      (long long)w->t.shape[0], (long long)w->t.shape[w->t.ndim - 1]);
@@ -473,7 +500,7 @@ static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
 static ct_tensor *op_bias(ct_builder *b, ct_tensor *xt, ct_tensor *bt) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt, *bs = (rt_tensor *)bt;
-    if (check_f32(xt, "bias", "x") || check_f32(bt, "bias", "bias")) return NULL;
+    if (check_f32(xt, "bias", "x") || check_f32(bt, "bias", "bias") || param_usable(rt, bt, "bias")) return NULL;
     int64_t c = x->t.shape[x->t.ndim - 1];
     if (numel(bs) != c) {
         ct_set_error("bias: %lld values for rows of %lld", (long long)numel(bs), (long long)c);
@@ -493,6 +520,7 @@ static ct_tensor *op_embedding(ct_builder *b, const ct_tensor *idst, ct_tensor *
         ct_set_error("embedding: expects int32 ids and a (vocab, dim) f32 table");
         return NULL;
     }
+    if (param_usable(rt, tablet, "embedding")) return NULL;
     int64_t shape[CT_MAX_DIMS];
     memcpy(shape, ids->t.shape, sizeof shape);
     if (ids->t.ndim >= CT_MAX_DIMS) return NULL;
@@ -508,7 +536,7 @@ static ct_tensor *op_embedding(ct_builder *b, const ct_tensor *idst, ct_tensor *
 static ct_tensor *op_rmsnorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, float eps) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt;
-    if (check_f32(xt, "rmsnorm", "x") || check_f32(wt, "rmsnorm", "w")) return NULL;
+    if (check_f32(xt, "rmsnorm", "x") || check_f32(wt, "rmsnorm", "w") || param_usable(rt, wt, "rmsnorm")) return NULL;
     int64_t c = x->t.shape[x->t.ndim - 1], n = numel(x) / c;
     if (numel(w) != c) {
         ct_set_error("rmsnorm: weight has %lld values for rows of %lld", (long long)numel(w), (long long)c);
@@ -524,8 +552,8 @@ static ct_tensor *op_rmsnorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, float 
 static ct_tensor *op_layernorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, ct_tensor *bt, float eps) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt, *bs = (rt_tensor *)bt;
-    if (check_f32(xt, "layernorm", "x") || check_f32(wt, "layernorm", "w")) return NULL;
-    if (bt && check_f32(bt, "layernorm", "bias")) return NULL;
+    if (check_f32(xt, "layernorm", "x") || check_f32(wt, "layernorm", "w") || param_usable(rt, wt, "layernorm")) return NULL;
+    if (bt && (check_f32(bt, "layernorm", "bias") || param_usable(rt, bt, "layernorm"))) return NULL;
     int64_t c = x->t.shape[x->t.ndim - 1], n = numel(x) / c;
     if (numel(w) != c || (bs && numel(bs) != c)) {
         ct_set_error("layernorm: weight/bias size does not match rows of %lld", (long long)c);
@@ -726,6 +754,15 @@ void tape_builder_init(runtime *rt) {
 /* The gradient buffer of t (a view's is its base's), allocated zeroed in the grads arena. */
 static float *grad_of(runtime *rt, rt_tensor *t) {
     rt_tensor *owner = t->base ? t->base : t;
+    if (!owner->t.grad && owner->param) { /* never a throwaway buffer: the gradient would be lost */
+        const ct_param_slot *sl = &rt->slots[owner->param - 1];
+        ct_set_error("backward of unit %d: parameter '%s' (unit %d) has no gradient storage here: %s", rt->cur_unit,
+                     owner->t.name, sl->unit,
+                     sl->unit != rt->cur_unit ? "a parameter used by several units must be shared with each "
+                                                "(ct_param_registry.share)"
+                                              : "the strategy left its grad NULL inside the unit's backward window");
+        return NULL;
+    }
     if (!owner->t.grad) {
         size_t bytes = (size_t)numel(owner) * sizeof(float);
         owner->t.grad = pool_alloc(&rt->grads.data, bytes);

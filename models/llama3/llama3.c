@@ -39,8 +39,8 @@ typedef struct ct_model { /* the ABI's opaque ct_model */
     const ct_host *host;
     int64_t dim, n_layers, n_heads, n_kv_heads, vocab, ffn_hidden, head_dim, seq_len;
     double rope_theta, norm_eps;
-    int depth_init;
-    ct_tensor *tok_embeddings, *norm, *output;
+    int depth_init, tied;
+    ct_tensor *tok_embeddings, *norm, *output; /* tied: output is the head's use of tok_embeddings */
     layer *layers;
 } llama;
 
@@ -55,6 +55,9 @@ static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "ffn_dim_multiplier", CT_OPT_FLOAT, NULL, "scale of the SwiGLU hidden size", NULL, NULL},
     {sizeof(ct_option_spec), "rope_theta", CT_OPT_FLOAT, NULL, "RoPE base", NULL, NULL},
     {sizeof(ct_option_spec), "norm_eps", CT_OPT_FLOAT, "1e-5", "RMSNorm epsilon", NULL, NULL},
+    {sizeof(ct_option_spec), "tie_word_embeddings", CT_OPT_BOOL, "false",
+     "the output head reuses tok_embeddings.weight (as Llama 3.2 1B and 3B on the Hub); the table then starts "
+     "with the output's init, std 1/sqrt(dim)", NULL, NULL},
     {sizeof(ct_option_spec), "depth_init", CT_OPT_BOOL, "true",
      "output projections' std 0.02/sqrt(2(layer+1)) (else 0.02/sqrt(2 n_layers))", NULL, NULL},
     {0},
@@ -161,6 +164,7 @@ static ct_status llama_create(const ct_host *h, const ct_model_config *cfg, ct_m
     int64_t multiple_of = f->multiple_of, hidden;
     double mult = f->ffn_dim_multiplier;
     if (h->opt_bool(h, "depth_init", &m->depth_init) != CT_OK) m->depth_init = 1;
+    if (h->opt_bool(h, "tie_word_embeddings", &m->tied) != CT_OK) m->tied = 0;
     if (read_options(h, m, &multiple_of, &mult, &hidden)) {
         free(m);
         return CT_ERR_INVALID;
@@ -188,7 +192,7 @@ static void llama_destroy(ct_model *p) {
 static int64_t n_params_of(const llama *m) {
     int64_t kv = m->n_kv_heads * m->head_dim, q = m->n_heads * m->head_dim;
     int64_t per_layer = 2 * m->dim + m->dim * q * 2 + 2 * m->dim * kv + 3 * m->dim * m->ffn_hidden;
-    return m->vocab * m->dim * 2 + m->dim + m->n_layers * per_layer;
+    return m->vocab * m->dim * (m->tied ? 1 : 2) + m->dim + m->n_layers * per_layer;
 }
 
 static ct_status llama_describe(ct_model *p, ct_model_desc *d) {
@@ -200,7 +204,8 @@ static ct_status llama_describe(ct_model *p, ct_model_desc *d) {
     d->n_params = n_params_of(m);
     d->n_embedding_params = m->vocab * m->dim;
     /* torchtitan: 6 * (params - embedding) + 12 * layers * heads * head_dim * seq_len */
-    d->flops_per_token = 6.0 * (double)(d->n_params - d->n_embedding_params) +
+    /* a tied table still costs the output projection's FLOPs */
+    d->flops_per_token = 6.0 * (double)(d->n_params - d->n_embedding_params + (m->tied ? m->vocab * m->dim : 0)) +
                          12.0 * (double)m->n_layers * (double)m->n_heads * (double)m->head_dim * (double)m->seq_len;
     if (CT_HAS_FIELD(d, ct_model_desc, norm_eps)) {
         d->n_heads = m->n_heads;
@@ -209,6 +214,10 @@ static ct_status llama_describe(ct_model *p, ct_model_desc *d) {
         d->ffn_hidden = m->ffn_hidden;
         d->rope_theta = m->rope_theta;
         d->norm_eps = m->norm_eps;
+    }
+    if (CT_HAS_FIELD(d, ct_model_desc, hf_model_type)) {
+        d->features = m->tied ? CT_MODEL_TIED_EMBEDDINGS : 0;
+        d->hf_model_type = "llama";
     }
     return CT_OK;
 }
@@ -226,7 +235,10 @@ static ct_status llama_declare(ct_model *p, ct_param_registry *r) {
     const ct_init ones = {sizeof(ct_init), CT_INIT_CONSTANT, 0, 0, 0, 1.0f};
     const ct_init normal1 = {sizeof(ct_init), CT_INIT_NORMAL, 1.0f, 0, 0, 0};
     int64_t q = m->n_heads * m->head_dim, kv = m->n_kv_heads * m->head_dim;
-    if (!(m->tok_embeddings = add2(r, 0, "tok_embeddings.weight", m->vocab, m->dim, normal1, 0)))
+    int head = (int)m->n_layers + 1;
+    float out_std = 1.0f / sqrtf((float)m->dim);
+    ct_init out_init = {sizeof(ct_init), CT_INIT_TRUNC_NORMAL, out_std, -3 * out_std, 3 * out_std, 0};
+    if (!(m->tok_embeddings = add2(r, 0, "tok_embeddings.weight", m->vocab, m->dim, m->tied ? out_init : normal1, 0)))
         return CT_ERR_INVALID;
     for (int64_t i = 0; i < m->n_layers; i++) {
         layer *L = &m->layers[i];
@@ -256,12 +268,10 @@ static ct_status llama_declare(ct_model *p, ct_param_registry *r) {
             if (!(*ps[k].t = add2(r, u, n, ps[k].d0, ps[k].d1, ps[k].init, ps[k].flags))) return CT_ERR_INVALID;
         }
     }
-    int head = (int)m->n_layers + 1;
-    float out_std = 1.0f / sqrtf((float)m->dim);
-    ct_init out_init = {sizeof(ct_init), CT_INIT_TRUNC_NORMAL, out_std, -3 * out_std, 3 * out_std, 0};
     if (!(m->norm = add2(r, head, "norm.weight", m->dim, 0, ones, CT_TENSOR_NO_DECAY))) return CT_ERR_INVALID;
-    if (!(m->output = add2(r, head, "output.weight", m->vocab, m->dim, out_init, CT_TENSOR_LINEAR)))
-        return CT_ERR_INVALID;
+    m->output = m->tied ? r->share(r, head, "output.weight", m->tok_embeddings)
+                        : add2(r, head, "output.weight", m->vocab, m->dim, out_init, CT_TENSOR_LINEAR);
+    if (!m->output) return CT_ERR_INVALID;
     return CT_OK;
 }
 
