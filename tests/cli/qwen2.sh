@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # qwen2: sdk/examples/qwen2, built out of tree with nothing but the pkg-config file, computes the same
 # function on every layout: 1 rank, FSDP 2, TP 2 (its q/k/v biases split with their column-wise
-# linears) and PP 2, 8-step loss and grad-norm curves within 1e-6 of the single rank, untied and with
-# tied embeddings (the head a use of the table, ABI 2.1 share; counted once). Then the Hugging Face side: the
-# trained model exports as a Qwen2ForCausalLM folder (checkpoint.last_save_in_hf and ctitan convert
-# give the same bytes), converts back and forth bit for bit, starts a run exactly as its native
-# checkpoint does (checkpoint.initial_load_in_hf), and the tied golden from transformers
-# converts to a model file without output.weight and back without lm_head.weight.
+# linears) and PP 2, 8-step loss and grad-norm curves within 1e-6 of the single rank, untied and tied
+# (the head a use of the table, ABI 2.1 share; counted once). Then the Hugging Face side: the trained
+# model exports as a Qwen2ForCausalLM folder (checkpoint.last_save_in_hf and ctitan convert give the
+# same bytes), converts back and forth bit for bit and starts a run exactly as its native checkpoint
+# does (checkpoint.initial_load_in_hf); transformers' tied golden converts to a model file without
+# output.weight and back without lm_head.weight; Qwen2 folders ctitan would run differently are
+# refused. KEEP_T=DIR keeps the runs there.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 BUILD=${BUILD:-build}
@@ -89,3 +90,17 @@ grep -q "qwen2, 26 tensors, float32; tied embeddings: no output.weight" "$T/g.lo
 grep -q '"tie_word_embeddings": true' "$T/g_hf/config.json" && ! grep -q lm_head "$T/g_hf/model.safetensors" &&
   grep -q "model.layers.1.self_attn.q_proj.bias" "$T/g_hf/model.safetensors" || fail "tied export: config or tensors"
 echo "ok   transformers' tied Qwen2 -> .ctt (no output.weight) -> HF (tie_word_embeddings true, no lm_head.weight)"
+
+# Qwen2 folders ctitan would run differently: exit 2, one line naming the file and what is wrong
+expect_refused() { # name pattern dir
+  "$CTITAN" convert --from hf --input "$3" --output "$T/x.ctt" >/dev/null 2>"$T/err"; local st=$?
+  [ $st -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "$2" "$T/err" || { cat "$T/err"; fail "$1: status $st"; }
+  echo "ok   $1: $(cat "$T/err")"
+}
+cp -r tests/golden/hf/from_transformers "$T/nobias"
+sed -i 's/"model_type": "llama"/"model_type": "qwen2"/' "$T/nobias/config.json"
+expect_refused "a Qwen2 config over a Llama's tensors" \
+  "nobias: tensor 'model.layers.0.self_attn.q_proj.bias' (ctitan's 'layers.0.attention.wq.bias') is missing" "$T/nobias"
+cp -r "$g" "$T/sliding"
+sed -i 's/"use_sliding_window": false/"use_sliding_window": true/' "$T/sliding/config.json"
+expect_refused "sliding-window attention" "sliding/config.json: use_sliding_window must be false" "$T/sliding"
