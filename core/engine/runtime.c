@@ -478,6 +478,88 @@ static int init_storage(runtime *rt, const decl *decls, size_t max_n, char *err,
     return 0;
 }
 
+/* ---- whole compute storage (ABI 2.1, ZeRO): slots whose `whole` place() set ---- */
+
+/* Bytes of a slot's placed local data, as alloc_storage carved them. */
+static int64_t local_bytes(const ct_param_slot *sl) { return (int64_t)align64((size_t)sl->local_numel * sizeof(float)); }
+
+/* For every slot place() asked it of: whole_data (counted as parameters, its placed local data then
+ * as master weights) initialised like local storage, and/or whole_grad (counted as gradients); the
+ * model computes with them for the whole run. */
+static int whole_alloc(runtime *rt, const decl *decls, char *err, size_t errlen) {
+    float *host = NULL;
+    for (int i = 0; i < rt->n_params; i++) {
+        ct_param_slot *sl = &rt->slots[i];
+        if (!sl->whole || sl->placement == CT_PLACE_NONE) continue;
+        size_t bytes = (size_t)sl->numel * sizeof(float);
+        if (sl->whole & CT_WHOLE_DATA) {
+            float *grown = realloc(host, bytes ? bytes : 1);
+            if (!grown || rt->d->alloc(rt->dev, bytes, (void **)&sl->whole_data) != CT_OK) {
+                if (grown) host = grown;
+                snprintf(err, errlen, "cannot allocate %zu bytes for the whole copy of %s", bytes, sl->param->name);
+                sl->whole_data = NULL;
+                goto fail;
+            }
+            host = grown;
+            mem_account(CT_MEM_PARAMS, -local_bytes(sl)); /* the placed shard is the optimizer's master now */
+            mem_account(CT_MEM_MASTER, local_bytes(sl));
+            mem_account(CT_MEM_PARAMS, (int64_t)bytes);
+            const decl *key = decls[i].copy_of >= 0 ? &decls[decls[i].copy_of] : &decls[i]; /* copies start alike */
+            init_values(&decls[i], key->name, sl, rt->seed, host, 0, sl->numel); /* the value local storage has */
+            if (rt->d->copy(rt->dev, sl->whole_data, host, bytes, CT_COPY_H2D) != CT_OK) {
+                snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
+                goto fail;
+            }
+            sl->param->data = sl->whole_data;
+        }
+        if (sl->whole & CT_WHOLE_GRAD) {
+            if (rt->d->alloc(rt->dev, bytes, (void **)&sl->whole_grad) != CT_OK ||
+                rt->d->zero(rt->dev, sl->whole_grad, bytes) != CT_OK) {
+                if (sl->whole_grad) rt->d->free(rt->dev, sl->whole_grad);
+                sl->whole_grad = NULL;
+                snprintf(err, errlen, "cannot allocate %zu bytes for the whole gradient of %s", bytes, sl->param->name);
+                goto fail;
+            }
+            mem_account(CT_MEM_GRADS, (int64_t)bytes);
+            sl->param->grad = sl->whole_grad;
+        }
+    }
+    free(host);
+    return 0;
+fail:
+    free(host);
+    return -1;
+}
+
+/* Zeroes every whole gradient (with the local ones, at each step). */
+static int whole_zero_grads(runtime *rt) {
+    for (int i = 0; rt->slots && i < rt->n_params; i++) {
+        const ct_param_slot *sl = &rt->slots[i];
+        if (sl->whole_grad && rt->d->zero(rt->dev, sl->whole_grad, (size_t)sl->numel * sizeof(float)) != CT_OK)
+            return -1;
+    }
+    return 0;
+}
+
+/* Gives back the whole copies and moves the master weights' bytes back to parameters (runtime_free
+ * then uncounts the local storage as a whole). */
+static void whole_free(runtime *rt) {
+    for (int i = 0; rt->slots && i < rt->n_params; i++) {
+        ct_param_slot *sl = &rt->slots[i];
+        if (sl->whole_data) {
+            rt->d->free(rt->dev, sl->whole_data);
+            mem_account(CT_MEM_PARAMS, -(int64_t)((size_t)sl->numel * sizeof(float)));
+            mem_account(CT_MEM_MASTER, -local_bytes(sl));
+            mem_account(CT_MEM_PARAMS, local_bytes(sl));
+        }
+        if (sl->whole_grad) {
+            rt->d->free(rt->dev, sl->whole_grad);
+            mem_account(CT_MEM_GRADS, -(int64_t)((size_t)sl->numel * sizeof(float)));
+        }
+        sl->whole_data = sl->whole_grad = NULL;
+    }
+}
+
 /* Gradients zeroed, the strategies' setup, the activation arenas and the per-unit tables. */
 static int start_runtime(runtime *rt, char *err, size_t errlen) {
     if (runtime_zero_grads(rt)) {
@@ -528,7 +610,9 @@ int runtime_init(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_m
     int rc_st = declare_params(rt, &rc, err, errlen);
     if (!rc_st && place_params(rt, rc.decls, err, errlen)) rc_st = -1;
     if (!rc_st) rc_st = size_storage(rt, &max_n, err, errlen);
-    if (!rc_st && (alloc_storage(rt, err, errlen) || init_storage(rt, rc.decls, max_n, err, errlen))) rc_st = -1;
+    if (!rc_st && (alloc_storage(rt, err, errlen) || init_storage(rt, rc.decls, max_n, err, errlen) ||
+                   whole_alloc(rt, rc.decls, err, errlen)))
+        rc_st = -1;
     free(rc.decls); /* the names belong to the tensors now; runtime_free releases them */
     if (rc_st) {
         runtime_free(rt);
@@ -536,6 +620,23 @@ int runtime_init(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_m
     }
     if (start_runtime(rt, err, errlen)) return -1;
     return runtime_check_shared(rt, err, errlen) ? -2 : 0;
+}
+
+/* The parameters declared and placed by the strategies, nothing allocated (a plan: `ctitan train
+ * --dry-run` asks the strategies for their costs on these slots). runtime_free releases it. */
+int runtime_plan(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model,
+                 const runtime_dist *dist, char *err, size_t errlen) {
+    memset(rt, 0, sizeof *rt);
+    rt->d = d;
+    rt->dev = dev;
+    rt->m = m;
+    rt->model = model;
+    if (dist) rt->dist = *dist;
+    registry_ctx rc = {.rt = rt};
+    int st = declare_params(rt, &rc, err, errlen);
+    if (!st && place_params(rt, rc.decls, err, errlen)) st = -1;
+    free(rc.decls);
+    return st;
 }
 
 static void graph_drop(runtime *rt);
@@ -548,6 +649,7 @@ void runtime_free(runtime *rt) {
         free(rt->params[i]);
     }
     free(rt->params);
+    whole_free(rt);
     free(rt->slots);
     free(rt->local);
     free(rt->storage_order);
@@ -1036,7 +1138,8 @@ int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_
 }
 
 int runtime_zero_grads(runtime *rt) {
-    return rt->d->zero(rt->dev, rt->grad_mem, rt->param_bytes) == CT_OK ? 0 : -1;
+    if (rt->d->zero(rt->dev, rt->grad_mem, rt->param_bytes) != CT_OK) return -1;
+    return whole_zero_grads(rt);
 }
 
 /* The mesh axes a gradient is split over: the fsdp shard axis, the axis a strategy splits it over

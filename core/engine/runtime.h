@@ -189,6 +189,10 @@ int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *
 /* Forward only: the logits (B, T, V) into host memory. */
 int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out);
 
+/* Declares and places the parameters without storage (the strategies' planning instances in dist);
+ * 0, -2 when the pack refuses its declarations, -1 otherwise. runtime_free releases it. */
+int runtime_plan(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model,
+                 const runtime_dist *dist, char *err, size_t errlen);
 int runtime_zero_grads(runtime *rt);
 /* Global L2 norm of all gradients over every rank (double accumulation). */
 int runtime_grad_norm(runtime *rt, double *norm);

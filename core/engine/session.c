@@ -462,6 +462,17 @@ static ct_status set_compute_modes(session *s, manifest *mf) {
     return CT_OK;
 }
 
+/* ABI 2.1: on many ranks the optimizer gets the comm and mesh the strategies get (Muon gathers
+ * whole matrices over the groups a slot is sharded or split over). */
+static ct_status attach_optimizer(session *s) {
+    if (!s->commp || s->world <= 1 || !CT_HAS_FIELD(s->o, ct_optimizer_api, attach) || !s->o->attach) return CT_OK;
+    ct_optimizer_env env = {sizeof env, commstats_wrap(s->capi), s->comm, &s->mesh};
+    ct_clear_error();
+    if (s->o->attach(s->opt, &env) != CT_OK)
+        return fail_plugin(s, CT_ERR_INVALID, s->optp, "optimizer", "optimizer.name");
+    return CT_OK;
+}
+
 /* The optimizer and its states: one zeroed allocation of n_state values per local element. */
 static ct_status create_optimizer(session *s) {
     ct_clear_error();
@@ -481,7 +492,7 @@ static ct_status create_optimizer(session *s) {
         return CT_ERR_NOMEM;
     }
     mem_account(CT_MEM_OPTIMIZER, (int64_t)s->opt_bytes);
-    return CT_OK;
+    return attach_optimizer(s);
 }
 
 ct_status session_open(session *s, manifest *mf, int with_params, int with_optimizer) {
@@ -721,6 +732,92 @@ done:
     return rc;
 }
 
+/* A dry run's strategies: the data-parallel one (and the tp axis's, when tensor_parallel_degree > 1)
+ * created as planning instances (env.planning: no device, comm or groups) on rank 0's coordinates of
+ * the manifest's mesh, and the parameters placed by them (runtime_plan); pipeline stages are not
+ * split (every unit is placed). Strategies it could not create are left out, s->plan_note says why. */
+ct_status session_plan(session *s) {
+    char err[2048];
+    int64_t v;
+    static const char *keys[CT_MESH_NAXES] = {"parallelism.pipeline_parallel_degree", "parallelism.data_parallel_replicate_degree",
+                                              "parallelism.data_parallel_shard_degree", "parallelism.context_parallel_degree",
+                                              "parallelism.tensor_parallel_degree"};
+    memset(&s->mesh, 0, sizeof s->mesh);
+    s->mesh.struct_size = sizeof s->mesh;
+    s->mesh.world_size = 1;
+    for (int a = 0; a < CT_MESH_NAXES; a++) {
+        s->mesh.degree[a] = mf_get_int(s->mf, keys[a], &v) || v < 1 || v > 1 << 20 ? 1 : (int)v; /* -1: 1 here */
+        s->mesh.world_size *= s->mesh.degree[a];
+    }
+    s->mesh.dp_size = s->mesh.degree[CT_AXIS_DP_REPLICATE] * s->mesh.degree[CT_AXIS_DP_SHARD];
+    const char *sname = strategy_name(s->mf, s->mesh.world_size);
+    ct_status st;
+    if (sname && (st = load_named(s, "parallelism", "parallelism.dp_strategy", sname, CT_KIND_STRATEGY, &s->stratp)))
+        return st;
+    ct_model_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    ct_clear_error();
+    if (s->m->describe(s->model, &d) != CT_OK) return fail_line(CT_ERR_INVALID, "model");
+    const ct_tp_rule *plan = CT_HAS_FIELD(s->m, ct_model_api, tp_plan) ? s->m->tp_plan : NULL;
+    int64_t seq_len = 0;
+    mf_get_int(s->mf, "training.seq_len", &seq_len);
+    const char *mp = "float32";
+    mf_get_str(s->mf, "training.mixed_precision_param", &mp);
+    ct_strategy_env env = {sizeof env, NULL, NULL, NULL, NULL, &s->mesh, strcmp(mp, "bfloat16") == 0, 0, plan, &d,
+                           seq_len, 0, 1};
+    runtime_dist dist = {NULL, NULL, &s->mesh, {0}, {0}, 0, NULL};
+    plugin *ps[2] = {s->mesh.degree[CT_AXIS_TP] > 1 ? s->axisp : NULL, s->stratp};
+    s->plan_note[0] = 0;
+    for (int k = 0; k < 2; k++) {
+        if (!ps[k]) continue;
+        const ct_strategy_api *a = ps[k]->info.api;
+        ct_strategy *inst = NULL;
+        ct_clear_error();
+        if (a->create(&ps[k]->host, &env, &inst) != CT_OK) { /* one that cannot plan: left out, said so */
+            snprintf(s->plan_note + strlen(s->plan_note), sizeof s->plan_note - strlen(s->plan_note),
+                     "%sstrategy %s cannot plan: %s", s->plan_note[0] ? "; " : "", ps[k]->info.name, ct_last_error());
+            continue;
+        }
+        if (k == 0) {
+            s->xapi = a;
+            s->xstrat = inst;
+        } else {
+            s->sapi = a;
+            s->strat = inst;
+        }
+        dist.st[dist.n_st] = a;
+        dist.strat[dist.n_st++] = inst;
+    }
+    int rst = runtime_plan(&s->rt, s->d, s->dev, s->m, s->model, &dist, err, sizeof err);
+    s->rt_ready = 1; /* session_close frees what it holds */
+    if (rst) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return rst == -2 ? CT_ERR_INVALID : CT_ERR_INTERNAL;
+    }
+    return CT_OK;
+}
+
+/* ABI 2.1: every strategy's post_step, in order, after local storage changed (the optimizer's step,
+ * a checkpoint load): ZeRO all-gathers the updated shards into the whole compute copies. A 2.0
+ * strategy's table ends before the field. Counts as communication time. */
+int session_post_step(session *s) {
+    for (int k = 0; k < s->rt.dist.n_st; k++) {
+        const ct_strategy_api *a = s->rt.dist.st[k];
+        if (!CT_HAS_FIELD(a, ct_strategy_api, post_step) || !a->post_step) continue;
+        ct_clear_error();
+        double t0 = ct_now();
+        ct_status st = a->post_step(s->rt.dist.strat[k]);
+        s->rt.comm_seconds += ct_now() - t0;
+        if (st != CT_OK) {
+            if (!ct_last_error()[0]) ct_set_error("strategy post_step failed (status %d)", st);
+            s->rt.dist_status = st;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Sums x over the data-parallel ranks (a no-op on one). */
 static int dp_sum(session *s, double *x) {
     if (!s->capi || s->mesh.dp_size <= 1) return 0;
@@ -730,6 +827,38 @@ static int dp_sum(session *s, double *x) {
     s->rt.comm_seconds += ct_now() - t0;
     if (st != CT_OK) s->rt.dist_status = st;
     return st == CT_OK ? 0 : -1;
+}
+
+int session_step_params(session *s, double lr, int64_t step) {
+    if (!CT_HAS_FIELD(s->o, ct_optimizer_api, step_param) || !s->o->step_param) {
+        ct_set_error("optimizer '%s' has no step_param", s->optp->info.name);
+        return -1;
+    }
+    int calls = 0;
+    for (int i = 0; i < s->rt.n_params; i++) {
+        const ct_param_slot *sl = &s->rt.slots[i];
+        float *state[8] = {0}; /* slots of another pipeline stage (local_numel 0) get NULLs */
+        if (sl->local_numel > 0) {
+            size_t at = (size_t)((char *)sl->local_data - s->rt.param_mem); /* states lie as the data does */
+            for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + at);
+            calls++;
+        }
+        /* a shared parameter's other use goes by the declared name, so the optimizer treats every
+         * copy alike (a name-based choice, like Muon's exclusions, must not split them) */
+        ct_tensor named;
+        ct_param_slot copy;
+        if (runtime_param_copy_of(&s->rt, i) >= 0) {
+            named = *sl->param;
+            named.name = runtime_param_key(&s->rt, i);
+            copy = *sl;
+            copy.param = &named;
+            sl = &copy;
+        }
+        ct_clear_error();
+        if (s->o->step_param(s->opt, sl, state, (float)lr, step) != CT_OK) return -1;
+    }
+    s->opt_calls = calls;
+    return 0;
 }
 
 int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
@@ -758,6 +887,11 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     double coef = max_norm > 0 ? max_norm / (*norm + 1e-6) : 1.0;
     if (coef < 1.0 && runtime_scale_grads(&s->rt, (float)coef)) return -1;
     trace_begin("optimizer");
+    if (CT_HAS_FIELD(s->o, ct_optimizer_api, step_param) && s->o->step_param) {
+        int rc = session_step_params(s, lr, step);
+        trace_end("optimizer");
+        return rc;
+    }
     /* one call per run of back-to-back tensors with the same decay flag when the optimizer is
      * elementwise (ABI 1.4), else one per tensor; states lie at the same offsets as the data */
     int merge = CT_HAS_FIELD(s->o, ct_optimizer_api, elementwise) && s->o->elementwise && s->o->elementwise(s->opt);
@@ -787,5 +921,5 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     }
     s->opt_calls = calls;
     trace_end("optimizer");
-    return 0;
+    return session_post_step(s);
 }

@@ -36,6 +36,7 @@ typedef struct session {
     ct_optimizer *opt;
     runtime rt;
     int rt_ready;
+    char plan_note[512]; /* session_plan: the strategies it could not create, and why */
     char *opt_mem;   /* one allocation: state_count f32 values per parameter element */
     size_t opt_bytes;
     int n_state;
@@ -71,6 +72,11 @@ void session_resolve_path(const manifest *mf, const char *p, char *out, size_t l
 /* Writes the parameters to a ctt file (atomic). */
 int session_save_model(session *s, const char *path, char *err, size_t errlen);
 int session_load_model(session *s, const char *path, char *err, size_t errlen);
+/* Every strategy's post_step (ABI 2.1): after the optimizer's step and after local storage was loaded.
+ * 0, or -1 with the error set. */
+int session_post_step(session *s);
+/* A dry run's planning strategies and placed parameters (no storage); see session.c. */
+ct_status session_plan(session *s);
 
 /* Opens model.tokenizer_path and checks it against the model (every id it makes is a row of the
  * embedding). Prints one line naming the key and returns CT_ERR_INVALID, or CT_OK with *tok set. */
@@ -88,6 +94,10 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
  * Returns 0, -1 on a failure (ct_last_error), 1 when the norm is not finite (nothing updated). */
 int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
                        double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid);
+
+/* ABI 2.1: the optimizer's step_param once per parameter slot, in slot order on every rank (slots of
+ * another pipeline stage included), at lr. 0, or -1 (ct_last_error; also when it has no step_param). */
+int session_step_params(session *s, double lr, int64_t step);
 
 /* The commands take the arguments after their name; `--help` prints the usage and returns CT_OK.
  * Two outcomes that are not errors reach the exit code through an out-parameter, never mixed into

@@ -11,6 +11,7 @@
 #include "engine/session.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -77,6 +78,88 @@ static void print_model_summary(session *s, int64_t seq_len) {
            (long long)seq_len);
 }
 
+/* Appends to a line buffer, never past its end. */
+static void line_add(char *line, size_t len, size_t *at, const char *fmt, ...) {
+    if (*at >= len - 1) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line + *at, len - *at, fmt, ap);
+    va_end(ap);
+    *at = n < 0 ? len - 1 : *at + (size_t)n < len - 1 ? *at + (size_t)n : len - 1;
+}
+
+typedef struct comm_group_sum {
+    int kind, axis, phase, overlapped;
+    double bytes, calls;
+} comm_group_sum;
+
+/* One line per strategy of the plan: its own memory by category and, per (collective, axis, phase),
+ * the bytes of the whole buffers it moves per step (each collective's whole-buffer size times its
+ * count) and how many calls that takes. */
+static void strategy_report_print(const char *name, const ct_strategy_api *a, ct_strategy *st, int n_micro) {
+    static const char *axes[CT_MESH_NAXES] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
+    static const char *phases[4] = {"?", "forward", "backward", "step"};
+    enum { MAX_GROUPS = 64 };
+    if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) {
+        printf("  strategy %s: reports no costs (it has no report function)\n", name);
+        return;
+    }
+    /* first how many collectives it has, then all of them */
+    ct_strategy_report r = {sizeof r, {0}, NULL, 0, 0};
+    ct_clear_error();
+    ct_status rst = a->report(st, n_micro, &r);
+    int max = r.n_comms > 0 && r.n_comms < INT_MAX / 2 ? r.n_comms : 1;
+    ct_comm_cost *c = rst == CT_OK ? calloc((size_t)max, sizeof *c) : NULL;
+    if (rst == CT_OK && !c) rst = CT_ERR_NOMEM;
+    for (int i = 0; c && i < max; i++) c[i].struct_size = sizeof *c;
+    if (rst == CT_OK) {
+        r = (ct_strategy_report){sizeof r, {0}, c, max, 0};
+        ct_clear_error();
+        rst = a->report(st, n_micro, &r);
+    }
+    if (rst != CT_OK) {
+        printf("  strategy %s: report failed: %s\n", name, ct_last_error()[0] ? ct_last_error() : "no message");
+        free(c);
+        return;
+    }
+    char line[4096];
+    size_t at = 0;
+    int any = 0;
+    line_add(line, sizeof line, &at, "  strategy %s: own memory", name);
+    for (int k = 0; k < 8 && k < CT_MEM_NCATEGORIES; k++)
+        if (r.mem_bytes[k] > 0)
+            line_add(line, sizeof line, &at, "%s %s %lld B", any++ ? "," : "", mem_category_name((ct_mem_category)k),
+                     (long long)r.mem_bytes[k]);
+    if (!any) line_add(line, sizeof line, &at, " none");
+    /* grouped by kind, axis, phase and overlap, in order of first appearance */
+    comm_group_sum g[MAX_GROUPS];
+    int ng = 0, n = r.n_comms < max ? r.n_comms : max;
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < ng && !(g[j].kind == (int)c[i].kind && g[j].axis == c[i].axis && g[j].phase == (int)c[i].phase &&
+                           g[j].overlapped == c[i].overlapped))
+            j++;
+        if (j == ng) {
+            if (ng == MAX_GROUPS) continue;
+            g[ng++] = (comm_group_sum){(int)c[i].kind, c[i].axis, (int)c[i].phase, c[i].overlapped, 0, 0};
+        }
+        g[j].bytes += c[i].bytes * c[i].count;
+        g[j].calls += c[i].count;
+    }
+    line_add(line, sizeof line, &at, "; per step:%s", ng ? "" : " no collectives");
+    for (int j = 0; j < ng; j++) {
+        const char *kind = g[j].kind == CT_COLL_ALL_GATHER       ? "all_gather"
+                           : g[j].kind == CT_COLL_REDUCE_SCATTER ? "reduce_scatter"
+                           : g[j].kind == CT_COLL_ALL_REDUCE     ? "all_reduce"
+                                                                 : "collective";
+        line_add(line, sizeof line, &at, "%s %s over %s %.0f B in %.0f calls (%s%s)", j ? ";" : "", kind,
+                 (unsigned)g[j].axis < CT_MESH_NAXES ? axes[g[j].axis] : "?", g[j].bytes, g[j].calls,
+                 (unsigned)g[j].phase < 4 ? phases[g[j].phase] : "?", g[j].overlapped ? ", overlapped" : "");
+    }
+    printf("%s\n", line);
+    free(c);
+}
+
 static ct_status dry_run(session *s, manifest *mf) {
     ct_model_desc d = {.struct_size = sizeof d};
     if (s->m->describe(s->model, &d) != CT_OK) {
@@ -106,6 +189,16 @@ static ct_status dry_run(session *s, manifest *mf) {
            "AdamW states %.2f GiB, total %.2f GiB\n",
            p / gb, p / gb, 2 * p / gb, 4 * p / gb);
     printf("  tokens per microbatch %lld\n", (long long)(seq * lbs));
+    /* the strategies' own account of their buffers and collectives, for rank 0 of this mesh */
+    ct_status st = session_plan(s);
+    if (st) return st;
+    int64_t gbs = -1, dp = rep * shard;
+    mf_get_int(mf, "training.global_batch_size", &gbs);
+    int64_t micro = gbs > 0 && lbs > 0 && dp > 0 && gbs % (lbs * dp) == 0 ? gbs / (lbs * dp) : 1;
+    if (s->plan_note[0]) printf("  %s\n", s->plan_note);
+    if (s->xstrat) strategy_report_print(s->axisp->info.name, s->xapi, s->xstrat, (int)micro);
+    if (s->strat) strategy_report_print(s->stratp->info.name, s->sapi, s->strat, (int)micro);
+    if ((s->xstrat || s->strat) && pp > 1) printf("  (pipeline stages not split: every unit counted on one rank)\n");
     return CT_OK;
 }
 
@@ -454,7 +547,13 @@ static ct_status train_start(train_run *r) {
     compile_setup(r->s, r->mf);
     r->t_log = ct_now();
     r->warmup_steps = r->steps > 2 ? 2 : r->steps > 1 ? 1 : 0;
-    return ckpt_begin(r->s, r->mf, r->dump, &r->ck) ? CT_ERR_INVALID : CT_OK;
+    if (ckpt_begin(r->s, r->mf, r->dump, &r->ck)) return CT_ERR_INVALID;
+    /* whole compute copies (ZeRO) follow what local storage now holds, loaded or initialised */
+    if (session_post_step(r->s)) {
+        fprintf(stderr, "ctitan: parallelism: post_step: %s\n", ct_last_error());
+        return CT_ERR_INTERNAL;
+    }
+    return CT_OK;
 }
 
 /* The console metrics line and its metrics.jsonl record. -1 on a write error. */
@@ -474,12 +573,14 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
     if (log_record(&r->lg,
             "\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
             "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
-            "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld}, "
+            "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld, "
+            "\"master\": %lld, \"comm\": %lld}, "
             "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}",
             (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)g_mem.peak_total,
             (long long)g_mem.peak[CT_MEM_PARAMS], (long long)g_mem.peak[CT_MEM_GRADS],
             (long long)g_mem.peak[CT_MEM_OPTIMIZER], (long long)g_mem.peak[CT_MEM_ACTIVATIONS],
-            (long long)s->rt.peak_act_bytes, (long long)g_comm_bytes[CS_ALL_GATHER],
+            (long long)s->rt.peak_act_bytes, (long long)g_mem.peak[CT_MEM_MASTER], (long long)g_mem.peak[CT_MEM_COMM],
+            (long long)g_comm_bytes[CS_ALL_GATHER],
             (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]))
         return -1;
     r->t_log = ct_now();
@@ -520,8 +621,8 @@ static step_next train_step(train_run *r, int64_t step) {
     }
     trace_end("step");
     if (!r->told_opt++)
-        printf("optimizer: %d parameter tensors updated in %d call%s per step\n", s->rt.n_params, s->opt_calls,
-               s->opt_calls == 1 ? "" : "s");
+        printf("optimizer: %s: %d parameter tensors updated in %d call%s per step\n", s->optp->info.name, s->rt.n_params,
+               s->opt_calls, s->opt_calls == 1 ? "" : "s");
     compile_report(&s->rt.graph, step, &r->told_graph);
     /* a stop takes effect after a step every rank has finished; the last step ends the run anyway */
     int stop = 0;
@@ -819,6 +920,11 @@ ct_status cmd_generate(int argc, char **argv) {
     if (is_dir ? ckpt_load_model_from(&s, path, err, sizeof err) : session_load_model(&s, path, err, sizeof err)) {
         fprintf(stderr, "ctitan: %s\n", err);
         st = CT_ERR_INVALID;
+        goto out;
+    }
+    if (session_post_step(&s)) { /* whole compute copies (ZeRO) take the loaded values */
+        fprintf(stderr, "ctitan: parallelism: post_step: %s\n", ct_last_error());
+        st = CT_ERR_INTERNAL;
         goto out;
     }
     int64_t max_new, top_k, seed, T;

@@ -5,6 +5,7 @@
 #include "ctitan/strategy.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     const ct_host *host;
@@ -91,17 +92,48 @@ static ct_status ddp_finish_backward(ct_strategy *p) {
     return CT_OK;
 }
 
+/* place(), keeping the slots for report() (a planning instance gets no setup). */
+static ct_status ddp_place_kept(ct_strategy *p, ct_param_slot *slots, int n) {
+    ddp *d = p;
+    d->slots = slots;
+    d->n_slots = n;
+    return ddp_place(p, slots, n);
+}
+
+/* No buffers of its own (the replicas' gradients are reduced in place); per step one all-reduce of
+ * each parameter's gradient over dp_replicate after the last microbatch, overlapping the backward. */
+static ct_status ddp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
+    ddp *d = p;
+    (void)n_microbatches; /* reduced once per step whatever the count */
+    memset(out->mem_bytes, 0, sizeof out->mem_bytes);
+    out->n_comms = 0;
+    for (int i = 0; i < d->n_slots; i++) {
+        const ct_param_slot *s = CT_SLOT_AT(d->slots, i);
+        if (s->placement == CT_PLACE_NONE || d->mesh.degree[CT_AXIS_DP_REPLICATE] <= 1) continue;
+        if (out->comms && out->n_comms < out->max_comms) {
+            ct_comm_cost *c = (ct_comm_cost *)((char *)out->comms + (size_t)out->n_comms * out->comms->struct_size);
+            size_t size = out->comms->struct_size; /* the host's element size */
+            ct_comm_cost v = {sizeof v, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD,
+                              (double)s->numel * sizeof(float), 1.0, 1};
+            memcpy(c, &v, size < sizeof v ? size : sizeof v);
+        }
+        out->n_comms++;
+    }
+    return CT_OK;
+}
+
 static const ct_strategy_api api = {
     .struct_size = sizeof(ct_strategy_api),
     .create = ddp_create,
     .destroy = ddp_destroy,
-    .place = ddp_place,
+    .place = ddp_place_kept,
     .setup = ddp_setup,
     .pre_forward = ddp_noop,
     .post_forward = ddp_noop,
     .pre_backward = ddp_noop,
     .post_backward = ddp_post_backward,
     .finish_backward = ddp_finish_backward,
+    .report = ddp_report,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

@@ -86,7 +86,8 @@ static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, ct_st
         free(f);
         return CT_ERR_INVALID;
     }
-    if (!env->capi || !env->mesh->group[CT_AXIS_DP_SHARD]) {
+    int planning = CT_HAS_FIELD(env, ct_strategy_env, planning) && env->planning; /* report only: no comm */
+    if (!planning && (!env->capi || !env->mesh->group[CT_AXIS_DP_SHARD])) {
         h->set_error(h, "needs a comm plugin and a dp_shard group");
         free(f);
         return CT_ERR_INVALID;
@@ -413,17 +414,91 @@ static void fsdp_destroy(ct_strategy *p) {
     free(f);
 }
 
+/* place(), keeping the slots for report() (a planning instance gets no setup). */
+static ct_status fsdp_place_kept(ct_strategy *p, ct_param_slot *slots, int n) {
+    fsdp *f = p;
+    f->slots = slots;
+    f->n_slots = n;
+    return fsdp_place(p, slots, n);
+}
+
+/* Appends one collective to a report (counted even past max_comms). */
+static void report_add(ct_strategy_report *r, int axis, ct_collective kind, int unit, ct_step_phase phase, double bytes,
+                       double count, int overlapped) {
+    if (r->comms && r->n_comms < r->max_comms) {
+        ct_comm_cost *c = (ct_comm_cost *)((char *)r->comms + (size_t)r->n_comms * r->comms->struct_size);
+        size_t size = r->comms->struct_size; /* the host's element size */
+        ct_comm_cost v = {sizeof v, axis, kind, unit, phase, bytes, count, overlapped};
+        memcpy(c, &v, size < sizeof v ? size : sizeof v);
+    }
+    r->n_comms++;
+}
+
+/* Per microbatch: every parameter gathered for its forward, gathered again for its backward where the
+ * reshard policy freed it (default: all but the last unit; always: all; never: none), its gradient
+ * reduce-scattered and, with HSDP, all-reduced over replicas. Own memory: the live gathered buffers
+ * at their worst (forward: a unit and the next one prefetched, or every unit under `never`;
+ * backward: a unit's parameters and gradients, the prefetched unit's parameters, the previous unit's
+ * gradients while their reduction is in flight); the buffer cache may keep more. Float8 gathers
+ * (a quarter of the bytes) are counted as f32 here. */
+static ct_status fsdp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
+    fsdp *f = p;
+    int S = f->mesh.degree[CT_AXIS_DP_SHARD], R = f->mesh.degree[CT_AXIS_DP_REPLICATE], nu = 0;
+    double mb = n_microbatches > 0 ? n_microbatches : 1;
+    for (int i = 0; i < f->n_slots; i++) {
+        const ct_param_slot *s = CT_SLOT_AT(f->slots, i);
+        if (s->placement != CT_PLACE_NONE && s->unit + 1 > nu) nu = s->unit + 1;
+    }
+    int64_t *full = calloc((size_t)nu + 2, sizeof(int64_t)), *local = calloc((size_t)nu + 2, sizeof(int64_t));
+    if (!full || !local) {
+        free(full);
+        free(local);
+        return CT_ERR_NOMEM;
+    }
+    out->n_comms = 0;
+    memset(out->mem_bytes, 0, sizeof out->mem_bytes);
+    for (int i = 0; i < f->n_slots; i++) {
+        const ct_param_slot *s = CT_SLOT_AT(f->slots, i);
+        if (s->placement == CT_PLACE_NONE) continue;
+        double l = (double)s->local_numel * sizeof(float);
+        int regather = f->reshard == 2 || (f->reshard == 1 && s->unit != nu - 1);
+        full[s->unit] += s->local_numel * S * (int64_t)sizeof(float);
+        local[s->unit] += s->local_numel * (int64_t)sizeof(float);
+        report_add(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_FORWARD, l * S, mb, 1);
+        if (regather) report_add(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_BACKWARD, l * S, mb, 1);
+        report_add(out, CT_AXIS_DP_SHARD, CT_COLL_REDUCE_SCATTER, s->unit, CT_PHASE_BACKWARD, l * S, mb, 1);
+        if (R > 1) report_add(out, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD, l, mb, 0);
+    }
+    int64_t peak = 0, held = 0; /* held: units gathered and kept (never) */
+    for (int k = 0; k < nu; k++) {
+        int64_t fwd = f->reshard == 0 ? held + full[k] + full[k + 1] : full[k] + full[k + 1];
+        held += full[k];
+        if (fwd > peak) peak = fwd;
+    }
+    for (int k = nu - 1; k >= 0; k--) {
+        int64_t params = f->reshard == 0 ? held : full[k] + (k > 0 ? full[k - 1] : 0);
+        int64_t bwd = params + full[k] + full[k + 1] + local[k + 1];
+        held -= full[k];
+        if (bwd > peak) peak = bwd;
+    }
+    out->mem_bytes[CT_MEM_COMM] = peak;
+    free(full);
+    free(local);
+    return CT_OK;
+}
+
 static const ct_strategy_api api = {
     .struct_size = sizeof(ct_strategy_api),
     .create = fsdp_create,
     .destroy = fsdp_destroy,
-    .place = fsdp_place,
+    .place = fsdp_place_kept,
     .setup = fsdp_setup,
     .pre_forward = fsdp_pre_forward,
     .post_forward = fsdp_post_forward,
     .pre_backward = fsdp_pre_backward,
     .post_backward = fsdp_post_backward,
     .finish_backward = fsdp_finish_backward,
+    .report = fsdp_report,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

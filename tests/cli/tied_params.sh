@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Shared (tied) parameters, model.h's share: llama3 with tie_word_embeddings (the output head reuses
 # tok_embeddings.weight, as Llama 3.2 1B/3B) follows the one-rank curve at 1e-6 under FSDP 2 (both
-# reshard policies), HSDP 2x2, DDP 2, TP 2, PP 2 (1F1B and a zero-bubble schedule, the table on
+# reshard policies), HSDP 2x2, DDP 2, ZeRO-1 and ZeRO-2 on 2 ranks, TP 2, PP 2 (1F1B and a zero-bubble schedule, the table on
 # stage 0 and its use on stage 1) and PP 2 x FSDP 2; a checkpoint written under FSDP 2 holds the
 # table once and resumes on one rank. And the silent case is gone: a pack that computes with a
 # parameter in a unit that neither declared nor shared it stops with one line naming the tensor and
@@ -21,6 +21,8 @@ lrun hsdp2x2 4 --training.local_batch_size=2 --parallelism.data_parallel_replica
   --parallelism.data_parallel_shard_degree=2
 lrun ddp2 2 --training.local_batch_size=4 --parallelism.data_parallel_replicate_degree=2 \
   --parallelism.data_parallel_shard_degree=1
+lrun zero1 2 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.dp_strategy=zero1
+lrun zero2 2 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.dp_strategy=zero2
 lrun tp2 2 --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2
 pp=(--training.local_batch_size=8 --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_microbatch_size=2)
 lrun pp2 2 "${pp[@]}" --parallelism.pipeline_parallel_schedule=1F1B
@@ -28,7 +30,7 @@ lrun pp2_zb 2 "${pp[@]}" --parallelism.pipeline_parallel_schedule=InterleavedZer
   --parallelism.pipeline_parallel_layers_per_stage=1 --activation_checkpoint.mode=full
 lrun pp2_fsdp2 4 --training.local_batch_size=4 --parallelism.pipeline_parallel_degree=2 \
   --parallelism.data_parallel_shard_degree=2 --parallelism.pipeline_parallel_microbatch_size=2
-for r in fsdp2 fsdp2_never hsdp2x2 ddp2 tp2 pp2 pp2_zb pp2_fsdp2; do compare single $r "$STEPS" || exit 1; done
+for r in fsdp2 fsdp2_never hsdp2x2 ddp2 zero1 zero2 tp2 pp2 pp2_zb pp2_fsdp2; do compare single $r "$STEPS" || exit 1; done
 # counted once: 2.23M parameters untied would be 2.75M
 grep -q "2.230M parameters" "$T/single.log" || fail "the tied model's parameter count: $(grep 'parameters' "$T/single.log")"
 echo "ok   the tied table is counted once (2.230M parameters)"

@@ -34,7 +34,7 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' || fail "loss did
 echo "ok   loss $first -> $last over 30 steps"
 grep -q '^sample:' "$T/a.log" || fail "no sample printed"
 # AdamW is elementwise (ABI 1.4): the decayed tensors and the norms, stored apart, in one call each
-grep -qE '^optimizer: [0-9]+ parameter tensors updated in 2 calls per step$' "$T/a.log" ||
+grep -qE '^optimizer: adamw: [0-9]+ parameter tensors updated in 2 calls per step$' "$T/a.log" ||
   fail "optimizer calls: $(grep '^optimizer:' "$T/a.log")"
 # the same seed gives the same run, bit for bit (the printed losses and norms)
 "$CTITAN" train "$T/run.yaml" >/dev/null 2>&1 || fail "second run"
