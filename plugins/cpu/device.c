@@ -4,7 +4,7 @@
  * Each op checks its arguments here, reports bad ones through host->set_error, and hands the
  * work to the f32 kernels (kernels_impl.h instanced by kernels_f32.c, and kernels_fp8.c for the
  * float8 ops of ABI 1.2). The ABI 1.3 ops (vocabulary-sharded embedding and cross-entropy,
- * copy_2d) are kernels_impl.h's too. Memory is plain host memory: the host does the accounting,
+ * copy_2d) and the elementwise ops of ABI 2.1 (ew_*) are kernels_impl.h's too. Memory is plain host memory: the host does the accounting,
  * copies are memcpy, and every op has finished when it returns, so synchronize has nothing to
  * wait for.
  *
@@ -1352,6 +1352,80 @@ static ct_status cpu_copy_2d(ct_device *dev, float *dst, int64_t dst_stride, con
     return CT_OK;
 }
 
+/* ---------------------------------------------------------------- ABI 2.1: elementwise ops */
+
+/* The checks every ew_* op shares (a one-input op passes x again as y): n >= 0, the pointers set
+ * unless n is 0. CT_OK means the op may run its kernel (nothing to do when n is 0). */
+static ct_status cpu_ew_begin(const cpu_device *d, const char *op, int64_t n, const float *out, const float *x,
+                              const float *y)
+{
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, op, "negative length %lld", (long long)n);
+    if (!(n == 0 || (out && x && y)))
+        return cpu_fail(d, CT_ERR_INVALID, op, "null pointer");
+    cpu_enter(d);
+    return CT_OK;
+}
+
+static ct_status cpu_ew_axpby(ct_device *d, float *out, float alpha, const float *x, float beta, const float *y,
+                              int64_t n)
+{
+    ct_status st = cpu_ew_begin(d, "ew_axpby", n, out, x, y);
+    if (st == CT_OK)
+        ew_axpby_f32(out, alpha, x, beta, y, n);
+    return st;
+}
+
+static ct_status cpu_ew_mul(ct_device *d, float *out, const float *x, const float *y, int64_t n)
+{
+    ct_status st = cpu_ew_begin(d, "ew_mul", n, out, x, y);
+    if (st == CT_OK)
+        ew_mul_f32(out, x, y, n);
+    return st;
+}
+
+static ct_status cpu_ew_div(ct_device *d, float *out, const float *x, const float *y, float eps, int64_t n)
+{
+    ct_status st = cpu_ew_begin(d, "ew_div", n, out, x, y);
+    if (st == CT_OK)
+        ew_div_f32(out, x, y, eps, n);
+    return st;
+}
+
+static ct_status cpu_ew_sqrt(ct_device *d, float *out, const float *x, int64_t n)
+{
+    ct_status st = cpu_ew_begin(d, "ew_sqrt", n, out, x, x);
+    if (st == CT_OK)
+        ew_sqrt_f32(out, x, n);
+    return st;
+}
+
+static ct_status cpu_ew_sign(ct_device *d, float *out, const float *x, int64_t n)
+{
+    ct_status st = cpu_ew_begin(d, "ew_sign", n, out, x, x);
+    if (st == CT_OK)
+        ew_sign_f32(out, x, n);
+    return st;
+}
+
+static ct_status cpu_ew_clamp(ct_device *d, float *out, const float *x, float lo, float hi, int64_t n)
+{
+    ct_status st = cpu_ew_begin(d, "ew_clamp", n, out, x, x);
+    if (st == CT_OK)
+        ew_clamp_f32(out, x, lo, hi, n);
+    return st;
+}
+
+static ct_status cpu_ew_greater(ct_device *d, float *out, const float *x, const float *y, int64_t n)
+{
+    ct_status st = cpu_ew_begin(d, "ew_greater", n, out, x, y);
+    if (st == CT_OK)
+        ew_greater_f32(out, x, y, n);
+    return st;
+}
+
 /* ---------------------------------------------------------------- entry */
 
 static const ct_device_api cpu_api = {
@@ -1408,6 +1482,13 @@ static const ct_device_api cpu_api = {
     .matmul_fp8_rows = cpu_matmul_fp8_rows,
     .sum_to_device = cpu_sum_to_device,
     .cross_entropy_backward_dev = cpu_cross_entropy_backward_dev,
+    .ew_axpby = cpu_ew_axpby,
+    .ew_mul = cpu_ew_mul,
+    .ew_div = cpu_ew_div,
+    .ew_sqrt = cpu_ew_sqrt,
+    .ew_sign = cpu_ew_sign,
+    .ew_clamp = cpu_ew_clamp,
+    .ew_greater = cpu_ew_greater,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -15,6 +15,14 @@ void matmul_f32(float *c, const float *a, const float *b, int m, int n, int k, i
 void axpy_f32(float *y, const float *x, float alpha, int64_t n);
 void add_f32(float *out, const float *a, const float *b, int64_t n);
 void scale_f32(float *x, float alpha, int64_t n);
+/* ABI 2.1 elementwise ops (device.h's ew_*); out may alias any input. */
+void ew_axpby_f32(float *out, float alpha, const float *x, float beta, const float *y, int64_t n);
+void ew_mul_f32(float *out, const float *x, const float *y, int64_t n);
+void ew_div_f32(float *out, const float *x, const float *y, float eps, int64_t n);
+void ew_sqrt_f32(float *out, const float *x, int64_t n);
+void ew_sign_f32(float *out, const float *x, int64_t n);
+void ew_clamp_f32(float *out, const float *x, float lo, float hi, int64_t n);
+void ew_greater_f32(float *out, const float *x, const float *y, int64_t n);
 double sum_f32(const float *x, int64_t n);
 double sum_squares_f32(const float *x, int64_t n);
 

@@ -128,6 +128,70 @@ CPU_KERNEL void K(scale)(real *x, real alpha, int64_t n)
         x[i] *= alpha;
 }
 
+/* ---- ABI 2.1 elementwise ops for optimizers. `out` may alias any input: each element is read
+ * before it is written, by the same thread. The expressions are device.h's, in real arithmetic
+ * (no FMA contraction under -std=c11), so the CUDA kernels reproduce them bit for bit. */
+
+/* out (n) = alpha x + beta y */
+CPU_KERNEL void K(ew_axpby)(real *out, real alpha, const real *x, real beta, const real *y, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = alpha * x[i] + beta * y[i];
+}
+
+/* out (n) = x y */
+CPU_KERNEL void K(ew_mul)(real *out, const real *x, const real *y, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = x[i] * y[i];
+}
+
+/* out (n) = x / (y + eps) */
+CPU_KERNEL void K(ew_div)(real *out, const real *x, const real *y, real eps, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = x[i] / (y[i] + eps);
+}
+
+/* out (n) = sqrt(x); NaN for x < 0 */
+CPU_KERNEL void K(ew_sqrt)(real *out, const real *x, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = R_SQRT(x[i]);
+}
+
+/* out (n) = 1 for x > 0, -1 for x < 0, else x itself: a zero keeps its sign, a NaN passes */
+CPU_KERNEL void K(ew_sign)(real *out, const real *x, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        real v = x[i];
+        out[i] = v > 0 ? (real)1 : v < 0 ? (real)-1 : v;
+    }
+}
+
+/* out (n) = x clamped to [lo, hi]; a NaN passes (as torch.clamp) */
+CPU_KERNEL void K(ew_clamp)(real *out, const real *x, real lo, real hi, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        real v = x[i];
+        out[i] = v < lo ? lo : v > hi ? hi : v;
+    }
+}
+
+/* out (n) = x > y ? 1 : 0 (0 when either is NaN) */
+CPU_KERNEL void K(ew_greater)(real *out, const real *x, const real *y, int64_t n)
+{
+#pragma omp parallel for simd schedule(static) if (n >= CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = x[i] > y[i] ? (real)1 : (real)0;
+}
+
 /* sum x or sum x^2 over n, in double. The chunking depends on n only, so the bits do not depend
  * on the thread count. */
 static CPU_CLONES double K(sum_generic)(const real *x, int64_t n, int squares)

@@ -2,8 +2,9 @@
  *
  * Files: device.c (entry, options, lifecycle, the API table), memory.c (the caching allocator,
  * copies, scratch and readbacks), blas.c (matmul through cuBLASLt, the peak-FLOP/s loop),
- * ops.c and ops_ext.c (argument checks, then the kernel launchers of kernels.h), stream.c
- * (share_stream), graph.c (capture into CUDA graphs, ABI 1.5).
+ * ops.c, ops_ext.c and ops_ew.c (argument checks, then the kernel launchers of kernels.h; ops_ew.c
+ * has ABI 2.1's elementwise ops), stream.c (share_stream), graph.c (capture into CUDA graphs,
+ * ABI 1.5).
  *
  * Streams: every op runs on d->stream. Until share_stream (ABI 1.4) that is the legacy default
  * stream, ordered both ways with the NCCL plugin's blocking streams (no events needed, no
@@ -171,5 +172,13 @@ CUDA_OP(graph_begin);
 CUDA_OP(graph_end);
 CUDA_OP(graph_launch);
 CUDA_OP(graph_free);
+/* ABI 2.1: ops_ew.c (the elementwise ops) */
+CUDA_OP(ew_axpby);
+CUDA_OP(ew_mul);
+CUDA_OP(ew_div);
+CUDA_OP(ew_sqrt);
+CUDA_OP(ew_sign);
+CUDA_OP(ew_clamp);
+CUDA_OP(ew_greater);
 
 #endif

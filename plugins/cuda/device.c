@@ -11,8 +11,8 @@
  * collectives run on; a single process gets GPU 0) and `tf32` (let f32 GEMMs use TF32 tensor
  * cores, default false: f32 GEMMs then stay within the conformance harness's f32 tolerances).
  *
- * Where the work is: memory.c (caching allocator), blas.c (matmul), ops.c / ops_ext.c (argument
- * checks), kernels_*.cu (the kernels), stream.c (the device's stream, shared with the comm plugin
+ * Where the work is: memory.c (caching allocator), blas.c (matmul), ops.c / ops_ext.c / ops_ew.c
+ * (argument checks), kernels_*.cu (the kernels), stream.c (the device's stream, shared with the comm plugin
  * through share_stream).
  */
 #include "cuda_device.h"
@@ -291,6 +291,13 @@ static const ct_device_api cuda_api = {
     .graph_end = cuda_graph_end,
     .graph_launch = cuda_graph_launch,
     .graph_free = cuda_graph_free,
+    .ew_axpby = cuda_ew_axpby,
+    .ew_mul = cuda_ew_mul,
+    .ew_div = cuda_ew_div,
+    .ew_sqrt = cuda_ew_sqrt,
+    .ew_sign = cuda_ew_sign,
+    .ew_clamp = cuda_ew_clamp,
+    .ew_greater = cuda_ew_greater,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -2,7 +2,7 @@
  *
  * Every launcher enqueues its kernels on env->stream and returns the launch status
  * (cudaGetLastError, or cudaErrorMemoryAllocation when its scratch memory is not there). The
- * arguments are already checked by ops.c / ops_ext.c: shapes are non-negative, pointers set,
+ * arguments are already checked by ops.c / ops_ext.c / ops_ew.c: shapes are non-negative, pointers set,
  * ids and targets validated by cuk_find_bad_id where the op needs it. Shapes and contracts are
  * those of ctitan/device.h: row-major, contiguous, f32; backward launchers ADD into gradients.
  *
@@ -76,6 +76,16 @@ cudaError_t cuk_transpose(const cuk_env *e, float *dst, const float *src, int64_
 cudaError_t cuk_reciprocal2(const cuk_env *e, float *out, const float *a, const float *b);
 /* out (n) = 1 / x (n) */
 cudaError_t cuk_reciprocal(const cuk_env *e, float *out, const float *x, int64_t n);
+
+/* ---- ABI 2.1 elementwise ops (kernels_ew.cu): device.h's ew_*, out may alias any input ---- */
+cudaError_t cuk_ew_axpby(const cuk_env *e, float *out, float alpha, const float *x, float beta, const float *y,
+                         int64_t n);
+cudaError_t cuk_ew_mul(const cuk_env *e, float *out, const float *x, const float *y, int64_t n);
+cudaError_t cuk_ew_div(const cuk_env *e, float *out, const float *x, const float *y, float eps, int64_t n);
+cudaError_t cuk_ew_sqrt(const cuk_env *e, float *out, const float *x, int64_t n);
+cudaError_t cuk_ew_sign(const cuk_env *e, float *out, const float *x, int64_t n);
+cudaError_t cuk_ew_clamp(const cuk_env *e, float *out, const float *x, float lo, float hi, int64_t n);
+cudaError_t cuk_ew_greater(const cuk_env *e, float *out, const float *x, const float *y, int64_t n);
 
 /* ---- row ops (kernels_rows.cu) ---- */
 /* The table holds rows [begin, begin + rows); ids outside give zero rows. */

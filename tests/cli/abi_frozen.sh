@@ -4,7 +4,8 @@
 # sdk/frozen/<X.Y>/ctitan/ holds the public headers exactly as minor X.Y of ABI 2 released them
 # (SHA256SUMS in each folder; a changed byte fails here, so a frozen copy cannot drift). For each
 # frozen minor, three plugins of different kinds are built against those headers alone (never
-# sdk/include): the template SGD optimizer, the out-of-tree mlp_tp operation-level strategy and the
+# sdk/include): an SGD optimizer (tests/cli/lib/sgd_abi2_0.c, the SDK template of 2.0; the template
+# is now Lion, which needs 2.1's ew_* ops), the out-of-tree mlp_tp operation-level strategy and the
 # ReverseGPipe schedule. The host must list them with that minor, check the schedule, and train a
 # 2-layer debugmodel with SGD under mlp_tp on 2 ranks to the one-rank losses (1e-6 relative).
 set -u
@@ -21,7 +22,7 @@ for dir in sdk/frozen/*/; do
   (cd "$dir" && sha256sum --quiet -c SHA256SUMS) || fail "sdk/frozen/$ver: the frozen headers were changed"
   [ "$(find "$dir/ctitan" -name '*.h' | wc -l)" -eq "$(wc -l <"$dir/SHA256SUMS")" ] || fail "sdk/frozen/$ver: a header is not in SHA256SUMS"
   out="$T/$ver"; mkdir -p "$out"
-  cc -I"$dir" "${WARN[@]}" -o "$out/ctitan-sgd.so" sdk/template/sgd.c || fail "$ver: sgd"
+  cc -I"$dir" "${WARN[@]}" -o "$out/ctitan-sgd.so" tests/cli/lib/sgd_abi2_0.c || fail "$ver: sgd"
   cc -I"$dir" "${WARN[@]}" -o "$out/ctitan-mlp_tp.so" sdk/examples/mlp_tp/mlp_tp.c || fail "$ver: mlp_tp"
   cc -I"$dir" "${WARN[@]}" -o "$out/ctitan-reverse.so" sdk/examples/schedule_reverse/reverse_gpipe.c || fail "$ver: reverse"
   listed=$("$CTITAN" plugins "$out" | grep -cE " $ver +$out/")

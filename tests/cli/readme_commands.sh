@@ -45,7 +45,7 @@ while IFS= read -r cmd; do
     continue
   fi
   if [[ "$cmd" == *pkg-config* ]]; then # an out-of-tree plugin: the SDK template as my.c
-    mkdir -p "$T/sdk$i" && cp sdk/template/sgd.c "$T/sdk$i/my.c" && ln -s "$root/$BUILD" "$T/sdk$i/build"
+    mkdir -p "$T/sdk$i" && cp sdk/template/lion.c "$T/sdk$i/my.c" && ln -s "$root/$BUILD" "$T/sdk$i/build"
     if (cd "$T/sdk$i" && eval "$cmd") >"$T/$i.log" 2>&1 </dev/null && [ -s "$T/sdk$i/my.so" ]; then echo "ok   $cmd"
     else echo "FAIL $cmd:"; tail -5 "$T/$i.log" | sed 's/^/     /'; fails=$((fails + 1)); fi
     continue

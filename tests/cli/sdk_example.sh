@@ -5,8 +5,9 @@
 # pkg-config file ($BUILD/ctitan-sdk.pc, written by `make`), checks each .so exports only
 # ctitan_plugin_entry, and loads both into a stand-in host that checks their contracts without the
 # core (entry info, options, declared parameter count = described count, errors for bad config,
-# one SGD step). Then, once `ctitan train` exists, trains gpt2 tiny with the sgd template for 30
-# steps from the example manifest and checks that the loss falls (train_example below).
+# two Lion steps against the formula). Then trains gpt2 tiny with the Lion template for 30 steps
+# from the example manifest and checks that the loss falls, and that an option outside its declared
+# range is refused by the host (train_example below).
 set -euo pipefail
 
 ROOT=$(pwd)
@@ -36,7 +37,7 @@ build_plugins() {
     third_party_make "$WORK/template"
     third_party_make "$WORK/gpt2"
     # The README's one-liner, as a user would type it (plus the warnings we hold ourselves to).
-    (cd "$WORK/template" && cc $SDK_CFLAGS $WARN -shared -fPIC -o my.so sgd.c)
+    (cd "$WORK/template" && cc $SDK_CFLAGS $WARN -shared -fPIC -o my.so lion.c)
     # The DDP strategy is written against the SDK alone: it builds out of tree the same way.
     cp "$ROOT/plugins/ddp/ddp.c" "$WORK/ddp.c"
     (cd "$WORK" && cc $SDK_CFLAGS $WARN -shared -fPIC -o ddp.so ddp.c) || fail "ddp.c does not build from the SDK alone"
@@ -47,7 +48,7 @@ build_plugins() {
 
 check_exports() {
     local so syms
-    for so in "$WORK/template/sgd.so" "$WORK/template/my.so" "$WORK/gpt2/gpt2.so" "$WORK/ddp.so"; do
+    for so in "$WORK/template/lion.so" "$WORK/template/my.so" "$WORK/gpt2/gpt2.so" "$WORK/ddp.so"; do
         syms=$(nm -D --defined-only "$so" | awk '{print $3}' | sort -u | tr '\n' ' ')
         [ "$syms" = "ctitan_plugin_entry " ] || fail "$(basename "$so") exports [$syms], expected only ctitan_plugin_entry"
         echo "ok: $(basename "$so") exports only ctitan_plugin_entry"
@@ -173,36 +174,42 @@ static void check_gpt2(const char *path) {
     CHECK(api->create(&host, &mc, &m) == CT_ERR_INVALID && strstr(last_error, "tiny"), "bad flavor: '%s'", last_error);
 }
 
-/* The stand-in device runs on host memory. */
-static ct_status d_axpy(ct_device *d, float *y, const float *x, float a, int64_t n) { (void)d; for (int64_t i = 0; i < n; i++) y[i] += a * x[i]; return CT_OK; }
-static ct_status d_scale(ct_device *d, float *x, float a, int64_t n) { (void)d; for (int64_t i = 0; i < n; i++) x[i] *= a; return CT_OK; }
+/* The stand-in device runs on host memory, with the ops Lion calls. */
+static ct_status d_alloc(ct_device *d, size_t n, void **out) { (void)d; *out = malloc(n); return *out ? CT_OK : CT_ERR_NOMEM; }
+static void d_free(ct_device *d, void *p) { (void)d; free(p); }
+static ct_status d_axpby(ct_device *d, float *out, float a, const float *x, float b, const float *y, int64_t n) {
+    (void)d; for (int64_t i = 0; i < n; i++) out[i] = a * x[i] + b * y[i]; return CT_OK; }
+static ct_status d_sign(ct_device *d, float *out, const float *x, int64_t n) {
+    (void)d; for (int64_t i = 0; i < n; i++) out[i] = x[i] > 0 ? 1.0f : x[i] < 0 ? -1.0f : x[i]; return CT_OK; }
 
-static void check_sgd(const char *path) {
-    const ct_optimizer_api *api = load(path, CT_KIND_OPTIMIZER, "sgd");
-    ct_device_api dapi = {.struct_size = sizeof dapi, .axpy = d_axpy, .scale = d_scale};
+static void check_lion(const char *path) {
+    const ct_optimizer_api *api = load(path, CT_KIND_OPTIMIZER, "lion");
+    ct_device_api dapi = {.struct_size = sizeof dapi, .alloc = d_alloc, .free = d_free, .ew_axpby = d_axpby, .ew_sign = d_sign};
     ct_optimizer *o = NULL;
-    set_key = "momentum"; set_value = 0.5;
-    CHECK(api->create(&host, &dapi, NULL, &o) == CT_OK && api->state_count(o) == 1, "momentum 0.5: state_count");
-    float p[3] = {1, 2, 3}, g[3] = {0.5f, -1, 2}, b[3] = {0}, *state[1] = {b};
+    set_key = "weight_decay"; set_value = 0.5;
+    CHECK(api->create(&host, &dapi, NULL, &o) == CT_OK && api->state_count(o) == 1, "create: %s", last_error);
+    if (!o) return;
+    float p[3] = {1, 2, 3}, g[3] = {0.5f, -1, 2}, m[3] = {0}, *state[1] = {m};
     ct_tensor t = {.struct_size = sizeof t, .dtype = CT_F32, .ndim = 1, .shape = {3}, .data = p, .grad = g, .name = "w"};
     for (int s = 1; s <= 2; s++) CHECK(api->step(o, &t, state, 3, 0.1f, s) == CT_OK, "step %d", s);
-    /* b1 = g, p1 = p - 0.1 g;  b2 = 0.5 g + g, p2 = p1 - 0.15 g  =>  p - 0.25 g */
+    /* sign(c) = sign(g) both steps (m has g's sign), so p2 = (p 0.95 - 0.1 s) 0.95 - 0.1 s */
     for (int i = 0; i < 3; i++) {
-        float want = (float)(i + 1) - 0.25f * g[i], diff = p[i] - want;
-        CHECK(diff * diff < 1e-12f, "p[%d] = %g after two steps, expected %g", i, p[i], want);
+        float s = g[i] > 0 ? 1.0f : -1.0f, want = ((float)(i + 1) * 0.95f - 0.1f * s) * 0.95f - 0.1f * s;
+        float wm = 0.99f * 0.01f * g[i] + 0.01f * g[i], diff = p[i] - want, dm = m[i] - wm;
+        CHECK(diff * diff < 1e-12f && dm * dm < 1e-14f, "p[%d] = %g, m = %g after two steps, expected %g, %g",
+              i, p[i], m[i], want, wm);
     }
     api->destroy(o);
-    set_key = "momentum"; set_value = 1.5;
-    CHECK(api->create(&host, &dapi, NULL, &o) == CT_ERR_INVALID && strstr(last_error, "momentum"), "momentum 1.5: '%s'", last_error);
+    dapi.ew_sign = NULL;
+    CHECK(api->create(&host, &dapi, NULL, &o) == CT_ERR_UNSUPPORTED && strstr(last_error, "ew_sign"),
+          "a device without ew_sign: '%s'", last_error);
     set_key = NULL;
-    CHECK(api->create(&host, &dapi, NULL, &o) == CT_OK && api->state_count(o) == 0, "defaults: momentum 0 keeps no state");
-    api->destroy(o);
 }
 
 int main(int argc, char **argv) {
     if (argc != 3) return 2;
     check_gpt2(argv[1]);
-    check_sgd(argv[2]);
+    check_lion(argv[2]);
     printf("%s: %d failure(s)\n", failures ? "FAIL" : "ok", failures);
     return failures != 0;
 }
@@ -213,23 +220,23 @@ smoke_test() {
     echo "== stand-in host"
     write_smoke_host
     cc $SDK_CFLAGS $WARN -D_GNU_SOURCE -o "$WORK/smoke" "$WORK/smoke.c" -ldl
-    "$WORK/smoke" "$WORK/gpt2/gpt2.so" "$WORK/template/sgd.so"
+    "$WORK/smoke" "$WORK/gpt2/gpt2.so" "$WORK/template/lion.so"
 }
 
 # Whether the core can train: the placeholder binary answers anything with one word, so ask for
 # option text (lines with "--") from `train --help`.
 
-# Trains gpt2 tiny with the sgd template, both loaded by path from the manifest's folder, and
-# checks the loss falls.
+# Trains gpt2 tiny with the Lion template, both loaded by path from the manifest's folder, and
+# checks the loss falls; then beta1 = 1.5, outside the range Lion declares, must be refused.
 train_example() {
     local run=$WORK/gpt2 log=$WORK/train.log
-    cp "$WORK/template/sgd.so" "$run/"
+    cp "$WORK/template/lion.so" "$run/"
     # the data: a 512-token vocabulary and a shard made from the committed test corpus
     "$CTITAN" tokenizer train --input "$ROOT/tests/data/tokenizer/corpus.txt" --vocab-size 512 \
         --output "$run/tok.model" >/dev/null || fail "tokenizer train"
     "$CTITAN" tokenize --tokenizer "$run/tok.model" --input "$ROOT/tests/data/tokenizer/corpus.txt" \
         --output "$run/data.bin" >/dev/null || fail "tokenize"
-    echo "== training gpt2 tiny + sgd for 30 steps"
+    echo "== training gpt2 tiny + lion for 30 steps"
     (cd "$run" && "$CTITAN" train gpt2_tiny.yaml --model.vocab_size=512 \
         --job.dump_folder="$run/outputs" --training.steps=30) >"$log" 2>&1 \
         || { tail -n 20 "$log"; fail "ctitan train exited non-zero"; }
@@ -243,6 +250,12 @@ train_example() {
             printf "loss: first %.4f, mean of last three %.4f\n", first, last
             if (!(last < 0.9 * first)) { print "FAIL: the loss did not fall by 10%"; exit 1 }
         }' || fail "the loss did not fall"
+    local rc=0
+    (cd "$run" && "$CTITAN" train gpt2_tiny.yaml --model.vocab_size=512 --optimizer.beta1=1.5 \
+        --job.dump_folder="$run/bad") >"$WORK/bad.log" 2>&1 || rc=$?
+    [ "$rc" -eq 2 ] && grep -q "optimizer.beta1: expected a number in \[0, 1\], got '1.5'" "$WORK/bad.log" \
+        || { cat "$WORK/bad.log"; fail "beta1 = 1.5: exit $rc, expected 2 and a message naming the key and range"; }
+    echo "ok: beta1 = 1.5 is refused: $(head -1 "$WORK/bad.log")"
 }
 
 build_plugins

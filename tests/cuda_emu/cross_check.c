@@ -2,7 +2,8 @@
  * Llama model uses and the conformance harness does not reach: attention at head dims 48, 64 and
  * 128 over several tiles with grouped heads, cross-entropy over a 128256 vocabulary, an embedding
  * backward with many repeated ids and several column slices, column sums over 300000 rows,
- * RoPE at head dim 128, a large matmul with transposes, long sums and a tensor-wide amax.
+ * RoPE at head dim 128, a large matmul with transposes, long sums and a tensor-wide amax; the
+ * elementwise ops of ABI 2.1 must match bit for bit.
  *
  *     cross_check REFERENCE.so TESTED.so [RTOL]
  *
@@ -424,6 +425,67 @@ static void amax_case(device *R, device *T, int64_t n)
     free(x);
 }
 
+/* The ABI 2.1 elementwise ops are one f32 expression each: the tested device must give the
+ * reference's bits (NaNs aside, which need only both be NaN), with out aliasing x and n past a
+ * grid's worth of blocks; and n = 0 does nothing on either. */
+static void ew_case(device *R, device *T, int64_t n)
+{
+    float *x = rand_host(n, 2), *y = rand_host(n, 2);
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-30f};
+    for (int64_t i = 0; i + 1 < n; i += 101) { /* y's a place later: specials meet finite values */
+        x[i] = special[(i / 101) % 6];
+        y[i + 1] = special[(i / 101 + 3) % 6];
+    }
+    const char *names[7] = {"ew_axpby", "ew_mul", "ew_div", "ew_sqrt", "ew_sign", "ew_clamp", "ew_greater"};
+    float *res[2][7];
+    device *devs[2] = {R, T};
+    for (int r = 0; r < 2; r++) {
+        device *D = devs[r];
+        const ct_device_api *a = D->api;
+        if (!a->ew_axpby || !a->ew_mul || !a->ew_div || !a->ew_sqrt || !a->ew_sign || !a->ew_clamp || !a->ew_greater) {
+            failures++;
+            printf("FAIL %s has not every ew_* op\n", D->path);
+            free(x), free(y);
+            return;
+        }
+        for (int op = 0; op < 7; op++) {
+            float *dx = up(D, x, 4 * (size_t)n), *dy = up(D, y, 4 * (size_t)n);
+            ct_status st;
+            switch (op) { /* out == x throughout */
+            case 0: st = a->ew_axpby(D->dev, dx, 0.9f, dx, 0.1f, dy, n); break;
+            case 1: st = a->ew_mul(D->dev, dx, dx, dy, n); break;
+            case 2: st = a->ew_div(D->dev, dx, dx, dy, 1e-8f, n); break;
+            case 3: st = a->ew_sqrt(D->dev, dx, dx, n); break;
+            case 4: st = a->ew_sign(D->dev, dx, dx, n); break;
+            case 5: st = a->ew_clamp(D->dev, dx, dx, -0.5f, 0.75f, n); break;
+            default: st = a->ew_greater(D->dev, dx, dx, dy, n); break;
+            }
+            must(st, D, names[op]);
+            must(a->ew_mul(D->dev, NULL, NULL, NULL, 0), D, "ew_mul n = 0");
+            res[r][op] = down(D, dx, n);
+            D->api->free(D->dev, dx), D->api->free(D->dev, dy);
+        }
+    }
+    for (int op = 0; op < 7; op++) {
+        int64_t bad = -1;
+        for (int64_t i = 0; i < n && bad < 0; i++) {
+            float u = res[0][op][i], v = res[1][op][i];
+            if (!(isnan(u) && isnan(v)) && memcmp(&u, &v, sizeof u) != 0)
+                bad = i;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "%s n%lld (out == x), bit for bit", names[op], (long long)n);
+        failures += bad >= 0;
+        if (bad < 0)
+            printf("ok   %s\n", what);
+        else
+            printf("FAIL %s: at [%lld] %.9g vs reference %.9g\n", what, (long long)bad, (double)res[1][op][bad],
+                   (double)res[0][op][bad]);
+        free(res[0][op]), free(res[1][op]);
+    }
+    free(x), free(y);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -443,6 +505,7 @@ int main(int argc, char **argv)
     norm_weight_case(&R, &T, 300000, 8);
     rope_matmul_sum_case(&R, &T);
     amax_case(&R, &T, 3000001);
+    ew_case(&R, &T, 1000003);
     R.api->destroy(R.dev);
     T.api->destroy(T.dev);
     printf("cross_check: %s (%d failure(s)), rtol %g\n", failures ? "FAIL" : "ok", failures, rtol);

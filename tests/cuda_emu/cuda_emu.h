@@ -110,6 +110,11 @@ static inline float __fadd_rn(float a, float b)
 {
     return a + b;
 }
+/* one rounding per call, as on the GPU (g++ -std=c++17 does not contract a * b + c into an FMA) */
+static inline float __fmul_rn(float a, float b)
+{
+    return a * b;
+}
 static inline unsigned max(unsigned a, unsigned b)
 {
     return a > b ? a : b;

@@ -41,6 +41,10 @@
  *     launched, a launch gives the eager bits, again on new inputs; memory allocated after a
  *     capture survives launches (the graph's scratch stays its own); a copy to the host, a sum or
  *     a synchronize during a capture is refused and the capture with it; eager work goes on.
+ *   - the optional elementwise ops of ABI 2.1 (ew_axpby, ew_mul, ew_div, ew_sqrt, ew_sign,
+ *     ew_clamp, ew_greater): equal to the same f32 expression evaluated here, over inputs with
+ *     zeros, infinities and NaNs, with out a separate buffer and out aliasing each input; a NaN
+ *     passes through sign and clamp; n = 0 with NULL pointers is a no-op; n < 0 is an error.
  *
  * The harness brings its own minimal ct_host (log, set_error, memory, option getters answered
  * from the spec); it links nothing of the core, so a third party can build and run it alone.
@@ -2319,6 +2323,135 @@ static void test_graph_capture(void **state)
 
 /* ---------------------------------------------------------------- bad arguments */
 
+/* ---------------------------------------------------------------- ABI 2.1: elementwise ops */
+
+enum { EW_AXPBY, EW_MUL, EW_DIV, EW_SQRT, EW_SIGN, EW_CLAMP, EW_GREATER, EW_OPS };
+static const char *const ew_names[EW_OPS] = {"ew_axpby", "ew_mul", "ew_div", "ew_sqrt",
+                                             "ew_sign", "ew_clamp", "ew_greater"};
+static const int ew_binary[EW_OPS] = {1, 1, 1, 0, 0, 0, 1};
+#define EW_ALPHA 0.75f
+#define EW_BETA -1.5f
+#define EW_EPS 1e-3f
+#define EW_LO -0.25f
+#define EW_HI 0.5f
+
+static int ew_present(int op)
+{
+    switch (op) {
+    case EW_AXPBY: return TP_OP_PRESENT(ew_axpby);
+    case EW_MUL: return TP_OP_PRESENT(ew_mul);
+    case EW_DIV: return TP_OP_PRESENT(ew_div);
+    case EW_SQRT: return TP_OP_PRESENT(ew_sqrt);
+    case EW_SIGN: return TP_OP_PRESENT(ew_sign);
+    case EW_CLAMP: return TP_OP_PRESENT(ew_clamp);
+    default: return TP_OP_PRESENT(ew_greater);
+    }
+}
+
+static ct_status ew_call(int op, float *out, const float *x, const float *y, int64_t n)
+{
+    switch (op) {
+    case EW_AXPBY: return api->ew_axpby(dev, out, EW_ALPHA, x, EW_BETA, y, n);
+    case EW_MUL: return api->ew_mul(dev, out, x, y, n);
+    case EW_DIV: return api->ew_div(dev, out, x, y, EW_EPS, n);
+    case EW_SQRT: return api->ew_sqrt(dev, out, x, n);
+    case EW_SIGN: return api->ew_sign(dev, out, x, n);
+    case EW_CLAMP: return api->ew_clamp(dev, out, x, EW_LO, EW_HI, n);
+    default: return api->ew_greater(dev, out, x, y, n);
+    }
+}
+
+/* device.h's expression, in f32 as C evaluates it (no contraction under -std=c11) */
+static float ew_reference(int op, float x, float y)
+{
+    switch (op) {
+    case EW_AXPBY: return EW_ALPHA * x + EW_BETA * y;
+    case EW_MUL: return x * y;
+    case EW_DIV: return x / (y + EW_EPS);
+    case EW_SQRT: return sqrtf(x);
+    case EW_SIGN: return isnan(x) ? x : x > 0 ? 1.0f : x < 0 ? -1.0f : 0.0f;
+    case EW_CLAMP: return isnan(x) ? x : fminf(fmaxf(x, EW_LO), EW_HI);
+    default: return x > y ? 1.0f : 0.0f;
+    }
+}
+
+/* Inputs in [-2, 2) with zeros of both signs, infinities and NaNs sprinkled in. */
+static float *ew_input(int64_t n)
+{
+    float *x = host_rand(n, 2);
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-30f, -1e30f};
+    for (int64_t i = 0; i < n; i += 97)
+        x[i] = special[(i / 97) % (int64_t)(sizeof special / sizeof special[0])];
+    return x;
+}
+
+/* out: 0 a separate buffer, 1 out == x, 2 out == y */
+static void ew_case(int op, int64_t n, const float *x, const float *y, int alias)
+{
+    float *dx = dev_floats(x, n), *dy = dev_floats(y, n), *dout = alias == 1 ? dx : alias == 2 ? dy : dev_floats(NULL, n);
+    expect_error(ew_call(op, dout, dx, dy, n), CT_OK, ew_names[op]);
+    float *got = download(dout, n);
+    for (int64_t i = 0; i < n; i++) {
+        float want = ew_reference(op, x[i], y[i]);
+        if (!(got[i] == want || (isnan(got[i]) && isnan(want))))
+            fail_msg("%s (out %s) [%lld] of x %.9g, y %.9g = %.9g, expected %.9g", ew_names[op],
+                     alias == 1 ? "== x" : alias == 2 ? "== y" : "separate", (long long)i, (double)x[i],
+                     (double)y[i], (double)got[i], (double)want);
+    }
+    free(got);
+    api->free(dev, dx);
+    api->free(dev, dy);
+    if (alias == 0)
+        api->free(dev, dout);
+}
+
+static void test_elementwise_ops(void **state)
+{
+    (void)state;
+    const int64_t n = 100003; /* odd, and past any parallel threshold */
+    float *x = ew_input(n), *y = ew_input(n);
+    int tested = 0;
+    for (int op = 0; op < EW_OPS; op++) {
+        if (!ew_present(op)) {
+            fprintf(stderr, "%s: not provided (an older ABI, or NULL)\n", ew_names[op]);
+            continue;
+        }
+        tested++;
+        for (int alias = 0; alias <= 1 + ew_binary[op]; alias++) {
+            ew_case(op, n, x, y, alias);
+            ew_case(op, 5, x + 97 * 4, y + 3, alias); /* a NaN at [0], below any parallel threshold */
+        }
+        expect_error(ew_call(op, NULL, NULL, NULL, 0), CT_OK, "n = 0 with NULL pointers");
+        expect_error(ew_call(op, NULL, NULL, NULL, -1), CT_ERR_INVALID, "n = -1");
+    }
+    free(x);
+    free(y);
+    if (tested == 0)
+        skip();
+}
+
+/* sign: 1, -1, NaN stays NaN; clamp lets a NaN through too (the min/max of C would not). */
+static void test_elementwise_nan(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(ew_sign);
+    TP_SKIP_UNLESS(ew_clamp);
+    const float x[6] = {NAN, -NAN, 3.5f, -1e-38f, 0.0f, -INFINITY};
+    float *dx = dev_floats(x, 6), *dout = dev_floats(NULL, 6);
+    assert_int_equal(api->ew_sign(dev, dout, dx, 6), CT_OK);
+    float *got = download(dout, 6);
+    assert_true(isnan(got[0]) && isnan(got[1]));
+    assert_true(got[2] == 1.0f && got[3] == -1.0f && got[4] == 0.0f && got[5] == -1.0f);
+    free(got);
+    assert_int_equal(api->ew_clamp(dev, dout, dx, -1.0f, 1.0f, 6), CT_OK);
+    got = download(dout, 6);
+    assert_true(isnan(got[0]) && isnan(got[1]));
+    assert_true(got[2] == 1.0f && got[3] == -1e-38f && got[4] == 0.0f && got[5] == -1.0f);
+    free(got);
+    api->free(dev, dx);
+    api->free(dev, dout);
+}
+
 static void test_bad_arguments_are_errors(void **state)
 {
     (void)state;
@@ -2373,6 +2506,8 @@ int main(void)
         cmocka_unit_test(test_matmul_bf16),
         cmocka_unit_test(test_same_inputs_give_same_bits),
         cmocka_unit_test(test_bad_arguments_are_errors),
+        cmocka_unit_test(test_elementwise_ops),
+        cmocka_unit_test(test_elementwise_nan),
         cmocka_unit_test(test_sum_to_device),
         cmocka_unit_test(test_cross_entropy_backward_dev),
         cmocka_unit_test(test_share_stream), /* the device stays on the shared stream from here */

@@ -1,4 +1,9 @@
-/* sgd.c: a complete ctitan optimizer plugin, meant to be copied.
+/* sgd_abi2_0.c: an optimizer plugin written against ABI 2.0, kept for tests/cli/abi_frozen.sh.
+ *
+ * It was the SDK template (sdk/template/) until ABI 2.1's elementwise ops let the template become
+ * Lion. The 2.1 template cannot build against the frozen 2.0 headers (they have no ew_* ops), so
+ * this file stays as it was to prove that an optimizer built against 2.0 still loads and trains.
+ * Keep it to the 2.0 headers: it is compiled against sdk/frozen/2.0 only.
  *
  * SGD with momentum and (L2, "coupled") weight decay, PyTorch's torch.optim.SGD formula with
  * dampening 0 and nesterov off:
@@ -139,7 +144,7 @@ CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *inf
     info->abi_minor = CT_ABI_MINOR;
     info->kind = CT_KIND_OPTIMIZER;
     info->name = "sgd";
-    info->description = "SGD with momentum and weight decay (the SDK template)";
+    info->description = "SGD with momentum and weight decay (an ABI 2.0 plugin)";
     info->options = sgd_options;
     info->api = &sgd_api;
     return CT_OK;
