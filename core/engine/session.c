@@ -329,6 +329,8 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
     /* strategies talk through the counting table, so the metrics report their bytes */
     /* the plan is an optional field of the model's table: read only where the table holds it */
     const ct_tp_rule *plan = CT_HAS_FIELD(s->m, ct_model_api, tp_plan) ? s->m->tp_plan : NULL;
+    if (CT_HAS_FIELD(s->m, ct_model_api, get_tp_plan) && s->m->get_tp_plan) /* ABI 2.1: the instance's */
+        plan = s->m->get_tp_plan(s->model);
     ct_strategy_env env = {sizeof env, s->d, s->dev, commstats_wrap(s->capi), s->comm, &s->mesh,
                            strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, plan, d, seq_len, s->qapi != NULL, 0};
     if (s->axisp && s->mesh.degree[CT_AXIS_TP] > 1) {

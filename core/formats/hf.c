@@ -1,4 +1,4 @@
-/* hf.c: Hugging Face Llama checkpoints <-> ctitan's llama3 parameters (mapping in hf.h). */
+/* hf.c: Hugging Face Llama and Qwen2 checkpoints <-> ctitan's llama3 and qwen2 parameters (mapping in hf.h). */
 #include "formats/hf.h"
 
 #include <errno.h>
@@ -20,56 +20,75 @@
 
 /* ---- the parameter table ----------------------------------------------------------------------- */
 
-enum { K_EMB, K_NORM, K_Q, K_K, K_V, K_O, K_W1, K_W2, K_W3, K_OUT };
+enum { K_EMB, K_NORM, K_Q, K_K, K_V, K_O, K_W1, K_W2, K_W3, K_OUT, K_QB, K_KB, K_VB };
 
-/* Per block, in the order the llama3 pack declares them. */
+/* Per block, in the order the llama3 and qwen2 packs declare them; the biases only with
+ * CT_MODEL_QKV_BIAS. */
 static const struct {
     const char *ct, *hf;
     int kind;
 } block_params[] = {
     {"attention_norm.weight", "input_layernorm.weight", K_NORM},
     {"attention.wq.weight", "self_attn.q_proj.weight", K_Q},
+    {"attention.wq.bias", "self_attn.q_proj.bias", K_QB},
     {"attention.wk.weight", "self_attn.k_proj.weight", K_K},
+    {"attention.wk.bias", "self_attn.k_proj.bias", K_KB},
     {"attention.wv.weight", "self_attn.v_proj.weight", K_V},
+    {"attention.wv.bias", "self_attn.v_proj.bias", K_VB},
     {"attention.wo.weight", "self_attn.o_proj.weight", K_O},
     {"ffn_norm.weight", "post_attention_layernorm.weight", K_NORM},
     {"feed_forward.w1.weight", "mlp.gate_proj.weight", K_W1},
     {"feed_forward.w2.weight", "mlp.down_proj.weight", K_W2},
     {"feed_forward.w3.weight", "mlp.up_proj.weight", K_W3},
 };
-#define N_BLOCK_PARAMS ((int64_t)(sizeof block_params / sizeof block_params[0]))
+#define N_TABLE ((int64_t)(sizeof block_params / sizeof block_params[0]))
+
+static int is_bias(int kind) { return kind == K_QB || kind == K_KB || kind == K_VB; }
+static int has_bias(const hf_config *c) { return (c->features & CT_MODEL_QKV_BIAS) != 0; }
+static int shares_output(const hf_config *c) { return (c->features & CT_MODEL_TIED_EMBEDDINGS) != 0; }
+
+const char *hf_model_type(const hf_config *c) { return has_bias(c) ? "qwen2" : "llama"; }
+
+/* Parameters per block, and the table row of the block's k-th. */
+static int64_t n_block(const hf_config *c) { return has_bias(c) ? N_TABLE : N_TABLE - 3; }
+static int64_t table_row(const hf_config *c, int64_t k) {
+    for (int64_t r = 0; r < N_TABLE; r++)
+        if ((has_bias(c) || !is_bias(block_params[r].kind)) && k-- == 0) return r;
+    return 0;
+}
 
 typedef struct param {
     char ct[128], hf[160];
     int kind;
     int ndim;
     int64_t shape[2];
-    int64_t permute_heads; /* q: n_heads, k: n_kv_heads, else 0 */
+    int64_t permute_heads; /* q: n_heads, k: n_kv_heads (weight and bias), else 0 */
 } param;
 
-static int64_t n_params(const hf_config *c) { return 3 + N_BLOCK_PARAMS * c->n_layers; }
+static int64_t n_params(const hf_config *c) { return 3 + n_block(c) * c->n_layers - shares_output(c); }
 
 /* Parameter i (0 .. n_params-1) of the model c describes. */
 static void param_at(const hf_config *c, int64_t i, param *p) {
     int64_t D = c->dim, q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim, F = c->ffn_hidden;
+    int64_t n_norm = 1 + n_block(c) * c->n_layers; /* norm.weight's index */
     memset(p, 0, sizeof *p);
     if (i == 0) {
         snprintf(p->ct, sizeof p->ct, "tok_embeddings.weight");
         snprintf(p->hf, sizeof p->hf, "model.embed_tokens.weight");
         p->kind = K_EMB;
-    } else if (i == n_params(c) - 2) {
+    } else if (i == n_norm) {
         snprintf(p->ct, sizeof p->ct, "norm.weight");
         snprintf(p->hf, sizeof p->hf, "model.norm.weight");
         p->kind = K_NORM;
-    } else if (i == n_params(c) - 1) {
+    } else if (i == n_norm + 1) {
         snprintf(p->ct, sizeof p->ct, "output.weight");
         snprintf(p->hf, sizeof p->hf, "lm_head.weight");
         p->kind = K_OUT;
     } else {
-        int64_t layer = (i - 1) / N_BLOCK_PARAMS, k = (i - 1) % N_BLOCK_PARAMS;
-        snprintf(p->ct, sizeof p->ct, "layers.%lld.%s", (long long)layer, block_params[k].ct);
-        snprintf(p->hf, sizeof p->hf, "model.layers.%lld.%s", (long long)layer, block_params[k].hf);
-        p->kind = block_params[k].kind;
+        int64_t layer = (i - 1) / n_block(c), r = table_row(c, (i - 1) % n_block(c));
+        snprintf(p->ct, sizeof p->ct, "layers.%lld.%s", (long long)layer, block_params[r].ct);
+        snprintf(p->hf, sizeof p->hf, "model.layers.%lld.%s", (long long)layer, block_params[r].hf);
+        p->kind = block_params[r].kind;
     }
     int64_t rows = 0, cols = D;
     switch (p->kind) {
@@ -78,6 +97,9 @@ static void param_at(const hf_config *c, int64_t i, param *p) {
     case K_Q: rows = q; p->permute_heads = c->n_heads; break;
     case K_K: rows = kv; p->permute_heads = c->n_kv_heads; break;
     case K_V: rows = kv; break;
+    case K_QB: rows = q; cols = 0; p->permute_heads = c->n_heads; break;
+    case K_KB: rows = kv; cols = 0; p->permute_heads = c->n_kv_heads; break;
+    case K_VB: rows = kv; cols = 0; break;
     case K_O: rows = D; cols = q; break;
     case K_W1: case K_W3: rows = F; break;
     case K_W2: rows = D; cols = F; break;
@@ -87,6 +109,9 @@ static void param_at(const hf_config *c, int64_t i, param *p) {
     p->shape[1] = cols;
 }
 
+/* Columns of a parameter's rows (1 for a vector): what the q/k permutation moves. */
+static int64_t row_len(const param *p) { return p->ndim == 2 ? p->shape[1] : 1; }
+
 /* A name on the ctitan side that belongs to the model's parameters (the rest of a file is ignored). */
 static int is_param_name(const char *name) {
     return !strcmp(name, "tok_embeddings.weight") || !strcmp(name, "norm.weight") ||
@@ -94,27 +119,29 @@ static int is_param_name(const char *name) {
 }
 
 /* 1 if name is "PREFIX<layer>.<suffix>" with layer < n_layers and suffix one of the block's (ct or hf). */
-static int is_block_name(const char *name, const char *prefix, int64_t n_layers, int hf_side) {
+static int is_block_name(const hf_config *c, const char *name, const char *prefix, int hf_side) {
     size_t pl = strlen(prefix);
     if (strncmp(name, prefix, pl)) return 0;
     const char *s = name + pl;
     if (*s < '0' || *s > '9' || (*s == '0' && s[1] != '.')) return 0;
     int64_t layer = 0;
     while (*s >= '0' && *s <= '9' && layer <= MAX_LAYERS) layer = layer * 10 + (*s++ - '0');
-    if (*s++ != '.' || layer >= n_layers) return 0;
-    for (int64_t k = 0; k < N_BLOCK_PARAMS; k++)
-        if (!strcmp(s, hf_side ? block_params[k].hf : block_params[k].ct)) return 1;
+    if (*s++ != '.' || layer >= c->n_layers) return 0;
+    for (int64_t k = 0; k < n_block(c); k++) {
+        int64_t r = table_row(c, k);
+        if (!strcmp(s, hf_side ? block_params[r].hf : block_params[r].ct)) return 1;
+    }
     return 0;
 }
 
 static int is_expected_ct(const hf_config *c, const char *name) {
     return !strcmp(name, "tok_embeddings.weight") || !strcmp(name, "norm.weight") ||
-           !strcmp(name, "output.weight") || is_block_name(name, "layers.", c->n_layers, 0);
+           (!shares_output(c) && !strcmp(name, "output.weight")) || is_block_name(c, name, "layers.", 0);
 }
 
 static int is_expected_hf(const hf_config *c, const char *name) {
     return !strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "model.norm.weight") ||
-           !strcmp(name, "lm_head.weight") || is_block_name(name, "model.layers.", c->n_layers, 1);
+           !strcmp(name, "lm_head.weight") || is_block_name(c, name, "model.layers.", 1);
 }
 
 void hf_permute_rows(float *dst, const float *src, int64_t n_heads, int64_t head_dim, int64_t cols, int to_hf) {
@@ -220,11 +247,17 @@ static int want_str(json_t *obj, const char *label, const char *key, const char 
     return -1;
 }
 
-static int want_false(json_t *obj, const char *label, const char *key, char *err, size_t errlen) {
+static int want_false_why(json_t *obj, const char *label, const char *key, const char *why, char *err,
+                          size_t errlen) {
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v) || json_is_false(v)) return 0;
-    ct_errf(err, errlen, "%s: %s must be false (ctitan's llama3 has no biases)", label, key);
+    ct_errf(err, errlen, "%s: %s must be false (%s)", label, key, why);
     return -1;
+}
+
+static int want_false(json_t *obj, const char *label, const char *key, char *err, size_t errlen) {
+    return want_false_why(obj, label, key, "ctitan's llama3 has no biases; model_type qwen2 has q/k/v biases", err,
+                          errlen);
 }
 
 /* rope_scaling (transformers 4) / rope_parameters (transformers 5): only plain RoPE. */
@@ -271,9 +304,17 @@ int hf_config_parse(const char *json, size_t len, const char *label, hf_config *
         ct_errf(err, errlen, "%s: expected a JSON object (a LlamaConfig)", label);
         goto done;
     }
-    if (want_str(root, label, "model_type", "llama", "ctitan converts model_type \"llama\"", err, errlen) ||
-        want_str(root, label, "hidden_act", "silu", "ctitan's llama3 uses SwiGLU with silu", err, errlen) ||
-        want_false(root, label, "attention_bias", err, errlen) || want_false(root, label, "mlp_bias", err, errlen) ||
+    json_t *type = json_object_get(root, "model_type");
+    int qwen2 = json_is_string(type) && !strcmp(json_string_value(type), "qwen2");
+    if (qwen2) /* Qwen2's q, k and v always have biases; its sliding window is off unless asked for */
+        cfg->features |= CT_MODEL_QKV_BIAS;
+    if ((!qwen2 && want_str(root, label, "model_type", "llama", "ctitan converts model_type \"llama\" and \"qwen2\"",
+                            err, errlen)) ||
+        want_str(root, label, "hidden_act", "silu", "ctitan's llama3 and qwen2 use SwiGLU with silu", err, errlen) ||
+        (!qwen2 && (want_false(root, label, "attention_bias", err, errlen) ||
+                    want_false(root, label, "mlp_bias", err, errlen))) ||
+        (qwen2 && want_false_why(root, label, "use_sliding_window", "ctitan's qwen2 attends to every earlier token",
+                                 err, errlen)) ||
         get_int(root, label, "hidden_size", 0, &cfg->dim, err, errlen) ||
         get_int(root, label, "intermediate_size", 0, &cfg->ffn_hidden, err, errlen) ||
         get_int(root, label, "num_hidden_layers", 0, &cfg->n_layers, err, errlen) ||
@@ -292,6 +333,7 @@ int hf_config_parse(const char *json, size_t len, const char *label, hf_config *
         goto done;
     }
     cfg->tied = json_is_true(tie);
+    if (cfg->tied && qwen2) cfg->features |= CT_MODEL_TIED_EMBEDDINGS; /* the qwen2 pack shares the table */
     rc = check_config(cfg, label, err, errlen);
 done:
     json_decref(root);
@@ -337,18 +379,47 @@ static char *config_json(const hf_config *c, hf_dtype dtype) {
                       "  \"rms_norm_eps\": %s,\n"
                       "  \"rope_scaling\": null,\n"
                       "  \"rope_theta\": %s,\n"
-                      "  \"tie_word_embeddings\": false,\n"
+                      "  \"tie_word_embeddings\": %s,\n"
                       "  \"torch_dtype\": \"%s\",\n"
                       "  \"use_cache\": true,\n"
                       "  \"vocab_size\": %lld\n"
                       "}\n";
+    /* Qwen2Config: q/k/v biases are implied; no head_dim (hidden_size / heads), no sliding window */
+    const char *fmt_qwen2 = "{\n"
+                            "  \"architectures\": [\n"
+                            "    \"Qwen2ForCausalLM\"\n"
+                            "  ],\n"
+                            "  \"attention_dropout\": 0.0,\n"
+                            "  \"hidden_act\": \"silu\",\n"
+                            "  \"hidden_size\": %lld,\n"
+                            "  \"initializer_range\": 0.02,\n"
+                            "  \"intermediate_size\": %lld,\n"
+                            "  \"max_position_embeddings\": %lld,\n"
+                            "  \"max_window_layers\": %lld,\n"
+                            "  \"model_type\": \"qwen2\",\n"
+                            "  \"num_attention_heads\": %lld,\n"
+                            "  \"num_hidden_layers\": %lld,\n"
+                            "  \"num_key_value_heads\": %lld,\n"
+                            "  \"rms_norm_eps\": %s,\n"
+                            "  \"rope_scaling\": null,\n"
+                            "  \"rope_theta\": %s,\n"
+                            "  \"sliding_window\": null,\n"
+                            "  \"tie_word_embeddings\": %s,\n"
+                            "  \"torch_dtype\": \"%s\",\n"
+                            "  \"use_cache\": true,\n"
+                            "  \"use_sliding_window\": false,\n"
+                            "  \"vocab_size\": %lld\n"
+                            "}\n";
+    const char *tie = c->tied ? "true" : "false", *dt = dtype == HF_BFLOAT16 ? "bfloat16" : "float32";
     char *out = NULL;
-    if (asprintf(&out, fmt, (long long)c->head_dim, (long long)c->dim, (long long)c->ffn_hidden,
-                 (long long)c->max_position_embeddings, (long long)c->n_heads, (long long)c->n_layers,
-                 (long long)c->n_kv_heads, eps, theta, dtype == HF_BFLOAT16 ? "bfloat16" : "float32",
-                 (long long)c->vocab) < 0)
-        return NULL;
-    return out;
+    int n = has_bias(c)
+                ? asprintf(&out, fmt_qwen2, (long long)c->dim, (long long)c->ffn_hidden,
+                           (long long)c->max_position_embeddings, (long long)c->n_layers, (long long)c->n_heads,
+                           (long long)c->n_layers, (long long)c->n_kv_heads, eps, theta, tie, dt, (long long)c->vocab)
+                : asprintf(&out, fmt, (long long)c->head_dim, (long long)c->dim, (long long)c->ffn_hidden,
+                           (long long)c->max_position_embeddings, (long long)c->n_heads, (long long)c->n_layers,
+                           (long long)c->n_kv_heads, eps, theta, tie, dt, (long long)c->vocab);
+    return n < 0 ? NULL : out;
 }
 
 /* ---- checks on the ctitan side ----------------------------------------------------------------- */
@@ -362,8 +433,9 @@ int hf_check_weights(const hf_config *cfg, const tf_file *w, char *err, size_t e
     }
     for (int i = 0; i < w->count; i++)
         if (is_param_name(w->entries[i].name) && !is_expected_ct(cfg, w->entries[i].name)) {
-            ct_errf(err, errlen, "tensor '%s' is not a parameter of a %lld-layer llama3", w->entries[i].name,
-                    (long long)cfg->n_layers);
+            ct_errf(err, errlen, "tensor '%s' is not a parameter of a %lld-layer %s%s", w->entries[i].name,
+                    (long long)cfg->n_layers, has_bias(cfg) ? "qwen2" : "llama3",
+                    shares_output(cfg) ? " with tied embeddings" : "");
             return -1;
         }
     return 0;
@@ -410,7 +482,10 @@ int hf_config_from_weights(hf_config *cfg, const tf_file *w, char *err, size_t e
         }
         cfg->n_kv_heads = wk->shape[0] / cfg->head_dim;
     }
-    cfg->tied = 0;
+    /* the features are which tensors are there: biases (Qwen2), and no output.weight (a shared table) */
+    cfg->features = tf_find(w, "layers.0.attention.wq.bias") ? CT_MODEL_QKV_BIAS : 0;
+    if (!tf_find(w, "output.weight")) cfg->features |= CT_MODEL_TIED_EMBEDDINGS;
+    cfg->tied = shares_output(cfg);
     return hf_check_weights(cfg, w, err, errlen);
 }
 
@@ -471,7 +546,7 @@ static int load_param(const char *dir, const hf_config *cfg, const st_model *m, 
         return -1;
     }
     if (p->permute_heads) {
-        hf_permute_rows(buf, tmp, p->permute_heads, cfg->head_dim, cfg->dim, 0);
+        hf_permute_rows(buf, tmp, p->permute_heads, cfg->head_dim, row_len(p), 0);
         free(tmp);
     }
     e->data = buf;
@@ -507,8 +582,8 @@ int hf_load(const char *dir, hf_config *cfg, tf_file **weights, char *err, size_
         int rotary = nl > 20 && !strcmp(name + nl - 20, ".rotary_emb.inv_freq"); /* a buffer old checkpoints kept */
         if (!rotary && !is_expected_hf(cfg, name)) {
             ct_errf(err, errlen,
-                    "%s: tensor '%s' is not a parameter of a %lld-layer Llama (nothing in ctitan to map it to)",
-                    m->where[i], name, (long long)cfg->n_layers);
+                    "%s: tensor '%s' is not a parameter of a %lld-layer %s (nothing in ctitan to map it to)",
+                    m->where[i], name, (long long)cfg->n_layers, has_bias(cfg) ? "Qwen2" : "Llama");
             goto fail;
         }
     }
@@ -582,7 +657,7 @@ int hf_save(const char *dir, const hf_config *cfg, const tf_file *w, hf_dtype dt
                 ct_errf(err, errlen, "%s: out of memory", dir);
                 goto done;
             }
-            hf_permute_rows(owned[i], data, p->permute_heads, cfg->head_dim, cfg->dim, 1);
+            hf_permute_rows(owned[i], data, p->permute_heads, cfg->head_dim, row_len(p), 1);
             data = owned[i];
         }
         entries[i] = (st_entry){p->hf, dtype == HF_BFLOAT16 ? ST_BF16 : ST_F32, p->ndim, p->shape, data, NULL};

@@ -1,4 +1,4 @@
-/* hf.h: Hugging Face Llama checkpoints <-> ctitan's llama3 parameters.
+/* hf.h: Hugging Face Llama and Qwen2 checkpoints <-> ctitan's llama3 and qwen2 parameters.
  *
  * A Hugging Face folder holds config.json (a LlamaConfig) and model.safetensors (or shards named by
  * model.safetensors.index.json). ctitan names parameters as torchtitan does; the mapping is
@@ -14,7 +14,16 @@
  *   layers.N.feed_forward.w2.weight       model.layers.N.mlp.down_proj.weight
  *   layers.N.feed_forward.w3.weight       model.layers.N.mlp.up_proj.weight
  *   norm.weight                           model.norm.weight
- *   output.weight                         lm_head.weight
+ *   output.weight                         lm_head.weight                            (absent when tied)
+ *
+ * A Qwen2 (model_type "qwen2", Qwen2ForCausalLM) is a Llama with biases on q, k and v:
+ *
+ *   layers.N.attention.wq.bias            model.layers.N.self_attn.q_proj.bias     (permuted as q's rows)
+ *   layers.N.attention.wk.bias            model.layers.N.self_attn.k_proj.bias     (permuted as k's rows)
+ *   layers.N.attention.wv.bias            model.layers.N.self_attn.v_proj.bias
+ *
+ * With tie_word_embeddings (Qwen2-0.5B) its ctitan file has no output.weight: the qwen2 pack
+ * shares tok_embeddings.weight with its head.
  *
  * ctitan's RoPE rotates interleaved pairs (x[2i], x[2i+1]) of each head; Hugging Face's rotates
  * halves (x[i], x[i + hd/2]). So q and k rows are permuted per head: HF row h*hd + j*hd/2 + i is
@@ -34,6 +43,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ctitan/model.h" /* CT_MODEL_* feature bits */
 #include "formats/tensorfile.h"
 
 typedef struct hf_config {
@@ -46,8 +56,17 @@ typedef struct hf_config {
     int64_t ffn_hidden; /* intermediate_size */
     int64_t max_position_embeddings;
     double rope_theta, norm_eps; /* rope_theta, rms_norm_eps */
-    int tied;           /* hf_load: the checkpoint ties lm_head to the embeddings (output.weight is a copy) */
+    int tied;           /* config.json's tie_word_embeddings (lm_head is the embedding table) */
+    /* ctitan's side (ct_model_desc.features): CT_MODEL_QKV_BIAS, the blocks hold
+     * layers.N.attention.w{q,k,v}.bias (Hugging Face's Qwen2, model_type "qwen2"); and
+     * CT_MODEL_TIED_EMBEDDINGS, the pack shares the embedding table with its head, so the ctitan
+     * file holds no output.weight. A tied Llama is read for ctitan's untied llama3 pack instead:
+     * output.weight a copy of the table. */
+    uint32_t features;
 } hf_config;
+
+/* Hugging Face's model_type for cfg: "qwen2" with q/k/v biases, else "llama". */
+const char *hf_model_type(const hf_config *cfg);
 
 /* What hf_save writes. */
 typedef enum hf_dtype { HF_FLOAT32, HF_BFLOAT16 } hf_dtype;
@@ -58,15 +77,16 @@ typedef enum hf_dtype { HF_FLOAT32, HF_BFLOAT16 } hf_dtype;
 
 /* Reads DIR/config.json and the weights: *cfg, and *weights (ctitan names, float32, in the order
  * the llama3 pack declares them: tok_embeddings, layers.0 ..., norm, output; free with tf_free).
- * bf16/f16/f32/f64 tensors are converted to float32; q/k rows are un-permuted. Refuses configs ctitan
- * cannot run the same way (RoPE scaling, biases, another activation or model type). */
+ * bf16/f16/f32/f64 tensors are converted to float32; q/k rows (and biases) are un-permuted. Refuses
+ * configs ctitan cannot run the same way (RoPE scaling, a Llama's biases, sliding-window attention,
+ * another activation or model type). */
 int hf_load(const char *dir, hf_config *cfg, tf_file **weights, char *err, size_t errlen);
 
 /* Parses config.json's text into *cfg (exposed for the fuzzer and tests). */
 int hf_config_parse(const char *json, size_t len, const char *label, hf_config *cfg, char *err, size_t errlen);
 
 /* Fills dim, vocab, n_layers, ffn_hidden, head_dim (and n_kv_heads when it is 0) from the weights'
- * shapes. The caller sets n_heads (shapes cannot tell it), rope_theta, norm_eps and
+ * shapes, and features from which tensors are there (biases; no output.weight: tied). The caller sets n_heads (shapes cannot tell it), rope_theta, norm_eps and
  * max_position_embeddings first. Then checks everything as hf_check_weights does. */
 int hf_config_from_weights(hf_config *cfg, const tf_file *weights, char *err, size_t errlen);
 

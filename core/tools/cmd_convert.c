@@ -21,10 +21,12 @@ static const char usage[] =
     "                      [--max-position-embeddings N]\n"
     "       ctitan convert --from hf --input DIR --output MODEL.ctt\n"
     "\n"
-    "Converts a llama3 model between ctitan's model file (a .ctt of float32 parameters under\n"
-    "torchtitan's names, as `ctitan train` saves it) and a Hugging Face LlamaForCausalLM folder\n"
-    "(config.json + model.safetensors). q and k rows are permuted between ctitan's interleaved RoPE\n"
-    "pairs and Hugging Face's halves; a float32 round trip is bit-exact.\n"
+    "Converts a llama3 or qwen2 model between ctitan's model file (a .ctt of float32 parameters under\n"
+    "torchtitan's names, as `ctitan train` saves it) and a Hugging Face LlamaForCausalLM or\n"
+    "Qwen2ForCausalLM folder (config.json + model.safetensors). q and k rows (and their biases) are\n"
+    "permuted between ctitan's interleaved RoPE pairs and Hugging Face's halves; a float32 round trip\n"
+    "is bit-exact. A model with layers.N.attention.w{q,k,v}.bias is a Qwen2; one without\n"
+    "output.weight has tied embeddings (tie_word_embeddings: true, no lm_head.weight).\n"
     "\n"
     "  --to hf             write DIR/config.json and DIR/model.safetensors (DIR is created if missing).\n"
     "                      The sizes come from the tensors' shapes. Entries of MODEL.ctt that are not\n"
@@ -41,8 +43,10 @@ static const char usage[] =
     "  --from hf           read DIR/config.json and DIR/model.safetensors (or the shards named by\n"
     "                      model.safetensors.index.json; F32, BF16, F16 or F64 tensors) and write the\n"
     "                      parameters as float32, in the order the llama3 pack declares them. The model\n"
-    "                      options to use with the file are printed. Refused: RoPE scaling (Llama 3.1+),\n"
-    "                      biases, other activations or model types, head_dim != hidden_size / heads.\n"
+    "                      options to use with the file are printed. A tied Qwen2 gives no output.weight\n"
+    "                      (the qwen2 pack shares the table), a tied Llama a copy of the table. Refused:\n"
+    "                      RoPE scaling (Llama 3.1+), a Llama's biases, Qwen2's sliding window, other\n"
+    "                      activations or model types, head_dim != hidden_size / heads.\n"
     "  --help              this text\n";
 
 static ct_status usage_error(const char *msg, const char *arg) {
@@ -106,14 +110,16 @@ static const char *short_g(char *out, size_t len, double x) {
     return out;
 }
 
-/* The manifest's model section that runs the converted file. */
+/* The manifest's model section that runs the converted file (a Qwen2 on sdk/examples/qwen2's pack). */
 static void print_model_line(const hf_config *c) {
     char theta[32], eps[32];
-    printf("model: {name: llama3, dim: %lld, n_layers: %lld, n_heads: %lld, n_kv_heads: %lld, vocab_size: %lld, "
-           "ffn_hidden: %lld, rope_theta: %s, norm_eps: %s}\n",
-           (long long)c->dim, (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads,
-           (long long)c->vocab, (long long)c->ffn_hidden, short_g(theta, sizeof theta, c->rope_theta),
-           short_g(eps, sizeof eps, c->norm_eps));
+    int qwen2 = (c->features & CT_MODEL_QKV_BIAS) != 0;
+    printf("model: {name: %s, dim: %lld, n_layers: %lld, n_heads: %lld, n_kv_heads: %lld, vocab_size: %lld, "
+           "ffn_hidden: %lld, rope_theta: %s, norm_eps: %s%s}\n",
+           qwen2 ? "qwen2" : "llama3", (long long)c->dim,
+           (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->vocab,
+           (long long)c->ffn_hidden, short_g(theta, sizeof theta, c->rope_theta), short_g(eps, sizeof eps, c->norm_eps),
+           !qwen2 ? "" : c->features & CT_MODEL_TIED_EMBEDDINGS ? ", tie_word_embeddings: true" : ", tie_word_embeddings: false");
 }
 
 typedef struct args {
@@ -156,8 +162,10 @@ static ct_status to_hf(const args *a) {
         fprintf(stderr, "ctitan convert: %s\n", err);
         goto done;
     }
-    printf("convert: %s -> %s/config.json, %s/model.safetensors (%lld tensors, %s)\n", a->input, a->output,
-           a->output, (long long)(3 + 9 * cfg.n_layers), a->dtype == HF_BFLOAT16 ? "bfloat16" : "float32");
+    int64_t per_block = cfg.features & CT_MODEL_QKV_BIAS ? 12 : 9;
+    printf("convert: %s -> %s/config.json, %s/model.safetensors (%s, %lld tensors, %s%s)\n", a->input, a->output,
+           a->output, hf_model_type(&cfg), (long long)(3 + per_block * cfg.n_layers - cfg.tied),
+           a->dtype == HF_BFLOAT16 ? "bfloat16" : "float32", cfg.tied ? ", tied embeddings: no lm_head" : "");
     print_model_line(&cfg);
     rc = CT_OK;
 done:
@@ -184,8 +192,9 @@ static ct_status from_hf(const args *a) {
         tf_free(f);
         return CT_ERR_IO;
     }
-    printf("convert: %s -> %s (%d tensors, float32%s)\n", a->input, a->output, f->count,
-           cfg.tied ? "; output.weight copied from the tied embeddings" : "");
+    printf("convert: %s -> %s (%s, %d tensors, float32%s)\n", a->input, a->output, hf_model_type(&cfg), f->count,
+           !cfg.tied ? "" : cfg.features & CT_MODEL_TIED_EMBEDDINGS ? "; tied embeddings: no output.weight"
+                                                                    : "; output.weight copied from the tied embeddings");
     print_model_line(&cfg);
     tf_free(f);
     return CT_OK;

@@ -9,6 +9,10 @@
  *   embedding     this rank's vocabulary rows (a ranged lookup), the rest summed in as row-wise
  *   output        column-wise into vocabulary-sharded logits: the loss computed sharded (loss
  *                 parallel) or the columns gathered first
+ *
+ * The bias op is not wrapped: a column-wise linear's bias is split with its output features, so the
+ * host's op adds the local block to the local columns; a row-wise linear's is whole and is added
+ * to the reduced output (tp.c sums its gradient under sequence parallel).
  */
 #include "tp.h"
 

@@ -2,7 +2,8 @@
  *
  * The model pack's plan (ct_model_api.tp_plan, handed over in the strategy env) names a style per
  * parameter. place() splits each parameter over the tp axis: column-wise weights (and the embedding
- * and output tables) on dim 0, row-wise weights on dim 1; everything else stays whole. The builder
+ * and output tables) on dim 0, row-wise weights on dim 1, a column-wise linear's bias with its
+ * output features; everything else stays whole. The builder
  * this plugin wraps (ops.c) then puts the collectives each style implies around the linear,
  * embedding and loss ops, through the host's differentiable collectives and its own custom ops
  * (custom.c). What is left here is the one reduction no op sees: under sequence parallel a norm
@@ -11,6 +12,7 @@
  */
 #include "tp.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,7 +106,7 @@ static ct_status read_options(tp *t) {
 
 static ct_status tp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
     if (!CT_HAS_FIELD(env, ct_strategy_env, has_quantizer) || !env->tp_plan) {
-        h->set_error(h, "the model pack declares no tensor-parallel plan (ct_model_api.tp_plan)");
+        h->set_error(h, "the model pack declares no tensor-parallel plan (ct_model_api.tp_plan or get_tp_plan)");
         return CT_ERR_INVALID;
     }
     tp *t = calloc(1, sizeof *t);
@@ -133,17 +135,34 @@ static void tp_destroy(ct_strategy *p) {
     free(t);
 }
 
-/* Splits one parameter by its style: column-wise on dim 0, row-wise on dim 1. */
+/* "(128)", "(256 x 64)": a tensor's shape for messages. */
+static void shape_str(char *out, size_t len, const ct_tensor *w) {
+    size_t k = (size_t)snprintf(out, len, "(");
+    for (int d = 0; d < w->ndim && k < len; d++)
+        k += (size_t)snprintf(out + k, len - k, "%s%lld", d ? " x " : "", (long long)w->shape[d]);
+    if (k < len) snprintf(out + k, len - k, ")");
+}
+
+/* The dim a style splits w along, or -1 for none. A matrix: column-wise (and the embedding and
+ * output tables) on dim 0, row-wise on dim 1. A 1-D tensor is a bias of the linear whose style it
+ * takes: column-wise splits it with the output features; row-wise leaves it whole (it is added
+ * after the reduction). */
+static int split_dim(const ct_tensor *w, ct_tp_style st) {
+    int cols = st == CT_TP_COLWISE || st == CT_TP_EMBED_ROWWISE || st == CT_TP_OUTPUT_COLWISE;
+    if (w->ndim == 1) return st == CT_TP_COLWISE || st == CT_TP_OUTPUT_COLWISE ? 0 : -1;
+    return st == CT_TP_ROWWISE ? 1 : cols ? 0 : -1;
+}
+
+/* Splits one parameter by its style (split_dim). */
 static ct_status split_slot(tp *t, ct_param_slot *s, ct_tp_style st) {
     ct_tensor *w = s->param;
-    int dim = st == CT_TP_ROWWISE ? 1
-              : (st == CT_TP_COLWISE || st == CT_TP_EMBED_ROWWISE || st == CT_TP_OUTPUT_COLWISE) ? 0
-                                                                                              : -1;
+    int dim = split_dim(w, st);
     if (dim < 0) return CT_OK;
-    if (w->ndim != 2 || w->shape[dim] % t->size) {
-        t->host->set_error(t->host, "tensor parallel: %s (%lld x %lld) cannot be split in %d along dim %d (the plan says %s)",
-                           w->name, (long long)w->shape[0], w->ndim > 1 ? (long long)w->shape[1] : 1LL, t->size, dim,
-                           dim ? "row-wise" : "column-wise");
+    if (w->ndim > 2 || w->shape[dim] % t->size) {
+        char shape[96];
+        shape_str(shape, sizeof shape, w);
+        t->host->set_error(t->host, "tensor parallel: %s %s cannot be split in %d along dim %d (the plan says %s)",
+                           w->name, shape, t->size, dim, st == CT_TP_ROWWISE ? "row-wise" : "column-wise");
         return CT_ERR_INVALID;
     }
     w->shape[dim] /= t->size;
@@ -151,11 +170,11 @@ static ct_status split_slot(tp *t, ct_param_slot *s, ct_tp_style st) {
     s->split_dim = dim;
     s->split_parts = t->size;
     s->split_index = t->rank;
-    s->numel = w->shape[0] * w->shape[1];
+    s->numel = w->ndim == 1 ? w->shape[0] : w->shape[0] * w->shape[1];
     s->placement = CT_PLACE_REPLICATE;
     s->local_numel = s->numel;
     s->offset = 0;
-    if (st == CT_TP_OUTPUT_COLWISE) t->output_rows = w->shape[0];
+    if (st == CT_TP_OUTPUT_COLWISE && w->ndim == 2) t->output_rows = w->shape[0];
     return CT_OK;
 }
 
@@ -209,13 +228,17 @@ static ct_status tp_post_backward(ct_strategy *p, int unit, int last_microbatch)
     return CT_OK;
 }
 
-/* Runs after the data-parallel strategy's finish: the local gradients are final but for tp. */
+/* Runs after the data-parallel strategy's finish: the local gradients are final but for tp. Under
+ * sequence parallel a norm weight and a row-wise linear's bias (whole, added after the
+ * reduce-scatter) each met 1/tp of the token rows: their gradients are summed over tp. */
 static ct_status tp_finish_backward(ct_strategy *p) {
     tp *t = p;
     if (!t->last || !t->sequence_parallel) return CT_OK;
     for (int i = 0; i < t->n_slots; i++) {
         ct_param_slot *s = CT_SLOT_AT(t->slots, i);
-        if (s->local_numel == 0 || tp_style_of(t, s->param) != CT_TP_SEQUENCE_PARALLEL) continue;
+        ct_tp_style style = tp_style_of(t, s->param);
+        int whole_bias = style == CT_TP_ROWWISE && s->param->ndim == 1; /* added to 1/tp of the rows too */
+        if (s->local_numel == 0 || (style != CT_TP_SEQUENCE_PARALLEL && !whole_bias)) continue;
         ct_status st = t->env.capi->all_reduce(t->env.comm, t->group, s->local_grad, s->local_grad, s->local_numel,
                                                CT_F32, CT_REDUCE_SUM, NULL);
         if (st) return st;
