@@ -26,7 +26,7 @@ static const char *usage =
     "  launch -n N CMD     run `ctitan CMD` on N ranks under mpirun (as root, oversubscribed)\n"
     "  tokenize            turn text or JSONL into a token shard\n"
     "  tokenizer           train / encode / decode with a BPE vocabulary (tiktoken format)\n"
-    "  convert             --to hf | --from hf: a model (.ctt) to or from a Hugging Face Llama folder\n"
+    "  convert             --to hf | --from hf: a model (.ctt) to or from a Hugging Face Llama or Qwen2 folder\n"
     "  schedule            check and draw a pipeline schedule (timeline, bubble, --svg)\n"
     "  help                this text\n"
     "  --version           the plugin ABI version this ctitan speaks\n";
