@@ -6,8 +6,10 @@
 # final one, units of this rank only, finish_backward after all) and on a period with another
 # number of microbatches than told. Runs 2 data-parallel replicas without PP, and PP 2 with every
 # shipped schedule (2 accumulation steps of 4 microbatches); checks every rank's totals (pre_forward
-# = units x microbatches x periods, ...) and the loss curve against one rank without a strategy. Also: the checker fails
-# a run whose microbatch count it was told wrong, with status 1 and the rule named.
+# = units x microbatches x periods, ...) and the loss curve against one rank without a strategy.
+# Also: PP 2 x FSDP 2 under ZBVZeroBubble (overlapping windows) keeps the one-rank curve with one
+# gather and one reduce-scatter per step; the checker fails a run whose microbatch count it was told
+# wrong, with status 1 and the rule named.
 set -u
 STEPS=2
 . tests/cli/lib/layouts.sh
@@ -58,6 +60,16 @@ done
 for s in InterleavedZeroBubble ZBVZeroBubble; do
   grep -q "max_open_windows [2-9]" "$T/pp2_$s.log" || fail "pp2_$s: no rank had two backward windows of a unit open"
 done
+
+# FSDP under PP with overlapping windows: each unit gathered once per step and its gradients
+# reduce-scattered once per step (at last), however many microbatches and accumulation steps
+run pp2_fsdp2_zbv 4 --training.seq_len=32 --training.local_batch_size=4 --parallelism.pipeline_parallel_degree=2 \
+  --parallelism.data_parallel_shard_degree=2 --parallelism.pipeline_parallel_schedule=ZBVZeroBubble \
+  --activation_checkpoint.mode=full
+compare one pp2_fsdp2_zbv "$STEPS" || exit 1
+step_records pp2_fsdp2_zbv | sed -n 1p | sed 's/.*"params": \([0-9]*\),.*"all_gather": \([0-9]*\), "reduce_scatter": \([0-9]*\).*/\1 \2 \3/' |
+  awk '{ if ($1 > 0 && $2 == $1 && $3 == 2 * $1) { print "ok   pp2_fsdp2_zbv: step 1 gathered " $2 " bytes (= the rank'"'"'s shard, once) and reduce-scattered " $3 " (= the full gradients, once) over 4 microbatches x 2 accumulation steps"; exit 0 }
+         print "FAIL pp2_fsdp2_zbv: step 1 params " $1 ", all_gather " $2 ", reduce_scatter " $3 " bytes: expected one gather and one reduce-scatter per step"; exit 1 }' || exit 1
 
 # the checker itself fails a run out of its rules: told 3 microbatches, it sees 4
 out=$("$CTITAN" launch -n 2 train "${common[@]}" "${base[@]}" --parallelism.pipeline_parallel_degree=2 \
