@@ -86,6 +86,14 @@ $(BUILD)/plugins/ctitan-$(1).so: $(wildcard $(2)*.c) $(wildcard $(2)*.h) $(wildc
 endef
 $(foreach n,$(PLUGIN_NAMES),$(eval $(call plugin_rule,$(n),$(firstword $(filter %/$(n)/,$(PLUGIN_DIRS))))))
 
+# Test plugins (tests/plugins/NAME.c -> $(BUILD)/tests/plugins/ctitan-NAME.so), loaded by path by
+# tests/cli scripts; built like the shipped ones, so the sanitizer build has sanitized ones.
+TEST_PLUGIN_SRC := $(wildcard tests/plugins/*.c)
+TEST_PLUGIN_SOS := $(TEST_PLUGIN_SRC:tests/plugins/%.c=$(BUILD)/tests/plugins/ctitan-%.so)
+$(BUILD)/tests/plugins/ctitan-%.so: tests/plugins/%.c $(wildcard sdk/include/ctitan/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $<
+
 $(BUILD)/tests/%: tests/unit/%.c $(CORE_LIB_OBJ) $(wildcard tests/unit/*.h sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(TEST_CFLAGS_$*) -Itests/unit -o $@ $< $(TEST_EXTRA_$*) $(CORE_LIB_OBJ) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS_$*) -lcmocka
@@ -111,7 +119,7 @@ check: all $(CHECK_UNIT:%=$(BUILD)/tests/%)
 	BUILD=$(BUILD) tests/run.sh $(CHECK_UNIT) $(CHECK_CLI)
 
 test: deps
-	$(MAKE) all $(TEST_BIN) $(MPI_TEST_BIN)
+	$(MAKE) all $(TEST_BIN) $(MPI_TEST_BIN) $(TEST_PLUGIN_SOS)
 	BUILD=$(BUILD) tests/run.sh
 
 bench: deps all

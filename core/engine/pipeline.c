@@ -11,10 +11,14 @@
  * A context is reused once the runner released every local stage of its microbatch, so a 1F1B
  * schedule holds at most about pp microbatches' activations where GPipe holds all of them.
  *
- * Strategy hooks: a unit's pre_forward/post_forward run around its first forward of the step,
- * pre_backward before its first backward and post_backward after its last (FSDP keeps the unit's
- * parameters gathered in between: no resharding between microbatches, as in torchtitan), and
- * finish_backward once at the end.
+ * Strategy hooks, per microbatch in the order of the schedule's actions (strategy.h, "Life of a
+ * run"): a forward action runs pre_forward(u), forward, post_forward(u) for each unit of the stage
+ * in order; a backward action (B, or the input half I) runs pre_backward(u) and the unit's backward
+ * in reverse order; post_backward(u, last) follows u's part of the action that completes its weight
+ * gradient for that microbatch (B, or W after I), with last on the step's final one for u (and only
+ * on the last pipeline_step of a step). finish_backward runs once at the end of pipeline_step.
+ * Under zero-bubble schedules a unit's backward windows of two microbatches may overlap; keeping
+ * storage across microbatches (no resharding under PP, as in torchtitan) is the strategy's choice.
  */
 #include "engine/pipeline.h"
 
@@ -215,10 +219,8 @@ ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct
     pl->rt = rt;
     pl->stage_left = calloc((size_t)pl->n_mb, sizeof(int));
     pl->mb_ctx = calloc((size_t)pl->n_mb, sizeof(int));
-    pl->fwd_hooked = calloc((size_t)nu, sizeof(int));
-    pl->bwd_hooked = calloc((size_t)nu, sizeof(int));
     pl->bwd_done = calloc((size_t)nu, sizeof(int));
-    if (!pl->stage_left || !pl->mb_ctx || !pl->fwd_hooked || !pl->bwd_hooked || !pl->bwd_done) return CT_ERR_NOMEM;
+    if (!pl->stage_left || !pl->mb_ctx || !pl->bwd_done) return CT_ERR_NOMEM;
     const sched_rank *mine = &pl->plan.ranks[pl->rank];
     ct_pipeline_env env = {sizeof env, capi, comm, mesh->group[CT_AXIS_PP], pl->rank, pl->pp, pl->n_stages,
                            pl->n_mb, pl->plan.placement, mine->actions, mine->n};
@@ -355,12 +357,9 @@ static ct_status cb_forward(void *p, int stage, int mb) {
         ct_set_error("pipeline: stage %d has no input for microbatch %d", stage, mb);
         bad = 1;
     }
-    for (int u = u0; u <= u1 && !bad; u++) {
-        int first = !pl->fwd_hooked[u];
-        pl->fwd_hooked[u] = 1;
-        bad = (first && runtime_hook(rt, HOOK_PRE_FORWARD, u, 0)) || runtime_unit_fwd(rt, u, x, c->tok, c->tgt, 1, &x) ||
-              (first && runtime_hook(rt, HOOK_POST_FORWARD, u, 0));
-    }
+    for (int u = u0; u <= u1 && !bad; u++)
+        bad = runtime_hook(rt, HOOK_PRE_FORWARD, u, 0) || runtime_unit_fwd(rt, u, x, c->tok, c->tgt, 1, &x) ||
+              runtime_hook(rt, HOOK_POST_FORWARD, u, 0);
     if (!bad && stage == pl->n_stages - 1) {
         float lf = 0;
         if (x->t.ndim != 0 || rt->d->copy(rt->dev, &lf, x->t.data, sizeof lf, CT_COPY_D2H) != CT_OK) {
@@ -392,13 +391,13 @@ static ct_status cb_backward(void *p, int stage, int mb, int op) {
         float *g = rt->unit_out[u1] ? tape_grad(rt, rt->unit_out[u1]) : NULL;
         bad = !g || rt->d->copy(rt->dev, g, &pl->loss_scale, sizeof pl->loss_scale, CT_COPY_H2D) != CT_OK;
     }
-    for (int u = u1; u >= u0 && !bad; u--) {
-        if (op != CT_PP_W && !pl->bwd_hooked[u]) {
-            pl->bwd_hooked[u] = 1;
-            bad = runtime_hook(rt, HOOK_PRE_BACKWARD, u, 0);
+    for (int u = u1; u >= u0 && !bad; u--) { /* W opens no window: its I did */
+        bad = (op != CT_PP_W && runtime_hook(rt, HOOK_PRE_BACKWARD, u, 0)) ||
+              runtime_unit_bwd(rt, u, c->tok, c->tgt, halves);
+        if (!bad && op != CT_PP_I) {
+            int final = ++pl->bwd_done[u] == pl->n_mb;
+            bad = runtime_hook(rt, HOOK_POST_BACKWARD, u, pl->last && final);
         }
-        bad = bad || runtime_unit_bwd(rt, u, c->tok, c->tgt, halves);
-        if (!bad && op != CT_PP_I && ++pl->bwd_done[u] == pl->n_mb) bad = runtime_hook(rt, HOOK_POST_BACKWARD, u, pl->last);
     }
     swap_ctx(rt, c);
     return bad ? fail() : CT_OK;
@@ -482,8 +481,6 @@ int pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targets, i
     pl->loss_scale = loss_scale;
     pl->last = last;
     pl->loss_sum = 0;
-    memset(pl->fwd_hooked, 0, sizeof(int) * (size_t)nu);
-    memset(pl->bwd_hooked, 0, sizeof(int) * (size_t)nu);
     memset(pl->bwd_done, 0, sizeof(int) * (size_t)nu);
     for (int m = 0; m < pl->n_mb; m++) {
         pl->mb_ctx[m] = -1;
@@ -537,8 +534,6 @@ void pipeline_free(pipeline *pl) {
     free(pl->unit_rank);
     free(pl->stage_left);
     free(pl->mb_ctx);
-    free(pl->fwd_hooked);
-    free(pl->bwd_hooked);
     free(pl->bwd_done);
     memset(pl, 0, sizeof *pl);
 }

@@ -34,7 +34,7 @@ typedef struct pipeline {
     float loss_scale;
     int last;
     double loss_sum;
-    int *fwd_hooked, *bwd_hooked, *bwd_done; /* per unit, per step */
+    int *bwd_done; /* per unit: backwards whose weight gradient is complete (post_backward calls) */
     /* measured over the timed steps */
     double busy_seconds, step_seconds; /* summed over every pipeline_step */
 } pipeline;

@@ -6,6 +6,13 @@
  * its backward gathered again; after its backward the full gradients are reduce-scattered (fp32,
  * SUM) into the local shard, and with HSDP then all-reduced (SUM) over dp_replicate. The optimizer
  * sees shards only. Gathered buffers come from a small cache, counted as communication memory.
+ *
+ * Under pipeline parallel the hooks run per microbatch in the schedule's order (strategy.h). A unit
+ * then stays gathered for the whole step (no resharding between microbatches), its full gradients
+ * accumulate in one buffer across microbatches and are reduce-scattered once, at post_backward with
+ * last set (PyTorch's pipelining syncs gradients only on the last microbatch). Zero-bubble windows
+ * of one unit may overlap, so each unit counts its open backward windows and nothing it holds is
+ * given back while one is open.
  */
 #include "ctitan/strategy.h"
 
@@ -28,6 +35,8 @@ typedef struct unit_state {
     float **rs_out;          /* per param: reduce-scatter output (local_numel) */
     ct_comm_request **rsreq; /* per param: pending reduce-scatter */
     int rs_pending;
+    int windows;             /* backward windows open: pre_backward calls not yet closed by post_backward */
+    int grads;               /* full gradient buffers held (accumulating) */
 } unit_state;
 
 typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
@@ -44,6 +53,8 @@ typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     float *dev_scales; /* per slot: the float8 scale of its gather (device) */
     float *host_scales;
     int scales_fresh;  /* host/dev_scales match the current weights (cleared after each backward) */
+    int sync_last;     /* pipeline parallel: keep gathers and full gradients until post_backward's last */
+    int saw_last;      /* a post_backward with last since the previous finish_backward */
 } fsdp;
 
 static const ct_option_spec options[] = {
@@ -72,6 +83,7 @@ static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, ct_st
     const char *policy = "default";
     h->opt_string(h, "fsdp_reshard_after_forward", &policy);
     int pp = env->mesh->degree[CT_AXIS_PP] > 1;
+    f->sync_last = pp;
     if (!strcmp(policy, "never")) f->reshard = 0;
     else if (!strcmp(policy, "default")) f->reshard = pp ? 0 : 1; /* torchtitan: no resharding between microbatches under PP */
     else if (!strcmp(policy, "always") && pp) {
@@ -294,15 +306,26 @@ static void release_params(fsdp *f, int k) {
     u->gathered = 0;
 }
 
+/* Gives back every gathered unit (the weights may change next): after a step's last backward and
+ * after a checkpoint load. A forward-only pass may have left units gathered. */
+static ct_status release_all(fsdp *f) {
+    for (int k = 0; k < f->n_units; k++) {
+        if (!f->units[k].gathered) continue;
+        if (f->units[k].windows) {
+            f->host->set_error(f->host, "unit %d: its parameters are still in use by %d backward windows", k,
+                               f->units[k].windows);
+            return CT_ERR_INTERNAL;
+        }
+        ct_status st = gather_wait(f, k);
+        if (st) return st;
+        release_params(f, k);
+    }
+    return CT_OK;
+}
+
+/* Gathered units are reused: under PP, every microbatch's forward finds its unit still gathered. */
 static ct_status fsdp_pre_forward(ct_strategy *p, int k) {
     fsdp *f = p;
-    if (k == 0) /* a new pass: parameters a forward-only pass left gathered may be stale */
-        for (int j = 0; j < f->n_units; j++)
-            if (f->units[j].gathered) {
-                ct_status st = gather_wait(f, j);
-                if (st) return st;
-                release_params(f, j);
-            }
     ct_status st = gather_wait(f, k);
     if (!st) st = gather_start(f, k + 1); /* prefetch the next unit while this one computes */
     return st;
@@ -315,11 +338,20 @@ static ct_status fsdp_post_forward(ct_strategy *p, int k) {
     return CT_OK;
 }
 
+/* Completes unit k's reduce-scatters (defined below). */
+static ct_status rs_finish(fsdp *f, int k);
+
+/* Opens a backward window of unit k: its parameters gathered and full gradient buffers to
+ * accumulate into, fresh (zeroed) unless an earlier microbatch's are still held (PP). */
 static ct_status fsdp_pre_backward(ct_strategy *p, int k) {
     fsdp *f = p;
     ct_status st = gather_wait(f, k);
+    if (!st) st = rs_finish(f, k); /* a previous microbatch's reduction still holds the old buffers */
     if (st) return st;
     unit_state *u = &f->units[k];
+    u->windows++;
+    if (u->grads) return gather_start(f, k - 1);
+    u->grads = 1;
     for (int j = 0; j < u->n; j++) { /* fresh full gradients, zeroed: the tape accumulates into them */
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         float *g = buf_get(f, full_n(f, s));
@@ -353,10 +385,25 @@ static ct_status rs_finish(fsdp *f, int k) {
     return st;
 }
 
+/* Closes a backward window of unit k. Without PP (FSDP2's default) every microbatch's gradients
+ * are reduce-scattered into the local shard and the unit released; under PP only the final one
+ * (last), after which no window of the unit is open. */
 static ct_status fsdp_post_backward(ct_strategy *p, int k, int last_microbatch) {
     fsdp *f = p;
-    (void)last_microbatch; /* FSDP2 reduce-scatters every microbatch into the local shard */
     unit_state *u = &f->units[k];
+    if (u->windows < 1) {
+        f->host->set_error(f->host, "post_backward of unit %d with no backward window open (pre_backward missing)", k);
+        return CT_ERR_INTERNAL;
+    }
+    u->windows--;
+    f->saw_last |= last_microbatch;
+    if (f->sync_last && !last_microbatch) return CT_OK; /* accumulate; keep the unit gathered */
+    if (u->windows > 0) { /* the buffers would go while a later microbatch still writes them */
+        f->host->set_error(f->host, "unit %d: gradients to reduce while %d backward windows are still open", k,
+                           u->windows);
+        return CT_ERR_INTERNAL;
+    }
+    u->grads = 0;
     for (int j = 0; j < u->n; j++) {
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         u->rs_out[j] = buf_get(f, s->local_numel);
@@ -377,9 +424,19 @@ static ct_status fsdp_finish_backward(ct_strategy *p) {
     for (int k = 0; k < f->n_units; k++) {
         ct_status st = rs_finish(f, k);
         if (st) return st;
+        if (f->saw_last && (f->units[k].grads || f->units[k].windows)) { /* never reduced: silently wrong */
+            f->host->set_error(f->host, "unit %d: the step ended with its gradients unreduced (%d backward windows open)",
+                               k, f->units[k].windows);
+            return CT_ERR_INTERNAL;
+        }
     }
-    return CT_OK;
+    if (!f->saw_last) return CT_OK; /* more microbatches of this step follow: stay gathered */
+    f->saw_last = 0;
+    return release_all(f);
 }
+
+/* The weights may have changed (optimizer, checkpoint load): nothing gathered stays. */
+static ct_status fsdp_post_step(ct_strategy *p) { return release_all(p); }
 
 static void fsdp_destroy(ct_strategy *p) {
     fsdp *f = p;
@@ -498,6 +555,7 @@ static const ct_strategy_api api = {
     .pre_backward = fsdp_pre_backward,
     .post_backward = fsdp_post_backward,
     .finish_backward = fsdp_finish_backward,
+    .post_step = fsdp_post_step,
     .report = fsdp_report,
 };
 

@@ -222,9 +222,11 @@ static ct_status tp_noop(ct_strategy *p, int unit) {
     return CT_OK;
 }
 
+/* Notes whether this backward is the step's last: under pipeline parallel post_backward runs per
+ * microbatch, with last on each unit's final one, in an order the schedule decides. */
 static ct_status tp_post_backward(ct_strategy *p, int unit, int last_microbatch) {
     (void)unit;
-    ((tp *)p)->last = last_microbatch;
+    ((tp *)p)->last |= last_microbatch;
     return CT_OK;
 }
 
@@ -233,7 +235,9 @@ static ct_status tp_post_backward(ct_strategy *p, int unit, int last_microbatch)
  * reduce-scatter) each met 1/tp of the token rows: their gradients are summed over tp. */
 static ct_status tp_finish_backward(ct_strategy *p) {
     tp *t = p;
-    if (!t->last || !t->sequence_parallel) return CT_OK;
+    int last = t->last;
+    t->last = 0;
+    if (!last || !t->sequence_parallel) return CT_OK;
     for (int i = 0; i < t->n_slots; i++) {
         ct_param_slot *s = CT_SLOT_AT(t->slots, i);
         ct_tp_style style = tp_style_of(t, s->param);
