@@ -17,19 +17,21 @@
  *   host allocates local storage (parameter shard, its gradient, optimizer states; and, where place()
  *   asked for them, whole compute copies), initialises it from the seed
  *                                -> setup(slots) -> wrap_builder(host's builder)
- *   each step:
+ *   each step, for each of its gradient-accumulation passes (one microbatch; under pipeline parallel
+ *   one pipeline pass over the schedule's microbatches):
  *     each microbatch: for units 0..n-1: pre_forward(u), forward, post_forward(u)
  *                      for units n-1..0: pre_backward(u), backward, post_backward(u, last)
- *     finish_backward()  (every gradient reduction complete)
- *     the host sums the gradients of shared parameters' copies, clips by the norm over every rank's
+ *     finish_backward()  (every reduction started so far complete; `last` was set on the step's
+ *                         final pass only)
+ *   then the host sums the gradients of shared parameters' copies, clips by the norm over every rank's
  *     local gradients, and runs the optimizer on local storage only -> post_step()
  *   after a checkpoint is loaded into local storage: post_step() again
  *   Pipeline parallel: each stage calls the hooks of its own units, per microbatch, in the order of
  *   the schedule's actions: a forward action runs pre_forward(u), forward, post_forward(u) for each
  *   of the stage's units in order; a backward action (B, or the input half I) runs pre_backward(u) and
- *   the backward for each unit in reverse order; post_backward(u, last) follows the action that
- *   completes u's weight gradient for that microbatch (B, or the weight half W), with last = 1 on the
- *   step's final one for u. Under zero-bubble schedules the windows of two microbatches of one unit
+ *   the backward for each unit in reverse order; post_backward(u, last) follows u's part of the action
+ *   that completes u's weight gradient for that microbatch (B, or the weight half W), with last = 1
+ *   on the step's final one for u. Under zero-bubble schedules the windows of two microbatches of one unit
  *   may overlap (pre_backward for microbatch 2 before post_backward for microbatch 1): a strategy
  *   keeps a unit's storage valid while any of its backward windows is open (count them).
  *   tests/cli/strategy_hooks.sh holds the host to this order on every schedule.
