@@ -278,6 +278,12 @@ static void init_values(const decl *d, const char *key_name, const ct_param_slot
     }
 }
 
+/* The name whose random stream parameter i starts from: a shared parameter's copies all take the
+ * declared one's, so they start alike. */
+static const char *init_key(const decl *decls, int i) {
+    return decls[decls[i].copy_of >= 0 ? decls[i].copy_of : i].name;
+}
+
 /* Placement: the strategies' (the axis strategy first, then the data-parallel one), or everything local on one rank. */
 static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen) {
     rt->slots = calloc((size_t)rt->n_params, sizeof(ct_param_slot));
@@ -466,8 +472,7 @@ static int init_storage(runtime *rt, const decl *decls, size_t max_n, char *err,
             t->t.data = sl->local_data;
             t->t.grad = sl->local_grad;
         }
-        const decl *key = decls[i].copy_of >= 0 ? &decls[decls[i].copy_of] : &decls[i]; /* copies start alike */
-        init_values(&decls[i], key->name, sl, rt->seed, host, sl->offset, sl->local_numel);
+        init_values(&decls[i], init_key(decls, i), sl, rt->seed, host, sl->offset, sl->local_numel);
         if (rt->d->copy(rt->dev, sl->local_data, host, (size_t)sl->local_numel * sizeof(float), CT_COPY_H2D) != CT_OK) {
             free(host);
             snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
@@ -504,8 +509,7 @@ static int whole_alloc(runtime *rt, const decl *decls, char *err, size_t errlen)
             mem_account(CT_MEM_PARAMS, -local_bytes(sl)); /* the placed shard is the optimizer's master now */
             mem_account(CT_MEM_MASTER, local_bytes(sl));
             mem_account(CT_MEM_PARAMS, (int64_t)bytes);
-            const decl *key = decls[i].copy_of >= 0 ? &decls[decls[i].copy_of] : &decls[i]; /* copies start alike */
-            init_values(&decls[i], key->name, sl, rt->seed, host, 0, sl->numel); /* the value local storage has */
+            init_values(&decls[i], init_key(decls, i), sl, rt->seed, host, 0, sl->numel); /* as local storage */
             if (rt->d->copy(rt->dev, sl->whole_data, host, bytes, CT_COPY_H2D) != CT_OK) {
                 snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
                 goto fail;
@@ -1223,23 +1227,29 @@ static int trade(runtime *rt, int peer, const void *mine, void *theirs, int64_t 
     return st == CT_OK ? 0 : -1;
 }
 
+/* What must agree between a shared parameter's copies for their gradients to be summed element by
+ * element: the same block of the same flattened parameter. */
+static void slot_layout(const ct_param_slot *sl, double lay[6]) {
+    lay[0] = sl->placement;
+    lay[1] = (double)sl->offset;
+    lay[2] = (double)sl->local_numel;
+    lay[3] = sl->split_dim;
+    lay[4] = sl->split_index;
+    lay[5] = sl->shard_axis;
+}
+
 int runtime_check_shared(runtime *rt, char *err, size_t errlen) {
+    int me = rt->dist.mesh ? rt->dist.mesh->coord[CT_AXIS_PP] : 0;
     for (int i = 0; i < rt->n_params; i++) {
         int o = rt->slots[i].copy_of;
         if (o < 0) continue;
         const ct_param_slot *a = &rt->slots[o], *b = &rt->slots[i];
-        int here = stage_of(rt, i) == (rt->dist.mesh ? rt->dist.mesh->coord[CT_AXIS_PP] : 0);
-        int here_o = stage_of(rt, o) == (rt->dist.mesh ? rt->dist.mesh->coord[CT_AXIS_PP] : 0);
+        int here = stage_of(rt, i) == me, here_o = stage_of(rt, o) == me;
         if (!here && !here_o) continue;
-        const ct_param_slot *mine = here ? b : a;
-        double lay[6] = {(double)mine->placement, (double)mine->offset, (double)mine->local_numel,
-                         (double)mine->split_dim, (double)mine->split_index, (double)mine->shard_axis},
-               other[6];
+        double lay[6], other[6];
+        slot_layout(here ? b : a, lay);
         if (here && here_o) {
-            const ct_param_slot *s2 = a;
-            double l2[6] = {(double)s2->placement, (double)s2->offset, (double)s2->local_numel,
-                            (double)s2->split_dim, (double)s2->split_index, (double)s2->shard_axis};
-            memcpy(other, l2, sizeof other);
+            slot_layout(a, other);
         } else if (trade(rt, here ? stage_of(rt, o) : stage_of(rt, i), lay, other, 6, CT_F64, 0x5a00 + i)) {
             snprintf(err, errlen, "shared parameter '%s': cannot compare its uses' placement across stages: %s",
                      rt->params[o]->t.name, ct_last_error());

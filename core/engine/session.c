@@ -875,6 +875,12 @@ static int dp_sum(session *s, double *x) {
     return st == CT_OK ? 0 : -1;
 }
 
+/* The optimizer's state k of the storage at byte offset `at` of the parameters' allocation: states
+ * lie as the data does, one param_bytes block per state value. */
+static void state_at(const session *s, size_t at, float **state) {
+    for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + at);
+}
+
 int session_step_params(session *s, double lr, int64_t step) {
     if (!CT_HAS_FIELD(s->o, ct_optimizer_api, step_param) || !s->o->step_param) {
         ct_set_error("optimizer '%s' has no step_param", s->optp->info.name);
@@ -886,7 +892,7 @@ int session_step_params(session *s, double lr, int64_t step) {
         float *state[8] = {0}; /* slots of another pipeline stage (local_numel 0) get NULLs */
         if (sl->local_numel > 0) {
             size_t at = (size_t)((char *)sl->local_data - s->rt.param_mem); /* states lie as the data does */
-            for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + at);
+            state_at(s, at, state);
             calls++;
         }
         /* a shared parameter's other use goes by the declared name, so the optimizer treats every
@@ -960,7 +966,7 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
         if (n == 0) continue; /* another pipeline stage's parameter */
         run.shape[0] = n;
         float *state[8];
-        for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + begin);
+        state_at(s, begin, state);
         ct_clear_error();
         if (s->o->step(s->opt, &run, state, n, (float)lr, step) != CT_OK) return -1;
         calls++;

@@ -443,6 +443,7 @@ static int param_usable(runtime *rt, const ct_tensor *t, const char *op) {
     if (w && w->base) w = w->base;
     if (!w || !w->param || rt->cur_unit < 0) return 0;
     const ct_param_slot *sl = &rt->slots[w->param - 1];
+    if (sl->unit == rt->cur_unit && w->t.data) return 0; /* every op with a weight passes here: keep it cheap */
     const char *un = rt->m->unit_name ? rt->m->unit_name(rt->model, rt->cur_unit) : NULL;
     if (sl->unit != rt->cur_unit) {
         ct_set_error("model: %s in unit %d (%s) uses parameter '%s' of unit %d: a parameter used by several units must "
