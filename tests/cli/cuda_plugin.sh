@@ -45,7 +45,10 @@ echo "ok: $(basename "$SO") exports only ctitan_plugin_entry"
 
 # (c) listed
 MAJOR=$(sed -n 's/^#define CT_ABI_MAJOR \([0-9]*\).*/\1/p' sdk/include/ctitan/abi.h)
-"$CTITAN" plugins | grep -qE "^device +cuda +$MAJOR\.[0-9]+ " || fail "ctitan plugins does not list the cuda device plugin"
+# Read the whole listing first: `grep -q` stops at the first match, and under pipefail the
+# listing's next write would then end ctitan with SIGPIPE and fail the pipeline.
+listing=$("$CTITAN" plugins) || fail "ctitan plugins failed"
+grep -qE "^device +cuda +$MAJOR\.[0-9]+ " <<<"$listing" || fail "ctitan plugins does not list the cuda device plugin"
 echo "ok: ctitan plugins lists it"
 
 # (d) the conformance harness
@@ -56,7 +59,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 # CUDA in a sanitized harness: the shadow gap must stay mappable, and the CUDA runtime keeps
 # memory to the end of the process, which LeakSanitizer would report.
-if readelf -d "$HARNESS" | grep -q 'NEEDED.*libasan' || nm "$HARNESS" 2>/dev/null | grep -q __asan_init; then
+if readelf -d "$HARNESS" | grep -c 'NEEDED.*libasan' >/dev/null || nm "$HARNESS" 2>/dev/null | grep -c __asan_init >/dev/null; then
     export ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0
 fi
 rc=0

@@ -39,7 +39,7 @@ SDK_CFLAGS=$(pkg-config --cflags ctitan-sdk)
 WARN="-std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE"
 # A plugin built with SANITIZE=1 needs the sanitizer runtime in the program that loads it.
 SAN=""
-if readelf -d "$SO" | grep -q 'NEEDED.*libasan'; then
+if readelf -d "$SO" | grep -c 'NEEDED.*libasan' >/dev/null; then
     SAN="-fsanitize=address,undefined -fno-omit-frame-pointer"
 fi
 
