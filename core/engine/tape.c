@@ -1018,6 +1018,7 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
         .grad = fw_grad,
         .memo = fw_memo,
         .account_comm = fw_account_comm,
+        .planning = next->planning, /* a strategy's layer over the planner's builder plans too */
     };
     (void)rt;
     return &l->b;

@@ -99,7 +99,7 @@ static ct_status embedding_bwd(ct_builder *b, void *sp, ct_tensor *const *in, in
                                                     s->begin, table->shape[0]);
 }
 
-static const ct_custom_op embedding_op = {sizeof(ct_custom_op), "tp.embedding", embedding_fwd, embedding_bwd};
+static const ct_custom_op embedding_op = {sizeof(ct_custom_op), "tp.embedding", embedding_fwd, embedding_bwd, NULL};
 
 ct_tensor *tp_embedding_ranged(tp *t, ct_builder *b, const ct_tensor *ids, ct_tensor *table) {
     const ct_device_api *d = t->env.dapi;
@@ -197,7 +197,7 @@ static ct_status ce_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in,
                                          s->begin, CT_IGNORE_INDEX);
 }
 
-static const ct_custom_op ce_op = {sizeof(ct_custom_op), "tp.cross_entropy", ce_fwd, ce_bwd};
+static const ct_custom_op ce_op = {sizeof(ct_custom_op), "tp.cross_entropy", ce_fwd, ce_bwd, NULL};
 
 ct_tensor *tp_cross_entropy_sharded(tp *t, ct_builder *b, ct_tensor *logits, const ct_tensor *targets) {
     const ct_device_api *d = t->env.dapi;
@@ -309,7 +309,7 @@ static ct_status gl_bwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_i
     return CT_OK;
 }
 
-static const ct_custom_op gather_linear_op = {sizeof(ct_custom_op), "tp.all_gather_matmul", gl_fwd, gl_bwd};
+static const ct_custom_op gather_linear_op = {sizeof(ct_custom_op), "tp.all_gather_matmul", gl_fwd, gl_bwd, NULL};
 
 ct_tensor *tp_gather_linear(tp *t, ct_builder *b, ct_tensor *x, ct_tensor *w, ct_tensor **gathered) {
     if (x->ndim < 2 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1]) {
@@ -399,7 +399,7 @@ static ct_status rs_bwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_i
     return CT_OK;
 }
 
-static const ct_custom_op linear_rs_op = {sizeof(ct_custom_op), "tp.matmul_reduce_scatter", rs_fwd, rs_bwd};
+static const ct_custom_op linear_rs_op = {sizeof(ct_custom_op), "tp.matmul_reduce_scatter", rs_fwd, rs_bwd, NULL};
 
 ct_tensor *tp_linear_reduce_scatter(tp *t, ct_builder *b, ct_tensor *x, ct_tensor *w) {
     if (x->ndim < 2 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1]) {

@@ -46,7 +46,7 @@
  * slot and the mesh (optimizer.h); elementwise device ops (device.h); the master-weight memory
  * category (host.h). A 2.0 plugin loads unchanged. */
 #define CT_ABI_MAJOR 2
-#define CT_ABI_MINOR 1
+#define CT_ABI_MINOR 2
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 

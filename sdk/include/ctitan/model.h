@@ -146,12 +146,35 @@ struct ct_builder {
     ct_tensor *(*memo)(ct_builder *b, ct_tensor *x, const void *key, ct_tensor *value);
     /* Time a custom op spent blocked in communication over `axis`, for the per-axis summary. */
     void (*account_comm)(ct_builder *b, int axis, double seconds);
+    /* ---- ABI 2.2 ---- */
+    /* 1 on the planner's builder (`ctitan plan`, `--dry-run`): ops compute shapes and costs only;
+     * every tensor's data and grad is NULL, nothing is computed, custom ops run their plan. An
+     * operation-level strategy's wrapped ops must then not read data or call the device. */
+    int planning;
 };
 
 /* ABI 2.0: a custom op a strategy records (async tensor parallel's overlapped pieces, loss parallel,
  * a vocabulary-ranged embedding ...). The host calls forward at once and backward when the tape is
  * replayed. Both may use the device and comm the strategy was given and the builder's new_tensor,
  * scratch and grad; neither may record other ops. */
+/* ABI 2.2: what one op costs per microbatch, for the planner (`ctitan plan`, ct_custom_op.plan). */
+typedef struct ct_op_comm {
+    int axis;          /* ct_mesh_axis */
+    int kind;          /* ct_collective: CT_COLL_ALL_GATHER, CT_COLL_REDUCE_SCATTER or CT_COLL_ALL_REDUCE */
+    int phase;         /* 1 forward, 2 backward (ct_step_phase's values) */
+    int overlapped;    /* 1: runs beside the op's own compute (async TP's chunks), so it may hide */
+    double bytes;      /* the whole (gathered, or reduced) buffer, in bytes */
+} ct_op_comm;
+
+typedef struct ct_op_cost {
+    size_t struct_size;
+    double matmul_flops[2]; /* GEMM FLOPs: [0] forward, [1] backward (both halves) */
+    int matmul_dtype;       /* ct_dtype the GEMMs run in (CT_F32 unless a quantizer's) */
+    double bytes[2];        /* memory traffic of the memory-bound work: [0] forward, [1] backward */
+    int n_comm;             /* entries used in comm */
+    ct_op_comm comm[4];
+} ct_op_cost;
+
 typedef struct ct_custom_op {
     size_t struct_size;
     const char *name; /* for traces and errors; static */
@@ -162,6 +185,12 @@ typedef struct ct_custom_op {
      * both; a zero-bubble schedule calls the weight half later, after the input half. */
     ct_status (*backward)(ct_builder *b, void *state, ct_tensor *const *in, int n_in, ct_tensor *const *out,
                           const float *const *dy, int n_out, int halves);
+    /* ABI 2.2, optional: on a planning builder (b->planning) the host calls this instead of forward.
+     * It fills out[0..n_out) with b->new_tensor (shapes only: every data pointer is NULL, in[]'s
+     * too) and *cost (zeroed by the host) with what forward and backward cost. NULL: the planner
+     * cannot plan a run that uses the op, and says which op stops it. */
+    ct_status (*plan)(ct_builder *b, void *state, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out,
+                      ct_op_cost *cost);
 } ct_custom_op;
 
 #define CT_GRAD_INPUT 1

@@ -36,6 +36,15 @@ typedef struct ct_optimizer_env {
     const ct_mesh_info *mesh; /* its groups reach every axis a slot is split or sharded over */
 } ct_optimizer_env;
 
+/* ABI 2.2: what one step_param (or step) of a slot costs, for the planner (plan_step). */
+typedef struct ct_optimizer_cost {
+    size_t struct_size;
+    double bytes;        /* memory traffic: parameter, gradient and states read and written */
+    double flops;        /* elementwise FLOPs */
+    double matmul_flops; /* GEMM FLOPs (Muon's Newton-Schulz iterations) */
+    double comm_bytes;   /* bytes the optimizer moves itself over the slot's shard axis (gathers) */
+} ct_optimizer_cost;
+
 typedef struct ct_optimizer_api {
     size_t struct_size;
     /* dapi and dev are the host's and outlive the optimizer (it may keep them). *opt is the host's
@@ -66,6 +75,12 @@ typedef struct ct_optimizer_api {
      * may run collectives over the mesh's groups. Slot and state are lent for the call. */
     ct_status (*step_param)(ct_optimizer *opt, const ct_param_slot *slot, float *const *state, float lr,
                             int64_t step);
+    /* ---- ABI 2.2, optional ---- */
+    /* For the planner: what one update of this placed slot costs on this rank (slot->local_numel
+     * elements; whole-matrix methods read slot->global_shape and the split). May be called on an
+     * instance made with dapi and dev NULL: it must not touch the device. NULL: the planner assumes
+     * (2 + 2 x state_count) x 4 bytes of traffic per element and no FLOPs, and says so. */
+    ct_status (*plan_step)(ct_optimizer *opt, const ct_param_slot *slot, ct_optimizer_cost *cost);
 } ct_optimizer_api;
 
 #endif
