@@ -1,0 +1,221 @@
+/* plan.h: the planner (`ctitan plan`, `ctitan train --dry-run`): what a layout costs on given hardware.
+ *
+ * Pieces, one file each:
+ *   hardware.c  hw_profile: a YAML hardware profile (configs/hardware/), datasheet or calibrated
+ *   trace.c     plan_trace: one microbatch of the model run through a planning builder (ABI 2.2,
+ *               ct_builder.planning) under the layout's op-level strategies: every op with its shapes,
+ *               FLOPs, bytes, saved activations and collectives, per unit
+ *   eval.c      plan_eval: memory per rank by category and step time by part for one layout, from
+ *               the trace, the strategies' reports, the optimizer's and quantizer's plan calls, the
+ *               schedule's own action lists and the hardware profile
+ *   search.c    plan_search: the layouts that multiply to N GPUs, evaluated, ranked
+ *   calibrate.c plan_calibrate: measures a hw_profile on this machine through the manifest's plugins
+ *   output.c    text, JSON and manifest output
+ * core/tools/cmd_plan.c is the command.
+ *
+ * Units: bytes, seconds, FLOP and FLOP/s (not GiB, ms or TFLOP/s) everywhere in these structs; the
+ * output converts. Errors: functions return 0, or -1 with one line in err (file, line, key where
+ * there is one) and CT_ERR_INVALID meaning (bad input) unless they say otherwise.
+ */
+#ifndef CT_PLAN_H
+#define CT_PLAN_H
+
+#include "config/manifest.h"
+#include "ctitan/model.h"
+#include "ctitan/strategy.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- hardware ---- */
+
+/* GEMM element types a profile rates. */
+enum { PLAN_F32 = 0, PLAN_BF16 = 1, PLAN_FP8 = 2, PLAN_NDTYPES = 3 };
+
+/* One measured op at one shape (calibration): seconds per call, forward and backward. */
+typedef struct plan_measured_op {
+    int kind;            /* plan_op_kind */
+    int64_t shape[4];    /* as in plan_op.shape */
+    int dtype;           /* PLAN_F32 / PLAN_BF16 / PLAN_FP8 for GEMMs, else PLAN_F32 */
+    double seconds[2];   /* forward, backward (both halves) */
+} plan_measured_op;
+
+/* One measured collective: `kind` (ct_collective) over `ranks` ranks of one node, `bytes` the
+ * whole buffer, seconds per call. */
+typedef struct plan_measured_comm {
+    int kind, ranks;
+    double bytes, seconds;
+} plan_measured_comm;
+
+typedef struct hw_profile {
+    char name[128];       /* e.g. "NVIDIA H100 SXM5 80GB" */
+    char path[1024];      /* the file it came from ("" when built in) */
+    char source[512];     /* where its figures come from (datasheet, calibration run) */
+    double mem_bytes;     /* device memory */
+    double mem_bw;        /* memory bandwidth, bytes/s (datasheet) */
+    double peak_flops[PLAN_NDTYPES];   /* dense peak, FLOP/s (datasheet); MFU is against [PLAN_BF16] */
+    double matmul_eff;    /* fraction of peak a large GEMM reaches (datasheet profiles: an assumption
+                             the output states; calibrated ones: measured) */
+    double attn_eff;      /* fraction of the matmul rate attention reaches */
+    double mem_eff;       /* fraction of mem_bw memory-bound ops reach */
+    double intra_bw, intra_lat; /* per-GPU bandwidth (bytes/s, one direction) and latency (s) in a node */
+    double inter_bw, inter_lat; /* the same between nodes (the GPU's share of the network) */
+    int gpus_per_node;
+    double overhead_bytes;      /* runtime, context and library memory per GPU */
+    double alloc_frac;          /* allocator slack: fraction added to activations and buffers */
+    double headroom_frac;       /* fraction of mem_bytes kept free for "fits" */
+    int calibrated;             /* 1: the figures below were measured by --calibrate */
+    plan_measured_op *ops;
+    int n_ops;
+    plan_measured_comm *comms;
+    int n_comms;
+} hw_profile;
+
+/* Loads NAME (configs/hardware/NAME.yaml next to the binary's tree, or the shipped search path) or
+ * a FILE path. Every key is checked: an unknown key, a missing required one or a value out of range
+ * is one line naming file, line and key. */
+int hw_profile_load(const char *name_or_path, hw_profile *hw, char *err, size_t errlen);
+void hw_profile_free(hw_profile *hw);
+/* Writes a profile (calibration's output) that hw_profile_load reads back unchanged. */
+int hw_profile_write(const hw_profile *hw, const char *path, char *err, size_t errlen);
+/* The shipped profiles' names, comma-separated, for messages and --help. */
+void hw_profile_list(char *out, size_t len);
+
+/* Measured seconds for an op or collective, or -1 when the profile has none at that shape. */
+double hw_measured_op(const hw_profile *hw, int kind, const int64_t shape[4], int dtype, int backward);
+double hw_measured_comm(const hw_profile *hw, int kind, int ranks, double bytes);
+
+/* ---- trace ---- */
+
+typedef enum plan_op_kind {
+    PLAN_OP_GEMM = 0,   /* shape: m, k, n (x (m,k) @ w(n,k)^T), dtype by the quantizer */
+    PLAN_OP_ATTENTION,  /* shape: batch, seq, heads, head_dim (kv heads in shape? no: see kv_heads) */
+    PLAN_OP_EMBEDDING,  /* shape: tokens, dim, vocab rows */
+    PLAN_OP_RMSNORM,    /* shape: rows, cols */
+    PLAN_OP_LAYERNORM,
+    PLAN_OP_ROPE,       /* shape: batch, seq, heads, head_dim */
+    PLAN_OP_SWIGLU,     /* shape: elements */
+    PLAN_OP_GELU,
+    PLAN_OP_ADD,
+    PLAN_OP_BIAS,
+    PLAN_OP_XENT,       /* shape: rows, vocab */
+    PLAN_OP_CUSTOM,     /* a strategy's custom op: costs from its plan callback */
+    PLAN_OP_COLLECTIVE, /* builder collective: axis, kind, bytes */
+    PLAN_OP_NKINDS
+} plan_op_kind;
+
+typedef struct plan_op {
+    int kind;             /* plan_op_kind */
+    int unit;
+    int64_t shape[4];
+    int kv_heads;         /* attention */
+    int dtype;            /* GEMM: PLAN_F32 / PLAN_BF16 / PLAN_FP8 */
+    double flops[2];      /* FLOPs: forward, backward (GEMMs and attention) */
+    double bytes[2];      /* memory traffic of memory-bound work: forward, backward */
+    double out_bytes;     /* the output tensor(s) the tape allocates */
+    double saved_bytes;   /* what the tape keeps from this op until backward (no AC) */
+    int sac_keep;         /* selective per-op AC keeps this op's output (not recomputed) */
+    /* PLAN_OP_COLLECTIVE, and a custom op's collectives (one plan_op each, kind COLLECTIVE) */
+    int axis, coll_kind, phase, overlapped;
+    double coll_bytes;
+    const char *name;     /* custom op's name, a weight's name for GEMMs (owned by the model/plugin) */
+} plan_op;
+
+typedef struct plan_unit {
+    int first_op, n_ops;   /* into plan_trace.ops */
+    double in_bytes, out_bytes; /* the unit's input and output activation (PP sends these) */
+    double saved_bytes[3];      /* kept until backward per AC mode: [0] none, [1] selective op, [2] full */
+    double transient_bytes;     /* peak of the unit's own temporaries in forward and backward */
+    double grad_bytes;          /* peak activation-gradient buffers during this unit's backward */
+} plan_unit;
+
+typedef struct plan_trace {
+    plan_op *ops;
+    int n_ops, cap_ops;
+    plan_unit *units;
+    int n_units;
+    int64_t tokens;        /* per microbatch on one rank (local batch x seq / cp) */
+    char cannot[256];      /* non-empty: what stopped the trace (a custom op without plan) */
+} plan_trace;
+void plan_trace_free(plan_trace *t);
+
+/* ---- layouts and results ---- */
+
+enum { PLAN_AC_NONE = 0, PLAN_AC_SELECTIVE_OP = 1, PLAN_AC_SELECTIVE_LAYER = 2, PLAN_AC_FULL = 3 };
+
+typedef struct plan_layout {
+    int dp_replicate, dp_shard, cp, tp, pp;   /* multiply to the GPU count */
+    char schedule[64];        /* parallelism.pipeline_parallel_schedule (pp > 1) */
+    int pp_microbatch_size;   /* parallelism.pipeline_parallel_microbatch_size */
+    int64_t local_batch, global_batch, seq_len;
+    int ac;                   /* PLAN_AC_* */
+    int ac_every;             /* selective layer: every n-th block */
+    int float8;               /* 0 off, else quantize.dense.float8 on with `float8_recipe` */
+    char float8_recipe[32];   /* tensorwise, rowwise, mxfp8 ... (the plugin's format) */
+    int compile, async_tp, bf16;
+} plan_layout;
+
+/* Memory categories of a plan (bytes on the largest rank). */
+enum {
+    PLAN_MEM_PARAMS = 0, PLAN_MEM_GRADS, PLAN_MEM_OPTIMIZER, PLAN_MEM_MASTER,
+    PLAN_MEM_FSDP_BUFFERS,  /* the strategies' own: gathers, reduce-scatters, buckets, prefetch */
+    PLAN_MEM_TP_BUFFERS, PLAN_MEM_PP_BUFFERS,
+    PLAN_MEM_ACTIVATIONS,   /* saved for backward, x in-flight microbatches */
+    PLAN_MEM_TRANSIENT,     /* the largest unit's temporaries and activation gradients */
+    PLAN_MEM_FLOAT8,        /* quantizer's cached casts and saved copies */
+    PLAN_MEM_LOGITS,        /* the head's logits and loss buffers */
+    PLAN_MEM_OVERHEAD,      /* runtime and allocator */
+    PLAN_MEM_N
+};
+extern const char *const plan_mem_names[PLAN_MEM_N]; /* JSON keys: "params", "grads" ... */
+
+/* One collective class in the step (per unit summed), with what hides and what shows. */
+typedef struct plan_comm_line {
+    char what[48];       /* "fsdp all_gather", "tp reduce_scatter", "pp send", "dp all_reduce" */
+    int axis, kind;
+    double bytes, count, seconds, exposed;
+    int inter_node;
+} plan_comm_line;
+
+typedef struct plan_result {
+    plan_layout layout;
+    int fits;
+    double mem[PLAN_MEM_N];
+    double mem_total, mem_capacity;
+    /* step time parts, seconds per step on the slowest rank */
+    double t_gemm, t_attention, t_memory_bound, t_optimizer, t_recompute;
+    double t_comm_exposed, t_comm_hidden, t_bubble, step_time;
+    plan_comm_line comms[16];
+    int n_comms;
+    double bubble_fraction;       /* the schedule simulated with these F/B/W costs */
+    int inflight_microbatches;    /* from the schedule's action lists (1 without pp) */
+    double tokens_per_s_per_gpu, mfu, flops_per_token; /* MFU against peak_flops[PLAN_BF16], torchtitan's formula */
+    double scaling_efficiency;    /* against the smallest GPU count that fits (search), else 0 */
+    char assumptions[1024];       /* what the plan assumed because a plugin reported nothing */
+} plan_result;
+
+/* A planner over one manifest: its plugins loaded, model created (no parameters). */
+typedef struct plan_ctx plan_ctx;
+int plan_open(plan_ctx **ctx, manifest *mf, char *err, size_t errlen);
+void plan_close(plan_ctx *ctx);
+/* The manifest's own layout for `gpus` GPUs (data_parallel_shard_degree -1 takes what is left). */
+int plan_layout_from_manifest(plan_ctx *ctx, int gpus, plan_layout *l, char *err, size_t errlen);
+/* Evaluates one layout; r->fits says whether it fits hw with headroom. -1 only for a layout the
+ * plugins refuse (err says why; the search skips those). */
+int plan_eval(plan_ctx *ctx, const plan_layout *l, const hw_profile *hw, plan_result *r, char *err, size_t errlen);
+/* The trace of one layout (for calibration: the ops at their shapes). */
+int plan_trace_layout(plan_ctx *ctx, const plan_layout *l, plan_trace *t, char *err, size_t errlen);
+
+typedef struct plan_search_opts {
+    int gpus, gpus_per_node, top_k;
+    int vary_ac, vary_float8, vary_compile, vary_schedule; /* all 1 by default */
+} plan_search_opts;
+/* Every layout that multiplies to opts->gpus and divides the model, evaluated; *out sorted by
+ * tokens/s per GPU (fitting first). */
+int plan_search(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n,
+                char *err, size_t errlen);
+
+/* The guide's rule for a model of n_params: its text and the layout it names for `gpus`. */
+const char *plan_guide_rule(double n_params, int gpus, int gpus_per_node, plan_layout *rule_layout);
+
+#endif
