@@ -1,0 +1,591 @@
+/* search.c: plan_search, every layout that multiplies to N GPUs evaluated and ranked, and the guide's
+ * rule for a model's size.
+ *
+ * A mesh is dp_replicate x dp_shard x cp x tp x pp; its knobs are the schedule, the pp microbatch
+ * size, the local batch (the global batch fixed), the AC mode, float8, compile and async TP. Three
+ * cuts keep 405B on 4096 GPUs to a few thousand evaluations, each an assumption about the memory
+ * and time model that physics makes true:
+ *   - a mesh whose parameters, gradients and optimizer states alone (from one evaluated FSDP layout,
+ *     divided by the mesh's shards) exceed the capacity is not evaluated;
+ *   - memory grows with the microbatch, and less AC saves more: the largest local batch that fits is
+ *     found by bisection for each AC mode, and an AC mode that recomputes more is not tried where
+ *     one that recomputes less fits (it could only be slower);
+ *   - every mesh is evaluated with default knobs (float8 where the hardware rates it, no compile,
+ *     1F1B, no async TP); on the best SEARCH_FULL_MESHES of them the knobs are tuned by coordinate
+ *     descent (each knob's values with the others held, until a round changes nothing).
+ * The counts (meshes, pruned, evaluated, refused) come back in plan_search_stats; the output prints
+ * them.
+ */
+#include "plan/search.h"
+#include "tools/schedule.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SEARCH_FULL_MESHES 16
+#define SEARCH_MAX_DIVISORS 256
+
+static const char *const search_schedules[] = {"1F1B", "Interleaved1F1B", "ZBVZeroBubble", "GPipe"};
+#define N_SCHEDULES ((int)(sizeof search_schedules / sizeof search_schedules[0]))
+
+typedef struct mesh {
+    int rep, shard, cp, tp, pp;
+    double best; /* tokens/s per GPU of its best fitting layout in the first pass, 0 none */
+} mesh;
+
+typedef struct knobs {
+    const char *schedule;
+    int float8, compile, async_tp;
+} knobs;
+
+typedef struct searcher {
+    plan_ctx *ctx;
+    const hw_profile *hw;
+    const plan_search_opts *o;
+    plan_search_stats *st;
+    plan_layout tmpl;   /* the manifest's layout: sequence length, float8 recipe, precision, fixed knobs */
+    int64_t G;          /* global batch, sequences */
+    double static_all;  /* parameters + gradients + optimizer states + master weights of all ranks (0: unknown) */
+    double capacity;    /* bytes a layout may use */
+    int have_sched[N_SCHEDULES];
+    plan_result *res;
+    int n_res, cap_res;
+    char err[256];      /* the last refusal */
+} searcher;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Divisors of n in ascending order (at most max). */
+static int divisors(int64_t n, int64_t *d, int max) {
+    int k = 0;
+    for (int64_t i = 1; i * i <= n && k < max; i++)
+        if (n % i == 0) d[k++] = i;
+    int lo = k;
+    for (int j = lo - 1; j >= 0 && k < max; j--)
+        if (d[j] * d[j] != n) d[k++] = n / d[j];
+    return k;
+}
+
+/* Evaluates l: 1 fits, 0 does not, -1 refused. Every layout it did not refuse is kept. */
+static int try_layout(searcher *s, const plan_layout *l) {
+    plan_result r;
+    char err[256];
+    memset(&r, 0, sizeof r);
+    s->st->evaluated++;
+    if (plan_eval(s->ctx, l, s->hw, &r, err, sizeof err)) {
+        s->st->refused++;
+        snprintf(s->err, sizeof s->err, "%s", err);
+        if (!s->st->first_refusal[0]) snprintf(s->st->first_refusal, sizeof s->st->first_refusal, "%s", err);
+        return -1;
+    }
+    r.layout = *l;
+    if (s->n_res == s->cap_res) {
+        int cap = s->cap_res ? 2 * s->cap_res : 256;
+        plan_result *g = realloc(s->res, sizeof *g * (size_t)cap);
+        if (!g) return r.fits ? 1 : 0; /* out of memory: the layout is lost, the search goes on */
+        s->res = g, s->cap_res = cap;
+    }
+    s->res[s->n_res++] = r;
+    if (r.fits) s->st->fitting++;
+    return r.fits ? 1 : 0;
+}
+
+static int ac_modes(const searcher *s, int *ac) {
+    if (!s->o->vary_ac) {
+        ac[0] = s->tmpl.ac;
+        return 1;
+    }
+    ac[0] = PLAN_AC_NONE, ac[1] = PLAN_AC_SELECTIVE_OP, ac[2] = PLAN_AC_FULL;
+    return 3;
+}
+
+/* One mesh with one set of knobs: the batch walks described at the top. Returns the best tokens/s
+ * per GPU that fit (0 none). */
+static double walk(searcher *s, const mesh *m, const knobs *k) {
+    plan_layout l = s->tmpl;
+    l.dp_replicate = m->rep, l.dp_shard = m->shard, l.cp = m->cp, l.tp = m->tp, l.pp = m->pp;
+    snprintf(l.schedule, sizeof l.schedule, "%s", m->pp > 1 ? k->schedule : s->tmpl.schedule);
+    l.float8 = k->float8;
+    if (l.float8 && !l.float8_recipe[0]) snprintf(l.float8_recipe, sizeof l.float8_recipe, "tensorwise");
+    l.compile = k->compile;
+    l.async_tp = m->tp > 1 ? k->async_tp : 0;
+    l.global_batch = s->G;
+    int64_t B = s->G / ((int64_t)m->rep * m->shard), d[SEARCH_MAX_DIVISORS];
+    int nd = divisors(B, d, SEARCH_MAX_DIVISORS), ac[3], nac = ac_modes(s, ac);
+    int first = s->n_res;
+    if (m->pp == 1) { /* the largest local batch that fits, per AC mode; gradient accumulation does the rest */
+        l.pp_microbatch_size = s->tmpl.pp_microbatch_size;
+        int fit_at = -1; /* the largest index that fit with less recomputation */
+        for (int a = 0; a < nac && fit_at < nd - 1; a++) {
+            l.ac = ac[a];
+            /* more recomputation fits at least where less did: only larger batches are news */
+            int lo = fit_at + 1, hi = nd - 1, refused = 0;
+            l.local_batch = d[lo];
+            int r = try_layout(s, &l);
+            if (r < 0) break; /* the knobs are refused at any batch */
+            if (r == 0) continue; /* not even one step up: this mode gains nothing */
+            fit_at = lo++;
+            if (lo <= hi) { /* the whole batch first: the common case at scale */
+                l.local_batch = d[hi];
+                int q = try_layout(s, &l);
+                if (q < 0) break;
+                if (q) fit_at = hi, lo = hi + 1;
+                else hi--;
+            }
+            while (lo <= hi) {
+                int mid = (lo + hi) / 2;
+                l.local_batch = d[mid];
+                int q = try_layout(s, &l);
+                if (q < 0) {
+                    refused = 1;
+                    break;
+                }
+                if (q) fit_at = mid, lo = mid + 1;
+                else hi = mid - 1;
+            }
+            if (refused) break;
+        }
+    } else { /* the whole local batch per step, split into pp microbatches; the microbatch walks up */
+        l.local_batch = B;
+        int a0 = 0; /* an AC mode that did not fit a smaller microbatch does not fit this one */
+        for (int i = 0; i < nd && a0 < nac; i++) {
+            l.pp_microbatch_size = (int)d[i];
+            int fit = 0, refused = 0;
+            for (int a = a0; a < nac && !fit && !refused; a++) {
+                l.ac = ac[a];
+                int r = try_layout(s, &l);
+                refused = r < 0, fit = r == 1;
+                if (r == 0) a0 = a + 1;
+            }
+            /* refused: fewer microbatches are refused too; nothing fits: larger ones do not either */
+            if (refused || !fit) break;
+        }
+    }
+    double best = 0;
+    for (int i = first; i < s->n_res; i++)
+        if (s->res[i].fits && s->res[i].tokens_per_s_per_gpu > best) best = s->res[i].tokens_per_s_per_gpu;
+    return best;
+}
+
+int plan_layout_kind(const plan_layout *l) { return l->pp > 1 ? 2 : l->tp > 1 ? 1 : 0; }
+
+int plan_model_sizes_get(plan_ctx *ctx, const plan_layout *tl, plan_model_sizes *ms, char *err, size_t errlen) {
+    plan_layout l = *tl;
+    plan_trace t;
+    memset(&t, 0, sizeof t);
+    memset(ms, 0, sizeof *ms);
+    l.dp_replicate = l.dp_shard = l.cp = l.tp = l.pp = 1;
+    l.local_batch = 1, l.global_batch = 1, l.pp_microbatch_size = 1;
+    l.async_tp = 0;
+    if (plan_trace_layout(ctx, &l, &t, err, errlen)) return -1;
+    int layers = 0;
+    for (int i = 0; i < t.n_ops; i++) {
+        const plan_op *op = &t.ops[i];
+        double w = 0;
+        if (op->kind == PLAN_OP_GEMM) w = (double)op->shape[1] * (double)op->shape[2];
+        else if (op->kind == PLAN_OP_EMBEDDING) w = (double)op->shape[1] * (double)op->shape[2];
+        else if (op->kind == PLAN_OP_ATTENTION) {
+            layers++;
+            if (!ms->n_heads) ms->n_heads = (int)op->shape[2], ms->n_kv_heads = op->kv_heads;
+        }
+        if (w <= 0) continue;
+        int seen = 0; /* a weight used twice (tied embeddings) counts once */
+        for (int j = 0; j < i && op->name && !seen; j++)
+            seen = (t.ops[j].kind == PLAN_OP_GEMM || t.ops[j].kind == PLAN_OP_EMBEDDING) && t.ops[j].name &&
+                   !strcmp(t.ops[j].name, op->name);
+        if (!seen) ms->n_params += w;
+    }
+    ms->n_layers = layers ? layers : (t.n_units > 2 ? t.n_units - 2 : 1);
+    plan_trace_free(&t);
+    return 0;
+}
+
+/* Parameters, gradients, optimizer states and master weights of every rank, from one FSDP layout
+ * over every GPU (their sum on the largest rank times the ranks: at least the true total). */
+static void static_memory(searcher *s) {
+    plan_layout l = s->tmpl;
+    plan_result r;
+    char err[256];
+    l.dp_replicate = 1, l.dp_shard = s->o->gpus, l.cp = 1, l.tp = 1, l.pp = 1;
+    l.local_batch = 1, l.global_batch = s->o->gpus, l.pp_microbatch_size = 1;
+    l.ac = PLAN_AC_FULL, l.float8 = 0, l.compile = 0, l.async_tp = 0;
+    memset(&r, 0, sizeof r);
+    s->st->evaluated++;
+    if (plan_eval(s->ctx, &l, s->hw, &r, err, sizeof err)) {
+        s->st->refused++;
+        return; /* no pruning: every mesh is evaluated */
+    }
+    s->capacity = r.mem_capacity;
+    s->static_all = (r.mem[PLAN_MEM_PARAMS] + r.mem[PLAN_MEM_GRADS] + r.mem[PLAN_MEM_OPTIMIZER] + r.mem[PLAN_MEM_MASTER]) *
+                    (double)s->o->gpus;
+}
+
+/* 1 when the mesh cannot fit: 90% of its even share of the static memory exceeds the capacity (the
+ * 10% covers padding and parameters a shard keeps whole). */
+static int pruned(const searcher *s, const mesh *m) {
+    if (s->static_all <= 0 || s->capacity <= 0) return 0;
+    return 0.9 * s->static_all / ((double)m->shard * m->cp * m->tp * m->pp) > s->capacity;
+}
+
+static int mesh_cmp(const void *a, const void *b) {
+    double x = ((const mesh *)a)->best, y = ((const mesh *)b)->best;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static int result_cmp(const void *a, const void *b) {
+    const plan_result *x = a, *y = b;
+    if (x->fits != y->fits) return y->fits - x->fits;
+    if (x->fits) {
+        if (x->tokens_per_s_per_gpu != y->tokens_per_s_per_gpu) return x->tokens_per_s_per_gpu < y->tokens_per_s_per_gpu ? 1 : -1;
+    }
+    return x->mem_total < y->mem_total ? -1 : x->mem_total > y->mem_total;
+}
+
+/* The meshes of opts->gpus that divide the model and the global batch; NULL with *n 0 when none. */
+static mesh *meshes_list(searcher *s, int *n) {
+    const plan_search_opts *o = s->o;
+    const plan_model_sizes *ms = &s->st->model;
+    int64_t d[SEARCH_MAX_DIVISORS];
+    int nd = divisors(o->gpus, d, SEARCH_MAX_DIVISORS), cap = 64, k = 0;
+    mesh *list = malloc(sizeof *list * (size_t)cap);
+    if (!list) return NULL;
+    for (int a = 0; a < nd; a++) {
+        int tp = (int)d[a];
+        if (tp > o->gpus_per_node) break;
+        if (ms->n_heads && ms->n_heads % tp) continue;
+        if (ms->n_kv_heads && ms->n_kv_heads % tp) continue;
+        for (int b = 0; b < nd; b++) {
+            int pp = (int)d[b];
+            if ((o->gpus / tp) % pp) continue;
+            if (pp > ms->n_layers) break;
+            for (int cp = 1; cp <= 1; cp++) { /* context parallel: one degree until the strategy exists */
+                int dp = o->gpus / tp / pp / cp;
+                if (s->G % dp) continue; /* the global batch does not split over the replicas */
+                for (int c = 0; c < nd; c++) {
+                    int rep = (int)d[c];
+                    if (rep > dp) break;
+                    if (dp % rep) continue;
+                    mesh m = {rep, dp / rep, cp, tp, pp, 0};
+                    s->st->meshes++;
+                    if (pruned(s, &m)) {
+                        s->st->pruned++;
+                        continue;
+                    }
+                    if (k == cap) {
+                        mesh *g = realloc(list, sizeof *g * (size_t)(cap *= 2));
+                        if (!g) {
+                            *n = k;
+                            return list;
+                        }
+                        list = g;
+                    }
+                    list[k++] = m;
+                }
+            }
+        }
+    }
+    *n = k;
+    return list;
+}
+
+/* The first pass's knobs: float8 where the hardware rates it, no compile, 1F1B, no async TP. */
+static knobs first_knobs(const searcher *s) {
+    const plan_search_opts *o = s->o;
+    knobs k = {"1F1B", s->tmpl.float8, s->tmpl.compile, 0};
+    if (o->vary_float8) k.float8 = s->hw->peak_flops[PLAN_FP8] > 0;
+    if (o->vary_compile) k.compile = 0;
+    if (!o->vary_schedule && s->tmpl.schedule[0]) k.schedule = s->tmpl.schedule;
+    return k;
+}
+
+static int same_knobs(const knobs *a, const knobs *b, const mesh *m) {
+    return a->float8 == b->float8 && a->compile == b->compile && (m->tp == 1 || a->async_tp == b->async_tp) &&
+           (m->pp == 1 || !strcmp(a->schedule, b->schedule));
+}
+
+/* The knobs of one mesh by coordinate descent from the first pass's: each knob's other values
+ * tried with the rest held, the best kept, until a round changes nothing. float8 and compile move
+ * together (four pairs): they interact (compile may refuse float8). */
+static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
+    const plan_search_opts *o = s->o;
+    knobs tried[64], cur = *k1;
+    int nt = 0;
+    tried[nt++] = cur;
+    for (int round = 0; round < 3; round++) {
+        int moved = 0;
+        for (int dim = 0; dim < 3; dim++) {
+            knobs alt[N_SCHEDULES + 4];
+            int na = 0;
+            if (dim == 0 && m->pp > 1 && o->vary_schedule)
+                for (int i = 0; i < N_SCHEDULES; i++)
+                    if (s->have_sched[i]) alt[na] = cur, alt[na++].schedule = search_schedules[i];
+            if (dim == 1)
+                for (int f = 0; f < (o->vary_float8 ? 2 : 1); f++)
+                    for (int c = 0; c < (o->vary_compile ? 2 : 1); c++) {
+                        alt[na] = cur;
+                        if (o->vary_float8) alt[na].float8 = f;
+                        if (o->vary_compile) alt[na].compile = c;
+                        na++;
+                    }
+            if (dim == 2 && m->tp > 1) alt[na] = cur, alt[na].async_tp = 0, na++, alt[na] = cur, alt[na].async_tp = 1, na++;
+            knobs best = cur;
+            for (int i = 0; i < na; i++) {
+                int seen = 0;
+                for (int j = 0; j < nt && !seen; j++) seen = same_knobs(&tried[j], &alt[i], m);
+                if (seen || nt == 64) continue;
+                tried[nt++] = alt[i];
+                double b = walk(s, m, &alt[i]);
+                if (b > m->best) m->best = b, best = alt[i], moved = 1;
+            }
+            cur = best;
+        }
+        if (!moved) break;
+    }
+}
+
+/* One GPU count: every mesh with the first pass's knobs, then the best meshes' knobs tuned. s->res
+ * holds what was evaluated. */
+static int search_count(searcher *s, char *err, size_t errlen) {
+    int nm = 0;
+    mesh *ms = meshes_list(s, &nm); /* NULL: none divides (or no memory): no layout */
+    knobs k1 = first_knobs(s);
+    for (int i = 0; i < nm; i++) ms[i].best = walk(s, &ms[i], &k1);
+    qsort(ms, (size_t)nm, sizeof *ms, mesh_cmp);
+    for (int i = 0; i < nm && i < SEARCH_FULL_MESHES && ms[i].best > 0; i++) {
+        tune_mesh(s, &ms[i], &k1);
+        s->st->full_meshes++;
+    }
+    free(ms);
+    (void)err, (void)errlen;
+    return 0;
+}
+
+/* The global batch every layout keeps: training.global_batch_size, else the manifest's local batch
+ * times its data-parallel degree at these GPUs. */
+static int64_t global_batch(const plan_layout *t) {
+    if (t->global_batch > 0) return t->global_batch;
+    return t->local_batch * (int64_t)t->dp_replicate * t->dp_shard;
+}
+
+static void searcher_init(searcher *s, plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw,
+                          plan_search_stats *st, const plan_layout *tmpl, int64_t G) {
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx, s->hw = hw, s->o = o, s->st = st, s->tmpl = *tmpl, s->G = G;
+    if (!s->tmpl.schedule[0]) snprintf(s->tmpl.schedule, sizeof s->tmpl.schedule, "1F1B");
+    char names[1024], norm[128], mine[128];
+    schedule_list(NULL, names, sizeof names);
+    for (int i = 0; i < N_SCHEDULES; i++) {
+        if (schedule_normalize(search_schedules[i], mine, sizeof mine)) continue;
+        for (char *p = names; *p;) {
+            size_t len = strcspn(p, ",");
+            char one[128];
+            snprintf(one, sizeof one, "%.*s", (int)len, p);
+            char *q = one;
+            while (*q == ' ') q++;
+            if (!schedule_normalize(q, norm, sizeof norm) && !strcmp(norm, mine)) s->have_sched[i] = 1;
+            p += len;
+            if (*p == ',') p++;
+        }
+    }
+    static_memory(s);
+}
+
+/* The best fitting tokens/s per GPU at `gpus` (0 when nothing fits there). */
+static double best_at(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_search_stats *st,
+                      const plan_layout *tmpl, int64_t G, int gpus, char *err, size_t errlen) {
+    plan_search_opts so = *o;
+    so.gpus = gpus;
+    plan_search_stats sub;
+    memset(&sub, 0, sizeof sub);
+    sub.model = st->model;
+    searcher s;
+    searcher_init(&s, ctx, &so, hw, &sub, tmpl, G);
+    search_count(&s, err, errlen);
+    double best = 0;
+    for (int i = 0; i < s.n_res; i++)
+        if (s.res[i].fits && s.res[i].tokens_per_s_per_gpu > best) best = s.res[i].tokens_per_s_per_gpu;
+    st->evaluated += sub.evaluated, st->refused += sub.refused;
+    free(s.res);
+    return best;
+}
+
+/* The guide's layout evaluated; compile dropped when the plugins refuse it, and that said. */
+static void rule_eval(searcher *s, const plan_result *winner) {
+    plan_search_stats *st = s->st;
+    const plan_search_opts *o = s->o;
+    plan_layout rl;
+    st->rule = plan_guide_rule(st->model.n_params, o->gpus, o->gpus_per_node, &rl);
+    plan_layout l = s->tmpl;
+    l.dp_replicate = rl.dp_replicate, l.dp_shard = rl.dp_shard, l.cp = rl.cp, l.tp = rl.tp, l.pp = rl.pp;
+    snprintf(l.schedule, sizeof l.schedule, "%s", rl.pp > 1 ? rl.schedule : s->tmpl.schedule);
+    l.pp_microbatch_size = rl.pp_microbatch_size;
+    l.ac = rl.ac, l.ac_every = s->tmpl.ac_every;
+    l.float8 = rl.float8 && s->hw->peak_flops[PLAN_FP8] > 0;
+    if (l.float8 && !l.float8_recipe[0]) snprintf(l.float8_recipe, sizeof l.float8_recipe, "%s", rl.float8_recipe);
+    l.compile = rl.compile, l.async_tp = rl.async_tp;
+    int64_t dp = (int64_t)l.dp_replicate * l.dp_shard;
+    l.global_batch = s->G;
+    l.local_batch = s->G / dp > 0 ? s->G / dp : 1;
+    if (l.local_batch * dp != s->G) l.global_batch = l.local_batch * dp; /* the nearest batch that splits */
+    if (l.pp > 1 && l.local_batch % l.pp_microbatch_size) l.pp_microbatch_size = 1;
+    char err[256];
+    memset(&st->rule_result, 0, sizeof st->rule_result);
+    st->evaluated++;
+    int rc = plan_eval(s->ctx, &l, s->hw, &st->rule_result, err, sizeof err);
+    if (rc && l.compile) {
+        st->refused++;
+        snprintf(st->rule_err, sizeof st->rule_err, "compile off: %.200s", err);
+        l.compile = 0;
+        st->evaluated++;
+        rc = plan_eval(s->ctx, &l, s->hw, &st->rule_result, err, sizeof err);
+    }
+    if (rc) {
+        st->refused++;
+        snprintf(st->rule_err, sizeof st->rule_err, "%s", err);
+    }
+    st->rule_result.layout = l;
+    st->rule_layout = l;
+    st->rule_evaluated = rc == 0;
+    st->agrees = winner && winner->fits && plan_layout_kind(&winner->layout) == plan_layout_kind(&l);
+}
+
+int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n,
+                   plan_search_stats *stats, char *err, size_t errlen) {
+    plan_search_stats local;
+    plan_search_stats *st = stats ? stats : &local;
+    memset(st, 0, sizeof *st);
+    *out = NULL, *n = 0;
+    double t0 = now_s();
+    if (o->gpus < 1 || o->gpus_per_node < 1) {
+        snprintf(err, errlen, "the search needs at least 1 GPU and 1 GPU per node (got %d and %d)", o->gpus,
+                 o->gpus_per_node);
+        return -1;
+    }
+    plan_layout tmpl;
+    if (plan_layout_from_manifest(ctx, o->gpus, &tmpl, err, errlen)) return -1;
+    if (plan_model_sizes_get(ctx, &tmpl, &st->model, err, errlen)) return -1;
+    st->global_batch = global_batch(&tmpl);
+    if (st->global_batch < 1) {
+        snprintf(err, errlen, "the manifest's global batch (%lld sequences) is not positive", (long long)st->global_batch);
+        return -1;
+    }
+    searcher s;
+    searcher_init(&s, ctx, o, hw, st, &tmpl, st->global_batch);
+    search_count(&s, err, errlen);
+    qsort(s.res, (size_t)s.n_res, sizeof *s.res, result_cmp);
+    const plan_result *win = s.n_res && s.res[0].fits ? &s.res[0] : NULL;
+
+    /* the largest microbatch that fits with the winner's other settings */
+    if (win) {
+        plan_layout l = win->layout;
+        int64_t B = l.pp > 1 ? l.local_batch : st->global_batch / ((int64_t)l.dp_replicate * l.dp_shard);
+        int64_t d[SEARCH_MAX_DIVISORS], cur = l.pp > 1 ? l.pp_microbatch_size : l.local_batch;
+        int nd = divisors(B, d, SEARCH_MAX_DIVISORS);
+        st->max_microbatch = cur;
+        for (int i = 0; i < nd; i++) {
+            if (d[i] <= cur) continue;
+            if (l.pp > 1) l.pp_microbatch_size = (int)d[i];
+            else l.local_batch = d[i];
+            plan_result r;
+            memset(&r, 0, sizeof r);
+            st->evaluated++;
+            if (plan_eval(ctx, &l, hw, &r, err, errlen)) {
+                st->refused++;
+                break;
+            }
+            if (!r.fits) break;
+            st->max_microbatch = d[i];
+        }
+        err[0] = 0;
+    }
+
+    /* scaling efficiency's reference: the smallest count gpus / 2^k that fits, from the static
+     * memory's bound up */
+    if (win) {
+        double need = s.capacity > 0 ? 0.9 * s.static_all / s.capacity : 0;
+        int c = o->gpus;
+        while (c % 2 == 0 && c / 2 >= need && c / 2 >= 1) c /= 2;
+        for (; c < o->gpus; c *= 2) {
+            double b = best_at(ctx, o, hw, st, &tmpl, st->global_batch, c, err, errlen);
+            if (b > 0) {
+                st->ref_gpus = c, st->ref_tokens_per_s_per_gpu = b;
+                break;
+            }
+        }
+        if (!st->ref_gpus) st->ref_gpus = o->gpus, st->ref_tokens_per_s_per_gpu = win->tokens_per_s_per_gpu;
+        for (int i = 0; i < s.n_res; i++)
+            if (s.res[i].fits) s.res[i].scaling_efficiency = s.res[i].tokens_per_s_per_gpu / st->ref_tokens_per_s_per_gpu;
+    }
+    rule_eval(&s, win);
+    if (win) st->rule_result.scaling_efficiency = st->rule_result.fits ? st->rule_result.tokens_per_s_per_gpu / st->ref_tokens_per_s_per_gpu : 0;
+
+    int k = o->top_k > 0 ? o->top_k : 5;
+    if (k > s.n_res) k = s.n_res;
+    if (win) { /* only layouts that fit; when none does, the closest ones say why */
+        int nf = 0;
+        while (nf < s.n_res && s.res[nf].fits) nf++;
+        if (k > nf) k = nf;
+    }
+    if (k > 0) {
+        *out = malloc(sizeof **out * (size_t)k);
+        if (!*out) {
+            free(s.res);
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        memcpy(*out, s.res, sizeof **out * (size_t)k);
+    }
+    *n = k;
+    free(s.res);
+    st->seconds = now_s() - t0;
+    err[0] = 0;
+    return 0;
+}
+
+int plan_search(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n, char *err,
+                size_t errlen) {
+    return plan_search_ex(ctx, o, hw, out, n, NULL, err, errlen);
+}
+
+/* The guide: up to 10B, FSDP alone with compile and float8; 10B to 100B, FSDP x TP with async TP
+ * (its recipe: data_parallel_shard_degree 4 x tensor_parallel_degree 2 on 8 GPUs); beyond 100B, 3D
+ * (FSDP x TP x PP) with the interleaved 1F1B schedule, TP within a node and PP across nodes. */
+const char *plan_guide_rule(double n_params, int gpus, int gpus_per_node, plan_layout *l) {
+    memset(l, 0, sizeof *l);
+    l->dp_replicate = l->cp = l->tp = l->pp = 1;
+    l->pp_microbatch_size = 1;
+    l->ac = PLAN_AC_SELECTIVE_OP;
+    l->bf16 = 1;
+    snprintf(l->schedule, sizeof l->schedule, "1F1B");
+    snprintf(l->float8_recipe, sizeof l->float8_recipe, "tensorwise");
+    if (gpus < 1) gpus = 1;
+    if (gpus_per_node < 1) gpus_per_node = 1;
+    if (n_params <= 10e9) {
+        l->dp_shard = gpus;
+        l->compile = 1, l->float8 = 1;
+        return "up to 10B parameters: FSDP alone (data_parallel_shard_degree over every GPU), with compile and float8";
+    }
+    if (n_params <= 100e9) {
+        l->tp = gpus % 2 == 0 && gpus_per_node >= 2 ? 2 : 1;
+        l->dp_shard = gpus / l->tp;
+        l->async_tp = l->tp > 1, l->compile = 1;
+        return "10B to 100B parameters: FSDP x TP with async TP (the guide's recipe: data_parallel_shard_degree 4 x "
+               "tensor_parallel_degree 2 on 8 GPUs, FSDP over the rest when there are more)";
+    }
+    int tp = 8 < gpus_per_node ? 8 : gpus_per_node;
+    while (tp > 1 && gpus % tp) tp /= 2;
+    int pp = 8;
+    while (pp > 1 && (gpus / tp) % pp) pp /= 2;
+    l->tp = tp, l->pp = pp, l->dp_shard = gpus / tp / pp;
+    l->async_tp = tp > 1;
+    snprintf(l->schedule, sizeof l->schedule, "Interleaved1F1B");
+    return "beyond 100B parameters: 3D, FSDP x TP x PP with the Interleaved1F1B schedule (TP within a node, up to 8; "
+           "PP up to 8 across nodes; FSDP over the rest)";
+}
