@@ -384,6 +384,17 @@ static void yaml_quoted(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+/* A number or boolean the schema types as one, written bare; everything else is quoted. */
+static int plain_scalar(const manifest *mf, const char *key, const char *v) {
+    int typed = 0;
+    for (int i = 0; i < mf->n_schema && !typed; i++)
+        typed = !strcmp(mf->schema[i].key, key) && mf->schema[i].type != CT_OPT_STRING;
+    if (!typed || !*v) return 0;
+    for (const char *p = v; *p; p++)
+        if (!strchr("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.+-_", *p)) return 0;
+    return 1;
+}
+
 /* A path beside the old manifest that the new one, elsewhere, would not find: made absolute. */
 static char *moved_path(const manifest *mf, const char *v) {
     char joined[PATH_MAX], real[PATH_MAX];
@@ -411,6 +422,7 @@ int plan_write_manifest(const manifest *mf, const plan_layout *l, const char *pa
     kv_setf(&s, "parallelism.pipeline_parallel_degree", "%lld", l->pp);
     kv_setf(&s, "parallelism.pipeline_parallel_microbatch_size", "%lld", l->pp_microbatch_size);
     if (l->pp > 1) kv_set(&s, "parallelism.pipeline_parallel_schedule", l->schedule, 0);
+    kv_del(&s, "compile.enable_async_tensor_parallel"); /* torchtitan's other spelling: one key says it */
     if (l->tp > 1 || kv_find(&s, "parallelism.enable_async_tensor_parallel"))
         kv_set(&s, "parallelism.enable_async_tensor_parallel", l->tp > 1 && l->async_tp ? "true" : "false", 0);
     kv_setf(&s, "training.local_batch_size", "%lld", l->local_batch);
@@ -478,6 +490,8 @@ int plan_write_manifest(const manifest *mf, const plan_layout *l, const char *pa
                 it += n + (it[n] == ',');
             }
             fputs("]\n", f);
+        } else if (plain_scalar(mf, k, s.v[i].value)) {
+            fprintf(f, "%s\n", s.v[i].value);
         } else {
             yaml_quoted(f, s.v[i].value);
             fputc('\n', f);

@@ -202,7 +202,7 @@ ct_status cmd_plan(int argc, char **argv) {
     manifest *mf_keep = NULL;
     memset(&hw, 0, sizeof hw);
     if (hw_profile_load(a.hardware, &hw, err, sizeof err)) {
-        fprintf(stderr, "ctitan plan: --hardware %s: %s\n", a.hardware, err);
+        fprintf(stderr, "ctitan plan: %s\n", err);
         manifest_free(mf);
         return CT_ERR_INVALID;
     }
