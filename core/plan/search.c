@@ -119,6 +119,10 @@ static double walk(searcher *s, const mesh *m, const knobs *k) {
     l.global_batch = s->G;
     int64_t B = s->G / ((int64_t)m->rep * m->shard), d[SEARCH_MAX_DIVISORS];
     int nd = divisors(B, d, SEARCH_MAX_DIVISORS), ac[3], nac = ac_modes(s, ac);
+    /* a local batch past the manifest's limit on tokens per microbatch would not load */
+    int64_t max_local = l.seq_len > 0 ? MF_MAX_MICROBATCH_TOKENS / l.seq_len : B;
+    while (nd > 0 && d[nd - 1] > max_local) nd--;
+    if (nd == 0) return 0;
     int first = s->n_res;
     if (m->pp == 1) { /* the largest local batch that fits, per AC mode; gradient accumulation does the rest */
         l.pp_microbatch_size = s->tmpl.pp_microbatch_size;
@@ -153,7 +157,8 @@ static double walk(searcher *s, const mesh *m, const knobs *k) {
             if (refused) break;
         }
     } else { /* the whole local batch per step, split into pp microbatches; the microbatch walks up */
-        l.local_batch = B;
+        l.local_batch = d[nd - 1]; /* B, or the largest part of it the limit allows (accumulating the rest) */
+        nd = divisors(l.local_batch, d, SEARCH_MAX_DIVISORS);
         int a0 = 0; /* an AC mode that did not fit a smaller microbatch does not fit this one */
         for (int i = 0; i < nd && a0 < nac; i++) {
             l.pp_microbatch_size = (int)d[i];
@@ -491,6 +496,7 @@ int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *h
         st->max_microbatch = cur;
         for (int i = 0; i < nd; i++) {
             if (d[i] <= cur) continue;
+            if (l.pp == 1 && l.seq_len > 0 && d[i] > MF_MAX_MICROBATCH_TOKENS / l.seq_len) break;
             if (l.pp > 1) l.pp_microbatch_size = (int)d[i];
             else l.local_batch = d[i];
             plan_result r;
@@ -508,8 +514,8 @@ int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *h
 
     /* scaling efficiency's reference: the smallest count gpus / 2^k that fits, from the static
      * memory's bound up */
-    if (win) {
-        double need = s.capacity > 0 ? 0.9 * s.static_all / s.capacity : 0;
+    if (win && s.static_all > 0 && s.capacity > 0) {
+        double need = 0.9 * s.static_all / s.capacity;
         int c = o->gpus;
         while (c % 2 == 0 && c / 2 >= need && c / 2 >= 1) c /= 2;
         for (; c < o->gpus; c *= 2) {
@@ -519,6 +525,8 @@ int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *h
                 break;
             }
         }
+    }
+    if (win) { /* no smaller count fits (or the bound is unknown): this count is the reference */
         if (!st->ref_gpus) st->ref_gpus = o->gpus, st->ref_tokens_per_s_per_gpu = win->tokens_per_s_per_gpu;
         for (int i = 0; i < s.n_res; i++)
             if (s.res[i].fits) s.res[i].scaling_efficiency = s.res[i].tokens_per_s_per_gpu / st->ref_tokens_per_s_per_gpu;
