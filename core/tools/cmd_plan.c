@@ -207,13 +207,15 @@ ct_status cmd_plan(int argc, char **argv) {
         return CT_ERR_INVALID;
     }
     if (a.gpus_per_node) hw.gpus_per_node = a.gpus_per_node;
-    if (plan_open(&ctx, mf, err, sizeof err)) {
+    /* the planner's session owns the manifest from here, as a session does: plan_close frees it, and
+     * plan_open frees it when it fails (session_close after a failed session_open) */
+    mf_keep = mf;
+    mf = NULL;
+    if (plan_open(&ctx, mf_keep, err, sizeof err)) {
         if (err[0] && !strstr(err, "(see above)")) fprintf(stderr, "ctitan plan: %s\n", err);
         st = CT_ERR_INVALID;
         goto out;
     }
-    mf_keep = mf; /* the planner's session owns the manifest from here: plan_close frees it */
-    mf = NULL;
     if (a.search) {
         plan_search_opts o = {a.gpus, hw.gpus_per_node, a.top, 1, 1, 1, 1};
         if (plan_search_ex(ctx, &o, &hw, &res, &n, &stats, err, sizeof err)) {
