@@ -77,7 +77,7 @@ static void print_result(const plan_result *r, const hw_profile *hw, FILE *f) {
         fmt_bytes(c->bytes, line, sizeof line);
         fmt_s(c->seconds, a, sizeof a);
         fmt_s(c->exposed, b, sizeof b);
-        fprintf(f, "    %-22s %s x %.0f, %s, exposed %s, hidden ", c->what, line, c->count, a, b);
+        fprintf(f, "    %-22s %s in %.0f calls, %s, exposed %s, hidden ", c->what, line, c->count, a, b);
         fmt_s(c->seconds - c->exposed > 0 ? c->seconds - c->exposed : 0, a, sizeof a);
         fprintf(f, "%s (%s)\n", a, c->inter_node ? "across nodes" : "within a node");
     }
@@ -131,7 +131,7 @@ void plan_print_text(const plan_report *rep, FILE *f) {
     fprintf(f, "plan: %s on %d x %s (%d per node); hardware profile %s%s(%s)\n", rep->manifest_path, rep->gpus, hw->name,
             rep->gpus_per_node, hw->path[0] ? hw->path : "built in", hw->calibrated ? ", calibrated " : " ", hw->source);
     if (rep->model && rep->model->n_params > 0)
-        fprintf(f, "model: %.3g parameters (GEMM weights and embeddings), %d layers, %d heads, %d kv heads\n",
+        fprintf(f, "model: %.4g parameters, %d layers, %d heads, %d kv heads\n",
                 rep->model->n_params, rep->model->n_layers, rep->model->n_heads, rep->model->n_kv_heads);
     const plan_search_stats *st = rep->search;
     if (!st) {
@@ -146,7 +146,8 @@ void plan_print_text(const plan_report *rep, FILE *f) {
             st->seconds);
     if (st->refused && st->first_refusal[0]) fprintf(f, "  a refusal, for instance: %s\n", st->first_refusal);
     const plan_result *win = rep->n_results && rep->results[0].fits ? &rep->results[0] : NULL;
-    if (!win) fprintf(f, "no layout fits on %d GPUs; the closest:\n", rep->gpus);
+    if (!win && rep->n_results) fprintf(f, "no layout fits on %d GPUs; the closest:\n", rep->gpus);
+    if (!rep->n_results) fprintf(f, "no layout could be evaluated on %d GPUs: the plugins refused every one\n", rep->gpus);
     for (int i = 0; i < rep->n_results; i++) {
         fprintf(f, "#%d\n", i + 1);
         print_result(&rep->results[i], hw, f);
@@ -421,7 +422,7 @@ int plan_write_manifest(const manifest *mf, const plan_layout *l, const char *pa
     kv_setf(&s, "parallelism.tensor_parallel_degree", "%lld", l->tp);
     kv_setf(&s, "parallelism.pipeline_parallel_degree", "%lld", l->pp);
     kv_setf(&s, "parallelism.pipeline_parallel_microbatch_size", "%lld", l->pp_microbatch_size);
-    if (l->pp > 1) kv_set(&s, "parallelism.pipeline_parallel_schedule", l->schedule, 0);
+    if (l->schedule[0]) kv_set(&s, "parallelism.pipeline_parallel_schedule", l->schedule, 0);
     kv_del(&s, "compile.enable_async_tensor_parallel"); /* torchtitan's other spelling: one key says it */
     if (l->tp > 1 || kv_find(&s, "parallelism.enable_async_tensor_parallel"))
         kv_set(&s, "parallelism.enable_async_tensor_parallel", l->tp > 1 && l->async_tp ? "true" : "false", 0);

@@ -13,7 +13,7 @@ typedef struct plan_report {
     const char *manifest_path;
     const hw_profile *hw;
     int gpus, gpus_per_node;
-    const plan_model_sizes *model;     /* may be NULL (the trace failed: sizes not printed) */
+    const plan_model_sizes *model;     /* may be NULL: sizes not printed */
     const plan_result *results;
     int n_results;
     const plan_search_stats *search;   /* NULL: an evaluation of the manifest's layout */

@@ -31,15 +31,16 @@
 static const char *const search_schedules[] = {"1F1B", "Interleaved1F1B", "ZBVZeroBubble", "GPipe"};
 #define N_SCHEDULES ((int)(sizeof search_schedules / sizeof search_schedules[0]))
 
-typedef struct mesh {
-    int rep, shard, cp, tp, pp;
-    double best; /* tokens/s per GPU of its best fitting layout in the first pass, 0 none */
-} mesh;
-
 typedef struct knobs {
     const char *schedule;
     int float8, compile, async_tp;
 } knobs;
+
+typedef struct mesh {
+    int rep, shard, cp, tp, pp;
+    double best; /* tokens/s per GPU of its best fitting layout so far, 0 none */
+    knobs k;     /* the knobs of that layout (the first pass's until one fits) */
+} mesh;
 
 typedef struct searcher {
     plan_ctx *ctx;
@@ -181,35 +182,12 @@ static double walk(searcher *s, const mesh *m, const knobs *k) {
 
 int plan_layout_kind(const plan_layout *l) { return l->pp > 1 ? 2 : l->tp > 1 ? 1 : 0; }
 
-int plan_model_sizes_get(plan_ctx *ctx, const plan_layout *tl, plan_model_sizes *ms, char *err, size_t errlen) {
-    plan_layout l = *tl;
-    plan_trace t;
-    memset(&t, 0, sizeof t);
+void plan_model_sizes_get(const plan_ctx *ctx, plan_model_sizes *ms) {
+    const ct_model_desc *d = plan_model(ctx);
     memset(ms, 0, sizeof *ms);
-    l.dp_replicate = l.dp_shard = l.cp = l.tp = l.pp = 1;
-    l.local_batch = 1, l.global_batch = 1, l.pp_microbatch_size = 1;
-    l.async_tp = 0;
-    if (plan_trace_layout(ctx, &l, &t, err, errlen)) return -1;
-    int layers = 0;
-    for (int i = 0; i < t.n_ops; i++) {
-        const plan_op *op = &t.ops[i];
-        double w = 0;
-        if (op->kind == PLAN_OP_GEMM) w = (double)op->shape[1] * (double)op->shape[2];
-        else if (op->kind == PLAN_OP_EMBEDDING) w = (double)op->shape[1] * (double)op->shape[2];
-        else if (op->kind == PLAN_OP_ATTENTION) {
-            layers++;
-            if (!ms->n_heads) ms->n_heads = (int)op->shape[2], ms->n_kv_heads = op->kv_heads;
-        }
-        if (w <= 0) continue;
-        int seen = 0; /* a weight used twice (tied embeddings) counts once */
-        for (int j = 0; j < i && op->name && !seen; j++)
-            seen = (t.ops[j].kind == PLAN_OP_GEMM || t.ops[j].kind == PLAN_OP_EMBEDDING) && t.ops[j].name &&
-                   !strcmp(t.ops[j].name, op->name);
-        if (!seen) ms->n_params += w;
-    }
-    ms->n_layers = layers ? layers : (t.n_units > 2 ? t.n_units - 2 : 1);
-    plan_trace_free(&t);
-    return 0;
+    ms->n_params = (double)d->n_params;
+    ms->n_heads = (int)d->n_heads, ms->n_kv_heads = (int)d->n_kv_heads;
+    ms->n_layers = d->n_layers > 0 ? d->n_layers : (d->n_units > 2 ? d->n_units - 2 : 1);
 }
 
 /* Parameters, gradients, optimizer states and master weights of every rank, from one FSDP layout
@@ -237,6 +215,14 @@ static void static_memory(searcher *s) {
 static int pruned(const searcher *s, const mesh *m) {
     if (s->static_all <= 0 || s->capacity <= 0) return 0;
     return 0.9 * s->static_all / ((double)m->shard * m->cp * m->tp * m->pp) > s->capacity;
+}
+
+static int same_layout(const plan_layout *a, const plan_layout *b) {
+    return a->dp_replicate == b->dp_replicate && a->dp_shard == b->dp_shard && a->cp == b->cp && a->tp == b->tp &&
+           a->pp == b->pp && (a->pp == 1 || (!strcmp(a->schedule, b->schedule) && a->pp_microbatch_size == b->pp_microbatch_size)) &&
+           a->local_batch == b->local_batch && a->global_batch == b->global_batch && a->ac == b->ac &&
+           a->float8 == b->float8 && (!a->float8 || !strcmp(a->float8_recipe, b->float8_recipe)) &&
+           a->compile == b->compile && (a->tp == 1 || a->async_tp == b->async_tp);
 }
 
 static int mesh_cmp(const void *a, const void *b) {
@@ -277,7 +263,7 @@ static mesh *meshes_list(searcher *s, int *n) {
                     int rep = (int)d[c];
                     if (rep > dp) break;
                     if (dp % rep) continue;
-                    mesh m = {rep, dp / rep, cp, tp, pp, 0};
+                    mesh m = {.rep = rep, .shard = dp / rep, .cp = cp, .tp = tp, .pp = pp};
                     s->st->meshes++;
                     if (pruned(s, &m)) {
                         s->st->pruned++;
@@ -320,9 +306,10 @@ static int same_knobs(const knobs *a, const knobs *b, const mesh *m) {
  * together (four pairs): they interact (compile may refuse float8). */
 static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
     const plan_search_opts *o = s->o;
-    knobs tried[64], cur = *k1;
+    knobs tried[64], cur = m->k;
     int nt = 0;
-    tried[nt++] = cur;
+    tried[nt++] = *k1; /* walked in the first pass, like m->k */
+    if (!same_knobs(&cur, k1, m)) tried[nt++] = cur;
     for (int round = 0; round < 3; round++) {
         int moved = 0;
         for (int dim = 0; dim < 3; dim++) {
@@ -347,7 +334,7 @@ static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
                 if (seen || nt == 64) continue;
                 tried[nt++] = alt[i];
                 double b = walk(s, m, &alt[i]);
-                if (b > m->best) m->best = b, best = alt[i], moved = 1;
+                if (b > m->best) m->best = b, m->k = alt[i], best = alt[i], moved = 1;
             }
             cur = best;
         }
@@ -361,7 +348,18 @@ static int search_count(searcher *s, char *err, size_t errlen) {
     int nm = 0;
     mesh *ms = meshes_list(s, &nm); /* NULL: none divides (or no memory): no layout */
     knobs k1 = first_knobs(s);
-    for (int i = 0; i < nm; i++) ms[i].best = walk(s, &ms[i], &k1);
+    for (int i = 0; i < nm; i++) {
+        int before = s->n_res;
+        ms[i].k = k1;
+        ms[i].best = walk(s, &ms[i], &k1);
+        if (s->n_res == before && (s->o->vary_float8 || s->o->vary_compile)) {
+            /* every probe refused (float8 or compile the plugins cannot plan here): the plain knobs */
+            knobs plain = k1;
+            if (s->o->vary_float8) plain.float8 = 0;
+            if (s->o->vary_compile) plain.compile = 0;
+            if (!same_knobs(&plain, &k1, &ms[i])) ms[i].k = plain, ms[i].best = walk(s, &ms[i], &plain);
+        }
+    }
     qsort(ms, (size_t)nm, sizeof *ms, mesh_cmp);
     for (int i = 0; i < nm && i < SEARCH_FULL_MESHES && ms[i].best > 0; i++) {
         tune_mesh(s, &ms[i], &k1);
@@ -444,10 +442,15 @@ static void rule_eval(searcher *s, const plan_result *winner) {
     memset(&st->rule_result, 0, sizeof st->rule_result);
     st->evaluated++;
     int rc = plan_eval(s->ctx, &l, s->hw, &st->rule_result, err, sizeof err);
-    if (rc && l.compile) {
+    /* what the plugins cannot plan here is dropped, and said: compile first, then float8 */
+    for (int drop = 0; rc && drop < 2; drop++) {
+        int *knob = drop == 0 ? &l.compile : &l.float8;
+        if (!*knob) continue;
         st->refused++;
-        snprintf(st->rule_err, sizeof st->rule_err, "compile off: %.200s", err);
-        l.compile = 0;
+        size_t used = strlen(st->rule_err);
+        snprintf(st->rule_err + used, sizeof st->rule_err - used, "%s%s off: %.150s", used ? "; " : "",
+                 drop == 0 ? "compile" : "float8", err);
+        *knob = 0;
         st->evaluated++;
         rc = plan_eval(s->ctx, &l, s->hw, &st->rule_result, err, sizeof err);
     }
@@ -475,7 +478,7 @@ int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *h
     }
     plan_layout tmpl;
     if (plan_layout_from_manifest(ctx, o->gpus, &tmpl, err, errlen)) return -1;
-    if (plan_model_sizes_get(ctx, &tmpl, &st->model, err, errlen)) return -1;
+    plan_model_sizes_get(ctx, &st->model);
     st->global_batch = global_batch(&tmpl);
     if (st->global_batch < 1) {
         snprintf(err, errlen, "the manifest's global batch (%lld sequences) is not positive", (long long)st->global_batch);
@@ -548,7 +551,13 @@ int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *h
             snprintf(err, errlen, "out of memory");
             return -1;
         }
-        memcpy(*out, s.res, sizeof **out * (size_t)k);
+        int got = 0; /* a layout reached twice (a fallback, a tuning round) is shown once */
+        for (int i = 0; i < s.n_res && got < k; i++) {
+            int dup = 0;
+            for (int j = 0; j < got && !dup; j++) dup = same_layout(&(*out)[j].layout, &s.res[i].layout);
+            if (!dup && (s.res[i].fits || !win)) (*out)[got++] = s.res[i];
+        }
+        k = got;
     }
     *n = k;
     free(s.res);

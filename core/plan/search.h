@@ -4,9 +4,9 @@
 
 #include "plan/plan.h"
 
-/* The model's sizes as the search reads them from the trace of one microbatch (tp = pp = 1). */
+/* The model's sizes the search needs (from the model's description). */
 typedef struct plan_model_sizes {
-    double n_params;      /* the GEMM weights and the embedding table (norms left out: a lower bound) */
+    double n_params;
     int n_heads, n_kv_heads, n_layers;
 } plan_model_sizes;
 
@@ -40,8 +40,8 @@ typedef struct plan_search_stats {
 int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n,
                    plan_search_stats *stats, char *err, size_t errlen);
 
-/* The model's sizes from the trace of one microbatch of `l` with tp = pp = cp = 1. */
-int plan_model_sizes_get(plan_ctx *ctx, const plan_layout *l, plan_model_sizes *ms, char *err, size_t errlen);
+/* The model's sizes (n_kv_heads 0: the model did not say). */
+void plan_model_sizes_get(const plan_ctx *ctx, plan_model_sizes *ms);
 
 /* The rule's kind for a layout: 0 FSDP (or DDP) alone, 1 with TP, 2 with PP. */
 int plan_layout_kind(const plan_layout *l);

@@ -199,7 +199,6 @@ ct_status cmd_plan(int argc, char **argv) {
     plan_search_stats stats;
     plan_model_sizes sizes;
     int have_sizes = 0;
-    manifest *mf_keep = NULL;
     memset(&hw, 0, sizeof hw);
     if (hw_profile_load(a.hardware, &hw, err, sizeof err)) {
         fprintf(stderr, "ctitan plan: %s\n", err);
@@ -207,11 +206,7 @@ ct_status cmd_plan(int argc, char **argv) {
         return CT_ERR_INVALID;
     }
     if (a.gpus_per_node) hw.gpus_per_node = a.gpus_per_node;
-    /* the planner's session owns the manifest from here, as a session does: plan_close frees it, and
-     * plan_open frees it when it fails (session_close after a failed session_open) */
-    mf_keep = mf;
-    mf = NULL;
-    if (plan_open(&ctx, mf_keep, err, sizeof err)) {
+    if (plan_open(&ctx, mf, err, sizeof err)) {
         if (err[0] && !strstr(err, "(see above)")) fprintf(stderr, "ctitan plan: %s\n", err);
         st = CT_ERR_INVALID;
         goto out;
@@ -234,9 +229,10 @@ ct_status cmd_plan(int argc, char **argv) {
         }
         one.layout = l;
         res = &one, n = 1;
-        have_sizes = plan_model_sizes_get(ctx, &l, &sizes, err, sizeof err) == 0;
+        plan_model_sizes_get(ctx, &sizes);
+        have_sizes = 1;
     }
-    plan_report rep = {mf_keep->path, &hw, a.gpus, hw.gpus_per_node, have_sizes ? &sizes : NULL, res, n,
+    plan_report rep = {mf->path, &hw, a.gpus, hw.gpus_per_node, have_sizes ? &sizes : NULL, res, n,
                        a.search ? &stats : NULL};
     if (a.json) {
         if (plan_print_json(&rep, stdout, err, sizeof err)) {
@@ -259,7 +255,7 @@ ct_status cmd_plan(int argc, char **argv) {
             st = CT_ERR_INTERNAL;
             goto out;
         }
-        if (plan_write_manifest(mf_keep, &res[0].layout, a.write_manifest, err, sizeof err)) {
+        if (plan_write_manifest(mf, &res[0].layout, a.write_manifest, err, sizeof err)) {
             fprintf(stderr, "ctitan plan: %s\n", err);
             st = CT_ERR_IO;
             goto out;
