@@ -290,7 +290,7 @@ int plan_print_json(const plan_report *rep, FILE *f, char *err, size_t errlen) {
         else json_object_set_new(g, "layout", json_null());
         json_object_set_new(root, "guide", g);
     }
-    if (json_dumpf(root, f, JSON_INDENT(2) | JSON_REAL_PRECISION(6)) || fputc('\n', f) == EOF) {
+    if (json_dumpf(root, f, JSON_INDENT(2) | JSON_REAL_PRECISION(9)) || fputc('\n', f) == EOF) {
         snprintf(err, errlen, "writing the JSON failed: %s", strerror(errno));
         goto out;
     }

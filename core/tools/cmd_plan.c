@@ -222,7 +222,14 @@ ct_status cmd_plan(int argc, char **argv) {
     } else {
         plan_layout l;
         memset(&one, 0, sizeof one);
-        if (plan_layout_from_manifest(ctx, a.gpus, &l, err, sizeof err) || plan_eval(ctx, &l, &hw, &one, err, sizeof err)) {
+        if (plan_layout_from_manifest(ctx, a.gpus, &l, err, sizeof err)) {
+            fprintf(stderr, "ctitan plan: %s\n", err);
+            st = CT_ERR_INVALID;
+            goto out;
+        }
+        /* global_batch_size -1: one microbatch per data-parallel rank, as train reads it */
+        if (l.global_batch <= 0) l.global_batch = l.local_batch * l.dp_replicate * l.dp_shard;
+        if (plan_eval(ctx, &l, &hw, &one, err, sizeof err)) {
             fprintf(stderr, "ctitan plan: %s\n", err);
             st = CT_ERR_INVALID;
             goto out;

@@ -29,7 +29,7 @@ expect() {
     else fail "$name: status $rc, $lines stderr lines, wanted /${pats[*]}/:"; sed 's/^/    | /' "$WORK/err" | head -5; fi
 }
 
-M=configs/llama3_8b.yaml
+M=configs/llama3_1b.yaml
 HW=(--hardware h100-sxm)
 
 expect "no --hardware" "--hardware" "required" -- "$M" --gpus 8
@@ -46,7 +46,7 @@ expect "unknown hardware lists the shipped" "no-such-gpu" "h100-sxm" -- "$M" --h
 expect "write into a missing folder" "--write-manifest" "$WORK/nope" "does not exist" -- \
     "$M" "${HW[@]}" --gpus 8 --write-manifest "$WORK/nope/out.yaml"
 
-printf 'model:\n  name: llama3\n  flavor: 8B\ntraining:\n  seq_len: 2048\n  stpes: 10\n' >"$WORK/badkey.yaml"
+printf 'model:\n  name: llama3\n  flavor: 1B\ntraining:\n  seq_len: 2048\n  stpes: 10\n' >"$WORK/badkey.yaml"
 expect "bad key in the manifest" "badkey.yaml:6" "training.stpes" "unknown key" -- "$WORK/badkey.yaml" "${HW[@]}" --gpus 8
 expect "bad override key" "command line" "training.stpes" "unknown key" -- "$M" --training.stpes=3 "${HW[@]}" --gpus 8
 expect "bad override value" "command line" "training.seq_len" -- "$M" --training.seq_len=long "${HW[@]}" --gpus 8
