@@ -291,7 +291,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
         }
         r->pl_ready = 1;
     }
-    int rst = runtime_plan(&r->rt, &plan_null_device, NULL, c->s.m, c->s.model, &dist, err, errlen);
+    int rst = runtime_plan(&r->rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, err, errlen);
     r->rt_ready = 1;
     if (rst) return -1;
     if (runtime_plan_start(&r->rt, err, errlen)) return -1;
@@ -410,6 +410,16 @@ __attribute__((weak)) double hw_measured_op(const hw_profile *hw, int kind, cons
     return -1;
 }
 __attribute__((weak)) double hw_measured_comm(const hw_profile *hw, int kind, int ranks, double bytes) { (void)hw,(void)kind,(void)ranks,(void)bytes; return -1; }
+
+__attribute__((weak)) int hw_profile_load(const char *name_or_path, hw_profile *hw, char *err, size_t errlen) {
+    (void)hw;
+    snprintf(err, errlen, "%s: hardware profiles are not built yet", name_or_path);
+    return -1;
+}
+__attribute__((weak)) void hw_profile_free(hw_profile *hw) { (void)hw; }
+__attribute__((weak)) void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
+    fprintf(f, "plan: %.3f GiB, step %.4f s (%s)\n", r->mem_total / 1073741824.0, r->step_time, hw ? hw->name : "no hw");
+}
 
 /* ---- time ---- */
 
@@ -840,5 +850,34 @@ done:
     plan_trace_free(&t);
     run_free(&r);
     g_mem = keep;
+    return bad ? -1 : 0;
+}
+
+int plan_for_run(int argc, char **argv, const char *usage, int world, plan_result *r, hw_profile *hw, int *have_hw,
+                 char *err, size_t errlen) {
+    run_args a;
+    ct_status st;
+    memset(hw, 0, sizeof *hw);
+    *have_hw = 0;
+    manifest *mf = session_parse(argc, argv, &a, usage, &st);
+    if (!mf) {
+        snprintf(err, errlen, "the manifest cannot be read again");
+        return -1;
+    }
+    plan_ctx *c = NULL;
+    plan_layout l;
+    const char *name = "";
+    mf_get_str(mf, "plan.hardware", &name);
+    int bad = 0;
+    if (name[0]) {
+        char path[4096];
+        session_resolve_path(mf, name, path, sizeof path);
+        if (hw_profile_load(strchr(name, '/') || strstr(name, ".yaml") ? path : name, hw, err, errlen)) bad = -1;
+        else *have_hw = 1;
+    }
+    if (!bad) bad = plan_open(&c, mf, err, errlen) || plan_layout_from_manifest(c, world, &l, err, errlen) ||
+                    plan_eval(c, &l, hw, r, err, errlen);
+    plan_close(c);
+    manifest_free(mf);
     return bad ? -1 : 0;
 }
