@@ -43,6 +43,7 @@ typedef struct ct_quantizer { /* the ABI's opaque ct_quantizer */
     buf a, b, t, q8, sc; /* scratch: two dequantised operands, a transpose, fp8 bytes, scales */
     buf q8b, s2;         /* the device GEMM's second fp8 operand, and its two tensor-wide scales */
     int device_gemm;     /* the start-up probe found matmul_fp8 running this recipe's format pairs */
+    int probed;          /* the probe ran a GEMM: its small buffers stay in the scratch */
     float *host_amax;
     size_t host_cap;
 } f8;
@@ -107,7 +108,7 @@ static ct_status f8_create(const ct_host *h, const ct_device_api *d, ct_device *
         int emulate = 0;
         h->opt_bool(h, "emulate", &emulate);
         *q = (f8){.host = h, .r = (recipe)r, .filter = filter};
-        q->device_gemm = !emulate && (tensorwise(q) || rowwise(q));
+        q->device_gemm = q->probed = !emulate && (tensorwise(q) || rowwise(q));
         *out = q;
         return CT_OK;
     }
@@ -357,6 +358,7 @@ static ct_status probe_device_gemm(f8 *q) {
     uint8_t *a8 = need(q, &q->q8, 256), *b8 = need(q, &q->q8b, 256);
     float *sc = need(q, &q->s2, 32 * sizeof(float)), *c = need(q, &q->a, 256 * sizeof(float));
     if (!a8 || !b8 || !sc || !c) return CT_ERR_NOMEM;
+    q->probed = 1;
     float ones[32];
     for (int i = 0; i < 32; i++) ones[i] = 1.0f;
     ct_status st = q->d->zero(q->dev, a8, 256);
@@ -443,8 +445,8 @@ static ct_status f8_backward_weight(ct_quantizer *p, float *dw, const float *dy,
  * Nothing is kept from forward for backward (each GEMM casts its operands afresh from the host's x,
  * w and dy), and no cast of a weight survives a step: saved_bytes and weight_bytes are 0. The
  * scratch is the plugin's grow-only buffers (need()), shared by every linear and kept for the run
- * (CT_MEM_OTHER): per buffer the largest of this linear's three GEMMs, summed, which is what the run
- * holds for its largest converted linear. Traffic per operand of e elements: amax reads 4e and the
+ * (CT_MEM_OTHER): per buffer the largest of this linear's three GEMMs (and of the start-up probe's
+ * GEMM), summed, which is what the run holds for its largest converted linear. Traffic per operand of e elements: amax reads 4e and the
  * cast reads 4e and writes e (device GEMM: 9e), the emulation adds the dequantise (5e: 14e), a
  * transpose into k-contiguous (or reduction-contiguous) form adds 8e, the emulation's transpose back
  * another 8e. */
@@ -491,6 +493,11 @@ static ct_status f8_plan_linear(ct_quantizer *p, const ct_tensor *weight, int64_
     double n = (double)n_tokens, out = (double)weight->shape[0], in = (double)weight->shape[1], f = sizeof(float);
     plan_bufs pb = {0};
     int gw_hp = q->r == R_ROWWISE_GW_HP;
+    if (q->probed) { /* probe_device_gemm's 16 x 16 GEMM */
+        pb.q8 = pb.q8b = 256;
+        pb.s2 = 32 * f;
+        pb.a = 256 * f;
+    }
     if (q->device_gemm) {
         cost->cast_bytes[0] = plan_device_gemm(q, &pb, n, out, in, 0, 0);              /* y = x w^T */
         cost->cast_bytes[1] = plan_device_gemm(q, &pb, n, in, out, 0, 1);              /* dx = dy w */
