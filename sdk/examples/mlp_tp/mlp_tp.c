@@ -141,6 +141,18 @@ static ct_status mlp_wrap(ct_strategy *p, ct_builder *next, ct_builder *out) {
     return CT_OK;
 }
 
+/* For the planner (ABI 2.1 report): this strategy allocates nothing of its own and issues no
+ * collective outside an op (f and g are the builder's, which the planner sees op by op on its
+ * planning builder). create and the wrapped linear touch no device or comm, so a planning instance
+ * (env.planning: no device, no comm, no groups) is an ordinary one. */
+static ct_status mlp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
+    (void)p;
+    (void)n_microbatches;
+    memset(out->mem_bytes, 0, sizeof out->mem_bytes);
+    out->n_comms = 0;
+    return CT_OK;
+}
+
 static const ct_strategy_api api = {
     .struct_size = sizeof(ct_strategy_api),
     .create = mlp_create,
@@ -153,6 +165,7 @@ static const ct_strategy_api api = {
     .post_backward = mlp_post_backward,
     .finish_backward = mlp_finish,
     .wrap_builder = mlp_wrap,
+    .report = mlp_report,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {
