@@ -141,7 +141,7 @@ ct_tensor *tp_embedding_ranged(tp *t, ct_builder *b, const ct_tensor *ids, ct_te
         t->host->set_error(t->host, "embedding: expects int32 ids and a (vocab, dim) f32 table");
         return NULL;
     }
-    if (!b->planning && (!d->embedding_forward_range || !d->embedding_backward_range)) {
+    if (!tp_planning(b) && (!d->embedding_forward_range || !d->embedding_backward_range)) {
         t->host->set_error(t->host, "tensor parallel: the device lacks the ranged embedding ops");
         return NULL;
     }
@@ -257,7 +257,7 @@ static const ct_custom_op ce_op = {sizeof(ct_custom_op), "tp.cross_entropy", ce_
 
 ct_tensor *tp_cross_entropy_sharded(tp *t, ct_builder *b, ct_tensor *logits, const ct_tensor *targets) {
     const ct_device_api *d = t->env.dapi; /* NULL on a planning instance: only shapes then */
-    if (!b->planning && (!d->cross_entropy_stats || !d->cross_entropy_backward_lse)) {
+    if (!tp_planning(b) && (!d->cross_entropy_stats || !d->cross_entropy_backward_lse)) {
         t->host->set_error(t->host, "loss parallel: the device lacks cross_entropy_stats; set "
                                     "parallelism.disable_loss_parallel");
         return NULL;
