@@ -320,6 +320,11 @@ static ct_status tb_custom(ct_builder *b, const ct_custom_op *op, const void *st
     return CT_OK;
 }
 
+static ct_tensor *tb_cross_entropy(ct_builder *b, ct_tensor *logits, const ct_tensor *targets) {
+    (void)logits, (void)targets;
+    return tb_new(b, CT_F32, 0, NULL);
+}
+
 static ct_tensor *tb_finish(ct_builder *b, ct_tensor *x) {
     (void)b;
     return x;
@@ -329,7 +334,7 @@ static void tb_account(ct_builder *b, int axis, double s) { (void)b, (void)axis,
 static void tb_init(tbuilder *tb, int planning) {
     memset(tb, 0, sizeof *tb);
     tb->b = (ct_builder){.struct_size = sizeof(ct_builder), .linear = tb_linear, .collective = tb_collective,
-                         .finish_output = tb_finish, .new_tensor = tb_new, .scratch = tb_scratch,
+                         .cross_entropy = tb_cross_entropy, .finish_output = tb_finish, .new_tensor = tb_new, .scratch = tb_scratch,
                          .custom = tb_custom, .memo = tb_memo, .account_comm = tb_account, .planning = planning};
 }
 
@@ -385,8 +390,10 @@ static void tp_model_data(tp_model *m, tbuilder *tb) {
 static const char *const tp_async_opts[] = {"enable_async_tensor_parallel", "true", "async_tensor_parallel_chunks", "2",
                                             NULL};
 
-/* Creates tp (rank 0 of 2), places the model, wraps tb, runs embedding -> wq -> wo -> output -> loss. */
-static void tp_run(tbuilder *tb, int planning, const ct_strategy_api *api, const ct_option_spec *opts) {
+/* Creates tp (rank 0 of 2) with options `set`, places the model, wraps tb, runs embedding -> wq -> wo
+ * -> output -> loss. */
+static void tp_run(tbuilder *tb, int planning, const ct_strategy_api *api, const ct_option_spec *opts,
+                   const char *const *set) {
     tp_model m;
     tp_model_init(&m, planning);
     ct_mesh_info mesh = mesh_of(1, 1, 1, 2);
@@ -404,7 +411,7 @@ static void tp_run(tbuilder *tb, int planning, const ct_strategy_api *api, const
         mesh.dp_group = NULL;
     }
     spec = opts;
-    overrides = tp_async_opts;
+    overrides = set;
     ct_strategy *s = NULL;
     assert_int_equal(api->create(&host, &env, &s), CT_OK);
     assert_int_equal(api->place(s, m.slots, 6), CT_OK);
@@ -432,20 +439,11 @@ static void tp_run(tbuilder *tb, int planning, const ct_strategy_api *api, const
     overrides = NULL;
 }
 
-static void test_tp_plans_make_forwards_shapes(void **state) {
-    (void)state;
-    loaded tp = load(PLUGIN("tp"), CT_KIND_STRATEGY);
-    const ct_strategy_api *api = tp.api;
-    tbuilder *live = calloc(1, sizeof *live), *plan = calloc(1, sizeof *plan);
-    assert_non_null(live);
-    assert_non_null(plan);
-    tp_run(live, 0, api, tp.options);
-    tp_run(plan, 1, api, tp.options);
-    static const char *want[] = {"tp.embedding", "tp.all_gather_matmul", "tp.matmul_reduce_scatter",
-                                 "tp.all_gather_matmul", "tp.cross_entropy"};
-    assert_int_equal(live->nops, 5);
-    assert_int_equal(plan->nops, 5);
-    for (int i = 0; i < 5; i++) {
+/* The custom ops a run recorded, live and planned: the same ops with the same output shapes. */
+static void same_ops(const tbuilder *live, const tbuilder *plan, const char *const *want, int n) {
+    assert_int_equal(live->nops, n);
+    assert_int_equal(plan->nops, n);
+    for (int i = 0; i < n; i++) {
         assert_string_equal(live->ops[i].name, want[i]);
         assert_string_equal(plan->ops[i].name, want[i]);
         assert_int_equal(plan->ops[i].n_out, live->ops[i].n_out);
@@ -455,6 +453,42 @@ static void test_tp_plans_make_forwards_shapes(void **state) {
                 assert_int_equal(plan->ops[i].shape[j][d], live->ops[i].shape[j][d]);
         }
     }
+}
+
+/* Without async TP, and without sequence and loss parallel: the wrapped ops still run on a
+ * planning builder, with fewer custom ops. */
+static void test_tp_plans_without_async_tp(void **state) {
+    (void)state;
+    loaded tp = load(PLUGIN("tp"), CT_KIND_STRATEGY);
+    static const char *const sync_opts[] = {NULL};
+    static const char *const plain_opts[] = {"enable_sequence_parallel", "false", "disable_loss_parallel", "true", NULL};
+    static const char *const want_sync[] = {"tp.embedding", "tp.cross_entropy"}, *const want_plain[] = {"tp.embedding"};
+    const char *const *sets[2] = {sync_opts, plain_opts};
+    for (int c = 0; c < 2; c++) {
+        tbuilder *live = calloc(1, sizeof *live), *plan = calloc(1, sizeof *plan);
+        assert_true(live && plan);
+        tp_run(live, 0, tp.api, tp.options, sets[c]);
+        tp_run(plan, 1, tp.api, tp.options, sets[c]);
+        same_ops(live, plan, c ? want_plain : want_sync, c ? 1 : 2);
+        tb_free(live);
+        tb_free(plan);
+        free(live);
+        free(plan);
+    }
+}
+
+static void test_tp_plans_make_forwards_shapes(void **state) {
+    (void)state;
+    loaded tp = load(PLUGIN("tp"), CT_KIND_STRATEGY);
+    const ct_strategy_api *api = tp.api;
+    tbuilder *live = calloc(1, sizeof *live), *plan = calloc(1, sizeof *plan);
+    assert_non_null(live);
+    assert_non_null(plan);
+    tp_run(live, 0, api, tp.options, tp_async_opts);
+    tp_run(plan, 1, api, tp.options, tp_async_opts);
+    static const char *want[] = {"tp.embedding", "tp.all_gather_matmul", "tp.matmul_reduce_scatter",
+                                 "tp.all_gather_matmul", "tp.cross_entropy"};
+    same_ops(live, plan, want, 5);
     /* by hand, tp = 2, sequence parallel: T / 2 = 4 rows per rank between the ops */
     const ct_op_cost *gq = &plan->ops[1].cost, *rs = &plan->ops[2].cost, *go = &plan->ops[3].cost,
                      *ce = &plan->ops[4].cost, *em = &plan->ops[0].cost;
@@ -861,6 +895,7 @@ static void test_optimizers_plan_step_by_hand(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tp_plans_make_forwards_shapes),
+        cmocka_unit_test(test_tp_plans_without_async_tp),
         cmocka_unit_test(test_tp_reports_the_sequence_parallel_all_reduce),
         cmocka_unit_test(test_fsdp_report_matches_its_buffers_and_bytes),
         cmocka_unit_test(test_zero_report_matches_its_transient_buffers),
