@@ -386,7 +386,7 @@ static ct_status probe_device_gemm(f8 *q) {
 
 /* A planning instance (made without a device) answers plan_linear only. */
 static ct_status planning_only(f8 *q) {
-    q->host->set_error(q->host, "float8: this instance was made for planning (no device) and runs no GEMM");
+    q->host->set_error(q->host, "this instance was made for planning (no device) and runs no GEMM");
     return CT_ERR_INTERNAL;
 }
 
@@ -439,17 +439,16 @@ static ct_status f8_backward_weight(ct_quantizer *p, float *dw, const float *dy,
     return q->d->matmul(q->dev, dw, gq, xq, out, in, n, 1, 0, 1.0f, 1.0f);
 }
 
-
 /* ---- the planner's questions (ABI 2.2) ----
  * What one converted linear w (out, in) with n tokens costs, from what the three GEMMs above do.
  * Nothing is kept from forward for backward (each GEMM casts its operands afresh from the host's x,
  * w and dy), and no cast of a weight survives a step: saved_bytes and weight_bytes are 0. The
  * scratch is the plugin's grow-only buffers (need()), shared by every linear and kept for the run
  * (CT_MEM_OTHER): per buffer the largest of this linear's three GEMMs (and of the start-up probe's
- * GEMM), summed, which is what the run holds for its largest converted linear. Traffic per operand of e elements: amax reads 4e and the
- * cast reads 4e and writes e (device GEMM: 9e), the emulation adds the dequantise (5e: 14e), a
- * transpose into k-contiguous (or reduction-contiguous) form adds 8e, the emulation's transpose back
- * another 8e. */
+ * GEMM), summed, which is what the run holds for its largest converted linear. Traffic per operand
+ * of e elements: amax reads 4e and the cast reads 4e and writes e (device GEMM: 9e), the emulation
+ * adds the dequantise (5e: 14e), a transpose into k-contiguous (or reduction-contiguous) form adds
+ * 8e, the emulation's transpose back another 8e. */
 typedef struct plan_bufs {
     double a, b, t, q8, sc, q8b, s2; /* bytes of each need() buffer, as in f8 */
 } plan_bufs;
@@ -487,7 +486,7 @@ static double plan_cast(const f8 *q, plan_bufs *pb, double rows, double cols, in
 static ct_status f8_plan_linear(ct_quantizer *p, const ct_tensor *weight, int64_t n_tokens, ct_quant_cost *cost) {
     f8 *q = p;
     if (weight->ndim != 2) {
-        q->host->set_error(q->host, "float8: plan_linear wants a (out, in) weight, got %d dims", weight->ndim);
+        q->host->set_error(q->host, "plan_linear wants a (out, in) weight, got %d dims", weight->ndim);
         return CT_ERR_INVALID;
     }
     double n = (double)n_tokens, out = (double)weight->shape[0], in = (double)weight->shape[1], f = sizeof(float);
