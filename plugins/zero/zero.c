@@ -277,9 +277,9 @@ static void add_cost(ct_strategy_report *r, int axis, ct_collective kind, int un
 }
 
 /* Own memory: zero2's transient gradients (a unit's whole gradient and its shard, two neighbouring
- * units at once while the later one's reduction is in flight), zero1's padded copies of uneven gradients, post_step's padded
- * gather; per step: one reduce-scatter per unit
- * (zero2: per microbatch), its all-reduce over replicas, one all-gather of every shard after the step. */
+ * units at once while the later one's reduction is in flight), zero1's padded copies of uneven
+ * gradients, post_step's padded gather; per step: one reduce-scatter per unit (zero2: per
+ * microbatch), its all-reduce over replicas, one all-gather of every shard after the step. */
 static ct_status zero_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
     zero *z = p;
     int S = z->mesh.degree[CT_AXIS_DP_SHARD], R = z->mesh.degree[CT_AXIS_DP_REPLICATE];

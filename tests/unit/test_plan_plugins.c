@@ -334,8 +334,9 @@ static void tb_account(ct_builder *b, int axis, double s) { (void)b, (void)axis,
 static void tb_init(tbuilder *tb, int planning) {
     memset(tb, 0, sizeof *tb);
     tb->b = (ct_builder){.struct_size = sizeof(ct_builder), .linear = tb_linear, .collective = tb_collective,
-                         .cross_entropy = tb_cross_entropy, .finish_output = tb_finish, .new_tensor = tb_new, .scratch = tb_scratch,
-                         .custom = tb_custom, .memo = tb_memo, .account_comm = tb_account, .planning = planning};
+                         .cross_entropy = tb_cross_entropy, .finish_output = tb_finish, .new_tensor = tb_new,
+                         .scratch = tb_scratch, .custom = tb_custom, .memo = tb_memo, .account_comm = tb_account,
+                         .planning = planning};
 }
 
 static void tb_free(tbuilder *tb) {
@@ -359,7 +360,7 @@ typedef struct tp_model {
     ct_param_slot slots[6];
 } tp_model;
 
-static void tp_model_init(tp_model *m, int planning) {
+static void tp_model_init(tp_model *m) {
     ct_tensor *t[6] = {&m->emb, &m->wq, &m->wo, &m->wo_bias, &m->norm, &m->out};
     static const char *names[6] = {"tok_embeddings.weight", "wq.weight", "wo.weight", "wo.bias", "norm.weight",
                                    "output.weight"};
@@ -376,7 +377,6 @@ static void tp_model_init(tp_model *m, int planning) {
                                       .copy_of = -1};
         m->slots[i].local_numel = m->slots[i].numel;
     }
-    (void)planning;
 }
 
 /* Weights' data after place() split them (zeros: the values do not matter). */
@@ -395,7 +395,7 @@ static const char *const tp_async_opts[] = {"enable_async_tensor_parallel", "tru
 static void tp_run(tbuilder *tb, int planning, const ct_strategy_api *api, const ct_option_spec *opts,
                    const char *const *set) {
     tp_model m;
-    tp_model_init(&m, planning);
+    tp_model_init(&m);
     ct_mesh_info mesh = mesh_of(1, 1, 1, 2);
     ct_model_desc desc = {.struct_size = sizeof desc, .vocab_size = V, .dim = D, .n_heads = 2, .n_kv_heads = 2,
                           .ffn_hidden = H};
@@ -530,7 +530,7 @@ static void test_tp_reports_the_sequence_parallel_all_reduce(void **state) {
     const ct_strategy_api *api = tp.api;
     for (int sp = 0; sp < 2; sp++) {
         tp_model m;
-        tp_model_init(&m, 1);
+        tp_model_init(&m);
         ct_mesh_info mesh = mesh_of(1, 1, 1, 2);
         for (int a = 0; a < CT_MESH_NAXES; a++) mesh.group[a] = NULL;
         ct_strategy_env env = {.struct_size = sizeof env, .mesh = &mesh, .tp_plan = tp_rules, .seq_len = T, .planning = 1};
