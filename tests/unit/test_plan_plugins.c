@@ -218,6 +218,10 @@ static ct_mesh_info mesh_of(int pp, int rep, int shard, int tp) {
 enum { MAX_T = 256, MAX_OPS = 16 };
 typedef struct op_record {
     const char *name;
+    const ct_custom_op *op; /* for the live backward: the op, its state and tensors */
+    void *state;
+    ct_tensor *in[4], *out[4];
+    int n_in;
     int n_out;
     int ndim[4];
     int64_t shape[4][CT_MAX_DIMS];
@@ -302,7 +306,10 @@ static ct_status tb_custom(ct_builder *b, const ct_custom_op *op, const void *st
     memcpy(st, state, state_bytes);
     assert_true(tb->nops < MAX_OPS && n_out <= 4);
     op_record *r = &tb->ops[tb->nops++];
-    *r = (op_record){.name = op->name, .n_out = n_out, .cost = {.struct_size = sizeof(ct_op_cost)}};
+    *r = (op_record){.name = op->name, .op = op, .state = st, .n_in = n_in, .n_out = n_out,
+                     .cost = {.struct_size = sizeof(ct_op_cost)}};
+    assert_true(n_in <= 4);
+    memcpy(r->in, in, sizeof(ct_tensor *) * (size_t)n_in);
     ct_status s;
     if (b->planning) {
         assert_true(CT_HAS_FIELD(op, ct_custom_op, plan) && op->plan);
@@ -314,10 +321,29 @@ static ct_status tb_custom(ct_builder *b, const ct_custom_op *op, const void *st
     if (s != CT_OK) return s;
     for (int i = 0; i < n_out; i++) {
         assert_non_null(out[i]);
+        r->out[i] = out[i];
         r->ndim[i] = out[i]->ndim;
         memcpy(r->shape[i], out[i]->shape, sizeof r->shape[i]);
     }
     return CT_OK;
+}
+
+/* A gradient buffer per tensor, zeroed on first use (the tape's rule). */
+static float *tb_grad(ct_builder *b, ct_tensor *t) {
+    if (!t->grad) t->grad = tb_keep(TB(b), calloc((size_t)ct_tensor_numel(t) + 1, sizeof(float)));
+    return t->grad;
+}
+
+/* The live backward of every custom op recorded, in reverse, with zero output gradients: the
+ * comm sees what each backward sends. */
+static void tb_backward(tbuilder *tb) {
+    for (int i = tb->nops - 1; i >= 0; i--) {
+        op_record *r = &tb->ops[i];
+        const float *dy[4] = {NULL};
+        for (int j = 0; j < r->n_out; j++) dy[j] = tb_keep(tb, calloc((size_t)ct_tensor_numel(r->out[j]) + 1, sizeof(float)));
+        assert_int_equal(r->op->backward(&tb->b, r->state, r->in, r->n_in, r->out, dy, r->n_out,
+                                         CT_GRAD_INPUT | CT_GRAD_WEIGHT), CT_OK);
+    }
 }
 
 static ct_tensor *tb_cross_entropy(ct_builder *b, ct_tensor *logits, const ct_tensor *targets) {
@@ -335,7 +361,8 @@ static void tb_init(tbuilder *tb, int planning) {
     memset(tb, 0, sizeof *tb);
     tb->b = (ct_builder){.struct_size = sizeof(ct_builder), .linear = tb_linear, .collective = tb_collective,
                          .cross_entropy = tb_cross_entropy, .finish_output = tb_finish, .new_tensor = tb_new,
-                         .scratch = tb_scratch, .custom = tb_custom, .memo = tb_memo, .account_comm = tb_account,
+                         .scratch = tb_scratch, .custom = tb_custom, .grad = tb_grad, .memo = tb_memo,
+                         .account_comm = tb_account,
                          .planning = planning};
 }
 
@@ -390,6 +417,8 @@ static void tp_model_data(tp_model *m, tbuilder *tb) {
 static const char *const tp_async_opts[] = {"enable_async_tensor_parallel", "true", "async_tensor_parallel_chunks", "2",
                                             NULL};
 
+static double fwd_sent[8]; /* what the live forward sent, by collective (sent_bytes' index) */
+
 /* Creates tp (rank 0 of 2) with options `set`, places the model, wraps tb, runs embedding -> wq -> wo
  * -> output -> loss. */
 static void tp_run(tbuilder *tb, int planning, const ct_strategy_api *api, const ct_option_spec *opts,
@@ -435,6 +464,10 @@ static void tp_run(tbuilder *tb, int planning, const ct_strategy_api *api, const
     ct_tensor *loss = out.cross_entropy(&out, logits, tg);   /* loss parallel */
     assert_non_null(loss);
     assert_int_equal(loss->ndim, 0);
+    if (!planning) {
+        memcpy(fwd_sent, sent_bytes, sizeof fwd_sent);
+        tb_backward(tb);
+    }
     api->destroy(s);
     overrides = NULL;
 }
@@ -484,11 +517,22 @@ static void test_tp_plans_make_forwards_shapes(void **state) {
     tbuilder *live = calloc(1, sizeof *live), *plan = calloc(1, sizeof *plan);
     assert_non_null(live);
     assert_non_null(plan);
+    memset(sent_bytes, 0, sizeof sent_bytes);
     tp_run(live, 0, api, tp.options, tp_async_opts);
+    double live_fwd = fwd_sent[1] + fwd_sent[2] + fwd_sent[3];
+    double live_bwd = sent_bytes[1] + sent_bytes[2] + sent_bytes[3] - live_fwd;
     tp_run(plan, 1, api, tp.options, tp_async_opts);
     static const char *want[] = {"tp.embedding", "tp.all_gather_matmul", "tp.matmul_reduce_scatter",
                                  "tp.all_gather_matmul", "tp.cross_entropy"};
     same_ops(live, plan, want, 5);
+    /* the collectives the plans name are what the live forwards and backwards handed the comm */
+    double planned[3] = {0};
+    for (int i = 0; i < plan->nops; i++)
+        for (int j = 0; j < plan->ops[i].cost.n_comm; j++)
+            planned[plan->ops[i].cost.comm[j].phase] += plan->ops[i].cost.comm[j].bytes;
+    if (planned[1] != live_fwd || planned[2] != live_bwd)
+        fail_msg("tp plans name %.0f B forward and %.0f B backward of collectives, the ops sent %.0f and %.0f B",
+                 planned[1], planned[2], live_fwd, live_bwd);
     /* by hand, tp = 2, sequence parallel: T / 2 = 4 rows per rank between the ops */
     const ct_op_cost *gq = &plan->ops[1].cost, *rs = &plan->ops[2].cost, *go = &plan->ops[3].cost,
                      *ce = &plan->ops[4].cost, *em = &plan->ops[0].cost;
