@@ -361,12 +361,14 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     for (int u = 0; u < nu; u++) {
         double before = (double)(rt->saved.data.used + rt->grads.data.used);
         rt->peak_act_bytes = 0;
+        rt->scratch.data.peak_used = rt->scratch.data.used;
         if (runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x)) {
             rt->trace_ops = 0;
             return fail(err, errlen, t->cannot[0] ? "the trace stopped" : "a unit's forward failed in the plan");
         }
         t->units[u].saved_bytes = (double)rt->saved.data.used + (double)rt->grads.data.used - before;
         t->units[u].fwd_peak = fmax(0.0, (double)rt->peak_act_bytes - before);
+        t->units[u].scratch_peak = (double)(rt->scratch.data.peak_used - rt->scratch.data.used);
         t->units[u].out_bytes = (double)ct_tensor_numel(&x->t) * (double)ct_dtype_size(x->t.dtype);
     }
     t->live_peak = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
@@ -374,14 +376,18 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     rt->trace_ops = 2;
     for (int u = nu - 1; u >= 0; u--) {
         double live = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
-        double g0 = (double)rt->grads.data.used;
+        double g0 = (double)rt->grads.data.used, s0 = (double)rt->scratch.data.used;
         rt->peak_act_bytes = 0;
+        rt->grads.data.peak_used = rt->grads.data.used;
+        rt->scratch.data.peak_used = rt->scratch.data.used;
         if (runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH)) {
             rt->trace_ops = 0;
             return fail(err, errlen, "a unit's backward failed in the plan");
         }
         t->units[u].bwd_peak = fmax(0.0, (double)rt->peak_act_bytes - live);
         t->units[u].boundary_grad_bytes = (double)rt->grads.data.used - g0;
+        t->units[u].grads_peak = (double)rt->grads.data.peak_used - g0;
+        t->units[u].scratch_peak = fmax(t->units[u].scratch_peak, (double)rt->scratch.data.peak_used - s0);
         if ((double)rt->peak_act_bytes > t->live_peak) t->live_peak = (double)rt->peak_act_bytes;
     }
     rt->trace_ops = 0;
@@ -790,13 +796,15 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
             m[PLAN_MEM_MASTER] += strat_mem[k][CT_MEM_MASTER];
         }
         /* activations: the tape's arenas; under pp each microbatch in flight keeps its own */
-        double saved = 0, boundary = 0, peak_fwd = 0, peak_bwd = 0, logits = 0;
+        double saved = 0, boundary = 0, peak_fwd = 0, peak_bwd = 0, logits = 0, grads_peak = 0, scratch = 0;
         for (int u = 0; u < nu; u++) {
             if ((unit_rank ? unit_rank[u] : 0) != pr) continue;
             saved += t.units[u].saved_bytes;
             boundary += t.units[u].boundary_grad_bytes;
             peak_fwd = fmax(peak_fwd, t.units[u].fwd_peak - t.units[u].saved_bytes);
             peak_bwd = fmax(peak_bwd, t.units[u].bwd_peak);
+            grads_peak = fmax(grads_peak, t.units[u].grads_peak);
+            scratch = fmax(scratch, t.units[u].scratch_peak);
             if (u == nu - 1) logits = t.units[u].saved_bytes;
         }
         int inflight = 1;
@@ -810,7 +818,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
                 if (unit_rank[u] == pr && unit_rank[u - 1] != pr) recv += t.units[u - 1].out_bytes;
             m[PLAN_MEM_ACTIVATIONS] = inflight * (t.io_bytes + recv + saved - logits);
             m[PLAN_MEM_LOGITS] = inflight * logits;
-            m[PLAN_MEM_TRANSIENT] = inflight * (boundary + peak_bwd) + peak_fwd;
+            m[PLAN_MEM_TRANSIENT] = inflight * (boundary + grads_peak) + scratch;
             m[PLAN_MEM_PP_BUFFERS] = 0; /* sends and receives land in the contexts' arenas */
         } else {
             m[PLAN_MEM_ACTIVATIONS] = t.io_bytes + saved - logits;

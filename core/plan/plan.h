@@ -128,6 +128,8 @@ typedef struct plan_unit {
                                    layout's activation checkpointing */
     double boundary_grad_bytes; /* its input's gradient, kept until the microbatch ends */
     double fwd_peak, bwd_peak;  /* its temporaries above what was live when it started: forward, backward */
+    double grads_peak;          /* of which activation gradients in its backward (a pipeline context's own) */
+    double scratch_peak;        /* of which recompute scratch, forward or backward (one arena per rank) */
 } plan_unit;
 
 typedef struct plan_trace {
