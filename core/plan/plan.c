@@ -291,7 +291,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
         }
         r->pl_ready = 1;
     }
-    int rst = runtime_plan(&r->rt, &plan_null_device, NULL, c->s.m, c->s.model, &dist, err, errlen);
+    int rst = runtime_plan(&r->rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, err, errlen);
     r->rt_ready = 1;
     if (rst) return -1;
     if (runtime_plan_start(&r->rt, err, errlen)) return -1;
@@ -361,12 +361,14 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     for (int u = 0; u < nu; u++) {
         double before = (double)(rt->saved.data.used + rt->grads.data.used);
         rt->peak_act_bytes = 0;
+        rt->scratch.data.peak_used = rt->scratch.data.used;
         if (runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x)) {
             rt->trace_ops = 0;
             return fail(err, errlen, t->cannot[0] ? "the trace stopped" : "a unit's forward failed in the plan");
         }
         t->units[u].saved_bytes = (double)rt->saved.data.used + (double)rt->grads.data.used - before;
         t->units[u].fwd_peak = fmax(0.0, (double)rt->peak_act_bytes - before);
+        t->units[u].scratch_peak = (double)(rt->scratch.data.peak_used - rt->scratch.data.used);
         t->units[u].out_bytes = (double)ct_tensor_numel(&x->t) * (double)ct_dtype_size(x->t.dtype);
     }
     t->live_peak = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
@@ -374,14 +376,18 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     rt->trace_ops = 2;
     for (int u = nu - 1; u >= 0; u--) {
         double live = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
-        double g0 = (double)rt->grads.data.used;
+        double g0 = (double)rt->grads.data.used, s0 = (double)rt->scratch.data.used;
         rt->peak_act_bytes = 0;
+        rt->grads.data.peak_used = rt->grads.data.used;
+        rt->scratch.data.peak_used = rt->scratch.data.used;
         if (runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH)) {
             rt->trace_ops = 0;
             return fail(err, errlen, "a unit's backward failed in the plan");
         }
         t->units[u].bwd_peak = fmax(0.0, (double)rt->peak_act_bytes - live);
         t->units[u].boundary_grad_bytes = (double)rt->grads.data.used - g0;
+        t->units[u].grads_peak = (double)rt->grads.data.peak_used - g0;
+        t->units[u].scratch_peak = fmax(t->units[u].scratch_peak, (double)rt->scratch.data.peak_used - s0);
         if ((double)rt->peak_act_bytes > t->live_peak) t->live_peak = (double)rt->peak_act_bytes;
     }
     rt->trace_ops = 0;
@@ -410,6 +416,16 @@ __attribute__((weak)) double hw_measured_op(const hw_profile *hw, int kind, cons
     return -1;
 }
 __attribute__((weak)) double hw_measured_comm(const hw_profile *hw, int kind, int ranks, double bytes) { (void)hw,(void)kind,(void)ranks,(void)bytes; return -1; }
+
+__attribute__((weak)) int hw_profile_load(const char *name_or_path, hw_profile *hw, char *err, size_t errlen) {
+    (void)hw;
+    snprintf(err, errlen, "%s: hardware profiles are not built yet", name_or_path);
+    return -1;
+}
+__attribute__((weak)) void hw_profile_free(hw_profile *hw) { (void)hw; }
+__attribute__((weak)) void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
+    fprintf(f, "plan: %.3f GiB, step %.4f s (%s)\n", r->mem_total / 1073741824.0, r->step_time, hw ? hw->name : "no hw");
+}
 
 /* ---- time ---- */
 
@@ -780,13 +796,15 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
             m[PLAN_MEM_MASTER] += strat_mem[k][CT_MEM_MASTER];
         }
         /* activations: the tape's arenas; under pp each microbatch in flight keeps its own */
-        double saved = 0, boundary = 0, peak_fwd = 0, peak_bwd = 0, logits = 0;
+        double saved = 0, boundary = 0, peak_fwd = 0, peak_bwd = 0, logits = 0, grads_peak = 0, scratch = 0;
         for (int u = 0; u < nu; u++) {
             if ((unit_rank ? unit_rank[u] : 0) != pr) continue;
             saved += t.units[u].saved_bytes;
             boundary += t.units[u].boundary_grad_bytes;
             peak_fwd = fmax(peak_fwd, t.units[u].fwd_peak - t.units[u].saved_bytes);
             peak_bwd = fmax(peak_bwd, t.units[u].bwd_peak);
+            grads_peak = fmax(grads_peak, t.units[u].grads_peak);
+            scratch = fmax(scratch, t.units[u].scratch_peak);
             if (u == nu - 1) logits = t.units[u].saved_bytes;
         }
         int inflight = 1;
@@ -800,7 +818,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
                 if (unit_rank[u] == pr && unit_rank[u - 1] != pr) recv += t.units[u - 1].out_bytes;
             m[PLAN_MEM_ACTIVATIONS] = inflight * (t.io_bytes + recv + saved - logits);
             m[PLAN_MEM_LOGITS] = inflight * logits;
-            m[PLAN_MEM_TRANSIENT] = inflight * (boundary + peak_bwd) + peak_fwd;
+            m[PLAN_MEM_TRANSIENT] = inflight * (boundary + grads_peak) + scratch;
             m[PLAN_MEM_PP_BUFFERS] = 0; /* sends and receives land in the contexts' arenas */
         } else {
             m[PLAN_MEM_ACTIVATIONS] = t.io_bytes + saved - logits;
@@ -840,5 +858,34 @@ done:
     plan_trace_free(&t);
     run_free(&r);
     g_mem = keep;
+    return bad ? -1 : 0;
+}
+
+int plan_for_run(int argc, char **argv, const char *usage, int world, plan_result *r, hw_profile *hw, int *have_hw,
+                 char *err, size_t errlen) {
+    run_args a;
+    ct_status st;
+    memset(hw, 0, sizeof *hw);
+    *have_hw = 0;
+    manifest *mf = session_parse(argc, argv, &a, usage, &st);
+    if (!mf) {
+        snprintf(err, errlen, "the manifest cannot be read again");
+        return -1;
+    }
+    plan_ctx *c = NULL;
+    plan_layout l;
+    const char *name = "";
+    mf_get_str(mf, "plan.hardware", &name);
+    int bad = 0;
+    if (name[0]) {
+        char path[4096];
+        session_resolve_path(mf, name, path, sizeof path);
+        if (hw_profile_load(strchr(name, '/') || strstr(name, ".yaml") ? path : name, hw, err, errlen)) bad = -1;
+        else *have_hw = 1;
+    }
+    if (!bad) bad = plan_open(&c, mf, err, errlen) || plan_layout_from_manifest(c, world, &l, err, errlen) ||
+                    plan_eval(c, &l, hw, r, err, errlen);
+    plan_close(c);
+    manifest_free(mf);
     return bad ? -1 : 0;
 }
