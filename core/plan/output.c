@@ -23,11 +23,14 @@ void plan_layout_line(const plan_layout *l, char *out, size_t len) {
     if (l->pp > 1) snprintf(pp, sizeof pp, " (%s, microbatch %d)", l->schedule, l->pp_microbatch_size);
     if (l->ac == PLAN_AC_SELECTIVE_LAYER) snprintf(ac, sizeof ac, "selective every %d", l->ac_every);
     else snprintf(ac, sizeof ac, "%s", ac_name(l->ac));
+    char global[48];
+    if (l->global_batch > 0) snprintf(global, sizeof global, "%lld", (long long)l->global_batch);
+    else snprintf(global, sizeof global, "local x dp");
     snprintf(out, len,
-             "dp_replicate %d x dp_shard %d x cp %d x tp %d%s x pp %d%s; local batch %lld of global %lld x seq %lld; "
+             "dp_replicate %d x dp_shard %d x cp %d x tp %d%s x pp %d%s; local batch %lld of global %s x seq %lld; "
              "AC %s; float8 %s; compile %s",
              l->dp_replicate, l->dp_shard, l->cp, l->tp, l->tp > 1 && l->async_tp ? " (async)" : "", l->pp, pp,
-             (long long)l->local_batch, (long long)l->global_batch, (long long)l->seq_len, ac,
+             (long long)l->local_batch, global, (long long)l->seq_len, ac,
              l->float8 ? (l->float8_recipe[0] ? l->float8_recipe : "on") : "off", l->compile ? "on" : "off");
 }
 
@@ -47,17 +50,24 @@ static void fmt_bytes(double b, char *out, size_t len) {
     else snprintf(out, len, "%.0f B", b);
 }
 
-static void print_result(const plan_result *r, const hw_profile *hw, FILE *f) {
+void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
     char line[512], a[32], b[32];
     plan_layout_line(&r->layout, line, sizeof line);
     fprintf(f, "  layout: %s\n", line);
     double cap = r->mem_capacity;
-    fprintf(f, "  memory per GPU (largest rank): %.2f GiB of %.2f GiB usable (%.1f GiB, %.0f%% kept free): %s, %s%.2f GiB %s\n",
-            r->mem_total / GIB, cap / GIB, hw->mem_bytes / GIB, 100 * hw->headroom_frac, r->fits ? "fits" : "DOES NOT FIT",
-            "", fabs(cap - r->mem_total) / GIB, r->fits ? "headroom" : "over");
+    if (hw && cap > 0)
+        fprintf(f, "  memory per GPU (largest rank): %.2f GiB of %.2f GiB usable (%.1f GiB, %.0f%% kept free): %s, %.2f GiB %s\n",
+                r->mem_total / GIB, cap / GIB, hw->mem_bytes / GIB, 100 * hw->headroom_frac, r->fits ? "fits" : "DOES NOT FIT",
+                fabs(cap - r->mem_total) / GIB, r->fits ? "headroom" : "over");
+    else
+        fprintf(f, "  memory per GPU (largest rank): %.2f GiB\n", r->mem_total / GIB);
     fprintf(f, "   ");
     for (int i = 0; i < PLAN_MEM_N; i++) fprintf(f, " %s %.2f", plan_mem_names[i], r->mem[i] / GIB);
     fprintf(f, " (GiB)\n");
+    if (!hw) { /* memory only: times need a profile's rates */
+        if (r->assumptions[0]) fprintf(f, "  assumptions: %s\n", r->assumptions);
+        return;
+    }
     fmt_s(r->step_time, a, sizeof a);
     fprintf(f, "  step time %s:", a);
     struct {
@@ -126,7 +136,7 @@ static void print_rule(const plan_search_stats *st, const plan_result *win, FILE
                 100 * (st->rule_result.tokens_per_s_per_gpu / win->tokens_per_s_per_gpu - 1));
 }
 
-void plan_print_text(const plan_report *rep, FILE *f) {
+void plan_report_text(const plan_report *rep, FILE *f) {
     const hw_profile *hw = rep->hw;
     fprintf(f, "plan: %s on %d x %s (%d per node); hardware profile %s%s(%s)\n", rep->manifest_path, rep->gpus, hw->name,
             rep->gpus_per_node, hw->path[0] ? hw->path : "built in", hw->calibrated ? ", calibrated " : " ", hw->source);
@@ -135,7 +145,7 @@ void plan_print_text(const plan_report *rep, FILE *f) {
                 rep->model->n_params, rep->model->n_layers, rep->model->n_heads, rep->model->n_kv_heads);
     const plan_search_stats *st = rep->search;
     if (!st) {
-        if (rep->n_results) print_result(&rep->results[0], hw, f);
+        if (rep->n_results) plan_print_text(f, &rep->results[0], hw);
         return;
     }
     fprintf(f,
@@ -150,7 +160,7 @@ void plan_print_text(const plan_report *rep, FILE *f) {
     if (!rep->n_results) fprintf(f, "no layout could be evaluated on %d GPUs: the plugins refused every one\n", rep->gpus);
     for (int i = 0; i < rep->n_results; i++) {
         fprintf(f, "#%d\n", i + 1);
-        print_result(&rep->results[i], hw, f);
+        plan_print_text(f, &rep->results[i], hw);
     }
     if (win) {
         fprintf(f, "largest microbatch that fits the winner's settings: %s %lld (the winner uses %lld)\n",

@@ -19,7 +19,8 @@ typedef struct plan_report {
     const plan_search_stats *search;   /* NULL: an evaluation of the manifest's layout */
 } plan_report;
 
-void plan_print_text(const plan_report *rep, FILE *f);
+/* The whole report as text (each layout by plan.h's plan_print_text). */
+void plan_report_text(const plan_report *rep, FILE *f);
 /* 0, or -1 with err set (out of memory, a write error). */
 int plan_print_json(const plan_report *rep, FILE *f, char *err, size_t errlen);
 

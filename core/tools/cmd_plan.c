@@ -248,7 +248,7 @@ ct_status cmd_plan(int argc, char **argv) {
             goto out;
         }
     } else {
-        plan_print_text(&rep, stdout);
+        plan_report_text(&rep, stdout);
     }
     if (fflush(stdout)) {
         fprintf(stderr, "ctitan plan: writing the plan failed: %s\n", strerror(errno));
