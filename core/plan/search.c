@@ -349,11 +349,11 @@ static int search_count(searcher *s, char *err, size_t errlen) {
     mesh *ms = meshes_list(s, &nm); /* NULL: none divides (or no memory): no layout */
     knobs k1 = first_knobs(s);
     for (int i = 0; i < nm; i++) {
-        int before = s->n_res;
         ms[i].k = k1;
         ms[i].best = walk(s, &ms[i], &k1);
-        if (s->n_res == before && (s->o->vary_float8 || s->o->vary_compile)) {
-            /* every probe refused (float8 or compile the plugins cannot plan here): the plain knobs */
+        if (ms[i].best == 0 && (s->o->vary_float8 || s->o->vary_compile)) {
+            /* nothing fits or every probe was refused: float8's copies, or float8 or compile the plugins
+             * cannot plan here, may be why; the plain knobs */
             knobs plain = k1;
             if (s->o->vary_float8) plain.float8 = 0;
             if (s->o->vary_compile) plain.compile = 0;
@@ -419,49 +419,55 @@ static double best_at(plan_ctx *ctx, const plan_search_opts *o, const hw_profile
     return best;
 }
 
-/* The guide's layout evaluated; compile dropped when the plugins refuse it, and that said. */
+/* The guide's layout: its mesh and knobs (schedule, compile, float8, async TP) as the rule says, the
+ * AC mode and microbatch tuned to the memory as for any mesh (the guide's second step); compile, then
+ * float8, dropped where the plugins refuse them, and that said. Its best variant that fits, else
+ * the one that needs the least memory. */
 static void rule_eval(searcher *s, const plan_result *winner) {
     plan_search_stats *st = s->st;
-    const plan_search_opts *o = s->o;
     plan_layout rl;
-    st->rule = plan_guide_rule(st->model.n_params, o->gpus, o->gpus_per_node, &rl);
-    plan_layout l = s->tmpl;
-    l.dp_replicate = rl.dp_replicate, l.dp_shard = rl.dp_shard, l.cp = rl.cp, l.tp = rl.tp, l.pp = rl.pp;
-    snprintf(l.schedule, sizeof l.schedule, "%s", rl.pp > 1 ? rl.schedule : s->tmpl.schedule);
-    l.pp_microbatch_size = rl.pp_microbatch_size;
-    l.ac = rl.ac, l.ac_every = s->tmpl.ac_every;
-    l.float8 = rl.float8 && s->hw->peak_flops[PLAN_FP8] > 0;
-    if (l.float8 && !l.float8_recipe[0]) snprintf(l.float8_recipe, sizeof l.float8_recipe, "%s", rl.float8_recipe);
-    l.compile = rl.compile, l.async_tp = rl.async_tp;
-    int64_t dp = (int64_t)l.dp_replicate * l.dp_shard;
-    l.global_batch = s->G;
-    l.local_batch = s->G / dp > 0 ? s->G / dp : 1;
-    if (l.local_batch * dp != s->G) l.global_batch = l.local_batch * dp; /* the nearest batch that splits */
-    if (l.pp > 1 && l.local_batch % l.pp_microbatch_size) l.pp_microbatch_size = 1;
-    char err[256];
-    memset(&st->rule_result, 0, sizeof st->rule_result);
-    st->evaluated++;
-    int rc = plan_eval(s->ctx, &l, s->hw, &st->rule_result, err, sizeof err);
-    /* what the plugins cannot plan here is dropped, and said: compile first, then float8 */
-    for (int drop = 0; rc && drop < 2; drop++) {
-        int *knob = drop == 0 ? &l.compile : &l.float8;
+    st->rule = plan_guide_rule(st->model.n_params, s->o->gpus, s->o->gpus_per_node, &rl);
+    mesh m = {.rep = rl.dp_replicate, .shard = rl.dp_shard, .cp = rl.cp, .tp = rl.tp, .pp = rl.pp};
+    knobs k = {rl.pp > 1 ? rl.schedule : s->tmpl.schedule, rl.float8 && s->hw->peak_flops[PLAN_FP8] > 0, rl.compile,
+               rl.async_tp};
+    searcher rs = *s; /* its own results: s->res is sorted and pointed into */
+    rs.res = NULL, rs.n_res = rs.cap_res = 0, rs.err[0] = 0;
+    int64_t dp = (int64_t)m.rep * m.shard;
+    if (rs.G % dp) rs.G = (rs.G / dp > 0 ? rs.G / dp : 1) * dp; /* the nearest batch that splits */
+    walk(&rs, &m, &k);
+    for (int drop = 0; rs.n_res == 0 && drop < 2; drop++) {
+        int *knob = drop == 0 ? &k.compile : &k.float8;
         if (!*knob) continue;
-        st->refused++;
         size_t used = strlen(st->rule_err);
         snprintf(st->rule_err + used, sizeof st->rule_err - used, "%s%s off: %.150s", used ? "; " : "",
-                 drop == 0 ? "compile" : "float8", err);
+                 drop == 0 ? "compile" : "float8", rs.err);
         *knob = 0;
-        st->evaluated++;
-        rc = plan_eval(s->ctx, &l, s->hw, &st->rule_result, err, sizeof err);
+        walk(&rs, &m, &k);
     }
-    if (rc) {
-        st->refused++;
-        snprintf(st->rule_err, sizeof st->rule_err, "%s", err);
+    int pick = -1;
+    for (int i = 0; i < rs.n_res; i++) {
+        const plan_result *r = &rs.res[i];
+        if (pick < 0) pick = i;
+        else if (r->fits != rs.res[pick].fits) pick = r->fits ? i : pick;
+        else if (r->fits ? r->tokens_per_s_per_gpu > rs.res[pick].tokens_per_s_per_gpu : r->mem_total < rs.res[pick].mem_total)
+            pick = i;
     }
-    st->rule_result.layout = l;
-    st->rule_layout = l;
-    st->rule_evaluated = rc == 0;
-    st->agrees = winner && winner->fits && plan_layout_kind(&winner->layout) == plan_layout_kind(&l);
+    memset(&st->rule_result, 0, sizeof st->rule_result);
+    st->rule_evaluated = pick >= 0;
+    if (pick >= 0) {
+        st->rule_result = rs.res[pick];
+    } else { /* for the text: the rule's layout as it would have been tried */
+        plan_layout l = s->tmpl;
+        l.dp_replicate = m.rep, l.dp_shard = m.shard, l.cp = m.cp, l.tp = m.tp, l.pp = m.pp;
+        snprintf(l.schedule, sizeof l.schedule, "%s", k.schedule);
+        l.float8 = k.float8, l.compile = k.compile, l.async_tp = k.async_tp, l.ac = rl.ac;
+        l.global_batch = rs.G, l.local_batch = rs.G / dp;
+        st->rule_result.layout = l;
+        snprintf(st->rule_err, sizeof st->rule_err, "%s", rs.err);
+    }
+    st->rule_layout = st->rule_result.layout;
+    st->agrees = winner && winner->fits && plan_layout_kind(&winner->layout) == plan_layout_kind(&st->rule_layout);
+    free(rs.res);
 }
 
 int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n,
