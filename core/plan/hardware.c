@@ -39,11 +39,12 @@ typedef struct hw_key {
     const char *section, *key; /* section "": top level */
     int type;
     size_t off;                /* into hw_profile */
-    int pow10;                 /* T_NUM: one unit of the file is 10^pow10 of the struct's */
+    int pow10;                 /* T_NUM: one unit of the file is 10^pow10 of the struct's unit */
     int gib;                   /* T_NUM: one unit of the file is 2^30 bytes */
     double lo, hi;             /* allowed range, in the file's unit */
     int lo_open, hi_open;      /* the bound itself is excluded */
-    int alt;                   /* T_NUM: index of the same value in other units (either one given), -1 none */
+    int alt;                   /* the key that spells the same value in other units (one of the two is
+                                  given); 0: none (K_NAME, key 0, has no other spelling) */
     int optional;
     const char *what;          /* the unit, for errors */
 } hw_key;
@@ -55,34 +56,44 @@ enum {
     K_INTRA_LAT, K_INTER_BW, K_INTER_LAT, K_MATMUL, K_ATTN, K_MEMEFF, K_OVER_GIB, K_OVER_GB, K_SLACK, K_HEADROOM,
     K_N
 };
+/* The common shapes of a key: a rate or size in (0, hi], a latency in [0, hi], a fraction. */
+#define POSITIVE(sec, k, f, p, h, w) {.section = sec, .key = k, .type = T_NUM, .off = f, .pow10 = p, .hi = h, \
+                                      .lo_open = 1, .what = w}
+#define FRACTION(k, f, lo_op, hi_op) {.section = "assumptions", .key = k, .type = T_NUM, .off = OFF(f), .hi = 1, \
+                                      .lo_open = lo_op, .hi_open = hi_op, .what = "a fraction"}
 static const hw_key keys[K_N] = {
-    [K_NAME] = {"", "name", T_STR, OFF(name), 0, 0, 0, 0, 0, 0, -1, 0, "the GPU's name, one line of up to 127 bytes"},
-    [K_SOURCE] = {"", "source", T_STR, OFF(source), 0, 0, 0, 0, 0, 0, -1, 0,
-                  "where the figures come from (document titles and URLs), one line of up to 511 bytes"},
-    [K_GPN] = {"", "gpus_per_node", T_INT, OFF(gpus_per_node), 0, 0, 1, 65536, 0, 0, -1, 0, "GPUs"},
-    [K_CALIBRATED] = {"", "calibrated", T_BOOL, OFF(calibrated), 0, 0, 0, 0, 0, 0, -1, 1, "true or false"},
-    [K_BF16] = {"compute", "bf16_tflops", T_NUM, PEAK(PLAN_BF16), 12, 0, 0, 1e5, 1, 0, -1, 0, "dense TFLOP/s"},
-    [K_FP8] = {"compute", "fp8_tflops", T_NUM, PEAK(PLAN_FP8), 12, 0, 0, 1e5, 1, 0, -1, 0,
-               "dense TFLOP/s (or none: planned at the bf16 rate)"},
-    [K_FP32] = {"compute", "fp32_tflops", T_NUM, PEAK(PLAN_F32), 12, 0, 0, 1e5, 1, 0, -1, 0, "dense TFLOP/s"},
-    [K_MEM_GIB] = {"memory", "size_gib", T_NUM, OFF(mem_bytes), 0, 1, 0, 1e5, 1, 0, K_MEM_GB, 0, "GiB"},
-    [K_MEM_GB] = {"memory", "size_gb", T_NUM, OFF(mem_bytes), 9, 0, 0, 1e5, 1, 0, K_MEM_GIB, 0, "GB"},
-    [K_MEM_BW] = {"memory", "bandwidth_gb_s", T_NUM, OFF(mem_bw), 9, 0, 0, 1e6, 1, 0, -1, 0, "GB/s"},
-    [K_INTRA_BW] = {"intra_node", "bandwidth_gb_s", T_NUM, OFF(intra_bw), 9, 0, 0, 1e6, 1, 0, -1, 0,
-                    "GB/s per GPU, one direction"},
-    [K_INTRA_LAT] = {"intra_node", "latency_us", T_NUM, OFF(intra_lat), -6, 0, 0, 1e6, 0, 0, -1, 0, "microseconds"},
-    [K_INTER_BW] = {"inter_node", "bandwidth_gb_s", T_NUM, OFF(inter_bw), 9, 0, 0, 1e6, 1, 0, -1, 0,
-                    "GB/s per GPU, one direction"},
-    [K_INTER_LAT] = {"inter_node", "latency_us", T_NUM, OFF(inter_lat), -6, 0, 0, 1e6, 0, 0, -1, 0, "microseconds"},
-    [K_MATMUL] = {"assumptions", "matmul_efficiency", T_NUM, OFF(matmul_eff), 0, 0, 0, 1, 1, 0, -1, 0, "a fraction"},
-    [K_ATTN] = {"assumptions", "attention_efficiency", T_NUM, OFF(attn_eff), 0, 0, 0, 1, 1, 0, -1, 0, "a fraction"},
-    [K_MEMEFF] = {"assumptions", "memory_efficiency", T_NUM, OFF(mem_eff), 0, 0, 0, 1, 1, 0, -1, 0, "a fraction"},
-    [K_OVER_GIB] = {"assumptions", "runtime_overhead_gib", T_NUM, OFF(overhead_bytes), 0, 1, 0, 1e5, 0, 0, K_OVER_GB,
-                    0, "GiB"},
-    [K_OVER_GB] = {"assumptions", "runtime_overhead_gb", T_NUM, OFF(overhead_bytes), 9, 0, 0, 1e5, 0, 0, K_OVER_GIB,
-                   0, "GB"},
-    [K_SLACK] = {"assumptions", "allocator_slack", T_NUM, OFF(alloc_frac), 0, 0, 0, 1, 0, 0, -1, 0, "a fraction"},
-    [K_HEADROOM] = {"assumptions", "headroom", T_NUM, OFF(headroom_frac), 0, 0, 0, 1, 0, 1, -1, 0, "a fraction"},
+    [K_NAME] = {.section = "", .key = "name", .type = T_STR, .off = OFF(name),
+                .what = "the GPU's name, one line of up to 127 bytes"},
+    [K_SOURCE] = {.section = "", .key = "source", .type = T_STR, .off = OFF(source),
+                  .what = "where the figures come from (document titles and URLs), one line of up to 511 bytes"},
+    [K_GPN] = {.section = "", .key = "gpus_per_node", .type = T_INT, .off = OFF(gpus_per_node), .lo = 1, .hi = 65536,
+               .what = "GPUs"},
+    [K_CALIBRATED] = {.section = "", .key = "calibrated", .type = T_BOOL, .off = OFF(calibrated), .optional = 1,
+                      .what = "true or false"},
+    [K_BF16] = POSITIVE("compute", "bf16_tflops", PEAK(PLAN_BF16), 12, 1e5, "dense TFLOP/s"),
+    [K_FP8] = POSITIVE("compute", "fp8_tflops", PEAK(PLAN_FP8), 12, 1e5,
+                       "dense TFLOP/s (or none: planned at the bf16 rate)"),
+    [K_FP32] = POSITIVE("compute", "fp32_tflops", PEAK(PLAN_F32), 12, 1e5, "dense TFLOP/s"),
+    [K_MEM_GIB] = {.section = "memory", .key = "size_gib", .type = T_NUM, .off = OFF(mem_bytes), .gib = 1, .hi = 1e5,
+                   .lo_open = 1, .alt = K_MEM_GB, .what = "GiB"},
+    [K_MEM_GB] = {.section = "memory", .key = "size_gb", .type = T_NUM, .off = OFF(mem_bytes), .pow10 = 9, .hi = 1e5,
+                  .lo_open = 1, .alt = K_MEM_GIB, .what = "GB"},
+    [K_MEM_BW] = POSITIVE("memory", "bandwidth_gb_s", OFF(mem_bw), 9, 1e6, "GB/s"),
+    [K_INTRA_BW] = POSITIVE("intra_node", "bandwidth_gb_s", OFF(intra_bw), 9, 1e6, "GB/s per GPU, one direction"),
+    [K_INTRA_LAT] = {.section = "intra_node", .key = "latency_us", .type = T_NUM, .off = OFF(intra_lat), .pow10 = -6,
+                     .hi = 1e6, .what = "microseconds"},
+    [K_INTER_BW] = POSITIVE("inter_node", "bandwidth_gb_s", OFF(inter_bw), 9, 1e6, "GB/s per GPU, one direction"),
+    [K_INTER_LAT] = {.section = "inter_node", .key = "latency_us", .type = T_NUM, .off = OFF(inter_lat), .pow10 = -6,
+                     .hi = 1e6, .what = "microseconds"},
+    [K_MATMUL] = FRACTION("matmul_efficiency", matmul_eff, 1, 0),
+    [K_ATTN] = FRACTION("attention_efficiency", attn_eff, 1, 0),
+    [K_MEMEFF] = FRACTION("memory_efficiency", mem_eff, 1, 0),
+    [K_OVER_GIB] = {.section = "assumptions", .key = "runtime_overhead_gib", .type = T_NUM, .off = OFF(overhead_bytes),
+                    .gib = 1, .hi = 1e5, .alt = K_OVER_GB, .what = "GiB"},
+    [K_OVER_GB] = {.section = "assumptions", .key = "runtime_overhead_gb", .type = T_NUM, .off = OFF(overhead_bytes),
+                   .pow10 = 9, .hi = 1e5, .alt = K_OVER_GIB, .what = "GB"},
+    [K_SLACK] = FRACTION("allocator_slack", alloc_frac, 0, 0),
+    [K_HEADROOM] = FRACTION("headroom", headroom_frac, 0, 1),
 };
 /* The sections, in the order the writer prints them; "measured" is read on its own. */
 static const char *const sections[] = {"compute", "memory", "intra_node", "inter_node", "assumptions"};
@@ -341,7 +352,7 @@ static int read_map(reader *r, const yaml_node_t *map, const char *section) {
         while (ki < K_N && (strcmp(keys[ki].section, section) || strcmp(keys[ki].key, name))) ki++;
         if (ki < K_N) {
             if (r->line[ki]) return fail_at(r, line, dotted, "duplicate key (first given at line %d)", r->line[ki]);
-            if (keys[ki].alt >= 0 && r->line[keys[ki].alt])
+            if (keys[ki].alt && r->line[keys[ki].alt])
                 return fail_at(r, line, dotted, "given with %s.%s at line %d; give one of the two", section,
                                keys[keys[ki].alt].key, r->line[keys[ki].alt]);
             r->line[ki] = line;
@@ -377,12 +388,12 @@ static int check_complete(reader *r) {
     }
     for (int ki = 0; ki < K_N; ki++) {
         const hw_key *k = &keys[ki];
-        if (r->line[ki] || k->optional || (k->alt >= 0 && (r->line[k->alt] || k->alt < ki))) continue;
+        if (r->line[ki] || k->optional || (k->alt && (r->line[k->alt] || k->alt < ki))) continue;
         int si = section_index(k->section), line = si >= 0 ? r->section_line[si] : 1;
         char expect[160], dotted[96];
         expect_text(k, expect, sizeof expect);
         snprintf(dotted, sizeof dotted, "%s%s%s", k->section, *k->section ? "." : "", k->key);
-        if (k->alt >= 0)
+        if (k->alt)
             return fail_at(r, line, dotted, "missing (or %s.%s in %s); expected %s", k->section, keys[k->alt].key,
                            keys[k->alt].what, expect);
         return fail_at(r, line, dotted, "missing; expected %s", expect);
@@ -393,7 +404,7 @@ static int check_complete(reader *r) {
         char dotted[96];
         snprintf(dotted, sizeof dotted, "assumptions.%s", keys[ki].key);
         return fail_at(r, r->line[ki], dotted, "the runtime overhead is not less than the memory; expected less than "
-                       "memory.size");
+                       "memory.size_gib");
     }
     return 0;
 }
@@ -468,8 +479,8 @@ static int grow(entry_line **lines, int n, int *cap) {
     return 0;
 }
 
-/* One map of keys named in `names`: each value node, or NULL for a key not given; -1 for an unknown
- * or repeated key. */
+/* One map holding each key of `names` once, their value nodes into `values`; -1 for a key that is
+ * unknown, repeated or missing. */
 static int item_keys(reader *r, const yaml_node_t *item, const char *where, const char *const *names, int n,
                      const yaml_node_t **values) {
     char known[128];
@@ -513,7 +524,8 @@ static int read_op(reader *r, const yaml_node_t *item, int index) {
 }
 
 static int read_comm(reader *r, const yaml_node_t *item, int index) {
-    char where[48], d[4][80], known[96];
+    char where[48], d[4][80];
+    const char *known = "a whole number of ranks in [1, 1048576]";
     const yaml_node_t *v[4];
     const char *names[N_COMM_NAMES];
     snprintf(where, sizeof where, "measured.comms[%d]", index);
@@ -528,7 +540,6 @@ static int read_comm(reader *r, const yaml_node_t *item, int index) {
     int which;
     if (read_choice(r, v[0], d[0], names, N_COMM_NAMES, &which)) return -1;
     e->comm.kind = comm_names[which].kind;
-    snprintf(known, sizeof known, "a whole number of ranks in [1, 1048576]");
     const char *s = scalar(r, v[1], d[1], known);
     int64_t ranks;
     if (!s) return -1;
@@ -872,7 +883,7 @@ void hw_profile_free(hw_profile *hw) {
 
 /* The text of a measurement (seconds, bytes) that reads back as exactly x. */
 static void format_plain(double x, char *buf, size_t len) {
-    static const hw_key plain = {"", "", T_NUM, 0, 0, 0, 0, 0, 0, 0, -1, 0, ""};
+    static const hw_key plain = {.section = "", .key = "", .type = T_NUM, .what = ""};
     format_key_value(&plain, x, buf, len);
 }
 
@@ -883,7 +894,7 @@ static const char *comm_name(int kind) {
 }
 
 /* The keys the writer prints: of two spellings of one value, the first. */
-static int writes_key(int ki) { return keys[ki].alt < 0 || keys[ki].alt > ki; }
+static int writes_key(int ki) { return !keys[ki].alt || keys[ki].alt > ki; }
 
 /* What hw_profile_load would refuse, refused before writing, so that what is written reads back. */
 static int check_fields(const hw_profile *hw, const char *path, char *err, size_t errlen) {

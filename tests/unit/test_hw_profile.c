@@ -361,6 +361,14 @@ static void test_bad_structure_names_line_and_key(void **state) {
     refused(28, "    - {kind: all_gather, ranks: 8, bytes: 1048576, seconds: 2e-5}\n---\nname: again",
             "29: a second YAML document");
     refused(5, "  bf16_tflops: [1", "6:13: YAML syntax error: did not find expected ',' or ']'");
+    refused(1, "name: [[[[[[[[[[x]]]]]]]]]]", "1: maps and lists nested deeper than a profile's keys go");
+    char *big = malloc((4 << 20) + 2); /* past the size limit: refused before it is parsed */
+    memset(big, '#', (4 << 20) + 1);
+    big[(4 << 20) + 1] = 0;
+    write_text(path, big);
+    free(big);
+    assert_int_equal(hw_profile_load(path, &hw, err, sizeof err), -1);
+    assert_non_null(strstr(err, "case.yaml:1: the file is larger than 4 MiB"));
     write_text(path, "");
     assert_int_equal(hw_profile_load(path, &hw, err, sizeof err), -1);
     assert_non_null(strstr(err, "case.yaml:1: expected a hardware profile"));
