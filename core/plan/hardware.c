@@ -434,7 +434,8 @@ static int read_measure(reader *r, const yaml_node_t *v, const char *dotted, int
     snprintf(expect, sizeof expect, "%s in %c0, %g]", unit, zero_ok ? '[' : '(', hi);
     const char *s = scalar(r, v, dotted, expect);
     if (!s) return -1;
-    if (parse_scaled(s, 0, out)) return fail_at(r, node_line(v), dotted, "'%.40s' is not a number; expected %s", s, expect);
+    if (parse_scaled(s, 0, out))
+        return fail_at(r, node_line(v), dotted, "'%.40s' is not a number; expected %s", s, expect);
     if (!(zero_ok ? *out >= 0 : *out > 0) || *out > hi)
         return fail_at(r, node_line(v), dotted, "%s is out of range; expected %s", s, expect);
     return 0;
@@ -508,7 +509,8 @@ static int read_op(reader *r, const yaml_node_t *item, int index) {
     snprintf(where, sizeof where, "measured.ops[%d]", index);
     if (item_keys(r, item, where, op_keys, 5, v)) return -1;
     for (int i = 0; i < 5; i++) snprintf(d[i], sizeof d[i], "%s.%s", where, op_keys[i]);
-    if (r->n_ops >= HW_MAX_ENTRIES) return fail_at(r, node_line(item), where, "more than %d measured ops", HW_MAX_ENTRIES);
+    if (r->n_ops >= HW_MAX_ENTRIES)
+        return fail_at(r, node_line(item), where, "more than %d measured ops", HW_MAX_ENTRIES);
     if (grow(&r->op_lines, r->n_ops, &r->cap_ops)) return fail_at(r, node_line(item), where, "out of memory");
     entry_line *e = &r->op_lines[r->n_ops];
     memset(e, 0, sizeof *e);
@@ -654,7 +656,8 @@ static unsigned char *read_file(const char *path, size_t *n, char *err, size_t e
     size_t got = buf ? fread(buf, 1, HW_MAX_BYTES + 1, f) : 0;
     int bad = !buf || ferror(f);
     fclose(f);
-    if (bad) ct_errf(err, errlen, "%s: cannot read hardware profile: %s", path, buf ? strerror(errno) : "out of memory");
+    if (bad)
+        ct_errf(err, errlen, "%s: cannot read hardware profile: %s", path, buf ? strerror(errno) : "out of memory");
     else if (got > HW_MAX_BYTES) ct_errf(err, errlen, "%s:1: the file is larger than %d MiB", path, HW_MAX_BYTES >> 20);
     if (bad || got > HW_MAX_BYTES) {
         free(buf);
@@ -689,13 +692,15 @@ static int check_events(const char *path, const unsigned char *buf, size_t n, ch
         int line = (int)e.start_mark.line + 1, done = e.type == YAML_STREAM_END_EVENT;
         int anchor = (e.type == YAML_SCALAR_EVENT && e.data.scalar.anchor) ||
                      (e.type == YAML_MAPPING_START_EVENT && e.data.mapping_start.anchor) ||
-                     (e.type == YAML_SEQUENCE_START_EVENT && e.data.sequence_start.anchor) || e.type == YAML_ALIAS_EVENT;
+                     (e.type == YAML_SEQUENCE_START_EVENT && e.data.sequence_start.anchor) ||
+                     e.type == YAML_ALIAS_EVENT;
         depth += e.type == YAML_MAPPING_START_EVENT || e.type == YAML_SEQUENCE_START_EVENT;
         depth -= e.type == YAML_MAPPING_END_EVENT || e.type == YAML_SEQUENCE_END_EVENT;
         docs += e.type == YAML_DOCUMENT_START_EVENT;
         yaml_event_delete(&e);
         if (docs > 1) ct_errf(err, errlen, "%s:%d: a second YAML document starts here; a profile is one", path, line);
-        else if (anchor) ct_errf(err, errlen, "%s:%d: an anchor or alias (&name, *name); a profile has none", path, line);
+        else if (anchor)
+            ct_errf(err, errlen, "%s:%d: an anchor or alias (&name, *name); a profile has none", path, line);
         else if (depth > HW_MAX_DEPTH)
             ct_errf(err, errlen, "%s:%d: maps and lists nested deeper than a profile's keys go", path, line);
         else if (done) rc = 0;
@@ -838,7 +843,8 @@ static int resolve(const char *name_or_path, char *path, size_t len, char *err, 
             snprintf(path, len, "%s", found);
             return 0;
         }
-        if (used < sizeof looked) used += (size_t)snprintf(looked + used, sizeof looked - used, "%s%s", d ? ", " : "", dirs[d]);
+        if (used < sizeof looked)
+            used += (size_t)snprintf(looked + used, sizeof looked - used, "%s%s", d ? ", " : "", dirs[d]);
     }
     hw_profile_list(known, sizeof known);
     if (!n_dirs)
