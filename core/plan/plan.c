@@ -407,22 +407,6 @@ int plan_trace_layout(plan_ctx *c, const plan_layout *l, plan_trace *t, char *er
     return bad ? -1 : 0;
 }
 
-/* TEMPORARY until hardware.c lands: weak lookups it replaces. */
-__attribute__((weak)) double hw_measured_op(const hw_profile *hw, int kind, const int64_t shape[4], int dtype, int backward) {
-    for (int i = 0; i < hw->n_ops; i++) {
-        const plan_measured_op *o = &hw->ops[i];
-        if (o->kind == kind && o->dtype == dtype && !memcmp(o->shape, shape, sizeof o->shape)) return o->seconds[backward];
-    }
-    return -1;
-}
-__attribute__((weak)) double hw_measured_comm(const hw_profile *hw, int kind, int ranks, double bytes) { (void)hw,(void)kind,(void)ranks,(void)bytes; return -1; }
-
-__attribute__((weak)) int hw_profile_load(const char *name_or_path, hw_profile *hw, char *err, size_t errlen) {
-    (void)hw;
-    snprintf(err, errlen, "%s: hardware profiles are not built yet", name_or_path);
-    return -1;
-}
-__attribute__((weak)) void hw_profile_free(hw_profile *hw) { (void)hw; }
 __attribute__((weak)) void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
     fprintf(f, "plan: %.3f GiB, step %.4f s (%s)\n", r->mem_total / 1073741824.0, r->step_time, hw ? hw->name : "no hw");
 }
