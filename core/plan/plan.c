@@ -613,7 +613,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     double strat_mem[2][8] = {{0}};
     plan_comm_line fsdp_lines[2][8];
     memset(fsdp_lines, 0, sizeof fsdp_lines);
-    double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, step_comm = 0, step_comm_overlap = 0;
+    double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, unit_block = 0, step_comm = 0, step_comm_overlap = 0;
     int nu_c = nu < 1024 ? nu : 1024;
     for (int k = 0; k < r.n; k++) {
         for (int i = 0; i < 512; i++) comms[i] = (ct_comm_cost){.struct_size = sizeof(ct_comm_cost)};
@@ -632,7 +632,9 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
             int inter = axis_inter_node(l, hw, cc->axis, gpn);
             double s = comm_seconds(hw, cc->kind, r.mesh.degree[cc->axis], cc->bytes, inter);
             double total = s * cc->count;
-            if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP) {
+            if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP && !cc->overlapped) {
+                unit_block += total; /* blocking: the unit waits for it */
+            } else if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP) {
                 if (cc->phase == CT_PHASE_FORWARD) unit_comm_f[cc->unit] += total;
                 else unit_comm_b[cc->unit] += total;
             } else if (cc->overlapped) {
@@ -647,6 +649,8 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
                 cl->bytes += cc->bytes * cc->count;
                 cl->count += cc->count;
                 cl->seconds += total;
+                if (!cc->overlapped) cl->exposed += total;
+                else cl->hidden_candidate += total; /* its exposed share is set once the overlap is known */
             }
         }
     }
@@ -720,13 +724,19 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         step = (F[0] + BI[0] + BW[0] + RE[0] + TPX[0]) * accum;
         res->inflight_microbatches = 1;
     }
-    step += (exposed_f + exposed_b) * n_micro * accum;
+    step += (exposed_f + exposed_b) * n_micro * accum + unit_block;
     /* the step's own collectives: DDP / HSDP all-reduces overlap the backward when the strategy says so */
     double back = (BI[slowest] + BW[slowest] + RE[slowest]) * n_micro * accum;
     double ovl_exposed = fmax(0, step_comm_overlap - back);
     step += step_comm + ovl_exposed;
-    res->t_comm_exposed = (exposed_f + exposed_b) * n_micro * accum + step_comm + ovl_exposed;
+    res->t_comm_exposed = (exposed_f + exposed_b) * n_micro * accum + unit_block + step_comm + ovl_exposed;
     res->t_comm_hidden += hidden * n_micro * accum + step_comm_overlap - ovl_exposed;
+    {
+        double ovl = 0, shown = (exposed_f + exposed_b) * n_micro * accum + ovl_exposed;
+        for (int i = 0; i < res->n_comms; i++) ovl += res->comms[i].hidden_candidate;
+        for (int i = 0; i < res->n_comms; i++) /* the overlapped ones show in proportion */
+            if (ovl > 0) res->comms[i].exposed += res->comms[i].hidden_candidate * fmin(1.0, shown / ovl);
+    }
     for (int pr = 0; pr < 1; pr++) res->t_comm_exposed += TPX[pr] * n_micro * accum;
     /* the optimizer: its plan_step per slot, or the assumed traffic */
     double opt_s = 0, opt_bytes = 0;
