@@ -200,6 +200,7 @@ typedef struct plan_run {
     pipeline pl;
     int pl_ready;
     plan_trace_state ts;
+    ct_strategy_env env;
     char note[512];
 } plan_run;
 
@@ -259,6 +260,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
     int fp8_ag = 0;
     mf_get_bool(c->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
     env.fp8_all_gather = l->float8 && fp8_ag;
+    r->env = env;
     runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL};
     for (int k = 0; k < 2; k++) {
         if (!names[k]) continue;
@@ -561,6 +563,61 @@ out:
     return peak;
 }
 
+/* The strategies' report for pp rank `pr`: fresh planning instances on that rank's coordinates,
+ * placing only its stages' units (the others' slots CT_PLACE_NONE), with the float8 decisions the
+ * trace made. pp 1 asks the trace's own instances. mem: [strategy][category]. */
+static int stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, int n_micro, double mem[2][8],
+                        ct_comm_cost *comms, int *n_comms, int max_comms, char *err, size_t errlen) {
+    plan_run q;
+    memset(&q, 0, sizeof q);
+    plan_run *use = r;
+    int bad = 0;
+    *n_comms = 0;
+    if (l->pp > 1) {
+        q.mesh = r->mesh;
+        q.mesh.coord[CT_AXIS_PP] = pr;
+        ct_strategy_env env = r->env;
+        env.mesh = &q.mesh;
+        runtime_dist dist = {NULL, NULL, &q.mesh, {0}, {0}, 0, r->pl.unit_rank};
+        for (int k = 0; k < r->n && !bad; k++) {
+            ct_clear_error();
+            if (r->api[k]->create(&r->plug[k]->host, &env, &q.inst[k]) != CT_OK) {
+                bad = fail(err, errlen, r->names[k]);
+                break;
+            }
+            q.api[k] = r->api[k];
+            q.names[k] = r->names[k];
+            q.n = k + 1;
+            dist.st[dist.n_st] = q.api[k];
+            dist.strat[dist.n_st++] = q.inst[k];
+        }
+        if (!bad) {
+            q.rt_ready = 1;
+            bad = runtime_plan(&q.rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, err, errlen);
+        }
+        for (int i = 0; !bad && i < q.rt.n_params && i < r->rt.n_params; i++)
+            q.rt.params[i]->t.flags |= r->rt.params[i]->t.flags & (CT_TENSOR_QUANT_DECIDED | CT_TENSOR_QUANTIZED);
+        use = &q;
+    }
+    for (int k = 0; k < use->n && !bad; k++) {
+        ct_comm_cost *at = comms + *n_comms;
+        int room = max_comms - *n_comms;
+        for (int i = 0; i < room; i++) at[i] = (ct_comm_cost){.struct_size = sizeof(ct_comm_cost)};
+        ct_strategy_report rep = {sizeof rep, {0}, at, room, 0};
+        ct_clear_error();
+        if (use->api[k]->report(use->inst[k], n_micro, &rep) != CT_OK) {
+            bad = fail(err, errlen, use->names[k]);
+            break;
+        }
+        for (int m = 0; m < 8; m++) mem[k][m] = (double)rep.mem_bytes[m];
+        int nc = rep.n_comms < room ? rep.n_comms : room;
+        for (int i = 0; i < nc; i++) at[i].struct_size = (size_t)k; /* which strategy: the caller's to read */
+        *n_comms += nc;
+    }
+    if (use == &q) run_free(&q);
+    return bad ? -1 : 0;
+}
+
 /* ---- the evaluation ---- */
 
 static double align64d(double b) { return ceil(b / 64.0) * 64.0; }
@@ -608,27 +665,25 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         int pr = unit_rank ? unit_rank[sl->unit] : 0;
         if (pr < npr) local_bytes[pr] += align64d((double)sl->local_numel * 4.0);
     }
-    /* the strategies' own buffers and collectives */
-    ct_comm_cost comms[512];
-    double strat_mem[2][8] = {{0}};
-    plan_comm_line fsdp_lines[2][8];
-    memset(fsdp_lines, 0, sizeof fsdp_lines);
+    /* the strategies' own buffers and collectives: per pp rank (first, a middle one, last) */
+    static ct_comm_cost comms[1024];
+    double strat_mem[64][2][8];
+    memset(strat_mem, 0, sizeof strat_mem);
     double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, unit_block = 0, step_comm = 0, step_comm_overlap = 0;
     int nu_c = nu < 1024 ? nu : 1024;
-    for (int k = 0; k < r.n; k++) {
-        for (int i = 0; i < 512; i++) comms[i] = (ct_comm_cost){.struct_size = sizeof(ct_comm_cost)};
-        ct_strategy_report rep = {sizeof rep, {0}, comms, 512, 0};
-        ct_clear_error();
-        if (r.api[k]->report(r.inst[k], n_micro * accum, &rep) != CT_OK) {
-            bad = fail(err, errlen, r.names[k]);
+    int probe[3] = {0, npr > 2 ? 1 : 0, npr - 1};
+    for (int j = 2; j >= 0; j--) { /* rank 0's comms last: they stay in `comms` */
+        int nc = 0;
+        if (j < 2 && probe[j] == probe[j + 1] && j != 0) continue;
+        if (stage_report(c, l, &r, probe[j], n_micro * accum, strat_mem[probe[j]], comms, &nc, 1024, err, errlen)) {
+            bad = -1;
             goto done;
         }
-        for (int m = 0; m < 8; m++) strat_mem[k][m] = (double)rep.mem_bytes[m];
-        int nc = rep.n_comms < 512 ? rep.n_comms : 512;
+        if (j > 0) continue;
         for (int i = 0; i < nc; i++) {
             const ct_comm_cost *cc = &comms[i];
+            int k = (int)cc->struct_size;
             if ((unsigned)cc->axis >= CT_MESH_NAXES) continue;
-            if (unit_rank && cc->unit >= 0 && cc->unit < nu && unit_rank[cc->unit] != 0) continue; /* rank 0's stage */
             int inter = axis_inter_node(l, hw, cc->axis, gpn);
             double s = comm_seconds(hw, cc->kind, r.mesh.degree[cc->axis], cc->bytes, inter);
             double total = s * cc->count;
@@ -654,6 +709,8 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
             }
         }
     }
+    for (int pr = 0; pr < npr; pr++) /* the stages in between are like the middle one */
+        if (pr != probe[0] && pr != probe[1] && pr != probe[2]) memcpy(strat_mem[pr], strat_mem[probe[1]], sizeof strat_mem[pr]);
 
     /* time per unit and per microbatch */
     unit_time *ut = calloc((size_t)nu, sizeof *ut);
@@ -781,13 +838,13 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         m[PLAN_MEM_OPTIMIZER] = (double)c->s.n_state * local_bytes[pr];
         m[PLAN_MEM_MASTER] = master[pr];
         for (int k = 0; k < r.n; k++) {
+            const double *sm = strat_mem[pr][k];
             int is_tp = l->tp > 1 && k == 0;
-            double own = strat_mem[k][CT_MEM_COMM] + strat_mem[k][CT_MEM_OTHER] + strat_mem[k][CT_MEM_ACTIVATIONS];
-            m[is_tp ? PLAN_MEM_TP_BUFFERS : PLAN_MEM_FSDP_BUFFERS] += own;
-            m[PLAN_MEM_PARAMS] += strat_mem[k][CT_MEM_PARAMS];
-            m[PLAN_MEM_GRADS] += strat_mem[k][CT_MEM_GRADS];
-            m[PLAN_MEM_OPTIMIZER] += strat_mem[k][CT_MEM_OPTIMIZER];
-            m[PLAN_MEM_MASTER] += strat_mem[k][CT_MEM_MASTER];
+            m[is_tp ? PLAN_MEM_TP_BUFFERS : PLAN_MEM_FSDP_BUFFERS] += sm[CT_MEM_COMM] + sm[CT_MEM_OTHER] + sm[CT_MEM_ACTIVATIONS];
+            m[PLAN_MEM_PARAMS] += sm[CT_MEM_PARAMS];
+            m[PLAN_MEM_GRADS] += sm[CT_MEM_GRADS];
+            m[PLAN_MEM_OPTIMIZER] += sm[CT_MEM_OPTIMIZER];
+            m[PLAN_MEM_MASTER] += sm[CT_MEM_MASTER];
         }
         /* activations: the tape's arenas; under pp each microbatch in flight keeps its own */
         double saved = 0, boundary = 0, peak_fwd = 0, peak_bwd = 0, logits = 0, grads_peak = 0, scratch = 0;
