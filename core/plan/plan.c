@@ -200,6 +200,7 @@ typedef struct plan_run {
     pipeline pl;
     int pl_ready;
     plan_trace_state ts;
+    ct_strategy_env env;
     char note[512];
 } plan_run;
 
@@ -259,6 +260,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
     int fp8_ag = 0;
     mf_get_bool(c->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
     env.fp8_all_gather = l->float8 && fp8_ag;
+    r->env = env;
     runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL};
     for (int k = 0; k < 2; k++) {
         if (!names[k]) continue;
@@ -407,22 +409,6 @@ int plan_trace_layout(plan_ctx *c, const plan_layout *l, plan_trace *t, char *er
     return bad ? -1 : 0;
 }
 
-/* TEMPORARY until hardware.c lands: weak lookups it replaces. */
-__attribute__((weak)) double hw_measured_op(const hw_profile *hw, int kind, const int64_t shape[4], int dtype, int backward) {
-    for (int i = 0; i < hw->n_ops; i++) {
-        const plan_measured_op *o = &hw->ops[i];
-        if (o->kind == kind && o->dtype == dtype && !memcmp(o->shape, shape, sizeof o->shape)) return o->seconds[backward];
-    }
-    return -1;
-}
-__attribute__((weak)) double hw_measured_comm(const hw_profile *hw, int kind, int ranks, double bytes) { (void)hw,(void)kind,(void)ranks,(void)bytes; return -1; }
-
-__attribute__((weak)) int hw_profile_load(const char *name_or_path, hw_profile *hw, char *err, size_t errlen) {
-    (void)hw;
-    snprintf(err, errlen, "%s: hardware profiles are not built yet", name_or_path);
-    return -1;
-}
-__attribute__((weak)) void hw_profile_free(hw_profile *hw) { (void)hw; }
 __attribute__((weak)) void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
     fprintf(f, "plan: %.3f GiB, step %.4f s (%s)\n", r->mem_total / 1073741824.0, r->step_time, hw ? hw->name : "no hw");
 }
@@ -577,6 +563,61 @@ out:
     return peak;
 }
 
+/* The strategies' report for pp rank `pr`: fresh planning instances on that rank's coordinates,
+ * placing only its stages' units (the others' slots CT_PLACE_NONE), with the float8 decisions the
+ * trace made. pp 1 asks the trace's own instances. mem: [strategy][category]. */
+static int stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, int n_micro, double mem[2][8],
+                        ct_comm_cost *comms, int *n_comms, int max_comms, char *err, size_t errlen) {
+    plan_run q;
+    memset(&q, 0, sizeof q);
+    plan_run *use = r;
+    int bad = 0;
+    *n_comms = 0;
+    if (l->pp > 1) {
+        q.mesh = r->mesh;
+        q.mesh.coord[CT_AXIS_PP] = pr;
+        ct_strategy_env env = r->env;
+        env.mesh = &q.mesh;
+        runtime_dist dist = {NULL, NULL, &q.mesh, {0}, {0}, 0, r->pl.unit_rank};
+        for (int k = 0; k < r->n && !bad; k++) {
+            ct_clear_error();
+            if (r->api[k]->create(&r->plug[k]->host, &env, &q.inst[k]) != CT_OK) {
+                bad = fail(err, errlen, r->names[k]);
+                break;
+            }
+            q.api[k] = r->api[k];
+            q.names[k] = r->names[k];
+            q.n = k + 1;
+            dist.st[dist.n_st] = q.api[k];
+            dist.strat[dist.n_st++] = q.inst[k];
+        }
+        if (!bad) {
+            q.rt_ready = 1;
+            bad = runtime_plan(&q.rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, err, errlen);
+        }
+        for (int i = 0; !bad && i < q.rt.n_params && i < r->rt.n_params; i++)
+            q.rt.params[i]->t.flags |= r->rt.params[i]->t.flags & (CT_TENSOR_QUANT_DECIDED | CT_TENSOR_QUANTIZED);
+        use = &q;
+    }
+    for (int k = 0; k < use->n && !bad; k++) {
+        ct_comm_cost *at = comms + *n_comms;
+        int room = max_comms - *n_comms;
+        for (int i = 0; i < room; i++) at[i] = (ct_comm_cost){.struct_size = sizeof(ct_comm_cost)};
+        ct_strategy_report rep = {sizeof rep, {0}, at, room, 0};
+        ct_clear_error();
+        if (use->api[k]->report(use->inst[k], n_micro, &rep) != CT_OK) {
+            bad = fail(err, errlen, use->names[k]);
+            break;
+        }
+        for (int m = 0; m < 8; m++) mem[k][m] = (double)rep.mem_bytes[m];
+        int nc = rep.n_comms < room ? rep.n_comms : room;
+        for (int i = 0; i < nc; i++) at[i].struct_size = (size_t)k; /* which strategy: the caller's to read */
+        *n_comms += nc;
+    }
+    if (use == &q) run_free(&q);
+    return bad ? -1 : 0;
+}
+
 /* ---- the evaluation ---- */
 
 static double align64d(double b) { return ceil(b / 64.0) * 64.0; }
@@ -624,31 +665,31 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         int pr = unit_rank ? unit_rank[sl->unit] : 0;
         if (pr < npr) local_bytes[pr] += align64d((double)sl->local_numel * 4.0);
     }
-    /* the strategies' own buffers and collectives */
-    ct_comm_cost comms[512];
-    double strat_mem[2][8] = {{0}};
-    plan_comm_line fsdp_lines[2][8];
-    memset(fsdp_lines, 0, sizeof fsdp_lines);
-    double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, step_comm = 0, step_comm_overlap = 0;
+    /* the strategies' own buffers and collectives: per pp rank (first, a middle one, last) */
+    static ct_comm_cost comms[1024];
+    double strat_mem[64][2][8];
+    memset(strat_mem, 0, sizeof strat_mem);
+    double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, unit_block = 0, step_comm = 0, step_comm_overlap = 0;
     int nu_c = nu < 1024 ? nu : 1024;
-    for (int k = 0; k < r.n; k++) {
-        for (int i = 0; i < 512; i++) comms[i] = (ct_comm_cost){.struct_size = sizeof(ct_comm_cost)};
-        ct_strategy_report rep = {sizeof rep, {0}, comms, 512, 0};
-        ct_clear_error();
-        if (r.api[k]->report(r.inst[k], n_micro * accum, &rep) != CT_OK) {
-            bad = fail(err, errlen, r.names[k]);
+    int probe[3] = {0, npr > 2 ? 1 : 0, npr - 1};
+    for (int j = 2; j >= 0; j--) { /* rank 0's comms last: they stay in `comms` */
+        int nc = 0;
+        if (j < 2 && probe[j] == probe[j + 1] && j != 0) continue;
+        if (stage_report(c, l, &r, probe[j], n_micro * accum, strat_mem[probe[j]], comms, &nc, 1024, err, errlen)) {
+            bad = -1;
             goto done;
         }
-        for (int m = 0; m < 8; m++) strat_mem[k][m] = (double)rep.mem_bytes[m];
-        int nc = rep.n_comms < 512 ? rep.n_comms : 512;
+        if (j > 0) continue;
         for (int i = 0; i < nc; i++) {
             const ct_comm_cost *cc = &comms[i];
+            int k = (int)cc->struct_size;
             if ((unsigned)cc->axis >= CT_MESH_NAXES) continue;
-            if (unit_rank && cc->unit >= 0 && cc->unit < nu && unit_rank[cc->unit] != 0) continue; /* rank 0's stage */
             int inter = axis_inter_node(l, hw, cc->axis, gpn);
             double s = comm_seconds(hw, cc->kind, r.mesh.degree[cc->axis], cc->bytes, inter);
             double total = s * cc->count;
-            if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP) {
+            if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP && !cc->overlapped) {
+                unit_block += total; /* blocking: the unit waits for it */
+            } else if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP) {
                 if (cc->phase == CT_PHASE_FORWARD) unit_comm_f[cc->unit] += total;
                 else unit_comm_b[cc->unit] += total;
             } else if (cc->overlapped) {
@@ -663,9 +704,13 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
                 cl->bytes += cc->bytes * cc->count;
                 cl->count += cc->count;
                 cl->seconds += total;
+                if (!cc->overlapped) cl->exposed += total;
+                else cl->hidden_candidate += total; /* its exposed share is set once the overlap is known */
             }
         }
     }
+    for (int pr = 0; pr < npr; pr++) /* the stages in between are like the middle one */
+        if (pr != probe[0] && pr != probe[1] && pr != probe[2]) memcpy(strat_mem[pr], strat_mem[probe[1]], sizeof strat_mem[pr]);
 
     /* time per unit and per microbatch */
     unit_time *ut = calloc((size_t)nu, sizeof *ut);
@@ -736,13 +781,19 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         step = (F[0] + BI[0] + BW[0] + RE[0] + TPX[0]) * accum;
         res->inflight_microbatches = 1;
     }
-    step += (exposed_f + exposed_b) * n_micro * accum;
+    step += (exposed_f + exposed_b) * n_micro * accum + unit_block;
     /* the step's own collectives: DDP / HSDP all-reduces overlap the backward when the strategy says so */
     double back = (BI[slowest] + BW[slowest] + RE[slowest]) * n_micro * accum;
     double ovl_exposed = fmax(0, step_comm_overlap - back);
     step += step_comm + ovl_exposed;
-    res->t_comm_exposed = (exposed_f + exposed_b) * n_micro * accum + step_comm + ovl_exposed;
+    res->t_comm_exposed = (exposed_f + exposed_b) * n_micro * accum + unit_block + step_comm + ovl_exposed;
     res->t_comm_hidden += hidden * n_micro * accum + step_comm_overlap - ovl_exposed;
+    {
+        double ovl = 0, shown = (exposed_f + exposed_b) * n_micro * accum + ovl_exposed;
+        for (int i = 0; i < res->n_comms; i++) ovl += res->comms[i].hidden_candidate;
+        for (int i = 0; i < res->n_comms; i++) /* the overlapped ones show in proportion */
+            if (ovl > 0) res->comms[i].exposed += res->comms[i].hidden_candidate * fmin(1.0, shown / ovl);
+    }
     for (int pr = 0; pr < 1; pr++) res->t_comm_exposed += TPX[pr] * n_micro * accum;
     /* the optimizer: its plan_step per slot, or the assumed traffic */
     double opt_s = 0, opt_bytes = 0;
@@ -787,13 +838,13 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         m[PLAN_MEM_OPTIMIZER] = (double)c->s.n_state * local_bytes[pr];
         m[PLAN_MEM_MASTER] = master[pr];
         for (int k = 0; k < r.n; k++) {
+            const double *sm = strat_mem[pr][k];
             int is_tp = l->tp > 1 && k == 0;
-            double own = strat_mem[k][CT_MEM_COMM] + strat_mem[k][CT_MEM_OTHER] + strat_mem[k][CT_MEM_ACTIVATIONS];
-            m[is_tp ? PLAN_MEM_TP_BUFFERS : PLAN_MEM_FSDP_BUFFERS] += own;
-            m[PLAN_MEM_PARAMS] += strat_mem[k][CT_MEM_PARAMS];
-            m[PLAN_MEM_GRADS] += strat_mem[k][CT_MEM_GRADS];
-            m[PLAN_MEM_OPTIMIZER] += strat_mem[k][CT_MEM_OPTIMIZER];
-            m[PLAN_MEM_MASTER] += strat_mem[k][CT_MEM_MASTER];
+            m[is_tp ? PLAN_MEM_TP_BUFFERS : PLAN_MEM_FSDP_BUFFERS] += sm[CT_MEM_COMM] + sm[CT_MEM_OTHER] + sm[CT_MEM_ACTIVATIONS];
+            m[PLAN_MEM_PARAMS] += sm[CT_MEM_PARAMS];
+            m[PLAN_MEM_GRADS] += sm[CT_MEM_GRADS];
+            m[PLAN_MEM_OPTIMIZER] += sm[CT_MEM_OPTIMIZER];
+            m[PLAN_MEM_MASTER] += sm[CT_MEM_MASTER];
         }
         /* activations: the tape's arenas; under pp each microbatch in flight keeps its own */
         double saved = 0, boundary = 0, peak_fwd = 0, peak_bwd = 0, logits = 0, grads_peak = 0, scratch = 0;

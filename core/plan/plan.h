@@ -182,6 +182,7 @@ typedef struct plan_comm_line {
     int axis, kind;
     double bytes, count, seconds, exposed;
     int inter_node;
+    double hidden_candidate; /* the evaluation's own: overlapped seconds before the overlap is known */
 } plan_comm_line;
 
 typedef struct plan_result {
