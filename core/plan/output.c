@@ -36,6 +36,12 @@ void plan_layout_line(const plan_layout *l, char *out, size_t len) {
 
 /* ---- text ---- */
 
+/* What a layout may use: the device's memory less the profile's headroom ("fits" compares with it). */
+static double usable(const plan_result *r, const hw_profile *hw) {
+    if (hw && hw->mem_bytes > 0) return hw->mem_bytes * (1.0 - hw->headroom_frac);
+    return r->mem_capacity;
+}
+
 /* Seconds with a unit that keeps three significant figures readable. */
 static void fmt_s(double s, char *out, size_t len) {
     if (!isfinite(s)) snprintf(out, len, "-");
@@ -54,7 +60,7 @@ void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
     char line[512], a[32], b[32];
     plan_layout_line(&r->layout, line, sizeof line);
     fprintf(f, "  layout: %s\n", line);
-    double cap = r->mem_capacity;
+    double cap = usable(r, hw);
     if (hw && cap > 0)
         fprintf(f, "  memory per GPU (largest rank): %.2f GiB of %.2f GiB usable (%.1f GiB, %.0f%% kept free): %s, %.2f GiB %s\n",
                 r->mem_total / GIB, cap / GIB, hw->mem_bytes / GIB, 100 * hw->headroom_frac, r->fits ? "fits" : "DOES NOT FIT",
@@ -102,7 +108,7 @@ void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
 }
 
 /* Where the winner and the guide's rule differ: which numbers decide. */
-static void print_rule(const plan_search_stats *st, const plan_result *win, FILE *f) {
+static void print_rule(const plan_search_stats *st, const plan_result *win, const hw_profile *hw, FILE *f) {
     char line[512];
     fprintf(f, "guide's rule for %.3g parameters: %s\n", st->model.n_params, st->rule);
     plan_layout_line(&st->rule_layout, line, sizeof line);
@@ -113,7 +119,7 @@ static void print_rule(const plan_search_stats *st, const plan_result *win, FILE
         const plan_result *rr = &st->rule_result;
         if (st->rule_err[0]) fprintf(f, "  (%s)\n", st->rule_err);
         fprintf(f, "  it needs %.2f GiB of %.2f GiB usable per GPU (%s) and reaches %.0f tokens/s per GPU\n",
-                rr->mem_total / GIB, rr->mem_capacity / GIB, rr->fits ? "fits" : "does not fit", rr->tokens_per_s_per_gpu);
+                rr->mem_total / GIB, usable(rr, hw) / GIB, rr->fits ? "fits" : "does not fit", rr->tokens_per_s_per_gpu);
     }
     if (!win) {
         fprintf(f, "  no layout fits, so there is no winner to compare\n");
@@ -128,8 +134,8 @@ static void print_rule(const plan_search_stats *st, const plan_result *win, FILE
     if (!st->rule_evaluated) fprintf(f, "the rule's layout cannot run with these plugins\n");
     else if (!st->rule_result.fits)
         fprintf(f, "the rule's layout needs %.2f GiB per GPU, %.2f GiB more than the %.2f GiB usable\n",
-                st->rule_result.mem_total / GIB, (st->rule_result.mem_total - st->rule_result.mem_capacity) / GIB,
-                st->rule_result.mem_capacity / GIB);
+                st->rule_result.mem_total / GIB, (st->rule_result.mem_total - usable(&st->rule_result, hw)) / GIB,
+                usable(&st->rule_result, hw) / GIB);
     else
         fprintf(f, "the rule's layout fits but reaches %.0f tokens/s per GPU against the winner's %.0f (%+.1f%%)\n",
                 st->rule_result.tokens_per_s_per_gpu, win->tokens_per_s_per_gpu,
@@ -170,7 +176,7 @@ void plan_report_text(const plan_report *rep, FILE *f) {
                    "where a layout fits\n",
                 st->ref_gpus, st->ref_tokens_per_s_per_gpu, rep->gpus);
     }
-    print_rule(st, win, f);
+    print_rule(st, win, hw, f);
 }
 
 /* ---- JSON ---- */
@@ -186,7 +192,7 @@ static json_t *layout_json(const plan_layout *l) {
     return par;
 }
 
-static json_t *result_json(const plan_result *r) {
+static json_t *result_json(const plan_result *r, const hw_profile *hw) {
     const plan_layout *l = &r->layout;
     json_t *o = json_object(), *mem = json_object(), *t = json_object(), *comms = json_array();
     if (!o || !mem || !t || !comms) goto fail;
@@ -205,6 +211,7 @@ static json_t *result_json(const plan_result *r) {
     json_object_set_new(o, "fits", json_boolean(r->fits));
     json_object_set_new(mem, "total", jreal(r->mem_total / GIB));
     json_object_set_new(mem, "capacity", jreal(r->mem_capacity / GIB));
+    json_object_set_new(mem, "usable", jreal(usable(r, hw) / GIB));
     for (int i = 0; i < PLAN_MEM_N; i++) json_object_set_new(mem, plan_mem_names[i], jreal(r->mem[i] / GIB));
     json_object_set_new(o, "memory_gib", mem);
     mem = NULL;
@@ -269,7 +276,7 @@ int plan_print_json(const plan_report *rep, FILE *f, char *err, size_t errlen) {
                                                      rep->model->n_layers, "n_heads", rep->model->n_heads, "n_kv_heads",
                                                      rep->model->n_kv_heads));
     for (int i = 0; i < rep->n_results; i++) {
-        json_t *one = result_json(&rep->results[i]);
+        json_t *one = result_json(&rep->results[i], hw);
         if (!one) goto out;
         json_array_append_new(layouts, one);
     }
@@ -296,7 +303,7 @@ int plan_print_json(const plan_report *rep, FILE *f, char *err, size_t errlen) {
         json_object_set_new(g, "agrees", json_boolean(st->agrees));
         json_object_set_new(g, "refused", json_string(st->rule_evaluated ? "" : st->rule_err));
         json_object_set_new(g, "note", json_string(st->rule_evaluated ? st->rule_err : ""));
-        if (st->rule_evaluated) json_object_set_new(g, "layout", result_json(&st->rule_result));
+        if (st->rule_evaluated) json_object_set_new(g, "layout", result_json(&st->rule_result, hw));
         else json_object_set_new(g, "layout", json_null());
         json_object_set_new(root, "guide", g);
     }

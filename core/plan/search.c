@@ -205,7 +205,7 @@ static void static_memory(searcher *s) {
         s->st->refused++;
         return; /* no pruning: every mesh is evaluated */
     }
-    s->capacity = r.mem_capacity;
+    s->capacity = s->hw->mem_bytes > 0 ? s->hw->mem_bytes * (1.0 - s->hw->headroom_frac) : r.mem_capacity;
     s->static_all = (r.mem[PLAN_MEM_PARAMS] + r.mem[PLAN_MEM_GRADS] + r.mem[PLAN_MEM_OPTIMIZER] + r.mem[PLAN_MEM_MASTER]) *
                     (double)s->o->gpus;
 }

@@ -81,10 +81,11 @@ for k in ["fits", "memory_gib", "step_time_s", "tokens_per_s_per_gpu", "mfu", "t
           "activation_checkpoint", "float8", "compile", "bubble_fraction", "assumptions"]:
     assert k in l, k
 mem = l["memory_gib"]
-for k in ["total", "capacity", "params", "grads", "optimizer", "master", "fsdp_buffers", "tp_buffers", "pp_buffers",
+for k in ["total", "capacity", "usable", "params", "grads", "optimizer", "master", "fsdp_buffers", "tp_buffers", "pp_buffers",
           "activations", "transient", "float8", "logits", "overhead"]:
     assert k in mem, k
-parts = sum(v for k, v in mem.items() if k not in ("total", "capacity"))
+parts = sum(v for k, v in mem.items() if k not in ("total", "capacity", "usable"))
+assert l["fits"] == (mem["total"] <= mem["usable"]), (l["fits"], mem)
 assert abs(parts - mem["total"]) <= 1e-6 * max(1.0, mem["total"]), (parts, mem["total"])
 assert l["step_time_s"] > 0 and l["tokens_per_s_per_gpu"] > 0 and 0 < l["mfu"] < 1, l
 PY
