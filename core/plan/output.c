@@ -144,8 +144,9 @@ static void print_rule(const plan_search_stats *st, const plan_result *win, cons
 
 void plan_report_text(const plan_report *rep, FILE *f) {
     const hw_profile *hw = rep->hw;
-    fprintf(f, "plan: %s on %d x %s (%d per node); hardware profile %s%s(%s)\n", rep->manifest_path, rep->gpus, hw->name,
-            rep->gpus_per_node, hw->path[0] ? hw->path : "built in", hw->calibrated ? ", calibrated " : " ", hw->source);
+    fprintf(f, "plan: %s on %d x %s (%d per node)\n", rep->manifest_path, rep->gpus, hw->name, rep->gpus_per_node);
+    fprintf(f, "hardware: %s%s: %s\n", hw->path[0] ? hw->path : "built in", hw->calibrated ? " (calibrated)" : "",
+            hw->source);
     if (rep->model && rep->model->n_params > 0)
         fprintf(f, "model: %.4g parameters, %d layers, %d heads, %d kv heads\n",
                 rep->model->n_params, rep->model->n_layers, rep->model->n_heads, rep->model->n_kv_heads);
@@ -163,7 +164,10 @@ void plan_report_text(const plan_report *rep, FILE *f) {
     if (st->refused && st->first_refusal[0]) fprintf(f, "  a refusal, for instance: %s\n", st->first_refusal);
     const plan_result *win = rep->n_results && rep->results[0].fits ? &rep->results[0] : NULL;
     if (!win && rep->n_results) fprintf(f, "no layout fits on %d GPUs; the closest:\n", rep->gpus);
-    if (!rep->n_results) fprintf(f, "no layout could be evaluated on %d GPUs: the plugins refused every one\n", rep->gpus);
+    if (!rep->n_results)
+        fprintf(f, "no layout could be evaluated on %d GPUs: %s\n", rep->gpus,
+                st->meshes == 0 ? "no mesh multiplies to them and divides the model's heads, layers and the global batch"
+                                : "the plugins refused every one");
     for (int i = 0; i < rep->n_results; i++) {
         fprintf(f, "#%d\n", i + 1);
         plan_print_text(f, &rep->results[i], hw);

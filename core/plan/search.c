@@ -55,6 +55,8 @@ typedef struct searcher {
     plan_result *res;
     int n_res, cap_res;
     char err[256];      /* the last refusal */
+    mesh closest;       /* the pruned mesh with the most shards (walked when every mesh is pruned) */
+    int have_closest;
 } searcher;
 
 static double now_s(void) {
@@ -267,6 +269,9 @@ static mesh *meshes_list(searcher *s, int *n) {
                     s->st->meshes++;
                     if (pruned(s, &m)) {
                         s->st->pruned++;
+                        int64_t sh = (int64_t)m.shard * m.cp * m.tp * m.pp;
+                        if (!s->have_closest || sh > (int64_t)s->closest.shard * s->closest.cp * s->closest.tp * s->closest.pp)
+                            s->closest = m, s->have_closest = 1;
                         continue;
                     }
                     if (k == cap) {
@@ -347,6 +352,11 @@ static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
 static int search_count(searcher *s, char *err, size_t errlen) {
     int nm = 0;
     mesh *ms = meshes_list(s, &nm); /* NULL: none divides (or no memory): no layout */
+    if (nm == 0 && s->have_closest) { /* all pruned: the most sharded one shows how far from fitting */
+        knobs plain = first_knobs(s);
+        plain.float8 = s->o->vary_float8 ? 0 : plain.float8;
+        walk(s, &s->closest, &plain);
+    }
     knobs k1 = first_knobs(s);
     for (int i = 0; i < nm; i++) {
         ms[i].k = k1;
@@ -470,6 +480,30 @@ static void rule_eval(searcher *s, const plan_result *winner) {
     free(rs.res);
 }
 
+/* The manifest's degrees do not fit `gpus` (tp 8 on 1 GPU): its layout at its own size still gives
+ * the search its knobs and batch; the global batch, when the manifest leaves it to the data-parallel
+ * degree, is its local batch times the data-parallel ranks its tp x pp x cp leave of `gpus`. */
+static int template_elsewhere(plan_ctx *ctx, int gpus, plan_layout *t, char *err, size_t errlen) {
+    const manifest *mf = plan_manifest(ctx);
+    int64_t rep = 1, shard = -1, tp = 1, pp = 1, cp = 1;
+    mf_get_int(mf, "parallelism.data_parallel_replicate_degree", &rep);
+    mf_get_int(mf, "parallelism.data_parallel_shard_degree", &shard);
+    mf_get_int(mf, "parallelism.tensor_parallel_degree", &tp);
+    mf_get_int(mf, "parallelism.pipeline_parallel_degree", &pp);
+    mf_get_int(mf, "parallelism.context_parallel_degree", &cp);
+    int64_t others = rep * tp * pp * cp, world = others * (shard > 0 ? shard : 1);
+    if (rep < 1 || tp < 1 || pp < 1 || cp < 1 || world < 1 || world > 1000000) return -1; /* err as it was */
+    char own[256];
+    if (plan_layout_from_manifest(ctx, (int)world, t, own, sizeof own)) return -1;
+    if (t->global_batch <= 0) {
+        int64_t dp = gpus / (tp * pp * cp);
+        t->global_batch = t->local_batch * (dp > 0 ? dp : 1);
+    }
+    err[0] = 0;
+    (void)errlen;
+    return 0;
+}
+
 int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n,
                    plan_search_stats *stats, char *err, size_t errlen) {
     plan_search_stats local;
@@ -483,7 +517,8 @@ int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *h
         return -1;
     }
     plan_layout tmpl;
-    if (plan_layout_from_manifest(ctx, o->gpus, &tmpl, err, errlen)) return -1;
+    if (plan_layout_from_manifest(ctx, o->gpus, &tmpl, err, errlen) && template_elsewhere(ctx, o->gpus, &tmpl, err, errlen))
+        return -1;
     plan_model_sizes_get(ctx, &st->model);
     st->global_batch = global_batch(&tmpl);
     if (st->global_batch < 1) {

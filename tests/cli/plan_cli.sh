@@ -125,6 +125,26 @@ else
     fail "plan --search exited $?: $(head -c 300 "$WORK/err")"
 fi
 
+# nothing fits: a search still prints (exit 0), but --write-manifest writes nothing and exits 1
+"$CTITAN" plan configs/llama3_70b.yaml "${HW[@]}" --gpus 1 --search >"$WORK/out" 2>"$WORK/err" &&
+    grep -qF "no layout fits on 1 GPUs" "$WORK/out" && ok "70B on 1 GPU: no layout fits, said" ||
+    fail "70B on 1 GPU: $(head -c 300 "$WORK/err") $(grep -m1 fits "$WORK/out")"
+"$CTITAN" plan configs/llama3_70b.yaml "${HW[@]}" --gpus 1 --search --write-manifest "$WORK/none.yaml" >"$WORK/out" 2>"$WORK/err"
+rc=$?
+if [ $rc -eq 1 ] && [ ! -e "$WORK/none.yaml" ] && [ "$(wc -l <"$WORK/err")" -eq 1 ] && grep -qF "nothing written" "$WORK/err"; then
+    ok "--write-manifest when nothing fits: $(cat "$WORK/err")"
+else fail "--write-manifest when nothing fits: status $rc: $(cat "$WORK/err")"; fi
+
+# a file named beside the manifest stays found from the written manifest's folder
+mkdir -p "$WORK/a" "$WORK/b"
+: >"$WORK/a/tok.model"
+printf 'model:\n  name: llama3\n  flavor: 1B\n  tokenizer_path: tok.model\ntraining:\n  seq_len: 2048\n' >"$WORK/a/m.yaml"
+if "$CTITAN" plan "$WORK/a/m.yaml" "${HW[@]}" --gpus 2 --write-manifest "$WORK/b/m.yaml" >/dev/null 2>"$WORK/err" &&
+    grep -qF "tokenizer_path: \"$(cd "$WORK/a" && pwd -P)/tok.model\"" "$WORK/b/m.yaml" &&
+    grep -qF "data_parallel_shard_degree: 2" "$WORK/b/m.yaml"; then
+    ok "--write-manifest of the manifest's own layout; a path beside it made absolute"
+else fail "--write-manifest paths: $(cat "$WORK/err")"; sed 's/^/    | /' "$WORK/b/m.yaml" 2>/dev/null | head -20; fi
+
 # the text form names its parts; the shipped recipes plan
 if "$CTITAN" plan configs/recipes/small_fsdp_float8_compile.yaml "${HW[@]}" --gpus 8 >"$WORK/out" 2>"$WORK/err"; then
     for w in "memory per GPU" "step time" "tokens/s per GPU" "MFU"; do
