@@ -10,8 +10,7 @@
  *   - memory grows with the microbatch, and less AC saves more: the largest local batch that fits is
  *     found by bisection for each AC mode, and an AC mode that recomputes more is not tried where
  *     one that recomputes less fits (it could only be slower);
- *   - every mesh is evaluated with default knobs (float8 where the hardware rates it, no compile,
- *     1F1B, no async TP); on the best SEARCH_FULL_MESHES of them the knobs are tuned by coordinate
+ *   - every mesh is evaluated with default knobs (no float8, no compile, 1F1B, no async TP); on the best SEARCH_FULL_MESHES of them the knobs are tuned by coordinate
  *     descent (each knob's values with the others held, until a round changes nothing).
  * The counts (meshes, pruned, evaluated, refused) come back in plan_search_stats; the output prints
  * them.
@@ -52,6 +51,7 @@ typedef struct searcher {
     double static_all;  /* parameters + gradients + optimizer states + master weights of all ranks (0: unknown) */
     double capacity;    /* bytes a layout may use */
     int have_sched[N_SCHEDULES];
+    int min_spr[N_SCHEDULES]; /* each schedule's fewest stages per rank (interleaved ones: 2) */
     plan_result *res;
     int n_res, cap_res;
     char err[256];      /* the last refusal */
@@ -291,11 +291,11 @@ static mesh *meshes_list(searcher *s, int *n) {
     return list;
 }
 
-/* The first pass's knobs: float8 where the hardware rates it, no compile, 1F1B, no async TP. */
+/* The first pass's knobs: no float8, no compile, 1F1B, no async TP. */
 static knobs first_knobs(const searcher *s) {
     const plan_search_opts *o = s->o;
     knobs k = {"1F1B", s->tmpl.float8, s->tmpl.compile, 0};
-    if (o->vary_float8) k.float8 = s->hw->peak_flops[PLAN_FP8] > 0;
+    if (o->vary_float8) k.float8 = 0; /* float8's casts add memory: the first pass keeps every mesh that fits */
     if (o->vary_compile) k.compile = 0;
     if (!o->vary_schedule && s->tmpl.schedule[0]) k.schedule = s->tmpl.schedule;
     return k;
@@ -309,6 +309,8 @@ static int same_knobs(const knobs *a, const knobs *b, const mesh *m) {
 /* The knobs of one mesh by coordinate descent from the first pass's: each knob's other values
  * tried with the rest held, the best kept, until a round changes nothing. float8 and compile move
  * together (four pairs): they interact (compile may refuse float8). */
+static int schedule_fits(const searcher *s, const char *name, int pp);
+
 static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
     const plan_search_opts *o = s->o;
     knobs tried[64], cur = m->k;
@@ -322,7 +324,8 @@ static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
             int na = 0;
             if (dim == 0 && m->pp > 1 && o->vary_schedule)
                 for (int i = 0; i < N_SCHEDULES; i++)
-                    if (s->have_sched[i]) alt[na] = cur, alt[na++].schedule = search_schedules[i];
+                    if (s->have_sched[i] && schedule_fits(s, search_schedules[i], m->pp))
+                        alt[na] = cur, alt[na++].schedule = search_schedules[i];
             if (dim == 1)
                 for (int f = 0; f < (o->vary_float8 ? 2 : 1); f++)
                     for (int c = 0; c < (o->vary_compile ? 2 : 1); c++) {
@@ -407,7 +410,20 @@ static void searcher_init(searcher *s, plan_ctx *ctx, const plan_search_opts *o,
             if (*p == ',') p++;
         }
     }
+    for (int i = 0; i < N_SCHEDULES; i++) { /* a stage per unit at most: pp x stages per rank <= units */
+        plugin *p = s->have_sched[i] ? schedule_load(search_schedules[i], NULL, names, sizeof names) : NULL;
+        s->min_spr[i] = p ? schedule_api(p)->min_stages_per_rank : 1;
+        if (s->min_spr[i] < 1) s->min_spr[i] = 1;
+        if (p) plugin_unload(p);
+    }
     static_memory(s);
+}
+
+/* Whether the schedule places pp x its stages per rank on the model's units (layers + embedding + output). */
+static int schedule_fits(const searcher *s, const char *name, int pp) {
+    for (int i = 0; i < N_SCHEDULES; i++)
+        if (!strcmp(name, search_schedules[i])) return (int64_t)pp * s->min_spr[i] <= (int64_t)s->st->model.n_layers + 2;
+    return 1; /* the manifest's own schedule: the plugins say */
 }
 
 /* The best fitting tokens/s per GPU at `gpus` (0 when nothing fits there). */
