@@ -3,15 +3,16 @@
  *
  * A mesh is dp_replicate x dp_shard x cp x tp x pp; its knobs are the schedule, the pp microbatch
  * size, the local batch (the global batch fixed), the AC mode, float8, compile and async TP. Three
- * cuts keep 405B on 4096 GPUs to a few thousand evaluations, each an assumption about the memory
- * and time model that physics makes true:
+ * cuts keep 405B on 4096 GPUs to about a thousand evaluations, the first two assumptions about the
+ * memory and time model that physics makes true, the third a heuristic:
  *   - a mesh whose parameters, gradients and optimizer states alone (from one evaluated FSDP layout,
  *     divided by the mesh's shards) exceed the capacity is not evaluated;
  *   - memory grows with the microbatch, and less AC saves more: the largest local batch that fits is
  *     found by bisection for each AC mode, and an AC mode that recomputes more is not tried where
  *     one that recomputes less fits (it could only be slower);
- *   - every mesh is evaluated with default knobs (no float8, no compile, 1F1B, no async TP); on the best SEARCH_FULL_MESHES of them the knobs are tuned by coordinate
- *     descent (each knob's values with the others held, until a round changes nothing).
+ *   - every mesh is evaluated with default knobs (no float8, no compile, 1F1B, no async TP); on the
+ *     best SEARCH_FULL_MESHES of them the knobs are tuned by coordinate descent (each knob's values
+ *     with the others held, until a round changes nothing).
  * The counts (meshes, pruned, evaluated, refused) come back in plan_search_stats; the output prints
  * them.
  */
