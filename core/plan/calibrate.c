@@ -18,10 +18,13 @@
 #include "host/host.h"
 #include "host/util.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define CAL_TARGET_S 0.03  /* timed seconds per measurement, before the bounds on repeats */
 #define CAL_MIN_REPS 3
@@ -338,8 +341,8 @@ static int measure_op(cal *c, const cal_op *op, double sec[2]) {
     bn.quant = op->kind == PLAN_OP_GEMM && op->dtype == PLAN_FP8 && c->s.qapi;
     if (op->kind == PLAN_OP_GEMM && c->bf16_gemm) { /* the operand precision this GEMM runs at */
         ct_clear_error();
-        if (failed(c, c->s.d->set_matmul_dtype(c->s.dev, op->dtype == PLAN_BF16 ? CT_BF16 : CT_F32), "set_matmul_dtype"))
-            return fail_job(c);
+        ct_dtype dt = op->dtype == PLAN_BF16 ? CT_BF16 : CT_F32;
+        if (failed(c, c->s.d->set_matmul_dtype(c->s.dev, dt), "set_matmul_dtype")) return fail_job(c);
     }
     snprintf(what, sizeof what, "op kind %d at %lld x %lld x %lld x %lld", op->kind, (long long)op->shape[0],
              (long long)op->shape[1], (long long)op->shape[2], (long long)op->shape[3]);
@@ -396,7 +399,8 @@ static int ops_from_trace(cal *c, const plan_trace *t, double n_params, double *
         for (; k < c->n_ops; k++) {
             const cal_op *q = &c->ops[k];
             if (q->kind == o->kind && q->dtype == (o->kind == PLAN_OP_GEMM ? o->dtype : PLAN_F32) &&
-                !memcmp(q->shape, o->shape, sizeof q->shape) && (o->kind != PLAN_OP_ATTENTION || q->kv_heads == o->kv_heads))
+                !memcmp(q->shape, o->shape, sizeof q->shape) &&
+                (o->kind != PLAN_OP_ATTENTION || q->kv_heads == o->kv_heads))
                 break;
         }
         if (k < c->n_ops) continue;
@@ -503,13 +507,36 @@ static void plan_sizes(cal *c, double largest) {
     size_add(c->sizes, &c->n_sizes, CAL_MAX_SIZES, ceil(largest / unit) * unit);
 }
 
-/* Rank 0 traces and sends every rank the ops and sizes: [status, n_ops, n_sizes], then the ops
- * (CAL_OP_FIELDS doubles each) and sizes. A trace that fails returns -1 on every rank, rank 0's
- * with its error (the others' err empty: rank 0 prints the line). */
-static int share_work(cal *c, manifest *mf) {
+/* Whether the profile can be written, before anything is measured: its folder exists and is
+ * writable (the profile is written there under a temporary name, then renamed). */
+static int output_ok(cal *c, const char *path) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    struct stat st;
+    if (!*path || (slash && !slash[1])) {
+        ct_errf(c->err, c->errlen, "calibrate: --output '%s': expected a file name", path);
+        return -1;
+    }
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        ct_errf(c->err, c->errlen, "calibrate: --output %s: is a folder; expected a file name", path);
+        return -1;
+    }
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK) != 0) {
+        ct_errf(c->err, c->errlen, "calibrate: --output %s: cannot write into folder %s: %s", path, dir,
+                stat(dir, &st) != 0 ? strerror(errno) : !S_ISDIR(st.st_mode) ? "not a folder" : strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Rank 0 checks the output, traces and sends every rank the ops and sizes: [status, n_ops, n_sizes],
+ * then the ops (CAL_OP_FIELDS doubles each) and sizes. An output or a trace that fails returns -1 on
+ * every rank, rank 0's with its error (the others' err empty: rank 0 prints the line). */
+static int share_work(cal *c, manifest *mf, const char *out_path) {
     double head[3] = {0, 0, 0}, largest = 0;
     if (c->rank == 0) {
-        head[0] = trace_layout(c, mf, &largest) ? -1 : 0;
+        head[0] = output_ok(c, out_path) || trace_layout(c, mf, &largest) ? -1 : 0;
         if (head[0] == 0) plan_sizes(c, largest);
         head[1] = c->n_ops, head[2] = c->n_sizes;
     }
@@ -664,7 +691,8 @@ static int optimizer_rate(cal *c) {
     int rc = 0, skip = st != CT_OK || states < 0 || states > 8;
     for (int i = 0; !skip && i < 2 + states && !rc; i++) rc = buf_new(c, &b, n, 0);
     if (!skip && !rc) {
-        ob.t = (ct_tensor){sizeof ob.t, CT_F32, 2, {rows, cols}, b.p[0], b.p[1], "calibrate.weight", CT_TENSOR_PARAM, 0};
+        ob.t = (ct_tensor){sizeof ob.t, CT_F32, 2, {rows, cols}, b.p[0], b.p[1], "calibrate.weight",
+                           CT_TENSOR_PARAM, 0};
         for (int i = 0; i < states; i++) ob.state[i] = b.p[2 + i];
         bytes = (2.0 + 2.0 * states) * 4.0 * (double)n;
         if (CT_HAS_FIELD(c->s.o, ct_optimizer_api, plan_step) && c->s.o->plan_step) {
@@ -739,8 +767,8 @@ static void attention_rate(cal *c) {
         const cal_op *o = &c->ops[i];
         if (o->kind != PLAN_OP_ATTENTION) continue;
         double f = o->flops[0] + o->flops[1];
-        if (f <= 0) f = 3.5 * 2.0 * (double)o->shape[0] * (double)o->shape[2] * (double)o->shape[1] * (double)o->shape[1] *
-                        (double)o->shape[3];
+        double b = (double)o->shape[0], t = (double)o->shape[1], h = (double)o->shape[2], d = (double)o->shape[3];
+        if (f <= 0) f = 3.5 * 2.0 * b * h * t * t * d;
         if (f > best && o->seconds[0] + o->seconds[1] > 0) best = f, c->attn_rate = f / (o->seconds[0] + o->seconds[1]);
     }
     if (best == 0) note_add(c, "no attention in the trace: attention rated as GEMMs");
@@ -759,7 +787,8 @@ static ct_status run_coll(cal *c, void *arg, int phase) {
     (void)phase;
     coll_bench *b = arg;
     const ct_comm_api *api = c->s.capi;
-    if (b->kind == CT_COLL_ALL_GATHER) return api->all_gather(c->s.comm, b->g, b->send, b->recv, b->count, CT_F32, NULL);
+    if (b->kind == CT_COLL_ALL_GATHER)
+        return api->all_gather(c->s.comm, b->g, b->send, b->recv, b->count, CT_F32, NULL);
     if (b->kind == CT_COLL_REDUCE_SCATTER)
         return api->reduce_scatter(c->s.comm, b->g, b->send, b->recv, b->count, CT_F32, CT_REDUCE_SUM, NULL);
     return api->all_reduce(c->s.comm, b->g, b->send, b->recv, b->count, CT_F32, CT_REDUCE_SUM, NULL);
@@ -772,7 +801,8 @@ static int measure_group(cal *c, int d, double *secs) {
     bufs b = {{0}, 0};
     int rc = 0;
     ct_clear_error();
-    if (d < c->size && failed(c, c->s.capi->split(c->s.comm, c->world, c->rank / d, c->rank, "calibrate", &cb.g), "split"))
+    if (d < c->size &&
+        failed(c, c->s.capi->split(c->s.comm, c->world, c->rank / d, c->rank, "calibrate", &cb.g), "split"))
         return fail_job(c);
     double largest = c->sizes[c->n_sizes - 1];
     if (buf_new(c, &b, (int64_t)(largest / 4), 0) || buf_new(c, &b, (int64_t)(largest / 4), 0)) rc = fail_job(c);
@@ -801,7 +831,8 @@ static void fit_ring(cal *c) {
         const plan_measured_comm *m = &c->comms[i];
         if (m->kind != CT_COLL_ALL_GATHER || m->seconds <= 0) continue;
         double w = 1.0 / (m->seconds * m->seconds), x1 = m->ranks - 1, x2 = (m->ranks - 1.0) / m->ranks * m->bytes;
-        s11 += w * x1 * x1, s12 += w * x1 * x2, s22 += w * x2 * x2, t1 += w * x1 * m->seconds, t2 += w * x2 * m->seconds;
+        s11 += w * x1 * x1, s12 += w * x1 * x2, s22 += w * x2 * x2;
+        t1 += w * x1 * m->seconds, t2 += w * x2 * m->seconds;
     }
     double det = s11 * s22 - s12 * s12, lat = 0, inv_bw = 0;
     if (det > 0) lat = (t1 * s22 - t2 * s12) / det, inv_bw = (s11 * t2 - s12 * t1) / det;
@@ -993,8 +1024,8 @@ int plan_calibrate(manifest *mf, const char *out_path, char *err, size_t errlen)
         goto done;
     }
     if ((rc = open_compute(c, mf)) || (mesh_env_world_size() > 1 && (rc = open_comm(c, mf)))) goto done;
-    if ((rc = share_work(c, mf)) || (rc = measure_ops(c)) || (rc = device_rates(c)) || (rc = mem_bandwidth(c)) ||
-        (rc = optimizer_rate(c)) || (rc = measure_comms(c)))
+    if ((rc = share_work(c, mf, out_path)) || (rc = measure_ops(c)) || (rc = device_rates(c)) ||
+        (rc = mem_bandwidth(c)) || (rc = optimizer_rate(c)) || (rc = measure_comms(c)))
         goto done;
     attention_rate(c);
     if (c->rank == 0) rc = write_profile(c, mf, out_path);
