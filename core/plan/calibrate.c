@@ -80,7 +80,7 @@ static int failed(cal *c, ct_status st, const char *what) {
  * its timeout, so the job ends here (as a training step's failure does). */
 static int fail_job(cal *c) {
     if (c->size > 1) {
-        fprintf(stderr, "ctitan: %s\n", c->err);
+        fprintf(stderr, "ctitan plan: %s\n", c->err);
         fflush(stderr);
         c->s.capi->abort(c->s.comm, 1);
     }
@@ -398,9 +398,10 @@ static int ops_from_trace(cal *c, const plan_trace *t, double n_params, double *
         int k = 0;
         for (; k < c->n_ops; k++) {
             const cal_op *q = &c->ops[k];
+            /* a profile keys ops by kind, shape and dtype: attention's kv heads are the model's, one
+             * count per trace, so they need no place in the key */
             if (q->kind == o->kind && q->dtype == (o->kind == PLAN_OP_GEMM ? o->dtype : PLAN_F32) &&
-                !memcmp(q->shape, o->shape, sizeof q->shape) &&
-                (o->kind != PLAN_OP_ATTENTION || q->kv_heads == o->kv_heads))
+                !memcmp(q->shape, o->shape, sizeof q->shape))
                 break;
         }
         if (k < c->n_ops) continue;
@@ -478,7 +479,7 @@ static int trace_layout(cal *c, manifest *mf, double *largest) {
     if (trace.cannot[0]) {
         char line[320];
         snprintf(line, sizeof line, "the trace stopped early (%s): its later ops are not measured", trace.cannot);
-        fprintf(stderr, "ctitan: calibrate: %s\n", line);
+        fprintf(stderr, "ctitan plan: calibrate: %s\n", line);
         note_add(c, line);
     }
     rc = ops_from_trace(c, &trace, (double)desc.n_params, largest);
@@ -712,7 +713,7 @@ static int optimizer_rate(cal *c) {
     if (!skip && !rc && (rc = measure(c, &t, "the optimizer's step", sec)) == -1) skip = 1, rc = 0;
     if (!rc && !skip && ranks_max(c, sec, 1)) rc = fail_job(c);
     if (!rc && !skip) c->opt_bw = bytes / sec[0];
-    if (!rc && skip) note_add(c, "the optimizer's step was not measured");
+    if (!rc && skip) note_add(c, "optimizer step not measured");
     bufs_free(c, &b);
     if (ob.opt) c->s.o->destroy(ob.opt);
     return rc;
@@ -744,13 +745,13 @@ static int device_rates(cal *c) {
             c->peak[dt] = peak[0];
         }
     }
-    if (!c->bf16_gemm) note_add(c, "no bf16 GEMM on this device: bf16 runs at the f32 rate");
+    if (!c->bf16_gemm) note_add(c, "bf16 GEMMs run at f32 (no bf16 matmul)");
     if (c->s.qapi) {
         int rc = gemm_rate(c, PLAN_FP8, &c->gemm_rate[PLAN_FP8]);
         if (rc) return rc;
     } else {
         c->gemm_rate[PLAN_FP8] = c->gemm_rate[primary];
-        note_add(c, "float8 off in the manifest: the fp8 rate is the bf16 one");
+        note_add(c, "fp8 = bf16 rate (float8 off)");
     }
     if (c->peak[primary] < c->gemm_rate[primary]) c->peak[primary] = c->gemm_rate[primary];
     c->matmul_eff = c->gemm_rate[primary] / c->peak[primary];
@@ -771,7 +772,7 @@ static void attention_rate(cal *c) {
         if (f <= 0) f = 3.5 * 2.0 * b * h * t * t * d;
         if (f > best && o->seconds[0] + o->seconds[1] > 0) best = f, c->attn_rate = f / (o->seconds[0] + o->seconds[1]);
     }
-    if (best == 0) note_add(c, "no attention in the trace: attention rated as GEMMs");
+    if (best == 0) note_add(c, "no attention in the trace: rated as GEMMs");
 }
 
 /* ---- collectives ---- */
@@ -887,13 +888,17 @@ static int write_profile(cal *c, const manifest *mf, const char *out_path) {
     int cpu = !strncmp(dev, "cpu", 3);
     snprintf(hw.name, sizeof hw.name, "calibrated: %s x %d rank%s", dev, c->size, c->size > 1 ? "s" : "");
     double mem = (double)c->info.memory_bytes;
+    if (mem <= 0) { /* the device does not say: the machine's memory */
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        mem = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+        cpu = 1;
+    }
     if (cpu) { /* the ranks share the machine's memory */
         mem /= c->size;
-        note_add(c, "memory: physical memory / ranks; runtime overhead and allocator slack not measured on a CPU (0)");
-    } else {
-        note_add(c, "memory: the device's total; runtime overhead and allocator slack not measured (0)");
+        note_add(c, "memory: RAM / ranks");
     }
-    if (c->size == 1) note_add(c, "one rank: no collectives measured, intra/inter bandwidth = device copy bandwidth");
+    note_add(c, "runtime overhead, allocator slack: not measured (0)");
+    if (c->size == 1) note_add(c, "1 rank: no collectives; link bandwidth = device copy");
     snprintf(hw.source, sizeof hw.source, "ctitan plan --calibrate %s on %d rank%s, %s; %s", mf->path, c->size,
              c->size > 1 ? "s" : "", when, c->note);
     hw.mem_bytes = mem;
@@ -902,9 +907,10 @@ static int write_profile(cal *c, const manifest *mf, const char *out_path) {
     hw.matmul_eff = c->matmul_eff;
     int primary = c->bf16_gemm ? PLAN_BF16 : PLAN_F32;
     hw.attn_eff = c->attn_rate > 0 ? c->attn_rate / c->gemm_rate[primary] : 1.0;
+    if (hw.attn_eff > 1) hw.attn_eff = 1;
     hw.mem_eff = (c->opt_bw > 0 ? c->opt_bw : c->add_bw) / hw.mem_bw;
     if (hw.mem_eff > 1) hw.mem_eff = 1;
-    hw.intra_bw = c->size > 1 ? c->intra_bw : c->copy_bw;
+    hw.intra_bw = c->size > 1 && c->intra_bw > 0 ? c->intra_bw : c->copy_bw;
     hw.intra_lat = c->size > 1 ? c->intra_lat : 0;
     hw.inter_bw = hw.intra_bw, hw.inter_lat = hw.intra_lat;
     hw.gpus_per_node = c->size;
