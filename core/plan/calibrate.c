@@ -51,6 +51,7 @@ typedef struct cal {
     char note[384];            /* what the profile's figures assumed, for its source line */
     ct_device_info info;
     int bf16_gemm;             /* the device took set_matmul_dtype(CT_BF16) */
+    int train_bf16;            /* training.mixed_precision_param: bfloat16 */
     cal_op *ops;
     int n_ops;
     double sizes[CAL_MAX_SIZES]; /* collective buffers to measure, bytes */
@@ -334,16 +335,21 @@ static int measure(cal *c, const timed *t, const char *what, double med[2]) {
     return 0;
 }
 
+/* The device's matmul precision for a GEMM of `dtype` (PLAN_*), as training sets it: bf16 for bf16
+ * GEMMs, and for the f32 GEMMs inside a quantizer's fp8 ones when training runs in bf16. */
+static int set_gemm_dtype(cal *c, int dtype) {
+    if (!c->bf16_gemm) return 0;
+    int bf16 = dtype == PLAN_BF16 || (dtype == PLAN_FP8 && c->train_bf16);
+    ct_clear_error();
+    return failed(c, c->s.d->set_matmul_dtype(c->s.dev, bf16 ? CT_BF16 : CT_F32), "set_matmul_dtype") ? fail_job(c) : 0;
+}
+
 /* An op at its shape: seconds forward and backward (this rank's; the ranks' max is taken later). */
 static int measure_op(cal *c, const cal_op *op, double sec[2]) {
     char what[96];
     bench bn = {op, {{0}, 0}, 0};
     bn.quant = op->kind == PLAN_OP_GEMM && op->dtype == PLAN_FP8 && c->s.qapi;
-    if (op->kind == PLAN_OP_GEMM && c->bf16_gemm) { /* the operand precision this GEMM runs at */
-        ct_clear_error();
-        ct_dtype dt = op->dtype == PLAN_BF16 ? CT_BF16 : CT_F32;
-        if (failed(c, c->s.d->set_matmul_dtype(c->s.dev, dt), "set_matmul_dtype")) return fail_job(c);
-    }
+    if (op->kind == PLAN_OP_GEMM && set_gemm_dtype(c, op->dtype)) return CAL_FAIL;
     snprintf(what, sizeof what, "op kind %d at %lld x %lld x %lld x %lld", op->kind, (long long)op->shape[0],
              (long long)op->shape[1], (long long)op->shape[2], (long long)op->shape[3]);
     timed t = {run_op, &bn, 2, c->world};
@@ -730,13 +736,8 @@ static int device_rates(cal *c) {
             c->gemm_rate[dt] = c->gemm_rate[PLAN_F32];
             continue;
         }
-        if (c->bf16_gemm) {
-            ct_clear_error();
-            if (failed(c, d->set_matmul_dtype(c->s.dev, dt == PLAN_BF16 ? CT_BF16 : CT_F32), "set_matmul_dtype"))
-                return fail_job(c);
-        }
-        int rc = gemm_rate(c, dt, &c->gemm_rate[dt]);
-        if (rc) return rc;
+        int rc = set_gemm_dtype(c, dt);
+        if (rc || (rc = gemm_rate(c, dt, &c->gemm_rate[dt]))) return rc;
         if (dt == primary && d->measure_peak_flops) {
             double peak[1] = {0};
             ct_clear_error();
@@ -747,8 +748,8 @@ static int device_rates(cal *c) {
     }
     if (!c->bf16_gemm) note_add(c, "bf16 GEMMs run at f32 (no bf16 matmul)");
     if (c->s.qapi) {
-        int rc = gemm_rate(c, PLAN_FP8, &c->gemm_rate[PLAN_FP8]);
-        if (rc) return rc;
+        int rc = set_gemm_dtype(c, PLAN_FP8);
+        if (rc || (rc = gemm_rate(c, PLAN_FP8, &c->gemm_rate[PLAN_FP8]))) return rc;
     } else {
         c->gemm_rate[PLAN_FP8] = c->gemm_rate[primary];
         note_add(c, "fp8 = bf16 rate (float8 off)");
@@ -757,7 +758,7 @@ static int device_rates(cal *c) {
     c->matmul_eff = c->gemm_rate[primary] / c->peak[primary];
     for (int dt = 0; dt < PLAN_NDTYPES; dt++)
         if (dt != primary) c->peak[dt] = c->gemm_rate[dt] / c->matmul_eff;
-    return 0;
+    return set_gemm_dtype(c, PLAN_F32);
 }
 
 /* Attention's rate: the trace's attention op of most FLOPs, forward and backward, by the trace's
@@ -989,6 +990,9 @@ static int open_compute(cal *c, manifest *mf) {
     ct_clear_error();
     c->info.struct_size = sizeof c->info;
     if (failed(c, c->s.d->info(c->s.dev, &c->info), "device info")) return CAL_FAIL;
+    const char *mp = "float32";
+    mf_get_str(mf, "training.mixed_precision_param", &mp);
+    c->train_bf16 = !strcmp(mp, "bfloat16");
     if (CT_HAS_FIELD(c->s.d, ct_device_api, set_matmul_dtype) && c->s.d->set_matmul_dtype) {
         ct_status st = c->s.d->set_matmul_dtype(c->s.dev, CT_BF16);
         if (st != CT_OK && st != CT_ERR_UNSUPPORTED) return failed(c, st, "set_matmul_dtype");
