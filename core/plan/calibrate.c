@@ -26,9 +26,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CAL_TARGET_S 0.03  /* timed seconds per measurement, before the bounds on repeats */
+#define CAL_TARGET_S 0.05  /* timed seconds per measurement, before the bounds on repeats */
 #define CAL_MIN_REPS 3
-#define CAL_MAX_REPS 15
+#define CAL_MAX_REPS 41    /* short ops: many samples, so that a shared machine's stalls fall outside the median */
 #define CAL_MAX_OPS 512    /* distinct (kind, shape, dtype) of one microbatch */
 #define CAL_MAX_SIZES 12   /* collective sizes per kind and group size */
 #define CAL_OP_FIELDS 9    /* doubles per op in rank 0's broadcast */
@@ -432,8 +432,8 @@ static int ops_from_trace(cal *c, const plan_trace *t, double n_params, double *
     return 0;
 }
 
-/* A copy of the manifest for the planner's context (plan_open owns and frees its manifest; the
- * caller keeps this one): the same values with the same origins. */
+/* A copy of the manifest for the planner's context, which sets each layout's keys in the manifest
+ * it reads (the caller's stays as given): the same values with the same origins. */
 static manifest *manifest_copy(const manifest *mf, char *err, size_t errlen) {
     manifest *m = manifest_new();
     if (!m) {
@@ -477,8 +477,11 @@ static int trace_layout(cal *c, manifest *mf, double *largest) {
     }
     manifest *copy = manifest_copy(mf, c->err, c->errlen);
     if (!copy) return -1;
-    if (plan_open(&ctx, copy, c->err, c->errlen)) return -1; /* plan_open owns copy */
     int rc = -1;
+    if (plan_open(&ctx, copy, c->err, c->errlen)) {
+        manifest_free(copy);
+        return -1;
+    }
     if (plan_layout_from_manifest(ctx, c->size, &layout, c->err, c->errlen) ||
         plan_trace_layout(ctx, &layout, &trace, c->err, c->errlen))
         goto done;
@@ -492,6 +495,7 @@ static int trace_layout(cal *c, manifest *mf, double *largest) {
 done:
     plan_trace_free(&trace);
     plan_close(ctx);
+    manifest_free(copy);
     return rc;
 }
 
