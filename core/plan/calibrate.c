@@ -335,9 +335,9 @@ static int measure(cal *c, const timed *t, const char *what, double med[2]) {
     return 0;
 }
 
-/* The device's matmul precision for a GEMM of `dtype` (PLAN_*), as training sets it: bf16 for bf16
- * GEMMs, and for the f32 GEMMs inside a quantizer's fp8 ones when training runs in bf16. */
-static int set_gemm_dtype(cal *c, int dtype) {
+/* The device's matmul precision for an op of `dtype` (PLAN_*, the trace's), as training sets it: bf16
+ * for bf16 ops, and for the f32 GEMMs inside a quantizer's fp8 ones when training runs in bf16. */
+static int set_op_dtype(cal *c, int dtype) {
     if (!c->bf16_gemm) return 0;
     int bf16 = dtype == PLAN_BF16 || (dtype == PLAN_FP8 && c->train_bf16);
     ct_clear_error();
@@ -349,7 +349,7 @@ static int measure_op(cal *c, const cal_op *op, double sec[2]) {
     char what[96];
     bench bn = {op, {{0}, 0}, 0};
     bn.quant = op->kind == PLAN_OP_GEMM && op->dtype == PLAN_FP8 && c->s.qapi;
-    if (op->kind == PLAN_OP_GEMM && set_gemm_dtype(c, op->dtype)) return CAL_FAIL;
+    if (set_op_dtype(c, op->dtype)) return CAL_FAIL;
     snprintf(what, sizeof what, "op kind %d at %lld x %lld x %lld x %lld", op->kind, (long long)op->shape[0],
              (long long)op->shape[1], (long long)op->shape[2], (long long)op->shape[3]);
     timed t = {run_op, &bn, 2, c->world};
@@ -362,8 +362,9 @@ static int measure_op(cal *c, const cal_op *op, double sec[2]) {
 
 /* ---- what to measure: the trace's ops and sizes (rank 0), shared with every rank ---- */
 
-/* Whether the op's shape has every extent its kind reads. */
+/* Whether the op's shape has every extent its kind reads, and a dtype a profile names. */
 static int op_shape_ok(const plan_op *o) {
+    if (o->dtype < 0 || o->dtype >= PLAN_NDTYPES) return 0;
     int dims = o->kind == PLAN_OP_GEMM || o->kind == PLAN_OP_EMBEDDING ? 3
                : o->kind == PLAN_OP_ATTENTION || o->kind == PLAN_OP_ROPE ? 4
                : o->kind == PLAN_OP_SWIGLU || o->kind == PLAN_OP_GELU || o->kind == PLAN_OP_ADD ? 1
@@ -404,11 +405,9 @@ static int ops_from_trace(cal *c, const plan_trace *t, double n_params, double *
         int k = 0;
         for (; k < c->n_ops; k++) {
             const cal_op *q = &c->ops[k];
-            /* a profile keys ops by kind, shape and dtype: attention's kv heads are the model's, one
-             * count per trace, so they need no place in the key */
-            if (q->kind == o->kind && q->dtype == (o->kind == PLAN_OP_GEMM ? o->dtype : PLAN_F32) &&
-                !memcmp(q->shape, o->shape, sizeof q->shape))
-                break;
+            /* a profile keys ops by kind, shape and dtype (the trace's, which the planner looks up):
+             * attention's kv heads are the model's, one count per trace, so they need no place */
+            if (q->kind == o->kind && q->dtype == o->dtype && !memcmp(q->shape, o->shape, sizeof q->shape)) break;
         }
         if (k < c->n_ops) continue;
         if (c->n_ops == CAL_MAX_OPS) {
@@ -418,7 +417,7 @@ static int ops_from_trace(cal *c, const plan_trace *t, double n_params, double *
         cal_op *q = &c->ops[c->n_ops++];
         memset(q, 0, sizeof *q);
         q->kind = o->kind;
-        q->dtype = o->kind == PLAN_OP_GEMM ? o->dtype : PLAN_F32;
+        q->dtype = o->dtype;
         q->kv_heads = o->kind == PLAN_OP_ATTENTION ? o->kv_heads : 0;
         memcpy(q->shape, o->shape, sizeof q->shape);
         q->flops[0] = o->flops[0], q->flops[1] = o->flops[1];
@@ -426,7 +425,7 @@ static int ops_from_trace(cal *c, const plan_trace *t, double n_params, double *
     if (unit_bytes > *largest) *largest = unit_bytes;
     if (skipped) {
         char line[96];
-        snprintf(line, sizeof line, "%d trace ops without a shape not measured", skipped);
+        snprintf(line, sizeof line, "%d trace ops without a shape or dtype not measured", skipped);
         note_add(c, line);
     }
     return 0;
@@ -740,7 +739,7 @@ static int device_rates(cal *c) {
             c->gemm_rate[dt] = c->gemm_rate[PLAN_F32];
             continue;
         }
-        int rc = set_gemm_dtype(c, dt);
+        int rc = set_op_dtype(c, dt);
         if (rc || (rc = gemm_rate(c, dt, &c->gemm_rate[dt]))) return rc;
         if (dt == primary && d->measure_peak_flops) {
             double peak[1] = {0};
@@ -752,7 +751,7 @@ static int device_rates(cal *c) {
     }
     if (!c->bf16_gemm) note_add(c, "bf16 GEMMs run at f32 (no bf16 matmul)");
     if (c->s.qapi) {
-        int rc = set_gemm_dtype(c, PLAN_FP8);
+        int rc = set_op_dtype(c, PLAN_FP8);
         if (rc || (rc = gemm_rate(c, PLAN_FP8, &c->gemm_rate[PLAN_FP8]))) return rc;
     } else {
         c->gemm_rate[PLAN_FP8] = c->gemm_rate[primary];
@@ -762,7 +761,7 @@ static int device_rates(cal *c) {
     c->matmul_eff = c->gemm_rate[primary] / c->peak[primary];
     for (int dt = 0; dt < PLAN_NDTYPES; dt++)
         if (dt != primary) c->peak[dt] = c->gemm_rate[dt] / c->matmul_eff;
-    return set_gemm_dtype(c, PLAN_F32);
+    return set_op_dtype(c, PLAN_F32);
 }
 
 /* Attention's rate: the trace's attention op of most FLOPs, forward and backward, by the trace's
