@@ -1,8 +1,8 @@
 /* calibrate.c: `ctitan plan --calibrate`: a hardware profile measured through the manifest's own
  * device, quantizer, optimizer and comm plugins (see calibrate.h for what it measures).
  *
- * How a time is measured: one warm-up call (fresh buffers, thread pools, cached plans), then R
- * timed calls, each followed by the device's synchronize; the median of the R. R gives about
+ * How a time is measured (measure): two warm-up calls, then R timed samples, each a call (or a
+ * group of short calls) followed by the device's synchronize; the median of the R. R gives about
  * CAL_TARGET_S of timed work, within [CAL_MIN_REPS, CAL_MAX_REPS]. On several ranks the ranks agree
  * on R (the slowest warm-up decides), start together after a barrier, and the profile keeps the
  * largest median over ranks (an all-reduce MAX): on one machine the ranks share its cores and
@@ -297,22 +297,27 @@ typedef struct timed {
 
 static ct_status run_op(cal *c, void *arg, int phase) { return op_run(c, arg, phase); }
 
-static int run_synced(cal *c, const timed *t, int phase, double *sec) {
+/* `calls` calls of one phase, then the device's synchronize: seconds per call. */
+static int run_synced(cal *c, const timed *t, int phase, int calls, double *sec) {
     double t0 = ct_now();
+    ct_status st = CT_OK;
     ct_clear_error();
-    ct_status st = t->run(c, t->arg, phase);
+    for (int i = 0; i < calls && st == CT_OK; i++) st = t->run(c, t->arg, phase);
     if (st == CT_OK) st = c->s.d->synchronize(c->s.dev);
-    *sec = ct_now() - t0;
+    *sec = (ct_now() - t0) / calls;
     return failed(c, st, "a measured call");
 }
 
-/* The median seconds of each phase, the largest over ranks. A warm-up that fails on any rank returns
- * -1 on every rank (the one that failed with its error in err; the caller decides whether that is
- * fatal); a failure after the ranks agreed ends the job. */
+/* The median seconds of each phase, the largest over ranks. Two warm-up calls per phase (the first
+ * pays for fresh buffers, thread pools, cached plans; the second tells how long a call takes); a
+ * call under a millisecond is timed in groups of up to 100 between synchronizes, so that an
+ * asynchronous device's launch and wait do not count as the op's time. A warm-up that fails on any
+ * rank returns -1 on every rank (the one that failed with its error in err; the caller decides
+ * whether that is fatal); a failure after the ranks agreed ends the job. */
 static int measure(cal *c, const timed *t, const char *what, double med[2]) {
     double warm[3] = {0, 0, 0}, samples[2][CAL_MAX_REPS];
     for (int p = 0; p < t->phases && !warm[2]; p++)
-        if (run_synced(c, t, p, &warm[p])) warm[2] = 1;
+        if (run_synced(c, t, p, 1, &warm[p]) || run_synced(c, t, p, 1, &warm[p])) warm[2] = 1;
     int mine = warm[2] != 0;
     if (ranks_max(c, warm, 3)) return fail_job(c);
     if (warm[2]) {
@@ -324,12 +329,14 @@ static int measure(cal *c, const timed *t, const char *what, double med[2]) {
         return -1;
     }
     double per = warm[0] + warm[1];
-    int reps = per > 0 ? (int)ceil(CAL_TARGET_S / per) : CAL_MAX_REPS;
+    int calls = per > 0 && per < 1e-3 ? (int)ceil(1e-3 / per) : 1;
+    if (calls > 100) calls = 100;
+    int reps = per > 0 ? (int)ceil(CAL_TARGET_S / (per * calls)) : CAL_MAX_REPS;
     reps = reps < CAL_MIN_REPS ? CAL_MIN_REPS : reps > CAL_MAX_REPS ? CAL_MAX_REPS : reps;
     if (ranks_barrier(c, t->group)) return fail_job(c);
     for (int r = 0; r < reps; r++)
         for (int p = 0; p < t->phases; p++)
-            if (run_synced(c, t, p, &samples[p][r])) return fail_job(c);
+            if (run_synced(c, t, p, calls, &samples[p][r])) return fail_job(c);
     med[1] = 0;
     for (int p = 0; p < t->phases; p++) med[p] = median(samples[p], reps);
     return 0;
@@ -610,7 +617,7 @@ static int gemm_rate(cal *c, int dtype, double *rate) {
         bench bn = {&sq, {{0}, 0}, dtype == PLAN_FP8 && c->s.qapi};
         timed t = {run_op, &bn, 1, c->world};
         double sec[2] = {0, 0}, one[1];
-        int rc = bench_alloc(c, &bn) ? fail_job(c) : run_synced(c, &t, 0, &one[0]) ? fail_job(c) : 0;
+        int rc = bench_alloc(c, &bn) ? fail_job(c) : run_synced(c, &t, 0, 1, &one[0]) ? fail_job(c) : 0;
         if (!rc && ranks_max(c, one, 1)) rc = fail_job(c);
         int grow = !rc && one[0] < 0.01 && n < 8192;
         if (!rc && !grow && (rc = measure(c, &t, "a large GEMM", sec)) == -1) rc = CAL_FAIL;
@@ -652,7 +659,7 @@ static int mem_bandwidth(cal *c) {
         timed ta = {run_add, &m, 1, c->world}, tc = {run_copy, &m, 1, c->world};
         int rc = 0;
         for (int i = 0; i < 3 && !rc; i++) rc = buf_new(c, &m.b, m.n, 0);
-        if (rc || run_synced(c, &ta, 0, &one[0]) || ranks_max(c, one, 1)) rc = fail_job(c);
+        if (rc || run_synced(c, &ta, 0, 1, &one[0]) || ranks_max(c, one, 1)) rc = fail_job(c);
         int grow = !rc && one[0] < 0.005 && m.n < (256 << 20);
         if (!rc && !grow) {
             if ((rc = measure(c, &ta, "memory bandwidth (add)", add)) == 0)
