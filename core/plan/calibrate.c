@@ -357,7 +357,10 @@ static int measure_op(cal *c, const cal_op *op, double sec[2]) {
     bench bn = {op, {{0}, 0}, 0};
     bn.quant = op->kind == PLAN_OP_GEMM && op->dtype == PLAN_FP8 && c->s.qapi;
     if (set_op_dtype(c, op->dtype)) return CAL_FAIL;
-    snprintf(what, sizeof what, "op kind %d at %lld x %lld x %lld x %lld", op->kind, (long long)op->shape[0],
+    static const char *const names[] = {"GEMM", "attention", "embedding", "rmsnorm", "layernorm", "rope", "swiglu",
+                                        "gelu", "add", "bias", "cross entropy"};
+    snprintf(what, sizeof what, "%s at %lld x %lld x %lld x %lld",
+             op->kind >= 0 && op->kind <= PLAN_OP_XENT ? names[op->kind] : "an op", (long long)op->shape[0],
              (long long)op->shape[1], (long long)op->shape[2], (long long)op->shape[3]);
     timed t = {run_op, &bn, 2, c->world};
     int rc = bench_alloc(c, &bn);
