@@ -557,8 +557,26 @@ static ct_status train_start(train_run *r) {
 }
 
 /* The console metrics line and its metrics.jsonl record. -1 on a write error. */
+/* The memory record of the rank whose peak is largest (every rank's own on one rank): its peak
+ * total, its peak by category and its live activation peak. 0, or -1 if a collective failed. */
+static int largest_rank_memory(session *s, double v[CT_MEM_NCATEGORIES + 2]) {
+    v[0] = (double)g_mem.peak_total;
+    for (int k = 0; k < CT_MEM_NCATEGORIES; k++) v[1 + k] = (double)g_mem.peak[k];
+    v[CT_MEM_NCATEGORIES + 1] = (double)s->rt.peak_act_bytes;
+    if (!s->capi) return 0;
+    ct_comm_group *world;
+    double top = v[0];
+    if (s->capi->world(s->comm, &world) != CT_OK ||
+        s->capi->all_reduce(s->comm, world, &top, &top, 1, CT_F64, CT_REDUCE_MAX, NULL) != CT_OK)
+        return -1;
+    if (v[0] < top) memset(v, 0, sizeof(double) * (CT_MEM_NCATEGORIES + 2)); /* another rank's is larger */
+    return s->capi->all_reduce(s->comm, world, v, v, CT_MEM_NCATEGORIES + 2, CT_F64, CT_REDUCE_MAX, NULL) == CT_OK ? 0 : -1;
+}
+
 static int step_log(train_run *r, int64_t step, double loss, double norm, double lr) {
     const session *s = r->s;
+    double mem[CT_MEM_NCATEGORIES + 2];
+    if (largest_rank_memory(r->s, mem)) return -1;
     double elapsed = ct_now() - r->t_log;
     double tps = (double)r->tokens_since / elapsed;
     double tflops = s->rt.desc.flops_per_token * tps / 1e12;
@@ -568,7 +586,7 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
     if (mfu > 100.0) mfu = 100.0;
     printf("step %5lld  loss %8.4f  grad_norm %8.4f  lr %.3e  tps %8.0f  tflops %7.4f  mfu %5.1f%% (of %s peak%s)"
            "  memory %.3f GiB\n",
-           (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib(g_mem.peak_total));
+           (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib((int64_t)mem[0]));
     fflush(stdout);
     if (log_record(&r->lg,
             "\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
@@ -576,10 +594,9 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
             "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld, "
             "\"master\": %lld, \"comm\": %lld}, "
             "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}",
-            (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)g_mem.peak_total,
-            (long long)g_mem.peak[CT_MEM_PARAMS], (long long)g_mem.peak[CT_MEM_GRADS],
-            (long long)g_mem.peak[CT_MEM_OPTIMIZER], (long long)g_mem.peak[CT_MEM_ACTIVATIONS],
-            (long long)s->rt.peak_act_bytes, (long long)g_mem.peak[CT_MEM_MASTER], (long long)g_mem.peak[CT_MEM_COMM],
+            (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)mem[0], (long long)mem[1 + CT_MEM_PARAMS],
+            (long long)mem[1 + CT_MEM_GRADS], (long long)mem[1 + CT_MEM_OPTIMIZER], (long long)mem[1 + CT_MEM_ACTIVATIONS],
+            (long long)mem[CT_MEM_NCATEGORIES + 1], (long long)mem[1 + CT_MEM_MASTER], (long long)mem[1 + CT_MEM_COMM],
             (long long)g_comm_bytes[CS_ALL_GATHER],
             (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]))
         return -1;

@@ -519,6 +519,48 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
     }
 }
 
+/* The microbatch contexts a pp rank holds at once, from the simulated schedule (starts from
+ * schedule_check under `c`): a context is taken when the microbatch's first input lands on this rank
+ * (the runner posts every receive early, so that is when the sending stage's F ends) or at its
+ * first F, and given back after its last backward action here. */
+static int held_contexts(const sched_plan *p, const schedule_costs *c, int rank) {
+    int nm = p->n_microbatches;
+    int64_t *from = malloc(sizeof(int64_t) * (size_t)nm), *to = malloc(sizeof(int64_t) * (size_t)nm);
+    int64_t *fend = malloc(sizeof(int64_t) * (size_t)(p->n_stages * nm));
+    int peak = 1;
+    if (!from || !to || !fend) goto out;
+    for (int m = 0; m < nm; m++) from[m] = INT64_MAX, to[m] = -1;
+    for (int i = 0; i < p->n_stages * nm; i++) fend[i] = -1;
+    for (int r = 0; r < p->pp; r++) /* when each F ends */
+        for (int i = 0; i < p->ranks[r].n; i++) {
+            const ct_pp_action *a = &p->ranks[r].actions[i];
+            if (a->op == CT_PP_F) fend[a->stage * nm + a->microbatch] = p->ranks[r].start[i] + c->f;
+        }
+    const sched_rank *sr = &p->ranks[rank];
+    for (int i = 0; i < sr->n; i++) {
+        const ct_pp_action *a = &sr->actions[i];
+        int m = a->microbatch;
+        int64_t dur = a->op == CT_PP_F ? c->f : a->op == CT_PP_B ? c->b : a->op == CT_PP_W ? c->w : c->i;
+        int64_t begin = sr->start[i];
+        if (a->op == CT_PP_F && a->stage > 0 && schedule_stage_rank(p->placement, p->pp, a->stage - 1) != rank &&
+            fend[(a->stage - 1) * nm + m] >= 0)
+            begin = fend[(a->stage - 1) * nm + m];
+        if (begin < from[m]) from[m] = begin;
+        if (a->op != CT_PP_F && sr->start[i] + dur > to[m]) to[m] = sr->start[i] + dur;
+    }
+    for (int m = 0; m < nm; m++) {
+        if (to[m] < 0) continue;
+        int live = 0;
+        for (int k = 0; k < nm; k++) live += to[k] >= 0 && from[k] <= from[m] && to[k] > from[m];
+        if (live > peak) peak = live;
+    }
+out:
+    free(from);
+    free(to);
+    free(fend);
+    return peak;
+}
+
 /* ---- the evaluation ---- */
 
 static double align64d(double b) { return ceil(b / 64.0) * 64.0; }
@@ -749,13 +791,16 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         }
         int inflight = 1;
         if (pp > 1) {
-            inflight = r.pl.plan.ranks[pr].peak_activations;
-            if (inflight < 1) inflight = 1;
-            /* each microbatch context: its ids and targets, what its units keep, their input gradients */
-            double per_mb = t.io_bytes + saved + boundary;
-            m[PLAN_MEM_ACTIVATIONS] = inflight * (per_mb - logits);
-            m[PLAN_MEM_LOGITS] = logits * (logits > 0 ? 1 : 0);
-            m[PLAN_MEM_TRANSIENT] = fmax(peak_fwd, peak_bwd);
+            inflight = held_contexts(&r.pl.plan, &r.pl.plan.costs, pr);
+            /* each microbatch context keeps its own arenas at their largest: ids and targets, the
+             * received input, what its units keep, and its gradients (the input gradients that stay,
+             * the largest unit's backward temporaries) */
+            double recv = 0;
+            for (int u = 1; u < nu; u++)
+                if (unit_rank[u] == pr && unit_rank[u - 1] != pr) recv += t.units[u - 1].out_bytes;
+            m[PLAN_MEM_ACTIVATIONS] = inflight * (t.io_bytes + recv + saved - logits);
+            m[PLAN_MEM_LOGITS] = inflight * logits;
+            m[PLAN_MEM_TRANSIENT] = inflight * (boundary + peak_bwd) + peak_fwd;
             m[PLAN_MEM_PP_BUFFERS] = 0; /* sends and receives land in the contexts' arenas */
         } else {
             m[PLAN_MEM_ACTIVATIONS] = t.io_bytes + saved - logits;
@@ -768,6 +813,11 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         m[PLAN_MEM_OVERHEAD] = hw->overhead_bytes + hw->alloc_frac * buffers;
         double total = 0;
         for (int k = 0; k < PLAN_MEM_N; k++) total += m[k];
+        if (getenv("CTITAN_PLAN_DEBUG")) {
+            fprintf(stderr, "plan rank %d:", pr);
+            for (int k = 0; k < PLAN_MEM_N; k++) fprintf(stderr, " %s %.0f", plan_mem_names[k], m[k]);
+            fprintf(stderr, " (saved %.0f boundary %.0f io %.0f inflight %d)\n", saved, boundary, t.io_bytes, inflight);
+        }
         if (total > best) {
             best = total;
             memcpy(res->mem, m, sizeof m);
