@@ -291,7 +291,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
         }
         r->pl_ready = 1;
     }
-    int rst = runtime_plan(&r->rt, &plan_null_device, NULL, c->s.m, c->s.model, &dist, err, errlen);
+    int rst = runtime_plan(&r->rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, err, errlen);
     r->rt_ready = 1;
     if (rst) return -1;
     if (runtime_plan_start(&r->rt, err, errlen)) return -1;
@@ -361,12 +361,14 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     for (int u = 0; u < nu; u++) {
         double before = (double)(rt->saved.data.used + rt->grads.data.used);
         rt->peak_act_bytes = 0;
+        rt->scratch.data.peak_used = rt->scratch.data.used;
         if (runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x)) {
             rt->trace_ops = 0;
             return fail(err, errlen, t->cannot[0] ? "the trace stopped" : "a unit's forward failed in the plan");
         }
         t->units[u].saved_bytes = (double)rt->saved.data.used + (double)rt->grads.data.used - before;
         t->units[u].fwd_peak = fmax(0.0, (double)rt->peak_act_bytes - before);
+        t->units[u].scratch_peak = (double)(rt->scratch.data.peak_used - rt->scratch.data.used);
         t->units[u].out_bytes = (double)ct_tensor_numel(&x->t) * (double)ct_dtype_size(x->t.dtype);
     }
     t->live_peak = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
@@ -374,14 +376,18 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     rt->trace_ops = 2;
     for (int u = nu - 1; u >= 0; u--) {
         double live = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
-        double g0 = (double)rt->grads.data.used;
+        double g0 = (double)rt->grads.data.used, s0 = (double)rt->scratch.data.used;
         rt->peak_act_bytes = 0;
+        rt->grads.data.peak_used = rt->grads.data.used;
+        rt->scratch.data.peak_used = rt->scratch.data.used;
         if (runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH)) {
             rt->trace_ops = 0;
             return fail(err, errlen, "a unit's backward failed in the plan");
         }
         t->units[u].bwd_peak = fmax(0.0, (double)rt->peak_act_bytes - live);
         t->units[u].boundary_grad_bytes = (double)rt->grads.data.used - g0;
+        t->units[u].grads_peak = (double)rt->grads.data.peak_used - g0;
+        t->units[u].scratch_peak = fmax(t->units[u].scratch_peak, (double)rt->scratch.data.peak_used - s0);
         if ((double)rt->peak_act_bytes > t->live_peak) t->live_peak = (double)rt->peak_act_bytes;
     }
     rt->trace_ops = 0;
@@ -401,15 +407,9 @@ int plan_trace_layout(plan_ctx *c, const plan_layout *l, plan_trace *t, char *er
     return bad ? -1 : 0;
 }
 
-/* TEMPORARY until hardware.c lands: weak lookups it replaces. */
-__attribute__((weak)) double hw_measured_op(const hw_profile *hw, int kind, const int64_t shape[4], int dtype, int backward) {
-    for (int i = 0; i < hw->n_ops; i++) {
-        const plan_measured_op *o = &hw->ops[i];
-        if (o->kind == kind && o->dtype == dtype && !memcmp(o->shape, shape, sizeof o->shape)) return o->seconds[backward];
-    }
-    return -1;
+__attribute__((weak)) void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
+    fprintf(f, "plan: %.3f GiB, step %.4f s (%s)\n", r->mem_total / 1073741824.0, r->step_time, hw ? hw->name : "no hw");
 }
-__attribute__((weak)) double hw_measured_comm(const hw_profile *hw, int kind, int ranks, double bytes) { (void)hw,(void)kind,(void)ranks,(void)bytes; return -1; }
 
 /* ---- time ---- */
 
@@ -613,7 +613,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     double strat_mem[2][8] = {{0}};
     plan_comm_line fsdp_lines[2][8];
     memset(fsdp_lines, 0, sizeof fsdp_lines);
-    double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, step_comm = 0, step_comm_overlap = 0;
+    double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, unit_block = 0, step_comm = 0, step_comm_overlap = 0;
     int nu_c = nu < 1024 ? nu : 1024;
     for (int k = 0; k < r.n; k++) {
         for (int i = 0; i < 512; i++) comms[i] = (ct_comm_cost){.struct_size = sizeof(ct_comm_cost)};
@@ -632,7 +632,9 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
             int inter = axis_inter_node(l, hw, cc->axis, gpn);
             double s = comm_seconds(hw, cc->kind, r.mesh.degree[cc->axis], cc->bytes, inter);
             double total = s * cc->count;
-            if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP) {
+            if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP && !cc->overlapped) {
+                unit_block += total; /* blocking: the unit waits for it */
+            } else if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP) {
                 if (cc->phase == CT_PHASE_FORWARD) unit_comm_f[cc->unit] += total;
                 else unit_comm_b[cc->unit] += total;
             } else if (cc->overlapped) {
@@ -647,6 +649,8 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
                 cl->bytes += cc->bytes * cc->count;
                 cl->count += cc->count;
                 cl->seconds += total;
+                if (!cc->overlapped) cl->exposed += total;
+                else cl->hidden_candidate += total; /* its exposed share is set once the overlap is known */
             }
         }
     }
@@ -720,13 +724,19 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         step = (F[0] + BI[0] + BW[0] + RE[0] + TPX[0]) * accum;
         res->inflight_microbatches = 1;
     }
-    step += (exposed_f + exposed_b) * n_micro * accum;
+    step += (exposed_f + exposed_b) * n_micro * accum + unit_block;
     /* the step's own collectives: DDP / HSDP all-reduces overlap the backward when the strategy says so */
     double back = (BI[slowest] + BW[slowest] + RE[slowest]) * n_micro * accum;
     double ovl_exposed = fmax(0, step_comm_overlap - back);
     step += step_comm + ovl_exposed;
-    res->t_comm_exposed = (exposed_f + exposed_b) * n_micro * accum + step_comm + ovl_exposed;
+    res->t_comm_exposed = (exposed_f + exposed_b) * n_micro * accum + unit_block + step_comm + ovl_exposed;
     res->t_comm_hidden += hidden * n_micro * accum + step_comm_overlap - ovl_exposed;
+    {
+        double ovl = 0, shown = (exposed_f + exposed_b) * n_micro * accum + ovl_exposed;
+        for (int i = 0; i < res->n_comms; i++) ovl += res->comms[i].hidden_candidate;
+        for (int i = 0; i < res->n_comms; i++) /* the overlapped ones show in proportion */
+            if (ovl > 0) res->comms[i].exposed += res->comms[i].hidden_candidate * fmin(1.0, shown / ovl);
+    }
     for (int pr = 0; pr < 1; pr++) res->t_comm_exposed += TPX[pr] * n_micro * accum;
     /* the optimizer: its plan_step per slot, or the assumed traffic */
     double opt_s = 0, opt_bytes = 0;
@@ -780,13 +790,15 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
             m[PLAN_MEM_MASTER] += strat_mem[k][CT_MEM_MASTER];
         }
         /* activations: the tape's arenas; under pp each microbatch in flight keeps its own */
-        double saved = 0, boundary = 0, peak_fwd = 0, peak_bwd = 0, logits = 0;
+        double saved = 0, boundary = 0, peak_fwd = 0, peak_bwd = 0, logits = 0, grads_peak = 0, scratch = 0;
         for (int u = 0; u < nu; u++) {
             if ((unit_rank ? unit_rank[u] : 0) != pr) continue;
             saved += t.units[u].saved_bytes;
             boundary += t.units[u].boundary_grad_bytes;
             peak_fwd = fmax(peak_fwd, t.units[u].fwd_peak - t.units[u].saved_bytes);
             peak_bwd = fmax(peak_bwd, t.units[u].bwd_peak);
+            grads_peak = fmax(grads_peak, t.units[u].grads_peak);
+            scratch = fmax(scratch, t.units[u].scratch_peak);
             if (u == nu - 1) logits = t.units[u].saved_bytes;
         }
         int inflight = 1;
@@ -800,7 +812,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
                 if (unit_rank[u] == pr && unit_rank[u - 1] != pr) recv += t.units[u - 1].out_bytes;
             m[PLAN_MEM_ACTIVATIONS] = inflight * (t.io_bytes + recv + saved - logits);
             m[PLAN_MEM_LOGITS] = inflight * logits;
-            m[PLAN_MEM_TRANSIENT] = inflight * (boundary + peak_bwd) + peak_fwd;
+            m[PLAN_MEM_TRANSIENT] = inflight * (boundary + grads_peak) + scratch;
             m[PLAN_MEM_PP_BUFFERS] = 0; /* sends and receives land in the contexts' arenas */
         } else {
             m[PLAN_MEM_ACTIVATIONS] = t.io_bytes + saved - logits;
@@ -840,5 +852,34 @@ done:
     plan_trace_free(&t);
     run_free(&r);
     g_mem = keep;
+    return bad ? -1 : 0;
+}
+
+int plan_for_run(int argc, char **argv, const char *usage, int world, plan_result *r, hw_profile *hw, int *have_hw,
+                 char *err, size_t errlen) {
+    run_args a;
+    ct_status st;
+    memset(hw, 0, sizeof *hw);
+    *have_hw = 0;
+    manifest *mf = session_parse(argc, argv, &a, usage, &st);
+    if (!mf) {
+        snprintf(err, errlen, "the manifest cannot be read again");
+        return -1;
+    }
+    plan_ctx *c = NULL;
+    plan_layout l;
+    const char *name = "";
+    mf_get_str(mf, "plan.hardware", &name);
+    int bad = 0;
+    if (name[0]) {
+        char path[4096];
+        session_resolve_path(mf, name, path, sizeof path);
+        if (hw_profile_load(strchr(name, '/') || strstr(name, ".yaml") ? path : name, hw, err, errlen)) bad = -1;
+        else *have_hw = 1;
+    }
+    if (!bad) bad = plan_open(&c, mf, err, errlen) || plan_layout_from_manifest(c, world, &l, err, errlen) ||
+                    plan_eval(c, &l, hw, r, err, errlen);
+    plan_close(c);
+    manifest_free(mf);
     return bad ? -1 : 0;
 }
