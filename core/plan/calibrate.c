@@ -839,21 +839,25 @@ static int measure_group(cal *c, int d, double *secs) {
 }
 
 /* The ring all-gather's time (d-1) lat + (d-1)/d bytes/bw, fitted to the measured all-gathers by
- * least squares on relative error (small sizes decide the latency, large ones the bandwidth). */
+ * least squares on relative error (small sizes decide the latency, large ones the bandwidth). Where
+ * noise makes that fit's latency negative, the latency is the smallest all-gather's time per step
+ * (an upper bound) and the bandwidth is fitted to what remains. */
 static void fit_ring(cal *c) {
-    double s11 = 0, s12 = 0, s22 = 0, t1 = 0, t2 = 0;
+    double s11 = 0, s12 = 0, s22 = 0, t1 = 0, t2 = 0, step = 0;
     for (int i = 0; i < c->n_comms; i++) {
         const plan_measured_comm *m = &c->comms[i];
         if (m->kind != CT_COLL_ALL_GATHER || m->seconds <= 0) continue;
         double w = 1.0 / (m->seconds * m->seconds), x1 = m->ranks - 1, x2 = (m->ranks - 1.0) / m->ranks * m->bytes;
         s11 += w * x1 * x1, s12 += w * x1 * x2, s22 += w * x2 * x2;
         t1 += w * x1 * m->seconds, t2 += w * x2 * m->seconds;
+        if (step == 0 || m->seconds / x1 < step) step = m->seconds / x1;
     }
     double det = s11 * s22 - s12 * s12, lat = 0, inv_bw = 0;
     if (det > 0) lat = (t1 * s22 - t2 * s12) / det, inv_bw = (s11 * t2 - s12 * t1) / det;
-    if (!(lat >= 0) || !(inv_bw > 0)) { /* no latency term: the bandwidth alone */
-        lat = 0;
-        inv_bw = s22 > 0 ? t2 / s22 : 0;
+    if (!(lat > 0) || !(inv_bw > 0)) {
+        lat = step;
+        inv_bw = s22 > 0 ? (t2 - lat * s12) / s22 : 0;
+        if (!(inv_bw > 0)) lat = 0, inv_bw = s22 > 0 ? t2 / s22 : 0; /* the bandwidth alone */
     }
     c->intra_lat = lat;
     c->intra_bw = inv_bw > 0 ? 1.0 / inv_bw : 0;
