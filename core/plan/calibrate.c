@@ -491,9 +491,14 @@ static int trace_layout(cal *c, manifest *mf, double *largest) {
         manifest_free(copy);
         return -1;
     }
-    if (plan_layout_from_manifest(ctx, c->size, &layout, c->err, c->errlen) ||
-        plan_trace_layout(ctx, &layout, &trace, c->err, c->errlen))
+    if (plan_layout_from_manifest(ctx, c->size, &layout, c->err, c->errlen)) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", c->err);
+        ct_errf(c->err, c->errlen, "calibrate: the manifest's layout on this job's %d rank%s: %s (calibrate with "
+                "`ctitan launch -n N` for a layout of N GPUs)", c->size, c->size > 1 ? "s" : "", why);
         goto done;
+    }
+    if (plan_trace_layout(ctx, &layout, &trace, c->err, c->errlen)) goto done;
     if (trace.cannot[0]) {
         char line[320];
         snprintf(line, sizeof line, "the trace stopped early (%s): its later ops are not measured", trace.cannot);

@@ -3,7 +3,8 @@
 # Each profile loads back (a plan reads it), is marked calibrated, has positive rates, a forward and
 # a backward time for every op kind of the model's microbatch, and on 2 ranks the three collectives
 # over 2 ranks at several sizes with a fitted link; an --output that cannot be written is refused
-# (status 2, one line) before anything is measured. About 10 s on 2 cores.
+# (status 2, one line) before anything is measured, and so is a layout of more GPUs than the job
+# has ranks. About 10 s on 2 cores.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -73,6 +74,15 @@ if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q -- "--output $T/no
   echo "ok   unwritable --output: $(cat "$T/err")"
 else
   fail "unwritable --output: status $rc, wanted 2 and one line:"; sed 's/^/    | /' "$T/err"
+fi
+# a layout of more GPUs than the job has ranks: status 2, one line saying how to launch it
+"$CTITAN" plan "$M" "${small[@]}" --parallelism.tensor_parallel_degree=2 --calibrate --output "$T/tp.yaml" \
+  >"$T/out" 2>"$T/err"; rc=$?
+if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "layout on this job's 1 rank: .*ctitan launch -n N" "$T/err" &&
+   [ ! -e "$T/tp.yaml" ]; then
+  echo "ok   layout larger than the job: $(cat "$T/err")"
+else
+  fail "layout larger than the job: status $rc, wanted 2 and one line:"; sed 's/^/    | /' "$T/err"
 fi
 "$CTITAN" launch -n 2 plan "$M" "${small[@]}" --calibrate --output "$T/none/p.yaml" >"$T/out" 2>&1; rc=$?
 if [ $rc -eq 2 ] && grep -q -- "cannot write into folder" "$T/out"; then
