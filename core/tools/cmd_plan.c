@@ -148,13 +148,6 @@ static ct_status check_out_folder(const char *path) {
     return CT_OK;
 }
 
-/* TEMPORARY until calibrate.c lands (another branch): a stand-in its definition replaces. */
-__attribute__((weak)) int plan_calibrate(manifest *mf, const char *out_path, char *err, size_t errlen) {
-    (void)mf;
-    snprintf(err, errlen, "--output %s: calibration is not built into this ctitan yet", out_path);
-    return -2;
-}
-
 static ct_status calibrate(manifest *mf, const char *out) {
     char err[ERRLEN] = "";
     int rc = plan_calibrate(mf, out, err, sizeof err);
