@@ -228,6 +228,14 @@ static int same_layout(const plan_layout *a, const plan_layout *b) {
            a->compile == b->compile && (a->tp == 1 || a->async_tp == b->async_tp);
 }
 
+/* A knob the model gives no effect (compile, async TP where nothing overlaps): the same layout but
+ * for those, planned to the same memory and time, is not a second choice. */
+static int same_outcome(const plan_result *a, const plan_result *b) {
+    plan_layout x = a->layout, y = b->layout;
+    x.compile = y.compile, x.async_tp = y.async_tp;
+    return same_layout(&x, &y) && a->mem_total == b->mem_total && a->step_time == b->step_time;
+}
+
 static int mesh_cmp(const void *a, const void *b) {
     double x = ((const mesh *)a)->best, y = ((const mesh *)b)->best;
     return x < y ? 1 : x > y ? -1 : 0;
@@ -612,7 +620,8 @@ int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *h
         int got = 0; /* a layout reached twice (a fallback, a tuning round) is shown once */
         for (int i = 0; i < s.n_res && got < k; i++) {
             int dup = 0;
-            for (int j = 0; j < got && !dup; j++) dup = same_layout(&(*out)[j].layout, &s.res[i].layout);
+            for (int j = 0; j < got && !dup; j++) dup = same_layout(&(*out)[j].layout, &s.res[i].layout) ||
+                                                       same_outcome(&(*out)[j], &s.res[i]);
             if (!dup && (s.res[i].fits || !win)) (*out)[got++] = s.res[i];
         }
         k = got;
