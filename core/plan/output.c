@@ -444,9 +444,11 @@ int plan_write_manifest(const manifest *mf, const plan_layout *l, const char *pa
     kv_setf(&s, "parallelism.pipeline_parallel_degree", "%lld", l->pp);
     kv_setf(&s, "parallelism.pipeline_parallel_microbatch_size", "%lld", l->pp_microbatch_size);
     if (l->schedule[0]) kv_set(&s, "parallelism.pipeline_parallel_schedule", l->schedule, 0);
-    kv_del(&s, "compile.enable_async_tensor_parallel"); /* torchtitan's other spelling: one key says it */
-    if (l->tp > 1 || kv_find(&s, "parallelism.enable_async_tensor_parallel"))
-        kv_set(&s, "parallelism.enable_async_tensor_parallel", l->tp > 1 && l->async_tp ? "true" : "false", 0);
+    /* async TP in torchtitan's later spelling, the one the planner reads; the tp plugin takes either,
+     * so the other goes. The key exists where the tp plugin is loaded (tp > 1). */
+    kv_del(&s, "parallelism.enable_async_tensor_parallel");
+    if (l->tp > 1 || kv_find(&s, "compile.enable_async_tensor_parallel"))
+        kv_set(&s, "compile.enable_async_tensor_parallel", l->tp > 1 && l->async_tp ? "true" : "false", 0);
     kv_setf(&s, "training.local_batch_size", "%lld", l->local_batch);
     kv_setf(&s, "training.global_batch_size", "%lld", l->global_batch);
     kv_set(&s, "activation_checkpoint.mode",
