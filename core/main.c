@@ -9,6 +9,7 @@
  * Three paths end the process before main returns and write the same numbers themselves: a second
  * stop signal (128 + N), a rank aborting its job after a failure and a rank whose launcher died (1). */
 #include "tools/cmd_convert.h"
+#include "tools/cmd_plan.h"
 #include "tools/cmd_plugins.h"
 #include "tools/cmd_schedule.h"
 #include "tools/cmd_tokenize.h"
@@ -22,6 +23,7 @@ static const char *usage =
     "commands:\n"
     "  train MANIFEST      train the model a YAML manifest names (torchtitan's config keys)\n"
     "  generate MANIFEST   sample text from the model a training run saved\n"
+    "  plan MANIFEST       memory and tokens/s of a layout on given hardware; --search for the best layouts\n"
     "  plugins [PATH]      the plugins on the search path; PATH: every file of a folder, or one plugin in full\n"
     "  launch -n N CMD     run `ctitan CMD` on N ranks under mpirun (as root, oversubscribed)\n"
     "  tokenize            turn text or JSONL into a token shard\n"
@@ -33,12 +35,14 @@ static const char *usage =
 
 static int exit_code(ct_status st) { return st == CT_OK ? 0 : st == CT_ERR_INVALID ? 2 : 1; }
 
-/* train and generate: under `ctitan launch`, the launcher learns this rank's exit code. */
+/* train, generate and plan (calibration runs on ranks): under `ctitan launch`, the launcher learns this rank's exit code. */
 static int run_command(const char *cmd, int argc, char **argv) {
     int stop_signal = 0;
     log_set_rank_from_env(); /* "[rank N]" from the start */
     launch_rank_start();     /* under `ctitan launch`: register with it, end with it */
-    ct_status st = !strcmp(cmd, "train") ? cmd_train(argc, argv, &stop_signal) : cmd_generate(argc, argv);
+    ct_status st = !strcmp(cmd, "train")      ? cmd_train(argc, argv, &stop_signal)
+                   : !strcmp(cmd, "generate") ? cmd_generate(argc, argv)
+                                              : cmd_plan(argc, argv);
     int code = st == CT_OK && stop_signal ? 128 + stop_signal : exit_code(st);
     launch_record_status(code); /* the job's status comes from its ranks */
     return code;
@@ -54,7 +58,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "train") || !strcmp(cmd, "generate")) return run_command(cmd, argc - 2, argv + 2);
+    if (!strcmp(cmd, "train") || !strcmp(cmd, "generate") || !strcmp(cmd, "plan")) return run_command(cmd, argc - 2, argv + 2);
     if (!strcmp(cmd, "launch")) {
         int job_exit = 0;
         ct_status st = cmd_launch(argc - 2, argv + 2, &job_exit);
@@ -65,6 +69,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "convert")) return exit_code(cmd_convert(argc - 1, argv + 1));
     if (!strcmp(cmd, "schedule")) return exit_code(cmd_schedule(argc - 1, argv + 1));
     if (!strcmp(cmd, "tokenizer")) return exit_code(cmd_tokenizer(argc - 1, argv + 1));
-    fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plugins, launch, tokenize, tokenizer, convert, schedule; see ctitan help)\n", cmd);
+    fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plan, plugins, launch, tokenize, tokenizer, convert, schedule; see ctitan help)\n", cmd);
     return exit_code(CT_ERR_INVALID);
 }

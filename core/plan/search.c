@@ -1,0 +1,675 @@
+/* search.c: plan_search, every layout that multiplies to N GPUs evaluated and ranked, and the guide's
+ * rule for a model's size.
+ *
+ * A mesh is dp_replicate x dp_shard x cp x tp x pp; its knobs are the schedule, the pp microbatch
+ * size, the local batch (the global batch fixed), the AC mode, float8, compile and async TP. Three
+ * cuts keep 405B on 4096 GPUs to about a thousand evaluations, the first two assumptions about the
+ * memory and time model that physics makes true, the third a heuristic:
+ *   - a mesh whose parameters, gradients and optimizer states alone (from one evaluated FSDP layout,
+ *     divided by the mesh's shards) exceed the capacity is not evaluated;
+ *   - memory grows with the microbatch, and less AC saves more: the largest local batch that fits is
+ *     found by bisection for each AC mode, and an AC mode that recomputes more is not tried where
+ *     one that recomputes less fits (it could only be slower);
+ *   - every mesh is evaluated with default knobs (no float8, no compile, 1F1B, no async TP); on the
+ *     best SEARCH_FULL_MESHES of them the knobs are tuned by coordinate descent (each knob's values
+ *     with the others held, until a round changes nothing).
+ * The counts (meshes, pruned, evaluated, refused) come back in plan_search_stats; the output prints
+ * them.
+ */
+#include "plan/search.h"
+#include "tools/schedule.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SEARCH_FULL_MESHES 16
+#define SEARCH_MAX_DIVISORS 256
+
+static const char *const search_schedules[] = {"1F1B", "Interleaved1F1B", "ZBVZeroBubble", "GPipe"};
+#define N_SCHEDULES ((int)(sizeof search_schedules / sizeof search_schedules[0]))
+
+typedef struct knobs {
+    const char *schedule;
+    int float8, compile, async_tp;
+} knobs;
+
+typedef struct mesh {
+    int rep, shard, cp, tp, pp;
+    double best; /* tokens/s per GPU of its best fitting layout so far, 0 none */
+    knobs k;     /* the knobs of that layout (the first pass's until one fits) */
+} mesh;
+
+typedef struct searcher {
+    plan_ctx *ctx;
+    const hw_profile *hw;
+    const plan_search_opts *o;
+    plan_search_stats *st;
+    plan_layout tmpl;   /* the manifest's layout: sequence length, float8 recipe, precision, fixed knobs */
+    int64_t G;          /* global batch, sequences */
+    double static_all;  /* parameters + gradients + optimizer states + master weights of all ranks (0: unknown) */
+    double capacity;    /* bytes a layout may use */
+    int have_sched[N_SCHEDULES];
+    int min_spr[N_SCHEDULES]; /* each schedule's fewest stages per rank (interleaved ones: 2) */
+    plan_result *res;
+    int n_res, cap_res;
+    char err[256];      /* the last refusal */
+    mesh closest;       /* the pruned mesh with the most shards (walked when every mesh is pruned) */
+    int have_closest;
+} searcher;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Divisors of n in ascending order (at most max). */
+static int divisors(int64_t n, int64_t *d, int max) {
+    int k = 0;
+    for (int64_t i = 1; i * i <= n && k < max; i++)
+        if (n % i == 0) d[k++] = i;
+    int lo = k;
+    for (int j = lo - 1; j >= 0 && k < max; j--)
+        if (d[j] * d[j] != n) d[k++] = n / d[j];
+    return k;
+}
+
+/* Evaluates l: 1 fits, 0 does not, -1 refused. Every layout it did not refuse is kept. */
+static int try_layout(searcher *s, const plan_layout *l) {
+    plan_result r;
+    char err[256];
+    memset(&r, 0, sizeof r);
+    s->st->evaluated++;
+    if (plan_eval(s->ctx, l, s->hw, &r, err, sizeof err)) {
+        s->st->refused++;
+        snprintf(s->err, sizeof s->err, "%s", err);
+        if (!s->st->first_refusal[0]) snprintf(s->st->first_refusal, sizeof s->st->first_refusal, "%s", err);
+        return -1;
+    }
+    r.layout = *l;
+    if (s->n_res == s->cap_res) {
+        int cap = s->cap_res ? 2 * s->cap_res : 256;
+        plan_result *g = realloc(s->res, sizeof *g * (size_t)cap);
+        if (!g) return r.fits ? 1 : 0; /* out of memory: the layout is lost, the search goes on */
+        s->res = g, s->cap_res = cap;
+    }
+    s->res[s->n_res++] = r;
+    if (r.fits) s->st->fitting++;
+    return r.fits ? 1 : 0;
+}
+
+static int ac_modes(const searcher *s, int *ac) {
+    if (!s->o->vary_ac) {
+        ac[0] = s->tmpl.ac;
+        return 1;
+    }
+    ac[0] = PLAN_AC_NONE, ac[1] = PLAN_AC_SELECTIVE_OP, ac[2] = PLAN_AC_FULL;
+    return 3;
+}
+
+/* One mesh with one set of knobs: the batch walks described at the top. Returns the best tokens/s
+ * per GPU that fit (0 none). */
+static double walk(searcher *s, const mesh *m, const knobs *k) {
+    plan_layout l = s->tmpl;
+    l.dp_replicate = m->rep, l.dp_shard = m->shard, l.cp = m->cp, l.tp = m->tp, l.pp = m->pp;
+    snprintf(l.schedule, sizeof l.schedule, "%s", m->pp > 1 ? k->schedule : s->tmpl.schedule);
+    l.float8 = k->float8;
+    if (l.float8 && !l.float8_recipe[0]) snprintf(l.float8_recipe, sizeof l.float8_recipe, "tensorwise");
+    l.compile = k->compile;
+    l.async_tp = m->tp > 1 ? k->async_tp : 0;
+    l.global_batch = s->G;
+    int64_t B = s->G / ((int64_t)m->rep * m->shard), d[SEARCH_MAX_DIVISORS];
+    int nd = divisors(B, d, SEARCH_MAX_DIVISORS), ac[3], nac = ac_modes(s, ac);
+    /* a local batch past the manifest's limit on tokens per microbatch would not load */
+    int64_t max_local = l.seq_len > 0 ? MF_MAX_MICROBATCH_TOKENS / l.seq_len : B;
+    while (nd > 0 && d[nd - 1] > max_local) nd--;
+    if (nd == 0) return 0;
+    int first = s->n_res;
+    if (m->pp == 1) { /* the largest local batch that fits, per AC mode; gradient accumulation does the rest */
+        l.pp_microbatch_size = s->tmpl.pp_microbatch_size;
+        int fit_at = -1; /* the largest index that fit with less recomputation */
+        for (int a = 0; a < nac && fit_at < nd - 1; a++) {
+            l.ac = ac[a];
+            /* more recomputation fits at least where less did: only larger batches are news */
+            int lo = fit_at + 1, hi = nd - 1, refused = 0;
+            l.local_batch = d[lo];
+            int r = try_layout(s, &l);
+            if (r < 0) break; /* the knobs are refused at any batch */
+            if (r == 0) continue; /* not even one step up: this mode gains nothing */
+            fit_at = lo++;
+            if (lo <= hi) { /* the whole batch first: the common case at scale */
+                l.local_batch = d[hi];
+                int q = try_layout(s, &l);
+                if (q < 0) break;
+                if (q) fit_at = hi, lo = hi + 1;
+                else hi--;
+            }
+            while (lo <= hi) {
+                int mid = (lo + hi) / 2;
+                l.local_batch = d[mid];
+                int q = try_layout(s, &l);
+                if (q < 0) {
+                    refused = 1;
+                    break;
+                }
+                if (q) fit_at = mid, lo = mid + 1;
+                else hi = mid - 1;
+            }
+            if (refused) break;
+        }
+    } else { /* the whole local batch per step, split into pp microbatches; the microbatch walks up */
+        l.local_batch = d[nd - 1]; /* B, or the largest part of it the limit allows (accumulating the rest) */
+        nd = divisors(l.local_batch, d, SEARCH_MAX_DIVISORS);
+        int a0 = 0; /* an AC mode that did not fit a smaller microbatch does not fit this one */
+        for (int i = 0; i < nd && a0 < nac; i++) {
+            l.pp_microbatch_size = (int)d[i];
+            int fit = 0, refused = 0;
+            for (int a = a0; a < nac && !fit && !refused; a++) {
+                l.ac = ac[a];
+                int r = try_layout(s, &l);
+                refused = r < 0, fit = r == 1;
+                if (r == 0) a0 = a + 1;
+            }
+            /* refused: fewer microbatches are refused too; nothing fits: larger ones do not either */
+            if (refused || !fit) break;
+        }
+    }
+    double best = 0;
+    for (int i = first; i < s->n_res; i++)
+        if (s->res[i].fits && s->res[i].tokens_per_s_per_gpu > best) best = s->res[i].tokens_per_s_per_gpu;
+    return best;
+}
+
+int plan_layout_kind(const plan_layout *l) { return l->pp > 1 ? 2 : l->tp > 1 ? 1 : 0; }
+
+void plan_model_sizes_get(const plan_ctx *ctx, plan_model_sizes *ms) {
+    const ct_model_desc *d = plan_model(ctx);
+    memset(ms, 0, sizeof *ms);
+    ms->n_params = (double)d->n_params;
+    ms->n_heads = (int)d->n_heads, ms->n_kv_heads = (int)d->n_kv_heads;
+    ms->n_layers = d->n_layers > 0 ? d->n_layers : (d->n_units > 2 ? d->n_units - 2 : 1);
+}
+
+/* Parameters, gradients, optimizer states and master weights of every rank, from one FSDP layout
+ * over every GPU (their sum on the largest rank times the ranks: at least the true total). */
+static void static_memory(searcher *s) {
+    plan_layout l = s->tmpl;
+    plan_result r;
+    char err[256];
+    l.dp_replicate = 1, l.dp_shard = s->o->gpus, l.cp = 1, l.tp = 1, l.pp = 1;
+    l.local_batch = 1, l.global_batch = s->o->gpus, l.pp_microbatch_size = 1;
+    l.ac = PLAN_AC_FULL, l.float8 = 0, l.compile = 0, l.async_tp = 0;
+    memset(&r, 0, sizeof r);
+    s->st->evaluated++;
+    if (plan_eval(s->ctx, &l, s->hw, &r, err, sizeof err)) {
+        s->st->refused++;
+        return; /* no pruning: every mesh is evaluated */
+    }
+    s->capacity = s->hw->mem_bytes > 0 ? s->hw->mem_bytes * (1.0 - s->hw->headroom_frac) : r.mem_capacity;
+    s->static_all = (r.mem[PLAN_MEM_PARAMS] + r.mem[PLAN_MEM_GRADS] + r.mem[PLAN_MEM_OPTIMIZER] + r.mem[PLAN_MEM_MASTER]) *
+                    (double)s->o->gpus;
+}
+
+/* 1 when the mesh cannot fit: 90% of its even share of the static memory exceeds the capacity (the
+ * 10% covers padding and parameters a shard keeps whole). */
+static int pruned(const searcher *s, const mesh *m) {
+    if (s->static_all <= 0 || s->capacity <= 0) return 0;
+    return 0.9 * s->static_all / ((double)m->shard * m->cp * m->tp * m->pp) > s->capacity;
+}
+
+static int same_layout(const plan_layout *a, const plan_layout *b) {
+    return a->dp_replicate == b->dp_replicate && a->dp_shard == b->dp_shard && a->cp == b->cp && a->tp == b->tp &&
+           a->pp == b->pp && (a->pp == 1 || (!strcmp(a->schedule, b->schedule) && a->pp_microbatch_size == b->pp_microbatch_size)) &&
+           a->local_batch == b->local_batch && a->global_batch == b->global_batch && a->ac == b->ac &&
+           a->float8 == b->float8 && (!a->float8 || !strcmp(a->float8_recipe, b->float8_recipe)) &&
+           a->compile == b->compile && (a->tp == 1 || a->async_tp == b->async_tp);
+}
+
+/* A knob the model gives no effect (compile, async TP where nothing overlaps): the same layout but
+ * for those, planned to the same memory and time, is not a second choice. */
+static int same_outcome(const plan_result *a, const plan_result *b) {
+    plan_layout x = a->layout, y = b->layout;
+    x.compile = y.compile, x.async_tp = y.async_tp;
+    return same_layout(&x, &y) && a->mem_total == b->mem_total && a->step_time == b->step_time;
+}
+
+static int mesh_cmp(const void *a, const void *b) {
+    double x = ((const mesh *)a)->best, y = ((const mesh *)b)->best;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static int result_cmp(const void *a, const void *b) {
+    const plan_result *x = a, *y = b;
+    if (x->fits != y->fits) return y->fits - x->fits;
+    if (x->fits) {
+        if (x->tokens_per_s_per_gpu != y->tokens_per_s_per_gpu) return x->tokens_per_s_per_gpu < y->tokens_per_s_per_gpu ? 1 : -1;
+    }
+    return x->mem_total < y->mem_total ? -1 : x->mem_total > y->mem_total;
+}
+
+/* The meshes of opts->gpus that divide the model and the global batch; NULL with *n 0 when none. */
+static mesh *meshes_list(searcher *s, int *n) {
+    const plan_search_opts *o = s->o;
+    const plan_model_sizes *ms = &s->st->model;
+    int64_t d[SEARCH_MAX_DIVISORS];
+    int nd = divisors(o->gpus, d, SEARCH_MAX_DIVISORS), cap = 64, k = 0;
+    mesh *list = malloc(sizeof *list * (size_t)cap);
+    if (!list) return NULL;
+    for (int a = 0; a < nd; a++) {
+        int tp = (int)d[a];
+        if (tp > o->gpus_per_node) break;
+        if (ms->n_heads && ms->n_heads % tp) continue;
+        if (ms->n_kv_heads && ms->n_kv_heads % tp) continue;
+        for (int b = 0; b < nd; b++) {
+            int pp = (int)d[b];
+            if ((o->gpus / tp) % pp) continue;
+            if (pp > ms->n_layers) break;
+            for (int cp = 1; cp <= 1; cp++) { /* context parallel: one degree until the strategy exists */
+                int dp = o->gpus / tp / pp / cp;
+                if (s->G % dp) continue; /* the global batch does not split over the replicas */
+                for (int c = 0; c < nd; c++) {
+                    int rep = (int)d[c];
+                    if (rep > dp) break;
+                    if (dp % rep) continue;
+                    mesh m = {.rep = rep, .shard = dp / rep, .cp = cp, .tp = tp, .pp = pp};
+                    s->st->meshes++;
+                    if (pruned(s, &m)) {
+                        s->st->pruned++;
+                        int64_t sh = (int64_t)m.shard * m.cp * m.tp * m.pp;
+                        if (!s->have_closest || sh > (int64_t)s->closest.shard * s->closest.cp * s->closest.tp * s->closest.pp)
+                            s->closest = m, s->have_closest = 1;
+                        continue;
+                    }
+                    if (k == cap) {
+                        mesh *g = realloc(list, sizeof *g * (size_t)(cap *= 2));
+                        if (!g) {
+                            *n = k;
+                            return list;
+                        }
+                        list = g;
+                    }
+                    list[k++] = m;
+                }
+            }
+        }
+    }
+    *n = k;
+    return list;
+}
+
+/* The first pass's knobs: no float8, no compile, 1F1B, no async TP. */
+static knobs first_knobs(const searcher *s) {
+    const plan_search_opts *o = s->o;
+    knobs k = {"1F1B", s->tmpl.float8, s->tmpl.compile, 0};
+    if (o->vary_float8) k.float8 = 0; /* float8's casts add memory: the first pass keeps every mesh that fits */
+    if (o->vary_compile) k.compile = 0;
+    if (!o->vary_schedule && s->tmpl.schedule[0]) k.schedule = s->tmpl.schedule;
+    return k;
+}
+
+static int same_knobs(const knobs *a, const knobs *b, const mesh *m) {
+    return a->float8 == b->float8 && a->compile == b->compile && (m->tp == 1 || a->async_tp == b->async_tp) &&
+           (m->pp == 1 || !strcmp(a->schedule, b->schedule));
+}
+
+/* The knobs of one mesh by coordinate descent from the first pass's: each knob's other values
+ * tried with the rest held, the best kept, until a round changes nothing. float8 and compile move
+ * together (four pairs): they interact (compile may refuse float8). */
+static int schedule_fits(const searcher *s, const char *name, int pp);
+
+static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
+    const plan_search_opts *o = s->o;
+    knobs tried[64], cur = m->k;
+    int nt = 0;
+    tried[nt++] = *k1; /* walked in the first pass, like m->k */
+    if (!same_knobs(&cur, k1, m)) tried[nt++] = cur;
+    for (int round = 0; round < 3; round++) {
+        int moved = 0;
+        for (int dim = 0; dim < 3; dim++) {
+            knobs alt[N_SCHEDULES + 4];
+            int na = 0;
+            if (dim == 0 && m->pp > 1 && o->vary_schedule)
+                for (int i = 0; i < N_SCHEDULES; i++)
+                    if (s->have_sched[i] && schedule_fits(s, search_schedules[i], m->pp))
+                        alt[na] = cur, alt[na++].schedule = search_schedules[i];
+            if (dim == 1)
+                for (int f = 0; f < (o->vary_float8 ? 2 : 1); f++)
+                    for (int c = 0; c < (o->vary_compile ? 2 : 1); c++) {
+                        alt[na] = cur;
+                        if (o->vary_float8) alt[na].float8 = f;
+                        if (o->vary_compile) alt[na].compile = c;
+                        na++;
+                    }
+            if (dim == 2 && m->tp > 1) alt[na] = cur, alt[na].async_tp = 0, na++, alt[na] = cur, alt[na].async_tp = 1, na++;
+            knobs best = cur;
+            for (int i = 0; i < na; i++) {
+                int seen = 0;
+                for (int j = 0; j < nt && !seen; j++) seen = same_knobs(&tried[j], &alt[i], m);
+                if (seen || nt == 64) continue;
+                tried[nt++] = alt[i];
+                double b = walk(s, m, &alt[i]);
+                if (b > m->best) m->best = b, m->k = alt[i], best = alt[i], moved = 1;
+            }
+            cur = best;
+        }
+        if (!moved) break;
+    }
+}
+
+/* One GPU count: every mesh with the first pass's knobs, then the best meshes' knobs tuned. s->res
+ * holds what was evaluated. */
+static int search_count(searcher *s, char *err, size_t errlen) {
+    int nm = 0;
+    mesh *ms = meshes_list(s, &nm); /* NULL: none divides (or no memory): no layout */
+    if (nm == 0 && s->have_closest) { /* all pruned: the most sharded one shows how far from fitting */
+        knobs plain = first_knobs(s);
+        plain.float8 = s->o->vary_float8 ? 0 : plain.float8;
+        walk(s, &s->closest, &plain);
+    }
+    knobs k1 = first_knobs(s);
+    for (int i = 0; i < nm; i++) {
+        ms[i].k = k1;
+        ms[i].best = walk(s, &ms[i], &k1);
+        if (ms[i].best == 0 && (s->o->vary_float8 || s->o->vary_compile)) {
+            /* nothing fits or every probe was refused: float8's copies, or float8 or compile the plugins
+             * cannot plan here, may be why; the plain knobs */
+            knobs plain = k1;
+            if (s->o->vary_float8) plain.float8 = 0;
+            if (s->o->vary_compile) plain.compile = 0;
+            if (!same_knobs(&plain, &k1, &ms[i])) ms[i].k = plain, ms[i].best = walk(s, &ms[i], &plain);
+        }
+    }
+    qsort(ms, (size_t)nm, sizeof *ms, mesh_cmp);
+    for (int i = 0; i < nm && i < SEARCH_FULL_MESHES && ms[i].best > 0; i++) {
+        tune_mesh(s, &ms[i], &k1);
+        s->st->full_meshes++;
+    }
+    free(ms);
+    (void)err, (void)errlen;
+    return 0;
+}
+
+/* The global batch every layout keeps: training.global_batch_size, else the manifest's local batch
+ * times its data-parallel degree at these GPUs. */
+static int64_t global_batch(const plan_layout *t) {
+    if (t->global_batch > 0) return t->global_batch;
+    return t->local_batch * (int64_t)t->dp_replicate * t->dp_shard;
+}
+
+static void searcher_init(searcher *s, plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw,
+                          plan_search_stats *st, const plan_layout *tmpl, int64_t G) {
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx, s->hw = hw, s->o = o, s->st = st, s->tmpl = *tmpl, s->G = G;
+    if (!s->tmpl.schedule[0]) snprintf(s->tmpl.schedule, sizeof s->tmpl.schedule, "1F1B");
+    char names[1024], norm[128], mine[128];
+    schedule_list(NULL, names, sizeof names);
+    for (int i = 0; i < N_SCHEDULES; i++) {
+        if (schedule_normalize(search_schedules[i], mine, sizeof mine)) continue;
+        for (char *p = names; *p;) {
+            size_t len = strcspn(p, ",");
+            char one[128];
+            snprintf(one, sizeof one, "%.*s", (int)len, p);
+            char *q = one;
+            while (*q == ' ') q++;
+            if (!schedule_normalize(q, norm, sizeof norm) && !strcmp(norm, mine)) s->have_sched[i] = 1;
+            p += len;
+            if (*p == ',') p++;
+        }
+    }
+    for (int i = 0; i < N_SCHEDULES; i++) { /* a stage per unit at most: pp x stages per rank <= units */
+        plugin *p = s->have_sched[i] ? schedule_load(search_schedules[i], NULL, names, sizeof names) : NULL;
+        s->min_spr[i] = p ? schedule_api(p)->min_stages_per_rank : 1;
+        if (s->min_spr[i] < 1) s->min_spr[i] = 1;
+        if (p) plugin_unload(p);
+    }
+    static_memory(s);
+}
+
+/* Whether the schedule places pp x its stages per rank on the model's units (layers + embedding + output). */
+static int schedule_fits(const searcher *s, const char *name, int pp) {
+    for (int i = 0; i < N_SCHEDULES; i++)
+        if (!strcmp(name, search_schedules[i])) return (int64_t)pp * s->min_spr[i] <= (int64_t)s->st->model.n_layers + 2;
+    return 1; /* the manifest's own schedule: the plugins say */
+}
+
+/* The best fitting tokens/s per GPU at `gpus` (0 when nothing fits there). */
+static double best_at(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_search_stats *st,
+                      const plan_layout *tmpl, int64_t G, int gpus, char *err, size_t errlen) {
+    plan_search_opts so = *o;
+    so.gpus = gpus;
+    plan_search_stats sub;
+    memset(&sub, 0, sizeof sub);
+    sub.model = st->model;
+    searcher s;
+    searcher_init(&s, ctx, &so, hw, &sub, tmpl, G);
+    search_count(&s, err, errlen);
+    double best = 0;
+    for (int i = 0; i < s.n_res; i++)
+        if (s.res[i].fits && s.res[i].tokens_per_s_per_gpu > best) best = s.res[i].tokens_per_s_per_gpu;
+    st->evaluated += sub.evaluated, st->refused += sub.refused;
+    free(s.res);
+    return best;
+}
+
+/* The guide's layout: its mesh and knobs (schedule, compile, float8, async TP) as the rule says, the
+ * AC mode and microbatch tuned to the memory as for any mesh (the guide's second step); compile, then
+ * float8, dropped where the plugins refuse them, and that said. Its best variant that fits, else
+ * the one that needs the least memory. */
+static void rule_eval(searcher *s, const plan_result *winner) {
+    plan_search_stats *st = s->st;
+    plan_layout rl;
+    st->rule = plan_guide_rule(st->model.n_params, s->o->gpus, s->o->gpus_per_node, &rl);
+    mesh m = {.rep = rl.dp_replicate, .shard = rl.dp_shard, .cp = rl.cp, .tp = rl.tp, .pp = rl.pp};
+    knobs k = {rl.pp > 1 ? rl.schedule : s->tmpl.schedule, rl.float8 && s->hw->peak_flops[PLAN_FP8] > 0, rl.compile,
+               rl.async_tp};
+    searcher rs = *s; /* its own results: s->res is sorted and pointed into */
+    rs.res = NULL, rs.n_res = rs.cap_res = 0, rs.err[0] = 0;
+    int64_t dp = (int64_t)m.rep * m.shard;
+    if (rs.G % dp) rs.G = (rs.G / dp > 0 ? rs.G / dp : 1) * dp; /* the nearest batch that splits */
+    walk(&rs, &m, &k);
+    for (int drop = 0; rs.n_res == 0 && drop < 2; drop++) {
+        int *knob = drop == 0 ? &k.compile : &k.float8;
+        if (!*knob) continue;
+        size_t used = strlen(st->rule_err);
+        snprintf(st->rule_err + used, sizeof st->rule_err - used, "%s%s off: %.150s", used ? "; " : "",
+                 drop == 0 ? "compile" : "float8", rs.err);
+        *knob = 0;
+        walk(&rs, &m, &k);
+    }
+    int pick = -1;
+    for (int i = 0; i < rs.n_res; i++) {
+        const plan_result *r = &rs.res[i];
+        if (pick < 0) pick = i;
+        else if (r->fits != rs.res[pick].fits) pick = r->fits ? i : pick;
+        else if (r->fits ? r->tokens_per_s_per_gpu > rs.res[pick].tokens_per_s_per_gpu : r->mem_total < rs.res[pick].mem_total)
+            pick = i;
+    }
+    memset(&st->rule_result, 0, sizeof st->rule_result);
+    st->rule_evaluated = pick >= 0;
+    if (pick >= 0) {
+        st->rule_result = rs.res[pick];
+    } else { /* for the text: the rule's layout as it would have been tried */
+        plan_layout l = s->tmpl;
+        l.dp_replicate = m.rep, l.dp_shard = m.shard, l.cp = m.cp, l.tp = m.tp, l.pp = m.pp;
+        snprintf(l.schedule, sizeof l.schedule, "%s", k.schedule);
+        l.float8 = k.float8, l.compile = k.compile, l.async_tp = k.async_tp, l.ac = rl.ac;
+        l.global_batch = rs.G, l.local_batch = rs.G / dp;
+        st->rule_result.layout = l;
+        snprintf(st->rule_err, sizeof st->rule_err, "%s", rs.err);
+    }
+    st->rule_layout = st->rule_result.layout;
+    st->agrees = winner && winner->fits && plan_layout_kind(&winner->layout) == plan_layout_kind(&st->rule_layout);
+    free(rs.res);
+}
+
+/* The manifest's degrees do not fit `gpus` (tp 8 on 1 GPU): its layout at its own size still gives
+ * the search its knobs and batch; the global batch, when the manifest leaves it to the data-parallel
+ * degree, is its local batch times the data-parallel ranks its tp x pp x cp leave of `gpus`. */
+static int template_elsewhere(plan_ctx *ctx, int gpus, plan_layout *t, char *err, size_t errlen) {
+    const manifest *mf = plan_manifest(ctx);
+    int64_t rep = 1, shard = -1, tp = 1, pp = 1, cp = 1;
+    mf_get_int(mf, "parallelism.data_parallel_replicate_degree", &rep);
+    mf_get_int(mf, "parallelism.data_parallel_shard_degree", &shard);
+    mf_get_int(mf, "parallelism.tensor_parallel_degree", &tp);
+    mf_get_int(mf, "parallelism.pipeline_parallel_degree", &pp);
+    mf_get_int(mf, "parallelism.context_parallel_degree", &cp);
+    int64_t others = rep * tp * pp * cp, world = others * (shard > 0 ? shard : 1);
+    if (rep < 1 || tp < 1 || pp < 1 || cp < 1 || world < 1 || world > 1000000) return -1; /* err as it was */
+    char own[256];
+    if (plan_layout_from_manifest(ctx, (int)world, t, own, sizeof own)) return -1;
+    if (t->global_batch <= 0) {
+        int64_t dp = gpus / (tp * pp * cp);
+        t->global_batch = t->local_batch * (dp > 0 ? dp : 1);
+    }
+    err[0] = 0;
+    (void)errlen;
+    return 0;
+}
+
+int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n,
+                   plan_search_stats *stats, char *err, size_t errlen) {
+    plan_search_stats local;
+    plan_search_stats *st = stats ? stats : &local;
+    memset(st, 0, sizeof *st);
+    *out = NULL, *n = 0;
+    double t0 = now_s();
+    if (o->gpus < 1 || o->gpus_per_node < 1) {
+        snprintf(err, errlen, "the search needs at least 1 GPU and 1 GPU per node (got %d and %d)", o->gpus,
+                 o->gpus_per_node);
+        return -1;
+    }
+    plan_layout tmpl;
+    if (plan_layout_from_manifest(ctx, o->gpus, &tmpl, err, errlen) && template_elsewhere(ctx, o->gpus, &tmpl, err, errlen))
+        return -1;
+    plan_model_sizes_get(ctx, &st->model);
+    st->global_batch = global_batch(&tmpl);
+    if (st->global_batch < 1) {
+        snprintf(err, errlen, "the manifest's global batch (%lld sequences) is not positive", (long long)st->global_batch);
+        return -1;
+    }
+    searcher s;
+    searcher_init(&s, ctx, o, hw, st, &tmpl, st->global_batch);
+    search_count(&s, err, errlen);
+    qsort(s.res, (size_t)s.n_res, sizeof *s.res, result_cmp);
+    const plan_result *win = s.n_res && s.res[0].fits ? &s.res[0] : NULL;
+
+    /* the largest microbatch that fits with the winner's other settings */
+    if (win) {
+        plan_layout l = win->layout;
+        int64_t B = l.pp > 1 ? l.local_batch : st->global_batch / ((int64_t)l.dp_replicate * l.dp_shard);
+        int64_t d[SEARCH_MAX_DIVISORS], cur = l.pp > 1 ? l.pp_microbatch_size : l.local_batch;
+        int nd = divisors(B, d, SEARCH_MAX_DIVISORS);
+        st->max_microbatch = cur;
+        for (int i = 0; i < nd; i++) {
+            if (d[i] <= cur) continue;
+            if (l.pp == 1 && l.seq_len > 0 && d[i] > MF_MAX_MICROBATCH_TOKENS / l.seq_len) break;
+            if (l.pp > 1) l.pp_microbatch_size = (int)d[i];
+            else l.local_batch = d[i];
+            plan_result r;
+            memset(&r, 0, sizeof r);
+            st->evaluated++;
+            if (plan_eval(ctx, &l, hw, &r, err, errlen)) {
+                st->refused++;
+                break;
+            }
+            if (!r.fits) break;
+            st->max_microbatch = d[i];
+        }
+        err[0] = 0;
+    }
+
+    /* scaling efficiency's reference: the smallest count gpus / 2^k that fits, from the static
+     * memory's bound up */
+    if (win && s.static_all > 0 && s.capacity > 0) {
+        double need = 0.9 * s.static_all / s.capacity;
+        int c = o->gpus;
+        while (c % 2 == 0 && c / 2 >= need && c / 2 >= 1) c /= 2;
+        for (; c < o->gpus; c *= 2) {
+            double b = best_at(ctx, o, hw, st, &tmpl, st->global_batch, c, err, errlen);
+            if (b > 0) {
+                st->ref_gpus = c, st->ref_tokens_per_s_per_gpu = b;
+                break;
+            }
+        }
+    }
+    if (win) { /* no smaller count fits (or the bound is unknown): this count is the reference */
+        if (!st->ref_gpus) st->ref_gpus = o->gpus, st->ref_tokens_per_s_per_gpu = win->tokens_per_s_per_gpu;
+        for (int i = 0; i < s.n_res; i++)
+            if (s.res[i].fits) s.res[i].scaling_efficiency = s.res[i].tokens_per_s_per_gpu / st->ref_tokens_per_s_per_gpu;
+    }
+    rule_eval(&s, win);
+    if (win) st->rule_result.scaling_efficiency = st->rule_result.fits ? st->rule_result.tokens_per_s_per_gpu / st->ref_tokens_per_s_per_gpu : 0;
+
+    int k = o->top_k > 0 ? o->top_k : 5;
+    if (k > s.n_res) k = s.n_res;
+    if (win) { /* only layouts that fit; when none does, the closest ones say why */
+        int nf = 0;
+        while (nf < s.n_res && s.res[nf].fits) nf++;
+        if (k > nf) k = nf;
+    }
+    if (k > 0) {
+        *out = malloc(sizeof **out * (size_t)k);
+        if (!*out) {
+            free(s.res);
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        int got = 0; /* a layout reached twice (a fallback, a tuning round) is shown once */
+        for (int i = 0; i < s.n_res && got < k; i++) {
+            int dup = 0;
+            for (int j = 0; j < got && !dup; j++) dup = same_layout(&(*out)[j].layout, &s.res[i].layout) ||
+                                                       same_outcome(&(*out)[j], &s.res[i]);
+            if (!dup && (s.res[i].fits || !win)) (*out)[got++] = s.res[i];
+        }
+        k = got;
+    }
+    *n = k;
+    free(s.res);
+    st->seconds = now_s() - t0;
+    err[0] = 0;
+    return 0;
+}
+
+int plan_search(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n, char *err,
+                size_t errlen) {
+    return plan_search_ex(ctx, o, hw, out, n, NULL, err, errlen);
+}
+
+/* The guide: up to 10B, FSDP alone with compile and float8; 10B to 100B, FSDP x TP with async TP
+ * (its recipe: data_parallel_shard_degree 4 x tensor_parallel_degree 2 on 8 GPUs); beyond 100B, 3D
+ * (FSDP x TP x PP) with the interleaved 1F1B schedule, TP within a node and PP across nodes. */
+const char *plan_guide_rule(double n_params, int gpus, int gpus_per_node, plan_layout *l) {
+    memset(l, 0, sizeof *l);
+    l->dp_replicate = l->cp = l->tp = l->pp = 1;
+    l->pp_microbatch_size = 1;
+    l->ac = PLAN_AC_SELECTIVE_OP;
+    l->bf16 = 1;
+    snprintf(l->schedule, sizeof l->schedule, "1F1B");
+    snprintf(l->float8_recipe, sizeof l->float8_recipe, "tensorwise");
+    if (gpus < 1) gpus = 1;
+    if (gpus_per_node < 1) gpus_per_node = 1;
+    if (n_params <= 10e9) {
+        l->dp_shard = gpus;
+        l->compile = 1, l->float8 = 1;
+        return "up to 10B parameters: FSDP alone (data_parallel_shard_degree over every GPU), with compile and float8";
+    }
+    if (n_params <= 100e9) {
+        l->tp = gpus % 2 == 0 && gpus_per_node >= 2 ? 2 : 1;
+        l->dp_shard = gpus / l->tp;
+        l->async_tp = l->tp > 1, l->compile = 1;
+        return "10B to 100B parameters: FSDP x TP with async TP (the guide's recipe: data_parallel_shard_degree 4 x "
+               "tensor_parallel_degree 2 on 8 GPUs, FSDP over the rest when there are more)";
+    }
+    int tp = 8 < gpus_per_node ? 8 : gpus_per_node;
+    while (tp > 1 && gpus % tp) tp /= 2;
+    int pp = 8;
+    while (pp > 1 && (gpus / tp) % pp) pp /= 2;
+    l->tp = tp, l->pp = pp, l->dp_shard = gpus / tp / pp;
+    l->async_tp = tp > 1;
+    snprintf(l->schedule, sizeof l->schedule, "Interleaved1F1B");
+    return "beyond 100B parameters: 3D, FSDP x TP x PP with the Interleaved1F1B schedule (TP within a node, up to 8; "
+           "PP up to 8 across nodes; FSDP over the rest)";
+}

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# plan_cli: `ctitan plan`. Bad usage or input exits 2 with one line naming what is wrong (and the
+# file, line and key of a manifest error); --help documents every option; --json parses and has
+# the documented keys, for one layout and for a search; --write-manifest writes a manifest that
+# `ctitan train --dry-run` accepts unchanged; the shipped recipes plan.
+set -uo pipefail
+BUILD=${BUILD:-build}
+CTITAN=${CTITAN:-$BUILD/ctitan}
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+ok() { echo "ok:   $*"; }
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+# expect NAME PATTERN... -- ARGS: `ctitan plan ARGS` exits 2 with one stderr line matching every PATTERN
+expect() {
+    local name=$1 rc lines good=1
+    shift
+    local pats=()
+    while [ "$1" != "--" ]; do pats+=("$1"); shift; done
+    shift
+    "$CTITAN" plan "$@" >"$WORK/out" 2>"$WORK/err"
+    rc=$?
+    lines=$(wc -l <"$WORK/err")
+    [ "$rc" -eq 2 ] && [ "$lines" -eq 1 ] || good=0
+    for p in "${pats[@]}"; do grep -qE -- "$p" "$WORK/err" || good=0; done
+    if [ $good -eq 1 ]; then ok "$name: $(cat "$WORK/err")"
+    else fail "$name: status $rc, $lines stderr lines, wanted /${pats[*]}/:"; sed 's/^/    | /' "$WORK/err" | head -5; fi
+}
+
+M=configs/llama3_1b.yaml
+HW=(--hardware h100-sxm)
+
+expect "no --hardware" "--hardware" "required" -- "$M" --gpus 8
+expect "no --gpus" "--gpus" "required" -- "$M" "${HW[@]}"
+expect "--gpus 0" "--gpus" "got 0" -- "$M" "${HW[@]}" --gpus 0
+expect "--gpus not a number" "--gpus" "got eight" -- "$M" "${HW[@]}" --gpus eight
+expect "--top without --search" "--top goes with --search" -- "$M" "${HW[@]}" --gpus 8 --top 3
+expect "--top 0" "--top" "got 0" -- "$M" "${HW[@]}" --gpus 8 --search --top 0
+expect "train's flag" "not an option of ctitan plan" "--dry-run" -- "$M" "${HW[@]}" --gpus 8 --dry-run
+expect "--calibrate without --output" "--calibrate needs --output" -- "$M" --calibrate
+expect "--output without --calibrate" "--output goes with --calibrate" -- "$M" "${HW[@]}" --gpus 8 --output "$WORK/p.yaml"
+expect "no manifest" "no manifest given" -- "${HW[@]}" --gpus 8
+expect "unknown hardware lists the shipped" "no-such-gpu" "h100-sxm" -- "$M" --hardware no-such-gpu --gpus 8
+expect "write into a missing folder" "--write-manifest" "$WORK/nope" "does not exist" -- \
+    "$M" "${HW[@]}" --gpus 8 --write-manifest "$WORK/nope/out.yaml"
+
+printf 'model:\n  name: llama3\n  flavor: 1B\ntraining:\n  seq_len: 2048\n  stpes: 10\n' >"$WORK/badkey.yaml"
+expect "bad key in the manifest" "badkey.yaml:6" "training.stpes" "unknown key" -- "$WORK/badkey.yaml" "${HW[@]}" --gpus 8
+expect "bad override key" "command line" "training.stpes" "unknown key" -- "$M" --training.stpes=3 "${HW[@]}" --gpus 8
+expect "bad override value" "command line" "training.seq_len" -- "$M" --training.seq_len=long "${HW[@]}" --gpus 8
+
+# --help: exit 0 on stdout, every option named
+if "$CTITAN" plan --help >"$WORK/help" 2>"$WORK/err"; then
+    missing=""
+    for o in --hardware --gpus --gpus-per-node --search --top --json --write-manifest --calibrate --output \
+        --section.key=value --help h100-sxm; do
+        grep -qF -- "$o" "$WORK/help" || missing="$missing $o"
+    done
+    [ -z "$missing" ] && ok "--help names every option" || fail "--help does not name:$missing"
+else
+    fail "ctitan plan --help exited $?"
+fi
+
+# one layout as JSON: every documented key, the manifest's own degrees
+if "$CTITAN" plan "$M" "${HW[@]}" --gpus 8 --json >"$WORK/one.json" 2>"$WORK/err"; then
+    python3 - "$WORK/one.json" <<'PY' && ok "--json (one layout) has the schema's keys" || fail "--json (one layout)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["mode"] == "evaluate" and d["gpus"] == 8, d.get("mode")
+assert len(d["layouts"]) == 1
+l = d["layouts"][0]
+par = l["parallelism"]
+for k in ["data_parallel_replicate_degree", "data_parallel_shard_degree", "context_parallel_degree",
+          "tensor_parallel_degree", "pipeline_parallel_degree", "pipeline_parallel_schedule",
+          "pipeline_parallel_microbatch_size"]:
+    assert k in par, k
+assert par["data_parallel_shard_degree"] == 8 and par["tensor_parallel_degree"] == 1, par
+for k in ["fits", "memory_gib", "step_time_s", "tokens_per_s_per_gpu", "mfu", "time_s", "collectives", "training",
+          "activation_checkpoint", "float8", "compile", "bubble_fraction", "assumptions"]:
+    assert k in l, k
+mem = l["memory_gib"]
+for k in ["total", "capacity", "usable", "params", "grads", "optimizer", "master", "fsdp_buffers", "tp_buffers", "pp_buffers",
+          "activations", "transient", "float8", "logits", "overhead"]:
+    assert k in mem, k
+parts = sum(v for k, v in mem.items() if k not in ("total", "capacity", "usable"))
+assert l["fits"] == (mem["total"] <= mem["usable"]), (l["fits"], mem)
+assert abs(parts - mem["total"]) <= 1e-6 * max(1.0, mem["total"]), (parts, mem["total"])
+assert l["step_time_s"] > 0 and l["tokens_per_s_per_gpu"] > 0 and 0 < l["mfu"] < 1, l
+PY
+else
+    fail "plan --json exited $?: $(head -c 300 "$WORK/err")"
+fi
+
+# a search: top K layouts that fit and multiply to the GPUs, the guide's rule, the winner written as
+# a manifest that train accepts
+if "$CTITAN" plan "$M" "${HW[@]}" --gpus 8 --search --top 3 --json --write-manifest "$WORK/win.yaml" \
+    >"$WORK/search.json" 2>"$WORK/err"; then
+    python3 - "$WORK/search.json" "$WORK/win.yaml" <<'PY' && ok "--search --json: 3 fitting layouts, stats, rule" || fail "--search --json"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["mode"] == "search"
+ls = d["layouts"]
+assert 1 <= len(ls) <= 3, len(ls)
+for l in ls:
+    p = l["parallelism"]
+    n = (p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] * p["context_parallel_degree"] *
+         p["tensor_parallel_degree"] * p["pipeline_parallel_degree"])
+    assert n == 8 and l["fits"], (n, l["fits"])
+tps = [l["tokens_per_s_per_gpu"] for l in ls]
+assert tps == sorted(tps, reverse=True), tps
+s = d["search"]
+for k in ["meshes", "pruned", "evaluated", "refused", "fitting", "seconds", "max_microbatch", "reference_gpus"]:
+    assert k in s, k
+assert s["evaluated"] >= len(ls)
+g = d["guide"]
+assert g["rule"].startswith("up to 10B") and isinstance(g["agrees"], bool), g
+w = open(sys.argv[2]).read()
+assert "data_parallel_shard_degree: %d\n" % ls[0]["parallelism"]["data_parallel_shard_degree"] in w, w
+PY
+    if "$CTITAN" train "$WORK/win.yaml" --dry-run >"$WORK/out" 2>"$WORK/err"; then ok "the written manifest passes train --dry-run"
+    else fail "train --dry-run on the written manifest: $(head -c 300 "$WORK/err")"; fi
+else
+    fail "plan --search exited $?: $(head -c 300 "$WORK/err")"
+fi
+
+# nothing fits: a search still prints (exit 0), but --write-manifest writes nothing and exits 1
+"$CTITAN" plan configs/llama3_70b.yaml "${HW[@]}" --gpus 1 --search >"$WORK/out" 2>"$WORK/err" &&
+    grep -qF "no layout fits on 1 GPUs" "$WORK/out" && ok "70B on 1 GPU: no layout fits, said" ||
+    fail "70B on 1 GPU: $(head -c 300 "$WORK/err") $(grep -m1 fits "$WORK/out")"
+"$CTITAN" plan configs/llama3_70b.yaml "${HW[@]}" --gpus 1 --search --write-manifest "$WORK/none.yaml" >"$WORK/out" 2>"$WORK/err"
+rc=$?
+if [ $rc -eq 1 ] && [ ! -e "$WORK/none.yaml" ] && [ "$(wc -l <"$WORK/err")" -eq 1 ] && grep -qF "nothing written" "$WORK/err"; then
+    ok "--write-manifest when nothing fits: $(cat "$WORK/err")"
+else fail "--write-manifest when nothing fits: status $rc: $(cat "$WORK/err")"; fi
+
+# a file named beside the manifest stays found from the written manifest's folder
+mkdir -p "$WORK/a" "$WORK/b"
+: >"$WORK/a/tok.model"
+printf 'model:\n  name: llama3\n  flavor: 1B\n  tokenizer_path: tok.model\ntraining:\n  seq_len: 2048\n' >"$WORK/a/m.yaml"
+if "$CTITAN" plan "$WORK/a/m.yaml" "${HW[@]}" --gpus 2 --write-manifest "$WORK/b/m.yaml" >/dev/null 2>"$WORK/err" &&
+    grep -qF "tokenizer_path: \"$(cd "$WORK/a" && pwd -P)/tok.model\"" "$WORK/b/m.yaml" &&
+    grep -qF "data_parallel_shard_degree: 2" "$WORK/b/m.yaml"; then
+    ok "--write-manifest of the manifest's own layout; a path beside it made absolute"
+else fail "--write-manifest paths: $(cat "$WORK/err")"; sed 's/^/    | /' "$WORK/b/m.yaml" 2>/dev/null | head -20; fi
+
+# the text form names its parts; the shipped recipes plan
+if "$CTITAN" plan configs/recipes/small_fsdp_float8_compile.yaml "${HW[@]}" --gpus 8 >"$WORK/out" 2>"$WORK/err"; then
+    for w in "memory per GPU" "step time" "tokens/s per GPU" "MFU"; do
+        grep -qF "$w" "$WORK/out" || fail "text plan lacks '$w'"
+    done
+    ok "text plan of the small recipe"
+else
+    fail "plan of the small recipe exited $?: $(head -c 300 "$WORK/err")"
+fi
+for r in configs/recipes/medium_fsdp_tp.yaml:8 configs/recipes/large_3d_interleaved.yaml:512 configs/llama3_1b.yaml:1 \
+    configs/llama3_3b.yaml:1; do
+    "$CTITAN" plan "${r%%:*}" "${HW[@]}" --gpus "${r##*:}" >"$WORK/out" 2>"$WORK/err" && ok "plan ${r%%:*} on ${r##*:}" ||
+        fail "plan ${r%%:*} on ${r##*:} exited $?: $(head -c 300 "$WORK/err")"
+done
+
+exit $fails
