@@ -147,6 +147,9 @@ int plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l, char *err, 
     on = 0;
     mf_get_bool(mf, "compile.enable_async_tensor_parallel", &on);
     l->async_tp = on;
+    on = 0; /* the tp plugin takes either spelling */
+    mf_get_bool(mf, "parallelism.enable_async_tensor_parallel", &on);
+    l->async_tp |= on;
     const char *mp = "float32";
     mf_get_str(mf, "training.mixed_precision_param", &mp);
     l->bf16 = !strcmp(mp, "bfloat16");
@@ -174,7 +177,8 @@ static int apply_layout(plan_ctx *c, const plan_layout *l) {
               set_key(c, "training.local_batch_size", "%lld", (long long)l->local_batch) |
               set_key(c, "training.mixed_precision_param", "%s", l->bf16 ? "bfloat16" : "float32") |
               set_key(c, "compile.enable", "%s", l->compile ? "true" : "false") |
-              set_key(c, "compile.enable_async_tensor_parallel", "%s", l->async_tp ? "true" : "false");
+              set_key(c, "compile.enable_async_tensor_parallel", "%s", l->async_tp ? "true" : "false") |
+              set_key(c, "parallelism.enable_async_tensor_parallel", "%s", l->async_tp ? "true" : "false");
     if (l->schedule[0]) bad |= set_key(c, "parallelism.pipeline_parallel_schedule", "%s", l->schedule);
     if (l->global_batch > 0) bad |= set_key(c, "training.global_batch_size", "%lld", (long long)l->global_batch);
     static const char *modes[] = {"none", "selective", "selective", "full"};
@@ -409,10 +413,6 @@ int plan_trace_layout(plan_ctx *c, const plan_layout *l, plan_trace *t, char *er
     g_mem = keep;
     if (bad) plan_trace_free(t);
     return bad ? -1 : 0;
-}
-
-__attribute__((weak)) void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
-    fprintf(f, "plan: %.3f GiB, step %.4f s (%s)\n", r->mem_total / 1073741824.0, r->step_time, hw ? hw->name : "no hw");
 }
 
 /* ---- time ---- */

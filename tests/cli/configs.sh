@@ -8,7 +8,7 @@ for c in configs/*.yaml; do
   if out=$("$CTITAN" train "$c" --dry-run 2>&1); then echo "ok   $c: $(echo "$out" | grep parameters)"
   else echo "FAIL $c:"; echo "$out" | sed 's/^/     /'; fails=$((fails+1)); fi
 done
-check() { "$CTITAN" train "configs/$1" --dry-run | grep -q "parameters $2B" || { echo "FAIL $1: expected $2B parameters"; fails=$((fails+1)); }; }
+check() { "$CTITAN" train "configs/$1" --dry-run | grep -q "$2B parameters" || { echo "FAIL $1: expected $2B parameters"; fails=$((fails+1)); }; }
 check llama3_debug.yaml 0.006
 check llama3_8b.yaml 8.030
 check llama3_70b.yaml 70.554
