@@ -63,6 +63,7 @@ typedef struct cal {
     int64_t gemm_n;            /* the large square GEMM's size */
     double add_bw, copy_bw, opt_bw, attn_rate;
     double intra_bw, intra_lat;
+    int oversubscribed;        /* more ranks than cores on this machine */
 } cal;
 
 static void note_add(cal *c, const char *text) {
@@ -338,7 +339,13 @@ static int measure(cal *c, const timed *t, const char *what, double med[2]) {
         for (int p = 0; p < t->phases; p++)
             if (run_synced(c, t, p, calls, &samples[p][r])) return fail_job(c);
     med[1] = 0;
-    for (int p = 0; p < t->phases; p++) med[p] = median(samples[p], reps);
+    for (int p = 0; p < t->phases; p++) {
+        /* more ranks than cores: the ranks take turns on a core in slices longer than a short op, so
+         * the median would be a rank's speed alone; the mean is its share, what a step gets */
+        double mean = 0;
+        for (int r = 0; r < reps; r++) mean += samples[p][r] / reps;
+        med[p] = c->oversubscribed ? mean : median(samples[p], reps);
+    }
     return 0;
 }
 
@@ -996,6 +1003,9 @@ static int open_comm(cal *c, manifest *mf) {
         failed(c, c->s.capi->group_rank(c->s.comm, c->world, &c->rank, &c->size), "comm group_rank"))
         return CAL_FAIL;
     log_set_rank(c->rank, c->size);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    c->oversubscribed = cores > 0 && c->size > cores;
+    if (c->oversubscribed) note_add(c, "more ranks than cores: each op's time is its mean under time sharing");
     /* CUDA + NCCL: the comm orders itself against the device's stream, as in training */
     if (CT_HAS_FIELD(c->s.capi, ct_comm_api, bind_stream) && c->s.capi->bind_stream &&
         CT_HAS_FIELD(c->s.d, ct_device_api, share_stream) && c->s.d->share_stream) {
