@@ -15,7 +15,7 @@ T=${KEEP_T:-$(mktemp -d)}; [ -n "${KEEP_T:-}" ] || trap 'rm -rf "$T"' EXIT; mkdi
 fail() { echo "FAIL $*"; exit 1; }
 . tests/cli/lib/data.sh
 PV=tests/cli/lib/plan_validate.py
-STEPS=${PV_STEPS:-5}
+STEPS=${PV_STEPS:-8}
 SEQ=64
 test_data "$T" 2048 || fail "test data"
 manifest=configs/llama3_debug.yaml
@@ -34,7 +34,7 @@ ac_selective 1 8 --training.local_batch_size=8 --activation_checkpoint.mode=sele
 ac_full      1 8 --training.local_batch_size=8 --activation_checkpoint.mode=full
 float8       1 8 --training.local_batch_size=8 --quantize.dense.float8.enable=true --quantize.dense.float8.format=tensorwise
 bf16         1 8 --training.local_batch_size=8 --training.mixed_precision_param=bfloat16
-124m         1 2 --training.local_batch_size=2 @m124
+124m         1 2 --training.local_batch_size=2 --training.steps=5 @m124
 fsdp2        2 8 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
 ddp2         2 8 --training.local_batch_size=4 --parallelism.data_parallel_replicate_degree=2
 tp2          2 8 --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2
