@@ -27,27 +27,29 @@ m124=(--model.dim=768 --model.n_layers=12 --model.n_heads=12 --model.n_kv_heads=
       --model.vocab_size=32000)
 pp=(--training.local_batch_size=8 --parallelism.pipeline_parallel_microbatch_size=1)
 
-# name ranks global_batch args...: one layout per line (the profile: P_<ranks>, or P_124m)
+# name ranks global_batch profile args...: one layout per line. The layouts naming one profile share
+# it: `ctitan plan --calibrate` runs once per profile, on the first of its layouts (its ranks and
+# shapes: calibration times the ops of that layout's trace at their shapes).
 layouts=$(cat <<'EOF'
-debug        1 8 --training.local_batch_size=8
-ac_selective 1 8 --training.local_batch_size=8 --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op
-ac_full      1 8 --training.local_batch_size=8 --activation_checkpoint.mode=full
-float8       1 8 --training.local_batch_size=8 --quantize.dense.float8.enable=true --quantize.dense.float8.format=tensorwise
-bf16         1 8 --training.local_batch_size=8 --training.mixed_precision_param=bfloat16
-124m         1 2 --training.local_batch_size=2 --training.steps=5 @m124
-fsdp2        2 8 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
-ddp2         2 8 --training.local_batch_size=4 --parallelism.data_parallel_replicate_degree=2
-tp2          2 8 --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2
-tp2_async    2 8 --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
-pp2_1f1b     2 8 @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=1F1B
-pp2_interl   2 8 @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B
-pp2_zbv      2 8 @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=ZBVZeroBubble
-fsdp4        4 8 --training.local_batch_size=2 --parallelism.data_parallel_shard_degree=4
-hsdp2x2      4 8 --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2 --parallelism.data_parallel_shard_degree=2
-tp4          4 8 --training.local_batch_size=8 --parallelism.tensor_parallel_degree=4
-fsdp2_tp2    4 8 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.tensor_parallel_degree=2
-pp4_1f1b     4 8 @pp --parallelism.pipeline_parallel_degree=4 --parallelism.pipeline_parallel_schedule=1F1B
-pp4_interl   4 8 @pp --parallelism.pipeline_parallel_degree=4 --parallelism.pipeline_parallel_schedule=Interleaved1F1B --parallelism.pipeline_parallel_layers_per_stage=1
+debug        1 8 r1    --training.local_batch_size=8
+ac_selective 1 8 r1    --training.local_batch_size=8 --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op
+ac_full      1 8 r1    --training.local_batch_size=8 --activation_checkpoint.mode=full
+float8       1 8 r1    --training.local_batch_size=8 --quantize.dense.float8.enable=true --quantize.dense.float8.format=tensorwise
+bf16         1 8 r1    --training.local_batch_size=8 --training.mixed_precision_param=bfloat16
+124m         1 2 124m  --training.local_batch_size=2 --training.steps=5 @m124
+fsdp2        2 8 r2    --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
+ddp2         2 8 r2    --training.local_batch_size=4 --parallelism.data_parallel_replicate_degree=2
+tp2          2 8 r2    --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2
+tp2_async    2 8 r2    --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
+pp2_1f1b     2 8 r2    @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=1F1B
+pp2_interl   2 8 r2    @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B
+pp2_zbv      2 8 r2    @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=ZBVZeroBubble
+fsdp4        4 8 r4    --training.local_batch_size=2 --parallelism.data_parallel_shard_degree=4
+hsdp2x2      4 8 r4    --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2 --parallelism.data_parallel_shard_degree=2
+tp4          4 8 r4    --training.local_batch_size=8 --parallelism.tensor_parallel_degree=4
+fsdp2_tp2    4 8 r4    --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.tensor_parallel_degree=2
+pp4_1f1b     4 8 r4    @pp --parallelism.pipeline_parallel_degree=4 --parallelism.pipeline_parallel_schedule=1F1B
+pp4_interl   4 8 r4    @pp --parallelism.pipeline_parallel_degree=4 --parallelism.pipeline_parallel_schedule=Interleaved1F1B --parallelism.pipeline_parallel_layers_per_stage=1
 EOF
 )
 if [ -n "${PV_ONLY:-}" ]; then layouts=$(echo "$layouts" | grep -E "^(${PV_ONLY// /|}) "); fi
@@ -55,7 +57,7 @@ if [ -n "${PV_ONLY:-}" ]; then layouts=$(echo "$layouts" | grep -E "^(${PV_ONLY/
 # expand NAME's argument words: @m124 and @pp stand for those arrays
 args_of() {
   local w; args=()
-  for w in $(echo "$layouts" | awk -v n="$1" '$1 == n { for (i = 4; i <= NF; i++) print $i }'); do
+  for w in $(echo "$layouts" | awk -v n="$1" '$1 == n { for (i = 5; i <= NF; i++) print $i }'); do
     case $w in @m124) args+=("${m124[@]}") ;; @pp) args+=("${pp[@]}") ;; *) args+=("$w") ;; esac
   done
 }
@@ -66,7 +68,7 @@ ctitan_on() { # ranks command...
 
 names=()
 t0=$SECONDS
-while read -r name ranks gb _; do
+while read -r name ranks gb _ _; do
   args_of "$name"
   ts=$SECONDS
   ctitan_on "$ranks" train "$manifest" "${common[@]}" --training.global_batch_size="$gb" "${args[@]}" \
@@ -83,23 +85,21 @@ if [ -n "${MEASURE_ONLY:-}" ]; then
 fi
 "$CTITAN" plan --help >/dev/null 2>&1 || fail "ctitan plan is not available"
 
-# one profile per rank count (the 124M shape its own: calibration measures the model's shapes)
+# one profile per name in the profile column, calibrated on its first layout
 t0=$SECONDS
-for n in $(echo "$layouts" | awk '{print $2}' | sort -u); do
-  ctitan_on "$n" plan --calibrate "$manifest" "${common[@]}" --training.local_batch_size=8 \
-    --output "$T/P_$n.yaml" >"$T/cal_$n.log" 2>&1 || { tail -5 "$T/cal_$n.log"; fail "calibrate on $n rank(s)"; }
-done
-if echo "$layouts" | grep -q '^124m '; then
-  args_of 124m
-  "$CTITAN" plan --calibrate "$manifest" "${common[@]}" "${args[@]}" --output "$T/P_124m.yaml" >"$T/cal_124m.log" 2>&1 ||
-    { tail -5 "$T/cal_124m.log"; fail "calibrate the 124M shape"; }
-fi
+while read -r name ranks gb prof _; do
+  [ -f "$T/P_$prof.yaml" ] && continue
+  args_of "$name"
+  ts=$SECONDS
+  ctitan_on "$ranks" plan --calibrate "$manifest" "${common[@]}" --training.global_batch_size="$gb" "${args[@]}" \
+    --output "$T/P_$prof.yaml" </dev/null >"$T/cal_$prof.log" 2>&1 || { tail -5 "$T/cal_$prof.log"; fail "calibrate $prof on $name's layout"; }
+  echo "calibrated $prof on $name's layout ($ranks rank(s)) in $((SECONDS - ts)) s"
+done <<<"$layouts"
 echo "calibration: $((SECONDS - t0)) s"
 
-while read -r name ranks gb _; do
+while read -r name ranks gb prof _; do
   args_of "$name"
-  prof="$T/P_$ranks.yaml"; [ "$name" = 124m ] && prof="$T/P_124m.yaml"
-  "$CTITAN" plan "$manifest" "${common[@]}" --training.global_batch_size="$gb" "${args[@]}" --hardware "$prof" \
+  "$CTITAN" plan "$manifest" "${common[@]}" --training.global_batch_size="$gb" "${args[@]}" --hardware "$T/P_$prof.yaml" \
     --gpus "$ranks" --json >"$T/$name.plan.json" 2>"$T/$name.plan.err" || { cat "$T/$name.plan.err"; echo "plan $name failed"; }
 done <<<"$layouts"
 
