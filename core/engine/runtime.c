@@ -643,6 +643,40 @@ int runtime_plan(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_m
     return st;
 }
 
+int runtime_plan_start(runtime *rt, char *err, size_t errlen) {
+    size_t max_n;
+    int st = size_storage(rt, &max_n, err, errlen);
+    if (st) return st;
+    rt->storage_order = calloc((size_t)(rt->n_params > 0 ? rt->n_params : 1), sizeof(int));
+    if (!rt->storage_order || rt->d->alloc(rt->dev, rt->param_bytes, (void **)&rt->param_mem) != CT_OK ||
+        rt->d->alloc(rt->dev, rt->param_bytes, (void **)&rt->grad_mem) != CT_OK) {
+        snprintf(err, errlen, "out of address space for a plan of %zu parameter bytes", rt->param_bytes);
+        return -1;
+    }
+    size_t off = 0;
+    for (int i = 0; i < rt->n_params; i++) { /* addresses only: the planner's device never reads them */
+        ct_param_slot *sl = &rt->slots[i];
+        sl->local_data = (float *)(rt->param_mem + off);
+        sl->local_grad = (float *)(rt->grad_mem + off);
+        rt->params[i]->t.data = sl->local_data;
+        rt->params[i]->t.grad = sl->local_grad;
+        off += align64((size_t)sl->local_numel * sizeof(float));
+    }
+    for (int i = 0; i < rt->n_params; i++) { /* a slot with no local part still computes with an address */
+        if (rt->params[i]->t.data && rt->slots[i].local_numel) continue;
+        rt->params[i]->t.data = (float *)rt->param_mem;
+        rt->params[i]->t.grad = (float *)rt->grad_mem;
+    }
+    runtime_dist keep = rt->dist;
+    rt->dist.n_st = 0; /* planning strategies have no setup to run */
+    st = start_runtime(rt, err, errlen);
+    rt->dist = keep;
+    if (st) return st;
+    rt->planning = 1;
+    rt->builder.planning = 1;
+    return 0;
+}
+
 static void graph_drop(runtime *rt);
 
 void runtime_free(runtime *rt) {

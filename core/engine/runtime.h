@@ -159,7 +159,16 @@ typedef struct runtime {
     int n_layers;
     int64_t peak_act_bytes; /* live bytes of saved + scratch + grads at their worst */
     runtime_graph graph;
+    /* the planner (core/plan): the device is plan_null_device, nothing is computed or sent; the
+     * tape's arenas count bytes as in training; with trace_ops set, each op of a forward pass is
+     * appended to `trace` (plan_op) and each collective too, forward or backward */
+    int planning, trace_ops;
+    struct plan_trace *trace;
 } runtime;
+
+/* The planner's runtime (after runtime_plan, on plan_null_device): storage carved from address
+ * space, arenas and the builder as in training, the builder marked planning. 0, or -1 with err. */
+int runtime_plan_start(runtime *rt, char *err, size_t errlen);
 
 /* Builds the runtime: declares the parameters, lets the strategy place them (dist may be NULL: one
  * rank), allocates this rank's storage and initialises it from `seed` (element i of a parameter

@@ -379,12 +379,9 @@ static ct_status load_plugins(session *s, manifest *mf, int with_params) {
     return CT_OK;
 }
 
-/* The device, then the model pack on the training sequence length. */
-static ct_status create_device_and_model(session *s, manifest *mf) {
+/* The model pack on the training sequence length. */
+static ct_status create_model(session *s, manifest *mf) {
     char where[600];
-    ct_clear_error();
-    if (s->d->create(&s->devp->host, &s->dev) != CT_OK)
-        return fail_plugin(s, CT_ERR_INVALID, s->devp, "device", "device.name");
     int64_t seq_len;
     const char *flavor;
     mf_get_int(mf, "training.seq_len", &seq_len);
@@ -399,6 +396,14 @@ static ct_status create_device_and_model(session *s, manifest *mf) {
     if (s->m->create(&s->modelp->host, &cfg, &s->model) != CT_OK)
         return fail_plugin(s, CT_ERR_INVALID, s->modelp, "model", "model.flavor");
     return CT_OK;
+}
+
+/* The device, then the model. */
+static ct_status create_device_and_model(session *s, manifest *mf) {
+    ct_clear_error();
+    if (s->d->create(&s->devp->host, &s->dev) != CT_OK)
+        return fail_plugin(s, CT_ERR_INVALID, s->devp, "device", "device.name");
+    return create_model(s, mf);
 }
 
 static ct_status create_quantizer(session *s, manifest *mf) {
@@ -842,6 +847,34 @@ ct_status session_plan(session *s) {
         return rst == -2 ? CT_ERR_INVALID : CT_ERR_INTERNAL;
     }
     return CT_OK;
+}
+
+/* The planner's session (core/plan): the plugins loaded and the manifest validated as for a run,
+ * the model created, the optimizer and (when asked for) the quantizer created without a device
+ * (ABI 2.2: their plan calls must not touch it); no device, no comm, no parameters. An optimizer or
+ * quantizer that cannot be created so is left NULL (the plan then says what it assumed). */
+ct_status session_open_plan(session *s, manifest *mf) {
+    ct_status st;
+    memset(s, 0, sizeof *s);
+    s->mf = mf;
+    if ((st = load_plugins(s, mf, 0)) || (st = create_model(s, mf))) return st;
+    ct_clear_error();
+    if (s->o->create(&s->optp->host, NULL, NULL, &s->opt) != CT_OK) s->opt = NULL;
+    s->n_state = s->opt ? s->o->state_count(s->opt) : 2;
+    if (s->quantp) {
+        s->qapi = s->quantp->info.api;
+        ct_clear_error();
+        if (s->qapi->create(&s->quantp->host, NULL, NULL, &s->quant) != CT_OK) s->quant = NULL;
+    }
+    ct_clear_error();
+    return CT_OK;
+}
+
+const char *session_strategy_name(const manifest *mf, int world) { return strategy_name(mf, world); }
+
+ct_status session_load_plugin(session *s, const char *section, const char *key, const char *name, ct_plugin_kind kind,
+                              plugin **out) {
+    return load_named(s, section, key, name, kind, out);
 }
 
 /* ABI 2.1: every strategy's post_step, in order, after local storage changed (the optimizer's step,

@@ -7,6 +7,7 @@
 #include "host/host.h"
 #include "engine/mesh.h"
 #include "engine/runtime.h"
+#include "plan/plan_internal.h"
 #include "engine/tape.h"
 #include "host/util.h"
 
@@ -85,8 +86,7 @@ static int check_f32(const ct_tensor *t, const char *op, const char *what) {
 
 /* The start-up report of which linear layers float8 converts (rank 0 prints it). */
 void quant_note(runtime *rt, const char *name, int yes, const char *why) {
-    if (g_log_rank > 0) return;
-    (void)rt;
+    if (g_log_rank > 0 || rt->planning) return;
     if (yes) printf("float8: %s converted\n", name);
     else printf("float8: %s stays in high precision (%s)\n", name, why);
 }
@@ -155,6 +155,12 @@ static void account_comm(runtime *rt, int axis, double seconds) {
 /* One blocking collective over `axis` (counted, timed, traced). kind: 'g' all-gather, 's' reduce-scatter
  * (count = the received elements), 'r' all-reduce. */
 static int axis_collective(runtime *rt, int axis, char kind, const float *send, float *recv, int64_t count) {
+    if (rt->planning) { /* nothing is sent: the planner notes what would be */
+        ct_collective k = kind == 'g' ? CT_COLL_ALL_GATHER : kind == 's' ? CT_COLL_REDUCE_SCATTER : CT_COLL_ALL_REDUCE;
+        int degree = rt->dist.mesh->degree[axis];
+        double whole = (double)count * sizeof(float) * (kind == 's' ? degree : 1) * (kind == 'g' ? degree : 1);
+        return plan_note_comm(rt, axis, k, whole, 0);
+    }
     const ct_comm_api *c = rt->coll_capi;
     void *comm = rt->dist.comm, *group = rt->dist.mesh->group[axis];
     const char *name = comm_trace_name(rt, axis);
@@ -367,7 +373,8 @@ static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *st
     for (int i = 0; i < n_in; i++) c->in[i] = in[i];
     pool_mark m = pool_get_mark(&rt->opscratch);
     ct_clear_error();
-    ct_status s = op->forward(&rt->builder, st, c->in, n_in, c->out, n_out);
+    ct_status s = rt->planning ? plan_custom(rt, op, st, c->in, n_in, c->out, n_out)
+                               : op->forward(&rt->builder, st, c->in, n_in, c->out, n_out);
     pool_release(&rt->opscratch, m);
     for (int i = 0; i < n_out && s == CT_OK; i++)
         if (!c->out[i]) s = CT_ERR_INTERNAL;
@@ -389,6 +396,17 @@ static int custom_backward(runtime *rt, tape_entry *e, int halves) {
     int any = 0;
     for (int i = 0; i < c->n_out; i++) any |= (dy[i] = grad_if_any((rt_tensor *)c->out[i])) != NULL;
     if (!any) return 0;
+    if (rt->planning) { /* the costs came from plan; the gradients it would accumulate into are made */
+        for (int i = 0; i < c->n_in; i++) {
+            rt_tensor *x = (rt_tensor *)c->in[i];
+            rt_tensor *owner = x && x->base ? x->base : x;
+            if (!x || x->t.dtype != CT_F32 || (owner->param && !(halves & CT_GRAD_WEIGHT)) ||
+                (!owner->param && !(halves & CT_GRAD_INPUT)))
+                continue;
+            if (!grad_of(rt, x)) return -1;
+        }
+        return 0;
+    }
     pool_mark m = pool_get_mark(&rt->opscratch);
     ct_clear_error();
     ct_status s = c->op->backward(&rt->builder, c->state, c->in, c->n_in, c->out, dy, c->n_out, halves);
@@ -476,7 +494,8 @@ static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
         quant_note(rt, owner->t.name, yes, why);
     }
     int quant = rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED);
-    if (!SAC_REUSED(rt, saved)) { /* else computed in forward and saved */
+    if (rt->trace_ops == 1 && plan_note_linear(rt, owner, n, in, outf, quant, saved)) return NULL;
+    if (!SAC_REUSED(rt, saved) && !(quant && rt->planning)) { /* else computed in forward and saved */
         ct_status st = quant ? rt->qapi->forward(rt->quant, y->t.data, x->t.data, w->t.data, n, outf, in)
                              : DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f);
         if (dev_fail(st, quant ? "float8 forward" : "matmul")) return NULL;
@@ -509,6 +528,7 @@ static ct_tensor *op_bias(ct_builder *b, ct_tensor *xt, ct_tensor *bt) {
     }
     rt_tensor *y = like(rt, x);
     if (!y) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_BIAS, numel(x) / c, c, 0, 0, 0, 0)) return NULL;
     if (dev_fail(DEV(rt)->bias_forward(rt->dev, y->t.data, x->t.data, bs->t.data, numel(x) / c, c), "bias_forward")) return NULL;
     if (record(rt, OP_BIAS, y, x, bs, NULL, NULL, NULL, 0)) return NULL;
     return &y->t;
@@ -528,6 +548,8 @@ static ct_tensor *op_embedding(ct_builder *b, const ct_tensor *idst, ct_tensor *
     shape[ids->t.ndim] = table->t.shape[1];
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, ids->t.ndim + 1, shape);
     if (!y) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_EMBEDDING, numel(ids), table->t.shape[1], table->t.shape[0], 0, 0, 0))
+        return NULL;
     if (dev_fail(DEV(rt)->embedding_forward(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
                                         table->t.shape[1], table->t.shape[0]), "embedding_forward")) return NULL;
     if (record(rt, OP_EMBEDDING, y, ids, table, NULL, NULL, NULL, 0)) return NULL;
@@ -545,6 +567,7 @@ static ct_tensor *op_rmsnorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, float 
     }
     rt_tensor *y = like(rt, x), *rstd = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!y || !rstd) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_RMSNORM, n, c, 0, 0, 0, 0)) return NULL;
     if (dev_fail(DEV(rt)->rmsnorm_forward(rt->dev, y->t.data, rstd->t.data, x->t.data, w->t.data, n, c, eps), "rmsnorm_forward")) return NULL;
     if (record(rt, OP_RMSNORM, y, x, w, NULL, rstd, NULL, eps)) return NULL;
     return &y->t;
@@ -563,6 +586,7 @@ static ct_tensor *op_layernorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, ct_t
     rt_tensor *y = like(rt, x), *mean = new_tensor(rt, rt->act, CT_F32, 1, &n),
               *rstd = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!y || !mean || !rstd) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_LAYERNORM, n, c, 0, 0, 0, 0)) return NULL;
     if (dev_fail(DEV(rt)->layernorm_forward(rt->dev, y->t.data, mean->t.data, rstd->t.data, x->t.data, w->t.data,
                                         bs ? bs->t.data : NULL, n, c, eps), "layernorm_forward")) return NULL;
     if (record(rt, OP_LAYERNORM, y, x, w, bs, mean, rstd, eps)) return NULL;
@@ -579,6 +603,9 @@ static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
     }
     rt_tensor *y = like(rt, x);
     if (!y) return NULL;
+    if (rt->trace_ops == 1 &&
+        plan_note_op(rt, PLAN_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0))
+        return NULL;
     if (dev_fail(DEV(rt)->rope_forward(rt->dev, y->t.data, x->t.data, x->t.shape[0], x->t.shape[1], x->t.shape[2],
                                    x->t.shape[3], theta), "rope_forward")) return NULL;
     if (record(rt, OP_ROPE, y, x, NULL, NULL, NULL, NULL, theta)) return NULL;
@@ -601,6 +628,8 @@ static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_t
     rt_tensor *y = saved ? sac_out(rt, CT_F32, q->t.ndim, q->t.shape) : like(rt, q);
     rt_tensor *lse = !y ? NULL : saved ? sac_out(rt, CT_F32, 3, lse_shape) : new_tensor(rt, rt->act, CT_F32, 3, lse_shape);
     if (!y || !lse) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_ATTENTION, qs[0], qs[1], qs[2], qs[3], (int)ks[2], saved))
+        return NULL;
     if (!SAC_REUSED(rt, saved))
         if (dev_fail(DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
                                         qs[1], qs[2], ks[2], qs[3]), "attention_forward")) return NULL;
@@ -622,6 +651,7 @@ static ct_tensor *op_swiglu(ct_builder *b, ct_tensor *at, ct_tensor *gt) {
     if (check_f32(at, "swiglu", "a") || check_f32(gt, "swiglu", "g") || same_shape(a, g, "swiglu")) return NULL;
     rt_tensor *y = like(rt, a);
     if (!y) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_SWIGLU, numel(a), 0, 0, 0, 0, 0)) return NULL;
     if (dev_fail(DEV(rt)->swiglu_forward(rt->dev, y->t.data, a->t.data, g->t.data, numel(a)), "swiglu_forward")) return NULL;
     if (record(rt, OP_SWIGLU, y, a, g, NULL, NULL, NULL, 0)) return NULL;
     return &y->t;
@@ -633,6 +663,7 @@ static ct_tensor *op_gelu(ct_builder *b, ct_tensor *xt) {
     if (check_f32(xt, "gelu", "x")) return NULL;
     rt_tensor *y = like(rt, x);
     if (!y) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_GELU, numel(x), 0, 0, 0, 0, 0)) return NULL;
     if (dev_fail(DEV(rt)->gelu_forward(rt->dev, y->t.data, x->t.data, numel(x)), "gelu_forward")) return NULL;
     if (record(rt, OP_GELU, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
     return &y->t;
@@ -644,6 +675,7 @@ static ct_tensor *op_add(ct_builder *b, ct_tensor *xt, ct_tensor *yt) {
     if (check_f32(xt, "add", "x") || check_f32(yt, "add", "y") || same_shape(x, y, "add")) return NULL;
     rt_tensor *o = like(rt, x);
     if (!o) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_ADD, numel(x), 0, 0, 0, 0, 0)) return NULL;
     if (dev_fail(DEV(rt)->add(rt->dev, o->t.data, x->t.data, y->t.data, numel(x)), "add")) return NULL;
     if (record(rt, OP_ADD, o, x, y, NULL, NULL, NULL, 0)) return NULL;
     return &o->t;
@@ -688,6 +720,7 @@ static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor
     if (!y) return NULL;
     rt_tensor *losses = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!losses) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_XENT, n, v, 0, 0, 0, 0)) return NULL;
     if (dev_fail(DEV(rt)->cross_entropy_forward(rt->dev, losses->t.data, logits->t.data, targets->t.data, n, v,
                                             CT_IGNORE_INDEX), "cross_entropy_forward")) return NULL;
     if (CT_HAS_FIELD(DEV(rt), ct_device_api, sum_to_device) && DEV(rt)->sum_to_device) {
@@ -798,6 +831,7 @@ static int linear_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int w
     int64_t k = w->t.shape[1], m = w->t.shape[0], n = numel(x) / k;
     float *gx = NULL, *gw = NULL;
     if (grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, NULL, NULL)) return -1;
+    if (e->f != 0 && rt->planning) return 0; /* the quantizer's costs came from plan_linear */
     if (e->f != 0) { /* float8: the quantizer runs both GEMMs */
         if (in && dev_fail(rt->qapi->backward_input(rt->quant, gx, dy, w->t.data, n, m, k), "float8 backward_input"))
             return -1;

@@ -585,6 +585,8 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
         return -1;
     r->t_log = ct_now();
     r->tokens_since = 0;
+    mem_reset_peaks(); /* the next record reports its own interval's peaks */
+    r->s->rt.peak_act_bytes = 0;
     return 0;
 }
 

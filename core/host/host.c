@@ -36,6 +36,11 @@ void mem_account(ct_mem_category cat, int64_t delta) {
     if (g_mem.cur_total > g_mem.peak_total) g_mem.peak_total = g_mem.cur_total;
 }
 
+void mem_reset_peaks(void) {
+    memcpy(g_mem.peak, g_mem.cur, sizeof g_mem.peak);
+    g_mem.peak_total = g_mem.cur_total;
+}
+
 /* ---- errors ---- */
 static _Thread_local char last_error[2048];
 

@@ -21,6 +21,9 @@ typedef struct mem_stats {
 
 extern mem_stats g_mem;
 void mem_account(ct_mem_category cat, int64_t delta);
+/* The peaks start again from what is held now (each metrics record reports the peak since the one
+ * before, as torchtitan resets its peak statistics at every log step). */
+void mem_reset_peaks(void);
 const char *mem_category_name(ct_mem_category cat);
 
 /* ---- errors ---- */

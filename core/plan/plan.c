@@ -1,19 +1,50 @@
-/* plan.c: the planner's context (one manifest's plugins and model) and the evaluation of a layout. */
+/* plan.c: the planner's context (one manifest's plugins and model) and the evaluation of a layout.
+ *
+ * A layout is evaluated by the same code that trains it, minus the arithmetic: the manifest's keys
+ * are set to the layout, the strategies are created as planning instances on rank 0's coordinates
+ * and place the parameters (runtime_plan), and one microbatch runs forward and backward through the
+ * host's own tape on the planner's device (nulldev.c), under the strategies' wrapped builders. The
+ * tape's arenas then hold exactly what training holds; the trace (trace.c) lists every op and
+ * collective. Memory comes from the placement, the arenas, the strategies' reports and the
+ * quantizer's and optimizer's plan calls; time from the ops' FLOPs and bytes at the hardware's
+ * rates (or the calibrated seconds of each op at its shape), the collectives' algorithms, and the
+ * schedule's own action lists simulated with the stages' costs. */
 #include "plan/plan.h"
+#include "plan/plan_internal.h"
 
+#include "engine/pipeline.h"
 #include "engine/session.h"
+#include "engine/tape.h"
+#include "host/host.h"
+#include "host/util.h"
+#include "tools/schedule.h"
 
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#define MAX_PLUGINS 8
+
 struct plan_ctx {
     session s;
     manifest *mf;
+    ct_model_desc desc;
+    plugin *strat[MAX_PLUGINS]; /* strategy plugins loaded so far, by name */
+    int n_strat;
+    char quant_format[64];      /* the recipe s.quant was created with */
 };
 
 const char *const plan_mem_names[PLAN_MEM_N] = {"params", "grads", "optimizer", "master", "fsdp_buffers", "tp_buffers",
                                                 "pp_buffers", "activations", "transient", "float8", "logits", "overhead"};
+
+static const char *const axis_names[CT_MESH_NAXES] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
+
+static int fail(char *err, size_t errlen, const char *what) {
+    snprintf(err, errlen, "%s%s%s", what, ct_last_error()[0] ? ": " : "", ct_last_error());
+    return -1;
+}
 
 int plan_open(plan_ctx **out, manifest *mf, char *err, size_t errlen) {
     plan_ctx *c = calloc(1, sizeof *c);
@@ -22,20 +53,37 @@ int plan_open(plan_ctx **out, manifest *mf, char *err, size_t errlen) {
         return -1;
     }
     c->mf = mf;
-    if (session_open(&c->s, mf, 0, 0) != CT_OK) {
-        snprintf(err, errlen, "%s", "the manifest's plugins could not be opened (see above)");
+    if (session_open_plan(&c->s, mf) != CT_OK) {
+        c->s.mf = NULL; /* the caller's */
+        session_close(&c->s);
         free(c);
+        snprintf(err, errlen, "the manifest cannot be planned (see above)");
         return -1;
     }
+    c->desc.struct_size = sizeof c->desc;
+    ct_clear_error();
+    if (c->s.m->describe(c->s.model, &c->desc) != CT_OK) {
+        fail(err, errlen, "model describe failed");
+        plan_close(c);
+        return -1;
+    }
+    const char *fmt = "tensorwise";
+    mf_get_str(mf, "quantize.dense.float8.format", &fmt);
+    snprintf(c->quant_format, sizeof c->quant_format, "%s", fmt);
     *out = c;
     return 0;
 }
 
 void plan_close(plan_ctx *c) {
     if (!c) return;
+    for (int i = 0; i < c->n_strat; i++) plugin_unload(c->strat[i]);
+    c->s.mf = NULL; /* the caller's manifest */
     session_close(&c->s);
     free(c);
 }
+
+const ct_model_desc *plan_model(const plan_ctx *c) { return &c->desc; }
+manifest *plan_manifest(const plan_ctx *c) { return c->mf; }
 
 void plan_trace_free(plan_trace *t) {
     free(t->ops);
@@ -43,20 +91,704 @@ void plan_trace_free(plan_trace *t) {
     memset(t, 0, sizeof *t);
 }
 
-int plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l, char *err, size_t errlen) {
-    (void)c, (void)gpus, (void)l;
-    snprintf(err, errlen, "plan_layout_from_manifest: not written yet");
-    return -1;
+/* ---- layouts <-> manifest keys ---- */
+
+static int64_t get_int(const manifest *mf, const char *key, int64_t dflt) {
+    int64_t v;
+    return mf_get_int(mf, key, &v) ? dflt : v;
 }
 
-int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_result *r, char *err, size_t errlen) {
-    (void)c, (void)l, (void)hw, (void)r;
-    snprintf(err, errlen, "plan_eval: not written yet");
-    return -1;
+int plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l, char *err, size_t errlen) {
+    const manifest *mf = c->mf;
+    memset(l, 0, sizeof *l);
+    l->dp_replicate = (int)get_int(mf, "parallelism.data_parallel_replicate_degree", 1);
+    int64_t shard = get_int(mf, "parallelism.data_parallel_shard_degree", -1);
+    l->cp = (int)get_int(mf, "parallelism.context_parallel_degree", 1);
+    l->tp = (int)get_int(mf, "parallelism.tensor_parallel_degree", 1);
+    l->pp = (int)get_int(mf, "parallelism.pipeline_parallel_degree", 1);
+    int64_t others = (int64_t)l->dp_replicate * l->cp * l->tp * l->pp;
+    if (others < 1 || l->dp_replicate < 1 || l->cp < 1 || l->tp < 1 || l->pp < 1) {
+        snprintf(err, errlen, "parallelism degrees must be positive");
+        return -1;
+    }
+    if (shard == -1) {
+        if (gpus % others) {
+            snprintf(err, errlen, "%d GPUs cannot be shared by dp_replicate %d x cp %d x tp %d x pp %d", gpus,
+                     l->dp_replicate, l->cp, l->tp, l->pp);
+            return -1;
+        }
+        shard = gpus / others;
+    }
+    l->dp_shard = (int)shard;
+    if (shard < 1 || others * shard != gpus) {
+        snprintf(err, errlen, "the layout dp_replicate %d x dp_shard %lld x cp %d x tp %d x pp %d is %lld GPUs, not %d",
+                 l->dp_replicate, (long long)shard, l->cp, l->tp, l->pp, (long long)(others * shard), gpus);
+        return -1;
+    }
+    const char *v = "1F1B";
+    mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &v);
+    snprintf(l->schedule, sizeof l->schedule, "%s", v);
+    l->pp_microbatch_size = (int)get_int(mf, "parallelism.pipeline_parallel_microbatch_size", 1);
+    l->local_batch = get_int(mf, "training.local_batch_size", 1);
+    l->global_batch = get_int(mf, "training.global_batch_size", -1);
+    l->seq_len = get_int(mf, "training.seq_len", 2048);
+    const char *mode = "none", *opt = "op";
+    mf_get_str(mf, "activation_checkpoint.mode", &mode);
+    mf_get_str(mf, "activation_checkpoint.selective_ac_option", &opt);
+    l->ac = !strcmp(mode, "full") ? PLAN_AC_FULL
+            : !strcmp(mode, "selective") ? (strcmp(opt, "op") ? PLAN_AC_SELECTIVE_LAYER : PLAN_AC_SELECTIVE_OP)
+                                         : PLAN_AC_NONE;
+    l->ac_every = l->ac == PLAN_AC_SELECTIVE_LAYER ? (int)atoi(opt) : 0;
+    l->float8 = c->s.quantp != NULL;
+    snprintf(l->float8_recipe, sizeof l->float8_recipe, "%s", c->quant_format);
+    int on = 0;
+    mf_get_bool(mf, "compile.enable", &on);
+    l->compile = on;
+    on = 0;
+    mf_get_bool(mf, "compile.enable_async_tensor_parallel", &on);
+    l->async_tp = on;
+    const char *mp = "float32";
+    mf_get_str(mf, "training.mixed_precision_param", &mp);
+    l->bf16 = !strcmp(mp, "bfloat16");
+    return 0;
+}
+
+static int set_key(plan_ctx *c, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int set_key(plan_ctx *c, const char *key, const char *fmt, ...) {
+    char value[128], err[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(value, sizeof value, fmt, ap);
+    va_end(ap);
+    return manifest_override(c->mf, key, value, err, sizeof err);
+}
+
+/* The manifest's keys set to the layout, so the plugins the plan creates read it like a run would. */
+static int apply_layout(plan_ctx *c, const plan_layout *l) {
+    int bad = set_key(c, "parallelism.data_parallel_replicate_degree", "%d", l->dp_replicate) |
+              set_key(c, "parallelism.data_parallel_shard_degree", "%d", l->dp_shard) |
+              set_key(c, "parallelism.context_parallel_degree", "%d", l->cp) |
+              set_key(c, "parallelism.tensor_parallel_degree", "%d", l->tp) |
+              set_key(c, "parallelism.pipeline_parallel_degree", "%d", l->pp) |
+              set_key(c, "parallelism.pipeline_parallel_microbatch_size", "%d", l->pp_microbatch_size) |
+              set_key(c, "training.local_batch_size", "%lld", (long long)l->local_batch) |
+              set_key(c, "training.mixed_precision_param", "%s", l->bf16 ? "bfloat16" : "float32") |
+              set_key(c, "compile.enable", "%s", l->compile ? "true" : "false") |
+              set_key(c, "compile.enable_async_tensor_parallel", "%s", l->async_tp ? "true" : "false");
+    if (l->schedule[0]) bad |= set_key(c, "parallelism.pipeline_parallel_schedule", "%s", l->schedule);
+    if (l->global_batch > 0) bad |= set_key(c, "training.global_batch_size", "%lld", (long long)l->global_batch);
+    static const char *modes[] = {"none", "selective", "selective", "full"};
+    bad |= set_key(c, "activation_checkpoint.mode", "%s", modes[l->ac & 3]);
+    if (l->ac == PLAN_AC_SELECTIVE_OP) bad |= set_key(c, "activation_checkpoint.selective_ac_option", "op");
+    if (l->ac == PLAN_AC_SELECTIVE_LAYER)
+        bad |= set_key(c, "activation_checkpoint.selective_ac_option", "%d", l->ac_every > 0 ? l->ac_every : 2);
+    if (l->float8 && l->float8_recipe[0]) bad |= set_key(c, "quantize.dense.float8.format", "%s", l->float8_recipe);
+    return bad ? -1 : 0;
+}
+
+/* ---- one layout on rank 0's coordinates: placement and the trace of a microbatch ---- */
+
+typedef struct plan_run {
+    ct_mesh_info mesh;
+    const ct_strategy_api *api[2];
+    ct_strategy *inst[2];
+    const char *names[2];
+    plugin *plug[2];
+    int n;
+    runtime rt;
+    int rt_ready;
+    pipeline pl;
+    int pl_ready;
+    plan_trace_state ts;
+    char note[512];
+} plan_run;
+
+static plugin *strategy_plugin(plan_ctx *c, const char *key, const char *name) {
+    for (int i = 0; i < c->n_strat; i++)
+        if (!strcmp(c->strat[i]->info.name, name)) return c->strat[i];
+    if (c->n_strat == MAX_PLUGINS) return NULL;
+    plugin *p = NULL;
+    if (session_load_plugin(&c->s, "parallelism", key, name, CT_KIND_STRATEGY, &p) != CT_OK) return NULL;
+    return c->strat[c->n_strat++] = p;
+}
+
+static void run_free(plan_run *r) {
+    if (r->rt_ready) runtime_free(&r->rt);
+    for (int k = 0; k < r->n; k++)
+        if (r->inst[k]) r->api[k]->destroy(r->inst[k]);
+    if (r->pl_ready) pipeline_free(&r->pl);
+    memset(r, 0, sizeof *r);
+}
+
+static void note_add(char *note, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void note_add(char *note, size_t len, const char *fmt, ...) {
+    size_t at = strlen(note);
+    if (at && at + 2 < len) at += (size_t)snprintf(note + at, len - at, "; ");
+    va_list ap;
+    va_start(ap, fmt);
+    if (at < len) vsnprintf(note + at, len - at, fmt, ap);
+    va_end(ap);
+}
+
+/* The mesh, the planning strategies, the placement and (pp > 1) the pipeline's split and actions. */
+static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, size_t errlen) {
+    memset(r, 0, sizeof *r);
+    r->mesh.struct_size = sizeof r->mesh;
+    int deg[CT_MESH_NAXES] = {l->pp, l->dp_replicate, l->dp_shard, l->cp, l->tp};
+    r->mesh.world_size = 1;
+    for (int a = 0; a < CT_MESH_NAXES; a++) {
+        r->mesh.degree[a] = deg[a];
+        r->mesh.world_size *= deg[a];
+    }
+    r->mesh.world_rank = -1; /* nobody's: the pipeline's plan prints nothing */
+    r->mesh.dp_size = l->dp_replicate * l->dp_shard;
+    if (apply_layout(c, l)) {
+        snprintf(err, errlen, "the layout's keys cannot be set");
+        return -1;
+    }
+    const char *dp = session_strategy_name(c->mf, r->mesh.world_size);
+    const char *axis = "tp";
+    mf_get_str(c->mf, "parallelism.tp_strategy", &axis);
+    const char *names[2] = {l->tp > 1 ? axis : NULL, dp};
+    const char *keys[2] = {"parallelism.tp_strategy", "parallelism.dp_strategy"};
+    const ct_tp_rule *tp_plan = NULL;
+    if (CT_HAS_FIELD(c->s.m, ct_model_api, get_tp_plan) && c->s.m->get_tp_plan) tp_plan = c->s.m->get_tp_plan(c->s.model);
+    else if (CT_HAS_FIELD(c->s.m, ct_model_api, tp_plan)) tp_plan = c->s.m->tp_plan;
+    ct_strategy_env env = {sizeof env, NULL, NULL, NULL, NULL, &r->mesh, l->bf16, 0, tp_plan, &c->desc,
+                           l->seq_len, l->float8, 1};
+    int fp8_ag = 0;
+    mf_get_bool(c->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
+    env.fp8_all_gather = l->float8 && fp8_ag;
+    runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL};
+    for (int k = 0; k < 2; k++) {
+        if (!names[k]) continue;
+        plugin *p = strategy_plugin(c, keys[k], names[k]);
+        if (!p) {
+            snprintf(err, errlen, "strategy %s cannot be loaded", names[k]);
+            return -1;
+        }
+        const ct_strategy_api *a = p->info.api;
+        if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) {
+            snprintf(err, errlen, "strategy %s reports no costs (its API has no report, ABI 2.1): it cannot be planned",
+                     p->info.name);
+            return -1;
+        }
+        ct_strategy *inst = NULL;
+        ct_clear_error();
+        if (a->create(&p->host, &env, &inst) != CT_OK) return fail(err, errlen, names[k]);
+        r->api[r->n] = a;
+        r->inst[r->n] = inst;
+        r->names[r->n] = p->info.name;
+        r->plug[r->n++] = p;
+        dist.st[dist.n_st] = a;
+        dist.strat[dist.n_st++] = inst;
+    }
+    if (l->pp > 1) {
+        if (pipeline_plan(&r->pl, c->mf, &c->desc, &r->mesh, NULL, NULL) != CT_OK) {
+            r->pl_ready = 1;
+            snprintf(err, errlen, "the pipeline cannot be split so (see above)");
+            return -1;
+        }
+        r->pl_ready = 1;
+    }
+    int rst = runtime_plan(&r->rt, &plan_null_device, NULL, c->s.m, c->s.model, &dist, err, errlen);
+    r->rt_ready = 1;
+    if (rst) return -1;
+    if (runtime_plan_start(&r->rt, err, errlen)) return -1;
+    return 0;
+}
+
+/* The quantizer of the layout's recipe, created without a device (loaded first when the manifest did
+ * not ask for float8 and the search does). */
+static int ensure_quant(plan_ctx *c, const plan_layout *l, char *err, size_t errlen) {
+    if (!c->s.quantp) {
+        if (session_load_plugin(&c->s, "quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER,
+                                &c->s.quantp) != CT_OK) {
+            snprintf(err, errlen, "the float8 quantizer cannot be loaded");
+            return -1;
+        }
+        c->s.qapi = c->s.quantp->info.api;
+        c->quant_format[0] = 0;
+    }
+    if (c->s.quant && !strcmp(c->quant_format, l->float8_recipe)) return 0;
+    if (c->s.quant) c->s.qapi->destroy(c->s.quant);
+    c->s.quant = NULL;
+    ct_clear_error();
+    if (c->s.qapi->create(&c->s.quantp->host, NULL, NULL, &c->s.quant) != CT_OK) c->s.quant = NULL;
+    snprintf(c->quant_format, sizeof c->quant_format, "%s", l->float8_recipe);
+    return 0;
+}
+
+/* One microbatch forward and backward through the tape, every op and collective noted. */
+static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace *t, char *err, size_t errlen) {
+    runtime *rt = &r->rt;
+    memset(t, 0, sizeof *t);
+    int nu = rt->desc.n_units;
+    t->n_units = nu;
+    t->units = calloc((size_t)nu, sizeof *t->units);
+    if (!t->units) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    r->ts.matmul_dtype = l->bf16 ? PLAN_BF16 : PLAN_F32;
+    t->state = &r->ts;
+    rt->trace = t;
+    if (runtime_wrap_builder(rt, err, errlen)) return -1;
+    const char *mode = "none", *opt = "op";
+    mf_get_str(c->mf, "activation_checkpoint.mode", &mode);
+    mf_get_str(c->mf, "activation_checkpoint.selective_ac_option", &opt);
+    if (runtime_set_ac(rt, mode, opt, err, errlen)) return -1;
+    if (l->float8 && ensure_quant(c, l, err, errlen)) return -1;
+    if (l->float8 && c->s.qapi) {
+        if (!c->s.quant) note_add(r->ts.assumptions, sizeof r->ts.assumptions,
+                                  "the quantizer cannot be created without a device: float8 planned as its GEMMs at "
+                                  "the fp8 rate with no memory of its own");
+        rt->qapi = c->s.quant ? c->s.qapi : NULL;
+        rt->quant = c->s.quant;
+    }
+    int64_t B = l->pp > 1 ? l->pp_microbatch_size : l->local_batch, T = l->seq_len;
+    t->tokens = B * T;
+    if (runtime_reset_arenas(rt)) return fail(err, errlen, "arenas");
+    rt->act = &rt->saved;
+    rt_tensor *tok = runtime_upload_ids(rt, NULL, B, T), *tgt = tok ? runtime_upload_ids(rt, NULL, B, T) : NULL;
+    rt_tensor *scale = tgt ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;
+    if (!scale) return fail(err, errlen, "the microbatch's ids");
+    t->io_bytes = (double)rt->saved.data.used;
+    rt->peak_act_bytes = 0;
+    rt_tensor *x = NULL;
+    ct_clear_error();
+    rt->trace_ops = 1;
+    for (int u = 0; u < nu; u++) {
+        double before = (double)(rt->saved.data.used + rt->grads.data.used);
+        rt->peak_act_bytes = 0;
+        if (runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x)) {
+            rt->trace_ops = 0;
+            return fail(err, errlen, t->cannot[0] ? "the trace stopped" : "a unit's forward failed in the plan");
+        }
+        t->units[u].saved_bytes = (double)rt->saved.data.used + (double)rt->grads.data.used - before;
+        t->units[u].fwd_peak = fmax(0.0, (double)rt->peak_act_bytes - before);
+        t->units[u].out_bytes = (double)ct_tensor_numel(&x->t) * (double)ct_dtype_size(x->t.dtype);
+    }
+    t->live_peak = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
+    if (!tape_grad(rt, x)) return fail(err, errlen, "the loss's gradient");
+    rt->trace_ops = 2;
+    for (int u = nu - 1; u >= 0; u--) {
+        double live = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
+        double g0 = (double)rt->grads.data.used;
+        rt->peak_act_bytes = 0;
+        if (runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH)) {
+            rt->trace_ops = 0;
+            return fail(err, errlen, "a unit's backward failed in the plan");
+        }
+        t->units[u].bwd_peak = fmax(0.0, (double)rt->peak_act_bytes - live);
+        t->units[u].boundary_grad_bytes = (double)rt->grads.data.used - g0;
+        if ((double)rt->peak_act_bytes > t->live_peak) t->live_peak = (double)rt->peak_act_bytes;
+    }
+    rt->trace_ops = 0;
+    rt->trace = NULL;
+    t->state = NULL;
+    if (r->ts.assumptions[0]) note_add(r->note, sizeof r->note, "%s", r->ts.assumptions);
+    return 0;
 }
 
 int plan_trace_layout(plan_ctx *c, const plan_layout *l, plan_trace *t, char *err, size_t errlen) {
-    (void)c, (void)l, (void)t;
-    snprintf(err, errlen, "plan_trace_layout: not written yet");
+    mem_stats keep = g_mem; /* the plan's arenas are address space, not this process's memory */
+    plan_run r;
+    int bad = run_open(c, l, &r, err, errlen) || run_trace(c, l, &r, t, err, errlen);
+    run_free(&r);
+    g_mem = keep;
+    if (bad) plan_trace_free(t);
+    return bad ? -1 : 0;
+}
+
+/* TEMPORARY until hardware.c lands: weak lookups it replaces. */
+__attribute__((weak)) double hw_measured_op(const hw_profile *hw, int kind, const int64_t shape[4], int dtype, int backward) {
+    for (int i = 0; i < hw->n_ops; i++) {
+        const plan_measured_op *o = &hw->ops[i];
+        if (o->kind == kind && o->dtype == dtype && !memcmp(o->shape, shape, sizeof o->shape)) return o->seconds[backward];
+    }
     return -1;
+}
+__attribute__((weak)) double hw_measured_comm(const hw_profile *hw, int kind, int ranks, double bytes) { (void)hw,(void)kind,(void)ranks,(void)bytes; return -1; }
+
+/* ---- time ---- */
+
+/* Seconds of one op, forward (bw 0) or backward (bw 1): measured at its shape, or from the rates. */
+static double op_seconds(const hw_profile *hw, const plan_op *o, int bw) {
+    double m = hw_measured_op(hw, o->kind, o->shape, o->dtype, bw);
+    if (m >= 0) return m;
+    double t = 0;
+    if (o->flops[bw] > 0) {
+        double rate = hw->peak_flops[o->dtype] > 0 ? hw->peak_flops[o->dtype] : hw->peak_flops[PLAN_BF16];
+        rate *= hw->matmul_eff * (o->kind == PLAN_OP_ATTENTION ? hw->attn_eff : 1.0);
+        if (rate > 0) t += o->flops[bw] / rate;
+    }
+    if (o->bytes[bw] > 0 && hw->mem_bw > 0) t += o->bytes[bw] / (hw->mem_bw * hw->mem_eff);
+    return t;
+}
+
+/* Whether a group over `axis` spans nodes: torchtitan's mesh order, tp innermost. */
+static int axis_inter_node(const plan_layout *l, const hw_profile *hw, int axis, int gpus_per_node) {
+    int deg[CT_MESH_NAXES] = {l->pp, l->dp_replicate, l->dp_shard, l->cp, l->tp};
+    int64_t stride = 1;
+    for (int a = CT_MESH_NAXES - 1; a > axis; a--) stride *= deg[a];
+    (void)hw;
+    return stride * deg[axis] > gpus_per_node;
+}
+
+/* A collective's seconds: measured at its size and group, or the ring algorithm's time. */
+static double comm_seconds(const hw_profile *hw, int kind, int ranks, double bytes, int inter) {
+    if (ranks <= 1 || bytes <= 0) return 0;
+    double m = inter ? -1 : hw_measured_comm(hw, kind, ranks, bytes);
+    if (m >= 0) return m;
+    double bw = inter ? hw->inter_bw : hw->intra_bw, lat = inter ? hw->inter_lat : hw->intra_lat;
+    if (bw <= 0) return 0;
+    double n = ranks, one = (n - 1) * lat + (n - 1) / n * bytes / bw;
+    return kind == CT_COLL_ALL_REDUCE ? 2 * one : one;
+}
+
+static plan_comm_line *comm_line(plan_result *res, const char *what, int axis, int kind, int inter) {
+    for (int i = 0; i < res->n_comms; i++)
+        if (!strcmp(res->comms[i].what, what)) return &res->comms[i];
+    if (res->n_comms == (int)(sizeof res->comms / sizeof res->comms[0])) return NULL;
+    plan_comm_line *cl = &res->comms[res->n_comms++];
+    memset(cl, 0, sizeof *cl);
+    snprintf(cl->what, sizeof cl->what, "%s", what);
+    cl->axis = axis;
+    cl->kind = kind;
+    cl->inter_node = inter;
+    return cl;
+}
+
+static const char *kind_name(int kind) {
+    return kind == CT_COLL_ALL_GATHER       ? "all_gather"
+           : kind == CT_COLL_REDUCE_SCATTER ? "reduce_scatter"
+           : kind == CT_COLL_ALL_REDUCE     ? "all_reduce"
+                                            : "collective";
+}
+
+/* Per unit: forward, backward (input half, weight half), recompute, and the tp collectives. */
+typedef struct unit_time {
+    double f, bi, bw, re;         /* compute seconds */
+    double gemm, attn, membound;  /* the same split by kind, forward + backward + recompute */
+    double comm_exposed, comm_hidden;
+} unit_time;
+
+static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profile *hw, int gpn, unit_time *ut,
+                       const int *ac, plan_result *res, int n_micro, const int *unit_rank) {
+    int nu = t->n_units;
+    memset(ut, 0, sizeof *ut * (size_t)nu);
+    for (int i = 0; i < t->n_ops; i++) {
+        const plan_op *o = &t->ops[i];
+        if (o->unit < 0 || o->unit >= nu) continue;
+        unit_time *u = &ut[o->unit];
+        if (o->kind == PLAN_OP_COLLECTIVE) continue;
+        double f = op_seconds(hw, o, 0), b = op_seconds(hw, o, 1);
+        u->f += f;
+        /* GEMMs split their backward into dX and dW halves; everything else is input-side */
+        double bw = o->kind == PLAN_OP_GEMM ? b / 2 : 0;
+        u->bi += b - bw;
+        u->bw += bw;
+        double re = ac[o->unit] == RT_AC_FULL ? f : ac[o->unit] == RT_AC_OP && !o->sac_keep ? f : 0;
+        u->re += re;
+        double all = f + b + re;
+        if (o->kind == PLAN_OP_GEMM || o->kind == PLAN_OP_CUSTOM) u->gemm += all;
+        else if (o->kind == PLAN_OP_ATTENTION) u->attn += all;
+        else u->membound += all;
+    }
+    for (int i = 0; i < t->n_ops; i++) { /* the op-level strategies' collectives: blocking unless overlapped */
+        const plan_op *o = &t->ops[i];
+        if (o->kind != PLAN_OP_COLLECTIVE || o->unit < 0 || o->unit >= nu) continue;
+        int inter = axis_inter_node(l, hw, o->axis, gpn);
+        double s = comm_seconds(hw, o->coll_kind, (int)o->shape[0], o->coll_bytes, inter);
+        /* a recompute repeats the forward's collectives */
+        double reps = o->phase == 1 && ac[o->unit] == RT_AC_FULL ? 2 : 1;
+        unit_time *u = &ut[o->unit];
+        double hide = o->overlapped ? fmin(s, o->phase == 1 ? u->f : u->bi + u->bw) : 0;
+        u->comm_exposed += reps * (s - hide);
+        u->comm_hidden += reps * hide;
+        if (unit_rank && unit_rank[o->unit] != 0) continue; /* the lines show rank 0's */
+        char what[48];
+        snprintf(what, sizeof what, "%s %s", axis_names[o->axis], kind_name(o->coll_kind));
+        plan_comm_line *cl = comm_line(res, what, o->axis, o->coll_kind, inter);
+        if (!cl) continue;
+        cl->bytes += reps * o->coll_bytes * n_micro;
+        cl->count += reps * n_micro;
+        cl->seconds += reps * s * n_micro;
+        cl->exposed += reps * (s - hide) * n_micro;
+    }
+}
+
+/* ---- the evaluation ---- */
+
+static double align64d(double b) { return ceil(b / 64.0) * 64.0; }
+
+int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_result *res, char *err, size_t errlen) {
+    memset(res, 0, sizeof *res);
+    res->layout = *l;
+    mem_stats keep = g_mem;
+    plan_run r;
+    plan_trace t;
+    memset(&t, 0, sizeof t);
+    int bad = run_open(c, l, &r, err, errlen) || run_trace(c, l, &r, &t, err, errlen);
+    if (bad) goto done;
+    runtime *rt = &r.rt;
+    int nu = rt->desc.n_units, pp = l->pp;
+    const int *unit_rank = pp > 1 ? r.pl.unit_rank : NULL;
+    int gpn = hw->gpus_per_node > 0 ? hw->gpus_per_node : 8;
+    int64_t world = (int64_t)l->dp_replicate * l->dp_shard * l->cp * l->tp * l->pp;
+    int64_t dp = (int64_t)l->dp_replicate * l->dp_shard;
+    /* microbatches per step: pipeline microbatches, or gradient accumulation from the global batch */
+    int n_micro = pp > 1 ? r.pl.n_mb : 1, accum = 1;
+    if (l->global_batch > 0 && l->local_batch > 0 && dp > 0 && l->global_batch % (l->local_batch * dp) == 0)
+        accum = (int)(l->global_batch / (l->local_batch * dp));
+    if (accum < 1) accum = 1;
+
+    /* per pp rank: parameters, their gradients and states, by the placement */
+    double prm[64] = {0}, master[64] = {0}, whole_grad[64] = {0};
+    int npr = pp < 64 ? pp : 64;
+    for (int i = 0; i < rt->n_params; i++) {
+        const ct_param_slot *sl = &rt->slots[i];
+        int pr = unit_rank ? unit_rank[sl->unit] : 0;
+        if (pr >= npr) continue;
+        double local = align64d((double)sl->local_numel * 4.0);
+        if (sl->whole & CT_WHOLE_DATA) {
+            master[pr] += local;
+            prm[pr] += (double)sl->numel * 4.0;
+        } else {
+            prm[pr] += local;
+        }
+        if (sl->whole & CT_WHOLE_GRAD) whole_grad[pr] += (double)sl->numel * 4.0;
+    }
+    double local_bytes[64] = {0}; /* the storage allocation: param_bytes of that rank */
+    for (int i = 0; i < rt->n_params; i++) {
+        const ct_param_slot *sl = &rt->slots[i];
+        int pr = unit_rank ? unit_rank[sl->unit] : 0;
+        if (pr < npr) local_bytes[pr] += align64d((double)sl->local_numel * 4.0);
+    }
+    /* the strategies' own buffers and collectives */
+    ct_comm_cost comms[512];
+    double strat_mem[2][8] = {{0}};
+    plan_comm_line fsdp_lines[2][8];
+    memset(fsdp_lines, 0, sizeof fsdp_lines);
+    double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, step_comm = 0, step_comm_overlap = 0;
+    int nu_c = nu < 1024 ? nu : 1024;
+    for (int k = 0; k < r.n; k++) {
+        for (int i = 0; i < 512; i++) comms[i] = (ct_comm_cost){.struct_size = sizeof(ct_comm_cost)};
+        ct_strategy_report rep = {sizeof rep, {0}, comms, 512, 0};
+        ct_clear_error();
+        if (r.api[k]->report(r.inst[k], n_micro * accum, &rep) != CT_OK) {
+            bad = fail(err, errlen, r.names[k]);
+            goto done;
+        }
+        for (int m = 0; m < 8; m++) strat_mem[k][m] = (double)rep.mem_bytes[m];
+        int nc = rep.n_comms < 512 ? rep.n_comms : 512;
+        for (int i = 0; i < nc; i++) {
+            const ct_comm_cost *cc = &comms[i];
+            if ((unsigned)cc->axis >= CT_MESH_NAXES) continue;
+            if (unit_rank && cc->unit >= 0 && cc->unit < nu && unit_rank[cc->unit] != 0) continue; /* rank 0's stage */
+            int inter = axis_inter_node(l, hw, cc->axis, gpn);
+            double s = comm_seconds(hw, cc->kind, r.mesh.degree[cc->axis], cc->bytes, inter);
+            double total = s * cc->count;
+            if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP) {
+                if (cc->phase == CT_PHASE_FORWARD) unit_comm_f[cc->unit] += total;
+                else unit_comm_b[cc->unit] += total;
+            } else if (cc->overlapped) {
+                step_comm_overlap += total;
+            } else {
+                step_comm += total;
+            }
+            char what[48];
+            snprintf(what, sizeof what, "%s %s", r.names[k], kind_name(cc->kind));
+            plan_comm_line *cl = comm_line(res, what, cc->axis, cc->kind, inter);
+            if (cl) {
+                cl->bytes += cc->bytes * cc->count;
+                cl->count += cc->count;
+                cl->seconds += total;
+            }
+        }
+    }
+
+    /* time per unit and per microbatch */
+    unit_time *ut = calloc((size_t)nu, sizeof *ut);
+    if (!ut) {
+        bad = fail(err, errlen, "out of memory");
+        goto done;
+    }
+    unit_times(&t, l, hw, gpn, ut, rt->ac, res, n_micro * accum, unit_rank);
+    /* FSDP's gathers hide behind the previous unit's compute (prefetch); its reduce-scatters behind
+     * the next unit's backward; what does not fit shows */
+    double exposed_f = 0, exposed_b = 0, hidden = 0;
+    for (int u = 0; u < nu_c; u++) {
+        if (unit_rank && unit_rank[u] != 0) continue;
+        double cover_f = u > 0 ? ut[u - 1].f : 0, cover_b = u > 0 ? ut[u - 1].bi + ut[u - 1].bw + ut[u - 1].re : 0;
+        double ef = fmax(0, unit_comm_f[u] / (n_micro * accum) - cover_f);
+        double eb = fmax(0, unit_comm_b[u] / (n_micro * accum) - cover_b);
+        exposed_f += ef;
+        exposed_b += eb;
+        hidden += (unit_comm_f[u] + unit_comm_b[u]) / (n_micro * accum) - ef - eb;
+    }
+    /* per pp rank: compute of one microbatch */
+    double F[64] = {0}, BI[64] = {0}, BW[64] = {0}, RE[64] = {0}, TPX[64] = {0}, SEND[64] = {0};
+    for (int u = 0; u < nu; u++) {
+        int pr = unit_rank ? unit_rank[u] : 0;
+        if (pr >= npr) continue;
+        F[pr] += ut[u].f;
+        BI[pr] += ut[u].bi;
+        BW[pr] += ut[u].bw;
+        RE[pr] += ut[u].re;
+        TPX[pr] += ut[u].comm_exposed;
+        res->t_comm_hidden += ut[u].comm_hidden * (pr == 0 ? n_micro * accum : 0);
+        if (pp > 1 && u + 1 < nu && unit_rank[u + 1] != pr) /* a stage boundary: the activation goes on */
+            SEND[pr] += comm_seconds(hw, CT_COLL_ALL_GATHER, 2, 2 * t.units[u].out_bytes,
+                                     axis_inter_node(l, hw, CT_AXIS_PP, gpn)) ;
+    }
+    double step = 0;
+    int slowest = 0;
+    if (pp > 1) {
+        double f = 0, b = 0, bi = 0, bw = 0;
+        for (int pr = 0; pr < npr; pr++) {
+            double fr = F[pr] + SEND[pr] + TPX[pr] / 2, br = BI[pr] + BW[pr] + RE[pr] + SEND[pr] + TPX[pr] / 2;
+            if (fr + br > f + b) slowest = pr;
+            f = fmax(f, fr / r.pl.spr);
+            b = fmax(b, br / r.pl.spr);
+            bi = fmax(bi, (BI[pr] + RE[pr] + SEND[pr]) / r.pl.spr);
+            bw = fmax(bw, BW[pr] / r.pl.spr);
+        }
+        double unit = fmax(f, b) / 20000.0; /* the checker counts integer time units */
+        if (unit <= 0) unit = 1e-9;
+        schedule_costs costs = {(int)ceil(f / unit), (int)ceil(b / unit), (int)ceil(bi / unit), (int)ceil(bw / unit)};
+        if (costs.f < 1) costs.f = 1;
+        if (costs.b < 1) costs.b = 1;
+        if (costs.i < 1) costs.i = 1;
+        if (costs.w < 1) costs.w = 1;
+        char e2[512];
+        if (schedule_check(&r.pl.plan, &costs, e2, sizeof e2)) {
+            snprintf(err, errlen, "the schedule cannot be simulated: %s", e2);
+            bad = -1;
+            free(ut);
+            goto done;
+        }
+        step = (double)r.pl.plan.makespan * unit * accum;
+        res->bubble_fraction = r.pl.plan.bubble;
+        res->inflight_microbatches = r.pl.plan.peak_activations;
+        double busy = (F[slowest] + BI[slowest] + BW[slowest] + RE[slowest]) * n_micro * accum;
+        res->t_bubble = fmax(0, step - busy - (TPX[slowest] + 2 * SEND[slowest]) * n_micro * accum);
+    } else {
+        step = (F[0] + BI[0] + BW[0] + RE[0] + TPX[0]) * accum;
+        res->inflight_microbatches = 1;
+    }
+    step += (exposed_f + exposed_b) * n_micro * accum;
+    /* the step's own collectives: DDP / HSDP all-reduces overlap the backward when the strategy says so */
+    double back = (BI[slowest] + BW[slowest] + RE[slowest]) * n_micro * accum;
+    double ovl_exposed = fmax(0, step_comm_overlap - back);
+    step += step_comm + ovl_exposed;
+    res->t_comm_exposed = (exposed_f + exposed_b) * n_micro * accum + step_comm + ovl_exposed;
+    res->t_comm_hidden += hidden * n_micro * accum + step_comm_overlap - ovl_exposed;
+    for (int pr = 0; pr < 1; pr++) res->t_comm_exposed += TPX[pr] * n_micro * accum;
+    /* the optimizer: its plan_step per slot, or the assumed traffic */
+    double opt_s = 0, opt_bytes = 0;
+    int assumed_opt = !c->s.opt || !CT_HAS_FIELD(c->s.o, ct_optimizer_api, plan_step) || !c->s.o->plan_step;
+    for (int i = 0; i < rt->n_params; i++) {
+        const ct_param_slot *sl = &rt->slots[i];
+        if ((unit_rank ? unit_rank[sl->unit] : 0) != slowest || sl->local_numel <= 0) continue;
+        ct_optimizer_cost oc = {sizeof oc, 0, 0, 0, 0};
+        if (assumed_opt || c->s.o->plan_step(c->s.opt, sl, &oc) != CT_OK)
+            oc.bytes = (2.0 + 2.0 * c->s.n_state) * 4.0 * (double)sl->local_numel;
+        opt_bytes += oc.bytes;
+        if (hw->mem_bw > 0) opt_s += oc.bytes / (hw->mem_bw * hw->mem_eff);
+        double rate = hw->peak_flops[l->bf16 ? PLAN_BF16 : PLAN_F32] * hw->matmul_eff;
+        if (oc.matmul_flops > 0 && rate > 0) opt_s += oc.matmul_flops / rate;
+        if (oc.comm_bytes > 0)
+            opt_s += comm_seconds(hw, CT_COLL_ALL_GATHER, sl->placement == CT_PLACE_SHARD ? r.mesh.degree[sl->shard_axis] : 1,
+                                  oc.comm_bytes, 0);
+    }
+    if (assumed_opt)
+        note_add(r.note, sizeof r.note, "the optimizer reports no plan_step: its step is planned as %d states' traffic",
+                 c->s.n_state);
+    /* the gradient norm and clipping read every local gradient once (twice with clipping) */
+    double norm_s = hw->mem_bw > 0 ? 2.0 * local_bytes[slowest] / (hw->mem_bw * hw->mem_eff) : 0;
+    res->t_optimizer = opt_s + norm_s;
+    step += res->t_optimizer;
+    res->step_time = step;
+    for (int u = 0; u < nu; u++) {
+        if ((unit_rank ? unit_rank[u] : 0) != slowest) continue;
+        res->t_gemm += ut[u].gemm * n_micro * accum;
+        res->t_attention += ut[u].attn * n_micro * accum;
+        res->t_memory_bound += ut[u].membound * n_micro * accum;
+        res->t_recompute += ut[u].re * n_micro * accum;
+    }
+    free(ut);
+
+    /* memory per pp rank; the plan reports the largest */
+    double best = -1;
+    for (int pr = 0; pr < npr; pr++) {
+        double m[PLAN_MEM_N] = {0};
+        m[PLAN_MEM_PARAMS] = prm[pr] + (l->bf16 ? local_bytes[pr] : 0); /* the bf16 copies for compute */
+        m[PLAN_MEM_GRADS] = local_bytes[pr] + whole_grad[pr];
+        m[PLAN_MEM_OPTIMIZER] = (double)c->s.n_state * local_bytes[pr];
+        m[PLAN_MEM_MASTER] = master[pr];
+        for (int k = 0; k < r.n; k++) {
+            int is_tp = l->tp > 1 && k == 0;
+            double own = strat_mem[k][CT_MEM_COMM] + strat_mem[k][CT_MEM_OTHER] + strat_mem[k][CT_MEM_ACTIVATIONS];
+            m[is_tp ? PLAN_MEM_TP_BUFFERS : PLAN_MEM_FSDP_BUFFERS] += own;
+            m[PLAN_MEM_PARAMS] += strat_mem[k][CT_MEM_PARAMS];
+            m[PLAN_MEM_GRADS] += strat_mem[k][CT_MEM_GRADS];
+            m[PLAN_MEM_OPTIMIZER] += strat_mem[k][CT_MEM_OPTIMIZER];
+            m[PLAN_MEM_MASTER] += strat_mem[k][CT_MEM_MASTER];
+        }
+        /* activations: the tape's arenas; under pp each microbatch in flight keeps its own */
+        double saved = 0, boundary = 0, peak_fwd = 0, peak_bwd = 0, logits = 0;
+        for (int u = 0; u < nu; u++) {
+            if ((unit_rank ? unit_rank[u] : 0) != pr) continue;
+            saved += t.units[u].saved_bytes;
+            boundary += t.units[u].boundary_grad_bytes;
+            peak_fwd = fmax(peak_fwd, t.units[u].fwd_peak - t.units[u].saved_bytes);
+            peak_bwd = fmax(peak_bwd, t.units[u].bwd_peak);
+            if (u == nu - 1) logits = t.units[u].saved_bytes;
+        }
+        int inflight = 1;
+        if (pp > 1) {
+            inflight = r.pl.plan.ranks[pr].peak_activations;
+            if (inflight < 1) inflight = 1;
+            /* each microbatch context: its ids and targets, what its units keep, their input gradients */
+            double per_mb = t.io_bytes + saved + boundary;
+            m[PLAN_MEM_ACTIVATIONS] = inflight * (per_mb - logits);
+            m[PLAN_MEM_LOGITS] = logits * (logits > 0 ? 1 : 0);
+            m[PLAN_MEM_TRANSIENT] = fmax(peak_fwd, peak_bwd);
+            m[PLAN_MEM_PP_BUFFERS] = 0; /* sends and receives land in the contexts' arenas */
+        } else {
+            m[PLAN_MEM_ACTIVATIONS] = t.io_bytes + saved - logits;
+            m[PLAN_MEM_LOGITS] = logits;
+            m[PLAN_MEM_TRANSIENT] = fmax(0, t.live_peak - t.io_bytes - saved);
+        }
+        m[PLAN_MEM_FLOAT8] = r.ts.float8_saved * inflight + r.ts.float8_weights + r.ts.float8_scratch;
+        double buffers = m[PLAN_MEM_FSDP_BUFFERS] + m[PLAN_MEM_TP_BUFFERS] + m[PLAN_MEM_ACTIVATIONS] +
+                         m[PLAN_MEM_TRANSIENT] + m[PLAN_MEM_LOGITS] + m[PLAN_MEM_FLOAT8];
+        m[PLAN_MEM_OVERHEAD] = hw->overhead_bytes + hw->alloc_frac * buffers;
+        double total = 0;
+        for (int k = 0; k < PLAN_MEM_N; k++) total += m[k];
+        if (total > best) {
+            best = total;
+            memcpy(res->mem, m, sizeof m);
+            res->mem_total = total;
+            if (pp > 1) res->inflight_microbatches = inflight;
+        }
+    }
+    res->mem_capacity = hw->mem_bytes;
+    res->fits = hw->mem_bytes <= 0 || res->mem_total <= hw->mem_bytes * (1.0 - hw->headroom_frac);
+    double tokens = (double)l->local_batch * (double)l->seq_len * (double)dp * accum;
+    res->tokens_per_s_per_gpu = step > 0 ? tokens / step / (double)world : 0;
+    res->flops_per_token = c->desc.flops_per_token;
+    res->mfu = hw->peak_flops[PLAN_BF16] > 0 ? res->flops_per_token * res->tokens_per_s_per_gpu / hw->peak_flops[PLAN_BF16] : 0;
+    snprintf(res->assumptions, sizeof res->assumptions, "%s", r.note);
+    if (!hw->calibrated && !strstr(res->assumptions, "datasheet"))
+        note_add(res->assumptions, sizeof res->assumptions,
+                 "datasheet rates x the profile's assumed efficiencies (matmul %.2f, attention %.2f, memory %.2f)",
+                 hw->matmul_eff, hw->attn_eff, hw->mem_eff);
+done:
+    plan_trace_free(&t);
+    run_free(&r);
+    g_mem = keep;
+    return bad ? -1 : 0;
 }

@@ -122,11 +122,11 @@ typedef struct plan_op {
 } plan_op;
 
 typedef struct plan_unit {
-    int first_op, n_ops;   /* into plan_trace.ops */
-    double in_bytes, out_bytes; /* the unit's input and output activation (PP sends these) */
-    double saved_bytes[3];      /* kept until backward per AC mode: [0] none, [1] selective op, [2] full */
-    double transient_bytes;     /* peak of the unit's own temporaries in forward and backward */
-    double grad_bytes;          /* peak activation-gradient buffers during this unit's backward */
+    double out_bytes;           /* its output activation (what a pipeline stage sends on) */
+    double saved_bytes;         /* what the tape keeps from its forward until its backward, under the
+                                   layout's activation checkpointing */
+    double boundary_grad_bytes; /* its input's gradient, kept until the microbatch ends */
+    double fwd_peak, bwd_peak;  /* its temporaries above what was live when it started: forward, backward */
 } plan_unit;
 
 typedef struct plan_trace {
@@ -136,6 +136,10 @@ typedef struct plan_trace {
     int n_units;
     int64_t tokens;        /* per microbatch on one rank (local batch x seq / cp) */
     char cannot[256];      /* non-empty: what stopped the trace (a custom op without plan) */
+    void *state;           /* the planner's own, while the trace is made */
+    /* the tape's arenas, bytes: ids and targets of a microbatch; the whole microbatch's live peak
+     * (forward and backward, as training measures it on one pipeline stage holding every unit) */
+    double io_bytes, live_peak;
 } plan_trace;
 void plan_trace_free(plan_trace *t);
 
@@ -151,7 +155,7 @@ typedef struct plan_layout {
     int ac;                   /* PLAN_AC_* */
     int ac_every;             /* selective layer: every n-th block */
     int float8;               /* 0 off, else quantize.dense.float8 on with `float8_recipe` */
-    char float8_recipe[32];   /* tensorwise, rowwise, mxfp8 ... (the plugin's format) */
+    char float8_recipe[64];   /* tensorwise, rowwise, mxfp8 ... (the plugin's format) */
     int compile, async_tp, bf16;
 } plan_layout;
 
@@ -198,6 +202,9 @@ typedef struct plan_result {
 typedef struct plan_ctx plan_ctx;
 int plan_open(plan_ctx **ctx, manifest *mf, char *err, size_t errlen);
 void plan_close(plan_ctx *ctx);
+/* The model's description and the manifest the planner reads (the layouts' keys are set in it). */
+const ct_model_desc *plan_model(const plan_ctx *ctx);
+manifest *plan_manifest(const plan_ctx *ctx);
 /* The manifest's own layout for `gpus` GPUs (data_parallel_shard_degree -1 takes what is left). */
 int plan_layout_from_manifest(plan_ctx *ctx, int gpus, plan_layout *l, char *err, size_t errlen);
 /* Evaluates one layout; r->fits says whether it fits hw with headroom. -1 only for a layout the

@@ -1,0 +1,32 @@
+/* plan_internal.h: what the tape and the planner's own files share (not part of `ctitan plan`'s
+ * interface, plan.h). */
+#ifndef CT_PLAN_INTERNAL_H
+#define CT_PLAN_INTERNAL_H
+
+#include "ctitan/device.h"
+#include "engine/runtime.h"
+#include "plan/plan.h"
+
+/* The device the planner runs the tape on: computes nothing, allocates address space only. */
+extern const ct_device_api plan_null_device;
+
+/* Called by the tape on a planning runtime while rt->trace_ops is set (1: the traced forward pass;
+ * 2: the traced backward pass, recomputes included). Each returns 0, or -1 with the error set. */
+int plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2, int64_t s3, int kv_heads, int sac_keep);
+int plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t in, int64_t out, int quant, int sac_keep);
+/* A collective the tape would run now (bytes: the whole gathered or reduced buffer). */
+int plan_note_comm(runtime *rt, int axis, ct_collective kind, double bytes, int overlapped);
+/* A custom op on a planning builder: its plan callback instead of forward, its costs noted. */
+ct_status plan_custom(runtime *rt, const ct_custom_op *op, void *state, ct_tensor *const *in, int n_in, ct_tensor **out,
+                      int n_out);
+
+/* Per-trace state the notes need: the GEMM dtype of an unconverted linear, the float8 bytes. */
+typedef struct plan_trace_state {
+    int matmul_dtype;        /* PLAN_F32 or PLAN_BF16 */
+    double float8_saved;     /* the quantizer's saved bytes per microbatch, all units */
+    double float8_weights;   /* its cached weight casts */
+    double float8_scratch;   /* its largest GEMM temporaries */
+    char assumptions[512];
+} plan_trace_state;
+
+#endif
