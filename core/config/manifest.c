@@ -97,6 +97,9 @@ static const struct {
     {"parallelism.tensor_parallel_degree", CT_OPT_INT, "1", "tensor parallel degree"},
     {"parallelism.tp_strategy", CT_OPT_STRING, "tp",
      "the strategy plugin serving the tp mesh axis (a name or a path); it declares its own parallelism.* keys"},
+    {"plan.hardware", CT_OPT_STRING, "",
+     "the hardware profile (a name in configs/hardware/ or a file, e.g. from `ctitan plan --calibrate`) that "
+     "`--dry-run` and the start-up prediction plan against; empty: memory only"},
     {"compile.enable", CT_OPT_BOOL, "false",
      "capture a microbatch's forward and backward as a device graph and launch it from then on (CUDA; one rank, no float8)"},
     {"parallelism.pipeline_parallel_degree", CT_OPT_INT, "1", "pipeline parallel degree"},

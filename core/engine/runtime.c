@@ -647,8 +647,7 @@ int runtime_plan_start(runtime *rt, char *err, size_t errlen) {
     size_t max_n;
     int st = size_storage(rt, &max_n, err, errlen);
     if (st) return st;
-    rt->storage_order = calloc((size_t)(rt->n_params > 0 ? rt->n_params : 1), sizeof(int));
-    if (!rt->storage_order || rt->d->alloc(rt->dev, rt->param_bytes, (void **)&rt->param_mem) != CT_OK ||
+    if (rt->d->alloc(rt->dev, rt->param_bytes, (void **)&rt->param_mem) != CT_OK ||
         rt->d->alloc(rt->dev, rt->param_bytes, (void **)&rt->grad_mem) != CT_OK) {
         snprintf(err, errlen, "out of address space for a plan of %zu parameter bytes", rt->param_bytes);
         return -1;

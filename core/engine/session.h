@@ -36,7 +36,6 @@ typedef struct session {
     ct_optimizer *opt;
     runtime rt;
     int rt_ready;
-    char plan_note[512]; /* session_plan: the strategies it could not create, and why */
     char *opt_mem;   /* one allocation: state_count f32 values per parameter element */
     size_t opt_bytes;
     int n_state;
@@ -82,8 +81,6 @@ const char *session_strategy_name(const manifest *mf, int world);
 /* Loads a plugin by name as a run does (its options join the manifest's schema). */
 ct_status session_load_plugin(session *s, const char *section, const char *key, const char *name, ct_plugin_kind kind,
                               plugin **out);
-/* A dry run's planning strategies and placed parameters (no storage); see session.c. */
-ct_status session_plan(session *s);
 
 /* Opens model.tokenizer_path and checks it against the model (every id it makes is a row of the
  * embedding). Prints one line naming the key and returns CT_ERR_INVALID, or CT_OK with *tok set. */

@@ -9,6 +9,7 @@
 #include "engine/mesh.h"
 #include "host/runlock.h"
 #include "engine/session.h"
+#include "plan/plan.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -78,127 +79,44 @@ static void print_model_summary(session *s, int64_t seq_len) {
            (long long)seq_len);
 }
 
-/* Appends to a line buffer, never past its end. */
-static void line_add(char *line, size_t len, size_t *at, const char *fmt, ...) {
-    if (*at >= len - 1) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line + *at, len - *at, fmt, ap);
-    va_end(ap);
-    *at = n < 0 ? len - 1 : *at + (size_t)n < len - 1 ? *at + (size_t)n : len - 1;
+/* The GPUs the run would have: the job's ranks under `ctitan launch`, else the manifest's degrees
+ * (data_parallel_shard_degree -1 then counts as 1). */
+static int run_world(const manifest *mf) {
+    int env = mesh_env_world_size();
+    if (env > 1) return env;
+    static const char *keys[] = {"parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_degree",
+                                 "parallelism.context_parallel_degree", "parallelism.tensor_parallel_degree",
+                                 "parallelism.pipeline_parallel_degree"};
+    int64_t world = 1, v;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!mf_get_int(mf, keys[i], &v) && v > 1 && v < (1 << 20)) world *= v;
+    return world < (1 << 20) ? (int)world : 1;
 }
 
-typedef struct comm_group_sum {
-    int kind, axis, phase, overlapped;
-    double bytes, calls;
-} comm_group_sum;
-
-/* One line per strategy of the plan: its own memory by category and, per (collective, axis, phase),
- * the bytes of the whole buffers it moves per step (each collective's whole-buffer size times its
- * count) and how many calls that takes. */
-static void strategy_report_print(const char *name, const ct_strategy_api *a, ct_strategy *st, int n_micro) {
-    static const char *axes[CT_MESH_NAXES] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
-    static const char *phases[4] = {"?", "forward", "backward", "step"};
-    enum { MAX_GROUPS = 64 };
-    if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) {
-        printf("  strategy %s: reports no costs (it has no report function)\n", name);
-        return;
-    }
-    /* first how many collectives it has, then all of them */
-    ct_strategy_report r = {sizeof r, {0}, NULL, 0, 0};
-    ct_clear_error();
-    ct_status rst = a->report(st, n_micro, &r);
-    int max = r.n_comms > 0 && r.n_comms < INT_MAX / 2 ? r.n_comms : 1;
-    ct_comm_cost *c = rst == CT_OK ? calloc((size_t)max, sizeof *c) : NULL;
-    if (rst == CT_OK && !c) rst = CT_ERR_NOMEM;
-    for (int i = 0; c && i < max; i++) c[i].struct_size = sizeof *c;
-    if (rst == CT_OK) {
-        r = (ct_strategy_report){sizeof r, {0}, c, max, 0};
-        ct_clear_error();
-        rst = a->report(st, n_micro, &r);
-    }
-    if (rst != CT_OK) {
-        printf("  strategy %s: report failed: %s\n", name, ct_last_error()[0] ? ct_last_error() : "no message");
-        free(c);
-        return;
-    }
-    char line[4096];
-    size_t at = 0;
-    int any = 0;
-    line_add(line, sizeof line, &at, "  strategy %s: own memory", name);
-    for (int k = 0; k < 8 && k < CT_MEM_NCATEGORIES; k++)
-        if (r.mem_bytes[k] > 0)
-            line_add(line, sizeof line, &at, "%s %s %lld B", any++ ? "," : "", mem_category_name((ct_mem_category)k),
-                     (long long)r.mem_bytes[k]);
-    if (!any) line_add(line, sizeof line, &at, " none");
-    /* grouped by kind, axis, phase and overlap, in order of first appearance */
-    comm_group_sum g[MAX_GROUPS];
-    int ng = 0, n = r.n_comms < max ? r.n_comms : max;
-    for (int i = 0; i < n; i++) {
-        int j = 0;
-        while (j < ng && !(g[j].kind == (int)c[i].kind && g[j].axis == c[i].axis && g[j].phase == (int)c[i].phase &&
-                           g[j].overlapped == c[i].overlapped))
-            j++;
-        if (j == ng) {
-            if (ng == MAX_GROUPS) continue;
-            g[ng++] = (comm_group_sum){(int)c[i].kind, c[i].axis, (int)c[i].phase, c[i].overlapped, 0, 0};
-        }
-        g[j].bytes += c[i].bytes * c[i].count;
-        g[j].calls += c[i].count;
-    }
-    line_add(line, sizeof line, &at, "; per step:%s", ng ? "" : " no collectives");
-    for (int j = 0; j < ng; j++) {
-        const char *kind = g[j].kind == CT_COLL_ALL_GATHER       ? "all_gather"
-                           : g[j].kind == CT_COLL_REDUCE_SCATTER ? "reduce_scatter"
-                           : g[j].kind == CT_COLL_ALL_REDUCE     ? "all_reduce"
-                                                                 : "collective";
-        line_add(line, sizeof line, &at, "%s %s over %s %.0f B in %.0f calls (%s%s)", j ? ";" : "", kind,
-                 (unsigned)g[j].axis < CT_MESH_NAXES ? axes[g[j].axis] : "?", g[j].bytes, g[j].calls,
-                 (unsigned)g[j].phase < 4 ? phases[g[j].phase] : "?", g[j].overlapped ? ", overlapped" : "");
-    }
-    printf("%s\n", line);
-    free(c);
-}
-
-static ct_status dry_run(session *s, manifest *mf) {
+/* --dry-run: the planner's evaluation of this manifest for the world it would run on. */
+static ct_status dry_run(session *s, manifest *mf, int argc, char **argv) {
     ct_model_desc d = {.struct_size = sizeof d};
     if (s->m->describe(s->model, &d) != CT_OK) {
         fprintf(stderr, "ctitan: model describe failed: %s\n", ct_last_error());
         return CT_ERR_INTERNAL;
     }
-    int64_t seq, lbs;
-    mf_get_int(mf, "training.seq_len", &seq);
-    mf_get_int(mf, "training.local_batch_size", &lbs);
-    int64_t rep, shard, tp, pp, cp;
-    mf_get_int(mf, "parallelism.data_parallel_replicate_degree", &rep);
-    mf_get_int(mf, "parallelism.data_parallel_shard_degree", &shard);
-    mf_get_int(mf, "parallelism.tensor_parallel_degree", &tp);
-    mf_get_int(mf, "parallelism.pipeline_parallel_degree", &pp);
-    mf_get_int(mf, "parallelism.context_parallel_degree", &cp);
-    if (shard < 1) shard = 1; /* -1: the ranks left over at launch; 1 here */
-    int64_t split = shard * cp * tp * pp; /* FSDP shards over dp_shard x cp; TP and PP split the model */
-    double p = (double)d.n_params * 4.0 / (double)split, gb = 1073741824.0;
-    printf("dry run: model %s, %d layers, dim %lld, vocab %lld\n", s->modelp->info.name, d.n_layers,
-           (long long)d.dim, (long long)d.vocab_size);
-    printf("  parameters %.3fB, %.3f GFLOP per token at seq %lld\n", (double)d.n_params / 1e9,
-           d.flops_per_token / 1e9, (long long)seq);
-    printf("  layout: dp_replicate %lld x dp_shard %lld x cp %lld x tp %lld x pp %lld = %lld ranks (dp_shard -1 counts as 1)\n",
-           (long long)rep, (long long)shard, (long long)cp, (long long)tp, (long long)pp,
-           (long long)(rep * shard * cp * tp * pp));
-    printf("  estimate per rank, fp32 master weights, activations not counted: params %.2f GiB, grads %.2f GiB, "
-           "AdamW states %.2f GiB, total %.2f GiB\n",
-           p / gb, p / gb, 2 * p / gb, 4 * p / gb);
-    printf("  tokens per microbatch %lld\n", (long long)(seq * lbs));
-    /* the strategies' own account of their buffers and collectives, for rank 0 of this mesh */
-    ct_status st = session_plan(s);
-    if (st) return st;
-    int64_t gbs = -1, dp = rep * shard;
-    mf_get_int(mf, "training.global_batch_size", &gbs);
-    int64_t micro = gbs > 0 && lbs > 0 && dp > 0 && gbs % (lbs * dp) == 0 ? gbs / (lbs * dp) : 1;
-    if (s->plan_note[0]) printf("  %s\n", s->plan_note);
-    if (s->xstrat) strategy_report_print(s->axisp->info.name, s->xapi, s->xstrat, (int)micro);
-    if (s->strat) strategy_report_print(s->stratp->info.name, s->sapi, s->strat, (int)micro);
-    if ((s->xstrat || s->strat) && pp > 1) printf("  (pipeline stages not split: every unit counted on one rank)\n");
+    int world = run_world(mf);
+    printf("dry run: model %s, %d layers, dim %lld, vocab %lld, %.3fB parameters, %.3f GFLOP per token; %d GPUs\n",
+           s->modelp->info.name, d.n_layers, (long long)d.dim, (long long)d.vocab_size, (double)d.n_params / 1e9,
+           d.flops_per_token / 1e9, world);
+    plan_result r;
+    hw_profile hw;
+    int have_hw;
+    char err[2048];
+    if (plan_for_run(argc, argv, train_usage, world, &r, &hw, &have_hw, err, sizeof err)) {
+        fprintf(stderr, "ctitan: plan: %s\n", err);
+        hw_profile_free(&hw);
+        return CT_ERR_INVALID;
+    }
+    plan_print_text(stdout, &r, have_hw ? &hw : NULL);
+    if (!have_hw) printf("  (plan.hardware is not set: memory only; name a profile of configs/hardware/ or write one with "
+                         "`ctitan plan --calibrate` for step time)\n");
+    hw_profile_free(&hw);
     return CT_OK;
 }
 
@@ -557,8 +475,26 @@ static ct_status train_start(train_run *r) {
 }
 
 /* The console metrics line and its metrics.jsonl record. -1 on a write error. */
+/* The memory record of the rank whose peak is largest (every rank's own on one rank): its peak
+ * total, its peak by category and its live activation peak. 0, or -1 if a collective failed. */
+static int largest_rank_memory(session *s, double v[CT_MEM_NCATEGORIES + 2]) {
+    v[0] = (double)g_mem.peak_total;
+    for (int k = 0; k < CT_MEM_NCATEGORIES; k++) v[1 + k] = (double)g_mem.peak[k];
+    v[CT_MEM_NCATEGORIES + 1] = (double)s->rt.peak_act_bytes;
+    if (!s->capi) return 0;
+    ct_comm_group *world;
+    double top = v[0];
+    if (s->capi->world(s->comm, &world) != CT_OK ||
+        s->capi->all_reduce(s->comm, world, &top, &top, 1, CT_F64, CT_REDUCE_MAX, NULL) != CT_OK)
+        return -1;
+    if (v[0] < top) memset(v, 0, sizeof(double) * (CT_MEM_NCATEGORIES + 2)); /* another rank's is larger */
+    return s->capi->all_reduce(s->comm, world, v, v, CT_MEM_NCATEGORIES + 2, CT_F64, CT_REDUCE_MAX, NULL) == CT_OK ? 0 : -1;
+}
+
 static int step_log(train_run *r, int64_t step, double loss, double norm, double lr) {
     const session *s = r->s;
+    double mem[CT_MEM_NCATEGORIES + 2];
+    if (largest_rank_memory(r->s, mem)) return -1;
     double elapsed = ct_now() - r->t_log;
     double tps = (double)r->tokens_since / elapsed;
     double tflops = s->rt.desc.flops_per_token * tps / 1e12;
@@ -568,7 +504,7 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
     if (mfu > 100.0) mfu = 100.0;
     printf("step %5lld  loss %8.4f  grad_norm %8.4f  lr %.3e  tps %8.0f  tflops %7.4f  mfu %5.1f%% (of %s peak%s)"
            "  memory %.3f GiB\n",
-           (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib(g_mem.peak_total));
+           (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib((int64_t)mem[0]));
     fflush(stdout);
     if (log_record(&r->lg,
             "\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
@@ -576,10 +512,9 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
             "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld, "
             "\"master\": %lld, \"comm\": %lld}, "
             "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}",
-            (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)g_mem.peak_total,
-            (long long)g_mem.peak[CT_MEM_PARAMS], (long long)g_mem.peak[CT_MEM_GRADS],
-            (long long)g_mem.peak[CT_MEM_OPTIMIZER], (long long)g_mem.peak[CT_MEM_ACTIVATIONS],
-            (long long)s->rt.peak_act_bytes, (long long)g_mem.peak[CT_MEM_MASTER], (long long)g_mem.peak[CT_MEM_COMM],
+            (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)mem[0], (long long)mem[1 + CT_MEM_PARAMS],
+            (long long)mem[1 + CT_MEM_GRADS], (long long)mem[1 + CT_MEM_OPTIMIZER], (long long)mem[1 + CT_MEM_ACTIVATIONS],
+            (long long)mem[CT_MEM_NCATEGORIES + 1], (long long)mem[1 + CT_MEM_MASTER], (long long)mem[1 + CT_MEM_COMM],
             (long long)g_comm_bytes[CS_ALL_GATHER],
             (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]))
         return -1;
@@ -836,6 +771,25 @@ static void sample_print(session *s, manifest *mf, ct_tokenizer *tok, int64_t ma
                         "and was saved\n");
 }
 
+/* The start-up line: what the planner predicts for this run, next to which each step's line then
+ * shows what it measures. A plan that cannot be made is said, and the run goes on. */
+static void plan_line(int argc, char **argv, int world) {
+    plan_result r;
+    hw_profile hw;
+    int have_hw;
+    char err[2048];
+    if (plan_for_run(argc, argv, train_usage, world, &r, &hw, &have_hw, err, sizeof err)) {
+        printf("plan: none (%s)\n", err);
+    } else {
+        printf("plan: peak memory %.3f GiB on the largest rank (activations %.3f GiB)", gib((int64_t)r.mem_total),
+               gib((int64_t)(r.mem[PLAN_MEM_ACTIVATIONS] + r.mem[PLAN_MEM_TRANSIENT] + r.mem[PLAN_MEM_LOGITS])));
+        if (have_hw) printf(", step %.4f s, %.0f tokens/s per device (profile %s)", r.step_time, r.tokens_per_s_per_gpu,
+                            hw.name);
+        printf("\n");
+    }
+    hw_profile_free(&hw);
+}
+
 ct_status cmd_train(int argc, char **argv, int *stop_signal) {
     run_args a;
     ct_status st;
@@ -856,7 +810,7 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
     if (!pc) mf_get_bool(mf, "job.print_config", &pc);
     if (pc) manifest_print(mf, stdout);
     if (dry) { /* like the dataset, the files the run reads are not opened */
-        st = dry_run(&s, mf);
+        st = dry_run(&s, mf, argc, argv);
         goto out;
     }
     /* what the end of the run needs is checked now, not after the training */
@@ -876,6 +830,7 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
         goto out;
     }
     if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
+    if (s.rank == 0) plan_line(argc, argv, s.world > 1 ? s.world : 1);
     st = train_loop(&s, mf, stop_signal);
     if (!st && !*stop_signal && prof) traces_write(&s, mf); /* after a stop: skipped, as it said */
     if (!st && !*stop_signal && max_new > 0) sample_print(&s, mf, tok, max_new);

@@ -104,6 +104,11 @@ NO_OP(nd_xent_bwd_lse, U float *dl, U const float *lg, U const int32_t *t, U con
       U int64_t v, U int64_t b, U int32_t ig)
 NO_OP(nd_round_bf16, U float *x, U int64_t n)
 
+/* The handle the planner's runtime passes: any non-NULL address (the arenas allocate from a device
+ * only when they have one), never dereferenced. */
+static char null_device_token;
+ct_device *plan_null_handle(void) { return (ct_device *)(void *)&null_device_token; }
+
 const ct_device_api plan_null_device = {
     .struct_size = sizeof(ct_device_api),
     .alloc = nd_alloc,

@@ -200,6 +200,7 @@ typedef struct plan_run {
     pipeline pl;
     int pl_ready;
     plan_trace_state ts;
+    ct_strategy_env env;
     char note[512];
 } plan_run;
 
@@ -259,6 +260,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
     int fp8_ag = 0;
     mf_get_bool(c->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
     env.fp8_all_gather = l->float8 && fp8_ag;
+    r->env = env;
     runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL};
     for (int k = 0; k < 2; k++) {
         if (!names[k]) continue;
@@ -291,7 +293,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
         }
         r->pl_ready = 1;
     }
-    int rst = runtime_plan(&r->rt, &plan_null_device, NULL, c->s.m, c->s.model, &dist, err, errlen);
+    int rst = runtime_plan(&r->rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, err, errlen);
     r->rt_ready = 1;
     if (rst) return -1;
     if (runtime_plan_start(&r->rt, err, errlen)) return -1;
@@ -361,12 +363,14 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     for (int u = 0; u < nu; u++) {
         double before = (double)(rt->saved.data.used + rt->grads.data.used);
         rt->peak_act_bytes = 0;
+        rt->scratch.data.peak_used = rt->scratch.data.used;
         if (runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x)) {
             rt->trace_ops = 0;
             return fail(err, errlen, t->cannot[0] ? "the trace stopped" : "a unit's forward failed in the plan");
         }
         t->units[u].saved_bytes = (double)rt->saved.data.used + (double)rt->grads.data.used - before;
         t->units[u].fwd_peak = fmax(0.0, (double)rt->peak_act_bytes - before);
+        t->units[u].scratch_peak = (double)(rt->scratch.data.peak_used - rt->scratch.data.used);
         t->units[u].out_bytes = (double)ct_tensor_numel(&x->t) * (double)ct_dtype_size(x->t.dtype);
     }
     t->live_peak = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
@@ -374,14 +378,18 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     rt->trace_ops = 2;
     for (int u = nu - 1; u >= 0; u--) {
         double live = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
-        double g0 = (double)rt->grads.data.used;
+        double g0 = (double)rt->grads.data.used, s0 = (double)rt->scratch.data.used;
         rt->peak_act_bytes = 0;
+        rt->grads.data.peak_used = rt->grads.data.used;
+        rt->scratch.data.peak_used = rt->scratch.data.used;
         if (runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH)) {
             rt->trace_ops = 0;
             return fail(err, errlen, "a unit's backward failed in the plan");
         }
         t->units[u].bwd_peak = fmax(0.0, (double)rt->peak_act_bytes - live);
         t->units[u].boundary_grad_bytes = (double)rt->grads.data.used - g0;
+        t->units[u].grads_peak = (double)rt->grads.data.peak_used - g0;
+        t->units[u].scratch_peak = fmax(t->units[u].scratch_peak, (double)rt->scratch.data.peak_used - s0);
         if ((double)rt->peak_act_bytes > t->live_peak) t->live_peak = (double)rt->peak_act_bytes;
     }
     rt->trace_ops = 0;
@@ -401,15 +409,9 @@ int plan_trace_layout(plan_ctx *c, const plan_layout *l, plan_trace *t, char *er
     return bad ? -1 : 0;
 }
 
-/* TEMPORARY until hardware.c lands: weak lookups it replaces. */
-__attribute__((weak)) double hw_measured_op(const hw_profile *hw, int kind, const int64_t shape[4], int dtype, int backward) {
-    for (int i = 0; i < hw->n_ops; i++) {
-        const plan_measured_op *o = &hw->ops[i];
-        if (o->kind == kind && o->dtype == dtype && !memcmp(o->shape, shape, sizeof o->shape)) return o->seconds[backward];
-    }
-    return -1;
+__attribute__((weak)) void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
+    fprintf(f, "plan: %.3f GiB, step %.4f s (%s)\n", r->mem_total / 1073741824.0, r->step_time, hw ? hw->name : "no hw");
 }
-__attribute__((weak)) double hw_measured_comm(const hw_profile *hw, int kind, int ranks, double bytes) { (void)hw,(void)kind,(void)ranks,(void)bytes; return -1; }
 
 /* ---- time ---- */
 
@@ -519,6 +521,103 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
     }
 }
 
+/* The microbatch contexts a pp rank holds at once, from the simulated schedule (starts from
+ * schedule_check under `c`): a context is taken when the microbatch's first input lands on this rank
+ * (the runner posts every receive early, so that is when the sending stage's F ends) or at its
+ * first F, and given back after its last backward action here. */
+static int held_contexts(const sched_plan *p, const schedule_costs *c, int rank) {
+    int nm = p->n_microbatches;
+    int64_t *from = malloc(sizeof(int64_t) * (size_t)nm), *to = malloc(sizeof(int64_t) * (size_t)nm);
+    int64_t *fend = malloc(sizeof(int64_t) * (size_t)(p->n_stages * nm));
+    int peak = 1;
+    if (!from || !to || !fend) goto out;
+    for (int m = 0; m < nm; m++) from[m] = INT64_MAX, to[m] = -1;
+    for (int i = 0; i < p->n_stages * nm; i++) fend[i] = -1;
+    for (int r = 0; r < p->pp; r++) /* when each F ends */
+        for (int i = 0; i < p->ranks[r].n; i++) {
+            const ct_pp_action *a = &p->ranks[r].actions[i];
+            if (a->op == CT_PP_F) fend[a->stage * nm + a->microbatch] = p->ranks[r].start[i] + c->f;
+        }
+    const sched_rank *sr = &p->ranks[rank];
+    for (int i = 0; i < sr->n; i++) {
+        const ct_pp_action *a = &sr->actions[i];
+        int m = a->microbatch;
+        int64_t dur = a->op == CT_PP_F ? c->f : a->op == CT_PP_B ? c->b : a->op == CT_PP_W ? c->w : c->i;
+        int64_t begin = sr->start[i];
+        if (a->op == CT_PP_F && a->stage > 0 && schedule_stage_rank(p->placement, p->pp, a->stage - 1) != rank &&
+            fend[(a->stage - 1) * nm + m] >= 0)
+            begin = fend[(a->stage - 1) * nm + m];
+        if (begin < from[m]) from[m] = begin;
+        if (a->op != CT_PP_F && sr->start[i] + dur > to[m]) to[m] = sr->start[i] + dur;
+    }
+    for (int m = 0; m < nm; m++) {
+        if (to[m] < 0) continue;
+        int live = 0;
+        for (int k = 0; k < nm; k++) live += to[k] >= 0 && from[k] <= from[m] && to[k] > from[m];
+        if (live > peak) peak = live;
+    }
+out:
+    free(from);
+    free(to);
+    free(fend);
+    return peak;
+}
+
+/* The strategies' report for pp rank `pr`: fresh planning instances on that rank's coordinates,
+ * placing only its stages' units (the others' slots CT_PLACE_NONE), with the float8 decisions the
+ * trace made. pp 1 asks the trace's own instances. mem: [strategy][category]. */
+static int stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, int n_micro, double mem[2][8],
+                        ct_comm_cost *comms, int *n_comms, int max_comms, char *err, size_t errlen) {
+    plan_run q;
+    memset(&q, 0, sizeof q);
+    plan_run *use = r;
+    int bad = 0;
+    *n_comms = 0;
+    if (l->pp > 1) {
+        q.mesh = r->mesh;
+        q.mesh.coord[CT_AXIS_PP] = pr;
+        ct_strategy_env env = r->env;
+        env.mesh = &q.mesh;
+        runtime_dist dist = {NULL, NULL, &q.mesh, {0}, {0}, 0, r->pl.unit_rank};
+        for (int k = 0; k < r->n && !bad; k++) {
+            ct_clear_error();
+            if (r->api[k]->create(&r->plug[k]->host, &env, &q.inst[k]) != CT_OK) {
+                bad = fail(err, errlen, r->names[k]);
+                break;
+            }
+            q.api[k] = r->api[k];
+            q.names[k] = r->names[k];
+            q.n = k + 1;
+            dist.st[dist.n_st] = q.api[k];
+            dist.strat[dist.n_st++] = q.inst[k];
+        }
+        if (!bad) {
+            q.rt_ready = 1;
+            bad = runtime_plan(&q.rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, err, errlen);
+        }
+        for (int i = 0; !bad && i < q.rt.n_params && i < r->rt.n_params; i++)
+            q.rt.params[i]->t.flags |= r->rt.params[i]->t.flags & (CT_TENSOR_QUANT_DECIDED | CT_TENSOR_QUANTIZED);
+        use = &q;
+    }
+    for (int k = 0; k < use->n && !bad; k++) {
+        ct_comm_cost *at = comms + *n_comms;
+        int room = max_comms - *n_comms;
+        for (int i = 0; i < room; i++) at[i] = (ct_comm_cost){.struct_size = sizeof(ct_comm_cost)};
+        ct_strategy_report rep = {sizeof rep, {0}, at, room, 0};
+        ct_clear_error();
+        if (use->api[k]->report(use->inst[k], n_micro, &rep) != CT_OK) {
+            bad = fail(err, errlen, use->names[k]);
+            break;
+        }
+        for (int m = 0; m < 8; m++) mem[k][m] = (double)rep.mem_bytes[m];
+        int nc = rep.n_comms < room ? rep.n_comms : room;
+        for (int i = 0; i < nc; i++) at[i].struct_size = (size_t)k; /* which strategy: the caller's to read */
+        *n_comms += nc;
+    }
+    if (use == &q) run_free(&q);
+    return bad ? -1 : 0;
+}
+
 /* ---- the evaluation ---- */
 
 static double align64d(double b) { return ceil(b / 64.0) * 64.0; }
@@ -566,31 +665,31 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         int pr = unit_rank ? unit_rank[sl->unit] : 0;
         if (pr < npr) local_bytes[pr] += align64d((double)sl->local_numel * 4.0);
     }
-    /* the strategies' own buffers and collectives */
-    ct_comm_cost comms[512];
-    double strat_mem[2][8] = {{0}};
-    plan_comm_line fsdp_lines[2][8];
-    memset(fsdp_lines, 0, sizeof fsdp_lines);
-    double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, step_comm = 0, step_comm_overlap = 0;
+    /* the strategies' own buffers and collectives: per pp rank (first, a middle one, last) */
+    static ct_comm_cost comms[1024];
+    double strat_mem[64][2][8];
+    memset(strat_mem, 0, sizeof strat_mem);
+    double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, unit_block = 0, step_comm = 0, step_comm_overlap = 0;
     int nu_c = nu < 1024 ? nu : 1024;
-    for (int k = 0; k < r.n; k++) {
-        for (int i = 0; i < 512; i++) comms[i] = (ct_comm_cost){.struct_size = sizeof(ct_comm_cost)};
-        ct_strategy_report rep = {sizeof rep, {0}, comms, 512, 0};
-        ct_clear_error();
-        if (r.api[k]->report(r.inst[k], n_micro * accum, &rep) != CT_OK) {
-            bad = fail(err, errlen, r.names[k]);
+    int probe[3] = {0, npr > 2 ? 1 : 0, npr - 1};
+    for (int j = 2; j >= 0; j--) { /* rank 0's comms last: they stay in `comms` */
+        int nc = 0;
+        if (j < 2 && probe[j] == probe[j + 1] && j != 0) continue;
+        if (stage_report(c, l, &r, probe[j], n_micro * accum, strat_mem[probe[j]], comms, &nc, 1024, err, errlen)) {
+            bad = -1;
             goto done;
         }
-        for (int m = 0; m < 8; m++) strat_mem[k][m] = (double)rep.mem_bytes[m];
-        int nc = rep.n_comms < 512 ? rep.n_comms : 512;
+        if (j > 0) continue;
         for (int i = 0; i < nc; i++) {
             const ct_comm_cost *cc = &comms[i];
+            int k = (int)cc->struct_size;
             if ((unsigned)cc->axis >= CT_MESH_NAXES) continue;
-            if (unit_rank && cc->unit >= 0 && cc->unit < nu && unit_rank[cc->unit] != 0) continue; /* rank 0's stage */
             int inter = axis_inter_node(l, hw, cc->axis, gpn);
             double s = comm_seconds(hw, cc->kind, r.mesh.degree[cc->axis], cc->bytes, inter);
             double total = s * cc->count;
-            if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP) {
+            if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP && !cc->overlapped) {
+                unit_block += total; /* blocking: the unit waits for it */
+            } else if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP) {
                 if (cc->phase == CT_PHASE_FORWARD) unit_comm_f[cc->unit] += total;
                 else unit_comm_b[cc->unit] += total;
             } else if (cc->overlapped) {
@@ -605,9 +704,13 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
                 cl->bytes += cc->bytes * cc->count;
                 cl->count += cc->count;
                 cl->seconds += total;
+                if (!cc->overlapped) cl->exposed += total;
+                else cl->hidden_candidate += total; /* its exposed share is set once the overlap is known */
             }
         }
     }
+    for (int pr = 0; pr < npr; pr++) /* the stages in between are like the middle one */
+        if (pr != probe[0] && pr != probe[1] && pr != probe[2]) memcpy(strat_mem[pr], strat_mem[probe[1]], sizeof strat_mem[pr]);
 
     /* time per unit and per microbatch */
     unit_time *ut = calloc((size_t)nu, sizeof *ut);
@@ -678,13 +781,19 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         step = (F[0] + BI[0] + BW[0] + RE[0] + TPX[0]) * accum;
         res->inflight_microbatches = 1;
     }
-    step += (exposed_f + exposed_b) * n_micro * accum;
+    step += (exposed_f + exposed_b) * n_micro * accum + unit_block;
     /* the step's own collectives: DDP / HSDP all-reduces overlap the backward when the strategy says so */
     double back = (BI[slowest] + BW[slowest] + RE[slowest]) * n_micro * accum;
     double ovl_exposed = fmax(0, step_comm_overlap - back);
     step += step_comm + ovl_exposed;
-    res->t_comm_exposed = (exposed_f + exposed_b) * n_micro * accum + step_comm + ovl_exposed;
+    res->t_comm_exposed = (exposed_f + exposed_b) * n_micro * accum + unit_block + step_comm + ovl_exposed;
     res->t_comm_hidden += hidden * n_micro * accum + step_comm_overlap - ovl_exposed;
+    {
+        double ovl = 0, shown = (exposed_f + exposed_b) * n_micro * accum + ovl_exposed;
+        for (int i = 0; i < res->n_comms; i++) ovl += res->comms[i].hidden_candidate;
+        for (int i = 0; i < res->n_comms; i++) /* the overlapped ones show in proportion */
+            if (ovl > 0) res->comms[i].exposed += res->comms[i].hidden_candidate * fmin(1.0, shown / ovl);
+    }
     for (int pr = 0; pr < 1; pr++) res->t_comm_exposed += TPX[pr] * n_micro * accum;
     /* the optimizer: its plan_step per slot, or the assumed traffic */
     double opt_s = 0, opt_bytes = 0;
@@ -729,33 +838,38 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         m[PLAN_MEM_OPTIMIZER] = (double)c->s.n_state * local_bytes[pr];
         m[PLAN_MEM_MASTER] = master[pr];
         for (int k = 0; k < r.n; k++) {
+            const double *sm = strat_mem[pr][k];
             int is_tp = l->tp > 1 && k == 0;
-            double own = strat_mem[k][CT_MEM_COMM] + strat_mem[k][CT_MEM_OTHER] + strat_mem[k][CT_MEM_ACTIVATIONS];
-            m[is_tp ? PLAN_MEM_TP_BUFFERS : PLAN_MEM_FSDP_BUFFERS] += own;
-            m[PLAN_MEM_PARAMS] += strat_mem[k][CT_MEM_PARAMS];
-            m[PLAN_MEM_GRADS] += strat_mem[k][CT_MEM_GRADS];
-            m[PLAN_MEM_OPTIMIZER] += strat_mem[k][CT_MEM_OPTIMIZER];
-            m[PLAN_MEM_MASTER] += strat_mem[k][CT_MEM_MASTER];
+            m[is_tp ? PLAN_MEM_TP_BUFFERS : PLAN_MEM_FSDP_BUFFERS] += sm[CT_MEM_COMM] + sm[CT_MEM_OTHER] + sm[CT_MEM_ACTIVATIONS];
+            m[PLAN_MEM_PARAMS] += sm[CT_MEM_PARAMS];
+            m[PLAN_MEM_GRADS] += sm[CT_MEM_GRADS];
+            m[PLAN_MEM_OPTIMIZER] += sm[CT_MEM_OPTIMIZER];
+            m[PLAN_MEM_MASTER] += sm[CT_MEM_MASTER];
         }
         /* activations: the tape's arenas; under pp each microbatch in flight keeps its own */
-        double saved = 0, boundary = 0, peak_fwd = 0, peak_bwd = 0, logits = 0;
+        double saved = 0, boundary = 0, peak_fwd = 0, peak_bwd = 0, logits = 0, grads_peak = 0, scratch = 0;
         for (int u = 0; u < nu; u++) {
             if ((unit_rank ? unit_rank[u] : 0) != pr) continue;
             saved += t.units[u].saved_bytes;
             boundary += t.units[u].boundary_grad_bytes;
             peak_fwd = fmax(peak_fwd, t.units[u].fwd_peak - t.units[u].saved_bytes);
             peak_bwd = fmax(peak_bwd, t.units[u].bwd_peak);
+            grads_peak = fmax(grads_peak, t.units[u].grads_peak);
+            scratch = fmax(scratch, t.units[u].scratch_peak);
             if (u == nu - 1) logits = t.units[u].saved_bytes;
         }
         int inflight = 1;
         if (pp > 1) {
-            inflight = r.pl.plan.ranks[pr].peak_activations;
-            if (inflight < 1) inflight = 1;
-            /* each microbatch context: its ids and targets, what its units keep, their input gradients */
-            double per_mb = t.io_bytes + saved + boundary;
-            m[PLAN_MEM_ACTIVATIONS] = inflight * (per_mb - logits);
-            m[PLAN_MEM_LOGITS] = logits * (logits > 0 ? 1 : 0);
-            m[PLAN_MEM_TRANSIENT] = fmax(peak_fwd, peak_bwd);
+            inflight = held_contexts(&r.pl.plan, &r.pl.plan.costs, pr);
+            /* each microbatch context keeps its own arenas at their largest: ids and targets, the
+             * received input, what its units keep, and its gradients (the input gradients that stay,
+             * the largest unit's backward temporaries) */
+            double recv = 0;
+            for (int u = 1; u < nu; u++)
+                if (unit_rank[u] == pr && unit_rank[u - 1] != pr) recv += t.units[u - 1].out_bytes;
+            m[PLAN_MEM_ACTIVATIONS] = inflight * (t.io_bytes + recv + saved - logits);
+            m[PLAN_MEM_LOGITS] = inflight * logits;
+            m[PLAN_MEM_TRANSIENT] = inflight * (boundary + grads_peak) + scratch;
             m[PLAN_MEM_PP_BUFFERS] = 0; /* sends and receives land in the contexts' arenas */
         } else {
             m[PLAN_MEM_ACTIVATIONS] = t.io_bytes + saved - logits;
@@ -768,6 +882,11 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         m[PLAN_MEM_OVERHEAD] = hw->overhead_bytes + hw->alloc_frac * buffers;
         double total = 0;
         for (int k = 0; k < PLAN_MEM_N; k++) total += m[k];
+        if (getenv("CTITAN_PLAN_DEBUG")) {
+            fprintf(stderr, "plan rank %d:", pr);
+            for (int k = 0; k < PLAN_MEM_N; k++) fprintf(stderr, " %s %.0f", plan_mem_names[k], m[k]);
+            fprintf(stderr, " (saved %.0f boundary %.0f io %.0f inflight %d)\n", saved, boundary, t.io_bytes, inflight);
+        }
         if (total > best) {
             best = total;
             memcpy(res->mem, m, sizeof m);
@@ -790,5 +909,34 @@ done:
     plan_trace_free(&t);
     run_free(&r);
     g_mem = keep;
+    return bad ? -1 : 0;
+}
+
+int plan_for_run(int argc, char **argv, const char *usage, int world, plan_result *r, hw_profile *hw, int *have_hw,
+                 char *err, size_t errlen) {
+    run_args a;
+    ct_status st;
+    memset(hw, 0, sizeof *hw);
+    *have_hw = 0;
+    manifest *mf = session_parse(argc, argv, &a, usage, &st);
+    if (!mf) {
+        snprintf(err, errlen, "the manifest cannot be read again");
+        return -1;
+    }
+    plan_ctx *c = NULL;
+    plan_layout l;
+    const char *name = "";
+    mf_get_str(mf, "plan.hardware", &name);
+    int bad = 0;
+    if (name[0]) {
+        char path[4096];
+        session_resolve_path(mf, name, path, sizeof path);
+        if (hw_profile_load(strchr(name, '/') || strstr(name, ".yaml") ? path : name, hw, err, errlen)) bad = -1;
+        else *have_hw = 1;
+    }
+    if (!bad) bad = plan_open(&c, mf, err, errlen) || plan_layout_from_manifest(c, world, &l, err, errlen) ||
+                    plan_eval(c, &l, hw, r, err, errlen);
+    plan_close(c);
+    manifest_free(mf);
     return bad ? -1 : 0;
 }

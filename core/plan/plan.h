@@ -25,6 +25,7 @@
 #include "ctitan/strategy.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 /* ---- hardware ---- */
@@ -127,6 +128,8 @@ typedef struct plan_unit {
                                    layout's activation checkpointing */
     double boundary_grad_bytes; /* its input's gradient, kept until the microbatch ends */
     double fwd_peak, bwd_peak;  /* its temporaries above what was live when it started: forward, backward */
+    double grads_peak;          /* of which activation gradients in its backward (a pipeline context's own) */
+    double scratch_peak;        /* of which recompute scratch, forward or backward (one arena per rank) */
 } plan_unit;
 
 typedef struct plan_trace {
@@ -179,6 +182,7 @@ typedef struct plan_comm_line {
     int axis, kind;
     double bytes, count, seconds, exposed;
     int inter_node;
+    double hidden_candidate; /* the evaluation's own: overlapped seconds before the overlap is known */
 } plan_comm_line;
 
 typedef struct plan_result {
@@ -221,6 +225,16 @@ typedef struct plan_search_opts {
  * tokens/s per GPU (fitting first). */
 int plan_search(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n,
                 char *err, size_t errlen);
+
+/* The evaluation as text: memory by category with the fit, step time by part, the collectives,
+ * tokens/s, MFU, assumptions (output.c). */
+void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw);
+
+/* For a run (`ctitan train`): the planner's evaluation of the manifest given by argv (parsed again:
+ * the run's own manifest is not touched) on `world` GPUs of the profile named by plan.hardware (hw
+ * left zeroed with *have_hw 0 when it is empty: memory only). 0, or -1 with err. */
+int plan_for_run(int argc, char **argv, const char *usage, int world, plan_result *r, hw_profile *hw, int *have_hw,
+                 char *err, size_t errlen);
 
 /* The guide's rule for a model of n_params: its text and the layout it names for `gpus`. */
 const char *plan_guide_rule(double n_params, int gpus, int gpus_per_node, plan_layout *rule_layout);

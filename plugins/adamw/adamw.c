@@ -71,6 +71,19 @@ static int adamw_elementwise(ct_optimizer *p) {
     return 1; /* PyTorch's AdamW is elementwise: contiguous tensors with one decay flag go in one call */
 }
 
+/* For the planner (ABI 2.2): the device's adamw op reads p, g, m and v and writes p, m and v once per
+ * element (7 f32), with 14 FLOPs (m: 3, v: 4, the decayed step over sqrt(v) / bc2 + eps: 7). Needs
+ * no device, so a planning instance (dapi NULL) answers too. */
+static ct_status adamw_plan_step(ct_optimizer *p, const ct_param_slot *slot, ct_optimizer_cost *cost) {
+    (void)p;
+    double n = (double)slot->local_numel;
+    cost->bytes = 7 * sizeof(float) * n;
+    cost->flops = 14 * n;
+    cost->matmul_flops = 0;
+    cost->comm_bytes = 0;
+    return CT_OK;
+}
+
 static const ct_optimizer_api api = {
     .struct_size = sizeof(ct_optimizer_api),
     .create = adamw_create,
@@ -78,6 +91,7 @@ static const ct_optimizer_api api = {
     .state_count = adamw_state_count,
     .step = adamw_step,
     .elementwise = adamw_elementwise,
+    .plan_step = adamw_plan_step,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

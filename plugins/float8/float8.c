@@ -43,6 +43,7 @@ typedef struct ct_quantizer { /* the ABI's opaque ct_quantizer */
     buf a, b, t, q8, sc; /* scratch: two dequantised operands, a transpose, fp8 bytes, scales */
     buf q8b, s2;         /* the device GEMM's second fp8 operand, and its two tensor-wide scales */
     int device_gemm;     /* the start-up probe found matmul_fp8 running this recipe's format pairs */
+    int probed;          /* the probe ran a GEMM: its small buffers stay in the scratch */
     float *host_amax;
     size_t host_cap;
 } f8;
@@ -75,6 +76,8 @@ static size_t edit_distance(const char *a, const char *b) {
 
 static void f8_destroy(ct_quantizer *p);
 static ct_status probe_device_gemm(f8 *q);
+static int tensorwise(const f8 *q);
+static int rowwise(const f8 *q);
 
 static ct_status f8_create(const ct_host *h, const ct_device_api *d, ct_device *dev, ct_quantizer **out) {
     const char *fmt = "tensorwise", *filter = "output";
@@ -99,6 +102,16 @@ static ct_status f8_create(const ct_host *h, const ct_device_api *d, ct_device *
                         "e5m2)", fmt, bd <= 2 ? "; did you mean '" : "", bd <= 2 ? best : "", bd <= 2 ? "'?" : "");
         return CT_ERR_INVALID;
     }
+    if (!d) { /* a planning instance (plan_linear only): the device's GEMM is assumed where the recipe has one */
+        f8 *q = calloc(1, sizeof *q);
+        if (!q) return CT_ERR_NOMEM;
+        int emulate = 0;
+        h->opt_bool(h, "emulate", &emulate);
+        *q = (f8){.host = h, .r = (recipe)r, .filter = filter};
+        q->device_gemm = q->probed = !emulate && (tensorwise(q) || rowwise(q));
+        *out = q;
+        return CT_OK;
+    }
     if (!CT_HAS_FIELD(d, ct_device_api, transpose) || !d->amax || !d->quantize_fp8 || !d->dequantize_fp8 ||
         !d->transpose) {
         h->set_error(h, "the device has no float8 ops (amax, quantize_fp8, dequantize_fp8, transpose: ABI 1.2)");
@@ -117,7 +130,7 @@ static ct_status f8_create(const ct_host *h, const ct_device_api *d, ct_device *
 }
 
 static void buf_free(f8 *q, buf *b) {
-    if (!b->p) return;
+    if (!b->p) return; /* a planning instance (no device) never holds one */
     q->d->free(q->dev, b->p);
     q->host->mem_account(q->host, CT_MEM_OTHER, -(int64_t)b->cap);
     b->p = NULL;
@@ -345,6 +358,7 @@ static ct_status probe_device_gemm(f8 *q) {
     uint8_t *a8 = need(q, &q->q8, 256), *b8 = need(q, &q->q8b, 256);
     float *sc = need(q, &q->s2, 32 * sizeof(float)), *c = need(q, &q->a, 256 * sizeof(float));
     if (!a8 || !b8 || !sc || !c) return CT_ERR_NOMEM;
+    q->probed = 1;
     float ones[32];
     for (int i = 0; i < 32; i++) ones[i] = 1.0f;
     ct_status st = q->d->zero(q->dev, a8, 256);
@@ -370,9 +384,16 @@ static ct_status probe_device_gemm(f8 *q) {
     return CT_OK;
 }
 
+/* A planning instance (made without a device) answers plan_linear only. */
+static ct_status planning_only(f8 *q) {
+    q->host->set_error(q->host, "this instance was made for planning (no device) and runs no GEMM");
+    return CT_ERR_INTERNAL;
+}
+
 static ct_status f8_forward(ct_quantizer *p, float *y, const float *x, const float *w, int64_t n, int64_t out,
                             int64_t in) {
     f8 *q = p;
+    if (!q->d) return planning_only(q);
     if (q->device_gemm) /* y (n, out) = x (n, in) w (out, in)^T: both k-contiguous already */
         return device_gemm(q, y, x, 0, fmt_in(q), w, 0, fmt_in(q), n, out, in, 0.0f, 0);
     float *xq = need(q, &q->a, sizeof(float) * (size_t)(n * in)), *wq = need(q, &q->b, sizeof(float) * (size_t)(out * in));
@@ -387,6 +408,7 @@ static ct_status f8_forward(ct_quantizer *p, float *y, const float *x, const flo
 static ct_status f8_backward_input(ct_quantizer *p, float *dx, const float *dy, const float *w, int64_t n, int64_t out,
                                    int64_t in) {
     f8 *q = p;
+    if (!q->d) return planning_only(q);
     if (q->device_gemm) /* dx (n, in) += dy (n, out) (w^T (in, out))^T: w transposed */
         return device_gemm(q, dx, dy, 0, fmt_grad(q), w, 1, fmt_in(q), n, in, out, 1.0f, q->r == R_ROWWISE_GW_HP);
     float *gq = need(q, &q->a, sizeof(float) * (size_t)(n * out)), *wq = need(q, &q->b, sizeof(float) * (size_t)(out * in));
@@ -404,6 +426,7 @@ static ct_status f8_backward_input(ct_quantizer *p, float *dx, const float *dy, 
 static ct_status f8_backward_weight(ct_quantizer *p, float *dw, const float *dy, const float *x, int64_t n, int64_t out,
                                     int64_t in) {
     f8 *q = p;
+    if (!q->d) return planning_only(q);
     if (q->r == R_ROWWISE_GW_HP) return q->d->matmul(q->dev, dw, dy, x, out, in, n, 1, 0, 1.0f, 1.0f);
     if (q->device_gemm) /* dw (out, in) += dy^T (out, n) (x^T (in, n))^T: both transposed */
         return device_gemm(q, dw, dy, 1, fmt_grad(q), x, 1, fmt_in(q), out, in, n, 1.0f, 0);
@@ -416,6 +439,88 @@ static ct_status f8_backward_weight(ct_quantizer *p, float *dw, const float *dy,
     return q->d->matmul(q->dev, dw, gq, xq, out, in, n, 1, 0, 1.0f, 1.0f);
 }
 
+/* ---- the planner's questions (ABI 2.2) ----
+ * What one converted linear w (out, in) with n tokens costs, from what the three GEMMs above do.
+ * Nothing is kept from forward for backward (each GEMM casts its operands afresh from the host's x,
+ * w and dy), and no cast of a weight survives a step: saved_bytes and weight_bytes are 0. The
+ * scratch is the plugin's grow-only buffers (need()), shared by every linear and kept for the run
+ * (CT_MEM_OTHER): per buffer the largest of this linear's three GEMMs (and of the start-up probe's
+ * GEMM), summed, which is what the run holds for its largest converted linear. Traffic per operand
+ * of e elements: amax reads 4e and the cast reads 4e and writes e (device GEMM: 9e), the emulation
+ * adds the dequantise (5e: 14e), a transpose into k-contiguous (or reduction-contiguous) form adds
+ * 8e, the emulation's transpose back another 8e. */
+typedef struct plan_bufs {
+    double a, b, t, q8, sc, q8b, s2; /* bytes of each need() buffer, as in f8 */
+} plan_bufs;
+
+static void grow(double *cap, double bytes) {
+    if (bytes > *cap) *cap = bytes;
+}
+
+/* device_gemm(m, n, k) with a_t / b_t: the fp8 operands, their scales, the transposes. */
+static double plan_device_gemm(const f8 *q, plan_bufs *pb, double m, double n, double k, int a_t, int b_t) {
+    int rows = rowwise(q);
+    grow(&pb->q8, m * k);
+    grow(&pb->q8b, n * k);
+    grow(&pb->s2, sizeof(float) * (rows ? m + n : 2));
+    if (a_t) grow(&pb->t, sizeof(float) * m * k);
+    if (b_t) grow(&pb->t, sizeof(float) * n * k);
+    return 9 * (m * k + n * k) + 8 * ((a_t ? m * k : 0) + (b_t ? n * k : 0));
+}
+
+/* cast_operand (emulated) of (rows, cols) reduced along `red`; fake_quant when tensor-wide. */
+static double plan_cast(const f8 *q, plan_bufs *pb, double rows, double cols, int red, int tensor_wide) {
+    double e = rows * cols;
+    grow(&pb->q8, e);
+    if (tensor_wide || tensorwise(q)) {
+        grow(&pb->sc, sizeof(float));
+        return 14 * e;
+    }
+    double group = q->r == R_MXFP8 ? 32 : red ? cols : rows;
+    grow(&pb->sc, sizeof(float) * e / group);
+    if (red) return 14 * e;
+    grow(&pb->t, sizeof(float) * e);
+    return 30 * e;
+}
+
+static ct_status f8_plan_linear(ct_quantizer *p, const ct_tensor *weight, int64_t n_tokens, ct_quant_cost *cost) {
+    f8 *q = p;
+    if (weight->ndim != 2) {
+        q->host->set_error(q->host, "plan_linear wants a (out, in) weight, got %d dims", weight->ndim);
+        return CT_ERR_INVALID;
+    }
+    double n = (double)n_tokens, out = (double)weight->shape[0], in = (double)weight->shape[1], f = sizeof(float);
+    plan_bufs pb = {0};
+    int gw_hp = q->r == R_ROWWISE_GW_HP;
+    if (q->probed) { /* probe_device_gemm's 16 x 16 GEMM */
+        pb.q8 = pb.q8b = 256;
+        pb.s2 = 32 * f;
+        pb.a = 256 * f;
+    }
+    if (q->device_gemm) {
+        cost->cast_bytes[0] = plan_device_gemm(q, &pb, n, out, in, 0, 0);              /* y = x w^T */
+        cost->cast_bytes[1] = plan_device_gemm(q, &pb, n, in, out, 0, 1);              /* dx = dy w */
+        if (!gw_hp) cost->cast_bytes[1] += plan_device_gemm(q, &pb, out, in, n, 1, 1); /* dw = dy^T x */
+    } else {
+        grow(&pb.a, f * n * (in > out ? in : out));
+        grow(&pb.b, f * out * in);
+        cost->cast_bytes[0] = plan_cast(q, &pb, n, in, 1, 0) + plan_cast(q, &pb, out, in, 1, 0);
+        cost->cast_bytes[1] = plan_cast(q, &pb, n, out, 1, 0) + plan_cast(q, &pb, out, in, 0, gw_hp);
+        if (!gw_hp) {
+            grow(&pb.b, f * n * in);
+            cost->cast_bytes[1] += plan_cast(q, &pb, n, out, 0, 0) + plan_cast(q, &pb, n, in, 0, 0);
+        }
+    }
+    /* the device's scaled fp8 GEMM runs at its fp8 rate; the emulation (MX blocks, emulate: true, or a
+     * device without the op) multiplies dequantised f32 values. rowwise_with_gw_hp's weight-gradient
+     * GEMM is f32 even then: one GEMM of three that the single dtype does not say. */
+    cost->gemm_dtype = q->device_gemm ? CT_F8_E4M3 : CT_F32;
+    cost->saved_bytes = 0;
+    cost->weight_bytes = 0;
+    cost->scratch_bytes = pb.a + pb.b + pb.t + pb.q8 + pb.sc + pb.q8b + pb.s2;
+    return CT_OK;
+}
+
 static const ct_quantizer_api api = {
     .struct_size = sizeof(ct_quantizer_api),
     .create = f8_create,
@@ -424,6 +529,7 @@ static const ct_quantizer_api api = {
     .forward = f8_forward,
     .backward_input = f8_backward_input,
     .backward_weight = f8_backward_weight,
+    .plan_linear = f8_plan_linear,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

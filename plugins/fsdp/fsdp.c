@@ -75,7 +75,8 @@ static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, ct_st
     f->env = *env;
     f->mesh = *env->mesh;
     f->fp8 = CT_HAS_FIELD(env, ct_strategy_env, fp8_all_gather) && env->fp8_all_gather;
-    if (f->fp8 && (!CT_HAS_FIELD(env->dapi, ct_device_api, transpose) || !env->dapi->quantize_fp8)) {
+    int planning = CT_HAS_FIELD(env, ct_strategy_env, planning) && env->planning; /* report only: no device, no comm */
+    if (f->fp8 && !planning && (!CT_HAS_FIELD(env->dapi, ct_device_api, transpose) || !env->dapi->quantize_fp8)) {
         h->set_error(h, "float8 all-gather needs the device's float8 ops");
         free(f);
         return CT_ERR_UNSUPPORTED;
@@ -98,7 +99,6 @@ static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, ct_st
         free(f);
         return CT_ERR_INVALID;
     }
-    int planning = CT_HAS_FIELD(env, ct_strategy_env, planning) && env->planning; /* report only: no comm */
     if (!planning && (!env->capi || !env->mesh->group[CT_AXIS_DP_SHARD])) {
         h->set_error(h, "needs a comm plugin and a dp_shard group");
         free(f);
@@ -479,6 +479,119 @@ static ct_status fsdp_place_kept(ct_strategy *p, ct_param_slot *slots, int n) {
     return fsdp_place(p, slots, n);
 }
 
+/* ---- report: the hooks' buffer traffic replayed on sizes ----
+ * The buffer cache never gives memory back (buf_put keeps it for the next buf_get of the same
+ * size), so the communication memory a run holds is everything the cache ever allocated. report()
+ * replays one microbatch's hooks as above on sizes only (a planning instance has no setup and no
+ * device): the same gets and puts in the same order, so the same reuse. Later microbatches start
+ * from the same state (every unit released, no reduction pending) and allocate nothing new; under
+ * pipeline parallel the units stay gathered and the full gradients held across microbatches, which
+ * one microbatch without resharding already allocates. */
+typedef struct sim {
+    int64_t *free; /* sizes (floats) of the cached buffers */
+    int n, cap;
+    int64_t total; /* floats the cache has allocated */
+    int oom;
+} sim;
+
+typedef struct sim_unit {
+    int *params, n;
+    int gathered, waiting, grads, rs_pending;
+} sim_unit;
+
+static void sim_get(sim *m, int64_t n) {
+    for (int i = 0; i < m->n; i++)
+        if (m->free[i] == n) {
+            m->free[i] = m->free[--m->n];
+            return;
+        }
+    m->total += n;
+}
+
+static void sim_put(sim *m, int64_t n) {
+    if (m->n == m->cap) {
+        int cap = m->cap ? 2 * m->cap : 16;
+        int64_t *g = realloc(m->free, sizeof(int64_t) * (size_t)cap);
+        if (!g) {
+            m->oom = 1;
+            return;
+        }
+        m->free = g;
+        m->cap = cap;
+    }
+    m->free[m->n++] = n;
+}
+
+#define SIM_SLOT(f, u, j) CT_SLOT_AT((f)->slots, (u)->params[j])
+
+static void sim_gather_start(fsdp *f, sim *m, sim_unit *us, int nu, int k) { /* gather_start, fp8_prepare */
+    if (k < 0 || k >= nu || us[k].gathered) return;
+    sim_unit *u = &us[k];
+    for (int j = 0; f->fp8 && j < u->n; j++)
+        if (is_fp8(f, SIM_SLOT(f, u, j))) {
+            sim_get(m, (SIM_SLOT(f, u, j)->local_numel + 3) / 4);
+            sim_get(m, (full_n(f, SIM_SLOT(f, u, j)) + 3) / 4);
+        }
+    for (int j = 0; j < u->n; j++) sim_get(m, full_n(f, SIM_SLOT(f, u, j)));
+    u->gathered = u->waiting = 1;
+}
+
+static void sim_gather_wait(fsdp *f, sim *m, sim_unit *us, int nu, int k) {
+    sim_gather_start(f, m, us, nu, k);
+    sim_unit *u = &us[k];
+    for (int j = 0; u->waiting && j < u->n; j++)
+        if (is_fp8(f, SIM_SLOT(f, u, j))) {
+            sim_put(m, (full_n(f, SIM_SLOT(f, u, j)) + 3) / 4);
+            sim_put(m, (SIM_SLOT(f, u, j)->local_numel + 3) / 4);
+        }
+    u->waiting = 0;
+}
+
+static void sim_release(fsdp *f, sim *m, sim_unit *u) {
+    for (int j = 0; u->gathered && j < u->n; j++) sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
+    u->gathered = 0;
+}
+
+static void sim_rs_finish(fsdp *f, sim *m, sim_unit *u) {
+    for (int j = 0; u->rs_pending && j < u->n; j++) {
+        sim_put(m, SIM_SLOT(f, u, j)->local_numel);
+        sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
+    }
+    u->rs_pending = 0;
+}
+
+/* Floats the buffer cache allocates over one microbatch (see above). */
+static int64_t sim_step(fsdp *f, sim_unit *us, int nu) {
+    sim m = {0};
+    for (int k = 0; k < nu; k++) { /* pre_forward, post_forward */
+        sim_gather_wait(f, &m, us, nu, k);
+        sim_gather_start(f, &m, us, nu, k + 1);
+        if (f->reshard == 2 || (f->reshard == 1 && k != nu - 1)) sim_release(f, &m, &us[k]);
+    }
+    for (int k = nu - 1; k >= 0; k--) {
+        sim_gather_wait(f, &m, us, nu, k); /* pre_backward */
+        sim_rs_finish(f, &m, &us[k]);
+        if (!us[k].grads)
+            for (int j = 0; j < us[k].n; j++) sim_get(&m, full_n(f, SIM_SLOT(f, &us[k], j)));
+        us[k].grads = 1;
+        sim_gather_start(f, &m, us, nu, k - 1);
+        us[k].grads = 0; /* post_backward (the last microbatch's, under PP) */
+        for (int j = 0; j < us[k].n; j++) sim_get(&m, SIM_SLOT(f, &us[k], j)->local_numel);
+        us[k].rs_pending = us[k].n > 0;
+        sim_release(f, &m, &us[k]);
+        if (k + 1 < nu) sim_rs_finish(f, &m, &us[k + 1]);
+    }
+    for (int k = 0; k < nu; k++) { /* finish_backward */
+        sim_rs_finish(f, &m, &us[k]);
+        if (us[k].gathered) {
+            sim_gather_wait(f, &m, us, nu, k);
+            sim_release(f, &m, &us[k]);
+        }
+    }
+    free(m.free);
+    return m.oom ? -1 : m.total;
+}
+
 /* Appends one collective to a report (counted even past max_comms). */
 static void report_add(ct_strategy_report *r, int axis, ct_collective kind, int unit, ct_step_phase phase, double bytes,
                        double count, int overlapped) {
@@ -491,56 +604,60 @@ static void report_add(ct_strategy_report *r, int axis, ct_collective kind, int 
     r->n_comms++;
 }
 
-/* Per microbatch: every parameter gathered for its forward, gathered again for its backward where the
- * reshard policy freed it (default: all but the last unit; always: all; never: none), its gradient
- * reduce-scattered and, with HSDP, all-reduced over replicas. Own memory: the live gathered buffers
- * at their worst (forward: a unit and the next one prefetched, or every unit under `never`;
- * backward: a unit's parameters and gradients, the prefetched unit's parameters, the previous unit's
- * gradients while their reduction is in flight); the buffer cache may keep more. Float8 gathers
- * (a quarter of the bytes) are counted as f32 here. */
+/* Collectives per step: every parameter gathered for its forward and gathered again for its
+ * backward where the reshard policy freed it (default: all but the last unit; always: all; never:
+ * none), its gradient reduce-scattered (f32) and, with HSDP, all-reduced over replicas: each once
+ * per microbatch, or once per step under pipeline parallel (the units stay gathered and the
+ * gradients accumulate until the last microbatch). A converted weight under the float8 all-gather
+ * moves one byte per element (its e4m3 shard; the scale comes from one all-reduce of every such
+ * weight's amax, once per gathering pass). Own memory (CT_MEM_COMM): what the buffer cache
+ * allocates, replayed by sim_step: the gathered parameters with the next unit's prefetch in flight,
+ * a unit's full gradients with the previous unit's reduction in flight, the float8 bytes. */
 static ct_status fsdp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
     fsdp *f = p;
-    int S = f->mesh.degree[CT_AXIS_DP_SHARD], R = f->mesh.degree[CT_AXIS_DP_REPLICATE], nu = 0;
-    double mb = n_microbatches > 0 ? n_microbatches : 1;
-    for (int i = 0; i < f->n_slots; i++) {
-        const ct_param_slot *s = CT_SLOT_AT(f->slots, i);
-        if (s->placement != CT_PLACE_NONE && s->unit + 1 > nu) nu = s->unit + 1;
-    }
-    int64_t *full = calloc((size_t)nu + 2, sizeof(int64_t)), *local = calloc((size_t)nu + 2, sizeof(int64_t));
-    if (!full || !local) {
-        free(full);
-        free(local);
-        return CT_ERR_NOMEM;
-    }
+    int S = f->mesh.degree[CT_AXIS_DP_SHARD], R = f->mesh.degree[CT_AXIS_DP_REPLICATE], nu = 0, n_fp8 = 0;
+    double mb = f->sync_last ? 1 : n_microbatches > 0 ? n_microbatches : 1;
     out->n_comms = 0;
     memset(out->mem_bytes, 0, sizeof out->mem_bytes);
     for (int i = 0; i < f->n_slots; i++) {
         const ct_param_slot *s = CT_SLOT_AT(f->slots, i);
-        if (s->placement == CT_PLACE_NONE) continue;
-        double l = (double)s->local_numel * sizeof(float);
+        if (s->placement != CT_PLACE_NONE && s->unit + 1 > nu) nu = s->unit + 1;
+    }
+    sim_unit *us = calloc((size_t)nu + 1, sizeof *us);
+    int *idx = calloc((size_t)f->n_slots + 1, sizeof(int));
+    if (!us || !idx) {
+        free(us);
+        free(idx);
+        return CT_ERR_NOMEM;
+    }
+    for (int i = 0; i < f->n_slots; i++) { /* each unit's slots, in slot order as setup lists them */
+        const ct_param_slot *s = CT_SLOT_AT(f->slots, i);
+        if (s->placement != CT_PLACE_NONE && s->unit >= 0) us[s->unit].n++;
+    }
+    for (int k = 0, at = 0; k < nu; k++) {
+        us[k].params = idx + at;
+        at += us[k].n;
+        us[k].n = 0;
+    }
+    for (int i = 0; i < f->n_slots; i++) {
+        const ct_param_slot *s = CT_SLOT_AT(f->slots, i);
+        if (s->placement == CT_PLACE_NONE || s->unit < 0) continue;
+        us[s->unit].params[us[s->unit].n++] = i;
+        double l = (double)s->local_numel * sizeof(float), sent = is_fp8(f, s) ? l / sizeof(float) : l;
         int regather = f->reshard == 2 || (f->reshard == 1 && s->unit != nu - 1);
-        full[s->unit] += s->local_numel * S * (int64_t)sizeof(float);
-        local[s->unit] += s->local_numel * (int64_t)sizeof(float);
-        report_add(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_FORWARD, l * S, mb, 1);
-        if (regather) report_add(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_BACKWARD, l * S, mb, 1);
+        n_fp8 += is_fp8(f, s);
+        report_add(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_FORWARD, sent * S, mb, 1);
+        if (regather) report_add(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_BACKWARD, sent * S, mb, 1);
         report_add(out, CT_AXIS_DP_SHARD, CT_COLL_REDUCE_SCATTER, s->unit, CT_PHASE_BACKWARD, l * S, mb, 1);
         if (R > 1) report_add(out, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD, l, mb, 0);
     }
-    int64_t peak = 0, held = 0; /* held: units gathered and kept (never) */
-    for (int k = 0; k < nu; k++) {
-        int64_t fwd = f->reshard == 0 ? held + full[k] + full[k + 1] : full[k] + full[k + 1];
-        held += full[k];
-        if (fwd > peak) peak = fwd;
-    }
-    for (int k = nu - 1; k >= 0; k--) {
-        int64_t params = f->reshard == 0 ? held : full[k] + (k > 0 ? full[k - 1] : 0);
-        int64_t bwd = params + full[k] + full[k + 1] + local[k + 1];
-        held -= full[k];
-        if (bwd > peak) peak = bwd;
-    }
-    out->mem_bytes[CT_MEM_COMM] = peak;
-    free(full);
-    free(local);
+    if (n_fp8) /* fp8_precompute: every converted weight's amax in one all-reduce (MAX) */
+        report_add(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_REDUCE, -1, CT_PHASE_FORWARD, (double)n_fp8 * sizeof(float), mb, 0);
+    int64_t floats = sim_step(f, us, nu);
+    free(us);
+    free(idx);
+    if (floats < 0) return CT_ERR_NOMEM;
+    out->mem_bytes[CT_MEM_COMM] = floats * (int64_t)sizeof(float);
     return CT_OK;
 }
 

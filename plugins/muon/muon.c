@@ -199,6 +199,51 @@ static ct_status muon_step(ct_optimizer *p, ct_tensor *param, float *const *stat
     return CT_ERR_UNSUPPORTED;
 }
 
+/* For the planner (ABI 2.2): one update of a slot as muon_step_param runs it, without the device.
+ * AdamW's slots: the device's adamw op, 7 f32 of traffic and 14 FLOPs per element. Muon's weight,
+ * n = local_numel values of a block of B = numel values of the whole W (rows, cols), N = rows cols,
+ * k = min(rows, cols), l = max(rows, cols):
+ *   momentum and u      m *= mu, m += g, u = g, u += mu m   8n + 12n + 8n + 12n (without Nesterov 28n)
+ *   gather_whole        the shard all-gathered over the shard axis, the blocks over the split axis
+ *                       (comm_bytes: each whole gathered buffer), the blocks laid out 8N
+ *   Newton-Schulz       copy to X 8N, norm 4N, scale 8N; per step A = X X^T (2 k k l), B = c A A
+ *                       (2 k^3), B += b A (12 k^2), Y = X copy (8N), Y = B X + a Y (2 k k l)
+ *   keep_part           the block out of the whole 8B (split), this rank's part 8B or 12n (sharded)
+ *   update              W *= 1 - lr wd, W -= lr scale O   8n + 12n
+ * The comm's parts come from attach's mesh; a planning instance without it takes them from the
+ * padding (ceil(numel / local_numel)), which equals the degree unless the rows do not split evenly. */
+static ct_status muon_plan_step(ct_optimizer *p, const ct_param_slot *sl, ct_optimizer_cost *cost) {
+    muon *o = p;
+    double n = (double)sl->local_numel, f = sizeof(float);
+    *cost = (ct_optimizer_cost){.struct_size = cost->struct_size};
+    if (sl->local_numel == 0) return CT_OK; /* another pipeline stage's */
+    if (!is_muon_param(o, sl->param)) {
+        cost->bytes = 7 * f * n;
+        cost->flops = 14 * n;
+        return CT_OK;
+    }
+    double rows = (double)sl->global_shape[0], cols = (double)sl->global_shape[1], N = rows * cols;
+    double B = (double)sl->numel, k = rows < cols ? rows : cols, l = rows < cols ? cols : rows, ns = (double)o->ns_steps;
+    int split = sl->split_dim >= 0 && sl->split_parts > 1, sharded = sl->placement == CT_PLACE_SHARD;
+    cost->bytes = f * (o->nesterov ? 40 : 28) * n + f * (8 + 4 + 8) * N + ns * f * (8 * N + 12 * k * k) + f * 20 * n;
+    cost->flops = (o->nesterov ? 5 : 3) * n + 3 * N + ns * 2 * k * k + 3 * n;
+    cost->matmul_flops = ns * (4 * k * k * l + 2 * k * k * k);
+    if (sharded) {
+        int axis = sl->shard_axis;
+        double parts = o->mesh && axis >= 0 && axis < CT_MESH_NAXES ? o->mesh->degree[axis]
+                                                                    : ceil(B / (sl->local_numel ? n : 1));
+        cost->comm_bytes += f * n * parts;
+        cost->bytes += f * 12 * n;
+    } else {
+        cost->bytes += f * 8 * B;
+    }
+    if (split) {
+        cost->comm_bytes += f * B * sl->split_parts;
+        cost->bytes += f * 8 * N + f * 8 * B;
+    }
+    return CT_OK;
+}
+
 static const ct_optimizer_api api = {
     .struct_size = sizeof(ct_optimizer_api),
     .create = muon_create,
@@ -208,6 +253,7 @@ static const ct_optimizer_api api = {
     .elementwise = muon_elementwise,
     .attach = muon_attach,
     .step_param = muon_step_param,
+    .plan_step = muon_plan_step,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

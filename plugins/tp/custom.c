@@ -1,7 +1,9 @@
 /* custom.c: tensor parallel's custom ops, each a forward and a backward the host records on its
  * tape: the vocabulary-ranged embedding, loss parallel's cross entropy, and async TP's overlapped
  * all-gather + matmul and matmul + reduce-scatter. They call the device and the comm the strategy
- * was given; the time they are blocked in a collective is reported as the tp axis's. */
+ * was given; the time they are blocked in a collective is reported as the tp axis's. Each also has
+ * a plan (ABI 2.2), which the planner's builder calls instead of forward: the same output shapes,
+ * with the op's GEMM FLOPs, memory traffic and the collectives it runs inside; no device, no comm. */
 #define _POSIX_C_SOURCE 199309L
 #include "tp.h"
 
@@ -99,15 +101,47 @@ static ct_status embedding_bwd(ct_builder *b, void *sp, ct_tensor *const *in, in
                                                     s->begin, table->shape[0]);
 }
 
-static const ct_custom_op embedding_op = {sizeof(ct_custom_op), "tp.embedding", embedding_fwd, embedding_bwd, NULL};
+/* The GEMM dtype of a matmul the device runs for the strategy: the host rounds every matmul's
+ * operands to bf16 under training.mixed_precision_param: bfloat16. */
+static int gemm_dtype(const tp *t) { return t->env.bf16_compute ? CT_BF16 : CT_F32; }
+
+/* Adds a collective a custom op runs inside, over the tp axis (bytes: the whole f32 buffer). */
+static void plan_comm(ct_op_cost *c, int kind, int phase, int overlapped, int64_t elems) {
+    if (c->n_comm >= (int)(sizeof c->comm / sizeof c->comm[0])) return;
+    c->comm[c->n_comm++] = (ct_op_comm){CT_AXIS_TP, kind, phase, overlapped, (double)elems * sizeof(float)};
+}
+
+/* The planner's forward: out (ids' shape, dim) as embedding_fwd makes it. Traffic: the ids read,
+ * every output row written (zeros outside the range), this rank's share of the rows read from the
+ * table (ids spread over the vocabulary: 1/size of them fall in range); backward adds the in-range
+ * rows of dy into the table's gradient (read dy, read and write the gradient row). */
+static ct_status embedding_plan(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out,
+                                ct_op_cost *cost) {
+    const tp *t = ((ranged_state *)sp)->t;
+    const ct_tensor *ids = in[0], *table = in[1];
+    (void)n_in;
+    (void)n_out;
+    int64_t shape[CT_MAX_DIMS];
+    memcpy(shape, ids->shape, sizeof shape);
+    shape[ids->ndim] = table->shape[1];
+    if (!(out[0] = b->new_tensor(b, CT_F32, ids->ndim + 1, shape))) return CT_ERR_NOMEM;
+    double n = (double)numel(ids), row = (double)table->shape[1] * sizeof(float), hits = n / t->size;
+    cost->matmul_dtype = CT_F32;
+    cost->bytes[0] = n * sizeof(int32_t) + n * row + hits * row;
+    cost->bytes[1] = n * sizeof(int32_t) + hits * row * 3;
+    return CT_OK;
+}
+
+static const ct_custom_op embedding_op = {sizeof(ct_custom_op), "tp.embedding", embedding_fwd, embedding_bwd,
+                                          embedding_plan};
 
 ct_tensor *tp_embedding_ranged(tp *t, ct_builder *b, const ct_tensor *ids, ct_tensor *table) {
-    const ct_device_api *d = t->env.dapi;
+    const ct_device_api *d = t->env.dapi; /* NULL on a planning instance: only shapes then */
     if (!ids || ids->dtype != CT_I32 || ids->ndim >= CT_MAX_DIMS || !table || table->ndim != 2) {
         t->host->set_error(t->host, "embedding: expects int32 ids and a (vocab, dim) f32 table");
         return NULL;
     }
-    if (!d->embedding_forward_range || !d->embedding_backward_range) {
+    if (!tp_planning(b) && (!d->embedding_forward_range || !d->embedding_backward_range)) {
         t->host->set_error(t->host, "tensor parallel: the device lacks the ranged embedding ops");
         return NULL;
     }
@@ -197,11 +231,33 @@ static ct_status ce_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in,
                                          s->begin, CT_IGNORE_INDEX);
 }
 
-static const ct_custom_op ce_op = {sizeof(ct_custom_op), "tp.cross_entropy", ce_fwd, ce_bwd, NULL};
+/* The planner's forward: the scalar loss, and the per-row stats (3 per row) and log-sum-exp that
+ * ce_fwd keeps on the tape. Forward reads this rank's logits once (the device's stats pass) and
+ * all-gathers every rank's stats (3 f32 per row per rank), then moves them to the host and the lse
+ * back; backward reads the logits and the lse and accumulates into the logits' gradient. */
+static ct_status ce_plan(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out,
+                         ct_op_cost *cost) {
+    const tp *t = ((ce_state *)sp)->t;
+    const ct_tensor *logits = in[0];
+    (void)n_in;
+    (void)n_out;
+    int64_t v = logits->shape[logits->ndim - 1], n = numel(logits) / v, three = 3 * n;
+    if (!b->new_tensor(b, CT_F32, 1, &three) || !b->new_tensor(b, CT_F32, 1, &n) ||
+        !(out[0] = b->new_tensor(b, CT_F32, 0, NULL)))
+        return CT_ERR_NOMEM;
+    double f = sizeof(float), rows = (double)n, all = 3.0 * rows * t->size;
+    cost->matmul_dtype = CT_F32;
+    cost->bytes[0] = rows * (double)v * f + rows * sizeof(int32_t) + 3 * rows * f + all * f * 2 + 2 * rows * f;
+    cost->bytes[1] = 3 * rows * (double)v * f + rows * sizeof(int32_t) + rows * f;
+    plan_comm(cost, CT_COLL_ALL_GATHER, CT_PHASE_FORWARD, 0, 3 * n * t->size);
+    return CT_OK;
+}
+
+static const ct_custom_op ce_op = {sizeof(ct_custom_op), "tp.cross_entropy", ce_fwd, ce_bwd, ce_plan};
 
 ct_tensor *tp_cross_entropy_sharded(tp *t, ct_builder *b, ct_tensor *logits, const ct_tensor *targets) {
-    const ct_device_api *d = t->env.dapi;
-    if (!d->cross_entropy_stats || !d->cross_entropy_backward_lse) {
+    const ct_device_api *d = t->env.dapi; /* NULL on a planning instance: only shapes then */
+    if (!tp_planning(b) && (!d->cross_entropy_stats || !d->cross_entropy_backward_lse)) {
         t->host->set_error(t->host, "loss parallel: the device lacks cross_entropy_stats; set "
                                     "parallelism.disable_loss_parallel");
         return NULL;
@@ -309,7 +365,38 @@ static ct_status gl_bwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_i
     return CT_OK;
 }
 
-static const ct_custom_op gather_linear_op = {sizeof(ct_custom_op), "tp.all_gather_matmul", gl_fwd, gl_bwd, NULL};
+/* The planner's forward: (y, X) as gl_fwd makes them, X holding every rank's rows. GEMMs: y = X w^T
+ * (m = X's rows, k = in, n = out) forward; dX = dy w and dw = dy^T X backward. Forward all-gathers x in
+ * chunks beside the matmuls (overlapped) and copies each chunk into X; backward reduce-scatters dX
+ * in one blocking call and adds the result into x's gradient. */
+static ct_status gl_plan(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_in, ct_tensor **out, int n_out,
+                         ct_op_cost *cost) {
+    const tp *t = ((async_state *)sp)->t;
+    const ct_tensor *x = in_t[0], *w = in_t[1];
+    (void)n_in;
+    (void)n_out;
+    int64_t in = w->shape[1], outf = w->shape[0], shape[CT_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 2] *= t->size;
+    ct_tensor *X = b->new_tensor(b, CT_F32, x->ndim, shape);
+    shape[x->ndim - 1] = outf;
+    ct_tensor *Y = b->new_tensor(b, CT_F32, x->ndim, shape);
+    if (!X || !Y) return CT_ERR_NOMEM;
+    int64_t nX = numel(X), nx = numel(x);
+    double m = (double)(nX / in), gemm = 2.0 * m * (double)in * (double)outf;
+    cost->matmul_flops[0] = gemm;
+    cost->matmul_flops[1] = 2 * gemm;
+    cost->matmul_dtype = gemm_dtype(t);
+    cost->bytes[0] = 2.0 * (double)nX * sizeof(float);       /* each gathered chunk copied into X */
+    cost->bytes[1] = 3.0 * (double)nx * sizeof(float);       /* gx += the reduced block */
+    plan_comm(cost, CT_COLL_ALL_GATHER, CT_PHASE_FORWARD, 1, nX);
+    plan_comm(cost, CT_COLL_REDUCE_SCATTER, CT_PHASE_BACKWARD, 0, nX);
+    out[0] = Y;
+    out[1] = X;
+    return CT_OK;
+}
+
+static const ct_custom_op gather_linear_op = {sizeof(ct_custom_op), "tp.all_gather_matmul", gl_fwd, gl_bwd, gl_plan};
 
 ct_tensor *tp_gather_linear(tp *t, ct_builder *b, ct_tensor *x, ct_tensor *w, ct_tensor **gathered) {
     if (x->ndim < 2 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1]) {
@@ -399,7 +486,41 @@ static ct_status rs_bwd(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_i
     return CT_OK;
 }
 
-static const ct_custom_op linear_rs_op = {sizeof(ct_custom_op), "tp.matmul_reduce_scatter", rs_fwd, rs_bwd, NULL};
+/* The planner's forward: (y with this rank's rows, P every row's partial sums) as rs_fwd makes them.
+ * GEMMs: P = x w^T (m = x's rows, k = in, n = out) forward; dx = dP w and dw = dP^T x backward.
+ * Forward reduce-scatters P in chunks beside the matmuls (overlapped); backward all-gathers dy in
+ * one blocking call and adds it into P's gradient. */
+static ct_status rs_plan(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_in, ct_tensor **out, int n_out,
+                         ct_op_cost *cost) {
+    const tp *t = ((async_state *)sp)->t;
+    const ct_tensor *x = in_t[0], *w = in_t[1];
+    (void)n_in;
+    (void)n_out;
+    int64_t in = w->shape[1], outf = w->shape[0], n = numel(x) / in, rows = x->shape[x->ndim - 2], shape[CT_MAX_DIMS];
+    if (n % t->size || rows % t->size) {
+        t->host->set_error(t->host, "async tensor parallel: %lld token rows do not split in %d", (long long)n, t->size);
+        return CT_ERR_INVALID;
+    }
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = outf;
+    ct_tensor *P = b->new_tensor(b, CT_F32, x->ndim, shape);
+    shape[x->ndim - 2] = rows / t->size;
+    ct_tensor *y = b->new_tensor(b, CT_F32, x->ndim, shape);
+    if (!P || !y) return CT_ERR_NOMEM;
+    int64_t np = numel(P);
+    double gemm = 2.0 * (double)n * (double)in * (double)outf;
+    cost->matmul_flops[0] = gemm;
+    cost->matmul_flops[1] = 2 * gemm;
+    cost->matmul_dtype = gemm_dtype(t);
+    cost->bytes[1] = 3.0 * (double)np * sizeof(float); /* gP += the gathered dy */
+    plan_comm(cost, CT_COLL_REDUCE_SCATTER, CT_PHASE_FORWARD, 1, np);
+    plan_comm(cost, CT_COLL_ALL_GATHER, CT_PHASE_BACKWARD, 0, np);
+    out[0] = y;
+    out[1] = P;
+    return CT_OK;
+}
+
+static const ct_custom_op linear_rs_op = {sizeof(ct_custom_op), "tp.matmul_reduce_scatter", rs_fwd, rs_bwd, rs_plan};
 
 ct_tensor *tp_linear_reduce_scatter(tp *t, ct_builder *b, ct_tensor *x, ct_tensor *w) {
     if (x->ndim < 2 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1]) {

@@ -13,6 +13,10 @@
  * The bias op is not wrapped: a column-wise linear's bias is split with its output features, so the
  * host's op adds the local block to the local columns; a row-wise linear's is whole and is added
  * to the reduced output (tp.c sums its gradient under sequence parallel).
+ *
+ * On the planner's builder (next->planning) the same ops run on shapes only: they call only the
+ * next builder's ops, collectives, memo and custom (whose plan then runs instead of forward), never
+ * the device or the comm, and read no data.
  */
 #include "tp.h"
 

@@ -189,6 +189,8 @@ static ct_status tp_place(ct_strategy *p, ct_param_slot *slots, int n) {
     t->style_key = calloc(t->style_cap, sizeof *t->style_key);
     t->style_val = calloc(t->style_cap, 1);
     if (!t->style_key || !t->style_val) return CT_ERR_NOMEM;
+    t->slots = slots; /* report() reads the placement (a planning instance gets no setup) */
+    t->n_slots = n;
     for (int i = 0; i < n; i++) {
         ct_param_slot *s = CT_SLOT_AT(slots, i);
         if (s->placement == CT_PLACE_NONE) continue; /* another pipeline stage's */
@@ -250,6 +252,35 @@ static ct_status tp_finish_backward(ct_strategy *p) {
     return CT_OK;
 }
 
+/* The one collective no op sees: finish_backward's all-reduce of the gradients of the weights that
+ * met 1/tp of the token rows under sequence parallel (norms, row-wise biases), once per step after the
+ * last microbatch, blocking. Every other collective of tensor parallel belongs to an op (the host's
+ * differentiable collectives and this plugin's custom ops): the planner sees those through the
+ * builder, per microbatch. No memory of its own: the custom ops' outputs are the tape's and their
+ * temporaries the builder's scratch. */
+static ct_status tp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
+    tp *t = p;
+    (void)n_microbatches; /* once per step whatever the count */
+    memset(out->mem_bytes, 0, sizeof out->mem_bytes);
+    out->n_comms = 0;
+    for (int i = 0; t->sequence_parallel && t->size > 1 && i < t->n_slots; i++) {
+        const ct_param_slot *s = CT_SLOT_AT(t->slots, i);
+        ct_tp_style style = tp_style_of(t, s->param);
+        int whole_bias = style == CT_TP_ROWWISE && s->param->ndim == 1;
+        if (s->placement == CT_PLACE_NONE || s->local_numel == 0 || (style != CT_TP_SEQUENCE_PARALLEL && !whole_bias))
+            continue;
+        if (out->comms && out->n_comms < out->max_comms) {
+            ct_comm_cost *c = (ct_comm_cost *)((char *)out->comms + (size_t)out->n_comms * out->comms->struct_size);
+            size_t size = out->comms->struct_size; /* the host's element size */
+            ct_comm_cost v = {sizeof v, CT_AXIS_TP, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD,
+                              (double)s->local_numel * sizeof(float), 1.0, 0};
+            memcpy(c, &v, size < sizeof v ? size : sizeof v);
+        }
+        out->n_comms++;
+    }
+    return CT_OK;
+}
+
 static ct_status tp_wrap_builder(ct_strategy *p, ct_builder *next, ct_builder *out) {
     tp_builder_init(p, next, out);
     return CT_OK;
@@ -273,6 +304,7 @@ static const ct_strategy_api api = {
     .finish_backward = tp_finish_backward,
     .wrap_builder = tp_wrap_builder,
     .sequence_multiple = tp_sequence_multiple,
+    .report = tp_report,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

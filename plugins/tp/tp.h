@@ -30,6 +30,9 @@ typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     ct_builder *next;      /* the builder this one wraps (the host's) */
 } tp;
 
+/* 1 on the planner's builder (ABI 2.2): ops run on shapes only, no device, no comm, no data. */
+static inline int tp_planning(const ct_builder *b) { return CT_HAS_FIELD(b, ct_builder, planning) && b->planning; }
+
 /* The style the plan gave parameter tensor w (CT_TP_NONE for activations and unplanned weights). */
 ct_tp_style tp_style_of(const tp *t, const ct_tensor *w);
 

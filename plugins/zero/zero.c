@@ -276,10 +276,10 @@ static void add_cost(ct_strategy_report *r, int axis, ct_collective kind, int un
     r->n_comms++;
 }
 
-/* Own memory: zero2's transient gradients (a unit's whole gradient and its shard, two units at once
- * while one's reduction is in flight), zero1's padded copies of uneven gradients, post_step's padded
- * gather; per step: one reduce-scatter per unit
- * (zero2: per microbatch), its all-reduce over replicas, one all-gather of every shard after the step. */
+/* Own memory: zero2's transient gradients (a unit's whole gradient and its shard, two neighbouring
+ * units at once while the later one's reduction is in flight), zero1's padded copies of uneven
+ * gradients, post_step's padded gather; per step: one reduce-scatter per unit (zero2: per
+ * microbatch), its all-reduce over replicas, one all-gather of every shard after the step. */
 static ct_status zero_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
     zero *z = p;
     int S = z->mesh.degree[CT_AXIS_DP_SHARD], R = z->mesh.degree[CT_AXIS_DP_REPLICATE];
@@ -309,16 +309,14 @@ static ct_status zero_report(ct_strategy *p, int n_microbatches, ct_strategy_rep
     }
     memset(out->mem_bytes, 0, sizeof out->mem_bytes);
     out->n_comms = 0;
-    int64_t top1 = 0, top2 = 0; /* one unit's buffers while the previous one's reduction is in flight */
+    /* post_backward(k) takes unit k's buffers while unit k + 1's reduction is in flight (it is
+     * finished right after): two neighbours at once, never two units further apart */
+    int64_t peak = 0;
     for (int k = 0; k < nu; k++) {
-        if (unit_tmp[k] > top1) {
-            top2 = top1;
-            top1 = unit_tmp[k];
-        } else if (unit_tmp[k] > top2) {
-            top2 = unit_tmp[k];
-        }
+        int64_t pair = unit_tmp[k] + (k + 1 < nu ? unit_tmp[k + 1] : 0);
+        if (pair > peak) peak = pair;
     }
-    out->mem_bytes[CT_MEM_GRADS] = top1 + top2;
+    out->mem_bytes[CT_MEM_GRADS] = peak;
     out->mem_bytes[CT_MEM_COMM] = gather_tmp;
     double per_step = z->stage == 2 ? (double)(n_microbatches > 0 ? n_microbatches : 1) : 1.0;
     for (int i = 0; i < z->n_slots; i++) { /* one reduction per parameter, as the hooks issue them */

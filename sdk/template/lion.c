@@ -49,8 +49,9 @@ typedef struct ct_optimizer {
 } lion;
 
 static ct_status lion_create(const ct_host *host, const ct_device_api *dapi, ct_device *dev, ct_optimizer **out) {
-    /* A device API built before ABI 2.1, or one without the ops, ends before them or has NULLs. */
-    if (!dapi || !CT_HAS_FIELD(dapi, ct_device_api, ew_sign) || !dapi->ew_axpby || !dapi->ew_sign) {
+    /* A device API built before ABI 2.1, or one without the ops, ends before them or has NULLs.
+     * No device at all: the planner's instance, which only answers plan_step. */
+    if (dapi && (!CT_HAS_FIELD(dapi, ct_device_api, ew_sign) || !dapi->ew_axpby || !dapi->ew_sign)) {
         host->set_error(host, "the device has no ew_axpby/ew_sign ops (ABI 2.1)");
         return CT_ERR_UNSUPPORTED;
     }
@@ -67,6 +68,10 @@ static ct_status lion_create(const ct_host *host, const ct_device_api *dapi, ct_
         return CT_ERR_NOMEM;
     }
     *s = (lion){host, dapi, dev, (float)beta1, (float)beta2, (float)weight_decay, NULL};
+    if (!dapi) { /* planning: no scratch */
+        *out = s;
+        return CT_OK;
+    }
     void *c = NULL;
     ct_status st = dapi->alloc(dev, LION_CHUNK * sizeof(float), &c);
     if (st != CT_OK) {
@@ -81,7 +86,7 @@ static ct_status lion_create(const ct_host *host, const ct_device_api *dapi, ct_
 static void lion_destroy(ct_optimizer *opt) {
     lion *s = opt;
     if (!s) return;
-    if (s->c) s->dapi->free(s->dev, s->c);
+    if (s->c) s->dapi->free(s->dev, s->c); /* a planning instance has none */
     s->host->mem_free(s->host, s);
 }
 
@@ -114,6 +119,10 @@ static ct_status lion_step(ct_optimizer *opt, ct_tensor *param, float *const *st
                            param->name ? param->name : "?");
         return CT_ERR_UNSUPPORTED;
     }
+    if (!s->dapi) {
+        s->host->set_error(s->host, "this Lion instance was made for planning (no device)");
+        return CT_ERR_INTERNAL;
+    }
     float *p = param->data;       /* p (numel) */
     const float *g = param->grad; /* g (numel), host-owned: read it, never write it */
     float *m = state[0];          /* m (numel) */
@@ -133,6 +142,20 @@ static int lion_elementwise(ct_optimizer *opt) {
     return 1;
 }
 
+/* Optional (ABI 2.2), for `ctitan plan`: what one update of a slot costs on this rank, as lion_update
+ * runs it, per element: c = axpby(m, g) reads 2 f32 and writes 1 (3 FLOPs), sign reads and writes c
+ * (1), p = axpby(p, c) reads 2 and writes 1 (3), m = axpby(m, g) reads 2 and writes 1 (3): 11 f32
+ * and 10 FLOPs. It must not touch the device: the planner's instance has none. */
+static ct_status lion_plan_step(ct_optimizer *opt, const ct_param_slot *slot, ct_optimizer_cost *cost) {
+    (void)opt;
+    double n = (double)slot->local_numel;
+    cost->bytes = 11 * sizeof(float) * n;
+    cost->flops = 10 * n;
+    cost->matmul_flops = 0;
+    cost->comm_bytes = 0;
+    return CT_OK;
+}
+
 static const ct_optimizer_api lion_api = {
     .struct_size = sizeof(ct_optimizer_api),
     .create = lion_create,
@@ -140,6 +163,7 @@ static const ct_optimizer_api lion_api = {
     .state_count = lion_state_count,
     .step = lion_step,
     .elementwise = lion_elementwise,
+    .plan_step = lion_plan_step,
 };
 
 /* The only exported symbol. The host has set info->struct_size and zeroed the rest. */

@@ -141,6 +141,21 @@ static ct_status mlp_wrap(ct_strategy *p, ct_builder *next, ct_builder *out) {
     return CT_OK;
 }
 
+/* For the planner (ABI 2.1 report): this strategy allocates nothing of its own and issues no
+ * collective outside an op (f and g are the builder's, which the planner sees op by op on its
+ * planning builder). create and the wrapped linear touch no device or comm, so a planning instance
+ * (env.planning: no device, no comm, no groups) is an ordinary one. Built against the 2.0 headers
+ * (tests/cli/abi_frozen.sh does) the table has no report, and the planner says so. */
+#if CT_ABI_MAJOR > 2 || CT_ABI_MINOR >= 1
+static ct_status mlp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
+    (void)p;
+    (void)n_microbatches;
+    memset(out->mem_bytes, 0, sizeof out->mem_bytes);
+    out->n_comms = 0;
+    return CT_OK;
+}
+#endif
+
 static const ct_strategy_api api = {
     .struct_size = sizeof(ct_strategy_api),
     .create = mlp_create,
@@ -153,6 +168,9 @@ static const ct_strategy_api api = {
     .post_backward = mlp_post_backward,
     .finish_backward = mlp_finish,
     .wrap_builder = mlp_wrap,
+#if CT_ABI_MAJOR > 2 || CT_ABI_MINOR >= 1
+    .report = mlp_report,
+#endif
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {
