@@ -6,8 +6,7 @@
       is a high-water mark since the start of the process, so the last record holds the run's peak)
       and the step time, the median over the steps after the first two (those touch fresh arena
       memory), each one's time from its record's per-device tokens/s (log_freq 1): tokens / tps.
-      metrics.jsonl is written by rank 0: its "memory_largest_rank" record, where there is one, holds
-      the counters of the rank with the largest peak; without it these are rank 0's figures.
+      metrics.jsonl is written by rank 0; its memory record is the rank's whose peak is the largest.
 
   plan_validate.py compare DIR NAME...
       For each NAME: DIR/NAME.meas.json (from measure) against DIR/NAME.plan.json (`ctitan plan
@@ -35,26 +34,21 @@ def fail(msg):
 
 
 def measure(metrics, tokens_per_gpu_step, out):
-    steps, world = [], 1
+    steps = []
     with open(metrics) as f:
         for line in f:
             r = json.loads(line)
             if "loss" in r:
                 steps.append(r)
-            elif r.get("event") == "start":
-                world = r.get("world_size", 1)
     if len(steps) < 3:
         fail("%s: %d step records; need at least 3 (log_freq 1, steps >= 3)" % (metrics, len(steps)))
-    # the largest rank's record where the run writes one; else rank 0's (the largest only when the
-    # ranks are alike: not under PP, whose stages differ)
-    mem = steps[-1].get("memory_largest_rank") or steps[-1]["memory"]
-    which = "largest" if "memory_largest_rank" in steps[-1] else "rank 0"
+    mem = steps[-1]["memory"]
     tok = float(tokens_per_gpu_step)
     timed = [tok / r["tps"] for r in steps if r["step"] > 2 and r["tps"] > 0]
     if not timed:
         fail("%s: no timed step after the first two" % metrics)
     st = statistics.median(timed)
-    json.dump({"memory": mem, "step_time_s": st, "tokens_per_s_per_gpu": tok / st, "timed_steps": len(timed), "memory_of": which, "world": world,
+    json.dump({"memory": mem, "step_time_s": st, "tokens_per_s_per_gpu": tok / st, "timed_steps": len(timed),
                "steps": [r["step"] for r in steps]}, open(out, "w"))
 
 
@@ -99,8 +93,7 @@ def compare(folder, names):
             continue
         mm = m["memory"]
         row = {"name": n, "m_peak": mm["peak_bytes"], "m_act": mm["activations"], "m_step": m["step_time_s"],
-               "m_tps": m["tokens_per_s_per_gpu"], "p": None,
-               "rank0": m.get("memory_of") == "rank 0" and m.get("world", 1) > 1}
+               "m_tps": m["tokens_per_s_per_gpu"], "p": None}
         rows.append(row)
         try:
             p = plan_object("%s/%s.plan.json" % (folder, n))
@@ -143,10 +136,6 @@ def compare(folder, names):
                                       f(p and p["act"] / GIB, r["m_act"] / GIB, 21, "%.4f"),
                                       f(p and p["step"], r["m_step"], 19, "%.4f"),
                                       f(p and p["tps"], r["m_tps"], 21, "%.0f")))
-    rank0 = [r["name"] for r in rows if r["rank0"]]
-    if rank0:
-        print("note: memory measured on rank 0 (metrics.jsonl has no memory_largest_rank), the largest rank only "
-              "when the ranks are alike: " + " ".join(rank0))
     for b in bad:
         print("out of bounds: " + b)
     return 1 if bad else 0
