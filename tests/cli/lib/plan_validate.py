@@ -2,10 +2,11 @@
 """plan_validate.py: the measured side of tests/cli/plan_validate.sh, and its comparison with the plan.
 
   plan_validate.py measure METRICS.jsonl TOKENS_PER_GPU_STEP OUT.json
-      What one training run measured: the memory record of its last step record (every figure in it
-      is a high-water mark since the start of the process, so the last record holds the run's peak)
-      and the step time, the median over the steps after the first two (those touch fresh arena
-      memory), each one's time from its record's per-device tokens/s (log_freq 1): tokens / tps.
+      What one training run measured: the memory record of its last step record (each record's
+      peaks are those since the record before, so with log_freq 1 the last step's own: the steady
+      state, after the first step grew the arenas) and the step time, the median over the steps
+      after the first two (those touch fresh arena memory), each one's time from its record's
+      per-device tokens/s (log_freq 1): tokens / tps.
       metrics.jsonl is written by rank 0; its memory record is the rank's whose peak is the largest.
 
   plan_validate.py compare DIR NAME...
