@@ -61,13 +61,14 @@ echo "== planner: llama3 8B on 8 and 70B on 256 H100 SXM (top layouts); 405B ove
 if "$CTITAN" plan --help >/dev/null 2>&1; then
   for mg in 8b:8 70b:256; do
     echo "-- llama3 ${mg%%:*} on ${mg#*:} GPUs (h100-sxm)"
-    "$CTITAN" plan "configs/llama3_${mg%%:*}.yaml" --hardware h100-sxm --gpus "${mg#*:}" --search
+    "$CTITAN" plan "configs/llama3_${mg%%:*}.yaml" --hardware h100-sxm --gpus "${mg#*:}" --search --top 3
   done
   mkdir -p outputs
   t0=$(date +%s.%N)
   "$CTITAN" plan configs/llama3_405b.yaml --hardware h100-sxm --gpus 4096 --search >outputs/bench_plan_405b.txt
   t1=$(date +%s.%N)
   awk -v a="$t0" -v b="$t1" 'BEGIN { printf "plan --search, llama3 405B over 4096 H100 SXM: %.2f s wall (bound: 10 s)\n", b - a }'
+  grep -m1 'layout:' outputs/bench_plan_405b.txt | sed 's/^ *layout:/its best layout:/'
 else
   echo "ctitan plan is not in this build: skipped"
 fi
