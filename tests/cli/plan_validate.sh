@@ -28,28 +28,29 @@ m124=(--model.dim=768 --model.n_layers=12 --model.n_heads=12 --model.n_kv_heads=
 pp=(--training.local_batch_size=8 --parallelism.pipeline_parallel_microbatch_size=1)
 
 # name ranks global_batch profile args...: one layout per line. The layouts naming one profile share
-# it: `ctitan plan --calibrate` runs once per profile, on the first of its layouts (its ranks and
-# shapes: calibration times the ops of that layout's trace at their shapes).
+# it: `ctitan plan --calibrate` runs once per profile, on the first of its layouts. Calibration
+# times the ops of that layout's trace at their shapes and dtypes, so a profile serves the layouts
+# with the same ranks, per-rank tokens per microbatch, tp degree and GEMM dtype.
 layouts=$(cat <<'EOF'
-debug        1 8 r1    --training.local_batch_size=8
-ac_selective 1 8 r1    --training.local_batch_size=8 --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op
-ac_full      1 8 r1    --training.local_batch_size=8 --activation_checkpoint.mode=full
-float8       1 8 r1    --training.local_batch_size=8 --quantize.dense.float8.enable=true --quantize.dense.float8.format=tensorwise
-bf16         1 8 r1    --training.local_batch_size=8 --training.mixed_precision_param=bfloat16
-124m         1 2 124m  --training.local_batch_size=2 --training.steps=5 @m124
-fsdp2        2 8 r2    --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
-ddp2         2 8 r2    --training.local_batch_size=4 --parallelism.data_parallel_replicate_degree=2
-tp2          2 8 r2    --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2
-tp2_async    2 8 r2    --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
-pp2_1f1b     2 8 r2    @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=1F1B
-pp2_interl   2 8 r2    @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B
-pp2_zbv      2 8 r2    @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=ZBVZeroBubble
-fsdp4        4 8 r4    --training.local_batch_size=2 --parallelism.data_parallel_shard_degree=4
-hsdp2x2      4 8 r4    --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2 --parallelism.data_parallel_shard_degree=2
-tp4          4 8 r4    --training.local_batch_size=8 --parallelism.tensor_parallel_degree=4
-fsdp2_tp2    4 8 r4    --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.tensor_parallel_degree=2
-pp4_1f1b     4 8 r4    @pp --parallelism.pipeline_parallel_degree=4 --parallelism.pipeline_parallel_schedule=1F1B
-pp4_interl   4 8 r4    @pp --parallelism.pipeline_parallel_degree=4 --parallelism.pipeline_parallel_schedule=Interleaved1F1B --parallelism.pipeline_parallel_layers_per_stage=1
+debug        1 8 r1     --training.local_batch_size=8
+ac_selective 1 8 r1     --training.local_batch_size=8 --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op
+ac_full      1 8 r1     --training.local_batch_size=8 --activation_checkpoint.mode=full
+float8       1 8 r1f8   --training.local_batch_size=8 --quantize.dense.float8.enable=true --quantize.dense.float8.format=tensorwise
+bf16         1 8 r1bf16 --training.local_batch_size=8 --training.mixed_precision_param=bfloat16
+124m         1 2 124m   --training.local_batch_size=2 --training.steps=5 @m124
+fsdp2        2 8 r2dp   --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
+ddp2         2 8 r2dp   --training.local_batch_size=4 --parallelism.data_parallel_replicate_degree=2
+tp2          2 8 r2tp   --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2
+tp2_async    2 8 r2tp   --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
+pp2_1f1b     2 8 r2pp   @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=1F1B
+pp2_interl   2 8 r2pp   @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B
+pp2_zbv      2 8 r2pp   @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=ZBVZeroBubble
+fsdp4        4 8 r4dp   --training.local_batch_size=2 --parallelism.data_parallel_shard_degree=4
+hsdp2x2      4 8 r4dp   --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2 --parallelism.data_parallel_shard_degree=2
+tp4          4 8 r4tp   --training.local_batch_size=8 --parallelism.tensor_parallel_degree=4
+fsdp2_tp2    4 8 r4ftp  --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.tensor_parallel_degree=2
+pp4_1f1b     4 8 r4pp   @pp --parallelism.pipeline_parallel_degree=4 --parallelism.pipeline_parallel_schedule=1F1B
+pp4_interl   4 8 r4pp   @pp --parallelism.pipeline_parallel_degree=4 --parallelism.pipeline_parallel_schedule=Interleaved1F1B --parallelism.pipeline_parallel_layers_per_stage=1
 EOF
 )
 if [ -n "${PV_ONLY:-}" ]; then layouts=$(echo "$layouts" | grep -E "^(${PV_ONLY// /|}) "); fi
