@@ -3,12 +3,14 @@
 # FSDP 2 and 4, HSDP 2x2, DDP 2, TP 2 and 4, async TP, FSDP x TP, PP 2 and 4 under 1F1B,
 # Interleaved1F1B and ZBVZeroBubble, AC none / selective / full, float8, bf16, the debug model and
 # the 124M-class shape), takes what each run measured (tests/cli/lib/plan_validate.py measure: the
-# memory record of metrics.jsonl, which rank 0 writes, and the median step time after the first two
+# last step's memory record, the largest rank's, and the median step time after the first two
 # steps), then plans each layout with `ctitan plan ... --json` against a profile `ctitan plan
-# --calibrate` measured on this machine for that rank count, and compares: parameters, gradients
-# and optimizer states exact; activations and peak memory within 10%; step time within 25%. Prints
-# the table the README's "Planner against measurement" carries and fails naming each layout out of
-# bounds. MEASURE_ONLY=1 trains and prints the measured side alone (no plan).
+# --calibrate` measured on this machine on a layout of the same ranks and shapes, and compares:
+# parameters, gradients and optimizer states exact; activations and peak memory within 10%; step
+# time within 25%. Prints the table the README's "Planner against measurement" carries and fails
+# naming each layout out of bounds; first it checks that the comparison refuses a plan one
+# parameter byte off. MEASURE_ONLY=1 trains and prints the measured side alone; PV_ONLY="NAME ..."
+# picks layouts; KEEP_T=DIR keeps the runs (and reuses the profiles already there).
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=${KEEP_T:-$(mktemp -d)}; [ -n "${KEEP_T:-}" ] || trap 'rm -rf "$T"' EXIT; mkdir -p "$T"
@@ -103,6 +105,21 @@ while read -r name ranks gb prof _; do
   "$CTITAN" plan "$manifest" "${common[@]}" --training.global_batch_size="$gb" "${args[@]}" --hardware "$T/P_$prof.yaml" \
     --gpus "$ranks" --json >"$T/$name.plan.json" 2>"$T/$name.plan.err" || { cat "$T/$name.plan.err"; echo "plan $name failed"; }
 done <<<"$layouts"
+
+# the comparison can fail: the first layout's plan with its parameters one 64-byte row more
+first=${names[0]}
+mkdir -p "$T/doctored"
+cp "$T/$first.meas.json" "$T/doctored/"
+python3 - "$T/$first.plan.json" "$T/doctored/$first.plan.json" <<'PY' || fail "doctor a plan"
+import json, sys
+d = json.load(open(sys.argv[1]))
+lay = d["layouts"][0] if isinstance(d, dict) and d.get("layouts") else d
+lay["memory_gib"]["params"] += 64 / 2**30
+json.dump(d, open(sys.argv[2], "w"))
+PY
+out=$(python3 "$PV" compare "$T/doctored" "$first"); st=$?
+[ $st -eq 1 ] && echo "$out" | grep -q "out of bounds: $first: params" || { echo "$out"; fail "a plan 64 bytes off passed"; }
+echo "ok   a plan 64 parameter bytes off is out of bounds: $(echo "$out" | grep -m1 'out of bounds' | cut -c1-100)"
 
 python3 "$PV" compare "$T" "${names[@]}"; st=$?
 [ $st -eq 0 ] || fail "layouts out of bounds (above)"
