@@ -374,6 +374,7 @@ typedef struct train_run {
     int64_t told_graph; /* compile_report's state */
     ct_status status;   /* STEP_END: how the run ends */
     int stop_signal;    /* STEP_END with CT_OK: the stop signal the run ended on, 0 for none */
+    int64_t mem_peak_max, act_peak_max; /* this rank's over the whole run (the records' peaks restart) */
 } train_run;
 
 /* The training keys, checked. */
@@ -520,6 +521,8 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
         return -1;
     r->t_log = ct_now();
     r->tokens_since = 0;
+    if (g_mem.peak_total > r->mem_peak_max) r->mem_peak_max = g_mem.peak_total;
+    if (r->s->rt.peak_act_bytes > r->act_peak_max) r->act_peak_max = r->s->rt.peak_act_bytes;
     mem_reset_peaks(); /* the next record reports its own interval's peaks */
     r->s->rt.peak_act_bytes = 0;
     return 0;
@@ -602,8 +605,8 @@ static void train_summary_print(train_run *r) {
     printf("summary: %lld steps after the first %lld: %.0f tokens/s, %.2f GFLOP/s achieved, %.2f GFLOP/s %s "
            "matmul peak, ratio %.3f, peak memory %.3f GiB (activations live peak %.3f GiB)\n",
            (long long)timed_steps, (long long)r->warmup_steps, tps, gflops, s->peak_flops / 1e9, s->devp->info.name,
-           s->peak_flops > 0 ? gflops * 1e9 / s->peak_flops : 0.0, gib(g_mem.peak_total),
-           gib(s->rt.peak_act_bytes));
+           s->peak_flops > 0 ? gflops * 1e9 / s->peak_flops : 0.0, gib(r->mem_peak_max > g_mem.peak_total ? r->mem_peak_max : g_mem.peak_total),
+           gib(r->act_peak_max > s->rt.peak_act_bytes ? r->act_peak_max : s->rt.peak_act_bytes));
     if (s->rt.graph.launches > 0)
         printf("summary: compile: %lld microbatches ran as one graph launch each (%lld device operations; "
                "%lld capture%s)\n",

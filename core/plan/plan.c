@@ -382,6 +382,7 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
         rt->peak_act_bytes = 0;
         rt->grads.data.peak_used = rt->grads.data.used;
         rt->scratch.data.peak_used = rt->scratch.data.used;
+        double z0 = plan_null_zeroed;
         if (runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH)) {
             rt->trace_ops = 0;
             return fail(err, errlen, "a unit's backward failed in the plan");
@@ -389,6 +390,7 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
         t->units[u].bwd_peak = fmax(0.0, (double)rt->peak_act_bytes - live);
         t->units[u].boundary_grad_bytes = (double)rt->grads.data.used - g0;
         t->units[u].grads_peak = (double)rt->grads.data.peak_used - g0;
+        t->units[u].zeroed_bytes = plan_null_zeroed - z0;
         t->units[u].scratch_peak = fmax(t->units[u].scratch_peak, (double)rt->scratch.data.peak_used - s0);
         if ((double)rt->peak_act_bytes > t->live_peak) t->live_peak = (double)rt->peak_act_bytes;
     }
@@ -498,6 +500,12 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         else if (o->kind == PLAN_OP_ATTENTION) u->attn += all;
         else u->membound += all;
     }
+    for (int u = 0; u < nu; u++) /* the activation gradients start zeroed: a write of each */
+        if (hw->mem_bw > 0) {
+            double z = t->units[u].zeroed_bytes / (hw->mem_bw * hw->mem_eff);
+            ut[u].bi += z;
+            ut[u].membound += z;
+        }
     for (int i = 0; i < t->n_ops; i++) { /* the op-level strategies' collectives: blocking unless overlapped */
         const plan_op *o = &t->ops[i];
         if (o->kind != PLAN_OP_COLLECTIVE || o->unit < 0 || o->unit >= nu) continue;

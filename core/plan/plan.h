@@ -130,6 +130,7 @@ typedef struct plan_unit {
     double fwd_peak, bwd_peak;  /* its temporaries above what was live when it started: forward, backward */
     double grads_peak;          /* of which activation gradients in its backward (a pipeline context's own) */
     double scratch_peak;        /* of which recompute scratch, forward or backward (one arena per rank) */
+    double zeroed_bytes;        /* activation gradients zeroed in its backward (memory traffic) */
 } plan_unit;
 
 typedef struct plan_trace {

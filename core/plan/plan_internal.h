@@ -10,6 +10,7 @@
 /* The device the planner runs the tape on: computes nothing, allocates address space only. */
 extern const ct_device_api plan_null_device;
 ct_device *plan_null_handle(void);
+extern double plan_null_zeroed; /* bytes zeroed on it so far (activation gradients) */
 
 /* Called by the tape on a planning runtime while rt->trace_ops is set (1: the traced forward pass;
  * 2: the traced backward pass, recomputes included). Each returns 0, or -1 with the error set. */
