@@ -9,12 +9,13 @@
       per-device tokens/s (log_freq 1): tokens / tps.
       metrics.jsonl is written by rank 0; its memory record is the rank's whose peak is the largest.
 
-  plan_validate.py compare DIR NAME...
+  plan_validate.py compare|markdown DIR NAME...
       For each NAME: DIR/NAME.meas.json (from measure) against DIR/NAME.plan.json (`ctitan plan
       ... --json`: the layout's object, or an object whose "layouts" or "plans" list holds it first).
       Prints the table of predicted against measured and exits 1 naming each layout out of bounds:
       parameters, gradients and optimizer states exact; activations and peak memory within 10%; step
-      time within 25%. A missing or unreadable plan is a failure of that layout.
+      time within 25%. A missing or unreadable plan is a failure of that layout. `markdown` prints
+      the same as the README's table rows.
 
 Predicted activations are the plan's activations + transient + logits (what ctitan's activation
 arenas hold: saved tensors, a unit's temporaries and activation gradients, the head's logits);
@@ -84,7 +85,7 @@ def gib_of(obj, key):
     return float(d) * GIB, places(d) * GIB
 
 
-def compare(folder, names):
+def compare(folder, names, markdown=False):
     rows, bad = [], []
     for n in names:
         try:
@@ -128,6 +129,15 @@ def compare(folder, names):
                            (what, pv, unit, mv, 100.0 * (pv - mv) / mv if mv else 0, 100 * tol))
         if why:
             bad.append("%s: %s" % (n, "; ".join(why)))
+    if markdown: # the README's table: plan / run, and what is out of bounds
+        off = {b.split(":")[0] for b in bad}
+        for r in rows:
+            p = r["p"] or {}
+            cell = lambda k, m, fmt, scale=1.0: (fmt % (p[k] / scale) if k in p else "-") + " / " + fmt % (m / scale)
+            print("| %s%s | %s | %s | %s | %s |" % (r["name"], " (out of bounds)" if r["name"] in off else "",
+                  cell("peak", r["m_peak"], "%.4f", GIB), cell("act", r["m_act"], "%.4f", GIB),
+                  cell("step", r["m_step"], "%.3f"), cell("tps", r["m_tps"], "%.0f")))
+        return 1 if bad else 0
     print("%-18s %21s %21s %19s %21s" % ("layout", "peak GiB pred/meas", "activ. GiB pred/meas", "step s pred/meas",
                                           "tokens/s pred/meas"))
     for r in rows:
@@ -146,9 +156,9 @@ def main(argv):
     if len(argv) == 5 and argv[1] == "measure":
         measure(argv[2], argv[3], argv[4])
         return 0
-    if len(argv) >= 4 and argv[1] == "compare":
-        return compare(argv[2], argv[3:])
-    fail("usage: plan_validate.py measure METRICS TOKENS OUT | compare DIR NAME...")
+    if len(argv) >= 4 and argv[1] in ("compare", "markdown"):
+        return compare(argv[2], argv[3:], argv[1] == "markdown")
+    fail("usage: plan_validate.py measure METRICS TOKENS OUT | compare DIR NAME... | markdown DIR NAME...")
 
 
 if __name__ == "__main__":
