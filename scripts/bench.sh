@@ -55,3 +55,20 @@ for pp in 2 4; do
       --job.dump_folder=outputs/bench_pp | grep -E '^summary: pipeline' | sed 's/^summary: pipeline //'
   done
 done
+# The planner (`ctitan plan --search`): the top layouts for 8B on 8 and 70B on 256 H100 SXM, and the
+# wall time of a 405B search over 4096 GPUs (the bound: under 10 s; no test holds it to that)
+echo "== planner: llama3 8B on 8 and 70B on 256 H100 SXM (top layouts); 405B over 4096 GPUs (search wall time)"
+if "$CTITAN" plan --help >/dev/null 2>&1; then
+  for mg in 8b:8 70b:256; do
+    echo "-- llama3 ${mg%%:*} on ${mg#*:} GPUs (h100-sxm)"
+    "$CTITAN" plan "configs/llama3_${mg%%:*}.yaml" --hardware h100-sxm --gpus "${mg#*:}" --search --top 3
+  done
+  mkdir -p outputs
+  t0=$(date +%s.%N)
+  "$CTITAN" plan configs/llama3_405b.yaml --hardware h100-sxm --gpus 4096 --search >outputs/bench_plan_405b.txt
+  t1=$(date +%s.%N)
+  awk -v a="$t0" -v b="$t1" 'BEGIN { printf "plan --search, llama3 405B over 4096 H100 SXM: %.2f s wall (bound: 10 s)\n", b - a }'
+  grep -m1 'layout:' outputs/bench_plan_405b.txt | sed 's/^ *layout:/its best layout:/'
+else
+  echo "ctitan plan is not in this build: skipped"
+fi

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""plan_validate.py: the measured side of tests/cli/plan_validate.sh, and its comparison with the plan.
+
+  plan_validate.py measure METRICS.jsonl TOKENS_PER_GPU_STEP OUT.json
+      What one training run measured: the memory record of its last step record (each record's
+      peaks are those since the record before, so with log_freq 1 the last step's own: the steady
+      state, after the first step grew the arenas) and the step time, the median over the steps
+      after the first two (those touch fresh arena memory), each one's time from its record's
+      per-device tokens/s (log_freq 1): tokens / tps.
+      metrics.jsonl is written by rank 0; its memory record is the rank's whose peak is the largest.
+
+  plan_validate.py compare|markdown DIR NAME...
+      For each NAME: DIR/NAME.meas.json (from measure) against DIR/NAME.plan.json (`ctitan plan
+      ... --json`: the layout's object, or an object whose "layouts" or "plans" list holds it first).
+      Prints the table of predicted against measured and exits 1 naming each layout out of bounds:
+      parameters, gradients and optimizer states exact; activations and peak memory within 10%; step
+      time within 25%. A missing or unreadable plan is a failure of that layout. `markdown` prints
+      the same as the README's table rows.
+
+Predicted activations are the plan's activations + transient + logits (what ctitan's activation
+arenas hold: saved tensors, a unit's temporaries and activation gradients, the head's logits);
+measured activations are the metrics' "activations" (the arenas' device memory at its peak).
+"""
+import decimal
+import json
+import statistics
+import sys
+
+GIB = float(1 << 30)
+ACT_PARTS = ("activations", "transient", "logits")
+
+
+def fail(msg):
+    print("plan_validate.py: " + msg, file=sys.stderr)
+    sys.exit(2)
+
+
+def measure(metrics, tokens_per_gpu_step, out):
+    steps = []
+    with open(metrics) as f:
+        for line in f:
+            r = json.loads(line)
+            if "loss" in r:
+                steps.append(r)
+    if len(steps) < 3:
+        fail("%s: %d step records; need at least 3 (log_freq 1, steps >= 3)" % (metrics, len(steps)))
+    mem = steps[-1]["memory"]
+    tok = float(tokens_per_gpu_step)
+    timed = [tok / r["tps"] for r in steps if r["step"] > 2 and r["tps"] > 0]
+    if not timed:
+        fail("%s: no timed step after the first two" % metrics)
+    st = statistics.median(timed)
+    json.dump({"memory": mem, "step_time_s": st, "tokens_per_s_per_gpu": tok / st, "timed_steps": len(timed),
+               "steps": [r["step"] for r in steps]}, open(out, "w"))
+
+
+def places(d):
+    """Half a unit in the last printed place of a Decimal (the rounding the JSON's text allows)."""
+    exp = d.as_tuple().exponent
+    return 0.5 * 10.0 ** exp if isinstance(exp, int) else 0.0
+
+
+def plan_object(path):
+    with open(path) as f:
+        doc = json.load(f, parse_float=decimal.Decimal)
+    if isinstance(doc, dict):
+        for key in ("layouts", "plans", "results"):
+            if isinstance(doc.get(key), list) and doc[key]:
+                return doc[key][0]
+        if "plan" in doc and isinstance(doc["plan"], dict):
+            return doc["plan"]
+    if isinstance(doc, list) and doc:
+        return doc[0]
+    return doc
+
+
+def gib_of(obj, key):
+    """A memory category of the plan in bytes, and how far the printed GiB may be from the exact
+    bytes (memory_bytes, when the JSON carries it, is exact)."""
+    mb = obj.get("memory_bytes")
+    if isinstance(mb, dict) and key in mb:
+        return float(mb[key]), 0.0
+    v = obj["memory_gib"][key]
+    d = v if isinstance(v, decimal.Decimal) else decimal.Decimal(v)
+    return float(d) * GIB, places(d) * GIB
+
+
+def compare(folder, names, markdown=False):
+    rows, bad = [], []
+    for n in names:
+        try:
+            m = json.load(open("%s/%s.meas.json" % (folder, n)))
+        except (OSError, ValueError) as e:
+            bad.append("%s (no measurement: %s)" % (n, e))
+            continue
+        mm = m["memory"]
+        row = {"name": n, "m_peak": mm["peak_bytes"], "m_act": mm["activations"], "m_step": m["step_time_s"],
+               "m_tps": m["tokens_per_s_per_gpu"], "p": None}
+        rows.append(row)
+        try:
+            p = plan_object("%s/%s.plan.json" % (folder, n))
+            exact = {}
+            for k in ("params", "grads", "optimizer"):
+                exact[k] = gib_of(p, k)
+            # ZeRO moves the local shard from params to master: where the plan and the run split
+            # the two differently, their sum is what must agree
+            pm = gib_of(p, "master") if "master" in p["memory_gib"] else (0.0, 0.0)
+            if abs(pm[0] - mm.get("master", 0)) > max(pm[1], 0.5):
+                p0 = exact.pop("params")
+                exact["params+master"] = (p0[0] + pm[0], p0[1] + pm[1])
+            act = [gib_of(p, k) for k in ACT_PARTS]
+            total = gib_of(p, "total")
+            row["p"] = {"peak": total[0], "act": sum(a for a, _ in act), "step": float(p["step_time_s"]),
+                        "tps": float(p["tokens_per_s_per_gpu"]), "fits": p.get("fits")}
+        except (OSError, ValueError, KeyError, TypeError, decimal.InvalidOperation) as e:
+            bad.append("%s (no plan: %s)" % (n, e))
+            continue
+        why = []
+        for k, (pred, slack) in exact.items():
+            mv = mm["params"] + mm.get("master", 0) if k == "params+master" else mm[k]
+            if abs(pred - mv) > max(slack, 0.5):
+                why.append("%s %.0f B predicted, %d B measured" % (k, pred, mv))
+        pr = row["p"]
+        for what, pv, mv, tol, unit in (("peak memory", pr["peak"] / GIB, mm["peak_bytes"] / GIB, 0.10, "GiB"),
+                                        ("activations", pr["act"] / GIB, mm["activations"] / GIB, 0.10, "GiB"),
+                                        ("step time", pr["step"], m["step_time_s"], 0.25, "s")):
+            if mv <= 0 or abs(pv - mv) > tol * mv:
+                why.append("%s %.4f %s predicted, %.4f measured (%+.0f%%, bound %.0f%%)" %
+                           (what, pv, unit, mv, 100.0 * (pv - mv) / mv if mv else 0, 100 * tol))
+        if why:
+            bad.append("%s: %s" % (n, "; ".join(why)))
+    if markdown: # the README's table: plan / run, and what is out of bounds
+        off = {b.split(":")[0] for b in bad}
+        for r in rows:
+            p = r["p"] or {}
+            cell = lambda k, m, fmt, scale=1.0: (fmt % (p[k] / scale) if k in p else "-") + " / " + fmt % (m / scale)
+            print("| %s%s | %s | %s | %s | %s |" % (r["name"], " (out of bounds)" if r["name"] in off else "",
+                  cell("peak", r["m_peak"], "%.4f", GIB), cell("act", r["m_act"], "%.4f", GIB),
+                  cell("step", r["m_step"], "%.3f"), cell("tps", r["m_tps"], "%.0f")))
+        return 1 if bad else 0
+    print("%-18s %21s %21s %19s %21s" % ("layout", "peak GiB pred/meas", "activ. GiB pred/meas", "step s pred/meas",
+                                          "tokens/s pred/meas"))
+    for r in rows:
+        p = r["p"]
+        f = lambda pv, mv, w, fmt: ("%s / %s" % (fmt % pv if p else "-", fmt % mv)).rjust(w)
+        print("%-18s %s %s %s %s" % (r["name"], f(p and p["peak"] / GIB, r["m_peak"] / GIB, 21, "%.4f"),
+                                      f(p and p["act"] / GIB, r["m_act"] / GIB, 21, "%.4f"),
+                                      f(p and p["step"], r["m_step"], 19, "%.4f"),
+                                      f(p and p["tps"], r["m_tps"], 21, "%.0f")))
+    for b in bad:
+        print("out of bounds: " + b)
+    return 1 if bad else 0
+
+
+def main(argv):
+    if len(argv) == 5 and argv[1] == "measure":
+        measure(argv[2], argv[3], argv[4])
+        return 0
+    if len(argv) >= 4 and argv[1] in ("compare", "markdown"):
+        return compare(argv[2], argv[3:], argv[1] == "markdown")
+    fail("usage: plan_validate.py measure METRICS TOKENS OUT | compare DIR NAME... | markdown DIR NAME...")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The planner against measurement: trains layouts on CPU ranks (each a few steps of a tiny model:
+# FSDP 2 and 4, HSDP 2x2, DDP 2, TP 2 and 4, async TP, FSDP x TP, PP 2 and 4 under 1F1B,
+# Interleaved1F1B and ZBVZeroBubble, AC none / selective / full, float8, bf16, the debug model and
+# the 124M-class shape), takes what each run measured (tests/cli/lib/plan_validate.py measure: the
+# last step's memory record, the largest rank's, and the median step time after the first two
+# steps), then plans each layout with `ctitan plan ... --json` against a profile `ctitan plan
+# --calibrate` measured on this machine on a layout of the same ranks and shapes, and compares:
+# parameters, gradients and optimizer states exact; activations and peak memory within 10%; step
+# time within 25%. Prints the table the README's "Planner against measurement" carries and fails
+# naming each layout out of bounds; first it checks that the comparison refuses a plan one
+# parameter byte off. MEASURE_ONLY=1 trains and prints the measured side alone; PV_ONLY="NAME ..."
+# picks layouts; KEEP_T=DIR keeps the runs (and reuses the profiles already there).
+set -u
+CTITAN=${CTITAN:-build/ctitan}
+T=${KEEP_T:-$(mktemp -d)}; [ -n "${KEEP_T:-}" ] || trap 'rm -rf "$T"' EXIT; mkdir -p "$T"
+fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/data.sh
+PV=tests/cli/lib/plan_validate.py
+STEPS=${PV_STEPS:-8}
+SEQ=64
+test_data "$T" 2048 || fail "test data"
+manifest=configs/llama3_debug.yaml
+common=(--training.dataset_path="$T/data.bin" --training.seq_len=$SEQ --training.steps=$STEPS --metrics.log_freq=1
+        --generate.max_new_tokens=0 --training.mixed_precision_param=float32 --activation_checkpoint.mode=none
+        --lr_scheduler.warmup_steps=2 --device.threads=1 --comm.train_timeout_seconds=120
+        --parallelism.data_parallel_shard_degree=1)
+m124=(--model.dim=768 --model.n_layers=12 --model.n_heads=12 --model.n_kv_heads=4 --model.ffn_hidden=2048
+      --model.vocab_size=32000)
+pp=(--training.local_batch_size=8 --parallelism.pipeline_parallel_microbatch_size=1)
+
+# name ranks global_batch profile args...: one layout per line. The layouts naming one profile share
+# it: `ctitan plan --calibrate` runs once per profile, on the first of its layouts. Calibration
+# times the ops of that layout's trace at their shapes and dtypes, so a profile serves the layouts
+# with the same ranks, per-rank tokens per microbatch, tp degree and GEMM dtype.
+layouts=$(cat <<'EOF'
+debug        1 8 r1     --training.local_batch_size=8
+ac_selective 1 8 r1     --training.local_batch_size=8 --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op
+ac_full      1 8 r1     --training.local_batch_size=8 --activation_checkpoint.mode=full
+float8       1 8 r1f8   --training.local_batch_size=8 --quantize.dense.float8.enable=true --quantize.dense.float8.format=tensorwise
+bf16         1 8 r1bf16 --training.local_batch_size=8 --training.mixed_precision_param=bfloat16
+124m         1 2 124m   --training.local_batch_size=2 --training.steps=5 @m124
+fsdp2        2 8 r2dp   --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
+ddp2         2 8 r2dp   --training.local_batch_size=4 --parallelism.data_parallel_replicate_degree=2
+tp2          2 8 r2tp   --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2
+tp2_async    2 8 r2tp   --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
+pp2_1f1b     2 8 r2pp   @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=1F1B
+pp2_interl   2 8 r2pp   @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B
+pp2_zbv      2 8 r2pp   @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=ZBVZeroBubble
+fsdp4        4 8 r4dp   --training.local_batch_size=2 --parallelism.data_parallel_shard_degree=4
+hsdp2x2      4 8 r4dp   --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2 --parallelism.data_parallel_shard_degree=2
+tp4          4 8 r4tp   --training.local_batch_size=8 --parallelism.tensor_parallel_degree=4
+fsdp2_tp2    4 8 r4ftp  --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.tensor_parallel_degree=2
+pp4_1f1b     4 8 r4pp   @pp --parallelism.pipeline_parallel_degree=4 --parallelism.pipeline_parallel_schedule=1F1B
+pp4_interl   4 8 r4pp   @pp --parallelism.pipeline_parallel_degree=4 --parallelism.pipeline_parallel_schedule=Interleaved1F1B --parallelism.pipeline_parallel_layers_per_stage=1
+EOF
+)
+if [ -n "${PV_ONLY:-}" ]; then layouts=$(echo "$layouts" | grep -E "^(${PV_ONLY// /|}) "); fi
+
+# expand NAME's argument words: @m124 and @pp stand for those arrays
+args_of() {
+  local w; args=()
+  for w in $(echo "$layouts" | awk -v n="$1" '$1 == n { for (i = 5; i <= NF; i++) print $i }'); do
+    case $w in @m124) args+=("${m124[@]}") ;; @pp) args+=("${pp[@]}") ;; *) args+=("$w") ;; esac
+  done
+}
+ctitan_on() { # ranks command...
+  local n=$1; shift
+  if [ "$n" -eq 1 ]; then "$CTITAN" "$@"; else "$CTITAN" launch -n "$n" "$@"; fi
+}
+
+names=()
+t0=$SECONDS
+while read -r name ranks gb _ _; do
+  args_of "$name"
+  ts=$SECONDS
+  ctitan_on "$ranks" train "$manifest" "${common[@]}" --training.global_batch_size="$gb" "${args[@]}" \
+    --job.dump_folder="$T/$name" </dev/null >"$T/$name.log" 2>&1 || { tail -5 "$T/$name.log"; fail "$name: training"; }
+  python3 "$PV" measure "$T/$name/metrics.jsonl" $((gb * SEQ / ranks)) "$T/$name.meas.json" || fail "$name: measure"
+  echo "trained $name on $ranks rank(s) in $((SECONDS - ts)) s"
+  names+=("$name")
+done <<<"$layouts"
+echo "training: ${#names[@]} layouts in $((SECONDS - t0)) s"
+
+if [ -n "${MEASURE_ONLY:-}" ]; then
+  python3 "$PV" compare "$T" "${names[@]}" >"$T/table.txt"; sed '/^out of bounds/d' "$T/table.txt"
+  exit 0
+fi
+"$CTITAN" plan --help >/dev/null 2>&1 || fail "ctitan plan is not available"
+
+# one profile per name in the profile column, calibrated on its first layout
+t0=$SECONDS
+while read -r name ranks gb prof _; do
+  [ -f "$T/P_$prof.yaml" ] && continue
+  args_of "$name"
+  ts=$SECONDS
+  ctitan_on "$ranks" plan --calibrate "$manifest" "${common[@]}" --training.global_batch_size="$gb" "${args[@]}" \
+    --output "$T/P_$prof.yaml" </dev/null >"$T/cal_$prof.log" 2>&1 || { tail -5 "$T/cal_$prof.log"; fail "calibrate $prof on $name's layout"; }
+  echo "calibrated $prof on $name's layout ($ranks rank(s)) in $((SECONDS - ts)) s"
+done <<<"$layouts"
+echo "calibration: $((SECONDS - t0)) s"
+
+while read -r name ranks gb prof _; do
+  args_of "$name"
+  "$CTITAN" plan "$manifest" "${common[@]}" --training.global_batch_size="$gb" "${args[@]}" --hardware "$T/P_$prof.yaml" \
+    --gpus "$ranks" --json >"$T/$name.plan.json" 2>"$T/$name.plan.err" || { cat "$T/$name.plan.err"; echo "plan $name failed"; }
+done <<<"$layouts"
+
+# the comparison can fail: the first layout's plan with its parameters one 64-byte row more
+first=${names[0]}
+mkdir -p "$T/doctored"
+cp "$T/$first.meas.json" "$T/doctored/"
+python3 - "$T/$first.plan.json" "$T/doctored/$first.plan.json" <<'PY' || fail "doctor a plan"
+import json, sys
+d = json.load(open(sys.argv[1]))
+lay = d["layouts"][0] if isinstance(d, dict) and d.get("layouts") else d
+lay["memory_gib"]["params"] += 64 / 2**30
+json.dump(d, open(sys.argv[2], "w"))
+PY
+out=$(python3 "$PV" compare "$T/doctored" "$first"); st=$?
+[ $st -eq 1 ] && echo "$out" | grep -q "out of bounds: $first: params" || { echo "$out"; fail "a plan 64 bytes off passed"; }
+echo "ok   a plan 64 parameter bytes off is out of bounds: $(echo "$out" | grep -m1 'out of bounds' | cut -c1-100)"
+
+python3 "$PV" compare "$T" "${names[@]}"; st=$?
+[ $st -eq 0 ] || fail "layouts out of bounds (above)"
+echo "ok   ${#names[@]} layouts: the plan within bounds of what each run measured"
