@@ -220,7 +220,9 @@ ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct
     pl->stage_left = calloc((size_t)pl->n_mb, sizeof(int));
     pl->mb_ctx = calloc((size_t)pl->n_mb, sizeof(int));
     pl->bwd_done = calloc((size_t)nu, sizeof(int));
-    if (!pl->stage_left || !pl->mb_ctx || !pl->bwd_done) return CT_ERR_NOMEM;
+    pl->inbox_of = malloc(sizeof(int) * (size_t)pl->n_stages * (size_t)pl->n_mb);
+    if (!pl->stage_left || !pl->mb_ctx || !pl->bwd_done || !pl->inbox_of) return CT_ERR_NOMEM;
+    for (int i = 0; i < pl->n_stages * pl->n_mb; i++) pl->inbox_of[i] = -1;
     const sched_rank *mine = &pl->plan.ranks[pl->rank];
     ct_pipeline_env env = {sizeof env, capi, comm, mesh->group[CT_AXIS_PP], pl->rank, pl->pp, pl->n_stages,
                            pl->n_mb, pl->plan.placement, mine->actions, mine->n};
@@ -352,6 +354,19 @@ static ct_status cb_forward(void *p, int stage, int mb) {
     if (check_stage(pl, stage) || !(c = ctx_get(pl, mb))) return fail();
     int u0 = pl->stage_u0[stage], u1 = pl->stage_u1[stage], bad = 0;
     swap_ctx(rt, c);
+    int box = pl->inbox_of[stage * pl->n_mb + mb];
+    if (box >= 0 && !c->stage_in[stage]) { /* the received input, where it waited */
+        rt_tensor *t = pool_alloc(&rt->saved.desc, sizeof *t);
+        if (t) {
+            memset(t, 0, sizeof *t);
+            t->t.struct_size = sizeof t->t;
+            t->t.dtype = CT_F32;
+            t->t.ndim = pl->inbox[box].ndim;
+            memcpy(t->t.shape, pl->inbox[box].shape, sizeof t->t.shape);
+            t->t.data = pl->inbox[box].data;
+        }
+        c->stage_in[stage] = t;
+    }
     rt_tensor *x = stage == 0 ? NULL : c->stage_in[stage] ? c->stage_in[stage] : rt->unit_out[u0 - 1];
     if (stage > 0 && !x) {
         ct_set_error("pipeline: stage %d has no input for microbatch %d", stage, mb);
@@ -423,11 +438,32 @@ static ct_status cb_output(void *p, int stage, int mb, int kind, const float **d
     return CT_OK;
 }
 
+/* A buffer for a received activation: a free one large enough, or a new one. -1 when out of memory. */
+static int inbox_take(pipeline *pl, size_t bytes) {
+    int best = -1;
+    for (int i = 0; i < pl->n_inbox; i++)
+        if (!pl->inbox[i].used && pl->inbox[i].cap >= bytes && (best < 0 || pl->inbox[i].cap < pl->inbox[best].cap)) best = i;
+    if (best >= 0) return best;
+    pp_inbox *grown = realloc(pl->inbox, sizeof *grown * (size_t)(pl->n_inbox + 1));
+    if (!grown) return -1;
+    pl->inbox = grown;
+    pp_inbox *b = &pl->inbox[pl->n_inbox];
+    memset(b, 0, sizeof *b);
+    if (pl->rt->d->alloc(pl->rt->dev, bytes ? bytes : 64, (void **)&b->data) != CT_OK) return -1;
+    b->cap = bytes ? bytes : 64;
+    mem_account(CT_MEM_ACTIVATIONS, (int64_t)b->cap);
+    return pl->n_inbox++;
+}
+
 static ct_status cb_input(void *p, int stage, int mb, int kind, int ndim, const int64_t *shape, float **data) {
     pipeline *pl = p;
     runtime *rt = pl->rt;
-    pp_ctx *c;
-    if (check_stage(pl, stage) || !(c = ctx_get(pl, mb))) return fail();
+    pp_ctx *c = NULL;
+    if (check_stage(pl, stage) || mb < 0 || mb >= pl->n_mb) {
+        if (!ct_last_error()[0]) ct_set_error("pipeline: microbatch %d out of range (0..%d)", mb, pl->n_mb - 1);
+        return fail();
+    }
+    if (kind != CT_PP_ACTIVATION && !(c = ctx_get(pl, mb))) return fail();
     if (ndim < 0 || ndim > CT_MAX_DIMS) {
         ct_set_error("pipeline: a boundary tensor of %d dims", ndim);
         return CT_ERR_INVALID;
@@ -437,16 +473,27 @@ static ct_status cb_input(void *p, int stage, int mb, int kind, int ndim, const 
             ct_set_error("pipeline: a boundary tensor of bad shape");
             return CT_ERR_INVALID;
         }
+    float *out = NULL;
+    if (kind == CT_PP_ACTIVATION) { /* it waits in a buffer of its own until its F takes a context */
+        int64_t n = 1;
+        for (int d = 0; d < ndim; d++) n *= shape[d];
+        int box = inbox_take(pl, (size_t)n * sizeof(float));
+        if (box < 0) {
+            ct_set_error("pipeline: out of memory for a received activation");
+            return fail();
+        }
+        pp_inbox *b = &pl->inbox[box];
+        b->used = 1;
+        b->ndim = ndim;
+        memset(b->shape, 0, sizeof b->shape);
+        memcpy(b->shape, shape, sizeof(int64_t) * (size_t)ndim);
+        pl->inbox_of[stage * pl->n_mb + mb] = box;
+        *data = b->data;
+        return CT_OK;
+    }
     swap_ctx(rt, c);
     rt->act = &rt->saved;
-    float *out = NULL;
-    if (kind == CT_PP_ACTIVATION) {
-        rt_tensor *t = tape_new_activation(rt, CT_F32, ndim, shape);
-        if (t) {
-            c->stage_in[stage] = t;
-            out = t->t.data;
-        }
-    } else {
+    {
         rt_tensor *t = rt->unit_out[pl->stage_u1[stage]];
         if (t && t->t.ndim == ndim && !memcmp(t->t.shape, shape, sizeof(int64_t) * (size_t)ndim)) out = tape_grad(rt, t);
         else ct_set_error("pipeline: the gradient for stage %d, microbatch %d has another shape than its output", stage, mb);
@@ -462,6 +509,11 @@ static void cb_release(void *p, int stage, int mb) {
     (void)stage;
     if (mb < 0 || mb >= pl->n_mb || pl->mb_ctx[mb] < 0) return;
     if (--pl->stage_left[mb] > 0) return;
+    for (int s = 0; s < pl->n_stages; s++) { /* its received inputs' buffers are free again */
+        int *box = &pl->inbox_of[s * pl->n_mb + mb];
+        if (*box >= 0) pl->inbox[*box].used = 0;
+        *box = -1;
+    }
     pl->ctx[pl->mb_ctx[mb]]->mb = -1; /* free for the next microbatch */
     pl->mb_ctx[mb] = -1;
 }
@@ -487,6 +539,8 @@ int pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targets, i
         pl->stage_left[m] = pl->spr;
     }
     for (int i = 0; i < pl->n_ctx; i++) pl->ctx[i]->mb = -1;
+    for (int i = 0; i < pl->n_inbox; i++) pl->inbox[i].used = 0;
+    for (int i = 0; i < pl->n_stages * pl->n_mb; i++) pl->inbox_of[i] = -1;
     if (runtime_reset_arenas(rt)) return -1; /* the runtime's own arenas: scratch for checkpointed units */
     runtime_use_shadow(rt, 1);
     ct_pipeline_host ph = {sizeof ph, pl, cb_forward, cb_backward, cb_output, cb_input, cb_release};
@@ -535,5 +589,11 @@ void pipeline_free(pipeline *pl) {
     free(pl->stage_left);
     free(pl->mb_ctx);
     free(pl->bwd_done);
+    for (int i = 0; i < pl->n_inbox; i++) {
+        pl->rt->d->free(pl->rt->dev, pl->inbox[i].data);
+        mem_account(CT_MEM_ACTIVATIONS, -(int64_t)pl->inbox[i].cap);
+    }
+    free(pl->inbox);
+    free(pl->inbox_of);
     memset(pl, 0, sizeof *pl);
 }

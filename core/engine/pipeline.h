@@ -13,6 +13,14 @@
 
 typedef struct pp_ctx pp_ctx;
 
+typedef struct pp_inbox {
+    float *data;
+    size_t cap; /* bytes */
+    int used;
+    int ndim;
+    int64_t shape[CT_MAX_DIMS];
+} pp_inbox;
+
 typedef struct pipeline {
     plugin *schedp, *runp;
     const ct_pipeline_api *api;
@@ -27,6 +35,12 @@ typedef struct pipeline {
     int n_ctx;
     int *mb_ctx;              /* microbatch -> context index, -1 none yet */
     int peak_ctx;             /* the most contexts live at once (microbatches held) */
+    /* Activations received ahead of their F (the runner posts every receive early) wait in buffers of
+     * their own, so an early arrival does not take a whole context: a free list of device buffers,
+     * and per (stage, microbatch) the buffer holding its input, -1 none. */
+    pp_inbox *inbox;
+    int n_inbox;
+    int *inbox_of;
     /* one call of pipeline_step */
     runtime *rt;
     const int32_t *tokens, *targets;

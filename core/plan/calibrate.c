@@ -64,6 +64,7 @@ typedef struct cal {
     double add_bw, copy_bw, opt_bw, attn_rate;
     double intra_bw, intra_lat;
     int oversubscribed;        /* more ranks than cores on this machine */
+    double core_share;         /* then cores / ranks, for the profile */
 } cal;
 
 static void note_add(cal *c, const char *text) {
@@ -947,6 +948,7 @@ static int write_profile(cal *c, const manifest *mf, const char *out_path) {
     hw.overhead_bytes = 0, hw.alloc_frac = 0;
     hw.headroom_frac = 0.05;
     hw.calibrated = 1;
+    hw.core_share = c->core_share;
     hw.n_ops = c->n_ops;
     hw.ops = calloc((size_t)c->n_ops + 1, sizeof *hw.ops);
     if (!hw.ops) {
@@ -1005,6 +1007,7 @@ static int open_comm(cal *c, manifest *mf) {
     log_set_rank(c->rank, c->size);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c->oversubscribed = cores > 0 && c->size > cores;
+    c->core_share = c->oversubscribed ? (double)cores / c->size : 0;
     if (c->oversubscribed) note_add(c, "more ranks than cores: each op's time is its mean under time sharing");
     /* CUDA + NCCL: the comm orders itself against the device's stream, as in training */
     if (CT_HAS_FIELD(c->s.capi, ct_comm_api, bind_stream) && c->s.capi->bind_stream &&

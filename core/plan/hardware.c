@@ -54,7 +54,7 @@ typedef struct hw_key {
 enum {
     K_NAME, K_SOURCE, K_GPN, K_CALIBRATED, K_BF16, K_FP8, K_FP32, K_MEM_GIB, K_MEM_GB, K_MEM_BW, K_INTRA_BW,
     K_INTRA_LAT, K_INTER_BW, K_INTER_LAT, K_MATMUL, K_ATTN, K_MEMEFF, K_OVER_GIB, K_OVER_GB, K_SLACK, K_HEADROOM,
-    K_N
+    K_SHARE, K_N
 };
 /* The common shapes of a key: a rate or size in (0, hi], a latency in [0, hi], a fraction. */
 #define POSITIVE(sec, k, f, p, h, w) {.section = sec, .key = k, .type = T_NUM, .off = f, .pow10 = p, .hi = h, \
@@ -94,6 +94,8 @@ static const hw_key keys[K_N] = {
                    .pow10 = 9, .hi = 1e5, .alt = K_OVER_GIB, .what = "GB"},
     [K_SLACK] = FRACTION("allocator_slack", alloc_frac, 0, 0),
     [K_HEADROOM] = FRACTION("headroom", headroom_frac, 0, 1),
+    [K_SHARE] = {.section = "", .key = "core_share", .type = T_NUM, .off = OFF(core_share), .hi = 1, .lo_open = 1,
+                 .optional = 1, .what = "cores per rank, below 1 when calibrated on more ranks than cores (a fraction)"},
 };
 /* The sections, in the order the writer prints them; "measured" is read on its own. */
 static const char *const sections[] = {"compute", "memory", "intra_node", "inter_node", "assumptions"};
@@ -919,7 +921,7 @@ static int check_fields(const hw_profile *hw, const char *path, char *err, size_
         } else if (k->type == T_BOOL) {
             int v = *(const int *)((const char *)hw + k->off);
             bad = v != 0 && v != 1 ? "is neither 0 nor 1" : NULL;
-        } else if (writes_key(ki)) {
+        } else if (writes_key(ki) && !(k->optional && cfield(hw, k) == 0)) {
             /* the range is checked on the text to be written, as the loader will check it */
             double x = cfield(hw, k), human, base;
             if (isfinite(x)) format_key_value(k, x, text, sizeof text);
@@ -998,6 +1000,7 @@ static void write_section(FILE *f, const hw_profile *hw, const char *section) {
     for (int ki = 0; ki < K_N; ki++) {
         const hw_key *k = &keys[ki];
         if (strcmp(k->section, section) || !writes_key(ki)) continue;
+        if (k->optional && k->type == T_NUM && cfield(hw, k) == 0) continue; /* not given: left out */
         fprintf(f, "%s%s: ", *section ? "  " : "", k->key);
         if (k->type == T_STR) write_quoted(f, (const char *)hw + k->off);
         else if (k->type == T_INT) fprintf(f, "%d", *(const int *)((const char *)hw + k->off));

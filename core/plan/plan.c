@@ -529,11 +529,11 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
     }
 }
 
-/* The microbatch contexts a pp rank holds at once, from the simulated schedule (starts from
- * schedule_check under `c`): a context is taken when the microbatch's first input lands on this rank
- * (the runner posts every receive early, so that is when the sending stage's F ends) or at its
- * first F, and given back after its last backward action here. */
-static int held_contexts(const sched_plan *p, const schedule_costs *c, int rank) {
+/* The microbatches a pp rank holds at once, from the simulated schedule (starts from schedule_check
+ * under `c`): from its first F here (from_arrival: from when its first input lands, the sending
+ * stage's F end, since the runner posts every receive early) to its last backward action here. A
+ * context (arenas) is held from the F; a received input's buffer from its arrival. */
+static int held_contexts(const sched_plan *p, const schedule_costs *c, int rank, int from_arrival) {
     int nm = p->n_microbatches;
     int64_t *from = malloc(sizeof(int64_t) * (size_t)nm), *to = malloc(sizeof(int64_t) * (size_t)nm);
     int64_t *fend = malloc(sizeof(int64_t) * (size_t)(p->n_stages * nm));
@@ -552,11 +552,19 @@ static int held_contexts(const sched_plan *p, const schedule_costs *c, int rank)
         int m = a->microbatch;
         int64_t dur = a->op == CT_PP_F ? c->f : a->op == CT_PP_B ? c->b : a->op == CT_PP_W ? c->w : c->i;
         int64_t begin = sr->start[i];
-        if (a->op == CT_PP_F && a->stage > 0 && schedule_stage_rank(p->placement, p->pp, a->stage - 1) != rank &&
+        if (from_arrival && a->op == CT_PP_F && a->stage > 0 && schedule_stage_rank(p->placement, p->pp, a->stage - 1) != rank &&
             fend[(a->stage - 1) * nm + m] >= 0)
             begin = fend[(a->stage - 1) * nm + m];
         if (begin < from[m]) from[m] = begin;
-        if (a->op != CT_PP_F && sr->start[i] + dur > to[m]) to[m] = sr->start[i] + dur;
+        int64_t end = sr->start[i] + dur;
+        /* a backward that sends its input's gradient to another rank lets go of the microbatch when the
+         * runner sees the send complete: after its next action */
+        if (a->op != CT_PP_F && a->stage > 0 && schedule_stage_rank(p->placement, p->pp, a->stage - 1) != rank &&
+            i + 1 < sr->n) {
+            const ct_pp_action *nx = &sr->actions[i + 1];
+            end = sr->start[i + 1] + (nx->op == CT_PP_F ? c->f : nx->op == CT_PP_B ? c->b : nx->op == CT_PP_W ? c->w : c->i);
+        }
+        if (a->op != CT_PP_F && end > to[m]) to[m] = end;
     }
     for (int m = 0; m < nm; m++) {
         if (to[m] < 0) continue;
@@ -782,6 +790,13 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         }
         step = (double)r.pl.plan.makespan * unit * accum;
         res->bubble_fraction = r.pl.plan.bubble;
+        if (hw->core_share > 0 && hw->core_share < 1) {
+            /* the ops were timed with every rank of a shared core busy; in the bubble a rank waits and
+             * the others have its share: the busy ones run faster, down to a core each */
+            step *= fmax(hw->core_share, 1.0 - r.pl.plan.bubble);
+            note_add(r.note, sizeof r.note, "ranks share cores (%.2f each): pipeline stages speed up in the bubble",
+                     hw->core_share);
+        }
         res->inflight_microbatches = r.pl.plan.peak_activations;
         double busy = (F[slowest] + BI[slowest] + BW[slowest] + RE[slowest]) * n_micro * accum;
         res->t_bubble = fmax(0, step - busy - (TPX[slowest] + 2 * SEND[slowest]) * n_micro * accum);
@@ -868,17 +883,24 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         }
         int inflight = 1;
         if (pp > 1) {
-            inflight = held_contexts(&r.pl.plan, &r.pl.plan.costs, pr);
+            inflight = held_contexts(&r.pl.plan, &r.pl.plan.costs, pr, 0);
+            int arrived = held_contexts(&r.pl.plan, &r.pl.plan.costs, pr, 1);
             /* each microbatch context keeps its own arenas at their largest: ids and targets, the
              * received input, what its units keep, and its gradients (the input gradients that stay,
              * the largest unit's backward temporaries) */
             double recv = 0;
             for (int u = 1; u < nu; u++)
                 if (unit_rank[u] == pr && unit_rank[u - 1] != pr) recv += t.units[u - 1].out_bytes;
-            m[PLAN_MEM_ACTIVATIONS] = inflight * (t.io_bytes + recv + saved - logits);
+            m[PLAN_MEM_ACTIVATIONS] = inflight * (t.io_bytes + saved - logits);
             m[PLAN_MEM_LOGITS] = inflight * logits;
-            m[PLAN_MEM_TRANSIENT] = inflight * (boundary + grads_peak) + scratch;
-            m[PLAN_MEM_PP_BUFFERS] = 0; /* sends and receives land in the contexts' arenas */
+            /* a zero-bubble schedule's input half keeps every unit's gradients for its weight half */
+            int split = 0;
+            for (int q = 0; q < r.pl.plan.ranks[pr].n && !split; q++) split = r.pl.plan.ranks[pr].actions[q].op == CT_PP_I;
+            double grads_all = 0;
+            for (int u = 0; u < nu && split; u++)
+                if (unit_rank[u] == pr) grads_all += t.units[u].grads_peak - t.units[u].boundary_grad_bytes;
+            m[PLAN_MEM_TRANSIENT] = inflight * (boundary + (split ? grads_all : grads_peak)) + scratch;
+            m[PLAN_MEM_PP_BUFFERS] = (recv > 0 ? arrived : 0) * recv; /* received inputs wait in their own buffers */
         } else {
             m[PLAN_MEM_ACTIVATIONS] = t.io_bytes + saved - logits;
             m[PLAN_MEM_LOGITS] = logits;

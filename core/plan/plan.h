@@ -66,6 +66,8 @@ typedef struct hw_profile {
     double alloc_frac;          /* allocator slack: fraction added to activations and buffers */
     double headroom_frac;       /* fraction of mem_bytes kept free for "fits" */
     int calibrated;             /* 1: the figures below were measured by --calibrate */
+    double core_share;          /* calibrated on more ranks than cores: cores / ranks (the ops' times are
+                                   with every rank busy); 0 or 1: a device per rank */
     plan_measured_op *ops;
     int n_ops;
     plan_measured_comm *comms;
