@@ -399,6 +399,8 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
         if ((double)rt->peak_act_bytes > t->live_peak) t->live_peak = (double)rt->peak_act_bytes;
     }
     rt->trace_ops = 0;
+    t->desc_bytes = (double)(rt->saved.desc.cap_total + rt->scratch.desc.cap_total + rt->grads.desc.cap_total);
+    t->opscratch_bytes = (double)rt->opscratch.cap_total;
     rt->trace = NULL;
     t->state = NULL;
     if (r->ts.assumptions[0]) note_add(r->note, sizeof r->note, "%s", r->ts.assumptions);
@@ -901,15 +903,20 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
                 if (unit_rank[u] == pr) grads_all += t.units[u].grads_peak - t.units[u].boundary_grad_bytes;
             m[PLAN_MEM_TRANSIENT] = inflight * (boundary + (split ? grads_all : grads_peak)) + scratch;
             m[PLAN_MEM_PP_BUFFERS] = (recv > 0 ? arrived : 0) * recv; /* received inputs wait in their own buffers */
+            /* each context's descriptor arena starts at one chunk (1 MiB); the rank's scratch one */
+            m[PLAN_MEM_OVERHEAD] = inflight * fmax(1048576.0, t.desc_bytes / npr) +
+                                   (scratch > 0 ? 1048576.0 : 0);
         } else {
             m[PLAN_MEM_ACTIVATIONS] = t.io_bytes + saved - logits;
             m[PLAN_MEM_LOGITS] = logits;
             m[PLAN_MEM_TRANSIENT] = fmax(0, t.live_peak - t.io_bytes - saved);
+            m[PLAN_MEM_OVERHEAD] = t.desc_bytes; /* the descriptor arenas, host memory */
         }
+        m[PLAN_MEM_TRANSIENT] += t.opscratch_bytes; /* custom ops' temporaries */
         m[PLAN_MEM_FLOAT8] = r.ts.float8_saved * inflight + r.ts.float8_weights + r.ts.float8_scratch;
         double buffers = m[PLAN_MEM_FSDP_BUFFERS] + m[PLAN_MEM_TP_BUFFERS] + m[PLAN_MEM_ACTIVATIONS] +
                          m[PLAN_MEM_TRANSIENT] + m[PLAN_MEM_LOGITS] + m[PLAN_MEM_FLOAT8];
-        m[PLAN_MEM_OVERHEAD] = hw->overhead_bytes + hw->alloc_frac * buffers;
+        m[PLAN_MEM_OVERHEAD] += hw->overhead_bytes + hw->alloc_frac * buffers;
         double total = 0;
         for (int k = 0; k < PLAN_MEM_N; k++) total += m[k];
         if (getenv("CTITAN_PLAN_DEBUG")) {

@@ -146,6 +146,9 @@ typedef struct plan_trace {
     /* the tape's arenas, bytes: ids and targets of a microbatch; the whole microbatch's live peak
      * (forward and backward, as training measures it on one pipeline stage holding every unit) */
     double io_bytes, live_peak;
+    /* the host-side descriptor arenas (tensors, tape entries) and the custom ops' device scratch, as
+     * the tape left them: their allocated sizes */
+    double desc_bytes, opscratch_bytes;
 } plan_trace;
 void plan_trace_free(plan_trace *t);
 
