@@ -65,6 +65,7 @@ typedef struct cal {
     double intra_bw, intra_lat;
     int oversubscribed;        /* more ranks than cores on this machine */
     double core_share;         /* then cores / ranks, for the profile */
+    double comm_overlap;       /* the share of a collective that hid behind a GEMM */
 } cal;
 
 static void note_add(cal *c, const char *text) {
@@ -851,6 +852,70 @@ static int measure_group(cal *c, int d, double *secs) {
     return rc;
 }
 
+/* How much of a collective hides behind compute on this machine: an all-gather over every rank
+ * started without waiting, the trace's largest GEMM run meanwhile (with test() pokes between
+ * calls where the comm has them, as the strategies do), then the wait; against each alone. */
+typedef struct overlap_bench {
+    coll_bench cb;
+    bench *gemm;
+    int both; /* 0 the collective alone, 1 the GEMM alone, 2 both */
+} overlap_bench;
+
+static ct_status run_overlap(cal *c, void *arg, int phase) {
+    (void)phase;
+    overlap_bench *o = arg;
+    const ct_comm_api *api = c->s.capi;
+    if (o->both == 0) return run_coll(c, &o->cb, 0);
+    if (o->both == 1) return op_run(c, o->gemm, 0);
+    ct_comm_request *req = NULL;
+    ct_status st = api->all_gather(c->s.comm, o->cb.g, o->cb.send, o->cb.recv, o->cb.count, CT_F32, &req);
+    if (st == CT_OK) st = op_run(c, o->gemm, 0);
+    int done = 0;
+    if (st == CT_OK && req && CT_HAS_FIELD(api, ct_comm_api, test) && api->test) st = api->test(c->s.comm, req, &done);
+    if (req) {
+        ct_status w = api->wait(c->s.comm, req);
+        if (st == CT_OK) st = w;
+    }
+    return st;
+}
+
+static int measure_overlap(cal *c) {
+    c->comm_overlap = 0;
+    if (c->size == 1) return 0;
+    const cal_op *g = NULL;
+    for (int i = 0; i < c->n_ops; i++)
+        if (c->ops[i].kind == PLAN_OP_GEMM && (!g || c->ops[i].seconds[0] > g->seconds[0])) g = &c->ops[i];
+    if (!g) return 0;
+    bench bn = {g, {{0}, 0}, 0};
+    bufs b = {{0}, 0};
+    overlap_bench ob = {{c->world, CT_COLL_ALL_GATHER, c->size, 0, NULL, NULL}, &bn, 0};
+    /* a gather about as long as the GEMM: the largest measured size that is not longer */
+    double bytes = c->sizes[0];
+    for (int i = 0; i < c->n_comms; i++)
+        if (c->comms[i].kind == CT_COLL_ALL_GATHER && c->comms[i].ranks == c->size &&
+            c->comms[i].seconds <= g->seconds[0] && c->comms[i].bytes > bytes)
+            bytes = c->comms[i].bytes;
+    ob.cb.count = (int64_t)(bytes / 4) / c->size;
+    if (set_op_dtype(c, g->dtype)) return CAL_FAIL;
+    int rc = bench_alloc(c, &bn) || buf_new(c, &b, (int64_t)(bytes / 4), 0) || buf_new(c, &b, (int64_t)(bytes / 4), 0);
+    if (rc) {
+        bufs_free(c, &bn.b);
+        bufs_free(c, &b);
+        return fail_job(c);
+    }
+    ob.cb.send = b.p[0], ob.cb.recv = b.p[1];
+    double t[3][2];
+    timed tm = {run_overlap, &ob, 1, c->world};
+    for (ob.both = 0; ob.both < 3 && !rc; ob.both++)
+        if ((rc = measure(c, &tm, "a collective beside a GEMM", t[ob.both])) == -1) rc = CAL_FAIL;
+    bufs_free(c, &bn.b);
+    bufs_free(c, &b);
+    if (rc) return rc;
+    double hidden = t[0][0] + t[1][0] - t[2][0], shorter = fmin(t[0][0], t[1][0]);
+    c->comm_overlap = shorter > 0 ? fmin(1.0, fmax(0.0, hidden / shorter)) : 0;
+    return 0;
+}
+
 /* The ring all-gather's time (d-1) lat + (d-1)/d bytes/bw, fitted to the measured all-gathers by
  * least squares on relative error (small sizes decide the latency, large ones the bandwidth). Where
  * noise makes that fit's latency negative, the latency is the smallest all-gather's time per step
@@ -949,6 +1014,7 @@ static int write_profile(cal *c, const manifest *mf, const char *out_path) {
     hw.headroom_frac = 0.05;
     hw.calibrated = 1;
     hw.core_share = c->core_share;
+    hw.comm_overlap = c->size > 1 ? fmax(c->comm_overlap, 1e-3) : 0;
     hw.n_ops = c->n_ops;
     hw.ops = calloc((size_t)c->n_ops + 1, sizeof *hw.ops);
     if (!hw.ops) {
@@ -1070,7 +1136,7 @@ int plan_calibrate(manifest *mf, const char *out_path, char *err, size_t errlen)
     }
     if ((rc = open_compute(c, mf)) || (mesh_env_world_size() > 1 && (rc = open_comm(c, mf)))) goto done;
     if ((rc = share_work(c, mf, out_path)) || (rc = measure_ops(c)) || (rc = device_rates(c)) ||
-        (rc = mem_bandwidth(c)) || (rc = optimizer_rate(c)) || (rc = measure_comms(c)))
+        (rc = mem_bandwidth(c)) || (rc = optimizer_rate(c)) || (rc = measure_comms(c)) || (rc = measure_overlap(c)))
         goto done;
     attention_rate(c);
     if (c->rank == 0) rc = write_profile(c, mf, out_path);

@@ -54,7 +54,7 @@ typedef struct hw_key {
 enum {
     K_NAME, K_SOURCE, K_GPN, K_CALIBRATED, K_BF16, K_FP8, K_FP32, K_MEM_GIB, K_MEM_GB, K_MEM_BW, K_INTRA_BW,
     K_INTRA_LAT, K_INTER_BW, K_INTER_LAT, K_MATMUL, K_ATTN, K_MEMEFF, K_OVER_GIB, K_OVER_GB, K_SLACK, K_HEADROOM,
-    K_SHARE, K_N
+    K_SHARE, K_OVERLAP, K_N
 };
 /* The common shapes of a key: a rate or size in (0, hi], a latency in [0, hi], a fraction. */
 #define POSITIVE(sec, k, f, p, h, w) {.section = sec, .key = k, .type = T_NUM, .off = f, .pow10 = p, .hi = h, \
@@ -96,6 +96,8 @@ static const hw_key keys[K_N] = {
     [K_HEADROOM] = FRACTION("headroom", headroom_frac, 0, 1),
     [K_SHARE] = {.section = "", .key = "core_share", .type = T_NUM, .off = OFF(core_share), .hi = 1, .lo_open = 1,
                  .optional = 1, .what = "cores per rank, below 1 when calibrated on more ranks than cores (a fraction)"},
+    [K_OVERLAP] = {.section = "", .key = "comm_overlap", .type = T_NUM, .off = OFF(comm_overlap), .hi = 1, .lo_open = 1,
+                   .optional = 1, .what = "the measured share of a collective hidden behind compute (a fraction)"},
 };
 /* The sections, in the order the writer prints them; "measured" is read on its own. */
 static const char *const sections[] = {"compute", "memory", "intra_node", "inter_node", "assumptions"};

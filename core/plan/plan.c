@@ -516,7 +516,8 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         /* a recompute repeats the forward's collectives */
         double reps = o->phase == 1 && ac[o->unit] == RT_AC_FULL ? 2 : 1;
         unit_time *u = &ut[o->unit];
-        double hide = o->overlapped ? fmin(s, o->phase == 1 ? u->f : u->bi + u->bw) : 0;
+        double ovl = hw->comm_overlap > 0 ? hw->comm_overlap : 1.0; /* what the machine lets hide */
+        double hide = o->overlapped ? fmin(s * ovl, o->phase == 1 ? u->f : u->bi + u->bw) : 0;
         u->comm_exposed += reps * (s - hide);
         u->comm_hidden += reps * hide;
         if (unit_rank && unit_rank[o->unit] != 0) continue; /* the lines show rank 0's */
@@ -739,12 +740,12 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     unit_times(&t, l, hw, gpn, ut, rt->ac, res, n_micro * accum, unit_rank);
     /* FSDP's gathers hide behind the previous unit's compute (prefetch); its reduce-scatters behind
      * the next unit's backward; what does not fit shows */
-    double exposed_f = 0, exposed_b = 0, hidden = 0;
+    double exposed_f = 0, exposed_b = 0, hidden = 0, ovl = hw->comm_overlap > 0 ? hw->comm_overlap : 1.0;
     for (int u = 0; u < nu_c; u++) {
         if (unit_rank && unit_rank[u] != 0) continue;
         double cover_f = u > 0 ? ut[u - 1].f : 0, cover_b = u > 0 ? ut[u - 1].bi + ut[u - 1].bw + ut[u - 1].re : 0;
-        double ef = fmax(0, unit_comm_f[u] / (n_micro * accum) - cover_f);
-        double eb = fmax(0, unit_comm_b[u] / (n_micro * accum) - cover_b);
+        double cf = unit_comm_f[u] / (n_micro * accum), cb = unit_comm_b[u] / (n_micro * accum);
+        double ef = cf - fmin(cf * ovl, cover_f), eb = cb - fmin(cb * ovl, cover_b);
         exposed_f += ef;
         exposed_b += eb;
         hidden += (unit_comm_f[u] + unit_comm_b[u]) / (n_micro * accum) - ef - eb;
@@ -809,7 +810,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     step += (exposed_f + exposed_b) * n_micro * accum + unit_block;
     /* the step's own collectives: DDP / HSDP all-reduces overlap the backward when the strategy says so */
     double back = (BI[slowest] + BW[slowest] + RE[slowest]) * n_micro * accum;
-    double ovl_exposed = fmax(0, step_comm_overlap - back);
+    double ovl_exposed = step_comm_overlap - fmin(step_comm_overlap * ovl, back);
     step += step_comm + ovl_exposed;
     res->t_comm_exposed = (exposed_f + exposed_b) * n_micro * accum + unit_block + step_comm + ovl_exposed;
     res->t_comm_hidden += hidden * n_micro * accum + step_comm_overlap - ovl_exposed;

@@ -68,6 +68,8 @@ typedef struct hw_profile {
     int calibrated;             /* 1: the figures below were measured by --calibrate */
     double core_share;          /* calibrated on more ranks than cores: cores / ranks (the ops' times are
                                    with every rank busy); 0 or 1: a device per rank */
+    double comm_overlap;        /* the share of a collective that hides behind compute when issued
+                                   asynchronously (calibrated); 0: all of it (separate streams) */
     plan_measured_op *ops;
     int n_ops;
     plan_measured_comm *comms;

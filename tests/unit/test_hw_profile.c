@@ -328,7 +328,7 @@ static void test_bad_structure_names_line_and_key(void **state) {
     (void)state;
     refused(5, "  bf16_tflop: 989.5", "5: compute.bf16_tflop: unknown key; expected one of bf16_tflops, fp8_tflops, fp32_tflops");
     refused(3, "gpus_per_nodes: 8", "3: gpus_per_nodes: unknown key; expected one of name, source, gpus_per_node, "
-            "calibrated, core_share, compute, memory, intra_node, inter_node, assumptions, measured");
+            "calibrated, core_share, comm_overlap, compute, memory, intra_node, inter_node, assumptions, measured");
     refused(7, NULL, "4: compute.fp32_tflops: missing; expected dense TFLOP/s in (0, 100000]");
     refused(9, NULL, "8: memory.size_gib: missing (or memory.size_gb in GB); expected GiB in (0, 100000]");
     refused(3, NULL, "1: gpus_per_node: missing; expected GPUs in [1, 65536]");
