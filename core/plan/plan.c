@@ -512,7 +512,8 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         const plan_op *o = &t->ops[i];
         if (o->kind != PLAN_OP_COLLECTIVE || o->unit < 0 || o->unit >= nu) continue;
         int inter = axis_inter_node(l, hw, o->axis, gpn);
-        double s = comm_seconds(hw, o->coll_kind, (int)o->shape[0], o->coll_bytes, inter);
+        int calls = o->coll_calls > 1 ? o->coll_calls : 1;
+        double s = calls * comm_seconds(hw, o->coll_kind, (int)o->shape[0], o->coll_bytes / calls, inter);
         /* a recompute repeats the forward's collectives */
         double reps = o->phase == 1 && ac[o->unit] == RT_AC_FULL ? 2 : 1;
         unit_time *u = &ut[o->unit];

@@ -123,6 +123,7 @@ typedef struct plan_op {
     /* PLAN_OP_COLLECTIVE, and a custom op's collectives (one plan_op each, kind COLLECTIVE) */
     int axis, coll_kind, phase, overlapped;
     double coll_bytes;
+    int coll_calls;       /* issued as this many collectives of coll_bytes / coll_calls (1: one) */
     const char *name;     /* custom op's name, a weight's name for GEMMs (owned by the model/plugin) */
 } plan_op;
 

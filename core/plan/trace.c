@@ -120,6 +120,7 @@ int plan_note_comm(runtime *rt, int axis, ct_collective kind, double bytes, int 
     o->axis = axis;
     o->coll_kind = kind;
     o->coll_bytes = bytes;
+    o->coll_calls = 1;
     o->phase = rt->trace_ops;
     o->overlapped = overlapped;
     o->shape[0] = rt->dist.mesh ? rt->dist.mesh->degree[axis] : 1;
@@ -156,6 +157,7 @@ ct_status plan_custom(runtime *rt, const ct_custom_op *op, void *state, ct_tenso
         k->axis = c.comm[i].axis;
         k->coll_kind = c.comm[i].kind;
         k->coll_bytes = c.comm[i].bytes;
+        k->coll_calls = c.comm[i].calls > 1 ? c.comm[i].calls : 1;
         k->phase = c.comm[i].phase == 2 ? 2 : 1;
         k->overlapped = c.comm[i].overlapped;
         k->name = op->name;

@@ -106,9 +106,9 @@ static ct_status embedding_bwd(ct_builder *b, void *sp, ct_tensor *const *in, in
 static int gemm_dtype(const tp *t) { return t->env.bf16_compute ? CT_BF16 : CT_F32; }
 
 /* Adds a collective a custom op runs inside, over the tp axis (bytes: the whole f32 buffer). */
-static void plan_comm(ct_op_cost *c, int kind, int phase, int overlapped, int64_t elems) {
+static void plan_comm(ct_op_cost *c, int kind, int phase, int overlapped, int64_t elems, int calls) {
     if (c->n_comm >= (int)(sizeof c->comm / sizeof c->comm[0])) return;
-    c->comm[c->n_comm++] = (ct_op_comm){CT_AXIS_TP, kind, phase, overlapped, (double)elems * sizeof(float)};
+    c->comm[c->n_comm++] = (ct_op_comm){CT_AXIS_TP, kind, phase, overlapped, (double)elems * sizeof(float), calls};
 }
 
 /* The planner's forward: out (ids' shape, dim) as embedding_fwd makes it. Traffic: the ids read,
@@ -249,7 +249,7 @@ static ct_status ce_plan(ct_builder *b, void *sp, ct_tensor *const *in, int n_in
     cost->matmul_dtype = CT_F32;
     cost->bytes[0] = rows * (double)v * f + rows * sizeof(int32_t) + 3 * rows * f + all * f * 2 + 2 * rows * f;
     cost->bytes[1] = 3 * rows * (double)v * f + rows * sizeof(int32_t) + rows * f;
-    plan_comm(cost, CT_COLL_ALL_GATHER, CT_PHASE_FORWARD, 0, 3 * n * t->size);
+    plan_comm(cost, CT_COLL_ALL_GATHER, CT_PHASE_FORWARD, 0, 3 * n * t->size, 1);
     return CT_OK;
 }
 
@@ -389,8 +389,9 @@ static ct_status gl_plan(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_
     cost->matmul_dtype = gemm_dtype(t);
     cost->bytes[0] = 2.0 * (double)nX * sizeof(float);       /* each gathered chunk copied into X */
     cost->bytes[1] = 3.0 * (double)nx * sizeof(float);       /* gx += the reduced block */
-    plan_comm(cost, CT_COLL_ALL_GATHER, CT_PHASE_FORWARD, 1, nX);
-    plan_comm(cost, CT_COLL_REDUCE_SCATTER, CT_PHASE_BACKWARD, 0, nX);
+    int64_t rc;
+    plan_comm(cost, CT_COLL_ALL_GATHER, CT_PHASE_FORWARD, 1, nX, (int)chunking(t, nx / in, &rc));
+    plan_comm(cost, CT_COLL_REDUCE_SCATTER, CT_PHASE_BACKWARD, 0, nX, 1);
     out[0] = Y;
     out[1] = X;
     return CT_OK;
@@ -513,8 +514,9 @@ static ct_status rs_plan(ct_builder *b, void *sp, ct_tensor *const *in_t, int n_
     cost->matmul_flops[1] = 2 * gemm;
     cost->matmul_dtype = gemm_dtype(t);
     cost->bytes[1] = 3.0 * (double)np * sizeof(float); /* gP += the gathered dy */
-    plan_comm(cost, CT_COLL_REDUCE_SCATTER, CT_PHASE_FORWARD, 1, np);
-    plan_comm(cost, CT_COLL_ALL_GATHER, CT_PHASE_BACKWARD, 0, np);
+    int64_t rc;
+    plan_comm(cost, CT_COLL_REDUCE_SCATTER, CT_PHASE_FORWARD, 1, np, (int)chunking(t, n / t->size, &rc));
+    plan_comm(cost, CT_COLL_ALL_GATHER, CT_PHASE_BACKWARD, 0, np, 1);
     out[0] = y;
     out[1] = P;
     return CT_OK;

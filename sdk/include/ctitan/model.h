@@ -164,6 +164,7 @@ typedef struct ct_op_comm {
     int phase;         /* 1 forward, 2 backward (ct_step_phase's values) */
     int overlapped;    /* 1: runs beside the op's own compute (async TP's chunks), so it may hide */
     double bytes;      /* the whole (gathered, or reduced) buffer, in bytes */
+    int calls;         /* the collectives it is issued as, each of bytes / calls (async TP's chunks); 0: one */
 } ct_op_comm;
 
 typedef struct ct_op_cost {
