@@ -63,7 +63,7 @@ help:
 	@echo "make check      build, run the fast tier: unit tests and CLI checks with no MPI and no training (seconds)"
 	@echo "make test       install what is missing, build, run the whole test suite"
 	@echo "make test SANITIZE=1   the same under AddressSanitizer + UndefinedBehaviorSanitizer"
-	@echo "make bench      sgemm peak, then tokens/s, GFLOP/s and the ratio to that peak"
+	@echo "make bench      sgemm peak, then tokens/s, GFLOP/s and the ratio to that peak; the planner's searches and their time"
 	@echo "make deps       install missing Debian packages (apt-get; a no-op when all are present)"
 	@echo "make fuzz       build the libFuzzer targets (clang) under build/fuzz/"
 	@echo "make clean      remove build outputs"
@@ -114,7 +114,7 @@ $(BUILD)/ctitan-sdk.pc: sdk/ctitan-sdk.pc.in sdk/include/ctitan/abi.h
 # in seconds, none launching MPI ranks or a training run. `make test` runs these and everything else.
 CHECK_UNIT := test_core_config test_hw_profile test_shard test_safetensors test_tensorfile test_tokenizer test_fp8 \
               test_cpu_gradcheck test_schedules test_device_conformance test_lion
-CHECK_CLI  := configs plugin_exports bad_input manifest_limits hf_convert schedule_cli
+CHECK_CLI  := configs plugin_exports bad_input manifest_limits hf_convert schedule_cli plan_cli
 check: all $(CHECK_UNIT:%=$(BUILD)/tests/%)
 	BUILD=$(BUILD) tests/run.sh $(CHECK_UNIT) $(CHECK_CLI)
 

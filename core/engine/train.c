@@ -475,7 +475,6 @@ static ct_status train_start(train_run *r) {
     return CT_OK;
 }
 
-/* The console metrics line and its metrics.jsonl record. -1 on a write error. */
 /* The memory record of the rank whose peak is largest (every rank's own on one rank): its peak
  * total, its peak by category and its live activation peak. 0, or -1 if a collective failed. */
 static int largest_rank_memory(session *s, double v[CT_MEM_NCATEGORIES + 2]) {
@@ -492,6 +491,7 @@ static int largest_rank_memory(session *s, double v[CT_MEM_NCATEGORIES + 2]) {
     return s->capi->all_reduce(s->comm, world, v, v, CT_MEM_NCATEGORIES + 2, CT_F64, CT_REDUCE_MAX, NULL) == CT_OK ? 0 : -1;
 }
 
+/* The console metrics line and its metrics.jsonl record. -1 on a write error. */
 static int step_log(train_run *r, int64_t step, double loss, double norm, double lr) {
     const session *s = r->s;
     double mem[CT_MEM_NCATEGORIES + 2];
