@@ -427,6 +427,16 @@ static double op_seconds(const hw_profile *hw, const plan_op *o, int bw) {
     if (o->flops[bw] > 0) {
         double rate = hw->peak_flops[o->dtype] > 0 ? hw->peak_flops[o->dtype] : hw->peak_flops[PLAN_BF16];
         rate *= hw->matmul_eff * (o->kind == PLAN_OP_ATTENTION ? hw->attn_eff : 1.0);
+        /* a GEMM the profile did not time at its shape (a custom op's chunks): the rate its timed GEMMs
+         * of that dtype reached together, rather than a large square GEMM's */
+        double f = 0, sec = 0;
+        for (int i = 0; (o->kind == PLAN_OP_GEMM || o->kind == PLAN_OP_CUSTOM) && i < hw->n_ops; i++) {
+            const plan_measured_op *m = &hw->ops[i];
+            if (m->kind != PLAN_OP_GEMM || m->dtype != o->dtype) continue;
+            f += 6.0 * (double)m->shape[0] * (double)m->shape[1] * (double)m->shape[2];
+            sec += m->seconds[0] + m->seconds[1];
+        }
+        if (f > 0 && sec > 0) rate = f / sec;
         if (rate > 0) t += o->flops[bw] / rate;
     }
     if (o->bytes[bw] > 0 && hw->mem_bw > 0) t += o->bytes[bw] / (hw->mem_bw * hw->mem_eff);
