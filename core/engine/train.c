@@ -27,7 +27,7 @@ static const char *train_usage =
     "usage: ctitan train MANIFEST.yaml [--section.key=value ...] [--print-config] [--dry-run]\n"
     "  Trains the model the manifest names. Overrides use torchtitan's keys; the last one wins.\n"
     "  --print-config   print the effective configuration and continue\n"
-    "  --dry-run        load and check everything, print the model's size, FLOPs and memory; do not train\n";
+    "  --dry-run        load and check everything, print the planner's evaluation (memory; time with plan.hardware); do not train\n";
 
 static double gib(int64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 

@@ -274,10 +274,11 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
             return -1;
         }
         const ct_strategy_api *a = p->info.api;
-        if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) {
-            snprintf(err, errlen, "strategy %s reports no costs (its API has no report, ABI 2.1): it cannot be planned",
-                     p->info.name);
-            return -1;
+        if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) { /* it never promised to plan */
+            note_add(r->note, sizeof r->note,
+                     "strategy %s reports no costs (its API has no report): planned without it, its parameters "
+                     "whole on every rank and none of its buffers or collectives", p->info.name);
+            continue;
         }
         ct_strategy *inst = NULL;
         ct_clear_error();

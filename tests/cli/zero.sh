@@ -10,8 +10,9 @@
 #   - the memory counters show the distributed optimizer's arithmetic: master weights and optimizer
 #     states 1/2 of the single rank's parameters and states, compute parameters whole, zero1's
 #     gradients whole plus their shard, zero2's the shard plus the transient buffers it reports;
-#   - `train --dry-run` prints each strategy's report, and its collective bytes per step agree with
-#     the bytes the live run counts (comm_bytes) for zero1 and fsdp.
+#   - `ctitan plan --json` (built on each strategy's report) plans the gradients the run holds, and
+#     its collective bytes per step agree with the bytes the live run counts (comm_bytes) for zero1
+#     and fsdp.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -89,47 +90,49 @@ for z in zero1 zero2; do
 done
 near "memory: zero1 gradients (G whole + G/2 shard)" "$(mem zero1-2 grads)" $((G + G / 2)) 0.05 || exit 1
 
-# the reports: zero2's transient gradient buffers, and the collective bytes per step against the
-# live counters (comm_bytes between the first two step records; an all-gather counts this rank's
-# shard, a reduce-scatter the whole buffer)
-report() { # name args... -> the strategy line of the dry run
-  local name=$1; shift
-  "$CTITAN" train "${base[@]}" "$@" --dry-run >"$T/$name.dry" 2>&1 || { cat "$T/$name.dry"; fail "$name dry run"; }
-  grep "^  strategy " "$T/$name.dry" || fail "$name: the dry run printed no strategy line"
+# the plans (`ctitan plan --json`, from the strategies' reports): zero2's gradients with its
+# transient buffers, and the collective bytes per step against the live counters (comm_bytes between
+# the first two step records; an all-gather counts this rank's shard, a reduce-scatter the whole buffer)
+plan() { # name gpus args... -> $T/name.json
+  local name=$1 gpus=$2; shift 2
+  "$CTITAN" plan "${base[@]}" "$@" --hardware h100-sxm --gpus "$gpus" --json >"$T/$name.json" 2>"$T/$name.err" ||
+    { cat "$T/$name.err"; fail "$name: plan"; }
 }
-report zero2_dry "${two[@]}" --parallelism.dp_strategy=zero2 >/dev/null
-transient=$(sed -n 's/.*own memory grads \([0-9]*\) B.*/\1/p' "$T/zero2_dry.dry")
-[ -n "$transient" ] || fail "zero2's report has no transient gradient memory: $(cat "$T/zero2_dry.dry")"
-near "memory: zero2 gradients (G/2 shard + reported transient $transient)" "$(mem zero2-2 grads)" $((G / 2 + transient)) 0.05 ||
+planned() { # name key -> bytes (memory_gib's key) or, for all_gather / reduce_scatter / all_reduce@AXIS, bytes per step
+  python3 - "$T/$1.json" "$2" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); l = d["layouts"][0] if isinstance(d, dict) and d.get("layouts") else d
+k = sys.argv[2]
+if k in l["memory_gib"]: print(round(l["memory_gib"][k] * 2**30)); sys.exit(0)
+kind, _, axis = k.partition("@")
+print(int(sum(c["bytes"] for c in l["collectives"] if c["what"].endswith(kind) and (not axis or c["axis"] == int(axis)))))
+PY
+}
+plan zero2_plan 2 "${two[@]}" --parallelism.dp_strategy=zero2
+near "memory: zero2 gradients (G/2 shard + transient buffers), planned" "$(mem zero2-2 grads)" "$(planned zero2_plan grads)" 0.05 ||
   exit 1
 # deeper (8 layers): zero2's gradients shrink towards the shard, the transient buffers stay two units'
 deep=(--model.n_layers=8 --training.steps=2)
 run zero2-deep 2 "${two[@]}" --parallelism.dp_strategy=zero2 "${deep[@]}"
-report zero2_deep "${two[@]}" --parallelism.dp_strategy=zero2 "${deep[@]}" >/dev/null
-transient=$(sed -n 's/.*own memory grads \([0-9]*\) B.*/\1/p' "$T/zero2_deep.dry")
+plan zero2_deep 2 "${two[@]}" --parallelism.dp_strategy=zero2 "${deep[@]}"
 Pd=$(( $(mem zero2-deep master) * 2 )) # the whole model's bytes (no padding at dim 128 on 2 shards)
-near "memory: zero2, 8 layers, gradients (G/2 shard + reported transient $transient)" "$(mem zero2-deep grads)" \
-  $((Pd / 2 + transient)) 0.05 || exit 1
+near "memory: zero2, 8 layers, gradients, planned" "$(mem zero2-deep grads)" "$(planned zero2_deep grads)" 0.05 || exit 1
 awk -v g="$(mem zero2-deep grads)" -v p="$Pd" 'BEGIN { printf "%s memory: zero2, 8 layers: gradients %.2f of the whole model'"'"'s\n", g < 0.9 * p ? "ok  " : "FAIL", g / p; exit !(g < 0.9 * p) }' || exit 1
 run fsdp-2 2 "${two[@]}" --parallelism.dp_strategy=fsdp
-report zero1_dry "${two[@]}" --parallelism.dp_strategy=zero1 >/dev/null
-report fsdp_dry "${two[@]}" --parallelism.dp_strategy=fsdp >/dev/null
-sed -n 's/^/     /p' "$T/zero1_dry.dry" "$T/fsdp_dry.dry" | grep strategy
-reported() { # file kind -> bytes per step over every phase
-  grep -o "$2 over [a-z_]* [0-9]* B" "$1" | awk '{ s += $4 } END { printf "%d", s }'
-}
+plan zero1_plan 2 "${two[@]}" --parallelism.dp_strategy=zero1
+plan fsdp_plan 2 "${two[@]}" --parallelism.dp_strategy=fsdp
 counted() { # run kind -> bytes between step records 1 and 2
   grep '"loss"' "$T/$1/metrics.jsonl" | sed -n 1,2p | sed "s/.*\"$2\": \([0-9]*\).*/\1/" | paste -sd' ' |
     awk '{ printf "%d", $2 - $1 }'
 }
-for pair in "zero1-2 zero1_dry" "fsdp-2 fsdp_dry"; do
+for pair in "zero1-2 zero1_plan" "fsdp-2 fsdp_plan"; do
   set -- $pair
-  ag_r=$(reported "$T/$2.dry" all_gather); rs_r=$(reported "$T/$2.dry" reduce_scatter)
+  ag_r=$(planned "$2" all_gather); rs_r=$(planned "$2" reduce_scatter)
   ag_c=$(counted "$1" all_gather); rs_c=$(counted "$1" reduce_scatter)
-  near "comm: $1 reported all-gather bytes vs counted x 2 shards" $((ag_c * 2)) "$ag_r" 0.02 || exit 1
-  near "comm: $1 reported reduce-scatter bytes vs counted" "$rs_c" "$rs_r" 0.02 || exit 1
+  near "comm: $1 planned all-gather bytes vs counted x 2 shards" $((ag_c * 2)) "$ag_r" 0.02 || exit 1
+  near "comm: $1 planned reduce-scatter bytes vs counted" "$rs_c" "$rs_r" 0.02 || exit 1
 done
-# a strategy made for planning touches no device or comm: the dry run on one process plans 4 ranks
-report plan4 "${four[@]}" --parallelism.dp_strategy=zero2 | grep -q "all_reduce over dp_replicate" ||
-  fail "zero2 on dp_replicate 2 x dp_shard 2: no all-reduce over dp_replicate in its report"
-echo "ok   dry-run reports: $(grep -c '^  strategy' "$T"/*.dry | awk -F: '{ s += $2 } END { print s }') strategy lines"
+# a strategy made for planning touches no device or comm: one process plans 4 ranks
+plan plan4 4 "${four[@]}" --parallelism.dp_strategy=zero2
+[ "$(planned plan4 all_reduce@1)" -gt 0 ] || fail "zero2 on dp_replicate 2 x dp_shard 2: no all-reduce over dp_replicate in its plan"
+echo "ok   zero2 on dp_replicate 2 x dp_shard 2: its plan all-reduces $(planned plan4 all_reduce@1) bytes per step over dp_replicate"
