@@ -781,11 +781,12 @@ done:
  * the model created, the optimizer and (when asked for) the quantizer created without a device
  * (ABI 2.2: their plan calls must not touch it); no device, no comm, no parameters. An optimizer or
  * quantizer that cannot be created so is left NULL (the plan then says what it assumed). */
-ct_status session_open_plan(session *s, manifest *mf) {
+ct_status session_open_plan(session *s, manifest *mf, int with_instances) {
     ct_status st;
     memset(s, 0, sizeof *s);
     s->mf = mf;
     if ((st = load_plugins(s, mf, 0)) || (st = create_model(s, mf))) return st;
+    if (!with_instances) return CT_OK;
     ct_clear_error();
     if (s->o->create(&s->optp->host, NULL, NULL, &s->opt) != CT_OK) s->opt = NULL;
     s->n_state = s->opt ? s->o->state_count(s->opt) : 2;

@@ -74,8 +74,9 @@ int session_load_model(session *s, const char *path, char *err, size_t errlen);
 /* Every strategy's post_step (ABI 2.1): after the optimizer's step and after local storage was loaded.
  * 0, or -1 with the error set. */
 int session_post_step(session *s);
-/* The planner's session: plugins, model, optimizer and quantizer without a device; see session.c. */
-ct_status session_open_plan(session *s, manifest *mf);
+/* The planner's session: plugins, model and (with_instances) optimizer and quantizer without a
+ * device; see session.c. */
+ct_status session_open_plan(session *s, manifest *mf, int with_instances);
 /* The data-parallel strategy the manifest names for `world` ranks (NULL: none). */
 const char *session_strategy_name(const manifest *mf, int world);
 /* Loads a plugin by name as a run does (its options join the manifest's schema). */

@@ -108,7 +108,7 @@ static ct_status dry_run(session *s, manifest *mf, int argc, char **argv) {
     hw_profile hw;
     int have_hw;
     char err[2048];
-    if (plan_for_run(argc, argv, train_usage, world, &r, &hw, &have_hw, err, sizeof err)) {
+    if (plan_for_run(argc, argv, train_usage, world, NULL, &r, &hw, &have_hw, err, sizeof err)) {
         fprintf(stderr, "ctitan: plan: %s\n", err);
         hw_profile_free(&hw);
         return CT_ERR_INVALID;
@@ -776,12 +776,12 @@ static void sample_print(session *s, manifest *mf, ct_tokenizer *tok, int64_t ma
 
 /* The start-up line: what the planner predicts for this run, next to which each step's line then
  * shows what it measures. A plan that cannot be made is said, and the run goes on. */
-static void plan_line(int argc, char **argv, int world) {
+static void plan_line(int argc, char **argv, const session *run, int world) {
     plan_result r;
     hw_profile hw;
     int have_hw;
     char err[2048];
-    if (plan_for_run(argc, argv, train_usage, world, &r, &hw, &have_hw, err, sizeof err)) {
+    if (plan_for_run(argc, argv, train_usage, world, run, &r, &hw, &have_hw, err, sizeof err)) {
         printf("plan: none (%s)\n", err);
     } else {
         printf("plan: peak memory %.3f GiB on the largest rank (activations %.3f GiB)", gib((int64_t)r.mem_total),
@@ -833,7 +833,7 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
         goto out;
     }
     if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
-    if (s.rank == 0) plan_line(argc, argv, s.world > 1 ? s.world : 1);
+    if (s.rank == 0) plan_line(argc, argv, &s, s.world > 1 ? s.world : 1);
     st = train_loop(&s, mf, stop_signal);
     if (!st && !*stop_signal && prof) traces_write(&s, mf); /* after a stop: skipped, as it said */
     if (!st && !*stop_signal && max_new > 0) sample_print(&s, mf, tok, max_new);

@@ -196,6 +196,12 @@ static double now_us(void) {
     return (double)(t.tv_sec - g_trace.t0.tv_sec) * 1e6 + (double)(t.tv_nsec - g_trace.t0.tv_nsec) / 1e3;
 }
 
+int trace_set_on(int on) {
+    int was = g_trace.on;
+    g_trace.on = on;
+    return was;
+}
+
 void trace_enable(int on) {
     g_trace.on = on;
     clock_gettime(CLOCK_MONOTONIC, &g_trace.t0);

@@ -45,6 +45,9 @@ void ct_log(ct_log_level level, const char *fmt, ...) __attribute__((format(prin
 
 /* ---- tracing ---- */
 void trace_enable(int on);
+/* Turns recording on or off without restarting the clock; returns whether it was on (the planner
+ * pauses it: its units' names die with its model). */
+int trace_set_on(int on);
 void trace_begin(const char *name);
 void trace_end(const char *name);
 /* Writes collected ranges as a Chrome trace (chrome://tracing, Perfetto). */

@@ -34,6 +34,7 @@ struct plan_ctx {
     plugin *strat[MAX_PLUGINS]; /* strategy plugins loaded so far, by name */
     int n_strat;
     char quant_format[64];      /* the recipe s.quant was created with */
+    int borrowed;               /* s.opt and s.quant are a running session's */
 };
 
 const char *const plan_mem_names[PLAN_MEM_N] = {"params", "grads", "optimizer", "master", "fsdp_buffers", "tp_buffers",
@@ -46,14 +47,23 @@ static int fail(char *err, size_t errlen, const char *what) {
     return -1;
 }
 
-int plan_open(plan_ctx **out, manifest *mf, char *err, size_t errlen) {
+/* run: a running session whose optimizer and quantizer the plan borrows instead of creating its
+ * own (a plugin may keep its host table in a global that a second instance would overwrite). */
+static int open_ctx(plan_ctx **out, manifest *mf, const session *run, char *err, size_t errlen) {
     plan_ctx *c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
     c->mf = mf;
-    if (session_open_plan(&c->s, mf) != CT_OK) {
+    int own = session_open_plan(&c->s, mf, !run);
+    if (own == CT_OK && run) {
+        c->borrowed = 1;
+        c->s.opt = run->opt;
+        c->s.n_state = run->n_state;
+        if (run->quant && c->s.quantp) c->s.qapi = c->s.quantp->info.api, c->s.quant = run->quant;
+    }
+    if (own != CT_OK) {
         c->s.mf = NULL; /* the caller's */
         session_close(&c->s);
         free(c);
@@ -74,8 +84,11 @@ int plan_open(plan_ctx **out, manifest *mf, char *err, size_t errlen) {
     return 0;
 }
 
+int plan_open(plan_ctx **out, manifest *mf, char *err, size_t errlen) { return open_ctx(out, mf, NULL, err, errlen); }
+
 void plan_close(plan_ctx *c) {
     if (!c) return;
+    if (c->borrowed) c->s.opt = NULL, c->s.quant = NULL; /* the run's */
     for (int i = 0; i < c->n_strat; i++) plugin_unload(c->strat[i]);
     c->s.mf = NULL; /* the caller's manifest */
     session_close(&c->s);
@@ -317,7 +330,8 @@ static int ensure_quant(plan_ctx *c, const plan_layout *l, char *err, size_t err
         c->s.qapi = c->s.quantp->info.api;
         c->quant_format[0] = 0;
     }
-    if (c->s.quant && !strcmp(c->quant_format, l->float8_recipe)) return 0;
+    if (c->s.quant && (c->borrowed || !strcmp(c->quant_format, l->float8_recipe))) return 0;
+    if (c->borrowed) return 0; /* the run has none: planned without (the trace says so) */
     if (c->s.quant) c->s.qapi->destroy(c->s.quant);
     c->s.quant = NULL;
     ct_clear_error();
@@ -410,10 +424,12 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
 
 int plan_trace_layout(plan_ctx *c, const plan_layout *l, plan_trace *t, char *err, size_t errlen) {
     mem_stats keep = g_mem; /* the plan's arenas are address space, not this process's memory */
+    int tracing = trace_set_on(0);
     plan_run r;
     int bad = run_open(c, l, &r, err, errlen) || run_trace(c, l, &r, t, err, errlen);
     run_free(&r);
     g_mem = keep;
+    trace_set_on(tracing);
     if (bad) plan_trace_free(t);
     return bad ? -1 : 0;
 }
@@ -657,6 +673,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     memset(res, 0, sizeof *res);
     res->layout = *l;
     mem_stats keep = g_mem;
+    int tracing = trace_set_on(0); /* the plan's unit names die with its model */
     plan_run r;
     plan_trace t;
     memset(&t, 0, sizeof t);
@@ -959,11 +976,12 @@ done:
     plan_trace_free(&t);
     run_free(&r);
     g_mem = keep;
+    trace_set_on(tracing);
     return bad ? -1 : 0;
 }
 
-int plan_for_run(int argc, char **argv, const char *usage, int world, plan_result *r, hw_profile *hw, int *have_hw,
-                 char *err, size_t errlen) {
+int plan_for_run(int argc, char **argv, const char *usage, int world, const session *run, plan_result *r, hw_profile *hw,
+                 int *have_hw, char *err, size_t errlen) {
     run_args a;
     ct_status st;
     memset(hw, 0, sizeof *hw);
@@ -984,7 +1002,7 @@ int plan_for_run(int argc, char **argv, const char *usage, int world, plan_resul
         if (hw_profile_load(strchr(name, '/') || strstr(name, ".yaml") ? path : name, hw, err, errlen)) bad = -1;
         else *have_hw = 1;
     }
-    if (!bad) bad = plan_open(&c, mf, err, errlen) || plan_layout_from_manifest(c, world, &l, err, errlen) ||
+    if (!bad) bad = open_ctx(&c, mf, run, err, errlen) || plan_layout_from_manifest(c, world, &l, err, errlen) ||
                     plan_eval(c, &l, hw, r, err, errlen);
     plan_close(c);
     manifest_free(mf);
