@@ -44,9 +44,12 @@
  * 2.1 appended: shared (tied) parameters and the model's features (model.h); the strategy's whole
  * compute storage, post_step and report (strategy.h); the optimizer's per-parameter step with its
  * slot and the mesh (optimizer.h); elementwise device ops (device.h); the master-weight memory
- * category (host.h). A 2.0 plugin loads unchanged. */
+ * category (host.h). A 2.0 plugin loads unchanged.
+ * 2.3 appended: explicit-position rotary embedding and blockwise attention with its log-sum-exp
+ * merge (device.h); the flattened dp_shard x cp group and CT_AXIS_DP_SHARD_CP (strategy.h), for
+ * context parallel. */
 #define CT_ABI_MAJOR 2
-#define CT_ABI_MINOR 2
+#define CT_ABI_MINOR 3
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 

@@ -262,6 +262,39 @@ typedef struct ct_device_api {
     ct_status (*ew_clamp)(ct_device *dev, float *out, const float *x, float lo, float hi, int64_t n);
     /* out = x > y ? 1 : 0 (a mask to multiply by) */
     ct_status (*ew_greater)(ct_device *dev, float *out, const float *x, const float *y, int64_t n);
+
+    /* ---- ABI 2.3: positions given explicitly, attention by blocks (optional: NULL = unsupported) ----
+     * What context parallel needs: a rank holds some token rows of each sequence (not a prefix), so
+     * positions and the causal mask come from position arrays, and attention over the whole sequence
+     * is computed one key block at a time and merged by log-sum-exp. pos, q_pos, k_pos are int32 in
+     * device memory, any values >= 0 (not necessarily increasing). */
+    /* rope_forward / rope_backward with row t at position pos[t] (t entries) instead of t. */
+    ct_status (*rope_forward_pos)(ct_device *dev, float *out, const float *x, const int32_t *pos, int64_t b,
+                                  int64_t t, int64_t h, int64_t d, float theta);
+    ct_status (*rope_backward_pos)(ct_device *dev, float *dx, const float *dout, const int32_t *pos, int64_t b,
+                                   int64_t t, int64_t h, int64_t d, float theta);
+    /* Attention of a query block against a key block, grouped-query heads as attention_forward:
+     * q (b,tq,h,d) at positions q_pos (tq); k, v (b,tk,kvh,d) at positions k_pos (tk). Key j is visible
+     * to query i when k_pos[j] <= q_pos[i] (causal). out (b,tq,h,d) = softmax-weighted sum of the
+     * visible keys' values (scale 1/sqrt(d)); lse (b,h,tq) = logsumexp of the visible scaled scores.
+     * A query that sees no key of the block gets out 0 and lse -inf. With q_pos = k_pos = 0..t-1 it is
+     * attention_forward. */
+    ct_status (*attention_block_forward)(ct_device *dev, float *out, float *lse, const float *q, const float *k,
+                                         const float *v, const int32_t *q_pos, const int32_t *k_pos, int64_t b,
+                                         int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t d);
+    /* Merges a second block's partial result into the first: with l = logaddexp(lse, lse2),
+     * out = out * exp(lse - l) + out2 * exp(lse2 - l) and lse = l, per (b, query, head); a side at -inf
+     * drops out (both at -inf: out 0, lse -inf). out, out2 (b,t,h,d); lse, lse2 (b,h,t). */
+    ct_status (*attention_merge)(ct_device *dev, float *out, float *lse, const float *out2, const float *lse2,
+                                 int64_t b, int64_t t, int64_t h, int64_t d);
+    /* The backward of one block, given the FINAL out and lse of the queries (over every key block,
+     * after the merges): dq (b,tq,h,d), dk and dv (b,tk,kvh,d) += this block's share, the flash-attention
+     * formula P = exp(s - lse), dS = P * (dout . v - rowsum(dout * out)). Summed over the blocks it is
+     * attention_backward. Queries with lse -inf contribute nothing. */
+    ct_status (*attention_block_backward)(ct_device *dev, float *dq, float *dk, float *dv, const float *dout,
+                                          const float *q, const float *k, const float *v, const float *out,
+                                          const float *lse, const int32_t *q_pos, const int32_t *k_pos, int64_t b,
+                                          int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t d);
 } ct_device_api;
 
 #endif

@@ -6,11 +6,15 @@
  * splits parameters and wraps the builder's ops with the collectives its plan implies (an
  * operation-level strategy: wrap_builder). The model never knows.
  *
- * Which strategies run: the one serving the tp mesh axis (parallelism.tp_strategy, loaded when
- * tensor_parallel_degree > 1) and the data-parallel one (parallelism.dp_strategy). The host calls
- * the axis strategy's place() first, then the data-parallel one's on the blocks it left; every hook
- * runs in that order, finish_backward in the reverse one. Builders wrap in that order too: the pack
- * calls the outermost (the last strategy's), whose ops call the next one's, down to the host's.
+ * Which strategies run: the ones serving the tp and cp mesh axes (parallelism.tp_strategy, created
+ * when tensor_parallel_degree > 1; ABI 2.3: parallelism.cp_strategy, created when
+ * context_parallel_degree > 1) and the data-parallel one (parallelism.dp_strategy). The host calls
+ * the axis strategies' place() first (tp, then cp), then the data-parallel one's on the blocks they
+ * left; every hook runs in that order, finish_backward in the reverse one. Builders wrap in that
+ * order too: the pack calls the outermost (the last strategy's), whose ops call the next one's, down
+ * to the host's. A cp rank's gradients are partial sums over its tokens: a data-parallel strategy
+ * that shards over CT_AXIS_DP_SHARD_CP sums them in its reduce-scatter; the cp strategy sums over
+ * cp the gradients of every other slot in its finish_backward.
  *
  * Life of a run (what a strategy gets, when):
  *   create(env)  -> place(slots)          : the strategy sets each slot's local size and offset
@@ -78,7 +82,17 @@ typedef struct ct_mesh_info {
     ct_comm_group *group[CT_MESH_NAXES]; /* comm group of the ranks that differ only on this axis */
     ct_comm_group *dp_group;             /* dp_replicate x dp_shard flattened (batch and loss reductions) */
     int dp_rank, dp_size;
+    /* ABI 2.3: dp_shard x cp flattened, cp fastest (torchtitan's dp_shard_cp): what a data-parallel
+     * strategy shards over when context parallel is on, so each cp rank keeps 1/(dp_shard x cp) of the
+     * parameters, gradients and optimizer states and the reduce-scatter sums the cp ranks' partial
+     * gradients too. rank = coord[DP_SHARD] * degree[CP] + coord[CP]. The group is NULL on one rank. */
+    ct_comm_group *dp_shard_cp_group;
+    int dp_shard_cp_rank, dp_shard_cp_size;
 } ct_mesh_info;
+
+/* ABI 2.3: a ct_param_slot.shard_axis value beyond the mesh axes: sharded over dp_shard_cp_group
+ * (degree dp_shard_cp_size, this rank's block dp_shard_cp_rank). */
+#define CT_AXIS_DP_SHARD_CP 5
 
 /* Given at create. The env struct itself may be gone after create returns (copy it); every pointer
  * in it (dapi, dev, capi, comm, mesh, tp_plan) is the host's and stays valid until destroy. */
@@ -120,7 +134,7 @@ typedef struct ct_param_slot {
     int64_t numel;    /* of the parameter as the model computes with it (the block left by splits) */
     /* set by place(): */
     int placement;
-    int shard_axis;       /* the mesh axis sharded over (CT_AXIS_DP_SHARD for FSDP) */
+    int shard_axis;       /* the mesh axis sharded over (CT_AXIS_DP_SHARD for FSDP; CT_AXIS_DP_SHARD_CP, ABI 2.3) */
     int64_t local_numel;  /* elements this rank stores (padding included) */
     int64_t offset;       /* first element of the flattened parameter this rank stores */
     /* set by the host before setup(): the local storage */
