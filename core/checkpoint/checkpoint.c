@@ -1,5 +1,6 @@
 /* checkpoint.c: save and load distributed checkpoints with resharding (see checkpoint.h). */
 #include "checkpoint/checkpoint.h"
+#include "engine/mesh.h"
 
 #include "formats/tensorfile.h"
 #include "host/util.h"
@@ -59,7 +60,7 @@ static int saves(const session *s, const ct_param_slot *sl) {
     if (sl->copy_of >= 0) return 0; /* a shared parameter's other use: saved once, as the declared one */
     if (!s->capi) return 1;
     for (int a = 0; a < CT_MESH_NAXES; a++) {
-        if (sl->placement == CT_PLACE_SHARD && a == sl->shard_axis) continue;
+        if (sl->placement == CT_PLACE_SHARD && (mesh_axis_bits(sl->shard_axis) & 1u << a)) continue;
         if (sl->split_dim >= 0 && a == sl->split_axis) continue;
         if (a == CT_AXIS_PP) continue; /* each stage writes its own units (the others hold none here) */
         if (s->mesh.coord[a] != 0) return 0;

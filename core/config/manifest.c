@@ -91,12 +91,14 @@ static const struct {
     {"comm.train_timeout_seconds", CT_OPT_FLOAT, "300", "bound on every collective: a dead or stuck rank ends the job"},
     {"comm.init_timeout_seconds", CT_OPT_FLOAT, "300", "bound on joining the job (where the plugin can bound it)"},
     {"parallelism.dp_strategy", CT_OPT_STRING, "auto",
-     "auto (fsdp when data_parallel_shard_degree > 1, ddp when only replicate > 1) | none | zero1 | zero2 (Megatron's distributed optimizer) | a plugin name or path"},
+     "auto (fsdp when data_parallel_shard_degree > 1 or context_parallel_degree > 1, ddp when only replicate > 1) | none | zero1 | zero2 (Megatron's distributed optimizer) | a plugin name or path"},
     {"parallelism.data_parallel_replicate_degree", CT_OPT_INT, "1", "DDP/HSDP replicas"},
     {"parallelism.data_parallel_shard_degree", CT_OPT_INT, "-1", "FSDP degree; -1 = ranks left over"},
     {"parallelism.tensor_parallel_degree", CT_OPT_INT, "1", "tensor parallel degree"},
     {"parallelism.tp_strategy", CT_OPT_STRING, "tp",
      "the strategy plugin serving the tp mesh axis (a name or a path); it declares its own parallelism.* keys"},
+    {"parallelism.cp_strategy", CT_OPT_STRING, "cp",
+     "the strategy plugin serving the cp mesh axis (a name or a path); it declares its own parallelism.* keys"},
     {"plan.hardware", CT_OPT_STRING, "",
      "the hardware profile (a name in configs/hardware/ or a file, e.g. from `ctitan plan --calibrate`) that "
      "`--dry-run` and the start-up prediction plan against; empty: memory only"},
@@ -113,7 +115,8 @@ static const struct {
     {"parallelism.pipeline_parallel_last_stage_less_layers", CT_OPT_INT, "1", "the output counts as this many layers"},
     {"parallelism.pipeline_parallel_stage_units", CT_OPT_STRING, "", "units per stage, e.g. \"3,3,2\" (overrides the above)"},
     {"parallelism.pipeline_runner", CT_OPT_STRING, "pp", "the pipeline runner plugin (a name or a path)"},
-    {"parallelism.context_parallel_degree", CT_OPT_INT, "1", "context parallel degree"},
+    {"parallelism.context_parallel_degree", CT_OPT_INT, "1",
+     "context parallel degree: each sequence split over cp ranks in 2 x cp load-balanced chunks (FSDP shards over dp_shard x cp)"},
 };
 
 /* Bounds and choices of the core's keys, checked for every value given (manifest_validate). The caps

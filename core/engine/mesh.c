@@ -68,14 +68,6 @@ int mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]) 
                 degree[2], degree[3], degree[4], (long long)product, world_size, (long long)product, (long long)product);
         return -1;
     }
-    for (int a = 0; a < CT_MESH_NAXES; a++) {
-        if (degree[a] > 1 && (a == CT_AXIS_CP)) {
-            mf_where(mf, degree_keys[a], where, sizeof where);
-            fprintf(stderr, "ctitan: %s: %s parallelism is not available yet (degree must be 1)\n", where,
-                    mesh_axis_names[a]);
-            return -1;
-        }
-    }
     return 0;
 }
 
@@ -94,6 +86,8 @@ int mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_r
     for (int a = 0; a < CT_MESH_NAXES; a++) m->coord[a] = (world_rank / stride[a]) % degree[a];
     m->dp_rank = m->coord[CT_AXIS_DP_REPLICATE] * degree[CT_AXIS_DP_SHARD] + m->coord[CT_AXIS_DP_SHARD];
     m->dp_size = degree[CT_AXIS_DP_REPLICATE] * degree[CT_AXIS_DP_SHARD];
+    m->dp_shard_cp_rank = m->coord[CT_AXIS_DP_SHARD] * degree[CT_AXIS_CP] + m->coord[CT_AXIS_CP];
+    m->dp_shard_cp_size = degree[CT_AXIS_DP_SHARD] * degree[CT_AXIS_CP];
     if (!c) return 0; /* one rank: no groups */
     ct_comm_group *world;
     if (c->world(comm, &world) != CT_OK) {
@@ -114,6 +108,12 @@ int mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_r
         ct_errf(err, errlen, "comm: cannot create the dp group");
         return -1;
     }
+    int shard_cp_color = world_rank - m->coord[CT_AXIS_DP_SHARD] * stride[CT_AXIS_DP_SHARD] -
+                         m->coord[CT_AXIS_CP] * stride[CT_AXIS_CP];
+    if (c->split(comm, world, shard_cp_color, m->dp_shard_cp_rank, "dp_shard_cp", &m->dp_shard_cp_group) != CT_OK) {
+        ct_errf(err, errlen, "comm: cannot create the dp_shard_cp group");
+        return -1;
+    }
     return 0;
 }
 
@@ -122,5 +122,21 @@ void mesh_free(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm) {
     for (int a = 0; a < CT_MESH_NAXES; a++)
         if (m->group[a]) c->group_free(comm, m->group[a]);
     if (m->dp_group) c->group_free(comm, m->dp_group);
+    if (m->dp_shard_cp_group) c->group_free(comm, m->dp_shard_cp_group);
     memset(m, 0, sizeof *m);
+}
+
+int mesh_shard_degree(const ct_mesh_info *m, int axis) {
+    if (axis == CT_AXIS_DP_SHARD_CP) return m->dp_shard_cp_size;
+    return axis >= 0 && axis < CT_MESH_NAXES ? m->degree[axis] : 1;
+}
+
+ct_comm_group *mesh_shard_group(const ct_mesh_info *m, int axis) {
+    if (axis == CT_AXIS_DP_SHARD_CP) return m->dp_shard_cp_group;
+    return axis >= 0 && axis < CT_MESH_NAXES ? m->group[axis] : NULL;
+}
+
+unsigned mesh_axis_bits(int axis) {
+    if (axis == CT_AXIS_DP_SHARD_CP) return 1u << CT_AXIS_DP_SHARD | 1u << CT_AXIS_CP;
+    return axis >= 0 && axis < CT_MESH_NAXES ? 1u << axis : 0;
 }

@@ -1,5 +1,5 @@
 /* mesh.h: the device mesh. Named axes in torchtitan's order (pp, dp_replicate, dp_shard, cp, tp;
- * tp varies fastest over ranks), one comm group per axis, and the flattened data-parallel group. */
+ * tp varies fastest over ranks), one comm group per axis, and the flattened data-parallel and dp_shard x cp groups. */
 #ifndef CT_MESH_H
 #define CT_MESH_H
 
@@ -16,6 +16,12 @@ int mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]);
 int mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_rank, int world_size,
                const int degree[CT_MESH_NAXES], char *err, size_t errlen);
 void mesh_free(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm);
+
+/* A shard axis (ct_param_slot.shard_axis: a mesh axis or the flattened CT_AXIS_DP_SHARD_CP): its
+ * degree, its group (NULL on one rank or for a bad axis) and the mesh axes it spans as bits. */
+int mesh_shard_degree(const ct_mesh_info *m, int axis);
+ct_comm_group *mesh_shard_group(const ct_mesh_info *m, int axis);
+unsigned mesh_axis_bits(int axis);
 
 /* The job's world size from the launcher's environment (mpirun, srun, PMI); 1 when not launched. */
 int mesh_env_world_size(void);

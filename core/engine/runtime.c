@@ -4,6 +4,7 @@
 #include "host/util.h"
 
 #include "host/host.h"
+#include "engine/mesh.h"
 #include "engine/tape.h"
 
 #include <limits.h>
@@ -331,8 +332,8 @@ static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen
                                          split == sl->global_shape[sl->split_dim];
         /* sizes the runtime computes later (bytes of the whole tensor, of a gathered shard) fit */
         int sharded = sl->placement == CT_PLACE_SHARD;
-        if (sharded && (!rt->dist.mesh || sl->shard_axis < 0 || sl->shard_axis >= CT_MESH_NAXES)) split_ok = 0;
-        int64_t gathered, parts = split_ok && sharded ? rt->dist.mesh->degree[sl->shard_axis] : 1;
+        if (sharded && (!rt->dist.mesh || !mesh_axis_bits(sl->shard_axis))) split_ok = 0;
+        int64_t gathered, parts = split_ok && sharded ? mesh_shard_degree(rt->dist.mesh, sl->shard_axis) : 1;
         split_ok = split_ok && shape_numel(p->ndim, sl->global_shape) >= 0 &&
                 !__builtin_mul_overflow(sl->local_numel, parts * (int64_t)sizeof(float), &gathered);
         if (!split_ok || sl->numel != ct_tensor_numel(p) || sl->local_numel < 0 || sl->offset < 0 ||
@@ -1183,7 +1184,7 @@ int runtime_zero_grads(runtime *rt) {
  * (tp), pp (every parameter lives on one stage). */
 static unsigned grad_axes(const ct_param_slot *sl, int pp) {
     unsigned mask = pp ? 1u << CT_AXIS_PP : 0;
-    if (sl->placement == CT_PLACE_SHARD && (unsigned)sl->shard_axis < CT_MESH_NAXES) mask |= 1u << sl->shard_axis;
+    if (sl->placement == CT_PLACE_SHARD) mask |= mesh_axis_bits(sl->shard_axis);
     if (sl->split_dim >= 0 && sl->split_parts > 1) mask |= 1u << sl->split_axis;
     return mask;
 }
@@ -1349,12 +1350,12 @@ static int local_block_get(runtime *rt, int i, float *host, int grad) {
     if (sl->placement == CT_PLACE_REPLICATE)
         return rt->d->copy(rt->dev, host, src, sizeof(float) * (size_t)sl->numel, CT_COPY_D2H) == CT_OK ? 0 : -1;
     /* sharded: gather every rank's piece (zero-padded blocks in rank order) */
-    int size = rt->dist.mesh->degree[sl->shard_axis];
+    int size = mesh_shard_degree(rt->dist.mesh, sl->shard_axis);
     size_t bytes = sizeof(float) * (size_t)sl->local_numel * (size_t)size;
     float *full = NULL;
     int rc = -1;
     if (rt->d->alloc(rt->dev, bytes, (void **)&full) != CT_OK) return -1;
-    if (rt->dist.capi->all_gather(rt->dist.comm, rt->dist.mesh->group[sl->shard_axis], src, full, sl->local_numel,
+    if (rt->dist.capi->all_gather(rt->dist.comm, mesh_shard_group(rt->dist.mesh, sl->shard_axis), src, full, sl->local_numel,
                                   CT_F32, NULL) == CT_OK &&
         rt->d->copy(rt->dev, host, full, sizeof(float) * (size_t)sl->numel, CT_COPY_D2H) == CT_OK)
         rc = 0;

@@ -261,14 +261,15 @@ static int float8_requested(manifest *mf) {
     return on;
 }
 
-/* The data-parallel strategy the manifest asks for: parallelism.dp_strategy, or by the degrees
- * (fsdp when dp_shard > 1, ddp when only dp_replicate > 1, none on one data-parallel rank). Read
- * leniently: bad values are reported by validation right after. */
+/* The data-parallel strategy the manifest asks for: parallelism.dp_strategy, or by the degrees as
+ * torchtitan picks (fsdp when dp_shard > 1 or cp > 1, sharding over dp_shard x cp; ddp when only
+ * dp_replicate > 1; none on one data-parallel rank without cp). Read leniently: bad values are
+ * reported by validation right after. */
 static const char *strategy_name(const manifest *mf, int world) {
     const char *name = "auto";
     mf_get_str(mf, "parallelism.dp_strategy", &name);
     if (strcmp(name, "auto") != 0) return strcmp(name, "none") ? name : NULL;
-    int64_t rep = 1, shard = -1, others = 1, v;
+    int64_t rep = 1, shard = -1, others = 1, cp = 1, v;
     static const char *keys[] = {"parallelism.pipeline_parallel_degree", "parallelism.context_parallel_degree",
                                  "parallelism.tensor_parallel_degree"};
     if (mf_get_int(mf, "parallelism.data_parallel_replicate_degree", &rep) || rep < 1) rep = 1;
@@ -277,7 +278,8 @@ static const char *strategy_name(const manifest *mf, int world) {
         if (!mf_get_int(mf, keys[i], &v) && v > 0) others = v > world || others * v > world ? world + 1 : others * v;
     if (rep > world) rep = world + 1;
     if (shard == -1) shard = world % (rep * others) ? 1 : world / (rep * others);
-    if (shard > 1) return "fsdp";
+    if (!mf_get_int(mf, "parallelism.context_parallel_degree", &v) && v > 1) cp = v;
+    if (shard > 1 || cp > 1) return "fsdp";
     if (rep > 1) return "ddp";
     return NULL;
 }
@@ -313,11 +315,11 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
         fprintf(stderr, "ctitan: %s: %s\n", err, ct_last_error());
         return CT_ERR_INTERNAL;
     }
-    int axis_on = s->axisp && s->mesh.degree[CT_AXIS_TP] > 1;
-    if (!s->stratp && !axis_on) return CT_OK;
+    int axis_on = s->axisp && s->mesh.degree[CT_AXIS_TP] > 1, cp_on = s->cpp && s->mesh.degree[CT_AXIS_CP] > 1;
+    if (!s->stratp && !axis_on && !cp_on) return CT_OK;
     if (!s->commp) {
         fprintf(stderr, "ctitan: parallelism: strategy '%s' needs several ranks (launch with ctitan launch -n N)\n",
-                (s->stratp ? s->stratp : s->axisp)->info.name);
+                (s->stratp ? s->stratp : axis_on ? s->axisp : s->cpp)->info.name);
         return CT_ERR_INVALID;
     }
     const char *mp = "float32";
@@ -339,6 +341,12 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
         if (s->xapi->create(&s->axisp->host, &env, &s->xstrat) != CT_OK)
             return fail_plugin(s, CT_ERR_INVALID, s->axisp, "parallelism", "parallelism.tensor_parallel_degree");
     }
+    if (cp_on) {
+        s->cpapi = s->cpp->info.api;
+        ct_clear_error();
+        if (s->cpapi->create(&s->cpp->host, &env, &s->cpstrat) != CT_OK)
+            return fail_plugin(s, CT_ERR_INVALID, s->cpp, "parallelism", "parallelism.context_parallel_degree");
+    }
     if (!s->stratp) return CT_OK;
     s->sapi = s->stratp->info.api;
     ct_clear_error();
@@ -346,8 +354,8 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
     return CT_OK;
 }
 
-/* Loads every plugin the manifest names (the tp axis's in every run, so its keys are validated even
- * when tensor_parallel_degree is 1; the option lists of the others it may not create, see
+/* Loads every plugin the manifest names (the tp and cp axes' in every run, so their keys are validated
+ * even when their degree is 1; the option lists of the others it may not create, see
  * add_option_lists) and validates the manifest against the core's and their keys. */
 static ct_status load_plugins(session *s, manifest *mf, int with_params) {
     char err[2048];
@@ -364,6 +372,9 @@ static ct_status load_plugins(session *s, manifest *mf, int with_params) {
     const char *axisname = "tp";
     mf_get_str(mf, "parallelism.tp_strategy", &axisname);
     if ((st = load_named(s, "parallelism", "parallelism.tp_strategy", axisname, CT_KIND_STRATEGY, &s->axisp))) return st;
+    const char *cpname = "cp";
+    mf_get_str(mf, "parallelism.cp_strategy", &cpname);
+    if ((st = load_named(s, "parallelism", "parallelism.cp_strategy", cpname, CT_KIND_STRATEGY, &s->cpp))) return st;
     if (float8_requested(mf) &&
         (st = load_named(s, "quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER,
                          &s->quantp)))
@@ -447,6 +458,10 @@ static ct_status build_runtime(session *s, manifest *mf) {
     if (s->xstrat) {
         dist.st[dist.n_st] = s->xapi;
         dist.strat[dist.n_st++] = s->xstrat;
+    }
+    if (s->cpstrat) {
+        dist.st[dist.n_st] = s->cpapi;
+        dist.strat[dist.n_st++] = s->cpstrat;
     }
     if (s->strat) {
         dist.st[dist.n_st] = s->sapi;
@@ -562,6 +577,7 @@ void session_close(session *s) {
     }
     if (s->rt_ready) runtime_free(&s->rt);
     if (s->strat) s->sapi->destroy(s->strat);
+    if (s->cpstrat) s->cpapi->destroy(s->cpstrat);
     if (s->xstrat) s->xapi->destroy(s->xstrat);
     if (s->quant) s->qapi->destroy(s->quant);
     mesh_free(&s->mesh, s->comm ? s->capi : NULL, s->comm);
@@ -570,6 +586,7 @@ void session_close(session *s) {
     if (s->dev) s->d->destroy(s->dev);
     plugin_unload(s->stratp);
     plugin_unload(s->axisp);
+    plugin_unload(s->cpp);
     plugin_unload(s->quantp);
     plugin_unload(s->commp);
     plugin_unload(s->optp);

@@ -19,13 +19,14 @@
 
 typedef struct session {
     manifest *mf;
-    plugin *devp, *modelp, *optp, *commp, *stratp, *quantp, *axisp;
+    plugin *devp, *modelp, *optp, *commp, *stratp, *quantp, *axisp, *cpp;
     const ct_quantizer_api *qapi; /* NULL: no float8 */
     ct_quantizer *quant;
     const ct_comm_api *capi; /* NULL on one rank */
     ct_comm *comm;
-    const ct_strategy_api *sapi, *xapi; /* the data-parallel strategy; the one serving the tp mesh axis */
-    ct_strategy *strat, *xstrat;
+    /* the data-parallel strategy; the ones serving the tp and the cp mesh axes */
+    const ct_strategy_api *sapi, *xapi, *cpapi;
+    ct_strategy *strat, *xstrat, *cpstrat;
     ct_mesh_info mesh;
     int rank, world;
     const ct_device_api *d;

@@ -12,6 +12,7 @@
 #include "plan/plan.h"
 #include "plan/plan_internal.h"
 
+#include "engine/mesh.h"
 #include "engine/pipeline.h"
 #include "engine/session.h"
 #include "engine/tape.h"
@@ -40,7 +41,8 @@ struct plan_ctx {
 const char *const plan_mem_names[PLAN_MEM_N] = {"params", "grads", "optimizer", "master", "fsdp_buffers", "tp_buffers",
                                                 "pp_buffers", "activations", "transient", "float8", "logits", "overhead"};
 
-static const char *const axis_names[CT_MESH_NAXES] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
+/* the mesh axes, then the flattened dp_shard x cp (CT_AXIS_DP_SHARD_CP) */
+static const char *const axis_names[CT_MESH_NAXES + 1] = {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp_shard_cp"};
 
 static int fail(char *err, size_t errlen, const char *what) {
     snprintf(err, errlen, "%s%s%s", what, ct_last_error()[0] ? ": " : "", ct_last_error());
@@ -207,10 +209,11 @@ static int apply_layout(plan_ctx *c, const plan_layout *l) {
 
 typedef struct plan_run {
     ct_mesh_info mesh;
-    const ct_strategy_api *api[2];
-    ct_strategy *inst[2];
-    const char *names[2];
-    plugin *plug[2];
+    const ct_strategy_api *api[3];
+    ct_strategy *inst[3];
+    const char *names[3];
+    plugin *plug[3];
+    int op_level[3]; /* an axis strategy (tp, cp): its buffers are op-level ones */
     int n;
     runtime rt;
     int rt_ready;
@@ -260,6 +263,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
     }
     r->mesh.world_rank = -1; /* nobody's: the pipeline's plan prints nothing */
     r->mesh.dp_size = l->dp_replicate * l->dp_shard;
+    r->mesh.dp_shard_cp_size = l->dp_shard * l->cp;
     if (apply_layout(c, l)) {
         snprintf(err, errlen, "the layout's keys cannot be set");
         return -1;
@@ -267,8 +271,10 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
     const char *dp = session_strategy_name(c->mf, r->mesh.world_size);
     const char *axis = "tp";
     mf_get_str(c->mf, "parallelism.tp_strategy", &axis);
-    const char *names[2] = {l->tp > 1 ? axis : NULL, dp};
-    const char *keys[2] = {"parallelism.tp_strategy", "parallelism.dp_strategy"};
+    const char *cpname = "cp";
+    mf_get_str(c->mf, "parallelism.cp_strategy", &cpname);
+    const char *names[3] = {l->tp > 1 ? axis : NULL, l->cp > 1 ? cpname : NULL, dp};
+    const char *keys[3] = {"parallelism.tp_strategy", "parallelism.cp_strategy", "parallelism.dp_strategy"};
     const ct_tp_rule *tp_plan = NULL;
     if (CT_HAS_FIELD(c->s.m, ct_model_api, get_tp_plan) && c->s.m->get_tp_plan) tp_plan = c->s.m->get_tp_plan(c->s.model);
     else if (CT_HAS_FIELD(c->s.m, ct_model_api, tp_plan)) tp_plan = c->s.m->tp_plan;
@@ -279,7 +285,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
     env.fp8_all_gather = l->float8 && fp8_ag;
     r->env = env;
     runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL};
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         if (!names[k]) continue;
         plugin *p = strategy_plugin(c, keys[k], names[k]);
         if (!p) {
@@ -299,6 +305,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
         r->api[r->n] = a;
         r->inst[r->n] = inst;
         r->names[r->n] = p->info.name;
+        r->op_level[r->n] = k < 2;
         r->plug[r->n++] = p;
         dist.st[dist.n_st] = a;
         dist.strat[dist.n_st++] = inst;
@@ -464,6 +471,9 @@ static double op_seconds(const hw_profile *hw, const plan_op *o, int bw) {
 static int axis_inter_node(const plan_layout *l, const hw_profile *hw, int axis, int gpus_per_node) {
     int deg[CT_MESH_NAXES] = {l->pp, l->dp_replicate, l->dp_shard, l->cp, l->tp};
     int64_t stride = 1;
+    (void)hw;
+    if (axis == CT_AXIS_DP_SHARD_CP) /* dp_shard and cp are adjacent: one run of dp_shard x cp x tp ranks */
+        return (int64_t)l->tp * l->cp * l->dp_shard > gpus_per_node;
     for (int a = CT_MESH_NAXES - 1; a > axis; a--) stride *= deg[a];
     (void)hw;
     return stride * deg[axis] > gpus_per_node;
@@ -613,7 +623,7 @@ out:
 /* The strategies' report for pp rank `pr`: fresh planning instances on that rank's coordinates,
  * placing only its stages' units (the others' slots CT_PLACE_NONE), with the float8 decisions the
  * trace made. pp 1 asks the trace's own instances. mem: [strategy][category]. */
-static int stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, int n_micro, double mem[2][8],
+static int stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, int n_micro, double mem[3][8],
                         ct_comm_cost *comms, int *n_comms, int max_comms, char *err, size_t errlen) {
     plan_run q;
     memset(&q, 0, sizeof q);
@@ -634,6 +644,7 @@ static int stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, 
             }
             q.api[k] = r->api[k];
             q.names[k] = r->names[k];
+            q.op_level[k] = r->op_level[k];
             q.n = k + 1;
             dist.st[dist.n_st] = q.api[k];
             dist.strat[dist.n_st++] = q.inst[k];
@@ -715,7 +726,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     }
     /* the strategies' own buffers and collectives: per pp rank (first, a middle one, last) */
     static ct_comm_cost comms[1024];
-    double strat_mem[64][2][8];
+    double strat_mem[64][3][8];
     memset(strat_mem, 0, sizeof strat_mem);
     double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, unit_block = 0, step_comm = 0, step_comm_overlap = 0;
     int nu_c = nu < 1024 ? nu : 1024;
@@ -731,9 +742,9 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         for (int i = 0; i < nc; i++) {
             const ct_comm_cost *cc = &comms[i];
             int k = (int)cc->struct_size;
-            if ((unsigned)cc->axis >= CT_MESH_NAXES) continue;
+            if (!mesh_axis_bits(cc->axis)) continue;
             int inter = axis_inter_node(l, hw, cc->axis, gpn);
-            double s = comm_seconds(hw, cc->kind, r.mesh.degree[cc->axis], cc->bytes, inter);
+            double s = comm_seconds(hw, cc->kind, mesh_shard_degree(&r.mesh, cc->axis), cc->bytes, inter);
             double total = s * cc->count;
             if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP && !cc->overlapped) {
                 unit_block += total; /* blocking: the unit waits for it */
@@ -864,7 +875,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         double rate = hw->peak_flops[l->bf16 ? PLAN_BF16 : PLAN_F32] * hw->matmul_eff;
         if (oc.matmul_flops > 0 && rate > 0) opt_s += oc.matmul_flops / rate;
         if (oc.comm_bytes > 0)
-            opt_s += comm_seconds(hw, CT_COLL_ALL_GATHER, sl->placement == CT_PLACE_SHARD ? r.mesh.degree[sl->shard_axis] : 1,
+            opt_s += comm_seconds(hw, CT_COLL_ALL_GATHER, sl->placement == CT_PLACE_SHARD ? mesh_shard_degree(&r.mesh, sl->shard_axis) : 1,
                                   oc.comm_bytes, 0);
     }
     if (assumed_opt)
@@ -894,7 +905,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         m[PLAN_MEM_MASTER] = master[pr];
         for (int k = 0; k < r.n; k++) {
             const double *sm = strat_mem[pr][k];
-            int is_tp = l->tp > 1 && k == 0;
+            int is_tp = r.op_level[k];
             m[is_tp ? PLAN_MEM_TP_BUFFERS : PLAN_MEM_FSDP_BUFFERS] += sm[CT_MEM_COMM] + sm[CT_MEM_OTHER] + sm[CT_MEM_ACTIVATIONS];
             m[PLAN_MEM_PARAMS] += sm[CT_MEM_PARAMS];
             m[PLAN_MEM_GRADS] += sm[CT_MEM_GRADS];

@@ -36,6 +36,9 @@ typedef struct knobs {
     int float8, compile, async_tp;
 } knobs;
 
+/* The fewest tokens of a sequence the search leaves a context-parallel rank. */
+#define CP_MIN_TOKENS 1024
+
 typedef struct mesh {
     int rep, shard, cp, tp, pp;
     double best; /* tokens/s per GPU of its best fitting layout so far, 0 none */
@@ -267,7 +270,12 @@ static mesh *meshes_list(searcher *s, int *n) {
             int pp = (int)d[b];
             if ((o->gpus / tp) % pp) continue;
             if (pp > ms->n_layers) break;
-            for (int cp = 1; cp <= 1; cp++) { /* context parallel: one degree until the strategy exists */
+            for (int e = 0; e < nd; e++) {
+                /* context parallel: a degree cutting each sequence into 2 x cp chunks of whole tokens, each
+                 * rank keeping at least CP_MIN_TOKENS of it (below that its K/V traffic outweighs what it saves) */
+                int cp = (int)d[e];
+                if ((o->gpus / tp / pp) % cp) continue;
+                if (cp > 1 && (s->tmpl.seq_len % (2 * cp) || s->tmpl.seq_len / cp < CP_MIN_TOKENS)) continue;
                 int dp = o->gpus / tp / pp / cp;
                 if (s->G % dp) continue; /* the global batch does not split over the replicas */
                 for (int c = 0; c < nd; c++) {

@@ -19,6 +19,7 @@
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -35,6 +36,8 @@
 typedef struct ct_device {
     const ct_host *host;
     int threads;
+    size_t limit; /* memory_limit_mb in bytes, 0: none */
+    size_t used;  /* bytes held (malloc_usable_size of every live block), updated atomically */
 } cpu_device;
 
 /* ---------------------------------------------------------------- errors and checks */
@@ -80,6 +83,9 @@ static int64_t cpu_find_bad_id(const int32_t *ids, int64_t n, int64_t limit, int
 static const ct_option_spec cpu_options[] = {
     {sizeof(ct_option_spec), "threads", CT_OPT_INT, "0",
      "worker threads for OpenMP and OpenBLAS; 0 = the available cores divided among this node's ranks", NULL, NULL},
+    {sizeof(ct_option_spec), "memory_limit_mb", CT_OPT_FLOAT, "0",
+     "the most memory the device holds at once, in MiB (a GPU's capacity, to rehearse a layout on a CPU); an "
+     "allocation past it fails as out of memory; 0 = no limit", "[0, 1e9]", NULL},
     {0},
 };
 
@@ -186,7 +192,13 @@ static ct_status cpu_create(const ct_host *host, ct_device **dev)
         if (st != CT_OK)
             threads = 0;
     }
-    cpu_device unborn = {host, 1}; /* reports errors before the device exists */
+    double limit_mb = 0;
+    if (host && host->opt_float && host->opt_float(host, "memory_limit_mb", &limit_mb) != CT_OK)
+        limit_mb = 0;
+    cpu_device unborn = {host, 1, 0, 0}; /* reports errors before the device exists */
+    if (!(limit_mb >= 0 && limit_mb <= 1e9))
+        return cpu_fail(&unborn, CT_ERR_INVALID, "create", "option memory_limit_mb = %g, expected 0 (no limit) to 1e9",
+                        limit_mb);
     if (threads < 0 || threads > 4096)
         return cpu_fail(&unborn, CT_ERR_INVALID, "create",
                         "option threads = %lld, expected 0 (one per core) to 4096",
@@ -209,6 +221,7 @@ static ct_status cpu_create(const ct_host *host, ct_device **dev)
         return cpu_fail(&unborn, CT_ERR_NOMEM, "create", "cannot allocate the device");
     d->host = host;
     d->threads = (int)threads;
+    d->limit = (size_t)(limit_mb * 1048576.0);
     omp_set_num_threads(d->threads);
     openblas_set_num_threads(d->threads);
     if (cpu_address_space_left(NULL) >= 0)
@@ -240,6 +253,8 @@ static ct_status cpu_info(ct_device *dev, ct_device_info *out)
     if (CT_HAS_FIELD(out, ct_device_info, memory_bytes)) {
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         out->memory_bytes = pages > 0 && page > 0 ? (int64_t)pages * page : 0;
+        if (d->limit)
+            out->memory_bytes = (int64_t)d->limit;
     }
     return CT_OK;
 }
@@ -387,13 +402,24 @@ static ct_status cpu_alloc(ct_device *dev, size_t bytes, void **out)
     void *p = aligned_alloc(64, rounded ? rounded : 64);
     if (!p)
         return cpu_fail(d, CT_ERR_NOMEM, "alloc", "cannot allocate %zu bytes", bytes);
+    size_t held = malloc_usable_size(p);
+    size_t now = __atomic_add_fetch(&d->used, held, __ATOMIC_RELAXED);
+    if (d->limit && now > d->limit) {
+        __atomic_sub_fetch(&d->used, held, __ATOMIC_RELAXED);
+        free(p);
+        return cpu_fail(d, CT_ERR_NOMEM, "alloc",
+                        "%.1f MiB more would pass memory_limit_mb %.0f (%.1f MiB held)", (double)bytes / 1048576.0,
+                        (double)d->limit / 1048576.0, (double)(now - held) / 1048576.0);
+    }
     *out = p;
     return CT_OK;
 }
 
 static void cpu_free(ct_device *dev, void *p)
 {
-    (void)dev;
+    cpu_device *d = dev;
+    if (p && d)
+        __atomic_sub_fetch(&d->used, malloc_usable_size(p), __ATOMIC_RELAXED);
     free(p);
 }
 

@@ -435,7 +435,7 @@ static ct_status rope_checked(cuda_device *d, const char *op, float *out, const 
     ct_status st = cuda_enter(d, op);
     if (st != CT_OK)
         return st;
-    cudaError_t e = cuk_rope(&d->env, out, x, b, t, h, hd, theta, backward);
+    cudaError_t e = cuk_rope(&d->env, out, x, NULL, b, t, h, hd, theta, backward);
     return e == cudaSuccess ? CT_OK : cuda_error(d, op, "kernel launch", e);
 }
 

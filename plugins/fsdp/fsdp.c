@@ -1,6 +1,7 @@
 /* fsdp.c: FSDP2 semantics as a strategy plugin (and HSDP when dp_replicate > 1).
  *
- * Every parameter is flattened and sharded over the dp_shard axis in dim-0 row blocks, padded so
+ * Every parameter is flattened and sharded over the dp_shard axis (under context parallel over
+ * torchtitan's dp_shard x cp, so the reduce-scatter also sums the cp ranks' partial gradients) in dim-0 row blocks, padded so
  * each rank holds the same count. Before a unit's forward its parameters are all-gathered (the next
  * unit's gather is started as a prefetch), after it they are freed per the reshard policy, before
  * its backward gathered again; after its backward the full gradients are reduce-scattered (fp32,
@@ -55,6 +56,10 @@ typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     int scales_fresh;  /* host/dev_scales match the current weights (cleared after each backward) */
     int sync_last;     /* pipeline parallel: keep gathers and full gradients until post_backward's last */
     int saw_last;      /* a post_backward with last since the previous finish_backward */
+    /* what it shards over: dp_shard, or under context parallel torchtitan's dp_shard x cp (ABI 2.3),
+     * whose reduce-scatter also sums the cp ranks' partial gradients */
+    int axis, S, r;
+    ct_comm_group *group;
 } fsdp;
 
 static const ct_option_spec options[] = {
@@ -66,7 +71,7 @@ static const ct_option_spec options[] = {
 #define DAPI(f) (f)->env.dapi
 #define CAPI(f) (f)->env.capi
 
-static ct_comm_group *shard_group(fsdp *f) { return f->mesh.group[CT_AXIS_DP_SHARD]; }
+static ct_comm_group *shard_group(fsdp *f) { return f->group; }
 
 static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
     fsdp *f = calloc(1, sizeof *f);
@@ -99,7 +104,22 @@ static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, ct_st
         free(f);
         return CT_ERR_INVALID;
     }
-    if (!planning && (!env->capi || !env->mesh->group[CT_AXIS_DP_SHARD])) {
+    f->axis = CT_AXIS_DP_SHARD;
+    f->S = f->mesh.degree[CT_AXIS_DP_SHARD];
+    f->r = f->mesh.coord[CT_AXIS_DP_SHARD];
+    f->group = f->mesh.group[CT_AXIS_DP_SHARD];
+    if (f->mesh.degree[CT_AXIS_CP] > 1) {
+        if (!CT_HAS_FIELD(env->mesh, ct_mesh_info, dp_shard_cp_size)) {
+            h->set_error(h, "context parallel needs a host of ABI 2.3 or later (the dp_shard x cp group)");
+            free(f);
+            return CT_ERR_UNSUPPORTED;
+        }
+        f->axis = CT_AXIS_DP_SHARD_CP;
+        f->S = f->mesh.dp_shard_cp_size;
+        f->r = f->mesh.dp_shard_cp_rank;
+        f->group = f->mesh.dp_shard_cp_group;
+    }
+    if (!planning && (!env->capi || !f->group)) {
         h->set_error(h, "needs a comm plugin and a dp_shard group");
         free(f);
         return CT_ERR_INVALID;
@@ -138,18 +158,18 @@ static void buf_put(fsdp *f, float *p, int64_t n) {
     f->cache[f->n_cache++] = (buf){p, n};
 }
 
-static int64_t full_n(fsdp *f, const ct_param_slot *s) { return s->local_numel * f->mesh.degree[CT_AXIS_DP_SHARD]; }
+static int64_t full_n(fsdp *f, const ct_param_slot *s) { return s->local_numel * f->S; }
 
 static ct_status fsdp_place(ct_strategy *p, ct_param_slot *slots, int n) {
     fsdp *f = p;
-    int S = f->mesh.degree[CT_AXIS_DP_SHARD], r = f->mesh.coord[CT_AXIS_DP_SHARD];
+    int S = f->S, r = f->r;
     for (int i = 0; i < n; i++) {
         ct_param_slot *s = CT_SLOT_AT(slots, i);
         if (s->placement == CT_PLACE_NONE) continue; /* another pipeline stage's */
         int64_t rows = s->param->ndim ? s->param->shape[0] : 1, row = s->numel / (rows ? rows : 1);
         int64_t rows_per = (rows + S - 1) / S; /* dim-0 blocks, the last ones padded */
         s->placement = CT_PLACE_SHARD;
-        s->shard_axis = CT_AXIS_DP_SHARD;
+        s->shard_axis = f->axis;
         s->local_numel = rows_per * row;
         s->offset = (int64_t)r * s->local_numel;
     }
@@ -615,7 +635,7 @@ static void report_add(ct_strategy_report *r, int axis, ct_collective kind, int 
  * a unit's full gradients with the previous unit's reduction in flight, the float8 bytes. */
 static ct_status fsdp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
     fsdp *f = p;
-    int S = f->mesh.degree[CT_AXIS_DP_SHARD], R = f->mesh.degree[CT_AXIS_DP_REPLICATE], nu = 0, n_fp8 = 0;
+    int S = f->S, R = f->mesh.degree[CT_AXIS_DP_REPLICATE], nu = 0, n_fp8 = 0;
     double mb = f->sync_last ? 1 : n_microbatches > 0 ? n_microbatches : 1;
     out->n_comms = 0;
     memset(out->mem_bytes, 0, sizeof out->mem_bytes);
@@ -646,13 +666,13 @@ static ct_status fsdp_report(ct_strategy *p, int n_microbatches, ct_strategy_rep
         double l = (double)s->local_numel * sizeof(float), sent = is_fp8(f, s) ? l / sizeof(float) : l;
         int regather = f->reshard == 2 || (f->reshard == 1 && s->unit != nu - 1);
         n_fp8 += is_fp8(f, s);
-        report_add(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_FORWARD, sent * S, mb, 1);
-        if (regather) report_add(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_BACKWARD, sent * S, mb, 1);
-        report_add(out, CT_AXIS_DP_SHARD, CT_COLL_REDUCE_SCATTER, s->unit, CT_PHASE_BACKWARD, l * S, mb, 1);
+        report_add(out, f->axis, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_FORWARD, sent * S, mb, 1);
+        if (regather) report_add(out, f->axis, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_BACKWARD, sent * S, mb, 1);
+        report_add(out, f->axis, CT_COLL_REDUCE_SCATTER, s->unit, CT_PHASE_BACKWARD, l * S, mb, 1);
         if (R > 1) report_add(out, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD, l, mb, 0);
     }
     if (n_fp8) /* fp8_precompute: every converted weight's amax in one all-reduce (MAX) */
-        report_add(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_REDUCE, -1, CT_PHASE_FORWARD, (double)n_fp8 * sizeof(float), mb, 0);
+        report_add(out, f->axis, CT_COLL_ALL_REDUCE, -1, CT_PHASE_FORWARD, (double)n_fp8 * sizeof(float), mb, 0);
     int64_t floats = sim_step(f, us, nu);
     free(us);
     free(idx);

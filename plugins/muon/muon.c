@@ -230,8 +230,7 @@ static ct_status muon_plan_step(ct_optimizer *p, const ct_param_slot *sl, ct_opt
     cost->matmul_flops = ns * (4 * k * k * l + 2 * k * k * k);
     if (sharded) {
         int axis = sl->shard_axis;
-        double parts = o->mesh && axis >= 0 && axis < CT_MESH_NAXES ? o->mesh->degree[axis]
-                                                                    : ceil(B / (sl->local_numel ? n : 1));
+        double parts = muon_axis_degree(o->mesh, axis) ? muon_axis_degree(o->mesh, axis) : ceil(B / (sl->local_numel ? n : 1));
         cost->comm_bytes += f * n * parts;
         cost->bytes += f * 12 * n;
     } else {

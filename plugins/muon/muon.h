@@ -30,6 +30,14 @@ typedef struct ct_optimizer { /* the ABI's opaque ct_optimizer */
 
 /* buf[which] with room for n f32 (grown when smaller), or NULL with the error set. */
 float *muon_buf(muon *o, int which, int64_t n);
+/* The ranks a slot's shard_axis spans (a mesh axis, or ABI 2.3's flattened dp_shard x cp); 0 when
+ * the mesh is unknown or the axis is not one. */
+static inline int muon_axis_degree(const ct_mesh_info *m, int axis) {
+    if (!m) return 0;
+    if (axis >= 0 && axis < CT_MESH_NAXES) return m->degree[axis];
+    if (axis == CT_AXIS_DP_SHARD_CP && CT_HAS_FIELD(m, ct_mesh_info, dp_shard_cp_size)) return m->dp_shard_cp_size;
+    return 0;
+}
 
 /* Replaces this rank's part `u` (slot->local_numel values) of the momentum-updated matrix by its
  * part of the orthogonalised whole matrix: gathers the whole over the slot's shard and split axes,

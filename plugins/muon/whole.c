@@ -23,12 +23,15 @@ static ct_status copy_rows(muon *o, float *dst, int64_t dst_stride, const float 
 
 /* The group of `axis`, checking that this rank's place in it is `want` of `parts`. */
 static ct_comm_group *axis_group(muon *o, const ct_param_slot *sl, int axis, int want, int parts, const char *what) {
-    if (!o->capi || !o->mesh || axis < 0 || axis >= CT_MESH_NAXES || !o->mesh->group[axis]) {
+    ct_comm_group *g = NULL;
+    if (o->mesh && axis >= 0 && axis < CT_MESH_NAXES) g = o->mesh->group[axis];
+    else if (o->mesh && axis == CT_AXIS_DP_SHARD_CP && CT_HAS_FIELD(o->mesh, ct_mesh_info, dp_shard_cp_group))
+        g = o->mesh->dp_shard_cp_group; /* ABI 2.3: fsdp's shard under context parallel */
+    if (!o->capi || !g) {
         o->host->set_error(o->host, "%s is %s over mesh axis %d, but the host attached no comm for it",
                            sl->param->name, what, axis);
         return NULL;
     }
-    ct_comm_group *g = o->mesh->group[axis];
     int rank, size;
     if (o->capi->group_rank(o->comm, g, &rank, &size) != CT_OK) return NULL;
     if (rank != want || size != parts) {
@@ -55,7 +58,7 @@ static int is_sharded(const ct_param_slot *sl) { return sl->placement == CT_PLAC
 static ct_status gather_whole(muon *o, const ct_param_slot *sl, float *u, float **whole) {
     float *block = u; /* numel values: the block this rank computes with */
     if (is_sharded(sl)) {
-        int axis = sl->shard_axis, parts = o->mesh && axis >= 0 && axis < CT_MESH_NAXES ? o->mesh->degree[axis] : 0;
+        int axis = sl->shard_axis, parts = muon_axis_degree(o->mesh, axis);
         int64_t want = sl->local_numel ? sl->offset / sl->local_numel : 0;
         ct_comm_group *g = axis_group(o, sl, axis, (int)want, parts, "sharded");
         if (!g) return CT_ERR_INVALID;
