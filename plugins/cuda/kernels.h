@@ -53,8 +53,9 @@ cudaError_t cuk_scale(const cuk_env *e, float *x, float alpha, int64_t n);
 /* *out (device double) = sum x, or sum x^2 when squares */
 /* *out = sum x (or of x^2) in double; with out NULL, *out_f32 = that double rounded to f32 */
 cudaError_t cuk_sum(const cuk_env *e, double *out, float *out_f32, const float *x, int64_t n, int squares);
-cudaError_t cuk_rope(const cuk_env *e, float *out, const float *x, int64_t b, int64_t t, int64_t h,
-                     int64_t d, float theta, int backward);
+/* row t at position pos[t] (device int32, t entries), or t when pos is NULL */
+cudaError_t cuk_rope(const cuk_env *e, float *out, const float *x, const int32_t *pos, int64_t b, int64_t t,
+                     int64_t h, int64_t d, float theta, int backward);
 cudaError_t cuk_swiglu_forward(const cuk_env *e, float *out, const float *a, const float *g, int64_t n);
 cudaError_t cuk_swiglu_backward(const cuk_env *e, float *da, float *dg, const float *dout, const float *a,
                                 const float *g, int64_t n);
@@ -137,6 +138,18 @@ cudaError_t cuk_attention_forward(const cuk_env *e, float *out, float *lse, cons
 cudaError_t cuk_attention_backward(const cuk_env *e, float *dq, float *dk, float *dv, const float *dout,
                                    const float *q, const float *k, const float *v, const float *out,
                                    const float *lse, int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d);
+/* ABI 2.3, by blocks at explicit positions (device int32): key j visible to query i when
+ * k_pos[j] <= q_pos[i]; a (query tile, key tile) pair with no visible key is skipped. */
+cudaError_t cuk_attention_block_forward(const cuk_env *e, float *out, float *lse, const float *q, const float *k,
+                                        const float *v, const int32_t *q_pos, const int32_t *k_pos, int64_t b,
+                                        int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t d);
+cudaError_t cuk_attention_block_backward(const cuk_env *e, float *dq, float *dk, float *dv, const float *dout,
+                                         const float *q, const float *k, const float *v, const float *out,
+                                         const float *lse, const int32_t *q_pos, const int32_t *k_pos,
+                                         int64_t b, int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t d);
+/* out, lse (b,t,h,d), (b,h,t) merged with out2, lse2 by log-sum-exp */
+cudaError_t cuk_attention_merge(const cuk_env *e, float *out, float *lse, const float *out2, const float *lse2,
+                                int64_t b, int64_t t, int64_t h, int64_t d);
 /* Dynamic shared memory the attention kernels need for head dim d (the largest of the three). */
 size_t cuk_attention_smem_bytes(int64_t d);
 
