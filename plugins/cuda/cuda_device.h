@@ -180,5 +180,11 @@ CUDA_OP(ew_sqrt);
 CUDA_OP(ew_sign);
 CUDA_OP(ew_clamp);
 CUDA_OP(ew_greater);
+/* ABI 2.3: ops.c (explicit-position rope, attention by blocks and its merge) */
+CUDA_OP(rope_forward_pos);
+CUDA_OP(rope_backward_pos);
+CUDA_OP(attention_block_forward);
+CUDA_OP(attention_merge);
+CUDA_OP(attention_block_backward);
 
 #endif

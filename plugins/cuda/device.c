@@ -298,6 +298,11 @@ static const ct_device_api cuda_api = {
     .ew_sign = cuda_ew_sign,
     .ew_clamp = cuda_ew_clamp,
     .ew_greater = cuda_ew_greater,
+    .rope_forward_pos = cuda_rope_forward_pos,
+    .rope_backward_pos = cuda_rope_backward_pos,
+    .attention_block_forward = cuda_attention_block_forward,
+    .attention_merge = cuda_attention_merge,
+    .attention_block_backward = cuda_attention_block_backward,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -18,6 +18,11 @@
  * in order and over query tiles from the diagonal on; one block per (query tile, head, batch)
  * sums dQ over key tiles up to the diagonal. Each adds its total into the gradient once.
  *
+ * By blocks (ABI 2.3, context parallel): the same three kernels with the causal mask taken from
+ * position arrays (k_pos[j] <= q_pos[i]) instead of row indices, tq query rows against tk key rows;
+ * a (query tile, key tile) pair whose keys are all after every query is skipped, decided from each
+ * tile's extreme positions; attention_merge combines two blocks' results by their lse.
+ *
  * Shared memory: d + 1 floats per tile row (the pad keeps the strided reads of K rows on distinct
  * banks). The largest need is the dK/dV kernel's at d = 128: about 162 KiB (Hopper and Ampere
  * allow up to 227 and 163 KiB per block); cuk_attention_smem_bytes tells the host.
@@ -376,9 +381,11 @@ static size_t smem_dq(int64_t d)
     return sizeof(float) * (size_t)(4 * ATT_TILE * (d + 1) + ATT_TILE * ATT_LDS + 2 * ATT_TILE);
 }
 
+/* (with the block variants' two tiles of positions: ATT_POS_BYTES, defined below) */
 extern "C" size_t cuk_attention_smem_bytes(int64_t d)
 {
-    size_t a = smem_forward(d), b = smem_dkdv(d), c = smem_dq(d);
+    size_t pos = 2 * ATT_TILE * sizeof(int);
+    size_t a = smem_forward(d) + pos, b = smem_dkdv(d) + pos, c = smem_dq(d) + pos;
     return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
@@ -463,4 +470,494 @@ extern "C" cudaError_t cuk_attention_backward(const cuk_env *e, float *dq, float
     }
     cuda_scratch_put(e->dev, Dv);
     return err;
+}
+
+/* ---------------------------------------------------------------- by blocks at positions (ABI 2.3) */
+/* Context parallel's ring attention: a query block against a key block, the causal mask from
+ * position arrays (key j visible to query i when k_pos[j] <= q_pos[i]), the same tiles and thread
+ * layout as above. Positions come in any order, so each tile's extreme position (the largest query
+ * position, the smallest key position) decides whether a (query tile, key tile) pair has any visible
+ * key; pairs with none are skipped, which is what keeps context parallel's ranks balanced. A query
+ * that sees no key gets out 0 and lse -inf; the backward takes the final out and lse and skips
+ * queries at lse -inf. */
+
+#define ATT_POS_NONE 0x7fffffff /* a key position past tk: visible to no query */
+
+/* bounds[i] (i < nqt) = the largest q_pos of query tile i; bounds[nqt + j] = the smallest k_pos of
+ * key tile j. */
+static __global__ void att_tile_bounds_k(int *bounds, const int32_t *q_pos, const int32_t *k_pos, int tq, int tk,
+                                         int nqt, int nkt)
+{
+    CUK_FOR(i, (int64_t)nqt + nkt) {
+        if (i < nqt) {
+            int m = -1;
+            for (int r = (int)i * ATT_TILE; r < tq && r < ((int)i + 1) * ATT_TILE; r++)
+                m = q_pos[r] > m ? q_pos[r] : m;
+            bounds[i] = m;
+        } else {
+            int j = (int)i - nqt, m = ATT_POS_NONE;
+            for (int c = j * ATT_TILE; c < tk && c < (j + 1) * ATT_TILE; c++)
+                m = k_pos[c] < m ? k_pos[c] : m;
+            bounds[i] = m;
+        }
+    }
+}
+
+/* the positions of tile rows row0.. into s, `fill` past n */
+static __device__ __forceinline__ void load_pos(int *s, const int32_t *pos, int row0, int n, int fill)
+{
+    for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x)
+        s[r] = row0 + r < n ? pos[row0 + r] : fill;
+}
+
+/* One block per (query tile, head, batch), as attention_forward_k, over the key tiles it can see. */
+template <int DC>
+static __global__ void __launch_bounds__(ATT_THREADS)
+    attention_block_forward_k(float *out, float *lse, const float *q, const float *k, const float *v,
+                              const int32_t *q_pos, const int32_t *k_pos, const int *bounds, int tq, int tk, int h,
+                              int kvh, int d, float scale)
+{
+    extern __shared__ float smem[];
+    const int ld = d + 1;
+    float *Qs = smem, *Ks = Qs + ATT_TILE * ld, *Vs = Ks + ATT_TILE * ld, *Ss = Vs + ATT_TILE * ld;
+    float *row_m = Ss + ATT_TILE * ATT_LDS, *row_l = row_m + ATT_TILE, *row_a = row_l + ATT_TILE;
+    int *qpos_s = (int *)(row_a + ATT_TILE), *kpos_s = qpos_s + ATT_TILE;
+    const int nqt = (tq + ATT_TILE - 1) / ATT_TILE, nkt = (tk + ATT_TILE - 1) / ATT_TILE;
+    const int qt = blockIdx.x, hi = blockIdx.y, bi = blockIdx.z, kh = hi / (h / kvh);
+    const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3, warp = tid >> 5, lane = tid & 31;
+    const int q0 = qt * ATT_TILE, qmax = bounds[qt];
+    const int64_t ldq = (int64_t)h * d, ldk = (int64_t)kvh * d;
+    const float *qb = q + (int64_t)bi * tq * ldq + (int64_t)hi * d;
+    const float *kb = k + (int64_t)bi * tk * ldk + (int64_t)kh * d;
+    const float *vb = v + (int64_t)bi * tk * ldk + (int64_t)kh * d;
+
+    load_tile(Qs, ld, qb, ldq, q0, tq, d);
+    load_pos(qpos_s, q_pos, q0, tq, -1);
+    if (tid < ATT_TILE) {
+        row_m[tid] = -INFINITY;
+        row_l[tid] = 0.0f;
+    }
+    float acc[4][DC];
+    for (int a = 0; a < 4; a++)
+        for (int cc = 0; cc < DC; cc++)
+            acc[a][cc] = 0.0f;
+
+    for (int kt = 0; kt < nkt; kt++) {
+        if (bounds[nqt + kt] > qmax) /* no key of the tile is visible to a query of ours */
+            continue;
+        const int k0 = kt * ATT_TILE;
+        __syncthreads(); /* the previous tile's K, V and P are used up */
+        load_tile(Ks, ld, kb, ldk, k0, tk, d);
+        load_tile(Vs, ld, vb, ldk, k0, tk, d);
+        load_pos(kpos_s, k_pos, k0, tk, ATT_POS_NONE);
+        __syncthreads();
+        float s[4][8];
+        tile_dot(s, Qs, Ks, ld, d, tx, ty);
+        for (int a = 0; a < 4; a++)
+            for (int jj = 0; jj < 8; jj++) {
+                int i = ty * 4 + a, j = tx + 8 * jj;
+                Ss[i * ATT_LDS + j] = kpos_s[j] <= qpos_s[i] ? s[a][jj] * scale : -INFINITY;
+            }
+        __syncthreads();
+        for (int r = warp * 16; r < warp * 16 + 16; r++) {
+            float *srow = Ss + r * ATT_LDS;
+            float x0 = srow[lane], x1 = srow[lane + 32], m_old = row_m[r];
+            float m_new = fmaxf(m_old, cuk_warp_max(fmaxf(x0, x1)));
+            float p0 = 0.0f, p1 = 0.0f, alpha = 1.0f;
+            if (m_new != -INFINITY) {
+                p0 = expf(x0 - m_new);
+                p1 = expf(x1 - m_new);
+                alpha = expf(m_old - m_new);
+            }
+            float sum = cuk_warp_sum(p0 + p1);
+            srow[lane] = p0;
+            srow[lane + 32] = p1;
+            if (lane == 0) {
+                row_l[r] = row_l[r] * alpha + sum;
+                row_m[r] = m_new;
+                row_a[r] = alpha;
+            }
+        }
+        __syncthreads();
+        for (int a = 0; a < 4; a++) {
+            float al = row_a[ty * 4 + a];
+            for (int cc = 0; cc < DC; cc++)
+                acc[a][cc] *= al;
+        }
+        const int kmax = tk - k0 < ATT_TILE ? tk - k0 : ATT_TILE;
+        for (int j = 0; j < kmax; j++) {
+            float pv[4];
+            for (int a = 0; a < 4; a++)
+                pv[a] = Ss[(ty * 4 + a) * ATT_LDS + j];
+            for (int cc = 0; cc < DC; cc++) {
+                int col = tx + 8 * cc;
+                if (col < d) {
+                    float vv = Vs[j * ld + col];
+                    for (int a = 0; a < 4; a++)
+                        acc[a][cc] += pv[a] * vv;
+                }
+            }
+        }
+    }
+    __syncthreads(); /* row_m, row_l written (also when no tile was visible) */
+    for (int a = 0; a < 4; a++) {
+        int i = ty * 4 + a, qi = q0 + i;
+        if (qi >= tq)
+            continue;
+        float l = row_l[i], inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float *orow = out + ((int64_t)bi * tq + qi) * ldq + (int64_t)hi * d;
+        for (int cc = 0; cc < DC; cc++) {
+            int col = tx + 8 * cc;
+            if (col < d)
+                orow[col] = acc[a][cc] * inv;
+        }
+        if (tx == 0)
+            lse[((int64_t)bi * h + hi) * tq + qi] = l > 0.0f ? row_m[i] + logf(l) : -INFINITY;
+    }
+}
+
+/* scores_to_grads with the mask from positions; a query at lse -inf has p = 0. */
+static __device__ __forceinline__ void block_scores_to_grads(float *Ps, float *dSs, const float *Qs,
+                                                             const float *dOs, const float *Ks, const float *Vs,
+                                                             const float *lse_s, const float *D_s, const int *qpos_s,
+                                                             const int *kpos_s, int ld, int d, float scale, int tx,
+                                                             int ty)
+{
+    float s[4][8];
+    tile_dot(s, Qs, Ks, ld, d, tx, ty);
+    float p[4][8];
+    for (int a = 0; a < 4; a++)
+        for (int jj = 0; jj < 8; jj++) {
+            int i = ty * 4 + a, j = tx + 8 * jj;
+            bool seen = kpos_s[j] <= qpos_s[i] && lse_s[i] != -INFINITY;
+            p[a][jj] = seen ? expf(s[a][jj] * scale - lse_s[i]) : 0.0f;
+            if (Ps)
+                Ps[i * ATT_LDS + j] = p[a][jj];
+        }
+    tile_dot(s, dOs, Vs, ld, d, tx, ty); /* s is now dP */
+    for (int a = 0; a < 4; a++)
+        for (int jj = 0; jj < 8; jj++) {
+            int i = ty * 4 + a, j = tx + 8 * jj;
+            dSs[i * ATT_LDS + j] = p[a][jj] * (s[a][jj] - D_s[i]);
+        }
+}
+
+/* One block per (key tile, kv head, batch): as attention_dkdv_k, over the query tiles that see it. */
+template <int DC>
+static __global__ void __launch_bounds__(ATT_THREADS)
+    attention_block_dkdv_k(float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
+                           const float *lse, const float *Dv, const int32_t *q_pos, const int32_t *k_pos,
+                           const int *bounds, int tq, int tk, int h, int kvh, int d, float scale)
+{
+    extern __shared__ float smem[];
+    const int ld = d + 1;
+    float *Ks = smem, *Vs = Ks + ATT_TILE * ld, *Qs = Vs + ATT_TILE * ld, *dOs = Qs + ATT_TILE * ld;
+    float *Ps = dOs + ATT_TILE * ld, *dSs = Ps + ATT_TILE * ATT_LDS;
+    float *lse_s = dSs + ATT_TILE * ATT_LDS, *D_s = lse_s + ATT_TILE;
+    int *qpos_s = (int *)(D_s + ATT_TILE), *kpos_s = qpos_s + ATT_TILE;
+    const int nqt = (tq + ATT_TILE - 1) / ATT_TILE;
+    const int kt = blockIdx.x, kh = blockIdx.y, bi = blockIdx.z, group = h / kvh;
+    const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
+    const int k0 = kt * ATT_TILE, kmin = bounds[nqt + kt];
+    const int64_t ldq = (int64_t)h * d, ldk = (int64_t)kvh * d;
+
+    load_tile(Ks, ld, k + (int64_t)bi * tk * ldk + (int64_t)kh * d, ldk, k0, tk, d);
+    load_tile(Vs, ld, v + (int64_t)bi * tk * ldk + (int64_t)kh * d, ldk, k0, tk, d);
+    load_pos(kpos_s, k_pos, k0, tk, ATT_POS_NONE);
+    float dka[4][DC], dva[4][DC];
+    for (int a = 0; a < 4; a++)
+        for (int cc = 0; cc < DC; cc++) {
+            dka[a][cc] = 0.0f;
+            dva[a][cc] = 0.0f;
+        }
+
+    for (int hi = kh * group; hi < (kh + 1) * group; hi++) {
+        const float *qb = q + (int64_t)bi * tq * ldq + (int64_t)hi * d;
+        const float *dob = dout + (int64_t)bi * tq * ldq + (int64_t)hi * d;
+        const float *lse_b = lse + ((int64_t)bi * h + hi) * tq, *D_b = Dv + ((int64_t)bi * h + hi) * tq;
+        for (int qt = 0; qt < nqt; qt++) {
+            if (bounds[qt] < kmin) /* no query of the tile sees a key of ours */
+                continue;
+            const int q0 = qt * ATT_TILE;
+            __syncthreads();
+            load_tile(Qs, ld, qb, ldq, q0, tq, d);
+            load_tile(dOs, ld, dob, ldq, q0, tq, d);
+            load_pos(qpos_s, q_pos, q0, tq, -1);
+            if (tid < ATT_TILE) {
+                int qi = q0 + tid;
+                lse_s[tid] = qi < tq ? lse_b[qi] : 0.0f;
+                D_s[tid] = qi < tq ? D_b[qi] : 0.0f;
+            }
+            __syncthreads();
+            block_scores_to_grads(Ps, dSs, Qs, dOs, Ks, Vs, lse_s, D_s, qpos_s, kpos_s, ld, d, scale, tx, ty);
+            __syncthreads();
+            const int imax = tq - q0 < ATT_TILE ? tq - q0 : ATT_TILE;
+            for (int i = 0; i < imax; i++) {
+                float pa[4], sa[4];
+                for (int a = 0; a < 4; a++) {
+                    pa[a] = Ps[i * ATT_LDS + ty * 4 + a];
+                    sa[a] = dSs[i * ATT_LDS + ty * 4 + a];
+                }
+                for (int cc = 0; cc < DC; cc++) {
+                    int col = tx + 8 * cc;
+                    if (col < d) {
+                        float g = dOs[i * ld + col], x = Qs[i * ld + col];
+                        for (int a = 0; a < 4; a++) {
+                            dva[a][cc] += pa[a] * g;
+                            dka[a][cc] += sa[a] * x;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (int a = 0; a < 4; a++) {
+        int kj = k0 + ty * 4 + a;
+        if (kj >= tk)
+            continue;
+        float *dkr = dk + ((int64_t)bi * tk + kj) * ldk + (int64_t)kh * d;
+        float *dvr = dv + ((int64_t)bi * tk + kj) * ldk + (int64_t)kh * d;
+        for (int cc = 0; cc < DC; cc++) {
+            int col = tx + 8 * cc;
+            if (col < d) {
+                dkr[col] += scale * dka[a][cc];
+                dvr[col] += dva[a][cc];
+            }
+        }
+    }
+}
+
+/* One block per (query tile, head, batch): as attention_dq_k, over the key tiles it can see. */
+template <int DC>
+static __global__ void __launch_bounds__(ATT_THREADS)
+    attention_block_dq_k(float *dq, const float *dout, const float *q, const float *k, const float *v,
+                         const float *lse, const float *Dv, const int32_t *q_pos, const int32_t *k_pos,
+                         const int *bounds, int tq, int tk, int h, int kvh, int d, float scale)
+{
+    extern __shared__ float smem[];
+    const int ld = d + 1;
+    float *Qs = smem, *dOs = Qs + ATT_TILE * ld, *Ks = dOs + ATT_TILE * ld, *Vs = Ks + ATT_TILE * ld;
+    float *dSs = Vs + ATT_TILE * ld, *lse_s = dSs + ATT_TILE * ATT_LDS, *D_s = lse_s + ATT_TILE;
+    int *qpos_s = (int *)(D_s + ATT_TILE), *kpos_s = qpos_s + ATT_TILE;
+    const int nqt = (tq + ATT_TILE - 1) / ATT_TILE, nkt = (tk + ATT_TILE - 1) / ATT_TILE;
+    const int qt = blockIdx.x, hi = blockIdx.y, bi = blockIdx.z, kh = hi / (h / kvh);
+    const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
+    const int q0 = qt * ATT_TILE, qmax = bounds[qt];
+    const int64_t ldq = (int64_t)h * d, ldk = (int64_t)kvh * d;
+    const float *kb = k + (int64_t)bi * tk * ldk + (int64_t)kh * d;
+    const float *vb = v + (int64_t)bi * tk * ldk + (int64_t)kh * d;
+
+    load_tile(Qs, ld, q + (int64_t)bi * tq * ldq + (int64_t)hi * d, ldq, q0, tq, d);
+    load_tile(dOs, ld, dout + (int64_t)bi * tq * ldq + (int64_t)hi * d, ldq, q0, tq, d);
+    load_pos(qpos_s, q_pos, q0, tq, -1);
+    if (tid < ATT_TILE) {
+        int qi = q0 + tid;
+        int64_t base = ((int64_t)bi * h + hi) * tq;
+        lse_s[tid] = qi < tq ? lse[base + qi] : 0.0f;
+        D_s[tid] = qi < tq ? Dv[base + qi] : 0.0f;
+    }
+    float dqa[4][DC];
+    for (int a = 0; a < 4; a++)
+        for (int cc = 0; cc < DC; cc++)
+            dqa[a][cc] = 0.0f;
+
+    for (int kt = 0; kt < nkt; kt++) {
+        if (bounds[nqt + kt] > qmax)
+            continue;
+        const int k0 = kt * ATT_TILE;
+        __syncthreads();
+        load_tile(Ks, ld, kb, ldk, k0, tk, d);
+        load_tile(Vs, ld, vb, ldk, k0, tk, d);
+        load_pos(kpos_s, k_pos, k0, tk, ATT_POS_NONE);
+        __syncthreads();
+        block_scores_to_grads(NULL, dSs, Qs, dOs, Ks, Vs, lse_s, D_s, qpos_s, kpos_s, ld, d, scale, tx, ty);
+        __syncthreads();
+        const int jmax = tk - k0 < ATT_TILE ? tk - k0 : ATT_TILE;
+        for (int j = 0; j < jmax; j++) {
+            float sa[4];
+            for (int a = 0; a < 4; a++)
+                sa[a] = dSs[(ty * 4 + a) * ATT_LDS + j];
+            for (int cc = 0; cc < DC; cc++) {
+                int col = tx + 8 * cc;
+                if (col < d) {
+                    float x = Ks[j * ld + col];
+                    for (int a = 0; a < 4; a++)
+                        dqa[a][cc] += sa[a] * x;
+                }
+            }
+        }
+    }
+    for (int a = 0; a < 4; a++) {
+        int qi = q0 + ty * 4 + a;
+        if (qi >= tq)
+            continue;
+        float *dqr = dq + ((int64_t)bi * tq + qi) * ldq + (int64_t)hi * d;
+        for (int cc = 0; cc < DC; cc++) {
+            int col = tx + 8 * cc;
+            if (col < d)
+                dqr[col] += scale * dqa[a][cc];
+        }
+    }
+}
+
+/* The two positions' extremes per tile, in scratch the caller puts back. */
+static int *tile_bounds(const cuk_env *e, const int32_t *q_pos, const int32_t *k_pos, int tq, int tk)
+{
+    int nqt = (tq + ATT_TILE - 1) / ATT_TILE, nkt = (tk + ATT_TILE - 1) / ATT_TILE;
+    int *bounds = (int *)cuda_scratch_get(e->dev, sizeof(int) * (size_t)(nqt + nkt + 1));
+    if (bounds)
+        att_tile_bounds_k<<<cuk_grid(e, nqt + nkt, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(bounds, q_pos, k_pos,
+                                                                                              tq, tk, nqt, nkt);
+    return bounds;
+}
+
+/* the positions' tile of ints next to each kernel's floats */
+#define ATT_POS_BYTES (2 * ATT_TILE * sizeof(int))
+
+template <int DC>
+static cudaError_t block_forward_launch(const cuk_env *e, float *out, float *lse, const float *q, const float *k,
+                                        const float *v, const int32_t *q_pos, const int32_t *k_pos,
+                                        const int *bounds, int b, int tq, int tk, int h, int kvh, int d)
+{
+    size_t bytes = smem_forward(d) + ATT_POS_BYTES;
+    cudaError_t err = smem_limit((const void *)attention_block_forward_k<DC>, bytes);
+    if (err != cudaSuccess)
+        return err;
+    dim3 grid((unsigned)((tq + ATT_TILE - 1) / ATT_TILE), (unsigned)h, (unsigned)b);
+    attention_block_forward_k<DC><<<grid, ATT_THREADS, bytes, e->stream>>>(
+        out, lse, q, k, v, q_pos, k_pos, bounds, tq, tk, h, kvh, d, (float)(1.0 / sqrt((double)d)));
+    return cudaGetLastError();
+}
+
+template <int DC>
+static cudaError_t block_backward_launch(const cuk_env *e, float *dq, float *dk, float *dv, const float *dout,
+                                         const float *q, const float *k, const float *v, const float *lse,
+                                         const float *Dv, const int32_t *q_pos, const int32_t *k_pos,
+                                         const int *bounds, int b, int tq, int tk, int h, int kvh, int d)
+{
+    const float scale = (float)(1.0 / sqrt((double)d));
+    size_t bytes_kv = smem_dkdv(d) + ATT_POS_BYTES, bytes_q = smem_dq(d) + ATT_POS_BYTES;
+    cudaError_t err = smem_limit((const void *)attention_block_dkdv_k<DC>, bytes_kv);
+    if (err == cudaSuccess)
+        err = smem_limit((const void *)attention_block_dq_k<DC>, bytes_q);
+    if (err != cudaSuccess)
+        return err;
+    const unsigned nqt = (unsigned)((tq + ATT_TILE - 1) / ATT_TILE), nkt = (unsigned)((tk + ATT_TILE - 1) / ATT_TILE);
+    attention_block_dkdv_k<DC><<<dim3(nkt, (unsigned)kvh, (unsigned)b), ATT_THREADS, bytes_kv, e->stream>>>(
+        dk, dv, dout, q, k, v, lse, Dv, q_pos, k_pos, bounds, tq, tk, h, kvh, d, scale);
+    attention_block_dq_k<DC><<<dim3(nqt, (unsigned)h, (unsigned)b), ATT_THREADS, bytes_q, e->stream>>>(
+        dq, dout, q, k, v, lse, Dv, q_pos, k_pos, bounds, tq, tk, h, kvh, d, scale);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuk_attention_block_forward(const cuk_env *e, float *out, float *lse, const float *q,
+                                                   const float *k, const float *v, const int32_t *q_pos,
+                                                   const int32_t *k_pos, int64_t b, int64_t tq, int64_t tk,
+                                                   int64_t h, int64_t kvh, int64_t d)
+{
+    if (d > CUK_ATTENTION_MAX_D)
+        return cudaErrorInvalidValue;
+    int B = (int)b, TQ = (int)tq, TK = (int)tk, H = (int)h, KVH = (int)kvh, D = (int)d;
+    int *bounds = tile_bounds(e, q_pos, k_pos, TQ, TK);
+    if (!bounds)
+        return cudaErrorMemoryAllocation;
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess) {
+        if (d <= 32)
+            err = block_forward_launch<4>(e, out, lse, q, k, v, q_pos, k_pos, bounds, B, TQ, TK, H, KVH, D);
+        else if (d <= 64)
+            err = block_forward_launch<8>(e, out, lse, q, k, v, q_pos, k_pos, bounds, B, TQ, TK, H, KVH, D);
+        else
+            err = block_forward_launch<16>(e, out, lse, q, k, v, q_pos, k_pos, bounds, B, TQ, TK, H, KVH, D);
+    }
+    cuda_scratch_put(e->dev, bounds);
+    return err;
+}
+
+extern "C" cudaError_t cuk_attention_block_backward(const cuk_env *e, float *dq, float *dk, float *dv,
+                                                    const float *dout, const float *q, const float *k,
+                                                    const float *v, const float *out, const float *lse,
+                                                    const int32_t *q_pos, const int32_t *k_pos, int64_t b,
+                                                    int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t d)
+{
+    if (d > CUK_ATTENTION_MAX_D)
+        return cudaErrorInvalidValue;
+    int B = (int)b, TQ = (int)tq, TK = (int)tk, H = (int)h, KVH = (int)kvh, D = (int)d;
+    int64_t rows = b * tq * h;
+    float *Dv = (float *)cuda_scratch_get(e->dev, sizeof(float) * (size_t)rows);
+    if (!Dv)
+        return cudaErrorMemoryAllocation;
+    int *bounds = tile_bounds(e, q_pos, k_pos, TQ, TK);
+    if (!bounds) {
+        cuda_scratch_put(e->dev, Dv);
+        return cudaErrorMemoryAllocation;
+    }
+    attention_dvec_k<<<cuk_grid(e, rows * 32, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(Dv, dout, out, rows, TQ,
+                                                                                          H, D);
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess) {
+        if (d <= 32)
+            err = block_backward_launch<4>(e, dq, dk, dv, dout, q, k, v, lse, Dv, q_pos, k_pos, bounds, B, TQ, TK,
+                                           H, KVH, D);
+        else if (d <= 64)
+            err = block_backward_launch<8>(e, dq, dk, dv, dout, q, k, v, lse, Dv, q_pos, k_pos, bounds, B, TQ, TK,
+                                           H, KVH, D);
+        else
+            err = block_backward_launch<16>(e, dq, dk, dv, dout, q, k, v, lse, Dv, q_pos, k_pos, bounds, B, TQ, TK,
+                                            H, KVH, D);
+    }
+    cuda_scratch_put(e->dev, bounds);
+    cuda_scratch_put(e->dev, Dv);
+    return err;
+}
+
+/* ---------------------------------------------------------------- merge */
+
+/* The merged log-sum-exp of two sides; a side at -inf drops out. */
+static __device__ __forceinline__ float lse_add(float l1, float l2)
+{
+    if (l1 == -INFINITY)
+        return l2;
+    if (l2 == -INFINITY)
+        return l1;
+    float mx = fmaxf(l1, l2), mn = fminf(l1, l2);
+    return mx + log1pf(expf(mn - mx));
+}
+
+/* out (b,t,h,d) = out exp(lse - l) + out2 exp(lse2 - l), l = lse_add(lse, lse2): every element
+ * reads its row's two lse, so lse itself is updated by the next kernel. */
+static __global__ void attention_merge_out_k(float *out, const float *lse, const float *out2, const float *lse2,
+                                             int64_t n, int t, int h, int d)
+{
+    CUK_FOR(idx, n) {
+        int64_t row = idx / d, hi = row % h, ti = (row / h) % t, bi = row / ((int64_t)h * t);
+        int64_t li = (bi * h + hi) * t + ti;
+        float l1 = lse[li], l2 = lse2[li];
+        if (l2 == -INFINITY) {
+            if (l1 == -INFINITY)
+                out[idx] = 0.0f;
+            continue;
+        }
+        if (l1 == -INFINITY) {
+            out[idx] = out2[idx];
+            continue;
+        }
+        float l = lse_add(l1, l2);
+        out[idx] = out[idx] * expf(l1 - l) + out2[idx] * expf(l2 - l);
+    }
+}
+
+static __global__ void attention_merge_lse_k(float *lse, const float *lse2, int64_t n)
+{
+    CUK_FOR(i, n) lse[i] = lse_add(lse[i], lse2[i]);
+}
+
+extern "C" cudaError_t cuk_attention_merge(const cuk_env *e, float *out, float *lse, const float *out2,
+                                           const float *lse2, int64_t b, int64_t t, int64_t h, int64_t d)
+{
+    int64_t n = b * t * h * d, rows = b * h * t;
+    attention_merge_out_k<<<cuk_grid(e, n, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(out, lse, out2, lse2, n, (int)t,
+                                                                                      (int)h, (int)d);
+    attention_merge_lse_k<<<cuk_grid(e, rows, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(lse, lse2, rows);
+    return cudaGetLastError();
 }

@@ -418,8 +418,9 @@ ct_status cuda_bias_backward(ct_device *dev, float *dbias, const float *dout, in
 
 /* ---------------------------------------------------------------- rope */
 
-static ct_status rope_checked(cuda_device *d, const char *op, float *out, const float *x, int64_t b, int64_t t,
-                              int64_t h, int64_t hd, float theta, int backward)
+/* pos: the positions of rope_*_pos (required when with_pos), or NULL for rows 0..t-1 */
+static ct_status rope_checked(cuda_device *d, const char *op, float *out, const float *x, const int32_t *pos,
+                              int with_pos, int64_t b, int64_t t, int64_t h, int64_t hd, float theta, int backward)
 {
     if (b < 0 || t < 0 || h < 0 || hd < 0)
         return cuda_fail(d, CT_ERR_INVALID, op, "negative shape b=%lld t=%lld h=%lld d=%lld", (long long)b,
@@ -430,12 +431,12 @@ static ct_status rope_checked(cuda_device *d, const char *op, float *out, const 
         return cuda_fail(d, CT_ERR_INVALID, op, "theta %g, expected > 0", (double)theta);
     if (b == 0 || t == 0 || h == 0 || hd == 0)
         return CT_OK;
-    if (!out || !x)
+    if (!out || !x || (with_pos && !pos))
         return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
     ct_status st = cuda_enter(d, op);
     if (st != CT_OK)
         return st;
-    cudaError_t e = cuk_rope(&d->env, out, x, NULL, b, t, h, hd, theta, backward);
+    cudaError_t e = cuk_rope(&d->env, out, x, pos, b, t, h, hd, theta, backward);
     return e == cudaSuccess ? CT_OK : cuda_error(d, op, "kernel launch", e);
 }
 
@@ -445,7 +446,7 @@ ct_status cuda_rope_forward(ct_device *dev, float *out, const float *x, int64_t 
     cuda_device *d = dev;
     if (!d)
         return CT_ERR_INVALID;
-    return rope_checked(d, "rope_forward", out, x, b, t, h, hd, theta, 0);
+    return rope_checked(d, "rope_forward", out, x, NULL, 0, b, t, h, hd, theta, 0);
 }
 
 ct_status cuda_rope_backward(ct_device *dev, float *dx, const float *dout, int64_t b, int64_t t, int64_t h,
@@ -454,7 +455,25 @@ ct_status cuda_rope_backward(ct_device *dev, float *dx, const float *dout, int64
     cuda_device *d = dev;
     if (!d)
         return CT_ERR_INVALID;
-    return rope_checked(d, "rope_backward", dx, dout, b, t, h, hd, theta, 1);
+    return rope_checked(d, "rope_backward", dx, dout, NULL, 0, b, t, h, hd, theta, 1);
+}
+
+ct_status cuda_rope_forward_pos(ct_device *dev, float *out, const float *x, const int32_t *pos, int64_t b, int64_t t,
+                                int64_t h, int64_t hd, float theta)
+{
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    return rope_checked(d, "rope_forward_pos", out, x, pos, 1, b, t, h, hd, theta, 0);
+}
+
+ct_status cuda_rope_backward_pos(ct_device *dev, float *dx, const float *dout, const int32_t *pos, int64_t b,
+                                 int64_t t, int64_t h, int64_t hd, float theta)
+{
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    return rope_checked(d, "rope_backward_pos", dx, dout, pos, 1, b, t, h, hd, theta, 1);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -528,6 +547,92 @@ ct_status cuda_attention_backward(ct_device *dev, float *dq, float *dk, float *d
     cudaError_t e = cuk_attention_backward(&d->env, dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, hd);
     if (e != cudaSuccess)
         return cuda_error(d, "attention_backward", "kernel launch", e);
+    return CT_OK;
+}
+
+/* ---------------------------------------------------------------- attention by blocks (ABI 2.3) */
+
+static ct_status attention_block_check(cuda_device *d, const char *op, int64_t b, int64_t tq, int64_t tk, int64_t h,
+                                       int64_t kvh, int64_t hd)
+{
+    if (tk < 0 || tk > INT_MAX)
+        return cuda_fail(d, CT_ERR_INVALID, op, "tk=%lld, expected 0..%d", (long long)tk, INT_MAX);
+    return attention_check(d, op, b, tq, h, kvh, hd);
+}
+
+ct_status cuda_attention_block_forward(ct_device *dev, float *out, float *lse, const float *q, const float *k,
+                                       const float *v, const int32_t *q_pos, const int32_t *k_pos, int64_t b,
+                                       int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t hd)
+{
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    const char *op = "attention_block_forward";
+    ct_status st = attention_block_check(d, op, b, tq, tk, h, kvh, hd);
+    if (st != CT_OK)
+        return st;
+    if (b == 0 || tq == 0 || h == 0)
+        return CT_OK;
+    if (!out || !lse || !q || !q_pos || (tk > 0 && (!k || !v || !k_pos)))
+        return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
+    if (tk == 0) { /* no key tile: the kernel reads none of these, they only need to be addresses */
+        k = v = q;
+        k_pos = q_pos;
+    }
+    st = cuda_enter(d, op);
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_attention_block_forward(&d->env, out, lse, q, k, v, q_pos, k_pos, b, tq, tk, h, kvh, hd);
+    if (e != cudaSuccess)
+        return cuda_error(d, op, "kernel launch", e);
+    return CT_OK;
+}
+
+ct_status cuda_attention_merge(ct_device *dev, float *out, float *lse, const float *out2, const float *lse2, int64_t b,
+                               int64_t t, int64_t h, int64_t hd)
+{
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (b < 0 || t < 0 || h < 0 || hd < 0)
+        return cuda_fail(d, CT_ERR_INVALID, "attention_merge", "negative shape b=%lld t=%lld h=%lld d=%lld",
+                         (long long)b, (long long)t, (long long)h, (long long)hd);
+    if (b == 0 || t == 0 || h == 0)
+        return CT_OK;
+    if (!out || !lse || !out2 || !lse2)
+        return cuda_fail(d, CT_ERR_INVALID, "attention_merge", "null pointer");
+    ct_status st = cuda_enter(d, "attention_merge");
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_attention_merge(&d->env, out, lse, out2, lse2, b, t, h, hd);
+    if (e != cudaSuccess)
+        return cuda_error(d, "attention_merge", "kernel launch", e);
+    return CT_OK;
+}
+
+ct_status cuda_attention_block_backward(ct_device *dev, float *dq, float *dk, float *dv, const float *dout,
+                                        const float *q, const float *k, const float *v, const float *out,
+                                        const float *lse, const int32_t *q_pos, const int32_t *k_pos, int64_t b,
+                                        int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t hd)
+{
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    const char *op = "attention_block_backward";
+    ct_status st = attention_block_check(d, op, b, tq, tk, h, kvh, hd);
+    if (st != CT_OK)
+        return st;
+    if (b == 0 || tq == 0 || tk == 0 || h == 0)
+        return CT_OK;
+    if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse || !q_pos || !k_pos)
+        return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
+    st = cuda_enter(d, op);
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_attention_block_backward(&d->env, dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, b, tq,
+                                                 tk, h, kvh, hd);
+    if (e != cudaSuccess)
+        return cuda_error(d, op, "kernel launch", e);
     return CT_OK;
 }
 

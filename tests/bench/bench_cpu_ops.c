@@ -14,6 +14,7 @@
 
 #include <dlfcn.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +123,80 @@ static void bench_attention(int64_t b, int64_t t, int64_t h, int64_t kvh, int64_
         api->free(dev, bufs[i]);
 }
 
+/* One context-parallel rank's buffers: queries at qpos against cp key blocks at kpos[s]. */
+typedef struct cp_rank {
+    float *q, *k, *v, *out, *o2, *lse, *l2, *dout, *dq, *dk, *dv;
+    int32_t *qpos, *kpos[8];
+    int64_t b, tl, h, kvh, d;
+    int cp;
+} cp_rank;
+
+/* the ring forward: the rank's own block, then every other block merged in */
+static ct_status cp_ring_forward(const cp_rank *c)
+{
+    ct_status st = CT_OK;
+    for (int s = 0; s < c->cp && st == CT_OK; s++) {
+        st = api->attention_block_forward(dev, s ? c->o2 : c->out, s ? c->l2 : c->lse, c->q, c->k, c->v, c->qpos,
+                                          c->kpos[s], c->b, c->tl, c->tl, c->h, c->kvh, c->d);
+        if (s && st == CT_OK)
+            st = api->attention_merge(dev, c->out, c->lse, c->o2, c->l2, c->b, c->tl, c->h, c->d);
+    }
+    return st;
+}
+
+static ct_status cp_ring_backward(const cp_rank *c)
+{
+    ct_status st = CT_OK;
+    for (int s = 0; s < c->cp && st == CT_OK; s++)
+        st = api->attention_block_backward(dev, c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->out, c->lse,
+                                           c->qpos, c->kpos[s], c->b, c->tl, c->tl, c->h, c->kvh, c->d);
+    return st;
+}
+
+/* Context parallel (ABI 2.3): a t-row sequence over cp ranks in load-balanced chunks (rank r
+ * holds chunks r and 2cp-1-r of 2cp), each rank's ring of cp key blocks (block forward + merge,
+ * then the cp block backwards) timed per rank. Balanced and mask-skipping, each rank's time is
+ * about the whole sequence's attention (bench_attention at t) over cp. */
+static void bench_attention_cp(int64_t b, int64_t t, int cp, int64_t h, int64_t kvh, int64_t d)
+{
+    if (api->struct_size < offsetof(ct_device_api, attention_block_backward) + sizeof(void *) ||
+        !api->attention_block_forward || !api->attention_merge || !api->attention_block_backward || cp > 8)
+        return;
+    int64_t tl = t / cp, chunk = t / (2 * cp), nq = b * tl * h * d, nk = b * tl * kvh * d;
+    cp_rank c = {.q = buf(nq, 1), .k = buf(nk, 1), .v = buf(nk, 1), .out = buf(nq, 0), .o2 = buf(nq, 0),
+                 .lse = buf(b * h * tl, 0), .l2 = buf(b * h * tl, 0), .dout = buf(nq, 1), .dq = buf(nq, 0),
+                 .dk = buf(nk, 0), .dv = buf(nk, 0), .b = b, .tl = tl, .h = h, .kvh = kvh, .d = d, .cp = cp};
+    int32_t *host_pos = malloc((size_t)tl * sizeof(int32_t));
+    for (int r = 0; r < cp; r++) {
+        for (int64_t i = 0; i < chunk; i++) {
+            host_pos[i] = (int32_t)(r * chunk + i);
+            host_pos[chunk + i] = (int32_t)((2 * cp - 1 - r) * chunk + i);
+        }
+        void *p;
+        if (api->alloc(dev, (size_t)tl * sizeof(int32_t), &p) != CT_OK)
+            exit(1);
+        api->copy(dev, p, host_pos, (size_t)tl * sizeof(int32_t), CT_COPY_H2D);
+        c.kpos[r] = p;
+    }
+    double fwd = 4.0 * b * h * t * t * d / 2 / cp; /* a rank's share of the causal scores */
+    char label[128];
+    for (int r = 0; r < cp; r++) {
+        c.qpos = c.kpos[r];
+        snprintf(label, sizeof label, "cp ring fwd rank %d/%d b=%ld t=%ld h=%ld kvh=%ld d=%ld", r, cp, (long)b,
+                 (long)t, (long)h, (long)kvh, (long)d);
+        TIME(label, fwd, cp_ring_forward(&c));
+        snprintf(label, sizeof label, "cp ring bwd rank %d/%d b=%ld t=%ld h=%ld kvh=%ld d=%ld", r, cp, (long)b,
+                 (long)t, (long)h, (long)kvh, (long)d);
+        TIME(label, 2.5 * fwd, cp_ring_backward(&c));
+    }
+    float *bufs[] = {c.q, c.k, c.v, c.out, c.o2, c.lse, c.l2, c.dout, c.dq, c.dk, c.dv};
+    for (int i = 0; i < 11; i++)
+        api->free(dev, bufs[i]);
+    for (int r = 0; r < cp; r++)
+        api->free(dev, c.kpos[r]);
+    free(host_pos);
+}
+
 static void bench_model(const char *name, int64_t n, int64_t c, int64_t ffn, int64_t vocab)
 {
     char label[128];
@@ -191,6 +266,8 @@ int main(int argc, char **argv)
     printf("device %s, %d threads, sgemm peak %.1f GFLOP/s\n", di.name, di.threads, peak / 1e9);
     bench_attention(8, 256, 16, 16, 16);
     bench_attention(4, 512, 12, 12, 64);
+    bench_attention(1, 2048, 12, 12, 64);
+    bench_attention_cp(1, 2048, 4, 12, 12, 64);
     bench_model("debugmodel", 8 * 256, 256, 768, 2000);
     bench_model("124M", 4 * 512, 768, 3072, 50257);
     api->destroy(dev);

@@ -3,7 +3,9 @@
  * 128 over several tiles with grouped heads, cross-entropy over a 128256 vocabulary, an embedding
  * backward with many repeated ids and several column slices, column sums over 300000 rows,
  * RoPE at head dim 128, a large matmul with transposes, long sums and a tensor-wide amax; the
- * elementwise ops of ABI 2.1 must match bit for bit.
+ * elementwise ops of ABI 2.1 must match bit for bit. ABI 2.3's context-parallel ops: one rank's
+ * ring of attention blocks at load-balanced (and shuffled) positions, merged, and their backward,
+ * over 2 to 4 ranks at head dims 48 to 128, and RoPE at those positions.
  *
  *     cross_check REFERENCE.so TESTED.so [RTOL]
  *
@@ -360,6 +362,108 @@ static void norm_weight_case(device *R, device *T, int64_t n, int64_t c)
     free(x), free(g), free(rs);
 }
 
+/* Context parallel's ring (ABI 2.3) for one query rank: rank qr of cp holds chunks qr and 2cp-1-qr of
+ * a t-row sequence (shuffled within the rank when `shuffle`); its queries meet every rank's keys one
+ * block at a time, merged by log-sum-exp, then each block's backward from the merged out and lse,
+ * the key ranks' dk, dv starting from values. RoPE at the rank's positions too. */
+static void cp_positions(int32_t *pos, int64_t t, int cp, int rank, int shuffle)
+{
+    int64_t chunk = t / (2 * cp), n = 0;
+    for (int64_t i = 0; i < chunk; i++)
+        pos[n++] = (int32_t)(rank * chunk + i);
+    for (int64_t i = 0; i < chunk; i++)
+        pos[n++] = (int32_t)((2 * cp - 1 - rank) * chunk + i);
+    for (int64_t i = n - 1; shuffle && i > 0; i--) {
+        int64_t j = (int64_t)((urand() + 1.0f) * 0.5f * (float)(i + 1));
+        j = j > i ? i : j;
+        int32_t tmp = pos[i];
+        pos[i] = pos[j];
+        pos[j] = tmp;
+    }
+}
+
+#define CC_MAX_CP 4
+static void cp_ring_case(device *R, device *T, int64_t b, int64_t t, int cp, int qr, int64_t h, int64_t kvh,
+                         int64_t d, int shuffle)
+{
+    int64_t tl = t / cp, nq = b * tl * h * d, nk = b * tl * kvh * d, nl = b * h * tl;
+    int32_t *pos[CC_MAX_CP];
+    float *k[CC_MAX_CP], *v[CC_MAX_CP], *gk0[CC_MAX_CP], *gv0[CC_MAX_CP];
+    for (int s = 0; s < cp; s++) {
+        pos[s] = malloc(sizeof(int32_t) * (size_t)tl);
+        cp_positions(pos[s], t, cp, s, shuffle);
+        k[s] = rand_host(nk, 1.5f), v[s] = rand_host(nk, 1), gk0[s] = rand_host(nk, 0.5f), gv0[s] = rand_host(nk, 0.5f);
+    }
+    float *q = rand_host(nq, 1.5f), *g = rand_host(nq, 1), *gq0 = rand_host(nq, 0.5f);
+    float *res[2][5 + 2 * CC_MAX_CP];
+    int64_t ns[5 + 2 * CC_MAX_CP] = {nq, nl, nq, nq, nq};
+    device *devs[2] = {R, T};
+    for (int r = 0; r < 3; r++) { /* R once, T twice (determinism) */
+        device *D = devs[r > 0];
+        float *dq = up(D, q, 4 * nq), *dg = up(D, g, 4 * nq), *gq = up(D, gq0, 4 * nq);
+        float *out = up(D, NULL, 4 * nq), *lse = up(D, NULL, 4 * nl), *o2 = up(D, NULL, 4 * nq), *l2 = up(D, NULL, 4 * nl);
+        float *rq = up(D, q, 4 * nq), *rg = up(D, gq0, 4 * nq);
+        float *dk[CC_MAX_CP], *dv[CC_MAX_CP], *gk[CC_MAX_CP], *gv[CC_MAX_CP];
+        int32_t *dpos[CC_MAX_CP];
+        for (int s = 0; s < cp; s++) {
+            dk[s] = up(D, k[s], 4 * nk), dv[s] = up(D, v[s], 4 * nk);
+            gk[s] = up(D, gk0[s], 4 * nk), gv[s] = up(D, gv0[s], 4 * nk);
+            dpos[s] = up(D, pos[s], 4 * tl);
+        }
+        for (int step = 0; step < cp; step++) {
+            int s = (qr - step + cp) % cp;
+            must(D->api->attention_block_forward(D->dev, step ? o2 : out, step ? l2 : lse, dq, dk[s], dv[s], dpos[qr],
+                                                 dpos[s], b, tl, tl, h, kvh, d),
+                 D, "attention_block_forward");
+            if (step)
+                must(D->api->attention_merge(D->dev, out, lse, o2, l2, b, tl, h, d), D, "attention_merge");
+        }
+        for (int s = 0; s < cp; s++)
+            must(D->api->attention_block_backward(D->dev, gq, gk[s], gv[s], dg, dq, dk[s], dv[s], out, lse, dpos[qr],
+                                                  dpos[s], b, tl, tl, h, kvh, d),
+                 D, "attention_block_backward");
+        must(D->api->rope_forward_pos(D->dev, rq, rq, dpos[qr], b, tl, h, d, 500000.0f), D, "rope_forward_pos");
+        must(D->api->rope_backward_pos(D->dev, rg, dg, dpos[qr], b, tl, h, d, 500000.0f), D, "rope_backward_pos");
+        float *got[5 + 2 * CC_MAX_CP] = {down(D, out, nq), down(D, lse, nl), down(D, gq, nq), down(D, rq, nq),
+                                         down(D, rg, nq)};
+        for (int s = 0; s < cp; s++) {
+            got[5 + 2 * s] = down(D, gk[s], nk);
+            got[6 + 2 * s] = down(D, gv[s], nk);
+            ns[5 + 2 * s] = ns[6 + 2 * s] = nk;
+        }
+        if (r < 2)
+            memcpy(res[r], got, sizeof got);
+        else
+            for (int i = 0; i < 5 + 2 * cp; i++) {
+                same_bits("cp ring (twice)", res[1][i], got[i], ns[i]);
+                free(got[i]);
+            }
+        void *bufs[] = {dq, dg, gq, out, lse, o2, l2, rq, rg};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            D->api->free(D->dev, bufs[i]);
+        for (int s = 0; s < cp; s++) {
+            void *kb[] = {dk[s], dv[s], gk[s], gv[s], dpos[s]};
+            for (size_t i = 0; i < sizeof kb / sizeof kb[0]; i++)
+                D->api->free(D->dev, kb[i]);
+        }
+    }
+    char what[128];
+    const char *names[5] = {"merged out", "merged lse", "dq", "rope_forward_pos", "rope_backward_pos"};
+    for (int i = 0; i < 5 + 2 * cp; i++) {
+        char kname[32];
+        if (i >= 5)
+            snprintf(kname, sizeof kname, "%s of rank %d", (i - 5) % 2 ? "dv" : "dk", (i - 5) / 2);
+        snprintf(what, sizeof what, "cp%d%s t%lld h%lld kvh%lld d%lld %s", cp, shuffle ? " shuffled" : "",
+                 (long long)t, (long long)h, (long long)kvh, (long long)d, i < 5 ? names[i] : kname);
+        compare(what, res[0][i], res[1][i], ns[i]);
+        free(res[0][i]);
+        free(res[1][i]);
+    }
+    for (int s = 0; s < cp; s++)
+        free(pos[s]), free(k[s]), free(v[s]), free(gk0[s]), free(gv0[s]);
+    free(q), free(g), free(gq0);
+}
+
 static void rope_matmul_sum_case(device *R, device *T)
 {
     const int64_t b = 1, t = 300, h = 4, d = 128, n = b * t * h * d;
@@ -500,6 +604,9 @@ int main(int argc, char **argv)
     attention_case(&R, &T, 1, 200, 4, 2, 64);
     attention_case(&R, &T, 1, 130, 2, 1, 128);
     attention_case(&R, &T, 2, 70, 3, 3, 48);
+    cp_ring_case(&R, &T, 1, 512, 4, 1, 4, 2, 64, 0);
+    cp_ring_case(&R, &T, 2, 264, 2, 0, 2, 1, 128, 1);
+    cp_ring_case(&R, &T, 1, 300, 3, 2, 3, 3, 48, 1);
     cross_entropy_case(&R, &T, 5, 128256);
     embedding_backward_case(&R, &T, 6000, 300, 50);
     norm_weight_case(&R, &T, 300000, 8);
