@@ -4,7 +4,8 @@
  * Each op checks its arguments here, reports bad ones through host->set_error, and hands the
  * work to the f32 kernels (kernels_impl.h instanced by kernels_f32.c, and kernels_fp8.c for the
  * float8 ops of ABI 1.2). The ABI 1.3 ops (vocabulary-sharded embedding and cross-entropy,
- * copy_2d) and the elementwise ops of ABI 2.1 (ew_*) are kernels_impl.h's too. Memory is plain host memory: the host does the accounting,
+ * copy_2d), the elementwise ops of ABI 2.1 (ew_*) and the explicit-position rope and blockwise
+ * attention of ABI 2.3 are kernels_impl.h's too. Memory is plain host memory: the host does the accounting,
  * copies are memcpy, and every op has finished when it returns, so synchronize has nothing to
  * wait for.
  *
@@ -17,6 +18,7 @@
 #include "ctitan/host.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -861,6 +863,129 @@ static ct_status cpu_attention_backward(ct_device *dev, float *dq, float *dk, fl
     return CT_OK;
 }
 
+/* ---------------------------------------------------------------- context parallel (ABI 2.3) */
+
+static ct_status cpu_rope_pos(ct_device *dev, const char *op, float *out, const float *x,
+                              const int32_t *pos, int64_t b, int64_t t, int64_t h, int64_t hd,
+                              float theta, int backward)
+{
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (b < 0 || t < 0 || h < 0 || hd < 0)
+        return cpu_fail(d, CT_ERR_INVALID, op, "negative shape b=%lld t=%lld h=%lld d=%lld",
+                        (long long)b, (long long)t, (long long)h, (long long)hd);
+    if (hd % 2 != 0)
+        return cpu_fail(d, CT_ERR_INVALID, op, "head dim %lld is odd, expected pairs",
+                        (long long)hd);
+    if (!(theta > 0))
+        return cpu_fail(d, CT_ERR_INVALID, op, "theta %g, expected > 0", (double)theta);
+    if (b == 0 || t == 0 || h == 0 || hd == 0)
+        return CT_OK;
+    if (!out || !x || !pos)
+        return cpu_fail(d, CT_ERR_INVALID, op, "null pointer");
+    cpu_enter(d);
+    int rc = backward ? rope_backward_pos_f32(out, x, pos, b, t, h, hd, theta)
+                      : rope_forward_pos_f32(out, x, pos, b, t, h, hd, theta);
+    if (rc != 0)
+        return cpu_fail(d, CT_ERR_NOMEM, op, "cannot allocate the cos/sin table");
+    return CT_OK;
+}
+
+static ct_status cpu_rope_forward_pos(ct_device *dev, float *out, const float *x, const int32_t *pos,
+                                      int64_t b, int64_t t, int64_t h, int64_t hd, float theta)
+{
+    return cpu_rope_pos(dev, "rope_forward_pos", out, x, pos, b, t, h, hd, theta, 0);
+}
+
+static ct_status cpu_rope_backward_pos(ct_device *dev, float *dx, const float *dout,
+                                       const int32_t *pos, int64_t b, int64_t t, int64_t h,
+                                       int64_t hd, float theta)
+{
+    return cpu_rope_pos(dev, "rope_backward_pos", dx, dout, pos, b, t, h, hd, theta, 1);
+}
+
+/* Shared shape checks of the block attention ops: attention_check's, with tq and tk apart. */
+static ct_status cpu_attention_block_check(cpu_device *d, const char *op, int64_t b, int64_t tq,
+                                           int64_t tk, int64_t h, int64_t kvh, int64_t hd)
+{
+    if (tk < 0 || tk > INT_MAX)
+        return cpu_fail(d, CT_ERR_INVALID, op, "tk=%lld, expected 0..%d", (long long)tk, INT_MAX);
+    return cpu_attention_check(d, op, b, tq, h, kvh, hd);
+}
+
+static ct_status cpu_attention_block_forward(ct_device *dev, float *out, float *lse, const float *q,
+                                             const float *k, const float *v, const int32_t *q_pos,
+                                             const int32_t *k_pos, int64_t b, int64_t tq,
+                                             int64_t tk, int64_t h, int64_t kvh, int64_t hd)
+{
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    const char *op = "attention_block_forward";
+    ct_status st = cpu_attention_block_check(d, op, b, tq, tk, h, kvh, hd);
+    if (st != CT_OK)
+        return st;
+    if (b == 0 || tq == 0 || h == 0)
+        return CT_OK;
+    if (!out || !lse || !q || !q_pos || (tk > 0 && (!k || !v || !k_pos)))
+        return cpu_fail(d, CT_ERR_INVALID, op, "null pointer");
+    cpu_enter(d);
+    if (tk == 0) { /* an empty key block: no query sees a key */
+        memset(out, 0, (size_t)(b * tq * h * hd) * sizeof(float));
+        for (int64_t i = 0; i < b * h * tq; i++)
+            lse[i] = -INFINITY;
+        return CT_OK;
+    }
+    if (attention_block_forward_f32(out, lse, q, k, v, q_pos, k_pos, b, tq, tk, h, kvh, hd) != 0)
+        return cpu_fail(d, CT_ERR_NOMEM, op, "cannot allocate scratch memory");
+    return CT_OK;
+}
+
+static ct_status cpu_attention_merge(ct_device *dev, float *out, float *lse, const float *out2,
+                                     const float *lse2, int64_t b, int64_t t, int64_t h, int64_t hd)
+{
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (b < 0 || t < 0 || h < 0 || hd < 0)
+        return cpu_fail(d, CT_ERR_INVALID, "attention_merge",
+                        "negative shape b=%lld t=%lld h=%lld d=%lld", (long long)b, (long long)t,
+                        (long long)h, (long long)hd);
+    if (b == 0 || t == 0 || h == 0)
+        return CT_OK;
+    if (!out || !lse || !out2 || !lse2)
+        return cpu_fail(d, CT_ERR_INVALID, "attention_merge", "null pointer");
+    cpu_enter(d);
+    attention_merge_f32(out, lse, out2, lse2, b, t, h, hd);
+    return CT_OK;
+}
+
+static ct_status cpu_attention_block_backward(ct_device *dev, float *dq, float *dk, float *dv,
+                                              const float *dout, const float *q, const float *k,
+                                              const float *v, const float *out, const float *lse,
+                                              const int32_t *q_pos, const int32_t *k_pos, int64_t b,
+                                              int64_t tq, int64_t tk, int64_t h, int64_t kvh,
+                                              int64_t hd)
+{
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    const char *op = "attention_block_backward";
+    ct_status st = cpu_attention_block_check(d, op, b, tq, tk, h, kvh, hd);
+    if (st != CT_OK)
+        return st;
+    if (b == 0 || tq == 0 || tk == 0 || h == 0)
+        return CT_OK;
+    if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse || !q_pos || !k_pos)
+        return cpu_fail(d, CT_ERR_INVALID, op, "null pointer");
+    cpu_enter(d);
+    if (attention_block_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, b, tq, tk,
+                                     h, kvh, hd) != 0)
+        return cpu_fail(d, CT_ERR_NOMEM, op, "cannot allocate scratch memory");
+    return CT_OK;
+}
+
 static ct_status cpu_swiglu_forward(ct_device *dev, float *out, const float *a, const float *g,
                                     int64_t n)
 {
@@ -1489,6 +1614,11 @@ static const ct_device_api cpu_api = {
     .ew_sign = cpu_ew_sign,
     .ew_clamp = cpu_ew_clamp,
     .ew_greater = cpu_ew_greater,
+    .rope_forward_pos = cpu_rope_forward_pos,
+    .rope_backward_pos = cpu_rope_backward_pos,
+    .attention_block_forward = cpu_attention_block_forward,
+    .attention_merge = cpu_attention_merge,
+    .attention_block_backward = cpu_attention_block_backward,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

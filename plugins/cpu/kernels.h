@@ -60,6 +60,23 @@ int rope_forward_f32(float *out, const float *x, int64_t b, int64_t t, int64_t h
 int rope_backward_f32(float *dx, const float *dout, int64_t b, int64_t t, int64_t h, int64_t d,
                       float theta);
 
+/* ABI 2.3: positions from arrays (int32, any values >= 0, in any order). */
+int rope_forward_pos_f32(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t,
+                         int64_t h, int64_t d, float theta);
+int rope_backward_pos_f32(float *dx, const float *dout, const int32_t *pos, int64_t b, int64_t t,
+                          int64_t h, int64_t d, float theta);
+int attention_block_forward_f32(float *out, float *lse, const float *q, const float *k,
+                                const float *v, const int32_t *q_pos, const int32_t *k_pos,
+                                int64_t b, int64_t tq, int64_t tk, int64_t h, int64_t kvh,
+                                int64_t d);
+void attention_merge_f32(float *out, float *lse, const float *out2, const float *lse2, int64_t b,
+                         int64_t t, int64_t h, int64_t d);
+int attention_block_backward_f32(float *dq, float *dk, float *dv, const float *dout,
+                                 const float *q, const float *k, const float *v, const float *out,
+                                 const float *lse, const int32_t *q_pos, const int32_t *k_pos,
+                                 int64_t b, int64_t tq, int64_t tk, int64_t h, int64_t kvh,
+                                 int64_t d);
+
 int attention_forward_f32(float *out, float *lse, const float *q, const float *k, const float *v,
                           int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d);
 int attention_backward_f32(float *dq, float *dk, float *dv, const float *dout, const float *q,

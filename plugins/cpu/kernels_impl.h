@@ -505,18 +505,21 @@ CPU_KERNEL void K(bias_backward)(real *dbias, const real *dout, int64_t n, int64
 
 /* ---------------------------------------------------------------- rotary embedding */
 
-/* Fills cs (t, d/2, 2) with cos, sin of p * theta^(-2i/d), using freq (d/2) as scratch. The
- * frequency and the angle are rounded to `real` the way torchtitan computes them in float32 (so
- * the f32 build tracks PyTorch); cos and sin of that angle are then taken in double. */
-static inline void K(rope_table)(real *cs, real *freq, int64_t t, int64_t d, real theta)
+/* Fills cs (t, d/2, 2) with cos, sin of p * theta^(-2i/d), p = pos[row] (or the row when pos is
+ * NULL), using freq (d/2) as scratch. The frequency and the angle are rounded to `real` the way
+ * torchtitan computes them in float32 (so the f32 build tracks PyTorch); cos and sin of that angle
+ * are then taken in double. */
+static inline void K(rope_table)(real *cs, real *freq, const int32_t *pos, int64_t t, int64_t d,
+                                 real theta)
 {
     int64_t half = d / 2;
     for (int64_t i = 0; i < half; i++)
         freq[i] = (real)1 / R_POW(theta, (real)(2 * i) / (real)d);
 #pragma omp parallel for schedule(static) if (t * half >= 4096)
     for (int64_t p = 0; p < t; p++) {
+        real at = (real)(pos ? (int64_t)pos[p] : p);
         for (int64_t i = 0; i < half; i++) {
-            real angle = (real)p * freq[i];
+            real angle = at * freq[i];
             cs[(p * half + i) * 2] = (real)cos((double)angle);
             cs[(p * half + i) * 2 + 1] = (real)sin((double)angle);
         }
@@ -525,14 +528,14 @@ static inline void K(rope_table)(real *cs, real *freq, int64_t t, int64_t d, rea
 
 /* Rotates every pair of x (b,t,h,d) by the table: forward out = R x (out may alias x);
  * backward (transpose) dx += R^T dout. Returns nonzero when the table cannot be allocated. */
-static CPU_CLONES int K(rope_apply)(real *out, const real *x, int64_t b, int64_t t, int64_t h,
-                                    int64_t d, real theta, int backward)
+static CPU_CLONES int K(rope_apply)(real *out, const real *x, const int32_t *pos, int64_t b,
+                                    int64_t t, int64_t h, int64_t d, real theta, int backward)
 {
     int64_t half = d / 2;
     real *cs = malloc((size_t)(t * half * 2 + half) * sizeof(real) + 1);
     if (!cs)
         return -1;
-    K(rope_table)(cs, cs + t * half * 2, t, d, theta);
+    K(rope_table)(cs, cs + t * half * 2, pos, t, d, theta);
 #pragma omp parallel for schedule(static) if (b * t * h * d >= CPU_PAR_MIN)
     for (int64_t row = 0; row < b * t; row++) {
         const real *c = cs + (row % t) * half * 2;
@@ -559,13 +562,26 @@ static CPU_CLONES int K(rope_apply)(real *out, const real *x, int64_t b, int64_t
 CPU_KERNEL_LINKAGE int K(rope_forward)(real *out, const real *x, int64_t b, int64_t t, int64_t h,
                                        int64_t d, real theta)
 {
-    return K(rope_apply)(out, x, b, t, h, d, theta, 0);
+    return K(rope_apply)(out, x, NULL, b, t, h, d, theta, 0);
 }
 
 CPU_KERNEL_LINKAGE int K(rope_backward)(real *dx, const real *dout, int64_t b, int64_t t, int64_t h,
                                         int64_t d, real theta)
 {
-    return K(rope_apply)(dx, dout, b, t, h, d, theta, 1);
+    return K(rope_apply)(dx, dout, NULL, b, t, h, d, theta, 1);
+}
+
+/* ABI 2.3: row t of every sequence at position pos[t] (t entries). */
+CPU_KERNEL_LINKAGE int K(rope_forward_pos)(real *out, const real *x, const int32_t *pos, int64_t b,
+                                           int64_t t, int64_t h, int64_t d, real theta)
+{
+    return K(rope_apply)(out, x, pos, b, t, h, d, theta, 0);
+}
+
+CPU_KERNEL_LINKAGE int K(rope_backward_pos)(real *dx, const real *dout, const int32_t *pos,
+                                            int64_t b, int64_t t, int64_t h, int64_t d, real theta)
+{
+    return K(rope_apply)(dx, dout, pos, b, t, h, d, theta, 1);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -697,6 +713,333 @@ CPU_KERNEL int K(attention_backward)(real *dq, real *dk, real *dv, const real *d
         }
     }
     free(work);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- attention by blocks (ABI 2.3) */
+
+#ifndef CT_KERNELS_ATT_ORDER
+#define CT_KERNELS_ATT_ORDER
+/* A position and the row holding it. Sorted by (pos, row), a total order, so the sort and all that
+ * is built on it do not depend on how qsort breaks ties. */
+typedef struct {
+    int32_t pos, row;
+} cpu_pos_row;
+
+static int cpu_pos_row_cmp(const void *a, const void *b)
+{
+    const cpu_pos_row *x = a, *y = b;
+    if (x->pos != y->pos)
+        return x->pos < y->pos ? -1 : 1;
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+/* The causal mask of a query block against a key block, in position order. With the keys sorted by
+ * position every query's visible keys are a prefix of them, and with the queries sorted too those
+ * prefixes grow: a run of consecutive sorted queries needs only the prefix its last query sees, so
+ * masked keys cost no work whatever order the positions come in. */
+typedef struct {
+    int32_t *qrow;   /* (tq) the query row of sorted query r */
+    int32_t *nvis;   /* (tq) how many sorted keys sorted query r sees */
+    int32_t *krow;   /* (tk) the key row of sorted key j */
+    int keys_sorted; /* krow is the identity: k, v, dk and dv are used in place */
+} cpu_att_order;
+
+/* Returns nonzero when the index arrays cannot be allocated; free o->qrow after. */
+static int cpu_att_order_new(cpu_att_order *o, const int32_t *q_pos, const int32_t *k_pos,
+                             int64_t tq, int64_t tk)
+{
+    o->qrow = malloc((size_t)(2 * tq + tk) * sizeof(int32_t) + 1);
+    cpu_pos_row *tmp = malloc((size_t)(tq + tk) * sizeof(cpu_pos_row) + 1);
+    if (!o->qrow || !tmp) {
+        free(o->qrow);
+        free(tmp);
+        o->qrow = NULL;
+        return -1;
+    }
+    o->nvis = o->qrow + tq;
+    o->krow = o->nvis + tq;
+    cpu_pos_row *ks = tmp, *qs = tmp + tk;
+    for (int64_t j = 0; j < tk; j++)
+        ks[j] = (cpu_pos_row){k_pos[j], (int32_t)j};
+    for (int64_t i = 0; i < tq; i++)
+        qs[i] = (cpu_pos_row){q_pos[i], (int32_t)i};
+    qsort(ks, (size_t)tk, sizeof *ks, cpu_pos_row_cmp);
+    qsort(qs, (size_t)tq, sizeof *qs, cpu_pos_row_cmp);
+    o->keys_sorted = 1;
+    for (int64_t j = 0; j < tk; j++) {
+        o->krow[j] = ks[j].row;
+        o->keys_sorted &= ks[j].row == j;
+    }
+    int64_t seen = 0; /* key j is visible to a query at p when k_pos[j] <= p */
+    for (int64_t r = 0; r < tq; r++) {
+        while (seen < tk && ks[seen].pos <= qs[r].pos)
+            seen++;
+        o->qrow[r] = qs[r].row;
+        o->nvis[r] = (int32_t)seen;
+    }
+    free(tmp);
+    return 0;
+}
+#endif
+
+/* dst (b,tk,cols) row j = src row krow[j], for every batch. */
+static void K(att_gather_keys)(real *dst, const real *src, const int32_t *krow, int64_t b,
+                               int64_t tk, int64_t cols)
+{
+#pragma omp parallel for schedule(static) if (b * tk * cols >= CPU_PAR_MIN)
+    for (int64_t bj = 0; bj < b * tk; bj++) {
+        int64_t bi = bj / tk, j = bj % tk;
+        memcpy(dst + bj * cols, src + (bi * tk + krow[j]) * cols, (size_t)cols * sizeof(real));
+    }
+}
+
+/* Attention of a query block at positions q_pos against a key block at k_pos (ctitan/device.h):
+ * q (b,tq,h,d); k, v (b,tk,kvh,d); out (b,tq,h,d); lse (b,h,tq), -inf (and out 0) for a query that
+ * sees no key. As attention_forward, one task per (batch, head) and CPU_ATT_BLOCK queries at a time,
+ * but the queries of a block are the next ones in position order (gathered into qb, their outputs
+ * scattered back) and the keys are in position order, so a block's scores cover only the key prefix
+ * its queries can see. Returns nonzero when scratch memory cannot be allocated. */
+CPU_KERNEL int K(attention_block_forward)(real *out, real *lse, const real *q, const real *k,
+                                          const real *v, const int32_t *q_pos,
+                                          const int32_t *k_pos, int64_t b, int64_t tq, int64_t tk,
+                                          int64_t h, int64_t kvh, int64_t d)
+{
+    int64_t group = h / kvh, ldq = h * d, ldk = kvh * d;
+    int64_t per = CPU_ATT_BLOCK * (tk + 2 * d);
+    real scale = (real)(1.0 / sqrt((double)d));
+    cpu_att_order o;
+    if (cpu_att_order_new(&o, q_pos, k_pos, tq, tk) != 0)
+        return -1;
+    int nthreads = omp_get_max_threads();
+    int64_t nkv = o.keys_sorted ? 0 : b * tk * ldk;
+    real *work = malloc((size_t)(2 * nkv + nthreads * per) * sizeof(real) + 1);
+    if (!work) {
+        free(o.qrow);
+        return -1;
+    }
+    const real *ks = k, *vs = v;
+    if (!o.keys_sorted) {
+        K(att_gather_keys)(work, k, o.krow, b, tk, ldk);
+        K(att_gather_keys)(work + nkv, v, o.krow, b, tk, ldk);
+        ks = work;
+        vs = work + nkv;
+    }
+    real *scratch = work + 2 * nkv;
+#pragma omp parallel for schedule(static) if (b * h * tq * tk * d >= CPU_PAR_MIN * 4)
+    for (int64_t bh = 0; bh < b * h; bh++) {
+        int64_t bi = bh / h, hi = bh % h, kh = hi / group;
+        real *s = scratch + omp_get_thread_num() * per, inv_sum[CPU_ATT_BLOCK];
+        real *qb = s + CPU_ATT_BLOCK * tk, *ob = qb + CPU_ATT_BLOCK * d; /* (br, d) each */
+        const real *qh = q + bi * tq * ldq + hi * d;
+        const real *kh_ = ks + bi * tk * ldk + kh * d, *vh = vs + bi * tk * ldk + kh * d;
+        real *oh = out + bi * tq * ldq + hi * d, *lh = lse + bh * tq;
+        for (int64_t r0 = 0; r0 < tq; r0 += CPU_ATT_BLOCK) {
+            int64_t r1 = r0 + CPU_ATT_BLOCK < tq ? r0 + CPU_ATT_BLOCK : tq;
+            int br = (int)(r1 - r0), nk = o.nvis[r1 - 1];
+            if (nk == 0) { /* no query of the block sees a key */
+                for (int64_t r = r0; r < r1; r++) {
+                    memset(oh + o.qrow[r] * ldq, 0, (size_t)d * sizeof(real));
+                    lh[o.qrow[r]] = -INFINITY;
+                }
+                continue;
+            }
+            for (int64_t r = r0; r < r1; r++)
+                memcpy(qb + (r - r0) * d, qh + o.qrow[r] * ldq, (size_t)d * sizeof(real));
+            R_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, br, nk, (int)d, scale, qb, (int)d, kh_,
+                   (int)ldk, 0, s, nk);
+            for (int64_t r = r0; r < r1; r++) {
+                real *row = s + (r - r0) * nk;
+                int64_t n = o.nvis[r];
+                for (int64_t j = n; j < nk; j++) /* causal mask */
+                    row[j] = 0;
+                if (n == 0) {
+                    inv_sum[r - r0] = 0;
+                    lh[o.qrow[r]] = -INFINITY;
+                    continue;
+                }
+                real mx = row[0];
+#pragma omp simd reduction(max : mx)
+                for (int64_t j = 1; j < n; j++)
+                    mx = row[j] > mx ? row[j] : mx;
+                real sum = 0;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t j = 0; j < n; j++) {
+                    real e = R_EXP(row[j] - mx);
+                    row[j] = e;
+                    sum += e;
+                }
+                inv_sum[r - r0] = 1 / sum;
+                lh[o.qrow[r]] = mx + R_LOG(sum);
+            }
+            /* ob = (exp scores (br, nk) @ v[0:nk]) / sum, scattered to the block's query rows */
+            R_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, (int)d, nk, 1, s, nk, vh,
+                   (int)ldk, 0, ob, (int)d);
+            for (int64_t r = r0; r < r1; r++) {
+                real *oi = oh + o.qrow[r] * ldq, *bi_ = ob + (r - r0) * d, inv = inv_sum[r - r0];
+                for (int64_t c = 0; c < d; c++)
+                    oi[c] = bi_[c] * inv;
+            }
+        }
+    }
+    free(work);
+    free(o.qrow);
+    return 0;
+}
+
+/* out, lse += a second block's partial result (ctitan/device.h): with l = logaddexp(lse, lse2),
+ * out = out exp(lse - l) + out2 exp(lse2 - l). A side at -inf drops out; the weights are taken in
+ * double, once per (batch, query, head). */
+CPU_KERNEL void K(attention_merge)(real *out, real *lse, const real *out2, const real *lse2,
+                                   int64_t b, int64_t t, int64_t h, int64_t d)
+{
+#pragma omp parallel for schedule(static) if (b * t * h * d >= CPU_PAR_MIN)
+    for (int64_t row = 0; row < b * t * h; row++) { /* row = (bi, ti, hi) of out */
+        int64_t bi = row / (t * h), ti = (row / h) % t, hi = row % h;
+        int64_t li = (bi * h + hi) * t + ti;
+        double l1 = (double)lse[li], l2 = (double)lse2[li];
+        real *o = out + row * d;
+        const real *o2 = out2 + row * d;
+        if (l2 == -INFINITY) {
+            if (l1 == -INFINITY)
+                memset(o, 0, (size_t)d * sizeof(real));
+            continue;
+        }
+        if (l1 == -INFINITY) {
+            memcpy(o, o2, (size_t)d * sizeof(real));
+            lse[li] = (real)l2;
+            continue;
+        }
+        double mx = l1 > l2 ? l1 : l2, mn = l1 > l2 ? l2 : l1;
+        double l = mx + log1p(exp(mn - mx));
+        real w1 = (real)exp(l1 - l), w2 = (real)exp(l2 - l);
+        for (int64_t c = 0; c < d; c++)
+            o[c] = o[c] * w1 + o2[c] * w2;
+        lse[li] = (real)l;
+    }
+}
+
+/* Batch bi of dst (b,tk,kvh,d): row krow[j], head kh += src row j, head kh. */
+static void K(att_scatter_head)(real *dst, const real *src, const int32_t *krow, int64_t bi,
+                                int64_t tk, int64_t kh, int64_t ldk, int64_t d)
+{
+    for (int64_t j = 0; j < tk; j++) {
+        real *di = dst + (bi * tk + krow[j]) * ldk + kh * d;
+        const real *si = src + (bi * tk + j) * ldk + kh * d;
+        for (int64_t c = 0; c < d; c++)
+            di[c] += si[c];
+    }
+}
+
+/* Backward of one block from the FINAL out and lse (ctitan/device.h), attention_backward's formula
+ * on the visible keys: dV += P^T dO; dS = P * (dO V^T - rowsum(dO * O)); dQ += scale dS K;
+ * dK += scale dS^T Q, P = exp(scale q k^T - lse). One task per (batch, kv head) walking its group's
+ * heads in order, blocks as in attention_block_forward. Unsorted keys are gathered (and their dk, dv
+ * summed in position order, then scattered back). A query with lse -inf adds nothing.
+ * Returns nonzero when scratch memory cannot be allocated. */
+CPU_KERNEL int K(attention_block_backward)(real *dq, real *dk, real *dv, const real *dout,
+                                           const real *q, const real *k, const real *v,
+                                           const real *out, const real *lse, const int32_t *q_pos,
+                                           const int32_t *k_pos, int64_t b, int64_t tq, int64_t tk,
+                                           int64_t h, int64_t kvh, int64_t d)
+{
+    int64_t group = h / kvh, ldq = h * d, ldk = kvh * d;
+    int64_t per = CPU_ATT_BLOCK * (2 * tk + 3 * d);
+    real scale = (real)(1.0 / sqrt((double)d));
+    cpu_att_order o;
+    if (cpu_att_order_new(&o, q_pos, k_pos, tq, tk) != 0)
+        return -1;
+    int nthreads = omp_get_max_threads();
+    int64_t nkv = o.keys_sorted ? 0 : b * tk * ldk;
+    real *work = malloc((size_t)(4 * nkv + nthreads * per) * sizeof(real) + 1);
+    if (!work) {
+        free(o.qrow);
+        return -1;
+    }
+    const real *ks = k, *vs = v;
+    real *dks = dk, *dvs = dv;
+    if (!o.keys_sorted) {
+        K(att_gather_keys)(work, k, o.krow, b, tk, ldk);
+        K(att_gather_keys)(work + nkv, v, o.krow, b, tk, ldk);
+        ks = work;
+        vs = work + nkv;
+        dks = work + 2 * nkv;
+        dvs = work + 3 * nkv;
+        memset(dks, 0, (size_t)(2 * nkv) * sizeof(real));
+    }
+    real *scratch = work + 4 * nkv;
+#pragma omp parallel for schedule(static) if (b * h * tq * tk * d >= CPU_PAR_MIN * 4)
+    for (int64_t bk = 0; bk < b * kvh; bk++) {
+        int64_t bi = bk / kvh, kh = bk % kvh;
+        real *p = scratch + omp_get_thread_num() * per, *dp = p + CPU_ATT_BLOCK * tk;
+        real *qb = dp + CPU_ATT_BLOCK * tk, *dob = qb + CPU_ATT_BLOCK * d;
+        real *dqb = dob + CPU_ATT_BLOCK * d; /* (br, d) each */
+        const real *kh_ = ks + bi * tk * ldk + kh * d, *vh = vs + bi * tk * ldk + kh * d;
+        real *dkh = dks + bi * tk * ldk + kh * d, *dvh = dvs + bi * tk * ldk + kh * d;
+        for (int64_t hi = kh * group; hi < (kh + 1) * group; hi++) {
+            const real *qh = q + bi * tq * ldq + hi * d, *oh = out + bi * tq * ldq + hi * d;
+            const real *doh = dout + bi * tq * ldq + hi * d, *lh = lse + (bi * h + hi) * tq;
+            real *dqh = dq + bi * tq * ldq + hi * d;
+            for (int64_t r0 = 0; r0 < tq; r0 += CPU_ATT_BLOCK) {
+                int64_t r1 = r0 + CPU_ATT_BLOCK < tq ? r0 + CPU_ATT_BLOCK : tq;
+                int br = (int)(r1 - r0), nk = o.nvis[r1 - 1];
+                if (nk == 0)
+                    continue;
+                for (int64_t r = r0; r < r1; r++) {
+                    memcpy(qb + (r - r0) * d, qh + o.qrow[r] * ldq, (size_t)d * sizeof(real));
+                    memcpy(dob + (r - r0) * d, doh + o.qrow[r] * ldq, (size_t)d * sizeof(real));
+                }
+                R_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, br, nk, (int)d, scale, qb, (int)d,
+                       kh_, (int)ldk, 0, p, nk);
+                int64_t nrow[CPU_ATT_BLOCK];
+                for (int64_t r = r0; r < r1; r++) {
+                    real *row = p + (r - r0) * nk, l = lh[o.qrow[r]];
+                    int64_t n = l == -INFINITY ? 0 : o.nvis[r];
+                    nrow[r - r0] = n;
+#pragma omp simd
+                    for (int64_t j = 0; j < n; j++)
+                        row[j] = R_EXP(row[j] - l);
+                    for (int64_t j = n; j < nk; j++)
+                        row[j] = 0;
+                }
+                /* dV[0:nk] += P^T dO;  dP = dO V[0:nk]^T */
+                R_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, nk, (int)d, br, 1, p, nk, dob,
+                       (int)d, 1, dvh, (int)ldk);
+                R_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, br, nk, (int)d, 1, dob, (int)d, vh,
+                       (int)ldk, 0, dp, nk);
+                for (int64_t r = r0; r < r1; r++) {
+                    const real *doi = doh + o.qrow[r] * ldq, *oi = oh + o.qrow[r] * ldq;
+                    real di = 0;
+#pragma omp simd reduction(+ : di)
+                    for (int64_t c = 0; c < d; c++)
+                        di += doi[c] * oi[c];
+                    real *prow = p + (r - r0) * nk, *dprow = dp + (r - r0) * nk;
+                    int64_t n = nrow[r - r0];
+                    for (int64_t j = 0; j < n; j++)
+                        dprow[j] = prow[j] * (dprow[j] - di);
+                    for (int64_t j = n; j < nk; j++)
+                        dprow[j] = 0;
+                }
+                /* dQ (block rows) += scale dS K[0:nk];  dK[0:nk] += scale dS^T Q (block rows) */
+                R_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, (int)d, nk, scale, dp, nk,
+                       kh_, (int)ldk, 0, dqb, (int)d);
+                for (int64_t r = r0; r < r1; r++) {
+                    real *dqi = dqh + o.qrow[r] * ldq;
+                    const real *src = dqb + (r - r0) * d;
+                    for (int64_t c = 0; c < d; c++)
+                        dqi[c] += src[c];
+                }
+                R_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, nk, (int)d, br, scale, dp, nk, qb,
+                       (int)d, 1, dkh, (int)ldk);
+            }
+        }
+        if (!o.keys_sorted) { /* this task's kv head, back in the caller's key order */
+            K(att_scatter_head)(dk, dks, o.krow, bi, tk, kh, ldk, d);
+            K(att_scatter_head)(dv, dvs, o.krow, bi, tk, kh, ldk, d);
+        }
+    }
+    free(work);
+    free(o.qrow);
     return 0;
 }
 

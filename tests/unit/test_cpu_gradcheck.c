@@ -646,6 +646,109 @@ static void test_attention_gradients_blocked_mqa(void **state)
     attention_case(1, CPU_ATT_BLOCK + 6, 2, 1, 4);
 }
 
+/* ---------------------------------------------------------------- context parallel (ABI 2.3) */
+
+/* Positions out of order, as a context-parallel rank holds them; query rows 1 and 4 see no key. */
+static const int32_t gc_q_pos[7] = {9, 0, 4, 12, 1, 6, 7};
+static const int32_t gc_k_pos[6] = {3, 8, 2, 5, 11, 6};
+
+static void rope_pos_fwd64(op_case *c, double *out)
+{
+    assert_int_equal(rope_forward_pos_f64(out, c->in[0], gc_q_pos, c->dim[0], c->dim[1], c->dim[2],
+                                          c->dim[3], c->param),
+                     0);
+}
+static void rope_pos_bwd64(op_case *c)
+{
+    assert_int_equal(rope_backward_pos_f64(c->grad[0], c->r, gc_q_pos, c->dim[0], c->dim[1],
+                                           c->dim[2], c->dim[3], c->param),
+                     0);
+}
+static void rope_pos_fwd32(op_case *c, float *out)
+{
+    assert_int_equal(rope_forward_pos_f32(out, c->in_f[0], gc_q_pos, c->dim[0], c->dim[1],
+                                          c->dim[2], c->dim[3], (float)c->param),
+                     0);
+}
+static void rope_pos_bwd32(op_case *c)
+{
+    assert_int_equal(rope_backward_pos_f32(c->grad_f[0], c->r_f, gc_q_pos, c->dim[0], c->dim[1],
+                                           c->dim[2], c->dim[3], (float)c->param),
+                     0);
+}
+
+static void test_rope_pos_gradients(void **state)
+{
+    (void)state;
+    op_case c = {.name = "rope_pos", .n_in = 1, .in_name = {"x"}, .dim = {2, 7, 3, 8}, .param = 3.0};
+    c.in_size[0] = 2 * 7 * 3 * 8;
+    c.out_size = c.in_size[0];
+    c.forward_f64 = rope_pos_fwd64;
+    c.backward_f64 = rope_pos_bwd64;
+    c.forward_f32 = rope_pos_fwd32;
+    c.backward_f32 = rope_pos_bwd32;
+    case_setup(&c, 1.0);
+    case_run_and_free(&c);
+}
+
+/* One key block as the whole of the keys: its out and lse are the final ones, so the block backward
+ * is the gradient of the block forward. dim = b, tq, tk, h, kvh, d; saved: lse, out. */
+static void attb_fwd64(op_case *c, double *out)
+{
+    assert_int_equal(attention_block_forward_f64(out, c->saved[0], c->in[0], c->in[1], c->in[2],
+                                                 gc_q_pos, gc_k_pos, c->dim[0], c->dim[1],
+                                                 c->dim[2], c->dim[3], c->dim[4], c->dim[5]),
+                     0);
+}
+static void attb_bwd64(op_case *c)
+{
+    attb_fwd64(c, c->saved[1]);
+    assert_int_equal(attention_block_backward_f64(c->grad[0], c->grad[1], c->grad[2], c->r, c->in[0],
+                                                  c->in[1], c->in[2], c->saved[1], c->saved[0],
+                                                  gc_q_pos, gc_k_pos, c->dim[0], c->dim[1],
+                                                  c->dim[2], c->dim[3], c->dim[4], c->dim[5]),
+                     0);
+}
+static void attb_fwd32(op_case *c, float *out)
+{
+    assert_int_equal(attention_block_forward_f32(out, c->saved_f[0], c->in_f[0], c->in_f[1],
+                                                 c->in_f[2], gc_q_pos, gc_k_pos, c->dim[0],
+                                                 c->dim[1], c->dim[2], c->dim[3], c->dim[4],
+                                                 c->dim[5]),
+                     0);
+}
+static void attb_bwd32(op_case *c)
+{
+    attb_fwd32(c, c->saved_f[1]);
+    assert_int_equal(attention_block_backward_f32(c->grad_f[0], c->grad_f[1], c->grad_f[2], c->r_f,
+                                                  c->in_f[0], c->in_f[1], c->in_f[2], c->saved_f[1],
+                                                  c->saved_f[0], gc_q_pos, gc_k_pos, c->dim[0],
+                                                  c->dim[1], c->dim[2], c->dim[3], c->dim[4],
+                                                  c->dim[5]),
+                     0);
+}
+
+static void test_attention_block_gradients(void **state)
+{
+    (void)state;
+    const int64_t b = 2, tq = 7, tk = 6, h = 4, kvh = 2, d = 6;
+    op_case c = {.name = "attention_block",
+                 .n_in = 3,
+                 .in_name = {"q", "k", "v"},
+                 .dim = {b, tq, tk, h, kvh, d}};
+    c.in_size[0] = b * tq * h * d;
+    c.in_size[1] = c.in_size[2] = b * tk * kvh * d;
+    c.out_size = b * tq * h * d;
+    c.saved_size[0] = b * h * tq;
+    c.saved_size[1] = b * tq * h * d;
+    c.forward_f64 = attb_fwd64;
+    c.backward_f64 = attb_bwd64;
+    c.forward_f32 = attb_fwd32;
+    c.backward_f32 = attb_bwd32;
+    case_setup(&c, 1.5);
+    case_run_and_free(&c);
+}
+
 /* ---------------------------------------------------------------- swiglu, gelu */
 
 static void swiglu_fwd64(op_case *c, double *out)
@@ -893,6 +996,8 @@ int main(void)
         cmocka_unit_test(test_attention_gradients_gqa),
         cmocka_unit_test(test_attention_gradients_mha),
         cmocka_unit_test(test_attention_gradients_blocked_mqa),
+        cmocka_unit_test(test_rope_pos_gradients),
+        cmocka_unit_test(test_attention_block_gradients),
         cmocka_unit_test(test_swiglu_gradients),
         cmocka_unit_test(test_gelu_gradients),
         cmocka_unit_test(test_cross_entropy_gradients),

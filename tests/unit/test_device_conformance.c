@@ -45,6 +45,13 @@
  *     ew_clamp, ew_greater): equal to the same f32 expression evaluated here, over inputs with
  *     zeros, infinities and NaNs, with out a separate buffer and out aliasing each input; a NaN
  *     passes through sign and clamp; n = 0 with NULL pointers is a no-op; n < 0 is an error.
+ *   - the optional context-parallel ops of ABI 2.3: rope_*_pos at pos = 0..t-1, at an offset and at
+ *     context parallel's shuffled chunks equal the rows of a longer rope; attention_block_forward
+ *     at positions 0..t-1 is attention_forward (out, lse), and its backward attention_backward;
+ *     a sequence split over 2 to 4 ranks in load-balanced chunks (shuffled within a rank too),
+ *     blocks merged by attention_merge, equals attention_forward's rows to 1e-5, and the block
+ *     backwards summed equal attention_backward's (GQA, b > 1); a query that sees no key gets
+ *     out 0 and lse -inf and no gradient; merge with -inf on either side; the same bits twice.
  *
  * The harness brings its own minimal ct_host (log, set_error, memory, option getters answered
  * from the spec); it links nothing of the core, so a third party can build and run it alone.
@@ -2452,6 +2459,510 @@ static void test_elementwise_nan(void **state)
     api->free(dev, dout);
 }
 
+/* ---------------------------------------------------------------- context parallel (ABI 2.3, optional) */
+
+/* Context parallel's layout: the sequence (t rows) cut into 2 cp chunks, rank r holding chunks r and
+ * 2cp-1-r, so every rank has the same causal work. pos gets the rank's t/cp positions in order. */
+static void cp_positions(int32_t *pos, int64_t t, int cp, int rank)
+{
+    int64_t chunk = t / (2 * cp), n = 0;
+    for (int64_t i = 0; i < chunk; i++)
+        pos[n++] = (int32_t)(rank * chunk + i);
+    for (int64_t i = 0; i < chunk; i++)
+        pos[n++] = (int32_t)((2 * cp - 1 - rank) * chunk + i);
+}
+
+static void shuffle_positions(int32_t *pos, int64_t n)
+{
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(rnd_u64() % (uint64_t)(i + 1));
+        int32_t tmp = pos[i];
+        pos[i] = pos[j];
+        pos[j] = tmp;
+    }
+}
+
+/* dst (b, n, cols) = rows pos[0..n) of src (b, t, cols) */
+static void gather_rows(float *dst, const float *src, const int32_t *pos, int64_t b, int64_t t,
+                        int64_t n, int64_t cols)
+{
+    for (int64_t bi = 0; bi < b; bi++)
+        for (int64_t i = 0; i < n; i++)
+            memcpy(dst + (bi * n + i) * cols, src + (bi * t + pos[i]) * cols,
+                   (size_t)cols * sizeof(float));
+}
+
+/* A device result gathered as doubles: ref (b, n, cols) = rows pos of the device's (b, t, cols). */
+static double *gather_download(const float *d, const int32_t *pos, int64_t b, int64_t t, int64_t n,
+                               int64_t cols)
+{
+    float *h = download(d, b * t * cols), *g = malloc((size_t)(b * n * cols) * sizeof *g + 4);
+    double *ref = ref_alloc(b * n * cols);
+    assert_non_null(g);
+    gather_rows(g, h, pos, b, t, n, cols);
+    for (int64_t i = 0; i < b * n * cols; i++)
+        ref[i] = g[i];
+    free(h);
+    free(g);
+    return ref;
+}
+
+static int32_t *dev_ints(const int32_t *host, int64_t n)
+{
+    return dev_upload(host, (size_t)n * sizeof(int32_t));
+}
+
+static double *download_double(const float *d, int64_t n)
+{
+    float *h = download(d, n);
+    double *ref = ref_alloc(n);
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = h[i];
+    free(h);
+    return ref;
+}
+
+/* expect_close at tolerance tol, tighter than the suite's, unless CT_DEVICE_RTOL sets one */
+static void expect_close_tol(const char *what, const float *dgot, const double *ref, int64_t n,
+                             double tol)
+{
+    double saved = rtol;
+    if (!getenv("CT_DEVICE_RTOL"))
+        rtol = tol;
+    expect_close(what, dgot, ref, n);
+    rtol = saved;
+}
+
+static void test_rope_pos(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(rope_forward_pos);
+    TP_SKIP_UNLESS(rope_backward_pos);
+    const int64_t b = 2, t = 12, h = 3, d = 16, big = 48, rows = h * d;
+    const float theta = 10000.0f;
+    int32_t pos[48];
+    float *x = host_rand(b * big * rows, 1), *dout = host_rand(b * big * rows, 1);
+    float *xs = malloc((size_t)(b * big * rows) * sizeof *xs), *ds = malloc((size_t)(b * big * rows) * sizeof *ds);
+    assert_non_null(xs);
+    assert_non_null(ds);
+    /* over the whole long sequence, for the rows to compare with */
+    float *dx_long = dev_floats(x, b * big * rows), *ddout_long = dev_floats(dout, b * big * rows);
+    float *rot = dev_floats(NULL, b * big * rows), *back = dev_floats(NULL, b * big * rows);
+    assert_int_equal(api->rope_forward(dev, rot, dx_long, b, big, h, d, theta), CT_OK);
+    assert_int_equal(api->rope_backward(dev, back, ddout_long, b, big, h, d, theta), CT_OK);
+
+    /* pos = 0..n-1 is rope itself; pos = offset + t a later window; context parallel's chunks, in
+     * order and shuffled: each the rows of the long rope at those positions */
+    for (int kase = 0; kase < 4; kase++) {
+        int64_t n = kase < 2 ? t : big / 2;
+        for (int64_t i = 0; i < n; i++)
+            pos[i] = (int32_t)(kase == 0 ? i : kase == 1 ? 29 + i : 0);
+        if (kase >= 2)
+            cp_positions(pos, big, 2, 1);
+        if (kase == 3)
+            shuffle_positions(pos, n);
+        gather_rows(xs, x, pos, b, big, n, rows);
+        gather_rows(ds, dout, pos, b, big, n, rows);
+        float *dx = dev_floats(xs, b * n * rows), *dd = dev_floats(ds, b * n * rows);
+        int32_t *dpos = dev_ints(pos, n);
+        double *want = gather_download(rot, pos, b, big, n, rows);
+        assert_int_equal(api->rope_forward_pos(dev, dx, dx, dpos, b, n, h, d, theta), CT_OK);
+        expect_close_tol("rope_forward_pos", dx, want, b * n * rows, 1e-6);
+        free(want);
+        grad_buf g = grad_new(b * n * rows);
+        want = gather_download(back, pos, b, big, n, rows);
+        for (int64_t i = 0; i < g.n; i++)
+            g.ref[i] += want[i];
+        assert_int_equal(api->rope_backward_pos(dev, g.dev, dd, dpos, b, n, h, d, theta), CT_OK);
+        grad_check_free("rope_backward_pos", &g);
+        free(want);
+        api->free(dev, dx);
+        api->free(dev, dd);
+        api->free(dev, dpos);
+    }
+    expect_error(api->rope_forward_pos(dev, rot, rot, NULL, b, t, h, 5, theta), CT_ERR_INVALID,
+                 "rope_forward_pos with odd d");
+    float *bufs[] = {dx_long, ddout_long, rot, back};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        api->free(dev, bufs[i]);
+    free(x);
+    free(dout);
+    free(xs);
+    free(ds);
+}
+
+/* attention_block_forward with q_pos = k_pos = 0..t-1 is attention_forward, and its backward from
+ * that out and lse is attention_backward. */
+static void block_as_full_case(int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d)
+{
+    int64_t nq = b * t * h * d, nk = b * t * kvh * d, nl = b * h * t;
+    float *q = host_rand(nq, 1.5), *k = host_rand(nk, 1.5), *v = host_rand(nk, 1),
+          *dout = host_rand(nq, 1);
+    int32_t *pos = malloc((size_t)t * sizeof *pos);
+    assert_non_null(pos);
+    for (int64_t i = 0; i < t; i++)
+        pos[i] = (int32_t)i;
+    float *dq_ = dev_floats(q, nq), *dk_ = dev_floats(k, nk), *dv_ = dev_floats(v, nk);
+    float *ddout = dev_floats(dout, nq), *out = dev_floats(NULL, nq), *lse = dev_floats(NULL, nl);
+    float *bout = dev_floats(NULL, nq), *blse = dev_floats(NULL, nl);
+    float *fq = dev_floats(NULL, nq), *fk = dev_floats(NULL, nk), *fv = dev_floats(NULL, nk);
+    int32_t *dpos = dev_ints(pos, t);
+    assert_int_equal(api->attention_forward(dev, out, lse, dq_, dk_, dv_, b, t, h, kvh, d), CT_OK);
+    assert_int_equal(api->attention_block_forward(dev, bout, blse, dq_, dk_, dv_, dpos, dpos, b, t, t,
+                                                  h, kvh, d),
+                     CT_OK);
+    double *want = download_double(out, nq);
+    expect_close_tol("attention_block_forward out", bout, want, nq, 1e-5);
+    free(want);
+    want = download_double(lse, nl);
+    expect_close_tol("attention_block_forward lse", blse, want, nl, 1e-5);
+    free(want);
+
+    assert_int_equal(api->attention_backward(dev, fq, fk, fv, ddout, dq_, dk_, dv_, out, lse, b, t, h,
+                                             kvh, d),
+                     CT_OK);
+    grad_buf gq = grad_new(nq), gk = grad_new(nk), gv = grad_new(nk);
+    float *full[] = {fq, fk, fv};
+    grad_buf *gs[] = {&gq, &gk, &gv};
+    for (int i = 0; i < 3; i++) {
+        float *hf = download(full[i], gs[i]->n);
+        for (int64_t j = 0; j < gs[i]->n; j++)
+            gs[i]->ref[j] += hf[j];
+        free(hf);
+    }
+    assert_int_equal(api->attention_block_backward(dev, gq.dev, gk.dev, gv.dev, ddout, dq_, dk_, dv_,
+                                                   out, lse, dpos, dpos, b, t, t, h, kvh, d),
+                     CT_OK);
+    grad_check_free("attention_block_backward dq", &gq);
+    grad_check_free("attention_block_backward dk", &gk);
+    grad_check_free("attention_block_backward dv", &gv);
+
+    float *bufs[] = {dq_, dk_, dv_, ddout, out, lse, bout, blse, fq, fk, fv};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        api->free(dev, bufs[i]);
+    api->free(dev, dpos);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(pos);
+}
+
+static void test_attention_block_is_attention(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(attention_block_forward);
+    TP_SKIP_UNLESS(attention_block_backward);
+    block_as_full_case(2, 5, 4, 2, 6);
+    block_as_full_case(2, 77, 4, 2, 16); /* longer than a typical query block */
+    block_as_full_case(1, 40, 3, 3, 8);
+}
+
+/* Ring attention as context parallel runs it: the sequence (b, t) split over cp ranks by
+ * cp_positions (shuffled within each rank when `shuffle`); each rank's queries against every
+ * rank's keys, one block at a time, merged by log-sum-exp, equal attention_forward's rows; the
+ * block backwards from the merged out and lse, summed, equal attention_backward's (dk, dv summed
+ * over the query ranks into the key rank's rows). */
+static void ring_case(int cp, int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d, int shuffle)
+{
+    int64_t tl = t / cp, qc = h * d, kc = kvh * d, nq = b * t * qc, nk = b * t * kc;
+    float *q = host_rand(nq, 1.5), *k = host_rand(nk, 1.5), *v = host_rand(nk, 1),
+          *dout = host_rand(nq, 1);
+    float *dq_ = dev_floats(q, nq), *dk_ = dev_floats(k, nk), *dv_ = dev_floats(v, nk);
+    float *ddout = dev_floats(dout, nq), *out = dev_floats(NULL, nq), *lse = dev_floats(NULL, b * h * t);
+    float *fq = dev_floats(NULL, nq), *fk = dev_floats(NULL, nk), *fv = dev_floats(NULL, nk);
+    assert_int_equal(api->attention_forward(dev, out, lse, dq_, dk_, dv_, b, t, h, kvh, d), CT_OK);
+    assert_int_equal(api->attention_backward(dev, fq, fk, fv, ddout, dq_, dk_, dv_, out, lse, b, t, h,
+                                             kvh, d),
+                     CT_OK);
+    float *hlse = download(lse, b * h * t);
+    int32_t pos[8][512];
+    assert_true(cp <= 8 && tl <= 512);
+    float *rq[8], *rk[8], *rv[8], *rdo[8], *ro[8], *rl[8];
+    int32_t *rpos[8];
+    grad_buf gq[8], gk[8], gv[8];
+    float *hbuf = malloc((size_t)nq * sizeof *hbuf + 4);
+    assert_non_null(hbuf);
+    for (int r = 0; r < cp; r++) { /* each rank's rows of q, k, v, dout */
+        cp_positions(pos[r], t, cp, r);
+        if (shuffle)
+            shuffle_positions(pos[r], tl);
+        rpos[r] = dev_ints(pos[r], tl);
+        gather_rows(hbuf, q, pos[r], b, t, tl, qc);
+        rq[r] = dev_floats(hbuf, b * tl * qc);
+        gather_rows(hbuf, dout, pos[r], b, t, tl, qc);
+        rdo[r] = dev_floats(hbuf, b * tl * qc);
+        gather_rows(hbuf, k, pos[r], b, t, tl, kc);
+        rk[r] = dev_floats(hbuf, b * tl * kc);
+        gather_rows(hbuf, v, pos[r], b, t, tl, kc);
+        rv[r] = dev_floats(hbuf, b * tl * kc);
+        ro[r] = dev_floats(NULL, b * tl * qc);
+        rl[r] = dev_floats(NULL, b * h * tl);
+        gq[r] = grad_new(b * tl * qc);
+        gk[r] = grad_new(b * tl * kc);
+        gv[r] = grad_new(b * tl * kc);
+    }
+    float *o2 = dev_floats(NULL, b * tl * qc), *l2 = dev_floats(NULL, b * h * tl);
+    char what[96];
+    for (int r = 0; r < cp; r++) {
+        /* the ring: rank r's own keys first, then the others' as they come round */
+        for (int step = 0; step < cp; step++) {
+            int s = (r - step + cp) % cp;
+            float *o = step ? o2 : ro[r], *l = step ? l2 : rl[r];
+            assert_int_equal(api->attention_block_forward(dev, o, l, rq[r], rk[s], rv[s], rpos[r],
+                                                          rpos[s], b, tl, tl, h, kvh, d),
+                             CT_OK);
+            if (step)
+                assert_int_equal(api->attention_merge(dev, ro[r], rl[r], o2, l2, b, tl, h, d), CT_OK);
+        }
+        double *want = gather_download(out, pos[r], b, t, tl, qc);
+        snprintf(what, sizeof what, "cp=%d rank %d merged out", cp, r);
+        expect_close_tol(what, ro[r], want, b * tl * qc, 1e-5);
+        free(want);
+        want = ref_alloc(b * h * tl);
+        for (int64_t bh = 0; bh < b * h; bh++)
+            for (int64_t i = 0; i < tl; i++)
+                want[bh * tl + i] = hlse[bh * t + pos[r][i]];
+        snprintf(what, sizeof what, "cp=%d rank %d merged lse", cp, r);
+        expect_close_tol(what, rl[r], want, b * h * tl, 1e-5);
+        free(want);
+    }
+    for (int r = 0; r < cp; r++)
+        for (int s = 0; s < cp; s++)
+            assert_int_equal(api->attention_block_backward(dev, gq[r].dev, gk[s].dev, gv[s].dev,
+                                                           rdo[r], rq[r], rk[s], rv[s], ro[r], rl[r],
+                                                           rpos[r], rpos[s], b, tl, tl, h, kvh, d),
+                             CT_OK);
+    for (int r = 0; r < cp; r++) {
+        double *want = gather_download(fq, pos[r], b, t, tl, qc);
+        for (int64_t i = 0; i < gq[r].n; i++)
+            gq[r].ref[i] += want[i];
+        free(want);
+        want = gather_download(fk, pos[r], b, t, tl, kc);
+        for (int64_t i = 0; i < gk[r].n; i++)
+            gk[r].ref[i] += want[i];
+        free(want);
+        want = gather_download(fv, pos[r], b, t, tl, kc);
+        for (int64_t i = 0; i < gv[r].n; i++)
+            gv[r].ref[i] += want[i];
+        free(want);
+        snprintf(what, sizeof what, "cp=%d rank %d summed block dq", cp, r);
+        grad_check_free(what, &gq[r]);
+        snprintf(what, sizeof what, "cp=%d rank %d summed block dk", cp, r);
+        grad_check_free(what, &gk[r]);
+        snprintf(what, sizeof what, "cp=%d rank %d summed block dv", cp, r);
+        grad_check_free(what, &gv[r]);
+        float *bufs[] = {rq[r], rk[r], rv[r], rdo[r], ro[r], rl[r]};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            api->free(dev, bufs[i]);
+        api->free(dev, rpos[r]);
+    }
+    float *bufs[] = {dq_, dk_, dv_, ddout, out, lse, fq, fk, fv, o2, l2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        api->free(dev, bufs[i]);
+    free(hbuf);
+    free(hlse);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+}
+
+static void test_attention_blocks_merge_to_attention(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(attention_block_forward);
+    TP_SKIP_UNLESS(attention_merge);
+    TP_SKIP_UNLESS(attention_block_backward);
+    ring_case(2, 2, 16, 4, 2, 8, 0);
+    ring_case(2, 1, 160, 2, 1, 16, 0); /* a rank's 80 rows: more than one query block */
+    ring_case(3, 2, 36, 4, 2, 8, 1);
+    ring_case(4, 2, 64, 6, 2, 16, 1);
+    ring_case(4, 1, 256, 4, 4, 8, 1);
+}
+
+/* Queries that see no key of the block: out 0, lse -inf, and nothing from them in backward. */
+static void test_attention_block_no_visible_key(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(attention_block_forward);
+    TP_SKIP_UNLESS(attention_block_backward);
+    const int64_t b = 2, tq = 4, tk = 5, h = 2, kvh = 1, d = 8;
+    const int32_t q_pos[4] = {9, 1, 4, 0}, k_pos[5] = {3, 7, 2, 8, 5};
+    int64_t nq = b * tq * h * d, nk = b * tk * kvh * d, nl = b * h * tq;
+    float *q = host_rand(nq, 1.5), *k = host_rand(nk, 1.5), *v = host_rand(nk, 1),
+          *dout = host_rand(nq, 1);
+    float *dq_ = dev_floats(q, nq), *dk_ = dev_floats(k, nk), *dv_ = dev_floats(v, nk);
+    float *ddout = dev_floats(dout, nq), *out = dev_floats(NULL, nq), *lse = dev_floats(NULL, nl);
+    int32_t *dqp = dev_ints(q_pos, tq), *dkp = dev_ints(k_pos, tk);
+    assert_int_equal(api->attention_block_forward(dev, out, lse, dq_, dk_, dv_, dqp, dkp, b, tq, tk, h,
+                                                  kvh, d),
+                     CT_OK);
+    /* the reference: each query's visible keys in double */
+    double *ro = ref_alloc(nq), *rl = ref_alloc(nl);
+    double scale = 1.0 / sqrt((double)d);
+    for (int64_t bi = 0; bi < b; bi++)
+        for (int64_t hi = 0; hi < h; hi++)
+            for (int64_t i = 0; i < tq; i++) {
+                double s[5], mx = -INFINITY, sum = 0;
+                const float *qi = q + ((bi * tq + i) * h + hi) * d;
+                for (int64_t j = 0; j < tk; j++) {
+                    const float *kj = k + (bi * tk + j) * kvh * d;
+                    s[j] = 0;
+                    for (int64_t c = 0; c < d; c++)
+                        s[j] += (double)qi[c] * kj[c] * scale;
+                    if (k_pos[j] <= q_pos[i])
+                        mx = fmax(mx, s[j]);
+                }
+                double *oi = ro + ((bi * tq + i) * h + hi) * d;
+                for (int64_t j = 0; j < tk; j++)
+                    if (k_pos[j] <= q_pos[i])
+                        sum += exp(s[j] - mx);
+                rl[(bi * h + hi) * tq + i] = sum > 0 ? mx + log(sum) : -INFINITY;
+                for (int64_t j = 0; j < tk; j++)
+                    if (k_pos[j] <= q_pos[i])
+                        for (int64_t c = 0; c < d; c++)
+                            oi[c] += exp(s[j] - mx) / sum * v[(bi * tk + j) * kvh * d + c];
+            }
+    expect_close("attention_block_forward out (masked queries)", out, ro, nq);
+    float *hl = download(lse, nl);
+    for (int64_t i = 0; i < nl; i++) {
+        if (isinf(rl[i])) {
+            if (!(isinf(hl[i]) && hl[i] < 0))
+                fail_msg("lse[%lld] = %g for a query that sees no key, expected -inf", (long long)i,
+                         (double)hl[i]);
+            rl[i] = 0; /* compared as 0 below */
+            hl[i] = 0;
+        }
+        assert_true(fabs(hl[i] - rl[i]) <= rtol * (1 + fabs(rl[i])));
+    }
+    free(hl);
+    /* backward with this block as the whole of the keys: finite, and nothing for queries 1 and 3 */
+    grad_buf gq = grad_new(nq);
+    float *gk = dev_floats(NULL, nk), *gv = dev_floats(NULL, nk);
+    assert_int_equal(api->attention_block_backward(dev, gq.dev, gk, gv, ddout, dq_, dk_, dv_, out, lse,
+                                                   dqp, dkp, b, tq, tk, h, kvh, d),
+                     CT_OK);
+    float *hq = download(gq.dev, nq), *hk = download(gk, nk), *hv = download(gv, nk);
+    for (int64_t i = 0; i < nq; i++) {
+        int64_t row = (i / (h * d)) % tq;
+        assert_false(isnan(hq[i]));
+        if (row == 1 || row == 3)
+            assert_true(hq[i] == gq.init[i]);
+    }
+    for (int64_t i = 0; i < nk; i++)
+        assert_true(isfinite(hk[i]) && isfinite(hv[i]));
+    free(hq);
+    free(hk);
+    free(hv);
+    api->free(dev, gq.dev);
+    free(gq.init);
+    free(gq.ref);
+    expect_error(api->attention_block_forward(dev, out, lse, dq_, dk_, dv_, dqp, dkp, b, tq, tk, 3, 2,
+                                              d),
+                 CT_ERR_INVALID, "attention_block_forward with h % kvh != 0");
+    float *bufs[] = {dq_, dk_, dv_, ddout, out, lse, gk, gv};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        api->free(dev, bufs[i]);
+    api->free(dev, dqp);
+    api->free(dev, dkp);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(ro);
+    free(rl);
+}
+
+/* The merge with -inf on one side or both: that side drops out, no NaN. */
+static void test_attention_merge_infinite(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(attention_merge);
+    const int64_t b = 1, t = 4, h = 1, d = 4, n = t * d;
+    const float ninf = -INFINITY;
+    float l1[4] = {ninf, 0.5f, ninf, 1.25f}, l2[4] = {0.75f, ninf, ninf, -0.5f};
+    float *o1 = host_rand(n, 1), *o2 = host_rand(n, 1);
+    for (int64_t c = 0; c < d; c++) /* a side at -inf holds 0 (as attention_block_forward leaves it) */
+        o1[c] = o1[2 * d + c] = o2[d + c] = o2[2 * d + c] = 0;
+    float *do1 = dev_floats(o1, n), *do2 = dev_floats(o2, n), *dl1 = dev_floats(l1, t),
+          *dl2 = dev_floats(l2, t);
+    assert_int_equal(api->attention_merge(dev, do1, dl1, do2, dl2, b, t, h, d), CT_OK);
+    double *want = ref_alloc(n);
+    for (int64_t c = 0; c < d; c++) {
+        want[c] = o2[c];
+        want[d + c] = o1[d + c];
+        want[2 * d + c] = 0;
+        double l = log(exp(1.25) + exp(-0.5));
+        want[3 * d + c] = o1[3 * d + c] * exp(1.25 - l) + o2[3 * d + c] * exp(-0.5 - l);
+    }
+    expect_close("attention_merge out", do1, want, n);
+    float *hl = download(dl1, t);
+    assert_true(fabs(hl[0] - 0.75) < 1e-6 && fabs(hl[1] - 0.5) < 1e-6);
+    assert_true(isinf(hl[2]) && hl[2] < 0);
+    assert_true(fabs(hl[3] - log(exp(1.25) + exp(-0.5))) < 1e-6);
+    free(hl);
+    api->free(dev, do1);
+    api->free(dev, do2);
+    api->free(dev, dl1);
+    api->free(dev, dl2);
+    free(o1);
+    free(o2);
+    free(want);
+}
+
+/* Shuffled positions, twice: the same bits. */
+static void test_attention_block_is_deterministic(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(attention_block_forward);
+    TP_SKIP_UNLESS(attention_block_backward);
+    const int64_t b = 2, t = 96, h = 4, kvh = 2, d = 16, tl = t / 2;
+    int32_t qp[48], kp[48];
+    cp_positions(qp, t, 2, 1);
+    cp_positions(kp, t, 2, 0);
+    shuffle_positions(qp, tl);
+    shuffle_positions(kp, tl);
+    int64_t nq = b * tl * h * d, nk = b * tl * kvh * d, nl = b * h * tl;
+    float *q = host_rand(nq, 1.5), *k = host_rand(nk, 1.5), *v = host_rand(nk, 1),
+          *dout = host_rand(nq, 1);
+    float *dq_ = dev_floats(q, nq), *dk_ = dev_floats(k, nk), *dv_ = dev_floats(v, nk),
+          *ddout = dev_floats(dout, nq);
+    int32_t *dqp = dev_ints(qp, tl), *dkp = dev_ints(kp, tl);
+    float *res[2][5];
+    for (int run = 0; run < 2; run++) {
+        float *out = dev_floats(NULL, nq), *lse = dev_floats(NULL, nl), *gq = dev_floats(NULL, nq),
+              *gk = dev_floats(NULL, nk), *gv = dev_floats(NULL, nk);
+        assert_int_equal(api->attention_block_forward(dev, out, lse, dq_, dk_, dv_, dqp, dkp, b, tl, tl,
+                                                      h, kvh, d),
+                         CT_OK);
+        assert_int_equal(api->attention_block_backward(dev, gq, gk, gv, ddout, dq_, dk_, dv_, out, lse,
+                                                       dqp, dkp, b, tl, tl, h, kvh, d),
+                         CT_OK);
+        float *bufs[5] = {out, lse, gq, gk, gv};
+        int64_t ns[5] = {nq, nl, nq, nk, nk};
+        for (int i = 0; i < 5; i++) {
+            res[run][i] = download(bufs[i], ns[i]);
+            api->free(dev, bufs[i]);
+        }
+        if (run == 1)
+            for (int i = 0; i < 5; i++) {
+                expect_same_bits("attention_block", res[0][i], res[1][i], ns[i]);
+                free(res[0][i]);
+                free(res[1][i]);
+            }
+    }
+    float *bufs[] = {dq_, dk_, dv_, ddout};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        api->free(dev, bufs[i]);
+    api->free(dev, dqp);
+    api->free(dev, dkp);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+}
+
 static void test_bad_arguments_are_errors(void **state)
 {
     (void)state;
@@ -2510,6 +3021,12 @@ int main(void)
         cmocka_unit_test(test_elementwise_nan),
         cmocka_unit_test(test_sum_to_device),
         cmocka_unit_test(test_cross_entropy_backward_dev),
+        cmocka_unit_test(test_rope_pos),
+        cmocka_unit_test(test_attention_block_is_attention),
+        cmocka_unit_test(test_attention_blocks_merge_to_attention),
+        cmocka_unit_test(test_attention_block_no_visible_key),
+        cmocka_unit_test(test_attention_merge_infinite),
+        cmocka_unit_test(test_attention_block_is_deterministic),
         cmocka_unit_test(test_share_stream), /* the device stays on the shared stream from here */
         cmocka_unit_test(test_graph_capture),
     };
