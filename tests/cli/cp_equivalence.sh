@@ -3,11 +3,11 @@
 # kv heads; fp32), same seed and global batch, real MPI ranks. CP 2 and CP 4 with each rotate method
 # (allgather; alltoall, the ring, also with its overlap off), FSDP 2 x CP 2, TP 2 x CP 2, PP 2 x CP 2,
 # DDP 2 x CP 2, and the 4D layouts dp_shard 2 x cp 2 x tp 2 and pp 2 x cp 2 x dp_shard 2 on 8 ranks:
-# 20-step loss and grad-norm curves within 1e-6 (relative) of the single rank; CP 4 samples the same
-# greedy text. A checkpoint saved under CP 2 continues on one rank and under FSDP 2, and one rank's
-# continues under CP 2, on the same curves. Bad input stops at start-up with status 2 naming the key:
-# a degree that does not cut the sequence into 2 x cp chunks, and a rotate method that does not exist
-# (refused with cp 1 too).
+# 20-step loss and grad-norm curves within 1e-6 (relative) of the single rank. CP 4 samples the same
+# greedy text; each rank's live activations are 1/cp of one rank's. A checkpoint saved under CP 2
+# continues on one rank and under FSDP 2, and one rank's continues under CP 2, on the same curves.
+# Bad input stops at start-up with status 2 naming the key: a degree that does not cut the sequence
+# into 2 x cp chunks, and a rotate method that does not exist (refused with cp 1 too).
 set -u
 . tests/cli/lib/layouts.sh
 common+=(--model.n_layers=2 --model.dim=64 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_hidden=128)
@@ -44,6 +44,14 @@ done
 text() { sed -n '/^sample:/{n;p}' "$T/$1.log" | sed 's/^\[rank [0-9]*\] //'; }
 [ -n "$(text single)" ] && [ "$(text single)" = "$(text cp4_ring)" ] || fail "cp4_ring sampled '$(text cp4_ring)', one rank '$(text single)'"
 echo "ok   cp4_ring samples what one rank samples: $(text cp4_ring)"
+
+# each rank keeps its own rows' activations: the live peak per rank falls to about 1/cp (step 3)
+live() { step_records "$1" | sed -n 3p | sed 's/.*"activations_live_peak": \([0-9]*\).*/\1/'; }
+for r in "cp2 2" "cp2_ring 2" "cp4 4" "cp4_ring 4"; do set -- $r
+  awk -v s="$(live single)" -v g="$(live "$1")" -v n="$2" -v r="$1" 'BEGIN { q = g * n / s
+    printf "%s  %s: activations live peak %d bytes per rank, one rank %d: %.4f x 1/%d\n", (q > 0.95 && q < 1.05) ? "ok  " : "FAIL",
+           r, g, s, q, n; exit !(q > 0.95 && q < 1.05) }' || exit 1
+done
 
 # the ring reports how much of its communication hid behind attention (rank 0, at the end)
 for r in cp2_ring cp2_ring_serial cp4_ring; do
