@@ -16,9 +16,12 @@
  * duration of one callback. Every sum runs in a fixed order: the results are deterministic.
  *
  * The ring overlaps its transfers with attention: each transfer is started before the block's compute,
- * which runs in pieces (per sequence of the batch, per half of a query chunk) with a poke of the
- * transfers in flight between them (MPI progresses only inside its calls). The time blocked in the
- * waits and the time the transfers were in flight are counted; cp.c logs the hidden share at the end.
+ * which runs in pieces (per sequence of the batch, per half of each query chunk) with a poke of the
+ * transfers in flight between them (MPI progresses only inside its calls). Counted over the run: the
+ * time the transfers were in flight (from their start until a poke or the wait first saw them
+ * complete) and the time this rank sat blocked in their waits; what was in flight but not waited for
+ * was hidden behind attention (cp.c logs the share at the end; context_parallel_ring_overlap: false
+ * waits for each transfer before the compute, for comparison).
  */
 #define _POSIX_C_SOURCE 199309L
 #include "cp.h"
@@ -74,6 +77,7 @@ static int collective(cp *c, ct_builder *b, int backward, char kind, const float
 typedef struct {
     ct_comm_request *send, *recv;
     double posted, blocked;
+    double done_at[2]; /* when the receive [0] and the send [1] were first seen complete; 0: not yet */
 } transfer;
 
 static int transfer_start(cp *c, transfer *t, const float *send, float *recv, int64_t count, int tag) {
@@ -87,25 +91,28 @@ static int transfer_start(cp *c, transfer *t, const float *send, float *recv, in
 }
 
 /* Completes one side of a transfer, the time blocked counted for the cp axis and the ring. */
-static int transfer_wait_one(cp *c, ct_builder *b, int backward, transfer *t, ct_comm_request **req) {
+static int transfer_wait_one(cp *c, ct_builder *b, int backward, transfer *t, ct_comm_request **req, int side) {
     if (!*req) return 0;
     c->host->trace_begin(c->host, trace_name(backward));
     double t0 = now();
     ct_status st = c->env.capi->wait(c->env.comm, *req);
     double dt = now() - t0;
     *req = NULL;
+    if (t->done_at[side] == 0) t->done_at[side] = t0 + dt;
     b->account_comm(b, CT_AXIS_CP, dt);
     c->host->trace_end(c->host, trace_name(backward));
     t->blocked += dt;
     return cp_failed(c, st, "ring transfer");
 }
 
-/* Completes a transfer (both sides; both are waited for even when one fails) and counts it. */
+/* Completes a transfer (both sides; both are waited for even when one fails) and counts it: in flight
+ * from its start until both sides were first seen complete (by a poke or the wait). */
 static int transfer_wait(cp *c, ct_builder *b, int backward, transfer *t) {
     if (!t->send && !t->recv) return 0;
-    int bad = transfer_wait_one(c, b, backward, t, &t->recv);
-    bad |= transfer_wait_one(c, b, backward, t, &t->send);
-    c->ring_inflight_s += now() - t->posted;
+    int bad = transfer_wait_one(c, b, backward, t, &t->recv, 0);
+    bad |= transfer_wait_one(c, b, backward, t, &t->send, 1);
+    double done = t->done_at[0] > t->done_at[1] ? t->done_at[0] : t->done_at[1];
+    c->ring_inflight_s += done > t->posted ? done - t->posted : 0;
     c->ring_blocked_s += t->blocked;
     c->ring_transfers++;
     return bad ? -1 : 0;
@@ -121,7 +128,9 @@ static void poke(cp *c, ct_builder *b, transfer *const *ts, int n) {
         ct_comm_request *r[2] = {ts[i]->recv, ts[i]->send};
         for (int j = 0; j < 2; j++) {
             int done = 0;
-            if (r[j]) k->test(c->env.comm, r[j], &done); /* an error here resurfaces at the wait */
+            if (!r[j] || ts[i]->done_at[j] != 0) continue;
+            k->test(c->env.comm, r[j], &done); /* an error here resurfaces at the wait */
+            if (done) ts[i]->done_at[j] = now();
         }
     }
     b->account_comm(b, CT_AXIS_CP, now() - t0); /* for the axis; the ring's blocked time counts waits only */
