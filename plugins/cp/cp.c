@@ -1,0 +1,241 @@
+/* cp.c: context parallel (torchtitan's) as a strategy plugin, written against the public SDK only.
+ *
+ * Each sequence is split over the cp ranks (cp.h: 2 x cp chunks, load-balanced); every rank of a cp
+ * group gets the same whole batch from the host and the builder this plugin wraps (ops.c) keeps only
+ * its rows: token ids and targets are cut at the embedding and the loss, RoPE takes the rows' real
+ * positions, attention reaches every rank's keys (attention.c), and the loss is summed over cp. The
+ * core knows nothing of it. Parameters are not split: a data-parallel strategy that shards over
+ * dp_shard x cp (CT_AXIS_DP_SHARD_CP) sums the cp ranks' partial gradients in its reduce-scatter;
+ * the gradient of every other slot is summed over cp here, once per step.
+ */
+#include "cp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const ct_option_spec options[] = {
+    {sizeof(ct_option_spec), "context_parallel_rotate_method", CT_OPT_STRING, "allgather",
+     "how attention reaches the other cp ranks' keys: allgather (gather K and V, attend at once) or alltoall "
+     "(pass K/V blocks around a ring, each hop hidden behind a block's attention)", NULL, "allgather|alltoall"},
+    {sizeof(ct_option_spec), "context_parallel_ring_overlap", CT_OPT_BOOL, "true",
+     "under alltoall, start each ring transfer before the attention it hides behind (false: wait for it first, "
+     "to measure what the overlap hides)", NULL, NULL},
+    {0},
+};
+
+int cp_failed(cp *c, ct_status st, const char *what) {
+    if (st == CT_OK) return 0;
+    c->host->set_error(c->host, "context parallel: %s failed (status %d)", what, st);
+    return -1;
+}
+
+/* The device ops a live instance needs (ABI 2.3, optional in the device table). */
+static ct_status check_device(cp *c) {
+    const ct_device_api *d = c->env.dapi;
+    if (!CT_HAS_FIELD(d, ct_device_api, attention_block_backward) || !d->rope_forward_pos || !d->rope_backward_pos ||
+        !d->attention_block_forward || !d->attention_merge || !d->attention_block_backward) {
+        c->host->set_error(c->host, "context parallel: the device lacks the ABI 2.3 ops it needs (rope_forward_pos, "
+                                    "attention_block_forward, attention_merge, attention_block_backward)");
+        return CT_ERR_UNSUPPORTED;
+    }
+    return CT_OK;
+}
+
+static ct_status read_options(cp *c) {
+    const ct_host *h = c->host;
+    const char *method = "allgather";
+    int overlap = 1;
+    if (h->opt_string(h, "context_parallel_rotate_method", &method) ||
+        h->opt_bool(h, "context_parallel_ring_overlap", &overlap))
+        return CT_ERR_INVALID;
+    if (strcmp(method, "allgather") && strcmp(method, "alltoall")) { /* the host checked the choices already */
+        h->set_error(h, "context_parallel_rotate_method: expected allgather or alltoall, got '%s'", method);
+        return CT_ERR_INVALID;
+    }
+    c->ring = strcmp(method, "alltoall") == 0;
+    c->ring_overlap = overlap;
+    return CT_OK;
+}
+
+static ct_status cp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
+    if (!CT_HAS_FIELD(env, ct_strategy_env, planning) || !CT_HAS_FIELD(env->mesh, ct_mesh_info, dp_shard_cp_size)) {
+        h->set_error(h, "context parallel: the host predates ABI 2.3 (no dp_shard x cp group)");
+        return CT_ERR_UNSUPPORTED;
+    }
+    cp *c = calloc(1, sizeof *c);
+    if (!c) return CT_ERR_NOMEM;
+    c->host = h;
+    c->env = *env;
+    c->mesh = *env->mesh;
+    c->size = c->mesh.degree[CT_AXIS_CP];
+    c->rank = c->mesh.coord[CT_AXIS_CP];
+    c->group = c->mesh.group[CT_AXIS_CP];
+    ct_status st = read_options(c);
+    if (st == CT_OK && c->size > 1 && env->seq_len % (2 * c->size)) {
+        h->set_error(h, "context_parallel_degree: %d does not cut training.seq_len %lld into 2 x %d equal chunks "
+                        "(load-balanced sharding); use a degree whose double divides the sequence length",
+                     c->size, (long long)env->seq_len, c->size);
+        st = CT_ERR_INVALID;
+    }
+    if (st == CT_OK && !env->planning) st = check_device(c);
+    if (st != CT_OK) {
+        free(c);
+        return st;
+    }
+    *out = c;
+    return CT_OK;
+}
+
+/* The ring's overlap, measured over the run: how long its transfers were in flight and how long
+ * this rank sat blocked in their waits; the rest was hidden behind attention. */
+static void log_ring(const cp *c) {
+    if (!c->ring || c->ring_transfers == 0 || c->mesh.world_rank != 0) return;
+    double hidden = c->ring_inflight_s > 0 ? 1.0 - c->ring_blocked_s / c->ring_inflight_s : 0;
+    if (hidden < 0) hidden = 0;
+    c->host->log(c->host, CT_LOG_INFO,
+                 "context parallel ring (overlap %s): %lld transfers in flight %.4f s, blocked in waits %.4f s: "
+                 "%.1f%% of the ring's communication hidden behind attention",
+                 c->ring_overlap ? "on" : "off", (long long)c->ring_transfers, c->ring_inflight_s, c->ring_blocked_s,
+                 100.0 * hidden);
+}
+
+static void cp_destroy(ct_strategy *p) {
+    cp *c = p;
+    if (!c) return;
+    log_ring(c);
+    for (cp_positions *q = c->positions, *n; q; q = n) {
+        n = q->next;
+        c->env.dapi->free(c->env.dev, q->pos);
+        free(q);
+    }
+    if (c->positions_bytes) c->host->mem_account(c->host, CT_MEM_OTHER, -c->positions_bytes);
+    free(c);
+}
+
+/* Nothing to split: every rank computes with whole parameters. The slots are kept for report() and
+ * finish_backward, which read what the data-parallel strategy placed after this. */
+static ct_status cp_place(ct_strategy *p, ct_param_slot *slots, int n) {
+    cp *c = p;
+    c->slots = slots;
+    c->n_slots = n;
+    return CT_OK;
+}
+
+static ct_status cp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_units) {
+    cp *c = p;
+    (void)n_units;
+    c->slots = slots;
+    c->n_slots = n;
+    for (int i = 0; i < n; i++) { /* compute on the local storage (a data-parallel strategy repoints these) */
+        ct_param_slot *s = CT_SLOT_AT(slots, i);
+        s->param->data = s->local_data;
+        s->param->grad = s->local_grad;
+    }
+    return CT_OK;
+}
+
+static ct_status cp_noop(ct_strategy *p, int unit) {
+    (void)p;
+    (void)unit;
+    return CT_OK;
+}
+
+static ct_status cp_post_backward(ct_strategy *p, int unit, int last_microbatch) {
+    (void)unit;
+    ((cp *)p)->last |= last_microbatch;
+    return CT_OK;
+}
+
+/* A slot whose gradient this plugin sums over cp: one this rank holds that no data-parallel strategy
+ * sums over dp_shard x cp. */
+static int summed_here(const ct_param_slot *s) {
+    if (s->placement == CT_PLACE_NONE || s->local_numel == 0) return 0;
+    return !(s->placement == CT_PLACE_SHARD && s->shard_axis == CT_AXIS_DP_SHARD_CP);
+}
+
+/* Runs after the data-parallel strategy's finish (finish_backward goes in reverse order), so the
+ * local gradients hold everything but the other cp ranks' tokens: summed here, once per step, after
+ * the last pass (gradient accumulation and pipeline microbatches call this once per pass). */
+static ct_status cp_finish_backward(ct_strategy *p) {
+    cp *c = p;
+    int last = c->last;
+    c->last = 0;
+    if (!last || c->size <= 1) return CT_OK;
+    for (int i = 0; i < c->n_slots; i++) {
+        ct_param_slot *s = CT_SLOT_AT(c->slots, i);
+        if (!summed_here(s)) continue;
+        ct_status st = c->env.capi->all_reduce(c->env.comm, c->group, s->local_grad, s->local_grad, s->local_numel,
+                                               CT_F32, CT_REDUCE_SUM, NULL);
+        if (cp_failed(c, st, "all-reduce of a gradient over cp")) return st;
+    }
+    return CT_OK;
+}
+
+/* The collectives no op sees: finish_backward's all-reduce over cp of each slot no data-parallel
+ * strategy shards over dp_shard x cp, once per step, blocking. Every other collective of context
+ * parallel belongs to an op (the loss's all-reduce, the custom ops' gathers and ring transfers),
+ * which the planner sees through the builder per microbatch. Memory: the custom ops' temporaries are
+ * the builder's scratch (their plan reserves it, so the planner counts it there); what this plugin
+ * allocates itself is the position tables, a few int32 per token. */
+static ct_status cp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
+    cp *c = p;
+    (void)n_microbatches; /* once per step whatever the count */
+    memset(out->mem_bytes, 0, sizeof out->mem_bytes);
+    out->mem_bytes[CT_MEM_OTHER] = c->env.planning ? 2 * c->env.seq_len * (int64_t)sizeof(int32_t) : c->positions_bytes;
+    out->n_comms = 0;
+    for (int i = 0; c->size > 1 && i < c->n_slots; i++) {
+        const ct_param_slot *s = CT_SLOT_AT(c->slots, i);
+        if (!summed_here(s)) continue;
+        if (out->comms && out->n_comms < out->max_comms) {
+            ct_comm_cost *e = (ct_comm_cost *)((char *)out->comms + (size_t)out->n_comms * out->comms->struct_size);
+            size_t size = out->comms->struct_size; /* the host's element size */
+            ct_comm_cost v = {sizeof v, CT_AXIS_CP, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD,
+                              (double)s->local_numel * sizeof(float), 1.0, 0};
+            memcpy(e, &v, size < sizeof v ? size : sizeof v);
+        }
+        out->n_comms++;
+    }
+    return CT_OK;
+}
+
+static ct_status cp_wrap_builder(ct_strategy *p, ct_builder *next, ct_builder *out) {
+    cp_builder_init(p, next, out);
+    return CT_OK;
+}
+
+/* Every sequence splits into 2 x cp chunks, and each rank's rows over tp (sequence parallel). */
+static int64_t cp_sequence_multiple(ct_strategy *p) {
+    const cp *c = p;
+    int tp = c->mesh.degree[CT_AXIS_TP] > 1 ? c->mesh.degree[CT_AXIS_TP] : 1;
+    return 2 * (int64_t)c->size * tp;
+}
+
+static const ct_strategy_api api = {
+    .struct_size = sizeof(ct_strategy_api),
+    .create = cp_create,
+    .destroy = cp_destroy,
+    .place = cp_place,
+    .setup = cp_setup,
+    .pre_forward = cp_noop,
+    .post_forward = cp_noop,
+    .pre_backward = cp_noop,
+    .post_backward = cp_post_backward,
+    .finish_backward = cp_finish_backward,
+    .wrap_builder = cp_wrap_builder,
+    .sequence_multiple = cp_sequence_multiple,
+    .report = cp_report,
+};
+
+CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {
+    (void)host;
+    info->abi_major = CT_ABI_MAJOR;
+    info->abi_minor = CT_ABI_MINOR;
+    info->kind = CT_KIND_STRATEGY;
+    info->name = "cp";
+    info->description = "context parallel: each sequence split over cp in 2 x cp load-balanced chunks, attention by "
+                        "all-gathered or ring-passed K/V";
+    info->options = options;
+    info->api = &api;
+    return CT_OK;
+}

@@ -1,0 +1,66 @@
+/* cp.h: the context-parallel strategy's state, shared by its files.
+ *
+ *   cp.c         the plugin: options, start-up checks, hooks, the gradient sum over cp, report
+ *   ops.c        the builder it wraps: token rows, positions, RoPE, loss and output by sequence chunk
+ *   attention.c  attention across the cp ranks: all-gather of K and V, or the ring (alltoall)
+ *
+ * Load-balanced causal sharding (torchtitan's): a sequence of T tokens is cut into 2 x cp chunks of
+ * c = T / (2 cp) rows; cp rank i holds chunks i and 2cp-1-i, in that order, so every rank holds
+ * T / cp rows and sees about the same number of causal (query, key) pairs.
+ */
+#ifndef CT_CP_PLUGIN_H
+#define CT_CP_PLUGIN_H
+
+#include "ctitan/strategy.h"
+
+/* The positions of one local length, made once on the device and kept until destroy: rank r's rows
+ * at pos + r * tl (tl entries each, rank-major), then the whole sequence 0..T-1 at pos + cp * tl. */
+typedef struct cp_positions {
+    int64_t tl;
+    int32_t *pos;
+    struct cp_positions *next;
+} cp_positions;
+
+typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
+    const ct_host *host;
+    ct_strategy_env env;
+    ct_mesh_info mesh;
+    int size, rank;      /* the cp axis: degree, this rank's coordinate */
+    ct_comm_group *group;
+    int ring;            /* context_parallel_rotate_method: alltoall (the ring) rather than allgather */
+    int ring_overlap;    /* post each ring transfer before the compute it hides behind */
+    ct_param_slot *slots;
+    int n_slots;
+    int last;            /* the step's last backward pass has run (post_backward's last_microbatch) */
+    ct_builder *next;    /* the builder this one wraps (tp's, or the host's) */
+    cp_positions *positions;
+    int64_t positions_bytes;
+    /* the ring's transfers, for the share hidden behind attention (logged at destroy) */
+    double ring_inflight_s, ring_blocked_s;
+    int64_t ring_transfers;
+} cp;
+
+/* 1 on the planner's builder (ABI 2.2): ops run on shapes only, no device, no comm, no data. */
+static inline int cp_planning(const ct_builder *b) { return CT_HAS_FIELD(b, ct_builder, planning) && b->planning; }
+
+/* The device positions for local length tl (made on first use), or NULL with the error set. */
+const int32_t *cp_positions_for(cp *c, int64_t tl);
+
+/* Row chunks between a local (b, tl, e) tensor and the whole sequence's (b, cp * tl, e): rank r's two
+ * chunks moved to / from their places (f32, or int32 moved as bytes). 0, or -1 with the error set. */
+int cp_chunks_to_global(cp *c, void *global, const void *local, int r, int64_t b, int64_t tl, int64_t e, size_t elem);
+int cp_chunks_to_local(cp *c, void *local, const void *global, int r, int64_t b, int64_t tl, int64_t e, size_t elem);
+
+/* A failed device or comm call: 0 on CT_OK, else -1 with a message (when the callee left none). */
+int cp_failed(cp *c, ct_status st, const char *what);
+
+/* Replaces out's embedding, positions, rope, attention, cross entropy and finish_output (ops.c). */
+void cp_builder_init(cp *c, ct_builder *next, ct_builder *out);
+
+/* Attention of the local queries against every rank's keys (attention.c); NULL with the error set. */
+ct_tensor *cp_attention(cp *c, ct_builder *b, ct_tensor *q, ct_tensor *k, ct_tensor *v);
+
+/* Adds a collective a custom op runs inside, over the cp axis (bytes: the whole f32 buffer). */
+void cp_plan_comm(ct_op_cost *cost, int kind, int phase, int overlapped, double elems, int calls);
+
+#endif

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Context parallel computes the same function as one rank: a small llama3 (2 layers, dim 64, grouped
+# kv heads; fp32), same seed and global batch, real MPI ranks. CP 2 and CP 4 with each rotate method
+# (allgather; alltoall, the ring, also with its overlap off), FSDP 2 x CP 2, TP 2 x CP 2, PP 2 x CP 2,
+# DDP 2 x CP 2, and the 4D layouts dp_shard 2 x cp 2 x tp 2 and pp 2 x cp 2 x dp_shard 2 on 8 ranks:
+# 20-step loss and grad-norm curves within 1e-6 (relative) of the single rank. CP 4 samples the same
+# greedy text; each rank's live activations are 1/cp of one rank's. A checkpoint saved under CP 2
+# continues on one rank and under FSDP 2, and one rank's continues under CP 2, on the same curves.
+# Bad input stops at start-up with status 2 naming the key: a degree that does not cut the sequence
+# into 2 x cp chunks, and a rotate method that does not exist (refused with cp 1 too).
+set -u
+. tests/cli/lib/layouts.sh
+common+=(--model.n_layers=2 --model.dim=64 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_hidden=128)
+cp=(--training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1)
+ring=--parallelism.context_parallel_rotate_method=alltoall
+ckpt=(--checkpoint.enable=true --checkpoint.interval=10)
+sample=(--model.tokenizer_path="$T/tok.model" --generate.max_new_tokens=12 --generate.temperature=0) # greedy
+run single 1 --training.local_batch_size=8 "${ckpt[@]}" "${sample[@]}"
+run cp2 2 "${cp[@]}" --parallelism.context_parallel_degree=2 "${ckpt[@]}"
+run cp2_ring 2 "${cp[@]}" --parallelism.context_parallel_degree=2 $ring
+run cp2_ring_serial 2 "${cp[@]}" --parallelism.context_parallel_degree=2 $ring \
+  --parallelism.context_parallel_ring_overlap=false
+run cp4 4 "${cp[@]}" --parallelism.context_parallel_degree=4
+run cp4_ring 4 "${cp[@]}" --parallelism.context_parallel_degree=4 $ring "${sample[@]}"
+run fsdp2_cp2 4 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.context_parallel_degree=2
+run tp2_cp2 4 "${cp[@]}" --parallelism.tensor_parallel_degree=2 --parallelism.context_parallel_degree=2 $ring
+run pp2_cp2 4 "${cp[@]}" --parallelism.pipeline_parallel_degree=2 --parallelism.context_parallel_degree=2
+run ddp2_cp2 4 --training.local_batch_size=4 --parallelism.data_parallel_replicate_degree=2 \
+  --parallelism.data_parallel_shard_degree=1 --parallelism.context_parallel_degree=2 --parallelism.dp_strategy=ddp $ring
+run fsdp2_cp2_tp2 8 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.context_parallel_degree=2 --parallelism.tensor_parallel_degree=2
+run pp2_cp2_fsdp2 8 --training.local_batch_size=4 --parallelism.pipeline_parallel_degree=2 \
+  --parallelism.context_parallel_degree=2 --parallelism.data_parallel_shard_degree=2 $ring
+grep -q "dp_shard 1, cp 4, tp 1" "$T/cp4.log" || fail "cp4 did not run with cp 4"
+grep -q "dp_shard 2, cp 2, tp 2; strategy fsdp" "$T/fsdp2_cp2_tp2.log" || fail "fsdp2_cp2_tp2 layout"
+grep -q "pp 2, dp_replicate 1, dp_shard 2, cp 2, tp 1; strategy fsdp" "$T/pp2_cp2_fsdp2.log" || fail "pp2_cp2_fsdp2 layout"
+grep -q "dp_replicate 2, dp_shard 1, cp 2, tp 1; strategy ddp" "$T/ddp2_cp2.log" || fail "ddp2_cp2 layout"
+for r in cp2 cp2_ring cp2_ring_serial cp4 cp4_ring fsdp2_cp2 tp2_cp2 pp2_cp2 ddp2_cp2 fsdp2_cp2_tp2 pp2_cp2_fsdp2; do
+  compare single $r 20 || exit 1
+done
+
+# deterministic: the ring with its overlap off (the same sums, only the waits moved) gives the same bits
+diff <(curve_records "$T/cp2_ring/metrics.jsonl") <(curve_records "$T/cp2_ring_serial/metrics.jsonl") >/dev/null ||
+  fail "cp2_ring and cp2_ring_serial differ: the ring's results depend on its timing"
+echo "ok   the ring with and without overlap: identical losses and grad norms"
+
+# sampling pads the prompt to 2 x cp tokens and gathers the logits' rows: the same greedy text
+text() { sed -n '/^sample:/{n;p}' "$T/$1.log" | sed 's/^\[rank [0-9]*\] //'; }
+[ -n "$(text single)" ] && [ "$(text single)" = "$(text cp4_ring)" ] || fail "cp4_ring sampled '$(text cp4_ring)', one rank '$(text single)'"
+echo "ok   cp4_ring samples what one rank samples: $(text cp4_ring)"
+
+# each rank keeps its own rows' activations: the live peak per rank falls to about 1/cp (step 3)
+live() { step_records "$1" | sed -n 3p | sed 's/.*"activations_live_peak": \([0-9]*\).*/\1/'; }
+for r in "cp2 2" "cp2_ring 2" "cp4 4" "cp4_ring 4"; do set -- $r
+  awk -v s="$(live single)" -v g="$(live "$1")" -v n="$2" -v r="$1" 'BEGIN { q = g * n / s
+    printf "%s  %s: activations live peak %d bytes per rank, one rank %d: %.4f x 1/%d\n", (q > 0.95 && q < 1.05) ? "ok  " : "FAIL",
+           r, g, s, q, n; exit !(q > 0.95 && q < 1.05) }' || exit 1
+done
+
+# the ring reports how much of its communication hid behind attention (rank 0, at the end)
+for r in cp2_ring cp2_ring_serial cp4_ring; do
+  line=$(grep -m1 "context parallel ring" "$T/$r.log") || fail "$r: no ring overlap line"
+  echo "ok   $r: ${line#*context parallel ring }"
+done
+
+# checkpoints across layouts: CP 2's step 10 on one rank and under FSDP 2; one rank's under CP 2
+resume() { # name ranks from-run args...
+  local name=$1 n=$2 from=$3; shift 3
+  mkdir -p "$T/$name/checkpoint" && cp -r "$T/$from/checkpoint/step-10" "$T/$name/checkpoint/"
+  run "$name" "$n" --checkpoint.enable=true "$@"
+  grep -q "resuming after step 10" "$T/$name.log" || fail "$name: did not resume"
+  same_curve "$name: step-10 checkpoint of $from continued" "$T/$from/metrics.jsonl" "$T/$name/metrics.jsonl" 10 11
+}
+resume cp2_to_single 1 cp2 --training.local_batch_size=8 || exit 1
+resume cp2_to_fsdp2 2 cp2 --training.local_batch_size=4 || exit 1
+resume single_to_cp2 2 single "${cp[@]}" --parallelism.context_parallel_degree=2 || exit 1
+
+# bad input: status 2 before any step, the key named
+expect_refusal() { # what key ranks args...
+  local what=$1 key=$2 n=$3; shift 3
+  local out st
+  if [ "$n" -eq 1 ]; then out=$("$CTITAN" train "${common[@]}" "$@" 2>&1); st=$?
+  else out=$("$CTITAN" launch -n "$n" train "${common[@]}" "$@" 2>&1); st=$?; fi
+  [ $st -eq 2 ] || { echo "$out" | tail -4; fail "$what: status $st, expected 2"; }
+  echo "$out" | grep -qE "$key" || { echo "$out" | tail -4; fail "$what: the message does not name $key"; }
+  ! echo "$out" | grep -q '"loss"\|^step ' || fail "$what: trained before refusing"
+  echo "ok   $what (status 2): $(echo "$out" | grep -m1 -E "$key" | sed 's/^\[rank [0-9]*\] //' | cut -c1-200)"
+}
+expect_refusal "seq_len 66 under cp 2 (not 4 equal chunks)" "context_parallel_degree" 2 "${cp[@]}" \
+  --training.seq_len=66 --parallelism.context_parallel_degree=2
+expect_refusal "an unknown rotate method (cp 1)" "context_parallel_rotate_method.*allgather" 1 --training.local_batch_size=8 \
+  --parallelism.context_parallel_rotate_method=ring
