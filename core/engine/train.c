@@ -719,6 +719,20 @@ static void train_help_print(void) {
     manifest_add_core_schema(m0);
     manifest_print_schema(m0, stdout);
     manifest_free(m0);
+    /* the parallelism keys of the default strategies (tp, cp, fsdp: loaded by name, as a run does) */
+    static const char *const defaults[] = {"tp", "cp", "fsdp"};
+    char err[1024];
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
+        manifest *m1 = manifest_new();
+        plugin *p = m1 ? plugin_load(defaults[i], CT_KIND_STRATEGY, "parallelism", m1, err, sizeof err) : NULL;
+        if (p && p->info.options && p->info.options->key) {
+            printf("\nkeys of the %s strategy (%s):\n", p->info.name, p->info.description ? p->info.description : "");
+            manifest_add_plugin_schema(m1, "parallelism", p->info.options);
+            manifest_print_schema(m1, stdout);
+        }
+        plugin_unload(p);
+        manifest_free(m1);
+    }
 }
 
 /* checkpoint.create_seed_checkpoint: writes step-0 into the folder, under its lock like any run. */
