@@ -16,7 +16,8 @@
  * depend on the thread count (partition by output column, fixed-size chunks combined in order,
  * one attention task per (batch, kv head)), so results are bit-identical run to run, and across
  * thread counts too for every kernel but matmul, whose split is OpenBLAS's. Scratch memory
- * (attention blocks, the rope table, cross-entropy rows) is one allocation per call.
+ * (attention blocks, the rope table, cross-entropy rows) is one allocation per call (two for the
+ * attention of ABI 2.3: its position order, then its blocks).
  */
 #include <math.h>
 #include <stdint.h>
