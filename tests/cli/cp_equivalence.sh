@@ -54,7 +54,7 @@ echo "ok   cp4_ring samples what one rank samples: $(text cp4_ring)"
 live() { step_records "$1" | sed -n 3p | sed 's/.*"activations_live_peak": \([0-9]*\).*/\1/'; }
 for r in "cp2 2" "cp2_ring 2" "cp4 4" "cp4_ring 4"; do set -- $r
   awk -v s="$(live single)" -v g="$(live "$1")" -v n="$2" -v r="$1" 'BEGIN { q = g * n / s
-    printf "%s  %s: activations live peak %d bytes per rank, one rank %d: %.4f x 1/%d\n", (q > 0.95 && q < 1.05) ? "ok  " : "FAIL",
+    printf "%s %s: activations live peak %d bytes per rank, one rank %d: %.4f x 1/%d\n", (q > 0.95 && q < 1.05) ? "ok  " : "FAIL",
            r, g, s, q, n; exit !(q > 0.95 && q < 1.05) }' || exit 1
 done
 
