@@ -88,13 +88,14 @@ static ct_status cp_create(const ct_host *h, const ct_strategy_env *env, ct_stra
 }
 
 /* The ring's overlap, measured over the run: how long its transfers were in flight and how long
- * this rank sat blocked in their waits; the rest was hidden behind attention. */
+ * this rank spent in their waits and pokes; the rest was hidden behind attention. */
 static void log_ring(const cp *c) {
     if (!c->ring || c->ring_transfers == 0 || c->mesh.world_rank != 0) return;
     double hidden = c->ring_inflight_s > 0 ? 1.0 - c->ring_blocked_s / c->ring_inflight_s : 0;
     if (hidden < 0) hidden = 0;
     c->host->log(c->host, CT_LOG_INFO,
-                 "context parallel ring (overlap %s): %lld transfers in flight %.4f s, blocked in waits %.4f s: "
+                 "context parallel ring (overlap %s): %lld transfers in flight %.4f s, this rank in their waits and "
+                 "pokes %.4f s: "
                  "%.1f%% of the ring's communication hidden behind attention",
                  c->ring_overlap ? "on" : "off", (long long)c->ring_transfers, c->ring_inflight_s, c->ring_blocked_s,
                  100.0 * hidden);
