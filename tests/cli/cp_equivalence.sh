@@ -5,11 +5,13 @@
 # DDP 2 x CP 2, and the 4D layouts dp_shard 2 x cp 2 x tp 2 and pp 2 x cp 2 x dp_shard 2 on 8 ranks:
 # 20-step loss and grad-norm curves within 1e-6 (relative) of the single rank. CP 4 samples the same
 # greedy text; each rank's live activations are 1/cp of one rank's. A checkpoint saved under CP 2
-# continues on one rank and under FSDP 2, and one rank's continues under CP 2, on the same curves.
+# continues on one rank and under FSDP 2, and one rank's continues under CP 2, on the same curves;
+# sdk/examples/gpt2 (learned positions, built out of tree) under CP 2 follows its one-rank curve.
 # Bad input stops at start-up with status 2 naming the key: a degree that does not cut the sequence
 # into 2 x cp chunks, and a rotate method that does not exist (refused with cp 1 too).
 set -u
 . tests/cli/lib/layouts.sh
+base=("${common[@]}")
 common+=(--model.n_layers=2 --model.dim=64 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_hidden=128)
 cp=(--training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1)
 ring=--parallelism.context_parallel_rotate_method=alltoall
@@ -75,6 +77,19 @@ resume() { # name ranks from-run args...
 resume cp2_to_single 1 cp2 --training.local_batch_size=8 || exit 1
 resume cp2_to_fsdp2 2 cp2 --training.local_batch_size=4 || exit 1
 resume single_to_cp2 2 single "${cp[@]}" --parallelism.context_parallel_degree=2 || exit 1
+
+# an out-of-tree pack with learned positions (sdk/examples/gpt2: the positions op, no RoPE, biases),
+# built with nothing but the pkg-config file, under CP 2 with each rotate method
+ROOT=$(pwd)
+cp -r sdk/examples/gpt2 "$T/gpt2" && rm -f "$T"/gpt2/*.so
+env -u MAKEFLAGS -u MFLAGS -u CFLAGS -u CPPFLAGS -u LDFLAGS PKG_CONFIG_PATH="$ROOT/$BUILD" \
+  make --no-print-directory -C "$T/gpt2" >"$T/make.log" 2>&1 || { cat "$T/make.log"; fail "gpt2: out-of-tree build"; }
+common=("${base[@]}" --model.name="$T/gpt2/gpt2.so" --model.flavor=tiny --model.vocab_size=2048)
+run gpt2_single 1 --training.local_batch_size=8
+run gpt2_cp2 2 "${cp[@]}" --parallelism.context_parallel_degree=2
+run gpt2_cp2_ring 2 "${cp[@]}" --parallelism.context_parallel_degree=2 $ring
+for r in gpt2_cp2 gpt2_cp2_ring; do compare gpt2_single $r 20 || exit 1; done
+common=("${base[@]}" --model.n_layers=2 --model.dim=64 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_hidden=128)
 
 # bad input: status 2 before any step, the key named
 expect_refusal() { # what key ranks args...
