@@ -2,13 +2,14 @@
 # Context parallel computes the same function as one rank: a small llama3 (2 layers, dim 64, grouped
 # kv heads; fp32), same seed and global batch, real MPI ranks. CP 2 and CP 4 with each rotate method
 # (allgather; alltoall, the ring, also with its overlap off), FSDP 2 x CP 2, TP 2 x CP 2, PP 2 x CP 2,
-# DDP 2 x CP 2, and the 4D layouts dp_shard 2 x cp 2 x tp 2 and pp 2 x cp 2 x dp_shard 2 on 8 ranks:
-# 20-step loss and grad-norm curves within 1e-6 (relative) of the single rank. CP 4 samples the same
-# greedy text; each rank's live activations are 1/cp of one rank's. A checkpoint saved under CP 2
-# continues on one rank and under FSDP 2, and one rank's continues under CP 2, on the same curves;
-# sdk/examples/gpt2 (learned positions, built out of tree) under CP 2 follows its one-rank curve.
-# Bad input stops at start-up with status 2 naming the key: a degree that does not cut the sequence
-# into 2 x cp chunks, and a rotate method that does not exist (refused with cp 1 too).
+# DDP 2 x CP 2, ZeRO-2 2 x CP 2, and on 8 ranks HSDP 2 x 2 x CP 2 and the 4D layouts dp_shard 2 x cp 2
+# x tp 2 and pp 2 x cp 2 x dp_shard 2: 20-step loss and grad-norm curves within 1e-6 (relative) of
+# the single rank. CP 4 samples the same greedy text; each rank's live activations are 1/cp of one
+# rank's. A checkpoint saved under CP 2 continues on one rank and under FSDP 2, and one rank's
+# continues under CP 2, on the same curves; sdk/examples/gpt2 (learned positions, built out of tree)
+# under CP 2 follows its one-rank curve. Bad input stops at start-up with status 2 naming the key: a
+# degree that does not cut the sequence into 2 x cp chunks, and a rotate method that does not exist
+# (refused with cp 1 too).
 set -u
 . tests/cli/lib/layouts.sh
 base=("${common[@]}")
@@ -30,6 +31,10 @@ run tp2_cp2 4 "${cp[@]}" --parallelism.tensor_parallel_degree=2 --parallelism.co
 run pp2_cp2 4 "${cp[@]}" --parallelism.pipeline_parallel_degree=2 --parallelism.context_parallel_degree=2
 run ddp2_cp2 4 --training.local_batch_size=4 --parallelism.data_parallel_replicate_degree=2 \
   --parallelism.data_parallel_shard_degree=1 --parallelism.context_parallel_degree=2 --parallelism.dp_strategy=ddp $ring
+run zero2_cp2 4 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.context_parallel_degree=2 --parallelism.dp_strategy=zero2 $ring
+run hsdp_cp2 8 --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2 \
+  --parallelism.data_parallel_shard_degree=2 --parallelism.context_parallel_degree=2
 run fsdp2_cp2_tp2 8 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
   --parallelism.context_parallel_degree=2 --parallelism.tensor_parallel_degree=2
 run pp2_cp2_fsdp2 8 --training.local_batch_size=4 --parallelism.pipeline_parallel_degree=2 \
@@ -38,7 +43,10 @@ grep -q "dp_shard 1, cp 4, tp 1" "$T/cp4.log" || fail "cp4 did not run with cp 4
 grep -q "dp_shard 2, cp 2, tp 2; strategy fsdp" "$T/fsdp2_cp2_tp2.log" || fail "fsdp2_cp2_tp2 layout"
 grep -q "pp 2, dp_replicate 1, dp_shard 2, cp 2, tp 1; strategy fsdp" "$T/pp2_cp2_fsdp2.log" || fail "pp2_cp2_fsdp2 layout"
 grep -q "dp_replicate 2, dp_shard 1, cp 2, tp 1; strategy ddp" "$T/ddp2_cp2.log" || fail "ddp2_cp2 layout"
-for r in cp2 cp2_ring cp2_ring_serial cp4 cp4_ring fsdp2_cp2 tp2_cp2 pp2_cp2 ddp2_cp2 fsdp2_cp2_tp2 pp2_cp2_fsdp2; do
+grep -q "dp_shard 2, cp 2, tp 1; strategy zero2" "$T/zero2_cp2.log" || fail "zero2_cp2 layout"
+grep -q "dp_replicate 2, dp_shard 2, cp 2, tp 1; strategy fsdp" "$T/hsdp_cp2.log" || fail "hsdp_cp2 layout"
+for r in cp2 cp2_ring cp2_ring_serial cp4 cp4_ring fsdp2_cp2 tp2_cp2 pp2_cp2 ddp2_cp2 zero2_cp2 hsdp_cp2 fsdp2_cp2_tp2 \
+         pp2_cp2_fsdp2; do
   compare single $r 20 || exit 1
 done
 
