@@ -66,6 +66,13 @@ void *pool_alloc(pool *p, size_t bytes) {
     if (!grown) return NULL;
     p->chunks = grown;
     char *mem = chunk_alloc(p, cap);
+    while (!mem && cap > bytes && cap > POOL_MIN_CHUNK) { /* a device near its capacity: smaller chunks first */
+        size_t half = (cap / 2 + POOL_ALIGN - 1) & ~(size_t)(POOL_ALIGN - 1);
+        cap = half > bytes ? half : bytes;
+        if (cap < POOL_MIN_CHUNK) cap = bytes > POOL_MIN_CHUNK ? bytes : POOL_MIN_CHUNK;
+        ct_clear_error();
+        mem = chunk_alloc(p, cap);
+    }
     if (!mem) return NULL;
     if (p->n_chunks) p->used += p->chunks[p->cur].cap - p->top;
     p->chunks[p->n_chunks] = (pool_chunk){mem, cap};

@@ -47,8 +47,15 @@ static rt_tensor *new_tensor(runtime *rt, arena *a, ct_dtype dt, int ndim, const
     t->t.ndim = ndim;
     for (int i = 0; i < ndim; i++) t->t.shape[i] = shape[i];
     size_t bytes = (size_t)numel(t) * ct_dtype_size(dt);
+    ct_clear_error();
     t->t.data = pool_alloc(&a->data, bytes);
-    if (!t->t.data) goto nomem;
+    if (!t->t.data) { /* the device's reason (a memory cap, say) with ours */
+        char why[400];
+        snprintf(why, sizeof why, "%s", ct_last_error());
+        ct_set_error("out of memory for activations (%.1f MiB more)%s%s", (double)bytes / 1048576.0, why[0] ? ": " : "",
+                     why);
+        return NULL;
+    }
     (void)rt;
     return t;
 nomem:

@@ -443,6 +443,14 @@ int plan_trace_layout(plan_ctx *c, const plan_layout *l, plan_trace *t, char *er
 
 /* ---- time ---- */
 
+/* Seconds of a custom op's attention FLOPs (ct_op_cost.attention_flops) at the attention rate. */
+static double attn_seconds(const hw_profile *hw, const plan_op *o, int bw) {
+    if (o->kind != PLAN_OP_CUSTOM || o->attn_flops[bw] <= 0) return 0;
+    double rate = hw->peak_flops[o->dtype] > 0 ? hw->peak_flops[o->dtype] : hw->peak_flops[PLAN_BF16];
+    rate *= hw->matmul_eff * hw->attn_eff;
+    return rate > 0 ? o->attn_flops[bw] / rate : 0;
+}
+
 /* Seconds of one op, forward (bw 0) or backward (bw 1): measured at its shape, or from the rates. */
 static double op_seconds(const hw_profile *hw, const plan_op *o, int bw) {
     double m = hw_measured_op(hw, o->kind, o->shape, o->dtype, bw);
@@ -464,7 +472,7 @@ static double op_seconds(const hw_profile *hw, const plan_op *o, int bw) {
         if (rate > 0) t += o->flops[bw] / rate;
     }
     if (o->bytes[bw] > 0 && hw->mem_bw > 0) t += o->bytes[bw] / (hw->mem_bw * hw->mem_eff);
-    return t;
+    return t + attn_seconds(hw, o, bw);
 }
 
 /* Whether a group over `axis` spans nodes: torchtitan's mesh order, tp innermost. */
@@ -535,7 +543,11 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         double re = ac[o->unit] == RT_AC_FULL ? f : ac[o->unit] == RT_AC_OP && !o->sac_keep ? f : 0;
         u->re += re;
         double all = f + b + re;
-        if (o->kind == PLAN_OP_GEMM || o->kind == PLAN_OP_CUSTOM) u->gemm += all;
+        if (o->kind == PLAN_OP_CUSTOM) { /* its attention FLOPs apart from its GEMMs */
+            double a = attn_seconds(hw, o, 0), at = a + attn_seconds(hw, o, 1) + (re > 0 ? a : 0);
+            u->attn += at;
+            u->gemm += all - at;
+        } else if (o->kind == PLAN_OP_GEMM) u->gemm += all;
         else if (o->kind == PLAN_OP_ATTENTION) u->attn += all;
         else u->membound += all;
     }

@@ -116,6 +116,7 @@ typedef struct plan_op {
     int kv_heads;         /* attention */
     int dtype;            /* GEMM: PLAN_F32 / PLAN_BF16 / PLAN_FP8 */
     double flops[2];      /* FLOPs: forward, backward (GEMMs and attention) */
+    double attn_flops[2]; /* a custom op's attention FLOPs (ct_op_cost.attention_flops), beside its GEMMs' */
     double bytes[2];      /* memory traffic of memory-bound work: forward, backward */
     double out_bytes;     /* the output tensor(s) the tape allocates */
     double saved_bytes;   /* what the tape keeps from this op until backward (no AC) */

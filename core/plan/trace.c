@@ -149,6 +149,7 @@ ct_status plan_custom(runtime *rt, const ct_custom_op *op, void *state, ct_tenso
                : c.matmul_dtype == CT_BF16                                 ? PLAN_BF16
                                                                            : state_of(rt)->matmul_dtype;
     o->flops[0] = c.matmul_flops[0], o->flops[1] = c.matmul_flops[1];
+    o->attn_flops[0] = c.attention_flops[0], o->attn_flops[1] = c.attention_flops[1]; /* zeroed when a 2.2 op leaves it */
     o->bytes[0] = c.bytes[0], o->bytes[1] = c.bytes[1];
     for (int i = 0; i < c.n_comm && i < 4; i++) {
         plan_op *k = next_op(rt);

@@ -47,7 +47,7 @@
  * category (host.h). A 2.0 plugin loads unchanged.
  * 2.3 appended: explicit-position rotary embedding and blockwise attention with its log-sum-exp
  * merge (device.h); the flattened dp_shard x cp group and CT_AXIS_DP_SHARD_CP (strategy.h), for
- * context parallel. */
+ * context parallel; a custom op's attention FLOPs in its planner cost (ct_op_cost.attention_flops). */
 #define CT_ABI_MAJOR 2
 #define CT_ABI_MINOR 3
 

@@ -174,6 +174,10 @@ typedef struct ct_op_cost {
     double bytes[2];        /* memory traffic of the memory-bound work: [0] forward, [1] backward */
     int n_comm;             /* entries used in comm */
     ct_op_comm comm[4];
+    /* ABI 2.3: attention FLOPs (scores and the weighted sum of values, the visible pairs only), [0]
+     * forward, [1] backward, timed at the device's attention rate rather than its GEMM rate; not
+     * counted again in matmul_flops */
+    double attention_flops[2];
 } ct_op_cost;
 
 typedef struct ct_custom_op {
