@@ -381,8 +381,8 @@ static ct_status attn_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_i
 }
 
 /* The planner's forward: (out, lse) as attn_fwd makes them, the larger of forward's and backward's
- * scratch reserved (the planner counts the builder's scratch), the GEMM FLOPs of the causal pairs
- * this rank computes and the transfers over cp. Load-balanced, every rank has the same pairs: chunks
+ * scratch reserved (the planner counts the builder's scratch), the attention FLOPs of the causal
+ * pairs this rank computes (ct_op_cost.attention_flops) and the transfers over cp. Load-balanced, every rank has the same pairs: chunks
  * i and 2cp-1-i see c^2 (2cp - 1) + c (c + 1) keys in all (c rows per chunk). Counted as the host
  * counts its attention: QK^T and PV forward, 2.5 times that backward (the scores are recomputed). */
 static ct_status attn_plan(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out,
@@ -399,8 +399,10 @@ static ct_status attn_plan(ct_builder *b, void *sp, ct_tensor *const *in, int n_
                              : 2 * n + 6 * n * cpn; /* allgather: the backward's, the larger */
     if (!b->scratch(b, (size_t)(scratch * F))) return CT_ERR_NOMEM;
     double ch = (double)z.ch, pairs = ch * ch * (2 * cpn - 1) + ch * (ch + 1);
-    cost->matmul_flops[0] = 4.0 * (double)(z.b * z.h * z.d) * pairs;
-    cost->matmul_flops[1] = 2.5 * cost->matmul_flops[0];
+    double fwd = 4.0 * (double)(z.b * z.h * z.d) * pairs;
+    double *flops = CT_HAS_FIELD(cost, ct_op_cost, attention_flops) ? cost->attention_flops : cost->matmul_flops;
+    flops[0] = fwd; /* attention, timed at the attention rate (a 2.2 host: as GEMMs) */
+    flops[1] = 2.5 * fwd;
     cost->matmul_dtype = c->env.bf16_compute ? CT_BF16 : CT_F32;
     double keys = c->ring ? 2 * n * cpn : 2 * n * cpn * 2; /* every block read, or gathered and reordered too */
     cost->bytes[0] = F * (2 * nq + keys + (double)(z.b * z.h * z.tl));
