@@ -7,9 +7,9 @@
 # the single rank. CP 4 samples the same greedy text; each rank's live activations are 1/cp of one
 # rank's. A checkpoint saved under CP 2 continues on one rank and under FSDP 2, and one rank's
 # continues under CP 2, on the same curves; sdk/examples/gpt2 (learned positions, built out of tree)
-# under CP 2 follows its one-rank curve. Bad input stops at start-up with status 2 naming the key: a
-# degree that does not cut the sequence into 2 x cp chunks, and a rotate method that does not exist
-# (refused with cp 1 too).
+# under CP 2 follows its one-rank curve; the planner sees per-rank activations and attention at 1/cp.
+# Bad input stops at start-up with status 2 naming the key: a degree that does not cut the sequence
+# into 2 x cp chunks, and a rotate method that does not exist (refused with cp 1 too).
 set -u
 . tests/cli/lib/layouts.sh
 base=("${common[@]}")
@@ -98,6 +98,23 @@ run gpt2_cp2 2 "${cp[@]}" --parallelism.context_parallel_degree=2
 run gpt2_cp2_ring 2 "${cp[@]}" --parallelism.context_parallel_degree=2 $ring
 for r in gpt2_cp2 gpt2_cp2_ring; do compare gpt2_single $r 20 || exit 1; done
 common=("${base[@]}" --model.n_layers=2 --model.dim=64 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_hidden=128)
+
+# the planner sees cp through the plugin's plan callbacks: debugmodel at seq 4096 on h100-sxm, per-rank
+# activations and attention time at about 1/cp of one rank's (the load-balanced chunks), both methods
+planned() { # cp method -> "activations_gib attention_s"
+  "$CTITAN" plan configs/llama3_debug.yaml --training.seq_len=4096 --training.local_batch_size=1 \
+    --training.global_batch_size=1 --parallelism.data_parallel_shard_degree=1 --parallelism.context_parallel_degree="$1" \
+    --parallelism.context_parallel_rotate_method="$2" --hardware h100-sxm --gpus "$1" --json |
+    python3 -c 'import json, sys; l = json.load(sys.stdin)["layouts"][0]; print(l["memory_gib"]["activations"], l["time_s"]["attention"])'
+}
+one=$(planned 1 allgather) || fail "plan: one rank"
+for n in 2 4; do for m in allgather alltoall; do
+  got=$(planned $n $m) || fail "plan: cp $n $m"
+  awk -v a="$one" -v b="$got" -v n=$n -v m=$m 'BEGIN { split(a, x, " "); split(b, y, " "); qa = y[1] * n / x[1]; qt = y[2] * n / x[2]
+    ok = qa > 0.95 && qa < 1.05 && qt > 0.95 && qt < 1.05
+    printf "%s plan cp %d %s: activations %.4f GiB, attention %.3g s per rank: %.3f and %.3f x 1/%d of one rank'"'"'s\n",
+           ok ? "ok  " : "FAIL", n, m, y[1], y[2], qa, qt, n; exit !ok }' || exit 1
+done; done
 
 # bad input: status 2 before any step, the key named
 expect_refusal() { # what key ranks args...
