@@ -4,8 +4,9 @@
 # (allgather; alltoall, the ring, also with its overlap off), FSDP 2 x CP 2, TP 2 x CP 2, PP 2 x CP 2,
 # DDP 2 x CP 2, ZeRO-2 2 x CP 2, and on 8 ranks HSDP 2 x 2 x CP 2 and the 4D layouts dp_shard 2 x cp 2
 # x tp 2 and pp 2 x cp 2 x dp_shard 2: 20-step loss and grad-norm curves within 1e-6 (relative) of
-# the single rank. CP 4 samples the same greedy text; each rank's live activations are 1/cp of one
-# rank's. A checkpoint saved under CP 2 continues on one rank and under FSDP 2, and one rank's
+# the single rank; the ring with bf16 parameters and full activation checkpointing too (against one
+# rank's same settings). CP 4 samples the same greedy text; each rank's live activations are 1/cp of
+# one rank's. A checkpoint saved under CP 2 continues on one rank and under FSDP 2, and one rank's
 # continues under CP 2, on the same curves; sdk/examples/gpt2 (learned positions, built out of tree)
 # under CP 2 follows its one-rank curve; the planner sees per-rank activations and attention at 1/cp.
 # Bad input stops at start-up with status 2 naming the key: a degree that does not cut the sequence
@@ -39,6 +40,11 @@ run fsdp2_cp2_tp2 8 --training.local_batch_size=4 --parallelism.data_parallel_sh
   --parallelism.context_parallel_degree=2 --parallelism.tensor_parallel_degree=2
 run pp2_cp2_fsdp2 8 --training.local_batch_size=4 --parallelism.pipeline_parallel_degree=2 \
   --parallelism.context_parallel_degree=2 --parallelism.data_parallel_shard_degree=2 $ring
+# bf16 parameters with full activation checkpointing: the recomputed forward runs the ring again
+bf16=(--training.mixed_precision_param=bfloat16 --activation_checkpoint.mode=full)
+run single_bf16_ac 1 --training.local_batch_size=8 "${bf16[@]}"
+run cp2_ring_bf16_ac 2 "${cp[@]}" --parallelism.context_parallel_degree=2 $ring "${bf16[@]}"
+compare single_bf16_ac cp2_ring_bf16_ac 20 || exit 1
 grep -q "dp_shard 1, cp 4, tp 1" "$T/cp4.log" || fail "cp4 did not run with cp 4"
 grep -q "dp_shard 2, cp 2, tp 2; strategy fsdp" "$T/fsdp2_cp2_tp2.log" || fail "fsdp2_cp2_tp2 layout"
 grep -q "pp 2, dp_replicate 1, dp_shard 2, cp 2, tp 1; strategy fsdp" "$T/pp2_cp2_fsdp2.log" || fail "pp2_cp2_fsdp2 layout"
