@@ -94,7 +94,7 @@ static void log_ring(const cp *c) {
     double hidden = c->ring_inflight_s > 0 ? 1.0 - c->ring_blocked_s / c->ring_inflight_s : 0;
     if (hidden < 0) hidden = 0;
     c->host->log(c->host, CT_LOG_INFO,
-                 "context parallel ring (overlap %s): %lld transfers in flight %.4f s, this rank in their waits and "
+                 "context parallel ring: overlap %s, %lld transfers in flight %.4f s, this rank in their waits and "
                  "pokes %.4f s: "
                  "%.1f%% of the ring's communication hidden behind attention",
                  c->ring_overlap ? "on" : "off", (long long)c->ring_transfers, c->ring_inflight_s, c->ring_blocked_s,

@@ -76,8 +76,8 @@ done
 
 # the ring reports how much of its communication hid behind attention (rank 0, at the end)
 for r in cp2_ring cp2_ring_serial cp4_ring; do
-  line=$(grep -m1 "context parallel ring" "$T/$r.log") || fail "$r: no ring overlap line"
-  echo "ok   $r: ${line#*context parallel ring }"
+  line=$(grep -m1 "context parallel ring: " "$T/$r.log") || fail "$r: no ring overlap line"
+  echo "ok   $r: ${line#*context parallel ring: }"
 done
 
 # checkpoints across layouts: CP 2's step 10 on one rank and under FSDP 2; one rank's under CP 2
