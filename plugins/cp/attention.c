@@ -16,12 +16,13 @@
  * duration of one callback. Every sum runs in a fixed order: the results are deterministic.
  *
  * The ring overlaps its transfers with attention: each transfer is started before the block's compute,
- * which runs in pieces (per sequence of the batch, per half of each query chunk) with a poke of the
+ * which runs in pieces (per sequence of the batch, per quarter of each query chunk) with a poke of the
  * transfers in flight between them (MPI progresses only inside its calls). Counted over the run: the
  * time the transfers were in flight (from their start until a poke or the wait first saw them
  * complete) and the time this rank spent in their waits and pokes (an MPI moves the bytes inside
- * those calls); the rest of the time in flight was hidden behind attention (cp.c logs the share at the end; context_parallel_ring_overlap: false
- * waits for each transfer before the compute, for comparison).
+ * those calls); the rest of the time in flight was spent computing. cp.c logs the share at the end
+ * (an upper bound over MPI, see there); context_parallel_ring_overlap: false waits for each transfer
+ * before the compute, for comparison.
  */
 #define _POSIX_C_SOURCE 199309L
 #include "cp.h"
@@ -31,7 +32,8 @@
 
 #define RING_TAG_KV 1801  /* a K/V block going round */
 #define RING_TAG_ACC 1802 /* a block's dK/dV sum going round behind it */
-#define PIECES_PER_CHUNK 2 /* query sub-blocks per chunk of a sequence: a poke between each */
+#define PIECES_PER_CHUNK 4 /* query sub-blocks per chunk of a sequence, a poke after each (4 measured a
+                             * little better than 2 over MPI; a GPU's comm needs none) */
 
 typedef struct {
     cp *c;
