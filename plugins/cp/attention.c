@@ -16,12 +16,13 @@
  * duration of one callback. Every sum runs in a fixed order: the results are deterministic.
  *
  * The ring overlaps its transfers with attention: each transfer is started before the block's compute,
- * which runs in pieces (per sequence of the batch, per half of each query chunk) with a poke of the
+ * which runs in pieces (per sequence of the batch, per quarter of each query chunk) with a poke of the
  * transfers in flight between them (MPI progresses only inside its calls). Counted over the run: the
  * time the transfers were in flight (from their start until a poke or the wait first saw them
- * complete) and the time this rank sat blocked in their waits; what was in flight but not waited for
- * was hidden behind attention (cp.c logs the share at the end; context_parallel_ring_overlap: false
- * waits for each transfer before the compute, for comparison).
+ * complete) and the time this rank spent in their waits and pokes (an MPI moves the bytes inside
+ * those calls); the rest of the time in flight was spent computing. cp.c logs the share at the end
+ * (an upper bound over MPI, see there); context_parallel_ring_overlap: false waits for each transfer
+ * before the compute, for comparison.
  */
 #define _POSIX_C_SOURCE 199309L
 #include "cp.h"
@@ -31,7 +32,8 @@
 
 #define RING_TAG_KV 1801  /* a K/V block going round */
 #define RING_TAG_ACC 1802 /* a block's dK/dV sum going round behind it */
-#define PIECES_PER_CHUNK 2 /* query sub-blocks per chunk of a sequence: a poke between each */
+#define PIECES_PER_CHUNK 4 /* query sub-blocks per chunk of a sequence, a poke after each (4 measured a
+                             * little better than 2 over MPI; a GPU's comm needs none) */
 
 typedef struct {
     cp *c;
@@ -133,7 +135,9 @@ static void poke(cp *c, ct_builder *b, transfer *const *ts, int n) {
             if (done) ts[i]->done_at[j] = now();
         }
     }
-    b->account_comm(b, CT_AXIS_CP, now() - t0); /* for the axis; the ring's blocked time counts waits only */
+    double dt = now() - t0; /* MPI copies the bytes inside these calls: not hidden, whatever else is */
+    b->account_comm(b, CT_AXIS_CP, dt);
+    c->ring_blocked_s += dt;
 }
 
 /* ---- small moves ---- */
@@ -379,8 +383,8 @@ static ct_status attn_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_i
 }
 
 /* The planner's forward: (out, lse) as attn_fwd makes them, the larger of forward's and backward's
- * scratch reserved (the planner counts the builder's scratch), the GEMM FLOPs of the causal pairs
- * this rank computes and the transfers over cp. Load-balanced, every rank has the same pairs: chunks
+ * scratch reserved (the planner counts the builder's scratch), the attention FLOPs of the causal
+ * pairs this rank computes (ct_op_cost.attention_flops) and the transfers over cp. Load-balanced, every rank has the same pairs: chunks
  * i and 2cp-1-i see c^2 (2cp - 1) + c (c + 1) keys in all (c rows per chunk). Counted as the host
  * counts its attention: QK^T and PV forward, 2.5 times that backward (the scores are recomputed). */
 static ct_status attn_plan(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out,
@@ -397,8 +401,10 @@ static ct_status attn_plan(ct_builder *b, void *sp, ct_tensor *const *in, int n_
                              : 2 * n + 6 * n * cpn; /* allgather: the backward's, the larger */
     if (!b->scratch(b, (size_t)(scratch * F))) return CT_ERR_NOMEM;
     double ch = (double)z.ch, pairs = ch * ch * (2 * cpn - 1) + ch * (ch + 1);
-    cost->matmul_flops[0] = 4.0 * (double)(z.b * z.h * z.d) * pairs;
-    cost->matmul_flops[1] = 2.5 * cost->matmul_flops[0];
+    double fwd = 4.0 * (double)(z.b * z.h * z.d) * pairs;
+    double *flops = CT_HAS_FIELD(cost, ct_op_cost, attention_flops) ? cost->attention_flops : cost->matmul_flops;
+    flops[0] = fwd; /* attention, timed at the attention rate (a 2.2 host: as GEMMs) */
+    flops[1] = 2.5 * fwd;
     cost->matmul_dtype = c->env.bf16_compute ? CT_BF16 : CT_F32;
     double keys = c->ring ? 2 * n * cpn : 2 * n * cpn * 2; /* every block read, or gathered and reordered too */
     cost->bytes[0] = F * (2 * nq + keys + (double)(z.b * z.h * z.tl));

@@ -88,14 +88,18 @@ static ct_status cp_create(const ct_host *h, const ct_strategy_env *env, ct_stra
 }
 
 /* The ring's overlap, measured over the run: how long its transfers were in flight and how long
- * this rank sat blocked in their waits; the rest was hidden behind attention. */
+ * this rank spent in their waits and pokes; the rest of the time in flight was spent computing. That
+ * share is what the overlap hid where the comm moves bytes in the background (NCCL); where it moves
+ * them only inside its calls (MPI), a transfer stays in flight until the next poke and the share is
+ * an upper bound: a run with context_parallel_ring_overlap: false gives the waits to compare with. */
 static void log_ring(const cp *c) {
     if (!c->ring || c->ring_transfers == 0 || c->mesh.world_rank != 0) return;
     double hidden = c->ring_inflight_s > 0 ? 1.0 - c->ring_blocked_s / c->ring_inflight_s : 0;
     if (hidden < 0) hidden = 0;
     c->host->log(c->host, CT_LOG_INFO,
-                 "context parallel ring (overlap %s): %lld transfers in flight %.4f s, blocked in waits %.4f s: "
-                 "%.1f%% of the ring's communication hidden behind attention",
+                 "context parallel ring: overlap %s, %lld transfers in flight %.4f s, this rank in their waits and "
+                 "pokes %.4f s: %.1f%% of the time in flight spent computing (the share hidden behind attention; "
+                 "an upper bound over MPI, compare context_parallel_ring_overlap: false)",
                  c->ring_overlap ? "on" : "off", (long long)c->ring_transfers, c->ring_inflight_s, c->ring_blocked_s,
                  100.0 * hidden);
 }
@@ -127,10 +131,12 @@ static ct_status cp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_uni
     (void)n_units;
     c->slots = slots;
     c->n_slots = n;
+    int whole = n > 0 && CT_HAS_FIELD(slots, ct_param_slot, whole_grad);
     for (int i = 0; i < n; i++) { /* compute on the local storage (a data-parallel strategy repoints these) */
         ct_param_slot *s = CT_SLOT_AT(slots, i);
-        s->param->data = s->local_data;
-        s->param->grad = s->local_grad;
+        /* ...but whole compute storage (ZeRO's) is what the host pointed the parameter at already */
+        if (!whole || !s->whole_data) s->param->data = s->local_data;
+        if (!whole || !s->whole_grad) s->param->grad = s->local_grad;
     }
     return CT_OK;
 }

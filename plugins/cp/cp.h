@@ -35,7 +35,7 @@ typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     ct_builder *next;    /* the builder this one wraps (tp's, or the host's) */
     cp_positions *positions;
     int64_t positions_bytes;
-    /* the ring's transfers, for the share hidden behind attention (logged at destroy) */
+    /* the ring's transfers: time in flight, time in their waits and pokes (the hidden share, logged at destroy) */
     double ring_inflight_s, ring_blocked_s;
     int64_t ring_transfers;
 } cp;

@@ -210,10 +210,12 @@ static ct_status tp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_uni
     (void)n_units;
     t->slots = slots;
     t->n_slots = n;
+    int whole = n > 0 && CT_HAS_FIELD(slots, ct_param_slot, whole_grad);
     for (int i = 0; i < n; i++) { /* compute on the local block (a data-parallel strategy repoints these) */
         ct_param_slot *s = CT_SLOT_AT(slots, i);
-        s->param->data = s->local_data;
-        s->param->grad = s->local_grad;
+        /* ...but whole compute storage (ZeRO's) is what the host pointed the parameter at already */
+        if (!whole || !s->whole_data) s->param->data = s->local_data;
+        if (!whole || !s->whole_grad) s->param->grad = s->local_grad;
     }
     return CT_OK;
 }

@@ -2,14 +2,18 @@
 # Context parallel computes the same function as one rank: a small llama3 (2 layers, dim 64, grouped
 # kv heads; fp32), same seed and global batch, real MPI ranks. CP 2 and CP 4 with each rotate method
 # (allgather; alltoall, the ring, also with its overlap off), FSDP 2 x CP 2, TP 2 x CP 2, PP 2 x CP 2,
-# DDP 2 x CP 2, and the 4D layouts dp_shard 2 x cp 2 x tp 2 and pp 2 x cp 2 x dp_shard 2 on 8 ranks:
-# 20-step loss and grad-norm curves within 1e-6 (relative) of the single rank. CP 4 samples the same
-# greedy text; each rank's live activations are 1/cp of one rank's. A checkpoint saved under CP 2
-# continues on one rank and under FSDP 2, and one rank's continues under CP 2, on the same curves.
+# DDP 2 x CP 2, ZeRO-2 2 x CP 2, and on 8 ranks HSDP 2 x 2 x CP 2 and the 4D layouts dp_shard 2 x cp 2
+# x tp 2 and pp 2 x cp 2 x dp_shard 2: 20-step loss and grad-norm curves within 1e-6 (relative) of
+# the single rank; the ring with bf16 parameters and full activation checkpointing too (against one
+# rank's same settings). CP 4 samples the same greedy text; each rank's live activations are 1/cp of
+# one rank's. A checkpoint saved under CP 2 continues on one rank and under FSDP 2, and one rank's
+# continues under CP 2, on the same curves; sdk/examples/gpt2 (learned positions, built out of tree)
+# under CP 2 follows its one-rank curve; the planner sees per-rank activations and attention at 1/cp.
 # Bad input stops at start-up with status 2 naming the key: a degree that does not cut the sequence
 # into 2 x cp chunks, and a rotate method that does not exist (refused with cp 1 too).
 set -u
 . tests/cli/lib/layouts.sh
+base=("${common[@]}")
 common+=(--model.n_layers=2 --model.dim=64 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_hidden=128)
 cp=(--training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1)
 ring=--parallelism.context_parallel_rotate_method=alltoall
@@ -28,15 +32,27 @@ run tp2_cp2 4 "${cp[@]}" --parallelism.tensor_parallel_degree=2 --parallelism.co
 run pp2_cp2 4 "${cp[@]}" --parallelism.pipeline_parallel_degree=2 --parallelism.context_parallel_degree=2
 run ddp2_cp2 4 --training.local_batch_size=4 --parallelism.data_parallel_replicate_degree=2 \
   --parallelism.data_parallel_shard_degree=1 --parallelism.context_parallel_degree=2 --parallelism.dp_strategy=ddp $ring
+run zero2_cp2 4 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.context_parallel_degree=2 --parallelism.dp_strategy=zero2 $ring
+run hsdp_cp2 8 --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2 \
+  --parallelism.data_parallel_shard_degree=2 --parallelism.context_parallel_degree=2
 run fsdp2_cp2_tp2 8 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
   --parallelism.context_parallel_degree=2 --parallelism.tensor_parallel_degree=2
 run pp2_cp2_fsdp2 8 --training.local_batch_size=4 --parallelism.pipeline_parallel_degree=2 \
   --parallelism.context_parallel_degree=2 --parallelism.data_parallel_shard_degree=2 $ring
+# bf16 parameters with full activation checkpointing: the recomputed forward runs the ring again
+bf16=(--training.mixed_precision_param=bfloat16 --activation_checkpoint.mode=full)
+run single_bf16_ac 1 --training.local_batch_size=8 "${bf16[@]}"
+run cp2_ring_bf16_ac 2 "${cp[@]}" --parallelism.context_parallel_degree=2 $ring "${bf16[@]}"
+compare single_bf16_ac cp2_ring_bf16_ac 20 || exit 1
 grep -q "dp_shard 1, cp 4, tp 1" "$T/cp4.log" || fail "cp4 did not run with cp 4"
 grep -q "dp_shard 2, cp 2, tp 2; strategy fsdp" "$T/fsdp2_cp2_tp2.log" || fail "fsdp2_cp2_tp2 layout"
 grep -q "pp 2, dp_replicate 1, dp_shard 2, cp 2, tp 1; strategy fsdp" "$T/pp2_cp2_fsdp2.log" || fail "pp2_cp2_fsdp2 layout"
 grep -q "dp_replicate 2, dp_shard 1, cp 2, tp 1; strategy ddp" "$T/ddp2_cp2.log" || fail "ddp2_cp2 layout"
-for r in cp2 cp2_ring cp2_ring_serial cp4 cp4_ring fsdp2_cp2 tp2_cp2 pp2_cp2 ddp2_cp2 fsdp2_cp2_tp2 pp2_cp2_fsdp2; do
+grep -q "dp_shard 2, cp 2, tp 1; strategy zero2" "$T/zero2_cp2.log" || fail "zero2_cp2 layout"
+grep -q "dp_replicate 2, dp_shard 2, cp 2, tp 1; strategy fsdp" "$T/hsdp_cp2.log" || fail "hsdp_cp2 layout"
+for r in cp2 cp2_ring cp2_ring_serial cp4 cp4_ring fsdp2_cp2 tp2_cp2 pp2_cp2 ddp2_cp2 zero2_cp2 hsdp_cp2 fsdp2_cp2_tp2 \
+         pp2_cp2_fsdp2; do
   compare single $r 20 || exit 1
 done
 
@@ -54,14 +70,14 @@ echo "ok   cp4_ring samples what one rank samples: $(text cp4_ring)"
 live() { step_records "$1" | sed -n 3p | sed 's/.*"activations_live_peak": \([0-9]*\).*/\1/'; }
 for r in "cp2 2" "cp2_ring 2" "cp4 4" "cp4_ring 4"; do set -- $r
   awk -v s="$(live single)" -v g="$(live "$1")" -v n="$2" -v r="$1" 'BEGIN { q = g * n / s
-    printf "%s  %s: activations live peak %d bytes per rank, one rank %d: %.4f x 1/%d\n", (q > 0.95 && q < 1.05) ? "ok  " : "FAIL",
+    printf "%s %s: activations live peak %d bytes per rank, one rank %d: %.4f x 1/%d\n", (q > 0.95 && q < 1.05) ? "ok  " : "FAIL",
            r, g, s, q, n; exit !(q > 0.95 && q < 1.05) }' || exit 1
 done
 
 # the ring reports how much of its communication hid behind attention (rank 0, at the end)
 for r in cp2_ring cp2_ring_serial cp4_ring; do
-  line=$(grep -m1 "context parallel ring" "$T/$r.log") || fail "$r: no ring overlap line"
-  echo "ok   $r: ${line#*context parallel ring }"
+  line=$(grep -m1 "context parallel ring: " "$T/$r.log") || fail "$r: no ring overlap line"
+  echo "ok   $r: ${line#*context parallel ring: }"
 done
 
 # checkpoints across layouts: CP 2's step 10 on one rank and under FSDP 2; one rank's under CP 2
@@ -75,6 +91,36 @@ resume() { # name ranks from-run args...
 resume cp2_to_single 1 cp2 --training.local_batch_size=8 || exit 1
 resume cp2_to_fsdp2 2 cp2 --training.local_batch_size=4 || exit 1
 resume single_to_cp2 2 single "${cp[@]}" --parallelism.context_parallel_degree=2 || exit 1
+
+# an out-of-tree pack with learned positions (sdk/examples/gpt2: the positions op, no RoPE, biases),
+# built with nothing but the pkg-config file, under CP 2 with each rotate method
+ROOT=$(pwd)
+cp -r sdk/examples/gpt2 "$T/gpt2" && rm -f "$T"/gpt2/*.so
+env -u MAKEFLAGS -u MFLAGS -u CFLAGS -u CPPFLAGS -u LDFLAGS PKG_CONFIG_PATH="$ROOT/$BUILD" \
+  make --no-print-directory -C "$T/gpt2" >"$T/make.log" 2>&1 || { cat "$T/make.log"; fail "gpt2: out-of-tree build"; }
+common=("${base[@]}" --model.name="$T/gpt2/gpt2.so" --model.flavor=tiny --model.vocab_size=2048)
+run gpt2_single 1 --training.local_batch_size=8
+run gpt2_cp2 2 "${cp[@]}" --parallelism.context_parallel_degree=2
+run gpt2_cp2_ring 2 "${cp[@]}" --parallelism.context_parallel_degree=2 $ring
+for r in gpt2_cp2 gpt2_cp2_ring; do compare gpt2_single $r 20 || exit 1; done
+common=("${base[@]}" --model.n_layers=2 --model.dim=64 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_hidden=128)
+
+# the planner sees cp through the plugin's plan callbacks: debugmodel at seq 4096 on h100-sxm, per-rank
+# activations and attention time at about 1/cp of one rank's (the load-balanced chunks), both methods
+planned() { # cp method -> "activations_gib attention_s"
+  "$CTITAN" plan configs/llama3_debug.yaml --training.seq_len=4096 --training.local_batch_size=1 \
+    --training.global_batch_size=1 --parallelism.data_parallel_shard_degree=1 --parallelism.context_parallel_degree="$1" \
+    --parallelism.context_parallel_rotate_method="$2" --hardware h100-sxm --gpus "$1" --json |
+    python3 -c 'import json, sys; l = json.load(sys.stdin)["layouts"][0]; print(l["memory_gib"]["activations"], l["time_s"]["attention"])'
+}
+one=$(planned 1 allgather) || fail "plan: one rank"
+for n in 2 4; do for m in allgather alltoall; do
+  got=$(planned $n $m) || fail "plan: cp $n $m"
+  awk -v a="$one" -v b="$got" -v n=$n -v m=$m 'BEGIN { split(a, x, " "); split(b, y, " "); qa = y[1] * n / x[1]; qt = y[2] * n / x[2]
+    ok = qa > 0.95 && qa < 1.05 && qt > 0.95 && qt < 1.05
+    printf "%s plan cp %d %s: activations %.4f GiB, attention %.3g s per rank: %.3f and %.3f x 1/%d of one rank'"'"'s\n",
+           ok ? "ok  " : "FAIL", n, m, y[1], y[2], qa, qt, n; exit !ok }' || exit 1
+done; done
 
 # bad input: status 2 before any step, the key named
 expect_refusal() { # what key ranks args...

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tensor parallel computes the same function as one rank: llama3 debugmodel (fp32), same seed, same
 # global batch, real MPI ranks. TP 2, TP 4, TP 2 without sequence parallel, TP 2 with async TP,
-# TP 2 without loss parallel, TP 2 with full activation checkpointing, and FSDP 2 x TP 2 on 4 ranks:
+# TP 2 without loss parallel, TP 2 with full activation checkpointing, FSDP 2 x TP 2 and ZeRO-2 x TP 2
+# (whole compute storage: tp leaves the parameters where the host pointed them) on 4 ranks:
 # 20-step loss and grad-norm curves within 1e-6 (relative) of the single rank. Per-rank
 # memory of the split matrices is 1/N (counters), a checkpoint saved under FSDP 2 x TP 2 resumes on
 # one rank, and a degree that does not divide the heads is refused at start-up. Last, an
@@ -20,9 +21,12 @@ run tp2_noloss 2 "${tp[@]}" --parallelism.tensor_parallel_degree=2 --parallelism
 run tp2_ac 2 "${tp[@]}" --parallelism.tensor_parallel_degree=2 --activation_checkpoint.mode=full
 run fsdp2_tp2 4 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
     --parallelism.tensor_parallel_degree=2 --checkpoint.enable=true --checkpoint.interval=10
+run tp2_zero2 4 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+    --parallelism.tensor_parallel_degree=2 --parallelism.dp_strategy=zero2
 grep -q "tp 4; strategy none" "$T/tp4.log" || fail "tp4 did not run with tp 4"
 grep -q "dp_shard 2, cp 1, tp 2; strategy fsdp" "$T/fsdp2_tp2.log" || fail "fsdp2_tp2 did not run FSDP x TP"
-for r in tp2 tp4 tp2_nosp tp2_async tp2_noloss tp2_ac fsdp2_tp2; do compare single $r 20 || exit 1; done
+grep -q "dp_shard 2, cp 1, tp 2; strategy zero2" "$T/tp2_zero2.log" || fail "tp2_zero2 did not run ZeRO-2 x TP"
+for r in tp2 tp4 tp2_nosp tp2_async tp2_noloss tp2_ac fsdp2_tp2 tp2_zero2; do compare single $r 20 || exit 1; done
 
 # memory: parameters + gradients + AdamW states per rank under TP N, against the single rank. The norm
 # weights stay whole, so the ratio is a little above 1/N; the split matrices are exactly 1/N.
