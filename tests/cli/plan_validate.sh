@@ -7,7 +7,7 @@
 # steps), then plans each layout with `ctitan plan ... --json` against a profile `ctitan plan
 # --calibrate` measured on this machine on a layout of the same ranks and shapes, and compares:
 # parameters, gradients and optimizer states exact; activations and peak memory within 10%; step
-# time within 25%. Prints the table the README's "Planner against measurement" carries and fails
+# time within 25% (CP layouts 35%: tests/cli/lib/plan_validate.py step_bound). Prints the table the README's "Planner against measurement" carries and fails
 # naming each layout out of bounds; first it checks that the comparison refuses a plan one
 # parameter byte off. MEASURE_ONLY=1 trains and prints the measured side alone; PV_ONLY="NAME ..."
 # picks layouts; KEEP_T=DIR keeps the runs (and reuses the profiles already there).
