@@ -760,7 +760,12 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
             fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
             goto done;
         }
-        int32_t next = sample(logits + (T - 1) * V, V, temperature, top_k, top_p, key, (uint64_t)step);
+        /* no special token but <|end_of_text|> (which ends the sample): the reserved ones an untrained
+         * model's tail would give are not text, nor are rows past the tokenizer's vocabulary */
+        float *last = logits + (T - 1) * V;
+        for (int64_t v = tokenizer_n_base(tok); v < V; v++)
+            if (v != tokenizer_eos_id(tok)) last[v] = -INFINITY;
+        int32_t next = sample(last, V, temperature, top_k, top_p, key, (uint64_t)step);
         if (next == tokenizer_eos_id(tok)) break;
         if ((size_t)len == cap) {
             size_t grown_cap;

@@ -57,6 +57,17 @@ expect hf_without_checkpoints "checkpoint.last_save_in_hf.*checkpoint.enable" --
   --job.dump_folder="$T/nosample" >/dev/null 2>&1 || fail "no sample: the tokenizer is not needed, yet the run failed"
 echo "ok   generate.max_new_tokens: 0 needs no tokenizer"
 
+# an untrained model's sample: its reserved special tokens (an eighth of its vocabulary here) are
+# never emitted, at a high temperature over the whole vocabulary, for several seeds
+"$CTITAN" train "${base[@]}" --training.steps=1 --generate.max_new_tokens=0 --job.dump_folder="$T/raw" \
+  >/dev/null 2>&1 || fail "raw: training one step"
+for seed in 1 2 3; do
+  "$CTITAN" generate "${base[@]}" --job.dump_folder="$T/raw" --generate.max_new_tokens=200 --generate.temperature=2 \
+    --generate.top_k=0 --generate.seed=$seed >"$T/raw$seed.out" 2>"$T/raw$seed.err" || { cat "$T/raw$seed.err"; fail "raw sample"; }
+  ! grep -aq '<|' "$T/raw$seed.out" || { grep -ao '<|[^>]*>' "$T/raw$seed.out" | head -3; fail "seed $seed: a special token in the sample"; }
+done
+echo "ok   an untrained model's samples (3 seeds, 200 tokens at temperature 2): no special token"
+
 # max_new_tokens near INT64_MAX: the context grows with the tokens made (it used to overflow a
 # malloc size); stopped after a few seconds, it must not have crashed (124 = the timeout's kill)
 timeout 4 "$CTITAN" generate "${base[@]}" --job.dump_folder="$T/tp" --generate.max_new_tokens=4611686018427387891 \
