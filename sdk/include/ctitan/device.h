@@ -295,6 +295,17 @@ typedef struct ct_device_api {
                                           const float *q, const float *k, const float *v, const float *out,
                                           const float *lse, const int32_t *q_pos, const int32_t *k_pos, int64_t b,
                                           int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t d);
+
+    /* ---- ABI 2.4: rotary embedding with explicit frequencies (scaled RoPE) ---- */
+    /* As rope_forward / rope_backward, but pair i (x[2i], x[2i+1]) at position p rotates by angle
+     * p * inv_freq[i]: inv_freq (d/2 floats, device memory) is the model's table (Llama 3.1's "llama3"
+     * frequency scaling, or plain theta^(-2i/d)). pos: int32 positions of the t rows in device memory,
+     * or NULL for 0..t-1. The angle is formed in float32 as (float)p * inv_freq[i], as transformers
+     * does, then its cosine and sine. out may alias x; backward accumulates dx += R^T dout. */
+    ct_status (*rope_freqs_forward)(ct_device *dev, float *out, const float *x, const int32_t *pos,
+                                    const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t d);
+    ct_status (*rope_freqs_backward)(ct_device *dev, float *dx, const float *dout, const int32_t *pos,
+                                     const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t d);
 } ct_device_api;
 
 #endif

@@ -151,6 +151,12 @@ struct ct_builder {
      * every tensor's data and grad is NULL, nothing is computed, custom ops run their plan. An
      * operation-level strategy's wrapped ops must then not read data or call the device. */
     int planning;
+    /* ---- ABI 2.4 ---- */
+    /* x (B, T, H, D): rotary embedding with the pack's own per-pair inverse frequencies inv_freq
+     * (D/2 floats in host memory, copied by the host before the call returns): pair i at position t
+     * rotates by t * inv_freq[i] (device.h, rope_freqs_forward). What a pack with scaled RoPE (Llama
+     * 3.1's "llama3" type) calls instead of rope. NULL on a 2.3 host: check with CT_HAS_FIELD. */
+    ct_tensor *(*rope_freqs)(ct_builder *b, ct_tensor *x, const float *inv_freq);
 };
 
 /* ABI 2.0: a custom op a strategy records (async tensor parallel's overlapped pieces, loss parallel,
@@ -223,6 +229,12 @@ typedef struct ct_model_desc {
     uint32_t features;         /* CT_MODEL_* bits */
     const char *hf_model_type; /* Hugging Face's model_type ("llama", "qwen2"); NULL: "llama". The
                                   pack's string, valid until destroy */
+    /* ABI 2.4: RoPE frequency scaling, for export (Hugging Face's rope_scaling). rope_scaling_factor
+     * 0: none. Otherwise Llama 3.1's "llama3" type: wavelengths above original_max_position /
+     * low_freq_factor are divided by factor, those below original_max_position / high_freq_factor
+     * kept, and the band between interpolated smoothly. */
+    double rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int64_t rope_original_max_position;
 } ct_model_desc;
 
 #define CT_MODEL_TIED_EMBEDDINGS 0x1u /* the output head shares the embedding table (tie_word_embeddings) */
