@@ -643,6 +643,8 @@ int mf_parse_bool(const char *s, int *out) {
     return 0;
 }
 
+int mf_is_set(const manifest *m, const char *key) { return find_value(m, key) != NULL; }
+
 void mf_where(const manifest *m, const char *key, char *buf, size_t len) {
     const mf_value *v = find_value(m, key);
     if (!v) snprintf(buf, len, "%s: %s (default)", m->path, key);

@@ -673,3 +673,46 @@ int tf_writer_close(tf_writer *w, char *err, size_t errlen) {
     writer_free(w);
     return 0;
 }
+
+int tf_writer_add_text(tf_writer *w, const char *name, const char *text) {
+    size_t n = strlen(text), words = (n + 3) / 4;
+    int32_t *packed = calloc(words ? words : 1, sizeof *packed);
+    if (!packed) {
+        if (w && !w->err[0]) wfail(w, "tensor %u: out of memory", w->count);
+        return -1;
+    }
+    for (size_t k = 0; k < n; k++) /* through uint32_t: byte 3 may set the sign bit */
+        packed[k / 4] = (int32_t)((uint32_t)packed[k / 4] | (uint32_t)(unsigned char)text[k] << (8 * (k % 4)));
+    int64_t shape[1] = {(int64_t)words};
+    int rc = tf_writer_add(w, name, TF_I32, 1, shape, packed);
+    free(packed);
+    return rc;
+}
+
+char *tf_text(const tf_file *f, const char *label, const char *name, char *err, size_t errlen) {
+    if (err && errlen) err[0] = 0;
+    const tf_entry *e = tf_find(f, name);
+    if (!e) return NULL;
+    if (e->dtype != TF_I32 || e->ndim != 1) {
+        ct_errf(err, errlen, "%s: tensor '%s': expected text (int32, one dimension)", label, name);
+        return NULL;
+    }
+    size_t cap = (size_t)e->numel * 4, n = 0;
+    char *out = malloc(cap + 1);
+    if (!out) {
+        ct_errf(err, errlen, "%s: tensor '%s': out of memory", label, name);
+        return NULL;
+    }
+    const int32_t *v = e->data;
+    for (size_t k = 0; k < cap; k++) out[k] = (char)(((uint32_t)v[k / 4] >> (8 * (k % 4))) & 0xff);
+    out[cap] = 0;
+    n = strlen(out);
+    int bad = cap - n >= 4; /* more than the last element's padding */
+    for (size_t k = n; k < cap && !bad; k++) bad = out[k] != 0;
+    if (bad || !utf8_valid((const unsigned char *)out, n)) {
+        ct_errf(err, errlen, "%s: tensor '%s': %s", label, name, bad ? "a NUL inside the text" : "not valid UTF-8");
+        free(out);
+        return NULL;
+    }
+    return out;
+}

@@ -88,4 +88,14 @@ int tf_writer_close(tf_writer *w, char *err, size_t errlen);
 /* Gives up: removes path.tmp and frees w. NULL is a no-op. */
 void tf_writer_abort(tf_writer *w);
 
+/* Text in an entry (a model file's description, JSON): the UTF-8 bytes packed four to an int32
+ * element, byte k in bits 8(k%4).. of element k/4 (so the file holds the bytes in order), the last
+ * element padded with NULs; shape (ceil(len/4)). Readers that do not know the entry skip it as any
+ * other non-parameter. tf_writer_add_text: 0 or -1 as tf_writer_add. tf_text: a malloc'd
+ * NUL-terminated copy of entry `name`'s text; NULL with err "" when there is no such entry, NULL
+ * and a one-line message ("label: tensor 'name': ...") when it is not text (dtype, rank, a NUL
+ * before the padding, invalid UTF-8). */
+int tf_writer_add_text(tf_writer *w, const char *name, const char *text);
+char *tf_text(const tf_file *f, const char *label, const char *name, char *err, size_t errlen);
+
 #endif
