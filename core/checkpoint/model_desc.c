@@ -7,6 +7,7 @@
 
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,6 +298,8 @@ int mdesc_read(const char *path, int in_hf, json_t **out, char *err, size_t errl
 /* A JSON scalar as a manifest value. */
 static void value_text(const json_t *v, char *out, size_t len) {
     if (json_is_integer(v)) snprintf(out, len, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+    else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) && fabs(json_real_value(v)) < 1e15)
+        snprintf(out, len, "%.0f", json_real_value(v)); /* 500000, not 5e+05 */
     else if (json_is_real(v)) /* the shortest form that reads back the same (1e-05, not 1.0000000000000001e-05) */
         for (int p = 1; p <= 17; p++) {
             snprintf(out, len, "%.*g", p, json_real_value(v));
