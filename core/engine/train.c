@@ -863,6 +863,8 @@ static const char *generate_usage =
     "                       [--section.key=value ...]\n"
     "  Samples text from a trained model: by default job.dump_folder/model.ctt, written by `ctitan train`;\n"
     "  or any checkpoint (a step-N folder, or a checkpoint folder: its newest step), whatever its layout.\n"
+    "  The model is the one the file describes (model.name, flavor and options need not be given; keys\n"
+    "  given must agree with it). Files of older ctitan carry no description: the manifest says.\n"
     "  generate.max_new_tokens (default here 64), temperature, top_k, top_p and seed apply.\n";
 
 ct_status cmd_generate(int argc, char **argv) {
