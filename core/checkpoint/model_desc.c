@@ -16,6 +16,7 @@
 #define MDESC_VERSION 1
 #define MAX_KEY 64
 #define MAX_STR 255
+#define MAX_TEXT (1 << 20) /* bytes of a description */
 
 /* ct_model_desc's fields, by name: the integers, then the reals */
 static const char *const int_fields[] = {"dim", "n_layers", "vocab_size", "n_heads", "n_kv_heads", "head_dim",
@@ -256,7 +257,7 @@ int mdesc_read(const char *path, int in_hf, json_t **out, char *err, size_t errl
         return -1;
     }
     if (!S_ISDIR(sb.st_mode)) { /* a model file */
-        tf_file *f = tf_read(path, err, errlen);
+        tf_file *f = tf_read_first(path, MAX_TEXT, err, errlen); /* written first: the weights are not read */
         if (!f) return -1;
         char *text = tf_text(f, path, MDESC_ENTRY, err, errlen);
         tf_free(f);

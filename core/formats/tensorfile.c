@@ -716,3 +716,46 @@ char *tf_text(const tf_file *f, const char *label, const char *name, char *err, 
     }
     return out;
 }
+
+tf_file *tf_read_first(const char *path, size_t cap, char *err, size_t errlen) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    /* header, then the first record's fixed part: name_len | name | dtype | ndim | shape */
+    unsigned char *buf = malloc(cap + 24 + 8 + 1);
+    size_t n = buf ? fread(buf, 1, 24, fp) : 0, len = 24;
+    tf_file *f = NULL;
+    if (!buf) {
+        ct_errf(err, errlen, "%s: out of memory", path);
+        goto done;
+    }
+    uint32_t version = n == 24 ? get_u32(buf + 8) : 0, count = n == 24 ? get_u32(buf + 12) : 0;
+    uint64_t rec = 0; /* the first record's length, when it fits */
+    unsigned char h[4 + TF_MAX_NAME + 8 + 8 * TF_MAX_DIMS];
+    size_t hn = n == 24 && count > 0 ? fread(h, 1, sizeof h, fp) : 0;
+    if (hn >= 4 && get_u32(h) >= 1 && get_u32(h) <= TF_MAX_NAME && hn >= 4 + get_u32(h) + 8) {
+        uint32_t nl = get_u32(h), ndim = get_u32(h + 4 + nl + 4);
+        uint64_t numel = 1;
+        rec = 4 + (uint64_t)nl + 8 + 8 * (uint64_t)ndim;
+        for (uint32_t d = 0; ndim <= TF_MAX_DIMS && d < ndim && rec <= hn; d++) {
+            uint64_t dim = get_u32(h + 4 + nl + 8 + 8 * d) | (uint64_t)get_u32(h + 4 + nl + 12 + 8 * d) << 32;
+            numel = dim && numel > cap / dim ? cap + 1 : numel * dim;
+        }
+        rec = ndim > TF_MAX_DIMS || rec > hn || numel > cap / 4 ? 0 : rec + 4 * numel;
+    }
+    if (rec && rec <= cap && fseek(fp, 24, SEEK_SET) == 0 && fread(buf + 24, 1, rec, fp) == rec) {
+        len = 24 + rec;
+        if (version >= 2 && !(fseek(fp, -(long)(8 * (uint64_t)count), SEEK_END) == 0 && fread(buf + len, 1, 8, fp) == 8))
+            len = 24; /* no checksum to read: the whole-file reader reports the truncation */
+        else if (version >= 2) len += 8;
+    }
+    if (len > 24) buf[12] = 1, buf[13] = buf[14] = buf[15] = 0; /* a file of that one record */
+    else if (n == 24) buf[12] = buf[13] = buf[14] = buf[15] = 0; /* of none */
+    f = tf_read_mem(buf, n == 24 ? len : n, path, err, errlen);
+done:
+    free(buf);
+    fclose(fp);
+    return f;
+}

@@ -57,6 +57,12 @@ tf_file *tf_read(const char *path, char *err, size_t errlen);
 /* The same over bytes in memory; `label` stands for the path in error messages. */
 tf_file *tf_read_mem(const void *buf, size_t len, const char *label, char *err, size_t errlen);
 
+/* Only the first tensor, when its record (name, header and data) fits in `cap` bytes: a tf_file of
+ * that one entry, validated and (version 2) checked against its checksum as tf_read does; of no
+ * entry when the file has none or the first is larger. Reads that record and one checksum, not the
+ * file: what a reader of a model's description (written first) needs. NULL on error. */
+tf_file *tf_read_first(const char *path, size_t cap, char *err, size_t errlen);
+
 /* The entry called `name`, or NULL. */
 const tf_entry *tf_find(const tf_file *f, const char *name);
 

@@ -801,8 +801,56 @@ static void test_text_entries_round_trip_and_are_checked(void **state) {
     }
 }
 
+/* tf_read_first: the first record alone, checked like the whole file; none when it is larger than
+ * the cap or the file is empty; a corrupt first record is an error naming it. */
+static void test_read_first_reads_one_record(void **state) {
+    (void)state;
+    const char *path = tmp_path("first.ctt");
+    static float big[4096];
+    char err[256] = "";
+    tf_writer *wr = tf_writer_open(path, err, sizeof err);
+    assert_non_null(wr);
+    assert_int_equal(tf_writer_add_text(wr, "ctitan.description", "{\"a\": 1}"), 0);
+    assert_int_equal(tf_writer_add(wr, "w", TF_F32, 1, (int64_t[]){4096}, big), 0);
+    assert_int_equal(tf_writer_close(wr, err, sizeof err), 0);
+    tf_file *f = tf_read_first(path, 1024, err, sizeof err);
+    if (!f) fail_msg("%s", err);
+    assert_int_equal(f->count, 1);
+    assert_int_equal(f->version, 2);
+    char *t = tf_text(f, path, "ctitan.description", err, sizeof err);
+    assert_non_null(t);
+    assert_string_equal(t, "{\"a\": 1}");
+    free(t);
+    tf_free(f);
+    f = tf_read_first(path, 16, err, sizeof err); /* the record is 4 + 18 + 8 + 8 + 8 bytes */
+    assert_non_null(f);
+    assert_int_equal(f->count, 0);
+    tf_free(f);
+    /* a flipped byte in the first record: its checksum names it */
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    assert_int_equal(fseek(fp, 24 + 4 + 18 + 8 + 8, SEEK_SET), 0);
+    fputc('b', fp);
+    fclose(fp);
+    assert_null(tf_read_first(path, 1024, err, sizeof err));
+    if (!strstr(err, "tensor 0 'ctitan.description' at byte 24: checksum mismatch")) fail_msg("%s", err);
+    /* an empty file (no tensors), and not a ctt file */
+    wr = tf_writer_open(path, err, sizeof err);
+    assert_int_equal(tf_writer_close(wr, err, sizeof err), 0);
+    f = tf_read_first(path, 1024, err, sizeof err);
+    assert_non_null(f);
+    assert_int_equal(f->count, 0);
+    tf_free(f);
+    fp = fopen(path, "wb");
+    fputs("not a tensor file at all", fp);
+    fclose(fp);
+    assert_null(tf_read_first(path, 1024, err, sizeof err));
+    assert_non_null(strstr(err, "first.ctt"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_read_first_reads_one_record),
         cmocka_unit_test(test_text_entries_round_trip_and_are_checked),
         cmocka_unit_test(test_read_sample_gives_names_shapes_and_values),
         cmocka_unit_test(test_expect_checks_dtype_and_shape),
