@@ -15,7 +15,7 @@
 
 #define MDESC_VERSION 1
 #define MAX_KEY 64
-#define MAX_STR 255
+#define MAX_STR 4095 /* a model.name may be a path to the pack */
 #define MAX_TEXT (1 << 20) /* bytes of a description */
 
 /* ct_model_desc's fields, by name: the integers, then the reals */
@@ -140,11 +140,12 @@ static int key_ok(const char *k) {
     return 1;
 }
 
-static int str_ok(const json_t *v) {
+/* A string of min_len to MAX_STR printable characters (no NUL, no control character). */
+static int str_ok(const json_t *v, size_t min_len) {
     if (!json_is_string(v)) return 0;
     const char *s = json_string_value(v);
     size_t n = json_string_length(v);
-    if (n < 1 || n > MAX_STR || strlen(s) != n) return 0;
+    if (n < min_len || n > MAX_STR || strlen(s) != n) return 0;
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)s[i] < 0x20) return 0;
     return 1;
@@ -162,7 +163,7 @@ int mdesc_check(const json_t *d, const char *label, char *err, size_t errlen) {
         ct_errf(err, errlen, "%s: model description version is not %d (a newer ctitan wrote it?)", label, MDESC_VERSION);
         return -1;
     }
-    if (!str_ok(json_object_get(d, "name")) || (json_object_get(d, "flavor") && !str_ok(json_object_get(d, "flavor")))) {
+    if (!str_ok(json_object_get(d, "name"), 1) || (json_object_get(d, "flavor") && !str_ok(json_object_get(d, "flavor"), 1))) {
         ct_errf(err, errlen, "%s: model description: name and flavor must be strings of 1 to %d printable characters",
                 label, MAX_STR);
         return -1;
@@ -172,7 +173,7 @@ int mdesc_check(const json_t *d, const char *label, char *err, size_t errlen) {
         return -1;
     }
     json_object_foreach((json_t *)opts, key, v) {
-        if (key_ok(key) && (json_is_number(v) || json_is_boolean(v) || str_ok(v))) continue;
+        if (key_ok(key) && (json_is_number(v) || json_is_boolean(v) || str_ok(v, 0))) continue;
         ct_errf(err, errlen, "%s: model description: option '%.64s' must be a lowercase key with a number, a "
                              "boolean or a short string", label, key);
         return -1;
@@ -192,7 +193,7 @@ int mdesc_check(const json_t *d, const char *label, char *err, size_t errlen) {
         }
     }
     v = json_object_get(model, "hf_model_type");
-    if (v && !str_ok(v)) {
+    if (v && !str_ok(v, 1)) {
         ct_errf(err, errlen, "%s: model description: hf_model_type must be a short string", label);
         return -1;
     }
@@ -325,7 +326,7 @@ static int same_value(const char *text, const json_t *v) {
 
 /* One key: set when the manifest does not, else compared. */
 static int apply_key(manifest *mf, const char *key, const json_t *v, const char *label, char *err, size_t errlen) {
-    char want[300], where[600];
+    char want[MAX_STR + 64], where[600];
     const char *have;
     value_text(v, want, sizeof want);
     if (!mf_is_set(mf, key) || (!strcmp(key, "model.flavor") && !mf_get_str(mf, key, &have) &&

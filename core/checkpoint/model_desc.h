@@ -14,7 +14,7 @@
  * before: the manifest alone says what the model is.
  *
  * Descriptions are read as untrusted input: mdesc_check refuses anything but the shape above, with
- * names and option keys of at most 64 characters, strings of at most 255. */
+ * option keys of at most 64 characters, strings of at most 4095. */
 #ifndef CT_MODEL_DESC_H
 #define CT_MODEL_DESC_H
 

@@ -48,7 +48,7 @@ static void test_check_accepts_a_description_and_refuses_others(void **state) {
     static const struct { const char *from, *to, *msg; } bad[] = {
         {"ctitan-model", "ctitan-checkpoint", "x.ctt: the model description is not an object with format \"ctitan-model\""},
         {"\"version\": 1", "\"version\": 2", "x.ctt: model description version is not 1 (a newer ctitan wrote it?)"},
-        {"\"llama3\"", "\"lla\\nma3\"", "name and flavor must be strings of 1 to 255 printable characters"},
+        {"\"llama3\"", "\"lla\\nma3\"", "name and flavor must be strings of 1 to 4095 printable characters"},
         {"\"flavor\": \"debugmodel\"", "\"flavor\": 7", "name and flavor must be strings"},
         {"\"dim\": 64, \"n_heads\"", "\"compile.x\": 64, \"n_heads\"", "option 'compile.x' must be a lowercase key"},
         {"\"tie_word_embeddings\": false", "\"tie_word_embeddings\": [1]", "option 'tie_word_embeddings' must be"},
