@@ -563,7 +563,9 @@ ct_status session_open(session *s, manifest *mf, int with_params, int with_optim
     ct_status st;
     memset(s, 0, sizeof *s);
     s->mf = mf;
-    if ((st = mdesc_from_checkpoint(mf)) || (st = load_plugins(s, mf, with_params)) || (st = create_device_and_model(s, mf))) return st;
+    if ((st = mdesc_from_checkpoint(mf)) || (st = load_plugins(s, mf, with_params)) ||
+        (st = create_device_and_model(s, mf)))
+        return st;
     if (!with_params) return CT_OK;
     if ((st = create_quantizer(s, mf)) || (st = build_runtime(s, mf)) || (st = set_compute_modes(s, mf))) return st;
     return with_optimizer ? create_optimizer(s) : CT_OK;
