@@ -1,5 +1,6 @@
 /* checkpoint.c: save and load distributed checkpoints with resharding (see checkpoint.h). */
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/model_desc.h"
 #include "engine/mesh.h"
 
 #include "formats/tensorfile.h"
@@ -366,6 +367,8 @@ static int write_metadata(session *s, const char *dir, int64_t step, const ckpt_
         json_object_set_new(root, "mesh", mesh);
     }
     json_object_set_new(root, "config", run_config(s));
+    json_t *desc = mdesc_build(s); /* NULL (out of memory): left out, as an older ctitan's */
+    if (desc) json_object_set_new(root, "model", desc);
     if (shards_gather(s, dir, shards, err, errlen)) {
         json_decref(shards);
         json_decref(root);

@@ -110,5 +110,9 @@ int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step);
 int ckpt_save_now(session *s, ckpt_plan *ck, int64_t step);
 /* `checkpoint.create_seed_checkpoint`: saves step-0 (model only) and returns. */
 int ckpt_seed(session *s, const manifest *mf, const char *dump_folder);
+/* generate: the model of the file it loads (path: a model file, step or checkpoint folder) into the
+ * manifest, as mdesc_apply (model_desc.h) without comparing the flavor. CT_OK also when the file has
+ * no description or does not exist (the load reports that); CT_ERR_INVALID after one error line. */
+ct_status mdesc_for_load(manifest *mf, const char *path);
 /* Loads the model from a step folder or a checkpoint folder (its newest step). */
 int ckpt_load_model_from(session *s, const char *path, char *err, size_t errlen);

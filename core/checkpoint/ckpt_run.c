@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int excluded(const char *list, const char *what) {
@@ -162,10 +163,14 @@ static int resume_full_below(session *s, const manifest *mf, ckpt_plan *ck, int6
         return -1;
     }
     int64_t full = ckpt_latest_full(ck->folder, model_step);
-    if (full < 0) {
-        printf("checkpoint: %s holds the model only (checkpoint.last_save_model_only) and no checkpoint in %s holds "
-               "the full training state: training starts again from step 0\n", dir, ck->folder);
-        return 0;
+    if (full < 0) { /* training from step 0 again would overwrite the finished run's model.ctt */
+        mf_where(mf, "training.steps", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s holds the model only (checkpoint.last_save_model_only: true) and no save in "
+                        "%s holds the optimizer and train state, so the run cannot continue where it stopped: to train "
+                        "on from these weights, start a new job.dump_folder with checkpoint.initial_load_path: %s and "
+                        "checkpoint.initial_load_model_only: true; to make a run continuable, set "
+                        "checkpoint.last_save_model_only: false\n", where, dir, ck->folder, dir);
+        return -1;
     }
     printf("checkpoint: %s holds the model only (checkpoint.last_save_model_only); resuming from step-%" PRId64
            ", the newest save with the full training state (steps %" PRId64 "-%" PRId64 " are trained again)\n",
@@ -232,8 +237,18 @@ static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t lo
             fprintf(stderr, "ctitan: checkpoint: %s\n", err);
             return -1;
         }
-        printf("checkpoint: this run already finished at step %" PRId64 " (%s): nothing to train; raise "
-               "training.steps to train further\n", info.step, dir);
+        int64_t full = info.has_state ? info.step : ckpt_latest_full(ck->folder, info.step);
+        char from[160] = "";
+        if (full >= 0 && full < info.step)
+            snprintf(from, sizeof from, " (it goes on from step-%" PRId64 ", the newest save with the optimizer state)",
+                     full);
+        if (full < 0) /* said now: raising training.steps would only get the error of resume_full_below */
+            printf("checkpoint: this run already finished at step %" PRId64 " (%s): nothing to train; its save holds "
+                   "the model only (checkpoint.last_save_model_only), so it cannot be continued: train on from its "
+                   "weights with checkpoint.initial_load_path in a new job.dump_folder\n", info.step, dir);
+        else
+            printf("checkpoint: this run already finished at step %" PRId64 " (%s): nothing to train; raise "
+                   "training.steps to train further%s\n", info.step, dir, from);
         ck->state.step = info.step;
         ck->finished = 1;
         return 1;
@@ -329,6 +344,12 @@ static int initial_load(session *s, const manifest *mf, char *dir, size_t len) {
     if (in_hf) { /* a Hugging Face Llama folder: the model only */
         if (load_hf(s, initial, err, sizeof err)) return initial_load_fail(mf, err);
         printf("checkpoint: loaded the Hugging Face model %s\n", initial);
+        return 0;
+    }
+    struct stat sb;
+    if (stat(initial, &sb) == 0 && !S_ISDIR(sb.st_mode)) { /* a model file (model.ctt): the model only */
+        if (session_load_model(s, initial, err, sizeof err)) return initial_load_fail(mf, err);
+        printf("checkpoint: loaded the model file %s\n", initial);
         return 0;
     }
     if (resolve_step_dir(initial, dir, len, err, sizeof err)) return initial_load_fail(mf, err);

@@ -24,7 +24,8 @@ static const struct {
     {"job.print_config", CT_OPT_BOOL, "false", "print the effective configuration at start-up"},
     {"device.name", CT_OPT_STRING, "cpu", "device plugin (name or path to a .so)"},
     {"model.name", CT_OPT_STRING, "llama3", "model pack plugin (name or path to a .so)"},
-    {"model.flavor", CT_OPT_STRING, "debugmodel", "model size preset of the pack"},
+    {"model.flavor", CT_OPT_STRING, "debugmodel",
+     "model size preset of the pack; from_checkpoint: name, flavor and sizes from checkpoint.initial_load_path"},
     {"model.tokenizer_path", CT_OPT_STRING, NULL, "tiktoken-format vocabulary (for generation)"},
     {"optimizer.name", CT_OPT_STRING, "AdamW", "optimizer plugin: AdamW, muon (Muon + AdamW), or a name or path to a .so"},
     {"optimizer.lr", CT_OPT_FLOAT, "8e-4", "peak learning rate"},
@@ -642,6 +643,8 @@ int mf_parse_bool(const char *s, int *out) {
     else return -1;
     return 0;
 }
+
+int mf_is_set(const manifest *m, const char *key) { return find_value(m, key) != NULL; }
 
 void mf_where(const manifest *m, const char *key, char *buf, size_t len) {
     const mf_value *v = find_value(m, key);

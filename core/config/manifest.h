@@ -89,6 +89,8 @@ int mf_get_str(const manifest *m, const char *key, const char **out);
 int mf_get_int(const manifest *m, const char *key, int64_t *out);
 int mf_get_float(const manifest *m, const char *key, double *out);
 int mf_get_bool(const manifest *m, const char *key, int *out);
+/* Whether the manifest or the command line gives the key (a default does not count). */
+int mf_is_set(const manifest *m, const char *key);
 /* Where a key was set: "path:line" or "command line" (for errors about values). */
 void mf_where(const manifest *m, const char *key, char *buf, size_t len);
 

@@ -7,6 +7,7 @@
 #include "engine/mesh.h"
 #include "tools/schedule.h"
 #include "formats/tensorfile.h"
+#include "checkpoint/model_desc.h"
 #include "tools/tokenizer.h"
 
 #include <math.h>
@@ -402,6 +403,9 @@ static ct_status create_model(session *s, manifest *mf) {
         fprintf(stderr, "ctitan: %s: must be positive\n", where);
         return CT_ERR_INVALID;
     }
+    /* from_checkpoint with a description that names no flavor (a Hugging Face folder's): its options
+     * set every size, so the pack's first flavor only fills what they leave */
+    if (!strcmp(flavor, "from_checkpoint") && s->m->flavors && s->m->flavors[0]) flavor = s->m->flavors[0];
     ct_model_config cfg = {sizeof cfg, flavor, seq_len};
     ct_clear_error();
     if (s->m->create(&s->modelp->host, &cfg, &s->model) != CT_OK)
@@ -559,7 +563,9 @@ ct_status session_open(session *s, manifest *mf, int with_params, int with_optim
     ct_status st;
     memset(s, 0, sizeof *s);
     s->mf = mf;
-    if ((st = load_plugins(s, mf, with_params)) || (st = create_device_and_model(s, mf))) return st;
+    if ((st = mdesc_from_checkpoint(mf)) || (st = load_plugins(s, mf, with_params)) ||
+        (st = create_device_and_model(s, mf)))
+        return st;
     if (!with_params) return CT_OK;
     if ((st = create_quantizer(s, mf)) || (st = build_runtime(s, mf)) || (st = set_compute_modes(s, mf))) return st;
     return with_optimizer ? create_optimizer(s) : CT_OK;
@@ -600,6 +606,19 @@ int session_save_model(session *s, const char *path, char *err, size_t errlen) {
     /* every rank gathers (a collective for sharded parameters); rank 0 writes */
     tf_writer *w = s->rank == 0 ? tf_writer_open(path, err, errlen) : NULL;
     if (s->rank == 0 && !w) return -1;
+    int failed = 0; /* the description: rank 0 still joins every gather below, then reports it */
+    if (w) { /* first, so that a reader finds it before the weights */
+        json_t *d = mdesc_build(s);
+        char *text = d ? json_dumps(d, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        json_decref(d);
+        if ((failed = !text || tf_writer_add_text(w, MDESC_ENTRY, text))) {
+            snprintf(err, errlen, "%s: %s (writing the model description)", path,
+                     text ? tf_writer_error(w) : "out of memory");
+            tf_writer_abort(w);
+            w = NULL;
+        }
+        free(text);
+    }
     float *buf = NULL;
     for (int i = 0; i < s->rt.n_params; i++) {
         ct_tensor *t = &s->rt.params[i]->t;
@@ -620,6 +639,7 @@ int session_save_model(session *s, const char *path, char *err, size_t errlen) {
         buf = grown;
     }
     free(buf);
+    if (failed) return -1;
     return w ? tf_writer_close(w, err, errlen) : 0;
 }
 
@@ -807,7 +827,7 @@ ct_status session_open_plan(session *s, manifest *mf, int with_instances) {
     ct_status st;
     memset(s, 0, sizeof *s);
     s->mf = mf;
-    if ((st = load_plugins(s, mf, 0)) || (st = create_model(s, mf))) return st;
+    if ((st = mdesc_from_checkpoint(mf)) || (st = load_plugins(s, mf, 0)) || (st = create_model(s, mf))) return st;
     if (!with_instances) return CT_OK;
     ct_clear_error();
     if (s->o->create(&s->optp->host, NULL, NULL, &s->opt) != CT_OK) s->opt = NULL;

@@ -863,6 +863,8 @@ static const char *generate_usage =
     "                       [--section.key=value ...]\n"
     "  Samples text from a trained model: by default job.dump_folder/model.ctt, written by `ctitan train`;\n"
     "  or any checkpoint (a step-N folder, or a checkpoint folder: its newest step), whatever its layout.\n"
+    "  The model is the one the file describes (model.name, flavor and options need not be given; keys\n"
+    "  given must agree with it). Files of older ctitan carry no description: the manifest says.\n"
     "  generate.max_new_tokens (default here 64), temperature, top_k, top_p and seed apply.\n";
 
 ct_status cmd_generate(int argc, char **argv) {
@@ -877,13 +879,17 @@ ct_status cmd_generate(int argc, char **argv) {
     if (!mf) return st;
     session s;
     ct_tokenizer *tok = NULL;
-    st = session_open(&s, mf, 1, 0);
-    if (st || (st = session_open_tokenizer(&s, &tok))) goto out;
     char path[4096], err[2048];
     const char *dump, *prompt;
     mf_get_str(mf, "job.dump_folder", &dump);
     if (a.checkpoint) snprintf(path, sizeof path, "%s", a.checkpoint);
     else snprintf(path, sizeof path, "%s/model.ctt", dump);
+    if ((st = mdesc_for_load(mf, path))) { /* the model the file describes: no shape keys needed */
+        manifest_free(mf);
+        return st;
+    }
+    st = session_open(&s, mf, 1, 0);
+    if (st || (st = session_open_tokenizer(&s, &tok))) goto out;
     struct stat sb;
     int is_dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
     if (is_dir ? ckpt_load_model_from(&s, path, err, sizeof err) : session_load_model(&s, path, err, sizeof err)) {

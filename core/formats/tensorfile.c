@@ -673,3 +673,89 @@ int tf_writer_close(tf_writer *w, char *err, size_t errlen) {
     writer_free(w);
     return 0;
 }
+
+int tf_writer_add_text(tf_writer *w, const char *name, const char *text) {
+    size_t n = strlen(text), words = (n + 3) / 4;
+    int32_t *packed = calloc(words ? words : 1, sizeof *packed);
+    if (!packed) {
+        if (w && !w->err[0]) wfail(w, "tensor %u: out of memory", w->count);
+        return -1;
+    }
+    for (size_t k = 0; k < n; k++) /* through uint32_t: byte 3 may set the sign bit */
+        packed[k / 4] = (int32_t)((uint32_t)packed[k / 4] | (uint32_t)(unsigned char)text[k] << (8 * (k % 4)));
+    int64_t shape[1] = {(int64_t)words};
+    int rc = tf_writer_add(w, name, TF_I32, 1, shape, packed);
+    free(packed);
+    return rc;
+}
+
+char *tf_text(const tf_file *f, const char *label, const char *name, char *err, size_t errlen) {
+    if (err && errlen) err[0] = 0;
+    const tf_entry *e = tf_find(f, name);
+    if (!e) return NULL;
+    if (e->dtype != TF_I32 || e->ndim != 1) {
+        ct_errf(err, errlen, "%s: tensor '%s': expected text (int32, one dimension)", label, name);
+        return NULL;
+    }
+    size_t cap = (size_t)e->numel * 4, n = 0;
+    char *out = malloc(cap + 1);
+    if (!out) {
+        ct_errf(err, errlen, "%s: tensor '%s': out of memory", label, name);
+        return NULL;
+    }
+    const int32_t *v = e->data;
+    for (size_t k = 0; k < cap; k++) out[k] = (char)(((uint32_t)v[k / 4] >> (8 * (k % 4))) & 0xff);
+    out[cap] = 0;
+    n = strlen(out);
+    int bad = cap - n >= 4; /* more than the last element's padding */
+    for (size_t k = n; k < cap && !bad; k++) bad = out[k] != 0;
+    if (bad || !utf8_valid((const unsigned char *)out, n)) {
+        ct_errf(err, errlen, "%s: tensor '%s': %s", label, name, bad ? "a NUL inside the text" : "not valid UTF-8");
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+tf_file *tf_read_first(const char *path, size_t cap, char *err, size_t errlen) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    /* header, then the first record's fixed part: name_len | name | dtype | ndim | shape */
+    unsigned char *buf = malloc(cap + 24 + 8 + 1);
+    size_t n = buf ? fread(buf, 1, 24, fp) : 0, len = 24;
+    tf_file *f = NULL;
+    if (!buf) {
+        ct_errf(err, errlen, "%s: out of memory", path);
+        goto done;
+    }
+    uint32_t version = n == 24 ? get_u32(buf + 8) : 0, count = n == 24 ? get_u32(buf + 12) : 0;
+    uint64_t rec = 0; /* the first record's length, when it fits */
+    unsigned char h[4 + TF_MAX_NAME + 8 + 8 * TF_MAX_DIMS];
+    size_t hn = n == 24 && count > 0 ? fread(h, 1, sizeof h, fp) : 0;
+    if (hn >= 4 && get_u32(h) >= 1 && get_u32(h) <= TF_MAX_NAME && hn >= 4 + get_u32(h) + 8) {
+        uint32_t nl = get_u32(h), ndim = get_u32(h + 4 + nl + 4);
+        uint64_t numel = 1;
+        rec = 4 + (uint64_t)nl + 8 + 8 * (uint64_t)ndim;
+        for (uint32_t d = 0; ndim <= TF_MAX_DIMS && d < ndim && rec <= hn; d++) {
+            uint64_t dim = get_u32(h + 4 + nl + 8 + 8 * d) | (uint64_t)get_u32(h + 4 + nl + 12 + 8 * d) << 32;
+            numel = dim && numel > cap / dim ? cap + 1 : numel * dim;
+        }
+        rec = ndim > TF_MAX_DIMS || rec > hn || numel > cap / 4 ? 0 : rec + 4 * numel;
+    }
+    if (rec && rec <= cap && fseek(fp, 24, SEEK_SET) == 0 && fread(buf + 24, 1, rec, fp) == rec) {
+        len = 24 + rec;
+        if (version >= 2 && !(fseek(fp, -(long)(8 * (uint64_t)count), SEEK_END) == 0 && fread(buf + len, 1, 8, fp) == 8))
+            len = 24; /* no checksum to read: the whole-file reader reports the truncation */
+        else if (version >= 2) len += 8;
+    }
+    if (len > 24) buf[12] = 1, buf[13] = buf[14] = buf[15] = 0; /* a file of that one record */
+    else if (n == 24) buf[12] = buf[13] = buf[14] = buf[15] = 0; /* of none */
+    f = tf_read_mem(buf, n == 24 ? len : n, path, err, errlen);
+done:
+    free(buf);
+    fclose(fp);
+    return f;
+}

@@ -57,6 +57,12 @@ tf_file *tf_read(const char *path, char *err, size_t errlen);
 /* The same over bytes in memory; `label` stands for the path in error messages. */
 tf_file *tf_read_mem(const void *buf, size_t len, const char *label, char *err, size_t errlen);
 
+/* Only the first tensor, when its record (name, header and data) fits in `cap` bytes: a tf_file of
+ * that one entry, validated and (version 2) checked against its checksum as tf_read does; of no
+ * entry when the file has none or the first is larger. Reads that record and one checksum, not the
+ * file: what a reader of a model's description (written first) needs. NULL on error. */
+tf_file *tf_read_first(const char *path, size_t cap, char *err, size_t errlen);
+
 /* The entry called `name`, or NULL. */
 const tf_entry *tf_find(const tf_file *f, const char *name);
 
@@ -87,5 +93,15 @@ const char *tf_writer_error(const tf_writer *w); /* "" while there is no error *
 int tf_writer_close(tf_writer *w, char *err, size_t errlen);
 /* Gives up: removes path.tmp and frees w. NULL is a no-op. */
 void tf_writer_abort(tf_writer *w);
+
+/* Text in an entry (a model file's description, JSON): the UTF-8 bytes packed four to an int32
+ * element, byte k in bits 8(k%4).. of element k/4 (so the file holds the bytes in order), the last
+ * element padded with NULs; shape (ceil(len/4)). Readers that do not know the entry skip it as any
+ * other non-parameter. tf_writer_add_text: 0 or -1 as tf_writer_add. tf_text: a malloc'd
+ * NUL-terminated copy of entry `name`'s text; NULL with err "" when there is no such entry, NULL
+ * and a one-line message ("label: tensor 'name': ...") when it is not text (dtype, rank, a NUL
+ * before the padding, invalid UTF-8). */
+int tf_writer_add_text(tf_writer *w, const char *name, const char *text);
+char *tf_text(const tf_file *f, const char *label, const char *name, char *err, size_t errlen);
 
 #endif

@@ -12,6 +12,7 @@
 
 #include "formats/hf.h"
 #include "formats/tensorfile.h"
+#include "checkpoint/model_desc.h"
 
 #define ERRLEN 1024
 
@@ -29,12 +30,13 @@ static const char usage[] =
     "output.weight has tied embeddings (tie_word_embeddings: true, no lm_head.weight).\n"
     "\n"
     "  --to hf             write DIR/config.json and DIR/model.safetensors (DIR is created if missing).\n"
-    "                      The sizes come from the tensors' shapes. Entries of MODEL.ctt that are not\n"
-    "                      parameters (config.*, input.*, expected.*, grad.*, ...) are ignored, except\n"
-    "                      that config.n_heads, config.n_kv_heads, config.rope_theta and\n"
-    "                      config.norm_eps scalars, when present, stand in for the flags below.\n"
+    "                      The sizes come from the tensors' shapes, the heads, RoPE base and norm epsilon\n"
+    "                      from the model description every saved model carries (a flag that contradicts\n"
+    "                      it is refused). For a file without one (an older ctitan's, a golden file), the\n"
+    "                      flags below, or its config.n_heads, config.n_kv_heads, config.rope_theta and\n"
+    "                      config.norm_eps scalars; other non-parameter entries are ignored.\n"
     "  --dtype T           float32 (default) or bfloat16 (rounded to nearest even)\n"
-    "  --n-heads H         query heads (the shapes cannot tell; required unless MODEL.ctt has config.n_heads)\n"
+    "  --n-heads H         query heads (the shapes cannot tell; needed only for a file without a description)\n"
     "  --n-kv-heads K      key/value heads (default: from layers.0.attention.wk.weight's shape)\n"
     "  --rope-theta X      RoPE base (default 500000, as ctitan's llama3 flavors)\n"
     "  --norm-eps X        RMSNorm epsilon (default 1e-5)\n"
@@ -42,8 +44,9 @@ static const char usage[] =
     "\n"
     "  --from hf           read DIR/config.json and DIR/model.safetensors (or the shards named by\n"
     "                      model.safetensors.index.json; F32, BF16, F16 or F64 tensors) and write the\n"
-    "                      parameters as float32, in the order the llama3 pack declares them. The model\n"
-    "                      options to use with the file are printed. A tied Qwen2 gives no output.weight\n"
+    "                      parameters as float32, in the order the llama3 pack declares them, after the\n"
+    "                      model description (so generate and model.flavor: from_checkpoint need no sizes).\n"
+    "                      The model options to use with the file are printed. A tied Qwen2 gives no output.weight\n"
     "                      (the qwen2 pack shares the table), a tied Llama a copy of the table. Refused:\n"
     "                      RoPE scaling (Llama 3.1+), a Llama's biases, Qwen2's sliding window, other\n"
     "                      activations or model types, head_dim != hidden_size / heads.\n"
@@ -129,6 +132,46 @@ typedef struct args {
     double rope_theta, norm_eps;          /* 0: not given */
 } args;
 
+/* The description model.ctt carries (model_desc.h), if any, in *out; a flag that contradicts it is
+ * refused naming both values. 0, or -1 after one error line. */
+static int described(const tf_file *f, const args *a, json_t **out) {
+    char err[ERRLEN];
+    json_t *d = NULL;
+    char *text = tf_text(f, a->input, MDESC_ENTRY, err, sizeof err);
+    *out = NULL;
+    if (!text && err[0]) {
+        fprintf(stderr, "ctitan convert: %s\n", err);
+        return -1;
+    }
+    if (!text) return 0; /* an older file: the flags and config.* scalars say it */
+    json_error_t je;
+    d = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    free(text);
+    if (!d) {
+        fprintf(stderr, "ctitan convert: %s: tensor '%s': invalid JSON (%s)\n", a->input, MDESC_ENTRY, je.text);
+        return -1;
+    }
+    if (mdesc_check(d, a->input, err, sizeof err)) {
+        fprintf(stderr, "ctitan convert: %s\n", err);
+        json_decref(d);
+        return -1;
+    }
+    const struct { const char *flag, *field; double given; } flags[] = {
+        {"--n-heads", "n_heads", (double)a->n_heads}, {"--n-kv-heads", "n_kv_heads", (double)a->n_kv_heads},
+        {"--rope-theta", "rope_theta", a->rope_theta}, {"--norm-eps", "norm_eps", a->norm_eps}};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
+        double v;
+        char g[32], w[32];
+        if (!flags[i].given || !mdesc_field(d, flags[i].field, &v) || v <= 0 || v == flags[i].given) continue;
+        fprintf(stderr, "ctitan convert: %s %s contradicts %s's description (%s %s); leave the flag out\n",
+                flags[i].flag, short_g(g, sizeof g, flags[i].given), a->input, flags[i].field, short_g(w, sizeof w, v));
+        json_decref(d);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
 static ct_status to_hf(const args *a) {
     char err[ERRLEN];
     tf_file *f = tf_read(a->input, err, sizeof err);
@@ -142,15 +185,23 @@ static ct_status to_hf(const args *a) {
                f->version);
     hf_config cfg = {0};
     double v;
+    ct_status rc = CT_ERR_INVALID; /* until the input is known good */
+    json_t *desc = NULL;
+    if (described(f, a, &desc)) goto done;
     cfg.n_heads = a->n_heads ? a->n_heads : ctt_count(f, "config.n_heads");
     cfg.n_kv_heads = a->n_kv_heads ? a->n_kv_heads : ctt_count(f, "config.n_kv_heads");
     cfg.rope_theta = a->rope_theta ? a->rope_theta : ctt_scalar(f, "config.rope_theta", &v) ? v : HF_DEFAULT_ROPE_THETA;
     cfg.norm_eps = a->norm_eps ? a->norm_eps : ctt_scalar(f, "config.norm_eps", &v) ? v : HF_DEFAULT_NORM_EPS;
+    if (desc) { /* the file's own description (flags that contradict it were refused) */
+        if (mdesc_field(desc, "n_heads", &v) && v > 0) cfg.n_heads = (int64_t)v;
+        if (mdesc_field(desc, "n_kv_heads", &v) && v > 0) cfg.n_kv_heads = (int64_t)v;
+        if (mdesc_field(desc, "rope_theta", &v) && v > 0) cfg.rope_theta = v;
+        if (mdesc_field(desc, "norm_eps", &v) && v > 0) cfg.norm_eps = v;
+    }
     cfg.max_position_embeddings = a->max_pos ? a->max_pos : HF_DEFAULT_MAX_POSITIONS;
-    ct_status rc = CT_ERR_INVALID; /* until the input is known good */
     if (!cfg.n_heads) {
-        fprintf(stderr, "ctitan convert: %s has no config.n_heads; give --n-heads (the shapes cannot tell it)\n",
-                a->input);
+        fprintf(stderr, "ctitan convert: %s has no model description nor config.n_heads; give --n-heads (the shapes "
+                        "cannot tell it)\n", a->input);
         goto done;
     }
     if (hf_config_from_weights(&cfg, f, err, sizeof err)) {
@@ -169,6 +220,7 @@ static ct_status to_hf(const args *a) {
     print_model_line(&cfg);
     rc = CT_OK;
 done:
+    json_decref(desc);
     tf_free(f);
     return rc;
 }
@@ -183,6 +235,15 @@ static ct_status from_hf(const args *a) {
         return CT_ERR_INVALID;
     }
     tf_writer *w = tf_writer_open(a->output, err, sizeof err);
+    json_t *desc = w ? mdesc_from_hf(&cfg) : NULL; /* so that generate and from_checkpoint need no sizes */
+    char *text = desc ? json_dumps(desc, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(desc);
+    if (w && (!text || tf_writer_add_text(w, MDESC_ENTRY, text))) {
+        tf_writer_abort(w);
+        w = NULL;
+        snprintf(err, sizeof err, "%s: cannot write the model description", a->output);
+    }
+    free(text);
     for (int i = 0; w && i < f->count; i++) {
         const tf_entry *e = &f->entries[i];
         if (tf_writer_add(w, e->name, e->dtype, e->ndim, e->shape, e->data)) break;

@@ -94,8 +94,9 @@ head -c $(( $(stat -c %s "$T/ref/model.ctt") - 8 * count )) "$T/ref/model.ctt" >
 printf '\x01' | dd of="$T/nan.ctt" bs=1 seek=8 conv=notrunc status=none
 gen "$T/nan.ctt" || { cat "$T/err"; fail "a version-1 model.ctt"; }
 grep -q "nan.ctt: format version 1 has no checksums" "$T/out" || fail "no notice for a version-1 file"
-# the first tensor is tok_embeddings.weight: its data starts after 24 + 4 + 21 + 4 + 4 + 16 bytes
-printf '\x00\x00\xc0\x7f' | dd of="$T/nan.ctt" bs=1 seek=$((73 + 4 * 1000)) conv=notrunc status=none
+# tok_embeddings.weight (after the model description): its data starts 21 + 4 + 4 + 16 bytes after its name
+data=$(( $(grep -obUaF tok_embeddings.weight "$T/nan.ctt" | head -n 1 | cut -d: -f1) + 45 ))
+printf '\x00\x00\xc0\x7f' | dd of="$T/nan.ctt" bs=1 seek=$((data + 4 * 1000)) conv=notrunc status=none
 gen "$T/nan.ctt"; expect "generate: NaN weight" $? 2 "nan.ctt: tensor 'tok_embeddings.weight' holds NaN at element 1000 of 65536"
 conv "$T/nan.ctt"; expect "convert: NaN weight" $? 2 "nan.ctt: tensor 'tok_embeddings.weight' holds NaN at element 1000"
 # a NaN in a checkpoint piece, its FNV-1a checksum (ctitan's offset basis) made to match

@@ -38,19 +38,30 @@ if run --to hf --input "$G/llama3_tiny.ctt" --output "$T/hf" &&
     ok "llama3_tiny -> HF equals tests/golden/hf/from_ctitan"
 else bad "llama3_tiny -> HF"; cat "$T/err"; fi
 
-# HF -> ctitan: llama3_tiny's parameters, bit for bit
+# HF -> ctitan: the model description (first), then llama3_tiny's parameters, bit for bit
 start=$(( $(offset_of tok_embeddings.weight) - 4 )); end=$(( $(offset_of input.tokens) - 4 ))
 if run --from hf --input "$T/hf" --output "$T/a.ctt" &&
-    cmp <(tail -c +25 "$T/a.ctt" | head -c $((end - start))) <(tail -c +$((start + 1)) "$G/llama3_tiny.ctt" | head -c $((end - start))) &&
-    [ "$(od -An -tu4 -j12 -N4 "$T/a.ctt" | tr -d ' ')" = 21 ] &&
-    [ "$(stat -c %s "$T/a.ctt")" -eq $((24 + end - start + 8 * 21)) ]; then
-    ok "HF -> .ctt holds llama3_tiny's 21 parameter records byte for byte (then their 21 checksums)"
+    astart=$(( $(grep -obUaF tok_embeddings.weight "$T/a.ctt" | head -n 1 | cut -d: -f1) - 4 )) &&
+    [ "$(dd if="$T/a.ctt" bs=1 skip=28 count=18 status=none)" = ctitan.description ] &&
+    cmp <(tail -c +$((astart + 1)) "$T/a.ctt" | head -c $((end - start))) <(tail -c +$((start + 1)) "$G/llama3_tiny.ctt" | head -c $((end - start))) &&
+    [ "$(od -An -tu4 -j12 -N4 "$T/a.ctt" | tr -d ' ')" = 22 ] &&
+    [ "$(stat -c %s "$T/a.ctt")" -eq $((astart + end - start + 8 * 22)) ]; then
+    ok "HF -> .ctt holds its description, then llama3_tiny's 21 parameter records byte for byte (then 22 checksums)"
 else bad "HF -> .ctt"; cat "$T/err"; fi
+# the same file without its description (as an older ctitan wrote it): header with count 21, the
+# parameter records, their 21 checksums (the description's, the first of 22, dropped)
+{ head -c 12 "$T/a.ctt"; printf '\x15\x00\x00\x00'; tail -c +17 "$T/a.ctt" | head -c 8
+  tail -c +$((astart + 1)) "$T/a.ctt" | head -c $((end - start)); tail -c $((8 * 21)) "$T/a.ctt"; } >"$T/old.ctt"
+run --to hf --input "$T/old.ctt" --output "$T/hf_old" --n-heads 4 && cmp "$T/hf/config.json" "$T/hf_old/config.json" &&
+    ok "a description-less .ctt (an older ctitan's) converts with --n-heads" || { bad "description-less .ctt"; cat "$T/err"; }
 grep -q "model: {name: llama3, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, vocab_size: 256, ffn_hidden: 192, rope_theta: 500000, norm_eps: 1e-05}" "$T/out" &&
     ok "--from hf prints the model options" || { bad "--from hf model line"; cat "$T/out"; }
 
-# a second round trip from the parameters-only file (no config.* entries: flags give the heads)
-if run --to hf --input "$T/a.ctt" --output "$T/hf2" --n-heads 4 --rope-theta 500000 --norm-eps 1e-5 &&
+# a second round trip from the converted file: no config.* entries, no flags: its description gives
+# the heads, theta and epsilon (flags that agree with it are accepted)
+run --to hf --input "$T/a.ctt" --output "$T/hf3" --n-heads 4 --rope-theta 500000 && cmp "$T/hf/config.json" "$T/hf3/config.json" &&
+    ok "flags that agree with the description are accepted" || { bad "agreeing flags"; cat "$T/err"; }
+if run --to hf --input "$T/a.ctt" --output "$T/hf2" &&
     cmp "$T/hf/model.safetensors" "$T/hf2/model.safetensors" && cmp "$T/hf/config.json" "$T/hf2/config.json" &&
     run --from hf --input "$T/hf2" --output "$T/b.ctt" && cmp "$T/a.ctt" "$T/b.ctt"; then
     ok ".ctt -> HF -> .ctt is bit-exact"
@@ -84,9 +95,11 @@ cp -r "$T/hf" "$T/scaled"; sed -i 's/"rope_scaling": null/"rope_scaling": {"rope
 expect_fail "Llama 3.1 RoPE scaling" 2 "rope_type 'llama3' is not supported" -- --from hf --input "$T/scaled" --output "$T/x.ctt"
 [ -e "$T/x.ctt" ] && bad "a failed conversion left $T/x.ctt" || ok "failed conversions write nothing"
 expect_fail "missing .ctt" 2 "nope.ctt: cannot open" -- --to hf --input "$T/nope.ctt" --output "$T/o"
-expect_fail "no head count" 2 "a.ctt has no config.n_heads; give --n-heads" -- --to hf --input "$T/a.ctt" --output "$T/o"
-expect_fail "heads do not divide" 2 "n_heads 5 does not divide the model width 64" -- --to hf --input "$T/a.ctt" --output "$T/o" --n-heads 5
-expect_fail "kv heads do not fit" 2 "tensor 'layers.0.attention.wk.weight' has shape \(32, 64\), expected \(16, 64\)" -- --to hf --input "$T/a.ctt" --output "$T/o" --n-heads 4 --n-kv-heads 1
+expect_fail "no head count" 2 "old.ctt has no model description nor config.n_heads; give --n-heads" -- --to hf --input "$T/old.ctt" --output "$T/o"
+expect_fail "heads do not divide" 2 "n_heads 5 does not divide the model width 64" -- --to hf --input "$T/old.ctt" --output "$T/o" --n-heads 5
+expect_fail "kv heads do not fit" 2 "tensor 'layers.0.attention.wk.weight' has shape \(32, 64\), expected \(16, 64\)" -- --to hf --input "$T/old.ctt" --output "$T/o" --n-heads 4 --n-kv-heads 1
+expect_fail "a flag against the description" 2 "^ctitan convert: --n-heads 8 contradicts .*a.ctt's description \(n_heads 4\); leave the flag out$" -- --to hf --input "$T/a.ctt" --output "$T/o" --n-heads 8
+expect_fail "a flag against the description" 2 "^ctitan convert: --rope-theta 10000 contradicts .*a.ctt's description \(rope_theta 500000\)" -- --to hf --input "$T/a.ctt" --output "$T/o" --rope-theta 10000
 [ -e "$T/o" ] && bad "a failed export created $T/o" || ok "failed exports write nothing"
 expect_fail "unknown option" 2 "unknown argument --frmo" -- --frmo hf --input a --output b
 expect_fail "both directions" 2 "exactly one of --to hf and --from hf" -- --to hf --from hf --input a --output b

@@ -5,7 +5,9 @@
  *   - a rejected input gets one line of error that starts with the label;
  *   - an accepted input is self-consistent (numel = product of shape, names unique, dtype known),
  *     and writing it back with tf_writer gives exactly the input bytes (the format is canonical) for
- *     a version-2 input, and for a version-1 one (no checksums) a version-2 file with the same tensors.
+ *     a version-2 input, and for a version-1 one (no checksums) a version-2 file with the same tensors;
+ *   - tf_text on every entry gives its text or one line naming it; tf_read_first on the written file
+ *     gives the same first entry (or none when it exceeds the cap).
  *
  * Two ways to build it:
  *   clang -fsanitize=fuzzer,address,undefined -Icore tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c
@@ -65,6 +67,15 @@ static void check_round_trip(const tf_file *f, const uint8_t *data, size_t size)
         tf_free(g);
         return;
     }
+    /* the first record alone (a model's description is read so): the same first entry, or none */
+    tf_file *first = tf_read_first(path, 1 << 16, err, sizeof err);
+    CHECK(first != NULL && first->count <= 1 && (first->count == 1 || f->count == 0 || f->entries[0].numel * 4 > 60000));
+    if (first->count == 1) {
+        const tf_entry *a = &f->entries[0], *b = &first->entries[0];
+        CHECK(!strcmp(a->name, b->name) && a->dtype == b->dtype && a->numel == b->numel);
+        CHECK(memcmp(a->data, b->data, 4 * (size_t)a->numel) == 0);
+    }
+    tf_free(first);
     FILE *fp = fopen(path, "rb");
     CHECK(fp != NULL);
     uint8_t *back = malloc(size + 1);
@@ -97,6 +108,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         CHECK(numel == e->numel);
         CHECK(tf_find(f, e->name) == e);
         CHECK((uint64_t)e->numel * 4 <= size);
+        char *text = tf_text(f, "fuzz", e->name, err, sizeof err); /* text, or one line naming it */
+        CHECK(text ? strlen(text) <= (size_t)e->numel * 4 : !strncmp(err, "fuzz: tensor '", 14));
+        free(text);
     }
     check_round_trip(f, data, size);
     tf_free(f);

@@ -748,8 +748,110 @@ static void test_golden_loss_matches_its_logits(void **state) {
     tf_free(f);
 }
 
+/* Text entries (a model's description): bytes in order in the file, NUL padding, read back exactly;
+ * an entry that is not text is refused naming it, an absent one is NULL with no error. */
+static void test_text_entries_round_trip_and_are_checked(void **state) {
+    (void)state;
+    const char *path = tmp_path("text.ctt");
+    const char *texts[] = {"{\"name\": \"llama3\", \"flavor\": \"d\u00e9bug\"}", "12345678", ""};
+    const char *names[] = {"ctitan.description", "eight", "empty"};
+    char err[256] = "";
+    tf_writer *wr = tf_writer_open(path, err, sizeof err);
+    assert_non_null(wr);
+    for (int i = 0; i < 3; i++) assert_int_equal(tf_writer_add_text(wr, names[i], texts[i]), 0);
+    assert_int_equal(tf_writer_close(wr, err, sizeof err), 0);
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    char raw[512];
+    size_t n = fread(raw, 1, sizeof raw, fp);
+    fclose(fp);
+    assert_non_null(memmem(raw, n, texts[0], strlen(texts[0]))); /* the bytes in order, readable */
+    tf_file *f = tf_read(path, err, sizeof err);
+    if (!f) fail_msg("%s", err);
+    int64_t words[] = {((int64_t)strlen(texts[0]) + 3) / 4, 2, 0};
+    for (int i = 0; i < 3; i++) {
+        const tf_entry *e = tf_find(f, names[i]);
+        assert_non_null(e);
+        assert_int_equal(e->dtype, TF_I32);
+        assert_int_equal(e->shape[0], words[i]);
+        char *t = tf_text(f, path, names[i], err, sizeof err);
+        if (!t) fail_msg("%s", err);
+        assert_string_equal(t, texts[i]);
+        free(t);
+    }
+    assert_null(tf_text(f, path, "absent", err, sizeof err));
+    assert_string_equal(err, "");
+    tf_free(f);
+
+    /* entries that are not text */
+    float x = 1;
+    int32_t nul_inside[2] = {0x00636261, 0x64}; /* "abc", NUL, "d" */
+    int32_t bad_utf8[1] = {0x28c3};           /* "\xc3(" */
+    int32_t too_much_padding[2] = {0x61, 0};    /* "a" and a whole element of NULs */
+    tf_entry es[] = {{"f", TF_F32, 0, {0}, 1, &x},
+                     {"nul", TF_I32, 1, {2}, 2, nul_inside},
+                     {"utf8", TF_I32, 1, {1}, 1, bad_utf8},
+                     {"pad", TF_I32, 1, {2}, 2, too_much_padding}};
+    tf_file mem = {es, 4, 2};
+    const char *want[] = {"mem: tensor 'f': expected text (int32, one dimension)", "mem: tensor 'nul': a NUL inside the text",
+                          "mem: tensor 'utf8': not valid UTF-8", "mem: tensor 'pad': a NUL inside the text"};
+    for (int i = 0; i < 4; i++) {
+        assert_null(tf_text(&mem, "mem", es[i].name, err, sizeof err));
+        assert_string_equal(err, want[i]);
+    }
+}
+
+/* tf_read_first: the first record alone, checked like the whole file; none when it is larger than
+ * the cap or the file is empty; a corrupt first record is an error naming it. */
+static void test_read_first_reads_one_record(void **state) {
+    (void)state;
+    const char *path = tmp_path("first.ctt");
+    static float big[4096];
+    char err[256] = "";
+    tf_writer *wr = tf_writer_open(path, err, sizeof err);
+    assert_non_null(wr);
+    assert_int_equal(tf_writer_add_text(wr, "ctitan.description", "{\"a\": 1}"), 0);
+    assert_int_equal(tf_writer_add(wr, "w", TF_F32, 1, (int64_t[]){4096}, big), 0);
+    assert_int_equal(tf_writer_close(wr, err, sizeof err), 0);
+    tf_file *f = tf_read_first(path, 1024, err, sizeof err);
+    if (!f) fail_msg("%s", err);
+    assert_int_equal(f->count, 1);
+    assert_int_equal(f->version, 2);
+    char *t = tf_text(f, path, "ctitan.description", err, sizeof err);
+    assert_non_null(t);
+    assert_string_equal(t, "{\"a\": 1}");
+    free(t);
+    tf_free(f);
+    f = tf_read_first(path, 16, err, sizeof err); /* the record is 4 + 18 + 8 + 8 + 8 bytes */
+    assert_non_null(f);
+    assert_int_equal(f->count, 0);
+    tf_free(f);
+    /* a flipped byte in the first record: its checksum names it */
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    assert_int_equal(fseek(fp, 24 + 4 + 18 + 8 + 8, SEEK_SET), 0);
+    fputc('b', fp);
+    fclose(fp);
+    assert_null(tf_read_first(path, 1024, err, sizeof err));
+    if (!strstr(err, "tensor 0 'ctitan.description' at byte 24: checksum mismatch")) fail_msg("%s", err);
+    /* an empty file (no tensors), and not a ctt file */
+    wr = tf_writer_open(path, err, sizeof err);
+    assert_int_equal(tf_writer_close(wr, err, sizeof err), 0);
+    f = tf_read_first(path, 1024, err, sizeof err);
+    assert_non_null(f);
+    assert_int_equal(f->count, 0);
+    tf_free(f);
+    fp = fopen(path, "wb");
+    fputs("not a tensor file at all", fp);
+    fclose(fp);
+    assert_null(tf_read_first(path, 1024, err, sizeof err));
+    assert_non_null(strstr(err, "first.ctt"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_read_first_reads_one_record),
+        cmocka_unit_test(test_text_entries_round_trip_and_are_checked),
         cmocka_unit_test(test_read_sample_gives_names_shapes_and_values),
         cmocka_unit_test(test_expect_checks_dtype_and_shape),
         cmocka_unit_test(test_read_accepts_empty_file_and_zero_sized_tensor),

@@ -1,0 +1,407 @@
+/* model_desc.c: the description a saved model carries (see model_desc.h). */
+#include "checkpoint/model_desc.h"
+
+#include "checkpoint/checkpoint.h"
+#include "formats/tensorfile.h"
+#include "host/util.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define MDESC_VERSION 1
+#define MAX_KEY 64
+#define MAX_STR 4095 /* a model.name may be a path to the pack */
+#define MAX_TEXT (1 << 20) /* bytes of a description */
+
+/* ct_model_desc's fields, by name: the integers, then the reals */
+static const char *const int_fields[] = {"dim", "n_layers", "vocab_size", "n_heads", "n_kv_heads", "head_dim",
+                                         "ffn_hidden", "features", "rope_original_max_position", NULL};
+static const char *const real_fields[] = {"rope_theta", "norm_eps", "rope_scaling_factor", "rope_low_freq_factor",
+                                          "rope_high_freq_factor", NULL};
+
+static void desc_values(const ct_model_desc *d, double ints[9], double reals[5]) {
+    const int64_t iv[] = {d->dim, d->n_layers, d->vocab_size, d->n_heads, d->n_kv_heads, d->head_dim, d->ffn_hidden,
+                          (int64_t)d->features, d->rope_original_max_position};
+    const double rv[] = {d->rope_theta, d->norm_eps, d->rope_scaling_factor, d->rope_low_freq_factor,
+                         d->rope_high_freq_factor};
+    for (int i = 0; i < 9; i++) ints[i] = (double)iv[i];
+    for (int i = 0; i < 5; i++) reals[i] = rv[i];
+}
+
+/* The model's own value for a pack option named like one of its description's fields: 1 and *v,
+ * else 0. Zero is "the pack does not say" (rope scaling's zero: none), so the manifest's is kept. */
+static int described(const json_t *model, const char *key, ct_opt_type type, json_t **v) {
+    if (type == CT_OPT_BOOL && !strcmp(key, "tie_word_embeddings")) {
+        *v = json_boolean(json_integer_value(json_object_get(model, "features")) & CT_MODEL_TIED_EMBEDDINGS);
+        return 1;
+    }
+    if (type != CT_OPT_INT && type != CT_OPT_FLOAT) return 0;
+    json_t *x = json_object_get(model, key);
+    if (!json_is_number(x) || json_number_value(x) <= 0 || !strcmp(key, "features")) return 0;
+    *v = type == CT_OPT_INT ? json_integer((json_int_t)json_number_value(x)) : json_real(json_number_value(x));
+    return 1;
+}
+
+/* The manifest's value of model.KEY (set or its default) as JSON, or NULL when unset. */
+static json_t *manifest_value(const manifest *mf, const char *key, ct_opt_type type) {
+    char full[MAX_KEY + 8];
+    snprintf(full, sizeof full, "model.%s", key);
+    const char *s;
+    int64_t i;
+    double f;
+    int b;
+    switch (type) {
+    case CT_OPT_INT: return mf_get_int(mf, full, &i) ? NULL : json_integer(i);
+    case CT_OPT_FLOAT: return mf_get_float(mf, full, &f) ? NULL : json_real(f);
+    case CT_OPT_BOOL: return mf_get_bool(mf, full, &b) ? NULL : json_boolean(b);
+    case CT_OPT_STRING: return mf_get_str(mf, full, &s) || strlen(s) > MAX_STR ? NULL : json_string(s);
+    }
+    return NULL;
+}
+
+json_t *mdesc_build(const session *s) {
+    json_t *d = json_object(), *model = json_object(), *opts = json_object();
+    if (!d || !model || !opts) goto oom;
+    double ints[9], reals[5];
+    desc_values(&s->rt.desc, ints, reals);
+    for (int i = 0; int_fields[i]; i++) json_object_set_new(model, int_fields[i], json_integer((json_int_t)ints[i]));
+    for (int i = 0; real_fields[i]; i++) json_object_set_new(model, real_fields[i], json_real(reals[i]));
+    const char *hf = s->rt.desc.hf_model_type;
+    json_object_set_new(model, "hf_model_type", json_string(hf && strlen(hf) <= MAX_STR ? hf : "llama"));
+    const char *str;
+    json_object_set_new(d, "format", json_string("ctitan-model"));
+    json_object_set_new(d, "version", json_integer(MDESC_VERSION));
+    if (s->mf && !mf_get_str(s->mf, "model.name", &str) && strlen(str) <= MAX_STR)
+        json_object_set_new(d, "name", json_string(str));
+    if (s->mf && !mf_get_str(s->mf, "model.flavor", &str) && strlen(str) <= MAX_STR && strcmp(str, "from_checkpoint"))
+        json_object_set_new(d, "flavor", json_string(str));
+    const ct_option_spec *list = s->modelp ? s->modelp->info.options : NULL;
+    for (int i = 0; list && CT_AT(const ct_option_spec, list, i)->key; i++) {
+        const ct_option_spec *o = CT_AT(const ct_option_spec, list, i);
+        if (strchr(o->key, '.') || strlen(o->key) > MAX_KEY) continue; /* another section's key */
+        json_t *v = NULL;
+        if (!described(model, o->key, o->type, &v) && s->mf) v = manifest_value(s->mf, o->key, o->type);
+        if (v) json_object_set_new(opts, o->key, v);
+    }
+    json_object_set_new(d, "options", opts);
+    json_object_set_new(d, "model", model);
+    return d;
+oom:
+    json_decref(d);
+    json_decref(model);
+    json_decref(opts);
+    return NULL;
+}
+
+json_t *mdesc_from_hf(const hf_config *c) {
+    json_t *d = json_object(), *model = json_object(), *opts = json_object();
+    if (!d || !model || !opts) {
+        json_decref(d);
+        json_decref(model);
+        json_decref(opts);
+        return NULL;
+    }
+    int qwen2 = (c->features & CT_MODEL_QKV_BIAS) != 0;
+    int64_t head_dim = c->head_dim ? c->head_dim : c->n_heads ? c->dim / c->n_heads : 0;
+    const struct { const char *key; int64_t v; } ints[] = {
+        {"dim", c->dim}, {"n_layers", c->n_layers}, {"vocab_size", c->vocab}, {"n_heads", c->n_heads},
+        {"n_kv_heads", c->n_kv_heads}, {"ffn_hidden", c->ffn_hidden}};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+        json_object_set_new(model, ints[i].key, json_integer(ints[i].v));
+        json_object_set_new(opts, ints[i].key, json_integer(ints[i].v));
+    }
+    json_object_set_new(model, "head_dim", json_integer(head_dim));
+    json_object_set_new(model, "features", json_integer(c->features));
+    json_object_set_new(model, "rope_theta", json_real(c->rope_theta));
+    json_object_set_new(model, "norm_eps", json_real(c->norm_eps));
+    json_object_set_new(model, "hf_model_type", json_string(qwen2 ? "qwen2" : "llama"));
+    json_object_set_new(opts, "rope_theta", json_real(c->rope_theta));
+    json_object_set_new(opts, "norm_eps", json_real(c->norm_eps));
+    /* a tied Llama is read for the untied llama3 pack (its output a copy), a tied Qwen2 shares */
+    json_object_set_new(opts, "tie_word_embeddings", json_boolean(c->features & CT_MODEL_TIED_EMBEDDINGS));
+    json_object_set_new(d, "format", json_string("ctitan-model"));
+    json_object_set_new(d, "version", json_integer(MDESC_VERSION));
+    json_object_set_new(d, "name", json_string(qwen2 ? "qwen2" : "llama3"));
+    json_object_set_new(d, "options", opts);
+    json_object_set_new(d, "model", model);
+    return d;
+}
+
+static int key_ok(const char *k) {
+    size_t n = strlen(k);
+    if (n < 1 || n > MAX_KEY) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((k[i] >= 'a' && k[i] <= 'z') || (k[i] >= '0' && k[i] <= '9') || k[i] == '_')) return 0;
+    return 1;
+}
+
+/* A string of min_len to MAX_STR printable characters (no NUL, no control character). */
+static int str_ok(const json_t *v, size_t min_len) {
+    if (!json_is_string(v)) return 0;
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v);
+    if (n < min_len || n > MAX_STR || strlen(s) != n) return 0;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20) return 0;
+    return 1;
+}
+
+int mdesc_check(const json_t *d, const char *label, char *err, size_t errlen) {
+    const json_t *fmt = json_object_get(d, "format"), *opts = json_object_get(d, "options");
+    const json_t *model = json_object_get(d, "model"), *v;
+    const char *key;
+    if (!json_is_object(d) || !json_is_string(fmt) || strcmp(json_string_value(fmt), "ctitan-model")) {
+        ct_errf(err, errlen, "%s: the model description is not an object with format \"ctitan-model\"", label);
+        return -1;
+    }
+    if (json_integer_value(json_object_get(d, "version")) != MDESC_VERSION) {
+        ct_errf(err, errlen, "%s: model description version is not %d (a newer ctitan wrote it?)", label, MDESC_VERSION);
+        return -1;
+    }
+    if (!str_ok(json_object_get(d, "name"), 1) || (json_object_get(d, "flavor") && !str_ok(json_object_get(d, "flavor"), 1))) {
+        ct_errf(err, errlen, "%s: model description: name and flavor must be strings of 1 to %d printable characters",
+                label, MAX_STR);
+        return -1;
+    }
+    if (!json_is_object(opts) || !json_is_object(model)) {
+        ct_errf(err, errlen, "%s: model description: options and model must be objects", label);
+        return -1;
+    }
+    json_object_foreach((json_t *)opts, key, v) {
+        if (key_ok(key) && (json_is_number(v) || json_is_boolean(v) || str_ok(v, 0))) continue;
+        ct_errf(err, errlen, "%s: model description: option '%.64s' must be a lowercase key with a number, a "
+                             "boolean or a short string", label, key);
+        return -1;
+    }
+    for (int i = 0; int_fields[i]; i++) {
+        v = json_object_get(model, int_fields[i]);
+        if (v && (!json_is_integer(v) || json_integer_value(v) < 0)) {
+            ct_errf(err, errlen, "%s: model description: %s must be a non-negative integer", label, int_fields[i]);
+            return -1;
+        }
+    }
+    for (int i = 0; real_fields[i]; i++) {
+        v = json_object_get(model, real_fields[i]);
+        if (v && (!json_is_number(v) || json_number_value(v) < 0)) {
+            ct_errf(err, errlen, "%s: model description: %s must be a non-negative number", label, real_fields[i]);
+            return -1;
+        }
+    }
+    v = json_object_get(model, "hf_model_type");
+    if (v && !str_ok(v, 1)) {
+        ct_errf(err, errlen, "%s: model description: hf_model_type must be a short string", label);
+        return -1;
+    }
+    return 0;
+}
+
+int mdesc_field(const json_t *d, const char *field, double *out) {
+    const json_t *v = json_object_get(json_object_get(d, "model"), field);
+    if (!json_is_number(v)) return 0;
+    *out = json_number_value(v);
+    return 1;
+}
+
+/* The "model" object of a step folder's metadata.json (checked by mdesc_read's caller). */
+static int read_metadata(const char *dir, json_t **out, char *err, size_t errlen) {
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/metadata.json", dir) >= (int)sizeof path) {
+        ct_errf(err, errlen, "%s: path too long", dir);
+        return -1;
+    }
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        ct_errf(err, errlen, "%s:%d: not a checkpoint (%s)", path, je.line, je.text);
+        return -1;
+    }
+    *out = json_incref(json_object_get(root, "model"));
+    json_decref(root);
+    return 0;
+}
+
+static int read_hf(const char *dir, json_t **out, char *err, size_t errlen) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        ct_errf(err, errlen, "%s: cannot open it", path);
+        return -1;
+    }
+    enum { CAP = 1 << 20 };
+    char *text = malloc(CAP + 1);
+    size_t n = text ? fread(text, 1, CAP + 1, fp) : 0;
+    fclose(fp);
+    hf_config c;
+    int rc = -1;
+    if (!text || n > CAP) ct_errf(err, errlen, "%s: cannot read it (or larger than 1 MB)", path);
+    else if (!hf_config_parse(text, n, path, &c, err, errlen)) {
+        *out = mdesc_from_hf(&c);
+        rc = *out ? 0 : -1;
+        if (rc) ct_errf(err, errlen, "%s: out of memory", path);
+    }
+    free(text);
+    return rc;
+}
+
+int mdesc_read(const char *path, int in_hf, json_t **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (in_hf) return read_hf(path, out, err, errlen);
+    struct stat sb;
+    if (stat(path, &sb)) {
+        ct_errf(err, errlen, "%s: no such file or folder", path);
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) { /* a model file */
+        tf_file *f = tf_read_first(path, MAX_TEXT, err, errlen); /* written first: the weights are not read */
+        if (!f) return -1;
+        char *text = tf_text(f, path, MDESC_ENTRY, err, errlen);
+        tf_free(f);
+        if (!text) return err && err[0] ? -1 : 0;
+        json_error_t je;
+        *out = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+        free(text);
+        if (!*out) {
+            ct_errf(err, errlen, "%s: tensor '%s': invalid JSON (%s)", path, MDESC_ENTRY, je.text);
+            return -1;
+        }
+    } else {
+        char meta[PATH_MAX], dir[PATH_MAX];
+        snprintf(meta, sizeof meta, "%s/metadata.json", path);
+        snprintf(dir, sizeof dir, "%s", path);
+        if (stat(meta, &sb)) { /* a checkpoint folder: its newest step */
+            int64_t *steps;
+            int n = ckpt_steps(path, 0, &steps, err, errlen);
+            if (n < 0) return -1;
+            int64_t newest = n > 0 ? steps[0] : -1;
+            free(steps);
+            if (newest < 0) {
+                ct_errf(err, errlen, "%s: no complete checkpoint here (a step-N folder with metadata.json)", path);
+                return -1;
+            }
+            snprintf(dir, sizeof dir, "%s/step-%" PRId64, path, newest);
+        }
+        if (read_metadata(dir, out, err, errlen)) return -1;
+        if (!*out) return 0;
+    }
+    if (mdesc_check(*out, path, err, errlen)) {
+        json_decref(*out);
+        *out = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* A JSON scalar as a manifest value. */
+static void value_text(const json_t *v, char *out, size_t len) {
+    if (json_is_integer(v)) snprintf(out, len, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+    else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) && fabs(json_real_value(v)) < 1e15)
+        snprintf(out, len, "%.0f", json_real_value(v)); /* 500000, not 5e+05 */
+    else if (json_is_real(v)) /* the shortest form that reads back the same (1e-05, not 1.0000000000000001e-05) */
+        for (int p = 1; p <= 17; p++) {
+            snprintf(out, len, "%.*g", p, json_real_value(v));
+            if (strtod(out, NULL) == json_real_value(v)) break;
+        }
+    else if (json_is_boolean(v)) snprintf(out, len, "%s", json_is_true(v) ? "true" : "false");
+    else snprintf(out, len, "%s", json_string_value(v));
+}
+
+/* Whether the manifest's text `text` means the description's value v. */
+static int same_value(const char *text, const json_t *v) {
+    int64_t i;
+    double f;
+    int b;
+    if (json_is_number(v)) {
+        if (!mf_parse_int(text, &i)) return (double)i == json_number_value(v);
+        return !mf_parse_float(text, &f) && f == json_number_value(v);
+    }
+    if (json_is_boolean(v)) return !mf_parse_bool(text, &b) && b == json_is_true(v);
+    return !strcmp(text, json_string_value(v));
+}
+
+/* One key: set when the manifest does not, else compared. */
+static int apply_key(manifest *mf, const char *key, const json_t *v, const char *label, char *err, size_t errlen) {
+    char want[MAX_STR + 64], where[600];
+    const char *have;
+    value_text(v, want, sizeof want);
+    if (!mf_is_set(mf, key) || (!strcmp(key, "model.flavor") && !mf_get_str(mf, key, &have) &&
+                                !strcmp(have, "from_checkpoint")))
+        return manifest_override(mf, key, want, err, errlen);
+    if (mf_get_str(mf, key, &have) || same_value(have, v)) return 0;
+    mf_where(mf, key, where, sizeof where);
+    ct_errf(err, errlen, "%s: %.100s contradicts the checkpoint's %s (%s); drop the key or make it agree", where, have,
+            want, label);
+    return -1;
+}
+
+int mdesc_apply(manifest *mf, const json_t *d, const char *label, int compare_flavor, char *err, size_t errlen) {
+    const char *key;
+    json_t *v;
+    char full[MAX_KEY + 8];
+    if (apply_key(mf, "model.name", json_object_get(d, "name"), label, err, errlen)) return -1;
+    v = json_object_get(d, "flavor");
+    const char *flavor;
+    if (v && (compare_flavor || !mf_is_set(mf, "model.flavor") ||
+              (!mf_get_str(mf, "model.flavor", &flavor) && !strcmp(flavor, "from_checkpoint"))) &&
+        apply_key(mf, "model.flavor", v, label, err, errlen))
+        return -1;
+    json_object_foreach(json_object_get(d, "options"), key, v) {
+        snprintf(full, sizeof full, "model.%s", key);
+        if (apply_key(mf, full, v, label, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+ct_status mdesc_from_checkpoint(manifest *mf) {
+    char err[2048], where[600];
+    const char *flavor, *path;
+    if (mf_get_str(mf, "model.flavor", &flavor) || strcmp(flavor, "from_checkpoint")) return CT_OK;
+    mf_where(mf, "model.flavor", where, sizeof where);
+    if (mf_get_str(mf, "checkpoint.initial_load_path", &path) || !*path) {
+        fprintf(stderr, "ctitan: %s: from_checkpoint takes the model from checkpoint.initial_load_path, which is not "
+                        "set\n", where);
+        return CT_ERR_INVALID;
+    }
+    int in_hf = 0;
+    mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
+    json_t *d;
+    if (mdesc_read(path, in_hf, &d, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return CT_ERR_INVALID;
+    }
+    if (!d) {
+        fprintf(stderr, "ctitan: %s: %s carries no model description (an older ctitan wrote it): set model.name, "
+                        "model.flavor and the model's sizes instead\n", where, path);
+        return CT_ERR_INVALID;
+    }
+    int rc = mdesc_apply(mf, d, path, 1, err, sizeof err);
+    json_decref(d);
+    if (rc) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return CT_ERR_INVALID;
+    }
+    return CT_OK;
+}
+
+ct_status mdesc_for_load(manifest *mf, const char *path) {
+    char err[2048];
+    struct stat sb;
+    json_t *d;
+    if (stat(path, &sb)) return CT_OK;
+    if (mdesc_read(path, 0, &d, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return CT_ERR_INVALID;
+    }
+    int rc = d ? mdesc_apply(mf, d, path, 0, err, sizeof err) : 0;
+    json_decref(d);
+    if (rc) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return CT_ERR_INVALID;
+    }
+    return CT_OK;
+}

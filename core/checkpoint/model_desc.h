@@ -1,0 +1,55 @@
+/* model_desc.h: the description every saved model carries, so that it can be used without its
+ * manifest: `convert --to hf` and `generate` need no shape flags, and `model.flavor: from_checkpoint`
+ * takes the model from checkpoint.initial_load_path.
+ *
+ * A description is a JSON object:
+ *   {"format": "ctitan-model", "version": 1,
+ *    "name": "llama3", "flavor": "debugmodel",          (model.name and model.flavor as run)
+ *    "options": {"dim": 128, "n_heads": 4, ...},         (every model.* option of the pack with a value:
+ *                                                        the model's own for those it describes, else
+ *                                                        the manifest's; unset ones are left out)
+ *    "model": {"dim": 128, "n_layers": 2, ...}}         (ct_model_desc's fields, rope scaling included)
+ * It is stored in model.ctt as the text entry "ctitan.description" (tensorfile.h, tf_text) and in a
+ * checkpoint's metadata.json as "model". Files without one (older ctitan, golden files) load as
+ * before: the manifest alone says what the model is.
+ *
+ * Descriptions are read as untrusted input: mdesc_check refuses anything but the shape above, with
+ * option keys of at most 64 characters, strings of at most 4095. */
+#ifndef CT_MODEL_DESC_H
+#define CT_MODEL_DESC_H
+
+#include "config/manifest.h"
+#include "engine/session.h"
+#include "formats/hf.h"
+
+#include <jansson.h>
+
+#define MDESC_ENTRY "ctitan.description"
+
+/* The running model's description (after session_open with parameters). NULL when out of memory. */
+json_t *mdesc_build(const session *s);
+/* A Hugging Face config's description: name llama3 or qwen2, no flavor. */
+json_t *mdesc_from_hf(const hf_config *c);
+/* 0 when d has the shape above, else -1 and "label: what is wrong". */
+int mdesc_check(const json_t *d, const char *label, char *err, size_t errlen);
+/* The description of a model file (.ctt), a step folder, a checkpoint folder (its newest step) or,
+ * with in_hf, a Hugging Face folder (its config.json). 0 with *out NULL when the file has none; 0
+ * with *out (the caller's reference) when it has one; -1 and one line in err. */
+int mdesc_read(const char *path, int in_hf, json_t **out, char *err, size_t errlen);
+/* A ct_model_desc field of d ("n_heads"): 1 and *out when present, else 0. */
+int mdesc_field(const json_t *d, const char *field, double *out);
+
+/* Sets the description's model.name, model.flavor and options in the manifest where it does not
+ * set them; a key it sets must agree, else -1 and "where: model.KEY: VALUE contradicts the
+ * checkpoint's VALUE (label)" in err. compare_flavor: 0 leaves an explicit model.flavor alone (a
+ * model load needs the same weights, not the same preset). */
+int mdesc_apply(manifest *mf, const json_t *d, const char *label, int compare_flavor, char *err, size_t errlen);
+
+/* mdesc_for_load (generate's) is declared in checkpoint.h, for files that cannot include jansson. */
+
+/* `model.flavor: from_checkpoint`: the model of checkpoint.initial_load_path (checkpoint.initial_load_in_hf:
+ * a Hugging Face folder) into the manifest, as mdesc_apply. CT_OK (also when the flavor is another),
+ * or CT_ERR_INVALID after one error line. */
+ct_status mdesc_from_checkpoint(manifest *mf);
+
+#endif
