@@ -12,7 +12,7 @@ flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
 
 "$CC" "${flags[@]}" -o "$out/fuzz_tokenizer_file" tests/fuzz/fuzz_tokenizer_file.c tests/fuzz/replay_main.c \
     core/tools/tokenizer.c core/host/util.c -lpcre2-8 -lpthread
-"$CC" "${flags[@]}" -o "$out/fuzz_shard" tests/fuzz/fuzz_shard.c tests/fuzz/replay_main.c core/data/shard.c core/host/util.c
+"$CC" "${flags[@]}" -o "$out/fuzz_shard" tests/fuzz/fuzz_shard.c tests/fuzz/replay_main.c core/data/shard.c core/host/util.c -lz
 
 "$out/fuzz_tokenizer_file" -m 300 tests/fuzz/corpus/tokenizer_file
 "$out/fuzz_tokenizer_file" -m 100 tests/data/tokenizer/vocab.tiktoken
@@ -23,5 +23,5 @@ flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
 
 core_srcs=$(ls core/*/*.c)
 "$CC" "${flags[@]}" -o "$out/fuzz_checkpoint" tests/fuzz/fuzz_checkpoint.c tests/fuzz/replay_main.c $core_srcs \
-    -lyaml -lpcre2-8 -ljansson -ldl -lm -lpthread
+    -lyaml -lpcre2-8 -ljansson -lz -lzstd -ldl -lm -lpthread
 "$out/fuzz_checkpoint" -m 200 tests/fuzz/corpus/checkpoint
