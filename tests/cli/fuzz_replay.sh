@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the tokenizer and shard fuzz targets as plain programs (cc, AddressSanitizer + UBSan, no
+# Builds the tokenizer, shard and input-decompression fuzz targets as plain programs (cc, AddressSanitizer + UBSan, no
 # libFuzzer) and replays their seed corpora plus deterministic mutations of every seed.
 # Run from the repository root; BUILD (default build) says where the programs go.
 set -euo pipefail
@@ -17,6 +17,10 @@ flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
 "$out/fuzz_tokenizer_file" -m 300 tests/fuzz/corpus/tokenizer_file
 "$out/fuzz_tokenizer_file" -m 100 tests/data/tokenizer/vocab.tiktoken
 "$out/fuzz_shard" -m 300 tests/fuzz/corpus/shard
+# ctitan tokenize's decompression front end: plain, gzip and zstd seeds, truncated and corrupt ones
+"$CC" "${flags[@]}" -o "$out/fuzz_instream" tests/fuzz/fuzz_instream.c tests/fuzz/replay_main.c core/tools/instream.c \
+    core/host/util.c -lz -lzstd
+"$out/fuzz_instream" -m 100 tests/fuzz/corpus/instream
 
 "$CC" "${flags[@]}" -o "$out/fuzz_manifest" tests/fuzz/fuzz_manifest.c tests/fuzz/replay_main.c core/config/manifest.c core/host/util.c -lyaml
 "$out/fuzz_manifest" -m 200 tests/fuzz/corpus/manifest
