@@ -55,8 +55,20 @@ shard_writer *shard_writer_open(const char *path, char *err, size_t errlen) {
         ct_errf(err, errlen, "%s: out of memory", path);
         return NULL;
     }
+    w->fd = -1;
     memcpy(w->tmp, path, n);
     memcpy(w->tmp + n, ".tmp", 5);
+    char *slash = strrchr(w->tmp, '/');
+    if (slash && slash != w->tmp) {   /* the folder is made, like a run's dump folder */
+        *slash = 0;
+        int made = ct_mkdir_p(w->tmp);
+        *slash = '/';
+        if (made) {
+            ct_errf(err, errlen, "%s: cannot create its folder: %s", w->tmp, strerror(errno));
+            shard_writer_abort(w);
+            return NULL;
+        }
+    }
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     unsigned char h[SHARD_HEADER_BYTES];
     header_encode(h, 0, 0);   /* the count and checksum are patched on close */

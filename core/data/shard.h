@@ -52,8 +52,9 @@ typedef struct shard_info {
 } shard_info;
 int shard_verify(const char *path, shard_info *info, char *err, size_t errlen);
 
-/* A streaming writer: tokens are appended to "path.tmp"; shard_writer_close patches the count,
- * fsyncs and renames. shard_writer_abort (or a failed close) removes the temporary file. */
+/* A streaming writer: tokens are appended to "path.tmp" (path's folder is made when missing);
+ * shard_writer_close patches the count and checksum, fsyncs and renames. shard_writer_abort (or a
+ * failed close) removes the temporary file. */
 typedef struct shard_writer shard_writer;
 shard_writer *shard_writer_open(const char *path, char *err, size_t errlen);
 int shard_writer_append(shard_writer *w, const uint32_t *tokens, size_t n, char *err, size_t errlen);

@@ -575,9 +575,10 @@ ct_status cmd_tokenize(int argc, char **argv) {
     if (in.src.skipped)
         snprintf(skipped, sizeof skipped, ", %llu lines skipped (no \"%s\" string)",
                  (unsigned long long)in.src.skipped, in.src.field);
-    printf("tokenize: %llu documents, %llu tokens from %.2f MB of text in %.2f s (%.2f MB/s)%s -> %s\n",
-           (unsigned long long)in.src.documents, (unsigned long long)ntok, (double)in.src.bytes / 1e6,
-           dt, dt > 0 ? (double)in.src.bytes / 1e6 / dt : 0.0, skipped, out_path);
+    printf("tokenize: %llu documents, %llu tokens from %.2f MB of text (%.2f MB read) in %.2f s (%.2f MB/s "
+           "of text)%s -> %s\n", (unsigned long long)in.src.documents, (unsigned long long)ntok,
+           (double)in.src.bytes / 1e6, (double)in.src.read / 1e6, dt,
+           dt > 0 ? (double)in.src.bytes / 1e6 / dt : 0.0, skipped, out_path);
     rc = CT_OK;
     goto cleanup;
 fail:

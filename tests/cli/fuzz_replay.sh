@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the tokenizer, shard and input-decompression fuzz targets as plain programs (cc, AddressSanitizer + UBSan, no
-# libFuzzer) and replays their seed corpora plus deterministic mutations of every seed.
+# Builds the tokenizer, shard and input-decompression fuzz targets as plain programs (cc,
+# AddressSanitizer + UBSan, no libFuzzer) and replays their seed corpora plus deterministic mutations
+# of every seed.
 # Run from the repository root; BUILD (default build) says where the programs go.
 set -euo pipefail
 BUILD=${BUILD:-build}

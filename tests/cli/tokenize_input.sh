@@ -23,7 +23,7 @@ docs=$(wc -l <"$T/c.jsonl"); size=$(stat -c %s "$T/c.jsonl")
 [ "$size" -gt 200000 ] || bad "corpus is only $size bytes"
 
 tok --input "$T/c.jsonl" --output "$T/base.bin" >"$T/out" 2>"$T/err" || { bad "plain JSONL: $(cat "$T/err")"; exit 1; }
-grep -qE "^tokenize: $docs documents, [0-9]+ tokens from 0\.[0-9]+ MB of text in [0-9.]+ s \([0-9.]+ MB/s\) -> $T/base.bin$" "$T/out" &&
+grep -qE "^tokenize: $docs documents, [0-9]+ tokens from 0\.[0-9]+ MB of text \(0\.[0-9]+ MB read\) in [0-9.]+ s \([0-9.]+ MB/s of text\) -> $T/base.bin$" "$T/out" &&
   [ ! -s "$T/err" ] && ok "plain JSONL, --field content: $(cat "$T/out")" || { bad "summary line:"; cat "$T/out" "$T/err"; }
 
 # gzip: one member, and the file cut at an odd byte into two members (cat a.gz b.gz)

@@ -294,12 +294,22 @@ static void test_streaming_writer_is_atomic(void **state) {
     assert_int_equal(shard_count(p, &m, err, sizeof err), 0);
     assert_int_equal(m, 1000);
 
-    /* A directory that does not exist: an error naming the temporary file. */
-    char bad[300];
-    snprintf(bad, sizeof bad, "%s/no/such/dir.bin", dir);
+    /* A folder that does not exist is made; one that cannot be (a file is in the way): an error
+     * naming the temporary file. */
+    char made[300], bad[600];
+    snprintf(made, sizeof made, "%s/new/sub/dir.bin", dir);
+    assert_int_equal(shard_write(made, old, 2, err, sizeof err), 0);
+    assert_int_equal(shard_count(made, &m, err, sizeof err), 0);
+    assert_int_equal(m, 2);
+    snprintf(bad, sizeof bad, "%s/x/dir.bin", p);
     assert_null(shard_writer_open(bad, err, sizeof err));
-    assert_non_null(strstr(err, "no/such/dir.bin.tmp"));
+    assert_non_null(strstr(err, "stream.bin/x/dir.bin.tmp: cannot create its folder"));
     assert_int_equal(shard_write(bad, old, 2, err, sizeof err), -1);
+    unlink(made);
+    snprintf(made, sizeof made, "%s/new/sub", dir);
+    rmdir(made);
+    snprintf(made, sizeof made, "%s/new", dir);
+    rmdir(made);
 }
 
 int main(void) {
