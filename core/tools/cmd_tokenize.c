@@ -299,11 +299,12 @@ static int input_opt(const char *cmd, int argc, char **argv, int *i, input_opts 
             usage_error(cmd, "--input needs a file (or - for standard input)", NULL);
             return -1;
         }
-        for (int k = 0; k < o->ninputs && strcmp(v, "-") == 0; k++)
-            if (strcmp(o->inputs[k], "-") == 0) {
-                usage_error(cmd, "--input - (standard input) can be given once", NULL);
-                return -1;
-            }
+        if (strcmp(v, "-") == 0)
+            for (int k = 0; k < o->ninputs; k++)
+                if (strcmp(o->inputs[k], "-") == 0) {
+                    usage_error(cmd, "--input - (standard input) can be given once", NULL);
+                    return -1;
+                }
         o->inputs[o->ninputs++] = v;
         return 1;
     }
