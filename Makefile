@@ -13,7 +13,7 @@ OPT       ?= -O2
 OPENBLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
 CPPFLAGS  += -Isdk/include -Icore -D_GNU_SOURCE
 CFLAGS    += -std=c11 -Wall -Wextra -Werror -g $(OPT) -fno-strict-aliasing
-LDLIBS    += -lyaml -lpcre2-8 -ljansson -ldl -lm -lpthread
+LDLIBS    += -lyaml -lpcre2-8 -ljansson -lz -lzstd -ldl -lm -lpthread
 
 ifeq ($(SANITIZE),1)
   BUILD   := build-san
@@ -135,7 +135,8 @@ fuzz:
 	@mkdir -p build/fuzz
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c core/config/manifest.c core/host/util.c -lyaml
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tokenizer_file tests/fuzz/fuzz_tokenizer_file.c core/tools/tokenizer.c core/host/util.c -lpcre2-8 -lpthread
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_shard tests/fuzz/fuzz_shard.c core/data/shard.c core/host/util.c
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_shard tests/fuzz/fuzz_shard.c core/data/shard.c core/host/util.c -lz
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_instream tests/fuzz/fuzz_instream.c core/tools/instream.c core/host/util.c -lz -lzstd
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tensorfile tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c core/host/util.c
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c core/formats/safetensors.c core/formats/hf.c \
 	  core/formats/tensorfile.c core/host/util.c -ljansson -lm

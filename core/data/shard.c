@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #define BUF_TOKENS 65536
 
@@ -26,12 +27,12 @@ static uint64_t get_le64(const unsigned char *p) {
     return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
 }
 
-static void header_encode(unsigned char *h, uint64_t count) {
+static void header_encode(unsigned char *h, uint64_t count, uint32_t checksum) {
     memcpy(h, SHARD_MAGIC, 8);
     put_le32(h + 8, SHARD_VERSION);
     put_le32(h + 12, 4);
     put_le64(h + 16, count);
-    put_le64(h + 24, 0);
+    put_le64(h + 24, checksum);   /* CRC-32 in the low half, the high half 0 */
 }
 
 /* ---- writer -------------------------------------------------------------------------------------- */
@@ -40,6 +41,7 @@ struct shard_writer {
     char *path, *tmp;
     int fd;
     uint64_t count;
+    uint32_t crc;          /* CRC-32 of the token bytes written so far */
     unsigned char buf[4 * BUF_TOKENS];
     size_t nbuf;           /* bytes in buf */
 };
@@ -53,11 +55,24 @@ shard_writer *shard_writer_open(const char *path, char *err, size_t errlen) {
         ct_errf(err, errlen, "%s: out of memory", path);
         return NULL;
     }
+    w->fd = -1;
     memcpy(w->tmp, path, n);
     memcpy(w->tmp + n, ".tmp", 5);
+    char *slash = strrchr(w->tmp, '/');
+    if (slash && slash != w->tmp) {   /* the folder is made, like a run's dump folder */
+        *slash = 0;
+        int made = ct_mkdir_p(w->tmp);
+        *slash = '/';
+        if (made) {
+            ct_errf(err, errlen, "%s: cannot create its folder: %s", w->tmp, strerror(errno));
+            shard_writer_abort(w);
+            return NULL;
+        }
+    }
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     unsigned char h[SHARD_HEADER_BYTES];
-    header_encode(h, 0);   /* the count is patched on close */
+    header_encode(h, 0, 0);   /* the count and checksum are patched on close */
+    w->crc = (uint32_t)crc32(0, Z_NULL, 0);
     if (w->fd < 0 || ct_write_all(w->fd, h, sizeof h)) {
         ct_errf(err, errlen, "%s: cannot create: %s", w->tmp, strerror(errno));
         shard_writer_abort(w);
@@ -71,6 +86,7 @@ static int flush_buf(shard_writer *w, char *err, size_t errlen) {
         ct_errf(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
         return -1;
     }
+    w->crc = (uint32_t)crc32_z(w->crc, w->buf, w->nbuf);
     w->nbuf = 0;
     return 0;
 }
@@ -100,8 +116,8 @@ void shard_writer_abort(shard_writer *w) {
 
 int shard_writer_close(shard_writer *w, char *err, size_t errlen) {
     unsigned char h[SHARD_HEADER_BYTES];
-    header_encode(h, w->count);
     if (flush_buf(w, err, errlen)) goto fail;
+    header_encode(h, w->count, w->crc);
     if (pwrite(w->fd, h, sizeof h, 0) != (ssize_t)sizeof h || fsync(w->fd)) {
         ct_errf(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
         goto fail;
@@ -134,8 +150,16 @@ int shard_write(const char *path, const uint32_t *tokens, uint64_t n, char *err,
 
 /* ---- reader -------------------------------------------------------------------------------------- */
 
-/* Opens path and validates its header against its size; returns the fd, or -1. */
-static int open_checked(const char *path, uint64_t *count, char *err, size_t errlen) {
+/* An open shard whose header agrees with its size. */
+typedef struct checked {
+    int fd;
+    uint32_t version;
+    uint64_t count;
+    uint32_t checksum;   /* version 2: as stored */
+} checked;
+
+/* Opens path and validates its header against its size; returns the fd (in c), or -1. */
+static int open_checked(const char *path, checked *c, char *err, size_t errlen) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
@@ -166,18 +190,23 @@ static int open_checked(const char *path, uint64_t *count, char *err, size_t err
         goto fail;
     }
     uint32_t version = get_le32(h + 8), bpt = get_le32(h + 12);
-    uint64_t n = get_le64(h + 16), reserved = get_le64(h + 24);
-    if (version != SHARD_VERSION) {
-        ct_errf(err, errlen, "%s: version %u, this build reads version %d", path, version, SHARD_VERSION);
+    uint64_t n = get_le64(h + 16), sum = get_le64(h + 24);
+    if (version != 1 && version != 2) {
+        ct_errf(err, errlen, "%s: token shard version %u, this build reads versions 1 and 2", path, version);
         goto fail;
     }
     if (bpt != 4) {
         ct_errf(err, errlen, "%s: %u bytes per token, expected 4", path, bpt);
         goto fail;
     }
-    if (reserved != 0) {
-        ct_errf(err, errlen, "%s: reserved header field is %llu, expected 0", path,
-                (unsigned long long)reserved);
+    if (version == 1 && sum != 0) {
+        ct_errf(err, errlen, "%s: version 1's reserved header field is %llu, expected 0", path,
+                (unsigned long long)sum);
+        goto fail;
+    }
+    if (sum >> 32) {
+        ct_errf(err, errlen, "%s: the checksum field is 0x%016llx, its high 32 bits should be 0 (the low "
+                "32 are the CRC-32)", path, (unsigned long long)sum);
         goto fail;
     }
     if (n > (size - SHARD_HEADER_BYTES) / 4 || SHARD_HEADER_BYTES + 4 * n != size) {
@@ -191,60 +220,104 @@ static int open_checked(const char *path, uint64_t *count, char *err, size_t err
                     (unsigned long long)size);
         goto fail;
     }
-    *count = n;
+    *c = (checked){.fd = fd, .version = version, .count = n, .checksum = (uint32_t)sum};
     return fd;
 fail:
     close(fd);
     return -1;
 }
 
-int shard_count(const char *path, uint64_t *n, char *err, size_t errlen) {
-    int fd = open_checked(path, n, err, errlen);
-    if (fd < 0) return -1;
-    close(fd);
+/* Reads n bytes at the file offset off into p. */
+static int read_at(const char *path, int fd, unsigned char *p, size_t n, uint64_t off, char *err,
+                   size_t errlen) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, p + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            ct_errf(err, errlen, "%s: read failed at byte %llu: %s", path, (unsigned long long)(off + got),
+                    r < 0 ? strerror(errno) : "unexpected end of file");
+            return -1;
+        }
+        got += (size_t)r;
+    }
     return 0;
+}
+
+/* Version 2: the tokens' CRC-32 against the header's. */
+static int checksum_check(const char *path, const checked *c, uint32_t crc, char *err, size_t errlen) {
+    if (c->version < 2 || crc == c->checksum) return 0;
+    ct_errf(err, errlen, "%s: checksum mismatch: the header says 0x%08x, the tokens give 0x%08x; the file "
+            "is corrupt", path, c->checksum, crc);
+    return -1;
+}
+
+int shard_count(const char *path, uint64_t *n, char *err, size_t errlen) {
+    checked c;
+    if (open_checked(path, &c, err, errlen) < 0) return -1;
+    close(c.fd);
+    *n = c.count;
+    return 0;
+}
+
+int shard_verify(const char *path, shard_info *info, char *err, size_t errlen) {
+    checked c;
+    if (open_checked(path, &c, err, errlen) < 0) return -1;
+    unsigned char *buf = malloc(4 * BUF_TOKENS);
+    uint32_t crc = (uint32_t)crc32(0, Z_NULL, 0);
+    int rc = -1;
+    if (!buf) {
+        ct_errf(err, errlen, "%s: out of memory", path);
+        goto done;
+    }
+    for (uint64_t off = 0; off < 4 * c.count;) {
+        size_t k = 4 * c.count - off < 4 * BUF_TOKENS ? (size_t)(4 * c.count - off) : 4 * BUF_TOKENS;
+        if (read_at(path, c.fd, buf, k, SHARD_HEADER_BYTES + off, err, errlen)) goto done;
+        crc = (uint32_t)crc32_z(crc, buf, k);
+        off += k;
+    }
+    if (checksum_check(path, &c, crc, err, errlen)) goto done;
+    if (info) *info = (shard_info){.version = c.version, .count = c.count, .checksum = crc};
+    rc = 0;
+done:
+    free(buf);
+    close(c.fd);
+    return rc;
 }
 
 int shard_read(const char *path, uint32_t **tokens, uint64_t *n, char *err, size_t errlen) {
     *tokens = NULL;
     *n = 0;
-    uint64_t count;
-    int fd = open_checked(path, &count, err, errlen);
-    if (fd < 0) return -1;
-    if (count == 0) {
-        close(fd);
+    checked c;
+    if (open_checked(path, &c, err, errlen) < 0) return -1;
+    uint32_t *t = NULL;
+    if (c.count > SIZE_MAX / 4) {
+        ct_errf(err, errlen, "%s: %llu tokens do not fit in memory", path, (unsigned long long)c.count);
+        goto fail;
+    }
+    if (c.count == 0) {
+        /* nothing to allocate; the CRC-32 of no bytes is 0 */
+        if (checksum_check(path, &c, 0, err, errlen)) goto fail;
+        close(c.fd);
         return 0;
     }
-    if (count > SIZE_MAX / 4) {
-        ct_errf(err, errlen, "%s: %llu tokens do not fit in memory", path, (unsigned long long)count);
-        close(fd);
-        return -1;
-    }
-    uint32_t *t = malloc((size_t)count * 4);
+    t = malloc((size_t)c.count * 4);
     if (!t) {
-        ct_errf(err, errlen, "%s: out of memory for %llu tokens", path, (unsigned long long)count);
-        close(fd);
-        return -1;
+        ct_errf(err, errlen, "%s: out of memory for %llu tokens", path, (unsigned long long)c.count);
+        goto fail;
     }
     unsigned char *p = (unsigned char *)t;
-    size_t want = (size_t)count * 4, got = 0;
-    while (got < want) {
-        ssize_t r = pread(fd, p + got, want - got, (off_t)(SHARD_HEADER_BYTES + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            ct_errf(err, errlen, "%s: read failed at byte %zu: %s", path, SHARD_HEADER_BYTES + got,
-                    r < 0 ? strerror(errno) : "unexpected end of file");
-            free(t);
-            close(fd);
-            return -1;
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    for (size_t i = 0; i < (size_t)count; i++) t[i] = get_le32(p + 4 * i);   /* no-op on LE hosts */
+    if (read_at(path, c.fd, p, (size_t)c.count * 4, SHARD_HEADER_BYTES, err, errlen)) goto fail;
+    if (checksum_check(path, &c, (uint32_t)crc32_z(0, p, (size_t)c.count * 4), err, errlen)) goto fail;
+    close(c.fd);
+    for (size_t i = 0; i < (size_t)c.count; i++) t[i] = get_le32(p + 4 * i);   /* no-op on LE hosts */
     *tokens = t;
-    *n = count;
+    *n = c.count;
     return 0;
+fail:
+    free(t);
+    close(c.fd);
+    return -1;
 }
 
 void shard_free(uint32_t *tokens) { free(tokens); }

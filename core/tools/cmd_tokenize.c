@@ -8,32 +8,56 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "data/shard.h"
+#include "tools/instream.h"
 #include "tools/tokenizer.h"
 
 #define ERRLEN 512
+#define CHUNK (1 << 16)   /* decompressed bytes handed to the line splitter at a time */
 
 static const char tokenize_usage[] =
     "usage: ctitan tokenize --tokenizer FILE --input FILE [--input FILE ...] --output SHARD\n"
-    "                       [--format text|jsonl] [--split-on LINE] [--allow-special]\n"
+    "                       [--format text|jsonl] [--field NAME] [--skip-missing] [--split-on LINE]\n"
+    "                       [--allow-special] [--quiet] [--progress SECONDS]\n"
+    "       ctitan tokenize --check SHARD [--check SHARD ...]\n"
     "\n"
     "Encodes documents into a token shard: each document becomes\n"
-    "<|begin_of_text|> + its tokens + <|end_of_text|>.\n"
+    "<|begin_of_text|> + its tokens + <|end_of_text|>. Input streams through a fixed buffer and one\n"
+    "document at a time is held in memory.\n"
     "\n"
     "  --tokenizer FILE   tiktoken-format vocabulary (Llama 3's tokenizer.model, or `tokenizer train`'s)\n"
-    "  --input FILE       a file of documents; repeat for more files\n"
-    "  --output SHARD     the shard to write (atomically: SHARD.tmp, then rename)\n"
-    "  --format text      each file is one document (default)\n"
-    "  --format jsonl     one JSON object per line; its \"text\" string is a document\n"
+    "  --input FILE       a file of documents, or - for standard input; repeat for more files.\n"
+    "                     gzip and zstd input is decompressed as it streams, told by its first bytes\n"
+    "                     (1f 8b, 28 b5 2f fd), not by its name; gzip members or zstd frames one after\n"
+    "                     another are one input; xz and bzip2 are refused (pipe them: xz -dc F | ...)\n"
+    "  --output SHARD     the shard to write (atomically: SHARD.tmp, then rename; nothing on an error)\n"
+    "  --format text      each file is one document, held whole in memory (default)\n"
+    "  --format jsonl     one JSON object per line; its --field string is a document\n"
+    "  --field NAME       jsonl: the field holding the text (default: text); a line without it, or\n"
+    "                     with a value that is not a string, is an error naming the file and line\n"
+    "  --skip-missing     jsonl: skip such lines instead, counted in the summary (invalid JSON is\n"
+    "                     still an error)\n"
     "  --split-on LINE    text format: documents are separated by lines equal to LINE (fortune files: %)\n"
     "  --allow-special    special-token text in documents becomes the special token (default: plain text)\n"
-    "  --help             this text\n";
+    "  --quiet            no progress on stderr (the summary line on stdout stays)\n"
+    "  --progress SECONDS seconds between progress lines when stderr is not a terminal (default 10; a\n"
+    "                     terminal gets one line rewritten every 0.5 s); 0: after every document\n"
+    "  --check SHARD      verify a shard (header, size, version 2's checksum) and print its version,\n"
+    "                     token count and CRC-32; repeat for more\n"
+    "  --help             this text\n"
+    "\n"
+    "Progress: bytes read (with the percentage and ETA when the size is known: files, not pipes;\n"
+    "compressed files by their compressed bytes), MB of text and MB/s, documents, tokens.\n"
+    "Exit status: 0; 2 for bad input (a missing file, invalid JSON, a missing field, corrupt or\n"
+    "truncated gzip or zstd, a corrupt shard); 1 for a failure to write.\n";
 
 static const char tokenizer_usage[] =
     "usage: ctitan tokenizer train  --input FILE [--input FILE ...] --vocab-size N --output FILE\n"
-    "                               [--format text|jsonl] [--split-on LINE]\n"
+    "                               [--format text|jsonl] [--field NAME] [--skip-missing] [--split-on LINE]\n"
     "       ctitan tokenizer encode --tokenizer FILE --text STR [--allow-special]\n"
     "       ctitan tokenizer decode --tokenizer FILE ID...\n"
     "\n"
@@ -42,7 +66,8 @@ static const char tokenizer_usage[] =
     "  encode   prints the ids of STR (special-token text is plain text unless --allow-special)\n"
     "  decode   prints the bytes of the ids\n"
     "\n"
-    "  --input FILE, --format, --split-on   as for `ctitan tokenize` (see ctitan tokenize --help)\n"
+    "  --input FILE, --format, --field, --skip-missing, --split-on   as for `ctitan tokenize` (gzip,\n"
+    "           zstd and - for standard input included; see ctitan tokenize --help)\n"
     "  --help   this text\n";
 
 static ct_status usage_error(const char *cmd, const char *msg, const char *arg) {
@@ -55,13 +80,17 @@ static ct_status usage_error(const char *cmd, const char *msg, const char *arg) 
 
 typedef enum { FMT_TEXT, FMT_JSONL } doc_format;
 
-/* Called once per non-empty document; non-zero stops the reading. */
+/* Called once per non-empty document; non-zero stops the reading (a failure of the consumer). */
 typedef int (*doc_fn)(void *ctx, const char *text, size_t len, char *err, size_t errlen);
 
 typedef struct doc_source {
     doc_format format;
     const char *split_on;   /* text format: separator line, or NULL for one document per file */
-    uint64_t documents, bytes;
+    const char *field;      /* jsonl: the string field that is the document */
+    int skip_missing;       /* jsonl: lines without that string are counted in skipped, not errors */
+    uint64_t documents, bytes, skipped;
+    uint64_t read;          /* bytes read from the inputs already closed */
+    instream *cur;          /* the input being read, for progress */
 } doc_source;
 
 static int parse_format(const char *s, doc_format *f) {
@@ -71,12 +100,24 @@ static int parse_format(const char *s, doc_format *f) {
     return 0;
 }
 
-static int emit(doc_source *src, const char *text, size_t len, doc_fn fn, void *ctx, char *err,
-                size_t errlen) {
-    if (len == 0) return 0;
+/* Grows *buf to hold need bytes (doubling). */
+static int grow(char **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 4096;
+    while (c < need) c *= 2;
+    char *b = realloc(*buf, c);
+    if (!b) return -1;
+    *buf = b;
+    *cap = c;
+    return 0;
+}
+
+static ct_status emit(doc_source *src, const char *text, size_t len, doc_fn fn, void *ctx, char *err,
+                      size_t errlen) {
+    if (len == 0) return CT_OK;
     src->documents++;
     src->bytes += len;
-    return fn(ctx, text, len, err, errlen);
+    return fn(ctx, text, len, err, errlen) ? CT_ERR_IO : CT_OK;
 }
 
 /* A line without its "\n" and one "\r" before it. */
@@ -86,116 +127,159 @@ static size_t chomp(const char *line, size_t n) {
     return n;
 }
 
-static int jsonl_line(doc_source *src, const char *path, long lineno, const char *line, size_t n,
-                      doc_fn fn, void *ctx, char *err, size_t errlen) {
+static ct_status jsonl_line(doc_source *src, const char *name, uint64_t lineno, const char *line,
+                            size_t n, doc_fn fn, void *ctx, char *err, size_t errlen) {
     size_t k = 0;
     while (k < n && strchr(" \t\r\n", line[k])) k++;
-    if (k == n) return 0;   /* blank lines are skipped */
+    if (k == n) return CT_OK;   /* blank lines are skipped */
     json_error_t je;
     json_t *obj = json_loadb(line, n, JSON_ALLOW_NUL, &je);
     if (!obj) {
-        snprintf(err, errlen, "%s:%ld: invalid JSON: %s", path, lineno, je.text);
-        return -1;
+        snprintf(err, errlen, "%s:%llu: invalid JSON: %s", name, (unsigned long long)lineno, je.text);
+        return CT_ERR_INVALID;
     }
-    json_t *text = json_is_object(obj) ? json_object_get(obj, "text") : NULL;
-    if (!json_is_string(text)) {
-        snprintf(err, errlen, "%s:%ld: %s", path, lineno,
-                 !json_is_object(obj) ? "expected a JSON object with a \"text\" string"
-                 : text ? "\"text\" is not a string" : "no \"text\" field");
+    if (!json_is_object(obj)) {
+        snprintf(err, errlen, "%s:%llu: expected a JSON object with a \"%s\" string", name,
+                 (unsigned long long)lineno, src->field);
         json_decref(obj);
-        return -1;
+        return CT_ERR_INVALID;
     }
-    int rc = emit(src, json_string_value(text), json_string_length(text), fn, ctx, err, errlen);
+    json_t *text = json_object_get(obj, src->field);
+    if (!json_is_string(text)) {
+        if (src->skip_missing) {
+            src->skipped++;
+            json_decref(obj);
+            return CT_OK;
+        }
+        snprintf(err, errlen, "%s:%llu: %s%s%s (name the text's field with --field NAME, or skip such "
+                 "lines with --skip-missing)", name, (unsigned long long)lineno, text ? "\"" : "no \"",
+                 src->field, text ? "\" is not a string" : "\" field");
+        json_decref(obj);
+        return CT_ERR_INVALID;
+    }
+    ct_status rc = emit(src, json_string_value(text), json_string_length(text), fn, ctx, err, errlen);
     json_decref(obj);
     return rc;
 }
 
-/* Line-oriented formats: jsonl, and text with a separator line. */
-static int read_lines(doc_source *src, const char *path, FILE *f, doc_fn fn, void *ctx, char *err,
-                      size_t errlen) {
-    char *line = NULL, *doc = NULL;
-    size_t linecap = 0, doclen = 0, doccap = 0, seplen = src->split_on ? strlen(src->split_on) : 0;
-    long lineno = 0;
-    int rc = 0;
-    ssize_t got;
-    while (rc == 0 && (got = getline(&line, &linecap, f)) >= 0) {
-        lineno++;
-        size_t n = (size_t)got;
-        if (src->format == FMT_JSONL) {
-            rc = jsonl_line(src, path, lineno, line, n, fn, ctx, err, errlen);
+/* Lines of a decompressed stream, through a fixed buffer: only the current line is held. */
+typedef struct line_reader {
+    instream *in;
+    char *buf;          /* CHUNK bytes; buf[pos, len) not yet split */
+    size_t pos, len;
+    int eof;
+    char *line;         /* line[0, n): the current line, its "\n" included when it has one */
+    size_t n, cap;
+} line_reader;
+
+/* 1: a line; 0: the end; -1: an input error; -2: out of memory (err set for both). */
+static int next_line(line_reader *r, char *err, size_t errlen) {
+    r->n = 0;
+    for (;;) {
+        if (r->pos == r->len) {
+            if (r->eof) return r->n > 0;
+            ssize_t got = instream_read(r->in, r->buf, CHUNK, err, errlen);
+            if (got < 0) return -1;
+            r->pos = 0;
+            r->len = (size_t)got;
+            r->eof = got == 0;
             continue;
         }
-        if (chomp(line, n) == seplen && memcmp(line, src->split_on, seplen) == 0) {
+        char *start = r->buf + r->pos, *nl = memchr(start, '\n', r->len - r->pos);
+        size_t k = nl ? (size_t)(nl - start) + 1 : r->len - r->pos;
+        if (grow(&r->line, &r->cap, r->n + k)) {
+            snprintf(err, errlen, "%s: out of memory for a line of %zu bytes", instream_name(r->in), r->n + k);
+            return -2;
+        }
+        memcpy(r->line + r->n, start, k);
+        r->n += k;
+        r->pos += k;
+        if (nl) return 1;
+    }
+}
+
+/* The status of a failed read: the input's fault, or the system's. */
+static ct_status read_status(const instream *in) { return instream_bad_input(in) ? CT_ERR_INVALID : CT_ERR_IO; }
+
+/* Line-oriented formats: jsonl, and text with a separator line (one document held at a time). */
+static ct_status read_lines(doc_source *src, instream *in, doc_fn fn, void *ctx, char *err, size_t errlen) {
+    line_reader r = {.in = in, .buf = malloc(CHUNK)};
+    const char *name = instream_name(in);
+    char *doc = NULL;
+    size_t doclen = 0, doccap = 0, seplen = src->split_on ? strlen(src->split_on) : 0;
+    uint64_t lineno = 0;
+    ct_status rc = CT_OK;
+    int got;
+    if (!r.buf) {
+        snprintf(err, errlen, "%s: out of memory", name);
+        return CT_ERR_NOMEM;
+    }
+    while (rc == CT_OK && (got = next_line(&r, err, errlen)) == 1) {
+        lineno++;
+        if (src->format == FMT_JSONL) {
+            rc = jsonl_line(src, name, lineno, r.line, r.n, fn, ctx, err, errlen);
+            continue;
+        }
+        if (chomp(r.line, r.n) == seplen && memcmp(r.line, src->split_on, seplen) == 0) {
             rc = emit(src, doc, doclen, fn, ctx, err, errlen);
             doclen = 0;
             continue;
         }
-        if (doclen + n > doccap) {
-            size_t cap = doccap ? doccap : 4096;
-            while (cap < doclen + n) cap *= 2;
-            char *d = realloc(doc, cap);
-            if (!d) {
-                snprintf(err, errlen, "%s:%ld: out of memory", path, lineno);
-                rc = -1;
-                break;
-            }
-            doc = d;
-            doccap = cap;
+        if (grow(&doc, &doccap, doclen + r.n)) {
+            snprintf(err, errlen, "%s:%llu: out of memory for a document of %zu bytes", name,
+                     (unsigned long long)lineno, doclen + r.n);
+            rc = CT_ERR_NOMEM;
+            break;
         }
-        memcpy(doc + doclen, line, n);
-        doclen += n;
+        memcpy(doc + doclen, r.line, r.n);
+        doclen += r.n;
     }
-    if (rc == 0 && ferror(f)) {
-        snprintf(err, errlen, "%s: read error: %s", path, strerror(errno));
-        rc = -1;
-    }
-    if (rc == 0 && src->format == FMT_TEXT) rc = emit(src, doc, doclen, fn, ctx, err, errlen);
-    free(line);
+    if (rc == CT_OK && got < 0) rc = got == -2 ? CT_ERR_NOMEM : read_status(in);
+    if (rc == CT_OK && src->format == FMT_TEXT) rc = emit(src, doc, doclen, fn, ctx, err, errlen);
+    free(r.buf);
+    free(r.line);
     free(doc);
     return rc;
 }
 
-static int read_whole(doc_source *src, const char *path, FILE *f, doc_fn fn, void *ctx, char *err,
-                      size_t errlen) {
+/* Text without --split-on: the whole input is one document. */
+static ct_status read_whole(doc_source *src, instream *in, doc_fn fn, void *ctx, char *err, size_t errlen) {
     char *buf = NULL;
     size_t len = 0, cap = 0;
+    ct_status rc = CT_OK;
     for (;;) {
-        if (len == cap) {
-            cap = cap ? 2 * cap : 1 << 16;
-            char *b = realloc(buf, cap);
-            if (!b) {
-                snprintf(err, errlen, "%s: out of memory reading the file", path);
-                free(buf);
-                return -1;
-            }
-            buf = b;
+        if (grow(&buf, &cap, len + CHUNK)) {
+            snprintf(err, errlen, "%s: out of memory for a document of %zu bytes (the whole file is one "
+                     "document without --split-on)", instream_name(in), len + CHUNK);
+            rc = CT_ERR_NOMEM;
+            break;
         }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
-    }
-    int rc;
-    if (ferror(f)) {
-        snprintf(err, errlen, "%s: read error: %s", path, strerror(errno));
-        rc = -1;
-    } else {
-        rc = emit(src, buf, len, fn, ctx, err, errlen);
+        ssize_t got = instream_read(in, buf + len, cap - len, err, errlen);
+        if (got < 0) {
+            rc = read_status(in);
+            break;
+        }
+        if (got == 0) {
+            rc = emit(src, buf, len, fn, ctx, err, errlen);
+            break;
+        }
+        len += (size_t)got;
     }
     free(buf);
     return rc;
 }
 
-static int read_documents(doc_source *src, const char *path, doc_fn fn, void *ctx, char *err,
-                          size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
-    int rc = src->format == FMT_JSONL || src->split_on
-                 ? read_lines(src, path, f, fn, ctx, err, errlen)
-                 : read_whole(src, path, f, fn, ctx, err, errlen);
-    fclose(f);
+static ct_status read_documents(doc_source *src, const char *path, doc_fn fn, void *ctx, char *err,
+                                size_t errlen) {
+    int bad = 0;
+    instream *in = instream_open(path, &bad, err, errlen);
+    if (!in) return bad ? CT_ERR_INVALID : CT_ERR_IO;
+    src->cur = in;
+    ct_status rc = src->format == FMT_JSONL || src->split_on ? read_lines(src, in, fn, ctx, err, errlen)
+                                                              : read_whole(src, in, fn, ctx, err, errlen);
+    src->cur = NULL;
+    src->read += instream_offset(in);
+    instream_close(in);
     return rc;
 }
 
@@ -204,6 +288,7 @@ static int read_documents(doc_source *src, const char *path, doc_fn fn, void *ct
 typedef struct input_opts {
     const char **inputs;
     int ninputs;
+    int field_given;
     doc_source src;
 } input_opts;
 
@@ -211,9 +296,15 @@ static int input_opt(const char *cmd, int argc, char **argv, int *i, input_opts 
     const char *v;
     if (ct_cli_opt(argc, argv, i, "--input", &v)) {
         if (!v) {
-            usage_error(cmd, "--input needs a file", NULL);
+            usage_error(cmd, "--input needs a file (or - for standard input)", NULL);
             return -1;
         }
+        if (strcmp(v, "-") == 0)
+            for (int k = 0; k < o->ninputs; k++)
+                if (strcmp(o->inputs[k], "-") == 0) {
+                    usage_error(cmd, "--input - (standard input) can be given once", NULL);
+                    return -1;
+                }
         o->inputs[o->ninputs++] = v;
         return 1;
     }
@@ -222,6 +313,19 @@ static int input_opt(const char *cmd, int argc, char **argv, int *i, input_opts 
             usage_error(cmd, "--format must be text or jsonl, got", v ? v : "nothing");
             return -1;
         }
+        return 1;
+    }
+    if (ct_cli_opt(argc, argv, i, "--field", &v)) {
+        if (!v || !*v) {
+            usage_error(cmd, "--field needs the name of a JSON field", NULL);
+            return -1;
+        }
+        o->src.field = v;
+        o->field_given = 1;
+        return 1;
+    }
+    if (strcmp(argv[*i], "--skip-missing") == 0) {
+        o->src.skip_missing = 1;
         return 1;
     }
     if (ct_cli_opt(argc, argv, i, "--split-on", &v)) {
@@ -235,10 +339,90 @@ static int input_opt(const char *cmd, int argc, char **argv, int *i, input_opts 
     return 0;
 }
 
+/* What the options say together, after the command line is read. */
+static int input_check(const char *cmd, input_opts *o) {
+    if (o->src.split_on && o->src.format == FMT_JSONL) {
+        usage_error(cmd, "--split-on applies to --format text only", NULL);
+        return -1;
+    }
+    if ((o->field_given || o->src.skip_missing) && o->src.format != FMT_JSONL) {
+        usage_error(cmd, o->field_given ? "--field applies to --format jsonl only"
+                                     : "--skip-missing applies to --format jsonl only", NULL);
+        return -1;
+    }
+    if (!o->src.field) o->src.field = "text";
+    return 0;
+}
+
 static int wants_help(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return 1;
     return 0;
+}
+
+/* ---- progress ------------------------------------------------------------------------------------ */
+
+typedef struct progress {
+    int quiet, tty;
+    double every;           /* seconds between lines */
+    double t0, last;
+    int64_t total;          /* bytes of all the inputs, -1 when one is not a regular file */
+    int shown;              /* a terminal line is waiting to be cleared */
+} progress;
+
+static void fmt_eta(char *out, size_t n, double s) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(out, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(out, n, "%lds", t);
+}
+
+/* Bytes in kB, MB or GB (decimal), whichever reads best. */
+static void fmt_bytes(char *out, size_t n, double b) {
+    if (b < 1e6) snprintf(out, n, "%.1f kB", b / 1e3);
+    else if (b < 1e9) snprintf(out, n, "%.1f MB", b / 1e6);
+    else snprintf(out, n, "%.2f GB", b / 1e9);
+}
+
+/* One progress line: bytes read (percentage and ETA when the size is known), text, documents, tokens. */
+static void progress_show(progress *p, const doc_source *src, uint64_t tokens, double now) {
+    uint64_t read = src->read + (src->cur ? instream_offset(src->cur) : 0);
+    double dt = now - p->t0;
+    char got[32], all[32], text[32], where[96], eta[32] = "";
+    fmt_bytes(got, sizeof got, (double)read);
+    fmt_bytes(text, sizeof text, (double)src->bytes);
+    if (p->total > 0) {
+        double frac = (double)read / (double)p->total;
+        if (frac > 1) frac = 1;
+        fmt_bytes(all, sizeof all, (double)p->total);
+        snprintf(where, sizeof where, "%s of %s read (%.0f%%)", got, all, 100 * frac);
+        if (frac > 0) {
+            char t[24];
+            fmt_eta(t, sizeof t, dt * (1 - frac) / frac);
+            snprintf(eta, sizeof eta, ", ETA %s", t);
+        }
+    } else {
+        snprintf(where, sizeof where, "%s read", got);
+    }
+    fprintf(stderr, "%stokenize: %s, %s of text at %.2f MB/s, %llu documents, %llu tokens%s%s",
+            p->tty ? "\r" : "", where, text, dt > 0 ? (double)src->bytes / 1e6 / dt : 0.0,
+            (unsigned long long)src->documents, (unsigned long long)tokens, eta, p->tty ? "\033[K" : "\n");
+    fflush(stderr);
+    p->shown = p->tty;
+}
+
+static void progress_tick(progress *p, const doc_source *src, uint64_t tokens) {
+    if (p->quiet) return;
+    double now = ct_now();
+    if (now - p->last < (p->tty ? 0.5 : p->every)) return;
+    p->last = now;
+    progress_show(p, src, tokens, now);
+}
+
+/* Clears a terminal's progress line before the summary. */
+static void progress_end(progress *p) {
+    if (p->shown) fputs("\r\033[K", stderr);
+    p->shown = 0;
 }
 
 /* ---- ctitan tokenize ----------------------------------------------------------------------------- */
@@ -247,6 +431,8 @@ typedef struct tokenize_ctx {
     const ct_tokenizer *tok;
     shard_writer *out;
     int allow_special;
+    const doc_source *src;
+    progress *prog;
 } tokenize_ctx;
 
 static int tokenize_doc(void *ctx, const char *text, size_t len, char *err, size_t errlen) {
@@ -259,7 +445,47 @@ static int tokenize_doc(void *ctx, const char *text, size_t len, char *err, size
              shard_writer_append(c->out, (const uint32_t *)ids, n, err, errlen) ||
              shard_writer_append(c->out, &eos, 1, err, errlen);
     free(ids);
-    return rc ? -1 : 0;
+    if (rc) return -1;
+    progress_tick(c->prog, c->src, shard_writer_count(c->out));
+    return 0;
+}
+
+/* ctitan tokenize --check SHARD...: every shard verified, one line each. */
+static ct_status check_shards(const char **paths, int n) {
+    ct_status rc = CT_OK;
+    for (int i = 0; i < n; i++) {
+        char err[ERRLEN];
+        shard_info info;
+        if (shard_verify(paths[i], &info, err, sizeof err)) {
+            fprintf(stderr, "ctitan tokenize: %s\n", err);
+            rc = CT_ERR_INVALID;
+            continue;
+        }
+        printf("%s: token shard version %u, %llu tokens, CRC-32 0x%08x (%s)\n", paths[i], info.version,
+               (unsigned long long)info.count, info.checksum,
+               info.version >= 2 ? "matches the header" : "version 1 stores none");
+    }
+    return rc;
+}
+
+/* The inputs' total size, or -1 when one is not a regular file (standard input, a pipe). */
+static int64_t inputs_size(const char **paths, int n) {
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        struct stat st;
+        if (strcmp(paths[i], "-") == 0 || stat(paths[i], &st) || !S_ISREG(st.st_mode)) return -1;
+        total += (int64_t)st.st_size;
+    }
+    return total;
+}
+
+static int parse_seconds(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= 0 && v <= 86400)) return -1;
+    *out = v;
+    return 0;
 }
 
 ct_status cmd_tokenize(int argc, char **argv) {
@@ -270,13 +496,17 @@ ct_status cmd_tokenize(int argc, char **argv) {
     }
     const char *tok_path = NULL, *out_path = NULL;
     input_opts in = {.inputs = calloc((size_t)argc + 1, sizeof(char *))};
-    tokenize_ctx c = {0};
+    const char **checks = calloc((size_t)argc + 1, sizeof(char *));
+    int nchecks = 0;
+    progress prog = {.every = 10};
+    tokenize_ctx c = {.src = &in.src, .prog = &prog};
     ct_tokenizer *tok = NULL;
     char err[ERRLEN] = "";
     ct_status rc = CT_ERR_INVALID; /* until the command line is read */
-    if (!in.inputs) {
+    if (!in.inputs || !checks) {
         fprintf(stderr, "ctitan tokenize: out of memory\n");
-        return CT_ERR_NOMEM;
+        rc = CT_ERR_NOMEM;
+        goto done;
     }
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -287,51 +517,79 @@ ct_status cmd_tokenize(int argc, char **argv) {
             if (!(tok_path = v)) { usage_error(cmd, "--tokenizer needs a file", NULL); goto done; }
         } else if (ct_cli_opt(argc, argv, &i, "--output", &v)) {
             if (!(out_path = v)) { usage_error(cmd, "--output needs a file", NULL); goto done; }
+        } else if (ct_cli_opt(argc, argv, &i, "--check", &v)) {
+            if (!v) { usage_error(cmd, "--check needs a shard", NULL); goto done; }
+            checks[nchecks++] = v;
+        } else if (ct_cli_opt(argc, argv, &i, "--progress", &v)) {
+            if (!v || parse_seconds(v, &prog.every)) {
+                usage_error(cmd, "--progress must be a number of seconds in 0..86400, got", v ? v : "nothing");
+                goto done;
+            }
         } else if (strcmp(argv[i], "--allow-special") == 0) {
             c.allow_special = 1;
+        } else if (strcmp(argv[i], "--quiet") == 0) {
+            prog.quiet = 1;
         } else {
             usage_error(cmd, "unknown argument", argv[i]);
             goto done;
         }
     }
+    if (nchecks) {
+        if (in.ninputs || tok_path || out_path) {
+            usage_error(cmd, "--check SHARD takes no --input, --tokenizer or --output", NULL);
+            goto done;
+        }
+        rc = check_shards(checks, nchecks);
+        goto done;
+    }
     if (!tok_path) { usage_error(cmd, "--tokenizer FILE is required", NULL); goto done; }
     if (!in.ninputs) { usage_error(cmd, "at least one --input FILE is required", NULL); goto done; }
     if (!out_path) { usage_error(cmd, "--output SHARD is required", NULL); goto done; }
-    if (in.src.split_on && in.src.format == FMT_JSONL) {
-        usage_error(cmd, "--split-on applies to --format text only", NULL);
-        goto done;
-    }
+    if (input_check(cmd, &in)) goto done;
 
     rc = CT_ERR_IO;
-    double t0 = ct_now();
+    prog.t0 = prog.last = ct_now();
+    prog.tty = isatty(STDERR_FILENO);
+    prog.total = inputs_size(in.inputs, in.ninputs);
     tok = tokenizer_load(tok_path, err, sizeof err);
     if (!tok) goto fail;
     c.tok = tok;
     c.out = shard_writer_open(out_path, err, sizeof err);
     if (!c.out) goto fail;
     for (int i = 0; i < in.ninputs; i++)
-        if (read_documents(&in.src, in.inputs[i], tokenize_doc, &c, err, sizeof err)) goto fail;
+        if ((rc = read_documents(&in.src, in.inputs[i], tokenize_doc, &c, err, sizeof err)) != CT_OK) goto fail;
+    rc = CT_ERR_INVALID;
     if (in.src.documents == 0) {
         snprintf(err, sizeof err, "no documents in the input%s (empty files%s?)",
-                 in.ninputs > 1 ? "s" : "", in.src.split_on ? ", or only separator lines" : "");
+                 in.ninputs > 1 ? "s" : "",
+                 in.src.split_on ? ", or only separator lines" : in.src.skipped ? ", or every line skipped" : "");
         goto fail;
     }
+    rc = CT_ERR_IO;
     uint64_t ntok = shard_writer_count(c.out);
     shard_writer *w = c.out;
     c.out = NULL;
     if (shard_writer_close(w, err, sizeof err)) goto fail;
-    double dt = ct_now() - t0;
-    printf("tokenize: %llu documents, %llu tokens from %.2f MB of text in %.2f s (%.2f MB/s) -> %s\n",
-           (unsigned long long)in.src.documents, (unsigned long long)ntok, (double)in.src.bytes / 1e6,
-           dt, dt > 0 ? (double)in.src.bytes / 1e6 / dt : 0.0, out_path);
+    double dt = ct_now() - prog.t0;
+    progress_end(&prog);
+    char skipped[96] = "";
+    if (in.src.skipped)
+        snprintf(skipped, sizeof skipped, ", %llu lines skipped (no \"%s\" string)",
+                 (unsigned long long)in.src.skipped, in.src.field);
+    printf("tokenize: %llu documents, %llu tokens from %.2f MB of text (%.2f MB read) in %.2f s (%.2f MB/s "
+           "of text)%s -> %s\n", (unsigned long long)in.src.documents, (unsigned long long)ntok,
+           (double)in.src.bytes / 1e6, (double)in.src.read / 1e6, dt,
+           dt > 0 ? (double)in.src.bytes / 1e6 / dt : 0.0, skipped, out_path);
     rc = CT_OK;
     goto cleanup;
 fail:
+    progress_end(&prog);
     fprintf(stderr, "ctitan tokenize: %s\n", err);
 cleanup:
     shard_writer_abort(c.out);
     tokenizer_free(tok);
 done:
+    free(checks);
     free(in.inputs);
     return rc;
 }
@@ -385,17 +643,15 @@ static ct_status tokenizer_train(int argc, char **argv) {
     if (!in.ninputs) { usage_error(cmd, "at least one --input FILE is required", NULL); goto done; }
     if (!vocab) { usage_error(cmd, "--vocab-size N is required", NULL); goto done; }
     if (!out_path) { usage_error(cmd, "--output FILE is required", NULL); goto done; }
-    if (in.src.split_on && in.src.format == FMT_JSONL) {
-        usage_error(cmd, "--split-on applies to --format text only", NULL);
-        goto done;
-    }
+    if (input_check(cmd, &in)) goto done;
 
     rc = CT_ERR_IO;
     double t0 = ct_now();
     tr = bpe_trainer_create(err, sizeof err);
     if (!tr) goto fail;
     for (int i = 0; i < in.ninputs; i++)
-        if (read_documents(&in.src, in.inputs[i], train_doc, tr, err, sizeof err)) goto fail;
+        if ((rc = read_documents(&in.src, in.inputs[i], train_doc, tr, err, sizeof err)) != CT_OK) goto fail;
+    rc = CT_ERR_IO;
     double t1 = ct_now();
     if (bpe_trainer_train(tr, (int)vocab, err, sizeof err)) goto fail;
     double t2 = ct_now();

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the tokenizer and shard fuzz targets as plain programs (cc, AddressSanitizer + UBSan, no
-# libFuzzer) and replays their seed corpora plus deterministic mutations of every seed.
+# Builds the tokenizer, shard and input-decompression fuzz targets as plain programs (cc,
+# AddressSanitizer + UBSan, no libFuzzer) and replays their seed corpora plus deterministic mutations
+# of every seed.
 # Run from the repository root; BUILD (default build) says where the programs go.
 set -euo pipefail
 BUILD=${BUILD:-build}
@@ -12,16 +13,20 @@ flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
 
 "$CC" "${flags[@]}" -o "$out/fuzz_tokenizer_file" tests/fuzz/fuzz_tokenizer_file.c tests/fuzz/replay_main.c \
     core/tools/tokenizer.c core/host/util.c -lpcre2-8 -lpthread
-"$CC" "${flags[@]}" -o "$out/fuzz_shard" tests/fuzz/fuzz_shard.c tests/fuzz/replay_main.c core/data/shard.c core/host/util.c
+"$CC" "${flags[@]}" -o "$out/fuzz_shard" tests/fuzz/fuzz_shard.c tests/fuzz/replay_main.c core/data/shard.c core/host/util.c -lz
 
 "$out/fuzz_tokenizer_file" -m 300 tests/fuzz/corpus/tokenizer_file
 "$out/fuzz_tokenizer_file" -m 100 tests/data/tokenizer/vocab.tiktoken
 "$out/fuzz_shard" -m 300 tests/fuzz/corpus/shard
+# ctitan tokenize's decompression front end: plain, gzip and zstd seeds, truncated and corrupt ones
+"$CC" "${flags[@]}" -o "$out/fuzz_instream" tests/fuzz/fuzz_instream.c tests/fuzz/replay_main.c core/tools/instream.c \
+    core/host/util.c -lz -lzstd
+"$out/fuzz_instream" -m 100 tests/fuzz/corpus/instream
 
 "$CC" "${flags[@]}" -o "$out/fuzz_manifest" tests/fuzz/fuzz_manifest.c tests/fuzz/replay_main.c core/config/manifest.c core/host/util.c -lyaml
 "$out/fuzz_manifest" -m 200 tests/fuzz/corpus/manifest
 
 core_srcs=$(ls core/*/*.c)
 "$CC" "${flags[@]}" -o "$out/fuzz_checkpoint" tests/fuzz/fuzz_checkpoint.c tests/fuzz/replay_main.c $core_srcs \
-    -lyaml -lpcre2-8 -ljansson -ldl -lm -lpthread
+    -lyaml -lpcre2-8 -ljansson -lz -lzstd -ldl -lm -lpthread
 "$out/fuzz_checkpoint" -m 200 tests/fuzz/corpus/checkpoint

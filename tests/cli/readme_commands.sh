@@ -7,7 +7,10 @@
 #     seq 32, an 8-token sample, one thread, their own dump folder;
 #   - synopsis lines (placeholders such as MANIFEST.yaml, [--option], a|b, ...) run `ctitan CMD --help`;
 #   - `make demo`, `make test`, `make bench`, `make fuzz` are skipped: minutes of training, the
-#     whole suite this test is part of, the benchmark, the fuzzers.
+#     whole suite this test is part of, the benchmark, the fuzzers;
+#   - a pipeline into ctitan (`PRODUCER ... | build/ctitan ...`) runs as written; one that reads a
+#     Parquet file is skipped, saying so: the user's file, read with DuckDB or Python (tests run no
+#     Python), and one whose producer is not installed is skipped naming it.
 # mpirun as root needs Open MPI's allow-run-as-root and oversubscribe switches: set through its
 # environment variables, so the command line stays as written.
 set -u
@@ -25,7 +28,7 @@ awk '/^```/ { inb = !inb; next }
            if (cont != "") { line = cont " " line; cont = "" }
            if (line ~ /\\$/) { sub(/[ \t]*\\$/, "", line); cont = line; next }
            sub(/[ \t]+#.*$/, "", line)
-           if (line ~ /^(build\/ctitan|make|mpirun|cc|PKG_CONFIG_PATH=)/) print line }' README.md >"$T/commands"
+           if (line ~ /^(build\/ctitan|make|mpirun|cc|PKG_CONFIG_PATH=)/ || line ~ /\| *build\/ctitan /) print line }' README.md >"$T/commands"
 n=$(wc -l <"$T/commands")
 [ "$n" -ge 10 ] || fail "only $n commands found in README.md's fenced blocks"
 
@@ -38,6 +41,14 @@ while IFS= read -r cmd; do
     "make demo"*|"make test"*|"make bench"*|"make fuzz"*) echo "skip $cmd (minutes, or the suite itself)"; continue ;;
   esac
   run=${cmd//build\/ctitan/$CTITAN}
+  if [[ "$cmd" =~ ^[^|]+\|\ *build/ctitan\  ]]; then # a pipeline into ctitan
+    tool=${cmd%% *}
+    if [[ "$cmd" == *.parquet* ]]; then echo "skip $cmd  (reads the user's Parquet file with $tool: no such file, DuckDB or Python here)"; continue; fi
+    if ! command -v "$tool" >/dev/null; then echo "skip $cmd  ($tool is not installed)"; continue; fi
+    if (set -o pipefail; eval "$run") >"$T/$i.log" 2>&1 </dev/null; then echo "ok   $cmd"
+    else echo "FAIL $cmd: exit $?:"; tail -5 "$T/$i.log" | sed 's/^/     /'; fails=$((fails + 1)); fi
+    continue
+  fi
   if [[ "$cmd" =~ (MANIFEST|FILE|FOLDER|COMMAND|NAME|\[|\||\.\.\.) ]]; then # a synopsis: the command's help
     sub=$(sed -E 's/^build\/ctitan ([a-z]+).*/\1/' <<<"$cmd")
     if "$CTITAN" "$sub" --help >"$T/$i.log" 2>&1 </dev/null; then echo "ok   $cmd  (synopsis: ctitan $sub --help)"

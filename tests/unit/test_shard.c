@@ -1,5 +1,6 @@
-/* test_shard.c: token shards round-trip, have the documented header, and every malformed file is
- * refused with a message that names the file and the fault. */
+/* test_shard.c: token shards round-trip, have the documented header (version 2: the tokens' CRC-32),
+ * version 1 files are still read, and every malformed or corrupt file is refused with a message that
+ * names the file and the fault. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -71,6 +72,10 @@ static void roundtrip(uint64_t n) {
     uint64_t c = 0;
     assert_int_equal(shard_count(p, &c, err, sizeof err), 0);
     assert_int_equal(c, n);
+    shard_info info;
+    assert_int_equal(shard_verify(p, &info, err, sizeof err), 0);
+    assert_int_equal(info.version, 2);
+    assert_int_equal(info.count, n);
     shard_free(back);
     free(t);
     char tmp[300];
@@ -96,13 +101,23 @@ static void test_header_is_the_documented_layout(void **state) {
     unsigned char b[64];
     size_t n = read_bytes(p, b, sizeof b);
     assert_int_equal(n, 32 + 12);
+    /* version 2; the checksum is zlib.crc32(b"\x01\0\0\0\x04\x03\x02\x01\xfe\xff\xff\xff") = 0x437d515a */
     static const unsigned char want[44] = {
-        'C', 'T', 'T', 'O', 'K', 'E', 'N', 'S', 1, 0, 0, 0, 4, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0,
-        0,   0,   0,   0,   0,   0,   0,   0,   1, 0, 0, 0, 4, 3, 2, 1, 0xfe, 0xff, 0xff, 0xff};
+        'C', 'T', 'T', 'O', 'K', 'E', 'N', 'S', 2, 0, 0, 0, 4, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0,
+        0x5a, 0x51, 0x7d, 0x43, 0, 0, 0, 0, 1, 0, 0, 0, 4, 3, 2, 1, 0xfe, 0xff, 0xff, 0xff};
     assert_memory_equal(b, want, sizeof want);
+    shard_info info;
+    assert_int_equal(shard_verify(p, &info, err, sizeof err), 0);
+    assert_int_equal(info.checksum, 0x437d515au);
+
+    /* An empty shard's checksum is the CRC-32 of no bytes: 0. */
+    assert_int_equal(shard_write(p, t, 0, err, sizeof err), 0);
+    assert_int_equal(read_bytes(p, b, sizeof b), 32);
+    assert_int_equal(b[8], 2);
+    for (int i = 24; i < 32; i++) assert_int_equal(b[i], 0);
 }
 
-/* A valid 2-token shard image to corrupt. */
+/* A valid 2-token version-1 shard image (no checksum) to corrupt. */
 static void good_image(unsigned char *b) {
     memset(b, 0, 40);
     memcpy(b, "CTTOKENS", 8);
@@ -111,6 +126,16 @@ static void good_image(unsigned char *b) {
     b[16] = 2;
     b[32] = 7;
     b[36] = 9;
+}
+
+/* The same tokens as version 2: the CRC-32 of 07 00 00 00 09 00 00 00 is 0x12ef99fa. */
+static void good_image_v2(unsigned char *b) {
+    good_image(b);
+    b[8] = 2;
+    b[24] = 0xfa;
+    b[25] = 0x99;
+    b[26] = 0xef;
+    b[27] = 0x12;
 }
 
 static void expect_error(const unsigned char *img, size_t n, const char *what) {
@@ -123,8 +148,27 @@ static void expect_error(const unsigned char *img, size_t n, const char *what) {
     assert_null(t);
     assert_int_equal(m, 0);
     if (!strstr(err, p) || !strstr(err, what)) fail_msg("message '%s' should name %s and say '%s'", err, p, what);
+    assert_int_equal(shard_verify(p, NULL, err, sizeof err), -1);
+    if (!strstr(err, p) || !strstr(err, what)) fail_msg("shard_verify: '%s' should say '%s'", err, what);
+}
+
+/* A fault only the checksum sees: the header is consistent, so shard_count still succeeds. */
+static void expect_checksum_error(const unsigned char *img, size_t n, const char *what) {
+    expect_error(img, n, what);
+    char p[256], err[512] = "";
+    path_of(p, "bad.bin");
+    uint64_t c;
+    assert_int_equal(shard_count(p, &c, err, sizeof err), 0);
+}
+
+/* A fault in the header or size: shard_count refuses it too. */
+static void expect_header_error(const unsigned char *img, size_t n, const char *what) {
+    expect_error(img, n, what);
+    char p[256], err[512] = "";
+    path_of(p, "bad.bin");
     uint64_t c;
     assert_int_equal(shard_count(p, &c, err, sizeof err), -1);
+    if (!strstr(err, what)) fail_msg("shard_count: '%s' should say '%s'", err, what);
 }
 
 static void test_malformed_files_are_refused(void **state) {
@@ -142,17 +186,36 @@ static void test_malformed_files_are_refused(void **state) {
     assert_int_equal(t[1], 9);
     shard_free(t);
 
-    expect_error(b, 0, "too short");
-    expect_error(b, 31, "too short");
-    good_image(b); b[0] = 'X';  expect_error(b, 40, "bad magic");
-    good_image(b); b[8] = 2;    expect_error(b, 40, "version 2");
-    good_image(b); b[12] = 2;   expect_error(b, 40, "2 bytes per token");
-    good_image(b); b[30] = 1;   expect_error(b, 40, "reserved");
-    good_image(b);              expect_error(b, 39, "truncated");
-    good_image(b);              expect_error(b, 36, "truncated");
-    good_image(b); b[16] = 1;   expect_error(b, 40, "trailing bytes");
-    good_image(b); memset(b + 16, 0xff, 8); expect_error(b, 40, "header says 18446744073709551615 tokens");
-    good_image(b); b[23] = 0x40; expect_error(b, 40, "tokens");   /* 4 * count overflows 64 bits */
+    expect_header_error(b, 0, "too short");
+    expect_header_error(b, 31, "too short");
+    good_image(b); b[0] = 'X';  expect_header_error(b, 40, "bad magic");
+    good_image(b); b[8] = 3;    expect_header_error(b, 40, "version 3, this build reads versions 1 and 2");
+    good_image(b); b[8] = 0;    expect_header_error(b, 40, "version 0, this build reads versions 1 and 2");
+    good_image(b); b[12] = 2;   expect_header_error(b, 40, "2 bytes per token");
+    good_image(b); b[30] = 1;   expect_header_error(b, 40, "version 1's reserved header field");
+    good_image(b); b[24] = 1;   expect_header_error(b, 40, "version 1's reserved header field");
+    good_image(b);              expect_header_error(b, 39, "truncated");
+    good_image(b);              expect_header_error(b, 36, "truncated");
+    good_image(b); b[16] = 1;   expect_header_error(b, 40, "trailing bytes");
+    good_image(b); memset(b + 16, 0xff, 8); expect_header_error(b, 40, "header says 18446744073709551615 tokens");
+    good_image(b); b[23] = 0x40; expect_header_error(b, 40, "tokens");   /* 4 * count overflows 64 bits */
+
+    /* Version 2: a flipped bit anywhere in the tokens, or a wrong checksum, is a checksum mismatch. */
+    good_image_v2(b);
+    write_bytes(p, b, 40);
+    assert_int_equal(shard_read(p, &t, &m, err, sizeof err), 0);
+    assert_int_equal(m, 2);
+    assert_int_equal(t[1], 9);
+    shard_free(t);
+    for (int i = 32; i < 40; i++) {
+        good_image_v2(b);
+        b[i] ^= (unsigned char)(1u << (i % 8));
+        expect_checksum_error(b, 40, "checksum mismatch: the header says 0x12ef99fa, the tokens give 0x");
+    }
+    good_image_v2(b); b[24] ^= 1; expect_checksum_error(b, 40, "checksum mismatch: the header says 0x12ef99fb");
+    good_image_v2(b); b[24] ^= 1; expect_checksum_error(b, 40, "the tokens give 0x12ef99fa; the file is corrupt");
+    good_image_v2(b); b[28] = 1;  expect_header_error(b, 40, "its high 32 bits should be 0");
+    good_image_v2(b); b[16] = 0;  expect_checksum_error(b, 32, "the header says 0x12ef99fa, the tokens give 0x00000000");
 
     char missing[256];
     path_of(missing, "nope.bin");
@@ -161,6 +224,34 @@ static void test_malformed_files_are_refused(void **state) {
     assert_int_equal(shard_read(dir, &t, &m, err, sizeof err), -1);   /* a directory */
     assert_int_equal(shard_read(p, &t, &m, NULL, 0), 0);              /* err may be NULL */
     shard_free(t);
+}
+
+/* Version 1 files (before the checksum) read as before; shard_verify reports their CRC-32. */
+static void test_version_1_is_still_read(void **state) {
+    (void)state;
+    unsigned char b[64];
+    good_image(b);
+    char p[256], err[256];
+    path_of(p, "v1.bin");
+    write_bytes(p, b, 40);
+    uint32_t *t;
+    uint64_t m;
+    assert_int_equal(shard_read(p, &t, &m, err, sizeof err), 0);
+    assert_int_equal(m, 2);
+    assert_int_equal(t[0], 7);
+    assert_int_equal(t[1], 9);
+    shard_info info;
+    assert_int_equal(shard_verify(p, &info, err, sizeof err), 0);
+    assert_int_equal(info.version, 1);
+    assert_int_equal(info.count, 2);
+    assert_int_equal(info.checksum, 0x12ef99fau);
+    /* Written again, the same tokens make the version-2 image. */
+    assert_int_equal(shard_write(p, t, m, err, sizeof err), 0);
+    shard_free(t);
+    unsigned char back[64], v2[64];
+    good_image_v2(v2);
+    assert_int_equal(read_bytes(p, back, sizeof back), 40);
+    assert_memory_equal(back, v2, 40);
 }
 
 static void test_streaming_writer_is_atomic(void **state) {
@@ -203,12 +294,22 @@ static void test_streaming_writer_is_atomic(void **state) {
     assert_int_equal(shard_count(p, &m, err, sizeof err), 0);
     assert_int_equal(m, 1000);
 
-    /* A directory that does not exist: an error naming the temporary file. */
-    char bad[300];
-    snprintf(bad, sizeof bad, "%s/no/such/dir.bin", dir);
+    /* A folder that does not exist is made; one that cannot be (a file is in the way): an error
+     * naming the temporary file. */
+    char made[300], bad[600];
+    snprintf(made, sizeof made, "%s/new/sub/dir.bin", dir);
+    assert_int_equal(shard_write(made, old, 2, err, sizeof err), 0);
+    assert_int_equal(shard_count(made, &m, err, sizeof err), 0);
+    assert_int_equal(m, 2);
+    snprintf(bad, sizeof bad, "%s/x/dir.bin", p);
     assert_null(shard_writer_open(bad, err, sizeof err));
-    assert_non_null(strstr(err, "no/such/dir.bin.tmp"));
+    assert_non_null(strstr(err, "stream.bin/x/dir.bin.tmp: cannot create its folder"));
     assert_int_equal(shard_write(bad, old, 2, err, sizeof err), -1);
+    unlink(made);
+    snprintf(made, sizeof made, "%s/new/sub", dir);
+    rmdir(made);
+    snprintf(made, sizeof made, "%s/new", dir);
+    rmdir(made);
 }
 
 int main(void) {
@@ -216,6 +317,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip_sizes),
         cmocka_unit_test(test_header_is_the_documented_layout),
         cmocka_unit_test(test_malformed_files_are_refused),
+        cmocka_unit_test(test_version_1_is_still_read),
         cmocka_unit_test(test_streaming_writer_is_atomic),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -788,7 +788,7 @@ static void test_command_errors(void **state) {
                      "--input", txt, "--output", sh, "--format", "jsonl", "--split-on", "%", NULL);
     expect_cmd_fails(cmd_tokenize, CT_ERR_IO, "cannot open", "tokenize", "--tokenizer", "no-such.tiktoken", "--input", txt,
                      "--output", sh, NULL);
-    expect_cmd_fails(cmd_tokenize, CT_ERR_IO, "no documents", "tokenize", "--tokenizer", VOCAB, "--input", "/dev/null",
+    expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "no documents", "tokenize", "--tokenizer", VOCAB, "--input", "/dev/null",
                      "--output", sh, NULL);
     const char *bad[][2] = {
         {"{\"text\": \"ok\"}\n{\"text\": 5}\n", ":2: \"text\" is not a string"},
@@ -801,7 +801,7 @@ static void test_command_errors(void **state) {
         write_file(jl, bad[k][0], strlen(bad[k][0]));
         char want[400];
         snprintf(want, sizeof want, "%s%s", jl, bad[k][1]);
-        expect_cmd_fails(cmd_tokenize, CT_ERR_IO, want, "tokenize", "--tokenizer", VOCAB, "--input", jl, "--output", sh,
+        expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, want, "tokenize", "--tokenizer", VOCAB, "--input", jl, "--output", sh,
                          "--format", "jsonl", NULL);
     }
     char tmp[300];
@@ -816,7 +816,7 @@ static void test_command_errors(void **state) {
     expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "--vocab-size must be", "tokenizer", "train", "--vocab-size", "12x", NULL);
     expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "--output FILE is required", "tokenizer", "train", "--input", txt,
                      "--vocab-size", "600", NULL);
-    expect_cmd_fails(cmd_tokenizer, CT_ERR_IO, "cannot open", "tokenizer", "train", "--input", "no-such-file",
+    expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "cannot open", "tokenizer", "train", "--input", "no-such-file",
                      "--vocab-size", "600", "--output", sh, NULL);
     expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "--text STR is required", "tokenizer", "encode", "--tokenizer", VOCAB, NULL);
     expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "expected a token id", "tokenizer", "decode", "--tokenizer", VOCAB, "1", "x", NULL);
