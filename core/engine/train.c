@@ -579,7 +579,7 @@ static void train_banner_print(const train_run *r) {
                (unsigned long long)r->vdl.n_tokens, r->vdl.n_src, r->vdl.n_src == 1 ? "" : "s",
                (long long)r->vdl.n_windows, (long long)r->T, (long long)r->val_freq, (long long)r->val_batches,
                r->val_batches == 1 ? "" : "es", (long long)r->G, (long long)r->val_L,
-               r->val_steps < 0 ? ": the whole set" : "");
+               r->val_steps < 0 ? ": the whole set" : r->val_steps > r->val_batches ? ": the whole set (fewer than validation.steps)" : "");
     if (s->world > 1)
         printf("mesh: %d ranks: pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d; strategy %s\n", s->world,
                s->mesh.degree[0], s->mesh.degree[1], s->mesh.degree[2], s->mesh.degree[3], s->mesh.degree[4],

@@ -2,8 +2,9 @@
 # training.dataset as a weighted mixture of two corpora and validation.* on a held-out one: llama3
 # debugmodel (2 layers, fp32), 6 steps of 8 x 32 tokens, validation at steps 1, 2, 4, 6.
 # - the data line shows the mixture (weights 3:1 -> 750 and 250 sequences of every 1000);
-# - FSDP 2, DDP 2, TP 2, PP 2 and CP 2 give the single rank's training and validation losses within
-#   1e-6 (relative); validation on or off leaves the training losses bit-identical;
+# - FSDP 2, DDP 2, TP 2, PP 2, CP 2 and HSDP 2x2 give the single rank's training and validation
+#   losses within 1e-6 (relative), and FSDP 2 with bf16 compute one rank's bf16 validation losses;
+#   validation on or off leaves the training losses bit-identical (fp32 and bf16);
 # - a run stopped after step 3 and resumed gives bit-identical training and validation losses to the
 #   uninterrupted run;
 # - --print-config shows the list, --training.dataset=PATH replaces it, --training.dataset[N].weight
@@ -85,11 +86,20 @@ run ddp2 2 --training.local_batch_size=4 --parallelism.data_parallel_replicate_d
 run tp2 2 "${one[@]}" --parallelism.tensor_parallel_degree=2
 run pp2 2 "${one[@]}" --parallelism.pipeline_parallel_degree=2
 run cp2 2 "${one[@]}" --parallelism.context_parallel_degree=2
+run hsdp2x2 4 --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2 --parallelism.data_parallel_shard_degree=2
 grep -q "strategy fsdp" "$T/fsdp2.log" || fail "fsdp2 did not run FSDP"
-for r in fsdp2 ddp2 tp2 pp2 cp2; do
+for r in fsdp2 ddp2 tp2 pp2 cp2 hsdp2x2; do
   same_curve "$r vs single (training)" "$T/single/metrics.jsonl" "$T/$r/metrics.jsonl" 6 || exit 1
   same_val single $r || exit 1
 done
+
+# bf16 compute: validation reads the bf16 copies of the weights the last step left
+bf=--training.mixed_precision_param=bfloat16
+run bf16 1 $bf
+run bf16_off 1 $bf --validation.enable=false
+run bf16_fsdp2 2 $bf --parallelism.data_parallel_shard_degree=2
+cmp -s <(steps bf16) <(steps bf16_off) || fail "bf16: validation changed the training losses"
+same_val bf16 bf16_fsdp2 || exit 1
 
 # 4. stopped after step 3 and resumed: bit-identical training and validation losses
 ck=(--checkpoint.enable=true --checkpoint.interval=3 --checkpoint.last_save_model_only=false)
@@ -104,11 +114,12 @@ echo "ok   stopped after step 3 and resumed: training and validation losses bit-
 "$CTITAN" train "${common[@]}" --job.dump_folder="$T/cfg" --training.steps=1 --print-config >"$T/cfg.log" 2>&1 || fail "print-config run"
 grep -A4 '^  dataset:$' "$T/cfg.log" | tr -s ' ' | tr '\n' '|' | grep -q '| - path: "a.bin"| weight: 3| - path: "b.bin"| weight: 1|' ||
   { grep -A4 '^  dataset:$' "$T/cfg.log"; fail "print-config does not show the list"; }
-run w1 1 --training.steps=1 "--training.dataset[0].weight=1"
+run w1 1 --training.steps=1 "--training.dataset[0].weight=1" --validation.steps=2
 grep -q "\[0\] weight 1: 500 per period (50.00%)" "$T/w1.log" || fail "--training.dataset[0].weight=1: $(grep '^data' "$T/w1.log")"
+grep -q "^validate: step 1  loss .*(2 batches, 512 tokens" "$T/w1.log" || fail "validation.steps=2: $(grep '^validate' "$T/w1.log")"
 run path 1 --training.steps=1 --training.dataset="$T/a.bin"
 grep -q "^data: 34[0-9]* tokens" "$T/path.log" && ! grep -q "sources mixed" "$T/path.log" || fail "--training.dataset=PATH: $(grep '^data' "$T/path.log")"
-echo "ok   --print-config shows the list; --training.dataset[0].weight=1 gives 1:1; --training.dataset=PATH replaces the list"
+echo "ok   --print-config shows the list; --training.dataset[0].weight=1 gives 1:1; --training.dataset=PATH replaces the list; validation.steps=2: 2 batches"
 
 # 6. bad input: status 2, one line naming file:line: key
 fails=0
