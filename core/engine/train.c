@@ -440,7 +440,8 @@ static ct_status dataset_open(train_run *r, const char *section, dataloader *dl)
     const char *path, *old_path;
     snprintf(key, sizeof key, "%s.dataset", section);
     snprintf(old_key, sizeof old_key, "%s.dataset_path", section);
-    int n = mf_list_len(mf, key), has = n >= 0 || !mf_get_str(mf, key, &path), has_old = !mf_get_str(mf, old_key, &old_path);
+    int n = mf_list_len(mf, key), has = n >= 0 || !mf_get_str(mf, key, &path);
+    int has_old = !mf_get_str(mf, old_key, &old_path);
     mf_where(mf, key, where, sizeof where);
     if (has && has_old) {
         mf_where(mf, old_key, where2, sizeof where2);
@@ -573,13 +574,15 @@ static void train_banner_print(const train_run *r) {
            "microbatches x %lld; %lld steps\n",
            (unsigned long long)r->dl.n_tokens, (long long)r->dl.n_windows, (long long)r->T, (long long)r->G,
            (long long)r->dp, (long long)r->accum, (long long)r->L, (long long)r->steps);
+    const char *whole = r->val_steps < 0                   ? ": the whole set"
+                        : r->val_steps > r->val_batches ? ": the whole set (fewer than validation.steps)"
+                                                          : "";
     if (r->val_on)
         printf("validation: %llu held-out tokens in %d source%s, %lld sequences of %lld; at step 1 and every %lld steps, "
                "%lld batch%s of %lld (microbatches of %lld)%s\n",
                (unsigned long long)r->vdl.n_tokens, r->vdl.n_src, r->vdl.n_src == 1 ? "" : "s",
                (long long)r->vdl.n_windows, (long long)r->T, (long long)r->val_freq, (long long)r->val_batches,
-               r->val_batches == 1 ? "" : "es", (long long)r->G, (long long)r->val_L,
-               r->val_steps < 0 ? ": the whole set" : r->val_steps > r->val_batches ? ": the whole set (fewer than validation.steps)" : "");
+               r->val_batches == 1 ? "" : "es", (long long)r->G, (long long)r->val_L, whole);
     if (s->world > 1)
         printf("mesh: %d ranks: pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d; strategy %s\n", s->world,
                s->mesh.degree[0], s->mesh.degree[1], s->mesh.degree[2], s->mesh.degree[3], s->mesh.degree[4],
