@@ -867,7 +867,14 @@ static int check_value(const manifest *m, const mf_value *v, const mf_schema_ent
         char parent[MF_MAX_KEY_LEN + 1];
         snprintf(parent, sizeof parent, "%.*s", (int)(open - v->key), v->key);
         int n = mf_list_len(m, parent);
-        if (atoi(open + 1) >= n) {
+        char *end;
+        errno = 0;
+        long long at = strtoll(open + 1, &end, 10);
+        if (open[1] == '0' && end != open + 2) { /* "[01]" would name no item the reader asks for */
+            ct_errf(err, errlen, "%s: item index with a leading zero; expected %s[N] (N from 0)", where, parent);
+            return -1;
+        }
+        if (errno == ERANGE || at >= n) {
             if (n < 0) ct_errf(err, errlen, "%s: %s is not a list of maps here (the manifest or an override gave it one "
                                             "value)", where, parent);
             else ct_errf(err, errlen, "%s: %s has %d item%s (0 to %d)", where, parent, n, n == 1 ? "" : "s", n - 1);

@@ -78,6 +78,7 @@ void dataloader_init(dataloader *dl, int64_t seq_len, uint64_t seed, int ordered
 }
 
 static void source_free(data_source *src) {
+    free(src->path);
     free(src->tokens);
     free(src->perm);
     memset(src, 0, sizeof *src);
@@ -114,7 +115,8 @@ int dataloader_add(dataloader *dl, const char *path, double weight, int64_t voca
     data_source *grown = realloc(dl->src, sizeof *grown * (size_t)(dl->n_src + 1));
     if (!dl->ordered) src.perm = malloc(sizeof(uint32_t) * (size_t)src.n_windows);
     if (grown) dl->src = grown;
-    if (!grown || (!dl->ordered && !src.perm)) {
+    src.path = strdup(path);
+    if (!grown || (!dl->ordered && !src.perm) || !src.path) {
         snprintf(err, errlen, "%s: out of memory", path);
         goto fail;
     }

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 typedef struct data_source {
+    char *path;         /* as opened */
     uint32_t *tokens;
     uint64_t n_tokens;
     int64_t n_windows;

@@ -558,8 +558,8 @@ static void mixture_print(const train_run *r) {
     printf("data: %d sources mixed by weight, in periods of %lld sequences:", dl->n_src, (long long)dl->period);
     for (int i = 0; i < dl->n_src; i++) {
         const data_source *src = &dl->src[i];
-        printf("%s [%d] weight %g: %lld per period (%.2f%%), %llu tokens, %lld sequences", i ? ";" : "", i, src->weight,
-               (long long)src->count, 100.0 * (double)src->count / (double)dl->period, (unsigned long long)src->n_tokens,
+        printf("%s [%d] %s weight %g: %lld per period (%.2f%%), %llu tokens, %lld sequences", i ? ";" : "", i,
+               src->path, src->weight, (long long)src->count, 100.0 * (double)src->count / (double)dl->period, (unsigned long long)src->n_tokens,
                (long long)src->n_windows);
     }
     printf("\n");

@@ -64,7 +64,7 @@ same_val() { # ref run: the same validation steps, losses within CURVE_TOL
 
 # 1. one rank: the mixture and the validation schedule
 run single 1
-grep -q "^data: 2 sources mixed by weight, in periods of 1000 sequences: \[0\] weight 3: 750 per period (75.00%), .*; \[1\] weight 1: 250 per period (25.00%)" "$T/single.log" ||
+grep -q "^data: 2 sources mixed by weight, in periods of 1000 sequences: \[0\] [^ ]*/a.bin weight 3: 750 per period (75.00%), .*; \[1\] [^ ]*/b.bin weight 1: 250 per period (25.00%)" "$T/single.log" ||
   { grep "^data" "$T/single.log"; fail "the data line does not show the 3:1 mixture"; }
 [ "$(val single | cut -d' ' -f1 | tr '\n' ' ')" = "1 2 4 6 " ] || fail "validation steps: $(val single | tr '\n' ' ')"
 seqs=$(sed -n 's/^validation: .* held-out tokens in 1 source, \([0-9]*\) sequences of 32; at step 1 and every 2 steps, .*: the whole set$/\1/p' "$T/single.log")
@@ -115,7 +115,7 @@ echo "ok   stopped after step 3 and resumed: training and validation losses bit-
 grep -A4 '^  dataset:$' "$T/cfg.log" | tr -s ' ' | tr '\n' '|' | grep -q '| - path: "a.bin"| weight: 3| - path: "b.bin"| weight: 1|' ||
   { grep -A4 '^  dataset:$' "$T/cfg.log"; fail "print-config does not show the list"; }
 run w1 1 --training.steps=1 "--training.dataset[0].weight=1" --validation.steps=2
-grep -q "\[0\] weight 1: 500 per period (50.00%)" "$T/w1.log" || fail "--training.dataset[0].weight=1: $(grep '^data' "$T/w1.log")"
+grep -q "\[0\] [^ ]*/a.bin weight 1: 500 per period (50.00%)" "$T/w1.log" || fail "--training.dataset[0].weight=1: $(grep '^data' "$T/w1.log")"
 grep -q "^validate: step 1  loss .*(2 batches, 512 tokens" "$T/w1.log" || fail "validation.steps=2: $(grep '^validate' "$T/w1.log")"
 run path 1 --training.steps=1 --training.dataset="$T/a.bin"
 grep -q "^data: 34[0-9]* tokens" "$T/path.log" && ! grep -q "sources mixed" "$T/path.log" || fail "--training.dataset=PATH: $(grep '^data' "$T/path.log")"

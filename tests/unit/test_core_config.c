@@ -349,6 +349,13 @@ static void test_lists_of_maps(void **state) {
     assert_int_equal(manifest_override(m, "training.dataset[2].weight", "2", err, sizeof err), 0);
     assert_int_equal(manifest_validate(m, err, sizeof err), -1);
     assert_non_null(strstr(err, "command line: --training.dataset[2].weight: training.dataset has 2 items (0 to 1)"));
+    {
+        manifest *z = load_yaml("training:\n  dataset: [{path: a.bin}, {path: b.bin}]\n");
+        assert_int_equal(manifest_override(z, "training.dataset[01].weight", "2", err, sizeof err), 0);
+        assert_int_equal(manifest_validate(z, err, sizeof err), -1);
+        assert_non_null(strstr(err, "--training.dataset[01].weight: item index with a leading zero"));
+        manifest_free(z);
+    }
     assert_int_equal(manifest_override(m, "training.dataset", "c.bin", err, sizeof err), 0);
     assert_int_equal(mf_list_len(m, "training.dataset"), -1);
     assert_int_equal(mf_get_str(m, "training.dataset[0].path", &p), -1); /* the items went with the list */
