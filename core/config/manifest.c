@@ -36,6 +36,21 @@ static const struct {
     {"lr_scheduler.decay_type", CT_OPT_STRING, "linear", "linear | sqrt | cosine"},
     {"lr_scheduler.min_lr_factor", CT_OPT_FLOAT, "0.0", "floor of the decay, as a fraction of lr"},
     {"training.dataset_path", CT_OPT_STRING, NULL, "token shard file (ctitan tokenize) or a folder of them"},
+    {"training.dataset", CT_OPT_STRING, NULL,
+     "a token shard or a folder of them, or a list of sources {path, weight} mixed by weight"},
+    {"training.dataset[].path", CT_OPT_STRING, NULL, "one source of the mixture: a token shard or a folder of them"},
+    {"training.dataset[].weight", CT_OPT_FLOAT, "1.0", "its share of the sequences (relative to the others' weights)"},
+    {"validation.enable", CT_OPT_BOOL, "false", "evaluate the loss on a held-out dataset every validation.freq steps"},
+    {"validation.dataset", CT_OPT_STRING, NULL,
+     "held-out tokens: a shard or a folder of them, or a list of sources {path} read in order"},
+    {"validation.dataset[].path", CT_OPT_STRING, NULL, "one held-out source: a token shard or a folder of them"},
+    {"validation.dataset[].weight", CT_OPT_FLOAT, NULL, "(refused: validation reads every source whole)"},
+    {"validation.dataset_path", CT_OPT_STRING, NULL, "held-out token shard or folder (as validation.dataset)"},
+    {"validation.freq", CT_OPT_INT, "10", "validate at step 1 and every N steps"},
+    {"validation.steps", CT_OPT_INT, "-1",
+     "batches (of training.global_batch_size sequences) per validation; -1: the whole held-out set once"},
+    {"validation.local_batch_size", CT_OPT_INT, NULL, "sequences per validation microbatch (default: training's)"},
+    {"validation.seq_len", CT_OPT_INT, NULL, "must equal training.seq_len (default: training's)"},
     {"training.local_batch_size", CT_OPT_INT, "8", "sequences per microbatch per data-parallel rank"},
     {"training.global_batch_size", CT_OPT_INT, "-1",
      "sequences per step over all ranks; -1 = local x dp; more = gradient accumulation"},
@@ -134,6 +149,11 @@ static const struct {
     {"training.local_batch_size", "[1, 1048576]", NULL},
     {"training.global_batch_size", "[-1, 1e9]", NULL},
     {"training.seq_len", "[1, 1048576]", NULL},
+    {"training.dataset[].weight", "(0, 1e12]", NULL},
+    {"validation.freq", "[1, 1e12]", NULL},
+    {"validation.steps", "[-1, 1e12]", NULL},
+    {"validation.local_batch_size", "[1, 1048576]", NULL},
+    {"validation.seq_len", "[1, 1048576]", NULL},
     {"training.steps", "[1, 1e12]", NULL},
     {"training.mixed_precision_param", NULL, "float32|bfloat16"},
     {"activation_checkpoint.mode", NULL, "none|full|selective"},
@@ -202,10 +222,31 @@ static mf_value *find_value(const manifest *m, const char *key) {
     return at ? &m->values[at - 1] : NULL;
 }
 
+/* An item key of a list of maps ("training.dataset[3].path") is declared once for every item, with
+ * the index left out ("training.dataset[].path"). */
+static const char *schema_name(const char *key, char *buf, size_t len) {
+    const char *open = strchr(key, '[');
+    if (!open) return key;
+    size_t digits = strspn(open + 1, "0123456789");
+    if (!digits || open[1 + digits] != ']') return key;
+    snprintf(buf, len, "%.*s[]%s", (int)(open - key), key, open + 2 + digits);
+    return buf;
+}
+
 static const mf_schema_entry *find_schema(const manifest *m, const char *key) {
+    char buf[MF_MAX_KEY_LEN + 1];
+    key = schema_name(key, buf, sizeof buf);
     for (int i = 0; i < m->n_schema; i++)
         if (strcmp(m->schema[i].key, key) == 0) return &m->schema[i];
     return NULL;
+}
+
+/* Whether the schema declares item keys for `key` (a list of maps may be given there). */
+static int takes_items(const manifest *m, const char *key) {
+    size_t n = strlen(key);
+    for (int i = 0; i < m->n_schema; i++)
+        if (!strncmp(m->schema[i].key, key, n) && !strncmp(m->schema[i].key + n, "[].", 3)) return 1;
+    return 0;
 }
 
 /* Adds a key that is not there yet (callers check with find_value). */
@@ -279,6 +320,34 @@ static int join_list(flattener *f, const yaml_node_t *v, const char *key, int li
     return -1;
 }
 
+/* A list of maps (training.dataset: [{path: a, weight: 2}, ...]): item i's keys flatten under
+ * "key[i]", and the key itself holds the item count (is_seq 2). */
+static int flatten(flattener *f, yaml_node_t *node, const char *prefix, int depth);
+static int flatten_items(flattener *f, const yaml_node_t *v, const char *key, int line, int depth) {
+    int n = 0;
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++, n++) {
+        yaml_node_t *item = yaml_document_get_node(f->doc, *it);
+        if (visit(f, item)) return -1;
+        if (item->type != YAML_MAPPING_NODE) {
+            ct_errf(f->err, f->errlen, "%s:%d: %s[%d]: a list of maps takes maps only (- {path: ..., weight: ...})",
+                    f->m->path, (int)item->start_mark.line + 1, key, n);
+            return -1;
+        }
+        char sub[MF_MAX_KEY_LEN + 1];
+        if (snprintf(sub, sizeof sub, "%s[%d]", key, n) >= (int)sizeof sub) {
+            ct_errf(f->err, f->errlen, "%s:%d: key '%.40s...' is longer than %d characters", f->m->path, line, key,
+                    MF_MAX_KEY_LEN);
+            return -1;
+        }
+        if (flatten(f, item, sub, depth + 1)) return -1;
+    }
+    char count[32];
+    snprintf(count, sizeof count, "%d", n);
+    if (add_value(f->m, key, count, 2, line) == 0) return 0;
+    ct_errf(f->err, f->errlen, "%s: out of memory", f->m->path);
+    return -1;
+}
+
 /* Flattens a YAML mapping node into dotted keys. `depth` counts the maps around it, aliases
  * expanded, so a map that holds an alias of itself ends at MF_MAX_DEPTH. */
 static int flatten(flattener *f, yaml_node_t *node, const char *prefix, int depth) {
@@ -331,7 +400,11 @@ static int flatten(flattener *f, yaml_node_t *node, const char *prefix, int dept
                     "out for its default", m->path, line, key);
             return -1;
         }
-        if (v->type != YAML_SCALAR_NODE) {
+        int maps = v->type == YAML_SEQUENCE_NODE && v->data.sequence.items.start < v->data.sequence.items.top &&
+                   yaml_document_get_node(f->doc, *v->data.sequence.items.start)->type == YAML_MAPPING_NODE;
+        if (maps) {
+            if (flatten_items(f, v, key, line, depth)) return -1;
+        } else if (v->type != YAML_SCALAR_NODE) {
             if (join_list(f, v, key, line)) return -1;
         } else if (add_value(m, key, (const char *)v->data.scalar.value, 0, line)) {
             ct_errf(f->err, f->errlen, "%s: out of memory", m->path);
@@ -502,12 +575,40 @@ fail:
     return NULL;
 }
 
+/* Removes the item keys of the list of maps at `key` ("key[N]..."), then rebuilds the index. */
+static void drop_items(manifest *m, const char *key) {
+    size_t n = strlen(key);
+    int kept = 0;
+    for (int i = 0; i < m->n_values; i++) {
+        mf_value *v = &m->values[i];
+        if (!strncmp(v->key, key, n) && v->key[n] == '[') {
+            free(v->key);
+            free(v->value);
+            continue;
+        }
+        m->values[kept++] = *v;
+    }
+    m->n_values = kept;
+    memset(m->index, 0, sizeof(int) * m->index_cap);
+    for (int i = 0; i < m->n_values; i++) *index_slot(m, m->values[i].key) = i + 1;
+}
+
+int mf_list_len(const manifest *m, const char *key) {
+    const mf_value *v = find_value(m, key);
+    int64_t n;
+    return v && v->is_seq == 2 && !mf_parse_int(v->value, &n) ? (int)n : -1;
+}
+
 int manifest_override(manifest *m, const char *key, const char *value, char *err, size_t errlen) {
     if (!*key || key[0] == '.' || key[strlen(key) - 1] == '.' || !strchr(key, '.')) {
         ct_errf(err, errlen, "command line: --%s: expected --section.key=value", key);
         return -1;
     }
     mf_value *v = find_value(m, key);
+    if (v && v->is_seq == 2) { /* a value replaces the whole list: its items go */
+        drop_items(m, key);
+        v = find_value(m, key);
+    }
     if (v) {
         free(v->value);
         v->value = xstrdup(value);
@@ -764,6 +865,32 @@ static int check_value(const manifest *m, const mf_value *v, const mf_schema_ent
         ct_errf(err, errlen, "%s: no value; give one, or leave the key out for its default", where);
         return -1;
     }
+    const char *open = strchr(v->key, '[');
+    if (open && s->key[open - v->key] == '[') { /* an item of a list of maps: its list must hold it */
+        char parent[MF_MAX_KEY_LEN + 1];
+        snprintf(parent, sizeof parent, "%.*s", (int)(open - v->key), v->key);
+        int n = mf_list_len(m, parent);
+        char *end;
+        errno = 0;
+        long long at = strtoll(open + 1, &end, 10);
+        if (open[1] == '0' && end != open + 2) { /* "[01]" would name no item the reader asks for */
+            ct_errf(err, errlen, "%s: item index with a leading zero; expected %s[N] (N from 0)", where, parent);
+            return -1;
+        }
+        if (errno == ERANGE || at >= n) {
+            if (n < 0) ct_errf(err, errlen, "%s: %s is not a list of maps here (the manifest or an override gave it one "
+                                            "value)", where, parent);
+            else ct_errf(err, errlen, "%s: %s has %d item%s (0 to %d)", where, parent, n, n == 1 ? "" : "s", n - 1);
+            return -1;
+        }
+    }
+    if (v->is_seq == 2) {
+        if (!takes_items(m, v->key)) {
+            ct_errf(err, errlen, "%s: expected %s, got a list of maps", where, type_name(s->type));
+            return -1;
+        }
+        return 0;
+    }
     if (v->is_seq) ok = s->type == CT_OPT_STRING; /* a list of strings, joined with ',' */
     else if (s->type == CT_OPT_INT) ok = mf_parse_int(v->value, &iv) == 0;
     else if (s->type == CT_OPT_FLOAT) ok = mf_parse_float(v->value, &fv) == 0;
@@ -848,6 +975,24 @@ static int section_cmp(const void *a, const void *b) {
     return strcmp(x->key, y->key);
 }
 
+/* A list of maps as a YAML block list: each item's keys in the order given. */
+static void print_items(const manifest *m, const char *key, int section_len, FILE *f) {
+    int n = mf_list_len(m, key);
+    fprintf(f, "  %s:\n", key + section_len + 1);
+    for (int i = 0; i < n; i++) {
+        char item[MF_MAX_KEY_LEN + 1];
+        int il = snprintf(item, sizeof item, "%s[%d].", key, i), first = 1;
+        for (int j = 0; j < m->n_values; j++) {
+            const mf_value *v = &m->values[j];
+            if (strncmp(v->key, item, (size_t)il) || !v->value) continue;
+            const mf_schema_entry *se = find_schema(m, v->key);
+            const char *q = se && se->type == CT_OPT_STRING ? "\"" : "";
+            fprintf(f, "    %s %s: %s%s%s\n", first ? "-" : " ", v->key + il, q, v->value, q);
+            first = 0;
+        }
+    }
+}
+
 void manifest_print(const manifest *m, FILE *f) {
     mf_schema_entry *sorted = malloc(sizeof(*sorted) * (size_t)(m->n_schema ? m->n_schema : 1));
     if (!sorted) return;
@@ -861,7 +1006,12 @@ void manifest_print(const manifest *m, FILE *f) {
             snprintf(section, sizeof section, "%.*s", (int)s, k);
             fprintf(f, "%s:\n", section);
         }
+        if (strstr(k, "[]")) continue; /* item keys: printed under their list */
         const char *v = raw(m, k);
+        if (mf_list_len(m, k) >= 0) {
+            print_items(m, k, (int)s, f);
+            continue;
+        }
         if (!v) fprintf(f, "  %s: null\n", k + s + 1);
         else if (sorted[i].type == CT_OPT_STRING) fprintf(f, "  %s: \"%s\"\n", k + s + 1, v);
         else fprintf(f, "  %s: %s\n", k + s + 1, v);

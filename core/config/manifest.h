@@ -16,7 +16,8 @@
 typedef struct mf_value {
     char *key;    /* dotted: "training.steps" */
     char *value;  /* the scalar as written; NULL for a sequence or map (type errors) */
-    int is_seq;   /* the YAML value was a sequence (items in `items`, joined with ',' in value) */
+    int is_seq;   /* 1: the YAML value was a list of plain values, joined with ',' in value; 2: a list of
+                   * maps, item i's keys flattened under "key[i]." and value the item count */
     int line;     /* 1-based line in the manifest, 0 for the command line */
 } mf_value;
 
@@ -91,6 +92,10 @@ int mf_get_float(const manifest *m, const char *key, double *out);
 int mf_get_bool(const manifest *m, const char *key, int *out);
 /* Whether the manifest or the command line gives the key (a default does not count). */
 int mf_is_set(const manifest *m, const char *key);
+/* The item count of a list of maps at key (its items' keys are "key[0].path", ...), or -1 when the key
+ * holds a plain value or is unset. On the command line, --key=value replaces the whole list and
+ * --key[N].field=value changes one field of an item. */
+int mf_list_len(const manifest *m, const char *key);
 /* Where a key was set: "path:line" or "command line" (for errors about values). */
 void mf_where(const manifest *m, const char *key, char *buf, size_t len);
 

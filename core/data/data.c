@@ -1,11 +1,14 @@
-/* data.c: windows of a token stream, shuffled per epoch, addressed by global sequence number. */
+/* data.c: windows of token streams, shuffled per epoch and mixed by weight, addressed by global sequence
+ * number. */
 #include "data/data.h"
 
 #include "engine/runtime.h"
 #include "data/shard.h"
+#include "ctitan/model.h"
 
 #include <dirent.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,25 +16,25 @@
 
 static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* Reads one shard and appends it to dl->tokens. */
-static int append_shard(dataloader *dl, const char *path, char *err, size_t errlen) {
+/* Reads one shard and appends it to the source's tokens. */
+static int append_shard(data_source *src, const char *path, char *err, size_t errlen) {
     uint32_t *t;
     uint64_t n;
     if (shard_read(path, &t, &n, err, errlen)) return -1;
-    uint32_t *grown = realloc(dl->tokens, sizeof(uint32_t) * (size_t)(dl->n_tokens + n + 1));
+    uint32_t *grown = realloc(src->tokens, sizeof(uint32_t) * (size_t)(src->n_tokens + n + 1));
     if (!grown) {
         shard_free(t);
         snprintf(err, errlen, "%s: out of memory", path);
         return -1;
     }
-    dl->tokens = grown;
-    if (n) memcpy(dl->tokens + dl->n_tokens, t, sizeof(uint32_t) * (size_t)n);
-    dl->n_tokens += n;
+    src->tokens = grown;
+    if (n) memcpy(src->tokens + src->n_tokens, t, sizeof(uint32_t) * (size_t)n);
+    src->n_tokens += n;
     shard_free(t);
     return 0;
 }
 
-static int load_folder(dataloader *dl, const char *path, char *err, size_t errlen) {
+static int load_folder(data_source *src, const char *path, char *err, size_t errlen) {
     DIR *d = opendir(path);
     if (!d) {
         snprintf(err, errlen, "%s: cannot open the dataset folder", path);
@@ -47,14 +50,15 @@ static int load_folder(dataloader *dl, const char *path, char *err, size_t errle
         char **grown = realloc(names, sizeof(char *) * (n + 1));
         if (!grown) break;
         names = grown;
-        names[n++] = strdup(e->d_name);
+        if (!(names[n] = strdup(e->d_name))) break;
+        n++;
     }
     closedir(d);
-    qsort(names, n, sizeof(char *), name_cmp);
+    if (n) qsort(names, n, sizeof(char *), name_cmp);
     for (size_t i = 0; i < n && !rc; i++) {
         char p[PATH_MAX];
         snprintf(p, sizeof p, "%s/%s", path, names[i]);
-        rc = append_shard(dl, p, err, errlen);
+        rc = append_shard(src, p, err, errlen);
     }
     for (size_t i = 0; i < n; i++) free(names[i]);
     free(names);
@@ -65,68 +69,227 @@ static int load_folder(dataloader *dl, const char *path, char *err, size_t errle
     return rc;
 }
 
-int dataloader_open(dataloader *dl, const char *path, int64_t seq_len, uint64_t seed, int64_t vocab, char *err,
-                    size_t errlen) {
+void dataloader_init(dataloader *dl, int64_t seq_len, uint64_t seed, int ordered) {
     memset(dl, 0, sizeof *dl);
     dl->seq_len = seq_len;
     dl->seed = seed;
-    dl->perm_epoch = -1;
+    dl->ordered = ordered;
+    dl->slot_period = -1;
+}
+
+static void source_free(data_source *src) {
+    free(src->path);
+    free(src->tokens);
+    free(src->perm);
+    memset(src, 0, sizeof *src);
+}
+
+int dataloader_add(dataloader *dl, const char *path, double weight, int64_t vocab, char *err, size_t errlen) {
+    data_source src = {.weight = weight, .perm_epoch = -1};
     struct stat st;
+    if (!(weight > 0) || !isfinite(weight)) {
+        snprintf(err, errlen, "%s: weight %g: expected a finite number > 0", path, weight);
+        return -1;
+    }
     if (stat(path, &st) != 0) {
         snprintf(err, errlen, "%s: dataset not found (make one with `ctitan tokenize`)", path);
         return -1;
     }
-    if ((S_ISDIR(st.st_mode) ? load_folder(dl, path, err, errlen) : append_shard(dl, path, err, errlen))) goto fail;
-    for (uint64_t i = 0; i < dl->n_tokens; i++)
-        if ((int64_t)dl->tokens[i] >= vocab) {
+    if ((S_ISDIR(st.st_mode) ? load_folder(&src, path, err, errlen) : append_shard(&src, path, err, errlen))) goto fail;
+    for (uint64_t i = 0; i < src.n_tokens; i++)
+        if ((int64_t)src.tokens[i] >= vocab) {
             snprintf(err, errlen, "%s: token %u at position %llu is outside the model's vocabulary of %lld", path,
-                     dl->tokens[i], (unsigned long long)i, (long long)vocab);
+                     src.tokens[i], (unsigned long long)i, (long long)vocab);
             goto fail;
         }
-    dl->n_windows = dl->n_tokens > 0 ? (int64_t)((dl->n_tokens - 1) / (uint64_t)seq_len) : 0;
-    if (dl->n_windows < 1) {
+    src.n_windows = src.n_tokens > 0 ? (int64_t)((src.n_tokens - 1) / (uint64_t)dl->seq_len) : 0;
+    if (src.n_windows < 1) {
         snprintf(err, errlen, "%s: %llu tokens are not enough for one sequence of %lld + 1", path,
-                 (unsigned long long)dl->n_tokens, (long long)seq_len);
+                 (unsigned long long)src.n_tokens, (long long)dl->seq_len);
         goto fail;
     }
-    dl->perm = malloc(sizeof(uint32_t) * (size_t)dl->n_windows);
-    if (!dl->perm) {
-        snprintf(err, errlen, "out of memory");
+    if (src.n_windows > UINT32_MAX) {
+        snprintf(err, errlen, "%s: %lld sequences; at most %u per source", path, (long long)src.n_windows, UINT32_MAX);
         goto fail;
     }
+    data_source *grown = realloc(dl->src, sizeof *grown * (size_t)(dl->n_src + 1));
+    if (!dl->ordered) src.perm = malloc(sizeof(uint32_t) * (size_t)src.n_windows);
+    if (grown) dl->src = grown;
+    src.path = strdup(path);
+    if (!grown || (!dl->ordered && !src.perm) || !src.path) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        goto fail;
+    }
+    src.first = dl->n_windows;
+    dl->src[dl->n_src++] = src;
+    dl->n_tokens += src.n_tokens;
+    dl->n_windows += src.n_windows;
     return 0;
 fail:
-    dataloader_close(dl);
+    source_free(&src);
     return -1;
 }
 
+/* Largest remainder of P w_i / W (ties to the earlier source), every source at least one sequence. */
+static void period_counts(dataloader *dl) {
+    double W = 0;
+    for (int i = 0; i < dl->n_src; i++) W += dl->src[i].weight;
+    int64_t given = 0;
+    for (int i = 0; i < dl->n_src; i++) {
+        dl->src[i].count = (int64_t)floor((double)dl->period * dl->src[i].weight / W);
+        dl->src[i].seen = 0; /* marks a source that took a remainder */
+        given += dl->src[i].count;
+    }
+    for (; given < dl->period; given++) {
+        int best = -1;
+        double top = -1;
+        for (int i = 0; i < dl->n_src; i++) {
+            double rem = (double)dl->period * dl->src[i].weight / W - (double)dl->src[i].count;
+            if (!dl->src[i].seen && rem > top) {
+                top = rem;
+                best = i;
+            }
+        }
+        if (best < 0) best = 0; /* rounding left more than one per source: cannot happen, but stays exact */
+        dl->src[best].count++;
+        dl->src[best].seen = 1;
+    }
+    for (int i = 0; i < dl->n_src; i++) /* a source that rounded to none takes one from the largest */
+        if (dl->src[i].count == 0) {
+            int big = 0;
+            for (int j = 1; j < dl->n_src; j++)
+                if (dl->src[j].count > dl->src[big].count) big = j;
+            dl->src[big].count--;
+            dl->src[i].count = 1;
+        }
+}
+
+int dataloader_mix(dataloader *dl, char *err, size_t errlen) {
+    if (dl->ordered || dl->n_src <= 1) {
+        if (dl->n_src == 1) dl->src[0].count = dl->period = 1;
+        return 0;
+    }
+    /* P = 1000, or a multiple of 1000 large enough that the smallest share is one sequence */
+    double W = 0, least = INFINITY;
+    for (int i = 0; i < dl->n_src; i++) {
+        W += dl->src[i].weight;
+        if (dl->src[i].weight < least) least = dl->src[i].weight;
+    }
+    double need = ceil(W / least / 1000.0);
+    if (!(need <= (double)(1 << 14))) {
+        snprintf(err, errlen, "weights from %g to a total of %g: a share below 1/%d of the sequences; expected weights "
+                 "within a factor of %d of their total", least, W, 1000 << 14, 1000 << 14);
+        return -1;
+    }
+    dl->period = 1000 * (int64_t)(need < 1 ? 1 : need);
+    period_counts(dl);
+    dl->slot_src = malloc(sizeof(uint32_t) * (size_t)dl->period);
+    dl->slot_rank = malloc(sizeof(uint32_t) * (size_t)dl->period);
+    if (!dl->slot_src || !dl->slot_rank) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+int dataloader_open(dataloader *dl, const char *path, int64_t seq_len, uint64_t seed, int64_t vocab, char *err,
+                    size_t errlen) {
+    dataloader_init(dl, seq_len, seed, 0);
+    if (dataloader_add(dl, path, 1.0, vocab, err, errlen) || dataloader_mix(dl, err, errlen)) {
+        dataloader_close(dl);
+        return -1;
+    }
+    return 0;
+}
+
 void dataloader_close(dataloader *dl) {
-    free(dl->tokens);
-    free(dl->perm);
+    for (int i = 0; i < dl->n_src; i++) source_free(&dl->src[i]);
+    free(dl->src);
+    free(dl->slot_src);
+    free(dl->slot_rank);
     memset(dl, 0, sizeof *dl);
 }
 
-/* Fisher-Yates with the counter-based RNG keyed by (seed, epoch). */
-static void shuffle(dataloader *dl, int64_t epoch) {
-    uint64_t key = rng_splitmix64(dl->seed ^ 0xD474u) ^ rng_splitmix64((uint64_t)epoch);
-    for (int64_t i = 0; i < dl->n_windows; i++) dl->perm[i] = (uint32_t)i;
-    for (int64_t i = dl->n_windows - 1; i > 0; i--) {
-        int64_t j = (int64_t)(rng_splitmix64(key ^ rng_splitmix64((uint64_t)i)) % (uint64_t)(i + 1));
-        uint32_t t = dl->perm[i];
-        dl->perm[i] = dl->perm[j];
-        dl->perm[j] = t;
+/* Fisher-Yates with the counter-based RNG keyed by (seed, source, epoch); source 0's key is the one
+ * a single dataset always had. */
+static void shuffle(dataloader *dl, int i, int64_t epoch) {
+    data_source *src = &dl->src[i];
+    uint64_t key = rng_splitmix64(dl->seed ^ 0xD474u) ^ rng_splitmix64((uint64_t)epoch) ^
+                   (i ? rng_splitmix64(0x50C3u + (uint64_t)i) : 0);
+    for (int64_t w = 0; w < src->n_windows; w++) src->perm[w] = (uint32_t)w;
+    for (int64_t w = src->n_windows - 1; w > 0; w--) {
+        int64_t j = (int64_t)(rng_splitmix64(key ^ rng_splitmix64((uint64_t)w)) % (uint64_t)(w + 1));
+        uint32_t t = src->perm[w];
+        src->perm[w] = src->perm[j];
+        src->perm[j] = t;
     }
-    dl->perm_epoch = epoch;
+    src->perm_epoch = epoch;
+}
+
+/* Period p's slots: count_i of source i each, in an order drawn from (seed, p); each slot's rank among
+ * its source's slots. */
+static void period_layout(dataloader *dl, int64_t p) {
+    int64_t at = 0;
+    for (int i = 0; i < dl->n_src; i++)
+        for (int64_t c = 0; c < dl->src[i].count; c++) dl->slot_src[at++] = (uint32_t)i;
+    uint64_t key = rng_splitmix64(dl->seed ^ 0x313Bu) ^ rng_splitmix64((uint64_t)p);
+    for (int64_t j = dl->period - 1; j > 0; j--) {
+        int64_t r = (int64_t)(rng_splitmix64(key ^ rng_splitmix64((uint64_t)j)) % (uint64_t)(j + 1));
+        uint32_t t = dl->slot_src[j];
+        dl->slot_src[j] = dl->slot_src[r];
+        dl->slot_src[r] = t;
+    }
+    for (int i = 0; i < dl->n_src; i++) dl->src[i].seen = 0;
+    for (int64_t j = 0; j < dl->period; j++) dl->slot_rank[j] = (uint32_t)dl->src[dl->slot_src[j]].seen++;
+    dl->slot_period = p;
+}
+
+/* Sequence s -> its source and the index k in that source's own stream. */
+static int locate(dataloader *dl, int64_t s, int64_t *k) {
+    if (dl->ordered) {
+        int i = 0;
+        while (i + 1 < dl->n_src && s >= dl->src[i + 1].first) i++;
+        *k = s - dl->src[i].first;
+        return s < dl->n_windows ? i : -1;
+    }
+    if (dl->n_src == 1) {
+        *k = s;
+        return 0;
+    }
+    int64_t p = s / dl->period, j = s % dl->period;
+    if (p != dl->slot_period) period_layout(dl, p);
+    int i = (int)dl->slot_src[j];
+    *k = p * dl->src[i].count + dl->slot_rank[j];
+    return i;
+}
+
+int dataloader_source_of(dataloader *dl, int64_t s) {
+    int64_t k;
+    return s < 0 ? -1 : locate(dl, s, &k);
 }
 
 int dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_t *targets) {
     if (s < 0) return -1;
-    int64_t epoch = s / dl->n_windows;
-    if (epoch != dl->perm_epoch) shuffle(dl, epoch);
-    const uint32_t *w = dl->tokens + (uint64_t)dl->perm[s % dl->n_windows] * (uint64_t)dl->seq_len;
-    for (int64_t i = 0; i < dl->seq_len; i++) {
-        inputs[i] = (int32_t)w[i];
-        targets[i] = (int32_t)w[i + 1];
+    int64_t k;
+    int i = locate(dl, s, &k);
+    if (i < 0) { /* past an ordered loader's end */
+        for (int64_t t = 0; t < dl->seq_len; t++) {
+            inputs[t] = 0;
+            targets[t] = CT_IGNORE_INDEX;
+        }
+        return 0;
+    }
+    data_source *src = &dl->src[i];
+    int64_t w = k % src->n_windows;
+    if (!dl->ordered) {
+        int64_t epoch = k / src->n_windows;
+        if (epoch != src->perm_epoch) shuffle(dl, i, epoch);
+        w = src->perm[w];
+    }
+    const uint32_t *tok = src->tokens + (uint64_t)w * (uint64_t)dl->seq_len;
+    for (int64_t t = 0; t < dl->seq_len; t++) {
+        inputs[t] = (int32_t)tok[t];
+        targets[t] = (int32_t)tok[t + 1];
     }
     return 0;
 }

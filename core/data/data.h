@@ -1,11 +1,20 @@
-/* data.h: the data loader. It cuts the token stream into windows of seq_len + 1 tokens
- * (inputs and the targets shifted by one), shuffles the windows per epoch with the seed, and
- * numbers the resulting sequences 0, 1, 2, ... over all epochs.
+/* data.h: the data loader. It cuts each source's token stream into windows of seq_len + 1 tokens
+ * (inputs and the targets shifted by one), shuffles each source's windows per epoch of that source
+ * with the seed, and numbers the resulting sequences 0, 1, 2, ... over all epochs.
+ *
+ * Several sources mix by weight: every period of P sequences (P = data_period) holds exactly
+ * count_i sequences of source i, count_i being P w_i / sum(w) rounded by largest remainder (ties to
+ * the earlier source), at least 1; where in the period they fall is a permutation drawn from (seed,
+ * period). Source i's k-th sequence is its own stream's k-th, so the source and the window of any
+ * global sequence number follow from the number alone. One source is read exactly as before.
  *
  * Step k's global batch is sequences [k*G, (k+1)*G) whatever the parallel layout; data-parallel
  * rank r of dp takes the contiguous slice [k*G + r*G/dp, k*G + (r+1)*G/dp), cut into microbatches.
  * So every layout sees the same global batch as the single-rank run, and the position (the next
  * sequence number) is the loader's whole state, saved for resume.
+ *
+ * An ordered loader (validation) neither shuffles nor mixes: its sequences are the sources' windows in
+ * order, source after source, each read once (data_ordered_count of them).
  */
 #ifndef CT_DATA_H
 #define CT_DATA_H
@@ -13,19 +22,41 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct dataloader {
+typedef struct data_source {
+    char *path;         /* as opened */
     uint32_t *tokens;
     uint64_t n_tokens;
-    int64_t seq_len;
     int64_t n_windows;
-    uint64_t seed;
-    uint32_t *perm; /* window order of epoch perm_epoch */
+    double weight;
+    int64_t count;      /* sequences per period */
+    uint32_t *perm;     /* window order of epoch perm_epoch */
     int64_t perm_epoch;
-    int64_t position; /* next global sequence number */
+    int64_t first;      /* ordered: the global number of its first window */
+    int64_t seen;       /* scratch while a period is laid out */
+} data_source;
+
+typedef struct dataloader {
+    data_source *src;
+    int n_src;
+    int ordered;        /* validation: no shuffle, no mixing */
+    int64_t seq_len;
+    uint64_t seed;
+    uint64_t n_tokens;  /* over every source */
+    int64_t n_windows;
+    int64_t period;     /* P: sequences per mixing period (several sources) */
+    uint32_t *slot_src, *slot_rank; /* period slot_period: each slot's source and its rank among that source's */
+    int64_t slot_period;
+    int64_t position;   /* next global sequence number */
 } dataloader;
 
-/* Opens a shard file or a folder of *.bin shards (concatenated in name order). Every token must
- * be below vocab. */
+/* An empty loader: add sources, then dataloader_mix (or nothing more when ordered). */
+void dataloader_init(dataloader *dl, int64_t seq_len, uint64_t seed, int ordered);
+/* Adds a shard file or a folder of *.bin shards (concatenated in name order) with its weight (> 0,
+ * finite). Every token must be below vocab, and the source must hold one window of seq_len + 1. */
+int dataloader_add(dataloader *dl, const char *path, double weight, int64_t vocab, char *err, size_t errlen);
+/* After the last source: the per-period counts. */
+int dataloader_mix(dataloader *dl, char *err, size_t errlen);
+/* One source, as training.dataset_path: init, add, mix. */
 int dataloader_open(dataloader *dl, const char *path, int64_t seq_len, uint64_t seed, int64_t vocab, char *err,
                     size_t errlen);
 void dataloader_close(dataloader *dl);
@@ -35,7 +66,10 @@ static inline int64_t dataloader_global_index(int64_t base, int64_t G, int64_t d
     return base + dp_rank * (G / dp) + i;
 }
 
-/* Sequence number s: inputs and targets (seq_len each). */
+/* Sequence number s: inputs and targets (seq_len each). An ordered loader past its last window gives
+ * padding (inputs 0, targets CT_IGNORE_INDEX: no loss, no count). */
 int dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_t *targets);
+/* The source sequence s comes from (-1: an ordered loader's padding). */
+int dataloader_source_of(dataloader *dl, int64_t s);
 
 #endif

@@ -1077,7 +1077,7 @@ int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *
 /* Forward without the pipeline runner (one sequence to sample from): each stage's units run on the
  * pp rank that holds them, and its output is broadcast over the pp group to every rank, so the next
  * stage's rank has its input and at the end every rank has the (gathered) logits. */
-static int forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor **last) {
+static int forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor *targets, rt_tensor **last) {
     const ct_mesh_info *mesh = rt->dist.mesh;
     int nu = rt->desc.n_units, me = mesh->coord[CT_AXIS_PP];
     rt_tensor *x = NULL;
@@ -1088,9 +1088,9 @@ static int forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor **last) {
         if (owner == me) {
             int bad = 0;
             for (int k = u; k <= u1 && !bad; k++)
-                bad = runtime_hook(rt, HOOK_PRE_FORWARD, k, 0) || runtime_unit_fwd(rt, k, x, tokens, NULL, 0, &x) ||
+                bad = runtime_hook(rt, HOOK_PRE_FORWARD, k, 0) || runtime_unit_fwd(rt, k, x, tokens, targets, 0, &x) ||
                       runtime_hook(rt, HOOK_POST_FORWARD, k, 0);
-            if (!bad && u1 == nu - 1) bad = !(x = (rt_tensor *)rt->top->finish_output(rt->top, &x->t));
+            if (!bad && u1 == nu - 1 && !targets) bad = !(x = (rt_tensor *)rt->top->finish_output(rt->top, &x->t));
             meta[2 + CT_MAX_DIMS] = bad;
             if (!bad) {
                 meta[0] = x->t.ndim;
@@ -1145,7 +1145,7 @@ int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_
     runtime_use_shadow(rt, 1);
     rt->act = &rt->saved;
     rt_tensor *tok = bad ? NULL : runtime_upload_ids(rt, tokens, B, Tp), *logits = NULL;
-    bad = !tok || (rt->dist.unit_rank ? forward_units_pp(rt, tok, &logits) : forward_units(rt, tok, NULL, 0, &logits));
+    bad = !tok || (rt->dist.unit_rank ? forward_units_pp(rt, tok, NULL, &logits) : forward_units(rt, tok, NULL, 0, &logits));
     if (!bad && !rt->dist.unit_rank) /* a strategy that left the logits split returns them whole */
         bad = !(logits = (rt_tensor *)rt->top->finish_output(rt->top, &logits->t));
     runtime_use_shadow(rt, 0);
@@ -1172,6 +1172,26 @@ int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_
     for (int64_t b = 0; b < B; b++) /* the real positions of each sequence */
         memcpy(logits_out + b * T * V, host + b * Tp * V, sizeof(float) * (size_t)(T * V));
     free(host);
+    return 0;
+}
+
+int runtime_forward_loss(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                         double *loss_sum) {
+    int bad = runtime_reset_arenas(rt);
+    runtime_use_shadow(rt, 1);
+    rt->act = &rt->saved;
+    rt_tensor *tok = bad ? NULL : runtime_upload_ids(rt, tokens, B, T), *tg = NULL, *loss = NULL;
+    if (tok) tg = runtime_upload_ids(rt, targets, B, T);
+    bad = !tg || (rt->dist.unit_rank ? forward_units_pp(rt, tok, tg, &loss) : forward_units(rt, tok, tg, 0, &loss));
+    runtime_use_shadow(rt, 0);
+    if (bad) return -1;
+    if (loss->t.ndim != 0 || loss->t.dtype != CT_F32) {
+        ct_set_error("model: the last unit must return a scalar loss when given targets");
+        return -1;
+    }
+    float lf = 0;
+    if (rt->d->copy(rt->dev, &lf, loss->t.data, sizeof lf, CT_COPY_D2H) != CT_OK) return -1;
+    *loss_sum = lf;
     return 0;
 }
 

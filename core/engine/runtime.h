@@ -195,6 +195,11 @@ int runtime_begin_step(runtime *rt);
  * the third microbatch of a shape is captured and every later one launches the graph. */
 int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B,
                              int64_t T, float loss_scale, int last_microbatch, double *loss_sum);
+/* Forward only, nothing recorded and no gradient touched: the summed cross entropy of the microbatch
+ * against targets (B,T) into *loss_sum, on every rank (under pipeline parallel each stage's output is
+ * broadcast over the pp group, as for the logits below). */
+int runtime_forward_loss(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                         double *loss_sum);
 /* Forward only: the logits (B, T, V) into host memory. */
 int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out);
 

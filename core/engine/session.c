@@ -979,3 +979,21 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     trace_end("optimizer");
     return session_post_step(s);
 }
+
+int session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
+                      double *loss_sum, int64_t *valid_out) {
+    double valid = 0, sum = 0;
+    for (int64_t i = 0; i < G * T; i++) valid += targets[i] != CT_IGNORE_INDEX;
+    /* the bf16 copies follow the weights the last optimizer step left (a training step refreshes them
+     * again before its forward) */
+    if (runtime_begin_step(&s->rt)) return -1;
+    for (int64_t m = 0; m < G / L; m++) {
+        double ls;
+        if (runtime_forward_loss(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, &ls)) return -1;
+        sum += ls;
+    }
+    if (dp_sum(s, &valid) || dp_sum(s, &sum)) return -1;
+    *loss_sum = sum;
+    *valid_out = (int64_t)valid;
+    return 0;
+}

@@ -101,6 +101,15 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
 int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
                        double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid);
 
+/* Validation: the loss of this rank's G sequences (its slice of a global batch), forward only in
+ * microbatches of L with nothing recorded, no gradient, optimizer or strategy post_step touched (the
+ * same forward the training step runs, so the same loss under every layout; under pipeline parallel
+ * each stage's output goes to the next over the pp group, outside the schedule). *loss_sum: the summed
+ * cross entropy and *valid the valid target tokens, both over the whole global batch.
+ * 0, or -1 on a failure (ct_last_error). */
+int session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
+                      double *loss_sum, int64_t *valid);
+
 /* ABI 2.1: the optimizer's step_param once per parameter slot, in slot order on every rank (slots of
  * another pipeline stage included), at lr. 0, or -1 (ct_last_error; also when it has no step_param). */
 int session_step_params(session *s, double lr, int64_t step);

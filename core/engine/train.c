@@ -364,6 +364,10 @@ typedef struct train_run {
     lr_schedule sched;
     dataloader dl;
     int32_t *inputs, *targets; /* (accum, L, T) on the host */
+    /* validation.*: the held-out loader (ordered), its microbatch, how often and how many batches */
+    int val_on;
+    dataloader vdl;
+    int64_t val_freq, val_steps, val_L, val_batches;
     run_log lg;
     ckpt_plan ck;
     /* steady-state timing: the steps after the first warmup_steps */
@@ -407,40 +411,178 @@ static ct_status train_settings_read(train_run *r) {
     return lr_setup(mf, r->steps, &r->sched) ? CT_ERR_INVALID : CT_OK;
 }
 
-/* Opens the token shard and makes the dump folder; on CT_ERR_INVALID the shard is closed again. */
-static ct_status train_data_open(train_run *r) {
+/* "file:line: key" of a list item's key ("training.dataset[1].path"), or the list's own line with the
+ * item named when the key was not given. */
+static void item_where(const manifest *mf, const char *list, int i, const char *field, char *out, size_t len) {
+    char key[300];
+    snprintf(key, sizeof key, "%s[%d].%s", list, i, field);
+    mf_where(mf, key, out, len);
+    if (!strstr(out, "(default)")) return;
+    char where[600];
+    mf_where(mf, list, where, sizeof where);
+    snprintf(out, len, "%.500s[%d].%.16s", where, i, field);
+}
+
+/* One source into dl: its path resolved from the manifest's folder; an error names `where`. */
+static ct_status source_add(train_run *r, dataloader *dl, const char *where, const char *path, double weight) {
+    char err[2048], dpath[4096];
+    session_resolve_path(r->mf, path, dpath, sizeof dpath);
+    if (!dataloader_add(dl, dpath, weight, r->s->rt.desc.vocab_size, err, sizeof err)) return CT_OK;
+    fprintf(stderr, "ctitan: %s: %s\n", where, err);
+    return CT_ERR_INVALID;
+}
+
+/* SECTION.dataset (a path, or a list of {path, weight}) or SECTION.dataset_path, into dl (initialised
+ * by the caller; ordered: validation, where weights do not apply). */
+static ct_status dataset_open(train_run *r, const char *section, dataloader *dl) {
     manifest *mf = r->mf;
-    const char *dataset;
-    char err[2048], where[600], dpath[4096];
-    if (mf_get_str(mf, "training.dataset_path", &dataset)) {
-        fprintf(stderr, "ctitan: %s: training.dataset_path is not set (a token shard from `ctitan tokenize`)\n",
-                mf->path);
+    char key[64], old_key[64], where[600], where2[600];
+    const char *path, *old_path;
+    snprintf(key, sizeof key, "%s.dataset", section);
+    snprintf(old_key, sizeof old_key, "%s.dataset_path", section);
+    int n = mf_list_len(mf, key), has = n >= 0 || !mf_get_str(mf, key, &path);
+    int has_old = !mf_get_str(mf, old_key, &old_path);
+    mf_where(mf, key, where, sizeof where);
+    if (has && has_old) {
+        mf_where(mf, old_key, where2, sizeof where2);
+        fprintf(stderr, "ctitan: %s: set together with %s; give one (dataset_path is the older spelling of a single "
+                        "path)\n", where, where2);
         return CT_ERR_INVALID;
     }
-    session_resolve_path(mf, dataset, dpath, sizeof dpath);
-    if (dataloader_open(&r->dl, dpath, r->T, (uint64_t)r->seed, r->s->rt.desc.vocab_size, err, sizeof err)) {
-        mf_where(mf, "training.dataset_path", where, sizeof where);
+    if (!has && !has_old) {
+        fprintf(stderr, "ctitan: %s: %s is not set (a token shard from `ctitan tokenize`, a folder of them, or a list "
+                        "of {path, weight})\n", mf->path, key);
+        return CT_ERR_INVALID;
+    }
+    if (n < 0) {
+        if (has_old) mf_where(mf, old_key, where, sizeof where);
+        return source_add(r, dl, where, has ? path : old_path, 1.0);
+    }
+    if (n == 0) {
+        fprintf(stderr, "ctitan: %s: an empty list; expected a path or a list of {path, weight}\n", where);
+        return CT_ERR_INVALID;
+    }
+    for (int i = 0; i < n; i++) {
+        char item[300];
+        double weight = 1.0;
+        snprintf(item, sizeof item, "%s[%d].weight", key, i);
+        int has_weight = !mf_get_float(mf, item, &weight);
+        snprintf(item, sizeof item, "%s[%d].path", key, i);
+        if (dl->ordered && has_weight) {
+            item_where(mf, key, i, "weight", where, sizeof where);
+            fprintf(stderr, "ctitan: %s: validation reads every source whole, in order; weights do not apply (leave "
+                            "it out)\n", where);
+            return CT_ERR_INVALID;
+        }
+        item_where(mf, key, i, "path", where, sizeof where);
+        if (mf_get_str(mf, item, &path) || !*path) {
+            fprintf(stderr, "ctitan: %s: not set; each source is {path: SHARD_OR_FOLDER, weight: W}\n", where);
+            return CT_ERR_INVALID;
+        }
+        if (source_add(r, dl, where, path, weight)) return CT_ERR_INVALID;
+    }
+    char err[512];
+    if (dataloader_mix(dl, err, sizeof err)) {
+        mf_where(mf, key, where, sizeof where);
         fprintf(stderr, "ctitan: %s: %s\n", where, err);
         return CT_ERR_INVALID;
     }
+    return CT_OK;
+}
+
+/* validation.*: checked and its dataset opened when validation.enable is true. */
+static ct_status validation_open(train_run *r) {
+    manifest *mf = r->mf;
+    char where[600];
+    int64_t T = r->T;
+    mf_get_bool(mf, "validation.enable", &r->val_on);
+    if (!r->val_on) return CT_OK;
+    mf_get_int(mf, "validation.freq", &r->val_freq);
+    mf_get_int(mf, "validation.steps", &r->val_steps);
+    if (mf_get_int(mf, "validation.local_batch_size", &r->val_L)) r->val_L = r->L;
+    if (r->val_steps == 0) {
+        mf_where(mf, "validation.steps", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: 0 batches; expected -1 (the whole held-out set) or a count >= 1\n", where);
+        return CT_ERR_INVALID;
+    }
+    if (!mf_get_int(mf, "validation.seq_len", &T) && T != r->T) {
+        mf_where(mf, "validation.seq_len", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %lld; validation windows have training.seq_len's length (%lld): expected that or "
+                        "leave it out\n", where, (long long)T, (long long)r->T);
+        return CT_ERR_INVALID;
+    }
+    if (r->G_local % r->val_L) {
+        mf_where(mf, "validation.local_batch_size", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %lld does not divide each data-parallel rank's %lld sequences of a batch "
+                        "(training.global_batch_size %lld over %lld ranks)\n",
+                where, (long long)r->val_L, (long long)r->G_local, (long long)r->G, (long long)r->dp);
+        return CT_ERR_INVALID;
+    }
+    const char *p;
+    if (mf_list_len(mf, "validation.dataset") < 0 && mf_get_str(mf, "validation.dataset", &p) &&
+        mf_get_str(mf, "validation.dataset_path", &p)) {
+        mf_where(mf, "validation.enable", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: true, but neither validation.dataset nor validation.dataset_path names the "
+                        "held-out tokens\n", where);
+        return CT_ERR_INVALID;
+    }
+    dataloader_init(&r->vdl, r->T, (uint64_t)r->seed, 1);
+    if (dataset_open(r, "validation", &r->vdl)) return CT_ERR_INVALID;
+    int64_t whole = (r->vdl.n_windows + r->G - 1) / r->G; /* the last batch padded with ignored targets */
+    r->val_batches = r->val_steps < 0 || r->val_steps > whole ? whole : r->val_steps;
+    return CT_OK;
+}
+
+/* Opens the datasets and makes the dump folder; on CT_ERR_INVALID the loaders are closed again. */
+static ct_status train_data_open(train_run *r) {
+    manifest *mf = r->mf;
+    char where[600];
+    dataloader_init(&r->dl, r->T, (uint64_t)r->seed, 0);
+    if (dataset_open(r, "training", &r->dl) || validation_open(r)) goto fail;
     if (ct_mkdir_p(r->dump) || ct_require_dir(r->dump)) {
         mf_where(mf, "job.dump_folder", where, sizeof where);
         if (errno == ENOTDIR) fprintf(stderr, "ctitan: %s: %s is not a folder (a file is in the way)\n", where, r->dump);
         else fprintf(stderr, "ctitan: %s: cannot create %s: %s\n", where, r->dump, strerror(errno));
-        dataloader_close(&r->dl);
-        return CT_ERR_INVALID;
+        goto fail;
     }
     return CT_OK;
+fail:
+    dataloader_close(&r->dl);
+    dataloader_close(&r->vdl);
+    return CT_ERR_INVALID;
+}
+
+/* The mixture in the data line: each source's weight, share of a period, tokens and sequences. */
+static void mixture_print(const train_run *r) {
+    const dataloader *dl = &r->dl;
+    printf("data: %d sources mixed by weight, in periods of %lld sequences:", dl->n_src, (long long)dl->period);
+    for (int i = 0; i < dl->n_src; i++) {
+        const data_source *src = &dl->src[i];
+        printf("%s [%d] %s weight %g: %lld per period (%.2f%%), %llu tokens, %lld sequences", i ? ";" : "", i,
+               src->path, src->weight, (long long)src->count, 100.0 * (double)src->count / (double)dl->period, (unsigned long long)src->n_tokens,
+               (long long)src->n_windows);
+    }
+    printf("\n");
 }
 
 /* The lines that open a run: model, data, mesh, device. */
 static void train_banner_print(const train_run *r) {
     session *s = r->s;
     print_model_summary(s, r->T);
+    if (r->dl.n_src > 1) mixture_print(r);
     printf("data: %llu tokens, %lld sequences of %lld; global batch %lld = %lld data-parallel ranks x %lld "
            "microbatches x %lld; %lld steps\n",
            (unsigned long long)r->dl.n_tokens, (long long)r->dl.n_windows, (long long)r->T, (long long)r->G,
            (long long)r->dp, (long long)r->accum, (long long)r->L, (long long)r->steps);
+    const char *whole = r->val_steps < 0                   ? ": the whole set"
+                        : r->val_steps > r->val_batches ? ": the whole set (fewer than validation.steps)"
+                                                          : "";
+    if (r->val_on)
+        printf("validation: %llu held-out tokens in %d source%s, %lld sequences of %lld; at step 1 and every %lld steps, "
+               "%lld batch%s of %lld (microbatches of %lld)%s\n",
+               (unsigned long long)r->vdl.n_tokens, r->vdl.n_src, r->vdl.n_src == 1 ? "" : "s",
+               (long long)r->vdl.n_windows, (long long)r->T, (long long)r->val_freq, (long long)r->val_batches,
+               r->val_batches == 1 ? "" : "es", (long long)r->G, (long long)r->val_L, whole);
     if (s->world > 1)
         printf("mesh: %d ranks: pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d; strategy %s\n", s->world,
                s->mesh.degree[0], s->mesh.degree[1], s->mesh.degree[2], s->mesh.degree[3], s->mesh.degree[4],
@@ -537,6 +679,35 @@ static void batch_read(train_run *r) {
     r->ck.state.tokens_seen += r->G * r->T;
 }
 
+/* validation.*: the held-out set from its first sequence, in batches of the training's global batch
+ * (each data-parallel rank its slice, as in training), forward only; the mean loss over every valid
+ * target token, in a console line and a metrics.jsonl record. -1 on a failure. */
+static int validate(train_run *r, int64_t step) {
+    double t0 = ct_now(), sum = 0;
+    int64_t tokens = 0;
+    trace_begin("validate");
+    for (int64_t b = 0; b < r->val_batches; b++) {
+        for (int64_t i = 0; i < r->G_local; i++)
+            dataloader_sequence(&r->vdl, dataloader_global_index(b * r->G, r->G, r->dp_rank, r->dp, i),
+                                r->inputs + i * r->T, r->targets + i * r->T);
+        double ls;
+        int64_t valid;
+        if (session_eval_step(r->s, r->inputs, r->targets, r->G_local, r->val_L, r->T, &ls, &valid)) return -1;
+        sum += ls;
+        tokens += valid;
+    }
+    trace_end("validate");
+    double loss = tokens > 0 ? sum / (double)tokens : 0.0, dt = ct_now() - t0;
+    r->t_log += dt; /* the next metrics line's tokens/s counts training time only */
+    printf("validate: step %lld  loss %8.4f  (%lld batch%s, %lld tokens, %.3f s)\n", (long long)step, loss,
+           (long long)r->val_batches, r->val_batches == 1 ? "" : "es", (long long)tokens, dt);
+    fflush(stdout);
+    /* its own record: readers that take every record with a "loss" as a step's see none here */
+    return log_record(&r->lg, "\"event\": \"validation\", \"step\": %lld, \"validation_loss\": %.9g, "
+                              "\"validation_tokens\": %lld, \"validation_batches\": %lld, \"seconds\": %.3f",
+                      (long long)step, loss, (long long)tokens, (long long)r->val_batches, dt);
+}
+
 /* One step: its batch, the forward, backward and update, the stop every rank agrees on, the timing,
  * the metrics line and the checkpoint. */
 static step_next train_step(train_run *r, int64_t step) {
@@ -585,6 +756,7 @@ static step_next train_step(train_run *r, int64_t step) {
     r->tokens_since += r->G_local * r->T / r->non_dp; /* per device: tp (and pp, cp) ranks share a dp rank's tokens */
     if (step == 1 || step % r->log_freq == 0 || step == r->steps || stop)
         if (step_log(r, step, loss, norm, lr)) return STEP_FAILED;
+    if (r->val_on && (step == 1 || step % r->val_freq == 0) && validate(r, step)) return STEP_FAILED;
     r->ck.state.step = step;
     r->ck.state.data_position = r->dl.position;
     if (ckpt_step(s, &r->ck, step, r->steps)) return STEP_FAILED;
@@ -707,6 +879,7 @@ done:
     free(r.inputs);
     free(r.targets);
     dataloader_close(&r.dl);
+    dataloader_close(&r.vdl);
     return rc;
 }
 

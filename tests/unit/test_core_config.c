@@ -317,6 +317,167 @@ static void test_dataloader_windows_shuffle_and_layouts(void **state) {
     unlink(path);
 }
 
+/* A list of maps: item keys under key[N]., typed and checked by the schema's key[].field; an override
+ * of the key replaces the whole list, one of an item key changes that item; print shows the list. */
+static void test_lists_of_maps(void **state) {
+    (void)state;
+    char err[1024];
+    manifest *m = load_yaml("training:\n  dataset:\n    - path: a.bin\n      weight: 3\n    - {path: b.bin}\n");
+    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    assert_int_equal(mf_list_len(m, "training.dataset"), 2);
+    const char *p;
+    double w;
+    assert_int_equal(mf_get_str(m, "training.dataset[1].path", &p), 0);
+    assert_string_equal(p, "b.bin");
+    assert_int_equal(mf_get_float(m, "training.dataset[0].weight", &w), 0);
+    assert_true(w == 3.0);
+    assert_int_equal(mf_get_float(m, "training.dataset[1].weight", &w), 0); /* the default */
+    assert_true(w == 1.0);
+    mf_where(m, "training.dataset[0].weight", err, sizeof err);
+    assert_non_null(strstr(err, ":4: training.dataset[0].weight"));
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    manifest_print(m, f);
+    fclose(f);
+    assert_non_null(strstr(buf, "  dataset:\n    - path: \"a.bin\"\n      weight: 3\n    - path: \"b.bin\"\n"));
+    assert_null(strstr(buf, "[]"));
+    free(buf);
+    /* an item past the list; then the whole list replaced by one path */
+    assert_int_equal(manifest_override(m, "training.dataset[1].weight", "2", err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    assert_int_equal(manifest_override(m, "training.dataset[2].weight", "2", err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "command line: --training.dataset[2].weight: training.dataset has 2 items (0 to 1)"));
+    {
+        manifest *z = load_yaml("training:\n  dataset: [{path: a.bin}, {path: b.bin}]\n");
+        assert_int_equal(manifest_override(z, "training.dataset[01].weight", "2", err, sizeof err), 0);
+        assert_int_equal(manifest_validate(z, err, sizeof err), -1);
+        assert_non_null(strstr(err, "--training.dataset[01].weight: item index with a leading zero"));
+        manifest_free(z);
+    }
+    assert_int_equal(manifest_override(m, "training.dataset", "c.bin", err, sizeof err), 0);
+    assert_int_equal(mf_list_len(m, "training.dataset"), -1);
+    assert_int_equal(mf_get_str(m, "training.dataset[0].path", &p), -1); /* the items went with the list */
+    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    manifest_free(m);
+    /* a weight out of range names its line; a list of maps where none is declared is refused */
+    m = load_yaml("training:\n  dataset:\n    - {path: a.bin}\n    - path: b.bin\n      weight: 0\n");
+    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
+    assert_non_null(strstr(err, ":5: training.dataset[1].weight: expected a number in (0, 1e12], got '0'"));
+    manifest_free(m);
+    m = load_yaml("training:\n  seq_len: [{a: 1}]\n");
+    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "training.seq_len[0].a: unknown key"));
+    manifest_free(m);
+}
+
+/* A shard of n tokens base, base + 1, ...: each source's windows are told apart by their tokens. */
+static void make_shard_from(const char *path, uint32_t n, uint32_t base) {
+    uint32_t *t = malloc(sizeof(uint32_t) * n);
+    for (uint32_t i = 0; i < n; i++) t[i] = base + i;
+    char err[256];
+    assert_int_equal(shard_write(path, t, n, err, sizeof err), 0);
+    free(t);
+}
+
+/* Two sources at weights 3 : 1: every period of 1000 sequences holds exactly 750 and 250, each
+ * source's stream visits every window of it once per its own epoch, the sources and windows follow
+ * from the sequence number alone (read backwards: the same), and the seed picks the order. */
+static void test_dataloader_mixture_is_exact_per_period(void **state) {
+    (void)state;
+    char a[] = "/tmp/ctitan-shard-XXXXXX", b[] = "/tmp/ctitan-shard-XXXXXX", err[256];
+    close(mkstemp(a));
+    close(mkstemp(b));
+    make_shard_from(a, 4 * 50 + 1, 0);   /* 50 windows, tokens 0..200 */
+    make_shard_from(b, 4 * 30 + 1, 500); /* 30 windows, tokens 500..620 */
+    dataloader dl, back;
+    for (int k = 0; k < 2; k++) {
+        dataloader *d = k ? &back : &dl;
+        dataloader_init(d, 4, 7, 0);
+        assert_int_equal(dataloader_add(d, a, 3.0, 1000, err, sizeof err), 0);
+        assert_int_equal(dataloader_add(d, b, 1.0, 1000, err, sizeof err), 0);
+        assert_int_equal(dataloader_mix(d, err, sizeof err), 0);
+    }
+    assert_int_equal(dl.period, 1000);
+    assert_int_equal(dl.src[0].count, 750);
+    assert_int_equal(dl.src[1].count, 250);
+    enum { N = 3000 };
+    static int32_t first[N];
+    int32_t in[4], tg[4];
+    int per[3][2] = {{0}};
+    static int stream[2][N], n_stream[2];
+    for (int s = 0; s < N; s++) {
+        assert_int_equal(dataloader_sequence(&dl, s, in, tg), 0);
+        int src = in[0] >= 500;
+        assert_int_equal(dataloader_source_of(&dl, s), src);
+        for (int i = 0; i < 4; i++) assert_int_equal(tg[i], in[i] + 1);
+        per[s / 1000][src]++;
+        first[s] = in[0];
+        stream[src][n_stream[src]++] = (in[0] - (src ? 500 : 0)) / 4;
+    }
+    for (int p = 0; p < 3; p++) {
+        assert_int_equal(per[p][0], 750);
+        assert_int_equal(per[p][1], 250);
+    }
+    int nw[2] = {50, 30};
+    for (int src = 0; src < 2; src++) /* every full epoch of a source is a permutation of its windows */
+        for (int e = 0; (e + 1) * nw[src] <= n_stream[src]; e++) {
+            int seen[50] = {0};
+            for (int k = 0; k < nw[src]; k++) seen[stream[src][e * nw[src] + k]]++;
+            for (int w = 0; w < nw[src]; w++) assert_int_equal(seen[w], 1);
+        }
+    for (int s = N - 1; s >= 0; s--) { /* random access: the number alone decides */
+        dataloader_sequence(&back, s, in, tg);
+        assert_int_equal(in[0], first[s]);
+    }
+    dataloader_close(&back);
+    /* another seed: another order, the same counts */
+    dataloader_init(&back, 4, 8, 0);
+    assert_int_equal(dataloader_add(&back, a, 3.0, 1000, err, sizeof err), 0);
+    assert_int_equal(dataloader_add(&back, b, 1.0, 1000, err, sizeof err), 0);
+    assert_int_equal(dataloader_mix(&back, err, sizeof err), 0);
+    int differ = 0;
+    for (int s = 0; s < 1000; s++) {
+        dataloader_sequence(&back, s, in, tg);
+        differ |= in[0] != first[s];
+    }
+    assert_true(differ);
+    dataloader_close(&back);
+    dataloader_close(&dl);
+    /* a tiny share widens the period so it still gets a sequence; a far tinier one is refused */
+    dataloader_init(&dl, 4, 7, 0);
+    assert_int_equal(dataloader_add(&dl, a, 1.0, 1000, err, sizeof err), 0);
+    assert_int_equal(dataloader_add(&dl, b, 1e-5, 1000, err, sizeof err), 0);
+    assert_int_equal(dataloader_mix(&dl, err, sizeof err), 0);
+    assert_int_equal(dl.period, 101000);
+    assert_int_equal(dl.src[1].count, 1);
+    dataloader_close(&dl);
+    dataloader_init(&dl, 4, 7, 0);
+    assert_int_equal(dataloader_add(&dl, a, 1.0, 1000, err, sizeof err), 0);
+    assert_int_equal(dataloader_add(&dl, b, 1e-9, 1000, err, sizeof err), 0);
+    assert_int_equal(dataloader_mix(&dl, err, sizeof err), -1);
+    assert_non_null(strstr(err, "expected weights within a factor of"));
+    dataloader_close(&dl);
+    /* bad weights; an ordered loader: windows in order, source after source, then padding */
+    dataloader_init(&dl, 4, 7, 1);
+    assert_int_equal(dataloader_add(&dl, a, 0.0, 1000, err, sizeof err), -1);
+    assert_non_null(strstr(err, "expected a finite number > 0"));
+    assert_int_equal(dataloader_add(&dl, a, INFINITY, 1000, err, sizeof err), -1);
+    assert_int_equal(dataloader_add(&dl, a, 1.0, 1000, err, sizeof err), 0);
+    assert_int_equal(dataloader_add(&dl, b, 1.0, 1000, err, sizeof err), 0);
+    assert_int_equal(dl.n_windows, 80);
+    for (int s = 0; s < 82; s++) {
+        dataloader_sequence(&dl, s, in, tg);
+        if (s < 50) assert_int_equal(in[0], 4 * s);
+        else if (s < 80) assert_int_equal(in[0], 500 + 4 * (s - 50));
+        else assert_int_equal(tg[3], -100); /* CT_IGNORE_INDEX: padding past the end */
+    }
+    dataloader_close(&dl);
+    unlink(a);
+    unlink(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_overrides_last_wins_and_unset_keys_take_defaults),
@@ -327,6 +488,8 @@ int main(void) {
         cmocka_unit_test(test_duplicate_keys_and_lists_are_errors),
         cmocka_unit_test(test_lr_schedule_is_torchtitans),
         cmocka_unit_test(test_dataloader_windows_shuffle_and_layouts),
+        cmocka_unit_test(test_lists_of_maps),
+        cmocka_unit_test(test_dataloader_mixture_is_exact_per_period),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
