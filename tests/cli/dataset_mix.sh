@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # training.dataset as a weighted mixture of two corpora and validation.* on a held-out one: llama3
 # debugmodel (2 layers, fp32), 6 steps of 8 x 32 tokens, validation at steps 1, 2, 4, 6.
+# - the two training corpora are compressed JSONL (gzip, zstd) piped into `ctitan tokenize --input -`;
 # - the data line shows the mixture (weights 3:1 -> 750 and 250 sequences of every 1000);
 # - FSDP 2, DDP 2, TP 2, PP 2, CP 2 and HSDP 2x2 give the single rank's training and validation
 #   losses within 1e-6 (relative), and FSDP 2 with bf16 compute one rank's bf16 validation losses;
@@ -23,9 +24,19 @@ head -n $((n / 2)) "$corpus" >"$T/a.txt"
 tail -n +$((n / 2 + 1)) "$corpus" | head -n $((n / 2 - 40)) >"$T/b.txt"
 tail -n 40 "$corpus" >"$T/v.txt" # held out: in neither training corpus
 "$CTITAN" tokenizer train --input "$corpus" --vocab-size 512 --output "$T/tok.model" >/dev/null || fail "tokenizer"
-for x in a b v; do
-  "$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$T/$x.txt" --output "$T/$x.bin" >/dev/null || fail "tokenize $x"
+# The two training corpora arrive as a user's exported datasets do: JSONL with the text under
+# "content", compressed (a with gzip, b with zstd), piped into `ctitan tokenize --input -`.
+jsonl() { LC_ALL=C tr -d '\000-\010\013-\037' <"$1" | awk '{ gsub(/\\/, "\\\\"); gsub(/"/, "\\\""); gsub(/\t/, "\\t"); printf "{\"id\": %d, \"content\": \"%s\"}\n", NR, $0 }'; } # control characters dropped
+cc -O1 -o "$T/zstd_frames" tests/cli/lib/zstd_frames.c -lzstd || fail "cannot build tests/cli/lib/zstd_frames.c"
+jsonl "$T/a.txt" | gzip -c >"$T/a.jsonl.gz"
+jsonl "$T/b.txt" | "$T/zstd_frames" 4096 >"$T/b.jsonl.zst"
+for x in a:gz b:zst; do
+  "$CTITAN" tokenize --tokenizer "$T/tok.model" --format jsonl --field content --input - --output "$T/${x%%:*}.bin" \
+    <"$T/${x%%:*}.jsonl.${x#*:}" >"$T/${x%%:*}.tok.log" 2>&1 || { cat "$T/${x%%:*}.tok.log"; fail "tokenize ${x%%:*} from stdin"; }
+  docs=$(jsonl "$T/${x%%:*}.txt" | grep -vc "\"content\": \"\"")
+  grep -q "^tokenize: .*$docs documents" "$T/${x%%:*}.tok.log" || { cat "$T/${x%%:*}.tok.log"; fail "tokenize ${x%%:*}: not $docs documents"; }
 done
+"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$T/v.txt" --output "$T/v.bin" >/dev/null || fail "tokenize v"
 printf 'tiny' >"$T/short.txt"
 "$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$T/short.txt" --output "$T/short.bin" >/dev/null || fail "tokenize short"
 cat >"$T/mix.yaml" <<YAML
@@ -118,7 +129,8 @@ run w1 1 --training.steps=1 "--training.dataset[0].weight=1" --validation.steps=
 grep -q "\[0\] [^ ]*/a.bin weight 1: 500 per period (50.00%)" "$T/w1.log" || fail "--training.dataset[0].weight=1: $(grep '^data' "$T/w1.log")"
 grep -q "^validate: step 1  loss .*(2 batches, 512 tokens" "$T/w1.log" || fail "validation.steps=2: $(grep '^validate' "$T/w1.log")"
 run path 1 --training.steps=1 --training.dataset="$T/a.bin"
-grep -q "^data: 34[0-9]* tokens" "$T/path.log" && ! grep -q "sources mixed" "$T/path.log" || fail "--training.dataset=PATH: $(grep '^data' "$T/path.log")"
+a_tokens=$("$CTITAN" tokenize --check "$T/a.bin" | sed -n 's/.*, \([0-9]*\) tokens, .*/\1/p')
+grep -q "^data: $a_tokens tokens" "$T/path.log" && ! grep -q "sources mixed" "$T/path.log" || fail "--training.dataset=PATH: $(grep '^data' "$T/path.log")"
 echo "ok   --print-config shows the list; --training.dataset[0].weight=1 gives 1:1; --training.dataset=PATH replaces the list; validation.steps=2: 2 batches"
 
 # 6. bad input: status 2, one line naming file:line: key
