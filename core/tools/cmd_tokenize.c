@@ -19,10 +19,13 @@ static const char tokenize_usage[] =
     "usage: ctitan tokenize --tokenizer FILE --input FILE [--input FILE ...] --output SHARD\n"
     "                       [--format text|jsonl] [--split-on LINE] [--allow-special]\n"
     "\n"
-    "Encodes documents into a token shard: each document becomes\n"
-    "<|begin_of_text|> + its tokens + <|end_of_text|>.\n"
+    "Encodes documents into a token shard: each document becomes BOS + its tokens + EOS\n"
+    "(<|begin_of_text|>, <|end_of_text|> for Llama 3; a tokenizer with no BOS, or one equal to its EOS,\n"
+    "as GPT-2's <|endoftext|>, writes only the EOS after each document).\n"
     "\n"
-    "  --tokenizer FILE   tiktoken-format vocabulary (Llama 3's tokenizer.model, or `tokenizer train`'s)\n"
+    "  --tokenizer PATH   tiktoken tokenizer.model (Llama 3's, or `tokenizer train`'s), a Hugging Face\n"
+    "                     tokenizer.json, or a model folder holding tokenizer.json (+ tokenizer_config.json\n"
+    "                     for BOS/EOS), tokenizer.model or original/tokenizer.model\n"
     "  --input FILE       a file of documents; repeat for more files\n"
     "  --output SHARD     the shard to write (atomically: SHARD.tmp, then rename)\n"
     "  --format text      each file is one document (default)\n"
@@ -34,13 +37,14 @@ static const char tokenize_usage[] =
 static const char tokenizer_usage[] =
     "usage: ctitan tokenizer train  --input FILE [--input FILE ...] --vocab-size N --output FILE\n"
     "                               [--format text|jsonl] [--split-on LINE]\n"
-    "       ctitan tokenizer encode --tokenizer FILE --text STR [--allow-special]\n"
-    "       ctitan tokenizer decode --tokenizer FILE ID...\n"
+    "       ctitan tokenizer encode --tokenizer PATH --text STR [--allow-special]\n"
+    "       ctitan tokenizer decode --tokenizer PATH ID...\n"
     "\n"
     "  train    learns a byte-level BPE vocabulary on Llama 3's regex chunks and writes it in tiktoken\n"
     "           format; N counts the 256 special tokens, so the file holds N - 256 tokens\n"
     "  encode   prints the ids of STR (special-token text is plain text unless --allow-special)\n"
     "  decode   prints the bytes of the ids\n"
+    "  PATH     a tokenizer.model, a tokenizer.json or a folder (as for `ctitan tokenize`)\n"
     "\n"
     "  --input FILE, --format, --split-on   as for `ctitan tokenize` (see ctitan tokenize --help)\n"
     "  --help   this text\n";
@@ -254,10 +258,12 @@ static int tokenize_doc(void *ctx, const char *text, size_t len, char *err, size
     int32_t *ids = NULL;
     size_t n = 0;
     if (tokenizer_encode(c->tok, text, len, c->allow_special, &ids, &n, err, errlen)) return -1;
-    uint32_t bos = (uint32_t)tokenizer_bos_id(c->tok), eos = (uint32_t)tokenizer_eos_id(c->tok);
-    int rc = shard_writer_append(c->out, &bos, 1, err, errlen) ||
+    /* GPT-2 style tokenizers have only <|endoftext|>: one between documents, not two */
+    int32_t b = tokenizer_bos_id(c->tok), e = tokenizer_eos_id(c->tok);
+    uint32_t bos = (uint32_t)b, eos = (uint32_t)e;
+    int rc = (b >= 0 && b != e && shard_writer_append(c->out, &bos, 1, err, errlen)) ||
              shard_writer_append(c->out, (const uint32_t *)ids, n, err, errlen) ||
-             shard_writer_append(c->out, &eos, 1, err, errlen);
+             (e >= 0 && shard_writer_append(c->out, &eos, 1, err, errlen));
     free(ids);
     return rc ? -1 : 0;
 }

@@ -1156,7 +1156,7 @@ ct_tokenizer *tokenizer_from_hf(const hf_spec *s, const char *label, char *err, 
         bytes += s->added[i].len;
     }
     tok->vocab = top + 1;
-    tok->arena = malloc(bytes + 1);
+    tok->arena = calloc(bytes + 1, 1);   /* zeroed: -O1 cannot see it filled before bmap_init's use */
     tok->off = calloc((size_t)tok->vocab, sizeof *tok->off);
     tok->len = calloc((size_t)tok->vocab, sizeof *tok->len);
     tok->kind = calloc((size_t)tok->vocab, 1);
