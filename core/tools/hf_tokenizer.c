@@ -1,6 +1,7 @@
 /* hf_tokenizer.c: a Hugging Face tokenizer.json (and its tokenizer_config.json) checked key by key
  * and turned into an hf_spec for tokenizer_from_hf. What is accepted is listed in hf_tokenizer.h. */
 #include "tools/hf_tokenizer.h"
+#include "tools/unicode_nfc.h"
 #include "host/util.h"
 
 #include <jansson.h>
@@ -385,9 +386,12 @@ static int read_pre_tokenizer(reader *r) {
 
 static int read_other_keys(reader *r) {
     const json_t *norm = json_object_get(r->root, "normalizer");
-    if (norm && !json_is_null(norm))
+    const char *nt = type_of(norm);
+    if (nt && strcmp(nt, "NFC") == 0)
+        r->s.nfc = 1;   /* Qwen2's: text must already be in NFC (hf_nfc_check) */
+    else if (norm && !json_is_null(norm))
         return bad(r, "normalizer.type", json_is_object(norm) ? json_object_get(norm, "type") : norm,
-                   "is not supported (ctitan reads tokenizer.json files whose normalizer is null)");
+                   "is not supported (ctitan reads a null or \"NFC\" normalizer)");
     const json_t *dec = json_object_get(r->root, "decoder");
     if (dec && !json_is_null(dec) && (!type_of(dec) || strcmp(type_of(dec), "ByteLevel")))
         return bad(r, "decoder.type", json_is_object(dec) ? json_object_get(dec, "type") : dec,
@@ -480,4 +484,111 @@ done:
     free(r.s.added);
     json_decref(r.root);
     return tok;
+}
+
+/* ---- NFC: is the text already normalised? ------------------------------------------------------- */
+
+static void nfc_props(uint32_t cp, int *ccc, int *flags) {
+    size_t lo = 0, hi = sizeof nfc_ranges / sizeof nfc_ranges[0];
+    *ccc = *flags = 0;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < nfc_ranges[mid].first) hi = mid;
+        else if (cp > nfc_ranges[mid].last) lo = mid + 1;
+        else {
+            *ccc = nfc_ranges[mid].ccc;
+            *flags = nfc_ranges[mid].flags;
+            return;
+        }
+    }
+}
+
+static int sorted_has32(const uint32_t *a, size_t n, uint32_t v) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (a[mid] == v) return 1;
+        if (a[mid] < v) lo = mid + 1; else hi = mid;
+    }
+    return 0;
+}
+
+/* The second of some composite (NFC_Quick_Check=Maybe): the table, Hangul vowels and trailing consonants. */
+static int nfc_is_second(uint32_t cp) {
+    return (cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2) ||
+           sorted_has32(nfc_seconds, sizeof nfc_seconds / sizeof nfc_seconds[0], cp);
+}
+
+static int nfc_composes(uint32_t first, uint32_t second) {
+    if (first >= 0x1100 && first <= 0x1112 && second >= 0x1161 && second <= 0x1175) return 1;   /* L + V */
+    if (first >= 0xAC00 && first <= 0xD7A3 && (first - 0xAC00) % 28 == 0 && second >= 0x11A8 && second <= 0x11C2)
+        return 1;   /* LV + T */
+    uint64_t key = (uint64_t)first << 21 | second;
+    size_t lo = 0, hi = sizeof nfc_pairs / sizeof nfc_pairs[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (nfc_pairs[mid] == key) return 1;
+        if (nfc_pairs[mid] < key) lo = mid + 1; else hi = mid;
+    }
+    return 0;
+}
+
+/* Length of the valid UTF-8 sequence at s and its code point, 0 if none (overlong, surrogate ...). */
+static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
+    unsigned char c = s[0];
+    size_t need;
+    if (c < 0x80) { *cp = c; return 1; }
+    if (c >= 0xc2 && c <= 0xdf) { need = 2; *cp = c & 0x1f; }
+    else if (c >= 0xe0 && c <= 0xef) { need = 3; *cp = c & 0x0f; }
+    else if (c >= 0xf0 && c <= 0xf4) { need = 4; *cp = c & 0x07; }
+    else return 0;
+    if (n < need) return 0;
+    for (size_t i = 1; i < need; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+        *cp = *cp << 6 | (s[i] & 0x3f);
+    }
+    if ((need == 3 && (*cp < 0x800 || (*cp >= 0xd800 && *cp <= 0xdfff))) || (need == 4 && (*cp < 0x10000 || *cp > 0x10ffff)))
+        return 0;
+    return need;
+}
+
+int hf_nfc_check(const unsigned char *s, size_t n, size_t *at, uint32_t *bad_cp) {
+    int have_starter = 0, starter_decomp = 0, last_ccc = 0, max_between = 0, n_between = 0;
+    uint32_t starter = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = utf8_decode(s + i, n - i, &cp);
+        if (k == 0) {   /* not text: encoded byte by byte, nothing composes across it */
+            have_starter = 0;
+            last_ccc = 0;
+            i++;
+            continue;
+        }
+        int ccc, flags;
+        nfc_props(cp, &ccc, &flags);
+        int bad = (flags & (NFC_NO | NFC_UNASSIGNED)) != 0 || (ccc && last_ccc > ccc) ||
+                  /* a mark after a precomposed letter might reorder with the letter's own marks */
+                  (ccc && have_starter && starter_decomp);
+        if (!bad && have_starter && nfc_is_second(cp)) {
+            int blocked = ccc == 0 ? n_between > 0 : max_between >= ccc;
+            bad = !blocked && nfc_composes(starter, cp);
+        }
+        if (bad) {
+            *at = i;
+            *bad_cp = cp;
+            return 1;
+        }
+        if (ccc == 0) {
+            have_starter = 1;
+            starter = cp;
+            starter_decomp = (flags & NFC_DECOMP) != 0;
+            n_between = max_between = 0;
+        } else {
+            n_between++;
+            if (ccc > max_between) max_between = ccc;
+        }
+        last_ccc = ccc;
+        i += k;
+    }
+    return 0;
 }

@@ -6,7 +6,9 @@
  *                    position); ignore_merges; dropout null, no subword prefix or word suffix.
  *   pre_tokenizer    ByteLevel (use_regex: GPT-2's pattern; add_prefix_space), or a Sequence of one
  *                    Split (a Regex or String pattern, behavior Isolated, invert false) and a ByteLevel.
- *   normalizer       null.
+ *   normalizer       null, or NFC (Qwen2's): ctitan does not normalise; text already in NFC (where
+ *                    NFC changes nothing) is encoded, other text is refused with the byte offset
+ *                    and code point (hf_nfc_check; Unicode data from NFC_UNICODE_VERSION).
  *   added_tokens     id, content, special, normalized; single_word, lstrip and rstrip must be false.
  *   decoder          null or ByteLevel; post_processor, truncation and padding are not used (ctitan
  *                    adds BOS/EOS itself).
@@ -53,8 +55,14 @@ typedef struct hf_spec {
     int byte_level_regex;      /* ByteLevel's use_regex: GPT-2's pattern after the Split */
     int add_prefix_space;      /* ByteLevel's: a space before every piece that lacks one */
     int ignore_merges;         /* a chunk that is a vocab token is emitted whole */
+    int nfc;                   /* normalizer NFC: text must already be in NFC */
     int32_t bos, eos;          /* -1 when there is none */
 } hf_spec;
+
+/* 0 if the text is certainly in Unicode NFC (so NFC leaves it as it is); 1 if it is not, or cannot be
+ * told without normalising (a combining mark after a precomposed letter, a code point unassigned in
+ * NFC_UNICODE_VERSION), with the byte offset and code point in *at, *cp. Invalid UTF-8 is skipped. */
+int hf_nfc_check(const unsigned char *s, size_t n, size_t *at, uint32_t *cp);
 
 /* Reads tokenizer.json bytes; config_path (may be NULL or missing on disk) is tokenizer_config.json. */
 ct_tokenizer *hf_tokenizer_load_json(const char *json, size_t len, const char *label,

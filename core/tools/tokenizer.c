@@ -173,7 +173,7 @@ struct ct_tokenizer {
     ct_pretok *pretok;      /* tiktoken: Llama 3's regex; hf: the Split's, or NULL */
     /* tokenizer.json only */
     ct_pretok *byte_level;  /* ByteLevel's GPT-2 regex (use_regex), or NULL */
-    int add_prefix_space, ignore_merges;
+    int add_prefix_space, ignore_merges, nfc;
     pmap merges;
     size_t n_added;
     uint32_t *added_off, *added_len; /* the added tokens' text in the arena, by added index */
@@ -1018,11 +1018,18 @@ static int hf_split_added(hf_encoder *h, int cls, const unsigned char *t, size_t
 
 static int hf_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special, encoder *e,
                      char *err, size_t errlen) {
+    size_t at;
+    uint32_t cp;
+    if (tok->nfc && hf_nfc_check((const unsigned char *)text, len, &at, &cp)) {
+        ct_errf(err, errlen, "tokenizer: the text is not in Unicode NFC at byte %zu (U+%04X, or it cannot be "
+                "told without normalising); this tokenizer.json's normalizer is NFC, which ctitan does not "
+                "apply: normalise the text to NFC first", at, (unsigned)cp);
+        return -1;
+    }
     hf_encoder h = {.e = *e, .allow_special = allow_special, .err = err, .errlen = errlen};
     int rc = hf_split_added(&h, 0, (const unsigned char *)text, len);
     *e = h.e;
     free(h.buf);
-    (void)tok;
     return rc;
 }
 
@@ -1145,6 +1152,7 @@ ct_tokenizer *tokenizer_from_hf(const hf_spec *s, const char *label, char *err, 
     tok->eos = s->eos;
     tok->add_prefix_space = s->add_prefix_space;
     tok->ignore_merges = s->ignore_merges;
+    tok->nfc = s->nfc;
     int32_t top = -1;
     size_t bytes = 0;
     for (size_t i = 0; i < s->n_vocab; i++) {
