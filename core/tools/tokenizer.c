@@ -817,12 +817,14 @@ static size_t bpe_merge(const ct_tokenizer *tok, const unsigned char *c, size_t 
     return m;
 }
 
+static size_t hf_merge(const ct_tokenizer *tok, const unsigned char *c, size_t n, bpe_scratch *s, int32_t *out);
+
 size_t tokenizer_bpe_chunk(const ct_tokenizer *tok, const unsigned char *chunk, size_t len,
                            int32_t *out) {
     if (len == 0) return 0;
     bpe_scratch s = {0};
     if (scratch_reserve(&s, len)) return 0;
-    size_t m = bpe_merge(tok, chunk, len, &s, out);
+    size_t m = tok->hf ? hf_merge(tok, chunk, len, &s, out) : bpe_merge(tok, chunk, len, &s, out);
     scratch_free(&s);
     return m;
 }
@@ -1126,17 +1128,17 @@ static int hf_build_added(ct_tokenizer *tok, const hf_spec *s, size_t o) {
         tok->added_id[i] = a->id;
         tok->added_special[i] = (unsigned char)a->special;
         o += a->len;
-        int c = a->normalized ? 1 : 0;
-        if (bmap_put(&tok->added[c], (uint32_t)i) != (int64_t)i) continue;   /* same text twice: the first */
-        tok->added_first[c][a->content[0]] = 1;
-        size_t k = 0;
-        while (k < tok->n_added_lens[c] && tok->added_lens[c][k] != a->len) k++;
-        if (k == tok->n_added_lens[c]) tok->added_lens[c][tok->n_added_lens[c]++] = (uint32_t)a->len;
         if (tok->kind[a->id] == ID_NONE) {   /* not a vocab token: it decodes to its text */
             tok->off[a->id] = tok->added_off[i];
             tok->len[a->id] = tok->added_len[i];
         }
         tok->kind[a->id] = a->special ? ID_SPECIAL : ID_ADDED;
+        int c = a->normalized ? 1 : 0;
+        if (bmap_put(&tok->added[c], (uint32_t)i) != (int64_t)i) continue;   /* same text twice: the first matches */
+        tok->added_first[c][a->content[0]] = 1;
+        size_t k = 0;
+        while (k < tok->n_added_lens[c] && tok->added_lens[c][k] != a->len) k++;
+        if (k == tok->n_added_lens[c]) tok->added_lens[c][tok->n_added_lens[c]++] = (uint32_t)a->len;
     }
     for (int c = 0; c < 2; c++)
         qsort(tok->added_lens[c], tok->n_added_lens[c], sizeof *tok->added_lens[c], cmp_len_desc);

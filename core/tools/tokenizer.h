@@ -98,7 +98,8 @@ const char *tokenizer_special_name(int i);
 /* Id of a special token's text (tokenizer.json: of any added token's), or -1. */
 int tokenizer_special_id(const ct_tokenizer *tok, const char *name);
 
-/* BPE-merges one chunk by rank (step 3 above, without the whole-chunk lookup), appending the ids to
+/* BPE-merges one chunk by rank (step 3 above, without the whole-chunk lookup; a tokenizer.json's by
+ * merge rank, hf_tokenizer.h), appending the ids to
  * out (room for len ids). Returns the number of ids, 0 if out of memory. Exposed for tests. */
 size_t tokenizer_bpe_chunk(const ct_tokenizer *tok, const unsigned char *chunk, size_t len,
                            int32_t *out);
