@@ -85,7 +85,8 @@ ct_status session_load_plugin(session *s, const char *section, const char *key, 
                               plugin **out);
 
 /* Opens model.tokenizer_path (else model.hf_assets_path; a tokenizer file or a folder) and checks it
- * against the model (every id it makes is a row of the embedding). Prints one line naming the key and returns CT_ERR_INVALID, or CT_OK with *tok set. */
+ * against the model (every id it makes is a row of the embedding). Prints one line naming the key
+ * and returns CT_ERR_INVALID, or CT_OK with *tok set. */
 ct_status session_open_tokenizer(session *s, ct_tokenizer **tok);
 /* Samples up to max_new tokens after `prompt` and prints the text (rank 0). Sizes are checked, and
  * memory grows with the tokens made. */

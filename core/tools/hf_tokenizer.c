@@ -10,6 +10,7 @@
 #include <string.h>
 
 #define MAX_ID (1 << 24)
+#define MAX_TOKEN_TEXT 4096   /* bytes of a merge's joined text; real tokens are far shorter */
 
 /* ---- ByteLevel's alphabet: every byte is shown as one code point ------------------------------- */
 
@@ -70,7 +71,7 @@ typedef struct reader {
 
 /* A value shown in a message: strings quoted and cut, other kinds by name. */
 static void show(const json_t *v, char *out, size_t n) {
-    if (!v) snprintf(out, n, "missing");
+    if (!v) snprintf(out, n, "(missing)");
     else if (json_is_string(v)) snprintf(out, n, "\"%.60s%s\"", json_string_value(v),
                                          json_string_length(v) > 60 ? "..." : "");
     else if (json_is_null(v)) snprintf(out, n, "null");
@@ -198,13 +199,15 @@ static int read_vocab(reader *r) {
 
 /* The id of a vocab token's text, or -1 with a message. */
 static int32_t vocab_id(reader *r, const char *key, const char *text, size_t len) {
-    char buf[512];
-    const json_t *v = NULL;
-    if (len < sizeof buf) {
-        memcpy(buf, text, len);
-        buf[len] = 0;
-        v = json_object_get(r->vocab, buf);
+    char buf[MAX_TOKEN_TEXT];
+    if (len >= sizeof buf) {
+        ct_errf(r->err, r->errlen, "%s: %s: a token of %zu bytes, more than the %d read", r->label, key, len,
+                MAX_TOKEN_TEXT - 1);
+        return -1;
     }
+    memcpy(buf, text, len);
+    buf[len] = 0;
+    const json_t *v = json_object_get(r->vocab, buf);
     if (!v) {
         ct_errf(r->err, r->errlen, "%s: %s: \"%.*s\" is not a token of model.vocab", r->label, key,
                 (int)(len > 60 ? 60 : len), text);
@@ -222,7 +225,7 @@ static int read_merges(reader *r) {
         ct_errf(r->err, r->errlen, "%s: out of memory reading model.merges", r->label);
         return -1;
     }
-    char joined[1024];
+    char joined[MAX_TOKEN_TEXT];
     for (size_t i = 0; i < n; i++) {
         const json_t *e = json_array_get(m, i);
         char key[48];
@@ -246,7 +249,7 @@ static int read_merges(reader *r) {
         } else {
             return bad(r, key, e, "is not a merge (\"a b\" or [\"a\", \"b\"])");
         }
-        if (al + bl >= sizeof joined) return bad(r, key, e, "is too long");
+        if (al + bl >= sizeof joined) return bad(r, key, e, "joins into a token too long to read");
         int32_t ia = vocab_id(r, key, a, al), ib = ia < 0 ? -1 : vocab_id(r, key, b, bl);
         if (ib < 0) return -1;
         memcpy(joined, a, al);

@@ -351,7 +351,7 @@ static void test_bad_files_are_refused_in_one_line(void **state) {
                  "tokenizer.json (a JSON object), a tiktoken vocabulary");
     expect_error("\x89PNG\r\n\x1a\n", ": ", "not a tokenizer file");
     expect_edit_error(wordpiece, ": model.type: ", "\"WordPiece\" is not supported (ctitan reads byte-level \"BPE\" models)");
-    expect_edit_error(no_merges, ": model.merges: ", "missing is not an array of merges");
+    expect_edit_error(no_merges, ": model.merges: ", "(missing) is not an array of merges");
     expect_edit_error(merge_of_unknown, ": model.merges[3]: ", "\"zq\" is not a token of model.vocab");
     expect_edit_error(merge_to_unknown, ": model.merges[", "\"qz\" is not a token of model.vocab");
     expect_edit_error(merge_three, ": model.merges[0]: ", "\"a b c\" is not two tokens separated by one space");
