@@ -112,7 +112,7 @@ $(BUILD)/ctitan-sdk.pc: sdk/ctitan-sdk.pc.in sdk/include/ctitan/abi.h
 
 # The fast tier for the edit-compile loop: unit tests that open no session and CLI scripts that run
 # in seconds, none launching MPI ranks or a training run. `make test` runs these and everything else.
-CHECK_UNIT := test_core_config test_hw_profile test_shard test_safetensors test_tensorfile test_tokenizer test_fp8 \
+CHECK_UNIT := test_core_config test_hw_profile test_shard test_safetensors test_tensorfile test_tokenizer test_hf_tokenizer test_fp8 \
               test_cpu_gradcheck test_schedules test_device_conformance test_lion
 CHECK_CLI  := configs plugin_exports bad_input manifest_limits hf_convert schedule_cli plan_cli
 check: all $(CHECK_UNIT:%=$(BUILD)/tests/%)
@@ -134,7 +134,7 @@ FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D
 fuzz:
 	@mkdir -p build/fuzz
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c core/config/manifest.c core/host/util.c -lyaml
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tokenizer_file tests/fuzz/fuzz_tokenizer_file.c core/tools/tokenizer.c core/host/util.c -lpcre2-8 -lpthread
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tokenizer_file tests/fuzz/fuzz_tokenizer_file.c core/tools/tokenizer.c core/tools/hf_tokenizer.c core/host/util.c -lpcre2-8 -ljansson -lpthread
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_shard tests/fuzz/fuzz_shard.c core/data/shard.c core/host/util.c -lz
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_instream tests/fuzz/fuzz_instream.c core/tools/instream.c core/host/util.c -lz -lzstd
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tensorfile tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c core/host/util.c

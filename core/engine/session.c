@@ -714,17 +714,22 @@ static int32_t sample(float *logits, int64_t V, double temperature, int64_t top_
 }
 
 ct_status session_open_tokenizer(session *s, ct_tokenizer **out) {
-    const char *tok_path;
+    const char *tok_path, *key = "model.tokenizer_path";
     char err[2048], path[4096], where[600];
     *out = NULL;
-    if (mf_get_str(s->mf, "model.tokenizer_path", &tok_path) || !*tok_path) {
-        mf_where(s->mf, "model.tokenizer_path", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: not set; sampling (generate.max_new_tokens > 0) needs a tokenizer file\n", where);
-        return CT_ERR_INVALID;
+    /* torchtitan's model.hf_assets_path (a Hub folder) is read when no tokenizer_path names a file */
+    if (mf_get_str(s->mf, key, &tok_path) || !*tok_path) {
+        key = "model.hf_assets_path";
+        if (mf_get_str(s->mf, key, &tok_path) || !*tok_path) {
+            mf_where(s->mf, "model.tokenizer_path", where, sizeof where);
+            fprintf(stderr, "ctitan: %s: not set, nor model.hf_assets_path; sampling (generate.max_new_tokens > 0) "
+                            "needs a tokenizer (tokenizer.json, tokenizer.model or a folder holding one)\n", where);
+            return CT_ERR_INVALID;
+        }
     }
     session_resolve_path(s->mf, tok_path, path, sizeof path);
     ct_tokenizer *tok = tokenizer_load(path, err, sizeof err);
-    mf_where(s->mf, "model.tokenizer_path", where, sizeof where);
+    mf_where(s->mf, key, where, sizeof where);
     if (!tok) {
         fprintf(stderr, "ctitan: %s: %s\n", where, err);
         return CT_ERR_INVALID;
@@ -732,7 +737,7 @@ ct_status session_open_tokenizer(session *s, ct_tokenizer **out) {
     /* every id it can produce (the specials last) must be a row of the model's embedding */
     int64_t V = s->rt.desc.vocab_size;
     if (V > 0 && tokenizer_vocab_size(tok) > V) {
-        fprintf(stderr, "ctitan: %s: %s has %d tokens (with its 256 specials) but the model's vocabulary is %lld; "
+        fprintf(stderr, "ctitan: %s: %s has %d tokens (its highest id + 1, specials included) but the model's vocabulary is %lld; "
                         "expected a tokenizer of at most model.vocab_size tokens\n",
                 where, path, tokenizer_vocab_size(tok), (long long)V);
         tokenizer_free(tok);
@@ -770,8 +775,16 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
         goto done;
     }
     int64_t len = 0;
-    ctx[len++] = tokenizer_bos_id(tok);
+    /* GPT-2 style tokenizers have no BOS: the sample is conditioned on the EOS that ends a document */
+    int32_t start = tokenizer_bos_id(tok) >= 0 ? tokenizer_bos_id(tok) : tokenizer_eos_id(tok);
+    if (start >= 0) ctx[len++] = start;
     for (size_t i = 0; i < n && len < max_context; i++) ctx[len++] = ids[i];
+    if (len == 0) {
+        fprintf(stderr, "ctitan: generate: the prompt is empty and the tokenizer has no BOS or EOS token to start from; "
+                        "give a prompt\n");
+        rc = CT_ERR_INVALID;
+        goto done;
+    }
     int64_t first_new = len;
     uint64_t key = rng_splitmix64(seed ^ 0x5A3Bu);
     for (int64_t step = 0; step < max_new; step++) {
@@ -780,11 +793,14 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
             fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
             goto done;
         }
-        /* no special token but <|end_of_text|> (which ends the sample): the reserved ones an untrained
-         * model's tail would give are not text, nor are rows past the tokenizer's vocabulary */
+        /* no special token but the EOS (which ends the sample): the reserved ones an untrained model's
+         * tail would give are not text, nor are rows past the tokenizer's vocabulary or ids that name
+         * no token (a tokenizer.json may leave gaps) */
         float *last = logits + (T - 1) * V;
-        for (int64_t v = tokenizer_n_base(tok); v < V; v++)
-            if (v != tokenizer_eos_id(tok)) last[v] = -INFINITY;
+        for (int64_t v = 0; v < V; v++)
+            if (v != tokenizer_eos_id(tok) && (v >= tokenizer_vocab_size(tok) || tokenizer_is_special(tok, (int32_t)v) ||
+                                               !tokenizer_token_bytes(tok, (int32_t)v, NULL)))
+                last[v] = -INFINITY;
         int32_t next = sample(last, V, temperature, top_k, top_p, key, (uint64_t)step);
         if (next == tokenizer_eos_id(tok)) break;
         if ((size_t)len == cap) {

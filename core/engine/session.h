@@ -84,8 +84,9 @@ const char *session_strategy_name(const manifest *mf, int world);
 ct_status session_load_plugin(session *s, const char *section, const char *key, const char *name, ct_plugin_kind kind,
                               plugin **out);
 
-/* Opens model.tokenizer_path and checks it against the model (every id it makes is a row of the
- * embedding). Prints one line naming the key and returns CT_ERR_INVALID, or CT_OK with *tok set. */
+/* Opens model.tokenizer_path (else model.hf_assets_path; a tokenizer file or a folder) and checks it
+ * against the model (every id it makes is a row of the embedding). Prints one line naming the key
+ * and returns CT_ERR_INVALID, or CT_OK with *tok set. */
 ct_status session_open_tokenizer(session *s, ct_tokenizer **tok);
 /* Samples up to max_new tokens after `prompt` and prints the text (rank 0). Sizes are checked, and
  * memory grows with the tokens made. */

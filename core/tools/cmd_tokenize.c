@@ -20,16 +20,19 @@
 #define CHUNK (1 << 16)   /* decompressed bytes handed to the line splitter at a time */
 
 static const char tokenize_usage[] =
-    "usage: ctitan tokenize --tokenizer FILE --input FILE [--input FILE ...] --output SHARD\n"
+    "usage: ctitan tokenize --tokenizer PATH --input FILE [--input FILE ...] --output SHARD\n"
     "                       [--format text|jsonl] [--field NAME] [--skip-missing] [--split-on LINE]\n"
     "                       [--allow-special] [--quiet] [--progress SECONDS]\n"
     "       ctitan tokenize --check SHARD [--check SHARD ...]\n"
     "\n"
-    "Encodes documents into a token shard: each document becomes\n"
-    "<|begin_of_text|> + its tokens + <|end_of_text|>. Input streams through a fixed buffer and one\n"
-    "document at a time is held in memory.\n"
+    "Encodes documents into a token shard: each document becomes BOS + its tokens + EOS\n"
+    "(<|begin_of_text|>, <|end_of_text|> for Llama 3; a tokenizer with no BOS, or one equal to its EOS,\n"
+    "as GPT-2's <|endoftext|>, writes only the EOS after each document).\n"
+    "Input streams through a fixed buffer and one document at a time is held in memory.\n"
     "\n"
-    "  --tokenizer FILE   tiktoken-format vocabulary (Llama 3's tokenizer.model, or `tokenizer train`'s)\n"
+    "  --tokenizer PATH   tiktoken tokenizer.model (Llama 3's, or `tokenizer train`'s), a Hugging Face\n"
+    "                     tokenizer.json, or a model folder holding tokenizer.json (+ tokenizer_config.json\n"
+    "                     for BOS/EOS), tokenizer.model or original/tokenizer.model\n"
     "  --input FILE       a file of documents, or - for standard input; repeat for more files.\n"
     "                     gzip and zstd input is decompressed as it streams, told by its first bytes\n"
     "                     (1f 8b, 28 b5 2f fd), not by its name; gzip members or zstd frames one after\n"
@@ -58,13 +61,14 @@ static const char tokenize_usage[] =
 static const char tokenizer_usage[] =
     "usage: ctitan tokenizer train  --input FILE [--input FILE ...] --vocab-size N --output FILE\n"
     "                               [--format text|jsonl] [--field NAME] [--skip-missing] [--split-on LINE]\n"
-    "       ctitan tokenizer encode --tokenizer FILE --text STR [--allow-special]\n"
-    "       ctitan tokenizer decode --tokenizer FILE ID...\n"
+    "       ctitan tokenizer encode --tokenizer PATH --text STR [--allow-special]\n"
+    "       ctitan tokenizer decode --tokenizer PATH ID...\n"
     "\n"
     "  train    learns a byte-level BPE vocabulary on Llama 3's regex chunks and writes it in tiktoken\n"
     "           format; N counts the 256 special tokens, so the file holds N - 256 tokens\n"
     "  encode   prints the ids of STR (special-token text is plain text unless --allow-special)\n"
     "  decode   prints the bytes of the ids\n"
+    "  PATH     a tokenizer.model, a tokenizer.json or a folder (as for `ctitan tokenize`)\n"
     "\n"
     "  --input FILE, --format, --field, --skip-missing, --split-on   as for `ctitan tokenize` (gzip,\n"
     "           zstd and - for standard input included; see ctitan tokenize --help)\n"
@@ -440,10 +444,12 @@ static int tokenize_doc(void *ctx, const char *text, size_t len, char *err, size
     int32_t *ids = NULL;
     size_t n = 0;
     if (tokenizer_encode(c->tok, text, len, c->allow_special, &ids, &n, err, errlen)) return -1;
-    uint32_t bos = (uint32_t)tokenizer_bos_id(c->tok), eos = (uint32_t)tokenizer_eos_id(c->tok);
-    int rc = shard_writer_append(c->out, &bos, 1, err, errlen) ||
+    /* GPT-2 style tokenizers have only <|endoftext|>: one between documents, not two */
+    int32_t b = tokenizer_bos_id(c->tok), e = tokenizer_eos_id(c->tok);
+    uint32_t bos = (uint32_t)b, eos = (uint32_t)e;
+    int rc = (b >= 0 && b != e && shard_writer_append(c->out, &bos, 1, err, errlen)) ||
              shard_writer_append(c->out, (const uint32_t *)ids, n, err, errlen) ||
-             shard_writer_append(c->out, &eos, 1, err, errlen);
+             (e >= 0 && shard_writer_append(c->out, &eos, 1, err, errlen));
     free(ids);
     if (rc) return -1;
     progress_tick(c->prog, c->src, shard_writer_count(c->out));

@@ -1,9 +1,12 @@
-/* tokenizer.c: loads a tiktoken vocabulary, splits text with Llama 3's regex, BPE-merges by rank.
- * The format and the encoding rules are described in tokenizer.h. */
+/* tokenizer.c: loads a tiktoken vocabulary or (through hf_tokenizer.c) a Hugging Face tokenizer.json,
+ * splits text with the pre-tokenizer's regex, BPE-merges by rank. The formats and the encoding rules
+ * are described in tokenizer.h and hf_tokenizer.h. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tools/tokenizer.h"
+#include "tools/hf_tokenizer.h"
 #include "host/util.h"
 
+#include <sys/stat.h>
 #include <errno.h>
 #include <pcre2.h>
 #include <pthread.h>
@@ -108,14 +111,78 @@ static int64_t bmap_put(bmap *m, uint32_t k) {
 
 /* ---- the tokenizer object ----------------------------------------------------------------------- */
 
+/* (left id, right id) -> (merge rank, merged id), open addressing; a tokenizer.json's merges. */
+typedef struct pmap {
+    uint64_t *keys;         /* left << 32 | right; PMAP_EMPTY = free */
+    uint32_t *rank;
+    int32_t *id;
+    uint32_t mask;
+} pmap;
+
+#define PMAP_EMPTY UINT64_MAX
+
+static int pmap_init(pmap *m, size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    m->keys = malloc(cap * sizeof *m->keys);
+    m->rank = malloc(cap * sizeof *m->rank);
+    m->id = malloc(cap * sizeof *m->id);
+    if (!m->keys || !m->rank || !m->id) return -1;
+    memset(m->keys, 0xff, cap * sizeof *m->keys);
+    m->mask = (uint32_t)(cap - 1);
+    return 0;
+}
+
+static uint64_t pmap_slot(const pmap *m, uint64_t key) {
+    uint64_t h = key * 0x9E3779B97F4A7C15ull;
+    uint64_t i = (h ^ (h >> 29)) & m->mask;
+    while (m->keys[i] != PMAP_EMPTY && m->keys[i] != key) i = (i + 1) & m->mask;
+    return i;
+}
+
+/* A later merge of the same pair replaces the earlier one, as the tokenizers package's map does. */
+static void pmap_put(pmap *m, int32_t left, int32_t right, uint32_t rank, int32_t id) {
+    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right, i = pmap_slot(m, key);
+    m->keys[i] = key;
+    m->rank[i] = rank;
+    m->id[i] = id;
+}
+
+/* The merge of (left, right): its rank, and its merged id in *id; NO_RANK if none. */
+static uint32_t pmap_get(const pmap *m, int32_t left, int32_t right, int32_t *id) {
+    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right, i = pmap_slot(m, key);
+    if (m->keys[i] == PMAP_EMPTY) return NO_RANK;
+    *id = m->id[i];
+    return m->rank[i];
+}
+
+/* What an id is (tokenizer.json ids may leave gaps). */
+enum { ID_NONE = 0, ID_BASE = 1, ID_ADDED = 2, ID_SPECIAL = 3 };
+
 struct ct_tokenizer {
-    int n_base;
-    unsigned char *arena;   /* token bytes, base tokens then special names */
-    uint32_t *off, *len;    /* per id (n_base + 256) */
-    bmap ranks;             /* base token bytes -> rank */
-    bmap specials;          /* special text -> index n_base + i */
+    int hf;                 /* 0: tiktoken; 1: tokenizer.json */
+    int n_base;             /* base tokens (tiktoken ranks, or model.vocab's tokens) */
+    int vocab;              /* highest id + 1 */
+    int bos, eos;           /* -1 when there is none */
+    unsigned char *arena;   /* token bytes: base tokens, then special names / added tokens' text */
+    uint32_t *off, *len;    /* per id */
+    unsigned char *kind;    /* per id: ID_* */
+    bmap ranks;             /* base token bytes -> id (= rank for tiktoken) */
+    bmap specials;          /* tiktoken: special text -> id */
     uint32_t byte_rank[256];
-    ct_pretok *pretok;
+    ct_pretok *pretok;      /* tiktoken: Llama 3's regex; hf: the Split's, or NULL */
+    /* tokenizer.json only */
+    ct_pretok *byte_level;  /* ByteLevel's GPT-2 regex (use_regex), or NULL */
+    int add_prefix_space, ignore_merges, nfc;
+    pmap merges;
+    size_t n_added;
+    uint32_t *added_off, *added_len; /* the added tokens' text in the arena, by added index */
+    int32_t *added_id;
+    unsigned char *added_special;
+    bmap added[2];          /* text -> added index; [0] normalized=false (matched first), [1] true */
+    unsigned char added_first[2][256];   /* a byte that starts some added token of the class */
+    uint32_t *added_lens[2];             /* distinct lengths of the class, longest first */
+    size_t n_added_lens[2];
 };
 
 void tokenizer_free(ct_tokenizer *tok) {
@@ -123,25 +190,50 @@ void tokenizer_free(ct_tokenizer *tok) {
     free(tok->arena);
     free(tok->off);
     free(tok->len);
+    free(tok->kind);
     free(tok->ranks.slots);
     free(tok->specials.slots);
     pretok_free(tok->pretok);
+    pretok_free(tok->byte_level);
+    free(tok->merges.keys);
+    free(tok->merges.rank);
+    free(tok->merges.id);
+    free(tok->added_off);
+    free(tok->added_len);
+    free(tok->added_id);
+    free(tok->added_special);
+    for (int c = 0; c < 2; c++) {
+        free(tok->added[c].slots);
+        free(tok->added_lens[c]);
+    }
     free(tok);
 }
 
-int tokenizer_vocab_size(const ct_tokenizer *tok) { return tok->n_base + TOKENIZER_N_SPECIAL; }
+int tokenizer_vocab_size(const ct_tokenizer *tok) { return tok->vocab; }
 int tokenizer_n_base(const ct_tokenizer *tok) { return tok->n_base; }
-int tokenizer_bos_id(const ct_tokenizer *tok) { return tok->n_base + TOKENIZER_BEGIN_OF_TEXT; }
-int tokenizer_eos_id(const ct_tokenizer *tok) { return tok->n_base + TOKENIZER_END_OF_TEXT; }
+int tokenizer_bos_id(const ct_tokenizer *tok) { return tok->bos; }
+int tokenizer_eos_id(const ct_tokenizer *tok) { return tok->eos; }
+
+int tokenizer_is_special(const ct_tokenizer *tok, int32_t id) {
+    return id >= 0 && id < tok->vocab && tok->kind[id] == ID_SPECIAL;
+}
 
 const char *tokenizer_token_bytes(const ct_tokenizer *tok, int32_t id, size_t *len) {
-    if (id < 0 || id >= tokenizer_vocab_size(tok)) return NULL;
+    if (id < 0 || id >= tok->vocab || tok->kind[id] == ID_NONE) return NULL;
     if (len) *len = tok->len[id];
     return (const char *)tok->arena + tok->off[id];
 }
 
 int tokenizer_special_id(const ct_tokenizer *tok, const char *name) {
-    int64_t k = bmap_get(&tok->specials, (const unsigned char *)name, strlen(name));
+    size_t n = strlen(name);
+    if (tok->hf) {
+        for (int c = 0; c < 2; c++) {
+            int64_t k = tok->added[c].slots ? bmap_get(&tok->added[c], (const unsigned char *)name, n) : -1;
+            if (k >= 0) return tok->added_id[k];
+        }
+        return -1;
+    }
+    int64_t k = bmap_get(&tok->specials, (const unsigned char *)name, n);
     return k < 0 ? -1 : (int)k;
 }
 
@@ -293,11 +385,16 @@ static int add_specials(ct_tokenizer *tok, size_t base_bytes) {
     }
     if (bmap_init(&tok->specials, TOKENIZER_N_SPECIAL, tok->arena, tok->off, tok->len)) return -1;
     for (int i = 0; i < TOKENIZER_N_SPECIAL; i++) bmap_put(&tok->specials, (uint32_t)(tok->n_base + i));
+    memset(tok->kind, ID_BASE, (size_t)tok->n_base);
+    memset(tok->kind + tok->n_base, ID_SPECIAL, TOKENIZER_N_SPECIAL);
+    tok->vocab = tok->n_base + TOKENIZER_N_SPECIAL;
+    tok->bos = tok->n_base + TOKENIZER_BEGIN_OF_TEXT;
+    tok->eos = tok->n_base + TOKENIZER_END_OF_TEXT;
     return 0;
 }
 
-ct_tokenizer *tokenizer_load_mem(const char *data, size_t size, const char *label, char *err,
-                                 size_t errlen) {
+static ct_tokenizer *tiktoken_load_mem(const char *data, size_t size, const char *label, char *err,
+                                       size_t errlen) {
     if (size > MAX_FILE_BYTES) {
         ct_errf(err, errlen, "%s: file too large (%zu bytes; at most %u)", label, size, MAX_FILE_BYTES);
         return NULL;
@@ -325,7 +422,8 @@ ct_tokenizer *tokenizer_load_mem(const char *data, size_t size, const char *labe
     tok->arena = malloc(size + special_bytes);
     tok->off = malloc(ids * sizeof *tok->off);
     tok->len = malloc(ids * sizeof *tok->len);
-    if (!tok->arena || !tok->off || !tok->len) goto oom;
+    tok->kind = malloc(ids);
+    if (!tok->arena || !tok->off || !tok->len || !tok->kind) goto oom;
     if (bmap_init(&tok->ranks, (size_t)count, tok->arena, tok->off, tok->len)) goto oom;
     if (load_lines(tok, data, size, label, line_of, err, errlen)) goto fail;
     /* Every rank below count was seen once (count lines, no duplicates, none out of range). */
@@ -354,7 +452,8 @@ fail:
     return NULL;
 }
 
-ct_tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
+/* The whole file, NUL-terminated; NULL with a message. */
+static char *read_all(const char *path, size_t *size, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
@@ -363,7 +462,7 @@ ct_tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
-        if (len == cap) {
+        if (len + 1 >= cap) {
             if (cap > MAX_FILE_BYTES) {
                 ct_errf(err, errlen, "%s: file too large (more than %u bytes)", path, MAX_FILE_BYTES);
                 goto fail;
@@ -376,7 +475,7 @@ ct_tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
             }
             buf = nb;
         }
-        size_t got = fread(buf + len, 1, cap - len, f);
+        size_t got = fread(buf + len, 1, cap - len - 1, f);
         len += got;
         if (got == 0) break;
     }
@@ -385,13 +484,96 @@ ct_tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
         goto fail;
     }
     fclose(f);
-    ct_tokenizer *tok = tokenizer_load_mem(buf, len, path, err, errlen);
-    free(buf);
-    return tok;
+    buf[len] = 0;
+    *size = len;
+    return buf;
 fail:
     fclose(f);
     free(buf);
     return NULL;
+}
+
+static int is_b64(unsigned char c) { return b64_value(c) >= 0 || c == '='; }
+
+/* Which format the bytes hold: 'j' (a JSON object), 't' (tiktoken: the first non-empty line is
+ * "<base64> <rank>", or there is no such line), 0 (neither). */
+static int sniff(const char *data, size_t size) {
+    size_t i = 0;
+    if (size >= 3 && memcmp(data, "\xef\xbb\xbf", 3) == 0) i = 3;   /* a UTF-8 byte-order mark */
+    while (i < size && (data[i] == ' ' || data[i] == '\t' || data[i] == '\r' || data[i] == '\n')) i++;
+    if (i < size && data[i] == '{') return 'j';
+    line_iter it = {data, data + size, 0};
+    const char *s;
+    size_t n;
+    while (next_line(&it, &s, &n) && n == 0) {}
+    if (it.lineno == 0 || n == 0) return 't';   /* empty: the tiktoken reader says so */
+    size_t k = 0;
+    while (k < n && is_b64((unsigned char)s[k])) k++;
+    if (k == 0 || k == n || s[k] != ' ' || k + 1 == n) return 0;
+    for (k++; k < n; k++)
+        if (s[k] < '0' || s[k] > '9') return 0;
+    return 't';
+}
+
+static ct_tokenizer *load_bytes(const char *data, size_t size, const char *label, const char *config,
+                                char *err, size_t errlen) {
+    switch (sniff(data, size)) {
+    case 'j': return hf_tokenizer_load_json(data, size, label, config, err, errlen);
+    case 't': return tiktoken_load_mem(data, size, label, err, errlen);
+    }
+    ct_errf(err, errlen, "%s: not a tokenizer file: ctitan reads a Hugging Face tokenizer.json (a JSON "
+            "object), a tiktoken vocabulary ('<base64> <rank>' lines, Llama 3's tokenizer.model), or a "
+            "folder holding tokenizer.json or tokenizer.model", label);
+    return NULL;
+}
+
+ct_tokenizer *tokenizer_load_mem(const char *data, size_t size, const char *label, char *err,
+                                 size_t errlen) {
+    return load_bytes(data, size, label, NULL, err, errlen);
+}
+
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static ct_tokenizer *load_file(const char *path, const char *config, char *err, size_t errlen) {
+    size_t len = 0;
+    char *buf = read_all(path, &len, err, errlen);
+    if (!buf) return NULL;
+    ct_tokenizer *tok = load_bytes(buf, len, path, config, err, errlen);
+    free(buf);
+    return tok;
+}
+
+/* A model folder (torchtitan's model.hf_assets_path, a Hub download): tokenizer.json with its
+ * tokenizer_config.json, else tiktoken's tokenizer.model or original/tokenizer.model. */
+static ct_tokenizer *load_folder(const char *dir, char *err, size_t errlen) {
+    static const char *const tiktoken[] = {"tokenizer.model", "original/tokenizer.model"};
+    char path[4096], config[4096];
+    const char *sep = dir[0] && dir[strlen(dir) - 1] == '/' ? "" : "/";
+    snprintf(path, sizeof path, "%s%stokenizer.json", dir, sep);
+    if (is_file(path)) {
+        snprintf(config, sizeof config, "%s%stokenizer_config.json", dir, sep);
+        return load_file(path, config, err, errlen);
+    }
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s%s%s", dir, sep, tiktoken[i]);
+        if (is_file(path)) return load_file(path, NULL, err, errlen);
+    }
+    ct_errf(err, errlen, "%s: a folder without tokenizer.json, tokenizer.model or original/tokenizer.model "
+            "(the tokenizer files ctitan reads)", dir);
+    return NULL;
+}
+
+ct_tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return load_folder(path, err, errlen);
+    /* a tokenizer.json named directly still takes bos/eos from the tokenizer_config.json beside it */
+    char config[4096];
+    const char *slash = strrchr(path, '/');
+    snprintf(config, sizeof config, "%.*stokenizer_config.json", slash ? (int)(slash - path + 1) : 0, path);
+    return load_file(path, config, err, errlen);
 }
 
 /* ---- the pre-tokenizer ------------------------------------------------------------------------- */
@@ -402,10 +584,14 @@ struct ct_pretok {
 };
 
 ct_pretok *pretok_create(char *err, size_t errlen) {
+    return pretok_create_pattern(TOKENIZER_LLAMA3_PATTERN, 0, err, errlen);
+}
+
+ct_pretok *pretok_create_pattern(const char *pattern, int literal, char *err, size_t errlen) {
     int ec;
     PCRE2_SIZE eo;
-    pcre2_code *code = pcre2_compile((PCRE2_SPTR)TOKENIZER_LLAMA3_PATTERN, PCRE2_ZERO_TERMINATED,
-                                     PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    pcre2_code *code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                                     PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0), &ec, &eo, NULL);
     if (!code) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(ec, msg, sizeof msg);
@@ -422,12 +608,16 @@ ct_pretok *pretok_create(char *err, size_t errlen) {
         ct_errf(err, errlen, "pre-tokenizer: out of memory");
         return NULL;
     }
-    /* No alternative of the pattern backtracks more than the length of the run it matches (a run of
-     * n spaces before a letter costs n steps in \s*[\r\n]+), so the work is linear; PCRE2's default
-     * limits (10M steps) would refuse runs of whitespace longer than that. */
-    pcre2_set_match_limit(mctx, UINT32_MAX);
-    pcre2_set_depth_limit(mctx, UINT32_MAX);
-    pcre2_set_heap_limit(mctx, UINT32_MAX);
+    /* No alternative of the known patterns backtracks more than the length of the run it matches (a
+     * run of n spaces before a letter costs n steps in \s*[\r\n]+), so the work is linear; PCRE2's
+     * default limits (10M steps) would refuse runs of whitespace longer than that. Another pattern
+     * from a tokenizer.json keeps the defaults: a pathological one fails with a message, not a hang. */
+    if (!literal && (strcmp(pattern, TOKENIZER_LLAMA3_PATTERN) == 0 || strcmp(pattern, HF_GPT2_PATTERN) == 0 ||
+                     strcmp(pattern, HF_QWEN2_PATTERN) == 0)) {
+        pcre2_set_match_limit(mctx, UINT32_MAX);
+        pcre2_set_depth_limit(mctx, UINT32_MAX);
+        pcre2_set_heap_limit(mctx, UINT32_MAX);
+    }
     pt->code = code;
     pt->mctx = mctx;
     return pt;
@@ -627,12 +817,14 @@ static size_t bpe_merge(const ct_tokenizer *tok, const unsigned char *c, size_t 
     return m;
 }
 
+static size_t hf_merge(const ct_tokenizer *tok, const unsigned char *c, size_t n, bpe_scratch *s, int32_t *out);
+
 size_t tokenizer_bpe_chunk(const ct_tokenizer *tok, const unsigned char *chunk, size_t len,
                            int32_t *out) {
     if (len == 0) return 0;
     bpe_scratch s = {0};
     if (scratch_reserve(&s, len)) return 0;
-    size_t m = bpe_merge(tok, chunk, len, &s, out);
+    size_t m = tok->hf ? hf_merge(tok, chunk, len, &s, out) : bpe_merge(tok, chunk, len, &s, out);
     scratch_free(&s);
     return m;
 }
@@ -692,12 +884,163 @@ static int find_special(const ct_tokenizer *tok, const char *t, size_t len, size
     return -1;
 }
 
+/* ---- tokenizer.json: added tokens, the pre-tokenizer stages, merges by merge rank --------------- */
+
+/* The tokenizers package's BPE (Word::merge_all): merges are looked up by the pair of ids, not by the
+ * joined bytes, and the pair with the lowest merge rank goes first (leftmost on ties). Same heap and
+ * linked list as bpe_merge; part_rank holds ids here, pair_rank merge ranks. */
+static size_t hf_merge(const ct_tokenizer *tok, const unsigned char *c, size_t n, bpe_scratch *s,
+                       int32_t *out) {
+    size_t hn = 0;
+    int32_t merged;
+    for (size_t i = 0; i < n; i++) s->part_rank[i] = tok->byte_rank[c[i]];
+    for (size_t i = 0; i < n; i++) {
+        s->next[i] = (uint32_t)(i + 1);
+        s->prev[i] = (uint32_t)i - 1;
+        s->pair_rank[i] = i + 1 < n ? pmap_get(&tok->merges, (int32_t)s->part_rank[i],
+                                               (int32_t)s->part_rank[i + 1], &merged) : NO_RANK;
+        if (s->pair_rank[i] != NO_RANK) heap_push(s->heap, &hn, (uint64_t)s->pair_rank[i] << 32 | i);
+    }
+    while (hn) {
+        uint64_t e = heap_pop(s->heap, &hn);
+        uint32_t r = (uint32_t)(e >> 32), i = (uint32_t)e;
+        if (s->pair_rank[i] != r) continue;   /* stale: part i or its neighbour changed since */
+        uint32_t j = s->next[i], k = s->next[j];
+        pmap_get(&tok->merges, (int32_t)s->part_rank[i], (int32_t)s->part_rank[j], &merged);
+        s->part_rank[i] = (uint32_t)merged;
+        s->pair_rank[j] = NO_RANK;
+        s->next[i] = k;
+        if (k < n) s->prev[k] = i;
+        s->pair_rank[i] = k < n ? pmap_get(&tok->merges, merged, (int32_t)s->part_rank[k], &merged) : NO_RANK;
+        if (s->pair_rank[i] != NO_RANK) heap_push(s->heap, &hn, (uint64_t)s->pair_rank[i] << 32 | i);
+        if (i > 0) {
+            uint32_t p = s->prev[i];
+            s->pair_rank[p] = pmap_get(&tok->merges, (int32_t)s->part_rank[p], (int32_t)s->part_rank[i], &merged);
+            if (s->pair_rank[p] != NO_RANK) heap_push(s->heap, &hn, (uint64_t)s->pair_rank[p] << 32 | p);
+        }
+    }
+    size_t m = 0;
+    for (uint32_t i = 0; i < n; i = s->next[i]) out[m++] = (int32_t)s->part_rank[i];
+    return m;
+}
+
+typedef struct hf_encoder {
+    encoder e;
+    int allow_special;
+    unsigned char *buf;     /* a piece with ByteLevel's prefix space */
+    size_t bufcap;
+    char *err;
+    size_t errlen;
+} hf_encoder;
+
+static int hf_chunk(void *ctx, const unsigned char *c, size_t n) {
+    encoder *e = ctx;
+    if (enc_reserve(e, n)) return ENC_OOM;
+    if (e->tok->ignore_merges) {
+        int64_t k = bmap_get(&e->tok->ranks, c, n);
+        if (k >= 0) {
+            e->ids[e->n++] = (int32_t)k;
+            return 0;
+        }
+    }
+    if (scratch_reserve(&e->s, n)) return ENC_OOM;
+    e->n += hf_merge(e->tok, c, n, &e->s, e->ids + e->n);
+    return 0;
+}
+
+/* ByteLevel: the prefix space, then GPT-2's regex (use_regex) or the piece whole. */
+static int hf_byte_level(void *ctx, const unsigned char *c, size_t n) {
+    hf_encoder *h = ctx;
+    const ct_tokenizer *tok = h->e.tok;
+    if (n == 0) return 0;
+    if (tok->add_prefix_space && c[0] != ' ') {
+        if (n + 1 > h->bufcap) {
+            size_t cap = 2 * (n + 1);
+            unsigned char *nb = realloc(h->buf, cap);
+            if (!nb) return ENC_OOM;
+            h->buf = nb;
+            h->bufcap = cap;
+        }
+        h->buf[0] = ' ';
+        memcpy(h->buf + 1, c, n);
+        c = h->buf;
+        n++;
+    }
+    if (!tok->byte_level) return hf_chunk(&h->e, c, n);
+    /* the prefixed piece lives in buf, which a nested piece does not touch: hf_chunk does not */
+    return pretok_split(tok->byte_level, (const char *)c, n, hf_chunk, &h->e, h->err, h->errlen);
+}
+
+static int hf_byte_level_cb(void *ctx, const unsigned char *c, size_t n) { return hf_byte_level(ctx, c, n); }
+
+/* Text between added tokens: the Split stage (if any), then ByteLevel. */
+static int hf_pieces(hf_encoder *h, const unsigned char *t, size_t n) {
+    if (n == 0) return 0;
+    if (!h->e.tok->pretok) return hf_byte_level(h, t, n);
+    return pretok_split(h->e.tok->pretok, (const char *)t, n, hf_byte_level_cb, h, h->err, h->errlen);
+}
+
+/* Leftmost-longest added token of class cls at or after from: its added index, its start in *at. */
+static int64_t find_added(const ct_tokenizer *tok, int cls, const unsigned char *t, size_t len, size_t from,
+                          size_t *at) {
+    if (!tok->n_added_lens[cls]) return -1;
+    for (size_t p = from; p < len; p++) {
+        if (!tok->added_first[cls][t[p]]) continue;
+        for (size_t i = 0; i < tok->n_added_lens[cls]; i++) {
+            uint32_t L = tok->added_lens[cls][i];
+            if (L > len - p) continue;
+            int64_t k = bmap_get(&tok->added[cls], t + p, L);
+            if (k >= 0) {
+                *at = p;
+                return k;
+            }
+        }
+    }
+    return -1;
+}
+
+/* The tokenizers package's AddedVocabulary: the text is cut at the normalized=false tokens, the pieces
+ * between at the normalized=true ones, and what is left is pre-tokenized. A special token's text is
+ * plain text unless allow_special (the package's encode_special_tokens = !allow_special). */
+static int hf_split_added(hf_encoder *h, int cls, const unsigned char *t, size_t len) {
+    const ct_tokenizer *tok = h->e.tok;
+    size_t seg = 0, from = 0, at;
+    int64_t k;
+    while ((k = find_added(tok, cls, t, len, from, &at)) >= 0) {
+        from = at + tok->added_len[k];
+        if (tok->added_special[k] && !h->allow_special) continue;
+        int rc = cls == 0 ? hf_split_added(h, 1, t + seg, at - seg) : hf_pieces(h, t + seg, at - seg);
+        if (rc) return rc;
+        if (enc_reserve(&h->e, 1)) return ENC_OOM;
+        h->e.ids[h->e.n++] = tok->added_id[k];
+        seg = from;
+    }
+    return cls == 0 ? hf_split_added(h, 1, t + seg, len - seg) : hf_pieces(h, t + seg, len - seg);
+}
+
+static int hf_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special, encoder *e,
+                     char *err, size_t errlen) {
+    size_t at;
+    uint32_t cp;
+    if (tok->nfc && hf_nfc_check((const unsigned char *)text, len, &at, &cp)) {
+        ct_errf(err, errlen, "tokenizer: the text is not in Unicode NFC at byte %zu (U+%04X, or it cannot be "
+                "told without normalising); this tokenizer.json's normalizer is NFC, which ctitan does not "
+                "apply: normalise the text to NFC first", at, (unsigned)cp);
+        return -1;
+    }
+    hf_encoder h = {.e = *e, .allow_special = allow_special, .err = err, .errlen = errlen};
+    int rc = hf_split_added(&h, 0, (const unsigned char *)text, len);
+    *e = h.e;
+    free(h.buf);
+    return rc;
+}
+
 int tokenizer_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special,
                      int32_t **ids, size_t *n, char *err, size_t errlen) {
     encoder e = {.tok = tok};
     size_t start = 0;
-    int rc = 0;
-    while (rc == 0) {
+    int rc = tok->hf ? hf_encode(tok, text, len, allow_special, &e, err, errlen) : 0;
+    while (rc == 0 && !tok->hf) {
         size_t at = len;
         int sid = allow_special ? find_special(tok, text, len, start, &at) : -1;
         if (sid < 0) at = len;
@@ -734,6 +1077,11 @@ char *tokenizer_decode(const ct_tokenizer *tok, const int32_t *ids, size_t n, si
                     (long)ids[i], i, vocab);
             return NULL;
         }
+        if (tok->kind[ids[i]] == ID_NONE) {
+            ct_errf(err, errlen, "token id %ld (position %zu) is not a token: the tokenizer.json gives "
+                    "it to none", (long)ids[i], i);
+            return NULL;
+        }
         total += tok->len[ids[i]];
     }
     char *out = malloc(total + 1);
@@ -749,4 +1097,114 @@ char *tokenizer_decode(const ct_tokenizer *tok, const int32_t *ids, size_t n, si
     out[o] = 0;
     if (len) *len = o;
     return out;
+}
+
+/* ---- building from a tokenizer.json ------------------------------------------------------------ */
+
+static int cmp_len_desc(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The added tokens: their text in the arena at o, a map per class, first bytes, lengths. */
+static int hf_build_added(ct_tokenizer *tok, const hf_spec *s, size_t o) {
+    size_t n = s->n_added;
+    tok->n_added = n;
+    tok->added_off = malloc((n ? n : 1) * sizeof *tok->added_off);
+    tok->added_len = malloc((n ? n : 1) * sizeof *tok->added_len);
+    tok->added_id = malloc((n ? n : 1) * sizeof *tok->added_id);
+    tok->added_special = malloc(n ? n : 1);
+    if (!tok->added_off || !tok->added_len || !tok->added_id || !tok->added_special) return -1;
+    for (int c = 0; c < 2; c++) {
+        tok->added_lens[c] = malloc((n ? n : 1) * sizeof *tok->added_lens[c]);
+        if (!tok->added_lens[c] || bmap_init(&tok->added[c], n, tok->arena, tok->added_off, tok->added_len))
+            return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const hf_added *a = &s->added[i];
+        memcpy(tok->arena + o, a->content, a->len);
+        tok->added_off[i] = (uint32_t)o;
+        tok->added_len[i] = (uint32_t)a->len;
+        tok->added_id[i] = a->id;
+        tok->added_special[i] = (unsigned char)a->special;
+        o += a->len;
+        if (tok->kind[a->id] == ID_NONE) {   /* not a vocab token: it decodes to its text */
+            tok->off[a->id] = tok->added_off[i];
+            tok->len[a->id] = tok->added_len[i];
+        }
+        tok->kind[a->id] = a->special ? ID_SPECIAL : ID_ADDED;
+        int c = a->normalized ? 1 : 0;
+        if (bmap_put(&tok->added[c], (uint32_t)i) != (int64_t)i) continue;   /* same text twice: the first matches */
+        tok->added_first[c][a->content[0]] = 1;
+        size_t k = 0;
+        while (k < tok->n_added_lens[c] && tok->added_lens[c][k] != a->len) k++;
+        if (k == tok->n_added_lens[c]) tok->added_lens[c][tok->n_added_lens[c]++] = (uint32_t)a->len;
+    }
+    for (int c = 0; c < 2; c++)
+        qsort(tok->added_lens[c], tok->n_added_lens[c], sizeof *tok->added_lens[c], cmp_len_desc);
+    return 0;
+}
+
+ct_tokenizer *tokenizer_from_hf(const hf_spec *s, const char *label, char *err, size_t errlen) {
+    ct_tokenizer *tok = calloc(1, sizeof *tok);
+    if (!tok) goto oom;
+    tok->hf = 1;
+    tok->n_base = (int)s->n_vocab;
+    tok->bos = s->bos;
+    tok->eos = s->eos;
+    tok->add_prefix_space = s->add_prefix_space;
+    tok->ignore_merges = s->ignore_merges;
+    tok->nfc = s->nfc;
+    int32_t top = -1;
+    size_t bytes = 0;
+    for (size_t i = 0; i < s->n_vocab; i++) {
+        if (s->vocab_id[i] > top) top = s->vocab_id[i];
+        bytes += s->vocab_len[i];
+    }
+    for (size_t i = 0; i < s->n_added; i++) {
+        if (s->added[i].id > top) top = s->added[i].id;
+        bytes += s->added[i].len;
+    }
+    tok->vocab = top + 1;
+    tok->arena = calloc(bytes + 1, 1);   /* zeroed: -O1 cannot see it filled before bmap_init's use */
+    tok->off = calloc((size_t)tok->vocab, sizeof *tok->off);
+    tok->len = calloc((size_t)tok->vocab, sizeof *tok->len);
+    tok->kind = calloc((size_t)tok->vocab, 1);
+    if (!tok->arena || !tok->off || !tok->len || !tok->kind) goto oom;
+    if (bmap_init(&tok->ranks, s->n_vocab, tok->arena, tok->off, tok->len)) goto oom;
+    size_t o = 0;
+    for (size_t i = 0; i < s->n_vocab; i++) {   /* ids and bytes are unique: hf_tokenizer.c checked */
+        int32_t id = s->vocab_id[i];
+        memcpy(tok->arena + o, s->vocab_bytes[i], s->vocab_len[i]);
+        tok->off[id] = (uint32_t)o;
+        tok->len[id] = s->vocab_len[i];
+        tok->kind[id] = ID_BASE;
+        o += s->vocab_len[i];
+        bmap_put(&tok->ranks, (uint32_t)id);
+        if (s->vocab_len[i] == 1) tok->byte_rank[s->vocab_bytes[i][0]] = (uint32_t)id;
+    }
+    if (pmap_init(&tok->merges, s->n_merges)) goto oom;
+    for (size_t i = 0; i < s->n_merges; i++)
+        pmap_put(&tok->merges, s->merges[i][0], s->merges[i][1], (uint32_t)i, s->merges[i][2]);
+    if (hf_build_added(tok, s, o)) goto oom;
+    if (s->split_pattern) {
+        tok->pretok = pretok_create_pattern(s->split_pattern, s->split_literal, err, errlen);
+        if (!tok->pretok) goto bad_regex;
+    }
+    if (s->byte_level_regex) {
+        tok->byte_level = pretok_create_pattern(HF_GPT2_PATTERN, 0, err, errlen);
+        if (!tok->byte_level) goto bad_regex;
+    }
+    return tok;
+bad_regex: {
+        char why[512];
+        snprintf(why, sizeof why, "%s", err ? err : "");
+        ct_errf(err, errlen, "%s: pre_tokenizer: Split pattern: %s", label, why);
+        tokenizer_free(tok);
+        return NULL;
+    }
+oom:
+    ct_errf(err, errlen, "%s: out of memory building the tokenizer", label);
+    tokenizer_free(tok);
+    return NULL;
 }

@@ -1,4 +1,10 @@
-/* tokenizer.h: Llama 3's byte-level BPE tokenizer (tiktoken format), its trainer, its pre-tokenizer.
+/* tokenizer.h: byte-level BPE tokenizers (tiktoken files, Hugging Face tokenizer.json), the trainer,
+ * the pre-tokenizer.
+ *
+ * tokenizer_load reads, by content: a tiktoken vocabulary (below), a Hugging Face tokenizer.json (a
+ * JSON object; what it may hold and how it encodes: hf_tokenizer.h), or a folder (torchtitan's
+ * model.hf_assets_path, a Hub download) holding tokenizer.json (+ tokenizer_config.json for BOS/EOS),
+ * else tokenizer.model, else original/tokenizer.model. Anything else: one line naming those formats.
  *
  * Vocabulary file (Llama 3's tokenizer.model, "tiktoken" format): one line per base token,
  *
@@ -71,21 +77,29 @@ int tokenizer_encode(const ct_tokenizer *tok, const char *text, size_t len, int 
 char *tokenizer_decode(const ct_tokenizer *tok, const int32_t *ids, size_t n, size_t *len, char *err,
                        size_t errlen);
 
-int tokenizer_vocab_size(const ct_tokenizer *tok); /* n_base + 256 */
-int tokenizer_n_base(const ct_tokenizer *tok);     /* tokens in the file */
-int tokenizer_bos_id(const ct_tokenizer *tok);     /* <|begin_of_text|> */
-int tokenizer_eos_id(const ct_tokenizer *tok);     /* <|end_of_text|> */
+int tokenizer_vocab_size(const ct_tokenizer *tok); /* highest id + 1 (tiktoken: n_base + 256) */
+int tokenizer_n_base(const ct_tokenizer *tok);     /* tokens in the file (tokenizer.json: model.vocab's) */
+/* BOS / EOS: tiktoken's <|begin_of_text|> / <|end_of_text|>; tokenizer.json's from
+ * tokenizer_config.json, else those names, else (EOS) <|endoftext|>. -1 when there is none (GPT-2
+ * style files have no BOS). */
+int tokenizer_bos_id(const ct_tokenizer *tok);
+int tokenizer_eos_id(const ct_tokenizer *tok);
 
-/* The bytes of one token (not NUL-terminated), or NULL if id is out of range. */
+/* 1 if id is a special token (tiktoken: ids n_base..; tokenizer.json: added tokens marked
+ * "special"), 0 otherwise (ordinary tokens, ids out of range). */
+int tokenizer_is_special(const ct_tokenizer *tok, int32_t id);
+
+/* The bytes of one token (not NUL-terminated), or NULL if id is out of range or names no token. */
 const char *tokenizer_token_bytes(const ct_tokenizer *tok, int32_t id, size_t *len);
 
 /* The text of special token i (0..255), e.g. "<|eot_id|>"; NULL if out of range. */
 const char *tokenizer_special_name(int i);
 
-/* Id of a special token's text, or -1. */
+/* Id of a special token's text (tokenizer.json: of any added token's), or -1. */
 int tokenizer_special_id(const ct_tokenizer *tok, const char *name);
 
-/* BPE-merges one chunk by rank (step 3 above, without the whole-chunk lookup), appending the ids to
+/* BPE-merges one chunk by rank (step 3 above, without the whole-chunk lookup; a tokenizer.json's by
+ * merge rank, hf_tokenizer.h), appending the ids to
  * out (room for len ids). Returns the number of ids, 0 if out of memory. Exposed for tests. */
 size_t tokenizer_bpe_chunk(const ct_tokenizer *tok, const unsigned char *chunk, size_t len,
                            int32_t *out);
@@ -96,6 +110,9 @@ typedef struct ct_pretok ct_pretok;
 
 /* Compiles Llama 3's pattern (JIT when PCRE2 has it). NULL on error. */
 ct_pretok *pretok_create(char *err, size_t errlen);
+
+/* Compiles another pattern (a tokenizer.json's); literal: the pattern is plain text. */
+ct_pretok *pretok_create_pattern(const char *pattern, int literal, char *err, size_t errlen);
 void pretok_free(ct_pretok *pt);
 
 /* Called once per chunk, in order; a non-zero return stops the split and is returned by it. */

@@ -12,11 +12,12 @@ flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
        -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
 
 "$CC" "${flags[@]}" -o "$out/fuzz_tokenizer_file" tests/fuzz/fuzz_tokenizer_file.c tests/fuzz/replay_main.c \
-    core/tools/tokenizer.c core/host/util.c -lpcre2-8 -lpthread
+    core/tools/tokenizer.c core/tools/hf_tokenizer.c core/host/util.c -lpcre2-8 -ljansson -lpthread
 "$CC" "${flags[@]}" -o "$out/fuzz_shard" tests/fuzz/fuzz_shard.c tests/fuzz/replay_main.c core/data/shard.c core/host/util.c -lz
 
 "$out/fuzz_tokenizer_file" -m 300 tests/fuzz/corpus/tokenizer_file
 "$out/fuzz_tokenizer_file" -m 100 tests/data/tokenizer/vocab.tiktoken
+"$out/fuzz_tokenizer_file" -m 20 tests/data/tokenizer/hf/gpt2/tokenizer.json
 "$out/fuzz_shard" -m 300 tests/fuzz/corpus/shard
 # ctitan tokenize's decompression front end: plain, gzip and zstd seeds, truncated and corrupt ones
 "$CC" "${flags[@]}" -o "$out/fuzz_instream" tests/fuzz/fuzz_instream.c tests/fuzz/replay_main.c core/tools/instream.c \

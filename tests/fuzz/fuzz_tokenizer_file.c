@@ -1,11 +1,15 @@
-/* fuzz_tokenizer_file.c: any bytes, as a vocabulary file and as text, never crash the tokenizer.
+/* fuzz_tokenizer_file.c: any bytes, as a tokenizer file and as text, never crash the tokenizer.
  *
- * Each input is (1) loaded as a tiktoken vocabulary: it must load or give a "fuzz:..." message; a
- * vocabulary that loads must encode and decode the input itself exactly; and (2) encoded as text, with
- * and without special tokens, by a small fixed vocabulary: decode(encode(x)) must equal x.
+ * Each input is (1) loaded as a tokenizer file (a tiktoken vocabulary or a Hugging Face tokenizer.json,
+ * by content): it must load or give a one-line "fuzz..." message; a tiktoken vocabulary that loads
+ * must encode and decode the input itself exactly, a tokenizer.json must encode it to ids that decode
+ * (its ByteLevel add_prefix_space may add spaces); and (2) encoded as text, with and without special
+ * tokens, by a small fixed tiktoken vocabulary and a small fixed tokenizer.json: decode(encode(x))
+ * must equal x.
  *
  * libFuzzer:  clang -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D_GNU_SOURCE \
- *                 tests/fuzz/fuzz_tokenizer_file.c core/tools/tokenizer.c -lpcre2-8 -lpthread
+ *                 tests/fuzz/fuzz_tokenizer_file.c core/tools/tokenizer.c core/tools/hf_tokenizer.c \
+ *                 core/host/util.c -lpcre2-8 -ljansson -lpthread
  * plain:      link with tests/fuzz/replay_main.c instead of -fsanitize=fuzzer (tests/cli/fuzz_replay.sh) */
 #include <stdint.h>
 #include <stdio.h>
@@ -53,6 +57,71 @@ static ct_tokenizer *fixed_tokenizer(void) {
     return t;
 }
 
+/* ByteLevel's alphabet: the code point that stands for byte b, as UTF-8. */
+static size_t byte_char(int b, char *out) {
+    int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    int cp = b;
+    if (!printable) {
+        cp = 256;
+        for (int k = 0; k < b; k++)
+            if (!((k >= 33 && k <= 126) || (k >= 161 && k <= 172) || (k >= 174 && k <= 255))) cp++;
+    }
+    if (cp < 0x80) { out[0] = (char)cp; return 1; }
+    out[0] = (char)(0xc0 | cp >> 6);
+    out[1] = (char)(0x80 | (cp & 0x3f));
+    return 2;
+}
+
+/* A tokenizer.json: the 256 bytes, a few merges (Llama 3's pre-tokenizer, ignore_merges) and two
+ * added tokens, one special. */
+static ct_tokenizer *fixed_hf_tokenizer(void) {
+    static const char *merges[][2] = {{"t", "h"}, {"h", "e"}, {"th", "e"}, {"\u0120", "t"}, {"\u0120t", "he"},
+                                      {"i", "n"}, {"in", "g"}, {"\u0120", "\u0120"}, {"a", "a"}, {"aa", "aa"}};
+    size_t nm = sizeof merges / sizeof merges[0];
+    char *text = malloc(65536), *o = text;
+    o += sprintf(o, "{\"added_tokens\": [{\"id\": 300, \"content\": \"<|eot|>\", \"special\": true},"
+                    " {\"id\": 301, \"content\": \"<x>\", \"special\": false, \"normalized\": true}],"
+                    " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": ["
+                    "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"%s\"}, \"behavior\": \"Isolated\", "
+                    "\"invert\": false}, {\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+                    "\"use_regex\": false}]}, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": "
+                    "\"BPE\", \"ignore_merges\": true, \"vocab\": {",
+                 "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}"
+                 "| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+");
+    for (int b = 0; b < 256; b++) {
+        char c[3] = {0};
+        byte_char(b, c);
+        if (b == '"' || b == '\\') o += sprintf(o, "\"\\%s\": %d, ", c, b);
+        else o += sprintf(o, "\"%s\": %d, ", c, b);
+    }
+    for (size_t k = 0; k < nm; k++)
+        o += sprintf(o, "\"%s%s\": %zu%s", merges[k][0], merges[k][1], 256 + k, k + 1 < nm ? ", " : "}, \"merges\": [");
+    for (size_t k = 0; k < nm; k++)
+        o += sprintf(o, "[\"%s\", \"%s\"]%s", merges[k][0], merges[k][1], k + 1 < nm ? ", " : "]}}");
+    char err[512];
+    ct_tokenizer *t = tokenizer_load_mem(text, (size_t)(o - text), "fixed-hf", err, sizeof err);
+    free(text);
+    if (!t) fprintf(stderr, "fuzz_tokenizer_file: %s\n", err);
+    CHECK(t);
+    return t;
+}
+
+/* Loaded from the input: every id in range and decodable (no exact round trip: add_prefix_space). */
+static void encode_decodes(const ct_tokenizer *t, const uint8_t *data, size_t size) {
+    char err[256];
+    int32_t *ids = NULL;
+    size_t n = 0, len = 0;
+    if (tokenizer_encode(t, (const char *)data, size, 1, &ids, &n, err, sizeof err)) {
+        CHECK(!strchr(err, '\n'));   /* a regex of the file's may fail on the text, in one line */
+        return;
+    }
+    for (size_t i = 0; i < n; i++) CHECK(ids[i] >= 0 && ids[i] < tokenizer_vocab_size(t));
+    char *back = tokenizer_decode(t, ids, n, &len, err, sizeof err);
+    CHECK(back);
+    free(back);
+    free(ids);
+}
+
 static void roundtrip(const ct_tokenizer *t, const uint8_t *data, size_t size) {
     char err[256];
     for (int allow = 0; allow < 2; allow++) {
@@ -68,17 +137,24 @@ static void roundtrip(const ct_tokenizer *t, const uint8_t *data, size_t size) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static ct_tokenizer *fixed;
+    static ct_tokenizer *fixed, *fixed_hf;
     if (!fixed) fixed = fixed_tokenizer();
+    if (!fixed_hf) fixed_hf = fixed_hf_tokenizer();
     char err[512] = "";
     ct_tokenizer *t = tokenizer_load_mem((const char *)data, size, "fuzz", err, sizeof err);
     if (t) {
-        CHECK(tokenizer_vocab_size(t) == tokenizer_n_base(t) + 256);
-        roundtrip(t, data, size < 4096 ? size : 4096);
+        CHECK(tokenizer_vocab_size(t) >= tokenizer_n_base(t));
+        size_t i = size >= 3 && memcmp(data, "\xef\xbb\xbf", 3) == 0 ? 3 : 0;
+        while (i < size && (data[i] == ' ' || data[i] == '\t' || data[i] == '\r' || data[i] == '\n')) i++;
+        if (i == size || data[i] != '{')
+            roundtrip(t, data, size < 4096 ? size : 4096);   /* tiktoken */
+        else
+            encode_decodes(t, data, size < 4096 ? size : 4096);
         tokenizer_free(t);
     } else {
-        CHECK(strncmp(err, "fuzz:", 5) == 0);
+        CHECK(strncmp(err, "fuzz", 4) == 0 && !strchr(err, '\n'));
     }
     roundtrip(fixed, data, size);
+    roundtrip(fixed_hf, data, size);
     return 0;
 }

@@ -1,0 +1,484 @@
+/* test_hf_tokenizer.c: Hugging Face tokenizer.json files give the `tokenizers` package's ids, decode
+ * back to their text, load from a model folder with the right BOS/EOS, and bad files are refused with
+ * one line naming the file and the JSON key.
+ *
+ * Committed data (tests/data/tokenizer/hf/, written by tests/golden/gen_hf_tokenizer_golden.py):
+ *   llama3/tokenizer.json, tokenizer_config.json   Llama 3's layout, 1500 base tokens + 256 specials
+ *   gpt2/tokenizer.json                             GPT-2's layout, 1500 base tokens + <|endoftext|>
+ *   golden.txt                                      the package's ids for ~60 strings, per tokenizer
+ * Run from the repository root (tests/run.sh does). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "tmpdir.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "tools/hf_tokenizer.h"
+#include "tools/tokenizer.h"
+
+#define HF "tests/data/tokenizer/hf"
+#define GOLDEN HF "/golden.txt"
+
+static ct_tokenizer *llama3, *gpt2, *gpt2_prefix, *qwen2_nfc;
+
+#define QWEN2_PATTERN "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" \
+                      "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0, got;
+    char *b = malloc(cap + 1);
+    while ((got = fread(b + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) b = realloc(b, (cap *= 2) + 1);
+    }
+    fclose(f);
+    b[n] = 0;
+    if (len) *len = n;
+    return b;
+}
+
+static void write_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    fclose(f);
+}
+
+/* dir/name, in one of 16 rotating buffers. */
+static char *path_of(const char *name) {
+    static char bufs[16][256];
+    static int k;
+    char *p = bufs[k++ % 16];
+    snprintf(p, 256, "%s/%s", dir, name);
+    return p;
+}
+
+/* A tokenizer.json read with jansson, changed by the caller, then loaded from memory. */
+static json_t *json_of(const char *path) {
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!j) fail_msg("%s: %s", path, je.text);
+    return j;
+}
+
+static ct_tokenizer *load_json(json_t *j, const char *label, char *err, size_t errlen) {
+    char *s = json_dumps(j, JSON_COMPACT);
+    ct_tokenizer *t = tokenizer_load_mem(s, strlen(s), label, err, errlen);
+    free(s);
+    return t;
+}
+
+static int setup(void **state) {
+    (void)state;
+    if (tmpdir_make("hf-tokenizer")) return -1;
+    char err[512];
+    llama3 = tokenizer_load(HF "/llama3/", err, sizeof err);
+    if (!llama3) fprintf(stderr, "%s\n", err);
+    gpt2 = tokenizer_load(HF "/gpt2/tokenizer.json", err, sizeof err);
+    if (!gpt2) fprintf(stderr, "%s\n", err);
+    json_t *j = json_of(HF "/gpt2/tokenizer.json");
+    json_object_set_new(json_object_get(j, "pre_tokenizer"), "add_prefix_space", json_true());
+    gpt2_prefix = load_json(j, "gpt2-prefix", err, sizeof err);
+    json_decref(j);
+    /* Qwen2's layout: llama3's file with Qwen2's regex and normalizer NFC */
+    j = json_of(HF "/llama3/tokenizer.json");
+    json_object_set_new(j, "normalizer", json_pack("{ss}", "type", "NFC"));
+    json_t *split = json_array_get(json_object_get(json_object_get(j, "pre_tokenizer"), "pretokenizers"), 0);
+    json_object_set_new(json_object_get(split, "pattern"), "Regex", json_string(QWEN2_PATTERN));
+    qwen2_nfc = load_json(j, "qwen2-nfc", err, sizeof err);
+    if (!qwen2_nfc) fprintf(stderr, "%s\n", err);
+    json_decref(j);
+    return llama3 && gpt2 && gpt2_prefix && qwen2_nfc ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    tokenizer_free(llama3);
+    tokenizer_free(gpt2);
+    tokenizer_free(gpt2_prefix);
+    tokenizer_free(qwen2_nfc);
+    tmpdir_remove();
+    return 0;
+}
+
+static size_t unhex(const char *h, char *out) {
+    if (strcmp(h, "-") == 0) return 0;
+    size_t n = strlen(h) / 2;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        sscanf(h + 2 * i, "%2x", &v);
+        out[i] = (char)v;
+    }
+    return n;
+}
+
+/* Every golden line of the tokenizers named `name` (NULL: all) against t (NULL: by name). */
+static int check_golden(const char *name, ct_tokenizer *t) {
+    size_t len;
+    char *g = read_file(GOLDEN, &len);
+    assert_non_null(g);
+    int lines = 0;
+    char *save = NULL, *prev_hex = NULL, *prev_want = NULL;
+    for (char *line = strtok_r(g, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (line[0] == '#') continue;
+        char *tname = line, *mode = strchr(tname, '\t');
+        assert_non_null(mode);
+        *mode++ = 0;
+        char *hex = strchr(mode, '\t');
+        assert_non_null(hex);
+        *hex++ = 0;
+        char *want = strchr(hex, '\t');
+        assert_non_null(want);
+        *want++ = 0;
+        if (strcmp(hex, "=") == 0) hex = prev_hex;
+        if (strcmp(want, "=") == 0) want = prev_want;
+        prev_hex = hex;
+        prev_want = want;
+        if (name && strcmp(tname, name)) continue;
+        ct_tokenizer *tk = t ? t : strcmp(tname, "llama3") == 0 ? llama3 : strcmp(tname, "gpt2") == 0 ? gpt2
+                                 : strcmp(tname, "gpt2-prefix") == 0 ? gpt2_prefix : qwen2_nfc;
+        char *text = malloc(strlen(hex) / 2 + 1);
+        size_t tlen = unhex(hex, text);
+        int32_t *ids = NULL;
+        size_t n = 0;
+        char err[512] = "";
+        int rc = tokenizer_encode(tk, text, tlen, strcmp(mode, "all") == 0, &ids, &n, err, sizeof err);
+        if (strcmp(want, "!") == 0) {   /* not in NFC: refused, never encoded as it is */
+            if (rc == 0 || !strstr(err, "not in Unicode NFC at byte")) fail_msg("%s %s: wanted a refusal, got '%s'", tname, hex, err);
+            free(text);
+            lines++;
+            continue;
+        }
+        if (rc) fail_msg("%s: encode failed: %s", tname, err);
+        char got[65536];
+        size_t o = 0;
+        for (size_t i = 0; i < n && o + 16 < sizeof got; i++) o += (size_t)sprintf(got + o, "%s%d", i ? " " : "", ids[i]);
+        got[o] = 0;
+        if (strcmp(got, want)) fail_msg("%s %s text %.80s:\n got  %.300s\n want %.300s", tname, mode, hex, got, want);
+        if (tk != gpt2_prefix) {   /* the prefix space stays when decoding, as in the package */
+            size_t dlen;
+            char *back = tokenizer_decode(tk, ids, n, &dlen, err, sizeof err);
+            assert_non_null(back);
+            assert_int_equal(dlen, tlen);
+            assert_memory_equal(back, text, tlen);
+            free(back);
+        }
+        free(ids);
+        free(text);
+        lines++;
+    }
+    free(g);
+    return lines;
+}
+
+/* ---- tests ----------------------------------------------------------------------------------- */
+
+static void test_golden_ids_match_tokenizers_package(void **state) {
+    (void)state;
+    assert_true(check_golden(NULL, NULL) >= 4 * 2 * 60);
+}
+
+/* The older "a b" form of merges gives the same tokenizer as the ["a", "b"] pairs. */
+static void test_string_merges_read_like_pairs(void **state) {
+    (void)state;
+    static const char *const names[] = {"llama3", "gpt2"};
+    for (int k = 0; k < 2; k++) {
+        char path[128], err[512];
+        snprintf(path, sizeof path, HF "/%s/tokenizer.json", names[k]);
+        json_t *j = json_of(path), *merges = json_object_get(json_object_get(j, "model"), "merges"), *m;
+        size_t i;
+        json_array_foreach(merges, i, m) {
+            char s[256];
+            snprintf(s, sizeof s, "%s %s", json_string_value(json_array_get(m, 0)), json_string_value(json_array_get(m, 1)));
+            json_array_set_new(merges, i, json_string(s));
+        }
+        ct_tokenizer *t = load_json(j, "strings", err, sizeof err);
+        json_decref(j);
+        if (!t) fail_msg("%s", err);
+        assert_true(check_golden(names[k], t) >= 100);
+        tokenizer_free(t);
+    }
+}
+
+static void test_folder_layout_bos_eos_and_specials(void **state) {
+    (void)state;
+    /* Llama 3 layout: tokenizer_config.json names them (eos as {"content": ...}) */
+    assert_int_equal(tokenizer_vocab_size(llama3), 1500 + 256);
+    assert_int_equal(tokenizer_n_base(llama3), 1500);
+    assert_int_equal(tokenizer_bos_id(llama3), 1500);
+    assert_int_equal(tokenizer_eos_id(llama3), 1501);
+    assert_int_equal(tokenizer_special_id(llama3, "<|eot_id|>"), 1509);
+    assert_true(tokenizer_is_special(llama3, 1500) && tokenizer_is_special(llama3, 1755));
+    assert_false(tokenizer_is_special(llama3, 0) || tokenizer_is_special(llama3, 1499) ||
+                 tokenizer_is_special(llama3, 1756) || tokenizer_is_special(llama3, -1));
+    /* GPT-2 layout, no tokenizer_config.json: no BOS, <|endoftext|> the EOS */
+    assert_int_equal(tokenizer_vocab_size(gpt2), 1501);
+    assert_int_equal(tokenizer_bos_id(gpt2), -1);
+    assert_int_equal(tokenizer_eos_id(gpt2), 1500);
+    assert_true(tokenizer_is_special(gpt2, 1500));
+    /* the same file named directly still reads the tokenizer_config.json beside it */
+    char err[512];
+    ct_tokenizer *t = tokenizer_load(HF "/llama3/tokenizer.json", err, sizeof err);
+    assert_non_null(t);
+    assert_int_equal(tokenizer_eos_id(t), 1501);
+    tokenizer_free(t);
+    /* a config that renames them (GPT-2's own: both <|endoftext|>), and one naming no token */
+    size_t len;
+    char *g = read_file(HF "/gpt2/tokenizer.json", &len);
+    mkdir(path_of("g"), 0755);
+    write_file(path_of("g/tokenizer.json"), g, len);
+    const char *cfg = "{\"bos_token\": \"<|endoftext|>\", \"eos_token\": {\"content\": \"<|endoftext|>\"}}";
+    write_file(path_of("g/tokenizer_config.json"), cfg, strlen(cfg));
+    t = tokenizer_load(path_of("g"), err, sizeof err);
+    assert_non_null(t);
+    assert_int_equal(tokenizer_bos_id(t), 1500);
+    assert_int_equal(tokenizer_eos_id(t), 1500);
+    tokenizer_free(t);
+    cfg = "{\"bos_token\": null, \"eos_token\": \"<|im_end|>\"}";
+    write_file(path_of("g/tokenizer_config.json"), cfg, strlen(cfg));
+    assert_null(tokenizer_load(path_of("g"), err, sizeof err));
+    assert_non_null(strstr(err, "tokenizer_config.json: eos_token: \"<|im_end|>\" is not a token of"));
+    cfg = "{\"bos_token\": 7}";
+    write_file(path_of("g/tokenizer_config.json"), cfg, strlen(cfg));
+    assert_null(tokenizer_load(path_of("g"), err, sizeof err));
+    assert_non_null(strstr(err, "tokenizer_config.json: bos_token: 7 is not a string, null or {\"content\": ...}"));
+    unlink(path_of("g/tokenizer_config.json"));
+    unlink(path_of("g/tokenizer.json"));
+    free(g);
+    /* a folder with only original/tokenizer.model (tiktoken), and an empty folder */
+    g = read_file("tests/data/tokenizer/vocab.tiktoken", &len);
+    mkdir(path_of("t"), 0755);
+    mkdir(path_of("t/original"), 0755);
+    write_file(path_of("t/original/tokenizer.model"), g, len);
+    free(g);
+    t = tokenizer_load(path_of("t"), err, sizeof err);
+    assert_non_null(t);
+    assert_int_equal(tokenizer_vocab_size(t), 1024);
+    assert_int_equal(tokenizer_bos_id(t), 768);
+    assert_true(tokenizer_is_special(t, 768) && !tokenizer_is_special(t, 767));
+    tokenizer_free(t);
+    unlink(path_of("t/original/tokenizer.model"));
+    rmdir(path_of("t/original"));
+    assert_null(tokenizer_load(path_of("t"), err, sizeof err));
+    assert_non_null(strstr(err, "a folder without tokenizer.json, tokenizer.model or original/tokenizer.model"));
+    rmdir(path_of("t"));
+    rmdir(path_of("g"));
+}
+
+/* Loads `content` from a file; the message must be one line starting "path" + where, saying what. */
+static void expect_error(const char *content, const char *where, const char *what) {
+    char *p = path_of("bad.json");
+    write_file(p, content, strlen(content));
+    char err[1024] = "", want[512];
+    ct_tokenizer *t = tokenizer_load(p, err, sizeof err);
+    if (t) fail_msg("loaded a bad file; expected '%s'", what);
+    snprintf(want, sizeof want, "%s%s", p, where);
+    if (strncmp(err, want, strlen(want)) || !strstr(err, what) || strchr(err, '\n'))
+        fail_msg("message '%s' should be one line starting '%s' and saying '%s'", err, want, what);
+    assert_null(tokenizer_load_mem(content, strlen(content), "mem", NULL, 0));   /* err may be NULL */
+}
+
+/* gpt2's tokenizer.json with one change made by `edit`. */
+static void expect_edit_error(void (*edit)(json_t *), const char *where, const char *what) {
+    json_t *j = json_of(HF "/gpt2/tokenizer.json");
+    edit(j);
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    expect_error(s, where, what);
+    free(s);
+}
+
+static json_t *model(json_t *j) { return json_object_get(j, "model"); }
+static void wordpiece(json_t *j) { json_object_set_new(model(j), "type", json_string("WordPiece")); }
+static void no_merges(json_t *j) { json_object_del(model(j), "merges"); }
+static void merge_of_unknown(json_t *j) {
+    json_array_set_new(json_object_get(model(j), "merges"), 3, json_pack("[ss]", "zq", "x"));
+}
+static void merge_to_unknown(json_t *j) {
+    json_array_append_new(json_object_get(model(j), "merges"), json_string("q z"));
+}
+static void metaspace(json_t *j) {
+    json_object_set_new(j, "pre_tokenizer", json_pack("{ss}", "type", "Metaspace"));
+}
+static void split_removed(json_t *j) {
+    json_object_set_new(j, "pre_tokenizer", json_pack("{ss s[{ss s{ss} ss sb} {ss sb sb}]}", "type", "Sequence",
+        "pretokenizers", "type", "Split", "pattern", "Regex", "\\s+", "behavior", "Removed", "invert", 0,
+        "type", "ByteLevel", "add_prefix_space", 0, "use_regex", 0));
+}
+static void bad_regex(json_t *j) {
+    json_object_set_new(j, "pre_tokenizer", json_pack("{ss s[{ss s{ss} ss sb} {ss sb sb}]}", "type", "Sequence",
+        "pretokenizers", "type", "Split", "pattern", "Regex", "(unclosed", "behavior", "Isolated", "invert", 0,
+        "type", "ByteLevel", "add_prefix_space", 0, "use_regex", 0));
+}
+static void nfd(json_t *j) { json_object_set_new(j, "normalizer", json_pack("{ss}", "type", "NFD")); }
+static void wordpiece_decoder(json_t *j) { json_object_set_new(j, "decoder", json_pack("{ss}", "type", "WordPiece")); }
+static void dup_vocab_id(json_t *j) { json_object_set_new(json_object_get(model(j), "vocab"), "Ġthe", json_integer(5)); }
+static void dup_added_id(json_t *j) {
+    json_array_append_new(json_object_get(j, "added_tokens"),
+                          json_pack("{si ss sb}", "id", 1500, "content", "<|other|>", "special", 1));
+}
+static void added_on_vocab_id(json_t *j) {
+    json_array_append_new(json_object_get(j, "added_tokens"),
+                          json_pack("{si ss sb}", "id", 40, "content", "<|other|>", "special", 1));
+}
+static void lstrip(json_t *j) {
+    json_object_set_new(json_array_get(json_object_get(j, "added_tokens"), 0), "lstrip", json_true());
+}
+static void not_byte_level(json_t *j) { json_object_set_new(json_object_get(model(j), "vocab"), "▁the", json_integer(9999)); }
+static void no_byte(json_t *j) { json_object_del(json_object_get(model(j), "vocab"), "A"); }
+static void bad_id(json_t *j) { json_object_set_new(json_object_get(model(j), "vocab"), "Ġthe", json_string("7")); }
+static void dropout(json_t *j) { json_object_set_new(model(j), "dropout", json_real(0.1)); }
+static void merge_three(json_t *j) { json_array_set_new(json_object_get(model(j), "merges"), 0, json_string("a b c")); }
+
+static void test_bad_files_are_refused_in_one_line(void **state) {
+    (void)state;
+    expect_error("{ \"model\": ", ":1:", "not valid JSON");
+    expect_error("[1, 2]", ": ", "not a tokenizer file");
+    expect_error("{\"model\": 1} trailing", ":1:", "not valid JSON");
+    expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 1, \"a\": 2}}}", ":1:", "duplicate object key");
+    expect_error("Hello world, this is text.\n", ": ", "not a tokenizer file: ctitan reads a Hugging Face "
+                 "tokenizer.json (a JSON object), a tiktoken vocabulary");
+    expect_error("\x89PNG\r\n\x1a\n", ": ", "not a tokenizer file");
+    expect_edit_error(wordpiece, ": model.type: ", "\"WordPiece\" is not supported (ctitan reads byte-level \"BPE\" models)");
+    expect_edit_error(no_merges, ": model.merges: ", "(missing) is not an array of merges");
+    expect_edit_error(merge_of_unknown, ": model.merges[3]: ", "\"zq\" is not a token of model.vocab");
+    expect_edit_error(merge_to_unknown, ": model.merges[", "\"qz\" is not a token of model.vocab");
+    expect_edit_error(merge_three, ": model.merges[0]: ", "\"a b c\" is not two tokens separated by one space");
+    expect_edit_error(metaspace, ": pre_tokenizer.type: ", "\"Metaspace\" is not supported");
+    expect_edit_error(split_removed, ": pre_tokenizer.pretokenizers[0].behavior: ", "\"Removed\" is not supported");
+    expect_edit_error(bad_regex, ": pre_tokenizer: Split pattern: ", "regex");
+    expect_edit_error(nfd, ": normalizer.type: ", "\"NFD\" is not supported (ctitan reads a null or \"NFC\" normalizer)");
+    expect_edit_error(wordpiece_decoder, ": decoder.type: ", "\"WordPiece\" is not supported");
+    expect_edit_error(dup_vocab_id, ": model.vocab[", "id 5 is also the id of");
+    expect_edit_error(dup_added_id, ": added_tokens[1].id: ", "id 1500 is also the id of added_tokens[0]");
+    expect_edit_error(added_on_vocab_id, ": added_tokens[1].content: ", "id 40 is already the id of another token");
+    expect_edit_error(lstrip, ": added_tokens[0].lstrip: ", "true is not supported");
+    expect_edit_error(not_byte_level, ": model.vocab[\"▁the\"]: ", "holds U+2581, which is not in ByteLevel's byte alphabet");
+    expect_edit_error(no_byte, ": model.vocab: ", "no token for byte 0x41");
+    expect_edit_error(bad_id, ": model.vocab[\"Ġthe\"]: ", "\"7\" is not a token id");
+    expect_edit_error(dropout, ": model.dropout: ", "is not supported");
+}
+
+/* Any bytes, invalid UTF-8 included, come back from decode(encode(x)); ids with no token do not decode. */
+static void test_any_bytes_roundtrip(void **state) {
+    (void)state;
+    uint64_t rng = 88172645463325252ull;
+    char err[256];
+    ct_tokenizer *ts[2] = {llama3, gpt2};
+    for (int iter = 0; iter < 400; iter++) {
+        char buf[300];
+        size_t len = (size_t)(iter % 97) * 3;
+        for (size_t i = 0; i < len; i++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            buf[i] = iter % 2 ? (char)(rng >> 20) : " aé<|>\n"[(rng >> 20) % 8];
+        }
+        for (int k = 0; k < 2; k++) {
+            int32_t *ids;
+            size_t n, dlen;
+            assert_int_equal(tokenizer_encode(ts[k], buf, len, iter % 3 == 0, &ids, &n, err, sizeof err), 0);
+            char *back = tokenizer_decode(ts[k], ids, n, &dlen, err, sizeof err);
+            assert_non_null(back);
+            assert_int_equal(dlen, len);
+            assert_memory_equal(back, buf, len);
+            free(back);
+            free(ids);
+        }
+    }
+    int32_t past = 1756;
+    assert_null(tokenizer_decode(llama3, &past, 1, NULL, err, sizeof err));
+    assert_non_null(strstr(err, "out of range"));
+}
+
+/* Text already in NFC passes (NFC leaves it alone); text NFC would change is caught at its first
+ * offending code point. */
+static void test_nfc_check(void **state) {
+    (void)state;
+    static const char *const nfc[] = {
+        "", "plain ASCII", "caf\u00e9 \u00c5ngstr\u00f6m", "\u0915\u093c (excluded from composition)",
+        "\ud55c\uad6d\uc5b4 \uac00\uac01", "\u03a9 \u00c5", "\u0928\u094d\u092e", "\u1ea5 Vi\u1ec7t",
+        "\u0627\u064e\u0644", "emoji \U0001F469\u200d\U0001F467 1\ufe0f\u20e3", "\xff\xfe invalid bytes",
+    };
+    for (size_t i = 0; i < sizeof nfc / sizeof nfc[0]; i++) {
+        size_t at;
+        uint32_t cp;
+        if (hf_nfc_check((const unsigned char *)nfc[i], strlen(nfc[i]), &at, &cp))
+            fail_msg("'%s' is in NFC but was refused at byte %zu (U+%04X)", nfc[i], at, (unsigned)cp);
+    }
+    static const struct { const char *text; size_t at; uint32_t cp; } not_nfc[] = {
+        {"cafe\u0301", 4, 0x301},            /* e + acute composes */
+        {"x\u0928\u093c", 4, 0x93c},         /* NA + nukta composes (to U+0929) */
+        {"\u1100\u1161", 3, 0x1161},         /* Hangul L + V */
+        {"\uac00\u11a8", 3, 0x11a8},         /* Hangul LV + T */
+        {"ohm \u2126", 4, 0x2126},           /* a singleton: NFC maps it to U+03A9 */
+        {"x\u0301\u0323", 3, 0x323},         /* marks out of canonical order */
+        {"\u00e9\u0323", 2, 0x323},          /* a mark after a precomposed letter: cannot tell */
+        {"\u0378", 0, 0x378},                /* unassigned */
+        {"a\u0323", 1, 0x323},                /* a + dot below composes (to U+1EA1) */
+    };
+    for (size_t i = 0; i < sizeof not_nfc / sizeof not_nfc[0]; i++) {
+        size_t at = 99;
+        uint32_t cp = 0;
+        assert_int_equal(hf_nfc_check((const unsigned char *)not_nfc[i].text, strlen(not_nfc[i].text), &at, &cp), 1);
+        assert_int_equal(at, not_nfc[i].at);
+        assert_int_equal(cp, not_nfc[i].cp);
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[512];
+    assert_int_equal(tokenizer_encode(qwen2_nfc, "cafe\u0301", 6, 1, &ids, &n, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not in Unicode NFC at byte 4 (U+0301"));
+    assert_null(ids);
+}
+
+/* Encoding speed on the corpus (printed for the README; not a pass/fail bound beyond a loose one). */
+static void test_encode_speed(void **state) {
+    (void)state;
+    size_t len;
+    char *corpus = read_file("tests/data/tokenizer/corpus.txt", &len);
+    assert_non_null(corpus);
+    ct_tokenizer *ts[2] = {llama3, gpt2};
+    const char *names[2] = {"llama3", "gpt2"};
+    for (int k = 0; k < 2; k++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        size_t total = 0;
+        for (int r = 0; r < 5; r++) {
+            int32_t *ids;
+            size_t n;
+            char err[256];
+            assert_int_equal(tokenizer_encode(ts[k], corpus, len, 0, &ids, &n, err, sizeof err), 0);
+            total += n;
+            free(ids);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double dt = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+        printf("encode %s: %.2f MB/s (%zu bytes -> %zu tokens, x5 in %.3f s)\n", names[k],
+               5.0 * (double)len / 1e6 / dt, len, total / 5, dt);
+        assert_true(dt < 30);
+    }
+    free(corpus);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_ids_match_tokenizers_package),
+        cmocka_unit_test(test_string_merges_read_like_pairs),
+        cmocka_unit_test(test_folder_layout_bos_eos_and_specials),
+        cmocka_unit_test(test_bad_files_are_refused_in_one_line),
+        cmocka_unit_test(test_any_bytes_roundtrip),
+        cmocka_unit_test(test_nfc_check),
+        cmocka_unit_test(test_encode_speed),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
