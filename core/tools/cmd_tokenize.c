@@ -558,7 +558,7 @@ ct_status cmd_tokenize(int argc, char **argv) {
     prog.tty = isatty(STDERR_FILENO);
     prog.total = inputs_size(in.inputs, in.ninputs);
     tok = tokenizer_load(tok_path, err, sizeof err);
-    if (!tok) goto fail;
+    if (!tok) { rc = CT_ERR_INVALID; goto fail; } /* a tokenizer file it cannot read is bad input */
     c.tok = tok;
     c.out = shard_writer_open(out_path, err, sizeof err);
     if (!c.out) goto fail;
@@ -709,7 +709,7 @@ static ct_status tokenizer_encode_cmd(int argc, char **argv) {
     if (!tok || tokenizer_encode(tok, text, strlen(text), allow_special, &ids, &n, err, sizeof err)) {
         fprintf(stderr, "ctitan %s: %s\n", cmd, err);
         tokenizer_free(tok);
-        return CT_ERR_IO;
+        return CT_ERR_INVALID; /* an unreadable tokenizer, or text it refuses (not NFC) */
     }
     for (size_t i = 0; i < n; i++) printf("%s%ld", i ? " " : "", (long)ids[i]);
     printf("\n");
@@ -747,7 +747,7 @@ static ct_status tokenizer_decode_cmd(int argc, char **argv) {
     ct_status rc = CT_OK;
     if (!bytes) {
         fprintf(stderr, "ctitan %s: %s\n", cmd, err);
-        rc = CT_ERR_IO;
+        rc = CT_ERR_INVALID; /* an unreadable tokenizer, or an id it does not have */
     } else {
         fwrite(bytes, 1, len, stdout);
         printf("\n");

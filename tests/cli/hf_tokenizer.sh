@@ -49,11 +49,11 @@ then ok "small vocabulary refused: $(cat "$T/err")"; else bad "small vocabulary:
 
 # neither format: one line naming the formats read
 "$CTITAN" tokenizer encode --tokenizer README.md --text x >"$T/out" 2>"$T/err"; rc=$?
-if [ $rc -ne 0 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "README.md: not a tokenizer file: ctitan reads a Hugging Face tokenizer.json" "$T/err"
+if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "README.md: not a tokenizer file: ctitan reads a Hugging Face tokenizer.json" "$T/err"
 then ok "neither format: $(cat "$T/err")"; else bad "neither format: status $rc: $(cat "$T/err")"; fi
 printf '{"model": {"type": "Unigram", "vocab": []}}' >"$T/tokenizer.json"
 "$CTITAN" tokenize --tokenizer "$T" --input "$T/doc.txt" --output "$T/x.bin" >"$T/out" 2>"$T/err"; rc=$?
-if [ $rc -ne 0 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "$T/tokenizer.json: model.type: \"Unigram\" is not supported" "$T/err"
+if [ $rc -eq 2 ] && [ "$(wc -l <"$T/err")" -eq 1 ] && grep -q "$T/tokenizer.json: model.type: \"Unigram\" is not supported" "$T/err"
 then ok "another model type: $(cat "$T/err")"; else bad "another model type: status $rc: $(cat "$T/err")"; fi
 
 [ $fails -eq 0 ] || { echo "$fails failure(s)"; exit 1; }

@@ -786,7 +786,7 @@ static void test_command_errors(void **state) {
     expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--output SHARD is required", "tokenize", "--tokenizer", VOCAB, "--input", txt, NULL);
     expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--split-on applies to --format text only", "tokenize", "--tokenizer", VOCAB,
                      "--input", txt, "--output", sh, "--format", "jsonl", "--split-on", "%", NULL);
-    expect_cmd_fails(cmd_tokenize, CT_ERR_IO, "cannot open", "tokenize", "--tokenizer", "no-such.tiktoken", "--input", txt,
+    expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "cannot open", "tokenize", "--tokenizer", "no-such.tiktoken", "--input", txt,
                      "--output", sh, NULL);
     expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "no documents", "tokenize", "--tokenizer", VOCAB, "--input", "/dev/null",
                      "--output", sh, NULL);
@@ -821,7 +821,7 @@ static void test_command_errors(void **state) {
     expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "--text STR is required", "tokenizer", "encode", "--tokenizer", VOCAB, NULL);
     expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "expected a token id", "tokenizer", "decode", "--tokenizer", VOCAB, "1", "x", NULL);
     expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "expected a token id", "tokenizer", "decode", "--tokenizer", VOCAB, "-1", NULL);
-    expect_cmd_fails(cmd_tokenizer, CT_ERR_IO, "token id 5000", "tokenizer", "decode", "--tokenizer", VOCAB, "5000", NULL);
+    expect_cmd_fails(cmd_tokenizer, CT_ERR_INVALID, "token id 5000", "tokenizer", "decode", "--tokenizer", VOCAB, "5000", NULL);
     assert_false(exists(sh));
 
     char *out, *errs;
