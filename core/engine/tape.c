@@ -619,6 +619,38 @@ static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
     return &y->t;
 }
 
+/* ABI 2.4: rope with the pack's frequency table (host memory, D/2 floats). The table is copied into
+ * the activation arena, so it lives as long as the tape entry whose backward reads it; the planner
+ * costs the op as rope. */
+static ct_tensor *op_rope_freqs(ct_builder *b, ct_tensor *xt, const float *inv_freq) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt;
+    const ct_device_api *d = DEV(rt);
+    if (check_f32(xt, "rope_freqs", "x")) return NULL;
+    if (x->t.ndim != 4 || x->t.shape[3] % 2 || !inv_freq) {
+        ct_set_error("rope_freqs: expects x of shape (B, T, H, D) with D even and a table of D/2 frequencies");
+        return NULL;
+    }
+    if (!CT_HAS_FIELD(d, ct_device_api, rope_freqs_backward) || !d->rope_freqs_forward || !d->rope_freqs_backward) {
+        ct_set_error("rope_freqs: the device lacks rope_freqs_forward/rope_freqs_backward (ABI 2.4), which scaled "
+                     "RoPE needs");
+        return NULL;
+    }
+    int64_t half = x->t.shape[3] / 2;
+    rt_tensor *y = like(rt, x), *table = new_tensor(rt, rt->act, CT_F32, 1, &half);
+    if (!y || !table) return NULL;
+    if (rt->trace_ops == 1 &&
+        plan_note_op(rt, PLAN_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0))
+        return NULL;
+    if (dev_fail(d->copy(rt->dev, table->t.data, inv_freq, sizeof(float) * (size_t)half, CT_COPY_H2D), "copy"))
+        return NULL;
+    if (dev_fail(d->rope_freqs_forward(rt->dev, y->t.data, x->t.data, NULL, table->t.data, x->t.shape[0],
+                                       x->t.shape[1], x->t.shape[2], x->t.shape[3]), "rope_freqs_forward"))
+        return NULL;
+    if (record(rt, OP_ROPE, y, x, NULL, NULL, table, NULL, 0)) return NULL;
+    return &y->t;
+}
+
 static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_tensor *vt) {
     runtime *rt = RT(b);
     rt_tensor *q = (rt_tensor *)qt, *k = (rt_tensor *)kt, *v = (rt_tensor *)vt;
@@ -786,6 +818,7 @@ void tape_builder_init(runtime *rt) {
         .grad = op_grad,
         .memo = op_memo,
         .account_comm = op_account_comm,
+        .rope_freqs = op_rope_freqs,
     };
     rt->top = &rt->builder;
 }
@@ -923,7 +956,11 @@ static int pointwise_bwd(runtime *rt, tape_entry *e, const float *dy, int in, in
     case OP_ROPE:
         if (!in) return 0;
         if (grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) return -1;
-        st = d->rope_backward(rt->dev, gx, dy, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], e->f);
+        if (e->aux[0]) /* rope_freqs: the table it copied */
+            st = d->rope_freqs_backward(rt->dev, gx, dy, NULL, e->aux[0]->t.data, x->t.shape[0], x->t.shape[1],
+                                        x->t.shape[2], x->t.shape[3]);
+        else
+            st = d->rope_backward(rt->dev, gx, dy, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], e->f);
         break;
     case OP_SWIGLU:
         if (!in) return 0;
@@ -999,6 +1036,9 @@ static ct_tensor *fw_layernorm(ct_builder *b, ct_tensor *x, ct_tensor *w, ct_ten
     return NEXT(b)->layernorm(NEXT(b), x, w, bias, eps);
 }
 static ct_tensor *fw_rope(ct_builder *b, ct_tensor *x, float theta) { return NEXT(b)->rope(NEXT(b), x, theta); }
+static ct_tensor *fw_rope_freqs(ct_builder *b, ct_tensor *x, const float *inv_freq) {
+    return NEXT(b)->rope_freqs(NEXT(b), x, inv_freq);
+}
 static ct_tensor *fw_attention(ct_builder *b, ct_tensor *q, ct_tensor *k, ct_tensor *v) {
     return NEXT(b)->attention(NEXT(b), q, k, v);
 }
@@ -1059,6 +1099,7 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
         .grad = fw_grad,
         .memo = fw_memo,
         .account_comm = fw_account_comm,
+        .rope_freqs = fw_rope_freqs,
         .planning = next->planning, /* a strategy's layer over the planner's builder plans too */
     };
     (void)rt;
