@@ -112,14 +112,19 @@ static const char *short_g(char *out, size_t len, double x) {
 
 /* The manifest's model section that runs the converted file (a Qwen2 on sdk/examples/qwen2's pack). */
 static void print_model_line(const hf_config *c) {
-    char theta[32], eps[32];
+    char theta[32], eps[32], scaling[256] = "", f[32], lo[32], hi[32];
     int qwen2 = (c->features & CT_MODEL_QKV_BIAS) != 0;
+    if (c->rope_scaling_factor != 0)
+        snprintf(scaling, sizeof scaling, ", rope_scaling: llama3, rope_scaling_factor: %s, rope_low_freq_factor: %s, "
+                 "rope_high_freq_factor: %s, rope_original_max_position: %lld",
+                 short_g(f, sizeof f, c->rope_scaling_factor), short_g(lo, sizeof lo, c->rope_low_freq_factor),
+                 short_g(hi, sizeof hi, c->rope_high_freq_factor), (long long)c->rope_original_max_position);
     printf("model: {name: %s, dim: %lld, n_layers: %lld, n_heads: %lld, n_kv_heads: %lld, vocab_size: %lld, "
-           "ffn_hidden: %lld, rope_theta: %s, norm_eps: %s%s}\n",
+           "ffn_hidden: %lld, rope_theta: %s, norm_eps: %s%s%s}\n",
            qwen2 ? "qwen2" : "llama3", (long long)c->dim,
            (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->vocab,
            (long long)c->ffn_hidden, short_g(theta, sizeof theta, c->rope_theta), short_g(eps, sizeof eps, c->norm_eps),
-           !qwen2 ? "" : c->features & CT_MODEL_TIED_EMBEDDINGS ? ", tie_word_embeddings: true" : ", tie_word_embeddings: false");
+           scaling, !qwen2 ? "" : c->features & CT_MODEL_TIED_EMBEDDINGS ? ", tie_word_embeddings: true" : ", tie_word_embeddings: false");
 }
 
 typedef struct args {
@@ -147,6 +152,12 @@ static ct_status to_hf(const args *a) {
     cfg.rope_theta = a->rope_theta ? a->rope_theta : ctt_scalar(f, "config.rope_theta", &v) ? v : HF_DEFAULT_ROPE_THETA;
     cfg.norm_eps = a->norm_eps ? a->norm_eps : ctt_scalar(f, "config.norm_eps", &v) ? v : HF_DEFAULT_NORM_EPS;
     cfg.max_position_embeddings = a->max_pos ? a->max_pos : HF_DEFAULT_MAX_POSITIONS;
+    if (ctt_scalar(f, "config.rope_scaling_factor", &v) && v != 0) { /* Llama 3.1's RoPE scaling, as --from hf wrote it */
+        cfg.rope_scaling_factor = v;
+        cfg.rope_low_freq_factor = ctt_scalar(f, "config.rope_low_freq_factor", &v) ? v : 0;
+        cfg.rope_high_freq_factor = ctt_scalar(f, "config.rope_high_freq_factor", &v) ? v : 0;
+        cfg.rope_original_max_position = ctt_count(f, "config.rope_original_max_position");
+    }
     ct_status rc = CT_ERR_INVALID; /* until the input is known good */
     if (!cfg.n_heads) {
         fprintf(stderr, "ctitan convert: %s has no config.n_heads; give --n-heads (the shapes cannot tell it)\n",
@@ -186,6 +197,14 @@ static ct_status from_hf(const args *a) {
     for (int i = 0; w && i < f->count; i++) {
         const tf_entry *e = &f->entries[i];
         if (tf_writer_add(w, e->name, e->dtype, e->ndim, e->shape, e->data)) break;
+    }
+    if (w && cfg.rope_scaling_factor != 0) { /* the scaling, for --to hf: the shapes cannot tell it */
+        float fl[3] = {(float)cfg.rope_scaling_factor, (float)cfg.rope_low_freq_factor, (float)cfg.rope_high_freq_factor};
+        int32_t orig = (int32_t)cfg.rope_original_max_position;
+        const char *names[3] = {"config.rope_scaling_factor", "config.rope_low_freq_factor", "config.rope_high_freq_factor"};
+        int bad = 0;
+        for (int i = 0; i < 3 && !bad; i++) bad = tf_writer_add(w, names[i], TF_F32, 0, NULL, &fl[i]) != 0;
+        if (!bad) tf_writer_add(w, "config.rope_original_max_position", TF_I32, 0, NULL, &orig);
     }
     if (!w || tf_writer_close(w, err, sizeof err)) {
         fprintf(stderr, "ctitan convert: %s\n", err);
