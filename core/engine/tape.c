@@ -619,9 +619,51 @@ static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
     return &y->t;
 }
 
-/* ABI 2.4: rope with the pack's frequency table (host memory, D/2 floats). The table is copied into
- * the activation arena, so it lives as long as the tape entry whose backward reads it; the planner
- * costs the op as rope. */
+/* rope_freqs' tables in device memory, one per distinct table, kept until runtime_free: a copy from
+ * the host at every forward would be refused inside a captured graph (compile.enable), and a
+ * model has one table (a few hundred bytes). Found by content, not address. NULL when out of memory. */
+struct rope_table {
+    struct rope_table *next;
+    float *dev;
+    int64_t half;
+    float host[];
+};
+
+static float *rope_table_on_device(runtime *rt, const float *inv, int64_t half) {
+    size_t bytes = sizeof(float) * (size_t)half;
+    for (struct rope_table *t = rt->rope_tables; t; t = t->next)
+        if (t->half == half && !memcmp(t->host, inv, bytes)) return t->dev;
+    struct rope_table *t = calloc(1, sizeof *t + bytes);
+    if (!t) goto nomem;
+    void *p = NULL;
+    if (DEV(rt)->alloc(rt->dev, bytes, &p) != CT_OK || !p) {
+        free(t);
+        goto nomem;
+    }
+    t->dev = p;
+    t->half = half;
+    memcpy(t->host, inv, bytes);
+    t->next = rt->rope_tables;
+    rt->rope_tables = t;
+    if (dev_fail(DEV(rt)->copy(rt->dev, t->dev, inv, bytes, CT_COPY_H2D), "copy")) return NULL;
+    return t->dev;
+nomem:
+    ct_set_error("rope_freqs: out of device memory for the frequency table");
+    return NULL;
+}
+
+void tape_rope_tables_free(runtime *rt) {
+    while (rt->rope_tables) {
+        struct rope_table *t = rt->rope_tables;
+        rt->rope_tables = t->next;
+        DEV(rt)->free(rt->dev, t->dev);
+        free(t);
+    }
+}
+
+/* ABI 2.4: rope with the pack's frequency table (host memory, D/2 floats), held on the device for
+ * the run (rope_table_on_device); the tape entry's aux[0] is a view of it, which its backward
+ * reads. The planner costs the op as rope. */
 static ct_tensor *op_rope_freqs(ct_builder *b, ct_tensor *xt, const float *inv_freq) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt;
@@ -637,12 +679,16 @@ static ct_tensor *op_rope_freqs(ct_builder *b, ct_tensor *xt, const float *inv_f
         return NULL;
     }
     int64_t half = x->t.shape[3] / 2;
-    rt_tensor *y = like(rt, x), *table = new_tensor(rt, rt->act, CT_F32, 1, &half);
-    if (!y || !table) return NULL;
+    rt_tensor *y = like(rt, x), *table = pool_alloc(&rt->act->desc, sizeof *table);
+    if (!y || !table) {
+        if (!table) ct_set_error("out of memory for the tape");
+        return NULL;
+    }
+    memset(table, 0, sizeof *table);
+    table->t = (ct_tensor){.struct_size = sizeof table->t, .dtype = CT_F32, .ndim = 1, .shape = {half}};
+    if (!(table->t.data = rope_table_on_device(rt, inv_freq, half))) return NULL;
     if (rt->trace_ops == 1 &&
         plan_note_op(rt, PLAN_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0))
-        return NULL;
-    if (dev_fail(d->copy(rt->dev, table->t.data, inv_freq, sizeof(float) * (size_t)half, CT_COPY_H2D), "copy"))
         return NULL;
     if (dev_fail(d->rope_freqs_forward(rt->dev, y->t.data, x->t.data, NULL, table->t.data, x->t.shape[0],
                                        x->t.shape[1], x->t.shape[2], x->t.shape[3]), "rope_freqs_forward"))

@@ -230,8 +230,29 @@ static ct_tensor *cp_rope(ct_builder *b, ct_tensor *x, float theta) {
     return n->custom(n, &rope_op, &s, sizeof s, in, 1, out, 1) == CT_OK ? out[0] : NULL;
 }
 
-/* Scaled RoPE (ABI 2.4) at the local rows' real positions: the table goes to device memory in the
- * step's arena (a tensor of the builder below), which outlives the op's backward. */
+/* inv (half floats) on the device, copied on first use and kept until destroy; NULL with the error set. */
+static const float *freqs_on_device(cp *c, const float *inv, int64_t half) {
+    size_t bytes = sizeof(float) * (size_t)half;
+    for (cp_freqs *f = c->freqs; f; f = f->next)
+        if (f->half == half && !memcmp(f->host, inv, bytes)) return f->dev;
+    cp_freqs *f = calloc(1, sizeof *f + bytes);
+    void *dev = NULL;
+    if (!f || c->env.dapi->alloc(c->env.dev, bytes, &dev) != CT_OK || !dev) {
+        free(f);
+        c->host->set_error(c->host, "context parallel: out of memory for the RoPE frequency table");
+        return NULL;
+    }
+    f->dev = dev;
+    f->half = half;
+    memcpy(f->host, inv, bytes);
+    f->next = c->freqs;
+    c->freqs = f;
+    if (cp_failed(c, c->env.dapi->copy(c->env.dev, f->dev, inv, bytes, CT_COPY_H2D), "copy of the RoPE table"))
+        return NULL;
+    return f->dev;
+}
+
+/* Scaled RoPE (ABI 2.4) at the local rows' real positions, with the model's table on the device. */
 static ct_tensor *cp_rope_freqs(ct_builder *b, ct_tensor *x, const float *inv_freq) {
     cp *c = CP(b);
     ct_builder *n = c->next;
@@ -247,13 +268,9 @@ static ct_tensor *cp_rope_freqs(ct_builder *b, ct_tensor *x, const float *inv_fr
                                     "(ABI 2.4), which scaled RoPE needs");
         return NULL;
     }
-    int64_t half = x->shape[3] / 2;
-    ct_tensor *table = n->new_tensor(n, CT_F32, 1, &half);
-    if (!table) return NULL;
-    if (!cp_planning(n) && cp_failed(c, d->copy(c->env.dev, table->data, inv_freq, sizeof(float) * (size_t)half,
-                                                CT_COPY_H2D), "copy"))
-        return NULL;
-    rope_state s = {c, 0, table->data};
+    const float *table = NULL;
+    if (!cp_planning(n) && !(table = freqs_on_device(c, inv_freq, x->shape[3] / 2))) return NULL;
+    rope_state s = {c, 0, table};
     ct_tensor *in[1] = {x}, *out[1] = {NULL};
     return n->custom(n, &rope_op, &s, sizeof s, in, 1, out, 1) == CT_OK ? out[0] : NULL;
 }
