@@ -7,7 +7,7 @@
 #     its last_save_in_hf export says rope_scaling llama3 with the same settings, and equals what
 #     `convert --to hf` makes of the run's model.ctt, tensor for tensor;
 #   - a model whose scaling differs from config.json's is refused (exit 2, one line naming the
-#     options to set); so are bad scaling options.
+#     options to set); so are bad scaling options, and resuming the run's checkpoint without it.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -80,6 +80,11 @@ expect_train_fail "a factor without scaling" "--model.rope_scaling_factor: llama
 expect_train_fail "high below low" "--model.rope_high_freq_factor: llama3: 1 must be above rope_low_freq_factor 2" \
     "${m[@]}" "${s[@]}" --model.rope_low_freq_factor=2 --model.rope_high_freq_factor=1
 expect_train_fail "an unknown scaling" "model.rope_scaling.*yarn" "${m[@]}" --model.rope_scaling=yarn
+# the checkpoint records the scaling: resuming it with plain RoPE is refused
+train "${m[@]}" --job.dump_folder="$T/ft" --checkpoint.enable=true --training.steps=14; rc=$?
+if [ "$rc" -eq 2 ] && grep -q 'was written with model.rope_scaling "llama3"; this run has "none"' "$T/train.err"; then
+    ok "resume with plain RoPE: $(cat "$T/train.err")"
+else bad "resume with plain RoPE: status $rc, stderr: $(cat "$T/train.err")"; fi
 
 echo
 [ "$fails" -eq 0 ] && echo "hf_rope_scaling: ok" || echo "hf_rope_scaling: $fails failed"
