@@ -640,12 +640,16 @@ static float *rope_table_on_device(runtime *rt, const float *inv, int64_t half) 
         free(t);
         goto nomem;
     }
+    if (dev_fail(DEV(rt)->copy(rt->dev, p, inv, bytes, CT_COPY_H2D), "copy")) {
+        DEV(rt)->free(rt->dev, p);
+        free(t);
+        return NULL;
+    }
     t->dev = p;
     t->half = half;
     memcpy(t->host, inv, bytes);
     t->next = rt->rope_tables;
     rt->rope_tables = t;
-    if (dev_fail(DEV(rt)->copy(rt->dev, t->dev, inv, bytes, CT_COPY_H2D), "copy")) return NULL;
     return t->dev;
 nomem:
     ct_set_error("rope_freqs: out of device memory for the frequency table");

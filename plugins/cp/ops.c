@@ -242,13 +242,16 @@ static const float *freqs_on_device(cp *c, const float *inv, int64_t half) {
         c->host->set_error(c->host, "context parallel: out of memory for the RoPE frequency table");
         return NULL;
     }
+    if (cp_failed(c, c->env.dapi->copy(c->env.dev, dev, inv, bytes, CT_COPY_H2D), "copy of the RoPE table")) {
+        c->env.dapi->free(c->env.dev, dev);
+        free(f);
+        return NULL;
+    }
     f->dev = dev;
     f->half = half;
     memcpy(f->host, inv, bytes);
     f->next = c->freqs;
     c->freqs = f;
-    if (cp_failed(c, c->env.dapi->copy(c->env.dev, f->dev, inv, bytes, CT_COPY_H2D), "copy of the RoPE table"))
-        return NULL;
     return f->dev;
 }
 
