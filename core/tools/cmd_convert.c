@@ -32,7 +32,10 @@ static const char usage[] =
     "                      The sizes come from the tensors' shapes. Entries of MODEL.ctt that are not\n"
     "                      parameters (config.*, input.*, expected.*, grad.*, ...) are ignored, except\n"
     "                      that config.n_heads, config.n_kv_heads, config.rope_theta and\n"
-    "                      config.norm_eps scalars, when present, stand in for the flags below.\n"
+    "                      config.norm_eps scalars, when present, stand in for the flags below, and\n"
+    "                      config.rope_scaling_factor, config.rope_low_freq_factor,\n"
+    "                      config.rope_high_freq_factor and config.rope_original_max_position (as\n"
+    "                      --from hf writes them) give Llama 3.1's rope_scaling.\n"
     "  --dtype T           float32 (default) or bfloat16 (rounded to nearest even)\n"
     "  --n-heads H         query heads (the shapes cannot tell; required unless MODEL.ctt has config.n_heads)\n"
     "  --n-kv-heads K      key/value heads (default: from layers.0.attention.wk.weight's shape)\n"
@@ -44,8 +47,9 @@ static const char usage[] =
     "                      model.safetensors.index.json; F32, BF16, F16 or F64 tensors) and write the\n"
     "                      parameters as float32, in the order the llama3 pack declares them. The model\n"
     "                      options to use with the file are printed. A tied Qwen2 gives no output.weight\n"
-    "                      (the qwen2 pack shares the table), a tied Llama a copy of the table. Refused:\n"
-    "                      RoPE scaling (Llama 3.1+), a Llama's biases, Qwen2's sliding window, other\n"
+    "                      (the qwen2 pack shares the table), a tied Llama a copy of the table. RoPE\n"
+    "                      scaling of rope_type llama3 (Llama 3.1+) is kept as config.rope_* scalars.\n"
+    "                      Refused: other RoPE types, a Llama's biases, Qwen2's sliding window, other\n"
     "                      activations or model types, head_dim != hidden_size / heads.\n"
     "  --help              this text\n";
 
