@@ -275,6 +275,14 @@ static json_t *run_config(session *s) {
         if (ints[i].v > 0) json_object_set_new(c, ints[i].key, json_integer(ints[i].v));
     if (d->rope_theta > 0) json_object_set_new(c, "model.rope_theta", json_real(d->rope_theta));
     if (d->norm_eps > 0) json_object_set_new(c, "model.norm_eps", json_real(d->norm_eps));
+    /* Llama 3.1's RoPE scaling: other frequencies, another function of the same weights */
+    json_object_set_new(c, "model.rope_scaling", json_string(d->rope_scaling_factor > 0 ? "llama3" : "none"));
+    if (d->rope_scaling_factor > 0) {
+        json_object_set_new(c, "model.rope_scaling_factor", json_real(d->rope_scaling_factor));
+        json_object_set_new(c, "model.rope_low_freq_factor", json_real(d->rope_low_freq_factor));
+        json_object_set_new(c, "model.rope_high_freq_factor", json_real(d->rope_high_freq_factor));
+        json_object_set_new(c, "model.rope_original_max_position", json_integer(d->rope_original_max_position));
+    }
     return c;
 }
 

@@ -65,11 +65,36 @@ int ckpt_load_model_from(session *s, const char *path, char *err, size_t errlen)
     return load_model_checked(s, dir, err, errlen);
 }
 
+/* 0 when the model scales RoPE as config.json says (rope_scaling llama3, or plain); else -1 and the
+ * model options that would match in err: the same weights with other frequencies give other logits. */
+static int same_rope_scaling(const ct_model_desc *d, const hf_config *c, const char *dir, char *err, size_t errlen) {
+    if (d->rope_scaling_factor == c->rope_scaling_factor &&
+        (c->rope_scaling_factor == 0 ||
+         (d->rope_low_freq_factor == c->rope_low_freq_factor && d->rope_high_freq_factor == c->rope_high_freq_factor &&
+          d->rope_original_max_position == c->rope_original_max_position)))
+        return 0;
+    if (c->rope_scaling_factor == 0) {
+        ct_errf(err, errlen, "%s/config.json has plain RoPE but the model scales it (llama3, factor %g): set "
+                             "model.rope_scaling: none", dir, d->rope_scaling_factor);
+        return -1;
+    }
+    ct_errf(err, errlen, "%s/config.json scales RoPE (rope_type llama3) and the model does not, or not the same way: set "
+                         "model.rope_scaling: llama3, model.rope_scaling_factor: %g, model.rope_low_freq_factor: %g, "
+                         "model.rope_high_freq_factor: %g, model.rope_original_max_position: %lld", dir,
+            c->rope_scaling_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+            (long long)c->rope_original_max_position);
+    return -1;
+}
+
 /* Loads a Hugging Face Llama folder into the model (each rank takes its shard). */
 static int load_hf(session *s, const char *dir, char *err, size_t errlen) {
     hf_config cfg;
     tf_file *w = NULL;
     if (hf_load(dir, &cfg, &w, err, errlen)) return -1;
+    if (same_rope_scaling(&s->rt.desc, &cfg, dir, err, errlen)) {
+        tf_free(w);
+        return -1;
+    }
     int rc = 0;
     for (int i = 0; i < s->rt.n_params && !rc; i++) {
         const ct_tensor *p = &s->rt.params[i]->t;
@@ -115,6 +140,10 @@ static int save_hf(session *s, const char *dir, int bf16, char *err, size_t errl
             cfg.rope_theta = d->rope_theta;
             cfg.norm_eps = d->norm_eps;
             cfg.max_position_embeddings = HF_DEFAULT_MAX_POSITIONS;
+            cfg.rope_scaling_factor = d->rope_scaling_factor; /* 0: plain RoPE */
+            cfg.rope_low_freq_factor = d->rope_low_freq_factor;
+            cfg.rope_high_freq_factor = d->rope_high_freq_factor;
+            cfg.rope_original_max_position = d->rope_original_max_position;
             rc = hf_config_from_weights(&cfg, &w, err, errlen) ||
                          hf_save(dir, &cfg, &w, bf16 ? HF_BFLOAT16 : HF_FLOAT32, err, errlen)
                      ? -1

@@ -122,6 +122,18 @@ json_t *mdesc_from_hf(const hf_config *c) {
     json_object_set_new(model, "hf_model_type", json_string(qwen2 ? "qwen2" : "llama"));
     json_object_set_new(opts, "rope_theta", json_real(c->rope_theta));
     json_object_set_new(opts, "norm_eps", json_real(c->norm_eps));
+    if (c->rope_scaling_factor != 0) { /* Llama 3.1's scaled RoPE: the pack's options and the description */
+        const struct { const char *key; double v; } sc[] = {
+            {"rope_scaling_factor", c->rope_scaling_factor}, {"rope_low_freq_factor", c->rope_low_freq_factor},
+            {"rope_high_freq_factor", c->rope_high_freq_factor}};
+        for (size_t i = 0; i < sizeof sc / sizeof *sc; i++) {
+            json_object_set_new(model, sc[i].key, json_real(sc[i].v));
+            json_object_set_new(opts, sc[i].key, json_real(sc[i].v));
+        }
+        json_object_set_new(model, "rope_original_max_position", json_integer(c->rope_original_max_position));
+        json_object_set_new(opts, "rope_original_max_position", json_integer(c->rope_original_max_position));
+        json_object_set_new(opts, "rope_scaling", json_string("llama3"));
+    }
     /* a tied Llama is read for the untied llama3 pack (its output a copy), a tied Qwen2 shares */
     json_object_set_new(opts, "tie_word_embeddings", json_boolean(c->features & CT_MODEL_TIED_EMBEDDINGS));
     json_object_set_new(d, "format", json_string("ctitan-model"));

@@ -705,6 +705,7 @@ void runtime_free(runtime *rt) {
     }
     free(rt->master_data);
     if (rt->share_buf) rt->d->free(rt->dev, rt->share_buf);
+    tape_rope_tables_free(rt);
     for (int i = 0; i < rt->n_layers; i++) tape_layer_free(rt->layers[i]);
     pool_destroy(&rt->opscratch);
     pool_destroy(&rt->saved.data);

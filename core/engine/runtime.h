@@ -127,6 +127,7 @@ typedef struct runtime {
     int in_backward;
     int cur_unit;          /* the unit whose forward or backward runs now, -1 outside */
     float *share_buf;      /* a shared parameter's gradient from another pipeline stage */
+    struct rope_table *rope_tables; /* rope_freqs' frequency tables on the device (tape.c) */
     int64_t share_buf_n;
     int64_t seq_multiple;                  /* every sequence's length is a multiple of it (strategies') */
     ct_status dist_status; /* the status of the last failed strategy or comm call (CT_ERR_TIMEOUT ...) */

@@ -619,6 +619,88 @@ static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
     return &y->t;
 }
 
+/* rope_freqs' tables in device memory, one per distinct table, kept until runtime_free: a copy from
+ * the host at every forward would be refused inside a captured graph (compile.enable), and a
+ * model has one table (a few hundred bytes). Found by content, not address. NULL when out of memory. */
+struct rope_table {
+    struct rope_table *next;
+    float *dev;
+    int64_t half;
+    float host[];
+};
+
+static float *rope_table_on_device(runtime *rt, const float *inv, int64_t half) {
+    size_t bytes = sizeof(float) * (size_t)half;
+    for (struct rope_table *t = rt->rope_tables; t; t = t->next)
+        if (t->half == half && !memcmp(t->host, inv, bytes)) return t->dev;
+    struct rope_table *t = calloc(1, sizeof *t + bytes);
+    if (!t) goto nomem;
+    void *p = NULL;
+    if (DEV(rt)->alloc(rt->dev, bytes, &p) != CT_OK || !p) {
+        free(t);
+        goto nomem;
+    }
+    if (dev_fail(DEV(rt)->copy(rt->dev, p, inv, bytes, CT_COPY_H2D), "copy")) {
+        DEV(rt)->free(rt->dev, p);
+        free(t);
+        return NULL;
+    }
+    t->dev = p;
+    t->half = half;
+    memcpy(t->host, inv, bytes);
+    t->next = rt->rope_tables;
+    rt->rope_tables = t;
+    return t->dev;
+nomem:
+    ct_set_error("rope_freqs: out of device memory for the frequency table");
+    return NULL;
+}
+
+void tape_rope_tables_free(runtime *rt) {
+    while (rt->rope_tables) {
+        struct rope_table *t = rt->rope_tables;
+        rt->rope_tables = t->next;
+        DEV(rt)->free(rt->dev, t->dev);
+        free(t);
+    }
+}
+
+/* ABI 2.4: rope with the pack's frequency table (host memory, D/2 floats), held on the device for
+ * the run (rope_table_on_device); the tape entry's aux[0] is a view of it, which its backward
+ * reads. The planner costs the op as rope. */
+static ct_tensor *op_rope_freqs(ct_builder *b, ct_tensor *xt, const float *inv_freq) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt;
+    const ct_device_api *d = DEV(rt);
+    if (check_f32(xt, "rope_freqs", "x")) return NULL;
+    if (x->t.ndim != 4 || x->t.shape[3] % 2 || !inv_freq) {
+        ct_set_error("rope_freqs: expects x of shape (B, T, H, D) with D even and a table of D/2 frequencies");
+        return NULL;
+    }
+    if (!CT_HAS_FIELD(d, ct_device_api, rope_freqs_backward) || !d->rope_freqs_forward || !d->rope_freqs_backward) {
+        ct_set_error("rope_freqs: the device lacks rope_freqs_forward/rope_freqs_backward (ABI 2.4), which scaled "
+                     "RoPE needs");
+        return NULL;
+    }
+    int64_t half = x->t.shape[3] / 2;
+    rt_tensor *y = like(rt, x), *table = pool_alloc(&rt->act->desc, sizeof *table);
+    if (!y || !table) {
+        if (!table) ct_set_error("out of memory for the tape");
+        return NULL;
+    }
+    memset(table, 0, sizeof *table);
+    table->t = (ct_tensor){.struct_size = sizeof table->t, .dtype = CT_F32, .ndim = 1, .shape = {half}};
+    if (!(table->t.data = rope_table_on_device(rt, inv_freq, half))) return NULL;
+    if (rt->trace_ops == 1 &&
+        plan_note_op(rt, PLAN_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0))
+        return NULL;
+    if (dev_fail(d->rope_freqs_forward(rt->dev, y->t.data, x->t.data, NULL, table->t.data, x->t.shape[0],
+                                       x->t.shape[1], x->t.shape[2], x->t.shape[3]), "rope_freqs_forward"))
+        return NULL;
+    if (record(rt, OP_ROPE, y, x, NULL, NULL, table, NULL, 0)) return NULL;
+    return &y->t;
+}
+
 static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_tensor *vt) {
     runtime *rt = RT(b);
     rt_tensor *q = (rt_tensor *)qt, *k = (rt_tensor *)kt, *v = (rt_tensor *)vt;
@@ -786,6 +868,7 @@ void tape_builder_init(runtime *rt) {
         .grad = op_grad,
         .memo = op_memo,
         .account_comm = op_account_comm,
+        .rope_freqs = op_rope_freqs,
     };
     rt->top = &rt->builder;
 }
@@ -923,7 +1006,11 @@ static int pointwise_bwd(runtime *rt, tape_entry *e, const float *dy, int in, in
     case OP_ROPE:
         if (!in) return 0;
         if (grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) return -1;
-        st = d->rope_backward(rt->dev, gx, dy, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], e->f);
+        if (e->aux[0]) /* rope_freqs: the table it copied */
+            st = d->rope_freqs_backward(rt->dev, gx, dy, NULL, e->aux[0]->t.data, x->t.shape[0], x->t.shape[1],
+                                        x->t.shape[2], x->t.shape[3]);
+        else
+            st = d->rope_backward(rt->dev, gx, dy, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], e->f);
         break;
     case OP_SWIGLU:
         if (!in) return 0;
@@ -999,6 +1086,9 @@ static ct_tensor *fw_layernorm(ct_builder *b, ct_tensor *x, ct_tensor *w, ct_ten
     return NEXT(b)->layernorm(NEXT(b), x, w, bias, eps);
 }
 static ct_tensor *fw_rope(ct_builder *b, ct_tensor *x, float theta) { return NEXT(b)->rope(NEXT(b), x, theta); }
+static ct_tensor *fw_rope_freqs(ct_builder *b, ct_tensor *x, const float *inv_freq) {
+    return NEXT(b)->rope_freqs(NEXT(b), x, inv_freq);
+}
 static ct_tensor *fw_attention(ct_builder *b, ct_tensor *q, ct_tensor *k, ct_tensor *v) {
     return NEXT(b)->attention(NEXT(b), q, k, v);
 }
@@ -1059,6 +1149,7 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
         .grad = fw_grad,
         .memo = fw_memo,
         .account_comm = fw_account_comm,
+        .rope_freqs = fw_rope_freqs,
         .planning = next->planning, /* a strategy's layer over the planner's builder plans too */
     };
     (void)rt;

@@ -28,6 +28,8 @@ void quant_note(runtime *rt, const char *name, int yes, const char *why);
  * replaces it (ct_strategy_api.wrap_builder). Freed with tape_layer_free. */
 ct_builder *tape_layer_new(runtime *rt, ct_builder *next);
 void tape_layer_free(ct_builder *b);
+/* Frees rope_freqs' device tables (runtime_free). */
+void tape_rope_tables_free(runtime *rt);
 /* Replays entries from `tail` back to the first, accumulating gradients. */
 int tape_backward(runtime *rt, tape_entry *tail, int halves);
 

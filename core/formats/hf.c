@@ -196,6 +196,22 @@ static int check_config(const hf_config *c, const char *label, char *err, size_t
                 c->rope_theta, c->norm_eps);
         return -1;
     }
+    if (c->rope_scaling_factor == 0) return 0;
+    if (!(c->rope_scaling_factor >= 1 && c->rope_scaling_factor <= 1e6) ||
+        !(c->rope_low_freq_factor > 0 && c->rope_high_freq_factor > c->rope_low_freq_factor &&
+          c->rope_high_freq_factor <= 1e6) ||
+        c->rope_original_max_position < 1 || c->rope_original_max_position > INT32_MAX) {
+        ct_errf(err, errlen, "%s: rope_scaling llama3 needs factor in [1, 1e6], 0 < low_freq_factor < "
+                             "high_freq_factor <= 1e6 and original_max_position_embeddings >= 1; got factor %g, "
+                             "low_freq_factor %g, high_freq_factor %g, original_max_position_embeddings %lld",
+                label, c->rope_scaling_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+                (long long)c->rope_original_max_position);
+        return -1;
+    }
+    if (has_bias(c)) {
+        ct_errf(err, errlen, "%s: rope_scaling llama3 with model_type qwen2: ctitan's qwen2 has plain RoPE", label);
+        return -1;
+    }
     return 0;
 }
 
@@ -260,34 +276,75 @@ static int want_false(json_t *obj, const char *label, const char *key, char *err
                           errlen);
 }
 
-/* rope_scaling (transformers 4) / rope_parameters (transformers 5): only plain RoPE. */
-static int check_rope(json_t *root, const char *label, double *theta, char *err, size_t errlen) {
-    const char *why = "ctitan's llama3 has plain RoPE; Llama 3.1-style scaling is not implemented yet";
+/* One RoPE object: rope_scaling (transformers 4: "rope_type", or "type" in older files) or
+ * rope_parameters (transformers 5, which may omit rope_type for plain RoPE). "default" leaves *c as
+ * it is; "llama3" fills the scaling, original_max_position_embeddings falling back to
+ * max_position_embeddings. Any other type is refused. */
+static int read_rope_object(json_t *obj, const char *label, const char *what, int need_type, hf_config *c, char *err,
+                            size_t errlen) {
+    if (!json_is_object(obj)) {
+        ct_errf(err, errlen, "%s: %s must be null or an object", label, what);
+        return -1;
+    }
+    json_t *type = json_object_get(obj, "rope_type");
+    if (!type || json_is_null(type)) type = json_object_get(obj, "type");
+    if ((!type || json_is_null(type)) && need_type) {
+        ct_errf(err, errlen, "%s: %s has no rope_type (ctitan reads rope_type default and llama3)", label, what);
+        return -1;
+    }
+    if (!type || json_is_null(type)) return 0;
+    const char *t = json_is_string(type) ? json_string_value(type) : NULL;
+    if (t && !strcmp(t, "default")) return 0;
+    if (!t || strcmp(t, "llama3")) {
+        char got[64];
+        snprintf(got, sizeof got, "%s", t ? t : "(not a string)");
+        for (char *p = got; *p; p++)
+            if ((unsigned char)*p < 0x20) *p = '?';
+        ct_errf(err, errlen, "%s: %s rope_type '%s' is not supported (ctitan reads rope_type default and llama3)",
+                label, what, got);
+        return -1;
+    }
+    if (!json_object_get(obj, "factor")) {
+        ct_errf(err, errlen, "%s: %s of rope_type llama3 has no factor", label, what);
+        return -1;
+    }
+    int64_t orig = 0;
+    if (get_num(obj, label, "factor", 0, &c->rope_scaling_factor, err, errlen) ||
+        get_num(obj, label, "low_freq_factor", 1.0, &c->rope_low_freq_factor, err, errlen) ||
+        get_num(obj, label, "high_freq_factor", 4.0, &c->rope_high_freq_factor, err, errlen) ||
+        get_int(obj, label, "original_max_position_embeddings", c->max_position_embeddings, &orig, err, errlen))
+        return -1;
+    c->rope_original_max_position = orig;
+    return 0;
+}
+
+/* rope_scaling (transformers 4) and rope_parameters (transformers 5): plain RoPE or Llama 3.1's
+ * "llama3" scaling; when a file has both, they must say the same. rope_theta: the top-level key,
+ * else rope_parameters', else LlamaConfig's default. */
+static int check_rope(json_t *root, const char *label, hf_config *cfg, char *err, size_t errlen) {
     json_t *scaling = json_object_get(root, "rope_scaling"), *params = json_object_get(root, "rope_parameters");
-    if (scaling && !json_is_null(scaling)) {
-        if (!json_is_object(scaling)) {
-            ct_errf(err, errlen, "%s: rope_scaling must be null or an object", label);
-            return -1;
-        }
-        if (!json_object_get(scaling, "rope_type") && !json_object_get(scaling, "type")) {
-            ct_errf(err, errlen, "%s: rope_scaling has no rope_type (%s)", label, why);
-            return -1;
-        }
-        if (want_str(scaling, label, "rope_type", "default", why, err, errlen) ||
-            want_str(scaling, label, "type", "default", why, err, errlen))
-            return -1;
+    hf_config a = *cfg, b = *cfg;
+    if (scaling && !json_is_null(scaling) && read_rope_object(scaling, label, "rope_scaling", 1, &a, err, errlen))
+        return -1;
+    if (params && !json_is_null(params) && read_rope_object(params, label, "rope_parameters", 0, &b, err, errlen))
+        return -1;
+    int sa = a.rope_scaling_factor != 0, sb = b.rope_scaling_factor != 0;
+    if (sa && sb &&
+        (a.rope_scaling_factor != b.rope_scaling_factor || a.rope_low_freq_factor != b.rope_low_freq_factor ||
+         a.rope_high_freq_factor != b.rope_high_freq_factor ||
+         a.rope_original_max_position != b.rope_original_max_position)) {
+        ct_errf(err, errlen, "%s: rope_scaling and rope_parameters give different llama3 scaling", label);
+        return -1;
     }
-    if (params && !json_is_null(params)) {
-        if (!json_is_object(params)) {
-            ct_errf(err, errlen, "%s: rope_parameters must be null or an object", label);
-            return -1;
-        }
-        if (want_str(params, label, "rope_type", "default", why, err, errlen)) return -1;
-    }
+    const hf_config *src = sa ? &a : &b;
+    cfg->rope_scaling_factor = src->rope_scaling_factor;
+    cfg->rope_low_freq_factor = src->rope_low_freq_factor;
+    cfg->rope_high_freq_factor = src->rope_high_freq_factor;
+    cfg->rope_original_max_position = src->rope_original_max_position;
     json_t *top = json_object_get(root, "rope_theta");
-    if (top && !json_is_null(top)) return get_num(root, label, "rope_theta", 10000.0, theta, err, errlen);
-    if (json_is_object(params)) return get_num(params, label, "rope_theta", 10000.0, theta, err, errlen);
-    *theta = 10000.0; /* LlamaConfig's default */
+    if (top && !json_is_null(top)) return get_num(root, label, "rope_theta", 10000.0, &cfg->rope_theta, err, errlen);
+    if (json_is_object(params)) return get_num(params, label, "rope_theta", 10000.0, &cfg->rope_theta, err, errlen);
+    cfg->rope_theta = 10000.0; /* LlamaConfig's default */
     return 0;
 }
 
@@ -325,7 +382,7 @@ int hf_config_parse(const char *json, size_t len, const char *label, hf_config *
                 errlen) ||
         get_int(root, label, "max_position_embeddings", 2048, &cfg->max_position_embeddings, err, errlen) ||
         get_num(root, label, "rms_norm_eps", 1e-6, &cfg->norm_eps, err, errlen) ||
-        check_rope(root, label, &cfg->rope_theta, err, errlen))
+        check_rope(root, label, cfg, err, errlen))
         goto done;
     json_t *tie = json_object_get(root, "tie_word_embeddings");
     if (tie && !json_is_null(tie) && !json_is_boolean(tie)) {
@@ -355,9 +412,24 @@ static void fmt_double(char *out, size_t len, double x) {
 }
 
 static char *config_json(const hf_config *c, hf_dtype dtype) {
-    char theta[40], eps[40];
+    char theta[40], eps[40], scaling[400] = "null";
     fmt_double(theta, sizeof theta, c->rope_theta);
     fmt_double(eps, sizeof eps, c->norm_eps);
+    if (c->rope_scaling_factor != 0) { /* as Meta's Llama 3.1 config.json writes it */
+        char f[40], lo[40], hi[40];
+        fmt_double(f, sizeof f, c->rope_scaling_factor);
+        fmt_double(lo, sizeof lo, c->rope_low_freq_factor);
+        fmt_double(hi, sizeof hi, c->rope_high_freq_factor);
+        snprintf(scaling, sizeof scaling,
+                 "{\n"
+                 "    \"factor\": %s,\n"
+                 "    \"high_freq_factor\": %s,\n"
+                 "    \"low_freq_factor\": %s,\n"
+                 "    \"original_max_position_embeddings\": %lld,\n"
+                 "    \"rope_type\": \"llama3\"\n"
+                 "  }",
+                 f, hi, lo, (long long)c->rope_original_max_position);
+    }
     const char *fmt = "{\n"
                       "  \"architectures\": [\n"
                       "    \"LlamaForCausalLM\"\n"
@@ -377,7 +449,7 @@ static char *config_json(const hf_config *c, hf_dtype dtype) {
                       "  \"num_key_value_heads\": %lld,\n"
                       "  \"pretraining_tp\": 1,\n"
                       "  \"rms_norm_eps\": %s,\n"
-                      "  \"rope_scaling\": null,\n"
+                      "  \"rope_scaling\": %s,\n"
                       "  \"rope_theta\": %s,\n"
                       "  \"tie_word_embeddings\": %s,\n"
                       "  \"torch_dtype\": \"%s\",\n"
@@ -418,7 +490,7 @@ static char *config_json(const hf_config *c, hf_dtype dtype) {
                            (long long)c->n_layers, (long long)c->n_kv_heads, eps, theta, tie, dt, (long long)c->vocab)
                 : asprintf(&out, fmt, (long long)c->head_dim, (long long)c->dim, (long long)c->ffn_hidden,
                            (long long)c->max_position_embeddings, (long long)c->n_heads, (long long)c->n_layers,
-                           (long long)c->n_kv_heads, eps, theta, tie, dt, (long long)c->vocab);
+                           (long long)c->n_kv_heads, eps, scaling, theta, tie, dt, (long long)c->vocab);
     return n < 0 ? NULL : out;
 }
 

@@ -56,6 +56,11 @@ typedef struct hf_config {
     int64_t ffn_hidden; /* intermediate_size */
     int64_t max_position_embeddings;
     double rope_theta, norm_eps; /* rope_theta, rms_norm_eps */
+    /* rope_scaling / rope_parameters of rope_type "llama3" (Llama 3.1, 3.2, 3.3): factor,
+     * low_freq_factor, high_freq_factor, original_max_position_embeddings. factor 0: plain RoPE
+     * (rope_type "default" or none). */
+    double rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int64_t rope_original_max_position;
     int tied;           /* config.json's tie_word_embeddings (lm_head is the embedding table) */
     /* ctitan's side (ct_model_desc.features): CT_MODEL_QKV_BIAS, the blocks hold
      * layers.N.attention.w{q,k,v}.bias (Hugging Face's Qwen2, model_type "qwen2"); and
@@ -77,17 +82,17 @@ typedef enum hf_dtype { HF_FLOAT32, HF_BFLOAT16 } hf_dtype;
 
 /* Reads DIR/config.json and the weights: *cfg, and *weights (ctitan names, float32, in the order
  * the llama3 pack declares them: tok_embeddings, layers.0 ..., norm, output; free with tf_free).
- * bf16/f16/f32/f64 tensors are converted to float32; q/k rows (and biases) are un-permuted. Refuses
- * configs ctitan cannot run the same way (RoPE scaling, a Llama's biases, sliding-window attention,
- * another activation or model type). */
+ * bf16/f16/f32/f64 tensors are converted to float32; q/k rows (and biases) are un-permuted. Reads
+ * RoPE of rope_type "default" and "llama3"; refuses configs ctitan cannot run the same way (another
+ * RoPE type, a Llama's biases, sliding-window attention, another activation or model type). */
 int hf_load(const char *dir, hf_config *cfg, tf_file **weights, char *err, size_t errlen);
 
 /* Parses config.json's text into *cfg (exposed for the fuzzer and tests). */
 int hf_config_parse(const char *json, size_t len, const char *label, hf_config *cfg, char *err, size_t errlen);
 
 /* Fills dim, vocab, n_layers, ffn_hidden, head_dim (and n_kv_heads when it is 0) from the weights'
- * shapes, and features from which tensors are there (biases; no output.weight: tied). The caller sets n_heads (shapes cannot tell it), rope_theta, norm_eps and
- * max_position_embeddings first. Then checks everything as hf_check_weights does. */
+ * shapes, and features from which tensors are there (biases; no output.weight: tied). The caller sets n_heads (shapes cannot tell it), rope_theta, norm_eps,
+ * max_position_embeddings and the RoPE scaling (or leaves it 0) first. Then checks everything as hf_check_weights does. */
 int hf_config_from_weights(hf_config *cfg, const tf_file *weights, char *err, size_t errlen);
 
 /* Every parameter of cfg's model is present in weights, float32, with its shape, and no

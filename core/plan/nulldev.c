@@ -91,6 +91,10 @@ NO_OP(nd_bias_fwd, U float *o, U const float *x, U const float *b, U int64_t n, 
 NO_OP(nd_bias_bwd, U float *db, U const float *dy, U int64_t n, U int64_t c)
 NO_OP(nd_rope_fwd, U float *o, U const float *x, U int64_t b, U int64_t t, U int64_t h, U int64_t d, U float th)
 NO_OP(nd_rope_bwd, U float *o, U const float *x, U int64_t b, U int64_t t, U int64_t h, U int64_t d, U float th)
+NO_OP(nd_rope_freqs_fwd, U float *o, U const float *x, U const int32_t *p, U const float *f, U int64_t b,
+      U int64_t t, U int64_t h, U int64_t d)
+NO_OP(nd_rope_freqs_bwd, U float *o, U const float *x, U const int32_t *p, U const float *f, U int64_t b,
+      U int64_t t, U int64_t h, U int64_t d)
 NO_OP(nd_attn_fwd, U float *o, U float *l, U const float *q, U const float *k, U const float *v, U int64_t b,
       U int64_t t, U int64_t h, U int64_t kvh, U int64_t d)
 NO_OP(nd_attn_bwd, U float *dq, U float *dk, U float *dv, U const float *dy, U const float *q, U const float *k,
@@ -146,6 +150,8 @@ const ct_device_api plan_null_device = {
     .bias_backward = nd_bias_bwd,
     .rope_forward = nd_rope_fwd,
     .rope_backward = nd_rope_bwd,
+    .rope_freqs_forward = nd_rope_freqs_fwd,
+    .rope_freqs_backward = nd_rope_freqs_bwd,
     .attention_forward = nd_attn_fwd,
     .attention_backward = nd_attn_bwd,
     .swiglu_forward = nd_swiglu_fwd,

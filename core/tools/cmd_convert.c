@@ -30,11 +30,12 @@ static const char usage[] =
     "output.weight has tied embeddings (tie_word_embeddings: true, no lm_head.weight).\n"
     "\n"
     "  --to hf             write DIR/config.json and DIR/model.safetensors (DIR is created if missing).\n"
-    "                      The sizes come from the tensors' shapes, the heads, RoPE base and norm epsilon\n"
-    "                      from the model description every saved model carries (a flag that contradicts\n"
-    "                      it is refused). For a file without one (an older ctitan's, a golden file), the\n"
-    "                      flags below, or its config.n_heads, config.n_kv_heads, config.rope_theta and\n"
-    "                      config.norm_eps scalars; other non-parameter entries are ignored.\n"
+    "                      The sizes come from the tensors' shapes, the heads, RoPE base, RoPE scaling\n"
+    "                      (Llama 3.1's llama3 type) and norm epsilon from the model description every\n"
+    "                      saved model carries (a flag that contradicts it is refused). For a file without\n"
+    "                      one (an older ctitan's, a golden file), the flags below, or its config.n_heads,\n"
+    "                      config.n_kv_heads, config.rope_theta, config.norm_eps and config.rope_scaling_*\n"
+    "                      scalars; other non-parameter entries are ignored.\n"
     "  --dtype T           float32 (default) or bfloat16 (rounded to nearest even)\n"
     "  --n-heads H         query heads (the shapes cannot tell; needed only for a file without a description)\n"
     "  --n-kv-heads K      key/value heads (default: from layers.0.attention.wk.weight's shape)\n"
@@ -47,8 +48,9 @@ static const char usage[] =
     "                      parameters as float32, in the order the llama3 pack declares them, after the\n"
     "                      model description (so generate and model.flavor: from_checkpoint need no sizes).\n"
     "                      The model options to use with the file are printed. A tied Qwen2 gives no output.weight\n"
-    "                      (the qwen2 pack shares the table), a tied Llama a copy of the table. Refused:\n"
-    "                      RoPE scaling (Llama 3.1+), a Llama's biases, Qwen2's sliding window, other\n"
+    "                      (the qwen2 pack shares the table), a tied Llama a copy of the table. RoPE\n"
+    "                      scaling of rope_type llama3 (Llama 3.1+) is kept (description and config.rope_*).\n"
+    "                      Refused: other RoPE types, a Llama's biases, Qwen2's sliding window, other\n"
     "                      activations or model types, head_dim != hidden_size / heads.\n"
     "  --help              this text\n";
 
@@ -115,14 +117,19 @@ static const char *short_g(char *out, size_t len, double x) {
 
 /* The manifest's model section that runs the converted file (a Qwen2 on sdk/examples/qwen2's pack). */
 static void print_model_line(const hf_config *c) {
-    char theta[32], eps[32];
+    char theta[32], eps[32], scaling[256] = "", f[32], lo[32], hi[32];
     int qwen2 = (c->features & CT_MODEL_QKV_BIAS) != 0;
+    if (c->rope_scaling_factor != 0)
+        snprintf(scaling, sizeof scaling, ", rope_scaling: llama3, rope_scaling_factor: %s, rope_low_freq_factor: %s, "
+                 "rope_high_freq_factor: %s, rope_original_max_position: %lld",
+                 short_g(f, sizeof f, c->rope_scaling_factor), short_g(lo, sizeof lo, c->rope_low_freq_factor),
+                 short_g(hi, sizeof hi, c->rope_high_freq_factor), (long long)c->rope_original_max_position);
     printf("model: {name: %s, dim: %lld, n_layers: %lld, n_heads: %lld, n_kv_heads: %lld, vocab_size: %lld, "
-           "ffn_hidden: %lld, rope_theta: %s, norm_eps: %s%s}\n",
+           "ffn_hidden: %lld, rope_theta: %s, norm_eps: %s%s%s}\n",
            qwen2 ? "qwen2" : "llama3", (long long)c->dim,
            (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->vocab,
            (long long)c->ffn_hidden, short_g(theta, sizeof theta, c->rope_theta), short_g(eps, sizeof eps, c->norm_eps),
-           !qwen2 ? "" : c->features & CT_MODEL_TIED_EMBEDDINGS ? ", tie_word_embeddings: true" : ", tie_word_embeddings: false");
+           scaling, !qwen2 ? "" : c->features & CT_MODEL_TIED_EMBEDDINGS ? ", tie_word_embeddings: true" : ", tie_word_embeddings: false");
 }
 
 typedef struct args {
@@ -199,6 +206,19 @@ static ct_status to_hf(const args *a) {
         if (mdesc_field(desc, "norm_eps", &v) && v > 0) cfg.norm_eps = v;
     }
     cfg.max_position_embeddings = a->max_pos ? a->max_pos : HF_DEFAULT_MAX_POSITIONS;
+    if (desc) { /* Llama 3.1's RoPE scaling from the description (0: none) */
+        if (mdesc_field(desc, "rope_scaling_factor", &v) && v != 0) {
+            cfg.rope_scaling_factor = v;
+            cfg.rope_low_freq_factor = mdesc_field(desc, "rope_low_freq_factor", &v) ? v : 0;
+            cfg.rope_high_freq_factor = mdesc_field(desc, "rope_high_freq_factor", &v) ? v : 0;
+            cfg.rope_original_max_position = mdesc_field(desc, "rope_original_max_position", &v) ? (int64_t)v : 0;
+        }
+    } else if (ctt_scalar(f, "config.rope_scaling_factor", &v) && v != 0) { /* a file without a description (a golden file) */
+        cfg.rope_scaling_factor = v;
+        cfg.rope_low_freq_factor = ctt_scalar(f, "config.rope_low_freq_factor", &v) ? v : 0;
+        cfg.rope_high_freq_factor = ctt_scalar(f, "config.rope_high_freq_factor", &v) ? v : 0;
+        cfg.rope_original_max_position = ctt_count(f, "config.rope_original_max_position");
+    }
     if (!cfg.n_heads) {
         fprintf(stderr, "ctitan convert: %s has no model description nor config.n_heads; give --n-heads (the shapes "
                         "cannot tell it)\n", a->input);
@@ -247,6 +267,14 @@ static ct_status from_hf(const args *a) {
     for (int i = 0; w && i < f->count; i++) {
         const tf_entry *e = &f->entries[i];
         if (tf_writer_add(w, e->name, e->dtype, e->ndim, e->shape, e->data)) break;
+    }
+    if (w && cfg.rope_scaling_factor != 0) { /* the scaling, for --to hf: the shapes cannot tell it */
+        float fl[3] = {(float)cfg.rope_scaling_factor, (float)cfg.rope_low_freq_factor, (float)cfg.rope_high_freq_factor};
+        int32_t orig = (int32_t)cfg.rope_original_max_position;
+        const char *names[3] = {"config.rope_scaling_factor", "config.rope_low_freq_factor", "config.rope_high_freq_factor"};
+        int bad = 0;
+        for (int i = 0; i < 3 && !bad; i++) bad = tf_writer_add(w, names[i], TF_F32, 0, NULL, &fl[i]) != 0;
+        if (!bad) tf_writer_add(w, "config.rope_original_max_position", TF_I32, 0, NULL, &orig);
     }
     if (!w || tf_writer_close(w, err, sizeof err)) {
         fprintf(stderr, "ctitan convert: %s\n", err);

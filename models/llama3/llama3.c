@@ -17,17 +17,27 @@ typedef struct flavor {
     double ffn_dim_multiplier; /* 0: none */
     int64_t multiple_of;
     double rope_theta;
+    int rope_llama3; /* Llama 3.1's RoPE scaling by default (model.rope_scaling: llama3) */
 } flavor;
 
-/* torchtitan's flavors (models/llama3/__init__.py) */
+/* torchtitan's flavors (models/llama3/__init__.py). 8B, 70B and 405B are Llama 3.1's sizes and scale
+ * RoPE as torchtitan's RoPEScalingArgs does by default; debugmodel (the tests' model), 1B and 3B keep
+ * plain RoPE (Llama 3.2's 1B and 3B on the Hub use factor 32: set the options). */
 static const flavor flavors[] = {
-    {"debugmodel", 256, 6, 16, 16, 2048, 0.0, 256, 500000.0},
-    {"1B", 2048, 16, 32, 8, 128256, 1.5, 1024, 500000.0},
-    {"3B", 3072, 28, 24, 8, 128256, 1.0, 1024, 500000.0},
-    {"8B", 4096, 32, 32, 8, 128256, 1.3, 1024, 500000.0},
-    {"70B", 8192, 80, 64, 8, 128256, 1.3, 4096, 500000.0},
-    {"405B", 16384, 126, 128, 8, 128256, 1.2, 4096, 500000.0},
+    {"debugmodel", 256, 6, 16, 16, 2048, 0.0, 256, 500000.0, 0},
+    {"1B", 2048, 16, 32, 8, 128256, 1.5, 1024, 500000.0, 0},
+    {"3B", 3072, 28, 24, 8, 128256, 1.0, 1024, 500000.0, 0},
+    {"8B", 4096, 32, 32, 8, 128256, 1.3, 1024, 500000.0, 1},
+    {"70B", 8192, 80, 64, 8, 128256, 1.3, 4096, 500000.0, 1},
+    {"405B", 16384, 126, 128, 8, 128256, 1.2, 4096, 500000.0, 1},
 };
+
+/* torchtitan's RoPEScalingArgs (and Meta's Llama 3.1 config.json) */
+#define ROPE_SCALING_FACTOR 8.0
+#define ROPE_LOW_FREQ_FACTOR 1.0
+#define ROPE_HIGH_FREQ_FACTOR 4.0
+#define ROPE_ORIGINAL_MAX_POSITION 8192
+#define ROPE_TWO_PI 6.283185307179586 /* Python's 2 * math.pi */
 static const char *const flavor_names[] = {"debugmodel", "1B", "3B", "8B", "70B", "405B", NULL};
 
 typedef struct layer {
@@ -39,6 +49,10 @@ typedef struct ct_model { /* the ABI's opaque ct_model */
     const ct_host *host;
     int64_t dim, n_layers, n_heads, n_kv_heads, vocab, ffn_hidden, head_dim, seq_len;
     double rope_theta, norm_eps;
+    /* RoPE scaling ("llama3"): factor 0 means plain RoPE; else inv_freq holds head_dim/2 frequencies */
+    double rope_factor, rope_low, rope_high;
+    int64_t rope_orig;
+    float *inv_freq;
     int depth_init, tied;
     ct_tensor *tok_embeddings, *norm, *output; /* tied: output is the head's use of tok_embeddings */
     layer *layers;
@@ -54,6 +68,17 @@ static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "multiple_of", CT_OPT_INT, NULL, "round the SwiGLU hidden size up to this", NULL, NULL},
     {sizeof(ct_option_spec), "ffn_dim_multiplier", CT_OPT_FLOAT, NULL, "scale of the SwiGLU hidden size", NULL, NULL},
     {sizeof(ct_option_spec), "rope_theta", CT_OPT_FLOAT, NULL, "RoPE base", NULL, NULL},
+    {sizeof(ct_option_spec), "rope_scaling", CT_OPT_STRING, NULL,
+     "RoPE frequency scaling: llama3 (Llama 3.1, 3.2, 3.3; the default of flavors 8B, 70B and 405B) or none",
+     NULL, "none|llama3"},
+    {sizeof(ct_option_spec), "rope_scaling_factor", CT_OPT_FLOAT, NULL,
+     "llama3 scaling: low frequencies are divided by this (default 8)", "[1, 1e6]", NULL},
+    {sizeof(ct_option_spec), "rope_low_freq_factor", CT_OPT_FLOAT, NULL,
+     "llama3 scaling: wavelengths above original_max_position / this are scaled (default 1)", "(0, 1e6]", NULL},
+    {sizeof(ct_option_spec), "rope_high_freq_factor", CT_OPT_FLOAT, NULL,
+     "llama3 scaling: wavelengths below original_max_position / this are kept (default 4)", "(0, 1e6]", NULL},
+    {sizeof(ct_option_spec), "rope_original_max_position", CT_OPT_INT, NULL,
+     "llama3 scaling: the context length the model was pretrained on (default 8192)", "[1, 2147483647]", NULL},
     {sizeof(ct_option_spec), "norm_eps", CT_OPT_FLOAT, "1e-5", "RMSNorm epsilon", NULL, NULL},
     {sizeof(ct_option_spec), "tie_word_embeddings", CT_OPT_BOOL, "false",
      "the output head reuses tok_embeddings.weight (as Llama 3.2 1B and 3B on the Hub); the table then starts "
@@ -141,6 +166,58 @@ static int read_options(const ct_host *h, llama *m, int64_t *multiple_of, double
     return 0;
 }
 
+/* Hugging Face's _compute_llama3_parameters, in float32 step by step as PyTorch evaluates it (a
+ * scalar divided by a tensor is the tensor's reciprocal times the scalar), so the table equals
+ * transformers' inv_freq: plain frequencies theta^(-2i/d); wavelengths 2 pi / f longer than
+ * orig / low are divided by factor, shorter than orig / high kept, and those between blended. */
+static void llama3_inv_freq(const llama *m, float *out) {
+    int64_t half = m->head_dim / 2;
+    float factor = (float)m->rope_factor, low = (float)m->rope_low;
+    float orig = (float)m->rope_orig, band = (float)(m->rope_high - m->rope_low);
+    float low_wavelen = (float)((double)m->rope_orig / m->rope_low);
+    float high_wavelen = (float)((double)m->rope_orig / m->rope_high);
+    for (int64_t i = 0; i < half; i++) {
+        float f = 1.0f / powf((float)m->rope_theta, (float)(2 * i) / (float)m->head_dim);
+        float wavelen = (1.0f / f) * (float)ROPE_TWO_PI;
+        float scaled = wavelen > low_wavelen ? f / factor : f;
+        if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+            float smooth = ((1.0f / wavelen) * orig - low) / band;
+            scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+        }
+        out[i] = scaled;
+    }
+}
+
+/* model.rope_scaling and its four settings: the flavor's choice unless given; a setting given while
+ * scaling is off is refused (it would silently do nothing). 0, or -1 with the error set. */
+static int read_rope_scaling(const ct_host *h, const flavor *f, llama *m) {
+    const char *kind;
+    int on = f->rope_llama3;
+    if (h->opt_string(h, "rope_scaling", &kind) == CT_OK && kind) on = !strcmp(kind, "llama3");
+    double factor = ROPE_SCALING_FACTOR, low = ROPE_LOW_FREQ_FACTOR, high = ROPE_HIGH_FREQ_FACTOR;
+    int64_t orig = ROPE_ORIGINAL_MAX_POSITION;
+    const char *given = NULL;
+    if (h->opt_float(h, "rope_scaling_factor", &factor) == CT_OK) given = "rope_scaling_factor";
+    if (h->opt_float(h, "rope_low_freq_factor", &low) == CT_OK) given = "rope_low_freq_factor";
+    if (h->opt_float(h, "rope_high_freq_factor", &high) == CT_OK) given = "rope_high_freq_factor";
+    if (h->opt_int(h, "rope_original_max_position", &orig) == CT_OK) given = "rope_original_max_position";
+    if (!on) {
+        if (!given) return 0;
+        h->set_error(h, "%s: set while model.rope_scaling is none; set model.rope_scaling: llama3 to scale RoPE",
+                     given);
+        return -1;
+    }
+    if (!(high > low)) {
+        h->set_error(h, "rope_high_freq_factor: %g must be above rope_low_freq_factor %g", high, low);
+        return -1;
+    }
+    m->rope_factor = factor;
+    m->rope_low = low;
+    m->rope_high = high;
+    m->rope_orig = orig;
+    return 0;
+}
+
 static ct_status llama_create(const ct_host *h, const ct_model_config *cfg, ct_model **out) {
     const flavor *f = NULL;
     for (size_t i = 0; i < sizeof flavors / sizeof flavors[0]; i++)
@@ -165,14 +242,19 @@ static ct_status llama_create(const ct_host *h, const ct_model_config *cfg, ct_m
     double mult = f->ffn_dim_multiplier;
     if (h->opt_bool(h, "depth_init", &m->depth_init) != CT_OK) m->depth_init = 1;
     if (h->opt_bool(h, "tie_word_embeddings", &m->tied) != CT_OK) m->tied = 0;
-    if (read_options(h, m, &multiple_of, &mult, &hidden)) {
+    if (read_options(h, m, &multiple_of, &mult, &hidden) || read_rope_scaling(h, f, m)) {
         free(m);
         return CT_ERR_INVALID;
     }
     m->head_dim = m->dim / m->n_heads;
     m->ffn_hidden = hidden;
     m->layers = calloc((size_t)m->n_layers, sizeof(layer));
-    if (!m->layers) {
+    if (m->rope_factor != 0 && m->layers) {
+        m->inv_freq = malloc(sizeof(float) * (size_t)(m->head_dim / 2));
+        if (m->inv_freq) llama3_inv_freq(m, m->inv_freq);
+    }
+    if (!m->layers || (m->rope_factor != 0 && !m->inv_freq)) {
+        free(m->layers);
         free(m);
         return CT_ERR_NOMEM;
     }
@@ -186,6 +268,7 @@ static void llama_destroy(ct_model *p) {
     llama *m = p;
     if (!m) return;
     free(m->layers);
+    free(m->inv_freq);
     free(m);
 }
 
@@ -218,6 +301,12 @@ static ct_status llama_describe(ct_model *p, ct_model_desc *d) {
     if (CT_HAS_FIELD(d, ct_model_desc, hf_model_type)) {
         d->features = m->tied ? CT_MODEL_TIED_EMBEDDINGS : 0;
         d->hf_model_type = "llama";
+    }
+    if (CT_HAS_FIELD(d, ct_model_desc, rope_original_max_position)) {
+        d->rope_scaling_factor = m->rope_factor;
+        d->rope_low_freq_factor = m->rope_factor != 0 ? m->rope_low : 0;
+        d->rope_high_freq_factor = m->rope_factor != 0 ? m->rope_high : 0;
+        d->rope_original_max_position = m->rope_factor != 0 ? m->rope_orig : 0;
     }
     return CT_OK;
 }
@@ -300,8 +389,18 @@ static ct_status block_forward(llama *m, const layer *L, ct_builder *b, ct_tenso
     if (!(q = b->view(b, q, 4, (int64_t[]){B, T, nh, hd}))) return CT_ERR_INVALID; /* q is (B, T, NH, HD) */
     if (!(k = b->view(b, k, 4, (int64_t[]){B, T, nkv, hd}))) return CT_ERR_INVALID; /* k, v are (B, T, NKV, HD) */
     if (!(v = b->view(b, v, 4, (int64_t[]){B, T, nkv, hd}))) return CT_ERR_INVALID;
-    if (!(q = b->rope(b, q, theta))) return CT_ERR_INVALID;
-    if (!(k = b->rope(b, k, theta))) return CT_ERR_INVALID;
+    if (m->inv_freq) { /* scaled RoPE: the builder's table op (plain rope stays rope, bit for bit) */
+        if (!CT_HAS_FIELD(b, ct_builder, rope_freqs) || !b->rope_freqs) {
+            m->host->set_error(m->host, "model.rope_scaling llama3 needs the builder's rope_freqs (ABI 2.4); this "
+                                        "host is older");
+            return CT_ERR_UNSUPPORTED;
+        }
+        if (!(q = b->rope_freqs(b, q, m->inv_freq))) return CT_ERR_INVALID;
+        if (!(k = b->rope_freqs(b, k, m->inv_freq))) return CT_ERR_INVALID;
+    } else {
+        if (!(q = b->rope(b, q, theta))) return CT_ERR_INVALID;
+        if (!(k = b->rope(b, k, theta))) return CT_ERR_INVALID;
+    }
     if (!(o = b->attention(b, q, k, v))) return CT_ERR_INVALID;
     if (!(o = b->view(b, o, 3, (int64_t[]){B, T, nh * hd}))) return CT_ERR_INVALID;
     if (!(o = b->linear(b, o, L->wo))) return CT_ERR_INVALID;

@@ -113,6 +113,12 @@ static void cp_destroy(ct_strategy *p) {
         c->env.dapi->free(c->env.dev, q->pos);
         free(q);
     }
+    while (c->freqs) {
+        cp_freqs *f = c->freqs;
+        c->freqs = f->next;
+        c->env.dapi->free(c->env.dev, f->dev);
+        free(f);
+    }
     if (c->positions_bytes) c->host->mem_account(c->host, CT_MEM_OTHER, -c->positions_bytes);
     free(c);
 }

@@ -21,6 +21,15 @@ typedef struct cp_positions {
     struct cp_positions *next;
 } cp_positions;
 
+/* A rope_freqs table (ABI 2.4, scaled RoPE) on the device, kept until destroy: a copy at every
+ * forward would be refused inside a captured graph. Found by content. */
+typedef struct cp_freqs {
+    struct cp_freqs *next;
+    float *dev;
+    int64_t half;
+    float host[];
+} cp_freqs;
+
 typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     const ct_host *host;
     ct_strategy_env env;
@@ -35,6 +44,7 @@ typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     ct_builder *next;    /* the builder this one wraps (tp's, or the host's) */
     cp_positions *positions;
     int64_t positions_bytes;
+    cp_freqs *freqs;
     /* the ring's transfers: time in flight, time in their waits and pokes (the hidden share, logged at destroy) */
     double ring_inflight_s, ring_blocked_s;
     int64_t ring_transfers;

@@ -5,6 +5,7 @@
  *   embedding      the local rows of the ids (B, T/cp), then the next builder's embedding
  *   positions      the local rows' positions (for learned position embeddings)
  *   rope           RoPE at the local rows' real positions (a custom op on rope_forward_pos)
+ *   rope_freqs     the same with the model's frequency table (rope_freqs_forward with positions)
  *   attention      the local queries against every rank's keys (attention.c)
  *   cross_entropy  the local rows of the targets, the next builder's loss, then summed over cp, so
  *                  every cp rank holds the whole sequence's loss and each back-propagates its tokens'
@@ -161,6 +162,7 @@ static ct_tensor *cp_positions_op(ct_builder *b, int64_t batch, int64_t seq) {
 typedef struct {
     cp *c;
     float theta;
+    const float *inv_freq; /* rope_freqs: the model's table (device memory, the step's arena), else NULL */
 } rope_state;
 
 static ct_status rope_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
@@ -171,6 +173,9 @@ static ct_status rope_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_i
     (void)n_out;
     const int32_t *pos = cp_positions_for(c, x->shape[1]);
     if (!pos || !(out[0] = b->new_tensor(b, CT_F32, 4, x->shape))) return CT_ERR_NOMEM;
+    if (s->inv_freq)
+        return c->env.dapi->rope_freqs_forward(c->env.dev, out[0]->data, x->data, pos + c->rank * x->shape[1],
+                                               s->inv_freq, x->shape[0], x->shape[1], x->shape[2], x->shape[3]);
     return c->env.dapi->rope_forward_pos(c->env.dev, out[0]->data, x->data, pos + c->rank * x->shape[1], x->shape[0],
                                          x->shape[1], x->shape[2], x->shape[3], s->theta);
 }
@@ -187,6 +192,9 @@ static ct_status rope_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_i
     const int32_t *pos = cp_positions_for(c, x->shape[1]);
     float *g = b->grad(b, x);
     if (!pos || !g) return CT_ERR_NOMEM;
+    if (s->inv_freq)
+        return c->env.dapi->rope_freqs_backward(c->env.dev, g, dy[0], pos + c->rank * x->shape[1], s->inv_freq,
+                                                x->shape[0], x->shape[1], x->shape[2], x->shape[3]);
     return c->env.dapi->rope_backward_pos(c->env.dev, g, dy[0], pos + c->rank * x->shape[1], x->shape[0], x->shape[1],
                                           x->shape[2], x->shape[3], s->theta);
 }
@@ -217,7 +225,55 @@ static ct_tensor *cp_rope(ct_builder *b, ct_tensor *x, float theta) {
                                     "rank's rows, an even count)");
         return NULL;
     }
-    rope_state s = {c, theta};
+    rope_state s = {c, theta, NULL};
+    ct_tensor *in[1] = {x}, *out[1] = {NULL};
+    return n->custom(n, &rope_op, &s, sizeof s, in, 1, out, 1) == CT_OK ? out[0] : NULL;
+}
+
+/* inv (half floats) on the device, copied on first use and kept until destroy; NULL with the error set. */
+static const float *freqs_on_device(cp *c, const float *inv, int64_t half) {
+    size_t bytes = sizeof(float) * (size_t)half;
+    for (cp_freqs *f = c->freqs; f; f = f->next)
+        if (f->half == half && !memcmp(f->host, inv, bytes)) return f->dev;
+    cp_freqs *f = calloc(1, sizeof *f + bytes);
+    void *dev = NULL;
+    if (!f || c->env.dapi->alloc(c->env.dev, bytes, &dev) != CT_OK || !dev) {
+        free(f);
+        c->host->set_error(c->host, "context parallel: out of memory for the RoPE frequency table");
+        return NULL;
+    }
+    if (cp_failed(c, c->env.dapi->copy(c->env.dev, dev, inv, bytes, CT_COPY_H2D), "copy of the RoPE table")) {
+        c->env.dapi->free(c->env.dev, dev);
+        free(f);
+        return NULL;
+    }
+    f->dev = dev;
+    f->half = half;
+    memcpy(f->host, inv, bytes);
+    f->next = c->freqs;
+    c->freqs = f;
+    return f->dev;
+}
+
+/* Scaled RoPE (ABI 2.4) at the local rows' real positions, with the model's table on the device. */
+static ct_tensor *cp_rope_freqs(ct_builder *b, ct_tensor *x, const float *inv_freq) {
+    cp *c = CP(b);
+    ct_builder *n = c->next;
+    const ct_device_api *d = c->env.dapi;
+    if (!x || x->dtype != CT_F32 || x->ndim != 4 || x->shape[3] % 2 || x->shape[1] % 2 || !inv_freq) {
+        c->host->set_error(c->host, "rope_freqs: expects x of shape (B, T, H, D) with D even and D/2 frequencies "
+                                    "(context parallel: T this rank's rows, an even count)");
+        return NULL;
+    }
+    if (!cp_planning(n) &&
+        (!CT_HAS_FIELD(d, ct_device_api, rope_freqs_backward) || !d->rope_freqs_forward || !d->rope_freqs_backward)) {
+        c->host->set_error(c->host, "context parallel: the device lacks rope_freqs_forward/rope_freqs_backward "
+                                    "(ABI 2.4), which scaled RoPE needs");
+        return NULL;
+    }
+    const float *table = NULL;
+    if (!cp_planning(n) && !(table = freqs_on_device(c, inv_freq, x->shape[3] / 2))) return NULL;
+    rope_state s = {c, 0, table};
     ct_tensor *in[1] = {x}, *out[1] = {NULL};
     return n->custom(n, &rope_op, &s, sizeof s, in, 1, out, 1) == CT_OK ? out[0] : NULL;
 }
@@ -327,6 +383,7 @@ void cp_builder_init(cp *c, ct_builder *next, ct_builder *out) {
     out->embedding = cp_embedding;
     out->positions = cp_positions_op;
     out->rope = cp_rope;
+    if (CT_HAS_FIELD(next, ct_builder, rope_freqs) && next->rope_freqs) out->rope_freqs = cp_rope_freqs;
     out->attention = cp_attention_op;
     out->cross_entropy = cp_cross_entropy;
     out->finish_output = cp_finish_output;

@@ -4,8 +4,9 @@
  * Each op checks its arguments here, reports bad ones through host->set_error, and hands the
  * work to the f32 kernels (kernels_impl.h instanced by kernels_f32.c, and kernels_fp8.c for the
  * float8 ops of ABI 1.2). The ABI 1.3 ops (vocabulary-sharded embedding and cross-entropy,
- * copy_2d), the elementwise ops of ABI 2.1 (ew_*) and the explicit-position rope and blockwise
- * attention of ABI 2.3 are kernels_impl.h's too. Memory is plain host memory: the host does the accounting,
+ * copy_2d), the elementwise ops of ABI 2.1 (ew_*), the explicit-position rope and blockwise
+ * attention of ABI 2.3 and the frequency-table rope of ABI 2.4 are kernels_impl.h's too. Memory is
+ * plain host memory: the host does the accounting,
  * copies are memcpy, and every op has finished when it returns, so synchronize has nothing to
  * wait for.
  *
@@ -931,6 +932,48 @@ static ct_status cpu_rope_backward_pos(ct_device *dev, float *dx, const float *d
     return cpu_rope_pos(dev, "rope_backward_pos", dx, dout, pos, b, t, h, hd, theta, 1);
 }
 
+/* ---------------------------------------------------------------- scaled RoPE (ABI 2.4) */
+
+/* rope_freqs_*: the model's inverse-frequency table instead of theta; pos may be NULL. */
+static ct_status cpu_rope_freqs(ct_device *dev, const char *op, float *out, const float *x,
+                                const int32_t *pos, const float *inv_freq, int64_t b, int64_t t,
+                                int64_t h, int64_t hd, int backward)
+{
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (b < 0 || t < 0 || h < 0 || hd < 0)
+        return cpu_fail(d, CT_ERR_INVALID, op, "negative shape b=%lld t=%lld h=%lld d=%lld",
+                        (long long)b, (long long)t, (long long)h, (long long)hd);
+    if (hd % 2 != 0)
+        return cpu_fail(d, CT_ERR_INVALID, op, "head dim %lld is odd, expected pairs",
+                        (long long)hd);
+    if (b == 0 || t == 0 || h == 0 || hd == 0)
+        return CT_OK;
+    if (!out || !x || !inv_freq)
+        return cpu_fail(d, CT_ERR_INVALID, op, "null pointer");
+    cpu_enter(d);
+    int rc = backward ? rope_freqs_backward_f32(out, x, pos, inv_freq, b, t, h, hd)
+                      : rope_freqs_forward_f32(out, x, pos, inv_freq, b, t, h, hd);
+    if (rc != 0)
+        return cpu_fail(d, CT_ERR_NOMEM, op, "cannot allocate the cos/sin table");
+    return CT_OK;
+}
+
+static ct_status cpu_rope_freqs_forward(ct_device *dev, float *out, const float *x,
+                                        const int32_t *pos, const float *inv_freq, int64_t b,
+                                        int64_t t, int64_t h, int64_t hd)
+{
+    return cpu_rope_freqs(dev, "rope_freqs_forward", out, x, pos, inv_freq, b, t, h, hd, 0);
+}
+
+static ct_status cpu_rope_freqs_backward(ct_device *dev, float *dx, const float *dout,
+                                         const int32_t *pos, const float *inv_freq, int64_t b,
+                                         int64_t t, int64_t h, int64_t hd)
+{
+    return cpu_rope_freqs(dev, "rope_freqs_backward", dx, dout, pos, inv_freq, b, t, h, hd, 1);
+}
+
 /* Shared shape checks of the block attention ops: attention_check's, with tq and tk apart. */
 static ct_status cpu_attention_block_check(cpu_device *d, const char *op, int64_t b, int64_t tq,
                                            int64_t tk, int64_t h, int64_t kvh, int64_t hd)
@@ -1645,6 +1688,8 @@ static const ct_device_api cpu_api = {
     .attention_block_forward = cpu_attention_block_forward,
     .attention_merge = cpu_attention_merge,
     .attention_block_backward = cpu_attention_block_backward,
+    .rope_freqs_forward = cpu_rope_freqs_forward,
+    .rope_freqs_backward = cpu_rope_freqs_backward,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -65,6 +65,11 @@ int rope_forward_pos_f32(float *out, const float *x, const int32_t *pos, int64_t
                          int64_t h, int64_t d, float theta);
 int rope_backward_pos_f32(float *dx, const float *dout, const int32_t *pos, int64_t b, int64_t t,
                           int64_t h, int64_t d, float theta);
+/* ABI 2.4: the model's per-pair inverse frequencies inv_freq (d/2); pos may be NULL (rows 0..t-1). */
+int rope_freqs_forward_f32(float *out, const float *x, const int32_t *pos, const float *inv_freq,
+                           int64_t b, int64_t t, int64_t h, int64_t d);
+int rope_freqs_backward_f32(float *dx, const float *dout, const int32_t *pos, const float *inv_freq,
+                            int64_t b, int64_t t, int64_t h, int64_t d);
 int attention_block_forward_f32(float *out, float *lse, const float *q, const float *k,
                                 const float *v, const int32_t *q_pos, const int32_t *k_pos,
                                 int64_t b, int64_t tq, int64_t tk, int64_t h, int64_t kvh,

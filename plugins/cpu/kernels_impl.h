@@ -506,16 +506,17 @@ CPU_KERNEL void K(bias_backward)(real *dbias, const real *dout, int64_t n, int64
 
 /* ---------------------------------------------------------------- rotary embedding */
 
-/* Fills cs (t, d/2, 2) with cos, sin of p * theta^(-2i/d), p = pos[row] (or the row when pos is
- * NULL), using freq (d/2) as scratch. The frequency and the angle are rounded to `real` the way
+/* Fills cs (t, d/2, 2) with cos, sin of p * freq[i], p = pos[row] (or the row when pos is NULL),
+ * freq (d/2) being the caller's table inv (ABI 2.4, scaled RoPE) or, when inv is NULL, theta^(-2i/d)
+ * computed into the scratch freq. The frequency and the angle are rounded to `real` the way
  * torchtitan computes them in float32 (so the f32 build tracks PyTorch); cos and sin of that angle
  * are then taken in double. */
-static inline void K(rope_table)(real *cs, real *freq, const int32_t *pos, int64_t t, int64_t d,
-                                 real theta)
+static inline void K(rope_table)(real *cs, real *freq, const real *inv, const int32_t *pos, int64_t t,
+                                 int64_t d, real theta)
 {
     int64_t half = d / 2;
     for (int64_t i = 0; i < half; i++)
-        freq[i] = (real)1 / R_POW(theta, (real)(2 * i) / (real)d);
+        freq[i] = inv ? inv[i] : (real)1 / R_POW(theta, (real)(2 * i) / (real)d);
 #pragma omp parallel for schedule(static) if (t * half >= 4096)
     for (int64_t p = 0; p < t; p++) {
         real at = (real)(pos ? (int64_t)pos[p] : p);
@@ -529,14 +530,15 @@ static inline void K(rope_table)(real *cs, real *freq, const int32_t *pos, int64
 
 /* Rotates every pair of x (b,t,h,d) by the table: forward out = R x (out may alias x);
  * backward (transpose) dx += R^T dout. Returns nonzero when the table cannot be allocated. */
-static CPU_CLONES int K(rope_apply)(real *out, const real *x, const int32_t *pos, int64_t b,
-                                    int64_t t, int64_t h, int64_t d, real theta, int backward)
+static CPU_CLONES int K(rope_apply)(real *out, const real *x, const int32_t *pos, const real *inv,
+                                    int64_t b, int64_t t, int64_t h, int64_t d, real theta,
+                                    int backward)
 {
     int64_t half = d / 2;
     real *cs = malloc((size_t)(t * half * 2 + half) * sizeof(real) + 1);
     if (!cs)
         return -1;
-    K(rope_table)(cs, cs + t * half * 2, pos, t, d, theta);
+    K(rope_table)(cs, cs + t * half * 2, inv, pos, t, d, theta);
 #pragma omp parallel for schedule(static) if (b * t * h * d >= CPU_PAR_MIN)
     for (int64_t row = 0; row < b * t; row++) {
         const real *c = cs + (row % t) * half * 2;
@@ -563,26 +565,42 @@ static CPU_CLONES int K(rope_apply)(real *out, const real *x, const int32_t *pos
 CPU_KERNEL_LINKAGE int K(rope_forward)(real *out, const real *x, int64_t b, int64_t t, int64_t h,
                                        int64_t d, real theta)
 {
-    return K(rope_apply)(out, x, NULL, b, t, h, d, theta, 0);
+    return K(rope_apply)(out, x, NULL, NULL, b, t, h, d, theta, 0);
 }
 
 CPU_KERNEL_LINKAGE int K(rope_backward)(real *dx, const real *dout, int64_t b, int64_t t, int64_t h,
                                         int64_t d, real theta)
 {
-    return K(rope_apply)(dx, dout, NULL, b, t, h, d, theta, 1);
+    return K(rope_apply)(dx, dout, NULL, NULL, b, t, h, d, theta, 1);
 }
 
 /* ABI 2.3: row t of every sequence at position pos[t] (t entries). */
 CPU_KERNEL_LINKAGE int K(rope_forward_pos)(real *out, const real *x, const int32_t *pos, int64_t b,
                                            int64_t t, int64_t h, int64_t d, real theta)
 {
-    return K(rope_apply)(out, x, pos, b, t, h, d, theta, 0);
+    return K(rope_apply)(out, x, pos, NULL, b, t, h, d, theta, 0);
 }
 
 CPU_KERNEL_LINKAGE int K(rope_backward_pos)(real *dx, const real *dout, const int32_t *pos,
                                             int64_t b, int64_t t, int64_t h, int64_t d, real theta)
 {
-    return K(rope_apply)(dx, dout, pos, b, t, h, d, theta, 1);
+    return K(rope_apply)(dx, dout, pos, NULL, b, t, h, d, theta, 1);
+}
+
+/* ABI 2.4: pair i rotates by p * inv_freq[i] (d/2 entries, the model's table); pos as above, or
+ * NULL for rows 0..t-1. */
+CPU_KERNEL_LINKAGE int K(rope_freqs_forward)(real *out, const real *x, const int32_t *pos,
+                                             const real *inv_freq, int64_t b, int64_t t, int64_t h,
+                                             int64_t d)
+{
+    return K(rope_apply)(out, x, pos, inv_freq, b, t, h, d, 1, 0);
+}
+
+CPU_KERNEL_LINKAGE int K(rope_freqs_backward)(real *dx, const real *dout, const int32_t *pos,
+                                              const real *inv_freq, int64_t b, int64_t t, int64_t h,
+                                              int64_t d)
+{
+    return K(rope_apply)(dx, dout, pos, inv_freq, b, t, h, d, 1, 1);
 }
 
 /* ---------------------------------------------------------------- attention */

@@ -186,5 +186,8 @@ CUDA_OP(rope_backward_pos);
 CUDA_OP(attention_block_forward);
 CUDA_OP(attention_merge);
 CUDA_OP(attention_block_backward);
+/* ABI 2.4: ops.c (rope with the model's frequency table) */
+CUDA_OP(rope_freqs_forward);
+CUDA_OP(rope_freqs_backward);
 
 #endif

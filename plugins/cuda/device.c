@@ -303,6 +303,8 @@ static const ct_device_api cuda_api = {
     .attention_block_forward = cuda_attention_block_forward,
     .attention_merge = cuda_attention_merge,
     .attention_block_backward = cuda_attention_block_backward,
+    .rope_freqs_forward = cuda_rope_freqs_forward,
+    .rope_freqs_backward = cuda_rope_freqs_backward,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -53,9 +53,10 @@ cudaError_t cuk_scale(const cuk_env *e, float *x, float alpha, int64_t n);
 /* *out (device double) = sum x, or sum x^2 when squares */
 /* *out = sum x (or of x^2) in double; with out NULL, *out_f32 = that double rounded to f32 */
 cudaError_t cuk_sum(const cuk_env *e, double *out, float *out_f32, const float *x, int64_t n, int squares);
-/* row t at position pos[t] (device int32, t entries), or t when pos is NULL */
-cudaError_t cuk_rope(const cuk_env *e, float *out, const float *x, const int32_t *pos, int64_t b, int64_t t,
-                     int64_t h, int64_t d, float theta, int backward);
+/* row t at position pos[t] (device int32, t entries), or t when pos is NULL; pair i's frequency
+ * inv_freq[i] (device, d/2 entries), or theta^(-2i/d) when inv_freq is NULL */
+cudaError_t cuk_rope(const cuk_env *e, float *out, const float *x, const int32_t *pos, const float *inv_freq,
+                     int64_t b, int64_t t, int64_t h, int64_t d, float theta, int backward);
 cudaError_t cuk_swiglu_forward(const cuk_env *e, float *out, const float *a, const float *g, int64_t n);
 cudaError_t cuk_swiglu_backward(const cuk_env *e, float *da, float *dg, const float *dout, const float *a,
                                 const float *g, int64_t n);

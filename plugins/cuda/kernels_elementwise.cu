@@ -140,15 +140,16 @@ extern "C" cudaError_t cuk_sum(const cuk_env *e, double *out, float *out_f32, co
 
 /* ---------------------------------------------------------------- rope */
 
-/* cs (t, d/2) = (cos, sin) of p * theta^(-2i/d), p = pos[row] (the row when pos is NULL),
- * computed as the CPU plugin does: the frequency and the angle in float, the cosine and sine of
- * that float angle in double. */
-static __global__ void rope_table_k(float2 *cs, const int32_t *pos, int64_t t, int64_t half, int64_t d,
-                                    float theta)
+/* cs (t, d/2) = (cos, sin) of p * freq_i, p = pos[row] (the row when pos is NULL), freq_i the
+ * model's table inv (ABI 2.4, device memory) or theta^(-2i/d) when inv is NULL, computed as the CPU
+ * plugin does: the frequency and the angle in float, the cosine and sine of that float angle in
+ * double. */
+static __global__ void rope_table_k(float2 *cs, const int32_t *pos, const float *inv, int64_t t, int64_t half,
+                                    int64_t d, float theta)
 {
     CUK_FOR(idx, t * half) {
         int64_t p = idx / half, i = idx % half;
-        float freq = 1.0f / powf(theta, (float)(2 * i) / (float)d);
+        float freq = inv ? inv[i] : 1.0f / powf(theta, (float)(2 * i) / (float)d);
         float angle = (float)(pos ? (int64_t)pos[p] : p) * freq;
         double sn, cn;
         sincos((double)angle, &sn, &cn);
@@ -176,14 +177,15 @@ static __global__ void rope_apply_k(float *out, const float *x, const float2 *cs
     }
 }
 
-extern "C" cudaError_t cuk_rope(const cuk_env *e, float *out, const float *x, const int32_t *pos, int64_t b,
-                                int64_t t, int64_t h, int64_t d, float theta, int backward)
+extern "C" cudaError_t cuk_rope(const cuk_env *e, float *out, const float *x, const int32_t *pos,
+                                const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t d, float theta,
+                                int backward)
 {
     int64_t half = d / 2, npairs = b * t * h * half;
     float2 *cs = (float2 *)cuda_scratch_get(e->dev, sizeof(float2) * (size_t)(t * half));
     if (!cs)
         return cudaErrorMemoryAllocation;
-    rope_table_k<<<cuk_grid(e, t * half, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(cs, pos, t, half, d, theta);
+    rope_table_k<<<cuk_grid(e, t * half, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(cs, pos, inv_freq, t, half, d, theta);
     rope_apply_k<<<cuk_grid(e, npairs, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(out, x, cs, npairs, half,
                                                                                    h, t, backward);
     cudaError_t err = cudaGetLastError();

@@ -418,9 +418,11 @@ ct_status cuda_bias_backward(ct_device *dev, float *dbias, const float *dout, in
 
 /* ---------------------------------------------------------------- rope */
 
-/* pos: the positions of rope_*_pos (required when with_pos), or NULL for rows 0..t-1 */
+/* pos: the positions of rope_*_pos (required when with_pos), or NULL for rows 0..t-1; inv: the
+ * frequency table of rope_freqs_* (then theta is unused), or NULL for theta^(-2i/d) */
 static ct_status rope_checked(cuda_device *d, const char *op, float *out, const float *x, const int32_t *pos,
-                              int with_pos, int64_t b, int64_t t, int64_t h, int64_t hd, float theta, int backward)
+                              int with_pos, const float *inv, int64_t b, int64_t t, int64_t h, int64_t hd,
+                              float theta, int backward)
 {
     if (b < 0 || t < 0 || h < 0 || hd < 0)
         return cuda_fail(d, CT_ERR_INVALID, op, "negative shape b=%lld t=%lld h=%lld d=%lld", (long long)b,
@@ -436,7 +438,7 @@ static ct_status rope_checked(cuda_device *d, const char *op, float *out, const 
     ct_status st = cuda_enter(d, op);
     if (st != CT_OK)
         return st;
-    cudaError_t e = cuk_rope(&d->env, out, x, pos, b, t, h, hd, theta, backward);
+    cudaError_t e = cuk_rope(&d->env, out, x, pos, inv, b, t, h, hd, theta, backward);
     return e == cudaSuccess ? CT_OK : cuda_error(d, op, "kernel launch", e);
 }
 
@@ -446,7 +448,7 @@ ct_status cuda_rope_forward(ct_device *dev, float *out, const float *x, int64_t 
     cuda_device *d = dev;
     if (!d)
         return CT_ERR_INVALID;
-    return rope_checked(d, "rope_forward", out, x, NULL, 0, b, t, h, hd, theta, 0);
+    return rope_checked(d, "rope_forward", out, x, NULL, 0, NULL, b, t, h, hd, theta, 0);
 }
 
 ct_status cuda_rope_backward(ct_device *dev, float *dx, const float *dout, int64_t b, int64_t t, int64_t h,
@@ -455,7 +457,7 @@ ct_status cuda_rope_backward(ct_device *dev, float *dx, const float *dout, int64
     cuda_device *d = dev;
     if (!d)
         return CT_ERR_INVALID;
-    return rope_checked(d, "rope_backward", dx, dout, NULL, 0, b, t, h, hd, theta, 1);
+    return rope_checked(d, "rope_backward", dx, dout, NULL, 0, NULL, b, t, h, hd, theta, 1);
 }
 
 ct_status cuda_rope_forward_pos(ct_device *dev, float *out, const float *x, const int32_t *pos, int64_t b, int64_t t,
@@ -464,7 +466,7 @@ ct_status cuda_rope_forward_pos(ct_device *dev, float *out, const float *x, cons
     cuda_device *d = dev;
     if (!d)
         return CT_ERR_INVALID;
-    return rope_checked(d, "rope_forward_pos", out, x, pos, 1, b, t, h, hd, theta, 0);
+    return rope_checked(d, "rope_forward_pos", out, x, pos, 1, NULL, b, t, h, hd, theta, 0);
 }
 
 ct_status cuda_rope_backward_pos(ct_device *dev, float *dx, const float *dout, const int32_t *pos, int64_t b,
@@ -473,7 +475,30 @@ ct_status cuda_rope_backward_pos(ct_device *dev, float *dx, const float *dout, c
     cuda_device *d = dev;
     if (!d)
         return CT_ERR_INVALID;
-    return rope_checked(d, "rope_backward_pos", dx, dout, pos, 1, b, t, h, hd, theta, 1);
+    return rope_checked(d, "rope_backward_pos", dx, dout, pos, 1, NULL, b, t, h, hd, theta, 1);
+}
+
+/* ABI 2.4: the model's frequency table inv_freq (device memory); pos optional. */
+ct_status cuda_rope_freqs_forward(ct_device *dev, float *out, const float *x, const int32_t *pos,
+                                  const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t hd)
+{
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!inv_freq && b > 0 && t > 0 && h > 0 && hd > 0)
+        return cuda_fail(d, CT_ERR_INVALID, "rope_freqs_forward", "null pointer");
+    return rope_checked(d, "rope_freqs_forward", out, x, pos, 0, inv_freq, b, t, h, hd, 1.0f, 0);
+}
+
+ct_status cuda_rope_freqs_backward(ct_device *dev, float *dx, const float *dout, const int32_t *pos,
+                                   const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t hd)
+{
+    cuda_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!inv_freq && b > 0 && t > 0 && h > 0 && hd > 0)
+        return cuda_fail(d, CT_ERR_INVALID, "rope_freqs_backward", "null pointer");
+    return rope_checked(d, "rope_freqs_backward", dx, dout, pos, 0, inv_freq, b, t, h, hd, 1.0f, 1);
 }
 
 /* ---------------------------------------------------------------- attention */

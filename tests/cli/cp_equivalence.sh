@@ -5,7 +5,7 @@
 # DDP 2 x CP 2, ZeRO-2 2 x CP 2, and on 8 ranks HSDP 2 x 2 x CP 2 and the 4D layouts dp_shard 2 x cp 2
 # x tp 2 and pp 2 x cp 2 x dp_shard 2: 20-step loss and grad-norm curves within 1e-6 (relative) of
 # the single rank; the ring with bf16 parameters and full activation checkpointing too (against one
-# rank's same settings). CP 4 samples the same greedy text; each rank's live activations are 1/cp of
+# rank's same settings), and CP 2 with Llama 3.1's RoPE scaling (model.rope_scaling: llama3). CP 4 samples the same greedy text; each rank's live activations are 1/cp of
 # one rank's. A checkpoint saved under CP 2 continues on one rank and under FSDP 2, and one rank's
 # continues under CP 2, on the same curves; sdk/examples/gpt2 (learned positions, built out of tree)
 # under CP 2 follows its one-rank curve; the planner sees per-rank activations and attention at 1/cp.
@@ -55,6 +55,15 @@ for r in cp2 cp2_ring cp2_ring_serial cp4 cp4_ring fsdp2_cp2 tp2_cp2 pp2_cp2 ddp
          pp2_cp2_fsdp2; do
   compare single $r 20 || exit 1
 done
+
+# Llama 3.1's RoPE scaling (rope_freqs at each rank's real positions): CP 2 on the ring follows one
+# rank; original_max_position 16 scales every pair at seq_len 64, so the curve is not the plain one
+scaled=(--model.rope_scaling=llama3 --model.rope_original_max_position=16)
+run single_scaled 1 --training.local_batch_size=8 "${scaled[@]}"
+run cp2_scaled 2 "${cp[@]}" --parallelism.context_parallel_degree=2 $ring "${scaled[@]}"
+compare single_scaled cp2_scaled 20 || exit 1
+! diff -q <(curve_records "$T/single/metrics.jsonl") <(curve_records "$T/single_scaled/metrics.jsonl") >/dev/null ||
+  fail "rope_scaling llama3 did not change the curve"
 
 # deterministic: the ring with its overlap off (the same sums, only the waits moved) gives the same bits
 diff <(curve_records "$T/cp2_ring/metrics.jsonl") <(curve_records "$T/cp2_ring_serial/metrics.jsonl") >/dev/null ||

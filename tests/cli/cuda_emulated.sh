@@ -12,7 +12,7 @@
 #   (a) the emulated plugin passes every test of tests/unit/test_device_conformance.c (ABI 1.0,
 #       float8 and tensor-parallel ops, 1.4's fp8 GEMM, bf16 operands and shared stream, 1.5's
 #       device-resident loss ops and graph capture, 2.1's elementwise ops, 2.3's rope at positions
-#       and attention by blocks with its merge), with
+#       and attention by blocks with its merge, 2.4's rope with a frequency table), with
 #       ASan/UBSan on the kernels and the host code;
 #   (b) again with cuBLASLt finding no algorithm (the cublasSgemm fallback), and with cudaMalloc
 #       failing past 228 MiB live (the allocator's trim-and-retry);
@@ -21,6 +21,7 @@
 #       48, 64, 128 over several tiles, cross-entropy over 128256 columns, ...), twice for bits;
 #       the seven ew_* ops over a million elements, bit for bit the CPU's; a context-parallel
 #       rank's ring of attention blocks (2 to 4 ranks, positions shuffled), merged, and its backward;
+#       rope with Llama 3.1's scaled table, at rows 0..t-1 and at positions past 120000;
 #   (e) compile.enable: ctitan train with the emulated plugin, the microbatch captured as a CUDA
 #       graph and launched, against the eager run (f32; bf16 with checkpointing; a refused capture).
 set -euo pipefail
@@ -157,7 +158,7 @@ echo "ok: $(grep -c '^ok' "$OUT/emu_graph_check.log") checks of the emulator's s
 # (e) compile.enable end to end: ctitan train on the emulated plugin (a tiny Llama, 2 microbatches
 # a step), each microbatch from the third on one graph launch, against the same run eager: the
 # same loss and gradient norm every step, bit for bit (the graph replays the same kernels). f32,
-# then bf16 parameters with full activation checkpointing (bf16 GEMM scratch held by the graph,
+# f32 with Llama 3.1's RoPE scaling, then bf16 parameters with full activation checkpointing (bf16 GEMM scratch held by the graph,
 # recomputation inside it); then a capture CUDA refuses mid-way (the 50th operation): the run says
 # so and goes on eagerly with the same losses. The host binary is not sanitized: libasan and
 # libubsan are preloaded for the plugin's sake.
@@ -199,6 +200,16 @@ wait $pid || exit 1
 same_curve eager_f32 compile_f32
 captured compile_f32
 echo "ok: compile.enable, f32: $(grep -o 'a graph of [0-9]* device operations' "$OUT/compile_f32.log"), 4 launches; 3 steps identical to eager"
+# Llama 3.1's scaled RoPE (rope_freqs): its table goes to the device once, so the capture holds
+scaled=(--model.rope_scaling=llama3 --model.rope_original_max_position=16)
+train eager_scaled "${scaled[@]}" &
+pid=$!
+train compile_scaled "${scaled[@]}" --compile.enable=true
+wait $pid || exit 1
+same_curve eager_scaled compile_scaled
+captured compile_scaled
+[ "$(curve eager_f32)" != "$(curve eager_scaled)" ] || fail "rope_scaling llama3 did not change the curve"
+echo "ok: compile.enable with rope_scaling llama3: 4 launches; 3 steps identical to eager (and not the plain curve)"
 bf16=(--training.mixed_precision_param=bfloat16 --activation_checkpoint.mode=full)
 train eager_bf16 "${bf16[@]}" &
 pid=$!

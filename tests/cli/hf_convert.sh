@@ -5,7 +5,8 @@
 #     config.*, input.*, expected.*, grad.*, adamw.* entries are not model weights), and a second
 #     round trip reproduces both files; bfloat16 exports are stable too;
 #   - folders written by transformers (one file in float32; bfloat16 shards with an index) convert;
-#   - bad input (corrupt or truncated safetensors, missing config.json, unsupported config, bad flags)
+#   - bad input (corrupt or truncated safetensors, missing config.json, unsupported config such as
+#     YaRN RoPE scaling (Llama 3.1's llama3 type is read: tests/cli/hf_rope_scaling.sh), bad flags)
 #     gives one line on stderr and exit status 2; an unwritable output gives exit status 1.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
@@ -91,8 +92,8 @@ cp -r "$T/hf" "$T/cut"; truncate -s -10 "$T/cut/model.safetensors"
 expect_fail "truncated file" 2 "model.safetensors: tensor '.*': data_offsets .* run past the data section" -- --from hf --input "$T/cut" --output "$T/x.ctt"
 cp -r "$T/hf" "$T/noconf"; rm "$T/noconf/config.json"
 expect_fail "missing config.json" 2 "noconf/config.json: cannot open" -- --from hf --input "$T/noconf" --output "$T/x.ctt"
-cp -r "$T/hf" "$T/scaled"; sed -i 's/"rope_scaling": null/"rope_scaling": {"rope_type": "llama3", "factor": 8.0}/' "$T/scaled/config.json"
-expect_fail "Llama 3.1 RoPE scaling" 2 "rope_type 'llama3' is not supported" -- --from hf --input "$T/scaled" --output "$T/x.ctt"
+cp -r "$T/hf" "$T/scaled"; sed -i 's/"rope_scaling": null/"rope_scaling": {"rope_type": "yarn", "factor": 8.0}/' "$T/scaled/config.json"
+expect_fail "YaRN RoPE scaling" 2 "rope_scaling rope_type 'yarn' is not supported \(ctitan reads rope_type default and llama3\)" -- --from hf --input "$T/scaled" --output "$T/x.ctt"
 [ -e "$T/x.ctt" ] && bad "a failed conversion left $T/x.ctt" || ok "failed conversions write nothing"
 expect_fail "missing .ctt" 2 "nope.ctt: cannot open" -- --to hf --input "$T/nope.ctt" --output "$T/o"
 expect_fail "no head count" 2 "old.ctt has no model description nor config.n_heads; give --n-heads" -- --to hf --input "$T/old.ctt" --output "$T/o"

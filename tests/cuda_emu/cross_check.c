@@ -464,6 +464,55 @@ static void cp_ring_case(device *R, device *T, int64_t b, int64_t t, int cp, int
     free(q), free(g), free(gq0);
 }
 
+/* ABI 2.4: rope with Llama 3.1's scaled table (theta 5e5, factor 8, original 8192, as the llama3
+ * pack computes it), rows 0..t-1 and positions far into a long context (out of order). */
+static void rope_freqs_case(device *R, device *T)
+{
+    const int64_t b = 2, t = 300, h = 4, d = 128, n = b * t * h * d;
+    float inv[64];
+    for (int64_t i = 0; i < d / 2; i++) {
+        float f = 1.0f / powf(500000.0f, (float)(2 * i) / (float)d), wavelen = (1.0f / f) * 6.2831855f;
+        float scaled = wavelen > 8192.0f ? f / 8.0f : f;
+        if (!(wavelen < 2048.0f) && !(wavelen > 8192.0f)) {
+            float smooth = ((1.0f / wavelen) * 8192.0f - 1.0f) / 3.0f;
+            scaled = (1.0f - smooth) * scaled / 8.0f + smooth * scaled;
+        }
+        inv[i] = scaled;
+    }
+    int32_t pos[300];
+    for (int64_t i = 0; i < t; i++)
+        pos[i] = (int32_t)(120000 + (i * 37) % t * 3);
+    float *x = rand_host(n, 1), *g0 = rand_host(n, 0.5f);
+    float *res[2][4];
+    device *devs[2] = {R, T};
+    for (int r = 0; r < 2; r++) {
+        device *D = devs[r];
+        float *dinv = up(D, inv, sizeof inv);
+        int32_t *dpos = up(D, pos, sizeof pos);
+        for (int with_pos = 0; with_pos < 2; with_pos++) {
+            float *dx = up(D, x, 4 * n), *dg = up(D, g0, 4 * n);
+            must(D->api->rope_freqs_forward(D->dev, dx, dx, with_pos ? dpos : NULL, dinv, b, t, h, d), D,
+                 "rope_freqs_forward");
+            must(D->api->rope_freqs_backward(D->dev, dg, dx, with_pos ? dpos : NULL, dinv, b, t, h, d), D,
+                 "rope_freqs_backward");
+            res[r][2 * with_pos] = down(D, dx, n);
+            res[r][2 * with_pos + 1] = down(D, dg, n);
+            D->api->free(D->dev, dx);
+            D->api->free(D->dev, dg);
+        }
+        D->api->free(D->dev, dinv);
+        D->api->free(D->dev, dpos);
+    }
+    compare("rope_freqs_forward llama3 table t300 d128", res[0][0], res[1][0], n);
+    compare("rope_freqs_backward llama3 table t300 d128", res[0][1], res[1][1], n);
+    compare("rope_freqs_forward llama3 table, positions 120000+", res[0][2], res[1][2], n);
+    compare("rope_freqs_backward llama3 table, positions 120000+", res[0][3], res[1][3], n);
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 4; i++)
+            free(res[r][i]);
+    free(x), free(g0);
+}
+
 static void rope_matmul_sum_case(device *R, device *T)
 {
     const int64_t b = 1, t = 300, h = 4, d = 128, n = b * t * h * d;
@@ -611,6 +660,7 @@ int main(int argc, char **argv)
     embedding_backward_case(&R, &T, 6000, 300, 50);
     norm_weight_case(&R, &T, 300000, 8);
     rope_matmul_sum_case(&R, &T);
+    rope_freqs_case(&R, &T);
     amax_case(&R, &T, 3000001);
     ew_case(&R, &T, 1000003);
     R.api->destroy(R.dev);

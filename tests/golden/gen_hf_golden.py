@@ -17,6 +17,11 @@ Two directions, both under tests/golden/hf/:
                       holds its config, a token batch and the logits (transformers in float64 on the
                       float32 weights; also its float32 logits, for reference). The C test loads the
                       folder with hf_load, runs ctitan's llama3 and compares logits within 1e-4.
+  llama31_from_transformers/  WRITTEN here: a tiny Llama 3.1-style LlamaForCausalLM (RoPE scaling of
+                      rope_type llama3, chosen so that its frequencies fall in all three bands) saved by
+                      save_pretrained, and llama31_from_transformers.ctt with its config, a token batch,
+                      transformers' RoPE table (expected.inv_freq) and logits (float64 on the float32
+                      weights, and float32). tests/unit/test_hf.c matches the logits within 1e-5.
 
 Run from the repository root, after building ctitan (pip install transformers safetensors):
 
@@ -50,6 +55,17 @@ TINY = dict(hidden_size=32, intermediate_size=80, num_hidden_layers=2, num_atten
 SEED = 20240917
 BATCH, SEQ = 2, 16
 TOL = 1e-4
+
+# The Llama 3.1-style model: head_dim 16 (8 RoPE pairs). With rope_theta 81 the pairs' wavelengths
+# 2 pi 81^(i/8) are 6.3, 10.9, 18.8, 32.6, 56.5, 97.9, 169.6, 293.8; original_max_position_embeddings
+# 32 with high_freq_factor 4 and low_freq_factor 1 puts the band edges at 8 and 32, so pair 0 is kept,
+# pairs 1-2 are blended and pairs 3-7 divided by factor 8: every band is used at SEQ positions.
+# vocab 512: what `ctitan tokenizer train --vocab-size 512` covers, so tests can fine-tune it.
+LLAMA31 = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+               vocab_size=512, rms_norm_eps=1e-5, max_position_embeddings=256)
+LLAMA31_ROPE = dict(rope_type="llama3", rope_theta=81.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=32)
+LLAMA31_SEED = 20250723
 
 
 def rel_err(got, want):
@@ -109,18 +125,20 @@ def verify_from_ctitan():
     return dict(err64=e64, err32=e32, maxabs64=float((l64 - want.double()).abs().max()), n_tensors=len(tensors))
 
 
-def make_model():
+def make_model(tiny=TINY, seed=SEED, rope=None):
     """The tiny LlamaForCausalLM: every parameter drawn from one seeded generator, in name order.
-    q and k are large enough that attention is peaked (so a RoPE layout mistake shows in the logits)."""
+    q and k are large enough that attention is peaked (so a RoPE layout mistake shows in the logits).
+    rope: transformers 5's rope_parameters (RoPE scaling), or None for plain RoPE."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**TINY, tie_word_embeddings=False, head_dim=TINY["hidden_size"] // TINY["num_attention_heads"],
-                         attention_bias=False, mlp_bias=False, hidden_act="silu")
-    torch.manual_seed(SEED)
+    extra = {} if rope is None else dict(rope_parameters=dict(rope))
+    config = LlamaConfig(**tiny, tie_word_embeddings=False, head_dim=tiny["hidden_size"] // tiny["num_attention_heads"],
+                         attention_bias=False, mlp_bias=False, hidden_act="silu", **extra)
+    torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float32).eval()
     model.config._attn_implementation = "eager"
-    gen = torch.Generator().manual_seed(SEED)
-    d = TINY["hidden_size"]
+    gen = torch.Generator().manual_seed(seed)
+    d = tiny["hidden_size"]
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             z = torch.randn(p.shape, generator=gen, dtype=torch.float32)
@@ -134,7 +152,7 @@ def make_model():
                 p.copy_(z * 0.3)
             else:
                 p.copy_(z * 0.1)
-    tokens = torch.randint(0, TINY["vocab_size"], (BATCH, SEQ), generator=gen, dtype=torch.int64)
+    tokens = torch.randint(0, tiny["vocab_size"], (BATCH, SEQ), generator=gen, dtype=torch.int64)
     return model, tokens
 
 
@@ -166,6 +184,55 @@ def write_from_transformers(out_dir):
               ("expected.logits_hf_f32", l32)]         # transformers in float32, for reference
     ctt_write(os.path.join(out_dir, "from_transformers.ctt"), items)
     return dict(err_hf_f32=rel_err(l32, l64))
+
+
+def llama31_bands():
+    """Which RoPE pairs of the Llama 3.1-style model each band holds (as _compute_llama3_parameters sorts them)."""
+    r = LLAMA31_ROPE
+    hd = LLAMA31["hidden_size"] // LLAMA31["num_attention_heads"]
+    bands = {"kept": [], "blended": [], "divided": []}
+    for i in range(hd // 2):
+        wavelen = 2 * math.pi * r["rope_theta"] ** (2 * i / hd)
+        lo, hi = r["original_max_position_embeddings"] / r["low_freq_factor"], r["original_max_position_embeddings"] / r["high_freq_factor"]
+        bands["kept" if wavelen < hi else "divided" if wavelen > lo else "blended"].append(f"{i} ({wavelen:.1f})")
+    return bands
+
+
+def write_llama31(out_dir):
+    """Writes llama31_from_transformers/ and llama31_from_transformers.ctt under out_dir."""
+    import copy
+
+    model, tokens = make_model(LLAMA31, LLAMA31_SEED, LLAMA31_ROPE)
+    rotary = model.model.rotary_emb
+    assert rotary.rope_type == "llama3", rotary.rope_type
+    inv_freq = rotary.inv_freq.detach().clone().to(torch.float32)
+    hd = LLAMA31["hidden_size"] // LLAMA31["num_attention_heads"]
+    plain = 1.0 / (LLAMA31_ROPE["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    changed = int((inv_freq != plain).sum())
+    assert changed >= hd // 2 - 1, f"the scaling changes only {changed} of {hd // 2} frequencies"
+    with torch.no_grad():
+        l32 = model(tokens).logits
+        l64 = copy.deepcopy(model).double()(tokens).logits
+    folder = os.path.join(out_dir, "llama31_from_transformers")
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    for f in os.listdir(folder):
+        os.chmod(os.path.join(folder, f), 0o644)
+    c, r = LLAMA31, LLAMA31_ROPE
+    items = [(f"config.{k}", torch.tensor(c[k], dtype=torch.int32))
+             for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                       "num_key_value_heads", "vocab_size")]
+    items += [("config.rope_theta", torch.tensor(r["rope_theta"])), ("config.rms_norm_eps", torch.tensor(c["rms_norm_eps"])),
+              ("config.rope_scaling_factor", torch.tensor(r["factor"])),
+              ("config.rope_low_freq_factor", torch.tensor(r["low_freq_factor"])),
+              ("config.rope_high_freq_factor", torch.tensor(r["high_freq_factor"])),
+              ("config.rope_original_max_position", torch.tensor(r["original_max_position_embeddings"], dtype=torch.int32))]
+    items += [("input.tokens", tokens.to(torch.int32)),
+              ("expected.inv_freq", inv_freq),         # transformers' RoPE table (llama3 scaling)
+              ("expected.logits", l64),                # transformers in float64 on the float32 weights
+              ("expected.logits_hf_f32", l32)]         # transformers in float32, for reference
+    ctt_write(os.path.join(out_dir, "llama31_from_transformers.ctt"), items)
+    return dict(err31_hf_f32=rel_err(l32, l64), changed=changed)
 
 
 def same_tree(a, b):
@@ -210,6 +277,26 @@ A LlamaForCausalLM with {cfg}, weights from a seeded generator, saved by `save_p
 holds `config.*`, `input.tokens` ({b} x {t}), `expected.logits` (transformers in float64 on the float32
 weights) and `expected.logits_hf_f32` (transformers in float32; relative error {err_hf_f32:.2e} to
 float64). tests/unit/test_hf.c loads the folders with hf_load and runs ctitan's llama3 on them.
+
+## llama31_from_transformers/, llama31_from_transformers.ctt (Llama 3.1 RoPE scaling)
+
+A LlamaForCausalLM with {cfg31} and `rope_parameters` {rope31} (transformers 5 writes
+`rope_parameters`; Meta's Llama 3.1 files say `rope_scaling`, which ctitan reads too). The scaling
+changes {changed} of the {pairs} RoPE frequencies. Pairs by band (wavelength in positions; the edges are
+original_max_position_embeddings / high_freq_factor and / low_freq_factor):
+
+| band | pairs |
+|---|---|
+| kept (wavelength below the high edge) | {kept} |
+| blended (between the edges) | {blended} |
+| divided by factor | {divided} |
+
+llama31_from_transformers.ctt holds `config.*` (with `config.rope_scaling_factor`,
+`config.rope_low_freq_factor`, `config.rope_high_freq_factor`, `config.rope_original_max_position`),
+`input.tokens` ({b} x {t}), `expected.inv_freq` (transformers' table), `expected.logits` (float64 on
+the float32 weights) and `expected.logits_hf_f32` (relative error {err31_hf_f32:.2e} to float64).
+tests/unit/test_hf.c runs ctitan's llama3 with `rope_scaling: llama3` on the folder and matches the
+float64 logits within 1e-5 relative; tests/cli/hf_rope_scaling.sh fine-tunes it and exports it back.
 """
 
 
@@ -228,7 +315,9 @@ def main():
         tmp = tempfile.mkdtemp()
         try:
             w = write_from_transformers(tmp)
-            bad = [n for n in ("from_transformers", "from_transformers_bf16", "from_transformers.ctt")
+            write_llama31(tmp)
+            bad = [n for n in ("from_transformers", "from_transformers_bf16", "from_transformers.ctt",
+                               "llama31_from_transformers", "llama31_from_transformers.ctt")
                    if not same_tree(os.path.join(tmp, n), os.path.join(HF_DIR, n))]
         finally:
             shutil.rmtree(tmp)
@@ -237,10 +326,17 @@ def main():
 
     w = write_from_transformers(HF_DIR)
     print(f"wrote {HF_DIR}/from_transformers*; transformers float32 vs float64 logits: {w['err_hf_f32']:.2e}")
+    w31 = write_llama31(HF_DIR)
+    print(f"wrote {HF_DIR}/llama31_from_transformers*: {w31['changed']} frequencies scaled; transformers float32 vs "
+          f"float64 logits: {w31['err31_hf_f32']:.2e}")
     cfg = ", ".join(f"{k} {val}" for k, val in TINY.items())
+    cfg31 = ", ".join(f"{k} {val}" for k, val in LLAMA31.items())
+    rope31 = ", ".join(f"{k} {val}" for k, val in LLAMA31_ROPE.items())
+    bands = {k: ", ".join(val) or "none" for k, val in llama31_bands().items()}
+    pairs = LLAMA31["hidden_size"] // LLAMA31["num_attention_heads"] // 2
     with open(os.path.join(HF_DIR, "README.md"), "w") as f:
         f.write(README.format(tv=transformers.__version__, torchv=torch.__version__, tol=TOL, cfg=cfg, b=BATCH, t=SEQ,
-                              **v, **w))
+                              cfg31=cfg31, rope31=rope31, pairs=pairs, **bands, **v, **w, **w31))
     return 0
 
 

@@ -691,6 +691,55 @@ static void test_rope_pos_gradients(void **state)
     case_run_and_free(&c);
 }
 
+/* ---------------------------------------------------------------- scaled RoPE (ABI 2.4) */
+
+/* A Llama 3.1-style table (one pair kept, one blended, two divided), positions from gc_q_pos or
+ * rows 0..t-1 (param 1 or 0). */
+static const double gc_inv64[4] = {1.0, 0.21, 0.0125, 0.000125};
+static const float gc_inv32[4] = {1.0f, 0.21f, 0.0125f, 0.000125f};
+
+static void rope_freqs_fwd64(op_case *c, double *out)
+{
+    assert_int_equal(rope_freqs_forward_f64(out, c->in[0], c->param ? gc_q_pos : NULL, gc_inv64, c->dim[0],
+                                            c->dim[1], c->dim[2], c->dim[3]),
+                     0);
+}
+static void rope_freqs_bwd64(op_case *c)
+{
+    assert_int_equal(rope_freqs_backward_f64(c->grad[0], c->r, c->param ? gc_q_pos : NULL, gc_inv64, c->dim[0],
+                                             c->dim[1], c->dim[2], c->dim[3]),
+                     0);
+}
+static void rope_freqs_fwd32(op_case *c, float *out)
+{
+    assert_int_equal(rope_freqs_forward_f32(out, c->in_f[0], c->param ? gc_q_pos : NULL, gc_inv32, c->dim[0],
+                                            c->dim[1], c->dim[2], c->dim[3]),
+                     0);
+}
+static void rope_freqs_bwd32(op_case *c)
+{
+    assert_int_equal(rope_freqs_backward_f32(c->grad_f[0], c->r_f, c->param ? gc_q_pos : NULL, gc_inv32,
+                                             c->dim[0], c->dim[1], c->dim[2], c->dim[3]),
+                     0);
+}
+
+static void test_rope_freqs_gradients(void **state)
+{
+    (void)state;
+    for (int with_pos = 0; with_pos < 2; with_pos++) {
+        op_case c = {.name = with_pos ? "rope_freqs (positions)" : "rope_freqs", .n_in = 1, .in_name = {"x"},
+                     .dim = {2, 7, 3, 8}, .param = with_pos};
+        c.in_size[0] = 2 * 7 * 3 * 8;
+        c.out_size = c.in_size[0];
+        c.forward_f64 = rope_freqs_fwd64;
+        c.backward_f64 = rope_freqs_bwd64;
+        c.forward_f32 = rope_freqs_fwd32;
+        c.backward_f32 = rope_freqs_bwd32;
+        case_setup(&c, 1.0);
+        case_run_and_free(&c);
+    }
+}
+
 /* One key block as the whole of the keys: its out and lse are the final ones, so the block backward
  * is the gradient of the block forward. dim = b, tq, tk, h, kvh, d; saved: lse, out. */
 static void attb_fwd64(op_case *c, double *out)
@@ -997,6 +1046,7 @@ int main(void)
         cmocka_unit_test(test_attention_gradients_mha),
         cmocka_unit_test(test_attention_gradients_blocked_mqa),
         cmocka_unit_test(test_rope_pos_gradients),
+        cmocka_unit_test(test_rope_freqs_gradients),
         cmocka_unit_test(test_attention_block_gradients),
         cmocka_unit_test(test_swiglu_gradients),
         cmocka_unit_test(test_gelu_gradients),

@@ -52,6 +52,10 @@
  *     blocks merged by attention_merge, equals attention_forward's rows to 1e-5, and the block
  *     backwards summed equal attention_backward's (GQA, b > 1); a query that sees no key gets
  *     out 0 and lse -inf and no gradient; merge with -inf on either side; the same bits twice.
+ *   - the optional scaled-RoPE ops of ABI 2.4: rope_freqs_* with the plain table theta^(-2i/d)
+ *     equal rope_*; with a Llama 3.1-style scaled table, without and with (shuffled) positions,
+ *     they rotate pair i by (float)p * inv_freq[i] (cos/sin in double here), and backward
+ *     accumulates R^T dout; odd d and a NULL table are refused.
  *
  * The harness brings its own minimal ct_host (log, set_error, memory, option getters answered
  * from the spec); it links nothing of the core, so a third party can build and run it alone.
@@ -2533,6 +2537,88 @@ static void expect_close_tol(const char *what, const float *dgot, const double *
     rtol = saved;
 }
 
+/* The rotation by (float)p * inv[i] (as device.h says the angle is formed), in double after that. */
+static void rope_freqs_reference(double *out, const float *x, const int32_t *pos, const float *inv, int64_t b,
+                                 int64_t t, int64_t h, int64_t d, double sign)
+{
+    for (int64_t bi = 0; bi < b; bi++)
+        for (int64_t r = 0; r < t; r++)
+            for (int64_t hh = 0; hh < h; hh++)
+                for (int64_t i = 0; i < d / 2; i++) {
+                    float p = (float)(pos ? pos[r] : r);
+                    double a = sign * (double)(p * inv[i]);
+                    int64_t o = ((bi * t + r) * h + hh) * d + 2 * i;
+                    out[o] = x[o] * cos(a) - x[o + 1] * sin(a);
+                    out[o + 1] = x[o] * sin(a) + x[o + 1] * cos(a);
+                }
+}
+
+static void test_rope_freqs(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(rope_freqs_forward);
+    TP_SKIP_UNLESS(rope_freqs_backward);
+    const int64_t b = 2, t = 40, h = 3, d = 16, n = b * t * h * d;
+    const float theta = 500000.0f;
+    float plain[8], scaled[8];
+    for (int64_t i = 0; i < d / 2; i++) { /* Llama 3.1's bands, compressed: kept, blended, divided */
+        plain[i] = 1.0f / powf(theta, (float)(2 * i) / (float)d);
+        scaled[i] = i < 2 ? plain[i] : i < 4 ? plain[i] * (0.5f + 0.1f * (float)i) : plain[i] / 8.0f;
+    }
+    float *x = host_rand(n, 1), *dout = host_rand(n, 1);
+    float *dx_ = dev_floats(x, n), *ddout = dev_floats(dout, n), *dinv = dev_floats(plain, d / 2);
+    float *want = dev_floats(NULL, n), *got = dev_floats(NULL, n);
+
+    /* the plain table is rope itself (forward, and backward into a zeroed gradient) */
+    assert_int_equal(api->rope_forward(dev, want, dx_, b, t, h, d, theta), CT_OK);
+    assert_int_equal(api->rope_freqs_forward(dev, got, dx_, NULL, dinv, b, t, h, d), CT_OK);
+    double *ref = download_double(want, n);
+    expect_close_tol("rope_freqs_forward (plain table) vs rope_forward", got, ref, n, 1e-6);
+    free(ref);
+    assert_int_equal(api->zero(dev, want, sizeof(float) * (size_t)n), CT_OK);
+    assert_int_equal(api->zero(dev, got, sizeof(float) * (size_t)n), CT_OK);
+    assert_int_equal(api->rope_backward(dev, want, ddout, b, t, h, d, theta), CT_OK);
+    assert_int_equal(api->rope_freqs_backward(dev, got, ddout, NULL, dinv, b, t, h, d), CT_OK);
+    ref = download_double(want, n);
+    expect_close_tol("rope_freqs_backward (plain table) vs rope_backward", got, ref, n, 1e-6);
+    free(ref);
+
+    /* a scaled table, rows 0..t-1 and context parallel's shuffled positions */
+    assert_int_equal(api->copy(dev, dinv, scaled, sizeof scaled, CT_COPY_H2D), CT_OK);
+    int32_t pos[40];
+    cp_positions(pos, 2 * t, 2, 1);
+    shuffle_positions(pos, t);
+    int32_t *dpos = dev_ints(pos, t);
+    double *back = ref_alloc(n);
+    for (int with_pos = 0; with_pos < 2; with_pos++) {
+        const int32_t *pp = with_pos ? pos : NULL;
+        ref = ref_alloc(n);
+        rope_freqs_reference(ref, x, pp, scaled, b, t, h, d, 1.0);
+        float *dx = dev_floats(x, n);
+        assert_int_equal(api->rope_freqs_forward(dev, dx, dx, with_pos ? dpos : NULL, dinv, b, t, h, d), CT_OK);
+        expect_close(with_pos ? "rope_freqs_forward (scaled, positions)" : "rope_freqs_forward (scaled)", dx, ref, n);
+        free(ref);
+        api->free(dev, dx);
+        grad_buf g = grad_new(n);
+        rope_freqs_reference(back, dout, pp, scaled, b, t, h, d, -1.0); /* R^T = rotation by -angle */
+        for (int64_t i = 0; i < n; i++)
+            g.ref[i] += back[i];
+        assert_int_equal(api->rope_freqs_backward(dev, g.dev, ddout, with_pos ? dpos : NULL, dinv, b, t, h, d), CT_OK);
+        grad_check_free(with_pos ? "rope_freqs_backward (scaled, positions)" : "rope_freqs_backward (scaled)", &g);
+    }
+    free(back);
+    expect_error(api->rope_freqs_forward(dev, got, dx_, NULL, dinv, b, t, h, 5), CT_ERR_INVALID,
+                 "rope_freqs_forward with odd d");
+    expect_error(api->rope_freqs_backward(dev, got, dx_, NULL, NULL, b, t, h, d), CT_ERR_INVALID,
+                 "rope_freqs_backward without a table");
+    float *bufs[] = {dx_, ddout, dinv, want, got};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        api->free(dev, bufs[i]);
+    api->free(dev, dpos);
+    free(x);
+    free(dout);
+}
+
 static void test_rope_pos(void **state)
 {
     (void)state;
@@ -3022,6 +3108,7 @@ int main(void)
         cmocka_unit_test(test_sum_to_device),
         cmocka_unit_test(test_cross_entropy_backward_dev),
         cmocka_unit_test(test_rope_pos),
+        cmocka_unit_test(test_rope_freqs),
         cmocka_unit_test(test_attention_block_is_attention),
         cmocka_unit_test(test_attention_blocks_merge_to_attention),
         cmocka_unit_test(test_attention_block_no_visible_key),

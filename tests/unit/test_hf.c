@@ -5,7 +5,9 @@
  *       logits; we load it with hf_load, run ctitan's llama3 on the CPU and want 1e-4 agreement.
  *   from_transformers_bf16/: the same weights in bfloat16 shards with an index.
  *   from_ctitan/: llama3_tiny exported by ctitan and verified by transformers (logits within 1e-4
- *       of llama3_tiny's); hf_save must reproduce it byte for byte. */
+ *       of llama3_tiny's); hf_save must reproduce it byte for byte.
+ *   llama31_from_transformers/ + .ctt: a Llama 3.1-style model (RoPE scaling of rope_type llama3);
+ *       ctitan's llama3 with model.rope_scaling: llama3 must match its logits within 1e-5. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -55,18 +57,24 @@ static int64_t scalar_i(const tf_file *f, const char *name) {
     return *(const int32_t *)e->data;
 }
 
-/* Opens a CPU session of ctitan's llama3 with cfg's sizes. */
+/* Opens a CPU session of ctitan's llama3 with cfg's sizes (and its RoPE scaling, when it has one). */
 static void open_session(session *s, const hf_config *c, int64_t seq_len, int64_t batch) {
-    char yaml[1024];
+    char yaml[1536], scaling[400] = "";
+    if (c->rope_scaling_factor != 0)
+        snprintf(scaling, sizeof scaling,
+                 ",\n        rope_scaling: llama3, rope_scaling_factor: %.17g, rope_low_freq_factor: %.17g,\n"
+                 "        rope_high_freq_factor: %.17g, rope_original_max_position: %lld",
+                 c->rope_scaling_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+                 (long long)c->rope_original_max_position);
     snprintf(yaml, sizeof yaml,
              "device: {name: cpu, threads: 2}\n"
              "model: {name: llama3, flavor: debugmodel, dim: %lld, n_layers: %lld, n_heads: %lld, n_kv_heads: %lld,\n"
-             "        vocab_size: %lld, ffn_hidden: %lld, rope_theta: %.17g, norm_eps: %.17g}\n"
+             "        vocab_size: %lld, ffn_hidden: %lld, rope_theta: %.17g, norm_eps: %.17g%s}\n"
              "optimizer: {name: AdamW, lr: 1e-3}\n"
              "training: {seq_len: %lld, local_batch_size: %lld}\n"
              "activation_checkpoint: {mode: none}\n",
              (long long)c->dim, (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads,
-             (long long)c->vocab, (long long)c->ffn_hidden, c->rope_theta, c->norm_eps, (long long)seq_len,
+             (long long)c->vocab, (long long)c->ffn_hidden, c->rope_theta, c->norm_eps, scaling, (long long)seq_len,
              (long long)batch);
     if (fixture_open(s, yaml)) fail_msg("session: %s", ct_last_error());
 }
@@ -129,6 +137,51 @@ static void test_transformers_checkpoint_runs_in_ctitan_within_1e4(void **state)
     print_message("with HF's q/k row order left in place: relative error %.2e\n", wrong);
     if (!(wrong > 1e-2)) fail_msg("q/k layout does not change the logits (%.3g): the test is blind", wrong);
     session_close(&s);
+    tf_free(w);
+    tf_free(g);
+}
+
+static float scalar_f(const tf_file *f, const char *name) {
+    const tf_entry *e = tf_find(f, name);
+    if (!e) fail_msg("golden has no %s", name);
+    return *(const float *)e->data;
+}
+
+/* Llama 3.1's scaled RoPE: hf_load reads rope_parameters' llama3 scaling, and ctitan's llama3 with
+ * those options computes transformers' logits; with plain RoPE it does not (the test can tell). */
+static void test_llama31_scaled_rope_matches_transformers_within_1e5(void **state) {
+    (void)state;
+    char err[1024];
+    tf_file *g = tf_read(GOLDEN_DIR "/llama31_from_transformers.ctt", err, sizeof err), *w;
+    if (!g) fail_msg("%s", err);
+    hf_config c;
+    if (hf_load(GOLDEN_DIR "/llama31_from_transformers", &c, &w, err, sizeof err)) fail_msg("%s", err);
+    assert_int_equal(c.n_heads, scalar_i(g, "config.num_attention_heads"));
+    assert_int_equal(c.n_kv_heads, scalar_i(g, "config.num_key_value_heads"));
+    assert_true(c.rope_theta == (double)scalar_f(g, "config.rope_theta"));
+    assert_true(c.rope_scaling_factor == (double)scalar_f(g, "config.rope_scaling_factor"));
+    assert_true(c.rope_low_freq_factor == (double)scalar_f(g, "config.rope_low_freq_factor"));
+    assert_true(c.rope_high_freq_factor == (double)scalar_f(g, "config.rope_high_freq_factor"));
+    assert_int_equal(c.rope_original_max_position, scalar_i(g, "config.rope_original_max_position"));
+    const tf_entry *tokens = tf_find(g, "input.tokens");
+    int64_t B = tokens->shape[0], T = tokens->shape[1];
+    session s;
+    open_session(&s, &c, T, B);
+    double e = logits_error(&s, w, g, B, T);
+    session_close(&s);
+    double e_hf32 = rel_err(tf_find(g, "expected.logits_hf_f32")->data, tf_find(g, "expected.logits")->data,
+                            tf_find(g, "expected.logits")->numel);
+    print_message("llama3 RoPE scaling: ctitan vs transformers (float64) logits: relative error %.2e (transformers "
+                  "float32: %.2e)\n", e, e_hf32);
+    if (!(e <= 1e-5)) fail_msg("logits: relative error %.3g > 1e-5", e);
+
+    hf_config plain = c;
+    plain.rope_scaling_factor = 0;
+    open_session(&s, &plain, T, B);
+    double wrong = logits_error(&s, w, g, B, T);
+    session_close(&s);
+    print_message("the same weights with plain RoPE: relative error %.2e\n", wrong);
+    if (!(wrong > 1e-3)) fail_msg("the scaling does not change the logits (%.3g): the test is blind", wrong);
     tf_free(w);
     tf_free(g);
 }
@@ -319,11 +372,17 @@ static void test_unsupported_or_broken_configs_are_refused(void **state) {
     tf_file *w;
     if (hf_load(dir, &c, &w, err, sizeof err)) fail_msg("the base config: %s", err);
     tf_free(w);
-    expect_config_error(dir, "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}",
-                        "rope_type 'llama3' is not supported");
+    expect_config_error(dir, "rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 8.0}",
+                        "rope_scaling rope_type 'dynamic' is not supported (ctitan reads rope_type default and llama3)");
     expect_config_error(dir, "rope_scaling", "{\"factor\": 8.0}", "rope_scaling has no rope_type");
     expect_config_error(dir, "rope_parameters", "{\"rope_type\": \"yarn\", \"rope_theta\": 1e4}",
-                        "rope_type 'yarn' is not supported");
+                        "rope_parameters rope_type 'yarn' is not supported (ctitan reads rope_type default and llama3)");
+    expect_config_error(dir, "rope_scaling", "{\"rope_type\": \"llama3\"}", "rope_scaling of rope_type llama3 has no factor");
+    expect_config_error(dir, "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4.0}",
+                        "0 < low_freq_factor < high_freq_factor");
+    expect_config_error(dir, "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 0.5}", "factor in [1, 1e6]");
+    expect_config_error(dir, "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": \"8\"}",
+                        "key 'factor' must be a number");
     expect_config_error(dir, "head_dim", "32", "head_dim 32 is not hidden_size / num_attention_heads = 16");
     expect_config_error(dir, "model_type", "\"mistral\"", "model_type 'mistral' is not supported");
     expect_config_error(dir, "attention_bias", "true", "attention_bias must be false");
@@ -339,6 +398,58 @@ static void test_unsupported_or_broken_configs_are_refused(void **state) {
     expect_load_error(dir, "config.json: invalid JSON");
     put_text(dir, "config.json", "{\"a\": 1, \"a\": 2}");
     expect_load_error(dir, "duplicate");
+}
+
+/* Transformers 4's rope_scaling (Meta's Llama 3.1 config.json) and 5's rope_parameters read the same;
+ * hf_save writes rope_scaling, which reads back. */
+static void test_rope_scaling_config_forms_and_export(void **state) {
+    (void)state;
+    char dir[128], err[1024];
+    snprintf(dir, sizeof dir, "%s/scaled", tmpdir);
+    fresh_export(dir);
+    const char *forms[][2] = {
+        {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                         "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}"},
+        {"rope_scaling", "{\"type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+                         "\"original_max_position_embeddings\": 8192}"},
+        {"rope_parameters", "{\"rope_type\": \"llama3\", \"rope_theta\": 500000.0, \"factor\": 8.0, "
+                            "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                            "\"original_max_position_embeddings\": 8192}"},
+    };
+    hf_config c;
+    tf_file *w;
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        config_with(dir, forms[i][0], forms[i][1]);
+        if (hf_load(dir, &c, &w, err, sizeof err)) fail_msg("%s form %zu: %s", forms[i][0], i, err);
+        assert_true(c.rope_scaling_factor == 8.0 && c.rope_low_freq_factor == 1.0 && c.rope_high_freq_factor == 4.0);
+        assert_int_equal(c.rope_original_max_position, 8192);
+        assert_true(c.rope_theta == 500000.0);
+        tf_free(w);
+    }
+    /* hf_save writes rope_scaling as Meta's files do; it reads back the same */
+    config_with(dir, forms[0][0], forms[0][1]);
+    if (hf_load(dir, &c, &w, err, sizeof err)) fail_msg("%s", err);
+    c.rope_scaling_factor = 32;
+    c.rope_original_max_position = 4096;
+    char out[160];
+    snprintf(out, sizeof out, "%s/scaled_out", tmpdir);
+    if (hf_save(out, &c, w, HF_FLOAT32, err, sizeof err)) fail_msg("%s", err);
+    tf_free(w);
+    hf_config back;
+    if (hf_load(out, &back, &w, err, sizeof err)) fail_msg("%s", err);
+    tf_free(w);
+    assert_true(back.rope_scaling_factor == 32 && back.rope_low_freq_factor == 1 && back.rope_high_freq_factor == 4);
+    assert_int_equal(back.rope_original_max_position, 4096);
+    char path[200];
+    snprintf(path, sizeof path, "%s/config.json", out);
+    json_t *j = json_load_file(path, 0, NULL);
+    assert_non_null(j);
+    json_t *rs = json_object_get(j, "rope_scaling");
+    assert_true(json_is_object(rs));
+    assert_string_equal(json_string_value(json_object_get(rs, "rope_type")), "llama3");
+    assert_true(json_real_value(json_object_get(rs, "factor")) == 32.0);
+    assert_int_equal(json_integer_value(json_object_get(rs, "original_max_position_embeddings")), 4096);
+    json_decref(j);
 }
 
 static void test_missing_wrong_or_extra_tensors_are_refused(void **state) {
@@ -438,6 +549,8 @@ int main(void) {
         cmocka_unit_test(test_round_trip_is_bit_exact_and_bf16_rounds),
         cmocka_unit_test(test_permutation_is_the_hf_converter_one),
         cmocka_unit_test(test_unsupported_or_broken_configs_are_refused),
+        cmocka_unit_test(test_llama31_scaled_rope_matches_transformers_within_1e5),
+        cmocka_unit_test(test_rope_scaling_config_forms_and_export),
         cmocka_unit_test(test_missing_wrong_or_extra_tensors_are_refused),
         cmocka_unit_test(test_export_checks_the_ctitan_side),
     };
