@@ -80,7 +80,8 @@ static int same_rope_scaling(const ct_model_desc *d, const hf_config *c, const c
     }
     ct_errf(err, errlen, "%s/config.json scales RoPE (rope_type llama3) and the model does not, or not the same way: set "
                          "model.rope_scaling: llama3, model.rope_scaling_factor: %g, model.rope_low_freq_factor: %g, "
-                         "model.rope_high_freq_factor: %g, model.rope_original_max_position: %lld", dir,
+                         "model.rope_high_freq_factor: %g, model.rope_original_max_position: %lld (or model.flavor: "
+                         "from_checkpoint, which takes every setting from config.json)", dir,
             c->rope_scaling_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
             (long long)c->rope_original_max_position);
     return -1;
