@@ -441,8 +441,8 @@ static ct_status train_settings_read(train_run *r) {
     mf_get_bool(mf, "metrics.enable_wandb", &wandb);
     if (wandb) {
         mf_where(mf, "metrics.enable_wandb", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: true is not supported (no network here): set it to false and use "
-                        "metrics.enable_tensorboard: true, the supported logger\n",
+        fprintf(stderr, "ctitan: %s: true is not supported (no network here); TensorBoard is the supported logger: set "
+                        "this to false and metrics.enable_tensorboard to true\n",
                 where);
         return CT_ERR_INVALID;
     }
