@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,6 +234,44 @@ static void test_writer_file(void **state) {
     assert_int_equal(rmdir(folder), 0);
 }
 
+/* The descriptor open on path, found through /proc/self/fd; -1 if none. */
+static int fd_of(const char *path) {
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    char link[300], target[600];
+    int found = -1;
+    while (d && (e = readdir(d))) {
+        snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        if (n <= 0) continue;
+        target[n] = 0;
+        if (!strcmp(target, path)) found = atoi(e->d_name);
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+/* A write that fails (a full disk: /dev/full put in the file's place) is -1 and names the file. */
+static void test_write_error_names_the_file(void **state) {
+    (void)state;
+    char folder[256], err[512], path[512];
+    snprintf(folder, sizeof folder, "%s/full", dir);
+    tb_writer *w = tb_open(folder, err, sizeof err);
+    assert_non_null(w);
+    snprintf(path, sizeof path, "%s", tb_path(w));
+    int fd = fd_of(path), full = open("/dev/full", O_WRONLY);
+    assert_true(fd >= 0 && full >= 0);
+    assert_int_equal(dup2(full, fd), fd);
+    close(full);
+    tb_scalar v = {"grad_norm", 1.0};
+    assert_int_equal(tb_write(w, 1, &v, 1), -1);
+    assert_non_null(strstr(ct_last_error(), path));
+    assert_non_null(strstr(ct_last_error(), "No space left on device"));
+    tb_close(w);
+    unlink(path);
+    rmdir(folder);
+}
+
 /* A folder that is a file: NULL and one line naming it. */
 static void test_open_refuses_a_file(void **state) {
     (void)state;
@@ -269,6 +308,7 @@ int main(void) {
         cmocka_unit_test(test_crc_mask_is_tfrecords),
         cmocka_unit_test(test_event_round_trip),
         cmocka_unit_test(test_writer_file),
+        cmocka_unit_test(test_write_error_names_the_file),
         cmocka_unit_test(test_open_refuses_a_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
