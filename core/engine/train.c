@@ -730,7 +730,6 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
     tps = as_logged("%.1f", tps);
     tflops = as_logged("%.6f", tflops);
     mfu = as_logged("%.3f", mfu);
-    for (int k = 0; k < CT_MEM_NCATEGORIES + 2; k++) mem[k] = (double)(long long)mem[k];
     if (log_record(&r->lg,
             "\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
             "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
