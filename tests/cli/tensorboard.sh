@@ -40,7 +40,7 @@ check() {
   local ids; ids=$(run_ids "$1" | sort | tr '\n' ' ')
   [ "$(cd "$2" && ls | sort | tr '\n' ' ')" = "$ids" ] || fail "$2 holds $(ls "$2" | tr '\n' ' '), not the starts $ids"
   for id in $ids; do
-    ls "$2/$id" | grep -qE "^events\.out\.tfevents\.[0-9]{10}\.$(hostname)$" || fail "$2/$id: $(ls "$2/$id")"
+    ls "$2/$id" | grep -qE "^events\.out\.tfevents\.[0-9]{10}\.$(uname -n)$" || fail "$2/$id: $(ls "$2/$id")"
     "$PY" tests/cli/lib/tb_check.py "$2/$id" "$1/metrics.jsonl" || exit 1
   done
 }
