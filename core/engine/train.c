@@ -8,6 +8,7 @@
 #include "engine/lr.h"
 #include "engine/mesh.h"
 #include "host/runlock.h"
+#include "host/tensorboard.h"
 #include "engine/session.h"
 #include "plan/plan.h"
 
@@ -163,6 +164,7 @@ typedef struct run_log {
     FILE *f;         /* metrics.jsonl on rank 0; NULL on the other ranks */
     char path[4200]; /* job.dump_folder/metrics.jsonl */
     char id[64];     /* this start's run_id: UTC start time, pid, 16 random bits */
+    tb_writer *tb;   /* metrics.enable_tensorboard: rank 0's event file under save_tb_folder/run_id */
 } run_log;
 
 static void run_id_make(char *out, size_t len) {
@@ -225,7 +227,9 @@ static int log_start(run_log *lg, session *s, manifest *mf, int64_t after_step, 
 
 static int log_close(run_log *lg) {
     if (!lg->f) return 0;
-    int bad = log_flush(lg);
+    int bad = tb_close(lg->tb);
+    lg->tb = NULL;
+    if (log_flush(lg)) bad = -1;
     errno = 0;
     if (fclose(lg->f) && !bad) {
         ct_set_error("cannot write %s: %s", lg->path, strerror(errno ? errno : EIO));
@@ -250,6 +254,32 @@ static int world_max(session *s, int v, int *out) {
     return 0;
 }
 
+/* metrics.enable_tensorboard: rank 0's event file in its own folder per start, save_tb_folder/run_id,
+ * so a rerun or a resume in the same dump folder shows in TensorBoard as a run of its own. -1 after
+ * one line on a failure. */
+static int tb_log_open(manifest *mf, const char *dump, run_log *lg) {
+    int on = 0;
+    const char *sub = "tb";
+    char folder[4200], err[4600], where[600];
+    mf_get_bool(mf, "metrics.enable_tensorboard", &on);
+    mf_get_str(mf, "metrics.save_tb_folder", &sub);
+    if (!on) return 0;
+    mf_where(mf, "metrics.save_tb_folder", where, sizeof where);
+    if (!*sub) {
+        fprintf(stderr, "ctitan: %s: empty; expected a folder name (under job.dump_folder) or an absolute path\n",
+                where);
+        return -1;
+    }
+    if (sub[0] == '/') snprintf(folder, sizeof folder, "%s/%s", sub, lg->id);
+    else snprintf(folder, sizeof folder, "%s/%s/%s", dump, sub, lg->id);
+    if (!(lg->tb = tb_open(folder, err, sizeof err))) {
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return -1;
+    }
+    printf("tensorboard: writing %s\n", tb_path(lg->tb));
+    return 0;
+}
+
 /* Rank 0 takes the dump folder's lock and opens metrics.jsonl to append; every rank learns whether
  * that worked, so a refused job ends on all of them. */
 static ct_status run_log_open(session *s, manifest *mf, const char *dump, run_log *lg) {
@@ -265,6 +295,8 @@ static ct_status run_log_open(session *s, manifest *mf, const char *dump, run_lo
             bad = 1;
         } else if (!(lg->f = ct_fopen_nofollow(lg->path, "a"))) {
             fprintf(stderr, "ctitan: %s: cannot open %s to append: %s\n", where, lg->path, ct_open_strerror(errno));
+            bad = 1;
+        } else if (tb_log_open(mf, dump, lg)) {
             bad = 1;
         }
     }
@@ -403,6 +435,15 @@ static ct_status train_settings_read(train_run *r) {
                         "%lld data-parallel ranks (or -1), steps >= 0, metrics.log_freq >= 1 (got local %lld, global "
                         "%lld)\n",
                 where, (long long)dp, (long long)L, (long long)r->G);
+        return CT_ERR_INVALID;
+    }
+    int wandb = 0;
+    mf_get_bool(mf, "metrics.enable_wandb", &wandb);
+    if (wandb) {
+        mf_where(mf, "metrics.enable_wandb", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: true is not supported (no network here); TensorBoard is the supported logger: set "
+                        "this to false and metrics.enable_tensorboard to true\n",
+                where);
         return CT_ERR_INVALID;
     }
     r->G_local = r->G / dp;
@@ -633,7 +674,41 @@ static int largest_rank_memory(session *s, double v[CT_MEM_NCATEGORIES + 2]) {
     return s->capi->all_reduce(s->comm, world, v, v, CT_MEM_NCATEGORIES + 2, CT_F64, CT_REDUCE_MAX, NULL) == CT_OK ? 0 : -1;
 }
 
-/* The console metrics line and its metrics.jsonl record. -1 on a write error. */
+/* v as metrics.jsonl writes it with fmt: TensorBoard gets the record's numbers, not more digits. */
+static double as_logged(const char *fmt, double v) {
+    char t[64];
+    snprintf(t, sizeof t, fmt, v);
+    return strtod(t, NULL);
+}
+
+/* A step record's numbers as TensorBoard scalars (the tags README.md's table lists). -1 on a write
+ * error (ct_last_error names the file). */
+static int step_tb(run_log *lg, int64_t step, double loss, double norm, double lr, double tps, double tflops,
+                   double mfu, const double mem[CT_MEM_NCATEGORIES + 2]) {
+    if (!lg->tb) return 0;
+    const tb_scalar v[] = {
+        {"loss_metrics/global_avg_loss", loss},
+        {"grad_norm", norm},
+        {"lr", lr},
+        {"throughput(tps)", tps},
+        {"tflops", tflops},
+        {"mfu(%)", mfu},
+        {"memory/peak(bytes)", mem[0]},
+        {"memory/params(bytes)", mem[1 + CT_MEM_PARAMS]},
+        {"memory/grads(bytes)", mem[1 + CT_MEM_GRADS]},
+        {"memory/optimizer(bytes)", mem[1 + CT_MEM_OPTIMIZER]},
+        {"memory/activations(bytes)", mem[1 + CT_MEM_ACTIVATIONS]},
+        {"memory/activations_live_peak(bytes)", mem[CT_MEM_NCATEGORIES + 1]},
+        {"memory/master(bytes)", mem[1 + CT_MEM_MASTER]},
+        {"memory/comm(bytes)", mem[1 + CT_MEM_COMM]},
+        {"comm/all_gather(bytes)", (double)g_comm_bytes[CS_ALL_GATHER]},
+        {"comm/reduce_scatter(bytes)", (double)g_comm_bytes[CS_REDUCE_SCATTER]},
+        {"comm/all_reduce(bytes)", (double)g_comm_bytes[CS_ALL_REDUCE]},
+    };
+    return tb_write(lg->tb, step, v, (int)(sizeof v / sizeof v[0]));
+}
+
+/* The console metrics line, its metrics.jsonl record and its TensorBoard scalars. -1 on a write error. */
 static int step_log(train_run *r, int64_t step, double loss, double norm, double lr) {
     const session *s = r->s;
     double mem[CT_MEM_NCATEGORIES + 2];
@@ -649,6 +724,12 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
            "  memory %.3f GiB\n",
            (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib((int64_t)mem[0]));
     fflush(stdout);
+    loss = as_logged("%.9g", loss);
+    norm = as_logged("%.9g", norm);
+    lr = as_logged("%.6e", lr);
+    tps = as_logged("%.1f", tps);
+    tflops = as_logged("%.6f", tflops);
+    mfu = as_logged("%.3f", mfu);
     if (log_record(&r->lg,
             "\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
             "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
@@ -659,7 +740,8 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
             (long long)mem[1 + CT_MEM_GRADS], (long long)mem[1 + CT_MEM_OPTIMIZER], (long long)mem[1 + CT_MEM_ACTIVATIONS],
             (long long)mem[CT_MEM_NCATEGORIES + 1], (long long)mem[1 + CT_MEM_MASTER], (long long)mem[1 + CT_MEM_COMM],
             (long long)g_comm_bytes[CS_ALL_GATHER],
-            (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]))
+            (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]) ||
+        step_tb(&r->lg, step, loss, norm, lr, tps, tflops, mfu, mem))
         return -1;
     r->t_log = ct_now();
     r->tokens_since = 0;
@@ -703,9 +785,13 @@ static int validate(train_run *r, int64_t step) {
            (long long)r->val_batches, r->val_batches == 1 ? "" : "es", (long long)tokens, dt);
     fflush(stdout);
     /* its own record: readers that take every record with a "loss" as a step's see none here */
-    return log_record(&r->lg, "\"event\": \"validation\", \"step\": %lld, \"validation_loss\": %.9g, "
-                              "\"validation_tokens\": %lld, \"validation_batches\": %lld, \"seconds\": %.3f",
-                      (long long)step, loss, (long long)tokens, (long long)r->val_batches, dt);
+    loss = as_logged("%.9g", loss);
+    if (log_record(&r->lg, "\"event\": \"validation\", \"step\": %lld, \"validation_loss\": %.9g, "
+                           "\"validation_tokens\": %lld, \"validation_batches\": %lld, \"seconds\": %.3f",
+                   (long long)step, loss, (long long)tokens, (long long)r->val_batches, dt))
+        return -1;
+    const tb_scalar v[] = {{"validation_metrics/loss", loss}, {"validation_metrics/tokens", (double)tokens}};
+    return r->lg.tb ? tb_write(r->lg.tb, step, v, 2) : 0;
 }
 
 /* One step: its batch, the forward, backward and update, the stop every rank agrees on, the timing,
