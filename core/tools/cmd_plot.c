@@ -685,8 +685,10 @@ ct_status cmd_plot(int argc, char **argv) {
     if ((st = plot_write(runs, a.n_dirs, &a))) goto done;
     for (int i = 0; i < a.n_dirs; i++) {
         const plot_run *r = &runs[i];
-        printf("plot: %s: \"%s\", %d points, steps %lld..%lld, %s %.6g -> %.6g\n", r->dir, r->label, r->n,
-               (long long)r->pts[0].step, (long long)r->pts[r->n - 1].step, a.metric, r->pts[0].y, r->pts[r->n - 1].y);
+        printf("plot: %s: \"%s\", %d points, steps %lld..%lld", r->dir, r->label, r->n, (long long)r->pts[0].step,
+               (long long)r->pts[r->n - 1].step);
+        if (a.x_tokens) printf(", tokens %.0f..%.0f", r->pts[0].x, r->pts[r->n - 1].x);
+        printf(", %s %.6g -> %.6g\n", a.metric, r->pts[0].y, r->pts[r->n - 1].y);
     }
     printf("plot: wrote %s (%dx%d)\n", a.output, a.width, a.height);
 done:
