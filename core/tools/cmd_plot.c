@@ -160,6 +160,30 @@ static void keys_note(json_t *rec, char *keys, size_t len) {
     }
 }
 
+/* ctitan writes a diverged run's values with printf ("nan", "-inf"), which JSON has no words for:
+ * a copy of the line (out: at least 2 x its length + 1 bytes) with those tokens after a colon as
+ * null, so the record still reads and the point is left out. 1 when there was one. */
+static int nonfinite_to_null(const char *line, char *out) {
+    static const char *const words[] = {"-nan", "nan", "-inf", "inf"};
+    int changed = 0;
+    while (*line) {
+        *out++ = *line;
+        if (*line++ != ':') continue;
+        while (*line == ' ') *out++ = *line++;
+        for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+            size_t n = strlen(words[i]);
+            if (strncmp(line, words[i], n) || (line[n] != ',' && line[n] != '}' && line[n] != ' ')) continue;
+            memcpy(out, "null", 4);
+            out += 4;
+            line += n;
+            changed = 1;
+            break;
+        }
+    }
+    *out = 0;
+    return changed;
+}
+
 static int point_cmp(const void *pa, const void *pb) {
     const plot_point *a = pa, *b = pb;
     if (a->step != b->step) return a->step < b->step ? -1 : 1;
@@ -198,6 +222,12 @@ static ct_status record_take(plot_run *r, const plot_args *a, json_t *rec, int l
     json_t *v = field_get(rec, a->metric);
     if (!v) {
         keys_note(rec, keys, keys_len);
+        return CT_OK;
+    }
+    if (json_is_null(v)) { /* a non-finite value (nonfinite_to_null): a gap, said on stdout */
+        keys_note(rec, keys, keys_len);
+        printf("plot: %s:%d: \"%s\" is not finite at step %lld; left out\n", r->path, line, a->metric,
+               (long long)json_integer_value(st));
         return CT_OK;
     }
     if (!json_is_number(v)) {
@@ -255,6 +285,11 @@ static ct_status run_read(plot_run *r, const plot_args *a) {
         if (strspn(line, " \t\r\n") == (size_t)len) continue;
         json_error_t e;
         json_t *rec = json_loadb(line, (size_t)len, 0, &e);
+        if (!rec) { /* perhaps a nan: read again with nulls for those */
+            char *fixed = malloc(2 * (size_t)len + 1);
+            if (fixed && nonfinite_to_null(line, fixed)) rec = json_loads(fixed, 0, &e);
+            free(fixed);
+        }
         if (!json_is_object(rec)) {
             fprintf(stderr, "ctitan plot: %s:%d: not a JSON object: %s\n", r->path, lineno, rec ? "another value" : e.text);
             st = CT_ERR_INVALID;

@@ -124,6 +124,14 @@ rc=$?
   grep -q "2 points, steps 1..4, validation_loss 5.5 -> 2.5" "$T/v.log" || { cat "$T/v.log"; fail "validation_loss"; }
 echo "ok   --metric validation_loss plots the validation records; a run without them: exit 2 naming the file and the fields it has"
 
+mkdir -p "$T/diverged"
+{ rec '"step": 1, "loss": 5, "grad_norm": 1'; rec '"step": 2, "loss": nan, "grad_norm": -inf'; rec '"step": 3, "loss": 4, "grad_norm": 2'; } \
+  >"$T/diverged/metrics.jsonl"
+"$CTITAN" plot "$T/diverged" --output "$T/d.svg" >"$T/d.log" 2>&1 &&
+  grep -qx "plot: $T/diverged/metrics.jsonl:2: \"loss\" is not finite at step 2; left out" "$T/d.log" &&
+  grep -q "2 points, steps 1..3, loss 5 -> 4" "$T/d.log" || { cat "$T/d.log"; fail "a nan loss"; }
+echo "ok   a diverged run's nan (printf's word, not JSON) is read, left out and said so"
+
 # 5. bad input: exit 2 (1 for an unwritable output), one line naming what is wrong
 { rec '"event": "start", "first_step": 1, "steps": 2, "world_size": 1'; rec '"step": 1, "loss": 2'; } >"$T/old/metrics.jsonl"
 { rec '"step": 1, "loss": 2'; echo '{"step": 2, "loss": '; } >"$T/bad/metrics.jsonl"
