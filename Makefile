@@ -13,7 +13,7 @@ OPT       ?= -O2
 OPENBLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
 CPPFLAGS  += -Isdk/include -Icore -D_GNU_SOURCE
 CFLAGS    += -std=c11 -Wall -Wextra -Werror -g $(OPT) -fno-strict-aliasing
-LDLIBS    += -lyaml -lpcre2-8 -ljansson -lz -lzstd -lcairo -ldl -lm -lpthread
+LDLIBS    += -lyaml -lpcre2-8 -ljansson -lz -lzstd -lcairo -lfontconfig -ldl -lm -lpthread
 
 ifeq ($(SANITIZE),1)
   BUILD   := build-san
