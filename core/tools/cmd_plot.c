@@ -135,7 +135,8 @@ static int layout_label(json_t *start, char *out, size_t len) {
     out[0] = 0;
     for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++) {
         json_int_t d = json_integer_value(json_object_get(lay, axes[i]));
-        if (d > 1 && k < len) k += (size_t)snprintf(out + k, len - k, "%s%s %lld", k ? ", " : "", axes[i], (long long)d);
+        if (d > 1 && k < len)
+            k += (size_t)snprintf(out + k, len - k, "%s%s %lld", k ? ", " : "", axes[i], (long long)d);
     }
     if (!k && k < len) k += (size_t)snprintf(out, len, "1 rank");
     const char *f8 = json_string_value(json_object_get(lay, "float8"));
@@ -271,8 +272,9 @@ static ct_status run_read(plot_run *r, const plot_args *a) {
     snprintf(r->path, sizeof r->path, "%s/metrics.jsonl", r->dir);
     FILE *f = fopen(r->path, "r");
     if (!f) {
-        fprintf(stderr, "ctitan plot: %s: %s%s\n", r->dir, errno == ENOENT ? "no metrics.jsonl" : "cannot read metrics.jsonl: ",
-                errno == ENOENT ? " (not a training run's dump folder, or a run that never started)" : strerror(errno));
+        int gone = errno == ENOENT;
+        fprintf(stderr, "ctitan plot: %s: %s%s\n", r->dir, gone ? "no metrics.jsonl" : "cannot read metrics.jsonl: ",
+                gone ? " (not a training run's dump folder, or a run that never started)" : strerror(errno));
         return CT_ERR_INVALID;
     }
     char *line = NULL, keys[1024] = "";
@@ -292,7 +294,8 @@ static ct_status run_read(plot_run *r, const plot_args *a) {
             free(fixed);
         }
         if (!json_is_object(rec)) {
-            fprintf(stderr, "ctitan plot: %s:%d: not a JSON object: %s\n", r->path, lineno, rec ? "another value" : e.text);
+            fprintf(stderr, "ctitan plot: %s:%d: not a JSON object: %s\n", r->path, lineno,
+                    rec ? "another value" : e.text);
             st = CT_ERR_INVALID;
         } else {
             st = record_take(r, a, rec, lineno, &tps, keys, sizeof keys);
@@ -425,7 +428,9 @@ typedef struct frame {
     double left, top, w, h; /* the plot area in pixels */
 } frame;
 
-static double to_px_x(const frame *f, const axis *xa, double x) { return f->left + (x - xa->lo) / (xa->hi - xa->lo) * f->w; }
+static double to_px_x(const frame *f, const axis *xa, double x) {
+    return f->left + (x - xa->lo) / (xa->hi - xa->lo) * f->w;
+}
 static double to_px_y(const frame *f, const axis *ya, double y) {
     if (ya->log) y = log10(y);
     return f->top + f->h - (y - ya->lo) / (ya->hi - ya->lo) * f->h;
@@ -588,7 +593,8 @@ static ct_status plot_write(plot_run *runs, int nr, const plot_args *a) {
         fprintf(stderr, "ctitan plot: cannot write %s: %s\n", a->output, cairo_status_to_string(cairo_status(cr)));
         st = CT_ERR_IO;
     } else if (plot_draw(cr, runs, nr, a)) {
-        fprintf(stderr, "ctitan plot: --size %dx%d leaves no room for the plot beside its labels\n", a->width, a->height);
+        fprintf(stderr, "ctitan plot: --size %dx%d leaves no room for the plot beside its labels\n", a->width,
+                a->height);
         st = CT_ERR_INVALID;
     }
     cairo_destroy(cr);
@@ -627,7 +633,8 @@ static const char *opt_value(int argc, char **argv, int *i, const char *opt, int
 static ct_status parse_size(const char *s, plot_args *a) {
     char *end;
     long w = strtol(s, &end, 10), h = *end == 'x' ? strtol(end + 1, &end, 10) : 0;
-    if (*end || w < 240 || h < 180 || w > 8000 || h > 8000) return usage_error("--size: want WxH, 240x180 to 8000x8000, not", s);
+    if (*end || w < 240 || h < 180 || w > 8000 || h > 8000)
+        return usage_error("--size: want WxH, 240x180 to 8000x8000, not", s);
     a->width = (int)w;
     a->height = (int)h;
     return CT_OK;
@@ -683,7 +690,8 @@ static ct_status parse_args(int argc, char **argv, plot_args *a, int *help) {
     a->png = n > 4 && !strcmp(a->output + n - 4, ".png");
     if (!a->png && !(n > 4 && !strcmp(a->output + n - 4, ".svg")))
         return usage_error("--output: the name must end in .svg or .png:", a->output);
-    if (a->n_labels > a->n_dirs) return usage_error("more --label options than run folders; the extra one is", a->labels[a->n_dirs]);
+    if (a->n_labels > a->n_dirs)
+        return usage_error("more --label options than run folders; the extra one is", a->labels[a->n_dirs]);
     if (!*a->metric) return usage_error("--metric: empty field name", NULL);
     return CT_OK;
 }
