@@ -10,6 +10,7 @@
  * stop signal (128 + N), a rank aborting its job after a failure and a rank whose launcher died (1). */
 #include "tools/cmd_convert.h"
 #include "tools/cmd_plan.h"
+#include "tools/cmd_plot.h"
 #include "tools/cmd_plugins.h"
 #include "tools/cmd_schedule.h"
 #include "tools/cmd_tokenize.h"
@@ -30,6 +31,7 @@ static const char *usage =
     "  tokenizer           train / encode / decode with a BPE vocabulary (tiktoken format)\n"
     "  convert             --to hf | --from hf: a model (.ctt) to or from a Hugging Face Llama or Qwen2 folder\n"
     "  schedule            check and draw a pipeline schedule (timeline, bubble, --svg)\n"
+    "  plot RUN_DIR...     runs' loss (or any metric) against step or tokens, as SVG or PNG\n"
     "  help                this text\n"
     "  --version           the plugin ABI version this ctitan speaks\n";
 
@@ -68,7 +70,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return exit_code(cmd_tokenize(argc - 1, argv + 1));
     if (!strcmp(cmd, "convert")) return exit_code(cmd_convert(argc - 1, argv + 1));
     if (!strcmp(cmd, "schedule")) return exit_code(cmd_schedule(argc - 1, argv + 1));
+    if (!strcmp(cmd, "plot")) return exit_code(cmd_plot(argc - 1, argv + 1));
     if (!strcmp(cmd, "tokenizer")) return exit_code(cmd_tokenizer(argc - 1, argv + 1));
-    fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plan, plugins, launch, tokenize, tokenizer, convert, schedule; see ctitan help)\n", cmd);
+    fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plan, plugins, launch, tokenize, tokenizer, convert, schedule, plot; see ctitan help)\n", cmd);
     return exit_code(CT_ERR_INVALID);
 }

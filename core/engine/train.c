@@ -215,16 +215,6 @@ __attribute__((format(printf, 2, 3))) static int log_record(run_log *lg, const c
     return log_flush(lg);
 }
 
-/* The start record: where this start begins and with what, so a reader can tell runs apart. */
-static int log_start(run_log *lg, session *s, manifest *mf, int64_t after_step, int64_t steps, int64_t seed) {
-    if (!lg->f) return 0;
-    char abs[4096], quoted[8300];
-    json_string(quoted, sizeof quoted, realpath(mf->path, abs) ? abs : mf->path);
-    return log_record(lg, "\"event\": \"start\", \"first_step\": %lld, \"steps\": %lld, \"world_size\": %d, "
-                          "\"seed\": %lld, \"manifest\": %s, \"pid\": %ld",
-                      (long long)(after_step + 1), (long long)steps, s->world, (long long)seed, quoted, (long)getpid());
-}
-
 static int log_close(run_log *lg) {
     if (!lg->f) return 0;
     int bad = tb_close(lg->tb);
@@ -412,6 +402,28 @@ typedef struct train_run {
     int stop_signal;    /* STEP_END with CT_OK: the stop signal the run ended on, 0 for none */
     int64_t mem_peak_max, act_peak_max; /* this rank's over the whole run (the records' peaks restart) */
 } train_run;
+
+/* The start record: where this start begins and with what, so a reader can tell runs apart (the
+ * layout and tokens per step are what `ctitan plot` labels a curve and counts tokens by). */
+static int log_start(run_log *lg, train_run *r, int64_t after_step) {
+    if (!lg->f) return 0;
+    session *s = r->s;
+    manifest *mf = r->mf;
+    char abs[4096], quoted[8300], f8[80] = "null";
+    const char *mp = "float32", *fmt = "tensorwise";
+    json_string(quoted, sizeof quoted, realpath(mf->path, abs) ? abs : mf->path);
+    mf_get_str(mf, "training.mixed_precision_param", &mp);
+    mf_get_str(mf, "quantize.dense.float8.format", &fmt);
+    if (s->quantp) json_string(f8, sizeof f8, fmt);
+    const int *d = s->mesh.degree;
+    return log_record(lg, "\"event\": \"start\", \"first_step\": %lld, \"steps\": %lld, \"world_size\": %d, "
+                          "\"seed\": %lld, \"manifest\": %s, \"pid\": %ld, \"tokens_per_step\": %lld, "
+                          "\"layout\": {\"pp\": %d, \"dp_replicate\": %d, \"dp_shard\": %d, \"cp\": %d, \"tp\": %d, "
+                          "\"param_dtype\": \"%s\", \"float8\": %s}",
+                      (long long)(after_step + 1), (long long)r->steps, s->world, (long long)r->seed, quoted,
+                      (long)getpid(), (long long)(r->G * r->T), d[CT_AXIS_PP], d[CT_AXIS_DP_REPLICATE],
+                      d[CT_AXIS_DP_SHARD], d[CT_AXIS_CP], d[CT_AXIS_TP], mp, f8);
+}
 
 /* The training keys, checked. */
 static ct_status train_settings_read(train_run *r) {
@@ -934,7 +946,7 @@ static ct_status train_loop(session *s, manifest *mf, int *stop_signal) {
     if (!rc) rc = train_start(&r);
     if (rc || r.ck.finished) goto done; /* finished: restarted after its last step: said so; writes nothing */
     r.dl.position = r.ck.state.data_position;
-    if (log_start(&r.lg, s, mf, r.ck.state.step, r.steps, r.seed)) goto runfail;
+    if (log_start(&r.lg, &r, r.ck.state.step)) goto runfail;
     stop_signals_catch(1);
     for (int64_t step = r.ck.state.step + 1; step <= r.steps && next == STEP_GO_ON; step++)
         next = train_step(&r, step);
