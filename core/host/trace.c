@@ -258,7 +258,7 @@ typedef struct ledger {
     int64_t cur[CT_MEM_NCATEGORIES], total;
 } ledger;
 static ledger g_ledger, g_peak;
-static int g_armed;
+static int g_armed, g_paused;
 static pthread_mutex_t ledger_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Interned owner names: few (a name per plugin, unit and category), kept for the process. */
@@ -288,7 +288,14 @@ static const char *default_owner(ct_mem_category cat) {
     return (unsigned)cat < CT_MEM_NCATEGORIES ? names[cat] : "other";
 }
 
+int memledger_pause(int paused) {
+    int was = g_paused;
+    g_paused = paused;
+    return was;
+}
+
 void memledger_note(ct_mem_category cat, const char *owner, int64_t delta) {
+    if (g_paused) return;
     if ((unsigned)cat >= CT_MEM_NCATEGORIES) cat = CT_MEM_OTHER;
     owner = owner ? owner : default_owner(cat);
     pthread_mutex_lock(&ledger_lock);

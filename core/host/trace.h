@@ -32,6 +32,9 @@ void trace_discard(void);
 /* Charges delta bytes of cat to owner (NULL: the core's name for the category: "parameters",
  * "gradients", "activations", ...). */
 void memledger_note(ct_mem_category cat, const char *owner, int64_t delta);
+/* Stops (1) or resumes (0) the ledger, as the planner sets g_mem back after its trial runs; returns
+ * whether it was paused. */
+int memledger_pause(int paused);
 /* Arms the peak capture: from now on, each new peak total copies the ledger, until memsnap_freeze. */
 void memsnap_arm(void);
 void memsnap_freeze(void);
