@@ -124,14 +124,19 @@ void trace_complete(const char *name, const char *cat, double t0_us, const char 
 
 void trace_mem_sample(void) {
     if (!g_trace.on) return;
-    if (g_trace.mem_sampled && !memcmp(g_trace.last_mem, g_mem.cur, sizeof g_trace.last_mem)) return;
-    memcpy(g_trace.last_mem, g_mem.cur, sizeof g_trace.last_mem);
+    int64_t cur[CT_MEM_NCATEGORIES];
+    pthread_mutex_lock(&g_trace.lock); /* a plugin's thread may count memory too */
+    memcpy(cur, g_mem.cur, sizeof cur);
+    int same = g_trace.mem_sampled && !memcmp(g_trace.last_mem, cur, sizeof cur);
+    memcpy(g_trace.last_mem, cur, sizeof cur);
     g_trace.mem_sampled = 1;
+    pthread_mutex_unlock(&g_trace.lock);
+    if (same) return;
     char args[512];
     int k = snprintf(args, sizeof args, "{");
     for (int c = 0; c < CT_MEM_NCATEGORIES; c++)
         k += snprintf(args + k, sizeof args - (size_t)k, "%s\"%s\":%lld", c ? "," : "",
-                      mem_category_name((ct_mem_category)c), (long long)g_mem.cur[c]);
+                      mem_category_name((ct_mem_category)c), (long long)cur[c]);
     snprintf(args + k, sizeof args - (size_t)k, "}");
     push("memory", NULL, 'C', trace_now_us(), 0, args);
 }
@@ -284,7 +289,7 @@ static const char *mem_owner_intern(const char *owner) {
 
 static const char *default_owner(ct_mem_category cat) {
     static const char *names[CT_MEM_NCATEGORIES] = {"parameters", "gradients", "optimizer states", "activations",
-                                                    "comm buffers", "other", "master weights"};
+                                                    "comm buffers", "tape and tensor descriptors", "master weights"};
     return (unsigned)cat < CT_MEM_NCATEGORIES ? names[cat] : "other";
 }
 
