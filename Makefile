@@ -140,7 +140,7 @@ fuzz:
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tensorfile tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c core/host/util.c
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c core/formats/safetensors.c core/formats/hf.c \
 	  core/formats/tensorfile.c core/host/util.c -ljansson -lm
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_schedule_csv tests/fuzz/fuzz_schedule_csv.c core/tools/schedule.c core/host/host.c \
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_schedule_csv tests/fuzz/fuzz_schedule_csv.c core/tools/schedule.c core/host/host.c core/host/trace.c \
 	  core/config/manifest.c core/host/util.c -lyaml -ldl
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_checkpoint tests/fuzz/fuzz_checkpoint.c $(filter-out core/main.c,$(CORE_SRC)) \
 	  $(LDLIBS)

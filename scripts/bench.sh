@@ -28,17 +28,19 @@ for fmt in none tensorwise rowwise mxfp8; do
     grep -E '^summary' | sed 's/ GFLOP\/s [a-z0-9:]* matmul peak.*//'
 done
 # Tensor parallel on 2 ranks (one thread each): the time rank 0 is blocked in forward TP collectives,
-# summed from its trace (the tp_comm_fwd ranges), without and with async TP; the share async TP hides.
+# summed from its trace of steps 6-10 (the tp_comm_fwd ranges), without and with async TP; the share
+# async TP hides.
 echo "== tensor parallel 2 ranks, debugmodel, seq 256, batch 8 (10 steps): forward TP collectives, plain vs async"
 tp_fwd_ms() { awk -F'"ts":' '/"name":"tp_comm_fwd"/ { split($2, a, ","); t = a[1] + 0
-    if (/"ph":"B"/) b = t; else s += t - b } END { printf "%.1f", s / 1000 / steps }' steps=10 "$1"; }
+    if (/"ph":"B"/) b = t; else s += t - b } END { printf "%.1f", s / 1000 / steps }' steps=5 "$1"; }
 for async in false true; do
   "$CTITAN" launch -n 2 train configs/llama3_debug.yaml "${common[@]}" --device.threads=1 --training.seq_len=256 \
     --training.local_batch_size=8 --training.steps=10 --metrics.log_freq=10 --parallelism.tensor_parallel_degree=2 \
     --parallelism.data_parallel_shard_degree=1 --parallelism.enable_async_tensor_parallel=$async \
-    --profiling.enable_profiling=true --job.dump_folder=outputs/bench_tp_$async | grep -E '^summary: (tp axis|[0-9])' \
+    --profiling.enable_profiling=true --profiling.profile_freq=10 --profiling.profiler_active=5 \
+    --profiling.profiler_warmup=0 --job.dump_folder=outputs/bench_tp_$async | grep -E '^summary: (tp axis|[0-9])' \
     | sed 's/ GFLOP\/s [a-z0-9:]* matmul peak.*//'
-  printf '%s\n' "$(tp_fwd_ms outputs/bench_tp_$async/profile_traces/rank0_trace.json)" >outputs/bench_tp_$async/fwd_ms
+  printf '%s\n' "$(tp_fwd_ms outputs/bench_tp_$async/profile_traces/iteration_10/rank0_trace.json)" >outputs/bench_tp_$async/fwd_ms
 done
 awk -v p="$(cat outputs/bench_tp_false/fwd_ms)" -v a="$(cat outputs/bench_tp_true/fwd_ms)" 'BEGIN {
   printf "async TP: rank 0 blocked %.1f ms per step in forward TP collectives (plain: %.1f ms): %.0f%% of it hidden\n",

@@ -1,6 +1,7 @@
 /* mesh.c: degrees from the manifest, coordinates, and one comm group per mesh axis. */
 #include "engine/mesh.h"
 
+#include "host/commstats.h"
 #include "host/util.h"
 
 #include <stdio.h>
@@ -101,6 +102,7 @@ int mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_r
             ct_errf(err, errlen, "comm: cannot create the %s group", mesh_axis_names[a]);
             return -1;
         }
+        commstats_name_group(m->group[a], mesh_axis_names[a]);
     }
     int dp_color = world_rank - m->coord[CT_AXIS_DP_REPLICATE] * stride[CT_AXIS_DP_REPLICATE] -
                    m->coord[CT_AXIS_DP_SHARD] * stride[CT_AXIS_DP_SHARD];
@@ -108,6 +110,7 @@ int mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_r
         ct_errf(err, errlen, "comm: cannot create the dp group");
         return -1;
     }
+    commstats_name_group(m->dp_group, "dp");
     int shard_cp_color = world_rank - m->coord[CT_AXIS_DP_SHARD] * stride[CT_AXIS_DP_SHARD] -
                          m->coord[CT_AXIS_CP] * stride[CT_AXIS_CP];
     if (c->split(comm, world, shard_cp_color, m->dp_shard_cp_rank, "dp_shard_cp", &m->dp_shard_cp_group) != CT_OK) {

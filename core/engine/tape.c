@@ -843,22 +843,98 @@ static ct_tensor *op_positions(ct_builder *b, int64_t batch, int64_t seq) {
     return st == CT_OK ? &p->t : NULL;
 }
 
+/* ---- trace events for the device ops, while a trace window is open ----
+ * Each op's event spans its host-side call: on a CPU device the compute itself; on an asynchronous
+ * device (CUDA) the launch, the kernel running later on its stream. FLOPs are counted for matmuls
+ * (2 m n k) and attention (causal: 2 B H T^2 D forward, 2.5x that backward) as the planner does; the
+ * memory-bound ops report 0, as torch.profiler does. */
+static const char *const op_names[] = {"linear", "bias", "embedding", "rmsnorm", "layernorm", "rope", "attention",
+                                       "swiglu", "gelu", "add", "cross_entropy", "collective", "custom"};
+
+static int put_shape(char *p, size_t n, const ct_tensor *t) {
+    int k = snprintf(p, n, "[");
+    for (int i = 0; t && i < t->ndim && (size_t)k < n; i++)
+        k += snprintf(p + k, n - (size_t)k, "%s%lld", i ? "," : "", (long long)t->shape[i]);
+    if ((size_t)k < n) k += snprintf(p + k, n - (size_t)k, "]");
+    return k;
+}
+
+static void trace_op(const char *name, double t0, const ct_tensor *y, const ct_tensor *const *in, int n_in,
+                     double flops) {
+    char args[512];
+    size_t n = sizeof args;
+    int k = snprintf(args, n, "{\"inputs\":[");
+    for (int i = 0; i < n_in && (size_t)k < n; i++) {
+        if (i) k += snprintf(args + k, n - (size_t)k, ",");
+        if ((size_t)k < n) k += put_shape(args + k, n - (size_t)k, in[i]);
+    }
+    if ((size_t)k < n) k += snprintf(args + k, n - (size_t)k, "],\"output\":");
+    if ((size_t)k < n) k += put_shape(args + k, n - (size_t)k, y);
+    if ((size_t)k < n) k += snprintf(args + k, n - (size_t)k, ",\"flops\":%.0f}", flops);
+    if ((size_t)k >= n) snprintf(args, n, "{\"flops\":%.0f}", flops); /* too many dims to list */
+    trace_complete(name, "device_op", t0, args);
+}
+
+#define TRACED_OP(name, flops, call, ...)                                                                              \
+    do {                                                                                                               \
+        if (!trace_active()) return call;                                                                              \
+        double t0_ = trace_now_us();                                                                                   \
+        ct_tensor *y_ = call;                                                                                          \
+        const ct_tensor *in_[] = {__VA_ARGS__};                                                                        \
+        if (y_) trace_op(name, t0_, y_, in_, (int)(sizeof in_ / sizeof in_[0]), (flops));                              \
+        return y_;                                                                                                     \
+    } while (0)
+
+static double linear_flops(const ct_tensor *x, const ct_tensor *w) {
+    return 2.0 * (double)ct_tensor_numel(x) * (double)w->shape[0]; /* 2 m n k, m k = numel(x) */
+}
+static double attention_flops(const ct_tensor *q) { /* q is (B, T, H, D) */
+    return q->ndim == 4 ? 2.0 * (double)q->shape[0] * (double)q->shape[2] * (double)q->shape[1] * (double)q->shape[1] * (double)q->shape[3] : 0;
+}
+
+static ct_tensor *t_linear(ct_builder *b, ct_tensor *x, ct_tensor *w) {
+    TRACED_OP("linear", linear_flops(x, w), op_linear(b, x, w), x, w);
+}
+static ct_tensor *t_bias(ct_builder *b, ct_tensor *x, ct_tensor *bs) { TRACED_OP("bias", 0, op_bias(b, x, bs), x, bs); }
+static ct_tensor *t_embedding(ct_builder *b, const ct_tensor *ids, ct_tensor *table) {
+    TRACED_OP("embedding", 0, op_embedding(b, ids, table), ids, table);
+}
+static ct_tensor *t_rmsnorm(ct_builder *b, ct_tensor *x, ct_tensor *w, float eps) {
+    TRACED_OP("rmsnorm", 0, op_rmsnorm(b, x, w, eps), x, w);
+}
+static ct_tensor *t_layernorm(ct_builder *b, ct_tensor *x, ct_tensor *w, ct_tensor *bs, float eps) {
+    TRACED_OP("layernorm", 0, op_layernorm(b, x, w, bs, eps), x, w, bs);
+}
+static ct_tensor *t_rope(ct_builder *b, ct_tensor *x, float theta) { TRACED_OP("rope", 0, op_rope(b, x, theta), x); }
+static ct_tensor *t_rope_freqs(ct_builder *b, ct_tensor *x, const float *inv) {
+    TRACED_OP("rope", 0, op_rope_freqs(b, x, inv), x);
+}
+static ct_tensor *t_attention(ct_builder *b, ct_tensor *q, ct_tensor *k, ct_tensor *v) {
+    TRACED_OP("attention", attention_flops(q), op_attention(b, q, k, v), q, k, v);
+}
+static ct_tensor *t_swiglu(ct_builder *b, ct_tensor *a, ct_tensor *g) { TRACED_OP("swiglu", 0, op_swiglu(b, a, g), a, g); }
+static ct_tensor *t_gelu(ct_builder *b, ct_tensor *x) { TRACED_OP("gelu", 0, op_gelu(b, x), x); }
+static ct_tensor *t_add(ct_builder *b, ct_tensor *x, ct_tensor *y) { TRACED_OP("add", 0, op_add(b, x, y), x, y); }
+static ct_tensor *t_cross_entropy(ct_builder *b, ct_tensor *l, const ct_tensor *t) {
+    TRACED_OP("cross_entropy", 0, op_cross_entropy(b, l, t), l, t);
+}
+
 void tape_builder_init(runtime *rt) {
     rt->builder = (ct_builder){
         .struct_size = sizeof(ct_builder),
         .ctx = rt,
-        .linear = op_linear,
-        .bias = op_bias,
-        .embedding = op_embedding,
-        .rmsnorm = op_rmsnorm,
-        .layernorm = op_layernorm,
-        .rope = op_rope,
-        .attention = op_attention,
-        .swiglu = op_swiglu,
-        .gelu = op_gelu,
-        .add = op_add,
+        .linear = t_linear,
+        .bias = t_bias,
+        .embedding = t_embedding,
+        .rmsnorm = t_rmsnorm,
+        .layernorm = t_layernorm,
+        .rope = t_rope,
+        .attention = t_attention,
+        .swiglu = t_swiglu,
+        .gelu = t_gelu,
+        .add = t_add,
         .view = op_view,
-        .cross_entropy = op_cross_entropy,
+        .cross_entropy = t_cross_entropy,
         .positions = op_positions,
         .collective = op_collective,
         .finish_output = op_finish_output,
@@ -868,7 +944,7 @@ void tape_builder_init(runtime *rt) {
         .grad = op_grad,
         .memo = op_memo,
         .account_comm = op_account_comm,
-        .rope_freqs = op_rope_freqs,
+        .rope_freqs = t_rope_freqs,
     };
     rt->top = &rt->builder;
 }
@@ -1058,9 +1134,28 @@ static int entry_backward(runtime *rt, tape_entry *e, int halves) {
     }
 }
 
+/* A backward entry's event: its op's name with "_backward", the forward's shapes. */
+static void trace_backward(const tape_entry *e, int halves, double t0) {
+    const ct_tensor *in[3];
+    int n = 0;
+    for (int i = 0; i < 3 && e->in[i]; i++) in[n++] = &e->in[i]->t;
+    double flops = 0;
+    if (e->op == OP_LINEAR && n == 2) /* dX and dW: 2 m n k each */
+        flops = linear_flops(in[0], in[1]) * (((halves & TAPE_INPUT) != 0) + ((halves & TAPE_WEIGHT) != 0));
+    else if (e->op == OP_ATTENTION && n && (halves & TAPE_INPUT))
+        flops = 2.5 * attention_flops(in[0]);
+    char name[40];
+    snprintf(name, sizeof name, "%s_backward", (unsigned)e->op < sizeof op_names / sizeof *op_names ? op_names[e->op] : "op");
+    trace_op(name, t0, e->out ? &e->out->t : NULL, in, n, flops);
+}
+
 int tape_backward(runtime *rt, tape_entry *tail, int halves) {
-    for (tape_entry *e = tail; e; e = e->prev)
+    for (tape_entry *e = tail; e; e = e->prev) {
+        int traced = trace_active() && e->op != OP_COLLECTIVE; /* a collective is the comm's event */
+        double t0 = traced ? trace_now_us() : 0;
         if (entry_backward(rt, e, halves)) return -1;
+        if (traced && grad_if_any(e->out)) trace_backward(e, halves, t0);
+    }
     return 0;
 }
 

@@ -7,6 +7,7 @@
 #include "formats/hf.h"
 #include "engine/lr.h"
 #include "engine/mesh.h"
+#include "engine/profile.h"
 #include "host/runlock.h"
 #include "host/tensorboard.h"
 #include "engine/session.h"
@@ -401,6 +402,7 @@ typedef struct train_run {
     ct_status status;   /* STEP_END: how the run ends */
     int stop_signal;    /* STEP_END with CT_OK: the stop signal the run ended on, 0 for none */
     int64_t mem_peak_max, act_peak_max; /* this rank's over the whole run (the records' peaks restart) */
+    profiler prof; /* profiling.*: trace windows and memory snapshots */
 } train_run;
 
 /* The start record: where this start begins and with what, so a reader can tell runs apart (the
@@ -461,6 +463,7 @@ static ct_status train_settings_read(train_run *r) {
     r->G_local = r->G / dp;
     r->accum = r->G_local / L;
     r->non_dp = r->s->world / dp > 0 ? r->s->world / dp : 1;
+    if (profiler_open(&r->prof, mf)) return CT_ERR_INVALID;
     return lr_setup(mf, r->steps, &r->sched) ? CT_ERR_INVALID : CT_OK;
 }
 
@@ -814,6 +817,7 @@ static step_next train_step(train_run *r, int64_t step) {
            pp_step_before = s->pl ? s->pl->step_seconds : 0;
     runtime_axis_comm axis_before[CT_MESH_NAXES];
     memcpy(axis_before, s->rt.axis_comm, sizeof axis_before);
+    profiler_step_begin(&r->prof, step);
     trace_begin("step");
     double lr = lr_at(&r->sched, step - r->ck.lr_offset);
     batch_read(r);
@@ -829,6 +833,7 @@ static step_next train_step(train_run *r, int64_t step) {
         return STEP_END;
     }
     trace_end("step");
+    profiler_step_end(&r->prof, step);
     if (!r->told_opt++)
         printf("optimizer: %s: %d parameter tensors updated in %d call%s per step\n", s->optp->info.name, s->rt.n_params,
                s->opt_calls, s->opt_calls == 1 ? "" : "s");
@@ -836,7 +841,9 @@ static step_next train_step(train_run *r, int64_t step) {
     /* a stop takes effect after a step every rank has finished; the last step ends the run anyway */
     int stop = 0;
     if (step < r->steps && world_max(s, g_stop_signal, &stop)) return STEP_FAILED;
-    double dt = ct_now() - t0;
+    double dt = ct_now() - t0, tw = ct_now();
+    if (profiler_write(&r->prof, s, step)) return STEP_FAILED;
+    r->t_log += ct_now() - tw; /* writing traces is not training time */
     if (step > r->warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
         r->step_time_sum += dt;
         r->comm_time_sum += s->rt.comm_seconds - comm_before;
@@ -1028,20 +1035,6 @@ static ct_status seed_checkpoint_write(session *s, manifest *mf) {
     return bad ? CT_ERR_INVALID : ckpt_seed(s, mf, dump) ? CT_ERR_IO : CT_OK;
 }
 
-/* profiling.enable_profiling: the Chrome trace, one per rank. A failure is a warning. */
-static void traces_write(const session *s, manifest *mf) {
-    const char *dump, *folder;
-    char path[4096], err[1024];
-    mf_get_str(mf, "job.dump_folder", &dump);
-    mf_get_str(mf, "profiling.save_traces_folder", &folder);
-    snprintf(path, sizeof path, "%s/%s", dump, folder);
-    ct_mkdir_p(path);
-    if (s->world > 1) snprintf(path, sizeof path, "%s/%s/rank%d_trace.json", dump, folder, s->rank); /* one per rank */
-    else snprintf(path, sizeof path, "%s/%s/trace.json", dump, folder);
-    if (trace_write(path, err, sizeof err)) fprintf(stderr, "ctitan: warning: %s (the training completed)\n", err);
-    else printf("trace: %s\n", path);
-}
-
 /* The end-of-run sample: optional, so its failure is a warning; the training stands. */
 static void sample_print(session *s, manifest *mf, ct_tokenizer *tok, int64_t max_new) {
     int64_t top_k, seed, T;
@@ -1108,7 +1101,7 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
     if ((st = check_hf_export(&s, mf))) goto out;
     int prof;
     mf_get_bool(mf, "profiling.enable_profiling", &prof);
-    trace_enable(prof);
+    trace_enable(prof); /* recording starts at the profiling windows' steps (engine/profile.c) */
     const char *desc;
     if (!mf_get_str(mf, "job.description", &desc) && *desc) printf("job: %s\n", desc);
     int seed_ckpt;
@@ -1120,7 +1113,6 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
     if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
     if (s.rank == 0) plan_line(argc, argv, &s, s.world > 1 ? s.world : 1);
     st = train_loop(&s, mf, stop_signal);
-    if (!st && !*stop_signal && prof) traces_write(&s, mf); /* after a stop: skipped, as it said */
     if (!st && !*stop_signal && max_new > 0) sample_print(&s, mf, tok, max_new);
 out:
     tokenizer_free(tok);

@@ -1,6 +1,7 @@
 /* host.c: host services handed to plugins, memory counters, errors, tracing, plugin loader. */
 #include "host/host.h"
 
+#include "host/trace.h"
 #include "host/util.h"
 
 #include <ctype.h>
@@ -29,11 +30,17 @@ const char *mem_category_name(ct_mem_category cat) {
 }
 
 void mem_account(ct_mem_category cat, int64_t delta) {
+    mem_account_owned(cat, NULL, delta);
+}
+
+void mem_account_owned(ct_mem_category cat, const char *owner, int64_t delta) {
     if ((unsigned)cat >= CT_MEM_NCATEGORIES) cat = CT_MEM_OTHER;
+    memledger_note(cat, owner, delta); /* who holds the bytes, for memory snapshots */
     g_mem.cur[cat] += delta;
     g_mem.cur_total += delta;
     if (g_mem.cur[cat] > g_mem.peak[cat]) g_mem.peak[cat] = g_mem.cur[cat];
     if (g_mem.cur_total > g_mem.peak_total) g_mem.peak_total = g_mem.cur_total;
+    trace_mem_sample();
 }
 
 void mem_reset_peaks(void) {
@@ -177,92 +184,14 @@ void ct_log(ct_log_level level, const char *fmt, ...) {
     va_end(ap);
 }
 
-/* ---- tracing: ranges kept in memory, written at the end ---- */
-typedef struct trace_event {
-    const char *name;
-    double ts_us;
-    char ph; /* 'B' or 'E' */
-} trace_event;
-static struct {
-    int on;
-    trace_event *ev;
-    size_t n, cap;
-    struct timespec t0;
-} g_trace;
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)(t.tv_sec - g_trace.t0.tv_sec) * 1e6 + (double)(t.tv_nsec - g_trace.t0.tv_nsec) / 1e3;
-}
-
-int trace_set_on(int on) {
-    int was = g_trace.on;
-    g_trace.on = on;
-    return was;
-}
-
-void trace_enable(int on) {
-    g_trace.on = on;
-    clock_gettime(CLOCK_MONOTONIC, &g_trace.t0);
-}
-
-static void trace_push(const char *name, char ph) {
-    if (!g_trace.on) return;
-    if (g_trace.n == g_trace.cap) {
-        size_t cap = g_trace.cap ? g_trace.cap * 2 : 4096;
-        if (cap > (1u << 22)) return; /* bounded: drop ranges past 4M events */
-        trace_event *e = realloc(g_trace.ev, cap * sizeof *e);
-        if (!e) return;
-        g_trace.ev = e;
-        g_trace.cap = cap;
-    }
-    g_trace.ev[g_trace.n++] = (trace_event){name, now_us(), ph};
-}
-
-void trace_begin(const char *name) { trace_push(name, 'B'); }
-void trace_end(const char *name) { trace_push(name, 'E'); }
-
-/* A name as a JSON string body: a plugin's unit name may hold a quote or a control character. */
-static void trace_put_name(FILE *f, const char *name) {
-    for (const unsigned char *c = (const unsigned char *)(name ? name : "?"); *c; c++) {
-        if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
-        else if (*c < 0x20) fprintf(f, "\\u%04x", *c);
-        else fputc(*c, f);
-    }
-}
-
-int trace_write(const char *path, char *err, size_t errlen) {
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = ct_fopen_nofollow(tmp, "w");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot write trace: %s", tmp, ct_open_strerror(errno));
-        return -1;
-    }
-    fprintf(f, "{\"traceEvents\":[\n");
-    for (size_t i = 0; i < g_trace.n; i++) {
-        fprintf(f, "%s{\"name\":\"", i ? ",\n" : "");
-        trace_put_name(f, g_trace.ev[i].name);
-        fprintf(f, "\",\"ph\":\"%c\",\"ts\":%.3f,\"pid\":0,\"tid\":0}", g_trace.ev[i].ph, g_trace.ev[i].ts_us);
-    }
-    fprintf(f, "\n]}\n");
-    int bad = ferror(f);
-    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "%s: cannot write trace", path);
-        unlink(tmp);
-        return -1;
-    }
-    free(g_trace.ev);
-    g_trace.ev = NULL;
-    g_trace.n = g_trace.cap = 0;
-    return 0;
-}
-
 /* ---- the host-services table ---- */
 static plugin *ctx_of(const ct_host *h) { return (plugin *)h->ctx; }
+
+/* The owner a plugin's bytes are charged to in memory snapshots: its name. */
+static const char *owner_of(const ct_host *h) {
+    const plugin *p = h ? ctx_of(h) : NULL;
+    return p && p->info.name ? p->info.name : NULL;
+}
 
 static void h_log(const ct_host *h, ct_log_level level, const char *fmt, ...) {
     va_list ap;
@@ -290,27 +219,24 @@ typedef struct alloc_header {
 } alloc_header;
 
 static void *h_mem_alloc(const ct_host *h, size_t bytes, ct_mem_category cat) {
-    (void)h;
     if (bytes > SIZE_MAX - 128) return NULL;
     alloc_header *a = aligned_alloc(64, (sizeof *a + bytes + 63) & ~(size_t)63);
     if (!a) return NULL;
     a->bytes = bytes;
     a->cat = cat;
-    mem_account(cat, (int64_t)bytes);
+    mem_account_owned(cat, owner_of(h), (int64_t)bytes);
     return a + 1;
 }
 
 static void h_mem_free(const ct_host *h, void *p) {
-    (void)h;
     if (!p) return;
     alloc_header *a = (alloc_header *)p - 1;
-    mem_account((ct_mem_category)a->cat, -(int64_t)a->bytes);
+    mem_account_owned((ct_mem_category)a->cat, owner_of(h), -(int64_t)a->bytes);
     free(a);
 }
 
 static void h_mem_account(const ct_host *h, ct_mem_category cat, int64_t delta) {
-    (void)h;
-    mem_account(cat, delta);
+    mem_account_owned(cat, owner_of(h), delta);
 }
 
 static const char *opt_raw(const ct_host *h, const char *key, ct_opt_type want, ct_status *st) {

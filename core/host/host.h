@@ -21,6 +21,8 @@ typedef struct mem_stats {
 
 extern mem_stats g_mem;
 void mem_account(ct_mem_category cat, int64_t delta);
+/* mem_account charging `owner` (NULL: mem_owner_set's, else a name by category) in the ledger. */
+void mem_account_owned(ct_mem_category cat, const char *owner, int64_t delta);
 /* The peaks start again from what is held now (each metrics record reports the peak since the one
  * before, as torchtitan resets its peak statistics at every log step). */
 void mem_reset_peaks(void);
@@ -43,15 +45,8 @@ void log_set_rank(int rank, int world);
 void log_set_rank_from_env(void);
 void ct_log(ct_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* ---- tracing ---- */
-void trace_enable(int on);
-/* Turns recording on or off without restarting the clock; returns whether it was on (the planner
- * pauses it: its units' names die with its model). */
-int trace_set_on(int on);
-void trace_begin(const char *name);
-void trace_end(const char *name);
-/* Writes collected ranges as a Chrome trace (chrome://tracing, Perfetto). */
-int trace_write(const char *path, char *err, size_t errlen);
+/* ---- tracing: host/trace.h ---- */
+#include "host/trace.h"
 
 /* ---- plugins ---- */
 typedef struct plugin {

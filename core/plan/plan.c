@@ -431,12 +431,13 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
 
 int plan_trace_layout(plan_ctx *c, const plan_layout *l, plan_trace *t, char *err, size_t errlen) {
     mem_stats keep = g_mem; /* the plan's arenas are address space, not this process's memory */
-    int tracing = trace_set_on(0);
+    int tracing = trace_set_on(0), ledger = memledger_pause(1);
     plan_run r;
     int bad = run_open(c, l, &r, err, errlen) || run_trace(c, l, &r, t, err, errlen);
     run_free(&r);
     g_mem = keep;
     trace_set_on(tracing);
+    memledger_pause(ledger);
     if (bad) plan_trace_free(t);
     return bad ? -1 : 0;
 }
@@ -696,7 +697,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     memset(res, 0, sizeof *res);
     res->layout = *l;
     mem_stats keep = g_mem;
-    int tracing = trace_set_on(0); /* the plan's unit names die with its model */
+    int tracing = trace_set_on(0), ledger = memledger_pause(1); /* the plan's unit names die with its model */
     plan_run r;
     plan_trace t;
     memset(&t, 0, sizeof t);
@@ -1000,6 +1001,7 @@ done:
     run_free(&r);
     g_mem = keep;
     trace_set_on(tracing);
+    memledger_pause(ledger);
     return bad ? -1 : 0;
 }
 

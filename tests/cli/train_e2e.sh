@@ -63,6 +63,7 @@ echo "ok   bf16 parameters: losses within 1% of fp32"
 echo "ok   generate: $(head -c 80 "$T/gen.log" | tr '\n' ' ')"
 # profiling writes a Chrome trace
 "$CTITAN" train "$T/run.yaml" --training.steps=2 --generate.max_new_tokens=0 --profiling.enable_profiling=true \
+  --profiling.profile_freq=2 --profiling.profiler_warmup=0 \
   >/dev/null 2>&1 || fail "profiling run"
-grep -q '"ph":"B"' "$T/out/profile_traces/trace.json" || fail "no trace"
+grep -q '"ph":"B"' "$T/out/profile_traces/iteration_2/trace.json" || fail "no trace"
 echo "ok   profiling trace written"

@@ -1,0 +1,120 @@
+/* profile.c: torchtitan's profiling schedule and memory snapshots.
+ *
+ * torchtitan's torch.profiler schedule repeats every profile_freq steps: wait, profiler_warmup steps,
+ * then profiler_active steps traced; the trace is written at the window's last step into
+ * iteration_<step>/rank<R>_trace.json. Here recording starts only at the active steps (warmup has
+ * nothing to warm up), so memory holds one window's events. Each rank writes its file; after a
+ * barrier rank 0 joins them into iteration_<step>/trace.json, one process track per rank. */
+#include "engine/profile.h"
+
+#include "host/host.h"
+#include "host/util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+ct_status profiler_open(profiler *p, manifest *mf) {
+    const char *dump, *traces, *snaps;
+    char where[600];
+    memset(p, 0, sizeof *p);
+    mf_get_bool(mf, "profiling.enable_profiling", &p->trace);
+    mf_get_bool(mf, "profiling.enable_memory_snapshot", &p->snapshot);
+    mf_get_int(mf, "profiling.profile_freq", &p->freq);
+    mf_get_int(mf, "profiling.profiler_warmup", &p->warmup);
+    mf_get_int(mf, "profiling.profiler_active", &p->active);
+    mf_get_str(mf, "job.dump_folder", &dump);
+    mf_get_str(mf, "profiling.save_traces_folder", &traces);
+    mf_get_str(mf, "profiling.save_memory_snapshot_folder", &snaps);
+    const char *key = p->freq < 1 ? "profiling.profile_freq" : p->active < 1 ? "profiling.profiler_active"
+                      : p->warmup < 0 || p->warmup + p->active > p->freq ? "profiling.profiler_warmup" : NULL;
+    if (key) {
+        mf_where(mf, key, where, sizeof where);
+        fprintf(stderr, "ctitan: %s: need profile_freq >= 1, profiler_active >= 1, profiler_warmup >= 0 and "
+                        "profiler_warmup + profiler_active <= profile_freq (got %lld, %lld, %lld)\n",
+                where, (long long)p->freq, (long long)p->active, (long long)p->warmup);
+        return CT_ERR_INVALID;
+    }
+    snprintf(p->traces, sizeof p->traces, "%s/%s", dump, traces);
+    snprintf(p->snaps, sizeof p->snaps, "%s/%s", dump, snaps);
+    return CT_OK;
+}
+
+/* The last profiler_active steps of each profile_freq window (steps count from 1). */
+static int in_window(const profiler *p, int64_t step) { return (step - 1) % p->freq >= p->freq - p->active; }
+static int window_end(const profiler *p, int64_t step) { return step % p->freq == 0; }
+
+void profiler_step_begin(profiler *p, int64_t step) {
+    if (p->trace) trace_set_on(in_window(p, step));
+    if (p->snapshot && window_end(p, step)) memsnap_arm();
+}
+
+/* Every rank reaches this point (an all-reduce on the world group); -1 if the comm failed. */
+static int barrier(session *s) {
+    if (!s->capi || s->world <= 1) return 0;
+    ct_comm_group *world;
+    double x = 0;
+    return s->capi->world(s->comm, &world) != CT_OK ||
+                   s->capi->all_reduce(s->comm, world, &x, &x, 1, CT_F64, CT_REDUCE_MAX, NULL) != CT_OK
+               ? -1 : 0;
+}
+
+static int iteration_dir(const char *base, int64_t step, char *out, size_t len) {
+    snprintf(out, len, "%s/iteration_%lld", base, (long long)step);
+    if (!ct_mkdir_p(out)) return 0;
+    fprintf(stderr, "ctitan: warning: cannot create %s (the training goes on)\n", out);
+    return -1;
+}
+
+static int trace_finish(const profiler *p, session *s, int64_t step) {
+    char dir[2200], path[2400], err[1024];
+    int world = s->world > 1 ? s->world : 1, rank = world > 1 ? s->rank : 0;
+    if (iteration_dir(p->traces, step, dir, sizeof dir)) trace_discard();
+    else {
+        snprintf(path, sizeof path, "%s/rank%d_trace.json", dir, rank);
+        if (trace_write_rank(path, rank, err, sizeof err))
+            fprintf(stderr, "ctitan: warning: %s (the training goes on)\n", err);
+    }
+    if (barrier(s)) return -1; /* every rank's file is complete before rank 0 reads them */
+    if (rank != 0) return 0;
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    if (trace_merge(path, dir, world, err, sizeof err))
+        fprintf(stderr, "ctitan: warning: %s (the training goes on)\n", err);
+    else printf("trace: %s\n", path);
+    return 0;
+}
+
+/* The snapshot, its parameters and gradients named by tensor (this rank's local bytes of each). */
+static void snapshot_finish(const profiler *p, session *s, int64_t step) {
+    char dir[2200], path[2400], err[1024];
+    int n = s->rt.n_params, rank = s->world > 1 ? s->rank : 0;
+    const char **names = calloc((size_t)n + 1, sizeof *names);
+    int64_t *bytes = calloc((size_t)n + 1, sizeof *bytes);
+    if (!names || !bytes) {
+        fprintf(stderr, "ctitan: warning: out of memory for the memory snapshot (the training goes on)\n");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        names[i] = s->rt.params[i]->t.name;
+        bytes[i] = s->rt.slots[i].local_numel * (int64_t)sizeof(float);
+    }
+    if (iteration_dir(p->snaps, step, dir, sizeof dir)) goto out;
+    snprintf(path, sizeof path, "%s/rank%d_memory_snapshot.json", dir, rank);
+    if (memsnap_write(path, rank, step, names, bytes, n, err, sizeof err))
+        fprintf(stderr, "ctitan: warning: %s (the training goes on)\n", err);
+    else if (rank == 0) printf("memory snapshot: %s\n", path);
+out:
+    free(names);
+    free(bytes);
+}
+
+void profiler_step_end(profiler *p, int64_t step) {
+    if (p->trace) trace_set_on(0);
+    if (p->snapshot && window_end(p, step)) memsnap_freeze();
+}
+
+int profiler_write(profiler *p, session *s, int64_t step) {
+    if (p->snapshot && window_end(p, step)) snapshot_finish(p, s, step);
+    if (p->trace && window_end(p, step)) return trace_finish(p, s, step);
+    return 0;
+}

@@ -1,0 +1,27 @@
+/* profile.h: profiling windows (profiling.profile_freq) and memory snapshots, driven from the step loop. */
+#ifndef CT_PROFILE_H
+#define CT_PROFILE_H
+
+#include "config/manifest.h"
+#include "engine/session.h"
+
+#include <stdint.h>
+
+typedef struct profiler {
+    int trace, snapshot;          /* profiling.enable_profiling, enable_memory_snapshot */
+    int64_t freq, warmup, active; /* profile_freq, profiler_warmup, profiler_active */
+    char traces[2048], snaps[2048]; /* the folders under job.dump_folder */
+} profiler;
+
+/* Reads and checks the profiling keys; a bad one is one line on stderr and CT_ERR_INVALID. */
+ct_status profiler_open(profiler *p, manifest *mf);
+/* Before a step: opens the trace window when the step is in one; arms the snapshot's peak. */
+void profiler_step_begin(profiler *p, int64_t step);
+/* After a step's work: stops recording and the snapshot's peak capture. */
+void profiler_step_end(profiler *p, int64_t step);
+/* Then, outside the step's timing: at a window's last step, writes each rank's trace and rank 0 the
+ * merged one; writes the step's memory snapshot. A file that cannot be written is a warning; -1 when
+ * the ranks failed to meet. */
+int profiler_write(profiler *p, session *s, int64_t step);
+
+#endif
