@@ -267,6 +267,7 @@ static int add_value(manifest *m, const char *key, const char *value, int is_seq
     v->value = xstrdup(value);
     v->is_seq = is_seq;
     v->line = line;
+    v->flag = MF_FLAG_NONE;
     if (!v->key || (value && !v->value)) {
         free(v->key);
         free(v->value);
@@ -617,9 +618,54 @@ int manifest_override(manifest *m, const char *key, const char *value, char *err
         v->value = xstrdup(value);
         v->is_seq = 0;
         v->line = 0;
+        v->flag = MF_FLAG_NONE;
         return 0;
     }
     return add_value(m, key, value, 0, 0);
+}
+
+int manifest_override_flag(manifest *m, const char *key, int flag, char *err, size_t errlen) {
+    if (manifest_override(m, key, flag == MF_FLAG_NEGATED ? "false" : "true", err, errlen)) return -1;
+    find_value(m, key)->flag = flag;
+    return 0;
+}
+
+int manifest_cli_key(const char *arg, char *key, size_t keylen, const char **value, int *negated, char *err,
+                     size_t errlen) {
+    const char *name = arg + 2, *eq = strchr(name, '=');
+    size_t n = eq ? (size_t)(eq - name) : strlen(name);
+    *value = eq ? eq + 1 : NULL;
+    *negated = 0;
+    if (n >= keylen) {
+        ct_errf(err, errlen, "command line: %.60s...: the key is longer than %zu characters", arg, keylen - 1);
+        return -1;
+    }
+    if (!strncmp(name, "no-", 3) && memchr(name, '.', n)) { /* --no-section.key */
+        *negated = 1;
+        name += 3;
+        n -= 3;
+    }
+    memcpy(key, name, n);
+    key[n] = 0;
+    for (char *c = key; *c; c++)
+        if (*c == '-') *c = '_'; /* tyro spells keys with '-' as well as '_' */
+    char *last = strrchr(key, '.');
+    if (!*negated && last && !strncmp(last + 1, "no_", 3) && last[4] && manifest_core_type(key) < 0) {
+        memmove(last + 1, last + 4, strlen(last + 4) + 1); /* --section.no-key, tyro's spelling */
+        *negated = 1;
+    }
+    if (*negated && *value) {
+        ct_errf(err, errlen, "command line: %s: a negated flag takes no value (--%s=false, or --no-%s alone)", arg,
+                key, key);
+        return -1;
+    }
+    return 0;
+}
+
+int manifest_core_type(const char *key) {
+    for (size_t i = 0; i < sizeof core_schema / sizeof core_schema[0]; i++)
+        if (!strcmp(core_schema[i].key, key)) return (int)core_schema[i].type;
+    return -1;
 }
 
 manifest *manifest_new(void) {
@@ -866,6 +912,16 @@ static int check_value(const manifest *m, const mf_value *v, const mf_schema_ent
     mf_where(m, v->key, where, sizeof where);
     if (!v->value) {
         ct_errf(err, errlen, "%s: no value; give one, or leave the key out for its default", where);
+        return -1;
+    }
+    if (v->flag == MF_FLAG_BARE && s->type != CT_OPT_BOOL) {
+        ct_errf(err, errlen, "%s: needs a value (--%s=VALUE, %s); only a true/false key may be given bare", where,
+                v->key, type_name(s->type));
+        return -1;
+    }
+    if (v->flag == MF_FLAG_NEGATED && s->type != CT_OPT_BOOL) {
+        ct_errf(err, errlen, "command line: --no-%s: not a true/false key (%s); give --%s=VALUE", v->key,
+                type_name(s->type), v->key);
         return -1;
     }
     const char *open = strchr(v->key, '[');
