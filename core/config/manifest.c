@@ -993,6 +993,72 @@ static int check_sizes(const manifest *m, char *err, size_t errlen) {
     return 0;
 }
 
+/* Each item of the comma-separated list `s` is one of "a|b|c": NULL, or the first that is not. */
+static const char *list_outsider(const char *s, const char *choices, char *item, size_t len) {
+    for (const char *p = s; *p;) {
+        p += strspn(p, " ,");
+        size_t n = strcspn(p, ",");
+        while (n && p[n - 1] == ' ') n--;
+        snprintf(item, len, "%.*s", (int)n, p);
+        if (n && !is_choice(choices, item)) return item;
+        p += strcspn(p, ",");
+    }
+    return NULL;
+}
+
+/* Keys whose text has a form of its own (a list, "op" or a count), and keys tied to another key's value,
+ * checked here for every value given, whether or not their feature is on this run: a misspelt value
+ * is an error on the run that carries it, not the later one that turns its feature on. */
+static int check_forms(const manifest *m, char *err, size_t errlen) {
+    char where[600], item[128];
+    const char *v, *bad;
+    int64_t n, t;
+    if (!mf_get_str(m, "activation_checkpoint.selective_ac_option", &v) && strcmp(v, "op") &&
+        (mf_parse_int(v, &n) || n < 1)) {
+        mf_where(m, "activation_checkpoint.selective_ac_option", where, sizeof where);
+        ct_errf(err, errlen, "%s: expected 'op' (per-op policy) or a positive integer N (every Nth block), got '%.200s'",
+                where, v);
+        return -1;
+    }
+    if (!mf_get_str(m, "parallelism.pipeline_parallel_stage_units", &v))
+        for (const char *p = v + strspn(v, " "); *p;) {
+            char *end;
+            long u = strtol(p, &end, 10);
+            if (end == p || u < 1) {
+                mf_where(m, "parallelism.pipeline_parallel_stage_units", where, sizeof where);
+                ct_errf(err, errlen, "%s: expected positive unit counts separated by commas, got '%.200s'", where, v);
+                return -1;
+            }
+            p = end + strspn(end, ", ");
+        }
+    if (!mf_get_str(m, "model.converters", &v) &&
+        (bad = list_outsider(v, "float8|mx|quantize.linear.float8|quantize.linear.mx", item, sizeof item))) {
+        mf_where(m, "model.converters", where, sizeof where);
+        ct_errf(err, errlen, "%s: unknown converter '%s'; expected float8, mx, quantize.linear.float8 or "
+                "quantize.linear.mx%s", where, bad, strstr(bad, "grouped_mm") ? " (grouped_mm converters quantize MoE "
+                "experts; ctitan's models have none)" : "");
+        return -1;
+    }
+    if (!mf_get_str(m, "checkpoint.exclude_from_loading", &v) &&
+        list_outsider(v, "optimizer|lr_scheduler|dataloader", item, sizeof item)) {
+        mf_where(m, "checkpoint.exclude_from_loading", where, sizeof where);
+        ct_errf(err, errlen, "%s: expected a list of optimizer, lr_scheduler, dataloader; got '%.200s'", where, v);
+        return -1;
+    }
+    if (!mf_get_int(m, "validation.seq_len", &n) && !mf_get_int(m, "training.seq_len", &t) && n != t) {
+        mf_where(m, "validation.seq_len", where, sizeof where);
+        ct_errf(err, errlen, "%s: %lld; validation windows have training.seq_len's length (%lld): expected that or "
+                "leave it out", where, (long long)n, (long long)t);
+        return -1;
+    }
+    if (!mf_get_int(m, "validation.steps", &n) && n == 0) {
+        mf_where(m, "validation.steps", where, sizeof where);
+        ct_errf(err, errlen, "%s: 0 batches; expected -1 (the whole held-out set) or a count >= 1", where);
+        return -1;
+    }
+    return 0;
+}
+
 int manifest_validate(const manifest *m, char *err, size_t errlen) {
     for (int i = 0; i < m->n_values; i++) {
         const mf_value *v = &m->values[i];
@@ -1006,7 +1072,7 @@ int manifest_validate(const manifest *m, char *err, size_t errlen) {
         }
         if (check_value(m, v, s, err, errlen)) return -1;
     }
-    return check_sizes(m, err, errlen);
+    return check_sizes(m, err, errlen) || check_forms(m, err, errlen) ? -1 : 0;
 }
 
 static const char *raw(const manifest *m, const char *key) {
