@@ -2,7 +2,7 @@
 # Installs the Debian packages ctitan needs, only those that are missing (a fast no-op otherwise).
 set -euo pipefail
 pkgs=(build-essential pkg-config libyaml-dev libopenblas-openmp-dev libpcre2-dev libjansson-dev
-      zlib1g-dev libzstd-dev libcmocka-dev libopenmpi-dev openmpi-bin fortunes-min fortunes procps)
+      zlib1g-dev libzstd-dev libcmocka-dev libtomlplusplus-dev libopenmpi-dev openmpi-bin fortunes-min fortunes procps)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,5 +1,6 @@
 /* manifest.c: YAML manifest -> flat dotted keys with lines; overrides; schema; typed getters. */
 #include "config/manifest.h"
+#include "config/toml_shim.h"
 #include "host/util.h"
 
 #include <ctype.h>
@@ -445,20 +446,40 @@ static int toml_header_line(const char *buf, size_t n) {
     return header && assign ? header : 0;
 }
 
-/* The error for a file that is no YAML map: TOML gets its own line. */
-static int not_yaml_map(const char *path, const char *buf, size_t n, char *err, size_t errlen) {
-    size_t pl = strlen(path);
-    int line = toml_header_line(buf, n);
-    if (!line && pl > 5 && strcmp(path + pl - 5, ".toml") == 0) line = 1;
-    if (!line) return 0;
-    ct_errf(err, errlen, "%s:%d: this is TOML (torchtitan's .toml configs); ctitan reads YAML manifests: write "
-            "[section] as 'section:' and key = value as '  key: value' (see configs/*.yaml)", path, line);
-    return 1;
+/* One leaf of a TOML file (toml_shim.h) into the manifest, with the checks flatten makes on YAML's. */
+static int toml_leaf(void *ctx, const char *key, const char *value, int kind, int line, char *err, size_t errlen) {
+    manifest *m = ctx;
+    if (strlen(key) > MF_MAX_KEY_LEN) {
+        ct_errf(err, errlen, "%s:%d: key '%.40s...' is longer than %d characters", m->path, line, key, MF_MAX_KEY_LEN);
+        return -1;
+    }
+    if (!strchr(key, '.')) {
+        ct_errf(err, errlen, "%s:%d: %s: a top-level key must be a section ([section], then key = value)", m->path,
+                line, key);
+        return -1;
+    }
+    if (find_value(m, key)) {
+        ct_errf(err, errlen, "%s:%d: %s: duplicate key", m->path, line, key);
+        return -1;
+    }
+    if (m->n_values >= MF_MAX_KEYS) {
+        ct_errf(err, errlen, "%s:%d: %s: more than %d keys", m->path, line, key, MF_MAX_KEYS);
+        return -1;
+    }
+    if (add_value(m, key, value, kind == MF_TOML_LIST ? 1 : kind == MF_TOML_ITEMS ? 2 : 0, line) == 0) return 0;
+    ct_errf(err, errlen, "%s: out of memory", m->path);
+    return -1;
+}
+
+static int has_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
 /* Streams the parser's events once before loading: refuses a second document, nesting deeper than
  * MF_MAX_DEPTH, and more anchors or aliases than allowed, stopping as soon as one is seen (libyaml
- * itself has no depth limit, and its scanner slows down with the depth of flow collections). */
+ * itself has no depth limit, and its scanner slows down with the depth of flow collections).
+ * 0, -1 with err set, or 1 for text that is no YAML but reads as TOML. */
 static int check_events(const char *path, const unsigned char *buf, size_t n, char *err, size_t errlen) {
     yaml_parser_t p;
     yaml_event_t e;
@@ -470,8 +491,8 @@ static int check_events(const char *path, const unsigned char *buf, size_t n, ch
     yaml_parser_set_input_string(&p, buf, n);
     for (;;) {
         if (!yaml_parser_parse(&p, &e)) {
-            if (!not_yaml_map(path, (const char *)buf, n, err, errlen))
-                ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)p.problem_mark.line + 1,
+            if (toml_header_line((const char *)buf, n)) rc = 1; /* TOML with a .yaml (or no) suffix */
+            else ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)p.problem_mark.line + 1,
                         (int)p.problem_mark.column + 1, p.problem ? p.problem : "unknown", p.context ? " " : "",
                         p.context ? p.context : "");
             break;
@@ -547,27 +568,32 @@ manifest *manifest_load(const char *path, char *err, size_t errlen) {
         ct_errf(err, errlen, "%s: out of memory", path);
         goto fail;
     }
-    if (check_events(path, buf, n, err, errlen)) goto fail;
-    yaml_parser_set_input_string(&parser, buf, n);
-    if (!yaml_parser_load(&parser, &doc)) {
-        ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)parser.problem_mark.line + 1,
-                (int)parser.problem_mark.column + 1, parser.problem ? parser.problem : "unknown",
-                parser.context ? " " : "", parser.context ? parser.context : "");
-        goto fail;
+    int toml = has_suffix(path, ".toml");
+    if (!toml && (toml = check_events(path, buf, n, err, errlen)) < 0) goto fail;
+    if (!toml) {
+        yaml_parser_set_input_string(&parser, buf, n);
+        if (!yaml_parser_load(&parser, &doc)) {
+            ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)parser.problem_mark.line + 1,
+                    (int)parser.problem_mark.column + 1, parser.problem ? parser.problem : "unknown",
+                    parser.context ? " " : "", parser.context ? parser.context : "");
+            goto fail;
+        }
+        have_doc = 1;
     }
-    have_doc = 1;
-    yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (root) {
+    yaml_node_t *root = have_doc ? yaml_document_get_root_node(&doc) : NULL;
+    if (root && root->type != YAML_MAPPING_NODE && toml_header_line((const char *)buf, n)) toml = 1;
+    if (toml) { /* torchtitan's configs: [section] tables, key = value */
+        if (mf_toml_parse(path, (const char *)buf, n, MF_MAX_DEPTH, toml_leaf, m, err, errlen)) goto fail;
+    } else if (root) {
         if (root->type != YAML_MAPPING_NODE) {
-            if (!not_yaml_map(path, (const char *)buf, n, err, errlen))
-                ct_errf(err, errlen, "%s:%d: the manifest must be a map of sections (job:, model:, training: ...)",
-                        path, (int)root->start_mark.line + 1);
+            ct_errf(err, errlen, "%s:%d: the manifest must be a map of sections (job:, model:, training: ...)", path,
+                    (int)root->start_mark.line + 1);
             goto fail;
         }
         flattener f = {m, &doc, 0, err, errlen};
         if (flatten(&f, root, "", 1)) goto fail;
     }
-    yaml_document_delete(&doc);
+    if (have_doc) yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
     free(buf);
     return m;

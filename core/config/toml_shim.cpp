@@ -1,0 +1,115 @@
+// toml_shim.cpp: torchtitan's TOML configs through toml++ (a packaged, header-only parser), flattened
+// into the manifest's dotted keys. The only C++ in the core: nothing but text and ints crosses into C,
+// and no exception leaves this file.
+#define TOML_EXCEPTIONS 0
+#include <toml++/toml.h>
+
+#include <cstdio>
+#include <string>
+
+extern "C" {
+#include "config/toml_shim.h"
+}
+
+namespace {
+
+struct walker {
+    const char *path;
+    int max_depth;
+    mf_toml_visit visit;
+    void *ctx;
+    char *err;
+    size_t errlen;
+};
+
+int line_of(const toml::node &n) { return static_cast<int>(n.source().begin.line); }
+
+int fail(const walker &w, int line, const std::string &key, const char *what) {
+    std::snprintf(w.err, w.errlen, "%s:%d: %s: %s", w.path, line, key.c_str(), what);
+    return -1;
+}
+
+// The shortest decimal text that reads back as the same double ("3e-4", not "0.00029999999999999997").
+std::string float_text(double x) {
+    char buf[64];
+    for (int prec = 1; prec <= 17; prec++) {
+        std::snprintf(buf, sizeof buf, "%.*g", prec, x);
+        if (std::strtod(buf, nullptr) == x) break;
+    }
+    return buf;
+}
+
+// A plain value as text; false (and err written) for one no manifest holds.
+bool scalar_text(const walker &w, const toml::node &n, const std::string &key, std::string &out) {
+    if (auto s = n.as_string()) out = s->get();
+    else if (auto i = n.as_integer()) out = std::to_string(i->get());
+    else if (auto f = n.as_floating_point()) out = float_text(f->get());
+    else if (auto b = n.as_boolean()) out = b->get() ? "true" : "false";
+    else {
+        fail(w, line_of(n), key, n.is_array() || n.is_table() ? "list items must be plain values"
+                                                               : "a date or time is no manifest value");
+        return false;
+    }
+    return true;
+}
+
+int walk_table(const walker &w, const toml::table &t, const std::string &prefix, int depth);
+
+int walk_value(const walker &w, const toml::node &v, const std::string &key, int depth) {
+    if (auto t = v.as_table()) return walk_table(w, *t, key, depth + 1);
+    std::string text;
+    if (auto a = v.as_array()) {
+        bool tables = !a->empty() && (*a)[0].is_table();
+        if (tables) { // [[key]]: item i's keys under "key[i]", then the count
+            int i = 0;
+            for (const toml::node &item : *a) {
+                std::string sub = key + "[" + std::to_string(i++) + "]";
+                if (!item.is_table()) return fail(w, line_of(item), sub, "a list of tables takes tables only");
+                if (walk_table(w, *item.as_table(), sub, depth + 1)) return -1;
+            }
+            return w.visit(w.ctx, key.c_str(), std::to_string(i).c_str(), MF_TOML_ITEMS, line_of(v), w.err, w.errlen);
+        }
+        for (const toml::node &item : *a) {
+            std::string one;
+            if (!scalar_text(w, item, key, one)) return -1;
+            text += (text.empty() ? "" : ",") + one;
+        }
+        return w.visit(w.ctx, key.c_str(), text.c_str(), MF_TOML_LIST, line_of(v), w.err, w.errlen);
+    }
+    if (!scalar_text(w, v, key, text)) return -1;
+    return w.visit(w.ctx, key.c_str(), text.c_str(), MF_TOML_SCALAR, line_of(v), w.err, w.errlen);
+}
+
+int walk_table(const walker &w, const toml::table &t, const std::string &prefix, int depth) {
+    if (depth > w.max_depth)
+        return fail(w, line_of(t), prefix, "tables nested deeper than the manifest's limit");
+    for (const auto &[k, v] : t) {
+        const std::string name(k.str());
+        if (name.empty() || name.find_first_of(".[]") != std::string::npos)
+            return fail(w, static_cast<int>(k.source().begin.line), prefix + (prefix.empty() ? "" : ".") + name,
+                        "keys are plain names (no '.', '[' or ']' inside quotes)");
+        if (walk_value(w, v, prefix.empty() ? name : prefix + "." + name, depth)) return -1;
+    }
+    return 0;
+}
+
+} // namespace
+
+extern "C" int mf_toml_parse(const char *path, const char *text, size_t n, int max_depth, mf_toml_visit visit,
+                             void *ctx, char *err, size_t errlen) {
+    try {
+        toml::parse_result r = toml::parse(std::string_view(text, n), std::string_view(path));
+        if (!r) {
+            const toml::parse_error &e = r.error();
+            std::snprintf(err, errlen, "%s:%d:%d: TOML syntax error: %.*s", path, static_cast<int>(e.source().begin.line),
+                          static_cast<int>(e.source().begin.column), static_cast<int>(e.description().size()),
+                          e.description().data());
+            return -1;
+        }
+        walker w{path, max_depth, visit, ctx, err, errlen};
+        return walk_table(w, r.table(), "", 1);
+    } catch (...) { // std::bad_alloc: nothing else throws with TOML_EXCEPTIONS 0
+        std::snprintf(err, errlen, "%s: out of memory", path);
+        return -1;
+    }
+}
