@@ -1,6 +1,7 @@
 /* manifest.c: YAML manifest -> flat dotted keys with lines; overrides; schema; typed getters. */
 #include "config/manifest.h"
 #include "config/toml_shim.h"
+#include "config/torchtitan_keys.h"
 #include "host/util.h"
 
 #include <ctype.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 #include <yaml.h>
 
 /* The core's keys. Names follow torchtitan's sections so configs move over without a table. */
@@ -190,6 +192,7 @@ static const struct {
 };
 
 static char *xstrdup(const char *s) { return s ? strdup(s) : NULL; }
+static int is_choice(const char *choices, const char *s);
 
 /* ---- the values, found by a hash of their key (a manifest may hold MF_MAX_KEYS of them) ---- */
 static uint64_t key_hash(const char *s) {
@@ -704,6 +707,60 @@ manifest *manifest_new(void) {
     return NULL;
 }
 
+/* Removes one value and rebuilds the index. */
+static void drop_value(manifest *m, const char *key) {
+    mf_value *v = find_value(m, key);
+    if (!v) return;
+    free(v->key);
+    free(v->value);
+    memmove(v, v + 1, sizeof *v * (size_t)(m->n_values - (v - m->values) - 1));
+    m->n_values--;
+    memset(m->index, 0, sizeof(int) * m->index_cap);
+    for (int i = 0; i < m->n_values; i++) *index_slot(m, m->values[i].key) = i + 1;
+}
+
+int manifest_torchtitan(manifest *m, char *err, size_t errlen) {
+    char where[600], there[600], path[4096];
+    for (const tt_key *t = tt_keys; t->key; t++) {
+        const mf_value *from = find_value(m, t->key), *to = t->maps_to ? find_value(m, t->maps_to) : NULL;
+        if (!t->maps_to || !from) continue;
+        if (to && to->value && from->value && strcmp(to->value, from->value)) {
+            mf_where(m, t->key, where, sizeof where);
+            mf_where(m, t->maps_to, there, sizeof there);
+            ct_errf(err, errlen, "%s: '%.100s' disagrees with %s ('%.100s'); set one of them", where, from->value, there,
+                    to->value);
+            return -1;
+        }
+        if (manifest_alias(m, t->key, t->maps_to)) {
+            ct_errf(err, errlen, "%s: out of memory", m->path);
+            return -1;
+        }
+    }
+    /* torchtitan names its datasets (c4, c4_test: Hugging Face downloads); ctitan reads token shards. The
+     * name with a dataset_path beside it is torchtitan's way to give the local copy: the path is read. */
+    static const char *const sections[] = {"training", "validation"};
+    for (int i = 0; i < 2; i++) {
+        char key[64], key_path[64];
+        snprintf(key, sizeof key, "%s.dataset", sections[i]);
+        snprintf(key_path, sizeof key_path, "%s.dataset_path", sections[i]);
+        const mf_value *v = find_value(m, key);
+        if (!v || !v->value || v->is_seq || !is_choice("c4|c4_test|c4_validation", v->value) ||
+            access(v->value, F_OK) == 0 || (snprintf(path, sizeof path, "%s/%s", m->dir, v->value) < (int)sizeof path &&
+                                            access(path, F_OK) == 0))
+            continue; /* not a name, or a file of that name */
+        if (find_value(m, key_path)) {
+            drop_value(m, key);
+            continue;
+        }
+        mf_where(m, key, where, sizeof where);
+        ct_errf(err, errlen, "%s: '%s' is a torchtitan dataset name (a Hugging Face download); ctitan reads token "
+                "shards: set %s to a shard or folder from `ctitan tokenize` (or %s to a path)", where, v->value,
+                key_path, key);
+        return -1;
+    }
+    return 0;
+}
+
 int manifest_alias(manifest *m, const char *from, const char *to) {
     const mf_value *src = find_value(m, from);
     if (!src || !src->value || (find_value(m, to) && find_value(m, to)->value)) return 0;
@@ -1085,10 +1142,45 @@ static int check_forms(const manifest *m, char *err, size_t errlen) {
     return 0;
 }
 
+/* Whether torchtitan's key t takes value v (torchtitan_keys.h). */
+static int tt_accepts(const tt_key *t, const mf_value *v) {
+    int a, b;
+    double x, y;
+    char item[128];
+    if (!t->accept) return 0;
+    if (!strcmp(t->accept, "*")) return 1;
+    if (!v->value || v->is_seq == 2) return 0;
+    if (!*t->accept) return !*v->value;
+    if (!mf_parse_bool(t->accept, &a) && !mf_parse_bool(v->value, &b)) return a == b;
+    if (!mf_parse_float(t->accept, &x) && !mf_parse_float(v->value, &y)) return x == y;
+    return !list_outsider(v->value, t->accept, item, sizeof item);
+}
+
+/* A torchtitan key that is not ctitan's: 0 when accepted, else -1 with its reason (1: not one). */
+static int check_torchtitan_key(const manifest *m, const mf_value *v, char *err, size_t errlen) {
+    char where[600], accepted[256];
+    const tt_key *t = tt_key_find(v->key);
+    if (!t) return 1;
+    if (tt_accepts(t, v)) return 0;
+    mf_where(m, v->key, where, sizeof where);
+    if (!t->accept) ct_errf(err, errlen, "%s: torchtitan's key is not supported: %s", where, t->reason);
+    else {
+        if (*t->accept) choices_text(t->accept, accepted, sizeof accepted);
+        ct_errf(err, errlen, "%s: only %s is accepted (%s), got '%.200s'", where, *t->accept ? accepted : "an empty value",
+                t->reason, v->value ? v->value : "a list of tables");
+    }
+    return -1;
+}
+
 int manifest_validate(const manifest *m, char *err, size_t errlen) {
     for (int i = 0; i < m->n_values; i++) {
         const mf_value *v = &m->values[i];
         const mf_schema_entry *s = find_schema(m, v->key);
+        int tt = s ? 1 : check_torchtitan_key(m, v, err, errlen);
+        if (tt <= 0) {
+            if (tt < 0) return -1;
+            continue;
+        }
         if (!s) {
             char where[600], keys[2048];
             mf_where(m, v->key, where, sizeof where);

@@ -87,6 +87,11 @@ manifest *manifest_new(void);
 /* Copies `from` (value and where it was set) to `to` when `to` is unset: one setting, two spellings. */
 int manifest_alias(manifest *m, const char *from, const char *to);
 
+/* torchtitan's spellings that are not ctitan's keys (config/torchtitan_keys.h): a key mapped onto ctitan's
+ * is copied there (refused when both disagree), and a torchtitan dataset name (training.dataset = "c4_test")
+ * gives way to the dataset_path beside it, or is refused naming that key. 0, or -1 with one line in err. */
+int manifest_torchtitan(manifest *m, char *err, size_t errlen);
+
 /* Adds the core's keys to the schema. */
 void manifest_add_core_schema(manifest *m);
 /* Adds a plugin's options under `section` ("model", "optimizer", "device"). The schema keeps

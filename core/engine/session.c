@@ -112,6 +112,11 @@ static manifest *manifest_open(const run_args *a, const overrides *ov) {
             return NULL;
         }
     }
+    if (manifest_torchtitan(mf, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        manifest_free(mf);
+        return NULL;
+    }
     manifest_add_core_schema(mf);
     return mf;
 }
