@@ -737,7 +737,8 @@ int manifest_torchtitan(manifest *m, char *err, size_t errlen) {
         }
     }
     /* torchtitan names its datasets (c4, c4_test: Hugging Face downloads); ctitan reads token shards. The
-     * name with a dataset_path beside it is torchtitan's way to give the local copy: the path is read. */
+     * name with a dataset_path beside it is torchtitan's way to give the local copy: the path is read. A
+     * name is a valid value; it is refused only where a dataset must be read (validation when enabled). */
     static const char *const sections[] = {"training", "validation"};
     for (int i = 0; i < 2; i++) {
         char key[64], key_path[64];
@@ -748,7 +749,9 @@ int manifest_torchtitan(manifest *m, char *err, size_t errlen) {
             access(v->value, F_OK) == 0 || (snprintf(path, sizeof path, "%s/%s", m->dir, v->value) < (int)sizeof path &&
                                             access(path, F_OK) == 0))
             continue; /* not a name, or a file of that name */
-        if (find_value(m, key_path)) {
+        const mf_value *on = i ? find_value(m, "validation.enable") : NULL;
+        int read = !i || (on && on->value && !mf_parse_bool(on->value, &read) && read);
+        if (find_value(m, key_path) || !read) { /* the path is read, or nothing is (validation off) */
             drop_value(m, key);
             continue;
         }

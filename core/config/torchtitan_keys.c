@@ -19,6 +19,13 @@ const tt_key tt_keys[] = {
     {"float8.emulate", "*", "quantize.linear.float8.emulate", "[float8] is [quantize.linear.float8]"},
     {"float8.precompute_float8_dynamic_scale_for_fsdp", "*", NULL,
      "float8 all-gather already computes every weight's scale in one all-reduce per step"},
+    /* the debug config's profiling and TensorBoard keys with their features off. The schema is looked up
+     * before this table, so once a build declares these keys, these entries are never read. */
+    {"profiling.profile_freq", "*", NULL, "profiling traces the whole run in this build"},
+    {"profiling.enable_memory_snapshot", "false", NULL, "no memory snapshots in this build"},
+    {"profiling.save_memory_snapshot_folder", "*", NULL, "no memory snapshots in this build"},
+    {"metrics.enable_tensorboard", "false", NULL, "no TensorBoard writer in this build; metrics.jsonl holds every step"},
+    {"metrics.save_tb_folder", "*", NULL, "no TensorBoard writer in this build"},
     /* accepted with the values that describe ctitan */
     {"job.save_config_file", "", NULL, "ctitan writes no copy of the config; --print-config prints the effective one"},
     {"job.custom_config_module", "", NULL, "plugins declare their own keys (ctitan train --help lists them); no Python modules"},
