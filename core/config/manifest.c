@@ -461,6 +461,13 @@ static int toml_leaf(void *ctx, const char *key, const char *value, int kind, in
                 line, key);
         return -1;
     }
+    if (kind == MF_TOML_NESTED) { /* torchtitan's module_fqns_per_model_part: refused with its reason */
+        const tt_key *t = tt_key_find(key);
+        if (t && !t->accept) ct_errf(err, errlen, "%s:%d: %s: torchtitan's key is not supported: %s", m->path, line, key,
+                                     t->reason);
+        else ct_errf(err, errlen, "%s:%d: %s: list items must be plain values", m->path, line, key);
+        return -1;
+    }
     if (find_value(m, key)) {
         ct_errf(err, errlen, "%s:%d: %s: duplicate key", m->path, line, key);
         return -1;

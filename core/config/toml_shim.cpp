@@ -70,6 +70,8 @@ int walk_value(const walker &w, const toml::node &v, const std::string &key, int
             return w.visit(w.ctx, key.c_str(), std::to_string(i).c_str(), MF_TOML_ITEMS, line_of(v), w.err, w.errlen);
         }
         for (const toml::node &item : *a) {
+            if (item.is_array()) // a list of lists: no manifest value, though torchtitan has such keys
+                return w.visit(w.ctx, key.c_str(), "", MF_TOML_NESTED, line_of(v), w.err, w.errlen);
             std::string one;
             if (!scalar_text(w, item, key, one)) return -1;
             text += (text.empty() ? "" : ",") + one;

@@ -11,6 +11,7 @@ enum {
     MF_TOML_LIST,   /* an array of plain values, joined with ',' */
     MF_TOML_ITEMS,  /* an array of tables ([[training.dataset]]): its items' keys came first as "key[i].field";
                      * value is the item count */
+    MF_TOML_NESTED, /* an array of arrays, which no manifest key takes: the visitor refuses it by its key */
 };
 
 /* Called once per leaf (tables in key order, arrays in order); 0 to go on, -1 to stop (it wrote err). */
