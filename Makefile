@@ -145,6 +145,7 @@ fuzz:
 	clang++ -std=c++17 $(FUZZ_FLAGS) -c -o build/fuzz/toml_shim.o core/config/toml_shim.cpp
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c core/config/manifest.c core/config/torchtitan_keys.c core/host/util.c \
 	  build/fuzz/toml_shim.o -lyaml -lstdc++
+	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_toml tests/fuzz/fuzz_toml.c build/fuzz/toml_shim.o -lstdc++
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tokenizer_file tests/fuzz/fuzz_tokenizer_file.c core/tools/tokenizer.c core/tools/hf_tokenizer.c core/host/util.c -lpcre2-8 -ljansson -lpthread
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_shard tests/fuzz/fuzz_shard.c core/data/shard.c core/host/util.c -lz
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_instream tests/fuzz/fuzz_instream.c core/tools/instream.c core/host/util.c -lz -lzstd

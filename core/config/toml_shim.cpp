@@ -2,6 +2,16 @@
 // into the manifest's dotted keys. The only C++ in the core: nothing but text and ints crosses into C,
 // and no exception leaves this file.
 #define TOML_EXCEPTIONS 0
+// toml++ 3.3 checks some of its parser's assumptions with assert (abort), and with NDEBUG assumes them
+// (undefined behaviour): a table header such as "[[ = 1" breaks one. Here a broken check throws, and
+// mf_toml_parse turns it into an error line like any other.
+// (Inside the library's few noexcept functions a throw still ends the program, as assert would.)
+namespace toml_shim {
+struct broken_check {};
+[[noreturn, gnu::noinline]] inline void fail() { throw broken_check{}; }
+} // namespace toml_shim
+#undef NDEBUG
+#define TOML_ASSERT(expr) (static_cast<bool>(expr) ? void(0) : toml_shim::fail()) // as assert(), which is constexpr-safe
 #include <toml++/toml.h>
 
 #include <cstdio>
@@ -95,10 +105,26 @@ int walk_table(const walker &w, const toml::table &t, const std::string &prefix,
     return 0;
 }
 
+// TOML ends lines with LF or CRLF. A lone CR is invalid there, and toml++ 3.3 trips an assertion on one
+// in some places (after '[' for one), so it is refused before the parser sees it.
+bool lone_cr(const char *path, const char *text, size_t n, char *err, size_t errlen) {
+    int line = 1, col = 1;
+    for (size_t i = 0; i < n; i++, col++) {
+        if (text[i] == '\r' && (i + 1 == n || text[i + 1] != '\n')) {
+            std::snprintf(err, errlen, "%s:%d:%d: TOML syntax error: a carriage return not followed by a line feed", path,
+                          line, col);
+            return true;
+        }
+        if (text[i] == '\n') line++, col = 0;
+    }
+    return false;
+}
+
 } // namespace
 
 extern "C" int mf_toml_parse(const char *path, const char *text, size_t n, int max_depth, mf_toml_visit visit,
                              void *ctx, char *err, size_t errlen) {
+    if (lone_cr(path, text, n, err, errlen)) return -1;
     try {
         toml::parse_result r = toml::parse(std::string_view(text, n), std::string_view(path));
         if (!r) {
@@ -110,6 +136,10 @@ extern "C" int mf_toml_parse(const char *path, const char *text, size_t n, int m
         }
         walker w{path, max_depth, visit, ctx, err, errlen};
         return walk_table(w, r.table(), "", 1);
+    } catch (const toml_shim::broken_check &) {
+        std::snprintf(err, errlen, "%s: TOML syntax error: text toml++ cannot read (a [table] header or key that "
+                      "starts with neither a name nor a quote?)", path);
+        return -1;
     } catch (...) { // std::bad_alloc: nothing else throws with TOML_EXCEPTIONS 0
         std::snprintf(err, errlen, "%s: out of memory", path);
         return -1;
