@@ -143,19 +143,20 @@ FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D
 fuzz:
 	@mkdir -p build/fuzz
 	clang++ -std=c++17 $(FUZZ_FLAGS) -c -o build/fuzz/toml_shim.o core/config/toml_shim.cpp
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c core/config/manifest.c core/config/torchtitan_keys.c core/host/util.c \
-	  build/fuzz/toml_shim.o -lyaml -lstdc++
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_toml tests/fuzz/fuzz_toml.c build/fuzz/toml_shim.o -lstdc++
+	clang++ $(FUZZ_FLAGS) -o build/fuzz/fuzz_manifest -x c tests/fuzz/fuzz_manifest.c core/config/manifest.c \
+	  core/config/torchtitan_keys.c core/host/util.c -x none build/fuzz/toml_shim.o -lyaml
+	clang++ $(FUZZ_FLAGS) -o build/fuzz/fuzz_toml -x c tests/fuzz/fuzz_toml.c -x none build/fuzz/toml_shim.o
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tokenizer_file tests/fuzz/fuzz_tokenizer_file.c core/tools/tokenizer.c core/tools/hf_tokenizer.c core/host/util.c -lpcre2-8 -ljansson -lpthread
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_shard tests/fuzz/fuzz_shard.c core/data/shard.c core/host/util.c -lz
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_instream tests/fuzz/fuzz_instream.c core/tools/instream.c core/host/util.c -lz -lzstd
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tensorfile tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c core/host/util.c
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c core/formats/safetensors.c core/formats/hf.c \
 	  core/formats/tensorfile.c core/host/util.c -ljansson -lm
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_schedule_csv tests/fuzz/fuzz_schedule_csv.c core/tools/schedule.c core/host/host.c \
-	  core/config/manifest.c core/config/torchtitan_keys.c core/host/util.c build/fuzz/toml_shim.o -lyaml -ldl -lstdc++
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_checkpoint tests/fuzz/fuzz_checkpoint.c $(filter-out core/main.c,$(CORE_SRC)) \
-	  build/fuzz/toml_shim.o $(LDLIBS)
+	clang++ $(FUZZ_FLAGS) -o build/fuzz/fuzz_schedule_csv -x c tests/fuzz/fuzz_schedule_csv.c core/tools/schedule.c \
+	  core/host/host.c core/config/manifest.c core/config/torchtitan_keys.c core/host/util.c -x none build/fuzz/toml_shim.o \
+	  -lyaml -ldl
+	clang++ $(FUZZ_FLAGS) -o build/fuzz/fuzz_checkpoint -x c tests/fuzz/fuzz_checkpoint.c $(filter-out core/main.c,$(CORE_SRC)) \
+	  -x none build/fuzz/toml_shim.o $(LDLIBS)
 
 clean:
 	rm -rf build build-san

@@ -15,6 +15,7 @@ struct broken_check {};
 #include <toml++/toml.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 extern "C" {
@@ -32,10 +33,17 @@ struct walker {
     size_t errlen;
 };
 
+// An error is one line: the parser's description quotes the text, newlines and all (as ct_errf does).
+void one_line(char *err) {
+    for (char *c = err; *c; c++)
+        if (static_cast<unsigned char>(*c) < 0x20 || *c == 0x7f) *c = ' ';
+}
+
 int line_of(const toml::node &n) { return static_cast<int>(n.source().begin.line); }
 
 int fail(const walker &w, int line, const std::string &key, const char *what) {
     std::snprintf(w.err, w.errlen, "%s:%d: %s: %s", w.path, line, key.c_str(), what);
+    one_line(w.err);
     return -1;
 }
 
@@ -105,26 +113,53 @@ int walk_table(const walker &w, const toml::table &t, const std::string &prefix,
     return 0;
 }
 
-// TOML ends lines with LF or CRLF. A lone CR is invalid there, and toml++ 3.3 trips an assertion on one
-// in some places (after '[' for one), so it is refused before the parser sees it.
-bool lone_cr(const char *path, const char *text, size_t n, char *err, size_t errlen) {
-    int line = 1, col = 1;
-    for (size_t i = 0; i < n; i++, col++) {
-        if (text[i] == '\r' && (i + 1 == n || text[i + 1] != '\n')) {
-            std::snprintf(err, errlen, "%s:%d:%d: TOML syntax error: a carriage return not followed by a line feed", path,
-                          line, col);
-            return true;
-        }
-        if (text[i] == '\n') line++, col = 0;
+// Text toml++ 3.3 mishandles is refused before it sees it, with its line and column:
+// - a lone CR (TOML ends lines with LF or CRLF): the library asserts on one after '[';
+// - a non-ASCII character outside strings and comments (where TOML has none anyway), and as the first
+//   character after a multi-line string's line-ending backslash: its whitespace test reaches
+//   __builtin_unreachable on most such characters (undefined behaviour).
+// The scan follows TOML's four string forms and its comments.
+bool refused_text(const char *path, const char *text, size_t n, char *err, size_t errlen) {
+    enum { CODE, COMMENT, BASIC, LITERAL, ML_BASIC, ML_LITERAL } st = CODE;
+    int line = 1, col = 0;
+    const char *what = nullptr;
+    auto at = [&](size_t i, const char *s) { return i + 3 <= n && std::memcmp(text + i, s, 3) == 0; }; // """ or '''
+    for (size_t i = 0; i < n && !what; i++) {
+        unsigned char c = static_cast<unsigned char>(text[i]);
+        col++;
+        if (c == '\r' && (i + 1 == n || text[i + 1] != '\n')) what = "a carriage return not followed by a line feed";
+        else if (c == '\n') {
+            line++, col = 0;
+            if (st == COMMENT || st == BASIC || st == LITERAL) st = CODE; // single-line forms end (toml++ reports it)
+        } else if (st == CODE) {
+            if (c >= 0x80) what = "a non-ASCII character outside a string or comment";
+            else if (c == '#') st = COMMENT;
+            else if (at(i, "\"\"\"")) st = ML_BASIC, i += 2, col += 2;
+            else if (at(i, "'''")) st = ML_LITERAL, i += 2, col += 2;
+            else if (c == '"') st = BASIC;
+            else if (c == '\'') st = LITERAL;
+        } else if (st == BASIC || st == ML_BASIC) {
+            if (c == '\\' && i + 1 < n) {
+                size_t j = i + 1;
+                while (st == ML_BASIC && j < n && (text[j] == ' ' || text[j] == '\t' || text[j] == '\r' || text[j] == '\n')) j++;
+                if (j > i + 1 && j < n && static_cast<unsigned char>(text[j]) >= 0x80)
+                    what = "a non-ASCII character right after a line-ending backslash (toml++ cannot read it there)";
+                else if (j == i + 1) i++, col++; // an escape: the next character is taken as is
+            } else if (st == BASIC && c == '"') st = CODE;
+            else if (st == ML_BASIC && at(i, "\"\"\"")) st = CODE, i += 2, col += 2;
+        } else if (st == LITERAL && c == '\'') st = CODE;
+        else if (st == ML_LITERAL && at(i, "'''")) st = CODE, i += 2, col += 2;
     }
-    return false;
+    if (!what) return false;
+    std::snprintf(err, errlen, "%s:%d:%d: TOML syntax error: %s", path, line, col, what);
+    return true;
 }
 
 } // namespace
 
 extern "C" int mf_toml_parse(const char *path, const char *text, size_t n, int max_depth, mf_toml_visit visit,
                              void *ctx, char *err, size_t errlen) {
-    if (lone_cr(path, text, n, err, errlen)) return -1;
+    if (refused_text(path, text, n, err, errlen)) return -1;
     try {
         toml::parse_result r = toml::parse(std::string_view(text, n), std::string_view(path));
         if (!r) {
@@ -132,6 +167,7 @@ extern "C" int mf_toml_parse(const char *path, const char *text, size_t n, int m
             std::snprintf(err, errlen, "%s:%d:%d: TOML syntax error: %.*s", path, static_cast<int>(e.source().begin.line),
                           static_cast<int>(e.source().begin.column), static_cast<int>(e.description().size()),
                           e.description().data());
+            one_line(err);
             return -1;
         }
         walker w{path, max_depth, visit, ctx, err, errlen};
