@@ -13,7 +13,8 @@
 const tt_key tt_keys[] = {
     /* mapped onto ctitan's key */
     {"debug.seed", "*", "training.seed", "ctitan's training.seed"},
-    {"float8.enable_fsdp_float8_all_gather", "*", "quantize.linear.float8.enable_fsdp_float8_all_gather", "[float8]"},
+    {"float8.enable_fsdp_float8_all_gather", "*", "quantize.linear.float8.enable_fsdp_float8_all_gather",
+     "[float8] is [quantize.linear.float8]"},
     {"float8.recipe_name", "*", "quantize.linear.float8.recipe_name", "[float8] is [quantize.linear.float8]"},
     {"float8.filter_fqns", "*", "quantize.linear.float8.filter_fqns", "[float8] is [quantize.linear.float8]"},
     {"float8.emulate", "*", "quantize.linear.float8.emulate", "[float8] is [quantize.linear.float8]"},

@@ -124,5 +124,12 @@ value "old [float8] section maps" quantize.dense.float8.filter_fqns "output,wo" 
 value "color printing accepted" metrics.log_freq 10 "$good" --metrics.disable_color_printing
 value "precompute accepted" metrics.log_freq 10 "$good" --quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp
 
+# ---- docs/torchtitan_keys.md lists every key of the table ----
+missing=0
+for k in $(grep -o '^ *{"[a-z0-9_.]*"' core/config/torchtitan_keys.c | sed 's/.*{"//; s/"//'); do
+  grep -q "| \`$k\` |" docs/torchtitan_keys.md || { echo "FAIL docs/torchtitan_keys.md does not list $k"; missing=1; }
+done
+[ $missing -eq 0 ] && echo "ok   docs/torchtitan_keys.md lists every key" || fails=$((fails+1))
+
 [ $fails -eq 0 ] || { echo "$fails failed"; exit 1; }
 echo "all passed"
