@@ -1166,8 +1166,7 @@ static int tt_accepts(const tt_key *t, const mf_value *v) {
     return !list_outsider(v->value, t->accept, item, sizeof item);
 }
 
-/* A torchtitan key that is not ctitan's: 0 when accepted, else -1 with its reason (1: not one). */
-static int check_torchtitan_key(const manifest *m, const mf_value *v, char *err, size_t errlen) {
+int manifest_torchtitan_check(const manifest *m, const mf_value *v, char *err, size_t errlen) {
     char where[600], accepted[256];
     const tt_key *t = tt_key_find(v->key);
     if (!t) return 1;
@@ -1186,7 +1185,7 @@ int manifest_validate(const manifest *m, char *err, size_t errlen) {
     for (int i = 0; i < m->n_values; i++) {
         const mf_value *v = &m->values[i];
         const mf_schema_entry *s = find_schema(m, v->key);
-        int tt = s ? 1 : check_torchtitan_key(m, v, err, errlen);
+        int tt = s ? 1 : manifest_torchtitan_check(m, v, err, errlen);
         if (tt <= 0) {
             if (tt < 0) return -1;
             continue;

@@ -91,6 +91,9 @@ int manifest_alias(manifest *m, const char *from, const char *to);
  * is copied there (refused when both disagree), and a torchtitan dataset name (training.dataset = "c4_test")
  * gives way to the dataset_path beside it, or is refused naming that key. 0, or -1 with one line in err. */
 int manifest_torchtitan(manifest *m, char *err, size_t errlen);
+/* One of torchtitan's keys that is not ctitan's (torchtitan_keys.h): 0 when its value is accepted (or it
+ * is mapped), -1 with the reason in err when refused, 1 when v's key is none of them. */
+int manifest_torchtitan_check(const manifest *m, const mf_value *v, char *err, size_t errlen);
 
 /* Adds the core's keys to the schema. */
 void manifest_add_core_schema(manifest *m);

@@ -124,6 +124,21 @@ value "old [float8] section maps" quantize.dense.float8.filter_fqns "output,wo" 
 value "color printing accepted" metrics.log_freq 10 "$good" --metrics.disable_color_printing
 value "precompute accepted" metrics.log_freq 10 "$good" --quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp
 
+# ---- ctitan config import: the debug config as a YAML manifest that reads the same ----
+if "$CTITAN" config import "$tt" --output "$T/imported.yaml" 2>"$T/err" &&
+   "$CTITAN" train "$tt" --training.dataset_path="$T/data.bin" --print-config --dry-run >"$T/from_toml" 2>&1 &&
+   "$CTITAN" train "$T/imported.yaml" --training.dataset_path="$T/data.bin" --print-config --dry-run >"$T/from_yaml" 2>&1 &&
+   diff <(sed -n '/^[a-z_]*:$/,$p' "$T/from_toml" | grep -v "^  description:") \
+        <(sed -n '/^[a-z_]*:$/,$p' "$T/from_yaml" | grep -v "^  description:") >"$T/diff" &&
+   grep -q "^# metrics.enable_wandb: false  (line 28: no effect" "$T/imported.yaml" &&
+   grep -q "^# training.dataset: c4_test  (line 52: a torchtitan dataset name" "$T/imported.yaml"; then
+  echo "ok   config import: the YAML manifest's effective config is the TOML's"
+else echo "FAIL config import:"; cat "$T/err" "$T/diff" 2>/dev/null | head -20 | sed 's/^/     /'; fails=$((fails+1)); fi
+expect "config import of a refused key" "refused2.toml:2: parallelism.module_fqns_per_model_part" -- config import "$T/refused2.toml"
+expect "config import of a syntax error" "syntax.toml:3:[0-9]+: TOML syntax error" -- config import "$T/syntax.toml" --output "$T/never.yaml"
+[ ! -e "$T/never.yaml" ] && echo "ok   config import writes nothing on an error" || { echo "FAIL config import left $T/never.yaml"; fails=$((fails+1)); }
+expect "config without import" "expected .import." -- config export x
+
 # ---- docs/torchtitan_keys.md lists every key of the table ----
 missing=0
 for k in $(grep -o '^ *{"[a-z0-9_.]*"' core/config/torchtitan_keys.c | sed 's/.*{"//; s/"//'); do
