@@ -53,6 +53,9 @@ value "--key false" checkpoint.enable false "$good" --checkpoint.enable false
 value "a plugin's boolean bare" parallelism.enable_sequence_parallel false "$good" --parallelism.no-enable-sequence-parallel
 value "--key value still works" training.steps 7 "$good" --training.steps 7
 value "tyro's dashes" training.local_batch_size 2 "$good" --training.local-batch-size=2
+if "$CTITAN" plan "$good" --checkpoint.enable --hardware h100-sxm --gpus 1 --no-compile.enable >/dev/null 2>"$T/err"; then
+  echo "ok   ctitan plan takes bare flags before its own options"
+else echo "FAIL ctitan plan with bare flags:"; sed 's/^/     /' "$T/err"; fails=$((fails+1)); fi
 expect "bare non-boolean" "command line: --training.steps" "needs a value" "an integer" -- train "$good" --training.steps
 expect "bare non-boolean before a flag" "command line: --training.steps" "needs a value" -- train "$good" --training.steps --checkpoint.enable
 expect "bare plugin string" "command line: --parallelism.fsdp_reshard_after_forward" "needs a value" -- train "$good" --parallelism.fsdp_reshard_after_forward
