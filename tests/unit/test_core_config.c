@@ -166,6 +166,47 @@ static void test_toml_reads_as_yaml_would(void **state) {
     manifest_free(m);
 }
 
+/* torchtitan's command-line spellings: tyro's dashes and negations, bare flags checked by validation. */
+static void test_bare_flags_and_negations(void **state) {
+    (void)state;
+    char key[MF_MAX_KEY_LEN + 1], err[1024];
+    const char *value;
+    int neg, bv;
+    static const struct {
+        const char *arg, *key, *value;
+        int negated;
+    } cases[] = {
+        {"--checkpoint.enable", "checkpoint.enable", NULL, 0},
+        {"--no-checkpoint.enable", "checkpoint.enable", NULL, 1},
+        {"--checkpoint.no-enable", "checkpoint.enable", NULL, 1},
+        {"--checkpoint.no_enable", "checkpoint.enable", NULL, 1},
+        {"--training.local-batch-size=4", "training.local_batch_size", "4", 0},
+        {"--checkpoint.enable=false", "checkpoint.enable", "false", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(manifest_cli_key(cases[i].arg, key, sizeof key, &value, &neg, err, sizeof err), 0);
+        assert_string_equal(key, cases[i].key);
+        if (cases[i].value) assert_string_equal(value, cases[i].value);
+        else assert_null(value);
+        assert_int_equal(neg, cases[i].negated);
+    }
+    assert_int_equal(manifest_cli_key("--no-checkpoint.enable=true", key, sizeof key, &value, &neg, err, sizeof err), -1);
+    assert_non_null(strstr(err, "takes no value"));
+
+    manifest *m = load_yaml("checkpoint: {enable: false}\n");
+    assert_int_equal(manifest_override_flag(m, "checkpoint.enable", MF_FLAG_BARE, err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    assert_int_equal(mf_get_bool(m, "checkpoint.enable", &bv), 0);
+    assert_int_equal(bv, 1);
+    assert_int_equal(manifest_override_flag(m, "checkpoint.enable", MF_FLAG_NEGATED, err, sizeof err), 0);
+    assert_int_equal(mf_get_bool(m, "checkpoint.enable", &bv), 0);
+    assert_int_equal(bv, 0);
+    assert_int_equal(manifest_override_flag(m, "training.steps", MF_FLAG_BARE, err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "command line: --training.steps: needs a value"));
+    manifest_free(m);
+}
+
 /* Each limit on a manifest refuses it with the limit named, fast (the texts expand to billions of
  * nodes, or nest 100,000 deep, if read without limits). */
 static void test_limits_refuse_bombs_depth_and_key_counts(void **state) {
@@ -554,6 +595,7 @@ int main(void) {
         cmocka_unit_test(test_dataloader_windows_shuffle_and_layouts),
         cmocka_unit_test(test_lists_of_maps),
         cmocka_unit_test(test_toml_reads_as_yaml_would),
+        cmocka_unit_test(test_bare_flags_and_negations),
         cmocka_unit_test(test_dataloader_mixture_is_exact_per_period),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
