@@ -6,6 +6,7 @@
 #   build/tests/test_*           cmocka unit tests (tests/unit/test_*.c)
 
 CC        ?= cc
+CXX       ?= g++
 BUILD     ?= build
 SANITIZE  ?= 0
 OPT       ?= -O2
@@ -13,11 +14,13 @@ OPT       ?= -O2
 OPENBLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
 CPPFLAGS  += -Isdk/include -Icore -D_GNU_SOURCE
 CFLAGS    += -std=c11 -Wall -Wextra -Werror -g $(OPT) -fno-strict-aliasing
-LDLIBS    += -lyaml -lpcre2-8 -ljansson -lz -lzstd -lcairo -lfontconfig -ldl -lm -lpthread
+CXXFLAGS  += -std=c++17 -Wall -Wextra -Werror -g $(OPT)
+LDLIBS    += -lyaml -lpcre2-8 -ljansson -lz -lzstd -lcairo -lfontconfig -ldl -lm -lpthread -lstdc++
 
 ifeq ($(SANITIZE),1)
   BUILD   := build-san
   CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  CXXFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
   LDFLAGS += -fsanitize=address,undefined
 endif
 
@@ -26,7 +29,9 @@ PLUGIN_CFLAGS  := $(CFLAGS) -fPIC -fvisibility=hidden -Isdk/include
 PLUGIN_LDFLAGS := -shared $(LDFLAGS)
 
 CORE_SRC   := $(wildcard core/*.c core/*/*.c)
-CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o)
+# torchtitan's TOML configs are read by toml++ (C++17, header-only) behind one C++ file
+CORE_CXX_SRC := core/config/toml_shim.cpp
+CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o) $(CORE_CXX_SRC:%.cpp=$(BUILD)/%.o)
 CORE_LIB_OBJ := $(filter-out $(BUILD)/core/main.o,$(CORE_OBJ))
 
 # Per-plugin flags: plugins/<name>/plugin.mk may append to CFLAGS_<name> / LIBS_<name>, or set
@@ -77,6 +82,10 @@ $(BUILD)/ctitan: $(CORE_OBJ)
 $(BUILD)/core/%.o: core/%.c $(wildcard core/*/*.h) $(wildcard sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -DCT_BUILD_PLUGIN_DIR='"$(abspath $(BUILD))/plugins"' -c -o $@ $<
+
+$(BUILD)/core/%.o: core/%.cpp core/config/toml_shim.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c -o $@ $<
 
 # One shared object per plugin folder: every .c in it.
 define plugin_rule
@@ -133,17 +142,21 @@ demo: deps all
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D_GNU_SOURCE
 fuzz:
 	@mkdir -p build/fuzz
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_manifest tests/fuzz/fuzz_manifest.c core/config/manifest.c core/host/util.c -lyaml
+	clang++ -std=c++17 $(FUZZ_FLAGS) -c -o build/fuzz/toml_shim.o core/config/toml_shim.cpp
+	clang++ $(FUZZ_FLAGS) -o build/fuzz/fuzz_manifest -x c tests/fuzz/fuzz_manifest.c core/config/manifest.c \
+	  core/config/torchtitan_keys.c core/host/util.c -x none build/fuzz/toml_shim.o -lyaml
+	clang++ $(FUZZ_FLAGS) -o build/fuzz/fuzz_toml -x c tests/fuzz/fuzz_toml.c -x none build/fuzz/toml_shim.o
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tokenizer_file tests/fuzz/fuzz_tokenizer_file.c core/tools/tokenizer.c core/tools/hf_tokenizer.c core/host/util.c -lpcre2-8 -ljansson -lpthread
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_shard tests/fuzz/fuzz_shard.c core/data/shard.c core/host/util.c -lz
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_instream tests/fuzz/fuzz_instream.c core/tools/instream.c core/host/util.c -lz -lzstd
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tensorfile tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c core/host/util.c
 	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c core/formats/safetensors.c core/formats/hf.c \
 	  core/formats/tensorfile.c core/host/util.c -ljansson -lm
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_schedule_csv tests/fuzz/fuzz_schedule_csv.c core/tools/schedule.c core/host/host.c core/host/trace.c \
-	  core/config/manifest.c core/host/util.c -lyaml -ldl
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_checkpoint tests/fuzz/fuzz_checkpoint.c $(filter-out core/main.c,$(CORE_SRC)) \
-	  $(LDLIBS)
+	clang++ $(FUZZ_FLAGS) -o build/fuzz/fuzz_schedule_csv -x c tests/fuzz/fuzz_schedule_csv.c core/tools/schedule.c \
+	  core/host/host.c core/host/trace.c core/config/manifest.c core/config/torchtitan_keys.c core/host/util.c -x none build/fuzz/toml_shim.o \
+	  -lyaml -ldl
+	clang++ $(FUZZ_FLAGS) -o build/fuzz/fuzz_checkpoint -x c tests/fuzz/fuzz_checkpoint.c $(filter-out core/main.c,$(CORE_SRC)) \
+	  -x none build/fuzz/toml_shim.o $(LDLIBS)
 
 clean:
 	rm -rf build build-san

@@ -8,6 +8,7 @@
  * its job's status, the first non-zero exit status of a rank. `--help` exits 0.
  * Three paths end the process before main returns and write the same numbers themselves: a second
  * stop signal (128 + N), a rank aborting its job after a failure and a rank whose launcher died (1). */
+#include "tools/cmd_config.h"
 #include "tools/cmd_convert.h"
 #include "tools/cmd_plan.h"
 #include "tools/cmd_plot.h"
@@ -22,7 +23,7 @@
 static const char *usage =
     "usage: ctitan COMMAND [ARGS]   (ctitan COMMAND --help for each)\n"
     "commands:\n"
-    "  train MANIFEST      train the model a YAML manifest names (torchtitan's config keys)\n"
+    "  train MANIFEST      train the model a YAML manifest (or torchtitan's TOML config) names\n"
     "  generate MANIFEST   sample text from the model a training run saved\n"
     "  plan MANIFEST       memory and tokens/s of a layout on given hardware; --search for the best layouts\n"
     "  plugins [PATH]      the plugins on the search path; PATH: every file of a folder, or one plugin in full\n"
@@ -32,6 +33,7 @@ static const char *usage =
     "  convert             --to hf | --from hf: a model (.ctt) to or from a Hugging Face Llama or Qwen2 folder\n"
     "  schedule            check and draw a pipeline schedule (timeline, bubble, --svg)\n"
     "  plot RUN_DIR...     runs' loss (or any metric) against step or tokens, as SVG or PNG\n"
+    "  config import FILE  torchtitan's TOML config as a ctitan YAML manifest\n"
     "  help                this text\n"
     "  --version           the plugin ABI version this ctitan speaks\n";
 
@@ -71,6 +73,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "convert")) return exit_code(cmd_convert(argc - 1, argv + 1));
     if (!strcmp(cmd, "schedule")) return exit_code(cmd_schedule(argc - 1, argv + 1));
     if (!strcmp(cmd, "plot")) return exit_code(cmd_plot(argc - 1, argv + 1));
+    if (!strcmp(cmd, "config")) return exit_code(cmd_config(argc - 1, argv + 1));
     if (!strcmp(cmd, "tokenizer")) return exit_code(cmd_tokenizer(argc - 1, argv + 1));
     fprintf(stderr, "ctitan: unknown command '%s' (commands: train, generate, plan, plugins, launch, tokenize, tokenizer, convert, schedule, plot; see ctitan help)\n", cmd);
     return exit_code(CT_ERR_INVALID);

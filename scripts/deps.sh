@@ -2,7 +2,7 @@
 # Installs the Debian packages ctitan needs, only those that are missing (a fast no-op otherwise).
 set -euo pipefail
 pkgs=(build-essential pkg-config libyaml-dev libopenblas-openmp-dev libpcre2-dev libjansson-dev
-      zlib1g-dev libzstd-dev libcmocka-dev libopenmpi-dev openmpi-bin fortunes-min fortunes procps
+      zlib1g-dev libzstd-dev libcmocka-dev libtomlplusplus-dev libopenmpi-dev openmpi-bin fortunes-min fortunes procps
       libcairo2-dev libfontconfig-dev fonts-dejavu-core)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,5 +1,7 @@
 /* manifest.c: YAML manifest -> flat dotted keys with lines; overrides; schema; typed getters. */
 #include "config/manifest.h"
+#include "config/toml_shim.h"
+#include "config/torchtitan_keys.h"
 #include "host/util.h"
 
 #include <ctype.h>
@@ -10,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 #include <yaml.h>
 
 /* The core's keys. Names follow torchtitan's sections so configs move over without a table. */
@@ -199,6 +202,7 @@ static const struct {
 };
 
 static char *xstrdup(const char *s) { return s ? strdup(s) : NULL; }
+static int is_choice(const char *choices, const char *s);
 
 /* ---- the values, found by a hash of their key (a manifest may hold MF_MAX_KEYS of them) ---- */
 static uint64_t key_hash(const char *s) {
@@ -277,6 +281,7 @@ static int add_value(manifest *m, const char *key, const char *value, int is_seq
     v->value = xstrdup(value);
     v->is_seq = is_seq;
     v->line = line;
+    v->flag = MF_FLAG_NONE;
     if (!v->key || (value && !v->value)) {
         free(v->key);
         free(v->value);
@@ -454,20 +459,47 @@ static int toml_header_line(const char *buf, size_t n) {
     return header && assign ? header : 0;
 }
 
-/* The error for a file that is no YAML map: TOML gets its own line. */
-static int not_yaml_map(const char *path, const char *buf, size_t n, char *err, size_t errlen) {
-    size_t pl = strlen(path);
-    int line = toml_header_line(buf, n);
-    if (!line && pl > 5 && strcmp(path + pl - 5, ".toml") == 0) line = 1;
-    if (!line) return 0;
-    ct_errf(err, errlen, "%s:%d: this is TOML (torchtitan's .toml configs); ctitan reads YAML manifests: write "
-            "[section] as 'section:' and key = value as '  key: value' (see configs/*.yaml)", path, line);
-    return 1;
+/* One leaf of a TOML file (toml_shim.h) into the manifest, with the checks flatten makes on YAML's. */
+static int toml_leaf(void *ctx, const char *key, const char *value, int kind, int line, char *err, size_t errlen) {
+    manifest *m = ctx;
+    if (strlen(key) > MF_MAX_KEY_LEN) {
+        ct_errf(err, errlen, "%s:%d: key '%.40s...' is longer than %d characters", m->path, line, key, MF_MAX_KEY_LEN);
+        return -1;
+    }
+    if (!strchr(key, '.')) {
+        ct_errf(err, errlen, "%s:%d: %s: a top-level key must be a section ([section], then key = value)", m->path,
+                line, key);
+        return -1;
+    }
+    if (kind == MF_TOML_NESTED) { /* torchtitan's module_fqns_per_model_part: refused with its reason */
+        const tt_key *t = tt_key_find(key);
+        if (t && !t->accept) ct_errf(err, errlen, "%s:%d: %s: torchtitan's key is not supported: %s", m->path, line, key,
+                                     t->reason);
+        else ct_errf(err, errlen, "%s:%d: %s: list items must be plain values", m->path, line, key);
+        return -1;
+    }
+    if (find_value(m, key)) {
+        ct_errf(err, errlen, "%s:%d: %s: duplicate key", m->path, line, key);
+        return -1;
+    }
+    if (m->n_values >= MF_MAX_KEYS) {
+        ct_errf(err, errlen, "%s:%d: %s: more than %d keys", m->path, line, key, MF_MAX_KEYS);
+        return -1;
+    }
+    if (add_value(m, key, value, kind == MF_TOML_LIST ? 1 : kind == MF_TOML_ITEMS ? 2 : 0, line) == 0) return 0;
+    ct_errf(err, errlen, "%s: out of memory", m->path);
+    return -1;
+}
+
+static int has_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
 /* Streams the parser's events once before loading: refuses a second document, nesting deeper than
  * MF_MAX_DEPTH, and more anchors or aliases than allowed, stopping as soon as one is seen (libyaml
- * itself has no depth limit, and its scanner slows down with the depth of flow collections). */
+ * itself has no depth limit, and its scanner slows down with the depth of flow collections).
+ * 0, -1 with err set, or 1 for text that is no YAML but reads as TOML. */
 static int check_events(const char *path, const unsigned char *buf, size_t n, char *err, size_t errlen) {
     yaml_parser_t p;
     yaml_event_t e;
@@ -479,8 +511,8 @@ static int check_events(const char *path, const unsigned char *buf, size_t n, ch
     yaml_parser_set_input_string(&p, buf, n);
     for (;;) {
         if (!yaml_parser_parse(&p, &e)) {
-            if (!not_yaml_map(path, (const char *)buf, n, err, errlen))
-                ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)p.problem_mark.line + 1,
+            if (toml_header_line((const char *)buf, n)) rc = 1; /* TOML with a .yaml (or no) suffix */
+            else ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)p.problem_mark.line + 1,
                         (int)p.problem_mark.column + 1, p.problem ? p.problem : "unknown", p.context ? " " : "",
                         p.context ? p.context : "");
             break;
@@ -556,27 +588,32 @@ manifest *manifest_load(const char *path, char *err, size_t errlen) {
         ct_errf(err, errlen, "%s: out of memory", path);
         goto fail;
     }
-    if (check_events(path, buf, n, err, errlen)) goto fail;
-    yaml_parser_set_input_string(&parser, buf, n);
-    if (!yaml_parser_load(&parser, &doc)) {
-        ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)parser.problem_mark.line + 1,
-                (int)parser.problem_mark.column + 1, parser.problem ? parser.problem : "unknown",
-                parser.context ? " " : "", parser.context ? parser.context : "");
-        goto fail;
+    int toml = has_suffix(path, ".toml");
+    if (!toml && (toml = check_events(path, buf, n, err, errlen)) < 0) goto fail;
+    if (!toml) {
+        yaml_parser_set_input_string(&parser, buf, n);
+        if (!yaml_parser_load(&parser, &doc)) {
+            ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)parser.problem_mark.line + 1,
+                    (int)parser.problem_mark.column + 1, parser.problem ? parser.problem : "unknown",
+                    parser.context ? " " : "", parser.context ? parser.context : "");
+            goto fail;
+        }
+        have_doc = 1;
     }
-    have_doc = 1;
-    yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (root) {
+    yaml_node_t *root = have_doc ? yaml_document_get_root_node(&doc) : NULL;
+    if (root && root->type != YAML_MAPPING_NODE && toml_header_line((const char *)buf, n)) toml = 1;
+    if (toml) { /* torchtitan's configs: [section] tables, key = value */
+        if (mf_toml_parse(path, (const char *)buf, n, MF_MAX_DEPTH, toml_leaf, m, err, errlen)) goto fail;
+    } else if (root) {
         if (root->type != YAML_MAPPING_NODE) {
-            if (!not_yaml_map(path, (const char *)buf, n, err, errlen))
-                ct_errf(err, errlen, "%s:%d: the manifest must be a map of sections (job:, model:, training: ...)",
-                        path, (int)root->start_mark.line + 1);
+            ct_errf(err, errlen, "%s:%d: the manifest must be a map of sections (job:, model:, training: ...)", path,
+                    (int)root->start_mark.line + 1);
             goto fail;
         }
         flattener f = {m, &doc, 0, err, errlen};
         if (flatten(&f, root, "", 1)) goto fail;
     }
-    yaml_document_delete(&doc);
+    if (have_doc) yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
     free(buf);
     return m;
@@ -627,9 +664,54 @@ int manifest_override(manifest *m, const char *key, const char *value, char *err
         v->value = xstrdup(value);
         v->is_seq = 0;
         v->line = 0;
+        v->flag = MF_FLAG_NONE;
         return 0;
     }
     return add_value(m, key, value, 0, 0);
+}
+
+int manifest_override_flag(manifest *m, const char *key, int flag, char *err, size_t errlen) {
+    if (manifest_override(m, key, flag == MF_FLAG_NEGATED ? "false" : "true", err, errlen)) return -1;
+    find_value(m, key)->flag = flag;
+    return 0;
+}
+
+int manifest_cli_key(const char *arg, char *key, size_t keylen, const char **value, int *negated, char *err,
+                     size_t errlen) {
+    const char *name = arg + 2, *eq = strchr(name, '=');
+    size_t n = eq ? (size_t)(eq - name) : strlen(name);
+    *value = eq ? eq + 1 : NULL;
+    *negated = 0;
+    if (n >= keylen) {
+        ct_errf(err, errlen, "command line: %.60s...: the key is longer than %zu characters", arg, keylen - 1);
+        return -1;
+    }
+    if (!strncmp(name, "no-", 3) && memchr(name, '.', n)) { /* --no-section.key */
+        *negated = 1;
+        name += 3;
+        n -= 3;
+    }
+    memcpy(key, name, n);
+    key[n] = 0;
+    for (char *c = key; *c; c++)
+        if (*c == '-') *c = '_'; /* tyro spells keys with '-' as well as '_' */
+    char *last = strrchr(key, '.');
+    if (!*negated && last && !strncmp(last + 1, "no_", 3) && last[4] && manifest_core_type(key) < 0) {
+        memmove(last + 1, last + 4, strlen(last + 4) + 1); /* --section.no-key, tyro's spelling */
+        *negated = 1;
+    }
+    if (*negated && *value) {
+        ct_errf(err, errlen, "command line: %s: a negated flag takes no value (--%s=false, or --no-%s alone)", arg,
+                key, key);
+        return -1;
+    }
+    return 0;
+}
+
+int manifest_core_type(const char *key) {
+    for (size_t i = 0; i < sizeof core_schema / sizeof core_schema[0]; i++)
+        if (!strcmp(core_schema[i].key, key)) return (int)core_schema[i].type;
+    return -1;
 }
 
 manifest *manifest_new(void) {
@@ -640,6 +722,63 @@ manifest *manifest_new(void) {
     if (m->path && m->dir) return m;
     manifest_free(m);
     return NULL;
+}
+
+/* Removes one value and rebuilds the index. */
+static void drop_value(manifest *m, const char *key) {
+    mf_value *v = find_value(m, key);
+    if (!v) return;
+    free(v->key);
+    free(v->value);
+    memmove(v, v + 1, sizeof *v * (size_t)(m->n_values - (v - m->values) - 1));
+    m->n_values--;
+    memset(m->index, 0, sizeof(int) * m->index_cap);
+    for (int i = 0; i < m->n_values; i++) *index_slot(m, m->values[i].key) = i + 1;
+}
+
+int manifest_torchtitan(manifest *m, char *err, size_t errlen) {
+    char where[600], there[600], path[4096];
+    for (const tt_key *t = tt_keys; t->key; t++) {
+        const mf_value *from = find_value(m, t->key), *to = t->maps_to ? find_value(m, t->maps_to) : NULL;
+        if (!t->maps_to || !from) continue;
+        if (to && to->value && from->value && strcmp(to->value, from->value)) {
+            mf_where(m, t->key, where, sizeof where);
+            mf_where(m, t->maps_to, there, sizeof there);
+            ct_errf(err, errlen, "%s: '%.100s' disagrees with %s ('%.100s'); set one of them", where, from->value, there,
+                    to->value);
+            return -1;
+        }
+        if (manifest_alias(m, t->key, t->maps_to)) {
+            ct_errf(err, errlen, "%s: out of memory", m->path);
+            return -1;
+        }
+    }
+    /* torchtitan names its datasets (c4, c4_test: Hugging Face downloads); ctitan reads token shards. The
+     * name with a dataset_path beside it is torchtitan's way to give the local copy: the path is read. A
+     * name is a valid value; it is refused only where a dataset must be read (validation when enabled). */
+    static const char *const sections[] = {"training", "validation"};
+    for (int i = 0; i < 2; i++) {
+        char key[64], key_path[64];
+        snprintf(key, sizeof key, "%s.dataset", sections[i]);
+        snprintf(key_path, sizeof key_path, "%s.dataset_path", sections[i]);
+        const mf_value *v = find_value(m, key);
+        if (!v || !v->value || v->is_seq || !is_choice("c4|c4_test|c4_validation", v->value) ||
+            access(v->value, F_OK) == 0 || (snprintf(path, sizeof path, "%s/%s", m->dir, v->value) < (int)sizeof path &&
+                                            access(path, F_OK) == 0))
+            continue; /* not a name, or a file of that name */
+        const mf_value *on = i ? find_value(m, "validation.enable") : NULL;
+        int read = !i || (on && on->value && !mf_parse_bool(on->value, &read) && read);
+        if (find_value(m, key_path) || !read) { /* the path is read, or nothing is (validation off) */
+            drop_value(m, key);
+            continue;
+        }
+        mf_where(m, key, where, sizeof where);
+        ct_errf(err, errlen, "%s: '%s' is a torchtitan dataset name (a Hugging Face download); ctitan reads token "
+                "shards: set %s to a shard or folder from `ctitan tokenize` (or %s to a path)", where, v->value,
+                key_path, key);
+        return -1;
+    }
+    return 0;
 }
 
 int manifest_alias(manifest *m, const char *from, const char *to) {
@@ -878,6 +1017,16 @@ static int check_value(const manifest *m, const mf_value *v, const mf_schema_ent
         ct_errf(err, errlen, "%s: no value; give one, or leave the key out for its default", where);
         return -1;
     }
+    if (v->flag == MF_FLAG_BARE && s->type != CT_OPT_BOOL) {
+        ct_errf(err, errlen, "%s: needs a value (--%s=VALUE, %s); only a true/false key may be given bare", where,
+                v->key, type_name(s->type));
+        return -1;
+    }
+    if (v->flag == MF_FLAG_NEGATED && s->type != CT_OPT_BOOL) {
+        ct_errf(err, errlen, "command line: --no-%s: not a true/false key (%s); give --%s=VALUE", v->key,
+                type_name(s->type), v->key);
+        return -1;
+    }
     const char *open = strchr(v->key, '[');
     if (open && s->key[open - v->key] == '[') { /* an item of a list of maps: its list must hold it */
         char parent[MF_MAX_KEY_LEN + 1];
@@ -947,10 +1096,110 @@ static int check_sizes(const manifest *m, char *err, size_t errlen) {
     return 0;
 }
 
+/* Each item of the comma-separated list `s` is one of "a|b|c": NULL, or the first that is not. */
+static const char *list_outsider(const char *s, const char *choices, char *item, size_t len) {
+    for (const char *p = s; *p;) {
+        p += strspn(p, " ,");
+        size_t n = strcspn(p, ",");
+        while (n && p[n - 1] == ' ') n--;
+        snprintf(item, len, "%.*s", (int)n, p);
+        if (n && !is_choice(choices, item)) return item;
+        p += strcspn(p, ",");
+    }
+    return NULL;
+}
+
+/* Keys whose text has a form of its own (a list, "op" or a count), and keys tied to another key's value,
+ * checked here for every value given, whether or not their feature is on this run: a misspelt value
+ * is an error on the run that carries it, not the later one that turns its feature on. */
+static int check_forms(const manifest *m, char *err, size_t errlen) {
+    char where[600], item[128];
+    const char *v, *bad;
+    int64_t n, t;
+    if (!mf_get_str(m, "activation_checkpoint.selective_ac_option", &v) && strcmp(v, "op") &&
+        (mf_parse_int(v, &n) || n < 1)) {
+        mf_where(m, "activation_checkpoint.selective_ac_option", where, sizeof where);
+        ct_errf(err, errlen, "%s: expected 'op' (per-op policy) or a positive integer N (every Nth block), got '%.200s'",
+                where, v);
+        return -1;
+    }
+    if (!mf_get_str(m, "parallelism.pipeline_parallel_stage_units", &v))
+        for (const char *p = v + strspn(v, " "); *p;) {
+            char *end;
+            long u = strtol(p, &end, 10);
+            if (end == p || u < 1) {
+                mf_where(m, "parallelism.pipeline_parallel_stage_units", where, sizeof where);
+                ct_errf(err, errlen, "%s: expected positive unit counts separated by commas, got '%.200s'", where, v);
+                return -1;
+            }
+            p = end + strspn(end, ", ");
+        }
+    if (!mf_get_str(m, "model.converters", &v) &&
+        (bad = list_outsider(v, "float8|mx|quantize.linear.float8|quantize.linear.mx", item, sizeof item))) {
+        mf_where(m, "model.converters", where, sizeof where);
+        ct_errf(err, errlen, "%s: unknown converter '%s'; expected float8, mx, quantize.linear.float8 or "
+                "quantize.linear.mx%s", where, bad, strstr(bad, "grouped_mm") ? " (grouped_mm converters quantize MoE "
+                "experts; ctitan's models have none)" : "");
+        return -1;
+    }
+    if (!mf_get_str(m, "checkpoint.exclude_from_loading", &v) &&
+        list_outsider(v, "optimizer|lr_scheduler|dataloader", item, sizeof item)) {
+        mf_where(m, "checkpoint.exclude_from_loading", where, sizeof where);
+        ct_errf(err, errlen, "%s: expected a list of optimizer, lr_scheduler, dataloader; got '%.200s'", where, v);
+        return -1;
+    }
+    if (!mf_get_int(m, "validation.seq_len", &n) && !mf_get_int(m, "training.seq_len", &t) && n != t) {
+        mf_where(m, "validation.seq_len", where, sizeof where);
+        ct_errf(err, errlen, "%s: %lld; validation windows have training.seq_len's length (%lld): expected that or "
+                "leave it out", where, (long long)n, (long long)t);
+        return -1;
+    }
+    if (!mf_get_int(m, "validation.steps", &n) && n == 0) {
+        mf_where(m, "validation.steps", where, sizeof where);
+        ct_errf(err, errlen, "%s: 0 batches; expected -1 (the whole held-out set) or a count >= 1", where);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether torchtitan's key t takes value v (torchtitan_keys.h). */
+static int tt_accepts(const tt_key *t, const mf_value *v) {
+    int a, b;
+    double x, y;
+    char item[128];
+    if (!t->accept) return 0;
+    if (!strcmp(t->accept, "*")) return 1;
+    if (!v->value || v->is_seq == 2) return 0;
+    if (!*t->accept) return !*v->value;
+    if (!mf_parse_bool(t->accept, &a) && !mf_parse_bool(v->value, &b)) return a == b;
+    if (!mf_parse_float(t->accept, &x) && !mf_parse_float(v->value, &y)) return x == y;
+    return !list_outsider(v->value, t->accept, item, sizeof item);
+}
+
+int manifest_torchtitan_check(const manifest *m, const mf_value *v, char *err, size_t errlen) {
+    char where[600], accepted[256];
+    const tt_key *t = tt_key_find(v->key);
+    if (!t) return 1;
+    if (tt_accepts(t, v)) return 0;
+    mf_where(m, v->key, where, sizeof where);
+    if (!t->accept) ct_errf(err, errlen, "%s: torchtitan's key is not supported: %s", where, t->reason);
+    else {
+        if (*t->accept) choices_text(t->accept, accepted, sizeof accepted);
+        ct_errf(err, errlen, "%s: only %s is accepted (%s), got '%.200s'", where, *t->accept ? accepted : "an empty value",
+                t->reason, v->value ? v->value : "a list of tables");
+    }
+    return -1;
+}
+
 int manifest_validate(const manifest *m, char *err, size_t errlen) {
     for (int i = 0; i < m->n_values; i++) {
         const mf_value *v = &m->values[i];
         const mf_schema_entry *s = find_schema(m, v->key);
+        int tt = s ? 1 : manifest_torchtitan_check(m, v, err, errlen);
+        if (tt <= 0) {
+            if (tt < 0) return -1;
+            continue;
+        }
         if (!s) {
             char where[600], keys[2048];
             mf_where(m, v->key, where, sizeof where);
@@ -960,7 +1209,7 @@ int manifest_validate(const manifest *m, char *err, size_t errlen) {
         }
         if (check_value(m, v, s, err, errlen)) return -1;
     }
-    return check_sizes(m, err, errlen);
+    return check_sizes(m, err, errlen) || check_forms(m, err, errlen) ? -1 : 0;
 }
 
 static const char *raw(const manifest *m, const char *key) {

@@ -19,7 +19,11 @@ typedef struct mf_value {
     int is_seq;   /* 1: the YAML value was a list of plain values, joined with ',' in value; 2: a list of
                    * maps, item i's keys flattened under "key[i]." and value the item count */
     int line;     /* 1-based line in the manifest, 0 for the command line */
+    int flag;     /* command line: MF_FLAG_BARE for `--key` (value "true"), MF_FLAG_NEGATED for `--no-key`
+                   * (value "false"); validation refuses either on a key that is not a boolean */
 } mf_value;
+
+enum { MF_FLAG_NONE, MF_FLAG_BARE, MF_FLAG_NEGATED };
 
 typedef struct mf_schema_entry {
     char *key; /* dotted */
@@ -62,9 +66,19 @@ typedef struct manifest {
  * `key: null`, `key:`) are refused, so a key is either given a value or left out for its default.
  * On error returns NULL and writes "path:line[:col]: what" into err. */
 manifest *manifest_load(const char *path, char *err, size_t errlen);
-/* Applies one "--section.key=value" (or key and value separately: value may be NULL when `arg`
- * holds '='). The last override of a key wins. */
+/* Applies one "--section.key=value" (key and value separately). The last override of a key wins. */
 int manifest_override(manifest *m, const char *key, const char *value, char *err, size_t errlen);
+/* Applies a bare boolean flag as torchtitan's command line takes them: `--key` (MF_FLAG_BARE, true) or
+ * `--no-key` (MF_FLAG_NEGATED, false); manifest_validate refuses it on a key that is not a boolean. */
+int manifest_override_flag(manifest *m, const char *key, int flag, char *err, size_t errlen);
+/* One command-line argument "--KEY[=VALUE]" in torchtitan's spellings: '-' in the key read as '_'
+ * (tyro's `--training.local-batch-size`), and a negated boolean as `--no-section.key`,
+ * `--section.no-key` or `--section.no_key`. Writes the dotted key into key; *value points into arg
+ * after '=' or is NULL; *negated is 1 for a negation. 0, or -1 with "command line: ..." in err. */
+int manifest_cli_key(const char *arg, char *key, size_t keylen, const char **value, int *negated, char *err,
+                     size_t errlen);
+/* The type of one of the core's keys, or -1 when the core does not declare it (a plugin's, or unknown). */
+int manifest_core_type(const char *key);
 void manifest_free(manifest *m);
 /* An empty manifest whose values all come from the command line (manifest_override): a command
  * that takes plugin options without a YAML file (`ctitan schedule --parallelism.KEY=VALUE`).
@@ -72,6 +86,14 @@ void manifest_free(manifest *m);
 manifest *manifest_new(void);
 /* Copies `from` (value and where it was set) to `to` when `to` is unset: one setting, two spellings. */
 int manifest_alias(manifest *m, const char *from, const char *to);
+
+/* torchtitan's spellings that are not ctitan's keys (config/torchtitan_keys.h): a key mapped onto ctitan's
+ * is copied there (refused when both disagree), and a torchtitan dataset name (training.dataset = "c4_test")
+ * gives way to the dataset_path beside it, or is refused naming that key. 0, or -1 with one line in err. */
+int manifest_torchtitan(manifest *m, char *err, size_t errlen);
+/* One of torchtitan's keys that is not ctitan's (torchtitan_keys.h): 0 when its value is accepted (or it
+ * is mapped), -1 with the reason in err when refused, 1 when v's key is none of them. */
+int manifest_torchtitan_check(const manifest *m, const mf_value *v, char *err, size_t errlen);
 
 /* Adds the core's keys to the schema. */
 void manifest_add_core_schema(manifest *m);

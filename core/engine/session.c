@@ -15,10 +15,12 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The command line's --section.key=value overrides, in order (keys copied where they were split). */
+/* The command line's --section.key=value overrides, in order (keys copied: they are normalized). flag:
+ * MF_FLAG_BARE for a bare `--key`, MF_FLAG_NEGATED for `--no-key` (val NULL), else MF_FLAG_NONE. */
 typedef struct overrides {
     const char *key[512], *val[512];
     char *owned[512];
+    int flag[512];
     int n, n_owned;
 } overrides;
 
@@ -35,21 +37,36 @@ static ct_status flag_value(int argc, char **argv, int *i, run_args *a) {
     return CT_OK;
 }
 
+/* One override, as torchtitan's command line takes them: --key=value, --key value, a bare boolean
+ * --key (true) and --no-key (false). A bare key followed by a value is read as `--key value`, except
+ * that a core boolean followed by something that is no boolean stays bare (`--checkpoint.enable
+ * run.yaml`); a bare key that is not a boolean is refused by validation, which knows every plugin's. */
 static ct_status override_add(overrides *ov, int argc, char **argv, int *i) {
-    const char *arg = argv[*i], *eq = strchr(arg, '=');
+    char key[MF_MAX_KEY_LEN + 1], err[600];
+    const char *value, *next = *i + 1 < argc ? argv[*i + 1] : NULL;
+    int negated, b;
     if (ov->n == 512) {
         fprintf(stderr, "ctitan: too many overrides\n");
         return CT_ERR_INVALID;
     }
-    if (eq) {
-        ov->owned[ov->n_owned] = strndup(arg + 2, (size_t)(eq - arg - 2));
-        ov->key[ov->n] = ov->owned[ov->n_owned++];
-        ov->val[ov->n++] = eq + 1;
-    } else if (*i + 1 < argc) {
-        ov->key[ov->n] = arg + 2;
-        ov->val[ov->n++] = argv[++*i];
-    } else {
-        fprintf(stderr, "ctitan: command line: %s: expected --section.key=value\n", arg);
+    if (manifest_cli_key(argv[*i], key, sizeof key, &value, &negated, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        return CT_ERR_INVALID;
+    }
+    if (!(ov->owned[ov->n_owned] = strdup(key))) {
+        fprintf(stderr, "ctitan: out of memory\n");
+        return CT_ERR_NOMEM;
+    }
+    ov->key[ov->n] = ov->owned[ov->n_owned++];
+    ov->flag[ov->n] = MF_FLAG_NONE;
+    if (negated) ov->flag[ov->n] = MF_FLAG_NEGATED;
+    else if (!value && next && strncmp(next, "--", 2) &&
+             !(manifest_core_type(key) == CT_OPT_BOOL && mf_parse_bool(next, &b)))
+        value = argv[++*i];
+    else if (!value) ov->flag[ov->n] = MF_FLAG_BARE;
+    ov->val[ov->n++] = value;
+    if (!strcmp(key, "job.config_file") && !value) {
+        fprintf(stderr, "ctitan: command line: %s: needs the manifest's path\n", argv[*i]);
         return CT_ERR_INVALID;
     }
     return CT_OK;
@@ -88,11 +105,17 @@ static manifest *manifest_open(const run_args *a, const overrides *ov) {
     }
     for (int i = 0; i < ov->n; i++) {
         if (!strcmp(ov->key[i], "job.config_file")) continue;
-        if (manifest_override(mf, ov->key[i], ov->val[i], err, sizeof err)) {
+        if (ov->flag[i] ? manifest_override_flag(mf, ov->key[i], ov->flag[i], err, sizeof err)
+                        : manifest_override(mf, ov->key[i], ov->val[i], err, sizeof err)) {
             fprintf(stderr, "ctitan: %s\n", err);
             manifest_free(mf);
             return NULL;
         }
+    }
+    if (manifest_torchtitan(mf, err, sizeof err)) {
+        fprintf(stderr, "ctitan: %s\n", err);
+        manifest_free(mf);
+        return NULL;
     }
     manifest_add_core_schema(mf);
     return mf;

@@ -112,13 +112,16 @@ static ct_status parse_args(int argc, char **argv, plan_args *a) {
         else if (!strcmp(arg, "--json")) a->json = 1;
         else if (!strcmp(arg, "--calibrate")) a->calibrate = 1;
         else if (!strcmp(arg, "--dry-run") || !strcmp(arg, "--dry_run") || !strcmp(arg, "--print-config") ||
-                 !strcmp(arg, "--print_config") || !strncmp(arg, "--checkpoint", 12) || !strncmp(arg, "--prompt", 8))
+                 !strcmp(arg, "--print_config") || !strcmp(arg, "--checkpoint") || !strncmp(arg, "--checkpoint=", 13) ||
+                 !strcmp(arg, "--prompt") || !strncmp(arg, "--prompt=", 9))
             return usage_error("not an option of ctitan plan:", arg);
         else if (!strcmp(arg, "-")) return usage_error("unexpected argument", arg);
         else {
             a->rest[a->n_rest++] = argv[i];
-            /* an override's value given separately travels with it */
-            if (!strncmp(arg, "--", 2) && !strchr(arg, '=') && i + 1 < argc) a->rest[a->n_rest++] = argv[++i];
+            /* an override's value given separately travels with it; a bare boolean (--checkpoint.enable)
+             * takes none, and session_parse tells which */
+            if (!strncmp(arg, "--", 2) && !strchr(arg, '=') && i + 1 < argc && strncmp(argv[i + 1], "--", 2))
+                a->rest[a->n_rest++] = argv[++i];
         }
     }
     if (a->calibrate) {

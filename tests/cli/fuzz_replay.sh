@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the tokenizer, shard and input-decompression fuzz targets as plain programs (cc,
+# Builds the tokenizer, shard, input-decompression, manifest and TOML fuzz targets as plain programs (cc,
 # AddressSanitizer + UBSan, no libFuzzer) and replays their seed corpora plus deterministic mutations
 # of every seed.
 # Run from the repository root; BUILD (default build) says where the programs go.
@@ -24,10 +24,17 @@ flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
     core/host/util.c -lz -lzstd
 "$out/fuzz_instream" -m 100 tests/fuzz/corpus/instream
 
-"$CC" "${flags[@]}" -o "$out/fuzz_manifest" tests/fuzz/fuzz_manifest.c tests/fuzz/replay_main.c core/config/manifest.c core/host/util.c -lyaml
+# the TOML shim (toml++, C++17) under the same sanitizers, alone and behind the manifest
+CXX=${CXX:-g++}
+"$CXX" -std=c++17 -Wall -Wextra -Werror -g -O1 -Icore -fsanitize=address,undefined -fno-omit-frame-pointer \
+    -fno-sanitize-recover=undefined -c -o "$out/toml_shim.o" core/config/toml_shim.cpp
+"$CC" "${flags[@]}" -o "$out/fuzz_toml" tests/fuzz/fuzz_toml.c tests/fuzz/replay_main.c "$out/toml_shim.o" -lstdc++
+"$out/fuzz_toml" -m 300 tests/fuzz/corpus/toml
+"$CC" "${flags[@]}" -o "$out/fuzz_manifest" tests/fuzz/fuzz_manifest.c tests/fuzz/replay_main.c core/config/manifest.c \
+    core/config/torchtitan_keys.c core/host/util.c "$out/toml_shim.o" -lyaml -lstdc++
 "$out/fuzz_manifest" -m 200 tests/fuzz/corpus/manifest
 
 core_srcs=$(ls core/*/*.c)
 "$CC" "${flags[@]}" -o "$out/fuzz_checkpoint" tests/fuzz/fuzz_checkpoint.c tests/fuzz/replay_main.c $core_srcs \
-    -lyaml -lpcre2-8 -ljansson -lz -lzstd -ldl -lm -lpthread
+    "$out/toml_shim.o" -lyaml -lpcre2-8 -ljansson -lz -lzstd -ldl -lm -lpthread -lstdc++
 "$out/fuzz_checkpoint" -m 200 tests/fuzz/corpus/checkpoint

@@ -62,7 +62,8 @@ expect "explicit null of a key without default" "null2.yaml:1: model.tokenizer_p
 printf 'training:\n  steps: 2\n---\ntraining:\n  steps: 3\n' >"$T/docs.yaml"
 expect "a second YAML document" "docs.yaml:3:" "second YAML document" -- "$T/docs.yaml"
 printf '# torchtitan job config\n[job]\ndump_folder = "./outputs"\n\n[training]\nsteps = 10\n' >"$T/llama3.toml"
-expect "torchtitan TOML config" "llama3.toml:2:" "this is TOML" "reads YAML manifests" -- "$T/llama3.toml"
+printf '# torchtitan job config\n[job]\ndump_folder = "./outputs"\n\n[training]\nsteps = = 10\n' >"$T/llama3.toml"
+expect "torchtitan TOML config with a syntax error" "llama3.toml:6:[0-9]+: TOML syntax error" -- "$T/llama3.toml"
 
 # ---- ranges and choices, checked whether or not the feature is on (and before any allocation)
 range() { local key=$1 value=$2; shift 2; expect "$key: $value" "command line: --$key" "$@" -- $debug --dry-run "--$key=$value"; }

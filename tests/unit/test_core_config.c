@@ -84,7 +84,7 @@ static void test_duplicate_keys_and_lists_are_errors(void **state) {
 
 /* An explicit null is refused naming the key, never the default in disguise; so are a second
  * document and a TOML file. */
-static void test_nulls_second_documents_and_toml_are_refused(void **state) {
+static void test_nulls_and_second_documents_are_refused(void **state) {
     (void)state;
     char err[1024];
     load_error("training:\n  seq_len: 64\n  steps: ~\n", err, sizeof err);
@@ -95,10 +95,115 @@ static void test_nulls_second_documents_and_toml_are_refused(void **state) {
     assert_non_null(strstr(err, ":2: training.steps: no value"));
     load_error("training: {steps: 1}\n---\ntraining: {steps: 2}\n", err, sizeof err);
     assert_non_null(strstr(err, ":2: a second YAML document"));
-    load_error("[job]\ndump_folder = \"./outputs\"\n[training]\nsteps = 10\n", err, sizeof err);
-    assert_non_null(strstr(err, ":1: this is TOML"));
     manifest *m = load_yaml("generate: {prompt: \"\"}\n"); /* an empty string is a value */
     assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    manifest_free(m);
+}
+
+/* A manifest in a file named *.toml (mkstemps keeps the suffix). NULL with err set when refused. */
+static manifest *load_toml(const char *toml, char *err, size_t errlen) {
+    char path[] = "/tmp/ctitan-cfg-XXXXXX.toml";
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, toml, strlen(toml)), (int)strlen(toml));
+    close(fd);
+    manifest *m = manifest_load(path, err, errlen);
+    unlink(path);
+    if (m) manifest_add_core_schema(m);
+    return m;
+}
+
+/* torchtitan's TOML (through toml++) gives the keys, values and lines YAML would: tables nest into
+ * dotted keys, arrays become lists, arrays of tables lists of maps, and the usual checks apply. */
+static void test_toml_reads_as_yaml_would(void **state) {
+    (void)state;
+    char err[1024];
+    const char *v;
+    int64_t iv;
+    double fv;
+    int bv;
+    manifest *m = load_toml("# torchtitan\n[job]\ndump_folder = \"./out\"\n\n[optimizer]\nlr = 3e-4\n"
+                            "[training]\nsteps = 10\nseq_len = 2048\n[checkpoint]\nenable = true\n"
+                            "[quantize.linear.float8]\nfilter_fqns = [\"output\", \"wo\"]\n"
+                            "[[training.dataset]]\npath = \"a.bin\"\nweight = 3\n[[training.dataset]]\npath = \"b.bin\"\n",
+                            err, sizeof err);
+    if (!m) fail_msg("%s", err);
+    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    assert_int_equal(mf_get_str(m, "job.dump_folder", &v), 0);
+    assert_string_equal(v, "./out");
+    assert_int_equal(mf_get_float(m, "optimizer.lr", &fv), 0);
+    assert_true(fv == 3e-4);
+    assert_int_equal(mf_get_int(m, "training.steps", &iv), 0);
+    assert_int_equal(iv, 10);
+    assert_int_equal(mf_get_bool(m, "checkpoint.enable", &bv), 0);
+    assert_int_equal(bv, 1);
+    assert_int_equal(mf_get_str(m, "quantize.linear.float8.filter_fqns", &v), 0);
+    assert_string_equal(v, "output,wo");
+    assert_int_equal(mf_list_len(m, "training.dataset"), 2);
+    assert_int_equal(mf_get_str(m, "training.dataset[1].path", &v), 0);
+    assert_string_equal(v, "b.bin");
+    mf_where(m, "training.steps", err, sizeof err);
+    assert_non_null(strstr(err, ".toml:8: training.steps"));
+    manifest_free(m);
+
+    assert_null(load_toml("[training]\nsteps = 10\nsteps = 11\n", err, sizeof err));
+    assert_non_null(strstr(err, ".toml:3:9: TOML syntax error")); /* toml++ refuses the redefinition */
+    assert_null(load_toml("[training]\nsteps = \n", err, sizeof err));
+    assert_non_null(strstr(err, ".toml:2:"));
+    assert_null(load_toml("[training]\nsteps = 1979-05-27\n", err, sizeof err));
+    assert_non_null(strstr(err, ".toml:2: training.steps: a date or time"));
+    assert_null(load_toml("[training]\n\"a.b\" = 1\n", err, sizeof err));
+    assert_non_null(strstr(err, ".toml:2: training.a.b: keys are plain names"));
+    m = load_toml("[training]\nsteps = \"ten\"\n", err, sizeof err);
+    assert_non_null(m);
+    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
+    assert_non_null(strstr(err, ".toml:2: training.steps: expected an integer, got 'ten'"));
+    manifest_free(m);
+    /* TOML text in a file of another name is read as TOML when it is no YAML */
+    m = load_yaml("[job]\ndump_folder = \"./outputs\"\n[training]\nsteps = 10\n");
+    assert_int_equal(mf_get_int(m, "training.steps", &iv), 0);
+    assert_int_equal(iv, 10);
+    manifest_free(m);
+}
+
+/* torchtitan's command-line spellings: tyro's dashes and negations, bare flags checked by validation. */
+static void test_bare_flags_and_negations(void **state) {
+    (void)state;
+    char key[MF_MAX_KEY_LEN + 1], err[1024];
+    const char *value;
+    int neg, bv;
+    static const struct {
+        const char *arg, *key, *value;
+        int negated;
+    } cases[] = {
+        {"--checkpoint.enable", "checkpoint.enable", NULL, 0},
+        {"--no-checkpoint.enable", "checkpoint.enable", NULL, 1},
+        {"--checkpoint.no-enable", "checkpoint.enable", NULL, 1},
+        {"--checkpoint.no_enable", "checkpoint.enable", NULL, 1},
+        {"--training.local-batch-size=4", "training.local_batch_size", "4", 0},
+        {"--checkpoint.enable=false", "checkpoint.enable", "false", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(manifest_cli_key(cases[i].arg, key, sizeof key, &value, &neg, err, sizeof err), 0);
+        assert_string_equal(key, cases[i].key);
+        if (cases[i].value) assert_string_equal(value, cases[i].value);
+        else assert_null(value);
+        assert_int_equal(neg, cases[i].negated);
+    }
+    assert_int_equal(manifest_cli_key("--no-checkpoint.enable=true", key, sizeof key, &value, &neg, err, sizeof err), -1);
+    assert_non_null(strstr(err, "takes no value"));
+
+    manifest *m = load_yaml("checkpoint: {enable: false}\n");
+    assert_int_equal(manifest_override_flag(m, "checkpoint.enable", MF_FLAG_BARE, err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    assert_int_equal(mf_get_bool(m, "checkpoint.enable", &bv), 0);
+    assert_int_equal(bv, 1);
+    assert_int_equal(manifest_override_flag(m, "checkpoint.enable", MF_FLAG_NEGATED, err, sizeof err), 0);
+    assert_int_equal(mf_get_bool(m, "checkpoint.enable", &bv), 0);
+    assert_int_equal(bv, 0);
+    assert_int_equal(manifest_override_flag(m, "training.steps", MF_FLAG_BARE, err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "command line: --training.steps: needs a value"));
     manifest_free(m);
 }
 
@@ -481,7 +586,7 @@ static void test_dataloader_mixture_is_exact_per_period(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_overrides_last_wins_and_unset_keys_take_defaults),
-        cmocka_unit_test(test_nulls_second_documents_and_toml_are_refused),
+        cmocka_unit_test(test_nulls_and_second_documents_are_refused),
         cmocka_unit_test(test_limits_refuse_bombs_depth_and_key_counts),
         cmocka_unit_test(test_ranges_and_choices_name_the_key),
         cmocka_unit_test(test_plugin_options_outlive_the_plugin),
@@ -489,6 +594,8 @@ int main(void) {
         cmocka_unit_test(test_lr_schedule_is_torchtitans),
         cmocka_unit_test(test_dataloader_windows_shuffle_and_layouts),
         cmocka_unit_test(test_lists_of_maps),
+        cmocka_unit_test(test_toml_reads_as_yaml_would),
+        cmocka_unit_test(test_bare_flags_and_negations),
         cmocka_unit_test(test_dataloader_mixture_is_exact_per_period),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
