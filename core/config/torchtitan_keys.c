@@ -20,20 +20,11 @@ const tt_key tt_keys[] = {
     {"float8.emulate", "*", "quantize.linear.float8.emulate", "[float8] is [quantize.linear.float8]"},
     {"float8.precompute_float8_dynamic_scale_for_fsdp", "*", NULL,
      "float8 all-gather already computes every weight's scale in one all-reduce per step"},
-    /* the debug config's profiling and TensorBoard keys with their features off. The schema is looked up
-     * before this table, so once a build declares these keys, these entries are never read. */
-    {"profiling.profile_freq", "*", NULL, "profiling traces the whole run in this build"},
-    {"profiling.enable_memory_snapshot", "false", NULL, "no memory snapshots in this build"},
-    {"profiling.save_memory_snapshot_folder", "*", NULL, "no memory snapshots in this build"},
-    {"metrics.enable_tensorboard", "false", NULL, "no TensorBoard writer in this build; metrics.jsonl holds every step"},
-    {"metrics.save_tb_folder", "*", NULL, "no TensorBoard writer in this build"},
     /* accepted with the values that describe ctitan */
     {"job.save_config_file", "", NULL, "ctitan writes no copy of the config; --print-config prints the effective one"},
     {"job.custom_config_module", "", NULL, "plugins declare their own keys (ctitan train --help lists them); no Python modules"},
     {"metrics.disable_color_printing", "*", NULL, "ctitan prints no colour"},
     {"metrics.save_for_all_ranks", "false", NULL, "metrics.jsonl is written by rank 0 for the whole job"},
-    {"metrics.enable_wandb", "false", NULL,
-     "Weights & Biases needs its network service; TensorBoard (metrics.enable_tensorboard) is the supported logger"},
     {"model.print_after_conversion", "false", NULL, "no module tree to print; the float8 lines name each converted weight"},
     {"optimizer.early_step_in_backward", "false", NULL,
      "the optimizer steps after the whole backward (gradients are clipped by their global norm first)"},
