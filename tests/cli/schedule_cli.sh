@@ -120,7 +120,7 @@ if "${CXX:-g++}" -std=c++17 -Wall -Wextra -Werror "${san[@]}" -Icore -c -o "$BUI
     core/config/toml_shim.cpp &&
   "$CC" -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isdk/include -Icore "${san[@]}" \
     -o "$BUILD/fuzz-replay/fuzz_schedule_csv" tests/fuzz/fuzz_schedule_csv.c tests/fuzz/replay_main.c \
-    core/tools/schedule.c core/host/host.c core/config/manifest.c core/config/torchtitan_keys.c core/host/util.c \
+    core/tools/schedule.c core/host/host.c core/host/trace.c core/config/manifest.c core/config/torchtitan_keys.c core/host/util.c \
     "$BUILD/fuzz-replay/schedule_toml_shim.o" -lyaml -ldl -lstdc++; then
     if "$BUILD/fuzz-replay/fuzz_schedule_csv" -m 300 tests/fuzz/corpus/schedule_csv >"$WORK/fuzz.log" 2>&1; then
         ok "fuzz_schedule_csv replays its corpus ($(ls tests/fuzz/corpus/schedule_csv | wc -l) seeds x 300 mutations)"
