@@ -36,5 +36,5 @@ CXX=${CXX:-g++}
 
 core_srcs=$(ls core/*/*.c)
 "$CC" "${flags[@]}" -o "$out/fuzz_checkpoint" tests/fuzz/fuzz_checkpoint.c tests/fuzz/replay_main.c $core_srcs \
-    "$out/toml_shim.o" -lyaml -lpcre2-8 -ljansson -lz -lzstd -ldl -lm -lpthread -lstdc++
+    "$out/toml_shim.o" -lyaml -lpcre2-8 -ljansson -lz -lzstd -lcairo -lfontconfig -ldl -lm -lpthread -lstdc++
 "$out/fuzz_checkpoint" -m 200 tests/fuzz/corpus/checkpoint
