@@ -257,14 +257,40 @@ done:
     return rc;
 }
 
+/* training.dataset as written: "PATH" for one source (or training.dataset_path), "PATH weight W; ..." for
+ * a mixture. NULL when the manifest names no dataset (generate, convert). */
+static json_t *dataset_config(const manifest *mf) {
+    const char *path;
+    int n = mf_list_len(mf, "training.dataset");
+    if (n < 0) {
+        if (!mf_get_str(mf, "training.dataset", &path) || !mf_get_str(mf, "training.dataset_path", &path))
+            return json_string(path);
+        return NULL;
+    }
+    char out[4096] = "", item[300];
+    size_t len = 0;
+    for (int i = 0; i < n && len < sizeof out; i++) {
+        double w = 1.0;
+        snprintf(item, sizeof item, "training.dataset[%d].weight", i);
+        mf_get_float(mf, item, &w);
+        snprintf(item, sizeof item, "training.dataset[%d].path", i);
+        if (mf_get_str(mf, item, &path)) path = "";
+        len += (size_t)snprintf(out + len, sizeof out - len, "%s%s weight %g", i ? "; " : "", path, w);
+    }
+    return json_string(out);
+}
+
 /* What a resume must match (checkpoint.allow_config_change lifts it): the data order (seed,
- * seq_len) and the model, under the config keys that set them. Zeros are a pack that does not say. */
+ * seq_len, the dataset and its mixture) and the model, under the config keys that set them. Zeros
+ * are a pack that does not say. */
 static json_t *run_config(session *s) {
     json_t *c = json_object();
     const ct_model_desc *d = &s->rt.desc;
     const char *str;
     int64_t v;
     if (s->mf && !mf_get_int(s->mf, "training.seed", &v)) json_object_set_new(c, "training.seed", json_integer(v));
+    json_t *data = s->mf ? dataset_config(s->mf) : NULL; /* another mixture: another sequence at each position */
+    if (data) json_object_set_new(c, "training.dataset", data);
     if (s->mf && !mf_get_int(s->mf, "training.seq_len", &v)) json_object_set_new(c, "training.seq_len", json_integer(v));
     if (s->mf && !mf_get_str(s->mf, "model.name", &str)) json_object_set_new(c, "model.name", json_string(str));
     if (s->mf && !mf_get_str(s->mf, "model.flavor", &str)) json_object_set_new(c, "model.flavor", json_string(str));
@@ -854,7 +880,7 @@ static void config_diff(session *s, json_t *root, int resume, char *out, size_t 
         if (!resume && (strncmp(key, "model.", 6) || !strcmp(key, "model.flavor"))) continue;
         if (!was || json_equal(was, v)) continue;
         char *a = json_dumps(was, JSON_ENCODE_ANY), *b = json_dumps(v, JSON_ENCODE_ANY);
-        snprintf(out, len, "%s %.60s; this run has %.60s", key, a ? a : "?", b ? b : "?");
+        snprintf(out, len, "%s %.110s; this run has %.110s", key, a ? a : "?", b ? b : "?");
         free(a);
         free(b);
         break;

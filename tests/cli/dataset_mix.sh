@@ -7,7 +7,7 @@
 #   losses within 1e-6 (relative), and FSDP 2 with bf16 compute one rank's bf16 validation losses;
 #   validation on or off leaves the training losses bit-identical (fp32 and bf16);
 # - a run stopped after step 3 and resumed gives bit-identical training and validation losses to the
-#   uninterrupted run;
+#   uninterrupted run; a resume under another mixture is refused naming training.dataset;
 # - --print-config shows the list, --training.dataset=PATH replaces it, --training.dataset[N].weight
 #   changes one source;
 # - bad input (a weight of 0 or below, a missing or too short source, dataset and dataset_path both
@@ -120,6 +120,13 @@ grep -q "resuming after step 3" "$T/part.log" || fail "did not resume after step
 cmp -s <(steps single) <(steps part) || { diff <(steps single) <(steps part); fail "resumed training losses differ"; }
 cmp -s <(val single) <(val part) || { diff <(val single) <(val part); fail "resumed validation losses differ"; }
 echo "ok   stopped after step 3 and resumed: training and validation losses bit-identical to the whole run"
+# another mixture reads other sequences at the same positions: a resume under it is refused, naming it
+"$CTITAN" train "${common[@]}" --job.dump_folder="$T/part" "${ck[@]}" --training.steps=8 "--training.dataset[1].weight=2" \
+  >"$T/mixchg.out" 2>"$T/mixchg.err"; rc=$?
+[ $rc -eq 2 ] && [ "$(wc -l <"$T/mixchg.err")" -eq 1 ] &&
+  grep -q 'written with training.dataset "a.bin weight 3; b.bin weight 1"; this run has "a.bin weight 3; b.bin weight 2" (set checkpoint.allow_config_change' "$T/mixchg.err" ||
+  { cat "$T/mixchg.err"; fail "a resume under another mixture: status $rc"; }
+echo "ok   a resume under another mixture is refused: $(cat "$T/mixchg.err")"
 
 # 5. the list on the command line and in --print-config
 "$CTITAN" train "${common[@]}" --job.dump_folder="$T/cfg" --training.steps=1 --print-config >"$T/cfg.log" 2>&1 || fail "print-config run"
