@@ -49,7 +49,7 @@ static const char usage[] =
     "                      model description (so generate and model.flavor: from_checkpoint need no sizes).\n"
     "                      The model options to use with the file are printed. A tied Qwen2 gives no output.weight\n"
     "                      (the qwen2 pack shares the table), a tied Llama a copy of the table. RoPE\n"
-    "                      scaling of rope_type llama3 (Llama 3.1+) is kept (description and config.rope_*).\n"
+    "                      scaling of rope_type llama3 (Llama 3.1+) is kept in the model description.\n"
     "                      Refused: other RoPE types, a Llama's biases, Qwen2's sliding window, other\n"
     "                      activations or model types, head_dim != hidden_size / heads.\n"
     "  --help              this text\n";
@@ -267,14 +267,6 @@ static ct_status from_hf(const args *a) {
     for (int i = 0; w && i < f->count; i++) {
         const tf_entry *e = &f->entries[i];
         if (tf_writer_add(w, e->name, e->dtype, e->ndim, e->shape, e->data)) break;
-    }
-    if (w && cfg.rope_scaling_factor != 0) { /* the scaling, for --to hf: the shapes cannot tell it */
-        float fl[3] = {(float)cfg.rope_scaling_factor, (float)cfg.rope_low_freq_factor, (float)cfg.rope_high_freq_factor};
-        int32_t orig = (int32_t)cfg.rope_original_max_position;
-        const char *names[3] = {"config.rope_scaling_factor", "config.rope_low_freq_factor", "config.rope_high_freq_factor"};
-        int bad = 0;
-        for (int i = 0; i < 3 && !bad; i++) bad = tf_writer_add(w, names[i], TF_F32, 0, NULL, &fl[i]) != 0;
-        if (!bad) tf_writer_add(w, "config.rope_original_max_position", TF_I32, 0, NULL, &orig);
     }
     if (!w || tf_writer_close(w, err, sizeof err)) {
         fprintf(stderr, "ctitan convert: %s\n", err);

@@ -789,9 +789,8 @@ static ct_status cpu_bias_backward(ct_device *dev, float *dbias, const float *do
     return CT_OK;
 }
 
-/* Shared checks of rope_forward / rope_backward. */
-static ct_status cpu_rope(cpu_device *d, const char *op, float *out, const float *x, int64_t b,
-                          int64_t t, int64_t h, int64_t hd, float theta, int backward)
+/* The shape checks every RoPE op shares: (b, t, h, d) not negative, d even (pairs). */
+static ct_status cpu_rope_check(cpu_device *d, const char *op, int64_t b, int64_t t, int64_t h, int64_t hd)
 {
     if (b < 0 || t < 0 || h < 0 || hd < 0)
         return cpu_fail(d, CT_ERR_INVALID, op, "negative shape b=%lld t=%lld h=%lld d=%lld",
@@ -799,6 +798,16 @@ static ct_status cpu_rope(cpu_device *d, const char *op, float *out, const float
     if (hd % 2 != 0)
         return cpu_fail(d, CT_ERR_INVALID, op, "head dim %lld is odd, expected pairs",
                         (long long)hd);
+    return CT_OK;
+}
+
+/* Shared checks of rope_forward / rope_backward. */
+static ct_status cpu_rope(cpu_device *d, const char *op, float *out, const float *x, int64_t b,
+                          int64_t t, int64_t h, int64_t hd, float theta, int backward)
+{
+    ct_status st = cpu_rope_check(d, op, b, t, h, hd);
+    if (st != CT_OK)
+        return st;
     if (!(theta > 0))
         return cpu_fail(d, CT_ERR_INVALID, op, "theta %g, expected > 0", (double)theta);
     if (b == 0 || t == 0 || h == 0 || hd == 0)
@@ -899,12 +908,9 @@ static ct_status cpu_rope_pos(ct_device *dev, const char *op, float *out, const 
     cpu_device *d = dev;
     if (!d)
         return CT_ERR_INVALID;
-    if (b < 0 || t < 0 || h < 0 || hd < 0)
-        return cpu_fail(d, CT_ERR_INVALID, op, "negative shape b=%lld t=%lld h=%lld d=%lld",
-                        (long long)b, (long long)t, (long long)h, (long long)hd);
-    if (hd % 2 != 0)
-        return cpu_fail(d, CT_ERR_INVALID, op, "head dim %lld is odd, expected pairs",
-                        (long long)hd);
+    ct_status st = cpu_rope_check(d, op, b, t, h, hd);
+    if (st != CT_OK)
+        return st;
     if (!(theta > 0))
         return cpu_fail(d, CT_ERR_INVALID, op, "theta %g, expected > 0", (double)theta);
     if (b == 0 || t == 0 || h == 0 || hd == 0)
@@ -942,12 +948,9 @@ static ct_status cpu_rope_freqs(ct_device *dev, const char *op, float *out, cons
     cpu_device *d = dev;
     if (!d)
         return CT_ERR_INVALID;
-    if (b < 0 || t < 0 || h < 0 || hd < 0)
-        return cpu_fail(d, CT_ERR_INVALID, op, "negative shape b=%lld t=%lld h=%lld d=%lld",
-                        (long long)b, (long long)t, (long long)h, (long long)hd);
-    if (hd % 2 != 0)
-        return cpu_fail(d, CT_ERR_INVALID, op, "head dim %lld is odd, expected pairs",
-                        (long long)hd);
+    ct_status st = cpu_rope_check(d, op, b, t, h, hd);
+    if (st != CT_OK)
+        return st;
     if (b == 0 || t == 0 || h == 0 || hd == 0)
         return CT_OK;
     if (!out || !x || !inv_freq)
