@@ -35,6 +35,8 @@ struct pp_ctx {
     arena saved, grads;
     rt_tensor **unit_in, **unit_out;
     tape_entry **unit_tape;
+    rt_unit_mark *unit_mark;
+    int shared_grads; /* the schedule splits no backward: internal gradients in the runtime's arena */
     rt_tensor *tok, *tgt;
     rt_tensor **stage_in; /* per stage: the activation received for it (NULL: from a local stage) */
     int mb;               /* the microbatch it holds, -1 when free */
@@ -217,6 +219,10 @@ ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct
         return bad_setting(mf, "parallelism.pipeline_runner", "%s", "the runner's API table is too small: rebuild it");
     int nu = rt->desc.n_units;
     pl->rt = rt;
+    rt->bgrad_pingpong = 0; /* contexts interleave: each keeps its boundary gradients in its own arena */
+    const sched_rank *acts = &pl->plan.ranks[pl->rank];
+    for (int q = 0; q < acts->n; q++) /* an input half keeps a unit's gradients until its weight half */
+        pl->split_backward |= acts->actions[q].op == CT_PP_I || acts->actions[q].op == CT_PP_W;
     pl->stage_left = calloc((size_t)pl->n_mb, sizeof(int));
     pl->mb_ctx = calloc((size_t)pl->n_mb, sizeof(int));
     pl->bwd_done = calloc((size_t)nu, sizeof(int));
@@ -243,13 +249,17 @@ ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct
         (b) = t_;          \
     } while (0)
 
-/* The runtime's per-step state (arenas, unit boundaries, tape) and a microbatch's trade places. */
+/* The runtime's per-step state (arenas, unit boundaries, tape) and a microbatch's trade places
+ * (called again to trade back). With shared_grads the context's grads arena holds only its
+ * boundary gradients and the units' internal ones go to the runtime's own, shared arena. */
 static void swap_ctx(runtime *rt, pp_ctx *c) {
     SWAP(arena, rt->saved, c->saved);
-    SWAP(arena, rt->grads, c->grads);
+    if (c->shared_grads) rt->bgrad_ctx = rt->bgrad_ctx == &c->grads.data ? NULL : &c->grads.data;
+    else SWAP(arena, rt->grads, c->grads);
     SWAP(rt_tensor **, rt->unit_in, c->unit_in);
     SWAP(rt_tensor **, rt->unit_out, c->unit_out);
     SWAP(tape_entry **, rt->unit_tape, c->unit_tape);
+    SWAP(rt_unit_mark *, rt->unit_mark, c->unit_mark);
 }
 
 static pp_ctx *ctx_new(pipeline *pl) {
@@ -270,10 +280,12 @@ static pp_ctx *ctx_new(pipeline *pl) {
     c->unit_in = calloc((size_t)nu, sizeof(rt_tensor *));
     c->unit_out = calloc((size_t)nu, sizeof(rt_tensor *));
     c->unit_tape = calloc((size_t)nu, sizeof(tape_entry *));
+    c->unit_mark = calloc((size_t)nu, sizeof(rt_unit_mark));
     c->stage_in = calloc((size_t)pl->n_stages, sizeof(rt_tensor *));
     c->mb = -1;
+    c->shared_grads = !pl->split_backward;
     pl->ctx[pl->n_ctx++] = c;
-    if (!c->unit_in || !c->unit_out || !c->unit_tape || !c->stage_in) return NULL;
+    if (!c->unit_in || !c->unit_out || !c->unit_tape || !c->unit_mark || !c->stage_in) return NULL;
     return c;
 }
 
@@ -286,6 +298,7 @@ static void ctx_free(pp_ctx *c) {
     free(c->unit_in);
     free(c->unit_out);
     free(c->unit_tape);
+    free(c->unit_mark);
     free(c->stage_in);
     free(c);
 }
@@ -314,6 +327,7 @@ static pp_ctx *ctx_get(pipeline *pl, int mb) {
     memset(c->unit_in, 0, sizeof(rt_tensor *) * (size_t)nu);
     memset(c->unit_out, 0, sizeof(rt_tensor *) * (size_t)nu);
     memset(c->unit_tape, 0, sizeof(tape_entry *) * (size_t)nu);
+    memset(c->unit_mark, 0, sizeof(rt_unit_mark) * (size_t)nu);
     memset(c->stage_in, 0, sizeof(rt_tensor *) * (size_t)pl->n_stages);
     c->mb = mb;
     pl->mb_ctx[mb] = k; /* a new context went in at index k too */
@@ -403,7 +417,7 @@ static ct_status cb_backward(void *p, int stage, int mb, int op) {
     int halves = op == CT_PP_B ? TAPE_BOTH : op == CT_PP_I ? TAPE_INPUT : TAPE_WEIGHT;
     swap_ctx(rt, c);
     if (stage == pl->n_stages - 1 && op != CT_PP_W) { /* d(loss)/d(loss) = 1 / global valid tokens */
-        float *g = rt->unit_out[u1] ? tape_grad(rt, rt->unit_out[u1]) : NULL;
+        float *g = rt->unit_out[u1] ? runtime_boundary_grad(rt, rt->unit_out[u1]) : NULL;
         bad = !g || rt->d->copy(rt->dev, g, &pl->loss_scale, sizeof pl->loss_scale, CT_COPY_H2D) != CT_OK;
     }
     for (int u = u1; u >= u0 && !bad; u--) { /* W opens no window: its I did */
@@ -425,7 +439,7 @@ static ct_status cb_output(void *p, int stage, int mb, int kind, const float **d
     pp_ctx *c = pl->ctx[pl->mb_ctx[mb]];
     swap_ctx(rt, c);
     rt_tensor *t = kind == CT_PP_ACTIVATION ? rt->unit_out[pl->stage_u1[stage]] : rt->unit_in[pl->stage_u0[stage]];
-    const float *d = !t ? NULL : kind == CT_PP_ACTIVATION ? t->t.data : tape_grad(rt, t);
+    const float *d = !t ? NULL : kind == CT_PP_ACTIVATION ? t->t.data : runtime_boundary_grad(rt, t);
     swap_ctx(rt, c);
     if (!d) {
         ct_set_error("pipeline: stage %d has no %s for microbatch %d yet", stage,
@@ -495,7 +509,7 @@ static ct_status cb_input(void *p, int stage, int mb, int kind, int ndim, const 
     rt->act = &rt->saved;
     {
         rt_tensor *t = rt->unit_out[pl->stage_u1[stage]];
-        if (t && t->t.ndim == ndim && !memcmp(t->t.shape, shape, sizeof(int64_t) * (size_t)ndim)) out = tape_grad(rt, t);
+        if (t && t->t.ndim == ndim && !memcmp(t->t.shape, shape, sizeof(int64_t) * (size_t)ndim)) out = runtime_boundary_grad(rt, t);
         else ct_set_error("pipeline: the gradient for stage %d, microbatch %d has another shape than its output", stage, mb);
     }
     swap_ctx(rt, c);

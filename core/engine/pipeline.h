@@ -35,6 +35,7 @@ typedef struct pipeline {
     int n_ctx;
     int *mb_ctx;              /* microbatch -> context index, -1 none yet */
     int peak_ctx;             /* the most contexts live at once (microbatches held) */
+    int split_backward;       /* this rank's schedule has I/W actions (zero bubble) */
     /* Activations received ahead of their F (the runner posts every receive early) wait in buffers of
      * their own, so an early arrival does not take a whole context: a free list of device buffers,
      * and per (stage, microbatch) the buffer holding its input, -1 none. */

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #define POOL_ALIGN 64
-#define POOL_MIN_CHUNK ((size_t)1 << 20)
 
 static void *chunk_alloc(pool *p, size_t bytes) {
     void *mem = NULL;
@@ -92,6 +91,8 @@ void pool_release(pool *p, pool_mark m) {
 }
 
 /* Empties the pool; when it had to grow, replaces its chunks by one of the peak size. */
+size_t pool_steady_bytes(const pool *p) { return p->n_chunks <= 1 ? p->cap_total : p->peak_used; }
+
 int pool_reset(pool *p) {
     p->cur = 0;
     p->top = 0;

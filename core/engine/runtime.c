@@ -586,12 +586,17 @@ static int start_runtime(runtime *rt, char *err, size_t errlen) {
     pool_init(&rt->scratch.desc, NULL, NULL, CT_MEM_OTHER);
     pool_init(&rt->grads.data, d, rt->dev, CT_MEM_ACTIVATIONS);
     pool_init(&rt->grads.desc, NULL, NULL, CT_MEM_OTHER);
+    pool_init(&rt->bgrads[0], d, rt->dev, CT_MEM_ACTIVATIONS);
+    pool_init(&rt->bgrads[1], d, rt->dev, CT_MEM_ACTIVATIONS);
+    rt->bgrad_pingpong = 1; /* the pipeline turns it off: its contexts keep their boundary gradients */
+    rt->grad_pool = &rt->grads.data;
     int nu = rt->desc.n_units;
     rt->ac = calloc((size_t)nu, sizeof(int));
     rt->unit_in = calloc((size_t)nu, sizeof(rt_tensor *));
     rt->unit_out = calloc((size_t)nu, sizeof(rt_tensor *));
     rt->unit_tape = calloc((size_t)nu, sizeof(tape_entry *));
-    if (!rt->ac || !rt->unit_in || !rt->unit_out || !rt->unit_tape) {
+    rt->unit_mark = calloc((size_t)nu, sizeof(rt_unit_mark));
+    if (!rt->ac || !rt->unit_in || !rt->unit_out || !rt->unit_tape || !rt->unit_mark) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -701,9 +706,10 @@ void runtime_free(runtime *rt) {
     }
     if (rt->bf16_shadow) {
         rt->d->free(rt->dev, rt->bf16_shadow);
-        mem_account(CT_MEM_PARAMS, -(int64_t)rt->param_bytes);
+        mem_account(CT_MEM_PARAMS, -(int64_t)rt->shadow_bytes);
     }
     free(rt->master_data);
+    free(rt->shadow_off);
     if (rt->share_buf) rt->d->free(rt->dev, rt->share_buf);
     tape_rope_tables_free(rt);
     for (int i = 0; i < rt->n_layers; i++) tape_layer_free(rt->layers[i]);
@@ -714,10 +720,13 @@ void runtime_free(runtime *rt) {
     pool_destroy(&rt->scratch.desc);
     pool_destroy(&rt->grads.data);
     pool_destroy(&rt->grads.desc);
+    pool_destroy(&rt->bgrads[0]);
+    pool_destroy(&rt->bgrads[1]);
     free(rt->ac);
     free(rt->unit_in);
     free(rt->unit_out);
     free(rt->unit_tape);
+    free(rt->unit_mark);
     memset(rt, 0, sizeof *rt);
 }
 
@@ -751,26 +760,36 @@ int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err,
 /* bf16 parameter copies for compute, for replicated parameters (a sharding strategy rounds what
  * it gathers instead, told by ct_strategy_env.bf16_compute). */
 int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
-    if (rt->d->alloc(rt->dev, rt->param_bytes, (void **)&rt->bf16_shadow) != CT_OK) {
-        snprintf(err, errlen, "cannot allocate the bf16 parameter copies");
+    rt->master_data = calloc((size_t)rt->n_params, sizeof(void *));
+    rt->shadow_off = calloc((size_t)rt->n_params, sizeof(size_t));
+    if (!rt->master_data || !rt->shadow_off) {
+        snprintf(err, errlen, "out of memory");
         return -1;
     }
-    mem_account(CT_MEM_PARAMS, (int64_t)rt->param_bytes);
-    rt->master_data = calloc((size_t)rt->n_params, sizeof(void *));
-    if (!rt->master_data) return -1;
-    for (int i = 0; i < rt->n_params; i++) rt->master_data[i] = rt->slots[i].local_data;
+    size_t bytes = 0; /* only the replicated parameters get copies: nothing at all under FSDP */
+    for (int i = 0; i < rt->n_params; i++) {
+        rt->master_data[i] = rt->slots[i].local_data;
+        if (rt->slots[i].placement != CT_PLACE_REPLICATE || !rt->slots[i].local_data) continue;
+        rt->shadow_off[i] = bytes;
+        bytes += align64((size_t)rt->slots[i].numel * sizeof(float));
+    }
+    rt->shadow_bytes = bytes;
+    if (!bytes) return 0;
+    if (rt->d->alloc(rt->dev, bytes, (void **)&rt->bf16_shadow) != CT_OK) {
+        snprintf(err, errlen, "cannot allocate the bf16 parameter copies (%zu bytes)", bytes);
+        return -1;
+    }
+    mem_account(CT_MEM_PARAMS, (int64_t)bytes);
     return 0;
 }
 
-static float *shadow_of(runtime *rt, int i) {
-    return (float *)((char *)rt->bf16_shadow + ((char *)rt->slots[i].local_data - rt->param_mem));
-}
+static float *shadow_of(runtime *rt, int i) { return (float *)((char *)rt->bf16_shadow + rt->shadow_off[i]); }
 
 int runtime_begin_step(runtime *rt) {
     if (!rt->bf16_shadow) return 0;
     for (int i = 0; i < rt->n_params; i++) {
         const ct_param_slot *sl = &rt->slots[i];
-        if (sl->placement != CT_PLACE_REPLICATE) continue;
+        if (sl->placement != CT_PLACE_REPLICATE || !sl->local_data) continue;
         float *dst = shadow_of(rt, i);
         if (rt->d->copy(rt->dev, dst, sl->local_data, (size_t)sl->numel * sizeof(float), CT_COPY_D2D) != CT_OK ||
             rt->d->round_bf16(rt->dev, dst, sl->numel) != CT_OK)
@@ -783,7 +802,7 @@ int runtime_begin_step(runtime *rt) {
 void runtime_use_shadow(runtime *rt, int on) {
     if (!rt->bf16_shadow) return;
     for (int i = 0; i < rt->n_params; i++)
-        if (rt->slots[i].placement == CT_PLACE_REPLICATE)
+        if (rt->slots[i].placement == CT_PLACE_REPLICATE && rt->slots[i].local_data)
             rt->params[i]->t.data = on ? shadow_of(rt, i) : rt->slots[i].local_data;
 }
 
@@ -798,12 +817,15 @@ rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_
 
 int runtime_reset_arenas(runtime *rt) {
     int bad = pool_reset(&rt->opscratch) | pool_reset(&rt->saved.data) | pool_reset(&rt->saved.desc) | pool_reset(&rt->scratch.data) |
-              pool_reset(&rt->scratch.desc) | pool_reset(&rt->grads.data) | pool_reset(&rt->grads.desc);
+              pool_reset(&rt->scratch.desc) | pool_reset(&rt->grads.data) | pool_reset(&rt->grads.desc) |
+              pool_reset(&rt->bgrads[0]) | pool_reset(&rt->bgrads[1]);
+    if (rt->unit_mark) memset(rt->unit_mark, 0, sizeof(rt_unit_mark) * (size_t)rt->desc.n_units);
     return bad ? -1 : 0;
 }
 
 static void note_act_peak(runtime *rt) {
-    int64_t live = (int64_t)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
+    int64_t live = (int64_t)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used +
+                             rt->bgrads[0].used + rt->bgrads[1].used);
     if (live > rt->peak_act_bytes) rt->peak_act_bytes = live;
 }
 
@@ -856,7 +878,27 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
     rt->cur_unit = u;
     rt->unit_in[u] = x;
     rt->tail = NULL;
-    if (record && rt->ac[u]) {
+    if (record) rt->unit_mark[u] = (rt_unit_mark){pool_get_mark(&rt->saved.data), pool_get_mark(&rt->saved.desc), 1};
+    if (record && rt->ac[u] == RT_AC_FULL && rt->bgrad_pingpong && x) {
+        /* one region: the output's place first, the forward above it, given back after the copy
+         * (a block's output has its input's shape; another shape keeps the forward where it is) */
+        rt->act = &rt->saved;
+        rt_tensor *keep = tape_new_activation(rt, x->t.dtype, x->t.ndim, x->t.shape), *o;
+        if (!keep) return -1;
+        pool_mark md = pool_get_mark(&rt->saved.data), mh = pool_get_mark(&rt->saved.desc);
+        rt->recording = 0;
+        if (unit_forward(rt, u, x, tokens, tg, &o)) return -1;
+        x = o;
+        if (o->t.dtype == keep->t.dtype && o->t.ndim == keep->t.ndim &&
+            !memcmp(o->t.shape, keep->t.shape, sizeof(int64_t) * (size_t)o->t.ndim)) {
+            if (rt->d->copy(rt->dev, keep->t.data, o->t.data, (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype),
+                            CT_COPY_D2D))
+                return -1;
+            pool_release(&rt->saved.data, md);
+            pool_release(&rt->saved.desc, mh);
+            x = keep;
+        }
+    } else if (record && rt->ac[u]) {
         pool_mark md = pool_get_mark(&rt->scratch.data), mh = pool_get_mark(&rt->scratch.desc);
         rt->recording = 0;
         rt->act = &rt->scratch;
@@ -888,20 +930,69 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
     return 0;
 }
 
+/* Unit u's input gradient, which outlives the unit's backward: in the grads arena below the unit's
+ * mark, or (bgrad_pingpong) in bgrads[u & 1], whose previous tenant is dead by now. */
+static float *grad_in_pool(runtime *rt, pool *p, rt_tensor *t) {
+    size_t bytes = (size_t)ct_tensor_numel(&t->t) * sizeof(float);
+    ct_clear_error();
+    t->t.grad = pool_alloc(p, bytes);
+    if (!t->t.grad) {
+        ct_set_error("out of memory for activation gradients");
+        return NULL;
+    }
+    if (rt->d->zero(rt->dev, t->t.grad, bytes) != CT_OK) { /* the device's reason stands */
+        if (!ct_last_error()[0]) ct_set_error("zeroing an activation gradient failed");
+        t->t.grad = NULL;
+    }
+    return t->t.grad;
+}
+
+float *runtime_boundary_grad(runtime *rt, rt_tensor *t) {
+    if (!rt->bgrad_ctx || t->base || t->t.grad) return tape_grad(rt, t);
+    return grad_in_pool(rt, rt->bgrad_ctx, t);
+}
+
+static float *boundary_grad(runtime *rt, int u, rt_tensor *in) {
+    if (!rt->bgrad_pingpong || in->base || in->t.grad) return runtime_boundary_grad(rt, in);
+    pool *p = &rt->bgrads[u & 1];
+    if (pool_reset(p)) return NULL;
+    return grad_in_pool(rt, p, in);
+}
+
+/* Gives back unit u's saved activations once its backward is done, if no later unit still holds
+ * some (the arena is a stack: a zero-bubble schedule's input half keeps a unit's until its weight
+ * half). */
+static void release_saved(runtime *rt, int u) {
+    if (!rt->unit_mark[u].held) return;
+    for (int v = u + 1; v < rt->desc.n_units; v++)
+        if (rt->unit_mark[v].held) return;
+    pool_release(&rt->saved.data, rt->unit_mark[u].data);
+    pool_release(&rt->saved.desc, rt->unit_mark[u].desc);
+    rt->unit_mark[u].held = 0;
+    rt->unit_out[u] = NULL;
+    rt->unit_tape[u] = NULL;
+}
+
 /* Backward halves of unit u, no hooks. TAPE_BOTH frees the unit's activation gradients after it;
  * TAPE_INPUT keeps them (and a checkpointed unit's recomputed activations, in the saved arena) for
- * the TAPE_WEIGHT half that follows later (zero-bubble pipeline schedules). */
+ * the TAPE_WEIGHT half that follows later (zero-bubble pipeline schedules). After TAPE_BOTH or
+ * TAPE_WEIGHT the unit's saved activations are dead and given back (release_saved). */
 int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, int halves) {
     int nu = rt->desc.n_units;
     rt_tensor *in = rt->unit_in[u];
     rt->cur_unit = u;
-    if (in && !tape_grad(rt, in)) return -1; /* the boundary gradient outlives the unit */
+    if (in && !boundary_grad(rt, u, in)) return -1; /* the boundary gradient outlives the unit */
     pool_mark gd = pool_get_mark(&rt->grads.data);
     pool_mark sd = pool_get_mark(&rt->scratch.data), sh = pool_get_mark(&rt->scratch.desc);
     tape_entry *tail = rt->unit_tape[u];
+    /* units strictly in reverse: the recompute and the gradients go above the unit's activations */
+    int one_region = rt->bgrad_pingpong && halves == TAPE_BOTH;
     if (rt->ac[u] && halves != TAPE_WEIGHT) { /* recompute the unit, recording */
         rt->recording = 1;
-        rt->act = halves == TAPE_BOTH ? &rt->scratch : &rt->saved;
+        /* a fully checkpointed unit's recompute goes above its kept input; a per-op one's shares
+         * the scratch its forward's temporaries used */
+        int in_scratch = halves == TAPE_BOTH && (!one_region || rt->ac[u] == RT_AC_OP);
+        rt->act = in_scratch ? &rt->scratch : &rt->saved;
         rt->tail = NULL;
         rt->sac_phase = rt->ac[u] == RT_AC_OP ? RT_SAC_REUSE : RT_SAC_OFF;
         rt->sac_mm = 0;
@@ -922,7 +1013,9 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
         if (halves == TAPE_INPUT) rt->unit_tape[u] = tail; /* the weight half replays the recomputed ops */
     }
     trace_begin(halves == TAPE_BOTH ? "backward" : halves == TAPE_INPUT ? "backward_input" : "backward_weight");
+    if (one_region) rt->grad_pool = &rt->saved.data;
     int bad = tape_backward(rt, tail, halves);
+    rt->grad_pool = &rt->grads.data;
     trace_end(halves == TAPE_BOTH ? "backward" : halves == TAPE_INPUT ? "backward_input" : "backward_weight");
     if (bad) return -1;
     note_act_peak(rt);
@@ -931,6 +1024,7 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
         pool_release(&rt->scratch.data, sd);
         pool_release(&rt->scratch.desc, sh);
     }
+    if (halves != TAPE_INPUT) release_saved(rt, u);
     return 0;
 }
 
@@ -959,18 +1053,19 @@ static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, in
  * backward copies into the loss's gradient on the device (so a replayed graph reads this step's).
  * The arenas are bump allocators, so the same shapes land at the same addresses every time. */
 static int upload_microbatch(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
-                             float loss_scale, rt_tensor *io[3]) {
+                             float loss_scale, rt_tensor *io[4]) {
     if (runtime_reset_arenas(rt)) return -1;
     rt->act = &rt->saved;
     io[0] = runtime_upload_ids(rt, tokens, B, T);
     io[1] = io[0] ? runtime_upload_ids(rt, targets, B, T) : NULL;
     io[2] = io[1] ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;
-    return io[2] && rt->d->copy(rt->dev, io[2]->t.data, &loss_scale, sizeof loss_scale, CT_COPY_H2D) == CT_OK ? 0 : -1;
+    io[3] = io[2] ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL; /* the loss, kept past the head's backward */
+    return io[3] && rt->d->copy(rt->dev, io[2]->t.data, &loss_scale, sizeof loss_scale, CT_COPY_H2D) == CT_OK ? 0 : -1;
 }
 
 /* Forward and backward of the uploaded microbatch, with no host synchronisation when the device has
  * ABI 1.5's loss ops (so it can run inside a capture); *loss: the scalar loss on the device. */
-static int microbatch(runtime *rt, rt_tensor *io[3], int last_microbatch, rt_tensor **loss) {
+static int microbatch(runtime *rt, rt_tensor *io[4], int last_microbatch, rt_tensor **loss) {
     runtime_use_shadow(rt, 1);
     *loss = NULL;
     int bad = forward_units(rt, io[0], io[1], 1, loss);
@@ -980,7 +1075,9 @@ static int microbatch(runtime *rt, rt_tensor *io[3], int last_microbatch, rt_ten
     }
     if (!bad) {
         float *g = tape_grad(rt, *loss);
-        bad = !g || rt->d->copy(rt->dev, g, io[2]->t.data, sizeof(float), CT_COPY_D2D) != CT_OK;
+        bad = !g || rt->d->copy(rt->dev, g, io[2]->t.data, sizeof(float), CT_COPY_D2D) != CT_OK ||
+              rt->d->copy(rt->dev, io[3]->t.data, (*loss)->t.data, sizeof(float), CT_COPY_D2D) != CT_OK;
+        if (!bad) *loss = io[3]; /* the head's backward gives its own activations back */
     }
     /* backward runs with the same (bf16-rounded) weights as forward; gradients land in the f32
      * master gradients, which the parameters point at whatever their data pointer */
@@ -996,16 +1093,16 @@ static void graph_drop(runtime *rt) {
 
 /* The device addresses a graph depends on: the uploads, the loss, and the arena chunks under them
  * (after a reset each arena is one chunk; one that grew since gets a new chunk). */
-static void graph_addresses(runtime *rt, rt_tensor *io[3], const rt_tensor *loss, void *at[4], char *base[3]) {
+static void graph_addresses(runtime *rt, rt_tensor *io[4], const rt_tensor *loss, void *at[4], char *base[5]) {
     for (int i = 0; i < 3; i++) at[i] = io[i]->t.data;
     at[3] = loss ? loss->t.data : NULL;
-    const pool *p[3] = {&rt->saved.data, &rt->scratch.data, &rt->grads.data};
-    for (int i = 0; i < 3; i++) base[i] = p[i]->n_chunks == 1 ? p[i]->chunks[0].base : NULL;
+    const pool *p[5] = {&rt->saved.data, &rt->scratch.data, &rt->grads.data, &rt->bgrads[0], &rt->bgrads[1]};
+    for (int i = 0; i < 5; i++) base[i] = p[i]->n_chunks == 1 ? p[i]->chunks[0].base : NULL;
 }
 
 /* Captures the uploaded microbatch; on success the graph has not run yet. On failure the capture
  * is given up for good (graph.why) and the caller runs the microbatch eagerly. */
-static int graph_capture(runtime *rt, rt_tensor *io[3], int last_microbatch) {
+static int graph_capture(runtime *rt, rt_tensor *io[4], int last_microbatch) {
     runtime_graph *g = &rt->graph;
     rt_tensor *loss = NULL;
     ct_clear_error();
@@ -1026,7 +1123,7 @@ static int graph_capture(runtime *rt, rt_tensor *io[3], int last_microbatch) {
         return -1;
     }
     void *at[4];
-    char *base[3];
+    char *base[5];
     graph_addresses(rt, io, loss, at, base);
     memcpy(g->at, at, sizeof at);
     memcpy(g->arena_base, base, sizeof base);
@@ -1037,7 +1134,7 @@ static int graph_capture(runtime *rt, rt_tensor *io[3], int last_microbatch) {
 int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
                              float loss_scale, int last_microbatch, double *loss_sum) {
     runtime_graph *g = &rt->graph;
-    rt_tensor *io[3], *loss = NULL;
+    rt_tensor *io[4], *loss = NULL;
     if (upload_microbatch(rt, tokens, targets, B, T, loss_scale, io)) return -1;
     if (B != g->B || T != g->T) { /* a new shape: eager until its arenas are steady */
         graph_drop(rt);
@@ -1047,7 +1144,7 @@ int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *
     }
     if (g->graph) { /* the graph's addresses must still be these: else capture again */
         void *at[4];
-        char *base[3];
+        char *base[5];
         graph_addresses(rt, io, NULL, at, base);
         if (memcmp(at, g->at, 3 * sizeof at[0]) || memcmp(base, g->arena_base, sizeof base)) {
             graph_drop(rt);

@@ -2,10 +2,17 @@
  * optimizer states), activation arenas, the tape that records SDK ops and replays their backward,
  * and activation checkpointing per unit.
  *
- * Memory lifetimes (each a pool: device memory + the host descriptors that go with it):
- *   saved   activations kept from forward to backward; reset at each microbatch
- *   scratch temporaries of checkpointed units (forward, then recompute in backward); reset per unit
- *   grads   activation gradients; a unit's internal ones are released after its backward
+ * Memory lifetimes (each a pool: device memory + the host descriptors that go with it). Units
+ * run forward in order and backward in reverse, so activation memory is a stack:
+ *   saved   activations kept from forward to backward, unit by unit (rt_unit_mark); a unit's are
+ *           given back when its backward is done. Without a pipeline it is the one region of a
+ *           microbatch: a fully checkpointed unit's forward runs above its kept output and is given
+ *           back, and a unit's recompute and activation gradients go above its activations and
+ *           are given back with them, so the region's size is the live peak.
+ *   bgrads  the boundary gradients (a unit's input gradient), two at most (bgrads[u & 1])
+ *   scratch temporaries of per-op checkpointed units' forward, and under a pipeline the recompute
+ *   grads   activation gradients where saved cannot take them (a pipeline: one arena shared by the
+ *           microbatch contexts when no backward is split, else per context)
  */
 #ifndef CT_RUNTIME_H
 #define CT_RUNTIME_H
@@ -52,14 +59,26 @@ typedef struct pool_mark {
     size_t top, used;
 } pool_mark;
 
+#define POOL_MIN_CHUNK ((size_t)1 << 20) /* a pool's first chunk is at least this */
 void pool_init(pool *p, const ct_device_api *d, ct_device *dev, ct_mem_category cat);
 void pool_destroy(pool *p);
 void *pool_alloc(pool *p, size_t bytes);
 pool_mark pool_get_mark(const pool *p);
 void pool_release(pool *p, pool_mark m);
 int pool_reset(pool *p);
+/* The bytes the pool holds once the same allocations repeat: after a reset that coalesced, its
+ * peak; one chunk that never grew, that chunk. */
+size_t pool_steady_bytes(const pool *p);
 
 typedef struct tape_entry tape_entry;
+
+/* Where unit u's forward started in the saved arena; `held` while its activations are kept. A
+ * unit's saved activations are given back when its backward is done and every later unit's
+ * already were (backward runs in reverse, so the arena stays a stack). */
+typedef struct rt_unit_mark {
+    pool_mark data, desc;
+    int held;
+} rt_unit_mark;
 
 /* A pair of pools: device data and host descriptors with the same lifetime. */
 typedef struct arena {
@@ -96,7 +115,7 @@ typedef struct runtime_graph {
     int64_t B, T;
     ct_graph *graph;      /* the device's graph, or NULL */
     void *at[4];          /* what it reads and writes: the uploads' and the loss's addresses ... */
-    char *arena_base[3];  /* ... inside these arena chunks (saved, scratch, grads) */
+    char *arena_base[5];  /* ... inside these arena chunks (saved, scratch, grads, both bgrads) */
     int64_t ops, captures, launches;
 } runtime_graph;
 
@@ -134,7 +153,9 @@ typedef struct runtime {
     double comm_seconds;   /* wall time in strategy hooks and collectives (exposed communication) */
     const ct_quantizer_api *qapi; /* float8 linear layers (NULL: none) */
     ct_quantizer *quant;
-    float *bf16_shadow;         /* mixed_precision_param=bfloat16: bf16-rounded copies used by forward */
+    float *bf16_shadow;         /* mixed_precision_param=bfloat16: bf16-rounded copies of the replicated
+                                   parameters used by forward (sharded ones: the strategy rounds its gather) */
+    size_t *shadow_off, shadow_bytes; /* parameter i's copy at bf16_shadow + shadow_off[i] */
     void **master_data;         /* the f32 master pointers while the shadow is swapped in */
 
     /* activation checkpointing: ac[u] is RT_AC_NONE, RT_AC_FULL (unit u recomputed in backward) or
@@ -146,11 +167,28 @@ typedef struct runtime {
     rt_tensor *sac_head, *sac_tail; /* SAVE: the chain of saved outputs; REUSE: head = the next one */
 
     arena saved, scratch, grads;
+    /* Boundary gradients (a unit's input gradient, which outlives the unit's backward) alternate
+     * between two pools when units run strictly in reverse (no pipeline): unit u's goes to
+     * bgrads[u & 1], emptied first, since what it held (unit u+2's input gradient) died with unit
+     * u+1's backward. So two are live at most, not one per unit. */
+    pool bgrads[2];
+    int bgrad_pingpong;
+    /* Under a pipeline whose schedule splits no backward (no I/W actions): the current microbatch
+     * context's pool for its boundary gradients (received output gradients, input gradients to
+     * send), while the unit-internal activation gradients go to the runtime's own grads arena,
+     * shared by every context and given back after each unit's backward. NULL otherwise. */
+    pool *bgrad_ctx;
+    /* Where the tape puts activation gradients: the grads arena, or, in a unit's backward when
+     * units run strictly in reverse (bgrad_pingpong), the saved arena above the unit's own
+     * activations: one region, given back whole when the unit is done, so the arena's size is the
+     * live peak, not the sum of three arenas' peaks. */
+    pool *grad_pool;
     pool opscratch;      /* custom ops' temporaries (ct_builder.scratch), released when the callback returns */
     int64_t memo_pass;   /* bumped at every unit forward: notes from an earlier pass are stale */
     /* per microbatch */
     rt_tensor **unit_in, **unit_out;
     tape_entry **unit_tape;
+    rt_unit_mark *unit_mark;
     int recording;
     arena *act; /* where builder outputs go now */
     tape_entry *tail;
@@ -242,6 +280,9 @@ int runtime_hook(runtime *rt, rt_hook which, int unit, int last);
 void runtime_use_shadow(runtime *rt, int on);
 rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T);
 int runtime_reset_arenas(runtime *rt);
+/* The gradient buffer of a unit boundary tensor (an output gradient a pipeline receives, an input
+ * gradient it sends): in the context's own pool under bgrad_ctx, else as tape_grad. */
+float *runtime_boundary_grad(runtime *rt, rt_tensor *t);
 
 /* The global shape of parameter i (the whole parameter's, when an axis strategy splits it). */
 const int64_t *runtime_global_shape(const runtime *rt, int i);

@@ -965,9 +965,13 @@ static float *grad_of(runtime *rt, rt_tensor *t) {
     }
     if (!owner->t.grad) {
         size_t bytes = (size_t)numel(owner) * sizeof(float);
-        owner->t.grad = pool_alloc(&rt->grads.data, bytes);
-        if (!owner->t.grad || DEV(rt)->zero(rt->dev, owner->t.grad, bytes) != CT_OK) {
+        owner->t.grad = pool_alloc(rt->grad_pool ? rt->grad_pool : &rt->grads.data, bytes);
+        if (!owner->t.grad) {
             ct_set_error("out of memory for activation gradients");
+            return NULL;
+        }
+        ct_clear_error();
+        if (dev_fail(DEV(rt)->zero(rt->dev, owner->t.grad, bytes), "zero")) { /* the device's reason */
             owner->t.grad = NULL;
             return NULL;
         }

@@ -377,9 +377,11 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     int64_t B = l->pp > 1 ? l->pp_microbatch_size : l->local_batch, T = l->seq_len;
     t->tokens = B * T;
     if (runtime_reset_arenas(rt)) return fail(err, errlen, "arenas");
+    rt->bgrad_pingpong = l->pp <= 1; /* as the runtime: a pipeline's contexts keep their boundary gradients */
     rt->act = &rt->saved;
     rt_tensor *tok = runtime_upload_ids(rt, NULL, B, T), *tgt = tok ? runtime_upload_ids(rt, NULL, B, T) : NULL;
     rt_tensor *scale = tgt ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;
+    if (scale) scale = tape_new_activation(rt, CT_F32, 0, NULL); /* the loss, copied out before backward */
     if (!scale) return fail(err, errlen, "the microbatch's ids");
     t->io_bytes = (double)rt->saved.data.used;
     rt->peak_act_bytes = 0;
@@ -403,7 +405,8 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     if (!tape_grad(rt, x)) return fail(err, errlen, "the loss's gradient");
     rt->trace_ops = 2;
     for (int u = nu - 1; u >= 0; u--) {
-        double live = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
+        double live = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used +
+                               rt->bgrads[0].used + rt->bgrads[1].used);
         double g0 = (double)rt->grads.data.used, s0 = (double)rt->scratch.data.used;
         rt->peak_act_bytes = 0;
         rt->grads.data.peak_used = rt->grads.data.used;
@@ -421,6 +424,9 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
         if ((double)rt->peak_act_bytes > t->live_peak) t->live_peak = (double)rt->peak_act_bytes;
     }
     rt->trace_ops = 0;
+    t->arena_bytes = (double)(pool_steady_bytes(&rt->saved.data) + pool_steady_bytes(&rt->scratch.data) +
+                              pool_steady_bytes(&rt->grads.data) + pool_steady_bytes(&rt->bgrads[0]) +
+                              pool_steady_bytes(&rt->bgrads[1]));
     t->desc_bytes = (double)(rt->saved.desc.cap_total + rt->scratch.desc.cap_total + rt->grads.desc.cap_total);
     t->opscratch_bytes = (double)rt->opscratch.cap_total;
     rt->trace = NULL;
@@ -732,10 +738,12 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         if (sl->whole & CT_WHOLE_GRAD) whole_grad[pr] += (double)sl->numel * 4.0;
     }
     double local_bytes[64] = {0}; /* the storage allocation: param_bytes of that rank */
+    double replicated[64] = {0};  /* of which replicated: what bf16 compute keeps rounded copies of */
     for (int i = 0; i < rt->n_params; i++) {
         const ct_param_slot *sl = &rt->slots[i];
         int pr = unit_rank ? unit_rank[sl->unit] : 0;
         if (pr < npr) local_bytes[pr] += align64d((double)sl->local_numel * 4.0);
+        if (pr < npr && sl->placement == CT_PLACE_REPLICATE) replicated[pr] += align64d((double)sl->numel * 4.0);
     }
     /* the strategies' own buffers and collectives: per pp rank (first, a middle one, last) */
     static ct_comm_cost comms[1024];
@@ -912,7 +920,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     double best = -1;
     for (int pr = 0; pr < npr; pr++) {
         double m[PLAN_MEM_N] = {0};
-        m[PLAN_MEM_PARAMS] = prm[pr] + (l->bf16 ? local_bytes[pr] : 0); /* the bf16 copies for compute */
+        m[PLAN_MEM_PARAMS] = prm[pr] + (l->bf16 ? replicated[pr] : 0); /* the bf16 copies for compute */
         m[PLAN_MEM_GRADS] = local_bytes[pr] + whole_grad[pr];
         m[PLAN_MEM_OPTIMIZER] = (double)c->s.n_state * local_bytes[pr];
         m[PLAN_MEM_MASTER] = master[pr];
@@ -952,10 +960,17 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
             /* a zero-bubble schedule's input half keeps every unit's gradients for its weight half */
             int split = 0;
             for (int q = 0; q < r.pl.plan.ranks[pr].n && !split; q++) split = r.pl.plan.ranks[pr].actions[q].op == CT_PP_I;
-            double grads_all = 0;
-            for (int u = 0; u < nu && split; u++)
-                if (unit_rank[u] == pr) grads_all += t.units[u].grads_peak - t.units[u].boundary_grad_bytes;
-            m[PLAN_MEM_TRANSIENT] = inflight * (boundary + (split ? grads_all : grads_peak)) + scratch;
+            double grads_all = 0, grads_inner = 0;
+            for (int u = 0; u < nu; u++)
+                if (unit_rank[u] == pr) {
+                    grads_all += t.units[u].grads_peak - t.units[u].boundary_grad_bytes;
+                    grads_inner = fmax(grads_inner, t.units[u].grads_peak - t.units[u].boundary_grad_bytes);
+                }
+            /* without I/W, the units' internal gradients share one arena over the contexts (each
+             * unit's given back after its backward); a context keeps only its boundary ones */
+            const double min_chunk = (double)POOL_MIN_CHUNK; /* each pool's first chunk */
+            m[PLAN_MEM_TRANSIENT] = split ? inflight * fmax(min_chunk, boundary + grads_all) + scratch
+                                          : inflight * fmax(min_chunk, boundary) + fmax(min_chunk, grads_inner) + scratch;
             m[PLAN_MEM_PP_BUFFERS] = (recv > 0 ? arrived : 0) * recv; /* received inputs wait in their own buffers */
             /* each context's descriptor arena starts at one chunk (1 MiB); the rank's scratch one */
             m[PLAN_MEM_OVERHEAD] = inflight * fmax(1048576.0, t.desc_bytes / npr) +
@@ -963,7 +978,9 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         } else {
             m[PLAN_MEM_ACTIVATIONS] = t.io_bytes + saved - logits;
             m[PLAN_MEM_LOGITS] = logits;
-            m[PLAN_MEM_TRANSIENT] = fmax(0, t.live_peak - t.io_bytes - saved);
+            /* the arenas as they stay after the first step: one region holds what is saved and each
+             * unit's backward in turn, so this is the live peak plus what each pool rounds up */
+            m[PLAN_MEM_TRANSIENT] = fmax(0, fmax(t.live_peak, t.arena_bytes) - t.io_bytes - saved);
             m[PLAN_MEM_OVERHEAD] = t.desc_bytes; /* the descriptor arenas, host memory */
         }
         m[PLAN_MEM_TRANSIENT] += t.opscratch_bytes; /* custom ops' temporaries */

@@ -150,6 +150,9 @@ typedef struct plan_trace {
     /* the tape's arenas, bytes: ids and targets of a microbatch; the whole microbatch's live peak
      * (forward and backward, as training measures it on one pipeline stage holding every unit) */
     double io_bytes, live_peak;
+    /* what the activation arenas hold in steady state (each pool at its peak, or its first chunk):
+     * the device memory a run's activations take, however much of it is live at once */
+    double arena_bytes;
     /* the host-side descriptor arenas (tensors, tape entries) and the custom ops' device scratch, as
      * the tape left them: their allocated sizes */
     double desc_bytes, opscratch_bytes;

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Activation memory is planned by liveness (core/engine/runtime.h): a unit's saved activations,
+# recompute and activation gradients share one region that is given back unit by unit in backward,
+# and the boundary gradients alternate between two buffers. So under full activation checkpointing
+# each more block costs what it keeps, its input (B x T x dim floats), and nothing else: no boundary
+# gradient stays behind per block. Measured from the arenas' device memory (metrics.jsonl's
+# "activations", last step) for llama3 debugmodel with 4 and 10 blocks, fp32, one rank; and the
+# planner predicts the same bytes for both (within 2%).
+set -u
+CTITAN=${CTITAN:-build/ctitan}
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/data.sh
+test_data "$T" 2048 || fail "test data"
+B=4 S=128 D=256
+args=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --model.tokenizer_path="$T/tok.model"
+      --training.seq_len=$S --training.local_batch_size=$B --training.steps=3 --metrics.log_freq=1
+      --generate.max_new_tokens=0 --training.mixed_precision_param=float32 --device.threads=1
+      --activation_checkpoint.mode=full)
+act() { grep '"loss"' "$T/$1/metrics.jsonl" | tail -1 | sed 's/.*"activations": \([0-9]*\).*/\1/'; }
+for L in 4 10; do
+  "$CTITAN" train "${args[@]}" --model.n_layers=$L --job.dump_folder="$T/l$L" >"$T/l$L.log" 2>&1 ||
+    { tail -5 "$T/l$L.log"; fail "train with $L layers"; }
+  "$CTITAN" plan "${args[@]}" --model.n_layers=$L --hardware h100-sxm --gpus 1 --json >"$T/p$L.json" 2>"$T/p$L.err" ||
+    { cat "$T/p$L.err"; fail "plan with $L layers"; }
+done
+a4=$(act l4) a10=$(act l10)
+[ -n "$a4" ] && [ -n "$a10" ] || fail "no activations in the metrics"
+# one kept input per block, plus at most what moves the peak from one unit's backward to another's
+# (a boundary gradient left behind per block would make it 2x)
+awk -v a=$a4 -v b=$a10 -v per=$((B * S * D * 4)) 'BEGIN { d = (b - a) / 6; r = d / per
+  printf "%s  full AC: %d bytes of activations with 4 blocks, %d with 10: %.0f per block = %.3f x its kept input (%d)\n",
+         (r > 0.97 && r < 1.25) ? "ok  " : "FAIL", a, b, d, r, per; exit !(r > 0.97 && r < 1.25) }' || exit 1
+for L in 4 10; do
+  python3 - "$T/p$L.json" "$(act l$L)" $L <<'EOF' || exit 1
+import json, sys
+p = json.load(open(sys.argv[1]))
+mem = p["layouts"][0]["memory_gib"]
+pred = sum(mem[k] for k in ("activations", "transient", "logits")) * float(1 << 30)
+meas = float(sys.argv[2])
+r = pred / meas
+ok = 0.98 < r < 1.02
+print("%s  %s blocks: the planner's activations %.0f bytes, measured %.0f (ratio %.4f)" % ("ok  " if ok else "FAIL", sys.argv[3], pred, meas, r))
+sys.exit(0 if ok else 1)
+EOF
+done
