@@ -219,7 +219,7 @@ ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct
         return bad_setting(mf, "parallelism.pipeline_runner", "%s", "the runner's API table is too small: rebuild it");
     int nu = rt->desc.n_units;
     pl->rt = rt;
-    rt->bgrad_pingpong = 0; /* contexts interleave: each keeps its boundary gradients in its own arena */
+    rt->in_order = 0; /* contexts interleave: each keeps its boundary gradients in its own arena */
     const sched_rank *acts = &pl->plan.ranks[pl->rank];
     for (int q = 0; q < acts->n; q++) /* an input half keeps a unit's gradients until its weight half */
         pl->split_backward |= acts->actions[q].op == CT_PP_I || acts->actions[q].op == CT_PP_W;

@@ -90,9 +90,9 @@ void pool_release(pool *p, pool_mark m) {
     p->used = m.used;
 }
 
-/* Empties the pool; when it had to grow, replaces its chunks by one of the peak size. */
 size_t pool_steady_bytes(const pool *p) { return p->n_chunks <= 1 ? p->cap_total : p->peak_used; }
 
+/* Empties the pool; when it had to grow, replaces its chunks by one of the peak size. */
 int pool_reset(pool *p) {
     p->cur = 0;
     p->top = 0;

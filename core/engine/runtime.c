@@ -588,7 +588,7 @@ static int start_runtime(runtime *rt, char *err, size_t errlen) {
     pool_init(&rt->grads.desc, NULL, NULL, CT_MEM_OTHER);
     pool_init(&rt->bgrads[0], d, rt->dev, CT_MEM_ACTIVATIONS);
     pool_init(&rt->bgrads[1], d, rt->dev, CT_MEM_ACTIVATIONS);
-    rt->bgrad_pingpong = 1; /* the pipeline turns it off: its contexts keep their boundary gradients */
+    rt->in_order = 1; /* the pipeline turns it off: its microbatches interleave */
     rt->grad_pool = &rt->grads.data;
     int nu = rt->desc.n_units;
     rt->ac = calloc((size_t)nu, sizeof(int));
@@ -879,7 +879,7 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
     rt->unit_in[u] = x;
     rt->tail = NULL;
     if (record) rt->unit_mark[u] = (rt_unit_mark){pool_get_mark(&rt->saved.data), pool_get_mark(&rt->saved.desc), 1};
-    if (record && rt->ac[u] == RT_AC_FULL && rt->bgrad_pingpong && x) {
+    if (record && rt->ac[u] == RT_AC_FULL && rt->in_order && x) {
         /* one region: the output's place first, the forward above it, given back after the copy
          * (a block's output has its input's shape; another shape keeps the forward where it is) */
         rt->act = &rt->saved;
@@ -930,33 +930,18 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
     return 0;
 }
 
-/* Unit u's input gradient, which outlives the unit's backward: in the grads arena below the unit's
- * mark, or (bgrad_pingpong) in bgrads[u & 1], whose previous tenant is dead by now. */
-static float *grad_in_pool(runtime *rt, pool *p, rt_tensor *t) {
-    size_t bytes = (size_t)ct_tensor_numel(&t->t) * sizeof(float);
-    ct_clear_error();
-    t->t.grad = pool_alloc(p, bytes);
-    if (!t->t.grad) {
-        ct_set_error("out of memory for activation gradients");
-        return NULL;
-    }
-    if (rt->d->zero(rt->dev, t->t.grad, bytes) != CT_OK) { /* the device's reason stands */
-        if (!ct_last_error()[0]) ct_set_error("zeroing an activation gradient failed");
-        t->t.grad = NULL;
-    }
-    return t->t.grad;
-}
-
 float *runtime_boundary_grad(runtime *rt, rt_tensor *t) {
-    if (!rt->bgrad_ctx || t->base || t->t.grad) return tape_grad(rt, t);
-    return grad_in_pool(rt, rt->bgrad_ctx, t);
+    return tape_grad_in(rt, t, rt->bgrad_ctx ? rt->bgrad_ctx : rt->grad_pool);
 }
 
+/* Unit u's input gradient, which outlives the unit's backward: with units in order, in
+ * bgrads[u & 1], whose previous tenant (unit u+2's input gradient) died with unit u+1's backward;
+ * else where runtime_boundary_grad puts it. */
 static float *boundary_grad(runtime *rt, int u, rt_tensor *in) {
-    if (!rt->bgrad_pingpong || in->base || in->t.grad) return runtime_boundary_grad(rt, in);
-    pool *p = &rt->bgrads[u & 1];
-    if (pool_reset(p)) return NULL;
-    return grad_in_pool(rt, p, in);
+    rt_tensor *owner = in->base ? in->base : in;
+    if (!rt->in_order || owner->t.grad) return runtime_boundary_grad(rt, in);
+    if (pool_reset(&rt->bgrads[u & 1])) return NULL;
+    return tape_grad_in(rt, in, &rt->bgrads[u & 1]);
 }
 
 /* Gives back unit u's saved activations once its backward is done, if no later unit still holds
@@ -986,7 +971,7 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
     pool_mark sd = pool_get_mark(&rt->scratch.data), sh = pool_get_mark(&rt->scratch.desc);
     tape_entry *tail = rt->unit_tape[u];
     /* units strictly in reverse: the recompute and the gradients go above the unit's activations */
-    int one_region = rt->bgrad_pingpong && halves == TAPE_BOTH;
+    int one_region = rt->in_order && halves == TAPE_BOTH;
     if (rt->ac[u] && halves != TAPE_WEIGHT) { /* recompute the unit, recording */
         rt->recording = 1;
         /* a fully checkpointed unit's recompute goes above its kept input; a per-op one's shares

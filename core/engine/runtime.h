@@ -167,19 +167,20 @@ typedef struct runtime {
     rt_tensor *sac_head, *sac_tail; /* SAVE: the chain of saved outputs; REUSE: head = the next one */
 
     arena saved, scratch, grads;
-    /* Boundary gradients (a unit's input gradient, which outlives the unit's backward) alternate
-     * between two pools when units run strictly in reverse (no pipeline): unit u's goes to
-     * bgrads[u & 1], emptied first, since what it held (unit u+2's input gradient) died with unit
-     * u+1's backward. So two are live at most, not one per unit. */
+    /* Units run forward in order and backward strictly in reverse, one microbatch at a time (no
+     * pipeline). Then boundary gradients (a unit's input gradient, which outlives the unit's
+     * backward) alternate between two pools: unit u's goes to bgrads[u & 1], emptied first, since
+     * what it held (unit u+2's input gradient) died with unit u+1's backward. So two are live at
+     * most, not one per unit. Both live from the first microbatch to runtime_free. */
+    int in_order;
     pool bgrads[2];
-    int bgrad_pingpong;
     /* Under a pipeline whose schedule splits no backward (no I/W actions): the current microbatch
      * context's pool for its boundary gradients (received output gradients, input gradients to
      * send), while the unit-internal activation gradients go to the runtime's own grads arena,
      * shared by every context and given back after each unit's backward. NULL otherwise. */
     pool *bgrad_ctx;
     /* Where the tape puts activation gradients: the grads arena, or, in a unit's backward when
-     * units run strictly in reverse (bgrad_pingpong), the saved arena above the unit's own
+     * units are in_order, the saved arena above the unit's own
      * activations: one region, given back whole when the unit is done, so the arena's size is the
      * live peak, not the sum of three arenas' peaks. */
     pool *grad_pool;

@@ -951,8 +951,8 @@ void tape_builder_init(runtime *rt) {
 
 /* ---- backward ---- */
 
-/* The gradient buffer of t (a view's is its base's), allocated zeroed in the grads arena. */
-static float *grad_of(runtime *rt, rt_tensor *t) {
+/* The gradient buffer of t (a view's is its base's), allocated zeroed in pool p when it has none. */
+float *tape_grad_in(runtime *rt, rt_tensor *t, pool *p) {
     rt_tensor *owner = t->base ? t->base : t;
     if (!owner->t.grad && owner->param) { /* never a throwaway buffer: the gradient would be lost */
         const ct_param_slot *sl = &rt->slots[owner->param - 1];
@@ -965,7 +965,7 @@ static float *grad_of(runtime *rt, rt_tensor *t) {
     }
     if (!owner->t.grad) {
         size_t bytes = (size_t)numel(owner) * sizeof(float);
-        owner->t.grad = pool_alloc(rt->grad_pool ? rt->grad_pool : &rt->grads.data, bytes);
+        owner->t.grad = pool_alloc(p, bytes);
         if (!owner->t.grad) {
             ct_set_error("out of memory for activation gradients");
             return NULL;
@@ -978,6 +978,8 @@ static float *grad_of(runtime *rt, rt_tensor *t) {
     }
     return owner->t.grad;
 }
+
+static float *grad_of(runtime *rt, rt_tensor *t) { return tape_grad_in(rt, t, rt->grad_pool); }
 
 float *tape_grad(runtime *rt, rt_tensor *t) { return grad_of(rt, t); }
 

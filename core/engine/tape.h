@@ -20,8 +20,10 @@ typedef enum op_kind {
 void tape_builder_init(runtime *rt);
 /* A fresh activation tensor in the arena the builder currently writes to. */
 rt_tensor *tape_new_activation(runtime *rt, ct_dtype dt, int ndim, const int64_t *shape);
-/* t's gradient buffer (allocated zeroed in the grads arena on first use). */
+/* t's gradient buffer (allocated zeroed on first use where rt->grad_pool says). */
 float *tape_grad(runtime *rt, rt_tensor *t);
+/* The same, allocated in pool p on first use. */
+float *tape_grad_in(runtime *rt, rt_tensor *t, pool *p);
 /* Prints whether the quantizer converts the weight `name`. */
 void quant_note(runtime *rt, const char *name, int yes, const char *why);
 /* A builder layer for an operation-level strategy: every op forwards to `next` until the strategy

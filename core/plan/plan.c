@@ -377,12 +377,12 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     int64_t B = l->pp > 1 ? l->pp_microbatch_size : l->local_batch, T = l->seq_len;
     t->tokens = B * T;
     if (runtime_reset_arenas(rt)) return fail(err, errlen, "arenas");
-    rt->bgrad_pingpong = l->pp <= 1; /* as the runtime: a pipeline's contexts keep their boundary gradients */
+    rt->in_order = l->pp <= 1; /* as the runtime: a pipeline's contexts keep their boundary gradients */
     rt->act = &rt->saved;
     rt_tensor *tok = runtime_upload_ids(rt, NULL, B, T), *tgt = tok ? runtime_upload_ids(rt, NULL, B, T) : NULL;
     rt_tensor *scale = tgt ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;
-    if (scale) scale = tape_new_activation(rt, CT_F32, 0, NULL); /* the loss, copied out before backward */
-    if (!scale) return fail(err, errlen, "the microbatch's ids");
+    rt_tensor *loss = scale ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL; /* copied out before backward */
+    if (!loss) return fail(err, errlen, "the microbatch's ids");
     t->io_bytes = (double)rt->saved.data.used;
     rt->peak_act_bytes = 0;
     rt_tensor *x = NULL;
@@ -934,14 +934,14 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
             m[PLAN_MEM_MASTER] += sm[CT_MEM_MASTER];
         }
         /* activations: the tape's arenas; under pp each microbatch in flight keeps its own */
-        double saved = 0, boundary = 0, peak_fwd = 0, peak_bwd = 0, logits = 0, grads_peak = 0, scratch = 0;
+        /* grads_inner: a unit's backward gradients beside its boundary one; all: over the units */
+        double saved = 0, boundary = 0, logits = 0, scratch = 0, grads_all = 0, grads_inner = 0;
         for (int u = 0; u < nu; u++) {
             if ((unit_rank ? unit_rank[u] : 0) != pr) continue;
             saved += t.units[u].saved_bytes;
             boundary += t.units[u].boundary_grad_bytes;
-            peak_fwd = fmax(peak_fwd, t.units[u].fwd_peak - t.units[u].saved_bytes);
-            peak_bwd = fmax(peak_bwd, t.units[u].bwd_peak);
-            grads_peak = fmax(grads_peak, t.units[u].grads_peak);
+            grads_all += t.units[u].grads_peak - t.units[u].boundary_grad_bytes;
+            grads_inner = fmax(grads_inner, t.units[u].grads_peak - t.units[u].boundary_grad_bytes);
             scratch = fmax(scratch, t.units[u].scratch_peak);
             if (u == nu - 1) logits = t.units[u].saved_bytes;
         }
@@ -960,12 +960,6 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
             /* a zero-bubble schedule's input half keeps every unit's gradients for its weight half */
             int split = 0;
             for (int q = 0; q < r.pl.plan.ranks[pr].n && !split; q++) split = r.pl.plan.ranks[pr].actions[q].op == CT_PP_I;
-            double grads_all = 0, grads_inner = 0;
-            for (int u = 0; u < nu; u++)
-                if (unit_rank[u] == pr) {
-                    grads_all += t.units[u].grads_peak - t.units[u].boundary_grad_bytes;
-                    grads_inner = fmax(grads_inner, t.units[u].grads_peak - t.units[u].boundary_grad_bytes);
-                }
             /* without I/W, the units' internal gradients share one arena over the contexts (each
              * unit's given back after its backward); a context keeps only its boundary ones */
             const double min_chunk = (double)POOL_MIN_CHUNK; /* each pool's first chunk */
