@@ -98,23 +98,28 @@ if [ -n "${MEASURE_ONLY:-}" ]; then
 fi
 "$CTITAN" plan --help >/dev/null 2>&1 || fail "ctitan plan is not available"
 
-# one profile per name in the profile column, calibrated on its first layout
-t0=$SECONDS
-while read -r name ranks gb prof _; do
-  [ -f "$T/P_$prof.yaml" ] && continue
+calibrate_one() { # name ranks gb prof: measures profile PROF on NAME's layout
+  local name=$1 ranks=$2 gb=$3 prof=$4 ts=$SECONDS
   args_of "$name"
-  ts=$SECONDS
   ctitan_on "$ranks" plan --calibrate "$manifest" "${common[@]}" --training.global_batch_size="$gb" "${args[@]}" \
     --output "$T/P_$prof.yaml" </dev/null >"$T/cal_$prof.log" 2>&1 || { tail -5 "$T/cal_$prof.log"; fail "calibrate $prof on $name's layout"; }
   echo "calibrated $prof on $name's layout ($ranks rank(s)) in $((SECONDS - ts)) s"
-done <<<"$layouts"
-echo "calibration: $((SECONDS - t0)) s"
-
-while read -r name ranks gb prof _; do
+}
+plan_one() { # name ranks gb prof: writes NAME.plan.json against profile PROF
+  local name=$1 ranks=$2 gb=$3 prof=$4
   args_of "$name"
   "$CTITAN" plan "$manifest" "${common[@]}" --training.global_batch_size="$gb" "${args[@]}" --hardware "$T/P_$prof.yaml" \
     --gpus "$ranks" --json >"$T/$name.plan.json" 2>"$T/$name.plan.err" || { cat "$T/$name.plan.err"; echo "plan $name failed"; }
+}
+
+# one profile per name in the profile column, calibrated on its first layout
+t0=$SECONDS
+while read -r name ranks gb prof _; do
+  [ -f "$T/P_$prof.yaml" ] || calibrate_one "$name" "$ranks" "$gb" "$prof"
 done <<<"$layouts"
+echo "calibration: $((SECONDS - t0)) s"
+
+while read -r name ranks gb prof _; do plan_one "$name" "$ranks" "$gb" "$prof"; done <<<"$layouts"
 
 # the comparison can fail: the first layout's plan with its parameters one 64-byte row more
 first=${names[0]}
@@ -133,14 +138,22 @@ echo "ok   a plan 64 parameter bytes off is out of bounds: $(echo "$out" | grep 
 
 out=$(python3 "$PV" compare "$T" "${names[@]}"); st=$?
 if [ $st -ne 0 ]; then
-  # Another job on this machine's cores slows a run for seconds at a time: a layout out of bounds
-  # on its step time alone is trained once more, and that run is the one compared (memory never is).
+  # Another job on this machine's cores slows a run for seconds at a time, the calibration's as
+  # much as the training's: a layout out of bounds on its step time alone has its profile measured
+  # once more (on the layout it was first measured on), is planned against it and trained once
+  # more, and those are the ones compared (memory never is).
   again=$(echo "$out" | sed -n 's/^out of bounds: \([^:]*\): step time [^;]*$/\1/p')
   if [ -n "$again" ]; then
     echo "$out" | grep '^out of bounds'
+    recal=" "
     for name in $again; do
-      read -r _ ranks gb _ < <(echo "$layouts" | awk -v n="$name" '$1 == n')
+      read -r _ ranks gb prof _ < <(echo "$layouts" | awk -v n="$name" '$1 == n')
+      case $recal in *" $prof "*) ;; *)
+        read -r cname cranks cgb _ < <(echo "$layouts" | awk -v p="$prof" '$4 == p' | head -1)
+        calibrate_one "$cname" "$cranks" "$cgb" "$prof"; recal="$recal$prof " ;;
+      esac
       echo "again: $name (step time only)"
+      plan_one "$name" "$ranks" "$gb" "$prof"
       train_one "$name" "$ranks" "$gb"
     done
     out=$(python3 "$PV" compare "$T" "${names[@]}"); st=$?
