@@ -157,6 +157,15 @@ struct ct_builder {
      * rotates by t * inv_freq[i] (device.h, rope_freqs_forward). What a pack with scaled RoPE (Llama
      * 3.1's "llama3" type) calls instead of rope. NULL on a 2.3 host: check with CT_HAS_FIELD. */
     ct_tensor *(*rope_freqs)(ct_builder *b, ct_tensor *x, const float *inv_freq);
+    /* ---- ABI 2.5 ---- */
+    /* cross_entropy(linear(x, w), targets) -- x (..., in), w (V, in), targets (...) int32 with
+     * CT_IGNORE_INDEX -> scalar, the same SUM -- without holding the (..., V) logits whole: the host
+     * may compute them a block of rows at a time in forward and again in backward (it does under
+     * bf16 compute; in f32 it is one block, what the two ops give bit for bit). What a pack's output
+     * head calls when it needs only the loss. An operation-level strategy that wraps linear or
+     * cross_entropy and not this op gets it as those two ops, its own. NULL on a 2.4 host: check
+     * with CT_HAS_FIELD. */
+    ct_tensor *(*linear_cross_entropy)(ct_builder *b, ct_tensor *x, ct_tensor *w, const ct_tensor *targets);
 };
 
 /* ABI 2.0: a custom op a strategy records (async tensor parallel's overlapped pieces, loss parallel,
