@@ -36,6 +36,7 @@ struct pp_ctx {
     rt_tensor **unit_in, **unit_out;
     tape_entry **unit_tape;
     rt_unit_mark *unit_mark;
+    struct rt_pack *unit_pack;
     int shared_grads; /* the schedule splits no backward: internal gradients in the runtime's arena */
     rt_tensor *tok, *tgt;
     rt_tensor **stage_in; /* per stage: the activation received for it (NULL: from a local stage) */
@@ -223,6 +224,7 @@ ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct
     const sched_rank *acts = &pl->plan.ranks[pl->rank];
     for (int q = 0; q < acts->n; q++) /* an input half keeps a unit's gradients until its weight half */
         pl->split_backward |= acts->actions[q].op == CT_PP_I || acts->actions[q].op == CT_PP_W;
+    rt->pack_units = !pl->split_backward; /* each context's arena is a stack only without I/W */
     pl->stage_left = calloc((size_t)pl->n_mb, sizeof(int));
     pl->mb_ctx = calloc((size_t)pl->n_mb, sizeof(int));
     pl->bwd_done = calloc((size_t)nu, sizeof(int));
@@ -260,6 +262,7 @@ static void swap_ctx(runtime *rt, pp_ctx *c) {
     SWAP(rt_tensor **, rt->unit_out, c->unit_out);
     SWAP(tape_entry **, rt->unit_tape, c->unit_tape);
     SWAP(rt_unit_mark *, rt->unit_mark, c->unit_mark);
+    SWAP(struct rt_pack *, rt->unit_pack, c->unit_pack);
 }
 
 static pp_ctx *ctx_new(pipeline *pl) {
@@ -281,11 +284,12 @@ static pp_ctx *ctx_new(pipeline *pl) {
     c->unit_out = calloc((size_t)nu, sizeof(rt_tensor *));
     c->unit_tape = calloc((size_t)nu, sizeof(tape_entry *));
     c->unit_mark = calloc((size_t)nu, sizeof(rt_unit_mark));
+    c->unit_pack = runtime_pack_new(nu);
     c->stage_in = calloc((size_t)pl->n_stages, sizeof(rt_tensor *));
     c->mb = -1;
     c->shared_grads = !pl->split_backward;
     pl->ctx[pl->n_ctx++] = c;
-    if (!c->unit_in || !c->unit_out || !c->unit_tape || !c->unit_mark || !c->stage_in) return NULL;
+    if (!c->unit_in || !c->unit_out || !c->unit_tape || !c->unit_mark || !c->unit_pack || !c->stage_in) return NULL;
     return c;
 }
 
@@ -299,6 +303,7 @@ static void ctx_free(pp_ctx *c) {
     free(c->unit_out);
     free(c->unit_tape);
     free(c->unit_mark);
+    free(c->unit_pack);
     free(c->stage_in);
     free(c);
 }
@@ -328,6 +333,7 @@ static pp_ctx *ctx_get(pipeline *pl, int mb) {
     memset(c->unit_out, 0, sizeof(rt_tensor *) * (size_t)nu);
     memset(c->unit_tape, 0, sizeof(tape_entry *) * (size_t)nu);
     memset(c->unit_mark, 0, sizeof(rt_unit_mark) * (size_t)nu);
+    runtime_pack_clear(c->unit_pack, nu);
     memset(c->stage_in, 0, sizeof(rt_tensor *) * (size_t)pl->n_stages);
     c->mb = mb;
     pl->mb_ctx[mb] = k; /* a new context went in at index k too */

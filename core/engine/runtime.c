@@ -589,6 +589,7 @@ static int start_runtime(runtime *rt, char *err, size_t errlen) {
     pool_init(&rt->bgrads[0], d, rt->dev, CT_MEM_ACTIVATIONS);
     pool_init(&rt->bgrads[1], d, rt->dev, CT_MEM_ACTIVATIONS);
     rt->in_order = 1; /* the pipeline turns it off: its microbatches interleave */
+    rt->pack_units = 1;
     rt->grad_pool = &rt->grads.data;
     int nu = rt->desc.n_units;
     rt->ac = calloc((size_t)nu, sizeof(int));
@@ -596,7 +597,8 @@ static int start_runtime(runtime *rt, char *err, size_t errlen) {
     rt->unit_out = calloc((size_t)nu, sizeof(rt_tensor *));
     rt->unit_tape = calloc((size_t)nu, sizeof(tape_entry *));
     rt->unit_mark = calloc((size_t)nu, sizeof(rt_unit_mark));
-    if (!rt->ac || !rt->unit_in || !rt->unit_out || !rt->unit_tape || !rt->unit_mark) {
+    if (!rt->ac || !rt->unit_in || !rt->unit_out || !rt->unit_tape || !rt->unit_mark ||
+        !(rt->unit_pack = runtime_pack_new(nu))) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -727,6 +729,7 @@ void runtime_free(runtime *rt) {
     free(rt->unit_out);
     free(rt->unit_tape);
     free(rt->unit_mark);
+    free(rt->unit_pack);
     memset(rt, 0, sizeof *rt);
 }
 
@@ -774,6 +777,7 @@ int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
         bytes += align64((size_t)rt->slots[i].numel * sizeof(float));
     }
     rt->shadow_bytes = bytes;
+    rt->bf16_compute = 1;
     if (!bytes) return 0;
     if (rt->d->alloc(rt->dev, bytes, (void **)&rt->bf16_shadow) != CT_OK) {
         snprintf(err, errlen, "cannot allocate the bf16 parameter copies (%zu bytes)", bytes);
@@ -820,6 +824,7 @@ int runtime_reset_arenas(runtime *rt) {
               pool_reset(&rt->scratch.desc) | pool_reset(&rt->grads.data) | pool_reset(&rt->grads.desc) |
               pool_reset(&rt->bgrads[0]) | pool_reset(&rt->bgrads[1]);
     if (rt->unit_mark) memset(rt->unit_mark, 0, sizeof(rt_unit_mark) * (size_t)rt->desc.n_units);
+    runtime_pack_clear(rt->unit_pack, rt->desc.n_units);
     return bad ? -1 : 0;
 }
 
@@ -927,6 +932,9 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
     rt->unit_tape[u] = rt->tail;
     rt->unit_out[u] = x;
     *out = x;
+    /* bf16 compute: what the unit keeps waits for its backward in bf16 (actpack.c); the last unit's
+     * backward follows at once */
+    if (record && rt->bf16_compute && u < rt->desc.n_units - 1 && runtime_pack_unit(rt, u)) return -1;
     return 0;
 }
 
@@ -966,6 +974,8 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
     int nu = rt->desc.n_units;
     rt_tensor *in = rt->unit_in[u];
     rt->cur_unit = u;
+    if (runtime_unpack_unit(rt, u)) return -1; /* bf16-held activations back in f32 */
+    note_act_peak(rt);
     if (in && !boundary_grad(rt, u, in)) return -1; /* the boundary gradient outlives the unit */
     pool_mark gd = pool_get_mark(&rt->grads.data);
     pool_mark sd = pool_get_mark(&rt->scratch.data), sh = pool_get_mark(&rt->scratch.desc);

@@ -198,6 +198,15 @@ typedef struct runtime {
     ct_builder *layers[RT_MAX_STRATEGIES]; /* the wrapping layers (tape_layer_new) */
     int n_layers;
     int64_t peak_act_bytes; /* live bytes of saved + scratch + grads at their worst */
+    int64_t act_allocs;     /* activations made so far (a custom op's forward: did it return them all) */
+    /* bf16 compute (training.mixed_precision_param: bfloat16): with units in order a unit's saved
+     * activations wait for its backward in bf16 (actpack.c: runtime_pack_unit after its forward,
+     * runtime_unpack_unit before its backward), and linear_cross_entropy runs in blocks of rows */
+    int bf16_compute;
+    int pack_units;             /* 0 under a pipeline whose schedule splits backward (I then W): a
+                                   unit's input half would expand it under a later unit's weight
+                                   half, so its activations are rounded to bf16 in place instead */
+    struct rt_pack *unit_pack;  /* per microbatch, as unit_mark */
     runtime_graph graph;
     /* the planner (core/plan): the device is plan_null_device, nothing is computed or sent; the
      * tape's arenas count bytes as in training; with trace_ops set, each op of a forward pass is
@@ -284,6 +293,15 @@ int runtime_reset_arenas(runtime *rt);
 /* The gradient buffer of a unit boundary tensor (an output gradient a pipeline receives, an input
  * gradient it sends): in the context's own pool under bgrad_ctx, else as tape_grad. */
 float *runtime_boundary_grad(runtime *rt, rt_tensor *t);
+
+/* Saved activations held in bf16 between a unit's forward and its backward (actpack.c): the
+ * per-unit records (one set per microbatch in flight: the runtime's, a pipeline context's), the
+ * compaction after unit u's forward and the expansion before its backward. 0, or -1 with the
+ * error set. */
+struct rt_pack *runtime_pack_new(int n_units);
+void runtime_pack_clear(struct rt_pack *p, int n_units);
+int runtime_pack_unit(runtime *rt, int u);
+int runtime_unpack_unit(runtime *rt, int u);
 
 /* The global shape of parameter i (the whole parameter's, when an axis strategy splits it). */
 const int64_t *runtime_global_shape(const runtime *rt, int i);

@@ -49,6 +49,7 @@ static rt_tensor *new_tensor(runtime *rt, arena *a, ct_dtype dt, int ndim, const
     size_t bytes = (size_t)numel(t) * ct_dtype_size(dt);
     ct_clear_error();
     t->t.data = pool_alloc(&a->data, bytes);
+    rt->act_allocs++;
     if (!t->t.data) { /* the device's reason (a memory cap, say) with ours */
         char why[400];
         snprintf(why, sizeof why, "%s", ct_last_error());
@@ -56,7 +57,6 @@ static rt_tensor *new_tensor(runtime *rt, arena *a, ct_dtype dt, int ndim, const
                      why);
         return NULL;
     }
-    (void)rt;
     return t;
 nomem:
     ct_set_error("out of memory for activations");
@@ -353,6 +353,7 @@ typedef struct custom_entry {
     void *state;
     ct_tensor *in[CUSTOM_MAX_IO], *out[CUSTOM_MAX_IO];
     int n_in, n_out;
+    int hidden; /* its forward made activations it did not return (its state may point at them) */
 } custom_entry;
 
 static int param_usable(runtime *rt, const ct_tensor *t, const char *op);
@@ -379,10 +380,12 @@ static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *st
     *c = (custom_entry){.op = op, .state = st, .n_in = n_in, .n_out = n_out};
     for (int i = 0; i < n_in; i++) c->in[i] = in[i];
     pool_mark m = pool_get_mark(&rt->opscratch);
+    int64_t allocs = rt->act_allocs;
     ct_clear_error();
     ct_status s = rt->planning ? plan_custom(rt, op, st, c->in, n_in, c->out, n_out)
                                : op->forward(&rt->builder, st, c->in, n_in, c->out, n_out);
     pool_release(&rt->opscratch, m);
+    c->hidden = rt->act_allocs - allocs > n_out;
     for (int i = 0; i < n_out && s == CT_OK; i++)
         if (!c->out[i]) s = CT_ERR_INTERNAL;
     if (s != CT_OK) {
@@ -824,6 +827,86 @@ static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor
     return &y->t;
 }
 
+/* ABI 2.5: the loss of logits = x w^T. Under bf16 compute the logits exist a block of rows at a
+ * time (xent_rows): each block's GEMM and cross entropy in forward, the per-row losses summed once;
+ * backward computes each block's logits again, its logit gradients, and from them the input's and
+ * the weight's, so (rows x V) floats twice are the most it holds, not (n x V) logits and their
+ * gradient. In f32, and where a block would not pay (a float8 weight, a per-op checkpointed unit,
+ * whose recompute must meet the same ops), it is the linear and cross_entropy ops themselves, the
+ * same numbers bit for bit. */
+static int64_t xent_rows(int64_t n, int64_t in, int64_t v) {
+    /* a block's logits at most half the head input's bytes: the loss costs O(x), not O(n V) */
+    int64_t r = (n * in + 2 * v - 1) / (2 * v);
+    return r < 1 ? 1 : r > n ? n : r;
+}
+
+/* Whether linear_cross_entropy runs fused (in blocks) here, else as the two ops. */
+static int xent_fused(runtime *rt, const ct_tensor *wt) {
+    rt_tensor *w = (rt_tensor *)wt;
+    if (!rt->bf16_compute || rt->sac_phase != RT_SAC_OFF || !DEV(rt)->zero || !w || w->t.dtype != CT_F32) return 0;
+    rt_tensor *owner = w->base ? w->base : w;
+    if (rt->qapi && !(owner->t.flags & CT_TENSOR_QUANT_DECIDED)) { /* ask once per weight, as linear does */
+        const char *why = "";
+        int yes = rt->qapi->converts(rt->quant, &owner->t, &why);
+        owner->t.flags |= CT_TENSOR_QUANT_DECIDED | (yes ? CT_TENSOR_QUANTIZED : 0);
+        quant_note(rt, owner->t.name, yes, why);
+    }
+    return !(rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED));
+}
+
+static ct_tensor *op_linear_cross_entropy(ct_builder *b, ct_tensor *xt, ct_tensor *wt, const ct_tensor *tt) {
+    runtime *rt = RT(b);
+    rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt, *targets = (rt_tensor *)tt;
+    if (check_f32(xt, "linear_cross_entropy", "x") || check_f32(wt, "linear_cross_entropy", "w") ||
+        param_usable(rt, wt, "linear_cross_entropy"))
+        return NULL;
+    if (w->t.ndim != 2 || x->t.shape[x->t.ndim - 1] != w->t.shape[1]) {
+        ct_set_error("linear_cross_entropy: x (..., %lld) does not match w (%lld, %lld)",
+                     (long long)x->t.shape[x->t.ndim - 1], (long long)w->t.shape[0], (long long)w->t.shape[w->t.ndim - 1]);
+        return NULL;
+    }
+    int64_t in = w->t.shape[1], v = w->t.shape[0], n = numel(x) / in;
+    if (!tt || tt->dtype != CT_I32 || numel(targets) != n) {
+        ct_set_error("linear_cross_entropy: targets must be int32 with one value per row of x");
+        return NULL;
+    }
+    rt_tensor *owner = w->base ? w->base : w;
+    const ct_device_api *d = DEV(rt);
+    rt_tensor *y = new_tensor(rt, rt->act, CT_F32, 0, NULL), *losses = y ? new_tensor(rt, rt->act, CT_F32, 1, &n) : NULL;
+    if (!losses) return NULL;
+    if (rt->trace_ops == 1) { /* the GEMM, its backward and its recompute there; the loss's traffic */
+        if (plan_note_linear(rt, owner, n, in, v, 0, 0)) return NULL;
+        plan_op *o = &rt->trace->ops[rt->trace->n_ops - 1];
+        o->flops[1] += o->flops[0];
+        if (plan_note_op(rt, PLAN_OP_XENT, n, v, 0, 0, 0, 0)) return NULL;
+    }
+    int64_t rows = xent_rows(n, in, v);
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    float *logits = pool_alloc(&rt->opscratch, sizeof(float) * (size_t)(rows * v));
+    int bad = !logits;
+    if (bad) ct_set_error("out of memory for the loss's logits (%lld rows)", (long long)rows);
+    for (int64_t r0 = 0; r0 < n && !bad; r0 += rows) {
+        int64_t nr = n - r0 < rows ? n - r0 : rows;
+        bad = dev_fail(d->matmul(rt->dev, logits, (const float *)x->t.data + r0 * in, w->t.data, nr, v, in, 0, 1, 1.0f, 0.0f),
+                       "matmul") ||
+              dev_fail(d->cross_entropy_forward(rt->dev, (float *)losses->t.data + r0, logits,
+                                                (const int32_t *)targets->t.data + r0, nr, v, CT_IGNORE_INDEX),
+                       "cross_entropy_forward");
+    }
+    pool_release(&rt->opscratch, m);
+    if (bad) return NULL;
+    if (CT_HAS_FIELD(d, ct_device_api, sum_to_device) && d->sum_to_device) {
+        if (dev_fail(d->sum_to_device(rt->dev, y->t.data, losses->t.data, n), "sum_to_device")) return NULL;
+    } else {
+        double sum = 0;
+        if (dev_fail(d->sum(rt->dev, &sum, losses->t.data, n), "sum")) return NULL;
+        float fsum = (float)sum;
+        if (dev_fail(d->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D), "copy")) return NULL;
+    }
+    if (record(rt, OP_LINEAR_XENT, y, x, w, targets, NULL, NULL, 0)) return NULL;
+    return &y->t;
+}
+
 static ct_tensor *op_positions(ct_builder *b, int64_t batch, int64_t seq) {
     runtime *rt = RT(b);
     int64_t shape[2] = {batch, seq};
@@ -849,7 +932,8 @@ static ct_tensor *op_positions(ct_builder *b, int64_t batch, int64_t seq) {
  * (2 m n k) and attention (causal: 2 B H T^2 D forward, 2.5x that backward) as the planner does; the
  * memory-bound ops report 0, as torch.profiler does. */
 static const char *const op_names[] = {"linear", "bias", "embedding", "rmsnorm", "layernorm", "rope", "attention",
-                                       "swiglu", "gelu", "add", "cross_entropy", "collective", "custom"};
+                                       "swiglu", "gelu", "add", "cross_entropy", "collective", "custom",
+                                       "linear_cross_entropy"};
 
 static int put_shape(char *p, size_t n, const ct_tensor *t) {
     int k = snprintf(p, n, "[");
@@ -918,6 +1002,13 @@ static ct_tensor *t_add(ct_builder *b, ct_tensor *x, ct_tensor *y) { TRACED_OP("
 static ct_tensor *t_cross_entropy(ct_builder *b, ct_tensor *l, const ct_tensor *t) {
     TRACED_OP("cross_entropy", 0, op_cross_entropy(b, l, t), l, t);
 }
+static ct_tensor *t_linear_cross_entropy(ct_builder *b, ct_tensor *x, ct_tensor *w, const ct_tensor *t) {
+    if (!xent_fused(RT(b), w)) { /* the two ops, each traced as itself */
+        ct_tensor *y = t_linear(b, x, w);
+        return y ? t_cross_entropy(b, y, t) : NULL;
+    }
+    TRACED_OP("linear_cross_entropy", linear_flops(x, w), op_linear_cross_entropy(b, x, w, t), x, w, t);
+}
 
 void tape_builder_init(runtime *rt) {
     rt->builder = (ct_builder){
@@ -945,6 +1036,7 @@ void tape_builder_init(runtime *rt) {
         .memo = op_memo,
         .account_comm = op_account_comm,
         .rope_freqs = t_rope_freqs,
+        .linear_cross_entropy = t_linear_cross_entropy,
     };
     rt->top = &rt->builder;
 }
@@ -1050,6 +1142,38 @@ static int attention_bwd(runtime *rt, tape_entry *e, const float *dy) {
                : 0;
 }
 
+/* linear_cross_entropy's blocks again: logits, their gradient (dy = d(loss)), then dx and dW. */
+static int linear_xent_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int wt) {
+    const ct_device_api *d = DEV(rt);
+    rt_tensor *x = e->in[0], *w = e->in[1], *targets = e->in[2];
+    int64_t k = w->t.shape[1], v = w->t.shape[0], n = numel(x) / k, rows = xent_rows(n, k, v);
+    float *gx = NULL, *gw = NULL, dloss = 0;
+    if (grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, NULL, NULL)) return -1;
+    if (!gx && !gw) return 0;
+    int on_dev = CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev;
+    if (!on_dev && dev_fail(d->copy(rt->dev, &dloss, dy, sizeof dloss, CT_COPY_D2H), "copy")) return -1;
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    float *logits = pool_alloc(&rt->opscratch, sizeof(float) * (size_t)(rows * v));
+    float *dl = logits ? pool_alloc(&rt->opscratch, sizeof(float) * (size_t)(rows * v)) : NULL;
+    int bad = !dl;
+    if (bad) ct_set_error("out of memory for the loss's logits (%lld rows)", (long long)rows);
+    for (int64_t r0 = 0; r0 < n && !bad; r0 += rows) {
+        int64_t nr = n - r0 < rows ? n - r0 : rows;
+        const float *xr = (const float *)x->t.data + r0 * k;
+        const int32_t *tr = (const int32_t *)targets->t.data + r0;
+        bad = dev_fail(d->matmul(rt->dev, logits, xr, w->t.data, nr, v, k, 0, 1, 1.0f, 0.0f), "matmul") ||
+              dev_fail(d->zero(rt->dev, dl, sizeof(float) * (size_t)(nr * v)), "zero") ||
+              (on_dev ? dev_fail(d->cross_entropy_backward_dev(rt->dev, dl, logits, tr, dy, nr, v, CT_IGNORE_INDEX),
+                                 "cross_entropy_backward_dev")
+                      : dev_fail(d->cross_entropy_backward(rt->dev, dl, logits, tr, dloss, nr, v, CT_IGNORE_INDEX),
+                                 "cross_entropy_backward")) ||
+              (gx && dev_fail(d->matmul(rt->dev, gx + r0 * k, dl, w->t.data, nr, k, v, 0, 0, 1.0f, 1.0f), "matmul")) ||
+              (gw && dev_fail(d->matmul(rt->dev, gw, dl, xr, v, k, nr, 1, 0, 1.0f, 1.0f), "matmul"));
+    }
+    pool_release(&rt->opscratch, m);
+    return bad ? -1 : 0;
+}
+
 static int cross_entropy_bwd(runtime *rt, tape_entry *e, const float *dy) {
     const ct_device_api *d = DEV(rt);
     rt_tensor *x = e->in[0], *targets = e->in[1];
@@ -1130,6 +1254,7 @@ static int entry_backward(runtime *rt, tape_entry *e, int halves) {
     case OP_LAYERNORM: return norm_bwd(rt, e, dy, in, wt);
     case OP_ATTENTION: return in ? attention_bwd(rt, e, dy) : 0;
     case OP_CROSS_ENTROPY: return in ? cross_entropy_bwd(rt, e, dy) : 0;
+    case OP_LINEAR_XENT: return linear_xent_bwd(rt, e, dy, in, wt);
     case OP_COLLECTIVE:
         if (!in) return 0;
         rt->in_backward = 1;
@@ -1146,8 +1271,9 @@ static void trace_backward(const tape_entry *e, int halves, double t0) {
     int n = 0;
     for (int i = 0; i < 3 && e->in[i]; i++) in[n++] = &e->in[i]->t;
     double flops = 0;
-    if (e->op == OP_LINEAR && n == 2) /* dX and dW: 2 m n k each */
-        flops = linear_flops(in[0], in[1]) * (((halves & TAPE_INPUT) != 0) + ((halves & TAPE_WEIGHT) != 0));
+    if ((e->op == OP_LINEAR || e->op == OP_LINEAR_XENT) && n >= 2) /* dX and dW: 2 m n k each (and the logits again) */
+        flops = linear_flops(in[0], in[1]) * (((halves & TAPE_INPUT) != 0) + ((halves & TAPE_WEIGHT) != 0) +
+                                              (e->op == OP_LINEAR_XENT));
     else if (e->op == OP_ATTENTION && n && (halves & TAPE_INPUT))
         flops = 2.5 * attention_flops(in[0]);
     char name[40];
@@ -1202,6 +1328,17 @@ static ct_tensor *fw_view(ct_builder *b, ct_tensor *x, int ndim, const int64_t *
 static ct_tensor *fw_cross_entropy(ct_builder *b, ct_tensor *logits, const ct_tensor *targets) {
     return NEXT(b)->cross_entropy(NEXT(b), logits, targets);
 }
+/* A strategy that replaced linear or cross_entropy on this layer (loss parallel, a vocabulary-split
+ * head) gets the fused op as its own two; else the op goes on down. */
+static ct_tensor *fw_linear_cross_entropy(ct_builder *b, ct_tensor *x, ct_tensor *w, const ct_tensor *targets) {
+    ct_builder *n = NEXT(b);
+    if (b->linear != fw_linear || b->cross_entropy != fw_cross_entropy || !CT_HAS_FIELD(n, ct_builder, linear_cross_entropy) ||
+        !n->linear_cross_entropy) {
+        ct_tensor *y = b->linear(b, x, w);
+        return y ? b->cross_entropy(b, y, targets) : NULL;
+    }
+    return n->linear_cross_entropy(n, x, w, targets);
+}
 static ct_tensor *fw_positions(ct_builder *b, int64_t batch, int64_t seq) {
     return NEXT(b)->positions(NEXT(b), batch, seq);
 }
@@ -1251,6 +1388,7 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
         .memo = fw_memo,
         .account_comm = fw_account_comm,
         .rope_freqs = fw_rope_freqs,
+        .linear_cross_entropy = fw_linear_cross_entropy,
         .planning = next->planning, /* a strategy's layer over the planner's builder plans too */
     };
     (void)rt;
@@ -1258,3 +1396,26 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
 }
 
 void tape_layer_free(ct_builder *b) { free(b); }
+
+/* Calls fn on every tensor the entries from `tail` back to the first hold (inputs, outputs, saved
+ * values; `aux` 1 for the saved statistics: a norm's rstd and mean, attention's lse, a rope's
+ * table, a custom op's outputs after its first). 1 when a custom op's forward made activations it
+ * did not return (its state may point at them, so nothing the unit holds may move), else 0. */
+int tape_visit(tape_entry *tail, void (*fn)(void *ctx, rt_tensor *t, int aux), void *ctx) {
+    int hidden = 0;
+    for (tape_entry *e = tail; e; e = e->prev) {
+        hidden |= e->custom && e->custom->hidden;
+        if (e->out) fn(ctx, e->out, 0);
+        for (int i = 0; i < 3; i++)
+            if (e->in[i]) fn(ctx, e->in[i], 0);
+        for (int i = 0; i < 2; i++)
+            if (e->aux[i]) fn(ctx, e->aux[i], 1);
+        if (e->custom) {
+            for (int i = 0; i < e->custom->n_in; i++)
+                if (e->custom->in[i]) fn(ctx, (rt_tensor *)e->custom->in[i], 0);
+            for (int i = 0; i < e->custom->n_out; i++)
+                if (e->custom->out[i]) fn(ctx, (rt_tensor *)e->custom->out[i], i > 0); /* lse-like: exact */
+        }
+    }
+    return hidden;
+}

@@ -8,7 +8,8 @@ typedef enum op_kind {
     OP_LINEAR, OP_BIAS, OP_EMBEDDING, OP_RMSNORM, OP_LAYERNORM, OP_ROPE, OP_ATTENTION,
     OP_SWIGLU, OP_GELU, OP_ADD, OP_CROSS_ENTROPY,
     OP_COLLECTIVE, /* ct_builder.collective: over a mesh axis, with its conjugate in backward */
-    OP_CUSTOM      /* ct_builder.custom: a strategy's own forward and backward */
+    OP_CUSTOM,     /* ct_builder.custom: a strategy's own forward and backward */
+    OP_LINEAR_XENT /* ct_builder.linear_cross_entropy under bf16 compute: the head's loss in blocks */
 } op_kind;
 
 /* Which halves of the backward to run: input gradients, weight gradients, or both. */
@@ -34,5 +35,8 @@ void tape_layer_free(ct_builder *b);
 void tape_rope_tables_free(runtime *rt);
 /* Replays entries from `tail` back to the first, accumulating gradients. */
 int tape_backward(runtime *rt, tape_entry *tail, int halves);
+/* Calls fn on every tensor entries from `tail` back hold (aux 1: saved statistics, kept exact);
+ * 1 when a custom op's forward made activations it did not return (nothing may move), else 0. */
+int tape_visit(tape_entry *tail, void (*fn)(void *ctx, rt_tensor *t, int aux), void *ctx);
 
 #endif

@@ -113,6 +113,8 @@ NO_OP(nd_xent_stats, U float *s, U const float *lg, U const int32_t *t, U int64_
 NO_OP(nd_xent_bwd_lse, U float *dl, U const float *lg, U const int32_t *t, U const float *l, U float d, U int64_t n,
       U int64_t v, U int64_t b, U int32_t ig)
 NO_OP(nd_round_bf16, U float *x, U int64_t n)
+NO_OP(nd_cast_f32_to_bf16, U uint16_t *d, U const float *s, U int64_t n)
+NO_OP(nd_cast_bf16_to_f32, U float *d, U const uint16_t *s, U int64_t n)
 
 /* The handle the planner's runtime passes: any non-NULL address (the arenas allocate from a device
  * only when they have one), never dereferenced. */
@@ -164,4 +166,6 @@ const ct_device_api plan_null_device = {
     .cross_entropy_stats = nd_xent_stats,
     .cross_entropy_backward_lse = nd_xent_bwd_lse,
     .round_bf16 = nd_round_bf16,
+    .cast_f32_to_bf16 = nd_cast_f32_to_bf16,
+    .cast_bf16_to_f32 = nd_cast_bf16_to_f32,
 };

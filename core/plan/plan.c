@@ -378,6 +378,12 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     t->tokens = B * T;
     if (runtime_reset_arenas(rt)) return fail(err, errlen, "arenas");
     rt->in_order = l->pp <= 1; /* as the runtime: a pipeline's contexts keep their boundary gradients */
+    rt->bf16_compute = l->bf16;   /* as the runtime: saved activations held in bf16 ... */
+    rt->pack_units = 1;           /* ... unless a pipeline schedule splits backward */
+    for (int pr = 0; l->pp > 1 && pr < l->pp; pr++)
+        for (int q = 0; q < r->pl.plan.ranks[pr].n; q++)
+            if (r->pl.plan.ranks[pr].actions[q].op == CT_PP_I || r->pl.plan.ranks[pr].actions[q].op == CT_PP_W)
+                rt->pack_units = 0;
     rt->act = &rt->saved;
     rt_tensor *tok = runtime_upload_ids(rt, NULL, B, T), *tgt = tok ? runtime_upload_ids(rt, NULL, B, T) : NULL;
     rt_tensor *scale = tgt ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;

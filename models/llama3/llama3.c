@@ -426,6 +426,9 @@ static ct_status llama_unit_forward(ct_model *p, int unit, ct_builder *b, ct_ten
     if (unit == m->n_layers + 1) {
         ct_tensor *h, *logits;
         if (!(h = b->rmsnorm(b, x, m->norm, (float)m->norm_eps))) return CT_ERR_INVALID;
+        /* only the loss wanted: the host's fused op (2.5) need not hold the logits whole */
+        if (targets && CT_HAS_FIELD(b, ct_builder, linear_cross_entropy) && b->linear_cross_entropy)
+            return (*out = b->linear_cross_entropy(b, h, m->output, targets)) ? CT_OK : CT_ERR_INVALID;
         if (!(logits = b->linear(b, h, m->output))) return CT_ERR_INVALID;
         if (!targets) {
             *out = logits;

@@ -5,7 +5,8 @@
 # each more block costs what it keeps, its input (B x T x dim floats), and nothing else: no boundary
 # gradient stays behind per block. Measured from the arenas' device memory (metrics.jsonl's
 # "activations", last step) for llama3 debugmodel with 4 and 10 blocks, fp32, one rank; and the
-# planner predicts the same bytes for both (within 2%).
+# planner predicts the same bytes for both (within 2%). Under bf16 compute (no AC) a block keeps about
+# half its f32 bytes, and the planner follows each checkpointing mode.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -43,4 +44,36 @@ ok = 0.98 < r < 1.02
 print("%s  %s blocks: the planner's activations %.0f bytes, measured %.0f (ratio %.4f)" % ("ok  " if ok else "FAIL", sys.argv[3], pred, meas, r))
 sys.exit(0 if ok else 1)
 EOF
+done
+
+# bf16 compute: what a block keeps from its forward for its backward waits in bf16 (saved
+# statistics, rstd and lse, stay f32), so without checkpointing each more block costs about half
+# its f32 bytes; the head's loss runs in blocks of rows (linear_cross_entropy), and the planner
+# still predicts the arenas to within 2%, for each checkpointing mode
+none=("${args[@]/--activation_checkpoint.mode=full/--activation_checkpoint.mode=none}")
+for dt in float32 bfloat16; do
+  for L in 4 10; do
+    "$CTITAN" train "${none[@]}" --model.n_layers=$L --training.mixed_precision_param=$dt --job.dump_folder="$T/$dt$L" \
+      >"$T/$dt$L.log" 2>&1 || { tail -5 "$T/$dt$L.log"; fail "train $dt with $L layers"; }
+  done
+done
+awk -v f4=$(act float324) -v f10=$(act float3210) -v b4=$(act bfloat164) -v b10=$(act bfloat1610) 'BEGIN {
+  f = (f10 - f4) / 6; b = (b10 - b4) / 6; r = b / f; ok = r > 0.45 && r < 0.56
+  printf "%s  no AC: a block keeps %.0f bytes under bf16 compute, %.0f in f32 (%.3f x)\n", ok ? "ok  " : "FAIL", b, f, r
+  exit !ok }' || exit 1
+for ac in none selective full; do
+  bf=("${none[@]/--activation_checkpoint.mode=none/--activation_checkpoint.mode=$ac}" --model.n_layers=4
+      --training.mixed_precision_param=bfloat16)
+  "$CTITAN" train "${bf[@]}" --job.dump_folder="$T/bf_$ac" >"$T/bf_$ac.log" 2>&1 || { tail -5 "$T/bf_$ac.log"; fail "bf16 $ac"; }
+  "$CTITAN" plan "${bf[@]}" --hardware h100-sxm --gpus 1 --json >"$T/pbf_$ac.json" 2>"$T/pbf_$ac.err" ||
+    { cat "$T/pbf_$ac.err"; fail "plan bf16 $ac"; }
+  python3 - "$T/pbf_$ac.json" "$(act bf_$ac)" "bf16, AC $ac" <<'PY' || exit 1
+import json, sys
+mem = json.load(open(sys.argv[1]))["layouts"][0]["memory_gib"]
+pred = sum(mem[k] for k in ("activations", "transient", "logits")) * float(1 << 30)
+meas = float(sys.argv[2])
+ok = 0.98 < pred / meas < 1.02
+print("%s  %s: the planner's activations %.0f bytes, measured %.0f (ratio %.4f)" % ("ok  " if ok else "FAIL", sys.argv[3], pred, meas, pred / meas))
+sys.exit(0 if ok else 1)
+PY
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Float8 training: llama3 debugmodel for 200 steps under each recipe vs the fp32 run of the same
+# Float8 training: llama3 debugmodel for 200 steps under each recipe (and bf16 compute) vs the fp32 run of the same
 # seed: no NaN, final loss within 3% of fp32; the report of converted layers; where the GEMMs run;
 # torchtitan's spellings and a misspelt recipe.
 set -u
@@ -31,6 +31,17 @@ for r in tensorwise rowwise rowwise_with_gw_hp mxfp8; do
       printf "%s %s: %d steps, final loss %.4f vs fp32 %.4f (%.2f%%), max gap over the curve %.2f%%\n",
              ok ? "ok  " : "FAIL", r, NR, last8, last32, 100 * final, 100 * maxgap; exit !ok }' || exit 1
 done
+# bf16 compute (bf16 weights for compute, saved activations held in bf16 between forward and
+# backward, f32 master weights and gradients) is held to fp32 the same way
+"$CTITAN" train "${base[@]}" --training.mixed_precision_param=bfloat16 --job.dump_folder="$T/bf16" >"$T/bf16.log" 2>&1 ||
+  { tail "$T/bf16.log"; fail "bf16 run"; }
+paste -d' ' <(loss_of fp32) <(loss_of bf16) | awk -v n=$STEPS '
+  { if ($2 != $2 + 0 || $2 == "nan") nan = 1; gap = ($2 - $1) / $1; if (gap < 0) gap = -gap; if (gap > maxgap) maxgap = gap
+    last32 = $1; last16 = $2 }
+  END { final = (last16 - last32) / last32; if (final < 0) final = -final
+    ok = !nan && NR == n && final <= 0.03
+    printf "%s bf16 compute: %d steps, final loss %.4f vs fp32 %.4f (%.2f%%), max gap over the curve %.2f%%\n",
+           ok ? "ok  " : "FAIL", NR, last16, last32, 100 * final, 100 * maxgap; exit !ok }' || exit 1
 # Where the GEMMs run: tensorwise on the device's scaled fp8 matmul (matmul_fp8, ABI 1.4), the row-wise
 # recipes on its row-scaled twin (matmul_fp8_rows); the CPU plugin's are dequantise + sgemm. MXFP8 is
 # emulated. Each is said once at start-up. The device GEMM path (operands quantised k-contiguous,

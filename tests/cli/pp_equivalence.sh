@@ -3,7 +3,8 @@
 # global batch, real MPI ranks. PP 2 with every shipped schedule (the zero-bubble ones with full
 # activation checkpointing), PP 4 with Interleaved1F1B, a CSV
 # schedule, explicit units per stage, PP 2 x FSDP 2 and PP 2 x FSDP 2 x TP 2 on 8 ranks: 20-step loss
-# and grad-norm curves within 1e-6 (relative) of the single rank. Also: 1F1B holds fewer microbatches
+# and grad-norm curves within 1e-6 (relative) of the single rank; under bf16 compute 1F1B, Interleaved1F1B and
+# ZBVZeroBubble within 1e-6 of one rank's bf16 run with the same microbatches. Also: 1F1B holds fewer microbatches
 # than GPipe, a checkpoint saved under PP 2 resumes on one rank, an unknown schedule lists the
 # loadable ones, and a broken CSV is refused at start-up naming the rank and the action.
 set -u
@@ -34,6 +35,22 @@ run pp2_fsdp2 4 --training.local_batch_size=4 --parallelism.pipeline_parallel_de
   --parallelism.data_parallel_shard_degree=2 --checkpoint.enable=true --checkpoint.interval=10
 grep -q "pp 2, dp_replicate 1, dp_shard 2, cp 1, tp 1; strategy fsdp" "$T/pp2_fsdp2.log" || fail "pp2_fsdp2 layout"
 compare single pp2_fsdp2 "$STEPS" || exit 1
+# bf16 compute: each microbatch context holds its units' activations in bf16 (1F1B, Interleaved1F1B),
+# a schedule that splits backward rounds them where they are (ZBVZeroBubble, full AC): each follows
+# one rank's bf16 run with the same 8 microbatches within 1e-6 (bit for bit here). That run and the
+# one-microbatch run are the floor of the bf16 bound (tests/cli/lib/curves.sh): the same function,
+# summed in another order, then rounded to bf16
+bf=--training.mixed_precision_param=bfloat16
+run single_bf16 1 --training.local_batch_size=8 $bf
+run single_bf16_mb8 1 --training.local_batch_size=1 $bf
+run single_bf16_mb8_full 1 --training.local_batch_size=1 $bf --activation_checkpoint.mode=full
+CURVE_TOL=$CURVE_TOL_BF16 compare single_bf16 single_bf16_mb8 "$STEPS" || exit 1
+for s in 1F1B Interleaved1F1B ZBVZeroBubble; do
+  ac=none ref=single_bf16_mb8; case $s in *ZeroBubble) ac=full ref=single_bf16_mb8_full ;; esac
+  run "pp2_${s}_bf16" 2 "${pp[@]}" --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=$s \
+    --activation_checkpoint.mode=$ac $bf
+  compare $ref "pp2_${s}_bf16" "$STEPS" || exit 1
+done
 run pp2_fsdp2_tp2 8 --training.local_batch_size=4 --parallelism.pipeline_parallel_degree=2 \
   --parallelism.data_parallel_shard_degree=2 --parallelism.tensor_parallel_degree=2
 grep -q "pp 2, dp_replicate 1, dp_shard 2, cp 1, tp 2; strategy fsdp" "$T/pp2_fsdp2_tp2.log" || fail "3D layout"

@@ -1,0 +1,271 @@
+/* actpack.c: under bf16 compute, what a unit keeps from its forward for its backward is held in
+ * bf16 in between, as an autocast run holds it.
+ *
+ * Units run forward in order and backward in reverse (no pipeline), so the saved arena is a stack
+ * and unit u's forward is its top region when the forward ends. runtime_pack_unit compacts that
+ * region in place: every tensor the unit's tape, its per-op checkpoint chain or its output holds
+ * is kept (f32 activations as bf16; saved statistics, ids and anything shared as they are) and the
+ * rest (temporaries nothing reads again) is dropped, in address order toward the region's start.
+ * The output then gets a fresh f32 copy (the "handoff", from its bf16 value, so the next unit
+ * computes from what backward will see) above the packed region; the next unit's own compaction
+ * drops that copy again. runtime_unpack_unit, when the unit's backward starts (everything above
+ * it given back), re-extends the region and expands every tensor to the address it had, in reverse
+ * order, so the tape's descriptors are valid unchanged; the unit's input, the previous unit's
+ * handoff, is expanded last from that unit's packed output.
+ *
+ * Moves overlap (a packed tensor lands at or below where it was): each goes in pieces through a
+ * small bounce buffer so a piece never overwrites bytes not yet read (compaction runs first to
+ * last, expansion last to first).
+ *
+ * Where nothing may move -- a custom op whose forward made activations it did not return (its
+ * state may point at them), a pipeline schedule that splits backward (a unit's input half would
+ * expand it under a later unit's weight half) -- the same tensors are rounded to bf16 where they
+ * are: no memory is saved there, but every layout computes with the same values, so a layout's
+ * bf16 run follows one rank's.
+ */
+#include "host/host.h"
+#include "engine/runtime.h"
+#include "engine/tape.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PACK_PIECE ((size_t)16 << 20) /* bytes of f32 moved per bounce */
+
+typedef struct pack_item {
+    char *orig, *packed;
+    size_t bytes; /* at orig */
+    int bf16;     /* held as bf16 (bytes / 2 at packed); else copied as it is */
+    int aux;      /* (while collecting) read as something other than a plain f32 activation */
+    int chunk;    /* (while collecting) the pool chunk of orig */
+} pack_item;
+
+struct rt_pack {
+    pack_item *items;
+    int n;
+    pool_mark lo, top;         /* the region compacted and the arena's top before */
+    rt_tensor *out;            /* the unit's output: at its handoff while packed */
+    char *out_orig, *out_packed;
+    int out_bf16;
+    pool_mark handoff_at, after_handoff; /* the output's f32 copy for the next unit */
+    char *in_handoff;          /* the unit's input, the previous unit's handoff: expanded last */
+    int packed;
+};
+
+struct rt_pack *runtime_pack_new(int n_units) {
+    struct rt_pack *p = calloc((size_t)(n_units > 0 ? n_units : 1), sizeof *p);
+    if (!p) ct_set_error("out of memory");
+    return p;
+}
+
+void runtime_pack_clear(struct rt_pack *p, int n_units) {
+    if (p) memset(p, 0, sizeof *p * (size_t)n_units);
+}
+
+/* The chunk of p holding a, or -1. */
+static int chunk_of(const pool *p, const char *a) {
+    for (int i = 0; i < p->n_chunks; i++)
+        if ((uintptr_t)a >= (uintptr_t)p->chunks[i].base && (uintptr_t)a < (uintptr_t)p->chunks[i].base + p->chunks[i].cap)
+            return i;
+    return -1;
+}
+
+typedef struct collect {
+    const pool *p;
+    pool_mark from, to; /* the unit's own region */
+    pack_item *v;
+    int n, cap, bad;
+} collect;
+
+static void collect_one(void *ctx, rt_tensor *t, int aux) {
+    collect *c = ctx;
+    rt_tensor *o = t->base ? t->base : t;
+    char *a = o->t.data;
+    if (!a || c->bad) return;
+    int k = chunk_of(c->p, a);
+    if (k < 0) return; /* a parameter, a gathered weight, a table: not the arena's */
+    size_t off = (size_t)(a - c->p->chunks[k].base);
+    if (k < c->from.cur || (k == c->from.cur && off < c->from.top)) return; /* below the unit */
+    if (k > c->to.cur || (k == c->to.cur && off >= c->to.top)) return;     /* above (none should be) */
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 64;
+        pack_item *v = realloc(c->v, sizeof *v * (size_t)cap);
+        if (!v) {
+            c->bad = 1;
+            return;
+        }
+        c->v = v;
+        c->cap = cap;
+    }
+    size_t bytes = (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype);
+    c->v[c->n++] = (pack_item){a, NULL, bytes, 0, aux || o->t.dtype != CT_F32, k};
+}
+
+static int item_cmp(const void *x, const void *y) {
+    const pack_item *a = x, *b = y;
+    if (a->chunk != b->chunk) return a->chunk < b->chunk ? -1 : 1;
+    if (a->orig != b->orig) return (uintptr_t)a->orig < (uintptr_t)b->orig ? -1 : 1;
+    return a->bytes < b->bytes ? -1 : a->bytes > b->bytes;
+}
+
+/* Sorted by address; overlapping ranges become one item, kept as it is unless it is one plain f32
+ * activation seen only as such. */
+static int merge(collect *c) {
+    qsort(c->v, (size_t)c->n, sizeof *c->v, item_cmp);
+    int m = 0;
+    for (int i = 0; i < c->n; i++) {
+        pack_item *it = &c->v[i];
+        if (m && c->v[m - 1].chunk == it->chunk && it->orig < c->v[m - 1].orig + c->v[m - 1].bytes) {
+            pack_item *last = &c->v[m - 1];
+            if (it->orig != last->orig || it->bytes != last->bytes) last->aux = 1; /* partial: as it is */
+            last->aux |= it->aux;
+            if (it->orig + it->bytes > last->orig + last->bytes) last->bytes = (size_t)(it->orig + it->bytes - last->orig);
+            continue;
+        }
+        c->v[m++] = *it;
+    }
+    c->n = m;
+    for (int i = 0; i < m; i++) c->v[i].bf16 = !c->v[i].aux && c->v[i].bytes % 4 == 0;
+    return m;
+}
+
+/* Moves `bytes` f32 (to_bf16: into bf16, half the bytes) or raw bytes from src down to dst <= src,
+ * or (expand) from packed src up to dst >= src, in pieces through a bounce buffer when they
+ * overlap. */
+static int move(runtime *rt, char *dst, char *src, size_t bytes, int bf16, int expand) {
+    const ct_device_api *d = rt->d;
+    if (!bytes || (dst == src && !bf16)) return 0;
+    size_t out_bytes = bf16 ? (expand ? bytes : bytes / 2) : bytes, in_bytes = bf16 ? (expand ? bytes / 2 : bytes) : bytes;
+    int overlap = (uintptr_t)dst < (uintptr_t)src + in_bytes && (uintptr_t)src < (uintptr_t)dst + out_bytes;
+    if (!overlap) {
+        if (rt->planning) return 0;
+        ct_status st = !bf16 ? d->copy(rt->dev, dst, src, bytes, CT_COPY_D2D)
+                       : expand ? d->cast_bf16_to_f32(rt->dev, (float *)dst, (const uint16_t *)src, (int64_t)(bytes / 4))
+                                : d->cast_f32_to_bf16(rt->dev, (uint16_t *)dst, (const float *)src, (int64_t)(bytes / 4));
+        return st == CT_OK ? 0 : -1;
+    }
+    /* pieces of `piece` f32 bytes (raw: bytes), first to last when compacting, last to first when
+     * expanding; a piece's write never reaches a byte of a piece not yet read */
+    size_t f32_bytes = bytes, piece = bytes < PACK_PIECE ? bytes : PACK_PIECE;
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    char *bounce = pool_alloc(&rt->opscratch, piece);
+    if (!bounce) return -1;
+    size_t np = (f32_bytes + piece - 1) / piece;
+    int bad = 0;
+    for (size_t j = 0; j < np && !bad && !rt->planning; j++) { /* the planner: the bounce counted, nothing moved */
+        size_t k = expand ? np - 1 - j : j;
+        size_t off = k * piece, len = f32_bytes - off < piece ? f32_bytes - off : piece; /* in f32 (raw) bytes */
+        if (!bf16) {
+            bad = d->copy(rt->dev, bounce, src + off, len, CT_COPY_D2D) != CT_OK ||
+                  d->copy(rt->dev, dst + off, bounce, len, CT_COPY_D2D) != CT_OK;
+        } else if (!expand) {
+            bad = d->cast_f32_to_bf16(rt->dev, (uint16_t *)bounce, (const float *)(src + off), (int64_t)(len / 4)) != CT_OK ||
+                  d->copy(rt->dev, dst + off / 2, bounce, len / 2, CT_COPY_D2D) != CT_OK;
+        } else {
+            bad = d->copy(rt->dev, bounce, src + off / 2, len / 2, CT_COPY_D2D) != CT_OK ||
+                  d->cast_bf16_to_f32(rt->dev, (float *)(dst + off), (const uint16_t *)bounce, (int64_t)(len / 4)) != CT_OK;
+        }
+    }
+    pool_release(&rt->opscratch, m);
+    return bad ? -1 : 0;
+}
+
+int runtime_pack_unit(runtime *rt, int u) {
+    struct rt_pack *r = &rt->unit_pack[u];
+    pool *p = &rt->saved.data;
+    rt_tensor *out = rt->unit_out[u];
+    memset(r, 0, sizeof *r);
+    if (!out || !CT_HAS_FIELD(rt->d, ct_device_api, cast_bf16_to_f32) || !rt->d->cast_f32_to_bf16 ||
+        !rt->d->cast_bf16_to_f32)
+        return 0;
+    collect c = {p, rt->unit_mark[u].data, pool_get_mark(p), NULL, 0, 0, 0};
+    int hidden = tape_visit(rt->unit_tape[u], collect_one, &c);
+    for (rt_tensor *t = out->sac_next; t; t = t->sac_next) collect_one(&c, t, 0);
+    collect_one(&c, out, 0);
+    if (c.bad) {
+        free(c.v);
+        ct_set_error("out of memory");
+        return -1;
+    }
+    merge(&c);
+    size_t ob = (size_t)ct_tensor_numel(&out->t) * ct_dtype_size(out->t.dtype);
+    int found = 0;
+    for (int i = 0; i < c.n; i++) found |= c.v[i].orig == (char *)out->t.data && c.v[i].bytes == ob;
+    if (!found || hidden || !rt->pack_units) { /* nothing may move: the same values, rounded where they are */
+        int bad = 0;
+        for (int i = 0; i < c.n && !bad && !rt->planning; i++)
+            if (c.v[i].bf16) bad = rt->d->round_bf16(rt->dev, (float *)c.v[i].orig, (int64_t)(c.v[i].bytes / 4)) != CT_OK;
+        if (!found && !bad && !rt->planning && out->t.dtype == CT_F32 && (out->base ? out->base : out) == out)
+            bad = rt->d->round_bf16(rt->dev, out->t.data, ct_tensor_numel(&out->t)) != CT_OK;
+        free(c.v);
+        if (bad && !ct_last_error()[0]) ct_set_error("rounding unit %d's activations to bf16 failed", u);
+        return bad ? -1 : 0;
+    }
+    /* the region starts at the unit's input when that is the previous unit's handoff (dropped here,
+     * expanded from that unit's packed output when this one's backward starts) */
+    struct rt_pack *prev = u > 0 ? &rt->unit_pack[u - 1] : NULL;
+    r->lo = rt->unit_mark[u].data;
+    if (prev && prev->packed && rt->unit_in[u] == prev->out && prev->after_handoff.cur == r->lo.cur &&
+        prev->after_handoff.top == r->lo.top) { /* the handoff is the last thing below this unit */
+        r->in_handoff = rt->unit_in[u]->t.data;
+        r->lo = prev->handoff_at;
+    }
+    r->top = pool_get_mark(p);
+    r->items = pool_alloc(&rt->saved.desc, sizeof *r->items * (size_t)(c.n ? c.n : 1));
+    if (!r->items) {
+        free(c.v);
+        ct_set_error("out of memory for the tape");
+        return -1;
+    }
+    r->n = c.n;
+    pool_release(p, r->lo);
+    int bad = 0;
+    for (int i = 0; i < c.n && !bad; i++) {
+        pack_item *it = &c.v[i];
+        it->packed = pool_alloc(p, it->bf16 ? it->bytes / 2 : it->bytes);
+        bad = !it->packed || move(rt, it->packed, it->orig, it->bytes, it->bf16, 0);
+        r->items[i] = *it;
+        if (it->orig == (char *)out->t.data) {
+            r->out_packed = it->packed;
+            r->out_bf16 = it->bf16;
+        }
+    }
+    free(c.v);
+    if (bad || !r->out_packed) {
+        if (!ct_last_error()[0]) ct_set_error("packing unit %d's activations failed", u);
+        return -1;
+    }
+    /* the output again in f32 for the next unit, from the value backward will see */
+    r->handoff_at = pool_get_mark(p);
+    char *h = pool_alloc(p, ob);
+    r->after_handoff = pool_get_mark(p);
+    if (!h || move(rt, h, r->out_packed, ob, r->out_bf16, 1)) {
+        if (!ct_last_error()[0]) ct_set_error("out of memory for activations");
+        return -1;
+    }
+    r->out = out;
+    r->out_orig = out->t.data;
+    out->t.data = h;
+    r->packed = 1;
+    rt->unit_mark[u].data = r->lo; /* the unit's backward gives back from here */
+    return 0;
+}
+
+int runtime_unpack_unit(runtime *rt, int u) {
+    struct rt_pack *r = rt->unit_pack ? &rt->unit_pack[u] : NULL;
+    if (!r || !r->packed) return 0;
+    pool_release(&rt->saved.data, r->top);
+    for (int i = r->n - 1; i >= 0; i--) {
+        pack_item *it = &r->items[i];
+        if (move(rt, it->orig, it->packed, it->bytes, it->bf16, 1)) return -1;
+    }
+    r->out->t.data = r->out_orig;
+    if (r->in_handoff) {
+        struct rt_pack *prev = &rt->unit_pack[u - 1];
+        size_t ib = (size_t)ct_tensor_numel(&prev->out->t) * ct_dtype_size(prev->out->t.dtype);
+        if (move(rt, r->in_handoff, prev->out_packed, ib, prev->out_bf16, 1)) return -1;
+    }
+    r->packed = 0;
+    return 0;
+}
