@@ -192,8 +192,10 @@ int runtime_pack_unit(runtime *rt, int u) {
     size_t ob = (size_t)ct_tensor_numel(&out->t) * ct_dtype_size(out->t.dtype);
     int found = 0;
     for (int i = 0; i < c.n; i++) found |= c.v[i].orig == (char *)out->t.data && c.v[i].bytes == ob;
+    int64_t elements = 0;
+    for (int i = 0; i < c.n; i++) elements += c.v[i].bf16 ? (int64_t)(c.v[i].bytes / 4) : 0;
     if (!found || hidden || !rt->pack_units) { /* nothing may move: the same values, rounded where they are */
-        int bad = 0;
+        int bad = tape_note_cast(rt, elements, 1);
         for (int i = 0; i < c.n && !bad && !rt->planning; i++)
             if (c.v[i].bf16) bad = rt->d->round_bf16(rt->dev, (float *)c.v[i].orig, (int64_t)(c.v[i].bytes / 4)) != CT_OK;
         if (!found && !bad && !rt->planning && out->t.dtype == CT_F32 && (out->base ? out->base : out) == out)
@@ -210,6 +212,10 @@ int runtime_pack_unit(runtime *rt, int u) {
         prev->after_handoff.top == r->lo.top) { /* the handoff is the last thing below this unit */
         r->in_handoff = rt->unit_in[u]->t.data;
         r->lo = prev->handoff_at;
+    }
+    if (tape_note_cast(rt, elements, 0)) {
+        free(c.v);
+        return -1;
     }
     r->top = pool_get_mark(p);
     r->items = pool_alloc(&rt->saved.desc, sizeof *r->items * (size_t)(c.n ? c.n : 1));

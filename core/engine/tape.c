@@ -874,11 +874,11 @@ static ct_tensor *op_linear_cross_entropy(ct_builder *b, ct_tensor *xt, ct_tenso
     const ct_device_api *d = DEV(rt);
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, 0, NULL), *losses = y ? new_tensor(rt, rt->act, CT_F32, 1, &n) : NULL;
     if (!losses) return NULL;
-    if (rt->trace_ops == 1) { /* the GEMM, its backward and its recompute there; the loss's traffic */
+    if (rt->trace_ops == 1) { /* the GEMM and the loss, each run again in backward */
         if (plan_note_linear(rt, owner, n, in, v, 0, 0)) return NULL;
-        plan_op *o = &rt->trace->ops[rt->trace->n_ops - 1];
-        o->flops[1] += o->flops[0];
+        rt->trace->ops[rt->trace->n_ops - 1].bwd_refwd = 1;
         if (plan_note_op(rt, PLAN_OP_XENT, n, v, 0, 0, 0, 0)) return NULL;
+        rt->trace->ops[rt->trace->n_ops - 1].bwd_refwd = 1;
     }
     int64_t rows = xent_rows(n, in, v);
     pool_mark m = pool_get_mark(&rt->opscratch);
@@ -1396,6 +1396,11 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
 }
 
 void tape_layer_free(ct_builder *b) { free(b); }
+
+int tape_note_cast(runtime *rt, int64_t elements, int in_place) {
+    if (rt->trace_ops != 1 || elements <= 0) return 0;
+    return plan_note_op(rt, PLAN_OP_CAST, elements, in_place, 0, 0, 0, 0);
+}
 
 /* Calls fn on every tensor the entries from `tail` back to the first hold (inputs, outputs, saved
  * values; `aux` 1 for the saved statistics: a norm's rstd and mean, attention's lse, a rope's

@@ -35,6 +35,9 @@ void tape_layer_free(ct_builder *b);
 void tape_rope_tables_free(runtime *rt);
 /* Replays entries from `tail` back to the first, accumulating gradients. */
 int tape_backward(runtime *rt, tape_entry *tail, int halves);
+/* The planner's trace (forward only): `elements` f32 activations packed to bf16 and expanded in
+ * backward, or (in_place) rounded where they are. 0, or -1 with the error set. */
+int tape_note_cast(runtime *rt, int64_t elements, int in_place);
 /* Calls fn on every tensor entries from `tail` back hold (aux 1: saved statistics, kept exact);
  * 1 when a custom op's forward made activations it did not return (nothing may move), else 0. */
 int tape_visit(tape_entry *tail, void (*fn)(void *ctx, rt_tensor *t, int aux), void *ctx);

@@ -221,6 +221,9 @@ static int bench_alloc(cal *c, bench *bn) {
     case PLAN_OP_XENT: /* logits (n,v), targets (n), losses (n), dlogits (n,v) */
         B(s[0] * s[1]), IDS(s[0], s[1]), B(s[0]), B(s[0] * s[1]);
         break;
+    case PLAN_OP_CAST: /* f32 (n), bf16 (n, in floats: n / 2) */
+        B(s[0]), B((s[0] + 1) / 2);
+        break;
     }
 #undef B
 #undef IDS
@@ -285,6 +288,10 @@ static ct_status op_run(cal *c, bench *bn, int backward) {
     case PLAN_OP_XENT:
         if (!backward) return d->cross_entropy_forward(dev, f[2], f[0], p[1], s[0], s[1], -100);
         return d->cross_entropy_backward(dev, f[3], f[0], p[1], 1.0f / (float)s[0], s[0], s[1], -100);
+    case PLAN_OP_CAST:
+        if (s[1]) return backward ? CT_OK : d->round_bf16(dev, f[0], s[0]);
+        if (!backward) return d->cast_f32_to_bf16(dev, p[1], f[0], s[0]);
+        return d->cast_bf16_to_f32(dev, f[0], p[1], s[0]);
     }
     ct_set_error("op kind %d cannot be run", bn->op->kind);
     return CT_ERR_INTERNAL;
@@ -367,9 +374,9 @@ static int measure_op(cal *c, const cal_op *op, double sec[2]) {
     bn.quant = op->kind == PLAN_OP_GEMM && op->dtype == PLAN_FP8 && c->s.qapi;
     if (set_op_dtype(c, op->dtype)) return CAL_FAIL;
     static const char *const names[] = {"GEMM", "attention", "embedding", "rmsnorm", "layernorm", "rope", "swiglu",
-                                        "gelu", "add", "bias", "cross entropy"};
+                                        "gelu", "add", "bias", "cross entropy", "bf16 cast"};
     snprintf(what, sizeof what, "%s at %lld x %lld x %lld x %lld",
-             op->kind >= 0 && op->kind <= PLAN_OP_XENT ? names[op->kind] : "an op", (long long)op->shape[0],
+             op->kind >= 0 && op->kind <= PLAN_OP_CAST ? names[op->kind] : "an op", (long long)op->shape[0],
              (long long)op->shape[1], (long long)op->shape[2], (long long)op->shape[3]);
     timed t = {run_op, &bn, 2, c->world};
     int rc = bench_alloc(c, &bn);
@@ -386,7 +393,9 @@ static int op_shape_ok(const plan_op *o) {
     if (o->dtype < 0 || o->dtype >= PLAN_NDTYPES) return 0;
     int dims = o->kind == PLAN_OP_GEMM || o->kind == PLAN_OP_EMBEDDING ? 3
                : o->kind == PLAN_OP_ATTENTION || o->kind == PLAN_OP_ROPE ? 4
-               : o->kind == PLAN_OP_SWIGLU || o->kind == PLAN_OP_GELU || o->kind == PLAN_OP_ADD ? 1
+               : o->kind == PLAN_OP_SWIGLU || o->kind == PLAN_OP_GELU || o->kind == PLAN_OP_ADD ||
+                       o->kind == PLAN_OP_CAST
+                   ? 1
                                                                                                  : 2;
     for (int i = 0; i < dims; i++)
         if (o->shape[i] < 1) return 0;

@@ -104,7 +104,7 @@ static const char *const sections[] = {"compute", "memory", "intra_node", "inter
 #define N_SECTIONS (int)(sizeof sections / sizeof *sections)
 
 static const char *const op_names[PLAN_OP_NKINDS] = {"gemm", "attention", "embedding", "rmsnorm", "layernorm",
-                                                     "rope", "swiglu", "gelu", "add", "bias", "xent", "custom",
+                                                     "rope", "swiglu", "gelu", "add", "bias", "xent", "cast", "custom",
                                                      "collective"};
 static const char *const dtype_names[PLAN_NDTYPES] = {"fp32", "bf16", "fp8"};
 static const struct {

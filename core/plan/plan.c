@@ -554,6 +554,7 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         u->bi += b - bw;
         u->bw += bw;
         double re = ac[o->unit] == RT_AC_FULL ? f : ac[o->unit] == RT_AC_OP && !o->sac_keep ? f : 0;
+        if (o->bwd_refwd) re += f; /* the op's own second forward (linear_cross_entropy's logits) */
         u->re += re;
         double all = f + b + re;
         if (o->kind == PLAN_OP_CUSTOM) { /* its attention FLOPs apart from its GEMMs */

@@ -104,6 +104,8 @@ typedef enum plan_op_kind {
     PLAN_OP_ADD,
     PLAN_OP_BIAS,
     PLAN_OP_XENT,       /* shape: rows, vocab */
+    PLAN_OP_CAST,       /* bf16-held activations (actpack.c): f32 elements, 0 packed (forward) and
+                           expanded (backward) or 1 rounded where they are (forward only) */
     PLAN_OP_CUSTOM,     /* a strategy's custom op: costs from its plan callback */
     PLAN_OP_COLLECTIVE, /* builder collective: axis, kind, bytes */
     PLAN_OP_NKINDS
@@ -121,6 +123,7 @@ typedef struct plan_op {
     double out_bytes;     /* the output tensor(s) the tape allocates */
     double saved_bytes;   /* what the tape keeps from this op until backward (no AC) */
     int sac_keep;         /* selective per-op AC keeps this op's output (not recomputed) */
+    int bwd_refwd;        /* its forward runs again in its backward (linear_cross_entropy's blocks) */
     /* PLAN_OP_COLLECTIVE, and a custom op's collectives (one plan_op each, kind COLLECTIVE) */
     int axis, coll_kind, phase, overlapped;
     double coll_bytes;

@@ -67,6 +67,10 @@ int plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2, int6
     case PLAN_OP_ADD: o->bytes[0] = F32 * 3.0 * a, o->bytes[1] = F32 * 5.0 * a; break;
     case PLAN_OP_BIAS: o->bytes[0] = F32 * 2.0 * a * b, o->bytes[1] = F32 * 4.0 * a * b; break;
     case PLAN_OP_XENT: o->bytes[0] = F32 * 2.0 * a * b, o->bytes[1] = F32 * 3.0 * a * b; break;
+    case PLAN_OP_CAST: /* 4 bytes read and 2 written per element each way; rounding: 4 and 4, once */
+        o->bytes[0] = s1 ? 2.0 * F32 * a : 1.5 * F32 * a;
+        o->bytes[1] = s1 ? 0 : 1.5 * F32 * a;
+        break;
     default: break;
     }
     return 0;

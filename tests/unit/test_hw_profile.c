@@ -384,7 +384,7 @@ static void test_bad_measurements_name_line_and_key(void **state) {
     snprintf(twice, sizeof twice, "%s\n%s", op, op);
     refused(26, "    - {kind: gemmm, shape: [8], dtype: bf16, forward_s: 1, backward_s: 2}",
             "26: measured.ops[0].kind: 'gemmm' is unknown; expected one of gemm, attention, embedding, rmsnorm, "
-            "layernorm, rope, swiglu, gelu, add, bias, xent, custom, collective");
+            "layernorm, rope, swiglu, gelu, add, bias, xent, cast, custom, collective");
     refused(26, "    - {kind: gemm, shape: [1, 2, 3, 4, 5], dtype: bf16, forward_s: 1, backward_s: 2}",
             "26: measured.ops[0].shape: 5 numbers; expected a list of 1 to 4 whole numbers");
     refused(26, "    - {kind: gemm, shape: [8, -1], dtype: bf16, forward_s: 1, backward_s: 2}",
