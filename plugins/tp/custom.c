@@ -181,25 +181,17 @@ static int ce_merge(tp *t, const float *stats, const int32_t *tg, int64_t n, int
     return 0;
 }
 
-static ct_status ce_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
-    ce_state *s = sp;
+/* Every rank's stats (3 per row, on the device) into s->lse and the summed loss (out). */
+static int ce_finish(ce_state *s, ct_builder *b, ct_tensor *stats, const ct_tensor *targets, int64_t n, int64_t v,
+                     ct_tensor *loss) {
     tp *t = s->t;
     const ct_device_api *d = t->env.dapi;
     ct_device *dev = t->env.dev;
-    ct_tensor *logits = in[0], *targets = in[1];
-    (void)n_in;
-    (void)n_out;
-    int64_t v = logits->shape[logits->ndim - 1], n = numel(logits) / v, three = 3 * n;
-    ct_tensor *stats = b->new_tensor(b, CT_F32, 1, &three);
-    s->lse = b->new_tensor(b, CT_F32, 1, &n);
-    out[0] = b->new_tensor(b, CT_F32, 0, NULL);
     float *all = b->scratch(b, sizeof(float) * (size_t)(3 * n * t->size));
     float *host = malloc(sizeof(float) * (size_t)(3 * n * t->size + n + 1));
     int32_t *tg = malloc(sizeof(int32_t) * (size_t)(n + 1));
     double sum = 0;
-    int bad = !stats || !s->lse || !out[0] || !all || !host || !tg;
-    bad = bad || failed(t, d->cross_entropy_stats(dev, stats->data, logits->data, targets->data, n, v, s->begin,
-                                                  CT_IGNORE_INDEX), "loss parallel: cross_entropy_stats");
+    int bad = !all || !host || !tg;
     bad = bad || tp_comm(t, b, 0, 'g', stats->data, all, 3 * n, NULL);
     bad = bad || failed(t, d->copy(dev, host, all, sizeof(float) * (size_t)(3 * n * t->size), CT_COPY_D2H), "copy") ||
           failed(t, d->copy(dev, tg, targets->data, sizeof(int32_t) * (size_t)n, CT_COPY_D2H), "copy");
@@ -207,9 +199,27 @@ static ct_status ce_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in,
     bad = bad || ce_merge(t, host, tg, n, v * t->size, l, &sum);
     float fsum = (float)sum;
     bad = bad || failed(t, d->copy(dev, s->lse->data, l, sizeof(float) * (size_t)n, CT_COPY_H2D), "copy") ||
-          failed(t, d->copy(dev, out[0]->data, &fsum, sizeof fsum, CT_COPY_H2D), "copy");
+          failed(t, d->copy(dev, loss->data, &fsum, sizeof fsum, CT_COPY_H2D), "copy");
     free(host);
     free(tg);
+    return bad;
+}
+
+static ct_status ce_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
+    ce_state *s = sp;
+    tp *t = s->t;
+    ct_tensor *logits = in[0], *targets = in[1];
+    (void)n_in;
+    (void)n_out;
+    int64_t v = logits->shape[logits->ndim - 1], n = numel(logits) / v, three = 3 * n;
+    ct_tensor *stats = b->new_tensor(b, CT_F32, 1, &three);
+    s->lse = b->new_tensor(b, CT_F32, 1, &n);
+    out[0] = b->new_tensor(b, CT_F32, 0, NULL);
+    int bad = !stats || !s->lse || !out[0];
+    bad = bad || failed(t, t->env.dapi->cross_entropy_stats(t->env.dev, stats->data, logits->data, targets->data, n, v,
+                                                            s->begin, CT_IGNORE_INDEX),
+                        "loss parallel: cross_entropy_stats");
+    bad = bad || ce_finish(s, b, stats, targets, n, v, out[0]);
     return bad ? CT_ERR_INVALID : CT_OK;
 }
 
@@ -270,6 +280,117 @@ ct_tensor *tp_cross_entropy_sharded(tp *t, ct_builder *b, ct_tensor *logits, con
     ce_state s = {t, v * t->rank, NULL};
     ct_tensor *in[2] = {logits, (ct_tensor *)targets}, *out[1] = {NULL};
     return b->custom(b, &ce_op, &s, sizeof s, in, 2, out, 1) == CT_OK ? out[0] : NULL;
+}
+
+/* ---- loss parallel over the output head itself (ABI 2.5's linear_cross_entropy) ----
+ * in: X (n, k) with every token row, this rank's vocabulary rows of the weight (v, k), targets.
+ * The logits of a block of rows at a time: forward each block's stats, then the same merge as
+ * above; backward each block's logits again, their gradient against the whole row's lse, and from
+ * it X's and the weight's. (rows x v) floats twice are the most it holds, not (n x v) and their
+ * gradient. Blocks as the host's: a block's logits at most half of X's bytes. */
+static int64_t xent_rows(int64_t n, int64_t k, int64_t v) {
+    int64_t r = (n * k + 2 * v - 1) / (2 * v);
+    return r < 1 ? 1 : r > n ? n : r;
+}
+
+static ct_status lxe_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
+    ce_state *s = sp;
+    tp *t = s->t;
+    const ct_device_api *d = t->env.dapi;
+    ct_tensor *X = in[0], *w = in[1], *targets = in[2];
+    (void)n_in;
+    (void)n_out;
+    int64_t k = w->shape[1], v = w->shape[0], n = numel(X) / k, three = 3 * n, rows = xent_rows(n, k, v);
+    ct_tensor *stats = b->new_tensor(b, CT_F32, 1, &three);
+    s->lse = b->new_tensor(b, CT_F32, 1, &n);
+    out[0] = b->new_tensor(b, CT_F32, 0, NULL);
+    float *logits = b->scratch(b, sizeof(float) * (size_t)(rows * v));
+    int bad = !stats || !s->lse || !out[0] || !logits;
+    for (int64_t r0 = 0; r0 < n && !bad; r0 += rows) {
+        int64_t nr = n - r0 < rows ? n - r0 : rows;
+        bad = failed(t, d->matmul(t->env.dev, logits, (const float *)X->data + r0 * k, w->data, nr, v, k, 0, 1, 1.0f, 0.0f),
+                     "loss parallel: matmul") ||
+              failed(t, d->cross_entropy_stats(t->env.dev, (float *)stats->data + 3 * r0, logits,
+                                               (const int32_t *)targets->data + r0, nr, v, s->begin, CT_IGNORE_INDEX),
+                     "loss parallel: cross_entropy_stats");
+    }
+    bad = bad || ce_finish(s, b, stats, targets, n, v, out[0]);
+    return bad ? CT_ERR_INVALID : CT_OK;
+}
+
+static ct_status lxe_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor *const *out,
+                         const float *const *dy, int n_out, int halves) {
+    ce_state *s = sp;
+    tp *t = s->t;
+    const ct_device_api *d = t->env.dapi;
+    ct_device *dev = t->env.dev;
+    ct_tensor *X = in[0], *w = in[1], *targets = in[2];
+    (void)n_in;
+    (void)out;
+    (void)n_out;
+    if (!dy[0]) return CT_OK;
+    int64_t k = w->shape[1], v = w->shape[0], n = numel(X) / k, rows = xent_rows(n, k, v);
+    float dloss, *gx = (halves & CT_GRAD_INPUT) ? b->grad(b, X) : NULL, *gw = (halves & CT_GRAD_WEIGHT) ? b->grad(b, w) : NULL;
+    if (((halves & CT_GRAD_INPUT) && !gx) || ((halves & CT_GRAD_WEIGHT) && !gw)) return CT_ERR_NOMEM;
+    if (!gx && !gw) return CT_OK;
+    float *logits = b->scratch(b, sizeof(float) * (size_t)(rows * v)), *dl = b->scratch(b, sizeof(float) * (size_t)(rows * v));
+    if (!logits || !dl) return CT_ERR_NOMEM;
+    int bad = failed(t, d->copy(dev, &dloss, dy[0], sizeof dloss, CT_COPY_D2H), "copy");
+    for (int64_t r0 = 0; r0 < n && !bad; r0 += rows) {
+        int64_t nr = n - r0 < rows ? n - r0 : rows;
+        const float *xr = (const float *)X->data + r0 * k;
+        bad = failed(t, d->matmul(dev, logits, xr, w->data, nr, v, k, 0, 1, 1.0f, 0.0f), "loss parallel: matmul") ||
+              failed(t, d->zero(dev, dl, sizeof(float) * (size_t)(nr * v)), "zero") ||
+              failed(t, d->cross_entropy_backward_lse(dev, dl, logits, (const int32_t *)targets->data + r0,
+                                                      (const float *)s->lse->data + r0, dloss, nr, v, s->begin,
+                                                      CT_IGNORE_INDEX),
+                     "loss parallel: cross_entropy_backward_lse") ||
+              (gx && failed(t, d->matmul(dev, gx + r0 * k, dl, w->data, nr, k, v, 0, 0, 1.0f, 1.0f), "matmul")) ||
+              (gw && failed(t, d->matmul(dev, gw, dl, xr, v, k, nr, 1, 0, 1.0f, 1.0f), "matmul"));
+    }
+    return bad ? CT_ERR_INVALID : CT_OK;
+}
+
+/* The planner's forward: ce_plan's outputs and traffic over blocks, and the GEMM three times over
+ * (forward; backward's logits again, dX and dW). */
+static ct_status lxe_plan(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out,
+                          ct_op_cost *cost) {
+    const tp *t = ((ce_state *)sp)->t;
+    const ct_tensor *X = in[0], *w = in[1];
+    (void)n_in;
+    (void)n_out;
+    int64_t k = w->shape[1], v = w->shape[0], n = numel(X) / k, three = 3 * n, rows = xent_rows(n, k, v);
+    if (!b->new_tensor(b, CT_F32, 1, &three) || !b->new_tensor(b, CT_F32, 1, &n) ||
+        !(out[0] = b->new_tensor(b, CT_F32, 0, NULL)) || !b->scratch(b, sizeof(float) * (size_t)(2 * rows * v)))
+        return CT_ERR_NOMEM;
+    double f = sizeof(float), rows_d = (double)n, all = 3.0 * rows_d * t->size, gemm = 2.0 * (double)n * (double)k * (double)v;
+    cost->matmul_dtype = gemm_dtype(t);
+    cost->matmul_flops[0] = gemm;
+    cost->matmul_flops[1] = 3 * gemm;
+    cost->bytes[0] = rows_d * (double)v * f + rows_d * sizeof(int32_t) + 3 * rows_d * f + all * f * 2 + 2 * rows_d * f;
+    cost->bytes[1] = 4 * rows_d * (double)v * f + rows_d * sizeof(int32_t) + rows_d * f;
+    plan_comm(cost, CT_COLL_ALL_GATHER, CT_PHASE_FORWARD, 0, 3 * n * t->size, 1);
+    return CT_OK;
+}
+
+static const ct_custom_op lxe_op = {sizeof(ct_custom_op), "tp.linear_cross_entropy", lxe_fwd, lxe_bwd, lxe_plan};
+
+ct_tensor *tp_linear_cross_entropy_sharded(tp *t, ct_builder *b, ct_tensor *X, ct_tensor *w, const ct_tensor *targets) {
+    const ct_device_api *d = t->env.dapi; /* NULL on a planning instance: only shapes then */
+    if (!tp_planning(b) && (!d->cross_entropy_stats || !d->cross_entropy_backward_lse || !d->zero)) {
+        t->host->set_error(t->host, "loss parallel: the device lacks cross_entropy_stats; set "
+                                    "parallelism.disable_loss_parallel");
+        return NULL;
+    }
+    int64_t k = w->shape[w->ndim - 1];
+    if (X->dtype != CT_F32 || w->ndim != 2 || X->shape[X->ndim - 1] != k || !targets || targets->dtype != CT_I32 ||
+        numel(targets) != numel(X) / k) {
+        t->host->set_error(t->host, "linear_cross_entropy: x (..., in), w (V, in) and int32 targets, one per row of x");
+        return NULL;
+    }
+    ce_state s = {t, w->shape[0] * t->rank, NULL};
+    ct_tensor *in[3] = {X, w, (ct_tensor *)targets}, *out[1] = {NULL};
+    return b->custom(b, &lxe_op, &s, sizeof s, in, 3, out, 1) == CT_OK ? out[0] : NULL;
 }
 
 /* ---- async TP, column-wise: out = (y, x with every row) ---- */

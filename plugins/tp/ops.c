@@ -89,6 +89,22 @@ static ct_tensor *tp_cross_entropy(ct_builder *b, ct_tensor *logits, const ct_te
     return n->cross_entropy(n, logits, targets);
 }
 
+/* ABI 2.5: the output head and its loss. Under bf16 compute with loss parallel, one op over
+ * vocabulary-sharded logits in blocks of rows; otherwise (f32, which stays bit for bit what it was;
+ * a weight the quantizer converts, or has not yet been asked about) the two ops above. */
+static ct_tensor *tp_linear_cross_entropy(ct_builder *b, ct_tensor *x, ct_tensor *w, const ct_tensor *targets) {
+    tp *t = TP(b);
+    ct_builder *n = t->next;
+    int plain = (!t->env.has_quantizer || ((w->flags & CT_TENSOR_QUANT_DECIDED) && !quantized(w)));
+    if (!t->env.bf16_compute || !t->loss_parallel || tp_style_of(t, w) != CT_TP_OUTPUT_COLWISE || !plain) {
+        ct_tensor *y = tp_linear(b, x, w);
+        return y ? tp_cross_entropy(b, y, targets) : NULL;
+    }
+    ct_tensor *X = n->memo(n, x, &gathered_key, NULL);
+    if (!X && !(X = rows_in(t, x))) return NULL;
+    return tp_linear_cross_entropy_sharded(t, n, X, w, targets);
+}
+
 /* The model's output without targets: under loss parallel the vocabulary-sharded logits. */
 static ct_tensor *tp_finish_output(ct_builder *b, ct_tensor *x) {
     tp *t = TP(b);
@@ -106,4 +122,5 @@ void tp_builder_init(tp *t, ct_builder *next, ct_builder *out) {
     out->embedding = tp_embedding;
     out->cross_entropy = tp_cross_entropy;
     out->finish_output = tp_finish_output;
+    if (CT_HAS_FIELD(out, ct_builder, linear_cross_entropy)) out->linear_cross_entropy = tp_linear_cross_entropy;
 }

@@ -49,6 +49,8 @@ int tp_wait(tp *t, ct_builder *b, int backward, ct_comm_request *req);
 /* Custom ops (custom.c); each returns its first output or NULL with the error set. */
 ct_tensor *tp_embedding_ranged(tp *t, ct_builder *b, const ct_tensor *ids, ct_tensor *table);
 ct_tensor *tp_cross_entropy_sharded(tp *t, ct_builder *b, ct_tensor *logits, const ct_tensor *targets);
+/* The output head and its loss in one custom op under loss parallel, in blocks of rows (bf16 compute). */
+ct_tensor *tp_linear_cross_entropy_sharded(tp *t, ct_builder *b, ct_tensor *X, ct_tensor *w, const ct_tensor *targets);
 /* Async TP, column-wise: every rank's rows of x gathered in chunks, each chunk's matmul overlapping the
  * next chunk's gather. *gathered receives x with every row (shared by the next column-wise linears). */
 ct_tensor *tp_gather_linear(tp *t, ct_builder *b, ct_tensor *x, ct_tensor *w, ct_tensor **gathered);

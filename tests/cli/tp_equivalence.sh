@@ -8,7 +8,8 @@
 # one rank, and a degree that does not divide the heads is refused at start-up. Last, an
 # operation-level strategy written out of tree (sdk/examples/mlp_tp: the feed-forward blocks only),
 # built with nothing but the pkg-config file and named by path as the tp axis's strategy, trains on
-# 2 ranks to the same curve with its feed-forward memory halved.
+# 2 ranks to the same curve with its feed-forward memory halved. Under bf16 compute TP 2 (the head and its
+# loss in blocks under loss parallel) and TP 2 without loss parallel follow one rank within the bf16 bound.
 set -u
 . tests/cli/lib/layouts.sh
 tp=(--training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1)
@@ -27,6 +28,18 @@ grep -q "tp 4; strategy none" "$T/tp4.log" || fail "tp4 did not run with tp 4"
 grep -q "dp_shard 2, cp 1, tp 2; strategy fsdp" "$T/fsdp2_tp2.log" || fail "fsdp2_tp2 did not run FSDP x TP"
 grep -q "dp_shard 2, cp 1, tp 2; strategy zero2" "$T/tp2_zero2.log" || fail "tp2_zero2 did not run ZeRO-2 x TP"
 for r in tp2 tp4 tp2_nosp tp2_async tp2_noloss tp2_ac fsdp2_tp2 tp2_zero2; do compare single $r 20 || exit 1; done
+# bf16 compute: loss parallel runs the output head and its loss as one op in blocks of rows
+# (linear_cross_entropy), holding less than the two ops do; both follow one rank's bf16 curve within
+# the bf16 bound (tests/cli/lib/curves.sh)
+bf=--training.mixed_precision_param=bfloat16
+run single_bf16 1 --training.local_batch_size=8 $bf
+run tp2_bf16 2 "${tp[@]}" --parallelism.tensor_parallel_degree=2 $bf
+run tp2_noloss_bf16 2 "${tp[@]}" --parallelism.tensor_parallel_degree=2 --parallelism.disable_loss_parallel=true $bf
+for r in tp2_bf16 tp2_noloss_bf16; do CURVE_TOL=$CURVE_TOL_BF16 compare single_bf16 $r 20 || exit 1; done
+act() { step_records "$1" | tail -1 | sed 's/.*"activations": \([0-9]*\).*/\1/'; }
+awk -v a="$(act tp2_bf16)" -v b="$(act tp2_noloss_bf16)" 'BEGIN { ok = a > 0 && a < b
+  printf "%s tp2 bf16: the blocked loss-parallel head holds %d bytes of activations, the gathered logits %d\n",
+         ok ? "ok  " : "FAIL", a, b; exit !ok }' || exit 1
 
 # memory: parameters + gradients + AdamW states per rank under TP N, against the single rank. The norm
 # weights stay whole, so the ratio is a little above 1/N; the split matrices are exactly 1/N.
