@@ -373,6 +373,7 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
                                   "the fp8 rate with no memory of its own");
         rt->qapi = c->s.quant ? c->s.qapi : NULL;
         rt->quant = c->s.quant;
+        if (rt->qapi) runtime_decide_quant(rt); /* as the session does at start-up */
     }
     int64_t B = l->pp > 1 ? l->pp_microbatch_size : l->local_batch, T = l->seq_len;
     t->tokens = B * T;
@@ -994,7 +995,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         if (getenv("CTITAN_PLAN_DEBUG")) {
             fprintf(stderr, "plan rank %d:", pr);
             for (int k = 0; k < PLAN_MEM_N; k++) fprintf(stderr, " %s %.0f", plan_mem_names[k], m[k]);
-            fprintf(stderr, " (saved %.0f boundary %.0f io %.0f inflight %d)\n", saved, boundary, t.io_bytes, inflight);
+            fprintf(stderr, " (saved %.0f boundary %.0f io %.0f inflight %d live_peak %.0f arena %.0f opscratch %.0f)\n", saved, boundary, t.io_bytes, inflight, t.live_peak, t.arena_bytes, t.opscratch_bytes);
         }
         if (total > best) {
             best = total;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The planner against measurement: trains layouts on CPU ranks (each a few steps of a tiny model:
-# FSDP 2 and 4, HSDP 2x2, DDP 2, TP 2 and 4, async TP, FSDP x TP, PP 2 and 4 under 1F1B,
+# FSDP 2 and 4, HSDP 2x2, DDP 2, TP 2 and 4, async TP (also with float8), FSDP x TP, PP 2 and 4 under 1F1B,
 # Interleaved1F1B and ZBVZeroBubble, CP 2 (both rotate methods), FSDP 2 x CP 2, AC none / selective / full, float8, bf16, the debug model and
 # the 124M-class shape), takes what each run measured (tests/cli/lib/plan_validate.py measure: the
 # last step's memory record, the largest rank's, and the median step time after the first two
@@ -47,6 +47,7 @@ fsdp2        2 8 r2dp   --training.local_batch_size=4 --parallelism.data_paralle
 ddp2         2 8 r2dp   --training.local_batch_size=4 --parallelism.data_parallel_replicate_degree=2
 tp2          2 8 r2tp   --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2
 tp2_async    2 8 r2tp   --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
+tp2_f8       2 8 r2tpf8 --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true --quantize.dense.float8.enable=true --quantize.dense.float8.format=tensorwise
 pp2_1f1b     2 8 r2pp   @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=1F1B
 pp2_interl   2 8 r2pp   @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B
 pp2_zbv      2 8 r2pp   @pp --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=ZBVZeroBubble
