@@ -22,7 +22,8 @@ for n in 2 4; do
     printf "%s  fsdp%d: params+grads+optimizer %d bytes per rank, 1/%d of single rank is %d (ratio %.3f)\n",
            (r > 0.95 && r < 1.05) ? "ok  " : "FAIL", n, g, n, want, r; exit !(r > 0.95 && r < 1.05) }' || exit 1
 done
-# the reshard policies and bf16 compute (fp32 shards and reductions) follow the same curve
+# the reshard policies and bf16 compute (fp32 shards and reductions) follow the same curve (bf16
+# within the bf16 bound: 2.8e-6 over 5 steps on 2026-12-06)
 short=(--training.steps=5 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2)
 run single_short 1 --training.steps=5 --training.local_batch_size=8
 run never 2 "${short[@]}" --parallelism.fsdp_reshard_after_forward=never
@@ -31,7 +32,7 @@ run single_bf16 1 --training.steps=5 --training.local_batch_size=8 --training.mi
 run fsdp2_bf16 2 "${short[@]}" --training.mixed_precision_param=bfloat16
 compare single_short never 5 || exit 1
 compare single_short always 5 || exit 1
-compare single_bf16 fsdp2_bf16 5 || exit 1
+CURVE_TOL=$CURVE_TOL_BF16 compare single_bf16 fsdp2_bf16 5 || exit 1 # bf16-held activations: tests/cli/lib/curves.sh
 # the model FSDP saved (gathered from the shards) loads for generation
 "$CTITAN" generate "${common[@]}" --job.dump_folder="$T/fsdp2" --model.tokenizer_path="$T/tok.model" --prompt "The" \
   >"$T/gen.log" 2>&1 || { cat "$T/gen.log"; fail "generate from the FSDP-saved model"; }
