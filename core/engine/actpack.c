@@ -171,14 +171,14 @@ static int move(runtime *rt, char *dst, char *src, size_t bytes, int bf16, int e
     return bad ? -1 : 0;
 }
 
-int runtime_pack_unit(runtime *rt, int u) {
+ct_status runtime_pack_unit(runtime *rt, int u) {
     struct rt_pack *r = &rt->unit_pack[u];
     pool *p = &rt->saved.data;
     rt_tensor *out = rt->unit_out[u];
     memset(r, 0, sizeof *r);
     if (!out || !CT_HAS_FIELD(rt->d, ct_device_api, cast_bf16_to_f32) || !rt->d->cast_f32_to_bf16 ||
         !rt->d->cast_bf16_to_f32)
-        return 0;
+        return CT_OK;
     collect c = {p, rt->unit_mark[u].data, pool_get_mark(p), NULL, 0, 0, 0};
     int hidden = tape_visit(rt->unit_tape[u], collect_one, &c);
     for (rt_tensor *t = out->sac_next; t; t = t->sac_next) collect_one(&c, t, 0);
@@ -186,7 +186,7 @@ int runtime_pack_unit(runtime *rt, int u) {
     if (c.bad) {
         free(c.v);
         ct_set_error("out of memory");
-        return -1;
+        return CT_ERR_NOMEM;
     }
     merge(&c);
     size_t ob = (size_t)ct_tensor_numel(&out->t) * ct_dtype_size(out->t.dtype);
@@ -202,7 +202,7 @@ int runtime_pack_unit(runtime *rt, int u) {
             bad = rt->d->round_bf16(rt->dev, out->t.data, ct_tensor_numel(&out->t)) != CT_OK;
         free(c.v);
         if (bad && !ct_last_error()[0]) ct_set_error("rounding unit %d's activations to bf16 failed", u);
-        return bad ? -1 : 0;
+        return bad ? CT_ERR_INTERNAL : CT_OK;
     }
     /* the region starts at the unit's input when that is the previous unit's handoff (dropped here,
      * expanded from that unit's packed output when this one's backward starts) */
@@ -215,14 +215,14 @@ int runtime_pack_unit(runtime *rt, int u) {
     }
     if (tape_note_cast(rt, elements, 0)) {
         free(c.v);
-        return -1;
+        return CT_ERR_NOMEM;
     }
     r->top = pool_get_mark(p);
     r->items = pool_alloc(&rt->saved.desc, sizeof *r->items * (size_t)(c.n ? c.n : 1));
     if (!r->items) {
         free(c.v);
         ct_set_error("out of memory for the tape");
-        return -1;
+        return CT_ERR_NOMEM;
     }
     r->n = c.n;
     pool_release(p, r->lo);
@@ -240,7 +240,7 @@ int runtime_pack_unit(runtime *rt, int u) {
     free(c.v);
     if (bad || !r->out_packed) {
         if (!ct_last_error()[0]) ct_set_error("packing unit %d's activations failed", u);
-        return -1;
+        return CT_ERR_NOMEM;
     }
     /* the output again in f32 for the next unit, from the value backward will see */
     r->handoff_at = pool_get_mark(p);
@@ -248,30 +248,30 @@ int runtime_pack_unit(runtime *rt, int u) {
     r->after_handoff = pool_get_mark(p);
     if (!h || move(rt, h, r->out_packed, ob, r->out_bf16, 1)) {
         if (!ct_last_error()[0]) ct_set_error("out of memory for activations");
-        return -1;
+        return CT_ERR_NOMEM;
     }
     r->out = out;
     r->out_orig = out->t.data;
     out->t.data = h;
     r->packed = 1;
     rt->unit_mark[u].data = r->lo; /* the unit's backward gives back from here */
-    return 0;
+    return CT_OK;
 }
 
-int runtime_unpack_unit(runtime *rt, int u) {
+ct_status runtime_unpack_unit(runtime *rt, int u) {
     struct rt_pack *r = rt->unit_pack ? &rt->unit_pack[u] : NULL;
-    if (!r || !r->packed) return 0;
+    if (!r || !r->packed) return CT_OK;
     pool_release(&rt->saved.data, r->top);
     for (int i = r->n - 1; i >= 0; i--) {
         pack_item *it = &r->items[i];
-        if (move(rt, it->orig, it->packed, it->bytes, it->bf16, 1)) return -1;
+        if (move(rt, it->orig, it->packed, it->bytes, it->bf16, 1)) return CT_ERR_INTERNAL;
     }
     r->out->t.data = r->out_orig;
     if (r->in_handoff) {
         struct rt_pack *prev = &rt->unit_pack[u - 1];
         size_t ib = (size_t)ct_tensor_numel(&prev->out->t) * ct_dtype_size(prev->out->t.dtype);
-        if (move(rt, r->in_handoff, prev->out_packed, ib, prev->out_bf16, 1)) return -1;
+        if (move(rt, r->in_handoff, prev->out_packed, ib, prev->out_bf16, 1)) return CT_ERR_INTERNAL;
     }
     r->packed = 0;
-    return 0;
+    return CT_OK;
 }

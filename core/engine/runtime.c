@@ -934,7 +934,9 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
     *out = x;
     /* bf16 compute: what the unit keeps waits for its backward in bf16 (actpack.c); the last unit's
      * backward follows at once */
-    if (record && rt->bf16_compute && u < rt->desc.n_units - 1 && runtime_pack_unit(rt, u)) return -1;
+    if (record && rt->bf16_compute && u < rt->desc.n_units - 1 &&
+        runtime_pack_unit(rt, u) != CT_OK)
+        return -1;
     return 0;
 }
 
@@ -974,7 +976,7 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
     int nu = rt->desc.n_units;
     rt_tensor *in = rt->unit_in[u];
     rt->cur_unit = u;
-    if (runtime_unpack_unit(rt, u)) return -1; /* bf16-held activations back in f32 */
+    if (runtime_unpack_unit(rt, u) != CT_OK) return -1; /* bf16-held activations back in f32 */
     note_act_peak(rt);
     if (in && !boundary_grad(rt, u, in)) return -1; /* the boundary gradient outlives the unit */
     pool_mark gd = pool_get_mark(&rt->grads.data);

@@ -296,12 +296,12 @@ float *runtime_boundary_grad(runtime *rt, rt_tensor *t);
 
 /* Saved activations held in bf16 between a unit's forward and its backward (actpack.c): the
  * per-unit records (one set per microbatch in flight: the runtime's, a pipeline context's), the
- * compaction after unit u's forward and the expansion before its backward. 0, or -1 with the
- * error set. */
+ * compaction after unit u's forward and the expansion before its backward: CT_OK, or a status
+ * with the error set. */
 struct rt_pack *runtime_pack_new(int n_units);
 void runtime_pack_clear(struct rt_pack *p, int n_units);
-int runtime_pack_unit(runtime *rt, int u);
-int runtime_unpack_unit(runtime *rt, int u);
+ct_status runtime_pack_unit(runtime *rt, int u);
+ct_status runtime_unpack_unit(runtime *rt, int u);
 
 /* The global shape of parameter i (the whole parameter's, when an axis strategy splits it). */
 const int64_t *runtime_global_shape(const runtime *rt, int i);

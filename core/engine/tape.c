@@ -799,6 +799,17 @@ static ct_tensor *op_view(ct_builder *b, ct_tensor *xt, int ndim, const int64_t 
     return &v->t;
 }
 
+/* y (scalar) = the sum of losses (n), on the device when it can (no wait for it). 1 on failure. */
+static int loss_sum(runtime *rt, rt_tensor *y, rt_tensor *losses, int64_t n) {
+    const ct_device_api *d = DEV(rt);
+    if (CT_HAS_FIELD(d, ct_device_api, sum_to_device) && d->sum_to_device)
+        return dev_fail(d->sum_to_device(rt->dev, y->t.data, losses->t.data, n), "sum_to_device");
+    double sum = 0;
+    if (dev_fail(d->sum(rt->dev, &sum, losses->t.data, n), "sum")) return 1;
+    float fsum = (float)sum;
+    return dev_fail(d->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D), "copy");
+}
+
 static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor *tt) {
     runtime *rt = RT(b);
     rt_tensor *logits = (rt_tensor *)lt, *targets = (rt_tensor *)tt;
@@ -814,15 +825,9 @@ static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor
     if (!losses) return NULL;
     if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_XENT, n, v, 0, 0, 0, 0)) return NULL;
     if (dev_fail(DEV(rt)->cross_entropy_forward(rt->dev, losses->t.data, logits->t.data, targets->t.data, n, v,
-                                            CT_IGNORE_INDEX), "cross_entropy_forward")) return NULL;
-    if (CT_HAS_FIELD(DEV(rt), ct_device_api, sum_to_device) && DEV(rt)->sum_to_device) {
-        if (dev_fail(DEV(rt)->sum_to_device(rt->dev, y->t.data, losses->t.data, n), "sum_to_device")) return NULL; /* no wait for the device */
-    } else {
-        double sum = 0;
-        if (dev_fail(DEV(rt)->sum(rt->dev, &sum, losses->t.data, n), "sum")) return NULL;
-        float fsum = (float)sum;
-        if (dev_fail(DEV(rt)->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D), "copy")) return NULL;
-    }
+                                            CT_IGNORE_INDEX), "cross_entropy_forward") ||
+        loss_sum(rt, y, losses, n))
+        return NULL;
     if (record(rt, OP_CROSS_ENTROPY, y, logits, targets, NULL, NULL, NULL, 0)) return NULL;
     return &y->t;
 }
@@ -894,15 +899,7 @@ static ct_tensor *op_linear_cross_entropy(ct_builder *b, ct_tensor *xt, ct_tenso
                        "cross_entropy_forward");
     }
     pool_release(&rt->opscratch, m);
-    if (bad) return NULL;
-    if (CT_HAS_FIELD(d, ct_device_api, sum_to_device) && d->sum_to_device) {
-        if (dev_fail(d->sum_to_device(rt->dev, y->t.data, losses->t.data, n), "sum_to_device")) return NULL;
-    } else {
-        double sum = 0;
-        if (dev_fail(d->sum(rt->dev, &sum, losses->t.data, n), "sum")) return NULL;
-        float fsum = (float)sum;
-        if (dev_fail(d->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D), "copy")) return NULL;
-    }
+    if (bad || loss_sum(rt, y, losses, n)) return NULL;
     if (record(rt, OP_LINEAR_XENT, y, x, w, targets, NULL, NULL, 0)) return NULL;
     return &y->t;
 }
