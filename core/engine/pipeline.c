@@ -280,6 +280,7 @@ static pp_ctx *ctx_new(pipeline *pl) {
     pool_init(&c->saved.desc, NULL, NULL, CT_MEM_OTHER);
     pool_init(&c->grads.data, rt->d, rt->dev, CT_MEM_ACTIVATIONS);
     pool_init(&c->grads.desc, NULL, NULL, CT_MEM_OTHER);
+    if (rt->planning) c->saved.data.first_chunk = c->grads.data.first_chunk = RT_PLAN_CHUNK;
     c->unit_in = calloc((size_t)nu, sizeof(rt_tensor *));
     c->unit_out = calloc((size_t)nu, sizeof(rt_tensor *));
     c->unit_tape = calloc((size_t)nu, sizeof(tape_entry *));

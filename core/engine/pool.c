@@ -1,4 +1,5 @@
-/* pool.c: bump allocators with marks for activations (device) and their descriptors (host). */
+/* pool.c: bump allocators with marks for activations (device) and their descriptors (host), and
+ * the holes a region in heap mode gives back (runtime.h). */
 #include "host/host.h"
 #include "engine/runtime.h"
 
@@ -41,9 +42,47 @@ void pool_destroy(pool *p) {
     memset(p, 0, sizeof *p);
 }
 
-void *pool_alloc(pool *p, size_t bytes) {
+static size_t round_bytes(size_t bytes) {
     bytes = (bytes + POOL_ALIGN - 1) & ~(size_t)(POOL_ALIGN - 1);
-    if (!bytes) bytes = POOL_ALIGN;
+    return bytes ? bytes : POOL_ALIGN;
+}
+
+static void hole_remove(pool *p, int i) {
+    memmove(&p->holes[i], &p->holes[i + 1], sizeof p->holes[0] * (size_t)(p->n_holes - i - 1));
+    p->n_holes--;
+}
+
+/* The smallest hole that takes `bytes`, shrunk from its start; NULL when none does. */
+static void *hole_take(pool *p, size_t bytes) {
+    int best = -1;
+    for (int i = 0; i < p->n_holes; i++)
+        if (p->holes[i].size >= bytes && (best < 0 || p->holes[i].size < p->holes[best].size)) best = i;
+    if (best < 0) return NULL;
+    pool_hole *h = &p->holes[best];
+    void *r = p->chunks[h->chunk].base + h->off;
+    h->off += bytes;
+    h->size -= bytes;
+    if (!h->size) hole_remove(p, best);
+    return r;
+}
+
+/* Holes that end at the top of the current chunk lower the top. */
+static void holes_to_top(pool *p) {
+    while (p->n_holes) {
+        pool_hole *h = &p->holes[p->n_holes - 1];
+        if (h->chunk != p->cur || h->off + h->size != p->top) return;
+        p->top = h->off;
+        p->used -= h->size;
+        hole_remove(p, p->n_holes - 1);
+    }
+}
+
+void *pool_alloc(pool *p, size_t bytes) {
+    bytes = round_bytes(bytes);
+    if (p->heap && p->n_holes) {
+        void *r = hole_take(p, bytes);
+        if (r) return r;
+    }
     while (p->cur < p->n_chunks) {
         pool_chunk *c = &p->chunks[p->cur];
         if (c->cap - p->top >= bytes) {
@@ -51,6 +90,7 @@ void *pool_alloc(pool *p, size_t bytes) {
             p->top += bytes;
             p->used += bytes;
             if (p->used > p->peak_used) p->peak_used = p->used;
+            if (p->used > p->high) p->high = p->used;
             return r;
         }
         if (p->cur + 1 >= p->n_chunks) break;
@@ -61,6 +101,7 @@ void *pool_alloc(pool *p, size_t bytes) {
     /* grow: a new chunk at least as big as everything so far */
     size_t cap = p->cap_total > bytes ? p->cap_total : bytes;
     if (cap < POOL_MIN_CHUNK) cap = POOL_MIN_CHUNK;
+    if (!p->n_chunks && cap < p->first_chunk) cap = p->first_chunk;
     pool_chunk *grown = realloc(p->chunks, sizeof(*grown) * (size_t)(p->n_chunks + 1));
     if (!grown) return NULL;
     p->chunks = grown;
@@ -79,31 +120,121 @@ void *pool_alloc(pool *p, size_t bytes) {
     p->top = bytes;
     p->used += bytes;
     if (p->used > p->peak_used) p->peak_used = p->used;
+    if (p->used > p->high) p->high = p->used;
     return mem;
 }
 
 pool_mark pool_get_mark(const pool *p) { return (pool_mark){p->cur, p->top, p->used}; }
 
+static int mark_le(pool_mark a, pool_mark b) { return a.cur < b.cur || (a.cur == b.cur && a.top <= b.top); }
+
 void pool_release(pool *p, pool_mark m) {
     p->cur = m.cur;
     p->top = m.top;
     p->used = m.used;
+    if (!p->heap) return;
+    if (mark_le(m, p->heap_at)) { /* the heap region is gone */
+        p->heap = 0;
+        p->n_holes = 0;
+        return;
+    }
+    while (p->n_holes) { /* holes above the mark are gone; one across it ends there */
+        pool_hole *h = &p->holes[p->n_holes - 1];
+        if (h->chunk > m.cur || (h->chunk == m.cur && h->off >= m.top)) hole_remove(p, p->n_holes - 1);
+        else {
+            if (h->chunk == m.cur && h->off + h->size > m.top) h->size = m.top - h->off;
+            break;
+        }
+    }
+    holes_to_top(p);
 }
 
-size_t pool_steady_bytes(const pool *p) { return p->n_chunks <= 1 ? p->cap_total : p->peak_used; }
+void pool_heap_begin(pool *p) {
+    if (p->heap) return;
+    p->heap = 1;
+    p->heap_at = pool_get_mark(p);
+    p->n_holes = 0;
+}
 
-/* Empties the pool; when it had to grow, replaces its chunks by one of the peak size. */
-int pool_reset(pool *p) {
-    p->cur = 0;
-    p->top = 0;
-    p->used = 0;
-    if (p->n_chunks <= 1) return 0;
-    size_t want = p->peak_used;
+void pool_heap_end(pool *p) {
+    p->heap = 0;
+    p->n_holes = 0;
+}
+
+void pool_free(pool *p, void *ptr, size_t bytes) {
+    if (!p->heap || !ptr) return;
+    bytes = round_bytes(bytes);
+    int c = p->cur;
+    while (c >= 0 && !(p->chunks[c].base <= (char *)ptr && (char *)ptr < p->chunks[c].base + p->chunks[c].cap)) c--;
+    if (c < 0) return;
+    size_t off = (size_t)((char *)ptr - p->chunks[c].base);
+    if (c == p->cur && off + bytes == p->top) { /* the top comes down, and with it the holes below it */
+        p->top = off;
+        p->used -= bytes;
+        holes_to_top(p);
+        return;
+    }
+    int i = 0; /* where it goes in order, merged with the holes on either side */
+    while (i < p->n_holes && (p->holes[i].chunk < c || (p->holes[i].chunk == c && p->holes[i].off < off))) i++;
+    pool_hole h = {c, off, bytes};
+    if (i > 0 && p->holes[i - 1].chunk == c && p->holes[i - 1].off + p->holes[i - 1].size == off) {
+        h.off = p->holes[i - 1].off;
+        h.size += p->holes[i - 1].size;
+        hole_remove(p, --i);
+    }
+    if (i < p->n_holes && p->holes[i].chunk == c && h.off + h.size == p->holes[i].off) {
+        h.size += p->holes[i].size;
+        hole_remove(p, i);
+    }
+    if (p->n_holes == POOL_MAX_HOLES) { /* full: the smallest is forgotten until the release */
+        int s = 0;
+        for (int j = 1; j < p->n_holes; j++)
+            if (p->holes[j].size < p->holes[s].size) s = j;
+        if (p->holes[s].size >= h.size) return;
+        hole_remove(p, s);
+        if (s < i) i--;
+    }
+    memmove(&p->holes[i + 1], &p->holes[i], sizeof p->holes[0] * (size_t)(p->n_holes - i));
+    p->holes[i] = h;
+    p->n_holes++;
+}
+
+size_t pool_steady_bytes(const pool *p) { return !p->high ? 0 : p->high > POOL_MIN_CHUNK ? p->high : POOL_MIN_CHUNK; }
+
+/* Replaces the pool's chunks by one of `want` bytes. */
+static int one_chunk(pool *p, size_t want) {
     for (int i = 0; i < p->n_chunks; i++) chunk_free(p, &p->chunks[i]);
     p->n_chunks = 0;
     char *mem = chunk_alloc(p, want);
     if (!mem) return -1;
     p->chunks[0] = (pool_chunk){mem, want};
     p->n_chunks = 1;
+    return 0;
+}
+
+/* Empties the pool. When the pass had to grow, its chunks become one of the pass's extent (which
+ * counts the tails the growth left unused); the pass after that ran in one chunk, so its extent is
+ * what the same pass needs, and the chunk shrinks to it (twice at most, so passes that alternate
+ * between sizes cannot reallocate forever). */
+int pool_reset(pool *p) {
+    size_t pass = p->high;
+    p->cur = 0;
+    p->top = 0;
+    p->used = 0;
+    p->high = 0;
+    p->heap = 0;
+    p->n_holes = 0;
+    if (p->n_chunks > 1) {
+        p->fresh = 1;
+        return one_chunk(p, pass);
+    }
+    if (p->n_chunks == 1 && p->fresh) {
+        p->fresh = 0;
+        size_t want = pass > POOL_MIN_CHUNK ? pass : POOL_MIN_CHUNK;
+        if (want < p->chunks[0].cap && p->shrinks < 2) {
+            p->shrinks++;
+            return one_chunk(p, want);
+        }
+    }
     return 0;
 }

@@ -681,6 +681,9 @@ int runtime_plan_start(runtime *rt, char *err, size_t errlen) {
     if (st) return st;
     rt->planning = 1;
     rt->builder.planning = 1;
+    /* one chunk of address space each: a pass runs as the steady state does, in one chunk */
+    pool *ps[] = {&rt->saved.data, &rt->scratch.data, &rt->grads.data, &rt->bgrads[0], &rt->bgrads[1]};
+    for (int i = 0; i < 5; i++) ps[i]->first_chunk = RT_PLAN_CHUNK;
     return 0;
 }
 
@@ -828,7 +831,7 @@ int runtime_reset_arenas(runtime *rt) {
     return bad ? -1 : 0;
 }
 
-static void note_act_peak(runtime *rt) {
+void runtime_note_act_peak(runtime *rt) {
     int64_t live = (int64_t)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used +
                              rt->bgrads[0].used + rt->bgrads[1].used);
     if (live > rt->peak_act_bytes) rt->peak_act_bytes = live;
@@ -872,7 +875,7 @@ static int unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_
         return -1;
     }
     *out = (rt_tensor *)o;
-    note_act_peak(rt);
+    runtime_note_act_peak(rt);
     return 0;
 }
 
@@ -977,13 +980,18 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
     rt_tensor *in = rt->unit_in[u];
     rt->cur_unit = u;
     if (runtime_unpack_unit(rt, u) != CT_OK) return -1; /* bf16-held activations back in f32 */
-    note_act_peak(rt);
+    runtime_note_act_peak(rt);
     if (in && !boundary_grad(rt, u, in)) return -1; /* the boundary gradient outlives the unit */
     pool_mark gd = pool_get_mark(&rt->grads.data);
     pool_mark sd = pool_get_mark(&rt->scratch.data), sh = pool_get_mark(&rt->scratch.desc);
     tape_entry *tail = rt->unit_tape[u];
     /* units strictly in reverse: the recompute and the gradients go above the unit's activations */
     int one_region = rt->in_order && halves == TAPE_BOTH;
+    if (halves == TAPE_BOTH && rt->pack_units) { /* what the backward makes is given back at its last use (tape.c) */
+        pool_heap_begin(&rt->grads.data);
+        pool_heap_begin(&rt->scratch.data);
+        if (one_region) pool_heap_begin(&rt->saved.data);
+    }
     if (rt->ac[u] && halves != TAPE_WEIGHT) { /* recompute the unit, recording */
         rt->recording = 1;
         /* a fully checkpointed unit's recompute goes above its kept input; a per-op one's shares
@@ -1008,6 +1016,7 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
         owner->t.grad = rt->unit_out[u]->t.grad;
         tail = rt->tail;
         if (halves == TAPE_INPUT) rt->unit_tape[u] = tail; /* the weight half replays the recomputed ops */
+        if (halves == TAPE_BOTH) tape_drop_unread(rt, tail);
     }
     trace_begin(halves == TAPE_BOTH ? "backward" : halves == TAPE_INPUT ? "backward_input" : "backward_weight");
     if (one_region) rt->grad_pool = &rt->saved.data;
@@ -1015,13 +1024,16 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
     rt->grad_pool = &rt->grads.data;
     trace_end(halves == TAPE_BOTH ? "backward" : halves == TAPE_INPUT ? "backward_input" : "backward_weight");
     if (bad) return -1;
-    note_act_peak(rt);
+    runtime_note_act_peak(rt);
     if (halves == TAPE_BOTH) {
         pool_release(&rt->grads.data, gd);
         pool_release(&rt->scratch.data, sd);
         pool_release(&rt->scratch.desc, sh);
     }
     if (halves != TAPE_INPUT) release_saved(rt, u);
+    pool_heap_end(&rt->grads.data); /* (released above: already off) */
+    pool_heap_end(&rt->scratch.data);
+    pool_heap_end(&rt->saved.data);
     return 0;
 }
 

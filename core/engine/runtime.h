@@ -7,8 +7,9 @@
  *   saved   activations kept from forward to backward, unit by unit (rt_unit_mark); a unit's are
  *           given back when its backward is done. Without a pipeline it is the one region of a
  *           microbatch: a fully checkpointed unit's forward runs above its kept output and is given
- *           back, and a unit's recompute and activation gradients go above its activations and
- *           are given back with them, so the region's size is the live peak.
+ *           back, and a unit's recompute and activation gradients go above its activations; during
+ *           the unit's backward the region is in heap mode and the tape gives each tensor back at
+ *           its last use (tape_drop_unread, tape_backward), so the region's size is the live peak.
  *   bgrads  the boundary gradients (a unit's input gradient), two at most (bgrads[u & 1])
  *   scratch temporaries of per-op checkpointed units' forward, and under a pipeline the recompute
  *   grads   activation gradients where saved cannot take them (a pipeline: one arena shared by the
@@ -35,6 +36,9 @@ typedef struct rt_tensor {
     int64_t memo_pass;
     struct rt_tensor *sac_next; /* per-op checkpointing: the next op output a block saved (from its
                                    output's, in op order) */
+    struct pool *data_heap, *grad_heap; /* the pool in heap mode its data / gradient came from (NULL: none):
+                                    given back there at its last use in backward (tape.c) */
+    int64_t need_pass;           /* tape_drop_unread: read by the unit's backward */
 } rt_tensor;
 
 typedef struct pool_chunk {
@@ -42,8 +46,25 @@ typedef struct pool_chunk {
     size_t cap;
 } pool_chunk;
 
+typedef struct pool_mark {
+    int cur;
+    size_t top, used;
+} pool_mark;
+
+/* A hole: memory given back inside a pool's region above its heap mark (pool_free). */
+typedef struct pool_hole {
+    int chunk;
+    size_t off, size;
+} pool_hole;
+
+#define POOL_MAX_HOLES 64 /* more at once: the smallest is forgotten until the region's release */
+
 /* A bump allocator with marks; grows by chunks and coalesces into one chunk at reset, so steady
- * state makes no allocation. */
+ * state makes no allocation. Between pool_heap_begin and the release of a mark at or below it,
+ * what was allocated since may be given back one allocation at a time (pool_free): a hole is
+ * reused by later allocations (best fit) and one at the top lowers the top, so `used` (the
+ * region's extent, holes included) is the memory the region really needs. The same allocations
+ * and frees in the same order land at the same addresses every time. */
 typedef struct pool {
     const ct_device_api *d;
     ct_device *dev; /* NULL: host memory (malloc) */
@@ -52,22 +73,32 @@ typedef struct pool {
     int n_chunks, cur;
     size_t top;
     size_t used, peak_used, cap_total;
+    size_t high;       /* the largest `used` since the last reset (the pass's extent) */
+    size_t first_chunk; /* the planner's: one first chunk this large (address space only), so a pass
+                           runs as the runtime's steady state does, in one chunk */
+    int fresh, shrinks; /* the chunk was coalesced at the last reset; how often it was shrunk since */
+    int heap;          /* pool_free allowed for what was allocated above heap_at */
+    pool_mark heap_at;
+    pool_hole holes[POOL_MAX_HOLES]; /* by chunk, then offset; none adjacent to another or to the top */
+    int n_holes;
 } pool;
 
-typedef struct pool_mark {
-    int cur;
-    size_t top, used;
-} pool_mark;
-
 #define POOL_MIN_CHUNK ((size_t)1 << 20) /* a pool's first chunk is at least this */
+#define RT_PLAN_CHUNK ((size_t)1 << 40)  /* the planner's first chunks: address space, never touched */
 void pool_init(pool *p, const ct_device_api *d, ct_device *dev, ct_mem_category cat);
 void pool_destroy(pool *p);
 void *pool_alloc(pool *p, size_t bytes);
 pool_mark pool_get_mark(const pool *p);
 void pool_release(pool *p, pool_mark m);
+/* From now until the release of a mark at or below this point, allocations may be freed. */
+void pool_heap_begin(pool *p);
+/* Gives back `bytes` at ptr: one pool_alloc of that size made since pool_heap_begin. */
+void pool_free(pool *p, void *ptr, size_t bytes);
+/* Heap mode off; its holes stay taken until a release below them. */
+void pool_heap_end(pool *p);
 int pool_reset(pool *p);
-/* The bytes the pool holds once the same allocations repeat: after a reset that coalesced, its
- * peak; one chunk that never grew, that chunk. */
+/* The bytes the pool holds once the same allocations repeat, from a pass that ran in one chunk:
+ * its extent (at least the first chunk's minimum; 0 when it allocated nothing). */
 size_t pool_steady_bytes(const pool *p);
 
 typedef struct tape_entry tape_entry;
@@ -199,13 +230,15 @@ typedef struct runtime {
     int n_layers;
     int64_t peak_act_bytes; /* live bytes of saved + scratch + grads at their worst */
     int64_t act_allocs;     /* activations made so far (a custom op's forward: did it return them all) */
+    int64_t need_pass;      /* tape_drop_unread's passes */
     /* bf16 compute (training.mixed_precision_param: bfloat16): with units in order a unit's saved
      * activations wait for its backward in bf16 (actpack.c: runtime_pack_unit after its forward,
      * runtime_unpack_unit before its backward), and linear_cross_entropy runs in blocks of rows */
     int bf16_compute;
     int pack_units;             /* 0 under a pipeline whose schedule splits backward (I then W): a
                                    unit's input half would expand it under a later unit's weight
-                                   half, so its activations are rounded to bf16 in place instead */
+                                   half, so its activations are rounded to bf16 in place instead,
+                                   and no unit's backward gives memory back before it ends */
     struct rt_pack *unit_pack;  /* per microbatch, as unit_mark */
     runtime_graph graph;
     /* the planner (core/plan): the device is plan_null_device, nothing is computed or sent; the
@@ -287,6 +320,8 @@ typedef enum rt_hook {
     HOOK_PRE_FORWARD, HOOK_POST_FORWARD, HOOK_PRE_BACKWARD, HOOK_POST_BACKWARD, HOOK_FINISH_BACKWARD
 } rt_hook;
 int runtime_hook(runtime *rt, rt_hook which, int unit, int last);
+/* Notes the activation arenas' live bytes now against the microbatch's peak (peak_act_bytes). */
+void runtime_note_act_peak(runtime *rt);
 void runtime_use_shadow(runtime *rt, int on);
 rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T);
 int runtime_reset_arenas(runtime *rt);

@@ -49,7 +49,9 @@ static rt_tensor *new_tensor(runtime *rt, arena *a, ct_dtype dt, int ndim, const
     size_t bytes = (size_t)numel(t) * ct_dtype_size(dt);
     ct_clear_error();
     t->t.data = pool_alloc(&a->data, bytes);
+    t->data_heap = a->data.heap ? &a->data : NULL;
     rt->act_allocs++;
+    if (t->data_heap) runtime_note_act_peak(rt);
     if (!t->t.data) { /* the device's reason (a memory cap, say) with ours */
         char why[400];
         snprintf(why, sizeof why, "%s", ct_last_error());
@@ -789,6 +791,7 @@ static ct_tensor *op_view(ct_builder *b, ct_tensor *xt, int ndim, const int64_t 
     rt_tensor *v = pool_alloc(&rt->act->desc, sizeof *v);
     if (!v) return NULL;
     *v = *x;
+    v->data_heap = v->grad_heap = NULL; /* its owner's */
     v->t.ndim = ndim;
     memset(v->t.shape, 0, sizeof v->t.shape);
     for (int i = 0; i < ndim; i++) v->t.shape[i] = shape[i];
@@ -1059,6 +1062,8 @@ float *tape_grad_in(runtime *rt, rt_tensor *t, pool *p) {
             ct_set_error("out of memory for activation gradients");
             return NULL;
         }
+        owner->grad_heap = p->heap ? p : NULL;
+        if (p->heap) runtime_note_act_peak(rt);
         ct_clear_error();
         if (dev_fail(DEV(rt)->zero(rt->dev, owner->t.grad, bytes), "zero")) { /* the device's reason */
             owner->t.grad = NULL;
@@ -1278,12 +1283,89 @@ static void trace_backward(const tape_entry *e, int halves, double t0) {
     trace_op(name, t0, e->out ? &e->out->t : NULL, in, n, flops);
 }
 
+/* ---- giving activations back at their last use ----
+ * Where the unit's backward runs in a pool in heap mode (runtime_unit_bwd), a tensor the tape made
+ * there is given back once nothing can read it again: an op's output and its gradient when the
+ * op's own backward is done (every reader of an output comes after its producer in forward, so
+ * before it in backward), and after a recompute, what no backward reads at all. */
+
+static int64_t bytes_of(const rt_tensor *t) { return numel(t) * (int64_t)ct_dtype_size(t->t.dtype); }
+
+static void give_back_data(rt_tensor *t) {
+    if (!t || t->base || !t->data_heap) return;
+    pool_free(t->data_heap, t->t.data, (size_t)bytes_of(t));
+    t->data_heap = NULL;
+}
+
+static void give_back_grad(rt_tensor *t) {
+    if (!t || t->base || !t->grad_heap) return;
+    pool_free(t->grad_heap, t->t.grad, (size_t)numel(t) * sizeof(float));
+    t->grad_heap = NULL;
+    t->t.grad = NULL;
+}
+
+/* What op e made: its output, statistics and a custom op's outputs. */
+static void entry_made(tape_entry *e, rt_tensor **made, int *n) {
+    *n = 0;
+    if (e->out) made[(*n)++] = e->out;
+    for (int i = 0; i < 2; i++)
+        if (e->aux[i]) made[(*n)++] = e->aux[i];
+    if (e->custom)
+        for (int i = 1; i < e->custom->n_out; i++) made[(*n)++] = (rt_tensor *)e->custom->out[i];
+}
+
+static void mark_read(rt_tensor *t, int64_t pass) {
+    if (t) (t->base ? t->base : t)->need_pass = pass;
+}
+
+/* The forward tensors op e's backward reads (its device backward's arguments). */
+static void entry_reads(const tape_entry *e, int64_t pass) {
+    switch (e->op) {
+    case OP_ADD:
+    case OP_COLLECTIVE: /* gradients and shapes only */
+    case OP_BIAS: return;
+    case OP_ROPE: mark_read(e->aux[0], pass); return; /* rope_freqs' table */
+    case OP_ATTENTION: mark_read(e->out, pass); break;
+    case OP_CUSTOM:
+        for (int i = 0; i < e->custom->n_in; i++) mark_read((rt_tensor *)e->custom->in[i], pass);
+        for (int i = 0; i < e->custom->n_out; i++) mark_read((rt_tensor *)e->custom->out[i], pass);
+        return;
+    default: break;
+    }
+    for (int i = 0; i < 3; i++) mark_read(e->in[i], pass);
+    for (int i = 0; i < 2; i++) mark_read(e->aux[i], pass);
+}
+
+void tape_drop_unread(runtime *rt, tape_entry *tail) {
+    int64_t pass = ++rt->need_pass;
+    for (tape_entry *e = tail; e; e = e->prev) {
+        if (e->custom && e->custom->hidden) return; /* its state may point at tensors the tape cannot see */
+        entry_reads(e, pass);
+    }
+    for (tape_entry *e = tail; e; e = e->prev) {
+        rt_tensor *made[2 + CUSTOM_MAX_IO];
+        int n;
+        entry_made(e, made, &n);
+        for (int i = 0; i < n; i++)
+            if (made[i]->need_pass != pass) give_back_data(made[i]);
+    }
+}
+
 int tape_backward(runtime *rt, tape_entry *tail, int halves) {
     for (tape_entry *e = tail; e; e = e->prev) {
         int traced = trace_active() && e->op != OP_COLLECTIVE; /* a collective is the comm's event */
         double t0 = traced ? trace_now_us() : 0;
         if (entry_backward(rt, e, halves)) return -1;
         if (traced && grad_if_any(e->out)) trace_backward(e, halves, t0);
+        if (halves == TAPE_BOTH) { /* op e's backward was the last reader of what it made */
+            rt_tensor *made[2 + CUSTOM_MAX_IO];
+            int n;
+            entry_made(e, made, &n);
+            for (int i = 0; i < n; i++) {
+                give_back_grad(made[i]);
+                give_back_data(made[i]);
+            }
+        }
     }
     return 0;
 }

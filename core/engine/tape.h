@@ -35,6 +35,9 @@ void tape_layer_free(ct_builder *b);
 void tape_rope_tables_free(runtime *rt);
 /* Replays entries from `tail` back to the first, accumulating gradients. */
 int tape_backward(runtime *rt, tape_entry *tail, int halves);
+/* After a recompute in a pool in heap mode: gives back what the tape made there that no op's
+ * backward reads (nothing when a custom op keeps tensors the tape cannot see). */
+void tape_drop_unread(runtime *rt, tape_entry *tail);
 /* The planner's trace (forward only): `elements` f32 activations packed to bf16 and expanded in
  * backward, or (in_place) rounded where they are. 0, or -1 with the error set. */
 int tape_note_cast(runtime *rt, int64_t elements, int in_place);
