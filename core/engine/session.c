@@ -358,7 +358,7 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
     if (CT_HAS_FIELD(s->m, ct_model_api, get_tp_plan) && s->m->get_tp_plan) /* ABI 2.1: the instance's */
         plan = s->m->get_tp_plan(s->model);
     ct_strategy_env env = {sizeof env, s->d, s->dev, commstats_wrap(s->capi), s->comm, &s->mesh,
-                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, plan, d, seq_len, s->qapi != NULL, 0};
+                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, plan, d, seq_len, s->qapi != NULL, 0, 0};
     if (s->axisp && s->mesh.degree[CT_AXIS_TP] > 1) {
         s->xapi = s->axisp->info.api;
         ct_clear_error();

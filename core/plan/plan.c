@@ -279,7 +279,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
     if (CT_HAS_FIELD(c->s.m, ct_model_api, get_tp_plan) && c->s.m->get_tp_plan) tp_plan = c->s.m->get_tp_plan(c->s.model);
     else if (CT_HAS_FIELD(c->s.m, ct_model_api, tp_plan)) tp_plan = c->s.m->tp_plan;
     ct_strategy_env env = {sizeof env, NULL, NULL, NULL, NULL, &r->mesh, l->bf16, 0, tp_plan, &c->desc,
-                           l->seq_len, l->float8, 1};
+                           l->seq_len, l->float8, 1, 0};
     int fp8_ag = 0;
     mf_get_bool(c->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
     env.fp8_all_gather = l->float8 && fp8_ag;

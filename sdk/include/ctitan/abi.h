@@ -50,9 +50,10 @@
  * context parallel; a custom op's attention FLOPs in its planner cost (ct_op_cost.attention_flops).
  * 2.4 appended: rotary embedding with the model's own frequency table (device.h rope_freqs_*,
  * the builder's rope_freqs) and RoPE scaling in the model description, for Llama 3.1's scaled RoPE.
- * 2.5 appended: the builder's linear_cross_entropy, an output head's loss without its whole logits. */
+ * 2.5 appended: the builder's linear_cross_entropy, an output head's loss without its whole logits.
+ * 2.6 appended: ct_strategy_env.split_backward (the pipeline schedule splits backward into halves). */
 #define CT_ABI_MAJOR 2
-#define CT_ABI_MINOR 5
+#define CT_ABI_MINOR 6
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 

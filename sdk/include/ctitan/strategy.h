@@ -117,6 +117,11 @@ typedef struct ct_strategy_env {
      * dapi, dev, capi, comm and the mesh's groups are NULL; place() and report() are the only calls
      * before destroy. */
     int planning;
+    /* ABI 2.6: 1 when the pipeline schedule splits a unit's backward into its input and weight
+     * halves (zero bubble): a unit's backward windows may then stay open while other units run,
+     * forward ones included, so what a strategy holds for a unit between its windows is held
+     * across them (FSDP keeps no bf16 copy beside the f32 one then). */
+    int split_backward;
 } ct_strategy_env;
 
 /* Placement of one parameter on this rank. */
