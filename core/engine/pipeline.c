@@ -175,6 +175,13 @@ static void plan_print(const pipeline *pl, const char *(*unit_name)(ct_model *, 
                unit_name ? unit_name(model, pl->stage_u1[s]) : "");
 }
 
+int pipeline_splits_backward(const pipeline *pl) {
+    for (int r = 0; r < pl->plan.pp; r++)
+        for (int q = 0; q < pl->plan.ranks[r].n; q++)
+            if (pl->plan.ranks[r].actions[q].op == CT_PP_I || pl->plan.ranks[r].actions[q].op == CT_PP_W) return 1;
+    return 0;
+}
+
 ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
                   const char *(*unit_name)(ct_model *, int), ct_model *model) {
     char err[2048], csv_path[4096];

@@ -59,6 +59,8 @@ typedef struct pipeline {
  * memory runs out); CT_OK on success. */
 ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
                   const char *(*unit_name)(ct_model *, int), ct_model *model);
+/* 1 when some rank's schedule splits a unit's backward into input and weight halves (I/W). */
+int pipeline_splits_backward(const pipeline *pl);
 /* Creates the runner plugin once the runtime exists. CT_OK, or a status after printing one line. */
 ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, ct_comm *comm,
                    const ct_mesh_info *mesh);

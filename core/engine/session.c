@@ -309,6 +309,13 @@ static const char *strategy_name(const manifest *mf, int world) {
 }
 
 /* Joins the job, builds the mesh and creates the strategies. */
+/* Plans the pipeline (pp > 1) once the mesh exists; idempotent. */
+static ct_status plan_pipeline(session *s, const ct_model_desc *d) {
+    if (s->pl || s->mesh.degree[CT_AXIS_PP] <= 1) return CT_OK;
+    if (!(s->pl = calloc(1, sizeof *s->pl))) return CT_ERR_NOMEM;
+    return pipeline_plan(s->pl, s->mf, d, &s->mesh, s->m->unit_name, s->model);
+}
+
 static ct_status open_dist(session *s, const ct_model_desc *d) {
     char err[2048];
     ct_clear_error();
@@ -357,8 +364,11 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
     const ct_tp_rule *plan = CT_HAS_FIELD(s->m, ct_model_api, tp_plan) ? s->m->tp_plan : NULL;
     if (CT_HAS_FIELD(s->m, ct_model_api, get_tp_plan) && s->m->get_tp_plan) /* ABI 2.1: the instance's */
         plan = s->m->get_tp_plan(s->model);
+    ct_status pst = plan_pipeline(s, d); /* the strategies learn whether its schedule splits backward */
+    if (pst) return pst;
     ct_strategy_env env = {sizeof env, s->d, s->dev, commstats_wrap(s->capi), s->comm, &s->mesh,
-                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, plan, d, seq_len, s->qapi != NULL, 0, 0};
+                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, plan, d, seq_len, s->qapi != NULL, 0,
+                           s->pl && pipeline_splits_backward(s->pl)};
     if (s->axisp && s->mesh.degree[CT_AXIS_TP] > 1) {
         s->xapi = s->axisp->info.api;
         ct_clear_error();
@@ -477,10 +487,7 @@ static ct_status build_runtime(session *s, manifest *mf) {
     ct_clear_error();
     if (s->m->describe(s->model, &d) != CT_OK) return fail_line(CT_ERR_INVALID, "model");
     if ((st = open_dist(s, &d))) return st;
-    if (s->mesh.degree[CT_AXIS_PP] > 1) {
-        if (!(s->pl = calloc(1, sizeof *s->pl))) return CT_ERR_NOMEM;
-        if ((st = pipeline_plan(s->pl, mf, &d, &s->mesh, s->m->unit_name, s->model))) return st;
-    }
+    if ((st = plan_pipeline(s, &d))) return st; /* (open_dist planned it when strategies were made) */
     runtime_dist dist = {s->capi, s->comm, &s->mesh, {0}, {0}, 0, s->pl ? s->pl->unit_rank : NULL};
     if (s->xstrat) {
         dist.st[dist.n_st] = s->xapi;

@@ -278,8 +278,16 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
     const ct_tp_rule *tp_plan = NULL;
     if (CT_HAS_FIELD(c->s.m, ct_model_api, get_tp_plan) && c->s.m->get_tp_plan) tp_plan = c->s.m->get_tp_plan(c->s.model);
     else if (CT_HAS_FIELD(c->s.m, ct_model_api, tp_plan)) tp_plan = c->s.m->tp_plan;
+    if (l->pp > 1) { /* first: the strategies learn whether its schedule splits backward */
+        if (pipeline_plan(&r->pl, c->mf, &c->desc, &r->mesh, NULL, NULL) != CT_OK) {
+            r->pl_ready = 1;
+            snprintf(err, errlen, "the pipeline cannot be split so (see above)");
+            return -1;
+        }
+        r->pl_ready = 1;
+    }
     ct_strategy_env env = {sizeof env, NULL, NULL, NULL, NULL, &r->mesh, l->bf16, 0, tp_plan, &c->desc,
-                           l->seq_len, l->float8, 1, 0};
+                           l->seq_len, l->float8, 1, l->pp > 1 && pipeline_splits_backward(&r->pl)};
     int fp8_ag = 0;
     mf_get_bool(c->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
     env.fp8_all_gather = l->float8 && fp8_ag;
@@ -309,14 +317,6 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
         r->plug[r->n++] = p;
         dist.st[dist.n_st] = a;
         dist.strat[dist.n_st++] = inst;
-    }
-    if (l->pp > 1) {
-        if (pipeline_plan(&r->pl, c->mf, &c->desc, &r->mesh, NULL, NULL) != CT_OK) {
-            r->pl_ready = 1;
-            snprintf(err, errlen, "the pipeline cannot be split so (see above)");
-            return -1;
-        }
-        r->pl_ready = 1;
     }
     int rst = runtime_plan(&r->rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, err, errlen);
     r->rt_ready = 1;

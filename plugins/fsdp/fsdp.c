@@ -8,6 +8,13 @@
  * SUM) into the local shard, and with HSDP then all-reduced (SUM) over dp_replicate. The optimizer
  * sees shards only. Gathered buffers come from a small cache, counted as communication memory.
  *
+ * Under bf16 compute (training.mixed_precision_param: bfloat16) a unit that stays gathered between
+ * its windows (reshard never, which pipeline parallel implies; not under a schedule that splits
+ * backward, whose windows of one unit overlap) is gathered and kept in bf16, as
+ * torchtitan's param_dtype keeps it, and expanded to f32 only while a forward or backward window of
+ * the unit is open: half the bytes held and moved, the same values as an f32 gather rounded to bf16
+ * in place, which is what a unit resharded after its forward still gets.
+ *
  * Under pipeline parallel the hooks run per microbatch in the schedule's order (strategy.h). A unit
  * then stays gathered for the whole step (no resharding between microbatches), its full gradients
  * accumulate in one buffer across microbatches and are reduce-scattered once, at post_backward with
@@ -29,6 +36,9 @@ typedef struct unit_state {
     int *params;
     int n;
     float **q8_local, **q8_full; /* float8 all-gather: this rank's e4m3 shard and the gathered bytes */
+    float **h_local, **h_full;   /* bf16 all-gather: this rank's bf16 shard and the gathered values */
+    int64_t *h_n;                /* their sizes in floats: [2j] h_full's, [2j + 1] h_local's */
+    int fwd_open;                /* between pre_forward and post_forward */
     int gathered;            /* full parameters valid (or being gathered) */
     float **full;            /* per param: its gathered buffer while gathered (owned here, so destroy frees it) */
     int64_t *full_numel;
@@ -56,6 +66,7 @@ typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     int scales_fresh;  /* host/dev_scales match the current weights (cleared after each backward) */
     int sync_last;     /* pipeline parallel: keep gathers and full gradients until post_backward's last */
     int saw_last;      /* a post_backward with last since the previous finish_backward */
+    int split;         /* the pipeline schedule splits backward (ABI 2.6): windows of a unit overlap */
     /* what it shards over: dp_shard, or under context parallel torchtitan's dp_shard x cp (ABI 2.3),
      * whose reduce-scatter also sums the cp ranks' partial gradients */
     int axis, S, r;
@@ -90,6 +101,8 @@ static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, ct_st
     h->opt_string(h, "fsdp_reshard_after_forward", &policy);
     int pp = env->mesh->degree[CT_AXIS_PP] > 1;
     f->sync_last = pp;
+    /* a host before 2.6 cannot say: keep nothing beside the f32 copy, as under a split schedule */
+    f->split = !CT_HAS_FIELD(env, ct_strategy_env, split_backward) || env->split_backward;
     if (!strcmp(policy, "never")) f->reshard = 0;
     else if (!strcmp(policy, "default")) f->reshard = pp ? 0 : 1; /* torchtitan: no resharding between microbatches under PP */
     else if (!strcmp(policy, "always") && pp) {
@@ -203,7 +216,12 @@ static ct_status fsdp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_u
         u->rs_out = calloc((size_t)u->n + 1, sizeof(float *));
         u->q8_local = calloc((size_t)u->n + 1, sizeof(float *));
         u->q8_full = calloc((size_t)u->n + 1, sizeof(float *));
-        if (!u->greq || !u->full || !u->full_numel || !u->rsreq || !u->rs_out || !u->q8_local || !u->q8_full) return CT_ERR_NOMEM;
+        u->h_local = calloc((size_t)u->n + 1, sizeof(float *));
+        u->h_full = calloc((size_t)u->n + 1, sizeof(float *));
+        u->h_n = calloc(2 * (size_t)u->n + 1, sizeof(int64_t));
+        if (!u->h_n || !u->greq || !u->full || !u->full_numel || !u->rsreq || !u->rs_out || !u->q8_local || !u->q8_full ||
+            !u->h_local || !u->h_full)
+            return CT_ERR_NOMEM;
     }
     if (f->fp8) {
         f->host_scales = calloc((size_t)n + 1, sizeof(float));
@@ -258,7 +276,17 @@ static ct_status fp8_prepare(fsdp *f, unit_state *u) {
     return st;
 }
 
-/* Starts all-gathering unit k's parameters into full buffers. */
+/* The units stay gathered between their windows, so under bf16 compute their bf16 copies are kept
+ * and the f32 ones dropped between windows. */
+static int keeps_bf16(fsdp *f) { return f->env.bf16_compute && f->reshard == 0 && !f->split; }
+/* bf16 gathers: where the bf16 copy is kept, for every weight float8 does not gather. (A unit
+ * resharded after its forward gathers f32 and rounds: the buffer cache keeps each size it ever
+ * held, so bf16 buffers beside the f32 ones would add memory, not save it.) bf16 values take half
+ * the floats of a buffer (rounded up). */
+static int gathers_bf16(fsdp *f, const ct_param_slot *s) { return keeps_bf16(f) && !is_fp8(f, s); }
+static int64_t half_n(int64_t n) { return (n + 1) / 2; }
+
+/* Starts all-gathering unit k's parameters into full buffers (bf16 ones: see gathers_bf16). */
 static ct_status gather_start(fsdp *f, int k) {
     if (k < 0 || k >= f->n_units) return CT_OK;
     unit_state *u = &f->units[k];
@@ -267,6 +295,22 @@ static ct_status gather_start(fsdp *f, int k) {
     if (st) return st;
     for (int j = 0; j < u->n; j++) {
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
+        if (gathers_bf16(f, s)) { /* the shard cast to bf16 (round to nearest even), gathered as bf16 */
+            u->h_n[2 * j] = half_n(full_n(f, s));
+            u->h_n[2 * j + 1] = half_n(s->local_numel);
+            u->h_local[j] = buf_get(f, u->h_n[2 * j + 1]);
+            u->h_full[j] = buf_get(f, u->h_n[2 * j]);
+            if (!u->h_local[j] || !u->h_full[j]) {
+                f->host->set_error(f->host, "cannot allocate bf16 buffers to gather %s", s->param->name);
+                return CT_ERR_NOMEM;
+            }
+            st = DAPI(f)->cast_f32_to_bf16(f->env.dev, (uint16_t *)u->h_local[j], s->local_data, s->local_numel);
+            if (!st)
+                st = CAPI(f)->all_gather(f->env.comm, shard_group(f), u->h_local[j], u->h_full[j], s->local_numel,
+                                         CT_BF16, &u->greq[j]);
+            if (st) return st;
+            continue;
+        }
         float *full = buf_get(f, full_n(f, s));
         if (!full) {
             f->host->set_error(f->host, "cannot allocate %lld floats to gather %s", (long long)full_n(f, s),
@@ -288,7 +332,43 @@ static ct_status gather_start(fsdp *f, int k) {
     return CT_OK;
 }
 
-/* Waits for unit k's gathers (if any are pending). */
+/* The f32 values of unit k's bf16-gathered parameters, for a window; the bf16 copy is kept only
+ * where the unit stays gathered between windows. */
+static ct_status expand(fsdp *f, unit_state *u) {
+    for (int j = 0; j < u->n; j++) {
+        if (!u->h_full[j] || u->full[j]) continue;
+        ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
+        float *full = buf_get(f, full_n(f, s));
+        if (!full) {
+            f->host->set_error(f->host, "cannot allocate %lld floats for %s", (long long)full_n(f, s), s->param->name);
+            return CT_ERR_NOMEM;
+        }
+        ct_status st = DAPI(f)->cast_bf16_to_f32(f->env.dev, full, (const uint16_t *)u->h_full[j], full_n(f, s));
+        s->param->data = full;
+        u->full[j] = full;
+        u->full_numel[j] = full_n(f, s);
+        if (st) return st;
+        if (!keeps_bf16(f)) {
+            buf_put(f, u->h_full[j], u->h_n[2 * j]);
+            u->h_full[j] = NULL;
+        }
+    }
+    return CT_OK;
+}
+
+/* Between windows of a unit kept in bf16: its f32 values go. */
+static void shrink_to_bf16(fsdp *f, unit_state *u) {
+    if (u->fwd_open || u->windows) return;
+    for (int j = 0; j < u->n; j++) {
+        if (!u->h_full[j] || !u->full[j]) continue;
+        ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
+        buf_put(f, u->full[j], full_n(f, s));
+        u->full[j] = NULL;
+        s->param->data = NULL;
+    }
+}
+
+/* Waits for unit k's gathers (if any are pending) and gives it f32 values. */
 static ct_status gather_wait(fsdp *f, int k) {
     unit_state *u = &f->units[k];
     ct_status st = gather_start(f, k);
@@ -299,6 +379,11 @@ static ct_status gather_wait(fsdp *f, int k) {
         u->greq[j] = NULL;
         if (st) return st;
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
+        if (u->h_local[j]) {
+            buf_put(f, u->h_local[j], u->h_n[2 * j + 1]);
+            u->h_local[j] = NULL;
+            continue;
+        }
         if (u->q8_full[j]) { /* float8 bytes -> the f32 values on the e4m3 grid the quantizer would make */
             st = DAPI(f)->dequantize_fp8(f->env.dev, s->param->data, (const uint8_t *)u->q8_full[j],
                                          f->dev_scales + u->params[j], full_n(f, s), full_n(f, s), CT_F8_E4M3);
@@ -307,21 +392,22 @@ static ct_status gather_wait(fsdp *f, int k) {
             u->q8_full[j] = u->q8_local[j] = NULL;
             if (st) return st;
         }
-        if (f->env.bf16_compute) { /* compute with bf16 values; the shards stay fp32 */
+        if (f->env.bf16_compute) { /* float8's gather under bf16 compute: bf16 values (exact on e4m3) */
             st = DAPI(f)->round_bf16(f->env.dev, s->param->data, s->numel);
             if (st) return st;
         }
     }
-    return CT_OK;
+    return expand(f, u);
 }
 
 static void release_params(fsdp *f, int k) {
     unit_state *u = &f->units[k];
     for (int j = 0; j < u->n; j++) {
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
-        buf_put(f, s->param->data, full_n(f, s));
+        if (u->full[j]) buf_put(f, u->full[j], full_n(f, s));
+        if (u->h_full[j]) buf_put(f, u->h_full[j], u->h_n[2 * j]);
         s->param->data = NULL;
-        u->full[j] = NULL;
+        u->full[j] = u->h_full[j] = NULL;
     }
     u->gathered = 0;
 }
@@ -348,13 +434,16 @@ static ct_status fsdp_pre_forward(ct_strategy *p, int k) {
     fsdp *f = p;
     ct_status st = gather_wait(f, k);
     if (!st) st = gather_start(f, k + 1); /* prefetch the next unit while this one computes */
+    f->units[k].fwd_open = 1;
     return st;
 }
 
 static ct_status fsdp_post_forward(ct_strategy *p, int k) {
     fsdp *f = p;
     int last = k == f->n_units - 1;
+    f->units[k].fwd_open = 0;
     if (f->reshard == 2 || (f->reshard == 1 && !last)) release_params(f, k);
+    else shrink_to_bf16(f, &f->units[k]);
     return CT_OK;
 }
 
@@ -417,7 +506,10 @@ static ct_status fsdp_post_backward(ct_strategy *p, int k, int last_microbatch) 
     }
     u->windows--;
     f->saw_last |= last_microbatch;
-    if (f->sync_last && !last_microbatch) return CT_OK; /* accumulate; keep the unit gathered */
+    if (f->sync_last && !last_microbatch) { /* accumulate; keep the unit gathered */
+        shrink_to_bf16(f, u);
+        return CT_OK;
+    }
     if (u->windows > 0) { /* the buffers would go while a later microbatch still writes them */
         f->host->set_error(f->host, "unit %d: gradients to reduce while %d backward windows are still open", k,
                            u->windows);
@@ -468,6 +560,8 @@ static void fsdp_destroy(ct_strategy *p) {
         for (int j = 0; u->full && j < u->n; j++) {
             if (u->greq && u->greq[j]) CAPI(f)->wait(f->env.comm, u->greq[j]); /* never free under a gather */
             if (u->full[j]) buf_put(f, u->full[j], u->full_numel[j]);
+            if (u->h_full && u->h_full[j]) buf_put(f, u->h_full[j], u->h_n[2 * j]);
+            if (u->h_local && u->h_local[j]) buf_put(f, u->h_local[j], u->h_n[2 * j + 1]);
         }
     }
     for (int i = 0; i < f->n_cache; i++) {
@@ -484,6 +578,9 @@ static void fsdp_destroy(ct_strategy *p) {
         free(f->units[k].rs_out);
         free(f->units[k].q8_local);
         free(f->units[k].q8_full);
+        free(f->units[k].h_local);
+        free(f->units[k].h_full);
+        free(f->units[k].h_n);
     }
     free(f->units);
     if (f->dev_scales) DAPI(f)->free(f->env.dev, f->dev_scales);
@@ -517,6 +614,7 @@ typedef struct sim {
 typedef struct sim_unit {
     int *params, n;
     int gathered, waiting, grads, rs_pending;
+    int half, expanded; /* its bf16-gathered parameters' bf16 copies held; their f32 values held */
 } sim_unit;
 
 static void sim_get(sim *m, int64_t n) {
@@ -552,8 +650,37 @@ static void sim_gather_start(fsdp *f, sim *m, sim_unit *us, int nu, int k) { /* 
             sim_get(m, (SIM_SLOT(f, u, j)->local_numel + 3) / 4);
             sim_get(m, (full_n(f, SIM_SLOT(f, u, j)) + 3) / 4);
         }
-    for (int j = 0; j < u->n; j++) sim_get(m, full_n(f, SIM_SLOT(f, u, j)));
+    for (int j = 0; j < u->n; j++) {
+        const ct_param_slot *s = SIM_SLOT(f, u, j);
+        if (!gathers_bf16(f, s)) {
+            sim_get(m, full_n(f, s));
+            continue;
+        }
+        sim_get(m, half_n(s->local_numel));
+        sim_get(m, half_n(full_n(f, s)));
+        u->half = 1;
+    }
     u->gathered = u->waiting = 1;
+    u->expanded = 0;
+}
+
+static void sim_expand(fsdp *f, sim *m, sim_unit *u) { /* expand */
+    if (u->expanded || !u->half) return;
+    for (int j = 0; j < u->n; j++) {
+        const ct_param_slot *s = SIM_SLOT(f, u, j);
+        if (!gathers_bf16(f, s)) continue;
+        sim_get(m, full_n(f, s));
+        if (!keeps_bf16(f)) sim_put(m, half_n(full_n(f, s)));
+    }
+    u->expanded = 1;
+    u->half = keeps_bf16(f);
+}
+
+static void sim_shrink(fsdp *f, sim *m, sim_unit *u) { /* shrink_to_bf16 */
+    if (!u->expanded || !u->half) return;
+    for (int j = 0; j < u->n; j++)
+        if (gathers_bf16(f, SIM_SLOT(f, u, j))) sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
+    u->expanded = 0;
 }
 
 static void sim_gather_wait(fsdp *f, sim *m, sim_unit *us, int nu, int k) {
@@ -563,13 +690,20 @@ static void sim_gather_wait(fsdp *f, sim *m, sim_unit *us, int nu, int k) {
         if (is_fp8(f, SIM_SLOT(f, u, j))) {
             sim_put(m, (full_n(f, SIM_SLOT(f, u, j)) + 3) / 4);
             sim_put(m, (SIM_SLOT(f, u, j)->local_numel + 3) / 4);
+        } else if (gathers_bf16(f, SIM_SLOT(f, u, j))) {
+            sim_put(m, half_n(SIM_SLOT(f, u, j)->local_numel));
         }
     u->waiting = 0;
+    sim_expand(f, m, u);
 }
 
 static void sim_release(fsdp *f, sim *m, sim_unit *u) {
-    for (int j = 0; u->gathered && j < u->n; j++) sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
-    u->gathered = 0;
+    for (int j = 0; u->gathered && j < u->n; j++) {
+        const ct_param_slot *s = SIM_SLOT(f, u, j);
+        if (!gathers_bf16(f, s) || u->expanded) sim_put(m, full_n(f, s));
+        if (gathers_bf16(f, s) && u->half) sim_put(m, half_n(full_n(f, s)));
+    }
+    u->gathered = u->half = u->expanded = 0;
 }
 
 static void sim_rs_finish(fsdp *f, sim *m, sim_unit *u) {
@@ -580,26 +714,35 @@ static void sim_rs_finish(fsdp *f, sim *m, sim_unit *u) {
     u->rs_pending = 0;
 }
 
-/* Floats the buffer cache allocates over one microbatch (see above). */
+/* Floats the buffer cache allocates over one microbatch (see above); under pipeline parallel over
+ * two, the first keeping every unit gathered and its full gradients, the last reducing them. */
 static int64_t sim_step(fsdp *f, sim_unit *us, int nu) {
     sim m = {0};
-    for (int k = 0; k < nu; k++) { /* pre_forward, post_forward */
-        sim_gather_wait(f, &m, us, nu, k);
-        sim_gather_start(f, &m, us, nu, k + 1);
-        if (f->reshard == 2 || (f->reshard == 1 && k != nu - 1)) sim_release(f, &m, &us[k]);
-    }
-    for (int k = nu - 1; k >= 0; k--) {
-        sim_gather_wait(f, &m, us, nu, k); /* pre_backward */
-        sim_rs_finish(f, &m, &us[k]);
-        if (!us[k].grads)
-            for (int j = 0; j < us[k].n; j++) sim_get(&m, full_n(f, SIM_SLOT(f, &us[k], j)));
-        us[k].grads = 1;
-        sim_gather_start(f, &m, us, nu, k - 1);
-        us[k].grads = 0; /* post_backward (the last microbatch's, under PP) */
-        for (int j = 0; j < us[k].n; j++) sim_get(&m, SIM_SLOT(f, &us[k], j)->local_numel);
-        us[k].rs_pending = us[k].n > 0;
-        sim_release(f, &m, &us[k]);
-        if (k + 1 < nu) sim_rs_finish(f, &m, &us[k + 1]);
+    for (int mb = f->sync_last ? 0 : 1; mb < 2; mb++) {
+        int last = mb == 1;
+        for (int k = 0; k < nu; k++) { /* pre_forward, post_forward */
+            sim_gather_wait(f, &m, us, nu, k);
+            sim_gather_start(f, &m, us, nu, k + 1);
+            if (f->reshard == 2 || (f->reshard == 1 && k != nu - 1)) sim_release(f, &m, &us[k]);
+            else sim_shrink(f, &m, &us[k]);
+        }
+        for (int k = nu - 1; k >= 0; k--) {
+            sim_gather_wait(f, &m, us, nu, k); /* pre_backward */
+            sim_rs_finish(f, &m, &us[k]);
+            if (!us[k].grads)
+                for (int j = 0; j < us[k].n; j++) sim_get(&m, full_n(f, SIM_SLOT(f, &us[k], j)));
+            us[k].grads = 1;
+            sim_gather_start(f, &m, us, nu, k - 1);
+            if (!last) { /* post_backward of an earlier microbatch under PP: keep accumulating */
+                sim_shrink(f, &m, &us[k]);
+                continue;
+            }
+            us[k].grads = 0; /* post_backward: reduce */
+            for (int j = 0; j < us[k].n; j++) sim_get(&m, SIM_SLOT(f, &us[k], j)->local_numel);
+            us[k].rs_pending = us[k].n > 0;
+            sim_release(f, &m, &us[k]);
+            if (k + 1 < nu) sim_rs_finish(f, &m, &us[k + 1]);
+        }
     }
     for (int k = 0; k < nu; k++) { /* finish_backward */
         sim_rs_finish(f, &m, &us[k]);
@@ -663,7 +806,8 @@ static ct_status fsdp_report(ct_strategy *p, int n_microbatches, ct_strategy_rep
         const ct_param_slot *s = CT_SLOT_AT(f->slots, i);
         if (s->placement == CT_PLACE_NONE || s->unit < 0) continue;
         us[s->unit].params[us[s->unit].n++] = i;
-        double l = (double)s->local_numel * sizeof(float), sent = is_fp8(f, s) ? l / sizeof(float) : l;
+        double l = (double)s->local_numel * sizeof(float),
+               sent = is_fp8(f, s) ? l / sizeof(float) : gathers_bf16(f, s) ? l / 2 : l;
         int regather = f->reshard == 2 || (f->reshard == 1 && s->unit != nu - 1);
         n_fp8 += is_fp8(f, s);
         report_add(out, f->axis, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_FORWARD, sent * S, mb, 1);

@@ -60,6 +60,7 @@ pp4_interl   4 8 r4pp   @pp --parallelism.pipeline_parallel_degree=4 --paralleli
 cp2          2 8 r2cp   --training.local_batch_size=8 --parallelism.context_parallel_degree=2
 cp2_ring     2 8 r2cp   --training.local_batch_size=8 --parallelism.context_parallel_degree=2 --parallelism.context_parallel_rotate_method=alltoall
 fsdp2_cp2    4 8 r4fcp  --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.context_parallel_degree=2
+fsdp2_pp2     4 8 r4fpp  --training.local_batch_size=4 --parallelism.pipeline_parallel_microbatch_size=1 --parallelism.data_parallel_shard_degree=2 --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B
 EOF
 )
 if [ -n "${PV_ONLY:-}" ]; then layouts=$(echo "$layouts" | grep -E "^(${PV_ONLY// /|}) "); fi

@@ -172,6 +172,13 @@ def compare(folder, names, markdown=False):
             if abs(pred - mv) > max(slack, 0.5):
                 why.append("%s %.0f B predicted, %d B measured" % (k, pred, mv))
         pr = row["p"]
+        # FSDP alone: its gathered units and full gradients, which the plugin's report replays,
+        # against the run's communication memory (under PP the run's largest rank may be another pp
+        # rank than the plan's: fsdp_equivalence.sh compares those within its bound)
+        if n.startswith("fsdp") and not any(a in n for a in ("tp", "cp", "pp")) and "comm" in mm:
+            fb = gib_of(p, "fsdp_buffers")
+            if abs(fb[0] - mm["comm"]) > max(0.01 * mm["comm"], fb[1]):
+                why.append("fsdp buffers %.0f B predicted, %d B measured" % (fb[0], mm["comm"]))
         for what, pv, mv, tol, unit in (("peak memory", pr["peak"] / GIB, mm["peak_bytes"] / GIB, 0.10, "GiB"),
                                         ("activations", pr["act"] / GIB, mm["activations"] / GIB, 0.10, "GiB"),
                                         ("step time", pr["step"], m["step_time_s"], step_bound(n, row["ranks"]), "s")):
