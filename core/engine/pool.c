@@ -213,9 +213,10 @@ static int one_chunk(pool *p, size_t want) {
 }
 
 /* Empties the pool. When the pass had to grow, its chunks become one of the pass's extent (which
- * counts the tails the growth left unused); the pass after that ran in one chunk, so its extent is
- * what the same pass needs, and the chunk shrinks to it (twice at most, so passes that alternate
- * between sizes cannot reallocate forever). */
+ * counts the tails the growth left unused); a pass that ran in one chunk and needed less than it
+ * (the pass after a growth, or once liveness.c gives memory back from the second step on) shrinks
+ * the chunk to what it needed, twice at most, so passes that alternate between sizes cannot
+ * reallocate forever. */
 int pool_reset(pool *p) {
     size_t pass = p->high;
     p->cur = 0;
@@ -228,7 +229,7 @@ int pool_reset(pool *p) {
         p->fresh = 1;
         return one_chunk(p, pass);
     }
-    if (p->n_chunks == 1 && p->fresh) {
+    if (p->n_chunks == 1 && pass) {
         p->fresh = 0;
         size_t want = pass > POOL_MIN_CHUNK ? pass : POOL_MIN_CHUNK;
         if (want < p->chunks[0].cap && p->shrinks < 2) {

@@ -1,6 +1,7 @@
 /* runtime.c: parameters, initialisation, the forward/backward driver over units, activation
  * checkpointing, and gradient utilities. */
 #include "engine/runtime.h"
+#include "engine/liveness.h"
 #include "host/util.h"
 
 #include "host/host.h"
@@ -727,6 +728,7 @@ void runtime_free(runtime *rt) {
     pool_destroy(&rt->grads.desc);
     pool_destroy(&rt->bgrads[0]);
     pool_destroy(&rt->bgrads[1]);
+    live_free(rt);
     free(rt->ac);
     free(rt->unit_in);
     free(rt->unit_out);
@@ -895,7 +897,10 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         if (!keep) return -1;
         pool_mark md = pool_get_mark(&rt->saved.data), mh = pool_get_mark(&rt->saved.desc);
         rt->recording = 0;
-        if (unit_forward(rt, u, x, tokens, tg, &o)) return -1;
+        pool_heap_begin(&rt->saved.data); /* what the forward reads last is given back (liveness.c) */
+        if (live_begin(rt, u, LIVE_FORWARD) != CT_OK) return -1;
+        int bad = unit_forward(rt, u, x, tokens, tg, &o);
+        if (live_end(rt, u, NULL, NULL, bad) != CT_OK || bad) return -1;
         x = o;
         if (o->t.dtype == keep->t.dtype && o->t.ndim == keep->t.ndim &&
             !memcmp(o->t.shape, keep->t.shape, sizeof(int64_t) * (size_t)o->t.ndim)) {
@@ -906,6 +911,7 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
             pool_release(&rt->saved.desc, mh);
             x = keep;
         }
+        pool_heap_end(&rt->saved.data); /* (an output of another shape stays where it is) */
     } else if (record && rt->ac[u]) {
         pool_mark md = pool_get_mark(&rt->scratch.data), mh = pool_get_mark(&rt->scratch.desc);
         rt->recording = 0;
@@ -913,8 +919,12 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         rt->sac_phase = rt->ac[u] == RT_AC_OP ? RT_SAC_SAVE : RT_SAC_OFF; /* the kept outputs go to saved */
         rt->sac_mm = 0;
         rt->sac_head = rt->sac_tail = NULL;
-        rt_tensor *o;
+        rt_tensor *o = NULL;
+        int live = rt->ac[u] == RT_AC_FULL; /* its forward gives back at last use (liveness.c) */
+        if (live) pool_heap_begin(&rt->scratch.data);
+        if (live && live_begin(rt, u, LIVE_FORWARD) != CT_OK) return -1;
         int bad = unit_forward(rt, u, x, tokens, tg, &o);
+        if (live && live_end(rt, u, NULL, NULL, bad) != CT_OK) bad = 1;
         rt->sac_phase = RT_SAC_OFF;
         if (bad) return -1;
         rt->act = &rt->saved;
@@ -1002,8 +1012,11 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
         rt->sac_phase = rt->ac[u] == RT_AC_OP ? RT_SAC_REUSE : RT_SAC_OFF;
         rt->sac_mm = 0;
         rt->sac_head = rt->unit_out[u]->sac_next;
-        rt_tensor *o;
+        rt_tensor *o = NULL;
+        int live = rt->ac[u] == RT_AC_FULL && halves == TAPE_BOTH && rt->pack_units; /* its arena in heap mode */
+        if (live && live_begin(rt, u, LIVE_RECOMPUTE) != CT_OK) return -1;
         int bad = unit_forward(rt, u, in, tokens, u == nu - 1 ? targets : NULL, &o);
+        if (live && live_end(rt, u, rt->tail, o, bad) != CT_OK) return -1;
         if (!bad && rt->sac_phase == RT_SAC_REUSE && rt->sac_head) {
             ct_set_error("per-op checkpointing: unit %d's recompute used fewer saved outputs than its forward made", u);
             bad = 1;

@@ -39,6 +39,11 @@ typedef struct rt_tensor {
     struct pool *data_heap, *grad_heap; /* the pool in heap mode its data / gradient came from (NULL: none):
                                     given back there at its last use in backward (tape.c) */
     int64_t need_pass;           /* tape_drop_unread: read by the unit's backward */
+    int seq;                     /* liveness.c: its allocation's index in the unit's pass (-1: none) */
+    struct rt_tensor *alias;     /* a collective's copy: the tensor whose data it shares (no view: a
+                                    gradient of its own) */
+    struct tape_entry *last_bwd; /* tape_backward: the last op whose backward reads its data */
+    int freed;                   /* liveness.c gave its data back: no op may read it */
 } rt_tensor;
 
 typedef struct pool_chunk {
@@ -231,6 +236,7 @@ typedef struct runtime {
     int64_t peak_act_bytes; /* live bytes of saved + scratch + grads at their worst */
     int64_t act_allocs;     /* activations made so far (a custom op's forward: did it return them all) */
     int64_t need_pass;      /* tape_drop_unread's passes */
+    struct rt_live *live;   /* liveness.c: what a fully checkpointed unit's forward gives back when */
     /* bf16 compute (training.mixed_precision_param: bfloat16): with units in order a unit's saved
      * activations wait for its backward in bf16 (actpack.c: runtime_pack_unit after its forward,
      * runtime_unpack_unit before its backward), and linear_cross_entropy runs in blocks of rows */

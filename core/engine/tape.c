@@ -7,6 +7,7 @@
 #include "host/host.h"
 #include "engine/mesh.h"
 #include "engine/runtime.h"
+#include "engine/liveness.h"
 #include "plan/plan_internal.h"
 #include "engine/tape.h"
 #include "host/util.h"
@@ -23,6 +24,7 @@ struct tape_entry {
     float f;
     int64_t i0, i1; /* collectives: the kind, and axis * 2 + (1 if over columns) */
     struct custom_entry *custom; /* OP_CUSTOM: the strategy's op and its tensors */
+    int idx;                     /* the op's index in its unit's pass (liveness.c) */
     tape_entry *prev;
 };
 
@@ -50,6 +52,7 @@ static rt_tensor *new_tensor(runtime *rt, arena *a, ct_dtype dt, int ndim, const
     ct_clear_error();
     t->t.data = pool_alloc(&a->data, bytes);
     t->data_heap = a->data.heap ? &a->data : NULL;
+    live_alloc(rt, t, bytes);
     rt->act_allocs++;
     if (t->data_heap) runtime_note_act_peak(rt);
     if (!t->t.data) { /* the device's reason (a memory cap, say) with ours */
@@ -72,17 +75,21 @@ rt_tensor *tape_new_activation(runtime *rt, ct_dtype dt, int ndim, const int64_t
 /* A tensor of x's shape. */
 static rt_tensor *like(runtime *rt, const rt_tensor *x) { return new_tensor(rt, rt->act, CT_F32, x->t.ndim, x->t.shape); }
 
+/* Called after every op, recording or not: appends its tape entry when recording, then lets
+ * liveness.c give back what the op read last. */
 static int record(runtime *rt, op_kind op, rt_tensor *out, rt_tensor *a, rt_tensor *b, rt_tensor *c,
                   rt_tensor *aux0, rt_tensor *aux1, float f) {
-    if (!rt->recording) return 0;
-    tape_entry *e = pool_alloc(&rt->act->desc, sizeof *e);
-    if (!e) {
-        ct_set_error("out of memory for the tape");
-        return -1;
+    if (rt->recording) {
+        tape_entry *e = pool_alloc(&rt->act->desc, sizeof *e);
+        if (!e) {
+            ct_set_error("out of memory for the tape");
+            return -1;
+        }
+        *e = (tape_entry){op, out, {a, b, c}, {aux0, aux1}, f, 0, 0, NULL, live_op_index(rt), rt->tail};
+        rt->tail = e;
     }
-    *e = (tape_entry){op, out, {a, b, c}, {aux0, aux1}, f, 0, 0, NULL, rt->tail};
-    rt->tail = e;
-    return 0;
+    rt_tensor *in[3] = {a, b, c};
+    return live_op(rt, in, 3) == CT_OK ? 0 : -1;
 }
 
 static int check_f32(const ct_tensor *t, const char *op, const char *what) {
@@ -136,6 +143,7 @@ static rt_tensor *sac_out(runtime *rt, ct_dtype dt, int ndim, const int64_t *sha
     t->t = src->t; /* the saved data; a gradient of its own */
     t->t.grad = NULL;
     t->t.flags = 0;
+    t->seq = -1;
     return t;
 }
 
@@ -296,6 +304,8 @@ static rt_tensor *collective_impl(runtime *rt, ct_collective kind, rt_tensor *x,
         y->t = x->t;
         y->t.grad = NULL;
         y->t.flags = 0;
+        y->alias = x->base ? x->base : x->alias ? x->alias : x; /* the same data: its readers keep x's alive */
+        y->seq = -1;
         break;
     }
     if (record(rt, OP_COLLECTIVE, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
@@ -395,6 +405,7 @@ static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *st
         return s;
     }
     for (int i = 0; i < n_out; i++) out[i] = c->out[i];
+    if (live_check(rt, (rt_tensor *const *)c->in, n_in) != CT_OK) return CT_ERR_INTERNAL;
     if (record(rt, OP_CUSTOM, (rt_tensor *)c->out[0], NULL, NULL, NULL, NULL, NULL, 0)) return CT_ERR_NOMEM;
     if (rt->recording) rt->tail->custom = c;
     return CT_OK;
@@ -1314,26 +1325,76 @@ static void entry_made(tape_entry *e, rt_tensor **made, int *n) {
         for (int i = 1; i < e->custom->n_out; i++) made[(*n)++] = (rt_tensor *)e->custom->out[i];
 }
 
-static void mark_read(rt_tensor *t, int64_t pass) {
-    if (t) (t->base ? t->base : t)->need_pass = pass;
+/* Whose data t is: a view's base, a copy's source, else itself. */
+static rt_tensor *data_owner(rt_tensor *t) {
+    rt_tensor *o = t->base ? t->base : t;
+    return o->alias ? o->alias : o;
 }
 
-/* The forward tensors op e's backward reads (its device backward's arguments). */
-static void entry_reads(const tape_entry *e, int64_t pass) {
+/* The forward tensors op e's backward reads (its device backward's arguments): up to
+ * 5 + 2 * CUSTOM_MAX_IO of them in r; how many. */
+static int entry_read_list(const tape_entry *e, rt_tensor **r) {
+    int n = 0;
     switch (e->op) {
     case OP_ADD:
     case OP_COLLECTIVE: /* gradients and shapes only */
-    case OP_BIAS: return;
-    case OP_ROPE: mark_read(e->aux[0], pass); return; /* rope_freqs' table */
-    case OP_ATTENTION: mark_read(e->out, pass); break;
+    case OP_BIAS: return 0;
+    case OP_ROPE: r[n++] = e->aux[0]; return n; /* rope_freqs' table */
+    case OP_ATTENTION: r[n++] = e->out; break;
     case OP_CUSTOM:
-        for (int i = 0; i < e->custom->n_in; i++) mark_read((rt_tensor *)e->custom->in[i], pass);
-        for (int i = 0; i < e->custom->n_out; i++) mark_read((rt_tensor *)e->custom->out[i], pass);
-        return;
+        for (int i = 0; i < e->custom->n_in; i++) r[n++] = (rt_tensor *)e->custom->in[i];
+        for (int i = 0; i < e->custom->n_out; i++) r[n++] = (rt_tensor *)e->custom->out[i];
+        return n;
     default: break;
     }
-    for (int i = 0; i < 3; i++) mark_read(e->in[i], pass);
-    for (int i = 0; i < 2; i++) mark_read(e->aux[i], pass);
+    for (int i = 0; i < 3; i++) r[n++] = e->in[i];
+    for (int i = 0; i < 2; i++) r[n++] = e->aux[i];
+    return n;
+}
+
+static void entry_reads(const tape_entry *e, int64_t pass) {
+    rt_tensor *r[5 + 2 * CUSTOM_MAX_IO];
+    int n = entry_read_list(e, r);
+    for (int i = 0; i < n; i++)
+        if (r[i]) data_owner(r[i])->need_pass = pass;
+}
+
+static void live_raise(runtime *rt, const rt_tensor *t, int idx, int *dies_after) {
+    int a = live_seq_of(rt, t);
+    if (a >= 0 && dies_after[a] < idx) dies_after[a] = idx;
+}
+
+int tape_live_scan(runtime *rt, tape_entry *tail, int *dies_after, unsigned char *bwd, int n) {
+    int64_t pass = ++rt->need_pass;
+    for (tape_entry *e = tail; e; e = e->prev) {
+        if (e->custom && e->custom->hidden) return 1;
+        entry_reads(e, pass);
+        if (e->idx < 0) continue;
+        rt_tensor *made[2 + CUSTOM_MAX_IO];
+        int nm;
+        entry_made(e, made, &nm);
+        for (int i = 0; i < nm; i++) live_raise(rt, made[i], e->idx, dies_after);
+        for (int i = 0; i < 3; i++) live_raise(rt, e->in[i], e->idx, dies_after);
+        for (int i = 0; e->custom && i < e->custom->n_in; i++)
+            live_raise(rt, (rt_tensor *)e->custom->in[i], e->idx, dies_after);
+        if (e->custom) live_raise(rt, e->out, e->idx, dies_after);
+    }
+    for (int a = 0; a < n; a++) bwd[a] = 0;
+    for (tape_entry *e = tail; e; e = e->prev) { /* what a backward reads: marked on owners above */
+        rt_tensor *cand[5 + 2 * CUSTOM_MAX_IO];
+        int nc = 0;
+        for (int i = 0; i < 3; i++) cand[nc++] = e->in[i];
+        for (int i = 0; i < 2; i++) cand[nc++] = e->aux[i];
+        cand[nc++] = e->out;
+        for (int i = 0; e->custom && i < e->custom->n_in; i++) cand[nc++] = (rt_tensor *)e->custom->in[i];
+        for (int i = 0; e->custom && i < e->custom->n_out; i++) cand[nc++] = (rt_tensor *)e->custom->out[i];
+        for (int i = 0; i < nc; i++) {
+            rt_tensor *t = cand[i];
+            int a = live_seq_of(rt, t);
+            if (a >= 0 && (t->base ? t->base : t)->need_pass == pass) bwd[a] = 1;
+        }
+    }
+    return 0;
 }
 
 void tape_drop_unread(runtime *rt, tape_entry *tail) {
@@ -1351,20 +1412,35 @@ void tape_drop_unread(runtime *rt, tape_entry *tail) {
     }
 }
 
+/* What op e made and what its backward reads (r holds 7 + 3 * CUSTOM_MAX_IO); how many. */
+static int entry_touches(tape_entry *e, rt_tensor **r) {
+    int n = entry_read_list(e, r), m;
+    entry_made(e, r + n, &m);
+    return n + m;
+}
+
 int tape_backward(runtime *rt, tape_entry *tail, int halves) {
+    rt_tensor *r[7 + 3 * CUSTOM_MAX_IO];
+    if (halves == TAPE_BOTH) /* each tensor's last reader in backward: the earliest op in forward */
+        for (tape_entry *e = tail; e; e = e->prev) {
+            int n = entry_touches(e, r);
+            for (int i = 0; i < n; i++)
+                if (r[i]) data_owner(r[i])->last_bwd = e;
+        }
     for (tape_entry *e = tail; e; e = e->prev) {
         int traced = trace_active() && e->op != OP_COLLECTIVE; /* a collective is the comm's event */
         double t0 = traced ? trace_now_us() : 0;
         if (entry_backward(rt, e, halves)) return -1;
         if (traced && grad_if_any(e->out)) trace_backward(e, halves, t0);
-        if (halves == TAPE_BOTH) { /* op e's backward was the last reader of what it made */
-            rt_tensor *made[2 + CUSTOM_MAX_IO];
-            int n;
-            entry_made(e, made, &n);
-            for (int i = 0; i < n; i++) {
-                give_back_grad(made[i]);
-                give_back_data(made[i]);
-            }
+        if (halves != TAPE_BOTH) continue;
+        rt_tensor *made[2 + CUSTOM_MAX_IO]; /* op e's backward was the last to add to their gradients */
+        int nm;
+        entry_made(e, made, &nm);
+        for (int i = 0; i < nm; i++) give_back_grad(made[i]);
+        int n = entry_touches(e, r); /* and the last to read these */
+        for (int i = 0; i < n; i++) {
+            rt_tensor *o = r[i] ? data_owner(r[i]) : NULL;
+            if (o && o->last_bwd == e) give_back_data(o);
         }
     }
     return 0;

@@ -348,6 +348,28 @@ static int ensure_quant(plan_ctx *c, const plan_layout *l, char *err, size_t err
 }
 
 /* One microbatch forward and backward through the tape, every op and collective noted. */
+/* A microbatch's forward and backward, costs not noted, so that liveness.c learns each fully
+ * checkpointed unit's forward as the runtime's first step does: the pass the plan measures then runs
+ * as every later step. Nothing to learn without full checkpointing (or where no unit's backward
+ * gives memory back). */
+static int learn_liveness(runtime *rt, int64_t B, int64_t T) {
+    int nu = rt->desc.n_units, full = 0;
+    for (int u = 0; u < nu; u++) full |= rt->ac[u] == RT_AC_FULL;
+    if (!full || !rt->pack_units) return 0;
+    int keep = rt->trace_ops;
+    rt->trace_ops = 0;
+    rt_tensor *tok = runtime_upload_ids(rt, NULL, B, T), *tgt = tok ? runtime_upload_ids(rt, NULL, B, T) : NULL;
+    rt_tensor *x = NULL;
+    int bad = !tgt || !tape_new_activation(rt, CT_F32, 0, NULL) || !tape_new_activation(rt, CT_F32, 0, NULL);
+    for (int u = 0; u < nu && !bad; u++) bad = runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x) != 0;
+    bad = bad || !tape_grad(rt, x);
+    for (int u = nu - 1; u >= 0 && !bad; u--) bad = runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH) != 0;
+    rt->trace_ops = keep;
+    bad = runtime_reset_arenas(rt) || bad;
+    rt->act = &rt->saved;
+    return bad ? -1 : 0;
+}
+
 static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace *t, char *err, size_t errlen) {
     runtime *rt = &r->rt;
     memset(t, 0, sizeof *t);
@@ -386,6 +408,7 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
             if (r->pl.plan.ranks[pr].actions[q].op == CT_PP_I || r->pl.plan.ranks[pr].actions[q].op == CT_PP_W)
                 rt->pack_units = 0;
     rt->act = &rt->saved;
+    if (learn_liveness(rt, B, T)) return fail(err, errlen, "a first pass to learn the checkpointed units' forwards");
     rt_tensor *tok = runtime_upload_ids(rt, NULL, B, T), *tgt = tok ? runtime_upload_ids(rt, NULL, B, T) : NULL;
     rt_tensor *scale = tgt ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;
     rt_tensor *loss = scale ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL; /* copied out before backward */

@@ -601,9 +601,10 @@ static ct_status fsdp_place_kept(ct_strategy *p, ct_param_slot *slots, int n) {
  * size), so the communication memory a run holds is everything the cache ever allocated. report()
  * replays one microbatch's hooks as above on sizes only (a planning instance has no setup and no
  * device): the same gets and puts in the same order, so the same reuse. Later microbatches start
- * from the same state (every unit released, no reduction pending) and allocate nothing new; under
- * pipeline parallel the units stay gathered and the full gradients held across microbatches, which
- * one microbatch without resharding already allocates. */
+ * from the same state (every unit released, no reduction pending) and allocate nothing new. Under
+ * pipeline parallel the units stay gathered and their full gradients are held until the last
+ * microbatch: an earlier microbatch, which keeps them, is replayed before the last, which reduces
+ * and releases them (one microbatch alone is the last). */
 typedef struct sim {
     int64_t *free; /* sizes (floats) of the cached buffers */
     int n, cap;
@@ -714,11 +715,12 @@ static void sim_rs_finish(fsdp *f, sim *m, sim_unit *u) {
     u->rs_pending = 0;
 }
 
-/* Floats the buffer cache allocates over one microbatch (see above); under pipeline parallel over
- * two, the first keeping every unit gathered and its full gradients, the last reducing them. */
-static int64_t sim_step(fsdp *f, sim_unit *us, int nu) {
+/* Floats the buffer cache allocates over one microbatch (see above); under pipeline parallel with
+ * several microbatches over two, the first keeping every unit gathered and its full gradients, the
+ * last reducing them. */
+static int64_t sim_step(fsdp *f, sim_unit *us, int nu, int n_microbatches) {
     sim m = {0};
-    for (int mb = f->sync_last ? 0 : 1; mb < 2; mb++) {
+    for (int mb = f->sync_last && n_microbatches > 1 ? 0 : 1; mb < 2; mb++) {
         int last = mb == 1;
         for (int k = 0; k < nu; k++) { /* pre_forward, post_forward */
             sim_gather_wait(f, &m, us, nu, k);
@@ -817,7 +819,7 @@ static ct_status fsdp_report(ct_strategy *p, int n_microbatches, ct_strategy_rep
     }
     if (n_fp8) /* fp8_precompute: every converted weight's amax in one all-reduce (MAX) */
         report_add(out, f->axis, CT_COLL_ALL_REDUCE, -1, CT_PHASE_FORWARD, (double)n_fp8 * sizeof(float), mb, 0);
-    int64_t floats = sim_step(f, us, nu);
+    int64_t floats = sim_step(f, us, nu, n_microbatches);
     free(us);
     free(idx);
     if (floats < 0) return CT_ERR_NOMEM;
