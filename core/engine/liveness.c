@@ -127,8 +127,7 @@ ct_status live_op(runtime *rt, rt_tensor *const *in, int n_in) {
         if (a >= l->n_alloc || (l->mode == LIVE_RECOMPUTE && s->bwd[a])) continue;
         rt_tensor *t = l->tab[a];
         if (!t->data_heap) continue;
-        pool_free(t->data_heap, t->t.data, (size_t)(ct_tensor_numel(&t->t) * (int64_t)ct_dtype_size(t->t.dtype)));
-        t->data_heap = NULL;
+        tape_give_back_data(t);
         t->freed = 1;
     }
     return CT_OK;

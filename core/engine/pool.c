@@ -226,11 +226,9 @@ int pool_reset(pool *p) {
     p->heap = 0;
     p->n_holes = 0;
     if (p->n_chunks > 1) {
-        p->fresh = 1;
         return one_chunk(p, pass);
     }
     if (p->n_chunks == 1 && pass) {
-        p->fresh = 0;
         size_t want = pass > POOL_MIN_CHUNK ? pass : POOL_MIN_CHUNK;
         if (want < p->chunks[0].cap && p->shrinks < 2) {
             p->shrinks++;

@@ -81,7 +81,7 @@ typedef struct pool {
     size_t high;       /* the largest `used` since the last reset (the pass's extent) */
     size_t first_chunk; /* the planner's: one first chunk this large (address space only), so a pass
                            runs as the runtime's steady state does, in one chunk */
-    int fresh, shrinks; /* the chunk was coalesced at the last reset; how often it was shrunk since */
+    int shrinks;       /* how often pool_reset shrank its chunk (twice at most) */
     int heap;          /* pool_free allowed for what was allocated above heap_at */
     pool_mark heap_at;
     pool_hole holes[POOL_MAX_HOLES]; /* by chunk, then offset; none adjacent to another or to the top */

@@ -1302,7 +1302,7 @@ static void trace_backward(const tape_entry *e, int halves, double t0) {
 
 static int64_t bytes_of(const rt_tensor *t) { return numel(t) * (int64_t)ct_dtype_size(t->t.dtype); }
 
-static void give_back_data(rt_tensor *t) {
+void tape_give_back_data(rt_tensor *t) {
     if (!t || t->base || !t->data_heap) return;
     pool_free(t->data_heap, t->t.data, (size_t)bytes_of(t));
     t->data_heap = NULL;
@@ -1408,7 +1408,7 @@ void tape_drop_unread(runtime *rt, tape_entry *tail) {
         int n;
         entry_made(e, made, &n);
         for (int i = 0; i < n; i++)
-            if (made[i]->need_pass != pass) give_back_data(made[i]);
+            if (made[i]->need_pass != pass) tape_give_back_data(made[i]);
     }
 }
 
@@ -1440,7 +1440,7 @@ int tape_backward(runtime *rt, tape_entry *tail, int halves) {
         int n = entry_touches(e, r); /* and the last to read these */
         for (int i = 0; i < n; i++) {
             rt_tensor *o = r[i] ? data_owner(r[i]) : NULL;
-            if (o && o->last_bwd == e) give_back_data(o);
+            if (o && o->last_bwd == e) tape_give_back_data(o);
         }
     }
     return 0;

@@ -38,6 +38,9 @@ int tape_backward(runtime *rt, tape_entry *tail, int halves);
 /* After a recompute in a pool in heap mode: gives back what the tape made there that no op's
  * backward reads (nothing when a custom op keeps tensors the tape cannot see). */
 void tape_drop_unread(runtime *rt, tape_entry *tail);
+/* Gives t's data back to the pool in heap mode it came from (nothing for a view or a tensor
+ * allocated outside heap mode); its descriptor stays. */
+void tape_give_back_data(rt_tensor *t);
 /* For liveness.c, over a pass of n allocations: per allocation the last op that reads or makes it
  * (dies_after, raised) and whether a backward reads it (bwd). 1 when a custom op hides tensors. */
 int tape_live_scan(runtime *rt, tape_entry *tail, int *dies_after, unsigned char *bwd, int n);
