@@ -207,10 +207,13 @@ ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *d
     schedule_costs costs = SCHEDULE_COSTS_DEFAULT;
     if (schedule_check(&pl->plan, &costs, err, sizeof err)) return bad_setting(mf, key, "%s", err);
     pl->unit_rank = calloc((size_t)desc->n_units, sizeof(int));
-    if (!pl->unit_rank) return CT_ERR_NOMEM;
-    for (int s = 0; s < pl->n_stages; s++)
+    pl->stage_head = calloc((size_t)desc->n_units, sizeof(int));
+    if (!pl->unit_rank || !pl->stage_head) return CT_ERR_NOMEM;
+    for (int s = 0; s < pl->n_stages; s++) {
+        pl->stage_head[pl->stage_u0[s]] = 1;
         for (int u = pl->stage_u0[s]; u <= pl->stage_u1[s]; u++)
             pl->unit_rank[u] = schedule_stage_rank(pl->plan.placement, pl->pp, s);
+    }
     if (pl->rank == 0 && mesh->world_rank == 0) plan_print(pl, unit_name, model);
     return CT_OK;
 }
@@ -227,11 +230,14 @@ ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct
         return bad_setting(mf, "parallelism.pipeline_runner", "%s", "the runner's API table is too small: rebuild it");
     int nu = rt->desc.n_units;
     pl->rt = rt;
-    rt->in_order = 0; /* contexts interleave: each keeps its boundary gradients in its own arena */
+    rt->in_order = 0; /* contexts interleave: each keeps its stages' input gradients in its own arena */
     const sched_rank *acts = &pl->plan.ranks[pl->rank];
     for (int q = 0; q < acts->n; q++) /* an input half keeps a unit's gradients until its weight half */
         pl->split_backward |= acts->actions[q].op == CT_PP_I || acts->actions[q].op == CT_PP_W;
     rt->pack_units = !pl->split_backward; /* each context's arena is a stack only without I/W */
+    /* a B action runs a stage's units back to back: only the stage's input gradient (sent to the
+     * stage before) outlives it, the others alternate in the runtime's two shared buffers */
+    rt->bgrad_keep = pl->split_backward ? NULL : pl->stage_head;
     pl->stage_left = calloc((size_t)pl->n_mb, sizeof(int));
     pl->mb_ctx = calloc((size_t)pl->n_mb, sizeof(int));
     pl->bwd_done = calloc((size_t)nu, sizeof(int));
@@ -613,6 +619,7 @@ void pipeline_free(pipeline *pl) {
     plugin_unload(pl->schedp);
     free(pl->stage_u0);
     free(pl->stage_u1);
+    free(pl->stage_head);
     free(pl->unit_rank);
     free(pl->stage_left);
     free(pl->mb_ctx);

@@ -30,6 +30,7 @@ typedef struct pipeline {
     int64_t mb_size;
     int *stage_u0, *stage_u1; /* units [u0, u1] of each stage */
     int *unit_rank;           /* the pp rank that runs each unit (runtime_dist.unit_rank) */
+    int *stage_head;          /* per unit: 1 for a stage's first unit */
     int *stage_left;          /* per microbatch: this rank's stages whose work is not finished */
     pp_ctx **ctx;             /* microbatch contexts: activations, tape, gradients; reused */
     int n_ctx;

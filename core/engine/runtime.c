@@ -957,12 +957,13 @@ float *runtime_boundary_grad(runtime *rt, rt_tensor *t) {
     return tape_grad_in(rt, t, rt->bgrad_ctx ? rt->bgrad_ctx : rt->grad_pool);
 }
 
-/* Unit u's input gradient, which outlives the unit's backward: with units in order, in
- * bgrads[u & 1], whose previous tenant (unit u+2's input gradient) died with unit u+1's backward;
- * else where runtime_boundary_grad puts it. */
+/* Unit u's input gradient, which outlives the unit's backward: with units in order (or inside a
+ * pipeline stage, but for the stage's first unit), in bgrads[u & 1], whose previous tenant (unit
+ * u+2's input gradient) died with unit u+1's backward; else where runtime_boundary_grad puts it. */
 static float *boundary_grad(runtime *rt, int u, rt_tensor *in) {
     rt_tensor *owner = in->base ? in->base : in;
-    if (!rt->in_order || owner->t.grad) return runtime_boundary_grad(rt, in);
+    int alternate = rt->in_order || (rt->bgrad_keep && !rt->bgrad_keep[u]);
+    if (!alternate || owner->t.grad) return runtime_boundary_grad(rt, in);
     if (pool_reset(&rt->bgrads[u & 1])) return NULL;
     return tape_grad_in(rt, in, &rt->bgrads[u & 1]);
 }

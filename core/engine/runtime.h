@@ -210,6 +210,11 @@ typedef struct runtime {
      * most, not one per unit. Both live from the first microbatch to runtime_free. */
     int in_order;
     pool bgrads[2];
+    /* Under a pipeline whose schedule splits no backward: per unit, nonzero when its input gradient
+     * stays with the microbatch (a stage's first unit: the gradient goes to the stage before); the
+     * other units' input gradients alternate in bgrads as in order, since a B action runs its
+     * stage's units back to back. NULL otherwise (owned by the pipeline). */
+    const int *bgrad_keep;
     /* Under a pipeline whose schedule splits no backward (no I/W actions): the current microbatch
      * context's pool for its boundary gradients (received output gradients, input gradients to
      * send), while the unit-internal activation gradients go to the runtime's own grads arena,

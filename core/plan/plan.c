@@ -407,6 +407,8 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
         for (int q = 0; q < r->pl.plan.ranks[pr].n; q++)
             if (r->pl.plan.ranks[pr].actions[q].op == CT_PP_I || r->pl.plan.ranks[pr].actions[q].op == CT_PP_W)
                 rt->pack_units = 0;
+    /* as the pipeline: only a stage's input gradient stays with its microbatch */
+    rt->bgrad_keep = l->pp > 1 && rt->pack_units ? r->pl.stage_head : NULL;
     rt->act = &rt->saved;
     if (learn_liveness(rt, B, T)) return fail(err, errlen, "a first pass to learn the checkpointed units' forwards");
     rt_tensor *tok = runtime_upload_ids(rt, NULL, B, T), *tgt = tok ? runtime_upload_ids(rt, NULL, B, T) : NULL;
@@ -422,6 +424,7 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
         double before = (double)(rt->saved.data.used + rt->grads.data.used);
         rt->peak_act_bytes = 0;
         rt->scratch.data.peak_used = rt->scratch.data.used;
+        t->units[u].in_grad_bytes = x ? (double)(((size_t)ct_tensor_numel(&(x->base ? x->base : x)->t) * sizeof(float) + 63) & ~(size_t)63) : 0;
         if (runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x)) {
             rt->trace_ops = 0;
             return fail(err, errlen, t->cannot[0] ? "the trace stopped" : "a unit's forward failed in the plan");
@@ -967,8 +970,11 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         /* activations: the tape's arenas; under pp each microbatch in flight keeps its own */
         /* grads_inner: a unit's backward gradients beside its boundary one; all: over the units */
         double saved = 0, boundary = 0, logits = 0, scratch = 0, grads_all = 0, grads_inner = 0;
+        double shared_bgrad[2] = {0, 0}; /* a pipeline's two shared boundary-gradient buffers */
         for (int u = 0; u < nu; u++) {
             if ((unit_rank ? unit_rank[u] : 0) != pr) continue;
+            if (pp > 1 && rt->bgrad_keep && !rt->bgrad_keep[u])
+                shared_bgrad[u & 1] = fmax(shared_bgrad[u & 1], t.units[u].in_grad_bytes);
             saved += t.units[u].saved_bytes;
             boundary += t.units[u].boundary_grad_bytes;
             grads_all += t.units[u].grads_peak - t.units[u].boundary_grad_bytes;
@@ -996,6 +1002,8 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
             const double min_chunk = (double)POOL_MIN_CHUNK; /* each pool's first chunk */
             m[PLAN_MEM_TRANSIENT] = split ? inflight * fmax(min_chunk, boundary + grads_all) + scratch
                                           : inflight * fmax(min_chunk, boundary) + fmax(min_chunk, grads_inner) + scratch;
+            for (int k = 0; k < 2; k++)
+                if (shared_bgrad[k] > 0) m[PLAN_MEM_TRANSIENT] += fmax(min_chunk, shared_bgrad[k]);
             m[PLAN_MEM_PP_BUFFERS] = (recv > 0 ? arrived : 0) * recv; /* received inputs wait in their own buffers */
             /* each context's descriptor arena starts at one chunk (1 MiB); the rank's scratch one */
             m[PLAN_MEM_OVERHEAD] = inflight * fmax(1048576.0, t.desc_bytes / npr) +

@@ -136,6 +136,7 @@ typedef struct plan_unit {
     double saved_bytes;         /* what the tape keeps from its forward until its backward, under the
                                    layout's activation checkpointing */
     double boundary_grad_bytes; /* its input's gradient, kept until the microbatch ends */
+    double in_grad_bytes;       /* its input's gradient, whether kept or in the two shared buffers */
     double fwd_peak, bwd_peak;  /* its temporaries above what was live when it started: forward, backward */
     double grads_peak;          /* of which activation gradients in its backward (a pipeline context's own) */
     double scratch_peak;        /* of which recompute scratch, forward or backward (one arena per rank) */
