@@ -13,7 +13,9 @@
  * backward, whose windows of one unit overlap) is gathered and kept in bf16, as
  * torchtitan's param_dtype keeps it, and expanded to f32 only while a forward or backward window of
  * the unit is open: half the bytes held and moved, the same values as an f32 gather rounded to bf16
- * in place, which is what a unit resharded after its forward still gets.
+ * in place, which is what a unit resharded after its forward still gets. With float8 all-gather
+ * such a unit keeps its converted weights as the gathered e4m3 bytes (in f32 or bf16 compute) and
+ * dequantizes them again for each window: the same values, a quarter of the f32 bytes held.
  *
  * Under pipeline parallel the hooks run per microbatch in the schedule's order (strategy.h). A unit
  * then stays gathered for the whole step (no resharding between microbatches), its full gradients
@@ -284,6 +286,10 @@ static int keeps_bf16(fsdp *f) { return f->env.bf16_compute && f->reshard == 0 &
  * held, so bf16 buffers beside the f32 ones would add memory, not save it.) bf16 values take half
  * the floats of a buffer (rounded up). */
 static int gathers_bf16(fsdp *f, const ct_param_slot *s) { return keeps_bf16(f) && !is_fp8(f, s); }
+/* A unit kept gathered between windows keeps its float8-gathered weights as the gathered e4m3
+ * bytes (a quarter of the f32 bytes) and dequantizes them again for each window: the same bytes
+ * and scale give the same values, so this loses nothing in f32 or bf16 compute. */
+static int keeps_fp8(fsdp *f) { return f->reshard == 0 && !f->split; }
 static int64_t half_n(int64_t n) { return (n + 1) / 2; }
 
 /* Starts all-gathering unit k's parameters into full buffers (bf16 ones: see gathers_bf16). */
@@ -332,11 +338,35 @@ static ct_status gather_start(fsdp *f, int k) {
     return CT_OK;
 }
 
-/* The f32 values of unit k's bf16-gathered parameters, for a window; the bf16 copy is kept only
- * where the unit stays gathered between windows. */
+/* float8 bytes -> the f32 values on the e4m3 grid the quantizer would make (bf16 under bf16
+ * compute, exact on e4m3 times the scale's reciprocal rounded) */
+static ct_status dequantize(fsdp *f, unit_state *u, int j) {
+    ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
+    ct_status st = DAPI(f)->dequantize_fp8(f->env.dev, s->param->data, (const uint8_t *)u->q8_full[j],
+                                           f->dev_scales + u->params[j], full_n(f, s), full_n(f, s), CT_F8_E4M3);
+    if (!st && f->env.bf16_compute) st = DAPI(f)->round_bf16(f->env.dev, s->param->data, s->numel);
+    return st;
+}
+
+/* The f32 values of unit k's bf16- or float8-held parameters, for a window; the compact copy is
+ * kept only where the unit stays gathered between windows. */
 static ct_status expand(fsdp *f, unit_state *u) {
     for (int j = 0; j < u->n; j++) {
-        if (!u->h_full[j] || u->full[j]) continue;
+        if (u->full[j] || u->greq[j]) continue;
+        if (u->q8_full[j]) { /* held float8 bytes (keeps_fp8) */
+            ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
+            if (!(u->full[j] = buf_get(f, full_n(f, s)))) {
+                f->host->set_error(f->host, "cannot allocate %lld floats for %s", (long long)full_n(f, s),
+                                   s->param->name);
+                return CT_ERR_NOMEM;
+            }
+            s->param->data = u->full[j];
+            u->full_numel[j] = full_n(f, s);
+            ct_status st = dequantize(f, u, j);
+            if (st) return st;
+            continue;
+        }
+        if (!u->h_full[j]) continue;
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         float *full = buf_get(f, full_n(f, s));
         if (!full) {
@@ -356,11 +386,11 @@ static ct_status expand(fsdp *f, unit_state *u) {
     return CT_OK;
 }
 
-/* Between windows of a unit kept in bf16: its f32 values go. */
+/* Between windows of a unit kept in bf16 (or float8 bytes): its f32 values go. */
 static void shrink_to_bf16(fsdp *f, unit_state *u) {
     if (u->fwd_open || u->windows) return;
     for (int j = 0; j < u->n; j++) {
-        if (!u->h_full[j] || !u->full[j]) continue;
+        if (!(u->h_full[j] || u->q8_full[j]) || !u->full[j] || u->greq[j]) continue;
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         buf_put(f, u->full[j], full_n(f, s));
         u->full[j] = NULL;
@@ -384,15 +414,16 @@ static ct_status gather_wait(fsdp *f, int k) {
             u->h_local[j] = NULL;
             continue;
         }
-        if (u->q8_full[j]) { /* float8 bytes -> the f32 values on the e4m3 grid the quantizer would make */
-            st = DAPI(f)->dequantize_fp8(f->env.dev, s->param->data, (const uint8_t *)u->q8_full[j],
-                                         f->dev_scales + u->params[j], full_n(f, s), full_n(f, s), CT_F8_E4M3);
-            buf_put(f, u->q8_full[j], (full_n(f, s) + 3) / 4);
+        if (u->q8_full[j]) {
+            st = dequantize(f, u, j);
             buf_put(f, u->q8_local[j], (s->local_numel + 3) / 4);
-            u->q8_full[j] = u->q8_local[j] = NULL;
+            u->q8_local[j] = NULL;
+            if (!keeps_fp8(f)) {
+                buf_put(f, u->q8_full[j], (full_n(f, s) + 3) / 4);
+                u->q8_full[j] = NULL;
+            }
             if (st) return st;
-        }
-        if (f->env.bf16_compute) { /* float8's gather under bf16 compute: bf16 values (exact on e4m3) */
+        } else if (f->env.bf16_compute) { /* an f32 gather under bf16 compute: bf16 values */
             st = DAPI(f)->round_bf16(f->env.dev, s->param->data, s->numel);
             if (st) return st;
         }
@@ -406,8 +437,9 @@ static void release_params(fsdp *f, int k) {
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         if (u->full[j]) buf_put(f, u->full[j], full_n(f, s));
         if (u->h_full[j]) buf_put(f, u->h_full[j], u->h_n[2 * j]);
+        if (u->q8_full[j]) buf_put(f, u->q8_full[j], (full_n(f, s) + 3) / 4);
         s->param->data = NULL;
-        u->full[j] = u->h_full[j] = NULL;
+        u->full[j] = u->h_full[j] = u->q8_full[j] = NULL;
     }
     u->gathered = 0;
 }
@@ -562,6 +594,10 @@ static void fsdp_destroy(ct_strategy *p) {
             if (u->full[j]) buf_put(f, u->full[j], u->full_numel[j]);
             if (u->h_full && u->h_full[j]) buf_put(f, u->h_full[j], u->h_n[2 * j]);
             if (u->h_local && u->h_local[j]) buf_put(f, u->h_local[j], u->h_n[2 * j + 1]);
+            /* float8 bytes (held between windows, or a gather never waited for): full_numel was set
+             * with them, full_n floats, local_numel * S */
+            if (u->q8_full && u->q8_full[j]) buf_put(f, u->q8_full[j], (u->full_numel[j] + 3) / 4);
+            if (u->q8_local && u->q8_local[j]) buf_put(f, u->q8_local[j], (u->full_numel[j] / f->S + 3) / 4);
         }
     }
     for (int i = 0; i < f->n_cache; i++) {
@@ -616,6 +652,7 @@ typedef struct sim_unit {
     int *params, n;
     int gathered, waiting, grads, rs_pending;
     int half, expanded; /* its bf16-gathered parameters' bf16 copies held; their f32 values held */
+    int f8_full;        /* its float8-gathered parameters' f32 values held (their bytes: keeps_fp8) */
 } sim_unit;
 
 static void sim_get(sim *m, int64_t n) {
@@ -651,6 +688,7 @@ static void sim_gather_start(fsdp *f, sim *m, sim_unit *us, int nu, int k) { /* 
             sim_get(m, (SIM_SLOT(f, u, j)->local_numel + 3) / 4);
             sim_get(m, (full_n(f, SIM_SLOT(f, u, j)) + 3) / 4);
         }
+    u->f8_full = 1;
     for (int j = 0; j < u->n; j++) {
         const ct_param_slot *s = SIM_SLOT(f, u, j);
         if (!gathers_bf16(f, s)) {
@@ -666,6 +704,9 @@ static void sim_gather_start(fsdp *f, sim *m, sim_unit *us, int nu, int k) { /* 
 }
 
 static void sim_expand(fsdp *f, sim *m, sim_unit *u) { /* expand */
+    for (int j = 0; !u->f8_full && j < u->n; j++)
+        if (is_fp8(f, SIM_SLOT(f, u, j))) sim_get(m, full_n(f, SIM_SLOT(f, u, j)));
+    u->f8_full = 1;
     if (u->expanded || !u->half) return;
     for (int j = 0; j < u->n; j++) {
         const ct_param_slot *s = SIM_SLOT(f, u, j);
@@ -678,6 +719,9 @@ static void sim_expand(fsdp *f, sim *m, sim_unit *u) { /* expand */
 }
 
 static void sim_shrink(fsdp *f, sim *m, sim_unit *u) { /* shrink_to_bf16 */
+    for (int j = 0; keeps_fp8(f) && u->f8_full && j < u->n; j++)
+        if (is_fp8(f, SIM_SLOT(f, u, j))) sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
+    if (keeps_fp8(f)) u->f8_full = 0;
     if (!u->expanded || !u->half) return;
     for (int j = 0; j < u->n; j++)
         if (gathers_bf16(f, SIM_SLOT(f, u, j))) sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
@@ -689,7 +733,7 @@ static void sim_gather_wait(fsdp *f, sim *m, sim_unit *us, int nu, int k) {
     sim_unit *u = &us[k];
     for (int j = 0; u->waiting && j < u->n; j++)
         if (is_fp8(f, SIM_SLOT(f, u, j))) {
-            sim_put(m, (full_n(f, SIM_SLOT(f, u, j)) + 3) / 4);
+            if (!keeps_fp8(f)) sim_put(m, (full_n(f, SIM_SLOT(f, u, j)) + 3) / 4);
             sim_put(m, (SIM_SLOT(f, u, j)->local_numel + 3) / 4);
         } else if (gathers_bf16(f, SIM_SLOT(f, u, j))) {
             sim_put(m, half_n(SIM_SLOT(f, u, j)->local_numel));
@@ -701,10 +745,15 @@ static void sim_gather_wait(fsdp *f, sim *m, sim_unit *us, int nu, int k) {
 static void sim_release(fsdp *f, sim *m, sim_unit *u) {
     for (int j = 0; u->gathered && j < u->n; j++) {
         const ct_param_slot *s = SIM_SLOT(f, u, j);
+        if (is_fp8(f, s)) {
+            if (u->f8_full) sim_put(m, full_n(f, s));
+            if (keeps_fp8(f)) sim_put(m, (full_n(f, s) + 3) / 4);
+            continue;
+        }
         if (!gathers_bf16(f, s) || u->expanded) sim_put(m, full_n(f, s));
         if (gathers_bf16(f, s) && u->half) sim_put(m, half_n(full_n(f, s)));
     }
-    u->gathered = u->half = u->expanded = 0;
+    u->gathered = u->half = u->expanded = u->f8_full = 0;
 }
 
 static void sim_rs_finish(fsdp *f, sim *m, sim_unit *u) {
