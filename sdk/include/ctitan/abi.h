@@ -51,9 +51,11 @@
  * 2.4 appended: rotary embedding with the model's own frequency table (device.h rope_freqs_*,
  * the builder's rope_freqs) and RoPE scaling in the model description, for Llama 3.1's scaled RoPE.
  * 2.5 appended: the builder's linear_cross_entropy, an output head's loss without its whole logits.
- * 2.6 appended: ct_strategy_env.split_backward (the pipeline schedule splits backward into halves). */
+ * 2.6 appended: ct_strategy_env.split_backward (the pipeline schedule splits backward into halves).
+ * 2.7 appended: the builder's backward_scratch and ct_op_cost.backward_scratch (a custom op's
+ * backward temporaries in the region the unit's backward shares, and planned there). */
 #define CT_ABI_MAJOR 2
-#define CT_ABI_MINOR 6
+#define CT_ABI_MINOR 7
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 

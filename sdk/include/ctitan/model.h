@@ -166,6 +166,15 @@ struct ct_builder {
      * cross_entropy and not this op gets it as those two ops, its own. NULL on a 2.4 host: check
      * with CT_HAS_FIELD. */
     ct_tensor *(*linear_cross_entropy)(ct_builder *b, ct_tensor *x, ct_tensor *w, const ct_tensor *targets);
+    /* ---- ABI 2.7 ---- */
+    /* In a custom op's backward callback: like scratch, but taken from the region the unit's
+     * backward temporaries share (where its activation gradients live, given back at their last
+     * use), so it holds no memory of its own beside them; valid until the callback returns. Where
+     * the host keeps no such region (a schedule that splits backward) it is scratch. An op that
+     * calls it says in its plan how much (ct_op_cost.backward_scratch), which the planner places
+     * as one allocation: an op that takes it in one call is planned exactly. NULL on a 2.6 host:
+     * check with CT_HAS_FIELD. */
+    void *(*backward_scratch)(ct_builder *b, size_t bytes);
 };
 
 /* ABI 2.0: a custom op a strategy records (async tensor parallel's overlapped pieces, loss parallel,
@@ -193,6 +202,9 @@ typedef struct ct_op_cost {
      * forward, [1] backward, timed at the device's attention rate rather than its GEMM rate; not
      * counted again in matmul_flops */
     double attention_flops[2];
+    /* ABI 2.7: the bytes the op's backward takes with b->backward_scratch (0: none; what it takes
+     * with b->scratch the scratch plan() takes stands for, in forward and backward alike). */
+    double backward_scratch;
 } ct_op_cost;
 
 typedef struct ct_custom_op {
