@@ -309,16 +309,43 @@ static ct_status quant_operand(f8 *q, uint8_t *dst, float *scale, const float *s
     return q->d->quantize_fp8(q->dev, dst, src, scale, n, group, fmt);
 }
 
+/* The weight gradient's GEMM (both operands stored (k, .), k the tokens) of a tensor-wide recipe runs
+ * in K_SLICES slices of the reduction: each operand's slice is transposed (f32) and cast on its own,
+ * so the transposes take a quarter of an operand's f32 bytes instead of all of it (at 70B, TP 8 and
+ * 131,072 tokens: 1 GiB instead of 4). The scales still come from the whole operands (an amax does not
+ * depend on the layout), so every fp8 byte is the one the unsliced cast makes; the GEMM adds the
+ * slices' products into c (beta 1 after the first). A k that does not split into 16-aligned slices
+ * (the fp8 GEMM's alignment) is not sliced. */
+#define K_SLICES 4
+static int64_t k_slice(const f8 *q, int a_t, int b_t, int64_t k) {
+    return tensorwise(q) && a_t && b_t && k % (16 * K_SLICES) == 0 ? k / K_SLICES : k;
+}
+
 /* c (m, n) = op(a) op(b)^T + beta c on the device's fp8 GEMM (row-scaled for the row-wise recipes);
  * a_t / b_t: the operand is stored (k, m) / (k, n) and is transposed into k-contiguous form first;
  * b_tensor: b takes one tensor-wide scale (rowwise_with_gw_hp's weight in the input gradient). */
 static ct_status device_gemm(f8 *q, float *c, const float *a, int a_t, ct_dtype fa, const float *b, int b_t,
                              ct_dtype fb, int64_t m, int64_t n, int64_t k, float beta, int b_tensor) {
     int rows = rowwise(q);
-    uint8_t *a8 = need(q, &q->q8, (size_t)(m * k)), *b8 = need(q, &q->q8b, (size_t)(n * k));
+    int64_t kc = k_slice(q, a_t, b_t, k);
+    uint8_t *a8 = need(q, &q->q8, (size_t)(m * kc)), *b8 = need(q, &q->q8b, (size_t)(n * kc));
     float *sc = need(q, &q->s2, sizeof(float) * (size_t)(rows ? m + n : 2));
     if (!a8 || !b8 || !sc) return CT_ERR_NOMEM;
     float *sb = sc + (rows ? m : 1);
+    if (kc < k) { /* tensor-wide, both transposed: slice by slice (k_slice) */
+        float *t = need(q, &q->t, sizeof(float) * (size_t)((m > n ? m : n) * kc));
+        if (!t) return CT_ERR_NOMEM;
+        ct_status st = compute_scales(q, sc, a, m * k, m * k, fa, 0, 0);
+        if (st == CT_OK) st = compute_scales(q, sb, b, n * k, n * k, fb, 0, 0);
+        for (int64_t k0 = 0; k0 < k && st == CT_OK; k0 += kc) {
+            st = q->d->transpose(q->dev, t, a + k0 * m, kc, m);
+            if (st == CT_OK) st = q->d->quantize_fp8(q->dev, a8, t, sc, m * kc, m * kc, fa);
+            if (st == CT_OK) st = q->d->transpose(q->dev, t, b + k0 * n, kc, n);
+            if (st == CT_OK) st = q->d->quantize_fp8(q->dev, b8, t, sb, n * kc, n * kc, fb);
+            if (st == CT_OK) st = q->d->matmul_fp8(q->dev, c, a8, sc, fa, b8, sb, fb, m, n, kc, 1.0f, k0 ? 1.0f : beta);
+        }
+        return st;
+    }
     ct_status st = quant_operand(q, a8, sc, a, m, k, a_t, fa, rows ? SC_ROWS : SC_TENSOR);
     if (st != CT_OK) return st;
     st = quant_operand(q, b8, sb, b, n, k, b_t, fb, !rows ? SC_TENSOR : b_tensor ? SC_TENSOR_AS_ROWS : SC_ROWS);
@@ -460,6 +487,14 @@ static void grow(double *cap, double bytes) {
 /* device_gemm(m, n, k) with a_t / b_t: the fp8 operands, their scales, the transposes. */
 static double plan_device_gemm(const f8 *q, plan_bufs *pb, double m, double n, double k, int a_t, int b_t) {
     int rows = rowwise(q);
+    double kc = (double)k_slice(q, a_t, b_t, (int64_t)k);
+    if (kc < k) { /* sliced: one slice of each operand at a time; amax reads the whole (4e each) */
+        grow(&pb->q8, m * kc);
+        grow(&pb->q8b, n * kc);
+        grow(&pb->s2, sizeof(float) * 2);
+        grow(&pb->t, sizeof(float) * (m > n ? m : n) * kc);
+        return 9 * (m * k + n * k) + 8 * (m * k + n * k);
+    }
     grow(&pb->q8, m * k);
     grow(&pb->q8b, n * k);
     grow(&pb->s2, sizeof(float) * (rows ? m + n : 2));
