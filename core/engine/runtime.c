@@ -683,8 +683,8 @@ int runtime_plan_start(runtime *rt, char *err, size_t errlen) {
     rt->planning = 1;
     rt->builder.planning = 1;
     /* one chunk of address space each: a pass runs as the steady state does, in one chunk */
-    pool *ps[] = {&rt->saved.data, &rt->scratch.data, &rt->grads.data, &rt->bgrads[0], &rt->bgrads[1]};
-    for (int i = 0; i < 5; i++) ps[i]->first_chunk = RT_PLAN_CHUNK;
+    pool *ps[] = {&rt->saved.data, &rt->scratch.data, &rt->grads.data, &rt->bgrads[0], &rt->bgrads[1], &rt->opscratch};
+    for (int i = 0; i < 6; i++) ps[i]->first_chunk = RT_PLAN_CHUNK;
     return 0;
 }
 

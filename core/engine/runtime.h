@@ -226,6 +226,18 @@ typedef struct runtime {
      * live peak, not the sum of three arenas' peaks. */
     pool *grad_pool;
     pool opscratch;      /* custom ops' temporaries (ct_builder.scratch), released when the callback returns */
+    /* A custom op's backward inside a unit's backward in heap mode takes its scratch from the heap
+     * region the unit's gradients go to (rt->grad_pool), given back when the callback returns, so it
+     * shares memory with the unit's other backward temporaries instead of holding opscratch at its
+     * largest: op_heap is that pool while the callback runs (NULL otherwise), op_heap_at what it
+     * handed out. plan_bwd_scratch: the op's ct_op_cost.backward_scratch, from its plan. */
+    pool *op_heap;
+    struct {
+        void *p;
+        size_t bytes;
+    } op_heap_at[8];
+    int n_op_heap;
+    double plan_bwd_scratch;
     int64_t memo_pass;   /* bumped at every unit forward: notes from an earlier pass are stale */
     /* per microbatch */
     rt_tensor **unit_in, **unit_out;

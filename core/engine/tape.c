@@ -334,12 +334,17 @@ static int collective_backward(runtime *rt, tape_entry *e, const float *dy) {
     if (!gx) return -1;
     if (kind == CT_COLL_ALL_REDUCE) return d->axpy(rt->dev, gx, dy, 1.0f, nx) == CT_OK ? 0 : -1;
     if (kind == CT_COLL_ALL_GATHER_SLICE && !cols) return d->axpy(rt->dev, gx, dy + me * nx, 1.0f, nx) == CT_OK ? 0 : -1;
+    /* the temporary comes from the unit's backward region when it is a heap (given back below), so
+     * it shares memory with the other backward temporaries; else from opscratch */
+    pool *heap = rt->grad_pool && rt->grad_pool->heap ? rt->grad_pool : NULL;
+    size_t bytes = sizeof(float) * (size_t)nx * (kind == CT_COLL_ALL_GATHER && cols ? degree + 1 : 1);
     pool_mark m = pool_get_mark(&rt->opscratch);
-    float *tmp = pool_alloc(&rt->opscratch, sizeof(float) * (size_t)nx * (kind == CT_COLL_ALL_GATHER && cols ? degree + 1 : 1));
+    float *tmp = pool_alloc(heap ? heap : &rt->opscratch, bytes);
     if (!tmp) {
         ct_set_error("out of memory for activation gradients");
         return -1;
     }
+    if (heap) runtime_note_act_peak(rt);
     int bad = 0;
     switch (kind) {
     case CT_COLL_ALL_GATHER:
@@ -353,7 +358,8 @@ static int collective_backward(runtime *rt, tape_entry *e, const float *dy) {
     default: bad = axis_collective(rt, axis, 'r', dy, tmp, nx); break; /* CT_COLL_COPY */
     }
     bad = bad || d->axpy(rt->dev, gx, tmp, 1.0f, nx) != CT_OK;
-    pool_release(&rt->opscratch, m);
+    if (heap) pool_free(heap, tmp, bytes);
+    else pool_release(&rt->opscratch, m);
     return bad ? -1 : 0;
 }
 
@@ -366,6 +372,7 @@ typedef struct custom_entry {
     ct_tensor *in[CUSTOM_MAX_IO], *out[CUSTOM_MAX_IO];
     int n_in, n_out;
     int hidden; /* its forward made activations it did not return (its state may point at them) */
+    double bwd_scratch; /* planning: its plan's backward_scratch (ABI 2.7), 0 when not given */
 } custom_entry;
 
 static int param_usable(runtime *rt, const ct_tensor *t, const char *op);
@@ -394,8 +401,10 @@ static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *st
     pool_mark m = pool_get_mark(&rt->opscratch);
     int64_t allocs = rt->act_allocs;
     ct_clear_error();
+    rt->plan_bwd_scratch = 0;
     ct_status s = rt->planning ? plan_custom(rt, op, st, c->in, n_in, c->out, n_out)
                                : op->forward(&rt->builder, st, c->in, n_in, c->out, n_out);
+    c->bwd_scratch = rt->plan_bwd_scratch;
     pool_release(&rt->opscratch, m);
     c->hidden = rt->act_allocs - allocs > n_out;
     for (int i = 0; i < n_out && s == CT_OK; i++)
@@ -413,12 +422,33 @@ static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *st
 
 static const float *grad_if_any(const rt_tensor *t);
 
+/* The planner's stand-in for an op's backward scratch (its plan's backward_scratch): taken and
+ * given back where the runtime's op_scratch would take it. */
+static int plan_bwd_scratch(runtime *rt, const custom_entry *c, pool *heap) {
+    if (c->bwd_scratch <= 0) return 0;
+    size_t bytes = (size_t)c->bwd_scratch;
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    void *p = pool_alloc(heap ? heap : &rt->opscratch, bytes);
+    if (!p) {
+        ct_set_error("out of memory for a custom op's backward scratch (%zu bytes)", bytes);
+        return -1;
+    }
+    if (heap) {
+        runtime_note_act_peak(rt);
+        pool_free(heap, p, bytes);
+    } else {
+        pool_release(&rt->opscratch, m);
+    }
+    return 0;
+}
+
 static int custom_backward(runtime *rt, tape_entry *e, int halves) {
     custom_entry *c = e->custom;
     const float *dy[CUSTOM_MAX_IO];
     int any = 0;
     for (int i = 0; i < c->n_out; i++) any |= (dy[i] = grad_if_any((rt_tensor *)c->out[i])) != NULL;
     if (!any) return 0;
+    pool *heap = rt->grad_pool && rt->grad_pool->heap ? rt->grad_pool : NULL; /* see runtime.h op_heap */
     if (rt->planning) { /* the costs came from plan; the gradients it would accumulate into are made */
         for (int i = 0; i < c->n_in; i++) {
             rt_tensor *x = (rt_tensor *)c->in[i];
@@ -428,11 +458,16 @@ static int custom_backward(runtime *rt, tape_entry *e, int halves) {
                 continue;
             if (!grad_of(rt, x)) return -1;
         }
-        return 0;
+        return plan_bwd_scratch(rt, c, heap);
     }
     pool_mark m = pool_get_mark(&rt->opscratch);
     ct_clear_error();
+    rt->op_heap = heap;
+    rt->n_op_heap = 0;
     ct_status s = c->op->backward(&rt->builder, c->state, c->in, c->n_in, c->out, dy, c->n_out, halves);
+    for (int i = rt->n_op_heap - 1; i >= 0; i--) pool_free(heap, rt->op_heap_at[i].p, rt->op_heap_at[i].bytes);
+    rt->op_heap = NULL;
+    rt->n_op_heap = 0;
     pool_release(&rt->opscratch, m);
     if (s != CT_OK) {
         if (!ct_last_error()[0]) ct_set_error("custom op %s backward failed (status %d)", c->op->name, s);
@@ -450,8 +485,27 @@ static ct_tensor *op_new_tensor(ct_builder *b, ct_dtype dt, int ndim, const int6
     return t ? &t->t : NULL;
 }
 
+/* ABI 2.7: in a backward in heap mode, from the unit's region (runtime.h op_heap); else scratch. */
+static void *op_scratch(ct_builder *b, size_t bytes);
+static void *op_backward_scratch(ct_builder *b, size_t bytes) {
+    runtime *rt = RT(b);
+    int n = rt->n_op_heap, cap = (int)(sizeof rt->op_heap_at / sizeof rt->op_heap_at[0]);
+    if (!rt->op_heap || n == cap) return op_scratch(b, bytes);
+    void *p = pool_alloc(rt->op_heap, bytes);
+    if (!p) {
+        ct_set_error("out of memory for a custom op's backward scratch (%zu bytes)", bytes);
+        return NULL;
+    }
+    rt->op_heap_at[n].p = p;
+    rt->op_heap_at[n].bytes = bytes;
+    rt->n_op_heap = n + 1;
+    runtime_note_act_peak(rt);
+    return p;
+}
+
 static void *op_scratch(ct_builder *b, size_t bytes) {
-    void *p = pool_alloc(&RT(b)->opscratch, bytes);
+    runtime *rt = RT(b);
+    void *p = pool_alloc(&rt->opscratch, bytes);
     if (!p) ct_set_error("out of memory for a custom op's scratch (%zu bytes)", bytes);
     return p;
 }
@@ -1042,6 +1096,7 @@ void tape_builder_init(runtime *rt) {
         .finish_output = op_finish_output,
         .new_tensor = op_new_tensor,
         .scratch = op_scratch,
+        .backward_scratch = op_backward_scratch,
         .custom = op_custom,
         .grad = op_grad,
         .memo = op_memo,
@@ -1505,6 +1560,7 @@ static ct_tensor *fw_new_tensor(ct_builder *b, ct_dtype dt, int ndim, const int6
     return NEXT(b)->new_tensor(NEXT(b), dt, ndim, shape);
 }
 static void *fw_scratch(ct_builder *b, size_t bytes) { return NEXT(b)->scratch(NEXT(b), bytes); }
+static void *fw_backward_scratch(ct_builder *b, size_t bytes) { return NEXT(b)->backward_scratch(NEXT(b), bytes); }
 static ct_status fw_custom(ct_builder *b, const ct_custom_op *op, const void *state, size_t state_bytes,
                            ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
     return NEXT(b)->custom(NEXT(b), op, state, state_bytes, in, n_in, out, n_out);
@@ -1538,6 +1594,7 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
         .finish_output = fw_finish_output,
         .new_tensor = fw_new_tensor,
         .scratch = fw_scratch,
+        .backward_scratch = fw_backward_scratch,
         .custom = fw_custom,
         .grad = fw_grad,
         .memo = fw_memo,

@@ -461,7 +461,7 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
                               pool_steady_bytes(&rt->grads.data) + pool_steady_bytes(&rt->bgrads[0]) +
                               pool_steady_bytes(&rt->bgrads[1]));
     t->desc_bytes = (double)(rt->saved.desc.cap_total + rt->scratch.desc.cap_total + rt->grads.desc.cap_total);
-    t->opscratch_bytes = (double)rt->opscratch.cap_total;
+    t->opscratch_bytes = (double)pool_steady_bytes(&rt->opscratch); /* its one chunk from the third step on */
     rt->trace = NULL;
     t->state = NULL;
     if (r->ts.assumptions[0]) note_add(r->note, sizeof r->note, "%s", r->ts.assumptions);
@@ -1024,6 +1024,10 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         double total = 0;
         for (int k = 0; k < PLAN_MEM_N; k++) total += m[k];
         if (getenv("CTITAN_PLAN_DEBUG")) {
+            for (int u = 0; u < nu && !strcmp(getenv("CTITAN_PLAN_DEBUG"), "units"); u++)
+                fprintf(stderr, "unit %d: saved %.0f fwd_peak %.0f bwd_peak %.0f grads_peak %.0f scratch_peak %.0f\n", u,
+                        t.units[u].saved_bytes, t.units[u].fwd_peak, t.units[u].bwd_peak, t.units[u].grads_peak,
+                        t.units[u].scratch_peak);
             fprintf(stderr, "plan rank %d:", pr);
             for (int k = 0; k < PLAN_MEM_N; k++) fprintf(stderr, " %s %.0f", plan_mem_names[k], m[k]);
             fprintf(stderr, " (saved %.0f boundary %.0f io %.0f inflight %d live_peak %.0f arena %.0f opscratch %.0f)\n", saved, boundary, t.io_bytes, inflight, t.live_peak, t.arena_bytes, t.opscratch_bytes);

@@ -144,6 +144,7 @@ ct_status plan_custom(runtime *rt, const ct_custom_op *op, void *state, ct_tenso
     c.struct_size = sizeof c;
     c.matmul_dtype = CT_F32;
     ct_status st = op->plan(&rt->builder, state, in, n_in, out, n_out, &c);
+    rt->plan_bwd_scratch = c.backward_scratch > 0 ? c.backward_scratch : 0; /* the tape keeps it with the op */
     if (st != CT_OK || rt->trace_ops != 1) return st;
     plan_op *o = next_op(rt);
     if (!o) return CT_ERR_NOMEM;

@@ -293,6 +293,15 @@ static int64_t xent_rows(int64_t n, int64_t k, int64_t v) {
     return r < 1 ? 1 : r > n ? n : r;
 }
 
+/* Forward's blocks are half as tall: its logits block is held by the custom ops' pool all step,
+ * while backward's two come from the unit's backward region (ABI 2.7). Each row's logits and
+ * statistics are its own, so the height does not change what forward computes (bit for bit on
+ * the CPU plugin). */
+static int64_t xent_fwd_rows(int64_t n, int64_t k, int64_t v) {
+    int64_t r = xent_rows(n, k, v) / 2;
+    return r < 1 ? 1 : r;
+}
+
 static ct_status lxe_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
     ce_state *s = sp;
     tp *t = s->t;
@@ -300,7 +309,7 @@ static ct_status lxe_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in
     ct_tensor *X = in[0], *w = in[1], *targets = in[2];
     (void)n_in;
     (void)n_out;
-    int64_t k = w->shape[1], v = w->shape[0], n = numel(X) / k, three = 3 * n, rows = xent_rows(n, k, v);
+    int64_t k = w->shape[1], v = w->shape[0], n = numel(X) / k, three = 3 * n, rows = xent_fwd_rows(n, k, v);
     ct_tensor *stats = b->new_tensor(b, CT_F32, 1, &three);
     s->lse = b->new_tensor(b, CT_F32, 1, &n);
     out[0] = b->new_tensor(b, CT_F32, 0, NULL);
@@ -333,8 +342,13 @@ static ct_status lxe_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in
     float dloss, *gx = (halves & CT_GRAD_INPUT) ? b->grad(b, X) : NULL, *gw = (halves & CT_GRAD_WEIGHT) ? b->grad(b, w) : NULL;
     if (((halves & CT_GRAD_INPUT) && !gx) || ((halves & CT_GRAD_WEIGHT) && !gw)) return CT_ERR_NOMEM;
     if (!gx && !gw) return CT_OK;
-    float *logits = b->scratch(b, sizeof(float) * (size_t)(rows * v)), *dl = b->scratch(b, sizeof(float) * (size_t)(rows * v));
-    if (!logits || !dl) return CT_ERR_NOMEM;
+    /* a block's logits and their gradient, in one piece: from the unit's backward region where the
+     * host has one (ABI 2.7), so they share memory with the other units' backward temporaries */
+    size_t two = sizeof(float) * (size_t)(2 * rows * v);
+    float *logits = CT_HAS_FIELD(b, ct_builder, backward_scratch) && b->backward_scratch ? b->backward_scratch(b, two)
+                                                                                         : b->scratch(b, two);
+    float *dl = logits ? logits + rows * v : NULL;
+    if (!logits) return CT_ERR_NOMEM;
     int bad = failed(t, d->copy(dev, &dloss, dy[0], sizeof dloss, CT_COPY_D2H), "copy");
     for (int64_t r0 = 0; r0 < n && !bad; r0 += rows) {
         int64_t nr = n - r0 < rows ? n - r0 : rows;
@@ -360,9 +374,14 @@ static ct_status lxe_plan(ct_builder *b, void *sp, ct_tensor *const *in, int n_i
     (void)n_in;
     (void)n_out;
     int64_t k = w->shape[1], v = w->shape[0], n = numel(X) / k, three = 3 * n, rows = xent_rows(n, k, v);
+    /* forward's scratch, as lxe_fwd and ce_finish take it; backward's (logits and their gradient) apart */
+    int bwd_apart = CT_HAS_FIELD(b, ct_builder, backward_scratch) && b->backward_scratch;
     if (!b->new_tensor(b, CT_F32, 1, &three) || !b->new_tensor(b, CT_F32, 1, &n) ||
-        !(out[0] = b->new_tensor(b, CT_F32, 0, NULL)) || !b->scratch(b, sizeof(float) * (size_t)(2 * rows * v)))
+        !(out[0] = b->new_tensor(b, CT_F32, 0, NULL)) ||
+        !b->scratch(b, sizeof(float) * (size_t)(bwd_apart ? xent_fwd_rows(n, k, v) * v : 2 * rows * v)) ||
+        (bwd_apart && !b->scratch(b, sizeof(float) * (size_t)(3 * n * t->size))))
         return CT_ERR_NOMEM;
+    if (bwd_apart) cost->backward_scratch = (double)sizeof(float) * 2.0 * (double)rows * (double)v;
     double f = sizeof(float), rows_d = (double)n, all = 3.0 * rows_d * t->size, gemm = 2.0 * (double)n * (double)k * (double)v;
     cost->matmul_dtype = gemm_dtype(t);
     cost->matmul_flops[0] = gemm;
