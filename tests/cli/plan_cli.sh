@@ -160,4 +160,21 @@ for r in configs/recipes/medium_fsdp_tp.yaml:8 configs/recipes/large_3d_interlea
         fail "plan ${r%%:*} on ${r##*:} exited $?: $(head -c 300 "$WORK/err")"
 done
 
+# the guide's three recipes as the README plans them (h100-sxm, torchtitan's layouts): each at or
+# below the peak torchtitan measured for it (76.8, 67.6, 72.7 GiB)
+while IFS='|' read -r want args; do
+    # shellcheck disable=SC2086 # the arguments are written to split
+    if "$CTITAN" plan $args --hardware h100-sxm --json >"$WORK/out" 2>"$WORK/err"; then
+        got=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['layouts'][0]['memory_gib']['total'])" "$WORK/out")
+        awk -v g="$got" -v w="$want" 'BEGIN { exit !(g <= w) }' && ok "${args%% *}: $got GiB planned, torchtitan measured $want" ||
+            fail "${args%% *}: $got GiB planned, above torchtitan's $want"
+    else
+        fail "plan ${args%% *} exited $?: $(head -c 300 "$WORK/err")"
+    fi
+done <<'EOF2'
+76.8|configs/recipes/small_fsdp_float8_compile.yaml --gpus 8 --training.local_batch_size=2
+67.6|configs/recipes/medium_fsdp_tp.yaml --gpus 256 --training.local_batch_size=16 --parallelism.data_parallel_shard_degree=32 --parallelism.tensor_parallel_degree=8 --quantize.dense.float8.enable=true --compile.enable=true
+72.7|configs/recipes/large_3d_interleaved.yaml --gpus 512 --training.local_batch_size=32 --quantize.dense.float8.enable=true --compile.enable=true --quantize.dense.float8.enable_fsdp_float8_all_gather=true
+EOF2
+
 exit $fails
