@@ -253,7 +253,8 @@ static ct_status ce_plan(ct_builder *b, void *sp, ct_tensor *const *in, int n_in
     (void)n_out;
     int64_t v = logits->shape[logits->ndim - 1], n = numel(logits) / v, three = 3 * n;
     if (!b->new_tensor(b, CT_F32, 1, &three) || !b->new_tensor(b, CT_F32, 1, &n) ||
-        !(out[0] = b->new_tensor(b, CT_F32, 0, NULL)))
+        !(out[0] = b->new_tensor(b, CT_F32, 0, NULL)) ||
+        !b->scratch(b, sizeof(float) * (size_t)(3 * n * t->size))) /* ce_finish's gathered stats */
         return CT_ERR_NOMEM;
     double f = sizeof(float), rows = (double)n, all = 3.0 * rows * t->size;
     cost->matmul_dtype = CT_F32;
