@@ -323,6 +323,11 @@ static ct_tensor *op_collective(ct_builder *b, ct_collective kind, ct_tensor *xt
     return y ? &y->t : NULL;
 }
 
+/* The region a unit's backward gives memory back to at each tensor's last use (the pool its
+ * gradients go to, in heap mode), or NULL outside such a backward. Temporaries of a backward op
+ * taken there are given back when the op is done (runtime.h op_heap). */
+static pool *backward_heap(runtime *rt) { return rt->grad_pool && rt->grad_pool->heap ? rt->grad_pool : NULL; }
+
 /* The conjugate of a collective in backward: x's gradient += f(dy). */
 static int collective_backward(runtime *rt, tape_entry *e, const float *dy) {
     const ct_device_api *d = DEV(rt);
@@ -334,9 +339,9 @@ static int collective_backward(runtime *rt, tape_entry *e, const float *dy) {
     if (!gx) return -1;
     if (kind == CT_COLL_ALL_REDUCE) return d->axpy(rt->dev, gx, dy, 1.0f, nx) == CT_OK ? 0 : -1;
     if (kind == CT_COLL_ALL_GATHER_SLICE && !cols) return d->axpy(rt->dev, gx, dy + me * nx, 1.0f, nx) == CT_OK ? 0 : -1;
-    /* the temporary comes from the unit's backward region when it is a heap (given back below), so
-     * it shares memory with the other backward temporaries; else from opscratch */
-    pool *heap = rt->grad_pool && rt->grad_pool->heap ? rt->grad_pool : NULL;
+    /* the temporary comes from the unit's backward region (given back below), so it shares memory
+     * with the other backward temporaries; else from opscratch */
+    pool *heap = backward_heap(rt);
     size_t bytes = sizeof(float) * (size_t)nx * (kind == CT_COLL_ALL_GATHER && cols ? degree + 1 : 1);
     pool_mark m = pool_get_mark(&rt->opscratch);
     float *tmp = pool_alloc(heap ? heap : &rt->opscratch, bytes);
@@ -448,7 +453,7 @@ static int custom_backward(runtime *rt, tape_entry *e, int halves) {
     int any = 0;
     for (int i = 0; i < c->n_out; i++) any |= (dy[i] = grad_if_any((rt_tensor *)c->out[i])) != NULL;
     if (!any) return 0;
-    pool *heap = rt->grad_pool && rt->grad_pool->heap ? rt->grad_pool : NULL; /* see runtime.h op_heap */
+    pool *heap = backward_heap(rt);
     if (rt->planning) { /* the costs came from plan; the gradients it would accumulate into are made */
         for (int i = 0; i < c->n_in; i++) {
             rt_tensor *x = (rt_tensor *)c->in[i];
