@@ -53,9 +53,11 @@
  * 2.5 appended: the builder's linear_cross_entropy, an output head's loss without its whole logits.
  * 2.6 appended: ct_strategy_env.split_backward (the pipeline schedule splits backward into halves).
  * 2.7 appended: the builder's backward_scratch and ct_op_cost.backward_scratch (a custom op's
- * backward temporaries in the region the unit's backward shares, and planned there). */
+ * backward temporaries in the region the unit's backward shares, and planned there).
+ * 2.8 appended: growable device regions (device.h region_reserve, region_resize, region_release),
+ * so the host's arenas grow in place instead of by added blocks. */
 #define CT_ABI_MAJOR 2
-#define CT_ABI_MINOR 7
+#define CT_ABI_MINOR 8
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 

@@ -306,6 +306,24 @@ typedef struct ct_device_api {
                                     const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t d);
     ct_status (*rope_freqs_backward)(ct_device *dev, float *dx, const float *dout, const int32_t *pos,
                                      const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t d);
+
+    /* ---- ABI 2.8: growable regions (optional: all three or none) ----
+     * Address space reserved once and backed with memory only as far as the host asks, so a host
+     * arena grows in place (no second block, no unused tail left in the first) and gives memory
+     * back from its top: what a step holds is what it uses, from the first step on, and addresses
+     * never move (a captured graph stays valid). CUDA's virtual memory management does this (as
+     * PyTorch's expandable segments do); the CPU plugin reserves address space with mmap. */
+    /* Reserves max_bytes of address space (64-byte aligned), nothing backed yet. *base is the
+     * caller's until region_release. CT_ERR_UNSUPPORTED where the device cannot (the host then
+     * allocates blocks with alloc). */
+    ct_status (*region_reserve)(ct_device *dev, size_t max_bytes, void **base);
+    /* Backs the region's first `bytes` (at most its max_bytes; rounded up to the device's
+     * granularity) and gives back what was backed above; *backed gets the bytes now backed.
+     * Content below both the old and the new size is kept. Before giving memory back it waits for
+     * the work queued on the device. CT_ERR_NOMEM, with nothing changed, when the device is full. */
+    ct_status (*region_resize)(ct_device *dev, void *base, size_t bytes, size_t *backed);
+    /* Gives the region back, memory and address space (each region before destroy). */
+    void (*region_release)(ct_device *dev, void *base);
 } ct_device_api;
 
 #endif
