@@ -19,9 +19,12 @@ typedef struct live_script {
 typedef struct rt_live {
     live_script *scripts; /* per unit */
     int n_units;
+    int last_learned; /* the unit whose script was learned last (-1: none yet) */
     /* the pass under way */
     live_mode mode;
     int unit, n_alloc, n_op, diverged;
+    int lend;  /* the unit whose script this pass runs, when not its own (-1: its own) */
+    int learn; /* a forward with no script to run: recorded, and its script learned at its end */
     rt_tensor **tab; /* allocation index -> tensor */
     int cap;
 } rt_live;
@@ -45,6 +48,21 @@ void live_free(runtime *rt) {
     rt->live = NULL;
 }
 
+/* Units with the same parameters, in order and shape (a model's identical blocks): one's forward
+ * allocates and reads as the other's does, which the pass checks as it runs (live_alloc). */
+static int units_alike(const runtime *rt, int a, int b) {
+    int i = 0, j = 0, n = rt->n_params;
+    for (;;) {
+        while (i < n && rt->slots[i].unit != a) i++;
+        while (j < n && rt->slots[j].unit != b) j++;
+        if (i == n || j == n) return i == n && j == n;
+        const ct_tensor *x = &rt->params[i]->t, *y = &rt->params[j]->t;
+        if (x->ndim != y->ndim || memcmp(x->shape, y->shape, sizeof(int64_t) * (size_t)x->ndim)) return 0;
+        i++;
+        j++;
+    }
+}
+
 ct_status live_begin(runtime *rt, int u, live_mode mode) {
     if (!rt->live) {
         rt_live *l = calloc(1, sizeof *l);
@@ -53,14 +71,23 @@ ct_status live_begin(runtime *rt, int u, live_mode mode) {
             return CT_ERR_NOMEM;
         }
         l->n_units = rt->desc.n_units;
+        l->last_learned = -1;
         rt->live = l;
     }
     rt_live *l = rt->live;
     l->mode = mode;
     l->unit = u;
     l->n_alloc = l->n_op = l->diverged = 0;
+    l->learn = 0;
+    l->lend = -1;
+    if (!l->scripts[u].n_allocs) {
+        if (l->last_learned >= 0 && units_alike(rt, u, l->last_learned)) l->lend = l->last_learned;
+        else l->learn = mode == LIVE_FORWARD;
+    }
     return CT_OK;
 }
+
+int live_learning(const runtime *rt) { return rt->live && rt->live->mode && rt->live->learn; }
 
 int live_op_index(const runtime *rt) { return rt->live && rt->live->mode ? rt->live->n_op : -1; }
 
@@ -74,7 +101,7 @@ int live_seq_of(const runtime *rt, const rt_tensor *t) {
 }
 
 static const live_script *script_of(const rt_live *l) {
-    const live_script *s = &l->scripts[l->unit];
+    const live_script *s = &l->scripts[l->lend >= 0 ? l->lend : l->unit];
     return s->n_allocs && !l->diverged ? s : NULL;
 }
 
@@ -181,7 +208,10 @@ ct_status live_end(runtime *rt, int u, tape_entry *tail, rt_tensor *out, int bad
     if (!l || !l->mode) return CT_OK;
     live_script *s = &l->scripts[u];
     ct_status st = CT_OK;
-    if (!bad && l->mode == LIVE_RECOMPUTE) st = learn(rt, s, tail, out);
+    if (!bad && (l->mode == LIVE_RECOMPUTE || (l->learn && tail))) {
+        st = learn(rt, s, tail, out);
+        if (st == CT_OK && s->n_allocs) l->last_learned = u;
+    }
     else if (!bad && (l->diverged || (s->n_allocs && (l->n_alloc != s->n_allocs || l->n_op != s->n_ops))))
         script_clear(s); /* another forward than the script's: learned again at the next recompute */
     l->mode = LIVE_OFF;

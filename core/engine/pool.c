@@ -1,5 +1,8 @@
 /* pool.c: bump allocators with marks for activations (device) and their descriptors (host), and
- * the holes a region in heap mode gives back (runtime.h). */
+ * the holes a region in heap mode gives back (runtime.h). On a device with growable regions a
+ * pool's first chunk is one, reserved as large as the device and backed as far as the pool's top
+ * has reached; the host counts the bytes it asked to be backed, as it counts blocks by their
+ * size. */
 #include "host/host.h"
 #include "engine/runtime.h"
 
@@ -7,6 +10,42 @@
 #include <string.h>
 
 #define POOL_ALIGN 64
+
+/* Backs a region chunk's first `want` bytes (0 when done). */
+static int region_back(pool *p, pool_chunk *c, size_t want) {
+    if (want == c->backed) return 0;
+    size_t got = 0;
+    if (p->d->region_resize(p->dev, c->base, want, &got) != CT_OK) return -1;
+    mem_account(p->cat, (int64_t)want - (int64_t)c->backed);
+    p->cap_total = p->cap_total - c->backed + want;
+    c->backed = want;
+    return 0;
+}
+
+static int has_regions(const pool *p) {
+    return p->dev && !p->no_region && !p->first_chunk && CT_HAS_FIELD(p->d, ct_device_api, region_release) &&
+           p->d->region_reserve && p->d->region_resize && p->d->region_release;
+}
+
+/* A pool's first chunk as a region backed for `bytes`, reserved as large as the device's memory;
+ * 0 when done, else the pool uses blocks from now on. */
+static int region_open(pool *p, pool_chunk *c, size_t bytes) {
+    ct_device_info info = {.struct_size = sizeof info};
+    size_t reserve = p->d->info && p->d->info(p->dev, &info) == CT_OK && info.memory_bytes > 0
+                         ? (size_t)info.memory_bytes : (size_t)1 << 36;
+    void *base = NULL;
+    if (reserve < bytes || p->d->region_reserve(p->dev, reserve, &base) != CT_OK) {
+        ct_clear_error();
+        p->no_region = 1;
+        return -1;
+    }
+    *c = (pool_chunk){base, reserve, 0};
+    if (region_back(p, c, bytes)) {
+        p->d->region_release(p->dev, base);
+        return -1; /* the device is full: the error stays set */
+    }
+    return 0;
+}
 
 static void *chunk_alloc(pool *p, size_t bytes) {
     void *mem = NULL;
@@ -23,6 +62,12 @@ static void *chunk_alloc(pool *p, size_t bytes) {
 }
 
 static void chunk_free(pool *p, pool_chunk *c) {
+    if (c->backed) {
+        p->d->region_release(p->dev, c->base);
+        mem_account(p->cat, -(int64_t)c->backed);
+        p->cap_total -= c->backed;
+        return;
+    }
     if (p->dev) p->d->free(p->dev, c->base);
     else free(c->base);
     mem_account(p->cat, -(int64_t)c->cap);
@@ -86,12 +131,17 @@ void *pool_alloc(pool *p, size_t bytes) {
     while (p->cur < p->n_chunks) {
         pool_chunk *c = &p->chunks[p->cur];
         if (c->cap - p->top >= bytes) {
+            if (c->backed && p->top + bytes > c->backed && region_back(p, c, p->top + bytes)) return NULL;
             void *r = c->base + p->top;
             p->top += bytes;
             p->used += bytes;
             if (p->used > p->peak_used) p->peak_used = p->used;
             if (p->used > p->high) p->high = p->used;
             return r;
+        }
+        if (c->backed) { /* a region is as large as the device */
+            ct_set_error("an arena needs %zu bytes more than the device's %zu", p->top + bytes - c->cap, c->cap);
+            return NULL;
         }
         if (p->cur + 1 >= p->n_chunks) break;
         p->used += c->cap - p->top; /* the tail of a chunk is lost until release */
@@ -105,6 +155,18 @@ void *pool_alloc(pool *p, size_t bytes) {
     pool_chunk *grown = realloc(p->chunks, sizeof(*grown) * (size_t)(p->n_chunks + 1));
     if (!grown) return NULL;
     p->chunks = grown;
+    if (!p->n_chunks && has_regions(p)) { /* the first chunk: a region, backed for what it holds */
+        size_t want = bytes > POOL_MIN_CHUNK ? bytes : POOL_MIN_CHUNK;
+        if (!region_open(p, &p->chunks[0], want)) {
+            p->cur = p->n_chunks++;
+            p->top = bytes;
+            p->used += bytes;
+            if (p->used > p->peak_used) p->peak_used = p->used;
+            if (p->used > p->high) p->high = p->used;
+            return p->chunks[0].base;
+        }
+        if (!p->no_region) return NULL;
+    }
     char *mem = chunk_alloc(p, cap);
     while (!mem && cap > bytes && cap > POOL_MIN_CHUNK) { /* a device near its capacity: smaller chunks first */
         size_t half = (cap / 2 + POOL_ALIGN - 1) & ~(size_t)(POOL_ALIGN - 1);
@@ -115,7 +177,7 @@ void *pool_alloc(pool *p, size_t bytes) {
     }
     if (!mem) return NULL;
     if (p->n_chunks) p->used += p->chunks[p->cur].cap - p->top;
-    p->chunks[p->n_chunks] = (pool_chunk){mem, cap};
+    p->chunks[p->n_chunks] = (pool_chunk){mem, cap, 0};
     p->cur = p->n_chunks++;
     p->top = bytes;
     p->used += bytes;
@@ -201,13 +263,20 @@ void pool_free(pool *p, void *ptr, size_t bytes) {
 
 size_t pool_steady_bytes(const pool *p) { return !p->high ? 0 : p->high > POOL_MIN_CHUNK ? p->high : POOL_MIN_CHUNK; }
 
-/* Replaces the pool's chunks by one of `want` bytes. */
+/* Replaces the pool's chunks by one of `want` bytes (a region backed for them, where it can). */
 static int one_chunk(pool *p, size_t want) {
     for (int i = 0; i < p->n_chunks; i++) chunk_free(p, &p->chunks[i]);
     p->n_chunks = 0;
+    if (has_regions(p)) {
+        if (!region_open(p, &p->chunks[0], want)) {
+            p->n_chunks = 1;
+            return 0;
+        }
+        if (!p->no_region) return -1;
+    }
     char *mem = chunk_alloc(p, want);
     if (!mem) return -1;
-    p->chunks[0] = (pool_chunk){mem, want};
+    p->chunks[0] = (pool_chunk){mem, want, 0};
     p->n_chunks = 1;
     return 0;
 }
@@ -216,7 +285,8 @@ static int one_chunk(pool *p, size_t want) {
  * counts the tails the growth left unused); a pass that ran in one chunk and needed less than it
  * (the pass after a growth, or once liveness.c gives memory back from the second step on) shrinks
  * the chunk to what it needed, twice at most, so passes that alternate between sizes cannot
- * reallocate forever. */
+ * reallocate forever. A region has no tails and grows in place: it only gives back its backing
+ * above what the pass needed, on the same terms. */
 int pool_reset(pool *p) {
     size_t pass = p->high;
     p->cur = 0;
@@ -230,9 +300,10 @@ int pool_reset(pool *p) {
     }
     if (p->n_chunks == 1 && pass) {
         size_t want = pass > POOL_MIN_CHUNK ? pass : POOL_MIN_CHUNK;
-        if (want < p->chunks[0].cap && p->shrinks < 2) {
+        pool_chunk *c = &p->chunks[0];
+        if (want < (c->backed ? c->backed : c->cap) && p->shrinks < 2) {
             p->shrinks++;
-            return one_chunk(p, want);
+            return c->backed ? region_back(p, c, want) : one_chunk(p, want);
         }
     }
     return 0;

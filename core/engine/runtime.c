@@ -899,8 +899,12 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         rt->recording = 0;
         pool_heap_begin(&rt->saved.data); /* what the forward reads last is given back (liveness.c) */
         if (live_begin(rt, u, LIVE_FORWARD) != CT_OK) return -1;
+        int learn = live_learning(rt); /* no script yet: recorded, to learn one (liveness.h) */
+        rt->recording = learn;
         int bad = unit_forward(rt, u, x, tokens, tg, &o);
-        if (live_end(rt, u, NULL, NULL, bad) != CT_OK || bad) return -1;
+        rt->recording = 0;
+        if (live_end(rt, u, learn ? rt->tail : NULL, learn && !bad ? o : NULL, bad) != CT_OK || bad) return -1;
+        rt->tail = NULL;
         x = o;
         if (o->t.dtype == keep->t.dtype && o->t.ndim == keep->t.ndim &&
             !memcmp(o->t.shape, keep->t.shape, sizeof(int64_t) * (size_t)o->t.ndim)) {
@@ -923,8 +927,12 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         int live = rt->ac[u] == RT_AC_FULL; /* its forward gives back at last use (liveness.c) */
         if (live) pool_heap_begin(&rt->scratch.data);
         if (live && live_begin(rt, u, LIVE_FORWARD) != CT_OK) return -1;
+        int learn = live && live_learning(rt); /* no script yet: recorded, to learn one (liveness.h) */
+        rt->recording = learn;
         int bad = unit_forward(rt, u, x, tokens, tg, &o);
-        if (live && live_end(rt, u, NULL, NULL, bad) != CT_OK) bad = 1;
+        rt->recording = 0;
+        if (live && live_end(rt, u, learn ? rt->tail : NULL, learn && !bad ? o : NULL, bad) != CT_OK) bad = 1;
+        rt->tail = NULL;
         rt->sac_phase = RT_SAC_OFF;
         if (bad) return -1;
         rt->act = &rt->saved;

@@ -48,7 +48,8 @@ typedef struct rt_tensor {
 
 typedef struct pool_chunk {
     char *base;
-    size_t cap;
+    size_t cap;    /* a region's: the address space reserved */
+    size_t backed; /* a region's (device.h region_reserve): the bytes asked to be backed; 0: a block */
 } pool_chunk;
 
 typedef struct pool_mark {
@@ -64,8 +65,10 @@ typedef struct pool_hole {
 
 #define POOL_MAX_HOLES 64 /* more at once: the smallest is forgotten until the region's release */
 
-/* A bump allocator with marks; grows by chunks and coalesces into one chunk at reset, so steady
- * state makes no allocation. Between pool_heap_begin and the release of a mark at or below it,
+/* A bump allocator with marks. On a device with growable regions (ABI 2.8) its first chunk is a
+ * region, backed as far as the top has reached: the pool grows in place and a pass holds its
+ * extent, no more. Otherwise it grows by chunks and coalesces into one chunk at reset. Either way
+ * steady state makes no allocation. Between pool_heap_begin and the release of a mark at or below it,
  * what was allocated since may be given back one allocation at a time (pool_free): a hole is
  * reused by later allocations (best fit) and one at the top lowers the top, so `used` (the
  * region's extent, holes included) is the memory the region really needs. The same allocations
@@ -82,6 +85,7 @@ typedef struct pool {
     size_t first_chunk; /* the planner's: one first chunk this large (address space only), so a pass
                            runs as the runtime's steady state does, in one chunk */
     int shrinks;       /* how often pool_reset shrank its chunk (twice at most) */
+    int no_region;     /* the device has no regions, or refused one: blocks */
     int heap;          /* pool_free allowed for what was allocated above heap_at */
     pool_mark heap_at;
     pool_hole holes[POOL_MAX_HOLES]; /* by chunk, then offset; none adjacent to another or to the top */

@@ -14,6 +14,7 @@
  * sets the OpenMP thread count of the calling thread again, so ops called from another host
  * thread use the same count (and give the same bits).
  */
+#define _DEFAULT_SOURCE /* mmap's MAP_ANONYMOUS and MAP_NORESERVE, madvise */
 #include "ctitan/abi.h"
 #include "ctitan/device.h"
 #include "ctitan/host.h"
@@ -25,6 +26,7 @@
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -424,6 +426,104 @@ static void cpu_free(ct_device *dev, void *p)
     if (p && d)
         __atomic_sub_fetch(&d->used, malloc_usable_size(p), __ATOMIC_RELAXED);
     free(p);
+}
+
+/* Growable regions (ABI 2.8): address space from mmap with no access and no swap reserved, made
+ * readable and writable as far as the host asks, in 2 MiB steps; what is given back is dropped
+ * (MADV_DONTNEED) and closed again. A page in front of the region holds its sizes. Backed bytes
+ * count against memory_limit_mb as blocks do. */
+#define CPU_REGION_STEP ((size_t)2 << 20)
+#define CPU_REGION_MAGIC 0x6374726567696f6eull /* "ctregion" */
+
+typedef struct cpu_region {
+    uint64_t magic;
+    size_t reserved, backed;
+} cpu_region;
+
+static size_t page_bytes(void)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    return pg > 0 ? (size_t)pg : 4096;
+}
+
+static cpu_region *region_of(void *base)
+{
+    cpu_region *r = base ? (cpu_region *)((char *)base - page_bytes()) : NULL;
+    return r && r->magic == CPU_REGION_MAGIC ? r : NULL;
+}
+
+static ct_status cpu_region_reserve(ct_device *dev, size_t max_bytes, void **base)
+{
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!base)
+        return cpu_fail(d, CT_ERR_INVALID, "region_reserve", "null output");
+    *base = NULL;
+    size_t pg = page_bytes();
+    if (!max_bytes || max_bytes > ((size_t)1 << 46))
+        return cpu_fail(d, CT_ERR_INVALID, "region_reserve", "size %zu is not 1 byte to 64 TiB", max_bytes);
+    size_t reserved = (max_bytes + CPU_REGION_STEP - 1) / CPU_REGION_STEP * CPU_REGION_STEP;
+    char *map = mmap(NULL, pg + reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED)
+        return cpu_fail(d, CT_ERR_NOMEM, "region_reserve", "cannot reserve %zu bytes of address space", reserved);
+    if (mprotect(map, pg, PROT_READ | PROT_WRITE) != 0) {
+        munmap(map, pg + reserved);
+        return cpu_fail(d, CT_ERR_NOMEM, "region_reserve", "cannot open the region's header page");
+    }
+    *(cpu_region *)map = (cpu_region){CPU_REGION_MAGIC, reserved, 0};
+    *base = map + pg;
+    return CT_OK;
+}
+
+static ct_status cpu_region_resize(ct_device *dev, void *base, size_t bytes, size_t *backed)
+{
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    cpu_region *r = region_of(base);
+    if (!r)
+        return cpu_fail(d, CT_ERR_INVALID, "region_resize", "%p is not a region of this device", base);
+    if (bytes > r->reserved)
+        return cpu_fail(d, CT_ERR_INVALID, "region_resize", "%zu bytes is more than the region's %zu", bytes,
+                        r->reserved);
+    size_t want = (bytes + CPU_REGION_STEP - 1) / CPU_REGION_STEP * CPU_REGION_STEP;
+    char *b = base;
+    if (want > r->backed) {
+        size_t more = want - r->backed, now = __atomic_add_fetch(&d->used, more, __ATOMIC_RELAXED);
+        if (d->limit && now > d->limit) {
+            __atomic_sub_fetch(&d->used, more, __ATOMIC_RELAXED);
+            return cpu_fail(d, CT_ERR_NOMEM, "region_resize",
+                            "%.1f MiB more would pass memory_limit_mb %.0f (%.1f MiB held)", (double)more / 1048576.0,
+                            (double)d->limit / 1048576.0, (double)(now - more) / 1048576.0);
+        }
+        if (mprotect(b + r->backed, more, PROT_READ | PROT_WRITE) != 0) {
+            __atomic_sub_fetch(&d->used, more, __ATOMIC_RELAXED);
+            return cpu_fail(d, CT_ERR_NOMEM, "region_resize", "cannot back %zu bytes more", more);
+        }
+    } else if (want < r->backed) {
+        size_t less = r->backed - want;
+        madvise(b + want, less, MADV_DONTNEED);
+        mprotect(b + want, less, PROT_NONE);
+        __atomic_sub_fetch(&d->used, less, __ATOMIC_RELAXED);
+    }
+    r->backed = want;
+    if (backed)
+        *backed = want;
+    return CT_OK;
+}
+
+static void cpu_region_release(ct_device *dev, void *base)
+{
+    cpu_device *d = dev;
+    cpu_region *r = region_of(base);
+    if (!r)
+        return;
+    if (d)
+        __atomic_sub_fetch(&d->used, r->backed, __ATOMIC_RELAXED);
+    size_t total = page_bytes() + r->reserved;
+    r->magic = 0;
+    munmap(r, total);
 }
 
 static ct_status cpu_copy(ct_device *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind)
@@ -1693,6 +1793,9 @@ static const ct_device_api cpu_api = {
     .attention_block_backward = cpu_attention_block_backward,
     .rope_freqs_forward = cpu_rope_freqs_forward,
     .rope_freqs_backward = cpu_rope_freqs_backward,
+    .region_reserve = cpu_region_reserve,
+    .region_resize = cpu_region_resize,
+    .region_release = cpu_region_release,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -4,7 +4,8 @@
   plan_validate.py measure METRICS.jsonl TOKENS_PER_GPU_STEP OUT.json
       What one training run measured: the memory record of its last step record (each record's
       peaks are those since the record before, so with log_freq 1 the last step's own: the steady
-      state, after the first step grew the arenas) and the step time, the median over the steps
+      state), the largest step's peak (the first step learns what the later ones know, and must
+      hold no more than 1% above the last: compare fails otherwise) and the step time, the median over the steps
       after the first two (those touch fresh arena memory), each one's time from its record's
       per-device tokens/s (log_freq 1): tokens / tps.
       metrics.jsonl is written by rank 0; its memory record is the rank's whose peak is the largest.
@@ -80,7 +81,10 @@ def measure(metrics, tokens_per_gpu_step, out):
     if not timed:
         fail("%s: no timed step after the first two" % metrics)
     st = statistics.median(timed)
-    json.dump({"memory": mem, "step_time_s": st, "tokens_per_s_per_gpu": tok / st, "timed_steps": len(timed),
+    # the largest step's memory (the first steps once held more: arenas grown in blocks)
+    first = max(steps, key=lambda r: r["memory"]["peak_bytes"])
+    json.dump({"memory": mem, "max_step_peak": first["memory"]["peak_bytes"], "max_step": first["step"],
+               "step_time_s": st, "tokens_per_s_per_gpu": tok / st, "timed_steps": len(timed),
                "steps": [r["step"] for r in steps]}, open(out, "w"))
 
 
@@ -172,6 +176,10 @@ def compare(folder, names, markdown=False):
             if abs(pred - mv) > max(slack, 0.5):
                 why.append("%s %.0f B predicted, %d B measured" % (k, pred, mv))
         pr = row["p"]
+        # no step holds more than the last one, the first included (plan = last step, above)
+        if m.get("max_step_peak", 0) > mm["peak_bytes"] * 1.01:
+            why.append("step %d held %d B, the last step %d B (more than 1%% above)" % (
+                m["max_step"], m["max_step_peak"], mm["peak_bytes"]))
         # FSDP alone: its gathered units and full gradients, which the plugin's report replays,
         # against the run's communication memory (under PP the run's largest rank may be another pp
         # rank than the plan's: fsdp_equivalence.sh compares those within its bound)
