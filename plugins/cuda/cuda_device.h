@@ -79,6 +79,9 @@ typedef struct ct_device { /* the ABI's opaque ct_device */
     unsigned capture;
     ct_status capture_failed;
     unsigned graph_serial;
+    /* growable regions (region.c), under mem_lock */
+    struct cuda_region **regions;
+    int n_regions, cap_regions;
 } cuda_device;
 
 #define CUDA_PINNED_BYTES 64
@@ -97,6 +100,10 @@ ct_status cuda_enter(cuda_device *d, const char *op);
 /* ---- memory (memory.c) ---- */
 ct_status cuda_cache_init(cuda_device *d);
 void cuda_cache_release(cuda_device *d); /* every block back to CUDA (destroy) */
+/* The cache's free blocks back to CUDA (not during a capture). mem_lock held. */
+void cuda_cache_trim_locked(cuda_device *d);
+/* ---- growable regions (region.c) ---- */
+void cuda_regions_release(cuda_device *d); /* every region back to CUDA (destroy) */
 ct_status cuda_alloc(ct_device *dev, size_t bytes, void **out);
 void cuda_free(ct_device *dev, void *p);
 ct_status cuda_copy(ct_device *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind);
@@ -189,5 +196,8 @@ CUDA_OP(attention_block_backward);
 /* ABI 2.4: ops.c (rope with the model's frequency table) */
 CUDA_OP(rope_freqs_forward);
 CUDA_OP(rope_freqs_backward);
+CUDA_OP(region_reserve);
+CUDA_OP(region_resize);
+CUDA_OP(region_release);
 
 #endif

@@ -200,6 +200,7 @@ static void cuda_destroy(ct_device *dev)
         (void)cudaStreamSynchronize(d->stream);
     cuda_stream_release(d);
     cuda_blas_release(d);
+    cuda_regions_release(d);
     cuda_cache_release(d);
     if (d->flag)
         cudaFree(d->flag);
@@ -305,6 +306,9 @@ static const ct_device_api cuda_api = {
     .attention_block_backward = cuda_attention_block_backward,
     .rope_freqs_forward = cuda_rope_freqs_forward,
     .rope_freqs_backward = cuda_rope_freqs_backward,
+    .region_reserve = cuda_region_reserve,
+    .region_resize = cuda_region_resize,
+    .region_release = cuda_region_release,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

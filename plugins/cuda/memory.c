@@ -113,6 +113,12 @@ static void cache_trim(cuda_device *d)
     (void)map_rebuild(c, c->nslots); /* same size: cannot fail for lack of room, only of memory */
 }
 
+void cuda_cache_trim_locked(cuda_device *d)
+{
+    if (!d->capture) /* cudaFree cannot run during a capture */
+        cache_trim(d);
+}
+
 void cuda_cache_release(cuda_device *d)
 {
     cuda_cache *c = &d->cache;

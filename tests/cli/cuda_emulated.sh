@@ -224,6 +224,21 @@ grep -q 'compile.enable: the capture failed at step 2 (.*cudaErrorStreamCapture.
 ! grep -q 'summary: compile' "$OUT/refused_capture.log" || fail "a refused capture still launched a graph"
 same_curve eager_f32 refused_capture
 echo "ok: a capture refused at its 50th operation: notice, then eager with the same losses"
+# growable regions (ABI 2.8: plugins/cuda/region.c on the emulator's cuMem* calls): the arenas grow
+# in place, so the first step holds what the third does; without them (CUDA_EMU_NO_VMM=1: the
+# plugin falls back to blocks) the first step holds more. The same losses either way.
+act() { grep '"loss"' "$OUT/$1/metrics.jsonl" | sed -E 's/.*"activations": ([0-9]+).*/\1/' | sed -n "${2}p"; }
+larger=(--training.seq_len=128 --model.dim=128 "${bf16[@]}")
+train regions "${larger[@]}" &
+pid=$!
+CUDA_EMU_NO_VMM=1 train blocks "${larger[@]}"
+wait $pid || exit 1
+same_curve regions blocks
+[ "$(act regions 1)" = "$(act regions 3)" ] ||
+    fail "regions: step 1 held $(act regions 1) B of activations, step 3 $(act regions 3) B"
+[ "$(act blocks 1)" -gt "$(act blocks 3)" ] ||
+    fail "blocks: step 1 held $(act blocks 1) B, step 3 $(act blocks 3) B: the check above cannot tell regions from blocks"
+echo "ok: growable regions: step 1 holds $(act regions 1) B of activations as step 3 does (blocks: $(act blocks 1) B, then $(act blocks 3) B); the same losses"
 "$CTITAN" train "$OUT/train.yaml" --device.name=cpu --compile.enable=true --training.steps=1 \
     --job.dump_folder="$OUT/cpu" >"$OUT/cpu.log" 2>&1 || fail "compile.enable on the cpu (see $OUT/cpu.log)"
 grep -q 'compile.enable: no effect on the cpu device: the device has no graph capture' "$OUT/cpu.log" ||

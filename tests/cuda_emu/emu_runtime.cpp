@@ -5,18 +5,25 @@
  * when the call returns, unless its stream captures (each goes through emu_enqueue, which then
  * records it for a graph: emu_graphs.cpp). cudaMalloc keeps a registry of live blocks, so a copy
  * or memset that reaches outside every block, or a free of a pointer that is not a block, is a
- * failed call (cudaErrorInvalidValue) and a line on stderr. Environment:
+ * failed call (cudaErrorInvalidValue) and a line on stderr. The driver's virtual memory calls
+ * (include/cuda.h: reserve, create, map, set access, unmap, release) keep reserved ranges and
+ * mapped pieces: a piece is memory only once cuMemSetAccess opened it, and copies may cross from
+ * one mapped piece into the next. Environment:
  *   CUDA_EMU_DEVICES=0      no device: cudaGetDeviceCount fails as without a driver
  *   CUDA_EMU_MALLOC_LIMIT=N cudaMalloc fails once N bytes are live (tests the allocator's trim)
  *   CUDA_EMU_LT_NONE=1      cuBLASLt's heuristic finds no algorithm (the plugin uses cublasSgemm)
+ *   CUDA_EMU_NO_VMM=1       the driver maps no memory (the plugin has no growable regions)
  */
 #include "cuda_emu.h"
 #include "emu_internal.h"
+
+#include "cuda.h"
 
 #include "cublasLt.h"
 #include "cublas_v2.h"
 
 #include <cblas.h>
+#include <sys/mman.h>
 
 #include <chrono>
 #include <cstdarg>
@@ -134,17 +141,185 @@ static std::mutex mem_lock;
 static std::map<uintptr_t, size_t> blocks; /* device blocks: start -> bytes */
 static std::map<uintptr_t, size_t> pinned;
 static size_t live_bytes;
+/* the driver's virtual memory (cuMem*): reserved ranges, physical handles, mapped pieces (start ->
+ * bytes, with whether cuMemSetAccess opened them) */
+static std::map<uintptr_t, size_t> reserved;
+static std::map<unsigned long long, size_t> handles;
+static unsigned long long next_handle = 1;
+struct emu_mapping {
+    size_t bytes;
+    bool open;
+};
+static std::map<uintptr_t, emu_mapping> mapped;
 
-/* true when [p, p + n) lies inside one device block */
+/* true when [u, u + n) lies in mapped pieces, each opened for access, one after another */
+static bool in_mapped(uintptr_t u, size_t n)
+{
+    auto it = mapped.upper_bound(u);
+    if (it == mapped.begin())
+        return false;
+    --it;
+    for (uintptr_t at = u;;) {
+        if (it == mapped.end() || at < it->first || at >= it->first + it->second.bytes || !it->second.open)
+            return false;
+        uintptr_t end = it->first + it->second.bytes;
+        if (u + n <= end)
+            return true;
+        at = end;
+        ++it;
+    }
+}
+
+/* true when [p, p + n) lies inside one device block, or in a region's mapped pieces */
 static bool in_block(const void *p, size_t n)
 {
     std::lock_guard<std::mutex> g(mem_lock);
     uintptr_t u = (uintptr_t)p;
+    if (in_mapped(u, n ? n : 1))
+        return true;
     auto it = blocks.upper_bound(u);
     if (it == blocks.begin())
         return false;
     --it;
     return u >= it->first && u + n <= it->first + it->second;
+}
+
+/* ---------------------------------------------------------------- the driver's virtual memory */
+
+static const size_t EMU_VMM_GRANULARITY = (size_t)2 << 20;
+
+static CUresult vmm_fail(CUresult r, const char *what)
+{
+    fprintf(stderr, "cuda_emu: %s\n", what);
+    return r;
+}
+
+extern "C" CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                                  CUmemAllocationGranularity_flags option)
+{
+    (void)option;
+    if (!granularity || !prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id != 0)
+        return vmm_fail(CUDA_ERROR_INVALID_VALUE, "cuMemGetAllocationGranularity: bad arguments");
+    if (getenv("CUDA_EMU_NO_VMM"))
+        return CUDA_ERROR_NOT_SUPPORTED; /* as a GPU that cannot map memory this way */
+    *granularity = EMU_VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                       unsigned long long flags)
+{
+    if (!ptr || !size || size % EMU_VMM_GRANULARITY || addr || flags ||
+        (alignment && alignment % EMU_VMM_GRANULARITY))
+        return vmm_fail(CUDA_ERROR_INVALID_VALUE, "cuMemAddressReserve: bad arguments");
+    /* over-reserve, then trim to the granularity's alignment */
+    size_t span = size + EMU_VMM_GRANULARITY;
+    void *m = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+        return vmm_fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAddressReserve: no address space");
+    uintptr_t base = ((uintptr_t)m + EMU_VMM_GRANULARITY - 1) / EMU_VMM_GRANULARITY * EMU_VMM_GRANULARITY;
+    if (base > (uintptr_t)m)
+        munmap(m, base - (uintptr_t)m);
+    if ((uintptr_t)m + span > base + size)
+        munmap((void *)(base + size), (uintptr_t)m + span - (base + size));
+    std::lock_guard<std::mutex> g(mem_lock);
+    reserved[base] = size;
+    *ptr = base;
+    return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    auto it = reserved.find((uintptr_t)ptr);
+    if (it == reserved.end() || it->second != size)
+        return vmm_fail(CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree of a range cuMemAddressReserve did not return");
+    auto m = mapped.lower_bound((uintptr_t)ptr);
+    if (m != mapped.end() && m->first < (uintptr_t)ptr + size)
+        return vmm_fail(CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree of a range with memory still mapped");
+    munmap((void *)(uintptr_t)ptr, size);
+    reserved.erase(it);
+    return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                               unsigned long long flags)
+{
+    if (!handle || !prop || !size || size % EMU_VMM_GRANULARITY || flags ||
+        prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return vmm_fail(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: bad arguments");
+    if (emu_capture_forbid("cuMemCreate", false) != cudaSuccess)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    const char *limit = getenv("CUDA_EMU_MALLOC_LIMIT");
+    std::lock_guard<std::mutex> g(mem_lock);
+    if (limit && live_bytes + size > (size_t)strtoull(limit, NULL, 10)) {
+        fprintf(stderr, "cuda_emu: cuMemCreate of %zu bytes refused (%zu live, CUDA_EMU_MALLOC_LIMIT %s)\n", size,
+                live_bytes, limit);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    live_bytes += size;
+    handles[next_handle] = size;
+    *handle = next_handle++;
+    return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    auto it = handles.find(handle);
+    if (it == handles.end())
+        return vmm_fail(CUDA_ERROR_INVALID_VALUE, "cuMemRelease of a handle cuMemCreate did not return");
+    live_bytes -= it->second;
+    handles.erase(it);
+    return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                            unsigned long long flags)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    auto h = handles.find(handle);
+    if (h == handles.end() || offset || flags || h->second != size)
+        return vmm_fail(CUDA_ERROR_INVALID_VALUE, "cuMemMap: bad arguments (the whole handle, offset 0)");
+    uintptr_t u = (uintptr_t)ptr;
+    auto r = reserved.upper_bound(u);
+    if (r == reserved.begin() || (--r, u + size > r->first + r->second))
+        return vmm_fail(CUDA_ERROR_INVALID_VALUE, "cuMemMap outside every reserved range");
+    auto m = mapped.upper_bound(u);
+    if ((m != mapped.end() && m->first < u + size) ||
+        (m != mapped.begin() && (--m, m->first + m->second.bytes > u)))
+        return vmm_fail(CUDA_ERROR_INVALID_VALUE, "cuMemMap over memory already mapped");
+    mapped[u] = emu_mapping{size, false};
+    return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    if (!desc || count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc->location.id != 0 ||
+        desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        return vmm_fail(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: bad arguments");
+    std::lock_guard<std::mutex> g(mem_lock);
+    auto m = mapped.find((uintptr_t)ptr);
+    if (m == mapped.end() || m->second.bytes != size)
+        return vmm_fail(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess of a range cuMemMap did not map");
+    if (mprotect((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE) != 0)
+        return vmm_fail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemSetAccess: mprotect failed");
+    memset((void *)(uintptr_t)ptr, 0xA5, size); /* fresh device memory holds garbage */
+    m->second.open = true;
+    return CUDA_SUCCESS;
+}
+
+extern "C" CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    std::lock_guard<std::mutex> g(mem_lock);
+    auto m = mapped.find((uintptr_t)ptr);
+    if (m == mapped.end() || m->second.bytes != size)
+        return vmm_fail(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap of a range cuMemMap did not map");
+    madvise((void *)(uintptr_t)ptr, size, MADV_DONTNEED);
+    mprotect((void *)(uintptr_t)ptr, size, PROT_NONE);
+    mapped.erase(m);
+    return CUDA_SUCCESS;
 }
 
 extern "C" cudaError_t cudaMalloc(void **p, size_t bytes)
