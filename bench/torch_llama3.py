@@ -18,7 +18,7 @@ with events on a GPU; on a CPU, wall time), as ctitan measures its f32 peak.
 
 Output: one line per configuration, parsed by tests/gpu/run.sh:
     torch_llama3: flavor=1B seq=2048 batch=1 dtype=bf16 mode=eager status=ok tokens_per_s=... \
-        tflops=... mfu=... peak_tflops=... peak_mem_gib=... loss=...
+        tflops=... mfu=... peak_tflops=... peak_mem_gib=... peak_mem_mib=... loss=...
 status is ok, oom, compile_failed or error (then `error=` says what); the script goes on.
 
 Examples:
@@ -42,6 +42,7 @@ import torch.nn.functional as F
 FLAVORS = {
     "tiny": (64, 2, 4, 2, 256, 0.0, 32, 500000.0),
     "debugmodel": (256, 6, 16, 16, 2048, 0.0, 256, 500000.0),
+    "124M": (768, 12, 12, 4, 32000, 0.0, 256, 500000.0),  # make bench's 124M-class shape (ffn 2048)
     "1B": (2048, 16, 32, 8, 128256, 1.5, 1024, 500000.0),
     "3B": (3072, 28, 24, 8, 128256, 1.0, 1024, 500000.0),
     "8B": (4096, 32, 32, 8, 128256, 1.3, 1024, 500000.0),
@@ -156,10 +157,37 @@ class Llama3(nn.Module):
         for layer in self.layers:
             if self.ac == "full" and self.training:
                 x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, use_reentrant=False)
+            elif self.ac == "op" and self.training:
+                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, use_reentrant=False,
+                                                      context_fn=op_sac_contexts)
             else:
                 x = layer(x, cos, sin)
         logits = self.output(self.norm(x))
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def op_sac_contexts():
+    """torchtitan's per-op selective checkpointing policy (activation_checkpoint.mode: selective,
+    selective_ac_option: op), as ctitan's RT_AC_OP follows it: a block keeps the outputs of its
+    matmuls, its attention and max, but recomputes every second matmul; all else is recomputed.
+    Counts restart with each block's forward and, apart, with its recompute."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    keep = {aten.mm.default, aten.max.default}
+    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"):
+        if hasattr(aten, name):
+            keep.add(getattr(aten, name).default)
+    seen = {False: 0, True: 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        if func == aten.mm.default:
+            seen[ctx.is_recompute] += 1
+            if seen[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def sync(device):
@@ -251,14 +279,15 @@ def run_one(args, device, flavor, seq, dtype, mode):
         sync(device)
         dt = time.perf_counter() - t0
         tps = args.batch * seq * timed / dt if timed > 0 else 0.0
-        peak = measure_peak(device, dtype) if not args.peak_tflops else args.peak_tflops * 1e12
-        tflops = c.flops_per_token() * tps / 1e12
         if device.type == "cuda":
             mem = torch.cuda.max_memory_allocated() / 2 ** 30
-        else:
+        else:  # the resident set's peak (run with MALLOC_MMAP_THRESHOLD_=65536 to make it follow frees)
             mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # KiB -> GiB
+        peak = measure_peak(device, dtype) if not args.peak_tflops else args.peak_tflops * 1e12
+        tflops = c.flops_per_token() * tps / 1e12
         res.update(tokens_per_s=f"{tps:.1f}", tflops=f"{tflops:.3f}", mfu=f"{100 * tflops * 1e12 / peak:.2f}%",
-                   peak_tflops=f"{peak / 1e12:.2f}", peak_mem_gib=f"{mem:.2f}", loss=f"{loss.item():.4f}",
+                   peak_tflops=f"{peak / 1e12:.2f}", peak_mem_gib=f"{mem:.2f}", peak_mem_mib=f"{mem * 1024:.1f}",
+                   loss=f"{loss.item():.4f}",
                    params=c.n_params(), flops_per_token=f"{c.flops_per_token():.4g}")
     except torch.cuda.OutOfMemoryError:
         res.update(status="oom")
@@ -281,7 +310,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2, help="untimed first steps")
     ap.add_argument("--dtype", nargs="+", default=["bf16"], choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--mode", default="eager", choices=["eager", "compile", "both"])
-    ap.add_argument("--ac", default="none", choices=["none", "full"], help="activation checkpointing per block")
+    ap.add_argument("--ac", default="none", choices=["none", "op", "full"],
+                    help="activation checkpointing per block (op: torchtitan's selective per-op policy)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="use this peak instead of measuring it")
     ap.add_argument("--seed", type=int, default=0)

@@ -106,3 +106,5 @@ if "$CTITAN" plan --help >/dev/null 2>&1; then
 else
   echo "ctitan plan is not in this build: skipped"
 fi
+# Training memory against PyTorch on the CPU (PyTorch's side where it is installed)
+BUILD=$BUILD scripts/bench_memory.sh
