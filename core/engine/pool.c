@@ -155,35 +155,31 @@ void *pool_alloc(pool *p, size_t bytes) {
     pool_chunk *grown = realloc(p->chunks, sizeof(*grown) * (size_t)(p->n_chunks + 1));
     if (!grown) return NULL;
     p->chunks = grown;
-    if (!p->n_chunks && has_regions(p)) { /* the first chunk: a region, backed for what it holds */
-        size_t want = bytes > POOL_MIN_CHUNK ? bytes : POOL_MIN_CHUNK;
-        if (!region_open(p, &p->chunks[0], want)) {
-            p->cur = p->n_chunks++;
-            p->top = bytes;
-            p->used += bytes;
-            if (p->used > p->peak_used) p->peak_used = p->used;
-            if (p->used > p->high) p->high = p->used;
-            return p->chunks[0].base;
+    pool_chunk nc = {0};
+    /* the first chunk: a region, backed for what it holds, where the device has them */
+    if (!p->n_chunks && has_regions(p) && region_open(p, &nc, bytes > POOL_MIN_CHUNK ? bytes : POOL_MIN_CHUNK) &&
+        !p->no_region)
+        return NULL; /* the device is full */
+    if (!nc.backed) {
+        char *mem = chunk_alloc(p, cap);
+        while (!mem && cap > bytes && cap > POOL_MIN_CHUNK) { /* a device near its capacity: smaller chunks first */
+            size_t half = (cap / 2 + POOL_ALIGN - 1) & ~(size_t)(POOL_ALIGN - 1);
+            cap = half > bytes ? half : bytes;
+            if (cap < POOL_MIN_CHUNK) cap = bytes > POOL_MIN_CHUNK ? bytes : POOL_MIN_CHUNK;
+            ct_clear_error();
+            mem = chunk_alloc(p, cap);
         }
-        if (!p->no_region) return NULL;
+        if (!mem) return NULL;
+        nc = (pool_chunk){mem, cap, 0};
     }
-    char *mem = chunk_alloc(p, cap);
-    while (!mem && cap > bytes && cap > POOL_MIN_CHUNK) { /* a device near its capacity: smaller chunks first */
-        size_t half = (cap / 2 + POOL_ALIGN - 1) & ~(size_t)(POOL_ALIGN - 1);
-        cap = half > bytes ? half : bytes;
-        if (cap < POOL_MIN_CHUNK) cap = bytes > POOL_MIN_CHUNK ? bytes : POOL_MIN_CHUNK;
-        ct_clear_error();
-        mem = chunk_alloc(p, cap);
-    }
-    if (!mem) return NULL;
     if (p->n_chunks) p->used += p->chunks[p->cur].cap - p->top;
-    p->chunks[p->n_chunks] = (pool_chunk){mem, cap, 0};
+    p->chunks[p->n_chunks] = nc;
     p->cur = p->n_chunks++;
     p->top = bytes;
     p->used += bytes;
     if (p->used > p->peak_used) p->peak_used = p->used;
     if (p->used > p->high) p->high = p->used;
-    return mem;
+    return nc.base;
 }
 
 pool_mark pool_get_mark(const pool *p) { return (pool_mark){p->cur, p->top, p->used}; }

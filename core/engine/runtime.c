@@ -881,6 +881,19 @@ static int unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_
     return 0;
 }
 
+/* A fully checkpointed unit's forward, given back per its liveness script; recorded, to learn a
+ * script, when it has none to run (liveness.h). */
+static int live_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *tg, rt_tensor **o) {
+    if (live_begin(rt, u, LIVE_FORWARD) != CT_OK) return -1;
+    int learn = live_learning(rt);
+    rt->recording = learn;
+    int bad = unit_forward(rt, u, x, tokens, tg, o);
+    rt->recording = 0;
+    if (live_end(rt, u, learn ? rt->tail : NULL, learn && !bad ? *o : NULL, bad) != CT_OK) bad = 1;
+    rt->tail = NULL;
+    return bad ? -1 : 0;
+}
+
 /* Forward of unit u from x (NULL for unit 0), no hooks; a checkpointed unit keeps only its output. */
 int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, int record,
                      rt_tensor **out) {
@@ -898,13 +911,7 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         pool_mark md = pool_get_mark(&rt->saved.data), mh = pool_get_mark(&rt->saved.desc);
         rt->recording = 0;
         pool_heap_begin(&rt->saved.data); /* what the forward reads last is given back (liveness.c) */
-        if (live_begin(rt, u, LIVE_FORWARD) != CT_OK) return -1;
-        int learn = live_learning(rt); /* no script yet: recorded, to learn one (liveness.h) */
-        rt->recording = learn;
-        int bad = unit_forward(rt, u, x, tokens, tg, &o);
-        rt->recording = 0;
-        if (live_end(rt, u, learn ? rt->tail : NULL, learn && !bad ? o : NULL, bad) != CT_OK || bad) return -1;
-        rt->tail = NULL;
+        if (live_forward(rt, u, x, tokens, tg, &o)) return -1;
         x = o;
         if (o->t.dtype == keep->t.dtype && o->t.ndim == keep->t.ndim &&
             !memcmp(o->t.shape, keep->t.shape, sizeof(int64_t) * (size_t)o->t.ndim)) {
@@ -926,13 +933,7 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         rt_tensor *o = NULL;
         int live = rt->ac[u] == RT_AC_FULL; /* its forward gives back at last use (liveness.c) */
         if (live) pool_heap_begin(&rt->scratch.data);
-        if (live && live_begin(rt, u, LIVE_FORWARD) != CT_OK) return -1;
-        int learn = live && live_learning(rt); /* no script yet: recorded, to learn one (liveness.h) */
-        rt->recording = learn;
-        int bad = unit_forward(rt, u, x, tokens, tg, &o);
-        rt->recording = 0;
-        if (live && live_end(rt, u, learn ? rt->tail : NULL, learn && !bad ? o : NULL, bad) != CT_OK) bad = 1;
-        rt->tail = NULL;
+        int bad = live ? live_forward(rt, u, x, tokens, tg, &o) != 0 : unit_forward(rt, u, x, tokens, tg, &o) != 0;
         rt->sac_phase = RT_SAC_OFF;
         if (bad) return -1;
         rt->act = &rt->saved;

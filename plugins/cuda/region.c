@@ -163,17 +163,20 @@ ct_status cuda_region_reserve(ct_device *dev, size_t max_bytes, void **base)
         return driver_fail(d, "region_reserve", "cuMemAddressReserve", cr);
     }
     pthread_mutex_lock(&d->mem_lock);
-    cuda_region **grown = d->n_regions == d->cap_regions
-                              ? realloc(d->regions, sizeof *grown * (size_t)(d->cap_regions ? 2 * d->cap_regions : 16))
-                              : d->regions;
-    if (grown) {
-        if (d->n_regions == d->cap_regions)
-            d->cap_regions = d->cap_regions ? 2 * d->cap_regions : 16;
-        d->regions = grown;
-        d->regions[d->n_regions++] = r;
+    int room = d->n_regions < d->cap_regions;
+    if (!room) {
+        int cap = d->cap_regions ? 2 * d->cap_regions : 16;
+        cuda_region **grown = realloc(d->regions, sizeof *grown * (size_t)cap);
+        if (grown) {
+            d->regions = grown;
+            d->cap_regions = cap;
+            room = 1;
+        }
     }
+    if (room)
+        d->regions[d->n_regions++] = r;
     pthread_mutex_unlock(&d->mem_lock);
-    if (!grown) {
+    if (!room) {
         (void)vmm.address_free(r->base, r->reserved);
         free(r);
         return cuda_fail(d, CT_ERR_NOMEM, "region_reserve", "out of host memory");
