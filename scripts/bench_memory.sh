@@ -37,11 +37,14 @@ ct() { # ac (none, op or full) dtype args...
     --generate.max_new_tokens=0 --training.steps=2 --metrics.log_freq=1 --job.dump_folder=outputs/bench_mem \
     "${ac[@]}" --training.mixed_precision_param="$dt" "$@"
 }
-pt() { # ac dtype args...
+pt() { # ac dtype args...: the script's own resident peak at the end of its training steps (its
+  # exit loads more libraries than a tiny model trains with, which would inflate the baseline)
   local ac=$1 dt=$2
   shift 2
-  peak_kib outputs/bench_mem/torch.log "$PY" bench/torch_llama3.py --device cpu --steps 2 --warmup 0 --ac "$ac" \
-    --dtype "$dt" --peak-tflops 1 "$@"
+  [ "$(peak_kib outputs/bench_mem/torch.log "$PY" bench/torch_llama3.py --device cpu --steps 2 --warmup 0 \
+    --ac "$ac" --dtype "$dt" --peak-tflops 1 "$@")" -gt 0 ] || { echo -1; return; }
+  sed -n 's/.* status=ok .*peak_mem_mib=\([0-9.]*\).*/\1/p' outputs/bench_mem/torch.log |
+    awk '{ printf "%d\n", $1 * 1024 } END { if (!NR) print -1 }'
 }
 mkdir -p outputs/bench_mem
 tiny_ct=(--model.dim=64 --model.n_layers=2 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_hidden=192

@@ -275,3 +275,40 @@ ct_status runtime_unpack_unit(runtime *rt, int u) {
     r->packed = 0;
     return CT_OK;
 }
+
+/* Per-op checkpointing with units in order (runtime_unit_fwd): the unit's forward ran in the saved
+ * arena from `from`, its temporaries among the outputs it keeps. The kept outputs (the chain from
+ * rt->sac_head) move down over the temporaries, in order, their descriptors following them (the
+ * recompute reads the chain's descriptors; nothing else holds their addresses), and the output is
+ * copied after them; the rest of the region is given back. Where the layout is not that (a chunk
+ * boundary crossed, the output below a kept tensor), nothing moves and the region stays whole. */
+ct_status runtime_keep_op_unit(runtime *rt, pool_mark from, rt_tensor **out) {
+    pool *p = &rt->saved.data;
+    rt_tensor *o = *out, *head = rt->sac_head;
+    pool_mark top = pool_get_mark(p);
+    size_t ob = (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype);
+    int movable = top.cur == from.cur && from.cur < p->n_chunks && !p->heap;
+    char *base = movable ? p->chunks[from.cur].base : NULL, *end = base ? base + from.top : NULL;
+    for (rt_tensor *t = head; t && movable; t = t->sac_next) {
+        char *a = t->t.data;
+        movable = !t->base && a >= end && a < base + top.top;
+        end = a + (size_t)ct_tensor_numel(&t->t) * ct_dtype_size(t->t.dtype);
+    }
+    movable = movable && (char *)o->t.data >= end;
+    if (movable) {
+        size_t off = from.top;
+        for (rt_tensor *t = head; t; t = t->sac_next) {
+            size_t bytes = (size_t)ct_tensor_numel(&t->t) * ct_dtype_size(t->t.dtype);
+            if (move(rt, base + off, t->t.data, bytes, 0, 0)) return CT_ERR_INTERNAL;
+            t->t.data = base + off;
+            off += (bytes + 63) & ~(size_t)63; /* pool.c's alignment */
+        }
+        pool_release(p, (pool_mark){from.cur, off, from.used + (off - from.top)});
+    }
+    rt_tensor *keep = tape_new_activation(rt, o->t.dtype, o->t.ndim, o->t.shape);
+    if (!keep) return CT_ERR_NOMEM;
+    if (move(rt, keep->t.data, o->t.data, ob, 0, 0)) return CT_ERR_INTERNAL;
+    keep->sac_next = head; /* the recompute finds the saved outputs here */
+    *out = keep;
+    return CT_OK;
+}

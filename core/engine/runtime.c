@@ -923,6 +923,20 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
             x = keep;
         }
         pool_heap_end(&rt->saved.data); /* (an output of another shape stays where it is) */
+    } else if (record && rt->ac[u] == RT_AC_OP && rt->in_order) {
+        /* one region: the forward's temporaries above the unit's kept outputs, which then move
+         * down over them (actpack.c) */
+        pool_mark md = pool_get_mark(&rt->saved.data);
+        rt->recording = 0;
+        rt->act = &rt->saved;
+        rt->sac_phase = RT_SAC_SAVE;
+        rt->sac_mm = 0;
+        rt->sac_head = rt->sac_tail = NULL;
+        rt_tensor *o = NULL;
+        int bad = unit_forward(rt, u, x, tokens, tg, &o) != 0;
+        rt->sac_phase = RT_SAC_OFF;
+        if (bad || runtime_keep_op_unit(rt, md, &o) != CT_OK) return -1;
+        x = o;
     } else if (record && rt->ac[u]) {
         pool_mark md = pool_get_mark(&rt->scratch.data), mh = pool_get_mark(&rt->scratch.desc);
         rt->recording = 0;
@@ -1014,9 +1028,9 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
     }
     if (rt->ac[u] && halves != TAPE_WEIGHT) { /* recompute the unit, recording */
         rt->recording = 1;
-        /* a fully checkpointed unit's recompute goes above its kept input; a per-op one's shares
-         * the scratch its forward's temporaries used */
-        int in_scratch = halves == TAPE_BOTH && (!one_region || rt->ac[u] == RT_AC_OP);
+        /* units in order: the recompute goes above the unit's kept activations; else a per-op
+         * one's shares the scratch its forward's temporaries used */
+        int in_scratch = halves == TAPE_BOTH && !one_region;
         rt->act = in_scratch ? &rt->scratch : &rt->saved;
         rt->tail = NULL;
         rt->sac_phase = rt->ac[u] == RT_AC_OP ? RT_SAC_REUSE : RT_SAC_OFF;

@@ -364,6 +364,10 @@ struct rt_pack *runtime_pack_new(int n_units);
 void runtime_pack_clear(struct rt_pack *p, int n_units);
 ct_status runtime_pack_unit(runtime *rt, int u);
 ct_status runtime_unpack_unit(runtime *rt, int u);
+/* After a per-op checkpointed unit's forward in the saved arena from `from` (units in order): what
+ * it keeps moves down over its temporaries, which are given back; *out becomes the kept copy of
+ * the unit's output, chained to the kept outputs. CT_OK, or a status with the error set. */
+ct_status runtime_keep_op_unit(runtime *rt, pool_mark from, rt_tensor **out);
 
 /* The global shape of parameter i (the whole parameter's, when an axis strategy splits it). */
 const int64_t *runtime_global_shape(const runtime *rt, int i);

@@ -1356,9 +1356,11 @@ static void trace_backward(const tape_entry *e, int halves, double t0) {
 
 /* ---- giving activations back at their last use ----
  * Where the unit's backward runs in a pool in heap mode (runtime_unit_bwd), a tensor the tape made
- * there is given back once nothing can read it again: an op's output and its gradient when the
- * op's own backward is done (every reader of an output comes after its producer in forward, so
- * before it in backward), and after a recompute, what no backward reads at all. */
+ * there is given back once nothing can read it again: its data when the backward of its last
+ * reader is done (the reader earliest in forward; its producer, when no backward reads it), its
+ * gradient when its producer's backward is done (every reader of an output comes after its
+ * producer in forward, so before it in backward), and after a recompute, what no backward reads
+ * at all. */
 
 static int64_t bytes_of(const rt_tensor *t) { return numel(t) * (int64_t)ct_dtype_size(t->t.dtype); }
 
@@ -1479,14 +1481,34 @@ static int entry_touches(tape_entry *e, rt_tensor **r) {
     return n + m;
 }
 
+/* Sets, for every tensor the unit's backward touches, the op after whose backward its data is
+ * dead: its last reader in backward (the earliest in forward), else its producer. A custom op with
+ * hidden state may read what its inputs do not name: then every tensor made here waits for its
+ * producer, which comes after any such op in backward. */
+static void mark_last_readers(tape_entry *tail) {
+    rt_tensor *r[7 + 3 * CUSTOM_MAX_IO];
+    int hidden = 0;
+    for (tape_entry *e = tail; e; e = e->prev) {
+        int n = entry_touches(e, r);
+        for (int i = 0; i < n; i++)
+            if (r[i]) data_owner(r[i])->last_bwd = NULL;
+        hidden |= e->custom && e->custom->hidden;
+    }
+    for (tape_entry *e = tail; e; e = e->prev) {
+        int n = entry_read_list(e, r), m;
+        for (int i = 0; i < n; i++)
+            if (r[i]) data_owner(r[i])->last_bwd = e;
+        entry_made(e, r, &m);
+        for (int i = 0; i < m; i++) {
+            rt_tensor *o = data_owner(r[i]);
+            if (hidden || !o->last_bwd) o->last_bwd = e;
+        }
+    }
+}
+
 int tape_backward(runtime *rt, tape_entry *tail, int halves) {
     rt_tensor *r[7 + 3 * CUSTOM_MAX_IO];
-    if (halves == TAPE_BOTH) /* each tensor's last reader in backward: the earliest op in forward */
-        for (tape_entry *e = tail; e; e = e->prev) {
-            int n = entry_touches(e, r);
-            for (int i = 0; i < n; i++)
-                if (r[i]) data_owner(r[i])->last_bwd = e;
-        }
+    if (halves == TAPE_BOTH) mark_last_readers(tail);
     for (tape_entry *e = tail; e; e = e->prev) {
         int traced = trace_active() && e->op != OP_COLLECTIVE; /* a collective is the comm's event */
         double t0 = traced ? trace_now_us() : 0;
