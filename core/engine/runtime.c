@@ -766,7 +766,8 @@ int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err,
 }
 
 /* bf16 parameter copies for compute, for replicated parameters (a sharding strategy rounds what
- * it gathers instead, told by ct_strategy_env.bf16_compute). */
+ * it gathers instead, told by ct_strategy_env.bf16_compute): one unit's at a time, in a buffer as
+ * large as the largest unit's copies, so the parameters are held once more only by a unit. */
 int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
     rt->master_data = calloc((size_t)rt->n_params, sizeof(void *));
     rt->shadow_off = calloc((size_t)rt->n_params, sizeof(size_t));
@@ -775,13 +776,19 @@ int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
         return -1;
     }
     size_t bytes = 0; /* only the replicated parameters get copies: nothing at all under FSDP */
-    for (int i = 0; i < rt->n_params; i++) {
-        rt->master_data[i] = rt->slots[i].local_data;
-        if (rt->slots[i].placement != CT_PLACE_REPLICATE || !rt->slots[i].local_data) continue;
-        rt->shadow_off[i] = bytes;
-        bytes += align64((size_t)rt->slots[i].numel * sizeof(float));
+    for (int u = 0; u < rt->desc.n_units; u++) {
+        size_t unit_bytes = 0;
+        for (int i = 0; i < rt->n_params; i++) {
+            if (rt->slots[i].unit != u) continue;
+            rt->master_data[i] = rt->slots[i].local_data;
+            if (rt->slots[i].placement != CT_PLACE_REPLICATE || !rt->slots[i].local_data) continue;
+            rt->shadow_off[i] = unit_bytes;
+            unit_bytes += align64((size_t)rt->slots[i].numel * sizeof(float));
+        }
+        if (unit_bytes > bytes) bytes = unit_bytes;
     }
     rt->shadow_bytes = bytes;
+    rt->shadow_unit = -1;
     rt->bf16_compute = 1;
     if (!bytes) return 0;
     if (rt->d->alloc(rt->dev, bytes, (void **)&rt->bf16_shadow) != CT_OK) {
@@ -795,24 +802,41 @@ int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
 static float *shadow_of(runtime *rt, int i) { return (float *)((char *)rt->bf16_shadow + rt->shadow_off[i]); }
 
 int runtime_begin_step(runtime *rt) {
-    if (!rt->bf16_shadow) return 0;
+    rt->shadow_unit = -1; /* the weights may have changed */
+    return 0;
+}
+
+static int shadowed(const runtime *rt, int i) {
+    return rt->slots[i].placement == CT_PLACE_REPLICATE && rt->slots[i].local_data;
+}
+
+/* Points unit u's replicated parameters at bf16-rounded copies of their masters (made unless the
+ * buffer holds them already) and the previous unit's back at their masters. */
+int runtime_shadow_unit(runtime *rt, int u) {
+    if (!rt->bf16_shadow || !rt->shadow_on || rt->shadow_unit == u) return 0;
+    for (int i = 0; i < rt->n_params; i++)
+        if (shadowed(rt, i) && rt->slots[i].unit == rt->shadow_unit) rt->params[i]->t.data = rt->slots[i].local_data;
+    rt->shadow_unit = -1;
     for (int i = 0; i < rt->n_params; i++) {
         const ct_param_slot *sl = &rt->slots[i];
-        if (sl->placement != CT_PLACE_REPLICATE || !sl->local_data) continue;
+        if (!shadowed(rt, i) || sl->unit != u) continue;
         float *dst = shadow_of(rt, i);
         if (rt->d->copy(rt->dev, dst, sl->local_data, (size_t)sl->numel * sizeof(float), CT_COPY_D2D) != CT_OK ||
             rt->d->round_bf16(rt->dev, dst, sl->numel) != CT_OK)
             return -1;
+        rt->params[i]->t.data = dst;
     }
+    rt->shadow_unit = u;
     return 0;
 }
 
-/* Points replicated parameters at their bf16 copies (forward and backward) or back at the masters. */
 void runtime_use_shadow(runtime *rt, int on) {
     if (!rt->bf16_shadow) return;
+    rt->shadow_on = on;
+    if (on) return;
     for (int i = 0; i < rt->n_params; i++)
-        if (rt->slots[i].placement == CT_PLACE_REPLICATE && rt->slots[i].local_data)
-            rt->params[i]->t.data = on ? shadow_of(rt, i) : rt->slots[i].local_data;
+        if (shadowed(rt, i)) rt->params[i]->t.data = rt->slots[i].local_data;
+    rt->shadow_unit = -1;
 }
 
 /* ---- forward / backward over units ---- */
@@ -901,6 +925,7 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
     rt->cur_unit = u;
     rt->unit_in[u] = x;
     rt->tail = NULL;
+    if (runtime_shadow_unit(rt, u)) return -1;
     if (record) rt->unit_mark[u] = (rt_unit_mark){pool_get_mark(&rt->saved.data), pool_get_mark(&rt->saved.desc), 1};
     if (record && rt->ac[u] == RT_AC_FULL && rt->in_order && x) {
         /* one region: the output's place first, the forward above it, given back after the copy
@@ -1013,6 +1038,7 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
     int nu = rt->desc.n_units;
     rt_tensor *in = rt->unit_in[u];
     rt->cur_unit = u;
+    if (runtime_shadow_unit(rt, u)) return -1;
     if (runtime_unpack_unit(rt, u) != CT_OK) return -1; /* bf16-held activations back in f32 */
     runtime_note_act_peak(rt);
     if (in && !boundary_grad(rt, u, in)) return -1; /* the boundary gradient outlives the unit */

@@ -194,8 +194,10 @@ typedef struct runtime {
     const ct_quantizer_api *qapi; /* float8 linear layers (NULL: none) */
     ct_quantizer *quant;
     float *bf16_shadow;         /* mixed_precision_param=bfloat16: bf16-rounded copies of the replicated
-                                   parameters used by forward (sharded ones: the strategy rounds its gather) */
-    size_t *shadow_off, shadow_bytes; /* parameter i's copy at bf16_shadow + shadow_off[i] */
+                                   parameters of the unit that runs (sharded ones: the strategy rounds its
+                                   gather), as large as the largest unit's */
+    size_t *shadow_off, shadow_bytes; /* parameter i's copy at bf16_shadow + shadow_off[i] (from its unit's start) */
+    int shadow_on, shadow_unit;  /* runtime_use_shadow's switch; the unit whose copies the buffer holds (-1: none) */
     void **master_data;         /* the f32 master pointers while the shadow is swapped in */
 
     /* activation checkpointing: ac[u] is RT_AC_NONE, RT_AC_FULL (unit u recomputed in backward) or
@@ -295,7 +297,7 @@ void runtime_free(runtime *rt);
 int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err, size_t errlen);
 /* Uses bf16-rounded parameters in forward (fp32 master weights and gradients). */
 int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen);
-/* Before the forward passes of a step: refreshes the bf16 shadow if enabled. */
+/* Before the forward passes of a step: the bf16 copies are to be made again from the weights. */
 int runtime_begin_step(runtime *rt);
 
 /* One microbatch: tokens, targets (B,T) int32 on the host. Forward through every unit and backward,
@@ -349,7 +351,11 @@ typedef enum rt_hook {
 int runtime_hook(runtime *rt, rt_hook which, int unit, int last);
 /* Notes the activation arenas' live bytes now against the microbatch's peak (peak_act_bytes). */
 void runtime_note_act_peak(runtime *rt);
+/* bf16 compute: on, each unit's forward and backward run with bf16-rounded copies of its replicated
+ * parameters, made when the unit starts (runtime_shadow_unit) into one buffer; off, every
+ * parameter points at its f32 master again. */
 void runtime_use_shadow(runtime *rt, int on);
+int runtime_shadow_unit(runtime *rt, int u);
 rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T);
 int runtime_reset_arenas(runtime *rt);
 /* The gradient buffer of a unit boundary tensor (an output gradient a pipeline receives, an input

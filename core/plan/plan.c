@@ -772,12 +772,19 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         if (sl->whole & CT_WHOLE_GRAD) whole_grad[pr] += (double)sl->numel * 4.0;
     }
     double local_bytes[64] = {0}; /* the storage allocation: param_bytes of that rank */
-    double replicated[64] = {0};  /* of which replicated: what bf16 compute keeps rounded copies of */
+    double replicated[64] = {0};  /* bf16 compute's rounded copies: the largest unit's replicated parameters */
     for (int i = 0; i < rt->n_params; i++) {
         const ct_param_slot *sl = &rt->slots[i];
         int pr = unit_rank ? unit_rank[sl->unit] : 0;
         if (pr < npr) local_bytes[pr] += align64d((double)sl->local_numel * 4.0);
-        if (pr < npr && sl->placement == CT_PLACE_REPLICATE) replicated[pr] += align64d((double)sl->numel * 4.0);
+    }
+    for (int u = 0; u < nu; u++) {
+        int pr = unit_rank ? unit_rank[u] : 0;
+        double unit_bytes = 0;
+        for (int i = 0; i < rt->n_params; i++)
+            if (rt->slots[i].unit == u && rt->slots[i].placement == CT_PLACE_REPLICATE)
+                unit_bytes += align64d((double)rt->slots[i].numel * 4.0);
+        if (pr < npr && unit_bytes > replicated[pr]) replicated[pr] = unit_bytes;
     }
     /* the strategies' own buffers and collectives: per pp rank (first, a middle one, last) */
     static ct_comm_cost comms[1024];
