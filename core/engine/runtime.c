@@ -988,6 +988,11 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         rt->recording = record;
         rt->act = &rt->saved;
         if (unit_forward(rt, u, x, tokens, tg, &x)) return -1;
+        /* bf16 compute without a backward (evaluation, generation): the next unit reads the output
+         * in bf16, as a training forward's next unit does (actpack.c's handoff) */
+        if (!record && rt->bf16_compute && u < rt->desc.n_units - 1 && x->t.dtype == CT_F32 && !x->base &&
+            !rt->planning && rt->d->round_bf16(rt->dev, x->t.data, ct_tensor_numel(&x->t)) != CT_OK)
+            return -1;
     }
     rt->recording = 0;
     rt->unit_tape[u] = rt->tail;
