@@ -1247,11 +1247,60 @@ static int linear_xent_bwd(runtime *rt, tape_entry *e, const float *dy, int in, 
     return bad ? -1 : 0;
 }
 
-static int cross_entropy_bwd(runtime *rt, tape_entry *e, const float *dy) {
+/* The logits' gradient in place of the logits, when nothing reads them after this op (its
+ * backward is their last reader's) and they have no gradient yet: a block of rows at a time into a
+ * block-sized buffer, copied over the rows just read, so the logits and their gradient (in f32,
+ * both [tokens x vocab]) are never held at once. Each row's gradient is its own: the same values.
+ * 1 when done, 0 when it does not apply, -1 on failure. */
+static int cross_entropy_bwd_in_place(runtime *rt, tape_entry *e, const float *dy, int64_t n, int64_t v) {
+    const ct_device_api *d = DEV(rt);
+    rt_tensor *x = e->in[0], *targets = e->in[1];
+    pool *heap = backward_heap(rt);
+    if (!heap || x->base || x->alias || x->param || x->t.grad || (x->data_heap && x->data_heap != heap) ||
+        x->last_bwd != e)
+        return 0;
+    const tape_entry *p = e->prev; /* made in this unit's forward: else an earlier unit may read it still */
+    while (p && p->out != x) p = p->prev;
+    if (!p) return 0;
+    int dev_loss = CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev;
+    float dloss = 0;
+    if (!dev_loss && dev_fail(d->copy(rt->dev, &dloss, dy, sizeof dloss, CT_COPY_D2H), "copy")) return -1;
+    int64_t rows = n / 16 > 0 ? n / 16 : 1;
+    size_t bytes = sizeof(float) * (size_t)(rows * v);
+    float *blk = pool_alloc(heap, bytes);
+    if (!blk) {
+        ct_set_error("out of memory for the logits' gradient (%lld rows)", (long long)rows);
+        return -1;
+    }
+    runtime_note_act_peak(rt);
+    int bad = 0;
+    for (int64_t r0 = 0; r0 < n && !bad; r0 += rows) {
+        int64_t nr = n - r0 < rows ? n - r0 : rows;
+        float *xr = (float *)x->t.data + r0 * v;
+        const int32_t *tr = (const int32_t *)targets->t.data + r0;
+        size_t b = sizeof(float) * (size_t)(nr * v);
+        bad = dev_fail(d->zero(rt->dev, blk, b), "zero") ||
+              (dev_loss ? dev_fail(d->cross_entropy_backward_dev(rt->dev, blk, xr, tr, dy, nr, v, CT_IGNORE_INDEX),
+                                   "cross_entropy_backward_dev")
+                        : dev_fail(d->cross_entropy_backward(rt->dev, blk, xr, tr, dloss, nr, v, CT_IGNORE_INDEX),
+                                   "cross_entropy_backward")) ||
+              dev_fail(d->copy(rt->dev, xr, blk, b, CT_COPY_D2D), "copy");
+    }
+    pool_free(heap, blk, bytes);
+    if (bad) return -1;
+    x->t.grad = x->t.data; /* the gradient owns the memory now: given back after its producer's backward, */
+    x->grad_heap = x->data_heap; /* or with the unit's activations */
+    x->data_heap = NULL;
+    return 1;
+}
+
+static int cross_entropy_bwd(runtime *rt, tape_entry *e, const float *dy, int both) {
     const ct_device_api *d = DEV(rt);
     rt_tensor *x = e->in[0], *targets = e->in[1];
     int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
     float *gx, dloss;
+    int done = both ? cross_entropy_bwd_in_place(rt, e, dy, n, v) : 0;
+    if (done) return done < 0 ? -1 : 0;
     if (grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) return -1;
     if (CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev) /* dloss stays on the device */
         return dev_fail(d->cross_entropy_backward_dev(rt->dev, gx, x->t.data, targets->t.data, dy, n, v, CT_IGNORE_INDEX),
@@ -1326,7 +1375,7 @@ static int entry_backward(runtime *rt, tape_entry *e, int halves) {
     case OP_RMSNORM:
     case OP_LAYERNORM: return norm_bwd(rt, e, dy, in, wt);
     case OP_ATTENTION: return in ? attention_bwd(rt, e, dy) : 0;
-    case OP_CROSS_ENTROPY: return in ? cross_entropy_bwd(rt, e, dy) : 0;
+    case OP_CROSS_ENTROPY: return in ? cross_entropy_bwd(rt, e, dy, in && wt) : 0;
     case OP_LINEAR_XENT: return linear_xent_bwd(rt, e, dy, in, wt);
     case OP_COLLECTIVE:
         if (!in) return 0;

@@ -103,3 +103,22 @@ r = m["activations"] / m["activations_live_peak"]
 ok = r < 1.10
 print("%s  AC op: arenas %d bytes for a live peak of %d (%.3f x), the same curve as AC none" % ("ok  " if ok else "FAIL", m["activations"], m["activations_live_peak"], r))
 sys.exit(0 if ok else 1)' || exit 1
+
+# f32 without the blocked loss: the logits' gradient takes the logits' place a block of rows at a
+# time (core/engine/tape.c, cross_entropy_bwd_in_place), so the head holds them once, not twice
+# (vocab 32000: 1.10 x the logits' bytes live at the peak, 2.05 x before; each row's gradient is
+# its own, so the values are the same), and the plan follows
+vb=("${args[@]}" --model.n_layers=2 --model.vocab_size=32000)
+"$CTITAN" train "${vb[@]}" --job.dump_folder="$T/vocab" >"$T/vocab.log" 2>&1 || { tail -5 "$T/vocab.log"; fail "vocab 32000"; }
+"$CTITAN" plan "${vb[@]}" --hardware h100-sxm --gpus 1 --json >"$T/pvocab.json" 2>"$T/pvocab.err" ||
+  { cat "$T/pvocab.err"; fail "plan vocab 32000"; }
+grep '"loss"' "$T/vocab/metrics.jsonl" | tail -1 | python3 -c '
+import json, sys
+m = json.load(sys.stdin)["memory"]
+logits = '$((B * S * 32000 * 4))'
+r = m["activations_live_peak"] / logits
+mem = json.load(open(sys.argv[1]))["layouts"][0]["memory_gib"]
+pred = sum(mem[k] for k in ("activations", "transient", "logits")) * float(1 << 30)
+ok = r < 1.2 and 0.98 < pred / m["activations"] < 1.02
+print("%s  f32 head, vocab 32000: live peak %d bytes = %.3f x the logits (%d); planned %.0f against %d held" % ("ok  " if ok else "FAIL", m["activations_live_peak"], r, logits, pred, m["activations"]))
+sys.exit(0 if ok else 1)' "$T/pvocab.json" || exit 1
