@@ -10,12 +10,13 @@
 # (ctitan: training.mixed_precision_param bfloat16; PyTorch: f32 parameters under
 # torch.autocast("cpu", torch.bfloat16), bench/torch_llama3.py). PyTorch's side runs where
 # `$PYTHON -c "import torch"` works (PYTHON defaults to python3); otherwise ctitan's alone.
-# SHAPES="debug" or "124m" picks one shape.
+# SHAPES="debug" or "124m" picks one shape, DTYPES="float32" or "bfloat16" one precision.
 set -euo pipefail
 BUILD=${BUILD:-build}
 CTITAN="$BUILD/ctitan"
 PY=${PYTHON:-python3}
 SHAPES=${SHAPES:-"debug 124m"}
+DTYPES=${DTYPES:-"float32 bfloat16"}
 BUILD=$BUILD scripts/prepare_demo_data.sh >/dev/null
 export MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=2
 torch_ok=0
@@ -50,7 +51,7 @@ mkdir -p outputs/bench_mem
 tiny_ct=(--model.dim=64 --model.n_layers=2 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_hidden=192
          --model.vocab_size=2048 --training.seq_len=32 --training.local_batch_size=1)
 echo "== training memory on the CPU against PyTorch: resident peak minus the program's own tiny-model run, MiB (2 steps, 2 threads)"
-for dt in float32 bfloat16; do
+for dt in $DTYPES; do
   short=$([ $dt = float32 ] && echo fp32 || echo bf16)
   base_ct=$(ct none $dt "${tiny_ct[@]}")
   base_pt=0

@@ -7,11 +7,13 @@
  *   saved   activations kept from forward to backward, unit by unit (rt_unit_mark); a unit's are
  *           given back when its backward is done. Without a pipeline it is the one region of a
  *           microbatch: a fully checkpointed unit's forward runs above its kept output and is given
- *           back, and a unit's recompute and activation gradients go above its activations; during
+ *           back, a per-op checkpointed unit's forward runs there too and what it keeps moves down
+ *           over its temporaries (runtime_keep_op_unit), and a unit's recompute and activation
+ *           gradients go above its activations; during
  *           the unit's backward the region is in heap mode and the tape gives each tensor back at
  *           its last use (tape_drop_unread, tape_backward), so the region's size is the live peak.
  *   bgrads  the boundary gradients (a unit's input gradient), two at most (bgrads[u & 1])
- *   scratch temporaries of per-op checkpointed units' forward, and under a pipeline the recompute
+ *   scratch under a pipeline: per-op checkpointed units' forward temporaries and the recompute
  *   grads   activation gradients where saved cannot take them (a pipeline: one arena shared by the
  *           microbatch contexts when no backward is split, else per context)
  */
