@@ -301,7 +301,7 @@ ct_status runtime_keep_op_unit(runtime *rt, pool_mark from, rt_tensor **out) {
             size_t bytes = (size_t)ct_tensor_numel(&t->t) * ct_dtype_size(t->t.dtype);
             if (move(rt, base + off, t->t.data, bytes, 0, 0)) return CT_ERR_INTERNAL;
             t->t.data = base + off;
-            off += (bytes + 63) & ~(size_t)63; /* pool.c's alignment */
+            off += align64(bytes); /* pool.c's alignment */
         }
         pool_release(p, (pool_mark){from.cur, off, from.used + (off - from.top)});
     }

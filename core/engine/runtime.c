@@ -714,7 +714,6 @@ void runtime_free(runtime *rt) {
         rt->d->free(rt->dev, rt->bf16_shadow);
         mem_account(CT_MEM_PARAMS, -(int64_t)rt->shadow_bytes);
     }
-    free(rt->master_data);
     free(rt->shadow_off);
     if (rt->share_buf) rt->d->free(rt->dev, rt->share_buf);
     tape_rope_tables_free(rt);
@@ -765,13 +764,17 @@ int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err,
     return -1;
 }
 
+/* A replicated parameter with storage here: what bf16 compute keeps rounded copies of. */
+static int shadowed(const runtime *rt, int i) {
+    return rt->slots[i].placement == CT_PLACE_REPLICATE && rt->slots[i].local_data;
+}
+
 /* bf16 parameter copies for compute, for replicated parameters (a sharding strategy rounds what
  * it gathers instead, told by ct_strategy_env.bf16_compute): one unit's at a time, in a buffer as
  * large as the largest unit's copies, so the parameters are held once more only by a unit. */
 int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
-    rt->master_data = calloc((size_t)rt->n_params, sizeof(void *));
     rt->shadow_off = calloc((size_t)rt->n_params, sizeof(size_t));
-    if (!rt->master_data || !rt->shadow_off) {
+    if (!rt->shadow_off) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -779,9 +782,7 @@ int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
     for (int u = 0; u < rt->desc.n_units; u++) {
         size_t unit_bytes = 0;
         for (int i = 0; i < rt->n_params; i++) {
-            if (rt->slots[i].unit != u) continue;
-            rt->master_data[i] = rt->slots[i].local_data;
-            if (rt->slots[i].placement != CT_PLACE_REPLICATE || !rt->slots[i].local_data) continue;
+            if (rt->slots[i].unit != u || !shadowed(rt, i)) continue;
             rt->shadow_off[i] = unit_bytes;
             unit_bytes += align64((size_t)rt->slots[i].numel * sizeof(float));
         }
@@ -804,10 +805,6 @@ static float *shadow_of(runtime *rt, int i) { return (float *)((char *)rt->bf16_
 int runtime_begin_step(runtime *rt) {
     rt->shadow_unit = -1; /* the weights may have changed */
     return 0;
-}
-
-static int shadowed(const runtime *rt, int i) {
-    return rt->slots[i].placement == CT_PLACE_REPLICATE && rt->slots[i].local_data;
 }
 
 /* Points unit u's replicated parameters at bf16-rounded copies of their masters (made unless the

@@ -200,7 +200,6 @@ typedef struct runtime {
                                    gather), as large as the largest unit's */
     size_t *shadow_off, shadow_bytes; /* parameter i's copy at bf16_shadow + shadow_off[i] (from its unit's start) */
     int shadow_on, shadow_unit;  /* runtime_use_shadow's switch; the unit whose copies the buffer holds (-1: none) */
-    void **master_data;         /* the f32 master pointers while the shadow is swapped in */
 
     /* activation checkpointing: ac[u] is RT_AC_NONE, RT_AC_FULL (unit u recomputed in backward) or
      * RT_AC_OP (recomputed, but the outputs of its matmuls (every other one), attention and tp

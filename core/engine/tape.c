@@ -1247,12 +1247,34 @@ static int linear_xent_bwd(runtime *rt, tape_entry *e, const float *dy, int in, 
     return bad ? -1 : 0;
 }
 
+/* The loss's gradient dloss: on the device where it reads it there (ABI 1.5), else read to the
+ * host once by xent_host_dloss and passed by value. */
+static int xent_dloss_on_device(const ct_device_api *d) {
+    return CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev;
+}
+
+static int xent_host_dloss(runtime *rt, const float *dy, float *dloss) {
+    *dloss = 0;
+    return !xent_dloss_on_device(DEV(rt)) && dev_fail(DEV(rt)->copy(rt->dev, dloss, dy, sizeof *dloss, CT_COPY_D2H), "copy");
+}
+
+/* dx += the gradient of the cross entropy of n rows of logits (1 on failure). */
+static int xent_grad_rows(runtime *rt, float *dx, const float *logits, const int32_t *targets, const float *dy,
+                          float dloss, int64_t n, int64_t v) {
+    const ct_device_api *d = DEV(rt);
+    if (xent_dloss_on_device(d))
+        return dev_fail(d->cross_entropy_backward_dev(rt->dev, dx, logits, targets, dy, n, v, CT_IGNORE_INDEX),
+                        "cross_entropy_backward_dev");
+    return dev_fail(d->cross_entropy_backward(rt->dev, dx, logits, targets, dloss, n, v, CT_IGNORE_INDEX),
+                    "cross_entropy_backward");
+}
+
 /* The logits' gradient in place of the logits, when nothing reads them after this op (its
  * backward is their last reader's) and they have no gradient yet: a block of rows at a time into a
  * block-sized buffer, copied over the rows just read, so the logits and their gradient (in f32,
  * both [tokens x vocab]) are never held at once. Each row's gradient is its own: the same values.
  * 1 when done, 0 when it does not apply, -1 on failure. */
-static int cross_entropy_bwd_in_place(runtime *rt, tape_entry *e, const float *dy, int64_t n, int64_t v) {
+static int cross_entropy_bwd_in_place(runtime *rt, tape_entry *e, const float *dy, float dloss, int64_t n, int64_t v) {
     const ct_device_api *d = DEV(rt);
     rt_tensor *x = e->in[0], *targets = e->in[1];
     pool *heap = backward_heap(rt);
@@ -1262,9 +1284,6 @@ static int cross_entropy_bwd_in_place(runtime *rt, tape_entry *e, const float *d
     const tape_entry *p = e->prev; /* made in this unit's forward: else an earlier unit may read it still */
     while (p && p->out != x) p = p->prev;
     if (!p) return 0;
-    int dev_loss = CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev;
-    float dloss = 0;
-    if (!dev_loss && dev_fail(d->copy(rt->dev, &dloss, dy, sizeof dloss, CT_COPY_D2H), "copy")) return -1;
     int64_t rows = n / 16 > 0 ? n / 16 : 1;
     size_t bytes = sizeof(float) * (size_t)(rows * v);
     float *blk = pool_alloc(heap, bytes);
@@ -1277,13 +1296,9 @@ static int cross_entropy_bwd_in_place(runtime *rt, tape_entry *e, const float *d
     for (int64_t r0 = 0; r0 < n && !bad; r0 += rows) {
         int64_t nr = n - r0 < rows ? n - r0 : rows;
         float *xr = (float *)x->t.data + r0 * v;
-        const int32_t *tr = (const int32_t *)targets->t.data + r0;
         size_t b = sizeof(float) * (size_t)(nr * v);
         bad = dev_fail(d->zero(rt->dev, blk, b), "zero") ||
-              (dev_loss ? dev_fail(d->cross_entropy_backward_dev(rt->dev, blk, xr, tr, dy, nr, v, CT_IGNORE_INDEX),
-                                   "cross_entropy_backward_dev")
-                        : dev_fail(d->cross_entropy_backward(rt->dev, blk, xr, tr, dloss, nr, v, CT_IGNORE_INDEX),
-                                   "cross_entropy_backward")) ||
+              xent_grad_rows(rt, blk, xr, (const int32_t *)targets->t.data + r0, dy, dloss, nr, v) ||
               dev_fail(d->copy(rt->dev, xr, blk, b, CT_COPY_D2D), "copy");
     }
     pool_free(heap, blk, bytes);
@@ -1295,23 +1310,14 @@ static int cross_entropy_bwd_in_place(runtime *rt, tape_entry *e, const float *d
 }
 
 static int cross_entropy_bwd(runtime *rt, tape_entry *e, const float *dy, int both) {
-    const ct_device_api *d = DEV(rt);
     rt_tensor *x = e->in[0], *targets = e->in[1];
     int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
     float *gx, dloss;
-    int done = both ? cross_entropy_bwd_in_place(rt, e, dy, n, v) : 0;
+    if (xent_host_dloss(rt, dy, &dloss)) return -1;
+    int done = both ? cross_entropy_bwd_in_place(rt, e, dy, dloss, n, v) : 0;
     if (done) return done < 0 ? -1 : 0;
     if (grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) return -1;
-    if (CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev) /* dloss stays on the device */
-        return dev_fail(d->cross_entropy_backward_dev(rt->dev, gx, x->t.data, targets->t.data, dy, n, v, CT_IGNORE_INDEX),
-                        "cross_entropy_backward_dev")
-                   ? -1
-                   : 0;
-    if (dev_fail(d->copy(rt->dev, &dloss, dy, sizeof dloss, CT_COPY_D2H), "copy")) return -1;
-    return dev_fail(d->cross_entropy_backward(rt->dev, gx, x->t.data, targets->t.data, dloss, n, v, CT_IGNORE_INDEX),
-                    "cross_entropy_backward")
-               ? -1
-               : 0;
+    return xent_grad_rows(rt, gx, x->t.data, targets->t.data, dy, dloss, n, v) ? -1 : 0;
 }
 
 /* The ops whose backward is one elementwise device call (or two, for add). */
