@@ -55,9 +55,11 @@
  * 2.7 appended: the builder's backward_scratch and ct_op_cost.backward_scratch (a custom op's
  * backward temporaries in the region the unit's backward shares, and planned there).
  * 2.8 appended: growable device regions (device.h region_reserve, region_resize, region_release),
- * so the host's arenas grow in place instead of by added blocks. */
+ * so the host's arenas grow in place instead of by added blocks.
+ * 2.9 appended: copies beside the device's work (device.h host_alloc, host_free, copy_async,
+ * copy_wait), for activation offload. */
 #define CT_ABI_MAJOR 2
-#define CT_ABI_MINOR 8
+#define CT_ABI_MINOR 9
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 

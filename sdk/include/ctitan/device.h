@@ -324,6 +324,30 @@ typedef struct ct_device_api {
     ct_status (*region_resize)(ct_device *dev, void *base, size_t bytes, size_t *backed);
     /* Gives the region back, memory and address space (each region before destroy). */
     void (*region_release)(ct_device *dev, void *base);
+
+    /* ---- ABI 2.9: copies beside the device's work (optional: all four or none) ----
+     * For activation offload: the host moves what a unit saved for its backward to host memory
+     * after the unit's forward and back before its backward, while other units compute. CUDA:
+     * pinned memory and a second stream ordered against the device's with events; the CPU plugin
+     * copies when the copy is waited for (the latest moment the contract allows). */
+    /* 64-byte aligned host memory the device copies to and from at its link's full rate (CUDA:
+     * page-locked). *out is the caller's until host_free (each block before destroy). The host may
+     * not read or write it while a copy that touches it is in flight. */
+    ct_status (*host_alloc)(ct_device *dev, size_t bytes, void **out);
+    /* Waits for the copies in flight, then gives the block back. */
+    void (*host_free)(ct_device *dev, void *p);
+    /* Queues a copy of `bytes` on the device's copy queue, to run after every op queued on the
+     * device before this call, and returns at once: CT_COPY_D2H (dst in a host_alloc block, src
+     * device memory) or CT_COPY_H2D (the reverse). *ticket gets the copy's number (1, 2, ... in
+     * call order). Until copy_wait(ticket), the copy may run at any moment: the caller queues no op
+     * that writes its source or reads or writes its destination. Refused (CT_ERR_INVALID) while a
+     * graph captures. */
+    ct_status (*copy_async)(ct_device *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind,
+                            uint64_t *ticket);
+    /* Ops queued on the device after this call run after copy `ticket` and every copy before it
+     * are done; the host does not wait (CUDA: cudaStreamWaitEvent). CT_ERR_INVALID for a ticket not
+     * yet issued. synchronize waits for every copy queued before it too. */
+    ct_status (*copy_wait)(ct_device *dev, uint64_t ticket);
 } ct_device_api;
 
 #endif
