@@ -7,8 +7,9 @@
  * copy_2d), the elementwise ops of ABI 2.1 (ew_*), the explicit-position rope and blockwise
  * attention of ABI 2.3 and the frequency-table rope of ABI 2.4 are kernels_impl.h's too. Memory is
  * plain host memory: the host does the accounting,
- * copies are memcpy, and every op has finished when it returns, so synchronize has nothing to
- * wait for.
+ * copies are memcpy, and every op has finished when it returns. The copies of ABI 2.9
+ * (copy_async) are the exception: queued, they run when waited for (copy_wait, synchronize,
+ * host_free), so a host that reads or overwrites too early sees it here too.
  *
  * Threads: option `threads` (0 = one per available core) sets both OpenMP and OpenBLAS. Every op
  * sets the OpenMP thread count of the calling thread again, so ops called from another host
@@ -33,16 +34,30 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <pthread.h>
 
 #include "cpu_math.h"
 #include "kernels.h"
 
 /* The ABI's opaque ct_device is this state: create hands out a cpu_device *. */
+typedef struct cpu_copy_job {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} cpu_copy_job;
+
 typedef struct ct_device {
     const ct_host *host;
     int threads;
     size_t limit; /* memory_limit_mb in bytes, 0: none */
     size_t used;  /* bytes held (malloc_usable_size of every live block), updated atomically */
+    /* copy_async's queue (ABI 2.9): copies issued and not yet run, oldest first. A copy runs when
+     * it, or a later one, is waited for (or at synchronize and host_free): the latest moment the
+     * contract allows, so a host that forgets a wait reads stale bytes here too. */
+    pthread_mutex_t copies_lock;
+    cpu_copy_job *pending;
+    size_t n_pending, cap_pending;
+    uint64_t issued, done; /* tickets handed out; copies run (tickets done+1.. are pending) */
 } cpu_device;
 
 /* ---------------------------------------------------------------- errors and checks */
@@ -200,7 +215,7 @@ static ct_status cpu_create(const ct_host *host, ct_device **dev)
     double limit_mb = 0;
     if (host && host->opt_float && host->opt_float(host, "memory_limit_mb", &limit_mb) != CT_OK)
         limit_mb = 0;
-    cpu_device unborn = {host, 1, 0, 0}; /* reports errors before the device exists */
+    cpu_device unborn = {.host = host, .threads = 1}; /* reports errors before the device exists */
     if (!(limit_mb >= 0 && limit_mb <= 1e9))
         return cpu_fail(&unborn, CT_ERR_INVALID, "create", "option memory_limit_mb = %g, expected 0 (no limit) to 1e9",
                         limit_mb);
@@ -227,6 +242,7 @@ static ct_status cpu_create(const ct_host *host, ct_device **dev)
     d->host = host;
     d->threads = (int)threads;
     d->limit = (size_t)(limit_mb * 1048576.0);
+    pthread_mutex_init(&d->copies_lock, NULL);
     omp_set_num_threads(d->threads);
     openblas_set_num_threads(d->threads);
     if (cpu_address_space_left(NULL) >= 0)
@@ -239,6 +255,11 @@ static ct_status cpu_create(const ct_host *host, ct_device **dev)
 
 static void cpu_destroy(ct_device *dev)
 {
+    cpu_device *d = dev;
+    if (d) {
+        free(d->pending); /* copies never waited for: their blocks are gone with the caller's */
+        pthread_mutex_destroy(&d->copies_lock);
+    }
     free(dev);
 }
 
@@ -393,20 +414,29 @@ static ct_status cpu_measure_peak_flops(ct_device *dev, double *flops_per_s)
 
 /* ---------------------------------------------------------------- memory */
 
-static ct_status cpu_alloc(ct_device *dev, size_t bytes, void **out)
+/* A 64-byte aligned block for `op` (alloc, host_alloc) into *out: CT_OK, or the error reported. */
+static ct_status cpu_block(cpu_device *d, const char *op, size_t bytes, void **out)
 {
-    cpu_device *d = dev;
     if (!d)
         return CT_ERR_INVALID;
     if (!out)
-        return cpu_fail(d, CT_ERR_INVALID, "alloc", "null output");
+        return cpu_fail(d, CT_ERR_INVALID, op, "null output");
     *out = NULL;
     if (bytes > SIZE_MAX - 64)
-        return cpu_fail(d, CT_ERR_INVALID, "alloc", "size %zu is too large", bytes);
+        return cpu_fail(d, CT_ERR_INVALID, op, "size %zu is too large", bytes);
     size_t rounded = (bytes + 63) / 64 * 64; /* aligned_alloc wants a multiple of the alignment */
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
-    if (!p)
-        return cpu_fail(d, CT_ERR_NOMEM, "alloc", "cannot allocate %zu bytes", bytes);
+    *out = aligned_alloc(64, rounded ? rounded : 64);
+    return *out ? CT_OK : cpu_fail(d, CT_ERR_NOMEM, op, "cannot allocate %zu bytes", bytes);
+}
+
+static ct_status cpu_alloc(ct_device *dev, size_t bytes, void **out)
+{
+    cpu_device *d = dev;
+    ct_status st = cpu_block(d, "alloc", bytes, out);
+    if (st != CT_OK)
+        return st;
+    void *p = *out;
+    *out = NULL;
     size_t held = malloc_usable_size(p);
     size_t now = __atomic_add_fetch(&d->used, held, __ATOMIC_RELAXED);
     if (d->limit && now > d->limit) {
@@ -554,12 +584,90 @@ static ct_status cpu_zero(ct_device *dev, void *p, size_t bytes)
     return CT_OK;
 }
 
+/* Runs the queued copies up to ticket `upto`, oldest first. */
+static void cpu_run_copies(cpu_device *d, uint64_t upto)
+{
+    pthread_mutex_lock(&d->copies_lock);
+    size_t n = 0;
+    while (n < d->n_pending && d->done < upto) {
+        memcpy(d->pending[n].dst, d->pending[n].src, d->pending[n].bytes);
+        n++;
+        d->done++;
+    }
+    memmove(d->pending, d->pending + n, sizeof *d->pending * (d->n_pending - n));
+    d->n_pending -= n;
+    pthread_mutex_unlock(&d->copies_lock);
+}
+
 static ct_status cpu_synchronize(ct_device *dev)
 {
     cpu_device *d = dev;
     if (!d)
         return CT_ERR_INVALID;
-    (void)d;
+    cpu_run_copies(d, UINT64_MAX);
+    return CT_OK;
+}
+
+/* ---------------------------------------------------------------- copies beside the work (ABI 2.9) */
+
+/* Host memory for offloaded activations: plain aligned memory, not counted as the device's (it is
+ * what a GPU's host holds, not what its device does). */
+static ct_status cpu_host_alloc(ct_device *dev, size_t bytes, void **out)
+{
+    return cpu_block(dev, "host_alloc", bytes, out);
+}
+
+static void cpu_host_free(ct_device *dev, void *p)
+{
+    cpu_device *d = dev;
+    if (d)
+        cpu_run_copies(d, UINT64_MAX);
+    free(p);
+}
+
+static ct_status cpu_copy_async(ct_device *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind,
+                                uint64_t *ticket)
+{
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (!ticket)
+        return cpu_fail(d, CT_ERR_INVALID, "copy_async", "null ticket");
+    if (kind != CT_COPY_H2D && kind != CT_COPY_D2H)
+        return cpu_fail(d, CT_ERR_INVALID, "copy_async", "copy kind %d, expected CT_COPY_H2D or CT_COPY_D2H", (int)kind);
+    if (bytes && (!dst || !src))
+        return cpu_fail(d, CT_ERR_INVALID, "copy_async", "null pointer");
+    if (bytes && (uintptr_t)dst < (uintptr_t)src + bytes && (uintptr_t)src < (uintptr_t)dst + bytes)
+        return cpu_fail(d, CT_ERR_INVALID, "copy_async", "overlapping ranges");
+    pthread_mutex_lock(&d->copies_lock);
+    if (d->n_pending == d->cap_pending) {
+        size_t cap = d->cap_pending ? 2 * d->cap_pending : 16;
+        cpu_copy_job *v = realloc(d->pending, sizeof *v * cap);
+        if (!v) {
+            pthread_mutex_unlock(&d->copies_lock);
+            return cpu_fail(d, CT_ERR_NOMEM, "copy_async", "cannot queue a copy");
+        }
+        d->pending = v;
+        d->cap_pending = cap;
+    }
+    d->pending[d->n_pending++] = (cpu_copy_job){dst, src, bytes};
+    *ticket = ++d->issued;
+    pthread_mutex_unlock(&d->copies_lock);
+    return CT_OK;
+}
+
+static ct_status cpu_copy_wait(ct_device *dev, uint64_t ticket)
+{
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    pthread_mutex_lock(&d->copies_lock);
+    uint64_t issued = d->issued;
+    pthread_mutex_unlock(&d->copies_lock);
+    if (ticket > issued)
+        return cpu_fail(d, CT_ERR_INVALID, "copy_wait", "ticket %llu not issued (%llu so far)",
+                        (unsigned long long)ticket, (unsigned long long)issued);
+    cpu_run_copies(d, ticket);
     return CT_OK;
 }
 
@@ -1796,6 +1904,10 @@ static const ct_device_api cpu_api = {
     .region_reserve = cpu_region_reserve,
     .region_resize = cpu_region_resize,
     .region_release = cpu_region_release,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
+    .copy_async = cpu_copy_async,
+    .copy_wait = cpu_copy_wait,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -2122,6 +2122,80 @@ static void test_share_stream(void **state)
     free(ref);
 }
 
+/* ---------------------------------------------------------------- ABI 2.9: copies beside the work */
+
+/* copy_async / copy_wait: a copy sees every op queued before it, ops queued after copy_wait see
+ * the copy, tickets count up, synchronize waits for the copies, and misuse is refused. */
+static void test_copy_async(void **state)
+{
+    (void)state;
+    int present = TP_OP_PRESENT(host_alloc) + TP_OP_PRESENT(host_free) + TP_OP_PRESENT(copy_async) +
+                  TP_OP_PRESENT(copy_wait);
+    if (present != 0 && present != 4)
+        fail_msg("host_alloc, host_free, copy_async and copy_wait: %d of the four provided (all or none)", present);
+    TP_SKIP_UNLESS(copy_async);
+    const int64_t n = 3001; /* not a multiple of any vector width */
+    const size_t bytes = (size_t)n * sizeof(float);
+    float *x = host_rand(n, 1);
+    double *ref = ref_alloc(n);
+    float *dx = dev_floats(x, n), *dy = dev_floats(NULL, n);
+    float *h1 = NULL, *h2 = NULL;
+    expect_error(api->host_alloc(dev, bytes, (void **)&h1), CT_OK, "host_alloc");
+    expect_error(api->host_alloc(dev, bytes, (void **)&h2), CT_OK, "host_alloc");
+    assert_true((uintptr_t)h1 % 64 == 0 && (uintptr_t)h2 % 64 == 0);
+    /* out: after the scale queued before it */
+    assert_int_equal(api->scale(dev, dx, 3.0f, n), CT_OK);
+    uint64_t t1 = 0, t2 = 0, t3 = 0;
+    expect_error(api->copy_async(dev, h1, dx, bytes, CT_COPY_D2H, &t1), CT_OK, "copy_async D2H");
+    assert_true(t1 >= 1);
+    expect_error(api->copy_wait(dev, t1), CT_OK, "copy_wait");
+    /* the source may be overwritten once the copy is waited for */
+    assert_int_equal(api->zero(dev, dx, bytes), CT_OK);
+    assert_int_equal(api->synchronize(dev), CT_OK);
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = 3.0 * (double)x[i];
+    for (int64_t i = 0; i < n; i++)
+        if ((double)h1[i] != (double)(3.0f * x[i]))
+            fail_msg("copy_async D2H: element %lld is %g, expected %g", (long long)i, (double)h1[i], ref[i]);
+    /* back in: an op queued after copy_wait reads what the copy wrote */
+    expect_error(api->copy_async(dev, dy, h1, bytes, CT_COPY_H2D, &t2), CT_OK, "copy_async H2D");
+    assert_true(t2 > t1);
+    expect_error(api->copy_wait(dev, t2), CT_OK, "copy_wait");
+    assert_int_equal(api->scale(dev, dy, 0.5f, n), CT_OK);
+    for (int64_t i = 0; i < n; i++)
+        ref[i] = 0.5 * (double)(3.0f * x[i]);
+    float *y = download(dy, n);
+    expect_close("H2D copy, then scale", y, ref, n);
+    free(y);
+    /* two in flight, waited for by the later ticket alone */
+    expect_error(api->copy_async(dev, h2, dy, bytes, CT_COPY_D2H, &t3), CT_OK, "copy_async D2H");
+    uint64_t t4 = 0;
+    expect_error(api->copy_async(dev, dx, h1, bytes / 2, CT_COPY_H2D, &t4), CT_OK, "copy_async H2D");
+    assert_true(t3 > t2 && t4 > t3);
+    expect_error(api->copy_wait(dev, t4), CT_OK, "copy_wait of the later ticket");
+    assert_int_equal(api->synchronize(dev), CT_OK);
+    for (int64_t i = 0; i < n; i++)
+        if ((double)h2[i] != ref[i])
+            fail_msg("the earlier of two copies: element %lld is %g, expected %g", (long long)i, (double)h2[i], ref[i]);
+    y = download(dx, n / 2);
+    for (int64_t i = 0; i < n / 2; i++)
+        if (y[i] != h1[i])
+            fail_msg("the later of two copies: element %lld is %g, expected %g", (long long)i, (double)y[i], (double)h1[i]);
+    free(y);
+    /* misuse */
+    uint64_t t5 = 0;
+    expect_error(api->copy_wait(dev, t4 + 1000), CT_ERR_INVALID, "copy_wait of a ticket not issued");
+    expect_error(api->copy_async(dev, dy, dx, bytes, CT_COPY_D2D, &t5), CT_ERR_INVALID, "copy_async D2D");
+    expect_error(api->copy_async(dev, h1, dx, bytes, CT_COPY_D2H, NULL), CT_ERR_INVALID, "copy_async without a ticket");
+    api->host_free(dev, h1);
+    api->host_free(dev, h2);
+    api->host_free(dev, NULL);
+    api->free(dev, dx);
+    api->free(dev, dy);
+    free(x);
+    free(ref);
+}
+
 /* ---------------------------------------------------------------- ABI 1.5: no host waits, graphs */
 
 /* sum_to_device: the f32 rounding of what `sum` returns, in device memory; 0 for n == 0. */
@@ -3072,6 +3146,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plugin_info),
+        cmocka_unit_test(test_copy_async),
         cmocka_unit_test(test_info_and_peak_flops),
         cmocka_unit_test(test_memory_alloc_copy_zero),
         cmocka_unit_test(test_matmul_against_reference),
