@@ -50,6 +50,7 @@ struct rt_pack {
     int out_bf16;
     pool_mark handoff_at, after_handoff; /* the output's f32 copy for the next unit */
     char *in_handoff;          /* the unit's input, the previous unit's handoff: expanded last */
+    char *blob;                /* offloaded (offload.c): the device memory the items are packed into */
     int packed;
 };
 
@@ -189,12 +190,19 @@ ct_status runtime_pack_unit(runtime *rt, int u) {
         return CT_ERR_NOMEM;
     }
     merge(&c);
+    if (!rt->bf16_compute) /* fp32 packs only to offload: every tensor as it is */
+        for (int i = 0; i < c.n; i++) c.v[i].bf16 = 0;
     size_t ob = (size_t)ct_tensor_numel(&out->t) * ct_dtype_size(out->t.dtype);
     int found = 0;
     for (int i = 0; i < c.n; i++) found |= c.v[i].orig == (char *)out->t.data && c.v[i].bytes == ob;
     int64_t elements = 0;
     for (int i = 0; i < c.n; i++) elements += c.v[i].bf16 ? (int64_t)(c.v[i].bytes / 4) : 0;
     if (!found || hidden || !rt->pack_units) { /* nothing may move: the same values, rounded where they are */
+        if (runtime_offloads(rt, u)) rt->offload.unit[u].stayed = 1; /* (said after the first step) */
+        if (!rt->bf16_compute) { /* (fp32: nothing to round; the unit is not offloaded) */
+            free(c.v);
+            return CT_OK;
+        }
         int bad = tape_note_cast(rt, elements, 1);
         for (int i = 0; i < c.n && !bad && !rt->planning; i++)
             if (c.v[i].bf16) bad = rt->d->round_bf16(rt->dev, (float *)c.v[i].orig, (int64_t)(c.v[i].bytes / 4)) != CT_OK;
@@ -225,11 +233,23 @@ ct_status runtime_pack_unit(runtime *rt, int u) {
         return CT_ERR_NOMEM;
     }
     r->n = c.n;
+    /* offloaded: packed into a slot of their own, off the saved arena (offload.c) */
+    size_t blob_bytes = 0;
+    for (int i = 0; i < c.n; i++) blob_bytes += align64(c.v[i].bf16 ? c.v[i].bytes / 2 : c.v[i].bytes);
+    r->blob = runtime_offloads(rt, u) ? runtime_offload_take(rt, u, blob_bytes) : NULL;
+    if (runtime_offloads(rt, u) && !r->blob) {
+        free(c.v);
+        if (!ct_last_error()[0]) ct_set_error("out of memory for offloaded activations");
+        return CT_ERR_NOMEM;
+    }
     pool_release(p, r->lo);
     int bad = 0;
+    size_t at = 0;
     for (int i = 0; i < c.n && !bad; i++) {
         pack_item *it = &c.v[i];
-        it->packed = pool_alloc(p, it->bf16 ? it->bytes / 2 : it->bytes);
+        size_t pb = it->bf16 ? it->bytes / 2 : it->bytes;
+        it->packed = r->blob ? r->blob + at : pool_alloc(p, pb);
+        at += align64(pb);
         bad = !it->packed || move(rt, it->packed, it->orig, it->bytes, it->bf16, 0);
         r->items[i] = *it;
         if (it->orig == (char *)out->t.data) {
@@ -255,7 +275,15 @@ ct_status runtime_pack_unit(runtime *rt, int u) {
     out->t.data = h;
     r->packed = 1;
     rt->unit_mark[u].data = r->lo; /* the unit's backward gives back from here */
-    return CT_OK;
+    return r->blob ? runtime_offload_out(rt, u) : CT_OK;
+}
+
+void runtime_pack_rebase(runtime *rt, int u, char *blob) {
+    struct rt_pack *r = &rt->unit_pack[u];
+    if (!r->blob || r->blob == blob) return;
+    for (int i = 0; i < r->n; i++) r->items[i].packed = blob + (r->items[i].packed - r->blob);
+    r->out_packed = blob + (r->out_packed - r->blob);
+    r->blob = blob;
 }
 
 ct_status runtime_unpack_unit(runtime *rt, int u) {

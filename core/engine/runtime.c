@@ -718,6 +718,7 @@ void runtime_free(runtime *rt) {
     if (rt->share_buf) rt->d->free(rt->dev, rt->share_buf);
     tape_rope_tables_free(rt);
     for (int i = 0; i < rt->n_layers; i++) tape_layer_free(rt->layers[i]);
+    runtime_offload_free(rt);
     pool_destroy(&rt->opscratch);
     pool_destroy(&rt->saved.data);
     pool_destroy(&rt->saved.desc);
@@ -851,12 +852,14 @@ int runtime_reset_arenas(runtime *rt) {
               pool_reset(&rt->bgrads[0]) | pool_reset(&rt->bgrads[1]);
     if (rt->unit_mark) memset(rt->unit_mark, 0, sizeof(rt_unit_mark) * (size_t)rt->desc.n_units);
     runtime_pack_clear(rt->unit_pack, rt->desc.n_units);
+    runtime_offload_reset(rt);
     return bad ? -1 : 0;
 }
 
 void runtime_note_act_peak(runtime *rt) {
     int64_t live = (int64_t)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used +
-                             rt->bgrads[0].used + rt->bgrads[1].used);
+                             rt->bgrads[0].used + rt->bgrads[1].used + rt->offload.slot[0].used +
+                             rt->offload.slot[1].used);
     if (live > rt->peak_act_bytes) rt->peak_act_bytes = live;
 }
 
@@ -997,7 +1000,7 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
     *out = x;
     /* bf16 compute: what the unit keeps waits for its backward in bf16 (actpack.c); the last unit's
      * backward follows at once */
-    if (record && rt->bf16_compute && u < rt->desc.n_units - 1 &&
+    if (record && (rt->bf16_compute || runtime_offloads(rt, u)) && u < rt->desc.n_units - 1 &&
         runtime_pack_unit(rt, u) != CT_OK)
         return -1;
     return 0;
@@ -1041,7 +1044,11 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
     rt_tensor *in = rt->unit_in[u];
     rt->cur_unit = u;
     if (runtime_shadow_unit(rt, u)) return -1;
-    if (runtime_unpack_unit(rt, u) != CT_OK) return -1; /* bf16-held activations back in f32 */
+    /* offloaded activations back on the device (this unit's and the one below's), bf16-held ones
+     * back in f32; then the unit two below starts coming back */
+    if (runtime_offload_in(rt, u) != CT_OK || runtime_unpack_unit(rt, u) != CT_OK ||
+        runtime_offload_prefetch(rt, u) != CT_OK)
+        return -1;
     runtime_note_act_peak(rt);
     if (in && !boundary_grad(rt, u, in)) return -1; /* the boundary gradient outlives the unit */
     pool_mark gd = pool_get_mark(&rt->grads.data);

@@ -16,6 +16,8 @@
  *   scratch under a pipeline: per-op checkpointed units' forward temporaries and the recompute
  *   grads   activation gradients where saved cannot take them (a pipeline: one arena shared by the
  *           microbatch contexts when no backward is split, else per context)
+ *   offload.slot[2]  activation offload (offload.c): the packed activations of the offloaded blocks
+ *           on the device, two at a time; the rest wait in host memory
  */
 #ifndef CT_RUNTIME_H
 #define CT_RUNTIME_H
@@ -25,6 +27,8 @@
 #include "ctitan/model.h"
 #include "ctitan/quantizer.h"
 #include "ctitan/strategy.h"
+
+#include <stdio.h>
 
 /* Each parameter's storage (data, grad, optimizer state) starts on a 64-byte boundary. */
 static inline size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
@@ -162,6 +166,34 @@ typedef struct runtime_graph {
 } runtime_graph;
 
 enum { RT_AC_NONE, RT_AC_FULL, RT_AC_OP };
+
+/* Activation offload (activation_offload.layers, offload.c): what blocks 1..n keep for their
+ * backward goes to host memory after their forward and comes back before their backward, while
+ * other units compute (device.h copy_async). On the device an offloaded unit's packed activations
+ * live in one of two slots, not the saved arena: the unit after it computes while the slot is
+ * copied out, and in backward the unit before it is copied in while it computes. */
+typedef struct rt_offload_unit {
+    void *host;          /* its host copy (host_alloc), kept from step to step */
+    size_t host_cap;
+    size_t bytes;        /* its packed activations this microbatch (0: not offloaded) */
+    char *blob;          /* where they are on the device now (in slot `slot`), or where they were */
+    int slot;            /* the slot holding them, -1 when only the host copy has them */
+    int on_host;         /* the host copy is (being) written */
+    uint64_t ticket;     /* the copy out, or the copy in while slot >= 0 and loading */
+    int loading;         /* a copy in was queued and not waited for */
+    int stayed;          /* asked to go, it could not (a custom op keeps state in its activations) */
+} rt_offload_unit;
+
+typedef struct rt_offload {
+    int layers;            /* blocks offloaded (units 1..layers); 0: none */
+    pool slot[2];          /* device memory for the packed activations of the units in flight */
+    int tenant[2];         /* the unit whose activations a slot holds, -1: none */
+    uint64_t slot_ticket[2]; /* the last copy that reads the slot (out) */
+    int next_slot;         /* forward: the slot the next offloaded unit takes */
+    rt_offload_unit *unit; /* per unit */
+    double host_bytes;     /* host memory held for the copies */
+    double step_bytes_out, step_bytes_in; /* copied this step (reported, then zeroed) */
+} rt_offload;
 enum { RT_SAC_OFF, RT_SAC_SAVE, RT_SAC_REUSE };
 
 typedef struct runtime {
@@ -270,6 +302,7 @@ typedef struct runtime {
                                    half, so its activations are rounded to bf16 in place instead,
                                    and no unit's backward gives memory back before it ends */
     struct rt_pack *unit_pack;  /* per microbatch, as unit_mark */
+    rt_offload offload;
     runtime_graph graph;
     /* the planner (core/plan): the device is plan_null_device, nothing is computed or sent; the
      * tape's arenas count bytes as in training; with trace_ops set, each op of a forward pass is
@@ -371,6 +404,33 @@ struct rt_pack *runtime_pack_new(int n_units);
 void runtime_pack_clear(struct rt_pack *p, int n_units);
 ct_status runtime_pack_unit(runtime *rt, int u);
 ct_status runtime_unpack_unit(runtime *rt, int u);
+/* Where unit u's packed activations are, once runtime_pack_unit made them: their start moves to
+ * `blob` (offload.c copied them there); the items and the output's packed copy follow. */
+void runtime_pack_rebase(runtime *rt, int u, char *blob);
+
+/* Activation offload (offload.c). runtime_offload_set: the first `layers` blocks offloaded (after
+ * runtime_init; 0 turns it off), -1 with err where it cannot run. During unit u's packing:
+ * runtime_offload_take returns device memory for its `bytes` of packed activations (NULL: the unit
+ * is not offloaded; pack in the saved arena), runtime_offload_out queues their copy to the host
+ * once they are packed. Before unit u's backward unpacks, runtime_offload_in brings u's and the
+ * previous unit's back (waiting for copies queued earlier); after it, runtime_offload_prefetch
+ * queues the copy of the unit two below. runtime_offload_reset: a new microbatch. */
+int runtime_offload_set(runtime *rt, int layers, char *err, size_t errlen);
+/* The bytes the two offload slots hold now. */
+static inline size_t runtime_offload_slots_used(const runtime *rt) {
+    return rt->offload.slot[0].used + rt->offload.slot[1].used;
+}
+int runtime_offloads(const runtime *rt, int u);
+char *runtime_offload_take(runtime *rt, int u, size_t bytes);
+ct_status runtime_offload_out(runtime *rt, int u);
+ct_status runtime_offload_in(runtime *rt, int u);
+ct_status runtime_offload_prefetch(runtime *rt, int u);
+void runtime_offload_reset(runtime *rt);
+void runtime_offload_free(runtime *rt);
+/* One line after the first step: the blocks offloaded, the host memory they take, and any block whose
+ * activations had to stay (nothing when offload is off). */
+void runtime_offload_report(const runtime *rt, FILE *f);
+
 /* After a per-op checkpointed unit's forward in the saved arena from `from` (units in order): what
  * it keeps moves down over its temporaries, which are given back; *out becomes the kept copy of
  * the unit's output, chained to the kept outputs. CT_OK, or a status with the error set. */

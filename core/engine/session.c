@@ -535,6 +535,18 @@ static ct_status set_compute_modes(session *s, manifest *mf) {
         fprintf(stderr, "ctitan: %s: %s\n", where, err);
         return CT_ERR_INVALID;
     }
+    int64_t offload = 0;
+    mf_get_int(mf, "activation_offload.layers", &offload);
+    if (offload && s->pl) {
+        mf_where(mf, "activation_offload.layers", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: not with pipeline parallel yet (its microbatches interleave; use 0)\n", where);
+        return CT_ERR_INVALID;
+    }
+    if (runtime_offload_set(&s->rt, (int)offload, err, sizeof err)) {
+        mf_where(mf, "activation_offload.layers", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        return CT_ERR_INVALID;
+    }
     mf_get_str(mf, "training.mixed_precision_param", &mp);
     if (strcmp(mp, "bfloat16") && strcmp(mp, "float32")) {
         mf_where(mf, "training.mixed_precision_param", where, sizeof where);

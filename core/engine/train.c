@@ -49,6 +49,8 @@ static void compile_setup(session *s, manifest *mf) {
         why = "not with several ranks or a parallelism plugin yet (their hooks and collectives are not captured)";
     else if (s->rt.qapi)
         why = "not with float8 (its scales are read back on the host)";
+    else if (s->rt.offload.layers)
+        why = "not with activation offload (its copies to and from the host are not captured)";
     if (why) {
         printf("compile.enable: no effect on the %s device: %s; the step runs eagerly\n", name, why);
         return;
@@ -739,6 +741,10 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
            "  memory %.3f GiB\n",
            (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib((int64_t)mem[0]));
     fflush(stdout);
+    char offload[160] = ""; /* activation offload: host memory, and the bytes copied since the last record */
+    if (s->rt.offload.layers)
+        snprintf(offload, sizeof offload, ", \"offload\": {\"host_bytes\": %.0f, \"copied_bytes\": %.0f}",
+                 s->rt.offload.host_bytes, s->rt.offload.step_bytes_out + s->rt.offload.step_bytes_in);
     loss = as_logged("%.9g", loss);
     norm = as_logged("%.9g", norm);
     lr = as_logged("%.6e", lr);
@@ -750,16 +756,17 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
             "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
             "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld, "
             "\"master\": %lld, \"comm\": %lld}, "
-            "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}",
+            "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}%s",
             (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)mem[0], (long long)mem[1 + CT_MEM_PARAMS],
             (long long)mem[1 + CT_MEM_GRADS], (long long)mem[1 + CT_MEM_OPTIMIZER], (long long)mem[1 + CT_MEM_ACTIVATIONS],
             (long long)mem[CT_MEM_NCATEGORIES + 1], (long long)mem[1 + CT_MEM_MASTER], (long long)mem[1 + CT_MEM_COMM],
             (long long)g_comm_bytes[CS_ALL_GATHER],
-            (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE]) ||
+            (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE], offload) ||
         step_tb(&r->lg, step, loss, norm, lr, tps, tflops, mfu, mem))
         return -1;
     r->t_log = ct_now();
     r->tokens_since = 0;
+    r->s->rt.offload.step_bytes_out = r->s->rt.offload.step_bytes_in = 0;
     if (g_mem.peak_total > r->mem_peak_max) r->mem_peak_max = g_mem.peak_total;
     if (r->s->rt.peak_act_bytes > r->act_peak_max) r->act_peak_max = r->s->rt.peak_act_bytes;
     mem_reset_peaks(); /* the next record reports its own interval's peaks */
@@ -834,9 +841,11 @@ static step_next train_step(train_run *r, int64_t step) {
     }
     trace_end("step");
     profiler_step_end(&r->prof, step);
-    if (!r->told_opt++)
+    if (!r->told_opt++) {
         printf("optimizer: %s: %d parameter tensors updated in %d call%s per step\n", s->optp->info.name, s->rt.n_params,
                s->opt_calls, s->opt_calls == 1 ? "" : "s");
+        runtime_offload_report(&s->rt, stdout);
+    }
     compile_report(&s->rt.graph, step, &r->told_graph);
     /* a stop takes effect after a step every rank has finished; the last step ends the run anyway */
     int stop = 0;

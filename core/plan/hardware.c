@@ -53,7 +53,7 @@ typedef struct hw_key {
 #define OFF(f) offsetof(hw_profile, f)
 enum {
     K_NAME, K_SOURCE, K_GPN, K_CALIBRATED, K_BF16, K_FP8, K_FP32, K_MEM_GIB, K_MEM_GB, K_MEM_BW, K_INTRA_BW,
-    K_INTRA_LAT, K_INTER_BW, K_INTER_LAT, K_MATMUL, K_ATTN, K_MEMEFF, K_OVER_GIB, K_OVER_GB, K_SLACK, K_HEADROOM,
+    K_INTRA_LAT, K_INTER_BW, K_INTER_LAT, K_HOST_BW, K_MATMUL, K_ATTN, K_MEMEFF, K_OVER_GIB, K_OVER_GB, K_SLACK, K_HEADROOM,
     K_SHARE, K_OVERLAP, K_N
 };
 /* The common shapes of a key: a rate or size in (0, hi], a latency in [0, hi], a fraction. */
@@ -85,6 +85,9 @@ static const hw_key keys[K_N] = {
     [K_INTER_BW] = POSITIVE("inter_node", "bandwidth_gb_s", OFF(inter_bw), 9, 1e6, "GB/s per GPU, one direction"),
     [K_INTER_LAT] = {.section = "inter_node", .key = "latency_us", .type = T_NUM, .off = OFF(inter_lat), .pow10 = -6,
                      .hi = 1e6, .what = "microseconds"},
+    [K_HOST_BW] = {.section = "host_link", .key = "bandwidth_gb_s", .type = T_NUM, .off = OFF(host_bw), .pow10 = 9,
+                   .hi = 1e6, .lo_open = 1, .optional = 1,
+                   .what = "GB/s per GPU to host memory, one direction (PCIe), optional"},
     [K_MATMUL] = FRACTION("matmul_efficiency", matmul_eff, 1, 0),
     [K_ATTN] = FRACTION("attention_efficiency", attn_eff, 1, 0),
     [K_MEMEFF] = FRACTION("memory_efficiency", mem_eff, 1, 0),
@@ -100,8 +103,11 @@ static const hw_key keys[K_N] = {
                    .optional = 1, .what = "the measured share of a collective hidden behind compute (a fraction)"},
 };
 /* The sections, in the order the writer prints them; "measured" is read on its own. */
-static const char *const sections[] = {"compute", "memory", "intra_node", "inter_node", "assumptions"};
+static const char *const sections[] = {"compute", "memory", "intra_node", "inter_node", "host_link", "assumptions"};
 #define N_SECTIONS (int)(sizeof sections / sizeof *sections)
+
+/* A section whose keys are all optional may be left out. */
+static int section_optional(const char *section);
 
 static const char *const op_names[PLAN_OP_NKINDS] = {"gemm", "attention", "embedding", "rmsnorm", "layernorm",
                                                      "rope", "swiglu", "gelu", "add", "bias", "xent", "cast", "custom",
@@ -385,7 +391,7 @@ static int read_map(reader *r, const yaml_node_t *map, const char *section) {
 /* What the file must have given, once it is all read. */
 static int check_complete(reader *r) {
     for (int i = 0; i < N_SECTIONS; i++) {
-        if (r->section_line[i]) continue;
+        if (r->section_line[i] || section_optional(sections[i])) continue;
         char known[512];
         known_keys(sections[i], known, sizeof known);
         return fail_at(r, 1, sections[i], "missing section; expected a map of %s", known);
@@ -997,7 +1003,17 @@ static int check_unique(const hw_profile *hw, const char *path, char *err, size_
     return rc;
 }
 
+static int section_optional(const char *section) {
+    for (int ki = 0; ki < K_N; ki++)
+        if (!strcmp(keys[ki].section, section) && !keys[ki].optional) return 0;
+    return 1;
+}
+
 static void write_section(FILE *f, const hw_profile *hw, const char *section) {
+    int any = 0;
+    for (int ki = 0; ki < K_N; ki++)
+        any |= !strcmp(keys[ki].section, section) && !(keys[ki].optional && keys[ki].type == T_NUM && cfield(hw, &keys[ki]) == 0);
+    if (*section && !any) return; /* an optional section with nothing given */
     if (*section) fprintf(f, "%s:\n", section);
     for (int ki = 0; ki < K_N; ki++) {
         const hw_key *k = &keys[ki];

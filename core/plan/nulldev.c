@@ -116,6 +116,19 @@ NO_OP(nd_round_bf16, U float *x, U int64_t n)
 NO_OP(nd_cast_f32_to_bf16, U uint16_t *d, U const float *s, U int64_t n)
 NO_OP(nd_cast_bf16_to_f32, U float *d, U const uint16_t *s, U int64_t n)
 
+/* Activation offload's host copies: address space as the device's memory is; copies move nothing. */
+static ct_status nd_copy_async(ct_device *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind,
+                               uint64_t *ticket) {
+    static uint64_t issued;
+    (void)dev, (void)dst, (void)src, (void)bytes, (void)kind;
+    *ticket = ++issued;
+    return CT_OK;
+}
+static ct_status nd_copy_wait(ct_device *dev, uint64_t ticket) {
+    (void)dev, (void)ticket;
+    return CT_OK;
+}
+
 /* The handle the planner's runtime passes: any non-NULL address (the arenas allocate from a device
  * only when they have one), never dereferenced. */
 static char null_device_token;
@@ -168,4 +181,8 @@ const ct_device_api plan_null_device = {
     .round_bf16 = nd_round_bf16,
     .cast_f32_to_bf16 = nd_cast_f32_to_bf16,
     .cast_bf16_to_f32 = nd_cast_bf16_to_f32,
+    .host_alloc = nd_alloc,
+    .host_free = nd_free,
+    .copy_async = nd_copy_async,
+    .copy_wait = nd_copy_wait,
 };

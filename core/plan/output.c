@@ -23,14 +23,15 @@ void plan_layout_line(const plan_layout *l, char *out, size_t len) {
     if (l->pp > 1) snprintf(pp, sizeof pp, " (%s, microbatch %d)", l->schedule, l->pp_microbatch_size);
     if (l->ac == PLAN_AC_SELECTIVE_LAYER) snprintf(ac, sizeof ac, "selective every %d", l->ac_every);
     else snprintf(ac, sizeof ac, "%s", ac_name(l->ac));
-    char global[48];
+    char global[48], off[48] = "";
     if (l->global_batch > 0) snprintf(global, sizeof global, "%lld", (long long)l->global_batch);
     else snprintf(global, sizeof global, "local x dp");
+    if (l->offload) snprintf(off, sizeof off, "; offload %d blocks", l->offload);
     snprintf(out, len,
              "dp_replicate %d x dp_shard %d x cp %d x tp %d%s x pp %d%s; local batch %lld of global %s x seq %lld; "
-             "AC %s; float8 %s; compile %s",
+             "AC %s%s; float8 %s; compile %s",
              l->dp_replicate, l->dp_shard, l->cp, l->tp, l->tp > 1 && l->async_tp ? " (async)" : "", l->pp, pp,
-             (long long)l->local_batch, global, (long long)l->seq_len, ac,
+             (long long)l->local_batch, global, (long long)l->seq_len, ac, off,
              l->float8 ? (l->float8_recipe[0] ? l->float8_recipe : "on") : "off", l->compile ? "on" : "off");
 }
 
@@ -70,6 +71,18 @@ void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
     fprintf(f, "   ");
     for (int i = 0; i < PLAN_MEM_N; i++) fprintf(f, " %s %.2f", plan_mem_names[i], r->mem[i] / GIB);
     fprintf(f, " (GiB)\n");
+    if (r->layout.offload) {
+        fmt_bytes(r->host_bytes, a, sizeof a);
+        fmt_bytes(r->offload_bytes, b, sizeof b);
+        fprintf(f, "  activation offload: blocks 1-%d; host memory %s; %s copied out and in per step", r->layout.offload,
+                a, b);
+        if (hw && hw->host_bw > 0) {
+            fmt_s(r->t_offload, a, sizeof a);
+            fmt_s(r->t_offload_exposed, b, sizeof b);
+            fprintf(f, " in %s at %.0f GB/s, exposed %s", a, hw->host_bw / 1e9, b);
+        }
+        fprintf(f, "\n");
+    }
     if (!hw) { /* memory only: times need a profile's rates */
         if (r->assumptions[0]) fprintf(f, "  assumptions: %s\n", r->assumptions);
         return;
@@ -81,7 +94,7 @@ void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
         double v;
     } parts[] = {{"gemm", r->t_gemm},           {"attention", r->t_attention}, {"memory-bound", r->t_memory_bound},
                  {"optimizer", r->t_optimizer}, {"recompute", r->t_recompute}, {"comm exposed", r->t_comm_exposed},
-                 {"bubble", r->t_bubble}};
+                 {"bubble", r->t_bubble}, {"offload exposed", r->t_offload_exposed}};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         fmt_s(parts[i].v, a, sizeof a);
         fprintf(f, " %s %s%s", parts[i].name, a, i + 1 < sizeof parts / sizeof parts[0] ? "," : "");
@@ -228,6 +241,10 @@ static json_t *result_json(const plan_result *r, const hw_profile *hw) {
     json_object_set_new(t, "comm_exposed", jreal(r->t_comm_exposed));
     json_object_set_new(t, "comm_hidden", jreal(r->t_comm_hidden));
     json_object_set_new(t, "bubble", jreal(r->t_bubble));
+    json_object_set_new(t, "offload_exposed", jreal(r->t_offload_exposed));
+    json_object_set_new(o, "activation_offload",
+                        json_pack("{s:i, s:f, s:f, s:f}", "layers", l->offload, "host_gib", r->host_bytes / GIB,
+                                  "copied_gib_per_step", r->offload_bytes / GIB, "copy_s", r->t_offload));
     json_object_set_new(o, "time_s", t);
     t = NULL;
     for (int i = 0; i < r->n_comms && i < (int)(sizeof r->comms / sizeof r->comms[0]); i++) {
@@ -455,6 +472,7 @@ int plan_write_manifest(const manifest *mf, const plan_layout *l, const char *pa
            l->ac == PLAN_AC_NONE ? "none" : l->ac == PLAN_AC_FULL ? "full" : "selective", 0);
     if (l->ac == PLAN_AC_SELECTIVE_OP) kv_set(&s, "activation_checkpoint.selective_ac_option", "op", 0);
     if (l->ac == PLAN_AC_SELECTIVE_LAYER) kv_setf(&s, "activation_checkpoint.selective_ac_option", "%lld", l->ac_every);
+    if (l->offload || kv_find(&s, "activation_offload.layers")) kv_setf(&s, "activation_offload.layers", "%lld", l->offload);
     /* float8 is on by quantize.dense.float8.enable alone: torchtitan's other spellings go */
     kv_del(&s, "quantize.linear.float8.recipe_name");
     kv_del(&s, "quantize.linear.mx.recipe_name");

@@ -168,6 +168,7 @@ int plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l, char *err, 
     const char *mp = "float32";
     mf_get_str(mf, "training.mixed_precision_param", &mp);
     l->bf16 = !strcmp(mp, "bfloat16");
+    l->offload = (int)get_int(mf, "activation_offload.layers", 0);
     return 0;
 }
 
@@ -202,6 +203,7 @@ static int apply_layout(plan_ctx *c, const plan_layout *l) {
     if (l->ac == PLAN_AC_SELECTIVE_LAYER)
         bad |= set_key(c, "activation_checkpoint.selective_ac_option", "%d", l->ac_every > 0 ? l->ac_every : 2);
     if (l->float8 && l->float8_recipe[0]) bad |= set_key(c, "quantize.dense.float8.format", "%s", l->float8_recipe);
+    bad |= set_key(c, "activation_offload.layers", "%d", l->offload);
     return bad ? -1 : 0;
 }
 
@@ -388,6 +390,15 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     mf_get_str(c->mf, "activation_checkpoint.mode", &mode);
     mf_get_str(c->mf, "activation_checkpoint.selective_ac_option", &opt);
     if (runtime_set_ac(rt, mode, opt, err, errlen)) return -1;
+    if (l->offload && l->pp > 1) {
+        snprintf(err, errlen, "activation_offload.layers: not with pipeline parallel yet");
+        return -1;
+    }
+    char oerr[256];
+    if (runtime_offload_set(rt, l->offload, oerr, sizeof oerr)) {
+        snprintf(err, errlen, "activation_offload.layers: %s", oerr);
+        return -1;
+    }
     if (l->float8 && ensure_quant(c, l, err, errlen)) return -1;
     if (l->float8 && c->s.qapi) {
         if (!c->s.quant) note_add(r->ts.assumptions, sizeof r->ts.assumptions,
@@ -421,7 +432,7 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     ct_clear_error();
     rt->trace_ops = 1;
     for (int u = 0; u < nu; u++) {
-        double before = (double)(rt->saved.data.used + rt->grads.data.used);
+        double before = (double)(rt->saved.data.used + rt->grads.data.used + runtime_offload_slots_used(rt));
         rt->peak_act_bytes = 0;
         rt->scratch.data.peak_used = rt->scratch.data.used;
         t->units[u].in_grad_bytes = x ? (double)(((size_t)ct_tensor_numel(&(x->base ? x->base : x)->t) * sizeof(float) + 63) & ~(size_t)63) : 0;
@@ -429,17 +440,23 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
             rt->trace_ops = 0;
             return fail(err, errlen, t->cannot[0] ? "the trace stopped" : "a unit's forward failed in the plan");
         }
-        t->units[u].saved_bytes = (double)rt->saved.data.used + (double)rt->grads.data.used - before;
+        t->units[u].saved_bytes = (double)rt->saved.data.used + (double)rt->grads.data.used +
+                                  (double)runtime_offload_slots_used(rt) - before;
         t->units[u].fwd_peak = fmax(0.0, (double)rt->peak_act_bytes - before);
         t->units[u].scratch_peak = (double)(rt->scratch.data.peak_used - rt->scratch.data.used);
         t->units[u].out_bytes = (double)ct_tensor_numel(&x->t) * (double)ct_dtype_size(x->t.dtype);
     }
-    t->live_peak = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used);
+    t->live_peak = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used +
+                            runtime_offload_slots_used(rt));
+    for (int u = 0; rt->offload.unit && u < nu; u++) { /* what offload moved, before backward takes it back */
+        t->units[u].offload_bytes = (double)rt->offload.unit[u].bytes;
+        t->units[u].offload_copied = rt->offload.unit[u].on_host;
+    }
     if (!tape_grad(rt, x)) return fail(err, errlen, "the loss's gradient");
     rt->trace_ops = 2;
     for (int u = nu - 1; u >= 0; u--) {
         double live = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used +
-                               rt->bgrads[0].used + rt->bgrads[1].used);
+                               rt->bgrads[0].used + rt->bgrads[1].used + runtime_offload_slots_used(rt));
         double g0 = (double)rt->grads.data.used, s0 = (double)rt->scratch.data.used;
         rt->peak_act_bytes = 0;
         rt->grads.data.peak_used = rt->grads.data.used;
@@ -459,7 +476,9 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     rt->trace_ops = 0;
     t->arena_bytes = (double)(pool_steady_bytes(&rt->saved.data) + pool_steady_bytes(&rt->scratch.data) +
                               pool_steady_bytes(&rt->grads.data) + pool_steady_bytes(&rt->bgrads[0]) +
-                              pool_steady_bytes(&rt->bgrads[1]));
+                              pool_steady_bytes(&rt->bgrads[1]) + pool_steady_bytes(&rt->offload.slot[0]) +
+                              pool_steady_bytes(&rt->offload.slot[1]));
+    t->host_bytes = rt->offload.host_bytes;
     t->desc_bytes = (double)(rt->saved.desc.cap_total + rt->scratch.desc.cap_total + rt->grads.desc.cap_total);
     t->opscratch_bytes = (double)pool_steady_bytes(&rt->opscratch); /* its one chunk from the third step on */
     rt->trace = NULL;
@@ -564,6 +583,50 @@ typedef struct unit_time {
     double gemm, attn, membound;  /* the same split by kind, forward + backward + recompute */
     double comm_exposed, comm_hidden;
 } unit_time;
+
+/* Activation offload's copies over one microbatch, simulated as the runtime orders them
+ * (core/engine/offload.c): one copy queue beside the compute. In forward unit u's copy out is
+ * queued when u has packed, and the unit that takes u's slot next (two offloaded units on) waits for
+ * it when it packs; in backward the copy in of unit u-2 is queued when unit u has unpacked, and unit
+ * u-1 waits for it before it unpacks. Returns the seconds the compute waits; *copy_s the queue's busy
+ * time. */
+static double offload_wait(const plan_trace *t, const unit_time *ut, int nu, double host_bw, double *copy_s) {
+    double now = 0, queue = 0, waited = 0, *done = calloc((size_t)nu, sizeof *done);
+    if (!done) return 0;
+    *copy_s = 0;
+    int last = -1, prev = -1; /* the last two offloaded units, in forward order */
+    for (int u = 0; u < nu; u++) {
+        now += ut[u].f;
+        double b = t->units[u].offload_bytes;
+        if (b <= 0) continue;
+        if (prev >= 0 && t->units[prev].offload_copied && done[prev] > now) { /* u takes prev's slot */
+            waited += done[prev] - now;
+            now = done[prev];
+        }
+        prev = last;
+        last = u;
+        if (!t->units[u].offload_copied) continue;
+        double c = b / host_bw, start = fmax(now, queue);
+        queue = done[u] = start + c;
+        *copy_s += c;
+    }
+    memset(done, 0, sizeof *done * (size_t)nu);
+    for (int u = nu - 1; u >= 0; u--) {
+        for (int w = u; w >= u - 1 && w >= 0; w--) /* u's and u-1's in slots before u unpacks */
+            if (t->units[w].offload_copied && done[w] > now) {
+                waited += done[w] - now;
+                now = done[w];
+            }
+        if (u >= 2 && t->units[u - 2].offload_copied) {
+            double c = t->units[u - 2].offload_bytes / host_bw, start = fmax(now, queue);
+            queue = done[u - 2] = start + c;
+            *copy_s += c;
+        }
+        now += ut[u].bi + ut[u].bw + ut[u].re;
+    }
+    free(done);
+    return waited;
+}
 
 static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profile *hw, int gpn, unit_time *ut,
                        const int *ac, plan_result *res, int n_micro, const int *unit_rank) {
@@ -947,6 +1010,23 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     double norm_s = hw->mem_bw > 0 ? 2.0 * local_bytes[slowest] / (hw->mem_bw * hw->mem_eff) : 0;
     res->t_optimizer = opt_s + norm_s;
     step += res->t_optimizer;
+    if (l->offload && pp <= 1) { /* activation offload's copies, where they do not hide */
+        double copied = 0;
+        for (int u = 0; u < nu; u++) copied += t.units[u].offload_copied ? 2 * t.units[u].offload_bytes : 0;
+        res->host_bytes = t.host_bytes;
+        res->offload_bytes = copied * n_micro * accum;
+        if (l->compile)
+            note_add(r.note, sizeof r.note, "compile has no effect with activation offload: its copies to and from "
+                                            "the host are not captured, so the step runs eagerly");
+        if (hw->host_bw > 0) {
+            double copy_s = 0;
+            res->t_offload_exposed = offload_wait(&t, ut, nu, hw->host_bw, &copy_s) * n_micro * accum;
+            res->t_offload = copy_s * n_micro * accum;
+            step += res->t_offload_exposed;
+        } else if (copied > 0)
+            note_add(r.note, sizeof r.note, "the profile gives no host_link bandwidth: activation offload's "
+                                            "copies are not timed");
+    }
     res->step_time = step;
     for (int u = 0; u < nu; u++) {
         if ((unit_rank ? unit_rank[u] : 0) != slowest) continue;

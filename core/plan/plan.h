@@ -61,6 +61,8 @@ typedef struct hw_profile {
     double mem_eff;       /* fraction of mem_bw memory-bound ops reach */
     double intra_bw, intra_lat; /* per-GPU bandwidth (bytes/s, one direction) and latency (s) in a node */
     double inter_bw, inter_lat; /* the same between nodes (the GPU's share of the network) */
+    double host_bw;             /* one GPU's link to host memory, bytes/s one direction (activation
+                                   offload's copies); 0: not given, offload's copy time not counted */
     int gpus_per_node;
     double overhead_bytes;      /* runtime, context and library memory per GPU */
     double alloc_frac;          /* allocator slack: fraction added to activations and buffers */
@@ -141,6 +143,8 @@ typedef struct plan_unit {
     double grads_peak;          /* of which activation gradients in its backward (a pipeline context's own) */
     double scratch_peak;        /* of which recompute scratch, forward or backward (one arena per rank) */
     double zeroed_bytes;        /* activation gradients zeroed in its backward (memory traffic) */
+    double offload_bytes;       /* activation offload: its packed activations (0: not offloaded) */
+    int offload_copied;         /* ... copied out after its forward and in before its backward */
 } plan_unit;
 
 typedef struct plan_trace {
@@ -160,6 +164,7 @@ typedef struct plan_trace {
     /* the host-side descriptor arenas (tensors, tape entries) and the custom ops' device scratch, as
      * the tape left them: their allocated sizes */
     double desc_bytes, opscratch_bytes;
+    double host_bytes; /* activation offload's host copies */
 } plan_trace;
 void plan_trace_free(plan_trace *t);
 
@@ -177,6 +182,7 @@ typedef struct plan_layout {
     int float8;               /* 0 off, else quantize.dense.float8 on with `float8_recipe` */
     char float8_recipe[64];   /* tensorwise, rowwise, mxfp8 ... (the plugin's format) */
     int compile, async_tp, bf16;
+    int offload;              /* activation_offload.layers: blocks whose saved activations wait in host memory */
 } plan_layout;
 
 /* Memory categories of a plan (bytes on the largest rank). */
@@ -217,6 +223,9 @@ typedef struct plan_result {
     double tokens_per_s_per_gpu, mfu, flops_per_token; /* MFU against peak_flops[PLAN_BF16], torchtitan's formula */
     double scaling_efficiency;    /* against the smallest GPU count that fits (search), else 0 */
     char assumptions[1024];       /* what the plan assumed because a plugin reported nothing */
+    /* activation offload: host memory held for the copies, bytes copied out and in per step, and
+     * the copy time that does not hide behind the neighbouring units' compute */
+    double host_bytes, offload_bytes, t_offload, t_offload_exposed;
 } plan_result;
 
 /* A planner over one manifest: its plugins loaded, model created (no parameters). */
@@ -237,6 +246,8 @@ int plan_trace_layout(plan_ctx *ctx, const plan_layout *l, plan_trace *t, char *
 typedef struct plan_search_opts {
     int gpus, gpus_per_node, top_k;
     int vary_ac, vary_float8, vary_compile, vary_schedule; /* all 1 by default */
+    int vary_offload; /* 1: a mesh without a pipeline whose whole local batch fits in no AC mode is tried
+                         again with every block's activations offloaded (activation_offload.layers) */
 } plan_search_opts;
 /* Every layout that multiplies to opts->gpus and divides the model, evaluated; *out sorted by
  * tokens/s per GPU (fitting first). */

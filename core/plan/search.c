@@ -13,8 +13,9 @@
  *   - every mesh is evaluated with default knobs (no float8, no compile, 1F1B, no async TP); on the
  *     best SEARCH_FULL_MESHES of them the knobs are tuned by coordinate descent (each knob's values
  *     with the others held, until a round changes nothing).
- * The counts (meshes, pruned, evaluated, refused) come back in plan_search_stats; the output prints
- * them.
+ * Without a pipeline, a mesh whose whole local batch fits in no AC mode is walked once more with
+ * every block's saved activations offloaded to host memory (activation_offload.layers). The counts
+ * (meshes, pruned, evaluated, refused) come back in plan_search_stats; the output prints them.
  */
 #include "plan/search.h"
 #include "tools/schedule.h"
@@ -56,6 +57,7 @@ typedef struct searcher {
     double capacity;    /* bytes a layout may use */
     int have_sched[N_SCHEDULES];
     int min_spr[N_SCHEDULES]; /* each schedule's fewest stages per rank (interleaved ones: 2) */
+    int n_layers;       /* the model's blocks (activation offload's candidates) */
     plan_result *res;
     int n_res, cap_res;
     char err[256];      /* the last refusal */
@@ -124,6 +126,7 @@ static double walk(searcher *s, const mesh *m, const knobs *k) {
     l.compile = k->compile;
     l.async_tp = m->tp > 1 ? k->async_tp : 0;
     l.global_batch = s->G;
+    if (m->pp > 1) l.offload = 0; /* (not with a pipeline yet) */
     int64_t B = s->G / ((int64_t)m->rep * m->shard), d[SEARCH_MAX_DIVISORS];
     int nd = divisors(B, d, SEARCH_MAX_DIVISORS), ac[3], nac = ac_modes(s, ac);
     /* a local batch past the manifest's limit on tokens per microbatch would not load */
@@ -131,9 +134,14 @@ static double walk(searcher *s, const mesh *m, const knobs *k) {
     while (nd > 0 && d[nd - 1] > max_local) nd--;
     if (nd == 0) return 0;
     int first = s->n_res;
-    if (m->pp == 1) { /* the largest local batch that fits, per AC mode; gradient accumulation does the rest */
+    /* without a pipeline, where the whole local batch fits in no AC mode, once more with every
+     * block's activations in host memory: copies beside compute instead of more steps */
+    int blocks = s->n_layers, passes = m->pp == 1 && s->o->vary_offload && blocks > 2 && !s->tmpl.offload ? 2 : 1;
+    int fit_at = -1; /* the largest index that fit with less recomputation (or without offload) */
+    for (int pass = 0; pass < passes && m->pp == 1 && fit_at < nd - 1; pass++) {
+        /* the largest local batch that fits, per AC mode; gradient accumulation does the rest */
         l.pp_microbatch_size = s->tmpl.pp_microbatch_size;
-        int fit_at = -1; /* the largest index that fit with less recomputation */
+        if (pass) l.offload = blocks;
         for (int a = 0; a < nac && fit_at < nd - 1; a++) {
             l.ac = ac[a];
             /* more recomputation fits at least where less did: only larger batches are news */
@@ -163,7 +171,8 @@ static double walk(searcher *s, const mesh *m, const knobs *k) {
             }
             if (refused) break;
         }
-    } else { /* the whole local batch per step, split into pp microbatches; the microbatch walks up */
+    }
+    if (m->pp > 1) { /* the whole local batch per step, split into pp microbatches; the microbatch walks up */
         l.local_batch = d[nd - 1]; /* B, or the largest part of it the limit allows (accumulating the rest) */
         nd = divisors(l.local_batch, d, SEARCH_MAX_DIVISORS);
         int a0 = 0; /* an AC mode that did not fit a smaller microbatch does not fit this one */
@@ -433,6 +442,8 @@ static void searcher_init(searcher *s, plan_ctx *ctx, const plan_search_opts *o,
         if (s->min_spr[i] < 1) s->min_spr[i] = 1;
         if (p) plugin_unload(p);
     }
+    const ct_model_desc *d = plan_model(ctx);
+    s->n_layers = d->n_layers > 0 ? d->n_layers : d->n_units - 2;
     static_memory(s);
 }
 

@@ -215,7 +215,7 @@ ct_status cmd_plan(int argc, char **argv) {
         goto out;
     }
     if (a.search) {
-        plan_search_opts o = {a.gpus, hw.gpus_per_node, a.top, 1, 1, 1, 1};
+        plan_search_opts o = {a.gpus, hw.gpus_per_node, a.top, 1, 1, 1, 1, 1};
         if (plan_search_ex(ctx, &o, &hw, &res, &n, &stats, err, sizeof err)) {
             fprintf(stderr, "ctitan plan: %s\n", err);
             st = CT_ERR_INVALID;
