@@ -472,7 +472,8 @@ int plan_write_manifest(const manifest *mf, const plan_layout *l, const char *pa
            l->ac == PLAN_AC_NONE ? "none" : l->ac == PLAN_AC_FULL ? "full" : "selective", 0);
     if (l->ac == PLAN_AC_SELECTIVE_OP) kv_set(&s, "activation_checkpoint.selective_ac_option", "op", 0);
     if (l->ac == PLAN_AC_SELECTIVE_LAYER) kv_setf(&s, "activation_checkpoint.selective_ac_option", "%lld", l->ac_every);
-    if (l->offload || kv_find(&s, "activation_offload.layers")) kv_setf(&s, "activation_offload.layers", "%lld", l->offload);
+    if (l->offload) kv_setf(&s, "activation_offload.layers", "%lld", l->offload);
+    else kv_del(&s, "activation_offload.layers"); /* (0 is the default) */
     /* float8 is on by quantize.dense.float8.enable alone: torchtitan's other spellings go */
     kv_del(&s, "quantize.linear.float8.recipe_name");
     kv_del(&s, "quantize.linear.mx.recipe_name");
