@@ -57,9 +57,10 @@
  * 2.8 appended: growable device regions (device.h region_reserve, region_resize, region_release),
  * so the host's arenas grow in place instead of by added blocks.
  * 2.9 appended: copies beside the device's work (device.h host_alloc, host_free, copy_async,
- * copy_wait), for activation offload. */
+ * copy_wait), for activation offload.
+ * 2.10 appended: AdamW with bf16 moments (device.h adamw_bf16_moments). */
 #define CT_ABI_MAJOR 2
-#define CT_ABI_MINOR 9
+#define CT_ABI_MINOR 10
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 

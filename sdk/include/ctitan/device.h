@@ -348,6 +348,16 @@ typedef struct ct_device_api {
      * are done; the host does not wait (CUDA: cudaStreamWaitEvent). CT_ERR_INVALID for a ticket not
      * yet issued. synchronize waits for every copy queued before it too. */
     ct_status (*copy_wait)(ct_device *dev, uint64_t ticket);
+
+    /* ---- ABI 2.10: AdamW with bf16 moments (optional) ----
+     * adamw's step with m and v held in bf16 (torchtitan's optimizer.implementation
+     * fused_opt_states_bf16): mv[i] is element i's moments, m's bf16 bits in the low 16 and v's in
+     * the high 16, one 32-bit word per element, so a checkpoint or a new layout moves them with
+     * their element. Each step widens them to f32, computes exactly as adamw does, and stores them
+     * rounded to nearest even; param and grad stay f32. */
+    ct_status (*adamw_bf16_moments)(ct_device *dev, float *param, const float *grad, uint32_t *mv, int64_t n,
+                                    float lr, float beta1, float beta2, float eps, float weight_decay,
+                                    int64_t step);
 } ct_device_api;
 
 #endif
