@@ -3,13 +3,15 @@
  * Files: device.c (entry, options, lifecycle, the API table), memory.c (the caching allocator,
  * copies, scratch and readbacks), blas.c (matmul through cuBLASLt, the peak-FLOP/s loop),
  * ops.c, ops_ext.c and ops_ew.c (argument checks, then the kernel launchers of kernels.h; ops_ew.c
- * has ABI 2.1's elementwise ops), stream.c (share_stream), graph.c (capture into CUDA graphs,
- * ABI 1.5).
+ * has ABI 2.1's elementwise ops), stream.c (share_stream; the copy stream of ABI 2.9's
+ * copy_async), graph.c (capture into CUDA graphs, ABI 1.5).
  *
  * Streams: every op runs on d->stream. Until share_stream (ABI 1.4) that is the legacy default
  * stream, ordered both ways with the NCCL plugin's blocking streams (no events needed, no
  * overlap either); after it, a non-blocking stream of the plugin's own, which the NCCL plugin
- * orders against with events once the host binds it (comm.h, bind_stream). See stream.c.
+ * orders against with events once the host binds it (comm.h, bind_stream). copy_async's copies
+ * run on a second stream of the plugin's, d->copy_stream, ordered against d->stream with events
+ * both ways. See stream.c.
  */
 #ifndef CTITAN_CUDA_DEVICE_H
 #define CTITAN_CUDA_DEVICE_H
@@ -50,6 +52,8 @@ typedef struct cuda_cache {
 
 struct cuda_plans; /* blas.c: cached cuBLASLt matmul plans */
 
+#define CUDA_COPY_EVENTS 32 /* copy_async's ring of completion events (stream.c) */
+
 typedef struct ct_device { /* the ABI's opaque ct_device */
     const ct_host *host;
     int device;
@@ -82,6 +86,15 @@ typedef struct ct_device { /* the ABI's opaque ct_device */
     /* growable regions (region.c), under mem_lock */
     struct cuda_region **regions;
     int n_regions, cap_regions;
+    /* copies beside the work (stream.c, ABI 2.9), under copy_lock: the copy stream and its events
+     * (made by the first copy_async), and the tickets handed out so far. copy_before is recorded
+     * on d->stream before each copy, which the copy stream waits for; copy_done[t % CUDA_COPY_EVENTS]
+     * is recorded on the copy stream after copy t, and copy_wait(t) makes d->stream wait for it. */
+    pthread_mutex_t copy_lock;
+    cudaStream_t copy_stream; /* NULL until the first copy_async */
+    cudaEvent_t copy_before;
+    cudaEvent_t copy_done[CUDA_COPY_EVENTS];
+    uint64_t copies_issued;
 } cuda_device;
 
 #define CUDA_PINNED_BYTES 64
@@ -114,6 +127,10 @@ ct_status cuda_synchronize(ct_device *dev);
 ct_status cuda_readback(cuda_device *d, const char *op, void *dst, const void *src, size_t bytes);
 /* destroy: the shared stream (if any) back to CUDA (stream.c) */
 void cuda_stream_release(cuda_device *d);
+/* destroy: waits for the copy stream, then gives it and its events back (stream.c) */
+void cuda_copies_release(cuda_device *d);
+/* synchronize's half for copies: waits for every copy queued so far (stream.c) */
+ct_status cuda_copies_synchronize(cuda_device *d, const char *op);
 /* graph_free: the blocks graph `serial` held go back to the cache */
 void cuda_cache_unhold(cuda_device *d, unsigned serial);
 /* CT_OK, or CT_ERR_INVALID "op: ... cannot be part of a graph" while a capture runs */
@@ -155,6 +172,7 @@ CUDA_OP(gelu_backward);
 CUDA_OP(cross_entropy_forward);
 CUDA_OP(cross_entropy_backward);
 CUDA_OP(adamw);
+CUDA_OP(adamw_bf16_moments);
 CUDA_OP(cast_f32_to_bf16);
 CUDA_OP(cast_bf16_to_f32);
 CUDA_OP(round_bf16);
@@ -199,5 +217,10 @@ CUDA_OP(rope_freqs_backward);
 CUDA_OP(region_reserve);
 CUDA_OP(region_resize);
 CUDA_OP(region_release);
+/* ABI 2.9: stream.c (copies beside the work) */
+CUDA_OP(host_alloc);
+CUDA_OP(host_free);
+CUDA_OP(copy_async);
+CUDA_OP(copy_wait);
 
 #endif

@@ -13,7 +13,9 @@
  *
  * Where the work is: memory.c (caching allocator), blas.c (matmul), ops.c / ops_ext.c / ops_ew.c
  * (argument checks), kernels_*.cu (the kernels), stream.c (the device's stream, shared with the comm plugin
- * through share_stream).
+ * through share_stream; and a second stream, made by the first copy_async, for ABI 2.9's copies
+ * beside the device's work: pinned host memory, copies ordered against the device's stream with
+ * events).
  */
 #include "cuda_device.h"
 
@@ -175,6 +177,7 @@ static ct_status cuda_create(const ct_host *host, ct_device **dev)
     d->memory_bytes = (int64_t)prop.totalGlobalMem;
     pthread_mutex_init(&d->mem_lock, NULL);
     pthread_mutex_init(&d->op_lock, NULL);
+    pthread_mutex_init(&d->copy_lock, NULL);
     cuda_current = d->device;
     if ((st = cuda_open(d)) != CT_OK) {
         cuda_destroy(d);
@@ -198,6 +201,7 @@ static void cuda_destroy(ct_device *dev)
         return;
     if (cuda_enter(d, "destroy") == CT_OK)
         (void)cudaStreamSynchronize(d->stream);
+    cuda_copies_release(d); /* waits for the copy stream first */
     cuda_stream_release(d);
     cuda_blas_release(d);
     cuda_regions_release(d);
@@ -209,6 +213,7 @@ static void cuda_destroy(ct_device *dev)
     (void)cudaGetLastError();
     pthread_mutex_destroy(&d->mem_lock);
     pthread_mutex_destroy(&d->op_lock);
+    pthread_mutex_destroy(&d->copy_lock);
     free(d);
 }
 
@@ -270,6 +275,7 @@ static const ct_device_api cuda_api = {
     .cross_entropy_forward = cuda_cross_entropy_forward,
     .cross_entropy_backward = cuda_cross_entropy_backward,
     .adamw = cuda_adamw,
+    .adamw_bf16_moments = cuda_adamw_bf16_moments,
     .cast_f32_to_bf16 = cuda_cast_f32_to_bf16,
     .cast_bf16_to_f32 = cuda_cast_bf16_to_f32,
     .round_bf16 = cuda_round_bf16,
@@ -309,6 +315,10 @@ static const ct_device_api cuda_api = {
     .region_reserve = cuda_region_reserve,
     .region_resize = cuda_region_resize,
     .region_release = cuda_region_release,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .copy_async = cuda_copy_async,
+    .copy_wait = cuda_copy_wait,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -65,6 +65,10 @@ cudaError_t cuk_gelu_backward(const cuk_env *e, float *dx, const float *dout, co
 /* The constants come from the host in double, as the CPU plugin computes them. */
 cudaError_t cuk_adamw(const cuk_env *e, float *param, const float *grad, float *m, float *v, int64_t n,
                       float beta1, float beta2, float eps, float step_size, float bc2_sqrt, float decay);
+/* ABI 2.10: the moments as bf16 pairs, m in the low half of mv[i] and v in the high half. */
+cudaError_t cuk_adamw_bf16_moments(const cuk_env *e, float *param, const float *grad, uint32_t *mv, int64_t n,
+                                   float beta1, float beta2, float eps, float step_size, float bc2_sqrt,
+                                   float decay);
 cudaError_t cuk_cast_f32_to_bf16(const cuk_env *e, uint16_t *dst, const float *src, int64_t n);
 cudaError_t cuk_cast_bf16_to_f32(const cuk_env *e, float *dst, const uint16_t *src, int64_t n);
 cudaError_t cuk_round_bf16(const cuk_env *e, float *x, int64_t n);

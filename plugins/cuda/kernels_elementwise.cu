@@ -304,6 +304,30 @@ static __device__ __forceinline__ float bf16_to_f32(uint16_t h)
     return __uint_as_float((uint32_t)h << 16);
 }
 
+/* AdamW with bf16 moments (ABI 2.10): adamw_k's arithmetic on the moments widened from mv's halves;
+ * the step reads the f32 values, the moments are stored rounded to nearest even. */
+static __global__ void adamw_bf16_moments_k(float *param, const float *grad, uint32_t *mv, int64_t n, float beta1,
+                                            float beta2, float eps, float step_size, float bc2_sqrt, float decay)
+{
+    CUK_FOR(i, n) {
+        float g = grad[i];
+        uint32_t w = mv[i];
+        float mi = beta1 * bf16_to_f32((uint16_t)(w & 0xFFFFu)) + (1.0f - beta1) * g;
+        float vi = beta2 * bf16_to_f32((uint16_t)(w >> 16)) + (1.0f - beta2) * g * g;
+        mv[i] = (uint32_t)f32_to_bf16(mi) | (uint32_t)f32_to_bf16(vi) << 16;
+        param[i] = param[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    }
+}
+
+extern "C" cudaError_t cuk_adamw_bf16_moments(const cuk_env *e, float *param, const float *grad, uint32_t *mv,
+                                              int64_t n, float beta1, float beta2, float eps, float step_size,
+                                              float bc2_sqrt, float decay)
+{
+    adamw_bf16_moments_k<<<cuk_grid(e, n, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(param, grad, mv, n, beta1, beta2,
+                                                                                      eps, step_size, bc2_sqrt, decay);
+    return cudaGetLastError();
+}
+
 static __global__ void cast_f32_to_bf16_k(uint16_t *dst, const float *src, int64_t n)
 {
     CUK_FOR(i, n) dst[i] = f32_to_bf16(src[i]);

@@ -8,7 +8,9 @@
  * Blocks are cudaMalloc's, 256-byte aligned (the ABI asks for 64). Everything runs on one stream,
  * d->stream (the legacy stream, or share_stream's: stream.c), so a block freed while kernels still
  * use it is only handed to work ordered after them. Work other plugins queue on their own streams
- * (collectives) is not: the host waits for it before freeing the buffers it uses.
+ * (collectives) is not: the host waits for it before freeing the buffers it uses. Nor are
+ * copy_async's copies (their own stream, stream.c): the host frees a block a copy uses after
+ * copy_wait, which orders d->stream after the copy.
  *
  * Accounting: the host counts what it allocates itself (as with the CPU plugin); the plugin
  * reports its own memory under CT_MEM_OTHER: cuBLASLt's workspace (blas.c) and scratch blocks
@@ -379,7 +381,9 @@ ct_status cuda_synchronize(ct_device *dev)
     if (st != CT_OK)
         return st;
     cudaError_t e = cudaStreamSynchronize(d->stream);
-    return e == cudaSuccess ? CT_OK : cuda_error(d, "synchronize", "cudaStreamSynchronize", e);
+    if (e != cudaSuccess)
+        return cuda_error(d, "synchronize", "cudaStreamSynchronize", e);
+    return cuda_copies_synchronize(d, "synchronize"); /* and copy_async's copies (stream.c) */
 }
 
 ct_status cuda_readback(cuda_device *d, const char *op, void *dst, const void *src, size_t bytes)

@@ -814,34 +814,55 @@ ct_status cuda_cross_entropy_backward_dev(ct_device *dev, float *dlogits, const 
 
 /* ---------------------------------------------------------------- optimizer, precision */
 
+/* adamw's and adamw_bf16_moments' arguments checked, the device entered, and the CPU plugin's
+ * constants (bias corrections in double, the rest in float) into c[3]: step_size, bc2_sqrt, decay.
+ * CT_OK with n > 0 to launch; *skip for n == 0. */
+static ct_status adamw_prepare(cuda_device *d, const char *op, int ok_pointers, int64_t n, float lr, float beta1,
+                               float beta2, float weight_decay, int64_t step, float c[3], int *skip)
+{
+    *skip = 0;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cuda_fail(d, CT_ERR_INVALID, op, "negative length %lld", (long long)n);
+    if (step < 1)
+        return cuda_fail(d, CT_ERR_INVALID, op, "step %lld, expected >= 1 (counted from 1)", (long long)step);
+    if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1))
+        return cuda_fail(d, CT_ERR_INVALID, op, "betas (%g, %g), expected each in [0, 1)", (double)beta1,
+                         (double)beta2);
+    if (!(n == 0 || ok_pointers))
+        return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
+    *skip = n == 0;
+    double bc1 = 1.0 - pow((double)beta1, (double)step), bc2 = 1.0 - pow((double)beta2, (double)step);
+    c[0] = (float)((double)lr / bc1), c[1] = (float)sqrt(bc2), c[2] = 1 - lr * weight_decay;
+    return *skip ? CT_OK : cuda_enter(d, op);
+}
+
 ct_status cuda_adamw(ct_device *dev, float *param, const float *grad, float *m, float *v, int64_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, int64_t step)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "adamw", "negative length %lld", (long long)n);
-    if (step < 1)
-        return cuda_fail(d, CT_ERR_INVALID, "adamw", "step %lld, expected >= 1 (counted from 1)", (long long)step);
-    if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1))
-        return cuda_fail(d, CT_ERR_INVALID, "adamw", "betas (%g, %g), expected each in [0, 1)", (double)beta1,
-                         (double)beta2);
-    if (!(n == 0 || (param && grad && m && v)))
-        return cuda_fail(d, CT_ERR_INVALID, "adamw", "null pointer");
-    if (n == 0)
-        return CT_OK;
-    /* the CPU plugin's constants: bias corrections in double, the rest in float */
-    double bc1 = 1.0 - pow((double)beta1, (double)step), bc2 = 1.0 - pow((double)beta2, (double)step);
-    float step_size = (float)((double)lr / bc1), bc2_sqrt = (float)sqrt(bc2);
-    float decay = 1 - lr * weight_decay;
-    ct_status st = cuda_enter(d, "adamw");
-    if (st != CT_OK)
+    float c[3];
+    int skip;
+    ct_status st = adamw_prepare(d, "adamw", param && grad && m && v, n, lr, beta1, beta2, weight_decay, step, c, &skip);
+    if (st != CT_OK || skip)
         return st;
-    cudaError_t e = cuk_adamw(&d->env, param, grad, m, v, n, beta1, beta2, eps, step_size, bc2_sqrt, decay);
-    if (e != cudaSuccess)
-        return cuda_error(d, "adamw", "kernel launch", e);
-    return CT_OK;
+    cudaError_t e = cuk_adamw(&d->env, param, grad, m, v, n, beta1, beta2, eps, c[0], c[1], c[2]);
+    return e == cudaSuccess ? CT_OK : cuda_error(d, "adamw", "kernel launch", e);
+}
+
+ct_status cuda_adamw_bf16_moments(ct_device *dev, float *param, const float *grad, uint32_t *mv, int64_t n, float lr,
+                                  float beta1, float beta2, float eps, float weight_decay, int64_t step)
+{
+    cuda_device *d = dev;
+    float c[3];
+    int skip;
+    ct_status st = adamw_prepare(d, "adamw_bf16_moments", param && grad && mv, n, lr, beta1, beta2, weight_decay, step,
+                                 c, &skip);
+    if (st != CT_OK || skip)
+        return st;
+    cudaError_t e = cuk_adamw_bf16_moments(&d->env, param, grad, mv, n, beta1, beta2, eps, c[0], c[1], c[2]);
+    return e == cudaSuccess ? CT_OK : cuda_error(d, "adamw_bf16_moments", "kernel launch", e);
 }
 
 ct_status cuda_cast_f32_to_bf16(ct_device *dev, uint16_t *dst, const float *src, int64_t n)

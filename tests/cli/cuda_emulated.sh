@@ -12,7 +12,8 @@
 #   (a) the emulated plugin passes every test of tests/unit/test_device_conformance.c (ABI 1.0,
 #       float8 and tensor-parallel ops, 1.4's fp8 GEMM, bf16 operands and shared stream, 1.5's
 #       device-resident loss ops and graph capture, 2.1's elementwise ops, 2.3's rope at positions
-#       and attention by blocks with its merge, 2.4's rope with a frequency table), with
+#       and attention by blocks with its merge, 2.4's rope with a frequency table, 2.9's copies
+#       beside the work on a second stream ordered by events, 2.10's AdamW with bf16 moments), with
 #       ASan/UBSan on the kernels and the host code;
 #   (b) again with cuBLASLt finding no algorithm (the cublasSgemm fallback), and with cudaMalloc
 #       failing past 228 MiB live (the allocator's trim-and-retry);

@@ -353,6 +353,44 @@ int main(void)
     OK(cudaEventSynchronize(ev));
     puts("ok: waiting for an event recorded into a capture fails (and invalidates it) until a launch records it");
 
+    /* cudaStreamWaitEvent: a live event and stream; an event recorded into a capture is waited for
+     * only inside it, and the capturing stream waits for no event recorded outside it */
+    cudaStream_t waiter;
+    OK(cudaStreamCreateWithFlags(&waiter, cudaStreamNonBlocking));
+    cudaEvent_t untimed, gone_event;
+    OK(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming));
+    OK(cudaEventRecord(untimed, cudaStreamLegacy));
+    OK(cudaStreamWaitEvent(s, untimed, 0));
+    OK(cudaStreamWaitEvent(cudaStreamLegacy, untimed, 0));
+    EXPECT(cudaStreamWaitEvent((cudaStream_t)(uintptr_t)0x1000, untimed, 0), cudaErrorInvalidResourceHandle);
+    EXPECT(cudaStreamWaitEvent(s, untimed, 1), cudaErrorInvalidValue);
+    float ms = 0;
+    EXPECT(cudaEventElapsedTime(&ms, untimed, untimed), cudaErrorInvalidResourceHandle);
+    OK(cudaEventCreate(&gone_event));
+    OK(cudaEventDestroy(gone_event));
+    EXPECT(cudaEventDestroy(gone_event), cudaErrorInvalidResourceHandle);
+    EXPECT(cudaStreamWaitEvent(s, gone_event, 0), cudaErrorInvalidResourceHandle);
+    EXPECT(cudaEventRecord(gone_event, s), cudaErrorInvalidResourceHandle);
+    OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    OK(cudaEventRecord(ev, s));
+    OK(cudaStreamWaitEvent(s, ev, 0));
+    EXPECT(cudaStreamWaitEvent(waiter, ev, 0), cudaErrorCapturedEvent);
+    end_invalidated(s);
+    OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    EXPECT(cudaStreamWaitEvent(s, untimed, 0), cudaErrorStreamCaptureUnsupported);
+    end_invalidated(s);
+    OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    OK(cudaEventRecord(ev, s));
+    OK(cudaStreamWaitEvent(s, ev, 0));
+    cudaGraphExec_t waits = end_instantiate(s, 2);
+    EXPECT(cudaStreamWaitEvent(waiter, ev, 0), cudaErrorCapturedEvent);
+    OK(cudaGraphLaunch(waits, s));
+    OK(cudaStreamWaitEvent(waiter, ev, 0));
+    OK(cudaEventDestroy(untimed));
+    OK(cudaStreamDestroy(waiter));
+    puts("ok: cudaStreamWaitEvent takes live events and streams; an event recorded into a capture is waited for "
+         "inside it, not outside until a launch records it; a capture waits for no event from outside it");
+
     /* checked again at the launch: a block freed since, and a kernel's shared memory limit lowered */
     float *gone;
     OK(cudaMalloc((void **)&gone, 64));
@@ -373,7 +411,7 @@ int main(void)
     EXPECT(cudaGraphLaunch(big, s), cudaErrorInvalidValue);
     puts("ok: a launch checks each node again and stops at the first that fails");
 
-    for (cudaGraphExec_t e : {exec, gemms, sort, record, stale, big})
+    for (cudaGraphExec_t e : {exec, gemms, sort, record, waits, stale, big})
         OK(cudaGraphExecDestroy(e));
     EXPECT(cudaGraphExecDestroy(NULL), cudaErrorInvalidValue);
     OK(cudaEventDestroy(ev));

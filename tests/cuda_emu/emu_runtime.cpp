@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 /* ---------------------------------------------------------------- errors */
@@ -490,24 +491,71 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s)
 
 /* ---------------------------------------------------------------- events */
 
+/* An event is a handle from cudaEventCreate(WithFlags) until cudaEventDestroy. Using one that was
+ * never created or is destroyed is undefined in CUDA (often cudaErrorInvalidResourceHandle); here
+ * it always is, with a "cuda_emu:" line, and the handle is not touched. An event never destroyed
+ * shows as a leak under LeakSanitizer. */
 struct emu_event {
+    unsigned flags;
     std::chrono::steady_clock::time_point t;
     bool captured; /* last recorded into a capture: no time to wait for or read until recorded again */
 };
 
+static std::mutex event_lock;
+static std::set<cudaEvent_t> live_events;
+
+static cudaError_t check_event(const char *call, cudaEvent_t e)
+{
+    std::lock_guard<std::mutex> hold(event_lock);
+    if (live_events.count(e))
+        return cudaSuccess;
+    return emu_fail(cudaErrorInvalidResourceHandle, "%s on event %p, which is not a live event (never created or "
+                                                    "already destroyed)", call, (void *)e);
+}
+
+/* The legacy stream (or 0), or a stream cudaStreamCreateWithFlags made and nobody destroyed. Not
+ * called under capture_lock (emu_graphs.cpp's and emu_streams.cpp's locks are never held together). */
+static cudaError_t check_stream(const char *call, cudaStream_t s)
+{
+    unsigned flags;
+    if (s == nullptr || s == cudaStreamLegacy || emu_stream_live(s, &flags))
+        return cudaSuccess;
+    return emu_fail(cudaErrorInvalidResourceHandle, "%s on stream %p, which is not a live stream", call, (void *)s);
+}
+
+extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
+{
+    if (!e || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming)))
+        return emu_fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags with %s", e ? "unknown flags" : "a null output");
+    cudaEvent_t h = new emu_event{flags, {}, false};
+    std::lock_guard<std::mutex> hold(event_lock);
+    live_events.insert(h);
+    *e = h;
+    return cudaSuccess;
+}
 extern "C" cudaError_t cudaEventCreate(cudaEvent_t *e)
 {
-    *e = new emu_event();
-    return cudaSuccess;
+    return cudaEventCreateWithFlags(e, cudaEventDefault);
 }
 extern "C" cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
+    std::lock_guard<std::mutex> hold(event_lock);
+    if (live_events.erase(e) == 0)
+        return emu_fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy of %p, which is not a live event (never "
+                                                        "created or already destroyed)", (void *)e);
     delete e;
     return cudaSuccess;
 }
+/* Checked again when a graph records it: the event may be destroyed by then. */
 extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
+    cudaError_t err = check_stream("cudaEventRecord", s);
+    if (err != cudaSuccess)
+        return err;
     return emu_enqueue(s, "cudaEventRecord", [e](bool run) {
+        cudaError_t err = check_event("cudaEventRecord", e);
+        if (err != cudaSuccess)
+            return err;
         if (run)
             e->t = std::chrono::steady_clock::now();
         e->captured = !run;
@@ -523,14 +571,56 @@ static cudaError_t refuse_captured(const char *call, cudaEvent_t e)
 }
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
+    cudaError_t err = check_event("cudaEventSynchronize", e);
+    if (err != cudaSuccess)
+        return err;
     return e->captured ? refuse_captured("cudaEventSynchronize", e) : cudaSuccess;
 }
+/* As in CUDA, an event made with cudaEventDisableTiming has no time to read. */
 extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t stop)
 {
+    cudaError_t err = check_event("cudaEventElapsedTime", start);
+    if (err == cudaSuccess)
+        err = check_event("cudaEventElapsedTime", stop);
+    if (err != cudaSuccess)
+        return err;
+    if ((start->flags | stop->flags) & cudaEventDisableTiming)
+        return emu_fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime on an event made with "
+                                                        "cudaEventDisableTiming");
     if (start->captured || stop->captured)
         return refuse_captured("cudaEventElapsedTime", start->captured ? start : stop);
     *ms = std::chrono::duration<float, std::milli>(stop->t - start->t).count();
     return cudaSuccess;
+}
+/* CUDA: work queued on s after the call waits for the work the event's last record covers; the
+ * host does not wait. Here that work has finished when its call returned, so the wait only
+ * checks, queued through emu_enqueue like cudaEventRecord: a live stream and a live event, flags
+ * cudaEventWaitDefault (stricter: CUDA also takes cudaEventWaitExternal, which the plugin does
+ * not use). On the capturing stream the wait is recorded (a dependency inside the graph, checked
+ * again at each launch); an event last recorded into a capture is refused from a stream that does
+ * not capture (cudaErrorCapturedEvent, and the capture is invalidated, as for
+ * cudaEventSynchronize). Stricter than CUDA: the capturing stream may not wait for an event
+ * recorded outside the capture (cudaErrorStreamCaptureUnsupported): a graph could not wait for it
+ * at a replay, so the plugin must order such work otherwise. */
+extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
+{
+    cudaError_t err = check_stream("cudaStreamWaitEvent", s);
+    if (err != cudaSuccess)
+        return err;
+    if (flags != cudaEventWaitDefault)
+        return emu_fail(cudaErrorInvalidValue, "cudaStreamWaitEvent with flags %#x (only cudaEventWaitDefault here)",
+                        flags);
+    return emu_enqueue(s, "cudaStreamWaitEvent", [e](bool run) {
+        cudaError_t err = check_event("cudaStreamWaitEvent", e);
+        if (err != cudaSuccess)
+            return err;
+        if (run && e->captured)
+            return refuse_captured("cudaStreamWaitEvent", e);
+        if (!run && !e->captured)
+            return emu_fail(cudaErrorStreamCaptureUnsupported, "cudaStreamWaitEvent into a capture on event %p, "
+                                                               "recorded outside it", (void *)e);
+        return cudaSuccess;
+    });
 }
 
 /* ---------------------------------------------------------------- launches */

@@ -38,6 +38,10 @@ typedef struct emu_event *cudaEvent_t;
 #define cudaStreamLegacy ((cudaStream_t)0x1)
 #define cudaStreamDefault 0x0
 #define cudaStreamNonBlocking 0x1
+#define cudaEventDefault 0x0
+#define cudaEventBlockingSync 0x1
+#define cudaEventDisableTiming 0x2
+#define cudaEventWaitDefault 0x0
 
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -108,18 +112,25 @@ cudaError_t cudaGetLastError(void);
 const char *cudaGetErrorName(cudaError_t e);
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *p);
+/* emu_runtime.cpp: events. Every operation has finished when its call returns, so an event is a
+ * time; what is checked is its lifetime (created, not yet destroyed), the streams it is recorded
+ * on or waited from (the legacy stream or a live one), timing an event made without it, and a
+ * record into a capture (see cudaStreamBeginCapture below). */
 cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t stop);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
 /* emu_graphs.cpp: capture as CUDA does it, one capture at a time. The legacy stream cannot
  * capture; synchronising the capturing stream, copies to or from host memory on it, cudaFree and
  * cudaFreeHost during a capture, cudaMalloc during a Global one (or a ThreadLocal one on its
- * thread), waiting for an event recorded into a capture, and using the legacy stream while a
- * blocking stream captures fail and invalidate the capture, as does any refused operation on the
- * capturing stream. A graph holds its operations with their arguments as at the call. */
+ * thread), waiting for an event recorded into a capture (except from the capturing stream), and
+ * using the legacy stream while a blocking stream captures fail and invalidate the capture, as
+ * does any refused operation on the capturing stream (here also its waiting for an event recorded
+ * outside the capture). A graph holds its operations with their arguments as at the call. */
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status);
