@@ -281,9 +281,10 @@ static json_t *dataset_config(const manifest *mf) {
 }
 
 /* What a resume must match (checkpoint.allow_config_change lifts it): the data order (seed,
- * seq_len, the dataset and its mixture) and the model, under the config keys that set them. Zeros
- * are a pack that does not say. */
-static json_t *run_config(session *s) {
+ * seq_len, the dataset and its mixture) and the model, under the config keys that set them, and with
+ * `optimizer` (a save that holds the optimizer's states) the optimizer and its states per element.
+ * Zeros are a pack that does not say. */
+static json_t *run_config(session *s, int optimizer) {
     json_t *c = json_object();
     const ct_model_desc *d = &s->rt.desc;
     const char *str;
@@ -294,6 +295,9 @@ static json_t *run_config(session *s) {
     if (s->mf && !mf_get_int(s->mf, "training.seq_len", &v)) json_object_set_new(c, "training.seq_len", json_integer(v));
     if (s->mf && !mf_get_str(s->mf, "model.name", &str)) json_object_set_new(c, "model.name", json_string(str));
     if (s->mf && !mf_get_str(s->mf, "model.flavor", &str)) json_object_set_new(c, "model.flavor", json_string(str));
+    /* the optimizer's states: another optimizer, or another layout of its states (AdamW's bf16 moments) */
+    if (optimizer && s->optp) json_object_set_new(c, "optimizer.name", json_string(s->optp->info.name));
+    if (optimizer && s->optp) json_object_set_new(c, "optimizer.states_per_element", json_integer(s->n_state));
     const struct { const char *key; int64_t v; } ints[] = {
         {"model.vocab_size", d->vocab_size}, {"model.dim", d->dim},           {"model.n_layers", d->n_layers},
         {"model.n_heads", d->n_heads},       {"model.n_kv_heads", d->n_kv_heads}, {"model.ffn_hidden", d->ffn_hidden}};
@@ -400,7 +404,7 @@ static int write_metadata(session *s, const char *dir, int64_t step, const ckpt_
             json_object_set_new(mesh, axes[a], json_integer(s->mesh.degree[a] > 0 ? s->mesh.degree[a] : 1));
         json_object_set_new(root, "mesh", mesh);
     }
-    json_object_set_new(root, "config", run_config(s));
+    json_object_set_new(root, "config", run_config(s, st != NULL));
     json_t *desc = mdesc_build(s); /* NULL (out of memory): left out, as an older ctitan's */
     if (desc) json_object_set_new(root, "model", desc);
     if (shards_gather(s, dir, shards, err, errlen)) {
@@ -869,7 +873,7 @@ static int check_folder(json_t *root, const char *dir, const char *path, char *e
 /* "training.seed 0; this run has 1": the first setting of this run (run_config) that the checkpoint
  * recorded otherwise; "" when none. resume: all of them, else the model's only. */
 static void config_diff(session *s, json_t *root, int resume, char *out, size_t len) {
-    json_t *stored = json_object_get(root, "config"), *now = run_config(s), *v;
+    json_t *stored = json_object_get(root, "config"), *now = run_config(s, 1), *v;
     const char *key;
     out[0] = 0;
     json_object_foreach(now, key, v) {
@@ -1043,6 +1047,16 @@ int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, 
     r.tensors = json_object_get(root, "tensors");
     if (parse_pieces(root, path, &r.pieces, &r.np, err, errlen) || check_folder(root, step_dir, path, err, errlen))
         goto done;
+    if ((what & CKPT_OPTIMIZER) && s->rt.n_params > 0) { /* a state this run's optimizer has not: another layout */
+        char name[600];
+        tensor_name(name, sizeof name, runtime_param_key(&s->rt, 0), s->n_state);
+        if (json_object_get(r.tensors, name)) {
+            ct_errf(err, errlen, "%s: holds more optimizer states per element than this run's optimizer keeps (%d; "
+                    "%s is one more): another optimizer or optimizer.implementation wrote it; resume with "
+                    "checkpoint.exclude_from_loading: optimizer", path, s->n_state, name);
+            goto done;
+        }
+    }
     for (int i = 0; i < s->rt.n_params; i++) {
         const ct_param_slot *sl = &s->rt.slots[i];
         box want;

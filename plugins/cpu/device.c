@@ -1397,25 +1397,47 @@ static ct_status cpu_cross_entropy_backward_dev(ct_device *dev, float *dlogits, 
 
 /* ---------------------------------------------------------------- optimizer and precision */
 
+/* adamw's and adamw_bf16_moments' arguments: CT_OK or the error reported under `op`. */
+static ct_status cpu_adamw_check(cpu_device *d, const char *op, int ok_pointers, int64_t n, float beta1, float beta2,
+                                 int64_t step)
+{
+    if (!d)
+        return CT_ERR_INVALID;
+    if (n < 0)
+        return cpu_fail(d, CT_ERR_INVALID, op, "negative length %lld", (long long)n);
+    if (step < 1)
+        return cpu_fail(d, CT_ERR_INVALID, op, "step %lld, expected >= 1 (counted from 1)", (long long)step);
+    if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1))
+        return cpu_fail(d, CT_ERR_INVALID, op, "betas (%g, %g), expected each in [0, 1)", (double)beta1,
+                        (double)beta2);
+    if (!(n == 0 || ok_pointers))
+        return cpu_fail(d, CT_ERR_INVALID, op, "null pointer");
+    return CT_OK;
+}
+
 static ct_status cpu_adamw(ct_device *dev, float *param, const float *grad, float *m, float *v,
                            int64_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, int64_t step)
 {
     cpu_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cpu_fail(d, CT_ERR_INVALID, "adamw", "negative length %lld", (long long)n);
-    if (step < 1)
-        return cpu_fail(d, CT_ERR_INVALID, "adamw", "step %lld, expected >= 1 (counted from 1)",
-                        (long long)step);
-    if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1))
-        return cpu_fail(d, CT_ERR_INVALID, "adamw", "betas (%g, %g), expected each in [0, 1)",
-                        (double)beta1, (double)beta2);
-    if (!(n == 0 || (param && grad && m && v)))
-        return cpu_fail(d, CT_ERR_INVALID, "adamw", "null pointer");
+    ct_status st = cpu_adamw_check(d, "adamw", param && grad && m && v, n, beta1, beta2, step);
+    if (st != CT_OK)
+        return st;
     cpu_enter(d);
     adamw_f32(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+    return CT_OK;
+}
+
+static ct_status cpu_adamw_bf16_moments(ct_device *dev, float *param, const float *grad, uint32_t *mv, int64_t n,
+                                        float lr, float beta1, float beta2, float eps, float weight_decay,
+                                        int64_t step)
+{
+    cpu_device *d = dev;
+    ct_status st = cpu_adamw_check(d, "adamw_bf16_moments", param && grad && mv, n, beta1, beta2, step);
+    if (st != CT_OK)
+        return st;
+    cpu_enter(d);
+    adamw_bf16_moments_f32(param, grad, mv, n, lr, beta1, beta2, eps, weight_decay, step);
     return CT_OK;
 }
 
@@ -1908,6 +1930,7 @@ static const ct_device_api cpu_api = {
     .host_free = cpu_host_free,
     .copy_async = cpu_copy_async,
     .copy_wait = cpu_copy_wait,
+    .adamw_bf16_moments = cpu_adamw_bf16_moments,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

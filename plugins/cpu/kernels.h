@@ -108,6 +108,9 @@ void cross_entropy_backward_lse_f32(float *dlogits, const float *logits, const i
 
 void adamw_f32(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
                float beta1, float beta2, float eps, float weight_decay, int64_t step);
+/* ABI 2.10: the moments as bf16 pairs, m in the low half of mv[i] and v in the high half. */
+void adamw_bf16_moments_f32(float *param, const float *grad, uint32_t *mv, int64_t n, float lr, float beta1,
+                            float beta2, float eps, float weight_decay, int64_t step);
 
 void transpose_f32(float *dst, const float *src, int64_t rows, int64_t cols);
 

@@ -23,25 +23,13 @@ for r in tensorwise rowwise rowwise_with_gw_hp mxfp8; do
     --job.dump_folder="$T/$r" >"$T/$r.log" 2>&1 || { tail "$T/$r.log"; fail "$r run"; }
   grep -q "float8: layers.0.attention.wq.weight converted" "$T/$r.log" || fail "$r: no conversion report"
   grep -q "float8: output.weight stays in high precision (filter_fqns)" "$T/$r.log" || fail "$r: output not filtered"
-  paste -d' ' <(loss_of fp32) <(loss_of $r) | awk -v r=$r -v n=$STEPS '
-    { if ($2 != $2 + 0 || $2 == "nan") nan = 1; gap = ($2 - $1) / $1; if (gap < 0) gap = -gap; if (gap > maxgap) maxgap = gap
-      last32 = $1; last8 = $2 }
-    END { final = (last8 - last32) / last32; if (final < 0) final = -final
-      ok = !nan && NR == n && final <= 0.03
-      printf "%s %s: %d steps, final loss %.4f vs fp32 %.4f (%.2f%%), max gap over the curve %.2f%%\n",
-             ok ? "ok  " : "FAIL", r, NR, last8, last32, 100 * final, 100 * maxgap; exit !ok }' || exit 1
+  final_within "$r against fp32" "$T/fp32/metrics.jsonl" "$T/$r/metrics.jsonl" $STEPS 0.03 || exit 1
 done
 # bf16 compute (bf16 weights for compute, saved activations held in bf16 between forward and
 # backward, f32 master weights and gradients) is held to fp32 the same way
 "$CTITAN" train "${base[@]}" --training.mixed_precision_param=bfloat16 --job.dump_folder="$T/bf16" >"$T/bf16.log" 2>&1 ||
   { tail "$T/bf16.log"; fail "bf16 run"; }
-paste -d' ' <(loss_of fp32) <(loss_of bf16) | awk -v n=$STEPS '
-  { if ($2 != $2 + 0 || $2 == "nan") nan = 1; gap = ($2 - $1) / $1; if (gap < 0) gap = -gap; if (gap > maxgap) maxgap = gap
-    last32 = $1; last16 = $2 }
-  END { final = (last16 - last32) / last32; if (final < 0) final = -final
-    ok = !nan && NR == n && final <= 0.03
-    printf "%s bf16 compute: %d steps, final loss %.4f vs fp32 %.4f (%.2f%%), max gap over the curve %.2f%%\n",
-           ok ? "ok  " : "FAIL", NR, last16, last32, 100 * final, 100 * maxgap; exit !ok }' || exit 1
+final_within "bf16 compute against fp32" "$T/fp32/metrics.jsonl" "$T/bf16/metrics.jsonl" $STEPS 0.03 || exit 1
 # Where the GEMMs run: tensorwise on the device's scaled fp8 matmul (matmul_fp8, ABI 1.4), the row-wise
 # recipes on its row-scaled twin (matmul_fp8_rows); the CPU plugin's are dequantise + sgemm. MXFP8 is
 # emulated. Each is said once at start-up. The device GEMM path (operands quantised k-contiguous,

@@ -38,3 +38,18 @@ same_curve() {
         printf "%s %s: max rel gap %.1e over %d steps (loss %.1e, grad_norm %.1e)\n", bad ? "FAIL" : "ok  ", name, w, NR, wl, wg
         exit bad }'
 }
+#   final_within NAME REF RUN N BOUND
+#       another numerics against its reference (float8, bf16 compute, bf16 moments): RUN's metrics.jsonl
+#       has N step records, no NaN, and its final loss is within BOUND (relative) of REF's. Prints the
+#       final losses and the largest gap over the curve.
+final_within() {
+  local name=$1 ref=$2 run=$3 n=$4 bound=$5
+  loss_col() { grep '"loss"' "$1" | sed 's/.*"loss": \([-0-9.e+naif]*\).*/\1/'; }
+  paste -d' ' <(loss_col "$ref") <(loss_col "$run") | awk -v name="$name" -v n="$n" -v bound="$bound" '
+    { if ($2 != $2 + 0 || $2 == "nan") nan = 1; gap = ($2 - $1) / $1; if (gap < 0) gap = -gap; if (gap > maxgap) maxgap = gap
+      last_ref = $1; last = $2 }
+    END { final = (last - last_ref) / last_ref; if (final < 0) final = -final
+      ok = !nan && NR == n && final <= bound
+      printf "%s %s: %d steps, final loss %.4f vs %.4f (%.3f%%), max gap over the curve %.3f%%\n",
+             ok ? "ok  " : "FAIL", name, NR, last, last_ref, 100 * final, 100 * maxgap; exit !ok }'
+}
