@@ -53,7 +53,7 @@ typedef struct hw_key {
 #define OFF(f) offsetof(hw_profile, f)
 enum {
     K_NAME, K_SOURCE, K_GPN, K_CALIBRATED, K_BF16, K_FP8, K_FP32, K_MEM_GIB, K_MEM_GB, K_MEM_BW, K_INTRA_BW,
-    K_INTRA_LAT, K_INTER_BW, K_INTER_LAT, K_HOST_BW, K_MATMUL, K_ATTN, K_MEMEFF, K_OVER_GIB, K_OVER_GB, K_SLACK, K_HEADROOM,
+    K_INTRA_LAT, K_INTER_BW, K_INTER_LAT, K_HOST_BW, K_HOST_MEM, K_MATMUL, K_ATTN, K_MEMEFF, K_OVER_GIB, K_OVER_GB, K_SLACK, K_HEADROOM,
     K_SHARE, K_OVERLAP, K_N
 };
 /* The common shapes of a key: a rate or size in (0, hi], a latency in [0, hi], a fraction. */
@@ -88,6 +88,9 @@ static const hw_key keys[K_N] = {
     [K_HOST_BW] = {.section = "host_link", .key = "bandwidth_gb_s", .type = T_NUM, .off = OFF(host_bw), .pow10 = 9,
                    .hi = 1e6, .lo_open = 1, .optional = 1,
                    .what = "GB/s per GPU to host memory, one direction (PCIe), optional"},
+    [K_HOST_MEM] = {.section = "host_link", .key = "memory_gb", .type = T_NUM, .off = OFF(host_mem), .pow10 = 9,
+                    .hi = 1e6, .lo_open = 1, .optional = 1,
+                    .what = "GB of host memory per GPU (the node's divided by its GPUs), optional"},
     [K_MATMUL] = FRACTION("matmul_efficiency", matmul_eff, 1, 0),
     [K_ATTN] = FRACTION("attention_efficiency", attn_eff, 1, 0),
     [K_MEMEFF] = FRACTION("memory_efficiency", mem_eff, 1, 0),

@@ -81,6 +81,7 @@ void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
             fmt_s(r->t_offload_exposed, b, sizeof b);
             fprintf(f, " in %s at %.0f GB/s, exposed %s", a, hw->host_bw / 1e9, b);
         }
+        if (hw && hw->host_mem > 0) fprintf(f, " (host memory per GPU %.1f GiB)", hw->host_mem / GIB);
         fprintf(f, "\n");
     }
     if (!hw) { /* memory only: times need a profile's rates */
@@ -243,8 +244,9 @@ static json_t *result_json(const plan_result *r, const hw_profile *hw) {
     json_object_set_new(t, "bubble", jreal(r->t_bubble));
     json_object_set_new(t, "offload_exposed", jreal(r->t_offload_exposed));
     json_object_set_new(o, "activation_offload",
-                        json_pack("{s:i, s:f, s:f, s:f}", "layers", l->offload, "host_gib", r->host_bytes / GIB,
-                                  "copied_gib_per_step", r->offload_bytes / GIB, "copy_s", r->t_offload));
+                        json_pack("{s:i, s:f, s:f, s:f, s:f}", "layers", l->offload, "host_gib", r->host_bytes / GIB,
+                                  "host_capacity_gib", hw ? hw->host_mem / GIB : 0.0, "copied_gib_per_step",
+                                  r->offload_bytes / GIB, "copy_s", r->t_offload));
     json_object_set_new(o, "time_s", t);
     t = NULL;
     for (int i = 0; i < r->n_comms && i < (int)(sizeof r->comms / sizeof r->comms[0]); i++) {

@@ -1133,6 +1133,12 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     res->flops_per_token = c->desc.flops_per_token;
     res->mfu = hw->peak_flops[PLAN_BF16] > 0 ? res->flops_per_token * res->tokens_per_s_per_gpu / hw->peak_flops[PLAN_BF16] : 0;
     snprintf(res->assumptions, sizeof res->assumptions, "%s", r.note);
+    if (res->host_bytes > 0 && hw->host_mem > 0 && res->host_bytes > hw->host_mem * (1.0 - hw->headroom_frac)) {
+        res->fits = 0; /* activation offload's copies must fit the host's share too */
+        note_add(res->assumptions, sizeof res->assumptions, "activation offload needs %.1f GiB of host memory per "
+                 "GPU, more than the %.1f GiB the profile's host_link.memory_gb leaves with the headroom",
+                 res->host_bytes / 1073741824.0, hw->host_mem * (1.0 - hw->headroom_frac) / 1073741824.0);
+    }
     if (!hw->calibrated && !strstr(res->assumptions, "datasheet"))
         note_add(res->assumptions, sizeof res->assumptions,
                  "datasheet rates x the profile's assumed efficiencies (matmul %.2f, attention %.2f, memory %.2f)",

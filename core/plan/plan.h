@@ -63,6 +63,8 @@ typedef struct hw_profile {
     double inter_bw, inter_lat; /* the same between nodes (the GPU's share of the network) */
     double host_bw;             /* one GPU's link to host memory, bytes/s one direction (activation
                                    offload's copies); 0: not given, offload's copy time not counted */
+    double host_mem;            /* one GPU's share of its node's host memory, bytes (activation offload's
+                                   copies must fit in it with the headroom); 0: not given, not checked */
     int gpus_per_node;
     double overhead_bytes;      /* runtime, context and library memory per GPU */
     double alloc_frac;          /* allocator slack: fraction added to activations and buffers */

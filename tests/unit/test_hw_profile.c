@@ -94,10 +94,10 @@ static void assert_same(const hw_profile *a, const hw_profile *b) {
     /* doubles compared exactly: a written profile must read back bit for bit */
     const double *da[] = {&a->mem_bytes, &a->mem_bw, &a->peak_flops[0], &a->peak_flops[1], &a->peak_flops[2],
                           &a->matmul_eff, &a->attn_eff, &a->mem_eff, &a->intra_bw, &a->intra_lat, &a->inter_bw,
-                          &a->inter_lat, &a->overhead_bytes, &a->alloc_frac, &a->headroom_frac, &a->host_bw};
+                          &a->inter_lat, &a->overhead_bytes, &a->alloc_frac, &a->headroom_frac, &a->host_bw, &a->host_mem};
     const double *db[] = {&b->mem_bytes, &b->mem_bw, &b->peak_flops[0], &b->peak_flops[1], &b->peak_flops[2],
                           &b->matmul_eff, &b->attn_eff, &b->mem_eff, &b->intra_bw, &b->intra_lat, &b->inter_bw,
-                          &b->inter_lat, &b->overhead_bytes, &b->alloc_frac, &b->headroom_frac, &b->host_bw};
+                          &b->inter_lat, &b->overhead_bytes, &b->alloc_frac, &b->headroom_frac, &b->host_bw, &b->host_mem};
     for (size_t i = 0; i < sizeof da / sizeof *da; i++)
         if (*da[i] != *db[i]) fail_msg("field %zu: %.17g != %.17g", i, *da[i], *db[i]);
     assert_int_equal(a->gpus_per_node, b->gpus_per_node);
@@ -162,6 +162,7 @@ static void test_shipped_profiles_have_their_datasheet_numbers(void **state) {
         assert_true(hw.intra_bw == s->nvlink * 1e9);
         assert_true(hw.inter_bw == s->net * 1e9);
         assert_true(hw.host_bw == s->pcie * 1e9);
+        assert_true(hw.host_mem == 256e9); /* the DGX systems' 2 TB over 8 GPUs */
         assert_int_equal(hw.gpus_per_node, 8);
         assert_true(hw.intra_lat == 2e-6 && hw.inter_lat == 5e-6);
         assert_true(hw.matmul_eff == 0.7 && hw.attn_eff == 0.6 && hw.mem_eff == 0.8);
@@ -209,6 +210,7 @@ static void random_profile(hw_profile *hw, plan_measured_op *ops, plan_measured_
     hw->intra_bw = any_in(1e3, 1e14), hw->inter_bw = any_in(1e3, 1e14);
     hw->intra_lat = any_in(1e-12, 1), hw->inter_lat = uniform() < 0.2 ? 0 : any_in(1e-12, 1);
     hw->host_bw = uniform() < 0.3 ? 0 : any_in(1e3, 1e14); /* optional: 0 leaves host_link out */
+    hw->host_mem = uniform() < 0.3 ? 0 : any_in(1e6, 1e14);
     hw->overhead_bytes = uniform() < 0.2 ? 0 : any_in(1, 1e8);
     hw->alloc_frac = uniform() < 0.2 ? 0 : uniform();
     hw->headroom_frac = uniform() * 0.999;
@@ -337,7 +339,7 @@ static void test_bad_structure_names_line_and_key(void **state) {
     refused(17, "host_link:\n  bandwidth_gb_s: 0\nassumptions:",
             "18: host_link.bandwidth_gb_s: 0 is out of range; expected GB/s per GPU to host memory");
     refused(17, "host_link:\n  bandwidth: 64\nassumptions:", "18: host_link.bandwidth: unknown key; expected one of "
-            "bandwidth_gb_s");
+            "bandwidth_gb_s, memory_gb");
     refused(7, NULL, "4: compute.fp32_tflops: missing; expected dense TFLOP/s in (0, 100000]");
     refused(9, NULL, "8: memory.size_gib: missing (or memory.size_gb in GB); expected GiB in (0, 100000]");
     refused(3, NULL, "1: gpus_per_node: missing; expected GPUs in [1, 65536]");
