@@ -33,6 +33,10 @@ CORE_SRC   := $(wildcard core/*.c core/*/*.c)
 CORE_CXX_SRC := core/config/toml_shim.cpp
 CORE_OBJ   := $(CORE_SRC:%.c=$(BUILD)/%.o) $(CORE_CXX_SRC:%.cpp=$(BUILD)/%.o)
 CORE_LIB_OBJ := $(filter-out $(BUILD)/core/main.o,$(CORE_OBJ))
+# The core as a static library: ctitan (main.o and all of it: plugins resolve nothing against the
+# program, but a command's code is reached only through main's table), the unit tests and the
+# fuzz targets link it, so no source list is kept by hand.
+CORE_LIB := $(BUILD)/libctitan-core.a
 
 # Per-plugin flags: plugins/<name>/plugin.mk may append to CFLAGS_<name> / LIBS_<name>, or set
 # SKIP_<name> := 1 when what it needs is absent (e.g. the CUDA toolkit). A folder that builds
@@ -76,8 +80,12 @@ help:
 deps:
 	@scripts/deps.sh
 
-$(BUILD)/ctitan: $(CORE_OBJ)
-	$(CC) $(LDFLAGS) -rdynamic -o $@ $^ $(LDLIBS)
+$(CORE_LIB): $(CORE_LIB_OBJ)
+	@rm -f $@
+	$(AR) rcs $@ $^
+
+$(BUILD)/ctitan: $(BUILD)/core/main.o $(CORE_LIB)
+	$(CC) $(LDFLAGS) -rdynamic -o $@ $(BUILD)/core/main.o -Wl,--whole-archive $(CORE_LIB) -Wl,--no-whole-archive $(LDLIBS)
 
 $(BUILD)/core/%.o: core/%.c $(wildcard core/*/*.h) $(wildcard sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)
@@ -103,9 +111,9 @@ $(BUILD)/tests/plugins/ctitan-%.so: tests/plugins/%.c $(wildcard sdk/include/cti
 	@mkdir -p $(dir $@)
 	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $<
 
-$(BUILD)/tests/%: tests/unit/%.c $(CORE_LIB_OBJ) $(wildcard tests/unit/*.h sdk/include/ctitan/*.h)
+$(BUILD)/tests/%: tests/unit/%.c $(CORE_LIB) $(wildcard tests/unit/*.h sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(TEST_CFLAGS_$*) -Itests/unit -o $@ $< $(TEST_EXTRA_$*) $(CORE_LIB_OBJ) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS_$*) -lcmocka
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(TEST_CFLAGS_$*) -Itests/unit -o $@ $< $(TEST_EXTRA_$*) $(CORE_LIB) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS_$*) -lcmocka
 
 $(BUILD)/tests/mpi/%: tests/mpi/%.c $(wildcard tests/mpi/*.h) $(wildcard sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)
@@ -139,24 +147,24 @@ demo: deps all
 
 # libFuzzer targets (clang): run e.g. build/fuzz/fuzz_manifest -max_total_time=60 NEW_DIR tests/fuzz/corpus/manifest
 # (the first folder collects new inputs; keep the committed seeds read-only)
-FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D_GNU_SOURCE
-fuzz:
-	@mkdir -p build/fuzz
-	clang++ -std=c++17 $(FUZZ_FLAGS) -c -o build/fuzz/toml_shim.o core/config/toml_shim.cpp
-	clang++ $(FUZZ_FLAGS) -o build/fuzz/fuzz_manifest -x c tests/fuzz/fuzz_manifest.c core/config/manifest.c \
-	  core/config/torchtitan_keys.c core/host/util.c -x none build/fuzz/toml_shim.o -lyaml
-	clang++ $(FUZZ_FLAGS) -o build/fuzz/fuzz_toml -x c tests/fuzz/fuzz_toml.c -x none build/fuzz/toml_shim.o
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tokenizer_file tests/fuzz/fuzz_tokenizer_file.c core/tools/tokenizer.c core/tools/hf_tokenizer.c core/host/util.c -lpcre2-8 -ljansson -lpthread
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_shard tests/fuzz/fuzz_shard.c core/data/shard.c core/host/util.c -lz
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_instream tests/fuzz/fuzz_instream.c core/tools/instream.c core/host/util.c -lz -lzstd
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_tensorfile tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c core/host/util.c
-	clang $(FUZZ_FLAGS) -o build/fuzz/fuzz_safetensors tests/fuzz/fuzz_safetensors.c core/formats/safetensors.c core/formats/hf.c \
-	  core/formats/tensorfile.c core/host/util.c -ljansson -lm
-	clang++ $(FUZZ_FLAGS) -o build/fuzz/fuzz_schedule_csv -x c tests/fuzz/fuzz_schedule_csv.c core/tools/schedule.c \
-	  core/host/host.c core/host/trace.c core/config/manifest.c core/config/torchtitan_keys.c core/host/util.c -x none build/fuzz/toml_shim.o \
-	  -lyaml -ldl
-	clang++ $(FUZZ_FLAGS) -o build/fuzz/fuzz_checkpoint -x c tests/fuzz/fuzz_checkpoint.c $(filter-out core/main.c,$(CORE_SRC)) \
-	  -x none build/fuzz/toml_shim.o $(LDLIBS)
+# Every target links the core built with the fuzzer's instrumentation as one library (the linker
+# takes the objects a target reaches), so no target keeps a list of core sources.
+FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer-no-link,address,undefined -Isdk/include -Icore -D_GNU_SOURCE
+FUZZ_LINK  := -fsanitize=fuzzer,address,undefined
+FUZZ_TARGETS := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(filter-out tests/fuzz/replay_main.c,$(wildcard tests/fuzz/fuzz_*.c)))
+FUZZ_CORE_OBJ := $(patsubst core/%.c,build/fuzz/core/%.o,$(filter-out core/main.c,$(CORE_SRC))) build/fuzz/core/config/toml_shim.o
+build/fuzz/core/%.o: core/%.c $(wildcard core/*/*.h) $(wildcard sdk/include/ctitan/*.h)
+	@mkdir -p $(dir $@)
+	clang -std=c11 $(FUZZ_FLAGS) -c -o $@ $<
+build/fuzz/core/%.o: core/%.cpp core/config/toml_shim.h
+	@mkdir -p $(dir $@)
+	clang++ -std=c++17 $(FUZZ_FLAGS) -c -o $@ $<
+build/fuzz/libctitan-core.a: $(FUZZ_CORE_OBJ)
+	@rm -f $@
+	$(AR) rcs $@ $^
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c build/fuzz/libctitan-core.a
+	clang++ $(FUZZ_FLAGS) $(FUZZ_LINK) -o $@ -x c $< -x none build/fuzz/libctitan-core.a $(LDLIBS)
+fuzz: $(FUZZ_TARGETS)
 
 clean:
 	rm -rf build build-san

@@ -14,11 +14,11 @@ mkdir -p "$out" "$BUILD/fuzz"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export TMPDIR="$work"   # the round-trip files
-src=(tests/fuzz/fuzz_safetensors.c core/formats/safetensors.c core/formats/hf.c core/formats/tensorfile.c core/host/util.c)
 flags=(-std=c11 -Wall -Wextra -Werror -g -O1 -D_GNU_SOURCE -Isdk/include -Icore
        -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
-
-"$CC" "${flags[@]}" -o "$out/fuzz_safetensors" tests/fuzz/replay_main.c "${src[@]}" -ljansson -lm
+# the target and the replay driver against the core library (sanitized in the sanitizer build)
+"$CC" "${flags[@]}" -o "$out/fuzz_safetensors" tests/fuzz/replay_main.c tests/fuzz/fuzz_safetensors.c \
+    "$BUILD/libctitan-core.a" -lyaml -lpcre2-8 -ljansson -lz -lzstd -lcairo -lfontconfig -ldl -lm -lpthread -lstdc++
 "$out/fuzz_safetensors" -m 300 tests/fuzz/corpus/safetensors
 golden=tests/golden/hf
 if [ -d "$golden" ]; then
@@ -26,12 +26,11 @@ if [ -d "$golden" ]; then
         "$golden/from_transformers/config.json"
 fi
 
-if command -v clang >/dev/null &&
-    clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Isdk/include -Icore \
-        -o "$BUILD/fuzz/fuzz_safetensors" "${src[@]}" -ljansson -lm 2>/dev/null; then
+# libFuzzer's target is `make fuzz`'s (the core built with its instrumentation, build/fuzz/)
+if command -v clang >/dev/null && make -s build/fuzz/fuzz_safetensors >"$work/make.log" 2>&1; then
     mkdir -p "$work/corpus"
     cp tests/fuzz/corpus/safetensors/* "$work/corpus"/
-    "$BUILD/fuzz/fuzz_safetensors" -runs=20000 -max_len=8192 -seed=1 "$work/corpus" 2>&1 | tail -n 1
+    build/fuzz/fuzz_safetensors -runs=20000 -max_len=8192 -seed=1 "$work/corpus" 2>&1 | tail -n 1
 else
     echo "fuzz_safetensors: clang with libFuzzer not found, skipped the libFuzzer run"
 fi

@@ -12,8 +12,9 @@ trap 'rm -rf "$seeds"' EXIT
 export TMPDIR="$seeds"
 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 
-${CC:-cc} -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -g -O1 $SAN -DFUZZ_REPLAY_MAIN -Icore \
-    -o "$out/fuzz_tensorfile_replay" tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c core/host/util.c
+${CC:-cc} -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -g -O1 $SAN -DFUZZ_REPLAY_MAIN -Isdk/include -Icore \
+    -o "$out/fuzz_tensorfile_replay" tests/fuzz/fuzz_tensorfile.c "$BUILD/libctitan-core.a" \
+    -lyaml -lpcre2-8 -ljansson -lz -lzstd -lcairo -lfontconfig -ldl -lm -lpthread -lstdc++
 
 # u32 / u64 little-endian as printf escapes
 u32() { printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(($1 & 255)) $(($1 >> 8 & 255)) $(($1 >> 16 & 255)) $(($1 >> 24 & 255)); }
@@ -62,12 +63,11 @@ if [ -f "$golden" ]; then
 fi
 
 # a short coverage-guided libFuzzer run from the small seeds, when clang has libFuzzer
-if command -v clang >/dev/null &&
-    clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Icore \
-        -o "$out/fuzz_tensorfile" tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c core/host/util.c 2>/dev/null; then
+# libFuzzer's target is `make fuzz`'s (the core built with its instrumentation, build/fuzz/)
+if command -v clang >/dev/null && make -s build/fuzz/fuzz_tensorfile >"$seeds/make.log" 2>&1; then
     corpus="$seeds/corpus"; mkdir -p "$corpus"
     cp "$small"/* tests/fuzz/corpus/tensorfile/* "$corpus"/
-    "$out/fuzz_tensorfile" -runs=100000 -max_len=4096 -seed=1 "$corpus" 2>&1 | tail -n 1
+    build/fuzz/fuzz_tensorfile -runs=100000 -max_len=4096 -seed=1 "$corpus" 2>&1 | tail -n 1
 else
     echo "fuzz_tensorfile: clang with libFuzzer not found, skipped the libFuzzer run"
 fi

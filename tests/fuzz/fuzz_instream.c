@@ -5,8 +5,8 @@
  * two frames, must come back exactly, and so must the plain bytes read through standard input's code
  * path with a name that says nothing.
  *
- * libFuzzer:  clang -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D_GNU_SOURCE \
- *                 tests/fuzz/fuzz_instream.c core/tools/instream.c core/host/util.c -lz -lzstd
+ * libFuzzer:  make build/fuzz/fuzz_instream (links build/fuzz/libctitan-core.a, the core built with the
+ *             fuzzer's instrumentation); replay: tests/cli/fuzz_replay.sh's build of it.
  * plain:      link with tests/fuzz/replay_main.c instead of -fsanitize=fuzzer (tests/cli/fuzz_replay.sh) */
 #include <stdint.h>
 #include <stdio.h>

@@ -11,10 +11,8 @@
  *   - an accepted config.json describes a model ctitan can build (sizes that divide).
  *
  * Two ways to build it:
- *   clang -fsanitize=fuzzer,address,undefined -Icore tests/fuzz/fuzz_safetensors.c core/formats/safetensors.c \
- *       core/formats/hf.c core/formats/tensorfile.c core/host/util.c -ljansson -lm          a libFuzzer binary;
- *   cc -fsanitize=address,undefined -Icore tests/fuzz/fuzz_safetensors.c tests/fuzz/replay_main.c \
- *       core/formats/safetensors.c core/formats/hf.c core/formats/tensorfile.c core/host/util.c -ljansson -lm
+ *   make build/fuzz/fuzz_safetensors: a libFuzzer binary (links build/fuzz/libctitan-core.a);
+ *   tests/cli/fuzz_safetensors.sh: with tests/fuzz/replay_main.c against build/libctitan-core.a
  *       a replay driver (`fuzz_safetensors [-m N] FILE|DIR ...`, see replay_main.c).
  */
 #include <stddef.h>

@@ -7,8 +7,8 @@
  * microbatches = 1 + b2 % 8 (seed files start with printable digits: "101" is pp 2, 1 stage per
  * rank, 2 microbatches); the rest is the file.
  *
- * libFuzzer:  clang -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D_GNU_SOURCE \
- *                 tests/fuzz/fuzz_schedule_csv.c core/tools/schedule.c core/host/host.c core/config/manifest.c core/host/util.c -lyaml -ldl
+ * libFuzzer:  make build/fuzz/fuzz_schedule_csv (links build/fuzz/libctitan-core.a, the core built with the
+ *             fuzzer's instrumentation); replay: tests/cli/fuzz_replay.sh's build of it.
  * plain:      link with tests/fuzz/replay_main.c instead of -fsanitize=fuzzer (tests/cli/schedule_cli.sh) */
 #include "../../plugins/schedules/csv.c"
 

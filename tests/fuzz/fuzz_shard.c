@@ -5,8 +5,8 @@
  * header). Writing the tokens again reproduces a version-2 file byte for byte, and a version-1 file
  * with the version and the tokens' CRC-32 put in.
  *
- * libFuzzer:  clang -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D_GNU_SOURCE \
- *                 tests/fuzz/fuzz_shard.c core/data/shard.c core/host/util.c -lz
+ * libFuzzer:  make build/fuzz/fuzz_shard (links build/fuzz/libctitan-core.a, the core built with the
+ *             fuzzer's instrumentation); replay: tests/cli/fuzz_replay.sh's build of it.
  * plain:      link with tests/fuzz/replay_main.c instead of -fsanitize=fuzzer (tests/cli/fuzz_replay.sh) */
 #include <stdint.h>
 #include <stdio.h>

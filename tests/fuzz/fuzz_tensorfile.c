@@ -10,10 +10,9 @@
  *     gives the same first entry (or none when it exceeds the cap).
  *
  * Two ways to build it:
- *   clang -fsanitize=fuzzer,address,undefined -Icore tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c
- *       a libFuzzer binary (run it on a corpus folder);
- *   cc -DFUZZ_REPLAY_MAIN -fsanitize=address,undefined -Icore tests/fuzz/fuzz_tensorfile.c core/formats/tensorfile.c
- *       a replay driver: `fuzz_tensorfile FILE_OR_DIR...` runs each file once, and with
+ *   make build/fuzz/fuzz_tensorfile: a libFuzzer binary (run it on a corpus folder);
+ *   cc -DFUZZ_REPLAY_MAIN -fsanitize=address,undefined -Isdk/include -Icore tests/fuzz/fuzz_tensorfile.c
+ *       build/libctitan-core.a (and the core's libraries): a replay driver: `fuzz_tensorfile FILE_OR_DIR...` runs each file once, and with
  *       FUZZ_MUTATIONS=N also N seeded random mutations of each (byte changes and cuts).
  */
 #include <stdint.h>

@@ -7,9 +7,8 @@
  * tokens, by a small fixed tiktoken vocabulary and a small fixed tokenizer.json: decode(encode(x))
  * must equal x.
  *
- * libFuzzer:  clang -g -O1 -fsanitize=fuzzer,address,undefined -Isdk/include -Icore -D_GNU_SOURCE \
- *                 tests/fuzz/fuzz_tokenizer_file.c core/tools/tokenizer.c core/tools/hf_tokenizer.c \
- *                 core/host/util.c -lpcre2-8 -ljansson -lpthread
+ * libFuzzer:  make build/fuzz/fuzz_tokenizer_file (links build/fuzz/libctitan-core.a, the core built with the
+ *             fuzzer's instrumentation); replay: tests/cli/fuzz_replay.sh's build of it.
  * plain:      link with tests/fuzz/replay_main.c instead of -fsanitize=fuzzer (tests/cli/fuzz_replay.sh) */
 #include <stdint.h>
 #include <stdio.h>
