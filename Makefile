@@ -27,6 +27,8 @@ endif
 # Plugins include only sdk/ headers, hide every symbol but their entry function.
 PLUGIN_CFLAGS  := $(CFLAGS) -fPIC -fvisibility=hidden -Isdk/include
 PLUGIN_LDFLAGS := -shared $(LDFLAGS)
+# Every plugin links what it calls itself (libm) rather than counting on the program that loads it.
+PLUGIN_LIBS    := -lm
 
 CORE_SRC   := $(wildcard core/*.c core/*/*.c)
 # torchtitan's TOML configs are read by toml++ (C++17, header-only) behind one C++ file
@@ -99,7 +101,7 @@ $(BUILD)/core/%.o: core/%.cpp core/config/toml_shim.h
 define plugin_rule
 $(BUILD)/plugins/ctitan-$(1).so: $(wildcard $(2)*.c) $(wildcard $(2)*.h) $(wildcard $(2)*.mk) $(wildcard $(2)*.map) $(wildcard sdk/include/ctitan/*.h)
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(PLUGIN_CFLAGS) $$(CFLAGS_$(1)) $$(PLUGIN_LDFLAGS) -o $$@ $(wildcard $(2)*.c) $$(LIBS_$(1))
+	$$(CC) $$(PLUGIN_CFLAGS) $$(CFLAGS_$(1)) $$(PLUGIN_LDFLAGS) -o $$@ $(wildcard $(2)*.c) $$(LIBS_$(1)) $$(PLUGIN_LIBS)
 endef
 $(foreach n,$(PLUGIN_NAMES),$(eval $(call plugin_rule,$(n),$(firstword $(filter %/$(n)/,$(PLUGIN_DIRS))))))
 
@@ -109,7 +111,7 @@ TEST_PLUGIN_SRC := $(wildcard tests/plugins/*.c)
 TEST_PLUGIN_SOS := $(TEST_PLUGIN_SRC:tests/plugins/%.c=$(BUILD)/tests/plugins/ctitan-%.so)
 $(BUILD)/tests/plugins/ctitan-%.so: tests/plugins/%.c $(wildcard sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $<
+	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $< $(PLUGIN_LIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(CORE_LIB) $(wildcard tests/unit/*.h sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)

@@ -7,4 +7,4 @@ EXTRA_SOS += $(SCHEDULE_NAMES:%=$(BUILD)/plugins/ctitan-schedule-%.so)
 $(BUILD)/plugins/ctitan-schedule-%.so: plugins/schedules/%.c $(wildcard plugins/schedules/*.h) \
     plugins/schedules/plugin.mk $(wildcard sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $<
+	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $< $(PLUGIN_LIBS)

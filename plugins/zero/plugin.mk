@@ -5,4 +5,4 @@ EXTRA_SOS += $(BUILD)/plugins/ctitan-zero1.so $(BUILD)/plugins/ctitan-zero2.so
 
 $(BUILD)/plugins/ctitan-zero%.so: plugins/zero/zero.c plugins/zero/plugin.mk $(wildcard sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(PLUGIN_CFLAGS) -DZERO_STAGE=$* $(PLUGIN_LDFLAGS) -o $@ $<
+	$(CC) $(PLUGIN_CFLAGS) -DZERO_STAGE=$* $(PLUGIN_LDFLAGS) -o $@ $< $(PLUGIN_LIBS)
