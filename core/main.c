@@ -8,13 +8,16 @@
  * its job's status, the first non-zero exit status of a rank. `--help` exits 0.
  * Three paths end the process before main returns and write the same numbers themselves: a second
  * stop signal (128 + N), a rank aborting its job after a failure and a rank whose launcher died (1). */
-#include "tools/cmd_config.h"
-#include "tools/cmd_convert.h"
-#include "tools/cmd_plan.h"
-#include "tools/cmd_plot.h"
-#include "tools/cmd_plugins.h"
-#include "tools/cmd_schedule.h"
-#include "tools/cmd_tokenize.h"
+#include "cmd/cmd_config.h"
+#include "cmd/cmd_convert.h"
+#include "cmd/cmd_plan.h"
+#include "cmd/cmd_plot.h"
+#include "cmd/cmd_plugins.h"
+#include "cmd/cmd_schedule.h"
+#include "cmd/cmd_tokenize.h"
+#include "cmd/launch.h"
+#include "host/rank.h"
+#include "train/train.h"
 #include "engine/session.h"
 
 #include <stdio.h>

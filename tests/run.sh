@@ -43,5 +43,5 @@ for a in "$@"; do # a name that picked nothing is a list gone stale (or a binary
 done
 echo
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
-echo "$pass passed, $fail failed"
+echo "$pass passed, $fail failed in ${SECONDS}s"
 [ "$fail" -eq 0 ]

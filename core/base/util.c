@@ -1,7 +1,8 @@
 /* util.c: small helpers shared by the core's files. */
-#include "host/util.h"
+#include "base/util.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -122,4 +123,28 @@ void ct_utc_iso(char *out, size_t len) {
     char day[32];
     strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(out, len, "%s.%03ldZ", day, t.tv_nsec / 1000000);
+}
+
+/* ---- counter-based RNG: value i of stream `key` does not depend on any other draw ---- */
+uint64_t rng_splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+uint64_t rng_hash_str(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+double rng_uniform(uint64_t key, uint64_t i) {
+    uint64_t r = rng_splitmix64(key ^ rng_splitmix64(i));
+    return ((double)(r >> 11) + 0.5) * (1.0 / 9007199254740992.0); /* (0, 1) */
+}
+
+double rng_normal(uint64_t key, uint64_t i) {
+    double u1 = rng_uniform(key, 2 * i), u2 = rng_uniform(key, 2 * i + 1);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }

@@ -4,7 +4,7 @@
 #include "engine/mesh.h"
 
 #include "formats/tensorfile.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -568,15 +568,6 @@ int ckpt_steps(const char *folder, int clean, int64_t **out, char *err, size_t e
     if (n) qsort(steps, (size_t)n, sizeof *steps, cmp_desc);
     *out = steps;
     return n;
-}
-
-int64_t ckpt_latest(const char *folder, int clean) {
-    int64_t *steps, best = -1;
-    char err[8];
-    int n = ckpt_steps(folder, clean, &steps, err, sizeof err);
-    if (n > 0) best = steps[0];
-    free(steps);
-    return best;
 }
 
 /* Whether a step folder's metadata.json has a train state (a full save, not a model-only one). */

@@ -49,8 +49,6 @@ int ckpt_commit(session *s, const char *folder, int64_t step, const ckpt_train_s
  * metadata.json (deleted by hand: never silently skipped, nor overwritten). `clean` (rank 0 only):
  * removes interrupted saves (step-N.tmp) and finishes interrupted replacements (step-N.old). */
 int ckpt_steps(const char *folder, int clean, int64_t **steps, char *err, size_t errlen);
-/* The newest complete step, or -1 (none, or an error of ckpt_steps). */
-int64_t ckpt_latest(const char *folder, int clean);
 /* The newest step below `below` whose save holds the full training state (not model-only), or -1. */
 int64_t ckpt_latest_full(const char *folder, int64_t below);
 

@@ -3,7 +3,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "formats/tensorfile.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <inttypes.h>
 #include <limits.h>

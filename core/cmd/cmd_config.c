@@ -1,11 +1,11 @@
 /* cmd_config.c: `ctitan config import FILE.toml [--output FILE.yaml]`: torchtitan's TOML config as the
  * equivalent YAML manifest. Keys are written as read, torchtitan's mapped ones under ctitan's key; the
  * ones with no effect in ctitan become comments naming why; a refused one is an error line. */
-#include "tools/cmd_config.h"
+#include "cmd/cmd_config.h"
 
 #include "config/manifest.h"
 #include "config/torchtitan_keys.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* cmd_convert.c: `ctitan convert --to hf` (ctitan .ctt -> Hugging Face folder) and `--from hf` (back). */
-#include "tools/cmd_convert.h"
+#include "cmd/cmd_convert.h"
 
-#include "host/util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <math.h>

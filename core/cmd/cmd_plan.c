@@ -1,9 +1,9 @@
 /* cmd_plan.c: `ctitan plan`, the planner's command: options, then manifest -> planner -> hardware ->
  * evaluation or search -> text, JSON or a manifest. */
-#include "tools/cmd_plan.h"
+#include "cmd/cmd_plan.h"
 
 #include "engine/session.h"
-#include "host/util.h"
+#include "base/util.h"
 #include "plan/calibrate.h"
 #include "plan/output.h"
 #include "plan/plan.h"

@@ -1,6 +1,6 @@
 /* cmd_plot.c: `ctitan plot`, training runs' curves from their metrics.jsonl, drawn with cairo (its
  * SVG surface for .svg, its image surface written as PNG for .png). */
-#include "tools/cmd_plot.h"
+#include "cmd/cmd_plot.h"
 
 #include <cairo/cairo-svg.h>
 #include <cairo/cairo.h>

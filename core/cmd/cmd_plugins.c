@@ -1,5 +1,5 @@
 /* cmd_plugins.c: `ctitan plugins`: the search path's plugins, a folder's files, one plugin in full. */
-#include "tools/cmd_plugins.h"
+#include "cmd/cmd_plugins.h"
 
 #include "host/host.h"
 

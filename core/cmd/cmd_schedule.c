@@ -1,8 +1,8 @@
 /* cmd_schedule.c: `ctitan schedule`, a pipeline schedule checked and drawn without a model. */
-#include "tools/cmd_schedule.h"
+#include "cmd/cmd_schedule.h"
 
 #include "config/manifest.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <stdio.h>

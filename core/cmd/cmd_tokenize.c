@@ -1,6 +1,6 @@
 /* cmd_tokenize.c: `ctitan tokenize` (text -> token shard) and `ctitan tokenizer train|encode|decode`. */
-#include "tools/cmd_tokenize.h"
-#include "host/util.h"
+#include "cmd/cmd_tokenize.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <jansson.h>

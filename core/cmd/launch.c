@@ -3,7 +3,7 @@
  * directly (with a host file); nothing in ctitan assumes one machine. */
 #include "cmd/launch.h"
 
-#include "host/util.h"
+#include "base/util.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -2,7 +2,7 @@
 #include "config/manifest.h"
 #include "config/toml_shim.h"
 #include "config/torchtitan_keys.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -2,7 +2,7 @@
  * number. */
 #include "data/data.h"
 
-#include "engine/runtime.h"
+#include "base/util.h"
 #include "data/shard.h"
 #include "ctitan/model.h"
 

@@ -1,6 +1,6 @@
 /* shard.c: token shard reader and atomic writer (format in shard.h). */
 #include "data/shard.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,7 +2,7 @@
 #include "engine/mesh.h"
 
 #include "host/commstats.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

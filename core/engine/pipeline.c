@@ -25,7 +25,7 @@
 #include "host/host.h"
 #include "engine/session.h"
 #include "engine/tape.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

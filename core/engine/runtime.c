@@ -2,7 +2,7 @@
  * checkpointing, and gradient utilities. */
 #include "engine/runtime.h"
 #include "engine/liveness.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include "host/host.h"
 #include "engine/mesh.h"
@@ -13,30 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-/* ---- counter-based RNG: value i of stream `key` does not depend on any other draw ---- */
-uint64_t rng_splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-uint64_t rng_hash_str(const char *s) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
-double rng_uniform(uint64_t key, uint64_t i) {
-    uint64_t r = rng_splitmix64(key ^ rng_splitmix64(i));
-    return ((double)(r >> 11) + 0.5) * (1.0 / 9007199254740992.0); /* (0, 1) */
-}
-
-double rng_normal(uint64_t key, uint64_t i) {
-    double u1 = rng_uniform(key, 2 * i), u2 = rng_uniform(key, 2 * i + 1);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
 
 /* ---- parameters ---- */
 typedef struct decl {

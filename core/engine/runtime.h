@@ -446,10 +446,5 @@ int64_t runtime_global_index(const ct_param_slot *sl, int64_t k);
 /* Asks the quantizer about every weight the pack declared as a linear layer's (and reports it). */
 void runtime_decide_quant(runtime *rt);
 
-/* Host-side counter-based RNG (splitmix64) shared by init and sampling. */
-uint64_t rng_splitmix64(uint64_t x);
-double rng_uniform(uint64_t key, uint64_t i);
-double rng_normal(uint64_t key, uint64_t i);
-uint64_t rng_hash_str(const char *s);
 
 #endif

@@ -1,9 +1,10 @@
 /* session.c: from a manifest to a ready run: argument parsing, plugin loading, validation,
  * device/model/optimizer creation, model save/load and sampling. */
 #include "engine/session.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include "host/commstats.h"
+#include "host/rank.h"
 #include "engine/mesh.h"
 #include "tools/schedule.h"
 #include "formats/tensorfile.h"

@@ -115,26 +115,5 @@ int session_eval_step(session *s, const int32_t *inputs, const int32_t *targets,
  * another pipeline stage included), at lr. 0, or -1 (ct_last_error; also when it has no step_param). */
 int session_step_params(session *s, double lr, int64_t step);
 
-/* The commands take the arguments after their name; `--help` prints the usage and returns CT_OK.
- * Two outcomes that are not errors reach the exit code through an out-parameter, never mixed into
- * the status:
- * - cmd_train: *stop_signal is N (SIGTERM, SIGINT) when a stop signal ended the run cleanly after a
- *   step (checkpoint saved when checkpoints are on), with CT_OK; else 0. main.c exits 128 + N.
- * - cmd_launch: with CT_OK the job ran to its end and *job_exit is its exit status: the first
- *   non-zero exit status of a rank, else 0. Any other status is launch's own failure (bad usage,
- *   mpirun missing or failed, a rank that ended without a status), *job_exit unset. */
-ct_status cmd_train(int argc, char **argv, int *stop_signal);
-ct_status cmd_generate(int argc, char **argv);
-ct_status cmd_launch(int argc, char **argv, int *job_exit);
-/* Under `ctitan launch`: records this rank's exit status (main.c's, from the status) for the
- * launcher. */
-void launch_record_status(int exit_status);
-/* In a rank started by `ctitan launch`: registers its pid for the launcher's signal forwarding and
- * ends the rank when the launcher or its parent (mpirun) ends. No-op otherwise. */
-void launch_rank_start(void);
-/* Started by torchrun (WORLD_SIZE) or srun (SLURM_STEP_NUM_TASKS) with several processes but not
- * as an MPI job (each would be rank 0 of 1): CT_ERR_INVALID with one line saying how to launch; else
- * CT_OK. Call before the comm plugin joins (an MPI singleton sets MPI's variables). */
-ct_status launch_check_world(void);
 
 #endif

@@ -10,7 +10,7 @@
 #include "engine/liveness.h"
 #include "plan/plan_internal.h"
 #include "engine/tape.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "formats/safetensors.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #define MAX_DIM (1 << 24)    /* any one size; real ones are below 2^18 */
 #define MAX_LAYERS (1 << 16)

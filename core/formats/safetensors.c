@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host/util.h"
+#include "base/util.h"
 
 /* Tensor bytes are converted as they lie in memory, so the host must be little-endian like the file. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

@@ -1,7 +1,7 @@
 /* tensorfile.c: the "ctt" named-tensor file (format in tensorfile.h). */
 #include "formats/tensorfile.h"
 
-#include "host/util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,7 +2,7 @@
 #include "host/host.h"
 
 #include "host/trace.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -175,13 +175,6 @@ void log_set_rank_from_env(void) {
             log_set_rank((int)rank, (int)world);
         return;
     }
-}
-
-void ct_log(ct_log_level level, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vlog(level, NULL, fmt, ap);
-    va_end(ap);
 }
 
 /* ---- the host-services table ---- */

@@ -43,7 +43,6 @@ void log_set_rank(int rank, int world);
 /* log_set_rank from the launcher's environment (mpirun, srun, torchrun), so that lines printed before
  * the comm plugin joins the job carry their rank too. Nothing outside a launcher. */
 void log_set_rank_from_env(void);
-void ct_log(ct_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- tracing: host/trace.h ---- */
 #include "host/trace.h"

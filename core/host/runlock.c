@@ -4,7 +4,7 @@
  * does. The file says who holds it, so a refused run can name the holder. */
 #include "host/runlock.h"
 
-#include "host/util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

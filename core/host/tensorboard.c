@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "host/host.h"
-#include "host/util.h"
+#include "base/util.h"
 
 struct tb_writer {
     int fd;

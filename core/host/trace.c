@@ -3,7 +3,7 @@
 #include "host/trace.h"
 
 #include "host/host.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -16,7 +16,7 @@
 #include "engine/mesh.h"
 #include "engine/session.h"
 #include "host/host.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <math.h>

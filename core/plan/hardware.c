@@ -8,7 +8,7 @@
 #include "plan/plan.h"
 
 #include "config/manifest.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <ctype.h>
 #include <dirent.h>

@@ -2,7 +2,7 @@
  * that `ctitan train` runs unchanged. */
 #include "plan/output.h"
 
-#include "host/util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -17,7 +17,7 @@
 #include "engine/session.h"
 #include "engine/tape.h"
 #include "host/host.h"
-#include "host/util.h"
+#include "base/util.h"
 #include "tools/schedule.h"
 
 #include <math.h>

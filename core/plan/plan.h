@@ -11,7 +11,7 @@
  *   search.c    plan_search: the layouts that multiply to N GPUs, evaluated, ranked
  *   calibrate.c plan_calibrate: measures a hw_profile on this machine through the manifest's plugins
  *   output.c    text, JSON and manifest output
- * core/tools/cmd_plan.c is the command.
+ * core/cmd/cmd_plan.c is the command.
  *
  * Units: bytes, seconds, FLOP and FLOP/s (not GiB, ms or TFLOP/s) everywhere in these structs; the
  * output converts. Errors: functions return 0, or -1 with one line in err (file, line, key where

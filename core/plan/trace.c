@@ -4,7 +4,7 @@
 #include "plan/plan_internal.h"
 
 #include "host/host.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

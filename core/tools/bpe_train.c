@@ -13,7 +13,7 @@
  * already name a token (possible when two different splits spell the same bytes) reuses that token.
  */
 #include "tools/tokenizer.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,7 +2,7 @@
  * and turned into an hf_spec for tokenizer_from_hf. What is accepted is listed in hf_tokenizer.h. */
 #include "tools/hf_tokenizer.h"
 #include "tools/unicode_nfc.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <jansson.h>
 #include <stdio.h>

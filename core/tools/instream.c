@@ -1,6 +1,6 @@
 /* instream.c: plain, gzip and zstd input through one fixed buffer (see instream.h). */
 #include "tools/instream.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -241,10 +241,6 @@ ssize_t instream_read(instream *s, void *buf, size_t cap, char *err, size_t errl
 }
 
 const char *instream_name(const instream *s) { return s->name; }
-instream_format instream_get_format(const instream *s) { return s->format; }
-const char *instream_format_name(instream_format f) {
-    return f == INSTREAM_GZIP ? "gzip" : f == INSTREAM_ZSTD ? "zstd" : "plain";
-}
 uint64_t instream_offset(const instream *s) { return consumed(s); }
 int64_t instream_size(const instream *s) { return s->size; }
 int instream_bad_input(const instream *s) { return s->bad; }

@@ -30,8 +30,6 @@ instream *instream_open(const char *path, int *bad_input, char *err, size_t errl
 ssize_t instream_read(instream *s, void *buf, size_t cap, char *err, size_t errlen);
 
 const char *instream_name(const instream *s);            /* the path, or "standard input" */
-instream_format instream_get_format(const instream *s);
-const char *instream_format_name(instream_format f);     /* "plain", "gzip", "zstd" */
 uint64_t instream_offset(const instream *s);             /* bytes read from the file (compressed) */
 int64_t instream_size(const instream *s);                /* the file's size, -1 when not a regular file */
 int instream_bad_input(const instream *s);               /* the last error was the input's fault */

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host/util.h"
+#include "base/util.h"
 
 /* Past these a shape is a mistake, not a pipeline; they keep every count an int and memory small. */
 #define SCHED_MAX_RANKS 4096

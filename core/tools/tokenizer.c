@@ -4,7 +4,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tools/tokenizer.h"
 #include "tools/hf_tokenizer.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <sys/stat.h>
 #include <errno.h>

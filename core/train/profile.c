@@ -5,10 +5,10 @@
  * iteration_<step>/rank<R>_trace.json. Here recording starts only at the active steps (warmup has
  * nothing to warm up), so memory holds one window's events. Each rank writes its file; after a
  * barrier rank 0 joins them into iteration_<step>/trace.json, one process track per rank. */
-#include "engine/profile.h"
+#include "train/profile.h"
 
 #include "host/host.h"
-#include "host/util.h"
+#include "base/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

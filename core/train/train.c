@@ -1,16 +1,20 @@
-/* train.c: `ctitan train`: the training loop, the LR schedule, clipping, metrics and the end-of-run
- * model save and sample. */
+/* train.c: `ctitan train` and `ctitan generate`: the loop (datasets, validation, metrics lines and
+ * metrics.jsonl, TensorBoard, signals, checkpoints driven, the profiler's calls around each step),
+ * the dry run, and the end-of-run model save and sample. A step itself (microbatches, clipping, the
+ * optimizer) is the session's (engine/session.c); the learning rate is engine/lr.c's. */
 #include "checkpoint/checkpoint.h"
-#include "host/util.h"
+#include "base/util.h"
 #include "host/commstats.h"
 #include "data/data.h"
 #include "formats/hf.h"
 #include "engine/lr.h"
 #include "engine/mesh.h"
-#include "engine/profile.h"
+#include "train/profile.h"
 #include "host/runlock.h"
 #include "host/tensorboard.h"
 #include "engine/session.h"
+#include "host/rank.h"
+#include "train/train.h"
 #include "plan/plan.h"
 
 #include <errno.h>
@@ -1110,7 +1114,7 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
     if ((st = check_hf_export(&s, mf))) goto out;
     int prof;
     mf_get_bool(mf, "profiling.enable_profiling", &prof);
-    trace_enable(prof); /* recording starts at the profiling windows' steps (engine/profile.c) */
+    trace_enable(prof); /* recording starts at the profiling windows' steps (train/profile.c) */
     const char *desc;
     if (!mf_get_str(mf, "job.description", &desc) && *desc) printf("job: %s\n", desc);
     int seed_ckpt;

@@ -108,7 +108,7 @@ printf 'model:\n  flavor: debugmodel\n  n_layers: 0\n' >"$T/layers.yaml"
 expect "model.n_layers in a file" "layers.yaml:3: model.n_layers: llama3" -- "$T/layers.yaml" --dry-run
 # the optimizer is created only by a real run: a tiny one that fails before its data
 opt=($debug --training.dataset_path="$T/none.bin" --model.n_layers=1 --training.seq_len=16 --training.steps=1)
-expect "optimizer.implementation" "command line: --optimizer.implementation: adamw: expected fused, foreach or for-loop, got 'turbo'" -- \
+expect "optimizer.implementation" "command line: --optimizer.implementation: adamw: expected fused, foreach, for-loop or fused_opt_states_bf16, got 'turbo'" -- \
   "${opt[@]}" --optimizer.implementation=turbo
 expect "optimizer.beta2" "command line: --optimizer.beta2: adamw: expected 0 <= beta2 < 1" -- "${opt[@]}" --optimizer.beta2=1
 

@@ -116,12 +116,10 @@ ok "bad usage and refused shapes exit 2 with one line"
 CC=${CC:-cc}
 mkdir -p "$BUILD/fuzz-replay"
 san=(-g -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
-if "${CXX:-g++}" -std=c++17 -Wall -Wextra -Werror "${san[@]}" -Icore -c -o "$BUILD/fuzz-replay/schedule_toml_shim.o" \
-    core/config/toml_shim.cpp &&
-  "$CC" -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isdk/include -Icore "${san[@]}" \
+# the target and its driver against the core library (sanitized in the sanitizer build)
+if "$CC" -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Isdk/include -Icore "${san[@]}" \
     -o "$BUILD/fuzz-replay/fuzz_schedule_csv" tests/fuzz/fuzz_schedule_csv.c tests/fuzz/replay_main.c \
-    core/tools/schedule.c core/host/host.c core/host/trace.c core/config/manifest.c core/config/torchtitan_keys.c core/host/util.c \
-    "$BUILD/fuzz-replay/schedule_toml_shim.o" -lyaml -ldl -lstdc++; then
+    "$BUILD/libctitan-core.a" -lyaml -lpcre2-8 -ljansson -lz -lzstd -lcairo -lfontconfig -ldl -lm -lpthread -lstdc++; then
     if "$BUILD/fuzz-replay/fuzz_schedule_csv" -m 300 tests/fuzz/corpus/schedule_csv >"$WORK/fuzz.log" 2>&1; then
         ok "fuzz_schedule_csv replays its corpus ($(ls tests/fuzz/corpus/schedule_csv | wc -l) seeds x 300 mutations)"
     else

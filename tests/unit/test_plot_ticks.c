@@ -9,7 +9,7 @@
 
 #include <math.h>
 
-#include "tools/cmd_plot.h"
+#include "cmd/cmd_plot.h"
 
 /* The ticks of [lo, hi] with min_ticks: their count, first and step as expected. */
 static void ticks_are(double lo, double hi, int min_ticks, int n, double first, double step) {

@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tools/cmd_tokenize.h"
+#include "cmd/cmd_tokenize.h"
 #include "data/shard.h"
 #include "tools/tokenizer.h"
 
