@@ -1023,7 +1023,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
             res->t_offload_exposed = offload_wait(&t, ut, nu, hw->host_bw, &copy_s) * n_micro * accum;
             res->t_offload = copy_s * n_micro * accum;
             step += res->t_offload_exposed;
-        } else if (copied > 0)
+        } else if (copied > 0 && hw->peak_flops[PLAN_BF16] > 0) /* (no profile: memory only, nothing timed) */
             note_add(r.note, sizeof r.note, "the profile gives no host_link bandwidth: activation offload's "
                                             "copies are not timed");
     }
@@ -1139,7 +1139,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
                  "GPU, more than the %.1f GiB the profile's host_link.memory_gb leaves with the headroom",
                  res->host_bytes / 1073741824.0, hw->host_mem * (1.0 - hw->headroom_frac) / 1073741824.0);
     }
-    if (!hw->calibrated && !strstr(res->assumptions, "datasheet"))
+    if (!hw->calibrated && hw->peak_flops[PLAN_BF16] > 0 && !strstr(res->assumptions, "datasheet"))
         note_add(res->assumptions, sizeof res->assumptions,
                  "datasheet rates x the profile's assumed efficiencies (matmul %.2f, attention %.2f, memory %.2f)",
                  hw->matmul_eff, hw->attn_eff, hw->mem_eff);
