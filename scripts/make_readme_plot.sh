@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's loss plot: four short runs of a tiny Llama on the test corpus (one rank in fp32, FSDP
+# docs/observability.md's loss plot: four short runs of a tiny Llama on the test corpus (one rank in fp32, FSDP
 # over 2 ranks in bf16, FSDP 2 x TP 2 in bf16, one rank with float8 rowwise linears), drawn by
 # `ctitan plot` against tokens.
 #   scripts/make_readme_plot.sh [OUT.png|OUT.svg]    (default docs/img/loss_layouts.png)

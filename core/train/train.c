@@ -702,7 +702,7 @@ static double as_logged(const char *fmt, double v) {
     return strtod(t, NULL);
 }
 
-/* A step record's numbers as TensorBoard scalars (the tags README.md's table lists). -1 on a write
+/* A step record's numbers as TensorBoard scalars (the tags docs/observability.md's table lists). -1 on a write
  * error (ct_last_error names the file). */
 static int step_tb(run_log *lg, int64_t step, double loss, double norm, double lr, double tps, double tflops,
                    double mfu, const double mem[CT_MEM_NCATEGORIES + 2]) {

@@ -8,7 +8,7 @@
 # --calibrate` measured on this machine on a layout of the same ranks and shapes, and compares:
 # parameters, gradients and optimizer states exact; activations and peak memory within 10%; step
 # time within 25% (CP layouts 35%: tests/cli/lib/plan_validate.py step_bound), reported, and
-# asserted (with up to two retries) only under PV_ASSERT_STEP=1: speed is `make bench`'s to measure. Prints the table the README's "Planner against measurement" carries and fails
+# asserted (with up to two retries) only under PV_ASSERT_STEP=1: speed is `make bench`'s to measure. Prints the table docs/measured.md's "Planner against measurement" carries and fails
 # naming each layout out of bounds; first it checks that the comparison refuses a plan one
 # parameter byte off. MEASURE_ONLY=1 trains and prints the measured side alone; PV_ONLY="NAME ..."
 # picks layouts; KEEP_T=DIR keeps the runs (and reuses the profiles already there).

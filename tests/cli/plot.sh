@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `ctitan plot`: four real tiny runs (one rank fp32, FSDP 2 bf16, FSDP 2 x TP 2 bf16, float8 rowwise;
-# made by scripts/make_readme_plot.sh, which draws the README's PNG) and hand-made metrics.jsonl
+# made by scripts/make_readme_plot.sh, which draws docs/observability.md's PNG) and hand-made metrics.jsonl
 # files (a resumed run, validation records). The SVG parses as XML with one stroked path per run and
 # the legend's glyphs; the PNG has its signature, the asked size, many colours and every run's
 # colour; labels come from the start records' layouts (or --label); a resumed run plots the last
@@ -12,7 +12,7 @@ CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL $*"; exit 1; }
 
-# 1. the README's picture from real runs (the script keeps them for the checks below)
+# 1. docs/observability.md's picture from real runs (the script keeps them for the checks below)
 CTITAN=$CTITAN KEEP="$T/runs" scripts/make_readme_plot.sh "$T/readme.png" >"$T/readme.log" 2>&1 ||
   { tail -5 "$T/readme.log"; fail "scripts/make_readme_plot.sh"; }
 R=$T/runs

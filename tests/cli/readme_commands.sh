@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every command in README.md's fenced ``` blocks runs and exits 0, as written: a command added to
-# the README that breaks fails this test. Commands are read from the README itself:
+# Every command in the fenced ``` blocks of README.md and docs/*.md runs and exits 0, as written: a
+# command added to the docs that breaks fails this test. Commands are read from the docs themselves:
 #   - `build/ctitan ...`, `mpirun ...`, `make ...`, `cc ...` lines (with `\` continuations);
 #     build/ is $BUILD (the sanitizer build under SANITIZE=1);
 #   - train runs get overrides APPENDED only: a tiny dataset and tokenizer made here, 3 steps of
@@ -22,15 +22,15 @@ root=$(pwd)
 test_data "$T" 2048 || fail "test data"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
-# The commands of README.md's fenced blocks, one per line (continuations joined, comments cut).
+# The commands of the docs' fenced blocks, one per line (continuations joined, comments cut).
 awk '/^```/ { inb = !inb; next }
      inb { line = $0; sub(/^[ \t]+/, "", line)
            if (cont != "") { line = cont " " line; cont = "" }
            if (line ~ /\\$/) { sub(/[ \t]*\\$/, "", line); cont = line; next }
            sub(/[ \t]+#.*$/, "", line)
-           if (line ~ /^(build\/ctitan|make|mpirun|cc|PKG_CONFIG_PATH=)/ || line ~ /\| *build\/ctitan /) print line }' README.md >"$T/commands"
+           if (line ~ /^(build\/ctitan|make|mpirun|cc|PKG_CONFIG_PATH=)/ || line ~ /\| *build\/ctitan /) print line }' README.md docs/*.md >"$T/commands"
 n=$(wc -l <"$T/commands")
-[ "$n" -ge 10 ] || fail "only $n commands found in README.md's fenced blocks"
+[ "$n" -ge 10 ] || fail "only $n commands found in the fenced blocks of README.md and docs/"
 
 tiny=(--training.dataset_path="$T/data.bin" --model.tokenizer_path="$T/tok.model" --training.steps=3
       --training.seq_len=32 --generate.max_new_tokens=8 --device.threads=1 --metrics.log_freq=1)

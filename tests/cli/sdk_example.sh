@@ -36,7 +36,7 @@ build_plugins() {
     echo "== building out of tree in $WORK"
     third_party_make "$WORK/template"
     third_party_make "$WORK/gpt2"
-    # The README's one-liner, as a user would type it (plus the warnings we hold ourselves to).
+    # docs/plugins.md's one-liner, as a user would type it (plus the warnings we hold ourselves to).
     (cd "$WORK/template" && cc $SDK_CFLAGS $WARN -shared -fPIC -o my.so lion.c)
     # The DDP strategy is written against the SDK alone: it builds out of tree the same way.
     cp "$ROOT/plugins/ddp/ddp.c" "$WORK/ddp.c"
