@@ -399,9 +399,8 @@ static int write_metadata(session *s, const char *dir, int64_t step, const ckpt_
     json_object_set_new(root, "world_size", json_integer(s->world));
     if (s->capi) { /* the layout it was written with (loading reshards to any other) */
         json_t *mesh = json_object();
-        static const char *axes[] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
-        for (int a = 0; a < CT_MESH_NAXES && a < 5; a++)
-            json_object_set_new(mesh, axes[a], json_integer(s->mesh.degree[a] > 0 ? s->mesh.degree[a] : 1));
+        for (int a = 0; a < CT_MESH_NAXES; a++)
+            json_object_set_new(mesh, mesh_axis_names[a], json_integer(s->mesh.degree[a] > 0 ? s->mesh.degree[a] : 1));
         json_object_set_new(root, "mesh", mesh);
     }
     json_object_set_new(root, "config", run_config(s, st != NULL));
@@ -704,12 +703,11 @@ static int check_fields(json_t *root, const char *path, char *err, size_t errlen
     }
     int64_t dp = 0;
     if (mesh) {
-        static const char *axes[] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
-        int64_t prod = 1, deg[5];
-        for (int a = 0; a < 5; a++) {
+        int64_t prod = 1, deg[CT_MESH_NAXES];
+        for (int a = 0; a < CT_MESH_NAXES; a++) {
             char field[32];
-            snprintf(field, sizeof field, "mesh.%s", axes[a]);
-            if (get_int(mesh, axes[a], field, 1, CKPT_MAX_WORLD, &deg[a], path, err, errlen)) return -1;
+            snprintf(field, sizeof field, "mesh.%s", mesh_axis_names[a]);
+            if (get_int(mesh, mesh_axis_names[a], field, 1, CKPT_MAX_WORLD, &deg[a], path, err, errlen)) return -1;
             prod *= deg[a];
             if (prod > CKPT_MAX_WORLD) break;
         }
@@ -717,7 +715,7 @@ static int check_fields(json_t *root, const char *path, char *err, size_t errlen
             ct_errf(err, errlen, "%s: mesh degrees multiply to %" PRId64 ", not world_size %" PRId64, path, prod, world);
             return -1;
         }
-        dp = deg[1] * deg[2];
+        dp = deg[CT_AXIS_DP_REPLICATE] * deg[CT_AXIS_DP_SHARD];
     }
     if (ts) {
         int64_t ts_step;

@@ -1,6 +1,7 @@
 /* cmd_plot.c: `ctitan plot`, training runs' curves from their metrics.jsonl, drawn with cairo (its
  * SVG surface for .svg, its image surface written as PNG for .png). */
 #include "cmd/cmd_plot.h"
+#include "engine/mesh.h"
 
 #include <cairo/cairo-svg.h>
 #include <cairo/cairo.h>
@@ -128,12 +129,12 @@ static json_t *field_get(json_t *obj, const char *path) {
 /* The legend name a start record's layout gives: the mesh axes above 1 (or "1 rank"), then the
  * precision. 0, or -1 when the record has no layout (written by an older ctitan). */
 static int layout_label(json_t *start, char *out, size_t len) {
-    static const char *const axes[] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
+    const char *const *axes = mesh_axis_names; /* as train writes them */
     json_t *lay = json_object_get(start, "layout");
     if (!json_is_object(lay)) return -1;
     size_t k = 0;
     out[0] = 0;
-    for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++) {
+    for (size_t i = 0; i < CT_MESH_NAXES; i++) {
         json_int_t d = json_integer_value(json_object_get(lay, axes[i]));
         if (d > 1 && k < len)
             k += (size_t)snprintf(out + k, len - k, "%s%s %lld", k ? ", " : "", axes[i], (long long)d);

@@ -41,8 +41,10 @@ struct plan_ctx {
 const char *const plan_mem_names[PLAN_MEM_N] = {"params", "grads", "optimizer", "master", "fsdp_buffers", "tp_buffers",
                                                 "pp_buffers", "activations", "transient", "float8", "logits", "overhead"};
 
-/* the mesh axes, then the flattened dp_shard x cp (CT_AXIS_DP_SHARD_CP) */
-static const char *const axis_names[CT_MESH_NAXES + 1] = {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp_shard_cp"};
+/* a mesh axis's name, or the flattened dp_shard x cp's (CT_AXIS_DP_SHARD_CP) */
+static const char *axis_name(int axis) {
+    return axis >= 0 && axis < CT_MESH_NAXES ? mesh_axis_names[axis] : "dp_shard_cp";
+}
 
 static int fail(char *err, size_t errlen, const char *what) {
     snprintf(err, errlen, "%s%s%s", what, ct_last_error()[0] ? ": " : "", ct_last_error());
@@ -676,7 +678,7 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         u->comm_hidden += reps * hide;
         if (unit_rank && unit_rank[o->unit] != 0) continue; /* the lines show rank 0's */
         char what[48];
-        snprintf(what, sizeof what, "%s %s", axis_names[o->axis], kind_name(o->coll_kind));
+        snprintf(what, sizeof what, "%s %s", axis_name(o->axis), kind_name(o->coll_kind));
         plan_comm_line *cl = comm_line(res, what, o->axis, o->coll_kind, inter);
         if (!cl) continue;
         cl->bytes += reps * o->coll_bytes * n_micro;
