@@ -38,27 +38,9 @@
 #include <stdint.h>
 
 /* The one place the ABI version is written: the pkg-config file and `ctitan --version` take it from
- * here, and a test holds the README to it. 2.0 is the break with 1.x (among others, ct_pp_action
- * gained struct_size and arrays of ABI structs are stepped by it): a 1.x plugin is refused and must
- * be rebuilt against this SDK. Minor versions of 2 only append fields, functions and kinds.
- * 2.1 appended: shared (tied) parameters and the model's features (model.h); the strategy's whole
- * compute storage, post_step and report (strategy.h); the optimizer's per-parameter step with its
- * slot and the mesh (optimizer.h); elementwise device ops (device.h); the master-weight memory
- * category (host.h). A 2.0 plugin loads unchanged.
- * 2.3 appended: explicit-position rotary embedding and blockwise attention with its log-sum-exp
- * merge (device.h); the flattened dp_shard x cp group and CT_AXIS_DP_SHARD_CP (strategy.h), for
- * context parallel; a custom op's attention FLOPs in its planner cost (ct_op_cost.attention_flops).
- * 2.4 appended: rotary embedding with the model's own frequency table (device.h rope_freqs_*,
- * the builder's rope_freqs) and RoPE scaling in the model description, for Llama 3.1's scaled RoPE.
- * 2.5 appended: the builder's linear_cross_entropy, an output head's loss without its whole logits.
- * 2.6 appended: ct_strategy_env.split_backward (the pipeline schedule splits backward into halves).
- * 2.7 appended: the builder's backward_scratch and ct_op_cost.backward_scratch (a custom op's
- * backward temporaries in the region the unit's backward shares, and planned there).
- * 2.8 appended: growable device regions (device.h region_reserve, region_resize, region_release),
- * so the host's arenas grow in place instead of by added blocks.
- * 2.9 appended: copies beside the device's work (device.h host_alloc, host_free, copy_async,
- * copy_wait), for activation offload.
- * 2.10 appended: AdamW with bf16 moments (device.h adamw_bf16_moments). */
+ * here, and a test holds the README to it. 2.0 is the break with 1.x: a 1.x plugin is refused and must
+ * be rebuilt against this SDK. Minor versions of 2 only append fields, functions and kinds; what each
+ * appended is in sdk/CHANGELOG.md, and sdk/frozen/ holds each minor's headers as released. */
 #define CT_ABI_MAJOR 2
 #define CT_ABI_MINOR 10
 
