@@ -14,7 +14,7 @@
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
 . tests/cli/lib/data.sh
 test_data "$T" 2048 || fail "test data"
 args=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --model.tokenizer_path="$T/tok.model"

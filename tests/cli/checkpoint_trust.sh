@@ -16,7 +16,7 @@ T=${KEEP_T:-$(mktemp -d)}
 MNT=""
 cleanup() { [ -n "$MNT" ] && umount "$MNT" 2>/dev/null; [ -n "${KEEP_T:-}" ] || rm -rf "$T"; }
 trap cleanup EXIT
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
 . tests/cli/lib/data.sh
 test_data "$T" 512 || fail "test data"
 # lr_scheduler.total_steps fixes the schedule, so a 20-step run is the first 20 steps of a 30-step one

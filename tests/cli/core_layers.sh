@@ -7,7 +7,7 @@
 # sideways fails, naming the file and line. The upward includes still left are listed below with
 # the work that removes them (issue 28): the list may only shrink.
 set -u
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
 floor() {
   case "$1" in
     base) echo 0 ;; config) echo 1 ;; host) echo 2 ;; formats | data) echo 3 ;; tools) echo 4 ;; engine) echo 5 ;;

@@ -6,7 +6,7 @@
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=${KEEP_T:-$(mktemp -d)}; [ -n "${KEEP_T:-}" ] || trap 'rm -rf "$T"' EXIT; mkdir -p "$T"
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
 . tests/cli/lib/data.sh
 test_data "$T" 2048 || fail "test data"
 LIMIT=300

@@ -37,7 +37,7 @@ OPENBLAS_LIB=/usr/lib/x86_64-linux-gnu/openblas-openmp
 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 mkdir -p "$OUT/src"
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. tests/cli/lib/common.sh
 for tool in g++ perl; do
     command -v $tool >/dev/null 2>&1 || { echo "skip: $tool is missing, so the CUDA plugin is not emulated here"; exit 0; }
 done

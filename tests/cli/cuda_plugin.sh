@@ -22,7 +22,7 @@ SO=$BUILD/plugins/ctitan-cuda.so
 HARNESS=$BUILD/tests/test_device_conformance
 WANT="no CUDA device is visible"
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. tests/cli/lib/common.sh
 
 # (b) the skip branch of plugins/cuda/plugin.mk, whatever this machine has
 plan=$(make -n NVCC=/nonexistent/nvcc BUILD="$BUILD" all 2>&1) || fail "make -n with a missing nvcc failed: $plan"

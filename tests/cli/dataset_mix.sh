@@ -16,7 +16,7 @@
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
 . tests/cli/lib/curves.sh
 corpus=tests/data/tokenizer/corpus.txt
 n=$(wc -l <"$corpus")

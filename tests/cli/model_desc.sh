@@ -11,7 +11,7 @@
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
 . tests/cli/lib/data.sh
 test_data "$T" 512 || fail "test data"
 sizes=(--model.vocab_size=512 --model.n_layers=2 --model.dim=64 --model.n_heads=4 --model.n_kv_heads=2)

@@ -18,7 +18,7 @@ case $BUILD in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 SO=$BUILD/plugins/ctitan-nccl.so
 CUDA=/usr/local/cuda
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. tests/cli/lib/common.sh
 
 if [ ! -f $CUDA/include/nccl.h ]; then
     [ ! -f "$SO" ] || fail "$SO exists although $CUDA/include/nccl.h does not (SKIP_nccl not honoured?)"

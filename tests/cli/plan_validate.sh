@@ -15,7 +15,7 @@
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=${KEEP_T:-$(mktemp -d)}; [ -n "${KEEP_T:-}" ] || trap 'rm -rf "$T"' EXIT; mkdir -p "$T"; rm -f "$T"/*.prev*.json
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
 . tests/cli/lib/data.sh
 PV=tests/cli/lib/plan_validate.py
 # a sanitizer build: the ring layout's step time is not compared (plan_validate.py step_bound)

@@ -10,7 +10,7 @@
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
 
 # 1. docs/observability.md's picture from real runs (the script keeps them for the checks below)
 CTITAN=$CTITAN KEEP="$T/runs" scripts/make_readme_plot.sh "$T/readme.png" >"$T/readme.log" 2>&1 ||

@@ -14,7 +14,7 @@ BUILD=${BUILD:-build}
 ROOT=$(pwd)
 case $CTITAN in /*) ;; *) CTITAN=$ROOT/$CTITAN ;; esac
 T=${KEEP_T:-$(mktemp -d)}; [ -n "${KEEP_T:-}" ] || trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
 . tests/cli/lib/curves.sh
 
 # the pack, as a third party builds it

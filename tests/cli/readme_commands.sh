@@ -16,7 +16,7 @@
 set -u
 CTITAN=${CTITAN:-build/ctitan}; BUILD=${BUILD:-build}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
 root=$(pwd)
 . tests/cli/lib/data.sh
 test_data "$T" 2048 || fail "test data"

@@ -11,7 +11,7 @@ CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d)
 cleanup() { for p in $(pgrep -f "$T/" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done; rm -rf "$T"; }
 trap cleanup EXIT
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
 . tests/cli/lib/data.sh
 test_data "$T" 512 || fail "test data"
 # a constant learning rate after warmup, so a run's steps do not depend on training.steps

@@ -9,7 +9,7 @@ ROOT=$(pwd)
 BUILD=${BUILD:-build}
 CTITAN=${CTITAN:-$BUILD/ctitan}
 case $CTITAN in /*) ;; *) CTITAN=$ROOT/$CTITAN ;; esac
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. tests/cli/lib/common.sh
 
 [ -f "$BUILD/ctitan-sdk.pc" ] || fail "$BUILD/ctitan-sdk.pc is missing (run make)"
 help=$("$CTITAN" schedule --help 2>&1 || true)

@@ -16,7 +16,7 @@
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
 . tests/cli/lib/curves.sh
 corpus=tests/data/tokenizer/corpus.txt
 "$CTITAN" tokenizer train --input "$corpus" --vocab-size 512 --output "$T/tok.model" >/dev/null || fail tokenizer
