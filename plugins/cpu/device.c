@@ -594,7 +594,8 @@ static void cpu_run_copies(cpu_device *d, uint64_t upto)
         n++;
         d->done++;
     }
-    memmove(d->pending, d->pending + n, sizeof *d->pending * (d->n_pending - n));
+    if (n && n < d->n_pending) /* (nothing queued: pending may be NULL) */
+        memmove(d->pending, d->pending + n, sizeof *d->pending * (d->n_pending - n));
     d->n_pending -= n;
     pthread_mutex_unlock(&d->copies_lock);
 }
