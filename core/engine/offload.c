@@ -29,22 +29,22 @@ static int can_copy(const runtime *rt) {
     return CT_HAS_FIELD(d, ct_device_api, copy_wait) && d->host_alloc && d->host_free && d->copy_async && d->copy_wait;
 }
 
-int runtime_offload_set(runtime *rt, int layers, char *err, size_t errlen) {
+ct_status runtime_offload_set(runtime *rt, int layers) {
     rt_offload *o = &rt->offload;
     int blocks = rt->desc.n_units - 2;
     if (layers < 0 || layers > (blocks > 0 ? blocks : 0)) {
-        snprintf(err, errlen, "%d, expected 0 (none) to %d (the model's blocks)", layers, blocks > 0 ? blocks : 0);
-        return -1;
+        ct_set_error("%d, expected 0 (none) to %d (the model's blocks)", layers, blocks > 0 ? blocks : 0);
+        return CT_ERR_INVALID;
     }
     if (layers && !can_copy(rt)) {
-        snprintf(err, errlen, "%d, but the device cannot copy beside its work (device.h copy_async, ABI 2.9)", layers);
-        return -1;
+        ct_set_error("%d, but the device cannot copy beside its work (device.h copy_async, ABI 2.9)", layers);
+        return CT_ERR_UNSUPPORTED;
     }
     if (layers && !o->unit) {
         o->unit = calloc((size_t)rt->desc.n_units, sizeof *o->unit);
         if (!o->unit) {
-            snprintf(err, errlen, "out of memory");
-            return -1;
+            ct_set_error("out of memory");
+            return CT_ERR_NOMEM;
         }
         for (int k = 0; k < 2; k++) pool_init(&o->slot[k], rt->d, rt->dev, CT_MEM_ACTIVATIONS);
         if (rt->planning)
@@ -52,7 +52,7 @@ int runtime_offload_set(runtime *rt, int layers, char *err, size_t errlen) {
     }
     o->layers = layers;
     runtime_offload_reset(rt);
-    return 0;
+    return CT_OK;
 }
 
 int runtime_offloads(const runtime *rt, int u) {

@@ -409,13 +409,14 @@ ct_status runtime_unpack_unit(runtime *rt, int u);
 void runtime_pack_rebase(runtime *rt, int u, char *blob);
 
 /* Activation offload (offload.c). runtime_offload_set: the first `layers` blocks offloaded (after
- * runtime_init; 0 turns it off), -1 with err where it cannot run. During unit u's packing:
+ * runtime_init; 0 turns it off). During unit u's packing:
  * runtime_offload_take returns device memory for its `bytes` of packed activations (NULL: the unit
  * is not offloaded; pack in the saved arena), runtime_offload_out queues their copy to the host
  * once they are packed. Before unit u's backward unpacks, runtime_offload_in brings u's and the
  * previous unit's back (waiting for copies queued earlier); after it, runtime_offload_prefetch
- * queues the copy of the unit two below. runtime_offload_reset: a new microbatch. */
-int runtime_offload_set(runtime *rt, int layers, char *err, size_t errlen);
+ * queues the copy of the unit two below. runtime_offload_reset: a new microbatch. Those returning a
+ * ct_status give CT_OK or a status with the error set (ct_last_error). */
+ct_status runtime_offload_set(runtime *rt, int layers);
 /* The bytes the two offload slots hold now. */
 static inline size_t runtime_offload_slots_used(const runtime *rt) {
     return rt->offload.slot[0].used + rt->offload.slot[1].used;

@@ -543,9 +543,10 @@ static ct_status set_compute_modes(session *s, manifest *mf) {
         fprintf(stderr, "ctitan: %s: not with pipeline parallel yet (its microbatches interleave; use 0)\n", where);
         return CT_ERR_INVALID;
     }
-    if (runtime_offload_set(&s->rt, (int)offload, err, sizeof err)) {
+    ct_clear_error();
+    if (runtime_offload_set(&s->rt, (int)offload) != CT_OK) {
         mf_where(mf, "activation_offload.layers", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
         return CT_ERR_INVALID;
     }
     mf_get_str(mf, "training.mixed_precision_param", &mp);

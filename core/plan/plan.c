@@ -396,9 +396,9 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
         snprintf(err, errlen, "activation_offload.layers: not with pipeline parallel yet");
         return -1;
     }
-    char oerr[256];
-    if (runtime_offload_set(rt, l->offload, oerr, sizeof oerr)) {
-        snprintf(err, errlen, "activation_offload.layers: %s", oerr);
+    ct_clear_error();
+    if (runtime_offload_set(rt, l->offload) != CT_OK) {
+        snprintf(err, errlen, "activation_offload.layers: %s", ct_last_error());
         return -1;
     }
     if (l->float8 && ensure_quant(c, l, err, errlen)) return -1;
