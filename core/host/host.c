@@ -48,56 +48,6 @@ void mem_reset_peaks(void) {
     g_mem.peak_total = g_mem.cur_total;
 }
 
-/* ---- errors ---- */
-static _Thread_local char last_error[2048];
-
-/* A plugin may set its error on a thread of its own (an async writer, a comm's progress thread, a
- * device's stream thread) and fail a later call on the main thread. The thread-local buffer would
- * lose that message, so every message a plugin sets is also kept here with the thread that set it;
- * a thread with no message of its own takes (and so consumes) one another thread left. */
-static struct {
-    pthread_mutex_t lock;
-    int pending; /* msg holds a message no other thread has taken yet */
-    pthread_t setter;
-    char msg[sizeof last_error];
-} plugin_error = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-static void plugin_error_keep(const char *msg) {
-    pthread_mutex_lock(&plugin_error.lock);
-    snprintf(plugin_error.msg, sizeof plugin_error.msg, "%s", msg);
-    plugin_error.setter = pthread_self();
-    plugin_error.pending = 1;
-    pthread_mutex_unlock(&plugin_error.lock);
-}
-
-/* Only another thread's message counts: one this thread set is in its own buffer, or was cleared. */
-static void plugin_error_take(void) {
-    pthread_mutex_lock(&plugin_error.lock);
-    if (plugin_error.pending && !pthread_equal(plugin_error.setter, pthread_self())) {
-        snprintf(last_error, sizeof last_error, "%s", plugin_error.msg);
-        plugin_error.pending = 0;
-    }
-    pthread_mutex_unlock(&plugin_error.lock);
-}
-
-const char *ct_last_error(void) {
-    if (!last_error[0]) plugin_error_take();
-    return last_error;
-}
-void ct_clear_error(void) {
-    last_error[0] = 0;
-    /* a message this thread set was seen here (or dropped on purpose) */
-    pthread_mutex_lock(&plugin_error.lock);
-    if (plugin_error.pending && pthread_equal(plugin_error.setter, pthread_self())) plugin_error.pending = 0;
-    pthread_mutex_unlock(&plugin_error.lock);
-}
-void ct_set_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
-    va_end(ap);
-}
-
 static void vlog(ct_log_level level, const char *who, const char *fmt, va_list ap) {
     if ((int)level < g_log_level) return;
     static const char *names[] = {"debug", "info", "warn", "error"};
@@ -201,7 +151,7 @@ static void h_set_error(const ct_host *h, const char *fmt, ...) {
     va_end(ap);
     const char *who = ctx_of(h)->info.name ? ctx_of(h)->info.name : "plugin";
     ct_set_error("%s: %s", who, msg);
-    plugin_error_keep(last_error);
+    ct_error_keep();
 }
 
 /* Host allocations carry a 64-byte header with their size and category. */

@@ -28,11 +28,8 @@ void mem_account_owned(ct_mem_category cat, const char *owner, int64_t delta);
 void mem_reset_peaks(void);
 const char *mem_category_name(ct_mem_category cat);
 
-/* ---- errors ---- */
-/* The detail of the last failure (set by a plugin through its host table or by the core). */
-const char *ct_last_error(void);
-void ct_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void ct_clear_error(void);
+/* ---- errors: base/error.h ---- */
+#include "base/error.h"
 
 /* ---- logging ---- */
 extern int g_log_level; /* messages below this level are dropped */
