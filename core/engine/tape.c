@@ -1529,6 +1529,16 @@ void tape_drop_unread(runtime *rt, tape_entry *tail) {
     }
 }
 
+/* A view or a copy of a tensor reads its owner's data, and the owner's data may have moved since
+ * forward: FSDP gathers a parameter anew for backward into another buffer. So the backward of op e
+ * reads every such tensor's data from its owner now, not from the address forward saw. */
+static void follow_owners(tape_entry *e) {
+    rt_tensor *r[7 + 3 * CUSTOM_MAX_IO];
+    int n = entry_read_list(e, r);
+    for (int i = 0; i < n; i++)
+        if (r[i] && (r[i]->base || r[i]->alias)) r[i]->t.data = data_owner(r[i])->t.data;
+}
+
 /* What op e made and what its backward reads (r holds 7 + 3 * CUSTOM_MAX_IO); how many. */
 static int entry_touches(tape_entry *e, rt_tensor **r) {
     int n = entry_read_list(e, r), m;
@@ -1567,6 +1577,7 @@ int tape_backward(runtime *rt, tape_entry *tail, int halves) {
     for (tape_entry *e = tail; e; e = e->prev) {
         int traced = trace_active() && e->op != OP_COLLECTIVE; /* a collective is the comm's event */
         double t0 = traced ? trace_now_us() : 0;
+        follow_owners(e);
         if (entry_backward(rt, e, halves)) return -1;
         if (traced && grad_if_any(e->out)) trace_backward(e, halves, t0);
         if (halves != TAPE_BOTH) continue;

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# An op that reads a parameter through a view (a Qwen3 pack's QK-norm: rmsnorm on a reshaped norm
+# weight) computes its backward with the parameter's data of backward time. Under FSDP with the
+# default reshard the block's weights are gathered anew for backward, into another buffer: the view
+# must follow them. tests/plugins/param_view.c (built here with the SDK headers alone) on one rank
+# is bit-identical with and without the view, and FSDP 2 (both reshard policies), HSDP 2x2 and
+# ZeRO-2 follow the one-rank curve within 1e-6.
+set -u
+STEPS=${STEPS:-8}
+. tests/cli/lib/layouts.sh
+cc -Isdk/include -std=c11 -Wall -Wextra -Werror -shared -fPIC -o "$T/param_view.so" tests/plugins/param_view.c ||
+  fail "build tests/plugins/param_view.c"
+pv=(--model.name="$T/param_view.so" --model.flavor=tiny)
+run single 1 --training.local_batch_size=8 "${pv[@]}"
+run single_noview 1 --training.local_batch_size=8 "${pv[@]}" --model.view=false
+CURVE_TOL=0 same_curve "one rank: the view vs the weight itself (bit-identical)" "$T/single_noview/metrics.jsonl" \
+  "$T/single/metrics.jsonl" "$STEPS" || exit 1
+fs=(--training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 "${pv[@]}")
+run fsdp2 2 "${fs[@]}"
+run fsdp2_never 2 "${fs[@]}" --parallelism.fsdp_reshard_after_forward=never
+run hsdp2x2 4 --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2 \
+  --parallelism.data_parallel_shard_degree=2 "${pv[@]}"
+run zero2 2 "${fs[@]}" --parallelism.dp_strategy=zero2
+for r in fsdp2 fsdp2_never hsdp2x2 zero2; do compare single $r "$STEPS" || exit 1; done
