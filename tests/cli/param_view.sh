@@ -3,8 +3,8 @@
 # weight) computes its backward with the parameter's data of backward time. Under FSDP with the
 # default reshard the block's weights are gathered anew for backward, into another buffer: the view
 # must follow them. tests/plugins/param_view.c (built here with the SDK headers alone) on one rank
-# is bit-identical with and without the view, and FSDP 2 (both reshard policies), HSDP 2x2 and
-# ZeRO-2 follow the one-rank curve within 1e-6.
+# is bit-identical with and without the view, and FSDP 2 (both reshard policies), HSDP 2x2, ZeRO-2,
+# PP 2 and PP 2 x FSDP 2 follow the one-rank curve within 1e-6.
 set -u
 STEPS=${STEPS:-8}
 . tests/cli/lib/layouts.sh
@@ -21,4 +21,7 @@ run fsdp2_never 2 "${fs[@]}" --parallelism.fsdp_reshard_after_forward=never
 run hsdp2x2 4 --training.local_batch_size=2 --parallelism.data_parallel_replicate_degree=2 \
   --parallelism.data_parallel_shard_degree=2 "${pv[@]}"
 run zero2 2 "${fs[@]}" --parallelism.dp_strategy=zero2
-for r in fsdp2 fsdp2_never hsdp2x2 zero2; do compare single $r "$STEPS" || exit 1; done
+pp=(--parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_microbatch_size=2 "${pv[@]}")
+run pp2 2 --training.local_batch_size=8 "${pp[@]}"
+run pp2_fsdp2 4 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 "${pp[@]}"
+for r in fsdp2 fsdp2_never hsdp2x2 zero2 pp2 pp2_fsdp2; do compare single $r "$STEPS" || exit 1; done
