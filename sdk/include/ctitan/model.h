@@ -273,7 +273,11 @@ typedef enum ct_tp_style {
     CT_TP_ROWWISE = 2,        /* w (out, in) split on dim 1; input sharded on features, output reduced (scattered on rows under SP) */
     CT_TP_EMBED_ROWWISE = 3,  /* embedding table (vocab, dim) split on dim 0; output reduced (scattered on rows under SP) */
     CT_TP_OUTPUT_COLWISE = 4, /* the output layer (vocab, dim) split on dim 0; vocabulary-sharded logits (loss parallel) */
-    CT_TP_SEQUENCE_PARALLEL = 5 /* a norm weight: replicated; under SP it sees 1/tp of the rows, so its gradient is summed over tp */
+    CT_TP_SEQUENCE_PARALLEL = 5, /* a norm weight: replicated; under SP it sees 1/tp of the rows, so its gradient is summed over tp */
+    /* ABI 2.11: a replicated weight applied to activations split over tp whatever the SP switch (a
+     * per-head QK-norm on head-split q and k, a per-head bias): each rank's gradient is partial and is
+     * summed over tp, with or without sequence parallel (torchtitan's SequenceParallel(sequence_dim=2)) */
+    CT_TP_REPLICATED_PARTIAL = 6
 } ct_tp_style;
 /* A 1-D tensor (a bias) takes the style of the linear it belongs to: CT_TP_COLWISE splits it along
  * its one dim with the output features; CT_TP_ROWWISE leaves it whole (added once, after the
@@ -309,7 +313,11 @@ typedef struct ct_model_api {
                               const ct_tensor *tokens, const ct_tensor *targets, ct_tensor **out);
     /* Optional: the tensor-parallel plan, ended by a rule whose pattern is NULL; the first rule
      * matching a parameter's name gives its style; a parameter no rule matches is replicated. NULL: the
-     * pack cannot be split over tp. Static: valid while the plugin is loaded. */
+     * pack cannot be split over tp. Static: valid while the plugin is loaded. A replicated parameter
+     * must meet replicated activations only (its gradient is then whole on every rank): plugins/tp
+     * refuses, naming it, one that meets activations split over tp without a style that sums its
+     * gradient (CT_TP_SEQUENCE_PARALLEL under SP, CT_TP_REPLICATED_PARTIAL), or one whose style sums
+     * a gradient that is already whole. */
     const ct_tp_rule *tp_plan;
     /* ABI 2.1, optional: this instance's plan (it may depend on the pack's options), in the same form;
      * when set it is used instead of tp_plan. NULL return: the instance cannot be split over tp. The
