@@ -7,8 +7,9 @@
  * this plugin wraps (ops.c) then puts the collectives each style implies around the linear,
  * embedding and loss ops, through the host's differentiable collectives and its own custom ops
  * (custom.c). What is left here is the one reduction no op sees: under sequence parallel a norm
- * weight meets 1/tp of the token rows on each rank, so its gradient is summed over tp after the
- * step's last backward.
+ * weight meets 1/tp of the token rows on each rank, and a CT_TP_REPLICATED_PARTIAL weight (QK-norm)
+ * meets head-split activations, so their gradients are summed over tp after the step's last
+ * backward. ops.c refuses a replicated weight whose gradient would be partial without such a sum.
  */
 #include "tp.h"
 
@@ -234,19 +235,25 @@ static ct_status tp_post_backward(ct_strategy *p, int unit, int last_microbatch)
     return CT_OK;
 }
 
+int tp_grad_summed(const tp *t, const ct_tensor *w) {
+    ct_tp_style style = tp_style_of(t, w);
+    if (style == CT_TP_REPLICATED_PARTIAL) return 1;
+    int whole_bias = style == CT_TP_ROWWISE && w->ndim == 1; /* added to 1/tp of the rows too */
+    return t->sequence_parallel && (style == CT_TP_SEQUENCE_PARALLEL || whole_bias);
+}
+
 /* Runs after the data-parallel strategy's finish: the local gradients are final but for tp. Under
  * sequence parallel a norm weight and a row-wise linear's bias (whole, added after the
- * reduce-scatter) each met 1/tp of the token rows: their gradients are summed over tp. */
+ * reduce-scatter) each met 1/tp of the token rows, and with or without it a CT_TP_REPLICATED_PARTIAL
+ * weight met head-split activations: their gradients are summed over tp (tp_grad_summed). */
 static ct_status tp_finish_backward(ct_strategy *p) {
     tp *t = p;
     int last = t->last;
     t->last = 0;
-    if (!last || !t->sequence_parallel) return CT_OK;
+    if (!last) return CT_OK;
     for (int i = 0; i < t->n_slots; i++) {
         ct_param_slot *s = CT_SLOT_AT(t->slots, i);
-        ct_tp_style style = tp_style_of(t, s->param);
-        int whole_bias = style == CT_TP_ROWWISE && s->param->ndim == 1; /* added to 1/tp of the rows too */
-        if (s->local_numel == 0 || (style != CT_TP_SEQUENCE_PARALLEL && !whole_bias)) continue;
+        if (s->local_numel == 0 || !tp_grad_summed(t, s->param)) continue;
         ct_status st = t->env.capi->all_reduce(t->env.comm, t->group, s->local_grad, s->local_grad, s->local_numel,
                                                CT_F32, CT_REDUCE_SUM, NULL);
         if (st) return st;
@@ -255,7 +262,8 @@ static ct_status tp_finish_backward(ct_strategy *p) {
 }
 
 /* The one collective no op sees: finish_backward's all-reduce of the gradients of the weights that
- * met 1/tp of the token rows under sequence parallel (norms, row-wise biases), once per step after the
+ * met 1/tp of the token rows under sequence parallel (norms, row-wise biases) or head-split
+ * activations (CT_TP_REPLICATED_PARTIAL), once per step after the
  * last microbatch, blocking. Every other collective of tensor parallel belongs to an op (the host's
  * differentiable collectives and this plugin's custom ops): the planner sees those through the
  * builder, per microbatch. No memory of its own: the custom ops' outputs are the tape's and their
@@ -265,12 +273,9 @@ static ct_status tp_report(ct_strategy *p, int n_microbatches, ct_strategy_repor
     (void)n_microbatches; /* once per step whatever the count */
     memset(out->mem_bytes, 0, sizeof out->mem_bytes);
     out->n_comms = 0;
-    for (int i = 0; t->sequence_parallel && t->size > 1 && i < t->n_slots; i++) {
+    for (int i = 0; t->size > 1 && i < t->n_slots; i++) {
         const ct_param_slot *s = CT_SLOT_AT(t->slots, i);
-        ct_tp_style style = tp_style_of(t, s->param);
-        int whole_bias = style == CT_TP_ROWWISE && s->param->ndim == 1;
-        if (s->placement == CT_PLACE_NONE || s->local_numel == 0 || (style != CT_TP_SEQUENCE_PARALLEL && !whole_bias))
-            continue;
+        if (s->placement == CT_PLACE_NONE || s->local_numel == 0 || !tp_grad_summed(t, s->param)) continue;
         if (out->comms && out->n_comms < out->max_comms) {
             ct_comm_cost *c = (ct_comm_cost *)((char *)out->comms + (size_t)out->n_comms * out->comms->struct_size);
             size_t size = out->comms->struct_size; /* the host's element size */

@@ -1,7 +1,8 @@
 /* tp.h: the tensor-parallel strategy's state, shared by its files.
  *
  *   tp.c     the plugin: options, start-up checks, placement from the model's plan, hooks
- *   ops.c    the builder it wraps: linear, embedding and cross entropy by each weight's style
+ *   ops.c    the builder it wraps: linear, embedding and cross entropy by each weight's style; the
+ *            replicated weights' check (no partial gradient left unsummed)
  *   custom.c its custom ops: the vocabulary-ranged embedding, loss parallel, async TP's overlapped
  *            all-gather + matmul and matmul + reduce-scatter
  */
@@ -36,7 +37,12 @@ static inline int tp_planning(const ct_builder *b) { return CT_HAS_FIELD(b, ct_b
 /* The style the plan gave parameter tensor w (CT_TP_NONE for activations and unplanned weights). */
 ct_tp_style tp_style_of(const tp *t, const ct_tensor *w);
 
-/* Replaces out's linear, embedding, cross entropy and finish_output (ops.c). */
+/* 1 if w's gradient is summed over tp after the step's backward (tp.c's finish_backward): a norm
+ * or a row-wise bias under sequence parallel, a CT_TP_REPLICATED_PARTIAL weight always. */
+int tp_grad_summed(const tp *t, const ct_tensor *w);
+
+/* Replaces out's linear, embedding, cross entropy and finish_output, and wraps the other ops to
+ * follow which activations are split over tp (ops.c). */
 void tp_builder_init(tp *t, ct_builder *next, ct_builder *out);
 
 /* A blocking or started collective over the tp group, timed, traced and reported to the host as

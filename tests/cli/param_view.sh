@@ -3,8 +3,9 @@
 # weight) computes its backward with the parameter's data of backward time. Under FSDP with the
 # default reshard the block's weights are gathered anew for backward, into another buffer: the view
 # must follow them. tests/plugins/param_view.c (built here with the SDK headers alone) on one rank
-# is bit-identical with and without the view, and FSDP 2 (both reshard policies), HSDP 2x2, ZeRO-2,
-# PP 2 and PP 2 x FSDP 2 follow the one-rank curve within 1e-6.
+# is bit-identical with and without the views, and FSDP 2 (both reshard policies), HSDP 2x2, ZeRO-2,
+# PP 2 and PP 2 x FSDP 2 follow the one-rank curve within 1e-6. Its q_norm is a QK-norm over head-split
+# activations: under TP (below) its gradient must be summed over tp or the start refused.
 set -u
 STEPS=${STEPS:-8}
 . tests/cli/lib/layouts.sh
@@ -25,3 +26,28 @@ pp=(--parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_mic
 run pp2 2 --training.local_batch_size=8 "${pp[@]}"
 run pp2_fsdp2 4 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 "${pp[@]}"
 for r in fsdp2 fsdp2_never hsdp2x2 zero2 pp2 pp2_fsdp2; do compare single $r "$STEPS" || exit 1; done
+
+# Tensor parallel: q_norm meets head-split q, so each rank's gradient is partial. With
+# CT_TP_REPLICATED_PARTIAL it is summed over tp (with and without sequence parallel; also the
+# SP-only style under SP, which sums it too); with no rule, or the SP-only style without SP, the
+# start is refused naming the parameter (both trained on with wrong gradients before).
+tp=(--training.local_batch_size=8 --parallelism.tensor_parallel_degree=2 "${pv[@]}")
+nosp=--parallelism.enable_sequence_parallel=false
+run tp2 2 "${tp[@]}"
+run tp2_nosp 2 "${tp[@]}" $nosp
+run tp4 4 --training.local_batch_size=8 --parallelism.tensor_parallel_degree=4 "${pv[@]}"
+run tp2_sp_style 2 "${tp[@]}" --model.q_norm_style=sequence_parallel
+run fsdp2_tp2 4 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.tensor_parallel_degree=2 "${pv[@]}"
+for r in tp2 tp2_nosp tp4 tp2_sp_style fsdp2_tp2; do compare single $r "$STEPS" || exit 1; done
+refused() { # name want args...: the start fails with the message
+  local name=$1 want=$2 out rc; shift 2
+  out=$("$CTITAN" launch -n 2 train "${common[@]}" --job.dump_folder="$T/$name" "$@" 2>&1); rc=$?
+  [ $rc -ne 0 ] && echo "$out" | grep -qF "$want" ||
+    { echo "$out" | tail -5; fail "$name: status $rc, no clear refusal"; }
+  echo "ok   $name refused, status $rc: $(echo "$out" | grep -m1 -oF "$want")"
+}
+refused tp2_no_rule "rmsnorm applies parameter 'block.q_norm.weight' (tp style none) to activations split over tp (by features, after a column-wise linear): its gradient would be partial" \
+  "${tp[@]}" --model.q_norm_style=none
+refused tp2_nosp_sp_style "rmsnorm applies parameter 'block.q_norm.weight' (tp style CT_TP_SEQUENCE_PARALLEL) to activations split over tp" \
+  "${tp[@]}" $nosp --model.q_norm_style=sequence_parallel
