@@ -981,7 +981,11 @@ static int piece_read(ckpt_reader *r, const piece *p, const char *name, char *er
         ct_errf(err, errlen, "%s: checksum mismatch in %s: the checkpoint is corrupt", fpath, name);
         return -1;
     }
-    return tf_check_finite_data(r->buf, p->bytes / 4, fpath, name, err, errlen);
+    if (tf_check_finite_data(r->buf, p->bytes / 4, fpath, name) != CT_OK) {
+        ct_errf(err, errlen, "%s", ct_last_error());
+        return -1;
+    }
+    return 0;
 }
 
 /* Parameter i's tensor k (-1: the weights, else optimizer state k): this rank's box want of it,

@@ -91,7 +91,10 @@ static int same_rope_scaling(const ct_model_desc *d, const hf_config *c, const c
 static int load_hf(session *s, const char *dir, char *err, size_t errlen) {
     hf_config cfg;
     tf_file *w = NULL;
-    if (hf_load(dir, &cfg, &w, err, errlen)) return -1;
+    if (hf_load(dir, &cfg, &w) != CT_OK) {
+        ct_errf(err, errlen, "%s", ct_last_error());
+        return -1;
+    }
     if (same_rope_scaling(&s->rt.desc, &cfg, dir, err, errlen)) {
         tf_free(w);
         return -1;
@@ -99,12 +102,14 @@ static int load_hf(session *s, const char *dir, char *err, size_t errlen) {
     int rc = 0;
     for (int i = 0; i < s->rt.n_params && !rc; i++) {
         const ct_tensor *p = &s->rt.params[i]->t;
-        const tf_entry *e = tf_expect(w, dir, runtime_param_key(&s->rt, i), 1, p->ndim, runtime_global_shape(&s->rt, i),
-                                      err, errlen);
-        rc = !e || tf_check_finite_data(e->data, e->numel, dir, p->name, err, errlen) ||
-                     runtime_param_set(&s->rt, i, e->data)
-                 ? -1
-                 : 0;
+        const tf_entry *e =
+            tf_expect(w, dir, runtime_param_key(&s->rt, i), 1, p->ndim, runtime_global_shape(&s->rt, i));
+        if (!e || tf_check_finite_data(e->data, e->numel, dir, p->name) != CT_OK) {
+            ct_errf(err, errlen, "%s", ct_last_error());
+            rc = -1;
+        } else {
+            rc = runtime_param_set(&s->rt, i, e->data) ? -1 : 0;
+        }
     }
     tf_free(w);
     return rc;
@@ -145,10 +150,11 @@ static int save_hf(session *s, const char *dir, int bf16, char *err, size_t errl
             cfg.rope_low_freq_factor = d->rope_low_freq_factor;
             cfg.rope_high_freq_factor = d->rope_high_freq_factor;
             cfg.rope_original_max_position = d->rope_original_max_position;
-            rc = hf_config_from_weights(&cfg, &w, err, errlen) ||
-                         hf_save(dir, &cfg, &w, bf16 ? HF_BFLOAT16 : HF_FLOAT32, err, errlen)
+            rc = hf_config_from_weights(&cfg, &w) != CT_OK ||
+                         hf_save(dir, &cfg, &w, bf16 ? HF_BFLOAT16 : HF_FLOAT32) != CT_OK
                      ? -1
                      : 0;
+            if (rc) ct_errf(err, errlen, "%s", ct_last_error());
         }
     }
 done:

@@ -252,7 +252,9 @@ static int read_hf(const char *dir, json_t **out, char *err, size_t errlen) {
     hf_config c;
     int rc = -1;
     if (!text || n > CAP) ct_errf(err, errlen, "%s: cannot read it (or larger than 1 MB)", path);
-    else if (!hf_config_parse(text, n, path, &c, err, errlen)) {
+    else if (hf_config_parse(text, n, path, &c) != CT_OK)
+        ct_errf(err, errlen, "%s", ct_last_error());
+    else {
         *out = mdesc_from_hf(&c);
         rc = *out ? 0 : -1;
         if (rc) ct_errf(err, errlen, "%s: out of memory", path);
@@ -270,11 +272,15 @@ int mdesc_read(const char *path, int in_hf, json_t **out, char *err, size_t errl
         return -1;
     }
     if (!S_ISDIR(sb.st_mode)) { /* a model file */
-        tf_file *f = tf_read_first(path, MAX_TEXT, err, errlen); /* written first: the weights are not read */
-        if (!f) return -1;
-        char *text = tf_text(f, path, MDESC_ENTRY, err, errlen);
+        tf_file *f = tf_read_first(path, MAX_TEXT); /* written first: the weights are not read */
+        char *text = NULL;
+        ct_status st = f ? tf_text(f, path, MDESC_ENTRY, &text) : CT_ERR_INVALID;
         tf_free(f);
-        if (!text) return err && err[0] ? -1 : 0;
+        if (st != CT_OK) {
+            ct_errf(err, errlen, "%s", ct_last_error());
+            return -1;
+        }
+        if (!text) return 0;
         json_error_t je;
         *out = json_loads(text, JSON_REJECT_DUPLICATES, &je);
         free(text);

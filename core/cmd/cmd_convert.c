@@ -144,10 +144,10 @@ typedef struct args {
 static int described(const tf_file *f, const args *a, json_t **out) {
     char err[ERRLEN];
     json_t *d = NULL;
-    char *text = tf_text(f, a->input, MDESC_ENTRY, err, sizeof err);
+    char *text;
     *out = NULL;
-    if (!text && err[0]) {
-        fprintf(stderr, "ctitan convert: %s\n", err);
+    if (tf_text(f, a->input, MDESC_ENTRY, &text) != CT_OK) {
+        fprintf(stderr, "ctitan convert: %s\n", ct_last_error());
         return -1;
     }
     if (!text) return 0; /* an older file: the flags and config.* scalars say it */
@@ -180,10 +180,9 @@ static int described(const tf_file *f, const args *a, json_t **out) {
 }
 
 static ct_status to_hf(const args *a) {
-    char err[ERRLEN];
-    tf_file *f = tf_read(a->input, err, sizeof err);
-    if (!f || tf_check_finite(f, a->input, err, sizeof err)) {
-        fprintf(stderr, "ctitan convert: %s\n", err);
+    tf_file *f = tf_read(a->input);
+    if (!f || tf_check_finite(f, a->input) != CT_OK) {
+        fprintf(stderr, "ctitan convert: %s\n", ct_last_error());
         tf_free(f);
         return CT_ERR_INVALID;
     }
@@ -224,13 +223,13 @@ static ct_status to_hf(const args *a) {
                         "cannot tell it)\n", a->input);
         goto done;
     }
-    if (hf_config_from_weights(&cfg, f, err, sizeof err)) {
-        fprintf(stderr, "ctitan convert: %s: %s\n", a->input, err);
+    if (hf_config_from_weights(&cfg, f) != CT_OK) {
+        fprintf(stderr, "ctitan convert: %s: %s\n", a->input, ct_last_error());
         goto done;
     }
     rc = CT_ERR_IO;
-    if (hf_save(a->output, &cfg, f, a->dtype, err, sizeof err)) {
-        fprintf(stderr, "ctitan convert: %s\n", err);
+    if (hf_save(a->output, &cfg, f, a->dtype) != CT_OK) {
+        fprintf(stderr, "ctitan convert: %s\n", ct_last_error());
         goto done;
     }
     int64_t per_block = cfg.features & CT_MODEL_QKV_BIAS ? 12 : 9;
@@ -246,30 +245,29 @@ done:
 }
 
 static ct_status from_hf(const args *a) {
-    char err[ERRLEN];
     hf_config cfg;
     tf_file *f;
-    if (hf_load(a->input, &cfg, &f, err, sizeof err) || tf_check_finite(f, a->input, err, sizeof err)) {
-        fprintf(stderr, "ctitan convert: %s\n", err);
+    if (hf_load(a->input, &cfg, &f) != CT_OK || tf_check_finite(f, a->input) != CT_OK) {
+        fprintf(stderr, "ctitan convert: %s\n", ct_last_error());
         tf_free(f);
         return CT_ERR_INVALID;
     }
-    tf_writer *w = tf_writer_open(a->output, err, sizeof err);
+    tf_writer *w = tf_writer_open(a->output);
     json_t *desc = w ? mdesc_from_hf(&cfg) : NULL; /* so that generate and from_checkpoint need no sizes */
     char *text = desc ? json_dumps(desc, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(desc);
     if (w && (!text || tf_writer_add_text(w, MDESC_ENTRY, text))) {
         tf_writer_abort(w);
         w = NULL;
-        snprintf(err, sizeof err, "%s: cannot write the model description", a->output);
+        ct_set_error("%s: cannot write the model description", a->output);
     }
     free(text);
     for (int i = 0; w && i < f->count; i++) {
         const tf_entry *e = &f->entries[i];
         if (tf_writer_add(w, e->name, e->dtype, e->ndim, e->shape, e->data)) break;
     }
-    if (!w || tf_writer_close(w, err, sizeof err)) {
-        fprintf(stderr, "ctitan convert: %s\n", err);
+    if (!w || tf_writer_close(w) != CT_OK) {
+        fprintf(stderr, "ctitan convert: %s\n", ct_last_error());
         tf_free(f);
         return CT_ERR_IO;
     }

@@ -447,11 +447,14 @@ static int tokenize_doc(void *ctx, const char *text, size_t len, char *err, size
     /* GPT-2 style tokenizers have only <|endoftext|>: one between documents, not two */
     int32_t b = tokenizer_bos_id(c->tok), e = tokenizer_eos_id(c->tok);
     uint32_t bos = (uint32_t)b, eos = (uint32_t)e;
-    int rc = (b >= 0 && b != e && shard_writer_append(c->out, &bos, 1, err, errlen)) ||
-             shard_writer_append(c->out, (const uint32_t *)ids, n, err, errlen) ||
-             (e >= 0 && shard_writer_append(c->out, &eos, 1, err, errlen));
+    int rc = (b >= 0 && b != e && shard_writer_append(c->out, &bos, 1) != CT_OK) ||
+             shard_writer_append(c->out, (const uint32_t *)ids, n) != CT_OK ||
+             (e >= 0 && shard_writer_append(c->out, &eos, 1) != CT_OK);
     free(ids);
-    if (rc) return -1;
+    if (rc) {
+        ct_errf(err, errlen, "%s", ct_last_error());
+        return -1;
+    }
     progress_tick(c->prog, c->src, shard_writer_count(c->out));
     return 0;
 }
@@ -460,10 +463,9 @@ static int tokenize_doc(void *ctx, const char *text, size_t len, char *err, size
 static ct_status check_shards(const char **paths, int n) {
     ct_status rc = CT_OK;
     for (int i = 0; i < n; i++) {
-        char err[ERRLEN];
         shard_info info;
-        if (shard_verify(paths[i], &info, err, sizeof err)) {
-            fprintf(stderr, "ctitan tokenize: %s\n", err);
+        if (shard_verify(paths[i], &info) != CT_OK) {
+            fprintf(stderr, "ctitan tokenize: %s\n", ct_last_error());
             rc = CT_ERR_INVALID;
             continue;
         }
@@ -560,8 +562,11 @@ ct_status cmd_tokenize(int argc, char **argv) {
     tok = tokenizer_load(tok_path, err, sizeof err);
     if (!tok) { rc = CT_ERR_INVALID; goto fail; } /* a tokenizer file it cannot read is bad input */
     c.tok = tok;
-    c.out = shard_writer_open(out_path, err, sizeof err);
-    if (!c.out) goto fail;
+    c.out = shard_writer_open(out_path);
+    if (!c.out) {
+        snprintf(err, sizeof err, "%s", ct_last_error());
+        goto fail;
+    }
     for (int i = 0; i < in.ninputs; i++)
         if ((rc = read_documents(&in.src, in.inputs[i], tokenize_doc, &c, err, sizeof err)) != CT_OK) goto fail;
     rc = CT_ERR_INVALID;
@@ -575,7 +580,10 @@ ct_status cmd_tokenize(int argc, char **argv) {
     uint64_t ntok = shard_writer_count(c.out);
     shard_writer *w = c.out;
     c.out = NULL;
-    if (shard_writer_close(w, err, sizeof err)) goto fail;
+    if (shard_writer_close(w) != CT_OK) {
+        snprintf(err, sizeof err, "%s", ct_last_error());
+        goto fail;
+    }
     double dt = ct_now() - prog.t0;
     progress_end(&prog);
     char skipped[96] = "";

@@ -2,6 +2,7 @@
  * number. */
 #include "data/data.h"
 
+#include "base/error.h"
 #include "base/util.h"
 #include "data/shard.h"
 #include "ctitan/model.h"
@@ -17,33 +18,30 @@
 static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* Reads one shard and appends it to the source's tokens. */
-static int append_shard(data_source *src, const char *path, char *err, size_t errlen) {
+static ct_status append_shard(data_source *src, const char *path) {
     uint32_t *t;
     uint64_t n;
-    if (shard_read(path, &t, &n, err, errlen)) return -1;
+    ct_status st = shard_read(path, &t, &n);
+    if (st != CT_OK) return st;
     uint32_t *grown = realloc(src->tokens, sizeof(uint32_t) * (size_t)(src->n_tokens + n + 1));
     if (!grown) {
         shard_free(t);
-        snprintf(err, errlen, "%s: out of memory", path);
-        return -1;
+        return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
     }
     src->tokens = grown;
     if (n) memcpy(src->tokens + src->n_tokens, t, sizeof(uint32_t) * (size_t)n);
     src->n_tokens += n;
     shard_free(t);
-    return 0;
+    return CT_OK;
 }
 
-static int load_folder(data_source *src, const char *path, char *err, size_t errlen) {
+static ct_status load_folder(data_source *src, const char *path) {
     DIR *d = opendir(path);
-    if (!d) {
-        snprintf(err, errlen, "%s: cannot open the dataset folder", path);
-        return -1;
-    }
+    if (!d) return ct_fail(CT_ERR_IO, "%s: cannot open the dataset folder", path);
     char **names = NULL;
     size_t n = 0;
     struct dirent *e;
-    int rc = 0;
+    ct_status rc = CT_OK;
     while ((e = readdir(d))) {
         size_t l = strlen(e->d_name);
         if (l < 5 || strcmp(e->d_name + l - 4, ".bin")) continue;
@@ -55,17 +53,14 @@ static int load_folder(data_source *src, const char *path, char *err, size_t err
     }
     closedir(d);
     if (n) qsort(names, n, sizeof(char *), name_cmp);
-    for (size_t i = 0; i < n && !rc; i++) {
+    for (size_t i = 0; i < n && rc == CT_OK; i++) {
         char p[PATH_MAX];
         snprintf(p, sizeof p, "%s/%s", path, names[i]);
-        rc = append_shard(src, p, err, errlen);
+        rc = append_shard(src, p);
     }
     for (size_t i = 0; i < n; i++) free(names[i]);
     free(names);
-    if (!rc && n == 0) {
-        snprintf(err, errlen, "%s: no *.bin token shards in the dataset folder", path);
-        rc = -1;
-    }
+    if (rc == CT_OK && n == 0) rc = ct_fail(CT_ERR_INVALID, "%s: no *.bin token shards in the dataset folder", path);
     return rc;
 }
 
@@ -84,32 +79,30 @@ static void source_free(data_source *src) {
     memset(src, 0, sizeof *src);
 }
 
-int dataloader_add(dataloader *dl, const char *path, double weight, int64_t vocab, char *err, size_t errlen) {
+ct_status dataloader_add(dataloader *dl, const char *path, double weight, int64_t vocab) {
     data_source src = {.weight = weight, .perm_epoch = -1};
     struct stat st;
-    if (!(weight > 0) || !isfinite(weight)) {
-        snprintf(err, errlen, "%s: weight %g: expected a finite number > 0", path, weight);
-        return -1;
-    }
-    if (stat(path, &st) != 0) {
-        snprintf(err, errlen, "%s: dataset not found (make one with `ctitan tokenize`)", path);
-        return -1;
-    }
-    if ((S_ISDIR(st.st_mode) ? load_folder(&src, path, err, errlen) : append_shard(&src, path, err, errlen))) goto fail;
+    if (!(weight > 0) || !isfinite(weight))
+        return ct_fail(CT_ERR_INVALID, "%s: weight %g: expected a finite number > 0", path, weight);
+    if (stat(path, &st) != 0)
+        return ct_fail(CT_ERR_INVALID, "%s: dataset not found (make one with `ctitan tokenize`)", path);
+    ct_status rc = S_ISDIR(st.st_mode) ? load_folder(&src, path) : append_shard(&src, path);
+    if (rc != CT_OK) goto fail;
+    rc = CT_ERR_INVALID;
     for (uint64_t i = 0; i < src.n_tokens; i++)
         if ((int64_t)src.tokens[i] >= vocab) {
-            snprintf(err, errlen, "%s: token %u at position %llu is outside the model's vocabulary of %lld", path,
-                     src.tokens[i], (unsigned long long)i, (long long)vocab);
+            ct_set_error("%s: token %u at position %llu is outside the model's vocabulary of %lld", path,
+                         src.tokens[i], (unsigned long long)i, (long long)vocab);
             goto fail;
         }
     src.n_windows = src.n_tokens > 0 ? (int64_t)((src.n_tokens - 1) / (uint64_t)dl->seq_len) : 0;
     if (src.n_windows < 1) {
-        snprintf(err, errlen, "%s: %llu tokens are not enough for one sequence of %lld + 1", path,
-                 (unsigned long long)src.n_tokens, (long long)dl->seq_len);
+        ct_set_error("%s: %llu tokens are not enough for one sequence of %lld + 1", path,
+                     (unsigned long long)src.n_tokens, (long long)dl->seq_len);
         goto fail;
     }
     if (src.n_windows > UINT32_MAX) {
-        snprintf(err, errlen, "%s: %lld sequences; at most %u per source", path, (long long)src.n_windows, UINT32_MAX);
+        ct_set_error("%s: %lld sequences; at most %u per source", path, (long long)src.n_windows, UINT32_MAX);
         goto fail;
     }
     data_source *grown = realloc(dl->src, sizeof *grown * (size_t)(dl->n_src + 1));
@@ -117,17 +110,17 @@ int dataloader_add(dataloader *dl, const char *path, double weight, int64_t voca
     if (grown) dl->src = grown;
     src.path = strdup(path);
     if (!grown || (!dl->ordered && !src.perm) || !src.path) {
-        snprintf(err, errlen, "%s: out of memory", path);
+        rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
         goto fail;
     }
     src.first = dl->n_windows;
     dl->src[dl->n_src++] = src;
     dl->n_tokens += src.n_tokens;
     dl->n_windows += src.n_windows;
-    return 0;
+    return CT_OK;
 fail:
     source_free(&src);
-    return -1;
+    return rc;
 }
 
 /* Largest remainder of P w_i / W (ties to the earlier source), every source at least one sequence. */
@@ -164,10 +157,10 @@ static void period_counts(dataloader *dl) {
         }
 }
 
-int dataloader_mix(dataloader *dl, char *err, size_t errlen) {
+ct_status dataloader_mix(dataloader *dl) {
     if (dl->ordered || dl->n_src <= 1) {
         if (dl->n_src == 1) dl->src[0].count = dl->period = 1;
-        return 0;
+        return CT_OK;
     }
     /* P = 1000, or a multiple of 1000 large enough that the smallest share is one sequence */
     double W = 0, least = INFINITY;
@@ -176,30 +169,23 @@ int dataloader_mix(dataloader *dl, char *err, size_t errlen) {
         if (dl->src[i].weight < least) least = dl->src[i].weight;
     }
     double need = ceil(W / least / 1000.0);
-    if (!(need <= (double)(1 << 14))) {
-        snprintf(err, errlen, "weights from %g to a total of %g: a share below 1/%d of the sequences; expected weights "
-                 "within a factor of %d of their total", least, W, 1000 << 14, 1000 << 14);
-        return -1;
-    }
+    if (!(need <= (double)(1 << 14)))
+        return ct_fail(CT_ERR_INVALID, "weights from %g to a total of %g: a share below 1/%d of the sequences; "
+                       "expected weights within a factor of %d of their total", least, W, 1000 << 14, 1000 << 14);
     dl->period = 1000 * (int64_t)(need < 1 ? 1 : need);
     period_counts(dl);
     dl->slot_src = malloc(sizeof(uint32_t) * (size_t)dl->period);
     dl->slot_rank = malloc(sizeof(uint32_t) * (size_t)dl->period);
-    if (!dl->slot_src || !dl->slot_rank) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    return 0;
+    if (!dl->slot_src || !dl->slot_rank) return ct_fail(CT_ERR_NOMEM, "out of memory");
+    return CT_OK;
 }
 
-int dataloader_open(dataloader *dl, const char *path, int64_t seq_len, uint64_t seed, int64_t vocab, char *err,
-                    size_t errlen) {
+ct_status dataloader_open(dataloader *dl, const char *path, int64_t seq_len, uint64_t seed, int64_t vocab) {
     dataloader_init(dl, seq_len, seed, 0);
-    if (dataloader_add(dl, path, 1.0, vocab, err, errlen) || dataloader_mix(dl, err, errlen)) {
-        dataloader_close(dl);
-        return -1;
-    }
-    return 0;
+    ct_status st = dataloader_add(dl, path, 1.0, vocab);
+    if (st == CT_OK) st = dataloader_mix(dl);
+    if (st != CT_OK) dataloader_close(dl);
+    return st;
 }
 
 void dataloader_close(dataloader *dl) {

@@ -15,12 +15,16 @@
  *
  * An ordered loader (validation) neither shuffles nor mixes: its sequences are the sources' windows in
  * order, source after source, each read once (data_ordered_count of them).
+ *
+ * Errors: the functions returning a ct_status leave one line for ct_last_error() (base/error.h).
  */
 #ifndef CT_DATA_H
 #define CT_DATA_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "base/error.h"
 
 typedef struct data_source {
     char *path;         /* as opened */
@@ -53,12 +57,11 @@ typedef struct dataloader {
 void dataloader_init(dataloader *dl, int64_t seq_len, uint64_t seed, int ordered);
 /* Adds a shard file or a folder of *.bin shards (concatenated in name order) with its weight (> 0,
  * finite). Every token must be below vocab, and the source must hold one window of seq_len + 1. */
-int dataloader_add(dataloader *dl, const char *path, double weight, int64_t vocab, char *err, size_t errlen);
+ct_status dataloader_add(dataloader *dl, const char *path, double weight, int64_t vocab);
 /* After the last source: the per-period counts. */
-int dataloader_mix(dataloader *dl, char *err, size_t errlen);
+ct_status dataloader_mix(dataloader *dl);
 /* One source, as training.dataset_path: init, add, mix. */
-int dataloader_open(dataloader *dl, const char *path, int64_t seq_len, uint64_t seed, int64_t vocab, char *err,
-                    size_t errlen);
+ct_status dataloader_open(dataloader *dl, const char *path, int64_t seq_len, uint64_t seed, int64_t vocab);
 void dataloader_close(dataloader *dl);
 /* The global sequence number of row i of data-parallel rank dp_rank's slice of the global batch of
  * G sequences that starts at sequence `base` (G divisible by dp). */

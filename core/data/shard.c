@@ -1,5 +1,6 @@
 /* shard.c: token shard reader and atomic writer (format in shard.h). */
 #include "data/shard.h"
+#include "base/error.h"
 #include "base/util.h"
 
 #include <errno.h>
@@ -46,13 +47,13 @@ struct shard_writer {
     size_t nbuf;           /* bytes in buf */
 };
 
-shard_writer *shard_writer_open(const char *path, char *err, size_t errlen) {
+shard_writer *shard_writer_open(const char *path) {
     shard_writer *w = calloc(1, sizeof *w);
     size_t n = strlen(path);
     if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(n + 5))) {
         if (w) free(w->path);
         free(w);
-        ct_errf(err, errlen, "%s: out of memory", path);
+        ct_set_error("%s: out of memory", path);
         return NULL;
     }
     w->fd = -1;
@@ -64,7 +65,7 @@ shard_writer *shard_writer_open(const char *path, char *err, size_t errlen) {
         int made = ct_mkdir_p(w->tmp);
         *slash = '/';
         if (made) {
-            ct_errf(err, errlen, "%s: cannot create its folder: %s", w->tmp, strerror(errno));
+            ct_set_error("%s: cannot create its folder: %s", w->tmp, strerror(errno));
             shard_writer_abort(w);
             return NULL;
         }
@@ -74,31 +75,29 @@ shard_writer *shard_writer_open(const char *path, char *err, size_t errlen) {
     header_encode(h, 0, 0);   /* the count and checksum are patched on close */
     w->crc = (uint32_t)crc32(0, Z_NULL, 0);
     if (w->fd < 0 || ct_write_all(w->fd, h, sizeof h)) {
-        ct_errf(err, errlen, "%s: cannot create: %s", w->tmp, strerror(errno));
+        ct_set_error("%s: cannot create: %s", w->tmp, strerror(errno));
         shard_writer_abort(w);
         return NULL;
     }
     return w;
 }
 
-static int flush_buf(shard_writer *w, char *err, size_t errlen) {
-    if (w->nbuf && ct_write_all(w->fd, w->buf, w->nbuf)) {
-        ct_errf(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
-        return -1;
-    }
+static ct_status flush_buf(shard_writer *w) {
+    if (w->nbuf && ct_write_all(w->fd, w->buf, w->nbuf))
+        return ct_fail(CT_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
     w->crc = (uint32_t)crc32_z(w->crc, w->buf, w->nbuf);
     w->nbuf = 0;
-    return 0;
+    return CT_OK;
 }
 
-int shard_writer_append(shard_writer *w, const uint32_t *tokens, size_t n, char *err, size_t errlen) {
+ct_status shard_writer_append(shard_writer *w, const uint32_t *tokens, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        if (w->nbuf == sizeof w->buf && flush_buf(w, err, errlen)) return -1;
+        if (w->nbuf == sizeof w->buf && flush_buf(w) != CT_OK) return CT_ERR_IO;
         put_le32(w->buf + w->nbuf, tokens[i]);
         w->nbuf += 4;
     }
     w->count += n;
-    return 0;
+    return CT_OK;
 }
 
 uint64_t shard_writer_count(const shard_writer *w) { return w->count; }
@@ -114,38 +113,39 @@ void shard_writer_abort(shard_writer *w) {
     free(w);
 }
 
-int shard_writer_close(shard_writer *w, char *err, size_t errlen) {
+ct_status shard_writer_close(shard_writer *w) {
     unsigned char h[SHARD_HEADER_BYTES];
-    if (flush_buf(w, err, errlen)) goto fail;
+    if (flush_buf(w) != CT_OK) goto fail;
     header_encode(h, w->count, w->crc);
     if (pwrite(w->fd, h, sizeof h, 0) != (ssize_t)sizeof h || fsync(w->fd)) {
-        ct_errf(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
+        ct_set_error("%s: write failed: %s", w->tmp, strerror(errno));
         goto fail;
     }
     int fd = w->fd;
     w->fd = -1;
     if (close(fd) || rename(w->tmp, w->path)) {
-        ct_errf(err, errlen, "%s: cannot finish writing: %s", w->path, strerror(errno));
+        ct_set_error("%s: cannot finish writing: %s", w->path, strerror(errno));
         unlink(w->tmp);
         goto fail;
     }
     free(w->path);
     free(w->tmp);
     free(w);
-    return 0;
+    return CT_OK;
 fail:
     shard_writer_abort(w);
-    return -1;
+    return CT_ERR_IO;
 }
 
-int shard_write(const char *path, const uint32_t *tokens, uint64_t n, char *err, size_t errlen) {
-    shard_writer *w = shard_writer_open(path, err, errlen);
-    if (!w) return -1;
-    if (shard_writer_append(w, tokens, (size_t)n, err, errlen)) {
+ct_status shard_write(const char *path, const uint32_t *tokens, uint64_t n) {
+    shard_writer *w = shard_writer_open(path);
+    if (!w) return CT_ERR_IO;
+    ct_status st = shard_writer_append(w, tokens, (size_t)n);
+    if (st != CT_OK) {
         shard_writer_abort(w);
-        return -1;
+        return st;
     }
-    return shard_writer_close(w, err, errlen);
+    return shard_writer_close(w);
 }
 
 /* ---- reader -------------------------------------------------------------------------------------- */
@@ -158,166 +158,159 @@ typedef struct checked {
     uint32_t checksum;   /* version 2: as stored */
 } checked;
 
-/* Opens path and validates its header against its size; returns the fd (in c), or -1. */
-static int open_checked(const char *path, checked *c, char *err, size_t errlen) {
+/* Opens path and validates its header against its size; the open fd in c->fd. */
+static ct_status open_checked(const char *path, checked *c) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
+    if (fd < 0) return ct_fail(CT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     unsigned char h[SHARD_HEADER_BYTES];
+    ct_status rc = CT_ERR_INVALID;
     if (fstat(fd, &st)) {
-        ct_errf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        rc = ct_fail(CT_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        ct_errf(err, errlen, "%s: not a regular file", path);
+        ct_set_error("%s: not a regular file", path);
         goto fail;
     }
     uint64_t size = (uint64_t)st.st_size;
     if (size < SHARD_HEADER_BYTES) {
-        ct_errf(err, errlen, "%s: %llu bytes, too short for the %d-byte token shard header", path,
-                (unsigned long long)size, SHARD_HEADER_BYTES);
+        ct_set_error("%s: %llu bytes, too short for the %d-byte token shard header", path, (unsigned long long)size,
+                     SHARD_HEADER_BYTES);
         goto fail;
     }
     if (pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h) {
-        ct_errf(err, errlen, "%s: cannot read the header: %s", path, strerror(errno));
+        rc = ct_fail(CT_ERR_IO, "%s: cannot read the header: %s", path, strerror(errno));
         goto fail;
     }
     if (memcmp(h, SHARD_MAGIC, 8) != 0) {
-        ct_errf(err, errlen, "%s: bad magic (expected \"%s\"; not a token shard)", path, SHARD_MAGIC);
+        ct_set_error("%s: bad magic (expected \"%s\"; not a token shard)", path, SHARD_MAGIC);
         goto fail;
     }
     uint32_t version = get_le32(h + 8), bpt = get_le32(h + 12);
     uint64_t n = get_le64(h + 16), sum = get_le64(h + 24);
     if (version != 1 && version != 2) {
-        ct_errf(err, errlen, "%s: token shard version %u, this build reads versions 1 and 2", path, version);
+        ct_set_error("%s: token shard version %u, this build reads versions 1 and 2", path, version);
         goto fail;
     }
     if (bpt != 4) {
-        ct_errf(err, errlen, "%s: %u bytes per token, expected 4", path, bpt);
+        ct_set_error("%s: %u bytes per token, expected 4", path, bpt);
         goto fail;
     }
     if (version == 1 && sum != 0) {
-        ct_errf(err, errlen, "%s: version 1's reserved header field is %llu, expected 0", path,
-                (unsigned long long)sum);
+        ct_set_error("%s: version 1's reserved header field is %llu, expected 0", path, (unsigned long long)sum);
         goto fail;
     }
     if (sum >> 32) {
-        ct_errf(err, errlen, "%s: the checksum field is 0x%016llx, its high 32 bits should be 0 (the low "
-                "32 are the CRC-32)", path, (unsigned long long)sum);
+        ct_set_error("%s: the checksum field is 0x%016llx, its high 32 bits should be 0 (the low 32 are the CRC-32)",
+                     path, (unsigned long long)sum);
         goto fail;
     }
     if (n > (size - SHARD_HEADER_BYTES) / 4 || SHARD_HEADER_BYTES + 4 * n != size) {
         if (n > (UINT64_MAX - SHARD_HEADER_BYTES) / 4)
-            ct_errf(err, errlen, "%s: header says %llu tokens, file has %llu bytes", path,
-                    (unsigned long long)n, (unsigned long long)size);
+            ct_set_error("%s: header says %llu tokens, file has %llu bytes", path, (unsigned long long)n,
+                         (unsigned long long)size);
         else
-            ct_errf(err, errlen, "%s: %s: header says %llu tokens (%llu bytes), file has %llu bytes",
-                    path, SHARD_HEADER_BYTES + 4 * n > size ? "truncated" : "trailing bytes",
-                    (unsigned long long)n, (unsigned long long)(SHARD_HEADER_BYTES + 4 * n),
-                    (unsigned long long)size);
+            ct_set_error("%s: %s: header says %llu tokens (%llu bytes), file has %llu bytes", path,
+                         SHARD_HEADER_BYTES + 4 * n > size ? "truncated" : "trailing bytes", (unsigned long long)n,
+                         (unsigned long long)(SHARD_HEADER_BYTES + 4 * n), (unsigned long long)size);
         goto fail;
     }
     *c = (checked){.fd = fd, .version = version, .count = n, .checksum = (uint32_t)sum};
-    return fd;
+    return CT_OK;
 fail:
     close(fd);
-    return -1;
+    return rc;
 }
 
 /* Reads n bytes at the file offset off into p. */
-static int read_at(const char *path, int fd, unsigned char *p, size_t n, uint64_t off, char *err,
-                   size_t errlen) {
+static ct_status read_at(const char *path, int fd, unsigned char *p, size_t n, uint64_t off) {
     size_t got = 0;
     while (got < n) {
         ssize_t r = pread(fd, p + got, n - got, (off_t)(off + got));
         if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            ct_errf(err, errlen, "%s: read failed at byte %llu: %s", path, (unsigned long long)(off + got),
-                    r < 0 ? strerror(errno) : "unexpected end of file");
-            return -1;
-        }
+        if (r <= 0)
+            return ct_fail(CT_ERR_IO, "%s: read failed at byte %llu: %s", path, (unsigned long long)(off + got),
+                           r < 0 ? strerror(errno) : "unexpected end of file");
         got += (size_t)r;
     }
-    return 0;
+    return CT_OK;
 }
 
 /* Version 2: the tokens' CRC-32 against the header's. */
-static int checksum_check(const char *path, const checked *c, uint32_t crc, char *err, size_t errlen) {
-    if (c->version < 2 || crc == c->checksum) return 0;
-    ct_errf(err, errlen, "%s: checksum mismatch: the header says 0x%08x, the tokens give 0x%08x; the file "
-            "is corrupt", path, c->checksum, crc);
-    return -1;
+static ct_status checksum_check(const char *path, const checked *c, uint32_t crc) {
+    if (c->version < 2 || crc == c->checksum) return CT_OK;
+    return ct_fail(CT_ERR_INVALID, "%s: checksum mismatch: the header says 0x%08x, the tokens give 0x%08x; the file "
+                   "is corrupt", path, c->checksum, crc);
 }
 
-int shard_count(const char *path, uint64_t *n, char *err, size_t errlen) {
+ct_status shard_count(const char *path, uint64_t *n) {
     checked c;
-    if (open_checked(path, &c, err, errlen) < 0) return -1;
+    ct_status st = open_checked(path, &c);
+    if (st != CT_OK) return st;
     close(c.fd);
     *n = c.count;
-    return 0;
+    return CT_OK;
 }
 
-int shard_verify(const char *path, shard_info *info, char *err, size_t errlen) {
+ct_status shard_verify(const char *path, shard_info *info) {
     checked c;
-    if (open_checked(path, &c, err, errlen) < 0) return -1;
+    ct_status rc = open_checked(path, &c);
+    if (rc != CT_OK) return rc;
     unsigned char *buf = malloc(4 * BUF_TOKENS);
     uint32_t crc = (uint32_t)crc32(0, Z_NULL, 0);
-    int rc = -1;
     if (!buf) {
-        ct_errf(err, errlen, "%s: out of memory", path);
+        rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
     for (uint64_t off = 0; off < 4 * c.count;) {
         size_t k = 4 * c.count - off < 4 * BUF_TOKENS ? (size_t)(4 * c.count - off) : 4 * BUF_TOKENS;
-        if (read_at(path, c.fd, buf, k, SHARD_HEADER_BYTES + off, err, errlen)) goto done;
+        if ((rc = read_at(path, c.fd, buf, k, SHARD_HEADER_BYTES + off)) != CT_OK) goto done;
         crc = (uint32_t)crc32_z(crc, buf, k);
         off += k;
     }
-    if (checksum_check(path, &c, crc, err, errlen)) goto done;
+    if ((rc = checksum_check(path, &c, crc)) != CT_OK) goto done;
     if (info) *info = (shard_info){.version = c.version, .count = c.count, .checksum = crc};
-    rc = 0;
 done:
     free(buf);
     close(c.fd);
     return rc;
 }
 
-int shard_read(const char *path, uint32_t **tokens, uint64_t *n, char *err, size_t errlen) {
+ct_status shard_read(const char *path, uint32_t **tokens, uint64_t *n) {
     *tokens = NULL;
     *n = 0;
     checked c;
-    if (open_checked(path, &c, err, errlen) < 0) return -1;
+    ct_status rc = open_checked(path, &c);
+    if (rc != CT_OK) return rc;
     uint32_t *t = NULL;
     if (c.count > SIZE_MAX / 4) {
-        ct_errf(err, errlen, "%s: %llu tokens do not fit in memory", path, (unsigned long long)c.count);
+        rc = ct_fail(CT_ERR_NOMEM, "%s: %llu tokens do not fit in memory", path, (unsigned long long)c.count);
         goto fail;
     }
     if (c.count == 0) {
         /* nothing to allocate; the CRC-32 of no bytes is 0 */
-        if (checksum_check(path, &c, 0, err, errlen)) goto fail;
+        if ((rc = checksum_check(path, &c, 0)) != CT_OK) goto fail;
         close(c.fd);
-        return 0;
+        return CT_OK;
     }
     t = malloc((size_t)c.count * 4);
     if (!t) {
-        ct_errf(err, errlen, "%s: out of memory for %llu tokens", path, (unsigned long long)c.count);
+        rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory for %llu tokens", path, (unsigned long long)c.count);
         goto fail;
     }
     unsigned char *p = (unsigned char *)t;
-    if (read_at(path, c.fd, p, (size_t)c.count * 4, SHARD_HEADER_BYTES, err, errlen)) goto fail;
-    if (checksum_check(path, &c, (uint32_t)crc32_z(0, p, (size_t)c.count * 4), err, errlen)) goto fail;
+    if ((rc = read_at(path, c.fd, p, (size_t)c.count * 4, SHARD_HEADER_BYTES)) != CT_OK) goto fail;
+    if ((rc = checksum_check(path, &c, (uint32_t)crc32_z(0, p, (size_t)c.count * 4))) != CT_OK) goto fail;
     close(c.fd);
     for (size_t i = 0; i < (size_t)c.count; i++) t[i] = get_le32(p + 4 * i);   /* no-op on LE hosts */
     *tokens = t;
     *n = c.count;
-    return 0;
+    return CT_OK;
 fail:
     free(t);
     close(c.fd);
-    return -1;
+    return rc;
 }
 
 void shard_free(uint32_t *tokens) { free(tokens); }

@@ -20,8 +20,8 @@
  * bytes), file has 400 bytes"). Writers write version 2, computing the checksum as tokens stream
  * through; they go to "path.tmp", fsync, then rename, so `path` is either absent/old or complete.
  *
- * Errors: functions that can fail take (char *err, size_t errlen), write one line there (err may be
- * NULL) and return -1 (0 on success). Nothing here exits.
+ * Errors: functions that can fail return a ct_status (shard_writer_open: NULL) and leave one line for
+ * ct_last_error() (base/error.h). Nothing here exits.
  */
 #ifndef CTITAN_SHARD_H
 #define CTITAN_SHARD_H
@@ -29,19 +29,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/error.h"
+
 #define SHARD_MAGIC "CTTOKENS"
 #define SHARD_VERSION 2        /* what writers write; readers read 1 (no checksum) and 2 */
 #define SHARD_HEADER_BYTES 32
 
 /* Writes n tokens (atomically). */
-int shard_write(const char *path, const uint32_t *tokens, uint64_t n, char *err, size_t errlen);
+ct_status shard_write(const char *path, const uint32_t *tokens, uint64_t n);
 
 /* Reads a whole shard: *tokens is malloc'd (free with shard_free; NULL when *n is 0). */
-int shard_read(const char *path, uint32_t **tokens, uint64_t *n, char *err, size_t errlen);
+ct_status shard_read(const char *path, uint32_t **tokens, uint64_t *n);
 void shard_free(uint32_t *tokens);
 
 /* Checks the header and size only (no pass over the tokens); *n is the token count. */
-int shard_count(const char *path, uint64_t *n, char *err, size_t errlen);
+ct_status shard_count(const char *path, uint64_t *n);
 
 /* What a shard's header says, after every check shard_read makes (the checksum included), streaming
  * the tokens through a fixed buffer: for a reader that maps the file, or a tool that only checks it. */
@@ -50,16 +52,16 @@ typedef struct shard_info {
     uint64_t count;       /* tokens */
     uint32_t checksum;    /* CRC-32 of the token bytes (version 1: computed here, not stored) */
 } shard_info;
-int shard_verify(const char *path, shard_info *info, char *err, size_t errlen);
+ct_status shard_verify(const char *path, shard_info *info);
 
 /* A streaming writer: tokens are appended to "path.tmp" (path's folder is made when missing);
  * shard_writer_close patches the count and checksum, fsyncs and renames. shard_writer_abort (or a
  * failed close) removes the temporary file. */
 typedef struct shard_writer shard_writer;
-shard_writer *shard_writer_open(const char *path, char *err, size_t errlen);
-int shard_writer_append(shard_writer *w, const uint32_t *tokens, size_t n, char *err, size_t errlen);
+shard_writer *shard_writer_open(const char *path);
+ct_status shard_writer_append(shard_writer *w, const uint32_t *tokens, size_t n);
 uint64_t shard_writer_count(const shard_writer *w);
-int shard_writer_close(shard_writer *w, char *err, size_t errlen);   /* frees w */
-void shard_writer_abort(shard_writer *w);                             /* frees w */
+ct_status shard_writer_close(shard_writer *w);   /* frees w */
+void shard_writer_abort(shard_writer *w);         /* frees w */
 
 #endif

@@ -648,8 +648,11 @@ void session_close(session *s) {
 
 int session_save_model(session *s, const char *path, char *err, size_t errlen) {
     /* every rank gathers (a collective for sharded parameters); rank 0 writes */
-    tf_writer *w = s->rank == 0 ? tf_writer_open(path, err, errlen) : NULL;
-    if (s->rank == 0 && !w) return -1;
+    tf_writer *w = s->rank == 0 ? tf_writer_open(path) : NULL;
+    if (s->rank == 0 && !w) {
+        snprintf(err, errlen, "%s", ct_last_error());
+        return -1;
+    }
     int failed = 0; /* the description: rank 0 still joins every gather below, then reports it */
     if (w) { /* first, so that a reader finds it before the weights */
         json_t *d = mdesc_build(s);
@@ -684,13 +687,17 @@ int session_save_model(session *s, const char *path, char *err, size_t errlen) {
     }
     free(buf);
     if (failed) return -1;
-    return w ? tf_writer_close(w, err, errlen) : 0;
+    if (w && tf_writer_close(w) != CT_OK) {
+        snprintf(err, errlen, "%s", ct_last_error());
+        return -1;
+    }
+    return 0;
 }
 
 int session_load_model(session *s, const char *path, char *err, size_t errlen) {
-    tf_file *f = tf_read(path, err, errlen);
-    if (!f) return -1;
-    if (tf_check_finite(f, path, err, errlen)) {
+    tf_file *f = tf_read(path);
+    if (!f || tf_check_finite(f, path) != CT_OK) {
+        snprintf(err, errlen, "%s", ct_last_error());
         tf_free(f);
         return -1;
     }
@@ -698,8 +705,9 @@ int session_load_model(session *s, const char *path, char *err, size_t errlen) {
         printf("model: note: %s: format version %d has no checksums: its data cannot be verified\n", path, f->version);
     for (int i = 0; i < s->rt.n_params; i++) {
         ct_tensor *t = &s->rt.params[i]->t;
-        const tf_entry *e = tf_expect(f, path, runtime_param_key(&s->rt, i), 1, t->ndim, runtime_global_shape(&s->rt, i),
-                                      err, errlen);
+        const tf_entry *e =
+            tf_expect(f, path, runtime_param_key(&s->rt, i), 1, t->ndim, runtime_global_shape(&s->rt, i));
+        if (!e) snprintf(err, errlen, "%s", ct_last_error());
         if (!e || runtime_param_set(&s->rt, i, e->data)) {
             tf_free(f);
             return -1;

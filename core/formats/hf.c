@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "formats/safetensors.h"
+#include "base/error.h"
 #include "base/util.h"
 
 #define MAX_DIM (1 << 24)    /* any one size; real ones are below 2^18 */
@@ -163,7 +164,7 @@ static void shape_str(char *out, size_t len, int ndim, const int64_t *shape) {
 
 /* ---- the config -------------------------------------------------------------------------------- */
 
-static int check_config(const hf_config *c, const char *label, char *err, size_t errlen) {
+static ct_status check_config(const hf_config *c, const char *label) {
     const struct {
         const char *key;
         int64_t v, max;
@@ -174,224 +175,190 @@ static int check_config(const hf_config *c, const char *label, char *err, size_t
         {"max_position_embeddings", c->max_position_embeddings, INT32_MAX},
     };
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if (sizes[i].v < 1 || sizes[i].v > sizes[i].max) {
-            ct_errf(err, errlen, "%s: %s %lld is out of range (1..%lld)", label, sizes[i].key, (long long)sizes[i].v,
-                    (long long)sizes[i].max);
-            return -1;
-        }
-    if (c->dim % c->n_heads || c->n_heads % c->n_kv_heads || (c->dim / c->n_heads) % 2) {
-        ct_errf(err, errlen,
-                "%s: hidden_size %lld must split into num_attention_heads %lld heads of even size, and "
-                "num_attention_heads be a multiple of num_key_value_heads %lld",
-                label, (long long)c->dim, (long long)c->n_heads, (long long)c->n_kv_heads);
-        return -1;
-    }
-    if (c->head_dim != c->dim / c->n_heads) {
-        ct_errf(err, errlen, "%s: head_dim %lld is not hidden_size / num_attention_heads = %lld (ctitan's llama3 "
-                             "derives it)", label, (long long)c->head_dim, (long long)(c->dim / c->n_heads));
-        return -1;
-    }
-    if (!isfinite(c->rope_theta) || c->rope_theta <= 0 || !isfinite(c->norm_eps) || c->norm_eps < 0) {
-        ct_errf(err, errlen, "%s: rope_theta %g must be > 0 and rms_norm_eps %g >= 0, both finite", label,
-                c->rope_theta, c->norm_eps);
-        return -1;
-    }
-    if (c->rope_scaling_factor == 0) return 0;
+        if (sizes[i].v < 1 || sizes[i].v > sizes[i].max)
+            return ct_fail(CT_ERR_INVALID, "%s: %s %lld is out of range (1..%lld)", label, sizes[i].key,
+                           (long long)sizes[i].v, (long long)sizes[i].max);
+    if (c->dim % c->n_heads || c->n_heads % c->n_kv_heads || (c->dim / c->n_heads) % 2)
+        return ct_fail(CT_ERR_INVALID,
+                       "%s: hidden_size %lld must split into num_attention_heads %lld heads of even size, and "
+                       "num_attention_heads be a multiple of num_key_value_heads %lld",
+                       label, (long long)c->dim, (long long)c->n_heads, (long long)c->n_kv_heads);
+    if (c->head_dim != c->dim / c->n_heads)
+        return ct_fail(CT_ERR_INVALID, "%s: head_dim %lld is not hidden_size / num_attention_heads = %lld (ctitan's "
+                                       "llama3 derives it)", label, (long long)c->head_dim,
+                       (long long)(c->dim / c->n_heads));
+    if (!isfinite(c->rope_theta) || c->rope_theta <= 0 || !isfinite(c->norm_eps) || c->norm_eps < 0)
+        return ct_fail(CT_ERR_INVALID, "%s: rope_theta %g must be > 0 and rms_norm_eps %g >= 0, both finite", label,
+                       c->rope_theta, c->norm_eps);
+    if (c->rope_scaling_factor == 0) return CT_OK;
     if (!(c->rope_scaling_factor >= 1 && c->rope_scaling_factor <= 1e6) ||
         !(c->rope_low_freq_factor > 0 && c->rope_high_freq_factor > c->rope_low_freq_factor &&
           c->rope_high_freq_factor <= 1e6) ||
-        c->rope_original_max_position < 1 || c->rope_original_max_position > INT32_MAX) {
-        ct_errf(err, errlen, "%s: rope_scaling llama3 needs factor in [1, 1e6], 0 < low_freq_factor < "
-                             "high_freq_factor <= 1e6 and original_max_position_embeddings >= 1; got factor %g, "
-                             "low_freq_factor %g, high_freq_factor %g, original_max_position_embeddings %lld",
-                label, c->rope_scaling_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
-                (long long)c->rope_original_max_position);
-        return -1;
-    }
-    if (has_bias(c)) {
-        ct_errf(err, errlen, "%s: rope_scaling llama3 with model_type qwen2: ctitan's qwen2 has plain RoPE", label);
-        return -1;
-    }
-    return 0;
+        c->rope_original_max_position < 1 || c->rope_original_max_position > INT32_MAX)
+        return ct_fail(CT_ERR_INVALID, "%s: rope_scaling llama3 needs factor in [1, 1e6], 0 < low_freq_factor < "
+                                       "high_freq_factor <= 1e6 and original_max_position_embeddings >= 1; got factor "
+                                       "%g, low_freq_factor %g, high_freq_factor %g, original_max_position_embeddings "
+                                       "%lld",
+                       label, c->rope_scaling_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+                       (long long)c->rope_original_max_position);
+    if (has_bias(c))
+        return ct_fail(CT_ERR_INVALID, "%s: rope_scaling llama3 with model_type qwen2: ctitan's qwen2 has plain RoPE",
+                       label);
+    return CT_OK;
 }
 
+/* The readers of config.json's keys below fail with CT_ERR_INVALID (a key ctitan cannot run the same way
+ * is bad input to it), so a chain of them joined by || fails with that too. */
+
 /* key: a positive JSON integer (or absent: *out = dflt, when dflt > 0; absent and no default: an error). */
-static int get_int(json_t *root, const char *label, const char *key, int64_t dflt, int64_t *out, char *err,
-                   size_t errlen) {
+static ct_status get_int(json_t *root, const char *label, const char *key, int64_t dflt, int64_t *out) {
     json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v)) {
         if (dflt > 0) {
             *out = dflt;
-            return 0;
+            return CT_OK;
         }
-        ct_errf(err, errlen, "%s: key '%s' is missing", label, key);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: key '%s' is missing", label, key);
     }
-    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX) {
-        ct_errf(err, errlen, "%s: key '%s' must be a positive integer", label, key);
-        return -1;
-    }
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT32_MAX)
+        return ct_fail(CT_ERR_INVALID, "%s: key '%s' must be a positive integer", label, key);
     *out = (int64_t)json_integer_value(v);
-    return 0;
+    return CT_OK;
 }
 
-static int get_num(json_t *obj, const char *label, const char *key, double dflt, double *out, char *err,
-                   size_t errlen) {
+static ct_status get_num(json_t *obj, const char *label, const char *key, double dflt, double *out) {
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) {
         *out = dflt;
-        return 0;
+        return CT_OK;
     }
-    if (!json_is_number(v)) {
-        ct_errf(err, errlen, "%s: key '%s' must be a number", label, key);
-        return -1;
-    }
+    if (!json_is_number(v)) return ct_fail(CT_ERR_INVALID, "%s: key '%s' must be a number", label, key);
     *out = json_number_value(v);
-    return 0;
+    return CT_OK;
 }
 
 /* key, when present, must be the string want / the boolean want. */
-static int want_str(json_t *obj, const char *label, const char *key, const char *want, const char *why, char *err,
-                    size_t errlen) {
+static ct_status want_str(json_t *obj, const char *label, const char *key, const char *want, const char *why) {
     json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v) || (json_is_string(v) && !strcmp(json_string_value(v), want))) return 0;
+    if (!v || json_is_null(v) || (json_is_string(v) && !strcmp(json_string_value(v), want))) return CT_OK;
     char got[64];
     snprintf(got, sizeof got, "%s", json_is_string(v) ? json_string_value(v) : "(not a string)");
     for (char *p = got; *p; p++)
         if ((unsigned char)*p < 0x20) *p = '?';
-    ct_errf(err, errlen, "%s: %s '%s' is not supported (%s)", label, key, got, why);
-    return -1;
+    return ct_fail(CT_ERR_INVALID, "%s: %s '%s' is not supported (%s)", label, key, got, why);
 }
 
-static int want_false_why(json_t *obj, const char *label, const char *key, const char *why, char *err,
-                          size_t errlen) {
+static ct_status want_false_why(json_t *obj, const char *label, const char *key, const char *why) {
     json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v) || json_is_false(v)) return 0;
-    ct_errf(err, errlen, "%s: %s must be false (%s)", label, key, why);
-    return -1;
+    if (!v || json_is_null(v) || json_is_false(v)) return CT_OK;
+    return ct_fail(CT_ERR_INVALID, "%s: %s must be false (%s)", label, key, why);
 }
 
-static int want_false(json_t *obj, const char *label, const char *key, char *err, size_t errlen) {
-    return want_false_why(obj, label, key, "ctitan's llama3 has no biases; model_type qwen2 has q/k/v biases", err,
-                          errlen);
+static ct_status want_false(json_t *obj, const char *label, const char *key) {
+    return want_false_why(obj, label, key, "ctitan's llama3 has no biases; model_type qwen2 has q/k/v biases");
 }
 
 /* One RoPE object: rope_scaling (transformers 4: "rope_type", or "type" in older files) or
  * rope_parameters (transformers 5, which may omit rope_type for plain RoPE). "default" leaves *c as
  * it is; "llama3" fills the scaling, original_max_position_embeddings falling back to
  * max_position_embeddings. Any other type is refused. */
-static int read_rope_object(json_t *obj, const char *label, const char *what, int need_type, hf_config *c, char *err,
-                            size_t errlen) {
-    if (!json_is_object(obj)) {
-        ct_errf(err, errlen, "%s: %s must be null or an object", label, what);
-        return -1;
-    }
+static ct_status read_rope_object(json_t *obj, const char *label, const char *what, int need_type, hf_config *c) {
+    if (!json_is_object(obj)) return ct_fail(CT_ERR_INVALID, "%s: %s must be null or an object", label, what);
     json_t *type = json_object_get(obj, "rope_type");
     if (!type || json_is_null(type)) type = json_object_get(obj, "type");
-    if ((!type || json_is_null(type)) && need_type) {
-        ct_errf(err, errlen, "%s: %s has no rope_type (ctitan reads rope_type default and llama3)", label, what);
-        return -1;
-    }
-    if (!type || json_is_null(type)) return 0;
+    if ((!type || json_is_null(type)) && need_type)
+        return ct_fail(CT_ERR_INVALID, "%s: %s has no rope_type (ctitan reads rope_type default and llama3)", label,
+                       what);
+    if (!type || json_is_null(type)) return CT_OK;
     const char *t = json_is_string(type) ? json_string_value(type) : NULL;
-    if (t && !strcmp(t, "default")) return 0;
+    if (t && !strcmp(t, "default")) return CT_OK;
     if (!t || strcmp(t, "llama3")) {
         char got[64];
         snprintf(got, sizeof got, "%s", t ? t : "(not a string)");
         for (char *p = got; *p; p++)
             if ((unsigned char)*p < 0x20) *p = '?';
-        ct_errf(err, errlen, "%s: %s rope_type '%s' is not supported (ctitan reads rope_type default and llama3)",
-                label, what, got);
-        return -1;
+        return ct_fail(CT_ERR_INVALID,
+                       "%s: %s rope_type '%s' is not supported (ctitan reads rope_type default and llama3)", label,
+                       what, got);
     }
-    if (!json_object_get(obj, "factor")) {
-        ct_errf(err, errlen, "%s: %s of rope_type llama3 has no factor", label, what);
-        return -1;
-    }
+    if (!json_object_get(obj, "factor"))
+        return ct_fail(CT_ERR_INVALID, "%s: %s of rope_type llama3 has no factor", label, what);
     int64_t orig = 0;
-    if (get_num(obj, label, "factor", 0, &c->rope_scaling_factor, err, errlen) ||
-        get_num(obj, label, "low_freq_factor", 1.0, &c->rope_low_freq_factor, err, errlen) ||
-        get_num(obj, label, "high_freq_factor", 4.0, &c->rope_high_freq_factor, err, errlen) ||
-        get_int(obj, label, "original_max_position_embeddings", c->max_position_embeddings, &orig, err, errlen))
-        return -1;
+    if (get_num(obj, label, "factor", 0, &c->rope_scaling_factor) ||
+        get_num(obj, label, "low_freq_factor", 1.0, &c->rope_low_freq_factor) ||
+        get_num(obj, label, "high_freq_factor", 4.0, &c->rope_high_freq_factor) ||
+        get_int(obj, label, "original_max_position_embeddings", c->max_position_embeddings, &orig))
+        return CT_ERR_INVALID;
     c->rope_original_max_position = orig;
-    return 0;
+    return CT_OK;
 }
 
 /* rope_scaling (transformers 4) and rope_parameters (transformers 5): plain RoPE or Llama 3.1's
  * "llama3" scaling; when a file has both, they must say the same. rope_theta: the top-level key,
  * else rope_parameters', else LlamaConfig's default. */
-static int check_rope(json_t *root, const char *label, hf_config *cfg, char *err, size_t errlen) {
+static ct_status check_rope(json_t *root, const char *label, hf_config *cfg) {
     json_t *scaling = json_object_get(root, "rope_scaling"), *params = json_object_get(root, "rope_parameters");
     hf_config a = *cfg, b = *cfg;
-    if (scaling && !json_is_null(scaling) && read_rope_object(scaling, label, "rope_scaling", 1, &a, err, errlen))
-        return -1;
-    if (params && !json_is_null(params) && read_rope_object(params, label, "rope_parameters", 0, &b, err, errlen))
-        return -1;
+    if (scaling && !json_is_null(scaling) && read_rope_object(scaling, label, "rope_scaling", 1, &a))
+        return CT_ERR_INVALID;
+    if (params && !json_is_null(params) && read_rope_object(params, label, "rope_parameters", 0, &b))
+        return CT_ERR_INVALID;
     int sa = a.rope_scaling_factor != 0, sb = b.rope_scaling_factor != 0;
     if (sa && sb &&
         (a.rope_scaling_factor != b.rope_scaling_factor || a.rope_low_freq_factor != b.rope_low_freq_factor ||
          a.rope_high_freq_factor != b.rope_high_freq_factor ||
-         a.rope_original_max_position != b.rope_original_max_position)) {
-        ct_errf(err, errlen, "%s: rope_scaling and rope_parameters give different llama3 scaling", label);
-        return -1;
-    }
+         a.rope_original_max_position != b.rope_original_max_position))
+        return ct_fail(CT_ERR_INVALID, "%s: rope_scaling and rope_parameters give different llama3 scaling", label);
     const hf_config *src = sa ? &a : &b;
     cfg->rope_scaling_factor = src->rope_scaling_factor;
     cfg->rope_low_freq_factor = src->rope_low_freq_factor;
     cfg->rope_high_freq_factor = src->rope_high_freq_factor;
     cfg->rope_original_max_position = src->rope_original_max_position;
     json_t *top = json_object_get(root, "rope_theta");
-    if (top && !json_is_null(top)) return get_num(root, label, "rope_theta", 10000.0, &cfg->rope_theta, err, errlen);
-    if (json_is_object(params)) return get_num(params, label, "rope_theta", 10000.0, &cfg->rope_theta, err, errlen);
+    if (top && !json_is_null(top)) return get_num(root, label, "rope_theta", 10000.0, &cfg->rope_theta);
+    if (json_is_object(params)) return get_num(params, label, "rope_theta", 10000.0, &cfg->rope_theta);
     cfg->rope_theta = 10000.0; /* LlamaConfig's default */
-    return 0;
+    return CT_OK;
 }
 
-int hf_config_parse(const char *json, size_t len, const char *label, hf_config *cfg, char *err, size_t errlen) {
+ct_status hf_config_parse(const char *json, size_t len, const char *label, hf_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
-    if (!root) {
-        ct_errf(err, errlen, "%s: invalid JSON at line %d column %d: %s", label, je.line, je.column, je.text);
-        return -1;
-    }
-    int rc = -1;
+    if (!root)
+        return ct_fail(CT_ERR_INVALID, "%s: invalid JSON at line %d column %d: %s", label, je.line, je.column,
+                       je.text);
+    ct_status rc = CT_ERR_INVALID;
     if (!json_is_object(root)) {
-        ct_errf(err, errlen, "%s: expected a JSON object (a LlamaConfig)", label);
+        ct_set_error("%s: expected a JSON object (a LlamaConfig)", label);
         goto done;
     }
     json_t *type = json_object_get(root, "model_type");
     int qwen2 = json_is_string(type) && !strcmp(json_string_value(type), "qwen2");
     if (qwen2) /* Qwen2's q, k and v always have biases; its sliding window is off unless asked for */
         cfg->features |= CT_MODEL_QKV_BIAS;
-    if ((!qwen2 && want_str(root, label, "model_type", "llama", "ctitan converts model_type \"llama\" and \"qwen2\"",
-                            err, errlen)) ||
-        want_str(root, label, "hidden_act", "silu", "ctitan's llama3 and qwen2 use SwiGLU with silu", err, errlen) ||
-        (!qwen2 && (want_false(root, label, "attention_bias", err, errlen) ||
-                    want_false(root, label, "mlp_bias", err, errlen))) ||
-        (qwen2 && want_false_why(root, label, "use_sliding_window", "ctitan's qwen2 attends to every earlier token",
-                                 err, errlen)) ||
-        get_int(root, label, "hidden_size", 0, &cfg->dim, err, errlen) ||
-        get_int(root, label, "intermediate_size", 0, &cfg->ffn_hidden, err, errlen) ||
-        get_int(root, label, "num_hidden_layers", 0, &cfg->n_layers, err, errlen) ||
-        get_int(root, label, "num_attention_heads", 0, &cfg->n_heads, err, errlen) ||
-        get_int(root, label, "vocab_size", 0, &cfg->vocab, err, errlen) ||
-        get_int(root, label, "num_key_value_heads", cfg->n_heads, &cfg->n_kv_heads, err, errlen) ||
-        get_int(root, label, "head_dim", cfg->dim >= cfg->n_heads ? cfg->dim / cfg->n_heads : 1, &cfg->head_dim, err,
-                errlen) ||
-        get_int(root, label, "max_position_embeddings", 2048, &cfg->max_position_embeddings, err, errlen) ||
-        get_num(root, label, "rms_norm_eps", 1e-6, &cfg->norm_eps, err, errlen) ||
-        check_rope(root, label, cfg, err, errlen))
+    if ((!qwen2 && want_str(root, label, "model_type", "llama", "ctitan converts model_type \"llama\" and \"qwen2\"")) ||
+        want_str(root, label, "hidden_act", "silu", "ctitan's llama3 and qwen2 use SwiGLU with silu") ||
+        (!qwen2 && (want_false(root, label, "attention_bias") || want_false(root, label, "mlp_bias"))) ||
+        (qwen2 && want_false_why(root, label, "use_sliding_window", "ctitan's qwen2 attends to every earlier token")) ||
+        get_int(root, label, "hidden_size", 0, &cfg->dim) ||
+        get_int(root, label, "intermediate_size", 0, &cfg->ffn_hidden) ||
+        get_int(root, label, "num_hidden_layers", 0, &cfg->n_layers) ||
+        get_int(root, label, "num_attention_heads", 0, &cfg->n_heads) ||
+        get_int(root, label, "vocab_size", 0, &cfg->vocab) ||
+        get_int(root, label, "num_key_value_heads", cfg->n_heads, &cfg->n_kv_heads) ||
+        get_int(root, label, "head_dim", cfg->dim >= cfg->n_heads ? cfg->dim / cfg->n_heads : 1, &cfg->head_dim) ||
+        get_int(root, label, "max_position_embeddings", 2048, &cfg->max_position_embeddings) ||
+        get_num(root, label, "rms_norm_eps", 1e-6, &cfg->norm_eps) || check_rope(root, label, cfg))
         goto done;
     json_t *tie = json_object_get(root, "tie_word_embeddings");
     if (tie && !json_is_null(tie) && !json_is_boolean(tie)) {
-        ct_errf(err, errlen, "%s: tie_word_embeddings must be true or false", label);
+        ct_set_error("%s: tie_word_embeddings must be true or false", label);
         goto done;
     }
     cfg->tied = json_is_true(tie);
     if (cfg->tied && qwen2) cfg->features |= CT_MODEL_TIED_EMBEDDINGS; /* the qwen2 pack shares the table */
-    rc = check_config(cfg, label, err, errlen);
+    rc = check_config(cfg, label);
 done:
     json_decref(root);
     return rc;
@@ -496,38 +463,36 @@ static char *config_json(const hf_config *c, hf_dtype dtype) {
 
 /* ---- checks on the ctitan side ----------------------------------------------------------------- */
 
-int hf_check_weights(const hf_config *cfg, const tf_file *w, char *err, size_t errlen) {
-    if (check_config(cfg, "config", err, errlen)) return -1;
+ct_status hf_check_weights(const hf_config *cfg, const tf_file *w) {
+    ct_status st = check_config(cfg, "config");
+    if (st != CT_OK) return st;
     for (int64_t i = 0; i < n_params(cfg); i++) {
         param p;
         param_at(cfg, i, &p);
-        if (!tf_expect(w, NULL, p.ct, TF_F32, p.ndim, p.shape, err, errlen)) return -1;
+        if (!tf_expect(w, NULL, p.ct, TF_F32, p.ndim, p.shape)) return CT_ERR_INVALID;
     }
     for (int i = 0; i < w->count; i++)
-        if (is_param_name(w->entries[i].name) && !is_expected_ct(cfg, w->entries[i].name)) {
-            ct_errf(err, errlen, "tensor '%s' is not a parameter of a %lld-layer %s%s", w->entries[i].name,
-                    (long long)cfg->n_layers, has_bias(cfg) ? "qwen2" : "llama3",
-                    shares_output(cfg) ? " with tied embeddings" : "");
-            return -1;
-        }
-    return 0;
+        if (is_param_name(w->entries[i].name) && !is_expected_ct(cfg, w->entries[i].name))
+            return ct_fail(CT_ERR_INVALID, "tensor '%s' is not a parameter of a %lld-layer %s%s", w->entries[i].name,
+                           (long long)cfg->n_layers, has_bias(cfg) ? "qwen2" : "llama3",
+                           shares_output(cfg) ? " with tied embeddings" : "");
+    return CT_OK;
 }
 
-/* A 2-D float32 entry's shape, or an error naming what it was needed for. */
-static const tf_entry *need_2d(const tf_file *w, const char *name, const char *why, char *err, size_t errlen) {
+/* A 2-D float32 entry's shape, or NULL and an error naming what it was needed for. */
+static const tf_entry *need_2d(const tf_file *w, const char *name, const char *why) {
     const tf_entry *e = tf_find(w, name);
     if (!e || e->dtype != TF_F32 || e->ndim != 2) {
-        ct_errf(err, errlen, "tensor '%s' is %s (it gives the %s)", name,
-                e ? "not a 2-D float32 tensor" : "missing", why);
+        ct_set_error("tensor '%s' is %s (it gives the %s)", name, e ? "not a 2-D float32 tensor" : "missing", why);
         return NULL;
     }
     return e;
 }
 
-int hf_config_from_weights(hf_config *cfg, const tf_file *w, char *err, size_t errlen) {
-    const tf_entry *emb = need_2d(w, "tok_embeddings.weight", "width and vocabulary", err, errlen);
-    const tf_entry *w1 = emb ? need_2d(w, "layers.0.feed_forward.w1.weight", "SwiGLU hidden size", err, errlen) : NULL;
-    if (!w1) return -1;
+ct_status hf_config_from_weights(hf_config *cfg, const tf_file *w) {
+    const tf_entry *emb = need_2d(w, "tok_embeddings.weight", "width and vocabulary");
+    const tf_entry *w1 = emb ? need_2d(w, "layers.0.feed_forward.w1.weight", "SwiGLU hidden size") : NULL;
+    if (!w1) return CT_ERR_INVALID;
     cfg->vocab = emb->shape[0];
     cfg->dim = emb->shape[1];
     cfg->ffn_hidden = w1->shape[0];
@@ -538,84 +503,74 @@ int hf_config_from_weights(hf_config *cfg, const tf_file *w, char *err, size_t e
         if (!tf_find(w, name) || cfg->n_layers >= MAX_LAYERS) break;
         cfg->n_layers++;
     }
-    if (cfg->n_heads < 1 || cfg->dim % cfg->n_heads) {
-        ct_errf(err, errlen, "n_heads %lld does not divide the model width %lld (from tok_embeddings.weight)",
-                (long long)cfg->n_heads, (long long)cfg->dim);
-        return -1;
-    }
+    if (cfg->n_heads < 1 || cfg->dim % cfg->n_heads)
+        return ct_fail(CT_ERR_INVALID, "n_heads %lld does not divide the model width %lld (from tok_embeddings.weight)",
+                       (long long)cfg->n_heads, (long long)cfg->dim);
     cfg->head_dim = cfg->dim / cfg->n_heads;
     if (cfg->n_kv_heads == 0) {
-        const tf_entry *wk = need_2d(w, "layers.0.attention.wk.weight", "number of key/value heads", err, errlen);
-        if (!wk) return -1;
-        if (wk->shape[0] % cfg->head_dim) {
-            ct_errf(err, errlen, "tensor 'layers.0.attention.wk.weight' has %lld rows, not a multiple of head_dim %lld",
-                    (long long)wk->shape[0], (long long)cfg->head_dim);
-            return -1;
-        }
+        const tf_entry *wk = need_2d(w, "layers.0.attention.wk.weight", "number of key/value heads");
+        if (!wk) return CT_ERR_INVALID;
+        if (wk->shape[0] % cfg->head_dim)
+            return ct_fail(CT_ERR_INVALID,
+                           "tensor 'layers.0.attention.wk.weight' has %lld rows, not a multiple of head_dim %lld",
+                           (long long)wk->shape[0], (long long)cfg->head_dim);
         cfg->n_kv_heads = wk->shape[0] / cfg->head_dim;
     }
     /* the features are which tensors are there: biases (Qwen2), and no output.weight (a shared table) */
     cfg->features = tf_find(w, "layers.0.attention.wq.bias") ? CT_MODEL_QKV_BIAS : 0;
     if (!tf_find(w, "output.weight")) cfg->features |= CT_MODEL_TIED_EMBEDDINGS;
     cfg->tied = shares_output(cfg);
-    return hf_check_weights(cfg, w, err, errlen);
+    return hf_check_weights(cfg, w);
 }
 
 /* ---- load -------------------------------------------------------------------------------------- */
 
-static char *read_text(const char *path, size_t cap, size_t *len, char *err, size_t errlen) {
+static ct_status read_text(const char *path, size_t cap, char **text, size_t *len) {
     FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
+    if (!fp) return ct_fail(CT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     char *buf = malloc(cap + 1);
     size_t n = buf ? fread(buf, 1, cap + 1, fp) : 0;
     int bad = !buf || ferror(fp);
     fclose(fp);
     if (bad || n > cap) {
-        ct_errf(err, errlen, "%s: %s", path, bad ? "cannot read it" : "larger than 1 MB; not a config.json?");
         free(buf);
-        return NULL;
+        return ct_fail(bad ? CT_ERR_IO : CT_ERR_INVALID, "%s: %s", path,
+                       bad ? "cannot read it" : "larger than 1 MB; not a config.json?");
     }
+    *text = buf;
     *len = n;
-    return buf;
+    return CT_OK;
 }
 
 /* Fills entry e (parameter p) from the checkpoint: converted to float32, q/k rows un-permuted. */
-static int load_param(const char *dir, const hf_config *cfg, const st_model *m, const param *p, tf_entry *e,
-                      char *err, size_t errlen) {
+static ct_status load_param(const char *dir, const hf_config *cfg, const st_model *m, const param *p, tf_entry *e) {
     const char *hf_name = p->hf;
     const st_tensor *t = st_model_find(m, hf_name);
     if (!t && p->kind == K_OUT && cfg->tied) t = st_model_find(m, hf_name = "model.embed_tokens.weight");
-    if (!t) {
-        ct_errf(err, errlen, "%s: tensor '%s' (ctitan's '%s') is missing%s", dir, p->hf, p->ct,
-                p->kind == K_OUT ? " and tie_word_embeddings is false" : "");
-        return -1;
-    }
+    if (!t)
+        return ct_fail(CT_ERR_INVALID, "%s: tensor '%s' (ctitan's '%s') is missing%s", dir, p->hf, p->ct,
+                       p->kind == K_OUT ? " and tie_word_embeddings is false" : "");
     int same = t->ndim == p->ndim;
     for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
     if (!same) {
         char got[64], want[64];
         shape_str(got, sizeof got, t->ndim, t->shape);
         shape_str(want, sizeof want, p->ndim, p->shape);
-        ct_errf(err, errlen, "%s: tensor '%s' has shape %s, config.json says %s", st_model_where(m, hf_name), hf_name,
-                got, want);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: tensor '%s' has shape %s, config.json says %s", st_model_where(m, hf_name),
+                       hf_name, got, want);
     }
     size_t n = (size_t)t->numel;
     float *buf = malloc(sizeof(float) * (n ? n : 1));
     float *tmp = p->permute_heads ? malloc(sizeof(float) * (n ? n : 1)) : buf; /* un-permuted from tmp */
-    if (!(e->name = strdup(p->ct)) || !buf || !tmp) {
-        ct_errf(err, errlen, "%s: out of memory for '%s'", dir, hf_name);
+    ct_status st = CT_OK;
+    if (!(e->name = strdup(p->ct)) || !buf || !tmp)
+        st = ct_fail(CT_ERR_NOMEM, "%s: out of memory for '%s'", dir, hf_name);
+    else
+        st = st_to_f32(t, tmp, st_model_where(m, hf_name));
+    if (st != CT_OK) {
         free(buf);
         if (tmp != buf) free(tmp);
-        return -1;
-    }
-    if (st_to_f32(t, tmp, st_model_where(m, hf_name), err, errlen)) {
-        free(buf);
-        if (tmp != buf) free(tmp);
-        return -1;
+        return st;
     }
     if (p->permute_heads) {
         hf_permute_rows(buf, tmp, p->permute_heads, cfg->head_dim, row_len(p), 0);
@@ -627,25 +582,26 @@ static int load_param(const char *dir, const hf_config *cfg, const st_model *m, 
     e->shape[0] = p->shape[0];
     e->shape[1] = p->ndim == 2 ? p->shape[1] : 0;
     e->numel = t->numel;
-    return 0;
+    return CT_OK;
 }
 
-int hf_load(const char *dir, hf_config *cfg, tf_file **weights, char *err, size_t errlen) {
+ct_status hf_load(const char *dir, hf_config *cfg, tf_file **weights) {
     *weights = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    size_t len;
-    char *text = read_text(path, CONFIG_CAP, &len, err, errlen);
-    if (!text) return -1;
-    int bad = hf_config_parse(text, len, path, cfg, err, errlen);
+    size_t len = 0;
+    char *text = NULL;
+    ct_status st = read_text(path, CONFIG_CAP, &text, &len);
+    if (st != CT_OK) return st;
+    st = hf_config_parse(text, len, path, cfg);
     free(text);
-    if (bad) return -1;
-    st_model *m = st_model_open(dir, err, errlen);
-    if (!m) return -1;
+    if (st != CT_OK) return st;
+    st_model *m = st_model_open(dir);
+    if (!m) return CT_ERR_INVALID; /* its message names the file */
     tf_file *f = calloc(1, sizeof *f);
     int64_t n = n_params(cfg);
     if (!f || !(f->entries = calloc((size_t)n, sizeof(tf_entry)))) {
-        ct_errf(err, errlen, "%s: out of memory", dir);
+        st = ct_fail(CT_ERR_NOMEM, "%s: out of memory", dir);
         goto fail;
     }
     for (int i = 0; i < m->count; i++) {
@@ -653,16 +609,16 @@ int hf_load(const char *dir, hf_config *cfg, tf_file **weights, char *err, size_
         size_t nl = strlen(name);
         int rotary = nl > 20 && !strcmp(name + nl - 20, ".rotary_emb.inv_freq"); /* a buffer old checkpoints kept */
         if (!rotary && !is_expected_hf(cfg, name)) {
-            ct_errf(err, errlen,
-                    "%s: tensor '%s' is not a parameter of a %lld-layer %s (nothing in ctitan to map it to)",
-                    m->where[i], name, (long long)cfg->n_layers, has_bias(cfg) ? "Qwen2" : "Llama");
+            st = ct_fail(CT_ERR_INVALID,
+                         "%s: tensor '%s' is not a parameter of a %lld-layer %s (nothing in ctitan to map it to)",
+                         m->where[i], name, (long long)cfg->n_layers, has_bias(cfg) ? "Qwen2" : "Llama");
             goto fail;
         }
     }
     for (int64_t i = 0; i < n; i++) {
         param p;
         param_at(cfg, i, &p);
-        if (load_param(dir, cfg, m, &p, &f->entries[f->count], err, errlen)) {
+        if ((st = load_param(dir, cfg, m, &p, &f->entries[f->count])) != CT_OK) {
             free(f->entries[f->count].name); /* the entry may be half made */
             goto fail;
         }
@@ -670,53 +626,48 @@ int hf_load(const char *dir, hf_config *cfg, tf_file **weights, char *err, size_
     }
     st_model_free(m);
     *weights = f;
-    return 0;
+    return CT_OK;
 fail:
     st_model_free(m);
     tf_free(f);
-    return -1;
+    return st;
 }
 
 /* ---- save -------------------------------------------------------------------------------------- */
 
-static int write_text_atomic(const char *path, const char *text, char *err, size_t errlen) {
+static ct_status write_text_atomic(const char *path, const char *text) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        ct_errf(err, errlen, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-        return -1;
-    }
+    if (fd < 0) return ct_fail(CT_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(errno));
     if (ct_write_all(fd, text, strlen(text)) || fsync(fd)) {
-        ct_errf(err, errlen, "%s: cannot write %s: %s", path, tmp, strerror(errno));
+        ct_set_error("%s: cannot write %s: %s", path, tmp, strerror(errno));
         close(fd);
         unlink(tmp);
-        return -1;
+        return CT_ERR_IO;
     }
     if (close(fd) || rename(tmp, path)) {
-        ct_errf(err, errlen, "%s: cannot write %s: %s", path, tmp, strerror(errno));
+        ct_set_error("%s: cannot write %s: %s", path, tmp, strerror(errno));
         unlink(tmp);
-        return -1;
+        return CT_ERR_IO;
     }
-    return 0;
+    return CT_OK;
 }
 
-int hf_save(const char *dir, const hf_config *cfg, const tf_file *w, hf_dtype dtype, char *err, size_t errlen) {
-    if (hf_check_weights(cfg, w, err, errlen)) return -1;
+ct_status hf_save(const char *dir, const hf_config *cfg, const tf_file *w, hf_dtype dtype) {
+    ct_status rc = hf_check_weights(cfg, w);
+    if (rc != CT_OK) return rc;
     struct stat sb;
-    if (mkdir(dir, 0777) != 0 && (errno != EEXIST || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
-        ct_errf(err, errlen, "%s: cannot create the folder: %s", dir,
-                errno == EEXIST ? "not a folder" : strerror(errno));
-        return -1;
-    }
+    if (mkdir(dir, 0777) != 0 && (errno != EEXIST || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
+        return ct_fail(CT_ERR_IO, "%s: cannot create the folder: %s", dir,
+                       errno == EEXIST ? "not a folder" : strerror(errno));
     int64_t n = n_params(cfg);
     st_entry *entries = calloc((size_t)n, sizeof *entries);
     param *ps = calloc((size_t)n, sizeof *ps);
     float **owned = calloc((size_t)n, sizeof *owned); /* permuted copies of q and k */
     char *config = NULL;
-    int rc = -1;
     if (!entries || !ps || !owned) {
-        ct_errf(err, errlen, "%s: out of memory", dir);
+        rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", dir);
         goto done;
     }
     for (int64_t i = 0; i < n; i++) {
@@ -726,7 +677,7 @@ int hf_save(const char *dir, const hf_config *cfg, const tf_file *w, hf_dtype dt
         const float *data = e->data;
         if (p->permute_heads) {
             if (!(owned[i] = malloc(sizeof(float) * (size_t)e->numel))) {
-                ct_errf(err, errlen, "%s: out of memory", dir);
+                rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", dir);
                 goto done;
             }
             hf_permute_rows(owned[i], data, p->permute_heads, cfg->head_dim, row_len(p), 1);
@@ -737,13 +688,13 @@ int hf_save(const char *dir, const hf_config *cfg, const tf_file *w, hf_dtype dt
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     const char *meta[] = {"format", "pt"};
-    if (st_write(path, entries, (int)n, meta, 1, err, errlen)) goto done;
+    if ((rc = st_write(path, entries, (int)n, meta, 1)) != CT_OK) goto done;
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (!(config = config_json(cfg, dtype))) {
-        ct_errf(err, errlen, "%s: out of memory", path);
+        rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
-    rc = write_text_atomic(path, config, err, errlen);
+    rc = write_text_atomic(path, config);
 done:
     for (int64_t i = 0; owned && i < n; i++) free(owned[i]);
     free(owned);

@@ -35,7 +35,8 @@
  * output.weight and layers.*) are ignored, so a golden file with config.* / expected.* entries or a
  * model file can be passed as is. Round trips in float32 are bit-exact.
  *
- * Errors: one line in err ("DIR/config.json: key 'x': what is wrong"); functions return 0 or -1.
+ * Errors: functions return a ct_status and leave one line for ct_last_error() (base/error.h):
+ * "DIR/config.json: key 'x': what is wrong".
  */
 #ifndef CTITAN_HF_H
 #define CTITAN_HF_H
@@ -43,6 +44,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/error.h"
 #include "ctitan/model.h" /* CT_MODEL_* feature bits */
 #include "formats/tensorfile.h"
 
@@ -85,25 +87,24 @@ typedef enum hf_dtype { HF_FLOAT32, HF_BFLOAT16 } hf_dtype;
  * bf16/f16/f32/f64 tensors are converted to float32; q/k rows (and biases) are un-permuted. Reads
  * RoPE of rope_type "default" and "llama3"; refuses configs ctitan cannot run the same way (another
  * RoPE type, a Llama's biases, sliding-window attention, another activation or model type). */
-int hf_load(const char *dir, hf_config *cfg, tf_file **weights, char *err, size_t errlen);
+ct_status hf_load(const char *dir, hf_config *cfg, tf_file **weights);
 
 /* Parses config.json's text into *cfg (exposed for the fuzzer and tests). */
-int hf_config_parse(const char *json, size_t len, const char *label, hf_config *cfg, char *err, size_t errlen);
+ct_status hf_config_parse(const char *json, size_t len, const char *label, hf_config *cfg);
 
 /* Fills dim, vocab, n_layers, ffn_hidden, head_dim (and n_kv_heads when it is 0) from the weights'
  * shapes, and features from which tensors are there (biases; no output.weight: tied). The caller sets n_heads (shapes cannot tell it), rope_theta, norm_eps,
  * max_position_embeddings and the RoPE scaling (or leaves it 0) first. Then checks everything as hf_check_weights does. */
-int hf_config_from_weights(hf_config *cfg, const tf_file *weights, char *err, size_t errlen);
+ct_status hf_config_from_weights(hf_config *cfg, const tf_file *weights);
 
 /* Every parameter of cfg's model is present in weights, float32, with its shape, and no
  * parameter-like entry is left over. */
-int hf_check_weights(const hf_config *cfg, const tf_file *weights, char *err, size_t errlen);
+ct_status hf_check_weights(const hf_config *cfg, const tf_file *weights);
 
 /* Writes DIR/config.json and DIR/model.safetensors (tensors in name order, metadata format "pt"),
  * each atomically; creates DIR if it does not exist. The output is a function of the inputs only,
  * byte for byte. */
-int hf_save(const char *dir, const hf_config *cfg, const tf_file *weights, hf_dtype dtype, char *err,
-            size_t errlen);
+ct_status hf_save(const char *dir, const hf_config *cfg, const tf_file *weights, hf_dtype dtype);
 
 /* The q/k row permutation of one (n_heads * head_dim, cols) matrix: to_hf = 1 from ctitan's
  * interleaved layout to Hugging Face's, 0 back. dst and src must not overlap. */

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "base/util.h"
 
 /* Tensor bytes are converted as they lie in memory, so the host must be little-endian like the file. */
@@ -93,17 +94,17 @@ static const char *excerpt(char out[80], const char *s) {
     return out;
 }
 
-/* "label: tensor 'name': what" (tensor may be NULL: "label: what"). */
-static void fail(char *err, size_t errlen, const char *label, const char *tensor, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static void fail(char *err, size_t errlen, const char *label, const char *tensor, const char *fmt, ...) {
+/* Sets the error "label: tensor 'name': what" (tensor may be NULL: "label: what") and returns st. */
+static ct_status fail(ct_status st, const char *label, const char *tensor, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static ct_status fail(ct_status st, const char *label, const char *tensor, const char *fmt, ...) {
     char what[400], nm[80];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    if (tensor) ct_errf(err, errlen, "%s: tensor '%s': %s", label, excerpt(nm, tensor), what);
-    else ct_errf(err, errlen, "%s: %s", label, what);
+    if (tensor) return ct_fail(st, "%s: tensor '%s': %s", label, excerpt(nm, tensor), what);
+    return ct_fail(st, "%s: %s", label, what);
 }
 
 static void shape_str(char *out, size_t len, int ndim, const int64_t *shape) {
@@ -138,40 +139,35 @@ void st_free(st_file *f) {
     free(f);
 }
 
-static int parse_meta(st_file *f, json_t *v, char *err, size_t errlen) {
+static ct_status parse_meta(st_file *f, json_t *v) {
     if (f->meta) {
-        fail(err, errlen, f->label, NULL, "header: __metadata__ appears twice");
-        return -1;
+        return fail(CT_ERR_INVALID, f->label, NULL, "header: __metadata__ appears twice");
     }
     if (!json_is_object(v)) {
-        fail(err, errlen, f->label, NULL, "header: __metadata__ is %s, expected an object of strings",
+        return fail(CT_ERR_INVALID, f->label, NULL, "header: __metadata__ is %s, expected an object of strings",
              json_type_name(v));
-        return -1;
     }
     f->meta = calloc(2 * json_object_size(v) + 1, sizeof(char *));
     if (!f->meta) {
-        fail(err, errlen, f->label, NULL, "out of memory");
-        return -1;
+        return fail(CT_ERR_NOMEM, f->label, NULL, "out of memory");
     }
     const char *key;
     json_t *val;
     json_object_foreach(v, key, val) {
         char nm[80];
         if (!json_is_string(val)) {
-            fail(err, errlen, f->label, NULL, "header: __metadata__ '%s' is %s, expected a string",
+            return fail(CT_ERR_INVALID, f->label, NULL, "header: __metadata__ '%s' is %s, expected a string",
                  excerpt(nm, key), json_type_name(val));
-            return -1;
         }
         char *k = strdup(key), *s = strdup(json_string_value(val));
         f->meta[2 * f->n_meta] = k;
         f->meta[2 * f->n_meta + 1] = s;
         f->n_meta++;
         if (!k || !s) {
-            fail(err, errlen, f->label, NULL, "out of memory");
-            return -1;
+            return fail(CT_ERR_NOMEM, f->label, NULL, "out of memory");
         }
     }
-    return 0;
+    return CT_OK;
 }
 
 /* A non-negative JSON integer into *out; -1 if it is anything else. */
@@ -181,53 +177,46 @@ static int get_uint(const json_t *v, uint64_t *out) {
     return 0;
 }
 
-static int parse_shape(const char *label, const char *name, const json_t *v, st_tensor *t, char *err,
-                       size_t errlen) {
+static ct_status parse_shape(const char *label, const char *name, const json_t *v, st_tensor *t) {
     if (!json_is_array(v)) {
-        fail(err, errlen, label, name, "shape is %s, expected an array of integers",
+        return fail(CT_ERR_INVALID, label, name, "shape is %s, expected an array of integers",
              v ? json_type_name(v) : "missing");
-        return -1;
     }
     size_t nd = json_array_size(v);
     if (nd > ST_MAX_DIMS) {
-        fail(err, errlen, label, name, "shape has %zu dimensions, at most %d are supported", nd, ST_MAX_DIMS);
-        return -1;
+        return fail(CT_ERR_INVALID, label, name, "shape has %zu dimensions, at most %d are supported", nd,
+                    ST_MAX_DIMS);
     }
     t->ndim = (int)nd;
     for (size_t i = 0; i < nd; i++) {
         uint64_t d;
         if (get_uint(json_array_get(v, i), &d)) {
-            fail(err, errlen, label, name, "shape[%zu] is not a non-negative integer", i);
-            return -1;
+            return fail(CT_ERR_INVALID, label, name, "shape[%zu] is not a non-negative integer", i);
         }
         t->shape[i] = (int64_t)d; /* a JSON integer fits int64 */
     }
-    return 0;
+    return CT_OK;
 }
 
-static int parse_offsets(const char *label, const char *name, const json_t *v, uint64_t data_size,
-                         uint64_t *begin, uint64_t *end, char *err, size_t errlen) {
+static ct_status parse_offsets(const char *label, const char *name, const json_t *v, uint64_t data_size,
+                               uint64_t *begin, uint64_t *end) {
     if (!json_is_array(v) || json_array_size(v) != 2 || get_uint(json_array_get(v, 0), begin) ||
         get_uint(json_array_get(v, 1), end)) {
-        fail(err, errlen, label, name, "data_offsets must be [BEGIN, END], two non-negative integers");
-        return -1;
+        return fail(CT_ERR_INVALID, label, name, "data_offsets must be [BEGIN, END], two non-negative integers");
     }
     if (*begin > *end) {
-        fail(err, errlen, label, name, "data_offsets [%llu, %llu] end before they begin",
+        return fail(CT_ERR_INVALID, label, name, "data_offsets [%llu, %llu] end before they begin",
              (unsigned long long)*begin, (unsigned long long)*end);
-        return -1;
     }
     if (*end > data_size) {
-        fail(err, errlen, label, name, "data_offsets [%llu, %llu] run past the data section (%llu bytes)",
-             (unsigned long long)*begin, (unsigned long long)*end, (unsigned long long)data_size);
-        return -1;
+        return fail(CT_ERR_INVALID, label, name, "data_offsets [%llu, %llu] run past the data section (%llu bytes)",
+                    (unsigned long long)*begin, (unsigned long long)*end, (unsigned long long)data_size);
     }
-    return 0;
+    return CT_OK;
 }
 
 /* Checks that shape * dtype size is exactly the span's bytes, without overflowing on the way. */
-static int check_size(const char *label, const char *name, st_tensor *t, uint64_t span, char *err,
-                      size_t errlen) {
+static ct_status check_size(const char *label, const char *name, st_tensor *t, uint64_t span) {
     uint64_t esize = dtypes[t->dtype].size, limit = UINT64_MAX / esize, numel = 1;
     int overflow = 0, zero = 0;
     for (int i = 0; i < t->ndim; i++) {
@@ -240,62 +229,55 @@ static int check_size(const char *label, const char *name, st_tensor *t, uint64_
     char s[200];
     shape_str(s, sizeof s, t->ndim, t->shape);
     if (overflow) {
-        fail(err, errlen, label, name, "shape %s of %s overflows a 64-bit byte count", s, dtypes[t->dtype].name);
-        return -1;
+        return fail(CT_ERR_INVALID, label, name, "shape %s of %s overflows a 64-bit byte count", s,
+                    dtypes[t->dtype].name);
     }
     if (numel * esize != span) {
-        fail(err, errlen, label, name, "shape %s of %s needs %llu bytes, its data_offsets hold %llu", s,
+        return fail(CT_ERR_INVALID, label, name, "shape %s of %s needs %llu bytes, its data_offsets hold %llu", s,
              dtypes[t->dtype].name, (unsigned long long)(numel * esize), (unsigned long long)span);
-        return -1;
     }
     t->numel = (int64_t)numel;
     t->nbytes = span;
-    return 0;
+    return CT_OK;
 }
 
-static int parse_tensor(const char *label, const char *name, json_t *v, uint64_t data_size, st_tensor *t,
-                        char *err, size_t errlen) {
+static ct_status parse_tensor(const char *label, const char *name, json_t *v, uint64_t data_size, st_tensor *t) {
     if (!name[0]) {
-        fail(err, errlen, label, NULL, "header: a tensor has an empty name");
-        return -1;
+        return fail(CT_ERR_INVALID, label, NULL, "header: a tensor has an empty name");
     }
     if (!(t->name = strdup(name))) {
-        fail(err, errlen, label, NULL, "out of memory");
-        return -1;
+        return fail(CT_ERR_NOMEM, label, NULL, "out of memory");
     }
     if (!json_is_object(v)) {
-        fail(err, errlen, label, name, "is %s, expected an object {dtype, shape, data_offsets}", json_type_name(v));
-        return -1;
+        return fail(CT_ERR_INVALID, label, name, "is %s, expected an object {dtype, shape, data_offsets}",
+                    json_type_name(v));
     }
     const char *key;
     json_t *x;
     json_object_foreach(v, key, x) {
         if (strcmp(key, "dtype") && strcmp(key, "shape") && strcmp(key, "data_offsets")) {
             char k[80];
-            fail(err, errlen, label, name, "unknown field '%s' (expected dtype, shape, data_offsets)", excerpt(k, key));
-            return -1;
+            return fail(CT_ERR_INVALID, label, name, "unknown field '%s' (expected dtype, shape, data_offsets)",
+                        excerpt(k, key));
         }
     }
     json_t *dt = json_object_get(v, "dtype");
     if (!json_is_string(dt)) {
-        fail(err, errlen, label, name, "dtype is %s, expected a string such as \"F32\"",
+        return fail(CT_ERR_INVALID, label, name, "dtype is %s, expected a string such as \"F32\"",
              dt ? json_type_name(dt) : "missing");
-        return -1;
     }
     if ((t->dtype = st_dtype_from_name(json_string_value(dt))) < 0) {
         char d[80];
-        fail(err, errlen, label, name,
+        return fail(CT_ERR_INVALID, label, name,
              "unknown dtype '%s' (known: BOOL U8 I8 F8_E5M2 F8_E4M3 I16 U16 F16 BF16 I32 U32 F32 F64 I64 U64)",
              excerpt(d, json_string_value(dt)));
-        return -1;
     }
-    uint64_t begin, end;
-    if (parse_shape(label, name, json_object_get(v, "shape"), t, err, errlen) ||
-        parse_offsets(label, name, json_object_get(v, "data_offsets"), data_size, &begin, &end, err, errlen) ||
-        check_size(label, name, t, end - begin, err, errlen))
-        return -1;
-    t->offset = begin;
-    return 0;
+    uint64_t begin = 0, end = 0;
+    ct_status st = parse_shape(label, name, json_object_get(v, "shape"), t);
+    if (st == CT_OK) st = parse_offsets(label, name, json_object_get(v, "data_offsets"), data_size, &begin, &end);
+    if (st == CT_OK) st = check_size(label, name, t, end - begin);
+    if (st == CT_OK) t->offset = begin;
+    return st;
 }
 
 static int cmp_tensor_name(const void *a, const void *b) {
@@ -309,11 +291,10 @@ static int cmp_tensor_offset(const void *a, const void *b) {
 }
 
 /* No two tensors with bytes may share any: sorted by start, each starts at or after the last end. */
-static int check_overlaps(st_file *f, char *err, size_t errlen) {
+static ct_status check_overlaps(st_file *f) {
     const st_tensor **by = malloc(sizeof *by * (size_t)(f->count ? f->count : 1));
     if (!by) {
-        fail(err, errlen, f->label, NULL, "out of memory");
-        return -1;
+        return fail(CT_ERR_NOMEM, f->label, NULL, "out of memory");
     }
     int n = 0;
     for (int i = 0; i < f->count; i++)
@@ -323,15 +304,15 @@ static int check_overlaps(st_file *f, char *err, size_t errlen) {
         const st_tensor *p = by[i - 1], *t = by[i];
         if (t->offset < p->offset + p->nbytes) {
             char other[80];
-            fail(err, errlen, f->label, t->name, "data_offsets [%llu, %llu] overlap those of tensor '%s' [%llu, %llu]",
+            fail(CT_ERR_INVALID, f->label, t->name, "data_offsets [%llu, %llu] overlap those of tensor '%s' [%llu, %llu]",
                  (unsigned long long)t->offset, (unsigned long long)(t->offset + t->nbytes), excerpt(other, p->name),
                  (unsigned long long)p->offset, (unsigned long long)(p->offset + p->nbytes));
             free(by);
-            return -1;
+            return CT_ERR_INVALID;
         }
     }
     free(by);
-    return 0;
+    return CT_OK;
 }
 
 static uint64_t get_u64(const unsigned char *p) {
@@ -340,36 +321,37 @@ static uint64_t get_u64(const unsigned char *p) {
     return v;
 }
 
-static st_file *parse(const unsigned char *buf, size_t size, const char *label, char *err, size_t errlen) {
+static st_file *parse(const unsigned char *buf, size_t size, const char *label) {
     if (size < 8) {
-        fail(err, errlen, label, NULL, "file is %zu bytes, too short for the 8-byte header length", size);
+        fail(CT_ERR_INVALID, label, NULL, "file is %zu bytes, too short for the 8-byte header length", size);
         return NULL;
     }
     uint64_t n = get_u64(buf);
     if (n > ST_MAX_HEADER) {
-        fail(err, errlen, label, NULL, "header length %llu is over the limit of %u bytes (not a safetensors file?)",
-             (unsigned long long)n, ST_MAX_HEADER);
+        fail(CT_ERR_INVALID, label, NULL,
+             "header length %llu is over the limit of %u bytes (not a safetensors file?)", (unsigned long long)n,
+             ST_MAX_HEADER);
         return NULL;
     }
     if (n > size - 8) {
-        fail(err, errlen, label, NULL, "header length %llu runs past the end of the file (%zu bytes; truncated?)",
-             (unsigned long long)n, size);
+        fail(CT_ERR_INVALID, label, NULL,
+             "header length %llu runs past the end of the file (%zu bytes; truncated?)", (unsigned long long)n, size);
         return NULL;
     }
     json_error_t je;
     json_t *root = json_loadb((const char *)buf + 8, (size_t)n, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        fail(err, errlen, label, NULL, "header: invalid JSON at byte %d of the header: %s", je.position, je.text);
+        fail(CT_ERR_INVALID, label, NULL, "header: invalid JSON at byte %d of the header: %s", je.position, je.text);
         return NULL;
     }
     st_file *f = calloc(1, sizeof *f);
     if (!f || !(f->label = strdup(label)) ||
         !(f->tensors = calloc(json_object_size(root) + 1, sizeof(st_tensor)))) {
-        fail(err, errlen, label, NULL, "out of memory");
+        fail(CT_ERR_NOMEM, label, NULL, "out of memory");
         goto fail;
     }
     if (!json_is_object(root)) {
-        fail(err, errlen, label, NULL, "header is %s, expected a JSON object", json_type_name(root));
+        fail(CT_ERR_INVALID, label, NULL, "header is %s, expected a JSON object", json_type_name(root));
         goto fail;
     }
     uint64_t data_size = size - 8 - n;
@@ -377,17 +359,17 @@ static st_file *parse(const unsigned char *buf, size_t size, const char *label, 
     json_t *val;
     json_object_foreach(root, key, val) {
         if (strcmp(key, "__metadata__") == 0) {
-            if (parse_meta(f, val, err, errlen)) goto fail;
+            if (parse_meta(f, val) != CT_OK) goto fail;
             continue;
         }
         st_tensor *t = &f->tensors[f->count++];
-        if (parse_tensor(label, key, val, data_size, t, err, errlen)) goto fail;
+        if (parse_tensor(label, key, val, data_size, t) != CT_OK) goto fail;
         t->data = buf + 8 + n + t->offset;
     }
     json_decref(root);
     root = NULL;
     qsort(f->tensors, (size_t)f->count, sizeof(st_tensor), cmp_tensor_name);
-    if (check_overlaps(f, err, errlen)) goto fail;
+    if (check_overlaps(f) != CT_OK) goto fail;
     return f;
 fail:
     json_decref(root);
@@ -395,32 +377,32 @@ fail:
     return NULL;
 }
 
-st_file *st_read(const char *path, char *err, size_t errlen) {
+st_file *st_read(const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        fail(err, errlen, path, NULL, "cannot open: %s", strerror(errno));
+        fail(CT_ERR_IO, path, NULL, "cannot open: %s", strerror(errno));
         return NULL;
     }
     struct stat sb;
     int bad = fstat(fd, &sb);
     if (bad || !S_ISREG(sb.st_mode)) {
-        fail(err, errlen, path, NULL, "%s", bad ? strerror(errno) : "not a regular file");
+        fail(bad ? CT_ERR_IO : CT_ERR_INVALID, path, NULL, "%s", bad ? strerror(errno) : "not a regular file");
         close(fd);
         return NULL;
     }
     size_t size = (size_t)sb.st_size;
     if (size < 8) {
         close(fd);
-        return parse((const unsigned char *)"", size, path, err, errlen); /* reports the size */
+        return parse((const unsigned char *)"", size, path); /* reports the size */
     }
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
     close(fd);
     if (map == MAP_FAILED) {
-        fail(err, errlen, path, NULL, "cannot map %zu bytes: %s", size, strerror(map_errno));
+        fail(CT_ERR_IO, path, NULL, "cannot map %zu bytes: %s", size, strerror(map_errno));
         return NULL;
     }
-    st_file *f = parse(map, size, path, err, errlen);
+    st_file *f = parse(map, size, path);
     if (!f) {
         munmap(map, size);
         return NULL;
@@ -430,8 +412,8 @@ st_file *st_read(const char *path, char *err, size_t errlen) {
     return f;
 }
 
-st_file *st_read_mem(const void *buf, size_t len, const char *label, char *err, size_t errlen) {
-    return parse(buf ? buf : (const void *)"", buf ? len : 0, label ? label : "<memory>", err, errlen);
+st_file *st_read_mem(const void *buf, size_t len, const char *label) {
+    return parse(buf ? buf : (const void *)"", buf ? len : 0, label ? label : "<memory>");
 }
 
 const st_tensor *st_find(const st_file *f, const char *name) {
@@ -446,13 +428,13 @@ const char *st_meta(const st_file *f, const char *key) {
     return NULL;
 }
 
-int st_to_f32(const st_tensor *t, float *out, const char *label, char *err, size_t errlen) {
+ct_status st_to_f32(const st_tensor *t, float *out, const char *label) {
     const unsigned char *p = t->data;
     int64_t n = t->numel;
     switch (t->dtype) {
     case ST_F32:
         if (n) memcpy(out, p, (size_t)n * 4);
-        return 0;
+        return CT_OK;
     case ST_BF16:
     case ST_F16:
         for (int64_t i = 0; i < n; i++) {
@@ -460,18 +442,18 @@ int st_to_f32(const st_tensor *t, float *out, const char *label, char *err, size
             memcpy(&h, p + 2 * i, 2);
             out[i] = t->dtype == ST_BF16 ? st_bf16_to_f32(h) : st_f16_to_f32(h);
         }
-        return 0;
+        return CT_OK;
     case ST_F64:
         for (int64_t i = 0; i < n; i++) {
             double d;
             memcpy(&d, p + 8 * i, 8);
             out[i] = (float)d;
         }
-        return 0;
+        return CT_OK;
     default:
-        fail(err, errlen, label ? label : "safetensors", t->name,
-             "dtype %s cannot be converted to float32 (supported: F32, BF16, F16, F64)", st_dtype_name(t->dtype));
-        return -1;
+        return fail(CT_ERR_UNSUPPORTED, label ? label : "safetensors", t->name,
+                    "dtype %s cannot be converted to float32 (supported: F32, BF16, F16, F64)",
+                    st_dtype_name(t->dtype));
     }
 }
 
@@ -482,84 +464,78 @@ static int cmp_entry_ptr(const void *a, const void *b) {
 }
 
 /* Checks one entry and gives its byte count. */
-static int entry_bytes(const char *path, const st_entry *e, uint64_t *nbytes, char *err, size_t errlen) {
+static ct_status entry_bytes(const char *path, const st_entry *e, uint64_t *nbytes) {
     if (!e->name || !e->name[0] || strcmp(e->name, "__metadata__") == 0) {
-        fail(err, errlen, path, NULL, "a tensor name is empty or \"__metadata__\"");
-        return -1;
+        return fail(CT_ERR_INVALID, path, NULL, "a tensor name is empty or \"__metadata__\"");
     }
     if (e->dtype < 0 || e->dtype >= ST_N_DTYPES || e->ndim < 0 || e->ndim > ST_MAX_DIMS ||
         (e->ndim && !e->shape) || (!e->f32 && !e->raw)) {
-        fail(err, errlen, path, e->name, "bad dtype, ndim, shape or data");
-        return -1;
+        return fail(CT_ERR_INVALID, path, e->name, "bad dtype, ndim, shape or data");
     }
     if (e->f32 && e->dtype != ST_F32 && e->dtype != ST_BF16) {
-        fail(err, errlen, path, e->name, "float32 values can be stored as F32 or BF16, not %s",
-             st_dtype_name(e->dtype));
-        return -1;
+        return fail(CT_ERR_INVALID, path, e->name, "float32 values can be stored as F32 or BF16, not %s",
+                    st_dtype_name(e->dtype));
     }
     uint64_t numel = 1, esize = dtypes[e->dtype].size;
     for (int i = 0; i < e->ndim; i++) {
         if (e->shape[i] < 0 || (e->shape[i] && numel > (uint64_t)INT64_MAX / esize / (uint64_t)e->shape[i])) {
-            fail(err, errlen, path, e->name, "shape[%d] = %lld is negative or too large", i, (long long)e->shape[i]);
-            return -1;
+            return fail(CT_ERR_INVALID, path, e->name, "shape[%d] = %lld is negative or too large", i,
+                        (long long)e->shape[i]);
         }
         numel *= (uint64_t)e->shape[i];
     }
     *nbytes = numel * esize;
-    return 0;
+    return CT_OK;
 }
 
-/* The header JSON: __metadata__ first, then the tensors in the order given, offsets back to back. */
-static char *header_json(const char *path, const st_entry *const *order, int n, const char *const *meta,
-                         int n_meta, char *err, size_t errlen) {
+/* The header JSON into *out: __metadata__ first, then the tensors in the order given, offsets back to
+ * back. */
+static ct_status header_json(const char *path, const st_entry *const *order, int n, const char *const *meta,
+                             int n_meta, char **out) {
     json_t *root = json_object(), *m = n_meta > 0 ? json_object() : NULL;
-    char *out = NULL;
-    if (!root || (n_meta > 0 && (!m || json_object_set_new(root, "__metadata__", m)))) goto fail;
+    ct_status st = CT_OK;
+    *out = NULL;
+    if (!root || (n_meta > 0 && (!m || json_object_set_new(root, "__metadata__", m)))) goto oom;
     for (int i = 0; i < n_meta; i++) {
         json_t *s = json_string(meta[2 * i + 1]);
         if (!s || json_object_set_new(m, meta[2 * i], s)) {
-            fail(err, errlen, path, NULL, "metadata '%s' is not valid UTF-8", meta[2 * i]);
-            json_decref(root);
-            return NULL;
+            st = fail(CT_ERR_INVALID, path, NULL, "metadata '%s' is not valid UTF-8", meta[2 * i]);
+            goto done;
         }
     }
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
         const st_entry *e = order[i];
         uint64_t nbytes;
-        if (entry_bytes(path, e, &nbytes, err, errlen)) {
-            json_decref(root);
-            return NULL;
-        }
+        if ((st = entry_bytes(path, e, &nbytes)) != CT_OK) goto done;
         json_t *shape = json_array();
         for (int k = 0; shape && k < e->ndim; k++)
             if (json_array_append_new(shape, json_integer(e->shape[k]))) {
                 json_decref(shape);
-                goto fail;
+                goto oom;
             }
         json_t *t = json_pack("{s:s, s:o, s:[I, I]}", "dtype", dtypes[e->dtype].name, "shape", shape,
                               "data_offsets", (json_int_t)off, (json_int_t)(off + nbytes));
-        if (!t) goto fail;
+        if (!t) goto oom;
         if (json_object_set_new(root, e->name, t)) {
-            fail(err, errlen, path, e->name, "the name is not valid UTF-8");
-            json_decref(root);
-            return NULL;
+            st = fail(CT_ERR_INVALID, path, e->name, "the name is not valid UTF-8");
+            goto done;
         }
         off += nbytes;
     }
-    out = json_dumps(root, JSON_COMPACT); /* keys in insertion order (jansson >= 2.8) */
-    if (!out) goto fail;
+    *out = json_dumps(root, JSON_COMPACT); /* keys in insertion order (jansson >= 2.8) */
+    if (!*out) goto oom;
+    goto done;
+oom:
+    st = fail(CT_ERR_NOMEM, path, NULL, "out of memory building the header");
+done:
     json_decref(root);
-    return out;
-fail:
-    fail(err, errlen, path, NULL, "out of memory building the header");
-    json_decref(root);
-    return NULL;
+    return st;
 }
 
 static int write_data(int fd, const st_entry *e) {
     uint64_t nbytes;
-    if (entry_bytes("", e, &nbytes, NULL, 0)) return -1;
+    if (entry_bytes("", e, &nbytes) != CT_OK) return -1; /* checked by header_json already */
     if (e->raw || e->dtype == ST_F32) return ct_write_all(fd, e->raw ? e->raw : (const void *)e->f32, (size_t)nbytes);
     enum { CHUNK = 16384 };
     uint16_t buf[CHUNK];
@@ -586,57 +562,56 @@ static void sync_parent_dir(const char *path) {
     close(fd);
 }
 
-int st_write(const char *path, const st_entry *entries, int n, const char *const *meta, int n_meta, char *err,
-             size_t errlen) {
+ct_status st_write(const char *path, const st_entry *entries, int n, const char *const *meta, int n_meta) {
     if (!path || n < 0 || (n && !entries) || n_meta < 0 || (n_meta && !meta)) {
-        fail(err, errlen, path ? path : "st_write", NULL, "bad arguments");
-        return -1;
+        return fail(CT_ERR_INVALID, path ? path : "st_write", NULL, "bad arguments");
     }
     const st_entry **order = malloc(sizeof *order * (size_t)(n ? n : 1));
     char *hdr = NULL, *tmp = NULL;
-    int fd = -1, rc = -1;
+    int fd = -1;
+    ct_status rc = CT_ERR_INTERNAL;
     if (!order || !(tmp = malloc(strlen(path) + 5))) {
-        fail(err, errlen, path, NULL, "out of memory");
+        rc = fail(CT_ERR_NOMEM, path, NULL, "out of memory");
         goto done;
     }
     for (int i = 0; i < n; i++) order[i] = &entries[i];
     for (int i = 0; i < n; i++)
         if (!entries[i].name) {
-            fail(err, errlen, path, NULL, "tensor %d has no name", i);
+            rc = fail(CT_ERR_INVALID, path, NULL, "tensor %d has no name", i);
             goto done;
         }
     qsort(order, (size_t)n, sizeof *order, cmp_entry_ptr);
     for (int i = 1; i < n; i++)
         if (strcmp(order[i - 1]->name, order[i]->name) == 0) {
-            fail(err, errlen, path, order[i]->name, "appears twice");
+            rc = fail(CT_ERR_INVALID, path, order[i]->name, "appears twice");
             goto done;
         }
-    if (!(hdr = header_json(path, order, n, meta, n_meta, err, errlen))) goto done;
+    if ((rc = header_json(path, order, n, meta, n_meta, &hdr)) != CT_OK) goto done;
     size_t len = strlen(hdr), pad = (8 - (8 + len) % 8) % 8;
     unsigned char n8[8];
     for (int i = 0; i < 8; i++) n8[i] = (unsigned char)((uint64_t)(len + pad) >> (8 * i));
     sprintf(tmp, "%s.tmp", path);
     if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
-        fail(err, errlen, path, NULL, "cannot create %s: %s", tmp, strerror(errno));
+        rc = fail(CT_ERR_IO, path, NULL, "cannot create %s: %s", tmp, strerror(errno));
         goto done;
     }
     int bad = ct_write_all(fd, n8, 8) || ct_write_all(fd, hdr, len) || ct_write_all(fd, "        ", pad);
     for (int i = 0; !bad && i < n; i++) bad = write_data(fd, order[i]);
     if (bad || fsync(fd) != 0) {
-        fail(err, errlen, path, NULL, "cannot write %s: %s", tmp, strerror(errno));
+        rc = fail(CT_ERR_IO, path, NULL, "cannot write %s: %s", tmp, strerror(errno));
         goto done;
     }
     int c = close(fd);
     fd = -1;
     if (c != 0 || rename(tmp, path) != 0) {
-        fail(err, errlen, path, NULL, "cannot %s %s: %s", c ? "close" : "rename", tmp, strerror(errno));
+        rc = fail(CT_ERR_IO, path, NULL, "cannot %s %s: %s", c ? "close" : "rename", tmp, strerror(errno));
         goto done;
     }
     sync_parent_dir(path);
-    rc = 0;
+    rc = CT_OK;
 done:
     if (fd >= 0) close(fd);
-    if (rc && tmp) unlink(tmp);
+    if (rc != CT_OK && tmp) unlink(tmp);
     free(tmp);
     free(hdr);
     free(order);
@@ -668,21 +643,19 @@ static int shard_name_ok(const char *s) {
     return n > 0 && n < 256 && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
 }
 
-int st_index_parse(const void *json, size_t len, const char *label, char ***pairs, int *n, char *err,
-                   size_t errlen) {
+ct_status st_index_parse(const void *json, size_t len, const char *label, char ***pairs, int *n) {
     *pairs = NULL;
     *n = 0;
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        fail(err, errlen, label, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
-        return -1;
+        return fail(CT_ERR_INVALID, label, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column,
+                    je.text);
     }
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(root) || !json_is_object(wm) || json_object_size(wm) == 0) {
-        fail(err, errlen, label, NULL, "expected an object with a non-empty \"weight_map\" object");
         json_decref(root);
-        return -1;
+        return fail(CT_ERR_INVALID, label, NULL, "expected an object with a non-empty \"weight_map\" object");
     }
     char **p = calloc(2 * json_object_size(wm), sizeof(char *));
     int k = 0;
@@ -692,12 +665,12 @@ int st_index_parse(const void *json, size_t len, const char *label, char ***pair
         if (!p) break;
         char a[80], b[80];
         if (!key[0] || !json_is_string(v) || !shard_name_ok(json_string_value(v))) {
-            fail(err, errlen, label, NULL, "weight_map['%s'] is %s%s%s, expected a file name in the same folder",
+            fail(CT_ERR_INVALID, label, NULL, "weight_map['%s'] is %s%s%s, expected a file name in the same folder",
                  excerpt(a, key), json_is_string(v) ? "'" : json_type_name(v),
                  json_is_string(v) ? excerpt(b, json_string_value(v)) : "", json_is_string(v) ? "'" : "");
             free_pairs(p, k);
             json_decref(root);
-            return -1;
+            return CT_ERR_INVALID;
         }
         p[2 * k] = strdup(key);
         p[2 * k + 1] = strdup(json_string_value(v));
@@ -705,22 +678,21 @@ int st_index_parse(const void *json, size_t len, const char *label, char ***pair
         if (!p[2 * k - 2] || !p[2 * k - 1]) break;
     }
     if (!p || k < (int)json_object_size(wm)) {
-        fail(err, errlen, label, NULL, "out of memory");
         free_pairs(p, k);
         json_decref(root);
-        return -1;
+        return fail(CT_ERR_NOMEM, label, NULL, "out of memory");
     }
     json_decref(root);
     *pairs = p;
     *n = k;
-    return 0;
+    return CT_OK;
 }
 
 /* Reads a small text file whole (at most cap bytes). */
-static char *read_small(const char *path, size_t cap, size_t *len, char *err, size_t errlen) {
+static char *read_small(const char *path, size_t cap, size_t *len) {
     FILE *fp = fopen(path, "rb");
     if (!fp) {
-        fail(err, errlen, path, NULL, "cannot open: %s", strerror(errno));
+        fail(CT_ERR_IO, path, NULL, "cannot open: %s", strerror(errno));
         return NULL;
     }
     char *buf = malloc(cap + 1);
@@ -728,7 +700,7 @@ static char *read_small(const char *path, size_t cap, size_t *len, char *err, si
     int bad = !buf || ferror(fp);
     fclose(fp);
     if (bad || n > cap) {
-        fail(err, errlen, path, NULL, bad ? "cannot read" : "larger than %zu bytes", cap);
+        fail(bad ? CT_ERR_IO : CT_ERR_INVALID, path, NULL, bad ? "cannot read" : "larger than %zu bytes", cap);
         free(buf);
         return NULL;
     }
@@ -754,14 +726,13 @@ static int model_index_of(const st_model *m, const char *name) {
 }
 
 /* Opens files[0..n) (names inside dir) into m and builds the sorted tensor table. */
-static int model_add_files(st_model *m, const char *dir, const char *const *names, int n, char *err,
-                           size_t errlen) {
+static ct_status model_add_files(st_model *m, const char *dir, const char *const *names, int n) {
     if (!(m->files = calloc((size_t)n, sizeof *m->files))) goto oom;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        if (!(m->files[i] = st_read(path, err, errlen))) return -1;
+        if (!(m->files[i] = st_read(path))) return CT_ERR_INVALID; /* its message names the file */
         m->n_files++;
         total += (size_t)m->files[i]->count;
     }
@@ -776,41 +747,40 @@ static int model_add_files(st_model *m, const char *dir, const char *const *name
             if (m->tensors[i] >= m->files[f]->tensors && m->tensors[i] < m->files[f]->tensors + m->files[f]->count)
                 m->where[i] = m->files[f]->label;
         if (i && strcmp(m->tensors[i - 1]->name, m->tensors[i]->name) == 0) {
-            fail(err, errlen, m->where[i], m->tensors[i]->name, "also in %s", m->where[i - 1]);
-            return -1;
+            return fail(CT_ERR_INVALID, m->where[i], m->tensors[i]->name, "also in %s", m->where[i - 1]);
         }
     }
-    return 0;
+    return CT_OK;
 oom:
-    fail(err, errlen, dir, NULL, "out of memory");
-    return -1;
+    return fail(CT_ERR_NOMEM, dir, NULL, "out of memory");
 }
 
-static int model_from_index(st_model *m, const char *dir, const char *index, char *err, size_t errlen) {
+static ct_status model_from_index(st_model *m, const char *dir, const char *index) {
     size_t len;
-    char *text = read_small(index, ST_MAX_HEADER, &len, err, errlen), **pairs = NULL;
+    char *text = read_small(index, ST_MAX_HEADER, &len), **pairs = NULL;
     const char **files = NULL;
-    int n = 0, n_files = 0, rc = -1;
-    if (!text || st_index_parse(text, len, index, &pairs, &n, err, errlen)) goto done;
+    int n = 0, n_files = 0;
+    ct_status rc = CT_ERR_INVALID;
+    if (!text || (rc = st_index_parse(text, len, index, &pairs, &n)) != CT_OK) goto done;
     if (!(files = malloc(sizeof *files * (size_t)n))) {
-        fail(err, errlen, index, NULL, "out of memory");
+        rc = fail(CT_ERR_NOMEM, index, NULL, "out of memory");
         goto done;
     }
     for (int i = 0; i < n; i++) files[i] = pairs[2 * i + 1];
     qsort(files, (size_t)n, sizeof *files, cmp_str_ptr);
     for (int i = 0; i < n; i++)
         if (!n_files || strcmp(files[n_files - 1], files[i])) files[n_files++] = files[i];
-    if (model_add_files(m, dir, files, n_files, err, errlen)) goto done;
+    if ((rc = model_add_files(m, dir, files, n_files)) != CT_OK) goto done;
     for (int i = 0; i < n; i++) {
         int k = model_index_of(m, pairs[2 * i]);
         const char *want = pairs[2 * i + 1], *have = k >= 0 ? m->where[k] : NULL;
         size_t hl = have ? strlen(have) : 0, wl = strlen(want);
         if (!have || hl < wl + 1 || strcmp(have + hl - wl, want) || have[hl - wl - 1] != '/') {
-            fail(err, errlen, index, pairs[2 * i], "is mapped to %s, which does not hold it", want);
+            rc = fail(CT_ERR_INVALID, index, pairs[2 * i], "is mapped to %s, which does not hold it", want);
             goto done;
         }
     }
-    rc = 0;
+    rc = CT_OK;
 done:
     free(files);
     free_pairs(pairs, n);
@@ -818,27 +788,26 @@ done:
     return rc;
 }
 
-st_model *st_model_open(const char *dir, char *err, size_t errlen) {
+st_model *st_model_open(const char *dir) {
     st_model *m = calloc(1, sizeof *m);
     if (!m) {
-        fail(err, errlen, dir, NULL, "out of memory");
+        fail(CT_ERR_NOMEM, dir, NULL, "out of memory");
         return NULL;
     }
     char single[4096], index[4096];
     snprintf(single, sizeof single, "%s/" SINGLE_NAME, dir);
     snprintf(index, sizeof index, "%s/" INDEX_NAME, dir);
     struct stat sb;
-    int rc;
+    ct_status rc;
     if (stat(single, &sb) == 0) {
         const char *names[] = {SINGLE_NAME};
-        rc = model_add_files(m, dir, names, 1, err, errlen);
+        rc = model_add_files(m, dir, names, 1);
     } else if (stat(index, &sb) == 0) {
-        rc = model_from_index(m, dir, index, err, errlen);
+        rc = model_from_index(m, dir, index);
     } else {
-        fail(err, errlen, dir, NULL, "no " SINGLE_NAME " or " INDEX_NAME " in this folder");
-        rc = -1;
+        rc = fail(CT_ERR_INVALID, dir, NULL, "no " SINGLE_NAME " or " INDEX_NAME " in this folder");
     }
-    if (rc) {
+    if (rc != CT_OK) {
         st_model_free(m);
         return NULL;
     }

@@ -26,15 +26,18 @@
  * ({"weight_map": {"tensor": "model-00001-of-00002.safetensors", ...}}); st_model_open reads either
  * that or a single "model.safetensors".
  *
- * Errors: functions that can fail take (char *err, size_t errlen) and write one line there; err may
- * be NULL. Ownership: an st_file owns its names and metadata strings; st_read's result also owns the
- * mapping of the file. st_read_mem's result points into the caller's buffer, which must outlive it.
+ * Errors: functions that can fail return a ct_status (or NULL) and leave one line for ct_last_error()
+ * (base/error.h). Ownership: an st_file owns its names and metadata strings; st_read's result also
+ * owns the mapping of the file. st_read_mem's result points into the caller's buffer, which must
+ * outlive it.
  */
 #ifndef CTITAN_SAFETENSORS_H
 #define CTITAN_SAFETENSORS_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "base/error.h"
 
 #define ST_MAX_DIMS 8
 #define ST_MAX_HEADER (100u << 20) /* bytes of JSON header we accept (real ones are < 1 MB) */
@@ -73,20 +76,20 @@ typedef struct st_file {
     size_t map_size;
 } st_file;
 
-/* Maps and validates a whole file. NULL on error (message in err). */
-st_file *st_read(const char *path, char *err, size_t errlen);
+/* Maps and validates a whole file. NULL on error. */
+st_file *st_read(const char *path);
 /* The same over bytes in memory (not copied: buf must outlive the result); `label` stands for the
  * path in messages. */
-st_file *st_read_mem(const void *buf, size_t len, const char *label, char *err, size_t errlen);
+st_file *st_read_mem(const void *buf, size_t len, const char *label);
 /* The tensor called name, or NULL. */
 const st_tensor *st_find(const st_file *f, const char *name);
 /* The metadata value for key, or NULL. */
 const char *st_meta(const st_file *f, const char *key);
 void st_free(st_file *f);
 
-/* Converts t's numel elements to float32 into out. -1 for a dtype with no float conversion (the
- * message names the tensor and its dtype); `label` prefixes the message (may be NULL). */
-int st_to_f32(const st_tensor *t, float *out, const char *label, char *err, size_t errlen);
+/* Converts t's numel elements to float32 into out. CT_ERR_UNSUPPORTED for a dtype with no float
+ * conversion (the message names the tensor and its dtype); `label` prefixes the message (may be NULL). */
+ct_status st_to_f32(const st_tensor *t, float *out, const char *label);
 
 /* Scalar conversions. bf16 -> f32 and f16 -> f32 are exact; f32 -> bf16 rounds to nearest, ties to
  * even, keeps infinities, turns NaN into a quiet NaN of the same sign, and overflows to infinity
@@ -107,9 +110,8 @@ typedef struct st_entry {
 } st_entry;
 
 /* Writes n entries (any order; the file holds them by name) and n_meta key/value string pairs as
- * __metadata__ (meta[2i] the key, meta[2i+1] the value; n_meta may be 0). Atomic; 0 or -1. */
-int st_write(const char *path, const st_entry *entries, int n, const char *const *meta, int n_meta,
-             char *err, size_t errlen);
+ * __metadata__ (meta[2i] the key, meta[2i+1] the value; n_meta may be 0). Atomic. */
+ct_status st_write(const char *path, const st_entry *entries, int n, const char *const *meta, int n_meta);
 
 /* A model in a folder: "model.safetensors" if it exists, else the files that
  * "model.safetensors.index.json" names. Tensor names are unique across the files. */
@@ -121,12 +123,11 @@ typedef struct st_model {
     int count;
 } st_model;
 
-st_model *st_model_open(const char *dir, char *err, size_t errlen);
+st_model *st_model_open(const char *dir);
 /* Parses an index file's JSON: on success *n (tensor, file) pairs in *pairs (pairs[2i] the tensor,
  * pairs[2i+1] its file: a plain file name, no '/'), owned by the caller (free each, then the array).
- * Exposed for the fuzzer. 0 or -1. */
-int st_index_parse(const void *json, size_t len, const char *label, char ***pairs, int *n, char *err,
-                   size_t errlen);
+ * Exposed for the fuzzer. */
+ct_status st_index_parse(const void *json, size_t len, const char *label, char ***pairs, int *n);
 const st_tensor *st_model_find(const st_model *m, const char *name);
 /* The label (path) of the file holding the tensor called name, or NULL. */
 const char *st_model_where(const st_model *m, const char *name);

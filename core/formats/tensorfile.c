@@ -1,6 +1,7 @@
 /* tensorfile.c: the "ctt" named-tensor file (format in tensorfile.h). */
 #include "formats/tensorfile.h"
 
+#include "base/error.h"
 #include "base/util.h"
 
 #include <errno.h>
@@ -109,8 +110,6 @@ typedef struct reader {
     const unsigned char *mem;
     uint64_t size, pos;
     const char *label;
-    char *err;
-    size_t errlen;
     long tensor;      /* index of the tensor being parsed, or -1 in the header */
     uint64_t start;   /* byte offset of that tensor's record */
     const char *name; /* its name once read, else NULL */
@@ -119,8 +118,8 @@ typedef struct reader {
     uint64_t h;
 } reader;
 
+/* Sets the error: "label: tensor 3 'name' at byte 120: what". */
 static void fail(reader *r, const char *fmt, ...) {
-    if (!r->err || r->errlen == 0) return;
     char what[256], where[160] = "";
     va_list ap;
     va_start(ap, fmt);
@@ -137,7 +136,7 @@ static void fail(reader *r, const char *fmt, ...) {
         if (r->start != UINT64_MAX) snprintf(at, sizeof at, " at byte %llu", (unsigned long long)r->start);
         snprintf(where, sizeof where, "tensor %ld%s%s: ", r->tensor, shown, at);
     }
-    snprintf(r->err, r->errlen, "%s: %s%s", r->label, where, what);
+    ct_set_error("%s: %s%s", r->label, where, what);
 }
 
 /* 0 if the file still holds n bytes; else -1 and a "truncated" error naming the field. */
@@ -372,8 +371,8 @@ fail:
     return NULL;
 }
 
-tf_file *tf_read(const char *path, char *err, size_t errlen) {
-    reader r = {.label = path, .err = err, .errlen = errlen, .tensor = -1};
+tf_file *tf_read(const char *path) {
+    reader r = {.label = path, .tensor = -1};
     r.fp = fopen(path, "rb");
     if (!r.fp) {
         fail(&r, "cannot open: %s", strerror(errno));
@@ -396,10 +395,9 @@ tf_file *tf_read(const char *path, char *err, size_t errlen) {
     return f;
 }
 
-tf_file *tf_read_mem(const void *buf, size_t len, const char *label, char *err, size_t errlen) {
+tf_file *tf_read_mem(const void *buf, size_t len, const char *label) {
     static const unsigned char empty[1];
-    reader r = {.mem = buf ? buf : empty, .size = buf ? len : 0, .label = label ? label : "<memory>",
-                .err = err, .errlen = errlen, .tensor = -1};
+    reader r = {.mem = buf ? buf : empty, .size = buf ? len : 0, .label = label ? label : "<memory>", .tensor = -1};
     return parse(&r);
 }
 
@@ -411,17 +409,15 @@ const tf_entry *tf_find(const tf_file *f, const char *name) {
 }
 
 const tf_entry *tf_expect(const tf_file *f, const char *label, const char *name, int dtype, int ndim,
-                          const int64_t *shape, char *err, size_t errlen) {
+                          const int64_t *shape) {
     const char *pre = label ? label : "", *sep = label ? ": " : "";
     const tf_entry *e = tf_find(f, name);
     if (!e) {
-        if (err && errlen) snprintf(err, errlen, "%s%stensor '%s' is missing", pre, sep, name);
+        ct_set_error("%s%stensor '%s' is missing", pre, sep, name);
         return NULL;
     }
     if (e->dtype != dtype) {
-        if (err && errlen)
-            snprintf(err, errlen, "%s%stensor '%s' has dtype %d, expected %d", pre, sep, name, e->dtype,
-                     dtype);
+        ct_set_error("%s%stensor '%s' has dtype %d, expected %d", pre, sep, name, e->dtype, dtype);
         return NULL;
     }
     int same = e->ndim == ndim;
@@ -430,8 +426,7 @@ const tf_entry *tf_expect(const tf_file *f, const char *label, const char *name,
         char got[160], want[160];
         shape_str(got, sizeof got, e->ndim, e->shape);
         shape_str(want, sizeof want, ndim < 0 ? 0 : ndim > TF_MAX_DIMS ? TF_MAX_DIMS : ndim, shape);
-        if (err && errlen)
-            snprintf(err, errlen, "%s%stensor '%s' has shape %s, expected %s", pre, sep, name, got, want);
+        ct_set_error("%s%stensor '%s' has shape %s, expected %s", pre, sep, name, got, want);
         return NULL;
     }
     return e;
@@ -447,25 +442,24 @@ void tf_free(tf_file *f) {
     free(f);
 }
 
-int tf_check_finite_data(const float *x, int64_t n, const char *label, const char *what, char *err, size_t errlen) {
+ct_status tf_check_finite_data(const float *x, int64_t n, const char *label, const char *what) {
     for (int64_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, &x[i], 4);
         if ((u & 0x7f800000u) != 0x7f800000u) continue; /* exponent all ones: Inf or NaN */
-        if (err && errlen)
-            snprintf(err, errlen, "%s: tensor '%s' holds %s at element %lld of %lld: refusing non-finite weights", label,
-                     what, u & 0x007fffffu ? "NaN" : (u >> 31) ? "-Inf" : "Inf", (long long)i, (long long)n);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: tensor '%s' holds %s at element %lld of %lld: refusing non-finite weights",
+                       label, what, u & 0x007fffffu ? "NaN" : (u >> 31) ? "-Inf" : "Inf", (long long)i, (long long)n);
     }
-    return 0;
+    return CT_OK;
 }
 
-int tf_check_finite(const tf_file *f, const char *label, char *err, size_t errlen) {
+ct_status tf_check_finite(const tf_file *f, const char *label) {
     for (int i = 0; f && i < f->count; i++) {
         const tf_entry *e = &f->entries[i];
-        if (e->dtype == TF_F32 && tf_check_finite_data(e->data, e->numel, label, e->name, err, errlen)) return -1;
+        ct_status st = e->dtype == TF_F32 ? tf_check_finite_data(e->data, e->numel, label, e->name) : CT_OK;
+        if (st != CT_OK) return st;
     }
-    return 0;
+    return CT_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -478,11 +472,14 @@ struct tf_writer {
     char **names; /* every name added so far, to refuse duplicates */
     uint64_t *sums; /* every record's checksum, written after the last record */
     size_t names_cap;
+    ct_status status; /* of the first error, whose message err holds */
     char err[512];
 };
 
-static void wfail(tf_writer *w, const char *fmt, ...) {
+static void wfail(tf_writer *w, ct_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void wfail(tf_writer *w, ct_status st, const char *fmt, ...) {
     if (w->err[0]) return; /* keep the first error */
+    w->status = st;
     char what[384];
     va_list ap;
     va_start(ap, fmt);
@@ -500,11 +497,11 @@ static void writer_free(tf_writer *w) {
     free(w);
 }
 
-tf_writer *tf_writer_open(const char *path, char *err, size_t errlen) {
+tf_writer *tf_writer_open(const char *path) {
     tf_writer *w = calloc(1, sizeof *w);
     size_t n = strlen(path);
     if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(n + 5))) {
-        if (err && errlen) snprintf(err, errlen, "%s: out of memory", path);
+        ct_set_error("%s: out of memory", path);
         if (w) writer_free(w);
         return NULL;
     }
@@ -512,7 +509,7 @@ tf_writer *tf_writer_open(const char *path, char *err, size_t errlen) {
     memcpy(w->tmp + n, ".tmp", 5);
     w->fp = ct_fopen_nofollow(w->tmp, "wb"); /* a symlink planted at the temporary name is refused */
     if (!w->fp) {
-        if (err && errlen) snprintf(err, errlen, "%s: cannot create %s: %s", path, w->tmp, ct_open_strerror(errno));
+        ct_set_error("%s: cannot create %s: %s", path, w->tmp, ct_open_strerror(errno));
         writer_free(w);
         return NULL;
     }
@@ -520,7 +517,7 @@ tf_writer *tf_writer_open(const char *path, char *err, size_t errlen) {
     memcpy(h, TF_MAGIC, 8);
     put_u32(h + 8, TF_VERSION); /* the count (h + 12) is patched by tf_writer_close */
     if (fwrite(h, 1, sizeof h, w->fp) != sizeof h) {
-        if (err && errlen) snprintf(err, errlen, "%s: cannot write %s: %s", path, w->tmp, strerror(errno));
+        ct_set_error("%s: cannot write %s: %s", path, w->tmp, strerror(errno));
         tf_writer_abort(w);
         return NULL;
     }
@@ -534,43 +531,44 @@ static int check_add(tf_writer *w, const char *name, int dtype, int ndim, const 
     char shown[72] = "";
     if (name) name_excerpt(shown, sizeof shown, name, len);
     if (len < 1 || len > TF_MAX_NAME) {
-        wfail(w, "tensor %u '%s': name length %zu is outside 1..%d", w->count, shown, len, TF_MAX_NAME);
+        wfail(w, CT_ERR_INVALID, "tensor %u '%s': name length %zu is outside 1..%d", w->count, shown, len, TF_MAX_NAME);
         return -1;
     }
     if (!utf8_valid((const unsigned char *)name, len)) {
-        wfail(w, "tensor %u '%s': name is not valid UTF-8", w->count, shown);
+        wfail(w, CT_ERR_INVALID, "tensor %u '%s': name is not valid UTF-8", w->count, shown);
         return -1;
     }
     if (!dtype_known((uint32_t)dtype)) {
-        wfail(w, "tensor %u '%s': dtype %d is not supported (1 = f32, 5 = int32)", w->count, shown, dtype);
+        wfail(w, CT_ERR_INVALID, "tensor %u '%s': dtype %d is not supported (1 = f32, 5 = int32)", w->count, shown,
+              dtype);
         return -1;
     }
     if (ndim < 0 || ndim > TF_MAX_DIMS || (ndim > 0 && !shape)) {
-        wfail(w, "tensor %u '%s': ndim %d is outside 0..%d or shape is NULL", w->count, shown, ndim,
+        wfail(w, CT_ERR_INVALID, "tensor %u '%s': ndim %d is outside 0..%d or shape is NULL", w->count, shown, ndim,
               TF_MAX_DIMS);
         return -1;
     }
     int64_t n = 1;
     for (int k = 0; k < ndim; k++) {
         if (shape[k] < 0 || (shape[k] != 0 && n > (INT64_MAX / 4) / shape[k])) {
-            wfail(w, "tensor %u '%s': shape[%d] = %lld is negative or makes the tensor too large", w->count,
-                  shown, k, (long long)shape[k]);
+            wfail(w, CT_ERR_INVALID, "tensor %u '%s': shape[%d] = %lld is negative or makes the tensor too large",
+                  w->count, shown, k, (long long)shape[k]);
             return -1;
         }
         n *= shape[k];
     }
     if (n > 0 && !data) {
-        wfail(w, "tensor %u '%s': data is NULL", w->count, shown);
+        wfail(w, CT_ERR_INVALID, "tensor %u '%s': data is NULL", w->count, shown);
         return -1;
     }
     for (uint32_t i = 0; i < w->count; i++) {
         if (strcmp(w->names[i], name) == 0) {
-            wfail(w, "tensor %u '%s': duplicate name (tensor %u has it too)", w->count, shown, i);
+            wfail(w, CT_ERR_INVALID, "tensor %u '%s': duplicate name (tensor %u has it too)", w->count, shown, i);
             return -1;
         }
     }
     if (w->count == UINT32_MAX || w->count == INT_MAX) {
-        wfail(w, "too many tensors");
+        wfail(w, CT_ERR_INVALID, "too many tensors");
         return -1;
     }
     *numel = n;
@@ -587,13 +585,13 @@ int tf_writer_add(tf_writer *w, const char *name, int dtype, int ndim, const int
         char **grown = realloc(w->names, cap * sizeof *grown);
         if (grown) w->names = grown;
         uint64_t *sums = grown ? realloc(w->sums, cap * sizeof *sums) : NULL;
-        if (!sums) { wfail(w, "out of memory"); return -1; }
+        if (!sums) { wfail(w, CT_ERR_NOMEM, "out of memory"); return -1; }
         w->sums = sums;
         w->names_cap = cap;
     }
     size_t len = strlen(name);
     char *copy = strdup(name);
-    if (!copy) { wfail(w, "out of memory"); return -1; }
+    if (!copy) { wfail(w, CT_ERR_NOMEM, "out of memory"); return -1; }
 
     unsigned char head[4 + 4 + 4 + 8 * TF_MAX_DIMS];
     size_t hn = 0;
@@ -608,7 +606,7 @@ int tf_writer_add(tf_writer *w, const char *name, int dtype, int ndim, const int
     w->sums[w->count] = fnv1a(data, bytes, fnv1a(head, hn, h));
     if (!ok) {
         free(copy);
-        wfail(w, "cannot write %s: %s", w->tmp, strerror(errno));
+        wfail(w, CT_ERR_IO, "cannot write %s: %s", w->tmp, strerror(errno));
         return -1;
     }
     w->names[w->count++] = copy;
@@ -640,45 +638,42 @@ static void sync_parent_dir(const char *path) {
     close(fd);
 }
 
-int tf_writer_close(tf_writer *w, char *err, size_t errlen) {
-    if (!w) {
-        if (err && errlen) snprintf(err, errlen, "tf_writer_close: no writer");
-        return -1;
-    }
+ct_status tf_writer_close(tf_writer *w) {
+    if (!w) return ct_fail(CT_ERR_INVALID, "tf_writer_close: no writer");
     for (uint32_t i = 0; i < w->count && !w->err[0]; i++) { /* the checksums follow the last record */
         unsigned char c[8];
         put_u64(c, w->sums[i]);
-        if (fwrite(c, 1, 8, w->fp) != 8) wfail(w, "cannot write %s: %s", w->tmp, strerror(errno));
+        if (fwrite(c, 1, 8, w->fp) != 8) wfail(w, CT_ERR_IO, "cannot write %s: %s", w->tmp, strerror(errno));
     }
     if (!w->err[0]) {
         unsigned char c[4];
         put_u32(c, w->count);
         if (fseek(w->fp, 12, SEEK_SET) != 0 || fwrite(c, 1, 4, w->fp) != 4 || fflush(w->fp) != 0 ||
             fsync(fileno(w->fp)) != 0)
-            wfail(w, "cannot write %s: %s", w->tmp, strerror(errno));
+            wfail(w, CT_ERR_IO, "cannot write %s: %s", w->tmp, strerror(errno));
     }
     if (!w->err[0]) {
         int rc = fclose(w->fp);
         w->fp = NULL;
-        if (rc != 0) wfail(w, "cannot close %s: %s", w->tmp, strerror(errno));
+        if (rc != 0) wfail(w, CT_ERR_IO, "cannot close %s: %s", w->tmp, strerror(errno));
         else if (rename(w->tmp, w->path) != 0)
-            wfail(w, "cannot rename %s to %s: %s", w->tmp, w->path, strerror(errno));
+            wfail(w, CT_ERR_IO, "cannot rename %s to %s: %s", w->tmp, w->path, strerror(errno));
     }
     if (w->err[0]) {
-        if (err && errlen) snprintf(err, errlen, "%s", w->err);
+        ct_status st = ct_fail(w->status, "%s", w->err);
         tf_writer_abort(w);
-        return -1;
+        return st;
     }
     sync_parent_dir(w->path);
     writer_free(w);
-    return 0;
+    return CT_OK;
 }
 
 int tf_writer_add_text(tf_writer *w, const char *name, const char *text) {
     size_t n = strlen(text), words = (n + 3) / 4;
     int32_t *packed = calloc(words ? words : 1, sizeof *packed);
     if (!packed) {
-        if (w && !w->err[0]) wfail(w, "tensor %u: out of memory", w->count);
+        if (w && !w->err[0]) wfail(w, CT_ERR_NOMEM, "tensor %u: out of memory", w->count);
         return -1;
     }
     for (size_t k = 0; k < n; k++) /* through uint32_t: byte 3 may set the sign bit */
@@ -689,20 +684,15 @@ int tf_writer_add_text(tf_writer *w, const char *name, const char *text) {
     return rc;
 }
 
-char *tf_text(const tf_file *f, const char *label, const char *name, char *err, size_t errlen) {
-    if (err && errlen) err[0] = 0;
+ct_status tf_text(const tf_file *f, const char *label, const char *name, char **text) {
+    *text = NULL;
     const tf_entry *e = tf_find(f, name);
-    if (!e) return NULL;
-    if (e->dtype != TF_I32 || e->ndim != 1) {
-        ct_errf(err, errlen, "%s: tensor '%s': expected text (int32, one dimension)", label, name);
-        return NULL;
-    }
+    if (!e) return CT_OK;
+    if (e->dtype != TF_I32 || e->ndim != 1)
+        return ct_fail(CT_ERR_INVALID, "%s: tensor '%s': expected text (int32, one dimension)", label, name);
     size_t cap = (size_t)e->numel * 4, n = 0;
     char *out = malloc(cap + 1);
-    if (!out) {
-        ct_errf(err, errlen, "%s: tensor '%s': out of memory", label, name);
-        return NULL;
-    }
+    if (!out) return ct_fail(CT_ERR_NOMEM, "%s: tensor '%s': out of memory", label, name);
     const int32_t *v = e->data;
     for (size_t k = 0; k < cap; k++) out[k] = (char)(((uint32_t)v[k / 4] >> (8 * (k % 4))) & 0xff);
     out[cap] = 0;
@@ -710,17 +700,18 @@ char *tf_text(const tf_file *f, const char *label, const char *name, char *err, 
     int bad = cap - n >= 4; /* more than the last element's padding */
     for (size_t k = n; k < cap && !bad; k++) bad = out[k] != 0;
     if (bad || !utf8_valid((const unsigned char *)out, n)) {
-        ct_errf(err, errlen, "%s: tensor '%s': %s", label, name, bad ? "a NUL inside the text" : "not valid UTF-8");
         free(out);
-        return NULL;
+        return ct_fail(CT_ERR_INVALID, "%s: tensor '%s': %s", label, name,
+                       bad ? "a NUL inside the text" : "not valid UTF-8");
     }
-    return out;
+    *text = out;
+    return CT_OK;
 }
 
-tf_file *tf_read_first(const char *path, size_t cap, char *err, size_t errlen) {
+tf_file *tf_read_first(const char *path, size_t cap) {
     FILE *fp = fopen(path, "rb");
     if (!fp) {
-        ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        ct_set_error("%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     /* header, then the first record's fixed part: name_len | name | dtype | ndim | shape */
@@ -728,7 +719,7 @@ tf_file *tf_read_first(const char *path, size_t cap, char *err, size_t errlen) {
     size_t n = buf ? fread(buf, 1, 24, fp) : 0, len = 24;
     tf_file *f = NULL;
     if (!buf) {
-        ct_errf(err, errlen, "%s: out of memory", path);
+        ct_set_error("%s: out of memory", path);
         goto done;
     }
     uint32_t version = n == 24 ? get_u32(buf + 8) : 0, count = n == 24 ? get_u32(buf + 12) : 0;
@@ -753,7 +744,7 @@ tf_file *tf_read_first(const char *path, size_t cap, char *err, size_t errlen) {
     }
     if (len > 24) buf[12] = 1, buf[13] = buf[14] = buf[15] = 0; /* a file of that one record */
     else if (n == 24) buf[12] = buf[13] = buf[14] = buf[15] = 0; /* of none */
-    f = tf_read_mem(buf, n == 24 ? len : n, path, err, errlen);
+    f = tf_read_mem(buf, n == 24 ? len : n, path);
 done:
     free(buf);
     fclose(fp);

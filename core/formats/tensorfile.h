@@ -20,14 +20,17 @@
  * allocation. The writer streams tensors to "path.tmp" (no count needed up front), then patches the
  * count, fsyncs and renames, so `path` is either the old file or the complete new one.
  *
- * Errors: functions that can fail take (char *err, size_t errlen) and write one line there; err may
- * be NULL. Ownership: tf_read's result owns every name and data buffer; tf_free releases them all.
+ * Errors: functions that can fail return a ct_status (or NULL) and leave one line for ct_last_error()
+ * (base/error.h). Ownership: tf_read's result owns every name and data buffer; tf_free releases them
+ * all.
  */
 #ifndef CTITAN_TENSORFILE_H
 #define CTITAN_TENSORFILE_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "base/error.h"
 
 #define TF_VERSION 2 /* written; 1 is still read */
 #define TF_MAX_DIMS 6
@@ -51,17 +54,17 @@ typedef struct tf_file {
     int version;               /* as read: 1 = no checksums, 2 = every record checked */
 } tf_file;
 
-/* Reads and validates a whole file. NULL on error (message in err). */
-tf_file *tf_read(const char *path, char *err, size_t errlen);
+/* Reads and validates a whole file. NULL on error. */
+tf_file *tf_read(const char *path);
 
 /* The same over bytes in memory; `label` stands for the path in error messages. */
-tf_file *tf_read_mem(const void *buf, size_t len, const char *label, char *err, size_t errlen);
+tf_file *tf_read_mem(const void *buf, size_t len, const char *label);
 
 /* Only the first tensor, when its record (name, header and data) fits in `cap` bytes: a tf_file of
  * that one entry, validated and (version 2) checked against its checksum as tf_read does; of no
  * entry when the file has none or the first is larger. Reads that record and one checksum, not the
  * file: what a reader of a model's description (written first) needs. NULL on error. */
-tf_file *tf_read_first(const char *path, size_t cap, char *err, size_t errlen);
+tf_file *tf_read_first(const char *path, size_t cap);
 
 /* The entry called `name`, or NULL. */
 const tf_entry *tf_find(const tf_file *f, const char *name);
@@ -69,39 +72,40 @@ const tf_entry *tf_find(const tf_file *f, const char *name);
 /* The entry called `name` if it has this dtype and shape; otherwise NULL and a message such as
  * "tensor 'x' has shape (3, 4), expected (4, 3)". `label` prefixes the message (may be NULL). */
 const tf_entry *tf_expect(const tf_file *f, const char *label, const char *name, int dtype, int ndim,
-                          const int64_t *shape, char *err, size_t errlen);
+                          const int64_t *shape);
 
 void tf_free(tf_file *f);
 
-/* 0 if every f32 entry is finite; else -1 and "label: tensor 'name' holds NaN at element 17 of 4096"
- * (the first non-finite value, file order). A model with NaN or Inf weights is refused on load. */
-int tf_check_finite(const tf_file *f, const char *label, char *err, size_t errlen);
+/* CT_OK if every f32 entry is finite; else CT_ERR_INVALID and "label: tensor 'name' holds NaN at element
+ * 17 of 4096" (the first non-finite value, file order). A model with NaN or Inf weights is refused on
+ * load. */
+ct_status tf_check_finite(const tf_file *f, const char *label);
 /* The same over n floats of one tensor; `what` names it in the message. */
-int tf_check_finite_data(const float *x, int64_t n, const char *label, const char *what, char *err, size_t errlen);
+ct_status tf_check_finite_data(const float *x, int64_t n, const char *label, const char *what);
 
 /* Writer. tf_writer_add copies nothing it does not write at once; it returns 0, or -1 on a bad
  * argument or an I/O error. The first error is sticky: later adds return -1 and do nothing,
- * tf_writer_error gives the message, and tf_writer_close reports it. */
+ * tf_writer_error gives the message, and tf_writer_close reports it (its status and ct_last_error). */
 typedef struct tf_writer tf_writer;
 
-tf_writer *tf_writer_open(const char *path, char *err, size_t errlen);
+tf_writer *tf_writer_open(const char *path);
 int tf_writer_add(tf_writer *w, const char *name, int dtype, int ndim, const int64_t *shape,
                   const void *data);
 const char *tf_writer_error(const tf_writer *w); /* "" while there is no error */
 /* Patches the count, fsyncs, renames path.tmp to path and frees w. On any error (including an
- * earlier add's) it removes path.tmp, leaves path untouched, frees w and returns -1. */
-int tf_writer_close(tf_writer *w, char *err, size_t errlen);
+ * earlier add's) it removes path.tmp, leaves path untouched, frees w and returns its status. */
+ct_status tf_writer_close(tf_writer *w);
 /* Gives up: removes path.tmp and frees w. NULL is a no-op. */
 void tf_writer_abort(tf_writer *w);
 
 /* Text in an entry (a model file's description, JSON): the UTF-8 bytes packed four to an int32
  * element, byte k in bits 8(k%4).. of element k/4 (so the file holds the bytes in order), the last
  * element padded with NULs; shape (ceil(len/4)). Readers that do not know the entry skip it as any
- * other non-parameter. tf_writer_add_text: 0 or -1 as tf_writer_add. tf_text: a malloc'd
- * NUL-terminated copy of entry `name`'s text; NULL with err "" when there is no such entry, NULL
- * and a one-line message ("label: tensor 'name': ...") when it is not text (dtype, rank, a NUL
+ * other non-parameter. tf_writer_add_text: 0 or -1 as tf_writer_add. tf_text: in *text a malloc'd
+ * NUL-terminated copy of entry `name`'s text, or NULL when there is no such entry (both CT_OK); an
+ * error and a one-line message ("label: tensor 'name': ...") when it is not text (dtype, rank, a NUL
  * before the padding, invalid UTF-8). */
 int tf_writer_add_text(tf_writer *w, const char *name, const char *text);
-char *tf_text(const tf_file *f, const char *label, const char *name, char *err, size_t errlen);
+ct_status tf_text(const tf_file *f, const char *label, const char *name, char **text);
 
 #endif

@@ -132,7 +132,7 @@ static ct_status dry_run(session *s, manifest *mf, int argc, char **argv) {
  * shapes of the parameters as a Hugging Face Llama, and a checkpoint folder to write into). */
 static ct_status check_hf_export(session *s, manifest *mf) {
     int hf = 0, enable = 0;
-    char where[600], err[1024];
+    char where[600];
     mf_get_bool(mf, "checkpoint.last_save_in_hf", &hf);
     if (!hf) return CT_OK;
     mf_get_bool(mf, "checkpoint.enable", &enable);
@@ -155,9 +155,10 @@ static ct_status check_hf_export(session *s, manifest *mf) {
     tf_file w = {.entries = e, .count = n};
     hf_config cfg = {.n_heads = d->n_heads, .rope_theta = d->rope_theta, .norm_eps = d->norm_eps,
                      .max_position_embeddings = HF_DEFAULT_MAX_POSITIONS};
-    if (!d->n_heads || hf_config_from_weights(&cfg, &w, err, sizeof err)) {
+    if (!d->n_heads || hf_config_from_weights(&cfg, &w) != CT_OK) {
         fprintf(stderr, "ctitan: %s: model %s cannot be exported as a Hugging Face Llama: %s\n", where,
-                s->modelp->info.name, d->n_heads ? err : "its pack does not describe its heads (ct_model_desc 1.2)");
+                s->modelp->info.name,
+                d->n_heads ? ct_last_error() : "its pack does not describe its heads (ct_model_desc 1.2)");
         rc = CT_ERR_INVALID;
     }
     free(e);
@@ -487,10 +488,10 @@ static void item_where(const manifest *mf, const char *list, int i, const char *
 
 /* One source into dl: its path resolved from the manifest's folder; an error names `where`. */
 static ct_status source_add(train_run *r, dataloader *dl, const char *where, const char *path, double weight) {
-    char err[2048], dpath[4096];
+    char dpath[4096];
     session_resolve_path(r->mf, path, dpath, sizeof dpath);
-    if (!dataloader_add(dl, dpath, weight, r->s->rt.desc.vocab_size, err, sizeof err)) return CT_OK;
-    fprintf(stderr, "ctitan: %s: %s\n", where, err);
+    if (dataloader_add(dl, dpath, weight, r->s->rt.desc.vocab_size) == CT_OK) return CT_OK;
+    fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
     return CT_ERR_INVALID;
 }
 
@@ -543,10 +544,9 @@ static ct_status dataset_open(train_run *r, const char *section, dataloader *dl)
         }
         if (source_add(r, dl, where, path, weight)) return CT_ERR_INVALID;
     }
-    char err[512];
-    if (dataloader_mix(dl, err, sizeof err)) {
+    if (dataloader_mix(dl) != CT_OK) {
         mf_where(mf, key, where, sizeof where);
-        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
         return CT_ERR_INVALID;
     }
     return CT_OK;

@@ -34,9 +34,9 @@
         }                                                                                          \
     } while (0)
 
-static void check_error_line(const char *err) {
-    CHECK(strncmp(err, "fuzz: ", 6) == 0);
-    CHECK(strchr(err, '\n') == NULL);
+static void check_error_line(void) {
+    CHECK(strncmp(ct_last_error(), "fuzz: ", 6) == 0);
+    CHECK(strchr(ct_last_error(), '\n') == NULL);
 }
 
 static const char *roundtrip_path(void) {
@@ -76,11 +76,10 @@ static void check_conversions(const st_file *f) {
         const st_tensor *t = &f->tensors[i];
         float *out = malloc(sizeof(float) * (size_t)(t->numel ? t->numel : 1));
         CHECK(out != NULL);
-        char err[512] = "";
         int is_float = t->dtype == ST_F32 || t->dtype == ST_BF16 || t->dtype == ST_F16 || t->dtype == ST_F64;
-        int rc = st_to_f32(t, out, "fuzz", err, sizeof err);
-        CHECK(rc == (is_float ? 0 : -1));
-        if (rc) check_error_line(err);
+        ct_status rc = st_to_f32(t, out, "fuzz");
+        CHECK(rc == (is_float ? CT_OK : CT_ERR_UNSUPPORTED));
+        if (rc != CT_OK) check_error_line();
         free(out);
     }
 }
@@ -93,11 +92,10 @@ static void check_round_trip(const st_file *f) {
         e[i] = (st_entry){t->name, t->dtype, t->ndim, t->shape, NULL, t->data};
     }
     const char *path = roundtrip_path();
-    char err[512] = "";
-    int rc = st_write(path, e, f->count, (const char *const *)f->meta, f->n_meta, err, sizeof err);
+    ct_status rc = st_write(path, e, f->count, (const char *const *)f->meta, f->n_meta);
     free(e);
-    CHECK(rc == 0); /* whatever the reader accepts, the writer can write */
-    st_file *g = st_read(path, err, sizeof err);
+    CHECK(rc == CT_OK); /* whatever the reader accepts, the writer can write */
+    st_file *g = st_read(path);
     CHECK(g != NULL);
     CHECK(g->count == f->count && g->n_meta == f->n_meta);
     for (int i = 0; i < f->count; i++) {
@@ -112,19 +110,17 @@ static void check_round_trip(const st_file *f) {
 }
 
 static void check_json_parsers(const uint8_t *data, size_t size) {
-    char err[512] = "";
     hf_config c;
-    if (hf_config_parse((const char *)data, size, "fuzz", &c, err, sizeof err) == 0) {
+    if (hf_config_parse((const char *)data, size, "fuzz", &c) == CT_OK) {
         CHECK(c.dim > 0 && c.n_heads > 0 && c.n_kv_heads > 0 && c.n_layers > 0 && c.vocab > 0 && c.ffn_hidden > 0);
         CHECK(c.dim % c.n_heads == 0 && c.n_heads % c.n_kv_heads == 0 && c.head_dim * c.n_heads == c.dim);
         CHECK(c.head_dim % 2 == 0 && c.rope_theta > 0 && c.norm_eps >= 0);
     } else {
-        check_error_line(err);
+        check_error_line();
     }
     char **pairs;
     int n;
-    err[0] = 0;
-    if (st_index_parse(data, size, "fuzz", &pairs, &n, err, sizeof err) == 0) {
+    if (st_index_parse(data, size, "fuzz", &pairs, &n) == CT_OK) {
         CHECK(n > 0);
         for (int i = 0; i < n; i++) {
             CHECK(pairs[2 * i][0] && pairs[2 * i + 1][0] && !strchr(pairs[2 * i + 1], '/'));
@@ -133,15 +129,14 @@ static void check_json_parsers(const uint8_t *data, size_t size) {
         }
         free(pairs);
     } else {
-        check_error_line(err);
+        check_error_line();
     }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    char err[512] = "";
-    st_file *f = st_read_mem(data, size, "fuzz", err, sizeof err);
+    st_file *f = st_read_mem(data, size, "fuzz");
     if (!f) {
-        check_error_line(err);
+        check_error_line();
     } else {
         check_consistent(f, data, size);
         check_conversions(f);

@@ -355,8 +355,7 @@ static void test_lr_schedule_is_torchtitans(void **state) {
 static void make_shard(const char *path, uint32_t n) {
     uint32_t *t = malloc(sizeof(uint32_t) * n);
     for (uint32_t i = 0; i < n; i++) t[i] = i;
-    char err[256];
-    assert_int_equal(shard_write(path, t, n, err, sizeof err), 0);
+    assert_int_equal(shard_write(path, t, n), CT_OK);
     free(t);
 }
 
@@ -367,8 +366,7 @@ static void test_dataloader_windows_shuffle_and_layouts(void **state) {
     close(fd);
     make_shard(path, 4 * 50 + 1); /* 50 windows of 4 + 1 */
     dataloader dl, dl2;
-    char err[256];
-    assert_int_equal(dataloader_open(&dl, path, 4, 11, 1000, err, sizeof err), 0);
+    assert_int_equal(dataloader_open(&dl, path, 4, 11, 1000), CT_OK);
     assert_int_equal(dl.n_windows, 50);
     int seen[50] = {0};
     int32_t in[4], tg[4];
@@ -380,7 +378,7 @@ static void test_dataloader_windows_shuffle_and_layouts(void **state) {
     }
     for (int w = 0; w < 50; w++) assert_int_equal(seen[w], 1);
     /* the same seed gives the same order; another seed, another order; epochs differ */
-    assert_int_equal(dataloader_open(&dl2, path, 4, 11, 1000, err, sizeof err), 0);
+    assert_int_equal(dataloader_open(&dl2, path, 4, 11, 1000), CT_OK);
     int32_t in2[4], tg2[4], differ_epoch = 0;
     for (int s = 0; s < 120; s++) {
         dataloader_sequence(&dl, s, in, tg);
@@ -394,7 +392,7 @@ static void test_dataloader_windows_shuffle_and_layouts(void **state) {
     }
     assert_true(differ_epoch);
     dataloader_close(&dl2);
-    assert_int_equal(dataloader_open(&dl2, path, 4, 12, 1000, err, sizeof err), 0);
+    assert_int_equal(dataloader_open(&dl2, path, 4, 12, 1000), CT_OK);
     int differ_seed = 0;
     for (int s = 0; s < 50; s++) {
         dataloader_sequence(&dl, s, in, tg);
@@ -417,8 +415,8 @@ static void test_dataloader_windows_shuffle_and_layouts(void **state) {
     }
     /* tokens outside the vocabulary are refused */
     dataloader_close(&dl);
-    assert_int_equal(dataloader_open(&dl, path, 4, 11, 100, err, sizeof err), -1);
-    assert_non_null(strstr(err, "outside the model's vocabulary"));
+    assert_int_equal(dataloader_open(&dl, path, 4, 11, 100), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "outside the model's vocabulary"));
     unlink(path);
 }
 
@@ -481,8 +479,7 @@ static void test_lists_of_maps(void **state) {
 static void make_shard_from(const char *path, uint32_t n, uint32_t base) {
     uint32_t *t = malloc(sizeof(uint32_t) * n);
     for (uint32_t i = 0; i < n; i++) t[i] = base + i;
-    char err[256];
-    assert_int_equal(shard_write(path, t, n, err, sizeof err), 0);
+    assert_int_equal(shard_write(path, t, n), CT_OK);
     free(t);
 }
 
@@ -491,7 +488,7 @@ static void make_shard_from(const char *path, uint32_t n, uint32_t base) {
  * from the sequence number alone (read backwards: the same), and the seed picks the order. */
 static void test_dataloader_mixture_is_exact_per_period(void **state) {
     (void)state;
-    char a[] = "/tmp/ctitan-shard-XXXXXX", b[] = "/tmp/ctitan-shard-XXXXXX", err[256];
+    char a[] = "/tmp/ctitan-shard-XXXXXX", b[] = "/tmp/ctitan-shard-XXXXXX";
     close(mkstemp(a));
     close(mkstemp(b));
     make_shard_from(a, 4 * 50 + 1, 0);   /* 50 windows, tokens 0..200 */
@@ -500,9 +497,9 @@ static void test_dataloader_mixture_is_exact_per_period(void **state) {
     for (int k = 0; k < 2; k++) {
         dataloader *d = k ? &back : &dl;
         dataloader_init(d, 4, 7, 0);
-        assert_int_equal(dataloader_add(d, a, 3.0, 1000, err, sizeof err), 0);
-        assert_int_equal(dataloader_add(d, b, 1.0, 1000, err, sizeof err), 0);
-        assert_int_equal(dataloader_mix(d, err, sizeof err), 0);
+        assert_int_equal(dataloader_add(d, a, 3.0, 1000), CT_OK);
+        assert_int_equal(dataloader_add(d, b, 1.0, 1000), CT_OK);
+        assert_int_equal(dataloader_mix(d), CT_OK);
     }
     assert_int_equal(dl.period, 1000);
     assert_int_equal(dl.src[0].count, 750);
@@ -539,9 +536,9 @@ static void test_dataloader_mixture_is_exact_per_period(void **state) {
     dataloader_close(&back);
     /* another seed: another order, the same counts */
     dataloader_init(&back, 4, 8, 0);
-    assert_int_equal(dataloader_add(&back, a, 3.0, 1000, err, sizeof err), 0);
-    assert_int_equal(dataloader_add(&back, b, 1.0, 1000, err, sizeof err), 0);
-    assert_int_equal(dataloader_mix(&back, err, sizeof err), 0);
+    assert_int_equal(dataloader_add(&back, a, 3.0, 1000), CT_OK);
+    assert_int_equal(dataloader_add(&back, b, 1.0, 1000), CT_OK);
+    assert_int_equal(dataloader_mix(&back), CT_OK);
     int differ = 0;
     for (int s = 0; s < 1000; s++) {
         dataloader_sequence(&back, s, in, tg);
@@ -552,25 +549,25 @@ static void test_dataloader_mixture_is_exact_per_period(void **state) {
     dataloader_close(&dl);
     /* a tiny share widens the period so it still gets a sequence; a far tinier one is refused */
     dataloader_init(&dl, 4, 7, 0);
-    assert_int_equal(dataloader_add(&dl, a, 1.0, 1000, err, sizeof err), 0);
-    assert_int_equal(dataloader_add(&dl, b, 1e-5, 1000, err, sizeof err), 0);
-    assert_int_equal(dataloader_mix(&dl, err, sizeof err), 0);
+    assert_int_equal(dataloader_add(&dl, a, 1.0, 1000), CT_OK);
+    assert_int_equal(dataloader_add(&dl, b, 1e-5, 1000), CT_OK);
+    assert_int_equal(dataloader_mix(&dl), CT_OK);
     assert_int_equal(dl.period, 101000);
     assert_int_equal(dl.src[1].count, 1);
     dataloader_close(&dl);
     dataloader_init(&dl, 4, 7, 0);
-    assert_int_equal(dataloader_add(&dl, a, 1.0, 1000, err, sizeof err), 0);
-    assert_int_equal(dataloader_add(&dl, b, 1e-9, 1000, err, sizeof err), 0);
-    assert_int_equal(dataloader_mix(&dl, err, sizeof err), -1);
-    assert_non_null(strstr(err, "expected weights within a factor of"));
+    assert_int_equal(dataloader_add(&dl, a, 1.0, 1000), CT_OK);
+    assert_int_equal(dataloader_add(&dl, b, 1e-9, 1000), CT_OK);
+    assert_int_equal(dataloader_mix(&dl), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "expected weights within a factor of"));
     dataloader_close(&dl);
     /* bad weights; an ordered loader: windows in order, source after source, then padding */
     dataloader_init(&dl, 4, 7, 1);
-    assert_int_equal(dataloader_add(&dl, a, 0.0, 1000, err, sizeof err), -1);
-    assert_non_null(strstr(err, "expected a finite number > 0"));
-    assert_int_equal(dataloader_add(&dl, a, INFINITY, 1000, err, sizeof err), -1);
-    assert_int_equal(dataloader_add(&dl, a, 1.0, 1000, err, sizeof err), 0);
-    assert_int_equal(dataloader_add(&dl, b, 1.0, 1000, err, sizeof err), 0);
+    assert_int_equal(dataloader_add(&dl, a, 0.0, 1000), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "expected a finite number > 0"));
+    assert_int_equal(dataloader_add(&dl, a, INFINITY, 1000), CT_ERR_INVALID);
+    assert_int_equal(dataloader_add(&dl, a, 1.0, 1000), CT_OK);
+    assert_int_equal(dataloader_add(&dl, b, 1.0, 1000), CT_OK);
     assert_int_equal(dl.n_windows, 80);
     for (int s = 0; s < 82; s++) {
         dataloader_sequence(&dl, s, in, tg);

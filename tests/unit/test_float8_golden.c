@@ -97,16 +97,14 @@ static void env_open(env *e, const char *format, const char *filter) {
 static tf_file *g_golden; /* read once, freed by the group teardown */
 
 static tf_file *golden(void) {
-    char err[1024];
-    if (!g_golden && !(g_golden = tf_read(GOLDEN, err, sizeof err))) fail_msg("%s", err);
+    if (!g_golden && !(g_golden = tf_read(GOLDEN))) fail_msg("%s", ct_last_error());
     return g_golden;
 }
 
 static const float *golden_tensor(const char *name, int64_t rows, int64_t cols) {
-    char err[1024];
     int64_t shape[2] = {rows, cols};
-    const tf_entry *t = tf_expect(golden(), GOLDEN, name, TF_F32, 2, shape, err, sizeof err);
-    if (!t) fail_msg("%s", err);
+    const tf_entry *t = tf_expect(golden(), GOLDEN, name, TF_F32, 2, shape);
+    if (!t) fail_msg("%s", ct_last_error());
     return t->data;
 }
 

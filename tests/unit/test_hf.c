@@ -99,11 +99,10 @@ static double logits_error(session *s, const tf_file *w, const tf_file *g, int64
 
 static void test_transformers_checkpoint_runs_in_ctitan_within_1e4(void **state) {
     (void)state;
-    char err[1024];
-    tf_file *g = tf_read(GOLDEN_DIR "/from_transformers.ctt", err, sizeof err), *w;
-    if (!g) fail_msg("%s", err);
+    tf_file *g = tf_read(GOLDEN_DIR "/from_transformers.ctt"), *w;
+    if (!g) fail_msg("%s", ct_last_error());
     hf_config c;
-    if (hf_load(GOLDEN_DIR "/from_transformers", &c, &w, err, sizeof err)) fail_msg("%s", err);
+    if (hf_load(GOLDEN_DIR "/from_transformers", &c, &w) != CT_OK) fail_msg("%s", ct_last_error());
     assert_int_equal(c.dim, scalar_i(g, "config.hidden_size"));
     assert_int_equal(c.ffn_hidden, scalar_i(g, "config.intermediate_size"));
     assert_int_equal(c.n_layers, scalar_i(g, "config.num_hidden_layers"));
@@ -151,11 +150,10 @@ static float scalar_f(const tf_file *f, const char *name) {
  * those options computes transformers' logits; with plain RoPE it does not (the test can tell). */
 static void test_llama31_scaled_rope_matches_transformers_within_1e5(void **state) {
     (void)state;
-    char err[1024];
-    tf_file *g = tf_read(GOLDEN_DIR "/llama31_from_transformers.ctt", err, sizeof err), *w;
-    if (!g) fail_msg("%s", err);
+    tf_file *g = tf_read(GOLDEN_DIR "/llama31_from_transformers.ctt"), *w;
+    if (!g) fail_msg("%s", ct_last_error());
     hf_config c;
-    if (hf_load(GOLDEN_DIR "/llama31_from_transformers", &c, &w, err, sizeof err)) fail_msg("%s", err);
+    if (hf_load(GOLDEN_DIR "/llama31_from_transformers", &c, &w) != CT_OK) fail_msg("%s", ct_last_error());
     assert_int_equal(c.n_heads, scalar_i(g, "config.num_attention_heads"));
     assert_int_equal(c.n_kv_heads, scalar_i(g, "config.num_key_value_heads"));
     assert_true(c.rope_theta == (double)scalar_f(g, "config.rope_theta"));
@@ -188,11 +186,10 @@ static void test_llama31_scaled_rope_matches_transformers_within_1e5(void **stat
 
 static void test_bf16_shards_load_as_rounded_float32(void **state) {
     (void)state;
-    char err[1024];
     hf_config c32, c16;
     tf_file *w32, *w16;
-    if (hf_load(GOLDEN_DIR "/from_transformers", &c32, &w32, err, sizeof err)) fail_msg("%s", err);
-    if (hf_load(GOLDEN_DIR "/from_transformers_bf16", &c16, &w16, err, sizeof err)) fail_msg("%s", err);
+    if (hf_load(GOLDEN_DIR "/from_transformers", &c32, &w32) != CT_OK) fail_msg("%s", ct_last_error());
+    if (hf_load(GOLDEN_DIR "/from_transformers_bf16", &c16, &w16) != CT_OK) fail_msg("%s", ct_last_error());
     assert_int_equal(w16->count, w32->count);
     assert_int_equal(c16.dim, c32.dim);
     for (int i = 0; i < w32->count; i++) {
@@ -224,15 +221,14 @@ static int files_equal(const char *a, const char *b) {
 
 /* llama3_tiny's weights and the config its config.* entries give. */
 static tf_file *llama3_tiny(hf_config *c) {
-    char err[1024];
-    tf_file *f = tf_read(LLAMA3_TINY, err, sizeof err);
-    if (!f) fail_msg("%s", err);
+    tf_file *f = tf_read(LLAMA3_TINY);
+    if (!f) fail_msg("%s", ct_last_error());
     memset(c, 0, sizeof *c);
     c->n_heads = scalar_i(f, "config.n_heads");
     c->rope_theta = HF_DEFAULT_ROPE_THETA;
     c->norm_eps = HF_DEFAULT_NORM_EPS;
     c->max_position_embeddings = HF_DEFAULT_MAX_POSITIONS;
-    if (hf_config_from_weights(c, f, err, sizeof err)) fail_msg("%s", err);
+    if (hf_config_from_weights(c, f) != CT_OK) fail_msg("%s", ct_last_error());
     assert_int_equal(c->n_kv_heads, scalar_i(f, "config.n_kv_heads")); /* from wk's shape */
     assert_int_equal(c->n_layers, scalar_i(f, "config.n_layers"));
     assert_int_equal(c->ffn_hidden, scalar_i(f, "config.ffn_hidden"));
@@ -243,9 +239,9 @@ static void test_export_reproduces_the_transformers_verified_folder(void **state
     (void)state;
     hf_config c;
     tf_file *f = llama3_tiny(&c);
-    char dir[128], err[1024], a[256], b[256];
+    char dir[128], a[256], b[256];
     snprintf(dir, sizeof dir, "%s/export", tmpdir);
-    if (hf_save(dir, &c, f, HF_FLOAT32, err, sizeof err)) fail_msg("%s", err);
+    if (hf_save(dir, &c, f, HF_FLOAT32) != CT_OK) fail_msg("%s", ct_last_error());
     const char *files[] = {"config.json", "model.safetensors"};
     for (int i = 0; i < 2; i++) {
         snprintf(a, sizeof a, "%s/%s", dir, files[i]);
@@ -259,11 +255,11 @@ static void test_round_trip_is_bit_exact_and_bf16_rounds(void **state) {
     (void)state;
     hf_config c, back;
     tf_file *f = llama3_tiny(&c), *w;
-    char dir[128], err[1024];
+    char dir[128];
     snprintf(dir, sizeof dir, "%s/rt", tmpdir);
     for (int bf16 = 0; bf16 < 2; bf16++) {
-        if (hf_save(dir, &c, f, bf16 ? HF_BFLOAT16 : HF_FLOAT32, err, sizeof err)) fail_msg("%s", err);
-        if (hf_load(dir, &back, &w, err, sizeof err)) fail_msg("%s", err);
+        if (hf_save(dir, &c, f, bf16 ? HF_BFLOAT16 : HF_FLOAT32) != CT_OK) fail_msg("%s", ct_last_error());
+        if (hf_load(dir, &back, &w) != CT_OK) fail_msg("%s", ct_last_error());
         assert_int_equal(back.dim, c.dim);
         assert_int_equal(back.n_kv_heads, c.n_kv_heads);
         assert_int_equal(back.max_position_embeddings, c.max_position_embeddings);
@@ -283,7 +279,7 @@ static void test_round_trip_is_bit_exact_and_bf16_rounds(void **state) {
         tf_free(w);
     }
     /* the parameter order is the llama3 pack's (tok_embeddings, layers..., norm, output) */
-    if (hf_load(dir, &back, &w, err, sizeof err)) fail_msg("%s", err);
+    if (hf_load(dir, &back, &w) != CT_OK) fail_msg("%s", ct_last_error());
     assert_string_equal(w->entries[0].name, "tok_embeddings.weight");
     assert_string_equal(w->entries[2].name, "layers.0.attention.wq.weight");
     assert_string_equal(w->entries[19].name, "norm.weight");
@@ -328,8 +324,7 @@ static void put_text(const char *dir, const char *name, const char *text) {
 static void fresh_export(const char *dir) {
     hf_config c;
     tf_file *f = llama3_tiny(&c);
-    char err[1024];
-    if (hf_save(dir, &c, f, HF_BFLOAT16, err, sizeof err)) fail_msg("%s", err);
+    if (hf_save(dir, &c, f, HF_BFLOAT16) != CT_OK) fail_msg("%s", ct_last_error());
     tf_free(f);
 }
 
@@ -349,12 +344,12 @@ static void config_with(const char *dir, const char *key, const char *value) {
 }
 
 static void expect_load_error(const char *dir, const char *want) {
-    char err[1024] = "";
     hf_config c;
     tf_file *w = NULL;
-    if (hf_load(dir, &c, &w, err, sizeof err) == 0) fail_msg("accepted; wanted an error with '%s'", want);
+    if (hf_load(dir, &c, &w) == CT_OK) fail_msg("accepted; wanted an error with '%s'", want);
     assert_null(w);
-    if (!strstr(err, want) || strchr(err, '\n')) fail_msg("got: %s\nwant: ...%s...", err, want);
+    if (!strstr(ct_last_error(), want) || strchr(ct_last_error(), '\n'))
+        fail_msg("got: %s\nwant: ...%s...", ct_last_error(), want);
 }
 
 static void expect_config_error(const char *dir, const char *key, const char *value, const char *want) {
@@ -364,13 +359,13 @@ static void expect_config_error(const char *dir, const char *key, const char *va
 
 static void test_unsupported_or_broken_configs_are_refused(void **state) {
     (void)state;
-    char dir[128], err[1024];
+    char dir[128];
     snprintf(dir, sizeof dir, "%s/bad", tmpdir);
     fresh_export(dir);
     config_with(dir, NULL, NULL);
     hf_config c;
     tf_file *w;
-    if (hf_load(dir, &c, &w, err, sizeof err)) fail_msg("the base config: %s", err);
+    if (hf_load(dir, &c, &w) != CT_OK) fail_msg("the base config: %s", ct_last_error());
     tf_free(w);
     expect_config_error(dir, "rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 8.0}",
                         "rope_scaling rope_type 'dynamic' is not supported (ctitan reads rope_type default and llama3)");
@@ -404,7 +399,7 @@ static void test_unsupported_or_broken_configs_are_refused(void **state) {
  * hf_save writes rope_scaling, which reads back. */
 static void test_rope_scaling_config_forms_and_export(void **state) {
     (void)state;
-    char dir[128], err[1024];
+    char dir[128];
     snprintf(dir, sizeof dir, "%s/scaled", tmpdir);
     fresh_export(dir);
     const char *forms[][2] = {
@@ -420,7 +415,7 @@ static void test_rope_scaling_config_forms_and_export(void **state) {
     tf_file *w;
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
         config_with(dir, forms[i][0], forms[i][1]);
-        if (hf_load(dir, &c, &w, err, sizeof err)) fail_msg("%s form %zu: %s", forms[i][0], i, err);
+        if (hf_load(dir, &c, &w) != CT_OK) fail_msg("%s form %zu: %s", forms[i][0], i, ct_last_error());
         assert_true(c.rope_scaling_factor == 8.0 && c.rope_low_freq_factor == 1.0 && c.rope_high_freq_factor == 4.0);
         assert_int_equal(c.rope_original_max_position, 8192);
         assert_true(c.rope_theta == 500000.0);
@@ -428,15 +423,15 @@ static void test_rope_scaling_config_forms_and_export(void **state) {
     }
     /* hf_save writes rope_scaling as Meta's files do; it reads back the same */
     config_with(dir, forms[0][0], forms[0][1]);
-    if (hf_load(dir, &c, &w, err, sizeof err)) fail_msg("%s", err);
+    if (hf_load(dir, &c, &w) != CT_OK) fail_msg("%s", ct_last_error());
     c.rope_scaling_factor = 32;
     c.rope_original_max_position = 4096;
     char out[160];
     snprintf(out, sizeof out, "%s/scaled_out", tmpdir);
-    if (hf_save(out, &c, w, HF_FLOAT32, err, sizeof err)) fail_msg("%s", err);
+    if (hf_save(out, &c, w, HF_FLOAT32) != CT_OK) fail_msg("%s", ct_last_error());
     tf_free(w);
     hf_config back;
-    if (hf_load(out, &back, &w, err, sizeof err)) fail_msg("%s", err);
+    if (hf_load(out, &back, &w) != CT_OK) fail_msg("%s", ct_last_error());
     tf_free(w);
     assert_true(back.rope_scaling_factor == 32 && back.rope_low_freq_factor == 1 && back.rope_high_freq_factor == 4);
     assert_int_equal(back.rope_original_max_position, 4096);
@@ -454,7 +449,7 @@ static void test_rope_scaling_config_forms_and_export(void **state) {
 
 static void test_missing_wrong_or_extra_tensors_are_refused(void **state) {
     (void)state;
-    char dir[128], path[256], err[1024];
+    char dir[128], path[256];
     snprintf(dir, sizeof dir, "%s/tensors", tmpdir);
     fresh_export(dir);
     expect_config_error(dir, "intermediate_size", "191",
@@ -466,7 +461,7 @@ static void test_missing_wrong_or_extra_tensors_are_refused(void **state) {
 
     /* a checkpoint without lm_head: refused, unless the embeddings are tied */
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    st_file *sf = st_read(path, err, sizeof err);
+    st_file *sf = st_read(path);
     assert_non_null(sf);
     st_entry *keep = calloc((size_t)sf->count + 1, sizeof *keep);
     int n = 0;
@@ -480,7 +475,7 @@ static void test_missing_wrong_or_extra_tensors_are_refused(void **state) {
     keep[n] = (st_entry){"model.layers.0.self_attn.rotary_emb.inv_freq", ST_F32, 1, &one, &x, NULL}; /* ignored */
     char path2[256];
     snprintf(path2, sizeof path2, "%s/model2.safetensors", dir);
-    assert_int_equal(st_write(path2, keep, n + 1, NULL, 0, err, sizeof err), 0);
+    assert_int_equal(st_write(path2, keep, n + 1, NULL, 0), CT_OK);
     free(keep);
     st_free(sf);
     assert_int_equal(rename(path2, path), 0);
@@ -490,7 +485,7 @@ static void test_missing_wrong_or_extra_tensors_are_refused(void **state) {
     config_with(dir, "tie_word_embeddings", "true");
     hf_config c;
     tf_file *w;
-    if (hf_load(dir, &c, &w, err, sizeof err)) fail_msg("%s", err);
+    if (hf_load(dir, &c, &w) != CT_OK) fail_msg("%s", ct_last_error());
     assert_true(c.tied);
     const tf_entry *emb = tf_find(w, "tok_embeddings.weight"), *out = tf_find(w, "output.weight");
     assert_non_null(out);
@@ -519,25 +514,26 @@ static void test_export_checks_the_ctitan_side(void **state) {
     (void)state;
     hf_config c;
     tf_file *f = llama3_tiny(&c);
-    char dir[128], err[1024];
+    char dir[128];
     snprintf(dir, sizeof dir, "%s/never", tmpdir);
     hf_config bad = c;
     bad.n_heads = 3;
-    assert_int_equal(hf_save(dir, &bad, f, HF_FLOAT32, err, sizeof err), -1);
-    assert_non_null(strstr(err, "hidden_size 64 must split into num_attention_heads 3"));
+    assert_int_equal(hf_save(dir, &bad, f, HF_FLOAT32), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "hidden_size 64 must split into num_attention_heads 3"));
     bad = c;
     bad.n_layers = 3;
-    assert_int_equal(hf_save(dir, &bad, f, HF_FLOAT32, err, sizeof err), -1);
-    assert_non_null(strstr(err, "tensor 'layers.2.attention_norm.weight' is missing"));
+    assert_int_equal(hf_save(dir, &bad, f, HF_FLOAT32), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "tensor 'layers.2.attention_norm.weight' is missing"));
     bad = c;
     bad.n_layers = 1;
-    assert_int_equal(hf_save(dir, &bad, f, HF_FLOAT32, err, sizeof err), -1);
-    assert_non_null(strstr(err, "tensor 'layers.1.attention_norm.weight' is not a parameter of a 1-layer llama3"));
+    assert_int_equal(hf_save(dir, &bad, f, HF_FLOAT32), CT_ERR_INVALID);
+    assert_non_null(
+        strstr(ct_last_error(), "tensor 'layers.1.attention_norm.weight' is not a parameter of a 1-layer llama3"));
     assert_int_not_equal(access(dir, F_OK), 0); /* nothing written */
     bad = c;
     bad.n_heads = 0;
-    assert_int_equal(hf_config_from_weights(&bad, f, err, sizeof err), -1);
-    assert_non_null(strstr(err, "n_heads 0 does not divide"));
+    assert_int_equal(hf_config_from_weights(&bad, f), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "n_heads 0 does not divide"));
     tf_free(f);
 }
 

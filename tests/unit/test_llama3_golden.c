@@ -32,8 +32,8 @@ typedef struct fixture {
 static int open_with(void **state, const char *golden, const char *yaml) {
     fixture *f = calloc(1, sizeof *f);
     char err[1024];
-    f->g = tf_read(golden, err, sizeof err);
-    if (!f->g) fail_msg("%s", err);
+    f->g = tf_read(golden);
+    if (!f->g) fail_msg("%s", ct_last_error());
     if (fixture_open(&f->s, yaml)) fail_msg("session: %s", ct_last_error());
     if (session_load_model(&f->s, GOLDEN, err, sizeof err)) fail_msg("%s", err);
     f->tokens = tf_find(f->g, "input.tokens")->data;
@@ -168,10 +168,9 @@ static const char *manifest_bf16_yaml =
 static int setup_bf16(void **state) {
     if (open_with(state, GOLDEN, manifest_bf16_yaml)) return -1;
     fixture *f = *state;
-    char err[1024];
     tf_file *fp32 = f->g;
-    f->g = tf_read(GOLDEN_BF16, err, sizeof err);
-    if (!f->g) fail_msg("%s", err);
+    f->g = tf_read(GOLDEN_BF16);
+    if (!f->g) fail_msg("%s", ct_last_error());
     const tf_entry *tok = tf_find(f->g, "input.tokens"), *tg = tf_find(f->g, "input.targets");
     assert_non_null(tok);
     assert_non_null(tg);

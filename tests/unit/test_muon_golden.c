@@ -56,9 +56,8 @@ static const float *golden(const tf_file *g, const char *prefix, const char *nam
 /* Runs the golden's three steps in a session opened with `yaml`; returns the largest relative error
  * of a parameter's change against `<label>.<name>`, and in *output_err that of output.weight. */
 static double run_steps(const char *yaml, const char *label, double *output_err) {
-    char err[1024];
-    tf_file *g = tf_read(GOLDEN, err, sizeof err);
-    if (!g) fail_msg("%s", err);
+    tf_file *g = tf_read(GOLDEN);
+    if (!g) fail_msg("%s", ct_last_error());
     session s;
     if (fixture_open(&s, yaml)) fail_msg("session: %s", ct_last_error());
     const tf_entry *lrs = tf_find(g, "lrs");

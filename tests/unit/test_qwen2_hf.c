@@ -69,11 +69,10 @@ static double logits_error(session *s, const tf_file *w, const tf_file *g, int64
 
 static void test_transformers_qwen2_runs_in_the_pack_within_1e4(void **state) {
     (void)state;
-    char err[1024];
-    tf_file *g = tf_read(GOLDEN ".ctt", err, sizeof err), *w;
-    if (!g) fail_msg("%s", err);
+    tf_file *g = tf_read(GOLDEN ".ctt"), *w;
+    if (!g) fail_msg("%s", ct_last_error());
     hf_config c;
-    if (hf_load(GOLDEN, &c, &w, err, sizeof err)) fail_msg("%s", err);
+    if (hf_load(GOLDEN, &c, &w) != CT_OK) fail_msg("%s", ct_last_error());
     assert_true(c.tied);
     assert_int_equal(c.features, CT_MODEL_QKV_BIAS | CT_MODEL_TIED_EMBEDDINGS);
     assert_null(tf_find(w, "output.weight")); /* the pack shares the table */
@@ -116,17 +115,17 @@ static void test_transformers_qwen2_runs_in_the_pack_within_1e4(void **state) {
  * lm_head.weight; and hf_load reads it back bit for bit. */
 static void test_export_is_a_tied_qwen2_folder(void **state) {
     (void)state;
-    char err[1024], dir[] = "/tmp/ct-qwen2-XXXXXX";
+    char dir[] = "/tmp/ct-qwen2-XXXXXX";
     assert_non_null(mkdtemp(dir));
     hf_config c, back;
     tf_file *w, *w2;
-    if (hf_load(GOLDEN, &c, &w, err, sizeof err)) fail_msg("%s", err);
+    if (hf_load(GOLDEN, &c, &w) != CT_OK) fail_msg("%s", ct_last_error());
     hf_config shapes = {.n_heads = c.n_heads, .rope_theta = c.rope_theta, .norm_eps = c.norm_eps,
                         .max_position_embeddings = 64};
-    if (hf_config_from_weights(&shapes, w, err, sizeof err)) fail_msg("%s", err);
+    if (hf_config_from_weights(&shapes, w) != CT_OK) fail_msg("%s", ct_last_error());
     assert_int_equal(shapes.features, CT_MODEL_QKV_BIAS | CT_MODEL_TIED_EMBEDDINGS);
     assert_string_equal(hf_model_type(&shapes), "qwen2");
-    if (hf_save(dir, &shapes, w, HF_FLOAT32, err, sizeof err)) fail_msg("%s", err);
+    if (hf_save(dir, &shapes, w, HF_FLOAT32) != CT_OK) fail_msg("%s", ct_last_error());
     char path[128], text[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "r");
@@ -137,13 +136,13 @@ static void test_export_is_a_tied_qwen2_folder(void **state) {
     assert_non_null(strstr(text, "\"Qwen2ForCausalLM\""));
     assert_non_null(strstr(text, "\"model_type\": \"qwen2\""));
     assert_non_null(strstr(text, "\"tie_word_embeddings\": true"));
-    st_model *m = st_model_open(dir, err, sizeof err);
-    if (!m) fail_msg("%s", err);
+    st_model *m = st_model_open(dir);
+    if (!m) fail_msg("%s", ct_last_error());
     assert_null(st_model_find(m, "lm_head.weight"));
     assert_non_null(st_model_find(m, "model.layers.1.self_attn.v_proj.bias"));
     assert_int_equal(m->count, 26);
     st_model_free(m);
-    if (hf_load(dir, &back, &w2, err, sizeof err)) fail_msg("%s", err);
+    if (hf_load(dir, &back, &w2) != CT_OK) fail_msg("%s", ct_last_error());
     assert_int_equal(w2->count, w->count);
     for (int i = 0; i < w->count; i++) {
         assert_string_equal(w->entries[i].name, w2->entries[i].name);
@@ -158,20 +157,19 @@ static void test_export_is_a_tied_qwen2_folder(void **state) {
 /* A Qwen2 config ctitan would run differently is refused, naming the key. */
 static void test_qwen2_configs_refused(void **state) {
     (void)state;
-    char err[512];
     hf_config c;
     const char *sliding = "{\"model_type\": \"qwen2\", \"hidden_size\": 32, \"intermediate_size\": 64, "
                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 96, "
                           "\"use_sliding_window\": true}";
-    assert_int_equal(hf_config_parse(sliding, strlen(sliding), "c.json", &c, err, sizeof err), -1);
-    assert_non_null(strstr(err, "c.json: use_sliding_window must be false"));
+    assert_int_equal(hf_config_parse(sliding, strlen(sliding), "c.json", &c), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "c.json: use_sliding_window must be false"));
     const char *other = "{\"model_type\": \"qwen3\", \"hidden_size\": 32}";
-    assert_int_equal(hf_config_parse(other, strlen(other), "c.json", &c, err, sizeof err), -1);
-    assert_non_null(strstr(err, "model_type 'qwen3' is not supported"));
+    assert_int_equal(hf_config_parse(other, strlen(other), "c.json", &c), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "model_type 'qwen3' is not supported"));
     const char *ok = "{\"model_type\": \"qwen2\", \"hidden_size\": 32, \"intermediate_size\": 64, "
                      "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 96, "
                      "\"tie_word_embeddings\": false}";
-    assert_int_equal(hf_config_parse(ok, strlen(ok), "c.json", &c, err, sizeof err), 0);
+    assert_int_equal(hf_config_parse(ok, strlen(ok), "c.json", &c), CT_OK);
     assert_int_equal(c.features, CT_MODEL_QKV_BIAS);
 }
 

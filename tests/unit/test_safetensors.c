@@ -114,25 +114,23 @@ static unsigned char *make_file(const char *json, size_t data_len, size_t *len) 
 static void expect_bad(const char *json, size_t data_len, const char *want) {
     size_t len;
     unsigned char *b = make_file(json, data_len, &len);
-    char err[512] = "";
-    st_file *f = st_read_mem(b, len, "t.st", err, sizeof err);
+    st_file *f = st_read_mem(b, len, "t.st");
     if (f) fail_msg("accepted: %s", json);
-    if (strncmp(err, "t.st: ", 6) || !strstr(err, want) || strchr(err, '\n'))
-        fail_msg("for %s\n  got:  %s\n  want: ...%s...", json, err, want);
+    if (strncmp(ct_last_error(), "t.st: ", 6) || !strstr(ct_last_error(), want) || strchr(ct_last_error(), '\n'))
+        fail_msg("for %s\n  got:  %s\n  want: ...%s...", json, ct_last_error(), want);
     free(b);
 }
 
 static void test_reader_rejects_each_broken_rule(void **state) {
     (void)state;
-    char err[512];
-    assert_null(st_read_mem("abc", 3, "t.st", err, sizeof err));
-    assert_non_null(strstr(err, "too short"));
+    assert_null(st_read_mem("abc", 3, "t.st"));
+    assert_non_null(strstr(ct_last_error(), "too short"));
     unsigned char huge[16] = {0, 0, 0, 0, 0, 0, 0, 0x40, '{', '}'};
-    assert_null(st_read_mem(huge, 16, "t.st", err, sizeof err));
-    assert_non_null(strstr(err, "over the limit"));
+    assert_null(st_read_mem(huge, 16, "t.st"));
+    assert_non_null(strstr(ct_last_error(), "over the limit"));
     unsigned char past[12] = {100, 0, 0, 0, 0, 0, 0, 0, '{', '}', ' ', ' '};
-    assert_null(st_read_mem(past, 12, "t.st", err, sizeof err));
-    assert_non_null(strstr(err, "runs past the end"));
+    assert_null(st_read_mem(past, 12, "t.st"));
+    assert_non_null(strstr(ct_last_error(), "runs past the end"));
 
     expect_bad("{\"a\": ", 0, "invalid JSON");
     expect_bad("[1, 2]", 0, "expected a JSON object");
@@ -185,9 +183,8 @@ static void test_reader_accepts_a_valid_header(void **state) {
     float one = 1.5f;
     memcpy(b + len - 10, &one, 4);
     b[len - 2] = 0x80, b[len - 1] = 0x3f; /* bf16 1.0 */
-    char err[512];
-    st_file *f = st_read_mem(b, len, "t.st", err, sizeof err);
-    if (!f) fail_msg("%s", err);
+    st_file *f = st_read_mem(b, len, "t.st");
+    if (!f) fail_msg("%s", ct_last_error());
     assert_int_equal(f->count, 3);
     assert_string_equal(f->tensors[0].name, "a"); /* sorted by name */
     assert_string_equal(f->tensors[2].name, "z");
@@ -199,14 +196,14 @@ static void test_reader_accepts_a_valid_header(void **state) {
     assert_int_equal(e->numel, 0);
     assert_null(st_find(f, "nope"));
     float out[2];
-    assert_int_equal(st_to_f32(st_find(f, "z"), out, NULL, err, sizeof err), 0);
+    assert_int_equal(st_to_f32(st_find(f, "z"), out, NULL), CT_OK);
     assert_true(out[0] == 1.5f);
-    assert_int_equal(st_to_f32(st_find(f, "a"), out, NULL, err, sizeof err), 0);
+    assert_int_equal(st_to_f32(st_find(f, "a"), out, NULL), CT_OK);
     assert_true(out[0] == 1.0f);
     assert_int_equal(st_find(f, "a")->ndim, 0);
     assert_int_equal(st_find(f, "a")->numel, 1);
-    assert_int_equal(st_to_f32(e, out, "lbl", err, sizeof err), -1); /* I64: no float conversion */
-    assert_non_null(strstr(err, "lbl: tensor 'empty': dtype I64 cannot be converted"));
+    assert_int_equal(st_to_f32(e, out, "lbl"), CT_ERR_UNSUPPORTED); /* I64: no float conversion */
+    assert_non_null(strstr(ct_last_error(), "lbl: tensor 'empty': dtype I64 cannot be converted"));
     st_free(f);
     free(b);
 }
@@ -242,14 +239,14 @@ static void test_writer_round_trip_in_name_order_with_aligned_data(void **state)
         {"s", ST_F32, 0, NULL, &scalar, NULL}, {"none", ST_F32, 2, s0, w, NULL},
     };
     const char *meta[] = {"format", "pt"};
-    char path[128], err[512];
+    char path[128];
     snprintf(path, sizeof path, "%s/m.safetensors", tmpdir);
-    assert_int_equal(st_write(path, e, 6, meta, 1, err, sizeof err), 0);
+    assert_int_equal(st_write(path, e, 6, meta, 1), CT_OK);
     char tmp[160];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     assert_int_not_equal(access(tmp, F_OK), 0);
-    st_file *f = st_read(path, err, sizeof err);
-    if (!f) fail_msg("%s", err);
+    st_file *f = st_read(path);
+    if (!f) fail_msg("%s", ct_last_error());
     uint64_t n = 0;
     for (int i = 0; i < 8; i++) n |= (uint64_t)((unsigned char *)f->map)[i] << (8 * i);
     assert_int_equal((8 + n) % 8, 0);
@@ -260,14 +257,14 @@ static void test_writer_round_trip_in_name_order_with_aligned_data(void **state)
     }
     assert_int_equal(f->tensors[0].offset, 0);
     float out[6];
-    assert_int_equal(st_to_f32(st_find(f, "w"), out, NULL, err, sizeof err), 0);
+    assert_int_equal(st_to_f32(st_find(f, "w"), out, NULL), CT_OK);
     assert_memory_equal(out, w, sizeof w);
     assert_int_equal(st_find(f, "w")->shape[1], 3);
-    assert_int_equal(st_to_f32(st_find(f, "b"), out, NULL, err, sizeof err), 0);
+    assert_int_equal(st_to_f32(st_find(f, "b"), out, NULL), CT_OK);
     assert_true(out[0] == 1.0f && f2u(out[1]) == 0x3f820000u); /* rounded to nearest even */
     assert_int_equal(f2u(out[2]), (uint32_t)st_f32_to_bf16(3e38f) << 16);
     assert_memory_equal(st_find(f, "ids")->data, ids, sizeof ids);
-    assert_int_equal(st_to_f32(st_find(f, "half"), out, NULL, err, sizeof err), 0);
+    assert_int_equal(st_to_f32(st_find(f, "half"), out, NULL), CT_OK);
     assert_true(out[0] == 1.0f && out[1] == -2.0f);
     assert_int_equal(st_find(f, "s")->ndim, 0);
     assert_int_equal(st_find(f, "none")->numel, 0);
@@ -279,53 +276,53 @@ static void test_writer_refuses_bad_entries_and_leaves_no_file(void **state) {
     (void)state;
     float x[1] = {0};
     int64_t s1[1] = {1}, neg[1] = {-1};
-    char path[128], err[512];
+    char path[128];
     snprintf(path, sizeof path, "%s/bad.safetensors", tmpdir);
     st_entry dup[] = {{"a", ST_F32, 1, s1, x, NULL}, {"a", ST_F32, 1, s1, x, NULL}};
-    assert_int_equal(st_write(path, dup, 2, NULL, 0, err, sizeof err), -1);
-    assert_non_null(strstr(err, "tensor 'a': appears twice"));
+    assert_int_equal(st_write(path, dup, 2, NULL, 0), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "tensor 'a': appears twice"));
     st_entry f16[] = {{"a", ST_F16, 1, s1, x, NULL}};
-    assert_int_equal(st_write(path, f16, 1, NULL, 0, err, sizeof err), -1);
-    assert_non_null(strstr(err, "F32 or BF16"));
+    assert_int_equal(st_write(path, f16, 1, NULL, 0), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "F32 or BF16"));
     st_entry negs[] = {{"a", ST_F32, 1, neg, x, NULL}};
-    assert_int_equal(st_write(path, negs, 1, NULL, 0, err, sizeof err), -1);
+    assert_int_equal(st_write(path, negs, 1, NULL, 0), CT_ERR_INVALID);
     st_entry meta_name[] = {{"__metadata__", ST_F32, 1, s1, x, NULL}};
-    assert_int_equal(st_write(path, meta_name, 1, NULL, 0, err, sizeof err), -1);
+    assert_int_equal(st_write(path, meta_name, 1, NULL, 0), CT_ERR_INVALID);
     st_entry bad_utf8[] = {{"a\xff", ST_F32, 1, s1, x, NULL}};
-    assert_int_equal(st_write(path, bad_utf8, 1, NULL, 0, err, sizeof err), -1);
-    assert_non_null(strstr(err, "UTF-8"));
+    assert_int_equal(st_write(path, bad_utf8, 1, NULL, 0), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "UTF-8"));
     assert_int_not_equal(access(path, F_OK), 0);
     char tmp[160];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     assert_int_not_equal(access(tmp, F_OK), 0);
     snprintf(path, sizeof path, "%s/no/such/dir/x.safetensors", tmpdir);
-    assert_int_equal(st_write(path, dup, 1, NULL, 0, err, sizeof err), -1);
-    assert_non_null(strstr(err, "cannot create"));
+    assert_int_equal(st_write(path, dup, 1, NULL, 0), CT_ERR_IO);
+    assert_non_null(strstr(ct_last_error(), "cannot create"));
 }
 
 static void test_read_errors_on_files(void **state) {
     (void)state;
-    char path[128], err[512];
-    assert_null(st_read(tmpdir, err, sizeof err)); /* a folder */
-    assert_non_null(strstr(err, "not a regular file"));
+    char path[128];
+    assert_null(st_read(tmpdir)); /* a folder */
+    assert_non_null(strstr(ct_last_error(), "not a regular file"));
     snprintf(path, sizeof path, "%s/missing.safetensors", tmpdir);
-    assert_null(st_read(path, err, sizeof err));
-    assert_non_null(strstr(err, "cannot open"));
+    assert_null(st_read(path));
+    assert_non_null(strstr(ct_last_error(), "cannot open"));
     /* a valid file cut short: the header's claims no longer fit */
     float x[256] = {0};
     int64_t s[1] = {256};
     st_entry e[] = {{"x", ST_F32, 1, s, x, NULL}};
     snprintf(path, sizeof path, "%s/cut.safetensors", tmpdir);
-    assert_int_equal(st_write(path, e, 1, NULL, 0, err, sizeof err), 0);
+    assert_int_equal(st_write(path, e, 1, NULL, 0), CT_OK);
     assert_int_equal(truncate(path, 1000), 0);
-    assert_null(st_read(path, err, sizeof err));
-    assert_non_null(strstr(err, "tensor 'x': data_offsets [0, 1024] run past the data section"));
+    assert_null(st_read(path));
+    assert_non_null(strstr(ct_last_error(), "tensor 'x': data_offsets [0, 1024] run past the data section"));
     assert_int_equal(truncate(path, 20), 0);
-    assert_null(st_read(path, err, sizeof err));
-    assert_non_null(strstr(err, "runs past the end of the file"));
+    assert_null(st_read(path));
+    assert_non_null(strstr(ct_last_error(), "runs past the end of the file"));
     assert_int_equal(truncate(path, 5), 0);
-    assert_null(st_read(path, err, sizeof err));
-    assert_non_null(strstr(err, "too short"));
+    assert_null(st_read(path));
+    assert_non_null(strstr(ct_last_error(), "too short"));
 }
 
 /* ---- models in one or several files ------------------------------------------------------------ */
@@ -343,57 +340,57 @@ static void write_shard(const char *dir, const char *name, const char *t1, const
     float x[2] = {v, v + 1};
     int64_t s[1] = {2};
     st_entry e[] = {{t1, ST_F32, 1, s, x, NULL}, {t2, ST_F32, 1, s, x, NULL}};
-    char path[256], err[512];
+    char path[256];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    assert_int_equal(st_write(path, e, t2 ? 2 : 1, NULL, 0, err, sizeof err), 0);
+    assert_int_equal(st_write(path, e, t2 ? 2 : 1, NULL, 0), CT_OK);
 }
 
 static void test_sharded_model_through_the_index(void **state) {
     (void)state;
-    char dir[128], err[512];
+    char dir[128];
     snprintf(dir, sizeof dir, "%s/sharded", tmpdir);
     mkdir(dir, 0755);
-    st_model *m = st_model_open(dir, err, sizeof err);
+    st_model *m = st_model_open(dir);
     assert_null(m);
-    assert_non_null(strstr(err, "no model.safetensors or model.safetensors.index.json"));
+    assert_non_null(strstr(ct_last_error(), "no model.safetensors or model.safetensors.index.json"));
     write_shard(dir, "p1.safetensors", "a", "b", 1);
     write_shard(dir, "p2.safetensors", "c", NULL, 10);
     write_text(dir, "model.safetensors.index.json",
                "{\"metadata\": {\"total_size\": 24}, \"weight_map\": {\"a\": \"p1.safetensors\", "
                "\"b\": \"p1.safetensors\", \"c\": \"p2.safetensors\"}}");
-    m = st_model_open(dir, err, sizeof err);
-    if (!m) fail_msg("%s", err);
+    m = st_model_open(dir);
+    if (!m) fail_msg("%s", ct_last_error());
     assert_int_equal(m->n_files, 2);
     assert_int_equal(m->count, 3);
     float out[2];
-    assert_int_equal(st_to_f32(st_model_find(m, "c"), out, NULL, err, sizeof err), 0);
+    assert_int_equal(st_to_f32(st_model_find(m, "c"), out, NULL), CT_OK);
     assert_true(out[0] == 10 && out[1] == 11);
     assert_non_null(strstr(m->where[2], "p2.safetensors"));
     assert_null(st_model_find(m, "d"));
     st_model_free(m);
 
     write_text(dir, "model.safetensors.index.json", "{\"weight_map\": {\"a\": \"p2.safetensors\"}}");
-    assert_null(st_model_open(dir, err, sizeof err));
-    assert_non_null(strstr(err, "tensor 'a': is mapped to p2.safetensors, which does not hold it"));
+    assert_null(st_model_open(dir));
+    assert_non_null(strstr(ct_last_error(), "tensor 'a': is mapped to p2.safetensors, which does not hold it"));
     write_text(dir, "model.safetensors.index.json", "{\"weight_map\": {\"a\": \"../p1.safetensors\"}}");
-    assert_null(st_model_open(dir, err, sizeof err));
-    assert_non_null(strstr(err, "expected a file name in the same folder"));
+    assert_null(st_model_open(dir));
+    assert_non_null(strstr(ct_last_error(), "expected a file name in the same folder"));
     write_text(dir, "model.safetensors.index.json", "{\"weight_map\": {}}");
-    assert_null(st_model_open(dir, err, sizeof err));
-    assert_non_null(strstr(err, "non-empty \"weight_map\""));
+    assert_null(st_model_open(dir));
+    assert_non_null(strstr(ct_last_error(), "non-empty \"weight_map\""));
     write_shard(dir, "p3.safetensors", "a", NULL, 5); /* 'a' in two shards */
     write_text(dir, "model.safetensors.index.json",
                "{\"weight_map\": {\"a\": \"p1.safetensors\", \"c\": \"p3.safetensors\"}}");
-    assert_null(st_model_open(dir, err, sizeof err));
-    assert_non_null(strstr(err, "tensor 'a': also in"));
+    assert_null(st_model_open(dir));
+    assert_non_null(strstr(ct_last_error(), "tensor 'a': also in"));
     write_text(dir, "model.safetensors.index.json", "{\"weight_map\": {\"a\": \"missing.safetensors\"}}");
-    assert_null(st_model_open(dir, err, sizeof err));
-    assert_non_null(strstr(err, "missing.safetensors: cannot open"));
+    assert_null(st_model_open(dir));
+    assert_non_null(strstr(ct_last_error(), "missing.safetensors: cannot open"));
 
     /* a single model.safetensors wins over the index, as in transformers */
     write_shard(dir, "model.safetensors", "only", NULL, 3);
-    m = st_model_open(dir, err, sizeof err);
-    if (!m) fail_msg("%s", err);
+    m = st_model_open(dir);
+    if (!m) fail_msg("%s", ct_last_error());
     assert_int_equal(m->count, 1);
     assert_non_null(st_model_find(m, "only"));
     st_model_free(m);

@@ -61,19 +61,18 @@ static void roundtrip(uint64_t n) {
     path_of(p, "rt.bin");
     uint32_t *t = malloc((n + 1) * sizeof *t);
     for (uint64_t i = 0; i < n; i++) t[i] = i % 7 == 0 ? UINT32_MAX - (uint32_t)i : rnd();
-    char err[256] = "";
-    assert_int_equal(shard_write(p, t, n, err, sizeof err), 0);
+    assert_int_equal(shard_write(p, t, n), CT_OK);
     uint32_t *back = NULL;
     uint64_t m = 99;
-    assert_int_equal(shard_read(p, &back, &m, err, sizeof err), 0);
+    assert_int_equal(shard_read(p, &back, &m), CT_OK);
     assert_int_equal(m, n);
     if (n) assert_memory_equal(back, t, n * sizeof *t);
     else assert_null(back);
     uint64_t c = 0;
-    assert_int_equal(shard_count(p, &c, err, sizeof err), 0);
+    assert_int_equal(shard_count(p, &c), CT_OK);
     assert_int_equal(c, n);
     shard_info info;
-    assert_int_equal(shard_verify(p, &info, err, sizeof err), 0);
+    assert_int_equal(shard_verify(p, &info), CT_OK);
     assert_int_equal(info.version, 2);
     assert_int_equal(info.count, n);
     shard_free(back);
@@ -94,10 +93,10 @@ static void test_roundtrip_sizes(void **state) {
 
 static void test_header_is_the_documented_layout(void **state) {
     (void)state;
-    char p[256], err[256];
+    char p[256];
     path_of(p, "hdr.bin");
     uint32_t t[3] = {1, 0x01020304, 0xfffffffe};
-    assert_int_equal(shard_write(p, t, 3, err, sizeof err), 0);
+    assert_int_equal(shard_write(p, t, 3), CT_OK);
     unsigned char b[64];
     size_t n = read_bytes(p, b, sizeof b);
     assert_int_equal(n, 32 + 12);
@@ -107,11 +106,11 @@ static void test_header_is_the_documented_layout(void **state) {
         0x5a, 0x51, 0x7d, 0x43, 0, 0, 0, 0, 1, 0, 0, 0, 4, 3, 2, 1, 0xfe, 0xff, 0xff, 0xff};
     assert_memory_equal(b, want, sizeof want);
     shard_info info;
-    assert_int_equal(shard_verify(p, &info, err, sizeof err), 0);
+    assert_int_equal(shard_verify(p, &info), CT_OK);
     assert_int_equal(info.checksum, 0x437d515au);
 
     /* An empty shard's checksum is the CRC-32 of no bytes: 0. */
-    assert_int_equal(shard_write(p, t, 0, err, sizeof err), 0);
+    assert_int_equal(shard_write(p, t, 0), CT_OK);
     assert_int_equal(read_bytes(p, b, sizeof b), 32);
     assert_int_equal(b[8], 2);
     for (int i = 24; i < 32; i++) assert_int_equal(b[i], 0);
@@ -139,48 +138,50 @@ static void good_image_v2(unsigned char *b) {
 }
 
 static void expect_error(const unsigned char *img, size_t n, const char *what) {
-    char p[256], err[512] = "";
+    char p[256];
     path_of(p, "bad.bin");
     write_bytes(p, img, n);
     uint32_t *t = (uint32_t *)1;
     uint64_t m = 77;
-    assert_int_equal(shard_read(p, &t, &m, err, sizeof err), -1);
+    assert_int_equal(shard_read(p, &t, &m), CT_ERR_INVALID);
     assert_null(t);
     assert_int_equal(m, 0);
-    if (!strstr(err, p) || !strstr(err, what)) fail_msg("message '%s' should name %s and say '%s'", err, p, what);
-    assert_int_equal(shard_verify(p, NULL, err, sizeof err), -1);
-    if (!strstr(err, p) || !strstr(err, what)) fail_msg("shard_verify: '%s' should say '%s'", err, what);
+    if (!strstr(ct_last_error(), p) || !strstr(ct_last_error(), what))
+        fail_msg("message '%s' should name %s and say '%s'", ct_last_error(), p, what);
+    assert_int_equal(shard_verify(p, NULL), CT_ERR_INVALID);
+    if (!strstr(ct_last_error(), p) || !strstr(ct_last_error(), what))
+        fail_msg("shard_verify: '%s' should say '%s'", ct_last_error(), what);
 }
 
 /* A fault only the checksum sees: the header is consistent, so shard_count still succeeds. */
 static void expect_checksum_error(const unsigned char *img, size_t n, const char *what) {
     expect_error(img, n, what);
-    char p[256], err[512] = "";
+    char p[256];
     path_of(p, "bad.bin");
     uint64_t c;
-    assert_int_equal(shard_count(p, &c, err, sizeof err), 0);
+    assert_int_equal(shard_count(p, &c), CT_OK);
 }
 
 /* A fault in the header or size: shard_count refuses it too. */
 static void expect_header_error(const unsigned char *img, size_t n, const char *what) {
     expect_error(img, n, what);
-    char p[256], err[512] = "";
+    char p[256];
     path_of(p, "bad.bin");
     uint64_t c;
-    assert_int_equal(shard_count(p, &c, err, sizeof err), -1);
-    if (!strstr(err, what)) fail_msg("shard_count: '%s' should say '%s'", err, what);
+    assert_int_equal(shard_count(p, &c), CT_ERR_INVALID);
+    if (!strstr(ct_last_error(), what)) fail_msg("shard_count: '%s' should say '%s'", ct_last_error(), what);
 }
 
 static void test_malformed_files_are_refused(void **state) {
     (void)state;
     unsigned char b[64];
     good_image(b);
-    char p[256], err[256];
+    char p[256];
     path_of(p, "ok.bin");
     write_bytes(p, b, 40);
     uint32_t *t;
     uint64_t m;
-    assert_int_equal(shard_read(p, &t, &m, err, sizeof err), 0);   /* the image itself is valid */
+    assert_int_equal(shard_read(p, &t, &m), CT_OK);   /* the image itself is valid */
     assert_int_equal(m, 2);
     assert_int_equal(t[0], 7);
     assert_int_equal(t[1], 9);
@@ -203,7 +204,7 @@ static void test_malformed_files_are_refused(void **state) {
     /* Version 2: a flipped bit anywhere in the tokens, or a wrong checksum, is a checksum mismatch. */
     good_image_v2(b);
     write_bytes(p, b, 40);
-    assert_int_equal(shard_read(p, &t, &m, err, sizeof err), 0);
+    assert_int_equal(shard_read(p, &t, &m), CT_OK);
     assert_int_equal(m, 2);
     assert_int_equal(t[1], 9);
     shard_free(t);
@@ -219,10 +220,10 @@ static void test_malformed_files_are_refused(void **state) {
 
     char missing[256];
     path_of(missing, "nope.bin");
-    assert_int_equal(shard_read(missing, &t, &m, err, sizeof err), -1);
-    assert_non_null(strstr(err, missing));
-    assert_int_equal(shard_read(dir, &t, &m, err, sizeof err), -1);   /* a directory */
-    assert_int_equal(shard_read(p, &t, &m, NULL, 0), 0);              /* err may be NULL */
+    assert_int_equal(shard_read(missing, &t, &m), CT_ERR_IO);
+    assert_non_null(strstr(ct_last_error(), missing));
+    assert_int_equal(shard_read(dir, &t, &m), CT_ERR_INVALID);   /* a directory */
+    assert_int_equal(shard_read(p, &t, &m), CT_OK);
     shard_free(t);
 }
 
@@ -231,22 +232,22 @@ static void test_version_1_is_still_read(void **state) {
     (void)state;
     unsigned char b[64];
     good_image(b);
-    char p[256], err[256];
+    char p[256];
     path_of(p, "v1.bin");
     write_bytes(p, b, 40);
     uint32_t *t;
     uint64_t m;
-    assert_int_equal(shard_read(p, &t, &m, err, sizeof err), 0);
+    assert_int_equal(shard_read(p, &t, &m), CT_OK);
     assert_int_equal(m, 2);
     assert_int_equal(t[0], 7);
     assert_int_equal(t[1], 9);
     shard_info info;
-    assert_int_equal(shard_verify(p, &info, err, sizeof err), 0);
+    assert_int_equal(shard_verify(p, &info), CT_OK);
     assert_int_equal(info.version, 1);
     assert_int_equal(info.count, 2);
     assert_int_equal(info.checksum, 0x12ef99fau);
     /* Written again, the same tokens make the version-2 image. */
-    assert_int_equal(shard_write(p, t, m, err, sizeof err), 0);
+    assert_int_equal(shard_write(p, t, m), CT_OK);
     shard_free(t);
     unsigned char back[64], v2[64];
     good_image_v2(v2);
@@ -256,55 +257,55 @@ static void test_version_1_is_still_read(void **state) {
 
 static void test_streaming_writer_is_atomic(void **state) {
     (void)state;
-    char p[256], tmp[300], err[256];
+    char p[256], tmp[300];
     path_of(p, "stream.bin");
     snprintf(tmp, sizeof tmp, "%s.tmp", p);
     uint32_t old[2] = {5, 6};
-    assert_int_equal(shard_write(p, old, 2, err, sizeof err), 0);
+    assert_int_equal(shard_write(p, old, 2), CT_OK);
 
-    shard_writer *w = shard_writer_open(p, err, sizeof err);
+    shard_writer *w = shard_writer_open(p);
     assert_non_null(w);
     uint32_t all[1000];
     for (uint32_t i = 0; i < 1000; i++) all[i] = i * 2654435761u;
     for (size_t i = 0; i < 1000; i += 333) {
         size_t k = 1000 - i < 333 ? 1000 - i : 333;
-        assert_int_equal(shard_writer_append(w, all + i, k, err, sizeof err), 0);
+        assert_int_equal(shard_writer_append(w, all + i, k), CT_OK);
     }
     assert_int_equal(shard_writer_count(w), 1000);
     /* Until close, readers still see the old shard. */
     uint32_t *t;
     uint64_t m;
-    assert_int_equal(shard_read(p, &t, &m, err, sizeof err), 0);
+    assert_int_equal(shard_read(p, &t, &m), CT_OK);
     assert_int_equal(m, 2);
     shard_free(t);
     assert_true(exists(tmp));
-    assert_int_equal(shard_writer_close(w, err, sizeof err), 0);
+    assert_int_equal(shard_writer_close(w), CT_OK);
     assert_false(exists(tmp));
-    assert_int_equal(shard_read(p, &t, &m, err, sizeof err), 0);
+    assert_int_equal(shard_read(p, &t, &m), CT_OK);
     assert_int_equal(m, 1000);
     assert_memory_equal(t, all, sizeof all);
     shard_free(t);
 
     /* An aborted writer leaves the old file and no temporary. */
-    w = shard_writer_open(p, err, sizeof err);
+    w = shard_writer_open(p);
     assert_non_null(w);
-    assert_int_equal(shard_writer_append(w, old, 2, err, sizeof err), 0);
+    assert_int_equal(shard_writer_append(w, old, 2), CT_OK);
     shard_writer_abort(w);
     assert_false(exists(tmp));
-    assert_int_equal(shard_count(p, &m, err, sizeof err), 0);
+    assert_int_equal(shard_count(p, &m), CT_OK);
     assert_int_equal(m, 1000);
 
     /* A folder that does not exist is made; one that cannot be (a file is in the way): an error
      * naming the temporary file. */
     char made[300], bad[600];
     snprintf(made, sizeof made, "%s/new/sub/dir.bin", dir);
-    assert_int_equal(shard_write(made, old, 2, err, sizeof err), 0);
-    assert_int_equal(shard_count(made, &m, err, sizeof err), 0);
+    assert_int_equal(shard_write(made, old, 2), CT_OK);
+    assert_int_equal(shard_count(made, &m), CT_OK);
     assert_int_equal(m, 2);
     snprintf(bad, sizeof bad, "%s/x/dir.bin", p);
-    assert_null(shard_writer_open(bad, err, sizeof err));
-    assert_non_null(strstr(err, "stream.bin/x/dir.bin.tmp: cannot create its folder"));
-    assert_int_equal(shard_write(bad, old, 2, err, sizeof err), -1);
+    assert_null(shard_writer_open(bad));
+    assert_non_null(strstr(ct_last_error(), "stream.bin/x/dir.bin.tmp: cannot create its folder"));
+    assert_int_equal(shard_write(bad, old, 2), CT_ERR_IO);
     unlink(made);
     snprintf(made, sizeof made, "%s/new/sub", dir);
     rmdir(made);

@@ -111,12 +111,9 @@ static buf sample_file_v2(void) {
 
 /* Reads b from memory, expects failure with a message containing want (and starting "mem: "). */
 static void expect_error(const buf *b, const char *want) {
-    char err[512] = "";
-    tf_file *f = tf_read_mem(b->p, b->n, "mem", err, sizeof err);
-    if (f || !strstr(err, want) || strncmp(err, "mem: ", 5) != 0)
-        fail_msg("expected an error containing \"%s\", got %s \"%s\"", want, f ? "success," : "", err);
-    /* a NULL error buffer must be accepted too */
-    assert_null(tf_read_mem(b->p, b->n, "mem", NULL, 0));
+    tf_file *f = tf_read_mem(b->p, b->n, "mem");
+    if (f || !strstr(ct_last_error(), want) || strncmp(ct_last_error(), "mem: ", 5) != 0)
+        fail_msg("expected an error containing \"%s\", got %s \"%s\"", want, f ? "success," : "", ct_last_error());
 }
 
 static char tmpdir[64];
@@ -159,8 +156,7 @@ static int file_exists(const char *path) {
 static void test_read_sample_gives_names_shapes_and_values(void **state) {
     (void)state;
     buf b = sample_file();
-    char err[256] = "";
-    tf_file *f = tf_read_mem(b.p, b.n, "mem", err, sizeof err);
+    tf_file *f = tf_read_mem(b.p, b.n, "mem");
     assert_non_null(f);
     assert_int_equal(f->count, 3);
 
@@ -193,20 +189,19 @@ static void test_read_sample_gives_names_shapes_and_values(void **state) {
 static void test_expect_checks_dtype_and_shape(void **state) {
     (void)state;
     buf b = sample_file();
-    tf_file *f = tf_read_mem(b.p, b.n, "mem", NULL, 0);
+    tf_file *f = tf_read_mem(b.p, b.n, "mem");
     assert_non_null(f);
-    char err[256];
-    assert_non_null(tf_expect(f, "g.ctt", "w", TF_F32, 2, (int64_t[]){2, 3}, err, sizeof err));
-    assert_non_null(tf_expect(f, "g.ctt", "s", TF_F32, 0, NULL, err, sizeof err));
+    assert_non_null(tf_expect(f, "g.ctt", "w", TF_F32, 2, (int64_t[]){2, 3}));
+    assert_non_null(tf_expect(f, "g.ctt", "s", TF_F32, 0, NULL));
 
-    assert_null(tf_expect(f, "g.ctt", "w", TF_F32, 2, (int64_t[]){3, 2}, err, sizeof err));
-    assert_string_equal(err, "g.ctt: tensor 'w' has shape (2, 3), expected (3, 2)");
-    assert_null(tf_expect(f, "g.ctt", "w", TF_F32, 1, (int64_t[]){6}, err, sizeof err));
-    assert_string_equal(err, "g.ctt: tensor 'w' has shape (2, 3), expected (6)");
-    assert_null(tf_expect(f, "g.ctt", "ids", TF_F32, 1, (int64_t[]){4}, err, sizeof err));
-    assert_string_equal(err, "g.ctt: tensor 'ids' has dtype 5, expected 1");
-    assert_null(tf_expect(f, NULL, "gone", TF_F32, 0, NULL, err, sizeof err));
-    assert_string_equal(err, "tensor 'gone' is missing");
+    assert_null(tf_expect(f, "g.ctt", "w", TF_F32, 2, (int64_t[]){3, 2}));
+    assert_string_equal(ct_last_error(), "g.ctt: tensor 'w' has shape (2, 3), expected (3, 2)");
+    assert_null(tf_expect(f, "g.ctt", "w", TF_F32, 1, (int64_t[]){6}));
+    assert_string_equal(ct_last_error(), "g.ctt: tensor 'w' has shape (2, 3), expected (6)");
+    assert_null(tf_expect(f, "g.ctt", "ids", TF_F32, 1, (int64_t[]){4}));
+    assert_string_equal(ct_last_error(), "g.ctt: tensor 'ids' has dtype 5, expected 1");
+    assert_null(tf_expect(f, NULL, "gone", TF_F32, 0, NULL));
+    assert_string_equal(ct_last_error(), "tensor 'gone' is missing");
     tf_free(f);
     free(b.p);
 }
@@ -215,7 +210,7 @@ static void test_read_accepts_empty_file_and_zero_sized_tensor(void **state) {
     (void)state;
     buf b = {0};
     put_header(&b, 0);
-    tf_file *f = tf_read_mem(b.p, b.n, "mem", NULL, 0);
+    tf_file *f = tf_read_mem(b.p, b.n, "mem");
     assert_non_null(f);
     assert_int_equal(f->count, 0);
     tf_free(f);
@@ -223,7 +218,7 @@ static void test_read_accepts_empty_file_and_zero_sized_tensor(void **state) {
     b.n = 0;
     put_header(&b, 1);
     put_tensor(&b, "empty", TF_F32, 3, (uint64_t[]){4, 0, 5});
-    f = tf_read_mem(b.p, b.n, "mem", NULL, 0);
+    f = tf_read_mem(b.p, b.n, "mem");
     assert_non_null(f);
     assert_int_equal(f->entries[0].numel, 0);
     assert_non_null(f->entries[0].data);
@@ -252,18 +247,17 @@ static void test_read_rejects_truncation_at_every_length(void **state) {
     (void)state;
     buf b = sample_file();
     for (size_t n = 0; n < b.n; n++) {
-        char err[512] = "";
-        tf_file *f = tf_read_mem(b.p, n, "mem", err, sizeof err);
+        tf_file *f = tf_read_mem(b.p, n, "mem");
         if (f) fail_msg("a file cut to %zu of %zu bytes was accepted", n, b.n);
         /* cut inside the header, or a count the bytes cannot hold, or a truncated field */
-        if (!strstr(err, "truncated") && !strstr(err, "shorter than the 24-byte header") &&
-            !strstr(err, "hold at most"))
-            fail_msg("cut to %zu bytes: unexpected message \"%s\"", n, err);
+        if (!strstr(ct_last_error(), "truncated") && !strstr(ct_last_error(), "shorter than the 24-byte header") &&
+            !strstr(ct_last_error(), "hold at most"))
+            fail_msg("cut to %zu bytes: unexpected message \"%s\"", n, ct_last_error());
     }
     /* a cut inside the second tensor's data names that tensor and the field */
-    char err[512];
-    assert_null(tf_read_mem(b.p, b.n - 17 - 5, "mem", err, sizeof err));
-    assert_string_equal(err, "mem: tensor 1 'ids' at byte 77: truncated: data needs 16 bytes but only 11 remain");
+    assert_null(tf_read_mem(b.p, b.n - 17 - 5, "mem"));
+    assert_string_equal(ct_last_error(),
+                        "mem: tensor 1 'ids' at byte 77: truncated: data needs 16 bytes but only 11 remain");
     free(b.p);
 }
 
@@ -274,15 +268,13 @@ static void test_read_rejects_truncated_files_on_disk(void **state) {
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
         const char *path = tmp_path("cut.ctt");
         write_bytes(path, b.p, cuts[i]);
-        char err[512] = "";
-        assert_null(tf_read(path, err, sizeof err));
-        assert_int_equal(strncmp(err, path, strlen(path)), 0);
+        assert_null(tf_read(path));
+        assert_int_equal(strncmp(ct_last_error(), path, strlen(path)), 0);
     }
-    char err[512];
-    assert_null(tf_read(tmp_path("does-not-exist.ctt"), err, sizeof err));
-    assert_non_null(strstr(err, "cannot open"));
-    assert_null(tf_read(tmpdir, err, sizeof err));
-    assert_non_null(strstr(err, "not a regular file"));
+    assert_null(tf_read(tmp_path("does-not-exist.ctt")));
+    assert_non_null(strstr(ct_last_error(), "cannot open"));
+    assert_null(tf_read(tmpdir));
+    assert_non_null(strstr(ct_last_error(), "not a regular file"));
     free(b.p);
 }
 
@@ -329,7 +321,7 @@ static void test_read_rejects_bad_names(void **state) {
     b.n = 0;
     put_header(&b, 1);
     put_tensor(&b, "gewicht.\xc3\xa4\xe2\x82\xac", TF_F32, 0, NULL);
-    tf_file *f = tf_read_mem(b.p, b.n, "mem", NULL, 0);
+    tf_file *f = tf_read_mem(b.p, b.n, "mem");
     assert_non_null(f);
     assert_non_null(tf_find(f, "gewicht.\xc3\xa4\xe2\x82\xac"));
     tf_free(f);
@@ -429,12 +421,11 @@ static void test_read_survives_every_byte_flip(void **state) {
         unsigned char keep = b.p[i];
         for (size_t v = 0; v < sizeof vals; v++) {
             b.p[i] = vals[v];
-            char err[512] = "";
-            tf_file *f = tf_read_mem(b.p, b.n, "mem", err, sizeof err);
+            tf_file *f = tf_read_mem(b.p, b.n, "mem");
             if (f) tf_free(f);
             else {
                 failed++;
-                assert_true(strncmp(err, "mem: ", 5) == 0 && strchr(err, '\n') == NULL);
+                assert_true(strncmp(ct_last_error(), "mem: ", 5) == 0 && strchr(ct_last_error(), '\n') == NULL);
             }
         }
         b.p[i] = keep;
@@ -454,8 +445,7 @@ static void test_writer_round_trip(void **state) {
     float scalar = 3.5f;
     float six[2 * 1 * 1 * 1 * 1 * 3] = {1, 2, 3, 4, 5, 6};
 
-    char err[256] = "";
-    tf_writer *wr = tf_writer_open(path, err, sizeof err);
+    tf_writer *wr = tf_writer_open(path);
     assert_non_null(wr);
     assert_int_equal(tf_writer_add(wr, "layers.0.w", TF_F32, 3, (int64_t[]){2, 3, 4}, w), 0);
     assert_int_equal(tf_writer_add(wr, "input.tokens", TF_I32, 1, (int64_t[]){5}, ids), 0);
@@ -463,24 +453,24 @@ static void test_writer_round_trip(void **state) {
     assert_int_equal(tf_writer_add(wr, "six", TF_F32, 6, (int64_t[]){2, 1, 1, 1, 1, 3}, six), 0);
     assert_int_equal(tf_writer_add(wr, "none", TF_F32, 2, (int64_t[]){0, 9}, NULL), 0);
     assert_string_equal(tf_writer_error(wr), "");
-    assert_int_equal(tf_writer_close(wr, err, sizeof err), 0);
+    assert_int_equal(tf_writer_close(wr), CT_OK);
     assert_false(file_exists(tmp_path("rt.ctt.tmp")));
 
-    tf_file *f = tf_read(path, err, sizeof err);
-    if (!f) fail_msg("%s", err);
+    tf_file *f = tf_read(path);
+    if (!f) fail_msg("%s", ct_last_error());
     assert_int_equal(f->count, 5);
     assert_string_equal(f->entries[0].name, "layers.0.w");
     assert_string_equal(f->entries[4].name, "none");
-    const tf_entry *e = tf_expect(f, path, "layers.0.w", TF_F32, 3, (int64_t[]){2, 3, 4}, err, sizeof err);
+    const tf_entry *e = tf_expect(f, path, "layers.0.w", TF_F32, 3, (int64_t[]){2, 3, 4});
     assert_non_null(e);
     assert_memory_equal(e->data, w, sizeof w);
-    e = tf_expect(f, path, "input.tokens", TF_I32, 1, (int64_t[]){5}, err, sizeof err);
+    e = tf_expect(f, path, "input.tokens", TF_I32, 1, (int64_t[]){5});
     assert_non_null(e);
     assert_memory_equal(e->data, ids, sizeof ids);
-    e = tf_expect(f, path, "expected.loss", TF_F32, 0, NULL, err, sizeof err);
+    e = tf_expect(f, path, "expected.loss", TF_F32, 0, NULL);
     assert_non_null(e);
     assert_true(*(float *)e->data == 3.5f);
-    e = tf_expect(f, path, "six", TF_F32, 6, (int64_t[]){2, 1, 1, 1, 1, 3}, err, sizeof err);
+    e = tf_expect(f, path, "six", TF_F32, 6, (int64_t[]){2, 1, 1, 1, 1, 3});
     assert_non_null(e);
     assert_memory_equal(e->data, six, sizeof six);
     assert_int_equal(tf_find(f, "none")->numel, 0);
@@ -495,12 +485,12 @@ static void test_writer_output_matches_the_spec_bytes(void **state) {
     for (int i = 0; i < 6; i++) wv[i] = 0.5f * (float)i;
     for (int i = 0; i < 4; i++) iv[i] = i - 3;
     float s = 0.0f;
-    tf_writer *w = tf_writer_open(path, NULL, 0);
+    tf_writer *w = tf_writer_open(path);
     assert_non_null(w);
     assert_int_equal(tf_writer_add(w, "w", TF_F32, 2, (int64_t[]){2, 3}, wv), 0);
     assert_int_equal(tf_writer_add(w, "ids", TF_I32, 1, (int64_t[]){4}, iv), 0);
     assert_int_equal(tf_writer_add(w, "s", TF_F32, 0, NULL, &s), 0);
-    assert_int_equal(tf_writer_close(w, NULL, 0), 0);
+    assert_int_equal(tf_writer_close(w), CT_OK);
 
     buf want = sample_file_v2();
     FILE *fp = fopen(path, "rb");
@@ -518,8 +508,7 @@ static void test_writer_output_matches_the_spec_bytes(void **state) {
 static void test_v2_checksums_name_the_corrupt_tensor(void **state) {
     (void)state;
     buf b = sample_file_v2(), v1 = sample_file();
-    char err[512] = "";
-    tf_file *f = tf_read_mem(b.p, b.n, "mem", err, sizeof err), *g = tf_read_mem(v1.p, v1.n, "mem", err, sizeof err);
+    tf_file *f = tf_read_mem(b.p, b.n, "mem"), *g = tf_read_mem(v1.p, v1.n, "mem");
     assert_non_null(f);
     assert_non_null(g);
     assert_int_equal(f->version, 2);
@@ -537,8 +526,9 @@ static void test_v2_checksums_name_the_corrupt_tensor(void **state) {
     for (size_t k = 0; k < sizeof flips / sizeof *flips; k++) {
         b.p[flips[k].at] ^= 0x01;
         expect_error(&b, "checksum mismatch");
-        tf_read_mem(b.p, b.n, "mem", err, sizeof err);
-        if (!strstr(err, flips[k].name)) fail_msg("flip at %zu: \"%s\" does not name %s", flips[k].at, err, flips[k].name);
+        tf_read_mem(b.p, b.n, "mem");
+        if (!strstr(ct_last_error(), flips[k].name))
+            fail_msg("flip at %zu: \"%s\" does not name %s", flips[k].at, ct_last_error(), flips[k].name);
         b.p[flips[k].at] ^= 0x01;
     }
     b.p[b.n - 1] ^= 0x80; /* the stored checksum itself */
@@ -554,20 +544,21 @@ static void test_v2_checksums_name_the_corrupt_tensor(void **state) {
 static void test_check_finite_names_the_tensor(void **state) {
     (void)state;
     buf b = sample_file_v2();
-    char err[512] = "";
-    tf_file *f = tf_read_mem(b.p, b.n, "mem", err, sizeof err);
+    tf_file *f = tf_read_mem(b.p, b.n, "mem");
     assert_non_null(f);
-    assert_int_equal(tf_check_finite(f, "model.ctt", err, sizeof err), 0);
+    assert_int_equal(tf_check_finite(f, "model.ctt"), CT_OK);
     ((float *)f->entries[2].data)[0] = INFINITY;
-    assert_int_equal(tf_check_finite(f, "model.ctt", err, sizeof err), -1);
-    assert_string_equal(err, "model.ctt: tensor 's' holds Inf at element 0 of 1: refusing non-finite weights");
+    assert_int_equal(tf_check_finite(f, "model.ctt"), CT_ERR_INVALID);
+    assert_string_equal(ct_last_error(),
+                        "model.ctt: tensor 's' holds Inf at element 0 of 1: refusing non-finite weights");
     ((float *)f->entries[0].data)[4] = NAN;
-    assert_int_equal(tf_check_finite(f, "model.ctt", err, sizeof err), -1);
-    assert_string_equal(err, "model.ctt: tensor 'w' holds NaN at element 4 of 6: refusing non-finite weights");
+    assert_int_equal(tf_check_finite(f, "model.ctt"), CT_ERR_INVALID);
+    assert_string_equal(ct_last_error(),
+                        "model.ctt: tensor 'w' holds NaN at element 4 of 6: refusing non-finite weights");
     ((int32_t *)f->entries[1].data)[0] = -1; /* int32 data is never a float: 0xffffffff is a fine id */
     ((float *)f->entries[0].data)[4] = 1.0f;
     ((float *)f->entries[2].data)[0] = 0.0f;
-    assert_int_equal(tf_check_finite(f, "model.ctt", err, sizeof err), 0);
+    assert_int_equal(tf_check_finite(f, "model.ctt"), CT_OK);
     tf_free(f);
     free(b.p);
 }
@@ -579,24 +570,23 @@ static void test_writer_is_atomic(void **state) {
     float x = 1.0f;
 
     /* while the writer is open, path still holds the old file */
-    tf_writer *w = tf_writer_open(path, NULL, 0);
+    tf_writer *w = tf_writer_open(path);
     assert_non_null(w);
     assert_int_equal(tf_writer_add(w, "x", TF_F32, 0, NULL, &x), 0);
     assert_true(file_exists(tmp));
-    char err[256];
-    assert_null(tf_read(path, err, sizeof err));
-    assert_non_null(strstr(err, "shorter than the 24-byte header"));
+    assert_null(tf_read(path));
+    assert_non_null(strstr(ct_last_error(), "shorter than the 24-byte header"));
 
     /* aborting leaves the old file and no temporary */
     tf_writer_abort(w);
     assert_false(file_exists(tmp));
-    assert_null(tf_read(path, err, sizeof err));
+    assert_null(tf_read(path));
 
     /* closing replaces it */
-    w = tf_writer_open(path, NULL, 0);
+    w = tf_writer_open(path);
     assert_int_equal(tf_writer_add(w, "x", TF_F32, 0, NULL, &x), 0);
-    assert_int_equal(tf_writer_close(w, err, sizeof err), 0);
-    tf_file *f = tf_read(path, err, sizeof err);
+    assert_int_equal(tf_writer_close(w), CT_OK);
+    tf_file *f = tf_read(path);
     assert_non_null(f);
     assert_int_equal(f->count, 1);
     tf_free(f);
@@ -609,17 +599,16 @@ static void check_bad_add(const char *name, int dtype, int ndim, const int64_t *
     const char *path = tmp_path("bad.ctt"), *tmp = tmp_path("bad.ctt.tmp");
     remove(path);
     float x[4] = {0};
-    tf_writer *w = tf_writer_open(path, NULL, 0);
+    tf_writer *w = tf_writer_open(path);
     assert_non_null(w);
     assert_int_equal(tf_writer_add(w, "ok", TF_F32, 1, (int64_t[]){4}, x), 0);
     assert_int_equal(tf_writer_add(w, name, dtype, ndim, shape, data), -1);
     if (!strstr(tf_writer_error(w), want))
         fail_msg("expected \"%s\" in \"%s\"", want, tf_writer_error(w));
     assert_int_equal(tf_writer_add(w, "later", TF_F32, 1, (int64_t[]){4}, x), -1); /* sticky */
-    char err[512] = "";
-    assert_int_equal(tf_writer_close(w, err, sizeof err), -1);
-    assert_non_null(strstr(err, want));
-    assert_int_equal(strncmp(err, path, strlen(path)), 0);
+    assert_int_equal(tf_writer_close(w), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), want));
+    assert_int_equal(strncmp(ct_last_error(), path, strlen(path)), 0);
     assert_false(file_exists(tmp));
     assert_false(file_exists(path));
 }
@@ -646,10 +635,9 @@ static void test_writer_refuses_bad_tensors(void **state) {
 
 static void test_writer_open_fails_cleanly(void **state) {
     (void)state;
-    char err[256] = "";
-    assert_null(tf_writer_open(tmp_path("no/such/dir/x.ctt"), err, sizeof err));
-    assert_non_null(strstr(err, "cannot create"));
-    assert_int_equal(tf_writer_close(NULL, err, sizeof err), -1);
+    assert_null(tf_writer_open(tmp_path("no/such/dir/x.ctt")));
+    assert_non_null(strstr(ct_last_error(), "cannot create"));
+    assert_int_equal(tf_writer_close(NULL), CT_ERR_INVALID);
 }
 
 /* ---- the committed PyTorch golden file (tests/golden/llama3_tiny.ctt) ---- */
@@ -657,23 +645,20 @@ static void test_writer_open_fails_cleanly(void **state) {
 #define GOLDEN "tests/golden/llama3_tiny.ctt"
 
 static int32_t golden_int(const tf_file *f, const char *name) {
-    char err[256];
-    const tf_entry *e = tf_expect(f, GOLDEN, name, TF_I32, 0, NULL, err, sizeof err);
-    if (!e) fail_msg("%s", err);
+    const tf_entry *e = tf_expect(f, GOLDEN, name, TF_I32, 0, NULL);
+    if (!e) fail_msg("%s", ct_last_error());
     return *(const int32_t *)e->data;
 }
 
 static void expect_shape(const tf_file *f, const char *name, int ndim, int64_t d0, int64_t d1) {
-    char err[256];
-    if (!tf_expect(f, GOLDEN, name, TF_F32, ndim, (int64_t[]){d0, d1}, err, sizeof err)) fail_msg("%s", err);
+    if (!tf_expect(f, GOLDEN, name, TF_F32, ndim, (int64_t[]){d0, d1})) fail_msg("%s", ct_last_error());
 }
 
 /* The file parses with this reader and holds every name of the contract with the C model pack. */
 static void test_golden_file_has_the_contract_names(void **state) {
     (void)state;
-    char err[512];
-    tf_file *f = tf_read(GOLDEN, err, sizeof err);
-    if (!f) fail_msg("%s (run the tests from the repository root)", err);
+    tf_file *f = tf_read(GOLDEN);
+    if (!f) fail_msg("%s (run the tests from the repository root)", ct_last_error());
     const int64_t D = golden_int(f, "config.dim"), V = golden_int(f, "config.vocab");
     const int64_t H = golden_int(f, "config.n_heads"), KVH = golden_int(f, "config.n_kv_heads");
     const int64_t HD = golden_int(f, "config.head_dim"), FF = golden_int(f, "config.ffn_hidden");
@@ -705,9 +690,9 @@ static void test_golden_file_has_the_contract_names(void **state) {
     expect_shape(f, "adamw.losses", 1, steps, 0);
     expect_shape(f, "adamw.grad_norms", 1, steps, 0);
     expect_shape(f, "expected.loss", 0, 0, 0);
-    assert_non_null(tf_expect(f, GOLDEN, "expected.logits", TF_F32, 3, (int64_t[]){B, T, V}, err, sizeof err));
-    assert_non_null(tf_expect(f, GOLDEN, "input.tokens", TF_I32, 2, (int64_t[]){B, T}, err, sizeof err));
-    assert_non_null(tf_expect(f, GOLDEN, "input.targets", TF_I32, 2, (int64_t[]){B, T}, err, sizeof err));
+    assert_non_null(tf_expect(f, GOLDEN, "expected.logits", TF_F32, 3, (int64_t[]){B, T, V}));
+    assert_non_null(tf_expect(f, GOLDEN, "input.tokens", TF_I32, 2, (int64_t[]){B, T}));
+    assert_non_null(tf_expect(f, GOLDEN, "input.targets", TF_I32, 2, (int64_t[]){B, T}));
     tf_free(f);
 }
 
@@ -715,9 +700,8 @@ static void test_golden_file_has_the_contract_names(void **state) {
  * recomputed here in double without PyTorch. */
 static void test_golden_loss_matches_its_logits(void **state) {
     (void)state;
-    char err[512];
-    tf_file *f = tf_read(GOLDEN, err, sizeof err);
-    if (!f) fail_msg("%s", err);
+    tf_file *f = tf_read(GOLDEN);
+    if (!f) fail_msg("%s", ct_last_error());
     const tf_entry *lg = tf_find(f, "expected.logits"), *tg = tf_find(f, "input.targets");
     const tf_entry *tk = tf_find(f, "input.tokens"), *ls = tf_find(f, "expected.loss");
     const tf_entry *al = tf_find(f, "adamw.losses");
@@ -755,32 +739,33 @@ static void test_text_entries_round_trip_and_are_checked(void **state) {
     const char *path = tmp_path("text.ctt");
     const char *texts[] = {"{\"name\": \"llama3\", \"flavor\": \"d\u00e9bug\"}", "12345678", ""};
     const char *names[] = {"ctitan.description", "eight", "empty"};
-    char err[256] = "";
-    tf_writer *wr = tf_writer_open(path, err, sizeof err);
+    tf_writer *wr = tf_writer_open(path);
     assert_non_null(wr);
     for (int i = 0; i < 3; i++) assert_int_equal(tf_writer_add_text(wr, names[i], texts[i]), 0);
-    assert_int_equal(tf_writer_close(wr, err, sizeof err), 0);
+    assert_int_equal(tf_writer_close(wr), CT_OK);
     FILE *fp = fopen(path, "rb");
     assert_non_null(fp);
     char raw[512];
     size_t n = fread(raw, 1, sizeof raw, fp);
     fclose(fp);
     assert_non_null(memmem(raw, n, texts[0], strlen(texts[0]))); /* the bytes in order, readable */
-    tf_file *f = tf_read(path, err, sizeof err);
-    if (!f) fail_msg("%s", err);
+    tf_file *f = tf_read(path);
+    if (!f) fail_msg("%s", ct_last_error());
     int64_t words[] = {((int64_t)strlen(texts[0]) + 3) / 4, 2, 0};
     for (int i = 0; i < 3; i++) {
         const tf_entry *e = tf_find(f, names[i]);
         assert_non_null(e);
         assert_int_equal(e->dtype, TF_I32);
         assert_int_equal(e->shape[0], words[i]);
-        char *t = tf_text(f, path, names[i], err, sizeof err);
-        if (!t) fail_msg("%s", err);
+        char *t;
+        if (tf_text(f, path, names[i], &t) != CT_OK) fail_msg("%s", ct_last_error());
+        assert_non_null(t);
         assert_string_equal(t, texts[i]);
         free(t);
     }
-    assert_null(tf_text(f, path, "absent", err, sizeof err));
-    assert_string_equal(err, "");
+    char *absent = (char *)"x";
+    assert_int_equal(tf_text(f, path, "absent", &absent), CT_OK);
+    assert_null(absent);
     tf_free(f);
 
     /* entries that are not text */
@@ -796,8 +781,10 @@ static void test_text_entries_round_trip_and_are_checked(void **state) {
     const char *want[] = {"mem: tensor 'f': expected text (int32, one dimension)", "mem: tensor 'nul': a NUL inside the text",
                           "mem: tensor 'utf8': not valid UTF-8", "mem: tensor 'pad': a NUL inside the text"};
     for (int i = 0; i < 4; i++) {
-        assert_null(tf_text(&mem, "mem", es[i].name, err, sizeof err));
-        assert_string_equal(err, want[i]);
+        char *t = (char *)"x";
+        assert_int_equal(tf_text(&mem, "mem", es[i].name, &t), CT_ERR_INVALID);
+        assert_null(t);
+        assert_string_equal(ct_last_error(), want[i]);
     }
 }
 
@@ -807,22 +794,22 @@ static void test_read_first_reads_one_record(void **state) {
     (void)state;
     const char *path = tmp_path("first.ctt");
     static float big[4096];
-    char err[256] = "";
-    tf_writer *wr = tf_writer_open(path, err, sizeof err);
+    tf_writer *wr = tf_writer_open(path);
     assert_non_null(wr);
     assert_int_equal(tf_writer_add_text(wr, "ctitan.description", "{\"a\": 1}"), 0);
     assert_int_equal(tf_writer_add(wr, "w", TF_F32, 1, (int64_t[]){4096}, big), 0);
-    assert_int_equal(tf_writer_close(wr, err, sizeof err), 0);
-    tf_file *f = tf_read_first(path, 1024, err, sizeof err);
-    if (!f) fail_msg("%s", err);
+    assert_int_equal(tf_writer_close(wr), CT_OK);
+    tf_file *f = tf_read_first(path, 1024);
+    if (!f) fail_msg("%s", ct_last_error());
     assert_int_equal(f->count, 1);
     assert_int_equal(f->version, 2);
-    char *t = tf_text(f, path, "ctitan.description", err, sizeof err);
+    char *t;
+    assert_int_equal(tf_text(f, path, "ctitan.description", &t), CT_OK);
     assert_non_null(t);
     assert_string_equal(t, "{\"a\": 1}");
     free(t);
     tf_free(f);
-    f = tf_read_first(path, 16, err, sizeof err); /* the record is 4 + 18 + 8 + 8 + 8 bytes */
+    f = tf_read_first(path, 16); /* the record is 4 + 18 + 8 + 8 + 8 bytes */
     assert_non_null(f);
     assert_int_equal(f->count, 0);
     tf_free(f);
@@ -832,20 +819,21 @@ static void test_read_first_reads_one_record(void **state) {
     assert_int_equal(fseek(fp, 24 + 4 + 18 + 8 + 8, SEEK_SET), 0);
     fputc('b', fp);
     fclose(fp);
-    assert_null(tf_read_first(path, 1024, err, sizeof err));
-    if (!strstr(err, "tensor 0 'ctitan.description' at byte 24: checksum mismatch")) fail_msg("%s", err);
+    assert_null(tf_read_first(path, 1024));
+    if (!strstr(ct_last_error(), "tensor 0 'ctitan.description' at byte 24: checksum mismatch"))
+        fail_msg("%s", ct_last_error());
     /* an empty file (no tensors), and not a ctt file */
-    wr = tf_writer_open(path, err, sizeof err);
-    assert_int_equal(tf_writer_close(wr, err, sizeof err), 0);
-    f = tf_read_first(path, 1024, err, sizeof err);
+    wr = tf_writer_open(path);
+    assert_int_equal(tf_writer_close(wr), CT_OK);
+    f = tf_read_first(path, 1024);
     assert_non_null(f);
     assert_int_equal(f->count, 0);
     tf_free(f);
     fp = fopen(path, "wb");
     fputs("not a tensor file at all", fp);
     fclose(fp);
-    assert_null(tf_read_first(path, 1024, err, sizeof err));
-    assert_non_null(strstr(err, "first.ctt"));
+    assert_null(tf_read_first(path, 1024));
+    assert_non_null(strstr(ct_last_error(), "first.ctt"));
 }
 
 int main(void) {

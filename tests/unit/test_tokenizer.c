@@ -703,8 +703,7 @@ static size_t expect_doc(int32_t *want, size_t n, const char *text, size_t len) 
 static void expect_shard(const char *path, const int32_t *want, size_t n) {
     uint32_t *t;
     uint64_t m;
-    char err[256];
-    if (shard_read(path, &t, &m, err, sizeof err)) fail_msg("%s", err);
+    if (shard_read(path, &t, &m) != CT_OK) fail_msg("%s", ct_last_error());
     assert_int_equal(m, n);
     assert_memory_equal(t, want, n * sizeof *want);
     shard_free(t);
