@@ -2,6 +2,7 @@
 #include "cmd/cmd_schedule.h"
 
 #include "config/manifest.h"
+#include "base/error.h"
 #include "base/util.h"
 
 #include <errno.h>
@@ -187,25 +188,24 @@ ct_status cmd_schedule(int argc, char **argv) {
         manifest_free(mf);
         return rc;
     }
-    char err[ERRLEN];
-    plugin *p = schedule_load(a.name, NULL, err, sizeof err);
+    plugin *p = schedule_load(a.name, NULL);
     if (!p) {
-        fprintf(stderr, "ctitan schedule: %s\n", err);
+        fprintf(stderr, "ctitan schedule: %s\n", ct_last_error());
         manifest_free(mf);
         return CT_ERR_INVALID;
     }
     sched_plan plan = {0};
     if ((rc = apply_options(p, mf)) || (rc = resolve_shape(&a, schedule_api(p), p->info.name))) goto out;
-    if (schedule_actions(p, a.pp, a.stages / a.pp, a.microbatches, a.csv, &plan, err, sizeof err)) {
-        fprintf(stderr, "ctitan schedule: %s\n", err);
+    if (schedule_actions(p, a.pp, a.stages / a.pp, a.microbatches, a.csv, &plan) != CT_OK) {
+        fprintf(stderr, "ctitan schedule: %s\n", ct_last_error());
         rc = CT_ERR_INVALID;
         goto out;
     }
-    int bad = schedule_check(&plan, &a.costs, err, sizeof err);
-    if (bad) {
-        fprintf(stderr, "ctitan schedule: %s: %s\n", plan.name, err);
-        /* < 0: lists the checker cannot read (bad input); > 0: the schedule itself is wrong (exit 1) */
-        rc = bad < 0 ? CT_ERR_INVALID : CT_ERR_INTERNAL;
+    ct_status bad = schedule_check(&plan, &a.costs);
+    if (bad != CT_OK) {
+        fprintf(stderr, "ctitan schedule: %s: %s\n", plan.name, ct_last_error());
+        /* CT_ERR_INTERNAL: the schedule itself is wrong (exit 1); else lists the checker cannot read (bad input) */
+        rc = bad == CT_ERR_INTERNAL ? CT_ERR_INTERNAL : CT_ERR_INVALID;
         goto out;
     }
     printf("%s: pp %d, %d stage%s (%d per rank), %d microbatch%s; F=%d B=%d I=%d W=%d time units\n", plan.name,
@@ -214,9 +214,9 @@ ct_status cmd_schedule(int argc, char **argv) {
     schedule_timeline(&plan, stdout);
     printf("bubble %.3f  peak activations %d  makespan %lld\n", plan.bubble, plan.peak_activations,
            (long long)plan.makespan);
-    if ((a.svg && schedule_svg(&plan, a.svg, err, sizeof err)) ||
-        (a.write_csv && schedule_write_csv(&plan, a.write_csv, err, sizeof err))) {
-        fprintf(stderr, "ctitan schedule: %s\n", err);
+    if ((a.svg && schedule_svg(&plan, a.svg) != CT_OK) ||
+        (a.write_csv && schedule_write_csv(&plan, a.write_csv) != CT_OK)) {
+        fprintf(stderr, "ctitan schedule: %s\n", ct_last_error());
         rc = CT_ERR_INVALID;
     }
 out:

@@ -1,5 +1,6 @@
 /* cmd_tokenize.c: `ctitan tokenize` (text -> token shard) and `ctitan tokenizer train|encode|decode`. */
 #include "cmd/cmd_tokenize.h"
+#include "base/error.h"
 #include "base/util.h"
 
 #include <errno.h>
@@ -16,7 +17,6 @@
 #include "tools/instream.h"
 #include "tools/tokenizer.h"
 
-#define ERRLEN 512
 #define CHUNK (1 << 16)   /* decompressed bytes handed to the line splitter at a time */
 
 static const char tokenize_usage[] =
@@ -84,8 +84,8 @@ static ct_status usage_error(const char *cmd, const char *msg, const char *arg) 
 
 typedef enum { FMT_TEXT, FMT_JSONL } doc_format;
 
-/* Called once per non-empty document; non-zero stops the reading (a failure of the consumer). */
-typedef int (*doc_fn)(void *ctx, const char *text, size_t len, char *err, size_t errlen);
+/* Called once per non-empty document; a failure stops the reading (a failure of the consumer). */
+typedef ct_status (*doc_fn)(void *ctx, const char *text, size_t len);
 
 typedef struct doc_source {
     doc_format format;
@@ -116,12 +116,11 @@ static int grow(char **buf, size_t *cap, size_t need) {
     return 0;
 }
 
-static ct_status emit(doc_source *src, const char *text, size_t len, doc_fn fn, void *ctx, char *err,
-                      size_t errlen) {
+static ct_status emit(doc_source *src, const char *text, size_t len, doc_fn fn, void *ctx) {
     if (len == 0) return CT_OK;
     src->documents++;
     src->bytes += len;
-    return fn(ctx, text, len, err, errlen) ? CT_ERR_IO : CT_OK;
+    return fn(ctx, text, len) != CT_OK ? CT_ERR_IO : CT_OK;
 }
 
 /* A line without its "\n" and one "\r" before it. */
@@ -132,21 +131,17 @@ static size_t chomp(const char *line, size_t n) {
 }
 
 static ct_status jsonl_line(doc_source *src, const char *name, uint64_t lineno, const char *line,
-                            size_t n, doc_fn fn, void *ctx, char *err, size_t errlen) {
+                            size_t n, doc_fn fn, void *ctx) {
     size_t k = 0;
     while (k < n && strchr(" \t\r\n", line[k])) k++;
     if (k == n) return CT_OK;   /* blank lines are skipped */
     json_error_t je;
     json_t *obj = json_loadb(line, n, JSON_ALLOW_NUL, &je);
-    if (!obj) {
-        snprintf(err, errlen, "%s:%llu: invalid JSON: %s", name, (unsigned long long)lineno, je.text);
-        return CT_ERR_INVALID;
-    }
+    if (!obj) return ct_fail(CT_ERR_INVALID, "%s:%llu: invalid JSON: %s", name, (unsigned long long)lineno, je.text);
     if (!json_is_object(obj)) {
-        snprintf(err, errlen, "%s:%llu: expected a JSON object with a \"%s\" string", name,
-                 (unsigned long long)lineno, src->field);
         json_decref(obj);
-        return CT_ERR_INVALID;
+        return ct_fail(CT_ERR_INVALID, "%s:%llu: expected a JSON object with a \"%s\" string", name,
+                       (unsigned long long)lineno, src->field);
     }
     json_t *text = json_object_get(obj, src->field);
     if (!json_is_string(text)) {
@@ -155,13 +150,13 @@ static ct_status jsonl_line(doc_source *src, const char *name, uint64_t lineno, 
             json_decref(obj);
             return CT_OK;
         }
-        snprintf(err, errlen, "%s:%llu: %s%s%s (name the text's field with --field NAME, or skip such "
-                 "lines with --skip-missing)", name, (unsigned long long)lineno, text ? "\"" : "no \"",
-                 src->field, text ? "\" is not a string" : "\" field");
+        ct_set_error("%s:%llu: %s%s%s (name the text's field with --field NAME, or skip such lines with "
+                     "--skip-missing)", name, (unsigned long long)lineno, text ? "\"" : "no \"", src->field,
+                     text ? "\" is not a string" : "\" field");
         json_decref(obj);
         return CT_ERR_INVALID;
     }
-    ct_status rc = emit(src, json_string_value(text), json_string_length(text), fn, ctx, err, errlen);
+    ct_status rc = emit(src, json_string_value(text), json_string_length(text), fn, ctx);
     json_decref(obj);
     return rc;
 }
@@ -176,70 +171,69 @@ typedef struct line_reader {
     size_t n, cap;
 } line_reader;
 
-/* 1: a line; 0: the end; -1: an input error; -2: out of memory (err set for both). */
-static int next_line(line_reader *r, char *err, size_t errlen) {
+/* The next line, *more 0 at the end. A failed read's status says whose fault it was: CT_ERR_INVALID
+ * the input's, CT_ERR_IO or CT_ERR_NOMEM the system's. */
+static ct_status next_line(line_reader *r, int *more) {
     r->n = 0;
+    *more = 0;
     for (;;) {
         if (r->pos == r->len) {
-            if (r->eof) return r->n > 0;
-            ssize_t got = instream_read(r->in, r->buf, CHUNK, err, errlen);
-            if (got < 0) return -1;
+            if (r->eof) {
+                *more = r->n > 0;
+                return CT_OK;
+            }
+            size_t got;
+            ct_status st = instream_read(r->in, r->buf, CHUNK, &got);
+            if (st != CT_OK) return st;
             r->pos = 0;
-            r->len = (size_t)got;
+            r->len = got;
             r->eof = got == 0;
             continue;
         }
         char *start = r->buf + r->pos, *nl = memchr(start, '\n', r->len - r->pos);
         size_t k = nl ? (size_t)(nl - start) + 1 : r->len - r->pos;
-        if (grow(&r->line, &r->cap, r->n + k)) {
-            snprintf(err, errlen, "%s: out of memory for a line of %zu bytes", instream_name(r->in), r->n + k);
-            return -2;
-        }
+        if (grow(&r->line, &r->cap, r->n + k))
+            return ct_fail(CT_ERR_NOMEM, "%s: out of memory for a line of %zu bytes", instream_name(r->in), r->n + k);
         memcpy(r->line + r->n, start, k);
         r->n += k;
         r->pos += k;
-        if (nl) return 1;
+        if (nl) {
+            *more = 1;
+            return CT_OK;
+        }
     }
 }
 
-/* The status of a failed read: the input's fault, or the system's. */
-static ct_status read_status(const instream *in) { return instream_bad_input(in) ? CT_ERR_INVALID : CT_ERR_IO; }
-
 /* Line-oriented formats: jsonl, and text with a separator line (one document held at a time). */
-static ct_status read_lines(doc_source *src, instream *in, doc_fn fn, void *ctx, char *err, size_t errlen) {
+static ct_status read_lines(doc_source *src, instream *in, doc_fn fn, void *ctx) {
     line_reader r = {.in = in, .buf = malloc(CHUNK)};
     const char *name = instream_name(in);
     char *doc = NULL;
     size_t doclen = 0, doccap = 0, seplen = src->split_on ? strlen(src->split_on) : 0;
     uint64_t lineno = 0;
     ct_status rc = CT_OK;
-    int got;
-    if (!r.buf) {
-        snprintf(err, errlen, "%s: out of memory", name);
-        return CT_ERR_NOMEM;
-    }
-    while (rc == CT_OK && (got = next_line(&r, err, errlen)) == 1) {
+    int more;
+    if (!r.buf) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", name);
+    while (rc == CT_OK && (rc = next_line(&r, &more)) == CT_OK && more) {
         lineno++;
         if (src->format == FMT_JSONL) {
-            rc = jsonl_line(src, name, lineno, r.line, r.n, fn, ctx, err, errlen);
+            rc = jsonl_line(src, name, lineno, r.line, r.n, fn, ctx);
             continue;
         }
         if (chomp(r.line, r.n) == seplen && memcmp(r.line, src->split_on, seplen) == 0) {
-            rc = emit(src, doc, doclen, fn, ctx, err, errlen);
+            rc = emit(src, doc, doclen, fn, ctx);
             doclen = 0;
             continue;
         }
         if (grow(&doc, &doccap, doclen + r.n)) {
-            snprintf(err, errlen, "%s:%llu: out of memory for a document of %zu bytes", name,
-                     (unsigned long long)lineno, doclen + r.n);
-            rc = CT_ERR_NOMEM;
+            rc = ct_fail(CT_ERR_NOMEM, "%s:%llu: out of memory for a document of %zu bytes", name,
+                         (unsigned long long)lineno, doclen + r.n);
             break;
         }
         memcpy(doc + doclen, r.line, r.n);
         doclen += r.n;
     }
-    if (rc == CT_OK && got < 0) rc = got == -2 ? CT_ERR_NOMEM : read_status(in);
-    if (rc == CT_OK && src->format == FMT_TEXT) rc = emit(src, doc, doclen, fn, ctx, err, errlen);
+    if (rc == CT_OK && src->format == FMT_TEXT) rc = emit(src, doc, doclen, fn, ctx);
     free(r.buf);
     free(r.line);
     free(doc);
@@ -247,40 +241,35 @@ static ct_status read_lines(doc_source *src, instream *in, doc_fn fn, void *ctx,
 }
 
 /* Text without --split-on: the whole input is one document. */
-static ct_status read_whole(doc_source *src, instream *in, doc_fn fn, void *ctx, char *err, size_t errlen) {
+static ct_status read_whole(doc_source *src, instream *in, doc_fn fn, void *ctx) {
     char *buf = NULL;
     size_t len = 0, cap = 0;
     ct_status rc = CT_OK;
     for (;;) {
         if (grow(&buf, &cap, len + CHUNK)) {
-            snprintf(err, errlen, "%s: out of memory for a document of %zu bytes (the whole file is one "
-                     "document without --split-on)", instream_name(in), len + CHUNK);
-            rc = CT_ERR_NOMEM;
+            rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory for a document of %zu bytes (the whole file is one "
+                         "document without --split-on)", instream_name(in), len + CHUNK);
             break;
         }
-        ssize_t got = instream_read(in, buf + len, cap - len, err, errlen);
-        if (got < 0) {
-            rc = read_status(in);
-            break;
-        }
+        size_t got;
+        if ((rc = instream_read(in, buf + len, cap - len, &got)) != CT_OK) break;   /* INVALID: the input's fault */
         if (got == 0) {
-            rc = emit(src, buf, len, fn, ctx, err, errlen);
+            rc = emit(src, buf, len, fn, ctx);
             break;
         }
-        len += (size_t)got;
+        len += got;
     }
     free(buf);
     return rc;
 }
 
-static ct_status read_documents(doc_source *src, const char *path, doc_fn fn, void *ctx, char *err,
-                                size_t errlen) {
+static ct_status read_documents(doc_source *src, const char *path, doc_fn fn, void *ctx) {
     int bad = 0;
-    instream *in = instream_open(path, &bad, err, errlen);
+    instream *in = instream_open(path, &bad);
     if (!in) return bad ? CT_ERR_INVALID : CT_ERR_IO;
     src->cur = in;
-    ct_status rc = src->format == FMT_JSONL || src->split_on ? read_lines(src, in, fn, ctx, err, errlen)
-                                                              : read_whole(src, in, fn, ctx, err, errlen);
+    ct_status rc = src->format == FMT_JSONL || src->split_on ? read_lines(src, in, fn, ctx)
+                                                              : read_whole(src, in, fn, ctx);
     src->cur = NULL;
     src->read += instream_offset(in);
     instream_close(in);
@@ -439,11 +428,12 @@ typedef struct tokenize_ctx {
     progress *prog;
 } tokenize_ctx;
 
-static int tokenize_doc(void *ctx, const char *text, size_t len, char *err, size_t errlen) {
+static ct_status tokenize_doc(void *ctx, const char *text, size_t len) {
     tokenize_ctx *c = ctx;
     int32_t *ids = NULL;
     size_t n = 0;
-    if (tokenizer_encode(c->tok, text, len, c->allow_special, &ids, &n, err, errlen)) return -1;
+    ct_status st = tokenizer_encode(c->tok, text, len, c->allow_special, &ids, &n);
+    if (st != CT_OK) return st;
     /* GPT-2 style tokenizers have only <|endoftext|>: one between documents, not two */
     int32_t b = tokenizer_bos_id(c->tok), e = tokenizer_eos_id(c->tok);
     uint32_t bos = (uint32_t)b, eos = (uint32_t)e;
@@ -451,12 +441,9 @@ static int tokenize_doc(void *ctx, const char *text, size_t len, char *err, size
              shard_writer_append(c->out, (const uint32_t *)ids, n) != CT_OK ||
              (e >= 0 && shard_writer_append(c->out, &eos, 1) != CT_OK);
     free(ids);
-    if (rc) {
-        ct_errf(err, errlen, "%s", ct_last_error());
-        return -1;
-    }
+    if (rc) return CT_ERR_IO;
     progress_tick(c->prog, c->src, shard_writer_count(c->out));
-    return 0;
+    return CT_OK;
 }
 
 /* ctitan tokenize --check SHARD...: every shard verified, one line each. */
@@ -509,7 +496,6 @@ ct_status cmd_tokenize(int argc, char **argv) {
     progress prog = {.every = 10};
     tokenize_ctx c = {.src = &in.src, .prog = &prog};
     ct_tokenizer *tok = NULL;
-    char err[ERRLEN] = "";
     ct_status rc = CT_ERR_INVALID; /* until the command line is read */
     if (!in.inputs || !checks) {
         fprintf(stderr, "ctitan tokenize: out of memory\n");
@@ -559,21 +545,19 @@ ct_status cmd_tokenize(int argc, char **argv) {
     prog.t0 = prog.last = ct_now();
     prog.tty = isatty(STDERR_FILENO);
     prog.total = inputs_size(in.inputs, in.ninputs);
-    tok = tokenizer_load(tok_path, err, sizeof err);
+    tok = tokenizer_load(tok_path);
     if (!tok) { rc = CT_ERR_INVALID; goto fail; } /* a tokenizer file it cannot read is bad input */
     c.tok = tok;
     c.out = shard_writer_open(out_path);
     if (!c.out) {
-        snprintf(err, sizeof err, "%s", ct_last_error());
         goto fail;
     }
     for (int i = 0; i < in.ninputs; i++)
-        if ((rc = read_documents(&in.src, in.inputs[i], tokenize_doc, &c, err, sizeof err)) != CT_OK) goto fail;
+        if ((rc = read_documents(&in.src, in.inputs[i], tokenize_doc, &c)) != CT_OK) goto fail;
     rc = CT_ERR_INVALID;
     if (in.src.documents == 0) {
-        snprintf(err, sizeof err, "no documents in the input%s (empty files%s?)",
-                 in.ninputs > 1 ? "s" : "",
-                 in.src.split_on ? ", or only separator lines" : in.src.skipped ? ", or every line skipped" : "");
+        ct_set_error("no documents in the input%s (empty files%s?)", in.ninputs > 1 ? "s" : "",
+                     in.src.split_on ? ", or only separator lines" : in.src.skipped ? ", or every line skipped" : "");
         goto fail;
     }
     rc = CT_ERR_IO;
@@ -581,7 +565,6 @@ ct_status cmd_tokenize(int argc, char **argv) {
     shard_writer *w = c.out;
     c.out = NULL;
     if (shard_writer_close(w) != CT_OK) {
-        snprintf(err, sizeof err, "%s", ct_last_error());
         goto fail;
     }
     double dt = ct_now() - prog.t0;
@@ -598,7 +581,7 @@ ct_status cmd_tokenize(int argc, char **argv) {
     goto cleanup;
 fail:
     progress_end(&prog);
-    fprintf(stderr, "ctitan tokenize: %s\n", err);
+    fprintf(stderr, "ctitan tokenize: %s\n", ct_last_error());
 cleanup:
     shard_writer_abort(c.out);
     tokenizer_free(tok);
@@ -610,9 +593,7 @@ done:
 
 /* ---- ctitan tokenizer train | encode | decode ---------------------------------------------------- */
 
-static int train_doc(void *ctx, const char *text, size_t len, char *err, size_t errlen) {
-    return bpe_trainer_add(ctx, text, len, err, errlen);
-}
+static ct_status train_doc(void *ctx, const char *text, size_t len) { return bpe_trainer_add(ctx, text, len); }
 
 static int parse_int(const char *s, long lo, long hi, long *out) {
     char *end;
@@ -629,7 +610,6 @@ static ct_status tokenizer_train(int argc, char **argv) {
     long vocab = 0;
     input_opts in = {.inputs = calloc((size_t)argc + 1, sizeof(char *))};
     ct_bpe_trainer *tr = NULL;
-    char err[ERRLEN] = "";
     ct_status rc = CT_ERR_INVALID; /* until the command line is read */
     if (!in.inputs) {
         fprintf(stderr, "ctitan tokenizer: out of memory\n");
@@ -661,15 +641,15 @@ static ct_status tokenizer_train(int argc, char **argv) {
 
     rc = CT_ERR_IO;
     double t0 = ct_now();
-    tr = bpe_trainer_create(err, sizeof err);
+    tr = bpe_trainer_create();
     if (!tr) goto fail;
     for (int i = 0; i < in.ninputs; i++)
-        if ((rc = read_documents(&in.src, in.inputs[i], train_doc, tr, err, sizeof err)) != CT_OK) goto fail;
+        if ((rc = read_documents(&in.src, in.inputs[i], train_doc, tr)) != CT_OK) goto fail;
     rc = CT_ERR_IO;
     double t1 = ct_now();
-    if (bpe_trainer_train(tr, (int)vocab, err, sizeof err)) goto fail;
+    if (bpe_trainer_train(tr, (int)vocab) != CT_OK) goto fail;
     double t2 = ct_now();
-    if (bpe_trainer_write(tr, out_path, err, sizeof err)) goto fail;
+    if (bpe_trainer_write(tr, out_path) != CT_OK) goto fail;
     ct_bpe_stats st;
     bpe_trainer_stats(tr, &st);
     printf("tokenizer train: %llu documents, %.2f MB, %llu chunks (%llu distinct); %d merges in "
@@ -684,7 +664,7 @@ static ct_status tokenizer_train(int argc, char **argv) {
     rc = CT_OK;
     goto cleanup;
 fail:
-    fprintf(stderr, "ctitan tokenizer train: %s\n", err);
+    fprintf(stderr, "ctitan tokenizer train: %s\n", ct_last_error());
 cleanup:
     bpe_trainer_free(tr);
 done:
@@ -710,12 +690,11 @@ static ct_status tokenizer_encode_cmd(int argc, char **argv) {
     }
     if (!tok_path) return usage_error(cmd, "--tokenizer FILE is required", NULL);
     if (!text) return usage_error(cmd, "--text STR is required", NULL);
-    char err[ERRLEN];
-    ct_tokenizer *tok = tokenizer_load(tok_path, err, sizeof err);
+    ct_tokenizer *tok = tokenizer_load(tok_path);
     int32_t *ids = NULL;
     size_t n = 0;
-    if (!tok || tokenizer_encode(tok, text, strlen(text), allow_special, &ids, &n, err, sizeof err)) {
-        fprintf(stderr, "ctitan %s: %s\n", cmd, err);
+    if (!tok || tokenizer_encode(tok, text, strlen(text), allow_special, &ids, &n) != CT_OK) {
+        fprintf(stderr, "ctitan %s: %s\n", cmd, ct_last_error());
         tokenizer_free(tok);
         return CT_ERR_INVALID; /* an unreadable tokenizer, or text it refuses (not NFC) */
     }
@@ -748,13 +727,12 @@ static ct_status tokenizer_decode_cmd(int argc, char **argv) {
         }
     }
     if (!tok_path) { free(ids); return usage_error(cmd, "--tokenizer FILE is required", NULL); }
-    char err[ERRLEN];
-    ct_tokenizer *tok = tokenizer_load(tok_path, err, sizeof err);
+    ct_tokenizer *tok = tokenizer_load(tok_path);
     size_t len = 0;
-    char *bytes = tok ? tokenizer_decode(tok, ids, n, &len, err, sizeof err) : NULL;
+    char *bytes = tok ? tokenizer_decode(tok, ids, n, &len) : NULL;
     ct_status rc = CT_OK;
     if (!bytes) {
-        fprintf(stderr, "ctitan %s: %s\n", cmd, err);
+        fprintf(stderr, "ctitan %s: %s\n", cmd, ct_last_error());
         rc = CT_ERR_INVALID; /* an unreadable tokenizer, or an id it does not have */
     } else {
         fwrite(bytes, 1, len, stdout);

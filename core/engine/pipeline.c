@@ -184,7 +184,7 @@ int pipeline_splits_backward(const pipeline *pl) {
 
 ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
                   const char *(*unit_name)(ct_model *, int), ct_model *model) {
-    char err[2048], csv_path[4096];
+    char csv_path[4096];
     memset(pl, 0, sizeof *pl);
     pl->pp = mesh->degree[CT_AXIS_PP];
     pl->rank = mesh->coord[CT_AXIS_PP];
@@ -195,17 +195,17 @@ ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *d
         session_resolve_path(mf, csv, csv_path, sizeof csv_path);
         csv = csv_path;
     }
-    if (!(pl->schedp = schedule_load(name, mf, err, sizeof err)))
-        return bad_setting(mf, "parallelism.pipeline_parallel_schedule", "%s", err);
+    if (!(pl->schedp = schedule_load(name, mf)))
+        return bad_setting(mf, "parallelism.pipeline_parallel_schedule", "%s", ct_last_error());
     ct_status st = plan_microbatches(pl, mf);
     if (st == CT_OK) st = plan_stage_count(pl, mf, desc);
     if (st == CT_OK) st = split_units(pl, mf, desc);
     if (st != CT_OK) return st;
     const char *key = csv ? "parallelism.pipeline_parallel_schedule_csv" : "parallelism.pipeline_parallel_schedule";
-    if (schedule_actions(pl->schedp, pl->pp, pl->spr, pl->n_mb, csv, &pl->plan, err, sizeof err))
-        return bad_setting(mf, key, "%s", err);
+    if (schedule_actions(pl->schedp, pl->pp, pl->spr, pl->n_mb, csv, &pl->plan) != CT_OK)
+        return bad_setting(mf, key, "%s", ct_last_error());
     schedule_costs costs = SCHEDULE_COSTS_DEFAULT;
-    if (schedule_check(&pl->plan, &costs, err, sizeof err)) return bad_setting(mf, key, "%s", err);
+    if (schedule_check(&pl->plan, &costs) != CT_OK) return bad_setting(mf, key, "%s", ct_last_error());
     pl->unit_rank = calloc((size_t)desc->n_units, sizeof(int));
     pl->stage_head = calloc((size_t)desc->n_units, sizeof(int));
     if (!pl->unit_rank || !pl->stage_head) return CT_ERR_NOMEM;

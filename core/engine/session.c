@@ -193,7 +193,7 @@ static ct_status add_option_lists(session *s, manifest *mf) {
         {"quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER},
         {"comm", "comm.name", "mpi", CT_KIND_COMM},
     };
-    char err[2048], where[600];
+    char where[600];
     plugin *p;
     ct_status st;
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
@@ -213,9 +213,9 @@ static ct_status add_option_lists(session *s, manifest *mf) {
     }
     const char *sched = "1F1B"; /* by its own loader: schedule names are normalized */
     mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &sched);
-    if (!(p = schedule_load(sched, mf, err, sizeof err))) {
+    if (!(p = schedule_load(sched, mf))) {
         mf_where(mf, "parallelism.pipeline_parallel_schedule", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
         return CT_ERR_INVALID;
     }
     manifest_add_plugin_schema(mf, "parallelism", p->info.options);
@@ -767,7 +767,7 @@ static int32_t sample(float *logits, int64_t V, double temperature, int64_t top_
 
 ct_status session_open_tokenizer(session *s, ct_tokenizer **out) {
     const char *tok_path, *key = "model.tokenizer_path";
-    char err[2048], path[4096], where[600];
+    char path[4096], where[600];
     *out = NULL;
     /* torchtitan's model.hf_assets_path (a Hub folder) is read when no tokenizer_path names a file */
     if (mf_get_str(s->mf, key, &tok_path) || !*tok_path) {
@@ -780,10 +780,10 @@ ct_status session_open_tokenizer(session *s, ct_tokenizer **out) {
         }
     }
     session_resolve_path(s->mf, tok_path, path, sizeof path);
-    ct_tokenizer *tok = tokenizer_load(path, err, sizeof err);
+    ct_tokenizer *tok = tokenizer_load(path);
     mf_where(s->mf, key, where, sizeof where);
     if (!tok) {
-        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
         return CT_ERR_INVALID;
     }
     /* every id it can produce (the specials last) must be a row of the model's embedding */
@@ -801,7 +801,6 @@ ct_status session_open_tokenizer(session *s, ct_tokenizer **out) {
 
 ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prompt, int64_t max_new, double temperature,
                      int64_t top_k, double top_p, uint64_t seed, int64_t max_context) {
-    char err[2048];
     int32_t *ids = NULL, *ctx = NULL;
     float *logits = NULL;
     size_t n = 0, cap = 0, logit_bytes;
@@ -816,8 +815,8 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
         return CT_ERR_INVALID;
     }
     logits = malloc(logit_bytes);
-    if (!logits || tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n, err, sizeof err)) {
-        fprintf(stderr, "ctitan: generate: %s\n", logits ? err : "out of memory for the logits");
+    if (!logits || tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n) != CT_OK) {
+        fprintf(stderr, "ctitan: generate: %s\n", logits ? ct_last_error() : "out of memory for the logits");
         goto done;
     }
     /* the context grows with what is sampled, so memory follows the tokens made, not max_new */
@@ -870,9 +869,9 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
         ctx[len++] = next;
     }
     size_t out_len = 0;
-    char *text = tokenizer_decode(tok, ctx + first_new, (size_t)(len - first_new), &out_len, err, sizeof err);
+    char *text = tokenizer_decode(tok, ctx + first_new, (size_t)(len - first_new), &out_len);
     if (!text) {
-        fprintf(stderr, "ctitan: generate: %s\n", err);
+        fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
         goto done;
     }
     printf("%s", prompt);

@@ -951,9 +951,8 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         if (costs.b < 1) costs.b = 1;
         if (costs.i < 1) costs.i = 1;
         if (costs.w < 1) costs.w = 1;
-        char e2[512];
-        if (schedule_check(&r.pl.plan, &costs, e2, sizeof e2)) {
-            snprintf(err, errlen, "the schedule cannot be simulated: %s", e2);
+        if (schedule_check(&r.pl.plan, &costs) != CT_OK) {
+            snprintf(err, errlen, "the schedule cannot be simulated: %s", ct_last_error());
             bad = -1;
             free(ut);
             goto done;

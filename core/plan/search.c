@@ -437,7 +437,7 @@ static void searcher_init(searcher *s, plan_ctx *ctx, const plan_search_opts *o,
         }
     }
     for (int i = 0; i < N_SCHEDULES; i++) { /* a stage per unit at most: pp x stages per rank <= units */
-        plugin *p = s->have_sched[i] ? schedule_load(search_schedules[i], NULL, names, sizeof names) : NULL;
+        plugin *p = s->have_sched[i] ? schedule_load(search_schedules[i], NULL) : NULL;
         s->min_spr[i] = p ? schedule_api(p)->min_stages_per_rank : 1;
         if (s->min_spr[i] < 1) s->min_spr[i] = 1;
         if (p) plugin_unload(p);

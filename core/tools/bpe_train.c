@@ -13,6 +13,7 @@
  * already name a token (possible when two different splits spell the same bytes) reuses that token.
  */
 #include "tools/tokenizer.h"
+#include "base/error.h"
 #include "base/util.h"
 
 #include <errno.h>
@@ -248,18 +249,18 @@ struct ct_bpe_trainer {
     int trained;
 };
 
-ct_bpe_trainer *bpe_trainer_create(char *err, size_t errlen) {
+ct_bpe_trainer *bpe_trainer_create(void) {
     ct_bpe_trainer *tr = calloc(1, sizeof *tr);
     if (!tr) {
-        ct_errf(err, errlen, "tokenizer train: out of memory");
+        ct_set_error("tokenizer train: out of memory");
         return NULL;
     }
-    tr->pretok = pretok_create(err, errlen);
+    tr->pretok = pretok_create();
     if (!tr->pretok) goto fail;
     for (int b = 0; b < 256; b++) {
         unsigned char c = (unsigned char)b;
         if (strmap_get_or_add(&tr->vocab, &c, 1, NULL) != b) {
-            ct_errf(err, errlen, "tokenizer train: out of memory");
+            ct_set_error("tokenizer train: out of memory");
             goto fail;
         }
     }
@@ -289,14 +290,14 @@ static int count_chunk(void *ctx, const unsigned char *c, size_t n) {
     return 0;
 }
 
-int bpe_trainer_add(ct_bpe_trainer *tr, const char *text, size_t len, char *err, size_t errlen) {
-    int rc = pretok_split(tr->pretok, text, len, count_chunk, tr, err, errlen);
-    if (rc == 2) ct_errf(err, errlen, "tokenizer train: out of memory counting chunks");
-    if (rc) return -1;
+ct_status bpe_trainer_add(ct_bpe_trainer *tr, const char *text, size_t len) {
+    int rc = pretok_split(tr->pretok, text, len, count_chunk, tr);
+    if (rc == 2) return ct_fail(CT_ERR_NOMEM, "tokenizer train: out of memory counting chunks");
+    if (rc) return CT_ERR_INVALID;   /* the regex failed on the text: its message is set */
     tr->stats.documents++;
     tr->stats.bytes += len;
     tr->stats.unique_chunks = tr->chunks.n;
-    return 0;
+    return CT_OK;
 }
 
 /* The words: every distinct chunk as a sequence of token ids, with its count as weight. */
@@ -457,22 +458,17 @@ static int merge_apply(merge_state *m, heap_entry e, uint32_t nt, uint32_t merge
     return 0;
 }
 
-int bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size, char *err, size_t errlen) {
-    if (vocab_size < 2 * TOKENIZER_N_SPECIAL || vocab_size > TOKENIZER_MAX_BASE) {
-        ct_errf(err, errlen, "tokenizer train: vocab size %d out of range (%d..%d: 256 bytes + merges "
-                "+ 256 specials)", vocab_size, 2 * TOKENIZER_N_SPECIAL, TOKENIZER_MAX_BASE);
-        return -1;
-    }
-    if (tr->trained) {
-        ct_errf(err, errlen, "tokenizer train: already trained");
-        return -1;
-    }
+ct_status bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size) {
+    if (vocab_size < 2 * TOKENIZER_N_SPECIAL || vocab_size > TOKENIZER_MAX_BASE)
+        return ct_fail(CT_ERR_INVALID, "tokenizer train: vocab size %d out of range (%d..%d: 256 bytes + merges "
+                       "+ 256 specials)", vocab_size, 2 * TOKENIZER_N_SPECIAL, TOKENIZER_MAX_BASE);
+    if (tr->trained) return ct_fail(CT_ERR_INVALID, "tokenizer train: already trained");
     tr->trained = 1;
     size_t target = (size_t)(vocab_size - TOKENIZER_N_SPECIAL);
     merge_state m = {0};
     unsigned char *buf = NULL;
     size_t capbuf = 0;
-    int rc = -1;
+    ct_status rc = CT_ERR_NOMEM;
     if (merge_state_init(&m, &tr->chunks)) goto oom;
     uint32_t merge_no = 0;
     while (tr->vocab.n < target && m.q.n) {
@@ -490,10 +486,10 @@ int bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size, char *err, size_t errl
         tr->stats.merges++;
     }
     tr->stats.n_base = (int)tr->vocab.n;
-    rc = 0;
+    rc = CT_OK;
     goto done;
 oom:
-    ct_errf(err, errlen, "tokenizer train: out of memory");
+    ct_set_error("tokenizer train: out of memory");
 done:
     merge_state_free(&m);
     free(buf);
@@ -517,7 +513,7 @@ static size_t b64_encode(const unsigned char *p, size_t n, char *out) {
     return o;
 }
 
-int bpe_trainer_write(const ct_bpe_trainer *tr, const char *path, char *err, size_t errlen) {
+ct_status bpe_trainer_write(const ct_bpe_trainer *tr, const char *path) {
     const strmap *v = &tr->vocab;
     size_t maxlen = 0, total = 0;
     for (size_t k = 0; k < v->n; k++) {
@@ -530,8 +526,7 @@ int bpe_trainer_write(const ct_bpe_trainer *tr, const char *path, char *err, siz
     if (!text || !tmp) {
         free(text);
         free(tmp);
-        ct_errf(err, errlen, "%s: out of memory", path);
-        return -1;
+        return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
     }
     size_t o = 0;
     for (size_t k = 0; k < v->n; k++) {
@@ -539,24 +534,24 @@ int bpe_trainer_write(const ct_bpe_trainer *tr, const char *path, char *err, siz
         o += (size_t)sprintf(text + o, " %zu\n", k);
     }
     snprintf(tmp, tmplen, "%s.tmp", path);
-    int rc = -1;
+    ct_status rc = CT_ERR_IO;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        ct_errf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+        ct_set_error("%s: cannot create: %s", tmp, strerror(errno));
         goto out;
     }
     if (ct_write_all(fd, text, o) || fsync(fd)) {
-        ct_errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+        ct_set_error("%s: write failed: %s", tmp, strerror(errno));
         close(fd);
         unlink(tmp);
         goto out;
     }
     if (close(fd) || rename(tmp, path)) {
-        ct_errf(err, errlen, "%s: cannot finish writing: %s", path, strerror(errno));
+        ct_set_error("%s: cannot finish writing: %s", path, strerror(errno));
         unlink(tmp);
         goto out;
     }
-    rc = 0;
+    rc = CT_OK;
 out:
     free(text);
     free(tmp);

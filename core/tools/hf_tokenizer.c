@@ -2,7 +2,7 @@
  * and turned into an hf_spec for tokenizer_from_hf. What is accepted is listed in hf_tokenizer.h. */
 #include "tools/hf_tokenizer.h"
 #include "tools/unicode_nfc.h"
-#include "base/util.h"
+#include "base/error.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -60,8 +60,6 @@ static long byte_level_decode(const int byte_of_cp[324], const char *text, unsig
 
 typedef struct reader {
     const char *label;
-    char *err;
-    size_t errlen;
     json_t *root, *vocab;
     hf_spec s;
     unsigned char *arena;    /* the vocabulary's bytes */
@@ -86,7 +84,7 @@ static void show(const json_t *v, char *out, size_t n) {
 static int bad(reader *r, const char *key, const json_t *v, const char *what) {
     char shown[96];
     show(v, shown, sizeof shown);
-    ct_errf(r->err, r->errlen, "%s: %s: %s %s", r->label, key, shown, what);
+    ct_set_error("%s: %s: %s %s", r->label, key, shown, what);
     return -1;
 }
 
@@ -151,7 +149,7 @@ static int read_vocab(reader *r) {
     r->keys = malloc(n * sizeof *r->keys);
     r->owner = calloc((size_t)max_id + 1, sizeof *r->owner);
     if (!r->arena || !r->s.vocab_bytes || !r->s.vocab_len || !r->s.vocab_id || !r->keys || !r->owner) {
-        ct_errf(r->err, r->errlen, "%s: out of memory reading model.vocab", r->label);
+        ct_set_error("%s: out of memory reading model.vocab", r->label);
         return -1;
     }
     size_t i = 0, o = 0;
@@ -163,19 +161,19 @@ static int read_vocab(reader *r) {
             return bad(r, k, v, "is not a token id (an integer 0..16777215)");
         int32_t id = (int32_t)json_integer_value(v);
         if (r->owner[id]) {
-            ct_errf(r->err, r->errlen, "%s: %s: id %d is also the id of \"%.60s\" (ids must be unique)",
-                    r->label, k, id, r->keys[r->owner[id] - 1]);
+            ct_set_error("%s: %s: id %d is also the id of \"%.60s\" (ids must be unique)",
+                         r->label, k, id, r->keys[r->owner[id] - 1]);
             return -1;
         }
         uint32_t cp = 0;
         long blen = byte_level_decode(byte_of_cp, key, r->arena + o, &cp);
         if (blen < 0) {
-            ct_errf(r->err, r->errlen, "%s: %s: holds U+%04X, which is not in ByteLevel's byte alphabet "
-                    "(ctitan reads byte-level BPE vocabularies)", r->label, k, cp);
+            ct_set_error("%s: %s: holds U+%04X, which is not in ByteLevel's byte alphabet "
+                         "(ctitan reads byte-level BPE vocabularies)", r->label, k, cp);
             return -1;
         }
         if (blen == 0) {
-            ct_errf(r->err, r->errlen, "%s: %s: an empty token", r->label, k);
+            ct_set_error("%s: %s: an empty token", r->label, k);
             return -1;
         }
         if (blen == 1) have_byte[r->arena[o]] = 1;
@@ -190,8 +188,8 @@ static int read_vocab(reader *r) {
     r->s.n_vocab = n;
     for (int b = 0; b < 256; b++)
         if (!have_byte[b]) {
-            ct_errf(r->err, r->errlen, "%s: model.vocab: no token for byte 0x%02x (a byte-level BPE "
-                    "vocabulary must hold all 256 single bytes)", r->label, b);
+            ct_set_error("%s: model.vocab: no token for byte 0x%02x (a byte-level BPE "
+                         "vocabulary must hold all 256 single bytes)", r->label, b);
             return -1;
         }
     return 0;
@@ -201,16 +199,16 @@ static int read_vocab(reader *r) {
 static int32_t vocab_id(reader *r, const char *key, const char *text, size_t len) {
     char buf[MAX_TOKEN_TEXT];
     if (len >= sizeof buf) {
-        ct_errf(r->err, r->errlen, "%s: %s: a token of %zu bytes, more than the %d read", r->label, key, len,
-                MAX_TOKEN_TEXT - 1);
+        ct_set_error("%s: %s: a token of %zu bytes, more than the %d read", r->label, key, len,
+                     MAX_TOKEN_TEXT - 1);
         return -1;
     }
     memcpy(buf, text, len);
     buf[len] = 0;
     const json_t *v = json_object_get(r->vocab, buf);
     if (!v) {
-        ct_errf(r->err, r->errlen, "%s: %s: \"%.*s\" is not a token of model.vocab", r->label, key,
-                (int)(len > 60 ? 60 : len), text);
+        ct_set_error("%s: %s: \"%.*s\" is not a token of model.vocab", r->label, key,
+                     (int)(len > 60 ? 60 : len), text);
         return -1;
     }
     return (int32_t)json_integer_value(v);
@@ -222,7 +220,7 @@ static int read_merges(reader *r) {
     size_t n = json_array_size(m);
     r->s.merges = malloc((n ? n : 1) * sizeof *r->s.merges);
     if (!r->s.merges) {
-        ct_errf(r->err, r->errlen, "%s: out of memory reading model.merges", r->label);
+        ct_set_error("%s: out of memory reading model.merges", r->label);
         return -1;
     }
     char joined[MAX_TOKEN_TEXT];
@@ -271,7 +269,7 @@ static int read_added(reader *r) {
     size_t n = json_array_size(a);
     r->s.added = calloc(n ? n : 1, sizeof *r->s.added);
     if (!r->s.added) {
-        ct_errf(r->err, r->errlen, "%s: out of memory reading added_tokens", r->label);
+        ct_set_error("%s: out of memory reading added_tokens", r->label);
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
@@ -306,19 +304,19 @@ static int read_added(reader *r) {
             /* the id is a vocab token's: only the same text may name it (GPT-2's <|endoftext|>) */
             const json_t *vid = json_object_get(r->vocab, json_string_value(content));
             if (!vid || json_integer_value(vid) != e->id) {
-                ct_errf(r->err, r->errlen, "%s: %s: id %d is already the id of another token in "
-                        "model.vocab (ids must be unique)", r->label, k2, e->id);
+                ct_set_error("%s: %s: id %d is already the id of another token in "
+                             "model.vocab (ids must be unique)", r->label, k2, e->id);
                 return -1;
             }
         } else if (own < 0) {
-            ct_errf(r->err, r->errlen, "%s: %s.id: id %d is also the id of added_tokens[%d] (ids must "
-                    "be unique)", r->label, key, e->id, -own - 1);
+            ct_set_error("%s: %s.id: id %d is also the id of added_tokens[%d] (ids must "
+                         "be unique)", r->label, key, e->id, -own - 1);
             return -1;
         } else {
             const json_t *vid = json_object_get(r->vocab, json_string_value(content));
             if (vid) {
-                ct_errf(r->err, r->errlen, "%s: %s: \"%.60s\" has id %d here but %lld in model.vocab",
-                        r->label, k2, json_string_value(content), e->id, (long long)json_integer_value(vid));
+                ct_set_error("%s: %s: \"%.60s\" has id %d here but %lld in model.vocab",
+                             r->label, k2, json_string_value(content), e->id, (long long)json_integer_value(vid));
                 return -1;
             }
             r->owner[e->id] = -(int32_t)i - 1;
@@ -422,13 +420,13 @@ static int config_token(reader *r, const char *cpath, json_t *cfg, const char *n
     if (!json_is_string(c)) {
         char shown[96];
         show(v, shown, sizeof shown);
-        ct_errf(r->err, r->errlen, "%s: %s: %s is not a string, null or {\"content\": ...}", cpath, name, shown);
+        ct_set_error("%s: %s: %s is not a string, null or {\"content\": ...}", cpath, name, shown);
         return -1;
     }
     *id = token_id(r, json_string_value(c));
     if (*id < 0) {
-        ct_errf(r->err, r->errlen, "%s: %s: \"%.60s\" is not a token of %s", cpath, name,
-                json_string_value(c), r->label);
+        ct_set_error("%s: %s: \"%.60s\" is not a token of %s", cpath, name,
+                     json_string_value(c), r->label);
         return -1;
     }
     return 1;
@@ -444,12 +442,12 @@ static int read_bos_eos(reader *r, const char *config_path) {
     json_t *cfg = json_loadf(f, 0, &je);
     fclose(f);
     if (!cfg) {
-        ct_errf(r->err, r->errlen, "%s:%d:%d: not valid JSON: %s", config_path, je.line, je.column, je.text);
+        ct_set_error("%s:%d:%d: not valid JSON: %s", config_path, je.line, je.column, je.text);
         return -1;
     }
     int rc = -1;
     if (!json_is_object(cfg)) {
-        ct_errf(r->err, r->errlen, "%s: is not a JSON object", config_path);
+        ct_set_error("%s: is not a JSON object", config_path);
     } else if (config_token(r, config_path, cfg, "bos_token", &r->s.bos) >= 0 &&
                config_token(r, config_path, cfg, "eos_token", &r->s.eos) >= 0) {
         rc = 0;
@@ -458,24 +456,23 @@ static int read_bos_eos(reader *r, const char *config_path) {
     return rc;
 }
 
-ct_tokenizer *hf_tokenizer_load_json(const char *json, size_t len, const char *label,
-                                     const char *config_path, char *err, size_t errlen) {
-    reader r = {.label = label, .err = err, .errlen = errlen};
+ct_tokenizer *hf_tokenizer_load_json(const char *json, size_t len, const char *label, const char *config_path) {
+    reader r = {.label = label};
     ct_tokenizer *tok = NULL;
     json_error_t je;
     r.root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
     if (!r.root) {
-        ct_errf(err, errlen, "%s:%d:%d: not valid JSON: %s", label, je.line, je.column, je.text);
+        ct_set_error("%s:%d:%d: not valid JSON: %s", label, je.line, je.column, je.text);
         return NULL;
     }
     if (!json_is_object(r.root)) {
-        ct_errf(err, errlen, "%s: is not a JSON object (a tokenizer.json holds one)", label);
+        ct_set_error("%s: is not a JSON object (a tokenizer.json holds one)", label);
         goto done;
     }
     if (read_model(&r) || read_other_keys(&r) || read_pre_tokenizer(&r) || read_vocab(&r) ||
         read_merges(&r) || read_added(&r) || read_bos_eos(&r, config_path))
         goto done;
-    tok = tokenizer_from_hf(&r.s, label, err, errlen);
+    tok = tokenizer_from_hf(&r.s, label);
 done:
     free(r.arena);
     free(r.owner);

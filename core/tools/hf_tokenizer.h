@@ -16,7 +16,8 @@
  * {"content": ...}; without it, <|begin_of_text|> is the BOS and <|end_of_text|> or <|endoftext|> the
  * EOS when the file has them.
  *
- * Errors read "path: key: what is wrong" (path:line:column for JSON syntax). Nothing here exits.
+ * Errors (ct_last_error, NULL returned) read "path: key: what is wrong" (path:line:column for JSON
+ * syntax). Nothing here exits.
  */
 #ifndef CTITAN_HF_TOKENIZER_H
 #define CTITAN_HF_TOKENIZER_H
@@ -65,10 +66,9 @@ typedef struct hf_spec {
 int hf_nfc_check(const unsigned char *s, size_t n, size_t *at, uint32_t *cp);
 
 /* Reads tokenizer.json bytes; config_path (may be NULL or missing on disk) is tokenizer_config.json. */
-ct_tokenizer *hf_tokenizer_load_json(const char *json, size_t len, const char *label,
-                                     const char *config_path, char *err, size_t errlen);
+ct_tokenizer *hf_tokenizer_load_json(const char *json, size_t len, const char *label, const char *config_path);
 
 /* Builds the tokenizer from a validated spec (in tokenizer.c: it owns the struct). */
-ct_tokenizer *tokenizer_from_hf(const hf_spec *s, const char *label, char *err, size_t errlen);
+ct_tokenizer *tokenizer_from_hf(const hf_spec *s, const char *label);
 
 #endif

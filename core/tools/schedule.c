@@ -7,7 +7,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -132,9 +131,9 @@ int schedule_list(const manifest *mf, char *out, size_t len) {
     return count;
 }
 
-/* Finds a schedule by name on the plugin search path: 0 with its file name in `file`, or -1 with
- * the error (listing the schedules that can be loaded) in err. */
-static int sched_find(const char *name, const manifest *mf, char *file, size_t filelen, char *err, size_t errlen) {
+/* Finds a schedule by name on the plugin search path: its file name in `file`, or CT_ERR_INVALID with
+ * the error listing the schedules that can be loaded. */
+static ct_status sched_find(const char *name, const manifest *mf, char *file, size_t filelen) {
     char dirs[16][PATH_MAX], list[1024];
     int found = 0, nd = plugin_search_dirs(NULL, dirs, 16); /* never the manifest's folder */
     if (schedule_normalize(name, file, filelen) == 0)
@@ -142,28 +141,30 @@ static int sched_find(const char *name, const manifest *mf, char *file, size_t f
             char path[PATH_MAX + 200];
             found = snprintf(path, sizeof path, "%s/%s", dirs[d], file) < (int)sizeof path && sched_file_exists(path);
         }
-    if (found) return 0;
+    if (found) return CT_OK;
     schedule_list(mf, list, sizeof list);
-    ct_errf(err, errlen, "unknown pipeline schedule '%s'; the schedules that can be loaded: %s (or give the path of a .so)",
-            name, *list ? list : "none found (set CTITAN_PLUGIN_PATH)");
-    return -1;
+    return ct_fail(CT_ERR_INVALID, "unknown pipeline schedule '%s'; the schedules that can be loaded: %s (or give the "
+                   "path of a .so)", name, *list ? list : "none found (set CTITAN_PLUGIN_PATH)");
 }
 
-plugin *schedule_load(const char *name, const manifest *mf, char *err, size_t errlen) {
-    char file[160], bare[160];
+plugin *schedule_load(const char *name, const manifest *mf) {
+    char file[160], bare[160], err[2048];
     const char *what = name;
     if (!name || !*name) {
-        ct_errf(err, errlen, "no pipeline schedule named (e.g. 1F1B, GPipe, Interleaved1F1B, ZBVZeroBubble)");
+        ct_set_error("no pipeline schedule named (e.g. 1F1B, GPipe, Interleaved1F1B, ZBVZeroBubble)");
         return NULL;
     }
     if (!sched_is_path(name)) {
-        if (sched_find(name, mf, file, sizeof file, err, errlen)) return NULL;
+        if (sched_find(name, mf, file, sizeof file) != CT_OK) return NULL;
         /* plugin_load looks a bare name up as ctitan-<name>.so */
         snprintf(bare, sizeof bare, "%.*s", (int)(strlen(file) - strlen("ctitan-") - strlen(".so")), file + 7);
         what = bare;
     }
-    plugin *p = plugin_load(what, CT_KIND_SCHEDULE, "parallelism", mf, err, errlen);
-    if (!p) return NULL;
+    plugin *p = plugin_load(what, CT_KIND_SCHEDULE, "parallelism", mf, err, sizeof err);
+    if (!p) {
+        ct_set_error("%s", err);
+        return NULL;
+    }
     const ct_schedule_api *api = p->info.api;
     const char *bad = api->struct_size < sizeof(ct_schedule_api)               ? "its API table is too small"
                       : !api->actions                                         ? "it has no actions function"
@@ -173,8 +174,8 @@ plugin *schedule_load(const char *name, const manifest *mf, char *err, size_t er
                           ? "its stages-per-rank range is empty"
                           : NULL;
     if (bad) {
-        ct_errf(err, errlen, "%s: schedule plugin '%s' is broken: %s (API table %zu bytes, this host needs %zu): rebuild it",
-                p->path, p->info.name, bad, api->struct_size, sizeof(ct_schedule_api));
+        ct_set_error("%s: schedule plugin '%s' is broken: %s (API table %zu bytes, this host needs %zu): rebuild it",
+                     p->path, p->info.name, bad, api->struct_size, sizeof(ct_schedule_api));
         plugin_unload(p);
         return NULL;
     }
@@ -216,17 +217,13 @@ void schedule_plan_free(sched_plan *plan) {
 }
 
 /* Calls the plugin for one rank, growing the list once if the plugin asks for more room. */
-static int sched_rank_actions(const plugin *p, const ct_schedule_shape *shape, sched_rank *out, char *err,
-                              size_t errlen) {
+static ct_status sched_rank_actions(const plugin *p, const ct_schedule_shape *shape, sched_rank *out) {
     const ct_schedule_api *api = p->info.api;
     long long guess = 3LL * shape->stages_per_rank * shape->n_microbatches + 16;
     int cap = guess < SCHED_MAX_ACTIONS ? (int)guess : SCHED_MAX_ACTIONS;
     for (int attempt = 0; attempt < 2; attempt++) {
         ct_pp_action *grown = realloc(out->actions, sizeof *grown * (size_t)cap);
-        if (!grown) {
-            ct_errf(err, errlen, "out of memory for %d actions of rank %d", cap, shape->rank);
-            return -1;
-        }
+        if (!grown) return ct_fail(CT_ERR_NOMEM, "out of memory for %d actions of rank %d", cap, shape->rank);
         out->actions = grown;
         /* the plugin steps through them by this struct_size (ctitan/abi.h's rule for arrays) */
         for (int k = 0; k < cap; k++) grown[k] = (ct_pp_action){.struct_size = sizeof(ct_pp_action)};
@@ -237,84 +234,72 @@ static int sched_rank_actions(const plugin *p, const ct_schedule_shape *shape, s
             for (int k = 0; k < n; k++) {
                 const ct_pp_action *a = CT_AT(const ct_pp_action, out->actions, k);
                 if (a->struct_size == sizeof(ct_pp_action)) continue;
-                ct_errf(err, errlen, "schedule %s broke its contract for rank %d: it overwrote action %d's struct_size "
-                        "(%zu, the host set %zu): write each field through CT_AT and leave struct_size",
-                        p->info.name, shape->rank, k, a->struct_size, sizeof(ct_pp_action));
-                return -1;
+                return ct_fail(CT_ERR_INTERNAL, "schedule %s broke its contract for rank %d: it overwrote action %d's "
+                               "struct_size (%zu, the host set %zu): write each field through CT_AT and leave "
+                               "struct_size", p->info.name, shape->rank, k, a->struct_size, sizeof(ct_pp_action));
             }
             out->n = n;
-            return 0;
+            return CT_OK;
         }
         if (st == CT_ERR_INVALID && n > cap && attempt == 0 && n <= SCHED_MAX_ACTIONS) {
             cap = n;
             continue;
         }
         if (n > SCHED_MAX_ACTIONS)
-            ct_errf(err, errlen, "schedule %s asks for %d actions on rank %d, more than the %d a rank may run",
-                    p->info.name, n, shape->rank, SCHED_MAX_ACTIONS);
-        else if (st == CT_OK || n > cap)
-            ct_errf(err, errlen, "schedule %s broke its contract for rank %d: %d actions for room for %d (status %d)",
-                    p->info.name, shape->rank, n, cap, st);
-        else {
-            /* the host prefixed the plugin's message with its name; the line names it once */
-            const char *why = ct_last_error();
-            size_t nl = strlen(p->info.name);
-            if (strncmp(why, p->info.name, nl) == 0 && strncmp(why + nl, ": ", 2) == 0) why += nl + 2;
-            ct_errf(err, errlen, "pipeline schedule %s, pp %d x %d stage%s per rank, %d microbatch%s: %s", p->info.name,
-                    shape->pp_size, shape->stages_per_rank, shape->stages_per_rank == 1 ? "" : "s",
-                    shape->n_microbatches, shape->n_microbatches == 1 ? "" : "es",
-                    *why ? why : "refused (the plugin gave no reason)");
-        }
-        return -1;
+            return ct_fail(CT_ERR_INVALID, "schedule %s asks for %d actions on rank %d, more than the %d a rank may "
+                           "run", p->info.name, n, shape->rank, SCHED_MAX_ACTIONS);
+        if (st == CT_OK || n > cap)
+            return ct_fail(CT_ERR_INTERNAL, "schedule %s broke its contract for rank %d: %d actions for room for %d "
+                           "(status %d)", p->info.name, shape->rank, n, cap, st);
+        /* the host prefixed the plugin's message with its name; the line names it once */
+        const char *why = ct_last_error();
+        size_t nl = strlen(p->info.name);
+        if (strncmp(why, p->info.name, nl) == 0 && strncmp(why + nl, ": ", 2) == 0) why += nl + 2;
+        return ct_fail(CT_ERR_INVALID, "pipeline schedule %s, pp %d x %d stage%s per rank, %d microbatch%s: %s",
+                       p->info.name, shape->pp_size, shape->stages_per_rank, shape->stages_per_rank == 1 ? "" : "s",
+                       shape->n_microbatches, shape->n_microbatches == 1 ? "" : "es",
+                       *why ? why : "refused (the plugin gave no reason)");
     }
-    return -1;
+    return CT_ERR_INTERNAL;   /* not reached: the second attempt returns */
 }
 
-int schedule_actions(const plugin *p, int pp, int stages_per_rank, int n_microbatches, const char *csv_path,
-                     sched_plan *plan, char *err, size_t errlen) {
+ct_status schedule_actions(const plugin *p, int pp, int stages_per_rank, int n_microbatches, const char *csv_path,
+                           sched_plan *plan) {
     const ct_schedule_api *api = p->info.api;
     *plan = (sched_plan){.placement = api->placement, .pp = pp, .stages_per_rank = stages_per_rank,
                          .n_microbatches = n_microbatches};
     snprintf(plan->name, sizeof plan->name, "%s", p->info.name);
-    if (pp < 1 || stages_per_rank < 1 || n_microbatches < 1) {
-        ct_errf(err, errlen, "pp %d, stages per rank %d, microbatches %d: each must be at least 1", pp,
-                stages_per_rank, n_microbatches);
-        return -1;
-    }
-    if (pp > SCHED_MAX_RANKS || (long long)pp * stages_per_rank * n_microbatches > SCHED_MAX_CELLS) {
-        ct_errf(err, errlen, "pp %d x %d stages per rank x %d microbatches is too large to schedule (at most %d ranks, "
-                "%d stage-microbatch pairs)", pp, stages_per_rank, n_microbatches, SCHED_MAX_RANKS, SCHED_MAX_CELLS);
-        return -1;
-    }
+    if (pp < 1 || stages_per_rank < 1 || n_microbatches < 1)
+        return ct_fail(CT_ERR_INVALID, "pp %d, stages per rank %d, microbatches %d: each must be at least 1", pp,
+                       stages_per_rank, n_microbatches);
+    if (pp > SCHED_MAX_RANKS || (long long)pp * stages_per_rank * n_microbatches > SCHED_MAX_CELLS)
+        return ct_fail(CT_ERR_INVALID, "pp %d x %d stages per rank x %d microbatches is too large to schedule (at most "
+                       "%d ranks, %d stage-microbatch pairs)", pp, stages_per_rank, n_microbatches, SCHED_MAX_RANKS,
+                       SCHED_MAX_CELLS);
     plan->n_stages = pp * stages_per_rank;
     int lo = api->min_stages_per_rank, hi = api->max_stages_per_rank;
     if (stages_per_rank < lo || (hi && stages_per_rank > hi)) {
         if (lo == hi)
-            ct_errf(err, errlen, "pipeline schedule %s runs exactly %d stage%s per rank, got %d (%d stages on %d ranks)",
-                    plan->name, lo, lo == 1 ? "" : "s", stages_per_rank, plan->n_stages, pp);
-        else if (hi)
-            ct_errf(err, errlen, "pipeline schedule %s needs %d to %d stages per rank, got %d (%d stages on %d ranks)",
-                    plan->name, lo, hi, stages_per_rank, plan->n_stages, pp);
-        else
-            ct_errf(err, errlen, "pipeline schedule %s needs %d or more stages per rank, got %d (%d stages on %d ranks)",
-                    plan->name, lo, stages_per_rank, plan->n_stages, pp);
-        return -1;
+            return ct_fail(CT_ERR_INVALID, "pipeline schedule %s runs exactly %d stage%s per rank, got %d (%d stages "
+                           "on %d ranks)", plan->name, lo, lo == 1 ? "" : "s", stages_per_rank, plan->n_stages, pp);
+        if (hi)
+            return ct_fail(CT_ERR_INVALID, "pipeline schedule %s needs %d to %d stages per rank, got %d (%d stages on "
+                           "%d ranks)", plan->name, lo, hi, stages_per_rank, plan->n_stages, pp);
+        return ct_fail(CT_ERR_INVALID, "pipeline schedule %s needs %d or more stages per rank, got %d (%d stages on "
+                       "%d ranks)", plan->name, lo, stages_per_rank, plan->n_stages, pp);
     }
-    if (api->placement == CT_PP_V && stages_per_rank != 2) {
-        ct_errf(err, errlen, "pipeline schedule %s places stages in a V, which takes exactly 2 stages per rank", plan->name);
-        return -1;
-    }
+    if (api->placement == CT_PP_V && stages_per_rank != 2)
+        return ct_fail(CT_ERR_INVALID, "pipeline schedule %s places stages in a V, which takes exactly 2 stages per "
+                       "rank", plan->name);
     plan->ranks = calloc((size_t)pp, sizeof *plan->ranks);
-    if (!plan->ranks) {
-        ct_errf(err, errlen, "out of memory for %d ranks", pp);
-        return -1;
-    }
+    if (!plan->ranks) return ct_fail(CT_ERR_NOMEM, "out of memory for %d ranks", pp);
     for (int r = 0; r < pp; r++) {
         ct_schedule_shape shape = {.struct_size = sizeof shape, .pp_size = pp, .stages_per_rank = stages_per_rank,
                                    .n_microbatches = n_microbatches, .rank = r, .csv_path = csv_path};
-        if (sched_rank_actions(p, &shape, &plan->ranks[r], err, errlen)) return -1;
+        ct_status st = sched_rank_actions(p, &shape, &plan->ranks[r]);
+        if (st != CT_OK) return st;
     }
-    return 0;
+    return CT_OK;
 }
 
 /* ---- the checker ---- */
@@ -343,74 +328,65 @@ static int sched_cost(const schedule_costs *c, int op) {
     return op == CT_PP_F ? c->f : op == CT_PP_B ? c->b : op == CT_PP_I ? c->i : c->w;
 }
 
-static int sched_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sched_fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return 1;
-}
-
 /* Every action names a real op, stage and microbatch, on the rank that holds the stage, once. */
-static int sim_index(sched_sim *s, char *err, size_t errlen) {
+static ct_status sim_index(sched_sim *s) {
     const sched_plan *pl = s->plan;
     char a1[48];
     for (int r = 0; r < pl->pp; r++)
         for (int k = 0; k < pl->ranks[r].n; k++) {
             const ct_pp_action *a = &pl->ranks[r].actions[k];
             if (a->op < CT_PP_F || a->op > CT_PP_W)
-                return sched_fail(err, errlen, "rank %d: action %d has op %d; expected F, B, I or W (1..4)", r, k, a->op);
+                return ct_fail(CT_ERR_INTERNAL, "rank %d: action %d has op %d; expected F, B, I or W (1..4)", r, k,
+                               a->op);
             if (a->stage < 0 || a->stage >= pl->n_stages)
-                return sched_fail(err, errlen, "rank %d runs %s: stage %d is outside 0..%d", r,
-                                  act_name(a, a1, sizeof a1), a->stage, pl->n_stages - 1);
+                return ct_fail(CT_ERR_INTERNAL, "rank %d runs %s: stage %d is outside 0..%d", r,
+                               act_name(a, a1, sizeof a1), a->stage, pl->n_stages - 1);
             if (a->microbatch < 0 || a->microbatch >= pl->n_microbatches)
-                return sched_fail(err, errlen, "rank %d runs %s: microbatch %d is outside 0..%d", r,
-                                  act_name(a, a1, sizeof a1), a->microbatch, pl->n_microbatches - 1);
+                return ct_fail(CT_ERR_INTERNAL, "rank %d runs %s: microbatch %d is outside 0..%d", r,
+                               act_name(a, a1, sizeof a1), a->microbatch, pl->n_microbatches - 1);
             int owner = schedule_stage_rank(pl->placement, pl->pp, a->stage);
             if (owner != r)
-                return sched_fail(err, errlen, "rank %d runs %s, but stage %d is held by rank %d (%s placement)", r,
-                                  act_name(a, a1, sizeof a1), a->stage, owner, pl->placement == CT_PP_V ? "V" : "loop");
+                return ct_fail(CT_ERR_INTERNAL, "rank %d runs %s, but stage %d is held by rank %d (%s placement)", r,
+                               act_name(a, a1, sizeof a1), a->stage, owner, pl->placement == CT_PP_V ? "V" : "loop");
             sched_cell *c = sim_cell(s, a->stage, a->microbatch);
             int *at = a->op == CT_PP_F ? &c->f_at : a->op == CT_PP_W ? &c->w_at : &c->bi_at;
             if (*at >= 0 && (a->op == CT_PP_F || a->op == CT_PP_W || c->bi_op == a->op))
-                return sched_fail(err, errlen, "rank %d runs %s twice (actions %d and %d of its list)", r,
-                                  act_name(a, a1, sizeof a1), *at, k);
+                return ct_fail(CT_ERR_INTERNAL, "rank %d runs %s twice (actions %d and %d of its list)", r,
+                               act_name(a, a1, sizeof a1), *at, k);
             if (*at >= 0) /* the other of B and I for this (stage, microbatch) */
-                return sched_fail(err, errlen, "rank %d mixes %dB%d with %dI%d: a backward is either B, or I then W", r,
-                                  a->stage, a->microbatch, a->stage, a->microbatch);
+                return ct_fail(CT_ERR_INTERNAL, "rank %d mixes %dB%d with %dI%d: a backward is either B, or I then W",
+                               r, a->stage, a->microbatch, a->stage, a->microbatch);
             *at = k;
             if (a->op == CT_PP_B || a->op == CT_PP_I) c->bi_op = a->op;
         }
-    return 0;
+    return CT_OK;
 }
 
 /* Every (stage, microbatch) has its F and its backward (B, or I then W), in a possible order. */
-static int sim_complete(sched_sim *s, char *err, size_t errlen) {
+static ct_status sim_complete(sched_sim *s) {
     const sched_plan *pl = s->plan;
     for (int st = 0; st < pl->n_stages; st++)
         for (int mb = 0; mb < pl->n_microbatches; mb++) {
             const sched_cell *c = sim_cell(s, st, mb);
             int r = schedule_stage_rank(pl->placement, pl->pp, st);
-            if (c->f_at < 0) return sched_fail(err, errlen, "rank %d never runs %dF%d", r, st, mb);
+            if (c->f_at < 0) return ct_fail(CT_ERR_INTERNAL, "rank %d never runs %dF%d", r, st, mb);
             if (c->bi_op == CT_PP_B && c->w_at >= 0)
-                return sched_fail(err, errlen, "rank %d mixes %dB%d with %dW%d: a backward is either B, or I then W", r,
-                                  st, mb, st, mb);
+                return ct_fail(CT_ERR_INTERNAL, "rank %d mixes %dB%d with %dW%d: a backward is either B, or I then W",
+                               r, st, mb, st, mb);
             if (c->bi_at < 0 && c->w_at >= 0)
-                return sched_fail(err, errlen, "rank %d runs %dW%d but never %dI%d", r, st, mb, st, mb);
+                return ct_fail(CT_ERR_INTERNAL, "rank %d runs %dW%d but never %dI%d", r, st, mb, st, mb);
             if (c->bi_at < 0)
-                return sched_fail(err, errlen, "rank %d never runs %dB%d (nor %dI%d and %dW%d)", r, st, mb, st, mb, st, mb);
+                return ct_fail(CT_ERR_INTERNAL, "rank %d never runs %dB%d (nor %dI%d and %dW%d)", r, st, mb, st, mb,
+                               st, mb);
             if (c->bi_op == CT_PP_I && c->w_at < 0)
-                return sched_fail(err, errlen, "rank %d runs %dI%d but never %dW%d", r, st, mb, st, mb);
+                return ct_fail(CT_ERR_INTERNAL, "rank %d runs %dI%d but never %dW%d", r, st, mb, st, mb);
             if (c->bi_at < c->f_at)
-                return sched_fail(err, errlen, "rank %d runs %d%s%d before %dF%d", r, st, c->bi_op == CT_PP_B ? "B" : "I",
-                                  mb, st, mb);
+                return ct_fail(CT_ERR_INTERNAL, "rank %d runs %d%s%d before %dF%d", r, st,
+                               c->bi_op == CT_PP_B ? "B" : "I", mb, st, mb);
             if (c->w_at >= 0 && c->w_at < c->bi_at)
-                return sched_fail(err, errlen, "rank %d runs %dW%d before %dI%d", r, st, mb, st, mb);
+                return ct_fail(CT_ERR_INTERNAL, "rank %d runs %dW%d before %dI%d", r, st, mb, st, mb);
         }
-    return 0;
+    return CT_OK;
 }
 
 /* The action a must wait for, if it is not done: its (stage, microbatch) and op, in *dep. 1 when a
@@ -480,23 +456,24 @@ static void sim_advance(sched_sim *s, int r) {
 }
 
 /* Names what each stuck rank waits for: "deadlock: rank 0 waits at 0B2 for 1B2 (rank 1), ...". */
-static int sim_deadlock(const sched_sim *s, char *err, size_t errlen) {
+static ct_status sim_deadlock(const sched_sim *s) {
     const sched_plan *pl = s->plan;
-    size_t used = (size_t)snprintf(err, errlen, "deadlock:");
-    for (int r = 0; r < pl->pp && used < errlen; r++) {
+    char msg[2048];
+    size_t used = (size_t)snprintf(msg, sizeof msg, "deadlock:");
+    for (int r = 0; r < pl->pp && used < sizeof msg; r++) {
         if (s->next[r] >= pl->ranks[r].n) continue;
         const ct_pp_action *a = &pl->ranks[r].actions[s->next[r]];
         int64_t ready;
         ct_pp_action dep = {sizeof dep, 0, 0, 0};
         sim_ready(s, a, &ready, &dep);
         char a1[48], a2[48];
-        int w = snprintf(err + used, errlen - used, "%s rank %d waits at %s for %s (rank %d)",
+        int w = snprintf(msg + used, sizeof msg - used, "%s rank %d waits at %s for %s (rank %d)",
                          used > strlen("deadlock:") ? "," : "", r, act_name(a, a1, sizeof a1),
                          act_name(&dep, a2, sizeof a2), schedule_stage_rank(pl->placement, pl->pp, dep.stage));
         if (w < 0) break;
         used += (size_t)w;
     }
-    return 1;
+    return ct_fail(CT_ERR_INTERNAL, "%s", msg);
 }
 
 /* Peak microbatches with activations held, per rank: from each F until its B or W. */
@@ -515,19 +492,15 @@ static void sim_activations(sched_plan *pl) {
     }
 }
 
-int schedule_check(sched_plan *plan, const schedule_costs *costs, char *err, size_t errlen) {
+ct_status schedule_check(sched_plan *plan, const schedule_costs *costs) {
     const schedule_costs *c = costs;
     if (c->f < 1 || c->b < 1 || c->i < 1 || c->w < 1 || c->f > SCHED_MAX_COST || c->b > SCHED_MAX_COST ||
-        c->i > SCHED_MAX_COST || c->w > SCHED_MAX_COST) {
-        ct_errf(err, errlen, "action costs F=%d B=%d I=%d W=%d: each must be 1..%d time units", c->f, c->b, c->i,
-                c->w, SCHED_MAX_COST);
-        return -1;
-    }
+        c->i > SCHED_MAX_COST || c->w > SCHED_MAX_COST)
+        return ct_fail(CT_ERR_INVALID, "action costs F=%d B=%d I=%d W=%d: each must be 1..%d time units", c->f, c->b,
+                       c->i, c->w, SCHED_MAX_COST);
     if (!plan->ranks || plan->pp < 1 || plan->n_stages != plan->pp * plan->stages_per_rank || plan->n_microbatches < 1 ||
-        (long long)plan->n_stages * plan->n_microbatches > SCHED_MAX_CELLS) {
-        ct_errf(err, errlen, "schedule_check: an empty or inconsistent plan");
-        return -1;
-    }
+        (long long)plan->n_stages * plan->n_microbatches > SCHED_MAX_CELLS)
+        return ct_fail(CT_ERR_INVALID, "schedule_check: an empty or inconsistent plan");
     plan->costs = *c;
     plan->makespan = 0;
     plan->bubble = 0;
@@ -538,9 +511,9 @@ int schedule_check(sched_plan *plan, const schedule_costs *costs, char *err, siz
     s.free_at = calloc((size_t)plan->pp, sizeof *s.free_at);
     s.work = malloc((size_t)plan->pp * sizeof *s.work);
     s.queued = calloc((size_t)plan->pp, 1);
-    int rc = -1;
+    ct_status rc = CT_ERR_NOMEM;
     if (!s.cells || !s.next || !s.free_at || !s.work || !s.queued) {
-        ct_errf(err, errlen, "out of memory checking a %d-rank schedule", plan->pp);
+        ct_set_error("out of memory checking a %d-rank schedule", plan->pp);
         goto done;
     }
     for (size_t i = 0; i < n_cells; i++) s.cells[i] = (sched_cell){-1, -1, -1, 0, -1, -1, -1};
@@ -550,11 +523,11 @@ int schedule_check(sched_plan *plan, const schedule_costs *costs, char *err, siz
         rk->start = malloc(((size_t)rk->n + 1) * sizeof *rk->start);
         rk->busy = 0;
         if (!rk->start) {
-            ct_errf(err, errlen, "out of memory checking a %d-rank schedule", plan->pp);
+            ct_set_error("out of memory checking a %d-rank schedule", plan->pp);
             goto done;
         }
     }
-    if ((rc = sim_index(&s, err, errlen)) || (rc = sim_complete(&s, err, errlen))) goto done;
+    if ((rc = sim_index(&s)) != CT_OK || (rc = sim_complete(&s)) != CT_OK) goto done;
 
     for (int r = 0; r < plan->pp; r++) sim_queue(&s, r);
     while (s.n_work > 0) {
@@ -564,7 +537,7 @@ int schedule_check(sched_plan *plan, const schedule_costs *costs, char *err, siz
     }
     for (int r = 0; r < plan->pp; r++)
         if (s.next[r] < plan->ranks[r].n) {
-            rc = sim_deadlock(&s, err, errlen);
+            rc = sim_deadlock(&s);
             goto done;
         }
     int64_t busy = 0;
@@ -574,7 +547,7 @@ int schedule_check(sched_plan *plan, const schedule_costs *costs, char *err, siz
     }
     plan->bubble = plan->makespan ? 1.0 - (double)busy / ((double)plan->pp * (double)plan->makespan) : 0;
     sim_activations(plan);
-    rc = 0;
+    rc = CT_OK;
 done:
     free(s.cells);
     free(s.next);
@@ -705,18 +678,12 @@ static void svg_body(const sched_plan *pl, FILE *f) {
 }
 
 /* Writes a file through `body` under a temporary name, then renames it into place. */
-static int sched_write_file(const sched_plan *plan, const char *path, void (*body)(const sched_plan *, FILE *),
-                            char *err, size_t errlen) {
+static ct_status sched_write_file(const sched_plan *plan, const char *path, void (*body)(const sched_plan *, FILE *)) {
     char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
-        ct_errf(err, errlen, "%s: path too long", path);
-        return -1;
-    }
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return ct_fail(CT_ERR_INVALID, "%s: path too long", path);
     FILE *f = fopen(tmp, "w");
-    if (!f) {
-        ct_errf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
-        return -1;
-    }
+    if (!f) return ct_fail(CT_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
     body(plan, f);
     int bad = fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0;
     int saved = errno;
@@ -724,15 +691,12 @@ static int sched_write_file(const sched_plan *plan, const char *path, void (*bod
     if (bad || rename(tmp, path) != 0) {
         if (!bad) saved = errno;
         unlink(tmp);
-        ct_errf(err, errlen, "cannot write %s: %s", path, strerror(saved));
-        return -1;
+        return ct_fail(CT_ERR_IO, "cannot write %s: %s", path, strerror(saved));
     }
-    return 0;
+    return CT_OK;
 }
 
-int schedule_svg(const sched_plan *plan, const char *path, char *err, size_t errlen) {
-    return sched_write_file(plan, path, svg_body, err, errlen);
-}
+ct_status schedule_svg(const sched_plan *plan, const char *path) { return sched_write_file(plan, path, svg_body); }
 
 static void csv_body(const sched_plan *pl, FILE *f) {
     fprintf(f, "# %s: pp %d, %d stages (%s placement), %d microbatches; one row per rank\n", pl->name, pl->pp,
@@ -745,6 +709,6 @@ static void csv_body(const sched_plan *pl, FILE *f) {
     }
 }
 
-int schedule_write_csv(const sched_plan *plan, const char *path, char *err, size_t errlen) {
-    return sched_write_file(plan, path, csv_body, err, errlen);
+ct_status schedule_write_csv(const sched_plan *plan, const char *path) {
+    return sched_write_file(plan, path, csv_body);
 }

@@ -57,8 +57,8 @@ int schedule_normalize(const char *name, char *out, size_t len);
 /* Loads a schedule plugin: a name (normalized, looked up on the plugin search path), or a path (a
  * name with '/' or ending in .so, relative to the manifest's folder when mf is given). Checks the
  * kind and the API table's size. An unknown name is an error listing the schedules that can be
- * loaded. NULL with one line in err on failure. */
-plugin *schedule_load(const char *name, const manifest *mf, char *err, size_t errlen);
+ * loaded. NULL with one line in ct_last_error on failure. */
+plugin *schedule_load(const char *name, const manifest *mf);
 
 /* The API table of a plugin schedule_load returned. */
 const ct_schedule_api *schedule_api(const plugin *p);
@@ -69,18 +69,19 @@ int schedule_list(const manifest *mf, char *out, size_t len);
 /* The rank that holds `stage` under a placement. */
 int schedule_stage_rank(ct_pp_placement placement, int pp, int stage);
 
-/* Asks the plugin for every rank's actions for the shape (csv_path may be NULL) into *plan. 0, or -1
- * with one line in err (the plugin refused the shape, or broke its contract). Free with
- * schedule_plan_free, also after a failure. */
-int schedule_actions(const plugin *p, int pp, int stages_per_rank, int n_microbatches, const char *csv_path,
-                     sched_plan *plan, char *err, size_t errlen);
+/* Asks the plugin for every rank's actions for the shape (csv_path may be NULL) into *plan. CT_OK, or
+ * CT_ERR_INVALID (the shape, or the plugin refused it), CT_ERR_INTERNAL (the plugin broke its
+ * contract), CT_ERR_NOMEM, with one line in ct_last_error. Free with schedule_plan_free, also after a
+ * failure. */
+ct_status schedule_actions(const plugin *p, int pp, int stages_per_rank, int n_microbatches, const char *csv_path,
+                           sched_plan *plan);
 void schedule_plan_free(sched_plan *plan);
 
-/* Checks and simulates the plan (see the top of this file). 0 when valid (the timing fields of the
- * plan and its ranks are filled); 1 when the schedule is wrong, with err naming the rank and the
- * action ("rank 1 never runs 1B3", "deadlock: rank 0 waits at 0B2 for 1B2 (rank 1), ..."); -1 when
- * out of memory or the costs are not positive. */
-int schedule_check(sched_plan *plan, const schedule_costs *costs, char *err, size_t errlen);
+/* Checks and simulates the plan (see the top of this file). CT_OK when valid (the timing fields of the
+ * plan and its ranks are filled); CT_ERR_INTERNAL when the schedule is wrong, the message naming the
+ * rank and the action ("rank 1 never runs 1B3", "deadlock: rank 0 waits at 0B2 for 1B2 (rank 1),
+ * ..."); CT_ERR_INVALID when the costs are not positive or the plan is inconsistent; CT_ERR_NOMEM. */
+ct_status schedule_check(sched_plan *plan, const schedule_costs *costs);
 
 /* A short name of an action: "F3" when every rank holds one stage, "2F3" (stage 2) otherwise. */
 void schedule_action_name(const sched_plan *plan, const ct_pp_action *a, char *out, size_t len);
@@ -89,11 +90,11 @@ void schedule_action_name(const sched_plan *plan, const ct_pp_action *a, char *o
 void schedule_timeline(const sched_plan *plan, FILE *out);
 
 /* The plan in the CSV schedule's format (one row per rank, cells like 0F0, 3I2): a shipped schedule
- * to start a hand-written one from. Written to a temporary name and renamed. 0, or -1 with err. */
-int schedule_write_csv(const sched_plan *plan, const char *path, char *err, size_t errlen);
+ * to start a hand-written one from. Written to a temporary name and renamed. */
+ct_status schedule_write_csv(const sched_plan *plan, const char *path);
 
 /* A checked plan as an SVG picture (one bar per action, coloured by op, on a time axis), written
- * to a temporary name and renamed. 0, or -1 with one line in err. */
-int schedule_svg(const sched_plan *plan, const char *path, char *err, size_t errlen);
+ * to a temporary name and renamed. */
+ct_status schedule_svg(const sched_plan *plan, const char *path);
 
 #endif

@@ -4,6 +4,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tools/tokenizer.h"
 #include "tools/hf_tokenizer.h"
+#include "base/error.h"
 #include "base/util.h"
 
 #include <sys/stat.h>
@@ -312,8 +313,8 @@ static int next_line(line_iter *it, const char **s, size_t *n) {
 }
 
 /* Parses "<base64> <rank>" lines into tok (arena, off, len, ranks). */
-static int load_lines(ct_tokenizer *tok, const char *data, size_t size, const char *label,
-                      uint32_t *line_of, char *err, size_t errlen) {
+static ct_status load_lines(ct_tokenizer *tok, const char *data, size_t size, const char *label,
+                            uint32_t *line_of) {
     line_iter it = {data, data + size, 0};
     const char *s;
     size_t n;
@@ -321,56 +322,41 @@ static int load_lines(ct_tokenizer *tok, const char *data, size_t size, const ch
     while (next_line(&it, &s, &n)) {
         if (n == 0) continue;
         const char *sp = memchr(s, ' ', n);
-        if (!sp) {
-            ct_errf(err, errlen, "%s:%ld: missing rank (expected '<base64> <rank>')", label, it.lineno);
-            return -1;
-        }
+        if (!sp) return ct_fail(CT_ERR_INVALID, "%s:%ld: missing rank (expected '<base64> <rank>')", label, it.lineno);
         const char *r = sp + 1, *rend = s + n;
-        if (r == rend) {
-            ct_errf(err, errlen, "%s:%ld: missing rank (expected '<base64> <rank>')", label, it.lineno);
-            return -1;
-        }
+        if (r == rend)
+            return ct_fail(CT_ERR_INVALID, "%s:%ld: missing rank (expected '<base64> <rank>')", label, it.lineno);
         uint64_t rank = 0;
         for (const char *q = r; q < rend; q++) {
-            if (*q < '0' || *q > '9') {
-                ct_errf(err, errlen, "%s:%ld: rank is not a non-negative decimal integer "
-                        "(expected '<base64> <rank>')", label, it.lineno);
-                return -1;
-            }
+            if (*q < '0' || *q > '9')
+                return ct_fail(CT_ERR_INVALID, "%s:%ld: rank is not a non-negative decimal integer "
+                               "(expected '<base64> <rank>')", label, it.lineno);
             rank = rank * 10 + (uint64_t)(*q - '0');
             if (rank > (uint64_t)tok->n_base) break;
         }
-        if (rank >= (uint64_t)tok->n_base) {
-            ct_errf(err, errlen, "%s:%ld: rank %.*s out of range: the file has %d tokens, so ranks "
-                    "must run 0..%d", label, it.lineno, (int)(rend - r > 20 ? 20 : rend - r), r,
-                    tok->n_base, tok->n_base - 1);
-            return -1;
-        }
-        if (line_of[rank]) {
-            ct_errf(err, errlen, "%s:%ld: rank %llu already used on line %u (ranks must be "
-                    "0..n-1, each once)", label, it.lineno, (unsigned long long)rank, line_of[rank]);
-            return -1;
-        }
+        if (rank >= (uint64_t)tok->n_base)
+            return ct_fail(CT_ERR_INVALID, "%s:%ld: rank %.*s out of range: the file has %d tokens, so ranks "
+                           "must run 0..%d", label, it.lineno, (int)(rend - r > 20 ? 20 : rend - r), r,
+                           tok->n_base, tok->n_base - 1);
+        if (line_of[rank])
+            return ct_fail(CT_ERR_INVALID, "%s:%ld: rank %llu already used on line %u (ranks must be "
+                           "0..n-1, each once)", label, it.lineno, (unsigned long long)rank, line_of[rank]);
         const char *why = NULL;
         long blen = b64_decode((const unsigned char *)s, (size_t)(sp - s), tok->arena + used, &why);
-        if (blen < 0) {
-            ct_errf(err, errlen, "%s:%ld: %s", label, it.lineno, why);
-            return -1;
-        }
+        if (blen < 0) return ct_fail(CT_ERR_INVALID, "%s:%ld: %s", label, it.lineno, why);
         tok->off[rank] = used;
         tok->len[rank] = (uint32_t)blen;
         int64_t k = bmap_put(&tok->ranks, (uint32_t)rank);
         if (k != (int64_t)rank) {
             char shown[64];
             show_bytes(tok->arena + used, (size_t)blen, shown, sizeof shown);
-            ct_errf(err, errlen, "%s:%ld: duplicate token '%s' (also rank %lld on line %u)", label,
-                    it.lineno, shown, (long long)k, line_of[k]);
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "%s:%ld: duplicate token '%s' (also rank %lld on line %u)", label,
+                           it.lineno, shown, (long long)k, line_of[k]);
         }
         line_of[rank] = (uint32_t)it.lineno;
         used += (uint32_t)blen;
     }
-    return 0;
+    return CT_OK;
 }
 
 static int add_specials(ct_tokenizer *tok, size_t base_bytes) {
@@ -393,10 +379,9 @@ static int add_specials(ct_tokenizer *tok, size_t base_bytes) {
     return 0;
 }
 
-static ct_tokenizer *tiktoken_load_mem(const char *data, size_t size, const char *label, char *err,
-                                       size_t errlen) {
+static ct_tokenizer *tiktoken_load_mem(const char *data, size_t size, const char *label) {
     if (size > MAX_FILE_BYTES) {
-        ct_errf(err, errlen, "%s: file too large (%zu bytes; at most %u)", label, size, MAX_FILE_BYTES);
+        ct_set_error("%s: file too large (%zu bytes; at most %u)", label, size, MAX_FILE_BYTES);
         return NULL;
     }
     /* Count non-empty lines: that is the number of tokens, so every rank must be below it. */
@@ -406,11 +391,11 @@ static ct_tokenizer *tiktoken_load_mem(const char *data, size_t size, const char
     size_t n;
     while (next_line(&it, &s, &n)) count += n > 0;
     if (count == 0) {
-        ct_errf(err, errlen, "%s: empty vocabulary file (no '<base64> <rank>' lines)", label);
+        ct_set_error("%s: empty vocabulary file (no '<base64> <rank>' lines)", label);
         return NULL;
     }
     if (count > TOKENIZER_MAX_BASE) {
-        ct_errf(err, errlen, "%s: %ld tokens, more than the %d allowed", label, count, TOKENIZER_MAX_BASE);
+        ct_set_error("%s: %ld tokens, more than the %d allowed", label, count, TOKENIZER_MAX_BASE);
         return NULL;
     }
     ct_tokenizer *tok = calloc(1, sizeof *tok);
@@ -425,7 +410,7 @@ static ct_tokenizer *tiktoken_load_mem(const char *data, size_t size, const char
     tok->kind = malloc(ids);
     if (!tok->arena || !tok->off || !tok->len || !tok->kind) goto oom;
     if (bmap_init(&tok->ranks, (size_t)count, tok->arena, tok->off, tok->len)) goto oom;
-    if (load_lines(tok, data, size, label, line_of, err, errlen)) goto fail;
+    if (load_lines(tok, data, size, label, line_of) != CT_OK) goto fail;
     /* Every rank below count was seen once (count lines, no duplicates, none out of range). */
     size_t base_bytes = 0;
     for (long r = 0; r < count; r++) base_bytes += tok->len[r];
@@ -433,19 +418,19 @@ static ct_tokenizer *tiktoken_load_mem(const char *data, size_t size, const char
         unsigned char c = (unsigned char)b;
         int64_t k = bmap_get(&tok->ranks, &c, 1);
         if (k < 0) {
-            ct_errf(err, errlen, "%s: no token for byte 0x%02x (a byte-level BPE vocabulary must "
-                    "hold all 256 single bytes)", label, b);
+            ct_set_error("%s: no token for byte 0x%02x (a byte-level BPE vocabulary must "
+                         "hold all 256 single bytes)", label, b);
             goto fail;
         }
         tok->byte_rank[b] = (uint32_t)k;
     }
     if (add_specials(tok, base_bytes)) goto oom;
-    tok->pretok = pretok_create(err, errlen);
+    tok->pretok = pretok_create();
     if (!tok->pretok) goto fail;
     free(line_of);
     return tok;
 oom:
-    ct_errf(err, errlen, "%s: out of memory loading the vocabulary", label);
+    ct_set_error("%s: out of memory loading the vocabulary", label);
 fail:
     free(line_of);
     tokenizer_free(tok);
@@ -453,10 +438,10 @@ fail:
 }
 
 /* The whole file, NUL-terminated; NULL with a message. */
-static char *read_all(const char *path, size_t *size, char *err, size_t errlen) {
+static char *read_all(const char *path, size_t *size) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        ct_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        ct_set_error("%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     char *buf = NULL;
@@ -464,13 +449,13 @@ static char *read_all(const char *path, size_t *size, char *err, size_t errlen) 
     for (;;) {
         if (len + 1 >= cap) {
             if (cap > MAX_FILE_BYTES) {
-                ct_errf(err, errlen, "%s: file too large (more than %u bytes)", path, MAX_FILE_BYTES);
+                ct_set_error("%s: file too large (more than %u bytes)", path, MAX_FILE_BYTES);
                 goto fail;
             }
             cap = cap ? cap * 2 : 1 << 16;
             char *nb = realloc(buf, cap);
             if (!nb) {
-                ct_errf(err, errlen, "%s: out of memory reading the file", path);
+                ct_set_error("%s: out of memory reading the file", path);
                 goto fail;
             }
             buf = nb;
@@ -480,7 +465,7 @@ static char *read_all(const char *path, size_t *size, char *err, size_t errlen) 
         if (got == 0) break;
     }
     if (ferror(f)) {
-        ct_errf(err, errlen, "%s: read error: %s", path, strerror(errno));
+        ct_set_error("%s: read error: %s", path, strerror(errno));
         goto fail;
     }
     fclose(f);
@@ -515,21 +500,19 @@ static int sniff(const char *data, size_t size) {
     return 't';
 }
 
-static ct_tokenizer *load_bytes(const char *data, size_t size, const char *label, const char *config,
-                                char *err, size_t errlen) {
+static ct_tokenizer *load_bytes(const char *data, size_t size, const char *label, const char *config) {
     switch (sniff(data, size)) {
-    case 'j': return hf_tokenizer_load_json(data, size, label, config, err, errlen);
-    case 't': return tiktoken_load_mem(data, size, label, err, errlen);
+    case 'j': return hf_tokenizer_load_json(data, size, label, config);
+    case 't': return tiktoken_load_mem(data, size, label);
     }
-    ct_errf(err, errlen, "%s: not a tokenizer file: ctitan reads a Hugging Face tokenizer.json (a JSON "
-            "object), a tiktoken vocabulary ('<base64> <rank>' lines, Llama 3's tokenizer.model), or a "
-            "folder holding tokenizer.json or tokenizer.model", label);
+    ct_set_error("%s: not a tokenizer file: ctitan reads a Hugging Face tokenizer.json (a JSON "
+                 "object), a tiktoken vocabulary ('<base64> <rank>' lines, Llama 3's tokenizer.model), or a "
+                 "folder holding tokenizer.json or tokenizer.model", label);
     return NULL;
 }
 
-ct_tokenizer *tokenizer_load_mem(const char *data, size_t size, const char *label, char *err,
-                                 size_t errlen) {
-    return load_bytes(data, size, label, NULL, err, errlen);
+ct_tokenizer *tokenizer_load_mem(const char *data, size_t size, const char *label) {
+    return load_bytes(data, size, label, NULL);
 }
 
 static int is_file(const char *path) {
@@ -537,43 +520,43 @@ static int is_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static ct_tokenizer *load_file(const char *path, const char *config, char *err, size_t errlen) {
+static ct_tokenizer *load_file(const char *path, const char *config) {
     size_t len = 0;
-    char *buf = read_all(path, &len, err, errlen);
+    char *buf = read_all(path, &len);
     if (!buf) return NULL;
-    ct_tokenizer *tok = load_bytes(buf, len, path, config, err, errlen);
+    ct_tokenizer *tok = load_bytes(buf, len, path, config);
     free(buf);
     return tok;
 }
 
 /* A model folder (torchtitan's model.hf_assets_path, a Hub download): tokenizer.json with its
  * tokenizer_config.json, else tiktoken's tokenizer.model or original/tokenizer.model. */
-static ct_tokenizer *load_folder(const char *dir, char *err, size_t errlen) {
+static ct_tokenizer *load_folder(const char *dir) {
     static const char *const tiktoken[] = {"tokenizer.model", "original/tokenizer.model"};
     char path[4096], config[4096];
     const char *sep = dir[0] && dir[strlen(dir) - 1] == '/' ? "" : "/";
     snprintf(path, sizeof path, "%s%stokenizer.json", dir, sep);
     if (is_file(path)) {
         snprintf(config, sizeof config, "%s%stokenizer_config.json", dir, sep);
-        return load_file(path, config, err, errlen);
+        return load_file(path, config);
     }
     for (int i = 0; i < 2; i++) {
         snprintf(path, sizeof path, "%s%s%s", dir, sep, tiktoken[i]);
-        if (is_file(path)) return load_file(path, NULL, err, errlen);
+        if (is_file(path)) return load_file(path, NULL);
     }
-    ct_errf(err, errlen, "%s: a folder without tokenizer.json, tokenizer.model or original/tokenizer.model "
-            "(the tokenizer files ctitan reads)", dir);
+    ct_set_error("%s: a folder without tokenizer.json, tokenizer.model or original/tokenizer.model "
+                 "(the tokenizer files ctitan reads)", dir);
     return NULL;
 }
 
-ct_tokenizer *tokenizer_load(const char *path, char *err, size_t errlen) {
+ct_tokenizer *tokenizer_load(const char *path) {
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return load_folder(path, err, errlen);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return load_folder(path);
     /* a tokenizer.json named directly still takes bos/eos from the tokenizer_config.json beside it */
     char config[4096];
     const char *slash = strrchr(path, '/');
     snprintf(config, sizeof config, "%.*stokenizer_config.json", slash ? (int)(slash - path + 1) : 0, path);
-    return load_file(path, config, err, errlen);
+    return load_file(path, config);
 }
 
 /* ---- the pre-tokenizer ------------------------------------------------------------------------- */
@@ -583,11 +566,9 @@ struct ct_pretok {
     pcre2_match_context *mctx;   /* read-only once made, so threads may share it */
 };
 
-ct_pretok *pretok_create(char *err, size_t errlen) {
-    return pretok_create_pattern(TOKENIZER_LLAMA3_PATTERN, 0, err, errlen);
-}
+ct_pretok *pretok_create(void) { return pretok_create_pattern(TOKENIZER_LLAMA3_PATTERN, 0); }
 
-ct_pretok *pretok_create_pattern(const char *pattern, int literal, char *err, size_t errlen) {
+ct_pretok *pretok_create_pattern(const char *pattern, int literal) {
     int ec;
     PCRE2_SIZE eo;
     pcre2_code *code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
@@ -595,7 +576,7 @@ ct_pretok *pretok_create_pattern(const char *pattern, int literal, char *err, si
     if (!code) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(ec, msg, sizeof msg);
-        ct_errf(err, errlen, "pre-tokenizer regex: %s at offset %zu", (const char *)msg, (size_t)eo);
+        ct_set_error("pre-tokenizer regex: %s at offset %zu", (const char *)msg, (size_t)eo);
         return NULL;
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);   /* optional: the interpreter is the fallback */
@@ -605,7 +586,7 @@ ct_pretok *pretok_create_pattern(const char *pattern, int literal, char *err, si
         pcre2_code_free(code);
         pcre2_match_context_free(mctx);
         free(pt);
-        ct_errf(err, errlen, "pre-tokenizer: out of memory");
+        ct_set_error("pre-tokenizer: out of memory");
         return NULL;
     }
     /* No alternative of the known patterns backtracks more than the length of the run it matches (a
@@ -653,7 +634,7 @@ static size_t utf8_seq(const unsigned char *s, size_t n) {
 
 /* Runs the regex over a run of valid UTF-8. */
 static int split_valid(const ct_pretok *pt, const unsigned char *s, size_t len, pcre2_match_data *md,
-                       pretok_chunk_fn fn, void *ctx, char *err, size_t errlen) {
+                       pretok_chunk_fn fn, void *ctx) {
     size_t off = 0;
     while (off < len) {
         int rc = pcre2_match(pt->code, s, len, off, PCRE2_NO_UTF_CHECK, md, pt->mctx);
@@ -665,8 +646,7 @@ static int split_valid(const ct_pretok *pt, const unsigned char *s, size_t len, 
         } else if (rc < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            ct_errf(err, errlen, "pre-tokenizer: regex match failed at byte %zu: %s", off,
-                    (const char *)msg);
+            ct_set_error("pre-tokenizer: regex match failed at byte %zu: %s", off, (const char *)msg);
             return -1;
         } else {
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
@@ -690,12 +670,11 @@ static int split_valid(const ct_pretok *pt, const unsigned char *s, size_t len, 
     return 0;
 }
 
-int pretok_split(const ct_pretok *pt, const char *text, size_t len, pretok_chunk_fn fn, void *ctx,
-                 char *err, size_t errlen) {
+int pretok_split(const ct_pretok *pt, const char *text, size_t len, pretok_chunk_fn fn, void *ctx) {
     const unsigned char *s = (const unsigned char *)text;
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(pt->code, NULL);
     if (!md) {
-        ct_errf(err, errlen, "pre-tokenizer: out of memory");
+        ct_set_error("pre-tokenizer: out of memory");
         return -1;
     }
     int rc = 0;
@@ -703,7 +682,7 @@ int pretok_split(const ct_pretok *pt, const char *text, size_t len, pretok_chunk
     while (i < len && rc == 0) {
         size_t start = i;
         for (size_t k; i < len && (k = utf8_seq(s + i, len - i)) != 0;) i += k;
-        if (i > start) rc = split_valid(pt, s + start, i - start, md, fn, ctx, err, errlen);
+        if (i > start) rc = split_valid(pt, s + start, i - start, md, fn, ctx);
         if (rc == 0 && i < len) rc = fn(ctx, s + i++, 1);   /* an invalid byte: a chunk of its own */
     }
     pcre2_match_data_free(md);
@@ -929,8 +908,6 @@ typedef struct hf_encoder {
     int allow_special;
     unsigned char *buf;     /* a piece with ByteLevel's prefix space */
     size_t bufcap;
-    char *err;
-    size_t errlen;
 } hf_encoder;
 
 static int hf_chunk(void *ctx, const unsigned char *c, size_t n) {
@@ -968,7 +945,7 @@ static int hf_byte_level(void *ctx, const unsigned char *c, size_t n) {
     }
     if (!tok->byte_level) return hf_chunk(&h->e, c, n);
     /* the prefixed piece lives in buf, which a nested piece does not touch: hf_chunk does not */
-    return pretok_split(tok->byte_level, (const char *)c, n, hf_chunk, &h->e, h->err, h->errlen);
+    return pretok_split(tok->byte_level, (const char *)c, n, hf_chunk, &h->e);
 }
 
 static int hf_byte_level_cb(void *ctx, const unsigned char *c, size_t n) { return hf_byte_level(ctx, c, n); }
@@ -977,7 +954,7 @@ static int hf_byte_level_cb(void *ctx, const unsigned char *c, size_t n) { retur
 static int hf_pieces(hf_encoder *h, const unsigned char *t, size_t n) {
     if (n == 0) return 0;
     if (!h->e.tok->pretok) return hf_byte_level(h, t, n);
-    return pretok_split(h->e.tok->pretok, (const char *)t, n, hf_byte_level_cb, h, h->err, h->errlen);
+    return pretok_split(h->e.tok->pretok, (const char *)t, n, hf_byte_level_cb, h);
 }
 
 /* Leftmost-longest added token of class cls at or after from: its added index, its start in *at. */
@@ -1018,33 +995,32 @@ static int hf_split_added(hf_encoder *h, int cls, const unsigned char *t, size_t
     return cls == 0 ? hf_split_added(h, 1, t + seg, len - seg) : hf_pieces(h, t + seg, len - seg);
 }
 
-static int hf_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special, encoder *e,
-                     char *err, size_t errlen) {
+static int hf_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special, encoder *e) {
     size_t at;
     uint32_t cp;
     if (tok->nfc && hf_nfc_check((const unsigned char *)text, len, &at, &cp)) {
-        ct_errf(err, errlen, "tokenizer: the text is not in Unicode NFC at byte %zu (U+%04X, or it cannot be "
-                "told without normalising); this tokenizer.json's normalizer is NFC, which ctitan does not "
-                "apply: normalise the text to NFC first", at, (unsigned)cp);
+        ct_set_error("tokenizer: the text is not in Unicode NFC at byte %zu (U+%04X, or it cannot be "
+                     "told without normalising); this tokenizer.json's normalizer is NFC, which ctitan does not "
+                     "apply: normalise the text to NFC first", at, (unsigned)cp);
         return -1;
     }
-    hf_encoder h = {.e = *e, .allow_special = allow_special, .err = err, .errlen = errlen};
+    hf_encoder h = {.e = *e, .allow_special = allow_special};
     int rc = hf_split_added(&h, 0, (const unsigned char *)text, len);
     *e = h.e;
     free(h.buf);
     return rc;
 }
 
-int tokenizer_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special,
-                     int32_t **ids, size_t *n, char *err, size_t errlen) {
+ct_status tokenizer_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special,
+                           int32_t **ids, size_t *n) {
     encoder e = {.tok = tok};
     size_t start = 0;
-    int rc = tok->hf ? hf_encode(tok, text, len, allow_special, &e, err, errlen) : 0;
+    int rc = tok->hf ? hf_encode(tok, text, len, allow_special, &e) : 0;
     while (rc == 0 && !tok->hf) {
         size_t at = len;
         int sid = allow_special ? find_special(tok, text, len, start, &at) : -1;
         if (sid < 0) at = len;
-        rc = pretok_split(tok->pretok, text + start, at - start, enc_chunk, &e, err, errlen);
+        rc = pretok_split(tok->pretok, text + start, at - start, enc_chunk, &e);
         if (rc || sid < 0) break;
         if (enc_reserve(&e, 1)) { rc = ENC_OOM; break; }
         e.ids[e.n++] = sid;
@@ -1052,11 +1028,11 @@ int tokenizer_encode(const ct_tokenizer *tok, const char *text, size_t len, int 
     }
     scratch_free(&e.s);
     if (rc) {
-        if (rc == ENC_OOM) ct_errf(err, errlen, "tokenizer: out of memory encoding %zu bytes", len);
         free(e.ids);
         *ids = NULL;
         *n = 0;
-        return -1;
+        if (rc == ENC_OOM) return ct_fail(CT_ERR_NOMEM, "tokenizer: out of memory encoding %zu bytes", len);
+        return CT_ERR_INVALID;   /* text it refuses, or the regex failed on it: the message is set */
     }
     if (e.n == 0) {
         free(e.ids);
@@ -1064,29 +1040,27 @@ int tokenizer_encode(const ct_tokenizer *tok, const char *text, size_t len, int 
     }
     *ids = e.ids;
     *n = e.n;
-    return 0;
+    return CT_OK;
 }
 
-char *tokenizer_decode(const ct_tokenizer *tok, const int32_t *ids, size_t n, size_t *len, char *err,
-                       size_t errlen) {
+char *tokenizer_decode(const ct_tokenizer *tok, const int32_t *ids, size_t n, size_t *len) {
     int vocab = tokenizer_vocab_size(tok);
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= vocab) {
-            ct_errf(err, errlen, "token id %ld (position %zu) out of range: vocabulary size is %d",
-                    (long)ids[i], i, vocab);
+            ct_set_error("token id %ld (position %zu) out of range: vocabulary size is %d", (long)ids[i], i, vocab);
             return NULL;
         }
         if (tok->kind[ids[i]] == ID_NONE) {
-            ct_errf(err, errlen, "token id %ld (position %zu) is not a token: the tokenizer.json gives "
-                    "it to none", (long)ids[i], i);
+            ct_set_error("token id %ld (position %zu) is not a token: the tokenizer.json gives it to none",
+                         (long)ids[i], i);
             return NULL;
         }
         total += tok->len[ids[i]];
     }
     char *out = malloc(total + 1);
     if (!out) {
-        ct_errf(err, errlen, "tokenizer: out of memory decoding %zu tokens", n);
+        ct_set_error("tokenizer: out of memory decoding %zu tokens", n);
         return NULL;
     }
     size_t o = 0;
@@ -1145,7 +1119,7 @@ static int hf_build_added(ct_tokenizer *tok, const hf_spec *s, size_t o) {
     return 0;
 }
 
-ct_tokenizer *tokenizer_from_hf(const hf_spec *s, const char *label, char *err, size_t errlen) {
+ct_tokenizer *tokenizer_from_hf(const hf_spec *s, const char *label) {
     ct_tokenizer *tok = calloc(1, sizeof *tok);
     if (!tok) goto oom;
     tok->hf = 1;
@@ -1188,23 +1162,20 @@ ct_tokenizer *tokenizer_from_hf(const hf_spec *s, const char *label, char *err, 
         pmap_put(&tok->merges, s->merges[i][0], s->merges[i][1], (uint32_t)i, s->merges[i][2]);
     if (hf_build_added(tok, s, o)) goto oom;
     if (s->split_pattern) {
-        tok->pretok = pretok_create_pattern(s->split_pattern, s->split_literal, err, errlen);
+        tok->pretok = pretok_create_pattern(s->split_pattern, s->split_literal);
         if (!tok->pretok) goto bad_regex;
     }
     if (s->byte_level_regex) {
-        tok->byte_level = pretok_create_pattern(HF_GPT2_PATTERN, 0, err, errlen);
+        tok->byte_level = pretok_create_pattern(HF_GPT2_PATTERN, 0);
         if (!tok->byte_level) goto bad_regex;
     }
     return tok;
-bad_regex: {
-        char why[512];
-        snprintf(why, sizeof why, "%s", err ? err : "");
-        ct_errf(err, errlen, "%s: pre_tokenizer: Split pattern: %s", label, why);
-        tokenizer_free(tok);
-        return NULL;
-    }
+bad_regex:
+    ct_set_error("%s: pre_tokenizer: Split pattern: %s", label, ct_last_error());
+    tokenizer_free(tok);
+    return NULL;
 oom:
-    ct_errf(err, errlen, "%s: out of memory building the tokenizer", label);
+    ct_set_error("%s: out of memory building the tokenizer", label);
     tokenizer_free(tok);
     return NULL;
 }

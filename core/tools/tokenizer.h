@@ -24,8 +24,8 @@
  * Bytes that are not valid UTF-8 (which tiktoken, taking Python str, never sees) are cut out of the
  * text and encoded as single-byte tokens, so decode(encode(x)) == x for every byte string x.
  *
- * Errors: functions that can fail take (char *err, size_t errlen), write one line there (err may be
- * NULL) and return NULL or -1. Loading errors read "path:line: what is wrong". Nothing here exits.
+ * Errors: functions that can fail return NULL or a ct_status and leave one line in ct_last_error
+ * (base/error.h). Loading errors read "path:line: what is wrong". Nothing here exits.
  * Threads: a loaded ct_tokenizer is read-only; tokenizer_encode/decode may run on it concurrently.
  */
 #ifndef CTITAN_TOKENIZER_H
@@ -33,6 +33,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "ctitan/abi.h"
 
 #define TOKENIZER_N_SPECIAL 256
 #define TOKENIZER_MAX_BASE  (1 << 24)   /* base tokens a file may hold */
@@ -57,25 +59,24 @@ typedef struct ct_tokenizer ct_tokenizer;
 /* ---- the tokenizer ---------------------------------------------------------------------------- */
 
 /* Reads and validates a vocabulary file. NULL on error ("path:line: what is wrong"). */
-ct_tokenizer *tokenizer_load(const char *path, char *err, size_t errlen);
+ct_tokenizer *tokenizer_load(const char *path);
 
 /* The same over bytes in memory; `label` stands for the path in messages. */
-ct_tokenizer *tokenizer_load_mem(const char *data, size_t len, const char *label, char *err,
-                                 size_t errlen);
+ct_tokenizer *tokenizer_load_mem(const char *data, size_t len, const char *label);
 
 void tokenizer_free(ct_tokenizer *tok);
 
 /* Encodes len bytes of text. allow_special: 1 = special-token text becomes the special id
  * (tiktoken's allowed_special="all"); 0 = it is ordinary text. On success *ids is a malloc'd array of
- * *n ids (the caller frees it; NULL when *n is 0) and 0 is returned; -1 on error. */
-int tokenizer_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special,
-                     int32_t **ids, size_t *n, char *err, size_t errlen);
+ * *n ids (the caller frees it; NULL when *n is 0). CT_ERR_INVALID for text the tokenizer refuses (not
+ * in NFC, or its regex fails on it), CT_ERR_NOMEM. */
+ct_status tokenizer_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special,
+                           int32_t **ids, size_t *n);
 
 /* The bytes of n ids concatenated (specials decode to their text). Returns a malloc'd buffer of *len
  * bytes plus a terminating NUL that *len does not count; the bytes may be invalid UTF-8 and may hold
  * NULs. NULL on error (an id out of range). */
-char *tokenizer_decode(const ct_tokenizer *tok, const int32_t *ids, size_t n, size_t *len, char *err,
-                       size_t errlen);
+char *tokenizer_decode(const ct_tokenizer *tok, const int32_t *ids, size_t n, size_t *len);
 
 int tokenizer_vocab_size(const ct_tokenizer *tok); /* highest id + 1 (tiktoken: n_base + 256) */
 int tokenizer_n_base(const ct_tokenizer *tok);     /* tokens in the file (tokenizer.json: model.vocab's) */
@@ -109,19 +110,19 @@ size_t tokenizer_bpe_chunk(const ct_tokenizer *tok, const unsigned char *chunk, 
 typedef struct ct_pretok ct_pretok;
 
 /* Compiles Llama 3's pattern (JIT when PCRE2 has it). NULL on error. */
-ct_pretok *pretok_create(char *err, size_t errlen);
+ct_pretok *pretok_create(void);
 
 /* Compiles another pattern (a tokenizer.json's); literal: the pattern is plain text. */
-ct_pretok *pretok_create_pattern(const char *pattern, int literal, char *err, size_t errlen);
+ct_pretok *pretok_create_pattern(const char *pattern, int literal);
 void pretok_free(ct_pretok *pt);
 
 /* Called once per chunk, in order; a non-zero return stops the split and is returned by it. */
 typedef int (*pretok_chunk_fn)(void *ctx, const unsigned char *chunk, size_t len);
 
 /* Splits text into regex chunks; every invalid UTF-8 byte becomes a chunk of its own. The chunks
- * cover the text exactly. Returns 0, the callback's non-zero value, or -1 on a PCRE2 error. */
-int pretok_split(const ct_pretok *pt, const char *text, size_t len, pretok_chunk_fn fn, void *ctx,
-                 char *err, size_t errlen);
+ * cover the text exactly. Returns 0, the callback's non-zero value, or -1 on a PCRE2 error (with its
+ * message set). */
+int pretok_split(const ct_pretok *pt, const char *text, size_t len, pretok_chunk_fn fn, void *ctx);
 
 /* ---- training (bpe_train.c) ------------------------------------------------------------------- */
 
@@ -136,19 +137,19 @@ typedef struct ct_bpe_stats {
     int n_base;             /* tokens in the trained vocabulary: 256 + merges (duplicates excepted) */
 } ct_bpe_stats;
 
-ct_bpe_trainer *bpe_trainer_create(char *err, size_t errlen);
+ct_bpe_trainer *bpe_trainer_create(void);
 void bpe_trainer_free(ct_bpe_trainer *tr);
 
 /* Adds one document's text (its chunks are counted; nothing crosses documents). */
-int bpe_trainer_add(ct_bpe_trainer *tr, const char *text, size_t len, char *err, size_t errlen);
+ct_status bpe_trainer_add(ct_bpe_trainer *tr, const char *text, size_t len);
 
 /* Learns merges until the base vocabulary has vocab_size - 256 tokens (the rest are the specials) or
  * no adjacent pair is left. The most frequent pair is merged first; ties go to the pair with the
  * lowest (left rank, right rank). vocab_size must be at least 512. */
-int bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size, char *err, size_t errlen);
+ct_status bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size);
 
 /* Writes the vocabulary in tiktoken format (tmp file, fsync, rename). */
-int bpe_trainer_write(const ct_bpe_trainer *tr, const char *path, char *err, size_t errlen);
+ct_status bpe_trainer_write(const ct_bpe_trainer *tr, const char *path);
 
 void bpe_trainer_stats(const ct_bpe_trainer *tr, ct_bpe_stats *out);
 

@@ -16,6 +16,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include "base/error.h"
 #include "tools/instream.h"
 
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "fuzz_instream: %s failed\n", #c); __builtin_trap(); } } while (0)
@@ -35,13 +36,13 @@ static void put(const void *p, size_t n) {
     fclose(f);
 }
 
-/* Reads path through instream: 0 with *out (malloc'd, *n bytes), or -1 with err. Odd read sizes so
- * buffer edges move around. */
-static int read_all(unsigned char **out, size_t *n, char *err, size_t errlen) {
+/* Reads path through instream: 0 with *out (malloc'd, *n bytes), or -1 with the message set. Odd read
+ * sizes so buffer edges move around. */
+static int read_all(unsigned char **out, size_t *n) {
     *out = NULL;
     *n = 0;
     int bad = 0;
-    instream *s = instream_open(path, &bad, err, errlen);
+    instream *s = instream_open(path, &bad);
     if (!s) {
         CHECK(bad);
         return -1;
@@ -55,9 +56,10 @@ static int read_all(unsigned char **out, size_t *n, char *err, size_t errlen) {
             b = realloc(b, cap);
             CHECK(b);
         }
-        ssize_t r = instream_read(s, b + len, step, err, errlen);
+        size_t r;
+        ct_status st = instream_read(s, b + len, step, &r);
         step = step * 7 % 65521 + 1;
-        if (r < 0) {
+        if (st != CT_OK) {
             CHECK(instream_bad_input(s));
             instream_close(s);
             free(b);
@@ -65,7 +67,7 @@ static int read_all(unsigned char **out, size_t *n, char *err, size_t errlen) {
         }
         if (r == 0 || len > MAX_OUT) break;
         CHECK((size_t)r <= 65536);
-        len += (size_t)r;
+        len += r;
     }
     CHECK(instream_offset(s) <= (uint64_t)instream_size(s));
     instream_close(s);
@@ -90,9 +92,8 @@ static void gzip_member(const uint8_t *p, size_t n, unsigned char *out, size_t *
 static void expect_same(const uint8_t *data, size_t size, const char *what) {
     unsigned char *back;
     size_t n;
-    char err[512] = "";
-    if (read_all(&back, &n, err, sizeof err)) {
-        fprintf(stderr, "fuzz_instream: %s: %s\n", what, err);
+    if (read_all(&back, &n)) {
+        fprintf(stderr, "fuzz_instream: %s: %s\n", what, ct_last_error());
         CHECK(0);
     }
     CHECK(n == size && (size == 0 || memcmp(back, data, size) == 0));
@@ -110,14 +111,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     put(data, size);
     unsigned char *back;
     size_t n;
-    char err[512] = "";
-    if (read_all(&back, &n, err, sizeof err) == 0) {
+    if (read_all(&back, &n) == 0) {
         int plain = !(size >= 2 && data[0] == 0x1f && data[1] == 0x8b) &&
                     !(size >= 4 && memcmp(data, "\x28\xb5\x2f\xfd", 4) == 0);
         if (plain) CHECK(n == size && (size == 0 || memcmp(back, data, size) == 0));
         free(back);
     } else {
-        CHECK(strstr(err, path) != NULL && strchr(err, '\n') == NULL);
+        CHECK(strstr(ct_last_error(), path) != NULL && strchr(ct_last_error(), '\n') == NULL);
     }
     /* the bytes compressed: two gzip members, then two zstd frames, read back exactly */
     size_t half = size / 2, cap = 2 * size + 256, o = 0;

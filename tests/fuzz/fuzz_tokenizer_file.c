@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "tools/tokenizer.h"
 
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "fuzz_tokenizer_file: %s failed\n", #c); __builtin_trap(); } } while (0)
@@ -48,10 +49,9 @@ static ct_tokenizer *fixed_tokenizer(void) {
         o += b64((const unsigned char *)merges[k], strlen(merges[k]), o);
         o += sprintf(o, " %zu\n", 256 + k);
     }
-    char err[256];
-    ct_tokenizer *t = tokenizer_load_mem(text, (size_t)(o - text), "fixed", err, sizeof err);
+    ct_tokenizer *t = tokenizer_load_mem(text, (size_t)(o - text), "fixed");
     free(text);
-    if (!t) fprintf(stderr, "fuzz_tokenizer_file: %s\n", err);
+    if (!t) fprintf(stderr, "fuzz_tokenizer_file: %s\n", ct_last_error());
     CHECK(t);
     return t;
 }
@@ -97,38 +97,35 @@ static ct_tokenizer *fixed_hf_tokenizer(void) {
         o += sprintf(o, "\"%s%s\": %zu%s", merges[k][0], merges[k][1], 256 + k, k + 1 < nm ? ", " : "}, \"merges\": [");
     for (size_t k = 0; k < nm; k++)
         o += sprintf(o, "[\"%s\", \"%s\"]%s", merges[k][0], merges[k][1], k + 1 < nm ? ", " : "]}}");
-    char err[512];
-    ct_tokenizer *t = tokenizer_load_mem(text, (size_t)(o - text), "fixed-hf", err, sizeof err);
+    ct_tokenizer *t = tokenizer_load_mem(text, (size_t)(o - text), "fixed-hf");
     free(text);
-    if (!t) fprintf(stderr, "fuzz_tokenizer_file: %s\n", err);
+    if (!t) fprintf(stderr, "fuzz_tokenizer_file: %s\n", ct_last_error());
     CHECK(t);
     return t;
 }
 
 /* Loaded from the input: every id in range and decodable (no exact round trip: add_prefix_space). */
 static void encode_decodes(const ct_tokenizer *t, const uint8_t *data, size_t size) {
-    char err[256];
     int32_t *ids = NULL;
     size_t n = 0, len = 0;
-    if (tokenizer_encode(t, (const char *)data, size, 1, &ids, &n, err, sizeof err)) {
-        CHECK(!strchr(err, '\n'));   /* a regex of the file's may fail on the text, in one line */
+    if (tokenizer_encode(t, (const char *)data, size, 1, &ids, &n) != CT_OK) {
+        CHECK(!strchr(ct_last_error(), '\n'));   /* a regex of the file's may fail on the text, in one line */
         return;
     }
     for (size_t i = 0; i < n; i++) CHECK(ids[i] >= 0 && ids[i] < tokenizer_vocab_size(t));
-    char *back = tokenizer_decode(t, ids, n, &len, err, sizeof err);
+    char *back = tokenizer_decode(t, ids, n, &len);
     CHECK(back);
     free(back);
     free(ids);
 }
 
 static void roundtrip(const ct_tokenizer *t, const uint8_t *data, size_t size) {
-    char err[256];
     for (int allow = 0; allow < 2; allow++) {
         int32_t *ids = NULL;
         size_t n = 0, len = 0;
-        CHECK(tokenizer_encode(t, (const char *)data, size, allow, &ids, &n, err, sizeof err) == 0);
+        CHECK(tokenizer_encode(t, (const char *)data, size, allow, &ids, &n) == CT_OK);
         for (size_t i = 0; i < n; i++) CHECK(ids[i] >= 0 && ids[i] < tokenizer_vocab_size(t));
-        char *back = tokenizer_decode(t, ids, n, &len, err, sizeof err);
+        char *back = tokenizer_decode(t, ids, n, &len);
         CHECK(back && len == size && memcmp(back, data, size) == 0);
         free(back);
         free(ids);
@@ -139,8 +136,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static ct_tokenizer *fixed, *fixed_hf;
     if (!fixed) fixed = fixed_tokenizer();
     if (!fixed_hf) fixed_hf = fixed_hf_tokenizer();
-    char err[512] = "";
-    ct_tokenizer *t = tokenizer_load_mem((const char *)data, size, "fuzz", err, sizeof err);
+    ct_tokenizer *t = tokenizer_load_mem((const char *)data, size, "fuzz");
     if (t) {
         CHECK(tokenizer_vocab_size(t) >= tokenizer_n_base(t));
         size_t i = size >= 3 && memcmp(data, "\xef\xbb\xbf", 3) == 0 ? 3 : 0;
@@ -151,7 +147,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             encode_decodes(t, data, size < 4096 ? size : 4096);
         tokenizer_free(t);
     } else {
-        CHECK(strncmp(err, "fuzz", 4) == 0 && !strchr(err, '\n'));
+        CHECK(strncmp(ct_last_error(), "fuzz", 4) == 0 && !strchr(ct_last_error(), '\n'));
     }
     roundtrip(fixed, data, size);
     roundtrip(fixed_hf, data, size);

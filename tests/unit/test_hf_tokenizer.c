@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "base/error.h"
 #include "tools/hf_tokenizer.h"
 #include "tools/tokenizer.h"
 
@@ -72,9 +73,9 @@ static json_t *json_of(const char *path) {
     return j;
 }
 
-static ct_tokenizer *load_json(json_t *j, const char *label, char *err, size_t errlen) {
+static ct_tokenizer *load_json(json_t *j, const char *label) {
     char *s = json_dumps(j, JSON_COMPACT);
-    ct_tokenizer *t = tokenizer_load_mem(s, strlen(s), label, err, errlen);
+    ct_tokenizer *t = tokenizer_load_mem(s, strlen(s), label);
     free(s);
     return t;
 }
@@ -82,22 +83,21 @@ static ct_tokenizer *load_json(json_t *j, const char *label, char *err, size_t e
 static int setup(void **state) {
     (void)state;
     if (tmpdir_make("hf-tokenizer")) return -1;
-    char err[512];
-    llama3 = tokenizer_load(HF "/llama3/", err, sizeof err);
-    if (!llama3) fprintf(stderr, "%s\n", err);
-    gpt2 = tokenizer_load(HF "/gpt2/tokenizer.json", err, sizeof err);
-    if (!gpt2) fprintf(stderr, "%s\n", err);
+    llama3 = tokenizer_load(HF "/llama3/");
+    if (!llama3) fprintf(stderr, "%s\n", ct_last_error());
+    gpt2 = tokenizer_load(HF "/gpt2/tokenizer.json");
+    if (!gpt2) fprintf(stderr, "%s\n", ct_last_error());
     json_t *j = json_of(HF "/gpt2/tokenizer.json");
     json_object_set_new(json_object_get(j, "pre_tokenizer"), "add_prefix_space", json_true());
-    gpt2_prefix = load_json(j, "gpt2-prefix", err, sizeof err);
+    gpt2_prefix = load_json(j, "gpt2-prefix");
     json_decref(j);
     /* Qwen2's layout: llama3's file with Qwen2's regex and normalizer NFC */
     j = json_of(HF "/llama3/tokenizer.json");
     json_object_set_new(j, "normalizer", json_pack("{ss}", "type", "NFC"));
     json_t *split = json_array_get(json_object_get(json_object_get(j, "pre_tokenizer"), "pretokenizers"), 0);
     json_object_set_new(json_object_get(split, "pattern"), "Regex", json_string(QWEN2_PATTERN));
-    qwen2_nfc = load_json(j, "qwen2-nfc", err, sizeof err);
-    if (!qwen2_nfc) fprintf(stderr, "%s\n", err);
+    qwen2_nfc = load_json(j, "qwen2-nfc");
+    if (!qwen2_nfc) fprintf(stderr, "%s\n", ct_last_error());
     json_decref(j);
     return llama3 && gpt2 && gpt2_prefix && qwen2_nfc ? 0 : -1;
 }
@@ -152,15 +152,16 @@ static int check_golden(const char *name, ct_tokenizer *t) {
         size_t tlen = unhex(hex, text);
         int32_t *ids = NULL;
         size_t n = 0;
-        char err[512] = "";
-        int rc = tokenizer_encode(tk, text, tlen, strcmp(mode, "all") == 0, &ids, &n, err, sizeof err);
+        ct_clear_error();
+        ct_status rc = tokenizer_encode(tk, text, tlen, strcmp(mode, "all") == 0, &ids, &n);
+        const char *err = ct_last_error();
         if (strcmp(want, "!") == 0) {   /* not in NFC: refused, never encoded as it is */
-            if (rc == 0 || !strstr(err, "not in Unicode NFC at byte")) fail_msg("%s %s: wanted a refusal, got '%s'", tname, hex, err);
+            if (rc == CT_OK || !strstr(err, "not in Unicode NFC at byte")) fail_msg("%s %s: wanted a refusal, got '%s'", tname, hex, err);
             free(text);
             lines++;
             continue;
         }
-        if (rc) fail_msg("%s: encode failed: %s", tname, err);
+        if (rc != CT_OK) fail_msg("%s: encode failed: %s", tname, err);
         char got[65536];
         size_t o = 0;
         for (size_t i = 0; i < n && o + 16 < sizeof got; i++) o += (size_t)sprintf(got + o, "%s%d", i ? " " : "", ids[i]);
@@ -168,7 +169,7 @@ static int check_golden(const char *name, ct_tokenizer *t) {
         if (strcmp(got, want)) fail_msg("%s %s text %.80s:\n got  %.300s\n want %.300s", tname, mode, hex, got, want);
         if (tk != gpt2_prefix) {   /* the prefix space stays when decoding, as in the package */
             size_t dlen;
-            char *back = tokenizer_decode(tk, ids, n, &dlen, err, sizeof err);
+            char *back = tokenizer_decode(tk, ids, n, &dlen);
             assert_non_null(back);
             assert_int_equal(dlen, tlen);
             assert_memory_equal(back, text, tlen);
@@ -194,7 +195,7 @@ static void test_string_merges_read_like_pairs(void **state) {
     (void)state;
     static const char *const names[] = {"llama3", "gpt2"};
     for (int k = 0; k < 2; k++) {
-        char path[128], err[512];
+        char path[128];
         snprintf(path, sizeof path, HF "/%s/tokenizer.json", names[k]);
         json_t *j = json_of(path), *merges = json_object_get(json_object_get(j, "model"), "merges"), *m;
         size_t i;
@@ -203,9 +204,9 @@ static void test_string_merges_read_like_pairs(void **state) {
             snprintf(s, sizeof s, "%s %s", json_string_value(json_array_get(m, 0)), json_string_value(json_array_get(m, 1)));
             json_array_set_new(merges, i, json_string(s));
         }
-        ct_tokenizer *t = load_json(j, "strings", err, sizeof err);
+        ct_tokenizer *t = load_json(j, "strings");
         json_decref(j);
-        if (!t) fail_msg("%s", err);
+        if (!t) fail_msg("%s", ct_last_error());
         assert_true(check_golden(names[k], t) >= 100);
         tokenizer_free(t);
     }
@@ -228,8 +229,7 @@ static void test_folder_layout_bos_eos_and_specials(void **state) {
     assert_int_equal(tokenizer_eos_id(gpt2), 1500);
     assert_true(tokenizer_is_special(gpt2, 1500));
     /* the same file named directly still reads the tokenizer_config.json beside it */
-    char err[512];
-    ct_tokenizer *t = tokenizer_load(HF "/llama3/tokenizer.json", err, sizeof err);
+    ct_tokenizer *t = tokenizer_load(HF "/llama3/tokenizer.json");
     assert_non_null(t);
     assert_int_equal(tokenizer_eos_id(t), 1501);
     tokenizer_free(t);
@@ -240,19 +240,19 @@ static void test_folder_layout_bos_eos_and_specials(void **state) {
     write_file(path_of("g/tokenizer.json"), g, len);
     const char *cfg = "{\"bos_token\": \"<|endoftext|>\", \"eos_token\": {\"content\": \"<|endoftext|>\"}}";
     write_file(path_of("g/tokenizer_config.json"), cfg, strlen(cfg));
-    t = tokenizer_load(path_of("g"), err, sizeof err);
+    t = tokenizer_load(path_of("g"));
     assert_non_null(t);
     assert_int_equal(tokenizer_bos_id(t), 1500);
     assert_int_equal(tokenizer_eos_id(t), 1500);
     tokenizer_free(t);
     cfg = "{\"bos_token\": null, \"eos_token\": \"<|im_end|>\"}";
     write_file(path_of("g/tokenizer_config.json"), cfg, strlen(cfg));
-    assert_null(tokenizer_load(path_of("g"), err, sizeof err));
-    assert_non_null(strstr(err, "tokenizer_config.json: eos_token: \"<|im_end|>\" is not a token of"));
+    assert_null(tokenizer_load(path_of("g")));
+    assert_non_null(strstr(ct_last_error(), "tokenizer_config.json: eos_token: \"<|im_end|>\" is not a token of"));
     cfg = "{\"bos_token\": 7}";
     write_file(path_of("g/tokenizer_config.json"), cfg, strlen(cfg));
-    assert_null(tokenizer_load(path_of("g"), err, sizeof err));
-    assert_non_null(strstr(err, "tokenizer_config.json: bos_token: 7 is not a string, null or {\"content\": ...}"));
+    assert_null(tokenizer_load(path_of("g")));
+    assert_non_null(strstr(ct_last_error(), "tokenizer_config.json: bos_token: 7 is not a string, null or {\"content\": ...}"));
     unlink(path_of("g/tokenizer_config.json"));
     unlink(path_of("g/tokenizer.json"));
     free(g);
@@ -262,7 +262,7 @@ static void test_folder_layout_bos_eos_and_specials(void **state) {
     mkdir(path_of("t/original"), 0755);
     write_file(path_of("t/original/tokenizer.model"), g, len);
     free(g);
-    t = tokenizer_load(path_of("t"), err, sizeof err);
+    t = tokenizer_load(path_of("t"));
     assert_non_null(t);
     assert_int_equal(tokenizer_vocab_size(t), 1024);
     assert_int_equal(tokenizer_bos_id(t), 768);
@@ -270,8 +270,8 @@ static void test_folder_layout_bos_eos_and_specials(void **state) {
     tokenizer_free(t);
     unlink(path_of("t/original/tokenizer.model"));
     rmdir(path_of("t/original"));
-    assert_null(tokenizer_load(path_of("t"), err, sizeof err));
-    assert_non_null(strstr(err, "a folder without tokenizer.json, tokenizer.model or original/tokenizer.model"));
+    assert_null(tokenizer_load(path_of("t")));
+    assert_non_null(strstr(ct_last_error(), "a folder without tokenizer.json, tokenizer.model or original/tokenizer.model"));
     rmdir(path_of("t"));
     rmdir(path_of("g"));
 }
@@ -280,13 +280,14 @@ static void test_folder_layout_bos_eos_and_specials(void **state) {
 static void expect_error(const char *content, const char *where, const char *what) {
     char *p = path_of("bad.json");
     write_file(p, content, strlen(content));
-    char err[1024] = "", want[512];
-    ct_tokenizer *t = tokenizer_load(p, err, sizeof err);
+    char want[512];
+    ct_tokenizer *t = tokenizer_load(p);
     if (t) fail_msg("loaded a bad file; expected '%s'", what);
+    const char *err = ct_last_error();
     snprintf(want, sizeof want, "%s%s", p, where);
     if (strncmp(err, want, strlen(want)) || !strstr(err, what) || strchr(err, '\n'))
         fail_msg("message '%s' should be one line starting '%s' and saying '%s'", err, want, what);
-    assert_null(tokenizer_load_mem(content, strlen(content), "mem", NULL, 0));   /* err may be NULL */
+    assert_null(tokenizer_load_mem(content, strlen(content), "mem"));
 }
 
 /* gpt2's tokenizer.json with one change made by `edit`. */
@@ -374,7 +375,6 @@ static void test_bad_files_are_refused_in_one_line(void **state) {
 static void test_any_bytes_roundtrip(void **state) {
     (void)state;
     uint64_t rng = 88172645463325252ull;
-    char err[256];
     ct_tokenizer *ts[2] = {llama3, gpt2};
     for (int iter = 0; iter < 400; iter++) {
         char buf[300];
@@ -386,8 +386,8 @@ static void test_any_bytes_roundtrip(void **state) {
         for (int k = 0; k < 2; k++) {
             int32_t *ids;
             size_t n, dlen;
-            assert_int_equal(tokenizer_encode(ts[k], buf, len, iter % 3 == 0, &ids, &n, err, sizeof err), 0);
-            char *back = tokenizer_decode(ts[k], ids, n, &dlen, err, sizeof err);
+            assert_int_equal(tokenizer_encode(ts[k], buf, len, iter % 3 == 0, &ids, &n), CT_OK);
+            char *back = tokenizer_decode(ts[k], ids, n, &dlen);
             assert_non_null(back);
             assert_int_equal(dlen, len);
             assert_memory_equal(back, buf, len);
@@ -396,8 +396,8 @@ static void test_any_bytes_roundtrip(void **state) {
         }
     }
     int32_t past = 1756;
-    assert_null(tokenizer_decode(llama3, &past, 1, NULL, err, sizeof err));
-    assert_non_null(strstr(err, "out of range"));
+    assert_null(tokenizer_decode(llama3, &past, 1, NULL));
+    assert_non_null(strstr(ct_last_error(), "out of range"));
 }
 
 /* Text already in NFC passes (NFC leaves it alone); text NFC would change is caught at its first
@@ -435,9 +435,8 @@ static void test_nfc_check(void **state) {
     }
     int32_t *ids = NULL;
     size_t n = 0;
-    char err[512];
-    assert_int_equal(tokenizer_encode(qwen2_nfc, "cafe\u0301", 6, 1, &ids, &n, err, sizeof err), -1);
-    assert_non_null(strstr(err, "not in Unicode NFC at byte 4 (U+0301"));
+    assert_int_equal(tokenizer_encode(qwen2_nfc, "cafe\u0301", 6, 1, &ids, &n), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "not in Unicode NFC at byte 4 (U+0301"));
     assert_null(ids);
 }
 
@@ -456,8 +455,7 @@ static void test_encode_speed(void **state) {
         for (int r = 0; r < 5; r++) {
             int32_t *ids;
             size_t n;
-            char err[256];
-            assert_int_equal(tokenizer_encode(ts[k], corpus, len, 0, &ids, &n, err, sizeof err), 0);
+            assert_int_equal(tokenizer_encode(ts[k], corpus, len, 0, &ids, &n), CT_OK);
             total += n;
             free(ids);
         }

@@ -32,20 +32,19 @@ static int teardown(void **state) {
 }
 
 static plugin *load(const char *name) {
-    char err[2048];
-    plugin *p = schedule_load(name, NULL, err, sizeof err);
-    if (!p) fail_msg("cannot load schedule %s: %s", name, err);
+    plugin *p = schedule_load(name, NULL);
+    if (!p) fail_msg("cannot load schedule %s: %s", name, ct_last_error());
     return p;
 }
 
 /* Builds and checks a plan with the default costs; fails the test when either step fails. */
 static void plan_checked(const plugin *p, int pp, int spr, int m, sched_plan *plan) {
-    char err[2048];
-    if (schedule_actions(p, pp, spr, m, NULL, plan, err, sizeof err))
-        fail_msg("%s pp %d x %d stages, %d microbatches: refused: %s", p->info.name, pp, spr, m, err);
+    if (schedule_actions(p, pp, spr, m, NULL, plan) != CT_OK)
+        fail_msg("%s pp %d x %d stages, %d microbatches: refused: %s", p->info.name, pp, spr, m, ct_last_error());
     schedule_costs costs = SCHEDULE_COSTS_DEFAULT;
-    int rc = schedule_check(plan, &costs, err, sizeof err);
-    if (rc) fail_msg("%s pp %d x %d stages, %d microbatches: the checker says: %s", p->info.name, pp, spr, m, err);
+    if (schedule_check(plan, &costs) != CT_OK)
+        fail_msg("%s pp %d x %d stages, %d microbatches: the checker says: %s", p->info.name, pp, spr, m,
+                 ct_last_error());
 }
 
 /* ---- names ---- */
@@ -89,19 +88,19 @@ static void test_normalize_maps_spellings_to_one_file(void **state) {
 
 static void test_unknown_name_lists_loadable_schedules(void **state) {
     (void)state;
-    char err[2048];
-    assert_null(schedule_load("NoSuchSchedule", NULL, err, sizeof err));
+    assert_null(schedule_load("NoSuchSchedule", NULL));
+    const char *err = ct_last_error();
     static const char *names[] = {"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
                                   "ZBVZeroBubble", "CSV"};
     assert_non_null(strstr(err, "NoSuchSchedule"));
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!strstr(err, names[i])) fail_msg("'%s' missing from: %s", names[i], err);
     /* a path that is not there: the loader's message */
-    assert_null(schedule_load("/nonexistent/sched.so", NULL, err, sizeof err));
-    assert_non_null(strstr(err, "/nonexistent/sched.so"));
+    assert_null(schedule_load("/nonexistent/sched.so", NULL));
+    assert_non_null(strstr(ct_last_error(), "/nonexistent/sched.so"));
     /* a plugin of another kind is refused */
-    assert_null(schedule_load(CT_BUILD_PLUGIN_DIR "/ctitan-adamw.so", NULL, err, sizeof err));
-    assert_non_null(strstr(err, "expected a schedule plugin"));
+    assert_null(schedule_load(CT_BUILD_PLUGIN_DIR "/ctitan-adamw.so", NULL));
+    assert_non_null(strstr(ct_last_error(), "expected a schedule plugin"));
 }
 
 /* ---- every shipped schedule over many shapes ---- */
@@ -170,14 +169,13 @@ static void test_gpipe_and_1f1b_have_the_textbook_bubble(void **state) {
         }
     /* the costs are parameters: with B as cheap as F, GPipe takes 2 (m + p - 1) */
     sched_plan g;
-    char err[512];
-    assert_int_equal(schedule_actions(gp, 4, 1, 8, NULL, &g, err, sizeof err), 0);
+    assert_int_equal(schedule_actions(gp, 4, 1, 8, NULL, &g), CT_OK);
     schedule_costs even = {1, 1, 1, 1};
-    assert_int_equal(schedule_check(&g, &even, err, sizeof err), 0);
+    assert_int_equal(schedule_check(&g, &even), CT_OK);
     assert_int_equal(g.makespan, 2 * (8 + 4 - 1));
     schedule_costs bad = {1, 0, 1, 1};
-    assert_int_equal(schedule_check(&g, &bad, err, sizeof err), -1);
-    assert_non_null(strstr(err, "B=0"));
+    assert_int_equal(schedule_check(&g, &bad), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "B=0"));
     schedule_plan_free(&g);
     plugin_unload(gp);
     plugin_unload(ob);
@@ -205,10 +203,9 @@ static void test_interleaved_and_zero_bubble_beat_1f1b(void **state) {
         }
     /* ZB-V with F = I = W and m >= 2p - 1: no bubble past the warmup, under 10% at pp 4 x 16 */
     sched_plan v;
-    char err[512];
-    assert_int_equal(schedule_actions(zbv, 4, 2, 16, NULL, &v, err, sizeof err), 0);
+    assert_int_equal(schedule_actions(zbv, 4, 2, 16, NULL, &v), CT_OK);
     schedule_costs equal = {1, 2, 1, 1};
-    assert_int_equal(schedule_check(&v, &equal, err, sizeof err), 0);
+    assert_int_equal(schedule_check(&v, &equal), CT_OK);
     assert_true(v.bubble < 0.1);
     schedule_plan_free(&v);
     plugin_unload(ob);
@@ -236,9 +233,9 @@ static void test_refused_shapes_are_clean_errors(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         plugin *p = load(cases[i].name);
         sched_plan plan;
-        char err[2048] = "";
-        int rc = schedule_actions(p, cases[i].pp, cases[i].spr, cases[i].m, NULL, &plan, err, sizeof err);
-        if (rc != -1 || !strstr(err, cases[i].want) || !strstr(err, cases[i].name))
+        ct_status rc = schedule_actions(p, cases[i].pp, cases[i].spr, cases[i].m, NULL, &plan);
+        const char *err = ct_last_error();
+        if (rc != CT_ERR_INVALID || !strstr(err, cases[i].want) || !strstr(err, cases[i].name))
             fail_msg("%s pp %d x %d, m %d: rc %d, message '%s' (wanted '%s')", cases[i].name, cases[i].pp,
                      cases[i].spr, cases[i].m, rc, err, cases[i].want);
         schedule_plan_free(&plan);
@@ -343,25 +340,27 @@ static const char *write_csv(const char *name, const char *text) {
     return path;
 }
 
-/* Runs a CSV through the plugin and the checker: 0 valid, 1 rejected by the checker, -1 refused by
- * the plugin; the message in err. */
-static int run_csv(const char *text, int pp, int spr, int m, char *err, size_t errlen, sched_plan *keep) {
+/* Runs a CSV through the plugin and the checker: CT_OK valid, REJECTED by the checker, REFUSED by the
+ * plugin; the message in ct_last_error(). */
+#define REJECTED CT_ERR_INTERNAL
+#define REFUSED CT_ERR_INVALID
+static ct_status run_csv(const char *text, int pp, int spr, int m, sched_plan *keep) {
     const char *path = write_csv("s.csv", text);
     sched_plan plan;
-    int rc = schedule_actions(csv_plugin, pp, spr, m, path, &plan, err, errlen);
-    if (rc == 0) {
+    ct_status rc = schedule_actions(csv_plugin, pp, spr, m, path, &plan);
+    if (rc == CT_OK) {
         schedule_costs costs = SCHEDULE_COSTS_DEFAULT;
-        rc = schedule_check(&plan, &costs, err, errlen);
+        rc = schedule_check(&plan, &costs);
     }
-    if (keep && rc == 0) *keep = plan;
+    if (keep && rc == CT_OK) *keep = plan;
     else schedule_plan_free(&plan);
     return rc;
 }
 
-static void expect_rejected(const char *what, const char *text, int pp, int m, int want_rc, const char *s1,
+static void expect_rejected(const char *what, const char *text, int pp, int m, ct_status want_rc, const char *s1,
                             const char *s2) {
-    char err[2048] = "";
-    int rc = run_csv(text, pp, 1, m, err, sizeof err, NULL);
+    ct_status rc = run_csv(text, pp, 1, m, NULL);
+    const char *err = ct_last_error();
     if (rc != want_rc || !strstr(err, s1) || (s2 && !strstr(err, s2)))
         fail_msg("%s: rc %d (wanted %d), message '%s' (wanted '%s' and '%s')", what, rc, want_rc, err, s1,
                  s2 ? s2 : "");
@@ -376,9 +375,8 @@ static void test_csv_valid_schedule_with_comments_and_gaps(void **state) {
                        "\n"
                        "   # rank 1\n"
                        " ,1F0,1I0, 1F1 ,1I1,1W0,\t1W1  \r\n";
-    char err[1024];
     sched_plan plan;
-    assert_int_equal(run_csv(text, 2, 1, 2, err, sizeof err, &plan), 0);
+    assert_int_equal(run_csv(text, 2, 1, 2, &plan), CT_OK);
     assert_int_equal(plan.ranks[0].n, 4);
     assert_int_equal(plan.ranks[1].n, 6);
     const ct_pp_action *a = &plan.ranks[1].actions[5];
@@ -395,37 +393,36 @@ static void test_csv_valid_schedule_with_comments_and_gaps(void **state) {
 static void test_csv_broken_schedules_name_rank_and_action(void **state) {
     (void)state;
     csv_plugin = load("CSV");
-    expect_rejected("missing action", "0F0,0F1,0B0,0B1\n1F0,1B0,1F1\n", 2, 2, 1, "rank 1 never runs 1B1", NULL);
-    expect_rejected("missing forward", "0F0,0B0,0B1\n1F0,1B0,1F1,1B1\n", 2, 2, 1, "rank 0 never runs 0F1", NULL);
-    expect_rejected("deadlock", "0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n", 2, 2, 1, "deadlock: rank 0 waits at 0B0 for 1B0 (rank 1)",
+    expect_rejected("missing action", "0F0,0F1,0B0,0B1\n1F0,1B0,1F1\n", 2, 2, REJECTED, "rank 1 never runs 1B1", NULL);
+    expect_rejected("missing forward", "0F0,0B0,0B1\n1F0,1B0,1F1,1B1\n", 2, 2, REJECTED, "rank 0 never runs 0F1", NULL);
+    expect_rejected("deadlock", "0F0,0B0,0F1,0B1\n1F1,1B1,1F0,1B0\n", 2, 2, REJECTED, "deadlock: rank 0 waits at 0B0 for 1B0 (rank 1)",
                     "rank 1 waits at 1F1 for 0F1 (rank 0)");
-    expect_rejected("duplicate", "0F0,0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", 2, 2, 1, "rank 0 runs 0F0 twice", NULL);
-    expect_rejected("duplicate backward", "0F0,0F1,0B0,0B1\n1F0,1I0,1W0,1I0,1F1,1B1\n", 2, 2, 1, "rank 1 runs 1I0 twice",
+    expect_rejected("duplicate", "0F0,0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", 2, 2, REJECTED, "rank 0 runs 0F0 twice", NULL);
+    expect_rejected("duplicate backward", "0F0,0F1,0B0,0B1\n1F0,1I0,1W0,1I0,1F1,1B1\n", 2, 2, REJECTED, "rank 1 runs 1I0 twice",
                     NULL);
-    expect_rejected("stage of another rank", "0F0,1F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", 2, 2, 1,
+    expect_rejected("stage of another rank", "0F0,1F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n", 2, 2, REJECTED,
                     "rank 0 runs 1F0, but stage 1 is held by rank 1", NULL);
-    expect_rejected("B mixed with I", "0F0,0F1,0B0,0B1\n1F0,1B0,1I0,1F1,1B1\n", 2, 2, 1, "rank 1 mixes 1B0 with 1I0", NULL);
-    expect_rejected("B mixed with W", "0F0,0F1,0B0,0B1\n1F0,1B0,1W0,1F1,1B1\n", 2, 2, 1, "rank 1 mixes 1B0 with 1W0", NULL);
-    expect_rejected("W before I", "0F0,0F1,0B0,0B1\n1F0,1W0,1I0,1F1,1B1\n", 2, 2, 1, "rank 1 runs 1W0 before 1I0", NULL);
-    expect_rejected("W without I", "0F0,0F1,0B0,0B1\n1F0,1W0,1F1,1B1\n", 2, 2, 1, "rank 1 runs 1W0 but never 1I0", NULL);
-    expect_rejected("I without W", "0F0,0F1,0B0,0B1\n1F0,1I0,1F1,1B1\n", 2, 2, 1, "rank 1 runs 1I0 but never 1W0", NULL);
-    expect_rejected("B before F", "0F0,0F1,0B0,0B1\n1B0,1F0,1F1,1B1\n", 2, 2, 1, "rank 1 runs 1B0 before 1F0", NULL);
+    expect_rejected("B mixed with I", "0F0,0F1,0B0,0B1\n1F0,1B0,1I0,1F1,1B1\n", 2, 2, REJECTED, "rank 1 mixes 1B0 with 1I0", NULL);
+    expect_rejected("B mixed with W", "0F0,0F1,0B0,0B1\n1F0,1B0,1W0,1F1,1B1\n", 2, 2, REJECTED, "rank 1 mixes 1B0 with 1W0", NULL);
+    expect_rejected("W before I", "0F0,0F1,0B0,0B1\n1F0,1W0,1I0,1F1,1B1\n", 2, 2, REJECTED, "rank 1 runs 1W0 before 1I0", NULL);
+    expect_rejected("W without I", "0F0,0F1,0B0,0B1\n1F0,1W0,1F1,1B1\n", 2, 2, REJECTED, "rank 1 runs 1W0 but never 1I0", NULL);
+    expect_rejected("I without W", "0F0,0F1,0B0,0B1\n1F0,1I0,1F1,1B1\n", 2, 2, REJECTED, "rank 1 runs 1I0 but never 1W0", NULL);
+    expect_rejected("B before F", "0F0,0F1,0B0,0B1\n1B0,1F0,1F1,1B1\n", 2, 2, REJECTED, "rank 1 runs 1B0 before 1F0", NULL);
     /* refused by the parser: file:line:column, the rank and the cell */
-    expect_rejected("malformed op", "0F0,0F1,0B0,0B1\n# rank 1\n1F0, 1X0,1F1,1B1\n", 2, 2, -1, ":3:6: rank 1: cell '1X0'",
+    expect_rejected("malformed op", "0F0,0F1,0B0,0B1\n# rank 1\n1F0, 1X0,1F1,1B1\n", 2, 2, REFUSED, ":3:6: rank 1: cell '1X0'",
                     "F, B, I or W");
-    expect_rejected("no microbatch", "0F0,0F1,0B0,0B\n1F0,1B0,1F1,1B1\n", 2, 2, -1, ":1:13: rank 0: cell '0B'", "microbatch");
-    expect_rejected("trailing junk", "0F0,0F1 x,0B0,0B1\n1F0,1B0,1F1,1B1\n", 2, 2, -1, ":1:5: rank 0: cell '0F1 x'", NULL);
-    expect_rejected("stage out of range", "0F0,0F1,0B0,0B1\n1F0,1B0,7F1,1B1\n", 2, 2, -1, "rank 1: cell '7F1': stage 7 is outside 0..1",
+    expect_rejected("no microbatch", "0F0,0F1,0B0,0B\n1F0,1B0,1F1,1B1\n", 2, 2, REFUSED, ":1:13: rank 0: cell '0B'", "microbatch");
+    expect_rejected("trailing junk", "0F0,0F1 x,0B0,0B1\n1F0,1B0,1F1,1B1\n", 2, 2, REFUSED, ":1:5: rank 0: cell '0F1 x'", NULL);
+    expect_rejected("stage out of range", "0F0,0F1,0B0,0B1\n1F0,1B0,7F1,1B1\n", 2, 2, REFUSED, "rank 1: cell '7F1': stage 7 is outside 0..1",
                     NULL);
-    expect_rejected("microbatch out of range", "0F0,0F1,0B0,0B1\n1F0,1B0,1F2,1B1\n", 2, 2, -1, "cell '1F2': microbatch 2", NULL);
-    expect_rejected("huge number", "0F0,0F1,0B0,0B1\n1F0,1B0,1F99999999999,1B1\n", 2, 2, -1, "too long", NULL);
-    expect_rejected("too few rows", "0F0,0F1,0B0,0B1\n", 2, 2, -1, "1 row of actions, but the pipeline has 2 ranks", NULL);
-    expect_rejected("too many rows", "0F0\n1F0\n2F0\n", 2, 2, -1, ":3: a row for rank 2", NULL);
-    expect_rejected("binary junk", "0F0,\x01\xff\x80,0B0\n", 2, 2, -1, "rank 0: cell '?\?\?'", NULL);
-    char err[512];
+    expect_rejected("microbatch out of range", "0F0,0F1,0B0,0B1\n1F0,1B0,1F2,1B1\n", 2, 2, REFUSED, "cell '1F2': microbatch 2", NULL);
+    expect_rejected("huge number", "0F0,0F1,0B0,0B1\n1F0,1B0,1F99999999999,1B1\n", 2, 2, REFUSED, "too long", NULL);
+    expect_rejected("too few rows", "0F0,0F1,0B0,0B1\n", 2, 2, REFUSED, "1 row of actions, but the pipeline has 2 ranks", NULL);
+    expect_rejected("too many rows", "0F0\n1F0\n2F0\n", 2, 2, REFUSED, ":3: a row for rank 2", NULL);
+    expect_rejected("binary junk", "0F0,\x01\xff\x80,0B0\n", 2, 2, REFUSED, "rank 0: cell '?\?\?'", NULL);
     sched_plan plan;
-    assert_int_equal(schedule_actions(csv_plugin, 2, 1, 2, "/nonexistent/s.csv", &plan, err, sizeof err), -1);
-    assert_non_null(strstr(err, "/nonexistent/s.csv"));
+    assert_int_equal(schedule_actions(csv_plugin, 2, 1, 2, "/nonexistent/s.csv", &plan), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "/nonexistent/s.csv"));
     schedule_plan_free(&plan);
     plugin_unload(csv_plugin);
 }
@@ -440,24 +437,23 @@ static void test_checker_rejects_bad_fields_and_knows_v_placement(void **state) 
     sched_plan plan = {.name = "V", .placement = CT_PP_V, .pp = 2, .stages_per_rank = 2, .n_stages = 4,
                        .n_microbatches = 1, .ranks = ranks};
     schedule_costs costs = SCHEDULE_COSTS_DEFAULT;
-    char err[512];
-    assert_int_equal(schedule_check(&plan, &costs, err, sizeof err), 0);
+    assert_int_equal(schedule_check(&plan, &costs), CT_OK);
     /* F 0,1,2,3 then B 3,2,1,0: 4 + 8 */
     assert_int_equal(plan.makespan, 12);
     free(ranks[0].start);
     free(ranks[1].start);
     ranks[0].start = ranks[1].start = NULL;
     plan.placement = CT_PP_LOOP; /* now stage 3 belongs to rank 1 */
-    assert_int_equal(schedule_check(&plan, &costs, err, sizeof err), 1);
-    assert_non_null(strstr(err, "rank 0 runs 3F0, but stage 3 is held by rank 1"));
+    assert_int_equal(schedule_check(&plan, &costs), CT_ERR_INTERNAL);
+    assert_non_null(strstr(ct_last_error(), "rank 0 runs 3F0, but stage 3 is held by rank 1"));
     plan.placement = CT_PP_V;
     r1[1].op = 9;
-    assert_int_equal(schedule_check(&plan, &costs, err, sizeof err), 1);
-    assert_non_null(strstr(err, "rank 1: action 1 has op 9"));
+    assert_int_equal(schedule_check(&plan, &costs), CT_ERR_INTERNAL);
+    assert_non_null(strstr(ct_last_error(), "rank 1: action 1 has op 9"));
     r1[1].op = CT_PP_F;
     r1[1].microbatch = -1;
-    assert_int_equal(schedule_check(&plan, &costs, err, sizeof err), 1);
-    assert_non_null(strstr(err, "microbatch -1 is outside 0..0"));
+    assert_int_equal(schedule_check(&plan, &costs), CT_ERR_INTERNAL);
+    assert_non_null(strstr(ct_last_error(), "microbatch -1 is outside 0..0"));
     free(ranks[0].start);
     free(ranks[1].start);
 }

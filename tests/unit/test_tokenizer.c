@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "cmd/cmd_tokenize.h"
 #include "data/shard.h"
 #include "tools/tokenizer.h"
@@ -38,9 +39,8 @@ static ct_tokenizer *tok;   /* the committed vocabulary */
 static int setup(void **state) {
     (void)state;
     if (tmpdir_make("tokenizer")) return -1;
-    char err[512];
-    tok = tokenizer_load(VOCAB, err, sizeof err);
-    if (!tok) fprintf(stderr, "cannot load %s (run from the repository root): %s\n", VOCAB, err);
+    tok = tokenizer_load(VOCAB);
+    if (!tok) fprintf(stderr, "cannot load %s (run from the repository root): %s\n", VOCAB, ct_last_error());
     return tok ? 0 : -1;
 }
 
@@ -99,17 +99,14 @@ static double now_s(void) {
 }
 
 static size_t encode(const char *text, size_t len, int allow_special, int32_t **ids) {
-    char err[256] = "";
     size_t n = 0;
-    if (tokenizer_encode(tok, text, len, allow_special, ids, &n, err, sizeof err))
-        fail_msg("encode failed: %s", err);
+    if (tokenizer_encode(tok, text, len, allow_special, ids, &n) != CT_OK) fail_msg("encode failed: %s", ct_last_error());
     return n;
 }
 
 static void expect_roundtrip(const char *text, size_t len, const int32_t *ids, size_t n) {
-    char err[256] = "";
     size_t back_len = 0;
-    char *back = tokenizer_decode(tok, ids, n, &back_len, err, sizeof err);
+    char *back = tokenizer_decode(tok, ids, n, &back_len);
     assert_non_null(back);
     assert_int_equal(back_len, len);
     if (len) assert_memory_equal(back, text, len);
@@ -394,12 +391,11 @@ static void test_any_bytes_roundtrip(void **state) {
     int32_t *ids = (int32_t *)1;
     assert_int_equal(encode("", 0, 1, &ids), 0);
     assert_null(ids);
-    char err[256];
     int32_t bad[2] = {5, 1024};
-    assert_null(tokenizer_decode(tok, bad, 2, NULL, err, sizeof err));
-    assert_non_null(strstr(err, "1024"));
+    assert_null(tokenizer_decode(tok, bad, 2, NULL));
+    assert_non_null(strstr(ct_last_error(), "1024"));
     bad[1] = -3;
-    assert_null(tokenizer_decode(tok, bad, 2, NULL, NULL, 0));
+    assert_null(tokenizer_decode(tok, bad, 2, NULL));
 }
 
 /* Inputs that would be quadratic with naive code finish quickly. */
@@ -443,13 +439,14 @@ static char *byte_vocab(const char *extra, int skip_byte) {
 static void expect_load_error(const char *content, size_t len, const char *where, const char *what) {
     char *p = path_of("bad.tiktoken");
     write_file(p, content, len);
-    char err[512] = "", want_where[300];
-    ct_tokenizer *t = tokenizer_load(p, err, sizeof err);
+    char want_where[300];
+    ct_tokenizer *t = tokenizer_load(p);
     if (t) fail_msg("loaded a bad file; expected '%s'", what);
+    const char *err = ct_last_error();
     snprintf(want_where, sizeof want_where, "%s%s", p, where);
     if (strncmp(err, want_where, strlen(want_where)) || !strstr(err, what))
         fail_msg("message '%s' should start '%s' and say '%s'", err, want_where, what);
-    assert_null(tokenizer_load_mem(content, len, "mem", NULL, 0));   /* err may be NULL */
+    assert_null(tokenizer_load_mem(content, len, "mem"));
 }
 
 static void bad_line(const char *line, const char *what) {
@@ -479,9 +476,8 @@ static void test_bad_vocab_files_are_refused(void **state) {
     char *s = byte_vocab("", 0x41);
     expect_load_error(s, strlen(s), ": ", "no token for byte 0x41");
     free(s);
-    char err[512];
-    assert_null(tokenizer_load(path_of("does-not-exist"), err, sizeof err));
-    assert_non_null(strstr(err, "does-not-exist: cannot open"));
+    assert_null(tokenizer_load(path_of("does-not-exist")));
+    assert_non_null(strstr(ct_last_error(), "does-not-exist: cannot open"));
     /* Random garbage and random damage to a good file never crash (the fuzz target does more). */
     size_t len;
     char *good = read_file(VOCAB, &len);
@@ -489,15 +485,15 @@ static void test_bad_vocab_files_are_refused(void **state) {
         char *d = malloc(len);
         memcpy(d, good, len);
         for (int k = 0; k < 1 + iter % 5; k++) d[rnd() % len] = (char)rnd();
-        ct_tokenizer *t = tokenizer_load_mem(d, len - (iter % 3 ? 0 : rnd() % len), "fuzz", err, sizeof err);
+        ct_tokenizer *t = tokenizer_load_mem(d, len - (iter % 3 ? 0 : rnd() % len), "fuzz");
         if (t) {
             int32_t *ids;
             size_t n;
-            assert_int_equal(tokenizer_encode(t, good, 2000, 1, &ids, &n, err, sizeof err), 0);
+            assert_int_equal(tokenizer_encode(t, good, 2000, 1, &ids, &n), CT_OK);
             free(ids);
             tokenizer_free(t);
         } else {
-            assert_int_equal(strncmp(err, "fuzz:", 5), 0);
+            assert_int_equal(strncmp(ct_last_error(), "fuzz:", 5), 0);
         }
         free(d);
     }
@@ -516,15 +512,15 @@ static void test_crlf_blank_lines_and_shuffled_ranks_load(void **state) {
     size_t o = 0;
     for (int i = n - 1; i >= 0; i--) o += (size_t)sprintf(out + o, "%s\r\n%s", lines[i], i % 100 ? "" : "\n");
     o -= 2;
-    char *p = path_of("shuffled.tiktoken"), err[512];
+    char *p = path_of("shuffled.tiktoken");
     write_file(p, out, o);
-    ct_tokenizer *t = tokenizer_load(p, err, sizeof err);
-    if (!t) fail_msg("%s", err);
+    ct_tokenizer *t = tokenizer_load(p);
+    if (!t) fail_msg("%s", ct_last_error());
     assert_int_equal(tokenizer_vocab_size(t), tokenizer_vocab_size(tok));
     const char *text = "Hello there, it's a shuffled vocabulary: 12345 <|eot_id|>!";
     int32_t *a, *b;
     size_t na = encode(text, strlen(text), 1, &a), nb;
-    assert_int_equal(tokenizer_encode(t, text, strlen(text), 1, &b, &nb, err, sizeof err), 0);
+    assert_int_equal(tokenizer_encode(t, text, strlen(text), 1, &b, &nb), CT_OK);
     assert_int_equal(na, nb);
     assert_memory_equal(a, b, na * sizeof *a);
     free(a);
@@ -567,10 +563,9 @@ static int naive_chunk(void *ctx, const unsigned char *c, size_t n) {
 }
 
 static int naive_train(char **docs, int ndocs, int vocab_size, char **tb, size_t *tl) {
-    char err[256];
-    ct_pretok *pt = pretok_create(err, sizeof err);
+    ct_pretok *pt = pretok_create();
     naive_ctx x = {0};
-    for (int d = 0; d < ndocs; d++) pretok_split(pt, docs[d], strlen(docs[d]), naive_chunk, &x, err, sizeof err);
+    for (int d = 0; d < ndocs; d++) pretok_split(pt, docs[d], strlen(docs[d]), naive_chunk, &x);
     pretok_free(pt);
     int nv = 256, target = vocab_size - 256;
     for (int b = 0; b < 256; b++) { tb[b] = malloc(1); tb[b][0] = (char)b; tl[b] = 1; }
@@ -625,14 +620,13 @@ static void test_trainer_equals_naive_trainer(void **state) {
             }
         }
         int vocab_size = trial == 5 ? 4096 : 512 + 40 + trial * 30;   /* trial 5 runs out of pairs */
-        char err[256];
-        ct_bpe_trainer *tr = bpe_trainer_create(err, sizeof err);
+        ct_bpe_trainer *tr = bpe_trainer_create();
         assert_non_null(tr);
-        for (int d = 0; d < ndocs; d++) assert_int_equal(bpe_trainer_add(tr, docs[d], strlen(docs[d]), err, sizeof err), 0);
-        assert_int_equal(bpe_trainer_train(tr, vocab_size, err, sizeof err), 0);
-        assert_int_equal(bpe_trainer_train(tr, vocab_size, err, sizeof err), -1);   /* only once */
+        for (int d = 0; d < ndocs; d++) assert_int_equal(bpe_trainer_add(tr, docs[d], strlen(docs[d])), CT_OK);
+        assert_int_equal(bpe_trainer_train(tr, vocab_size), CT_OK);
+        assert_int_equal(bpe_trainer_train(tr, vocab_size), CT_ERR_INVALID);   /* only once */
         char *p = path_of("trained.tiktoken");
-        assert_int_equal(bpe_trainer_write(tr, p, err, sizeof err), 0);
+        assert_int_equal(bpe_trainer_write(tr, p), CT_OK);
         ct_bpe_stats st;
         bpe_trainer_stats(tr, &st);
         bpe_trainer_free(tr);
@@ -640,8 +634,8 @@ static void test_trainer_equals_naive_trainer(void **state) {
         char *tb[4096];
         size_t tl[4096];
         int nv = naive_train(docs, ndocs, trial == 5 ? 1024 : vocab_size, tb, tl);
-        ct_tokenizer *t = tokenizer_load(p, err, sizeof err);
-        if (!t) fail_msg("trained vocabulary does not load: %s", err);
+        ct_tokenizer *t = tokenizer_load(p);
+        if (!t) fail_msg("trained vocabulary does not load: %s", ct_last_error());
         assert_int_equal(tokenizer_n_base(t), nv);
         assert_int_equal(st.n_base, nv);
         assert_int_equal(st.documents, (uint64_t)ndocs);
@@ -657,10 +651,9 @@ static void test_trainer_equals_naive_trainer(void **state) {
         for (int d = 0; d < ndocs; d++) free(docs[d]);
         free(docs);
     }
-    char err[256];
-    ct_bpe_trainer *tr = bpe_trainer_create(err, sizeof err);
-    assert_int_equal(bpe_trainer_train(tr, 511, err, sizeof err), -1);
-    assert_non_null(strstr(err, "vocab size 511"));
+    ct_bpe_trainer *tr = bpe_trainer_create();
+    assert_int_equal(bpe_trainer_train(tr, 511), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "vocab size 511"));
     bpe_trainer_free(tr);
 }
 
