@@ -116,9 +116,9 @@ int schedule_list(const manifest *mf, char *out, size_t len) {
         closedir(dir);
         if (nn) qsort(names, (size_t)nn, sizeof *names, sched_cmp_names);
         for (int i = 0; i < nn; i++) {
-            char path[PATH_MAX + 256], err[1024];
+            char path[PATH_MAX + 256];
             int fits = snprintf(path, sizeof path, "%s/%s", dirs[d], names[i]) < (int)sizeof path;
-            plugin *p = fits ? plugin_load(path, CT_KIND_SCHEDULE, "parallelism", NULL, err, sizeof err) : NULL;
+            plugin *p = fits ? plugin_load(path, CT_KIND_SCHEDULE, "parallelism", NULL) : NULL;
             if (p) {
                 size_t before = strlen(out);
                 sched_list_add(out, len, p->info.name);
@@ -162,8 +162,11 @@ plugin *schedule_load(const char *name, const manifest *mf, char *err, size_t er
         snprintf(bare, sizeof bare, "%.*s", (int)(strlen(file) - strlen("ctitan-") - strlen(".so")), file + 7);
         what = bare;
     }
-    plugin *p = plugin_load(what, CT_KIND_SCHEDULE, "parallelism", mf, err, errlen);
-    if (!p) return NULL;
+    plugin *p = plugin_load(what, CT_KIND_SCHEDULE, "parallelism", mf);
+    if (!p) {
+        ct_errf(err, errlen, "%s", ct_last_error());
+        return NULL;
+    }
     const ct_schedule_api *api = p->info.api;
     const char *bad = api->struct_size < sizeof(ct_schedule_api)               ? "its API table is too small"
                       : !api->actions                                         ? "it has no actions function"
