@@ -348,8 +348,11 @@ static int apply_key(manifest *mf, const char *key, const json_t *v, const char 
     const char *have;
     value_text(v, want, sizeof want);
     if (!mf_is_set(mf, key) || (!strcmp(key, "model.flavor") && !mf_get_str(mf, key, &have) &&
-                                !strcmp(have, "from_checkpoint")))
-        return manifest_override(mf, key, want, err, errlen);
+                                !strcmp(have, "from_checkpoint"))) {
+        if (manifest_override(mf, key, want) == CT_OK) return 0;
+        ct_errf(err, errlen, "%s", ct_last_error());
+        return -1;
+    }
     if (mf_get_str(mf, key, &have) || same_value(have, v)) return 0;
     mf_where(mf, key, where, sizeof where);
     ct_errf(err, errlen, "%s: %.100s contradicts the checkpoint's %s (%s); drop the key or make it agree", where, have,

@@ -5,6 +5,7 @@
 
 #include "config/manifest.h"
 #include "config/torchtitan_keys.h"
+#include "base/error.h"
 #include "base/util.h"
 
 #include <errno.h>
@@ -112,10 +113,9 @@ static void write_yaml(FILE *f, const manifest *m, const mf_value **vs, int n, c
 
 /* The keys to write: torchtitan's mapped ones renamed; no-effect ones and dataset names as comments. */
 static ct_status import(const char *in, FILE *out) {
-    char err[2048];
-    manifest *m = manifest_load(in, err, sizeof err);
+    manifest *m = manifest_load(in);
     if (!m) {
-        fprintf(stderr, "ctitan: %s\n", err);
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
     manifest_add_core_schema(m);
@@ -130,9 +130,9 @@ static ct_status import(const char *in, FILE *out) {
         st = CT_ERR_NOMEM;
         goto done;
     }
-    if (manifest_torchtitan(m, err, sizeof err) &&
-        !strstr(err, "is a torchtitan dataset name")) { /* a dataset name is noted below instead */
-        fprintf(stderr, "ctitan: %s\n", err);
+    if (manifest_torchtitan(m) != CT_OK &&
+        !strstr(ct_last_error(), "is a torchtitan dataset name")) { /* a dataset name is noted below instead */
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         st = CT_ERR_INVALID;
         goto done;
     }
@@ -147,8 +147,8 @@ static ct_status import(const char *in, FILE *out) {
             continue;
         }
         if (t) {
-            if (manifest_torchtitan_check(m, v, err, sizeof err)) {
-                fprintf(stderr, "ctitan: %s\n", err);
+            if (manifest_torchtitan_check(m, v) != CT_OK) {
+                fprintf(stderr, "ctitan: %s\n", ct_last_error());
                 st = CT_ERR_INVALID;
                 goto done;
             }

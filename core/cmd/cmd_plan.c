@@ -152,11 +152,10 @@ static ct_status check_out_folder(const char *path) {
 }
 
 static ct_status calibrate(manifest *mf, const char *out) {
-    char err[ERRLEN] = "";
-    int rc = plan_calibrate(mf, out, err, sizeof err);
-    if (rc == 0) return CT_OK;
-    if (err[0]) fprintf(stderr, "ctitan plan: %s\n", err);
-    return rc == -1 ? CT_ERR_INVALID : CT_ERR_INTERNAL;
+    ct_status st = plan_calibrate(mf, out);
+    if (st == CT_OK) return CT_OK;
+    if (ct_last_error()[0]) fprintf(stderr, "ctitan plan: %s\n", ct_last_error()); /* none: printed already */
+    return st;
 }
 
 static void help_print(void) {
@@ -194,7 +193,6 @@ ct_status cmd_plan(int argc, char **argv) {
         return st;
     }
 
-    char err[ERRLEN] = "";
     hw_profile hw;
     plan_ctx *ctx = NULL;
     plan_result *res = NULL, one;
@@ -203,21 +201,22 @@ ct_status cmd_plan(int argc, char **argv) {
     plan_model_sizes sizes;
     int have_sizes = 0;
     memset(&hw, 0, sizeof hw);
-    if (hw_profile_load(a.hardware, &hw, err, sizeof err)) {
-        fprintf(stderr, "ctitan plan: %s\n", err);
+    if (hw_profile_load(a.hardware, &hw) != CT_OK) {
+        fprintf(stderr, "ctitan plan: %s\n", ct_last_error());
         manifest_free(mf);
         return CT_ERR_INVALID;
     }
     if (a.gpus_per_node) hw.gpus_per_node = a.gpus_per_node;
-    if (plan_open(&ctx, mf, err, sizeof err)) {
+    if (plan_open(&ctx, mf) != CT_OK) {
+        const char *err = ct_last_error();
         if (err[0] && !strstr(err, "(see above)")) fprintf(stderr, "ctitan plan: %s\n", err);
         st = CT_ERR_INVALID;
         goto out;
     }
     if (a.search) {
         plan_search_opts o = {a.gpus, hw.gpus_per_node, a.top, 1, 1, 1, 1, 1};
-        if (plan_search_ex(ctx, &o, &hw, &res, &n, &stats, err, sizeof err)) {
-            fprintf(stderr, "ctitan plan: %s\n", err);
+        if (plan_search_ex(ctx, &o, &hw, &res, &n, &stats) != CT_OK) {
+            fprintf(stderr, "ctitan plan: %s\n", ct_last_error());
             st = CT_ERR_INVALID;
             goto out;
         }
@@ -225,15 +224,15 @@ ct_status cmd_plan(int argc, char **argv) {
     } else {
         plan_layout l;
         memset(&one, 0, sizeof one);
-        if (plan_layout_from_manifest(ctx, a.gpus, &l, err, sizeof err)) {
-            fprintf(stderr, "ctitan plan: %s\n", err);
+        if (plan_layout_from_manifest(ctx, a.gpus, &l) != CT_OK) {
+            fprintf(stderr, "ctitan plan: %s\n", ct_last_error());
             st = CT_ERR_INVALID;
             goto out;
         }
         /* global_batch_size -1: one microbatch per data-parallel rank, as train reads it */
         if (l.global_batch <= 0) l.global_batch = l.local_batch * l.dp_replicate * l.dp_shard;
-        if (plan_eval(ctx, &l, &hw, &one, err, sizeof err)) {
-            fprintf(stderr, "ctitan plan: %s\n", err);
+        if (plan_eval(ctx, &l, &hw, &one) != CT_OK) {
+            fprintf(stderr, "ctitan plan: %s\n", ct_last_error());
             st = CT_ERR_INVALID;
             goto out;
         }
@@ -245,8 +244,8 @@ ct_status cmd_plan(int argc, char **argv) {
     plan_report rep = {mf->path, &hw, a.gpus, hw.gpus_per_node, have_sizes ? &sizes : NULL, res, n,
                        a.search ? &stats : NULL};
     if (a.json) {
-        if (plan_print_json(&rep, stdout, err, sizeof err)) {
-            fprintf(stderr, "ctitan plan: %s\n", err);
+        if (plan_print_json(&rep, stdout) != CT_OK) {
+            fprintf(stderr, "ctitan plan: %s\n", ct_last_error());
             st = CT_ERR_IO;
             goto out;
         }
@@ -265,8 +264,8 @@ ct_status cmd_plan(int argc, char **argv) {
             st = CT_ERR_INTERNAL;
             goto out;
         }
-        if (plan_write_manifest(mf, &res[0].layout, a.write_manifest, err, sizeof err)) {
-            fprintf(stderr, "ctitan plan: %s\n", err);
+        if (plan_write_manifest(mf, &res[0].layout, a.write_manifest) != CT_OK) {
+            fprintf(stderr, "ctitan plan: %s\n", ct_last_error());
             st = CT_ERR_IO;
             goto out;
         }

@@ -104,14 +104,14 @@ ct_status cmd_plugins(int argc, char **argv) {
         return CT_ERR_INVALID;
     }
     if (S_ISDIR(st.st_mode)) return list_folder(path);
-    char err[2048], local[4096];
+    char local[4096];
     if (!strchr(path, '/')) { /* dlopen looks a bare name up on the library path, not here */
         snprintf(local, sizeof local, "./%s", path);
         path = local;
     }
-    plugin *p = plugin_open(path, err, sizeof err);
+    plugin *p = plugin_open(path);
     if (!p) {
-        fprintf(stderr, "ctitan plugins: %s\n", err);
+        fprintf(stderr, "ctitan plugins: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
     describe(p);

@@ -78,7 +78,7 @@ typedef struct sched_args {
 
 /* --parallelism.KEY=VALUE or --parallelism.KEY VALUE: one of the schedule's options, into mf. */
 static ct_status parse_option(int argc, char **argv, int *i, manifest *mf) {
-    char key[256], err[ERRLEN];
+    char key[256];
     const char *arg = argv[*i] + 2, *eq = strchr(arg, '='), *value;
     size_t klen = eq ? (size_t)(eq - arg) : strlen(arg);
     if (klen >= sizeof key) return usage_error("option key too long:", argv[*i]);
@@ -87,8 +87,8 @@ static ct_status parse_option(int argc, char **argv, int *i, manifest *mf) {
     if (eq) value = eq + 1;
     else if (*i + 1 < argc) value = argv[++*i];
     else return usage_error("no value for", argv[*i]);
-    if (manifest_override(mf, key, value, err, sizeof err)) {
-        fprintf(stderr, "ctitan schedule: %s\n", err);
+    if (manifest_override(mf, key, value) != CT_OK) {
+        fprintf(stderr, "ctitan schedule: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
     return CT_OK;
@@ -160,15 +160,14 @@ static ct_status resolve_shape(sched_args *a, const ct_schedule_api *api, const 
 
 /* The options given, checked against the ones the schedule declares; then its getters read them. */
 static ct_status apply_options(plugin *p, manifest *mf) {
-    char err[ERRLEN];
     if (!p->info.options && mf->n_values) {
         fprintf(stderr, "ctitan schedule: command line: --%s: %s declares no options\n", mf->values[0].key,
                 p->info.name);
         return CT_ERR_INVALID;
     }
     manifest_add_plugin_schema(mf, "parallelism", p->info.options);
-    if (manifest_validate(mf, err, sizeof err)) {
-        fprintf(stderr, "ctitan schedule: %s: %s\n", p->info.name, err);
+    if (manifest_validate(mf) != CT_OK) {
+        fprintf(stderr, "ctitan schedule: %s: %s\n", p->info.name, ct_last_error());
         return CT_ERR_INVALID;
     }
     p->mf = mf;

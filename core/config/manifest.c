@@ -2,6 +2,7 @@
 #include "config/manifest.h"
 #include "config/toml_shim.h"
 #include "config/torchtitan_keys.h"
+#include "base/error.h"
 #include "base/util.h"
 
 #include <ctype.h>
@@ -299,8 +300,6 @@ typedef struct flattener {
     manifest *m;
     yaml_document_t *doc;
     long nodes; /* visited so far, aliases expanded */
-    char *err;
-    size_t errlen;
 } flattener;
 
 static int is_null(const yaml_node_t *v) {
@@ -310,129 +309,100 @@ static int is_null(const yaml_node_t *v) {
 }
 
 /* Counts one visited node against MF_MAX_NODES. */
-static int visit(flattener *f, const yaml_node_t *n) {
-    if (++f->nodes <= MF_MAX_NODES) return 0;
-    ct_errf(f->err, f->errlen, "%s:%d: the manifest expands to more than %d nodes (aliases counted each time they "
-            "are used)", f->m->path, (int)n->start_mark.line + 1, MF_MAX_NODES);
-    return -1;
+static ct_status visit(flattener *f, const yaml_node_t *n) {
+    if (++f->nodes <= MF_MAX_NODES) return CT_OK;
+    return ct_fail(CT_ERR_INVALID, "%s:%d: the manifest expands to more than %d nodes (aliases counted each time "
+                   "they are used)", f->m->path, (int)n->start_mark.line + 1, MF_MAX_NODES);
 }
 
 /* A sequence value becomes one string, its items joined with ','. */
-static int join_list(flattener *f, const yaml_node_t *v, const char *key, int line) {
+static ct_status join_list(flattener *f, const yaml_node_t *v, const char *key, int line) {
     char buf[4096] = "";
     size_t used = 0;
     for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
         yaml_node_t *item = yaml_document_get_node(f->doc, *it);
-        if (visit(f, item)) return -1;
-        if (item->type != YAML_SCALAR_NODE) {
-            ct_errf(f->err, f->errlen, "%s:%d: %s: list items must be plain values", f->m->path,
-                    (int)item->start_mark.line + 1, key);
-            return -1;
-        }
+        if (visit(f, item)) return CT_ERR_INVALID;
+        if (item->type != YAML_SCALAR_NODE)
+            return ct_fail(CT_ERR_INVALID, "%s:%d: %s: list items must be plain values", f->m->path,
+                           (int)item->start_mark.line + 1, key);
         int n = snprintf(buf + used, sizeof buf - used, "%s%s", used ? "," : "", (const char *)item->data.scalar.value);
-        if (n < 0 || (size_t)n >= sizeof buf - used) {
-            ct_errf(f->err, f->errlen, "%s:%d: %s: list too long", f->m->path, line, key);
-            return -1;
-        }
+        if (n < 0 || (size_t)n >= sizeof buf - used)
+            return ct_fail(CT_ERR_INVALID, "%s:%d: %s: list too long", f->m->path, line, key);
         used += (size_t)n;
     }
-    if (add_value(f->m, key, buf, 1, line) == 0) return 0;
-    ct_errf(f->err, f->errlen, "%s: out of memory", f->m->path);
-    return -1;
+    if (add_value(f->m, key, buf, 1, line) == 0) return CT_OK;
+    return ct_fail(CT_ERR_NOMEM, "%s: out of memory", f->m->path);
 }
 
 /* A list of maps (training.dataset: [{path: a, weight: 2}, ...]): item i's keys flatten under
  * "key[i]", and the key itself holds the item count (is_seq 2). */
-static int flatten(flattener *f, yaml_node_t *node, const char *prefix, int depth);
-static int flatten_items(flattener *f, const yaml_node_t *v, const char *key, int line, int depth) {
+static ct_status flatten(flattener *f, yaml_node_t *node, const char *prefix, int depth);
+static ct_status flatten_items(flattener *f, const yaml_node_t *v, const char *key, int line, int depth) {
     int n = 0;
     for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++, n++) {
         yaml_node_t *item = yaml_document_get_node(f->doc, *it);
-        if (visit(f, item)) return -1;
-        if (item->type != YAML_MAPPING_NODE) {
-            ct_errf(f->err, f->errlen, "%s:%d: %s[%d]: a list of maps takes maps only (- {path: ..., weight: ...})",
-                    f->m->path, (int)item->start_mark.line + 1, key, n);
-            return -1;
-        }
+        if (visit(f, item)) return CT_ERR_INVALID;
+        if (item->type != YAML_MAPPING_NODE)
+            return ct_fail(CT_ERR_INVALID, "%s:%d: %s[%d]: a list of maps takes maps only (- {path: ..., weight: ...})",
+                           f->m->path, (int)item->start_mark.line + 1, key, n);
         char sub[MF_MAX_KEY_LEN + 1];
-        if (snprintf(sub, sizeof sub, "%s[%d]", key, n) >= (int)sizeof sub) {
-            ct_errf(f->err, f->errlen, "%s:%d: key '%.40s...' is longer than %d characters", f->m->path, line, key,
-                    MF_MAX_KEY_LEN);
-            return -1;
-        }
-        if (flatten(f, item, sub, depth + 1)) return -1;
+        if (snprintf(sub, sizeof sub, "%s[%d]", key, n) >= (int)sizeof sub)
+            return ct_fail(CT_ERR_INVALID, "%s:%d: key '%.40s...' is longer than %d characters", f->m->path, line, key,
+                           MF_MAX_KEY_LEN);
+        ct_status st = flatten(f, item, sub, depth + 1);
+        if (st != CT_OK) return st;
     }
     char count[32];
     snprintf(count, sizeof count, "%d", n);
-    if (add_value(f->m, key, count, 2, line) == 0) return 0;
-    ct_errf(f->err, f->errlen, "%s: out of memory", f->m->path);
-    return -1;
+    if (add_value(f->m, key, count, 2, line) == 0) return CT_OK;
+    return ct_fail(CT_ERR_NOMEM, "%s: out of memory", f->m->path);
 }
 
 /* Flattens a YAML mapping node into dotted keys. `depth` counts the maps around it, aliases
  * expanded, so a map that holds an alias of itself ends at MF_MAX_DEPTH. */
-static int flatten(flattener *f, yaml_node_t *node, const char *prefix, int depth) {
+static ct_status flatten(flattener *f, yaml_node_t *node, const char *prefix, int depth) {
     manifest *m = f->m;
-    if (depth > MF_MAX_DEPTH) {
-        ct_errf(f->err, f->errlen, "%s:%d: maps nested deeper than %d levels (aliases expanded)", m->path,
-                (int)node->start_mark.line + 1, MF_MAX_DEPTH);
-        return -1;
-    }
+    if (depth > MF_MAX_DEPTH)
+        return ct_fail(CT_ERR_INVALID, "%s:%d: maps nested deeper than %d levels (aliases expanded)", m->path,
+                       (int)node->start_mark.line + 1, MF_MAX_DEPTH);
     for (yaml_node_pair_t *p = node->data.mapping.pairs.start; p < node->data.mapping.pairs.top; p++) {
         yaml_node_t *k = yaml_document_get_node(f->doc, p->key);
         yaml_node_t *v = yaml_document_get_node(f->doc, p->value);
         int line = (int)k->start_mark.line + 1;
-        if (visit(f, k) || visit(f, v)) return -1;
-        if (k->type != YAML_SCALAR_NODE) {
-            ct_errf(f->err, f->errlen, "%s:%d: keys must be plain names", m->path, line);
-            return -1;
-        }
+        if (visit(f, k) || visit(f, v)) return CT_ERR_INVALID;
+        if (k->type != YAML_SCALAR_NODE)
+            return ct_fail(CT_ERR_INVALID, "%s:%d: keys must be plain names", m->path, line);
         const char *kname = (const char *)k->data.scalar.value;
-        if (!*kname || strchr(kname, '.')) {
-            ct_errf(f->err, f->errlen, "%s:%d: '%.80s': keys are plain names; nest sections as maps", m->path, line,
-                    kname);
-            return -1;
-        }
+        if (!*kname || strchr(kname, '.'))
+            return ct_fail(CT_ERR_INVALID, "%s:%d: '%.80s': keys are plain names; nest sections as maps", m->path, line,
+                           kname);
         char key[MF_MAX_KEY_LEN + 1];
-        if (snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", kname) >= (int)sizeof key) {
-            ct_errf(f->err, f->errlen, "%s:%d: key '%.40s...' is longer than %d characters", m->path, line, kname,
-                    MF_MAX_KEY_LEN);
-            return -1;
-        }
+        if (snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", kname) >= (int)sizeof key)
+            return ct_fail(CT_ERR_INVALID, "%s:%d: key '%.40s...' is longer than %d characters", m->path, line, kname,
+                           MF_MAX_KEY_LEN);
+        ct_status st = CT_OK;
         if (v->type == YAML_MAPPING_NODE) {
-            if (flatten(f, v, key, depth + 1)) return -1;
+            if ((st = flatten(f, v, key, depth + 1)) != CT_OK) return st;
             continue;
         }
-        if (!*prefix) {
-            ct_errf(f->err, f->errlen, "%s:%d: %s: a top-level key must be a section (a map of keys)", m->path,
-                    line, key);
-            return -1;
-        }
-        if (find_value(m, key)) {
-            ct_errf(f->err, f->errlen, "%s:%d: %s: duplicate key", m->path, line, key);
-            return -1;
-        }
-        if (m->n_values >= MF_MAX_KEYS) {
-            ct_errf(f->err, f->errlen, "%s:%d: %s: more than %d keys", m->path, line, key, MF_MAX_KEYS);
-            return -1;
-        }
-        if (v->type == YAML_SCALAR_NODE && is_null(v)) {
-            ct_errf(f->err, f->errlen, "%s:%d: %s: no value (an empty value, ~ or null); give one, or leave the key "
-                    "out for its default", m->path, line, key);
-            return -1;
-        }
+        if (!*prefix)
+            return ct_fail(CT_ERR_INVALID, "%s:%d: %s: a top-level key must be a section (a map of keys)", m->path,
+                           line, key);
+        if (find_value(m, key)) return ct_fail(CT_ERR_INVALID, "%s:%d: %s: duplicate key", m->path, line, key);
+        if (m->n_values >= MF_MAX_KEYS)
+            return ct_fail(CT_ERR_INVALID, "%s:%d: %s: more than %d keys", m->path, line, key, MF_MAX_KEYS);
+        if (v->type == YAML_SCALAR_NODE && is_null(v))
+            return ct_fail(CT_ERR_INVALID, "%s:%d: %s: no value (an empty value, ~ or null); give one, or leave the "
+                           "key out for its default", m->path, line, key);
         int maps = v->type == YAML_SEQUENCE_NODE && v->data.sequence.items.start < v->data.sequence.items.top &&
                    yaml_document_get_node(f->doc, *v->data.sequence.items.start)->type == YAML_MAPPING_NODE;
-        if (maps) {
-            if (flatten_items(f, v, key, line, depth)) return -1;
-        } else if (v->type != YAML_SCALAR_NODE) {
-            if (join_list(f, v, key, line)) return -1;
-        } else if (add_value(m, key, (const char *)v->data.scalar.value, 0, line)) {
-            ct_errf(f->err, f->errlen, "%s: out of memory", m->path);
-            return -1;
-        }
+        if (maps) st = flatten_items(f, v, key, line, depth);
+        else if (v->type != YAML_SCALAR_NODE) st = join_list(f, v, key, line);
+        else if (add_value(m, key, (const char *)v->data.scalar.value, 0, line))
+            st = ct_fail(CT_ERR_NOMEM, "%s: out of memory", m->path);
+        if (st != CT_OK) return st;
     }
-    return 0;
+    return CT_OK;
 }
 
 /* torchtitan's configs are TOML: "[section]" tables and "key = value" lines. Returns the line of the
@@ -463,35 +433,26 @@ static int toml_header_line(const char *buf, size_t n) {
 }
 
 /* One leaf of a TOML file (toml_shim.h) into the manifest, with the checks flatten makes on YAML's. */
-static int toml_leaf(void *ctx, const char *key, const char *value, int kind, int line, char *err, size_t errlen) {
+static ct_status toml_leaf(void *ctx, const char *key, const char *value, int kind, int line) {
     manifest *m = ctx;
-    if (strlen(key) > MF_MAX_KEY_LEN) {
-        ct_errf(err, errlen, "%s:%d: key '%.40s...' is longer than %d characters", m->path, line, key, MF_MAX_KEY_LEN);
-        return -1;
-    }
-    if (!strchr(key, '.')) {
-        ct_errf(err, errlen, "%s:%d: %s: a top-level key must be a section ([section], then key = value)", m->path,
-                line, key);
-        return -1;
-    }
+    if (strlen(key) > MF_MAX_KEY_LEN)
+        return ct_fail(CT_ERR_INVALID, "%s:%d: key '%.40s...' is longer than %d characters", m->path, line, key,
+                       MF_MAX_KEY_LEN);
+    if (!strchr(key, '.'))
+        return ct_fail(CT_ERR_INVALID, "%s:%d: %s: a top-level key must be a section ([section], then key = value)",
+                       m->path, line, key);
     if (kind == MF_TOML_NESTED) { /* torchtitan's module_fqns_per_model_part: refused with its reason */
         const tt_key *t = tt_key_find(key);
-        if (t && !t->accept) ct_errf(err, errlen, "%s:%d: %s: torchtitan's key is not supported: %s", m->path, line, key,
-                                     t->reason);
-        else ct_errf(err, errlen, "%s:%d: %s: list items must be plain values", m->path, line, key);
-        return -1;
+        if (t && !t->accept) ct_set_error("%s:%d: %s: torchtitan's key is not supported: %s", m->path, line, key,
+                                          t->reason);
+        else ct_set_error("%s:%d: %s: list items must be plain values", m->path, line, key);
+        return CT_ERR_INVALID;
     }
-    if (find_value(m, key)) {
-        ct_errf(err, errlen, "%s:%d: %s: duplicate key", m->path, line, key);
-        return -1;
-    }
-    if (m->n_values >= MF_MAX_KEYS) {
-        ct_errf(err, errlen, "%s:%d: %s: more than %d keys", m->path, line, key, MF_MAX_KEYS);
-        return -1;
-    }
-    if (add_value(m, key, value, kind == MF_TOML_LIST ? 1 : kind == MF_TOML_ITEMS ? 2 : 0, line) == 0) return 0;
-    ct_errf(err, errlen, "%s: out of memory", m->path);
-    return -1;
+    if (find_value(m, key)) return ct_fail(CT_ERR_INVALID, "%s:%d: %s: duplicate key", m->path, line, key);
+    if (m->n_values >= MF_MAX_KEYS)
+        return ct_fail(CT_ERR_INVALID, "%s:%d: %s: more than %d keys", m->path, line, key, MF_MAX_KEYS);
+    if (add_value(m, key, value, kind == MF_TOML_LIST ? 1 : kind == MF_TOML_ITEMS ? 2 : 0, line) == 0) return CT_OK;
+    return ct_fail(CT_ERR_NOMEM, "%s: out of memory", m->path);
 }
 
 static int has_suffix(const char *s, const char *suffix) {
@@ -502,22 +463,23 @@ static int has_suffix(const char *s, const char *suffix) {
 /* Streams the parser's events once before loading: refuses a second document, nesting deeper than
  * MF_MAX_DEPTH, and more anchors or aliases than allowed, stopping as soon as one is seen (libyaml
  * itself has no depth limit, and its scanner slows down with the depth of flow collections).
- * 0, -1 with err set, or 1 for text that is no YAML but reads as TOML. */
-static int check_events(const char *path, const unsigned char *buf, size_t n, char *err, size_t errlen) {
+ * CT_OK (*toml 1 for text that is no YAML but reads as TOML), or CT_ERR_INVALID with the error set. */
+static ct_status check_events(const char *path, const unsigned char *buf, size_t n, int *toml) {
     yaml_parser_t p;
     yaml_event_t e;
-    int depth = 0, docs = 0, anchors = 0, aliases = 0, rc = -1;
-    if (!yaml_parser_initialize(&p)) {
-        ct_errf(err, errlen, "%s: out of memory", path);
-        return -1;
-    }
+    int depth = 0, docs = 0, anchors = 0, aliases = 0;
+    ct_status rc = CT_ERR_INVALID;
+    if (!yaml_parser_initialize(&p)) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
     yaml_parser_set_input_string(&p, buf, n);
     for (;;) {
         if (!yaml_parser_parse(&p, &e)) {
-            if (toml_header_line((const char *)buf, n)) rc = 1; /* TOML with a .yaml (or no) suffix */
-            else ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)p.problem_mark.line + 1,
-                        (int)p.problem_mark.column + 1, p.problem ? p.problem : "unknown", p.context ? " " : "",
-                        p.context ? p.context : "");
+            if (toml_header_line((const char *)buf, n)) { /* TOML with a .yaml (or no) suffix */
+                *toml = 1;
+                rc = CT_OK;
+            } else
+                ct_set_error("%s:%d:%d: YAML syntax error: %s%s%s", path, (int)p.problem_mark.line + 1,
+                             (int)p.problem_mark.column + 1, p.problem ? p.problem : "unknown", p.context ? " " : "",
+                             p.context ? p.context : "");
             break;
         }
         int line = (int)e.start_mark.line + 1, done = e.type == YAML_STREAM_END_EVENT;
@@ -532,14 +494,14 @@ static int check_events(const char *path, const unsigned char *buf, size_t n, ch
         docs += e.type == YAML_DOCUMENT_START_EVENT;
         yaml_event_delete(&e);
         if (docs > 1)
-            ct_errf(err, errlen, "%s:%d: a second YAML document starts here; a manifest is one document", path, line);
+            ct_set_error("%s:%d: a second YAML document starts here; a manifest is one document", path, line);
         else if (depth > MF_MAX_DEPTH)
-            ct_errf(err, errlen, "%s:%d: maps and lists nested deeper than %d levels", path, line, MF_MAX_DEPTH);
+            ct_set_error("%s:%d: maps and lists nested deeper than %d levels", path, line, MF_MAX_DEPTH);
         else if (anchors > MF_MAX_ANCHORS)
-            ct_errf(err, errlen, "%s:%d: more than %d anchors (&name)", path, line, MF_MAX_ANCHORS);
+            ct_set_error("%s:%d: more than %d anchors (&name)", path, line, MF_MAX_ANCHORS);
         else if (aliases > MF_MAX_ALIASES)
-            ct_errf(err, errlen, "%s:%d: more than %d aliases (*name)", path, line, MF_MAX_ALIASES);
-        else if (done) rc = 0;
+            ct_set_error("%s:%d: more than %d aliases (*name)", path, line, MF_MAX_ALIASES);
+        else if (done) rc = CT_OK;
         else continue;
         break;
     }
@@ -547,20 +509,20 @@ static int check_events(const char *path, const unsigned char *buf, size_t n, ch
     return rc;
 }
 
-/* The whole file, refused past MF_MAX_BYTES. NULL with err set. */
-static unsigned char *read_capped(const char *path, size_t *n, char *err, size_t errlen) {
+/* The whole file, refused past MF_MAX_BYTES. NULL with the error set. */
+static unsigned char *read_capped(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        ct_errf(err, errlen, "%s: cannot open manifest: %s", path, strerror(errno));
+        ct_set_error("%s: cannot open manifest: %s", path, strerror(errno));
         return NULL;
     }
     unsigned char *buf = malloc(MF_MAX_BYTES + 1);
     size_t got = buf ? fread(buf, 1, MF_MAX_BYTES + 1, f) : 0;
     int bad = !buf || ferror(f);
     fclose(f);
-    if (bad) ct_errf(err, errlen, "%s: cannot read manifest: %s", path, buf ? strerror(errno) : "out of memory");
+    if (bad) ct_set_error("%s: cannot read manifest: %s", path, buf ? strerror(errno) : "out of memory");
     else if (got > MF_MAX_BYTES)
-        ct_errf(err, errlen, "%s:1: the manifest is larger than %d MiB", path, MF_MAX_BYTES >> 20);
+        ct_set_error("%s:1: the manifest is larger than %d MiB", path, MF_MAX_BYTES >> 20);
     if (bad || got > MF_MAX_BYTES) {
         free(buf);
         return NULL;
@@ -569,10 +531,9 @@ static unsigned char *read_capped(const char *path, size_t *n, char *err, size_t
     return buf;
 }
 
-manifest *manifest_load(const char *path, char *err, size_t errlen) {
+manifest *manifest_load(const char *path) {
     size_t n = 0;
-    if (err && errlen) err[0] = 0;
-    unsigned char *buf = read_capped(path, &n, err, errlen);
+    unsigned char *buf = read_capped(path, &n);
     if (!buf) return NULL;
     manifest *m = calloc(1, sizeof *m);
     yaml_parser_t parser;
@@ -581,24 +542,24 @@ manifest *manifest_load(const char *path, char *err, size_t errlen) {
     if (!m || !yaml_parser_initialize(&parser)) {
         free(buf);
         free(m);
-        ct_errf(err, errlen, "%s: out of memory", path);
+        ct_set_error("%s: out of memory", path);
         return NULL;
     }
     m->path = strdup(path);
     const char *slash = strrchr(path, '/');
     m->dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
     if (!m->path || !m->dir) {
-        ct_errf(err, errlen, "%s: out of memory", path);
+        ct_set_error("%s: out of memory", path);
         goto fail;
     }
     int toml = has_suffix(path, ".toml");
-    if (!toml && (toml = check_events(path, buf, n, err, errlen)) < 0) goto fail;
+    if (!toml && check_events(path, buf, n, &toml) != CT_OK) goto fail;
     if (!toml) {
         yaml_parser_set_input_string(&parser, buf, n);
         if (!yaml_parser_load(&parser, &doc)) {
-            ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)parser.problem_mark.line + 1,
-                    (int)parser.problem_mark.column + 1, parser.problem ? parser.problem : "unknown",
-                    parser.context ? " " : "", parser.context ? parser.context : "");
+            ct_set_error("%s:%d:%d: YAML syntax error: %s%s%s", path, (int)parser.problem_mark.line + 1,
+                         (int)parser.problem_mark.column + 1, parser.problem ? parser.problem : "unknown",
+                         parser.context ? " " : "", parser.context ? parser.context : "");
             goto fail;
         }
         have_doc = 1;
@@ -606,15 +567,15 @@ manifest *manifest_load(const char *path, char *err, size_t errlen) {
     yaml_node_t *root = have_doc ? yaml_document_get_root_node(&doc) : NULL;
     if (root && root->type != YAML_MAPPING_NODE && toml_header_line((const char *)buf, n)) toml = 1;
     if (toml) { /* torchtitan's configs: [section] tables, key = value */
-        if (mf_toml_parse(path, (const char *)buf, n, MF_MAX_DEPTH, toml_leaf, m, err, errlen)) goto fail;
+        if (mf_toml_parse(path, (const char *)buf, n, MF_MAX_DEPTH, toml_leaf, m) != CT_OK) goto fail;
     } else if (root) {
         if (root->type != YAML_MAPPING_NODE) {
-            ct_errf(err, errlen, "%s:%d: the manifest must be a map of sections (job:, model:, training: ...)", path,
-                    (int)root->start_mark.line + 1);
+            ct_set_error("%s:%d: the manifest must be a map of sections (job:, model:, training: ...)", path,
+                         (int)root->start_mark.line + 1);
             goto fail;
         }
-        flattener f = {m, &doc, 0, err, errlen};
-        if (flatten(&f, root, "", 1)) goto fail;
+        flattener f = {m, &doc, 0};
+        if (flatten(&f, root, "", 1) != CT_OK) goto fail;
     }
     if (have_doc) yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
@@ -652,11 +613,9 @@ int mf_list_len(const manifest *m, const char *key) {
     return v && v->is_seq == 2 && !mf_parse_int(v->value, &n) ? (int)n : -1;
 }
 
-int manifest_override(manifest *m, const char *key, const char *value, char *err, size_t errlen) {
-    if (!*key || key[0] == '.' || key[strlen(key) - 1] == '.' || !strchr(key, '.')) {
-        ct_errf(err, errlen, "command line: --%s: expected --section.key=value", key);
-        return -1;
-    }
+ct_status manifest_override(manifest *m, const char *key, const char *value) {
+    if (!*key || key[0] == '.' || key[strlen(key) - 1] == '.' || !strchr(key, '.'))
+        return ct_fail(CT_ERR_INVALID, "command line: --%s: expected --section.key=value", key);
     mf_value *v = find_value(m, key);
     if (v && v->is_seq == 2) { /* a value replaces the whole list: its items go */
         drop_items(m, key);
@@ -668,27 +627,27 @@ int manifest_override(manifest *m, const char *key, const char *value, char *err
         v->is_seq = 0;
         v->line = 0;
         v->flag = MF_FLAG_NONE;
-        return 0;
+        return CT_OK;
     }
-    return add_value(m, key, value, 0, 0);
+    if (add_value(m, key, value, 0, 0)) return ct_fail(CT_ERR_NOMEM, "command line: --%s: out of memory", key);
+    return CT_OK;
 }
 
-int manifest_override_flag(manifest *m, const char *key, int flag, char *err, size_t errlen) {
-    if (manifest_override(m, key, flag == MF_FLAG_NEGATED ? "false" : "true", err, errlen)) return -1;
+ct_status manifest_override_flag(manifest *m, const char *key, int flag) {
+    ct_status st = manifest_override(m, key, flag == MF_FLAG_NEGATED ? "false" : "true");
+    if (st != CT_OK) return st;
     find_value(m, key)->flag = flag;
-    return 0;
+    return CT_OK;
 }
 
-int manifest_cli_key(const char *arg, char *key, size_t keylen, const char **value, int *negated, char *err,
-                     size_t errlen) {
+ct_status manifest_cli_key(const char *arg, char *key, size_t keylen, const char **value, int *negated) {
     const char *name = arg + 2, *eq = strchr(name, '=');
     size_t n = eq ? (size_t)(eq - name) : strlen(name);
     *value = eq ? eq + 1 : NULL;
     *negated = 0;
-    if (n >= keylen) {
-        ct_errf(err, errlen, "command line: %.60s...: the key is longer than %zu characters", arg, keylen - 1);
-        return -1;
-    }
+    if (n >= keylen)
+        return ct_fail(CT_ERR_INVALID, "command line: %.60s...: the key is longer than %zu characters", arg,
+                       keylen - 1);
     if (!strncmp(name, "no-", 3) && memchr(name, '.', n)) { /* --no-section.key */
         *negated = 1;
         name += 3;
@@ -703,12 +662,10 @@ int manifest_cli_key(const char *arg, char *key, size_t keylen, const char **val
         memmove(last + 1, last + 4, strlen(last + 4) + 1); /* --section.no-key, tyro's spelling */
         *negated = 1;
     }
-    if (*negated && *value) {
-        ct_errf(err, errlen, "command line: %s: a negated flag takes no value (--%s=false, or --no-%s alone)", arg,
-                key, key);
-        return -1;
-    }
-    return 0;
+    if (*negated && *value)
+        return ct_fail(CT_ERR_INVALID, "command line: %s: a negated flag takes no value (--%s=false, or --no-%s "
+                       "alone)", arg, key, key);
+    return CT_OK;
 }
 
 int manifest_core_type(const char *key) {
@@ -739,7 +696,7 @@ static void drop_value(manifest *m, const char *key) {
     for (int i = 0; i < m->n_values; i++) *index_slot(m, m->values[i].key) = i + 1;
 }
 
-int manifest_torchtitan(manifest *m, char *err, size_t errlen) {
+ct_status manifest_torchtitan(manifest *m) {
     char where[600], there[600], path[4096];
     for (const tt_key *t = tt_keys; t->key; t++) {
         const mf_value *from = find_value(m, t->key), *to = t->maps_to ? find_value(m, t->maps_to) : NULL;
@@ -747,14 +704,10 @@ int manifest_torchtitan(manifest *m, char *err, size_t errlen) {
         if (to && to->value && from->value && strcmp(to->value, from->value)) {
             mf_where(m, t->key, where, sizeof where);
             mf_where(m, t->maps_to, there, sizeof there);
-            ct_errf(err, errlen, "%s: '%.100s' disagrees with %s ('%.100s'); set one of them", where, from->value, there,
-                    to->value);
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "%s: '%.100s' disagrees with %s ('%.100s'); set one of them", where,
+                           from->value, there, to->value);
         }
-        if (manifest_alias(m, t->key, t->maps_to)) {
-            ct_errf(err, errlen, "%s: out of memory", m->path);
-            return -1;
-        }
+        if (manifest_alias(m, t->key, t->maps_to)) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", m->path);
     }
     /* torchtitan names its datasets (c4, c4_test: Hugging Face downloads); ctitan reads token shards. The
      * name with a dataset_path beside it is torchtitan's way to give the local copy: the path is read. A
@@ -776,12 +729,11 @@ int manifest_torchtitan(manifest *m, char *err, size_t errlen) {
             continue;
         }
         mf_where(m, key, where, sizeof where);
-        ct_errf(err, errlen, "%s: '%s' is a torchtitan dataset name (a Hugging Face download); ctitan reads token "
-                "shards: set %s to a shard or folder from `ctitan tokenize` (or %s to a path)", where, v->value,
-                key_path, key);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: '%s' is a torchtitan dataset name (a Hugging Face download); ctitan "
+                       "reads token shards: set %s to a shard or folder from `ctitan tokenize` (or %s to a path)",
+                       where, v->value, key_path, key);
     }
-    return 0;
+    return CT_OK;
 }
 
 int manifest_alias(manifest *m, const char *from, const char *to) {
@@ -1009,26 +961,26 @@ static void suggestion(const char *choices, const char *s, char *buf, size_t len
     }
 }
 
-/* One value against its schema entry: 0, or -1 with the error in err. */
-static int check_value(const manifest *m, const mf_value *v, const mf_schema_entry *s, char *err, size_t errlen) {
+/* One value against its schema entry: CT_OK, or CT_ERR_INVALID with the error set. */
+static ct_status check_value(const manifest *m, const mf_value *v, const mf_schema_entry *s) {
     char where[600], text[600];
     int64_t iv = 0;
     double fv = 0;
     int bv, ok = 1;
     mf_where(m, v->key, where, sizeof where);
     if (!v->value) {
-        ct_errf(err, errlen, "%s: no value; give one, or leave the key out for its default", where);
-        return -1;
+        ct_set_error("%s: no value; give one, or leave the key out for its default", where);
+        return CT_ERR_INVALID;
     }
     if (v->flag == MF_FLAG_BARE && s->type != CT_OPT_BOOL) {
-        ct_errf(err, errlen, "%s: needs a value (--%s=VALUE, %s); only a true/false key may be given bare", where,
-                v->key, type_name(s->type));
-        return -1;
+        ct_set_error("%s: needs a value (--%s=VALUE, %s); only a true/false key may be given bare", where,
+                     v->key, type_name(s->type));
+        return CT_ERR_INVALID;
     }
     if (v->flag == MF_FLAG_NEGATED && s->type != CT_OPT_BOOL) {
-        ct_errf(err, errlen, "command line: --no-%s: not a true/false key (%s); give --%s=VALUE", v->key,
-                type_name(s->type), v->key);
-        return -1;
+        ct_set_error("command line: --no-%s: not a true/false key (%s); give --%s=VALUE", v->key,
+                     type_name(s->type), v->key);
+        return CT_ERR_INVALID;
     }
     const char *open = strchr(v->key, '[');
     if (open && s->key[open - v->key] == '[') { /* an item of a list of maps: its list must hold it */
@@ -1039,64 +991,64 @@ static int check_value(const manifest *m, const mf_value *v, const mf_schema_ent
         errno = 0;
         long long at = strtoll(open + 1, &end, 10);
         if (open[1] == '0' && end != open + 2) { /* "[01]" would name no item the reader asks for */
-            ct_errf(err, errlen, "%s: item index with a leading zero; expected %s[N] (N from 0)", where, parent);
-            return -1;
+            ct_set_error("%s: item index with a leading zero; expected %s[N] (N from 0)", where, parent);
+            return CT_ERR_INVALID;
         }
         if (errno == ERANGE || at >= n) {
-            if (n < 0) ct_errf(err, errlen, "%s: %s is not a list of maps here (the manifest or an override gave it one "
-                                            "value)", where, parent);
-            else ct_errf(err, errlen, "%s: %s has %d item%s (0 to %d)", where, parent, n, n == 1 ? "" : "s", n - 1);
-            return -1;
+            if (n < 0) ct_set_error("%s: %s is not a list of maps here (the manifest or an override gave it one "
+                                    "value)", where, parent);
+            else ct_set_error("%s: %s has %d item%s (0 to %d)", where, parent, n, n == 1 ? "" : "s", n - 1);
+            return CT_ERR_INVALID;
         }
     }
     if (v->is_seq == 2) {
         if (!takes_items(m, v->key)) {
-            ct_errf(err, errlen, "%s: expected %s, got a list of maps", where, type_name(s->type));
-            return -1;
+            ct_set_error("%s: expected %s, got a list of maps", where, type_name(s->type));
+            return CT_ERR_INVALID;
         }
-        return 0;
+        return CT_OK;
     }
     if (v->is_seq) ok = s->type == CT_OPT_STRING; /* a list of strings, joined with ',' */
     else if (s->type == CT_OPT_INT) ok = mf_parse_int(v->value, &iv) == 0;
     else if (s->type == CT_OPT_FLOAT) ok = mf_parse_float(v->value, &fv) == 0;
     else if (s->type == CT_OPT_BOOL) ok = mf_parse_bool(v->value, &bv) == 0;
     if (!ok) {
-        ct_errf(err, errlen, "%s: expected %s, got '%.200s'", where, type_name(s->type), v->value);
-        return -1;
+        ct_set_error("%s: expected %s, got '%.200s'", where, type_name(s->type), v->value);
+        return CT_ERR_INVALID;
     }
     if (s->range && (s->type == CT_OPT_INT || s->type == CT_OPT_FLOAT) &&
         !in_range(s->range, s->type == CT_OPT_INT ? (double)iv : fv)) {
-        ct_errf(err, errlen, "%s: expected %s in %s, got '%.200s'", where, type_name(s->type), s->range, v->value);
-        return -1;
+        ct_set_error("%s: expected %s in %s, got '%.200s'", where, type_name(s->type), s->range, v->value);
+        return CT_ERR_INVALID;
     }
     if (s->choices && !is_choice(s->choices, v->value)) {
         char hint[128];
         choices_text(s->choices, text, sizeof text);
         suggestion(s->choices, v->value, hint, sizeof hint);
-        ct_errf(err, errlen, "%s: expected %s, got '%.200s'%s", where, text, v->value, hint);
-        return -1;
+        ct_set_error("%s: expected %s, got '%.200s'%s", where, text, v->value, hint);
+        return CT_ERR_INVALID;
     }
-    return 0;
+    return CT_OK;
 }
 
 /* Sizes computed from several keys: the batch is allocated from them before any memory check. */
-static int check_sizes(const manifest *m, char *err, size_t errlen) {
+static ct_status check_sizes(const manifest *m) {
     int64_t L, T, G;
     char where[600];
-    if (mf_get_int(m, "training.local_batch_size", &L) || mf_get_int(m, "training.seq_len", &T)) return 0;
+    if (mf_get_int(m, "training.local_batch_size", &L) || mf_get_int(m, "training.seq_len", &T)) return CT_OK;
     if (L * T > MF_MAX_MICROBATCH_TOKENS) {
         mf_where(m, "training.local_batch_size", where, sizeof where);
-        ct_errf(err, errlen, "%s: %lld sequences of seq_len %lld are %lld tokens per microbatch; the limit is %d", where,
-                (long long)L, (long long)T, (long long)(L * T), MF_MAX_MICROBATCH_TOKENS);
-        return -1;
+        ct_set_error("%s: %lld sequences of seq_len %lld are %lld tokens per microbatch; the limit is %d", where,
+                     (long long)L, (long long)T, (long long)(L * T), MF_MAX_MICROBATCH_TOKENS);
+        return CT_ERR_INVALID;
     }
     if (!mf_get_int(m, "training.global_batch_size", &G) && G * T > MF_MAX_STEP_TOKENS) {
         mf_where(m, "training.global_batch_size", where, sizeof where);
-        ct_errf(err, errlen, "%s: %lld sequences of seq_len %lld are %lld tokens per step; the limit is %d", where,
-                (long long)G, (long long)T, (long long)(G * T), MF_MAX_STEP_TOKENS);
-        return -1;
+        ct_set_error("%s: %lld sequences of seq_len %lld are %lld tokens per step; the limit is %d", where,
+                     (long long)G, (long long)T, (long long)(G * T), MF_MAX_STEP_TOKENS);
+        return CT_ERR_INVALID;
     }
-    return 0;
+    return CT_OK;
 }
 
 /* Each item of the comma-separated list `s` is one of "a|b|c": NULL, or the first that is not. */
@@ -1115,16 +1067,16 @@ static const char *list_outsider(const char *s, const char *choices, char *item,
 /* Keys whose text has a form of its own (a list, "op" or a count), and keys tied to another key's value,
  * checked here for every value given, whether or not their feature is on this run: a misspelt value
  * is an error on the run that carries it, not the later one that turns its feature on. */
-static int check_forms(const manifest *m, char *err, size_t errlen) {
+static ct_status check_forms(const manifest *m) {
     char where[600], item[128];
     const char *v, *bad;
     int64_t n, t;
     if (!mf_get_str(m, "activation_checkpoint.selective_ac_option", &v) && strcmp(v, "op") &&
         (mf_parse_int(v, &n) || n < 1)) {
         mf_where(m, "activation_checkpoint.selective_ac_option", where, sizeof where);
-        ct_errf(err, errlen, "%s: expected 'op' (per-op policy) or a positive integer N (every Nth block), got '%.200s'",
-                where, v);
-        return -1;
+        ct_set_error("%s: expected 'op' (per-op policy) or a positive integer N (every Nth block), got '%.200s'",
+                     where, v);
+        return CT_ERR_INVALID;
     }
     if (!mf_get_str(m, "parallelism.pipeline_parallel_stage_units", &v))
         for (const char *p = v + strspn(v, " "); *p;) {
@@ -1132,37 +1084,37 @@ static int check_forms(const manifest *m, char *err, size_t errlen) {
             long u = strtol(p, &end, 10);
             if (end == p || u < 1) {
                 mf_where(m, "parallelism.pipeline_parallel_stage_units", where, sizeof where);
-                ct_errf(err, errlen, "%s: expected positive unit counts separated by commas, got '%.200s'", where, v);
-                return -1;
+                ct_set_error("%s: expected positive unit counts separated by commas, got '%.200s'", where, v);
+                return CT_ERR_INVALID;
             }
             p = end + strspn(end, ", ");
         }
     if (!mf_get_str(m, "model.converters", &v) &&
         (bad = list_outsider(v, "float8|mx|quantize.linear.float8|quantize.linear.mx", item, sizeof item))) {
         mf_where(m, "model.converters", where, sizeof where);
-        ct_errf(err, errlen, "%s: unknown converter '%s'; expected float8, mx, quantize.linear.float8 or "
-                "quantize.linear.mx%s", where, bad, strstr(bad, "grouped_mm") ? " (grouped_mm converters quantize MoE "
-                "experts; ctitan's models have none)" : "");
-        return -1;
+        ct_set_error("%s: unknown converter '%s'; expected float8, mx, quantize.linear.float8 or quantize.linear.mx%s",
+                     where, bad, strstr(bad, "grouped_mm") ? " (grouped_mm converters quantize MoE experts; ctitan's "
+                     "models have none)" : "");
+        return CT_ERR_INVALID;
     }
     if (!mf_get_str(m, "checkpoint.exclude_from_loading", &v) &&
         list_outsider(v, "optimizer|lr_scheduler|dataloader", item, sizeof item)) {
         mf_where(m, "checkpoint.exclude_from_loading", where, sizeof where);
-        ct_errf(err, errlen, "%s: expected a list of optimizer, lr_scheduler, dataloader; got '%.200s'", where, v);
-        return -1;
+        ct_set_error("%s: expected a list of optimizer, lr_scheduler, dataloader; got '%.200s'", where, v);
+        return CT_ERR_INVALID;
     }
     if (!mf_get_int(m, "validation.seq_len", &n) && !mf_get_int(m, "training.seq_len", &t) && n != t) {
         mf_where(m, "validation.seq_len", where, sizeof where);
-        ct_errf(err, errlen, "%s: %lld; validation windows have training.seq_len's length (%lld): expected that or "
-                "leave it out", where, (long long)n, (long long)t);
-        return -1;
+        ct_set_error("%s: %lld; validation windows have training.seq_len's length (%lld): expected that or "
+                     "leave it out", where, (long long)n, (long long)t);
+        return CT_ERR_INVALID;
     }
     if (!mf_get_int(m, "validation.steps", &n) && n == 0) {
         mf_where(m, "validation.steps", where, sizeof where);
-        ct_errf(err, errlen, "%s: 0 batches; expected -1 (the whole held-out set) or a count >= 1", where);
-        return -1;
+        ct_set_error("%s: 0 batches; expected -1 (the whole held-out set) or a count >= 1", where);
+        return CT_ERR_INVALID;
     }
-    return 0;
+    return CT_OK;
 }
 
 /* Whether torchtitan's key t takes value v (torchtitan_keys.h). */
@@ -1179,40 +1131,38 @@ static int tt_accepts(const tt_key *t, const mf_value *v) {
     return !list_outsider(v->value, t->accept, item, sizeof item);
 }
 
-int manifest_torchtitan_check(const manifest *m, const mf_value *v, char *err, size_t errlen) {
+ct_status manifest_torchtitan_check(const manifest *m, const mf_value *v) {
     char where[600], accepted[256];
     const tt_key *t = tt_key_find(v->key);
-    if (!t) return 1;
-    if (tt_accepts(t, v)) return 0;
+    if (!t || tt_accepts(t, v)) return CT_OK;
     mf_where(m, v->key, where, sizeof where);
-    if (!t->accept) ct_errf(err, errlen, "%s: torchtitan's key is not supported: %s", where, t->reason);
+    if (!t->accept) ct_set_error("%s: torchtitan's key is not supported: %s", where, t->reason);
     else {
         if (*t->accept) choices_text(t->accept, accepted, sizeof accepted);
-        ct_errf(err, errlen, "%s: only %s is accepted (%s), got '%.200s'", where, *t->accept ? accepted : "an empty value",
-                t->reason, v->value ? v->value : "a list of tables");
+        ct_set_error("%s: only %s is accepted (%s), got '%.200s'", where, *t->accept ? accepted : "an empty value",
+                     t->reason, v->value ? v->value : "a list of tables");
     }
-    return -1;
+    return CT_ERR_INVALID;
 }
 
-int manifest_validate(const manifest *m, char *err, size_t errlen) {
+ct_status manifest_validate(const manifest *m) {
     for (int i = 0; i < m->n_values; i++) {
         const mf_value *v = &m->values[i];
         const mf_schema_entry *s = find_schema(m, v->key);
-        int tt = s ? 1 : manifest_torchtitan_check(m, v, err, errlen);
-        if (tt <= 0) {
-            if (tt < 0) return -1;
+        if (!s && tt_key_find(v->key)) { /* torchtitan's key, not ctitan's: accepted or refused */
+            if (manifest_torchtitan_check(m, v) != CT_OK) return CT_ERR_INVALID;
             continue;
         }
         if (!s) {
             char where[600], keys[2048];
             mf_where(m, v->key, where, sizeof where);
             known_keys(m, v->key, keys, sizeof keys);
-            ct_errf(err, errlen, "%s: unknown key (known: %s)", where, keys); /* one line (ct_errf) */
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "%s: unknown key (known: %s)", where, keys); /* one line (ct_set_error) */
         }
-        if (check_value(m, v, s, err, errlen)) return -1;
+        if (check_value(m, v, s) != CT_OK) return CT_ERR_INVALID;
     }
-    return check_sizes(m, err, errlen) || check_forms(m, err, errlen) ? -1 : 0;
+    if (check_sizes(m) != CT_OK || check_forms(m) != CT_OK) return CT_ERR_INVALID;
+    return CT_OK;
 }
 
 static const char *raw(const manifest *m, const char *key) {

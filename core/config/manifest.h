@@ -3,7 +3,8 @@
  * A manifest is a tree of sections; nested maps flatten into dotted keys ("training.steps",
  * "quantize.dense.float8.enable"). Every key carries where it came from (file and line, or the
  * command line) so that every error names it. The schema (core keys plus the options each loaded
- * plugin declares under its section) decides which keys exist and their types.
+ * plugin declares under its section) decides which keys exist and their types. Functions that can fail
+ * return a ct_status (or NULL) and leave their one-line message with ct_set_error (base/error.h).
  */
 #ifndef CT_MANIFEST_H
 #define CT_MANIFEST_H
@@ -64,19 +65,18 @@ typedef struct manifest {
 
 /* Parses the YAML file: one document whose root is a map of sections; explicit nulls (`key: ~`,
  * `key: null`, `key:`) are refused, so a key is either given a value or left out for its default.
- * On error returns NULL and writes "path:line[:col]: what" into err. */
-manifest *manifest_load(const char *path, char *err, size_t errlen);
+ * On error returns NULL with the message "path:line[:col]: what" set (ct_last_error). */
+manifest *manifest_load(const char *path);
 /* Applies one "--section.key=value" (key and value separately). The last override of a key wins. */
-int manifest_override(manifest *m, const char *key, const char *value, char *err, size_t errlen);
+ct_status manifest_override(manifest *m, const char *key, const char *value);
 /* Applies a bare boolean flag as torchtitan's command line takes them: `--key` (MF_FLAG_BARE, true) or
  * `--no-key` (MF_FLAG_NEGATED, false); manifest_validate refuses it on a key that is not a boolean. */
-int manifest_override_flag(manifest *m, const char *key, int flag, char *err, size_t errlen);
+ct_status manifest_override_flag(manifest *m, const char *key, int flag);
 /* One command-line argument "--KEY[=VALUE]" in torchtitan's spellings: '-' in the key read as '_'
  * (tyro's `--training.local-batch-size`), and a negated boolean as `--no-section.key`,
  * `--section.no-key` or `--section.no_key`. Writes the dotted key into key; *value points into arg
- * after '=' or is NULL; *negated is 1 for a negation. 0, or -1 with "command line: ..." in err. */
-int manifest_cli_key(const char *arg, char *key, size_t keylen, const char **value, int *negated, char *err,
-                     size_t errlen);
+ * after '=' or is NULL; *negated is 1 for a negation. CT_OK, or CT_ERR_INVALID with "command line: ..." set. */
+ct_status manifest_cli_key(const char *arg, char *key, size_t keylen, const char **value, int *negated);
 /* The type of one of the core's keys, or -1 when the core does not declare it (a plugin's, or unknown). */
 int manifest_core_type(const char *key);
 void manifest_free(manifest *m);
@@ -89,11 +89,11 @@ int manifest_alias(manifest *m, const char *from, const char *to);
 
 /* torchtitan's spellings that are not ctitan's keys (config/torchtitan_keys.h): a key mapped onto ctitan's
  * is copied there (refused when both disagree), and a torchtitan dataset name (training.dataset = "c4_test")
- * gives way to the dataset_path beside it, or is refused naming that key. 0, or -1 with one line in err. */
-int manifest_torchtitan(manifest *m, char *err, size_t errlen);
-/* One of torchtitan's keys that is not ctitan's (torchtitan_keys.h): 0 when its value is accepted (or it
- * is mapped), -1 with the reason in err when refused, 1 when v's key is none of them. */
-int manifest_torchtitan_check(const manifest *m, const mf_value *v, char *err, size_t errlen);
+ * gives way to the dataset_path beside it, or is refused naming that key. CT_OK, or a status with one line set. */
+ct_status manifest_torchtitan(manifest *m);
+/* One of torchtitan's keys that is not ctitan's (torchtitan_keys.h): CT_OK when its value is accepted (or it
+ * is mapped, or v's key is none of them), CT_ERR_INVALID with the reason set when refused. */
+ct_status manifest_torchtitan_check(const manifest *m, const mf_value *v);
 
 /* Adds the core's keys to the schema. */
 void manifest_add_core_schema(manifest *m);
@@ -104,8 +104,8 @@ void manifest_add_plugin_schema(manifest *m, const char *section, const ct_optio
  * is has options to add before manifest_validate. */
 int manifest_has_unknown(const manifest *m, const char *prefix);
 /* Checks every key exists in the schema, parses as its type and lies in its range or choices, then
- * the sizes computed from several keys; first error -> err, returns -1. */
-int manifest_validate(const manifest *m, char *err, size_t errlen);
+ * the sizes computed from several keys; the first error is set (ct_last_error) and CT_ERR_INVALID returned. */
+ct_status manifest_validate(const manifest *m);
 
 /* Typed getters (after validation). Return 0 when the key is set or has a default, -1 when unset. */
 int mf_get_str(const manifest *m, const char *key, const char **out);

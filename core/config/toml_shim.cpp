@@ -19,6 +19,7 @@ struct broken_check {};
 #include <string>
 
 extern "C" {
+#include "base/error.h"
 #include "config/toml_shim.h"
 }
 
@@ -29,22 +30,13 @@ struct walker {
     int max_depth;
     mf_toml_visit visit;
     void *ctx;
-    char *err;
-    size_t errlen;
 };
-
-// An error is one line: the parser's description quotes the text, newlines and all (as ct_errf does).
-void one_line(char *err) {
-    for (char *c = err; *c; c++)
-        if (static_cast<unsigned char>(*c) < 0x20 || *c == 0x7f) *c = ' ';
-}
 
 int line_of(const toml::node &n) { return static_cast<int>(n.source().begin.line); }
 
-int fail(const walker &w, int line, const std::string &key, const char *what) {
-    std::snprintf(w.err, w.errlen, "%s:%d: %s: %s", w.path, line, key.c_str(), what);
-    one_line(w.err);
-    return -1;
+// ct_set_error keeps an error to one line: a key may hold any character, quoted.
+ct_status fail(const walker &w, int line, const std::string &key, const char *what) {
+    return ct_fail(CT_ERR_INVALID, "%s:%d: %s: %s", w.path, line, key.c_str(), what);
 }
 
 // The shortest decimal text that reads back as the same double ("3e-4", not "0.00029999999999999997").
@@ -57,7 +49,7 @@ std::string float_text(double x) {
     return buf;
 }
 
-// A plain value as text; false (and err written) for one no manifest holds.
+// A plain value as text; false (and the error set) for one no manifest holds.
 bool scalar_text(const walker &w, const toml::node &n, const std::string &key, std::string &out) {
     if (auto s = n.as_string()) out = s->get();
     else if (auto i = n.as_integer()) out = std::to_string(i->get());
@@ -71,9 +63,9 @@ bool scalar_text(const walker &w, const toml::node &n, const std::string &key, s
     return true;
 }
 
-int walk_table(const walker &w, const toml::table &t, const std::string &prefix, int depth);
+ct_status walk_table(const walker &w, const toml::table &t, const std::string &prefix, int depth);
 
-int walk_value(const walker &w, const toml::node &v, const std::string &key, int depth) {
+ct_status walk_value(const walker &w, const toml::node &v, const std::string &key, int depth) {
     if (auto t = v.as_table()) return walk_table(w, *t, key, depth + 1);
     std::string text;
     if (auto a = v.as_array()) {
@@ -83,24 +75,25 @@ int walk_value(const walker &w, const toml::node &v, const std::string &key, int
             for (const toml::node &item : *a) {
                 std::string sub = key + "[" + std::to_string(i++) + "]";
                 if (!item.is_table()) return fail(w, line_of(item), sub, "a list of tables takes tables only");
-                if (walk_table(w, *item.as_table(), sub, depth + 1)) return -1;
+                ct_status st = walk_table(w, *item.as_table(), sub, depth + 1);
+                if (st != CT_OK) return st;
             }
-            return w.visit(w.ctx, key.c_str(), std::to_string(i).c_str(), MF_TOML_ITEMS, line_of(v), w.err, w.errlen);
+            return w.visit(w.ctx, key.c_str(), std::to_string(i).c_str(), MF_TOML_ITEMS, line_of(v));
         }
         for (const toml::node &item : *a) {
             if (item.is_array()) // a list of lists: no manifest value, though torchtitan has such keys
-                return w.visit(w.ctx, key.c_str(), "", MF_TOML_NESTED, line_of(v), w.err, w.errlen);
+                return w.visit(w.ctx, key.c_str(), "", MF_TOML_NESTED, line_of(v));
             std::string one;
-            if (!scalar_text(w, item, key, one)) return -1;
+            if (!scalar_text(w, item, key, one)) return CT_ERR_INVALID;
             text += (text.empty() ? "" : ",") + one;
         }
-        return w.visit(w.ctx, key.c_str(), text.c_str(), MF_TOML_LIST, line_of(v), w.err, w.errlen);
+        return w.visit(w.ctx, key.c_str(), text.c_str(), MF_TOML_LIST, line_of(v));
     }
-    if (!scalar_text(w, v, key, text)) return -1;
-    return w.visit(w.ctx, key.c_str(), text.c_str(), MF_TOML_SCALAR, line_of(v), w.err, w.errlen);
+    if (!scalar_text(w, v, key, text)) return CT_ERR_INVALID;
+    return w.visit(w.ctx, key.c_str(), text.c_str(), MF_TOML_SCALAR, line_of(v));
 }
 
-int walk_table(const walker &w, const toml::table &t, const std::string &prefix, int depth) {
+ct_status walk_table(const walker &w, const toml::table &t, const std::string &prefix, int depth) {
     if (depth > w.max_depth)
         return fail(w, line_of(t), prefix, "tables nested deeper than the manifest's limit");
     for (const auto &[k, v] : t) {
@@ -108,9 +101,10 @@ int walk_table(const walker &w, const toml::table &t, const std::string &prefix,
         if (name.empty() || name.find_first_of(".[]") != std::string::npos)
             return fail(w, static_cast<int>(k.source().begin.line), prefix + (prefix.empty() ? "" : ".") + name,
                         "keys are plain names (no '.', '[' or ']' inside quotes)");
-        if (walk_value(w, v, prefix.empty() ? name : prefix + "." + name, depth)) return -1;
+        ct_status st = walk_value(w, v, prefix.empty() ? name : prefix + "." + name, depth);
+        if (st != CT_OK) return st;
     }
-    return 0;
+    return CT_OK;
 }
 
 // Text toml++ 3.3 mishandles is refused before it sees it, with its line and column:
@@ -119,7 +113,7 @@ int walk_table(const walker &w, const toml::table &t, const std::string &prefix,
 //   character after a multi-line string's line-ending backslash: its whitespace test reaches
 //   __builtin_unreachable on most such characters (undefined behaviour).
 // The scan follows TOML's four string forms and its comments.
-bool refused_text(const char *path, const char *text, size_t n, char *err, size_t errlen) {
+bool refused_text(const char *path, const char *text, size_t n) {
     enum { CODE, COMMENT, BASIC, LITERAL, ML_BASIC, ML_LITERAL } st = CODE;
     int line = 1, col = 0;
     const char *what = nullptr;
@@ -151,33 +145,29 @@ bool refused_text(const char *path, const char *text, size_t n, char *err, size_
         else if (st == ML_LITERAL && at(i, "'''")) st = CODE, i += 2, col += 2;
     }
     if (!what) return false;
-    std::snprintf(err, errlen, "%s:%d:%d: TOML syntax error: %s", path, line, col, what);
+    ct_set_error("%s:%d:%d: TOML syntax error: %s", path, line, col, what);
     return true;
 }
 
 } // namespace
 
-extern "C" int mf_toml_parse(const char *path, const char *text, size_t n, int max_depth, mf_toml_visit visit,
-                             void *ctx, char *err, size_t errlen) {
-    if (refused_text(path, text, n, err, errlen)) return -1;
+extern "C" ct_status mf_toml_parse(const char *path, const char *text, size_t n, int max_depth, mf_toml_visit visit,
+                                   void *ctx) {
+    if (refused_text(path, text, n)) return CT_ERR_INVALID;
     try {
         toml::parse_result r = toml::parse(std::string_view(text, n), std::string_view(path));
-        if (!r) {
+        if (!r) { // the description quotes the text, newlines and all: ct_set_error keeps it to one line
             const toml::parse_error &e = r.error();
-            std::snprintf(err, errlen, "%s:%d:%d: TOML syntax error: %.*s", path, static_cast<int>(e.source().begin.line),
-                          static_cast<int>(e.source().begin.column), static_cast<int>(e.description().size()),
-                          e.description().data());
-            one_line(err);
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "%s:%d:%d: TOML syntax error: %.*s", path,
+                           static_cast<int>(e.source().begin.line), static_cast<int>(e.source().begin.column),
+                           static_cast<int>(e.description().size()), e.description().data());
         }
-        walker w{path, max_depth, visit, ctx, err, errlen};
+        walker w{path, max_depth, visit, ctx};
         return walk_table(w, r.table(), "", 1);
     } catch (const toml_shim::broken_check &) {
-        std::snprintf(err, errlen, "%s: TOML syntax error: text toml++ cannot read (a [table] header or key that "
-                      "starts with neither a name nor a quote?)", path);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: TOML syntax error: text toml++ cannot read (a [table] header or key that "
+                       "starts with neither a name nor a quote?)", path);
     } catch (...) { // std::bad_alloc: nothing else throws with TOML_EXCEPTIONS 0
-        std::snprintf(err, errlen, "%s: out of memory", path);
-        return -1;
+        return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
     }
 }

@@ -4,6 +4,8 @@
 #ifndef CT_TOML_SHIM_H
 #define CT_TOML_SHIM_H
 
+#include "ctitan/abi.h"
+
 #include <stddef.h>
 
 enum {
@@ -14,14 +16,16 @@ enum {
     MF_TOML_NESTED, /* an array of arrays, which no manifest key takes: the visitor refuses it by its key */
 };
 
-/* Called once per leaf (tables in key order, arrays in order); 0 to go on, -1 to stop (it wrote err). */
-typedef int (*mf_toml_visit)(void *ctx, const char *key, const char *value, int kind, int line, char *err,
-                             size_t errlen);
+/* Called once per leaf (tables in key order, arrays in order); CT_OK to go on, another status to stop
+ * (it set the error). */
+typedef ct_status (*mf_toml_visit)(void *ctx, const char *key, const char *value, int kind, int line);
 
-/* Parses text (n bytes, named path in errors) and visits every leaf. Returns 0, or -1 with one line in
- * err: "path:line:col: what" for a syntax error, "path:line: key: what" for a value no manifest holds
- * (a date, an array of arrays), or the visitor's. Maps nested deeper than max_depth are refused. */
-int mf_toml_parse(const char *path, const char *text, size_t n, int max_depth, mf_toml_visit visit, void *ctx,
-                  char *err, size_t errlen);
+/* Parses text (n bytes, named path in errors) and visits every leaf. Returns CT_OK, or a status with one
+ * line set (ct_set_error): "path:line:col: what" for a syntax error, "path:line: key: what" for a value no
+ * manifest holds (a date, an array of arrays), or the visitor's. Maps nested deeper than max_depth are
+ * refused. */
+ct_status mf_toml_parse(const char *path, const char *text, size_t n, int max_depth, mf_toml_visit visit,
+                        void *ctx);
+
 
 #endif

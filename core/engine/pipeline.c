@@ -220,11 +220,10 @@ ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *d
 
 ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, ct_comm *comm,
                    const ct_mesh_info *mesh) {
-    char err[2048];
     const char *name = "pp";
     mf_get_str(mf, "parallelism.pipeline_runner", &name);
-    if (!(pl->runp = plugin_load(name, CT_KIND_PIPELINE, "parallelism", mf, err, sizeof err)))
-        return bad_setting(mf, "parallelism.pipeline_runner", "%s", err);
+    if (!(pl->runp = plugin_load(name, CT_KIND_PIPELINE, "parallelism", mf)))
+        return bad_setting(mf, "parallelism.pipeline_runner", "%s", ct_last_error());
     pl->api = pl->runp->info.api;
     if (pl->api->struct_size < sizeof(ct_pipeline_api))
         return bad_setting(mf, "parallelism.pipeline_runner", "%s", "the runner's API table is too small: rebuild it");

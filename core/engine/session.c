@@ -43,15 +43,15 @@ static ct_status flag_value(int argc, char **argv, int *i, run_args *a) {
  * that a core boolean followed by something that is no boolean stays bare (`--checkpoint.enable
  * run.yaml`); a bare key that is not a boolean is refused by validation, which knows every plugin's. */
 static ct_status override_add(overrides *ov, int argc, char **argv, int *i) {
-    char key[MF_MAX_KEY_LEN + 1], err[600];
+    char key[MF_MAX_KEY_LEN + 1];
     const char *value, *next = *i + 1 < argc ? argv[*i + 1] : NULL;
     int negated, b;
     if (ov->n == 512) {
         fprintf(stderr, "ctitan: too many overrides\n");
         return CT_ERR_INVALID;
     }
-    if (manifest_cli_key(argv[*i], key, sizeof key, &value, &negated, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s\n", err);
+    if (manifest_cli_key(argv[*i], key, sizeof key, &value, &negated) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
     if (!(ov->owned[ov->n_owned] = strdup(key))) {
@@ -98,23 +98,22 @@ static ct_status args_parse(int argc, char **argv, run_args *a, overrides *ov, c
 
 /* The manifest with the overrides applied and the core's schema added; NULL after its message. */
 static manifest *manifest_open(const run_args *a, const overrides *ov) {
-    char err[2048];
-    manifest *mf = manifest_load(a->config, err, sizeof err);
+    manifest *mf = manifest_load(a->config);
     if (!mf) {
-        fprintf(stderr, "ctitan: %s\n", err);
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return NULL;
     }
     for (int i = 0; i < ov->n; i++) {
         if (!strcmp(ov->key[i], "job.config_file")) continue;
-        if (ov->flag[i] ? manifest_override_flag(mf, ov->key[i], ov->flag[i], err, sizeof err)
-                        : manifest_override(mf, ov->key[i], ov->val[i], err, sizeof err)) {
-            fprintf(stderr, "ctitan: %s\n", err);
+        if (ov->flag[i] ? manifest_override_flag(mf, ov->key[i], ov->flag[i])
+                        : manifest_override(mf, ov->key[i], ov->val[i])) {
+            fprintf(stderr, "ctitan: %s\n", ct_last_error());
             manifest_free(mf);
             return NULL;
         }
     }
-    if (manifest_torchtitan(mf, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s\n", err);
+    if (manifest_torchtitan(mf) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         manifest_free(mf);
         return NULL;
     }
@@ -151,11 +150,11 @@ void session_resolve_path(const manifest *mf, const char *p, char *out, size_t l
 
 static ct_status load_named(session *s, const char *section, const char *key, const char *name, ct_plugin_kind kind,
                       plugin **out) {
-    char err[2048], where[600];
-    *out = plugin_load(name, kind, section, s->mf, err, sizeof err);
+    char where[600];
+    *out = plugin_load(name, kind, section, s->mf);
     if (!*out) {
         mf_where(s->mf, key, where, sizeof where);
-        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
         return CT_ERR_INVALID;
     }
     const ct_plugin_info *in = &(*out)->info;
@@ -393,7 +392,6 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
  * even when their degree is 1; the option lists of the others it may not create, see
  * add_option_lists) and validates the manifest against the core's and their keys. */
 static ct_status load_plugins(session *s, manifest *mf, int with_params) {
-    char err[2048];
     ct_status st;
     if ((st = launch_check_world())) return st; /* torchrun or srun without an MPI job: before MPI sets its variables */
     if ((st = load_slot(s, "device", CT_KIND_DEVICE, &s->devp))) return st;
@@ -415,8 +413,8 @@ static ct_status load_plugins(session *s, manifest *mf, int with_params) {
                          &s->quantp)))
         return st;
     if ((st = add_option_lists(s, mf))) return st;
-    if (manifest_validate(mf, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s\n", err);
+    if (manifest_validate(mf) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
     s->d = s->devp->info.api;

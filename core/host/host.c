@@ -302,41 +302,39 @@ uint32_t plugin_oldest_minor(ct_plugin_kind kind) {
 
 /* The plugin's ABI version against the host's: another major, a newer minor, or a minor older than
  * its kind needs, is one line naming the file and both versions. */
-static int abi_check(const char *path, const ct_plugin_info *info, char *err, size_t errlen) {
+static ct_status abi_check(const char *path, const ct_plugin_info *info) {
     unsigned maj = info->abi_major, min = info->abi_minor, oldest = plugin_oldest_minor(info->kind);
     if (maj != CT_ABI_MAJOR)
-        ct_errf(err, errlen, "%s: built against ctitan ABI %u.%u; this host speaks ABI %d.%d: rebuild it against this SDK "
-                "(pkg-config ctitan-sdk)", path, maj, min, CT_ABI_MAJOR, CT_ABI_MINOR);
+        ct_set_error("%s: built against ctitan ABI %u.%u; this host speaks ABI %d.%d: rebuild it against this SDK "
+                     "(pkg-config ctitan-sdk)", path, maj, min, CT_ABI_MAJOR, CT_ABI_MINOR);
     else if (min > CT_ABI_MINOR)
-        ct_errf(err, errlen, "%s: built against ctitan ABI %u.%u, newer than the ABI %d.%d this host speaks: rebuild it "
-                "against this SDK (pkg-config ctitan-sdk) or use a newer ctitan", path, maj, min, CT_ABI_MAJOR, CT_ABI_MINOR);
+        ct_set_error("%s: built against ctitan ABI %u.%u, newer than the ABI %d.%d this host speaks: rebuild it "
+                     "against this SDK (pkg-config ctitan-sdk) or use a newer ctitan", path, maj, min, CT_ABI_MAJOR,
+                     CT_ABI_MINOR);
     else if (min < oldest)
-        ct_errf(err, errlen, "%s: built against ctitan ABI %u.%u; this host speaks ABI %d.%d and takes %s plugins of ABI "
-                "%d.%u or newer: rebuild it against this SDK (pkg-config ctitan-sdk)", path, maj, min, CT_ABI_MAJOR,
-                CT_ABI_MINOR, plugin_kind_name(info->kind), CT_ABI_MAJOR, oldest);
-    else return 0;
-    return -1;
+        ct_set_error("%s: built against ctitan ABI %u.%u; this host speaks ABI %d.%d and takes %s plugins of ABI "
+                     "%d.%u or newer: rebuild it against this SDK (pkg-config ctitan-sdk)", path, maj, min,
+                     CT_ABI_MAJOR, CT_ABI_MINOR, plugin_kind_name(info->kind), CT_ABI_MAJOR, oldest);
+    else return CT_OK;
+    return CT_ERR_INVALID;
 }
 
 /* A plugin's option list is an array of ABI structs (ctitan/abi.h): stepped by its first entry's
  * struct_size, which must cover every field the host reads, and be the same in every entry. */
-static int options_check(const char *path, const ct_option_spec *opts, char *err, size_t errlen) {
-    if (!opts) return 0;
-    if (!CT_HAS_FIELD(opts, ct_option_spec, help)) {
-        ct_errf(err, errlen, "%s: option list's first entry has struct_size %zu, less than the %zu of ABI %d.0's "
-                "ct_option_spec: set it to sizeof(ct_option_spec) (an empty list is options = NULL)", path,
-                opts->struct_size, offsetof(ct_option_spec, help) + sizeof opts->help, CT_ABI_MAJOR);
-        return -1;
-    }
+static ct_status options_check(const char *path, const ct_option_spec *opts) {
+    if (!opts) return CT_OK;
+    if (!CT_HAS_FIELD(opts, ct_option_spec, help))
+        return ct_fail(CT_ERR_INVALID, "%s: option list's first entry has struct_size %zu, less than the %zu of ABI "
+                       "%d.0's ct_option_spec: set it to sizeof(ct_option_spec) (an empty list is options = NULL)",
+                       path, opts->struct_size, offsetof(ct_option_spec, help) + sizeof opts->help, CT_ABI_MAJOR);
     for (int i = 0; CT_AT(const ct_option_spec, opts, i)->key; i++) {
         const ct_option_spec *o = CT_AT(const ct_option_spec, opts, i);
         if (o->struct_size == opts->struct_size) continue;
-        ct_errf(err, errlen, "%s: option '%.64s' has struct_size %zu and the list's first entry %zu: every entry "
-                "but the NULL-key terminator must have sizeof(ct_option_spec)", path, o->key, o->struct_size,
-                opts->struct_size);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: option '%.64s' has struct_size %zu and the list's first entry %zu: every "
+                       "entry but the NULL-key terminator must have sizeof(ct_option_spec)", path, o->key,
+                       o->struct_size, opts->struct_size);
     }
-    return 0;
+    return CT_OK;
 }
 
 /* The folder of the running binary + "/plugins". */
@@ -410,83 +408,80 @@ static int64_t table_end(uint64_t off, uint64_t n, uint64_t size) {
  * that a FIFO does not block and a terminal is not adopted), a 64-bit ELF shared object for this
  * machine, and long enough for every table and loadable segment its headers describe (dlopen
  * maps segments past the end of a truncated file, and touching them raises SIGBUS). */
-int plugin_file_check(const char *path, char *err, size_t errlen) {
+ct_status plugin_file_check(const char *path) {
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0) {
-        ct_errf(err, errlen, "%s: cannot open plugin: %s", path, strerror(errno));
-        return -1;
-    }
+    if (fd < 0) return ct_fail(CT_ERR_IO, "%s: cannot open plugin: %s", path, strerror(errno));
     struct stat st;
     Elf64_Ehdr eh;
     Elf64_Phdr *ph = NULL;
-    int rc = -1;
+    ct_status rc = CT_ERR_INVALID;
     if (fstat(fd, &st) != 0) {
-        ct_errf(err, errlen, "%s: cannot stat plugin: %s", path, strerror(errno));
+        rc = ct_fail(CT_ERR_IO, "%s: cannot stat plugin: %s", path, strerror(errno));
         goto done;
     }
     if (!S_ISREG(st.st_mode)) {
-        ct_errf(err, errlen, "%s: not a plugin: %s, expected a shared object (.so)", path, file_kind(st.st_mode));
+        ct_set_error("%s: not a plugin: %s, expected a shared object (.so)", path, file_kind(st.st_mode));
         goto done;
     }
     int64_t size = st.st_size;
     if (size < (int64_t)sizeof eh || pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh) {
-        ct_errf(err, errlen, "%s: not a plugin: %lld bytes, shorter than an ELF header (%zu bytes)", path,
-                (long long)size, sizeof eh);
+        ct_set_error("%s: not a plugin: %lld bytes, shorter than an ELF header (%zu bytes)", path,
+                     (long long)size, sizeof eh);
         goto done;
     }
     if (memcmp(eh.e_ident, ELFMAG, SELFMAG)) {
-        ct_errf(err, errlen, "%s: not a plugin: no ELF magic (expected a shared object built for this machine)", path);
+        ct_set_error("%s: not a plugin: no ELF magic (expected a shared object built for this machine)", path);
         goto done;
     }
     if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] != HOST_ELF_DATA) {
-        ct_errf(err, errlen, "%s: not a plugin for this machine: ELF class %d, data %d; expected class %d, data %d",
-                path, eh.e_ident[EI_CLASS], eh.e_ident[EI_DATA], ELFCLASS64, HOST_ELF_DATA);
+        ct_set_error("%s: not a plugin for this machine: ELF class %d, data %d; expected class %d, data %d",
+                     path, eh.e_ident[EI_CLASS], eh.e_ident[EI_DATA], ELFCLASS64, HOST_ELF_DATA);
         goto done;
     }
     if (eh.e_type != ET_DYN) {
-        ct_errf(err, errlen, "%s: not a plugin: ELF type %u, expected a shared object (%u)", path, eh.e_type, ET_DYN);
+        ct_set_error("%s: not a plugin: ELF type %u, expected a shared object (%u)", path, eh.e_type, ET_DYN);
         goto done;
     }
     unsigned machine = host_elf_machine();
     if (machine && eh.e_machine != machine) {
-        ct_errf(err, errlen, "%s: plugin built for ELF machine %u, this process is machine %u", path, eh.e_machine,
-                machine);
+        ct_set_error("%s: plugin built for ELF machine %u, this process is machine %u", path, eh.e_machine, machine);
         goto done;
     }
     if (eh.e_phnum == 0 || eh.e_phentsize != sizeof(Elf64_Phdr) || (eh.e_shnum && eh.e_shentsize != sizeof(Elf64_Shdr))) {
-        ct_errf(err, errlen, "%s: not a plugin: %u program headers of %u bytes, %u section headers of %u bytes", path,
-                eh.e_phnum, eh.e_phentsize, eh.e_shnum, eh.e_shentsize);
+        ct_set_error("%s: not a plugin: %u program headers of %u bytes, %u section headers of %u bytes", path,
+                     eh.e_phnum, eh.e_phentsize, eh.e_shnum, eh.e_shentsize);
         goto done;
     }
     /* the least size the headers promise: both header tables and every segment's file bytes */
     int64_t need = table_end(eh.e_phoff, eh.e_phnum, sizeof(Elf64_Phdr)), sh = table_end(eh.e_shoff, eh.e_shnum, sizeof(Elf64_Shdr));
     if (need < 0 || sh < 0) {
-        ct_errf(err, errlen, "%s: not a plugin: ELF header tables lie past any file size", path);
+        ct_set_error("%s: not a plugin: ELF header tables lie past any file size", path);
         goto done;
     }
     if (sh > need) need = sh;
     if (need <= size) {
         size_t bytes = (size_t)eh.e_phnum * sizeof *ph;
         if (!(ph = malloc(bytes)) || pread(fd, ph, bytes, (off_t)eh.e_phoff) != (ssize_t)bytes) {
-            ct_errf(err, errlen, "%s: cannot read its program headers: %s", path, ph ? strerror(errno) : "out of memory");
+            rc = ct_fail(ph ? CT_ERR_IO : CT_ERR_NOMEM, "%s: cannot read its program headers: %s", path,
+                         ph ? strerror(errno) : "out of memory");
             goto done;
         }
         for (int i = 0; i < eh.e_phnum; i++) {
             int64_t end = table_end(ph[i].p_offset, 1, ph[i].p_filesz);
             if (ph[i].p_type != PT_LOAD) continue;
             if (end < 0) {
-                ct_errf(err, errlen, "%s: not a plugin: segment %d lies past any file size", path, i);
+                ct_set_error("%s: not a plugin: segment %d lies past any file size", path, i);
                 goto done;
             }
             if (end > need) need = end;
         }
     }
     if (need > size) {
-        ct_errf(err, errlen, "%s: truncated: %lld bytes, the ELF headers say at least %lld", path, (long long)size,
-                (long long)need);
+        ct_set_error("%s: truncated: %lld bytes, the ELF headers say at least %lld", path, (long long)size,
+                     (long long)need);
         goto done;
     }
-    rc = 0;
+    rc = CT_OK;
 done:
     free(ph);
     close(fd);
@@ -508,43 +503,42 @@ static int path_exists(const char *p) {
  * the room for it, so they choose nothing else) and, before the first plugin loads, wants
  * PLUGIN_MIN_ROOM left. Without a limit nothing changes. */
 #define PLUGIN_MIN_ROOM ((int64_t)256 << 20)
-static int address_space_check(const char *path, char *err, size_t errlen) {
+static ct_status address_space_check(const char *path) {
     static int checked;
     int64_t limit, left = ct_address_space_left(&limit);
-    if (checked || left < 0) return 0;
+    if (checked || left < 0) return CT_OK;
     setenv("OMP_NUM_THREADS", "1", 1); /* OpenBLAS built with OpenMP reads this one */
     setenv("OPENBLAS_NUM_THREADS", "1", 1);
     setenv("GOTO_NUM_THREADS", "1", 1);
-    if (left < PLUGIN_MIN_ROOM) {
-        ct_errf(err, errlen, "%s: cannot load plugins under the address-space limit (ulimit -v %lld KiB): %lld MiB left, "
-                "plugins need %lld MiB as they load (OpenBLAS alone maps 167 MiB): raise ulimit -v",
-                path, (long long)(limit >> 10), (long long)(left >> 20), (long long)(PLUGIN_MIN_ROOM >> 20));
-        return -1;
-    }
+    if (left < PLUGIN_MIN_ROOM)
+        return ct_fail(CT_ERR_NOMEM, "%s: cannot load plugins under the address-space limit (ulimit -v %lld KiB): "
+                       "%lld MiB left, plugins need %lld MiB as they load (OpenBLAS alone maps 167 MiB): raise "
+                       "ulimit -v", path, (long long)(limit >> 10), (long long)(left >> 20),
+                       (long long)(PLUGIN_MIN_ROOM >> 20));
     checked = 1;
-    return 0;
+    return CT_OK;
 }
 
-plugin *plugin_open(const char *path, char *err, size_t errlen) {
-    if (plugin_file_check(path, err, errlen) || address_space_check(path, err, errlen)) return NULL;
+plugin *plugin_open(const char *path) {
+    if (plugin_file_check(path) != CT_OK || address_space_check(path) != CT_OK) return NULL;
     dlerror();
     /* RTLD_NODELETE: a plugin may start threads (OpenMP, CUDA) that outlive its handle */
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!h) {
-        snprintf(err, errlen, "%s: cannot load plugin: %s", path, dlerror());
+        ct_set_error("%s: cannot load plugin: %s", path, dlerror());
         return NULL;
     }
     ct_plugin_entry_fn entry;
     *(void **)&entry = dlsym(h, CT_PLUGIN_ENTRY_NAME);
     if (!entry) {
-        snprintf(err, errlen, "%s: not a ctitan plugin: it does not export '%s'", path, CT_PLUGIN_ENTRY_NAME);
+        ct_set_error("%s: not a ctitan plugin: it does not export '%s'", path, CT_PLUGIN_ENTRY_NAME);
         dlclose(h);
         return NULL;
     }
     plugin *p = calloc(1, sizeof *p);
     if (!p) {
         dlclose(h);
-        snprintf(err, errlen, "out of memory");
+        ct_set_error("out of memory");
         return NULL;
     }
     p->path = strdup(path);
@@ -555,42 +549,41 @@ plugin *plugin_open(const char *path, char *err, size_t errlen) {
     ct_clear_error();
     ct_status st = entry(&p->host, &p->info);
     if (st != CT_OK) {
-        snprintf(err, errlen, "%s: plugin entry failed (status %d): %s", path, st, ct_last_error());
+        ct_set_error("%s: plugin entry failed (status %d): %s", path, st, ct_last_error());
         goto fail;
     }
-    if (abi_check(path, &p->info, err, errlen)) goto fail;
+    if (abi_check(path, &p->info) != CT_OK) goto fail;
     if (!p->info.name || !p->info.api) {
-        snprintf(err, errlen, "%s: plugin entry returned no name or no API table", path);
+        ct_set_error("%s: plugin entry returned no name or no API table", path);
         goto fail;
     }
-    if (options_check(path, p->info.options, err, errlen)) goto fail;
+    if (options_check(path, p->info.options) != CT_OK) goto fail;
     return p;
 fail:
     plugin_unload(p);
     return NULL;
 }
 
-plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, const manifest *mf,
-                    char *err, size_t errlen) {
+plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, const manifest *mf) {
     char path[PATH_MAX];
     const char *mdir = mf ? mf->dir : NULL;
     if (strchr(name, '/') || (strlen(name) > 3 && strcmp(name + strlen(name) - 3, ".so") == 0)) {
         int w = name[0] == '/' || !mdir ? snprintf(path, sizeof path, "%s", name)
                                          : snprintf(path, sizeof path, "%s/%s", mdir, name + (strncmp(name, "./", 2) ? 0 : 2));
         if (w < 0 || w >= (int)sizeof path) {
-            snprintf(err, errlen, "%s plugin path '%.80s...' is longer than PATH_MAX", plugin_kind_name(kind), name);
+            ct_set_error("%s plugin path '%.80s...' is longer than PATH_MAX", plugin_kind_name(kind), name);
             return NULL;
         }
         if (!path_exists(path)) {
-            snprintf(err, errlen, "%s plugin '%s' not found at %s", plugin_kind_name(kind), name, path);
+            ct_set_error("%s plugin '%s' not found at %s", plugin_kind_name(kind), name, path);
             return NULL;
         }
     } else {
         char lower[128];
         size_t i = 0;
         if (strlen(name) >= sizeof lower) { /* truncated, it could name another plugin */
-            snprintf(err, errlen, "%s plugin name '%.40s...' is longer than %zu characters", plugin_kind_name(kind), name,
-                     sizeof lower - 1);
+            ct_set_error("%s plugin name '%.40s...' is longer than %zu characters", plugin_kind_name(kind), name,
+                         sizeof lower - 1);
             return NULL;
         }
         for (; name[i]; i++) lower[i] = (char)tolower((unsigned char)name[i]);
@@ -612,16 +605,16 @@ plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, 
                 path_exists(beside))
                 snprintf(hint, sizeof hint, "; the manifest's folder is not searched: name ./ctitan-%s.so to load the one there",
                          lower);
-            snprintf(err, errlen, "%s plugin '%s' not found: no ctitan-%s.so in %s (set CTITAN_PLUGIN_PATH or give a path%s)",
-                     plugin_kind_name(kind), name, lower, searched, hint);
+            ct_set_error("%s plugin '%s' not found: no ctitan-%s.so in %s (set CTITAN_PLUGIN_PATH or give a path%s)",
+                         plugin_kind_name(kind), name, lower, searched, hint);
             return NULL;
         }
     }
-    plugin *p = plugin_open(path, err, errlen);
+    plugin *p = plugin_open(path);
     if (!p) return NULL;
     if (p->info.kind != kind) {
-        snprintf(err, errlen, "%s: plugin '%s' is a %s plugin, expected a %s plugin", path, p->info.name,
-                 plugin_kind_name(p->info.kind), plugin_kind_name(kind));
+        ct_set_error("%s: plugin '%s' is a %s plugin, expected a %s plugin", path, p->info.name,
+                     plugin_kind_name(p->info.kind), plugin_kind_name(kind));
         plugin_unload(p);
         return NULL;
     }
@@ -665,14 +658,14 @@ static void list_dir(FILE *out, const char *dir, int all, int *count, int *files
     int nn;
     char (*names)[256] = dir_names(dir, all, &nn);
     for (int i = 0; i < nn; i++) {
-        char path[PATH_MAX + 256], err[1024];
+        char path[PATH_MAX + 256];
         struct stat st;
         if (snprintf(path, sizeof path, "%s/%s", dir, names[i]) >= (int)sizeof path) continue;
         if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) continue;
         (*files)++;
-        plugin *p = plugin_open(path, err, sizeof err);
+        plugin *p = plugin_open(path);
         if (!p) {
-            fprintf(out, "%-10s %-12s %-6s %s\n", "?", names[i], "-", err);
+            fprintf(out, "%-10s %-12s %-6s %s\n", "?", names[i], "-", ct_last_error());
             continue;
         }
         fprintf(out, "%-10s %-12s %u.%-4u %s\n%31s%s\n", plugin_kind_name(p->info.kind), p->info.name,

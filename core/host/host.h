@@ -57,9 +57,8 @@ typedef struct plugin {
 /* Loads the plugin `name` (a bare name -> "ctitan-<lowercase name>.so" on the search path, which
  * never includes the manifest's folder; or a path to a .so, relative to the manifest's folder) and
  * checks it is of `kind`. The file is checked before dlopen (plugin_file_check). On error returns
- * NULL and writes one line into err. */
-plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, const manifest *mf,
-                    char *err, size_t errlen);
+ * NULL with one line set (ct_last_error). */
+plugin *plugin_load(const char *name, ct_plugin_kind kind, const char *section, const manifest *mf);
 void plugin_unload(plugin *p);
 const char *plugin_kind_name(ct_plugin_kind kind);
 /* The oldest minor of CT_ABI_MAJOR the loader accepts for a plugin of `kind` (newer ones than the
@@ -70,15 +69,15 @@ uint32_t plugin_oldest_minor(ct_plugin_kind kind);
  * how many folders it wrote (at most max). */
 int plugin_search_dirs(const char *first_dir, char dirs[][PATH_MAX], int max);
 /* Opens any plugin file (no kind asked for): plugin_file_check, dlopen, the entry symbol, the ABI
- * version and the option list's struct_size. NULL with the one line saying why in err. */
-plugin *plugin_open(const char *path, char *err, size_t errlen);
+ * version and the option list's struct_size. NULL with the one line saying why set (ct_last_error). */
+plugin *plugin_open(const char *path);
 /* Lists plugins with kind, name, ABI, path and description. folder NULL: every ctitan-*.so on the
  * search path (the files a bare name loads). A folder: every file in it (subfolders skipped), each
  * that is not a loadable plugin on a "?" line with the loader's reason. *files (may be NULL) gets
  * how many files were examined. Returns how many plugins were listed. */
 int plugin_list(FILE *out, const char *folder, int *files);
 /* Whether path may be handed to dlopen: a regular file holding a 64-bit ELF shared object for this
- * machine, as long as its headers say. 0, or -1 with one line in err. */
-int plugin_file_check(const char *path, char *err, size_t errlen);
+ * machine, as long as its headers say. CT_OK, or a status with one line set. */
+ct_status plugin_file_check(const char *path);
 
 #endif

@@ -4,6 +4,7 @@
  * does. The file says who holds it, so a refused run can name the holder. */
 #include "host/runlock.h"
 
+#include "base/error.h"
 #include "base/util.h"
 
 #include <errno.h>
@@ -28,29 +29,25 @@ static void read_holder(int fd, char *out, size_t len) {
     snprintf(out, len, "%s", buf);
 }
 
-int runlock_acquire(const char *dump, const char *run_id, char *err, size_t errlen) {
+ct_status runlock_acquire(const char *dump, const char *run_id) {
     char path[4096];
-    if (snprintf(path, sizeof path, "%s/.lock", dump) >= (int)sizeof path) {
-        ct_errf(err, errlen, "%s: path too long", dump);
-        return -1;
-    }
+    if (snprintf(path, sizeof path, "%s/.lock", dump) >= (int)sizeof path)
+        return ct_fail(CT_ERR_INVALID, "%s: path too long", dump);
     /* no O_TRUNC: a refused run must not erase the holder's line */
     int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        ct_errf(err, errlen, "cannot open %s: %s", path, ct_open_strerror(errno));
-        return -1;
-    }
+    if (fd < 0) return ct_fail(CT_ERR_IO, "cannot open %s: %s", path, ct_open_strerror(errno));
     if (flock(fd, LOCK_EX | LOCK_NB)) {
         int e = errno;
+        ct_status st = CT_ERR_IO;
         if (e == EWOULDBLOCK) {
             char who[256];
             read_holder(fd, who, sizeof who);
-            ct_errf(err, errlen, "%s is in use by %s; use another folder or stop that run", dump, who);
+            st = ct_fail(CT_ERR_INVALID, "%s is in use by %s; use another folder or stop that run", dump, who);
         } else {
-            ct_errf(err, errlen, "cannot lock %s: %s", path, strerror(e));
+            ct_set_error("cannot lock %s: %s", path, strerror(e));
         }
         close(fd);
-        return -1;
+        return st;
     }
     char host[128] = "?", now[40], line[512];
     gethostname(host, sizeof host - 1);
@@ -58,12 +55,12 @@ int runlock_acquire(const char *dump, const char *run_id, char *err, size_t errl
     ct_utc_iso(now, sizeof now);
     int n = snprintf(line, sizeof line, "pid %ld on %s (started %s, run %s)\n", (long)getpid(), host, now, run_id);
     if (ftruncate(fd, 0) || ct_write_all(fd, line, (size_t)n)) {
-        ct_errf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+        ct_set_error("cannot write %s: %s", path, strerror(errno));
         close(fd);
-        return -1;
+        return CT_ERR_IO;
     }
     g_lock_fd = fd;
-    return 0;
+    return CT_OK;
 }
 
 void runlock_release(void) {

@@ -3,11 +3,12 @@
 #ifndef CT_RUNLOCK_H
 #define CT_RUNLOCK_H
 
-#include <stddef.h>
+#include "ctitan/abi.h"
 
-/* Takes the folder's lock and writes "pid P on HOST (started T, run ID)" into it. 0, or -1 with one
- * line in err: "DUMP is in use by pid P on HOST (...); ..." when a live run holds it. */
-int runlock_acquire(const char *dump, const char *run_id, char *err, size_t errlen);
+/* Takes the folder's lock and writes "pid P on HOST (started T, run ID)" into it. CT_OK, or a status with
+ * one line set (ct_last_error): "DUMP is in use by pid P on HOST (...); ..." when a live run holds it. */
+ct_status runlock_acquire(const char *dump, const char *run_id);
+
 /* Drops the lock (the process's end does too). */
 void runlock_release(void);
 

@@ -163,33 +163,32 @@ static int event_write(tb_writer *w, int64_t step, const char *version, const tb
     return rc;
 }
 
-tb_writer *tb_open(const char *folder, char *err, size_t errlen) {
+tb_writer *tb_open(const char *folder) {
     char host[256] = "localhost";
     if (gethostname(host, sizeof host - 1)) snprintf(host, sizeof host, "localhost");
     host[sizeof host - 1] = 0;
     for (char *c = host; *c; c++)
         if (*c == '/') *c = '_'; /* a file name, whatever the host is called */
     if (ct_mkdir_p(folder) || ct_require_dir(folder)) {
-        ct_errf(err, errlen, "cannot create the folder %s: %s", folder, strerror(errno));
+        ct_set_error("cannot create the folder %s: %s", folder, strerror(errno));
         return NULL;
     }
     tb_writer *w = calloc(1, sizeof *w);
     if (!w) {
-        ct_errf(err, errlen, "out of memory");
+        ct_set_error("out of memory");
         return NULL;
     }
     if (snprintf(w->path, sizeof w->path, "%s/events.out.tfevents.%lld.%s", folder, (long long)time(NULL), host) >=
         (int)sizeof w->path) {
-        ct_errf(err, errlen, "the event file's path under %s is too long", folder);
+        ct_set_error("the event file's path under %s is too long", folder);
         goto fail;
     }
     w->fd = open(w->path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (w->fd < 0) {
-        ct_errf(err, errlen, "cannot create %s: %s", w->path, strerror(errno));
+        ct_set_error("cannot create %s: %s", w->path, strerror(errno));
         goto fail;
     }
-    if (event_write(w, 0, "brain.Event:2", NULL, 0)) {
-        ct_errf(err, errlen, "%s", ct_last_error());
+    if (event_write(w, 0, "brain.Event:2", NULL, 0)) { /* its message names the file */
         close(w->fd);
         goto fail;
     }

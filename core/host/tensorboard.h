@@ -33,8 +33,10 @@ size_t tb_event_encode(uint8_t *out, size_t cap, double wall_time, int64_t step,
                        const tb_scalar *v, int n);
 
 /* Makes folder (mkdir -p) and creates folder/events.out.tfevents.<unix time>.<hostname> (never an
- * existing file or a symlink) with its file_version record. NULL with one line in err on a failure. */
-tb_writer *tb_open(const char *folder, char *err, size_t errlen);
+ * existing file or a symlink) with its file_version record. NULL with one line set (ct_last_error) on a
+ * failure. */
+tb_writer *tb_open(const char *folder);
+
 /* Appends one event: step and its n scalars, written out at once (a crash after it loses nothing).
  * 0, or -1 with ct_last_error naming the file. */
 int tb_write(tb_writer *w, int64_t step, const tb_scalar *v, int n);

@@ -159,33 +159,33 @@ static void put_json_str(FILE *f, const char *s) {
 }
 
 /* Closes a file written under a temporary name and renames it into place. */
-static int finish_file(FILE *f, const char *tmp, const char *path, char *err, size_t errlen) {
+static ct_status finish_file(FILE *f, const char *tmp, const char *path) {
     int bad = ferror(f);
     bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
     bad |= fclose(f) != 0;
     if (bad || rename(tmp, path) != 0) {
-        snprintf(err, errlen, "%s: cannot write: %s", path, strerror(errno ? errno : EIO));
+        ct_set_error("%s: cannot write: %s", path, strerror(errno ? errno : EIO));
         unlink(tmp);
-        return -1;
+        return CT_ERR_IO;
     }
-    return 0;
+    return CT_OK;
 }
 
-static FILE *open_tmp(const char *path, char *tmp, size_t tmplen, char *err, size_t errlen) {
+static FILE *open_tmp(const char *path, char *tmp, size_t tmplen) {
     snprintf(tmp, tmplen, "%s.tmp", path);
     FILE *f = ct_fopen_nofollow(tmp, "w");
-    if (!f) snprintf(err, errlen, "%s: cannot write: %s", tmp, ct_open_strerror(errno));
+    if (!f) ct_set_error("%s: cannot write: %s", tmp, ct_open_strerror(errno));
     return f;
 }
 
 /* The file's first line opens traceEvents and its last closes it, so the merge joins the lines
  * between without parsing JSON. */
-int trace_write_rank(const char *path, int rank, char *err, size_t errlen) {
+ct_status trace_write_rank(const char *path, int rank) {
     char tmp[PATH_MAX];
-    FILE *f = open_tmp(path, tmp, sizeof tmp, err, errlen);
+    FILE *f = open_tmp(path, tmp, sizeof tmp);
     if (!f) {
         g_trace.n = g_trace.str_n = 0; /* the window is lost; the next starts empty */
-        return -1;
+        return CT_ERR_IO;
     }
     fprintf(f, "{\"traceEvents\":[\n");
     fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"ts\":0,\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\"}},\n"
@@ -207,27 +207,28 @@ int trace_write_rank(const char *path, int rank, char *err, size_t errlen) {
     }
     fprintf(f, "\n]}\n");
     g_trace.n = g_trace.str_n = 0; /* the buffers stay for the next window: no page faults inside it */
-    return finish_file(f, tmp, path, err, errlen);
+    return finish_file(f, tmp, path);
 }
 
-int trace_merge(const char *path, const char *dir, int world, char *err, size_t errlen) {
+ct_status trace_merge(const char *path, const char *dir, int world) {
     char tmp[PATH_MAX], in[PATH_MAX];
     char *buf = NULL;
-    FILE *f = open_tmp(path, tmp, sizeof tmp, err, errlen), *r = NULL;
-    if (!f) return -1;
+    FILE *f = open_tmp(path, tmp, sizeof tmp), *r = NULL;
+    ct_status st = CT_ERR_IO;
+    if (!f) return CT_ERR_IO;
     fprintf(f, "{\"traceEvents\":[\n");
     for (int rank = 0; rank < world; rank++) {
         snprintf(in, sizeof in, "%s/rank%d_trace.json", dir, rank);
         size_t len = 0;
         r = fopen(in, "rb");
         if (!r || fseek(r, 0, SEEK_END) || (long)(len = (size_t)ftell(r)) < 0 || fseek(r, 0, SEEK_SET)) {
-            snprintf(err, errlen, "%s: cannot read: %s", in, strerror(errno));
+            ct_set_error("%s: cannot read: %s", in, strerror(errno));
             goto fail;
         }
         free(buf);
         buf = malloc(len + 1);
         if (!buf || fread(buf, 1, len, r) != len) {
-            snprintf(err, errlen, "%s: cannot read", in);
+            ct_set_error("%s: cannot read", in);
             goto fail;
         }
         fclose(r);
@@ -236,7 +237,7 @@ int trace_merge(const char *path, const char *dir, int world, char *err, size_t 
         static const char head[] = "{\"traceEvents\":[\n", tail[] = "\n]}\n";
         if (len < sizeof head + sizeof tail || memcmp(buf, head, sizeof head - 1) ||
             strcmp(buf + len - (sizeof tail - 1), tail)) {
-            snprintf(err, errlen, "%s: not a trace this version wrote", in);
+            st = ct_fail(CT_ERR_INVALID, "%s: not a trace this version wrote", in);
             goto fail;
         }
         buf[len - (sizeof tail - 1)] = 0;
@@ -244,13 +245,13 @@ int trace_merge(const char *path, const char *dir, int world, char *err, size_t 
     }
     free(buf);
     fprintf(f, "\n]}\n");
-    return finish_file(f, tmp, path, err, errlen);
+    return finish_file(f, tmp, path);
 fail:
     free(buf);
     if (r) fclose(r);
     fclose(f);
     unlink(tmp);
-    return -1;
+    return st;
 }
 
 /* ---- the memory ledger ---- */
@@ -341,21 +342,18 @@ static void put_entry(FILE *f, int *first, int cat, const char *owner, int64_t b
     *first = 0;
 }
 
-int memsnap_write(const char *path, int rank, int64_t step, const char *const *names, const int64_t *bytes, int n,
-                  char *err, size_t errlen) {
+ct_status memsnap_write(const char *path, int rank, int64_t step, const char *const *names, const int64_t *bytes,
+                        int n) {
     pthread_mutex_lock(&ledger_lock);
     ledger *snap = malloc(sizeof *snap);
     if (snap) *snap = g_peak;
     pthread_mutex_unlock(&ledger_lock);
-    if (!snap) {
-        snprintf(err, errlen, "%s: out of memory", path);
-        return -1;
-    }
+    if (!snap) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
     char tmp[PATH_MAX];
-    FILE *f = open_tmp(path, tmp, sizeof tmp, err, errlen);
+    FILE *f = open_tmp(path, tmp, sizeof tmp);
     if (!f) {
         free(snap);
-        return -1;
+        return CT_ERR_IO;
     }
     fprintf(f, "{\"rank\": %d, \"step\": %lld, \"total_bytes\": %lld, \"counters\": {", rank, (long long)step,
             (long long)snap->total);
@@ -378,5 +376,5 @@ int memsnap_write(const char *path, int rank, int64_t step, const char *const *n
     }
     fprintf(f, "\n]}\n");
     free(snap);
-    return finish_file(f, tmp, path, err, errlen);
+    return finish_file(f, tmp, path);
 }

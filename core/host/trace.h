@@ -22,10 +22,11 @@ void trace_end(const char *name);
 void trace_complete(const char *name, const char *cat, double t0_us, const char *args);
 /* The memory counters by category (a "C" event), when they changed since the last sample. */
 void trace_mem_sample(void);
-/* Writes this rank's events (pid = rank, with its process_name) and forgets them. */
-int trace_write_rank(const char *path, int rank, char *err, size_t errlen);
+/* Writes this rank's events (pid = rank, with its process_name) and forgets them. CT_OK, or a status
+ * with the error set (as trace_merge and memsnap_write). */
+ct_status trace_write_rank(const char *path, int rank);
 /* Joins the per-rank files dir/rank<R>_trace.json (R < world) into `path`, one process each. */
-int trace_merge(const char *path, const char *dir, int world, char *err, size_t errlen);
+ct_status trace_merge(const char *path, const char *dir, int world);
 void trace_discard(void);
 
 /* ---- the memory ledger: live bytes by (category, owner), always equal to g_mem's counters ---- */
@@ -40,7 +41,7 @@ void memsnap_arm(void);
 void memsnap_freeze(void);
 /* Writes the ledger at the peak between memsnap_arm and memsnap_freeze as JSON. Entries owned by "parameters"
  * or "gradients" are split by tensor with names[i] / bytes[i] (n of them). */
-int memsnap_write(const char *path, int rank, int64_t step, const char *const *names, const int64_t *bytes, int n,
-                  char *err, size_t errlen);
+ct_status memsnap_write(const char *path, int rank, int64_t step, const char *const *names, const int64_t *bytes,
+                        int n);
 
 #endif

@@ -46,8 +46,9 @@ typedef struct cal {
     session s;                 /* device, model, quantizer, comm (no parameters) */
     ct_comm_group *world;      /* NULL on one rank */
     int rank, size;
-    char *err;
-    size_t errlen;
+    /* the line to report, kept here while the calls after the failure clear the thread's message
+     * (ct_clear_error before each plugin call); plan_calibrate sets it on return */
+    char err[2048];
     char note[384];            /* what the profile's figures assumed, for its source line */
     ct_device_info info;
     int bf16_gemm;             /* the device took set_matmul_dtype(CT_BF16) */
@@ -76,8 +77,15 @@ static void note_add(cal *c, const char *text) {
 /* A device or comm call failed: one line naming it, status CAL_FAIL. */
 static int failed(cal *c, ct_status st, const char *what) {
     if (st == CT_OK) return 0;
-    ct_errf(c->err, c->errlen, "calibrate: %s failed: %s", what, ct_last_error()[0] ? ct_last_error() : "no detail");
+    ct_errf(c->err, sizeof c->err, "calibrate: %s failed: %s", what,
+            ct_last_error()[0] ? ct_last_error() : "no detail");
     return CAL_FAIL;
+}
+
+/* A core call failed with its line set (ct_last_error): kept as the line to report, status -1. */
+static int took_error(cal *c) {
+    snprintf(c->err, sizeof c->err, "%s", ct_last_error());
+    return -1;
 }
 
 /* A failure once the ranks measure together: the others would wait in the next collective until
@@ -322,7 +330,7 @@ static int run_synced(cal *c, const timed *t, int phase, int calls, double *sec)
  * pays for fresh buffers, thread pools, cached plans; the second tells how long a call takes); a
  * call under a millisecond is timed in groups of up to 100 between synchronizes, so that an
  * asynchronous device's launch and wait do not count as the op's time. A warm-up that fails on any
- * rank returns -1 on every rank (the one that failed with its error in err; the caller decides
+ * rank returns -1 on every rank (the one that failed with its error in c->err; the caller decides
  * whether that is fatal); a failure after the ranks agreed ends the job. */
 static int measure(cal *c, const timed *t, const char *what, double med[2]) {
     double warm[3] = {0, 0, 0}, samples[2][CAL_MAX_REPS];
@@ -331,10 +339,10 @@ static int measure(cal *c, const timed *t, const char *what, double med[2]) {
     int mine = warm[2] != 0;
     if (ranks_max(c, warm, 3)) return fail_job(c);
     if (warm[2]) {
-        if (!mine) ct_errf(c->err, c->errlen, "calibrate: %s failed on another rank (see its message)", what);
+        if (!mine) ct_errf(c->err, sizeof c->err, "calibrate: %s failed on another rank (see its message)", what);
         else {
             size_t n = strlen(c->err);
-            snprintf(c->err + n, c->errlen > n ? c->errlen - n : 0, " (measuring %s)", what);
+            snprintf(c->err + n, sizeof c->err - n, " (measuring %s)", what);
         }
         return -1;
     }
@@ -439,7 +447,7 @@ static int ops_from_trace(cal *c, const plan_trace *t, double n_params, double *
         }
         if (k < c->n_ops) continue;
         if (c->n_ops == CAL_MAX_OPS) {
-            ct_errf(c->err, c->errlen, "calibrate: the trace has more than %d distinct ops", CAL_MAX_OPS);
+            ct_errf(c->err, sizeof c->err, "calibrate: the trace has more than %d distinct ops", CAL_MAX_OPS);
             return -1;
         }
         cal_op *q = &c->ops[c->n_ops++];
@@ -461,10 +469,10 @@ static int ops_from_trace(cal *c, const plan_trace *t, double n_params, double *
 
 /* A copy of the manifest for the planner's context, which sets each layout's keys in the manifest
  * it reads (the caller's stays as given): the same values with the same origins. */
-static manifest *manifest_copy(const manifest *mf, char *err, size_t errlen) {
+static manifest *manifest_copy(const manifest *mf) {
     manifest *m = manifest_new();
     if (!m) {
-        ct_errf(err, errlen, "out of memory");
+        ct_set_error("out of memory");
         return NULL;
     }
     free(m->path);
@@ -475,14 +483,14 @@ static manifest *manifest_copy(const manifest *mf, char *err, size_t errlen) {
     for (int i = 0; i < mf->n_values; i++) {
         const mf_value *v = &mf->values[i];
         if (!v->value) continue; /* a map where a scalar belongs: validation refused it already */
-        if (manifest_override(m, v->key, v->value, err, errlen)) goto fail;
+        if (manifest_override(m, v->key, v->value) != CT_OK) goto fail;
         m->values[m->n_values - 1].line = v->line;
         m->values[m->n_values - 1].is_seq = v->is_seq;
     }
     manifest_add_core_schema(m);
     return m;
 nomem:
-    ct_errf(err, errlen, "out of memory");
+    ct_set_error("out of memory");
 fail:
     manifest_free(m);
     return NULL;
@@ -499,24 +507,27 @@ static int trace_layout(cal *c, manifest *mf, double *largest) {
     desc.struct_size = sizeof desc;
     ct_clear_error();
     if (c->s.m->describe(c->s.model, &desc) != CT_OK) {
-        ct_errf(c->err, c->errlen, "model: %s", ct_last_error());
+        ct_errf(c->err, sizeof c->err, "model: %s", ct_last_error());
         return -1;
     }
-    manifest *copy = manifest_copy(mf, c->err, c->errlen);
-    if (!copy) return -1;
+    manifest *copy = manifest_copy(mf);
+    if (!copy) return took_error(c);
     int rc = -1;
-    if (plan_open(&ctx, copy, c->err, c->errlen)) {
+    if (plan_open(&ctx, copy) != CT_OK) {
         manifest_free(copy);
-        return -1;
+        return took_error(c);
     }
-    if (plan_layout_from_manifest(ctx, c->size, &layout, c->err, c->errlen)) {
+    if (plan_layout_from_manifest(ctx, c->size, &layout) != CT_OK) {
         char why[1024];
-        snprintf(why, sizeof why, "%s", c->err);
-        ct_errf(c->err, c->errlen, "calibrate: the manifest's layout on this job's %d rank%s: %s (calibrate with "
+        snprintf(why, sizeof why, "%s", ct_last_error());
+        ct_errf(c->err, sizeof c->err, "calibrate: the manifest's layout on this job's %d rank%s: %s (calibrate with "
                 "`ctitan launch -n N` for a layout of N GPUs)", c->size, c->size > 1 ? "s" : "", why);
         goto done;
     }
-    if (plan_trace_layout(ctx, &layout, &trace, c->err, c->errlen)) goto done;
+    if (plan_trace_layout(ctx, &layout, &trace) != CT_OK) {
+        took_error(c);
+        goto done;
+    }
     if (trace.cannot[0]) {
         char line[320];
         snprintf(line, sizeof line, "the trace stopped early (%s): its later ops are not measured", trace.cannot);
@@ -557,16 +568,16 @@ static int output_ok(cal *c, const char *path) {
     const char *slash = strrchr(path, '/');
     struct stat st;
     if (!*path || (slash && !slash[1])) {
-        ct_errf(c->err, c->errlen, "calibrate: --output '%s': expected a file name", path);
+        ct_errf(c->err, sizeof c->err, "calibrate: --output '%s': expected a file name", path);
         return -1;
     }
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        ct_errf(c->err, c->errlen, "calibrate: --output %s: is a folder; expected a file name", path);
+        ct_errf(c->err, sizeof c->err, "calibrate: --output %s: is a folder; expected a file name", path);
         return -1;
     }
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK) != 0) {
-        ct_errf(c->err, c->errlen, "calibrate: --output %s: cannot write into folder %s: %s", path, dir,
+        ct_errf(c->err, sizeof c->err, "calibrate: --output %s: cannot write into folder %s: %s", path, dir,
                 stat(dir, &st) != 0 ? strerror(errno) : !S_ISDIR(st.st_mode) ? "not a folder" : strerror(errno));
         return -1;
     }
@@ -585,13 +596,13 @@ static int share_work(cal *c, manifest *mf, const char *out_path) {
     }
     if (ranks_share(c, head, 3, 1)) return fail_job(c);
     if (head[0] != 0) {
-        if (c->rank != 0 && c->errlen) c->err[0] = '\0';
+        if (c->rank != 0) c->err[0] = '\0';
         return -1;
     }
     int n = (int)head[1] * CAL_OP_FIELDS + (int)head[2];
     double *v = calloc((size_t)n + 1, sizeof *v);
     if (!v) {
-        ct_errf(c->err, c->errlen, "out of memory");
+        ct_errf(c->err, sizeof c->err, "out of memory");
         return fail_job(c);
     }
     for (int i = 0; c->rank == 0 && i < c->n_ops; i++) {
@@ -623,7 +634,7 @@ static int share_work(cal *c, manifest *mf, const char *out_path) {
 static int measure_ops(cal *c) {
     double *all = calloc(2 * (size_t)c->n_ops + 1, sizeof *all);
     if (!all) {
-        ct_errf(c->err, c->errlen, "out of memory");
+        ct_errf(c->err, sizeof c->err, "out of memory");
         return fail_job(c);
     }
     int rc = 0;
@@ -959,7 +970,7 @@ static int measure_comms(cal *c) {
     c->comms = calloc((size_t)(n_groups * per) + 1, sizeof *c->comms);
     if (!secs || !c->comms) {
         free(secs);
-        ct_errf(c->err, c->errlen, "out of memory");
+        ct_errf(c->err, sizeof c->err, "out of memory");
         return fail_job(c);
     }
     int rc = 0, gi = 0;
@@ -1027,7 +1038,7 @@ static int write_profile(cal *c, const manifest *mf, const char *out_path) {
     hw.n_ops = c->n_ops;
     hw.ops = calloc((size_t)c->n_ops + 1, sizeof *hw.ops);
     if (!hw.ops) {
-        ct_errf(c->err, c->errlen, "out of memory");
+        ct_errf(c->err, sizeof c->err, "out of memory");
         return CAL_FAIL;
     }
     for (int i = 0; i < c->n_ops; i++) {
@@ -1037,7 +1048,7 @@ static int write_profile(cal *c, const manifest *mf, const char *out_path) {
         m->seconds[0] = c->ops[i].seconds[0], m->seconds[1] = c->ops[i].seconds[1];
     }
     hw.comms = c->comms, hw.n_comms = c->n_comms;
-    int rc = hw_profile_write(&hw, out_path, c->err, c->errlen) ? -1 : 0;
+    int rc = hw_profile_write(&hw, out_path) != CT_OK ? took_error(c) : 0;
     free(hw.ops);
     if (rc) return rc;
     printf("calibrate: %s: %d ops, GEMM %.1f GFLOP/s at %lld^3 f32 (%.0f%% of %.1f GFLOP/s), memory %.2f GB/s, "
@@ -1053,18 +1064,17 @@ static int write_profile(cal *c, const manifest *mf, const char *out_path) {
 
 static int open_comm(cal *c, manifest *mf) {
     const char *name = "mpi";
-    char err[2048];
     mf_get_str(mf, "comm.name", &name);
-    c->s.commp = plugin_load(name, CT_KIND_COMM, "comm", mf, err, sizeof err);
+    c->s.commp = plugin_load(name, CT_KIND_COMM, "comm", mf);
     if (!c->s.commp) {
         char where[600];
         mf_where(mf, "comm.name", where, sizeof where);
-        ct_errf(c->err, c->errlen, "%s: %s", where, err);
+        ct_errf(c->err, sizeof c->err, "%s: %s", where, ct_last_error());
         return -1;
     }
     c->s.capi = c->s.commp->info.api;
     if (*(const size_t *)c->s.capi < offsetof(ct_comm_api, test)) {
-        ct_errf(c->err, c->errlen, "%s: comm plugin '%s' has an API table too old for this host: rebuild it",
+        ct_errf(c->err, sizeof c->err, "%s: comm plugin '%s' has an API table too old for this host: rebuild it",
                 c->s.commp->path, c->s.commp->info.name);
         c->s.capi = NULL;
         return -1;
@@ -1073,7 +1083,7 @@ static int open_comm(cal *c, manifest *mf) {
     ct_status st = c->s.capi->create(&c->s.commp->host, &c->s.comm);
     if (st != CT_OK) {
         c->s.comm = NULL;
-        ct_errf(c->err, c->errlen, "comm: %s", ct_last_error());
+        ct_errf(c->err, sizeof c->err, "comm: %s", ct_last_error());
         return st == CT_ERR_INVALID ? -1 : CAL_FAIL;
     }
     if (failed(c, c->s.capi->world(c->s.comm, &c->world), "comm world") ||
@@ -1117,20 +1127,16 @@ static int open_compute(cal *c, manifest *mf) {
         char where[600];
         c->s.quant = NULL;
         mf_where(mf, "quantize.dense.float8.format", where, sizeof where);
-        ct_errf(c->err, c->errlen, "%s: %s", where, ct_last_error());
+        ct_errf(c->err, sizeof c->err, "%s: %s", where, ct_last_error());
         return -1;
     }
     return 0;
 }
 
-int plan_calibrate(manifest *mf, const char *out_path, char *err, size_t errlen) {
+ct_status plan_calibrate(manifest *mf, const char *out_path) {
     cal *c = calloc(1, sizeof *c);
-    if (!c) {
-        ct_errf(err, errlen, "out of memory");
-        return CAL_FAIL;
-    }
-    c->err = err, c->errlen = errlen, c->rank = 0, c->size = 1;
-    if (errlen) err[0] = '\0';
+    if (!c) return ct_fail(CT_ERR_NOMEM, "out of memory");
+    c->rank = 0, c->size = 1;
     int rc = -1;
     ct_status st = session_open(&c->s, mf, 0, 0); /* prints its own line */
     c->s.mf = NULL;                              /* the caller's: session_close must not free it */
@@ -1139,7 +1145,7 @@ int plan_calibrate(manifest *mf, const char *out_path, char *err, size_t errlen)
         goto done;
     }
     if (!(c->ops = calloc(CAL_MAX_OPS, sizeof *c->ops))) {
-        ct_errf(err, errlen, "out of memory");
+        ct_errf(c->err, sizeof c->err, "out of memory");
         rc = CAL_FAIL;
         goto done;
     }
@@ -1151,8 +1157,12 @@ int plan_calibrate(manifest *mf, const char *out_path, char *err, size_t errlen)
     if (c->rank == 0) rc = write_profile(c, mf, out_path);
 done:
     session_close(&c->s);
+    /* the line to report, or none (ct_clear_error) when it was printed already */
+    if (rc && c->err[0]) ct_set_error("%s", c->err);
+    else ct_clear_error();
+    st = !rc ? CT_OK : rc == -1 ? CT_ERR_INVALID : CT_ERR_INTERNAL;
     free(c->ops);
     free(c->comms);
     free(c);
-    return rc;
+    return st;
 }

@@ -22,11 +22,12 @@
 
 /* Calibrates on the manifest `mf` (loaded, overrides applied; the caller's, freed by the caller) and
  * writes the profile to out_path (rank 0; the other ranks measure with it and write nothing).
- * Returns 0; -1 for bad input (the manifest, its plugins, the output path: exit 2); -2 for a failure
- * while measuring (exit 1). With an error, err holds one line, or is empty when the line was
- * already printed on stderr (the manifest's and plugins' errors print themselves, as in train).
+ * Returns CT_OK; CT_ERR_INVALID for bad input (the manifest, its plugins, the output path: exit 2);
+ * another status (CT_ERR_INTERNAL) for a failure while measuring (exit 1). With an error, its one line is set
+ * (ct_last_error), or none is (the message is cleared) when the line was already printed on stderr
+ * (the manifest's and plugins' errors print themselves, as in train).
  * A failure after the ranks started measuring together ends the whole job through the comm's
  * abort (exit 1), after printing its line: the other ranks would otherwise wait in a collective. */
-int plan_calibrate(manifest *mf, const char *out_path, char *err, size_t errlen);
+ct_status plan_calibrate(manifest *mf, const char *out_path);
 
 #endif

@@ -8,6 +8,7 @@
 #include "plan/plan.h"
 
 #include "config/manifest.h"
+#include "base/error.h"
 #include "base/util.h"
 
 #include <ctype.h>
@@ -266,8 +267,6 @@ typedef struct reader {
     int measured_line, fp8_none;
     entry_line *op_lines, *comm_lines; /* the measurements with their lines, in file order */
     int n_ops, n_comms, cap_ops, cap_comms;
-    char *err;
-    size_t errlen;
 } reader;
 
 static int fail_at(reader *r, int line, const char *key, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -277,8 +276,8 @@ static int fail_at(reader *r, int line, const char *key, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (key && *key) ct_errf(r->err, r->errlen, "%s:%d: %s: %s", r->path, line, key, msg);
-    else ct_errf(r->err, r->errlen, "%s:%d: %s", r->path, line, msg);
+    if (key && *key) ct_set_error("%s:%d: %s: %s", r->path, line, key, msg);
+    else ct_set_error("%s:%d: %s", r->path, line, msg);
     return -1;
 }
 
@@ -658,11 +657,11 @@ static int take_measurements(reader *r) {
 
 /* ---- the file ---- */
 
-/* The whole file, refused past HW_MAX_BYTES. NULL with err set. */
-static unsigned char *read_file(const char *path, size_t *n, char *err, size_t errlen) {
+/* The whole file, refused past HW_MAX_BYTES. NULL with the error set. */
+static unsigned char *read_file(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        ct_errf(err, errlen, "%s: cannot open hardware profile: %s", path, strerror(errno));
+        ct_set_error("%s: cannot open hardware profile: %s", path, strerror(errno));
         return NULL;
     }
     unsigned char *buf = malloc(HW_MAX_BYTES + 1);
@@ -670,8 +669,8 @@ static unsigned char *read_file(const char *path, size_t *n, char *err, size_t e
     int bad = !buf || ferror(f);
     fclose(f);
     if (bad)
-        ct_errf(err, errlen, "%s: cannot read hardware profile: %s", path, buf ? strerror(errno) : "out of memory");
-    else if (got > HW_MAX_BYTES) ct_errf(err, errlen, "%s:1: the file is larger than %d MiB", path, HW_MAX_BYTES >> 20);
+        ct_set_error("%s: cannot read hardware profile: %s", path, buf ? strerror(errno) : "out of memory");
+    else if (got > HW_MAX_BYTES) ct_set_error("%s:1: the file is larger than %d MiB", path, HW_MAX_BYTES >> 20);
     if (bad || got > HW_MAX_BYTES) {
         free(buf);
         return NULL;
@@ -680,26 +679,24 @@ static unsigned char *read_file(const char *path, size_t *n, char *err, size_t e
     return buf;
 }
 
-static void syntax_error(const yaml_parser_t *p, const char *path, char *err, size_t errlen) {
-    ct_errf(err, errlen, "%s:%d:%d: YAML syntax error: %s%s%s", path, (int)p->problem_mark.line + 1,
-            (int)p->problem_mark.column + 1, p->problem ? p->problem : "unknown", p->context ? " " : "",
-            p->context ? p->context : "");
+static void syntax_error(const yaml_parser_t *p, const char *path) {
+    ct_set_error("%s:%d:%d: YAML syntax error: %s%s%s", path, (int)p->problem_mark.line + 1,
+                 (int)p->problem_mark.column + 1, p->problem ? p->problem : "unknown", p->context ? " " : "",
+                 p->context ? p->context : "");
 }
 
 /* Streams the parser's events before loading: one document, no anchors or aliases (a profile has
  * no use for them), nesting no deeper than HW_MAX_DEPTH. */
-static int check_events(const char *path, const unsigned char *buf, size_t n, char *err, size_t errlen) {
+static ct_status check_events(const char *path, const unsigned char *buf, size_t n) {
     yaml_parser_t p;
     yaml_event_t e;
-    int depth = 0, docs = 0, rc = -1;
-    if (!yaml_parser_initialize(&p)) {
-        ct_errf(err, errlen, "%s: out of memory", path);
-        return -1;
-    }
+    int depth = 0, docs = 0;
+    ct_status rc = CT_ERR_INVALID;
+    if (!yaml_parser_initialize(&p)) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
     yaml_parser_set_input_string(&p, buf, n);
     for (;;) {
         if (!yaml_parser_parse(&p, &e)) {
-            syntax_error(&p, path, err, errlen);
+            syntax_error(&p, path);
             break;
         }
         int line = (int)e.start_mark.line + 1, done = e.type == YAML_STREAM_END_EVENT;
@@ -711,12 +708,12 @@ static int check_events(const char *path, const unsigned char *buf, size_t n, ch
         depth -= e.type == YAML_MAPPING_END_EVENT || e.type == YAML_SEQUENCE_END_EVENT;
         docs += e.type == YAML_DOCUMENT_START_EVENT;
         yaml_event_delete(&e);
-        if (docs > 1) ct_errf(err, errlen, "%s:%d: a second YAML document starts here; a profile is one", path, line);
+        if (docs > 1) ct_set_error("%s:%d: a second YAML document starts here; a profile is one", path, line);
         else if (anchor)
-            ct_errf(err, errlen, "%s:%d: an anchor or alias (&name, *name); a profile has none", path, line);
+            ct_set_error("%s:%d: an anchor or alias (&name, *name); a profile has none", path, line);
         else if (depth > HW_MAX_DEPTH)
-            ct_errf(err, errlen, "%s:%d: maps and lists nested deeper than a profile's keys go", path, line);
-        else if (done) rc = 0;
+            ct_set_error("%s:%d: maps and lists nested deeper than a profile's keys go", path, line);
+        else if (done) rc = CT_OK;
         else continue;
         break;
     }
@@ -725,29 +722,26 @@ static int check_events(const char *path, const unsigned char *buf, size_t n, ch
 }
 
 /* Reads the YAML text of `path` into hw (zeroed by the caller). */
-static int read_profile(const char *path, const unsigned char *buf, size_t n, hw_profile *hw, char *err,
-                        size_t errlen) {
+static ct_status read_profile(const char *path, const unsigned char *buf, size_t n, hw_profile *hw) {
     yaml_parser_t parser;
     yaml_document_t doc;
-    reader r = {.path = path, .doc = &doc, .hw = hw, .err = err, .errlen = errlen};
-    int rc = -1;
-    if (check_events(path, buf, n, err, errlen)) return -1;
-    if (!yaml_parser_initialize(&parser)) {
-        ct_errf(err, errlen, "%s: out of memory", path);
-        return -1;
-    }
+    reader r = {.path = path, .doc = &doc, .hw = hw};
+    ct_status rc = check_events(path, buf, n);
+    if (rc != CT_OK) return rc;
+    if (!yaml_parser_initialize(&parser)) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
     yaml_parser_set_input_string(&parser, buf, n);
     if (!yaml_parser_load(&parser, &doc)) {
-        syntax_error(&parser, path, err, errlen);
+        syntax_error(&parser, path);
         yaml_parser_delete(&parser);
-        return -1;
+        return CT_ERR_INVALID;
     }
+    rc = CT_ERR_INVALID;
     const yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (!root || root->type != YAML_MAPPING_NODE)
         fail_at(&r, root ? node_line(root) : 1, NULL, "expected a hardware profile: a map of name, source, "
                 "gpus_per_node, compute, memory, intra_node, inter_node, assumptions (configs/hardware/README.md)");
     else if (!read_map(&r, root, "") && !check_complete(&r) && !take_measurements(&r))
-        rc = 0;
+        rc = CT_OK;
     free(r.op_lines);
     free(r.comm_lines);
     yaml_document_delete(&doc);
@@ -835,15 +829,14 @@ void hw_profile_list(char *out, size_t len) {
     if (len && !n) snprintf(out, len, "(none found)");
 }
 
-/* The file of NAME_OR_PATH into `path`: 0, or -1 with err saying where it looked. */
-static int resolve(const char *name_or_path, char *path, size_t len, char *err, size_t errlen) {
+/* The file of NAME_OR_PATH into `path`: CT_OK, or CT_ERR_INVALID with the error saying where it looked. */
+static ct_status resolve(const char *name_or_path, char *path, size_t len) {
     if (!is_name(name_or_path)) {
         if (strlen(name_or_path) < len) {
             snprintf(path, len, "%s", name_or_path);
-            return 0;
+            return CT_OK;
         }
-        ct_errf(err, errlen, "%.200s...: the path is longer than %zu bytes", name_or_path, len - 1);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%.200s...: the path is longer than %zu bytes", name_or_path, len - 1);
     }
     char dirs[HW_MAX_DIRS][PATH_MAX], looked[1024] = "", known[1024];
     int n_dirs = valid_name(name_or_path) ? search_dirs(dirs, HW_MAX_DIRS) : 0;
@@ -854,41 +847,40 @@ static int resolve(const char *name_or_path, char *path, size_t len, char *err, 
         const char *found = realpath(candidate, real) ? real : candidate; /* build/../configs -> configs */
         if (is_file(candidate) && strlen(found) < len) {
             snprintf(path, len, "%s", found);
-            return 0;
+            return CT_OK;
         }
         if (used < sizeof looked)
             used += (size_t)snprintf(looked + used, sizeof looked - used, "%s%s", d ? ", " : "", dirs[d]);
     }
     hw_profile_list(known, sizeof known);
     if (!n_dirs)
-        ct_errf(err, errlen, "hardware '%.100s': neither a profile name (letters, digits, '.', '_', '-') nor a .yaml "
-                "file; known names: %s", name_or_path, known);
+        ct_set_error("hardware '%.100s': neither a profile name (letters, digits, '.', '_', '-') nor a .yaml "
+                     "file; known names: %s", name_or_path, known);
     else
-        ct_errf(err, errlen, "hardware '%s': no profile by that name (looked in %s; $CTITAN_HARDWARE_PATH adds "
-                "folders); known names: %s; or give a path to a .yaml file", name_or_path, looked, known);
-    return -1;
+        ct_set_error("hardware '%s': no profile by that name (looked in %s; $CTITAN_HARDWARE_PATH adds "
+                     "folders); known names: %s; or give a path to a .yaml file", name_or_path, looked, known);
+    return CT_ERR_INVALID;
 }
 
-int hw_profile_load(const char *name_or_path, hw_profile *hw, char *err, size_t errlen) {
+ct_status hw_profile_load(const char *name_or_path, hw_profile *hw) {
     memset(hw, 0, sizeof *hw);
-    if (err && errlen) err[0] = 0;
     char path[sizeof hw->path];
     size_t n = 0;
-    if (!name_or_path || !*name_or_path) {
-        ct_errf(err, errlen, "hardware: no profile given; expected a NAME (configs/hardware/NAME.yaml) or a FILE");
-        return -1;
-    }
-    if (resolve(name_or_path, path, sizeof path, err, errlen)) return -1;
-    unsigned char *buf = read_file(path, &n, err, errlen);
-    if (!buf) return -1;
-    int rc = read_profile(path, buf, n, hw, err, errlen);
+    if (!name_or_path || !*name_or_path)
+        return ct_fail(CT_ERR_INVALID, "hardware: no profile given; expected a NAME (configs/hardware/NAME.yaml) or "
+                       "a FILE");
+    ct_status rc = resolve(name_or_path, path, sizeof path);
+    if (rc != CT_OK) return rc;
+    unsigned char *buf = read_file(path, &n);
+    if (!buf) return CT_ERR_INVALID;
+    rc = read_profile(path, buf, n, hw);
     free(buf);
-    if (rc) {
+    if (rc != CT_OK) {
         hw_profile_free(hw);
-        return -1;
+        return rc;
     }
     snprintf(hw->path, sizeof hw->path, "%s", path);
-    return 0;
+    return CT_OK;
 }
 
 void hw_profile_free(hw_profile *hw) {
@@ -916,7 +908,7 @@ static const char *comm_name(int kind) {
 static int writes_key(int ki) { return !keys[ki].alt || keys[ki].alt > ki; }
 
 /* What hw_profile_load would refuse, refused before writing, so that what is written reads back. */
-static int check_fields(const hw_profile *hw, const char *path, char *err, size_t errlen) {
+static ct_status check_fields(const hw_profile *hw, const char *path) {
     for (int ki = 0; ki < K_N; ki++) {
         const hw_key *k = &keys[ki];
         char expect[160], text[64];
@@ -940,24 +932,20 @@ static int check_fields(const hw_profile *hw, const char *path, char *err, size_
                                                                                                 : NULL;
         }
         if (bad) {
-            ct_errf(err, errlen, "%s: %s%s%s: the value %s; expected %s", path, k->section, *k->section ? "." : "",
-                    k->key, bad, expect);
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "%s: %s%s%s: the value %s; expected %s", path, k->section,
+                           *k->section ? "." : "", k->key, bad, expect);
         }
     }
-    if (hw->overhead_bytes >= hw->mem_bytes) {
-        ct_errf(err, errlen, "%s: assumptions.runtime_overhead_gib: not less than memory.size_gib", path);
-        return -1;
-    }
-    return 0;
+    if (hw->overhead_bytes >= hw->mem_bytes)
+        return ct_fail(CT_ERR_INVALID, "%s: assumptions.runtime_overhead_gib: not less than memory.size_gib", path);
+    return CT_OK;
 }
 
-static int check_measured(const hw_profile *hw, const char *path, char *err, size_t errlen) {
+static ct_status check_measured(const hw_profile *hw, const char *path) {
     if (hw->n_ops < 0 || hw->n_ops > HW_MAX_ENTRIES || hw->n_comms < 0 || hw->n_comms > HW_MAX_ENTRIES ||
         (hw->n_ops && !hw->ops) || (hw->n_comms && !hw->comms)) {
-        ct_errf(err, errlen, "%s: measured: %d ops and %d collectives; expected 0 to %d of each", path, hw->n_ops,
-                hw->n_comms, HW_MAX_ENTRIES);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: measured: %d ops and %d collectives; expected 0 to %d of each", path,
+                       hw->n_ops, hw->n_comms, HW_MAX_ENTRIES);
     }
     for (int i = 0; i < hw->n_ops; i++) {
         const plan_measured_op *o = &hw->ops[i];
@@ -965,42 +953,36 @@ static int check_measured(const hw_profile *hw, const char *path, char *err, siz
                   !(o->seconds[0] > 0 && o->seconds[0] <= 1e6) || !(o->seconds[1] >= 0 && o->seconds[1] <= 1e6);
         for (int d = 0; d < 4; d++) bad |= o->shape[d] < 0 || o->shape[d] > (int64_t)1 << 62;
         if (!bad) continue;
-        ct_errf(err, errlen, "%s: measured.ops[%d]: kind %d, dtype %d, shape or seconds out of range", path, i,
-                o->kind, o->dtype);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: measured.ops[%d]: kind %d, dtype %d, shape or seconds out of range", path,
+                       i, o->kind, o->dtype);
     }
     for (int i = 0; i < hw->n_comms; i++) {
         const plan_measured_comm *c = &hw->comms[i];
         if (comm_name(c->kind) && c->ranks >= 1 && c->ranks <= 1048576 && c->bytes > 0 && c->bytes <= 1e18 &&
             c->seconds > 0 && c->seconds <= 1e6)
             continue;
-        ct_errf(err, errlen, "%s: measured.comms[%d]: kind %d (expected all_gather %d, reduce_scatter %d or all_reduce "
-                "%d), ranks, bytes or seconds out of range", path, i, c->kind, CT_COLL_ALL_GATHER,
-                CT_COLL_REDUCE_SCATTER, CT_COLL_ALL_REDUCE);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: measured.comms[%d]: kind %d (expected all_gather %d, reduce_scatter %d "
+                       "or all_reduce %d), ranks, bytes or seconds out of range", path, i, c->kind, CT_COLL_ALL_GATHER,
+                       CT_COLL_REDUCE_SCATTER, CT_COLL_ALL_REDUCE);
     }
-    return 0;
+    return CT_OK;
 }
 
 /* The loader refuses two measurements of one thing, so the writer does too. */
-static int check_unique(const hw_profile *hw, const char *path, char *err, size_t errlen) {
-    int n = hw->n_ops > hw->n_comms ? hw->n_ops : hw->n_comms, a, b, rc = 0;
+static ct_status check_unique(const hw_profile *hw, const char *path) {
+    int n = hw->n_ops > hw->n_comms ? hw->n_ops : hw->n_comms, a, b;
+    ct_status rc = CT_OK;
     entry_line *lines = n ? calloc((size_t)n, sizeof *lines) : NULL;
-    if (n && !lines) {
-        ct_errf(err, errlen, "%s: out of memory", path);
-        return -1;
-    }
+    if (n && !lines) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; i < hw->n_ops; i++) lines[i] = (entry_line){.index = i, .op = hw->ops[i]};
     if ((b = find_duplicate(lines, hw->n_ops, 1, &a)) >= 0) {
-        ct_errf(err, errlen, "%s: measured.ops[%d]: the same kind, shape and dtype as measured.ops[%d]", path,
-                lines[b].index, lines[a].index);
-        rc = -1;
+        rc = ct_fail(CT_ERR_INVALID, "%s: measured.ops[%d]: the same kind, shape and dtype as measured.ops[%d]", path,
+                     lines[b].index, lines[a].index);
     }
     for (int i = 0; !rc && i < hw->n_comms; i++) lines[i] = (entry_line){.index = i, .comm = hw->comms[i]};
     if (!rc && (b = find_duplicate(lines, hw->n_comms, 0, &a)) >= 0) {
-        ct_errf(err, errlen, "%s: measured.comms[%d]: the same kind, ranks and bytes as measured.comms[%d]", path,
-                lines[b].index, lines[a].index);
-        rc = -1;
+        rc = ct_fail(CT_ERR_INVALID, "%s: measured.comms[%d]: the same kind, ranks and bytes as measured.comms[%d]",
+                     path, lines[b].index, lines[a].index);
     }
     free(lines);
     return rc;
@@ -1066,38 +1048,33 @@ static void write_profile(FILE *f, const hw_profile *hw) {
 
 /* Written to a temporary file beside `path`, flushed to disk, then renamed over it: a reader never
  * sees half a profile. */
-int hw_profile_write(const hw_profile *hw, const char *path, char *err, size_t errlen) {
-    if (err && errlen) err[0] = 0;
-    if (check_fields(hw, path, err, errlen) || check_measured(hw, path, err, errlen) ||
-        check_unique(hw, path, err, errlen))
-        return -1;
+ct_status hw_profile_write(const hw_profile *hw, const char *path) {
+    ct_status st = check_fields(hw, path);
+    if (st == CT_OK) st = check_measured(hw, path);
+    if (st == CT_OK) st = check_unique(hw, path);
+    if (st != CT_OK) return st;
     char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path) >= (int)sizeof tmp) {
-        ct_errf(err, errlen, "%.200s...: the path is too long", path);
-        return -1;
-    }
+    if (snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path) >= (int)sizeof tmp)
+        return ct_fail(CT_ERR_INVALID, "%.200s...: the path is too long", path);
     int fd = mkstemp(tmp);
-    if (fd < 0) {
-        ct_errf(err, errlen, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-        return -1;
-    }
+    if (fd < 0) return ct_fail(CT_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(errno));
     mode_t mask = umask(0);
     umask(mask);
     FILE *f = fchmod(fd, 0666 & ~mask) == 0 ? fdopen(fd, "w") : NULL;
     if (!f) {
-        ct_errf(err, errlen, "%s: cannot write %s: %s", path, tmp, strerror(errno));
+        ct_set_error("%s: cannot write %s: %s", path, tmp, strerror(errno));
         close(fd);
         unlink(tmp);
-        return -1;
+        return CT_ERR_IO;
     }
     write_profile(f, hw);
     int bad = fflush(f) || fsync(fileno(f)) || ferror(f);
     int saved = errno;
     bad |= fclose(f) != 0;
-    if (!bad && rename(tmp, path) == 0) return 0;
-    ct_errf(err, errlen, "%s: cannot write hardware profile: %s", path, strerror(bad ? saved : errno));
+    if (!bad && rename(tmp, path) == 0) return CT_OK;
+    ct_set_error("%s: cannot write hardware profile: %s", path, strerror(bad ? saved : errno));
     unlink(tmp);
-    return -1;
+    return CT_ERR_IO;
 }
 
 /* ---- measurements ---- */

@@ -2,6 +2,7 @@
  * that `ctitan train` runs unchanged. */
 #include "plan/output.h"
 
+#include "base/error.h"
 #include "base/util.h"
 
 #include <errno.h>
@@ -277,10 +278,10 @@ fail:
     return NULL;
 }
 
-int plan_print_json(const plan_report *rep, FILE *f, char *err, size_t errlen) {
+ct_status plan_print_json(const plan_report *rep, FILE *f) {
     const hw_profile *hw = rep->hw;
     json_t *root = json_object(), *layouts = json_array();
-    int rc = -1;
+    ct_status rc = CT_ERR_NOMEM; /* until the JSON is built and written */
     if (!root || !layouts) goto out;
     json_object_set_new(root, "manifest", json_string(rep->manifest_path));
     json_object_set_new(root, "mode", json_string(rep->search ? "search" : "evaluate"));
@@ -331,12 +332,12 @@ int plan_print_json(const plan_report *rep, FILE *f, char *err, size_t errlen) {
         json_object_set_new(root, "guide", g);
     }
     if (json_dumpf(root, f, JSON_INDENT(2) | JSON_REAL_PRECISION(9)) || fputc('\n', f) == EOF) {
-        snprintf(err, errlen, "writing the JSON failed: %s", strerror(errno));
+        rc = ct_fail(CT_ERR_IO, "writing the JSON failed: %s", strerror(errno));
         goto out;
     }
-    rc = 0;
+    rc = CT_OK;
 out:
-    if (rc && !err[0]) snprintf(err, errlen, "out of memory building the JSON");
+    if (rc == CT_ERR_NOMEM) ct_set_error("out of memory building the JSON");
     json_decref(root);
     json_decref(layouts);
     return rc;
@@ -445,9 +446,9 @@ static char *moved_path(const manifest *mf, const char *v) {
     return strdup(real);
 }
 
-int plan_write_manifest(const manifest *mf, const plan_layout *l, const char *path, char *err, size_t errlen) {
+ct_status plan_write_manifest(const manifest *mf, const plan_layout *l, const char *path) {
     kvs s = {0};
-    int rc = -1;
+    ct_status rc = CT_ERR_IO;
     FILE *f = NULL;
     for (int i = 0; i < mf->n_values; i++) {
         const mf_value *v = &mf->values[i];
@@ -495,12 +496,12 @@ int plan_write_manifest(const manifest *mf, const plan_layout *l, const char *pa
     if (l->float8 && l->float8_recipe[0]) kv_set(&s, "quantize.dense.float8.format", l->float8_recipe, 0);
     kv_set(&s, "compile.enable", l->compile ? "true" : "false", 0);
     if (s.oom) {
-        snprintf(err, errlen, "out of memory");
+        rc = ct_fail(CT_ERR_NOMEM, "out of memory");
         goto out;
     }
     qsort(s.v, (size_t)s.n, sizeof *s.v, key_cmp);
     if (!(f = ct_fopen_nofollow(path, "w"))) {
-        snprintf(err, errlen, "%s: cannot write the manifest: %s", path, ct_open_strerror(errno));
+        ct_set_error("%s: cannot write the manifest: %s", path, ct_open_strerror(errno));
         goto out;
     }
     char line[512];
@@ -545,11 +546,11 @@ int plan_write_manifest(const manifest *mf, const plan_layout *l, const char *pa
     }
     if (ferror(f) | fclose(f)) {
         f = NULL;
-        snprintf(err, errlen, "%s: writing the manifest failed: %s", path, strerror(errno));
+        ct_set_error("%s: writing the manifest failed: %s", path, strerror(errno));
         goto out;
     }
     f = NULL;
-    rc = 0;
+    rc = CT_OK;
 out:
     if (f) fclose(f);
     for (int i = 0; i < s.n; i++) free(s.v[i].key), free(s.v[i].value);

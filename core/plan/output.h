@@ -21,15 +21,15 @@ typedef struct plan_report {
 
 /* The whole report as text (each layout by plan.h's plan_print_text). */
 void plan_report_text(const plan_report *rep, FILE *f);
-/* 0, or -1 with err set (out of memory, a write error). */
-int plan_print_json(const plan_report *rep, FILE *f, char *err, size_t errlen);
+/* CT_OK, or a status with the error set (out of memory, a write error). */
+ct_status plan_print_json(const plan_report *rep, FILE *f);
 
 /* Writes `mf` (its values as given in the file and on the command line) with the layout's keys set:
  * parallelism.*, training.local_batch_size and global_batch_size, activation_checkpoint.*,
  * quantize.dense.float8.*, compile.enable. Relative paths that name files beside the manifest are
- * rewritten to stay valid from the new file's folder. 0, or -1 with one line in err (CT_ERR_IO
- * meaning). */
-int plan_write_manifest(const manifest *mf, const plan_layout *l, const char *path, char *err, size_t errlen);
+ * rewritten to stay valid from the new file's folder. CT_OK, or a status (CT_ERR_IO, or CT_ERR_NOMEM)
+ * with one line set. */
+ct_status plan_write_manifest(const manifest *mf, const plan_layout *l, const char *path);
 
 /* The layout in one line ("dp_replicate 1 x dp_shard 8 x cp 1 x tp 1 x pp 1, local batch 2 ..."). */
 void plan_layout_line(const plan_layout *l, char *out, size_t len);

@@ -46,19 +46,16 @@ static const char *axis_name(int axis) {
     return axis >= 0 && axis < CT_MESH_NAXES ? mesh_axis_names[axis] : "dp_shard_cp";
 }
 
-static int fail(char *err, size_t errlen, const char *what) {
-    snprintf(err, errlen, "%s%s%s", what, ct_last_error()[0] ? ": " : "", ct_last_error());
-    return -1;
+/* `what` failed: its line, with the plugin's or the runtime's detail when one was left. */
+static ct_status fail(const char *what) {
+    return ct_fail(CT_ERR_INVALID, "%s%s%s", what, ct_last_error()[0] ? ": " : "", ct_last_error());
 }
 
 /* run: a running session whose optimizer and quantizer the plan borrows instead of creating its
  * own (a plugin may keep its host table in a global that a second instance would overwrite). */
-static int open_ctx(plan_ctx **out, manifest *mf, const session *run, char *err, size_t errlen) {
+static ct_status open_ctx(plan_ctx **out, manifest *mf, const session *run) {
     plan_ctx *c = calloc(1, sizeof *c);
-    if (!c) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+    if (!c) return ct_fail(CT_ERR_NOMEM, "out of memory");
     c->mf = mf;
     int own = session_open_plan(&c->s, mf, !run);
     if (own == CT_OK && run) {
@@ -71,24 +68,23 @@ static int open_ctx(plan_ctx **out, manifest *mf, const session *run, char *err,
         c->s.mf = NULL; /* the caller's */
         session_close(&c->s);
         free(c);
-        snprintf(err, errlen, "the manifest cannot be planned (see above)");
-        return -1;
+        return ct_fail(own, "the manifest cannot be planned (see above)");
     }
     c->desc.struct_size = sizeof c->desc;
     ct_clear_error();
     if (c->s.m->describe(c->s.model, &c->desc) != CT_OK) {
-        fail(err, errlen, "model describe failed");
+        ct_status st = fail("model describe failed");
         plan_close(c);
-        return -1;
+        return st;
     }
     const char *fmt = "tensorwise";
     mf_get_str(mf, "quantize.dense.float8.format", &fmt);
     snprintf(c->quant_format, sizeof c->quant_format, "%s", fmt);
     *out = c;
-    return 0;
+    return CT_OK;
 }
 
-int plan_open(plan_ctx **out, manifest *mf, char *err, size_t errlen) { return open_ctx(out, mf, NULL, err, errlen); }
+ct_status plan_open(plan_ctx **out, manifest *mf) { return open_ctx(out, mf, NULL); }
 
 void plan_close(plan_ctx *c) {
     if (!c) return;
@@ -115,7 +111,7 @@ static int64_t get_int(const manifest *mf, const char *key, int64_t dflt) {
     return mf_get_int(mf, key, &v) ? dflt : v;
 }
 
-int plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l, char *err, size_t errlen) {
+ct_status plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l) {
     const manifest *mf = c->mf;
     memset(l, 0, sizeof *l);
     l->dp_replicate = (int)get_int(mf, "parallelism.data_parallel_replicate_degree", 1);
@@ -124,24 +120,19 @@ int plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l, char *err, 
     l->tp = (int)get_int(mf, "parallelism.tensor_parallel_degree", 1);
     l->pp = (int)get_int(mf, "parallelism.pipeline_parallel_degree", 1);
     int64_t others = (int64_t)l->dp_replicate * l->cp * l->tp * l->pp;
-    if (others < 1 || l->dp_replicate < 1 || l->cp < 1 || l->tp < 1 || l->pp < 1) {
-        snprintf(err, errlen, "parallelism degrees must be positive");
-        return -1;
-    }
+    if (others < 1 || l->dp_replicate < 1 || l->cp < 1 || l->tp < 1 || l->pp < 1)
+        return ct_fail(CT_ERR_INVALID, "parallelism degrees must be positive");
     if (shard == -1) {
-        if (gpus % others) {
-            snprintf(err, errlen, "%d GPUs cannot be shared by dp_replicate %d x cp %d x tp %d x pp %d", gpus,
-                     l->dp_replicate, l->cp, l->tp, l->pp);
-            return -1;
-        }
+        if (gpus % others)
+            return ct_fail(CT_ERR_INVALID, "%d GPUs cannot be shared by dp_replicate %d x cp %d x tp %d x pp %d", gpus,
+                           l->dp_replicate, l->cp, l->tp, l->pp);
         shard = gpus / others;
     }
     l->dp_shard = (int)shard;
-    if (shard < 1 || others * shard != gpus) {
-        snprintf(err, errlen, "the layout dp_replicate %d x dp_shard %lld x cp %d x tp %d x pp %d is %lld GPUs, not %d",
-                 l->dp_replicate, (long long)shard, l->cp, l->tp, l->pp, (long long)(others * shard), gpus);
-        return -1;
-    }
+    if (shard < 1 || others * shard != gpus)
+        return ct_fail(CT_ERR_INVALID, "the layout dp_replicate %d x dp_shard %lld x cp %d x tp %d x pp %d is %lld "
+                       "GPUs, not %d", l->dp_replicate, (long long)shard, l->cp, l->tp, l->pp,
+                       (long long)(others * shard), gpus);
     const char *v = "1F1B";
     mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &v);
     snprintf(l->schedule, sizeof l->schedule, "%s", v);
@@ -171,17 +162,17 @@ int plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l, char *err, 
     mf_get_str(mf, "training.mixed_precision_param", &mp);
     l->bf16 = !strcmp(mp, "bfloat16");
     l->offload = (int)get_int(mf, "activation_offload.layers", 0);
-    return 0;
+    return CT_OK;
 }
 
 static int set_key(plan_ctx *c, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int set_key(plan_ctx *c, const char *key, const char *fmt, ...) {
-    char value[128], err[512];
+    char value[128];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(value, sizeof value, fmt, ap);
     va_end(ap);
-    return manifest_override(c->mf, key, value, err, sizeof err);
+    return manifest_override(c->mf, key, value) != CT_OK;
 }
 
 /* The manifest's keys set to the layout, so the plugins the plan creates read it like a run would. */
@@ -256,7 +247,7 @@ static void note_add(char *note, size_t len, const char *fmt, ...) {
 }
 
 /* The mesh, the planning strategies, the placement and (pp > 1) the pipeline's split and actions. */
-static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, size_t errlen) {
+static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     memset(r, 0, sizeof *r);
     r->mesh.struct_size = sizeof r->mesh;
     int deg[CT_MESH_NAXES] = {l->pp, l->dp_replicate, l->dp_shard, l->cp, l->tp};
@@ -268,10 +259,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
     r->mesh.world_rank = -1; /* nobody's: the pipeline's plan prints nothing */
     r->mesh.dp_size = l->dp_replicate * l->dp_shard;
     r->mesh.dp_shard_cp_size = l->dp_shard * l->cp;
-    if (apply_layout(c, l)) {
-        snprintf(err, errlen, "the layout's keys cannot be set");
-        return -1;
-    }
+    if (apply_layout(c, l)) return ct_fail(CT_ERR_INVALID, "the layout's keys cannot be set");
     const char *dp = session_strategy_name(c->mf, r->mesh.world_size);
     const char *axis = "tp";
     mf_get_str(c->mf, "parallelism.tp_strategy", &axis);
@@ -285,8 +273,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
     if (l->pp > 1) { /* first: the strategies learn whether its schedule splits backward */
         if (pipeline_plan(&r->pl, c->mf, &c->desc, &r->mesh, NULL, NULL) != CT_OK) {
             r->pl_ready = 1;
-            snprintf(err, errlen, "the pipeline cannot be split so (see above)");
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "the pipeline cannot be split so (see above)");
         }
         r->pl_ready = 1;
     }
@@ -300,10 +287,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
     for (int k = 0; k < 3; k++) {
         if (!names[k]) continue;
         plugin *p = strategy_plugin(c, keys[k], names[k]);
-        if (!p) {
-            snprintf(err, errlen, "strategy %s cannot be loaded", names[k]);
-            return -1;
-        }
+        if (!p) return ct_fail(CT_ERR_INVALID, "strategy %s cannot be loaded", names[k]);
         const ct_strategy_api *a = p->info.api;
         if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) { /* it never promised to plan */
             note_add(r->note, sizeof r->note,
@@ -313,7 +297,7 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
         }
         ct_strategy *inst = NULL;
         ct_clear_error();
-        if (a->create(&p->host, &env, &inst) != CT_OK) return fail(err, errlen, names[k]);
+        if (a->create(&p->host, &env, &inst) != CT_OK) return fail(names[k]);
         r->api[r->n] = a;
         r->inst[r->n] = inst;
         r->names[r->n] = p->info.name;
@@ -322,33 +306,31 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
         dist.st[dist.n_st] = a;
         dist.strat[dist.n_st++] = inst;
     }
-    int rst = runtime_plan(&r->rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, err, errlen);
+    char e[2048] = ""; /* the runtime's line */
+    int rst = runtime_plan(&r->rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, e, sizeof e);
     r->rt_ready = 1;
-    if (rst) return -1;
-    if (runtime_plan_start(&r->rt, err, errlen)) return -1;
-    return 0;
+    if (rst || runtime_plan_start(&r->rt, e, sizeof e)) return ct_fail(CT_ERR_INVALID, "%s", e);
+    return CT_OK;
 }
 
 /* The quantizer of the layout's recipe, created without a device (loaded first when the manifest did
  * not ask for float8 and the search does). */
-static int ensure_quant(plan_ctx *c, const plan_layout *l, char *err, size_t errlen) {
+static ct_status ensure_quant(plan_ctx *c, const plan_layout *l) {
     if (!c->s.quantp) {
         if (session_load_plugin(&c->s, "quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER,
-                                &c->s.quantp) != CT_OK) {
-            snprintf(err, errlen, "the float8 quantizer cannot be loaded");
-            return -1;
-        }
+                                &c->s.quantp) != CT_OK)
+            return ct_fail(CT_ERR_INVALID, "the float8 quantizer cannot be loaded");
         c->s.qapi = c->s.quantp->info.api;
         c->quant_format[0] = 0;
     }
-    if (c->s.quant && (c->borrowed || !strcmp(c->quant_format, l->float8_recipe))) return 0;
-    if (c->borrowed) return 0; /* the run has none: planned without (the trace says so) */
+    if (c->s.quant && (c->borrowed || !strcmp(c->quant_format, l->float8_recipe))) return CT_OK;
+    if (c->borrowed) return CT_OK; /* the run has none: planned without (the trace says so) */
     if (c->s.quant) c->s.qapi->destroy(c->s.quant);
     c->s.quant = NULL;
     ct_clear_error();
     if (c->s.qapi->create(&c->s.quantp->host, NULL, NULL, &c->s.quant) != CT_OK) c->s.quant = NULL;
     snprintf(c->quant_format, sizeof c->quant_format, "%s", l->float8_recipe);
-    return 0;
+    return CT_OK;
 }
 
 /* One microbatch forward and backward through the tape, every op and collective noted. */
@@ -374,34 +356,29 @@ static int learn_liveness(runtime *rt, int64_t B, int64_t T) {
     return bad ? -1 : 0;
 }
 
-static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace *t, char *err, size_t errlen) {
+static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace *t) {
     runtime *rt = &r->rt;
     memset(t, 0, sizeof *t);
     int nu = rt->desc.n_units;
     t->n_units = nu;
     t->units = calloc((size_t)nu, sizeof *t->units);
-    if (!t->units) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+    if (!t->units) return ct_fail(CT_ERR_NOMEM, "out of memory");
     r->ts.matmul_dtype = l->bf16 ? PLAN_BF16 : PLAN_F32;
     t->state = &r->ts;
     rt->trace = t;
-    if (runtime_wrap_builder(rt, err, errlen)) return -1;
+    char e[2048] = ""; /* the runtime's line */
+    if (runtime_wrap_builder(rt, e, sizeof e)) return ct_fail(CT_ERR_INVALID, "%s", e);
     const char *mode = "none", *opt = "op";
     mf_get_str(c->mf, "activation_checkpoint.mode", &mode);
     mf_get_str(c->mf, "activation_checkpoint.selective_ac_option", &opt);
-    if (runtime_set_ac(rt, mode, opt, err, errlen)) return -1;
-    if (l->offload && l->pp > 1) {
-        snprintf(err, errlen, "activation_offload.layers: not with pipeline parallel yet");
-        return -1;
-    }
+    if (runtime_set_ac(rt, mode, opt, e, sizeof e)) return ct_fail(CT_ERR_INVALID, "%s", e);
+    if (l->offload && l->pp > 1)
+        return ct_fail(CT_ERR_INVALID, "activation_offload.layers: not with pipeline parallel yet");
     ct_clear_error();
-    if (runtime_offload_set(rt, l->offload) != CT_OK) {
-        snprintf(err, errlen, "activation_offload.layers: %s", ct_last_error());
-        return -1;
-    }
-    if (l->float8 && ensure_quant(c, l, err, errlen)) return -1;
+    if (runtime_offload_set(rt, l->offload) != CT_OK)
+        return ct_fail(CT_ERR_INVALID, "activation_offload.layers: %s", ct_last_error());
+    ct_status st = l->float8 ? ensure_quant(c, l) : CT_OK;
+    if (st != CT_OK) return st;
     if (l->float8 && c->s.qapi) {
         if (!c->s.quant) note_add(r->ts.assumptions, sizeof r->ts.assumptions,
                                   "the quantizer cannot be created without a device: float8 planned as its GEMMs at "
@@ -412,7 +389,7 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     }
     int64_t B = l->pp > 1 ? l->pp_microbatch_size : l->local_batch, T = l->seq_len;
     t->tokens = B * T;
-    if (runtime_reset_arenas(rt)) return fail(err, errlen, "arenas");
+    if (runtime_reset_arenas(rt)) return fail("arenas");
     rt->in_order = l->pp <= 1; /* as the runtime: a pipeline's contexts keep their boundary gradients */
     rt->bf16_compute = l->bf16;   /* as the runtime: saved activations held in bf16 ... */
     rt->pack_units = 1;           /* ... unless a pipeline schedule splits backward */
@@ -423,11 +400,11 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     /* as the pipeline: only a stage's input gradient stays with its microbatch */
     rt->bgrad_keep = l->pp > 1 && rt->pack_units ? r->pl.stage_head : NULL;
     rt->act = &rt->saved;
-    if (learn_liveness(rt, B, T)) return fail(err, errlen, "a first pass to learn the checkpointed units' forwards");
+    if (learn_liveness(rt, B, T)) return fail("a first pass to learn the checkpointed units' forwards");
     rt_tensor *tok = runtime_upload_ids(rt, NULL, B, T), *tgt = tok ? runtime_upload_ids(rt, NULL, B, T) : NULL;
     rt_tensor *scale = tgt ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;
     rt_tensor *loss = scale ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL; /* copied out before backward */
-    if (!loss) return fail(err, errlen, "the microbatch's ids");
+    if (!loss) return fail("the microbatch's ids");
     t->io_bytes = (double)rt->saved.data.used;
     rt->peak_act_bytes = 0;
     rt_tensor *x = NULL;
@@ -440,7 +417,7 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
         t->units[u].in_grad_bytes = x ? (double)(((size_t)ct_tensor_numel(&(x->base ? x->base : x)->t) * sizeof(float) + 63) & ~(size_t)63) : 0;
         if (runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x)) {
             rt->trace_ops = 0;
-            return fail(err, errlen, t->cannot[0] ? "the trace stopped" : "a unit's forward failed in the plan");
+            return fail(t->cannot[0] ? "the trace stopped" : "a unit's forward failed in the plan");
         }
         t->units[u].saved_bytes = (double)rt->saved.data.used + (double)rt->grads.data.used +
                                   (double)runtime_offload_slots_used(rt) - before;
@@ -454,7 +431,7 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
         t->units[u].offload_bytes = (double)rt->offload.unit[u].bytes;
         t->units[u].offload_copied = rt->offload.unit[u].on_host;
     }
-    if (!tape_grad(rt, x)) return fail(err, errlen, "the loss's gradient");
+    if (!tape_grad(rt, x)) return fail("the loss's gradient");
     rt->trace_ops = 2;
     for (int u = nu - 1; u >= 0; u--) {
         double live = (double)(rt->saved.data.used + rt->scratch.data.used + rt->grads.data.used +
@@ -466,7 +443,7 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
         double z0 = plan_null_zeroed;
         if (runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH)) {
             rt->trace_ops = 0;
-            return fail(err, errlen, "a unit's backward failed in the plan");
+            return fail("a unit's backward failed in the plan");
         }
         t->units[u].bwd_peak = fmax(0.0, (double)rt->peak_act_bytes - live);
         t->units[u].boundary_grad_bytes = (double)rt->grads.data.used - g0;
@@ -486,20 +463,21 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     rt->trace = NULL;
     t->state = NULL;
     if (r->ts.assumptions[0]) note_add(r->note, sizeof r->note, "%s", r->ts.assumptions);
-    return 0;
+    return CT_OK;
 }
 
-int plan_trace_layout(plan_ctx *c, const plan_layout *l, plan_trace *t, char *err, size_t errlen) {
+ct_status plan_trace_layout(plan_ctx *c, const plan_layout *l, plan_trace *t) {
     mem_stats keep = g_mem; /* the plan's arenas are address space, not this process's memory */
     int tracing = trace_set_on(0), ledger = memledger_pause(1);
     plan_run r;
-    int bad = run_open(c, l, &r, err, errlen) || run_trace(c, l, &r, t, err, errlen);
+    ct_status st = run_open(c, l, &r);
+    if (st == CT_OK) st = run_trace(c, l, &r, t);
     run_free(&r);
     g_mem = keep;
     trace_set_on(tracing);
     memledger_pause(ledger);
-    if (bad) plan_trace_free(t);
-    return bad ? -1 : 0;
+    if (st != CT_OK) plan_trace_free(t);
+    return st;
 }
 
 /* ---- time ---- */
@@ -741,12 +719,12 @@ out:
 /* The strategies' report for pp rank `pr`: fresh planning instances on that rank's coordinates,
  * placing only its stages' units (the others' slots CT_PLACE_NONE), with the float8 decisions the
  * trace made. pp 1 asks the trace's own instances. mem: [strategy][category]. */
-static int stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, int n_micro, double mem[3][8],
-                        ct_comm_cost *comms, int *n_comms, int max_comms, char *err, size_t errlen) {
+static ct_status stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, int n_micro, double mem[3][8],
+                              ct_comm_cost *comms, int *n_comms, int max_comms) {
     plan_run q;
     memset(&q, 0, sizeof q);
     plan_run *use = r;
-    int bad = 0;
+    ct_status bad = CT_OK;
     *n_comms = 0;
     if (l->pp > 1) {
         q.mesh = r->mesh;
@@ -757,7 +735,7 @@ static int stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, 
         for (int k = 0; k < r->n && !bad; k++) {
             ct_clear_error();
             if (r->api[k]->create(&r->plug[k]->host, &env, &q.inst[k]) != CT_OK) {
-                bad = fail(err, errlen, r->names[k]);
+                bad = fail(r->names[k]);
                 break;
             }
             q.api[k] = r->api[k];
@@ -768,8 +746,10 @@ static int stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, 
             dist.strat[dist.n_st++] = q.inst[k];
         }
         if (!bad) {
+            char e[2048] = ""; /* the runtime's line */
             q.rt_ready = 1;
-            bad = runtime_plan(&q.rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, err, errlen);
+            if (runtime_plan(&q.rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, e, sizeof e))
+                bad = ct_fail(CT_ERR_INVALID, "%s", e);
         }
         for (int i = 0; !bad && i < q.rt.n_params && i < r->rt.n_params; i++)
             q.rt.params[i]->t.flags |= r->rt.params[i]->t.flags & (CT_TENSOR_QUANT_DECIDED | CT_TENSOR_QUANTIZED);
@@ -782,7 +762,7 @@ static int stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, 
         ct_strategy_report rep = {sizeof rep, {0}, at, room, 0};
         ct_clear_error();
         if (use->api[k]->report(use->inst[k], n_micro, &rep) != CT_OK) {
-            bad = fail(err, errlen, use->names[k]);
+            bad = fail(use->names[k]);
             break;
         }
         for (int m = 0; m < 8; m++) mem[k][m] = (double)rep.mem_bytes[m];
@@ -791,14 +771,14 @@ static int stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, 
         *n_comms += nc;
     }
     if (use == &q) run_free(&q);
-    return bad ? -1 : 0;
+    return bad;
 }
 
 /* ---- the evaluation ---- */
 
 static double align64d(double b) { return ceil(b / 64.0) * 64.0; }
 
-int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_result *res, char *err, size_t errlen) {
+ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_result *res) {
     memset(res, 0, sizeof *res);
     res->layout = *l;
     mem_stats keep = g_mem;
@@ -806,7 +786,8 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     plan_run r;
     plan_trace t;
     memset(&t, 0, sizeof t);
-    int bad = run_open(c, l, &r, err, errlen) || run_trace(c, l, &r, &t, err, errlen);
+    ct_status bad = run_open(c, l, &r);
+    if (bad == CT_OK) bad = run_trace(c, l, &r, &t);
     if (bad) goto done;
     runtime *rt = &r.rt;
     int nu = rt->desc.n_units, pp = l->pp;
@@ -861,10 +842,8 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     for (int j = 2; j >= 0; j--) { /* rank 0's comms last: they stay in `comms` */
         int nc = 0;
         if (j < 2 && probe[j] == probe[j + 1] && j != 0) continue;
-        if (stage_report(c, l, &r, probe[j], n_micro * accum, strat_mem[probe[j]], comms, &nc, 1024, err, errlen)) {
-            bad = -1;
+        if ((bad = stage_report(c, l, &r, probe[j], n_micro * accum, strat_mem[probe[j]], comms, &nc, 1024)))
             goto done;
-        }
         if (j > 0) continue;
         for (int i = 0; i < nc; i++) {
             const ct_comm_cost *cc = &comms[i];
@@ -901,7 +880,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
     /* time per unit and per microbatch */
     unit_time *ut = calloc((size_t)nu, sizeof *ut);
     if (!ut) {
-        bad = fail(err, errlen, "out of memory");
+        bad = fail("out of memory");
         goto done;
     }
     unit_times(&t, l, hw, gpn, ut, rt->ac, res, n_micro * accum, unit_rank);
@@ -952,8 +931,7 @@ int plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, plan_resu
         if (costs.i < 1) costs.i = 1;
         if (costs.w < 1) costs.w = 1;
         if (schedule_check(&r.pl.plan, &costs) != CT_OK) {
-            snprintf(err, errlen, "the schedule cannot be simulated: %s", ct_last_error());
-            bad = -1;
+            bad = ct_fail(CT_ERR_INVALID, "the schedule cannot be simulated: %s", ct_last_error());
             free(ut);
             goto done;
         }
@@ -1150,34 +1128,32 @@ done:
     g_mem = keep;
     trace_set_on(tracing);
     memledger_pause(ledger);
-    return bad ? -1 : 0;
+    return bad;
 }
 
-int plan_for_run(int argc, char **argv, const char *usage, int world, const session *run, plan_result *r, hw_profile *hw,
-                 int *have_hw, char *err, size_t errlen) {
+ct_status plan_for_run(int argc, char **argv, const char *usage, int world, const session *run, plan_result *r,
+                       hw_profile *hw, int *have_hw) {
     run_args a;
     ct_status st;
     memset(hw, 0, sizeof *hw);
     *have_hw = 0;
     manifest *mf = session_parse(argc, argv, &a, usage, &st);
-    if (!mf) {
-        snprintf(err, errlen, "the manifest cannot be read again");
-        return -1;
-    }
+    if (!mf) return ct_fail(CT_ERR_INVALID, "the manifest cannot be read again");
     plan_ctx *c = NULL;
     plan_layout l;
     const char *name = "";
     mf_get_str(mf, "plan.hardware", &name);
-    int bad = 0;
+    st = CT_OK;
     if (name[0]) {
         char path[4096];
         session_resolve_path(mf, name, path, sizeof path);
-        if (hw_profile_load(strchr(name, '/') || strstr(name, ".yaml") ? path : name, hw, err, errlen)) bad = -1;
-        else *have_hw = 1;
+        st = hw_profile_load(strchr(name, '/') || strstr(name, ".yaml") ? path : name, hw);
+        *have_hw = st == CT_OK;
     }
-    if (!bad) bad = open_ctx(&c, mf, run, err, errlen) || plan_layout_from_manifest(c, world, &l, err, errlen) ||
-                    plan_eval(c, &l, hw, r, err, errlen);
+    if (st == CT_OK) st = open_ctx(&c, mf, run);
+    if (st == CT_OK) st = plan_layout_from_manifest(c, world, &l);
+    if (st == CT_OK) st = plan_eval(c, &l, hw, r);
     plan_close(c);
     manifest_free(mf);
-    return bad ? -1 : 0;
+    return st;
 }

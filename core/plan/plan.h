@@ -14,8 +14,8 @@
  * core/cmd/cmd_plan.c is the command.
  *
  * Units: bytes, seconds, FLOP and FLOP/s (not GiB, ms or TFLOP/s) everywhere in these structs; the
- * output converts. Errors: functions return 0, or -1 with one line in err (file, line, key where
- * there is one) and CT_ERR_INVALID meaning (bad input) unless they say otherwise.
+ * output converts. Errors: functions return CT_OK, or a status (CT_ERR_INVALID, bad input, unless they
+ * say otherwise) with one line set (ct_last_error: file, line, key where there is one).
  */
 #ifndef CT_PLAN_H
 #define CT_PLAN_H
@@ -83,10 +83,10 @@ typedef struct hw_profile {
 /* Loads NAME (configs/hardware/NAME.yaml next to the binary's tree, or the shipped search path) or
  * a FILE path. Every key is checked: an unknown key, a missing required one or a value out of range
  * is one line naming file, line and key. */
-int hw_profile_load(const char *name_or_path, hw_profile *hw, char *err, size_t errlen);
+ct_status hw_profile_load(const char *name_or_path, hw_profile *hw);
 void hw_profile_free(hw_profile *hw);
 /* Writes a profile (calibration's output) that hw_profile_load reads back unchanged. */
-int hw_profile_write(const hw_profile *hw, const char *path, char *err, size_t errlen);
+ct_status hw_profile_write(const hw_profile *hw, const char *path);
 /* The shipped profiles' names, comma-separated, for messages and --help. */
 void hw_profile_list(char *out, size_t len);
 
@@ -232,18 +232,18 @@ typedef struct plan_result {
 
 /* A planner over one manifest: its plugins loaded, model created (no parameters). */
 typedef struct plan_ctx plan_ctx;
-int plan_open(plan_ctx **ctx, manifest *mf, char *err, size_t errlen);
+ct_status plan_open(plan_ctx **ctx, manifest *mf);
 void plan_close(plan_ctx *ctx);
 /* The model's description and the manifest the planner reads (the layouts' keys are set in it). */
 const ct_model_desc *plan_model(const plan_ctx *ctx);
 manifest *plan_manifest(const plan_ctx *ctx);
 /* The manifest's own layout for `gpus` GPUs (data_parallel_shard_degree -1 takes what is left). */
-int plan_layout_from_manifest(plan_ctx *ctx, int gpus, plan_layout *l, char *err, size_t errlen);
-/* Evaluates one layout; r->fits says whether it fits hw with headroom. -1 only for a layout the
- * plugins refuse (err says why; the search skips those). */
-int plan_eval(plan_ctx *ctx, const plan_layout *l, const hw_profile *hw, plan_result *r, char *err, size_t errlen);
+ct_status plan_layout_from_manifest(plan_ctx *ctx, int gpus, plan_layout *l);
+/* Evaluates one layout; r->fits says whether it fits hw with headroom. A status other than CT_OK only
+ * for a layout the plugins refuse (ct_last_error says why; the search skips those). */
+ct_status plan_eval(plan_ctx *ctx, const plan_layout *l, const hw_profile *hw, plan_result *r);
 /* The trace of one layout (for calibration: the ops at their shapes). */
-int plan_trace_layout(plan_ctx *ctx, const plan_layout *l, plan_trace *t, char *err, size_t errlen);
+ct_status plan_trace_layout(plan_ctx *ctx, const plan_layout *l, plan_trace *t);
 
 typedef struct plan_search_opts {
     int gpus, gpus_per_node, top_k;
@@ -253,8 +253,7 @@ typedef struct plan_search_opts {
 } plan_search_opts;
 /* Every layout that multiplies to opts->gpus and divides the model, evaluated; *out sorted by
  * tokens/s per GPU (fitting first). */
-int plan_search(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n,
-                char *err, size_t errlen);
+ct_status plan_search(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n);
 
 /* The evaluation as text: memory by category with the fit, step time by part, the collectives,
  * tokens/s, MFU, assumptions (output.c). */
@@ -262,10 +261,10 @@ void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw);
 
 /* For a run (`ctitan train`): the planner's evaluation of the manifest given by argv (parsed again:
  * the run's own manifest is not touched; `run`, when given, lends its optimizer and quantizer) on `world` GPUs of the profile named by plan.hardware (hw
- * left zeroed with *have_hw 0 when it is empty: memory only). 0, or -1 with err. */
+ * left zeroed with *have_hw 0 when it is empty: memory only). CT_OK, or a status with the error set. */
 struct session;
-int plan_for_run(int argc, char **argv, const char *usage, int world, const struct session *run, plan_result *r,
-                 hw_profile *hw, int *have_hw, char *err, size_t errlen);
+ct_status plan_for_run(int argc, char **argv, const char *usage, int world, const struct session *run, plan_result *r,
+                       hw_profile *hw, int *have_hw);
 
 /* The guide's rule for a model of n_params: its text and the layout it names for `gpus`. */
 const char *plan_guide_rule(double n_params, int gpus, int gpus_per_node, plan_layout *rule_layout);

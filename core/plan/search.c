@@ -19,6 +19,7 @@
  */
 #include "plan/search.h"
 #include "tools/schedule.h"
+#include "base/error.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -85,13 +86,12 @@ static int divisors(int64_t n, int64_t *d, int max) {
 /* Evaluates l: 1 fits, 0 does not, -1 refused. Every layout it did not refuse is kept. */
 static int try_layout(searcher *s, const plan_layout *l) {
     plan_result r;
-    char err[256];
     memset(&r, 0, sizeof r);
     s->st->evaluated++;
-    if (plan_eval(s->ctx, l, s->hw, &r, err, sizeof err)) {
+    if (plan_eval(s->ctx, l, s->hw, &r) != CT_OK) {
         s->st->refused++;
-        snprintf(s->err, sizeof s->err, "%s", err);
-        if (!s->st->first_refusal[0]) snprintf(s->st->first_refusal, sizeof s->st->first_refusal, "%s", err);
+        snprintf(s->err, sizeof s->err, "%s", ct_last_error());
+        if (!s->st->first_refusal[0]) snprintf(s->st->first_refusal, sizeof s->st->first_refusal, "%s", s->err);
         return -1;
     }
     r.layout = *l;
@@ -210,13 +210,12 @@ void plan_model_sizes_get(const plan_ctx *ctx, plan_model_sizes *ms) {
 static void static_memory(searcher *s) {
     plan_layout l = s->tmpl;
     plan_result r;
-    char err[256];
     l.dp_replicate = 1, l.dp_shard = s->o->gpus, l.cp = 1, l.tp = 1, l.pp = 1;
     l.local_batch = 1, l.global_batch = s->o->gpus, l.pp_microbatch_size = 1;
     l.ac = PLAN_AC_FULL, l.float8 = 0, l.compile = 0, l.async_tp = 0;
     memset(&r, 0, sizeof r);
     s->st->evaluated++;
-    if (plan_eval(s->ctx, &l, s->hw, &r, err, sizeof err)) {
+    if (plan_eval(s->ctx, &l, s->hw, &r) != CT_OK) {
         s->st->refused++;
         return; /* no pruning: every mesh is evaluated */
     }
@@ -378,7 +377,7 @@ static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
 
 /* One GPU count: every mesh with the first pass's knobs, then the best meshes' knobs tuned. s->res
  * holds what was evaluated. */
-static int search_count(searcher *s, char *err, size_t errlen) {
+static void search_count(searcher *s) {
     int nm = 0;
     mesh *ms = meshes_list(s, &nm); /* NULL: none divides (or no memory): no layout */
     if (nm == 0 && s->have_closest) { /* all pruned: the most sharded one shows how far from fitting */
@@ -405,8 +404,6 @@ static int search_count(searcher *s, char *err, size_t errlen) {
         s->st->full_meshes++;
     }
     free(ms);
-    (void)err, (void)errlen;
-    return 0;
 }
 
 /* The global batch every layout keeps: training.global_batch_size, else the manifest's local batch
@@ -456,7 +453,7 @@ static int schedule_fits(const searcher *s, const char *name, int pp) {
 
 /* The best fitting tokens/s per GPU at `gpus` (0 when nothing fits there). */
 static double best_at(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_search_stats *st,
-                      const plan_layout *tmpl, int64_t G, int gpus, char *err, size_t errlen) {
+                      const plan_layout *tmpl, int64_t G, int gpus) {
     plan_search_opts so = *o;
     so.gpus = gpus;
     plan_search_stats sub;
@@ -464,7 +461,7 @@ static double best_at(plan_ctx *ctx, const plan_search_opts *o, const hw_profile
     sub.model = st->model;
     searcher s;
     searcher_init(&s, ctx, &so, hw, &sub, tmpl, G);
-    search_count(&s, err, errlen);
+    search_count(&s);
     double best = 0;
     for (int i = 0; i < s.n_res; i++)
         if (s.res[i].fits && s.res[i].tokens_per_s_per_gpu > best) best = s.res[i].tokens_per_s_per_gpu;
@@ -526,8 +523,11 @@ static void rule_eval(searcher *s, const plan_result *winner) {
 
 /* The manifest's degrees do not fit `gpus` (tp 8 on 1 GPU): its layout at its own size still gives
  * the search its knobs and batch; the global batch, when the manifest leaves it to the data-parallel
- * degree, is its local batch times the data-parallel ranks its tp x pp x cp leave of `gpus`. */
-static int template_elsewhere(plan_ctx *ctx, int gpus, plan_layout *t, char *err, size_t errlen) {
+ * degree, is its local batch times the data-parallel ranks its tp x pp x cp leave of `gpus`. CT_OK, or
+ * the manifest layout's error at `gpus` (the one set before the call) set again. */
+static ct_status template_elsewhere(plan_ctx *ctx, int gpus, plan_layout *t) {
+    char first[2048];
+    snprintf(first, sizeof first, "%s", ct_last_error());
     const manifest *mf = plan_manifest(ctx);
     int64_t rep = 1, shard = -1, tp = 1, pp = 1, cp = 1;
     mf_get_int(mf, "parallelism.data_parallel_replicate_degree", &rep);
@@ -536,42 +536,37 @@ static int template_elsewhere(plan_ctx *ctx, int gpus, plan_layout *t, char *err
     mf_get_int(mf, "parallelism.pipeline_parallel_degree", &pp);
     mf_get_int(mf, "parallelism.context_parallel_degree", &cp);
     int64_t others = rep * tp * pp * cp, world = others * (shard > 0 ? shard : 1);
-    if (rep < 1 || tp < 1 || pp < 1 || cp < 1 || world < 1 || world > 1000000) return -1; /* err as it was */
-    char own[256];
-    if (plan_layout_from_manifest(ctx, (int)world, t, own, sizeof own)) return -1;
+    if (rep < 1 || tp < 1 || pp < 1 || cp < 1 || world < 1 || world > 1000000)
+        return CT_ERR_INVALID; /* the message as it was */
+    if (plan_layout_from_manifest(ctx, (int)world, t) != CT_OK) return ct_fail(CT_ERR_INVALID, "%s", first);
     if (t->global_batch <= 0) {
         int64_t dp = gpus / (tp * pp * cp);
         t->global_batch = t->local_batch * (dp > 0 ? dp : 1);
     }
-    err[0] = 0;
-    (void)errlen;
-    return 0;
+    return CT_OK;
 }
 
-int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n,
-                   plan_search_stats *stats, char *err, size_t errlen) {
+ct_status plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n,
+                         plan_search_stats *stats) {
     plan_search_stats local;
     plan_search_stats *st = stats ? stats : &local;
     memset(st, 0, sizeof *st);
     *out = NULL, *n = 0;
     double t0 = now_s();
-    if (o->gpus < 1 || o->gpus_per_node < 1) {
-        snprintf(err, errlen, "the search needs at least 1 GPU and 1 GPU per node (got %d and %d)", o->gpus,
-                 o->gpus_per_node);
-        return -1;
-    }
+    if (o->gpus < 1 || o->gpus_per_node < 1)
+        return ct_fail(CT_ERR_INVALID, "the search needs at least 1 GPU and 1 GPU per node (got %d and %d)", o->gpus,
+                       o->gpus_per_node);
     plan_layout tmpl;
-    if (plan_layout_from_manifest(ctx, o->gpus, &tmpl, err, errlen) && template_elsewhere(ctx, o->gpus, &tmpl, err, errlen))
-        return -1;
+    if (plan_layout_from_manifest(ctx, o->gpus, &tmpl) != CT_OK && template_elsewhere(ctx, o->gpus, &tmpl) != CT_OK)
+        return CT_ERR_INVALID;
     plan_model_sizes_get(ctx, &st->model);
     st->global_batch = global_batch(&tmpl);
-    if (st->global_batch < 1) {
-        snprintf(err, errlen, "the manifest's global batch (%lld sequences) is not positive", (long long)st->global_batch);
-        return -1;
-    }
+    if (st->global_batch < 1)
+        return ct_fail(CT_ERR_INVALID, "the manifest's global batch (%lld sequences) is not positive",
+                       (long long)st->global_batch);
     searcher s;
     searcher_init(&s, ctx, o, hw, st, &tmpl, st->global_batch);
-    search_count(&s, err, errlen);
+    search_count(&s);
     qsort(s.res, (size_t)s.n_res, sizeof *s.res, result_cmp);
     const plan_result *win = s.n_res && s.res[0].fits ? &s.res[0] : NULL;
 
@@ -590,14 +585,13 @@ int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *h
             plan_result r;
             memset(&r, 0, sizeof r);
             st->evaluated++;
-            if (plan_eval(ctx, &l, hw, &r, err, errlen)) {
+            if (plan_eval(ctx, &l, hw, &r) != CT_OK) {
                 st->refused++;
                 break;
             }
             if (!r.fits) break;
             st->max_microbatch = d[i];
         }
-        err[0] = 0;
     }
 
     /* scaling efficiency's reference: the smallest count gpus / 2^k that fits, from the static
@@ -607,7 +601,7 @@ int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *h
         int c = o->gpus;
         while (c % 2 == 0 && c / 2 >= need && c / 2 >= 1) c /= 2;
         for (; c < o->gpus; c *= 2) {
-            double b = best_at(ctx, o, hw, st, &tmpl, st->global_batch, c, err, errlen);
+            double b = best_at(ctx, o, hw, st, &tmpl, st->global_batch, c);
             if (b > 0) {
                 st->ref_gpus = c, st->ref_tokens_per_s_per_gpu = b;
                 break;
@@ -633,8 +627,7 @@ int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *h
         *out = malloc(sizeof **out * (size_t)k);
         if (!*out) {
             free(s.res);
-            snprintf(err, errlen, "out of memory");
-            return -1;
+            return ct_fail(CT_ERR_NOMEM, "out of memory");
         }
         int got = 0; /* a layout reached twice (a fallback, a tuning round) is shown once */
         for (int i = 0; i < s.n_res && got < k; i++) {
@@ -648,13 +641,11 @@ int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *h
     *n = k;
     free(s.res);
     st->seconds = now_s() - t0;
-    err[0] = 0;
-    return 0;
+    return CT_OK;
 }
 
-int plan_search(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n, char *err,
-                size_t errlen) {
-    return plan_search_ex(ctx, o, hw, out, n, NULL, err, errlen);
+ct_status plan_search(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n) {
+    return plan_search_ex(ctx, o, hw, out, n, NULL);
 }
 
 /* The guide: up to 10B, FSDP alone with compile and float8; 10B to 100B, FSDP x TP with async TP

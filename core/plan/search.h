@@ -37,8 +37,8 @@ typedef struct plan_search_stats {
 } plan_search_stats;
 
 /* plan_search with its statistics (stats may be NULL). */
-int plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n,
-                   plan_search_stats *stats, char *err, size_t errlen);
+ct_status plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_profile *hw, plan_result **out, int *n,
+                         plan_search_stats *stats);
 
 /* The model's sizes (n_kv_heads 0: the model did not say). */
 void plan_model_sizes_get(const plan_ctx *ctx, plan_model_sizes *ms);

@@ -115,9 +115,9 @@ int schedule_list(const manifest *mf, char *out, size_t len) {
         closedir(dir);
         if (nn) qsort(names, (size_t)nn, sizeof *names, sched_cmp_names);
         for (int i = 0; i < nn; i++) {
-            char path[PATH_MAX + 256], err[1024];
+            char path[PATH_MAX + 256];
             int fits = snprintf(path, sizeof path, "%s/%s", dirs[d], names[i]) < (int)sizeof path;
-            plugin *p = fits ? plugin_load(path, CT_KIND_SCHEDULE, "parallelism", NULL, err, sizeof err) : NULL;
+            plugin *p = fits ? plugin_load(path, CT_KIND_SCHEDULE, "parallelism", NULL) : NULL;
             if (p) {
                 size_t before = strlen(out);
                 sched_list_add(out, len, p->info.name);
@@ -148,7 +148,7 @@ static ct_status sched_find(const char *name, const manifest *mf, char *file, si
 }
 
 plugin *schedule_load(const char *name, const manifest *mf) {
-    char file[160], bare[160], err[2048];
+    char file[160], bare[160];
     const char *what = name;
     if (!name || !*name) {
         ct_set_error("no pipeline schedule named (e.g. 1F1B, GPipe, Interleaved1F1B, ZBVZeroBubble)");
@@ -160,9 +160,8 @@ plugin *schedule_load(const char *name, const manifest *mf) {
         snprintf(bare, sizeof bare, "%.*s", (int)(strlen(file) - strlen("ctitan-") - strlen(".so")), file + 7);
         what = bare;
     }
-    plugin *p = plugin_load(what, CT_KIND_SCHEDULE, "parallelism", mf, err, sizeof err);
+    plugin *p = plugin_load(what, CT_KIND_SCHEDULE, "parallelism", mf);
     if (!p) {
-        ct_set_error("%s", err);
         return NULL;
     }
     const ct_schedule_api *api = p->info.api;

@@ -67,26 +67,26 @@ static int iteration_dir(const char *base, int64_t step, char *out, size_t len) 
 }
 
 static int trace_finish(const profiler *p, session *s, int64_t step) {
-    char dir[2200], path[2400], err[1024];
+    char dir[2200], path[2400];
     int world = s->world > 1 ? s->world : 1, rank = world > 1 ? s->rank : 0;
     if (iteration_dir(p->traces, step, dir, sizeof dir)) trace_discard();
     else {
         snprintf(path, sizeof path, "%s/rank%d_trace.json", dir, rank);
-        if (trace_write_rank(path, rank, err, sizeof err))
-            fprintf(stderr, "ctitan: warning: %s (the training goes on)\n", err);
+        if (trace_write_rank(path, rank) != CT_OK)
+            fprintf(stderr, "ctitan: warning: %s (the training goes on)\n", ct_last_error());
     }
     if (barrier(s)) return -1; /* every rank's file is complete before rank 0 reads them */
     if (rank != 0) return 0;
     snprintf(path, sizeof path, "%s/trace.json", dir);
-    if (trace_merge(path, dir, world, err, sizeof err))
-        fprintf(stderr, "ctitan: warning: %s (the training goes on)\n", err);
+    if (trace_merge(path, dir, world) != CT_OK)
+        fprintf(stderr, "ctitan: warning: %s (the training goes on)\n", ct_last_error());
     else printf("trace: %s\n", path);
     return 0;
 }
 
 /* The snapshot, its parameters and gradients named by tensor (this rank's local bytes of each). */
 static void snapshot_finish(const profiler *p, session *s, int64_t step) {
-    char dir[2200], path[2400], err[1024];
+    char dir[2200], path[2400];
     int n = s->rt.n_params, rank = s->world > 1 ? s->rank : 0;
     const char **names = calloc((size_t)n + 1, sizeof *names);
     int64_t *bytes = calloc((size_t)n + 1, sizeof *bytes);
@@ -100,8 +100,8 @@ static void snapshot_finish(const profiler *p, session *s, int64_t step) {
     }
     if (iteration_dir(p->snaps, step, dir, sizeof dir)) goto out;
     snprintf(path, sizeof path, "%s/rank%d_memory_snapshot.json", dir, rank);
-    if (memsnap_write(path, rank, step, names, bytes, n, err, sizeof err))
-        fprintf(stderr, "ctitan: warning: %s (the training goes on)\n", err);
+    if (memsnap_write(path, rank, step, names, bytes, n) != CT_OK)
+        fprintf(stderr, "ctitan: warning: %s (the training goes on)\n", ct_last_error());
     else if (rank == 0) printf("memory snapshot: %s\n", path);
 out:
     free(names);

@@ -115,9 +115,8 @@ static ct_status dry_run(session *s, manifest *mf, int argc, char **argv) {
     plan_result r;
     hw_profile hw;
     int have_hw;
-    char err[2048];
-    if (plan_for_run(argc, argv, train_usage, world, NULL, &r, &hw, &have_hw, err, sizeof err)) {
-        fprintf(stderr, "ctitan: plan: %s\n", err);
+    if (plan_for_run(argc, argv, train_usage, world, NULL, &r, &hw, &have_hw) != CT_OK) {
+        fprintf(stderr, "ctitan: plan: %s\n", ct_last_error());
         hw_profile_free(&hw);
         return CT_ERR_INVALID;
     }
@@ -258,7 +257,7 @@ static int world_max(session *s, int v, int *out) {
 static int tb_log_open(manifest *mf, const char *dump, run_log *lg) {
     int on = 0;
     const char *sub = "tb";
-    char folder[4200], err[4600], where[600];
+    char folder[4200], where[600];
     mf_get_bool(mf, "metrics.enable_tensorboard", &on);
     mf_get_str(mf, "metrics.save_tb_folder", &sub);
     if (!on) return 0;
@@ -270,8 +269,8 @@ static int tb_log_open(manifest *mf, const char *dump, run_log *lg) {
     }
     if (sub[0] == '/') snprintf(folder, sizeof folder, "%s/%s", sub, lg->id);
     else snprintf(folder, sizeof folder, "%s/%s/%s", dump, sub, lg->id);
-    if (!(lg->tb = tb_open(folder, err, sizeof err))) {
-        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+    if (!(lg->tb = tb_open(folder))) {
+        fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
         return -1;
     }
     printf("tensorboard: writing %s\n", tb_path(lg->tb));
@@ -285,11 +284,11 @@ static ct_status run_log_open(session *s, manifest *mf, const char *dump, run_lo
     memset(lg, 0, sizeof *lg);
     snprintf(lg->path, sizeof lg->path, "%s/metrics.jsonl", dump);
     if (s->rank == 0) {
-        char err[4600], where[600];
+        char where[600];
         run_id_make(lg->id, sizeof lg->id);
         mf_where(mf, "job.dump_folder", where, sizeof where);
-        if (runlock_acquire(dump, lg->id, err, sizeof err)) {
-            fprintf(stderr, "ctitan: %s: %s\n", where, err);
+        if (runlock_acquire(dump, lg->id) != CT_OK) {
+            fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
             bad = 1;
         } else if (!(lg->f = ct_fopen_nofollow(lg->path, "a"))) {
             fprintf(stderr, "ctitan: %s: cannot open %s to append: %s\n", where, lg->path, ct_open_strerror(errno));
@@ -1012,10 +1011,9 @@ static void train_help_print(void) {
     manifest_free(m0);
     /* the parallelism keys of the default strategies (tp, cp, fsdp: loaded by name, as a run does) */
     static const char *const defaults[] = {"tp", "cp", "fsdp"};
-    char err[1024];
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
         manifest *m1 = manifest_new();
-        plugin *p = m1 ? plugin_load(defaults[i], CT_KIND_STRATEGY, "parallelism", m1, err, sizeof err) : NULL;
+        plugin *p = m1 ? plugin_load(defaults[i], CT_KIND_STRATEGY, "parallelism", m1) : NULL;
         if (p && p->info.options && p->info.options->key) {
             printf("\nkeys of the %s strategy (%s):\n", p->info.name, p->info.description ? p->info.description : "");
             manifest_add_plugin_schema(m1, "parallelism", p->info.options);
@@ -1029,7 +1027,7 @@ static void train_help_print(void) {
 /* checkpoint.create_seed_checkpoint: writes step-0 into the folder, under its lock like any run. */
 static ct_status seed_checkpoint_write(session *s, manifest *mf) {
     const char *dump;
-    char id[64], lerr[4600], where[600];
+    char id[64], where[600];
     mf_get_str(mf, "job.dump_folder", &dump);
     int bad = 0;
     if (s->rank == 0) {
@@ -1039,8 +1037,8 @@ static ct_status seed_checkpoint_write(session *s, manifest *mf) {
             fprintf(stderr, "ctitan: %s: cannot create %s: %s\n", where, dump,
                     errno == ENOTDIR ? "a file is in the way" : strerror(errno));
             bad = 1;
-        } else if (runlock_acquire(dump, id, lerr, sizeof lerr)) {
-            fprintf(stderr, "ctitan: %s: %s\n", where, lerr);
+        } else if (runlock_acquire(dump, id) != CT_OK) {
+            fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
             bad = 1;
         }
     }
@@ -1071,9 +1069,8 @@ static void plan_line(int argc, char **argv, const session *run, int world) {
     plan_result r;
     hw_profile hw;
     int have_hw;
-    char err[2048];
-    if (plan_for_run(argc, argv, train_usage, world, run, &r, &hw, &have_hw, err, sizeof err)) {
-        printf("plan: none (%s)\n", err);
+    if (plan_for_run(argc, argv, train_usage, world, run, &r, &hw, &have_hw) != CT_OK) {
+        printf("plan: none (%s)\n", ct_last_error());
     } else {
         printf("plan: peak memory %.3f GiB on the largest rank (activations %.3f GiB)", gib((int64_t)r.mem_total),
                gib((int64_t)(r.mem[PLAN_MEM_ACTIVATIONS] + r.mem[PLAN_MEM_TRANSIENT] + r.mem[PLAN_MEM_LOGITS])));

@@ -4,6 +4,7 @@
  * promise: an error is one line naming the file; a manifest holds at most MF_MAX_KEYS keys, none
  * longer than MF_MAX_KEY_LEN, none without a value (explicit nulls are refused). */
 #include "config/manifest.h"
+#include "base/error.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -52,10 +53,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         close(fd);
         return 0;
     }
-    char path[64], err[2048] = "";
+    char path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    manifest *m = manifest_load(path, err, sizeof err);
+    manifest *m = manifest_load(path);
     if (!m) {
+        const char *err = ct_last_error();
         check(strncmp(err, path, strlen(path)) == 0 && !strchr(err, '\n'));
         close(fd);
         return 0;
@@ -72,10 +74,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         {"model.n_layers", "2"},          {"quantize.linear.mx.recipe_name", "mxpf8"},
     };
     const char *const *ov = overrides[size ? data[0] % 8 : 0];
-    manifest_override(m, ov[0], ov[1], err, sizeof err);
+    manifest_override(m, ov[0], ov[1]);
     manifest_alias(m, "quantize.linear.mx.recipe_name", "quantize.dense.float8.format");
-    err[0] = 0;
-    if (manifest_validate(m, err, sizeof err) == 0) {
+    ct_clear_error();
+    if (manifest_validate(m) == CT_OK) {
         read_every_key(m);
         FILE *devnull = fopen("/dev/null", "w");
         if (devnull) {
@@ -83,7 +85,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             fclose(devnull);
         }
     } else {
-        check(err[0] && !strchr(err, '\n'));
+        check(ct_last_error()[0] && !strchr(ct_last_error(), '\n'));
     }
     manifest_free(m);
     close(fd);

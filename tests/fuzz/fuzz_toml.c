@@ -2,6 +2,7 @@
  * or visit every leaf, never crash, leak or throw, and it checks what the shim promises: an error is
  * one line naming the file; every leaf has a dotted key, a value and a line in the text. */
 #include "config/toml_shim.h"
+#include "base/error.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,22 +18,21 @@ typedef struct seen {
     size_t leaves, lines; /* lines: of the text, for the leaves' line numbers */
 } seen;
 
-static int visit(void *ctx, const char *key, const char *value, int kind, int line, char *err, size_t errlen) {
+static ct_status visit(void *ctx, const char *key, const char *value, int kind, int line) {
     seen *s = ctx;
-    (void)err;
-    (void)errlen;
     check(key && *key && value && kind >= MF_TOML_SCALAR && kind <= MF_TOML_NESTED);
     check(line >= 1 && (size_t)line <= s->lines);
     s->leaves++;
-    return 0;
+    return CT_OK;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static const char path[] = "fuzz.toml";
-    char err[2048] = "";
     seen s = {0, 1};
     for (size_t i = 0; i < size; i++) s.lines += data[i] == '\n' || data[i] == '\r'; /* '\r' alone ends one too */
-    if (mf_toml_parse(path, (const char *)data, size, 64, visit, &s, err, sizeof err))
+    if (mf_toml_parse(path, (const char *)data, size, 64, visit, &s) != CT_OK) {
+        const char *err = ct_last_error();
         check(strncmp(err, path, strlen(path)) == 0 && !strchr(err, '\n'));
+    }
     return 0;
 }

@@ -30,11 +30,10 @@ static inline int fixture_open(session *s, const char *yaml) {
     FILE *f = fdopen(fd, "w");
     fputs(yaml, f);
     fclose(f);
-    char err[2048];
-    manifest *mf = manifest_load(path, err, sizeof err);
+    manifest *mf = manifest_load(path);
     unlink(path);
     if (!mf) {
-        fprintf(stderr, "%s\n", err);
+        fprintf(stderr, "%s\n", ct_last_error());
         return -1;
     }
     manifest_add_core_schema(mf);

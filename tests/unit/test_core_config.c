@@ -14,6 +14,7 @@
 #include "data/data.h"
 #include "engine/lr.h"
 #include "config/manifest.h"
+#include "base/error.h"
 #include "data/shard.h"
 
 static manifest *load_yaml(const char *yaml) {
@@ -22,10 +23,9 @@ static manifest *load_yaml(const char *yaml) {
     assert_true(fd >= 0);
     assert_int_equal(write(fd, yaml, strlen(yaml)), (int)strlen(yaml));
     close(fd);
-    char err[1024];
-    manifest *m = manifest_load(path, err, sizeof err);
+    manifest *m = manifest_load(path);
     unlink(path);
-    if (!m) fail_msg("%s", err);
+    if (!m) fail_msg("%s", ct_last_error());
     manifest_add_core_schema(m);
     return m;
 }
@@ -37,7 +37,8 @@ static void load_error(const char *yaml, char *err, size_t errlen) {
     assert_true(fd >= 0);
     assert_int_equal(write(fd, yaml, strlen(yaml)), (int)strlen(yaml));
     close(fd);
-    manifest *m = manifest_load(path, err, errlen);
+    manifest *m = manifest_load(path);
+    snprintf(err, errlen, "%s", ct_last_error());
     unlink(path);
     if (m) fail_msg("accepted: %s", yaml);
 }
@@ -45,10 +46,9 @@ static void load_error(const char *yaml, char *err, size_t errlen) {
 static void test_overrides_last_wins_and_unset_keys_take_defaults(void **state) {
     (void)state;
     manifest *m = load_yaml("training:\n  steps: 5\n  seq_len: 64\nlr_scheduler: {decay_type: sqrt}\n");
-    char err[512];
-    assert_int_equal(manifest_override(m, "training.steps", "7", err, sizeof err), 0);
-    assert_int_equal(manifest_override(m, "training.steps", "9", err, sizeof err), 0);
-    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    assert_int_equal(manifest_override(m, "training.steps", "7"), 0);
+    assert_int_equal(manifest_override(m, "training.steps", "9"), 0);
+    assert_int_equal(manifest_validate(m), 0);
     int64_t v;
     double f;
     assert_int_equal(mf_get_int(m, "training.steps", &v), 0);
@@ -68,17 +68,17 @@ static void test_overrides_last_wins_and_unset_keys_take_defaults(void **state) 
 
 static void test_duplicate_keys_and_lists_are_errors(void **state) {
     (void)state;
-    char path[] = "/tmp/ctitan-cfg-XXXXXX.yaml", err[512];
+    char path[] = "/tmp/ctitan-cfg-XXXXXX.yaml";
     int fd = mkstemps(path, 5);
     const char *y = "training:\n  steps: 1\n  steps: 2\n";
     assert_int_equal(write(fd, y, strlen(y)), (int)strlen(y));
     close(fd);
-    assert_null(manifest_load(path, err, sizeof err));
+    assert_null(manifest_load(path));
     unlink(path);
-    assert_non_null(strstr(err, ":3: training.steps: duplicate key"));
+    assert_non_null(strstr(ct_last_error(), ":3: training.steps: duplicate key"));
     manifest *m = load_yaml("training:\n  steps: [1, 2]\n");
-    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
-    assert_non_null(strstr(err, "expected an integer"));
+    assert_int_equal(manifest_validate(m), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "expected an integer"));
     manifest_free(m);
 }
 
@@ -96,7 +96,7 @@ static void test_nulls_and_second_documents_are_refused(void **state) {
     load_error("training: {steps: 1}\n---\ntraining: {steps: 2}\n", err, sizeof err);
     assert_non_null(strstr(err, ":2: a second YAML document"));
     manifest *m = load_yaml("generate: {prompt: \"\"}\n"); /* an empty string is a value */
-    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m), 0);
     manifest_free(m);
 }
 
@@ -107,7 +107,8 @@ static manifest *load_toml(const char *toml, char *err, size_t errlen) {
     assert_true(fd >= 0);
     assert_int_equal(write(fd, toml, strlen(toml)), (int)strlen(toml));
     close(fd);
-    manifest *m = manifest_load(path, err, errlen);
+    manifest *m = manifest_load(path);
+    if (!m) snprintf(err, errlen, "%s", ct_last_error());
     unlink(path);
     if (m) manifest_add_core_schema(m);
     return m;
@@ -128,7 +129,7 @@ static void test_toml_reads_as_yaml_would(void **state) {
                             "[[training.dataset]]\npath = \"a.bin\"\nweight = 3\n[[training.dataset]]\npath = \"b.bin\"\n",
                             err, sizeof err);
     if (!m) fail_msg("%s", err);
-    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m), 0);
     assert_int_equal(mf_get_str(m, "job.dump_folder", &v), 0);
     assert_string_equal(v, "./out");
     assert_int_equal(mf_get_float(m, "optimizer.lr", &fv), 0);
@@ -156,8 +157,8 @@ static void test_toml_reads_as_yaml_would(void **state) {
     assert_non_null(strstr(err, ".toml:2: training.a.b: keys are plain names"));
     m = load_toml("[training]\nsteps = \"ten\"\n", err, sizeof err);
     assert_non_null(m);
-    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
-    assert_non_null(strstr(err, ".toml:2: training.steps: expected an integer, got 'ten'"));
+    assert_int_equal(manifest_validate(m), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), ".toml:2: training.steps: expected an integer, got 'ten'"));
     manifest_free(m);
     /* TOML text in a file of another name is read as TOML when it is no YAML */
     m = load_yaml("[job]\ndump_folder = \"./outputs\"\n[training]\nsteps = 10\n");
@@ -169,7 +170,7 @@ static void test_toml_reads_as_yaml_would(void **state) {
 /* torchtitan's command-line spellings: tyro's dashes and negations, bare flags checked by validation. */
 static void test_bare_flags_and_negations(void **state) {
     (void)state;
-    char key[MF_MAX_KEY_LEN + 1], err[1024];
+    char key[MF_MAX_KEY_LEN + 1];
     const char *value;
     int neg, bv;
     static const struct {
@@ -184,26 +185,26 @@ static void test_bare_flags_and_negations(void **state) {
         {"--checkpoint.enable=false", "checkpoint.enable", "false", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        assert_int_equal(manifest_cli_key(cases[i].arg, key, sizeof key, &value, &neg, err, sizeof err), 0);
+        assert_int_equal(manifest_cli_key(cases[i].arg, key, sizeof key, &value, &neg), 0);
         assert_string_equal(key, cases[i].key);
         if (cases[i].value) assert_string_equal(value, cases[i].value);
         else assert_null(value);
         assert_int_equal(neg, cases[i].negated);
     }
-    assert_int_equal(manifest_cli_key("--no-checkpoint.enable=true", key, sizeof key, &value, &neg, err, sizeof err), -1);
-    assert_non_null(strstr(err, "takes no value"));
+    assert_int_equal(manifest_cli_key("--no-checkpoint.enable=true", key, sizeof key, &value, &neg), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "takes no value"));
 
     manifest *m = load_yaml("checkpoint: {enable: false}\n");
-    assert_int_equal(manifest_override_flag(m, "checkpoint.enable", MF_FLAG_BARE, err, sizeof err), 0);
-    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    assert_int_equal(manifest_override_flag(m, "checkpoint.enable", MF_FLAG_BARE), 0);
+    assert_int_equal(manifest_validate(m), 0);
     assert_int_equal(mf_get_bool(m, "checkpoint.enable", &bv), 0);
     assert_int_equal(bv, 1);
-    assert_int_equal(manifest_override_flag(m, "checkpoint.enable", MF_FLAG_NEGATED, err, sizeof err), 0);
+    assert_int_equal(manifest_override_flag(m, "checkpoint.enable", MF_FLAG_NEGATED), 0);
     assert_int_equal(mf_get_bool(m, "checkpoint.enable", &bv), 0);
     assert_int_equal(bv, 0);
-    assert_int_equal(manifest_override_flag(m, "training.steps", MF_FLAG_BARE, err, sizeof err), 0);
-    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
-    assert_non_null(strstr(err, "command line: --training.steps: needs a value"));
+    assert_int_equal(manifest_override_flag(m, "training.steps", MF_FLAG_BARE), 0);
+    assert_int_equal(manifest_validate(m), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "command line: --training.steps: needs a value"));
     manifest_free(m);
 }
 
@@ -244,9 +245,9 @@ static void test_limits_refuse_bombs_depth_and_key_counts(void **state) {
 static const char *override_error(const char *key, const char *value) {
     static char err[1024];
     manifest *m = load_yaml("job: {description: x}\n");
-    assert_int_equal(manifest_override(m, key, value, err, sizeof err), 0);
+    assert_int_equal(manifest_override(m, key, value), CT_OK);
     err[0] = 0;
-    manifest_validate(m, err, sizeof err);
+    if (manifest_validate(m) != CT_OK) snprintf(err, sizeof err, "%s", ct_last_error());
     manifest_free(m);
     return err;
 }
@@ -307,20 +308,20 @@ static void test_plugin_options_outlive_the_plugin(void **state) {
     memset(skey, 'x', sizeof skey - 1);
     memset(range, 0, sizeof range);
     memset(choices, 0, sizeof choices);
-    char err[512] = "";
-    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
-    if (!strstr(err, "parallelism.probe_level: expected an integer in [0, 3], got '4'")) fail_msg("got \"%s\"", err);
-    assert_int_equal(manifest_override(m, "parallelism.probe_level", "3", err, sizeof err), 0);
-    assert_int_equal(manifest_override(m, "parallelism.probe_mode", "c", err, sizeof err), 0);
-    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
-    if (!strstr(err, "parallelism.probe_mode: expected a or b, got 'c'")) fail_msg("got \"%s\"", err);
+    assert_int_equal(manifest_validate(m), CT_ERR_INVALID);
+    if (!strstr(ct_last_error(), "parallelism.probe_level: expected an integer in [0, 3], got '4'"))
+        fail_msg("got \"%s\"", ct_last_error());
+    assert_int_equal(manifest_override(m, "parallelism.probe_level", "3"), 0);
+    assert_int_equal(manifest_override(m, "parallelism.probe_mode", "c"), 0);
+    assert_int_equal(manifest_validate(m), CT_ERR_INVALID);
+    if (!strstr(ct_last_error(), "parallelism.probe_mode: expected a or b, got 'c'"))
+        fail_msg("got \"%s\"", ct_last_error());
     manifest_free(m);
 }
 
 static lr_schedule schedule(const char *yaml, int64_t steps) {
     manifest *m = load_yaml(yaml);
-    char err[512];
-    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m), 0);
     lr_schedule s;
     assert_int_equal(lr_setup(m, steps, &s), 0);
     /* s.type points into the manifest, freed below: keep a literal instead */
@@ -426,7 +427,7 @@ static void test_lists_of_maps(void **state) {
     (void)state;
     char err[1024];
     manifest *m = load_yaml("training:\n  dataset:\n    - path: a.bin\n      weight: 3\n    - {path: b.bin}\n");
-    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m), 0);
     assert_int_equal(mf_list_len(m, "training.dataset"), 2);
     const char *p;
     double w;
@@ -447,31 +448,32 @@ static void test_lists_of_maps(void **state) {
     assert_null(strstr(buf, "[]"));
     free(buf);
     /* an item past the list; then the whole list replaced by one path */
-    assert_int_equal(manifest_override(m, "training.dataset[1].weight", "2", err, sizeof err), 0);
-    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
-    assert_int_equal(manifest_override(m, "training.dataset[2].weight", "2", err, sizeof err), 0);
-    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
-    assert_non_null(strstr(err, "command line: --training.dataset[2].weight: training.dataset has 2 items (0 to 1)"));
+    assert_int_equal(manifest_override(m, "training.dataset[1].weight", "2"), 0);
+    assert_int_equal(manifest_validate(m), 0);
+    assert_int_equal(manifest_override(m, "training.dataset[2].weight", "2"), 0);
+    assert_int_equal(manifest_validate(m), CT_ERR_INVALID);
+    assert_non_null(
+        strstr(ct_last_error(), "command line: --training.dataset[2].weight: training.dataset has 2 items (0 to 1)"));
     {
         manifest *z = load_yaml("training:\n  dataset: [{path: a.bin}, {path: b.bin}]\n");
-        assert_int_equal(manifest_override(z, "training.dataset[01].weight", "2", err, sizeof err), 0);
-        assert_int_equal(manifest_validate(z, err, sizeof err), -1);
-        assert_non_null(strstr(err, "--training.dataset[01].weight: item index with a leading zero"));
+        assert_int_equal(manifest_override(z, "training.dataset[01].weight", "2"), 0);
+        assert_int_equal(manifest_validate(z), CT_ERR_INVALID);
+        assert_non_null(strstr(ct_last_error(), "--training.dataset[01].weight: item index with a leading zero"));
         manifest_free(z);
     }
-    assert_int_equal(manifest_override(m, "training.dataset", "c.bin", err, sizeof err), 0);
+    assert_int_equal(manifest_override(m, "training.dataset", "c.bin"), 0);
     assert_int_equal(mf_list_len(m, "training.dataset"), -1);
     assert_int_equal(mf_get_str(m, "training.dataset[0].path", &p), -1); /* the items went with the list */
-    assert_int_equal(manifest_validate(m, err, sizeof err), 0);
+    assert_int_equal(manifest_validate(m), 0);
     manifest_free(m);
     /* a weight out of range names its line; a list of maps where none is declared is refused */
     m = load_yaml("training:\n  dataset:\n    - {path: a.bin}\n    - path: b.bin\n      weight: 0\n");
-    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
-    assert_non_null(strstr(err, ":5: training.dataset[1].weight: expected a number in (0, 1e12], got '0'"));
+    assert_int_equal(manifest_validate(m), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), ":5: training.dataset[1].weight: expected a number in (0, 1e12], got '0'"));
     manifest_free(m);
     m = load_yaml("training:\n  seq_len: [{a: 1}]\n");
-    assert_int_equal(manifest_validate(m, err, sizeof err), -1);
-    assert_non_null(strstr(err, "training.seq_len[0].a: unknown key"));
+    assert_int_equal(manifest_validate(m), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "training.seq_len[0].a: unknown key"));
     manifest_free(m);
 }
 

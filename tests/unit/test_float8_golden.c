@@ -62,7 +62,7 @@ static void env_close(env *e) {
 static void env_open(env *e, const char *format, const char *filter) {
     memset(e, 0, sizeof *e);
     fixture_plugin_path();
-    char yaml[512], path[] = "/tmp/ctitan-float8-XXXXXX.yaml", err[2048];
+    char yaml[512], path[] = "/tmp/ctitan-float8-XXXXXX.yaml";
     snprintf(yaml, sizeof yaml,
              "device: {name: cpu, threads: 2}\n"
              "quantize:\n  dense:\n    float8:\n      enable: true\n      format: %s\n%s%s%s",
@@ -73,17 +73,17 @@ static void env_open(env *e, const char *format, const char *filter) {
     assert_non_null(f);
     fputs(yaml, f);
     fclose(f);
-    e->mf = manifest_load(path, err, sizeof err);
+    e->mf = manifest_load(path);
     unlink(path);
-    if (!e->mf) fail_msg("manifest: %s", err);
+    if (!e->mf) fail_msg("manifest: %s", ct_last_error());
     manifest_add_core_schema(e->mf);
-    e->devp = plugin_load("cpu", CT_KIND_DEVICE, "device", e->mf, err, sizeof err);
-    if (!e->devp) fail_msg("%s", err);
+    e->devp = plugin_load("cpu", CT_KIND_DEVICE, "device", e->mf);
+    if (!e->devp) fail_msg("%s", ct_last_error());
     manifest_add_plugin_schema(e->mf, "device", e->devp->info.options);
-    e->quantp = plugin_load("float8", CT_KIND_QUANTIZER, "quantize.dense.float8", e->mf, err, sizeof err);
-    if (!e->quantp) fail_msg("%s", err);
+    e->quantp = plugin_load("float8", CT_KIND_QUANTIZER, "quantize.dense.float8", e->mf);
+    if (!e->quantp) fail_msg("%s", ct_last_error());
     manifest_add_plugin_schema(e->mf, "quantize.dense.float8", e->quantp->info.options);
-    if (manifest_validate(e->mf, err, sizeof err)) fail_msg("manifest: %s", err);
+    if (manifest_validate(e->mf) != CT_OK) fail_msg("manifest: %s", ct_last_error());
     e->d = e->devp->info.api;
     e->q = e->quantp->info.api;
     ct_clear_error();

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "plan/plan.h"
+#include "base/error.h"
 #include "tmpdir.h"
 
 #define GIB 1073741824.0
@@ -62,7 +63,7 @@ static const char *const base_lines[] = {
 
 /* The base profile with line `line` (1-based) replaced by `text` (NULL: removed; a text with '\n'
  * inserts lines), written to dir/case.yaml; returns hw_profile_load's status. */
-static int load_variant(int line, const char *text, hw_profile *hw, char *err, size_t errlen, char *path) {
+static ct_status load_variant(int line, const char *text, hw_profile *hw, char *path) {
     char yaml[4096] = "";
     for (int i = 1; i <= N_BASE; i++) {
         const char *l = i == line ? text : base_lines[i - 1];
@@ -72,15 +73,16 @@ static int load_variant(int line, const char *text, hw_profile *hw, char *err, s
     }
     snprintf(path, 256, "%s/case.yaml", dir);
     write_text(path, yaml);
-    return hw_profile_load(path, hw, err, errlen);
+    return hw_profile_load(path, hw);
 }
 
 /* Line `line` replaced by `text` must be refused with "PATH:expect..." (expect starts at the line). */
 static void refused(int line, const char *text, const char *expect) {
     hw_profile hw;
-    char err[1024], path[256], want[1400];
-    if (load_variant(line, text, &hw, err, sizeof err, path) == 0)
+    char path[256], want[1400];
+    if (load_variant(line, text, &hw, path) == CT_OK)
         fail_msg("accepted line %d = '%s'", line, text ? text : "(removed)");
+    const char *err = ct_last_error();
     snprintf(want, sizeof want, "%s:%s", path, expect);
     if (strncmp(err, want, strlen(want))) fail_msg("line %d = '%s':\n got  %s\n want %s...", line, text, err, want);
     assert_null(strchr(err, '\n'));
@@ -119,10 +121,10 @@ static void assert_same(const hw_profile *a, const hw_profile *b) {
 
 /* Writes a, loads it back into b (caller frees b). */
 static void round_trip(const hw_profile *a, hw_profile *b) {
-    char path[256], err[1024];
+    char path[256];
     snprintf(path, sizeof path, "%s/written.yaml", dir);
-    if (hw_profile_write(a, path, err, sizeof err)) fail_msg("write: %s", err);
-    if (hw_profile_load(path, b, err, sizeof err)) fail_msg("load of the written profile: %s", err);
+    if (hw_profile_write(a, path)) fail_msg("write: %s", ct_last_error());
+    if (hw_profile_load(path, b)) fail_msg("load of the written profile: %s", ct_last_error());
     assert_string_equal(b->path, path);
 }
 
@@ -148,8 +150,8 @@ static void test_shipped_profiles_have_their_datasheet_numbers(void **state) {
     for (size_t i = 0; i < sizeof sheets / sizeof *sheets; i++) {
         const sheet *s = &sheets[i];
         hw_profile hw, again;
-        char err[1024], suffix[64];
-        if (hw_profile_load(s->name, &hw, err, sizeof err)) fail_msg("%s: %s", s->name, err);
+        char suffix[64];
+        if (hw_profile_load(s->name, &hw)) fail_msg("%s: %s", s->name, ct_last_error());
         snprintf(suffix, sizeof suffix, "/configs/hardware/%s.yaml", s->name);
         assert_string_equal(hw.path + strlen(hw.path) - strlen(suffix), suffix);
         assert_non_null(strstr(hw.name, "NVIDIA"));
@@ -178,8 +180,7 @@ static void test_shipped_profiles_have_their_datasheet_numbers(void **state) {
     hw_profile_list(list, sizeof list);
     assert_non_null(strstr(list, "a100-80gb, b200, h100-sxm, h200"));
     hw_profile hw; /* a path works as well as a name */
-    char err[1024];
-    assert_int_equal(hw_profile_load("configs/hardware/h200.yaml", &hw, err, sizeof err), 0);
+    assert_int_equal(hw_profile_load("configs/hardware/h200.yaml", &hw), 0);
     assert_string_equal(hw.path, "configs/hardware/h200.yaml");
     hw_profile_free(&hw);
 }
@@ -262,28 +263,29 @@ static void test_write_refuses_what_load_would_refuse(void **state) {
     plan_measured_op ops[3];
     plan_measured_comm comms[3];
     hw_profile a;
-    char path[256], err[1024];
+    char path[256];
     snprintf(path, sizeof path, "%s/refused.yaml", dir);
     random_profile(&a, ops, comms);
     a.matmul_eff = 0;
-    assert_int_equal(hw_profile_write(&a, path, err, sizeof err), -1);
-    assert_non_null(strstr(err, "assumptions.matmul_efficiency: the value is out of range; expected a fraction in (0, 1]"));
+    assert_int_equal(hw_profile_write(&a, path), CT_ERR_INVALID);
+    assert_non_null(
+        strstr(ct_last_error(), "assumptions.matmul_efficiency: the value is out of range; expected a fraction in (0, 1]"));
     random_profile(&a, ops, comms);
     a.inter_bw = NAN;
-    assert_int_equal(hw_profile_write(&a, path, err, sizeof err), -1);
-    assert_non_null(strstr(err, "inter_node.bandwidth_gb_s"));
+    assert_int_equal(hw_profile_write(&a, path), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "inter_node.bandwidth_gb_s"));
     random_profile(&a, ops, comms);
     strcpy(a.name, "two\nlines");
-    assert_int_equal(hw_profile_write(&a, path, err, sizeof err), -1);
-    assert_non_null(strstr(err, "name: the value holds a control character"));
+    assert_int_equal(hw_profile_write(&a, path), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "name: the value holds a control character"));
     random_profile(&a, ops, comms);
     comms[1].kind = 2; /* CT_COLL_ALL_GATHER_SLICE has no name in a profile */
-    assert_int_equal(hw_profile_write(&a, path, err, sizeof err), -1);
-    assert_non_null(strstr(err, "measured.comms[1]: kind 2"));
+    assert_int_equal(hw_profile_write(&a, path), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "measured.comms[1]: kind 2"));
     random_profile(&a, ops, comms);
     ops[2] = ops[0];
-    assert_int_equal(hw_profile_write(&a, path, err, sizeof err), -1);
-    assert_non_null(strstr(err, "measured.ops[2]: the same kind, shape and dtype as measured.ops[0]"));
+    assert_int_equal(hw_profile_write(&a, path), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "measured.ops[2]: the same kind, shape and dtype as measured.ops[0]"));
     assert_int_equal(access(path, F_OK), -1); /* nothing written, no temporary left */
     DIR *d = opendir(dir);
     for (struct dirent *e; (e = readdir(d));) assert_null(strstr(e->d_name, ".tmp-"));
@@ -295,8 +297,8 @@ static void test_write_refuses_what_load_would_refuse(void **state) {
 static void test_bad_values_name_line_and_key(void **state) {
     (void)state;
     hw_profile hw;
-    char err[1024], path[256];
-    assert_int_equal(load_variant(0, NULL, &hw, err, sizeof err, path), 0); /* the base is valid */
+    char path[256];
+    assert_int_equal(load_variant(0, NULL, &hw, path), 0); /* the base is valid */
     assert_int_equal(hw.n_ops, 1);
     assert_int_equal(hw.ops[0].shape[2], 32);
     assert_int_equal(hw.ops[0].shape[3], 0);
@@ -349,24 +351,26 @@ static void test_bad_structure_names_line_and_key(void **state) {
     refused(17, "assumptions:\n  matmul_efficiency: 0.7\ncompute:", "19: compute: duplicate section (first given at line 4)");
     /* a missing section: drop inter_node's three lines by turning them into comments */
     hw_profile hw;
-    char err[1024], path[256];
+    char path[256];
     snprintf(path, sizeof path, "%s/case.yaml", dir);
     write_text(path, "name: x\nsource: y\ngpus_per_node: 1\ncompute: {bf16_tflops: 1, fp8_tflops: none, fp32_tflops: 1}\n"
                      "memory: {size_gb: 1, bandwidth_gb_s: 1}\nintra_node: {bandwidth_gb_s: 1, latency_us: 0}\n"
                      "assumptions: {matmul_efficiency: 1, attention_efficiency: 1, memory_efficiency: 1,\n"
                      "  runtime_overhead_gb: 0, allocator_slack: 0, headroom: 0}\n");
-    assert_int_equal(hw_profile_load(path, &hw, err, sizeof err), -1);
-    assert_non_null(strstr(err, "case.yaml:1: inter_node: missing section; expected a map of bandwidth_gb_s, latency_us"));
+    assert_int_equal(hw_profile_load(path, &hw), CT_ERR_INVALID);
+    assert_non_null(
+        strstr(ct_last_error(), "case.yaml:1: inter_node: missing section; expected a map of bandwidth_gb_s, latency_us"));
     /* ... which, given, makes a minimal profile that loads: fp8 none is the bf16 rate */
     FILE *f = fopen(path, "a");
     fputs("inter_node: {bandwidth_gb_s: 1, latency_us: 0}\n", f);
     fclose(f);
-    if (hw_profile_load(path, &hw, err, sizeof err)) fail_msg("%s", err);
+    if (hw_profile_load(path, &hw)) fail_msg("%s", ct_last_error());
     assert_true(hw.peak_flops[PLAN_FP8] == hw.peak_flops[PLAN_BF16] && hw.mem_bytes == 1e9);
     hw_profile_free(&hw);
     write_text(path, "name: x\nsource: y\ngpus_per_node: 1\ncompute: 5\n");
-    assert_int_equal(hw_profile_load(path, &hw, err, sizeof err), -1);
-    assert_non_null(strstr(err, "case.yaml:4: compute: expected a map of keys (bf16_tflops, fp8_tflops, fp32_tflops)"));
+    assert_int_equal(hw_profile_load(path, &hw), CT_ERR_INVALID);
+    assert_non_null(
+        strstr(ct_last_error(), "case.yaml:4: compute: expected a map of keys (bf16_tflops, fp8_tflops, fp32_tflops)"));
     /* YAML-level problems */
     refused(6, "  fp8_tflops: &x 1979", "6: an anchor or alias");
     refused(28, "    - {kind: all_gather, ranks: 8, bytes: 1048576, seconds: 2e-5}\n---\nname: again",
@@ -378,14 +382,14 @@ static void test_bad_structure_names_line_and_key(void **state) {
     big[(4 << 20) + 1] = 0;
     write_text(path, big);
     free(big);
-    assert_int_equal(hw_profile_load(path, &hw, err, sizeof err), -1);
-    assert_non_null(strstr(err, "case.yaml:1: the file is larger than 4 MiB"));
+    assert_int_equal(hw_profile_load(path, &hw), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "case.yaml:1: the file is larger than 4 MiB"));
     write_text(path, "");
-    assert_int_equal(hw_profile_load(path, &hw, err, sizeof err), -1);
-    assert_non_null(strstr(err, "case.yaml:1: expected a hardware profile"));
+    assert_int_equal(hw_profile_load(path, &hw), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "case.yaml:1: expected a hardware profile"));
     write_text(path, "- a\n- b\n");
-    assert_int_equal(hw_profile_load(path, &hw, err, sizeof err), -1);
-    assert_non_null(strstr(err, "case.yaml:1: expected a hardware profile"));
+    assert_int_equal(hw_profile_load(path, &hw), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "case.yaml:1: expected a hardware profile"));
 }
 
 static void test_bad_measurements_name_line_and_key(void **state) {
@@ -430,17 +434,18 @@ static void test_bad_measurements_name_line_and_key(void **state) {
 static void test_names_search_the_path_and_unknown_names_list_the_shipped(void **state) {
     (void)state;
     hw_profile hw;
-    char err[2048], path[256];
+    char path[256];
     unsetenv("CTITAN_HARDWARE_PATH");
-    assert_int_equal(hw_profile_load("h1000", &hw, err, sizeof err), -1);
-    assert_non_null(strstr(err, "hardware 'h1000': no profile by that name"));
-    assert_non_null(strstr(err, "known names: a100-80gb, b200, h100-sxm, h200"));
-    assert_int_equal(hw_profile_load("h100 sxm", &hw, err, sizeof err), -1);
-    assert_non_null(strstr(err, "neither a profile name"));
-    assert_int_equal(hw_profile_load("/nonexistent/x.yaml", &hw, err, sizeof err), -1);
-    assert_string_equal(err, "/nonexistent/x.yaml: cannot open hardware profile: No such file or directory");
+    assert_int_equal(hw_profile_load("h1000", &hw), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "hardware 'h1000': no profile by that name"));
+    assert_non_null(strstr(ct_last_error(), "known names: a100-80gb, b200, h100-sxm, h200"));
+    assert_int_equal(hw_profile_load("h100 sxm", &hw), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "neither a profile name"));
+    assert_int_equal(hw_profile_load("/nonexistent/x.yaml", &hw), CT_ERR_INVALID);
+    assert_string_equal(ct_last_error(),
+                        "/nonexistent/x.yaml: cannot open hardware profile: No such file or directory");
     /* $CTITAN_HARDWARE_PATH comes before the shipped folder */
-    assert_int_equal(load_variant(1, "name: \"Power-capped H100\"", &hw, err, sizeof err, path), 0);
+    assert_int_equal(load_variant(1, "name: \"Power-capped H100\"", &hw, path), 0);
     hw_profile_free(&hw);
     char mine[256];
     snprintf(mine, sizeof mine, "%s/h100-sxm.yaml", dir);
@@ -448,7 +453,7 @@ static void test_names_search_the_path_and_unknown_names_list_the_shipped(void *
     char env[300];
     snprintf(env, sizeof env, "/nonexistent::%s", dir);
     setenv("CTITAN_HARDWARE_PATH", env, 1);
-    if (hw_profile_load("h100-sxm", &hw, err, sizeof err)) fail_msg("%s", err);
+    if (hw_profile_load("h100-sxm", &hw)) fail_msg("%s", ct_last_error());
     assert_string_equal(hw.name, "Power-capped H100");
     hw_profile_free(&hw);
     char list[1024];

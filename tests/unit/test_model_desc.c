@@ -79,9 +79,9 @@ static void test_apply_fills_the_manifest_and_compares_what_it_sets(void **state
     const char *s;
     json_t *d = parse(good);
     manifest *mf = fresh();
-    assert_int_equal(manifest_override(mf, "model.flavor", "from_checkpoint", err, sizeof err), 0);
-    assert_int_equal(manifest_override(mf, "model.n_heads", "4", err, sizeof err), 0);
-    assert_int_equal(manifest_override(mf, "model.norm_eps", "1e-5", err, sizeof err), 0); /* the same number */
+    assert_int_equal(manifest_override(mf, "model.flavor", "from_checkpoint"), 0);
+    assert_int_equal(manifest_override(mf, "model.n_heads", "4"), 0);
+    assert_int_equal(manifest_override(mf, "model.norm_eps", "1e-5"), 0); /* the same number */
     assert_int_equal(mdesc_apply(mf, d, "x.ctt", 1, err, sizeof err), 0);
     assert_int_equal(mf_get_str(mf, "model.flavor", &s), 0);
     assert_string_equal(s, "debugmodel");
@@ -99,20 +99,20 @@ static void test_apply_fills_the_manifest_and_compares_what_it_sets(void **state
 
     /* a key that contradicts: one line with the key, both values and the file */
     mf = fresh();
-    assert_int_equal(manifest_override(mf, "model.n_heads", "8", err, sizeof err), 0);
+    assert_int_equal(manifest_override(mf, "model.n_heads", "8"), 0);
     assert_int_equal(mdesc_apply(mf, d, "x.ctt", 1, err, sizeof err), -1);
     assert_string_equal(err, "command line: --model.n_heads: 8 contradicts the checkpoint's 4 (x.ctt); drop the key "
                              "or make it agree");
     manifest_free(mf);
     mf = fresh();
-    assert_int_equal(manifest_override(mf, "model.name", "qwen2", err, sizeof err), 0);
+    assert_int_equal(manifest_override(mf, "model.name", "qwen2"), 0);
     assert_int_equal(mdesc_apply(mf, d, "x.ctt", 0, err, sizeof err), -1);
     assert_non_null(strstr(err, "--model.name: qwen2 contradicts the checkpoint's llama3"));
     manifest_free(mf);
 
     /* the flavor: compared for from_checkpoint, left alone for a model load (generate) */
     mf = fresh();
-    assert_int_equal(manifest_override(mf, "model.flavor", "8B", err, sizeof err), 0);
+    assert_int_equal(manifest_override(mf, "model.flavor", "8B"), 0);
     assert_int_equal(mdesc_apply(mf, d, "x.ctt", 1, err, sizeof err), -1);
     assert_non_null(strstr(err, "--model.flavor: 8B contradicts the checkpoint's debugmodel"));
     assert_int_equal(mdesc_apply(mf, d, "x.ctt", 0, err, sizeof err), 0);

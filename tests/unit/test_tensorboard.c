@@ -186,9 +186,9 @@ static void test_event_round_trip(void **state) {
 /* The writer's file: a file_version record, then one record per tb_write, each decoded. */
 static void test_writer_file(void **state) {
     (void)state;
-    char folder[256], err[512], host[256] = {0};
+    char folder[256], host[256] = {0};
     snprintf(folder, sizeof folder, "%s/tb/run1", dir);
-    tb_writer *w = tb_open(folder, err, sizeof err);
+    tb_writer *w = tb_open(folder);
     assert_non_null(w);
     char path[512];
     snprintf(path, sizeof path, "%s", tb_path(w));
@@ -254,9 +254,9 @@ static int fd_of(const char *path) {
 /* A write that fails (a full disk: /dev/full put in the file's place) is -1 and names the file. */
 static void test_write_error_names_the_file(void **state) {
     (void)state;
-    char folder[256], err[512], path[512];
+    char folder[256], path[512];
     snprintf(folder, sizeof folder, "%s/full", dir);
-    tb_writer *w = tb_open(folder, err, sizeof err);
+    tb_writer *w = tb_open(folder);
     assert_non_null(w);
     snprintf(path, sizeof path, "%s", tb_path(w));
     int fd = fd_of(path), full = open("/dev/full", O_WRONLY);
@@ -275,19 +275,19 @@ static void test_write_error_names_the_file(void **state) {
 /* A folder that is a file: NULL and one line naming it. */
 static void test_open_refuses_a_file(void **state) {
     (void)state;
-    char folder[256], err[512] = "";
+    char folder[256];
     snprintf(folder, sizeof folder, "%s/plain", dir);
     FILE *f = fopen(folder, "w");
     assert_non_null(f);
     fclose(f);
-    assert_null(tb_open(folder, err, sizeof err));
-    assert_non_null(strstr(err, folder));
-    assert_non_null(strstr(err, "Not a directory"));
-    assert_null(strchr(err, '\n'));
+    assert_null(tb_open(folder));
+    assert_non_null(strstr(ct_last_error(), folder));
+    assert_non_null(strstr(ct_last_error(), "Not a directory"));
+    assert_null(strchr(ct_last_error(), '\n'));
     char below[300];
     snprintf(below, sizeof below, "%s/run", folder);
-    assert_null(tb_open(below, err, sizeof err));
-    assert_non_null(strstr(err, below));
+    assert_null(tb_open(below));
+    assert_non_null(strstr(ct_last_error(), below));
     unlink(folder);
 }
 

@@ -73,13 +73,12 @@ static void test_names_windows_and_merge(void **state) {
     snprintf(p0, sizeof p0, "%s/rank0_trace.json", dir);
     snprintf(p1, sizeof p1, "%s/rank1_trace.json", dir);
     snprintf(merged, sizeof merged, "%s/trace.json", dir);
-    char err[1024];
     trace_enable(1);
     record_window(0);
-    assert_int_equal(trace_write_rank(p0, 0, err, sizeof err), 0);
+    assert_int_equal(trace_write_rank(p0, 0), CT_OK);
     record_window(1); /* the second "rank": the same process, written under pid 1 */
-    assert_int_equal(trace_write_rank(p1, 1, err, sizeof err), 0);
-    assert_int_equal(trace_merge(merged, dir, 2, err, sizeof err), 0);
+    assert_int_equal(trace_write_rank(p1, 1), CT_OK);
+    assert_int_equal(trace_merge(merged, dir, 2), CT_OK);
     json_t *doc, *ev = events_of(merged, &doc);
     for (int r = 0; r < 2; r++) {
         for (int l = 0; l < 3; l++) {
@@ -97,15 +96,15 @@ static void test_names_windows_and_merge(void **state) {
     json_decref(doc);
     /* a rank's missing file: an error naming it, no merged file left half-written */
     snprintf(merged, sizeof merged, "%s/trace3.json", dir);
-    assert_int_equal(trace_merge(merged, dir, 3, err, sizeof err), -1);
-    assert_non_null(strstr(err, "rank2_trace.json"));
+    assert_int_equal(trace_merge(merged, dir, 3), CT_ERR_IO);
+    assert_non_null(strstr(ct_last_error(), "rank2_trace.json"));
     assert_int_equal(access(merged, F_OK), -1);
     trace_enable(0);
 }
 
 static void test_snapshot_sums_to_counters(void **state) {
     (void)state;
-    char path[512], err[1024];
+    char path[512];
     snprintf(path, sizeof path, "%s/snap.json", dir);
     const char *names[2] = {"layers.0.attention.wq.weight", "layers.0.attention.wk.weight"};
     const int64_t bytes[2] = {4096, 1024};
@@ -118,7 +117,7 @@ static void test_snapshot_sums_to_counters(void **state) {
     mem_account(CT_MEM_ACTIVATIONS, -5000);
     memsnap_freeze();
     mem_account(CT_MEM_ACTIVATIONS, 9000); /* after the step: not this snapshot's peak */
-    assert_int_equal(memsnap_write(path, 0, 7, names, bytes, 2, err, sizeof err), 0);
+    assert_int_equal(memsnap_write(path, 0, 7, names, bytes, 2), CT_OK);
     json_error_t je;
     json_t *doc = json_load_file(path, 0, &je);
     assert_non_null(doc);
