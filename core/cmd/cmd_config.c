@@ -130,7 +130,7 @@ static ct_status import(const char *in, FILE *out) {
         st = CT_ERR_NOMEM;
         goto done;
     }
-    if (manifest_torchtitan(m) != CT_OK &&
+    if (manifest_torchtitan(m, 1) != CT_OK &&
         !strstr(ct_last_error(), "is a torchtitan dataset name")) { /* a dataset name is noted below instead */
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         st = CT_ERR_INVALID;

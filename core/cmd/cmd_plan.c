@@ -183,7 +183,7 @@ ct_status cmd_plan(int argc, char **argv) {
         free(a.rest);
         return st;
     }
-    run_args ra;
+    run_args ra = {0};
     manifest *mf = session_parse(a.n_rest, a.rest, &ra, usage, &st);
     free(a.rest);
     if (!mf) return st;

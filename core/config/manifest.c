@@ -696,7 +696,7 @@ static void drop_value(manifest *m, const char *key) {
     for (int i = 0; i < m->n_values; i++) *index_slot(m, m->values[i].key) = i + 1;
 }
 
-ct_status manifest_torchtitan(manifest *m) {
+ct_status manifest_torchtitan(manifest *m, int reads_data) {
     char where[600], there[600], path[4096];
     for (const tt_key *t = tt_keys; t->key; t++) {
         const mf_value *from = find_value(m, t->key), *to = t->maps_to ? find_value(m, t->maps_to) : NULL;
@@ -711,7 +711,8 @@ ct_status manifest_torchtitan(manifest *m) {
     }
     /* torchtitan names its datasets (c4, c4_test: Hugging Face downloads); ctitan reads token shards. The
      * name with a dataset_path beside it is torchtitan's way to give the local copy: the path is read. A
-     * name is a valid value; it is refused only where a dataset must be read (validation when enabled). */
+     * name is a valid value; it is refused only where a dataset must be read (training, validation when
+     * enabled; never by a command that reads no data, reads_data 0: generate). */
     static const char *const sections[] = {"training", "validation"};
     for (int i = 0; i < 2; i++) {
         char key[64], key_path[64];
@@ -724,6 +725,7 @@ ct_status manifest_torchtitan(manifest *m) {
             continue; /* not a name, or a file of that name */
         const mf_value *on = i ? find_value(m, "validation.enable") : NULL;
         int read = !i || (on && on->value && !mf_parse_bool(on->value, &read) && read);
+        read = read && reads_data;
         if (find_value(m, key_path) || !read) { /* the path is read, or nothing is (validation off) */
             drop_value(m, key);
             continue;

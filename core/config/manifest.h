@@ -89,8 +89,9 @@ int manifest_alias(manifest *m, const char *from, const char *to);
 
 /* torchtitan's spellings that are not ctitan's keys (config/torchtitan_keys.h): a key mapped onto ctitan's
  * is copied there (refused when both disagree), and a torchtitan dataset name (training.dataset = "c4_test")
- * gives way to the dataset_path beside it, or is refused naming that key. CT_OK, or a status with one line set. */
-ct_status manifest_torchtitan(manifest *m);
+ * gives way to the dataset_path beside it, or is refused naming that key when the command reads data
+ * (reads_data; generate reads none). CT_OK, or a status with one line set. */
+ct_status manifest_torchtitan(manifest *m, int reads_data);
 /* One of torchtitan's keys that is not ctitan's (torchtitan_keys.h): CT_OK when its value is accepted (or it
  * is mapped, or v's key is none of them), CT_ERR_INVALID with the reason set when refused. */
 ct_status manifest_torchtitan_check(const manifest *m, const mf_value *v);

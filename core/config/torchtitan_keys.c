@@ -9,6 +9,8 @@
 #define NO_FT "no torchft fault tolerance: a dead rank ends the job (comm.train_timeout_seconds) and the run " \
               "resumes from its newest checkpoint"
 #define LOADER "the data loader reads memory-mapped token shards in the training thread: no worker processes"
+/* worker counts tune torchtitan's loader speed only; any value reads the same data here */
+#define LOADER_WORKERS "the data loader reads memory-mapped token shards in the training thread: the worker count has no effect"
 
 const tt_key tt_keys[] = {
     /* mapped onto ctitan's key */
@@ -35,12 +37,12 @@ const tt_key tt_keys[] = {
     {"training.mixed_precision_reduce", "float32", NULL, "gradients are reduced in float32"},
     {"training.gc_freq", "*", NULL, "no garbage collector: memory is one allocation per lifetime"},
     {"training.gc_debug", "false", NULL, "no garbage collector: memory is one allocation per lifetime"},
-    {"training.dataloader.num_workers", "0", NULL, LOADER},
-    {"training.dataloader.persistent_workers", "false", NULL, LOADER},
+    {"training.dataloader.num_workers", "*", NULL, LOADER_WORKERS},
+    {"training.dataloader.persistent_workers", "*", NULL, LOADER_WORKERS},
     {"training.dataloader.pin_memory", "*", NULL, LOADER},
     {"training.dataloader.prefetch_factor", "*", NULL, LOADER},
-    {"validation.dataloader.num_workers", "0", NULL, LOADER},
-    {"validation.dataloader.persistent_workers", "false", NULL, LOADER},
+    {"validation.dataloader.num_workers", "*", NULL, LOADER_WORKERS},
+    {"validation.dataloader.persistent_workers", "*", NULL, LOADER_WORKERS},
     {"validation.dataloader.pin_memory", "*", NULL, LOADER},
     {"validation.dataloader.prefetch_factor", "*", NULL, LOADER},
     {"parallelism.module_fqns_per_model_part", NULL, NULL,

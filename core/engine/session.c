@@ -112,7 +112,7 @@ static manifest *manifest_open(const run_args *a, const overrides *ov) {
             return NULL;
         }
     }
-    if (manifest_torchtitan(mf) != CT_OK) {
+    if (manifest_torchtitan(mf, !a->reads_no_data) != CT_OK) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         manifest_free(mf);
         return NULL;
@@ -124,7 +124,9 @@ static manifest *manifest_open(const run_args *a, const overrides *ov) {
 manifest *session_parse(int argc, char **argv, run_args *a, const char *usage, ct_status *status) {
     overrides *ov = calloc(1, sizeof *ov);
     manifest *mf = NULL;
+    int reads_no_data = a->reads_no_data; /* the command's, set before the call */
     memset(a, 0, sizeof *a);
+    a->reads_no_data = reads_no_data;
     *status = CT_OK;
     if (!ov) {
         fprintf(stderr, "ctitan: out of memory\n");

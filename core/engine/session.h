@@ -52,9 +52,11 @@ typedef struct run_args {
     int print_config, dry_run, help;
     const char *checkpoint; /* generate: model file */
     const char *prompt;     /* generate: overrides generate.prompt */
+    int reads_no_data;      /* generate: a torchtitan dataset name (c4_test) is dropped, not refused */
 } run_args;
 
-/* Parses argv after the subcommand into args and applies overrides to a freshly loaded manifest.
+/* Parses argv after the subcommand into args (every field but reads_no_data, which the command sets
+ * first) and applies overrides to a freshly loaded manifest.
  * Returns the manifest, or NULL after printing one error line (*status CT_ERR_INVALID; CT_OK with
  * args->help). */
 manifest *session_parse(int argc, char **argv, run_args *args, const char *usage, ct_status *status);

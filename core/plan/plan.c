@@ -1133,7 +1133,7 @@ done:
 
 ct_status plan_for_run(int argc, char **argv, const char *usage, int world, const session *run, plan_result *r,
                        hw_profile *hw, int *have_hw) {
-    run_args a;
+    run_args a = {0};
     ct_status st;
     memset(hw, 0, sizeof *hw);
     *have_hw = 0;

@@ -1082,7 +1082,7 @@ static void plan_line(int argc, char **argv, const session *run, int world) {
 }
 
 ct_status cmd_train(int argc, char **argv, int *stop_signal) {
-    run_args a;
+    run_args a = {0};
     ct_status st;
     *stop_signal = 0;
     manifest *mf = session_parse(argc, argv, &a, train_usage, &st);
@@ -1141,7 +1141,7 @@ static const char *generate_usage =
     "  generate.max_new_tokens (default here 64), temperature, top_k, top_p and seed apply.\n";
 
 ct_status cmd_generate(int argc, char **argv) {
-    run_args a;
+    run_args a = {.reads_no_data = 1};
     ct_status st;
     manifest *mf = session_parse(argc, argv, &a, generate_usage, &st);
     if (a.help) {

@@ -84,6 +84,11 @@ inactive "plugin choice with cp 1" "parallelism: {context_parallel_rotate_method
 rc=$?; steps=$(grep -c '"step"' "$T/tt/metrics.jsonl" 2>/dev/null)
 if [ $rc -eq 0 ] && [ "$steps" = 3 ] && grep -q '^step     3  loss' "$T/tt.log"; then echo "ok   debug TOML trains 3 steps"
 else echo "FAIL debug TOML: status $rc, $steps metrics lines"; tail -5 "$T/tt.log" | sed 's/^/     /'; fails=$((fails+1)); fi
+# generating reads no data: the config's dataset name (c4_test) is no reason to refuse it
+out=$("$CTITAN" generate configs/torchtitan/llama3_debugmodel.toml --job.dump_folder="$T/tt" --device.threads=1 \
+  --model.tokenizer_path="$T/tok.model" --prompt "the" --generate.max_new_tokens=4 2>&1); rc=$?
+if [ $rc -eq 0 ]; then echo "ok   generate on the debug TOML (training.dataset = \"c4_test\") samples"
+else echo "FAIL generate on the debug TOML: status $rc"; echo "$out" | tail -3 | sed 's/^/     /'; fails=$((fails+1)); fi
 tt=configs/torchtitan/llama3_debugmodel.toml
 value "TOML float" optimizer.lr 0.0008 "$tt" --training.dataset_path="$T/data.bin"
 value "TOML list" quantize.linear.float8.filter_fqns output "$tt" --training.dataset_path="$T/data.bin"
@@ -126,6 +131,8 @@ value "debug.seed maps" training.seed 5 "$good" --debug.seed=5
 value "old [float8] section maps" quantize.dense.float8.filter_fqns "output,wo" "$good" --float8.filter_fqns=output,wo --model.converters=float8
 value "color printing accepted" metrics.log_freq 10 "$good" --metrics.disable_color_printing
 value "precompute accepted" metrics.log_freq 10 "$good" --quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp
+value "dataloader workers accepted (no effect)" metrics.log_freq 10 "$good" --training.dataloader.num_workers=2 \
+  --training.dataloader.persistent_workers=true --validation.dataloader.num_workers=2
 
 # ---- ctitan config import: the debug config as a YAML manifest that reads the same ----
 if "$CTITAN" config import "$tt" --output "$T/imported.yaml" 2>"$T/err" &&
