@@ -84,6 +84,9 @@ typedef enum ct_collective {
 #define CT_DIM_ROWS (-2)
 #define CT_DIM_COLS (-1)
 
+/* ABI 2.11 (the limit itself is 2.0's): a custom op's most inputs, and most outputs. */
+#define CT_CUSTOM_MAX_IO 8
+
 /* The host's ops. Every op returns a new tensor (or NULL on error) and records its backward. */
 typedef struct ct_builder ct_builder;
 struct ct_custom_op;
@@ -134,7 +137,8 @@ struct ct_builder {
     void *(*scratch)(ct_builder *b, size_t bytes);
     /* Runs op->forward now and records the op for backward. `state` (state_bytes, may be 0) is copied
      * into host memory that lives as long as the op's outputs; forward and backward get that copy.
-     * in[] and out[] are copied too. Returns CT_OK, or the callback's status with the error set. */
+     * in[] and out[] are copied too: at most CT_CUSTOM_MAX_IO of each (n_out >= 1; more is refused).
+     * Returns CT_OK, or the callback's status with the error set. */
     ct_status (*custom)(ct_builder *b, const struct ct_custom_op *op, const void *state, size_t state_bytes,
                         ct_tensor *const *in, int n_in, ct_tensor **out, int n_out);
     /* In a backward callback: t's gradient buffer (numel f32, zeroed on first use; a parameter's is
