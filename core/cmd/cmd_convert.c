@@ -158,8 +158,8 @@ static int described(const tf_file *f, const args *a, json_t **out) {
         fprintf(stderr, "ctitan convert: %s: tensor '%s': invalid JSON (%s)\n", a->input, MDESC_ENTRY, je.text);
         return -1;
     }
-    if (mdesc_check(d, a->input, err, sizeof err)) {
-        fprintf(stderr, "ctitan convert: %s\n", err);
+    if (mdesc_check(d, a->input) != CT_OK) {
+        fprintf(stderr, "ctitan convert: %s\n", ct_last_error());
         json_decref(d);
         return -1;
     }

@@ -322,10 +322,12 @@ static int run_open(plan_ctx *c, const plan_layout *l, plan_run *r, char *err, s
         dist.st[dist.n_st] = a;
         dist.strat[dist.n_st++] = inst;
     }
-    int rst = runtime_plan(&r->rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, err, errlen);
+    ct_status rst = runtime_plan(&r->rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist);
     r->rt_ready = 1;
-    if (rst) return -1;
-    if (runtime_plan_start(&r->rt, err, errlen)) return -1;
+    if (rst != CT_OK || runtime_plan_start(&r->rt) != CT_OK) {
+        snprintf(err, errlen, "%s", ct_last_error());
+        return -1;
+    }
     return 0;
 }
 
@@ -387,11 +389,17 @@ static int run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace 
     r->ts.matmul_dtype = l->bf16 ? PLAN_BF16 : PLAN_F32;
     t->state = &r->ts;
     rt->trace = t;
-    if (runtime_wrap_builder(rt, err, errlen)) return -1;
+    if (runtime_wrap_builder(rt) != CT_OK) {
+        snprintf(err, errlen, "%s", ct_last_error());
+        return -1;
+    }
     const char *mode = "none", *opt = "op";
     mf_get_str(c->mf, "activation_checkpoint.mode", &mode);
     mf_get_str(c->mf, "activation_checkpoint.selective_ac_option", &opt);
-    if (runtime_set_ac(rt, mode, opt, err, errlen)) return -1;
+    if (runtime_set_ac(rt, mode, opt) != CT_OK) {
+        snprintf(err, errlen, "%s", ct_last_error());
+        return -1;
+    }
     if (l->offload && l->pp > 1) {
         snprintf(err, errlen, "activation_offload.layers: not with pipeline parallel yet");
         return -1;
@@ -769,7 +777,8 @@ static int stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, 
         }
         if (!bad) {
             q.rt_ready = 1;
-            bad = runtime_plan(&q.rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, err, errlen);
+            bad = runtime_plan(&q.rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist) != CT_OK;
+            if (bad) snprintf(err, errlen, "%s", ct_last_error());
         }
         for (int i = 0; !bad && i < q.rt.n_params && i < r->rt.n_params; i++)
             q.rt.params[i]->t.flags |= r->rt.params[i]->t.flags & (CT_TENSOR_QUANT_DECIDED | CT_TENSOR_QUANTIZED);
