@@ -4,6 +4,7 @@
 #include "engine/mesh.h"
 
 #include "formats/tensorfile.h"
+#include "base/error.h"
 #include "base/util.h"
 
 #include <dirent.h>
@@ -154,7 +155,7 @@ void ckpt_snapshot_free(ckpt_snapshot *sn) {
     free(sn);
 }
 
-ckpt_snapshot *ckpt_snapshot_take(session *s, int what, int export_bf16, char *err, size_t errlen) {
+ckpt_snapshot *ckpt_snapshot_take(session *s, int what, int export_bf16) {
     ckpt_snapshot *sn = calloc(1, sizeof *sn);
     if (!sn) goto nomem;
     sn->rank = s->rank;
@@ -178,7 +179,7 @@ ckpt_snapshot *ckpt_snapshot_take(session *s, int what, int export_bf16, char *e
             tensor_name(p->name, sizeof p->name, sl->param->name, k);
             /* the box is a prefix of the local storage: dim-0 rows, padding after */
             if (s->d->copy(s->dev, p->data, storage(s, i, k), sizeof(float) * (size_t)n, CT_COPY_D2H) != CT_OK) {
-                ct_errf(err, errlen, "checkpoint: cannot copy %s from the device", sl->param->name);
+                ct_set_error("checkpoint: cannot copy %s from the device", sl->param->name);
                 ckpt_snapshot_free(sn);
                 return NULL;
             }
@@ -193,31 +194,30 @@ ckpt_snapshot *ckpt_snapshot_take(session *s, int what, int export_bf16, char *e
     }
     return sn;
 nomem:
-    ct_errf(err, errlen, "checkpoint: out of memory for the snapshot");
+    ct_set_error("checkpoint: out of memory for the snapshot");
     ckpt_snapshot_free(sn);
     return NULL;
 }
 
 /* Writes a snapshot's pieces and their index into dir (no collective: any thread). */
-int ckpt_snapshot_write(const ckpt_snapshot *sn, const char *dir, char *err, size_t errlen) {
+ct_status ckpt_snapshot_write(const ckpt_snapshot *sn, const char *dir) {
     char path[PATH_MAX], fname[64];
     snprintf(fname, sizeof fname, "rank-%05d.bin", sn->rank);
-    if (snprintf(path, sizeof path, "%s/%s", dir, fname) >= (int)sizeof path) {
-        ct_errf(err, errlen, "checkpoint folder path too long");
-        return -1;
-    }
-    int fd = -1, rc = -1;
+    if (snprintf(path, sizeof path, "%s/%s", dir, fname) >= (int)sizeof path)
+        return ct_fail(CT_ERR_INVALID, "checkpoint folder path too long");
+    int fd = -1;
+    ct_status rc = CT_ERR_IO;
     json_t *index = json_array();
     int64_t file_off = 0;
     for (int i = 0; i < sn->n; i++) {
         const snap_piece *p = &sn->p[i];
         if (fd < 0 && (fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644)) < 0) {
-            ct_errf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+            ct_set_error("%s: cannot write: %s", path, strerror(errno));
             goto done;
         }
         size_t bytes = sizeof(float) * (size_t)p->n;
         if (ct_write_all(fd, p->data, bytes)) {
-            ct_errf(err, errlen, "%s: write failed: %s", path, strerror(errno));
+            ct_set_error("%s: write failed: %s", path, strerror(errno));
             goto done;
         }
         json_t *e = json_object();
@@ -238,19 +238,19 @@ int ckpt_snapshot_write(const ckpt_snapshot *sn, const char *dir, char *err, siz
         bad |= close(fd) != 0;
         fd = -1;
         if (bad) {
-            ct_errf(err, errlen, "%s: cannot sync: %s", path, strerror(errno));
+            ct_set_error("%s: cannot sync: %s", path, strerror(errno));
             goto done;
         }
     }
     char *text = json_dumps(index, JSON_COMPACT);
     if (!text || snprintf(path, sizeof path, "%s/rank-%05d.json", dir, sn->rank) >= (int)sizeof path ||
         write_file_synced(path, text, strlen(text))) {
-        ct_errf(err, errlen, "%s: cannot write the index: %s", path, text ? strerror(errno) : "out of memory");
+        ct_set_error("%s: cannot write the index: %s", path, text ? strerror(errno) : "out of memory");
         free(text);
         goto done;
     }
     free(text);
-    rc = 0;
+    rc = CT_OK;
 done:
     if (fd >= 0) close(fd);
     json_decref(index);
@@ -317,25 +317,24 @@ static json_t *run_config(session *s, int optimizer) {
 }
 
 /* Rank 0: merges the rank indexes into metadata.json (the last file written). */
-/* Every rank's index (dir/rank-NNNNN.json) appended to shards. 0, or -1 (err says why, unless a path
- * was too long). */
-static int shards_gather(const session *s, const char *dir, json_t *shards, char *err, size_t errlen) {
+/* Every rank's index (dir/rank-NNNNN.json) appended to shards. */
+static ct_status shards_gather(const session *s, const char *dir, json_t *shards) {
     for (int r = 0; r < s->world; r++) {
         char path[PATH_MAX];
-        if (snprintf(path, sizeof path, "%s/rank-%05d.json", dir, r) >= (int)sizeof path) return -1;
+        if (snprintf(path, sizeof path, "%s/rank-%05d.json", dir, r) >= (int)sizeof path)
+            return ct_fail(CT_ERR_INVALID, "%s: path too long", dir);
         json_error_t je;
         json_t *idx = json_load_file(path, 0, &je);
         if (!idx || !json_is_array(idx)) {
             json_decref(idx);
-            ct_errf(err, errlen, "%s: missing or unreadable rank index", path);
-            return -1;
+            return ct_fail(CT_ERR_IO, "%s: missing or unreadable rank index", path);
         }
         size_t i;
         json_t *e;
         json_array_foreach(idx, i, e) json_array_append(shards, e);
         json_decref(idx);
     }
-    return 0;
+    return CT_OK;
 }
 
 /* The tensors this save holds, name -> dtype and global shape (a model-only save has no optimizer
@@ -375,23 +374,22 @@ static json_t *train_state_json(const ckpt_train_state *st) {
 }
 
 /* root as dir/metadata.json: written to a temporary name, synced, renamed, the folder synced. */
-static int metadata_file_write(const char *dir, const json_t *root, char *err, size_t errlen) {
+static ct_status metadata_file_write(const char *dir, const json_t *root) {
     char *text = json_dumps(root, JSON_INDENT(1));
     char path[PATH_MAX], tmp[PATH_MAX + 8];
     int long_path = snprintf(path, sizeof path, "%s/metadata.json", dir) >= (int)sizeof path;
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (!text || long_path || write_file_synced(tmp, text, strlen(text)) || rename(tmp, path) || fsync_path(dir)) {
-        ct_errf(err, errlen, "%s: cannot write the metadata: %s", path, text ? strerror(errno) : "out of memory");
+        ct_set_error("%s: cannot write the metadata: %s", path, text ? strerror(errno) : "out of memory");
         free(text);
         unlink(tmp);
-        return -1;
+        return CT_ERR_IO;
     }
     free(text);
-    return 0;
+    return CT_OK;
 }
 
-static int write_metadata(session *s, const char *dir, int64_t step, const ckpt_train_state *st, char *err,
-                          size_t errlen) {
+static ct_status write_metadata(session *s, const char *dir, int64_t step, const ckpt_train_state *st) {
     json_t *root = json_object(), *shards = json_array();
     json_object_set_new(root, "format", json_string("ctitan-checkpoint"));
     json_object_set_new(root, "version", json_integer(CKPT_VERSION));
@@ -406,37 +404,35 @@ static int write_metadata(session *s, const char *dir, int64_t step, const ckpt_
     json_object_set_new(root, "config", run_config(s, st != NULL));
     json_t *desc = mdesc_build(s); /* NULL (out of memory): left out, as an older ctitan's */
     if (desc) json_object_set_new(root, "model", desc);
-    if (shards_gather(s, dir, shards, err, errlen)) {
+    ct_status rc = shards_gather(s, dir, shards);
+    if (rc != CT_OK) {
         json_decref(shards);
         json_decref(root);
-        return -1;
+        return rc;
     }
     json_object_set_new(root, "tensors", tensors_listed(s, shards));
     json_object_set_new(root, "shards", shards);
     if (st) json_object_set_new(root, "train_state", train_state_json(st));
-    int rc = metadata_file_write(dir, root, err, errlen);
+    rc = metadata_file_write(dir, root);
     json_decref(root);
     return rc;
 }
 
-int ckpt_prepare(session *s, const char *folder, int64_t step, char *err, size_t errlen) {
+ct_status ckpt_prepare(session *s, const char *folder, int64_t step) {
     char tmpdir[PATH_MAX];
     snprintf(tmpdir, sizeof tmpdir, "%s/step-%" PRId64 ".tmp", folder, step);
-    int bad = 0;
+    ct_status rc = CT_OK;
     if (s->rank == 0) {
         rm_rf(tmpdir);
-        bad = ct_mkdir_p(tmpdir) != 0;
-        if (bad) ct_errf(err, errlen, "%s: cannot create: %s", tmpdir, strerror(errno));
+        if (ct_mkdir_p(tmpdir) != 0) rc = ct_fail(CT_ERR_IO, "%s: cannot create: %s", tmpdir, strerror(errno));
     }
-    if (barrier(s)) {
-        ct_errf(err, errlen, "checkpoint %s: a rank did not reach the save barrier: %s", tmpdir, ct_last_error());
-        return -1;
-    }
-    return bad ? -1 : 0;
+    if (barrier(s))
+        return ct_fail(CT_ERR_INTERNAL, "checkpoint %s: a rank did not reach the save barrier: %s", tmpdir,
+                       ct_last_error());
+    return rc;
 }
 
-int ckpt_commit(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int wrote_ok, char *err,
-                size_t errlen) {
+ct_status ckpt_commit(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int wrote_ok) {
     char dir[PATH_MAX], tmpdir[PATH_MAX + 8];
     snprintf(dir, sizeof dir, "%s/step-%" PRId64, folder, step);
     snprintf(tmpdir, sizeof tmpdir, "%s.tmp", dir);
@@ -445,45 +441,45 @@ int ckpt_commit(session *s, const char *folder, int64_t step, const ckpt_train_s
     if (s->capi) {
         ct_comm_group *world;
         s->capi->world(s->comm, &world);
-        if (s->capi->all_reduce(s->comm, world, &ok, &ok, 1, CT_F64, CT_REDUCE_MIN, NULL) != CT_OK) {
-            ct_errf(err, errlen, "checkpoint %s: a rank did not reach the commit: %s", dir, ct_last_error());
-            return -1;
-        }
+        if (s->capi->all_reduce(s->comm, world, &ok, &ok, 1, CT_F64, CT_REDUCE_MIN, NULL) != CT_OK)
+            return ct_fail(CT_ERR_INTERNAL, "checkpoint %s: a rank did not reach the commit: %s", dir,
+                           ct_last_error());
     }
-    int bad = ok < 1;
-    /* a rank that failed has its own message in err already (the caller passed it to the write) */
-    if (bad && wrote_ok) ct_errf(err, errlen, "checkpoint %s: another rank failed to write its files", dir);
-    if (s->rank == 0 && !bad) {
-        bad = write_metadata(s, tmpdir, step, st, err, errlen) != 0;
-        if (!bad) {
+    ct_status rc = CT_OK;
+    /* a rank that failed has its own message set already (by the snapshot or its write), kept here */
+    if (ok < 1 && !wrote_ok) rc = CT_ERR_IO;
+    else if (ok < 1) rc = ct_fail(CT_ERR_IO, "checkpoint %s: another rank failed to write its files", dir);
+    if (s->rank == 0 && rc == CT_OK) {
+        rc = write_metadata(s, tmpdir, step, st);
+        if (rc == CT_OK) {
             /* an older complete save of the same step (a rerun) steps aside as step-N.old until the new
              * one is in place, so a crash in between leaves one of them (ckpt_steps tidies up) */
             char old[PATH_MAX + 8];
             snprintf(old, sizeof old, "%s.old", dir);
             rm_rf(old);
             int had = access(dir, F_OK) == 0;
-            bad = (had && rename(dir, old) != 0) || rename(tmpdir, dir) != 0 || fsync_path(folder) != 0;
-            if (bad) ct_errf(err, errlen, "%s: cannot commit: %s", dir, strerror(errno));
+            if ((had && rename(dir, old) != 0) || rename(tmpdir, dir) != 0 || fsync_path(folder) != 0)
+                rc = ct_fail(CT_ERR_IO, "%s: cannot commit: %s", dir, strerror(errno));
             else if (had) rm_rf(old);
         }
     }
-    if (s->rank == 0 && bad) rm_rf(tmpdir); /* a failed save leaves nothing behind (and frees the disk) */
-    if (barrier(s)) {
-        ct_errf(err, errlen, "checkpoint %s: a rank did not reach the save barrier: %s", dir, ct_last_error());
-        return -1;
-    }
-    return bad ? -1 : 0;
+    if (s->rank == 0 && rc != CT_OK) rm_rf(tmpdir); /* a failed save leaves nothing behind (and frees the disk) */
+    if (barrier(s))
+        return ct_fail(CT_ERR_INTERNAL, "checkpoint %s: a rank did not reach the save barrier: %s", dir,
+                       ct_last_error());
+    return rc;
 }
 
-int ckpt_save(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int what, int export_bf16,
-              char *err, size_t errlen) {
+ct_status ckpt_save(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int what,
+                    int export_bf16) {
     char tmpdir[PATH_MAX];
     snprintf(tmpdir, sizeof tmpdir, "%s/step-%" PRId64 ".tmp", folder, step);
-    if (ckpt_prepare(s, folder, step, err, errlen)) return -1;
-    ckpt_snapshot *sn = ckpt_snapshot_take(s, what, export_bf16, err, errlen);
-    int ok = sn && ckpt_snapshot_write(sn, tmpdir, err, errlen) == 0;
+    ct_status rc = ckpt_prepare(s, folder, step);
+    if (rc != CT_OK) return rc;
+    ckpt_snapshot *sn = ckpt_snapshot_take(s, what, export_bf16);
+    int ok = sn && ckpt_snapshot_write(sn, tmpdir) == CT_OK;
     ckpt_snapshot_free(sn);
-    return ckpt_commit(s, folder, step, st, ok, err, errlen);
+    return ckpt_commit(s, folder, step, st, ok);
 }
 
 /* N for "step-N"; *tmp = 1 for the leftovers "step-N.tmp" (a save in progress) and "step-N.old" (a
@@ -514,12 +510,14 @@ static int cmp_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-int ckpt_steps(const char *folder, int clean, int64_t **out, char *err, size_t errlen) {
+ct_status ckpt_steps(const char *folder, int clean, int64_t **out, int *count) {
     *out = NULL;
+    *count = 0;
     DIR *d = opendir(folder);
-    if (!d) return 0;
+    if (!d) return CT_OK;
     int64_t *steps = NULL;
-    int n = 0, cap = 0, rc = 0;
+    int n = 0, cap = 0;
+    ct_status rc = CT_OK;
     struct dirent *e;
     while ((e = readdir(d))) {
         int tmp = 0;
@@ -542,17 +540,15 @@ int ckpt_steps(const char *folder, int clean, int64_t **out, char *err, size_t e
         snprintf(meta, sizeof meta, "%s/metadata.json", p);
         if (access(meta, F_OK) != 0) {
             if (!has_pieces(p)) continue; /* an empty or foreign folder */
-            ct_errf(err, errlen, "%s holds rank pieces but no metadata.json (deleted, or not a finished save): delete "
-                                 "that folder, or set checkpoint.load_step to another step", p);
-            rc = -1;
+            rc = ct_fail(CT_ERR_INVALID, "%s holds rank pieces but no metadata.json (deleted, or not a finished save): "
+                         "delete that folder, or set checkpoint.load_step to another step", p);
             break;
         }
     counted:
         if (n == cap) {
             int64_t *g = realloc(steps, sizeof *g * (size_t)(cap = cap ? 2 * cap : 16));
             if (!g) {
-                ct_errf(err, errlen, "%s: out of memory", folder);
-                rc = -1;
+                rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", folder);
                 break;
             }
             steps = g;
@@ -560,13 +556,14 @@ int ckpt_steps(const char *folder, int clean, int64_t **out, char *err, size_t e
         steps[n++] = v;
     }
     closedir(d);
-    if (rc) {
+    if (rc != CT_OK) {
         free(steps);
-        return -1;
+        return rc;
     }
     if (n) qsort(steps, (size_t)n, sizeof *steps, cmp_desc);
     *out = steps;
-    return n;
+    *count = n;
+    return CT_OK;
 }
 
 /* Whether a step folder's metadata.json has a train state (a full save, not a model-only one). */
@@ -582,8 +579,8 @@ static int full_state(const char *dir) {
 
 int64_t ckpt_latest_full(const char *folder, int64_t below) {
     int64_t *steps, found = -1;
-    char err[8];
-    int n = ckpt_steps(folder, 0, &steps, err, sizeof err);
+    int n;
+    if (ckpt_steps(folder, 0, &steps, &n) != CT_OK) ct_clear_error(); /* no full save found; not an error here */
     for (int i = 0; i < n && found < 0; i++) {
         char dir[PATH_MAX];
         if (steps[i] >= below) continue;
@@ -665,13 +662,13 @@ static int box_numel_ok(const box *b) {
     return 1;
 }
 
-/* An integer member of o in [lo, hi]: 0 and *v; else -1 and "path: field must be ...". */
-static int get_int(json_t *o, const char *key, const char *field, int64_t lo, int64_t hi, int64_t *v,
-                   const char *path, char *err, size_t errlen) {
+/* An integer member of o in [lo, hi]: CT_OK and *v; else CT_ERR_INVALID and "path: field must be ...". */
+static ct_status get_int(json_t *o, const char *key, const char *field, int64_t lo, int64_t hi, int64_t *v,
+                         const char *path) {
     json_t *x = json_object_get(o, key);
     if (json_is_integer(x) && json_integer_value(x) >= lo && json_integer_value(x) <= hi) {
         *v = json_integer_value(x);
-        return 0;
+        return CT_OK;
     }
     char got[48] = "missing";
     if (x) {
@@ -679,62 +676,53 @@ static int get_int(json_t *o, const char *key, const char *field, int64_t lo, in
         snprintf(got, sizeof got, "%.40s", t ? t : "?");
         free(t);
     }
-    ct_errf(err, errlen, "%s: %s must be an integer from %" PRId64 " to %" PRId64 ", got %s", path, field, lo, hi, got);
-    return -1;
+    return ct_fail(CT_ERR_INVALID, "%s: %s must be an integer from %" PRId64 " to %" PRId64 ", got %s", path, field, lo,
+                   hi, got);
 }
 
 /* The fields besides the pieces: format, step, world_size and mesh, train_state, every tensor's dtype
  * (all checked for type and range: metadata.json is input like any other file). */
-static int check_fields(json_t *root, const char *path, char *err, size_t errlen) {
+static ct_status check_fields(json_t *root, const char *path) {
     json_t *fmt = json_object_get(root, "format"), *ts = json_object_get(root, "train_state");
     json_t *mesh = json_object_get(root, "mesh"), *cfg = json_object_get(root, "config");
     int64_t step, world, v;
-    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "ctitan-checkpoint")) {
-        ct_errf(err, errlen, "%s: format must be \"ctitan-checkpoint\"", path);
-        return -1;
-    }
-    if (get_int(root, "step", "step", 0, CKPT_MAX_COUNT, &step, path, err, errlen) ||
-        get_int(root, "world_size", "world_size", 1, CKPT_MAX_WORLD, &world, path, err, errlen))
-        return -1;
-    if ((ts && !json_is_object(ts)) || (mesh && !json_is_object(mesh)) || (cfg && !json_is_object(cfg))) {
-        ct_errf(err, errlen, "%s: %s must be an object", path,
-                ts && !json_is_object(ts) ? "train_state" : mesh && !json_is_object(mesh) ? "mesh" : "config");
-        return -1;
-    }
+    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "ctitan-checkpoint"))
+        return ct_fail(CT_ERR_INVALID, "%s: format must be \"ctitan-checkpoint\"", path);
+    if (get_int(root, "step", "step", 0, CKPT_MAX_COUNT, &step, path) ||
+        get_int(root, "world_size", "world_size", 1, CKPT_MAX_WORLD, &world, path))
+        return CT_ERR_INVALID;
+    if ((ts && !json_is_object(ts)) || (mesh && !json_is_object(mesh)) || (cfg && !json_is_object(cfg)))
+        return ct_fail(CT_ERR_INVALID, "%s: %s must be an object", path,
+                       ts && !json_is_object(ts) ? "train_state" : mesh && !json_is_object(mesh) ? "mesh" : "config");
     int64_t dp = 0;
     if (mesh) {
         int64_t prod = 1, deg[CT_MESH_NAXES];
         for (int a = 0; a < CT_MESH_NAXES; a++) {
             char field[32];
             snprintf(field, sizeof field, "mesh.%s", mesh_axis_names[a]);
-            if (get_int(mesh, mesh_axis_names[a], field, 1, CKPT_MAX_WORLD, &deg[a], path, err, errlen)) return -1;
+            if (get_int(mesh, mesh_axis_names[a], field, 1, CKPT_MAX_WORLD, &deg[a], path)) return CT_ERR_INVALID;
             prod *= deg[a];
             if (prod > CKPT_MAX_WORLD) break;
         }
-        if (prod != world) {
-            ct_errf(err, errlen, "%s: mesh degrees multiply to %" PRId64 ", not world_size %" PRId64, path, prod, world);
-            return -1;
-        }
+        if (prod != world)
+            return ct_fail(CT_ERR_INVALID, "%s: mesh degrees multiply to %" PRId64 ", not world_size %" PRId64, path,
+                           prod, world);
         dp = deg[CT_AXIS_DP_REPLICATE] * deg[CT_AXIS_DP_SHARD];
     }
     if (ts) {
         int64_t ts_step;
-        if (get_int(ts, "step", "train_state.step", 0, CKPT_MAX_COUNT, &ts_step, path, err, errlen) ||
-            get_int(ts, "tokens_seen", "train_state.tokens_seen", 0, CKPT_MAX_COUNT, &v, path, err, errlen) ||
-            get_int(ts, "data_position", "train_state.data_position", 0, CKPT_MAX_COUNT, &v, path, err, errlen) ||
-            get_int(ts, "seed", "train_state.seed", INT64_MIN, INT64_MAX, &v, path, err, errlen) ||
-            get_int(ts, "dp_size", "train_state.dp_size", 1, world, &v, path, err, errlen))
-            return -1;
-        if (ts_step != step) {
-            ct_errf(err, errlen, "%s: train_state.step %" PRId64 " is not the checkpoint's step %" PRId64, path, ts_step,
-                    step);
-            return -1;
-        }
-        if (world % v || (dp && v != dp)) {
-            ct_errf(err, errlen, "%s: train_state.dp_size %" PRId64 " does not fit world_size %" PRId64 "%s", path, v,
-                    world, dp ? " and the mesh's dp_replicate x dp_shard" : " (it must divide it)");
-            return -1;
-        }
+        if (get_int(ts, "step", "train_state.step", 0, CKPT_MAX_COUNT, &ts_step, path) ||
+            get_int(ts, "tokens_seen", "train_state.tokens_seen", 0, CKPT_MAX_COUNT, &v, path) ||
+            get_int(ts, "data_position", "train_state.data_position", 0, CKPT_MAX_COUNT, &v, path) ||
+            get_int(ts, "seed", "train_state.seed", INT64_MIN, INT64_MAX, &v, path) ||
+            get_int(ts, "dp_size", "train_state.dp_size", 1, world, &v, path))
+            return CT_ERR_INVALID;
+        if (ts_step != step)
+            return ct_fail(CT_ERR_INVALID, "%s: train_state.step %" PRId64 " is not the checkpoint's step %" PRId64,
+                           path, ts_step, step);
+        if (world % v || (dp && v != dp))
+            return ct_fail(CT_ERR_INVALID, "%s: train_state.dp_size %" PRId64 " does not fit world_size %" PRId64 "%s",
+                           path, v, world, dp ? " and the mesh's dp_replicate x dp_shard" : " (it must divide it)");
     }
     const char *name;
     json_t *t;
@@ -745,33 +733,27 @@ static int check_fields(json_t *root, const char *path, char *err, size_t errlen
             size_t k = 0;
             for (; name[k] && k < 200; k++) shown[k] = (unsigned char)name[k] < 0x20 ? '?' : name[k];
             shown[k] = 0;
-            ct_errf(err, errlen, "%s: tensors.%s.dtype must be \"f32\"", path, shown);
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "%s: tensors.%s.dtype must be \"f32\"", path, shown);
         }
     }
-    return 0;
+    return CT_OK;
 }
 
 /* Validates metadata.json's structure and every piece against its tensor's shape. */
-static int parse_pieces(json_t *root, const char *path, piece **out, size_t *count, char *err, size_t errlen) {
+static ct_status parse_pieces(json_t *root, const char *path, piece **out, size_t *count) {
     json_t *ver = json_object_get(root, "version"), *shards = json_object_get(root, "shards");
     json_t *tensors = json_object_get(root, "tensors"), *ts = json_object_get(root, "train_state");
     *out = NULL;
     *count = 0;
     if (!json_is_object(root) || !json_is_integer(ver) || json_integer_value(ver) != CKPT_VERSION ||
-        !json_is_array(shards) || !json_is_object(tensors) || (ts && !json_is_object(ts))) {
-        ct_errf(err, errlen, "%s: not a ctitan checkpoint of version %d", path, CKPT_VERSION);
-        return -1;
-    }
+        !json_is_array(shards) || !json_is_object(tensors) || (ts && !json_is_object(ts)))
+        return ct_fail(CT_ERR_INVALID, "%s: not a ctitan checkpoint of version %d", path, CKPT_VERSION);
     (void)ts;
-    if (check_fields(root, path, err, errlen)) return -1;
+    if (check_fields(root, path)) return CT_ERR_INVALID;
     int64_t world = json_integer_value(json_object_get(root, "world_size"));
     size_t np = json_array_size(shards);
     piece *pieces = calloc(np + 1, sizeof *pieces);
-    if (!pieces) {
-        ct_errf(err, errlen, "%s: out of memory", path);
-        return -1;
-    }
+    if (!pieces) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
     for (size_t i = 0; i < np; i++) {
         json_t *e = json_array_get(shards, i);
         piece *p = &pieces[i];
@@ -793,10 +775,9 @@ static int parse_pieces(json_t *root, const char *path, piece **out, size_t *cou
             for (int d = 0; ok && d < n1; d++) ok = p->b.off[d] + p->b.len[d] <= shape[d];
         }
         if (!ok) {
-            ct_errf(err, errlen, "%s: shard %zu is malformed (tensor, file rank-R.bin with R below world_size, "
-                                 "offsets/sizes within the shape, bytes, fnv1a64 expected)", path, i);
             free(pieces);
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "%s: shard %zu is malformed (tensor, file rank-R.bin with R below "
+                           "world_size, offsets/sizes within the shape, bytes, fnv1a64 expected)", path, i);
         }
         p->tensor = json_string_value(t);
         p->file = json_string_value(f);
@@ -806,42 +787,34 @@ static int parse_pieces(json_t *root, const char *path, piece **out, size_t *cou
     }
     *out = pieces;
     *count = np;
-    return 0;
+    return CT_OK;
 }
 
-int ckpt_check_metadata(const char *text, size_t len, const char *label, char *err, size_t errlen) {
+ct_status ckpt_check_metadata(const char *text, size_t len, const char *label) {
     json_error_t je;
     json_t *root = json_loadb(text, len, 0, &je);
-    if (!root) {
-        ct_errf(err, errlen, "%s:%d: not JSON (%s)", label, je.line, je.text);
-        return -1;
-    }
+    if (!root) return ct_fail(CT_ERR_INVALID, "%s:%d: not JSON (%s)", label, je.line, je.text);
     piece *pieces;
     size_t n;
-    int rc = parse_pieces(root, label, &pieces, &n, err, errlen);
-    if (!rc) free(pieces);
+    ct_status rc = parse_pieces(root, label, &pieces, &n);
+    if (rc == CT_OK) free(pieces);
     json_decref(root);
     return rc;
 }
 
 /* A step folder against its metadata: a folder named step-N holds step N, and the rank indexes
  * (rank-R.json, one per rank that saved) are exactly those of world_size ranks. */
-static int check_folder(json_t *root, const char *dir, const char *path, char *err, size_t errlen) {
+static ct_status check_folder(json_t *root, const char *dir, const char *path) {
     int64_t step = json_integer_value(json_object_get(root, "step"));
     int64_t world = json_integer_value(json_object_get(root, "world_size"));
     const char *base = strrchr(dir, '/');
     base = base ? base + 1 : dir;
     int tmp = 0;
     int64_t named = step_of(base, &tmp);
-    if (named >= 0 && !tmp && named != step) {
-        ct_errf(err, errlen, "%s: step is %" PRId64 " but the folder is %s", path, step, base);
-        return -1;
-    }
+    if (named >= 0 && !tmp && named != step)
+        return ct_fail(CT_ERR_INVALID, "%s: step is %" PRId64 " but the folder is %s", path, step, base);
     DIR *d = opendir(dir);
-    if (!d) {
-        ct_errf(err, errlen, "%s: cannot list: %s", dir, strerror(errno));
-        return -1;
-    }
+    if (!d) return ct_fail(CT_ERR_IO, "%s: cannot list: %s", dir, strerror(errno));
     int64_t count = 0, stray = -1;
     struct dirent *e;
     while ((e = readdir(d))) {
@@ -851,12 +824,11 @@ static int check_folder(json_t *root, const char *dir, const char *path, char *e
         if (r >= world) stray = r;
     }
     closedir(d);
-    if (stray >= 0 || count != world) {
-        ct_errf(err, errlen, "%s: world_size is %" PRId64 " but the folder holds the rank indexes (rank-R.json) of %" PRId64
-                             " rank%s%s", path, world, count, count == 1 ? "" : "s", stray >= 0 ? ", one beyond it" : "");
-        return -1;
-    }
-    return 0;
+    if (stray >= 0 || count != world)
+        return ct_fail(CT_ERR_INVALID, "%s: world_size is %" PRId64 " but the folder holds the rank indexes "
+                       "(rank-R.json) of %" PRId64 " rank%s%s", path, world, count, count == 1 ? "" : "s",
+                       stray >= 0 ? ", one beyond it" : "");
+    return CT_OK;
 }
 
 /* "training.seed 0; this run has 1": the first setting of this run (run_config) that the checkpoint
@@ -881,20 +853,18 @@ static void config_diff(session *s, json_t *root, int resume, char *out, size_t 
     json_decref(now);
 }
 
-int ckpt_inspect(session *s, const char *step_dir, int resume, ckpt_info *info, char *err, size_t errlen) {
+ct_status ckpt_inspect(session *s, const char *step_dir, int resume, ckpt_info *info) {
     char path[PATH_MAX];
     memset(info, 0, sizeof *info);
     snprintf(path, sizeof path, "%s/metadata.json", step_dir);
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
-    if (!root) {
-        ct_errf(err, errlen, "%s:%d: not a checkpoint (%s)", path, je.line, je.text);
-        return -1;
-    }
+    if (!root) return ct_fail(CT_ERR_INVALID, "%s:%d: not a checkpoint (%s)", path, je.line, je.text);
     piece *pieces = NULL;
     size_t np;
-    int rc = -1;
-    if (parse_pieces(root, path, &pieces, &np, err, errlen) || check_folder(root, step_dir, path, err, errlen)) goto done;
+    ct_status rc = parse_pieces(root, path, &pieces, &np);
+    if (rc == CT_OK) rc = check_folder(root, step_dir, path);
+    if (rc != CT_OK) goto done;
     json_t *ts = json_object_get(root, "train_state"), *t;
     info->step = json_integer_value(json_object_get(root, "step"));
     info->world_size = (int)json_integer_value(json_object_get(root, "world_size"));
@@ -911,7 +881,6 @@ int ckpt_inspect(session *s, const char *step_dir, int resume, ckpt_info *info, 
         info->state.dp_size = json_integer_value(json_object_get(ts, "dp_size"));
     }
     config_diff(s, root, resume, info->config_diff, sizeof info->config_diff);
-    rc = 0;
 done:
     free(pieces);
     json_decref(root);
@@ -961,36 +930,28 @@ typedef struct ckpt_reader {
     float *local; /* this rank's part of one tensor */
 } ckpt_reader;
 
-/* Piece p of tensor `name` into r->buf, its size, checksum and values checked. 0 or -1 (err says
- * why, or is empty when memory ran out). */
-static int piece_read(ckpt_reader *r, const piece *p, const char *name, char *err, size_t errlen) {
+/* Piece p of tensor `name` into r->buf, its size, checksum and values checked. */
+static ct_status piece_read(ckpt_reader *r, const piece *p, const char *name) {
     float *g = realloc(r->buf, (size_t)p->bytes + 4);
-    if (!g) return -1;
+    if (!g) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", r->path);
     r->buf = g;
     char fpath[PATH_MAX];
     snprintf(fpath, sizeof fpath, "%s/%s", r->step_dir, p->file);
     int fd = open(fpath, O_RDONLY);
     ssize_t got = fd >= 0 ? pread(fd, r->buf, (size_t)p->bytes, p->byte_offset) : -1;
     if (fd >= 0) close(fd);
-    if (got != p->bytes) {
-        ct_errf(err, errlen, "%s: %s is truncated or missing (needed %" PRId64 " bytes at %" PRId64 ")", fpath, name,
-                p->bytes, p->byte_offset);
-        return -1;
-    }
-    if (fnv1a(r->buf, (size_t)p->bytes, 1469598103934665603ull) != p->sum) {
-        ct_errf(err, errlen, "%s: checksum mismatch in %s: the checkpoint is corrupt", fpath, name);
-        return -1;
-    }
-    if (tf_check_finite_data(r->buf, p->bytes / 4, fpath, name) != CT_OK) {
-        ct_errf(err, errlen, "%s", ct_last_error());
-        return -1;
-    }
-    return 0;
+    if (got != p->bytes)
+        return ct_fail(CT_ERR_INVALID, "%s: %s is truncated or missing (needed %" PRId64 " bytes at %" PRId64 ")",
+                       fpath, name, p->bytes, p->byte_offset);
+    if (fnv1a(r->buf, (size_t)p->bytes, 1469598103934665603ull) != p->sum)
+        return ct_fail(CT_ERR_INVALID, "%s: checksum mismatch in %s: the checkpoint is corrupt", fpath, name);
+    if (tf_check_finite_data(r->buf, p->bytes / 4, fpath, name) != CT_OK) return CT_ERR_INVALID;
+    return CT_OK;
 }
 
 /* Parameter i's tensor k (-1: the weights, else optimizer state k): this rank's box want of it,
- * gathered from every piece that overlaps it, onto the device. 0 or -1 (err as piece_read). */
-static int tensor_load(session *s, ckpt_reader *r, int i, int k, const box *want, char *err, size_t errlen) {
+ * gathered from every piece that overlaps it, onto the device. */
+static ct_status tensor_load(session *s, ckpt_reader *r, int i, int k, const box *want) {
     const ct_param_slot *sl = &s->rt.slots[i];
     int64_t n = box_numel(want);
     char name[512];
@@ -999,54 +960,45 @@ static int tensor_load(session *s, ckpt_reader *r, int i, int k, const box *want
     int64_t shape[CT_MAX_DIMS];
     int nd = 0;
     if (!t || parse_box(json_object_get(t, "shape"), shape, &nd) || nd != sl->param->ndim ||
-        memcmp(shape, sl->global_shape, sizeof(int64_t) * (size_t)nd)) {
-        ct_errf(err, errlen, "%s: %s is missing or has another shape than the model's", r->path, name);
-        return -1;
-    }
+        memcmp(shape, sl->global_shape, sizeof(int64_t) * (size_t)nd))
+        return ct_fail(CT_ERR_INVALID, "%s: %s is missing or has another shape than the model's", r->path, name);
     memset(r->local, 0, sizeof(float) * (size_t)sl->local_numel);
     int64_t covered = 0;
     for (size_t j = 0; j < r->np && n > 0; j++) {
         piece *p = &r->pieces[j];
         if (strcmp(p->tensor, name) || p->b.ndim != want->ndim) continue;
-        if (piece_read(r, p, name, err, errlen)) return -1;
+        ct_status st = piece_read(r, p, name);
+        if (st != CT_OK) return st;
         covered += copy_intersection(p, r->buf, want, r->local);
     }
-    if (covered != n) {
-        ct_errf(err, errlen, "%s: the pieces of %s cover %" PRId64 " of the %" PRId64 " elements this rank needs",
-                r->path, name, covered, n);
-        return -1;
-    }
+    if (covered != n)
+        return ct_fail(CT_ERR_INVALID, "%s: the pieces of %s cover %" PRId64 " of the %" PRId64 " elements this rank "
+                       "needs", r->path, name, covered, n);
     float *dst = (float *)storage(s, i, k);
-    if (s->d->copy(s->dev, dst, r->local, sizeof(float) * (size_t)sl->local_numel, CT_COPY_H2D) != CT_OK) {
-        ct_errf(err, errlen, "checkpoint: cannot copy %s to the device", name);
-        return -1;
-    }
-    return 0;
+    if (s->d->copy(s->dev, dst, r->local, sizeof(float) * (size_t)sl->local_numel, CT_COPY_H2D) != CT_OK)
+        return ct_fail(CT_ERR_INTERNAL, "checkpoint: cannot copy %s to the device", name);
+    return CT_OK;
 }
 
-int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, int *has_state, char *err,
-              size_t errlen) {
+ct_status ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, int *has_state) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/metadata.json", step_dir);
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     ckpt_reader r = {.step_dir = step_dir, .path = path};
-    int rc = -1;
     *has_state = 0;
-    if (!root) {
-        ct_errf(err, errlen, "%s:%d: not a checkpoint (%s)", path, je.line, je.text);
-        return -1;
-    }
+    if (!root) return ct_fail(CT_ERR_INVALID, "%s:%d: not a checkpoint (%s)", path, je.line, je.text);
     r.tensors = json_object_get(root, "tensors");
-    if (parse_pieces(root, path, &r.pieces, &r.np, err, errlen) || check_folder(root, step_dir, path, err, errlen))
-        goto done;
+    ct_status rc = parse_pieces(root, path, &r.pieces, &r.np);
+    if (rc == CT_OK) rc = check_folder(root, step_dir, path);
+    if (rc != CT_OK) goto done;
     if ((what & CKPT_OPTIMIZER) && s->rt.n_params > 0) { /* a state this run's optimizer has not: another layout */
         char name[600];
         tensor_name(name, sizeof name, runtime_param_key(&s->rt, 0), s->n_state);
         if (json_object_get(r.tensors, name)) {
-            ct_errf(err, errlen, "%s: holds more optimizer states per element than this run's optimizer keeps (%d; "
-                    "%s is one more): another optimizer or optimizer.implementation wrote it; resume with "
-                    "checkpoint.exclude_from_loading: optimizer", path, s->n_state, name);
+            rc = ct_fail(CT_ERR_INVALID, "%s: holds more optimizer states per element than this run's optimizer keeps "
+                         "(%d; %s is one more): another optimizer or optimizer.implementation wrote it; resume with "
+                         "checkpoint.exclude_from_loading: optimizer", path, s->n_state, name);
             goto done;
         }
     }
@@ -1055,10 +1007,13 @@ int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, 
         box want;
         local_box(sl, &want);
         float *grown = realloc(r.local, sizeof(float) * (size_t)(sl->local_numel > 0 ? sl->local_numel : 1));
-        if (!grown) goto done;
+        if (!grown) {
+            rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
+            goto done;
+        }
         r.local = grown;
         for (int k = (what & CKPT_MODEL) ? -1 : 0; k < ((what & CKPT_OPTIMIZER) ? s->n_state : 0); k++)
-            if (tensor_load(s, &r, i, k, &want, err, errlen)) goto done;
+            if ((rc = tensor_load(s, &r, i, k, &want)) != CT_OK) goto done;
     }
     json_t *ts = json_object_get(root, "train_state");
     if (st && json_is_object(ts)) {
@@ -1069,9 +1024,7 @@ int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, 
         st->dp_size = json_integer_value(json_object_get(ts, "dp_size"));
         *has_state = 1;
     }
-    rc = 0;
 done:
-    if (rc && !err[0]) ct_errf(err, errlen, "%s: out of memory", path);
     free(r.pieces);
     free(r.buf);
     free(r.local);

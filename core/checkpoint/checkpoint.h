@@ -10,6 +10,9 @@
  * Loading reshards: each rank computes the box its current layout needs for every tensor and
  * copies the intersections from whichever pieces cover it, whatever layout wrote them.
  * Tensors: "<fqn>" (parameters) and "optimizer.<k>.<fqn>" (the optimizer's k-th state).
+ *
+ * Errors: a function here that can fail returns CT_OK or a status (NULL for a pointer) with its one
+ * line set (base/error.h), and prints nothing; the loop's side below prints its own.
  */
 #ifndef CT_CHECKPOINT_H
 #define CT_CHECKPOINT_H
@@ -31,24 +34,25 @@ typedef struct ckpt_train_state {
 
 /* Saves what `what` says (and the train state when st != NULL) into folder/step-N. Collective:
  * every rank calls it. export_bf16 rounds the model to bf16 values (stored as f32). */
-int ckpt_save(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int what, int export_bf16,
-              char *err, size_t errlen);
+ct_status ckpt_save(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int what,
+                    int export_bf16);
 /* The parts of a save, for saving on a background thread (checkpoint.async_mode):
  *   ckpt_prepare (collective)  -> ckpt_snapshot_take (device -> host copy; training may go on)
- *   -> ckpt_snapshot_write (files; any thread) -> ckpt_commit (collective: metadata, rename). */
+ *   -> ckpt_snapshot_write (files; any thread: its error is that thread's) -> ckpt_commit
+ *   (collective: metadata, rename). A rank whose write failed (wrote_ok 0) calls ckpt_commit with that
+ *   write's error set: the commit fails with it; another rank's failure gets a line of its own. */
 typedef struct ckpt_snapshot ckpt_snapshot;
-int ckpt_prepare(session *s, const char *folder, int64_t step, char *err, size_t errlen);
-ckpt_snapshot *ckpt_snapshot_take(session *s, int what, int export_bf16, char *err, size_t errlen);
-int ckpt_snapshot_write(const ckpt_snapshot *sn, const char *dir, char *err, size_t errlen);
+ct_status ckpt_prepare(session *s, const char *folder, int64_t step);
+ckpt_snapshot *ckpt_snapshot_take(session *s, int what, int export_bf16);
+ct_status ckpt_snapshot_write(const ckpt_snapshot *sn, const char *dir);
 void ckpt_snapshot_free(ckpt_snapshot *sn);
-int ckpt_commit(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int wrote_ok, char *err,
-                size_t errlen);
+ct_status ckpt_commit(session *s, const char *folder, int64_t step, const ckpt_train_state *st, int wrote_ok);
 
 /* The steps N of the complete folder/step-N (with a metadata.json), newest first, in *steps (free
- * it); their count, or -1 and one line in err when a step folder holds rank pieces but no
+ * it) and their count in *count; CT_ERR_INVALID when a step folder holds rank pieces but no
  * metadata.json (deleted by hand: never silently skipped, nor overwritten). `clean` (rank 0 only):
  * removes interrupted saves (step-N.tmp) and finishes interrupted replacements (step-N.old). */
-int ckpt_steps(const char *folder, int clean, int64_t **steps, char *err, size_t errlen);
+ct_status ckpt_steps(const char *folder, int clean, int64_t **steps, int *count);
 /* The newest step below `below` whose save holds the full training state (not model-only), or -1. */
 int64_t ckpt_latest_full(const char *folder, int64_t below);
 
@@ -65,13 +69,13 @@ typedef struct ckpt_info {
     char config_diff[256]; /* "training.seed 0; this run has 1": the first difference, or "" */
 } ckpt_info;
 /* resume: compare the data settings (training.seed, seq_len) too, not only the model's. */
-int ckpt_inspect(session *s, const char *step_dir, int resume, ckpt_info *info, char *err, size_t errlen);
+ct_status ckpt_inspect(session *s, const char *step_dir, int resume, ckpt_info *info);
 /* Loads `what` from a step folder into this rank's storage, resharding. *st gets the train state
  * when the checkpoint has one (*has_state = 1). Collective only in that every rank reads files. */
-int ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, int *has_state, char *err,
-              size_t errlen);
-/* Validates a metadata.json text (structure, shapes, every piece's box and size); for fuzzing. */
-int ckpt_check_metadata(const char *text, size_t len, const char *label, char *err, size_t errlen);
+ct_status ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, int *has_state);
+/* Validates a metadata.json text (structure, shapes, every piece's box and size); for fuzzing. The
+ * error starts with label. */
+ct_status ckpt_check_metadata(const char *text, size_t len, const char *label);
 /* Deletes all but the newest k checkpoints (k <= 0: keep all), never the newest full-state one. */
 void ckpt_purge(const char *folder, int64_t keep);
 
@@ -92,7 +96,8 @@ typedef struct ckpt_plan {
     int64_t pending_step;
     ckpt_train_state pending_state;
     ckpt_snapshot *snap;
-    char pending_dir[4200], pending_err[1024];
+    char pending_dir[4200];
+    char pending_err[1024]; /* the writer's error, copied from its thread's */
     int finished; /* the newest checkpoint is at training.steps: nothing to train, nothing to save */
 } ckpt_plan;
 
@@ -112,5 +117,6 @@ int ckpt_seed(session *s, const manifest *mf, const char *dump_folder);
  * manifest, as mdesc_apply (model_desc.h) without comparing the flavor. CT_OK also when the file has
  * no description or does not exist (the load reports that); CT_ERR_INVALID after one error line. */
 ct_status mdesc_for_load(manifest *mf, const char *path);
-/* Loads the model from a step folder or a checkpoint folder (its newest step). */
-int ckpt_load_model_from(session *s, const char *path, char *err, size_t errlen);
+/* Loads the model from a step folder or a checkpoint folder (its newest step). CT_OK, or a status
+ * with the error set (nothing printed). */
+ct_status ckpt_load_model_from(session *s, const char *path);

@@ -3,7 +3,7 @@
 #include "checkpoint/checkpoint.h"
 
 #include "formats/hf.h"
-#include "base/util.h"
+#include "base/error.h"
 
 #include <inttypes.h>
 #include <limits.h>
@@ -26,101 +26,94 @@ static int excluded(const char *list, const char *what) {
     return 0;
 }
 
-/* A step folder, or a checkpoint folder whose newest step is taken. -1 and a line in err if neither. */
-static int resolve_step_dir(const char *path, char *out, size_t len, char *err, size_t errlen) {
+/* A step folder, or a checkpoint folder whose newest step is taken; the error set if neither. */
+static ct_status resolve_step_dir(const char *path, char *out, size_t len) {
     char meta[PATH_MAX];
     snprintf(meta, sizeof meta, "%s/metadata.json", path);
-    if (access(meta, R_OK) == 0) return snprintf(out, len, "%s", path) < (int)len ? 0 : -1;
+    if (access(meta, R_OK) == 0)
+        return snprintf(out, len, "%s", path) < (int)len ? CT_OK : ct_fail(CT_ERR_INVALID, "%s: path too long", path);
     int64_t *steps;
-    int n = ckpt_steps(path, 0, &steps, err, errlen);
-    if (n < 0) return -1;
-    int rc = n > 0 && snprintf(out, len, "%s/step-%" PRId64, path, steps[0]) < (int)len ? 0 : -1;
+    int n;
+    ct_status st = ckpt_steps(path, 0, &steps, &n);
+    if (st != CT_OK) return st;
+    int found = n > 0 && snprintf(out, len, "%s/step-%" PRId64, path, steps[0]) < (int)len;
     free(steps);
-    if (rc) ct_errf(err, errlen, "%s: no complete checkpoint here (a step-N folder with metadata.json)", path);
-    return rc;
+    if (!found)
+        return ct_fail(CT_ERR_INVALID, "%s: no complete checkpoint here (a step-N folder with metadata.json)", path);
+    return CT_OK;
 }
 
 /* The model of a checkpoint made for this model: its recorded model settings must match the run's. */
-static int load_model_checked(session *s, const char *dir, char *err, size_t errlen) {
+static ct_status load_model_checked(session *s, const char *dir) {
     ckpt_info info;
-    if (ckpt_inspect(s, dir, 0, &info, err, errlen)) return -1;
+    ct_status rc = ckpt_inspect(s, dir, 0, &info);
+    if (rc != CT_OK) return rc;
     if (info.config_diff[0]) {
         int allow = 0;
         if (s->mf) mf_get_bool(s->mf, "checkpoint.allow_config_change", &allow);
-        if (!allow) {
-            ct_errf(err, errlen, "checkpoint %s was written with %s (set checkpoint.allow_config_change: true to load it "
-                                 "anyway)", dir, info.config_diff);
-            return -1;
-        }
+        if (!allow)
+            return ct_fail(CT_ERR_INVALID, "checkpoint %s was written with %s (set checkpoint.allow_config_change: "
+                           "true to load it anyway)", dir, info.config_diff);
         printf("checkpoint: %s was written with %s (allowed by checkpoint.allow_config_change)\n", dir, info.config_diff);
     }
     ckpt_train_state st;
     int has;
-    return ckpt_load(s, dir, CKPT_MODEL, &st, &has, err, errlen);
+    return ckpt_load(s, dir, CKPT_MODEL, &st, &has);
 }
 
-int ckpt_load_model_from(session *s, const char *path, char *err, size_t errlen) {
+ct_status ckpt_load_model_from(session *s, const char *path) {
     char dir[PATH_MAX];
-    if (resolve_step_dir(path, dir, sizeof dir, err, errlen)) return -1;
-    return load_model_checked(s, dir, err, errlen);
+    ct_status rc = resolve_step_dir(path, dir, sizeof dir);
+    if (rc != CT_OK) return rc;
+    return load_model_checked(s, dir);
 }
 
-/* 0 when the model scales RoPE as config.json says (rope_scaling llama3, or plain); else -1 and the
- * model options that would match in err: the same weights with other frequencies give other logits. */
-static int same_rope_scaling(const ct_model_desc *d, const hf_config *c, const char *dir, char *err, size_t errlen) {
+/* CT_OK when the model scales RoPE as config.json says (rope_scaling llama3, or plain); else
+ * CT_ERR_INVALID and the model options that would match: the same weights with other frequencies give
+ * other logits. */
+static ct_status same_rope_scaling(const ct_model_desc *d, const hf_config *c, const char *dir) {
     if (d->rope_scaling_factor == c->rope_scaling_factor &&
         (c->rope_scaling_factor == 0 ||
          (d->rope_low_freq_factor == c->rope_low_freq_factor && d->rope_high_freq_factor == c->rope_high_freq_factor &&
           d->rope_original_max_position == c->rope_original_max_position)))
-        return 0;
-    if (c->rope_scaling_factor == 0) {
-        ct_errf(err, errlen, "%s/config.json has plain RoPE but the model scales it (llama3, factor %g): set "
-                             "model.rope_scaling: none", dir, d->rope_scaling_factor);
-        return -1;
-    }
-    ct_errf(err, errlen, "%s/config.json scales RoPE (rope_type llama3) and the model does not, or not the same way: set "
-                         "model.rope_scaling: llama3, model.rope_scaling_factor: %g, model.rope_low_freq_factor: %g, "
-                         "model.rope_high_freq_factor: %g, model.rope_original_max_position: %lld (or model.flavor: "
-                         "from_checkpoint, which takes every setting from config.json)", dir,
-            c->rope_scaling_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
-            (long long)c->rope_original_max_position);
-    return -1;
+        return CT_OK;
+    if (c->rope_scaling_factor == 0)
+        return ct_fail(CT_ERR_INVALID, "%s/config.json has plain RoPE but the model scales it (llama3, factor %g): set "
+                       "model.rope_scaling: none", dir, d->rope_scaling_factor);
+    return ct_fail(CT_ERR_INVALID, "%s/config.json scales RoPE (rope_type llama3) and the model does not, or not the "
+                   "same way: set model.rope_scaling: llama3, model.rope_scaling_factor: %g, "
+                   "model.rope_low_freq_factor: %g, model.rope_high_freq_factor: %g, "
+                   "model.rope_original_max_position: %lld (or model.flavor: from_checkpoint, which takes every "
+                   "setting from config.json)", dir, c->rope_scaling_factor, c->rope_low_freq_factor,
+                   c->rope_high_freq_factor, (long long)c->rope_original_max_position);
 }
 
 /* Loads a Hugging Face Llama folder into the model (each rank takes its shard). */
-static int load_hf(session *s, const char *dir, char *err, size_t errlen) {
+static ct_status load_hf(session *s, const char *dir) {
     hf_config cfg;
     tf_file *w = NULL;
-    if (hf_load(dir, &cfg, &w) != CT_OK) {
-        ct_errf(err, errlen, "%s", ct_last_error());
-        return -1;
-    }
-    if (same_rope_scaling(&s->rt.desc, &cfg, dir, err, errlen)) {
-        tf_free(w);
-        return -1;
-    }
-    int rc = 0;
-    for (int i = 0; i < s->rt.n_params && !rc; i++) {
+    if (hf_load(dir, &cfg, &w) != CT_OK) return CT_ERR_INVALID;
+    ct_status rc = same_rope_scaling(&s->rt.desc, &cfg, dir);
+    for (int i = 0; i < s->rt.n_params && rc == CT_OK; i++) {
         const ct_tensor *p = &s->rt.params[i]->t;
         const tf_entry *e =
             tf_expect(w, dir, runtime_param_key(&s->rt, i), 1, p->ndim, runtime_global_shape(&s->rt, i));
-        if (!e || tf_check_finite_data(e->data, e->numel, dir, p->name) != CT_OK) {
-            ct_errf(err, errlen, "%s", ct_last_error());
-            rc = -1;
-        } else {
-            rc = runtime_param_set(&s->rt, i, e->data) ? -1 : 0;
-        }
+        if (!e || tf_check_finite_data(e->data, e->numel, dir, p->name) != CT_OK)
+            rc = CT_ERR_INVALID;
+        else if (runtime_param_set(&s->rt, i, e->data))
+            rc = CT_ERR_INTERNAL;
     }
     tf_free(w);
     return rc;
 }
 
 /* Writes the model (gathered from every rank) as a Hugging Face Llama folder (rank 0 writes). */
-static int save_hf(session *s, const char *dir, int bf16, char *err, size_t errlen) {
+static ct_status save_hf(session *s, const char *dir, int bf16) {
     const ct_model_desc *d = &s->rt.desc;
-    int n = 0, rc = -1;
+    int n = 0;
+    ct_status rc = CT_OK;
     tf_entry *e = calloc((size_t)s->rt.n_params, sizeof *e);
-    if (!e) return -1;
+    if (!e) return ct_fail(CT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < s->rt.n_params; i++) { /* every rank gathers: a collective for sharded parameters */
         const ct_tensor *p = &s->rt.params[i]->t;
         if (runtime_param_copy_of(&s->rt, i) >= 0) continue; /* a shared parameter is written once */
@@ -130,17 +123,16 @@ static int save_hf(session *s, const char *dir, int bf16, char *err, size_t errl
         for (int d = 0; d < p->ndim; d++) t->numel *= t->shape[d];
         t->data = malloc(sizeof(float) * (size_t)t->numel);
         if (!t->data || runtime_param_get(&s->rt, i, t->data, 0)) {
-            ct_errf(err, errlen, "cannot gather %s", p->name);
+            rc = ct_fail(CT_ERR_INTERNAL, "cannot gather %s", p->name);
             goto done;
         }
     }
-    rc = 0;
     if (s->rank == 0) {
         tf_file w = {e, n, TF_VERSION};
         hf_config cfg = {0};
         if (!d->n_heads) {
-            ct_errf(err, errlen, "the model pack does not describe its heads (ct_model_desc 1.2): cannot export");
-            rc = -1;
+            rc = ct_fail(CT_ERR_UNSUPPORTED, "the model pack does not describe its heads (ct_model_desc 1.2): cannot "
+                         "export");
         } else {
             cfg.n_heads = d->n_heads;
             cfg.rope_theta = d->rope_theta;
@@ -150,11 +142,9 @@ static int save_hf(session *s, const char *dir, int bf16, char *err, size_t errl
             cfg.rope_low_freq_factor = d->rope_low_freq_factor;
             cfg.rope_high_freq_factor = d->rope_high_freq_factor;
             cfg.rope_original_max_position = d->rope_original_max_position;
-            rc = hf_config_from_weights(&cfg, &w) != CT_OK ||
-                         hf_save(dir, &cfg, &w, bf16 ? HF_BFLOAT16 : HF_FLOAT32) != CT_OK
-                     ? -1
-                     : 0;
-            if (rc) ct_errf(err, errlen, "%s", ct_last_error());
+            if (hf_config_from_weights(&cfg, &w) != CT_OK ||
+                hf_save(dir, &cfg, &w, bf16 ? HF_BFLOAT16 : HF_FLOAT32) != CT_OK)
+                rc = CT_ERR_IO;
         }
     }
 done:
@@ -163,22 +153,20 @@ done:
     return rc;
 }
 
-/* 0 if the checkpoint was written with this run's settings, or checkpoint.allow_config_change lets
- * it differ (said in one line); else -1 and the difference in err. */
-static int config_allowed(const manifest *mf, const char *dir, const ckpt_info *info, char *err, size_t errlen) {
+/* CT_OK if the checkpoint was written with this run's settings, or checkpoint.allow_config_change lets
+ * it differ (said in one line); else CT_ERR_INVALID and the difference. */
+static ct_status config_allowed(const manifest *mf, const char *dir, const ckpt_info *info) {
     int allow = 0;
     mf_get_bool(mf, "checkpoint.allow_config_change", &allow);
     if (!info->has_config)
         printf("checkpoint: %s does not record the run's settings (an older ctitan wrote it): training.seq_len and "
                "the model's settings are not compared\n", dir);
-    if (!info->config_diff[0]) return 0;
-    if (!allow) {
-        ct_errf(err, errlen, "checkpoint %s was written with %s (set checkpoint.allow_config_change: true to resume "
-                             "anyway, or start in another job.dump_folder)", dir, info->config_diff);
-        return -1;
-    }
+    if (!info->config_diff[0]) return CT_OK;
+    if (!allow)
+        return ct_fail(CT_ERR_INVALID, "checkpoint %s was written with %s (set checkpoint.allow_config_change: true to "
+                       "resume anyway, or start in another job.dump_folder)", dir, info->config_diff);
     printf("checkpoint: %s was written with %s (allowed by checkpoint.allow_config_change)\n", dir, info->config_diff);
-    return 0;
+    return CT_OK;
 }
 
 /* pick_resume's step folder dir (at step model_step) holds the model only (a final save under
@@ -186,7 +174,7 @@ static int config_allowed(const manifest *mf, const char *dir, const ckpt_info *
  * save below it, in dir (1), or none: a fresh start (0). -1 after printing an error line. */
 static int resume_full_below(session *s, const manifest *mf, ckpt_plan *ck, int64_t load_step, int64_t model_step,
                              char *dir, size_t len) {
-    char err[2048], where[600];
+    char where[600];
     if (load_step >= 0) {
         int64_t full = ckpt_latest_full(ck->folder, INT64_MAX);
         mf_where(mf, "checkpoint.load_step", where, sizeof where);
@@ -213,12 +201,12 @@ static int resume_full_below(session *s, const manifest *mf, ckpt_plan *ck, int6
            dir, full, full + 1, model_step);
     if (snprintf(dir, len, "%s/step-%" PRId64, ck->folder, full) >= (int)len) return -1; /* fit above: shorter */
     ckpt_info info;
-    if (ckpt_inspect(s, dir, 1, &info, err, sizeof err)) {
-        fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+    if (ckpt_inspect(s, dir, 1, &info) != CT_OK) {
+        fprintf(stderr, "ctitan: checkpoint: %s\n", ct_last_error());
         return -1;
     }
-    if (config_allowed(mf, dir, &info, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s\n", err);
+    if (config_allowed(mf, dir, &info) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return -1;
     }
     return 1;
@@ -231,14 +219,14 @@ static int resume_full_below(session *s, const manifest *mf, ckpt_plan *ck, int6
  * for the end-of-run sample, and nothing is trained or written). A model-only save (the final save
  * under last_save_model_only) cannot resume training: the newest full-state one below it does. */
 static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t load_step, char *dir, size_t len) {
-    char err[2048], where[600];
+    char where[600];
     int64_t steps_total, step = load_step;
     mf_get_int(mf, "training.steps", &steps_total);
     if (load_step < 0) {
         int64_t *steps;
-        int n = ckpt_steps(ck->folder, s->rank == 0, &steps, err, sizeof err);
-        if (n < 0) {
-            fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+        int n;
+        if (ckpt_steps(ck->folder, s->rank == 0, &steps, &n) != CT_OK) {
+            fprintf(stderr, "ctitan: checkpoint: %s\n", ct_last_error());
             return -1;
         }
         step = n > 0 ? steps[0] : -1;
@@ -250,15 +238,15 @@ static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t lo
         return -1;
     }
     ckpt_info info;
-    if (ckpt_inspect(s, dir, 1, &info, err, sizeof err)) {
+    if (ckpt_inspect(s, dir, 1, &info) != CT_OK) {
         if (load_step >= 0) {
             mf_where(mf, "checkpoint.load_step", where, sizeof where);
-            fprintf(stderr, "ctitan: %s: %s\n", where, err);
-        } else fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+            fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
+        } else fprintf(stderr, "ctitan: checkpoint: %s\n", ct_last_error());
         return -1;
     }
-    if (config_allowed(mf, dir, &info, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s\n", err);
+    if (config_allowed(mf, dir, &info) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return -1;
     }
     if (info.step > steps_total) {
@@ -269,8 +257,8 @@ static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t lo
         return -1;
     }
     if (info.step == steps_total && steps_total > 0) {
-        if (ckpt_load(s, dir, CKPT_MODEL, &info.state, &info.has_state, err, sizeof err)) {
-            fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+        if (ckpt_load(s, dir, CKPT_MODEL, &info.state, &info.has_state) != CT_OK) {
+            fprintf(stderr, "ctitan: checkpoint: %s\n", ct_last_error());
             return -1;
         }
         int64_t full = info.has_state ? info.step : ckpt_latest_full(ck->folder, info.step);
@@ -294,11 +282,11 @@ static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t lo
     return resume_full_below(s, mf, ck, load_step, info.step, dir, len);
 }
 
-/* An initial load's error, at the line that set checkpoint.initial_load_path. Returns -1. */
-static int initial_load_fail(const manifest *mf, const char *err) {
+/* An initial load's error (the one set), at the line that set checkpoint.initial_load_path. Returns -1. */
+static int initial_load_fail(const manifest *mf) {
     char where[600];
     mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
-    fprintf(stderr, "ctitan: %s: %s\n", where, err);
+    fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
     return -1;
 }
 
@@ -371,44 +359,42 @@ static int ckpt_settings_read(session *s, const manifest *mf, const char *dump, 
  * model-only load is done here (0); a full checkpoint is checked like a resume and left in dir for
  * the caller to load (1). 0 too when no initial load is set; -1 after an error line. */
 static int initial_load(session *s, const manifest *mf, char *dir, size_t len) {
-    char err[2048];
     const char *initial;
     if (mf_get_str(mf, "checkpoint.initial_load_path", &initial)) return 0;
     int model_only, in_hf;
     mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
     mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
     if (in_hf) { /* a Hugging Face Llama folder: the model only */
-        if (load_hf(s, initial, err, sizeof err)) return initial_load_fail(mf, err);
+        if (load_hf(s, initial) != CT_OK) return initial_load_fail(mf);
         printf("checkpoint: loaded the Hugging Face model %s\n", initial);
         return 0;
     }
     struct stat sb;
     if (stat(initial, &sb) == 0 && !S_ISDIR(sb.st_mode)) { /* a model file (model.ctt): the model only */
-        if (session_load_model(s, initial, err, sizeof err)) return initial_load_fail(mf, err);
+        if (session_load_model(s, initial) != CT_OK) return initial_load_fail(mf);
         printf("checkpoint: loaded the model file %s\n", initial);
         return 0;
     }
-    if (resolve_step_dir(initial, dir, len, err, sizeof err)) return initial_load_fail(mf, err);
+    if (resolve_step_dir(initial, dir, len) != CT_OK) return initial_load_fail(mf);
     if (model_only) {
-        if (load_model_checked(s, dir, err, sizeof err)) return initial_load_fail(mf, err);
+        if (load_model_checked(s, dir) != CT_OK) return initial_load_fail(mf);
         printf("checkpoint: loaded %s (model)\n", dir);
         return 0;
     }
     ckpt_info info; /* a full initial load continues another run: the same checks as a resume */
-    if (ckpt_inspect(s, dir, 1, &info, err, sizeof err) || config_allowed(mf, dir, &info, err, sizeof err))
-        return initial_load_fail(mf, err);
+    if (ckpt_inspect(s, dir, 1, &info) != CT_OK || config_allowed(mf, dir, &info) != CT_OK)
+        return initial_load_fail(mf);
     return 1;
 }
 
 /* Loads what of dir (CKPT_* bits) the exclusions leave and, with want_state, the train state the
  * run goes on from. 0, or -1 after an error line. */
 static int resume_load(session *s, ckpt_plan *ck, const char *dir, int what, int want_state, const char *exclude) {
-    char err[2048];
     if (excluded(exclude, "optimizer")) what &= ~CKPT_OPTIMIZER;
     ckpt_train_state st;
     int has_state = 0;
-    if (ckpt_load(s, dir, what, &st, &has_state, err, sizeof err)) {
-        fprintf(stderr, "ctitan: checkpoint: %s\n", err);
+    if (ckpt_load(s, dir, what, &st, &has_state) != CT_OK) {
+        fprintf(stderr, "ctitan: checkpoint: %s\n", ct_last_error());
         return -1;
     }
     if (want_state && has_state) {
@@ -448,7 +434,8 @@ int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) 
 
 static void *write_thread(void *arg) {
     ckpt_plan *ck = arg;
-    ck->pending_ok = ckpt_snapshot_write(ck->snap, ck->pending_dir, ck->pending_err, sizeof ck->pending_err) == 0;
+    ck->pending_ok = ckpt_snapshot_write(ck->snap, ck->pending_dir) == CT_OK;
+    if (!ck->pending_ok) snprintf(ck->pending_err, sizeof ck->pending_err, "%s", ct_last_error());
     return NULL;
 }
 
@@ -460,10 +447,9 @@ static int finish_pending(session *s, ckpt_plan *ck) {
     ckpt_snapshot_free(ck->snap);
     ck->snap = NULL;
     /* the writer's own message, if it failed (ckpt_commit adds one only for another rank's failure) */
-    char err[2048];
-    snprintf(err, sizeof err, "%s", ck->pending_ok ? "" : ck->pending_err);
-    if (ckpt_commit(s, ck->folder, ck->pending_step, &ck->pending_state, ck->pending_ok, err, sizeof err)) {
-        ct_set_error("checkpoint: %s", err);
+    if (!ck->pending_ok) ct_set_error("%s", ck->pending_err);
+    if (ckpt_commit(s, ck->folder, ck->pending_step, &ck->pending_state, ck->pending_ok) != CT_OK) {
+        ct_set_error("checkpoint: %s", ct_last_error());
         return -1;
     }
     if (s->rank == 0) ckpt_purge(ck->folder, ck->keep);
@@ -471,19 +457,17 @@ static int finish_pending(session *s, ckpt_plan *ck) {
 }
 
 static int save(session *s, ckpt_plan *ck, int64_t step, int what, int export_bf16, int with_state) {
-    char err[2048];
     if (finish_pending(s, ck)) return -1;
     if (!ck->async) {
-        if (ckpt_save(s, ck->folder, step, with_state ? &ck->state : NULL, what, export_bf16, err, sizeof err)) {
-            ct_set_error("checkpoint: %s", err);
+        if (ckpt_save(s, ck->folder, step, with_state ? &ck->state : NULL, what, export_bf16) != CT_OK) {
+            ct_set_error("checkpoint: %s", ct_last_error());
             return -1;
         }
         if (s->rank == 0) ckpt_purge(ck->folder, ck->keep);
         return 0;
     }
-    if (ckpt_prepare(s, ck->folder, step, err, sizeof err) ||
-        !(ck->snap = ckpt_snapshot_take(s, what, export_bf16, err, sizeof err))) {
-        ct_set_error("checkpoint: %s", err);
+    if (ckpt_prepare(s, ck->folder, step) != CT_OK || !(ck->snap = ckpt_snapshot_take(s, what, export_bf16))) {
+        ct_set_error("checkpoint: %s", ct_last_error());
         return -1;
     }
     snprintf(ck->pending_dir, sizeof ck->pending_dir, "%s/step-%" PRId64 ".tmp", ck->folder, step);
@@ -491,12 +475,12 @@ static int save(session *s, ckpt_plan *ck, int64_t step, int what, int export_bf
     ck->pending_state = ck->state;
     ck->pending = 1;
     if (pthread_create(&ck->thread, NULL, write_thread, ck)) { /* no thread: write here */
-        ck->pending_ok = ckpt_snapshot_write(ck->snap, ck->pending_dir, err, sizeof err) == 0;
+        ck->pending_ok = ckpt_snapshot_write(ck->snap, ck->pending_dir) == CT_OK;
         ck->pending = 0;
         ckpt_snapshot_free(ck->snap);
         ck->snap = NULL;
-        if (ckpt_commit(s, ck->folder, step, &ck->state, ck->pending_ok, err, sizeof err)) {
-            ct_set_error("checkpoint: %s", err);
+        if (ckpt_commit(s, ck->folder, step, &ck->state, ck->pending_ok) != CT_OK) {
+            ct_set_error("checkpoint: %s", ct_last_error());
             return -1;
         }
     }
@@ -526,10 +510,10 @@ int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step) {
     }
     if (finish_pending(s, ck)) rc = -1;
     if (!rc && ck->last_in_hf && last_step > 0) {
-        char dir[4200], err[2048];
+        char dir[4200];
         snprintf(dir, sizeof dir, "%s/step-%" PRId64 "-hf", ck->folder, last_step);
-        if (save_hf(s, dir, ck->export_bf16, err, sizeof err)) {
-            ct_set_error("checkpoint: Hugging Face export: %s", err);
+        if (save_hf(s, dir, ck->export_bf16) != CT_OK) {
+            ct_set_error("checkpoint: Hugging Face export: %s", ct_last_error());
             return -1;
         }
         printf("checkpoint: Hugging Face model written to %s\n", dir);
@@ -539,11 +523,11 @@ int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step) {
 
 int ckpt_seed(session *s, const manifest *mf, const char *dump) {
     const char *folder;
-    char path[PATH_MAX], err[2048];
+    char path[PATH_MAX];
     mf_get_str(mf, "checkpoint.folder", &folder);
     snprintf(path, sizeof path, "%s/%s", dump, folder);
-    if (ckpt_save(s, path, 0, NULL, CKPT_MODEL, 0, err, sizeof err)) {
-        fprintf(stderr, "ctitan: seed checkpoint: %s\n", err);
+    if (ckpt_save(s, path, 0, NULL, CKPT_MODEL, 0) != CT_OK) {
+        fprintf(stderr, "ctitan: seed checkpoint: %s\n", ct_last_error());
         return -1;
     }
     printf("checkpoint: seed checkpoint written to %s/step-0\n", path);

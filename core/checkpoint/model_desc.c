@@ -3,7 +3,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "formats/tensorfile.h"
-#include "base/util.h"
+#include "base/error.h"
 
 #include <inttypes.h>
 #include <limits.h>
@@ -163,53 +163,43 @@ static int str_ok(const json_t *v, size_t min_len) {
     return 1;
 }
 
-int mdesc_check(const json_t *d, const char *label, char *err, size_t errlen) {
+ct_status mdesc_check(const json_t *d, const char *label) {
     const json_t *fmt = json_object_get(d, "format"), *opts = json_object_get(d, "options");
     const json_t *model = json_object_get(d, "model"), *v;
     const char *key;
-    if (!json_is_object(d) || !json_is_string(fmt) || strcmp(json_string_value(fmt), "ctitan-model")) {
-        ct_errf(err, errlen, "%s: the model description is not an object with format \"ctitan-model\"", label);
-        return -1;
-    }
-    if (json_integer_value(json_object_get(d, "version")) != MDESC_VERSION) {
-        ct_errf(err, errlen, "%s: model description version is not %d (a newer ctitan wrote it?)", label, MDESC_VERSION);
-        return -1;
-    }
-    if (!str_ok(json_object_get(d, "name"), 1) || (json_object_get(d, "flavor") && !str_ok(json_object_get(d, "flavor"), 1))) {
-        ct_errf(err, errlen, "%s: model description: name and flavor must be strings of 1 to %d printable characters",
-                label, MAX_STR);
-        return -1;
-    }
-    if (!json_is_object(opts) || !json_is_object(model)) {
-        ct_errf(err, errlen, "%s: model description: options and model must be objects", label);
-        return -1;
-    }
+    if (!json_is_object(d) || !json_is_string(fmt) || strcmp(json_string_value(fmt), "ctitan-model"))
+        return ct_fail(CT_ERR_INVALID, "%s: the model description is not an object with format \"ctitan-model\"",
+                       label);
+    if (json_integer_value(json_object_get(d, "version")) != MDESC_VERSION)
+        return ct_fail(CT_ERR_INVALID, "%s: model description version is not %d (a newer ctitan wrote it?)", label,
+                       MDESC_VERSION);
+    const json_t *flavor = json_object_get(d, "flavor");
+    if (!str_ok(json_object_get(d, "name"), 1) || (flavor && !str_ok(flavor, 1)))
+        return ct_fail(CT_ERR_INVALID, "%s: model description: name and flavor must be strings of 1 to %d printable "
+                       "characters", label, MAX_STR);
+    if (!json_is_object(opts) || !json_is_object(model))
+        return ct_fail(CT_ERR_INVALID, "%s: model description: options and model must be objects", label);
     json_object_foreach((json_t *)opts, key, v) {
         if (key_ok(key) && (json_is_number(v) || json_is_boolean(v) || str_ok(v, 0))) continue;
-        ct_errf(err, errlen, "%s: model description: option '%.64s' must be a lowercase key with a number, a "
-                             "boolean or a short string", label, key);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: model description: option '%.64s' must be a lowercase key with a number, "
+                       "a boolean or a short string", label, key);
     }
     for (int i = 0; int_fields[i]; i++) {
         v = json_object_get(model, int_fields[i]);
-        if (v && (!json_is_integer(v) || json_integer_value(v) < 0)) {
-            ct_errf(err, errlen, "%s: model description: %s must be a non-negative integer", label, int_fields[i]);
-            return -1;
-        }
+        if (v && (!json_is_integer(v) || json_integer_value(v) < 0))
+            return ct_fail(CT_ERR_INVALID, "%s: model description: %s must be a non-negative integer", label,
+                           int_fields[i]);
     }
     for (int i = 0; real_fields[i]; i++) {
         v = json_object_get(model, real_fields[i]);
-        if (v && (!json_is_number(v) || json_number_value(v) < 0)) {
-            ct_errf(err, errlen, "%s: model description: %s must be a non-negative number", label, real_fields[i]);
-            return -1;
-        }
+        if (v && (!json_is_number(v) || json_number_value(v) < 0))
+            return ct_fail(CT_ERR_INVALID, "%s: model description: %s must be a non-negative number", label,
+                           real_fields[i]);
     }
     v = json_object_get(model, "hf_model_type");
-    if (v && !str_ok(v, 1)) {
-        ct_errf(err, errlen, "%s: model description: hf_model_type must be a short string", label);
-        return -1;
-    }
-    return 0;
+    if (v && !str_ok(v, 1))
+        return ct_fail(CT_ERR_INVALID, "%s: model description: hf_model_type must be a short string", label);
+    return CT_OK;
 }
 
 int mdesc_field(const json_t *d, const char *field, double *out) {
@@ -220,99 +210,78 @@ int mdesc_field(const json_t *d, const char *field, double *out) {
 }
 
 /* The "model" object of a step folder's metadata.json (checked by mdesc_read's caller). */
-static int read_metadata(const char *dir, json_t **out, char *err, size_t errlen) {
+static ct_status read_metadata(const char *dir, json_t **out) {
     char path[PATH_MAX];
-    if (snprintf(path, sizeof path, "%s/metadata.json", dir) >= (int)sizeof path) {
-        ct_errf(err, errlen, "%s: path too long", dir);
-        return -1;
-    }
+    if (snprintf(path, sizeof path, "%s/metadata.json", dir) >= (int)sizeof path)
+        return ct_fail(CT_ERR_INVALID, "%s: path too long", dir);
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!root) {
-        ct_errf(err, errlen, "%s:%d: not a checkpoint (%s)", path, je.line, je.text);
-        return -1;
-    }
+    if (!root) return ct_fail(CT_ERR_INVALID, "%s:%d: not a checkpoint (%s)", path, je.line, je.text);
     *out = json_incref(json_object_get(root, "model"));
     json_decref(root);
-    return 0;
+    return CT_OK;
 }
 
-static int read_hf(const char *dir, json_t **out, char *err, size_t errlen) {
+static ct_status read_hf(const char *dir, json_t **out) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        ct_errf(err, errlen, "%s: cannot open it", path);
-        return -1;
-    }
+    if (!fp) return ct_fail(CT_ERR_IO, "%s: cannot open it", path);
     enum { CAP = 1 << 20 };
     char *text = malloc(CAP + 1);
     size_t n = text ? fread(text, 1, CAP + 1, fp) : 0;
     fclose(fp);
     hf_config c;
-    int rc = -1;
-    if (!text || n > CAP) ct_errf(err, errlen, "%s: cannot read it (or larger than 1 MB)", path);
-    else if (hf_config_parse(text, n, path, &c) != CT_OK)
-        ct_errf(err, errlen, "%s", ct_last_error());
-    else {
-        *out = mdesc_from_hf(&c);
-        rc = *out ? 0 : -1;
-        if (rc) ct_errf(err, errlen, "%s: out of memory", path);
-    }
+    ct_status rc = CT_OK;
+    if (!text || n > CAP) rc = ct_fail(CT_ERR_IO, "%s: cannot read it (or larger than 1 MB)", path);
+    else if (hf_config_parse(text, n, path, &c) != CT_OK) rc = CT_ERR_INVALID;
+    else if (!(*out = mdesc_from_hf(&c))) rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
     free(text);
     return rc;
 }
 
-int mdesc_read(const char *path, int in_hf, json_t **out, char *err, size_t errlen) {
+ct_status mdesc_read(const char *path, int in_hf, json_t **out) {
     *out = NULL;
-    if (in_hf) return read_hf(path, out, err, errlen);
+    if (in_hf) return read_hf(path, out);
     struct stat sb;
-    if (stat(path, &sb)) {
-        ct_errf(err, errlen, "%s: no such file or folder", path);
-        return -1;
-    }
+    if (stat(path, &sb)) return ct_fail(CT_ERR_INVALID, "%s: no such file or folder", path);
     if (!S_ISDIR(sb.st_mode)) { /* a model file */
         tf_file *f = tf_read_first(path, MAX_TEXT); /* written first: the weights are not read */
+        if (!f) return CT_ERR_INVALID;
         char *text = NULL;
-        ct_status st = f ? tf_text(f, path, MDESC_ENTRY, &text) : CT_ERR_INVALID;
+        ct_status st = tf_text(f, path, MDESC_ENTRY, &text); /* CT_OK and NULL when it has none */
         tf_free(f);
-        if (st != CT_OK) {
-            ct_errf(err, errlen, "%s", ct_last_error());
-            return -1;
-        }
-        if (!text) return 0;
+        if (st != CT_OK) return CT_ERR_INVALID;
+        if (!text) return CT_OK;
         json_error_t je;
         *out = json_loads(text, JSON_REJECT_DUPLICATES, &je);
         free(text);
-        if (!*out) {
-            ct_errf(err, errlen, "%s: tensor '%s': invalid JSON (%s)", path, MDESC_ENTRY, je.text);
-            return -1;
-        }
+        if (!*out) return ct_fail(CT_ERR_INVALID, "%s: tensor '%s': invalid JSON (%s)", path, MDESC_ENTRY, je.text);
     } else {
         char meta[PATH_MAX], dir[PATH_MAX];
         snprintf(meta, sizeof meta, "%s/metadata.json", path);
         snprintf(dir, sizeof dir, "%s", path);
         if (stat(meta, &sb)) { /* a checkpoint folder: its newest step */
             int64_t *steps;
-            int n = ckpt_steps(path, 0, &steps, err, errlen);
-            if (n < 0) return -1;
+            int n;
+            ct_status st = ckpt_steps(path, 0, &steps, &n);
+            if (st != CT_OK) return st;
             int64_t newest = n > 0 ? steps[0] : -1;
             free(steps);
-            if (newest < 0) {
-                ct_errf(err, errlen, "%s: no complete checkpoint here (a step-N folder with metadata.json)", path);
-                return -1;
-            }
+            if (newest < 0)
+                return ct_fail(CT_ERR_INVALID, "%s: no complete checkpoint here (a step-N folder with metadata.json)",
+                               path);
             snprintf(dir, sizeof dir, "%s/step-%" PRId64, path, newest);
         }
-        if (read_metadata(dir, out, err, errlen)) return -1;
-        if (!*out) return 0;
+        ct_status st = read_metadata(dir, out);
+        if (st != CT_OK || !*out) return st;
     }
-    if (mdesc_check(*out, path, err, errlen)) {
+    ct_status st = mdesc_check(*out, path);
+    if (st != CT_OK) {
         json_decref(*out);
         *out = NULL;
-        return -1;
     }
-    return 0;
+    return st;
 }
 
 /* A JSON scalar as a manifest value. */
@@ -343,43 +312,39 @@ static int same_value(const char *text, const json_t *v) {
 }
 
 /* One key: set when the manifest does not, else compared. */
-static int apply_key(manifest *mf, const char *key, const json_t *v, const char *label, char *err, size_t errlen) {
+static ct_status apply_key(manifest *mf, const char *key, const json_t *v, const char *label) {
     char want[MAX_STR + 64], where[600];
     const char *have;
     value_text(v, want, sizeof want);
     if (!mf_is_set(mf, key) || (!strcmp(key, "model.flavor") && !mf_get_str(mf, key, &have) &&
-                                !strcmp(have, "from_checkpoint"))) {
-        if (manifest_override(mf, key, want) == CT_OK) return 0;
-        ct_errf(err, errlen, "%s", ct_last_error());
-        return -1;
-    }
-    if (mf_get_str(mf, key, &have) || same_value(have, v)) return 0;
+                                !strcmp(have, "from_checkpoint")))
+        return manifest_override(mf, key, want) != CT_OK ? CT_ERR_INVALID : CT_OK;
+    if (mf_get_str(mf, key, &have) || same_value(have, v)) return CT_OK;
     mf_where(mf, key, where, sizeof where);
-    ct_errf(err, errlen, "%s: %.100s contradicts the checkpoint's %s (%s); drop the key or make it agree", where, have,
-            want, label);
-    return -1;
+    return ct_fail(CT_ERR_INVALID, "%s: %.100s contradicts the checkpoint's %s (%s); drop the key or make it agree",
+                   where, have, want, label);
 }
 
-int mdesc_apply(manifest *mf, const json_t *d, const char *label, int compare_flavor, char *err, size_t errlen) {
+ct_status mdesc_apply(manifest *mf, const json_t *d, const char *label, int compare_flavor) {
     const char *key;
     json_t *v;
     char full[MAX_KEY + 8];
-    if (apply_key(mf, "model.name", json_object_get(d, "name"), label, err, errlen)) return -1;
+    if (apply_key(mf, "model.name", json_object_get(d, "name"), label)) return CT_ERR_INVALID;
     v = json_object_get(d, "flavor");
     const char *flavor;
     if (v && (compare_flavor || !mf_is_set(mf, "model.flavor") ||
               (!mf_get_str(mf, "model.flavor", &flavor) && !strcmp(flavor, "from_checkpoint"))) &&
-        apply_key(mf, "model.flavor", v, label, err, errlen))
-        return -1;
+        apply_key(mf, "model.flavor", v, label))
+        return CT_ERR_INVALID;
     json_object_foreach(json_object_get(d, "options"), key, v) {
         snprintf(full, sizeof full, "model.%s", key);
-        if (apply_key(mf, full, v, label, err, errlen)) return -1;
+        if (apply_key(mf, full, v, label)) return CT_ERR_INVALID;
     }
-    return 0;
+    return CT_OK;
 }
 
 ct_status mdesc_from_checkpoint(manifest *mf) {
-    char err[2048], where[600];
+    char where[600];
     const char *flavor, *path;
     if (mf_get_str(mf, "model.flavor", &flavor) || strcmp(flavor, "from_checkpoint")) return CT_OK;
     mf_where(mf, "model.flavor", where, sizeof where);
@@ -391,8 +356,8 @@ ct_status mdesc_from_checkpoint(manifest *mf) {
     int in_hf = 0;
     mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
     json_t *d;
-    if (mdesc_read(path, in_hf, &d, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+    if (mdesc_read(path, in_hf, &d) != CT_OK) {
+        fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
         return CT_ERR_INVALID;
     }
     if (!d) {
@@ -400,28 +365,27 @@ ct_status mdesc_from_checkpoint(manifest *mf) {
                         "model.flavor and the model's sizes instead\n", where, path);
         return CT_ERR_INVALID;
     }
-    int rc = mdesc_apply(mf, d, path, 1, err, sizeof err);
+    ct_status rc = mdesc_apply(mf, d, path, 1);
     json_decref(d);
-    if (rc) {
-        fprintf(stderr, "ctitan: %s\n", err);
+    if (rc != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
     return CT_OK;
 }
 
 ct_status mdesc_for_load(manifest *mf, const char *path) {
-    char err[2048];
     struct stat sb;
     json_t *d;
     if (stat(path, &sb)) return CT_OK;
-    if (mdesc_read(path, 0, &d, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s\n", err);
+    if (mdesc_read(path, 0, &d) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
-    int rc = d ? mdesc_apply(mf, d, path, 0, err, sizeof err) : 0;
+    ct_status rc = d ? mdesc_apply(mf, d, path, 0) : CT_OK;
     json_decref(d);
-    if (rc) {
-        fprintf(stderr, "ctitan: %s\n", err);
+    if (rc != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
     return CT_OK;

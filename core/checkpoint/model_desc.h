@@ -30,20 +30,20 @@
 json_t *mdesc_build(const session *s);
 /* A Hugging Face config's description: name llama3 or qwen2, no flavor. */
 json_t *mdesc_from_hf(const hf_config *c);
-/* 0 when d has the shape above, else -1 and "label: what is wrong". */
-int mdesc_check(const json_t *d, const char *label, char *err, size_t errlen);
+/* CT_OK when d has the shape above, else CT_ERR_INVALID and "label: what is wrong" set. */
+ct_status mdesc_check(const json_t *d, const char *label);
 /* The description of a model file (.ctt), a step folder, a checkpoint folder (its newest step) or,
- * with in_hf, a Hugging Face folder (its config.json). 0 with *out NULL when the file has none; 0
- * with *out (the caller's reference) when it has one; -1 and one line in err. */
-int mdesc_read(const char *path, int in_hf, json_t **out, char *err, size_t errlen);
+ * with in_hf, a Hugging Face folder (its config.json). CT_OK with *out NULL when the file has none;
+ * CT_OK with *out (the caller's reference) when it has one; else a status and one line set. */
+ct_status mdesc_read(const char *path, int in_hf, json_t **out);
 /* A ct_model_desc field of d ("n_heads"): 1 and *out when present, else 0. */
 int mdesc_field(const json_t *d, const char *field, double *out);
 
 /* Sets the description's model.name, model.flavor and options in the manifest where it does not
- * set them; a key it sets must agree, else -1 and "where: model.KEY: VALUE contradicts the
- * checkpoint's VALUE (label)" in err. compare_flavor: 0 leaves an explicit model.flavor alone (a
+ * set them; a key it sets must agree, else CT_ERR_INVALID and "where: model.KEY: VALUE contradicts the
+ * checkpoint's VALUE (label)" set. compare_flavor: 0 leaves an explicit model.flavor alone (a
  * model load needs the same weights, not the same preset). */
-int mdesc_apply(manifest *mf, const json_t *d, const char *label, int compare_flavor, char *err, size_t errlen);
+ct_status mdesc_apply(manifest *mf, const json_t *d, const char *label, int compare_flavor);
 
 /* mdesc_for_load (generate's) is declared in checkpoint.h, for files that cannot include jansson. */
 

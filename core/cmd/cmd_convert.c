@@ -142,7 +142,6 @@ typedef struct args {
 /* The description model.ctt carries (model_desc.h), if any, in *out; a flag that contradicts it is
  * refused naming both values. 0, or -1 after one error line. */
 static int described(const tf_file *f, const args *a, json_t **out) {
-    char err[ERRLEN];
     json_t *d = NULL;
     char *text;
     *out = NULL;
@@ -158,8 +157,8 @@ static int described(const tf_file *f, const args *a, json_t **out) {
         fprintf(stderr, "ctitan convert: %s: tensor '%s': invalid JSON (%s)\n", a->input, MDESC_ENTRY, je.text);
         return -1;
     }
-    if (mdesc_check(d, a->input, err, sizeof err)) {
-        fprintf(stderr, "ctitan convert: %s\n", err);
+    if (mdesc_check(d, a->input) != CT_OK) {
+        fprintf(stderr, "ctitan convert: %s\n", ct_last_error());
         json_decref(d);
         return -1;
     }

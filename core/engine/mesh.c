@@ -2,7 +2,7 @@
 #include "engine/mesh.h"
 
 #include "host/commstats.h"
-#include "base/util.h"
+#include "base/error.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,8 +72,8 @@ int mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]) 
     return 0;
 }
 
-int mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_rank, int world_size,
-               const int degree[CT_MESH_NAXES], char *err, size_t errlen) {
+ct_status mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_rank, int world_size,
+                     const int degree[CT_MESH_NAXES]) {
     memset(m, 0, sizeof *m);
     m->struct_size = sizeof *m;
     m->world_rank = world_rank;
@@ -89,35 +89,27 @@ int mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_r
     m->dp_size = degree[CT_AXIS_DP_REPLICATE] * degree[CT_AXIS_DP_SHARD];
     m->dp_shard_cp_rank = m->coord[CT_AXIS_DP_SHARD] * degree[CT_AXIS_CP] + m->coord[CT_AXIS_CP];
     m->dp_shard_cp_size = degree[CT_AXIS_DP_SHARD] * degree[CT_AXIS_CP];
-    if (!c) return 0; /* one rank: no groups */
+    if (!c) return CT_OK; /* one rank: no groups */
     ct_comm_group *world;
-    if (c->world(comm, &world) != CT_OK) {
-        ct_errf(err, errlen, "comm: no world group");
-        return -1;
-    }
+    if (c->world(comm, &world) != CT_OK) return ct_fail(CT_ERR_INTERNAL, "comm: no world group: %s", ct_last_error());
     for (int a = 0; a < CT_MESH_NAXES; a++) {
         /* ranks that agree on every other axis form this axis's group, ordered by its coordinate */
         int color = world_rank - m->coord[a] * stride[a];
-        if (c->split(comm, world, color, m->coord[a], mesh_axis_names[a], &m->group[a]) != CT_OK) {
-            ct_errf(err, errlen, "comm: cannot create the %s group", mesh_axis_names[a]);
-            return -1;
-        }
+        if (c->split(comm, world, color, m->coord[a], mesh_axis_names[a], &m->group[a]) != CT_OK)
+            return ct_fail(CT_ERR_INTERNAL, "comm: cannot create the %s group: %s", mesh_axis_names[a],
+                           ct_last_error());
         commstats_name_group(m->group[a], mesh_axis_names[a]);
     }
     int dp_color = world_rank - m->coord[CT_AXIS_DP_REPLICATE] * stride[CT_AXIS_DP_REPLICATE] -
                    m->coord[CT_AXIS_DP_SHARD] * stride[CT_AXIS_DP_SHARD];
-    if (c->split(comm, world, dp_color, m->dp_rank, "dp", &m->dp_group) != CT_OK) {
-        ct_errf(err, errlen, "comm: cannot create the dp group");
-        return -1;
-    }
+    if (c->split(comm, world, dp_color, m->dp_rank, "dp", &m->dp_group) != CT_OK)
+        return ct_fail(CT_ERR_INTERNAL, "comm: cannot create the dp group: %s", ct_last_error());
     commstats_name_group(m->dp_group, "dp");
     int shard_cp_color = world_rank - m->coord[CT_AXIS_DP_SHARD] * stride[CT_AXIS_DP_SHARD] -
                          m->coord[CT_AXIS_CP] * stride[CT_AXIS_CP];
-    if (c->split(comm, world, shard_cp_color, m->dp_shard_cp_rank, "dp_shard_cp", &m->dp_shard_cp_group) != CT_OK) {
-        ct_errf(err, errlen, "comm: cannot create the dp_shard_cp group");
-        return -1;
-    }
-    return 0;
+    if (c->split(comm, world, shard_cp_color, m->dp_shard_cp_rank, "dp_shard_cp", &m->dp_shard_cp_group) != CT_OK)
+        return ct_fail(CT_ERR_INTERNAL, "comm: cannot create the dp_shard_cp group: %s", ct_last_error());
+    return CT_OK;
 }
 
 void mesh_free(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm) {

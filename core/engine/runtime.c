@@ -189,7 +189,7 @@ int64_t runtime_global_index(const ct_param_slot *sl, int64_t k) {
 
 const int64_t *runtime_global_shape(const runtime *rt, int i) { return rt->slots[i].global_shape; }
 
-int runtime_wrap_builder(runtime *rt, char *err, size_t errlen) {
+ct_status runtime_wrap_builder(runtime *rt) {
     for (int k = 0; k < rt->dist.n_st; k++) {
         const ct_strategy_api *a = rt->dist.st[k];
         if (CT_HAS_FIELD(a, ct_strategy_api, sequence_multiple) && a->sequence_multiple) {
@@ -206,18 +206,16 @@ int runtime_wrap_builder(runtime *rt, char *err, size_t errlen) {
         ct_builder *out = tape_layer_new(rt, rt->top);
         if (!out || rt->n_layers >= RT_MAX_STRATEGIES) {
             tape_layer_free(out);
-            snprintf(err, errlen, "out of memory");
-            return -1;
+            return ct_fail(CT_ERR_NOMEM, "out of memory");
         }
         rt->layers[rt->n_layers++] = out;
         ct_clear_error();
-        if (a->wrap_builder(rt->dist.strat[k], rt->top, out) != CT_OK) {
-            snprintf(err, errlen, "strategy: wrap_builder failed: %s", ct_last_error()[0] ? ct_last_error() : "no message");
-            return -1;
-        }
+        if (a->wrap_builder(rt->dist.strat[k], rt->top, out) != CT_OK)
+            return ct_fail(CT_ERR_INVALID, "strategy: wrap_builder failed: %s",
+                           ct_last_error()[0] ? ct_last_error() : "no message");
         rt->top = out;
     }
-    return 0;
+    return CT_OK;
 }
 
 static int64_t global_numel(const ct_param_slot *sl) {
@@ -263,14 +261,11 @@ static const char *init_key(const decl *decls, int i) {
 }
 
 /* Placement: the strategies' (the axis strategy first, then the data-parallel one), or everything local on one rank. */
-static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen) {
+static ct_status place_params(runtime *rt, const decl *decls) {
     rt->slots = calloc((size_t)rt->n_params, sizeof(ct_param_slot));
     rt->local = calloc((size_t)rt->n_params, sizeof(ct_tensor));
     rt->storage_order = calloc((size_t)rt->n_params + 1, sizeof(int));
-    if (!rt->slots || !rt->local || !rt->storage_order) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+    if (!rt->slots || !rt->local || !rt->storage_order) return ct_fail(CT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < rt->n_params; i++) {
         ct_param_slot *sl = &rt->slots[i];
         sl->struct_size = sizeof *sl;
@@ -291,10 +286,8 @@ static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen
     }
     for (int k = 0; k < rt->dist.n_st; k++) {
         ct_clear_error();
-        if (rt->dist.st[k]->place(rt->dist.strat[k], rt->slots, rt->n_params) != CT_OK) {
-            snprintf(err, errlen, "strategy place failed: %s", ct_last_error());
-            return -1;
-        }
+        if (rt->dist.st[k]->place(rt->dist.strat[k], rt->slots, rt->n_params) != CT_OK)
+            return ct_fail(CT_ERR_INTERNAL, "strategy place failed: %s", ct_last_error());
     }
     for (int i = 0; i < rt->n_params; i++) {
         const ct_param_slot *sl = &rt->slots[i];
@@ -315,14 +308,12 @@ static int place_params(runtime *rt, const decl *decls, char *err, size_t errlen
                 !__builtin_mul_overflow(sl->local_numel, parts * (int64_t)sizeof(float), &gathered);
         if (!split_ok || sl->numel != ct_tensor_numel(p) || sl->local_numel < 0 || sl->offset < 0 ||
             (sl->placement == CT_PLACE_REPLICATE && sl->local_numel != sl->numel) ||
-            (sl->placement == CT_PLACE_NONE && sl->local_numel != 0)) {
-            snprintf(err, errlen, "strategy placed %s badly (local %lld at %lld of %lld, dim %d in %d parts)",
-                     p->name, (long long)sl->local_numel, (long long)sl->offset, (long long)sl->numel, sl->split_dim,
-                     sl->split_parts);
-            return -1;
-        }
+            (sl->placement == CT_PLACE_NONE && sl->local_numel != 0))
+            return ct_fail(CT_ERR_INTERNAL, "strategy placed %s badly (local %lld at %lld of %lld, dim %d in %d parts)",
+                           p->name, (long long)sl->local_numel, (long long)sl->offset, (long long)sl->numel,
+                           sl->split_dim, sl->split_parts);
     }
-    return 0;
+    return CT_OK;
 }
 
 static void bytes_str(char *buf, size_t len, int64_t bytes) {
@@ -332,8 +323,9 @@ static void bytes_str(char *buf, size_t len, int64_t bytes) {
 
 /* Parameters and gradients (2 x param_bytes) must fit before they are allocated: a model too large
  * for the device's memory, or for what the address-space limit (ulimit -v) leaves, fails here with
- * one line instead of in an allocation, or, under overcommit, at the first touch of a page. */
-static int params_fit(runtime *rt, char *err, size_t errlen) {
+ * one line instead of in an allocation, or, under overcommit, at the first touch of a page (CT_ERR_INVALID:
+ * the model is too large for the layout). */
+static ct_status params_fit(runtime *rt) {
     int64_t need, limit, left = ct_address_space_left(&limit);
     if (rt->param_bytes > INT64_MAX / 2) need = INT64_MAX;
     else need = 2 * (int64_t)rt->param_bytes;
@@ -349,73 +341,67 @@ static int params_fit(runtime *rt, char *err, size_t errlen) {
         snprintf(what, sizeof what, "what the address-space limit leaves (ulimit -v %lld KiB: %s)",
                  (long long)(limit >> 10), b);
     } else {
-        return 0;
+        return CT_OK;
     }
     double n = (double)rt->n_param_elems;
-    snprintf(err, errlen, "model: %.2f%s parameters need %s on this rank for parameters and gradients (4 bytes each), "
-             "more than %s: a smaller model or more ranks", n >= 1e9 ? n / 1e9 : n / 1e6, n >= 1e9 ? "B" : "M", a, what);
-    return -1;
+    return ct_fail(CT_ERR_INVALID, "model: %.2f%s parameters need %s on this rank for parameters and gradients (4 "
+                   "bytes each), more than %s: a smaller model or more ranks", n >= 1e9 ? n / 1e9 : n / 1e6,
+                   n >= 1e9 ? "B" : "M", a, what);
 }
 
-/* The model's description and its parameter declarations; the tensors own their names after. -2 when
- * the pack refuses (its options are bad input), -1 on other errors. */
-static int declare_params(runtime *rt, registry_ctx *rc, char *err, size_t errlen) {
+/* The model's description and its parameter declarations; the tensors own their names after.
+ * CT_ERR_INVALID when the pack refuses (its options are bad input), CT_ERR_INTERNAL on other errors. */
+static ct_status declare_params(runtime *rt, registry_ctx *rc) {
     rt->desc.struct_size = sizeof rt->desc;
     ct_clear_error();
-    if (rt->m->describe(rt->model, &rt->desc) != CT_OK) {
-        snprintf(err, errlen, "model describe failed: %s", ct_last_error());
-        return -1;
-    }
-    if (rt->desc.n_units < 2) {
-        snprintf(err, errlen, "model has %d units; need at least an embedding and a head", rt->desc.n_units);
-        return -1;
-    }
+    if (rt->m->describe(rt->model, &rt->desc) != CT_OK)
+        return ct_fail(CT_ERR_INTERNAL, "model describe failed: %s", ct_last_error());
+    if (rt->desc.n_units < 2)
+        return ct_fail(CT_ERR_INTERNAL, "model has %d units; need at least an embedding and a head", rt->desc.n_units);
     ct_param_registry reg = {sizeof reg, rc, reg_add, reg_share};
     ct_status st = rt->m->declare_params(rt->model, &reg);
     free(rc->index);
     rc->index = NULL;
     if (st != CT_OK || rc->failed) {
-        snprintf(err, errlen, "model declare_params failed: %s", ct_last_error());
+        ct_set_error("model declare_params failed: %s", ct_last_error());
         for (int i = 0; i < rc->n; i++) free(rc->decls[i].name);
         for (int i = 0; i < rt->n_params; i++) rt->params[i]->t.name = NULL;
-        return -2;
+        return CT_ERR_INVALID;
     }
     for (int i = 0; i < rc->n; i++) rt->params[i]->t.name = rc->decls[i].name;
-    return 0;
+    return CT_OK;
 }
 
-/* Bytes of this rank's storage (64-byte aligned per parameter) and the largest local tensor; -2 when
- * it would not fit the device or the address-space limit. */
-static int size_storage(runtime *rt, size_t *max_n, char *err, size_t errlen) {
+/* Bytes of this rank's storage (64-byte aligned per parameter) and the largest local tensor;
+ * CT_ERR_INVALID when it would not fit the device or the address-space limit. */
+static ct_status size_storage(runtime *rt, size_t *max_n) {
     size_t total = 0;
     *max_n = 0;
     for (int i = 0; i < rt->n_params; i++) {
         size_t n = (size_t)rt->slots[i].local_numel; /* bounded by place_params */
         if (__builtin_add_overflow(total, align64(n * sizeof(float)), &total) ||
             __builtin_add_overflow(rt->n_param_elems, rt->slots[i].copy_of >= 0 ? 0 : global_numel(&rt->slots[i]),
-                                   &rt->n_param_elems)) {
-            snprintf(err, errlen, "model: the parameters' sizes add up past 2^63 bytes");
-            return -1;
-        }
+                                   &rt->n_param_elems))
+            return ct_fail(CT_ERR_UNSUPPORTED, "model: the parameters' sizes add up past 2^63 bytes");
         if (n > *max_n) *max_n = n;
     }
     rt->param_bytes = total ? total : 64;
-    return params_fit(rt, err, errlen) ? -2 : 0;
+    return params_fit(rt);
 }
 
 /* One allocation for the parameters, one for their gradients, carved in storage order: the
  * weight-decayed tensors first, then the rest (norms), so an elementwise optimizer updates each group
  * in one call (session_train_step); every tensor 64-byte aligned, the padding zero. */
-static int alloc_storage(runtime *rt, char *err, size_t errlen) {
+static ct_status alloc_storage(runtime *rt) {
     const ct_device_api *d = rt->d;
     if (d->alloc(rt->dev, rt->param_bytes, (void **)&rt->param_mem) != CT_OK ||
         d->alloc(rt->dev, rt->param_bytes, (void **)&rt->grad_mem) != CT_OK ||
         d->zero(rt->dev, rt->param_mem, rt->param_bytes) != CT_OK) {
-        snprintf(err, errlen, "cannot allocate %zu bytes for parameters and gradients", 2 * rt->param_bytes);
+        ct_set_error("cannot allocate %zu bytes for parameters and gradients", 2 * rt->param_bytes);
         if (rt->param_mem) d->free(rt->dev, rt->param_mem);
         if (rt->grad_mem) d->free(rt->dev, rt->grad_mem);
         rt->param_mem = rt->grad_mem = NULL; /* not yet counted: runtime_free must not uncount them */
-        return -1;
+        return CT_ERR_NOMEM;
     }
     mem_account(CT_MEM_PARAMS, (int64_t)rt->param_bytes);
     mem_account(CT_MEM_GRADS, (int64_t)rt->param_bytes);
@@ -429,17 +415,14 @@ static int alloc_storage(runtime *rt, char *err, size_t errlen) {
             rt->slots[i].local_grad = (float *)(rt->grad_mem + off);
             off += align64((size_t)rt->slots[i].local_numel * sizeof(float));
         }
-    return 0;
+    return CT_OK;
 }
 
 /* Each parameter's local view, and its values from the seed (element i of the whole parameter gets
  * the same value whatever the layout). */
-static int init_storage(runtime *rt, const decl *decls, size_t max_n, char *err, size_t errlen) {
+static ct_status init_storage(runtime *rt, const decl *decls, size_t max_n) {
     float *host = malloc((max_n ? max_n : 1) * sizeof(float));
-    if (!host) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+    if (!host) return ct_fail(CT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < rt->n_params; i++) {
         ct_param_slot *sl = &rt->slots[i];
         rt_tensor *t = rt->params[i];
@@ -453,12 +436,11 @@ static int init_storage(runtime *rt, const decl *decls, size_t max_n, char *err,
         init_values(&decls[i], init_key(decls, i), sl, rt->seed, host, sl->offset, sl->local_numel);
         if (rt->d->copy(rt->dev, sl->local_data, host, (size_t)sl->local_numel * sizeof(float), CT_COPY_H2D) != CT_OK) {
             free(host);
-            snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
-            return -1;
+            return ct_fail(CT_ERR_INTERNAL, "cannot copy initial weights to the device: %s", ct_last_error());
         }
     }
     free(host);
-    return 0;
+    return CT_OK;
 }
 
 /* ---- whole compute storage (ABI 2.1, ZeRO): slots whose `whole` place() set ---- */
@@ -469,8 +451,9 @@ static int64_t local_bytes(const ct_param_slot *sl) { return (int64_t)align64((s
 /* For every slot place() asked it of: whole_data (counted as parameters, its placed local data then
  * as master weights) initialised like local storage, and/or whole_grad (counted as gradients); the
  * model computes with them for the whole run. */
-static int whole_alloc(runtime *rt, const decl *decls, char *err, size_t errlen) {
+static ct_status whole_alloc(runtime *rt, const decl *decls) {
     float *host = NULL;
+    ct_status st = CT_OK;
     for (int i = 0; i < rt->n_params; i++) {
         ct_param_slot *sl = &rt->slots[i];
         if (!sl->whole || sl->placement == CT_PLACE_NONE) continue;
@@ -479,9 +462,10 @@ static int whole_alloc(runtime *rt, const decl *decls, char *err, size_t errlen)
             float *grown = realloc(host, bytes ? bytes : 1);
             if (!grown || rt->d->alloc(rt->dev, bytes, (void **)&sl->whole_data) != CT_OK) {
                 if (grown) host = grown;
-                snprintf(err, errlen, "cannot allocate %zu bytes for the whole copy of %s", bytes, sl->param->name);
+                st = ct_fail(CT_ERR_NOMEM, "cannot allocate %zu bytes for the whole copy of %s", bytes,
+                             sl->param->name);
                 sl->whole_data = NULL;
-                goto fail;
+                goto done;
             }
             host = grown;
             mem_account(CT_MEM_PARAMS, -local_bytes(sl)); /* the placed shard is the optimizer's master now */
@@ -489,8 +473,8 @@ static int whole_alloc(runtime *rt, const decl *decls, char *err, size_t errlen)
             mem_account(CT_MEM_PARAMS, (int64_t)bytes);
             init_values(&decls[i], init_key(decls, i), sl, rt->seed, host, 0, sl->numel); /* as local storage */
             if (rt->d->copy(rt->dev, sl->whole_data, host, bytes, CT_COPY_H2D) != CT_OK) {
-                snprintf(err, errlen, "cannot copy initial weights to the device: %s", ct_last_error());
-                goto fail;
+                st = ct_fail(CT_ERR_INTERNAL, "cannot copy initial weights to the device: %s", ct_last_error());
+                goto done;
             }
             sl->param->data = sl->whole_data;
         }
@@ -499,18 +483,17 @@ static int whole_alloc(runtime *rt, const decl *decls, char *err, size_t errlen)
                 rt->d->zero(rt->dev, sl->whole_grad, bytes) != CT_OK) {
                 if (sl->whole_grad) rt->d->free(rt->dev, sl->whole_grad);
                 sl->whole_grad = NULL;
-                snprintf(err, errlen, "cannot allocate %zu bytes for the whole gradient of %s", bytes, sl->param->name);
-                goto fail;
+                st = ct_fail(CT_ERR_NOMEM, "cannot allocate %zu bytes for the whole gradient of %s", bytes,
+                             sl->param->name);
+                goto done;
             }
             mem_account(CT_MEM_GRADS, (int64_t)bytes);
             sl->param->grad = sl->whole_grad;
         }
     }
+done:
     free(host);
-    return 0;
-fail:
-    free(host);
-    return -1;
+    return st;
 }
 
 /* Zeroes every whole gradient (with the local ones, at each step). */
@@ -543,17 +526,12 @@ static void whole_free(runtime *rt) {
 }
 
 /* Gradients zeroed, the strategies' setup, the activation arenas and the per-unit tables. */
-static int start_runtime(runtime *rt, char *err, size_t errlen) {
-    if (runtime_zero_grads(rt)) {
-        snprintf(err, errlen, "cannot zero gradients: %s", ct_last_error());
-        return -1;
-    }
+static ct_status start_runtime(runtime *rt) {
+    if (runtime_zero_grads(rt)) return ct_fail(CT_ERR_INTERNAL, "cannot zero gradients: %s", ct_last_error());
     for (int k = 0; k < rt->dist.n_st; k++) {
         ct_clear_error();
-        if (rt->dist.st[k]->setup(rt->dist.strat[k], rt->slots, rt->n_params, rt->desc.n_units) != CT_OK) {
-            snprintf(err, errlen, "strategy setup failed: %s", ct_last_error());
-            return -1;
-        }
+        if (rt->dist.st[k]->setup(rt->dist.strat[k], rt->slots, rt->n_params, rt->desc.n_units) != CT_OK)
+            return ct_fail(CT_ERR_INTERNAL, "strategy setup failed: %s", ct_last_error());
     }
     const ct_device_api *d = rt->d;
     pool_init(&rt->opscratch, d, rt->dev, CT_MEM_ACTIVATIONS);
@@ -575,18 +553,16 @@ static int start_runtime(runtime *rt, char *err, size_t errlen) {
     rt->unit_tape = calloc((size_t)nu, sizeof(tape_entry *));
     rt->unit_mark = calloc((size_t)nu, sizeof(rt_unit_mark));
     if (!rt->ac || !rt->unit_in || !rt->unit_out || !rt->unit_tape || !rt->unit_mark ||
-        !(rt->unit_pack = runtime_pack_new(nu))) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+        !(rt->unit_pack = runtime_pack_new(nu)))
+        return ct_fail(CT_ERR_NOMEM, "out of memory");
     tape_builder_init(rt);
     rt->seq_multiple = 1;
     rt->cur_unit = -1;
-    return 0;
+    return CT_OK;
 }
 
-int runtime_init(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model, uint64_t seed,
-                 const runtime_dist *dist, char *err, size_t errlen) {
+ct_status runtime_init(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model,
+                       uint64_t seed, const runtime_dist *dist) {
     memset(rt, 0, sizeof *rt);
     rt->d = d;
     rt->dev = dev;
@@ -596,25 +572,25 @@ int runtime_init(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_m
     if (dist) rt->dist = *dist;
     registry_ctx rc = {.rt = rt};
     size_t max_n = 0;
-    int rc_st = declare_params(rt, &rc, err, errlen);
-    if (!rc_st && place_params(rt, rc.decls, err, errlen)) rc_st = -1;
-    if (!rc_st) rc_st = size_storage(rt, &max_n, err, errlen);
-    if (!rc_st && (alloc_storage(rt, err, errlen) || init_storage(rt, rc.decls, max_n, err, errlen) ||
-                   whole_alloc(rt, rc.decls, err, errlen)))
-        rc_st = -1;
+    ct_status st = declare_params(rt, &rc);
+    if (st == CT_OK) st = place_params(rt, rc.decls);
+    if (st == CT_OK) st = size_storage(rt, &max_n);
+    if (st == CT_OK) st = alloc_storage(rt);
+    if (st == CT_OK) st = init_storage(rt, rc.decls, max_n);
+    if (st == CT_OK) st = whole_alloc(rt, rc.decls);
     free(rc.decls); /* the names belong to the tensors now; runtime_free releases them */
-    if (rc_st) {
+    if (st != CT_OK) {
         runtime_free(rt);
-        return rc_st;
+        return st;
     }
-    if (start_runtime(rt, err, errlen)) return -1;
-    return runtime_check_shared(rt, err, errlen) ? -2 : 0;
+    if ((st = start_runtime(rt)) != CT_OK) return st;
+    return runtime_check_shared(rt) != CT_OK ? CT_ERR_INVALID : CT_OK;
 }
 
 /* The parameters declared and placed by the strategies, nothing allocated (a plan: `ctitan train
  * --dry-run` asks the strategies for their costs on these slots). runtime_free releases it. */
-int runtime_plan(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model,
-                 const runtime_dist *dist, char *err, size_t errlen) {
+ct_status runtime_plan(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model,
+                       const runtime_dist *dist) {
     memset(rt, 0, sizeof *rt);
     rt->d = d;
     rt->dev = dev;
@@ -622,21 +598,19 @@ int runtime_plan(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_m
     rt->model = model;
     if (dist) rt->dist = *dist;
     registry_ctx rc = {.rt = rt};
-    int st = declare_params(rt, &rc, err, errlen);
-    if (!st && place_params(rt, rc.decls, err, errlen)) st = -1;
+    ct_status st = declare_params(rt, &rc);
+    if (st == CT_OK) st = place_params(rt, rc.decls);
     free(rc.decls);
     return st;
 }
 
-int runtime_plan_start(runtime *rt, char *err, size_t errlen) {
+ct_status runtime_plan_start(runtime *rt) {
     size_t max_n;
-    int st = size_storage(rt, &max_n, err, errlen);
-    if (st) return st;
+    ct_status st = size_storage(rt, &max_n);
+    if (st != CT_OK) return st;
     if (rt->d->alloc(rt->dev, rt->param_bytes, (void **)&rt->param_mem) != CT_OK ||
-        rt->d->alloc(rt->dev, rt->param_bytes, (void **)&rt->grad_mem) != CT_OK) {
-        snprintf(err, errlen, "out of address space for a plan of %zu parameter bytes", rt->param_bytes);
-        return -1;
-    }
+        rt->d->alloc(rt->dev, rt->param_bytes, (void **)&rt->grad_mem) != CT_OK)
+        return ct_fail(CT_ERR_NOMEM, "out of address space for a plan of %zu parameter bytes", rt->param_bytes);
     size_t off = 0;
     for (int i = 0; i < rt->n_params; i++) { /* addresses only: the planner's device never reads them */
         ct_param_slot *sl = &rt->slots[i];
@@ -653,15 +627,15 @@ int runtime_plan_start(runtime *rt, char *err, size_t errlen) {
     }
     runtime_dist keep = rt->dist;
     rt->dist.n_st = 0; /* planning strategies have no setup to run */
-    st = start_runtime(rt, err, errlen);
+    st = start_runtime(rt);
     rt->dist = keep;
-    if (st) return st;
+    if (st != CT_OK) return st;
     rt->planning = 1;
     rt->builder.planning = 1;
     /* one chunk of address space each: a pass runs as the steady state does, in one chunk */
     pool *ps[] = {&rt->saved.data, &rt->scratch.data, &rt->grads.data, &rt->bgrads[0], &rt->bgrads[1], &rt->opscratch};
     for (int i = 0; i < 6; i++) ps[i]->first_chunk = RT_PLAN_CHUNK;
-    return 0;
+    return CT_OK;
 }
 
 static void graph_drop(runtime *rt);
@@ -714,31 +688,28 @@ void runtime_free(runtime *rt) {
     memset(rt, 0, sizeof *rt);
 }
 
-int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err, size_t errlen) {
+ct_status runtime_set_ac(runtime *rt, const char *mode, const char *option) {
     int nu = rt->desc.n_units;
     memset(rt->ac, 0, sizeof(int) * (size_t)nu);
-    if (strcmp(mode, "none") == 0) return 0;
+    if (strcmp(mode, "none") == 0) return CT_OK;
     if (strcmp(mode, "full") == 0) {
         for (int u = 1; u < nu - 1; u++) rt->ac[u] = RT_AC_FULL; /* every block; embedding and head stay */
-        return 0;
+        return CT_OK;
     }
     if (strcmp(mode, "selective") == 0) {
         int64_t every;
         if (strcmp(option, "op") == 0) { /* torchtitan's per-op SAC: every block, the costly outputs kept */
             for (int u = 1; u < nu - 1; u++) rt->ac[u] = RT_AC_OP;
-            return 0;
+            return CT_OK;
         }
-        if (mf_parse_int(option, &every) || every < 1) {
-            snprintf(err, errlen, "expected 'op' (per-op policy) or a positive integer N (every Nth block), got '%s'",
-                     option);
-            return -2;
-        }
+        if (mf_parse_int(option, &every) || every < 1)
+            return ct_fail(CT_ERR_INVALID, "expected 'op' (per-op policy) or a positive integer N (every Nth block), "
+                           "got '%s'", option);
         /* torchtitan's layer SAC: the k-th block (1-based) is checkpointed when k % N == 0 */
         for (int u = 1; u < nu - 1; u++) rt->ac[u] = (u % every) == 0 ? RT_AC_FULL : RT_AC_NONE;
-        return 0;
+        return CT_OK;
     }
-    snprintf(err, errlen, "expected none, full or selective, got '%s'", mode);
-    return -1;
+    return ct_fail(CT_ERR_INVALID, "expected none, full or selective, got '%s'", mode);
 }
 
 /* A replicated parameter with storage here: what bf16 compute keeps rounded copies of. */
@@ -749,12 +720,9 @@ static int shadowed(const runtime *rt, int i) {
 /* bf16 parameter copies for compute, for replicated parameters (a sharding strategy rounds what
  * it gathers instead, told by ct_strategy_env.bf16_compute): one unit's at a time, in a buffer as
  * large as the largest unit's copies, so the parameters are held once more only by a unit. */
-int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
+ct_status runtime_enable_bf16_params(runtime *rt) {
     rt->shadow_off = calloc((size_t)rt->n_params, sizeof(size_t));
-    if (!rt->shadow_off) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+    if (!rt->shadow_off) return ct_fail(CT_ERR_NOMEM, "out of memory");
     size_t bytes = 0; /* only the replicated parameters get copies: nothing at all under FSDP */
     for (int u = 0; u < rt->desc.n_units; u++) {
         size_t unit_bytes = 0;
@@ -768,13 +736,11 @@ int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen) {
     rt->shadow_bytes = bytes;
     rt->shadow_unit = -1;
     rt->bf16_compute = 1;
-    if (!bytes) return 0;
-    if (rt->d->alloc(rt->dev, bytes, (void **)&rt->bf16_shadow) != CT_OK) {
-        snprintf(err, errlen, "cannot allocate the bf16 parameter copies (%zu bytes)", bytes);
-        return -1;
-    }
+    if (!bytes) return CT_OK;
+    if (rt->d->alloc(rt->dev, bytes, (void **)&rt->bf16_shadow) != CT_OK)
+        return ct_fail(CT_ERR_NOMEM, "cannot allocate the bf16 parameter copies (%zu bytes)", bytes);
     mem_account(CT_MEM_PARAMS, (int64_t)bytes);
-    return 0;
+    return CT_OK;
 }
 
 static float *shadow_of(runtime *rt, int i) { return (float *)((char *)rt->bf16_shadow + rt->shadow_off[i]); }
@@ -1447,7 +1413,7 @@ static void slot_layout(const ct_param_slot *sl, double lay[6]) {
     lay[5] = sl->shard_axis;
 }
 
-int runtime_check_shared(runtime *rt, char *err, size_t errlen) {
+ct_status runtime_check_shared(runtime *rt) {
     int me = rt->dist.mesh ? rt->dist.mesh->coord[CT_AXIS_PP] : 0;
     for (int i = 0; i < rt->n_params; i++) {
         int o = rt->slots[i].copy_of;
@@ -1460,18 +1426,15 @@ int runtime_check_shared(runtime *rt, char *err, size_t errlen) {
         if (here && here_o) {
             slot_layout(a, other);
         } else if (trade(rt, here ? stage_of(rt, o) : stage_of(rt, i), lay, other, 6, CT_F64, 0x5a00 + i)) {
-            snprintf(err, errlen, "shared parameter '%s': cannot compare its uses' placement across stages: %s",
-                     rt->params[o]->t.name, ct_last_error());
-            return -1;
+            return ct_fail(CT_ERR_INTERNAL, "shared parameter '%s': cannot compare its uses' placement across "
+                           "stages: %s", rt->params[o]->t.name, ct_last_error());
         }
-        if (memcmp(lay, other, sizeof lay)) {
-            snprintf(err, errlen, "shared parameter '%s' is placed differently in unit %d (as '%s') than in unit %d: "
-                     "its uses must be split and sharded alike (a tensor-parallel style that splits the same dim)",
-                     rt->params[o]->t.name, b->unit, b->param->name, a->unit);
-            return -1;
-        }
+        if (memcmp(lay, other, sizeof lay))
+            return ct_fail(CT_ERR_INVALID, "shared parameter '%s' is placed differently in unit %d (as '%s') than in "
+                           "unit %d: its uses must be split and sharded alike (a tensor-parallel style that splits the "
+                           "same dim)", rt->params[o]->t.name, b->unit, b->param->name, a->unit);
     }
-    return 0;
+    return CT_OK;
 }
 
 int runtime_sum_shared_grads(runtime *rt) {

@@ -312,25 +312,26 @@ typedef struct runtime {
 } runtime;
 
 /* The planner's runtime (after runtime_plan, on plan_null_device): storage carved from address
- * space, arenas and the builder as in training, the builder marked planning. 0, or -1 with err. */
-int runtime_plan_start(runtime *rt, char *err, size_t errlen);
+ * space, arenas and the builder as in training, the builder marked planning. CT_OK, or a status with
+ * the error set. */
+ct_status runtime_plan_start(runtime *rt);
 
 /* Builds the runtime: declares the parameters, lets the strategy place them (dist may be NULL: one
  * rank), allocates this rank's storage and initialises it from `seed` (element i of a parameter
- * gets the same value whatever the layout). 0; -2 when the model's declarations are refused or its
- * parameters and gradients would not fit the device's memory or the address-space limit (checked
- * before allocating); -1 on other errors.
- * On error the runtime is freed and err holds one line. */
-int runtime_init(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model,
-                 uint64_t seed, const runtime_dist *dist, char *err, size_t errlen);
+ * gets the same value whatever the layout). CT_OK; CT_ERR_INVALID when the model's declarations are
+ * refused, its parameters and gradients would not fit the device's memory or the address-space limit
+ * (checked before allocating) or its shared parameters are placed apart; another status on other
+ * errors. On error the runtime is freed and the error set. */
+ct_status runtime_init(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model,
+                       uint64_t seed, const runtime_dist *dist);
 void runtime_free(runtime *rt);
 
 /* Sets which units are checkpointed: mode "none" | "full" | "selective" with every Nth block, or
  * with "op" every block under the per-op policy.
- * Returns -1 for a bad mode, -2 for a bad option. */
-int runtime_set_ac(runtime *rt, const char *mode, const char *option, char *err, size_t errlen);
+ * CT_ERR_INVALID for a bad mode, or (mode "selective") a bad option. */
+ct_status runtime_set_ac(runtime *rt, const char *mode, const char *option);
 /* Uses bf16-rounded parameters in forward (fp32 master weights and gradients). */
-int runtime_enable_bf16_params(runtime *rt, char *err, size_t errlen);
+ct_status runtime_enable_bf16_params(runtime *rt);
 /* Before the forward passes of a step: the bf16 copies are to be made again from the weights. */
 int runtime_begin_step(runtime *rt);
 
@@ -349,9 +350,10 @@ int runtime_forward_loss(runtime *rt, const int32_t *tokens, const int32_t *targ
 int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out);
 
 /* Declares and places the parameters without storage (the strategies' planning instances in dist);
- * 0, -2 when the pack refuses its declarations, -1 otherwise. runtime_free releases it. */
-int runtime_plan(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model,
-                 const runtime_dist *dist, char *err, size_t errlen);
+ * CT_OK, CT_ERR_INVALID when the pack refuses its declarations, another status otherwise (the error
+ * set). runtime_free releases it. */
+ct_status runtime_plan(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model,
+                       const runtime_dist *dist);
 int runtime_zero_grads(runtime *rt);
 /* Global L2 norm of all gradients over every rank (double accumulation). */
 int runtime_grad_norm(runtime *rt, double *norm);
@@ -369,8 +371,8 @@ const char *runtime_param_key(const runtime *rt, int i);
 /* After the step's last backward: each copy's gradient becomes the sum over the parameter's uses
  * (a trade over the pp group when a use is on another stage), so the copies stay equal. */
 int runtime_sum_shared_grads(runtime *rt);
-/* Each copy is placed like the parameter it copies (same local block), or one line in err. */
-int runtime_check_shared(runtime *rt, char *err, size_t errlen);
+/* Each copy is placed like the parameter it copies (same local block): CT_OK, else the error set. */
+ct_status runtime_check_shared(runtime *rt);
 
 /* ---- pieces the pipeline runtime (pipeline.c) drives unit by unit ---- */
 /* Forward of unit u from x (NULL for unit 0) without the strategies' hooks; *out = its output. */
@@ -439,8 +441,9 @@ ct_status runtime_keep_op_unit(runtime *rt, pool_mark from, rt_tensor **out);
 
 /* The global shape of parameter i (the whole parameter's, when an axis strategy splits it). */
 const int64_t *runtime_global_shape(const runtime *rt, int i);
-/* Asks each op-level strategy to wrap the builder (after setup); rt->top is what the pack calls. */
-int runtime_wrap_builder(runtime *rt, char *err, size_t errlen);
+/* Asks each op-level strategy to wrap the builder (after setup); rt->top is what the pack calls.
+ * CT_OK, or a status with the error set. */
+ct_status runtime_wrap_builder(runtime *rt);
 /* Element k of parameter i's block, flattened -> its index in the flattened global parameter. */
 int64_t runtime_global_index(const ct_param_slot *sl, int64_t k);
 

@@ -319,7 +319,6 @@ static ct_status plan_pipeline(session *s, const ct_model_desc *d) {
 }
 
 static ct_status open_dist(session *s, const ct_model_desc *d) {
-    char err[2048];
     ct_clear_error();
     if (s->commp) {
         s->capi = s->commp->info.api;
@@ -344,8 +343,8 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
     }
     int degree[CT_MESH_NAXES];
     if (mesh_degrees(s->mf, s->world, degree)) return CT_ERR_INVALID;
-    if (mesh_build(&s->mesh, s->commp ? s->capi : NULL, s->comm, s->rank, s->world, degree, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s: %s\n", err, ct_last_error());
+    if (mesh_build(&s->mesh, s->commp ? s->capi : NULL, s->comm, s->rank, s->world, degree) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INTERNAL;
     }
     int axis_on = s->axisp && s->mesh.degree[CT_AXIS_TP] > 1, cp_on = s->cpp && s->mesh.degree[CT_AXIS_CP] > 1;
@@ -480,7 +479,6 @@ static ct_status create_quantizer(session *s, manifest *mf) {
 /* The mesh and strategies, the pipeline plan, then the runtime: parameters placed, allocated and
  * initialised, the builder wrapped by the op-level strategies. */
 static ct_status build_runtime(session *s, manifest *mf) {
-    char err[2048];
     ct_status st;
     ct_model_desc d; /* what the strategies and the pipeline plan read */
     memset(&d, 0, sizeof d);
@@ -504,15 +502,15 @@ static ct_status build_runtime(session *s, manifest *mf) {
     }
     int64_t seed = 0;
     mf_get_int(mf, "training.seed", &seed);
-    int rst = runtime_init(&s->rt, s->d, s->dev, s->m, s->model, (uint64_t)seed, s->commp ? &dist : NULL, err, sizeof err);
-    if (rst) {
-        fprintf(stderr, "ctitan: %s\n", err);
-        return rst == -2 ? CT_ERR_INVALID : CT_ERR_INTERNAL; /* -2: refused declarations, or too large */
+    st = runtime_init(&s->rt, s->d, s->dev, s->m, s->model, (uint64_t)seed, s->commp ? &dist : NULL);
+    if (st != CT_OK) { /* CT_ERR_INVALID: refused declarations, or too large */
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        return st;
     }
     s->rt_ready = 1;
     s->rt.coll_capi = s->capi ? commstats_wrap(s->capi) : NULL;
-    if (runtime_wrap_builder(&s->rt, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s\n", err);
+    if (runtime_wrap_builder(&s->rt) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
     if (s->pl && (st = pipeline_start(s->pl, mf, &s->rt, commstats_wrap(s->capi), s->comm, &s->mesh))) return st;
@@ -525,15 +523,15 @@ static ct_status build_runtime(session *s, manifest *mf) {
 /* Activation checkpointing and the parameters' precision (bf16 GEMM operands where the device
  * offers them; unsupported leaves matmul exact on the bf16-rounded parameters, as the CPU computes). */
 static ct_status set_compute_modes(session *s, manifest *mf) {
-    char err[2048], where[600];
+    char where[600];
     const char *mode, *option, *mp;
     mf_get_str(mf, "activation_checkpoint.mode", &mode);
     mf_get_str(mf, "activation_checkpoint.selective_ac_option", &option);
-    int ac = runtime_set_ac(&s->rt, mode, option, err, sizeof err);
-    if (ac) {
-        mf_where(mf, ac == -2 ? "activation_checkpoint.selective_ac_option" : "activation_checkpoint.mode", where,
-                 sizeof where);
-        fprintf(stderr, "ctitan: %s: %s\n", where, err);
+    if (runtime_set_ac(&s->rt, mode, option) != CT_OK) { /* under selective, the option was bad */
+        const char *key = strcmp(mode, "selective") ? "activation_checkpoint.mode"
+                                                    : "activation_checkpoint.selective_ac_option";
+        mf_where(mf, key, where, sizeof where);
+        fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
         return CT_ERR_INVALID;
     }
     int64_t offload = 0;
@@ -556,8 +554,8 @@ static ct_status set_compute_modes(session *s, manifest *mf) {
         return CT_ERR_INVALID;
     }
     if (strcmp(mp, "bfloat16")) return CT_OK;
-    if (runtime_enable_bf16_params(&s->rt, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s\n", err);
+    if (runtime_enable_bf16_params(&s->rt) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INTERNAL;
     }
     ct_clear_error();
@@ -646,20 +644,20 @@ void session_close(session *s) {
     memset(s, 0, sizeof *s);
 }
 
-int session_save_model(session *s, const char *path, char *err, size_t errlen) {
+ct_status session_save_model(session *s, const char *path) {
     /* every rank gathers (a collective for sharded parameters); rank 0 writes */
+    char err[2048] = "";
     tf_writer *w = s->rank == 0 ? tf_writer_open(path) : NULL;
-    if (s->rank == 0 && !w) {
-        snprintf(err, errlen, "%s", ct_last_error());
-        return -1;
-    }
-    int failed = 0; /* the description: rank 0 still joins every gather below, then reports it */
+    if (s->rank == 0 && !w) return CT_ERR_IO;
+    /* the description's failure: rank 0 still joins every gather below (which may set errors of their
+     * own), then reports it from err */
+    int failed = 0;
     if (w) { /* first, so that a reader finds it before the weights */
         json_t *d = mdesc_build(s);
         char *text = d ? json_dumps(d, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
         json_decref(d);
         if ((failed = !text || tf_writer_add_text(w, MDESC_ENTRY, text))) {
-            snprintf(err, errlen, "%s: %s (writing the model description)", path,
+            snprintf(err, sizeof err, "%s: %s (writing the model description)", path,
                      text ? tf_writer_error(w) : "out of memory");
             tf_writer_abort(w);
             w = NULL;
@@ -676,30 +674,29 @@ int session_save_model(session *s, const char *path, char *err, size_t errlen) {
         float *grown = realloc(buf, sizeof(float) * (size_t)n);
         if (!grown || runtime_param_get(&s->rt, i, grown, 0) ||
             (w && tf_writer_add(w, t->name, 1, t->ndim, shape, grown))) {
+            ct_status st;
             if (grown) buf = grown;
-            if (w && tf_writer_error(w)[0]) snprintf(err, errlen, "%s (writing %s)", tf_writer_error(w), t->name);
-            else snprintf(err, errlen, "%s: cannot gather %s: %s", path, t->name, grown ? ct_last_error() : "out of memory");
+            if (w && tf_writer_error(w)[0]) st = ct_fail(CT_ERR_IO, "%s (writing %s)", tf_writer_error(w), t->name);
+            else st = ct_fail(grown ? CT_ERR_INTERNAL : CT_ERR_NOMEM, "%s: cannot gather %s: %s", path, t->name,
+                              grown ? ct_last_error() : "out of memory");
             free(buf);
             if (w) tf_writer_abort(w);
-            return -1;
+            return st;
         }
         buf = grown;
     }
     free(buf);
-    if (failed) return -1;
-    if (w && tf_writer_close(w) != CT_OK) {
-        snprintf(err, errlen, "%s", ct_last_error());
-        return -1;
-    }
-    return 0;
+    if (failed) return ct_fail(CT_ERR_IO, "%s", err);
+    if (w && tf_writer_close(w) != CT_OK) return CT_ERR_IO;
+    return CT_OK;
 }
 
-int session_load_model(session *s, const char *path, char *err, size_t errlen) {
+ct_status session_load_model(session *s, const char *path) {
     tf_file *f = tf_read(path);
-    if (!f || tf_check_finite(f, path) != CT_OK) {
-        snprintf(err, errlen, "%s", ct_last_error());
+    if (!f) return CT_ERR_INVALID;
+    if (tf_check_finite(f, path) != CT_OK) {
         tf_free(f);
-        return -1;
+        return CT_ERR_INVALID;
     }
     if (f->version < 2 && s->rank == 0) /* read, as before checksums: say so once */
         printf("model: note: %s: format version %d has no checksums: its data cannot be verified\n", path, f->version);
@@ -707,14 +704,17 @@ int session_load_model(session *s, const char *path, char *err, size_t errlen) {
         ct_tensor *t = &s->rt.params[i]->t;
         const tf_entry *e =
             tf_expect(f, path, runtime_param_key(&s->rt, i), 1, t->ndim, runtime_global_shape(&s->rt, i));
-        if (!e) snprintf(err, errlen, "%s", ct_last_error());
-        if (!e || runtime_param_set(&s->rt, i, e->data)) {
+        if (!e) {
             tf_free(f);
-            return -1;
+            return CT_ERR_INVALID;
+        }
+        if (runtime_param_set(&s->rt, i, e->data)) {
+            tf_free(f);
+            return CT_ERR_INTERNAL;
         }
     }
     tf_free(f);
-    return 0;
+    return CT_OK;
 }
 
 /* Picks the next token from logits (V): greedy at temperature 0, else top-k sampling. */

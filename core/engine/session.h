@@ -71,9 +71,10 @@ void session_close(session *s);
  * manifest's folder. */
 void session_resolve_path(const manifest *mf, const char *p, char *out, size_t len);
 
-/* Writes the parameters to a ctt file (atomic). */
-int session_save_model(session *s, const char *path, char *err, size_t errlen);
-int session_load_model(session *s, const char *path, char *err, size_t errlen);
+/* Writes the parameters to a ctt file (atomic; every rank gathers, rank 0 writes), and reads them
+ * back. These two print nothing: CT_OK, or a status with the error set. */
+ct_status session_save_model(session *s, const char *path);
+ct_status session_load_model(session *s, const char *path);
 /* Every strategy's post_step (ABI 2.1): after the optimizer's step and after local storage was loaded.
  * 0, or -1 with the error set. */
 int session_post_step(session *s);

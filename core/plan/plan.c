@@ -306,10 +306,9 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
         dist.st[dist.n_st] = a;
         dist.strat[dist.n_st++] = inst;
     }
-    char e[2048] = ""; /* the runtime's line */
-    int rst = runtime_plan(&r->rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, e, sizeof e);
+    ct_status rst = runtime_plan(&r->rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist);
     r->rt_ready = 1;
-    if (rst || runtime_plan_start(&r->rt, e, sizeof e)) return ct_fail(CT_ERR_INVALID, "%s", e);
+    if (rst != CT_OK || runtime_plan_start(&r->rt) != CT_OK) return CT_ERR_INVALID;
     return CT_OK;
 }
 
@@ -366,12 +365,11 @@ static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_
     r->ts.matmul_dtype = l->bf16 ? PLAN_BF16 : PLAN_F32;
     t->state = &r->ts;
     rt->trace = t;
-    char e[2048] = ""; /* the runtime's line */
-    if (runtime_wrap_builder(rt, e, sizeof e)) return ct_fail(CT_ERR_INVALID, "%s", e);
+    if (runtime_wrap_builder(rt) != CT_OK) return CT_ERR_INVALID;
     const char *mode = "none", *opt = "op";
     mf_get_str(c->mf, "activation_checkpoint.mode", &mode);
     mf_get_str(c->mf, "activation_checkpoint.selective_ac_option", &opt);
-    if (runtime_set_ac(rt, mode, opt, e, sizeof e)) return ct_fail(CT_ERR_INVALID, "%s", e);
+    if (runtime_set_ac(rt, mode, opt) != CT_OK) return CT_ERR_INVALID;
     if (l->offload && l->pp > 1)
         return ct_fail(CT_ERR_INVALID, "activation_offload.layers: not with pipeline parallel yet");
     ct_clear_error();
@@ -746,10 +744,9 @@ static ct_status stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, in
             dist.strat[dist.n_st++] = q.inst[k];
         }
         if (!bad) {
-            char e[2048] = ""; /* the runtime's line */
             q.rt_ready = 1;
-            if (runtime_plan(&q.rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist, e, sizeof e))
-                bad = ct_fail(CT_ERR_INVALID, "%s", e);
+            if (runtime_plan(&q.rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist) != CT_OK)
+                bad = CT_ERR_INVALID;
         }
         for (int i = 0; !bad && i < q.rt.n_params && i < r->rt.n_params; i++)
             q.rt.params[i]->t.flags |= r->rt.params[i]->t.flags & (CT_TENSOR_QUANT_DECIDED | CT_TENSOR_QUANTIZED);

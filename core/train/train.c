@@ -927,7 +927,7 @@ static void train_summary_print(train_run *r) {
  * saved; STEP_FAILED on a failure. */
 static step_next train_finish(train_run *r) {
     session *s = r->s;
-    char err[2048], path[4096];
+    char path[4096];
     if (ckpt_end(s, &r->ck, r->steps)) return STEP_FAILED;
     /* a stop signal in the last step or the final saves: the run is complete; the model is saved, the
      * sample and traces are skipped. From here a signal ends the process at once. */
@@ -935,8 +935,8 @@ static step_next train_finish(train_run *r) {
     if (world_max(s, g_stop_signal, &late)) return STEP_FAILED;
     stop_signals_catch(0);
     snprintf(path, sizeof path, "%s/model.ctt", r->dump);
-    if (r->steps > 0 && session_save_model(s, path, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s\n", err);
+    if (r->steps > 0 && session_save_model(s, path) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         r->status = CT_ERR_IO;
         return STEP_END;
     }
@@ -1152,7 +1152,7 @@ ct_status cmd_generate(int argc, char **argv) {
     if (!mf) return st;
     session s;
     ct_tokenizer *tok = NULL;
-    char path[4096], err[2048];
+    char path[4096];
     const char *dump, *prompt;
     mf_get_str(mf, "job.dump_folder", &dump);
     if (a.checkpoint) snprintf(path, sizeof path, "%s", a.checkpoint);
@@ -1165,8 +1165,8 @@ ct_status cmd_generate(int argc, char **argv) {
     if (st || (st = session_open_tokenizer(&s, &tok))) goto out;
     struct stat sb;
     int is_dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-    if (is_dir ? ckpt_load_model_from(&s, path, err, sizeof err) : session_load_model(&s, path, err, sizeof err)) {
-        fprintf(stderr, "ctitan: %s\n", err);
+    if ((is_dir ? ckpt_load_model_from(&s, path) : session_load_model(&s, path)) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
         st = CT_ERR_INVALID;
         goto out;
     }

@@ -10,10 +10,10 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    char err[1024] = "";
-    if (ckpt_check_metadata((const char *)data, size, "fuzz", err, sizeof err) &&
-        (strncmp(err, "fuzz", 4) || strchr(err, '\n'))) {
-        fprintf(stderr, "fuzz_checkpoint: a rejection must be one line starting with the label: \"%s\"\n", err);
+    if (ckpt_check_metadata((const char *)data, size, "fuzz") != CT_OK &&
+        (strncmp(ct_last_error(), "fuzz", 4) || strchr(ct_last_error(), '\n'))) {
+        fprintf(stderr, "fuzz_checkpoint: a rejection must be one line starting with the label: \"%s\"\n",
+                ct_last_error());
         abort();
     }
     return 0;

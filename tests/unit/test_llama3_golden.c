@@ -35,7 +35,7 @@ static int open_with(void **state, const char *golden, const char *yaml) {
     f->g = tf_read(golden);
     if (!f->g) fail_msg("%s", ct_last_error());
     if (fixture_open(&f->s, yaml)) fail_msg("session: %s", ct_last_error());
-    if (session_load_model(&f->s, GOLDEN, err, sizeof err)) fail_msg("%s", err);
+    if (session_load_model(&f->s, GOLDEN) != CT_OK) fail_msg("%s", ct_last_error());
     f->tokens = tf_find(f->g, "input.tokens")->data;
     f->targets = tf_find(f->g, "input.targets")->data;
     *state = f;

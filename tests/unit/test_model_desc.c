@@ -37,9 +37,8 @@ static json_t *edited(const char *from, const char *to) {
 
 static void test_check_accepts_a_description_and_refuses_others(void **state) {
     (void)state;
-    char err[512];
     json_t *d = parse(good);
-    assert_int_equal(mdesc_check(d, "x.ctt", err, sizeof err), 0);
+    assert_int_equal(mdesc_check(d, "x.ctt"), CT_OK);
     double v;
     assert_int_equal(mdesc_field(d, "n_kv_heads", &v), 1);
     assert_true(v == 2);
@@ -59,9 +58,9 @@ static void test_check_accepts_a_description_and_refuses_others(void **state) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         d = edited(bad[i].from, bad[i].to);
-        err[0] = 0;
-        assert_int_equal(mdesc_check(d, "x.ctt", err, sizeof err), -1);
-        if (!strstr(err, bad[i].msg)) fail_msg("case %zu: '%s' lacks '%s'", i, err, bad[i].msg);
+        ct_clear_error();
+        assert_int_equal(mdesc_check(d, "x.ctt"), CT_ERR_INVALID);
+        if (!strstr(ct_last_error(), bad[i].msg)) fail_msg("case %zu: '%s' lacks '%s'", i, ct_last_error(), bad[i].msg);
         json_decref(d);
     }
 }
@@ -82,7 +81,7 @@ static void test_apply_fills_the_manifest_and_compares_what_it_sets(void **state
     assert_int_equal(manifest_override(mf, "model.flavor", "from_checkpoint"), 0);
     assert_int_equal(manifest_override(mf, "model.n_heads", "4"), 0);
     assert_int_equal(manifest_override(mf, "model.norm_eps", "1e-5"), 0); /* the same number */
-    assert_int_equal(mdesc_apply(mf, d, "x.ctt", 1, err, sizeof err), 0);
+    assert_int_equal(mdesc_apply(mf, d, "x.ctt", 1), CT_OK);
     assert_int_equal(mf_get_str(mf, "model.flavor", &s), 0);
     assert_string_equal(s, "debugmodel");
     assert_int_equal(mf_get_str(mf, "model.name", &s), 0);
@@ -100,22 +99,23 @@ static void test_apply_fills_the_manifest_and_compares_what_it_sets(void **state
     /* a key that contradicts: one line with the key, both values and the file */
     mf = fresh();
     assert_int_equal(manifest_override(mf, "model.n_heads", "8"), 0);
-    assert_int_equal(mdesc_apply(mf, d, "x.ctt", 1, err, sizeof err), -1);
-    assert_string_equal(err, "command line: --model.n_heads: 8 contradicts the checkpoint's 4 (x.ctt); drop the key "
-                             "or make it agree");
+    assert_int_equal(mdesc_apply(mf, d, "x.ctt", 1), CT_ERR_INVALID);
+    assert_string_equal(ct_last_error(),
+                        "command line: --model.n_heads: 8 contradicts the checkpoint's 4 (x.ctt); drop the key or make "
+                        "it agree");
     manifest_free(mf);
     mf = fresh();
     assert_int_equal(manifest_override(mf, "model.name", "qwen2"), 0);
-    assert_int_equal(mdesc_apply(mf, d, "x.ctt", 0, err, sizeof err), -1);
-    assert_non_null(strstr(err, "--model.name: qwen2 contradicts the checkpoint's llama3"));
+    assert_int_equal(mdesc_apply(mf, d, "x.ctt", 0), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "--model.name: qwen2 contradicts the checkpoint's llama3"));
     manifest_free(mf);
 
     /* the flavor: compared for from_checkpoint, left alone for a model load (generate) */
     mf = fresh();
     assert_int_equal(manifest_override(mf, "model.flavor", "8B"), 0);
-    assert_int_equal(mdesc_apply(mf, d, "x.ctt", 1, err, sizeof err), -1);
-    assert_non_null(strstr(err, "--model.flavor: 8B contradicts the checkpoint's debugmodel"));
-    assert_int_equal(mdesc_apply(mf, d, "x.ctt", 0, err, sizeof err), 0);
+    assert_int_equal(mdesc_apply(mf, d, "x.ctt", 1), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "--model.flavor: 8B contradicts the checkpoint's debugmodel"));
+    assert_int_equal(mdesc_apply(mf, d, "x.ctt", 0), CT_OK);
     assert_int_equal(mf_get_str(mf, "model.flavor", &s), 0);
     assert_string_equal(s, "8B");
     manifest_free(mf);
@@ -124,12 +124,11 @@ static void test_apply_fills_the_manifest_and_compares_what_it_sets(void **state
 
 static void test_hf_config_describes_the_pack_that_runs_it(void **state) {
     (void)state;
-    char err[512];
     hf_config c = {.dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab = 256, .ffn_hidden = 192,
                    .rope_theta = 1e6, .norm_eps = 1e-6, .features = CT_MODEL_QKV_BIAS | CT_MODEL_TIED_EMBEDDINGS};
     json_t *d = mdesc_from_hf(&c);
     assert_non_null(d);
-    assert_int_equal(mdesc_check(d, "hf", err, sizeof err), 0);
+    assert_int_equal(mdesc_check(d, "hf"), CT_OK);
     assert_string_equal(json_string_value(json_object_get(d, "name")), "qwen2");
     assert_null(json_object_get(d, "flavor"));
     json_t *o = json_object_get(d, "options");
