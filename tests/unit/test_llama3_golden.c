@@ -31,7 +31,6 @@ typedef struct fixture {
 
 static int open_with(void **state, const char *golden, const char *yaml) {
     fixture *f = calloc(1, sizeof *f);
-    char err[1024];
     f->g = tf_read(golden);
     if (!f->g) fail_msg("%s", ct_last_error());
     if (fixture_open(&f->s, yaml)) fail_msg("session: %s", ct_last_error());

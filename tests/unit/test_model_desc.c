@@ -74,7 +74,6 @@ static manifest *fresh(void) {
 
 static void test_apply_fills_the_manifest_and_compares_what_it_sets(void **state) {
     (void)state;
-    char err[512];
     const char *s;
     json_t *d = parse(good);
     manifest *mf = fresh();
