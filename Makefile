@@ -137,9 +137,11 @@ CHECK_CLI  := configs plugin_exports bad_input manifest_limits hf_convert schedu
 check: all $(CHECK_UNIT:%=$(BUILD)/tests/%)
 	BUILD=$(BUILD) tests/run.sh $(CHECK_UNIT) $(CHECK_CLI)
 
+# two tests at a time by default (tests/run.sh: the longest first); CT_TEST_JOBS=1 runs them one by one
+CT_TEST_JOBS ?= 2
 test: deps
 	$(MAKE) all $(TEST_BIN) $(MPI_TEST_BIN) $(TEST_PLUGIN_SOS)
-	BUILD=$(BUILD) tests/run.sh
+	BUILD=$(BUILD) CT_TEST_JOBS=$(CT_TEST_JOBS) tests/run.sh
 
 bench: deps all
 	BUILD=$(BUILD) scripts/bench.sh

@@ -27,7 +27,7 @@ if [ -d "$golden" ]; then
 fi
 
 # libFuzzer's target is `make fuzz`'s (the core built with its instrumentation, build/fuzz/)
-if command -v clang >/dev/null && make -s build/fuzz/fuzz_safetensors >"$work/make.log" 2>&1; then
+if command -v clang >/dev/null && mkdir -p build/fuzz && flock build/fuzz/.lock make -s build/fuzz/fuzz_safetensors >"$work/make.log" 2>&1; then
     mkdir -p "$work/corpus"
     cp tests/fuzz/corpus/safetensors/* "$work/corpus"/
     build/fuzz/fuzz_safetensors -runs=20000 -max_len=8192 -seed=1 "$work/corpus" 2>&1 | tail -n 1

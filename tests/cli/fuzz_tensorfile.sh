@@ -64,7 +64,7 @@ fi
 
 # a short coverage-guided libFuzzer run from the small seeds, when clang has libFuzzer
 # libFuzzer's target is `make fuzz`'s (the core built with its instrumentation, build/fuzz/)
-if command -v clang >/dev/null && make -s build/fuzz/fuzz_tensorfile >"$seeds/make.log" 2>&1; then
+if command -v clang >/dev/null && mkdir -p build/fuzz && flock build/fuzz/.lock make -s build/fuzz/fuzz_tensorfile >"$seeds/make.log" 2>&1; then
     corpus="$seeds/corpus"; mkdir -p "$corpus"
     cp "$small"/* tests/fuzz/corpus/tensorfile/* "$corpus"/
     build/fuzz/fuzz_tensorfile -runs=100000 -max_len=4096 -seed=1 "$corpus" 2>&1 | tail -n 1
