@@ -66,6 +66,11 @@ typedef struct ct_schedule_api {
      * the number needed. A shape the schedule cannot serve (e.g. fewer microbatches than it needs):
      * CT_ERR_INVALID with a message through host->set_error. */
     ct_status (*actions)(const ct_host *host, const ct_schedule_shape *shape, ct_pp_action *out, int cap, int *n);
+    /* ABI 2.11, optional: the stages per rank this schedule runs for the shape (its stages_per_rank and
+     * rank are unset), when the user named no split: the CSV schedule answers with as many as its file
+     * names, as torchtitan derives them from the file. NULL: min_stages_per_rank. A shape it cannot
+     * serve: CT_ERR_INVALID with a message through host->set_error. */
+    ct_status (*stages_per_rank)(const ct_host *host, const ct_schedule_shape *shape, int *stages_per_rank);
 } ct_schedule_api;
 
 #endif
