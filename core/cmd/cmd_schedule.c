@@ -28,7 +28,8 @@ static const char usage[] =
     "                      CSV (any case; '_' and '-' ignored; aliases such as interleave_1f1b, zbv), or\n"
     "                      the path of a schedule plugin (.so). Default CSV when --csv is given.\n"
     "  --pp P              pipeline ranks (default: S / the schedule's fewest stages per rank)\n"
-    "  --stages S          stages in all (default: P x the schedule's fewest stages per rank)\n"
+    "  --stages S          stages in all (default: P x the schedule's stages per rank: a CSV's own, else\n"
+    "                      the fewest it runs)\n"
     "  --microbatches M    microbatches per step\n"
     "  --csv FILE          the CSV schedule's file: one row per rank, cells <stage><F|B|I|W><microbatch>\n"
     "  --svg FILE          also draw the timeline as SVG\n"
@@ -139,10 +140,19 @@ static ct_status parse_args(int argc, char **argv, sched_args *a, manifest *mf) 
     return CT_OK;
 }
 
-/* Fills pp and stages from whichever was given, with the schedule's fewest stages per rank. */
-static ct_status resolve_shape(sched_args *a, const ct_schedule_api *api, const char *name) {
-    int min = api->min_stages_per_rank;
-    if (!a->stages) a->stages = a->pp * min;
+/* Fills pp and stages from whichever was given, with the schedule's stages per rank (the CSV
+ * schedule: its file's; else its fewest). */
+static ct_status resolve_shape(sched_args *a, const plugin *p) {
+    const char *name = p->info.name;
+    int min = schedule_api(p)->min_stages_per_rank;
+    if (!a->stages && a->pp) {
+        int spr = min;
+        if (schedule_stages_per_rank(p, a->pp, a->microbatches, a->csv, &spr) != CT_OK) {
+            fprintf(stderr, "ctitan schedule: %s\n", ct_last_error());
+            return CT_ERR_INVALID;
+        }
+        a->stages = a->pp * spr;
+    }
     if (!a->pp) {
         if (a->stages % min) {
             fprintf(stderr, "ctitan schedule: %s runs %d stages per rank; %d stages do not split evenly (give --pp)\n",
@@ -194,7 +204,7 @@ ct_status cmd_schedule(int argc, char **argv) {
         return CT_ERR_INVALID;
     }
     sched_plan plan = {0};
-    if ((rc = apply_options(p, mf)) || (rc = resolve_shape(&a, schedule_api(p), p->info.name))) goto out;
+    if ((rc = apply_options(p, mf)) || (rc = resolve_shape(&a, p))) goto out;
     if (schedule_actions(p, a.pp, a.stages / a.pp, a.microbatches, a.csv, &plan) != CT_OK) {
         fprintf(stderr, "ctitan schedule: %s\n", ct_last_error());
         rc = CT_ERR_INVALID;

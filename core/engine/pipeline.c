@@ -129,7 +129,7 @@ static ct_status plan_microbatches(pipeline *pl, const manifest *mf) {
 
 /* How many stages: the units list, layers per stage, or the schedule's stages per rank; they must
  * share evenly among the pp ranks, in a number per rank the schedule runs. */
-static ct_status plan_stage_count(pipeline *pl, const manifest *mf, const ct_model_desc *desc) {
+static ct_status plan_stage_count(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const char *csv) {
     const ct_schedule_api *sa = schedule_api(pl->schedp);
     const char *list = NULL;
     int64_t lps = 0;
@@ -143,8 +143,12 @@ static ct_status plan_stage_count(pipeline *pl, const manifest *mf, const ct_mod
         mf_get_int(mf, "parallelism.pipeline_parallel_first_stage_less_layers", &first);
         mf_get_int(mf, "parallelism.pipeline_parallel_last_stage_less_layers", &last);
         n_stages = (int)((desc->n_layers + first + last + lps - 1) / lps);
-    } else {
-        n_stages = pl->pp * (sa->min_stages_per_rank > 0 ? sa->min_stages_per_rank : 1);
+    } else { /* the schedule's own count (a CSV's stages), else its least */
+        int spr = 1;
+        if (schedule_stages_per_rank(pl->schedp, pl->pp, pl->n_mb, csv, &spr) != CT_OK)
+            return bad_setting(mf, csv ? "parallelism.pipeline_parallel_schedule_csv" : "parallelism.pipeline_parallel_schedule",
+                               "%s", ct_last_error());
+        n_stages = pl->pp * spr;
     }
     char what[200];
     if (n_stages % pl->pp) {
@@ -198,7 +202,7 @@ ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *d
     if (!(pl->schedp = schedule_load(name, mf)))
         return bad_setting(mf, "parallelism.pipeline_parallel_schedule", "%s", ct_last_error());
     ct_status st = plan_microbatches(pl, mf);
-    if (st == CT_OK) st = plan_stage_count(pl, mf, desc);
+    if (st == CT_OK) st = plan_stage_count(pl, mf, desc, csv);
     if (st == CT_OK) st = split_units(pl, mf, desc);
     if (st != CT_OK) return st;
     const char *key = csv ? "parallelism.pipeline_parallel_schedule_csv" : "parallelism.pipeline_parallel_schedule";

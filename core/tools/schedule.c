@@ -165,7 +165,7 @@ plugin *schedule_load(const char *name, const manifest *mf) {
         return NULL;
     }
     const ct_schedule_api *api = p->info.api;
-    const char *bad = api->struct_size < sizeof(ct_schedule_api)               ? "its API table is too small"
+    const char *bad = !CT_HAS_FIELD(api, ct_schedule_api, actions)           ? "its API table is too small"
                       : !api->actions                                         ? "it has no actions function"
                       : api->placement != CT_PP_LOOP && api->placement != CT_PP_V ? "its placement is unknown"
                       : api->min_stages_per_rank < 1 ||
@@ -174,7 +174,8 @@ plugin *schedule_load(const char *name, const manifest *mf) {
                           : NULL;
     if (bad) {
         ct_set_error("%s: schedule plugin '%s' is broken: %s (API table %zu bytes, this host needs %zu): rebuild it",
-                     p->path, p->info.name, bad, api->struct_size, sizeof(ct_schedule_api));
+                     p->path, p->info.name, bad, api->struct_size,
+                     offsetof(ct_schedule_api, actions) + sizeof api->actions);
         plugin_unload(p);
         return NULL;
     }
@@ -182,6 +183,22 @@ plugin *schedule_load(const char *name, const manifest *mf) {
 }
 
 const ct_schedule_api *schedule_api(const plugin *p) { return p->info.api; }
+
+ct_status schedule_stages_per_rank(const plugin *p, int pp, int n_microbatches, const char *csv_path, int *spr) {
+    const ct_schedule_api *api = p->info.api;
+    *spr = api->min_stages_per_rank;
+    if (!CT_HAS_FIELD(api, ct_schedule_api, stages_per_rank) || !api->stages_per_rank) return CT_OK;
+    ct_schedule_shape shape = {.struct_size = sizeof shape, .pp_size = pp, .n_microbatches = n_microbatches,
+                               .rank = -1, .csv_path = csv_path};
+    ct_clear_error();
+    ct_status st = api->stages_per_rank(&p->host, &shape, spr);
+    if (st != CT_OK) {
+        if (!ct_last_error()[0]) ct_set_error("schedule %s: stages_per_rank failed (status %d)", p->info.name, st);
+        return st;
+    }
+    if (*spr < 1) return ct_fail(CT_ERR_INTERNAL, "schedule %s: stages_per_rank gave %d", p->info.name, *spr);
+    return CT_OK;
+}
 
 int schedule_stage_rank(ct_pp_placement placement, int pp, int stage) {
     if (placement == CT_PP_V) return stage < pp ? stage : 2 * pp - 1 - stage;

@@ -62,6 +62,9 @@ plugin *schedule_load(const char *name, const manifest *mf);
 
 /* The API table of a plugin schedule_load returned. */
 const ct_schedule_api *schedule_api(const plugin *p);
+/* The stages per rank the schedule runs when the user names no split: its stages_per_rank (ABI 2.11;
+ * the CSV schedule counts its file's), else its min_stages_per_rank. CT_OK, or a status with one line set. */
+ct_status schedule_stages_per_rank(const plugin *p, int pp, int n_microbatches, const char *csv_path, int *spr);
 
 /* Writes the names of the schedules on the search path ("GPipe, 1F1B, ...") into out. Returns how many. */
 int schedule_list(const manifest *mf, char *out, size_t len);

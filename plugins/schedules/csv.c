@@ -7,7 +7,8 @@
  * microbatch 0 through stage 0, `3B2` its whole backward, `3I2` / `3W2` the backward split into the
  * input and the weight gradients. Whitespace around cells is ignored and empty cells are skipped
  * (PyTorch writes idle steps as empty cells); lines that are blank or start with `#` are not rows.
- * Loop placement (stage s on rank s % pp); stages per rank are what the caller says.
+ * Loop placement (stage s on rank s % pp); stages per rank are what the caller says, or with no split
+ * named, as many as the file names (stages_per_rank).
  *
  * The file is untrusted: every refusal names file:line:column, the rank and the cell
  * (tests/fuzz/fuzz_schedule_csv.c feeds this parser arbitrary bytes). */
@@ -93,8 +94,10 @@ static int csv_cell(const csv_pos *at, const char *b, const char *e, int n_stage
 
 /* Parses the CSV text [text, text + len) for a pipeline of shape s: checks every row, writes the
  * actions of row s->rank into w. 0, or -1 with a one-line message in err. */
+/* Parses the file for rank s->rank (none when -1) into w; *max_stage (may be NULL) gets the largest
+ * stage any row names. */
 static int csv_parse(const char *path, const char *text, size_t len, const ct_schedule_shape *s, sched_writer *w,
-                     char *err, size_t errlen) {
+                     int *max_stage, char *err, size_t errlen) {
     int n_stages = s->pp_size * s->stages_per_rank;
     csv_pos at = {path, 0, 0, 0};
     const char *end = text + len;
@@ -120,6 +123,7 @@ static int csv_parse(const char *path, const char *text, size_t len, const ct_sc
                     at.col = (int)(cb - line) + 1;
                     if (csv_cell(&at, cb, ce, n_stages, s->n_microbatches, &a, err, errlen)) return -1;
                     if (at.row == s->rank) sched_emit(w, a.op, a.stage, a.microbatch);
+                    if (max_stage && a.stage > *max_stage) *max_stage = a.stage;
                 }
                 if (!comma) break;
                 cell = comma + 1;
@@ -176,6 +180,7 @@ fail:
 }
 
 static ct_status csv_actions(const ct_host *h, const ct_schedule_shape *s, ct_pp_action *out, int cap, int *n);
+static ct_status csv_stages_per_rank(const ct_host *h, const ct_schedule_shape *s, int *spr);
 
 static const ct_schedule_api api = {
     .struct_size = sizeof(ct_schedule_api),
@@ -183,7 +188,39 @@ static const ct_schedule_api api = {
     .min_stages_per_rank = 1,
     .max_stages_per_rank = 0,
     .actions = csv_actions,
+    .stages_per_rank = csv_stages_per_rank,
 };
+
+/* As many stages per rank as the file names stages (torchtitan derives them from the file too). */
+static ct_status csv_stages_per_rank(const ct_host *h, const ct_schedule_shape *s, int *spr) {
+    if (!s->csv_path || !*s->csv_path || s->pp_size < 1) {
+        *spr = 1; /* actions says what is missing */
+        return CT_OK;
+    }
+    char err[1024];
+    size_t len = 0;
+    char *text = csv_read(s->csv_path, &len, err, sizeof err);
+    if (!text) {
+        h->set_error(h, "%s", err);
+        return CT_ERR_IO;
+    }
+    ct_schedule_shape any = *s; /* every stage and microbatch number allowed: the file's own are counted */
+    any.stages_per_rank = (1 << 20) / s->pp_size;
+    any.rank = -1;
+    int max_stage = -1, bad = csv_parse(s->csv_path, text, len, &any, NULL, &max_stage, err, sizeof err);
+    free(text);
+    if (bad) {
+        h->set_error(h, "%s", err);
+        return CT_ERR_INVALID;
+    }
+    if (max_stage < 0 || (max_stage + 1) % s->pp_size) {
+        h->set_error(h, "%s: the file names %d stages, which %d pipeline ranks cannot share evenly (stage s runs on "
+                        "rank s %% %d)", s->csv_path, max_stage + 1, s->pp_size, s->pp_size);
+        return CT_ERR_INVALID;
+    }
+    *spr = (max_stage + 1) / s->pp_size;
+    return CT_OK;
+}
 
 static ct_status csv_actions(const ct_host *h, const ct_schedule_shape *s, ct_pp_action *out, int cap, int *n) {
     ct_status st = sched_check_shape(h, &api, s);
@@ -201,7 +238,7 @@ static ct_status csv_actions(const ct_host *h, const ct_schedule_shape *s, ct_pp
         return CT_ERR_IO;
     }
     sched_writer w = {out, cap, 0};
-    int bad = csv_parse(s->csv_path, text, len, s, &w, err, sizeof err);
+    int bad = csv_parse(s->csv_path, text, len, s, &w, NULL, err, sizeof err);
     free(text);
     if (bad) {
         h->set_error(h, "%s", err);

@@ -2,7 +2,7 @@
 # Pipeline parallel computes the same function as one rank: llama3 debugmodel (fp32), same seed and
 # global batch, real MPI ranks. PP 2 with every shipped schedule (the zero-bubble ones with full
 # activation checkpointing), PP 4 with Interleaved1F1B, a CSV
-# schedule, explicit units per stage, PP 2 x FSDP 2 and PP 2 x FSDP 2 x TP 2 on 8 ranks: 20-step loss
+# schedule, a CSV with two stages per rank (the count taken from the file), explicit units per stage, PP 2 x FSDP 2 and PP 2 x FSDP 2 x TP 2 on 8 ranks: 20-step loss
 # and grad-norm curves within 1e-6 (relative) of the single rank; under bf16 compute 1F1B, Interleaved1F1B and
 # ZBVZeroBubble within 1e-6 of one rank's bf16 run with the same microbatches. Also: 1F1B holds fewer microbatches
 # than GPipe, a checkpoint saved under PP 2 resumes on one rank, an unknown schedule lists the
@@ -27,6 +27,14 @@ printf '0F0,0F1,0F2,0F3,0F4,0F5,0F6,0F7,0B0,0B1,0B2,0B3,0B4,0B5,0B6,0B7\n1F0,1F1
 run pp2_csv 2 "${pp[@]}" --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=csv \
   --parallelism.pipeline_parallel_schedule_csv="$T/mine.csv"
 compare single pp2_csv "$STEPS" || exit 1
+# a CSV naming 4 stages on 2 ranks (2 per rank, stage s on rank s % 2: looped breadth-first), given the
+# way torchtitan's tests give theirs (PipelineScheduleMulti, no split named): the stages come from the file
+row() { local s m out=""; for s in "$@"; do for m in 0 1 2 3 4 5 6 7; do out+="${out:+,}$s"; out+="$m"; done; done; echo "$out"; }
+{ row 0F 2F 2B 0B; row 1F 3F 3B 1B; } >"$T/two_per_rank.csv"
+run pp2_csv_multi 2 "${pp[@]}" --parallelism.pipeline_parallel_degree=2 \
+  --parallelism.pipeline_parallel_schedule=PipelineScheduleMulti --parallelism.pipeline_parallel_schedule_csv="$T/two_per_rank.csv"
+grep -q "4 stages on 2 ranks (2 per rank)" "$T/pp2_csv_multi.log" || fail "pp2_csv_multi: the stages did not come from the CSV"
+compare single pp2_csv_multi "$STEPS" || exit 1
 run pp2_units 2 "${pp[@]}" --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_stage_units=2,6 \
   --parallelism.pipeline_parallel_microbatch_size=2
 grep -q "stage 0 (rank 0): units 0-1" "$T/pp2_units.log" || fail "pp2_units: stage split not as asked"

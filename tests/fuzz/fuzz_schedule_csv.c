@@ -27,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static int parse_rank(const char *text, size_t len, const ct_schedule_shape *shape, sched_rank *out, char *err,
                       size_t errlen) {
     sched_writer w = {NULL, 0, 0};
-    if (csv_parse("fuzz.csv", text, len, shape, &w, err, errlen)) {
+    if (csv_parse("fuzz.csv", text, len, shape, &w, NULL, err, errlen)) {
         CHECK(strncmp(err, "fuzz.csv:", 9) == 0);
         return -1;
     }
@@ -35,7 +35,7 @@ static int parse_rank(const char *text, size_t len, const ct_schedule_shape *sha
     CHECK(out->actions);
     for (int k = 0; k < w.n; k++) out->actions[k] = (ct_pp_action){.struct_size = sizeof(ct_pp_action)}; /* as the host does */
     sched_writer fill = {out->actions, w.n, 0};
-    CHECK(csv_parse("fuzz.csv", text, len, shape, &fill, err, errlen) == 0);
+    CHECK(csv_parse("fuzz.csv", text, len, shape, &fill, NULL, err, errlen) == 0);
     CHECK(fill.n == w.n);
     out->n = w.n;
     for (int k = 0; k < out->n; k++) {
