@@ -120,3 +120,8 @@ ct_status mdesc_for_load(manifest *mf, const char *path);
 /* Loads the model from a step folder or a checkpoint folder (its newest step). CT_OK, or a status
  * with the error set (nothing printed). */
 ct_status ckpt_load_model_from(session *s, const char *path);
+/* The Hugging Face folder checkpoint.initial_load_path names: path itself when it holds a config.json;
+ * else, when there is one, the export checkpoint.last_save_in_hf wrote beside that step folder
+ * (".../step-10/" -> ".../step-10-hf", in buf), which torchtitan's next command loads by the step's
+ * own path; else path (whose load then says what is missing). */
+const char *ckpt_hf_folder(const char *path, char *buf, size_t len);

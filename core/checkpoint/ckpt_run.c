@@ -355,6 +355,18 @@ static int ckpt_settings_read(session *s, const manifest *mf, const char *dump, 
     return exclude_list_check(mf, *exclude);
 }
 
+const char *ckpt_hf_folder(const char *path, char *buf, size_t len) {
+    char probe[PATH_MAX];
+    if (snprintf(probe, sizeof probe, "%s/config.json", path) < (int)sizeof probe && access(probe, F_OK) == 0)
+        return path;
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--; /* ".../step-10/" */
+    if (snprintf(buf, len, "%.*s-hf", (int)n, path) >= (int)len ||
+        snprintf(probe, sizeof probe, "%s/config.json", buf) >= (int)sizeof probe || access(probe, F_OK) != 0)
+        return path;
+    return buf;
+}
+
 /* checkpoint.initial_load_path, when the run's own folder gave nothing: a Hugging Face model or a
  * model-only load is done here (0); a full checkpoint is checked like a resume and left in dir for
  * the caller to load (1). 0 too when no initial load is set; -1 after an error line. */
@@ -365,8 +377,12 @@ static int initial_load(session *s, const manifest *mf, char *dir, size_t len) {
     mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
     mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
     if (in_hf) { /* a Hugging Face Llama folder: the model only */
-        if (load_hf(s, initial) != CT_OK) return initial_load_fail(mf);
-        printf("checkpoint: loaded the Hugging Face model %s\n", initial);
+        char beside[PATH_MAX];
+        const char *hf = ckpt_hf_folder(initial, beside, sizeof beside);
+        if (hf != initial && s->rank == 0)
+            printf("checkpoint: %s holds no config.json: loading the Hugging Face export beside it, %s\n", initial, hf);
+        if (load_hf(s, hf) != CT_OK) return initial_load_fail(mf);
+        printf("checkpoint: loaded the Hugging Face model %s\n", hf);
         return 0;
     }
     struct stat sb;

@@ -356,6 +356,8 @@ ct_status mdesc_from_checkpoint(manifest *mf) {
     int in_hf = 0;
     mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
     json_t *d;
+    char beside[PATH_MAX];
+    if (in_hf) path = ckpt_hf_folder(path, beside, sizeof beside);
     if (mdesc_read(path, in_hf, &d) != CT_OK) {
         fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
         return CT_ERR_INVALID;

@@ -84,6 +84,13 @@ run from_ckpt 1 --training.local_batch_size=8 --training.steps=2 --checkpoint.in
   --checkpoint.enable=false
 cmp -s <(losses from_hf) <(losses from_ckpt) || fail "the HF export does not hold the same model as the checkpoint"
 echo "ok   last_save_in_hf + initial_load_in_hf: the HF folder continues exactly like the step-5 checkpoint"
+# torchtitan's next command names the step's own folder with initial_load_in_hf: the export beside it
+run from_step 1 --training.local_batch_size=8 --training.steps=2 --checkpoint.initial_load_path="$T/hf_out/checkpoint/step-5/" \
+  --checkpoint.initial_load_in_hf=true --checkpoint.enable=false
+grep -q "step-5/ holds no config.json: loading the Hugging Face export beside it, .*step-5-hf" "$T/from_step.log" ||
+  fail "initial_load_in_hf on step-5/: no notice of the export beside it"
+cmp -s <(losses from_hf) <(losses from_step) || fail "initial_load_in_hf on step-5/ did not load step-5-hf"
+echo "ok   initial_load_in_hf on .../step-5/ (torchtitan's path) loads the export beside it, step-5-hf"
 # crash safety: kill -9 at random points while saving every step
 crash=(--training.local_batch_size=8 --training.steps=100000 --checkpoint.interval=1 --checkpoint.keep_latest_k=2
        --checkpoint.last_save_model_only=false
