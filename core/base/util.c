@@ -13,18 +13,6 @@
 #include <time.h>
 #include <unistd.h>
 
-void ct_errf(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    /* an error is one line: text quoted from untrusted input (a JSON parser's excerpt) may hold
-     * newlines or other control bytes */
-    for (char *c = err; *c; c++)
-        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = ' ';
-}
-
 int ct_write_all(int fd, const void *buf, size_t n) {
     const char *p = buf;
     while (n) {

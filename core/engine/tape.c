@@ -369,7 +369,7 @@ static int collective_backward(runtime *rt, tape_entry *e, const float *dy) {
 }
 
 /* ---- custom ops a strategy records (ct_builder.custom) ---- */
-#define CUSTOM_MAX_IO 8
+#define CUSTOM_MAX_IO CT_CUSTOM_MAX_IO /* the SDK states the limit (ctitan/model.h) */
 
 typedef struct custom_entry {
     const ct_custom_op *op;

@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,16 @@ typedef struct cal {
     double comm_overlap;       /* the share of a collective that hid behind a GEMM */
 } cal;
 
+/* The line to report, kept in c->err: a plugin call between a failure and its report may clear the
+ * thread's message. */
+static void cal_error(cal *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void cal_error(cal *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+}
+
 static void note_add(cal *c, const char *text) {
     size_t n = strlen(c->note);
     snprintf(c->note + n, sizeof c->note - n, "%s%s", n ? "; " : "", text);
@@ -77,8 +88,8 @@ static void note_add(cal *c, const char *text) {
 /* A device or comm call failed: one line naming it, status CAL_FAIL. */
 static int failed(cal *c, ct_status st, const char *what) {
     if (st == CT_OK) return 0;
-    ct_errf(c->err, sizeof c->err, "calibrate: %s failed: %s", what,
-            ct_last_error()[0] ? ct_last_error() : "no detail");
+    cal_error(c, "calibrate: %s failed: %s", what,
+              ct_last_error()[0] ? ct_last_error() : "no detail");
     return CAL_FAIL;
 }
 
@@ -339,7 +350,7 @@ static int measure(cal *c, const timed *t, const char *what, double med[2]) {
     int mine = warm[2] != 0;
     if (ranks_max(c, warm, 3)) return fail_job(c);
     if (warm[2]) {
-        if (!mine) ct_errf(c->err, sizeof c->err, "calibrate: %s failed on another rank (see its message)", what);
+        if (!mine) cal_error(c, "calibrate: %s failed on another rank (see its message)", what);
         else {
             size_t n = strlen(c->err);
             snprintf(c->err + n, sizeof c->err - n, " (measuring %s)", what);
@@ -447,7 +458,7 @@ static int ops_from_trace(cal *c, const plan_trace *t, double n_params, double *
         }
         if (k < c->n_ops) continue;
         if (c->n_ops == CAL_MAX_OPS) {
-            ct_errf(c->err, sizeof c->err, "calibrate: the trace has more than %d distinct ops", CAL_MAX_OPS);
+            cal_error(c, "calibrate: the trace has more than %d distinct ops", CAL_MAX_OPS);
             return -1;
         }
         cal_op *q = &c->ops[c->n_ops++];
@@ -507,7 +518,7 @@ static int trace_layout(cal *c, manifest *mf, double *largest) {
     desc.struct_size = sizeof desc;
     ct_clear_error();
     if (c->s.m->describe(c->s.model, &desc) != CT_OK) {
-        ct_errf(c->err, sizeof c->err, "model: %s", ct_last_error());
+        cal_error(c, "model: %s", ct_last_error());
         return -1;
     }
     manifest *copy = manifest_copy(mf);
@@ -520,8 +531,8 @@ static int trace_layout(cal *c, manifest *mf, double *largest) {
     if (plan_layout_from_manifest(ctx, c->size, &layout) != CT_OK) {
         char why[1024];
         snprintf(why, sizeof why, "%s", ct_last_error());
-        ct_errf(c->err, sizeof c->err, "calibrate: the manifest's layout on this job's %d rank%s: %s (calibrate with "
-                "`ctitan launch -n N` for a layout of N GPUs)", c->size, c->size > 1 ? "s" : "", why);
+        cal_error(c, "calibrate: the manifest's layout on this job's %d rank%s: %s (calibrate with "
+                  "`ctitan launch -n N` for a layout of N GPUs)", c->size, c->size > 1 ? "s" : "", why);
         goto done;
     }
     if (plan_trace_layout(ctx, &layout, &trace) != CT_OK) {
@@ -568,17 +579,17 @@ static int output_ok(cal *c, const char *path) {
     const char *slash = strrchr(path, '/');
     struct stat st;
     if (!*path || (slash && !slash[1])) {
-        ct_errf(c->err, sizeof c->err, "calibrate: --output '%s': expected a file name", path);
+        cal_error(c, "calibrate: --output '%s': expected a file name", path);
         return -1;
     }
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        ct_errf(c->err, sizeof c->err, "calibrate: --output %s: is a folder; expected a file name", path);
+        cal_error(c, "calibrate: --output %s: is a folder; expected a file name", path);
         return -1;
     }
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK) != 0) {
-        ct_errf(c->err, sizeof c->err, "calibrate: --output %s: cannot write into folder %s: %s", path, dir,
-                stat(dir, &st) != 0 ? strerror(errno) : !S_ISDIR(st.st_mode) ? "not a folder" : strerror(errno));
+        cal_error(c, "calibrate: --output %s: cannot write into folder %s: %s", path, dir,
+                  stat(dir, &st) != 0 ? strerror(errno) : !S_ISDIR(st.st_mode) ? "not a folder" : strerror(errno));
         return -1;
     }
     return 0;
@@ -602,7 +613,7 @@ static int share_work(cal *c, manifest *mf, const char *out_path) {
     int n = (int)head[1] * CAL_OP_FIELDS + (int)head[2];
     double *v = calloc((size_t)n + 1, sizeof *v);
     if (!v) {
-        ct_errf(c->err, sizeof c->err, "out of memory");
+        cal_error(c, "out of memory");
         return fail_job(c);
     }
     for (int i = 0; c->rank == 0 && i < c->n_ops; i++) {
@@ -634,7 +645,7 @@ static int share_work(cal *c, manifest *mf, const char *out_path) {
 static int measure_ops(cal *c) {
     double *all = calloc(2 * (size_t)c->n_ops + 1, sizeof *all);
     if (!all) {
-        ct_errf(c->err, sizeof c->err, "out of memory");
+        cal_error(c, "out of memory");
         return fail_job(c);
     }
     int rc = 0;
@@ -970,7 +981,7 @@ static int measure_comms(cal *c) {
     c->comms = calloc((size_t)(n_groups * per) + 1, sizeof *c->comms);
     if (!secs || !c->comms) {
         free(secs);
-        ct_errf(c->err, sizeof c->err, "out of memory");
+        cal_error(c, "out of memory");
         return fail_job(c);
     }
     int rc = 0, gi = 0;
@@ -1038,7 +1049,7 @@ static int write_profile(cal *c, const manifest *mf, const char *out_path) {
     hw.n_ops = c->n_ops;
     hw.ops = calloc((size_t)c->n_ops + 1, sizeof *hw.ops);
     if (!hw.ops) {
-        ct_errf(c->err, sizeof c->err, "out of memory");
+        cal_error(c, "out of memory");
         return CAL_FAIL;
     }
     for (int i = 0; i < c->n_ops; i++) {
@@ -1069,13 +1080,13 @@ static int open_comm(cal *c, manifest *mf) {
     if (!c->s.commp) {
         char where[600];
         mf_where(mf, "comm.name", where, sizeof where);
-        ct_errf(c->err, sizeof c->err, "%s: %s", where, ct_last_error());
+        cal_error(c, "%s: %s", where, ct_last_error());
         return -1;
     }
     c->s.capi = c->s.commp->info.api;
     if (*(const size_t *)c->s.capi < offsetof(ct_comm_api, test)) {
-        ct_errf(c->err, sizeof c->err, "%s: comm plugin '%s' has an API table too old for this host: rebuild it",
-                c->s.commp->path, c->s.commp->info.name);
+        cal_error(c, "%s: comm plugin '%s' has an API table too old for this host: rebuild it",
+                  c->s.commp->path, c->s.commp->info.name);
         c->s.capi = NULL;
         return -1;
     }
@@ -1083,7 +1094,7 @@ static int open_comm(cal *c, manifest *mf) {
     ct_status st = c->s.capi->create(&c->s.commp->host, &c->s.comm);
     if (st != CT_OK) {
         c->s.comm = NULL;
-        ct_errf(c->err, sizeof c->err, "comm: %s", ct_last_error());
+        cal_error(c, "comm: %s", ct_last_error());
         return st == CT_ERR_INVALID ? -1 : CAL_FAIL;
     }
     if (failed(c, c->s.capi->world(c->s.comm, &c->world), "comm world") ||
@@ -1127,7 +1138,7 @@ static int open_compute(cal *c, manifest *mf) {
         char where[600];
         c->s.quant = NULL;
         mf_where(mf, "quantize.dense.float8.format", where, sizeof where);
-        ct_errf(c->err, sizeof c->err, "%s: %s", where, ct_last_error());
+        cal_error(c, "%s: %s", where, ct_last_error());
         return -1;
     }
     return 0;
@@ -1145,7 +1156,7 @@ ct_status plan_calibrate(manifest *mf, const char *out_path) {
         goto done;
     }
     if (!(c->ops = calloc(CAL_MAX_OPS, sizeof *c->ops))) {
-        ct_errf(c->err, sizeof c->err, "out of memory");
+        cal_error(c, "out of memory");
         rc = CAL_FAIL;
         goto done;
     }
