@@ -15,7 +15,7 @@ corpus=tests/data/tokenizer/corpus.txt
 STEPS=${FLOAT8_STEPS:-100}
 base=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --training.seq_len=64 --training.local_batch_size=8
       --training.steps=$STEPS --metrics.log_freq=1 --generate.max_new_tokens=0 --activation_checkpoint.mode=none
-      --lr_scheduler.warmup_steps=10 --optimizer.lr=2e-3)
+      --lr_scheduler.warmup_steps=10 --optimizer.lr=2e-3 --device.threads=1)
 "$CTITAN" train "${base[@]}" --job.dump_folder="$T/fp32" >"$T/fp32.log" 2>&1 || { tail "$T/fp32.log"; fail "fp32 run"; }
 loss_of() { grep '"loss"' "$T/$1/metrics.jsonl" | sed 's/.*"loss": \([-0-9.e+naif]*\).*/\1/'; }
 for r in tensorwise rowwise rowwise_with_gw_hp mxfp8; do
