@@ -294,6 +294,60 @@ typedef struct ct_tp_rule {
     ct_tp_style style;
 } ct_tp_rule;
 
+/* ABI 2.12: how a pack's parameters export to a Hugging Face folder (config.json and model.safetensors), as
+ * data, so a pack the core knows nothing of (a Qwen3, a Mistral) exports without the core learning its
+ * names. The host gathers every parameter, maps each name through the pack's table, permutes the rows
+ * the table marks, writes the tensors (float32 or bfloat16, as checkpoint.export_dtype says) and a
+ * config.json of the pack's fields (keys sorted, indented by 2 as transformers writes it) plus
+ * "architectures", "model_type" and "torch_dtype". */
+
+/* The rows of a (rows, cols) matrix, or the elements of a vector, are head_dim-long blocks (one per
+ * head; ct_model_desc.head_dim) whose RoPE pairs ctitan interleaves (x[2i], x[2i+1]) and Hugging Face
+ * keeps in halves (x[i], x[i + head_dim/2]): HF row h*hd + j*hd/2 + i is ctitan row h*hd + 2i + j.
+ * Mark q and k projections (and their biases), and a per-head norm applied before RoPE (QK-norm). */
+#define CT_HF_ROPE_ROWS 0x1u
+
+/* Frozen: this element never grows (a later minor that needs more adds a new array). */
+typedef struct ct_hf_name {
+    /* a parameter name; each '*' matches a non-empty run of characters ("layers.*.attention.wq.weight") */
+    const char *ctitan;
+    /* the Hugging Face tensor name; its '*'s take what the ctitan pattern's matched, in order
+     * ("model.layers.*.self_attn.q_proj.weight"); the same number of '*'s as ctitan's */
+    const char *hf;
+    uint32_t flags; /* CT_HF_* */
+} ct_hf_name;
+
+typedef enum ct_hf_type {
+    CT_HF_INT = 1,    /* i */
+    CT_HF_FLOAT = 2,  /* f: written as Python writes a float (500000.0, 1e-05) */
+    CT_HF_BOOL = 3,   /* i: 0 false, else true */
+    CT_HF_STRING = 4, /* s */
+    CT_HF_NULL = 5
+} ct_hf_type;
+
+/* Frozen, like ct_hf_name. One config.json key: a '.' in it nests ("rope_scaling.factor" is the key
+ * factor of the object rope_scaling). */
+typedef struct ct_hf_field {
+    const char *key;
+    ct_hf_type type;
+    int64_t i;
+    double f;
+    const char *s;
+} ct_hf_field;
+
+typedef struct ct_hf_export {
+    size_t struct_size;
+    const char *architecture; /* "Qwen3ForCausalLM": config.json's "architectures": [architecture] */
+    const char *model_type;   /* "qwen3" */
+    /* ended by an element whose ctitan is NULL; the first pattern matching a parameter's name maps it.
+     * Every parameter the pack declares must match one (a parameter that shares another's storage, a
+     * tied head, is not written: ct_param_registry's shared parameters). */
+    const ct_hf_name *names;
+    /* ended by an element whose key is NULL; "architectures", "model_type" and "torch_dtype" are the
+     * host's. No key twice, and none both a value and a nesting object. */
+    const ct_hf_field *fields;
+} ct_hf_export;
+
 typedef struct ct_model_api {
     size_t struct_size;
     const char *const *flavors; /* NULL-terminated list of flavor names; static, valid until unload */
@@ -327,6 +381,11 @@ typedef struct ct_model_api {
      * when set it is used instead of tp_plan. NULL return: the instance cannot be split over tp. The
      * array is the model's and stays valid until destroy. */
     const ct_tp_rule *(*get_tp_plan)(ct_model *model);
+    /* ABI 2.12, optional: this instance's Hugging Face export (ct_hf_export above); the host sets
+     * out->struct_size. Every pointer it fills is the model's, valid until destroy. NULL: the host
+     * exports the pack as a Llama (model_type "llama", or "qwen2" with CT_MODEL_QKV_BIAS) by
+     * ct_model_desc, as packs built before 2.12 were. */
+    ct_status (*hf_export)(ct_model *model, ct_hf_export *out);
 } ct_model_api;
 
 #endif
