@@ -294,12 +294,13 @@ typedef struct ct_tp_rule {
     ct_tp_style style;
 } ct_tp_rule;
 
-/* ABI 2.12: how a pack's parameters export to a Hugging Face folder (config.json and model.safetensors), as
- * data, so a pack the core knows nothing of (a Qwen3, a Mistral) exports without the core learning its
- * names. The host gathers every parameter, maps each name through the pack's table, permutes the rows
- * the table marks, writes the tensors (float32 or bfloat16, as checkpoint.export_dtype says) and a
- * config.json of the pack's fields (keys sorted, indented by 2 as transformers writes it) plus
- * "architectures", "model_type" and "torch_dtype". */
+/* ABI 2.12: how a pack's parameters map to a Hugging Face folder (config.json and model.safetensors), as
+ * data, so a pack the core knows nothing of (a Qwen3, a Mistral) exports and loads without the core
+ * learning its names. Export: the host gathers every parameter, maps each name through the pack's
+ * table, permutes the rows the table marks, writes the tensors (float32 or bfloat16, as
+ * checkpoint.export_dtype says) and a config.json of the pack's fields (keys sorted, indented by 2 as
+ * transformers writes it) plus "architectures", "model_type" and "torch_dtype". Load: the same table
+ * read backwards; config.json's model_type and CT_HF_CHECKED fields must equal the model's. */
 
 /* The rows of a (rows, cols) matrix, or the elements of a vector, are head_dim-long blocks (one per
  * head; ct_model_desc.head_dim) whose RoPE pairs ctitan interleaves (x[2i], x[2i+1]) and Hugging Face
@@ -325,6 +326,12 @@ typedef enum ct_hf_type {
     CT_HF_NULL = 5
 } ct_hf_type;
 
+/* A field the model's arithmetic depends on that the tensors' shapes do not tell (heads against
+ * head_dim, RoPE's base, the norm's epsilon, tied embeddings): loading a Hugging Face folder
+ * (checkpoint.initial_load_in_hf) requires its config.json to hold this exact value, and names the
+ * key when it does not. */
+#define CT_HF_CHECKED 0x1u
+
 /* Frozen, like ct_hf_name. One config.json key: a '.' in it nests ("rope_scaling.factor" is the key
  * factor of the object rope_scaling). */
 typedef struct ct_hf_field {
@@ -333,6 +340,7 @@ typedef struct ct_hf_field {
     int64_t i;
     double f;
     const char *s;
+    uint32_t flags; /* CT_HF_CHECKED */
 } ct_hf_field;
 
 typedef struct ct_hf_export {
