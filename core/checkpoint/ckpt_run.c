@@ -88,12 +88,52 @@ static ct_status same_rope_scaling(const ct_model_desc *d, const hf_config *c, c
                    c->rope_high_freq_factor, (long long)c->rope_original_max_position);
 }
 
-/* Loads a Hugging Face Llama folder into the model (each rank takes its shard). */
+static int pack_export(session *s, ct_hf_export *x);
+
+/* The model's parameters as shapes (no data), a shared one (a tied head) left out. */
+static tf_file *param_shapes(session *s) {
+    tf_file *w = calloc(1, sizeof *w);
+    if (!w || !(w->entries = calloc((size_t)(s->rt.n_params > 0 ? s->rt.n_params : 1), sizeof(tf_entry)))) {
+        free(w);
+        ct_set_error("out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < s->rt.n_params; i++) {
+        const ct_tensor *p = &s->rt.params[i]->t;
+        if (runtime_param_copy_of(&s->rt, i) >= 0) continue;
+        tf_entry *t = &w->entries[w->count++];
+        *t = (tf_entry){.name = (char *)p->name, .dtype = TF_F32, .ndim = p->ndim, .numel = 1};
+        memcpy(t->shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
+        for (int d = 0; d < p->ndim; d++) t->numel *= t->shape[d];
+    }
+    return w;
+}
+
+static void free_shapes(tf_file *w) {
+    if (w) free(w->entries);
+    free(w);
+}
+
+/* Loads a Hugging Face folder into the model (each rank takes its shard): by the pack's own table when
+ * it has one, else as a Llama or Qwen2. */
 static ct_status load_hf(session *s, const char *dir) {
-    hf_config cfg;
+    ct_hf_export x;
     tf_file *w = NULL;
-    if (hf_load(dir, &cfg, &w) != CT_OK) return CT_ERR_INVALID;
-    ct_status rc = same_rope_scaling(&s->rt.desc, &cfg, dir);
+    int own = pack_export(s, &x);
+    ct_status rc = CT_OK;
+    if (own < 0) return ct_fail(CT_ERR_INVALID, "model %s cannot describe its Hugging Face form: %s",
+                                s->modelp->info.name, ct_last_error());
+    if (own) {
+        tf_file *want = param_shapes(s);
+        if (!want) return CT_ERR_NOMEM;
+        rc = hf_import_load(dir, &x, want, s->rt.desc.head_dim, s->modelp->info.name, &w);
+        free_shapes(want);
+        if (rc != CT_OK) return rc;
+    } else {
+        hf_config cfg;
+        if (hf_load(dir, &cfg, &w) != CT_OK) return CT_ERR_INVALID;
+        rc = same_rope_scaling(&s->rt.desc, &cfg, dir);
+    }
     for (int i = 0; i < s->rt.n_params && rc == CT_OK; i++) {
         const ct_tensor *p = &s->rt.params[i]->t;
         const tf_entry *e =
@@ -107,7 +147,58 @@ static ct_status load_hf(session *s, const char *dir) {
     return rc;
 }
 
-/* Writes the model (gathered from every rank) as a Hugging Face Llama folder (rank 0 writes). */
+/* The pack's own Hugging Face export (ABI 2.12) into *x: 1, 0 when the pack has none (it exports as a
+ * Llama by its description), -1 when it failed (the error set). */
+static int pack_export(session *s, ct_hf_export *x) {
+    if (!CT_HAS_FIELD(s->m, ct_model_api, hf_export) || !s->m->hf_export) return 0;
+    memset(x, 0, sizeof *x);
+    x->struct_size = sizeof *x;
+    if (s->m->hf_export(s->model, x) != CT_OK) return -1;
+    return 1;
+}
+
+ct_status ckpt_hf_export_check(session *s, const char *who) {
+    const ct_model_desc *d = &s->rt.desc;
+    int n = s->rt.n_params, m = 0;
+    tf_entry *e = calloc((size_t)(n > 0 ? n : 1), sizeof *e);
+    if (!e) return ct_fail(CT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) { /* shapes only: the check reads no data */
+        const ct_tensor *p = &s->rt.params[i]->t;
+        if (runtime_param_copy_of(&s->rt, i) >= 0) continue; /* a shared parameter is written once */
+        tf_entry *t = &e[m++];
+        *t = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
+        memcpy(t->shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
+    }
+    tf_file w = {.entries = e, .count = m};
+    ct_hf_export x;
+    ct_status rc = CT_OK;
+    int own = pack_export(s, &x);
+    if (own < 0)
+        rc = ct_fail(CT_ERR_INVALID, "%s: model %s cannot describe its Hugging Face export: %s", who,
+                     s->modelp->info.name, ct_last_error());
+    else if (own && hf_export_check(&x, &w, d->head_dim, s->modelp->info.name) != CT_OK)
+        rc = ct_fail(CT_ERR_INVALID, "%s: model %s cannot be exported to Hugging Face: %s", who,
+                     s->modelp->info.name, ct_last_error());
+    else if (!own) {
+        hf_config cfg = {.n_heads = d->n_heads, .rope_theta = d->rope_theta, .norm_eps = d->norm_eps,
+                         .max_position_embeddings = HF_DEFAULT_MAX_POSITIONS};
+        w.count = n; /* as a Llama: the shared head is a parameter of its own (tied features) */
+        for (int i = 0, k = 0; i < n; i++) {
+            const ct_tensor *p = &s->rt.params[i]->t;
+            e[k] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
+            memcpy(e[k++].shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
+        }
+        if (!d->n_heads || hf_config_from_weights(&cfg, &w) != CT_OK)
+            rc = ct_fail(CT_ERR_INVALID, "%s: model %s cannot be exported as a Hugging Face Llama: %s", who,
+                         s->modelp->info.name,
+                         d->n_heads ? ct_last_error() : "its pack does not describe its heads (ct_model_desc 1.2)");
+    }
+    free(e);
+    return rc;
+}
+
+/* Writes the model (gathered from every rank) as a Hugging Face folder (rank 0 writes): by the pack's
+ * own table when it has one, else as a Llama by its description. */
 static ct_status save_hf(session *s, const char *dir, int bf16) {
     const ct_model_desc *d = &s->rt.desc;
     int n = 0;
@@ -127,7 +218,14 @@ static ct_status save_hf(session *s, const char *dir, int bf16) {
             goto done;
         }
     }
-    if (s->rank == 0) {
+    ct_hf_export x;
+    int own = s->rank == 0 ? pack_export(s, &x) : 0;
+    if (own < 0) {
+        rc = CT_ERR_INVALID;
+    } else if (own) {
+        tf_file w = {e, n, TF_VERSION};
+        rc = hf_export_save(dir, &x, &w, d->head_dim, bf16 ? HF_BFLOAT16 : HF_FLOAT32, s->modelp->info.name);
+    } else if (s->rank == 0) {
         tf_file w = {e, n, TF_VERSION};
         hf_config cfg = {0};
         if (!d->n_heads) {

@@ -145,17 +145,6 @@ static int is_expected_hf(const hf_config *c, const char *name) {
            !strcmp(name, "lm_head.weight") || is_block_name(c, name, "model.layers.", 1);
 }
 
-void hf_permute_rows(float *dst, const float *src, int64_t n_heads, int64_t head_dim, int64_t cols, int to_hf) {
-    int64_t half = head_dim / 2;
-    for (int64_t h = 0; h < n_heads; h++)
-        for (int64_t j = 0; j < 2; j++)
-            for (int64_t i = 0; i < half; i++) {
-                int64_t hf_row = h * head_dim + j * half + i, ct_row = h * head_dim + 2 * i + j;
-                int64_t to = to_hf ? hf_row : ct_row, from = to_hf ? ct_row : hf_row;
-                memcpy(dst + to * cols, src + from * cols, sizeof(float) * (size_t)cols);
-            }
-}
-
 static void shape_str(char *out, size_t len, int ndim, const int64_t *shape) {
     if (ndim == 1) snprintf(out, len, "(%lld)", (long long)shape[0]);
     else if (ndim == 2) snprintf(out, len, "(%lld, %lld)", (long long)shape[0], (long long)shape[1]);
@@ -364,101 +353,55 @@ done:
     return rc;
 }
 
-/* Shortest decimal that reads back as x, always with a '.' or an exponent (so JSON keeps it a float);
- * whole numbers below 1e16 in full ("500000.0", as Python prints them). */
-static void fmt_double(char *out, size_t len, double x) {
-    if (x == floor(x) && fabs(x) < 1e16) {
-        snprintf(out, len, "%.1f", x);
-        return;
+/* config.json's keys beside architectures, model_type and torch_dtype, as transformers' LlamaConfig
+ * and Qwen2Config write them; fields[] must hold 24 elements. */
+static void config_fields(const hf_config *c, ct_hf_field *f) {
+    int n = 0;
+#define F_INT(k, v) f[n++] = (ct_hf_field){k, CT_HF_INT, (int64_t)(v), 0, NULL, 0}
+#define F_FLT(k, v) f[n++] = (ct_hf_field){k, CT_HF_FLOAT, 0, (v), NULL, 0}
+#define F_BOOL(k, v) f[n++] = (ct_hf_field){k, CT_HF_BOOL, (v) != 0, 0, NULL, 0}
+#define F_STR(k, v) f[n++] = (ct_hf_field){k, CT_HF_STRING, 0, 0, (v), 0}
+#define F_NULL(k) f[n++] = (ct_hf_field){k, CT_HF_NULL, 0, 0, NULL, 0}
+    F_FLT("attention_dropout", 0.0);
+    F_STR("hidden_act", "silu");
+    F_INT("hidden_size", c->dim);
+    F_FLT("initializer_range", 0.02);
+    F_INT("intermediate_size", c->ffn_hidden);
+    F_INT("max_position_embeddings", c->max_position_embeddings);
+    F_INT("num_attention_heads", c->n_heads);
+    F_INT("num_hidden_layers", c->n_layers);
+    F_INT("num_key_value_heads", c->n_kv_heads);
+    F_FLT("rms_norm_eps", c->norm_eps);
+    F_FLT("rope_theta", c->rope_theta);
+    F_BOOL("tie_word_embeddings", c->tied);
+    F_BOOL("use_cache", 1);
+    F_INT("vocab_size", c->vocab);
+    if (has_bias(c)) { /* Qwen2Config: q/k/v biases are implied; no head_dim, no sliding window */
+        F_INT("max_window_layers", c->n_layers);
+        F_NULL("rope_scaling");
+        F_NULL("sliding_window");
+        F_BOOL("use_sliding_window", 0);
+    } else {
+        F_BOOL("attention_bias", 0);
+        F_INT("head_dim", c->head_dim);
+        F_BOOL("mlp_bias", 0);
+        F_INT("pretraining_tp", 1);
+        if (c->rope_scaling_factor != 0) { /* as Meta's Llama 3.1 config.json writes it */
+            F_FLT("rope_scaling.factor", c->rope_scaling_factor);
+            F_FLT("rope_scaling.high_freq_factor", c->rope_high_freq_factor);
+            F_FLT("rope_scaling.low_freq_factor", c->rope_low_freq_factor);
+            F_INT("rope_scaling.original_max_position_embeddings", c->rope_original_max_position);
+            F_STR("rope_scaling.rope_type", "llama3");
+        } else {
+            F_NULL("rope_scaling");
+        }
     }
-    for (int p = 1; p <= 17; p++) {
-        snprintf(out, len, "%.*g", p, x);
-        if (strtod(out, NULL) == x) break;
-    }
-    if (!strpbrk(out, ".en")) strncat(out, ".0", len - strlen(out) - 1);
-}
-
-static char *config_json(const hf_config *c, hf_dtype dtype) {
-    char theta[40], eps[40], scaling[400] = "null";
-    fmt_double(theta, sizeof theta, c->rope_theta);
-    fmt_double(eps, sizeof eps, c->norm_eps);
-    if (c->rope_scaling_factor != 0) { /* as Meta's Llama 3.1 config.json writes it */
-        char f[40], lo[40], hi[40];
-        fmt_double(f, sizeof f, c->rope_scaling_factor);
-        fmt_double(lo, sizeof lo, c->rope_low_freq_factor);
-        fmt_double(hi, sizeof hi, c->rope_high_freq_factor);
-        snprintf(scaling, sizeof scaling,
-                 "{\n"
-                 "    \"factor\": %s,\n"
-                 "    \"high_freq_factor\": %s,\n"
-                 "    \"low_freq_factor\": %s,\n"
-                 "    \"original_max_position_embeddings\": %lld,\n"
-                 "    \"rope_type\": \"llama3\"\n"
-                 "  }",
-                 f, hi, lo, (long long)c->rope_original_max_position);
-    }
-    const char *fmt = "{\n"
-                      "  \"architectures\": [\n"
-                      "    \"LlamaForCausalLM\"\n"
-                      "  ],\n"
-                      "  \"attention_bias\": false,\n"
-                      "  \"attention_dropout\": 0.0,\n"
-                      "  \"head_dim\": %lld,\n"
-                      "  \"hidden_act\": \"silu\",\n"
-                      "  \"hidden_size\": %lld,\n"
-                      "  \"initializer_range\": 0.02,\n"
-                      "  \"intermediate_size\": %lld,\n"
-                      "  \"max_position_embeddings\": %lld,\n"
-                      "  \"mlp_bias\": false,\n"
-                      "  \"model_type\": \"llama\",\n"
-                      "  \"num_attention_heads\": %lld,\n"
-                      "  \"num_hidden_layers\": %lld,\n"
-                      "  \"num_key_value_heads\": %lld,\n"
-                      "  \"pretraining_tp\": 1,\n"
-                      "  \"rms_norm_eps\": %s,\n"
-                      "  \"rope_scaling\": %s,\n"
-                      "  \"rope_theta\": %s,\n"
-                      "  \"tie_word_embeddings\": %s,\n"
-                      "  \"torch_dtype\": \"%s\",\n"
-                      "  \"use_cache\": true,\n"
-                      "  \"vocab_size\": %lld\n"
-                      "}\n";
-    /* Qwen2Config: q/k/v biases are implied; no head_dim (hidden_size / heads), no sliding window */
-    const char *fmt_qwen2 = "{\n"
-                            "  \"architectures\": [\n"
-                            "    \"Qwen2ForCausalLM\"\n"
-                            "  ],\n"
-                            "  \"attention_dropout\": 0.0,\n"
-                            "  \"hidden_act\": \"silu\",\n"
-                            "  \"hidden_size\": %lld,\n"
-                            "  \"initializer_range\": 0.02,\n"
-                            "  \"intermediate_size\": %lld,\n"
-                            "  \"max_position_embeddings\": %lld,\n"
-                            "  \"max_window_layers\": %lld,\n"
-                            "  \"model_type\": \"qwen2\",\n"
-                            "  \"num_attention_heads\": %lld,\n"
-                            "  \"num_hidden_layers\": %lld,\n"
-                            "  \"num_key_value_heads\": %lld,\n"
-                            "  \"rms_norm_eps\": %s,\n"
-                            "  \"rope_scaling\": null,\n"
-                            "  \"rope_theta\": %s,\n"
-                            "  \"sliding_window\": null,\n"
-                            "  \"tie_word_embeddings\": %s,\n"
-                            "  \"torch_dtype\": \"%s\",\n"
-                            "  \"use_cache\": true,\n"
-                            "  \"use_sliding_window\": false,\n"
-                            "  \"vocab_size\": %lld\n"
-                            "}\n";
-    const char *tie = c->tied ? "true" : "false", *dt = dtype == HF_BFLOAT16 ? "bfloat16" : "float32";
-    char *out = NULL;
-    int n = has_bias(c)
-                ? asprintf(&out, fmt_qwen2, (long long)c->dim, (long long)c->ffn_hidden,
-                           (long long)c->max_position_embeddings, (long long)c->n_layers, (long long)c->n_heads,
-                           (long long)c->n_layers, (long long)c->n_kv_heads, eps, theta, tie, dt, (long long)c->vocab)
-                : asprintf(&out, fmt, (long long)c->head_dim, (long long)c->dim, (long long)c->ffn_hidden,
-                           (long long)c->max_position_embeddings, (long long)c->n_heads, (long long)c->n_layers,
-                           (long long)c->n_kv_heads, eps, scaling, theta, tie, dt, (long long)c->vocab);
-    return n < 0 ? NULL : out;
+    f[n] = (ct_hf_field){0};
+#undef F_INT
+#undef F_FLT
+#undef F_BOOL
+#undef F_STR
+#undef F_NULL
 }
 
 /* ---- checks on the ctitan side ----------------------------------------------------------------- */
@@ -635,71 +578,43 @@ fail:
 
 /* ---- save -------------------------------------------------------------------------------------- */
 
-static ct_status write_text_atomic(const char *path, const char *text) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return ct_fail(CT_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-    if (ct_write_all(fd, text, strlen(text)) || fsync(fd)) {
-        ct_set_error("%s: cannot write %s: %s", path, tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        return CT_ERR_IO;
-    }
-    if (close(fd) || rename(tmp, path)) {
-        ct_set_error("%s: cannot write %s: %s", path, tmp, strerror(errno));
-        unlink(tmp);
-        return CT_ERR_IO;
-    }
-    return CT_OK;
-}
-
 ct_status hf_save(const char *dir, const hf_config *cfg, const tf_file *w, hf_dtype dtype) {
     ct_status rc = hf_check_weights(cfg, w);
     if (rc != CT_OK) return rc;
-    struct stat sb;
-    if (mkdir(dir, 0777) != 0 && (errno != EEXIST || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
-        return ct_fail(CT_ERR_IO, "%s: cannot create the folder: %s", dir,
-                       errno == EEXIST ? "not a folder" : strerror(errno));
+    /* the parameters alone (w may hold other entries), mapped by the table above */
     int64_t n = n_params(cfg);
-    st_entry *entries = calloc((size_t)n, sizeof *entries);
-    param *ps = calloc((size_t)n, sizeof *ps);
-    float **owned = calloc((size_t)n, sizeof *owned); /* permuted copies of q and k */
-    char *config = NULL;
-    if (!entries || !ps || !owned) {
+    tf_entry *e = calloc((size_t)n, sizeof *e);
+    ct_hf_name *names = calloc((size_t)(N_TABLE + 4), sizeof *names);
+    char (*pat)[2][96] = calloc((size_t)N_TABLE, sizeof *pat);
+    if (!e || !names || !pat) {
         rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", dir);
         goto done;
     }
     for (int64_t i = 0; i < n; i++) {
-        param *p = &ps[i];
-        param_at(cfg, i, p);
-        const tf_entry *e = tf_find(w, p->ct);
-        const float *data = e->data;
-        if (p->permute_heads) {
-            if (!(owned[i] = malloc(sizeof(float) * (size_t)e->numel))) {
-                rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", dir);
-                goto done;
-            }
-            hf_permute_rows(owned[i], data, p->permute_heads, cfg->head_dim, row_len(p), 1);
-            data = owned[i];
-        }
-        entries[i] = (st_entry){p->hf, dtype == HF_BFLOAT16 ? ST_BF16 : ST_F32, p->ndim, p->shape, data, NULL};
+        param p;
+        param_at(cfg, i, &p);
+        e[i] = *tf_find(w, p.ct);
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    const char *meta[] = {"format", "pt"};
-    if ((rc = st_write(path, entries, (int)n, meta, 1)) != CT_OK) goto done;
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (!(config = config_json(cfg, dtype))) {
-        rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
-        goto done;
+    int k = 0;
+    names[k++] = (ct_hf_name){"tok_embeddings.weight", "model.embed_tokens.weight", 0};
+    names[k++] = (ct_hf_name){"norm.weight", "model.norm.weight", 0};
+    names[k++] = (ct_hf_name){"output.weight", "lm_head.weight", 0};
+    for (int64_t r = 0; r < N_TABLE; r++) {
+        int kind = block_params[r].kind;
+        snprintf(pat[r][0], sizeof pat[r][0], "layers.*.%s", block_params[r].ct);
+        snprintf(pat[r][1], sizeof pat[r][1], "model.layers.*.%s", block_params[r].hf);
+        names[k++] = (ct_hf_name){pat[r][0], pat[r][1],
+                                  kind == K_Q || kind == K_K || kind == K_QB || kind == K_KB ? CT_HF_ROPE_ROWS : 0};
     }
-    rc = write_text_atomic(path, config);
+    ct_hf_field fields[24];
+    config_fields(cfg, fields);
+    ct_hf_export x = {sizeof x, has_bias(cfg) ? "Qwen2ForCausalLM" : "LlamaForCausalLM", hf_model_type(cfg), names,
+                      fields};
+    tf_file params = {e, (int)n, TF_VERSION};
+    rc = hf_export_save(dir, &x, &params, cfg->head_dim, dtype, dir);
 done:
-    for (int64_t i = 0; owned && i < n; i++) free(owned[i]);
-    free(owned);
-    free(ps);
-    free(entries);
-    free(config);
+    free(pat);
+    free(names);
+    free(e);
     return rc;
 }

@@ -46,6 +46,7 @@
 
 #include "base/error.h"
 #include "ctitan/model.h" /* CT_MODEL_* feature bits */
+#include "formats/hf_export.h"
 #include "formats/tensorfile.h"
 
 typedef struct hf_config {
@@ -75,8 +76,6 @@ typedef struct hf_config {
 /* Hugging Face's model_type for cfg: "qwen2" with q/k/v biases, else "llama". */
 const char *hf_model_type(const hf_config *cfg);
 
-/* What hf_save writes. */
-typedef enum hf_dtype { HF_FLOAT32, HF_BFLOAT16 } hf_dtype;
 
 #define HF_DEFAULT_ROPE_THETA 500000.0 /* ctitan's llama3 flavors */
 #define HF_DEFAULT_NORM_EPS 1e-5
@@ -105,9 +104,5 @@ ct_status hf_check_weights(const hf_config *cfg, const tf_file *weights);
  * each atomically; creates DIR if it does not exist. The output is a function of the inputs only,
  * byte for byte. */
 ct_status hf_save(const char *dir, const hf_config *cfg, const tf_file *weights, hf_dtype dtype);
-
-/* The q/k row permutation of one (n_heads * head_dim, cols) matrix: to_hf = 1 from ctitan's
- * interleaved layout to Hugging Face's, 0 back. dst and src must not overlap. */
-void hf_permute_rows(float *dst, const float *src, int64_t n_heads, int64_t head_dim, int64_t cols, int to_hf);
 
 #endif

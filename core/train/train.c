@@ -6,7 +6,6 @@
 #include "base/util.h"
 #include "host/commstats.h"
 #include "data/data.h"
-#include "formats/hf.h"
 #include "engine/lr.h"
 #include "engine/mesh.h"
 #include "train/profile.h"
@@ -141,26 +140,8 @@ static ct_status check_hf_export(session *s, manifest *mf) {
                         "checkpoint.enable: true\n", where);
         return CT_ERR_INVALID;
     }
-    const ct_model_desc *d = &s->rt.desc;
-    int n = s->rt.n_params;
-    ct_status rc = CT_OK;
-    tf_entry *e = calloc((size_t)(n > 0 ? n : 1), sizeof *e);
-    if (!e) return CT_ERR_NOMEM;
-    for (int i = 0; i < n; i++) { /* shapes only: the check reads no data */
-        const ct_tensor *p = &s->rt.params[i]->t;
-        e[i] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
-        memcpy(e[i].shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
-    }
-    tf_file w = {.entries = e, .count = n};
-    hf_config cfg = {.n_heads = d->n_heads, .rope_theta = d->rope_theta, .norm_eps = d->norm_eps,
-                     .max_position_embeddings = HF_DEFAULT_MAX_POSITIONS};
-    if (!d->n_heads || hf_config_from_weights(&cfg, &w) != CT_OK) {
-        fprintf(stderr, "ctitan: %s: model %s cannot be exported as a Hugging Face Llama: %s\n", where,
-                s->modelp->info.name,
-                d->n_heads ? ct_last_error() : "its pack does not describe its heads (ct_model_desc 1.2)");
-        rc = CT_ERR_INVALID;
-    }
-    free(e);
+    ct_status rc = ckpt_hf_export_check(s, where);
+    if (rc != CT_OK) fprintf(stderr, "ctitan: %s\n", ct_last_error());
     return rc;
 }
 

@@ -1,0 +1,555 @@
+/* hf_export.c: a model's parameters -> a Hugging Face folder by the pack's table (see hf_export.h). */
+#include "formats/hf_export.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/util.h"
+#include "formats/safetensors.h"
+
+#define MAX_STARS 4     /* '*'s in one pattern */
+#define MAX_NAME 256    /* a mapped name's bytes */
+#define MAX_DEPTH 4     /* nesting of a config key ("a.b.c.d") */
+
+/* ---- names ------------------------------------------------------------------------------------- */
+
+/* 1 when s matches pat ('*' = a non-empty run); the runs the stars took in cap[] (start, length). */
+static int match(const char *pat, const char *s, const char **cap, size_t *caplen, int k) {
+    for (; *pat; pat++, s++) {
+        if (*pat == '*') {
+            if (k >= MAX_STARS) return 0;
+            for (size_t n = 1; s[n - 1]; n++) {
+                cap[k] = s;
+                caplen[k] = n;
+                if (match(pat + 1, s + n, cap, caplen, k + 1)) return 1;
+            }
+            return 0;
+        }
+        if (*pat != *s) return 0;
+    }
+    return *s == 0;
+}
+
+static int count_stars(const char *p) {
+    int n = 0;
+    for (; *p; p++) n += *p == '*';
+    return n;
+}
+
+ct_status hf_export_name(const ct_hf_export *x, const char *name, char *hf, size_t len, uint32_t *flags) {
+    for (const ct_hf_name *r = x->names; r && r->ctitan; r++) {
+        const char *cap[MAX_STARS];
+        size_t caplen[MAX_STARS];
+        if (!match(r->ctitan, name, cap, caplen, 0)) continue;
+        if (!r->hf || count_stars(r->hf) != count_stars(r->ctitan))
+            return ct_fail(CT_ERR_INVALID, "Hugging Face name pattern of '%s' must have as many '*' as it (%d)",
+                           r->ctitan, count_stars(r->ctitan));
+        size_t o = 0;
+        int k = 0;
+        for (const char *p = r->hf; *p; p++) {
+            const char *src = *p == '*' ? cap[k] : p;
+            size_t n = *p == '*' ? caplen[k++] : 1;
+            if (o + n >= len) return ct_fail(CT_ERR_INVALID, "Hugging Face name of '%s' is too long", name);
+            memcpy(hf + o, src, n);
+            o += n;
+        }
+        hf[o] = 0;
+        if (!o) return ct_fail(CT_ERR_INVALID, "Hugging Face name of '%s' is empty", name);
+        *flags = r->flags;
+        return CT_OK;
+    }
+    return ct_fail(CT_ERR_INVALID, "parameter '%s' has no Hugging Face name in the pack's table", name);
+}
+
+void hf_permute_rows(float *dst, const float *src, int64_t n_heads, int64_t head_dim, int64_t cols, int to_hf) {
+    int64_t half = head_dim / 2;
+    for (int64_t h = 0; h < n_heads; h++)
+        for (int64_t j = 0; j < 2; j++)
+            for (int64_t i = 0; i < half; i++) {
+                int64_t hf_row = h * head_dim + j * half + i, ct_row = h * head_dim + 2 * i + j;
+                int64_t to = to_hf ? hf_row : ct_row, from = to_hf ? ct_row : hf_row;
+                memcpy(dst + to * cols, src + from * cols, sizeof(float) * (size_t)cols);
+            }
+}
+
+/* ---- config.json ------------------------------------------------------------------------------- */
+
+void hf_format_double(char *out, size_t len, double x) {
+    if (x == floor(x) && fabs(x) < 1e16) {
+        snprintf(out, len, "%.1f", x);
+        return;
+    }
+    for (int p = 1; p <= 17; p++) {
+        snprintf(out, len, "%.*g", p, x);
+        if (strtod(out, NULL) == x) break;
+    }
+    if (!strpbrk(out, ".en")) strncat(out, ".0", len - strlen(out) - 1);
+}
+
+static int reserved(const char *key) {
+    return !strcmp(key, "architectures") || !strcmp(key, "model_type") || !strcmp(key, "torch_dtype");
+}
+
+/* Sets obj[path] = v along the '.'-separated path (v's reference is taken). */
+static ct_status put(json_t *obj, const char *path, json_t *v, const char *who) {
+    char seg[MAX_NAME];
+    const char *dot = strchr(path, '.');
+    size_t n = dot ? (size_t)(dot - path) : strlen(path);
+    if (!v) return ct_fail(CT_ERR_NOMEM, "%s: out of memory for config.json", who);
+    if (n == 0 || n >= sizeof seg) {
+        json_decref(v);
+        return ct_fail(CT_ERR_INVALID, "%s: config.json key '%s' has an empty or too long part", who, path);
+    }
+    memcpy(seg, path, n);
+    seg[n] = 0;
+    json_t *cur = json_object_get(obj, seg);
+    if (!dot) {
+        if (cur) {
+            json_decref(v);
+            return ct_fail(CT_ERR_INVALID, "%s: config.json key '%s' is given twice (or also holds keys)", who, seg);
+        }
+        json_object_set_new(obj, seg, v);
+        return CT_OK;
+    }
+    if (cur && !json_is_object(cur)) {
+        json_decref(v);
+        return ct_fail(CT_ERR_INVALID, "%s: config.json key '%s' is a value and an object", who, seg);
+    }
+    if (!cur) json_object_set_new(obj, seg, cur = json_object());
+    return put(cur, dot + 1, v, who);
+}
+
+static json_t *field_value(const ct_hf_field *f, const char *who) {
+    switch (f->type) {
+    case CT_HF_INT: return json_integer(f->i);
+    case CT_HF_FLOAT:
+        if (isfinite(f->f)) return json_real(f->f);
+        ct_set_error("%s: config.json key '%s' is not a finite number", who, f->key);
+        return NULL;
+    case CT_HF_BOOL: return json_boolean(f->i != 0);
+    case CT_HF_STRING:
+        if (f->s) return json_string(f->s);
+        ct_set_error("%s: config.json key '%s' is a NULL string", who, f->key);
+        return NULL;
+    case CT_HF_NULL: return json_null();
+    }
+    ct_set_error("%s: config.json key '%s' has unknown type %d", who, f->key, (int)f->type);
+    return NULL;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* Appends v as Python's json.dumps(indent=2, sort_keys=True) writes it at `depth`. */
+static ct_status emit(json_t *v, int depth, char **buf, size_t *len, size_t *cap);
+
+static ct_status append(char **buf, size_t *len, size_t *cap, const char *s) {
+    size_t n = strlen(s);
+    if (*len + n + 1 > *cap) {
+        size_t c = (*cap ? *cap * 2 : 1024) + n;
+        char *b = realloc(*buf, c);
+        if (!b) return ct_fail(CT_ERR_NOMEM, "out of memory for config.json");
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *len, s, n + 1);
+    *len += n;
+    return CT_OK;
+}
+
+static ct_status indent(int depth, char **buf, size_t *len, size_t *cap) {
+    ct_status st = append(buf, len, cap, "\n");
+    for (int i = 0; i < depth && st == CT_OK; i++) st = append(buf, len, cap, "  ");
+    return st;
+}
+
+static ct_status emit_string(const char *s, char **buf, size_t *len, size_t *cap) {
+    json_t *j = json_string(s);
+    char *t = j ? json_dumps(j, JSON_ENCODE_ANY | JSON_ENSURE_ASCII) : NULL;
+    json_decref(j);
+    ct_status st = t ? append(buf, len, cap, t) : ct_fail(CT_ERR_NOMEM, "out of memory for config.json");
+    free(t);
+    return st;
+}
+
+static ct_status emit(json_t *v, int depth, char **buf, size_t *len, size_t *cap) {
+    char num[64];
+    if (json_is_object(v)) {
+        size_t n = json_object_size(v), k = 0;
+        if (!n) return append(buf, len, cap, "{}");
+        const char **keys = malloc(sizeof *keys * n);
+        if (!keys) return ct_fail(CT_ERR_NOMEM, "out of memory for config.json");
+        const char *key;
+        json_t *val;
+        json_object_foreach(v, key, val) keys[k++] = key;
+        qsort(keys, n, sizeof *keys, cmp_str);
+        ct_status st = append(buf, len, cap, "{");
+        for (k = 0; k < n && st == CT_OK; k++) {
+            if (k) st = append(buf, len, cap, ",");
+            if (st == CT_OK) st = indent(depth + 1, buf, len, cap);
+            if (st == CT_OK) st = emit_string(keys[k], buf, len, cap);
+            if (st == CT_OK) st = append(buf, len, cap, ": ");
+            if (st == CT_OK) st = emit(json_object_get(v, keys[k]), depth + 1, buf, len, cap);
+        }
+        free(keys);
+        if (st == CT_OK) st = indent(depth, buf, len, cap);
+        return st == CT_OK ? append(buf, len, cap, "}") : st;
+    }
+    if (json_is_array(v)) {
+        if (!json_array_size(v)) return append(buf, len, cap, "[]");
+        ct_status st = append(buf, len, cap, "[");
+        for (size_t i = 0; i < json_array_size(v) && st == CT_OK; i++) {
+            if (i) st = append(buf, len, cap, ",");
+            if (st == CT_OK) st = indent(depth + 1, buf, len, cap);
+            if (st == CT_OK) st = emit(json_array_get(v, i), depth + 1, buf, len, cap);
+        }
+        if (st == CT_OK) st = indent(depth, buf, len, cap);
+        return st == CT_OK ? append(buf, len, cap, "]") : st;
+    }
+    if (json_is_string(v)) return emit_string(json_string_value(v), buf, len, cap);
+    if (json_is_integer(v)) {
+        snprintf(num, sizeof num, "%lld", (long long)json_integer_value(v));
+        return append(buf, len, cap, num);
+    }
+    if (json_is_real(v)) {
+        hf_format_double(num, sizeof num, json_real_value(v));
+        return append(buf, len, cap, num);
+    }
+    return append(buf, len, cap, json_is_true(v) ? "true" : json_is_false(v) ? "false" : "null");
+}
+
+char *hf_export_config(const ct_hf_export *x, hf_dtype dtype, const char *who) {
+    if (!x->architecture || !x->model_type || !*x->architecture || !*x->model_type) {
+        ct_set_error("%s: its Hugging Face export names no architecture or model_type", who);
+        return NULL;
+    }
+    json_t *root = json_object(), *arch = json_array();
+    ct_status st = root && arch ? CT_OK : ct_fail(CT_ERR_NOMEM, "out of memory for config.json");
+    if (st == CT_OK) st = json_array_append_new(arch, json_string(x->architecture)) ? CT_ERR_NOMEM : CT_OK;
+    if (st == CT_OK) st = put(root, "architectures", json_incref(arch), who);
+    if (st == CT_OK) st = put(root, "model_type", json_string(x->model_type), who);
+    if (st == CT_OK) st = put(root, "torch_dtype", json_string(dtype == HF_BFLOAT16 ? "bfloat16" : "float32"), who);
+    int depth_ok = 1;
+    for (const ct_hf_field *f = x->fields; f && f->key && st == CT_OK; f++) {
+        int dots = 0;
+        for (const char *p = f->key; *p; p++) dots += *p == '.';
+        char top[MAX_NAME];
+        snprintf(top, sizeof top, "%.*s", (int)strcspn(f->key, "."), f->key);
+        if (dots >= MAX_DEPTH) depth_ok = 0;
+        if (!depth_ok || reserved(top)) {
+            st = ct_fail(CT_ERR_INVALID, "%s: config.json key '%s' is %s", who, f->key,
+                         depth_ok ? "the host's to write" : "nested too deep");
+            break;
+        }
+        json_t *v = field_value(f, who);
+        st = v ? put(root, f->key, v, who) : CT_ERR_INVALID;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    if (st == CT_OK) st = emit(root, 0, &buf, &len, &cap);
+    if (st == CT_OK) st = append(&buf, &len, &cap, "\n");
+    json_decref(arch);
+    json_decref(root);
+    if (st != CT_OK) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* ---- tensors ----------------------------------------------------------------------------------- */
+
+ct_status hf_export_check(const ct_hf_export *x, const tf_file *w, int64_t head_dim, const char *who) {
+    char *cfg = hf_export_config(x, HF_FLOAT32, who);
+    if (!cfg) return CT_ERR_INVALID;
+    free(cfg);
+    char **names = calloc((size_t)(w->count ? w->count : 1), sizeof *names);
+    if (!names) return ct_fail(CT_ERR_NOMEM, "out of memory");
+    ct_status st = CT_OK;
+    for (int i = 0; i < w->count && st == CT_OK; i++) {
+        const tf_entry *e = &w->entries[i];
+        char hf[MAX_NAME];
+        uint32_t flags = 0;
+        if ((st = hf_export_name(x, e->name, hf, sizeof hf, &flags)) != CT_OK) break;
+        if (e->dtype != TF_F32 || e->ndim < 1 || e->ndim > 2) {
+            st = ct_fail(CT_ERR_INVALID, "%s: parameter '%s' is not a 1-D or 2-D float32 tensor", who, e->name);
+            break;
+        }
+        if ((flags & CT_HF_ROPE_ROWS) && (head_dim < 2 || head_dim % 2 || e->shape[0] % head_dim)) {
+            st = ct_fail(CT_ERR_INVALID, "%s: parameter '%s' (%lld rows) is marked CT_HF_ROPE_ROWS but is not whole "
+                         "heads of an even head_dim %lld (ct_model_desc.head_dim)", who, e->name,
+                         (long long)e->shape[0], (long long)head_dim);
+            break;
+        }
+        for (int j = 0; j < i && st == CT_OK; j++)
+            if (!strcmp(names[j], hf))
+                st = ct_fail(CT_ERR_INVALID, "%s: parameters '%s' and '%s' both map to Hugging Face's '%s'", who,
+                             w->entries[j].name, e->name, hf);
+        if (st == CT_OK && !(names[i] = strdup(hf))) st = ct_fail(CT_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < w->count; i++) free(names[i]);
+    free(names);
+    return st;
+}
+
+static ct_status write_text_atomic(const char *path, const char *text) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return ct_fail(CT_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(errno));
+    if (ct_write_all(fd, text, strlen(text)) || fsync(fd)) {
+        ct_set_error("%s: cannot write %s: %s", path, tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return CT_ERR_IO;
+    }
+    if (close(fd) || rename(tmp, path)) {
+        ct_set_error("%s: cannot write %s: %s", path, tmp, strerror(errno));
+        unlink(tmp);
+        return CT_ERR_IO;
+    }
+    return CT_OK;
+}
+
+ct_status hf_export_save(const char *dir, const ct_hf_export *x, const tf_file *w, int64_t head_dim,
+                         hf_dtype dtype, const char *who) {
+    ct_status rc = hf_export_check(x, w, head_dim, who);
+    if (rc != CT_OK) return rc;
+    struct stat sb;
+    if (mkdir(dir, 0777) != 0 && (errno != EEXIST || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
+        return ct_fail(CT_ERR_IO, "%s: cannot create the folder: %s", dir,
+                       errno == EEXIST ? "not a folder" : strerror(errno));
+    int n = w->count;
+    st_entry *entries = calloc((size_t)(n ? n : 1), sizeof *entries);
+    char (*names)[MAX_NAME] = calloc((size_t)(n ? n : 1), sizeof *names);
+    float **owned = calloc((size_t)(n ? n : 1), sizeof *owned); /* permuted copies */
+    char *config = NULL;
+    if (!entries || !names || !owned) {
+        rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", dir);
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        const tf_entry *e = &w->entries[i];
+        uint32_t flags = 0;
+        if ((rc = hf_export_name(x, e->name, names[i], sizeof names[i], &flags)) != CT_OK) goto done;
+        const float *data = e->data;
+        if (flags & CT_HF_ROPE_ROWS) {
+            if (!(owned[i] = malloc(sizeof(float) * (size_t)(e->numel ? e->numel : 1)))) {
+                rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", dir);
+                goto done;
+            }
+            hf_permute_rows(owned[i], data, e->shape[0] / head_dim, head_dim, e->ndim == 2 ? e->shape[1] : 1, 1);
+            data = owned[i];
+        }
+        entries[i] = (st_entry){names[i], dtype == HF_BFLOAT16 ? ST_BF16 : ST_F32, e->ndim, e->shape, data, NULL};
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const char *meta[] = {"format", "pt"};
+    if ((rc = st_write(path, entries, n, meta, 1)) != CT_OK) goto done;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!(config = hf_export_config(x, dtype, who))) {
+        rc = CT_ERR_INVALID;
+        goto done;
+    }
+    rc = write_text_atomic(path, config);
+done:
+    for (int i = 0; owned && i < n; i++) free(owned[i]);
+    free(owned);
+    free(names);
+    free(entries);
+    free(config);
+    return rc;
+}
+
+/* ---- load -------------------------------------------------------------------------------------- */
+
+#define CONFIG_CAP (1 << 20) /* bytes of config.json read */
+
+/* config.json's value at the '.'-separated path, or NULL. */
+static json_t *get_path(json_t *root, const char *path) {
+    char seg[MAX_NAME];
+    while (root && json_is_object(root)) {
+        size_t n = strcspn(path, ".");
+        if (n >= sizeof seg) return NULL;
+        memcpy(seg, path, n);
+        seg[n] = 0;
+        root = json_object_get(root, seg);
+        if (!path[n]) return root;
+        path += n + 1;
+    }
+    return NULL;
+}
+
+static void value_str(const ct_hf_field *f, char *out, size_t len) {
+    switch (f->type) {
+    case CT_HF_INT: snprintf(out, len, "%lld", (long long)f->i); break;
+    case CT_HF_FLOAT: hf_format_double(out, len, f->f); break;
+    case CT_HF_BOOL: snprintf(out, len, "%s", f->i ? "true" : "false"); break;
+    case CT_HF_STRING: snprintf(out, len, "\"%s\"", f->s ? f->s : ""); break;
+    default: snprintf(out, len, "null"); break;
+    }
+}
+
+static int same_value(const ct_hf_field *f, json_t *v) {
+    switch (f->type) {
+    case CT_HF_INT: return json_is_integer(v) && json_integer_value(v) == f->i;
+    case CT_HF_FLOAT: return json_is_number(v) && json_number_value(v) == f->f;
+    case CT_HF_BOOL: return json_is_boolean(v) && json_is_true(v) == (f->i != 0);
+    case CT_HF_STRING: return json_is_string(v) && f->s && !strcmp(json_string_value(v), f->s);
+    case CT_HF_NULL: return !v || json_is_null(v);
+    }
+    return 0;
+}
+
+/* config.json against x: model_type, then every CT_HF_CHECKED field. */
+static ct_status check_config_json(const char *path, const ct_hf_export *x, const char *who) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return ct_fail(CT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *text = malloc(CONFIG_CAP + 1);
+    size_t n = text ? fread(text, 1, CONFIG_CAP + 1, fp) : 0;
+    int bad = !text || ferror(fp);
+    fclose(fp);
+    if (bad || n > CONFIG_CAP) {
+        free(text);
+        return ct_fail(bad ? CT_ERR_IO : CT_ERR_INVALID, "%s: %s", path,
+                       bad ? "cannot read it" : "larger than 1 MB; not a config.json?");
+    }
+    json_error_t je;
+    json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &je);
+    free(text);
+    if (!root)
+        return ct_fail(CT_ERR_INVALID, "%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
+    ct_status st = CT_OK;
+    json_t *type = json_object_get(root, "model_type");
+    if (!json_is_object(root))
+        st = ct_fail(CT_ERR_INVALID, "%s: expected a JSON object", path);
+    else if (!json_is_string(type) || strcmp(json_string_value(type), x->model_type)) {
+        char got[64];
+        snprintf(got, sizeof got, "%s", json_is_string(type) ? json_string_value(type) : "(none)");
+        for (char *p = got; *p; p++)
+            if ((unsigned char)*p < 0x20) *p = '?';
+        st = ct_fail(CT_ERR_INVALID, "%s: model_type '%s' is not model %s's '%s'", path, got, who, x->model_type);
+    }
+    for (const ct_hf_field *f = x->fields; st == CT_OK && f && f->key; f++) {
+        if (!(f->flags & CT_HF_CHECKED)) continue;
+        json_t *v = get_path(root, f->key);
+        /* transformers 5 writes RoPE's settings into rope_parameters (rope_type "default": plain RoPE) */
+        json_t *rp = json_object_get(root, "rope_parameters");
+        if (!v && !strcmp(f->key, "rope_theta")) v = get_path(rp, "rope_theta");
+        if (!strcmp(f->key, "rope_scaling") && f->type == CT_HF_NULL && (!v || json_is_null(v)) && rp &&
+            !json_is_null(rp)) {
+            json_t *t = json_object_get(rp, "rope_type");
+            if (!json_is_string(t) || strcmp(json_string_value(t), "default")) v = rp; /* scaled: not plain */
+        }
+        char want[96];
+        value_str(f, want, sizeof want);
+        if (!v && f->type != CT_HF_NULL)
+            st = ct_fail(CT_ERR_INVALID, "%s: key '%s' is missing; model %s has %s (set the model's options to match "
+                         "the folder)", path, f->key, who, want);
+        else if (!same_value(f, v)) {
+            char *got = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+            st = ct_fail(CT_ERR_INVALID, "%s: %s is %.60s, model %s has %s (set the model's options to match the "
+                         "folder)", path, f->key, got ? got : "?", who, want);
+            free(got);
+        }
+    }
+    json_decref(root);
+    return st;
+}
+
+static void shape_text(char *out, size_t len, int ndim, const int64_t *shape) {
+    int o = snprintf(out, len, "(");
+    for (int d = 0; d < ndim && o < (int)len; d++)
+        o += snprintf(out + o, len - (size_t)o, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (o < (int)len) snprintf(out + o, len - (size_t)o, ")");
+}
+
+/* Entry e <- the folder's tensor for want entry w (its Hugging Face name hf). */
+static ct_status load_one(const st_model *m, const tf_entry *w, const char *hf, uint32_t flags, int64_t head_dim,
+                          const char *dir, tf_entry *e) {
+    const st_tensor *t = st_model_find(m, hf);
+    if (!t) return ct_fail(CT_ERR_INVALID, "%s: tensor '%s' (ctitan's '%s') is missing", dir, hf, w->name);
+    int same = t->ndim == w->ndim;
+    for (int d = 0; same && d < w->ndim; d++) same = t->shape[d] == w->shape[d];
+    if (!same) {
+        char got[96], want[96];
+        shape_text(got, sizeof got, t->ndim, t->shape);
+        shape_text(want, sizeof want, w->ndim, w->shape);
+        return ct_fail(CT_ERR_INVALID, "%s: tensor '%s' has shape %s, the model's '%s' is %s", st_model_where(m, hf),
+                       hf, got, w->name, want);
+    }
+    size_t n = (size_t)t->numel;
+    float *buf = malloc(sizeof(float) * (n ? n : 1));
+    float *tmp = (flags & CT_HF_ROPE_ROWS) ? malloc(sizeof(float) * (n ? n : 1)) : buf;
+    ct_status st = CT_OK;
+    if (!(e->name = strdup(w->name)) || !buf || !tmp)
+        st = ct_fail(CT_ERR_NOMEM, "%s: out of memory for '%s'", dir, hf);
+    else
+        st = st_to_f32(t, tmp, st_model_where(m, hf));
+    if (st != CT_OK) {
+        free(buf);
+        if (tmp != buf) free(tmp);
+        return st;
+    }
+    if (tmp != buf) {
+        hf_permute_rows(buf, tmp, w->shape[0] / head_dim, head_dim, w->ndim == 2 ? w->shape[1] : 1, 0);
+        free(tmp);
+    }
+    e->data = buf;
+    e->dtype = TF_F32;
+    e->ndim = w->ndim;
+    memcpy(e->shape, w->shape, sizeof e->shape);
+    e->numel = t->numel;
+    return CT_OK;
+}
+
+ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *want, int64_t head_dim,
+                         const char *who, tf_file **out) {
+    *out = NULL;
+    ct_status st = hf_export_check(x, want, head_dim, who);
+    if (st != CT_OK) return st;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if ((st = check_config_json(path, x, who)) != CT_OK) return st;
+    st_model *m = st_model_open(dir);
+    if (!m) return CT_ERR_INVALID; /* its message names the file */
+    int n = want->count;
+    char (*names)[MAX_NAME] = calloc((size_t)(n ? n : 1), sizeof *names);
+    uint32_t *flags = calloc((size_t)(n ? n : 1), sizeof *flags);
+    tf_file *f = calloc(1, sizeof *f);
+    if (!names || !flags || !f || !(f->entries = calloc((size_t)(n ? n : 1), sizeof(tf_entry)))) {
+        st = ct_fail(CT_ERR_NOMEM, "%s: out of memory", dir);
+        goto done;
+    }
+    f->version = TF_VERSION;
+    for (int i = 0; i < n && st == CT_OK; i++)
+        st = hf_export_name(x, want->entries[i].name, names[i], sizeof names[i], &flags[i]);
+    for (int i = 0; i < m->count && st == CT_OK; i++) { /* nothing in the folder is left unread */
+        const char *name = m->tensors[i]->name;
+        size_t nl = strlen(name);
+        int known = nl > 20 && !strcmp(name + nl - 20, ".rotary_emb.inv_freq"); /* a buffer old files kept */
+        for (int j = 0; j < n && !known; j++) known = !strcmp(names[j], name);
+        if (!known)
+            st = ct_fail(CT_ERR_INVALID, "%s: tensor '%s' is not a parameter of model %s (nothing to map it to)",
+                         m->where[i], name, who);
+    }
+    for (int i = 0; i < n && st == CT_OK; i++) {
+        st = load_one(m, &want->entries[i], names[i], flags[i], head_dim, dir, &f->entries[i]);
+        if (st != CT_OK) free(f->entries[i].name); /* half made */
+        else f->count++;
+    }
+done:
+    st_model_free(m);
+    free(names);
+    free(flags);
+    if (st != CT_OK) tf_free(f);
+    else *out = f;
+    return st;
+}

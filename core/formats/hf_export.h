@@ -1,0 +1,54 @@
+/* hf_export.h: a model's parameters -> a Hugging Face folder, by a table the model pack supplies
+ * (ct_hf_export, ABI 2.12): tensor names mapped by patterns, RoPE rows permuted where marked, and a
+ * config.json written from the pack's fields as transformers writes one (json.dumps(indent=2,
+ * sort_keys=True), floats as Python prints them). The core knows no model's names here.
+ *
+ * Errors: functions return a ct_status and leave one line for ct_last_error() (base/error.h).
+ */
+#ifndef CTITAN_HF_EXPORT_H
+#define CTITAN_HF_EXPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/error.h"
+#include "ctitan/model.h"
+#include "formats/tensorfile.h"
+
+/* What the exported tensors hold. */
+typedef enum hf_dtype { HF_FLOAT32, HF_BFLOAT16 } hf_dtype;
+
+/* The Hugging Face name of ctitan parameter `name` under x's table (into hf, len bytes) and its
+ * CT_HF_* flags; CT_ERR_INVALID naming the parameter when no pattern matches it. */
+ct_status hf_export_name(const ct_hf_export *x, const char *name, char *hf, size_t len, uint32_t *flags);
+
+/* Everything hf_export_save needs, checked without writing: every entry of w (float32, 1-D or 2-D)
+ * maps to a distinct name; a CT_HF_ROPE_ROWS tensor has rows in whole heads of head_dim (even);
+ * the fields are well formed. `who` names the table's owner in messages ("model qwen3"). */
+ct_status hf_export_check(const ct_hf_export *x, const tf_file *w, int64_t head_dim, const char *who);
+
+/* Writes DIR/model.safetensors (metadata format "pt") and DIR/config.json, each atomically;
+ * creates DIR. The output is a function of the inputs only, byte for byte. */
+ct_status hf_export_save(const char *dir, const ct_hf_export *x, const tf_file *w, int64_t head_dim,
+                         hf_dtype dtype, const char *who);
+
+/* Reads the Hugging Face folder DIR by x's table backwards: DIR/config.json's model_type must be
+ * x->model_type and its CT_HF_CHECKED fields equal x's; every parameter of `want` (names and shapes;
+ * its data is not read) must be in the folder with its shape (any safetensors dtype, converted to
+ * float32; marked rows un-permuted), and every tensor of the folder must be one of them. *out: the
+ * parameters in want's order (free with tf_free). */
+ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *want, int64_t head_dim,
+                         const char *who, tf_file **out);
+
+/* config.json's text for x (malloc'd; NULL and an error when a field is malformed). */
+char *hf_export_config(const ct_hf_export *x, hf_dtype dtype, const char *who);
+
+/* Shortest decimal that reads back as x, always with a '.' or an exponent, as Python's repr writes a
+ * float ("500000.0", "1e-05"). */
+void hf_format_double(char *out, size_t len, double x);
+
+/* The q/k row permutation of one (n_heads * head_dim, cols) matrix: to_hf = 1 from ctitan's
+ * interleaved layout to Hugging Face's, 0 back. dst and src must not overlap. */
+void hf_permute_rows(float *dst, const float *src, int64_t n_heads, int64_t head_dim, int64_t cols, int to_hf);
+
+#endif
