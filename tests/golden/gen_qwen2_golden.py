@@ -145,23 +145,25 @@ def verify_export(ctitan):
     return e, len(tensors)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def golden_main(doc, name, write, verify_export):
+    """The generators' command line: write the files, or --check them (regenerate in a temporary folder,
+    compare, then verify_export(ctitan) -> (relative error, tensors))."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="regenerate elsewhere, compare, verify ctitan's export")
     ap.add_argument("--ctitan", default=os.environ.get("CTITAN", os.path.join(ROOT, "build", "ctitan")))
     a = ap.parse_args()
     torch.set_num_threads(1)
     if not a.check:
         e = write(HF_DIR)
-        print(f"wrote {os.path.join(HF_DIR, NAME)}/ and {NAME}.ctt (transformers f32 vs f64 logits: {e:.2e})")
+        print(f"wrote {os.path.join(HF_DIR, name)}/ and {name}.ctt (transformers f32 vs f64 logits: {e:.2e})")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         write(tmp)
-        same = same_folder(os.path.join(tmp, NAME), os.path.join(HF_DIR, NAME))
-        g_new, g_old = ctt_read(os.path.join(tmp, NAME + ".ctt")), ctt_read(os.path.join(HF_DIR, NAME + ".ctt"))
+        same = same_folder(os.path.join(tmp, name), os.path.join(HF_DIR, name))
+        g_new, g_old = ctt_read(os.path.join(tmp, name + ".ctt")), ctt_read(os.path.join(HF_DIR, name + ".ctt"))
         same = same and sorted(g_new) == sorted(g_old) and all(torch.equal(g_new[k], g_old[k]) for k in g_new)
     if not same:
-        print(f"FAIL: a regeneration differs from the committed {NAME}")
+        print(f"FAIL: a regeneration differs from the committed {name}")
         return 1
     e, n = verify_export(a.ctitan)
     print(f"ok: regeneration equals the committed files; ctitan's round trip keeps all {n} tensors bit for bit "
@@ -170,4 +172,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(golden_main(__doc__, NAME, write, verify_export))
