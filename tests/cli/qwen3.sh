@@ -2,7 +2,7 @@
 # qwen3: models/qwen3 (Qwen3 dense: per-head QK-norm before RoPE, its own head_dim, a tied head), a pack
 # that carries its own Hugging Face mapping (ABI 2.12) and a tensor-parallel plan with QK-norm marked
 # CT_TP_REPLICATED_PARTIAL.
-#   - layouts: FSDP 2, TP 2 with and without sequence parallel, PP 2 and FSDP 2 x TP 2 follow one rank's
+#   - layouts: FSDP 2, TP 2 with and without sequence parallel, PP 2, FSDP 2 x TP 2 and CP 2 follow one rank's
 #     8-step loss and grad-norm curve within 1e-6;
 #   - transformers' Qwen3 (tests/golden/hf/qwen3_from_transformers, transformers 5's config.json with
 #     rope_parameters) loads into a run (checkpoint.initial_load_in_hf) and the run's export
@@ -27,8 +27,9 @@ run pp2 2 "${q[@]}" --training.local_batch_size=8 --parallelism.pipeline_paralle
   --parallelism.pipeline_parallel_microbatch_size=4
 run fsdp2_tp2 4 "${q[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
   --parallelism.tensor_parallel_degree=2
+run cp2 2 "${q[@]}" --training.local_batch_size=8 --parallelism.context_parallel_degree=2
 grep -q "tp 2" "$T/tp2.log" || fail "tp2 did not run with tp 2"
-for r in fsdp2 tp2 tp2_nosp pp2 fsdp2_tp2; do compare single "$r" "$STEPS" || exit 1; done
+for r in fsdp2 tp2 tp2_nosp pp2 fsdp2_tp2 cp2; do compare single "$r" "$STEPS" || exit 1; done
 
 # safetensors read with the standard library: tensor names, and each tensor's bytes
 st_tensors() { "$py" - "$1" <<'EOF'
