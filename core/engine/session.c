@@ -656,7 +656,7 @@ ct_status session_save_model(session *s, const char *path) {
         json_t *d = mdesc_build(s);
         char *text = d ? json_dumps(d, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
         json_decref(d);
-        if ((failed = !text || tf_writer_add_text(w, MDESC_ENTRY, text))) {
+        if ((failed = !text || tf_writer_add_text(w, MDESC_ENTRY, text) != CT_OK)) {
             snprintf(err, sizeof err, "%s: %s (writing the model description)", path,
                      text ? tf_writer_error(w) : "out of memory");
             tf_writer_abort(w);
@@ -673,7 +673,7 @@ ct_status session_save_model(session *s, const char *path) {
         for (int d = 0; d < t->ndim; d++) n *= shape[d];
         float *grown = realloc(buf, sizeof(float) * (size_t)n);
         if (!grown || runtime_param_get(&s->rt, i, grown, 0) ||
-            (w && tf_writer_add(w, t->name, 1, t->ndim, shape, grown))) {
+            (w && tf_writer_add(w, t->name, 1, t->ndim, shape, grown) != CT_OK)) {
             ct_status st;
             if (grown) buf = grown;
             if (w && tf_writer_error(w)[0]) st = ct_fail(CT_ERR_IO, "%s (writing %s)", tf_writer_error(w), t->name);
