@@ -346,11 +346,11 @@ static int learn_liveness(runtime *rt, int64_t B, int64_t T) {
     rt_tensor *tok = runtime_upload_ids(rt, NULL, B, T), *tgt = tok ? runtime_upload_ids(rt, NULL, B, T) : NULL;
     rt_tensor *x = NULL;
     int bad = !tgt || !tape_new_activation(rt, CT_F32, 0, NULL) || !tape_new_activation(rt, CT_F32, 0, NULL);
-    for (int u = 0; u < nu && !bad; u++) bad = runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x) != 0;
+    for (int u = 0; u < nu && !bad; u++) bad = runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x) != CT_OK;
     bad = bad || !tape_grad(rt, x);
-    for (int u = nu - 1; u >= 0 && !bad; u--) bad = runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH) != 0;
+    for (int u = nu - 1; u >= 0 && !bad; u--) bad = runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH) != CT_OK;
     rt->trace_ops = keep;
-    bad = runtime_reset_arenas(rt) || bad;
+    bad = runtime_reset_arenas(rt) != CT_OK || bad;
     rt->act = &rt->saved;
     return bad ? -1 : 0;
 }
@@ -387,7 +387,7 @@ static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_
     }
     int64_t B = l->pp > 1 ? l->pp_microbatch_size : l->local_batch, T = l->seq_len;
     t->tokens = B * T;
-    if (runtime_reset_arenas(rt)) return fail("arenas");
+    if (runtime_reset_arenas(rt) != CT_OK) return fail("arenas");
     rt->in_order = l->pp <= 1; /* as the runtime: a pipeline's contexts keep their boundary gradients */
     rt->bf16_compute = l->bf16;   /* as the runtime: saved activations held in bf16 ... */
     rt->pack_units = 1;           /* ... unless a pipeline schedule splits backward */
@@ -413,7 +413,7 @@ static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_
         rt->peak_act_bytes = 0;
         rt->scratch.data.peak_used = rt->scratch.data.used;
         t->units[u].in_grad_bytes = x ? (double)(((size_t)ct_tensor_numel(&(x->base ? x->base : x)->t) * sizeof(float) + 63) & ~(size_t)63) : 0;
-        if (runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x)) {
+        if (runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x) != CT_OK) {
             rt->trace_ops = 0;
             return fail(t->cannot[0] ? "the trace stopped" : "a unit's forward failed in the plan");
         }
@@ -439,7 +439,7 @@ static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_
         rt->grads.data.peak_used = rt->grads.data.used;
         rt->scratch.data.peak_used = rt->scratch.data.used;
         double z0 = plan_null_zeroed;
-        if (runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH)) {
+        if (runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH) != CT_OK) {
             rt->trace_ops = 0;
             return fail("a unit's backward failed in the plan");
         }
