@@ -140,7 +140,7 @@ static ct_status load_hf(session *s, const char *dir) {
             tf_expect(w, dir, runtime_param_key(&s->rt, i), 1, p->ndim, runtime_global_shape(&s->rt, i));
         if (!e || tf_check_finite_data(e->data, e->numel, dir, p->name) != CT_OK)
             rc = CT_ERR_INVALID;
-        else if (runtime_param_set(&s->rt, i, e->data))
+        else if (runtime_param_set(&s->rt, i, e->data) != CT_OK)
             rc = CT_ERR_INTERNAL;
     }
     tf_free(w);
@@ -213,7 +213,7 @@ static ct_status save_hf(session *s, const char *dir, int bf16) {
         memcpy(t->shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
         for (int d = 0; d < p->ndim; d++) t->numel *= t->shape[d];
         t->data = malloc(sizeof(float) * (size_t)t->numel);
-        if (!t->data || runtime_param_get(&s->rt, i, t->data, 0)) {
+        if (!t->data || runtime_param_get(&s->rt, i, t->data, 0) != CT_OK) {
             rc = ct_fail(CT_ERR_INTERNAL, "cannot gather %s", p->name);
             goto done;
         }

@@ -255,7 +255,7 @@ static ct_status from_hf(const args *a) {
     json_t *desc = w ? mdesc_from_hf(&cfg) : NULL; /* so that generate and from_checkpoint need no sizes */
     char *text = desc ? json_dumps(desc, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(desc);
-    if (w && (!text || tf_writer_add_text(w, MDESC_ENTRY, text))) {
+    if (w && (!text || tf_writer_add_text(w, MDESC_ENTRY, text) != CT_OK)) {
         tf_writer_abort(w);
         w = NULL;
         ct_set_error("%s: cannot write the model description", a->output);
@@ -263,7 +263,7 @@ static ct_status from_hf(const args *a) {
     free(text);
     for (int i = 0; w && i < f->count; i++) {
         const tf_entry *e = &f->entries[i];
-        if (tf_writer_add(w, e->name, e->dtype, e->ndim, e->shape, e->data)) break;
+        if (tf_writer_add(w, e->name, e->dtype, e->ndim, e->shape, e->data) != CT_OK) break;
     }
     if (!w || tf_writer_close(w) != CT_OK) {
         fprintf(stderr, "ctitan convert: %s\n", ct_last_error());

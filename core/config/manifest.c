@@ -224,17 +224,18 @@ static int *index_slot(const manifest *m, const char *key) {
     }
 }
 
-/* Makes room for one more value: the table stays under half full, so probes stay short. */
-static int index_reserve(manifest *m) {
-    if ((size_t)(m->n_values + 1) * 2 < m->index_cap) return 0;
+/* Makes room for one more value: the table stays under half full, so probes stay short. CT_OK, or
+ * CT_ERR_NOMEM with nothing set (add_value says where). */
+static ct_status index_reserve(manifest *m) {
+    if ((size_t)(m->n_values + 1) * 2 < m->index_cap) return CT_OK;
     size_t cap = m->index_cap ? m->index_cap * 2 : 64;
     int *grown = calloc(cap, sizeof *grown);
-    if (!grown) return -1;
+    if (!grown) return CT_ERR_NOMEM;
     free(m->index);
     m->index = grown;
     m->index_cap = cap;
     for (int i = 0; i < m->n_values; i++) *index_slot(m, m->values[i].key) = i + 1;
-    return 0;
+    return CT_OK;
 }
 
 static mf_value *find_value(const manifest *m, const char *key) {
@@ -270,13 +271,14 @@ static int takes_items(const manifest *m, const char *key) {
     return 0;
 }
 
-/* Adds a key that is not there yet (callers check with find_value). */
-static int add_value(manifest *m, const char *key, const char *value, int is_seq, int line) {
-    if (index_reserve(m)) return -1;
+/* Adds a key that is not there yet (callers check with find_value). CT_OK, or CT_ERR_NOMEM with
+ * "path: out of memory" set. */
+static ct_status add_value(manifest *m, const char *key, const char *value, int is_seq, int line) {
+    if (index_reserve(m) != CT_OK) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", m->path);
     if (m->n_values == m->values_cap) { /* doubling: a copy per key would be quadratic */
         int cap = m->values_cap ? 2 * m->values_cap : 32;
         mf_value *grown = realloc(m->values, sizeof(*grown) * (size_t)cap);
-        if (!grown) return -1;
+        if (!grown) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", m->path);
         m->values = grown;
         m->values_cap = cap;
     }
@@ -289,10 +291,10 @@ static int add_value(manifest *m, const char *key, const char *value, int is_seq
     if (!v->key || (value && !v->value)) {
         free(v->key);
         free(v->value);
-        return -1;
+        return ct_fail(CT_ERR_NOMEM, "%s: out of memory", m->path);
     }
     *index_slot(m, key) = ++m->n_values;
-    return 0;
+    return CT_OK;
 }
 
 /* ---- reading the YAML ---- */
@@ -330,8 +332,7 @@ static ct_status join_list(flattener *f, const yaml_node_t *v, const char *key, 
             return ct_fail(CT_ERR_INVALID, "%s:%d: %s: list too long", f->m->path, line, key);
         used += (size_t)n;
     }
-    if (add_value(f->m, key, buf, 1, line) == 0) return CT_OK;
-    return ct_fail(CT_ERR_NOMEM, "%s: out of memory", f->m->path);
+    return add_value(f->m, key, buf, 1, line);
 }
 
 /* A list of maps (training.dataset: [{path: a, weight: 2}, ...]): item i's keys flatten under
@@ -354,8 +355,7 @@ static ct_status flatten_items(flattener *f, const yaml_node_t *v, const char *k
     }
     char count[32];
     snprintf(count, sizeof count, "%d", n);
-    if (add_value(f->m, key, count, 2, line) == 0) return CT_OK;
-    return ct_fail(CT_ERR_NOMEM, "%s: out of memory", f->m->path);
+    return add_value(f->m, key, count, 2, line);
 }
 
 /* Flattens a YAML mapping node into dotted keys. `depth` counts the maps around it, aliases
@@ -398,8 +398,7 @@ static ct_status flatten(flattener *f, yaml_node_t *node, const char *prefix, in
                    yaml_document_get_node(f->doc, *v->data.sequence.items.start)->type == YAML_MAPPING_NODE;
         if (maps) st = flatten_items(f, v, key, line, depth);
         else if (v->type != YAML_SCALAR_NODE) st = join_list(f, v, key, line);
-        else if (add_value(m, key, (const char *)v->data.scalar.value, 0, line))
-            st = ct_fail(CT_ERR_NOMEM, "%s: out of memory", m->path);
+        else st = add_value(m, key, (const char *)v->data.scalar.value, 0, line);
         if (st != CT_OK) return st;
     }
     return CT_OK;
@@ -451,8 +450,7 @@ static ct_status toml_leaf(void *ctx, const char *key, const char *value, int ki
     if (find_value(m, key)) return ct_fail(CT_ERR_INVALID, "%s:%d: %s: duplicate key", m->path, line, key);
     if (m->n_values >= MF_MAX_KEYS)
         return ct_fail(CT_ERR_INVALID, "%s:%d: %s: more than %d keys", m->path, line, key, MF_MAX_KEYS);
-    if (add_value(m, key, value, kind == MF_TOML_LIST ? 1 : kind == MF_TOML_ITEMS ? 2 : 0, line) == 0) return CT_OK;
-    return ct_fail(CT_ERR_NOMEM, "%s: out of memory", m->path);
+    return add_value(m, key, value, kind == MF_TOML_LIST ? 1 : kind == MF_TOML_ITEMS ? 2 : 0, line);
 }
 
 static int has_suffix(const char *s, const char *suffix) {
@@ -629,7 +627,8 @@ ct_status manifest_override(manifest *m, const char *key, const char *value) {
         v->flag = MF_FLAG_NONE;
         return CT_OK;
     }
-    if (add_value(m, key, value, 0, 0)) return ct_fail(CT_ERR_NOMEM, "command line: --%s: out of memory", key);
+    if (add_value(m, key, value, 0, 0) != CT_OK)
+        return ct_fail(CT_ERR_NOMEM, "command line: --%s: out of memory", key);
     return CT_OK;
 }
 
@@ -707,7 +706,8 @@ ct_status manifest_torchtitan(manifest *m, int reads_data) {
             return ct_fail(CT_ERR_INVALID, "%s: '%.100s' disagrees with %s ('%.100s'); set one of them", where,
                            from->value, there, to->value);
         }
-        if (manifest_alias(m, t->key, t->maps_to)) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", m->path);
+        ct_status st = manifest_alias(m, t->key, t->maps_to);
+        if (st != CT_OK) return st;
     }
     /* torchtitan names its datasets (c4, c4_test: Hugging Face downloads); ctitan reads token shards. The
      * name with a dataset_path beside it is torchtitan's way to give the local copy: the path is read. A
@@ -738,11 +738,13 @@ ct_status manifest_torchtitan(manifest *m, int reads_data) {
     return CT_OK;
 }
 
-int manifest_alias(manifest *m, const char *from, const char *to) {
+ct_status manifest_alias(manifest *m, const char *from, const char *to) {
     const mf_value *src = find_value(m, from);
-    if (!src || !src->value || (find_value(m, to) && find_value(m, to)->value)) return 0;
+    if (!src || !src->value || (find_value(m, to) && find_value(m, to)->value)) return CT_OK;
     char *value = strdup(src->value);
-    int line = src->line, is_seq = src->is_seq, rc = 0;
+    if (!value) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", m->path);
+    int line = src->line, is_seq = src->is_seq;
+    ct_status st = CT_OK;
     mf_value *dst = find_value(m, to);
     if (dst) {
         free(dst->value);
@@ -750,10 +752,10 @@ int manifest_alias(manifest *m, const char *from, const char *to) {
         dst->line = line;
         dst->is_seq = is_seq;
     } else {
-        rc = add_value(m, to, value, is_seq, line);
+        st = add_value(m, to, value, is_seq, line);
         free(value);
     }
-    return rc;
+    return st;
 }
 
 void manifest_free(manifest *m) {

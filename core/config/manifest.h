@@ -84,8 +84,9 @@ void manifest_free(manifest *m);
  * that takes plugin options without a YAML file (`ctitan schedule --parallelism.KEY=VALUE`).
  * Relative paths resolve from the working folder. NULL when out of memory. */
 manifest *manifest_new(void);
-/* Copies `from` (value and where it was set) to `to` when `to` is unset: one setting, two spellings. */
-int manifest_alias(manifest *m, const char *from, const char *to);
+/* Copies `from` (value and where it was set) to `to` when `to` is unset: one setting, two spellings.
+ * CT_OK (also when there is nothing to copy), or CT_ERR_NOMEM with "path: out of memory" set. */
+ct_status manifest_alias(manifest *m, const char *from, const char *to);
 
 /* torchtitan's spellings that are not ctitan's keys (config/torchtitan_keys.h): a key mapped onto ctitan's
  * is copied there (refused when both disagree), and a torchtitan dataset name (training.dataset = "c4_test")
@@ -108,7 +109,9 @@ int manifest_has_unknown(const manifest *m, const char *prefix);
  * the sizes computed from several keys; the first error is set (ct_last_error) and CT_ERR_INVALID returned. */
 ct_status manifest_validate(const manifest *m);
 
-/* Typed getters (after validation). Return 0 when the key is set or has a default, -1 when unset. */
+/* Typed getters (after validation): lookups, not failures, so an int and no message. 0 when the key is
+ * set or has a default (and parses as the type), -1 when unset: the caller decides whether that is an
+ * error. */
 int mf_get_str(const manifest *m, const char *key, const char **out);
 int mf_get_int(const manifest *m, const char *key, int64_t *out);
 int mf_get_float(const manifest *m, const char *key, double *out);
@@ -127,7 +130,8 @@ void manifest_print(const manifest *m, FILE *f);
 /* Prints the schema as help text. */
 void manifest_print_schema(const manifest *m, FILE *f);
 
-/* Parsers shared with plugins' option getters: 0 on success. */
+/* Parsers shared with plugins' option getters: 0 when s parses as the type (*out set), -1 when it does
+ * not (or s is NULL). No message: the caller names the key or argument. */
 int mf_parse_int(const char *s, int64_t *out);
 int mf_parse_float(const char *s, double *out);
 int mf_parse_bool(const char *s, int *out);

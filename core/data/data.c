@@ -254,8 +254,8 @@ int dataloader_source_of(dataloader *dl, int64_t s) {
     return s < 0 ? -1 : locate(dl, s, &k);
 }
 
-int dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_t *targets) {
-    if (s < 0) return -1;
+ct_status dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_t *targets) {
+    if (s < 0) return ct_fail(CT_ERR_INVALID, "sequence number %lld: expected one >= 0", (long long)s);
     int64_t k;
     int i = locate(dl, s, &k);
     if (i < 0) { /* past an ordered loader's end */
@@ -263,7 +263,7 @@ int dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_t *tar
             inputs[t] = 0;
             targets[t] = CT_IGNORE_INDEX;
         }
-        return 0;
+        return CT_OK;
     }
     data_source *src = &dl->src[i];
     int64_t w = k % src->n_windows;
@@ -277,5 +277,5 @@ int dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_t *tar
         inputs[t] = (int32_t)tok[t];
         targets[t] = (int32_t)tok[t + 1];
     }
-    return 0;
+    return CT_OK;
 }

@@ -70,9 +70,10 @@ static inline int64_t dataloader_global_index(int64_t base, int64_t G, int64_t d
 }
 
 /* Sequence number s: inputs and targets (seq_len each). An ordered loader past its last window gives
- * padding (inputs 0, targets CT_IGNORE_INDEX: no loss, no count). */
-int dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_t *targets);
-/* The source sequence s comes from (-1: an ordered loader's padding). */
+ * padding (inputs 0, targets CT_IGNORE_INDEX: no loss, no count). CT_OK; CT_ERR_INVALID with the line
+ * set for a negative s. */
+ct_status dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_t *targets);
+/* The index of the source sequence s comes from (-1: an ordered loader's padding, or s < 0). */
 int dataloader_source_of(dataloader *dl, int64_t s);
 
 #endif

@@ -133,43 +133,43 @@ static int merge(collect *c) {
 
 /* Moves `bytes` f32 (to_bf16: into bf16, half the bytes) or raw bytes from src down to dst <= src,
  * or (expand) from packed src up to dst >= src, in pieces through a bounce buffer when they
- * overlap. */
-static int move(runtime *rt, char *dst, char *src, size_t bytes, int bf16, int expand) {
+ * overlap. CT_OK, or the device's status (CT_ERR_NOMEM for the bounce buffer, its error set). */
+static ct_status move(runtime *rt, char *dst, char *src, size_t bytes, int bf16, int expand) {
     const ct_device_api *d = rt->d;
-    if (!bytes || (dst == src && !bf16)) return 0;
+    if (!bytes || (dst == src && !bf16)) return CT_OK;
     size_t out_bytes = bf16 ? (expand ? bytes : bytes / 2) : bytes, in_bytes = bf16 ? (expand ? bytes / 2 : bytes) : bytes;
     int overlap = (uintptr_t)dst < (uintptr_t)src + in_bytes && (uintptr_t)src < (uintptr_t)dst + out_bytes;
     if (!overlap) {
-        if (rt->planning) return 0;
-        ct_status st = !bf16 ? d->copy(rt->dev, dst, src, bytes, CT_COPY_D2D)
-                       : expand ? d->cast_bf16_to_f32(rt->dev, (float *)dst, (const uint16_t *)src, (int64_t)(bytes / 4))
-                                : d->cast_f32_to_bf16(rt->dev, (uint16_t *)dst, (const float *)src, (int64_t)(bytes / 4));
-        return st == CT_OK ? 0 : -1;
+        if (rt->planning) return CT_OK;
+        return !bf16   ? d->copy(rt->dev, dst, src, bytes, CT_COPY_D2D)
+               : expand ? d->cast_bf16_to_f32(rt->dev, (float *)dst, (const uint16_t *)src, (int64_t)(bytes / 4))
+                        : d->cast_f32_to_bf16(rt->dev, (uint16_t *)dst, (const float *)src, (int64_t)(bytes / 4));
     }
     /* pieces of `piece` f32 bytes (raw: bytes), first to last when compacting, last to first when
      * expanding; a piece's write never reaches a byte of a piece not yet read */
     size_t f32_bytes = bytes, piece = bytes < PACK_PIECE ? bytes : PACK_PIECE;
     pool_mark m = pool_get_mark(&rt->opscratch);
     char *bounce = pool_alloc(&rt->opscratch, piece);
-    if (!bounce) return -1;
+    if (!bounce) return CT_ERR_NOMEM;
     size_t np = (f32_bytes + piece - 1) / piece;
-    int bad = 0;
-    for (size_t j = 0; j < np && !bad && !rt->planning; j++) { /* the planner: the bounce counted, nothing moved */
+    ct_status st = CT_OK;
+    for (size_t j = 0; j < np && st == CT_OK && !rt->planning; j++) { /* the planner: the bounce counted, nothing moved */
         size_t k = expand ? np - 1 - j : j;
         size_t off = k * piece, len = f32_bytes - off < piece ? f32_bytes - off : piece; /* in f32 (raw) bytes */
         if (!bf16) {
-            bad = d->copy(rt->dev, bounce, src + off, len, CT_COPY_D2D) != CT_OK ||
-                  d->copy(rt->dev, dst + off, bounce, len, CT_COPY_D2D) != CT_OK;
+            st = d->copy(rt->dev, bounce, src + off, len, CT_COPY_D2D);
+            if (st == CT_OK) st = d->copy(rt->dev, dst + off, bounce, len, CT_COPY_D2D);
         } else if (!expand) {
-            bad = d->cast_f32_to_bf16(rt->dev, (uint16_t *)bounce, (const float *)(src + off), (int64_t)(len / 4)) != CT_OK ||
-                  d->copy(rt->dev, dst + off / 2, bounce, len / 2, CT_COPY_D2D) != CT_OK;
+            st = d->cast_f32_to_bf16(rt->dev, (uint16_t *)bounce, (const float *)(src + off), (int64_t)(len / 4));
+            if (st == CT_OK) st = d->copy(rt->dev, dst + off / 2, bounce, len / 2, CT_COPY_D2D);
         } else {
-            bad = d->copy(rt->dev, bounce, src + off / 2, len / 2, CT_COPY_D2D) != CT_OK ||
-                  d->cast_bf16_to_f32(rt->dev, (float *)(dst + off), (const uint16_t *)bounce, (int64_t)(len / 4)) != CT_OK;
+            st = d->copy(rt->dev, bounce, src + off / 2, len / 2, CT_COPY_D2D);
+            if (st == CT_OK)
+                st = d->cast_bf16_to_f32(rt->dev, (float *)(dst + off), (const uint16_t *)bounce, (int64_t)(len / 4));
         }
     }
     pool_release(&rt->opscratch, m);
-    return bad ? -1 : 0;
+    return st;
 }
 
 ct_status runtime_pack_unit(runtime *rt, int u) {
@@ -203,7 +203,7 @@ ct_status runtime_pack_unit(runtime *rt, int u) {
             free(c.v);
             return CT_OK;
         }
-        int bad = tape_note_cast(rt, elements, 1);
+        int bad = tape_note_cast(rt, elements, 1) != CT_OK;
         for (int i = 0; i < c.n && !bad && !rt->planning; i++)
             if (c.v[i].bf16) bad = rt->d->round_bf16(rt->dev, (float *)c.v[i].orig, (int64_t)(c.v[i].bytes / 4)) != CT_OK;
         if (!found && !bad && !rt->planning && out->t.dtype == CT_F32 && (out->base ? out->base : out) == out)
@@ -221,7 +221,7 @@ ct_status runtime_pack_unit(runtime *rt, int u) {
         r->in_handoff = rt->unit_in[u]->t.data;
         r->lo = prev->handoff_at;
     }
-    if (tape_note_cast(rt, elements, 0)) {
+    if (tape_note_cast(rt, elements, 0) != CT_OK) {
         free(c.v);
         return CT_ERR_NOMEM;
     }
@@ -250,7 +250,7 @@ ct_status runtime_pack_unit(runtime *rt, int u) {
         size_t pb = it->bf16 ? it->bytes / 2 : it->bytes;
         it->packed = r->blob ? r->blob + at : pool_alloc(p, pb);
         at += align64(pb);
-        bad = !it->packed || move(rt, it->packed, it->orig, it->bytes, it->bf16, 0);
+        bad = !it->packed || move(rt, it->packed, it->orig, it->bytes, it->bf16, 0) != CT_OK;
         r->items[i] = *it;
         if (it->orig == (char *)out->t.data) {
             r->out_packed = it->packed;
@@ -266,7 +266,7 @@ ct_status runtime_pack_unit(runtime *rt, int u) {
     r->handoff_at = pool_get_mark(p);
     char *h = pool_alloc(p, ob);
     r->after_handoff = pool_get_mark(p);
-    if (!h || move(rt, h, r->out_packed, ob, r->out_bf16, 1)) {
+    if (!h || move(rt, h, r->out_packed, ob, r->out_bf16, 1) != CT_OK) {
         if (!ct_last_error()[0]) ct_set_error("out of memory for activations");
         return CT_ERR_NOMEM;
     }
@@ -292,13 +292,15 @@ ct_status runtime_unpack_unit(runtime *rt, int u) {
     pool_release(&rt->saved.data, r->top);
     for (int i = r->n - 1; i >= 0; i--) {
         pack_item *it = &r->items[i];
-        if (move(rt, it->orig, it->packed, it->bytes, it->bf16, 1)) return CT_ERR_INTERNAL;
+        ct_status st = move(rt, it->orig, it->packed, it->bytes, it->bf16, 1);
+        if (st != CT_OK) return st;
     }
     r->out->t.data = r->out_orig;
     if (r->in_handoff) {
         struct rt_pack *prev = &rt->unit_pack[u - 1];
         size_t ib = (size_t)ct_tensor_numel(&prev->out->t) * ct_dtype_size(prev->out->t.dtype);
-        if (move(rt, r->in_handoff, prev->out_packed, ib, prev->out_bf16, 1)) return CT_ERR_INTERNAL;
+        ct_status st = move(rt, r->in_handoff, prev->out_packed, ib, prev->out_bf16, 1);
+        if (st != CT_OK) return st;
     }
     r->packed = 0;
     return CT_OK;
@@ -327,7 +329,8 @@ ct_status runtime_keep_op_unit(runtime *rt, pool_mark from, rt_tensor **out) {
         size_t off = from.top;
         for (rt_tensor *t = head; t; t = t->sac_next) {
             size_t bytes = (size_t)ct_tensor_numel(&t->t) * ct_dtype_size(t->t.dtype);
-            if (move(rt, base + off, t->t.data, bytes, 0, 0)) return CT_ERR_INTERNAL;
+            ct_status st = move(rt, base + off, t->t.data, bytes, 0, 0);
+            if (st != CT_OK) return st;
             t->t.data = base + off;
             off += align64(bytes); /* pool.c's alignment */
         }
@@ -335,7 +338,8 @@ ct_status runtime_keep_op_unit(runtime *rt, pool_mark from, rt_tensor **out) {
     }
     rt_tensor *keep = tape_new_activation(rt, o->t.dtype, o->t.ndim, o->t.shape);
     if (!keep) return CT_ERR_NOMEM;
-    if (move(rt, keep->t.data, o->t.data, ob, 0, 0)) return CT_ERR_INTERNAL;
+    ct_status st = move(rt, keep->t.data, o->t.data, ob, 0, 0);
+    if (st != CT_OK) return st;
     keep->sac_next = head; /* the recompute finds the saved outputs here */
     *out = keep;
     return CT_OK;

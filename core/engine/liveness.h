@@ -39,7 +39,7 @@ void live_alloc(runtime *rt, rt_tensor *t, size_t bytes);
 ct_status live_op(runtime *rt, rt_tensor *const *in, int n_in);
 /* CT_OK unless one of in (n) was given back (then with a message). */
 ct_status live_check(const runtime *rt, rt_tensor *const *in, int n);
-/* The op counter (the tape entry of the op being recorded gets it). */
+/* The op counter (the tape entry of the op being recorded gets it), or -1 outside a pass. */
 int live_op_index(const runtime *rt);
 void live_free(runtime *rt);
 

@@ -2,8 +2,9 @@
  * linear, sqrt or cosine decay to min_lr_factor (warmup-stable-decay when decay_ratio is set). */
 #include "engine/lr.h"
 
+#include "base/error.h"
+
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 /* torchtitan's linear_warmup_stable_decay; `step` counts from 1. */
@@ -24,7 +25,7 @@ double lr_at(const lr_schedule *s, int64_t step) {
     return s->lr * adj;
 }
 
-int lr_setup(const manifest *mf, int64_t steps, lr_schedule *s) {
+ct_status lr_setup(const manifest *mf, int64_t steps, lr_schedule *s) {
     int64_t total;
     double ratio;
     char where[600];
@@ -47,16 +48,14 @@ int lr_setup(const manifest *mf, int64_t steps, lr_schedule *s) {
                                                                         : NULL;
     if (bad) {
         mf_where(mf, bad, where, sizeof where);
-        fprintf(stderr, "ctitan: %s: need decay_type linear, sqrt or cosine, warmup_steps >= 0, 0 <= min_lr_factor <= 1 "
-                        "and at least one step\n", where);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: need decay_type linear, sqrt or cosine, warmup_steps >= 0, 0 <= "
+                       "min_lr_factor <= 1 and at least one step", where);
     }
     if (s->warmup > total) s->warmup = total;
     if (mf_get_float(mf, "lr_scheduler.decay_ratio", &ratio) == 0) {
         if (ratio < 0 || ratio > 1) {
             mf_where(mf, "lr_scheduler.decay_ratio", where, sizeof where);
-            fprintf(stderr, "ctitan: %s: expected a fraction in [0, 1], got %g\n", where, ratio);
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "%s: expected a fraction in [0, 1], got %g", where, ratio);
         }
         s->decay = (int64_t)llround((double)total * ratio);
         if (s->warmup + s->decay > total) s->warmup = total - s->decay;
@@ -64,6 +63,6 @@ int lr_setup(const manifest *mf, int64_t steps, lr_schedule *s) {
         s->decay = total - s->warmup;
     }
     s->stable = total - s->warmup - s->decay;
-    return 0;
+    return CT_OK;
 }
 

@@ -12,9 +12,9 @@ typedef struct lr_schedule {
     const char *type; /* linear | sqrt | cosine */
 } lr_schedule;
 
-/* Reads optimizer.lr and lr_scheduler.* for a run of `steps`; prints one error line and returns -1
- * on a bad value. */
-int lr_setup(const manifest *mf, int64_t steps, lr_schedule *s);
+/* Reads optimizer.lr and lr_scheduler.* for a run of `steps`: CT_OK, or CT_ERR_INVALID with the line
+ * naming the key set (nothing printed). */
+ct_status lr_setup(const manifest *mf, int64_t steps, lr_schedule *s);
 /* The learning rate of optimizer step `step` (counted from 1), as torchtitan's LambdaLR gives it. */
 double lr_at(const lr_schedule *s, int64_t step);
 

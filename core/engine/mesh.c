@@ -4,7 +4,6 @@
 #include "host/commstats.h"
 #include "base/error.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,7 +23,7 @@ int mesh_env_world_size(void) {
     return 1;
 }
 
-int mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]) {
+ct_status mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]) {
     char where[600];
     int64_t others = 1;
     for (int a = 0; a < CT_MESH_NAXES; a++) {
@@ -32,44 +31,40 @@ int mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]) 
         mf_get_int(mf, degree_keys[a], &v);
         if (v < 1 && !(a == CT_AXIS_DP_SHARD && v == -1)) {
             mf_where(mf, degree_keys[a], where, sizeof where);
-            fprintf(stderr, "ctitan: %s: a degree must be >= 1%s, got %lld\n", where,
-                    a == CT_AXIS_DP_SHARD ? " (or -1: the ranks left over)" : "", (long long)v);
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "%s: a degree must be >= 1%s, got %lld", where,
+                           a == CT_AXIS_DP_SHARD ? " (or -1: the ranks left over)" : "", (long long)v);
         }
         if (v > world_size && a != CT_AXIS_DP_SHARD) { /* one key at a time: the key that is wrong is named */
             mf_where(mf, degree_keys[a], where, sizeof where);
-            fprintf(stderr, "ctitan: %s: degree %lld is more than the job's %d ranks (launch with `ctitan launch -n N`)\n",
-                    where, (long long)v, world_size);
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "%s: degree %lld is more than the job's %d ranks (launch with `ctitan "
+                           "launch -n N`)", where, (long long)v, world_size);
         }
         degree[a] = (int)v;
         if (a == CT_AXIS_DP_SHARD) continue;
         others *= v; /* <= world_size squared: no overflow */
         if (others > world_size) {
             mf_where(mf, degree_keys[a], where, sizeof where);
-            fprintf(stderr, "ctitan: %s: with degree %lld the axes other than dp_shard already need %lld ranks, more than "
-                            "the job's %d\n", where, (long long)v, (long long)others, world_size);
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "%s: with degree %lld the axes other than dp_shard already need %lld ranks, "
+                           "more than the job's %d", where, (long long)v, (long long)others, world_size);
         }
     }
     if (degree[CT_AXIS_DP_SHARD] == -1) {
         if (world_size % others) {
             mf_where(mf, degree_keys[CT_AXIS_DP_SHARD], where, sizeof where);
-            fprintf(stderr, "ctitan: %s: -1 takes the ranks left over, but %d ranks do not divide by the other "
-                            "degrees' product %lld\n", where, world_size, (long long)others);
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "%s: -1 takes the ranks left over, but %d ranks do not divide by the other "
+                           "degrees' product %lld", where, world_size, (long long)others);
         }
         degree[CT_AXIS_DP_SHARD] = (int)(world_size / others);
     }
     int64_t product = others * degree[CT_AXIS_DP_SHARD];
     if (product != world_size) {
         mf_where(mf, degree_keys[CT_AXIS_DP_SHARD], where, sizeof where);
-        fprintf(stderr, "ctitan: %s: pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d = %lld ranks, but the job "
-                        "has %d (launch with `ctitan launch -n %lld` or mpirun -n %lld)\n", where, degree[0], degree[1],
-                degree[2], degree[3], degree[4], (long long)product, world_size, (long long)product, (long long)product);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d = %lld ranks, but the "
+                       "job has %d (launch with `ctitan launch -n %lld` or mpirun -n %lld)", where, degree[0], degree[1],
+                       degree[2], degree[3], degree[4], (long long)product, world_size, (long long)product,
+                       (long long)product);
     }
-    return 0;
+    return CT_OK;
 }
 
 ct_status mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_rank, int world_size,

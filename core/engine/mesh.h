@@ -10,8 +10,8 @@
 extern const char *const mesh_axis_names[CT_MESH_NAXES];
 
 /* Reads parallelism.* and checks that the degrees multiply to world_size (dp_shard -1 takes what is
- * left). On error prints one line naming the key and returns -1. */
-int mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]);
+ * left): CT_OK, or CT_ERR_INVALID with the line naming the key set (nothing printed). */
+ct_status mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]);
 /* Fills coordinates and creates the groups (a collective over the world). CT_ERR_INTERNAL when the
  * comm cannot make one: "comm: cannot create the tp group: " and the comm's message. */
 ct_status mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_rank, int world_size,

@@ -340,8 +340,9 @@ static pp_ctx *ctx_get(pipeline *pl, int mb) {
         ct_set_error("pipeline: out of memory for a microbatch context");
         return NULL;
     }
-    if (pool_reset(&c->saved.data) | pool_reset(&c->saved.desc) | pool_reset(&c->grads.data) |
-        pool_reset(&c->grads.desc)) {
+    ct_status reset[4] = {pool_reset(&c->saved.data), pool_reset(&c->saved.desc), pool_reset(&c->grads.data),
+                          pool_reset(&c->grads.desc)}; /* every one, whatever failed before */
+    if (reset[0] != CT_OK || reset[1] != CT_OK || reset[2] != CT_OK || reset[3] != CT_OK) {
         ct_set_error("pipeline: out of memory for activations");
         return NULL;
     }
@@ -369,12 +370,10 @@ static pp_ctx *ctx_get(pipeline *pl, int mb) {
     return c;
 }
 
-static int check_stage(pipeline *pl, int stage) {
-    if (stage < 0 || stage >= pl->n_stages || schedule_stage_rank(pl->plan.placement, pl->pp, stage) != pl->rank) {
-        ct_set_error("pipeline: stage %d does not run on pp rank %d", stage, pl->rank);
-        return -1;
-    }
-    return 0;
+static ct_status check_stage(pipeline *pl, int stage) {
+    if (stage < 0 || stage >= pl->n_stages || schedule_stage_rank(pl->plan.placement, pl->pp, stage) != pl->rank)
+        return ct_fail(CT_ERR_INVALID, "pipeline: stage %d does not run on pp rank %d", stage, pl->rank);
+    return CT_OK;
 }
 
 static ct_status fail(void) {
@@ -382,13 +381,15 @@ static ct_status fail(void) {
     return CT_ERR_INTERNAL;
 }
 
-/* ---- what the runner calls ---- */
+/* ---- what the runner calls ----
+ * A failed callback returns CT_ERR_INTERNAL (fail) with the error set, whatever the status inside:
+ * the runner passes it on and pipeline_step reports the runner's. */
 
 static ct_status cb_forward(void *p, int stage, int mb) {
     pipeline *pl = p;
     runtime *rt = pl->rt;
     pp_ctx *c;
-    if (check_stage(pl, stage) || !(c = ctx_get(pl, mb))) return fail();
+    if (check_stage(pl, stage) != CT_OK || !(c = ctx_get(pl, mb))) return fail();
     int u0 = pl->stage_u0[stage], u1 = pl->stage_u1[stage], bad = 0;
     swap_ctx(rt, c);
     int box = pl->inbox_of[stage * pl->n_mb + mb];
@@ -410,8 +411,9 @@ static ct_status cb_forward(void *p, int stage, int mb) {
         bad = 1;
     }
     for (int u = u0; u <= u1 && !bad; u++)
-        bad = runtime_hook(rt, HOOK_PRE_FORWARD, u, 0) || runtime_unit_fwd(rt, u, x, c->tok, c->tgt, 1, &x) ||
-              runtime_hook(rt, HOOK_POST_FORWARD, u, 0);
+        bad = runtime_hook(rt, HOOK_PRE_FORWARD, u, 0) != CT_OK ||
+              runtime_unit_fwd(rt, u, x, c->tok, c->tgt, 1, &x) != CT_OK ||
+              runtime_hook(rt, HOOK_POST_FORWARD, u, 0) != CT_OK;
     if (!bad && stage == pl->n_stages - 1) {
         float lf = 0;
         if (x->t.ndim != 0 || rt->d->copy(rt->dev, &lf, x->t.data, sizeof lf, CT_COPY_D2H) != CT_OK) {
@@ -427,7 +429,7 @@ static ct_status cb_forward(void *p, int stage, int mb) {
 static ct_status cb_backward(void *p, int stage, int mb, int op) {
     pipeline *pl = p;
     runtime *rt = pl->rt;
-    if (check_stage(pl, stage) || mb < 0 || mb >= pl->n_mb || pl->mb_ctx[mb] < 0) {
+    if (check_stage(pl, stage) != CT_OK || mb < 0 || mb >= pl->n_mb || pl->mb_ctx[mb] < 0) {
         if (!ct_last_error()[0]) ct_set_error("pipeline: backward of microbatch %d before its forward", mb);
         return fail();
     }
@@ -444,11 +446,11 @@ static ct_status cb_backward(void *p, int stage, int mb, int op) {
         bad = !g || rt->d->copy(rt->dev, g, &pl->loss_scale, sizeof pl->loss_scale, CT_COPY_H2D) != CT_OK;
     }
     for (int u = u1; u >= u0 && !bad; u--) { /* W opens no window: its I did */
-        bad = (op != CT_PP_W && runtime_hook(rt, HOOK_PRE_BACKWARD, u, 0)) ||
-              runtime_unit_bwd(rt, u, c->tok, c->tgt, halves);
+        bad = (op != CT_PP_W && runtime_hook(rt, HOOK_PRE_BACKWARD, u, 0) != CT_OK) ||
+              runtime_unit_bwd(rt, u, c->tok, c->tgt, halves) != CT_OK;
         if (!bad && op != CT_PP_I) {
             int final = ++pl->bwd_done[u] == pl->n_mb;
-            bad = runtime_hook(rt, HOOK_POST_BACKWARD, u, pl->last && final);
+            bad = runtime_hook(rt, HOOK_POST_BACKWARD, u, pl->last && final) != CT_OK;
         }
     }
     swap_ctx(rt, c);
@@ -458,7 +460,7 @@ static ct_status cb_backward(void *p, int stage, int mb, int op) {
 static ct_status cb_output(void *p, int stage, int mb, int kind, const float **data, int *ndim, int64_t *shape) {
     pipeline *pl = p;
     runtime *rt = pl->rt;
-    if (check_stage(pl, stage) || mb < 0 || mb >= pl->n_mb || pl->mb_ctx[mb] < 0) return fail();
+    if (check_stage(pl, stage) != CT_OK || mb < 0 || mb >= pl->n_mb || pl->mb_ctx[mb] < 0) return fail();
     pp_ctx *c = pl->ctx[pl->mb_ctx[mb]];
     swap_ctx(rt, c);
     rt_tensor *t = kind == CT_PP_ACTIVATION ? rt->unit_out[pl->stage_u1[stage]] : rt->unit_in[pl->stage_u0[stage]];
@@ -475,7 +477,8 @@ static ct_status cb_output(void *p, int stage, int mb, int kind, const float **d
     return CT_OK;
 }
 
-/* A buffer for a received activation: a free one large enough, or a new one. -1 when out of memory. */
+/* A buffer for a received activation: the index of a free one large enough, or of a new one; -1 when
+ * out of memory (the caller says so). */
 static int inbox_take(pipeline *pl, size_t bytes) {
     int best = -1;
     for (int i = 0; i < pl->n_inbox; i++)
@@ -496,7 +499,7 @@ static ct_status cb_input(void *p, int stage, int mb, int kind, int ndim, const 
     pipeline *pl = p;
     runtime *rt = pl->rt;
     pp_ctx *c = NULL;
-    if (check_stage(pl, stage) || mb < 0 || mb >= pl->n_mb) {
+    if (check_stage(pl, stage) != CT_OK || mb < 0 || mb >= pl->n_mb) {
         if (!ct_last_error()[0]) ct_set_error("pipeline: microbatch %d out of range (0..%d)", mb, pl->n_mb - 1);
         return fail();
     }
@@ -555,14 +558,12 @@ static void cb_release(void *p, int stage, int mb) {
     pl->mb_ctx[mb] = -1;
 }
 
-int pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T, float loss_scale,
-                  int last, double *loss_sum) {
+ct_status pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                        float loss_scale, int last, double *loss_sum) {
     runtime *rt = pl->rt;
-    if (B != pl->mb_size * pl->n_mb) {
-        ct_set_error("pipeline: a batch of %lld sequences, planned for %d microbatches of %lld", (long long)B, pl->n_mb,
-                     (long long)pl->mb_size);
-        return -1;
-    }
+    if (B != pl->mb_size * pl->n_mb)
+        return ct_fail(CT_ERR_INVALID, "pipeline: a batch of %lld sequences, planned for %d microbatches of %lld",
+                       (long long)B, pl->n_mb, (long long)pl->mb_size);
     int nu = rt->desc.n_units;
     pl->tokens = tokens;
     pl->targets = targets;
@@ -578,24 +579,23 @@ int pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targets, i
     for (int i = 0; i < pl->n_ctx; i++) pl->ctx[i]->mb = -1;
     for (int i = 0; i < pl->n_inbox; i++) pl->inbox[i].used = 0;
     for (int i = 0; i < pl->n_stages * pl->n_mb; i++) pl->inbox_of[i] = -1;
-    if (runtime_reset_arenas(rt)) return -1; /* the runtime's own arenas: scratch for checkpointed units */
+    ct_status st = runtime_reset_arenas(rt); /* the runtime's own arenas: scratch for checkpointed units */
+    if (st != CT_OK) return st;
     runtime_use_shadow(rt, 1);
     ct_pipeline_host ph = {sizeof ph, pl, cb_forward, cb_backward, cb_output, cb_input, cb_release};
     ct_pipeline_stats stats = {sizeof stats, 0, 0, 0};
     ct_clear_error();
-    ct_status st = pl->api->run_step(pl->runner, &ph, &stats);
+    st = pl->api->run_step(pl->runner, &ph, &stats);
     runtime_use_shadow(rt, 0);
     if (st != CT_OK) {
         if (!ct_last_error()[0]) ct_set_error("pipeline runner failed (status %d)", st);
-        if (st == CT_ERR_TIMEOUT) rt->dist_status = st;
-        return -1;
+        return st;
     }
     for (int u = 0; u < nu; u++)
-        if (pl->unit_rank[u] == pl->rank && pl->bwd_done[u] != pl->n_mb) {
-            ct_set_error("pipeline: unit %d finished %d of %d backwards this step", u, pl->bwd_done[u], pl->n_mb);
-            return -1;
-        }
-    if (runtime_hook(rt, HOOK_FINISH_BACKWARD, 0, 0)) return -1;
+        if (pl->unit_rank[u] == pl->rank && pl->bwd_done[u] != pl->n_mb)
+            return ct_fail(CT_ERR_INTERNAL, "pipeline: unit %d finished %d of %d backwards this step", u,
+                           pl->bwd_done[u], pl->n_mb);
+    if ((st = runtime_hook(rt, HOOK_FINISH_BACKWARD, 0, 0)) != CT_OK) return st;
     pl->busy_seconds += stats.busy_seconds;
     pl->step_seconds += stats.step_seconds;
     /* the loss lives on the last stage: every pp rank gets it */
@@ -605,12 +605,9 @@ int pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targets, i
     st = rt->dist.capi->all_reduce(rt->dist.comm, rt->dist.mesh->group[CT_AXIS_PP], &loss, &loss, 1, CT_F64,
                                    CT_REDUCE_SUM, NULL);
     rt->comm_seconds += ct_now() - t0;
-    if (st != CT_OK) {
-        rt->dist_status = st;
-        return -1;
-    }
+    if (st != CT_OK) return st;
     *loss_sum = loss;
-    return 0;
+    return CT_OK;
 }
 
 void pipeline_free(pipeline *pl) {

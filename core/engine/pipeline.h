@@ -66,9 +66,10 @@ int pipeline_splits_backward(const pipeline *pl);
 ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, ct_comm *comm,
                    const ct_mesh_info *mesh);
 /* One local batch (B sequences of T) through the pipeline: forward, backward and the strategies'
- * hooks; *loss_sum gets the summed loss of the batch on every pp rank. */
-int pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T, float loss_scale,
-                  int last, double *loss_sum);
+ * hooks; *loss_sum gets the summed loss of the batch on every pp rank. CT_OK, or the status of what
+ * failed (the runner's, a hook's, the comm's) with the error set. */
+ct_status pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                        float loss_scale, int last, double *loss_sum);
 void pipeline_free(pipeline *pl);
 
 #endif

@@ -11,15 +11,16 @@
 
 #define POOL_ALIGN 64
 
-/* Backs a region chunk's first `want` bytes (0 when done). */
-static int region_back(pool *p, pool_chunk *c, size_t want) {
-    if (want == c->backed) return 0;
+/* Backs a region chunk's first `want` bytes: CT_OK, or the device's status (its error set). */
+static ct_status region_back(pool *p, pool_chunk *c, size_t want) {
+    if (want == c->backed) return CT_OK;
     size_t got = 0;
-    if (p->d->region_resize(p->dev, c->base, want, &got) != CT_OK) return -1;
+    ct_status st = p->d->region_resize(p->dev, c->base, want, &got);
+    if (st != CT_OK) return st;
     mem_account(p->cat, (int64_t)want - (int64_t)c->backed);
     p->cap_total = p->cap_total - c->backed + want;
     c->backed = want;
-    return 0;
+    return CT_OK;
 }
 
 static int has_regions(const pool *p) {
@@ -27,9 +28,10 @@ static int has_regions(const pool *p) {
            p->d->region_reserve && p->d->region_resize && p->d->region_release;
 }
 
-/* A pool's first chunk as a region backed for `bytes`, reserved as large as the device's memory;
- * 0 when done, else the pool uses blocks from now on. */
-static int region_open(pool *p, pool_chunk *c, size_t bytes) {
+/* A pool's first chunk as a region backed for `bytes`, reserved as large as the device's memory:
+ * CT_OK; CT_ERR_UNSUPPORTED with nothing set when no region can be reserved (the pool uses blocks
+ * from now on: no_region); the device's status when it cannot back the bytes. */
+static ct_status region_open(pool *p, pool_chunk *c, size_t bytes) {
     ct_device_info info = {.struct_size = sizeof info};
     size_t reserve = p->d->info && p->d->info(p->dev, &info) == CT_OK && info.memory_bytes > 0
                          ? (size_t)info.memory_bytes : (size_t)1 << 36;
@@ -37,14 +39,15 @@ static int region_open(pool *p, pool_chunk *c, size_t bytes) {
     if (reserve < bytes || p->d->region_reserve(p->dev, reserve, &base) != CT_OK) {
         ct_clear_error();
         p->no_region = 1;
-        return -1;
+        return CT_ERR_UNSUPPORTED;
     }
     *c = (pool_chunk){base, reserve, 0};
-    if (region_back(p, c, bytes)) {
+    ct_status st = region_back(p, c, bytes);
+    if (st != CT_OK) {
         p->d->region_release(p->dev, base);
-        return -1; /* the device is full: the error stays set */
+        return st; /* the device is full: the error stays set */
     }
-    return 0;
+    return CT_OK;
 }
 
 static void *chunk_alloc(pool *p, size_t bytes) {
@@ -131,7 +134,7 @@ void *pool_alloc(pool *p, size_t bytes) {
     while (p->cur < p->n_chunks) {
         pool_chunk *c = &p->chunks[p->cur];
         if (c->cap - p->top >= bytes) {
-            if (c->backed && p->top + bytes > c->backed && region_back(p, c, p->top + bytes)) return NULL;
+            if (c->backed && p->top + bytes > c->backed && region_back(p, c, p->top + bytes) != CT_OK) return NULL;
             void *r = c->base + p->top;
             p->top += bytes;
             p->used += bytes;
@@ -157,8 +160,8 @@ void *pool_alloc(pool *p, size_t bytes) {
     p->chunks = grown;
     pool_chunk nc = {0};
     /* the first chunk: a region, backed for what it holds, where the device has them */
-    if (!p->n_chunks && has_regions(p) && region_open(p, &nc, bytes > POOL_MIN_CHUNK ? bytes : POOL_MIN_CHUNK) &&
-        !p->no_region)
+    if (!p->n_chunks && has_regions(p) &&
+        region_open(p, &nc, bytes > POOL_MIN_CHUNK ? bytes : POOL_MIN_CHUNK) != CT_OK && !p->no_region)
         return NULL; /* the device is full */
     if (!nc.backed) {
         char *mem = chunk_alloc(p, cap);
@@ -259,22 +262,24 @@ void pool_free(pool *p, void *ptr, size_t bytes) {
 
 size_t pool_steady_bytes(const pool *p) { return !p->high ? 0 : p->high > POOL_MIN_CHUNK ? p->high : POOL_MIN_CHUNK; }
 
-/* Replaces the pool's chunks by one of `want` bytes (a region backed for them, where it can). */
-static int one_chunk(pool *p, size_t want) {
+/* Replaces the pool's chunks by one of `want` bytes (a region backed for them, where it can). CT_OK,
+ * or a status (CT_ERR_NOMEM when the block cannot be had; the device's error set, if any). */
+static ct_status one_chunk(pool *p, size_t want) {
     for (int i = 0; i < p->n_chunks; i++) chunk_free(p, &p->chunks[i]);
     p->n_chunks = 0;
     if (has_regions(p)) {
-        if (!region_open(p, &p->chunks[0], want)) {
+        ct_status st = region_open(p, &p->chunks[0], want);
+        if (st == CT_OK) {
             p->n_chunks = 1;
-            return 0;
+            return CT_OK;
         }
-        if (!p->no_region) return -1;
+        if (!p->no_region) return st;
     }
     char *mem = chunk_alloc(p, want);
-    if (!mem) return -1;
+    if (!mem) return CT_ERR_NOMEM;
     p->chunks[0] = (pool_chunk){mem, want, 0};
     p->n_chunks = 1;
-    return 0;
+    return CT_OK;
 }
 
 /* Empties the pool. When the pass had to grow, its chunks become one of the pass's extent (which
@@ -283,7 +288,7 @@ static int one_chunk(pool *p, size_t want) {
  * the chunk to what it needed, twice at most, so passes that alternate between sizes cannot
  * reallocate forever. A region has no tails and grows in place: it only gives back its backing
  * above what the pass needed, on the same terms. */
-int pool_reset(pool *p) {
+ct_status pool_reset(pool *p) {
     size_t pass = p->high;
     p->cur = 0;
     p->top = 0;
@@ -302,5 +307,5 @@ int pool_reset(pool *p) {
             return c->backed ? region_back(p, c, want) : one_chunk(p, want);
         }
     }
-    return 0;
+    return CT_OK;
 }

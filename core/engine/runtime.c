@@ -41,30 +41,31 @@ static size_t reg_slot(const registry_ctx *c, const char *name) {
     return i;
 }
 
-/* Room for one more declaration: the arrays grow by doubling, the index is rebuilt at half full. */
-static int reg_grow(registry_ctx *c) {
+/* Room for one more declaration: the arrays grow by doubling, the index is rebuilt at half full.
+ * CT_OK, or CT_ERR_NOMEM with nothing set (reg_add says where). */
+static ct_status reg_grow(registry_ctx *c) {
     if (c->n == c->cap) {
-        if (c->cap > INT_MAX / 2) return -1;
+        if (c->cap > INT_MAX / 2) return CT_ERR_NOMEM;
         int cap = c->cap ? 2 * c->cap : 64;
         decl *grown = realloc(c->decls, sizeof(*grown) * (size_t)cap);
-        if (!grown) return -1;
+        if (!grown) return CT_ERR_NOMEM;
         c->decls = grown;
         rt_tensor **ps = realloc(c->rt->params, sizeof(*ps) * (size_t)cap);
-        if (!ps) return -1;
+        if (!ps) return CT_ERR_NOMEM;
         c->rt->params = ps;
         c->cap = cap;
     }
-    if (2 * (size_t)(c->n + 1) <= c->index_size) return 0;
+    if (2 * (size_t)(c->n + 1) <= c->index_size) return CT_OK;
     size_t size = c->index_size ? 2 * c->index_size : 128;
     int *old = c->index;
     if (!(c->index = calloc(size, sizeof *c->index))) {
         c->index = old;
-        return -1;
+        return CT_ERR_NOMEM;
     }
     c->index_size = size;
     for (int i = 0; i < c->n; i++) c->index[reg_slot(c, c->decls[i].name)] = i + 1;
     free(old);
-    return 0;
+    return CT_OK;
 }
 
 /* Elements of a declared shape: every dimension at least 1, and its bytes (f32) within int64. */
@@ -90,7 +91,7 @@ static ct_tensor *reg_add(ct_param_registry *r, int unit, const char *name, int 
     }
     rt_tensor *t = NULL;
     char *copy = NULL;
-    if (reg_grow(c) || !(t = calloc(1, sizeof *t)) || !(copy = strdup(name))) {
+    if (reg_grow(c) != CT_OK || !(t = calloc(1, sizeof *t)) || !(copy = strdup(name))) {
         ct_set_error("declare_params: out of memory at parameter %d ('%s')", c->n, name);
         goto fail;
     }
@@ -497,13 +498,13 @@ done:
 }
 
 /* Zeroes every whole gradient (with the local ones, at each step). */
-static int whole_zero_grads(runtime *rt) {
+static ct_status whole_zero_grads(runtime *rt) {
     for (int i = 0; rt->slots && i < rt->n_params; i++) {
         const ct_param_slot *sl = &rt->slots[i];
-        if (sl->whole_grad && rt->d->zero(rt->dev, sl->whole_grad, (size_t)sl->numel * sizeof(float)) != CT_OK)
-            return -1;
+        ct_status st = sl->whole_grad ? rt->d->zero(rt->dev, sl->whole_grad, (size_t)sl->numel * sizeof(float)) : CT_OK;
+        if (st != CT_OK) return st;
     }
-    return 0;
+    return CT_OK;
 }
 
 /* Gives back the whole copies and moves the master weights' bytes back to parameters (runtime_free
@@ -527,7 +528,7 @@ static void whole_free(runtime *rt) {
 
 /* Gradients zeroed, the strategies' setup, the activation arenas and the per-unit tables. */
 static ct_status start_runtime(runtime *rt) {
-    if (runtime_zero_grads(rt)) return ct_fail(CT_ERR_INTERNAL, "cannot zero gradients: %s", ct_last_error());
+    if (runtime_zero_grads(rt) != CT_OK) return ct_fail(CT_ERR_INTERNAL, "cannot zero gradients: %s", ct_last_error());
     for (int k = 0; k < rt->dist.n_st; k++) {
         ct_clear_error();
         if (rt->dist.st[k]->setup(rt->dist.strat[k], rt->slots, rt->n_params, rt->desc.n_units) != CT_OK)
@@ -745,15 +746,14 @@ ct_status runtime_enable_bf16_params(runtime *rt) {
 
 static float *shadow_of(runtime *rt, int i) { return (float *)((char *)rt->bf16_shadow + rt->shadow_off[i]); }
 
-int runtime_begin_step(runtime *rt) {
+void runtime_begin_step(runtime *rt) {
     rt->shadow_unit = -1; /* the weights may have changed */
-    return 0;
 }
 
 /* Points unit u's replicated parameters at bf16-rounded copies of their masters (made unless the
  * buffer holds them already) and the previous unit's back at their masters. */
-int runtime_shadow_unit(runtime *rt, int u) {
-    if (!rt->bf16_shadow || !rt->shadow_on || rt->shadow_unit == u) return 0;
+ct_status runtime_shadow_unit(runtime *rt, int u) {
+    if (!rt->bf16_shadow || !rt->shadow_on || rt->shadow_unit == u) return CT_OK;
     for (int i = 0; i < rt->n_params; i++)
         if (shadowed(rt, i) && rt->slots[i].unit == rt->shadow_unit) rt->params[i]->t.data = rt->slots[i].local_data;
     rt->shadow_unit = -1;
@@ -761,13 +761,13 @@ int runtime_shadow_unit(runtime *rt, int u) {
         const ct_param_slot *sl = &rt->slots[i];
         if (!shadowed(rt, i) || sl->unit != u) continue;
         float *dst = shadow_of(rt, i);
-        if (rt->d->copy(rt->dev, dst, sl->local_data, (size_t)sl->numel * sizeof(float), CT_COPY_D2D) != CT_OK ||
-            rt->d->round_bf16(rt->dev, dst, sl->numel) != CT_OK)
-            return -1;
+        ct_status st = rt->d->copy(rt->dev, dst, sl->local_data, (size_t)sl->numel * sizeof(float), CT_COPY_D2D);
+        if (st == CT_OK) st = rt->d->round_bf16(rt->dev, dst, sl->numel);
+        if (st != CT_OK) return st;
         rt->params[i]->t.data = dst;
     }
     rt->shadow_unit = u;
-    return 0;
+    return CT_OK;
 }
 
 void runtime_use_shadow(runtime *rt, int on) {
@@ -788,14 +788,18 @@ rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_
     return t;
 }
 
-int runtime_reset_arenas(runtime *rt) {
-    int bad = pool_reset(&rt->opscratch) | pool_reset(&rt->saved.data) | pool_reset(&rt->saved.desc) | pool_reset(&rt->scratch.data) |
-              pool_reset(&rt->scratch.desc) | pool_reset(&rt->grads.data) | pool_reset(&rt->grads.desc) |
-              pool_reset(&rt->bgrads[0]) | pool_reset(&rt->bgrads[1]);
+ct_status runtime_reset_arenas(runtime *rt) {
+    pool *pools[] = {&rt->opscratch,   &rt->saved.data,  &rt->saved.desc, &rt->scratch.data, &rt->scratch.desc,
+                     &rt->grads.data,  &rt->grads.desc,  &rt->bgrads[0],  &rt->bgrads[1]};
+    ct_status st = CT_OK;
+    for (size_t i = 0; i < sizeof pools / sizeof pools[0]; i++) { /* every pool, whatever failed before */
+        ct_status one = pool_reset(pools[i]);
+        if (st == CT_OK) st = one;
+    }
     if (rt->unit_mark) memset(rt->unit_mark, 0, sizeof(rt_unit_mark) * (size_t)rt->desc.n_units);
     runtime_pack_clear(rt->unit_pack, rt->desc.n_units);
     runtime_offload_reset(rt);
-    return bad ? -1 : 0;
+    return st;
 }
 
 void runtime_note_act_peak(runtime *rt) {
@@ -807,7 +811,7 @@ void runtime_note_act_peak(runtime *rt) {
 
 /* Runs a hook of every strategy, in order (finish_backward in reverse); the time spent in them
  * (gathers, waits, reductions) counts as communication. */
-int runtime_hook(runtime *rt, rt_hook which, int unit, int last) {
+ct_status runtime_hook(runtime *rt, rt_hook which, int unit, int last) {
     static const char *names[] = {"pre_forward", "post_forward", "pre_backward", "post_backward", "finish_backward"};
     for (int j = 0; j < rt->dist.n_st; j++) {
         int k = which == HOOK_FINISH_BACKWARD ? rt->dist.n_st - 1 - j : j;
@@ -823,14 +827,16 @@ int runtime_hook(runtime *rt, rt_hook which, int unit, int last) {
         rt->comm_seconds += ct_now() - t0;
         if (st != CT_OK) {
             if (!ct_last_error()[0]) ct_set_error("strategy %s failed (status %d)", names[which], st);
-            rt->dist_status = st;
-            return -1;
+            return st;
         }
     }
-    return 0;
+    return CT_OK;
 }
 
-static int unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, rt_tensor **out) {
+/* The model's forward of unit u: CT_OK, or the model's status (CT_ERR_INTERNAL when it gave CT_OK and
+ * no output) with its error, or one saying which unit failed. */
+static ct_status unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets,
+                              rt_tensor **out) {
     ct_tensor *o = NULL;
     ct_clear_error();
     trace_begin(rt->m->unit_name ? rt->m->unit_name(rt->model, u) : "unit");
@@ -840,51 +846,55 @@ static int unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_
     trace_end(rt->m->unit_name ? rt->m->unit_name(rt->model, u) : "unit");
     if (st != CT_OK || !o) {
         if (!ct_last_error()[0]) ct_set_error("model unit %d forward failed (status %d)", u, st);
-        return -1;
+        return st != CT_OK ? st : CT_ERR_INTERNAL;
     }
     *out = (rt_tensor *)o;
     runtime_note_act_peak(rt);
-    return 0;
+    return CT_OK;
 }
 
 /* A fully checkpointed unit's forward, given back per its liveness script; recorded, to learn a
  * script, when it has none to run (liveness.h). */
-static int live_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *tg, rt_tensor **o) {
-    if (live_begin(rt, u, LIVE_FORWARD) != CT_OK) return -1;
+static ct_status live_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *tg, rt_tensor **o) {
+    ct_status st = live_begin(rt, u, LIVE_FORWARD);
+    if (st != CT_OK) return st;
     int learn = live_learning(rt);
     rt->recording = learn;
-    int bad = unit_forward(rt, u, x, tokens, tg, o);
+    st = unit_forward(rt, u, x, tokens, tg, o);
     rt->recording = 0;
-    if (live_end(rt, u, learn ? rt->tail : NULL, learn && !bad ? *o : NULL, bad) != CT_OK) bad = 1;
+    int bad = st != CT_OK;
+    ct_status end = live_end(rt, u, learn ? rt->tail : NULL, learn && !bad ? *o : NULL, bad);
+    if (st == CT_OK) st = end;
     rt->tail = NULL;
-    return bad ? -1 : 0;
+    return st;
 }
 
 /* Forward of unit u from x (NULL for unit 0), no hooks; a checkpointed unit keeps only its output. */
-int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, int record,
-                     rt_tensor **out) {
+ct_status runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, int record,
+                           rt_tensor **out) {
     rt_tensor *tg = u == rt->desc.n_units - 1 ? targets : NULL;
     rt->cur_unit = u;
     rt->unit_in[u] = x;
     rt->tail = NULL;
-    if (runtime_shadow_unit(rt, u)) return -1;
+    ct_status st = runtime_shadow_unit(rt, u);
+    if (st != CT_OK) return st;
     if (record) rt->unit_mark[u] = (rt_unit_mark){pool_get_mark(&rt->saved.data), pool_get_mark(&rt->saved.desc), 1};
     if (record && rt->ac[u] == RT_AC_FULL && rt->in_order && x) {
         /* one region: the output's place first, the forward above it, given back after the copy
          * (a block's output has its input's shape; another shape keeps the forward where it is) */
         rt->act = &rt->saved;
         rt_tensor *keep = tape_new_activation(rt, x->t.dtype, x->t.ndim, x->t.shape), *o;
-        if (!keep) return -1;
+        if (!keep) return CT_ERR_NOMEM;
         pool_mark md = pool_get_mark(&rt->saved.data), mh = pool_get_mark(&rt->saved.desc);
         rt->recording = 0;
         pool_heap_begin(&rt->saved.data); /* what the forward reads last is given back (liveness.c) */
-        if (live_forward(rt, u, x, tokens, tg, &o)) return -1;
+        if ((st = live_forward(rt, u, x, tokens, tg, &o)) != CT_OK) return st;
         x = o;
         if (o->t.dtype == keep->t.dtype && o->t.ndim == keep->t.ndim &&
             !memcmp(o->t.shape, keep->t.shape, sizeof(int64_t) * (size_t)o->t.ndim)) {
-            if (rt->d->copy(rt->dev, keep->t.data, o->t.data, (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype),
-                            CT_COPY_D2D))
-                return -1;
+            st = rt->d->copy(rt->dev, keep->t.data, o->t.data,
+                             (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype), CT_COPY_D2D);
+            if (st != CT_OK) return st;
             pool_release(&rt->saved.data, md);
             pool_release(&rt->saved.desc, mh);
             x = keep;
@@ -900,9 +910,10 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         rt->sac_mm = 0;
         rt->sac_head = rt->sac_tail = NULL;
         rt_tensor *o = NULL;
-        int bad = unit_forward(rt, u, x, tokens, tg, &o) != 0;
+        st = unit_forward(rt, u, x, tokens, tg, &o);
         rt->sac_phase = RT_SAC_OFF;
-        if (bad || runtime_keep_op_unit(rt, md, &o) != CT_OK) return -1;
+        if (st == CT_OK) st = runtime_keep_op_unit(rt, md, &o);
+        if (st != CT_OK) return st;
         x = o;
     } else if (record && rt->ac[u]) {
         pool_mark md = pool_get_mark(&rt->scratch.data), mh = pool_get_mark(&rt->scratch.desc);
@@ -914,27 +925,28 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
         rt_tensor *o = NULL;
         int live = rt->ac[u] == RT_AC_FULL; /* its forward gives back at last use (liveness.c) */
         if (live) pool_heap_begin(&rt->scratch.data);
-        int bad = live ? live_forward(rt, u, x, tokens, tg, &o) != 0 : unit_forward(rt, u, x, tokens, tg, &o) != 0;
+        st = live ? live_forward(rt, u, x, tokens, tg, &o) : unit_forward(rt, u, x, tokens, tg, &o);
         rt->sac_phase = RT_SAC_OFF;
-        if (bad) return -1;
+        if (st != CT_OK) return st;
         rt->act = &rt->saved;
         rt_tensor *keep = tape_new_activation(rt, o->t.dtype, o->t.ndim, o->t.shape);
-        if (keep) keep->sac_next = rt->sac_head; /* the recompute finds the saved outputs here */
-        if (!keep || rt->d->copy(rt->dev, keep->t.data, o->t.data,
-                                 (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype), CT_COPY_D2D))
-            return -1;
+        if (!keep) return CT_ERR_NOMEM;
+        keep->sac_next = rt->sac_head; /* the recompute finds the saved outputs here */
+        st = rt->d->copy(rt->dev, keep->t.data, o->t.data, (size_t)ct_tensor_numel(&o->t) * ct_dtype_size(o->t.dtype),
+                         CT_COPY_D2D);
+        if (st != CT_OK) return st;
         pool_release(&rt->scratch.data, md);
         pool_release(&rt->scratch.desc, mh);
         x = keep;
     } else {
         rt->recording = record;
         rt->act = &rt->saved;
-        if (unit_forward(rt, u, x, tokens, tg, &x)) return -1;
+        if ((st = unit_forward(rt, u, x, tokens, tg, &x)) != CT_OK) return st;
         /* bf16 compute without a backward (evaluation, generation): the next unit reads the output
          * in bf16, as a training forward's next unit does (actpack.c's handoff) */
         if (!record && rt->bf16_compute && u < rt->desc.n_units - 1 && x->t.dtype == CT_F32 && !x->base &&
-            !rt->planning && rt->d->round_bf16(rt->dev, x->t.data, ct_tensor_numel(&x->t)) != CT_OK)
-            return -1;
+            !rt->planning && (st = rt->d->round_bf16(rt->dev, x->t.data, ct_tensor_numel(&x->t))) != CT_OK)
+            return st;
     }
     rt->recording = 0;
     rt->unit_tape[u] = rt->tail;
@@ -942,10 +954,9 @@ int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_ten
     *out = x;
     /* bf16 compute: what the unit keeps waits for its backward in bf16 (actpack.c); the last unit's
      * backward follows at once */
-    if (record && (rt->bf16_compute || runtime_offloads(rt, u)) && u < rt->desc.n_units - 1 &&
-        runtime_pack_unit(rt, u) != CT_OK)
-        return -1;
-    return 0;
+    if (record && (rt->bf16_compute || runtime_offloads(rt, u)) && u < rt->desc.n_units - 1)
+        return runtime_pack_unit(rt, u);
+    return CT_OK;
 }
 
 float *runtime_boundary_grad(runtime *rt, rt_tensor *t) {
@@ -959,7 +970,7 @@ static float *boundary_grad(runtime *rt, int u, rt_tensor *in) {
     rt_tensor *owner = in->base ? in->base : in;
     int alternate = rt->in_order || (rt->bgrad_keep && !rt->bgrad_keep[u]);
     if (!alternate || owner->t.grad) return runtime_boundary_grad(rt, in);
-    if (pool_reset(&rt->bgrads[u & 1])) return NULL;
+    if (pool_reset(&rt->bgrads[u & 1]) != CT_OK) return NULL;
     return tape_grad_in(rt, in, &rt->bgrads[u & 1]);
 }
 
@@ -981,18 +992,19 @@ static void release_saved(runtime *rt, int u) {
  * TAPE_INPUT keeps them (and a checkpointed unit's recomputed activations, in the saved arena) for
  * the TAPE_WEIGHT half that follows later (zero-bubble pipeline schedules). After TAPE_BOTH or
  * TAPE_WEIGHT the unit's saved activations are dead and given back (release_saved). */
-int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, int halves) {
+ct_status runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, int halves) {
     int nu = rt->desc.n_units;
     rt_tensor *in = rt->unit_in[u];
     rt->cur_unit = u;
-    if (runtime_shadow_unit(rt, u)) return -1;
+    ct_status st = runtime_shadow_unit(rt, u);
     /* offloaded activations back on the device (this unit's and the one below's), bf16-held ones
      * back in f32; then the unit two below starts coming back */
-    if (runtime_offload_in(rt, u) != CT_OK || runtime_unpack_unit(rt, u) != CT_OK ||
-        runtime_offload_prefetch(rt, u) != CT_OK)
-        return -1;
+    if (st == CT_OK) st = runtime_offload_in(rt, u);
+    if (st == CT_OK) st = runtime_unpack_unit(rt, u);
+    if (st == CT_OK) st = runtime_offload_prefetch(rt, u);
+    if (st != CT_OK) return st;
     runtime_note_act_peak(rt);
-    if (in && !boundary_grad(rt, u, in)) return -1; /* the boundary gradient outlives the unit */
+    if (in && !boundary_grad(rt, u, in)) return CT_ERR_NOMEM; /* the boundary gradient outlives the unit */
     pool_mark gd = pool_get_mark(&rt->grads.data);
     pool_mark sd = pool_get_mark(&rt->scratch.data), sh = pool_get_mark(&rt->scratch.desc);
     tape_entry *tail = rt->unit_tape[u];
@@ -1015,15 +1027,17 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
         rt->sac_head = rt->unit_out[u]->sac_next;
         rt_tensor *o = NULL;
         int live = rt->ac[u] == RT_AC_FULL && halves == TAPE_BOTH && rt->pack_units; /* its arena in heap mode */
-        if (live && live_begin(rt, u, LIVE_RECOMPUTE) != CT_OK) return -1;
-        int bad = unit_forward(rt, u, in, tokens, u == nu - 1 ? targets : NULL, &o);
-        if (live && live_end(rt, u, rt->tail, o, bad) != CT_OK) return -1;
-        if (!bad && rt->sac_phase == RT_SAC_REUSE && rt->sac_head) {
-            ct_set_error("per-op checkpointing: unit %d's recompute used fewer saved outputs than its forward made", u);
-            bad = 1;
+        if (live && (st = live_begin(rt, u, LIVE_RECOMPUTE)) != CT_OK) return st;
+        st = unit_forward(rt, u, in, tokens, u == nu - 1 ? targets : NULL, &o);
+        if (live) {
+            ct_status end = live_end(rt, u, rt->tail, o, st != CT_OK);
+            if (end != CT_OK) return end;
         }
+        if (st == CT_OK && rt->sac_phase == RT_SAC_REUSE && rt->sac_head)
+            st = ct_fail(CT_ERR_INTERNAL, "per-op checkpointing: unit %d's recompute used fewer saved outputs than "
+                         "its forward made", u);
         rt->sac_phase = RT_SAC_OFF;
-        if (bad) return -1;
+        if (st != CT_OK) return st;
         rt->recording = 0;
         rt->act = &rt->saved;
         rt_tensor *owner = o->base ? o->base : o;
@@ -1034,10 +1048,10 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
     }
     trace_begin(halves == TAPE_BOTH ? "backward" : halves == TAPE_INPUT ? "backward_input" : "backward_weight");
     if (one_region) rt->grad_pool = &rt->saved.data;
-    int bad = tape_backward(rt, tail, halves);
+    st = tape_backward(rt, tail, halves);
     rt->grad_pool = &rt->grads.data;
     trace_end(halves == TAPE_BOTH ? "backward" : halves == TAPE_INPUT ? "backward_input" : "backward_weight");
-    if (bad) return -1;
+    if (st != CT_OK) return st;
     runtime_note_act_peak(rt);
     if (halves == TAPE_BOTH) {
         pool_release(&rt->grads.data, gd);
@@ -1048,26 +1062,28 @@ int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, 
     pool_heap_end(&rt->grads.data); /* (released above: already off) */
     pool_heap_end(&rt->scratch.data);
     pool_heap_end(&rt->saved.data);
-    return 0;
+    return CT_OK;
 }
 
 /* Forward of every unit with the strategies' hooks around each. */
-static int forward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int record, rt_tensor **last) {
+static ct_status forward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int record, rt_tensor **last) {
     rt_tensor *x = NULL;
     for (int u = 0; u < rt->desc.n_units; u++) {
-        if (runtime_hook(rt, HOOK_PRE_FORWARD, u, 0)) return -1;
-        if (runtime_unit_fwd(rt, u, x, tokens, targets, record, &x)) return -1;
-        if (runtime_hook(rt, HOOK_POST_FORWARD, u, 0)) return -1;
+        ct_status st = runtime_hook(rt, HOOK_PRE_FORWARD, u, 0);
+        if (st == CT_OK) st = runtime_unit_fwd(rt, u, x, tokens, targets, record, &x);
+        if (st == CT_OK) st = runtime_hook(rt, HOOK_POST_FORWARD, u, 0);
+        if (st != CT_OK) return st;
     }
     *last = x;
-    return 0;
+    return CT_OK;
 }
 
-static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int last_microbatch) {
+static ct_status backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, int last_microbatch) {
     for (int u = rt->desc.n_units - 1; u >= 0; u--) {
-        if (runtime_hook(rt, HOOK_PRE_BACKWARD, u, 0)) return -1;
-        if (runtime_unit_bwd(rt, u, tokens, targets, TAPE_BOTH)) return -1;
-        if (runtime_hook(rt, HOOK_POST_BACKWARD, u, last_microbatch)) return -1;
+        ct_status st = runtime_hook(rt, HOOK_PRE_BACKWARD, u, 0);
+        if (st == CT_OK) st = runtime_unit_bwd(rt, u, tokens, targets, TAPE_BOTH);
+        if (st == CT_OK) st = runtime_hook(rt, HOOK_POST_BACKWARD, u, last_microbatch);
+        if (st != CT_OK) return st;
     }
     return runtime_hook(rt, HOOK_FINISH_BACKWARD, 0, 0);
 }
@@ -1075,38 +1091,38 @@ static int backward_units(runtime *rt, rt_tensor *tokens, rt_tensor *targets, in
 /* Uploads a microbatch into the freshly reset arenas: ids, targets, then the loss scale, which the
  * backward copies into the loss's gradient on the device (so a replayed graph reads this step's).
  * The arenas are bump allocators, so the same shapes land at the same addresses every time. */
-static int upload_microbatch(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
-                             float loss_scale, rt_tensor *io[4]) {
-    if (runtime_reset_arenas(rt)) return -1;
+static ct_status upload_microbatch(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                                   float loss_scale, rt_tensor *io[4]) {
+    ct_status st = runtime_reset_arenas(rt);
+    if (st != CT_OK) return st;
     rt->act = &rt->saved;
     io[0] = runtime_upload_ids(rt, tokens, B, T);
     io[1] = io[0] ? runtime_upload_ids(rt, targets, B, T) : NULL;
     io[2] = io[1] ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;
     io[3] = io[2] ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL; /* the loss, kept past the head's backward */
-    return io[3] && rt->d->copy(rt->dev, io[2]->t.data, &loss_scale, sizeof loss_scale, CT_COPY_H2D) == CT_OK ? 0 : -1;
+    if (!io[3]) return CT_ERR_NOMEM;
+    return rt->d->copy(rt->dev, io[2]->t.data, &loss_scale, sizeof loss_scale, CT_COPY_H2D);
 }
 
 /* Forward and backward of the uploaded microbatch, with no host synchronisation when the device has
  * ABI 1.5's loss ops (so it can run inside a capture); *loss: the scalar loss on the device. */
-static int microbatch(runtime *rt, rt_tensor *io[4], int last_microbatch, rt_tensor **loss) {
+static ct_status microbatch(runtime *rt, rt_tensor *io[4], int last_microbatch, rt_tensor **loss) {
     runtime_use_shadow(rt, 1);
     *loss = NULL;
-    int bad = forward_units(rt, io[0], io[1], 1, loss);
-    if (!bad && ((*loss)->t.ndim != 0 || (*loss)->t.dtype != CT_F32)) {
-        ct_set_error("model: the last unit must return a scalar loss when given targets");
-        bad = 1;
-    }
-    if (!bad) {
+    ct_status st = forward_units(rt, io[0], io[1], 1, loss);
+    if (st == CT_OK && ((*loss)->t.ndim != 0 || (*loss)->t.dtype != CT_F32))
+        st = ct_fail(CT_ERR_INVALID, "model: the last unit must return a scalar loss when given targets");
+    if (st == CT_OK) {
         float *g = tape_grad(rt, *loss);
-        bad = !g || rt->d->copy(rt->dev, g, io[2]->t.data, sizeof(float), CT_COPY_D2D) != CT_OK ||
-              rt->d->copy(rt->dev, io[3]->t.data, (*loss)->t.data, sizeof(float), CT_COPY_D2D) != CT_OK;
-        if (!bad) *loss = io[3]; /* the head's backward gives its own activations back */
+        st = g ? rt->d->copy(rt->dev, g, io[2]->t.data, sizeof(float), CT_COPY_D2D) : CT_ERR_NOMEM;
+        if (st == CT_OK) st = rt->d->copy(rt->dev, io[3]->t.data, (*loss)->t.data, sizeof(float), CT_COPY_D2D);
+        if (st == CT_OK) *loss = io[3]; /* the head's backward gives its own activations back */
     }
     /* backward runs with the same (bf16-rounded) weights as forward; gradients land in the f32
      * master gradients, which the parameters point at whatever their data pointer */
-    if (!bad) bad = backward_units(rt, io[0], io[1], last_microbatch);
+    if (st == CT_OK) st = backward_units(rt, io[0], io[1], last_microbatch);
     runtime_use_shadow(rt, 0);
-    return bad ? -1 : 0;
+    return st;
 }
 
 static void graph_drop(runtime *rt) {
@@ -1124,26 +1140,33 @@ static void graph_addresses(runtime *rt, rt_tensor *io[4], const rt_tensor *loss
 }
 
 /* Captures the uploaded microbatch; on success the graph has not run yet. On failure the capture
- * is given up for good (graph.why) and the caller runs the microbatch eagerly. */
-static int graph_capture(runtime *rt, rt_tensor *io[4], int last_microbatch) {
+ * is given up for good (graph.why, the error cleared) and the caller runs the microbatch eagerly:
+ * a status, but no error for the caller to report. */
+static ct_status graph_capture(runtime *rt, rt_tensor *io[4], int last_microbatch) {
     runtime_graph *g = &rt->graph;
     rt_tensor *loss = NULL;
     ct_clear_error();
-    int bad = rt->d->graph_begin(rt->dev) != CT_OK;
+    ct_status st = rt->d->graph_begin(rt->dev);
+    int bad = st != CT_OK;
     if (!bad) {
-        bad = microbatch(rt, io, last_microbatch, &loss) != 0;
+        st = microbatch(rt, io, last_microbatch, &loss);
+        bad = st != CT_OK;
         char failed[sizeof g->why];
         snprintf(failed, sizeof failed, "%s", ct_last_error());
-        ct_status st = rt->d->graph_end(rt->dev, &g->graph, &g->ops);
-        if (st != CT_OK || !g->graph) bad = 1;
-        else if (bad) graph_drop(rt);
+        ct_status end = rt->d->graph_end(rt->dev, &g->graph, &g->ops);
+        if (end != CT_OK || !g->graph) {
+            if (!bad) st = end != CT_OK ? end : CT_ERR_INTERNAL;
+            bad = 1;
+        } else if (bad) {
+            graph_drop(rt);
+        }
         if (bad && failed[0]) ct_set_error("%s", failed); /* the op that failed, not the end of capture */
     }
     if (bad) {
         g->failed = 1;
         snprintf(g->why, sizeof g->why, "%s", ct_last_error()[0] ? ct_last_error() : "the device refused");
         ct_clear_error();
-        return -1;
+        return st;
     }
     void *at[4];
     char *base[5];
@@ -1151,14 +1174,15 @@ static int graph_capture(runtime *rt, rt_tensor *io[4], int last_microbatch) {
     memcpy(g->at, at, sizeof at);
     memcpy(g->arena_base, base, sizeof base);
     g->captures++;
-    return 0;
+    return CT_OK;
 }
 
-int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
-                             float loss_scale, int last_microbatch, double *loss_sum) {
+ct_status runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                                   float loss_scale, int last_microbatch, double *loss_sum) {
     runtime_graph *g = &rt->graph;
     rt_tensor *io[4], *loss = NULL;
-    if (upload_microbatch(rt, tokens, targets, B, T, loss_scale, io)) return -1;
+    ct_status st = upload_microbatch(rt, tokens, targets, B, T, loss_scale, io);
+    if (st != CT_OK) return st;
     if (B != g->B || T != g->T) { /* a new shape: eager until its arenas are steady */
         graph_drop(rt);
         g->B = B;
@@ -1174,31 +1198,32 @@ int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *
             g->eager_runs = 0;
         }
     }
-    if (!g->graph && g->enabled && !g->failed && g->eager_runs >= 2 && graph_capture(rt, io, last_microbatch) != 0) {
+    if (!g->graph && g->enabled && !g->failed && g->eager_runs >= 2 &&
+        graph_capture(rt, io, last_microbatch) != CT_OK) {
         /* the failed capture ran nothing: the microbatch runs eagerly after all, from fresh arenas */
-        if (upload_microbatch(rt, tokens, targets, B, T, loss_scale, io)) return -1;
+        if ((st = upload_microbatch(rt, tokens, targets, B, T, loss_scale, io)) != CT_OK) return st;
     }
     const float *loss_at;
     if (g->graph) {
         ct_clear_error();
-        if (rt->d->graph_launch(rt->dev, g->graph) != CT_OK) return -1;
+        if ((st = rt->d->graph_launch(rt->dev, g->graph)) != CT_OK) return st;
         g->launches++;
         loss_at = g->at[3];
     } else {
-        if (microbatch(rt, io, last_microbatch, &loss)) return -1;
+        if ((st = microbatch(rt, io, last_microbatch, &loss)) != CT_OK) return st;
         g->eager_runs++;
         loss_at = loss->t.data;
     }
     float lf = 0;
-    if (rt->d->copy(rt->dev, &lf, loss_at, sizeof lf, CT_COPY_D2H) != CT_OK) return -1;
+    if ((st = rt->d->copy(rt->dev, &lf, loss_at, sizeof lf, CT_COPY_D2H)) != CT_OK) return st;
     *loss_sum = lf;
-    return 0;
+    return CT_OK;
 }
 
 /* Forward without the pipeline runner (one sequence to sample from): each stage's units run on the
  * pp rank that holds them, and its output is broadcast over the pp group to every rank, so the next
  * stage's rank has its input and at the end every rank has the (gathered) logits. */
-static int forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor *targets, rt_tensor **last) {
+static ct_status forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor *targets, rt_tensor **last) {
     const ct_mesh_info *mesh = rt->dist.mesh;
     int nu = rt->desc.n_units, me = mesh->coord[CT_AXIS_PP];
     rt_tensor *x = NULL;
@@ -1206,118 +1231,110 @@ static int forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor *targets, 
         int owner = rt->dist.unit_rank[u], u1 = u;
         while (u1 + 1 < nu && rt->dist.unit_rank[u1 + 1] == owner) u1++;
         double meta[3 + CT_MAX_DIMS] = {0}; /* ndim, (unused), shape..., a failure on the owner */
+        ct_status st = CT_OK;
         if (owner == me) {
-            int bad = 0;
-            for (int k = u; k <= u1 && !bad; k++)
-                bad = runtime_hook(rt, HOOK_PRE_FORWARD, k, 0) || runtime_unit_fwd(rt, k, x, tokens, targets, 0, &x) ||
-                      runtime_hook(rt, HOOK_POST_FORWARD, k, 0);
-            if (!bad && u1 == nu - 1 && !targets) bad = !(x = (rt_tensor *)rt->top->finish_output(rt->top, &x->t));
-            meta[2 + CT_MAX_DIMS] = bad;
-            if (!bad) {
+            for (int k = u; k <= u1 && st == CT_OK; k++) {
+                st = runtime_hook(rt, HOOK_PRE_FORWARD, k, 0);
+                if (st == CT_OK) st = runtime_unit_fwd(rt, k, x, tokens, targets, 0, &x);
+                if (st == CT_OK) st = runtime_hook(rt, HOOK_POST_FORWARD, k, 0);
+            }
+            if (st == CT_OK && u1 == nu - 1 && !targets && !(x = (rt_tensor *)rt->top->finish_output(rt->top, &x->t)))
+                st = CT_ERR_INTERNAL;
+            meta[2 + CT_MAX_DIMS] = st != CT_OK;
+            if (st == CT_OK) {
                 meta[0] = x->t.ndim;
                 for (int d = 0; d < x->t.ndim; d++) meta[2 + d] = (double)x->t.shape[d];
             }
         }
         ct_clear_error();
-        if (rt->dist.capi->broadcast(rt->dist.comm, mesh->group[CT_AXIS_PP], meta, 3 + CT_MAX_DIMS, CT_F64, owner,
-                                     NULL) != CT_OK)
-            return -1;
+        ct_status bst = rt->dist.capi->broadcast(rt->dist.comm, mesh->group[CT_AXIS_PP], meta, 3 + CT_MAX_DIMS, CT_F64,
+                                                 owner, NULL);
+        if (bst != CT_OK) return bst;
         if (meta[2 + CT_MAX_DIMS] != 0) { /* every rank stops, the owner with its own error */
-            if (owner != me) ct_set_error("pipeline stage on pp rank %d failed in forward", owner);
-            return -1;
+            if (owner != me) return ct_fail(CT_ERR_INTERNAL, "pipeline stage on pp rank %d failed in forward", owner);
+            return st;
         }
         if (owner != me) {
             int64_t shape[CT_MAX_DIMS] = {0};
             int nd = (int)meta[0];
             for (int d = 0; d < nd && d < CT_MAX_DIMS; d++) shape[d] = (int64_t)meta[2 + d];
-            if (!(x = tape_new_activation(rt, CT_F32, nd, shape))) return -1;
+            if (!(x = tape_new_activation(rt, CT_F32, nd, shape))) return CT_ERR_NOMEM;
         }
-        if (rt->dist.capi->broadcast(rt->dist.comm, mesh->group[CT_AXIS_PP], x->t.data, ct_tensor_numel(&x->t), CT_F32,
-                                     owner, NULL) != CT_OK)
-            return -1;
+        if ((bst = rt->dist.capi->broadcast(rt->dist.comm, mesh->group[CT_AXIS_PP], x->t.data, ct_tensor_numel(&x->t),
+                                            CT_F32, owner, NULL)) != CT_OK)
+            return bst;
         u = u1 + 1;
     }
     *last = x;
-    return 0;
+    return CT_OK;
 }
 
 /* A strategy may need every sequence length to be a multiple of some number (sequence parallel
  * splits token rows over tp), so a sequence of another length is right-padded (with its last token)
  * up to one: attention is causal, so the padding after the last real token changes none of the real
  * positions' logits. */
-int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out) {
+ct_status runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out) {
     int64_t mult = rt->seq_multiple > 1 ? rt->seq_multiple : 1, Tp = (T + mult - 1) / mult * mult;
     int32_t *padded = NULL;
     float *host = NULL;
-    if (B < 1 || T < 1) {
-        ct_set_error("forward_logits: empty input (%lld x %lld)", (long long)B, (long long)T);
-        return -1;
-    }
+    if (B < 1 || T < 1)
+        return ct_fail(CT_ERR_INVALID, "forward_logits: empty input (%lld x %lld)", (long long)B, (long long)T);
     if (Tp != T) {
-        if (!(padded = malloc(sizeof(int32_t) * (size_t)(B * Tp)))) {
-            ct_set_error("out of memory");
-            return -1;
-        }
+        if (!(padded = malloc(sizeof(int32_t) * (size_t)(B * Tp)))) return ct_fail(CT_ERR_NOMEM, "out of memory");
         for (int64_t b = 0; b < B; b++)
             for (int64_t t = 0; t < Tp; t++) padded[b * Tp + t] = tokens[b * T + (t < T ? t : T - 1)];
         tokens = padded;
     }
-    int bad = runtime_reset_arenas(rt);
+    ct_status st = runtime_reset_arenas(rt);
     runtime_use_shadow(rt, 1);
     rt->act = &rt->saved;
-    rt_tensor *tok = bad ? NULL : runtime_upload_ids(rt, tokens, B, Tp), *logits = NULL;
-    bad = !tok || (rt->dist.unit_rank ? forward_units_pp(rt, tok, NULL, &logits) : forward_units(rt, tok, NULL, 0, &logits));
-    if (!bad && !rt->dist.unit_rank) /* a strategy that left the logits split returns them whole */
-        bad = !(logits = (rt_tensor *)rt->top->finish_output(rt->top, &logits->t));
+    rt_tensor *tok = st != CT_OK ? NULL : runtime_upload_ids(rt, tokens, B, Tp), *logits = NULL;
+    if (st == CT_OK && !tok) st = CT_ERR_NOMEM;
+    if (st == CT_OK)
+        st = rt->dist.unit_rank ? forward_units_pp(rt, tok, NULL, &logits) : forward_units(rt, tok, NULL, 0, &logits);
+    if (st == CT_OK && !rt->dist.unit_rank && /* a strategy that left the logits split returns them whole */
+        !(logits = (rt_tensor *)rt->top->finish_output(rt->top, &logits->t)))
+        st = CT_ERR_INTERNAL;
     runtime_use_shadow(rt, 0);
     free(padded);
-    if (bad) return -1;
+    if (st != CT_OK) return st;
     int64_t V = logits->t.shape[logits->t.ndim - 1];
-    if (ct_tensor_numel(&logits->t) != B * Tp * V) {
-        ct_set_error("model: the last unit must return logits (B, T, V) without targets");
-        return -1;
-    }
+    if (ct_tensor_numel(&logits->t) != B * Tp * V)
+        return ct_fail(CT_ERR_INVALID, "model: the last unit must return logits (B, T, V) without targets");
     if (Tp == T)
-        return rt->d->copy(rt->dev, logits_out, logits->t.data, sizeof(float) * (size_t)(B * T * V), CT_COPY_D2H) ==
-                       CT_OK
-                   ? 0
-                   : -1;
-    if (!(host = malloc(sizeof(float) * (size_t)(B * Tp * V)))) {
-        ct_set_error("out of memory");
-        return -1;
-    }
-    if (rt->d->copy(rt->dev, host, logits->t.data, sizeof(float) * (size_t)(B * Tp * V), CT_COPY_D2H) != CT_OK) {
-        free(host);
-        return -1;
-    }
-    for (int64_t b = 0; b < B; b++) /* the real positions of each sequence */
-        memcpy(logits_out + b * T * V, host + b * Tp * V, sizeof(float) * (size_t)(T * V));
+        return rt->d->copy(rt->dev, logits_out, logits->t.data, sizeof(float) * (size_t)(B * T * V), CT_COPY_D2H);
+    if (!(host = malloc(sizeof(float) * (size_t)(B * Tp * V)))) return ct_fail(CT_ERR_NOMEM, "out of memory");
+    st = rt->d->copy(rt->dev, host, logits->t.data, sizeof(float) * (size_t)(B * Tp * V), CT_COPY_D2H);
+    if (st == CT_OK)
+        for (int64_t b = 0; b < B; b++) /* the real positions of each sequence */
+            memcpy(logits_out + b * T * V, host + b * Tp * V, sizeof(float) * (size_t)(T * V));
     free(host);
-    return 0;
+    return st;
 }
 
-int runtime_forward_loss(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
-                         double *loss_sum) {
-    int bad = runtime_reset_arenas(rt);
+ct_status runtime_forward_loss(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                               double *loss_sum) {
+    ct_status st = runtime_reset_arenas(rt);
     runtime_use_shadow(rt, 1);
     rt->act = &rt->saved;
-    rt_tensor *tok = bad ? NULL : runtime_upload_ids(rt, tokens, B, T), *tg = NULL, *loss = NULL;
+    rt_tensor *tok = st != CT_OK ? NULL : runtime_upload_ids(rt, tokens, B, T), *tg = NULL, *loss = NULL;
     if (tok) tg = runtime_upload_ids(rt, targets, B, T);
-    bad = !tg || (rt->dist.unit_rank ? forward_units_pp(rt, tok, tg, &loss) : forward_units(rt, tok, tg, 0, &loss));
+    if (st == CT_OK && !tg) st = CT_ERR_NOMEM;
+    if (st == CT_OK)
+        st = rt->dist.unit_rank ? forward_units_pp(rt, tok, tg, &loss) : forward_units(rt, tok, tg, 0, &loss);
     runtime_use_shadow(rt, 0);
-    if (bad) return -1;
-    if (loss->t.ndim != 0 || loss->t.dtype != CT_F32) {
-        ct_set_error("model: the last unit must return a scalar loss when given targets");
-        return -1;
-    }
+    if (st != CT_OK) return st;
+    if (loss->t.ndim != 0 || loss->t.dtype != CT_F32)
+        return ct_fail(CT_ERR_INVALID, "model: the last unit must return a scalar loss when given targets");
     float lf = 0;
-    if (rt->d->copy(rt->dev, &lf, loss->t.data, sizeof lf, CT_COPY_D2H) != CT_OK) return -1;
+    if ((st = rt->d->copy(rt->dev, &lf, loss->t.data, sizeof lf, CT_COPY_D2H)) != CT_OK) return st;
     *loss_sum = lf;
-    return 0;
+    return CT_OK;
 }
 
-int runtime_zero_grads(runtime *rt) {
-    if (rt->d->zero(rt->dev, rt->grad_mem, rt->param_bytes) != CT_OK) return -1;
+ct_status runtime_zero_grads(runtime *rt) {
+    ct_status st = rt->d->zero(rt->dev, rt->grad_mem, rt->param_bytes);
+    if (st != CT_OK) return st;
     return whole_zero_grads(rt);
 }
 
@@ -1335,7 +1352,7 @@ static unsigned grad_axes(const ct_param_slot *sl, int pp) {
  * that is whole on an axis is the same on every rank of it and counts once. Back-to-back gradients
  * of one bucket are summed in one pass (the padding between them is zero): on one rank, the whole
  * gradient storage in one sum_squares, one wait for the device. */
-int runtime_grad_norm(runtime *rt, double *norm) {
+ct_status runtime_grad_norm(runtime *rt, double *norm) {
     enum { NB = 1 << CT_MESH_NAXES };
     double bucket[NB] = {0}, part[NB];
     int pp = rt->dist.mesh && rt->dist.mesh->degree[CT_AXIS_PP] > 1;
@@ -1354,9 +1371,10 @@ int runtime_grad_norm(runtime *rt, double *norm) {
             if (e > end) end = e;
         }
         double s = 0;
-        if (end > begin && rt->d->sum_squares(rt->dev, &s, (const float *)begin,
-                                              (int64_t)((size_t)(end - begin) / sizeof(float))) != CT_OK)
-            return -1;
+        ct_status st = end > begin ? rt->d->sum_squares(rt->dev, &s, (const float *)begin,
+                                                        (int64_t)((size_t)(end - begin) / sizeof(float)))
+                                   : CT_OK;
+        if (st != CT_OK) return st;
         bucket[mask] += s;
     }
     for (int a = 0; a < CT_MESH_NAXES && rt->dist.capi; a++) {
@@ -1367,17 +1385,14 @@ int runtime_grad_norm(runtime *rt, double *norm) {
         ct_status st = rt->dist.capi->all_reduce(rt->dist.comm, rt->dist.mesh->group[a], part, part, NB, CT_F64,
                                                  CT_REDUCE_SUM, NULL);
         rt->comm_seconds += ct_now() - t0;
-        if (st != CT_OK) {
-            rt->dist_status = st;
-            return -1;
-        }
+        if (st != CT_OK) return st;
         for (unsigned m = 0; m < NB; m++)
             if (m & (1u << a)) bucket[m] = part[m];
     }
     double total = 0;
     for (unsigned m = 0; m < NB; m++) total += bucket[m];
     *norm = sqrt(total);
-    return 0;
+    return CT_OK;
 }
 
 /* ---- shared parameters ---- */
@@ -1387,7 +1402,7 @@ static int stage_of(const runtime *rt, int i) { return rt->dist.unit_rank ? rt->
 
 /* Trades n values with the same parameter's other use on pp rank `peer`: send `mine`, receive into
  * `theirs`. Both sides post both operations, then wait. */
-static int trade(runtime *rt, int peer, const void *mine, void *theirs, int64_t n, ct_dtype dt, int tag) {
+static ct_status trade(runtime *rt, int peer, const void *mine, void *theirs, int64_t n, ct_dtype dt, int tag) {
     const ct_comm_api *c = rt->dist.capi;
     ct_comm_group *g = rt->dist.mesh->group[CT_AXIS_PP];
     ct_comm_request *rs = NULL, *rr = NULL;
@@ -1398,8 +1413,7 @@ static int trade(runtime *rt, int peer, const void *mine, void *theirs, int64_t 
     ct_status w1 = rs ? c->wait(rt->dist.comm, rs) : CT_OK, w2 = rr ? c->wait(rt->dist.comm, rr) : CT_OK;
     rt->comm_seconds += ct_now() - t0;
     if (st == CT_OK) st = w1 != CT_OK ? w1 : w2;
-    if (st != CT_OK) rt->dist_status = st;
-    return st == CT_OK ? 0 : -1;
+    return st;
 }
 
 /* What must agree between a shared parameter's copies for their gradients to be summed element by
@@ -1425,7 +1439,7 @@ ct_status runtime_check_shared(runtime *rt) {
         slot_layout(here ? b : a, lay);
         if (here && here_o) {
             slot_layout(a, other);
-        } else if (trade(rt, here ? stage_of(rt, o) : stage_of(rt, i), lay, other, 6, CT_F64, 0x5a00 + i)) {
+        } else if (trade(rt, here ? stage_of(rt, o) : stage_of(rt, i), lay, other, 6, CT_F64, 0x5a00 + i) != CT_OK) {
             return ct_fail(CT_ERR_INTERNAL, "shared parameter '%s': cannot compare its uses' placement across "
                            "stages: %s", rt->params[o]->t.name, ct_last_error());
         }
@@ -1437,7 +1451,7 @@ ct_status runtime_check_shared(runtime *rt) {
     return CT_OK;
 }
 
-int runtime_sum_shared_grads(runtime *rt) {
+ct_status runtime_sum_shared_grads(runtime *rt) {
     const ct_device_api *d = rt->d;
     int me = rt->dist.mesh ? rt->dist.mesh->coord[CT_AXIS_PP] : 0;
     for (int i = 0; i < rt->n_params; i++) {
@@ -1448,10 +1462,11 @@ int runtime_sum_shared_grads(runtime *rt) {
         int64_t n = here ? b->local_numel : a->local_numel;
         if ((!here && !here_o) || n == 0) continue;
         size_t bytes = sizeof(float) * (size_t)n;
+        ct_status st;
         if (here && here_o) { /* both uses on this rank: each gets the sum */
-            if (d->add(rt->dev, b->local_grad, b->local_grad, a->local_grad, n) != CT_OK ||
-                d->copy(rt->dev, a->local_grad, b->local_grad, bytes, CT_COPY_D2D) != CT_OK)
-                return -1;
+            st = d->add(rt->dev, b->local_grad, b->local_grad, a->local_grad, n);
+            if (st == CT_OK) st = d->copy(rt->dev, a->local_grad, b->local_grad, bytes, CT_COPY_D2D);
+            if (st != CT_OK) return st;
             continue;
         }
         if (n > rt->share_buf_n) {
@@ -1459,118 +1474,111 @@ int runtime_sum_shared_grads(runtime *rt) {
             rt->share_buf_n = 0;
             if (d->alloc(rt->dev, bytes, (void **)&rt->share_buf) != CT_OK) {
                 rt->share_buf = NULL;
-                ct_set_error("out of memory for a shared parameter's gradient (%zu bytes)", bytes);
-                return -1;
+                return ct_fail(CT_ERR_NOMEM, "out of memory for a shared parameter's gradient (%zu bytes)", bytes);
             }
             rt->share_buf_n = n;
         }
         float *g = here ? b->local_grad : a->local_grad;
         /* a sum of two is the same bits in either order: both stages get the same values */
-        if (d->synchronize(rt->dev) != CT_OK ||
-            trade(rt, here ? stage_of(rt, o) : stage_of(rt, i), g, rt->share_buf, n, CT_F32, 0x5b00 + i) ||
-            d->add(rt->dev, g, g, rt->share_buf, n) != CT_OK)
-            return -1;
+        st = d->synchronize(rt->dev);
+        if (st == CT_OK)
+            st = trade(rt, here ? stage_of(rt, o) : stage_of(rt, i), g, rt->share_buf, n, CT_F32, 0x5b00 + i);
+        if (st == CT_OK) st = d->add(rt->dev, g, g, rt->share_buf, n);
+        if (st != CT_OK) return st;
     }
-    return 0;
+    return CT_OK;
 }
 
 /* Every local gradient lies in grad_mem, the padding zero: one pass. */
-int runtime_scale_grads(runtime *rt, float s) {
-    return rt->d->scale(rt->dev, (float *)rt->grad_mem, s, (int64_t)(rt->param_bytes / sizeof(float))) == CT_OK ? 0
-                                                                                                          : -1;
+ct_status runtime_scale_grads(runtime *rt, float s) {
+    return rt->d->scale(rt->dev, (float *)rt->grad_mem, s, (int64_t)(rt->param_bytes / sizeof(float)));
 }
 
 /* The block of parameter i (numel floats) into host memory: gathered from the data-parallel
  * shards when sharded (a collective then). */
-static int local_block_get(runtime *rt, int i, float *host, int grad) {
+static ct_status local_block_get(runtime *rt, int i, float *host, int grad) {
     const ct_param_slot *sl = &rt->slots[i];
     const float *src = grad ? sl->local_grad : sl->local_data;
     if (sl->placement == CT_PLACE_REPLICATE)
-        return rt->d->copy(rt->dev, host, src, sizeof(float) * (size_t)sl->numel, CT_COPY_D2H) == CT_OK ? 0 : -1;
+        return rt->d->copy(rt->dev, host, src, sizeof(float) * (size_t)sl->numel, CT_COPY_D2H);
     /* sharded: gather every rank's piece (zero-padded blocks in rank order) */
     int size = mesh_shard_degree(rt->dist.mesh, sl->shard_axis);
     size_t bytes = sizeof(float) * (size_t)sl->local_numel * (size_t)size;
     float *full = NULL;
-    int rc = -1;
-    if (rt->d->alloc(rt->dev, bytes, (void **)&full) != CT_OK) return -1;
-    if (rt->dist.capi->all_gather(rt->dist.comm, mesh_shard_group(rt->dist.mesh, sl->shard_axis), src, full, sl->local_numel,
-                                  CT_F32, NULL) == CT_OK &&
-        rt->d->copy(rt->dev, host, full, sizeof(float) * (size_t)sl->numel, CT_COPY_D2H) == CT_OK)
-        rc = 0;
+    ct_status st = rt->d->alloc(rt->dev, bytes, (void **)&full);
+    if (st != CT_OK) return st;
+    st = rt->dist.capi->all_gather(rt->dist.comm, mesh_shard_group(rt->dist.mesh, sl->shard_axis), src, full,
+                                   sl->local_numel, CT_F32, NULL);
+    if (st == CT_OK) st = rt->d->copy(rt->dev, host, full, sizeof(float) * (size_t)sl->numel, CT_COPY_D2H);
     rt->d->free(rt->dev, full);
-    return rc;
+    return st;
 }
 
-static int param_get_here(runtime *rt, int i, float *host, int grad);
+static ct_status param_get_here(runtime *rt, int i, float *host, int grad);
 
 /* Under pipeline parallel the stage that holds the parameter reads it, then broadcasts it over pp. */
-int runtime_param_get(runtime *rt, int i, float *host, int grad) {
+ct_status runtime_param_get(runtime *rt, int i, float *host, int grad) {
     const ct_param_slot *sl = &rt->slots[i];
     if (!rt->dist.unit_rank) return param_get_here(rt, i, host, grad);
     int owner = rt->dist.unit_rank[sl->unit];
-    if (sl->placement != CT_PLACE_NONE && param_get_here(rt, i, host, grad)) return -1;
+    ct_status st = sl->placement != CT_PLACE_NONE ? param_get_here(rt, i, host, grad) : CT_OK;
+    if (st != CT_OK) return st;
     int64_t n = 1;
     for (int d = 0; d < sl->param->ndim; d++) n *= sl->global_shape[d];
     float *dev = NULL;
-    int rc = -1;
-    if (rt->d->alloc(rt->dev, sizeof(float) * (size_t)(n > 0 ? n : 1), (void **)&dev) != CT_OK) return -1;
-    if ((sl->placement == CT_PLACE_NONE ||
-         rt->d->copy(rt->dev, dev, host, sizeof(float) * (size_t)n, CT_COPY_H2D) == CT_OK) &&
-        rt->dist.capi->broadcast(rt->dist.comm, rt->dist.mesh->group[CT_AXIS_PP], dev, n, CT_F32, owner, NULL) ==
-            CT_OK &&
-        rt->d->copy(rt->dev, host, dev, sizeof(float) * (size_t)n, CT_COPY_D2H) == CT_OK)
-        rc = 0;
+    if ((st = rt->d->alloc(rt->dev, sizeof(float) * (size_t)(n > 0 ? n : 1), (void **)&dev)) != CT_OK) return st;
+    if (sl->placement != CT_PLACE_NONE) st = rt->d->copy(rt->dev, dev, host, sizeof(float) * (size_t)n, CT_COPY_H2D);
+    if (st == CT_OK)
+        st = rt->dist.capi->broadcast(rt->dist.comm, rt->dist.mesh->group[CT_AXIS_PP], dev, n, CT_F32, owner, NULL);
+    if (st == CT_OK) st = rt->d->copy(rt->dev, host, dev, sizeof(float) * (size_t)n, CT_COPY_D2H);
     rt->d->free(rt->dev, dev);
-    return rc;
+    return st;
 }
 
-static int param_get_here(runtime *rt, int i, float *host, int grad) {
+static ct_status param_get_here(runtime *rt, int i, float *host, int grad) {
     const ct_param_slot *sl = &rt->slots[i];
     if (sl->split_dim < 0) return local_block_get(rt, i, host, grad);
     /* split over a mesh axis: every rank's block, placed where it belongs */
     int parts = sl->split_parts;
     int64_t n = sl->numel;
     float *blocks = malloc(sizeof(float) * (size_t)n * (size_t)parts), *dev = NULL;
-    int rc = -1;
-    if (!blocks || local_block_get(rt, i, blocks, grad)) goto done;
-    if (rt->d->alloc(rt->dev, sizeof(float) * (size_t)n * (size_t)(parts + 1), (void **)&dev) != CT_OK) goto done;
-    if (rt->d->copy(rt->dev, dev, blocks, sizeof(float) * (size_t)n, CT_COPY_H2D) != CT_OK ||
-        rt->dist.capi->all_gather(rt->dist.comm, rt->dist.mesh->group[sl->split_axis], dev, dev + n, n, CT_F32, NULL) !=
-            CT_OK ||
-        rt->d->copy(rt->dev, blocks, dev + n, sizeof(float) * (size_t)n * (size_t)parts, CT_COPY_D2H) != CT_OK)
-        goto done;
-    ct_param_slot other = *sl;
-    for (int p = 0; p < parts; p++) {
-        other.split_index = p;
-        for (int64_t k = 0; k < n; k++) host[runtime_global_index(&other, k)] = blocks[(int64_t)p * n + k];
+    ct_status st = blocks ? local_block_get(rt, i, blocks, grad) : CT_ERR_NOMEM;
+    if (st == CT_OK) st = rt->d->alloc(rt->dev, sizeof(float) * (size_t)n * (size_t)(parts + 1), (void **)&dev);
+    if (st == CT_OK) st = rt->d->copy(rt->dev, dev, blocks, sizeof(float) * (size_t)n, CT_COPY_H2D);
+    if (st == CT_OK)
+        st = rt->dist.capi->all_gather(rt->dist.comm, rt->dist.mesh->group[sl->split_axis], dev, dev + n, n, CT_F32,
+                                       NULL);
+    if (st == CT_OK) st = rt->d->copy(rt->dev, blocks, dev + n, sizeof(float) * (size_t)n * (size_t)parts, CT_COPY_D2H);
+    if (st == CT_OK) {
+        ct_param_slot other = *sl;
+        for (int p = 0; p < parts; p++) {
+            other.split_index = p;
+            for (int64_t k = 0; k < n; k++) host[runtime_global_index(&other, k)] = blocks[(int64_t)p * n + k];
+        }
     }
-    rc = 0;
-done:
     if (dev) rt->d->free(rt->dev, dev);
     free(blocks);
-    return rc;
+    return st;
 }
 
 /* Sets parameter i from the whole (global) tensor in host memory: this rank keeps its part. */
-int runtime_param_set(runtime *rt, int i, const float *host) {
+ct_status runtime_param_set(runtime *rt, int i, const float *host) {
     const ct_param_slot *sl = &rt->slots[i];
     float *block = NULL;
-    if (sl->placement == CT_PLACE_NONE) return 0; /* another pipeline stage's */
+    if (sl->placement == CT_PLACE_NONE) return CT_OK; /* another pipeline stage's */
     if (sl->split_dim >= 0) { /* this rank's block first */
-        if (!(block = malloc(sizeof(float) * (size_t)sl->numel))) return -1;
+        if (!(block = malloc(sizeof(float) * (size_t)sl->numel))) return CT_ERR_NOMEM;
         for (int64_t k = 0; k < sl->numel; k++) block[k] = host[runtime_global_index(sl, k)];
         host = block;
     }
     int64_t n = sl->numel - sl->offset;
     if (n > sl->local_numel) n = sl->local_numel;
     if (n < 0) n = 0;
-    int rc = rt->d->zero(rt->dev, sl->local_data, sizeof(float) * (size_t)sl->local_numel) == CT_OK &&
-                     rt->d->copy(rt->dev, sl->local_data, host + sl->offset, sizeof(float) * (size_t)n,
-                                 CT_COPY_H2D) == CT_OK
-                 ? 0
-                 : -1;
+    ct_status st = rt->d->zero(rt->dev, sl->local_data, sizeof(float) * (size_t)sl->local_numel);
+    if (st == CT_OK)
+        st = rt->d->copy(rt->dev, sl->local_data, host + sl->offset, sizeof(float) * (size_t)n, CT_COPY_H2D);
     free(block);
-    return rc;
+    return st;
 }
 
 int runtime_find_param(runtime *rt, const char *name) {

@@ -111,7 +111,9 @@ void pool_heap_begin(pool *p);
 void pool_free(pool *p, void *ptr, size_t bytes);
 /* Heap mode off; its holes stay taken until a release below them. */
 void pool_heap_end(pool *p);
-int pool_reset(pool *p);
+/* Empties the pool (its backing may shrink or become one chunk): CT_OK, or a status when the new
+ * chunk cannot be had (the device's error set, if any). */
+ct_status pool_reset(pool *p);
 /* The bytes the pool holds once the same allocations repeat, from a pass that ran in one chunk:
  * its extent (at least the first chunk's minimum; 0 when it allocated nothing). */
 size_t pool_steady_bytes(const pool *p);
@@ -223,7 +225,6 @@ typedef struct runtime {
     struct rope_table *rope_tables; /* rope_freqs' frequency tables on the device (tape.c) */
     int64_t share_buf_n;
     int64_t seq_multiple;                  /* every sequence's length is a multiple of it (strategies') */
-    ct_status dist_status; /* the status of the last failed strategy or comm call (CT_ERR_TIMEOUT ...) */
     double comm_seconds;   /* wall time in strategy hooks and collectives (exposed communication) */
     const ct_quantizer_api *qapi; /* float8 linear layers (NULL: none) */
     ct_quantizer *quant;
@@ -333,36 +334,41 @@ ct_status runtime_set_ac(runtime *rt, const char *mode, const char *option);
 /* Uses bf16-rounded parameters in forward (fp32 master weights and gradients). */
 ct_status runtime_enable_bf16_params(runtime *rt);
 /* Before the forward passes of a step: the bf16 copies are to be made again from the weights. */
-int runtime_begin_step(runtime *rt);
+void runtime_begin_step(runtime *rt);
+
+/* The passes below, and every runtime_* call returning a ct_status, give CT_OK or the status of what
+ * failed (the device's, the comm's, a plugin's; CT_ERR_NOMEM for the arenas) with the error set
+ * (ct_last_error; a device or comm plugin sets its own). */
 
 /* One microbatch: tokens, targets (B,T) int32 on the host. Forward through every unit and backward,
  * with d(loss_sum)/d(loss) = loss_scale (1 / global valid tokens). Accumulates into parameter
  * gradients; *loss_sum receives the summed cross entropy of the microbatch. With graph.enabled,
  * the third microbatch of a shape is captured and every later one launches the graph. */
-int runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B,
-                             int64_t T, float loss_scale, int last_microbatch, double *loss_sum);
+ct_status runtime_forward_backward(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B,
+                                   int64_t T, float loss_scale, int last_microbatch, double *loss_sum);
 /* Forward only, nothing recorded and no gradient touched: the summed cross entropy of the microbatch
  * against targets (B,T) into *loss_sum, on every rank (under pipeline parallel each stage's output is
  * broadcast over the pp group, as for the logits below). */
-int runtime_forward_loss(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
-                         double *loss_sum);
+ct_status runtime_forward_loss(runtime *rt, const int32_t *tokens, const int32_t *targets, int64_t B, int64_t T,
+                               double *loss_sum);
 /* Forward only: the logits (B, T, V) into host memory. */
-int runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out);
+ct_status runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out);
 
 /* Declares and places the parameters without storage (the strategies' planning instances in dist);
  * CT_OK, CT_ERR_INVALID when the pack refuses its declarations, another status otherwise (the error
  * set). runtime_free releases it. */
 ct_status runtime_plan(runtime *rt, const ct_device_api *d, ct_device *dev, const ct_model_api *m, ct_model *model,
                        const runtime_dist *dist);
-int runtime_zero_grads(runtime *rt);
+ct_status runtime_zero_grads(runtime *rt);
 /* Global L2 norm of all gradients over every rank (double accumulation). */
-int runtime_grad_norm(runtime *rt, double *norm);
-int runtime_scale_grads(runtime *rt, float s);
+ct_status runtime_grad_norm(runtime *rt, double *norm);
+ct_status runtime_scale_grads(runtime *rt, float s);
 
 /* Host copies for tests and export: parameter i's full data or grad (numel floats; gathered from
  * the shards when sharded, a collective then). */
-int runtime_param_get(runtime *rt, int i, float *host, int grad);
-int runtime_param_set(runtime *rt, int i, const float *host);
+ct_status runtime_param_get(runtime *rt, int i, float *host, int grad);
+ct_status runtime_param_set(runtime *rt, int i, const float *host);
+/* The index of the parameter called name, or -1 (a lookup: no error set). */
 int runtime_find_param(runtime *rt, const char *name);
 /* Shared parameters (model.h's share): parameter i's index of the parameter it is a copy of, or -1;
  * and the name it is stored under (the declared parameter's: checkpoints and exports hold it once). */
@@ -370,30 +376,31 @@ int runtime_param_copy_of(const runtime *rt, int i);
 const char *runtime_param_key(const runtime *rt, int i);
 /* After the step's last backward: each copy's gradient becomes the sum over the parameter's uses
  * (a trade over the pp group when a use is on another stage), so the copies stay equal. */
-int runtime_sum_shared_grads(runtime *rt);
+ct_status runtime_sum_shared_grads(runtime *rt);
 /* Each copy is placed like the parameter it copies (same local block): CT_OK, else the error set. */
 ct_status runtime_check_shared(runtime *rt);
 
 /* ---- pieces the pipeline runtime (pipeline.c) drives unit by unit ---- */
 /* Forward of unit u from x (NULL for unit 0) without the strategies' hooks; *out = its output. */
-int runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, int record,
-                     rt_tensor **out);
+ct_status runtime_unit_fwd(runtime *rt, int u, rt_tensor *x, rt_tensor *tokens, rt_tensor *targets, int record,
+                           rt_tensor **out);
 /* Backward of unit u without hooks: halves TAPE_BOTH, TAPE_INPUT, or TAPE_WEIGHT after TAPE_INPUT. */
-int runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, int halves);
-/* Runs hook `which` of every strategy (unit and last are ignored where the hook has none). */
+ct_status runtime_unit_bwd(runtime *rt, int u, rt_tensor *tokens, rt_tensor *targets, int halves);
+/* Runs hook `which` of every strategy (unit and last are ignored where the hook has none): CT_OK, or
+ * the failing strategy's status. */
 typedef enum rt_hook {
     HOOK_PRE_FORWARD, HOOK_POST_FORWARD, HOOK_PRE_BACKWARD, HOOK_POST_BACKWARD, HOOK_FINISH_BACKWARD
 } rt_hook;
-int runtime_hook(runtime *rt, rt_hook which, int unit, int last);
+ct_status runtime_hook(runtime *rt, rt_hook which, int unit, int last);
 /* Notes the activation arenas' live bytes now against the microbatch's peak (peak_act_bytes). */
 void runtime_note_act_peak(runtime *rt);
 /* bf16 compute: on, each unit's forward and backward run with bf16-rounded copies of its replicated
  * parameters, made when the unit starts (runtime_shadow_unit) into one buffer; off, every
  * parameter points at its f32 master again. */
 void runtime_use_shadow(runtime *rt, int on);
-int runtime_shadow_unit(runtime *rt, int u);
+ct_status runtime_shadow_unit(runtime *rt, int u);
 rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T);
-int runtime_reset_arenas(runtime *rt);
+ct_status runtime_reset_arenas(runtime *rt);
 /* The gradient buffer of a unit boundary tensor (an output gradient a pipeline receives, an input
  * gradient it sends): in the context's own pool under bgrad_ctx, else as tape_grad. */
 float *runtime_boundary_grad(runtime *rt, rt_tensor *t);
@@ -423,6 +430,7 @@ ct_status runtime_offload_set(runtime *rt, int layers);
 static inline size_t runtime_offload_slots_used(const runtime *rt) {
     return rt->offload.slot[0].used + rt->offload.slot[1].used;
 }
+/* Whether unit u's activations are offloaded (a predicate). */
 int runtime_offloads(const runtime *rt, int u);
 char *runtime_offload_take(runtime *rt, int u, size_t bytes);
 ct_status runtime_offload_out(runtime *rt, int u);

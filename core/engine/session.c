@@ -342,7 +342,10 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
         s->world = 1;
     }
     int degree[CT_MESH_NAXES];
-    if (mesh_degrees(s->mf, s->world, degree)) return CT_ERR_INVALID;
+    if (mesh_degrees(s->mf, s->world, degree) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        return CT_ERR_INVALID;
+    }
     if (mesh_build(&s->mesh, s->commp ? s->capi : NULL, s->comm, s->rank, s->world, degree) != CT_OK) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INTERNAL;
@@ -656,7 +659,7 @@ ct_status session_save_model(session *s, const char *path) {
         json_t *d = mdesc_build(s);
         char *text = d ? json_dumps(d, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
         json_decref(d);
-        if ((failed = !text || tf_writer_add_text(w, MDESC_ENTRY, text))) {
+        if ((failed = !text || tf_writer_add_text(w, MDESC_ENTRY, text) != CT_OK)) {
             snprintf(err, sizeof err, "%s: %s (writing the model description)", path,
                      text ? tf_writer_error(w) : "out of memory");
             tf_writer_abort(w);
@@ -672,8 +675,8 @@ ct_status session_save_model(session *s, const char *path) {
         int64_t n = 1;
         for (int d = 0; d < t->ndim; d++) n *= shape[d];
         float *grown = realloc(buf, sizeof(float) * (size_t)n);
-        if (!grown || runtime_param_get(&s->rt, i, grown, 0) ||
-            (w && tf_writer_add(w, t->name, 1, t->ndim, shape, grown))) {
+        if (!grown || runtime_param_get(&s->rt, i, grown, 0) != CT_OK ||
+            (w && tf_writer_add(w, t->name, 1, t->ndim, shape, grown) != CT_OK)) {
             ct_status st;
             if (grown) buf = grown;
             if (w && tf_writer_error(w)[0]) st = ct_fail(CT_ERR_IO, "%s (writing %s)", tf_writer_error(w), t->name);
@@ -708,7 +711,7 @@ ct_status session_load_model(session *s, const char *path) {
             tf_free(f);
             return CT_ERR_INVALID;
         }
-        if (runtime_param_set(&s->rt, i, e->data)) {
+        if (runtime_param_set(&s->rt, i, e->data) != CT_OK) {
             tf_free(f);
             return CT_ERR_INTERNAL;
         }
@@ -840,7 +843,7 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
     uint64_t key = rng_splitmix64(seed ^ 0x5A3Bu);
     for (int64_t step = 0; step < max_new; step++) {
         int64_t T = len < max_context ? len : max_context;
-        if (runtime_forward_logits(&s->rt, ctx + len - T, 1, T, logits)) {
+        if (runtime_forward_logits(&s->rt, ctx + len - T, 1, T, logits) != CT_OK) {
             fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
             goto done;
         }
@@ -918,7 +921,7 @@ ct_status session_load_plugin(session *s, const char *section, const char *key, 
 /* ABI 2.1: every strategy's post_step, in order, after local storage changed (the optimizer's step,
  * a checkpoint load): ZeRO all-gathers the updated shards into the whole compute copies. A 2.0
  * strategy's table ends before the field. Counts as communication time. */
-int session_post_step(session *s) {
+ct_status session_post_step(session *s) {
     for (int k = 0; k < s->rt.dist.n_st; k++) {
         const ct_strategy_api *a = s->rt.dist.st[k];
         if (!CT_HAS_FIELD(a, ct_strategy_api, post_step) || !a->post_step) continue;
@@ -928,22 +931,20 @@ int session_post_step(session *s) {
         s->rt.comm_seconds += ct_now() - t0;
         if (st != CT_OK) {
             if (!ct_last_error()[0]) ct_set_error("strategy post_step failed (status %d)", st);
-            s->rt.dist_status = st;
-            return -1;
+            return st;
         }
     }
-    return 0;
+    return CT_OK;
 }
 
-/* Sums x over the data-parallel ranks (a no-op on one). */
-static int dp_sum(session *s, double *x) {
-    if (!s->capi || s->mesh.dp_size <= 1) return 0;
+/* Sums x over the data-parallel ranks (a no-op on one): CT_OK, or the comm's status. */
+static ct_status dp_sum(session *s, double *x) {
+    if (!s->capi || s->mesh.dp_size <= 1) return CT_OK;
     ct_clear_error();
     double t0 = ct_now();
     ct_status st = s->capi->all_reduce(s->comm, s->mesh.dp_group, x, x, 1, CT_F64, CT_REDUCE_SUM, NULL);
     s->rt.comm_seconds += ct_now() - t0;
-    if (st != CT_OK) s->rt.dist_status = st;
-    return st == CT_OK ? 0 : -1;
+    return st;
 }
 
 /* The optimizer's state k of the storage at byte offset `at` of the parameters' allocation: states
@@ -952,11 +953,9 @@ static void state_at(const session *s, size_t at, float **state) {
     for (int k = 0; k < s->n_state; k++) state[k] = (float *)(s->opt_mem + k * s->rt.param_bytes + at);
 }
 
-int session_step_params(session *s, double lr, int64_t step) {
-    if (!CT_HAS_FIELD(s->o, ct_optimizer_api, step_param) || !s->o->step_param) {
-        ct_set_error("optimizer '%s' has no step_param", s->optp->info.name);
-        return -1;
-    }
+ct_status session_step_params(session *s, double lr, int64_t step) {
+    if (!CT_HAS_FIELD(s->o, ct_optimizer_api, step_param) || !s->o->step_param)
+        return ct_fail(CT_ERR_UNSUPPORTED, "optimizer '%s' has no step_param", s->optp->info.name);
     int calls = 0;
     for (int i = 0; i < s->rt.n_params; i++) {
         const ct_param_slot *sl = &s->rt.slots[i];
@@ -978,42 +977,46 @@ int session_step_params(session *s, double lr, int64_t step) {
             sl = &copy;
         }
         ct_clear_error();
-        if (s->o->step_param(s->opt, sl, state, (float)lr, step) != CT_OK) return -1;
+        ct_status st = s->o->step_param(s->opt, sl, state, (float)lr, step);
+        if (st != CT_OK) return st;
     }
     s->opt_calls = calls;
-    return 0;
+    return CT_OK;
 }
 
-int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
-                       double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid_out) {
+ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
+                             int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
+                             int64_t *valid_out) {
     double valid = 0;
     for (int64_t i = 0; i < G * T; i++) valid += targets[i] != CT_IGNORE_INDEX;
-    if (dp_sum(s, &valid)) return -1; /* the loss is normalised by the global batch's valid tokens */
+    ct_status st = dp_sum(s, &valid); /* the loss is normalised by the global batch's valid tokens */
+    if (st != CT_OK) return st;
     float scale = valid > 0 ? (float)(1.0 / valid) : 0.0f;
     double loss_sum = 0;
     *valid_out = (int64_t)valid;
-    if (runtime_zero_grads(&s->rt) || runtime_begin_step(&s->rt)) return -1;
+    if ((st = runtime_zero_grads(&s->rt)) != CT_OK) return st;
+    runtime_begin_step(&s->rt);
     int64_t accum = G / L;
     for (int64_t m = 0; m < accum; m++) {
         double ls;
-        int bad = s->pl ? pipeline_step(s->pl, inputs + m * L * T, targets + m * L * T, L, T, scale, m == accum - 1, &ls)
-                        : runtime_forward_backward(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, scale,
-                                                   m == accum - 1, &ls);
-        if (bad) return -1;
+        st = s->pl ? pipeline_step(s->pl, inputs + m * L * T, targets + m * L * T, L, T, scale, m == accum - 1, &ls)
+                   : runtime_forward_backward(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, scale,
+                                              m == accum - 1, &ls);
+        if (st != CT_OK) return st;
         loss_sum += ls;
     }
-    if (dp_sum(s, &loss_sum)) return -1;
+    if ((st = dp_sum(s, &loss_sum)) != CT_OK) return st;
     *loss = valid > 0 ? loss_sum / valid : 0.0;
-    if (runtime_sum_shared_grads(&s->rt) || runtime_grad_norm(&s->rt, norm)) return -1;
-    if (!isfinite(*norm)) return 1;
+    if ((st = runtime_sum_shared_grads(&s->rt)) != CT_OK || (st = runtime_grad_norm(&s->rt, norm)) != CT_OK) return st;
+    if (!isfinite(*norm)) return CT_OK; /* nothing updated: the caller sees the norm */
     /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1 */
     double coef = max_norm > 0 ? max_norm / (*norm + 1e-6) : 1.0;
-    if (coef < 1.0 && runtime_scale_grads(&s->rt, (float)coef)) return -1;
+    if (coef < 1.0 && (st = runtime_scale_grads(&s->rt, (float)coef)) != CT_OK) return st;
     trace_begin("optimizer");
     if (CT_HAS_FIELD(s->o, ct_optimizer_api, step_param) && s->o->step_param) {
-        int rc = session_step_params(s, lr, step);
+        st = session_step_params(s, lr, step);
         trace_end("optimizer");
-        return rc;
+        return st;
     }
     /* one call per run of back-to-back tensors with the same decay flag when the optimizer is
      * elementwise (ABI 1.4), else one per tensor; states lie at the same offsets as the data */
@@ -1039,7 +1042,7 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
         float *state[8];
         state_at(s, begin, state);
         ct_clear_error();
-        if (s->o->step(s->opt, &run, state, n, (float)lr, step) != CT_OK) return -1;
+        if ((st = s->o->step(s->opt, &run, state, n, (float)lr, step)) != CT_OK) return st;
         calls++;
     }
     s->opt_calls = calls;
@@ -1047,20 +1050,21 @@ int session_train_step(session *s, const int32_t *inputs, const int32_t *targets
     return session_post_step(s);
 }
 
-int session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
-                      double *loss_sum, int64_t *valid_out) {
+ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
+                            int64_t T, double *loss_sum, int64_t *valid_out) {
     double valid = 0, sum = 0;
     for (int64_t i = 0; i < G * T; i++) valid += targets[i] != CT_IGNORE_INDEX;
     /* the bf16 copies follow the weights the last optimizer step left (a training step refreshes them
      * again before its forward) */
-    if (runtime_begin_step(&s->rt)) return -1;
+    runtime_begin_step(&s->rt);
+    ct_status st;
     for (int64_t m = 0; m < G / L; m++) {
         double ls;
-        if (runtime_forward_loss(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, &ls)) return -1;
+        if ((st = runtime_forward_loss(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, &ls)) != CT_OK) return st;
         sum += ls;
     }
-    if (dp_sum(s, &valid) || dp_sum(s, &sum)) return -1;
+    if ((st = dp_sum(s, &valid)) != CT_OK || (st = dp_sum(s, &sum)) != CT_OK) return st;
     *loss_sum = sum;
     *valid_out = (int64_t)valid;
-    return 0;
+    return CT_OK;
 }

@@ -76,8 +76,8 @@ void session_resolve_path(const manifest *mf, const char *p, char *out, size_t l
 ct_status session_save_model(session *s, const char *path);
 ct_status session_load_model(session *s, const char *path);
 /* Every strategy's post_step (ABI 2.1): after the optimizer's step and after local storage was loaded.
- * 0, or -1 with the error set. */
-int session_post_step(session *s);
+ * CT_OK, or the strategy's status with the error set. */
+ct_status session_post_step(session *s);
 /* The planner's session: plugins, model and (with_instances) optimizer and quantizer without a
  * device; see session.c. */
 ct_status session_open_plan(session *s, manifest *mf, int with_instances);
@@ -101,22 +101,25 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
  * forward/backward each microbatch with the loss normalised by the global batch's valid-token
  * count, global grad norm over every rank, clip to max_norm, optimizer step at lr on local storage.
  * *loss and *valid are global.
- * Returns 0, -1 on a failure (ct_last_error), 1 when the norm is not finite (nothing updated). */
-int session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
-                       double lr, double max_norm, int64_t step, double *loss, double *norm, int64_t *valid);
+ * CT_OK, or the status of what failed (ct_last_error). A norm that is not finite is no failure: CT_OK
+ * with *norm not finite and nothing updated (the caller decides). */
+ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
+                             int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
+                             int64_t *valid);
 
 /* Validation: the loss of this rank's G sequences (its slice of a global batch), forward only in
  * microbatches of L with nothing recorded, no gradient, optimizer or strategy post_step touched (the
  * same forward the training step runs, so the same loss under every layout; under pipeline parallel
  * each stage's output goes to the next over the pp group, outside the schedule). *loss_sum: the summed
  * cross entropy and *valid the valid target tokens, both over the whole global batch.
- * 0, or -1 on a failure (ct_last_error). */
-int session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L, int64_t T,
-                      double *loss_sum, int64_t *valid);
+ * CT_OK, or the status of what failed (ct_last_error). */
+ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
+                            int64_t T, double *loss_sum, int64_t *valid);
 
 /* ABI 2.1: the optimizer's step_param once per parameter slot, in slot order on every rank (slots of
- * another pipeline stage included), at lr. 0, or -1 (ct_last_error; also when it has no step_param). */
-int session_step_params(session *s, double lr, int64_t step);
+ * another pipeline stage included), at lr. CT_OK, or the optimizer's status (ct_last_error;
+ * CT_ERR_UNSUPPORTED when it has no step_param). */
+ct_status session_step_params(session *s, double lr, int64_t step);
 
 
 #endif

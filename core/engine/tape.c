@@ -30,11 +30,10 @@ struct tape_entry {
 
 #define RT(b) ((runtime *)(b)->ctx)
 #define DEV(rt) (rt)->d
-/* A device or quantizer call's status: 1 (with a message, when the callee left none) if it failed. */
-static int dev_fail(ct_status st, const char *what) {
-    if (st == CT_OK) return 0;
-    if (!ct_last_error()[0]) ct_set_error("device op %s failed (status %d)", what, st);
-    return 1;
+/* A device or quantizer call's status, with a message when it failed and the callee left none. */
+static ct_status dev_check(ct_status st, const char *what) {
+    if (st != CT_OK && !ct_last_error()[0]) ct_set_error("device op %s failed (status %d)", what, st);
+    return st;
 }
 
 static int64_t numel(const rt_tensor *t) { return ct_tensor_numel(&t->t); }
@@ -77,27 +76,22 @@ static rt_tensor *like(runtime *rt, const rt_tensor *x) { return new_tensor(rt, 
 
 /* Called after every op, recording or not: appends its tape entry when recording, then lets
  * liveness.c give back what the op read last. */
-static int record(runtime *rt, op_kind op, rt_tensor *out, rt_tensor *a, rt_tensor *b, rt_tensor *c,
-                  rt_tensor *aux0, rt_tensor *aux1, float f) {
+static ct_status record(runtime *rt, op_kind op, rt_tensor *out, rt_tensor *a, rt_tensor *b, rt_tensor *c,
+                        rt_tensor *aux0, rt_tensor *aux1, float f) {
     if (rt->recording) {
         tape_entry *e = pool_alloc(&rt->act->desc, sizeof *e);
-        if (!e) {
-            ct_set_error("out of memory for the tape");
-            return -1;
-        }
+        if (!e) return ct_fail(CT_ERR_NOMEM, "out of memory for the tape");
         *e = (tape_entry){op, out, {a, b, c}, {aux0, aux1}, f, 0, 0, NULL, live_op_index(rt), rt->tail};
         rt->tail = e;
     }
     rt_tensor *in[3] = {a, b, c};
-    return live_op(rt, in, 3) == CT_OK ? 0 : -1;
+    return live_op(rt, in, 3);
 }
 
-static int check_f32(const ct_tensor *t, const char *op, const char *what) {
-    if (!t || t->dtype != CT_F32) {
-        ct_set_error("%s: %s must be an f32 tensor", op, what);
-        return -1;
-    }
-    return 0;
+/* The checks below give CT_OK, or CT_ERR_INVALID with the model's mistake set. */
+static ct_status check_f32(const ct_tensor *t, const char *op, const char *what) {
+    if (!t || t->dtype != CT_F32) return ct_fail(CT_ERR_INVALID, "%s: %s must be an f32 tensor", op, what);
+    return CT_OK;
 }
 
 /* The start-up report of which linear layers float8 converts (rank 0 prints it). */
@@ -170,8 +164,8 @@ static void account_comm(runtime *rt, int axis, double seconds) {
 }
 
 /* One blocking collective over `axis` (counted, timed, traced). kind: 'g' all-gather, 's' reduce-scatter
- * (count = the received elements), 'r' all-reduce. */
-static int axis_collective(runtime *rt, int axis, char kind, const float *send, float *recv, int64_t count) {
+ * (count = the received elements), 'r' all-reduce. CT_OK, or the comm's status with its error. */
+static ct_status axis_collective(runtime *rt, int axis, char kind, const float *send, float *recv, int64_t count) {
     if (rt->planning) { /* nothing is sent: the planner notes what would be */
         ct_collective k = kind == 'g' ? CT_COLL_ALL_GATHER : kind == 's' ? CT_COLL_REDUCE_SCATTER : CT_COLL_ALL_REDUCE;
         int degree = rt->dist.mesh->degree[axis];
@@ -194,21 +188,19 @@ static int axis_collective(runtime *rt, int axis, char kind, const float *send, 
         if (!ct_last_error()[0])
             ct_set_error("%s over the %s axis failed (status %d)",
                          kind == 'g' ? "all-gather" : kind == 's' ? "reduce-scatter" : "all-reduce", mesh_axis_names[axis], st);
-        rt->dist_status = st;
-        return -1;
+        return st;
     }
-    return 0;
+    return CT_OK;
 }
 
-/* x's shape with dim d multiplied by num/den (checked: it must divide). */
-static int scaled_shape(const rt_tensor *x, int d, int64_t num, int64_t den, int64_t *shape) {
-    if ((x->t.shape[d] * num) % den) {
-        ct_set_error("collective: dim %d of %lld cannot be split in %lld", d, (long long)x->t.shape[d], (long long)den);
-        return -1;
-    }
+/* x's shape with dim d multiplied by num/den (checked: it must divide; CT_ERR_INVALID otherwise). */
+static ct_status scaled_shape(const rt_tensor *x, int d, int64_t num, int64_t den, int64_t *shape) {
+    if ((x->t.shape[d] * num) % den)
+        return ct_fail(CT_ERR_INVALID, "collective: dim %d of %lld cannot be split in %lld", d,
+                       (long long)x->t.shape[d], (long long)den);
     memcpy(shape, x->t.shape, sizeof(int64_t) * CT_MAX_DIMS);
     shape[d] = x->t.shape[d] * num / den;
-    return 0;
+    return CT_OK;
 }
 
 /* ---- notes strategies keep on activations (ct_builder.memo) ---- */
@@ -225,39 +217,34 @@ static rt_tensor *memo_get(const runtime *rt, const rt_tensor *x, const void *ke
     return NULL;
 }
 
-static int memo_put(runtime *rt, rt_tensor *x, const void *key, rt_tensor *v) {
+static ct_status memo_put(runtime *rt, rt_tensor *x, const void *key, rt_tensor *v) {
     if (x->memo_pass != rt->memo_pass) {
         x->memo = NULL;
         x->memo_pass = rt->memo_pass;
     }
     rt_memo *m = pool_alloc(&rt->act->desc, sizeof *m);
-    if (!m) {
-        ct_set_error("out of memory for activations");
-        return -1;
-    }
+    if (!m) return ct_fail(CT_ERR_NOMEM, "out of memory for activations");
     *m = (rt_memo){key, v, x->memo};
     x->memo = m;
-    return 0;
+    return CT_OK;
 }
 
 /* The memo keys of the collectives that are made once per tensor: [kind][axis][cols]. */
 static char coll_keys[6][CT_MESH_NAXES][2];
 
 /* Every rank's columns of x (rows n, v columns here) -> (n, v * degree), through a scratch buffer. */
-static int gather_cols(runtime *rt, int axis, int degree, const rt_tensor *x, rt_tensor *y) {
+static ct_status gather_cols(runtime *rt, int axis, int degree, const rt_tensor *x, rt_tensor *y) {
     const ct_device_api *d = DEV(rt);
-    if (!CT_HAS_FIELD(d, ct_device_api, copy_2d) || !d->copy_2d) {
-        ct_set_error("collective over columns: the device lacks copy_2d");
-        return -1;
-    }
+    if (!CT_HAS_FIELD(d, ct_device_api, copy_2d) || !d->copy_2d)
+        return ct_fail(CT_ERR_UNSUPPORTED, "collective over columns: the device lacks copy_2d");
     int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
     pool_mark m = pool_get_mark(&rt->opscratch);
     float *all = pool_alloc(&rt->opscratch, sizeof(float) * (size_t)(n * v * degree));
-    int bad = !all || axis_collective(rt, axis, 'g', x->t.data, all, n * v);
-    for (int64_t p = 0; p < degree && !bad; p++)
-        bad = d->copy_2d(rt->dev, (float *)y->t.data + p * v, v * degree, all + p * n * v, v, n, v) != CT_OK;
+    ct_status st = all ? axis_collective(rt, axis, 'g', x->t.data, all, n * v) : CT_ERR_NOMEM;
+    for (int64_t p = 0; p < degree && st == CT_OK; p++)
+        st = d->copy_2d(rt->dev, (float *)y->t.data + p * v, v * degree, all + p * n * v, v, n, v);
     pool_release(&rt->opscratch, m);
-    return bad ? -1 : 0;
+    return st;
 }
 
 static rt_tensor *collective_impl(runtime *rt, ct_collective kind, rt_tensor *x, int axis, int dim) {
@@ -282,20 +269,23 @@ static rt_tensor *collective_impl(runtime *rt, ct_collective kind, rt_tensor *x,
     switch (kind) {
     case CT_COLL_ALL_GATHER:
     case CT_COLL_ALL_GATHER_SLICE:
-        if (scaled_shape(x, d, degree, 1, shape) || !(y = new_tensor(rt, rt->act, CT_F32, nd, shape))) return NULL;
-        if (cols ? gather_cols(rt, axis, degree, x, y) : axis_collective(rt, axis, 'g', x->t.data, y->t.data, numel(x)))
+        if (scaled_shape(x, d, degree, 1, shape) != CT_OK || !(y = new_tensor(rt, rt->act, CT_F32, nd, shape)))
             return NULL;
+        ct_status st = cols ? gather_cols(rt, axis, degree, x, y)
+                            : axis_collective(rt, axis, 'g', x->t.data, y->t.data, numel(x));
+        if (st != CT_OK) return NULL;
         break;
     case CT_COLL_REDUCE_SCATTER: { /* torchtitan's per-op policy saves its output */
-        if (scaled_shape(x, d, 1, degree, shape)) return NULL;
+        if (scaled_shape(x, d, 1, degree, shape) != CT_OK) return NULL;
         int saved = sac_saves(rt, 0);
         y = saved ? sac_out(rt, CT_F32, nd, shape) : new_tensor(rt, rt->act, CT_F32, nd, shape);
-        if (!y || (!SAC_REUSED(rt, saved) && axis_collective(rt, axis, 's', x->t.data, y->t.data, numel(y)))) return NULL;
+        if (!y || (!SAC_REUSED(rt, saved) && axis_collective(rt, axis, 's', x->t.data, y->t.data, numel(y)) != CT_OK))
+            return NULL;
         break;
     }
     case CT_COLL_ALL_REDUCE:
         if (!(y = new_tensor(rt, rt->act, CT_F32, nd, x->t.shape)) ||
-            axis_collective(rt, axis, 'r', x->t.data, y->t.data, numel(x)))
+            axis_collective(rt, axis, 'r', x->t.data, y->t.data, numel(x)) != CT_OK)
             return NULL;
         break;
     case CT_COLL_COPY: /* the same data, a gradient of its own */
@@ -308,17 +298,17 @@ static rt_tensor *collective_impl(runtime *rt, ct_collective kind, rt_tensor *x,
         y->seq = -1;
         break;
     }
-    if (record(rt, OP_COLLECTIVE, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
+    if (record(rt, OP_COLLECTIVE, y, x, NULL, NULL, NULL, NULL, 0) != CT_OK) return NULL;
     if (rt->recording) {
         rt->tail->i0 = kind;
         rt->tail->i1 = axis * 2 + cols;
     }
-    if (once && memo_put(rt, x, key, y)) return NULL;
+    if (once && memo_put(rt, x, key, y) != CT_OK) return NULL;
     return y;
 }
 
 static ct_tensor *op_collective(ct_builder *b, ct_collective kind, ct_tensor *xt, int axis, int dim) {
-    if (check_f32(xt, "collective", "x")) return NULL;
+    if (check_f32(xt, "collective", "x") != CT_OK) return NULL;
     rt_tensor *y = collective_impl(RT(b), kind, (rt_tensor *)xt, axis, dim);
     return y ? &y->t : NULL;
 }
@@ -329,43 +319,40 @@ static ct_tensor *op_collective(ct_builder *b, ct_collective kind, ct_tensor *xt
 static pool *backward_heap(runtime *rt) { return rt->grad_pool && rt->grad_pool->heap ? rt->grad_pool : NULL; }
 
 /* The conjugate of a collective in backward: x's gradient += f(dy). */
-static int collective_backward(runtime *rt, tape_entry *e, const float *dy) {
+static ct_status collective_backward(runtime *rt, tape_entry *e, const float *dy) {
     const ct_device_api *d = DEV(rt);
     rt_tensor *x = e->in[0];
     int kind = (int)e->i0, axis = (int)(e->i1 / 2), cols = (int)(e->i1 % 2);
     int degree = rt->dist.mesh->degree[axis], me = rt->dist.mesh->coord[axis];
     int64_t nx = numel(x), v = x->t.shape[x->t.ndim - 1], n = nx / v;
     float *gx = grad_of(rt, x);
-    if (!gx) return -1;
-    if (kind == CT_COLL_ALL_REDUCE) return d->axpy(rt->dev, gx, dy, 1.0f, nx) == CT_OK ? 0 : -1;
-    if (kind == CT_COLL_ALL_GATHER_SLICE && !cols) return d->axpy(rt->dev, gx, dy + me * nx, 1.0f, nx) == CT_OK ? 0 : -1;
+    if (!gx) return CT_ERR_NOMEM;
+    if (kind == CT_COLL_ALL_REDUCE) return d->axpy(rt->dev, gx, dy, 1.0f, nx);
+    if (kind == CT_COLL_ALL_GATHER_SLICE && !cols) return d->axpy(rt->dev, gx, dy + me * nx, 1.0f, nx);
     /* the temporary comes from the unit's backward region (given back below), so it shares memory
      * with the other backward temporaries; else from opscratch */
     pool *heap = backward_heap(rt);
     size_t bytes = sizeof(float) * (size_t)nx * (kind == CT_COLL_ALL_GATHER && cols ? degree + 1 : 1);
     pool_mark m = pool_get_mark(&rt->opscratch);
     float *tmp = pool_alloc(heap ? heap : &rt->opscratch, bytes);
-    if (!tmp) {
-        ct_set_error("out of memory for activation gradients");
-        return -1;
-    }
+    if (!tmp) return ct_fail(CT_ERR_NOMEM, "out of memory for activation gradients");
     if (heap) runtime_note_act_peak(rt);
-    int bad = 0;
+    ct_status st = CT_OK;
     switch (kind) {
     case CT_COLL_ALL_GATHER:
         if (cols) /* each rank's columns made contiguous, then summed onto their rank */
-            for (int64_t p = 0; p < degree && !bad; p++)
-                bad = d->copy_2d(rt->dev, tmp + nx + p * nx, v, dy + p * v, v * degree, n, v) != CT_OK;
-        bad = bad || axis_collective(rt, axis, 's', cols ? tmp + nx : dy, tmp, nx);
+            for (int64_t p = 0; p < degree && st == CT_OK; p++)
+                st = d->copy_2d(rt->dev, tmp + nx + p * nx, v, dy + p * v, v * degree, n, v);
+        if (st == CT_OK) st = axis_collective(rt, axis, 's', cols ? tmp + nx : dy, tmp, nx);
         break;
-    case CT_COLL_ALL_GATHER_SLICE: bad = d->copy_2d(rt->dev, tmp, v, dy + me * v, v * degree, n, v) != CT_OK; break;
-    case CT_COLL_REDUCE_SCATTER: bad = axis_collective(rt, axis, 'g', dy, tmp, numel(e->out)); break;
-    default: bad = axis_collective(rt, axis, 'r', dy, tmp, nx); break; /* CT_COLL_COPY */
+    case CT_COLL_ALL_GATHER_SLICE: st = d->copy_2d(rt->dev, tmp, v, dy + me * v, v * degree, n, v); break;
+    case CT_COLL_REDUCE_SCATTER: st = axis_collective(rt, axis, 'g', dy, tmp, numel(e->out)); break;
+    default: st = axis_collective(rt, axis, 'r', dy, tmp, nx); break; /* CT_COLL_COPY */
     }
-    bad = bad || d->axpy(rt->dev, gx, tmp, 1.0f, nx) != CT_OK;
+    if (st == CT_OK) st = d->axpy(rt->dev, gx, tmp, 1.0f, nx);
     if (heap) pool_free(heap, tmp, bytes);
     else pool_release(&rt->opscratch, m);
-    return bad ? -1 : 0;
+    return st;
 }
 
 /* ---- custom ops a strategy records (ct_builder.custom) ---- */
@@ -380,7 +367,7 @@ typedef struct custom_entry {
     double bwd_scratch; /* planning: its plan's backward_scratch (ABI 2.7), 0 when not given */
 } custom_entry;
 
-static int param_usable(runtime *rt, const ct_tensor *t, const char *op);
+static ct_status param_usable(runtime *rt, const ct_tensor *t, const char *op);
 
 static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *state, size_t state_bytes,
                            ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
@@ -392,7 +379,7 @@ static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *st
         return CT_ERR_INVALID;
     }
     for (int i = 0; i < n_in; i++)
-        if (param_usable(rt, in[i], op->name ? op->name : "custom op")) return CT_ERR_INVALID;
+        if (param_usable(rt, in[i], op->name ? op->name : "custom op") != CT_OK) return CT_ERR_INVALID;
     custom_entry *c = pool_alloc(&rt->act->desc, sizeof *c);
     void *st = state_bytes ? pool_alloc(&rt->act->desc, state_bytes) : NULL;
     if (!c || (state_bytes && !st)) {
@@ -420,7 +407,7 @@ static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *st
     }
     for (int i = 0; i < n_out; i++) out[i] = c->out[i];
     if (live_check(rt, (rt_tensor *const *)c->in, n_in) != CT_OK) return CT_ERR_INTERNAL;
-    if (record(rt, OP_CUSTOM, (rt_tensor *)c->out[0], NULL, NULL, NULL, NULL, NULL, 0)) return CT_ERR_NOMEM;
+    if (record(rt, OP_CUSTOM, (rt_tensor *)c->out[0], NULL, NULL, NULL, NULL, NULL, 0) != CT_OK) return CT_ERR_NOMEM;
     if (rt->recording) rt->tail->custom = c;
     return CT_OK;
 }
@@ -429,30 +416,27 @@ static const float *grad_if_any(const rt_tensor *t);
 
 /* The planner's stand-in for an op's backward scratch (its plan's backward_scratch): taken and
  * given back where the runtime's op_scratch would take it. */
-static int plan_bwd_scratch(runtime *rt, const custom_entry *c, pool *heap) {
-    if (c->bwd_scratch <= 0) return 0;
+static ct_status plan_bwd_scratch(runtime *rt, const custom_entry *c, pool *heap) {
+    if (c->bwd_scratch <= 0) return CT_OK;
     size_t bytes = (size_t)c->bwd_scratch;
     pool_mark m = pool_get_mark(&rt->opscratch);
     void *p = pool_alloc(heap ? heap : &rt->opscratch, bytes);
-    if (!p) {
-        ct_set_error("out of memory for a custom op's backward scratch (%zu bytes)", bytes);
-        return -1;
-    }
+    if (!p) return ct_fail(CT_ERR_NOMEM, "out of memory for a custom op's backward scratch (%zu bytes)", bytes);
     if (heap) {
         runtime_note_act_peak(rt);
         pool_free(heap, p, bytes);
     } else {
         pool_release(&rt->opscratch, m);
     }
-    return 0;
+    return CT_OK;
 }
 
-static int custom_backward(runtime *rt, tape_entry *e, int halves) {
+static ct_status custom_backward(runtime *rt, tape_entry *e, int halves) {
     custom_entry *c = e->custom;
     const float *dy[CUSTOM_MAX_IO];
     int any = 0;
     for (int i = 0; i < c->n_out; i++) any |= (dy[i] = grad_if_any((rt_tensor *)c->out[i])) != NULL;
-    if (!any) return 0;
+    if (!any) return CT_OK;
     pool *heap = backward_heap(rt);
     if (rt->planning) { /* the costs came from plan; the gradients it would accumulate into are made */
         for (int i = 0; i < c->n_in; i++) {
@@ -461,7 +445,7 @@ static int custom_backward(runtime *rt, tape_entry *e, int halves) {
             if (!x || x->t.dtype != CT_F32 || (owner->param && !(halves & CT_GRAD_WEIGHT)) ||
                 (!owner->param && !(halves & CT_GRAD_INPUT)))
                 continue;
-            if (!grad_of(rt, x)) return -1;
+            if (!grad_of(rt, x)) return CT_ERR_NOMEM;
         }
         return plan_bwd_scratch(rt, c, heap);
     }
@@ -474,11 +458,8 @@ static int custom_backward(runtime *rt, tape_entry *e, int halves) {
     rt->op_heap = NULL;
     rt->n_op_heap = 0;
     pool_release(&rt->opscratch, m);
-    if (s != CT_OK) {
-        if (!ct_last_error()[0]) ct_set_error("custom op %s backward failed (status %d)", c->op->name, s);
-        return -1;
-    }
-    return 0;
+    if (s != CT_OK && !ct_last_error()[0]) ct_set_error("custom op %s backward failed (status %d)", c->op->name, s);
+    return s;
 }
 
 static ct_tensor *op_new_tensor(ct_builder *b, ct_dtype dt, int ndim, const int64_t *shape) {
@@ -521,7 +502,7 @@ static ct_tensor *op_memo(ct_builder *b, ct_tensor *xt, const void *key, ct_tens
     runtime *rt = RT(b);
     if (!xt) return NULL;
     if (!value) return (ct_tensor *)memo_get(rt, (rt_tensor *)xt, key);
-    return memo_put(rt, (rt_tensor *)xt, key, (rt_tensor *)value) ? NULL : value;
+    return memo_put(rt, (rt_tensor *)xt, key, (rt_tensor *)value) != CT_OK ? NULL : value;
 }
 
 static void op_account_comm(ct_builder *b, int axis, double seconds) {
@@ -538,25 +519,21 @@ static ct_tensor *op_finish_output(ct_builder *b, ct_tensor *x) {
 /* A parameter the unit computes with must be its own (declared or shared with it) and have storage
  * now: a strategy provides it only inside its unit's window, so any other use would read or write
  * memory that is not the parameter's. */
-static int param_usable(runtime *rt, const ct_tensor *t, const char *op) {
+static ct_status param_usable(runtime *rt, const ct_tensor *t, const char *op) {
     const rt_tensor *w = (const rt_tensor *)t;
     if (w && w->base) w = w->base;
-    if (!w || !w->param || rt->cur_unit < 0) return 0;
+    if (!w || !w->param || rt->cur_unit < 0) return CT_OK;
     const ct_param_slot *sl = &rt->slots[w->param - 1];
-    if (sl->unit == rt->cur_unit && w->t.data) return 0; /* every op with a weight passes here: keep it cheap */
+    if (sl->unit == rt->cur_unit && w->t.data) return CT_OK; /* every op with a weight passes here: keep it cheap */
     const char *un = rt->m->unit_name ? rt->m->unit_name(rt->model, rt->cur_unit) : NULL;
-    if (sl->unit != rt->cur_unit) {
-        ct_set_error("model: %s in unit %d (%s) uses parameter '%s' of unit %d: a parameter used by several units must "
-                     "be shared with each (ct_param_registry.share)", op, rt->cur_unit, un ? un : "?", w->t.name,
-                     sl->unit);
-        return -1;
-    }
-    if (!w->t.data) {
-        ct_set_error("%s in unit %d (%s): parameter '%s' has no storage here (the strategy left its data NULL)", op,
-                     rt->cur_unit, un ? un : "?", w->t.name);
-        return -1;
-    }
-    return 0;
+    if (sl->unit != rt->cur_unit)
+        return ct_fail(CT_ERR_INVALID, "model: %s in unit %d (%s) uses parameter '%s' of unit %d: a parameter used by "
+                       "several units must be shared with each (ct_param_registry.share)", op, rt->cur_unit,
+                       un ? un : "?", w->t.name, sl->unit);
+    if (!w->t.data)
+        return ct_fail(CT_ERR_INVALID, "%s in unit %d (%s): parameter '%s' has no storage here (the strategy left its "
+                       "data NULL)", op, rt->cur_unit, un ? un : "?", w->t.name);
+    return CT_OK;
 }
 
 /* y = x w^T on this rank's operands (the quantizer's GEMMs when it converts w). */
@@ -576,20 +553,22 @@ static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
         quant_note(rt, owner->t.name, yes, why);
     }
     int quant = rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED);
-    if (rt->trace_ops == 1 && plan_note_linear(rt, owner, n, in, outf, quant, saved)) return NULL;
+    if (rt->trace_ops == 1 && plan_note_linear(rt, owner, n, in, outf, quant, saved) != CT_OK) return NULL;
     if (!SAC_REUSED(rt, saved) && !(quant && rt->planning)) { /* else computed in forward and saved */
         ct_status st = quant ? rt->qapi->forward(rt->quant, y->t.data, x->t.data, w->t.data, n, outf, in)
                              : DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f);
-        if (dev_fail(st, quant ? "float8 forward" : "matmul")) return NULL;
+        if (dev_check(st, quant ? "float8 forward" : "matmul") != CT_OK) return NULL;
     }
-    if (record(rt, OP_LINEAR, y, x, w, NULL, NULL, NULL, (float)quant)) return NULL;
+    if (record(rt, OP_LINEAR, y, x, w, NULL, NULL, NULL, (float)quant) != CT_OK) return NULL;
     return y;
 }
 
 static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt;
-    if (check_f32(xt, "linear", "x") || check_f32(wt, "linear", "w") || param_usable(rt, wt, "linear")) return NULL;
+    if (check_f32(xt, "linear", "x") != CT_OK || check_f32(wt, "linear", "w") != CT_OK ||
+        param_usable(rt, wt, "linear") != CT_OK)
+        return NULL;
     if (w->t.ndim != 2 || x->t.shape[x->t.ndim - 1] != w->t.shape[1]) {
         ct_set_error("linear: x (..., %lld) does not match w (%lld, %lld)", (long long)x->t.shape[x->t.ndim - 1],
                      (long long)w->t.shape[0], (long long)w->t.shape[w->t.ndim - 1]);
@@ -602,7 +581,9 @@ static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
 static ct_tensor *op_bias(ct_builder *b, ct_tensor *xt, ct_tensor *bt) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt, *bs = (rt_tensor *)bt;
-    if (check_f32(xt, "bias", "x") || check_f32(bt, "bias", "bias") || param_usable(rt, bt, "bias")) return NULL;
+    if (check_f32(xt, "bias", "x") != CT_OK || check_f32(bt, "bias", "bias") != CT_OK ||
+        param_usable(rt, bt, "bias") != CT_OK)
+        return NULL;
     int64_t c = x->t.shape[x->t.ndim - 1];
     if (numel(bs) != c) {
         ct_set_error("bias: %lld values for rows of %lld", (long long)numel(bs), (long long)c);
@@ -610,38 +591,45 @@ static ct_tensor *op_bias(ct_builder *b, ct_tensor *xt, ct_tensor *bt) {
     }
     rt_tensor *y = like(rt, x);
     if (!y) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_BIAS, numel(x) / c, c, 0, 0, 0, 0)) return NULL;
-    if (dev_fail(DEV(rt)->bias_forward(rt->dev, y->t.data, x->t.data, bs->t.data, numel(x) / c, c), "bias_forward")) return NULL;
-    if (record(rt, OP_BIAS, y, x, bs, NULL, NULL, NULL, 0)) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_BIAS, numel(x) / c, c, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (dev_check(DEV(rt)->bias_forward(rt->dev, y->t.data, x->t.data, bs->t.data, numel(x) / c, c), "bias_forward") !=
+        CT_OK)
+        return NULL;
+    if (record(rt, OP_BIAS, y, x, bs, NULL, NULL, NULL, 0) != CT_OK) return NULL;
     return &y->t;
 }
 
 static ct_tensor *op_embedding(ct_builder *b, const ct_tensor *idst, ct_tensor *tablet) {
     runtime *rt = RT(b);
     rt_tensor *ids = (rt_tensor *)idst, *table = (rt_tensor *)tablet;
-    if (!idst || idst->dtype != CT_I32 || check_f32(tablet, "embedding", "table") || table->t.ndim != 2) {
+    if (!idst || idst->dtype != CT_I32 || check_f32(tablet, "embedding", "table") != CT_OK || table->t.ndim != 2) {
         ct_set_error("embedding: expects int32 ids and a (vocab, dim) f32 table");
         return NULL;
     }
-    if (param_usable(rt, tablet, "embedding")) return NULL;
+    if (param_usable(rt, tablet, "embedding") != CT_OK) return NULL;
     int64_t shape[CT_MAX_DIMS];
     memcpy(shape, ids->t.shape, sizeof shape);
     if (ids->t.ndim >= CT_MAX_DIMS) return NULL;
     shape[ids->t.ndim] = table->t.shape[1];
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, ids->t.ndim + 1, shape);
     if (!y) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_EMBEDDING, numel(ids), table->t.shape[1], table->t.shape[0], 0, 0, 0))
+    if (rt->trace_ops == 1 &&
+        plan_note_op(rt, PLAN_OP_EMBEDDING, numel(ids), table->t.shape[1], table->t.shape[0], 0, 0, 0) != CT_OK)
         return NULL;
-    if (dev_fail(DEV(rt)->embedding_forward(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
-                                        table->t.shape[1], table->t.shape[0]), "embedding_forward")) return NULL;
-    if (record(rt, OP_EMBEDDING, y, ids, table, NULL, NULL, NULL, 0)) return NULL;
+    if (dev_check(DEV(rt)->embedding_forward(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
+                                             table->t.shape[1], table->t.shape[0]),
+                  "embedding_forward") != CT_OK)
+        return NULL;
+    if (record(rt, OP_EMBEDDING, y, ids, table, NULL, NULL, NULL, 0) != CT_OK) return NULL;
     return &y->t;
 }
 
 static ct_tensor *op_rmsnorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, float eps) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt;
-    if (check_f32(xt, "rmsnorm", "x") || check_f32(wt, "rmsnorm", "w") || param_usable(rt, wt, "rmsnorm")) return NULL;
+    if (check_f32(xt, "rmsnorm", "x") != CT_OK || check_f32(wt, "rmsnorm", "w") != CT_OK ||
+        param_usable(rt, wt, "rmsnorm") != CT_OK)
+        return NULL;
     int64_t c = x->t.shape[x->t.ndim - 1], n = numel(x) / c;
     if (numel(w) != c) {
         ct_set_error("rmsnorm: weight has %lld values for rows of %lld", (long long)numel(w), (long long)c);
@@ -649,17 +637,21 @@ static ct_tensor *op_rmsnorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, float 
     }
     rt_tensor *y = like(rt, x), *rstd = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!y || !rstd) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_RMSNORM, n, c, 0, 0, 0, 0)) return NULL;
-    if (dev_fail(DEV(rt)->rmsnorm_forward(rt->dev, y->t.data, rstd->t.data, x->t.data, w->t.data, n, c, eps), "rmsnorm_forward")) return NULL;
-    if (record(rt, OP_RMSNORM, y, x, w, NULL, rstd, NULL, eps)) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_RMSNORM, n, c, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (dev_check(DEV(rt)->rmsnorm_forward(rt->dev, y->t.data, rstd->t.data, x->t.data, w->t.data, n, c, eps),
+                  "rmsnorm_forward") != CT_OK)
+        return NULL;
+    if (record(rt, OP_RMSNORM, y, x, w, NULL, rstd, NULL, eps) != CT_OK) return NULL;
     return &y->t;
 }
 
 static ct_tensor *op_layernorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, ct_tensor *bt, float eps) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt, *bs = (rt_tensor *)bt;
-    if (check_f32(xt, "layernorm", "x") || check_f32(wt, "layernorm", "w") || param_usable(rt, wt, "layernorm")) return NULL;
-    if (bt && (check_f32(bt, "layernorm", "bias") || param_usable(rt, bt, "layernorm"))) return NULL;
+    if (check_f32(xt, "layernorm", "x") != CT_OK || check_f32(wt, "layernorm", "w") != CT_OK ||
+        param_usable(rt, wt, "layernorm") != CT_OK)
+        return NULL;
+    if (bt && (check_f32(bt, "layernorm", "bias") || param_usable(rt, bt, "layernorm") != CT_OK)) return NULL;
     int64_t c = x->t.shape[x->t.ndim - 1], n = numel(x) / c;
     if (numel(w) != c || (bs && numel(bs) != c)) {
         ct_set_error("layernorm: weight/bias size does not match rows of %lld", (long long)c);
@@ -668,17 +660,17 @@ static ct_tensor *op_layernorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, ct_t
     rt_tensor *y = like(rt, x), *mean = new_tensor(rt, rt->act, CT_F32, 1, &n),
               *rstd = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!y || !mean || !rstd) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_LAYERNORM, n, c, 0, 0, 0, 0)) return NULL;
-    if (dev_fail(DEV(rt)->layernorm_forward(rt->dev, y->t.data, mean->t.data, rstd->t.data, x->t.data, w->t.data,
-                                        bs ? bs->t.data : NULL, n, c, eps), "layernorm_forward")) return NULL;
-    if (record(rt, OP_LAYERNORM, y, x, w, bs, mean, rstd, eps)) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_LAYERNORM, n, c, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (dev_check(DEV(rt)->layernorm_forward(rt->dev, y->t.data, mean->t.data, rstd->t.data, x->t.data, w->t.data,
+                                        bs ? bs->t.data : NULL, n, c, eps), "layernorm_forward") != CT_OK) return NULL;
+    if (record(rt, OP_LAYERNORM, y, x, w, bs, mean, rstd, eps) != CT_OK) return NULL;
     return &y->t;
 }
 
 static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt;
-    if (check_f32(xt, "rope", "x")) return NULL;
+    if (check_f32(xt, "rope", "x") != CT_OK) return NULL;
     if (x->t.ndim != 4 || x->t.shape[3] % 2) {
         ct_set_error("rope: expects x of shape (B, T, H, D) with D even");
         return NULL;
@@ -686,11 +678,11 @@ static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
     rt_tensor *y = like(rt, x);
     if (!y) return NULL;
     if (rt->trace_ops == 1 &&
-        plan_note_op(rt, PLAN_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0))
+        plan_note_op(rt, PLAN_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0) != CT_OK)
         return NULL;
-    if (dev_fail(DEV(rt)->rope_forward(rt->dev, y->t.data, x->t.data, x->t.shape[0], x->t.shape[1], x->t.shape[2],
-                                   x->t.shape[3], theta), "rope_forward")) return NULL;
-    if (record(rt, OP_ROPE, y, x, NULL, NULL, NULL, NULL, theta)) return NULL;
+    if (dev_check(DEV(rt)->rope_forward(rt->dev, y->t.data, x->t.data, x->t.shape[0], x->t.shape[1], x->t.shape[2],
+                                   x->t.shape[3], theta), "rope_forward") != CT_OK) return NULL;
+    if (record(rt, OP_ROPE, y, x, NULL, NULL, NULL, NULL, theta) != CT_OK) return NULL;
     return &y->t;
 }
 
@@ -715,7 +707,7 @@ static float *rope_table_on_device(runtime *rt, const float *inv, int64_t half) 
         free(t);
         goto nomem;
     }
-    if (dev_fail(DEV(rt)->copy(rt->dev, p, inv, bytes, CT_COPY_H2D), "copy")) {
+    if (dev_check(DEV(rt)->copy(rt->dev, p, inv, bytes, CT_COPY_H2D), "copy") != CT_OK) {
         DEV(rt)->free(rt->dev, p);
         free(t);
         return NULL;
@@ -747,7 +739,7 @@ static ct_tensor *op_rope_freqs(ct_builder *b, ct_tensor *xt, const float *inv_f
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt;
     const ct_device_api *d = DEV(rt);
-    if (check_f32(xt, "rope_freqs", "x")) return NULL;
+    if (check_f32(xt, "rope_freqs", "x") != CT_OK) return NULL;
     if (x->t.ndim != 4 || x->t.shape[3] % 2 || !inv_freq) {
         ct_set_error("rope_freqs: expects x of shape (B, T, H, D) with D even and a table of D/2 frequencies");
         return NULL;
@@ -767,19 +759,20 @@ static ct_tensor *op_rope_freqs(ct_builder *b, ct_tensor *xt, const float *inv_f
     table->t = (ct_tensor){.struct_size = sizeof table->t, .dtype = CT_F32, .ndim = 1, .shape = {half}};
     if (!(table->t.data = rope_table_on_device(rt, inv_freq, half))) return NULL;
     if (rt->trace_ops == 1 &&
-        plan_note_op(rt, PLAN_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0))
+        plan_note_op(rt, PLAN_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0) != CT_OK)
         return NULL;
-    if (dev_fail(d->rope_freqs_forward(rt->dev, y->t.data, x->t.data, NULL, table->t.data, x->t.shape[0],
-                                       x->t.shape[1], x->t.shape[2], x->t.shape[3]), "rope_freqs_forward"))
+    if (dev_check(d->rope_freqs_forward(rt->dev, y->t.data, x->t.data, NULL, table->t.data, x->t.shape[0],
+                                        x->t.shape[1], x->t.shape[2], x->t.shape[3]), "rope_freqs_forward") != CT_OK)
         return NULL;
-    if (record(rt, OP_ROPE, y, x, NULL, NULL, table, NULL, 0)) return NULL;
+    if (record(rt, OP_ROPE, y, x, NULL, NULL, table, NULL, 0) != CT_OK) return NULL;
     return &y->t;
 }
 
 static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_tensor *vt) {
     runtime *rt = RT(b);
     rt_tensor *q = (rt_tensor *)qt, *k = (rt_tensor *)kt, *v = (rt_tensor *)vt;
-    if (check_f32(qt, "attention", "q") || check_f32(kt, "attention", "k") || check_f32(vt, "attention", "v"))
+    if (check_f32(qt, "attention", "q") != CT_OK || check_f32(kt, "attention", "k") != CT_OK ||
+        check_f32(vt, "attention", "v") != CT_OK)
         return NULL;
     const int64_t *qs = q->t.shape, *ks = k->t.shape;
     if (q->t.ndim != 4 || k->t.ndim != 4 || v->t.ndim != 4 || ks[0] != qs[0] || ks[1] != qs[1] ||
@@ -792,56 +785,62 @@ static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_t
     rt_tensor *y = saved ? sac_out(rt, CT_F32, q->t.ndim, q->t.shape) : like(rt, q);
     rt_tensor *lse = !y ? NULL : saved ? sac_out(rt, CT_F32, 3, lse_shape) : new_tensor(rt, rt->act, CT_F32, 3, lse_shape);
     if (!y || !lse) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_ATTENTION, qs[0], qs[1], qs[2], qs[3], (int)ks[2], saved))
+    if (rt->trace_ops == 1 &&
+        plan_note_op(rt, PLAN_OP_ATTENTION, qs[0], qs[1], qs[2], qs[3], (int)ks[2], saved) != CT_OK)
         return NULL;
-    if (!SAC_REUSED(rt, saved))
-        if (dev_fail(DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
-                                        qs[1], qs[2], ks[2], qs[3]), "attention_forward")) return NULL;
-    if (record(rt, OP_ATTENTION, y, q, k, v, lse, NULL, 0)) return NULL;
+    if (!SAC_REUSED(rt, saved) &&
+        dev_check(DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
+                                             qs[1], qs[2], ks[2], qs[3]),
+                  "attention_forward") != CT_OK)
+        return NULL;
+    if (record(rt, OP_ATTENTION, y, q, k, v, lse, NULL, 0) != CT_OK) return NULL;
     return &y->t;
 }
 
-static int same_shape(const rt_tensor *a, const rt_tensor *b, const char *op) {
-    if (a->t.ndim != b->t.ndim || memcmp(a->t.shape, b->t.shape, sizeof(int64_t) * (size_t)a->t.ndim)) {
-        ct_set_error("%s: operands have different shapes", op);
-        return -1;
-    }
-    return 0;
+static ct_status same_shape(const rt_tensor *a, const rt_tensor *b, const char *op) {
+    if (a->t.ndim != b->t.ndim || memcmp(a->t.shape, b->t.shape, sizeof(int64_t) * (size_t)a->t.ndim))
+        return ct_fail(CT_ERR_INVALID, "%s: operands have different shapes", op);
+    return CT_OK;
 }
 
 static ct_tensor *op_swiglu(ct_builder *b, ct_tensor *at, ct_tensor *gt) {
     runtime *rt = RT(b);
     rt_tensor *a = (rt_tensor *)at, *g = (rt_tensor *)gt;
-    if (check_f32(at, "swiglu", "a") || check_f32(gt, "swiglu", "g") || same_shape(a, g, "swiglu")) return NULL;
+    if (check_f32(at, "swiglu", "a") != CT_OK || check_f32(gt, "swiglu", "g") != CT_OK ||
+        same_shape(a, g, "swiglu") != CT_OK)
+        return NULL;
     rt_tensor *y = like(rt, a);
     if (!y) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_SWIGLU, numel(a), 0, 0, 0, 0, 0)) return NULL;
-    if (dev_fail(DEV(rt)->swiglu_forward(rt->dev, y->t.data, a->t.data, g->t.data, numel(a)), "swiglu_forward")) return NULL;
-    if (record(rt, OP_SWIGLU, y, a, g, NULL, NULL, NULL, 0)) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_SWIGLU, numel(a), 0, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (dev_check(DEV(rt)->swiglu_forward(rt->dev, y->t.data, a->t.data, g->t.data, numel(a)), "swiglu_forward") !=
+        CT_OK)
+        return NULL;
+    if (record(rt, OP_SWIGLU, y, a, g, NULL, NULL, NULL, 0) != CT_OK) return NULL;
     return &y->t;
 }
 
 static ct_tensor *op_gelu(ct_builder *b, ct_tensor *xt) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt;
-    if (check_f32(xt, "gelu", "x")) return NULL;
+    if (check_f32(xt, "gelu", "x") != CT_OK) return NULL;
     rt_tensor *y = like(rt, x);
     if (!y) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_GELU, numel(x), 0, 0, 0, 0, 0)) return NULL;
-    if (dev_fail(DEV(rt)->gelu_forward(rt->dev, y->t.data, x->t.data, numel(x)), "gelu_forward")) return NULL;
-    if (record(rt, OP_GELU, y, x, NULL, NULL, NULL, NULL, 0)) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_GELU, numel(x), 0, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (dev_check(DEV(rt)->gelu_forward(rt->dev, y->t.data, x->t.data, numel(x)), "gelu_forward") != CT_OK) return NULL;
+    if (record(rt, OP_GELU, y, x, NULL, NULL, NULL, NULL, 0) != CT_OK) return NULL;
     return &y->t;
 }
 
 static ct_tensor *op_add(ct_builder *b, ct_tensor *xt, ct_tensor *yt) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt, *y = (rt_tensor *)yt;
-    if (check_f32(xt, "add", "x") || check_f32(yt, "add", "y") || same_shape(x, y, "add")) return NULL;
+    if (check_f32(xt, "add", "x") != CT_OK || check_f32(yt, "add", "y") != CT_OK || same_shape(x, y, "add") != CT_OK)
+        return NULL;
     rt_tensor *o = like(rt, x);
     if (!o) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_ADD, numel(x), 0, 0, 0, 0, 0)) return NULL;
-    if (dev_fail(DEV(rt)->add(rt->dev, o->t.data, x->t.data, y->t.data, numel(x)), "add")) return NULL;
-    if (record(rt, OP_ADD, o, x, y, NULL, NULL, NULL, 0)) return NULL;
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_ADD, numel(x), 0, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (dev_check(DEV(rt)->add(rt->dev, o->t.data, x->t.data, y->t.data, numel(x)), "add") != CT_OK) return NULL;
+    if (record(rt, OP_ADD, o, x, y, NULL, NULL, NULL, 0) != CT_OK) return NULL;
     return &o->t;
 }
 
@@ -872,21 +871,22 @@ static ct_tensor *op_view(ct_builder *b, ct_tensor *xt, int ndim, const int64_t 
     return &v->t;
 }
 
-/* y (scalar) = the sum of losses (n), on the device when it can (no wait for it). 1 on failure. */
-static int loss_sum(runtime *rt, rt_tensor *y, rt_tensor *losses, int64_t n) {
+/* y (scalar) = the sum of losses (n), on the device when it can (no wait for it). */
+static ct_status loss_sum(runtime *rt, rt_tensor *y, rt_tensor *losses, int64_t n) {
     const ct_device_api *d = DEV(rt);
     if (CT_HAS_FIELD(d, ct_device_api, sum_to_device) && d->sum_to_device)
-        return dev_fail(d->sum_to_device(rt->dev, y->t.data, losses->t.data, n), "sum_to_device");
+        return dev_check(d->sum_to_device(rt->dev, y->t.data, losses->t.data, n), "sum_to_device");
     double sum = 0;
-    if (dev_fail(d->sum(rt->dev, &sum, losses->t.data, n), "sum")) return 1;
+    ct_status st = dev_check(d->sum(rt->dev, &sum, losses->t.data, n), "sum");
+    if (st != CT_OK) return st;
     float fsum = (float)sum;
-    return dev_fail(d->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D), "copy");
+    return dev_check(d->copy(rt->dev, y->t.data, &fsum, sizeof fsum, CT_COPY_H2D), "copy");
 }
 
 static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor *tt) {
     runtime *rt = RT(b);
     rt_tensor *logits = (rt_tensor *)lt, *targets = (rt_tensor *)tt;
-    if (check_f32(lt, "cross_entropy", "logits")) return NULL;
+    if (check_f32(lt, "cross_entropy", "logits") != CT_OK) return NULL;
     int64_t v = logits->t.shape[logits->t.ndim - 1], n = numel(logits) / v;
     if (!tt || tt->dtype != CT_I32 || numel(targets) != n) {
         ct_set_error("cross_entropy: targets must be int32 with one value per row of logits");
@@ -896,12 +896,12 @@ static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor
     if (!y) return NULL;
     rt_tensor *losses = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!losses) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_XENT, n, v, 0, 0, 0, 0)) return NULL;
-    if (dev_fail(DEV(rt)->cross_entropy_forward(rt->dev, losses->t.data, logits->t.data, targets->t.data, n, v,
-                                            CT_IGNORE_INDEX), "cross_entropy_forward") ||
-        loss_sum(rt, y, losses, n))
+    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_XENT, n, v, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (dev_check(DEV(rt)->cross_entropy_forward(rt->dev, losses->t.data, logits->t.data, targets->t.data, n, v,
+                                            CT_IGNORE_INDEX), "cross_entropy_forward") != CT_OK ||
+        loss_sum(rt, y, losses, n) != CT_OK)
         return NULL;
-    if (record(rt, OP_CROSS_ENTROPY, y, logits, targets, NULL, NULL, NULL, 0)) return NULL;
+    if (record(rt, OP_CROSS_ENTROPY, y, logits, targets, NULL, NULL, NULL, 0) != CT_OK) return NULL;
     return &y->t;
 }
 
@@ -935,8 +935,8 @@ static int xent_fused(runtime *rt, const ct_tensor *wt) {
 static ct_tensor *op_linear_cross_entropy(ct_builder *b, ct_tensor *xt, ct_tensor *wt, const ct_tensor *tt) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt, *targets = (rt_tensor *)tt;
-    if (check_f32(xt, "linear_cross_entropy", "x") || check_f32(wt, "linear_cross_entropy", "w") ||
-        param_usable(rt, wt, "linear_cross_entropy"))
+    if (check_f32(xt, "linear_cross_entropy", "x") != CT_OK || check_f32(wt, "linear_cross_entropy", "w") != CT_OK ||
+        param_usable(rt, wt, "linear_cross_entropy") != CT_OK)
         return NULL;
     if (w->t.ndim != 2 || x->t.shape[x->t.ndim - 1] != w->t.shape[1]) {
         ct_set_error("linear_cross_entropy: x (..., %lld) does not match w (%lld, %lld)",
@@ -953,9 +953,9 @@ static ct_tensor *op_linear_cross_entropy(ct_builder *b, ct_tensor *xt, ct_tenso
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, 0, NULL), *losses = y ? new_tensor(rt, rt->act, CT_F32, 1, &n) : NULL;
     if (!losses) return NULL;
     if (rt->trace_ops == 1) { /* the GEMM and the loss, each run again in backward */
-        if (plan_note_linear(rt, owner, n, in, v, 0, 0)) return NULL;
+        if (plan_note_linear(rt, owner, n, in, v, 0, 0) != CT_OK) return NULL;
         rt->trace->ops[rt->trace->n_ops - 1].bwd_refwd = 1;
-        if (plan_note_op(rt, PLAN_OP_XENT, n, v, 0, 0, 0, 0)) return NULL;
+        if (plan_note_op(rt, PLAN_OP_XENT, n, v, 0, 0, 0, 0) != CT_OK) return NULL;
         rt->trace->ops[rt->trace->n_ops - 1].bwd_refwd = 1;
     }
     int64_t rows = xent_rows(n, in, v);
@@ -965,15 +965,16 @@ static ct_tensor *op_linear_cross_entropy(ct_builder *b, ct_tensor *xt, ct_tenso
     if (bad) ct_set_error("out of memory for the loss's logits (%lld rows)", (long long)rows);
     for (int64_t r0 = 0; r0 < n && !bad; r0 += rows) {
         int64_t nr = n - r0 < rows ? n - r0 : rows;
-        bad = dev_fail(d->matmul(rt->dev, logits, (const float *)x->t.data + r0 * in, w->t.data, nr, v, in, 0, 1, 1.0f, 0.0f),
-                       "matmul") ||
-              dev_fail(d->cross_entropy_forward(rt->dev, (float *)losses->t.data + r0, logits,
-                                                (const int32_t *)targets->t.data + r0, nr, v, CT_IGNORE_INDEX),
-                       "cross_entropy_forward");
+        bad = dev_check(d->matmul(rt->dev, logits, (const float *)x->t.data + r0 * in, w->t.data, nr, v, in, 0, 1, 1.0f,
+                                  0.0f),
+                        "matmul") != CT_OK ||
+              dev_check(d->cross_entropy_forward(rt->dev, (float *)losses->t.data + r0, logits,
+                                                 (const int32_t *)targets->t.data + r0, nr, v, CT_IGNORE_INDEX),
+                        "cross_entropy_forward") != CT_OK;
     }
     pool_release(&rt->opscratch, m);
-    if (bad || loss_sum(rt, y, losses, n)) return NULL;
-    if (record(rt, OP_LINEAR_XENT, y, x, w, targets, NULL, NULL, 0)) return NULL;
+    if (bad || loss_sum(rt, y, losses, n) != CT_OK) return NULL;
+    if (record(rt, OP_LINEAR_XENT, y, x, w, targets, NULL, NULL, 0) != CT_OK) return NULL;
     return &y->t;
 }
 
@@ -1136,7 +1137,7 @@ float *tape_grad_in(runtime *rt, rt_tensor *t, pool *p) {
         owner->grad_heap = p->heap ? p : NULL;
         if (p->heap) runtime_note_act_peak(rt);
         ct_clear_error();
-        if (dev_fail(DEV(rt)->zero(rt->dev, owner->t.grad, bytes), "zero")) { /* the device's reason */
+        if (dev_check(DEV(rt)->zero(rt->dev, owner->t.grad, bytes), "zero") != CT_OK) { /* the device's reason */
             owner->t.grad = NULL;
             return NULL;
         }
@@ -1153,98 +1154,109 @@ static const float *grad_if_any(const rt_tensor *t) {
     return owner->t.grad;
 }
 
-/* Gradient buffers of up to three tensors (NULL entries skipped): 0, or -1 when out of memory. */
-static int grads_of(runtime *rt, rt_tensor *a, float **ga, rt_tensor *b, float **gb, rt_tensor *c, float **gc) {
-    if (a && !(*ga = grad_of(rt, a))) return -1;
-    if (b && !(*gb = grad_of(rt, b))) return -1;
-    if (c && !(*gc = grad_of(rt, c))) return -1;
-    return 0;
+/* Gradient buffers of up to three tensors (NULL entries skipped): CT_OK, or CT_ERR_NOMEM when one
+ * cannot be had (grad_of's message says why). The backward helpers below return CT_OK or the status
+ * of what failed, its message set. */
+static ct_status grads_of(runtime *rt, rt_tensor *a, float **ga, rt_tensor *b, float **gb, rt_tensor *c, float **gc) {
+    if (a && !(*ga = grad_of(rt, a))) return CT_ERR_NOMEM;
+    if (b && !(*gb = grad_of(rt, b))) return CT_ERR_NOMEM;
+    if (c && !(*gc = grad_of(rt, c))) return CT_ERR_NOMEM;
+    return CT_OK;
 }
 
 /* Each op's backward: its input half (in) and weight half (wt) accumulate into the gradients. */
-static int linear_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int wt) {
+static ct_status linear_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int wt) {
     const ct_device_api *d = DEV(rt);
     rt_tensor *x = e->in[0], *w = e->in[1];
     int64_t k = w->t.shape[1], m = w->t.shape[0], n = numel(x) / k;
     float *gx = NULL, *gw = NULL;
-    if (grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, NULL, NULL)) return -1;
-    if (e->f != 0 && rt->planning) return 0; /* the quantizer's costs came from plan_linear */
+    ct_status st = grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, NULL, NULL);
+    if (st != CT_OK) return st;
+    if (e->f != 0 && rt->planning) return CT_OK; /* the quantizer's costs came from plan_linear */
     if (e->f != 0) { /* float8: the quantizer runs both GEMMs */
-        if (in && dev_fail(rt->qapi->backward_input(rt->quant, gx, dy, w->t.data, n, m, k), "float8 backward_input"))
-            return -1;
-        if (wt && dev_fail(rt->qapi->backward_weight(rt->quant, gw, dy, x->t.data, n, m, k), "float8 backward_weight"))
-            return -1;
-        return 0;
+        if (in && (st = dev_check(rt->qapi->backward_input(rt->quant, gx, dy, w->t.data, n, m, k),
+                                  "float8 backward_input")) != CT_OK)
+            return st;
+        if (wt)
+            st = dev_check(rt->qapi->backward_weight(rt->quant, gw, dy, x->t.data, n, m, k), "float8 backward_weight");
+        return st;
     }
-    if (in && dev_fail(d->matmul(rt->dev, gx, dy, w->t.data, n, k, m, 0, 0, 1.0f, 1.0f), "matmul")) return -1;
-    if (wt && dev_fail(d->matmul(rt->dev, gw, dy, x->t.data, m, k, n, 1, 0, 1.0f, 1.0f), "matmul")) return -1;
-    return 0;
+    if (in && (st = dev_check(d->matmul(rt->dev, gx, dy, w->t.data, n, k, m, 0, 0, 1.0f, 1.0f), "matmul")) != CT_OK)
+        return st;
+    if (wt) st = dev_check(d->matmul(rt->dev, gw, dy, x->t.data, m, k, n, 1, 0, 1.0f, 1.0f), "matmul");
+    return st;
 }
 
-static int norm_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int wt) {
+static ct_status norm_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int wt) {
     const ct_device_api *d = DEV(rt);
     rt_tensor *x = e->in[0], *w = e->in[1], *bs = e->in[2];
     int64_t c = numel(w), n = numel(x) / c;
     float *gx = NULL, *gw = NULL, *gb = NULL;
-    if (grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, wt ? bs : NULL, &gb)) return -1;
+    ct_status st = grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, wt ? bs : NULL, &gb);
+    if (st != CT_OK) return st;
     const float *xd = x->t.data, *a0 = e->aux[0]->t.data;
     if (e->op == OP_RMSNORM) {
-        if (in && dev_fail(d->rmsnorm_backward_input(rt->dev, gx, dy, xd, w->t.data, a0, n, c), "rmsnorm_backward_input"))
-            return -1;
-        if (wt && dev_fail(d->rmsnorm_backward_weight(rt->dev, gw, dy, xd, a0, n, c), "rmsnorm_backward_weight"))
-            return -1;
-        return 0;
+        if (in && (st = dev_check(d->rmsnorm_backward_input(rt->dev, gx, dy, xd, w->t.data, a0, n, c),
+                                  "rmsnorm_backward_input")) != CT_OK)
+            return st;
+        if (wt) st = dev_check(d->rmsnorm_backward_weight(rt->dev, gw, dy, xd, a0, n, c), "rmsnorm_backward_weight");
+        return st;
     }
     const float *a1 = e->aux[1]->t.data;
-    if (in && dev_fail(d->layernorm_backward_input(rt->dev, gx, dy, xd, w->t.data, a0, a1, n, c), "layernorm_backward_input"))
-        return -1;
-    if (wt && dev_fail(d->layernorm_backward_weight(rt->dev, gw, gb, dy, xd, a0, a1, n, c), "layernorm_backward_weight"))
-        return -1;
-    return 0;
+    if (in && (st = dev_check(d->layernorm_backward_input(rt->dev, gx, dy, xd, w->t.data, a0, a1, n, c),
+                              "layernorm_backward_input")) != CT_OK)
+        return st;
+    if (wt)
+        st = dev_check(d->layernorm_backward_weight(rt->dev, gw, gb, dy, xd, a0, a1, n, c),
+                       "layernorm_backward_weight");
+    return st;
 }
 
-static int attention_bwd(runtime *rt, tape_entry *e, const float *dy) {
+static ct_status attention_bwd(runtime *rt, tape_entry *e, const float *dy) {
     rt_tensor *q = e->in[0], *k = e->in[1], *v = e->in[2];
     const int64_t *s = q->t.shape;
     float *gq, *gk, *gv;
-    if (grads_of(rt, q, &gq, k, &gk, v, &gv)) return -1;
-    return dev_fail(DEV(rt)->attention_backward(rt->dev, gq, gk, gv, dy, q->t.data, k->t.data, v->t.data, e->out->t.data,
-                                                e->aux[0]->t.data, s[0], s[1], s[2], k->t.shape[2], s[3]),
-                    "attention_backward")
-               ? -1
-               : 0;
+    ct_status st = grads_of(rt, q, &gq, k, &gk, v, &gv);
+    if (st != CT_OK) return st;
+    return dev_check(DEV(rt)->attention_backward(rt->dev, gq, gk, gv, dy, q->t.data, k->t.data, v->t.data,
+                                                 e->out->t.data, e->aux[0]->t.data, s[0], s[1], s[2], k->t.shape[2],
+                                                 s[3]),
+                     "attention_backward");
 }
 
 /* linear_cross_entropy's blocks again: logits, their gradient (dy = d(loss)), then dx and dW. */
-static int linear_xent_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int wt) {
+static ct_status linear_xent_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int wt) {
     const ct_device_api *d = DEV(rt);
     rt_tensor *x = e->in[0], *w = e->in[1], *targets = e->in[2];
     int64_t k = w->t.shape[1], v = w->t.shape[0], n = numel(x) / k, rows = xent_rows(n, k, v);
     float *gx = NULL, *gw = NULL, dloss = 0;
-    if (grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, NULL, NULL)) return -1;
-    if (!gx && !gw) return 0;
+    ct_status st = grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, NULL, NULL);
+    if (st != CT_OK) return st;
+    if (!gx && !gw) return CT_OK;
     int on_dev = CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev;
-    if (!on_dev && dev_fail(d->copy(rt->dev, &dloss, dy, sizeof dloss, CT_COPY_D2H), "copy")) return -1;
+    if (!on_dev && (st = dev_check(d->copy(rt->dev, &dloss, dy, sizeof dloss, CT_COPY_D2H), "copy")) != CT_OK)
+        return st;
     pool_mark m = pool_get_mark(&rt->opscratch);
     float *logits = pool_alloc(&rt->opscratch, sizeof(float) * (size_t)(rows * v));
     float *dl = logits ? pool_alloc(&rt->opscratch, sizeof(float) * (size_t)(rows * v)) : NULL;
-    int bad = !dl;
-    if (bad) ct_set_error("out of memory for the loss's logits (%lld rows)", (long long)rows);
-    for (int64_t r0 = 0; r0 < n && !bad; r0 += rows) {
+    if (!dl) st = ct_fail(CT_ERR_NOMEM, "out of memory for the loss's logits (%lld rows)", (long long)rows);
+    for (int64_t r0 = 0; r0 < n && st == CT_OK; r0 += rows) {
         int64_t nr = n - r0 < rows ? n - r0 : rows;
         const float *xr = (const float *)x->t.data + r0 * k;
         const int32_t *tr = (const int32_t *)targets->t.data + r0;
-        bad = dev_fail(d->matmul(rt->dev, logits, xr, w->t.data, nr, v, k, 0, 1, 1.0f, 0.0f), "matmul") ||
-              dev_fail(d->zero(rt->dev, dl, sizeof(float) * (size_t)(nr * v)), "zero") ||
-              (on_dev ? dev_fail(d->cross_entropy_backward_dev(rt->dev, dl, logits, tr, dy, nr, v, CT_IGNORE_INDEX),
-                                 "cross_entropy_backward_dev")
-                      : dev_fail(d->cross_entropy_backward(rt->dev, dl, logits, tr, dloss, nr, v, CT_IGNORE_INDEX),
-                                 "cross_entropy_backward")) ||
-              (gx && dev_fail(d->matmul(rt->dev, gx + r0 * k, dl, w->t.data, nr, k, v, 0, 0, 1.0f, 1.0f), "matmul")) ||
-              (gw && dev_fail(d->matmul(rt->dev, gw, dl, xr, v, k, nr, 1, 0, 1.0f, 1.0f), "matmul"));
+        st = dev_check(d->matmul(rt->dev, logits, xr, w->t.data, nr, v, k, 0, 1, 1.0f, 0.0f), "matmul");
+        if (st == CT_OK) st = dev_check(d->zero(rt->dev, dl, sizeof(float) * (size_t)(nr * v)), "zero");
+        if (st == CT_OK)
+            st = on_dev ? dev_check(d->cross_entropy_backward_dev(rt->dev, dl, logits, tr, dy, nr, v, CT_IGNORE_INDEX),
+                                    "cross_entropy_backward_dev")
+                        : dev_check(d->cross_entropy_backward(rt->dev, dl, logits, tr, dloss, nr, v, CT_IGNORE_INDEX),
+                                    "cross_entropy_backward");
+        if (st == CT_OK && gx)
+            st = dev_check(d->matmul(rt->dev, gx + r0 * k, dl, w->t.data, nr, k, v, 0, 0, 1.0f, 1.0f), "matmul");
+        if (st == CT_OK && gw) st = dev_check(d->matmul(rt->dev, gw, dl, xr, v, k, nr, 1, 0, 1.0f, 1.0f), "matmul");
     }
     pool_release(&rt->opscratch, m);
-    return bad ? -1 : 0;
+    return st;
 }
 
 /* The loss's gradient dloss: on the device where it reads it there (ABI 1.5), else read to the
@@ -1253,93 +1265,95 @@ static int xent_dloss_on_device(const ct_device_api *d) {
     return CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev;
 }
 
-static int xent_host_dloss(runtime *rt, const float *dy, float *dloss) {
+static ct_status xent_host_dloss(runtime *rt, const float *dy, float *dloss) {
     *dloss = 0;
-    return !xent_dloss_on_device(DEV(rt)) && dev_fail(DEV(rt)->copy(rt->dev, dloss, dy, sizeof *dloss, CT_COPY_D2H), "copy");
+    if (xent_dloss_on_device(DEV(rt))) return CT_OK;
+    return dev_check(DEV(rt)->copy(rt->dev, dloss, dy, sizeof *dloss, CT_COPY_D2H), "copy");
 }
 
-/* dx += the gradient of the cross entropy of n rows of logits (1 on failure). */
-static int xent_grad_rows(runtime *rt, float *dx, const float *logits, const int32_t *targets, const float *dy,
-                          float dloss, int64_t n, int64_t v) {
+/* dx += the gradient of the cross entropy of n rows of logits. */
+static ct_status xent_grad_rows(runtime *rt, float *dx, const float *logits, const int32_t *targets, const float *dy,
+                                float dloss, int64_t n, int64_t v) {
     const ct_device_api *d = DEV(rt);
     if (xent_dloss_on_device(d))
-        return dev_fail(d->cross_entropy_backward_dev(rt->dev, dx, logits, targets, dy, n, v, CT_IGNORE_INDEX),
-                        "cross_entropy_backward_dev");
-    return dev_fail(d->cross_entropy_backward(rt->dev, dx, logits, targets, dloss, n, v, CT_IGNORE_INDEX),
-                    "cross_entropy_backward");
+        return dev_check(d->cross_entropy_backward_dev(rt->dev, dx, logits, targets, dy, n, v, CT_IGNORE_INDEX),
+                         "cross_entropy_backward_dev");
+    return dev_check(d->cross_entropy_backward(rt->dev, dx, logits, targets, dloss, n, v, CT_IGNORE_INDEX),
+                     "cross_entropy_backward");
 }
 
 /* The logits' gradient in place of the logits, when nothing reads them after this op (its
  * backward is their last reader's) and they have no gradient yet: a block of rows at a time into a
  * block-sized buffer, copied over the rows just read, so the logits and their gradient (in f32,
  * both [tokens x vocab]) are never held at once. Each row's gradient is its own: the same values.
- * 1 when done, 0 when it does not apply, -1 on failure. */
-static int cross_entropy_bwd_in_place(runtime *rt, tape_entry *e, const float *dy, float dloss, int64_t n, int64_t v) {
+ * *done 1 when done, 0 when it does not apply (CT_OK either way); a status on failure. */
+static ct_status cross_entropy_bwd_in_place(runtime *rt, tape_entry *e, const float *dy, float dloss, int64_t n,
+                                            int64_t v, int *done) {
     const ct_device_api *d = DEV(rt);
     rt_tensor *x = e->in[0], *targets = e->in[1];
     pool *heap = backward_heap(rt);
+    *done = 0;
     if (!heap || x->base || x->alias || x->param || x->t.grad || (x->data_heap && x->data_heap != heap) ||
         x->last_bwd != e)
-        return 0;
+        return CT_OK;
     const tape_entry *p = e->prev; /* made in this unit's forward: else an earlier unit may read it still */
     while (p && p->out != x) p = p->prev;
-    if (!p) return 0;
+    if (!p) return CT_OK;
     int64_t rows = n / 16 > 0 ? n / 16 : 1;
     size_t bytes = sizeof(float) * (size_t)(rows * v);
     float *blk = pool_alloc(heap, bytes);
-    if (!blk) {
-        ct_set_error("out of memory for the logits' gradient (%lld rows)", (long long)rows);
-        return -1;
-    }
+    if (!blk) return ct_fail(CT_ERR_NOMEM, "out of memory for the logits' gradient (%lld rows)", (long long)rows);
     runtime_note_act_peak(rt);
-    int bad = 0;
-    for (int64_t r0 = 0; r0 < n && !bad; r0 += rows) {
+    ct_status st = CT_OK;
+    for (int64_t r0 = 0; r0 < n && st == CT_OK; r0 += rows) {
         int64_t nr = n - r0 < rows ? n - r0 : rows;
         float *xr = (float *)x->t.data + r0 * v;
         size_t b = sizeof(float) * (size_t)(nr * v);
-        bad = dev_fail(d->zero(rt->dev, blk, b), "zero") ||
-              xent_grad_rows(rt, blk, xr, (const int32_t *)targets->t.data + r0, dy, dloss, nr, v) ||
-              dev_fail(d->copy(rt->dev, xr, blk, b, CT_COPY_D2D), "copy");
+        st = dev_check(d->zero(rt->dev, blk, b), "zero");
+        if (st == CT_OK) st = xent_grad_rows(rt, blk, xr, (const int32_t *)targets->t.data + r0, dy, dloss, nr, v);
+        if (st == CT_OK) st = dev_check(d->copy(rt->dev, xr, blk, b, CT_COPY_D2D), "copy");
     }
     pool_free(heap, blk, bytes);
-    if (bad) return -1;
+    if (st != CT_OK) return st;
     x->t.grad = x->t.data; /* the gradient owns the memory now: given back after its producer's backward, */
     x->grad_heap = x->data_heap; /* or with the unit's activations */
     x->data_heap = NULL;
-    return 1;
+    *done = 1;
+    return CT_OK;
 }
 
-static int cross_entropy_bwd(runtime *rt, tape_entry *e, const float *dy, int both) {
+static ct_status cross_entropy_bwd(runtime *rt, tape_entry *e, const float *dy, int both) {
     rt_tensor *x = e->in[0], *targets = e->in[1];
     int64_t v = x->t.shape[x->t.ndim - 1], n = numel(x) / v;
     float *gx, dloss;
-    if (xent_host_dloss(rt, dy, &dloss)) return -1;
-    int done = both ? cross_entropy_bwd_in_place(rt, e, dy, dloss, n, v) : 0;
-    if (done) return done < 0 ? -1 : 0;
-    if (grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) return -1;
-    return xent_grad_rows(rt, gx, x->t.data, targets->t.data, dy, dloss, n, v) ? -1 : 0;
+    int done = 0;
+    ct_status st = xent_host_dloss(rt, dy, &dloss);
+    if (st == CT_OK && both) st = cross_entropy_bwd_in_place(rt, e, dy, dloss, n, v, &done);
+    if (st != CT_OK || done) return st;
+    if ((st = grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) != CT_OK) return st;
+    return xent_grad_rows(rt, gx, x->t.data, targets->t.data, dy, dloss, n, v);
 }
 
 /* The ops whose backward is one elementwise device call (or two, for add). */
-static int pointwise_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int wt) {
+static ct_status pointwise_bwd(runtime *rt, tape_entry *e, const float *dy, int in, int wt) {
     const ct_device_api *d = DEV(rt);
     rt_tensor *x = e->in[0], *w = e->in[1];
     float *gx = NULL, *gw = NULL;
     ct_status st = CT_OK;
     switch (e->op) {
     case OP_BIAS:
-        if (grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, NULL, NULL)) return -1;
+        if ((st = grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, NULL, NULL)) != CT_OK) return st;
         if (in) st = d->axpy(rt->dev, gx, dy, 1.0f, numel(x));
         if (wt && st == CT_OK) st = d->bias_backward(rt->dev, gw, dy, numel(x) / numel(w), numel(w));
         break;
     case OP_EMBEDDING:
-        if (!wt) return 0;
-        if (grads_of(rt, w, &gw, NULL, NULL, NULL, NULL)) return -1;
+        if (!wt) return CT_OK;
+        if ((st = grads_of(rt, w, &gw, NULL, NULL, NULL, NULL)) != CT_OK) return st;
         st = d->embedding_backward(rt->dev, gw, x->t.data, dy, numel(x), w->t.shape[1], w->t.shape[0]);
         break;
     case OP_ROPE:
-        if (!in) return 0;
-        if (grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) return -1;
+        if (!in) return CT_OK;
+        if ((st = grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) != CT_OK) return st;
         if (e->aux[0]) /* rope_freqs: the table it copied */
             st = d->rope_freqs_backward(rt->dev, gx, dy, NULL, e->aux[0]->t.data, x->t.shape[0], x->t.shape[1],
                                         x->t.shape[2], x->t.shape[3]);
@@ -1347,48 +1361,49 @@ static int pointwise_bwd(runtime *rt, tape_entry *e, const float *dy, int in, in
             st = d->rope_backward(rt->dev, gx, dy, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], e->f);
         break;
     case OP_SWIGLU:
-        if (!in) return 0;
-        if (grads_of(rt, x, &gx, w, &gw, NULL, NULL)) return -1;
+        if (!in) return CT_OK;
+        if ((st = grads_of(rt, x, &gx, w, &gw, NULL, NULL)) != CT_OK) return st;
         st = d->swiglu_backward(rt->dev, gx, gw, dy, x->t.data, w->t.data, numel(x));
         break;
     case OP_GELU:
-        if (!in) return 0;
-        if (grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) return -1;
+        if (!in) return CT_OK;
+        if ((st = grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) != CT_OK) return st;
         st = d->gelu_backward(rt->dev, gx, dy, x->t.data, numel(x));
         break;
     default: /* OP_ADD */
-        if (!in) return 0;
-        if (grads_of(rt, x, &gx, w, &gw, NULL, NULL)) return -1;
+        if (!in) return CT_OK;
+        if ((st = grads_of(rt, x, &gx, w, &gw, NULL, NULL)) != CT_OK) return st;
         st = d->axpy(rt->dev, gx, dy, 1.0f, numel(x));
         if (st == CT_OK) st = d->axpy(rt->dev, gw, dy, 1.0f, numel(x));
         break;
     }
-    return dev_fail(st, "backward") ? -1 : 0;
+    return dev_check(st, "backward");
 }
 
-static int entry_backward(runtime *rt, tape_entry *e, int halves) {
-    int in = halves & TAPE_INPUT, wt = halves & TAPE_WEIGHT, bad = 0;
+static ct_status entry_backward(runtime *rt, tape_entry *e, int halves) {
+    int in = halves & TAPE_INPUT, wt = halves & TAPE_WEIGHT;
+    ct_status st;
     if (e->op == OP_CUSTOM) {
         rt->in_backward = 1;
-        bad = custom_backward(rt, e, halves);
+        st = custom_backward(rt, e, halves);
         rt->in_backward = 0;
-        return bad;
+        return st;
     }
     const float *dy = grad_if_any(e->out);
-    if (!dy) return 0; /* nothing flowed into this op */
+    if (!dy) return CT_OK; /* nothing flowed into this op */
     switch (e->op) {
     case OP_LINEAR: return linear_bwd(rt, e, dy, in, wt);
     case OP_RMSNORM:
     case OP_LAYERNORM: return norm_bwd(rt, e, dy, in, wt);
-    case OP_ATTENTION: return in ? attention_bwd(rt, e, dy) : 0;
-    case OP_CROSS_ENTROPY: return in ? cross_entropy_bwd(rt, e, dy, in && wt) : 0;
+    case OP_ATTENTION: return in ? attention_bwd(rt, e, dy) : CT_OK;
+    case OP_CROSS_ENTROPY: return in ? cross_entropy_bwd(rt, e, dy, in && wt) : CT_OK;
     case OP_LINEAR_XENT: return linear_xent_bwd(rt, e, dy, in, wt);
     case OP_COLLECTIVE:
-        if (!in) return 0;
+        if (!in) return CT_OK;
         rt->in_backward = 1;
-        bad = collective_backward(rt, e, dy);
+        st = collective_backward(rt, e, dy);
         rt->in_backward = 0;
-        return bad;
+        return st;
     default: return pointwise_bwd(rt, e, dy, in, wt);
     }
 }
@@ -1571,14 +1586,15 @@ static void mark_last_readers(tape_entry *tail) {
     }
 }
 
-int tape_backward(runtime *rt, tape_entry *tail, int halves) {
+ct_status tape_backward(runtime *rt, tape_entry *tail, int halves) {
     rt_tensor *r[7 + 3 * CUSTOM_MAX_IO];
     if (halves == TAPE_BOTH) mark_last_readers(tail);
     for (tape_entry *e = tail; e; e = e->prev) {
         int traced = trace_active() && e->op != OP_COLLECTIVE; /* a collective is the comm's event */
         double t0 = traced ? trace_now_us() : 0;
         follow_owners(e);
-        if (entry_backward(rt, e, halves)) return -1;
+        ct_status st = entry_backward(rt, e, halves);
+        if (st != CT_OK) return st;
         if (traced && grad_if_any(e->out)) trace_backward(e, halves, t0);
         if (halves != TAPE_BOTH) continue;
         rt_tensor *made[2 + CUSTOM_MAX_IO]; /* op e's backward was the last to add to their gradients */
@@ -1591,7 +1607,7 @@ int tape_backward(runtime *rt, tape_entry *tail, int halves) {
             if (o && o->last_bwd == e) tape_give_back_data(o);
         }
     }
-    return 0;
+    return CT_OK;
 }
 
 /* ---- the layers operation-level strategies wrap around the builder ----
@@ -1702,8 +1718,8 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
 
 void tape_layer_free(ct_builder *b) { free(b); }
 
-int tape_note_cast(runtime *rt, int64_t elements, int in_place) {
-    if (rt->trace_ops != 1 || elements <= 0) return 0;
+ct_status tape_note_cast(runtime *rt, int64_t elements, int in_place) {
+    if (rt->trace_ops != 1 || elements <= 0) return CT_OK;
     return plan_note_op(rt, PLAN_OP_CAST, elements, in_place, 0, 0, 0, 0);
 }
 

@@ -33,8 +33,9 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next);
 void tape_layer_free(ct_builder *b);
 /* Frees rope_freqs' device tables (runtime_free). */
 void tape_rope_tables_free(runtime *rt);
-/* Replays entries from `tail` back to the first, accumulating gradients. */
-int tape_backward(runtime *rt, tape_entry *tail, int halves);
+/* Replays entries from `tail` back to the first, accumulating gradients. CT_OK, or the status of the
+ * op's backward that failed (the device's, the comm's, a custom op's) with the error set. */
+ct_status tape_backward(runtime *rt, tape_entry *tail, int halves);
 /* After a recompute in a pool in heap mode: gives back what the tape made there that no op's
  * backward reads (nothing when a custom op keeps tensors the tape cannot see). */
 void tape_drop_unread(runtime *rt, tape_entry *tail);
@@ -42,13 +43,15 @@ void tape_drop_unread(runtime *rt, tape_entry *tail);
  * allocated outside heap mode); its descriptor stays. */
 void tape_give_back_data(rt_tensor *t);
 /* For liveness.c, over a pass of n allocations: per allocation the last op that reads or makes it
- * (dies_after, raised) and whether a backward reads it (bwd). 1 when a custom op hides tensors. */
+ * (dies_after, raised) and whether a backward reads it (bwd). Returns 1 when a custom op hides
+ * tensors (the scan stops: nothing is known), else 0; not a status. */
 int tape_live_scan(runtime *rt, tape_entry *tail, int *dies_after, unsigned char *bwd, int n);
 /* The planner's trace (forward only): `elements` f32 activations packed to bf16 and expanded in
- * backward, or (in_place) rounded where they are. 0, or -1 with the error set. */
-int tape_note_cast(runtime *rt, int64_t elements, int in_place);
+ * backward, or (in_place) rounded where they are. CT_OK, or a status with the error set. */
+ct_status tape_note_cast(runtime *rt, int64_t elements, int in_place);
 /* Calls fn on every tensor entries from `tail` back hold (aux 1: saved statistics, kept exact);
- * 1 when a custom op's forward made activations it did not return (nothing may move), else 0. */
+ * returns 1 when a custom op's forward made activations it did not return (nothing may move), else 0
+ * (a predicate, not a status). */
 int tape_visit(tape_entry *tail, void (*fn)(void *ctx, rt_tensor *t, int aux), void *ctx);
 
 #endif

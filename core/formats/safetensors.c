@@ -533,6 +533,7 @@ done:
     return st;
 }
 
+/* Writes e's bytes to fd (bf16 converted in chunks): 0, or -1 with errno set, as ct_write_all. */
 static int write_data(int fd, const st_entry *e) {
     uint64_t nbytes;
     if (entry_bytes("", e, &nbytes) != CT_OK) return -1; /* checked by header_json already */

@@ -118,8 +118,9 @@ typedef struct reader {
     uint64_t h;
 } reader;
 
-/* Sets the error: "label: tensor 3 'name' at byte 120: what". */
-static void fail(reader *r, const char *fmt, ...) {
+/* Sets the error: "label: tensor 3 'name' at byte 120: what", and returns st. */
+static ct_status fail(reader *r, ct_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static ct_status fail(reader *r, ct_status st, const char *fmt, ...) {
     char what[256], where[160] = "";
     va_list ap;
     va_start(ap, fmt);
@@ -137,85 +138,76 @@ static void fail(reader *r, const char *fmt, ...) {
         snprintf(where, sizeof where, "tensor %ld%s%s: ", r->tensor, shown, at);
     }
     ct_set_error("%s: %s%s", r->label, where, what);
+    return st;
 }
 
-/* 0 if the file still holds n bytes; else -1 and a "truncated" error naming the field. */
-static int need(reader *r, uint64_t n, const char *what) {
+/* CT_OK if the file still holds n bytes; else CT_ERR_INVALID and a "truncated" error naming the field. */
+static ct_status need(reader *r, uint64_t n, const char *what) {
     uint64_t left = r->size - r->pos;
-    if (n <= left) return 0;
-    fail(r, "truncated: %s needs %llu bytes but only %llu remain", what, (unsigned long long)n,
-         (unsigned long long)left);
-    return -1;
+    if (n <= left) return CT_OK;
+    return fail(r, CT_ERR_INVALID, "truncated: %s needs %llu bytes but only %llu remain", what, (unsigned long long)n,
+                (unsigned long long)left);
 }
 
 /* Reads n bytes, after checking that the file holds them. `what` names the field for the error. */
-static int take(reader *r, void *dst, uint64_t n, const char *what) {
-    if (need(r, n, what)) return -1;
+static ct_status take(reader *r, void *dst, uint64_t n, const char *what) {
+    ct_status st = need(r, n, what);
+    if (st != CT_OK) return st;
     if (r->mem) {
         if (n) memcpy(dst, r->mem + r->pos, (size_t)n);
     } else if (n && fread(dst, 1, (size_t)n, r->fp) != (size_t)n) {
-        fail(r, "read error in %s at byte %llu: %s", what, (unsigned long long)r->pos,
-             ferror(r->fp) ? strerror(errno) : "file shrank while being read");
-        return -1;
+        return fail(r, CT_ERR_IO, "read error in %s at byte %llu: %s", what, (unsigned long long)r->pos,
+                    ferror(r->fp) ? strerror(errno) : "file shrank while being read");
     }
     if (r->hashing) r->h = fnv1a(dst, (size_t)n, r->h);
     r->pos += n;
-    return 0;
+    return CT_OK;
 }
 
-static int take_u32(reader *r, uint32_t *v, const char *what) {
+static ct_status take_u32(reader *r, uint32_t *v, const char *what) {
     unsigned char b[4];
-    if (take(r, b, 4, what)) return -1;
+    ct_status st = take(r, b, 4, what);
+    if (st != CT_OK) return st;
     *v = get_u32(b);
-    return 0;
+    return CT_OK;
 }
 
 /* Reads one tensor record into e (which tf_free can release however far this got). */
-static int read_entry(reader *r, tf_entry *e) {
+static ct_status read_entry(reader *r, tf_entry *e) {
     uint32_t name_len, dtype, ndim;
-    if (take_u32(r, &name_len, "name length")) return -1;
-    if (name_len < 1 || name_len > TF_MAX_NAME) {
-        fail(r, "name length %u is outside 1..%d", name_len, TF_MAX_NAME);
-        return -1;
-    }
-    if (need(r, name_len, "name")) return -1;
+    ct_status st;
+    if ((st = take_u32(r, &name_len, "name length")) != CT_OK) return st;
+    if (name_len < 1 || name_len > TF_MAX_NAME)
+        return fail(r, CT_ERR_INVALID, "name length %u is outside 1..%d", name_len, TF_MAX_NAME);
+    if ((st = need(r, name_len, "name")) != CT_OK) return st;
     e->name = malloc((size_t)name_len + 1);
-    if (!e->name) { fail(r, "out of memory"); return -1; }
-    if (take(r, e->name, name_len, "name")) return -1;
+    if (!e->name) return fail(r, CT_ERR_NOMEM, "out of memory");
+    if ((st = take(r, e->name, name_len, "name")) != CT_OK) return st;
     e->name[name_len] = '\0';
-    if (memchr(e->name, '\0', name_len)) { fail(r, "name contains a NUL byte"); return -1; }
+    if (memchr(e->name, '\0', name_len)) return fail(r, CT_ERR_INVALID, "name contains a NUL byte");
     r->name = e->name;
     r->name_len = name_len;
-    if (!utf8_valid((const unsigned char *)e->name, name_len)) {
-        fail(r, "name is not valid UTF-8");
-        return -1;
-    }
+    if (!utf8_valid((const unsigned char *)e->name, name_len))
+        return fail(r, CT_ERR_INVALID, "name is not valid UTF-8");
 
-    if (take_u32(r, &dtype, "dtype")) return -1;
-    if (!dtype_known(dtype)) {
-        fail(r, "dtype %u is not supported (expected 1 = f32 or 5 = int32)", dtype);
-        return -1;
-    }
+    if ((st = take_u32(r, &dtype, "dtype")) != CT_OK) return st;
+    if (!dtype_known(dtype))
+        return fail(r, CT_ERR_INVALID, "dtype %u is not supported (expected 1 = f32 or 5 = int32)", dtype);
     e->dtype = (int)dtype;
-    if (take_u32(r, &ndim, "ndim")) return -1;
-    if (ndim > TF_MAX_DIMS) {
-        fail(r, "ndim %u is outside 0..%d", ndim, TF_MAX_DIMS);
-        return -1;
-    }
+    if ((st = take_u32(r, &ndim, "ndim")) != CT_OK) return st;
+    if (ndim > TF_MAX_DIMS) return fail(r, CT_ERR_INVALID, "ndim %u is outside 0..%d", ndim, TF_MAX_DIMS);
     e->ndim = (int)ndim;
 
     unsigned char sb[8 * TF_MAX_DIMS];
-    if (take(r, sb, 8ull * ndim, "shape")) return -1;
+    if ((st = take(r, sb, 8ull * ndim, "shape")) != CT_OK) return st;
     /* numel * 4 must fit in int64_t (and in size_t, which is as wide on every supported host). */
     const int64_t max_numel = INT64_MAX / 4;
     int64_t numel = 1;
     int too_big = 0;
     for (uint32_t k = 0; k < ndim; k++) {
         uint64_t d = get_u64(sb + 8 * k);
-        if (d > (uint64_t)INT64_MAX) {
-            fail(r, "shape[%u] = %llu is too large", k, (unsigned long long)d);
-            return -1;
-        }
+        if (d > (uint64_t)INT64_MAX)
+            return fail(r, CT_ERR_INVALID, "shape[%u] = %llu is too large", k, (unsigned long long)d);
         e->shape[k] = (int64_t)d;
         if (d != 0 && numel > max_numel / (int64_t)d) too_big = 1;
         else numel *= (int64_t)d;
@@ -223,15 +215,14 @@ static int read_entry(reader *r, tf_entry *e) {
     if (too_big) {
         char s[160];
         shape_str(s, sizeof s, e->ndim, e->shape);
-        fail(r, "shape %s has too many elements", s);
-        return -1;
+        return fail(r, CT_ERR_INVALID, "shape %s has too many elements", s);
     }
     e->numel = numel;
 
     uint64_t bytes = 4ull * (uint64_t)numel;
-    if (need(r, bytes, "data")) return -1; /* before allocating: the file must hold the data */
+    if ((st = need(r, bytes, "data")) != CT_OK) return st; /* before allocating: the file must hold the data */
     e->data = malloc(bytes ? (size_t)bytes : 1);
-    if (!e->data) { fail(r, "out of memory for %llu bytes of data", (unsigned long long)bytes); return -1; }
+    if (!e->data) return fail(r, CT_ERR_NOMEM, "out of memory for %llu bytes of data", (unsigned long long)bytes);
     return take(r, e->data, bytes, "data");
 }
 
@@ -243,10 +234,10 @@ static int cmp_entry_ptr(const void *a, const void *b) {
 
 /* Names must be unique. Sorting keeps this O(n log n) however many tensors a file claims. The error
  * names the first tensor, in file order, that repeats an earlier name. */
-static int check_unique(reader *r, tf_file *f) {
-    if (f->count < 2) return 0;
+static ct_status check_unique(reader *r, tf_file *f) {
+    if (f->count < 2) return CT_OK;
     const tf_entry **by_name = malloc((size_t)f->count * sizeof *by_name);
-    if (!by_name) { fail(r, "out of memory"); return -1; }
+    if (!by_name) return fail(r, CT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < f->count; i++) by_name[i] = &f->entries[i];
     qsort(by_name, (size_t)f->count, sizeof *by_name, cmp_entry_ptr);
     /* Equal names now sit together in file order: a group's first member is the original. */
@@ -256,79 +247,68 @@ static int check_unique(reader *r, tf_file *f) {
         if (!dup || by_name[i] < dup) { dup = by_name[i]; orig = by_name[group]; }
     }
     free(by_name);
-    if (!dup) return 0;
+    if (!dup) return CT_OK;
     r->tensor = (long)(dup - f->entries);
     r->start = UINT64_MAX; /* record offsets are not kept */
     r->name = dup->name;
     r->name_len = strlen(dup->name);
-    fail(r, "duplicate name (tensor %ld has it too)", (long)(orig - f->entries));
-    return -1;
+    return fail(r, CT_ERR_INVALID, "duplicate name (tensor %ld has it too)", (long)(orig - f->entries));
 }
 
 /* The fixed header: magic, a version we read, a zero reserved field, and a tensor count the file
- * can hold. 0 or -1 (the reader's error says why). */
-static int header_read(reader *r, uint32_t *version, uint32_t *count) {
+ * can hold. CT_OK, or a status (the reader's error says why). */
+static ct_status header_read(reader *r, uint32_t *version, uint32_t *count) {
     unsigned char h[TF_HEADER_BYTES];
-    if (r->size < TF_HEADER_BYTES) {
-        fail(r, "file is %llu bytes, shorter than the %d-byte header", (unsigned long long)r->size,
-             TF_HEADER_BYTES);
-        return -1;
-    }
-    if (take(r, h, TF_HEADER_BYTES, "header")) return -1;
-    if (memcmp(h, TF_MAGIC, 8) != 0) {
-        fail(r, "bad magic (expected \"CTTENSOR\"): not a ctt tensor file");
-        return -1;
-    }
+    if (r->size < TF_HEADER_BYTES)
+        return fail(r, CT_ERR_INVALID, "file is %llu bytes, shorter than the %d-byte header",
+                    (unsigned long long)r->size, TF_HEADER_BYTES);
+    ct_status st = take(r, h, TF_HEADER_BYTES, "header");
+    if (st != CT_OK) return st;
+    if (memcmp(h, TF_MAGIC, 8) != 0)
+        return fail(r, CT_ERR_INVALID, "bad magic (expected \"CTTENSOR\"): not a ctt tensor file");
     *version = get_u32(h + 8);
     *count = get_u32(h + 12);
     uint64_t reserved = get_u64(h + 16);
-    if (*version != 1 && *version != TF_VERSION) {
-        fail(r, "format version %u is not supported (expected 1 or %d)", *version, TF_VERSION);
-        return -1;
-    }
+    if (*version != 1 && *version != TF_VERSION)
+        return fail(r, CT_ERR_INVALID, "format version %u is not supported (expected 1 or %d)", *version, TF_VERSION);
     uint64_t sum_bytes = *version >= 2 ? 8 : 0; /* per tensor, after the last record */
-    if (reserved != 0) {
-        fail(r, "reserved header field is %llu, expected 0", (unsigned long long)reserved);
-        return -1;
-    }
+    if (reserved != 0)
+        return fail(r, CT_ERR_INVALID, "reserved header field is %llu, expected 0", (unsigned long long)reserved);
     uint64_t most = (r->size - TF_HEADER_BYTES) / (TF_MIN_RECORD_BYTES + sum_bytes);
-    if (*count > most || *count > INT_MAX) {
-        fail(r, "header says %u tensors but the remaining %llu bytes hold at most %llu", *count,
-             (unsigned long long)(r->size - TF_HEADER_BYTES), (unsigned long long)most);
-        return -1;
-    }
-    return 0;
+    if (*count > most || *count > INT_MAX)
+        return fail(r, CT_ERR_INVALID, "header says %u tensors but the remaining %llu bytes hold at most %llu", *count,
+                    (unsigned long long)(r->size - TF_HEADER_BYTES), (unsigned long long)most);
+    return CT_OK;
 }
 
 /* Version 2: after the records, one checksum per tensor, equal to its record's (sums; starts are
- * the records' offsets, for the error). 0 or -1. */
-static int checksums_check(reader *r, const tf_file *f, uint32_t count, const uint64_t *sums,
-                           const uint64_t *starts) {
+ * the records' offsets, for the error). CT_OK, or a status with the error set. */
+static ct_status checksums_check(reader *r, const tf_file *f, uint32_t count, const uint64_t *sums,
+                                 const uint64_t *starts) {
     uint64_t sum_bytes = 8;
-    if (r->size - r->pos != sum_bytes * count) {
-        fail(r, "after the last tensor %llu bytes remain; the %u checksums take %llu",
-             (unsigned long long)(r->size - r->pos), count, (unsigned long long)(sum_bytes * count));
-        return -1;
-    }
+    if (r->size - r->pos != sum_bytes * count)
+        return fail(r, CT_ERR_INVALID, "after the last tensor %llu bytes remain; the %u checksums take %llu",
+                    (unsigned long long)(r->size - r->pos), count, (unsigned long long)(sum_bytes * count));
     for (uint32_t i = 0; i < count; i++) {
         unsigned char b[8];
-        if (take(r, b, 8, "checksum")) return -1;
+        ct_status st = take(r, b, 8, "checksum");
+        if (st != CT_OK) return st;
         if (get_u64(b) == sums[i]) continue;
         r->tensor = (long)i;
         r->start = starts[i];
         r->name = f->entries[i].name;
         r->name_len = strlen(r->name);
-        fail(r, "checksum mismatch (stored %016llx, the record gives %016llx): the file is corrupt",
-             (unsigned long long)get_u64(b), (unsigned long long)sums[i]);
-        return -1;
+        return fail(r, CT_ERR_INVALID,
+                    "checksum mismatch (stored %016llx, the record gives %016llx): the file is corrupt",
+                    (unsigned long long)get_u64(b), (unsigned long long)sums[i]);
     }
-    return 0;
+    return CT_OK;
 }
 
 static tf_file *parse(reader *r) {
-    uint32_t version, count;
+    uint32_t version = 0, count = 0;
     r->tensor = -1;
-    if (header_read(r, &version, &count)) return NULL;
+    if (header_read(r, &version, &count) != CT_OK) return NULL;
     uint64_t sum_bytes = version >= 2 ? 8 : 0;
     tf_file *f = calloc(1, sizeof *f);
     uint64_t *sums = calloc(count ? count : 1, sizeof *sums), *starts = calloc(count ? count : 1, sizeof *starts);
@@ -338,7 +318,7 @@ static tf_file *parse(reader *r) {
         free(f);
         free(sums);
         free(starts);
-        fail(r, "out of memory");
+        fail(r, CT_ERR_NOMEM, "out of memory");
         return NULL;
     }
     f->version = (int)version;
@@ -349,18 +329,18 @@ static tf_file *parse(reader *r) {
         f->count = (int)i + 1; /* so tf_free releases this entry's partial allocations too */
         r->hashing = sum_bytes > 0;
         r->h = TF_FNV_BASIS;
-        if (read_entry(r, &f->entries[i])) goto fail;
+        if (read_entry(r, &f->entries[i]) != CT_OK) goto fail;
         r->hashing = 0;
         sums[i] = r->h;
     }
     r->tensor = -1;
-    if (sum_bytes && checksums_check(r, f, count, sums, starts)) goto fail;
+    if (sum_bytes && checksums_check(r, f, count, sums, starts) != CT_OK) goto fail;
     if (r->pos != r->size) {
-        fail(r, "%llu trailing bytes after the last tensor (tensor count %u)",
+        fail(r, CT_ERR_INVALID, "%llu trailing bytes after the last tensor (tensor count %u)",
              (unsigned long long)(r->size - r->pos), count);
         goto fail;
     }
-    if (check_unique(r, f)) goto fail;
+    if (check_unique(r, f) != CT_OK) goto fail;
     free(sums);
     free(starts);
     return f;
@@ -375,17 +355,17 @@ tf_file *tf_read(const char *path) {
     reader r = {.label = path, .tensor = -1};
     r.fp = fopen(path, "rb");
     if (!r.fp) {
-        fail(&r, "cannot open: %s", strerror(errno));
+        fail(&r, CT_ERR_IO, "cannot open: %s", strerror(errno));
         return NULL;
     }
     struct stat st;
     if (fstat(fileno(r.fp), &st) != 0) {
-        fail(&r, "cannot stat: %s", strerror(errno));
+        fail(&r, CT_ERR_IO, "cannot stat: %s", strerror(errno));
         fclose(r.fp);
         return NULL;
     }
     if (!S_ISREG(st.st_mode)) {
-        fail(&r, "not a regular file");
+        fail(&r, CT_ERR_INVALID, "not a regular file");
         fclose(r.fp);
         return NULL;
     }
@@ -476,16 +456,20 @@ struct tf_writer {
     char err[512];
 };
 
-static void wfail(tf_writer *w, ct_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void wfail(tf_writer *w, ct_status st, const char *fmt, ...) {
-    if (w->err[0]) return; /* keep the first error */
-    w->status = st;
-    char what[384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    snprintf(w->err, sizeof w->err, "%s: %s", w->path, what);
+/* Records the writer's first error (a later one is dropped) and returns its status, with its message
+ * set (ct_last_error). */
+static ct_status wfail(tf_writer *w, ct_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static ct_status wfail(tf_writer *w, ct_status st, const char *fmt, ...) {
+    if (!w->err[0]) { /* keep the first error */
+        w->status = st;
+        char what[384];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(what, sizeof what, fmt, ap);
+        va_end(ap);
+        snprintf(w->err, sizeof w->err, "%s: %s", w->path, what);
+    }
+    return ct_fail(w->status, "%s", w->err);
 }
 
 static void writer_free(tf_writer *w) {
@@ -524,74 +508,59 @@ tf_writer *tf_writer_open(const char *path) {
     return w;
 }
 
-/* Checks the arguments of tf_writer_add; 0 if they make a valid record, numel in *numel. */
-static int check_add(tf_writer *w, const char *name, int dtype, int ndim, const int64_t *shape,
-                     const void *data, int64_t *numel) {
+/* Checks the arguments of tf_writer_add: CT_OK if they make a valid record (numel in *numel), else
+ * the writer's error (CT_ERR_INVALID). */
+static ct_status check_add(tf_writer *w, const char *name, int dtype, int ndim, const int64_t *shape,
+                           const void *data, int64_t *numel) {
     size_t len = name ? strlen(name) : 0;
     char shown[72] = "";
     if (name) name_excerpt(shown, sizeof shown, name, len);
-    if (len < 1 || len > TF_MAX_NAME) {
-        wfail(w, CT_ERR_INVALID, "tensor %u '%s': name length %zu is outside 1..%d", w->count, shown, len, TF_MAX_NAME);
-        return -1;
-    }
-    if (!utf8_valid((const unsigned char *)name, len)) {
-        wfail(w, CT_ERR_INVALID, "tensor %u '%s': name is not valid UTF-8", w->count, shown);
-        return -1;
-    }
-    if (!dtype_known((uint32_t)dtype)) {
-        wfail(w, CT_ERR_INVALID, "tensor %u '%s': dtype %d is not supported (1 = f32, 5 = int32)", w->count, shown,
-              dtype);
-        return -1;
-    }
-    if (ndim < 0 || ndim > TF_MAX_DIMS || (ndim > 0 && !shape)) {
-        wfail(w, CT_ERR_INVALID, "tensor %u '%s': ndim %d is outside 0..%d or shape is NULL", w->count, shown, ndim,
-              TF_MAX_DIMS);
-        return -1;
-    }
+    if (len < 1 || len > TF_MAX_NAME)
+        return wfail(w, CT_ERR_INVALID, "tensor %u '%s': name length %zu is outside 1..%d", w->count, shown, len,
+                     TF_MAX_NAME);
+    if (!utf8_valid((const unsigned char *)name, len))
+        return wfail(w, CT_ERR_INVALID, "tensor %u '%s': name is not valid UTF-8", w->count, shown);
+    if (!dtype_known((uint32_t)dtype))
+        return wfail(w, CT_ERR_INVALID, "tensor %u '%s': dtype %d is not supported (1 = f32, 5 = int32)", w->count,
+                     shown, dtype);
+    if (ndim < 0 || ndim > TF_MAX_DIMS || (ndim > 0 && !shape))
+        return wfail(w, CT_ERR_INVALID, "tensor %u '%s': ndim %d is outside 0..%d or shape is NULL", w->count, shown,
+                     ndim, TF_MAX_DIMS);
     int64_t n = 1;
     for (int k = 0; k < ndim; k++) {
-        if (shape[k] < 0 || (shape[k] != 0 && n > (INT64_MAX / 4) / shape[k])) {
-            wfail(w, CT_ERR_INVALID, "tensor %u '%s': shape[%d] = %lld is negative or makes the tensor too large",
-                  w->count, shown, k, (long long)shape[k]);
-            return -1;
-        }
+        if (shape[k] < 0 || (shape[k] != 0 && n > (INT64_MAX / 4) / shape[k]))
+            return wfail(w, CT_ERR_INVALID, "tensor %u '%s': shape[%d] = %lld is negative or makes the tensor too large",
+                         w->count, shown, k, (long long)shape[k]);
         n *= shape[k];
     }
-    if (n > 0 && !data) {
-        wfail(w, CT_ERR_INVALID, "tensor %u '%s': data is NULL", w->count, shown);
-        return -1;
-    }
-    for (uint32_t i = 0; i < w->count; i++) {
-        if (strcmp(w->names[i], name) == 0) {
-            wfail(w, CT_ERR_INVALID, "tensor %u '%s': duplicate name (tensor %u has it too)", w->count, shown, i);
-            return -1;
-        }
-    }
-    if (w->count == UINT32_MAX || w->count == INT_MAX) {
-        wfail(w, CT_ERR_INVALID, "too many tensors");
-        return -1;
-    }
+    if (n > 0 && !data) return wfail(w, CT_ERR_INVALID, "tensor %u '%s': data is NULL", w->count, shown);
+    for (uint32_t i = 0; i < w->count; i++)
+        if (strcmp(w->names[i], name) == 0)
+            return wfail(w, CT_ERR_INVALID, "tensor %u '%s': duplicate name (tensor %u has it too)", w->count, shown, i);
+    if (w->count == UINT32_MAX || w->count == INT_MAX) return wfail(w, CT_ERR_INVALID, "too many tensors");
     *numel = n;
-    return 0;
+    return CT_OK;
 }
 
-int tf_writer_add(tf_writer *w, const char *name, int dtype, int ndim, const int64_t *shape,
-                  const void *data) {
-    if (!w || w->err[0]) return -1;
-    int64_t numel;
-    if (check_add(w, name, dtype, ndim, shape, data, &numel)) return -1;
+ct_status tf_writer_add(tf_writer *w, const char *name, int dtype, int ndim, const int64_t *shape,
+                        const void *data) {
+    if (!w) return ct_fail(CT_ERR_INVALID, "tf_writer_add: no writer");
+    if (w->err[0]) return ct_fail(w->status, "%s", w->err);
+    int64_t numel = 0;
+    ct_status st = check_add(w, name, dtype, ndim, shape, data, &numel);
+    if (st != CT_OK) return st;
     if (w->count == w->names_cap) {
         size_t cap = w->names_cap ? 2 * w->names_cap : 16;
         char **grown = realloc(w->names, cap * sizeof *grown);
         if (grown) w->names = grown;
         uint64_t *sums = grown ? realloc(w->sums, cap * sizeof *sums) : NULL;
-        if (!sums) { wfail(w, CT_ERR_NOMEM, "out of memory"); return -1; }
+        if (!sums) return wfail(w, CT_ERR_NOMEM, "out of memory");
         w->sums = sums;
         w->names_cap = cap;
     }
     size_t len = strlen(name);
     char *copy = strdup(name);
-    if (!copy) { wfail(w, CT_ERR_NOMEM, "out of memory"); return -1; }
+    if (!copy) return wfail(w, CT_ERR_NOMEM, "out of memory");
 
     unsigned char head[4 + 4 + 4 + 8 * TF_MAX_DIMS];
     size_t hn = 0;
@@ -606,11 +575,10 @@ int tf_writer_add(tf_writer *w, const char *name, int dtype, int ndim, const int
     w->sums[w->count] = fnv1a(data, bytes, fnv1a(head, hn, h));
     if (!ok) {
         free(copy);
-        wfail(w, CT_ERR_IO, "cannot write %s: %s", w->tmp, strerror(errno));
-        return -1;
+        return wfail(w, CT_ERR_IO, "cannot write %s: %s", w->tmp, strerror(errno));
     }
     w->names[w->count++] = copy;
-    return 0;
+    return CT_OK;
 }
 
 const char *tf_writer_error(const tf_writer *w) {
@@ -669,19 +637,17 @@ ct_status tf_writer_close(tf_writer *w) {
     return CT_OK;
 }
 
-int tf_writer_add_text(tf_writer *w, const char *name, const char *text) {
+ct_status tf_writer_add_text(tf_writer *w, const char *name, const char *text) {
     size_t n = strlen(text), words = (n + 3) / 4;
     int32_t *packed = calloc(words ? words : 1, sizeof *packed);
-    if (!packed) {
-        if (w && !w->err[0]) wfail(w, CT_ERR_NOMEM, "tensor %u: out of memory", w->count);
-        return -1;
-    }
+    if (!packed) return w ? wfail(w, CT_ERR_NOMEM, "tensor %u: out of memory", w->count)
+                          : ct_fail(CT_ERR_NOMEM, "tf_writer_add_text: out of memory");
     for (size_t k = 0; k < n; k++) /* through uint32_t: byte 3 may set the sign bit */
         packed[k / 4] = (int32_t)((uint32_t)packed[k / 4] | (uint32_t)(unsigned char)text[k] << (8 * (k % 4)));
     int64_t shape[1] = {(int64_t)words};
-    int rc = tf_writer_add(w, name, TF_I32, 1, shape, packed);
+    ct_status st = tf_writer_add(w, name, TF_I32, 1, shape, packed);
     free(packed);
-    return rc;
+    return st;
 }
 
 ct_status tf_text(const tf_file *f, const char *label, const char *name, char **text) {

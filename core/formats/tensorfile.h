@@ -83,14 +83,15 @@ ct_status tf_check_finite(const tf_file *f, const char *label);
 /* The same over n floats of one tensor; `what` names it in the message. */
 ct_status tf_check_finite_data(const float *x, int64_t n, const char *label, const char *what);
 
-/* Writer. tf_writer_add copies nothing it does not write at once; it returns 0, or -1 on a bad
- * argument or an I/O error. The first error is sticky: later adds return -1 and do nothing,
- * tf_writer_error gives the message, and tf_writer_close reports it (its status and ct_last_error). */
+/* Writer. tf_writer_add copies nothing it does not write at once; it returns CT_OK, or a status with the
+ * message set (CT_ERR_INVALID for a bad argument, CT_ERR_IO, CT_ERR_NOMEM). The first error is sticky:
+ * later adds return its status again and do nothing, tf_writer_error gives the message, and
+ * tf_writer_close reports it (its status and ct_last_error). */
 typedef struct tf_writer tf_writer;
 
 tf_writer *tf_writer_open(const char *path);
-int tf_writer_add(tf_writer *w, const char *name, int dtype, int ndim, const int64_t *shape,
-                  const void *data);
+ct_status tf_writer_add(tf_writer *w, const char *name, int dtype, int ndim, const int64_t *shape,
+                        const void *data);
 const char *tf_writer_error(const tf_writer *w); /* "" while there is no error */
 /* Patches the count, fsyncs, renames path.tmp to path and frees w. On any error (including an
  * earlier add's) it removes path.tmp, leaves path untouched, frees w and returns its status. */
@@ -101,11 +102,11 @@ void tf_writer_abort(tf_writer *w);
 /* Text in an entry (a model file's description, JSON): the UTF-8 bytes packed four to an int32
  * element, byte k in bits 8(k%4).. of element k/4 (so the file holds the bytes in order), the last
  * element padded with NULs; shape (ceil(len/4)). Readers that do not know the entry skip it as any
- * other non-parameter. tf_writer_add_text: 0 or -1 as tf_writer_add. tf_text: in *text a malloc'd
+ * other non-parameter. tf_writer_add_text: a status as tf_writer_add. tf_text: in *text a malloc'd
  * NUL-terminated copy of entry `name`'s text, or NULL when there is no such entry (both CT_OK); an
  * error and a one-line message ("label: tensor 'name': ...") when it is not text (dtype, rank, a NUL
  * before the padding, invalid UTF-8). */
-int tf_writer_add_text(tf_writer *w, const char *name, const char *text);
+ct_status tf_writer_add_text(tf_writer *w, const char *name, const char *text);
 ct_status tf_text(const tf_file *f, const char *label, const char *name, char **text);
 
 #endif

@@ -139,28 +139,22 @@ static double wall_now(void) {
 
 /* One event framed and written with a single write(2): once it returns, a crash of this process
  * leaves the record in the file. */
-static int event_write(tb_writer *w, int64_t step, const char *version, const tb_scalar *v, int n) {
+static ct_status event_write(tb_writer *w, int64_t step, const char *version, const tb_scalar *v, int n) {
     size_t cap = 64 + (version ? strlen(version) : 0);
     for (int i = 0; i < n; i++) cap += 16 + 2 * value_len(v[i].tag);
     uint8_t *buf = malloc(2 * cap + TB_FRAME_OVERHEAD);
-    if (!buf) {
-        ct_set_error("cannot write %s: out of memory for an event of %d scalars", w->path, n);
-        return -1;
-    }
+    if (!buf) return ct_fail(CT_ERR_NOMEM, "cannot write %s: out of memory for an event of %d scalars", w->path, n);
     size_t len = tb_event_encode(buf, cap, wall_now(), step, version, v, n);
-    int rc = 0;
+    ct_status st = CT_OK;
     if (!len) { /* cap bounds every field above: not reached */
-        ct_set_error("cannot write %s: an event of %d scalars did not fit its buffer", w->path, n);
-        rc = -1;
+        st = ct_fail(CT_ERR_INTERNAL, "cannot write %s: an event of %d scalars did not fit its buffer", w->path, n);
     } else {
         tb_record_frame(buf + cap, buf, len);
-        if (ct_write_all(w->fd, buf + cap, len + TB_FRAME_OVERHEAD)) {
-            ct_set_error("cannot write %s: %s", w->path, strerror(errno));
-            rc = -1;
-        }
+        if (ct_write_all(w->fd, buf + cap, len + TB_FRAME_OVERHEAD))
+            st = ct_fail(CT_ERR_IO, "cannot write %s: %s", w->path, strerror(errno));
     }
     free(buf);
-    return rc;
+    return st;
 }
 
 tb_writer *tb_open(const char *folder) {
@@ -188,7 +182,7 @@ tb_writer *tb_open(const char *folder) {
         ct_set_error("cannot create %s: %s", w->path, strerror(errno));
         goto fail;
     }
-    if (event_write(w, 0, "brain.Event:2", NULL, 0)) { /* its message names the file */
+    if (event_write(w, 0, "brain.Event:2", NULL, 0) != CT_OK) { /* its message names the file */
         close(w->fd);
         goto fail;
     }
@@ -198,17 +192,14 @@ fail:
     return NULL;
 }
 
-int tb_write(tb_writer *w, int64_t step, const tb_scalar *v, int n) { return event_write(w, step, NULL, v, n); }
+ct_status tb_write(tb_writer *w, int64_t step, const tb_scalar *v, int n) { return event_write(w, step, NULL, v, n); }
 
 const char *tb_path(const tb_writer *w) { return w->path; }
 
-int tb_close(tb_writer *w) {
-    if (!w) return 0;
-    int rc = 0;
-    if (close(w->fd)) {
-        ct_set_error("cannot write %s: %s", w->path, strerror(errno));
-        rc = -1;
-    }
+ct_status tb_close(tb_writer *w) {
+    if (!w) return CT_OK;
+    ct_status st = CT_OK;
+    if (close(w->fd)) st = ct_fail(CT_ERR_IO, "cannot write %s: %s", w->path, strerror(errno));
     free(w);
-    return rc;
+    return st;
 }

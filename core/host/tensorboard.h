@@ -4,6 +4,8 @@
 #ifndef CT_TENSORBOARD_H
 #define CT_TENSORBOARD_H
 
+#include "ctitan/abi.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,11 +40,11 @@ size_t tb_event_encode(uint8_t *out, size_t cap, double wall_time, int64_t step,
 tb_writer *tb_open(const char *folder);
 
 /* Appends one event: step and its n scalars, written out at once (a crash after it loses nothing).
- * 0, or -1 with ct_last_error naming the file. */
-int tb_write(tb_writer *w, int64_t step, const tb_scalar *v, int n);
+ * CT_OK, or a status (CT_ERR_IO for a failed write) with ct_last_error naming the file. */
+ct_status tb_write(tb_writer *w, int64_t step, const tb_scalar *v, int n);
 /* The event file's path. */
 const char *tb_path(const tb_writer *w);
-/* Closes and frees w (NULL is fine). 0, or -1 with ct_last_error naming the file. */
-int tb_close(tb_writer *w);
+/* Closes and frees w (NULL is fine). CT_OK, or CT_ERR_IO with ct_last_error naming the file. */
+ct_status tb_close(tb_writer *w);
 
 #endif

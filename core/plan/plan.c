@@ -165,39 +165,44 @@ ct_status plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l) {
     return CT_OK;
 }
 
-static int set_key(plan_ctx *c, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int set_key(plan_ctx *c, const char *key, const char *fmt, ...) {
+/* Sets one key; *st keeps the first failure (every key is set whatever failed before). */
+static void set_key(plan_ctx *c, ct_status *st, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void set_key(plan_ctx *c, ct_status *st, const char *key, const char *fmt, ...) {
     char value[128];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(value, sizeof value, fmt, ap);
     va_end(ap);
-    return manifest_override(c->mf, key, value) != CT_OK;
+    ct_status one = manifest_override(c->mf, key, value);
+    if (*st == CT_OK) *st = one;
 }
 
-/* The manifest's keys set to the layout, so the plugins the plan creates read it like a run would. */
-static int apply_layout(plan_ctx *c, const plan_layout *l) {
-    int bad = set_key(c, "parallelism.data_parallel_replicate_degree", "%d", l->dp_replicate) |
-              set_key(c, "parallelism.data_parallel_shard_degree", "%d", l->dp_shard) |
-              set_key(c, "parallelism.context_parallel_degree", "%d", l->cp) |
-              set_key(c, "parallelism.tensor_parallel_degree", "%d", l->tp) |
-              set_key(c, "parallelism.pipeline_parallel_degree", "%d", l->pp) |
-              set_key(c, "parallelism.pipeline_parallel_microbatch_size", "%d", l->pp_microbatch_size) |
-              set_key(c, "training.local_batch_size", "%lld", (long long)l->local_batch) |
-              set_key(c, "training.mixed_precision_param", "%s", l->bf16 ? "bfloat16" : "float32") |
-              set_key(c, "compile.enable", "%s", l->compile ? "true" : "false") |
-              set_key(c, "compile.enable_async_tensor_parallel", "%s", l->async_tp ? "true" : "false") |
-              set_key(c, "parallelism.enable_async_tensor_parallel", "%s", l->async_tp ? "true" : "false");
-    if (l->schedule[0]) bad |= set_key(c, "parallelism.pipeline_parallel_schedule", "%s", l->schedule);
-    if (l->global_batch > 0) bad |= set_key(c, "training.global_batch_size", "%lld", (long long)l->global_batch);
+/* The manifest's keys set to the layout, so the plugins the plan creates read it like a run would.
+ * CT_OK, or manifest_override's status. */
+static ct_status apply_layout(plan_ctx *c, const plan_layout *l) {
+    ct_status st = CT_OK;
+    set_key(c, &st, "parallelism.data_parallel_replicate_degree", "%d", l->dp_replicate);
+    set_key(c, &st, "parallelism.data_parallel_shard_degree", "%d", l->dp_shard);
+    set_key(c, &st, "parallelism.context_parallel_degree", "%d", l->cp);
+    set_key(c, &st, "parallelism.tensor_parallel_degree", "%d", l->tp);
+    set_key(c, &st, "parallelism.pipeline_parallel_degree", "%d", l->pp);
+    set_key(c, &st, "parallelism.pipeline_parallel_microbatch_size", "%d", l->pp_microbatch_size);
+    set_key(c, &st, "training.local_batch_size", "%lld", (long long)l->local_batch);
+    set_key(c, &st, "training.mixed_precision_param", "%s", l->bf16 ? "bfloat16" : "float32");
+    set_key(c, &st, "compile.enable", "%s", l->compile ? "true" : "false");
+    set_key(c, &st, "compile.enable_async_tensor_parallel", "%s", l->async_tp ? "true" : "false");
+    set_key(c, &st, "parallelism.enable_async_tensor_parallel", "%s", l->async_tp ? "true" : "false");
+    if (l->schedule[0]) set_key(c, &st, "parallelism.pipeline_parallel_schedule", "%s", l->schedule);
+    if (l->global_batch > 0) set_key(c, &st, "training.global_batch_size", "%lld", (long long)l->global_batch);
     static const char *modes[] = {"none", "selective", "selective", "full"};
-    bad |= set_key(c, "activation_checkpoint.mode", "%s", modes[l->ac & 3]);
-    if (l->ac == PLAN_AC_SELECTIVE_OP) bad |= set_key(c, "activation_checkpoint.selective_ac_option", "op");
+    set_key(c, &st, "activation_checkpoint.mode", "%s", modes[l->ac & 3]);
+    if (l->ac == PLAN_AC_SELECTIVE_OP) set_key(c, &st, "activation_checkpoint.selective_ac_option", "op");
     if (l->ac == PLAN_AC_SELECTIVE_LAYER)
-        bad |= set_key(c, "activation_checkpoint.selective_ac_option", "%d", l->ac_every > 0 ? l->ac_every : 2);
-    if (l->float8 && l->float8_recipe[0]) bad |= set_key(c, "quantize.dense.float8.format", "%s", l->float8_recipe);
-    bad |= set_key(c, "activation_offload.layers", "%d", l->offload);
-    return bad ? -1 : 0;
+        set_key(c, &st, "activation_checkpoint.selective_ac_option", "%d", l->ac_every > 0 ? l->ac_every : 2);
+    if (l->float8 && l->float8_recipe[0]) set_key(c, &st, "quantize.dense.float8.format", "%s", l->float8_recipe);
+    set_key(c, &st, "activation_offload.layers", "%d", l->offload);
+    return st;
 }
 
 /* ---- one layout on rank 0's coordinates: placement and the trace of a microbatch ---- */
@@ -259,7 +264,7 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     r->mesh.world_rank = -1; /* nobody's: the pipeline's plan prints nothing */
     r->mesh.dp_size = l->dp_replicate * l->dp_shard;
     r->mesh.dp_shard_cp_size = l->dp_shard * l->cp;
-    if (apply_layout(c, l)) return ct_fail(CT_ERR_INVALID, "the layout's keys cannot be set");
+    if (apply_layout(c, l) != CT_OK) return ct_fail(CT_ERR_INVALID, "the layout's keys cannot be set");
     const char *dp = session_strategy_name(c->mf, r->mesh.world_size);
     const char *axis = "tp";
     mf_get_str(c->mf, "parallelism.tp_strategy", &axis);
@@ -337,22 +342,25 @@ static ct_status ensure_quant(plan_ctx *c, const plan_layout *l) {
  * checkpointed unit's forward as the runtime's first step does: the pass the plan measures then runs
  * as every later step. Nothing to learn without full checkpointing (or where no unit's backward
  * gives memory back). */
-static int learn_liveness(runtime *rt, int64_t B, int64_t T) {
+static ct_status learn_liveness(runtime *rt, int64_t B, int64_t T) {
     int nu = rt->desc.n_units, full = 0;
     for (int u = 0; u < nu; u++) full |= rt->ac[u] == RT_AC_FULL;
-    if (!full || !rt->pack_units) return 0;
+    if (!full || !rt->pack_units) return CT_OK;
     int keep = rt->trace_ops;
     rt->trace_ops = 0;
     rt_tensor *tok = runtime_upload_ids(rt, NULL, B, T), *tgt = tok ? runtime_upload_ids(rt, NULL, B, T) : NULL;
     rt_tensor *x = NULL;
-    int bad = !tgt || !tape_new_activation(rt, CT_F32, 0, NULL) || !tape_new_activation(rt, CT_F32, 0, NULL);
-    for (int u = 0; u < nu && !bad; u++) bad = runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x) != 0;
-    bad = bad || !tape_grad(rt, x);
-    for (int u = nu - 1; u >= 0 && !bad; u--) bad = runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH) != 0;
+    ct_status st = !tgt || !tape_new_activation(rt, CT_F32, 0, NULL) || !tape_new_activation(rt, CT_F32, 0, NULL)
+                       ? CT_ERR_NOMEM
+                       : CT_OK;
+    for (int u = 0; u < nu && st == CT_OK; u++) st = runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x);
+    if (st == CT_OK && !tape_grad(rt, x)) st = CT_ERR_NOMEM;
+    for (int u = nu - 1; u >= 0 && st == CT_OK; u--) st = runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH);
     rt->trace_ops = keep;
-    bad = runtime_reset_arenas(rt) || bad;
+    ct_status reset = runtime_reset_arenas(rt);
+    if (st == CT_OK) st = reset;
     rt->act = &rt->saved;
-    return bad ? -1 : 0;
+    return st;
 }
 
 static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_trace *t) {
@@ -387,7 +395,7 @@ static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_
     }
     int64_t B = l->pp > 1 ? l->pp_microbatch_size : l->local_batch, T = l->seq_len;
     t->tokens = B * T;
-    if (runtime_reset_arenas(rt)) return fail("arenas");
+    if (runtime_reset_arenas(rt) != CT_OK) return fail("arenas");
     rt->in_order = l->pp <= 1; /* as the runtime: a pipeline's contexts keep their boundary gradients */
     rt->bf16_compute = l->bf16;   /* as the runtime: saved activations held in bf16 ... */
     rt->pack_units = 1;           /* ... unless a pipeline schedule splits backward */
@@ -398,7 +406,7 @@ static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_
     /* as the pipeline: only a stage's input gradient stays with its microbatch */
     rt->bgrad_keep = l->pp > 1 && rt->pack_units ? r->pl.stage_head : NULL;
     rt->act = &rt->saved;
-    if (learn_liveness(rt, B, T)) return fail("a first pass to learn the checkpointed units' forwards");
+    if (learn_liveness(rt, B, T) != CT_OK) return fail("a first pass to learn the checkpointed units' forwards");
     rt_tensor *tok = runtime_upload_ids(rt, NULL, B, T), *tgt = tok ? runtime_upload_ids(rt, NULL, B, T) : NULL;
     rt_tensor *scale = tgt ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;
     rt_tensor *loss = scale ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL; /* copied out before backward */
@@ -413,7 +421,7 @@ static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_
         rt->peak_act_bytes = 0;
         rt->scratch.data.peak_used = rt->scratch.data.used;
         t->units[u].in_grad_bytes = x ? (double)(((size_t)ct_tensor_numel(&(x->base ? x->base : x)->t) * sizeof(float) + 63) & ~(size_t)63) : 0;
-        if (runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x)) {
+        if (runtime_unit_fwd(rt, u, x, tok, tgt, 1, &x) != CT_OK) {
             rt->trace_ops = 0;
             return fail(t->cannot[0] ? "the trace stopped" : "a unit's forward failed in the plan");
         }
@@ -439,7 +447,7 @@ static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_
         rt->grads.data.peak_used = rt->grads.data.used;
         rt->scratch.data.peak_used = rt->scratch.data.used;
         double z0 = plan_null_zeroed;
-        if (runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH)) {
+        if (runtime_unit_bwd(rt, u, tok, tgt, TAPE_BOTH) != CT_OK) {
             rt->trace_ops = 0;
             return fail("a unit's backward failed in the plan");
         }

@@ -13,11 +13,14 @@ ct_device *plan_null_handle(void);
 extern double plan_null_zeroed; /* bytes zeroed on it so far (activation gradients) */
 
 /* Called by the tape on a planning runtime while rt->trace_ops is set (1: the traced forward pass;
- * 2: the traced backward pass, recomputes included). Each returns 0, or -1 with the error set. */
-int plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2, int64_t s3, int kv_heads, int sac_keep);
-int plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t in, int64_t out, int quant, int sac_keep);
+ * 2: the traced backward pass, recomputes included). Each returns CT_OK, or a status with the error set
+ * (CT_ERR_NOMEM for the trace; the quantizer's plan_linear status). */
+ct_status plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2, int64_t s3, int kv_heads,
+                       int sac_keep);
+ct_status plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t in, int64_t out, int quant,
+                           int sac_keep);
 /* A collective the tape would run now (bytes: the whole gathered or reduced buffer). */
-int plan_note_comm(runtime *rt, int axis, ct_collective kind, double bytes, int overlapped);
+ct_status plan_note_comm(runtime *rt, int axis, ct_collective kind, double bytes, int overlapped);
 /* A custom op on a planning builder: its plan callback instead of forward, its costs noted. */
 ct_status plan_custom(runtime *rt, const ct_custom_op *op, void *state, ct_tensor *const *in, int n_in, ct_tensor **out,
                       int n_out);

@@ -32,9 +32,10 @@ static plan_op *next_op(runtime *rt) {
 
 static plan_trace_state *state_of(runtime *rt) { return (plan_trace_state *)rt->trace->state; }
 
-int plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2, int64_t s3, int kv_heads, int sac_keep) {
+ct_status plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2, int64_t s3, int kv_heads,
+                       int sac_keep) {
     plan_op *o = next_op(rt);
-    if (!o) return -1;
+    if (!o) return CT_ERR_NOMEM;
     o->kind = kind;
     o->shape[0] = s0, o->shape[1] = s1, o->shape[2] = s2, o->shape[3] = s3;
     o->kv_heads = kv_heads;
@@ -73,13 +74,14 @@ int plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2, int6
         break;
     default: break;
     }
-    return 0;
+    return CT_OK;
 }
 
-int plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t in, int64_t out, int quant, int sac_keep) {
+ct_status plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t in, int64_t out, int quant,
+                           int sac_keep) {
     plan_trace_state *ps = state_of(rt);
     plan_op *o = next_op(rt);
-    if (!o) return -1;
+    if (!o) return CT_ERR_NOMEM;
     o->kind = PLAN_OP_GEMM;
     o->shape[0] = n, o->shape[1] = in, o->shape[2] = out;
     o->sac_keep = sac_keep;
@@ -87,23 +89,24 @@ int plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t in, int
     o->dtype = ps->matmul_dtype;
     o->flops[0] = 2.0 * (double)n * (double)in * (double)out;
     o->flops[1] = 2.0 * o->flops[0];
-    if (!quant) return 0;
+    if (!quant) return CT_OK;
     const ct_quantizer_api *q = rt->qapi;
     if (!CT_HAS_FIELD(q, ct_quantizer_api, plan_linear) || !q->plan_linear) {
         if (!strstr(ps->assumptions, "plan_linear"))
             snprintf(ps->assumptions + strlen(ps->assumptions), sizeof ps->assumptions - strlen(ps->assumptions),
                      "%sthe quantizer has no plan_linear: its GEMMs are planned at the unconverted rate, with no "
                      "memory of its own", ps->assumptions[0] ? "; " : "");
-        return 0;
+        return CT_OK;
     }
     ct_quant_cost c;
     memset(&c, 0, sizeof c);
     c.struct_size = sizeof c;
     c.gemm_dtype = CT_F32;
     ct_clear_error();
-    if (q->plan_linear(rt->quant, &w->t, n, &c) != CT_OK) {
+    ct_status st = q->plan_linear(rt->quant, &w->t, n, &c);
+    if (st != CT_OK) {
         if (!ct_last_error()[0]) ct_set_error("the quantizer's plan_linear failed for %s", w->t.name);
-        return -1;
+        return st;
     }
     o->dtype = c.gemm_dtype == CT_F8_E4M3 || c.gemm_dtype == CT_F8_E5M2 ? PLAN_FP8
                : c.gemm_dtype == CT_BF16                               ? PLAN_BF16
@@ -113,13 +116,13 @@ int plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t in, int
     ps->float8_saved += c.saved_bytes;
     ps->float8_weights += c.weight_bytes;
     if (c.scratch_bytes > ps->float8_scratch) ps->float8_scratch = c.scratch_bytes;
-    return 0;
+    return CT_OK;
 }
 
-int plan_note_comm(runtime *rt, int axis, ct_collective kind, double bytes, int overlapped) {
-    if (!rt->trace_ops || (rt->trace_ops == 2 && !rt->in_backward)) return 0; /* a recompute's: eval adds those */
+ct_status plan_note_comm(runtime *rt, int axis, ct_collective kind, double bytes, int overlapped) {
+    if (!rt->trace_ops || (rt->trace_ops == 2 && !rt->in_backward)) return CT_OK; /* a recompute's: eval adds those */
     plan_op *o = next_op(rt);
-    if (!o) return -1;
+    if (!o) return CT_ERR_NOMEM;
     o->kind = PLAN_OP_COLLECTIVE;
     o->axis = axis;
     o->coll_kind = kind;
@@ -128,7 +131,7 @@ int plan_note_comm(runtime *rt, int axis, ct_collective kind, double bytes, int 
     o->phase = rt->trace_ops;
     o->overlapped = overlapped;
     o->shape[0] = rt->dist.mesh ? rt->dist.mesh->degree[axis] : 1;
-    return 0;
+    return CT_OK;
 }
 
 ct_status plan_custom(runtime *rt, const ct_custom_op *op, void *state, ct_tensor *const *in, int n_in, ct_tensor **out,

@@ -38,16 +38,17 @@ static uint64_t hash_u64(uint64_t x) {
     return x ^ (x >> 33);
 }
 
-/* Grows *p (elements of size sz) to hold at least n; returns -1 on allocation failure. */
-static int grow(void **p, size_t *cap, size_t n, size_t sz) {
-    if (n <= *cap) return 0;
+/* Grows *p (elements of size sz) to hold at least n. The helpers below that grow something return
+ * CT_OK, or CT_ERR_NOMEM with nothing set (bpe_trainer_train and bpe_trainer_add say it). */
+static ct_status grow(void **p, size_t *cap, size_t n, size_t sz) {
+    if (n <= *cap) return CT_OK;
     size_t c = *cap ? *cap : 16;
     while (c < n) c *= 2;
     void *q = realloc(*p, c * sz);
-    if (!q) return -1;
+    if (!q) return CT_ERR_NOMEM;
     *p = q;
     *cap = c;
-    return 0;
+    return CT_OK;
 }
 
 /* ---- a map of byte strings (owning its keys) to u64 -------------------------------------------- */
@@ -72,9 +73,9 @@ static void strmap_free(strmap *m) {
     memset(m, 0, sizeof *m);
 }
 
-static int strmap_rehash(strmap *m, size_t nslots) {
+static ct_status strmap_rehash(strmap *m, size_t nslots) {
     uint32_t *s = calloc(nslots, sizeof *s);
-    if (!s) return -1;
+    if (!s) return CT_ERR_NOMEM;
     for (size_t k = 0; k < m->n; k++) {
         uint64_t i = hash_bytes(m->arena + m->off[k], m->len[k]) & (nslots - 1);
         while (s[i]) i = (i + 1) & (nslots - 1);
@@ -83,12 +84,12 @@ static int strmap_rehash(strmap *m, size_t nslots) {
     free(m->slots);
     m->slots = s;
     m->nslots = nslots;
-    return 0;
+    return CT_OK;
 }
 
 /* The entry for (p, n), added with value 0 if new; -1 on allocation failure. */
 static int64_t strmap_get_or_add(strmap *m, const unsigned char *p, size_t n, int *added) {
-    if (2 * (m->n + 1) > m->nslots && strmap_rehash(m, m->nslots ? 2 * m->nslots : 1024)) return -1;
+    if (2 * (m->n + 1) > m->nslots && strmap_rehash(m, m->nslots ? 2 * m->nslots : 1024) != CT_OK) return -1;
     uint64_t i = hash_bytes(p, n) & (m->nslots - 1);
     for (; m->slots[i]; i = (i + 1) & (m->nslots - 1)) {
         uint32_t k = m->slots[i] - 1;
@@ -99,13 +100,13 @@ static int64_t strmap_get_or_add(strmap *m, const unsigned char *p, size_t n, in
     }
     if (m->n >= UINT32_MAX - 1 || n > UINT32_MAX) return -1;
     size_t cap = m->cap;
-    if (grow((void **)&m->off, &cap, m->n + 1, sizeof *m->off)) return -1;
+    if (grow((void **)&m->off, &cap, m->n + 1, sizeof *m->off) != CT_OK) return -1;
     cap = m->cap;
-    if (grow((void **)&m->len, &cap, m->n + 1, sizeof *m->len)) return -1;
+    if (grow((void **)&m->len, &cap, m->n + 1, sizeof *m->len) != CT_OK) return -1;
     cap = m->cap;
-    if (grow((void **)&m->val, &cap, m->n + 1, sizeof *m->val)) return -1;
+    if (grow((void **)&m->val, &cap, m->n + 1, sizeof *m->val) != CT_OK) return -1;
     m->cap = cap;
-    if (grow((void **)&m->arena, &m->arena_cap, m->arena_len + n, 1)) return -1;
+    if (grow((void **)&m->arena, &m->arena_cap, m->arena_len + n, 1) != CT_OK) return -1;
     if (n) memcpy(m->arena + m->arena_len, p, n);
     m->off[m->n] = m->arena_len;
     m->len[m->n] = (uint32_t)n;
@@ -142,13 +143,13 @@ static void pairs_free(pair_table *t) {
     memset(t, 0, sizeof *t);
 }
 
-static int pairs_rehash(pair_table *t, size_t nslots) {
+static ct_status pairs_rehash(pair_table *t, size_t nslots) {
     uint64_t *keys = calloc(nslots, sizeof *keys);
     uint32_t *idx = malloc(nslots * sizeof *idx);
     if (!keys || !idx) {
         free(keys);
         free(idx);
-        return -1;
+        return CT_ERR_NOMEM;
     }
     for (size_t k = 0; k < t->n; k++) {
         uint64_t key = ((uint64_t)t->p[k].a << 32 | t->p[k].b) + 1;
@@ -162,35 +163,35 @@ static int pairs_rehash(pair_table *t, size_t nslots) {
     t->keys = keys;
     t->idx = idx;
     t->nslots = nslots;
-    return 0;
+    return CT_OK;
 }
 
 static int64_t pairs_get(pair_table *t, uint32_t a, uint32_t b, int create) {
-    if (create && 2 * (t->n + 1) > t->nslots && pairs_rehash(t, t->nslots ? 2 * t->nslots : 1 << 16))
+    if (create && 2 * (t->n + 1) > t->nslots && pairs_rehash(t, t->nslots ? 2 * t->nslots : 1 << 16) != CT_OK)
         return -1;
     uint64_t key = ((uint64_t)a << 32 | b) + 1;
     uint64_t i = hash_u64(key) & (t->nslots - 1);
     for (; t->keys[i]; i = (i + 1) & (t->nslots - 1))
         if (t->keys[i] == key) return t->idx[i];
     if (!create) return -1;
-    if (grow((void **)&t->p, &t->cap, t->n + 1, sizeof *t->p)) return -1;
+    if (grow((void **)&t->p, &t->cap, t->n + 1, sizeof *t->p) != CT_OK) return -1;
     t->p[t->n] = (pair_info){.a = a, .b = b, .touched = UINT32_MAX};
     t->keys[i] = key;
     t->idx[i] = (uint32_t)t->n;
     return (int64_t)t->n++;
 }
 
-static int pair_add_where(pair_info *p, uint32_t w) {
-    if (p->nwhere && p->where[p->nwhere - 1] == w) return 0;
+static ct_status pair_add_where(pair_info *p, uint32_t w) {
+    if (p->nwhere && p->where[p->nwhere - 1] == w) return CT_OK;
     if (p->nwhere == p->capwhere) {
         uint32_t c = p->capwhere ? 2 * p->capwhere : 4;
         uint32_t *q = realloc(p->where, c * sizeof *q);
-        if (!q) return -1;
+        if (!q) return CT_ERR_NOMEM;
         p->where = q;
         p->capwhere = c;
     }
     p->where[p->nwhere++] = w;
-    return 0;
+    return CT_OK;
 }
 
 /* Max-heap of (count, pair): higher count first, then lower a, then lower b. */
@@ -211,8 +212,8 @@ typedef struct pair_heap {
     size_t n, cap;
 } pair_heap;
 
-static int heap_push(pair_heap *q, heap_entry e) {
-    if (grow((void **)&q->h, &q->cap, q->n + 1, sizeof *q->h)) return -1;
+static ct_status heap_push(pair_heap *q, heap_entry e) {
+    if (grow((void **)&q->h, &q->cap, q->n + 1, sizeof *q->h) != CT_OK) return CT_ERR_NOMEM;
     size_t i = q->n++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
@@ -221,7 +222,7 @@ static int heap_push(pair_heap *q, heap_entry e) {
         i = p;
     }
     q->h[i] = e;
-    return 0;
+    return CT_OK;
 }
 
 static heap_entry heap_pop(pair_heap *q) {
@@ -281,19 +282,20 @@ void bpe_trainer_free(ct_bpe_trainer *tr) {
 
 void bpe_trainer_stats(const ct_bpe_trainer *tr, ct_bpe_stats *out) { *out = tr->stats; }
 
-static int count_chunk(void *ctx, const unsigned char *c, size_t n) {
+/* CT_OK, or CT_ERR_NOMEM with nothing set (bpe_trainer_add says it). */
+static ct_status count_chunk(void *ctx, const unsigned char *c, size_t n) {
     ct_bpe_trainer *tr = ctx;
     int64_t k = strmap_get_or_add(&tr->chunks, c, n, NULL);
-    if (k < 0) return 2;
+    if (k < 0) return CT_ERR_NOMEM;
     tr->chunks.val[k]++;
     tr->stats.chunks++;
-    return 0;
+    return CT_OK;
 }
 
 ct_status bpe_trainer_add(ct_bpe_trainer *tr, const char *text, size_t len) {
-    int rc = pretok_split(tr->pretok, text, len, count_chunk, tr);
-    if (rc == 2) return ct_fail(CT_ERR_NOMEM, "tokenizer train: out of memory counting chunks");
-    if (rc) return CT_ERR_INVALID;   /* the regex failed on the text: its message is set */
+    ct_status st = pretok_split(tr->pretok, text, len, count_chunk, tr);
+    if (st == CT_ERR_NOMEM) return ct_fail(CT_ERR_NOMEM, "tokenizer train: out of memory counting chunks");
+    if (st != CT_OK) return st;   /* the regex failed on the text (CT_ERR_INVALID): its message is set */
     tr->stats.documents++;
     tr->stats.bytes += len;
     tr->stats.unique_chunks = tr->chunks.n;
@@ -318,14 +320,14 @@ static void words_free(words *w) {
     free(w->stamp);
 }
 
-static int words_init(words *w, const strmap *chunks) {
+static ct_status words_init(words *w, const strmap *chunks) {
     w->n = chunks->n;
     w->sym = malloc((chunks->arena_len + 1) * sizeof *w->sym);
     w->start = malloc((w->n + 1) * sizeof *w->start);
     w->len = malloc((w->n + 1) * sizeof *w->len);
     w->weight = malloc((w->n + 1) * sizeof *w->weight);
     w->stamp = malloc((w->n + 1) * sizeof *w->stamp);
-    if (!w->sym || !w->start || !w->len || !w->weight || !w->stamp) return -1;
+    if (!w->sym || !w->start || !w->len || !w->weight || !w->stamp) return CT_ERR_NOMEM;
     for (size_t k = 0; k < w->n; k++) {
         const unsigned char *c = chunks->arena + chunks->off[k];
         w->start[k] = chunks->off[k];
@@ -334,29 +336,29 @@ static int words_init(words *w, const strmap *chunks) {
         w->stamp[k] = UINT32_MAX;
         for (uint32_t i = 0; i < chunks->len[k]; i++) w->sym[chunks->off[k] + i] = c[i];
     }
-    return 0;
+    return CT_OK;
 }
 
 /* Adds weight * delta for every adjacent pair of word k; with note_new, records the word on the where
  * list of each pair that holds token nt and pushes those pairs once per merge. */
-static int word_count_pairs(pair_table *t, const words *w, size_t k, int64_t delta, uint32_t nt,
-                            uint32_t merge_no, uint32_t **touched, size_t *ntouched, size_t *captouched) {
+static ct_status word_count_pairs(pair_table *t, const words *w, size_t k, int64_t delta, uint32_t nt,
+                                  uint32_t merge_no, uint32_t **touched, size_t *ntouched, size_t *captouched) {
     const uint32_t *s = w->sym + w->start[k];
     for (uint32_t i = 0; i + 1 < w->len[k]; i++) {
         int64_t pi = pairs_get(t, s[i], s[i + 1], delta > 0);
-        if (pi < 0) return -1;   /* a decrement always finds its pair */
+        if (pi < 0) return CT_ERR_NOMEM;   /* a decrement always finds its pair */
         pair_info *p = &t->p[pi];
         p->count += delta * (int64_t)w->weight[k];
         if (delta > 0 && (s[i] == nt || s[i + 1] == nt)) {
-            if (pair_add_where(p, (uint32_t)k)) return -1;
+            if (pair_add_where(p, (uint32_t)k) != CT_OK) return CT_ERR_NOMEM;
             if (p->touched != merge_no) {
                 p->touched = merge_no;
-                if (grow((void **)touched, captouched, *ntouched + 1, sizeof **touched)) return -1;
+                if (grow((void **)touched, captouched, *ntouched + 1, sizeof **touched) != CT_OK) return CT_ERR_NOMEM;
                 (*touched)[(*ntouched)++] = (uint32_t)pi;
             }
         }
     }
-    return 0;
+    return CT_OK;
 }
 
 /* Replaces every (a, b) in word k by nt, left to right; returns whether anything changed. */
@@ -385,7 +387,7 @@ static int word_has_pair(const words *w, size_t k, uint32_t a, uint32_t b) {
 /* The token for bytes(a) + bytes(b): an existing one, or a new rank. -1 on allocation failure. */
 static int64_t merged_token(strmap *vocab, uint32_t a, uint32_t b, unsigned char **buf, size_t *cap) {
     size_t la = vocab->len[a], lb = vocab->len[b];
-    if (grow((void **)buf, cap, la + lb, 1)) return -1;
+    if (grow((void **)buf, cap, la + lb, 1) != CT_OK) return -1;
     memcpy(*buf, vocab->arena + vocab->off[a], la);
     memcpy(*buf + la, vocab->arena + vocab->off[b], lb);
     return strmap_get_or_add(vocab, *buf, la + lb, NULL);
@@ -402,22 +404,22 @@ typedef struct merge_state {
     size_t ntouched, captouched, caplist;
 } merge_state;
 
-/* Every adjacent pair of every word counted, with the words it occurs in, and heaped. -1: no memory. */
-static int merge_state_init(merge_state *m, const strmap *chunks) {
+/* Every adjacent pair of every word counted, with the words it occurs in, and heaped. */
+static ct_status merge_state_init(merge_state *m, const strmap *chunks) {
     words *w = &m->w;
-    if (words_init(w, chunks) || pairs_rehash(&m->t, 1 << 16)) return -1;
+    if (words_init(w, chunks) != CT_OK || pairs_rehash(&m->t, 1 << 16) != CT_OK) return CT_ERR_NOMEM;
     for (size_t k = 0; k < w->n; k++)
-        if (word_count_pairs(&m->t, w, k, +1, UINT32_MAX, 0, NULL, NULL, NULL)) return -1;
+        if (word_count_pairs(&m->t, w, k, +1, UINT32_MAX, 0, NULL, NULL, NULL) != CT_OK) return CT_ERR_NOMEM;
     for (size_t k = 0; k < w->n; k++) { /* where lists for the byte pairs */
         const uint32_t *s = w->sym + w->start[k];
         for (uint32_t i = 0; i + 1 < w->len[k]; i++)
-            if (pair_add_where(&m->t.p[pairs_get(&m->t, s[i], s[i + 1], 0)], (uint32_t)k)) return -1;
+            if (pair_add_where(&m->t.p[pairs_get(&m->t, s[i], s[i + 1], 0)], (uint32_t)k) != CT_OK) return CT_ERR_NOMEM;
     }
     for (size_t i = 0; i < m->t.n; i++)
         if (m->t.p[i].count > 0 &&
-            heap_push(&m->q, (heap_entry){m->t.p[i].count, m->t.p[i].a, m->t.p[i].b, (uint32_t)i}))
-            return -1;
-    return 0;
+            heap_push(&m->q, (heap_entry){m->t.p[i].count, m->t.p[i].a, m->t.p[i].b, (uint32_t)i}) != CT_OK)
+            return CT_ERR_NOMEM;
+    return CT_OK;
 }
 
 static void merge_state_free(merge_state *m) {
@@ -429,13 +431,13 @@ static void merge_state_free(merge_state *m) {
 }
 
 /* Merge number merge_no: pair e becomes token nt in every word that holds it; the pairs whose count
- * rose go back on the heap. -1: no memory. */
-static int merge_apply(merge_state *m, heap_entry e, uint32_t nt, uint32_t merge_no) {
+ * rose go back on the heap. */
+static ct_status merge_apply(merge_state *m, heap_entry e, uint32_t nt, uint32_t merge_no) {
     words *w = &m->w;
     pair_info *p = &m->t.p[e.pair];
     /* Take the where list: rewriting words appends only to lists of pairs holding nt. */
     size_t nlist = p->nwhere;
-    if (grow((void **)&m->list, &m->caplist, nlist, sizeof *m->list)) return -1;
+    if (grow((void **)&m->list, &m->caplist, nlist, sizeof *m->list) != CT_OK) return CT_ERR_NOMEM;
     if (nlist) memcpy(m->list, p->where, nlist * sizeof *m->list);
     free(p->where);
     p->where = NULL;
@@ -445,17 +447,17 @@ static int merge_apply(merge_state *m, heap_entry e, uint32_t nt, uint32_t merge
         size_t k = m->list[i];
         if (w->stamp[k] == merge_no || !word_has_pair(w, k, e.a, e.b)) continue;
         w->stamp[k] = merge_no;
-        if (word_count_pairs(&m->t, w, k, -1, UINT32_MAX, merge_no, NULL, NULL, NULL)) return -1;
+        if (word_count_pairs(&m->t, w, k, -1, UINT32_MAX, merge_no, NULL, NULL, NULL) != CT_OK) return CT_ERR_NOMEM;
         word_merge(w, k, e.a, e.b, nt);
-        if (word_count_pairs(&m->t, w, k, +1, nt, merge_no, &m->touched, &m->ntouched, &m->captouched))
-            return -1;
+        if (word_count_pairs(&m->t, w, k, +1, nt, merge_no, &m->touched, &m->ntouched, &m->captouched) != CT_OK)
+            return CT_ERR_NOMEM;
     }
     for (size_t i = 0; i < m->ntouched; i++) {
         pair_info *np = &m->t.p[m->touched[i]];
-        if (np->count > 0 && heap_push(&m->q, (heap_entry){np->count, np->a, np->b, m->touched[i]}))
-            return -1;
+        if (np->count > 0 && heap_push(&m->q, (heap_entry){np->count, np->a, np->b, m->touched[i]}) != CT_OK)
+            return CT_ERR_NOMEM;
     }
-    return 0;
+    return CT_OK;
 }
 
 ct_status bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size) {
@@ -469,20 +471,20 @@ ct_status bpe_trainer_train(ct_bpe_trainer *tr, int vocab_size) {
     unsigned char *buf = NULL;
     size_t capbuf = 0;
     ct_status rc = CT_ERR_NOMEM;
-    if (merge_state_init(&m, &tr->chunks)) goto oom;
+    if (merge_state_init(&m, &tr->chunks) != CT_OK) goto oom;
     uint32_t merge_no = 0;
     while (tr->vocab.n < target && m.q.n) {
         heap_entry e = heap_pop(&m.q);
         pair_info *p = &m.t.p[e.pair];
         if (p->count != e.count) { /* stale: counts only fall between pushes */
-            if (p->count > 0 && heap_push(&m.q, (heap_entry){p->count, p->a, p->b, e.pair})) goto oom;
+            if (p->count > 0 && heap_push(&m.q, (heap_entry){p->count, p->a, p->b, e.pair}) != CT_OK) goto oom;
             continue;
         }
         if (p->count <= 0) continue;
         int64_t nt = merged_token(&tr->vocab, e.a, e.b, &buf, &capbuf);
         if (nt < 0) goto oom;
         merge_no++;
-        if (merge_apply(&m, e, (uint32_t)nt, merge_no)) goto oom;
+        if (merge_apply(&m, e, (uint32_t)nt, merge_no) != CT_OK) goto oom;
         tr->stats.merges++;
     }
     tr->stats.n_base = (int)tr->vocab.n;

@@ -81,49 +81,51 @@ static void show(const json_t *v, char *out, size_t n) {
     else snprintf(out, n, "a number");
 }
 
-static int bad(reader *r, const char *key, const json_t *v, const char *what) {
+/* Sets "label: key: <value> what" and returns CT_ERR_INVALID. The readers below return CT_OK, or a
+ * status with their line set. */
+static ct_status bad(reader *r, const char *key, const json_t *v, const char *what) {
     char shown[96];
     show(v, shown, sizeof shown);
     ct_set_error("%s: %s: %s %s", r->label, key, shown, what);
-    return -1;
+    return CT_ERR_INVALID;
 }
 
 /* A boolean that may be absent (dflt). */
-static int get_bool(reader *r, const json_t *obj, const char *name, const char *key, int dflt, int *out) {
+static ct_status get_bool(reader *r, const json_t *obj, const char *name, const char *key, int dflt, int *out) {
     const json_t *v = json_object_get(obj, name);
-    if (!v) { *out = dflt; return 0; }
+    if (!v) { *out = dflt; return CT_OK; }
     if (!json_is_boolean(v)) return bad(r, key, v, "is not true or false");
     *out = json_is_true(v);
-    return 0;
+    return CT_OK;
 }
 
 /* Keys that must be absent, null, false, 0 or "" (features ctitan does not implement). */
-static int must_be_off(reader *r, const json_t *obj, const char *name, const char *key) {
+static ct_status must_be_off(reader *r, const json_t *obj, const char *name, const char *key) {
     const json_t *v = json_object_get(obj, name);
     if (!v || json_is_null(v) || json_is_false(v) || (json_is_string(v) && !json_string_length(v)) ||
         (json_is_number(v) && json_number_value(v) == 0))
-        return 0;
+        return CT_OK;
     return bad(r, key, v, "is not supported (ctitan reads it only when null, false or empty)");
 }
 
-static int read_model(reader *r) {
+static ct_status read_model(reader *r) {
     const json_t *m = json_object_get(r->root, "model");
     if (!json_is_object(m)) return bad(r, "model", m, "is not an object with the tokenizer's model");
     const json_t *type = json_object_get(m, "type");
     if (!json_is_string(type) || strcmp(json_string_value(type), "BPE"))
         return bad(r, "model.type", type, "is not supported (ctitan reads byte-level \"BPE\" models)");
-    if (must_be_off(r, m, "dropout", "model.dropout") ||
-        must_be_off(r, m, "continuing_subword_prefix", "model.continuing_subword_prefix") ||
-        must_be_off(r, m, "end_of_word_suffix", "model.end_of_word_suffix") ||
-        get_bool(r, m, "ignore_merges", "model.ignore_merges", 0, &r->s.ignore_merges))
-        return -1;
+    if (must_be_off(r, m, "dropout", "model.dropout") != CT_OK ||
+        must_be_off(r, m, "continuing_subword_prefix", "model.continuing_subword_prefix") != CT_OK ||
+        must_be_off(r, m, "end_of_word_suffix", "model.end_of_word_suffix") != CT_OK ||
+        get_bool(r, m, "ignore_merges", "model.ignore_merges", 0, &r->s.ignore_merges) != CT_OK)
+        return CT_ERR_INVALID;
     r->vocab = json_object_get(m, "vocab");
     if (!json_is_object(r->vocab) || json_object_size(r->vocab) == 0)
         return bad(r, "model.vocab", r->vocab, "is not a non-empty object of token -> id");
-    return 0;
+    return CT_OK;
 }
 
-static int read_vocab(reader *r) {
+static ct_status read_vocab(reader *r) {
     int byte_of_cp[324];
     byte_alphabet(byte_of_cp);
     size_t n = json_object_size(r->vocab), bytes = 0;
@@ -150,7 +152,7 @@ static int read_vocab(reader *r) {
     r->owner = calloc((size_t)max_id + 1, sizeof *r->owner);
     if (!r->arena || !r->s.vocab_bytes || !r->s.vocab_len || !r->s.vocab_id || !r->keys || !r->owner) {
         ct_set_error("%s: out of memory reading model.vocab", r->label);
-        return -1;
+        return CT_ERR_NOMEM;
     }
     size_t i = 0, o = 0;
     int have_byte[256] = {0};
@@ -163,18 +165,18 @@ static int read_vocab(reader *r) {
         if (r->owner[id]) {
             ct_set_error("%s: %s: id %d is also the id of \"%.60s\" (ids must be unique)",
                          r->label, k, id, r->keys[r->owner[id] - 1]);
-            return -1;
+            return CT_ERR_INVALID;
         }
         uint32_t cp = 0;
         long blen = byte_level_decode(byte_of_cp, key, r->arena + o, &cp);
         if (blen < 0) {
             ct_set_error("%s: %s: holds U+%04X, which is not in ByteLevel's byte alphabet "
                          "(ctitan reads byte-level BPE vocabularies)", r->label, k, cp);
-            return -1;
+            return CT_ERR_INVALID;
         }
         if (blen == 0) {
             ct_set_error("%s: %s: an empty token", r->label, k);
-            return -1;
+            return CT_ERR_INVALID;
         }
         if (blen == 1) have_byte[r->arena[o]] = 1;
         r->s.vocab_bytes[i] = r->arena + o;
@@ -190,9 +192,9 @@ static int read_vocab(reader *r) {
         if (!have_byte[b]) {
             ct_set_error("%s: model.vocab: no token for byte 0x%02x (a byte-level BPE "
                          "vocabulary must hold all 256 single bytes)", r->label, b);
-            return -1;
+            return CT_ERR_INVALID;
         }
-    return 0;
+    return CT_OK;
 }
 
 /* The id of a vocab token's text, or -1 with a message. */
@@ -214,14 +216,14 @@ static int32_t vocab_id(reader *r, const char *key, const char *text, size_t len
     return (int32_t)json_integer_value(v);
 }
 
-static int read_merges(reader *r) {
+static ct_status read_merges(reader *r) {
     const json_t *m = json_object_get(json_object_get(r->root, "model"), "merges");
     if (!json_is_array(m)) return bad(r, "model.merges", m, "is not an array of merges (\"a b\" or [\"a\", \"b\"])");
     size_t n = json_array_size(m);
     r->s.merges = malloc((n ? n : 1) * sizeof *r->s.merges);
     if (!r->s.merges) {
         ct_set_error("%s: out of memory reading model.merges", r->label);
-        return -1;
+        return CT_ERR_NOMEM;
     }
     char joined[MAX_TOKEN_TEXT];
     for (size_t i = 0; i < n; i++) {
@@ -249,28 +251,28 @@ static int read_merges(reader *r) {
         }
         if (al + bl >= sizeof joined) return bad(r, key, e, "joins into a token too long to read");
         int32_t ia = vocab_id(r, key, a, al), ib = ia < 0 ? -1 : vocab_id(r, key, b, bl);
-        if (ib < 0) return -1;
+        if (ib < 0) return CT_ERR_INVALID;
         memcpy(joined, a, al);
         memcpy(joined + al, b, bl);
         int32_t ij = vocab_id(r, key, joined, al + bl);
-        if (ij < 0) return -1;
+        if (ij < 0) return CT_ERR_INVALID;
         r->s.merges[i][0] = ia;
         r->s.merges[i][1] = ib;
         r->s.merges[i][2] = ij;
     }
     r->s.n_merges = n;
-    return 0;
+    return CT_OK;
 }
 
-static int read_added(reader *r) {
+static ct_status read_added(reader *r) {
     const json_t *a = json_object_get(r->root, "added_tokens");
-    if (!a || json_is_null(a)) return 0;
+    if (!a || json_is_null(a)) return CT_OK;
     if (!json_is_array(a)) return bad(r, "added_tokens", a, "is not an array");
     size_t n = json_array_size(a);
     r->s.added = calloc(n ? n : 1, sizeof *r->s.added);
     if (!r->s.added) {
         ct_set_error("%s: out of memory reading added_tokens", r->label);
-        return -1;
+        return CT_ERR_NOMEM;
     }
     for (size_t i = 0; i < n; i++) {
         const json_t *t = json_array_get(a, i);
@@ -291,13 +293,13 @@ static int read_added(reader *r) {
         e->id = (int32_t)json_integer_value(id);
         char kb[96];
         snprintf(kb, sizeof kb, "%s.special", key);
-        if (get_bool(r, t, "special", kb, 0, &e->special)) return -1;
+        if (get_bool(r, t, "special", kb, 0, &e->special) != CT_OK) return CT_ERR_INVALID;
         snprintf(kb, sizeof kb, "%s.normalized", key);
-        if (get_bool(r, t, "normalized", kb, !e->special, &e->normalized)) return -1;
+        if (get_bool(r, t, "normalized", kb, !e->special, &e->normalized) != CT_OK) return CT_ERR_INVALID;
         static const char *const off[] = {"single_word", "lstrip", "rstrip"};
         for (int k = 0; k < 3; k++) {
             snprintf(kb, sizeof kb, "%s.%s", key, off[k]);
-            if (must_be_off(r, t, off[k], kb)) return -1;
+            if (must_be_off(r, t, off[k], kb) != CT_OK) return CT_ERR_INVALID;
         }
         int32_t own = r->owner[e->id];
         if (own > 0) {
@@ -306,35 +308,35 @@ static int read_added(reader *r) {
             if (!vid || json_integer_value(vid) != e->id) {
                 ct_set_error("%s: %s: id %d is already the id of another token in "
                              "model.vocab (ids must be unique)", r->label, k2, e->id);
-                return -1;
+                return CT_ERR_INVALID;
             }
         } else if (own < 0) {
             ct_set_error("%s: %s.id: id %d is also the id of added_tokens[%d] (ids must "
                          "be unique)", r->label, key, e->id, -own - 1);
-            return -1;
+            return CT_ERR_INVALID;
         } else {
             const json_t *vid = json_object_get(r->vocab, json_string_value(content));
             if (vid) {
                 ct_set_error("%s: %s: \"%.60s\" has id %d here but %lld in model.vocab",
                              r->label, k2, json_string_value(content), e->id, (long long)json_integer_value(vid));
-                return -1;
+                return CT_ERR_INVALID;
             }
             r->owner[e->id] = -(int32_t)i - 1;
         }
     }
     r->s.n_added = n;
-    return 0;
+    return CT_OK;
 }
 
-static int read_byte_level(reader *r, const json_t *p, const char *key) {
+static ct_status read_byte_level(reader *r, const json_t *p, const char *key) {
     char k[96];
     snprintf(k, sizeof k, "%s.add_prefix_space", key);
-    if (get_bool(r, p, "add_prefix_space", k, 1, &r->s.add_prefix_space)) return -1;
+    if (get_bool(r, p, "add_prefix_space", k, 1, &r->s.add_prefix_space) != CT_OK) return CT_ERR_INVALID;
     snprintf(k, sizeof k, "%s.use_regex", key);
     return get_bool(r, p, "use_regex", k, 1, &r->s.byte_level_regex);
 }
 
-static int read_split(reader *r, const json_t *p, const char *key) {
+static ct_status read_split(reader *r, const json_t *p, const char *key) {
     char k[96];
     const json_t *pat = json_object_get(p, "pattern");
     const json_t *re = json_object_get(pat, "Regex"), *str = json_object_get(pat, "String");
@@ -357,7 +359,7 @@ static int read_split(reader *r, const json_t *p, const char *key) {
 
 static const char *type_of(const json_t *o) { return json_string_value(json_object_get(o, "type")); }
 
-static int read_pre_tokenizer(reader *r) {
+static ct_status read_pre_tokenizer(reader *r) {
     static const char expect[] = "is not supported (ctitan reads ByteLevel, or a Sequence of a Split "
                                  "and a ByteLevel)";
     const json_t *p = json_object_get(r->root, "pre_tokenizer");
@@ -374,18 +376,18 @@ static int read_pre_tokenizer(reader *r) {
         snprintf(key, sizeof key, "pre_tokenizer.pretokenizers[%zu]", i);
         const char *et = type_of(e);
         if (et && strcmp(et, "Split") == 0 && i + 1 < n) {
-            if (read_split(r, e, key)) return -1;
+            if (read_split(r, e, key) != CT_OK) return CT_ERR_INVALID;
         } else if (et && strcmp(et, "ByteLevel") == 0 && i + 1 == n) {
-            if (read_byte_level(r, e, key)) return -1;
+            if (read_byte_level(r, e, key) != CT_OK) return CT_ERR_INVALID;
         } else {
             strcat(key, ".type");
             return bad(r, key, et ? json_object_get(e, "type") : e, expect);
         }
     }
-    return 0;
+    return CT_OK;
 }
 
-static int read_other_keys(reader *r) {
+static ct_status read_other_keys(reader *r) {
     const json_t *norm = json_object_get(r->root, "normalizer");
     const char *nt = type_of(norm);
     if (nt && strcmp(nt, "NFC") == 0)
@@ -397,7 +399,7 @@ static int read_other_keys(reader *r) {
     if (dec && !json_is_null(dec) && (!type_of(dec) || strcmp(type_of(dec), "ByteLevel")))
         return bad(r, "decoder.type", json_is_object(dec) ? json_object_get(dec, "type") : dec,
                    "is not supported (ctitan reads null or \"ByteLevel\")");
-    return 0;
+    return CT_OK;
 }
 
 /* ---- BOS / EOS --------------------------------------------------------------------------------- */
@@ -432,28 +434,28 @@ static int config_token(reader *r, const char *cpath, json_t *cfg, const char *n
     return 1;
 }
 
-static int read_bos_eos(reader *r, const char *config_path) {
+static ct_status read_bos_eos(reader *r, const char *config_path) {
     r->s.bos = token_id(r, "<|begin_of_text|>");
     r->s.eos = token_id(r, "<|end_of_text|>");
     if (r->s.eos < 0) r->s.eos = token_id(r, "<|endoftext|>");
     FILE *f = config_path ? fopen(config_path, "rb") : NULL;
-    if (!f) return 0;   /* no tokenizer_config.json: the well-known names */
+    if (!f) return CT_OK;   /* no tokenizer_config.json: the well-known names */
     json_error_t je;
     json_t *cfg = json_loadf(f, 0, &je);
     fclose(f);
     if (!cfg) {
         ct_set_error("%s:%d:%d: not valid JSON: %s", config_path, je.line, je.column, je.text);
-        return -1;
+        return CT_ERR_INVALID;
     }
-    int rc = -1;
+    ct_status st = CT_ERR_INVALID;
     if (!json_is_object(cfg)) {
         ct_set_error("%s: is not a JSON object", config_path);
     } else if (config_token(r, config_path, cfg, "bos_token", &r->s.bos) >= 0 &&
                config_token(r, config_path, cfg, "eos_token", &r->s.eos) >= 0) {
-        rc = 0;
+        st = CT_OK;
     }
     json_decref(cfg);
-    return rc;
+    return st;
 }
 
 ct_tokenizer *hf_tokenizer_load_json(const char *json, size_t len, const char *label, const char *config_path) {
@@ -469,8 +471,9 @@ ct_tokenizer *hf_tokenizer_load_json(const char *json, size_t len, const char *l
         ct_set_error("%s: is not a JSON object (a tokenizer.json holds one)", label);
         goto done;
     }
-    if (read_model(&r) || read_other_keys(&r) || read_pre_tokenizer(&r) || read_vocab(&r) ||
-        read_merges(&r) || read_added(&r) || read_bos_eos(&r, config_path))
+    if (read_model(&r) != CT_OK || read_other_keys(&r) != CT_OK || read_pre_tokenizer(&r) != CT_OK ||
+        read_vocab(&r) != CT_OK || read_merges(&r) != CT_OK || read_added(&r) != CT_OK ||
+        read_bos_eos(&r, config_path) != CT_OK)
         goto done;
     tok = tokenizer_from_hf(&r.s, label);
 done:

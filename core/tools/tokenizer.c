@@ -73,17 +73,18 @@ static uint64_t hash_bytes(const unsigned char *p, size_t n) {
     return h ^ (h >> 32);
 }
 
-static int bmap_init(bmap *m, size_t n, const unsigned char *arena, const uint32_t *off,
-                     const uint32_t *len) {
+/* CT_OK, or CT_ERR_NOMEM with nothing set (the caller names the file). */
+static ct_status bmap_init(bmap *m, size_t n, const unsigned char *arena, const uint32_t *off,
+                           const uint32_t *len) {
     size_t cap = 16;
     while (cap < 2 * n) cap *= 2;
     m->slots = calloc(cap, sizeof *m->slots);
-    if (!m->slots) return -1;
+    if (!m->slots) return CT_ERR_NOMEM;
     m->mask = (uint32_t)(cap - 1);
     m->arena = arena;
     m->off = off;
     m->len = len;
-    return 0;
+    return CT_OK;
 }
 
 /* Index of the string equal to (p, n), or -1. */
@@ -122,16 +123,17 @@ typedef struct pmap {
 
 #define PMAP_EMPTY UINT64_MAX
 
-static int pmap_init(pmap *m, size_t n) {
+/* CT_OK, or CT_ERR_NOMEM with nothing set (the caller names the file). */
+static ct_status pmap_init(pmap *m, size_t n) {
     size_t cap = 16;
     while (cap < 2 * n) cap *= 2;
     m->keys = malloc(cap * sizeof *m->keys);
     m->rank = malloc(cap * sizeof *m->rank);
     m->id = malloc(cap * sizeof *m->id);
-    if (!m->keys || !m->rank || !m->id) return -1;
+    if (!m->keys || !m->rank || !m->id) return CT_ERR_NOMEM;
     memset(m->keys, 0xff, cap * sizeof *m->keys);
     m->mask = (uint32_t)(cap - 1);
-    return 0;
+    return CT_OK;
 }
 
 static uint64_t pmap_slot(const pmap *m, uint64_t key) {
@@ -359,7 +361,8 @@ static ct_status load_lines(ct_tokenizer *tok, const char *data, size_t size, co
     return CT_OK;
 }
 
-static int add_specials(ct_tokenizer *tok, size_t base_bytes) {
+/* The special tokens after the base ones. CT_OK, or CT_ERR_NOMEM with nothing set. */
+static ct_status add_specials(ct_tokenizer *tok, size_t base_bytes) {
     size_t o = base_bytes;
     for (int i = 0; i < TOKENIZER_N_SPECIAL; i++) {
         const char *name = tokenizer_special_name(i);
@@ -369,14 +372,14 @@ static int add_specials(ct_tokenizer *tok, size_t base_bytes) {
         tok->len[tok->n_base + i] = (uint32_t)n;
         o += n;
     }
-    if (bmap_init(&tok->specials, TOKENIZER_N_SPECIAL, tok->arena, tok->off, tok->len)) return -1;
+    if (bmap_init(&tok->specials, TOKENIZER_N_SPECIAL, tok->arena, tok->off, tok->len) != CT_OK) return CT_ERR_NOMEM;
     for (int i = 0; i < TOKENIZER_N_SPECIAL; i++) bmap_put(&tok->specials, (uint32_t)(tok->n_base + i));
     memset(tok->kind, ID_BASE, (size_t)tok->n_base);
     memset(tok->kind + tok->n_base, ID_SPECIAL, TOKENIZER_N_SPECIAL);
     tok->vocab = tok->n_base + TOKENIZER_N_SPECIAL;
     tok->bos = tok->n_base + TOKENIZER_BEGIN_OF_TEXT;
     tok->eos = tok->n_base + TOKENIZER_END_OF_TEXT;
-    return 0;
+    return CT_OK;
 }
 
 static ct_tokenizer *tiktoken_load_mem(const char *data, size_t size, const char *label) {
@@ -409,7 +412,7 @@ static ct_tokenizer *tiktoken_load_mem(const char *data, size_t size, const char
     tok->len = malloc(ids * sizeof *tok->len);
     tok->kind = malloc(ids);
     if (!tok->arena || !tok->off || !tok->len || !tok->kind) goto oom;
-    if (bmap_init(&tok->ranks, (size_t)count, tok->arena, tok->off, tok->len)) goto oom;
+    if (bmap_init(&tok->ranks, (size_t)count, tok->arena, tok->off, tok->len) != CT_OK) goto oom;
     if (load_lines(tok, data, size, label, line_of) != CT_OK) goto fail;
     /* Every rank below count was seen once (count lines, no duplicates, none out of range). */
     size_t base_bytes = 0;
@@ -424,7 +427,7 @@ static ct_tokenizer *tiktoken_load_mem(const char *data, size_t size, const char
         }
         tok->byte_rank[b] = (uint32_t)k;
     }
-    if (add_specials(tok, base_bytes)) goto oom;
+    if (add_specials(tok, base_bytes) != CT_OK) goto oom;
     tok->pretok = pretok_create();
     if (!tok->pretok) goto fail;
     free(line_of);
@@ -632,9 +635,9 @@ static size_t utf8_seq(const unsigned char *s, size_t n) {
     return need;
 }
 
-/* Runs the regex over a run of valid UTF-8. */
-static int split_valid(const ct_pretok *pt, const unsigned char *s, size_t len, pcre2_match_data *md,
-                       pretok_chunk_fn fn, void *ctx) {
+/* Runs the regex over a run of valid UTF-8: as pretok_split. */
+static ct_status split_valid(const ct_pretok *pt, const unsigned char *s, size_t len, pcre2_match_data *md,
+                             pretok_chunk_fn fn, void *ctx) {
     size_t off = 0;
     while (off < len) {
         int rc = pcre2_match(pt->code, s, len, off, PCRE2_NO_UTF_CHECK, md, pt->mctx);
@@ -646,8 +649,8 @@ static int split_valid(const ct_pretok *pt, const unsigned char *s, size_t len, 
         } else if (rc < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            ct_set_error("pre-tokenizer: regex match failed at byte %zu: %s", off, (const char *)msg);
-            return -1;
+            return ct_fail(CT_ERR_INVALID, "pre-tokenizer: regex match failed at byte %zu: %s", off,
+                           (const char *)msg);
         } else {
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
             ms = ov[0];
@@ -656,37 +659,34 @@ static int split_valid(const ct_pretok *pt, const unsigned char *s, size_t len, 
         /* The pattern matches at every character, so there are no gaps and no empty matches; if
          * there were, the bytes still become chunks so that nothing is lost. */
         if (ms > off) {
-            int r = fn(ctx, s + off, ms - off);
-            if (r) return r;
+            ct_status st = fn(ctx, s + off, ms - off);
+            if (st != CT_OK) return st;
         }
         if (me == ms) {
             if (ms >= len) break;
             me = ms + utf8_seq(s + ms, len - ms);
         }
-        int r = fn(ctx, s + ms, me - ms);
-        if (r) return r;
+        ct_status st = fn(ctx, s + ms, me - ms);
+        if (st != CT_OK) return st;
         off = me;
     }
-    return 0;
+    return CT_OK;
 }
 
-int pretok_split(const ct_pretok *pt, const char *text, size_t len, pretok_chunk_fn fn, void *ctx) {
+ct_status pretok_split(const ct_pretok *pt, const char *text, size_t len, pretok_chunk_fn fn, void *ctx) {
     const unsigned char *s = (const unsigned char *)text;
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(pt->code, NULL);
-    if (!md) {
-        ct_set_error("pre-tokenizer: out of memory");
-        return -1;
-    }
-    int rc = 0;
+    if (!md) return ct_fail(CT_ERR_NOMEM, "pre-tokenizer: out of memory");
+    ct_status st = CT_OK;
     size_t i = 0;
-    while (i < len && rc == 0) {
+    while (i < len && st == CT_OK) {
         size_t start = i;
         for (size_t k; i < len && (k = utf8_seq(s + i, len - i)) != 0;) i += k;
-        if (i > start) rc = split_valid(pt, s + start, i - start, md, fn, ctx);
-        if (rc == 0 && i < len) rc = fn(ctx, s + i++, 1);   /* an invalid byte: a chunk of its own */
+        if (i > start) st = split_valid(pt, s + start, i - start, md, fn, ctx);
+        if (st == CT_OK && i < len) st = fn(ctx, s + i++, 1);   /* an invalid byte: a chunk of its own */
     }
     pcre2_match_data_free(md);
-    return rc;
+    return st;
 }
 
 /* ---- BPE --------------------------------------------------------------------------------------- */
@@ -709,8 +709,9 @@ static void scratch_free(bpe_scratch *s) {
     memset(s, 0, sizeof *s);
 }
 
-static int scratch_reserve(bpe_scratch *s, size_t n) {
-    if (n <= s->cap) return 0;
+/* Room for a chunk of n bytes. CT_OK, or CT_ERR_NOMEM with nothing set (the encoder says it). */
+static ct_status scratch_reserve(bpe_scratch *s, size_t n) {
+    if (n <= s->cap) return CT_OK;
     size_t cap = s->cap ? s->cap : 64;
     while (cap < n) cap *= 2;
     scratch_free(s);
@@ -721,10 +722,10 @@ static int scratch_reserve(bpe_scratch *s, size_t n) {
     s->heap = malloc(3 * cap * sizeof *s->heap);
     if (!s->next || !s->prev || !s->pair_rank || !s->part_rank || !s->heap) {
         scratch_free(s);
-        return -1;
+        return CT_ERR_NOMEM;
     }
     s->cap = cap;
-    return 0;
+    return CT_OK;
 }
 
 static void heap_push(uint64_t *h, size_t *n, uint64_t v) {
@@ -802,7 +803,7 @@ size_t tokenizer_bpe_chunk(const ct_tokenizer *tok, const unsigned char *chunk, 
                            int32_t *out) {
     if (len == 0) return 0;
     bpe_scratch s = {0};
-    if (scratch_reserve(&s, len)) return 0;
+    if (scratch_reserve(&s, len) != CT_OK) return 0;
     size_t m = tok->hf ? hf_merge(tok, chunk, len, &s, out) : bpe_merge(tok, chunk, len, &s, out);
     scratch_free(&s);
     return m;
@@ -817,30 +818,30 @@ typedef struct encoder {
     bpe_scratch s;
 } encoder;
 
-static int enc_reserve(encoder *e, size_t more) {
-    if (e->n + more <= e->cap) return 0;
+/* The encoder's steps return CT_ERR_NOMEM with nothing set when out of memory (tokenizer_encode says
+ * it); a refusal or a regex failure comes with its line. */
+static ct_status enc_reserve(encoder *e, size_t more) {
+    if (e->n + more <= e->cap) return CT_OK;
     size_t cap = e->cap ? e->cap : 256;
     while (cap < e->n + more) cap *= 2;
     int32_t *ids = realloc(e->ids, cap * sizeof *ids);
-    if (!ids) return -1;
+    if (!ids) return CT_ERR_NOMEM;
     e->ids = ids;
     e->cap = cap;
-    return 0;
+    return CT_OK;
 }
 
-#define ENC_OOM 2
-
-static int enc_chunk(void *ctx, const unsigned char *c, size_t n) {
+static ct_status enc_chunk(void *ctx, const unsigned char *c, size_t n) {
     encoder *e = ctx;
-    if (enc_reserve(e, n)) return ENC_OOM;
+    if (enc_reserve(e, n) != CT_OK) return CT_ERR_NOMEM;
     uint32_t r = rank_of(e->tok, c, n);
     if (r != NO_RANK) {
         e->ids[e->n++] = (int32_t)r;
-        return 0;
+        return CT_OK;
     }
-    if (scratch_reserve(&e->s, n)) return ENC_OOM;
+    if (scratch_reserve(&e->s, n) != CT_OK) return CT_ERR_NOMEM;
     e->n += bpe_merge(e->tok, c, n, &e->s, e->ids + e->n);
-    return 0;
+    return CT_OK;
 }
 
 /* Next special token at or after from: its start in *at and its id; -1 if none. */
@@ -910,31 +911,31 @@ typedef struct hf_encoder {
     size_t bufcap;
 } hf_encoder;
 
-static int hf_chunk(void *ctx, const unsigned char *c, size_t n) {
+static ct_status hf_chunk(void *ctx, const unsigned char *c, size_t n) {
     encoder *e = ctx;
-    if (enc_reserve(e, n)) return ENC_OOM;
+    if (enc_reserve(e, n) != CT_OK) return CT_ERR_NOMEM;
     if (e->tok->ignore_merges) {
         int64_t k = bmap_get(&e->tok->ranks, c, n);
         if (k >= 0) {
             e->ids[e->n++] = (int32_t)k;
-            return 0;
+            return CT_OK;
         }
     }
-    if (scratch_reserve(&e->s, n)) return ENC_OOM;
+    if (scratch_reserve(&e->s, n) != CT_OK) return CT_ERR_NOMEM;
     e->n += hf_merge(e->tok, c, n, &e->s, e->ids + e->n);
-    return 0;
+    return CT_OK;
 }
 
 /* ByteLevel: the prefix space, then GPT-2's regex (use_regex) or the piece whole. */
-static int hf_byte_level(void *ctx, const unsigned char *c, size_t n) {
+static ct_status hf_byte_level(void *ctx, const unsigned char *c, size_t n) {
     hf_encoder *h = ctx;
     const ct_tokenizer *tok = h->e.tok;
-    if (n == 0) return 0;
+    if (n == 0) return CT_OK;
     if (tok->add_prefix_space && c[0] != ' ') {
         if (n + 1 > h->bufcap) {
             size_t cap = 2 * (n + 1);
             unsigned char *nb = realloc(h->buf, cap);
-            if (!nb) return ENC_OOM;
+            if (!nb) return CT_ERR_NOMEM;
             h->buf = nb;
             h->bufcap = cap;
         }
@@ -948,11 +949,11 @@ static int hf_byte_level(void *ctx, const unsigned char *c, size_t n) {
     return pretok_split(tok->byte_level, (const char *)c, n, hf_chunk, &h->e);
 }
 
-static int hf_byte_level_cb(void *ctx, const unsigned char *c, size_t n) { return hf_byte_level(ctx, c, n); }
+static ct_status hf_byte_level_cb(void *ctx, const unsigned char *c, size_t n) { return hf_byte_level(ctx, c, n); }
 
 /* Text between added tokens: the Split stage (if any), then ByteLevel. */
-static int hf_pieces(hf_encoder *h, const unsigned char *t, size_t n) {
-    if (n == 0) return 0;
+static ct_status hf_pieces(hf_encoder *h, const unsigned char *t, size_t n) {
+    if (n == 0) return CT_OK;
     if (!h->e.tok->pretok) return hf_byte_level(h, t, n);
     return pretok_split(h->e.tok->pretok, (const char *)t, n, hf_byte_level_cb, h);
 }
@@ -979,60 +980,58 @@ static int64_t find_added(const ct_tokenizer *tok, int cls, const unsigned char 
 /* The tokenizers package's AddedVocabulary: the text is cut at the normalized=false tokens, the pieces
  * between at the normalized=true ones, and what is left is pre-tokenized. A special token's text is
  * plain text unless allow_special (the package's encode_special_tokens = !allow_special). */
-static int hf_split_added(hf_encoder *h, int cls, const unsigned char *t, size_t len) {
+static ct_status hf_split_added(hf_encoder *h, int cls, const unsigned char *t, size_t len) {
     const ct_tokenizer *tok = h->e.tok;
     size_t seg = 0, from = 0, at;
     int64_t k;
     while ((k = find_added(tok, cls, t, len, from, &at)) >= 0) {
         from = at + tok->added_len[k];
         if (tok->added_special[k] && !h->allow_special) continue;
-        int rc = cls == 0 ? hf_split_added(h, 1, t + seg, at - seg) : hf_pieces(h, t + seg, at - seg);
-        if (rc) return rc;
-        if (enc_reserve(&h->e, 1)) return ENC_OOM;
+        ct_status st = cls == 0 ? hf_split_added(h, 1, t + seg, at - seg) : hf_pieces(h, t + seg, at - seg);
+        if (st != CT_OK) return st;
+        if (enc_reserve(&h->e, 1) != CT_OK) return CT_ERR_NOMEM;
         h->e.ids[h->e.n++] = tok->added_id[k];
         seg = from;
     }
     return cls == 0 ? hf_split_added(h, 1, t + seg, len - seg) : hf_pieces(h, t + seg, len - seg);
 }
 
-static int hf_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special, encoder *e) {
+static ct_status hf_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special, encoder *e) {
     size_t at;
     uint32_t cp;
-    if (tok->nfc && hf_nfc_check((const unsigned char *)text, len, &at, &cp)) {
-        ct_set_error("tokenizer: the text is not in Unicode NFC at byte %zu (U+%04X, or it cannot be "
-                     "told without normalising); this tokenizer.json's normalizer is NFC, which ctitan does not "
-                     "apply: normalise the text to NFC first", at, (unsigned)cp);
-        return -1;
-    }
+    if (tok->nfc && hf_nfc_check((const unsigned char *)text, len, &at, &cp))
+        return ct_fail(CT_ERR_INVALID, "tokenizer: the text is not in Unicode NFC at byte %zu (U+%04X, or it cannot "
+                       "be told without normalising); this tokenizer.json's normalizer is NFC, which ctitan does "
+                       "not apply: normalise the text to NFC first", at, (unsigned)cp);
     hf_encoder h = {.e = *e, .allow_special = allow_special};
-    int rc = hf_split_added(&h, 0, (const unsigned char *)text, len);
+    ct_status st = hf_split_added(&h, 0, (const unsigned char *)text, len);
     *e = h.e;
     free(h.buf);
-    return rc;
+    return st;
 }
 
 ct_status tokenizer_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special,
                            int32_t **ids, size_t *n) {
     encoder e = {.tok = tok};
     size_t start = 0;
-    int rc = tok->hf ? hf_encode(tok, text, len, allow_special, &e) : 0;
-    while (rc == 0 && !tok->hf) {
+    ct_status st = tok->hf ? hf_encode(tok, text, len, allow_special, &e) : CT_OK;
+    while (st == CT_OK && !tok->hf) {
         size_t at = len;
         int sid = allow_special ? find_special(tok, text, len, start, &at) : -1;
         if (sid < 0) at = len;
-        rc = pretok_split(tok->pretok, text + start, at - start, enc_chunk, &e);
-        if (rc || sid < 0) break;
-        if (enc_reserve(&e, 1)) { rc = ENC_OOM; break; }
+        st = pretok_split(tok->pretok, text + start, at - start, enc_chunk, &e);
+        if (st != CT_OK || sid < 0) break;
+        if ((st = enc_reserve(&e, 1)) != CT_OK) break;
         e.ids[e.n++] = sid;
         start = at + tok->len[sid];
     }
     scratch_free(&e.s);
-    if (rc) {
+    if (st != CT_OK) {
         free(e.ids);
         *ids = NULL;
         *n = 0;
-        if (rc == ENC_OOM) return ct_fail(CT_ERR_NOMEM, "tokenizer: out of memory encoding %zu bytes", len);
-        return CT_ERR_INVALID;   /* text it refuses, or the regex failed on it: the message is set */
+        if (st == CT_ERR_NOMEM) return ct_fail(CT_ERR_NOMEM, "tokenizer: out of memory encoding %zu bytes", len);
+        return st;   /* text it refuses, or the regex failed on it (CT_ERR_INVALID): the message is set */
     }
     if (e.n == 0) {
         free(e.ids);
@@ -1080,19 +1079,21 @@ static int cmp_len_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* The added tokens: their text in the arena at o, a map per class, first bytes, lengths. */
-static int hf_build_added(ct_tokenizer *tok, const hf_spec *s, size_t o) {
+/* The added tokens: their text in the arena at o, a map per class, first bytes, lengths. CT_OK, or
+ * CT_ERR_NOMEM with nothing set. */
+static ct_status hf_build_added(ct_tokenizer *tok, const hf_spec *s, size_t o) {
     size_t n = s->n_added;
     tok->n_added = n;
     tok->added_off = malloc((n ? n : 1) * sizeof *tok->added_off);
     tok->added_len = malloc((n ? n : 1) * sizeof *tok->added_len);
     tok->added_id = malloc((n ? n : 1) * sizeof *tok->added_id);
     tok->added_special = malloc(n ? n : 1);
-    if (!tok->added_off || !tok->added_len || !tok->added_id || !tok->added_special) return -1;
+    if (!tok->added_off || !tok->added_len || !tok->added_id || !tok->added_special) return CT_ERR_NOMEM;
     for (int c = 0; c < 2; c++) {
         tok->added_lens[c] = malloc((n ? n : 1) * sizeof *tok->added_lens[c]);
-        if (!tok->added_lens[c] || bmap_init(&tok->added[c], n, tok->arena, tok->added_off, tok->added_len))
-            return -1;
+        if (!tok->added_lens[c] ||
+            bmap_init(&tok->added[c], n, tok->arena, tok->added_off, tok->added_len) != CT_OK)
+            return CT_ERR_NOMEM;
     }
     for (size_t i = 0; i < n; i++) {
         const hf_added *a = &s->added[i];
@@ -1116,7 +1117,7 @@ static int hf_build_added(ct_tokenizer *tok, const hf_spec *s, size_t o) {
     }
     for (int c = 0; c < 2; c++)
         qsort(tok->added_lens[c], tok->n_added_lens[c], sizeof *tok->added_lens[c], cmp_len_desc);
-    return 0;
+    return CT_OK;
 }
 
 ct_tokenizer *tokenizer_from_hf(const hf_spec *s, const char *label) {
@@ -1145,7 +1146,7 @@ ct_tokenizer *tokenizer_from_hf(const hf_spec *s, const char *label) {
     tok->len = calloc((size_t)tok->vocab, sizeof *tok->len);
     tok->kind = calloc((size_t)tok->vocab, 1);
     if (!tok->arena || !tok->off || !tok->len || !tok->kind) goto oom;
-    if (bmap_init(&tok->ranks, s->n_vocab, tok->arena, tok->off, tok->len)) goto oom;
+    if (bmap_init(&tok->ranks, s->n_vocab, tok->arena, tok->off, tok->len) != CT_OK) goto oom;
     size_t o = 0;
     for (size_t i = 0; i < s->n_vocab; i++) {   /* ids and bytes are unique: hf_tokenizer.c checked */
         int32_t id = s->vocab_id[i];
@@ -1157,10 +1158,10 @@ ct_tokenizer *tokenizer_from_hf(const hf_spec *s, const char *label) {
         bmap_put(&tok->ranks, (uint32_t)id);
         if (s->vocab_len[i] == 1) tok->byte_rank[s->vocab_bytes[i][0]] = (uint32_t)id;
     }
-    if (pmap_init(&tok->merges, s->n_merges)) goto oom;
+    if (pmap_init(&tok->merges, s->n_merges) != CT_OK) goto oom;
     for (size_t i = 0; i < s->n_merges; i++)
         pmap_put(&tok->merges, s->merges[i][0], s->merges[i][1], (uint32_t)i, s->merges[i][2]);
-    if (hf_build_added(tok, s, o)) goto oom;
+    if (hf_build_added(tok, s, o) != CT_OK) goto oom;
     if (s->split_pattern) {
         tok->pretok = pretok_create_pattern(s->split_pattern, s->split_literal);
         if (!tok->pretok) goto bad_regex;

@@ -116,13 +116,13 @@ ct_pretok *pretok_create(void);
 ct_pretok *pretok_create_pattern(const char *pattern, int literal);
 void pretok_free(ct_pretok *pt);
 
-/* Called once per chunk, in order; a non-zero return stops the split and is returned by it. */
-typedef int (*pretok_chunk_fn)(void *ctx, const unsigned char *chunk, size_t len);
+/* Called once per chunk, in order; a status other than CT_OK stops the split and is returned by it. */
+typedef ct_status (*pretok_chunk_fn)(void *ctx, const unsigned char *chunk, size_t len);
 
 /* Splits text into regex chunks; every invalid UTF-8 byte becomes a chunk of its own. The chunks
- * cover the text exactly. Returns 0, the callback's non-zero value, or -1 on a PCRE2 error (with its
- * message set). */
-int pretok_split(const ct_pretok *pt, const char *text, size_t len, pretok_chunk_fn fn, void *ctx);
+ * cover the text exactly. Returns CT_OK, the callback's status, or (with the message set)
+ * CT_ERR_INVALID when PCRE2 fails to match (a match limit) or CT_ERR_NOMEM. */
+ct_status pretok_split(const ct_pretok *pt, const char *text, size_t len, pretok_chunk_fn fn, void *ctx);
 
 /* ---- training (bpe_train.c) ------------------------------------------------------------------- */
 

@@ -451,7 +451,9 @@ static ct_status train_settings_read(train_run *r) {
     r->accum = r->G_local / L;
     r->non_dp = r->s->world / dp > 0 ? r->s->world / dp : 1;
     if (profiler_open(&r->prof, mf)) return CT_ERR_INVALID;
-    return lr_setup(mf, r->steps, &r->sched) ? CT_ERR_INVALID : CT_OK;
+    ct_status st = lr_setup(mf, r->steps, &r->sched);
+    if (st != CT_OK) fprintf(stderr, "ctitan: %s\n", ct_last_error());
+    return st;
 }
 
 /* "file:line: key" of a list item's key ("training.dataset[1].path"), or the list's own line with the
@@ -652,7 +654,7 @@ static ct_status train_start(train_run *r) {
     r->warmup_steps = r->steps > 2 ? 2 : r->steps > 1 ? 1 : 0;
     if (ckpt_begin(r->s, r->mf, r->dump, &r->ck)) return CT_ERR_INVALID;
     /* whole compute copies (ZeRO) follow what local storage now holds, loaded or initialised */
-    if (session_post_step(r->s)) {
+    if (session_post_step(r->s) != CT_OK) {
         fprintf(stderr, "ctitan: parallelism: post_step: %s\n", ct_last_error());
         return CT_ERR_INTERNAL;
     }
@@ -780,7 +782,7 @@ static int validate(train_run *r, int64_t step) {
                                 r->inputs + i * r->T, r->targets + i * r->T);
         double ls;
         int64_t valid;
-        if (session_eval_step(r->s, r->inputs, r->targets, r->G_local, r->val_L, r->T, &ls, &valid)) return -1;
+        if (session_eval_step(r->s, r->inputs, r->targets, r->G_local, r->val_L, r->T, &ls, &valid) != CT_OK) return -1;
         sum += ls;
         tokens += valid;
     }
@@ -814,10 +816,10 @@ static step_next train_step(train_run *r, int64_t step) {
     batch_read(r);
     double loss, norm;
     int64_t valid;
-    int bad = session_train_step(s, r->inputs, r->targets, r->G_local, r->L, r->T, lr, r->max_norm, step, &loss,
-                                 &norm, &valid);
-    if (bad < 0) return STEP_FAILED;
-    if (bad > 0) {
+    if (session_train_step(s, r->inputs, r->targets, r->G_local, r->L, r->T, lr, r->max_norm, step, &loss, &norm,
+                           &valid) != CT_OK)
+        return STEP_FAILED;
+    if (!isfinite(norm)) {
         fprintf(stderr, "ctitan: step %lld: gradient norm is %g; stopping (lower optimizer.lr?)\n", (long long)step,
                 norm);
         r->status = CT_ERR_INTERNAL; /* every rank saw the same norm: all end here, none waits */
@@ -1151,7 +1153,7 @@ ct_status cmd_generate(int argc, char **argv) {
         st = CT_ERR_INVALID;
         goto out;
     }
-    if (session_post_step(&s)) { /* whole compute copies (ZeRO) take the loaded values */
+    if (session_post_step(&s) != CT_OK) { /* whole compute copies (ZeRO) take the loaded values */
         fprintf(stderr, "ctitan: parallelism: post_step: %s\n", ct_last_error());
         st = CT_ERR_INTERNAL;
         goto out;

@@ -50,7 +50,7 @@ static void check_round_trip(const tf_file *f, const uint8_t *data, size_t size)
     CHECK(w != NULL);
     for (int i = 0; i < f->count; i++) {
         const tf_entry *e = &f->entries[i];
-        CHECK(tf_writer_add(w, e->name, e->dtype, e->ndim, e->shape, e->data) == 0);
+        CHECK(tf_writer_add(w, e->name, e->dtype, e->ndim, e->shape, e->data) == CT_OK);
     }
     CHECK(tf_writer_close(w) == CT_OK);
     if (f->version == 1) {

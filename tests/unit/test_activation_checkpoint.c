@@ -35,13 +35,13 @@ static void run(const char *mode, const char *option, result *r) {
         tok[i] = (int32_t)((i * 37 + 11) % 256);
         tgt[i] = i % 17 == 0 ? -100 : (int32_t)((i * 53 + 5) % 256);
     }
-    assert_int_equal(runtime_zero_grads(&s.rt), 0);
-    assert_int_equal(runtime_forward_backward(&s.rt, tok, tgt, 2, 64, 1.0f / 120.0f, 1, &r->loss), 0);
+    assert_int_equal(runtime_zero_grads(&s.rt), CT_OK);
+    assert_int_equal(runtime_forward_backward(&s.rt, tok, tgt, 2, 64, 1.0f / 120.0f, 1, &r->loss), CT_OK);
     r->n = s.rt.n_param_elems;
     r->grads = malloc(sizeof(float) * (size_t)r->n);
     int64_t off = 0;
     for (int i = 0; i < s.rt.n_params; i++) {
-        assert_int_equal(runtime_param_get(&s.rt, i, r->grads + off, 1), 0);
+        assert_int_equal(runtime_param_get(&s.rt, i, r->grads + off, 1), CT_OK);
         off += ct_tensor_numel(&s.rt.params[i]->t);
     }
     r->peak_act = s.rt.peak_act_bytes;

@@ -323,7 +323,7 @@ static lr_schedule schedule(const char *yaml, int64_t steps) {
     manifest *m = load_yaml(yaml);
     assert_int_equal(manifest_validate(m), 0);
     lr_schedule s;
-    assert_int_equal(lr_setup(m, steps, &s), 0);
+    assert_int_equal(lr_setup(m, steps, &s), CT_OK);
     /* s.type points into the manifest, freed below: keep a literal instead */
     s.type = strcmp(s.type, "cosine") == 0 ? "cosine" : strcmp(s.type, "sqrt") == 0 ? "sqrt" : "linear";
     manifest_free(m);
@@ -372,7 +372,7 @@ static void test_dataloader_windows_shuffle_and_layouts(void **state) {
     int seen[50] = {0};
     int32_t in[4], tg[4];
     for (int s = 0; s < 50; s++) { /* one epoch: every window once, targets shifted by one */
-        assert_int_equal(dataloader_sequence(&dl, s, in, tg), 0);
+        assert_int_equal(dataloader_sequence(&dl, s, in, tg), CT_OK);
         assert_int_equal(in[0] % 4, 0);
         for (int i = 0; i < 4; i++) assert_int_equal(tg[i], in[i] + 1);
         seen[in[0] / 4]++;
@@ -512,7 +512,7 @@ static void test_dataloader_mixture_is_exact_per_period(void **state) {
     int per[3][2] = {{0}};
     static int stream[2][N], n_stream[2];
     for (int s = 0; s < N; s++) {
-        assert_int_equal(dataloader_sequence(&dl, s, in, tg), 0);
+        assert_int_equal(dataloader_sequence(&dl, s, in, tg), CT_OK);
         int src = in[0] >= 500;
         assert_int_equal(dataloader_source_of(&dl, s), src);
         for (int i = 0; i < 4; i++) assert_int_equal(tg[i], in[i] + 1);

@@ -86,12 +86,12 @@ static double logits_error(session *s, const tf_file *w, const tf_file *g, int64
         int k = runtime_find_param(&s->rt, w->entries[i].name);
         if (k < 0) fail_msg("the model has no parameter %s", w->entries[i].name);
         assert_int_equal(ct_tensor_numel(&s->rt.params[k]->t), w->entries[i].numel);
-        assert_int_equal(runtime_param_set(&s->rt, k, w->entries[i].data), 0);
+        assert_int_equal(runtime_param_set(&s->rt, k, w->entries[i].data), CT_OK);
     }
     const tf_entry *want = tf_find(g, "expected.logits");
     assert_non_null(want);
     float *logits = malloc(sizeof(float) * (size_t)want->numel);
-    assert_int_equal(runtime_forward_logits(&s->rt, tf_find(g, "input.tokens")->data, B, T, logits), 0);
+    assert_int_equal(runtime_forward_logits(&s->rt, tf_find(g, "input.tokens")->data, B, T, logits), CT_OK);
     double e = rel_err(logits, want->data, want->numel);
     free(logits);
     return e;

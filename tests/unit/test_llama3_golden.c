@@ -81,7 +81,7 @@ static void expect_gradients(fixture *f, const char *prefix, double tol) {
         if (!want) fail_msg("golden has no %s", name);
         assert_int_equal(want->numel, ct_tensor_numel(p));
         float *g = malloc(sizeof(float) * (size_t)want->numel);
-        assert_int_equal(runtime_param_get(&f->s.rt, i, g, 1), 0);
+        assert_int_equal(runtime_param_get(&f->s.rt, i, g, 1), CT_OK);
         expect_close(name, g, want->data, want->numel, tol);
         free(g);
     }
@@ -92,7 +92,7 @@ static void test_logits_match_pytorch(void **state) {
     const tf_entry *want = tf_find(f->g, "expected.logits");
     assert_non_null(want);
     float *logits = malloc(sizeof(float) * (size_t)want->numel);
-    assert_int_equal(runtime_forward_logits(&f->s.rt, f->tokens, 2, 32, logits), 0);
+    assert_int_equal(runtime_forward_logits(&f->s.rt, f->tokens, 2, 32, logits), CT_OK);
     worst = 0;
     expect_close("logits", logits, want->data, want->numel, 1e-4);
     print_message("logits: relative error %.2e\n", worst);
@@ -105,8 +105,8 @@ static void test_loss_and_every_gradient_match_pytorch(void **state) {
     for (int i = 0; i < 64; i++) valid += f->targets[i] != -100;
     assert_int_equal(valid, 59);
     double loss_sum;
-    assert_int_equal(runtime_zero_grads(&f->s.rt), 0);
-    assert_int_equal(runtime_forward_backward(&f->s.rt, f->tokens, f->targets, 2, 32, 1.0f / (float)valid, 1, &loss_sum), 0);
+    assert_int_equal(runtime_zero_grads(&f->s.rt), CT_OK);
+    assert_int_equal(runtime_forward_backward(&f->s.rt, f->tokens, f->targets, 2, 32, 1.0f / (float)valid, 1, &loss_sum), CT_OK);
     float want_loss = *(const float *)tf_find(f->g, "expected.loss")->data;
     double loss = loss_sum / (double)valid;
     if (fabs(loss - want_loss) > 1e-4 * fabs(want_loss)) fail_msg("loss %.7f, PyTorch %.7f", loss, want_loss);
@@ -124,7 +124,8 @@ static void test_ten_adamw_steps_match_pytorch(void **state) {
     for (int step = 1; step <= 10; step++) {
         double loss, norm;
         int64_t valid;
-        assert_int_equal(session_train_step(&f->s, f->tokens, f->targets, 2, 2, 32, 3e-3, 1.0, step, &loss, &norm, &valid), 0);
+        assert_int_equal(session_train_step(&f->s, f->tokens, f->targets, 2, 2, 32, 3e-3, 1.0, step, &loss, &norm, &valid),
+                         CT_OK);
         double le = fabs(loss - losses[step - 1]) / fabs(losses[step - 1]);
         if (le > worst_loss) worst_loss = le;
         if (le > 1e-4)
@@ -141,7 +142,7 @@ static void test_ten_adamw_steps_match_pytorch(void **state) {
         const tf_entry *want = tf_find(f->g, name);
         assert_non_null(want);
         float *w = malloc(sizeof(float) * (size_t)want->numel);
-        assert_int_equal(runtime_param_get(&f->s.rt, i, w, 0), 0);
+        assert_int_equal(runtime_param_get(&f->s.rt, i, w, 0), CT_OK);
         expect_close(name, w, want->data, want->numel, 1e-4);
         free(w);
     }
@@ -186,16 +187,16 @@ static void test_bf16_logits_loss_and_gradients_match_pytorch(void **state) {
     const tf_entry *want = tf_find(f->g, "bf16.logits");
     assert_non_null(want);
     float *logits = malloc(sizeof(float) * (size_t)want->numel);
-    assert_int_equal(runtime_begin_step(&f->s.rt), 0);
-    assert_int_equal(runtime_forward_logits(&f->s.rt, f->tokens, 2, 32, logits), 0);
+    runtime_begin_step(&f->s.rt);
+    assert_int_equal(runtime_forward_logits(&f->s.rt, f->tokens, 2, 32, logits), CT_OK);
     worst = 0;
     expect_close("bf16 logits", logits, want->data, want->numel, 2e-4);
     print_message("bf16 logits: relative error %.2e\n", worst);
     free(logits);
     double loss_sum;
-    assert_int_equal(runtime_zero_grads(&f->s.rt), 0);
-    assert_int_equal(runtime_begin_step(&f->s.rt), 0);
-    assert_int_equal(runtime_forward_backward(&f->s.rt, f->tokens, f->targets, 2, 32, 1.0f / 59.0f, 1, &loss_sum), 0);
+    assert_int_equal(runtime_zero_grads(&f->s.rt), CT_OK);
+    runtime_begin_step(&f->s.rt);
+    assert_int_equal(runtime_forward_backward(&f->s.rt, f->tokens, f->targets, 2, 32, 1.0f / 59.0f, 1, &loss_sum), CT_OK);
     float want_loss = *(const float *)tf_find(f->g, "bf16.loss")->data;
     double loss = loss_sum / 59.0;
     if (fabs(loss - want_loss) > 1e-5 * fabs(want_loss)) fail_msg("bf16 loss %.7f, PyTorch %.7f", loss, want_loss);

@@ -81,7 +81,8 @@ static double run_steps(const char *yaml, const char *label, double *output_err)
             assert_int_equal(s.d->copy(s.dev, sl->local_grad, gr, sizeof(float) * (size_t)sl->numel, CT_COPY_H2D),
                              CT_OK);
         }
-        if (session_step_params(&s, ((const float *)lrs->data)[t - 1], t)) fail_msg("step: %s", ct_last_error());
+        if (session_step_params(&s, ((const float *)lrs->data)[t - 1], t) != CT_OK)
+            fail_msg("step: %s", ct_last_error());
     }
     double worst = 0;
     for (int i = 0; i < s.rt.n_params; i++) {

@@ -57,11 +57,11 @@ static double logits_error(session *s, const tf_file *w, const tf_file *g, int64
         const tf_entry *e = tf_find(w, !strcmp(name, "output.weight") ? "tok_embeddings.weight" : name);
         if (!e) fail_msg("the file has no %s", name);
         assert_int_equal(ct_tensor_numel(&s->rt.params[k]->t), e->numel);
-        assert_int_equal(runtime_param_set(&s->rt, k, e->data), 0);
+        assert_int_equal(runtime_param_set(&s->rt, k, e->data), CT_OK);
     }
     const tf_entry *want = tf_find(g, "expected.logits");
     float *logits = malloc(sizeof(float) * (size_t)want->numel);
-    assert_int_equal(runtime_forward_logits(&s->rt, tf_find(g, "input.tokens")->data, B, T, logits), 0);
+    assert_int_equal(runtime_forward_logits(&s->rt, tf_find(g, "input.tokens")->data, B, T, logits), CT_OK);
     double e = rel_err(logits, want->data, want->numel);
     free(logits);
     return e;

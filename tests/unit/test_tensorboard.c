@@ -198,7 +198,7 @@ static void test_writer_file(void **state) {
     assert_string_equal(strchr(name + 20, '.') + 1, host);
     for (int64_t step = 1; step <= 3; step++) {
         tb_scalar v[] = {{"grad_norm", 0.5 * (double)step}, {"validation_metrics/tokens", 64}};
-        assert_int_equal(tb_write(w, step, v, 2), 0);
+        assert_int_equal(tb_write(w, step, v, 2), CT_OK);
     }
     /* written through at once: the file holds every record before close */
     FILE *f = fopen(path, "rb");
@@ -206,7 +206,7 @@ static void test_writer_file(void **state) {
     uint8_t data[4096];
     size_t n = fread(data, 1, sizeof data, f);
     fclose(f);
-    assert_int_equal(tb_close(w), 0);
+    assert_int_equal(tb_close(w), CT_OK);
     size_t at = 0;
     int records = 0;
     while (at < n) {
@@ -264,7 +264,7 @@ static void test_write_error_names_the_file(void **state) {
     assert_int_equal(dup2(full, fd), fd);
     close(full);
     tb_scalar v = {"grad_norm", 1.0};
-    assert_int_equal(tb_write(w, 1, &v, 1), -1);
+    assert_int_equal(tb_write(w, 1, &v, 1), CT_ERR_IO);
     assert_non_null(strstr(ct_last_error(), path));
     assert_non_null(strstr(ct_last_error(), "No space left on device"));
     tb_close(w);

@@ -447,11 +447,11 @@ static void test_writer_round_trip(void **state) {
 
     tf_writer *wr = tf_writer_open(path);
     assert_non_null(wr);
-    assert_int_equal(tf_writer_add(wr, "layers.0.w", TF_F32, 3, (int64_t[]){2, 3, 4}, w), 0);
-    assert_int_equal(tf_writer_add(wr, "input.tokens", TF_I32, 1, (int64_t[]){5}, ids), 0);
-    assert_int_equal(tf_writer_add(wr, "expected.loss", TF_F32, 0, NULL, &scalar), 0);
-    assert_int_equal(tf_writer_add(wr, "six", TF_F32, 6, (int64_t[]){2, 1, 1, 1, 1, 3}, six), 0);
-    assert_int_equal(tf_writer_add(wr, "none", TF_F32, 2, (int64_t[]){0, 9}, NULL), 0);
+    assert_int_equal(tf_writer_add(wr, "layers.0.w", TF_F32, 3, (int64_t[]){2, 3, 4}, w), CT_OK);
+    assert_int_equal(tf_writer_add(wr, "input.tokens", TF_I32, 1, (int64_t[]){5}, ids), CT_OK);
+    assert_int_equal(tf_writer_add(wr, "expected.loss", TF_F32, 0, NULL, &scalar), CT_OK);
+    assert_int_equal(tf_writer_add(wr, "six", TF_F32, 6, (int64_t[]){2, 1, 1, 1, 1, 3}, six), CT_OK);
+    assert_int_equal(tf_writer_add(wr, "none", TF_F32, 2, (int64_t[]){0, 9}, NULL), CT_OK);
     assert_string_equal(tf_writer_error(wr), "");
     assert_int_equal(tf_writer_close(wr), CT_OK);
     assert_false(file_exists(tmp_path("rt.ctt.tmp")));
@@ -487,9 +487,9 @@ static void test_writer_output_matches_the_spec_bytes(void **state) {
     float s = 0.0f;
     tf_writer *w = tf_writer_open(path);
     assert_non_null(w);
-    assert_int_equal(tf_writer_add(w, "w", TF_F32, 2, (int64_t[]){2, 3}, wv), 0);
-    assert_int_equal(tf_writer_add(w, "ids", TF_I32, 1, (int64_t[]){4}, iv), 0);
-    assert_int_equal(tf_writer_add(w, "s", TF_F32, 0, NULL, &s), 0);
+    assert_int_equal(tf_writer_add(w, "w", TF_F32, 2, (int64_t[]){2, 3}, wv), CT_OK);
+    assert_int_equal(tf_writer_add(w, "ids", TF_I32, 1, (int64_t[]){4}, iv), CT_OK);
+    assert_int_equal(tf_writer_add(w, "s", TF_F32, 0, NULL, &s), CT_OK);
     assert_int_equal(tf_writer_close(w), CT_OK);
 
     buf want = sample_file_v2();
@@ -572,7 +572,7 @@ static void test_writer_is_atomic(void **state) {
     /* while the writer is open, path still holds the old file */
     tf_writer *w = tf_writer_open(path);
     assert_non_null(w);
-    assert_int_equal(tf_writer_add(w, "x", TF_F32, 0, NULL, &x), 0);
+    assert_int_equal(tf_writer_add(w, "x", TF_F32, 0, NULL, &x), CT_OK);
     assert_true(file_exists(tmp));
     assert_null(tf_read(path));
     assert_non_null(strstr(ct_last_error(), "shorter than the 24-byte header"));
@@ -584,7 +584,7 @@ static void test_writer_is_atomic(void **state) {
 
     /* closing replaces it */
     w = tf_writer_open(path);
-    assert_int_equal(tf_writer_add(w, "x", TF_F32, 0, NULL, &x), 0);
+    assert_int_equal(tf_writer_add(w, "x", TF_F32, 0, NULL, &x), CT_OK);
     assert_int_equal(tf_writer_close(w), CT_OK);
     tf_file *f = tf_read(path);
     assert_non_null(f);
@@ -601,11 +601,12 @@ static void check_bad_add(const char *name, int dtype, int ndim, const int64_t *
     float x[4] = {0};
     tf_writer *w = tf_writer_open(path);
     assert_non_null(w);
-    assert_int_equal(tf_writer_add(w, "ok", TF_F32, 1, (int64_t[]){4}, x), 0);
-    assert_int_equal(tf_writer_add(w, name, dtype, ndim, shape, data), -1);
+    assert_int_equal(tf_writer_add(w, "ok", TF_F32, 1, (int64_t[]){4}, x), CT_OK);
+    assert_int_equal(tf_writer_add(w, name, dtype, ndim, shape, data), CT_ERR_INVALID);
     if (!strstr(tf_writer_error(w), want))
         fail_msg("expected \"%s\" in \"%s\"", want, tf_writer_error(w));
-    assert_int_equal(tf_writer_add(w, "later", TF_F32, 1, (int64_t[]){4}, x), -1); /* sticky */
+    assert_string_equal(ct_last_error(), tf_writer_error(w)); /* the failed add leaves its line too */
+    assert_int_equal(tf_writer_add(w, "later", TF_F32, 1, (int64_t[]){4}, x), CT_ERR_INVALID); /* sticky */
     assert_int_equal(tf_writer_close(w), CT_ERR_INVALID);
     assert_non_null(strstr(ct_last_error(), want));
     assert_int_equal(strncmp(ct_last_error(), path, strlen(path)), 0);
@@ -741,7 +742,7 @@ static void test_text_entries_round_trip_and_are_checked(void **state) {
     const char *names[] = {"ctitan.description", "eight", "empty"};
     tf_writer *wr = tf_writer_open(path);
     assert_non_null(wr);
-    for (int i = 0; i < 3; i++) assert_int_equal(tf_writer_add_text(wr, names[i], texts[i]), 0);
+    for (int i = 0; i < 3; i++) assert_int_equal(tf_writer_add_text(wr, names[i], texts[i]), CT_OK);
     assert_int_equal(tf_writer_close(wr), CT_OK);
     FILE *fp = fopen(path, "rb");
     assert_non_null(fp);
@@ -796,8 +797,8 @@ static void test_read_first_reads_one_record(void **state) {
     static float big[4096];
     tf_writer *wr = tf_writer_open(path);
     assert_non_null(wr);
-    assert_int_equal(tf_writer_add_text(wr, "ctitan.description", "{\"a\": 1}"), 0);
-    assert_int_equal(tf_writer_add(wr, "w", TF_F32, 1, (int64_t[]){4096}, big), 0);
+    assert_int_equal(tf_writer_add_text(wr, "ctitan.description", "{\"a\": 1}"), CT_OK);
+    assert_int_equal(tf_writer_add(wr, "w", TF_F32, 1, (int64_t[]){4096}, big), CT_OK);
     assert_int_equal(tf_writer_close(wr), CT_OK);
     tf_file *f = tf_read_first(path, 1024);
     if (!f) fail_msg("%s", ct_last_error());

@@ -545,13 +545,13 @@ typedef struct naive_ctx {
     size_t n, cap;
 } naive_ctx;
 
-static int naive_chunk(void *ctx, const unsigned char *c, size_t n) {
+static ct_status naive_chunk(void *ctx, const unsigned char *c, size_t n) {
     naive_ctx *x = ctx;
     for (size_t i = 0; i < x->n; i++) {
         if (x->w[i].n != n) continue;
         size_t k = 0;
         while (k < n && x->w[i].s[k] == c[k]) k++;
-        if (k == n) { x->w[i].count++; return 0; }
+        if (k == n) { x->w[i].count++; return CT_OK; }
     }
     if (x->n == x->cap) x->w = realloc(x->w, (x->cap = x->cap ? 2 * x->cap : 64) * sizeof *x->w);
     naive_word *w = &x->w[x->n++];
@@ -559,7 +559,7 @@ static int naive_chunk(void *ctx, const unsigned char *c, size_t n) {
     for (size_t k = 0; k < n; k++) w->s[k] = c[k];
     w->n = n;
     w->count = 1;
-    return 0;
+    return CT_OK;
 }
 
 static int naive_train(char **docs, int ndocs, int vocab_size, char **tb, size_t *tl) {
