@@ -605,7 +605,7 @@ ct_status runtime_plan(runtime *rt, const ct_device_api *d, ct_device *dev, cons
     return st;
 }
 
-ct_status runtime_plan_start(runtime *rt) {
+ct_status runtime_plan_start(runtime *rt, const rt_observer *observer) {
     size_t max_n;
     ct_status st = size_storage(rt, &max_n);
     if (st != CT_OK) return st;
@@ -632,6 +632,7 @@ ct_status runtime_plan_start(runtime *rt) {
     rt->dist = keep;
     if (st != CT_OK) return st;
     rt->planning = 1;
+    rt->observer = observer;
     rt->builder.planning = 1;
     /* one chunk of address space each: a pass runs as the steady state does, in one chunk */
     pool *ps[] = {&rt->saved.data, &rt->scratch.data, &rt->grads.data, &rt->bgrads[0], &rt->bgrads[1], &rt->opscratch};

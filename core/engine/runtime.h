@@ -22,6 +22,7 @@
 #ifndef CT_RUNTIME_H
 #define CT_RUNTIME_H
 
+#include "engine/observer.h"
 #include "ctitan/comm.h"
 #include "ctitan/device.h"
 #include "ctitan/model.h"
@@ -309,13 +310,15 @@ typedef struct runtime {
      * tape's arenas count bytes as in training; with trace_ops set, each op of a forward pass is
      * appended to `trace` (plan_op) and each collective too, forward or backward */
     int planning, trace_ops;
+    const rt_observer *observer; /* set by the planner: the tape tells it each op (engine/observer.h) */
     struct plan_trace *trace;
 } runtime;
 
 /* The planner's runtime (after runtime_plan, on plan_null_device): storage carved from address
- * space, arenas and the builder as in training, the builder marked planning. CT_OK, or a status with
+ * space, arenas and the builder as in training, the builder marked planning, each op told to
+ * `observer`. CT_OK, or a status with
  * the error set. */
-ct_status runtime_plan_start(runtime *rt);
+ct_status runtime_plan_start(runtime *rt, const rt_observer *observer);
 
 /* Builds the runtime: declares the parameters, lets the strategy place them (dist may be NULL: one
  * rank), allocates this rank's storage and initialises it from `seed` (element i of a parameter

@@ -8,7 +8,6 @@
 #include "engine/mesh.h"
 #include "engine/runtime.h"
 #include "engine/liveness.h"
-#include "plan/plan_internal.h"
 #include "engine/tape.h"
 #include "base/util.h"
 
@@ -170,7 +169,7 @@ static ct_status axis_collective(runtime *rt, int axis, char kind, const float *
         ct_collective k = kind == 'g' ? CT_COLL_ALL_GATHER : kind == 's' ? CT_COLL_REDUCE_SCATTER : CT_COLL_ALL_REDUCE;
         int degree = rt->dist.mesh->degree[axis];
         double whole = (double)count * sizeof(float) * (kind == 's' ? degree : 1) * (kind == 'g' ? degree : 1);
-        return plan_note_comm(rt, axis, k, whole, 0);
+        return rt->observer->comm(rt, axis, k, whole, 0);
     }
     const ct_comm_api *c = rt->coll_capi;
     void *comm = rt->dist.comm, *group = rt->dist.mesh->group[axis];
@@ -394,7 +393,7 @@ static ct_status op_custom(ct_builder *b, const ct_custom_op *op, const void *st
     int64_t allocs = rt->act_allocs;
     ct_clear_error();
     rt->plan_bwd_scratch = 0;
-    ct_status s = rt->planning ? plan_custom(rt, op, st, c->in, n_in, c->out, n_out)
+    ct_status s = rt->planning ? rt->observer->custom(rt, op, st, c->in, n_in, c->out, n_out)
                                : op->forward(&rt->builder, st, c->in, n_in, c->out, n_out);
     c->bwd_scratch = rt->plan_bwd_scratch;
     pool_release(&rt->opscratch, m);
@@ -553,7 +552,7 @@ static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
         quant_note(rt, owner->t.name, yes, why);
     }
     int quant = rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED);
-    if (rt->trace_ops == 1 && plan_note_linear(rt, owner, n, in, outf, quant, saved) != CT_OK) return NULL;
+    if (rt->trace_ops == 1 && rt->observer->linear(rt, owner, n, in, outf, quant, saved) != CT_OK) return NULL;
     if (!SAC_REUSED(rt, saved) && !(quant && rt->planning)) { /* else computed in forward and saved */
         ct_status st = quant ? rt->qapi->forward(rt->quant, y->t.data, x->t.data, w->t.data, n, outf, in)
                              : DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f);
@@ -591,7 +590,7 @@ static ct_tensor *op_bias(ct_builder *b, ct_tensor *xt, ct_tensor *bt) {
     }
     rt_tensor *y = like(rt, x);
     if (!y) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_BIAS, numel(x) / c, c, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (rt->trace_ops == 1 && rt->observer->op(rt, RT_OP_BIAS, numel(x) / c, c, 0, 0, 0, 0) != CT_OK) return NULL;
     if (dev_check(DEV(rt)->bias_forward(rt->dev, y->t.data, x->t.data, bs->t.data, numel(x) / c, c), "bias_forward") !=
         CT_OK)
         return NULL;
@@ -614,7 +613,7 @@ static ct_tensor *op_embedding(ct_builder *b, const ct_tensor *idst, ct_tensor *
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, ids->t.ndim + 1, shape);
     if (!y) return NULL;
     if (rt->trace_ops == 1 &&
-        plan_note_op(rt, PLAN_OP_EMBEDDING, numel(ids), table->t.shape[1], table->t.shape[0], 0, 0, 0) != CT_OK)
+        rt->observer->op(rt, RT_OP_EMBEDDING, numel(ids), table->t.shape[1], table->t.shape[0], 0, 0, 0) != CT_OK)
         return NULL;
     if (dev_check(DEV(rt)->embedding_forward(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
                                              table->t.shape[1], table->t.shape[0]),
@@ -637,7 +636,7 @@ static ct_tensor *op_rmsnorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, float 
     }
     rt_tensor *y = like(rt, x), *rstd = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!y || !rstd) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_RMSNORM, n, c, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (rt->trace_ops == 1 && rt->observer->op(rt, RT_OP_RMSNORM, n, c, 0, 0, 0, 0) != CT_OK) return NULL;
     if (dev_check(DEV(rt)->rmsnorm_forward(rt->dev, y->t.data, rstd->t.data, x->t.data, w->t.data, n, c, eps),
                   "rmsnorm_forward") != CT_OK)
         return NULL;
@@ -660,7 +659,7 @@ static ct_tensor *op_layernorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, ct_t
     rt_tensor *y = like(rt, x), *mean = new_tensor(rt, rt->act, CT_F32, 1, &n),
               *rstd = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!y || !mean || !rstd) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_LAYERNORM, n, c, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (rt->trace_ops == 1 && rt->observer->op(rt, RT_OP_LAYERNORM, n, c, 0, 0, 0, 0) != CT_OK) return NULL;
     if (dev_check(DEV(rt)->layernorm_forward(rt->dev, y->t.data, mean->t.data, rstd->t.data, x->t.data, w->t.data,
                                         bs ? bs->t.data : NULL, n, c, eps), "layernorm_forward") != CT_OK) return NULL;
     if (record(rt, OP_LAYERNORM, y, x, w, bs, mean, rstd, eps) != CT_OK) return NULL;
@@ -678,7 +677,7 @@ static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
     rt_tensor *y = like(rt, x);
     if (!y) return NULL;
     if (rt->trace_ops == 1 &&
-        plan_note_op(rt, PLAN_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0) != CT_OK)
+        rt->observer->op(rt, RT_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0) != CT_OK)
         return NULL;
     if (dev_check(DEV(rt)->rope_forward(rt->dev, y->t.data, x->t.data, x->t.shape[0], x->t.shape[1], x->t.shape[2],
                                    x->t.shape[3], theta), "rope_forward") != CT_OK) return NULL;
@@ -759,7 +758,7 @@ static ct_tensor *op_rope_freqs(ct_builder *b, ct_tensor *xt, const float *inv_f
     table->t = (ct_tensor){.struct_size = sizeof table->t, .dtype = CT_F32, .ndim = 1, .shape = {half}};
     if (!(table->t.data = rope_table_on_device(rt, inv_freq, half))) return NULL;
     if (rt->trace_ops == 1 &&
-        plan_note_op(rt, PLAN_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0) != CT_OK)
+        rt->observer->op(rt, RT_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0) != CT_OK)
         return NULL;
     if (dev_check(d->rope_freqs_forward(rt->dev, y->t.data, x->t.data, NULL, table->t.data, x->t.shape[0],
                                         x->t.shape[1], x->t.shape[2], x->t.shape[3]), "rope_freqs_forward") != CT_OK)
@@ -786,7 +785,7 @@ static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_t
     rt_tensor *lse = !y ? NULL : saved ? sac_out(rt, CT_F32, 3, lse_shape) : new_tensor(rt, rt->act, CT_F32, 3, lse_shape);
     if (!y || !lse) return NULL;
     if (rt->trace_ops == 1 &&
-        plan_note_op(rt, PLAN_OP_ATTENTION, qs[0], qs[1], qs[2], qs[3], (int)ks[2], saved) != CT_OK)
+        rt->observer->op(rt, RT_OP_ATTENTION, qs[0], qs[1], qs[2], qs[3], (int)ks[2], saved) != CT_OK)
         return NULL;
     if (!SAC_REUSED(rt, saved) &&
         dev_check(DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
@@ -811,7 +810,7 @@ static ct_tensor *op_swiglu(ct_builder *b, ct_tensor *at, ct_tensor *gt) {
         return NULL;
     rt_tensor *y = like(rt, a);
     if (!y) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_SWIGLU, numel(a), 0, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (rt->trace_ops == 1 && rt->observer->op(rt, RT_OP_SWIGLU, numel(a), 0, 0, 0, 0, 0) != CT_OK) return NULL;
     if (dev_check(DEV(rt)->swiglu_forward(rt->dev, y->t.data, a->t.data, g->t.data, numel(a)), "swiglu_forward") !=
         CT_OK)
         return NULL;
@@ -825,7 +824,7 @@ static ct_tensor *op_gelu(ct_builder *b, ct_tensor *xt) {
     if (check_f32(xt, "gelu", "x") != CT_OK) return NULL;
     rt_tensor *y = like(rt, x);
     if (!y) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_GELU, numel(x), 0, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (rt->trace_ops == 1 && rt->observer->op(rt, RT_OP_GELU, numel(x), 0, 0, 0, 0, 0) != CT_OK) return NULL;
     if (dev_check(DEV(rt)->gelu_forward(rt->dev, y->t.data, x->t.data, numel(x)), "gelu_forward") != CT_OK) return NULL;
     if (record(rt, OP_GELU, y, x, NULL, NULL, NULL, NULL, 0) != CT_OK) return NULL;
     return &y->t;
@@ -838,7 +837,7 @@ static ct_tensor *op_add(ct_builder *b, ct_tensor *xt, ct_tensor *yt) {
         return NULL;
     rt_tensor *o = like(rt, x);
     if (!o) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_ADD, numel(x), 0, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (rt->trace_ops == 1 && rt->observer->op(rt, RT_OP_ADD, numel(x), 0, 0, 0, 0, 0) != CT_OK) return NULL;
     if (dev_check(DEV(rt)->add(rt->dev, o->t.data, x->t.data, y->t.data, numel(x)), "add") != CT_OK) return NULL;
     if (record(rt, OP_ADD, o, x, y, NULL, NULL, NULL, 0) != CT_OK) return NULL;
     return &o->t;
@@ -896,7 +895,7 @@ static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor
     if (!y) return NULL;
     rt_tensor *losses = new_tensor(rt, rt->act, CT_F32, 1, &n);
     if (!losses) return NULL;
-    if (rt->trace_ops == 1 && plan_note_op(rt, PLAN_OP_XENT, n, v, 0, 0, 0, 0) != CT_OK) return NULL;
+    if (rt->trace_ops == 1 && rt->observer->op(rt, RT_OP_XENT, n, v, 0, 0, 0, 0) != CT_OK) return NULL;
     if (dev_check(DEV(rt)->cross_entropy_forward(rt->dev, losses->t.data, logits->t.data, targets->t.data, n, v,
                                             CT_IGNORE_INDEX), "cross_entropy_forward") != CT_OK ||
         loss_sum(rt, y, losses, n) != CT_OK)
@@ -953,10 +952,10 @@ static ct_tensor *op_linear_cross_entropy(ct_builder *b, ct_tensor *xt, ct_tenso
     rt_tensor *y = new_tensor(rt, rt->act, CT_F32, 0, NULL), *losses = y ? new_tensor(rt, rt->act, CT_F32, 1, &n) : NULL;
     if (!losses) return NULL;
     if (rt->trace_ops == 1) { /* the GEMM and the loss, each run again in backward */
-        if (plan_note_linear(rt, owner, n, in, v, 0, 0) != CT_OK) return NULL;
-        rt->trace->ops[rt->trace->n_ops - 1].bwd_refwd = 1;
-        if (plan_note_op(rt, PLAN_OP_XENT, n, v, 0, 0, 0, 0) != CT_OK) return NULL;
-        rt->trace->ops[rt->trace->n_ops - 1].bwd_refwd = 1;
+        if (rt->observer->linear(rt, owner, n, in, v, 0, 0) != CT_OK) return NULL;
+        rt->observer->refwd(rt);
+        if (rt->observer->op(rt, RT_OP_XENT, n, v, 0, 0, 0, 0) != CT_OK) return NULL;
+        rt->observer->refwd(rt);
     }
     int64_t rows = xent_rows(n, in, v);
     pool_mark m = pool_get_mark(&rt->opscratch);
@@ -1720,7 +1719,7 @@ void tape_layer_free(ct_builder *b) { free(b); }
 
 ct_status tape_note_cast(runtime *rt, int64_t elements, int in_place) {
     if (rt->trace_ops != 1 || elements <= 0) return CT_OK;
-    return plan_note_op(rt, PLAN_OP_CAST, elements, in_place, 0, 0, 0, 0);
+    return rt->observer->op(rt, RT_OP_CAST, elements, in_place, 0, 0, 0, 0);
 }
 
 /* Calls fn on every tensor the entries from `tail` back to the first hold (inputs, outputs, saved

@@ -207,40 +207,40 @@ static int bench_alloc(cal *c, bench *bn) {
 #define B(size) (sizes[n++] = (size))
 #define IDS(size, mod) (mods[n] = (mod), sizes[n++] = (size))
     switch (bn->op->kind) {
-    case PLAN_OP_GEMM: /* x (m,k), w (n,k), y (m,n), dy (m,n), dx (m,k), dw (n,k) */
+    case RT_OP_GEMM: /* x (m,k), w (n,k), y (m,n), dy (m,n), dx (m,k), dw (n,k) */
         B(s[0] * s[1]), B(s[2] * s[1]), B(s[0] * s[2]), B(s[0] * s[2]), B(s[0] * s[1]), B(s[2] * s[1]);
         break;
-    case PLAN_OP_ATTENTION: /* q, k, v, out, lse, dout, dq, dk, dv */
+    case RT_OP_ATTENTION: /* q, k, v, out, lse, dout, dq, dk, dv */
         B(s[0] * s[1] * s[2] * s[3]), B(s[0] * s[1] * kv * s[3]), B(s[0] * s[1] * kv * s[3]);
         B(s[0] * s[1] * s[2] * s[3]), B(s[0] * s[2] * s[1]), B(s[0] * s[1] * s[2] * s[3]);
         B(s[0] * s[1] * s[2] * s[3]), B(s[0] * s[1] * kv * s[3]), B(s[0] * s[1] * kv * s[3]);
         break;
-    case PLAN_OP_EMBEDDING: /* ids (n), table (vocab,c), out (n,c), dout (n,c), dtable (vocab,c) */
+    case RT_OP_EMBEDDING: /* ids (n), table (vocab,c), out (n,c), dout (n,c), dtable (vocab,c) */
         IDS(s[0], s[2]), B(s[2] * s[1]), B(s[0] * s[1]), B(s[0] * s[1]), B(s[2] * s[1]);
         break;
-    case PLAN_OP_RMSNORM: /* x, w, out, rstd, dout, dx, dw */
+    case RT_OP_RMSNORM: /* x, w, out, rstd, dout, dx, dw */
         B(s[0] * s[1]), B(s[1]), B(s[0] * s[1]), B(s[0]), B(s[0] * s[1]), B(s[0] * s[1]), B(s[1]);
         break;
-    case PLAN_OP_LAYERNORM: /* x, w, b, out, mean, rstd, dout, dx, dw, db */
+    case RT_OP_LAYERNORM: /* x, w, b, out, mean, rstd, dout, dx, dw, db */
         B(s[0] * s[1]), B(s[1]), B(s[1]), B(s[0] * s[1]), B(s[0]), B(s[0]), B(s[0] * s[1]), B(s[0] * s[1]);
         B(s[1]), B(s[1]);
         break;
-    case PLAN_OP_ROPE: /* x, out, dout, dx */
+    case RT_OP_ROPE: /* x, out, dout, dx */
         for (int i = 0; i < 4; i++) B(s[0] * s[1] * s[2] * s[3]);
         break;
-    case PLAN_OP_SWIGLU: case PLAN_OP_ADD: /* a, g, out, dout, da, dg (add: x, y, out, dout, dx, dy) */
+    case RT_OP_SWIGLU: case RT_OP_ADD: /* a, g, out, dout, da, dg (add: x, y, out, dout, dx, dy) */
         for (int i = 0; i < 6; i++) B(s[0]);
         break;
-    case PLAN_OP_GELU: /* x, out, dout, dx */
+    case RT_OP_GELU: /* x, out, dout, dx */
         for (int i = 0; i < 4; i++) B(s[0]);
         break;
-    case PLAN_OP_BIAS: /* x, bias, out, dout, dx, dbias */
+    case RT_OP_BIAS: /* x, bias, out, dout, dx, dbias */
         B(s[0] * s[1]), B(s[1]), B(s[0] * s[1]), B(s[0] * s[1]), B(s[0] * s[1]), B(s[1]);
         break;
-    case PLAN_OP_XENT: /* logits (n,v), targets (n), losses (n), dlogits (n,v) */
+    case RT_OP_XENT: /* logits (n,v), targets (n), losses (n), dlogits (n,v) */
         B(s[0] * s[1]), IDS(s[0], s[1]), B(s[0]), B(s[0] * s[1]);
         break;
-    case PLAN_OP_CAST: /* f32 (n), bf16 (n, in floats: n / 2) */
+    case RT_OP_CAST: /* f32 (n), bf16 (n, in floats: n / 2) */
         B(s[0]), B((s[0] + 1) / 2);
         break;
     }
@@ -262,7 +262,7 @@ static ct_status op_run(cal *c, bench *bn, int backward) {
     for (int i = 0; i < CAL_NBUF; i++) f[i] = p[i];
     ct_status st;
     switch (bn->op->kind) {
-    case PLAN_OP_GEMM: /* (m,k) @ (n,k)^T; backward dx = dy w, dw = dy^T x (accumulating) */
+    case RT_OP_GEMM: /* (m,k) @ (n,k)^T; backward dx = dy w, dw = dy^T x (accumulating) */
         if (bn->quant) {
             const ct_quantizer_api *q = c->s.qapi;
             if (!backward) return q->forward(c->s.quant, f[2], f[0], f[1], s[0], s[2], s[1]);
@@ -272,42 +272,42 @@ static ct_status op_run(cal *c, bench *bn, int backward) {
         if (!backward) return d->matmul(dev, f[2], f[0], f[1], s[0], s[2], s[1], 0, 1, 1.0f, 0.0f);
         st = d->matmul(dev, f[4], f[3], f[1], s[0], s[1], s[2], 0, 0, 1.0f, 1.0f);
         return st ? st : d->matmul(dev, f[5], f[3], f[0], s[2], s[1], s[0], 1, 0, 1.0f, 1.0f);
-    case PLAN_OP_ATTENTION:
+    case RT_OP_ATTENTION:
         if (!backward) return d->attention_forward(dev, f[3], f[4], f[0], f[1], f[2], s[0], s[1], s[2], kv, s[3]);
         return d->attention_backward(dev, f[6], f[7], f[8], f[5], f[0], f[1], f[2], f[3], f[4], s[0], s[1], s[2], kv,
                                      s[3]);
-    case PLAN_OP_EMBEDDING:
+    case RT_OP_EMBEDDING:
         if (!backward) return d->embedding_forward(dev, f[2], p[0], f[1], s[0], s[1], s[2]);
         return d->embedding_backward(dev, f[4], p[0], f[3], s[0], s[1], s[2]);
-    case PLAN_OP_RMSNORM:
+    case RT_OP_RMSNORM:
         if (!backward) return d->rmsnorm_forward(dev, f[2], f[3], f[0], f[1], s[0], s[1], 1e-5f);
         st = d->rmsnorm_backward_input(dev, f[5], f[4], f[0], f[1], f[3], s[0], s[1]);
         return st ? st : d->rmsnorm_backward_weight(dev, f[6], f[4], f[0], f[3], s[0], s[1]);
-    case PLAN_OP_LAYERNORM:
+    case RT_OP_LAYERNORM:
         if (!backward) return d->layernorm_forward(dev, f[3], f[4], f[5], f[0], f[1], f[2], s[0], s[1], 1e-5f);
         st = d->layernorm_backward_input(dev, f[7], f[6], f[0], f[1], f[4], f[5], s[0], s[1]);
         return st ? st : d->layernorm_backward_weight(dev, f[8], f[9], f[6], f[0], f[4], f[5], s[0], s[1]);
-    case PLAN_OP_ROPE:
+    case RT_OP_ROPE:
         if (!backward) return d->rope_forward(dev, f[1], f[0], s[0], s[1], s[2], s[3], 10000.0f);
         return d->rope_backward(dev, f[3], f[2], s[0], s[1], s[2], s[3], 10000.0f);
-    case PLAN_OP_SWIGLU:
+    case RT_OP_SWIGLU:
         if (!backward) return d->swiglu_forward(dev, f[2], f[0], f[1], s[0]);
         return d->swiglu_backward(dev, f[4], f[5], f[3], f[0], f[1], s[0]);
-    case PLAN_OP_GELU:
+    case RT_OP_GELU:
         if (!backward) return d->gelu_forward(dev, f[1], f[0], s[0]);
         return d->gelu_backward(dev, f[3], f[2], f[0], s[0]);
-    case PLAN_OP_ADD: /* backward: the gradient flows to both inputs */
+    case RT_OP_ADD: /* backward: the gradient flows to both inputs */
         if (!backward) return d->add(dev, f[2], f[0], f[1], s[0]);
         st = d->axpy(dev, f[4], f[3], 1.0f, s[0]);
         return st ? st : d->axpy(dev, f[5], f[3], 1.0f, s[0]);
-    case PLAN_OP_BIAS:
+    case RT_OP_BIAS:
         if (!backward) return d->bias_forward(dev, f[2], f[0], f[1], s[0], s[1]);
         st = d->axpy(dev, f[4], f[3], 1.0f, s[0] * s[1]);
         return st ? st : d->bias_backward(dev, f[5], f[3], s[0], s[1]);
-    case PLAN_OP_XENT:
+    case RT_OP_XENT:
         if (!backward) return d->cross_entropy_forward(dev, f[2], f[0], p[1], s[0], s[1], -100);
         return d->cross_entropy_backward(dev, f[3], f[0], p[1], 1.0f / (float)s[0], s[0], s[1], -100);
-    case PLAN_OP_CAST:
+    case RT_OP_CAST:
         if (s[1]) return backward ? CT_OK : d->round_bf16(dev, f[0], s[0]);
         if (!backward) return d->cast_f32_to_bf16(dev, p[1], f[0], s[0]);
         return d->cast_bf16_to_f32(dev, f[0], p[1], s[0]);
@@ -390,12 +390,12 @@ static int set_op_dtype(cal *c, int dtype) {
 static int measure_op(cal *c, const cal_op *op, double sec[2]) {
     char what[96];
     bench bn = {op, {{0}, 0}, 0};
-    bn.quant = op->kind == PLAN_OP_GEMM && op->dtype == PLAN_FP8 && c->s.qapi;
+    bn.quant = op->kind == RT_OP_GEMM && op->dtype == PLAN_FP8 && c->s.qapi;
     if (set_op_dtype(c, op->dtype)) return CAL_FAIL;
     static const char *const names[] = {"GEMM", "attention", "embedding", "rmsnorm", "layernorm", "rope", "swiglu",
                                         "gelu", "add", "bias", "cross entropy", "bf16 cast"};
     snprintf(what, sizeof what, "%s at %lld x %lld x %lld x %lld",
-             op->kind >= 0 && op->kind <= PLAN_OP_CAST ? names[op->kind] : "an op", (long long)op->shape[0],
+             op->kind >= 0 && op->kind <= RT_OP_CAST ? names[op->kind] : "an op", (long long)op->shape[0],
              (long long)op->shape[1], (long long)op->shape[2], (long long)op->shape[3]);
     timed t = {run_op, &bn, 2, c->world};
     int rc = bench_alloc(c, &bn);
@@ -410,10 +410,10 @@ static int measure_op(cal *c, const cal_op *op, double sec[2]) {
 /* Whether the op's shape has every extent its kind reads, and a dtype a profile names. */
 static int op_shape_ok(const plan_op *o) {
     if (o->dtype < 0 || o->dtype >= PLAN_NDTYPES) return 0;
-    int dims = o->kind == PLAN_OP_GEMM || o->kind == PLAN_OP_EMBEDDING ? 3
-               : o->kind == PLAN_OP_ATTENTION || o->kind == PLAN_OP_ROPE ? 4
-               : o->kind == PLAN_OP_SWIGLU || o->kind == PLAN_OP_GELU || o->kind == PLAN_OP_ADD ||
-                       o->kind == PLAN_OP_CAST
+    int dims = o->kind == RT_OP_GEMM || o->kind == RT_OP_EMBEDDING ? 3
+               : o->kind == RT_OP_ATTENTION || o->kind == RT_OP_ROPE ? 4
+               : o->kind == RT_OP_SWIGLU || o->kind == RT_OP_GELU || o->kind == RT_OP_ADD ||
+                       o->kind == RT_OP_CAST
                    ? 1
                                                                                                  : 2;
     for (int i = 0; i < dims; i++)
@@ -437,14 +437,14 @@ static int ops_from_trace(cal *c, const plan_trace *t, double n_params, double *
     for (int i = 0; i < t->n_ops; i++) {
         const plan_op *o = &t->ops[i];
         if (o->unit != unit) unit = o->unit, cur = 0;
-        if (o->kind == PLAN_OP_GEMM) cur += 4.0 * (double)o->shape[1] * (double)o->shape[2];
-        if (o->kind == PLAN_OP_EMBEDDING) cur += 4.0 * (double)o->shape[1] * (double)o->shape[2];
+        if (o->kind == RT_OP_GEMM) cur += 4.0 * (double)o->shape[1] * (double)o->shape[2];
+        if (o->kind == RT_OP_EMBEDDING) cur += 4.0 * (double)o->shape[1] * (double)o->shape[2];
         if (cur > unit_bytes) unit_bytes = cur;
-        if (o->kind == PLAN_OP_COLLECTIVE) {
+        if (o->kind == RT_OP_COLLECTIVE) {
             if (o->coll_bytes > *largest) *largest = o->coll_bytes;
             continue;
         }
-        if (o->kind == PLAN_OP_CUSTOM || o->kind < 0 || o->kind >= PLAN_OP_NKINDS) continue; /* its plan's costs */
+        if (o->kind == RT_OP_CUSTOM || o->kind < 0 || o->kind >= RT_OP_NKINDS) continue; /* its plan's costs */
         if (!op_shape_ok(o)) {
             skipped++;
             continue;
@@ -465,7 +465,7 @@ static int ops_from_trace(cal *c, const plan_trace *t, double n_params, double *
         memset(q, 0, sizeof *q);
         q->kind = o->kind;
         q->dtype = o->dtype;
-        q->kv_heads = o->kind == PLAN_OP_ATTENTION ? o->kv_heads : 0;
+        q->kv_heads = o->kind == RT_OP_ATTENTION ? o->kv_heads : 0;
         memcpy(q->shape, o->shape, sizeof q->shape);
         q->flops[0] = o->flops[0], q->flops[1] = o->flops[1];
     }
@@ -661,7 +661,7 @@ static int measure_ops(cal *c) {
 static int gemm_rate(cal *c, int dtype, double *rate) {
     int64_t n = 512;
     for (;;) {
-        cal_op sq = {PLAN_OP_GEMM, dtype, 0, {n, n, n, 0}, {0, 0}, {0, 0}};
+        cal_op sq = {RT_OP_GEMM, dtype, 0, {n, n, n, 0}, {0, 0}, {0, 0}};
         bench bn = {&sq, {{0}, 0}, dtype == PLAN_FP8 && c->s.qapi};
         timed t = {run_op, &bn, 1, c->world};
         double sec[2] = {0, 0}, one[1];
@@ -825,7 +825,7 @@ static void attention_rate(cal *c) {
     double best = 0;
     for (int i = 0; i < c->n_ops; i++) {
         const cal_op *o = &c->ops[i];
-        if (o->kind != PLAN_OP_ATTENTION) continue;
+        if (o->kind != RT_OP_ATTENTION) continue;
         double f = o->flops[0] + o->flops[1];
         double b = (double)o->shape[0], t = (double)o->shape[1], h = (double)o->shape[2], d = (double)o->shape[3];
         if (f <= 0) f = 3.5 * 2.0 * b * h * t * t * d;
@@ -915,7 +915,7 @@ static int measure_overlap(cal *c) {
     if (c->size == 1) return 0;
     const cal_op *g = NULL;
     for (int i = 0; i < c->n_ops; i++)
-        if (c->ops[i].kind == PLAN_OP_GEMM && (!g || c->ops[i].seconds[0] > g->seconds[0])) g = &c->ops[i];
+        if (c->ops[i].kind == RT_OP_GEMM && (!g || c->ops[i].seconds[0] > g->seconds[0])) g = &c->ops[i];
     if (!g) return 0;
     bench bn = {g, {{0}, 0}, 0};
     bufs b = {{0}, 0};

@@ -113,7 +113,7 @@ static const char *const sections[] = {"compute", "memory", "intra_node", "inter
 /* A section whose keys are all optional may be left out. */
 static int section_optional(const char *section);
 
-static const char *const op_names[PLAN_OP_NKINDS] = {"gemm", "attention", "embedding", "rmsnorm", "layernorm",
+static const char *const op_names[RT_OP_NKINDS] = {"gemm", "attention", "embedding", "rmsnorm", "layernorm",
                                                      "rope", "swiglu", "gelu", "add", "bias", "xent", "cast", "custom",
                                                      "collective"};
 static const char *const dtype_names[PLAN_NDTYPES] = {"fp32", "bf16", "fp8"};
@@ -526,7 +526,7 @@ static int read_op(reader *r, const yaml_node_t *item, int index) {
     if (grow(&r->op_lines, r->n_ops, &r->cap_ops)) return fail_at(r, node_line(item), where, "out of memory");
     entry_line *e = &r->op_lines[r->n_ops];
     memset(e, 0, sizeof *e);
-    if (read_choice(r, v[0], d[0], op_names, PLAN_OP_NKINDS, &e->op.kind) || read_shape(r, v[1], d[1], e->op.shape) ||
+    if (read_choice(r, v[0], d[0], op_names, RT_OP_NKINDS, &e->op.kind) || read_shape(r, v[1], d[1], e->op.shape) ||
         read_choice(r, v[2], d[2], dtype_names, PLAN_NDTYPES, &e->op.dtype) ||
         read_measure(r, v[3], d[3], 0, 1e6, "seconds", &e->op.seconds[0]) ||
         read_measure(r, v[4], d[4], 1, 1e6, "seconds", &e->op.seconds[1]))
@@ -949,7 +949,7 @@ static ct_status check_measured(const hw_profile *hw, const char *path) {
     }
     for (int i = 0; i < hw->n_ops; i++) {
         const plan_measured_op *o = &hw->ops[i];
-        int bad = o->kind < 0 || o->kind >= PLAN_OP_NKINDS || o->dtype < 0 || o->dtype >= PLAN_NDTYPES ||
+        int bad = o->kind < 0 || o->kind >= RT_OP_NKINDS || o->dtype < 0 || o->dtype >= PLAN_NDTYPES ||
                   !(o->seconds[0] > 0 && o->seconds[0] <= 1e6) || !(o->seconds[1] >= 0 && o->seconds[1] <= 1e6);
         for (int d = 0; d < 4; d++) bad |= o->shape[d] < 0 || o->shape[d] > (int64_t)1 << 62;
         if (!bad) continue;

@@ -313,7 +313,7 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     }
     ct_status rst = runtime_plan(&r->rt, &plan_null_device, plan_null_handle(), c->s.m, c->s.model, &dist);
     r->rt_ready = 1;
-    if (rst != CT_OK || runtime_plan_start(&r->rt) != CT_OK) return CT_ERR_INVALID;
+    if (rst != CT_OK || runtime_plan_start(&r->rt, &plan_observer) != CT_OK) return CT_ERR_INVALID;
     return CT_OK;
 }
 
@@ -490,7 +490,7 @@ ct_status plan_trace_layout(plan_ctx *c, const plan_layout *l, plan_trace *t) {
 
 /* Seconds of a custom op's attention FLOPs (ct_op_cost.attention_flops) at the attention rate. */
 static double attn_seconds(const hw_profile *hw, const plan_op *o, int bw) {
-    if (o->kind != PLAN_OP_CUSTOM || o->attn_flops[bw] <= 0) return 0;
+    if (o->kind != RT_OP_CUSTOM || o->attn_flops[bw] <= 0) return 0;
     double rate = hw->peak_flops[o->dtype] > 0 ? hw->peak_flops[o->dtype] : hw->peak_flops[PLAN_BF16];
     rate *= hw->matmul_eff * hw->attn_eff;
     return rate > 0 ? o->attn_flops[bw] / rate : 0;
@@ -503,13 +503,13 @@ static double op_seconds(const hw_profile *hw, const plan_op *o, int bw) {
     double t = 0;
     if (o->flops[bw] > 0) {
         double rate = hw->peak_flops[o->dtype] > 0 ? hw->peak_flops[o->dtype] : hw->peak_flops[PLAN_BF16];
-        rate *= hw->matmul_eff * (o->kind == PLAN_OP_ATTENTION ? hw->attn_eff : 1.0);
+        rate *= hw->matmul_eff * (o->kind == RT_OP_ATTENTION ? hw->attn_eff : 1.0);
         /* a GEMM the profile did not time at its shape (a custom op's chunks): the rate its timed GEMMs
          * of that dtype reached together, rather than a large square GEMM's */
         double f = 0, sec = 0;
-        for (int i = 0; (o->kind == PLAN_OP_GEMM || o->kind == PLAN_OP_CUSTOM) && i < hw->n_ops; i++) {
+        for (int i = 0; (o->kind == RT_OP_GEMM || o->kind == RT_OP_CUSTOM) && i < hw->n_ops; i++) {
             const plan_measured_op *m = &hw->ops[i];
-            if (m->kind != PLAN_OP_GEMM || m->dtype != o->dtype) continue;
+            if (m->kind != RT_OP_GEMM || m->dtype != o->dtype) continue;
             f += 6.0 * (double)m->shape[0] * (double)m->shape[1] * (double)m->shape[2];
             sec += m->seconds[0] + m->seconds[1];
         }
@@ -622,23 +622,23 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         const plan_op *o = &t->ops[i];
         if (o->unit < 0 || o->unit >= nu) continue;
         unit_time *u = &ut[o->unit];
-        if (o->kind == PLAN_OP_COLLECTIVE) continue;
+        if (o->kind == RT_OP_COLLECTIVE) continue;
         double f = op_seconds(hw, o, 0), b = op_seconds(hw, o, 1);
         u->f += f;
         /* GEMMs split their backward into dX and dW halves; everything else is input-side */
-        double bw = o->kind == PLAN_OP_GEMM ? b / 2 : 0;
+        double bw = o->kind == RT_OP_GEMM ? b / 2 : 0;
         u->bi += b - bw;
         u->bw += bw;
         double re = ac[o->unit] == RT_AC_FULL ? f : ac[o->unit] == RT_AC_OP && !o->sac_keep ? f : 0;
         if (o->bwd_refwd) re += f; /* the op's own second forward (linear_cross_entropy's logits) */
         u->re += re;
         double all = f + b + re;
-        if (o->kind == PLAN_OP_CUSTOM) { /* its attention FLOPs apart from its GEMMs */
+        if (o->kind == RT_OP_CUSTOM) { /* its attention FLOPs apart from its GEMMs */
             double a = attn_seconds(hw, o, 0), at = a + attn_seconds(hw, o, 1) + (re > 0 ? a : 0);
             u->attn += at;
             u->gemm += all - at;
-        } else if (o->kind == PLAN_OP_GEMM) u->gemm += all;
-        else if (o->kind == PLAN_OP_ATTENTION) u->attn += all;
+        } else if (o->kind == RT_OP_GEMM) u->gemm += all;
+        else if (o->kind == RT_OP_ATTENTION) u->attn += all;
         else u->membound += all;
     }
     for (int u = 0; u < nu; u++) /* the activation gradients start zeroed: a write of each */
@@ -649,7 +649,7 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         }
     for (int i = 0; i < t->n_ops; i++) { /* the op-level strategies' collectives: blocking unless overlapped */
         const plan_op *o = &t->ops[i];
-        if (o->kind != PLAN_OP_COLLECTIVE || o->unit < 0 || o->unit >= nu) continue;
+        if (o->kind != RT_OP_COLLECTIVE || o->unit < 0 || o->unit >= nu) continue;
         int inter = axis_inter_node(l, hw, o->axis, gpn);
         int calls = o->coll_calls > 1 ? o->coll_calls : 1;
         double s = calls * comm_seconds(hw, o->coll_kind, (int)o->shape[0], o->coll_bytes / calls, inter);

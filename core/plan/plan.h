@@ -21,6 +21,7 @@
 #define CT_PLAN_H
 
 #include "config/manifest.h"
+#include "engine/observer.h"
 #include "ctitan/model.h"
 #include "ctitan/strategy.h"
 
@@ -35,7 +36,7 @@ enum { PLAN_F32 = 0, PLAN_BF16 = 1, PLAN_FP8 = 2, PLAN_NDTYPES = 3 };
 
 /* One measured op at one shape (calibration): seconds per call, forward and backward. */
 typedef struct plan_measured_op {
-    int kind;            /* plan_op_kind */
+    int kind;            /* rt_op_kind */
     int64_t shape[4];    /* as in plan_op.shape */
     int dtype;           /* PLAN_F32 / PLAN_BF16 / PLAN_FP8 for GEMMs, else PLAN_F32 */
     double seconds[2];   /* forward, backward (both halves) */
@@ -96,27 +97,10 @@ double hw_measured_comm(const hw_profile *hw, int kind, int ranks, double bytes)
 
 /* ---- trace ---- */
 
-typedef enum plan_op_kind {
-    PLAN_OP_GEMM = 0,   /* shape: m, k, n (x (m,k) @ w(n,k)^T), dtype by the quantizer */
-    PLAN_OP_ATTENTION,  /* shape: batch, seq, heads, head_dim (kv heads in shape? no: see kv_heads) */
-    PLAN_OP_EMBEDDING,  /* shape: tokens, dim, vocab rows */
-    PLAN_OP_RMSNORM,    /* shape: rows, cols */
-    PLAN_OP_LAYERNORM,
-    PLAN_OP_ROPE,       /* shape: batch, seq, heads, head_dim */
-    PLAN_OP_SWIGLU,     /* shape: elements */
-    PLAN_OP_GELU,
-    PLAN_OP_ADD,
-    PLAN_OP_BIAS,
-    PLAN_OP_XENT,       /* shape: rows, vocab */
-    PLAN_OP_CAST,       /* bf16-held activations (actpack.c): f32 elements, 0 packed (forward) and
-                           expanded (backward) or 1 rounded where they are (forward only) */
-    PLAN_OP_CUSTOM,     /* a strategy's custom op: costs from its plan callback */
-    PLAN_OP_COLLECTIVE, /* builder collective: axis, kind, bytes */
-    PLAN_OP_NKINDS
-} plan_op_kind;
+/* what each traced op is: rt_op_kind (engine/observer.h) */
 
 typedef struct plan_op {
-    int kind;             /* plan_op_kind */
+    int kind;             /* rt_op_kind */
     int unit;
     int64_t shape[4];
     int kv_heads;         /* attention */
@@ -128,7 +112,7 @@ typedef struct plan_op {
     double saved_bytes;   /* what the tape keeps from this op until backward (no AC) */
     int sac_keep;         /* selective per-op AC keeps this op's output (not recomputed) */
     int bwd_refwd;        /* its forward runs again in its backward (linear_cross_entropy's blocks) */
-    /* PLAN_OP_COLLECTIVE, and a custom op's collectives (one plan_op each, kind COLLECTIVE) */
+    /* RT_OP_COLLECTIVE, and a custom op's collectives (one plan_op each, kind COLLECTIVE) */
     int axis, coll_kind, phase, overlapped;
     double coll_bytes;
     int coll_calls;       /* issued as this many collectives of coll_bytes / coll_calls (1: one) */

@@ -12,6 +12,9 @@ extern const ct_device_api plan_null_device;
 ct_device *plan_null_handle(void);
 extern double plan_null_zeroed; /* bytes zeroed on it so far (activation gradients) */
 
+/* The tape's observer on a planning runtime (engine/observer.h): the functions below. */
+extern const rt_observer plan_observer;
+
 /* Called by the tape on a planning runtime while rt->trace_ops is set (1: the traced forward pass;
  * 2: the traced backward pass, recomputes included). Each returns CT_OK, or a status with the error set
  * (CT_ERR_NOMEM for the trace; the quantizer's plan_linear status). */

@@ -43,7 +43,7 @@ ct_status plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2
     o->dtype = PLAN_F32;
     double a = (double)s0, b = (double)s1;
     switch (kind) {
-    case PLAN_OP_ATTENTION: { /* causal: half of the score matrix; backward recomputes the scores */
+    case RT_OP_ATTENTION: { /* causal: half of the score matrix; backward recomputes the scores */
         double bh = a * (double)s2, t = b, d = (double)s3, kv = (double)kv_heads;
         o->dtype = state_of(rt)->matmul_dtype;
         o->flops[0] = 2.0 * bh * t * t * d;
@@ -52,23 +52,23 @@ ct_status plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2
         o->bytes[1] = 2.0 * o->bytes[0];
         break;
     }
-    case PLAN_OP_EMBEDDING: o->bytes[0] = o->bytes[1] = F32 * 2.0 * a * b; break;
-    case PLAN_OP_RMSNORM:
-    case PLAN_OP_LAYERNORM:
+    case RT_OP_EMBEDDING: o->bytes[0] = o->bytes[1] = F32 * 2.0 * a * b; break;
+    case RT_OP_RMSNORM:
+    case RT_OP_LAYERNORM:
         o->bytes[0] = F32 * (2.0 * a * b + a + b);
         o->bytes[1] = F32 * (4.0 * a * b + a + b);
         break;
-    case PLAN_OP_ROPE: {
+    case RT_OP_ROPE: {
         double n = a * b * (double)s2 * (double)s3;
         o->bytes[0] = o->bytes[1] = F32 * 2.0 * n;
         break;
     }
-    case PLAN_OP_SWIGLU: o->bytes[0] = F32 * 3.0 * a, o->bytes[1] = F32 * 5.0 * a; break;
-    case PLAN_OP_GELU: o->bytes[0] = F32 * 2.0 * a, o->bytes[1] = F32 * 3.0 * a; break;
-    case PLAN_OP_ADD: o->bytes[0] = F32 * 3.0 * a, o->bytes[1] = F32 * 5.0 * a; break;
-    case PLAN_OP_BIAS: o->bytes[0] = F32 * 2.0 * a * b, o->bytes[1] = F32 * 4.0 * a * b; break;
-    case PLAN_OP_XENT: o->bytes[0] = F32 * 2.0 * a * b, o->bytes[1] = F32 * 3.0 * a * b; break;
-    case PLAN_OP_CAST: /* 4 bytes read and 2 written per element each way; rounding: 4 and 4, once */
+    case RT_OP_SWIGLU: o->bytes[0] = F32 * 3.0 * a, o->bytes[1] = F32 * 5.0 * a; break;
+    case RT_OP_GELU: o->bytes[0] = F32 * 2.0 * a, o->bytes[1] = F32 * 3.0 * a; break;
+    case RT_OP_ADD: o->bytes[0] = F32 * 3.0 * a, o->bytes[1] = F32 * 5.0 * a; break;
+    case RT_OP_BIAS: o->bytes[0] = F32 * 2.0 * a * b, o->bytes[1] = F32 * 4.0 * a * b; break;
+    case RT_OP_XENT: o->bytes[0] = F32 * 2.0 * a * b, o->bytes[1] = F32 * 3.0 * a * b; break;
+    case RT_OP_CAST: /* 4 bytes read and 2 written per element each way; rounding: 4 and 4, once */
         o->bytes[0] = s1 ? 2.0 * F32 * a : 1.5 * F32 * a;
         o->bytes[1] = s1 ? 0 : 1.5 * F32 * a;
         break;
@@ -82,7 +82,7 @@ ct_status plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t i
     plan_trace_state *ps = state_of(rt);
     plan_op *o = next_op(rt);
     if (!o) return CT_ERR_NOMEM;
-    o->kind = PLAN_OP_GEMM;
+    o->kind = RT_OP_GEMM;
     o->shape[0] = n, o->shape[1] = in, o->shape[2] = out;
     o->sac_keep = sac_keep;
     o->name = w->t.name;
@@ -123,7 +123,7 @@ ct_status plan_note_comm(runtime *rt, int axis, ct_collective kind, double bytes
     if (!rt->trace_ops || (rt->trace_ops == 2 && !rt->in_backward)) return CT_OK; /* a recompute's: eval adds those */
     plan_op *o = next_op(rt);
     if (!o) return CT_ERR_NOMEM;
-    o->kind = PLAN_OP_COLLECTIVE;
+    o->kind = RT_OP_COLLECTIVE;
     o->axis = axis;
     o->coll_kind = kind;
     o->coll_bytes = bytes;
@@ -151,7 +151,7 @@ ct_status plan_custom(runtime *rt, const ct_custom_op *op, void *state, ct_tenso
     if (st != CT_OK || rt->trace_ops != 1) return st;
     plan_op *o = next_op(rt);
     if (!o) return CT_ERR_NOMEM;
-    o->kind = PLAN_OP_CUSTOM;
+    o->kind = RT_OP_CUSTOM;
     o->name = op->name;
     o->dtype = c.matmul_dtype == CT_F8_E4M3 || c.matmul_dtype == CT_F8_E5M2 ? PLAN_FP8
                : c.matmul_dtype == CT_BF16                                 ? PLAN_BF16
@@ -162,7 +162,7 @@ ct_status plan_custom(runtime *rt, const ct_custom_op *op, void *state, ct_tenso
     for (int i = 0; i < c.n_comm && i < 4; i++) {
         plan_op *k = next_op(rt);
         if (!k) return CT_ERR_NOMEM;
-        k->kind = PLAN_OP_COLLECTIVE;
+        k->kind = RT_OP_COLLECTIVE;
         k->axis = c.comm[i].axis;
         k->coll_kind = c.comm[i].kind;
         k->coll_bytes = c.comm[i].bytes;
@@ -174,3 +174,7 @@ ct_status plan_custom(runtime *rt, const ct_custom_op *op, void *state, ct_tenso
     }
     return CT_OK;
 }
+
+static void plan_note_refwd(runtime *rt) { rt->trace->ops[rt->trace->n_ops - 1].bwd_refwd = 1; }
+
+const rt_observer plan_observer = {plan_note_op, plan_note_linear, plan_note_comm, plan_note_refwd, plan_custom};

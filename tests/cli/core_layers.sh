@@ -17,7 +17,6 @@ floor() {
 # file:include pairs allowed to go up, each until the named change lands
 known=(
   "core/engine/session.c checkpoint/model_desc.h" # the model's description moves to engine/ with the step-folder listing it reads
-  "core/engine/tape.c plan/plan_internal.h"       # the planner observes the tape through one cost-observer pointer
 )
 for d in core/*/; do
   d=${d%/}; d=${d#core/}

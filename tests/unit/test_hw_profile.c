@@ -218,7 +218,7 @@ static void random_profile(hw_profile *hw, plan_measured_op *ops, plan_measured_
     hw->ops = ops, hw->comms = comms;
     hw->n_ops = 3, hw->n_comms = 3;
     for (int i = 0; i < 3; i++) {
-        ops[i] = (plan_measured_op){i * 5 % PLAN_OP_NKINDS, {8192, 4096 + i, 14336, i}, i % PLAN_NDTYPES,
+        ops[i] = (plan_measured_op){i * 5 % RT_OP_NKINDS, {8192, 4096 + i, 14336, i}, i % PLAN_NDTYPES,
                                     {any_in(1e-9, 10), i ? any_in(1e-9, 10) : 0}};
         comms[i] = (plan_measured_comm){i == 0 ? 1 : i == 1 ? 3 : 4, 2 + i, any_in(1, 1e12), any_in(1e-7, 10)};
     }
@@ -467,21 +467,21 @@ static void test_names_search_the_path_and_unknown_names_list_the_shipped(void *
 
 static void test_measured_ops_match_exactly_and_comms_interpolate(void **state) {
     (void)state;
-    plan_measured_op ops[] = {{PLAN_OP_GEMM, {8192, 4096, 4096, 0}, PLAN_BF16, {1e-3, 2e-3}},
-                              {PLAN_OP_GEMM, {8192, 4096, 4096, 0}, PLAN_FP8, {6e-4, 1.2e-3}},
-                              {PLAN_OP_RMSNORM, {8192, 4096, 0, 0}, PLAN_F32, {5e-5, 1e-4}}};
+    plan_measured_op ops[] = {{RT_OP_GEMM, {8192, 4096, 4096, 0}, PLAN_BF16, {1e-3, 2e-3}},
+                              {RT_OP_GEMM, {8192, 4096, 4096, 0}, PLAN_FP8, {6e-4, 1.2e-3}},
+                              {RT_OP_RMSNORM, {8192, 4096, 0, 0}, PLAN_F32, {5e-5, 1e-4}}};
     plan_measured_comm comms[] = {{CT_COLL_ALL_GATHER, 8, 4e6, 25e-6}, {CT_COLL_ALL_GATHER, 8, 1e6, 10e-6},
                                   {CT_COLL_ALL_GATHER, 8, 16e6, 85e-6}, {CT_COLL_ALL_GATHER, 4, 1e6, 7e-6},
                                   {CT_COLL_ALL_REDUCE, 8, 1e6, 30e-6}};
     hw_profile hw = {.ops = ops, .n_ops = 3, .comms = comms, .n_comms = 5};
     int64_t gemm[4] = {8192, 4096, 4096, 0}, other[4] = {8192, 4096, 4096, 1}, norm[4] = {8192, 4096, 0, 0};
-    assert_true(hw_measured_op(&hw, PLAN_OP_GEMM, gemm, PLAN_BF16, 0) == 1e-3);
-    assert_true(hw_measured_op(&hw, PLAN_OP_GEMM, gemm, PLAN_BF16, 1) == 2e-3);
-    assert_true(hw_measured_op(&hw, PLAN_OP_GEMM, gemm, PLAN_FP8, 1) == 1.2e-3);
-    assert_true(hw_measured_op(&hw, PLAN_OP_GEMM, gemm, PLAN_F32, 0) == -1);
-    assert_true(hw_measured_op(&hw, PLAN_OP_GEMM, other, PLAN_BF16, 0) == -1);
-    assert_true(hw_measured_op(&hw, PLAN_OP_RMSNORM, norm, PLAN_F32, 0) == 5e-5);
-    assert_true(hw_measured_op(&hw, PLAN_OP_LAYERNORM, norm, PLAN_F32, 0) == -1);
+    assert_true(hw_measured_op(&hw, RT_OP_GEMM, gemm, PLAN_BF16, 0) == 1e-3);
+    assert_true(hw_measured_op(&hw, RT_OP_GEMM, gemm, PLAN_BF16, 1) == 2e-3);
+    assert_true(hw_measured_op(&hw, RT_OP_GEMM, gemm, PLAN_FP8, 1) == 1.2e-3);
+    assert_true(hw_measured_op(&hw, RT_OP_GEMM, gemm, PLAN_F32, 0) == -1);
+    assert_true(hw_measured_op(&hw, RT_OP_GEMM, other, PLAN_BF16, 0) == -1);
+    assert_true(hw_measured_op(&hw, RT_OP_RMSNORM, norm, PLAN_F32, 0) == 5e-5);
+    assert_true(hw_measured_op(&hw, RT_OP_LAYERNORM, norm, PLAN_F32, 0) == -1);
     /* measured sizes exactly; between two, the line through them; below, the smallest's time;
      * above, the largest's bandwidth */
     assert_true(hw_measured_comm(&hw, CT_COLL_ALL_GATHER, 8, 4e6) == 25e-6);
@@ -496,7 +496,7 @@ static void test_measured_ops_match_exactly_and_comms_interpolate(void **state) 
     assert_true(hw_measured_comm(&hw, CT_COLL_REDUCE_SCATTER, 8, 1e6) == -1);
     assert_true(hw_measured_comm(&hw, CT_COLL_ALL_REDUCE, 8, 3e6) == 90e-6);
     hw_profile none = {0};
-    assert_true(hw_measured_op(&none, PLAN_OP_GEMM, gemm, PLAN_BF16, 0) == -1);
+    assert_true(hw_measured_op(&none, RT_OP_GEMM, gemm, PLAN_BF16, 0) == -1);
     assert_true(hw_measured_comm(&none, CT_COLL_ALL_REDUCE, 8, 1e6) == -1);
 }
 
