@@ -79,7 +79,15 @@ ct_status ckpt_check_metadata(const char *text, size_t len, const char *label);
 /* Deletes all but the newest k checkpoints (k <= 0: keep all), never the newest full-state one. */
 void ckpt_purge(const char *folder, int64_t keep);
 
-#endif
+/* `model.flavor: from_checkpoint`: the model of checkpoint.initial_load_path (checkpoint.initial_load_in_hf:
+ * a Hugging Face folder) into the manifest, as mdesc_apply. CT_OK (also when the flavor is another),
+ * or CT_ERR_INVALID after one error line. */
+ct_status mdesc_from_checkpoint(manifest *mf);
+
+/* Writes the parameters to a ctt file, the model's description first (atomic; every rank gathers,
+ * rank 0 writes). Prints nothing: CT_OK, or a status with the error set. */
+ct_status ckpt_save_model(session *s, const char *path);
+
 
 /* ---- the training loop's side (ckpt_run.c) ---- */
 #include <pthread.h>
@@ -130,3 +138,5 @@ const char *ckpt_hf_folder(const char *path, char *buf, size_t len);
  * pack's own table, ABI 2.12, else as a Llama by its description); else CT_ERR_INVALID and one line
  * starting with `who` (the manifest key's place). Reads shapes only: call before training. */
 ct_status ckpt_hf_export_check(session *s, const char *who);
+
+#endif

@@ -392,3 +392,50 @@ ct_status mdesc_for_load(manifest *mf, const char *path) {
     }
     return CT_OK;
 }
+
+ct_status ckpt_save_model(session *s, const char *path) {
+    /* every rank gathers (a collective for sharded parameters); rank 0 writes */
+    char err[2048] = "";
+    tf_writer *w = s->rank == 0 ? tf_writer_open(path) : NULL;
+    if (s->rank == 0 && !w) return CT_ERR_IO;
+    /* the description's failure: rank 0 still joins every gather below (which may set errors of their
+     * own), then reports it from err */
+    int failed = 0;
+    if (w) { /* first, so that a reader finds it before the weights */
+        json_t *d = mdesc_build(s);
+        char *text = d ? json_dumps(d, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        json_decref(d);
+        if ((failed = !text || tf_writer_add_text(w, MDESC_ENTRY, text) != CT_OK)) {
+            snprintf(err, sizeof err, "%s: %s (writing the model description)", path,
+                     text ? tf_writer_error(w) : "out of memory");
+            tf_writer_abort(w);
+            w = NULL;
+        }
+        free(text);
+    }
+    float *buf = NULL;
+    for (int i = 0; i < s->rt.n_params; i++) {
+        ct_tensor *t = &s->rt.params[i]->t;
+        const int64_t *shape = runtime_global_shape(&s->rt, i);
+        if (runtime_param_copy_of(&s->rt, i) >= 0) continue; /* a shared parameter is written once */
+        int64_t n = 1;
+        for (int d = 0; d < t->ndim; d++) n *= shape[d];
+        float *grown = realloc(buf, sizeof(float) * (size_t)n);
+        if (!grown || runtime_param_get(&s->rt, i, grown, 0) != CT_OK ||
+            (w && tf_writer_add(w, t->name, 1, t->ndim, shape, grown) != CT_OK)) {
+            ct_status st;
+            if (grown) buf = grown;
+            if (w && tf_writer_error(w)[0]) st = ct_fail(CT_ERR_IO, "%s (writing %s)", tf_writer_error(w), t->name);
+            else st = ct_fail(grown ? CT_ERR_INTERNAL : CT_ERR_NOMEM, "%s: cannot gather %s: %s", path, t->name,
+                              grown ? ct_last_error() : "out of memory");
+            free(buf);
+            if (w) tf_writer_abort(w);
+            return st;
+        }
+        buf = grown;
+    }
+    free(buf);
+    if (failed) return ct_fail(CT_ERR_IO, "%s", err);
+    if (w && tf_writer_close(w) != CT_OK) return CT_ERR_IO;
+    return CT_OK;
+}

@@ -45,11 +45,7 @@ int mdesc_field(const json_t *d, const char *field, double *out);
  * model load needs the same weights, not the same preset). */
 ct_status mdesc_apply(manifest *mf, const json_t *d, const char *label, int compare_flavor);
 
-/* mdesc_for_load (generate's) is declared in checkpoint.h, for files that cannot include jansson. */
-
-/* `model.flavor: from_checkpoint`: the model of checkpoint.initial_load_path (checkpoint.initial_load_in_hf:
- * a Hugging Face folder) into the manifest, as mdesc_apply. CT_OK (also when the flavor is another),
- * or CT_ERR_INVALID after one error line. */
-ct_status mdesc_from_checkpoint(manifest *mf);
+/* mdesc_for_load (generate's), mdesc_from_checkpoint and ckpt_save_model are declared in checkpoint.h, for
+ * files that cannot include jansson. */
 
 #endif

@@ -2,6 +2,8 @@
  * evaluation or search -> text, JSON or a manifest. */
 #include "cmd/cmd_plan.h"
 
+#include "checkpoint/checkpoint.h"
+
 #include "engine/session.h"
 #include "base/util.h"
 #include "plan/calibrate.h"
@@ -187,6 +189,10 @@ ct_status cmd_plan(int argc, char **argv) {
     manifest *mf = session_parse(a.n_rest, a.rest, &ra, usage, &st);
     free(a.rest);
     if (!mf) return st;
+    if ((st = mdesc_from_checkpoint(mf)) != CT_OK) { /* model.flavor: from_checkpoint, as a run takes it */
+        manifest_free(mf);
+        return st;
+    }
     if (a.calibrate) {
         st = calibrate(mf, a.output);
         manifest_free(mf);

@@ -71,9 +71,10 @@ void session_close(session *s);
  * manifest's folder. */
 void session_resolve_path(const manifest *mf, const char *p, char *out, size_t len);
 
-/* Writes the parameters to a ctt file (atomic; every rank gathers, rank 0 writes), and reads them
- * back. These two print nothing: CT_OK, or a status with the error set. */
-ct_status session_save_model(session *s, const char *path);
+/* Reads the parameters back from a ctt file (ckpt_save_model, checkpoint/checkpoint.h, writes one).
+ * Prints nothing: CT_OK, or a status with the error set. A manifest whose model.flavor is
+ * from_checkpoint must have been resolved first (mdesc_from_checkpoint, checkpoint/model_desc.h):
+ * the session takes the manifest as it is. */
 ct_status session_load_model(session *s, const char *path);
 /* Every strategy's post_step (ABI 2.1): after the optimizer's step and after local storage was loaded.
  * CT_OK, or the strategy's status with the error set. */

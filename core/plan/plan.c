@@ -1136,14 +1136,18 @@ done:
     return bad;
 }
 
-ct_status plan_for_run(int argc, char **argv, const char *usage, int world, const session *run, plan_result *r,
-                       hw_profile *hw, int *have_hw) {
+ct_status plan_for_run(int argc, char **argv, const char *usage, ct_status (*prepare)(manifest *mf), int world,
+                       const session *run, plan_result *r, hw_profile *hw, int *have_hw) {
     run_args a = {0};
     ct_status st;
     memset(hw, 0, sizeof *hw);
     *have_hw = 0;
     manifest *mf = session_parse(argc, argv, &a, usage, &st);
     if (!mf) return ct_fail(CT_ERR_INVALID, "the manifest cannot be read again");
+    if (prepare && prepare(mf) != CT_OK) {
+        manifest_free(mf);
+        return CT_ERR_INVALID;
+    }
     plan_ctx *c = NULL;
     plan_layout l;
     const char *name = "";

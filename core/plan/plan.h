@@ -244,11 +244,13 @@ ct_status plan_search(plan_ctx *ctx, const plan_search_opts *o, const hw_profile
 void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw);
 
 /* For a run (`ctitan train`): the planner's evaluation of the manifest given by argv (parsed again:
- * the run's own manifest is not touched; `run`, when given, lends its optimizer and quantizer) on `world` GPUs of the profile named by plan.hardware (hw
- * left zeroed with *have_hw 0 when it is empty: memory only). CT_OK, or a status with the error set. */
+ * the run's own manifest is not touched; `prepare`, when given, resolves it as the run did, e.g. a
+ * model.flavor taken from a checkpoint; `run`, when given, lends its optimizer and quantizer) on
+ * `world` GPUs of the profile named by plan.hardware (hw left zeroed with *have_hw 0 when it is
+ * empty: memory only). CT_OK, or a status with the error set. */
 struct session;
-ct_status plan_for_run(int argc, char **argv, const char *usage, int world, const struct session *run, plan_result *r,
-                       hw_profile *hw, int *have_hw);
+ct_status plan_for_run(int argc, char **argv, const char *usage, ct_status (*prepare)(manifest *mf), int world,
+                       const struct session *run, plan_result *r, hw_profile *hw, int *have_hw);
 
 /* The guide's rule for a model of n_params: its text and the layout it names for `gpus`. */
 const char *plan_guide_rule(double n_params, int gpus, int gpus_per_node, plan_layout *rule_layout);

@@ -114,7 +114,7 @@ static ct_status dry_run(session *s, manifest *mf, int argc, char **argv) {
     plan_result r;
     hw_profile hw;
     int have_hw;
-    if (plan_for_run(argc, argv, train_usage, world, NULL, &r, &hw, &have_hw) != CT_OK) {
+    if (plan_for_run(argc, argv, train_usage, mdesc_from_checkpoint, world, NULL, &r, &hw, &have_hw) != CT_OK) {
         fprintf(stderr, "ctitan: plan: %s\n", ct_last_error());
         hw_profile_free(&hw);
         return CT_ERR_INVALID;
@@ -918,7 +918,7 @@ static step_next train_finish(train_run *r) {
     if (world_max(s, g_stop_signal, &late)) return STEP_FAILED;
     stop_signals_catch(0);
     snprintf(path, sizeof path, "%s/model.ctt", r->dump);
-    if (r->steps > 0 && session_save_model(s, path) != CT_OK) {
+    if (r->steps > 0 && ckpt_save_model(s, path) != CT_OK) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         r->status = CT_ERR_IO;
         return STEP_END;
@@ -1052,7 +1052,7 @@ static void plan_line(int argc, char **argv, const session *run, int world) {
     plan_result r;
     hw_profile hw;
     int have_hw;
-    if (plan_for_run(argc, argv, train_usage, world, run, &r, &hw, &have_hw) != CT_OK) {
+    if (plan_for_run(argc, argv, train_usage, mdesc_from_checkpoint, world, run, &r, &hw, &have_hw) != CT_OK) {
         printf("plan: none (%s)\n", ct_last_error());
     } else {
         printf("plan: peak memory %.3f GiB on the largest rank (activations %.3f GiB)", gib((int64_t)r.mem_total),
@@ -1076,9 +1076,11 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
     }
     if (!mf) return st;
     session s;
+    memset(&s, 0, sizeof s); /* closed at out (freeing mf) also when mf is refused before the session opens */
+    s.mf = mf;
     ct_tokenizer *tok = NULL;
     int dry = a.dry_run;
-    st = session_open(&s, mf, !dry, !dry);
+    if ((st = mdesc_from_checkpoint(mf)) == CT_OK) st = session_open(&s, mf, !dry, !dry);
     if (st) goto out;
     int pc = a.print_config;
     if (!pc) mf_get_bool(mf, "job.print_config", &pc);
@@ -1134,6 +1136,8 @@ ct_status cmd_generate(int argc, char **argv) {
     }
     if (!mf) return st;
     session s;
+    memset(&s, 0, sizeof s);
+    s.mf = mf;
     ct_tokenizer *tok = NULL;
     char path[4096];
     const char *dump, *prompt;
@@ -1144,7 +1148,7 @@ ct_status cmd_generate(int argc, char **argv) {
         manifest_free(mf);
         return st;
     }
-    st = session_open(&s, mf, 1, 0);
+    if ((st = mdesc_from_checkpoint(mf)) == CT_OK) st = session_open(&s, mf, 1, 0);
     if (st || (st = session_open_tokenizer(&s, &tok))) goto out;
     struct stat sb;
     int is_dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
