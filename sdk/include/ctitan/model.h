@@ -75,12 +75,20 @@ typedef enum ct_collective {
     CT_COLL_REDUCE_SCATTER = 3,   /* the sum over the axis, this rank keeping its block along dim
                                      | backward: all-gather */
     CT_COLL_ALL_REDUCE = 4,       /* the sum over the axis | backward: identity (Megatron's g) */
-    CT_COLL_COPY = 5              /* identity | backward: all-reduce (Megatron's f) */
+    CT_COLL_COPY = 5,             /* identity | backward: all-reduce (Megatron's f) */
+    /* ABI 2.12: x split into degree blocks along dim, block r sent to rank r; the blocks received, one
+     * from each rank in rank order, joined along the other dim. dim CT_DIM_COLS: (rows, c) ->
+     * (degree * rows, c / degree), rank r's rows after rank r-1's (DeepSpeed-Ulysses: heads out, the
+     * sequence in); CT_DIM_ROWS: (rows, c) -> (rows / degree, degree * c), the inverse | backward:
+     * the all-to-all along the other dim. Not made once: every call moves data. */
+    CT_COLL_ALL_TO_ALL = 6
 } ct_collective;
 
 /* The dims a collective splits along. Token rows: every dim but the last, flattened; rank r's block
  * is the r-th contiguous run of rows, and the gathered tensor's second-to-last dim is degree times
- * the block's. Columns: the last dim; rank r's block is the r-th run of columns of every row. */
+ * the block's. Columns: the last dim; rank r's block is the r-th run of columns of every row. A 1-D
+ * tensor is one run whichever is named: rank r's block is its r-th contiguous run (ABI 2.12; 2.11
+ * refused 1-D tensors). */
 #define CT_DIM_ROWS (-2)
 #define CT_DIM_COLS (-1)
 
@@ -90,6 +98,7 @@ typedef enum ct_collective {
 /* The host's ops. Every op returns a new tensor (or NULL on error) and records its backward. */
 typedef struct ct_builder ct_builder;
 struct ct_custom_op;
+struct ct_device_api;
 struct ct_builder {
     size_t struct_size;
     void *ctx;
@@ -179,6 +188,12 @@ struct ct_builder {
      * as one allocation: an op that takes it in one call is planned exactly. NULL on a 2.6 host:
      * check with CT_HAS_FIELD. */
     void *(*backward_scratch)(ct_builder *b, size_t bytes);
+    /* ---- ABI 2.12 ---- */
+    /* The device the builder's tensors live on, for a custom op's callbacks (a model pack's custom
+     * ops have no strategy environment to take it from): *api and *dev, valid while the run lasts.
+     * On the planner's builder (planning) they are the planner's device, which computes nothing. NULL
+     * on a 2.11 host: check with CT_HAS_FIELD. */
+    ct_status (*device)(ct_builder *b, const struct ct_device_api **api, ct_device **dev);
 };
 
 /* ABI 2.0: a custom op a strategy records (async tensor parallel's overlapped pieces, loss parallel,

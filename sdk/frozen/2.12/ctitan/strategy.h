@@ -177,10 +177,12 @@ typedef enum ct_step_phase { CT_PHASE_FORWARD = 1, CT_PHASE_BACKWARD = 2, CT_PHA
 typedef struct ct_comm_cost {
     size_t struct_size;
     int axis;            /* ct_mesh_axis it runs over */
-    ct_collective kind;  /* CT_COLL_ALL_GATHER, CT_COLL_REDUCE_SCATTER or CT_COLL_ALL_REDUCE */
+    ct_collective kind;  /* CT_COLL_ALL_GATHER, CT_COLL_REDUCE_SCATTER, CT_COLL_ALL_REDUCE or (2.12)
+                            CT_COLL_ALL_TO_ALL */
     int unit;            /* the unit it serves, -1 for the whole model */
     ct_step_phase phase;
-    double bytes;        /* the size of the whole (gathered, or reduced) buffer, in bytes */
+    double bytes;        /* the size of the whole (gathered, or reduced) buffer, in bytes; an all-to-all:
+                            one rank's send buffer */
     double count;        /* how many times per step */
     int overlapped;      /* 1: issued asynchronously, so it may hide behind compute */
 } ct_comm_cost;

@@ -37,6 +37,10 @@ static inline size_t ct_dtype_size(ct_dtype t) {
 #define CT_TENSOR_LINEAR 0x10u       /* declared by the pack: the weight (out, in) of a linear layer */
 #define CT_TENSOR_QUANT_DECIDED 0x4u /* host: the quantizer was asked about this weight */
 #define CT_TENSOR_QUANTIZED 0x8u     /* host: its linear GEMMs go through the quantizer */
+/* ABI 2.12: the host marks the ids unit_forward gets, so a strategy that wraps embedding or the loss
+ * tells the model's token ids and targets from any other int32 tensor without guessing by shape. */
+#define CT_TENSOR_TOKEN_IDS 0x20u /* host: the model's input token ids (B, T) */
+#define CT_TENSOR_TARGETS 0x40u   /* host: the model's targets (B, T) */
 
 typedef struct ct_tensor {
     size_t struct_size;
