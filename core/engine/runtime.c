@@ -842,6 +842,8 @@ static ct_status unit_forward(runtime *rt, int u, rt_tensor *x, rt_tensor *token
     ct_clear_error();
     trace_begin(rt->m->unit_name ? rt->m->unit_name(rt->model, u) : "unit");
     rt->memo_pass++; /* strategies' notes on activations hold within one pass over a unit */
+    tokens->t.flags |= CT_TENSOR_TOKEN_IDS; /* ABI 2.12: what a strategy wrapping embedding cuts */
+    if (targets) targets->t.flags |= CT_TENSOR_TARGETS;
     ct_status st = rt->m->unit_forward(rt->model, u, rt->top, x ? &x->t : NULL, &tokens->t,
                                        targets ? &targets->t : NULL, &o);
     trace_end(rt->m->unit_name ? rt->m->unit_name(rt->model, u) : "unit");

@@ -163,12 +163,16 @@ static void account_comm(runtime *rt, int axis, double seconds) {
 }
 
 /* One blocking collective over `axis` (counted, timed, traced). kind: 'g' all-gather, 's' reduce-scatter
- * (count = the received elements), 'r' all-reduce. CT_OK, or the comm's status with its error. */
+ * (count = the received elements), 'r' all-reduce, 'a' all-to-all (count = the elements for one rank).
+ * CT_OK, or the comm's status with its error. */
 static ct_status axis_collective(runtime *rt, int axis, char kind, const float *send, float *recv, int64_t count) {
     if (rt->planning) { /* nothing is sent: the planner notes what would be */
-        ct_collective k = kind == 'g' ? CT_COLL_ALL_GATHER : kind == 's' ? CT_COLL_REDUCE_SCATTER : CT_COLL_ALL_REDUCE;
+        ct_collective k = kind == 'g'   ? CT_COLL_ALL_GATHER
+                          : kind == 's' ? CT_COLL_REDUCE_SCATTER
+                          : kind == 'a' ? CT_COLL_ALL_TO_ALL
+                                        : CT_COLL_ALL_REDUCE;
         int degree = rt->dist.mesh->degree[axis];
-        double whole = (double)count * sizeof(float) * (kind == 's' ? degree : 1) * (kind == 'g' ? degree : 1);
+        double whole = (double)count * sizeof(float) * (kind == 'r' ? 1 : degree); /* a2a: one rank's send */
         return rt->observer->comm(rt, axis, k, whole, 0);
     }
     const ct_comm_api *c = rt->coll_capi;
@@ -179,6 +183,7 @@ static ct_status axis_collective(runtime *rt, int axis, char kind, const float *
     ct_clear_error();
     ct_status st = kind == 'g'   ? c->all_gather(comm, group, send, recv, count, CT_F32, NULL)
                    : kind == 's' ? c->reduce_scatter(comm, group, send, recv, count, CT_F32, CT_REDUCE_SUM, NULL)
+                   : kind == 'a' ? c->all_to_all(comm, group, send, recv, count, CT_F32, NULL)
                                  : c->all_reduce(comm, group, send, recv, count, CT_F32, CT_REDUCE_SUM, NULL);
     account_comm(rt, axis, ct_now() - t0);
     trace_end(name);
@@ -186,7 +191,11 @@ static ct_status axis_collective(runtime *rt, int axis, char kind, const float *
     if (st != CT_OK) {
         if (!ct_last_error()[0])
             ct_set_error("%s over the %s axis failed (status %d)",
-                         kind == 'g' ? "all-gather" : kind == 's' ? "reduce-scatter" : "all-reduce", mesh_axis_names[axis], st);
+                         kind == 'g'   ? "all-gather"
+                         : kind == 's' ? "reduce-scatter"
+                         : kind == 'a' ? "all-to-all"
+                                       : "all-reduce",
+                         mesh_axis_names[axis], st);
         return st;
     }
     return CT_OK;
@@ -229,7 +238,7 @@ static ct_status memo_put(runtime *rt, rt_tensor *x, const void *key, rt_tensor 
 }
 
 /* The memo keys of the collectives that are made once per tensor: [kind][axis][cols]. */
-static char coll_keys[6][CT_MESH_NAXES][2];
+static char coll_keys[CT_COLL_ALL_TO_ALL + 1][CT_MESH_NAXES][2];
 
 /* Every rank's columns of x (rows n, v columns here) -> (n, v * degree), through a scratch buffer. */
 static ct_status gather_cols(runtime *rt, int axis, int degree, const rt_tensor *x, rt_tensor *y) {
@@ -246,21 +255,51 @@ static ct_status gather_cols(runtime *rt, int axis, int degree, const rt_tensor 
     return st;
 }
 
+/* The all-to-all of src (n rows of v columns here) into dst. cols: each rank's run of columns goes to
+ * it, what comes back stacked as rows, (n, v) -> (degree * n, v / degree); else each rank's run of
+ * rows goes to it, what comes back set side by side as columns, (n, v) -> (n / degree, degree * v). */
+static ct_status all_to_all(runtime *rt, int axis, int degree, int cols, const float *src, float *dst, int64_t n,
+                            int64_t v) {
+    const ct_device_api *d = DEV(rt);
+    if (!rt->planning && (!CT_HAS_FIELD(d, ct_device_api, copy_2d) || !d->copy_2d))
+        return ct_fail(CT_ERR_UNSUPPORTED, "collective all-to-all: the device lacks copy_2d");
+    int64_t count = n * v / degree; /* elements for one rank */
+    pool_mark m = pool_get_mark(&rt->opscratch);
+    float *tmp = pool_alloc(&rt->opscratch, sizeof(float) * (size_t)(n * v));
+    ct_status st = tmp ? CT_OK : ct_fail(CT_ERR_NOMEM, "out of memory for an all-to-all");
+    if (cols) { /* columns made contiguous per rank, sent; the rows that come back are the result */
+        int64_t w = v / degree;
+        for (int64_t p = 0; p < degree && st == CT_OK && !rt->planning; p++)
+            st = d->copy_2d(rt->dev, tmp + p * count, w, src + p * w, v, n, w);
+        if (st == CT_OK) st = axis_collective(rt, axis, 'a', tmp, dst, count);
+    } else { /* each rank's rows are already contiguous; what comes back goes in as columns */
+        int64_t r = n / degree;
+        if (st == CT_OK) st = axis_collective(rt, axis, 'a', src, tmp, count);
+        for (int64_t p = 0; p < degree && st == CT_OK && !rt->planning; p++)
+            st = d->copy_2d(rt->dev, dst + p * v, v * degree, tmp + p * count, v, r, v);
+    }
+    pool_release(&rt->opscratch, m);
+    return st;
+}
+
 static rt_tensor *collective_impl(runtime *rt, ct_collective kind, rt_tensor *x, int axis, int dim) {
-    if (axis < 0 || axis >= CT_MESH_NAXES || kind < CT_COLL_ALL_GATHER || kind > CT_COLL_COPY) {
+    if (axis < 0 || axis >= CT_MESH_NAXES || kind < CT_COLL_ALL_GATHER || kind > CT_COLL_ALL_TO_ALL) {
         ct_set_error("collective: unknown kind %d or mesh axis %d", (int)kind, axis);
         return NULL;
     }
     int degree = rt->dist.mesh ? rt->dist.mesh->degree[axis] : 1, nd = x->t.ndim;
     if (degree <= 1) return x;
     int cols = dim == CT_DIM_COLS || dim == nd - 1;
-    if (nd < 2 || (!cols && dim != CT_DIM_ROWS && dim != nd - 2) ||
-        (cols && kind == CT_COLL_REDUCE_SCATTER)) {
+    if (nd == 1 && kind != CT_COLL_ALL_TO_ALL && (dim == CT_DIM_ROWS || dim == CT_DIM_COLS || dim == 0))
+        cols = 0; /* a vector is one run: its blocks are contiguous whichever dim is named */
+    else if (nd < 1 || (nd == 1 && kind == CT_COLL_ALL_TO_ALL) || (!cols && dim != CT_DIM_ROWS && dim != nd - 2) ||
+             (cols && kind == CT_COLL_REDUCE_SCATTER)) {
         ct_set_error("collective: dim %d of a %d-dim tensor is not supported (token rows or columns; no reduce-scatter "
-                     "of columns)", dim, nd);
+                     "of columns; an all-to-all needs rows and columns)", dim, nd);
         return NULL;
     }
-    int d = cols ? nd - 1 : nd - 2, once = kind == CT_COLL_ALL_GATHER || kind == CT_COLL_ALL_GATHER_SLICE || kind == CT_COLL_COPY;
+    int d = cols ? nd - 1 : nd >= 2 ? nd - 2 : 0,
+        once = kind == CT_COLL_ALL_GATHER || kind == CT_COLL_ALL_GATHER_SLICE || kind == CT_COLL_COPY;
     const void *key = &coll_keys[kind][axis][cols];
     rt_tensor *y = once ? memo_get(rt, x, key) : NULL;
     if (y) return y;
@@ -287,6 +326,18 @@ static rt_tensor *collective_impl(runtime *rt, ct_collective kind, rt_tensor *x,
             axis_collective(rt, axis, 'r', x->t.data, y->t.data, numel(x)) != CT_OK)
             return NULL;
         break;
+    case CT_COLL_ALL_TO_ALL: { /* (rows, c) <-> (rows * degree, c / degree), see ct_collective */
+        int64_t v = x->t.shape[nd - 1], n = numel(x) / v;
+        if (scaled_shape(x, nd - 1, cols ? 1 : degree, cols ? degree : 1, shape) != CT_OK ||
+            (!cols && scaled_shape(x, nd - 2, 1, degree, shape) != CT_OK))
+            return NULL;
+        if (cols) shape[nd - 2] = x->t.shape[nd - 2] * degree;
+        else shape[nd - 1] = v * degree;
+        if (!(y = new_tensor(rt, rt->act, CT_F32, nd, shape)) ||
+            all_to_all(rt, axis, degree, cols, x->t.data, y->t.data, n, v) != CT_OK)
+            return NULL;
+        break;
+    }
     case CT_COLL_COPY: /* the same data, a gradient of its own */
         if (!(y = pool_alloc(&rt->act->desc, sizeof *y))) return NULL;
         memset(y, 0, sizeof *y);
@@ -327,6 +378,7 @@ static ct_status collective_backward(runtime *rt, tape_entry *e, const float *dy
     float *gx = grad_of(rt, x);
     if (!gx) return CT_ERR_NOMEM;
     if (kind == CT_COLL_ALL_REDUCE) return d->axpy(rt->dev, gx, dy, 1.0f, nx);
+    if (x->t.ndim == 1) v = 1, n = nx; /* a vector is one run (its collectives are over rows) */
     if (kind == CT_COLL_ALL_GATHER_SLICE && !cols) return d->axpy(rt->dev, gx, dy + me * nx, 1.0f, nx);
     /* the temporary comes from the unit's backward region (given back below), so it shares memory
      * with the other backward temporaries; else from opscratch */
@@ -346,6 +398,11 @@ static ct_status collective_backward(runtime *rt, tape_entry *e, const float *dy
         break;
     case CT_COLL_ALL_GATHER_SLICE: st = d->copy_2d(rt->dev, tmp, v, dy + me * v, v * degree, n, v); break;
     case CT_COLL_REDUCE_SCATTER: st = axis_collective(rt, axis, 'g', dy, tmp, numel(e->out)); break;
+    case CT_COLL_ALL_TO_ALL: { /* the inverse all-to-all of dy (shaped as the output) */
+        int64_t ov = e->out->t.shape[e->out->t.ndim - 1];
+        st = all_to_all(rt, axis, degree, !cols, dy, tmp, nx / ov, ov);
+        break;
+    }
     default: st = axis_collective(rt, axis, 'r', dy, tmp, nx); break; /* CT_COLL_COPY */
     }
     if (st == CT_OK) st = d->axpy(rt->dev, gx, tmp, 1.0f, nx);
@@ -1080,6 +1137,13 @@ static ct_tensor *t_linear_cross_entropy(ct_builder *b, ct_tensor *x, ct_tensor 
     TRACED_OP("linear_cross_entropy", linear_flops(x, w), op_linear_cross_entropy(b, x, w, t), x, w, t);
 }
 
+static ct_status op_device(ct_builder *b, const ct_device_api **api, ct_device **dev) {
+    runtime *rt = RT(b);
+    *api = DEV(rt);
+    *dev = rt->dev;
+    return CT_OK;
+}
+
 void tape_builder_init(runtime *rt) {
     rt->builder = (ct_builder){
         .struct_size = sizeof(ct_builder),
@@ -1102,6 +1166,7 @@ void tape_builder_init(runtime *rt) {
         .new_tensor = op_new_tensor,
         .scratch = op_scratch,
         .backward_scratch = op_backward_scratch,
+        .device = op_device,
         .custom = op_custom,
         .grad = op_grad,
         .memo = op_memo,
@@ -1678,6 +1743,9 @@ static ct_tensor *fw_memo(ct_builder *b, ct_tensor *x, const void *key, ct_tenso
     return NEXT(b)->memo(NEXT(b), x, key, value);
 }
 static void fw_account_comm(ct_builder *b, int axis, double seconds) { NEXT(b)->account_comm(NEXT(b), axis, seconds); }
+static ct_status fw_device(ct_builder *b, const ct_device_api **api, ct_device **dev) {
+    return NEXT(b)->device(NEXT(b), api, dev);
+}
 
 ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
     tape_layer *l = calloc(1, sizeof *l);
@@ -1703,6 +1771,7 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
         .new_tensor = fw_new_tensor,
         .scratch = fw_scratch,
         .backward_scratch = fw_backward_scratch,
+        .device = fw_device,
         .custom = fw_custom,
         .grad = fw_grad,
         .memo = fw_memo,

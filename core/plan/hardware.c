@@ -121,7 +121,7 @@ static const struct {
     const char *name;
     int kind;
 } comm_names[] = {{"all_gather", CT_COLL_ALL_GATHER}, {"reduce_scatter", CT_COLL_REDUCE_SCATTER},
-                  {"all_reduce", CT_COLL_ALL_REDUCE}};
+                  {"all_reduce", CT_COLL_ALL_REDUCE}, {"all_to_all", CT_COLL_ALL_TO_ALL}};
 #define N_COMM_NAMES (int)(sizeof comm_names / sizeof *comm_names)
 
 static double *field(hw_profile *hw, const hw_key *k) { return (double *)((char *)hw + k->off); }

@@ -532,7 +532,8 @@ static int axis_inter_node(const plan_layout *l, const hw_profile *hw, int axis,
     return stride * deg[axis] > gpus_per_node;
 }
 
-/* A collective's seconds: measured at its size and group, or the ring algorithm's time. */
+/* A collective's seconds: measured at its size and group, or the ring algorithm's time (an all-to-all's
+ * pairwise exchange moves the same (n-1)/n of one rank's buffer in as many steps). */
 static double comm_seconds(const hw_profile *hw, int kind, int ranks, double bytes, int inter) {
     if (ranks <= 1 || bytes <= 0) return 0;
     double m = inter ? -1 : hw_measured_comm(hw, kind, ranks, bytes);
@@ -560,6 +561,7 @@ static const char *kind_name(int kind) {
     return kind == CT_COLL_ALL_GATHER       ? "all_gather"
            : kind == CT_COLL_REDUCE_SCATTER ? "reduce_scatter"
            : kind == CT_COLL_ALL_REDUCE     ? "all_reduce"
+           : kind == CT_COLL_ALL_TO_ALL     ? "all_to_all"
                                             : "collective";
 }
 

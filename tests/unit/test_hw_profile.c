@@ -418,8 +418,8 @@ static void test_bad_measurements_name_line_and_key(void **state) {
             "26: measured.ops[0].flops: unknown key");
     refused(26, twice, "27: measured.ops[1]: the same kind, shape and dtype as line 26; give each once");
     refused(26, "    - gemm", "26: measured.ops[0]: expected a map of kind, shape, dtype, forward_s, backward_s");
-    refused(28, "    - {kind: all_to_all, ranks: 8, bytes: 1, seconds: 1}",
-            "28: measured.comms[0].kind: 'all_to_all' is unknown; expected one of all_gather, reduce_scatter, all_reduce");
+    refused(28, "    - {kind: broadcast, ranks: 8, bytes: 1, seconds: 1}",
+            "28: measured.comms[0].kind: 'broadcast' is unknown; expected one of all_gather, reduce_scatter, all_reduce, all_to_all");
     refused(28, "    - {kind: all_reduce, ranks: 0, bytes: 1, seconds: 1}", "28: measured.comms[0].ranks: '0' is out of range");
     refused(28, "    - {kind: all_reduce, ranks: 8, bytes: 0, seconds: 1}",
             "28: measured.comms[0].bytes: 0 is out of range; expected bytes in (0, 1e+18]");
