@@ -547,6 +547,7 @@ ct_status cmd_tokenize(int argc, char **argv) {
     prog.total = inputs_size(in.inputs, in.ninputs);
     tok = tokenizer_load(tok_path);
     if (!tok) { rc = CT_ERR_INVALID; goto fail; } /* a tokenizer file it cannot read is bad input */
+    if (tokenizer_notice(tok)) fprintf(stderr, "ctitan tokenize: note: %s\n", tokenizer_notice(tok));
     c.tok = tok;
     c.out = shard_writer_open(out_path);
     if (!c.out) {
@@ -698,6 +699,7 @@ static ct_status tokenizer_encode_cmd(int argc, char **argv) {
         tokenizer_free(tok);
         return CT_ERR_INVALID; /* an unreadable tokenizer, or text it refuses (not NFC) */
     }
+    if (tokenizer_notice(tok)) fprintf(stderr, "ctitan %s: note: %s\n", cmd, tokenizer_notice(tok));
     for (size_t i = 0; i < n; i++) printf("%s%ld", i ? " " : "", (long)ids[i]);
     printf("\n");
     free(ids);

@@ -749,6 +749,7 @@ ct_status session_open_tokenizer(session *s, ct_tokenizer **out) {
         tokenizer_free(tok);
         return CT_ERR_INVALID;
     }
+    if (tokenizer_notice(tok) && s->rank == 0) printf("tokenizer: note: %s\n", tokenizer_notice(tok));
     *out = tok;
     return CT_OK;
 }

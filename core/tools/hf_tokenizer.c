@@ -39,32 +39,142 @@ static uint32_t utf8_next(const unsigned char **p) {
     return cp;
 }
 
-/* A token's text in the byte alphabet -> its bytes (at most as many as the text's). -1 with the code
- * point outside the alphabet in *bad. */
-static long byte_level_decode(const int byte_of_cp[324], const char *text, unsigned char *out,
-                              uint32_t *bad) {
-    const unsigned char *p = (const unsigned char *)text;
-    long n = 0;
+/* ---- \u0000 in the file: read through U+FFFF ------------------------------------------------------ */
+
+/* jansson refuses a NUL in an object key (JSON_ALLOW_NUL covers values only), yet a vocabulary may
+ * have the key "\u0000" (torchtitan's test tokenizer gives byte 0 its raw character). So before
+ * parsing, each \u0000 escape inside a string becomes \uFFFF: six characters for six, so jansson's
+ * line:column stay true. U+FFFF is a noncharacter, which no tokenizer has reason to hold; a file
+ * holding both is refused. Where a string's bytes matter (vocabulary keys, added tokens' content) the
+ * mark is read back as NUL; where a string is only looked up (merges in the vocabulary) both sides
+ * hold the mark. */
+#define NUL_MARK "\xef\xbf\xbf"   /* U+FFFF in UTF-8 */
+
+static int hex4(const char *p, unsigned *v) {
+    *v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return 0;
+        *v = *v << 4 | (unsigned)d;
+    }
+    return 1;
+}
+
+/* The file with its \u0000 escapes rewritten (*masked, malloc'd, len bytes), or *masked NULL when it
+ * has none. Only escapes inside strings whose backslash is not itself escaped count ("\\u0000" is a
+ * backslash and five characters); anything that is not JSON is left to jansson. */
+ct_status hf_json_mask_nul(const char *json, size_t len, const char *label, char **masked) {
+    char *copy = NULL;
+    size_t line = 1, line_start = 0, mark_line = 0, mark_col = 0;
+    int in_string = 0;
+    *masked = NULL;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)json[i];
+        if (c == '\n') {
+            line++;
+            line_start = i + 1;
+        }
+        if (c == '"' || !in_string) {
+            if (c == '"') in_string = !in_string;
+            continue;
+        }
+        size_t at = i;
+        unsigned v;
+        int mark = c == 0xef && len - i >= 3 && memcmp(json + i, NUL_MARK, 3) == 0;
+        if (c == '\\' && len - i >= 6 && json[i + 1] == 'u' && hex4(json + i + 2, &v)) {
+            if (v == 0) {
+                if (!copy) {
+                    if (!(copy = malloc(len))) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", label);
+                    memcpy(copy, json, len);
+                }
+                memcpy(copy + i + 2, "FFFF", 4);
+            }
+            mark = v == 0xffff;
+            i += 5;
+        } else if (c == '\\') {
+            i++;   /* \" and \\ neither end the string nor escape what follows */
+        }
+        if (mark && !mark_line) {
+            mark_line = line;
+            mark_col = at - line_start + 1;
+        }
+    }
+    if (copy && mark_line) {
+        free(copy);
+        return ct_fail(CT_ERR_INVALID, "%s:%zu:%zu: U+FFFF in a file that also holds \\u0000: ctitan reads "
+                       "\\u0000 (which its JSON parser refuses in object keys) as U+FFFF and cannot tell the two "
+                       "apart", label, mark_line, mark_col);
+    }
+    *masked = copy;
+    return CT_OK;
+}
+
+/* A string of the file (len bytes) with the mark read back as NUL when the file was masked; returns
+ * the new length (out has room for len bytes). */
+static size_t unmask(const char *s, size_t len, int masked, unsigned char *out) {
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (masked && (unsigned char)s[i] == 0xef && len - i >= 3 && memcmp(s + i, NUL_MARK, 3) == 0) {
+            out[n++] = 0;
+            i += 2;
+        } else {
+            out[n++] = (unsigned char)s[i];
+        }
+    }
+    return n;
+}
+
+/* A vocabulary key's bytes as the tokenizers package's ByteLevel decoder gives them: each code point
+ * through the alphabet when all are in it (*in_alphabet: encoding can give the token), else the key's
+ * own UTF-8 (a key outside the alphabet is never produced by encoding). out has room for strlen(key). */
+static size_t key_bytes(const int byte_of_cp[324], const char *key, int masked, unsigned char *out,
+                        int *in_alphabet) {
+    const unsigned char *p = (const unsigned char *)key;
+    size_t n = 0;
     while (*p) {
         uint32_t cp = utf8_next(&p);
         if (cp >= 324 || !byte_of_cp[cp]) {
-            *bad = cp;
-            return -1;
+            *in_alphabet = 0;
+            return unmask(key, strlen(key), masked, out);
         }
         out[n++] = (unsigned char)(byte_of_cp[cp] - 1);
     }
+    *in_alphabet = 1;
     return n;
+}
+
+/* A key as messages show it: its first 60 bytes, control characters (and the mark, in a masked file)
+ * written \u00XX as in JSON. */
+static void show_key(const char *key, int masked, char *out, size_t n) {
+    size_t o = 0, len = strlen(key);
+    for (size_t i = 0; i < len && i < 60 && o + 7 < n; i++) {
+        unsigned char c = (unsigned char)key[i];
+        if (masked && c == 0xef && len - i >= 3 && memcmp(key + i, NUL_MARK, 3) == 0) {
+            o += (size_t)snprintf(out + o, n - o, "\\u0000");
+            i += 2;
+        } else if (c < 0x20 || c == 0x7f) {
+            o += (size_t)snprintf(out + o, n - o, "\\u%04x", c);
+        } else {
+            out[o++] = (char)c;
+        }
+    }
+    out[o] = 0;
 }
 
 /* ---- reading ----------------------------------------------------------------------------------- */
 
 typedef struct reader {
     const char *label;
+    int masked;              /* the file held \u0000, read as NUL_MARK */
     json_t *root, *vocab;
     hf_spec s;
     unsigned char *arena;    /* the vocabulary's bytes */
+    unsigned char *encodable; /* per vocab index: the key is in the byte alphabet */
+    unsigned char *added_text; /* added tokens' content with the mark read back (masked files) */
     const char **keys;       /* per vocab index: its text in the file */
     int32_t *owner;          /* per id (up to the highest): vocab index + 1, -(added index + 1), or 0 */
+    char notice[320];        /* the bytes with no token, when there are some */
 } reader;
 
 /* A value shown in a message: strings quoted and cut, other kinds by name. */
@@ -125,6 +235,37 @@ static ct_status read_model(reader *r) {
     return CT_OK;
 }
 
+/* Bytes whose alphabet character is no key: the tokenizers package drops them from the text (no
+ * unk_token, no byte_fallback) and so does ctitan, but it says so once, in r->notice. */
+static void note_missing_bytes(reader *r, const int have_byte[256]) {
+    int missing = 0, ranges = 0;
+    char list[160];
+    size_t o = 0;
+    for (int b = 0; b < 256; b++) missing += !have_byte[b];
+    if (!missing) return;
+    for (int b = 0; b < 256; b++) {
+        if (have_byte[b]) continue;
+        int e = b;
+        while (e + 1 < 256 && !have_byte[e + 1]) e++;
+        if (ranges++ == 6) {
+            o += (size_t)snprintf(list + o, sizeof list - o, ", ...");
+            break;
+        }
+        o += (size_t)snprintf(list + o, sizeof list - o, e > b ? "%s0x%02x-0x%02x" : "%s0x%02x", o ? ", " : "", b, e);
+        b = e;
+    }
+    static const struct { int byte; const char *name; } named[] = {{' ', "space"}, {'\n', "newline"}, {'\t', "tab"}};
+    char names[40] = "";
+    int k = 0;
+    for (int i = 0; i < 3; i++)
+        if (!have_byte[named[i].byte])
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k++ ? ", " : "; ", named[i].name);
+    if (k) strcat(names, " among them");
+    snprintf(r->notice, sizeof r->notice, "%s: %d of the 256 bytes have no token of their own in model.vocab "
+             "(%s%s); like the tokenizers package, encoding drops them from the text", r->label, missing, list, names);
+    r->s.notice = r->notice;
+}
+
 static ct_status read_vocab(reader *r) {
     int byte_of_cp[324];
     byte_alphabet(byte_of_cp);
@@ -149,51 +290,46 @@ static ct_status read_vocab(reader *r) {
     r->s.vocab_len = malloc(n * sizeof *r->s.vocab_len);
     r->s.vocab_id = malloc(n * sizeof *r->s.vocab_id);
     r->keys = malloc(n * sizeof *r->keys);
+    r->encodable = malloc(n);
     r->owner = calloc((size_t)max_id + 1, sizeof *r->owner);
-    if (!r->arena || !r->s.vocab_bytes || !r->s.vocab_len || !r->s.vocab_id || !r->keys || !r->owner) {
+    if (!r->arena || !r->s.vocab_bytes || !r->s.vocab_len || !r->s.vocab_id || !r->keys || !r->encodable ||
+        !r->owner) {
         ct_set_error("%s: out of memory reading model.vocab", r->label);
         return CT_ERR_NOMEM;
     }
     size_t i = 0, o = 0;
     int have_byte[256] = {0};
     json_object_foreach(r->vocab, key, v) {
-        char k[120];
-        snprintf(k, sizeof k, "model.vocab[\"%.60s\"]", key);
+        char k[460], shown[400];
+        show_key(key, r->masked, shown, sizeof shown);
+        snprintf(k, sizeof k, "model.vocab[\"%s\"]", shown);
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= MAX_ID)
             return bad(r, k, v, "is not a token id (an integer 0..16777215)");
         int32_t id = (int32_t)json_integer_value(v);
         if (r->owner[id]) {
-            ct_set_error("%s: %s: id %d is also the id of \"%.60s\" (ids must be unique)",
-                         r->label, k, id, r->keys[r->owner[id] - 1]);
+            show_key(r->keys[r->owner[id] - 1], r->masked, shown, sizeof shown);
+            ct_set_error("%s: %s: id %d is also the id of \"%s\" (ids must be unique)", r->label, k, id, shown);
             return CT_ERR_INVALID;
         }
-        uint32_t cp = 0;
-        long blen = byte_level_decode(byte_of_cp, key, r->arena + o, &cp);
-        if (blen < 0) {
-            ct_set_error("%s: %s: holds U+%04X, which is not in ByteLevel's byte alphabet "
-                         "(ctitan reads byte-level BPE vocabularies)", r->label, k, cp);
-            return CT_ERR_INVALID;
-        }
+        int in_alphabet;
+        size_t blen = key_bytes(byte_of_cp, key, r->masked, r->arena + o, &in_alphabet);
         if (blen == 0) {
             ct_set_error("%s: %s: an empty token", r->label, k);
             return CT_ERR_INVALID;
         }
-        if (blen == 1) have_byte[r->arena[o]] = 1;
+        if (blen == 1 && in_alphabet) have_byte[r->arena[o]] = 1;
         r->s.vocab_bytes[i] = r->arena + o;
         r->s.vocab_len[i] = (uint32_t)blen;
         r->s.vocab_id[i] = id;
+        r->encodable[i] = (unsigned char)in_alphabet;
         r->keys[i] = key;
         r->owner[id] = (int32_t)i + 1;
         o += (size_t)blen;
         i++;
     }
     r->s.n_vocab = n;
-    for (int b = 0; b < 256; b++)
-        if (!have_byte[b]) {
-            ct_set_error("%s: model.vocab: no token for byte 0x%02x (a byte-level BPE "
-                         "vocabulary must hold all 256 single bytes)", r->label, b);
-            return CT_ERR_INVALID;
-        }
+    r->s.vocab_encodable = r->encodable;
+    note_missing_bytes(r, have_byte);
     return CT_OK;
 }
 
@@ -268,9 +404,12 @@ static ct_status read_added(reader *r) {
     const json_t *a = json_object_get(r->root, "added_tokens");
     if (!a || json_is_null(a)) return CT_OK;
     if (!json_is_array(a)) return bad(r, "added_tokens", a, "is not an array");
-    size_t n = json_array_size(a);
+    size_t n = json_array_size(a), room = 0, used = 0;
+    for (size_t i = 0; r->masked && i < n; i++)
+        room += json_string_length(json_object_get(json_array_get(a, i), "content"));
     r->s.added = calloc(n ? n : 1, sizeof *r->s.added);
-    if (!r->s.added) {
+    r->added_text = malloc(room ? room : 1);
+    if (!r->s.added || !r->added_text) {
         ct_set_error("%s: out of memory reading added_tokens", r->label);
         return CT_ERR_NOMEM;
     }
@@ -290,6 +429,11 @@ static ct_status read_added(reader *r) {
         hf_added *e = &r->s.added[i];
         e->content = (const unsigned char *)json_string_value(content);
         e->len = json_string_length(content);
+        if (r->masked) {   /* its bytes are matched in the text: the mark back to NUL */
+            e->len = unmask(json_string_value(content), e->len, 1, r->added_text + used);
+            e->content = r->added_text + used;
+            used += e->len;
+        }
         e->id = (int32_t)json_integer_value(id);
         char kb[96];
         snprintf(kb, sizeof kb, "%s.special", key);
@@ -341,6 +485,9 @@ static ct_status read_split(reader *r, const json_t *p, const char *key) {
     const json_t *pat = json_object_get(p, "pattern");
     const json_t *re = json_object_get(pat, "Regex"), *str = json_object_get(pat, "String");
     snprintf(k, sizeof k, "%s.pattern", key);
+    const char *text = json_string_value(json_is_string(re) ? re : str);
+    if (r->masked && text && strstr(text, NUL_MARK))
+        return bad(r, k, pat, "holds \\u0000, which ctitan cannot hand to its regex engine");
     if (json_is_string(re)) {
         r->s.split_pattern = json_string_value(re);
     } else if (json_is_string(str)) {
@@ -406,6 +553,7 @@ static ct_status read_other_keys(reader *r) {
 
 /* The id of a token's text (an added token or a vocab token), or -1. */
 static int32_t token_id(reader *r, const char *text) {
+    if (r->masked && strstr(text, NUL_MARK)) return -1;   /* U+FFFF stands for NUL in the file's keys */
     for (size_t i = 0; i < r->s.n_added; i++)
         if (strlen(text) == r->s.added[i].len && memcmp(text, r->s.added[i].content, r->s.added[i].len) == 0)
             return r->s.added[i].id;
@@ -462,7 +610,11 @@ ct_tokenizer *hf_tokenizer_load_json(const char *json, size_t len, const char *l
     reader r = {.label = label};
     ct_tokenizer *tok = NULL;
     json_error_t je;
-    r.root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    char *masked;
+    if (hf_json_mask_nul(json, len, label, &masked) != CT_OK) return NULL;
+    r.masked = masked != NULL;
+    r.root = json_loadb(masked ? masked : json, len, JSON_REJECT_DUPLICATES, &je);
+    free(masked);
     if (!r.root) {
         ct_set_error("%s:%d:%d: not valid JSON: %s", label, je.line, je.column, je.text);
         return NULL;
@@ -478,6 +630,8 @@ ct_tokenizer *hf_tokenizer_load_json(const char *json, size_t len, const char *l
     tok = tokenizer_from_hf(&r.s, label);
 done:
     free(r.arena);
+    free(r.encodable);
+    free(r.added_text);
     free(r.owner);
     free(r.keys);
     free(r.s.vocab_bytes);

@@ -1,9 +1,16 @@
 /* hf_tokenizer.h: reads a Hugging Face tokenizer.json (byte-level BPE) into a ct_tokenizer.
  *
  * What is read (anything else gets one line naming the JSON key and its value):
- *   model            type "BPE"; vocab {token: id} in ByteLevel's byte alphabet (every one of the 256
- *                    bytes must be a token); merges as "a b" strings or ["a", "b"] pairs (rank =
- *                    position); ignore_merges; dropout null, no subword prefix or word suffix.
+ *   model            type "BPE"; vocab {token: id}; merges as "a b" strings or ["a", "b"] pairs (rank =
+ *                    position, may be empty); ignore_merges; dropout null, no subword prefix or word
+ *                    suffix. A key in ByteLevel's byte alphabet stands for the bytes its characters
+ *                    map to, and encoding can give it. A key with any character outside the alphabet
+ *                    (torchtitan's test tokenizer has "\u0000", " the", "\\x80") can never come out of
+ *                    encoding and decodes to its own UTF-8, as the package's ByteLevel decoder does.
+ *                    A byte whose alphabet character is no key is dropped when encoding, as the
+ *                    package does without unk_token or byte_fallback; the loaded tokenizer says so in
+ *                    tokenizer_notice (how many bytes, which). "\u0000" is read through U+FFFF
+ *                    (hf_json_mask_nul): a file that also holds U+FFFF is refused.
  *   pre_tokenizer    ByteLevel (use_regex: GPT-2's pattern; add_prefix_space), or a Sequence of one
  *                    Split (a Regex or String pattern, behavior Isolated, invert false) and a ByteLevel.
  *   normalizer       null, or NFC (Qwen2's): ctitan does not normalise; text already in NFC (where
@@ -47,6 +54,8 @@ typedef struct hf_spec {
     const unsigned char **vocab_bytes;
     uint32_t *vocab_len;
     int32_t *vocab_id;
+    const unsigned char *vocab_encodable; /* 1: the key is in the byte alphabet (encoding can give it);
+                                           * the bytes of these tokens are unique, the others' need not be */
     size_t n_merges;           /* model.merges in rank order: (left id, right id, merged id) */
     int32_t (*merges)[3];
     size_t n_added;
@@ -58,12 +67,19 @@ typedef struct hf_spec {
     int ignore_merges;         /* a chunk that is a vocab token is emitted whole */
     int nfc;                   /* normalizer NFC: text must already be in NFC */
     int32_t bos, eos;          /* -1 when there is none */
+    const char *notice;        /* one line for the user (bytes with no token, dropped), or NULL */
 } hf_spec;
 
 /* 0 if the text is certainly in Unicode NFC (so NFC leaves it as it is); 1 if it is not, or cannot be
  * told without normalising (a combining mark after a precomposed letter, a code point unassigned in
  * NFC_UNICODE_VERSION), with the byte offset and code point in *at, *cp. Invalid UTF-8 is skipped. */
 int hf_nfc_check(const unsigned char *s, size_t n, size_t *at, uint32_t *cp);
+
+/* jansson refuses NUL in object keys: a copy of the JSON text with every \u0000 escape inside a
+ * string rewritten to \uFFFF (same length) in *masked (malloc'd), or *masked NULL when there is none.
+ * CT_ERR_INVALID ("label:line:column: ...") when the text holds U+FFFF too (raw or escaped), which
+ * would then be read as NUL; CT_ERR_NOMEM. Exposed for tests. */
+ct_status hf_json_mask_nul(const char *json, size_t len, const char *label, char **masked);
 
 /* Reads tokenizer.json bytes; config_path (may be NULL or missing on disk) is tokenizer_config.json. */
 ct_tokenizer *hf_tokenizer_load_json(const char *json, size_t len, const char *label, const char *config_path);

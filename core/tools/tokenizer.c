@@ -186,6 +186,7 @@ struct ct_tokenizer {
     unsigned char added_first[2][256];   /* a byte that starts some added token of the class */
     uint32_t *added_lens[2];             /* distinct lengths of the class, longest first */
     size_t n_added_lens[2];
+    char *notice;           /* hf_spec's, or NULL */
 };
 
 void tokenizer_free(ct_tokenizer *tok) {
@@ -194,6 +195,7 @@ void tokenizer_free(ct_tokenizer *tok) {
     free(tok->off);
     free(tok->len);
     free(tok->kind);
+    free(tok->notice);
     free(tok->ranks.slots);
     free(tok->specials.slots);
     pretok_free(tok->pretok);
@@ -216,6 +218,7 @@ int tokenizer_vocab_size(const ct_tokenizer *tok) { return tok->vocab; }
 int tokenizer_n_base(const ct_tokenizer *tok) { return tok->n_base; }
 int tokenizer_bos_id(const ct_tokenizer *tok) { return tok->bos; }
 int tokenizer_eos_id(const ct_tokenizer *tok) { return tok->eos; }
+const char *tokenizer_notice(const ct_tokenizer *tok) { return tok->notice; }
 
 int tokenizer_is_special(const ct_tokenizer *tok, int32_t id) {
     return id >= 0 && id < tok->vocab && tok->kind[id] == ID_SPECIAL;
@@ -869,11 +872,13 @@ static int find_special(const ct_tokenizer *tok, const char *t, size_t len, size
 /* The tokenizers package's BPE (Word::merge_all): merges are looked up by the pair of ids, not by the
  * joined bytes, and the pair with the lowest merge rank goes first (leftmost on ties). Same heap and
  * linked list as bpe_merge; part_rank holds ids here, pair_rank merge ranks. */
-static size_t hf_merge(const ct_tokenizer *tok, const unsigned char *c, size_t n, bpe_scratch *s,
+static size_t hf_merge(const ct_tokenizer *tok, const unsigned char *c, size_t len, bpe_scratch *s,
                        int32_t *out) {
-    size_t hn = 0;
+    size_t hn = 0, n = 0;
     int32_t merged;
-    for (size_t i = 0; i < n; i++) s->part_rank[i] = tok->byte_rank[c[i]];
+    /* a byte with no token of its own is dropped, and its neighbours may merge (the package's merge_word) */
+    for (size_t i = 0; i < len; i++)
+        if (tok->byte_rank[c[i]] != NO_RANK) s->part_rank[n++] = tok->byte_rank[c[i]];
     for (size_t i = 0; i < n; i++) {
         s->next[i] = (uint32_t)(i + 1);
         s->prev[i] = (uint32_t)i - 1;
@@ -1146,15 +1151,18 @@ ct_tokenizer *tokenizer_from_hf(const hf_spec *s, const char *label) {
     tok->len = calloc((size_t)tok->vocab, sizeof *tok->len);
     tok->kind = calloc((size_t)tok->vocab, 1);
     if (!tok->arena || !tok->off || !tok->len || !tok->kind) goto oom;
+    if (s->notice && !(tok->notice = strdup(s->notice))) goto oom;
     if (bmap_init(&tok->ranks, s->n_vocab, tok->arena, tok->off, tok->len) != CT_OK) goto oom;
+    for (int b = 0; b < 256; b++) tok->byte_rank[b] = NO_RANK;   /* no token: dropped when encoding */
     size_t o = 0;
-    for (size_t i = 0; i < s->n_vocab; i++) {   /* ids and bytes are unique: hf_tokenizer.c checked */
+    for (size_t i = 0; i < s->n_vocab; i++) {   /* ids are unique: hf_tokenizer.c checked */
         int32_t id = s->vocab_id[i];
         memcpy(tok->arena + o, s->vocab_bytes[i], s->vocab_len[i]);
         tok->off[id] = (uint32_t)o;
         tok->len[id] = s->vocab_len[i];
         tok->kind[id] = ID_BASE;
         o += s->vocab_len[i];
+        if (!s->vocab_encodable[i]) continue;   /* encoding never gives it; its bytes may repeat another's */
         bmap_put(&tok->ranks, (uint32_t)id);
         if (s->vocab_len[i] == 1) tok->byte_rank[s->vocab_bytes[i][0]] = (uint32_t)id;
     }

@@ -93,6 +93,11 @@ int tokenizer_is_special(const ct_tokenizer *tok, int32_t id);
 /* The bytes of one token (not NUL-terminated), or NULL if id is out of range or names no token. */
 const char *tokenizer_token_bytes(const ct_tokenizer *tok, int32_t id, size_t *len);
 
+/* NULL, or one line the user should see once the tokenizer is loaded: a tokenizer.json whose vocabulary
+ * leaves some bytes without a token, which encoding drops as the tokenizers package does ("PATH: 152 of
+ * the 256 bytes have no token of their own ..."). The commands that encode print it on stderr. */
+const char *tokenizer_notice(const ct_tokenizer *tok);
+
 /* The text of special token i (0..255), e.g. "<|eot_id|>"; NULL if out of range. */
 const char *tokenizer_special_name(int i);
 
@@ -101,7 +106,8 @@ int tokenizer_special_id(const ct_tokenizer *tok, const char *name);
 
 /* BPE-merges one chunk by rank (step 3 above, without the whole-chunk lookup; a tokenizer.json's by
  * merge rank, hf_tokenizer.h), appending the ids to
- * out (room for len ids). Returns the number of ids, 0 if out of memory. Exposed for tests. */
+ * out (room for len ids). Returns the number of ids, 0 if out of memory (or, for a tokenizer.json,
+ * when every byte of the chunk has no token and is dropped). Exposed for tests. */
 size_t tokenizer_bpe_chunk(const ct_tokenizer *tok, const unsigned char *chunk, size_t len,
                            int32_t *out);
 

@@ -21,6 +21,7 @@ build fuzz_shard
 "$out/fuzz_tokenizer_file" -m 300 tests/fuzz/corpus/tokenizer_file
 "$out/fuzz_tokenizer_file" -m 100 tests/data/tokenizer/vocab.tiktoken
 "$out/fuzz_tokenizer_file" -m 20 tests/data/tokenizer/hf/gpt2/tokenizer.json
+"$out/fuzz_tokenizer_file" -m 20 tests/data/tokenizer/hf/torchtitan/tokenizer.json
 "$out/fuzz_shard" -m 300 tests/fuzz/corpus/shard
 # ctitan tokenize's decompression front end: plain, gzip and zstd seeds, truncated and corrupt ones
 build fuzz_instream

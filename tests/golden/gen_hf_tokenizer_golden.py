@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Writes tests/data/tokenizer/hf/: two small Hugging Face tokenizer.json files and their golden ids.
+r"""Writes tests/data/tokenizer/hf/: three small Hugging Face tokenizer.json files and their golden ids.
 
-Both are byte-level BPE tokenizers trained with the `tokenizers` package on the committed corpus
-(tests/data/tokenizer/corpus.txt, documents separated by lines holding `%`):
+The first two are byte-level BPE tokenizers trained with the `tokenizers` package on the committed
+corpus (tests/data/tokenizer/corpus.txt, documents separated by lines holding `%`); the package builds
+the third from a vocabulary given whole, in the shape of torchtitan's own test tokenizer:
 
     hf/llama3/tokenizer.json, tokenizer_config.json
         Llama 3's layout (torchtitan's test assets folder): Split(Llama 3's regex, isolated) then
@@ -11,6 +12,19 @@ Both are byte-level BPE tokenizers trained with the `tokenizers` package on the 
     hf/gpt2/tokenizer.json
         GPT-2's layout: ByteLevel(use_regex=true) with GPT-2's regex, merges always applied,
         <|endoftext|> as the one special token, no tokenizer_config.json.
+    hf/torchtitan/tokenizer.json, tokenizer_config.json
+        the shape of torchtitan's tests/assets/tokenizer/tokenizer.json (made here, not copied):
+        BPE with "merges": [] (empty), unk_token null, byte_fallback false; pre_tokenizer,
+        post_processor and decoder ByteLevel (add_prefix_space false, use_regex true), normalizer
+        null. The vocabulary is NOT in ByteLevel's byte alphabet: ids 0..127 are the raw characters
+        of bytes 0..127 (as JSON writes them: "\u0000", "\t", " ", "A", DEL unescaped), ids
+        128..255 the 4-character strings "\\x80".."\\xff" (a backslash, x, two hex digits), then
+        ~1,700 multi-character tokens (those of a ByteLevel BPE trained on the corpus whose bytes
+        are UTF-8, each written as the raw text of its bytes: " the", "\n\n", "é", " ال"), then
+        three special added tokens. So under the package a byte whose alphabet character ("Ġ" for
+        a space) is not a key is dropped from the text, nothing can be merged, and decoding maps a
+        token through the inverse alphabet when all its characters are in it ("é" -> the byte
+        0xe9) and keeps its UTF-8 otherwise (" the"; "\u0000" -> a NUL byte).
     hf/golden.txt
         <tokenizer> TAB <all|none> TAB <text as lowercase hex, or -> TAB <ids separated by spaces>
         (a "none" line's text "=" is the line before's; its ids "=" are the same as that line's)
@@ -19,9 +33,15 @@ Both are byte-level BPE tokenizers trained with the `tokenizers` package on the 
         are plain text). "gpt2-prefix" is gpt2 with ByteLevel's add_prefix_space set to true;
         "qwen2-nfc" is llama3 with Qwen2's regex (single digits) and normalizer NFC: ctitan encodes
         text already in NFC and refuses the rest, so its ids are "!" where NFC changes the text.
+        "torchtitan" lines (and "torchtitan-ignore": the same file with ignore_merges true, on the
+        strings of at most 300 bytes) carry a fifth column, the package's decode of the ids
+        (skip_special_tokens=False) as UTF-8 hex (- if empty; = the line before's), since decoding
+        does not give the text back; "decode" lines are <tokenizer> TAB decode TAB <ids> TAB
+        <decode as hex> for hand-picked ids. The package's decode is a Python str: bytes that are not
+        UTF-8 come out as U+FFFD (Rust's from_utf8_lossy).
 
-tests/unit/test_hf_tokenizer.c must reproduce every id. Run from the repository root with a Python
-that has `tokenizers`:
+tests/unit/test_hf_tokenizer.c must reproduce every id and decode. Run from the repository root
+with a Python that has `tokenizers`:
 
     /tmp/venv/bin/python tests/golden/gen_hf_tokenizer_golden.py          # writes the files
     /tmp/venv/bin/python tests/golden/gen_hf_tokenizer_golden.py --check  # compares, writes nothing
@@ -33,7 +53,7 @@ import sys
 import unicodedata
 
 import tokenizers
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "tests", "data", "tokenizer")
@@ -88,6 +108,67 @@ def llama3():
 def gpt2():
     pre = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     return train(pre, False, ["<|endoftext|>"])
+
+
+def byte_alphabet():
+    """ByteLevel's alphabet: {character: byte} (GPT-2's bytes_to_unicode, inverted)."""
+    printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    alphabet = {chr(b): b for b in printable}
+    others = [b for b in range(256) if b not in printable]   # U+0100.. in byte order
+    alphabet.update({chr(256 + k): b for k, b in enumerate(others)})
+    return alphabet
+
+
+TT_SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>"]
+TT_MULTI = 2100   # the trained tokenizer's vocabulary; its tokens past the alphabet that are UTF-8 stay
+
+
+def torchtitan():
+    """torchtitan's test tokenizer's shape (see the docstring), built from a vocabulary given whole."""
+    vocab = {}
+    for b in range(256):
+        vocab[chr(b) if b < 128 else "\\x%02x" % b] = b
+    pre = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    trained = Tokenizer(models.BPE())
+    trained.pre_tokenizer = pre
+    trainer = trainers.BpeTrainer(vocab_size=TT_MULTI, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    trained.train_from_iterator(documents(), trainer=trainer)
+    alphabet = byte_alphabet()
+    for text, _ in sorted(trained.get_vocab().items(), key=lambda kv: kv[1]):
+        if len(text) == 1:
+            continue   # one of the 256 bytes
+        try:
+            raw = bytes(alphabet[c] for c in text).decode("utf-8")
+        except UnicodeDecodeError:
+            continue   # part of a character: not text, so torchtitan's kind of file cannot hold it
+        assert raw not in vocab, raw
+        vocab[raw] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(TT_SPECIALS)
+    d = json.loads(tok.to_str())   # the shape promised above, as the package writes it
+    assert d["model"]["merges"] == [] and d["model"]["unk_token"] is None and not d["model"]["byte_fallback"]
+    assert d["normalizer"] is None and all(a["special"] for a in d["added_tokens"])
+    assert list(d["model"]["vocab"])[:3] == ["\0", "\x01", "\x02"]
+    return tok
+
+
+def tt_decode_ids(tok):
+    """Hand-picked ids whose decode golden.txt records: raw control characters, the "\\xNN" strings,
+    multi-character tokens inside and outside the alphabet, specials, and mixes of them."""
+    v = tok.get_vocab()
+    picks = [[0], [9], [10], [32], [127], [128], [255], [v[" the"]], [v["\n\n"]], [v["\n\t"]],
+             [v["é"]], [v["ón"]], [v["é"], v["ó"]], [v[" ال"]], [v["<|endoftext|>"]],
+             [v["<|begin_of_text|>"], v[" the"], 0, 128, 33, v["<|end_of_text|>"]]]
+    alphabet = byte_alphabet()
+    mixed = sorted(t for t in v if any(c in alphabet and ord(c) > 126 for c in t)
+                   and any(c not in alphabet for c in t))
+    picks += [[v[t]] for t in mixed[:3]]   # one character in the alphabet, one not: kept as UTF-8
+    picks.append(list(range(0, 260)))
+    return picks
 
 
 def cases():
@@ -169,7 +250,11 @@ def cases():
     ]
 
 
-def golden_lines(name, tok, texts, nfc=False):
+def decode_hex(tok, ids):
+    return tok.decode(ids, skip_special_tokens=False).encode("utf-8").hex() or "-"
+
+
+def golden_lines(name, tok, texts, nfc=False, decodes=False):
     lines = []
     for text in texts:
         hex_text = text.encode("utf-8").hex() or "-"
@@ -182,11 +267,33 @@ def golden_lines(name, tok, texts, nfc=False):
         tok.encode_special_tokens = True
         plain = tok.encode(text, add_special_tokens=False).ids
         tok.encode_special_tokens = False
+        if decodes:   # the text does not come back: the decode is a column of its own
+            lines.append("%s\tall\t%s\t%s\t%s" % (name, hex_text, " ".join(map(str, special)),
+                                                 decode_hex(tok, special)))
+            lines.append("%s\tnone\t=\t%s" % (name, "=\t=" if plain == special else " ".join(map(str, plain))
+                                                + "\t" + decode_hex(tok, plain)))
+            continue
         if not name.endswith("-prefix"):   # add_prefix_space adds a space that decoding keeps
             assert tok.decode(plain, skip_special_tokens=False) == text, (name, text)
         lines.append("%s\tall\t%s\t%s" % (name, hex_text, " ".join(map(str, special))))
         lines.append("%s\tnone\t%s\t%s" % (name, "=", "=" if plain == special else " ".join(map(str, plain))))
     return lines
+
+
+def with_ignore_merges(tok):
+    d = json.loads(tok.to_str())
+    d["model"]["ignore_merges"] = True
+    return Tokenizer.from_str(json.dumps(d))
+
+
+TT_TEXTS = [   # besides cases(): what torchtitan's kind of vocabulary makes interesting
+    "\\x80 and \\xff are text here, \\x00 too",
+    "é",
+    "Ã© is é in ByteLevel's alphabet",
+    "the\tthe\nthe the\r\n",
+    "<|begin_of_text|>the end<|end_of_text|>",
+    "\x00\x01\x02\x1f\x7f\x80\xff",
+]
 
 
 def with_prefix_space(tok):
@@ -205,7 +312,7 @@ def qwen2_nfc(tok):
 def build():
     """The files to write, as {relative path: text}."""
     texts = cases()
-    l3, g2 = llama3(), gpt2()
+    l3, g2, tt = llama3(), gpt2(), torchtitan()
     files = {
         "llama3/tokenizer.json": l3.to_str(pretty=True) + "\n",
         "llama3/tokenizer_config.json": json.dumps({
@@ -215,6 +322,10 @@ def build():
             "model_max_length": 131072,
             "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2) + "\n",
         "gpt2/tokenizer.json": g2.to_str(pretty=True) + "\n",
+        "torchtitan/tokenizer.json": tt.to_str(pretty=True) + "\n",
+        "torchtitan/tokenizer_config.json": json.dumps({
+            "bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+            "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2) + "\n",
     }
     lines = ["# generated by tests/golden/gen_hf_tokenizer_golden.py (tokenizers %s); do not edit"
              % tokenizers.__version__,
@@ -224,6 +335,11 @@ def build():
     lines += golden_lines("gpt2", g2, texts)
     lines += golden_lines("gpt2-prefix", with_prefix_space(g2), texts)
     lines += golden_lines("qwen2-nfc", qwen2_nfc(l3), texts, nfc=True)
+    lines += golden_lines("torchtitan", tt, texts + TT_TEXTS, decodes=True)
+    short = [t for t in texts + TT_TEXTS if len(t.encode()) <= 300]   # whole pieces are short
+    lines += golden_lines("torchtitan-ignore", with_ignore_merges(tt), short, decodes=True)
+    for ids in tt_decode_ids(tt):
+        lines.append("torchtitan\tdecode\t%s\t%s" % (" ".join(map(str, ids)), decode_hex(tt, ids)))
     files["golden.txt"] = "\n".join(lines) + "\n"
     return files
 
