@@ -138,8 +138,9 @@ static json_t *box_json(const int64_t *v, int n) {
 typedef struct snap_piece {
     char name[512];
     box b;
-    float *data;
+    float *data; /* n floats; bf16: n bf16 values packed at its start */
     int64_t n;
+    int bf16;    /* checkpoint.export_dtype bfloat16: stored as 2-byte bf16 */
 } snap_piece;
 
 struct ckpt_snapshot {
@@ -183,13 +184,16 @@ ckpt_snapshot *ckpt_snapshot_take(session *s, int what, int export_bf16) {
                 ckpt_snapshot_free(sn);
                 return NULL;
             }
-            if (export_bf16 && k < 0)
-                for (int64_t j = 0; j < n; j++) { /* round to nearest even, kept as f32 */
+            if (export_bf16 && k < 0) { /* round to nearest even, stored as bf16 (in place: j never passes j) */
+                uint16_t *h = (uint16_t *)p->data;
+                for (int64_t j = 0; j < n; j++) {
                     uint32_t u;
                     memcpy(&u, &p->data[j], 4);
                     if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-                    memcpy(&p->data[j], &u, 4);
+                    h[j] = (uint16_t)(u >> 16);
                 }
+                p->bf16 = 1;
+            }
         }
     }
     return sn;
@@ -215,7 +219,7 @@ ct_status ckpt_snapshot_write(const ckpt_snapshot *sn, const char *dir) {
             ct_set_error("%s: cannot write: %s", path, strerror(errno));
             goto done;
         }
-        size_t bytes = sizeof(float) * (size_t)p->n;
+        size_t bytes = (p->bf16 ? 2 : sizeof(float)) * (size_t)p->n;
         if (ct_write_all(fd, p->data, bytes)) {
             ct_set_error("%s: write failed: %s", path, strerror(errno));
             goto done;
@@ -227,6 +231,7 @@ ct_status ckpt_snapshot_write(const ckpt_snapshot *sn, const char *dir) {
         json_object_set_new(e, "file", json_string(fname));
         json_object_set_new(e, "byte_offset", json_integer(file_off));
         json_object_set_new(e, "bytes", json_integer((json_int_t)bytes));
+        if (p->bf16) json_object_set_new(e, "dtype", json_string("bf16"));
         char sum[32];
         snprintf(sum, sizeof sum, "%016" PRIx64, fnv1a(p->data, bytes, 1469598103934665603ull));
         json_object_set_new(e, "fnv1a64", json_string(sum));
@@ -346,16 +351,17 @@ static json_t *tensors_listed(const session *s, json_t *shards) {
         for (int k = -1; k < s->n_state; k++) {
             char name[512];
             tensor_name(name, sizeof name, p->name, k);
-            int present = 0;
+            int present = 0, bf16 = 0;
             size_t j;
             json_t *e;
             json_array_foreach(shards, j, e) if (!strcmp(json_string_value(json_object_get(e, "tensor")), name)) {
                 present = 1;
+                bf16 = json_is_string(json_object_get(e, "dtype"));
                 break;
             }
             if (!present) continue;
             json_t *t = json_object();
-            json_object_set_new(t, "dtype", json_string("f32"));
+            json_object_set_new(t, "dtype", json_string(bf16 ? "bf16" : "f32"));
             json_object_set_new(t, "shape", box_json(s->rt.slots[i].global_shape, p->ndim));
             json_object_set_new(tensors, name, t);
         }
@@ -630,6 +636,7 @@ typedef struct piece {
     int64_t byte_offset, bytes;
     uint64_t sum;
     int verified;
+    int bf16; /* its tensor's dtype is bf16 (checkpoint.export_dtype): 2 bytes per element */
 } piece;
 
 /* R for a file name "rank-RRRRR<ext>" (five or more digits, as the writer names them), else -1. */
@@ -728,12 +735,13 @@ static ct_status check_fields(json_t *root, const char *path) {
     json_t *t;
     json_object_foreach(json_object_get(root, "tensors"), name, t) {
         json_t *dt = json_object_get(t, "dtype");
-        if (!json_is_object(t) || !json_is_string(dt) || strcmp(json_string_value(dt), "f32")) {
+        if (!json_is_object(t) || !json_is_string(dt) ||
+            (strcmp(json_string_value(dt), "f32") && strcmp(json_string_value(dt), "bf16"))) {
             char shown[201]; /* the name as it can be printed on one line */
             size_t k = 0;
             for (; name[k] && k < 200; k++) shown[k] = (unsigned char)name[k] < 0x20 ? '?' : name[k];
             shown[k] = 0;
-            return ct_fail(CT_ERR_INVALID, "%s: tensors.%s.dtype must be \"f32\"", path, shown);
+            return ct_fail(CT_ERR_INVALID, "%s: tensors.%s.dtype must be \"f32\" or \"bf16\"", path, shown);
         }
     }
     return CT_OK;
@@ -771,7 +779,8 @@ static ct_status parse_pieces(json_t *root, const char *path, piece **out, size_
                  json_integer_value(bo) >= 0 && json_integer_value(bo) < ((int64_t)1 << 50);
         if (ok) {
             p->b.ndim = n1;
-            ok = box_numel_ok(&p->b) && json_integer_value(by) == (json_int_t)(box_numel(&p->b) * 4);
+            p->bf16 = !strcmp(json_string_value(json_object_get(tt, "dtype")), "bf16");
+            ok = box_numel_ok(&p->b) && json_integer_value(by) == (json_int_t)(box_numel(&p->b) * (p->bf16 ? 2 : 4));
             for (int d = 0; ok && d < n1; d++) ok = p->b.off[d] + p->b.len[d] <= shape[d];
         }
         if (!ok) {
@@ -945,6 +954,18 @@ static ct_status piece_read(ckpt_reader *r, const piece *p, const char *name) {
                        fpath, name, p->bytes, p->byte_offset);
     if (fnv1a(r->buf, (size_t)p->bytes, 1469598103934665603ull) != p->sum)
         return ct_fail(CT_ERR_INVALID, "%s: checksum mismatch in %s: the checkpoint is corrupt", fpath, name);
+    if (p->bf16) { /* widened to f32 in place, from the last element down (the f32s outgrow the bf16s) */
+        int64_t n = p->bytes / 2;
+        float *grown = realloc(r->buf, sizeof(float) * (size_t)(n ? n : 1));
+        if (!grown) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", r->path);
+        r->buf = grown;
+        const uint16_t *h = (const uint16_t *)r->buf;
+        for (int64_t j = n - 1; j >= 0; j--) {
+            uint32_t u = (uint32_t)h[j] << 16;
+            memcpy(&r->buf[j], &u, 4);
+        }
+        return tf_check_finite_data(r->buf, n, fpath, name) != CT_OK ? CT_ERR_INVALID : CT_OK;
+    }
     if (tf_check_finite_data(r->buf, p->bytes / 4, fpath, name) != CT_OK) return CT_ERR_INVALID;
     return CT_OK;
 }
