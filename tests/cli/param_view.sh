@@ -5,7 +5,8 @@
 # must follow them. tests/plugins/param_view.c (built here with the SDK headers alone) on one rank
 # is bit-identical with and without the views, and FSDP 2 (both reshard policies), HSDP 2x2, ZeRO-2,
 # PP 2 and PP 2 x FSDP 2 follow the one-rank curve within 1e-6. Its q_norm is a QK-norm over head-split
-# activations: under TP (below) its gradient must be summed over tp or the start refused.
+# activations: under TP (below) its gradient must be summed over tp or the start refused. With
+# model.double_by=custom its block runs a custom op of its own on the builder's device (ABI 2.12).
 set -u
 STEPS=${STEPS:-8}
 . tests/cli/lib/layouts.sh
@@ -26,6 +27,17 @@ pp=(--parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_mic
 run pp2 2 --training.local_batch_size=8 "${pp[@]}"
 run pp2_fsdp2 4 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 "${pp[@]}"
 for r in fsdp2 fsdp2_never hsdp2x2 zero2 pp2 pp2_fsdp2; do compare single $r "$STEPS" || exit 1; done
+
+# A pack's own custom op on the device the builder hands it (ABI 2.12, ct_builder.device): doubling the
+# block's branch with it is bit-identical to the builder's add (y + y) on one rank, and follows it
+# under FSDP 2 and TP 2.
+run single_add 1 --training.local_batch_size=8 "${pv[@]}" --model.double_by=add
+run single_custom 1 --training.local_batch_size=8 "${pv[@]}" --model.double_by=custom
+CURVE_TOL=0 same_curve "one rank: the pack's custom op on the builder's device vs the builder's add (bit-identical)" \
+  "$T/single_add/metrics.jsonl" "$T/single_custom/metrics.jsonl" "$STEPS" || exit 1
+run fsdp2_custom 2 "${fs[@]}" --model.double_by=custom
+run tp2_custom 2 --training.local_batch_size=8 --parallelism.tensor_parallel_degree=2 "${pv[@]}" --model.double_by=custom
+for r in fsdp2_custom tp2_custom; do compare single_custom $r "$STEPS" || exit 1; done
 
 # Tensor parallel: q_norm meets head-split q, so each rank's gradient is partial. With
 # CT_TP_REPLICATED_PARTIAL it is summed over tp (with and without sequence parallel; also the

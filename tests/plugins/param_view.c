@@ -9,9 +9,15 @@
  * plan: `partial` (CT_TP_REPLICATED_PARTIAL, right), `none` (no rule: its gradient would be partial
  * over tp, which tensor parallel must refuse) or `sequence_parallel` (summed only under SP).
  *
+ * `double_by` doubles the block's branch before it joins the stream: `none` (the default) does not,
+ * `add` with the builder's add (y + y), `custom` with a custom op of the pack's own that runs on the
+ * device the builder hands it (ABI 2.12, ct_builder.device): forward 2y, backward dx += 2 dy, the
+ * same bits as add's.
+ *
  * Under FSDP the block's parameters are gathered anew for its backward, so a view that kept the
  * forward's data address reads a buffer the gather gave back. */
 #include "ctitan/abi.h"
+#include "ctitan/device.h"
 #include "ctitan/model.h"
 
 #include <stdlib.h>
@@ -20,6 +26,7 @@
 typedef struct ct_model {
     const ct_host *host;
     int view;
+    const char *double_by;
     ct_tp_rule plan[8];
     ct_tensor *wte, *norm, *wq, *q_norm, *wo, *head;
 } pview;
@@ -28,6 +35,8 @@ static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "view", CT_OPT_BOOL, "true", "the norms read their weights through views", NULL, NULL},
     {sizeof(ct_option_spec), "q_norm_style", CT_OPT_STRING, "partial", "q_norm's tensor-parallel rule", NULL,
      "partial|none|sequence_parallel"},
+    {sizeof(ct_option_spec), "double_by", CT_OPT_STRING, "none", "how the block's branch is doubled", NULL,
+     "none|add|custom"},
     {0},
 };
 
@@ -40,6 +49,7 @@ static ct_status p_create(const ct_host *h, const ct_model_config *cfg, ct_model
     if (!m) return CT_ERR_NOMEM;
     m->host = h;
     if (h->opt_bool(h, "view", &m->view) != CT_OK) m->view = 1;
+    if (h->opt_string(h, "double_by", &m->double_by) != CT_OK || !m->double_by) m->double_by = "none";
     if (h->opt_string(h, "q_norm_style", &style) != CT_OK || !style) style = "partial";
     ct_tp_rule plan[] = {
         {"wte.weight", CT_TP_EMBED_ROWWISE},    {"block.norm.weight", CT_TP_SEQUENCE_PARALLEL},
@@ -93,6 +103,50 @@ static ct_tensor *norm_weight(pview *m, ct_builder *b, ct_tensor *w) {
     return m->view ? b->view(b, w, 1, n) : w;
 }
 
+/* The custom op: out = 2 in, on the builder's device (a pack has no strategy environment). */
+static ct_status dev_of(ct_builder *b, const ct_device_api **d, ct_device **dev) {
+    if (!CT_HAS_FIELD(b, ct_builder, device) || !b->device) return CT_ERR_UNSUPPORTED;
+    return b->device(b, d, dev);
+}
+
+static ct_status double_fwd(ct_builder *b, void *state, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
+    (void)state, (void)n_in, (void)n_out;
+    const ct_device_api *d;
+    ct_device *dev;
+    ct_status st = dev_of(b, &d, &dev);
+    if (st != CT_OK) return st;
+    if (!(out[0] = b->new_tensor(b, CT_F32, in[0]->ndim, in[0]->shape))) return CT_ERR_NOMEM;
+    int64_t n = ct_tensor_numel(in[0]);
+    if ((st = d->zero(dev, out[0]->data, sizeof(float) * (size_t)n)) != CT_OK) return st;
+    return d->axpy(dev, out[0]->data, in[0]->data, 2.0f, n);
+}
+
+static ct_status double_bwd(ct_builder *b, void *state, ct_tensor *const *in, int n_in, ct_tensor *const *out,
+                            const float *const *dy, int n_out, int halves) {
+    (void)state, (void)n_in, (void)out, (void)n_out;
+    const ct_device_api *d;
+    ct_device *dev;
+    ct_status st = dev_of(b, &d, &dev);
+    if (st != CT_OK || !dy[0] || !(halves & CT_GRAD_INPUT)) return st;
+    float *g = b->grad(b, in[0]);
+    return g ? d->axpy(dev, g, dy[0], 2.0f, ct_tensor_numel(in[0])) : CT_ERR_NOMEM;
+}
+
+static ct_status double_plan(ct_builder *b, void *state, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out,
+                             ct_op_cost *cost) {
+    (void)state, (void)n_in, (void)n_out, (void)cost;
+    return (out[0] = b->new_tensor(b, CT_F32, in[0]->ndim, in[0]->shape)) ? CT_OK : CT_ERR_NOMEM;
+}
+
+static const ct_custom_op double_op = {sizeof(ct_custom_op), "pview_double", double_fwd, double_bwd, double_plan};
+
+static ct_tensor *doubled(pview *m, ct_builder *b, ct_tensor *y) {
+    if (!strcmp(m->double_by, "add")) return b->add(b, y, y);
+    if (strcmp(m->double_by, "custom")) return y;
+    ct_tensor *out = NULL;
+    return b->custom(b, &double_op, NULL, 0, &y, 1, &out, 1) == CT_OK ? out : NULL;
+}
+
 static ct_tensor *block(pview *m, ct_builder *b, ct_tensor *x) {
     ct_tensor *g = norm_weight(m, b, m->norm), *h = g ? b->rmsnorm(b, x, g, 1e-5f) : NULL;
     ct_tensor *q = h ? b->linear(b, h, m->wq) : NULL; /* under tp: this rank's heads */
@@ -102,6 +156,7 @@ static ct_tensor *block(pview *m, ct_builder *b, ct_tensor *x) {
     ct_tensor *qn = qh && qg ? b->rmsnorm(b, qh, qg, 1e-5f) : NULL;
     ct_tensor *back = qn ? b->view(b, qn, q->ndim, q->shape) : NULL;
     ct_tensor *y = back ? b->linear(b, back, m->wo) : NULL;
+    y = y ? doubled(m, b, y) : NULL;
     return y ? b->add(b, x, y) : NULL;
 }
 
