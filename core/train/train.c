@@ -350,7 +350,7 @@ static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig 
  * failed. */
 static ct_status stop_after(session *s, ckpt_plan *ck, run_log *lg, int sig, int64_t step) {
     int saved = ck->enable;
-    if (ckpt_save_now(s, ck, step)) {
+    if (ckpt_save_now(s, ck, step) != CT_OK) {
         fprintf(stderr, "ctitan: stopped by %s after step %lld, but the checkpoint failed: %s\n", signal_name(sig),
                 (long long)step, ct_last_error());
         return CT_ERR_IO;
@@ -671,7 +671,10 @@ static ct_status train_start(train_run *r) {
     compile_setup(r->s, r->mf);
     r->t_log = ct_now();
     r->warmup_steps = r->steps > 2 ? 2 : r->steps > 1 ? 1 : 0;
-    if (ckpt_begin(r->s, r->mf, r->dump, &r->ck)) return CT_ERR_INVALID;
+    if (ckpt_begin(r->s, r->mf, r->dump, &r->ck) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        return CT_ERR_INVALID;
+    }
     /* whole compute copies (ZeRO) follow what local storage now holds, loaded or initialised */
     if (session_post_step(r->s) != CT_OK) {
         fprintf(stderr, "ctitan: parallelism: post_step: %s\n", ct_last_error());
@@ -878,7 +881,7 @@ static step_next train_step(train_run *r, int64_t step) {
     if (r->val_on && (step == 1 || step % r->val_freq == 0) && validate(r, step)) return STEP_FAILED;
     r->ck.state.step = step;
     r->ck.state.data_position = r->dl.position;
-    if (ckpt_step(s, &r->ck, step, r->steps)) return STEP_FAILED;
+    if (ckpt_step(s, &r->ck, step, r->steps) != CT_OK) return STEP_FAILED;
     if (!stop) return STEP_GO_ON;
     r->status = stop_after(s, &r->ck, &r->lg, stop, step);
     r->stop_signal = r->status == CT_OK ? stop : 0;
@@ -930,7 +933,7 @@ static void train_summary_print(train_run *r) {
 static step_next train_finish(train_run *r) {
     session *s = r->s;
     char path[4096];
-    if (ckpt_end(s, &r->ck, r->steps)) return STEP_FAILED;
+    if (ckpt_end(s, &r->ck, r->steps) != CT_OK) return STEP_FAILED;
     /* a stop signal in the last step or the final saves: the run is complete; the model is saved, the
      * sample and traces are skipped. From here a signal ends the process at once. */
     int late = 0;
@@ -1045,7 +1048,12 @@ static ct_status seed_checkpoint_write(session *s, manifest *mf) {
         }
     }
     if (world_max(s, bad, &bad)) return CT_ERR_INTERNAL;
-    return bad ? CT_ERR_INVALID : ckpt_seed(s, mf, dump) ? CT_ERR_IO : CT_OK;
+    if (bad) return CT_ERR_INVALID;
+    if (ckpt_seed(s, mf, dump) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        return CT_ERR_IO;
+    }
+    return CT_OK;
 }
 
 /* The end-of-run sample: optional, so its failure is a warning; the training stands. */
