@@ -109,18 +109,19 @@ typedef struct ckpt_plan {
     int finished; /* the newest checkpoint is at training.steps: nothing to train, nothing to save */
 } ckpt_plan;
 
-/* Reads the checkpoint section and resumes from the newest checkpoint (or initial_load_path).
- * Prints one error line and returns -1 on failure. */
-int ckpt_begin(session *s, const manifest *mf, const char *dump_folder, ckpt_plan *ck);
+/* The training loop's side returns CT_OK, or the status of what failed with one line set (nothing
+ * printed; the loop prints it after "ctitan: "). */
+/* Reads the checkpoint section and resumes from the newest checkpoint (or initial_load_path). */
+ct_status ckpt_begin(session *s, const manifest *mf, const char *dump_folder, ckpt_plan *ck);
 /* After step `step`: a periodic save when due (and completes an async save in flight). */
-int ckpt_step(session *s, ckpt_plan *ck, int64_t step, int64_t last_step);
+ct_status ckpt_step(session *s, ckpt_plan *ck, int64_t step, int64_t last_step);
 /* After the loop: completes any async save, then the final save. */
-int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step);
+ct_status ckpt_end(session *s, ckpt_plan *ck, int64_t last_step);
 /* A stop before the last step: a full, resumable save of `step` now (unless the periodic save of this
- * step was just made), with any async save committed. 0 when checkpoints are off. */
-int ckpt_save_now(session *s, ckpt_plan *ck, int64_t step);
+ * step was just made), with any async save committed. CT_OK when checkpoints are off. */
+ct_status ckpt_save_now(session *s, ckpt_plan *ck, int64_t step);
 /* `checkpoint.create_seed_checkpoint`: saves step-0 (model only) and returns. */
-int ckpt_seed(session *s, const manifest *mf, const char *dump_folder);
+ct_status ckpt_seed(session *s, const manifest *mf, const char *dump_folder);
 /* generate: the model of the file it loads (path: a model file, step or checkpoint folder) into the
  * manifest, as mdesc_apply (model_desc.h) without comparing the flavor. CT_OK also when the file has
  * no description or does not exist (the load reports that); CT_ERR_INVALID after one error line. */

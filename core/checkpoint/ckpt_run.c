@@ -269,96 +269,83 @@ static ct_status config_allowed(const manifest *mf, const char *dir, const ckpt_
 
 /* pick_resume's step folder dir (at step model_step) holds the model only (a final save under
  * last_save_model_only): with checkpoint.load_step naming it, an error; else the newest full-state
- * save below it, in dir (1), or none: a fresh start (0). -1 after printing an error line. */
-static int resume_full_below(session *s, const manifest *mf, ckpt_plan *ck, int64_t load_step, int64_t model_step,
-                             char *dir, size_t len) {
+ * save below it, in dir (*found 1), or none: a fresh start (*found 0). CT_OK, or a status with the
+ * error line set. The loading functions below set lines the training loop prints after "ctitan: ". */
+static ct_status resume_full_below(session *s, const manifest *mf, ckpt_plan *ck, int64_t load_step,
+                                   int64_t model_step, char *dir, size_t len, int *found) {
     char where[600];
+    *found = 0;
     if (load_step >= 0) {
         int64_t full = ckpt_latest_full(ck->folder, INT64_MAX);
         mf_where(mf, "checkpoint.load_step", where, sizeof where);
         char alt[64] = "none is here";
         if (full >= 0) snprintf(alt, sizeof alt, "step-%" PRId64 " has it", full);
-        fprintf(stderr, "ctitan: %s: %s holds the model only (a final save under checkpoint.last_save_model_only); "
-                        "resuming needs the optimizer and train state (%s): set checkpoint.load_step to a full save, or "
-                        "load it as checkpoint.initial_load_path into a new job.dump_folder\n",
-                where, dir, alt);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: %s holds the model only (a final save under checkpoint.last_save_model_only); "
+                       "resuming needs the optimizer and train state (%s): set checkpoint.load_step to a full save, or "
+                       "load it as checkpoint.initial_load_path into a new job.dump_folder", where, dir, alt);
     }
     int64_t full = ckpt_latest_full(ck->folder, model_step);
     if (full < 0) { /* training from step 0 again would overwrite the finished run's model.ctt */
         mf_where(mf, "training.steps", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: %s holds the model only (checkpoint.last_save_model_only: true) and no save in "
-                        "%s holds the optimizer and train state, so the run cannot continue where it stopped: to train "
-                        "on from these weights, start a new job.dump_folder with checkpoint.initial_load_path: %s and "
-                        "checkpoint.initial_load_model_only: true; to make a run continuable, set "
-                        "checkpoint.last_save_model_only: false\n", where, dir, ck->folder, dir);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: %s holds the model only (checkpoint.last_save_model_only: true) and no save "
+                       "in %s holds the optimizer and train state, so the run cannot continue where it stopped: to "
+                       "train on from these weights, start a new job.dump_folder with checkpoint.initial_load_path: %s "
+                       "and checkpoint.initial_load_model_only: true; to make a run continuable, set "
+                       "checkpoint.last_save_model_only: false", where, dir, ck->folder, dir);
     }
     printf("checkpoint: %s holds the model only (checkpoint.last_save_model_only); resuming from step-%" PRId64
            ", the newest save with the full training state (steps %" PRId64 "-%" PRId64 " are trained again)\n",
            dir, full, full + 1, model_step);
-    if (snprintf(dir, len, "%s/step-%" PRId64, ck->folder, full) >= (int)len) return -1; /* fit above: shorter */
+    if (snprintf(dir, len, "%s/step-%" PRId64, ck->folder, full) >= (int)len) /* fit above: shorter */
+        return ct_fail(CT_ERR_INTERNAL, "checkpoint: %s: path too long", ck->folder);
     ckpt_info info;
-    if (ckpt_inspect(s, dir, 1, &info) != CT_OK) {
-        fprintf(stderr, "ctitan: checkpoint: %s\n", ct_last_error());
-        return -1;
-    }
-    if (config_allowed(mf, dir, &info) != CT_OK) {
-        fprintf(stderr, "ctitan: %s\n", ct_last_error());
-        return -1;
-    }
-    return 1;
+    ct_status st = ckpt_inspect(s, dir, 1, &info);
+    if (st != CT_OK) return ct_fail(st, "checkpoint: %s", ct_last_error());
+    if ((st = config_allowed(mf, dir, &info)) != CT_OK) return st;
+    *found = 1;
+    return CT_OK;
 }
 
 /* Picks the step folder a run resumes from (checkpoint.load_step, else the newest) and checks it:
- * 1 and its path in dir (2: a seed checkpoint, the model only), 0 when there is none (a fresh
- * start), -1 after printing an error line.
+ * *found 1 and its path in dir (2: a seed checkpoint, the model only), 0 when there is none (a fresh
+ * start). CT_OK, or a status with the error line set.
  * A checkpoint at training.steps means the run already finished (ck->finished: its model is loaded,
  * for the end-of-run sample, and nothing is trained or written). A model-only save (the final save
  * under last_save_model_only) cannot resume training: the newest full-state one below it does. */
-static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t load_step, char *dir, size_t len) {
+static ct_status pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t load_step, char *dir, size_t len,
+                             int *found) {
     char where[600];
     int64_t steps_total, step = load_step;
+    ct_status st;
+    *found = 0;
     mf_get_int(mf, "training.steps", &steps_total);
     if (load_step < 0) {
         int64_t *steps;
         int n;
-        if (ckpt_steps(ck->folder, s->rank == 0, &steps, &n) != CT_OK) {
-            fprintf(stderr, "ctitan: checkpoint: %s\n", ct_last_error());
-            return -1;
-        }
+        if ((st = ckpt_steps(ck->folder, s->rank == 0, &steps, &n)) != CT_OK)
+            return ct_fail(st, "checkpoint: %s", ct_last_error());
         step = n > 0 ? steps[0] : -1;
         free(steps);
-        if (step < 0) return 0;
+        if (step < 0) return CT_OK;
     }
-    if (snprintf(dir, len, "%s/step-%" PRId64, ck->folder, step) >= (int)len) {
-        fprintf(stderr, "ctitan: checkpoint: %s: path too long\n", ck->folder);
-        return -1;
-    }
+    if (snprintf(dir, len, "%s/step-%" PRId64, ck->folder, step) >= (int)len)
+        return ct_fail(CT_ERR_INVALID, "checkpoint: %s: path too long", ck->folder);
     ckpt_info info;
-    if (ckpt_inspect(s, dir, 1, &info) != CT_OK) {
-        if (load_step >= 0) {
-            mf_where(mf, "checkpoint.load_step", where, sizeof where);
-            fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
-        } else fprintf(stderr, "ctitan: checkpoint: %s\n", ct_last_error());
-        return -1;
+    if ((st = ckpt_inspect(s, dir, 1, &info)) != CT_OK) {
+        if (load_step < 0) return ct_fail(st, "checkpoint: %s", ct_last_error());
+        mf_where(mf, "checkpoint.load_step", where, sizeof where);
+        return ct_fail(st, "%s: %s", where, ct_last_error());
     }
-    if (config_allowed(mf, dir, &info) != CT_OK) {
-        fprintf(stderr, "ctitan: %s\n", ct_last_error());
-        return -1;
-    }
+    if ((st = config_allowed(mf, dir, &info)) != CT_OK) return st;
     if (info.step > steps_total) {
         mf_where(mf, "training.steps", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: checkpoint %s is at step %" PRId64 ", past training.steps %" PRId64 ": raise "
-                        "training.steps, or resume from an earlier step with checkpoint.load_step\n",
-                where, dir, info.step, steps_total);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: checkpoint %s is at step %" PRId64 ", past training.steps %" PRId64 ": "
+                       "raise training.steps, or resume from an earlier step with checkpoint.load_step", where, dir,
+                       info.step, steps_total);
     }
     if (info.step == steps_total && steps_total > 0) {
-        if (ckpt_load(s, dir, CKPT_MODEL, &info.state, &info.has_state) != CT_OK) {
-            fprintf(stderr, "ctitan: checkpoint: %s\n", ct_last_error());
-            return -1;
-        }
+        if ((st = ckpt_load(s, dir, CKPT_MODEL, &info.state, &info.has_state)) != CT_OK)
+            return ct_fail(st, "checkpoint: %s", ct_last_error());
         int64_t full = info.has_state ? info.step : ckpt_latest_full(ck->folder, info.step);
         char from[160] = "";
         if (full >= 0 && full < info.step)
@@ -373,23 +360,30 @@ static int pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t lo
                    "training.steps to train further%s\n", info.step, dir, from);
         ck->state.step = info.step;
         ck->finished = 1;
-        return 1;
+        *found = 1;
+        return CT_OK;
     }
-    if (info.has_state) return 1;
-    if (info.step == 0) return 2; /* a seed checkpoint (create_seed_checkpoint): the model, then step 1 */
-    return resume_full_below(s, mf, ck, load_step, info.step, dir, len);
+    if (info.has_state) {
+        *found = 1;
+        return CT_OK;
+    }
+    if (info.step == 0) { /* a seed checkpoint (create_seed_checkpoint): the model, then step 1 */
+        *found = 2;
+        return CT_OK;
+    }
+    return resume_full_below(s, mf, ck, load_step, info.step, dir, len, found);
 }
 
-/* An initial load's error (the one set), at the line that set checkpoint.initial_load_path. Returns -1. */
-static int initial_load_fail(const manifest *mf) {
+/* An initial load's error (the one set), at the line that set checkpoint.initial_load_path. Returns st. */
+static ct_status initial_load_fail(const manifest *mf, ct_status st) {
     char where[600];
     mf_where(mf, "checkpoint.initial_load_path", where, sizeof where);
-    fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
-    return -1;
+    return ct_fail(st, "%s: %s", where, ct_last_error());
 }
 
-/* checkpoint.exclude_from_loading: 0 when every item is one we know, else -1 after an error line. */
-static int exclude_list_check(const manifest *mf, const char *exclude) {
+/* checkpoint.exclude_from_loading: CT_OK when every item is one we know, else CT_ERR_INVALID with the
+ * line set. */
+static ct_status exclude_list_check(const manifest *mf, const char *exclude) {
     char where[600];
     const char *bad_item = NULL;
     for (const char *p = exclude; *p;) {
@@ -404,16 +398,16 @@ static int exclude_list_check(const manifest *mf, const char *exclude) {
         }
         p += len;
     }
-    if (!bad_item) return 0;
+    if (!bad_item) return CT_OK;
     mf_where(mf, "checkpoint.exclude_from_loading", where, sizeof where);
-    fprintf(stderr, "ctitan: %s: expected a list of optimizer, lr_scheduler, dataloader; got '%s'\n", where, exclude);
-    return -1;
+    return ct_fail(CT_ERR_INVALID, "%s: expected a list of optimizer, lr_scheduler, dataloader; got '%s'", where,
+                   exclude);
 }
 
 /* The checkpoint keys into a fresh ck, checked; load_step and exclude_from_loading for the caller.
- * 0, or -1 after an error line. */
-static int ckpt_settings_read(session *s, const manifest *mf, const char *dump, ckpt_plan *ck, int64_t *load_step,
-                              const char **exclude) {
+ * CT_OK, or CT_ERR_INVALID with the line set. */
+static ct_status ckpt_settings_read(session *s, const manifest *mf, const char *dump, ckpt_plan *ck,
+                                    int64_t *load_step, const char **exclude) {
     char where[600];
     const char *folder, *mode, *dtype;
     memset(ck, 0, sizeof *ck);
@@ -434,21 +428,18 @@ static int ckpt_settings_read(session *s, const manifest *mf, const char *dump, 
     snprintf(ck->folder, sizeof ck->folder, "%s/%s", dump, folder);
     if (strcmp(mode, "disabled") && strcmp(mode, "async")) {
         mf_where(mf, "checkpoint.async_mode", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: expected disabled or async, got '%s'\n", where, mode);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: expected disabled or async, got '%s'", where, mode);
     }
     ck->async = !strcmp(mode, "async");
     if (strcmp(dtype, "float32") && strcmp(dtype, "bfloat16")) {
         mf_where(mf, "checkpoint.export_dtype", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: expected float32 or bfloat16, got '%s'\n", where, dtype);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: expected float32 or bfloat16, got '%s'", where, dtype);
     }
     ck->export_bf16 = !strcmp(dtype, "bfloat16");
     if (ck->interval < 1 || ck->keep < 0 || (ck->keep == 1 && ck->async)) {
         mf_where(mf, ck->interval < 1 ? "checkpoint.interval" : "checkpoint.keep_latest_k", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: need interval >= 1 and keep_latest_k 0 or >= 2 with async saves (the newest may "
-                        "still be writing), >= 1 otherwise\n", where);
-        return -1;
+        return ct_fail(CT_ERR_INVALID, "%s: need interval >= 1 and keep_latest_k 0 or >= 2 with async saves (the "
+                       "newest may still be writing), >= 1 otherwise", where);
     }
     return exclude_list_check(mf, *exclude);
 }
@@ -466,11 +457,14 @@ const char *ckpt_hf_folder(const char *path, char *buf, size_t len) {
 }
 
 /* checkpoint.initial_load_path, when the run's own folder gave nothing: a Hugging Face model or a
- * model-only load is done here (0); a full checkpoint is checked like a resume and left in dir for
- * the caller to load (1). 0 too when no initial load is set; -1 after an error line. */
-static int initial_load(session *s, const manifest *mf, char *dir, size_t len) {
+ * model-only load is done here (*found 0); a full checkpoint is checked like a resume and left in dir
+ * for the caller to load (*found 1). *found 0 too when no initial load is set. CT_OK, or a status with
+ * the line set. */
+static ct_status initial_load(session *s, const manifest *mf, char *dir, size_t len, int *found) {
     const char *initial;
-    if (mf_get_str(mf, "checkpoint.initial_load_path", &initial)) return 0;
+    ct_status st;
+    *found = 0;
+    if (mf_get_str(mf, "checkpoint.initial_load_path", &initial)) return CT_OK;
     int model_only, in_hf;
     mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
     mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
@@ -479,38 +473,38 @@ static int initial_load(session *s, const manifest *mf, char *dir, size_t len) {
         const char *hf = ckpt_hf_folder(initial, beside, sizeof beside);
         if (hf != initial && s->rank == 0)
             printf("checkpoint: %s holds no config.json: loading the Hugging Face export beside it, %s\n", initial, hf);
-        if (load_hf(s, hf) != CT_OK) return initial_load_fail(mf);
+        if ((st = load_hf(s, hf)) != CT_OK) return initial_load_fail(mf, st);
         printf("checkpoint: loaded the Hugging Face model %s\n", hf);
-        return 0;
+        return CT_OK;
     }
     struct stat sb;
     if (stat(initial, &sb) == 0 && !S_ISDIR(sb.st_mode)) { /* a model file (model.ctt): the model only */
-        if (session_load_model(s, initial) != CT_OK) return initial_load_fail(mf);
+        if ((st = session_load_model(s, initial)) != CT_OK) return initial_load_fail(mf, st);
         printf("checkpoint: loaded the model file %s\n", initial);
-        return 0;
+        return CT_OK;
     }
-    if (resolve_step_dir(initial, dir, len) != CT_OK) return initial_load_fail(mf);
+    if ((st = resolve_step_dir(initial, dir, len)) != CT_OK) return initial_load_fail(mf, st);
     if (model_only) {
-        if (load_model_checked(s, dir) != CT_OK) return initial_load_fail(mf);
+        if ((st = load_model_checked(s, dir)) != CT_OK) return initial_load_fail(mf, st);
         printf("checkpoint: loaded %s (model)\n", dir);
-        return 0;
+        return CT_OK;
     }
     ckpt_info info; /* a full initial load continues another run: the same checks as a resume */
-    if (ckpt_inspect(s, dir, 1, &info) != CT_OK || config_allowed(mf, dir, &info) != CT_OK)
-        return initial_load_fail(mf);
-    return 1;
+    if ((st = ckpt_inspect(s, dir, 1, &info)) != CT_OK || (st = config_allowed(mf, dir, &info)) != CT_OK)
+        return initial_load_fail(mf, st);
+    *found = 1;
+    return CT_OK;
 }
 
 /* Loads what of dir (CKPT_* bits) the exclusions leave and, with want_state, the train state the
- * run goes on from. 0, or -1 after an error line. */
-static int resume_load(session *s, ckpt_plan *ck, const char *dir, int what, int want_state, const char *exclude) {
+ * run goes on from. CT_OK, or ckpt_load's status with the line set. */
+static ct_status resume_load(session *s, ckpt_plan *ck, const char *dir, int what, int want_state,
+                             const char *exclude) {
     if (excluded(exclude, "optimizer")) what &= ~CKPT_OPTIMIZER;
     ckpt_train_state st;
     int has_state = 0;
-    if (ckpt_load(s, dir, what, &st, &has_state) != CT_OK) {
-        fprintf(stderr, "ctitan: checkpoint: %s\n", ct_last_error());
-        return -1;
-    }
+    ct_status rc = ckpt_load(s, dir, what, &st, &has_state);
+    if (rc != CT_OK) return ct_fail(rc, "checkpoint: %s", ct_last_error());
     if (want_state && has_state) {
         ck->state.step = st.step;
         ck->state.tokens_seen = st.tokens_seen;
@@ -521,28 +515,27 @@ static int resume_load(session *s, ckpt_plan *ck, const char *dir, int what, int
     printf("checkpoint: loaded %s (%s%s), resuming after step %" PRId64 "\n", dir,
            what & CKPT_OPTIMIZER ? "model and optimizer" : "model", want_state && has_state ? ", train state" : "",
            ck->state.step);
-    return 0;
+    return CT_OK;
 }
 
-int ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) {
+ct_status ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) {
     int64_t load_step;
     const char *exclude;
-    if (ckpt_settings_read(s, mf, dump, ck, &load_step, &exclude)) return -1;
+    ct_status st = ckpt_settings_read(s, mf, dump, ck, &load_step, &exclude);
+    if (st != CT_OK) return st;
     /* resume from the run's own folder first, else the initial load */
     char dir[PATH_MAX];
     int found = 0, what = CKPT_MODEL | CKPT_OPTIMIZER, want_state = 1;
     if (ck->enable) {
-        int rc = pick_resume(s, mf, ck, load_step, dir, sizeof dir);
-        if (rc < 0) return -1;
-        if (ck->finished) return 0;
-        found = rc > 0;
-        if (rc == 2) { /* a seed checkpoint: the model only */
+        if ((st = pick_resume(s, mf, ck, load_step, dir, sizeof dir, &found)) != CT_OK) return st;
+        if (ck->finished) return CT_OK;
+        if (found == 2) { /* a seed checkpoint: the model only */
             what = CKPT_MODEL;
             want_state = 0;
         }
     }
-    if (!found) found = initial_load(s, mf, dir, sizeof dir);
-    if (found <= 0) return found;
+    if (!found && (st = initial_load(s, mf, dir, sizeof dir, &found)) != CT_OK) return st;
+    if (!found) return CT_OK;
     return resume_load(s, ck, dir, what, want_state, exclude);
 }
 
@@ -553,37 +546,36 @@ static void *write_thread(void *arg) {
     return NULL;
 }
 
-/* Completes the async save in flight: join the writer, then the collective commit. */
-static int finish_pending(session *s, ckpt_plan *ck) {
-    if (!ck->pending) return 0;
+/* Completes the async save in flight: join the writer, then the collective commit. CT_OK, or
+ * ckpt_commit's status with "checkpoint: ..." set. */
+static ct_status finish_pending(session *s, ckpt_plan *ck) {
+    if (!ck->pending) return CT_OK;
     pthread_join(ck->thread, NULL);
     ck->pending = 0;
     ckpt_snapshot_free(ck->snap);
     ck->snap = NULL;
     /* the writer's own message, if it failed (ckpt_commit adds one only for another rank's failure) */
     if (!ck->pending_ok) ct_set_error("%s", ck->pending_err);
-    if (ckpt_commit(s, ck->folder, ck->pending_step, &ck->pending_state, ck->pending_ok) != CT_OK) {
-        ct_set_error("checkpoint: %s", ct_last_error());
-        return -1;
-    }
+    ct_status st = ckpt_commit(s, ck->folder, ck->pending_step, &ck->pending_state, ck->pending_ok);
+    if (st != CT_OK) return ct_fail(st, "checkpoint: %s", ct_last_error());
     if (s->rank == 0) ckpt_purge(ck->folder, ck->keep);
-    return 0;
+    return CT_OK;
 }
 
-static int save(session *s, ckpt_plan *ck, int64_t step, int what, int export_bf16, int with_state) {
-    if (finish_pending(s, ck)) return -1;
+/* One save of `what` at step (async: taken now, written by a thread). CT_OK, or the status of what
+ * failed with "checkpoint: ..." set. */
+static ct_status save(session *s, ckpt_plan *ck, int64_t step, int what, int export_bf16, int with_state) {
+    ct_status st = finish_pending(s, ck);
+    if (st != CT_OK) return st;
     if (!ck->async) {
-        if (ckpt_save(s, ck->folder, step, with_state ? &ck->state : NULL, what, export_bf16) != CT_OK) {
-            ct_set_error("checkpoint: %s", ct_last_error());
-            return -1;
-        }
+        st = ckpt_save(s, ck->folder, step, with_state ? &ck->state : NULL, what, export_bf16);
+        if (st != CT_OK) return ct_fail(st, "checkpoint: %s", ct_last_error());
         if (s->rank == 0) ckpt_purge(ck->folder, ck->keep);
-        return 0;
+        return CT_OK;
     }
-    if (ckpt_prepare(s, ck->folder, step) != CT_OK || !(ck->snap = ckpt_snapshot_take(s, what, export_bf16))) {
-        ct_set_error("checkpoint: %s", ct_last_error());
-        return -1;
-    }
+    if ((st = ckpt_prepare(s, ck->folder, step)) != CT_OK) return ct_fail(st, "checkpoint: %s", ct_last_error());
+    if (!(ck->snap = ckpt_snapshot_take(s, what, export_bf16)))
+        return ct_fail(CT_ERR_NOMEM, "checkpoint: %s", ct_last_error());
     snprintf(ck->pending_dir, sizeof ck->pending_dir, "%s/step-%" PRId64 ".tmp", ck->folder, step);
     ck->pending_step = step;
     ck->pending_state = ck->state;
@@ -593,57 +585,52 @@ static int save(session *s, ckpt_plan *ck, int64_t step, int what, int export_bf
         ck->pending = 0;
         ckpt_snapshot_free(ck->snap);
         ck->snap = NULL;
-        if (ckpt_commit(s, ck->folder, step, &ck->state, ck->pending_ok) != CT_OK) {
-            ct_set_error("checkpoint: %s", ct_last_error());
-            return -1;
-        }
+        st = ckpt_commit(s, ck->folder, step, &ck->state, ck->pending_ok);
+        if (st != CT_OK) return ct_fail(st, "checkpoint: %s", ct_last_error());
     }
-    return 0;
+    return CT_OK;
 }
 
-int ckpt_step(session *s, ckpt_plan *ck, int64_t step, int64_t last_step) {
-    if (!ck->enable || ck->finished || step % ck->interval || step == last_step) return 0;
+ct_status ckpt_step(session *s, ckpt_plan *ck, int64_t step, int64_t last_step) {
+    if (!ck->enable || ck->finished || step % ck->interval || step == last_step) return CT_OK;
     return save(s, ck, step, CKPT_MODEL | CKPT_OPTIMIZER, 0, 1);
 }
 
-int ckpt_save_now(session *s, ckpt_plan *ck, int64_t step) {
-    if (!ck->enable) return 0;
-    int rc = 0;
-    if (step % ck->interval) rc = save(s, ck, step, CKPT_MODEL | CKPT_OPTIMIZER, 0, 1); /* else ckpt_step saved it */
-    if (finish_pending(s, ck)) rc = -1;
-    return rc;
+ct_status ckpt_save_now(session *s, ckpt_plan *ck, int64_t step) {
+    if (!ck->enable) return CT_OK;
+    ct_status st = CT_OK;
+    if (step % ck->interval) st = save(s, ck, step, CKPT_MODEL | CKPT_OPTIMIZER, 0, 1); /* else ckpt_step saved it */
+    ct_status pending = finish_pending(s, ck);
+    return st != CT_OK ? st : pending;
 }
 
-int ckpt_end(session *s, ckpt_plan *ck, int64_t last_step) {
-    if (!ck->enable || ck->finished) return 0;
-    int rc = 0;
+ct_status ckpt_end(session *s, ckpt_plan *ck, int64_t last_step) {
+    if (!ck->enable || ck->finished) return CT_OK;
+    ct_status st = CT_OK;
     if (ck->state.step == last_step && last_step > 0) {
         int model_only = ck->last_model_only;
-        rc = save(s, ck, last_step, model_only ? CKPT_MODEL : CKPT_MODEL | CKPT_OPTIMIZER,
-                  model_only && ck->export_bf16, !model_only);
+        st = save(s, ck, last_step, model_only ? CKPT_MODEL : CKPT_MODEL | CKPT_OPTIMIZER, model_only && ck->export_bf16,
+                  !model_only);
     }
-    if (finish_pending(s, ck)) rc = -1;
-    if (!rc && ck->last_in_hf && last_step > 0) {
+    ct_status pending = finish_pending(s, ck);
+    if (st == CT_OK) st = pending;
+    if (st == CT_OK && ck->last_in_hf && last_step > 0) {
         char dir[4200];
         snprintf(dir, sizeof dir, "%s/step-%" PRId64 "-hf", ck->folder, last_step);
-        if (save_hf(s, dir, ck->export_bf16) != CT_OK) {
-            ct_set_error("checkpoint: Hugging Face export: %s", ct_last_error());
-            return -1;
-        }
+        if ((st = save_hf(s, dir, ck->export_bf16)) != CT_OK)
+            return ct_fail(st, "checkpoint: Hugging Face export: %s", ct_last_error());
         printf("checkpoint: Hugging Face model written to %s\n", dir);
     }
-    return rc;
+    return st;
 }
 
-int ckpt_seed(session *s, const manifest *mf, const char *dump) {
+ct_status ckpt_seed(session *s, const manifest *mf, const char *dump) {
     const char *folder;
     char path[PATH_MAX];
     mf_get_str(mf, "checkpoint.folder", &folder);
     snprintf(path, sizeof path, "%s/%s", dump, folder);
-    if (ckpt_save(s, path, 0, NULL, CKPT_MODEL, 0) != CT_OK) {
-        fprintf(stderr, "ctitan: seed checkpoint: %s\n", ct_last_error());
-        return -1;
-    }
+    ct_status st = ckpt_save(s, path, 0, NULL, CKPT_MODEL, 0);
+    if (st != CT_OK) return ct_fail(st, "seed checkpoint: %s", ct_last_error());
     printf("checkpoint: seed checkpoint written to %s/step-0\n", path);
-    return 0;
+    return CT_OK;
 }

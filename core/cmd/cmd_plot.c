@@ -2,6 +2,7 @@
  * SVG surface for .svg, its image surface written as PNG for .png). */
 #include "cmd/cmd_plot.h"
 #include "engine/mesh.h"
+#include "base/error.h"
 
 #include <cairo/cairo-svg.h>
 #include <cairo/cairo.h>
@@ -193,16 +194,17 @@ static int point_cmp(const void *pa, const void *pb) {
     return a->seq < b->seq ? -1 : a->seq > b->seq;
 }
 
-static int point_add(plot_run *r, plot_point p) {
+/* CT_OK, or CT_ERR_NOMEM with nothing set (as before: the command says nothing more). */
+static ct_status point_add(plot_run *r, plot_point p) {
     if (r->n == r->cap) {
         int cap = r->cap ? 2 * r->cap : 256;
         plot_point *q = realloc(r->pts, sizeof *q * (size_t)cap);
-        if (!q) return -1;
+        if (!q) return CT_ERR_NOMEM;
         r->pts = q;
         r->cap = cap;
     }
     r->pts[r->n++] = p;
-    return 0;
+    return CT_OK;
 }
 
 /* One record (a line of the file) into the run: a start record sets the label and tokens per step;
@@ -243,7 +245,7 @@ static ct_status record_take(plot_run *r, const plot_args *a, json_t *rec, int l
         return CT_ERR_INVALID;
     }
     plot_point p = {(int64_t)json_integer_value(st), r->n, *tps, 0, json_number_value(v)};
-    return point_add(r, p) ? CT_ERR_NOMEM : CT_OK;
+    return point_add(r, p);
 }
 
 /* After reading: one point per step (the last logged), x as step or cumulative tokens. */
@@ -552,8 +554,9 @@ static void ticks_fit(cairo_t *cr, const frame *f, axis *xa, axis *ya) {
     axis_ticks(ya, (int)fmin(6, fmax(2, f->h / 70)));
 }
 
-/* Draws every run on cr (a surface of a->width x a->height). -1 when the size leaves no room. */
-static int plot_draw(cairo_t *cr, plot_run *runs, int nr, const plot_args *a) {
+/* Draws every run on cr (a surface of a->width x a->height). CT_OK, or CT_ERR_INVALID with the line
+ * set when the size leaves no room. */
+static ct_status plot_draw(cairo_t *cr, plot_run *runs, int nr, const plot_args *a) {
     double fs = 12;
     axis xa, ya;
     ranges_find(runs, nr, a, &xa, &ya);
@@ -567,7 +570,9 @@ static int plot_draw(cairo_t *cr, plot_run *runs, int nr, const plot_args *a) {
     axis_ticks(&ya, (int)fmin(6, fmax(2, f.h / 70)));
     f.left = 12 + fs + 10 + ceil(axis_widest(cr, &ya)) + 8;
     f.w = a->width - f.left - 24;
-    if (f.w < 80 || f.h < 60) return -1;
+    if (f.w < 80 || f.h < 60)
+        return ct_fail(CT_ERR_INVALID, "--size %dx%d leaves no room for the plot beside its labels", a->width,
+                       a->height);
     ticks_fit(cr, &f, &xa, &ya);
     draw_axes(cr, &f, &xa, &ya, a, fs);
     draw_runs(cr, &f, &xa, &ya, runs, nr);
@@ -579,7 +584,7 @@ static int plot_draw(cairo_t *cr, plot_run *runs, int nr, const plot_args *a) {
         cairo_move_to(cr, f.left + f.w / 2 - text_width(cr, a->title) / 2, 26);
         cairo_show_text(cr, a->title);
     }
-    return 0;
+    return CT_OK;
 }
 
 /* The picture into a temporary name beside the output, renamed over it once complete. */
@@ -593,10 +598,8 @@ static ct_status plot_write(plot_run *runs, int nr, const plot_args *a) {
     if (cairo_status(cr) != CAIRO_STATUS_SUCCESS) {
         fprintf(stderr, "ctitan plot: cannot write %s: %s\n", a->output, cairo_status_to_string(cairo_status(cr)));
         st = CT_ERR_IO;
-    } else if (plot_draw(cr, runs, nr, a)) {
-        fprintf(stderr, "ctitan plot: --size %dx%d leaves no room for the plot beside its labels\n", a->width,
-                a->height);
-        st = CT_ERR_INVALID;
+    } else if ((st = plot_draw(cr, runs, nr, a)) != CT_OK) {
+        fprintf(stderr, "ctitan plot: %s\n", ct_last_error());
     }
     cairo_destroy(cr);
     cairo_status_t cs = cairo_surface_status(sf);

@@ -36,7 +36,7 @@ ct_status instream_read(instream *s, void *buf, size_t cap, size_t *got);
 const char *instream_name(const instream *s);            /* the path, or "standard input" */
 uint64_t instream_offset(const instream *s);             /* bytes read from the file (compressed) */
 int64_t instream_size(const instream *s);                /* the file's size, -1 when not a regular file */
-int instream_bad_input(const instream *s);               /* the last error was the input's fault */
+int instream_bad_input(const instream *s);               /* 1 when the last error was the input's fault */
 
 void instream_close(instream *s);                        /* NULL is fine */
 

@@ -49,39 +49,44 @@ void profiler_step_begin(profiler *p, int64_t step) {
     if (p->snapshot && window_end(p, step)) memsnap_arm();
 }
 
-/* Every rank reaches this point (an all-reduce on the world group); -1 if the comm failed. */
-static int barrier(session *s) {
-    if (!s->capi || s->world <= 1) return 0;
+/* Every rank reaches this point (an all-reduce on the world group): CT_OK, or the comm's status. */
+static ct_status barrier(session *s) {
+    if (!s->capi || s->world <= 1) return CT_OK;
     ct_comm_group *world;
     double x = 0;
-    return s->capi->world(s->comm, &world) != CT_OK ||
-                   s->capi->all_reduce(s->comm, world, &x, &x, 1, CT_F64, CT_REDUCE_MAX, NULL) != CT_OK
-               ? -1 : 0;
+    ct_status st = s->capi->world(s->comm, &world);
+    if (st == CT_OK) st = s->capi->all_reduce(s->comm, world, &x, &x, 1, CT_F64, CT_REDUCE_MAX, NULL);
+    return st;
 }
 
-static int iteration_dir(const char *base, int64_t step, char *out, size_t len) {
+/* Makes base/iteration_<step> (in out): CT_OK, or CT_ERR_IO after a warning line (no error: the
+ * training goes on without this window's files). */
+static ct_status iteration_dir(const char *base, int64_t step, char *out, size_t len) {
     snprintf(out, len, "%s/iteration_%lld", base, (long long)step);
-    if (!ct_mkdir_p(out)) return 0;
+    if (!ct_mkdir_p(out)) return CT_OK;
     fprintf(stderr, "ctitan: warning: cannot create %s (the training goes on)\n", out);
-    return -1;
+    return CT_ERR_IO;
 }
 
-static int trace_finish(const profiler *p, session *s, int64_t step) {
+/* The window's trace files; a file that cannot be written is a warning. CT_OK, or the barrier's
+ * status. */
+static ct_status trace_finish(const profiler *p, session *s, int64_t step) {
     char dir[2200], path[2400];
     int world = s->world > 1 ? s->world : 1, rank = world > 1 ? s->rank : 0;
-    if (iteration_dir(p->traces, step, dir, sizeof dir)) trace_discard();
+    if (iteration_dir(p->traces, step, dir, sizeof dir) != CT_OK) trace_discard();
     else {
         snprintf(path, sizeof path, "%s/rank%d_trace.json", dir, rank);
         if (trace_write_rank(path, rank) != CT_OK)
             fprintf(stderr, "ctitan: warning: %s (the training goes on)\n", ct_last_error());
     }
-    if (barrier(s)) return -1; /* every rank's file is complete before rank 0 reads them */
-    if (rank != 0) return 0;
+    ct_status st = barrier(s); /* every rank's file is complete before rank 0 reads them */
+    if (st != CT_OK) return st;
+    if (rank != 0) return CT_OK;
     snprintf(path, sizeof path, "%s/trace.json", dir);
     if (trace_merge(path, dir, world) != CT_OK)
         fprintf(stderr, "ctitan: warning: %s (the training goes on)\n", ct_last_error());
     else printf("trace: %s\n", path);
-    return 0;
+    return CT_OK;
 }
 
 /* The snapshot, its parameters and gradients named by tensor (this rank's local bytes of each). */
@@ -98,7 +103,7 @@ static void snapshot_finish(const profiler *p, session *s, int64_t step) {
         names[i] = s->rt.params[i]->t.name;
         bytes[i] = s->rt.slots[i].local_numel * (int64_t)sizeof(float);
     }
-    if (iteration_dir(p->snaps, step, dir, sizeof dir)) goto out;
+    if (iteration_dir(p->snaps, step, dir, sizeof dir) != CT_OK) goto out;
     snprintf(path, sizeof path, "%s/rank%d_memory_snapshot.json", dir, rank);
     if (memsnap_write(path, rank, step, names, bytes, n) != CT_OK)
         fprintf(stderr, "ctitan: warning: %s (the training goes on)\n", ct_last_error());
@@ -113,8 +118,8 @@ void profiler_step_end(profiler *p, int64_t step) {
     if (p->snapshot && window_end(p, step)) memsnap_freeze();
 }
 
-int profiler_write(profiler *p, session *s, int64_t step) {
+ct_status profiler_write(profiler *p, session *s, int64_t step) {
     if (p->snapshot && window_end(p, step)) snapshot_finish(p, s, step);
     if (p->trace && window_end(p, step)) return trace_finish(p, s, step);
-    return 0;
+    return CT_OK;
 }

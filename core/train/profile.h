@@ -20,8 +20,8 @@ void profiler_step_begin(profiler *p, int64_t step);
 /* After a step's work: stops recording and the snapshot's peak capture. */
 void profiler_step_end(profiler *p, int64_t step);
 /* Then, outside the step's timing: at a window's last step, writes each rank's trace and rank 0 the
- * merged one; writes the step's memory snapshot. A file that cannot be written is a warning; -1 when
- * the ranks failed to meet. */
-int profiler_write(profiler *p, session *s, int64_t step);
+ * merged one; writes the step's memory snapshot. A file that cannot be written is a warning: CT_OK;
+ * the comm's status when the ranks failed to meet. */
+ct_status profiler_write(profiler *p, session *s, int64_t step);
 
 #endif

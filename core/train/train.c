@@ -180,17 +180,17 @@ static void json_string(char *out, size_t len, const char *s) {
     out[k] = 0;
 }
 
-/* Makes sure a write error (ENOSPC, EIO, a file size limit) is reported, not lost in a buffer. */
-static int log_flush(run_log *lg) {
-    if (fflush(lg->f) == 0 && !ferror(lg->f)) return 0;
-    ct_set_error("cannot write %s: %s", lg->path, strerror(errno ? errno : EIO));
-    return -1;
+/* Makes sure a write error (ENOSPC, EIO, a file size limit) is reported, not lost in a buffer: CT_OK,
+ * or CT_ERR_IO with the file named. */
+static ct_status log_flush(run_log *lg) {
+    if (fflush(lg->f) == 0 && !ferror(lg->f)) return CT_OK;
+    return ct_fail(CT_ERR_IO, "cannot write %s: %s", lg->path, strerror(errno ? errno : EIO));
 }
 
-/* Appends one record: the fields fmt gives (no braces), then time and run_id. -1 on a write error
- * (ct_last_error says which). */
-__attribute__((format(printf, 2, 3))) static int log_record(run_log *lg, const char *fmt, ...) {
-    if (!lg->f) return 0;
+/* Appends one record: the fields fmt gives (no braces), then time and run_id. CT_ERR_IO on a write
+ * error (ct_last_error says which). */
+__attribute__((format(printf, 2, 3))) static ct_status log_record(run_log *lg, const char *fmt, ...) {
+    if (!lg->f) return CT_OK;
     char now[40];
     ct_utc_iso(now, sizeof now);
     va_list ap;
@@ -203,59 +203,53 @@ __attribute__((format(printf, 2, 3))) static int log_record(run_log *lg, const c
     return log_flush(lg);
 }
 
-static int log_close(run_log *lg) {
-    if (!lg->f) return 0;
-    int bad = tb_close(lg->tb);
+/* Closes the TensorBoard file and metrics.jsonl: CT_OK, or CT_ERR_IO with the first failure's line. */
+static ct_status log_close(run_log *lg) {
+    if (!lg->f) return CT_OK;
+    ct_status st = tb_close(lg->tb);
     lg->tb = NULL;
-    if (log_flush(lg)) bad = -1;
+    ct_status flushed = log_flush(lg);
+    if (st == CT_OK) st = flushed;
     errno = 0;
-    if (fclose(lg->f) && !bad) {
-        ct_set_error("cannot write %s: %s", lg->path, strerror(errno ? errno : EIO));
-        bad = -1;
-    }
+    if (fclose(lg->f) && st == CT_OK)
+        st = ct_fail(CT_ERR_IO, "cannot write %s: %s", lg->path, strerror(errno ? errno : EIO));
     lg->f = NULL;
-    return bad;
+    return st;
 }
 
 /* v's maximum over every rank of the job (itself on one rank): how the ranks agree on a refusal at
- * start-up and on a stop signal each step (one 4-byte-sized collective). 0, or -1 if the collective
- * failed. */
-static int world_max(session *s, int v, int *out) {
+ * start-up and on a stop signal each step (one 4-byte-sized collective). CT_OK, or the comm's status. */
+static ct_status world_max(session *s, int v, int *out) {
     *out = v;
-    if (!s->capi) return 0;
+    if (!s->capi) return CT_OK;
     ct_comm_group *world;
     double x = v;
-    if (s->capi->world(s->comm, &world) != CT_OK ||
-        s->capi->all_reduce(s->comm, world, &x, &x, 1, CT_F64, CT_REDUCE_MAX, NULL) != CT_OK)
-        return -1;
+    ct_status st = s->capi->world(s->comm, &world);
+    if (st == CT_OK) st = s->capi->all_reduce(s->comm, world, &x, &x, 1, CT_F64, CT_REDUCE_MAX, NULL);
+    if (st != CT_OK) return st;
     *out = (int)x;
-    return 0;
+    return CT_OK;
 }
 
 /* metrics.enable_tensorboard: rank 0's event file in its own folder per start, save_tb_folder/run_id,
- * so a rerun or a resume in the same dump folder shows in TensorBoard as a run of its own. -1 after
- * one line on a failure. */
-static int tb_log_open(manifest *mf, const char *dump, run_log *lg) {
+ * so a rerun or a resume in the same dump folder shows in TensorBoard as a run of its own. CT_OK, or a
+ * status with the line set (naming the key). */
+static ct_status tb_log_open(manifest *mf, const char *dump, run_log *lg) {
     int on = 0;
     const char *sub = "tb";
     char folder[4200], where[600];
     mf_get_bool(mf, "metrics.enable_tensorboard", &on);
     mf_get_str(mf, "metrics.save_tb_folder", &sub);
-    if (!on) return 0;
+    if (!on) return CT_OK;
     mf_where(mf, "metrics.save_tb_folder", where, sizeof where);
-    if (!*sub) {
-        fprintf(stderr, "ctitan: %s: empty; expected a folder name (under job.dump_folder) or an absolute path\n",
-                where);
-        return -1;
-    }
+    if (!*sub)
+        return ct_fail(CT_ERR_INVALID, "%s: empty; expected a folder name (under job.dump_folder) or an absolute path",
+                       where);
     if (sub[0] == '/') snprintf(folder, sizeof folder, "%s/%s", sub, lg->id);
     else snprintf(folder, sizeof folder, "%s/%s/%s", dump, sub, lg->id);
-    if (!(lg->tb = tb_open(folder))) {
-        fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
-        return -1;
-    }
+    if (!(lg->tb = tb_open(folder))) return ct_fail(CT_ERR_IO, "%s: %s", where, ct_last_error());
     printf("tensorboard: writing %s\n", tb_path(lg->tb));
-    return 0;
+    return CT_OK;
 }
 
 /* Rank 0 takes the dump folder's lock and opens metrics.jsonl to append; every rank learns whether
@@ -274,11 +268,12 @@ static ct_status run_log_open(session *s, manifest *mf, const char *dump, run_lo
         } else if (!(lg->f = ct_fopen_nofollow(lg->path, "a"))) {
             fprintf(stderr, "ctitan: %s: cannot open %s to append: %s\n", where, lg->path, ct_open_strerror(errno));
             bad = 1;
-        } else if (tb_log_open(mf, dump, lg)) {
+        } else if (tb_log_open(mf, dump, lg) != CT_OK) {
+            fprintf(stderr, "ctitan: %s\n", ct_last_error());
             bad = 1;
         }
     }
-    if (world_max(s, bad, &bad)) {
+    if (world_max(s, bad, &bad) != CT_OK) {
         fprintf(stderr, "ctitan: start-up: %s\n", ct_last_error());
         return CT_ERR_INTERNAL;
     }
@@ -331,7 +326,7 @@ static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig 
  * failed. */
 static ct_status stop_after(session *s, ckpt_plan *ck, run_log *lg, int sig, int64_t step) {
     int saved = ck->enable;
-    if (ckpt_save_now(s, ck, step)) {
+    if (ckpt_save_now(s, ck, step) != CT_OK) {
         fprintf(stderr, "ctitan: stopped by %s after step %lld, but the checkpoint failed: %s\n", signal_name(sig),
                 (long long)step, ct_last_error());
         return CT_ERR_IO;
@@ -339,8 +334,8 @@ static ct_status stop_after(session *s, ckpt_plan *ck, run_log *lg, int sig, int
     char ckname[64] = "null";
     if (saved) snprintf(ckname, sizeof ckname, "\"step-%lld\"", (long long)step);
     if (log_record(lg, "\"event\": \"stop\", \"signal\": \"%s\", \"last_step\": %lld, \"checkpoint\": %s",
-                   signal_name(sig), (long long)step, ckname) ||
-        log_close(lg)) {
+                   signal_name(sig), (long long)step, ckname) != CT_OK ||
+        log_close(lg) != CT_OK) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_IO;
     }
@@ -394,8 +389,8 @@ typedef struct train_run {
 
 /* The start record: where this start begins and with what, so a reader can tell runs apart (the
  * layout and tokens per step are what `ctitan plot` labels a curve and counts tokens by). */
-static int log_start(run_log *lg, train_run *r, int64_t after_step) {
-    if (!lg->f) return 0;
+static ct_status log_start(run_log *lg, train_run *r, int64_t after_step) {
+    if (!lg->f) return CT_OK;
     session *s = r->s;
     manifest *mf = r->mf;
     char abs[4096], quoted[8300], f8[80] = "null";
@@ -450,7 +445,7 @@ static ct_status train_settings_read(train_run *r) {
     r->G_local = r->G / dp;
     r->accum = r->G_local / L;
     r->non_dp = r->s->world / dp > 0 ? r->s->world / dp : 1;
-    if (profiler_open(&r->prof, mf)) return CT_ERR_INVALID;
+    if (profiler_open(&r->prof, mf) != CT_OK) return CT_ERR_INVALID;
     ct_status st = lr_setup(mf, r->steps, &r->sched);
     if (st != CT_OK) fprintf(stderr, "ctitan: %s\n", ct_last_error());
     return st;
@@ -652,7 +647,10 @@ static ct_status train_start(train_run *r) {
     compile_setup(r->s, r->mf);
     r->t_log = ct_now();
     r->warmup_steps = r->steps > 2 ? 2 : r->steps > 1 ? 1 : 0;
-    if (ckpt_begin(r->s, r->mf, r->dump, &r->ck)) return CT_ERR_INVALID;
+    if (ckpt_begin(r->s, r->mf, r->dump, &r->ck) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        return CT_ERR_INVALID;
+    }
     /* whole compute copies (ZeRO) follow what local storage now holds, loaded or initialised */
     if (session_post_step(r->s) != CT_OK) {
         fprintf(stderr, "ctitan: parallelism: post_step: %s\n", ct_last_error());
@@ -662,19 +660,19 @@ static ct_status train_start(train_run *r) {
 }
 
 /* The memory record of the rank whose peak is largest (every rank's own on one rank): its peak
- * total, its peak by category and its live activation peak. 0, or -1 if a collective failed. */
-static int largest_rank_memory(session *s, double v[CT_MEM_NCATEGORIES + 2]) {
+ * total, its peak by category and its live activation peak. CT_OK, or the comm's status. */
+static ct_status largest_rank_memory(session *s, double v[CT_MEM_NCATEGORIES + 2]) {
     v[0] = (double)g_mem.peak_total;
     for (int k = 0; k < CT_MEM_NCATEGORIES; k++) v[1 + k] = (double)g_mem.peak[k];
     v[CT_MEM_NCATEGORIES + 1] = (double)s->rt.peak_act_bytes;
-    if (!s->capi) return 0;
+    if (!s->capi) return CT_OK;
     ct_comm_group *world;
     double top = v[0];
-    if (s->capi->world(s->comm, &world) != CT_OK ||
-        s->capi->all_reduce(s->comm, world, &top, &top, 1, CT_F64, CT_REDUCE_MAX, NULL) != CT_OK)
-        return -1;
+    ct_status st = s->capi->world(s->comm, &world);
+    if (st == CT_OK) st = s->capi->all_reduce(s->comm, world, &top, &top, 1, CT_F64, CT_REDUCE_MAX, NULL);
+    if (st != CT_OK) return st;
     if (v[0] < top) memset(v, 0, sizeof(double) * (CT_MEM_NCATEGORIES + 2)); /* another rank's is larger */
-    return s->capi->all_reduce(s->comm, world, v, v, CT_MEM_NCATEGORIES + 2, CT_F64, CT_REDUCE_MAX, NULL) == CT_OK ? 0 : -1;
+    return s->capi->all_reduce(s->comm, world, v, v, CT_MEM_NCATEGORIES + 2, CT_F64, CT_REDUCE_MAX, NULL);
 }
 
 /* v as metrics.jsonl writes it with fmt: TensorBoard gets the record's numbers, not more digits. */
@@ -684,11 +682,11 @@ static double as_logged(const char *fmt, double v) {
     return strtod(t, NULL);
 }
 
-/* A step record's numbers as TensorBoard scalars (the tags docs/observability.md's table lists). -1 on a write
- * error (ct_last_error names the file). */
-static int step_tb(run_log *lg, int64_t step, double loss, double norm, double lr, double tps, double tflops,
-                   double mfu, const double mem[CT_MEM_NCATEGORIES + 2]) {
-    if (!lg->tb) return 0;
+/* A step record's numbers as TensorBoard scalars (the tags docs/observability.md's table lists). CT_OK, or
+ * CT_ERR_IO on a write error (ct_last_error names the file). */
+static ct_status step_tb(run_log *lg, int64_t step, double loss, double norm, double lr, double tps, double tflops,
+                         double mfu, const double mem[CT_MEM_NCATEGORIES + 2]) {
+    if (!lg->tb) return CT_OK;
     const tb_scalar v[] = {
         {"loss_metrics/global_avg_loss", loss},
         {"grad_norm", norm},
@@ -711,11 +709,13 @@ static int step_tb(run_log *lg, int64_t step, double loss, double norm, double l
     return tb_write(lg->tb, step, v, (int)(sizeof v / sizeof v[0]));
 }
 
-/* The console metrics line, its metrics.jsonl record and its TensorBoard scalars. -1 on a write error. */
-static int step_log(train_run *r, int64_t step, double loss, double norm, double lr) {
+/* The console metrics line, its metrics.jsonl record and its TensorBoard scalars. CT_OK, or the status of
+ * what failed (a write error, the comm). */
+static ct_status step_log(train_run *r, int64_t step, double loss, double norm, double lr) {
     const session *s = r->s;
     double mem[CT_MEM_NCATEGORIES + 2];
-    if (largest_rank_memory(r->s, mem)) return -1;
+    ct_status st = largest_rank_memory(r->s, mem);
+    if (st != CT_OK) return st;
     double elapsed = ct_now() - r->t_log;
     double tps = (double)r->tokens_since / elapsed;
     double tflops = s->rt.desc.flops_per_token * tps / 1e12;
@@ -737,7 +737,7 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
     tps = as_logged("%.1f", tps);
     tflops = as_logged("%.6f", tflops);
     mfu = as_logged("%.3f", mfu);
-    if (log_record(&r->lg,
+    st = log_record(&r->lg,
             "\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6e, \"tps\": %.1f, "
             "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
             "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld, "
@@ -747,9 +747,9 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
             (long long)mem[1 + CT_MEM_GRADS], (long long)mem[1 + CT_MEM_OPTIMIZER], (long long)mem[1 + CT_MEM_ACTIVATIONS],
             (long long)mem[CT_MEM_NCATEGORIES + 1], (long long)mem[1 + CT_MEM_MASTER], (long long)mem[1 + CT_MEM_COMM],
             (long long)g_comm_bytes[CS_ALL_GATHER],
-            (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE], offload) ||
-        step_tb(&r->lg, step, loss, norm, lr, tps, tflops, mfu, mem))
-        return -1;
+            (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE], offload);
+    if (st == CT_OK) st = step_tb(&r->lg, step, loss, norm, lr, tps, tflops, mfu, mem);
+    if (st != CT_OK) return st;
     r->t_log = ct_now();
     r->tokens_since = 0;
     r->s->rt.offload.step_bytes_out = r->s->rt.offload.step_bytes_in = 0;
@@ -757,7 +757,7 @@ static int step_log(train_run *r, int64_t step, double loss, double norm, double
     if (r->s->rt.peak_act_bytes > r->act_peak_max) r->act_peak_max = r->s->rt.peak_act_bytes;
     mem_reset_peaks(); /* the next record reports its own interval's peaks */
     r->s->rt.peak_act_bytes = 0;
-    return 0;
+    return CT_OK;
 }
 
 /* The whole global batch is read first: the loss is normalised by its valid-token count. */
@@ -771,8 +771,8 @@ static void batch_read(train_run *r) {
 
 /* validation.*: the held-out set from its first sequence, in batches of the training's global batch
  * (each data-parallel rank its slice, as in training), forward only; the mean loss over every valid
- * target token, in a console line and a metrics.jsonl record. -1 on a failure. */
-static int validate(train_run *r, int64_t step) {
+ * target token, in a console line and a metrics.jsonl record. CT_OK, or the status of what failed. */
+static ct_status validate(train_run *r, int64_t step) {
     double t0 = ct_now(), sum = 0;
     int64_t tokens = 0;
     trace_begin("validate");
@@ -782,7 +782,8 @@ static int validate(train_run *r, int64_t step) {
                                 r->inputs + i * r->T, r->targets + i * r->T);
         double ls;
         int64_t valid;
-        if (session_eval_step(r->s, r->inputs, r->targets, r->G_local, r->val_L, r->T, &ls, &valid) != CT_OK) return -1;
+        ct_status st = session_eval_step(r->s, r->inputs, r->targets, r->G_local, r->val_L, r->T, &ls, &valid);
+        if (st != CT_OK) return st;
         sum += ls;
         tokens += valid;
     }
@@ -794,12 +795,12 @@ static int validate(train_run *r, int64_t step) {
     fflush(stdout);
     /* its own record: readers that take every record with a "loss" as a step's see none here */
     loss = as_logged("%.9g", loss);
-    if (log_record(&r->lg, "\"event\": \"validation\", \"step\": %lld, \"validation_loss\": %.9g, "
-                           "\"validation_tokens\": %lld, \"validation_batches\": %lld, \"seconds\": %.3f",
-                   (long long)step, loss, (long long)tokens, (long long)r->val_batches, dt))
-        return -1;
+    ct_status st = log_record(&r->lg, "\"event\": \"validation\", \"step\": %lld, \"validation_loss\": %.9g, "
+                                      "\"validation_tokens\": %lld, \"validation_batches\": %lld, \"seconds\": %.3f",
+                              (long long)step, loss, (long long)tokens, (long long)r->val_batches, dt);
+    if (st != CT_OK) return st;
     const tb_scalar v[] = {{"validation_metrics/loss", loss}, {"validation_metrics/tokens", (double)tokens}};
-    return r->lg.tb ? tb_write(r->lg.tb, step, v, 2) : 0;
+    return r->lg.tb ? tb_write(r->lg.tb, step, v, 2) : CT_OK;
 }
 
 /* One step: its batch, the forward, backward and update, the stop every rank agrees on, the timing,
@@ -835,9 +836,9 @@ static step_next train_step(train_run *r, int64_t step) {
     compile_report(&s->rt.graph, step, &r->told_graph);
     /* a stop takes effect after a step every rank has finished; the last step ends the run anyway */
     int stop = 0;
-    if (step < r->steps && world_max(s, g_stop_signal, &stop)) return STEP_FAILED;
+    if (step < r->steps && world_max(s, g_stop_signal, &stop) != CT_OK) return STEP_FAILED;
     double dt = ct_now() - t0, tw = ct_now();
-    if (profiler_write(&r->prof, s, step)) return STEP_FAILED;
+    if (profiler_write(&r->prof, s, step) != CT_OK) return STEP_FAILED;
     r->t_log += ct_now() - tw; /* writing traces is not training time */
     if (step > r->warmup_steps) { /* the first steps touch fresh arena memory: not steady state */
         r->step_time_sum += dt;
@@ -855,11 +856,11 @@ static step_next train_step(train_run *r, int64_t step) {
     }
     r->tokens_since += r->G_local * r->T / r->non_dp; /* per device: tp (and pp, cp) ranks share a dp rank's tokens */
     if (step == 1 || step % r->log_freq == 0 || step == r->steps || stop)
-        if (step_log(r, step, loss, norm, lr)) return STEP_FAILED;
-    if (r->val_on && (step == 1 || step % r->val_freq == 0) && validate(r, step)) return STEP_FAILED;
+        if (step_log(r, step, loss, norm, lr) != CT_OK) return STEP_FAILED;
+    if (r->val_on && (step == 1 || step % r->val_freq == 0) && validate(r, step) != CT_OK) return STEP_FAILED;
     r->ck.state.step = step;
     r->ck.state.data_position = r->dl.position;
-    if (ckpt_step(s, &r->ck, step, r->steps)) return STEP_FAILED;
+    if (ckpt_step(s, &r->ck, step, r->steps) != CT_OK) return STEP_FAILED;
     if (!stop) return STEP_GO_ON;
     r->status = stop_after(s, &r->ck, &r->lg, stop, step);
     r->stop_signal = r->status == CT_OK ? stop : 0;
@@ -911,11 +912,11 @@ static void train_summary_print(train_run *r) {
 static step_next train_finish(train_run *r) {
     session *s = r->s;
     char path[4096];
-    if (ckpt_end(s, &r->ck, r->steps)) return STEP_FAILED;
+    if (ckpt_end(s, &r->ck, r->steps) != CT_OK) return STEP_FAILED;
     /* a stop signal in the last step or the final saves: the run is complete; the model is saved, the
      * sample and traces are skipped. From here a signal ends the process at once. */
     int late = 0;
-    if (world_max(s, g_stop_signal, &late)) return STEP_FAILED;
+    if (world_max(s, g_stop_signal, &late) != CT_OK) return STEP_FAILED;
     stop_signals_catch(0);
     snprintf(path, sizeof path, "%s/model.ctt", r->dump);
     if (r->steps > 0 && ckpt_save_model(s, path) != CT_OK) {
@@ -923,7 +924,8 @@ static step_next train_finish(train_run *r) {
         r->status = CT_ERR_IO;
         return STEP_END;
     }
-    if (log_record(&r->lg, "\"event\": \"end\", \"last_step\": %lld", (long long)r->steps) || log_close(&r->lg))
+    if (log_record(&r->lg, "\"event\": \"end\", \"last_step\": %lld", (long long)r->steps) != CT_OK ||
+        log_close(&r->lg) != CT_OK)
         return STEP_FAILED;
     r->status = CT_OK;
     r->stop_signal = late;
@@ -948,7 +950,7 @@ static ct_status train_loop(session *s, manifest *mf, int *stop_signal) {
     if (!rc) rc = train_start(&r);
     if (rc || r.ck.finished) goto done; /* finished: restarted after its last step: said so; writes nothing */
     r.dl.position = r.ck.state.data_position;
-    if (log_start(&r.lg, &r, r.ck.state.step)) goto runfail;
+    if (log_start(&r.lg, &r, r.ck.state.step) != CT_OK) goto runfail;
     stop_signals_catch(1);
     for (int64_t step = r.ck.state.step + 1; step <= r.steps && next == STEP_GO_ON; step++)
         next = train_step(&r, step);
@@ -971,7 +973,7 @@ runfail:
     }
 done:
     stop_signals_catch(0);
-    if (r.lg.f && log_close(&r.lg) && !rc) {
+    if (r.lg.f && log_close(&r.lg) != CT_OK && !rc) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         rc = CT_ERR_IO;
         *stop_signal = 0;
@@ -1025,8 +1027,13 @@ static ct_status seed_checkpoint_write(session *s, manifest *mf) {
             bad = 1;
         }
     }
-    if (world_max(s, bad, &bad)) return CT_ERR_INTERNAL;
-    return bad ? CT_ERR_INVALID : ckpt_seed(s, mf, dump) ? CT_ERR_IO : CT_OK;
+    if (world_max(s, bad, &bad) != CT_OK) return CT_ERR_INTERNAL;
+    if (bad) return CT_ERR_INVALID;
+    if (ckpt_seed(s, mf, dump) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        return CT_ERR_IO;
+    }
+    return CT_OK;
 }
 
 /* The end-of-run sample: optional, so its failure is a warning; the training stands. */
