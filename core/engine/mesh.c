@@ -9,7 +9,7 @@
 
 const char *const mesh_axis_names[CT_MESH_NAXES] = {"pp", "dp_replicate", "dp_shard", "cp", "tp"};
 
-static const char *degree_keys[CT_MESH_NAXES] = {
+const char *const mesh_degree_keys[CT_MESH_NAXES] = {
     "parallelism.pipeline_parallel_degree", "parallelism.data_parallel_replicate_degree",
     "parallelism.data_parallel_shard_degree", "parallelism.context_parallel_degree",
     "parallelism.tensor_parallel_degree"};
@@ -28,14 +28,14 @@ ct_status mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NA
     int64_t others = 1;
     for (int a = 0; a < CT_MESH_NAXES; a++) {
         int64_t v;
-        mf_get_int(mf, degree_keys[a], &v);
+        mf_get_int(mf, mesh_degree_keys[a], &v);
         if (v < 1 && !(a == CT_AXIS_DP_SHARD && v == -1)) {
-            mf_where(mf, degree_keys[a], where, sizeof where);
+            mf_where(mf, mesh_degree_keys[a], where, sizeof where);
             return ct_fail(CT_ERR_INVALID, "%s: a degree must be >= 1%s, got %lld", where,
                            a == CT_AXIS_DP_SHARD ? " (or -1: the ranks left over)" : "", (long long)v);
         }
         if (v > world_size && a != CT_AXIS_DP_SHARD) { /* one key at a time: the key that is wrong is named */
-            mf_where(mf, degree_keys[a], where, sizeof where);
+            mf_where(mf, mesh_degree_keys[a], where, sizeof where);
             return ct_fail(CT_ERR_INVALID, "%s: degree %lld is more than the job's %d ranks (launch with `ctitan "
                            "launch -n N`)", where, (long long)v, world_size);
         }
@@ -43,14 +43,14 @@ ct_status mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NA
         if (a == CT_AXIS_DP_SHARD) continue;
         others *= v; /* <= world_size squared: no overflow */
         if (others > world_size) {
-            mf_where(mf, degree_keys[a], where, sizeof where);
+            mf_where(mf, mesh_degree_keys[a], where, sizeof where);
             return ct_fail(CT_ERR_INVALID, "%s: with degree %lld the axes other than dp_shard already need %lld ranks, "
                            "more than the job's %d", where, (long long)v, (long long)others, world_size);
         }
     }
     if (degree[CT_AXIS_DP_SHARD] == -1) {
         if (world_size % others) {
-            mf_where(mf, degree_keys[CT_AXIS_DP_SHARD], where, sizeof where);
+            mf_where(mf, mesh_degree_keys[CT_AXIS_DP_SHARD], where, sizeof where);
             return ct_fail(CT_ERR_INVALID, "%s: -1 takes the ranks left over, but %d ranks do not divide by the other "
                            "degrees' product %lld", where, world_size, (long long)others);
         }
@@ -58,7 +58,7 @@ ct_status mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NA
     }
     int64_t product = others * degree[CT_AXIS_DP_SHARD];
     if (product != world_size) {
-        mf_where(mf, degree_keys[CT_AXIS_DP_SHARD], where, sizeof where);
+        mf_where(mf, mesh_degree_keys[CT_AXIS_DP_SHARD], where, sizeof where);
         return ct_fail(CT_ERR_INVALID, "%s: pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d = %lld ranks, but the "
                        "job has %d (launch with `ctitan launch -n %lld` or mpirun -n %lld)", where, degree[0], degree[1],
                        degree[2], degree[3], degree[4], (long long)product, world_size, (long long)product,

@@ -8,6 +8,9 @@
 #include "config/manifest.h"
 
 extern const char *const mesh_axis_names[CT_MESH_NAXES];
+/* Each axis's degree key in a manifest ("parallelism.tensor_parallel_degree"), by ct_mesh_axis: the
+ * one place they are spelled. */
+extern const char *const mesh_degree_keys[CT_MESH_NAXES];
 
 /* Reads parallelism.* and checks that the degrees multiply to world_size (dp_shard -1 takes what is
  * left): CT_OK, or CT_ERR_INVALID with the line naming the key set (nothing printed). */

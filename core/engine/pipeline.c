@@ -21,6 +21,7 @@
  * storage across microbatches (no resharding under PP, as in torchtitan) is the strategy's choice.
  */
 #include "engine/pipeline.h"
+#include "engine/mesh.h"
 
 #include "host/host.h"
 #include "engine/session.h"
@@ -106,7 +107,7 @@ static ct_status split_units(pipeline *pl, const manifest *mf, const ct_model_de
     if (s != S - 1) {
         char what[160];
         snprintf(what, sizeof what, "%d stages need at least %d units; the model has %d", S, S, nu);
-        return bad_setting(mf, "parallelism.pipeline_parallel_degree", "%s", what);
+        return bad_setting(mf, mesh_degree_keys[CT_AXIS_PP], "%s", what);
     }
     return CT_OK;
 }

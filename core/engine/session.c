@@ -295,15 +295,15 @@ static const char *strategy_name(const manifest *mf, int world) {
     mf_get_str(mf, "parallelism.dp_strategy", &name);
     if (strcmp(name, "auto") != 0) return strcmp(name, "none") ? name : NULL;
     int64_t rep = 1, shard = -1, others = 1, cp = 1, v;
-    static const char *keys[] = {"parallelism.pipeline_parallel_degree", "parallelism.context_parallel_degree",
-                                 "parallelism.tensor_parallel_degree"};
-    if (mf_get_int(mf, "parallelism.data_parallel_replicate_degree", &rep) || rep < 1) rep = 1;
-    if (mf_get_int(mf, "parallelism.data_parallel_shard_degree", &shard)) shard = -1;
+    static const int axes[] = {CT_AXIS_PP, CT_AXIS_CP, CT_AXIS_TP};
+    if (mf_get_int(mf, mesh_degree_keys[CT_AXIS_DP_REPLICATE], &rep) || rep < 1) rep = 1;
+    if (mf_get_int(mf, mesh_degree_keys[CT_AXIS_DP_SHARD], &shard)) shard = -1;
     for (int i = 0; i < 3; i++) /* not validated yet: capped past the world so nothing overflows */
-        if (!mf_get_int(mf, keys[i], &v) && v > 0) others = v > world || others * v > world ? world + 1 : others * v;
+        if (!mf_get_int(mf, mesh_degree_keys[axes[i]], &v) && v > 0)
+            others = v > world || others * v > world ? world + 1 : others * v;
     if (rep > world) rep = world + 1;
     if (shard == -1) shard = world % (rep * others) ? 1 : world / (rep * others);
-    if (!mf_get_int(mf, "parallelism.context_parallel_degree", &v) && v > 1) cp = v;
+    if (!mf_get_int(mf, mesh_degree_keys[CT_AXIS_CP], &v) && v > 1) cp = v;
     if (shard > 1 || cp > 1) return "fsdp";
     if (rep > 1) return "ddp";
     return NULL;
@@ -376,13 +376,13 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
         s->xapi = s->axisp->info.api;
         ct_clear_error();
         if (s->xapi->create(&s->axisp->host, &env, &s->xstrat) != CT_OK)
-            return fail_plugin(s, CT_ERR_INVALID, s->axisp, "parallelism", "parallelism.tensor_parallel_degree");
+            return fail_plugin(s, CT_ERR_INVALID, s->axisp, "parallelism", mesh_degree_keys[CT_AXIS_TP]);
     }
     if (cp_on) {
         s->cpapi = s->cpp->info.api;
         ct_clear_error();
         if (s->cpapi->create(&s->cpp->host, &env, &s->cpstrat) != CT_OK)
-            return fail_plugin(s, CT_ERR_INVALID, s->cpp, "parallelism", "parallelism.context_parallel_degree");
+            return fail_plugin(s, CT_ERR_INVALID, s->cpp, "parallelism", mesh_degree_keys[CT_AXIS_CP]);
     }
     if (!s->stratp) return CT_OK;
     s->sapi = s->stratp->info.api;

@@ -3,6 +3,7 @@
 #include "plan/output.h"
 
 #include "base/error.h"
+#include "engine/mesh.h"
 #include "base/util.h"
 
 #include <errno.h>
@@ -457,11 +458,11 @@ ct_status plan_write_manifest(const manifest *mf, const plan_layout *l, const ch
         kv_set(&s, v->key, moved ? moved : v->value, v->is_seq);
         free(moved);
     }
-    kv_setf(&s, "parallelism.data_parallel_replicate_degree", "%lld", l->dp_replicate);
-    kv_setf(&s, "parallelism.data_parallel_shard_degree", "%lld", l->dp_shard);
-    kv_setf(&s, "parallelism.context_parallel_degree", "%lld", l->cp);
-    kv_setf(&s, "parallelism.tensor_parallel_degree", "%lld", l->tp);
-    kv_setf(&s, "parallelism.pipeline_parallel_degree", "%lld", l->pp);
+    kv_setf(&s, mesh_degree_keys[CT_AXIS_DP_REPLICATE], "%lld", l->dp_replicate);
+    kv_setf(&s, mesh_degree_keys[CT_AXIS_DP_SHARD], "%lld", l->dp_shard);
+    kv_setf(&s, mesh_degree_keys[CT_AXIS_CP], "%lld", l->cp);
+    kv_setf(&s, mesh_degree_keys[CT_AXIS_TP], "%lld", l->tp);
+    kv_setf(&s, mesh_degree_keys[CT_AXIS_PP], "%lld", l->pp);
     kv_setf(&s, "parallelism.pipeline_parallel_microbatch_size", "%lld", l->pp_microbatch_size);
     if (l->schedule[0]) kv_set(&s, "parallelism.pipeline_parallel_schedule", l->schedule, 0);
     /* async TP in torchtitan's later spelling, the one the planner reads; the tp plugin takes either,

@@ -114,11 +114,11 @@ static int64_t get_int(const manifest *mf, const char *key, int64_t dflt) {
 ct_status plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l) {
     const manifest *mf = c->mf;
     memset(l, 0, sizeof *l);
-    l->dp_replicate = (int)get_int(mf, "parallelism.data_parallel_replicate_degree", 1);
-    int64_t shard = get_int(mf, "parallelism.data_parallel_shard_degree", -1);
-    l->cp = (int)get_int(mf, "parallelism.context_parallel_degree", 1);
-    l->tp = (int)get_int(mf, "parallelism.tensor_parallel_degree", 1);
-    l->pp = (int)get_int(mf, "parallelism.pipeline_parallel_degree", 1);
+    l->dp_replicate = (int)get_int(mf, mesh_degree_keys[CT_AXIS_DP_REPLICATE], 1);
+    int64_t shard = get_int(mf, mesh_degree_keys[CT_AXIS_DP_SHARD], -1);
+    l->cp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_CP], 1);
+    l->tp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_TP], 1);
+    l->pp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_PP], 1);
     int64_t others = (int64_t)l->dp_replicate * l->cp * l->tp * l->pp;
     if (others < 1 || l->dp_replicate < 1 || l->cp < 1 || l->tp < 1 || l->pp < 1)
         return ct_fail(CT_ERR_INVALID, "parallelism degrees must be positive");
@@ -182,11 +182,11 @@ static void set_key(plan_ctx *c, ct_status *st, const char *key, const char *fmt
  * CT_OK, or manifest_override's status. */
 static ct_status apply_layout(plan_ctx *c, const plan_layout *l) {
     ct_status st = CT_OK;
-    set_key(c, &st, "parallelism.data_parallel_replicate_degree", "%d", l->dp_replicate);
-    set_key(c, &st, "parallelism.data_parallel_shard_degree", "%d", l->dp_shard);
-    set_key(c, &st, "parallelism.context_parallel_degree", "%d", l->cp);
-    set_key(c, &st, "parallelism.tensor_parallel_degree", "%d", l->tp);
-    set_key(c, &st, "parallelism.pipeline_parallel_degree", "%d", l->pp);
+    set_key(c, &st, mesh_degree_keys[CT_AXIS_DP_REPLICATE], "%d", l->dp_replicate);
+    set_key(c, &st, mesh_degree_keys[CT_AXIS_DP_SHARD], "%d", l->dp_shard);
+    set_key(c, &st, mesh_degree_keys[CT_AXIS_CP], "%d", l->cp);
+    set_key(c, &st, mesh_degree_keys[CT_AXIS_TP], "%d", l->tp);
+    set_key(c, &st, mesh_degree_keys[CT_AXIS_PP], "%d", l->pp);
     set_key(c, &st, "parallelism.pipeline_parallel_microbatch_size", "%d", l->pp_microbatch_size);
     set_key(c, &st, "training.local_batch_size", "%lld", (long long)l->local_batch);
     set_key(c, &st, "training.mixed_precision_param", "%s", l->bf16 ? "bfloat16" : "float32");

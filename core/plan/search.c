@@ -20,6 +20,7 @@
 #include "plan/search.h"
 #include "tools/schedule.h"
 #include "base/error.h"
+#include "engine/mesh.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -530,11 +531,11 @@ static ct_status template_elsewhere(plan_ctx *ctx, int gpus, plan_layout *t) {
     snprintf(first, sizeof first, "%s", ct_last_error());
     const manifest *mf = plan_manifest(ctx);
     int64_t rep = 1, shard = -1, tp = 1, pp = 1, cp = 1;
-    mf_get_int(mf, "parallelism.data_parallel_replicate_degree", &rep);
-    mf_get_int(mf, "parallelism.data_parallel_shard_degree", &shard);
-    mf_get_int(mf, "parallelism.tensor_parallel_degree", &tp);
-    mf_get_int(mf, "parallelism.pipeline_parallel_degree", &pp);
-    mf_get_int(mf, "parallelism.context_parallel_degree", &cp);
+    mf_get_int(mf, mesh_degree_keys[CT_AXIS_DP_REPLICATE], &rep);
+    mf_get_int(mf, mesh_degree_keys[CT_AXIS_DP_SHARD], &shard);
+    mf_get_int(mf, mesh_degree_keys[CT_AXIS_TP], &tp);
+    mf_get_int(mf, mesh_degree_keys[CT_AXIS_PP], &pp);
+    mf_get_int(mf, mesh_degree_keys[CT_AXIS_CP], &cp);
     int64_t others = rep * tp * pp * cp, world = others * (shard > 0 ? shard : 1);
     if (rep < 1 || tp < 1 || pp < 1 || cp < 1 || world < 1 || world > 1000000)
         return CT_ERR_INVALID; /* the message as it was */

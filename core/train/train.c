@@ -91,12 +91,9 @@ static void print_model_summary(session *s, int64_t seq_len) {
 static int run_world(const manifest *mf) {
     int env = mesh_env_world_size();
     if (env > 1) return env;
-    static const char *keys[] = {"parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_degree",
-                                 "parallelism.context_parallel_degree", "parallelism.tensor_parallel_degree",
-                                 "parallelism.pipeline_parallel_degree"};
     int64_t world = 1, v;
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if (!mf_get_int(mf, keys[i], &v) && v > 1 && v < (1 << 20)) world *= v;
+    for (int a = 0; a < CT_MESH_NAXES; a++)
+        if (!mf_get_int(mf, mesh_degree_keys[a], &v) && v > 1 && v < (1 << 20)) world *= v;
     return world < (1 << 20) ? (int)world : 1;
 }
 
