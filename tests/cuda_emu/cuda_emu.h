@@ -46,7 +46,7 @@
 
 struct dim3 {
     unsigned x, y, z;
-    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 struct uint3 {
     unsigned x, y, z;
@@ -59,8 +59,14 @@ static inline float2 make_float2(float x, float y)
     return float2{x, y};
 }
 
-extern thread_local uint3 threadIdx, blockIdx;
-extern thread_local dim3 blockDim, gridDim;
+/* The launch's coordinates, per host thread. __thread (constant-initialized: no C++ TLS wrapper
+ * and init function to call) and initial-exec: a read is one load at a fixed offset from the
+ * thread pointer, where the default model for a shared object calls __tls_get_addr (which
+ * AddressSanitizer intercepts) on every read of threadIdx in every kernel; the emulated plugin's
+ * few bytes of thread-local storage fit in what the C library keeps for a dlopen'ed object. */
+#define EMU_TLS __attribute__((tls_model("initial-exec")))
+extern __thread uint3 threadIdx EMU_TLS, blockIdx EMU_TLS;
+extern __thread dim3 blockDim EMU_TLS, gridDim EMU_TLS;
 
 void __syncthreads(void);
 void *emu_dynamic_smem(void);

@@ -36,7 +36,7 @@
 
 /* ---------------------------------------------------------------- errors */
 
-static thread_local cudaError_t last_error = cudaSuccess;
+static __thread cudaError_t last_error EMU_TLS = cudaSuccess;
 
 cudaError_t emu_fail(cudaError_t e, const char *fmt, ...)
 {
@@ -684,6 +684,13 @@ asm(".text\n"
     ".size emu_switch, .-emu_switch\n");
 
 static const size_t EMU_STACK = (size_t)256 << 10;
+/* What a finished fiber leaves poisoned on its stack (under AddressSanitizer): the redzones of the
+ * frames that never returned, fiber_main's alone (every frame below it returned, and a returning
+ * frame unpoisons its own), which lies within this many bytes of the top. A block that ends in a
+ * deadlock leaves frames anywhere: launch_blocks then unpoisons its stacks whole. Unpoisoning all
+ * 256 KiB of every thread's stack before every block (32 KiB of shadow each) took a quarter of
+ * a training run's time on the emulator (perf, 2026-12-07). */
+static const size_t EMU_STACK_TOP = (size_t)4 << 10;
 struct StackPool {
     std::vector<char *> stacks;
     ~StackPool()
@@ -694,14 +701,14 @@ struct StackPool {
 };
 static StackPool stack_pool;
 
-thread_local uint3 threadIdx, blockIdx;
-thread_local dim3 blockDim, gridDim;
-static thread_local Block *tl_block;
-static thread_local Fiber *tl_fiber;
-static thread_local void *tl_sched_sp;
-static thread_local void *tl_sched_fake;
-static thread_local const void *tl_sched_bottom;
-static thread_local size_t tl_sched_size;
+__thread uint3 threadIdx EMU_TLS, blockIdx EMU_TLS;
+__thread dim3 blockDim EMU_TLS, gridDim EMU_TLS;
+static __thread Block *tl_block EMU_TLS;
+static __thread Fiber *tl_fiber EMU_TLS;
+static __thread void *tl_sched_sp EMU_TLS;
+static __thread void *tl_sched_fake EMU_TLS;
+static __thread const void *tl_sched_bottom EMU_TLS;
+static __thread size_t tl_sched_size EMU_TLS;
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -744,7 +751,7 @@ static void fiber_main(void)
  * the entry sees rsp = 8 mod 16, as after a call). */
 static void fiber_init(Fiber *f)
 {
-    EMU_UNPOISON(f->stack, EMU_STACK);
+    EMU_UNPOISON(f->stack + EMU_STACK - EMU_STACK_TOP, EMU_STACK_TOP);
     uintptr_t top = ((uintptr_t)f->stack + EMU_STACK) & ~(uintptr_t)15;
     void **sp = (void **)(top - 8);
     *sp = NULL; /* fiber_main's own return address: it never returns */
@@ -899,6 +906,9 @@ static cudaError_t launch_blocks(const emu_cfg &cfg, const std::function<void()>
         if (!run_block(&b, blk % 2 == 1))
             e = last_error = cudaErrorLaunchFailure;
     }
+    if (e != cudaSuccess) /* fibers left mid-frame: their stacks are poisoned anywhere (EMU_STACK_TOP) */
+        for (uint64_t t = 0; t < nthreads; t++)
+            EMU_UNPOISON(b.fibers[t].stack, EMU_STACK);
     tl_block = NULL;
     return e;
 }

@@ -30,6 +30,7 @@ static void cleanup(void) {
 }
 
 static void put(const void *p, size_t n) {
+    unlink(path); /* a new file each time: ext4 flushes a file rewritten in place (O_TRUNC) on close */
     FILE *f = fopen(path, "wb");
     CHECK(f);
     CHECK(fwrite(p, 1, n, f) == n);

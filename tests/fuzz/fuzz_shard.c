@@ -47,6 +47,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         snprintf(out_path, sizeof out_path, "%s/out.bin", dir);
         atexit(cleanup);
     }
+    /* a new file each time: rewriting one in place (O_TRUNC) makes ext4 flush it to disk on close,
+     * which took 11 s of 300 mutations' 11.3 s (tests/cli/fuzz_replay.sh) */
+    unlink(in_path);
     FILE *f = fopen(in_path, "wb");
     CHECK(f);
     CHECK(fwrite(data, 1, size, f) == size);
