@@ -837,7 +837,7 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
         goto done;
     }
     int64_t first_new = len;
-    uint64_t key = rng_splitmix64(seed ^ 0x5A3Bu);
+    uint64_t key = ct_util_splitmix64(seed ^ 0x5A3Bu);
     for (int64_t step = 0; step < max_new; step++) {
         int64_t T = len < max_context ? len : max_context;
         if (runtime_forward_logits(&s->rt, ctx + len - T, 1, T, logits)) {

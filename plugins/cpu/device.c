@@ -19,6 +19,7 @@
 #include "ctitan/abi.h"
 #include "ctitan/device.h"
 #include "ctitan/host.h"
+#include "ctitan/util.h"
 
 #include <limits.h>
 #include <math.h>
@@ -29,7 +30,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -285,13 +285,6 @@ static ct_status cpu_info(ct_device *dev, ct_device_info *out)
     return CT_OK;
 }
 
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Best rate of a square sgemm over ~0.3 s. */
 /* f32 flops per cycle of one core: vector lanes x 2 (an FMA counts two) x 2 FMA units, as server
  * cores since Haswell, Skylake-SP Gold and Zen have. A core with one unit (or AVX-512 run at half
@@ -375,17 +368,17 @@ static ct_status cpu_measure_peak_flops(ct_device *dev, double *flops_per_s)
         b[i] = (float)(i % 5) * 0.02f;
     }
     cpu_enter(d);
-    double best = 1e30, start = cpu_now();
+    double best = 1e30, start = ct_util_now();
     int reps = 0;
     for (int rep = 0; rep < 20; rep++) {
-        double t0 = cpu_now();
+        double t0 = ct_util_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
                     n);
-        double dt = cpu_now() - t0;
+        double dt = ct_util_now() - t0;
         if (rep > 0 && dt < best) /* rep 0 warms up caches and threads */
             best = dt;
         reps = rep;
-        if (rep >= 2 && cpu_now() - start > 0.3)
+        if (rep >= 2 && ct_util_now() - start > 0.3)
             break;
     }
     free(a);

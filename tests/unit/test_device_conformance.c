@@ -63,6 +63,7 @@
 #include "ctitan/abi.h"
 #include "ctitan/device.h"
 #include "ctitan/host.h"
+#include "ctitan/util.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -290,12 +291,9 @@ static int unload_plugin(void **state)
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 
-static uint64_t rnd_u64(void)
+static uint64_t rnd_u64(void) /* splitmix64 */
 {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return ct_util_splitmix64_next(&rng_state);
 }
 
 /* uniform in [-scale, scale) */

@@ -19,6 +19,7 @@
 #include "ctitan/abi.h"
 #include "ctitan/device.h"
 #include "ctitan/host.h"
+#include "ctitan/util.h"
 
 #include <dlfcn.h>
 #include <float.h>
@@ -373,12 +374,9 @@ static void test_sweep_encodes_like_both_references(void **state)
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
-static uint64_t rnd_u64(void)
+static uint64_t rnd_u64(void) /* splitmix64 */
 {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return ct_util_splitmix64_next(&rng_state);
 }
 
 /* uniform in [-1, 1) times 2^e, e uniform in [lo, hi] */
