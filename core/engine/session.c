@@ -4,6 +4,7 @@
 #include "base/util.h"
 
 #include "host/commstats.h"
+#include "host/devcheck.h"
 #include "host/rank.h"
 #include "engine/mesh.h"
 #include "tools/schedule.h"
@@ -418,7 +419,7 @@ static ct_status load_plugins(session *s, manifest *mf, int with_params) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
-    s->d = s->devp->info.api;
+    s->d = devcheck_wrap(s->devp->info.api, &s->devp->host); /* every op's arguments checked here */
     s->m = s->modelp->info.api;
     s->o = s->optp->info.api;
     return CT_OK;

@@ -58,12 +58,18 @@
  *     accumulates R^T dout; odd d and a NULL table are refused.
  *
  * The harness brings its own minimal ct_host (log, set_error, memory, option getters answered
- * from the spec); it links nothing of the core, so a third party can build and run it alone.
+ * from the spec) and runs the plugin as the host does, behind the argument checks the host puts in
+ * front of every device (core/host/devcheck.c: the bad-argument tests above are answered there or
+ * in the plugin, wherever the host's run would answer them). Of the core it needs that one file,
+ * which needs only the SDK, so a third party can build and run it alone:
+ *     cc -std=c11 -D_GNU_SOURCE -Isdk/include -Icore tests/unit/test_device_conformance.c core/host/devcheck.c \
+ *         -lcmocka -ldl -lm
  */
 #include "ctitan/abi.h"
 #include "ctitan/device.h"
 #include "ctitan/host.h"
 #include "ctitan/util.h"
+#include "host/devcheck.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -269,7 +275,7 @@ static int load_plugin(void **state)
         return -1;
     }
     plugin_options = info.options;
-    api = info.api;
+    api = devcheck_wrap(info.api, &test_host); /* as the host runs a device: behind its argument checks */
     if (!api->create || api->create(&test_host, &dev) != CT_OK || !dev) {
         fprintf(stderr, "%s: create failed: %s\n", path, last_error);
         return -1;
