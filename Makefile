@@ -132,7 +132,7 @@ $(BUILD)/ctitan-sdk.pc: sdk/ctitan-sdk.pc.in sdk/include/ctitan/abi.h
 # The fast tier for the edit-compile loop: unit tests that open no session and CLI scripts that run
 # in seconds, none launching MPI ranks or a training run. `make test` runs these and everything else.
 CHECK_UNIT := test_core_config test_pool test_hw_profile test_shard test_safetensors test_tensorfile test_tokenizer test_hf_tokenizer test_fp8 \
-              test_cpu_gradcheck test_schedules test_device_conformance test_lion test_tensorboard test_plot_ticks
+              test_cpu_gradcheck test_schedules test_device_conformance test_devcheck test_lion test_tensorboard test_plot_ticks
 CHECK_CLI  := configs plugin_exports bad_input manifest_limits hf_convert schedule_cli plan_cli core_layers
 check: all $(CHECK_UNIT:%=$(BUILD)/tests/%)
 	BUILD=$(BUILD) tests/run.sh $(CHECK_UNIT) $(CHECK_CLI)

@@ -114,13 +114,6 @@ void ct_utc_iso(char *out, size_t len) {
 }
 
 /* ---- counter-based RNG: value i of stream `key` does not depend on any other draw ---- */
-uint64_t rng_splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 uint64_t rng_hash_str(const char *s) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
@@ -128,7 +121,7 @@ uint64_t rng_hash_str(const char *s) {
 }
 
 double rng_uniform(uint64_t key, uint64_t i) {
-    uint64_t r = rng_splitmix64(key ^ rng_splitmix64(i));
+    uint64_t r = ct_util_splitmix64(key ^ ct_util_splitmix64(i));
     return ((double)(r >> 11) + 0.5) * (1.0 / 9007199254740992.0); /* (0, 1) */
 }
 

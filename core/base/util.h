@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "ctitan/util.h" /* ct_util_splitmix64 */
+
 /* write(2) until all n bytes are out, retrying on EINTR. 0 or -1 (errno set). */
 int ct_write_all(int fd, const void *buf, size_t n);
 /* Monotonic seconds. */
@@ -28,9 +30,8 @@ int ct_require_dir(const char *path);
 /* Wall-clock time as ISO-8601 UTC with milliseconds: 2026-12-01T23:45:01.123Z (25 bytes). */
 void ct_utc_iso(char *out, size_t len);
 
-/* Host-side counter-based RNG (splitmix64): value i of stream `key` depends on no other draw.
- * Shared by parameter init, data order and sampling. */
-uint64_t rng_splitmix64(uint64_t x);
+/* Host-side counter-based RNG on the SDK's splitmix64 (ct_util_splitmix64, ctitan/util.h): value i
+ * of stream `key` depends on no other draw. Shared by parameter init, data order and sampling. */
 double rng_uniform(uint64_t key, uint64_t i);  /* (0, 1) */
 double rng_normal(uint64_t key, uint64_t i);   /* Box-Muller on draws 2i and 2i+1 */
 uint64_t rng_hash_str(const char *s);          /* FNV-1a */

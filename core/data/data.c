@@ -200,11 +200,11 @@ void dataloader_close(dataloader *dl) {
  * a single dataset always had. */
 static void shuffle(dataloader *dl, int i, int64_t epoch) {
     data_source *src = &dl->src[i];
-    uint64_t key = rng_splitmix64(dl->seed ^ 0xD474u) ^ rng_splitmix64((uint64_t)epoch) ^
-                   (i ? rng_splitmix64(0x50C3u + (uint64_t)i) : 0);
+    uint64_t key = ct_util_splitmix64(dl->seed ^ 0xD474u) ^ ct_util_splitmix64((uint64_t)epoch) ^
+                   (i ? ct_util_splitmix64(0x50C3u + (uint64_t)i) : 0);
     for (int64_t w = 0; w < src->n_windows; w++) src->perm[w] = (uint32_t)w;
     for (int64_t w = src->n_windows - 1; w > 0; w--) {
-        int64_t j = (int64_t)(rng_splitmix64(key ^ rng_splitmix64((uint64_t)w)) % (uint64_t)(w + 1));
+        int64_t j = (int64_t)(ct_util_splitmix64(key ^ ct_util_splitmix64((uint64_t)w)) % (uint64_t)(w + 1));
         uint32_t t = src->perm[w];
         src->perm[w] = src->perm[j];
         src->perm[j] = t;
@@ -218,9 +218,9 @@ static void period_layout(dataloader *dl, int64_t p) {
     int64_t at = 0;
     for (int i = 0; i < dl->n_src; i++)
         for (int64_t c = 0; c < dl->src[i].count; c++) dl->slot_src[at++] = (uint32_t)i;
-    uint64_t key = rng_splitmix64(dl->seed ^ 0x313Bu) ^ rng_splitmix64((uint64_t)p);
+    uint64_t key = ct_util_splitmix64(dl->seed ^ 0x313Bu) ^ ct_util_splitmix64((uint64_t)p);
     for (int64_t j = dl->period - 1; j > 0; j--) {
-        int64_t r = (int64_t)(rng_splitmix64(key ^ rng_splitmix64((uint64_t)j)) % (uint64_t)(j + 1));
+        int64_t r = (int64_t)(ct_util_splitmix64(key ^ ct_util_splitmix64((uint64_t)j)) % (uint64_t)(j + 1));
         uint32_t t = dl->slot_src[j];
         dl->slot_src[j] = dl->slot_src[r];
         dl->slot_src[r] = t;

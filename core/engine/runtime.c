@@ -229,7 +229,7 @@ static int64_t global_numel(const ct_param_slot *sl) {
  * Each value depends only on its index in the GLOBAL parameter, so every layout initialises alike. */
 static void init_values(const decl *d, const char *key_name, const ct_param_slot *sl, uint64_t seed, float *out,
                         int64_t offset, int64_t count) {
-    uint64_t key = rng_splitmix64(seed) ^ rng_hash_str(key_name);
+    uint64_t key = ct_util_splitmix64(seed) ^ rng_hash_str(key_name);
     const ct_init *in = &d->init;
     int64_t n = global_numel(sl);
     for (int64_t k = 0; k < count; k++) {

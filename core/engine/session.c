@@ -4,6 +4,7 @@
 #include "base/util.h"
 
 #include "host/commstats.h"
+#include "host/devcheck.h"
 #include "host/rank.h"
 #include "engine/mesh.h"
 #include "tools/schedule.h"
@@ -420,7 +421,7 @@ static ct_status load_plugins(session *s, manifest *mf, int with_params) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
-    s->d = s->devp->info.api;
+    s->d = devcheck_wrap(s->devp->info.api, &s->devp->host); /* every op's arguments checked here */
     s->m = s->modelp->info.api;
     s->o = s->optp->info.api;
     return CT_OK;
@@ -792,7 +793,7 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
         goto done;
     }
     int64_t first_new = len;
-    uint64_t key = rng_splitmix64(seed ^ 0x5A3Bu);
+    uint64_t key = ct_util_splitmix64(seed ^ 0x5A3Bu);
     for (int64_t step = 0; step < max_new; step++) {
         int64_t T = len < max_context ? len : max_context;
         if (runtime_forward_logits(&s->rt, ctx + len - T, 1, T, logits) != CT_OK) {

@@ -20,13 +20,13 @@
 #include "plan/search.h"
 #include "tools/schedule.h"
 #include "base/error.h"
+#include "base/util.h"
 #include "engine/mesh.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define SEARCH_FULL_MESHES 16
 #define SEARCH_MAX_DIVISORS 256
@@ -66,12 +66,6 @@ typedef struct searcher {
     mesh closest;       /* the pruned mesh with the most shards (walked when every mesh is pruned) */
     int have_closest;
 } searcher;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Divisors of n in ascending order (at most max). */
 static int divisors(int64_t n, int64_t *d, int max) {
@@ -553,7 +547,7 @@ ct_status plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_prof
     plan_search_stats *st = stats ? stats : &local;
     memset(st, 0, sizeof *st);
     *out = NULL, *n = 0;
-    double t0 = now_s();
+    double t0 = ct_now();
     if (o->gpus < 1 || o->gpus_per_node < 1)
         return ct_fail(CT_ERR_INVALID, "the search needs at least 1 GPU and 1 GPU per node (got %d and %d)", o->gpus,
                        o->gpus_per_node);
@@ -641,7 +635,7 @@ ct_status plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_prof
     }
     *n = k;
     free(s.res);
-    st->seconds = now_s() - t0;
+    st->seconds = ct_now() - t0;
     return CT_OK;
 }
 

@@ -24,11 +24,11 @@
  * (an upper bound over MPI, see there); context_parallel_ring_overlap: false waits for each transfer
  * before the compute, for comparison.
  */
-#define _POSIX_C_SOURCE 199309L
+#define _POSIX_C_SOURCE 199309L /* clock_gettime (ct_util_now) */
 #include "cp.h"
+#include "ctitan/util.h"
 
 #include <string.h>
-#include <time.h>
 
 #define RING_TAG_KV 1801  /* a K/V block going round */
 #define RING_TAG_ACC 1802 /* a block's dK/dV sum going round behind it */
@@ -55,12 +55,6 @@ static dims dims_of(const cp *c, const ct_tensor *q, const ct_tensor *k) {
     return z;
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static const char *trace_name(int backward) { return backward ? "cp_comm_bwd" : "cp_comm_fwd"; }
 
 /* ---- communication, timed and reported as the cp axis's ---- */
@@ -69,10 +63,10 @@ static const char *trace_name(int backward) { return backward ? "cp_comm_bwd" : 
 static int collective(cp *c, ct_builder *b, int backward, char kind, const float *send, float *recv, int64_t count) {
     const ct_comm_api *k = c->env.capi;
     c->host->trace_begin(c->host, trace_name(backward));
-    double t0 = now();
+    double t0 = ct_util_now();
     ct_status st = kind == 'g' ? k->all_gather(c->env.comm, c->group, send, recv, count, CT_F32, NULL)
                                : k->reduce_scatter(c->env.comm, c->group, send, recv, count, CT_F32, CT_REDUCE_SUM, NULL);
-    b->account_comm(b, CT_AXIS_CP, now() - t0);
+    b->account_comm(b, CT_AXIS_CP, ct_util_now() - t0);
     c->host->trace_end(c->host, trace_name(backward));
     return cp_failed(c, st, kind == 'g' ? "all-gather of K and V over cp" : "reduce-scatter of dK and dV over cp");
 }
@@ -88,7 +82,7 @@ static int transfer_start(cp *c, transfer *t, const float *send, float *recv, in
     const ct_comm_api *k = c->env.capi;
     int right = (c->rank + 1) % c->size, left = (c->rank + c->size - 1) % c->size;
     memset(t, 0, sizeof *t);
-    t->posted = now();
+    t->posted = ct_util_now();
     if (cp_failed(c, k->recv(c->env.comm, c->group, recv, count, CT_F32, left, tag, &t->recv), "ring receive"))
         return -1;
     return cp_failed(c, k->send(c->env.comm, c->group, send, count, CT_F32, right, tag, &t->send), "ring send");
@@ -98,9 +92,9 @@ static int transfer_start(cp *c, transfer *t, const float *send, float *recv, in
 static int transfer_wait_one(cp *c, ct_builder *b, int backward, transfer *t, ct_comm_request **req, int side) {
     if (!*req) return 0;
     c->host->trace_begin(c->host, trace_name(backward));
-    double t0 = now();
+    double t0 = ct_util_now();
     ct_status st = c->env.capi->wait(c->env.comm, *req);
-    double dt = now() - t0;
+    double dt = ct_util_now() - t0;
     *req = NULL;
     if (t->done_at[side] == 0) t->done_at[side] = t0 + dt;
     b->account_comm(b, CT_AXIS_CP, dt);
@@ -126,7 +120,7 @@ static int transfer_wait(cp *c, ct_builder *b, int backward, transfer *t) {
 static void poke(cp *c, ct_builder *b, transfer *const *ts, int n) {
     const ct_comm_api *k = c->env.capi;
     if (!CT_HAS_FIELD(k, ct_comm_api, test) || !k->test) return;
-    double t0 = now();
+    double t0 = ct_util_now();
     for (int i = 0; i < n; i++) {
         if (!ts[i]) continue;
         ct_comm_request *r[2] = {ts[i]->recv, ts[i]->send};
@@ -134,10 +128,10 @@ static void poke(cp *c, ct_builder *b, transfer *const *ts, int n) {
             int done = 0;
             if (!r[j] || ts[i]->done_at[j] != 0) continue;
             k->test(c->env.comm, r[j], &done); /* an error here resurfaces at the wait */
-            if (done) ts[i]->done_at[j] = now();
+            if (done) ts[i]->done_at[j] = ct_util_now();
         }
     }
-    double dt = now() - t0; /* MPI copies the bytes inside these calls: not hidden, whatever else is */
+    double dt = ct_util_now() - t0; /* MPI copies the bytes inside these calls: not hidden, whatever else is */
     b->account_comm(b, CT_AXIS_CP, dt);
     c->ring_blocked_s += dt;
 }

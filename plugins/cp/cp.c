@@ -9,6 +9,7 @@
  * the gradient of every other slot is summed over cp here, once per step.
  */
 #include "cp.h"
+#include "ctitan/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,19 +138,7 @@ static ct_status cp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_uni
     (void)n_units;
     c->slots = slots;
     c->n_slots = n;
-    int whole = n > 0 && CT_HAS_FIELD(slots, ct_param_slot, whole_grad);
-    for (int i = 0; i < n; i++) { /* compute on the local storage (a data-parallel strategy repoints these) */
-        ct_param_slot *s = CT_SLOT_AT(slots, i);
-        /* ...but whole compute storage (ZeRO's) is what the host pointed the parameter at already */
-        if (!whole || !s->whole_data) s->param->data = s->local_data;
-        if (!whole || !s->whole_grad) s->param->grad = s->local_grad;
-    }
-    return CT_OK;
-}
-
-static ct_status cp_noop(ct_strategy *p, int unit) {
-    (void)p;
-    (void)unit;
+    ct_util_use_local_storage(slots, n); /* a data-parallel strategy may repoint them */
     return CT_OK;
 }
 
@@ -193,20 +182,13 @@ static ct_status cp_finish_backward(ct_strategy *p) {
 static ct_status cp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
     cp *c = p;
     (void)n_microbatches; /* once per step whatever the count */
-    memset(out->mem_bytes, 0, sizeof out->mem_bytes);
+    ct_util_report_clear(out);
     out->mem_bytes[CT_MEM_OTHER] = c->env.planning ? 2 * c->env.seq_len * (int64_t)sizeof(int32_t) : c->positions_bytes;
-    out->n_comms = 0;
     for (int i = 0; c->size > 1 && i < c->n_slots; i++) {
         const ct_param_slot *s = CT_SLOT_AT(c->slots, i);
         if (!summed_here(s)) continue;
-        if (out->comms && out->n_comms < out->max_comms) {
-            ct_comm_cost *e = (ct_comm_cost *)((char *)out->comms + (size_t)out->n_comms * out->comms->struct_size);
-            size_t size = out->comms->struct_size; /* the host's element size */
-            ct_comm_cost v = {sizeof v, CT_AXIS_CP, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD,
-                              (double)s->local_numel * sizeof(float), 1.0, 0};
-            memcpy(e, &v, size < sizeof v ? size : sizeof v);
-        }
-        out->n_comms++;
+        ct_util_report_comm(out, CT_AXIS_CP, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD,
+                            (double)s->local_numel * sizeof(float), 1.0, 0);
     }
     return CT_OK;
 }
@@ -229,9 +211,9 @@ static const ct_strategy_api api = {
     .destroy = cp_destroy,
     .place = cp_place,
     .setup = cp_setup,
-    .pre_forward = cp_noop,
-    .post_forward = cp_noop,
-    .pre_backward = cp_noop,
+    .pre_forward = ct_util_unit_noop,
+    .post_forward = ct_util_unit_noop,
+    .pre_backward = ct_util_unit_noop,
     .post_backward = cp_post_backward,
     .finish_backward = cp_finish_backward,
     .wrap_builder = cp_wrap_builder,

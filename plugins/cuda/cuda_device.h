@@ -2,8 +2,9 @@
  *
  * Files: device.c (entry, options, lifecycle, the API table), memory.c (the caching allocator,
  * copies, scratch and readbacks), blas.c (matmul through cuBLASLt, the peak-FLOP/s loop),
- * ops.c, ops_ext.c and ops_ew.c (argument checks, then the kernel launchers of kernels.h; ops_ew.c
- * has ABI 2.1's elementwise ops), stream.c (share_stream; the copy stream of ABI 2.9's
+ * ops.c, ops_ext.c and ops_ew.c (the GPU's own limits and id checks, then the kernel launchers of
+ * kernels.h; ops_ew.c has ABI 2.1's elementwise ops; the host checked the arguments first,
+ * core/host/devcheck.c), stream.c (share_stream; the copy stream of ABI 2.9's
  * copy_async), graph.c (capture into CUDA graphs, ABI 1.5).
  *
  * Streams: every op runs on d->stream. Until share_stream (ABI 1.4) that is the legacy default
@@ -143,7 +144,7 @@ ct_status cuda_matmul(ct_device *dev, float *c, const float *a, const float *b, 
                       int64_t k, int trans_a, int trans_b, float alpha, float beta);
 ct_status cuda_measure_peak_flops(ct_device *dev, double *flops_per_s);
 
-/* ---- ops (ops.c; ops_ext.c: float8 and tensor parallel): argument checks, then launches ----
+/* ---- ops (ops.c; ops_ext.c: float8 and tensor parallel): the GPU's checks, then launches ----
  * CUDA_OP(x) declares cuda_x with the exact type of ct_device_api's member x. */
 #define CUDA_OP(name) __typeof__(*((ct_device_api *)0)->name) cuda_##name
 CUDA_OP(axpy);

@@ -306,14 +306,8 @@ static int overlaps(const void *a, const void *b, size_t n)
 ct_status cuda_copy(ct_device *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (!(kind == CT_COPY_H2D || kind == CT_COPY_D2H || kind == CT_COPY_D2D))
-        return cuda_fail(d, CT_ERR_INVALID, "copy", "unknown copy kind %d", (int)kind);
     if (bytes == 0)
         return CT_OK;
-    if (!dst || !src)
-        return cuda_fail(d, CT_ERR_INVALID, "copy", "null pointer");
     ct_status st = cuda_enter(d, "copy");
     if (st != CT_OK)
         return st;
@@ -356,12 +350,8 @@ ct_status cuda_copy(ct_device *dev, void *dst, const void *src, size_t bytes, ct
 ct_status cuda_zero(ct_device *dev, void *p, size_t bytes)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
     if (bytes == 0)
         return CT_OK;
-    if (!p)
-        return cuda_fail(d, CT_ERR_INVALID, "zero", "null pointer");
     ct_status st = cuda_enter(d, "zero");
     if (st != CT_OK)
         return st;

@@ -1,12 +1,12 @@
-/* ops.c: the CUDA plugin's ops of ABI 1.0 (but matmul, in blas.c): argument checks, then the
- * launchers of kernels.h.
+/* ops.c: the CUDA plugin's ops of ABI 1.0 (but matmul, in blas.c): what only the GPU checks, then
+ * the launchers of kernels.h.
  *
- * The checks and their messages are the CPU plugin's (plugins/cpu/device.c), so both devices
- * refuse the same calls the same way. What only the GPU adds: shapes past the grid limits
- * (CT_ERR_UNSUPPORTED), and ids and targets that live in device memory: cuk_find_bad_id finds
- * the first bad one on the GPU, the op's kernels skip their work when there is one, and the
- * answer is read back (one wait on the stream) to return CT_ERR_INVALID naming that entry, so a
- * refused call changes nothing, as on the CPU.
+ * The host checks every op's arguments before it gets here (core/host/devcheck.c: shapes, null
+ * pointers, ..., with the messages both devices give), so an op sees a valid call. What only the
+ * GPU adds: shapes past the grid limits (CT_ERR_UNSUPPORTED), and ids and targets that live in
+ * device memory: cuk_find_bad_id finds the first bad one on the GPU, the op's kernels skip their
+ * work when there is one, and the answer is read back (one wait on the stream) to return
+ * CT_ERR_INVALID naming that entry, so a refused call changes nothing, as on the CPU.
  */
 #include "cuda_device.h"
 
@@ -49,12 +49,6 @@ static ct_status ids_check_end(cuda_device *d, const char *op, const char *what,
 ct_status cuda_axpy(ct_device *dev, float *y, const float *x, float alpha, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "axpy", "negative length %lld", (long long)n);
-    if (!(n == 0 || (y && x)))
-        return cuda_fail(d, CT_ERR_INVALID, "axpy", "null pointer");
     if (n == 0)
         return CT_OK;
     ct_status st = cuda_enter(d, "axpy");
@@ -69,12 +63,6 @@ ct_status cuda_axpy(ct_device *dev, float *y, const float *x, float alpha, int64
 ct_status cuda_add(ct_device *dev, float *out, const float *a, const float *b, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "add", "negative length %lld", (long long)n);
-    if (!(n == 0 || (out && a && b)))
-        return cuda_fail(d, CT_ERR_INVALID, "add", "null pointer");
     if (n == 0)
         return CT_OK;
     ct_status st = cuda_enter(d, "add");
@@ -89,12 +77,6 @@ ct_status cuda_add(ct_device *dev, float *out, const float *a, const float *b, i
 ct_status cuda_scale(ct_device *dev, float *x, float alpha, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "scale", "negative length %lld", (long long)n);
-    if (!(n == 0 || x))
-        return cuda_fail(d, CT_ERR_INVALID, "scale", "null pointer");
     if (n == 0)
         return CT_OK;
     ct_status st = cuda_enter(d, "scale");
@@ -126,36 +108,18 @@ static ct_status sum_generic(cuda_device *d, const char *op, double *out, const 
 ct_status cuda_sum(ct_device *dev, double *out, const float *x, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "sum", "negative length %lld", (long long)n);
-    if (!(out && (n == 0 || x)))
-        return cuda_fail(d, CT_ERR_INVALID, "sum", "null pointer");
     return sum_generic(d, "sum", out, x, n, 0);
 }
 
 ct_status cuda_sum_squares(ct_device *dev, double *out, const float *x, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "sum_squares", "negative length %lld", (long long)n);
-    if (!(out && (n == 0 || x)))
-        return cuda_fail(d, CT_ERR_INVALID, "sum_squares", "null pointer");
     return sum_generic(d, "sum_squares", out, x, n, 1);
 }
 
 ct_status cuda_sum_to_device(ct_device *dev, float *out, const float *x, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "sum_to_device", "negative length %lld", (long long)n);
-    if (!(out && (n == 0 || x)))
-        return cuda_fail(d, CT_ERR_INVALID, "sum_to_device", "null pointer");
     ct_status st = cuda_enter(d, "sum_to_device");
     if (st != CT_OK)
         return st;
@@ -171,11 +135,6 @@ ct_status cuda_sum_to_device(ct_device *dev, float *out, const float *x, int64_t
 static ct_status embedding_checked(cuda_device *d, const char *op, float *dst, const int32_t *ids,
                                    const float *src, int64_t n, int64_t c, int64_t vocab, int backward)
 {
-    if (n < 0 || c < 0 || vocab < 0)
-        return cuda_fail(d, CT_ERR_INVALID, op, "negative shape n=%lld c=%lld vocab=%lld", (long long)n,
-                         (long long)c, (long long)vocab);
-    if (n > 0 && !ids)
-        return cuda_fail(d, CT_ERR_INVALID, op, "null ids");
     if (n == 0)
         return CT_OK;
     if (c > 0 && (!dst || !src))
@@ -204,8 +163,6 @@ ct_status cuda_embedding_forward(ct_device *dev, float *out, const int32_t *ids,
                                  int64_t c, int64_t vocab)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
     return embedding_checked(d, "embedding_forward", out, ids, table, n, c, vocab, 0);
 }
 
@@ -213,8 +170,6 @@ ct_status cuda_embedding_backward(ct_device *dev, float *dtable, const int32_t *
                                   int64_t c, int64_t vocab)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
     return embedding_checked(d, "embedding_backward", dtable, ids, dout, n, c, vocab, 1);
 }
 
@@ -224,19 +179,8 @@ ct_status cuda_rmsnorm_forward(ct_device *dev, float *out, float *rstd, const fl
                                int64_t c, float eps)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0 || c < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_forward", "negative shape n=%lld c=%lld", (long long)n,
-                         (long long)c);
-    if (!(c > 0 || n == 0))
-        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_forward", "zero columns");
-    if (!(eps >= 0))
-        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_forward", "eps %g is negative", (double)eps);
     if (n == 0)
         return CT_OK;
-    if (!out || !rstd || !x || !w)
-        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_forward", "null pointer");
     if (n > INT32_MAX)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "rmsnorm_forward", "%lld rows exceed the CUDA grid (2^31 - 1 blocks)",
                          (long long)n);
@@ -253,15 +197,8 @@ ct_status cuda_rmsnorm_backward_input(ct_device *dev, float *dx, const float *do
                                       const float *rstd, int64_t n, int64_t c)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0 || c < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_backward_input", "negative shape n=%lld c=%lld", (long long)n,
-                         (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    if (!dx || !dout || !x || !w || !rstd)
-        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_backward_input", "null pointer");
     if (n > INT32_MAX)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "rmsnorm_backward_input",
                          "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
@@ -278,15 +215,8 @@ ct_status cuda_rmsnorm_backward_weight(ct_device *dev, float *dw, const float *d
                                        const float *rstd, int64_t n, int64_t c)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0 || c < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_backward_weight", "negative shape n=%lld c=%lld", (long long)n,
-                         (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    if (!dw || !dout || !x || !rstd)
-        return cuda_fail(d, CT_ERR_INVALID, "rmsnorm_backward_weight", "null pointer");
     ct_status st = cuda_enter(d, "rmsnorm_backward_weight");
     if (st != CT_OK)
         return st;
@@ -300,19 +230,8 @@ ct_status cuda_layernorm_forward(ct_device *dev, float *out, float *mean, float 
                                  const float *b, int64_t n, int64_t c, float eps)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0 || c < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "layernorm_forward", "negative shape n=%lld c=%lld", (long long)n,
-                         (long long)c);
-    if (!(c > 0 || n == 0))
-        return cuda_fail(d, CT_ERR_INVALID, "layernorm_forward", "zero columns");
-    if (!(eps >= 0))
-        return cuda_fail(d, CT_ERR_INVALID, "layernorm_forward", "eps %g is negative", (double)eps);
     if (n == 0)
         return CT_OK;
-    if (!out || !mean || !rstd || !x || !w)
-        return cuda_fail(d, CT_ERR_INVALID, "layernorm_forward", "null pointer");
     if (n > INT32_MAX)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "layernorm_forward", "%lld rows exceed the CUDA grid (2^31 - 1 blocks)",
                          (long long)n);
@@ -329,15 +248,8 @@ ct_status cuda_layernorm_backward_input(ct_device *dev, float *dx, const float *
                                         const float *mean, const float *rstd, int64_t n, int64_t c)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0 || c < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "layernorm_backward_input", "negative shape n=%lld c=%lld", (long long)n,
-                         (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    if (!dx || !dout || !x || !w || !mean || !rstd)
-        return cuda_fail(d, CT_ERR_INVALID, "layernorm_backward_input", "null pointer");
     if (n > INT32_MAX)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "layernorm_backward_input",
                          "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
@@ -354,15 +266,8 @@ ct_status cuda_layernorm_backward_weight(ct_device *dev, float *dw, float *db, c
                                          const float *mean, const float *rstd, int64_t n, int64_t c)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0 || c < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "layernorm_backward_weight", "negative shape n=%lld c=%lld", (long long)n,
-                         (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    if (!dw || !dout || !x || !mean || !rstd)
-        return cuda_fail(d, CT_ERR_INVALID, "layernorm_backward_weight", "null pointer");
     ct_status st = cuda_enter(d, "layernorm_backward_weight");
     if (st != CT_OK)
         return st;
@@ -375,14 +280,8 @@ ct_status cuda_layernorm_backward_weight(ct_device *dev, float *dw, float *db, c
 ct_status cuda_bias_forward(ct_device *dev, float *out, const float *x, const float *bias, int64_t n, int64_t c)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0 || c < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "bias_forward", "negative shape n=%lld c=%lld", (long long)n, (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    if (!out || !x || !bias)
-        return cuda_fail(d, CT_ERR_INVALID, "bias_forward", "null pointer");
     if (n > INT32_MAX)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "bias_forward", "%lld rows exceed the CUDA grid (2^31 - 1 blocks)",
                          (long long)n);
@@ -398,15 +297,8 @@ ct_status cuda_bias_forward(ct_device *dev, float *out, const float *x, const fl
 ct_status cuda_bias_backward(ct_device *dev, float *dbias, const float *dout, int64_t n, int64_t c)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0 || c < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "bias_backward", "negative shape n=%lld c=%lld", (long long)n,
-                         (long long)c);
     if (n == 0 || c == 0)
         return CT_OK;
-    if (!dbias || !dout)
-        return cuda_fail(d, CT_ERR_INVALID, "bias_backward", "null pointer");
     ct_status st = cuda_enter(d, "bias_backward");
     if (st != CT_OK)
         return st;
@@ -418,23 +310,13 @@ ct_status cuda_bias_backward(ct_device *dev, float *dbias, const float *dout, in
 
 /* ---------------------------------------------------------------- rope */
 
-/* pos: the positions of rope_*_pos (required when with_pos), or NULL for rows 0..t-1; inv: the
- * frequency table of rope_freqs_* (then theta is unused), or NULL for theta^(-2i/d) */
-static ct_status rope_checked(cuda_device *d, const char *op, float *out, const float *x, const int32_t *pos,
-                              int with_pos, const float *inv, int64_t b, int64_t t, int64_t h, int64_t hd,
-                              float theta, int backward)
+/* pos: the positions of rope_*_pos, or NULL for rows 0..t-1; inv: the frequency table of
+ * rope_freqs_* (then theta is unused), or NULL for theta^(-2i/d) */
+static ct_status rope_launch(cuda_device *d, const char *op, float *out, const float *x, const int32_t *pos,
+                             const float *inv, int64_t b, int64_t t, int64_t h, int64_t hd, float theta, int backward)
 {
-    if (b < 0 || t < 0 || h < 0 || hd < 0)
-        return cuda_fail(d, CT_ERR_INVALID, op, "negative shape b=%lld t=%lld h=%lld d=%lld", (long long)b,
-                         (long long)t, (long long)h, (long long)hd);
-    if (hd % 2 != 0)
-        return cuda_fail(d, CT_ERR_INVALID, op, "head dim %lld is odd, expected pairs", (long long)hd);
-    if (!(theta > 0))
-        return cuda_fail(d, CT_ERR_INVALID, op, "theta %g, expected > 0", (double)theta);
     if (b == 0 || t == 0 || h == 0 || hd == 0)
         return CT_OK;
-    if (!out || !x || (with_pos && !pos))
-        return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
     ct_status st = cuda_enter(d, op);
     if (st != CT_OK)
         return st;
@@ -446,36 +328,28 @@ ct_status cuda_rope_forward(ct_device *dev, float *out, const float *x, int64_t 
                             float theta)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    return rope_checked(d, "rope_forward", out, x, NULL, 0, NULL, b, t, h, hd, theta, 0);
+    return rope_launch(d, "rope_forward", out, x, NULL, NULL, b, t, h, hd, theta, 0);
 }
 
 ct_status cuda_rope_backward(ct_device *dev, float *dx, const float *dout, int64_t b, int64_t t, int64_t h,
                              int64_t hd, float theta)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    return rope_checked(d, "rope_backward", dx, dout, NULL, 0, NULL, b, t, h, hd, theta, 1);
+    return rope_launch(d, "rope_backward", dx, dout, NULL, NULL, b, t, h, hd, theta, 1);
 }
 
 ct_status cuda_rope_forward_pos(ct_device *dev, float *out, const float *x, const int32_t *pos, int64_t b, int64_t t,
                                 int64_t h, int64_t hd, float theta)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    return rope_checked(d, "rope_forward_pos", out, x, pos, 1, NULL, b, t, h, hd, theta, 0);
+    return rope_launch(d, "rope_forward_pos", out, x, pos, NULL, b, t, h, hd, theta, 0);
 }
 
 ct_status cuda_rope_backward_pos(ct_device *dev, float *dx, const float *dout, const int32_t *pos, int64_t b,
                                  int64_t t, int64_t h, int64_t hd, float theta)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    return rope_checked(d, "rope_backward_pos", dx, dout, pos, 1, NULL, b, t, h, hd, theta, 1);
+    return rope_launch(d, "rope_backward_pos", dx, dout, pos, NULL, b, t, h, hd, theta, 1);
 }
 
 /* ABI 2.4: the model's frequency table inv_freq (device memory); pos optional. */
@@ -483,39 +357,21 @@ ct_status cuda_rope_freqs_forward(ct_device *dev, float *out, const float *x, co
                                   const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t hd)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (!inv_freq && b > 0 && t > 0 && h > 0 && hd > 0)
-        return cuda_fail(d, CT_ERR_INVALID, "rope_freqs_forward", "null pointer");
-    return rope_checked(d, "rope_freqs_forward", out, x, pos, 0, inv_freq, b, t, h, hd, 1.0f, 0);
+    return rope_launch(d, "rope_freqs_forward", out, x, pos, inv_freq, b, t, h, hd, 1.0f, 0);
 }
 
 ct_status cuda_rope_freqs_backward(ct_device *dev, float *dx, const float *dout, const int32_t *pos,
                                    const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t hd)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (!inv_freq && b > 0 && t > 0 && h > 0 && hd > 0)
-        return cuda_fail(d, CT_ERR_INVALID, "rope_freqs_backward", "null pointer");
-    return rope_checked(d, "rope_freqs_backward", dx, dout, pos, 0, inv_freq, b, t, h, hd, 1.0f, 1);
+    return rope_launch(d, "rope_freqs_backward", dx, dout, pos, inv_freq, b, t, h, hd, 1.0f, 1);
 }
 
 /* ---------------------------------------------------------------- attention */
 
-/* The CPU plugin's shape checks, then the GPU kernels' limits: head dim, grid, shared memory. */
-static ct_status attention_check(cuda_device *d, const char *op, int64_t b, int64_t t, int64_t h, int64_t kvh,
-                                 int64_t hd)
+/* The GPU kernels' limits (the host checked the shape): head dim, grid, shared memory. */
+static ct_status attention_check(cuda_device *d, const char *op, int64_t b, int64_t h, int64_t hd)
 {
-    if (b < 0 || t < 0 || h < 0 || kvh <= 0 || hd <= 0)
-        return cuda_fail(d, CT_ERR_INVALID, op, "shape b=%lld t=%lld h=%lld kvh=%lld d=%lld, expected kvh and d > 0",
-                         (long long)b, (long long)t, (long long)h, (long long)kvh, (long long)hd);
-    if (h % kvh != 0)
-        return cuda_fail(d, CT_ERR_INVALID, op, "%lld query heads are not a multiple of %lld kv heads", (long long)h,
-                         (long long)kvh);
-    if (t > INT_MAX || h * hd > INT_MAX)
-        return cuda_fail(d, CT_ERR_INVALID, op, "t=%lld or h*d=%lld exceeds the BLAS int range", (long long)t,
-                         (long long)(h * hd));
     if (hd > CUK_ATTENTION_MAX_D)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, op, "head dim %lld: the CUDA attention kernels take d <= %d",
                          (long long)hd, CUK_ATTENTION_MAX_D);
@@ -534,15 +390,11 @@ ct_status cuda_attention_forward(ct_device *dev, float *out, float *lse, const f
                                  const float *v, int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t hd)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    ct_status st = attention_check(d, "attention_forward", b, t, h, kvh, hd);
+    ct_status st = attention_check(d, "attention_forward", b, h, hd);
     if (st != CT_OK)
         return st;
     if (b == 0 || t == 0 || h == 0)
         return CT_OK;
-    if (!out || !lse || !q || !k || !v)
-        return cuda_fail(d, CT_ERR_INVALID, "attention_forward", "null pointer");
     st = cuda_enter(d, "attention_forward");
     if (st != CT_OK)
         return st;
@@ -557,15 +409,11 @@ ct_status cuda_attention_backward(ct_device *dev, float *dq, float *dk, float *d
                                   int64_t t, int64_t h, int64_t kvh, int64_t hd)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    ct_status st = attention_check(d, "attention_backward", b, t, h, kvh, hd);
+    ct_status st = attention_check(d, "attention_backward", b, h, hd);
     if (st != CT_OK)
         return st;
     if (b == 0 || t == 0 || h == 0)
         return CT_OK;
-    if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse)
-        return cuda_fail(d, CT_ERR_INVALID, "attention_backward", "null pointer");
     st = cuda_enter(d, "attention_backward");
     if (st != CT_OK)
         return st;
@@ -577,29 +425,17 @@ ct_status cuda_attention_backward(ct_device *dev, float *dq, float *dk, float *d
 
 /* ---------------------------------------------------------------- attention by blocks (ABI 2.3) */
 
-static ct_status attention_block_check(cuda_device *d, const char *op, int64_t b, int64_t tq, int64_t tk, int64_t h,
-                                       int64_t kvh, int64_t hd)
-{
-    if (tk < 0 || tk > INT_MAX)
-        return cuda_fail(d, CT_ERR_INVALID, op, "tk=%lld, expected 0..%d", (long long)tk, INT_MAX);
-    return attention_check(d, op, b, tq, h, kvh, hd);
-}
-
 ct_status cuda_attention_block_forward(ct_device *dev, float *out, float *lse, const float *q, const float *k,
                                        const float *v, const int32_t *q_pos, const int32_t *k_pos, int64_t b,
                                        int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t hd)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
     const char *op = "attention_block_forward";
-    ct_status st = attention_block_check(d, op, b, tq, tk, h, kvh, hd);
+    ct_status st = attention_check(d, op, b, h, hd);
     if (st != CT_OK)
         return st;
     if (b == 0 || tq == 0 || h == 0)
         return CT_OK;
-    if (!out || !lse || !q || !q_pos || (tk > 0 && (!k || !v || !k_pos)))
-        return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
     if (tk == 0) { /* no key tile: the kernel reads none of these, they only need to be addresses */
         k = v = q;
         k_pos = q_pos;
@@ -617,15 +453,8 @@ ct_status cuda_attention_merge(ct_device *dev, float *out, float *lse, const flo
                                int64_t t, int64_t h, int64_t hd)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (b < 0 || t < 0 || h < 0 || hd < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "attention_merge", "negative shape b=%lld t=%lld h=%lld d=%lld",
-                         (long long)b, (long long)t, (long long)h, (long long)hd);
     if (b == 0 || t == 0 || h == 0)
         return CT_OK;
-    if (!out || !lse || !out2 || !lse2)
-        return cuda_fail(d, CT_ERR_INVALID, "attention_merge", "null pointer");
     ct_status st = cuda_enter(d, "attention_merge");
     if (st != CT_OK)
         return st;
@@ -641,16 +470,12 @@ ct_status cuda_attention_block_backward(ct_device *dev, float *dq, float *dk, fl
                                         int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t hd)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
     const char *op = "attention_block_backward";
-    ct_status st = attention_block_check(d, op, b, tq, tk, h, kvh, hd);
+    ct_status st = attention_check(d, op, b, h, hd);
     if (st != CT_OK)
         return st;
     if (b == 0 || tq == 0 || tk == 0 || h == 0)
         return CT_OK;
-    if (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse || !q_pos || !k_pos)
-        return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
     st = cuda_enter(d, op);
     if (st != CT_OK)
         return st;
@@ -666,12 +491,6 @@ ct_status cuda_attention_block_backward(ct_device *dev, float *dq, float *dk, fl
 ct_status cuda_swiglu_forward(ct_device *dev, float *out, const float *a, const float *g, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "swiglu_forward", "negative length %lld", (long long)n);
-    if (!(n == 0 || (out && a && g)))
-        return cuda_fail(d, CT_ERR_INVALID, "swiglu_forward", "null pointer");
     if (n == 0)
         return CT_OK;
     ct_status st = cuda_enter(d, "swiglu_forward");
@@ -687,12 +506,6 @@ ct_status cuda_swiglu_backward(ct_device *dev, float *da, float *dg, const float
                                const float *g, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "swiglu_backward", "negative length %lld", (long long)n);
-    if (!(n == 0 || (da && dg && dout && a && g)))
-        return cuda_fail(d, CT_ERR_INVALID, "swiglu_backward", "null pointer");
     if (n == 0)
         return CT_OK;
     ct_status st = cuda_enter(d, "swiglu_backward");
@@ -707,12 +520,6 @@ ct_status cuda_swiglu_backward(ct_device *dev, float *da, float *dg, const float
 ct_status cuda_gelu_forward(ct_device *dev, float *out, const float *x, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "gelu_forward", "negative length %lld", (long long)n);
-    if (!(n == 0 || (out && x)))
-        return cuda_fail(d, CT_ERR_INVALID, "gelu_forward", "null pointer");
     if (n == 0)
         return CT_OK;
     ct_status st = cuda_enter(d, "gelu_forward");
@@ -727,12 +534,6 @@ ct_status cuda_gelu_forward(ct_device *dev, float *out, const float *x, int64_t 
 ct_status cuda_gelu_backward(ct_device *dev, float *dx, const float *dout, const float *x, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "gelu_backward", "negative length %lld", (long long)n);
-    if (!(n == 0 || (dx && dout && x)))
-        return cuda_fail(d, CT_ERR_INVALID, "gelu_backward", "null pointer");
     if (n == 0)
         return CT_OK;
     ct_status st = cuda_enter(d, "gelu_backward");
@@ -751,10 +552,6 @@ static ct_status cross_entropy_checked(cuda_device *d, const char *op, float *ds
                                        const int32_t *targets, float dloss, const float *dloss_dev, int64_t n,
                                        int64_t v, int32_t ignore_index, int backward)
 {
-    if (n < 0 || v <= 0)
-        return cuda_fail(d, CT_ERR_INVALID, op, "shape n=%lld v=%lld, expected v > 0", (long long)n, (long long)v);
-    if (n > 0 && !targets)
-        return cuda_fail(d, CT_ERR_INVALID, op, "null targets");
     if (n == 0)
         return CT_OK;
     if (!dst || !logits)
@@ -784,8 +581,6 @@ ct_status cuda_cross_entropy_forward(ct_device *dev, float *losses, const float 
                                      int64_t n, int64_t v, int32_t ignore_index)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
     return cross_entropy_checked(d, "cross_entropy_forward", losses, logits, targets, 0.0f, NULL, n, v, ignore_index,
                                  0);
 }
@@ -794,8 +589,6 @@ ct_status cuda_cross_entropy_backward(ct_device *dev, float *dlogits, const floa
                                       float dloss, int64_t n, int64_t v, int32_t ignore_index)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
     return cross_entropy_checked(d, "cross_entropy_backward", dlogits, logits, targets, dloss, NULL, n, v,
                                  ignore_index, 1);
 }
@@ -804,34 +597,18 @@ ct_status cuda_cross_entropy_backward_dev(ct_device *dev, float *dlogits, const 
                                           const float *dloss, int64_t n, int64_t v, int32_t ignore_index)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (!dloss)
-        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_backward_dev", "null dloss");
     return cross_entropy_checked(d, "cross_entropy_backward_dev", dlogits, logits, targets, 0.0f, dloss, n, v,
                                  ignore_index, 1);
 }
 
 /* ---------------------------------------------------------------- optimizer, precision */
 
-/* adamw's and adamw_bf16_moments' arguments checked, the device entered, and the CPU plugin's
+/* adamw's and adamw_bf16_moments' device entered, and the CPU plugin's
  * constants (bias corrections in double, the rest in float) into c[3]: step_size, bc2_sqrt, decay.
  * CT_OK with n > 0 to launch; *skip for n == 0. */
-static ct_status adamw_prepare(cuda_device *d, const char *op, int ok_pointers, int64_t n, float lr, float beta1,
+static ct_status adamw_prepare(cuda_device *d, const char *op, int64_t n, float lr, float beta1,
                                float beta2, float weight_decay, int64_t step, float c[3], int *skip)
 {
-    *skip = 0;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, op, "negative length %lld", (long long)n);
-    if (step < 1)
-        return cuda_fail(d, CT_ERR_INVALID, op, "step %lld, expected >= 1 (counted from 1)", (long long)step);
-    if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1))
-        return cuda_fail(d, CT_ERR_INVALID, op, "betas (%g, %g), expected each in [0, 1)", (double)beta1,
-                         (double)beta2);
-    if (!(n == 0 || ok_pointers))
-        return cuda_fail(d, CT_ERR_INVALID, op, "null pointer");
     *skip = n == 0;
     double bc1 = 1.0 - pow((double)beta1, (double)step), bc2 = 1.0 - pow((double)beta2, (double)step);
     c[0] = (float)((double)lr / bc1), c[1] = (float)sqrt(bc2), c[2] = 1 - lr * weight_decay;
@@ -844,7 +621,7 @@ ct_status cuda_adamw(ct_device *dev, float *param, const float *grad, float *m, 
     cuda_device *d = dev;
     float c[3];
     int skip;
-    ct_status st = adamw_prepare(d, "adamw", param && grad && m && v, n, lr, beta1, beta2, weight_decay, step, c, &skip);
+    ct_status st = adamw_prepare(d, "adamw", n, lr, beta1, beta2, weight_decay, step, c, &skip);
     if (st != CT_OK || skip)
         return st;
     cudaError_t e = cuk_adamw(&d->env, param, grad, m, v, n, beta1, beta2, eps, c[0], c[1], c[2]);
@@ -857,8 +634,7 @@ ct_status cuda_adamw_bf16_moments(ct_device *dev, float *param, const float *gra
     cuda_device *d = dev;
     float c[3];
     int skip;
-    ct_status st = adamw_prepare(d, "adamw_bf16_moments", param && grad && mv, n, lr, beta1, beta2, weight_decay, step,
-                                 c, &skip);
+    ct_status st = adamw_prepare(d, "adamw_bf16_moments", n, lr, beta1, beta2, weight_decay, step, c, &skip);
     if (st != CT_OK || skip)
         return st;
     cudaError_t e = cuk_adamw_bf16_moments(&d->env, param, grad, mv, n, beta1, beta2, eps, c[0], c[1], c[2]);
@@ -868,12 +644,6 @@ ct_status cuda_adamw_bf16_moments(ct_device *dev, float *param, const float *gra
 ct_status cuda_cast_f32_to_bf16(ct_device *dev, uint16_t *dst, const float *src, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "cast_f32_to_bf16", "negative length %lld", (long long)n);
-    if (!(n == 0 || (dst && src)))
-        return cuda_fail(d, CT_ERR_INVALID, "cast_f32_to_bf16", "null pointer");
     if (n == 0)
         return CT_OK;
     ct_status st = cuda_enter(d, "cast_f32_to_bf16");
@@ -888,12 +658,6 @@ ct_status cuda_cast_f32_to_bf16(ct_device *dev, uint16_t *dst, const float *src,
 ct_status cuda_cast_bf16_to_f32(ct_device *dev, float *dst, const uint16_t *src, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "cast_bf16_to_f32", "negative length %lld", (long long)n);
-    if (!(n == 0 || (dst && src)))
-        return cuda_fail(d, CT_ERR_INVALID, "cast_bf16_to_f32", "null pointer");
     if (n == 0)
         return CT_OK;
     ct_status st = cuda_enter(d, "cast_bf16_to_f32");
@@ -908,12 +672,6 @@ ct_status cuda_cast_bf16_to_f32(ct_device *dev, float *dst, const uint16_t *src,
 ct_status cuda_round_bf16(ct_device *dev, float *x, int64_t n)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "round_bf16", "negative length %lld", (long long)n);
-    if (!(n == 0 || x))
-        return cuda_fail(d, CT_ERR_INVALID, "round_bf16", "null pointer");
     if (n == 0)
         return CT_OK;
     ct_status st = cuda_enter(d, "round_bf16");

@@ -1,6 +1,7 @@
 /* ops_ext.c: the CUDA plugin's optional ops: float8 (ABI 1.2: amax, quantize and dequantize
  * with group scales, transpose) and tensor parallel (ABI 1.3: embedding and cross-entropy over a
- * vocabulary shard, copy_2d). Checks and messages are the CPU plugin's.
+ * vocabulary shard, copy_2d). The host checked their arguments (core/host/devcheck.c); what is
+ * left here are the GPU's limits.
  */
 #include "cuda_device.h"
 
@@ -8,38 +9,12 @@
 
 /* ---------------------------------------------------------------- float8 (ABI 1.2) */
 
-/* n >= 0 elements in groups of `group` (>= 1, dividing n). */
-static ct_status group_check(cuda_device *d, const char *op, int64_t n, int64_t group)
-{
-    if (n < 0 || group < 1)
-        return cuda_fail(d, CT_ERR_INVALID, op, "n=%lld group=%lld, expected n >= 0 and group >= 1", (long long)n,
-                         (long long)group);
-    if (n % group != 0)
-        return cuda_fail(d, CT_ERR_INVALID, op, "group %lld does not divide n=%lld", (long long)group, (long long)n);
-    return CT_OK;
-}
-
-static ct_status fp8_format_check(cuda_device *d, const char *op, ct_dtype fmt)
-{
-    if (fmt != CT_F8_E4M3 && fmt != CT_F8_E5M2)
-        return cuda_fail(d, CT_ERR_INVALID, op, "format %d, expected CT_F8_E4M3 (%d) or CT_F8_E5M2 (%d)", (int)fmt,
-                         (int)CT_F8_E4M3, (int)CT_F8_E5M2);
-    return CT_OK;
-}
-
 ct_status cuda_amax(ct_device *dev, float *amax, const float *src, int64_t n, int64_t group)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    ct_status st = group_check(d, "amax", n, group);
-    if (st != CT_OK)
-        return st;
     if (n == 0)
         return CT_OK;
-    if (!amax || !src)
-        return cuda_fail(d, CT_ERR_INVALID, "amax", "null pointer");
-    st = cuda_enter(d, "amax");
+    ct_status st = cuda_enter(d, "amax");
     if (st != CT_OK)
         return st;
     cudaError_t e = cuk_amax(&d->env, amax, src, n, group);
@@ -53,18 +28,9 @@ ct_status cuda_quantize_fp8(ct_device *dev, uint8_t *dst, const float *src, cons
                             int64_t group, ct_dtype fmt)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    ct_status st = group_check(d, "quantize_fp8", n, group);
-    if (st == CT_OK)
-        st = fp8_format_check(d, "quantize_fp8", fmt);
-    if (st != CT_OK)
-        return st;
     if (n == 0)
         return CT_OK;
-    if (!dst || !src || !scale)
-        return cuda_fail(d, CT_ERR_INVALID, "quantize_fp8", "null pointer");
-    st = cuda_enter(d, "quantize_fp8");
+    ct_status st = cuda_enter(d, "quantize_fp8");
     if (st != CT_OK)
         return st;
     cudaError_t e = cuk_quantize_fp8(&d->env, dst, src, scale, n, group, fmt == CT_F8_E5M2);
@@ -77,18 +43,9 @@ ct_status cuda_dequantize_fp8(ct_device *dev, float *dst, const uint8_t *src, co
                               int64_t group, ct_dtype fmt)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    ct_status st = group_check(d, "dequantize_fp8", n, group);
-    if (st == CT_OK)
-        st = fp8_format_check(d, "dequantize_fp8", fmt);
-    if (st != CT_OK)
-        return st;
     if (n == 0)
         return CT_OK;
-    if (!dst || !src || !scale)
-        return cuda_fail(d, CT_ERR_INVALID, "dequantize_fp8", "null pointer");
-    st = cuda_enter(d, "dequantize_fp8");
+    ct_status st = cuda_enter(d, "dequantize_fp8");
     if (st != CT_OK)
         return st;
     cudaError_t e = cuk_dequantize_fp8(&d->env, dst, src, scale, n, group, fmt == CT_F8_E5M2);
@@ -101,21 +58,8 @@ ct_status cuda_dequantize_fp8(ct_device *dev, float *dst, const uint8_t *src, co
 ct_status cuda_transpose(ct_device *dev, float *dst, const float *src, int64_t rows, int64_t cols)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (rows < 0 || cols < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "transpose", "negative shape rows=%lld cols=%lld", (long long)rows,
-                         (long long)cols);
     if (rows == 0 || cols == 0)
         return CT_OK;
-    if (rows > INT64_MAX / cols / (int64_t)sizeof(float))
-        return cuda_fail(d, CT_ERR_INVALID, "transpose", "shape rows=%lld cols=%lld is too large", (long long)rows,
-                         (long long)cols);
-    if (!dst || !src)
-        return cuda_fail(d, CT_ERR_INVALID, "transpose", "null pointer");
-    uintptr_t bytes = (uintptr_t)(rows * cols) * sizeof(float), a = (uintptr_t)dst, b = (uintptr_t)src;
-    if (!(a + bytes <= b || b + bytes <= a))
-        return cuda_fail(d, CT_ERR_INVALID, "transpose", "dst and src overlap (not done in place)");
     ct_status st = cuda_enter(d, "transpose");
     if (st != CT_OK)
         return st;
@@ -131,18 +75,8 @@ ct_status cuda_embedding_forward_range(ct_device *dev, float *out, const int32_t
                                        int64_t c, int64_t begin, int64_t rows)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0 || c < 0 || rows < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "embedding_forward_range", "negative shape n=%lld c=%lld rows=%lld",
-                         (long long)n, (long long)c, (long long)rows);
-    if (begin < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "embedding_forward_range",
-                         "begin %lld, expected >= 0 (a vocabulary offset)", (long long)begin);
     if (n == 0 || c == 0)
         return CT_OK;
-    if (!(out && ids && (rows == 0 || table)))
-        return cuda_fail(d, CT_ERR_INVALID, "embedding_forward_range", "null pointer");
     if (n > INT32_MAX)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "embedding_forward_range",
                          "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
@@ -159,18 +93,8 @@ ct_status cuda_embedding_backward_range(ct_device *dev, float *dtable, const int
                                         int64_t n, int64_t c, int64_t begin, int64_t rows)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0 || c < 0 || rows < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "embedding_backward_range", "negative shape n=%lld c=%lld rows=%lld",
-                         (long long)n, (long long)c, (long long)rows);
-    if (begin < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "embedding_backward_range",
-                         "begin %lld, expected >= 0 (a vocabulary offset)", (long long)begin);
     if (n == 0 || c == 0 || rows == 0)
         return CT_OK;
-    if (!dtable || !ids || !dout)
-        return cuda_fail(d, CT_ERR_INVALID, "embedding_backward_range", "null pointer");
     if (n > INT32_MAX || rows >= INT32_MAX || c > (int64_t)65535 * 128)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "embedding_backward_range",
                          "shape n=%lld c=%lld rows=%lld exceeds the CUDA kernels' limits", (long long)n, (long long)c,
@@ -189,18 +113,8 @@ ct_status cuda_cross_entropy_stats(ct_device *dev, float *stats, const float *lo
                                    int64_t n, int64_t v, int64_t begin, int32_t ignore_index)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0 || v < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_stats", "negative shape n=%lld v=%lld", (long long)n,
-                         (long long)v);
-    if (begin < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_stats", "begin %lld, expected >= 0 (a vocabulary offset)",
-                         (long long)begin);
     if (n == 0)
         return CT_OK;
-    if (!(stats && targets && (v == 0 || logits)))
-        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_stats", "null pointer");
     if (n > INT32_MAX)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "cross_entropy_stats",
                          "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
@@ -218,18 +132,8 @@ ct_status cuda_cross_entropy_backward_lse(ct_device *dev, float *dlogits, const 
                                           int32_t ignore_index)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (n < 0 || v < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_backward_lse", "negative shape n=%lld v=%lld", (long long)n,
-                         (long long)v);
-    if (begin < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_backward_lse",
-                         "begin %lld, expected >= 0 (a vocabulary offset)", (long long)begin);
     if (n == 0 || v == 0)
         return CT_OK;
-    if (!dlogits || !logits || !targets || !lse)
-        return cuda_fail(d, CT_ERR_INVALID, "cross_entropy_backward_lse", "null pointer");
     if (n > INT32_MAX)
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "cross_entropy_backward_lse",
                          "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
@@ -250,23 +154,9 @@ ct_status cuda_copy_2d(ct_device *dev, float *dst, int64_t dst_stride, const flo
                        int64_t rows, int64_t cols)
 {
     cuda_device *d = dev;
-    if (!d)
-        return CT_ERR_INVALID;
-    if (rows < 0 || cols < 0)
-        return cuda_fail(d, CT_ERR_INVALID, "copy_2d", "negative shape rows=%lld cols=%lld", (long long)rows,
-                         (long long)cols);
-    if (dst_stride < cols || src_stride < cols)
-        return cuda_fail(d, CT_ERR_INVALID, "copy_2d", "strides dst %lld src %lld, expected each >= cols %lld",
-                         (long long)dst_stride, (long long)src_stride, (long long)cols);
     if (rows == 0 || cols == 0)
         return CT_OK;
     int64_t stride = dst_stride > src_stride ? dst_stride : src_stride;
-    int64_t limit = INT64_MAX / (int64_t)sizeof(float);
-    if (cols > limit || rows - 1 > (limit - cols) / stride)
-        return cuda_fail(d, CT_ERR_INVALID, "copy_2d", "rows=%lld cols=%lld with stride %lld is too large",
-                         (long long)rows, (long long)cols, (long long)stride);
-    if (!dst || !src)
-        return cuda_fail(d, CT_ERR_INVALID, "copy_2d", "null pointer");
     if (stride > INT32_MAX / (int64_t)sizeof(float))
         return cuda_fail(d, CT_ERR_UNSUPPORTED, "copy_2d", "stride %lld floats exceeds cudaMemcpy2D's pitch limit",
                          (long long)stride);

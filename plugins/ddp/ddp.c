@@ -3,6 +3,7 @@
  * gradients are all-reduced (SUM: the loss is already normalised by the global token count) as one
  * bucket per unit, started as soon as the unit's backward ends so they overlap the rest. */
 #include "ctitan/strategy.h"
+#include "ctitan/util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -62,12 +63,6 @@ static ct_status ddp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_un
     return CT_OK;
 }
 
-static ct_status ddp_noop(ct_strategy *p, int unit) {
-    (void)p;
-    (void)unit;
-    return CT_OK;
-}
-
 static ct_status ddp_post_backward(ct_strategy *p, int unit, int last_microbatch) {
     ddp *d = p;
     if (!last_microbatch) return CT_OK; /* accumulate locally until the step's last microbatch */
@@ -105,19 +100,12 @@ static ct_status ddp_place_kept(ct_strategy *p, ct_param_slot *slots, int n) {
 static ct_status ddp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
     ddp *d = p;
     (void)n_microbatches; /* reduced once per step whatever the count */
-    memset(out->mem_bytes, 0, sizeof out->mem_bytes);
-    out->n_comms = 0;
+    ct_util_report_clear(out);
     for (int i = 0; i < d->n_slots; i++) {
         const ct_param_slot *s = CT_SLOT_AT(d->slots, i);
         if (s->placement == CT_PLACE_NONE || d->mesh.degree[CT_AXIS_DP_REPLICATE] <= 1) continue;
-        if (out->comms && out->n_comms < out->max_comms) {
-            ct_comm_cost *c = (ct_comm_cost *)((char *)out->comms + (size_t)out->n_comms * out->comms->struct_size);
-            size_t size = out->comms->struct_size; /* the host's element size */
-            ct_comm_cost v = {sizeof v, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD,
-                              (double)s->numel * sizeof(float), 1.0, 1};
-            memcpy(c, &v, size < sizeof v ? size : sizeof v);
-        }
-        out->n_comms++;
+        ct_util_report_comm(out, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD,
+                            (double)s->numel * sizeof(float), 1.0, 1);
     }
     return CT_OK;
 }
@@ -128,9 +116,9 @@ static const ct_strategy_api api = {
     .destroy = ddp_destroy,
     .place = ddp_place_kept,
     .setup = ddp_setup,
-    .pre_forward = ddp_noop,
-    .post_forward = ddp_noop,
-    .pre_backward = ddp_noop,
+    .pre_forward = ct_util_unit_noop,
+    .post_forward = ct_util_unit_noop,
+    .pre_backward = ct_util_unit_noop,
     .post_backward = ddp_post_backward,
     .finish_backward = ddp_finish_backward,
     .report = ddp_report,

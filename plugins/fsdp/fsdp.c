@@ -25,6 +25,7 @@
  * given back while one is open.
  */
 #include "ctitan/strategy.h"
+#include "ctitan/util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -806,18 +807,6 @@ static int64_t sim_step(fsdp *f, sim_unit *us, int nu, int n_microbatches) {
     return m.oom ? -1 : m.total;
 }
 
-/* Appends one collective to a report (counted even past max_comms). */
-static void report_add(ct_strategy_report *r, int axis, ct_collective kind, int unit, ct_step_phase phase, double bytes,
-                       double count, int overlapped) {
-    if (r->comms && r->n_comms < r->max_comms) {
-        ct_comm_cost *c = (ct_comm_cost *)((char *)r->comms + (size_t)r->n_comms * r->comms->struct_size);
-        size_t size = r->comms->struct_size; /* the host's element size */
-        ct_comm_cost v = {sizeof v, axis, kind, unit, phase, bytes, count, overlapped};
-        memcpy(c, &v, size < sizeof v ? size : sizeof v);
-    }
-    r->n_comms++;
-}
-
 /* Collectives per step: every parameter gathered for its forward and gathered again for its
  * backward where the reshard policy freed it (default: all but the last unit; always: all; never:
  * none), its gradient reduce-scattered (f32) and, with HSDP, all-reduced over replicas: each once
@@ -831,8 +820,7 @@ static ct_status fsdp_report(ct_strategy *p, int n_microbatches, ct_strategy_rep
     fsdp *f = p;
     int S = f->S, R = f->mesh.degree[CT_AXIS_DP_REPLICATE], nu = 0, n_fp8 = 0;
     double mb = f->sync_last ? 1 : n_microbatches > 0 ? n_microbatches : 1;
-    out->n_comms = 0;
-    memset(out->mem_bytes, 0, sizeof out->mem_bytes);
+    ct_util_report_clear(out);
     for (int i = 0; i < f->n_slots; i++) {
         const ct_param_slot *s = CT_SLOT_AT(f->slots, i);
         if (s->placement != CT_PLACE_NONE && s->unit + 1 > nu) nu = s->unit + 1;
@@ -861,13 +849,13 @@ static ct_status fsdp_report(ct_strategy *p, int n_microbatches, ct_strategy_rep
                sent = is_fp8(f, s) ? l / sizeof(float) : gathers_bf16(f, s) ? l / 2 : l;
         int regather = f->reshard == 2 || (f->reshard == 1 && s->unit != nu - 1);
         n_fp8 += is_fp8(f, s);
-        report_add(out, f->axis, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_FORWARD, sent * S, mb, 1);
-        if (regather) report_add(out, f->axis, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_BACKWARD, sent * S, mb, 1);
-        report_add(out, f->axis, CT_COLL_REDUCE_SCATTER, s->unit, CT_PHASE_BACKWARD, l * S, mb, 1);
-        if (R > 1) report_add(out, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD, l, mb, 0);
+        ct_util_report_comm(out, f->axis, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_FORWARD, sent * S, mb, 1);
+        if (regather) ct_util_report_comm(out, f->axis, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_BACKWARD, sent * S, mb, 1);
+        ct_util_report_comm(out, f->axis, CT_COLL_REDUCE_SCATTER, s->unit, CT_PHASE_BACKWARD, l * S, mb, 1);
+        if (R > 1) ct_util_report_comm(out, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD, l, mb, 0);
     }
     if (n_fp8) /* fp8_precompute: every converted weight's amax in one all-reduce (MAX) */
-        report_add(out, f->axis, CT_COLL_ALL_REDUCE, -1, CT_PHASE_FORWARD, (double)n_fp8 * sizeof(float), mb, 0);
+        ct_util_report_comm(out, f->axis, CT_COLL_ALL_REDUCE, -1, CT_PHASE_FORWARD, (double)n_fp8 * sizeof(float), mb, 0);
     int64_t floats = sim_step(f, us, nu, n_microbatches);
     free(us);
     free(idx);

@@ -15,9 +15,10 @@
  * collectives), and MPI may still write its buffers. It moves to c->abandoned; every later wait
  * tests it again and frees it once a late rank has completed it, and destroy drains what is left.
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime (ct_util_now), nanosleep */
 
 #include "mpi_comm.h"
+#include "ctitan/util.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -29,13 +30,6 @@
 #define YIELD_SECONDS 1e-3
 #define PAUSE_FIRST_NS 1000L
 #define PAUSE_MAX_NS 100000L
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 ctmpi_req *ctmpi_req_new(const ctmpi_group *g, const char *op, int64_t count, ct_dtype dt)
 {
@@ -109,17 +103,17 @@ static void back_off(double waited, long *pause_ns)
 
 int ctmpi_drain(ctmpi *c, double timeout)
 {
-    const double start = now_seconds();
+    const double start = ct_util_now();
     long pause_ns = PAUSE_FIRST_NS;
     int left;
-    while ((left = ctmpi_reap(c)) > 0 && now_seconds() - start < timeout)
-        back_off(now_seconds() - start, &pause_ns);
+    while ((left = ctmpi_reap(c)) > 0 && ct_util_now() - start < timeout)
+        back_off(ct_util_now() - start, &pause_ns);
     return left;
 }
 
 ct_status ctmpi_wait(ctmpi *c, ctmpi_req *r, double timeout)
 {
-    const double start = now_seconds();
+    const double start = ct_util_now();
     long pause_ns = PAUSE_FIRST_NS;
     for (;;) {
         int done = 0;
@@ -134,7 +128,7 @@ ct_status ctmpi_wait(ctmpi *c, ctmpi_req *r, double timeout)
             free(r);
             return CT_OK;
         }
-        double waited = now_seconds() - start;
+        double waited = ct_util_now() - start;
         if (waited >= timeout)
             break;
         if (c->abandoned)

@@ -1,19 +1,13 @@
 /* group.c: the groups of the NCCL comm plugin (world, split, free), the deadline-bounded
  * polling every non-blocking NCCL call goes through, and a group's ordering after the bound
  * compute stream (see nccl_comm.h). */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep (plugins build without _GNU_SOURCE) */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime (ct_util_now), nanosleep (plugins build without _GNU_SOURCE) */
 #include "nccl_comm.h"
 
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-
-double ctnccl_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The first polls only yield (a collective of a few KB completes in tens of microseconds), then
  * the pause doubles from 10 us to 1 ms, so a long wait costs little CPU. */
@@ -41,7 +35,7 @@ ncclResult_t ctnccl_settle(ncclComm_t nc, ncclResult_t r, double deadline) {
             return q;
         if (state != ncclInProgress)
             return state;
-        if (ctnccl_now() >= deadline)
+        if (ct_util_now() >= deadline)
             return ncclInProgress;
         ctnccl_pause(spin);
     }
@@ -85,7 +79,7 @@ void ctnccl_group_abort(ctnccl_group *g) {
 }
 
 ct_status ctnccl_group_settle(ctnccl *c, ctnccl_group *g, ncclResult_t r, const char *what) {
-    ncclResult_t s = ctnccl_settle(g->nc, r, ctnccl_now() + c->train_timeout);
+    ncclResult_t s = ctnccl_settle(g->nc, r, ct_util_now() + c->train_timeout);
     if (s == ncclSuccess)
         return CT_OK;
     ct_status st;
@@ -149,7 +143,7 @@ void ctnccl_group_close(ctnccl *c, ctnccl_group *g, int finalize) {
     }
     if (!g->aborted && finalize) {
         /* Finalize flushes what is still queued; bounded, then abort if a peer never answers. */
-        ncclResult_t r = ctnccl_settle(g->nc, ncclCommFinalize(g->nc), ctnccl_now() + c->train_timeout);
+        ncclResult_t r = ctnccl_settle(g->nc, ncclCommFinalize(g->nc), ct_util_now() + c->train_timeout);
         if (r == ncclSuccess) {
             (void)ncclCommDestroy(g->nc);
             g->nc = NULL;
@@ -249,7 +243,7 @@ ct_status ctnccl_split(ct_comm *comm, ct_comm_group *group, int color, int key, 
         c->host->set_error(c->host, "%s: NCCL returned no communicator", what);
         return CT_ERR_INTERNAL;
     }
-    ncclResult_t r = ctnccl_settle(nc, ncclInProgress, ctnccl_now() + c->train_timeout);
+    ncclResult_t r = ctnccl_settle(nc, ncclInProgress, ct_util_now() + c->train_timeout);
     if (r != ncclSuccess) {
         if (r == ncclInProgress) {
             ctnccl_timeout_error(c, what);

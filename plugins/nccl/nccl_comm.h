@@ -29,6 +29,7 @@
 #define CTITAN_NCCL_COMM_H
 
 #include "ctitan/comm.h"
+#include "ctitan/util.h" /* ct_util_now, where the file asked for POSIX */
 
 #include <cuda_runtime_api.h>
 #include <mpi.h>
@@ -78,7 +79,6 @@ typedef struct ct_comm_request { /* the ABI's opaque ct_comm_request */
 } ctnccl_req;
 
 /* group.c */
-double ctnccl_now(void);
 /* Sleeps a little longer each time (spin = how many times already), up to 1 ms. */
 void ctnccl_pause(unsigned spin);
 /* Polls a non-blocking communicator until the call that returned `r` has finished. Returns its

@@ -9,6 +9,7 @@
  * the MPI_Comm_split_type that finds the rank's index on its node.
  * On a machine without a GPU create returns CT_ERR_UNSUPPORTED before touching MPI.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime (ct_util_now) */
 #include "nccl_comm.h"
 
 #include <limits.h>
@@ -50,7 +51,7 @@ static int local_rank(MPI_Comm boot, int rank) {
  * and c->mpi_stuck stops the failure path from waiting in MPI_Finalize for the missing rank.
  * report = 0 keeps the message already set (this rank's own failure, which says more). */
 static ct_status mpi_wait(ctnccl *c, MPI_Request *req, const char *what, int report) {
-    double deadline = ctnccl_now() + c->train_timeout;
+    double deadline = ct_util_now() + c->train_timeout;
     for (unsigned spin = 0;; spin++) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -65,7 +66,7 @@ static ct_status mpi_wait(ctnccl *c, MPI_Request *req, const char *what, int rep
         }
         if (done)
             return CT_OK;
-        if (ctnccl_now() >= deadline) {
+        if (ct_util_now() >= deadline) {
             if (report)
                 ctnccl_timeout_error(c, what);
             c->mpi_stuck = 1;
@@ -234,7 +235,7 @@ static ct_status world_init(ctnccl *c, const ncclUniqueId *id, int rank, int siz
     cfg.blocking = 0;
     ncclComm_t nc = NULL;
     ncclResult_t r = ncclCommInitRankConfig(&nc, size, *id, rank, &cfg);
-    r = ctnccl_settle(nc, r, ctnccl_now() + c->train_timeout);
+    r = ctnccl_settle(nc, r, ct_util_now() + c->train_timeout);
     ct_status st;
     if (r == ncclInProgress) {
         ctnccl_timeout_error(c, what);

@@ -3,6 +3,7 @@
  * done, NCCL reports an error (a peer's network went away), or train_timeout_seconds pass; the
  * last two abort the group's communicator, which makes NCCL's kernels return. When a compute
  * stream is bound, a completed operation also makes it wait for the event (nccl_comm.h). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime (ct_util_now) */
 #include "nccl_comm.h"
 
 #include <stdlib.h>
@@ -24,7 +25,7 @@ ct_status ctnccl_wait(ctnccl *c, ctnccl_req *r) {
         req_free(r);
         return CT_ERR_INVALID;
     }
-    double deadline = ctnccl_now() + c->train_timeout;
+    double deadline = ct_util_now() + c->train_timeout;
     ct_status st = CT_OK;
     for (unsigned spin = 0;; spin++) {
         cudaError_t e = cudaEventQuery(r->done);
@@ -44,7 +45,7 @@ ct_status ctnccl_wait(ctnccl *c, ctnccl_req *r) {
             ctnccl_group_abort(g);
             break;
         }
-        if (ctnccl_now() >= deadline) {
+        if (ct_util_now() >= deadline) {
             ctnccl_timeout_error(c, r->what);
             ctnccl_group_abort(g);
             st = CT_ERR_TIMEOUT;

@@ -9,13 +9,13 @@
  * the host where the data goes and posts that receive too. An action waits only for what it reads.
  * Tags name (kind, destination stage, microbatch), so any order of arrival matches correctly.
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime (ct_util_now) */
 
 #include "ctitan/pipeline.h"
+#include "ctitan/util.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define HDR (1 + CT_MAX_DIMS)
 #define TAG_LIMIT 32767 /* the smallest MPI_TAG_UB the MPI standard allows */
@@ -44,12 +44,6 @@ typedef struct ct_runner { /* the ABI's opaque ct_runner */
     int *finished;   /* per (stage, mb): its last action ran */
     int *released;
 } runner;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int stage_rank(const runner *r, int stage) {
     int p = r->env.pp_size;
@@ -191,7 +185,7 @@ static ct_status progress(runner *r, const ct_pipeline_host *ph) {
 static ct_status await(runner *r, const ct_pipeline_host *ph, int kind, int stage, int mb, double *waited) {
     incoming *m = find_in(r, kind, stage, mb);
     if (!m) return CT_OK; /* a local neighbour: nothing to receive */
-    double t0 = now();
+    double t0 = ct_util_now();
     ct_status st = CT_OK;
     r->host->trace_begin(r->host, "pp_wait");
     if (!m->hdr_done) {
@@ -206,7 +200,7 @@ static ct_status await(runner *r, const ct_pipeline_host *ph, int kind, int stag
         m->done = !st;
     }
     r->host->trace_end(r->host, "pp_wait");
-    *waited += now() - t0;
+    *waited += ct_util_now() - t0;
     return st;
 }
 
@@ -238,7 +232,7 @@ static ct_status pp_run_step(ct_runner *p, const ct_pipeline_host *ph, ct_pipeli
     runner *r = p;
     const ct_comm_api *c = r->env.capi;
     const ct_host *h = r->host;
-    double t_step = now(), busy = 0, waited = 0;
+    double t_step = ct_util_now(), busy = 0, waited = 0;
     int n = r->env.n_stages * r->env.n_microbatches;
     memset(r->sends_left, 0, sizeof(int) * (size_t)n);
     memset(r->finished, 0, sizeof(int) * (size_t)n);
@@ -265,9 +259,9 @@ static ct_status pp_run_step(ct_runner *p, const ct_pipeline_host *ph, ct_pipeli
             break;
         }
         h->trace_begin(h, names[a->op]);
-        double t0 = now();
+        double t0 = ct_util_now();
         st = a->op == CT_PP_F ? ph->forward(ph->ctx, s, mb) : ph->backward(ph->ctx, s, mb, a->op);
-        busy += now() - t0;
+        busy += ct_util_now() - t0;
         h->trace_end(h, names[a->op]);
         if (st) break;
         if (a->op == CT_PP_F && remote_next(r, s)) st = send_out(r, ph, CT_PP_ACTIVATION, s, mb);
@@ -301,7 +295,7 @@ static ct_status pp_run_step(ct_runner *p, const ct_pipeline_host *ph, ct_pipeli
         }
     stats->busy_seconds = busy;
     stats->wait_seconds = waited;
-    stats->step_seconds = now() - t_step;
+    stats->step_seconds = ct_util_now() - t_step;
     return CT_OK;
 }
 

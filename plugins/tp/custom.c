@@ -4,21 +4,15 @@
  * was given; the time they are blocked in a collective is reported as the tp axis's. Each also has
  * a plan (ABI 2.2), which the planner's builder calls instead of forward: the same output shapes,
  * with the op's GEMM FLOPs, memory traffic and the collectives it runs inside; no device, no comm. */
-#define _POSIX_C_SOURCE 199309L
+#define _POSIX_C_SOURCE 199309L /* clock_gettime (ct_util_now) */
 #include "tp.h"
+#include "ctitan/util.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define TP_PIECES 4 /* matmul pieces per rank block of a chunk, with a poke of the collective in flight after each */
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *trace_name(int backward) { return backward ? "tp_comm_bwd" : "tp_comm_fwd"; }
 
@@ -35,12 +29,12 @@ int tp_comm(tp *t, ct_builder *b, int backward, char kind, const float *send, fl
             ct_comm_request **req) {
     const ct_comm_api *c = t->env.capi;
     if (!req) t->host->trace_begin(t->host, trace_name(backward)); /* a started one is waited for later */
-    double t0 = now();
+    double t0 = ct_util_now();
     ct_status st = kind == 'g'   ? c->all_gather(t->env.comm, t->group, send, recv, count, CT_F32, req)
                    : kind == 's' ? c->reduce_scatter(t->env.comm, t->group, send, recv, count, CT_F32, CT_REDUCE_SUM, req)
                                  : c->all_reduce(t->env.comm, t->group, send, recv, count, CT_F32, CT_REDUCE_SUM, req);
     if (!req) {
-        b->account_comm(b, CT_AXIS_TP, now() - t0);
+        b->account_comm(b, CT_AXIS_TP, ct_util_now() - t0);
         t->host->trace_end(t->host, trace_name(backward));
     }
     return failed(t, st, kind == 'g' ? "tp all-gather" : kind == 's' ? "tp reduce-scatter" : "tp all-reduce");
@@ -48,9 +42,9 @@ int tp_comm(tp *t, ct_builder *b, int backward, char kind, const float *send, fl
 
 int tp_wait(tp *t, ct_builder *b, int backward, ct_comm_request *req) {
     t->host->trace_begin(t->host, trace_name(backward));
-    double t0 = now();
+    double t0 = ct_util_now();
     ct_status st = t->env.capi->wait(t->env.comm, req);
-    b->account_comm(b, CT_AXIS_TP, now() - t0);
+    b->account_comm(b, CT_AXIS_TP, ct_util_now() - t0);
     t->host->trace_end(t->host, trace_name(backward));
     return failed(t, st, "tp wait");
 }
@@ -61,9 +55,9 @@ static void poke(tp *t, ct_builder *b, ct_comm_request *req) {
     if (!req || !CT_HAS_FIELD(c, ct_comm_api, test) || !c->test) return;
     int done = 0;
     t->host->trace_begin(t->host, trace_name(0));
-    double t0 = now();
+    double t0 = ct_util_now();
     c->test(t->env.comm, req, &done); /* an error here resurfaces at the wait */
-    b->account_comm(b, CT_AXIS_TP, now() - t0);
+    b->account_comm(b, CT_AXIS_TP, ct_util_now() - t0);
     t->host->trace_end(t->host, trace_name(0));
 }
 

@@ -12,6 +12,7 @@
  * backward. ops.c refuses a replicated weight whose gradient would be partial without such a sum.
  */
 #include "tp.h"
+#include "ctitan/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,19 +212,7 @@ static ct_status tp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_uni
     (void)n_units;
     t->slots = slots;
     t->n_slots = n;
-    int whole = n > 0 && CT_HAS_FIELD(slots, ct_param_slot, whole_grad);
-    for (int i = 0; i < n; i++) { /* compute on the local block (a data-parallel strategy repoints these) */
-        ct_param_slot *s = CT_SLOT_AT(slots, i);
-        /* ...but whole compute storage (ZeRO's) is what the host pointed the parameter at already */
-        if (!whole || !s->whole_data) s->param->data = s->local_data;
-        if (!whole || !s->whole_grad) s->param->grad = s->local_grad;
-    }
-    return CT_OK;
-}
-
-static ct_status tp_noop(ct_strategy *p, int unit) {
-    (void)p;
-    (void)unit;
+    ct_util_use_local_storage(slots, n); /* a data-parallel strategy may repoint them */
     return CT_OK;
 }
 
@@ -271,19 +260,12 @@ static ct_status tp_finish_backward(ct_strategy *p) {
 static ct_status tp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
     tp *t = p;
     (void)n_microbatches; /* once per step whatever the count */
-    memset(out->mem_bytes, 0, sizeof out->mem_bytes);
-    out->n_comms = 0;
+    ct_util_report_clear(out);
     for (int i = 0; t->size > 1 && i < t->n_slots; i++) {
         const ct_param_slot *s = CT_SLOT_AT(t->slots, i);
         if (s->placement == CT_PLACE_NONE || s->local_numel == 0 || !tp_grad_summed(t, s->param)) continue;
-        if (out->comms && out->n_comms < out->max_comms) {
-            ct_comm_cost *c = (ct_comm_cost *)((char *)out->comms + (size_t)out->n_comms * out->comms->struct_size);
-            size_t size = out->comms->struct_size; /* the host's element size */
-            ct_comm_cost v = {sizeof v, CT_AXIS_TP, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD,
-                              (double)s->local_numel * sizeof(float), 1.0, 0};
-            memcpy(c, &v, size < sizeof v ? size : sizeof v);
-        }
-        out->n_comms++;
+        ct_util_report_comm(out, CT_AXIS_TP, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD,
+                            (double)s->local_numel * sizeof(float), 1.0, 0);
     }
     return CT_OK;
 }
@@ -304,9 +286,9 @@ static const ct_strategy_api api = {
     .destroy = tp_destroy,
     .place = tp_place,
     .setup = tp_setup,
-    .pre_forward = tp_noop,
-    .post_forward = tp_noop,
-    .pre_backward = tp_noop,
+    .pre_forward = ct_util_unit_noop,
+    .post_forward = ct_util_unit_noop,
+    .pre_backward = ct_util_unit_noop,
     .post_backward = tp_post_backward,
     .finish_backward = tp_finish_backward,
     .wrap_builder = tp_wrap_builder,

@@ -12,6 +12,7 @@
  * With dp_replicate > 1 the reduced shard is then all-reduced (SUM) over the replicas, as HSDP does.
  */
 #include "ctitan/strategy.h"
+#include "ctitan/util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -145,12 +146,6 @@ static ct_status zero_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_u
     return CT_OK;
 }
 
-static ct_status zero_noop(ct_strategy *p, int unit) {
-    (void)p;
-    (void)unit;
-    return CT_OK;
-}
-
 /* Waits for unit k's reduce-scatters, sums the shards over replicas (HSDP) and, under zero2, adds
  * them to the local gradient; gives the unit's transient buffers back. */
 static ct_status rs_finish(zero *z, int k) {
@@ -264,18 +259,6 @@ static ct_status zero_post_step(ct_strategy *p) {
     return st;
 }
 
-/* Appends one collective to the report (counting it even past max_comms). */
-static void add_cost(ct_strategy_report *r, int axis, ct_collective kind, int unit, ct_step_phase phase, double bytes,
-                     double count, int overlapped) {
-    if (r->comms && r->n_comms < r->max_comms) {
-        ct_comm_cost *c = (ct_comm_cost *)((char *)r->comms + (size_t)r->n_comms * r->comms->struct_size);
-        size_t size = r->comms->struct_size; /* the host's element size */
-        ct_comm_cost v = {sizeof v, axis, kind, unit, phase, bytes, count, overlapped};
-        memcpy(c, &v, size < sizeof v ? size : sizeof v);
-    }
-    r->n_comms++;
-}
-
 /* Own memory: zero2's transient gradients (a unit's whole gradient and its shard, two neighbouring
  * units at once while the later one's reduction is in flight), zero1's padded copies of uneven
  * gradients, post_step's padded gather; per step: one reduce-scatter per unit (zero2: per
@@ -307,8 +290,7 @@ static ct_status zero_report(ct_strategy *p, int n_microbatches, ct_strategy_rep
         unit_tmp[s->unit] += z->stage == 2 ? full + s->local_numel * (int64_t)sizeof(float) : padded ? full : 0;
         if (padded && full > gather_tmp) gather_tmp = full;
     }
-    memset(out->mem_bytes, 0, sizeof out->mem_bytes);
-    out->n_comms = 0;
+    ct_util_report_clear(out);
     /* post_backward(k) takes unit k's buffers while unit k + 1's reduction is in flight (it is
      * finished right after): two neighbours at once, never two units further apart */
     int64_t peak = 0;
@@ -323,13 +305,13 @@ static ct_status zero_report(ct_strategy *p, int n_microbatches, ct_strategy_rep
         const ct_param_slot *s = CT_SLOT_AT(z->slots, i);
         if (s->placement == CT_PLACE_NONE) continue;
         double local = (double)s->local_numel * sizeof(float);
-        add_cost(out, CT_AXIS_DP_SHARD, CT_COLL_REDUCE_SCATTER, s->unit, CT_PHASE_BACKWARD, local * S, per_step, 1);
-        if (R > 1) add_cost(out, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD, local, per_step, 0);
+        ct_util_report_comm(out, CT_AXIS_DP_SHARD, CT_COLL_REDUCE_SCATTER, s->unit, CT_PHASE_BACKWARD, local * S, per_step, 1);
+        if (R > 1) ct_util_report_comm(out, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD, local, per_step, 0);
     }
     for (int i = 0; i < z->n_slots; i++) { /* post_step: one gather per parameter */
         const ct_param_slot *s = CT_SLOT_AT(z->slots, i);
         if (s->placement != CT_PLACE_NONE)
-            add_cost(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_STEP,
+            ct_util_report_comm(out, CT_AXIS_DP_SHARD, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_STEP,
                      (double)s->local_numel * sizeof(float) * S, 1.0, 0);
     }
     free(unit_full);
@@ -369,8 +351,8 @@ static const ct_strategy_api api = {
     .destroy = zero_destroy,
     .place = zero_place,
     .setup = zero_setup,
-    .pre_forward = zero_noop,
-    .post_forward = zero_noop,
+    .pre_forward = ct_util_unit_noop,
+    .post_forward = ct_util_unit_noop,
     .pre_backward = zero_pre_backward,
     .post_backward = zero_post_backward,
     .finish_backward = zero_finish_backward,

@@ -68,8 +68,8 @@ for emu in emu_runtime emu_streams emu_graphs; do
         -c -o "$OUT/$emu.o" "$EMU/$emu.cpp" &
     pids+=($!)
 done
-cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE $SAN -Isdk/include -o "$OUT/test_device_conformance" \
-    tests/unit/test_device_conformance.c -lcmocka -ldl -lm &
+cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE $SAN -Isdk/include -Icore -o "$OUT/test_device_conformance" \
+    tests/unit/test_device_conformance.c core/host/devcheck.c -lcmocka -ldl -lm &
 pids+=($!)
 cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE $SAN -Isdk/include -o "$OUT/cross_check" \
     "$EMU/cross_check.c" -ldl -lm &

@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "ctitan/util.h"
+
 /* Both instances stay private to this file (no clash with the core objects it links). */
 #define CPU_KERNEL_LINKAGE static __attribute__((unused))
 #define CT_REAL_DOUBLE 1
@@ -34,10 +36,7 @@ static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 /* splitmix64 */
 static uint64_t rnd_u64(void)
 {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return ct_util_splitmix64_next(&rng_state);
 }
 
 /* uniform in [-1, 1) */

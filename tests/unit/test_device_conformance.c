@@ -58,11 +58,18 @@
  *     accumulates R^T dout; odd d and a NULL table are refused.
  *
  * The harness brings its own minimal ct_host (log, set_error, memory, option getters answered
- * from the spec); it links nothing of the core, so a third party can build and run it alone.
+ * from the spec) and runs the plugin as the host does, behind the argument checks the host puts in
+ * front of every device (core/host/devcheck.c: the bad-argument tests above are answered there or
+ * in the plugin, wherever the host's run would answer them). Of the core it needs that one file,
+ * which needs only the SDK, so a third party can build and run it alone:
+ *     cc -std=c11 -D_GNU_SOURCE -Isdk/include -Icore tests/unit/test_device_conformance.c core/host/devcheck.c \
+ *         -lcmocka -ldl -lm
  */
 #include "ctitan/abi.h"
 #include "ctitan/device.h"
 #include "ctitan/host.h"
+#include "ctitan/util.h"
+#include "host/devcheck.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -268,7 +275,7 @@ static int load_plugin(void **state)
         return -1;
     }
     plugin_options = info.options;
-    api = info.api;
+    api = devcheck_wrap(info.api, &test_host); /* as the host runs a device: behind its argument checks */
     if (!api->create || api->create(&test_host, &dev) != CT_OK || !dev) {
         fprintf(stderr, "%s: create failed: %s\n", path, last_error);
         return -1;
@@ -290,12 +297,9 @@ static int unload_plugin(void **state)
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 
-static uint64_t rnd_u64(void)
+static uint64_t rnd_u64(void) /* splitmix64 */
 {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return ct_util_splitmix64_next(&rng_state);
 }
 
 /* uniform in [-scale, scale) */

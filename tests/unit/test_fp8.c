@@ -11,7 +11,8 @@
  *     for NaN. The two may only differ there: a finite in-range difference fails the test;
  *   - apply group scales (tensorwise, rowwise, blocks of 32) in quantize and dequantize, checked
  *     against a by-value reference (nearest fp8 value of the decoded table, ties to the even code);
- *   - compute amax per group, NaN propagating; transpose; reject bad arguments;
+ *   - compute amax per group, NaN propagating; transpose; reject bad arguments (behind the host's
+ *     argument checks, core/host/devcheck.c, as a run has them);
  *   - never make NaN or inf from finite inputs with a positive finite scale;
  *   - give the same bits with 1 and 2 threads.
  * It also prints the speed of the ops on 16M floats with 2 threads.
@@ -19,6 +20,8 @@
 #include "ctitan/abi.h"
 #include "ctitan/device.h"
 #include "ctitan/host.h"
+#include "ctitan/util.h"
+#include "host/devcheck.h"
 
 #include <dlfcn.h>
 #include <float.h>
@@ -218,7 +221,7 @@ static int setup(void **state)
         fprintf(stderr, "%s: no device api\n", path);
         return -1;
     }
-    api = info.api;
+    api = devcheck_wrap(info.api, &test_host); /* as the host runs a device: behind its argument checks */
     if (api->struct_size < offsetof(ct_device_api, transpose) + sizeof(void *) || !api->amax ||
         !api->quantize_fp8 || !api->dequantize_fp8 || !api->transpose) {
         fprintf(stderr, "%s: the float8 ops (ABI 1.2) are missing\n", path);
@@ -373,12 +376,9 @@ static void test_sweep_encodes_like_both_references(void **state)
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
-static uint64_t rnd_u64(void)
+static uint64_t rnd_u64(void) /* splitmix64 */
 {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return ct_util_splitmix64_next(&rng_state);
 }
 
 /* uniform in [-1, 1) times 2^e, e uniform in [lo, hi] */

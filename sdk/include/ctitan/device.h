@@ -12,6 +12,11 @@
  *  - Ops are deterministic: the same inputs and the same thread count give the same bits.
  *  - Ops may run asynchronously; `copy` to the host and `synchronize` wait for them.
  *  - Every function returns CT_OK or an error code with detail through host->set_error.
+ *  - Before it calls an op, the host checks the arguments every device checks alike (sizes not
+ *    negative, pointers set where there is work, groups and fp8 formats, head counts, strides;
+ *    core/host/devcheck.c lists the ops) and refuses a bad call itself, with the message under the
+ *    plugin's name: a plugin checks what only it knows (its limits, ids and targets in its
+ *    memory, what a graph capture cannot hold).
  *
  * Optional ops (NULL = unsupported) are marked so; everything else is required. Ops are grouped by
  * topic, the whole-tensor op before its variants; none is ordered by the version that added it.

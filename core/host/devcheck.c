@@ -1,0 +1,759 @@
+/* devcheck.c: the device ops' shared argument checks (see devcheck.h).
+ *
+ * Each wrapper checks in the order the plugins did and calls the plugin's op only when every check
+ * passed; a null device is refused without a message, as the plugins refused it. The checks are
+ * conditions on the arguments alone: nothing here reads device memory or the device's state. */
+#include "host/devcheck.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+static const ct_device_api *real;
+static const ct_host *host;
+static ct_device_api wrapped;
+/* a graph capture in progress (graph_begin succeeded, graph_end not called yet), and the first
+ * refusal during it */
+static int capturing;
+static ct_status capture_failed;
+
+/* Reports "op: message" through the plugin's host table and returns CT_ERR_INVALID. */
+__attribute__((format(printf, 2, 3))) static ct_status fail(const char *op, const char *fmt, ...) {
+    if (host && host->set_error) {
+        char msg[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        host->set_error(host, "%s: %s", op, msg);
+    }
+    if (capturing && capture_failed == CT_OK) capture_failed = CT_ERR_INVALID;
+    return CT_ERR_INVALID;
+}
+
+#define CHECK(call)                                                                                                    \
+    do {                                                                                                               \
+        ct_status st_ = (call);                                                                                        \
+        if (st_ != CT_OK) return st_;                                                                                  \
+    } while (0)
+
+/* ---- the checks several ops share ---- */
+
+/* n >= 0 elements; the pointers set unless n is 0 */
+static ct_status length(const char *op, int64_t n, int pointers_set) {
+    if (n < 0) return fail(op, "negative length %lld", (long long)n);
+    if (!(n == 0 || pointers_set)) return fail(op, "null pointer");
+    return CT_OK;
+}
+
+/* rows n >= 0 of c >= 0 columns */
+static ct_status rows(const char *op, int64_t n, int64_t c) {
+    if (n < 0 || c < 0) return fail(op, "negative shape n=%lld c=%lld", (long long)n, (long long)c);
+    return CT_OK;
+}
+
+/* A GEMM's (m, n, k): non-negative and within BLAS's int. */
+static ct_status gemm_shape(const char *op, int64_t m, int64_t n, int64_t k) {
+    if (m < 0 || n < 0 || k < 0)
+        return fail(op, "negative shape m=%lld n=%lld k=%lld", (long long)m, (long long)n, (long long)k);
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX)
+        return fail(op, "shape m=%lld n=%lld k=%lld exceeds the BLAS int range", (long long)m, (long long)n,
+                    (long long)k);
+    return CT_OK;
+}
+
+/* RoPE's (b, t, h, d): not negative, d even (pairs). */
+static ct_status rope_shape(const char *op, int64_t b, int64_t t, int64_t h, int64_t hd) {
+    if (b < 0 || t < 0 || h < 0 || hd < 0)
+        return fail(op, "negative shape b=%lld t=%lld h=%lld d=%lld", (long long)b, (long long)t, (long long)h,
+                    (long long)hd);
+    if (hd % 2 != 0) return fail(op, "head dim %lld is odd, expected pairs", (long long)hd);
+    return CT_OK;
+}
+
+/* rope_forward/backward and their _pos forms: the shape, theta, and the pointers when there is work. */
+static ct_status rope_theta(const char *op, const void *out, const void *x, int pos_set, int64_t b, int64_t t,
+                            int64_t h, int64_t hd, float theta) {
+    CHECK(rope_shape(op, b, t, h, hd));
+    if (!(theta > 0)) return fail(op, "theta %g, expected > 0", (double)theta);
+    if (b == 0 || t == 0 || h == 0 || hd == 0) return CT_OK;
+    if (!out || !x || !pos_set) return fail(op, "null pointer");
+    return CT_OK;
+}
+
+/* Attention's grouped-query shape: kvh and d > 0, h a multiple of kvh, within BLAS's int. */
+static ct_status attention_shape(const char *op, int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t hd) {
+    if (b < 0 || t < 0 || h < 0 || kvh <= 0 || hd <= 0)
+        return fail(op, "shape b=%lld t=%lld h=%lld kvh=%lld d=%lld, expected kvh and d > 0", (long long)b,
+                    (long long)t, (long long)h, (long long)kvh, (long long)hd);
+    if (h % kvh != 0)
+        return fail(op, "%lld query heads are not a multiple of %lld kv heads", (long long)h, (long long)kvh);
+    if (t > INT_MAX || h * hd > INT_MAX)
+        return fail(op, "t=%lld or h*d=%lld exceeds the BLAS int range", (long long)t, (long long)(h * hd));
+    return CT_OK;
+}
+
+/* The block attention ops: tk apart, then attention_shape with tq. */
+static ct_status attention_block_shape(const char *op, int64_t b, int64_t tq, int64_t tk, int64_t h, int64_t kvh,
+                                       int64_t hd) {
+    if (tk < 0 || tk > INT_MAX) return fail(op, "tk=%lld, expected 0..%d", (long long)tk, INT_MAX);
+    return attention_shape(op, b, tq, h, kvh, hd);
+}
+
+/* Full-vocabulary cross-entropy: v > 0 columns, targets given when there are rows. The targets'
+ * values live in device memory: the plugin checks them. */
+static ct_status cross_entropy_shape(const char *op, const int32_t *targets, int64_t n, int64_t v) {
+    if (n < 0 || v <= 0) return fail(op, "shape n=%lld v=%lld, expected v > 0", (long long)n, (long long)v);
+    if (n > 0 && !targets) return fail(op, "null targets");
+    return CT_OK;
+}
+
+/* A vocabulary shard's first row: an offset into the full vocabulary. */
+static ct_status vocab_offset(const char *op, int64_t begin) {
+    if (begin < 0) return fail(op, "begin %lld, expected >= 0 (a vocabulary offset)", (long long)begin);
+    return CT_OK;
+}
+
+static ct_status adamw_args(const char *op, int pointers_set, int64_t n, float beta1, float beta2, int64_t step) {
+    if (n < 0) return fail(op, "negative length %lld", (long long)n);
+    if (step < 1) return fail(op, "step %lld, expected >= 1 (counted from 1)", (long long)step);
+    if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1))
+        return fail(op, "betas (%g, %g), expected each in [0, 1)", (double)beta1, (double)beta2);
+    if (!(n == 0 || pointers_set)) return fail(op, "null pointer");
+    return CT_OK;
+}
+
+/* n >= 0 elements in groups of `group` (>= 1, dividing n). */
+static ct_status groups(const char *op, int64_t n, int64_t group) {
+    if (n < 0 || group < 1)
+        return fail(op, "n=%lld group=%lld, expected n >= 0 and group >= 1", (long long)n, (long long)group);
+    if (n % group != 0) return fail(op, "group %lld does not divide n=%lld", (long long)group, (long long)n);
+    return CT_OK;
+}
+
+static ct_status fp8_format(const char *op, ct_dtype fmt) {
+    if (fmt != CT_F8_E4M3 && fmt != CT_F8_E5M2)
+        return fail(op, "format %d, expected CT_F8_E4M3 (%d) or CT_F8_E5M2 (%d)", (int)fmt, (int)CT_F8_E4M3,
+                    (int)CT_F8_E5M2);
+    return CT_OK;
+}
+
+/* ---- memory and copies ---- */
+
+static ct_status w_copy(ct_device *dev, void *dst, const void *src, size_t bytes, ct_copy_kind kind) {
+    if (!dev) return CT_ERR_INVALID;
+    if (!(kind == CT_COPY_H2D || kind == CT_COPY_D2H || kind == CT_COPY_D2D))
+        return fail("copy", "unknown copy kind %d", (int)kind);
+    if (bytes > 0 && (!dst || !src)) return fail("copy", "null pointer");
+    return real->copy(dev, dst, src, bytes, kind);
+}
+
+static ct_status w_zero(ct_device *dev, void *p, size_t bytes) {
+    if (!dev) return CT_ERR_INVALID;
+    if (bytes > 0 && !p) return fail("zero", "null pointer");
+    return real->zero(dev, p, bytes);
+}
+
+static ct_status w_copy_2d(ct_device *dev, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                           int64_t nrows, int64_t cols) {
+    if (!dev) return CT_ERR_INVALID;
+    if (nrows < 0 || cols < 0)
+        return fail("copy_2d", "negative shape rows=%lld cols=%lld", (long long)nrows, (long long)cols);
+    if (dst_stride < cols || src_stride < cols)
+        return fail("copy_2d", "strides dst %lld src %lld, expected each >= cols %lld", (long long)dst_stride,
+                    (long long)src_stride, (long long)cols);
+    if (nrows > 0 && cols > 0) {
+        /* the last element's byte offset, (rows - 1) * stride + cols floats, must fit */
+        int64_t stride = dst_stride > src_stride ? dst_stride : src_stride;
+        int64_t limit = INT64_MAX / (int64_t)sizeof(float);
+        if (cols > limit || nrows - 1 > (limit - cols) / stride)
+            return fail("copy_2d", "rows=%lld cols=%lld with stride %lld is too large", (long long)nrows,
+                        (long long)cols, (long long)stride);
+        if (!dst || !src) return fail("copy_2d", "null pointer");
+    }
+    return real->copy_2d(dev, dst, dst_stride, src, src_stride, nrows, cols);
+}
+
+/* ---- graph capture: a refusal here while capturing is the capture's failure too ---- */
+
+static ct_status w_graph_begin(ct_device *dev) {
+    ct_status st = real->graph_begin(dev);
+    if (st == CT_OK) capturing = 1, capture_failed = CT_OK;
+    return st;
+}
+
+static ct_status w_graph_end(ct_device *dev, ct_graph **graph, int64_t *ops) {
+    ct_status st = real->graph_end(dev, graph, ops);
+    if (!capturing) return st;
+    capturing = 0;
+    if (st == CT_OK && capture_failed != CT_OK) { /* the plugin saw no failure: this layer's refusal */
+        if (graph && *graph && wrapped.graph_free) wrapped.graph_free(dev, *graph);
+        if (graph) *graph = NULL;
+        st = capture_failed;
+    }
+    return st;
+}
+
+/* ---- dense algebra and reductions ---- */
+
+static ct_status w_matmul(ct_device *dev, float *c, const float *a, const float *b, int64_t m, int64_t n, int64_t k,
+                          int trans_a, int trans_b, float alpha, float beta) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(gemm_shape("matmul", m, n, k));
+    if (m > 0 && n > 0 && !(c && (k == 0 || (a && b)))) return fail("matmul", "null pointer");
+    return real->matmul(dev, c, a, b, m, n, k, trans_a, trans_b, alpha, beta);
+}
+
+static ct_status w_axpy(ct_device *dev, float *y, const float *x, float alpha, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("axpy", n, y && x));
+    return real->axpy(dev, y, x, alpha, n);
+}
+
+static ct_status w_add(ct_device *dev, float *out, const float *a, const float *b, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("add", n, out && a && b));
+    return real->add(dev, out, a, b, n);
+}
+
+static ct_status w_scale(ct_device *dev, float *x, float alpha, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("scale", n, x != NULL));
+    return real->scale(dev, x, alpha, n);
+}
+
+/* the reductions: out always (n = 0 writes 0), x when there is work */
+static ct_status w_sum(ct_device *dev, double *out, const float *x, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    if (n < 0) return fail("sum", "negative length %lld", (long long)n);
+    if (!(out && (n == 0 || x))) return fail("sum", "null pointer");
+    return real->sum(dev, out, x, n);
+}
+
+static ct_status w_sum_squares(ct_device *dev, double *out, const float *x, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    if (n < 0) return fail("sum_squares", "negative length %lld", (long long)n);
+    if (!(out && (n == 0 || x))) return fail("sum_squares", "null pointer");
+    return real->sum_squares(dev, out, x, n);
+}
+
+static ct_status w_sum_to_device(ct_device *dev, float *out, const float *x, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    if (n < 0) return fail("sum_to_device", "negative length %lld", (long long)n);
+    if (!(out && (n == 0 || x))) return fail("sum_to_device", "null pointer");
+    return real->sum_to_device(dev, out, x, n);
+}
+
+static ct_status w_transpose(ct_device *dev, float *dst, const float *src, int64_t nrows, int64_t cols) {
+    if (!dev) return CT_ERR_INVALID;
+    if (nrows < 0 || cols < 0)
+        return fail("transpose", "negative shape rows=%lld cols=%lld", (long long)nrows, (long long)cols);
+    if (nrows > 0 && cols > 0) {
+        if (nrows > INT64_MAX / cols / (int64_t)sizeof(float))
+            return fail("transpose", "shape rows=%lld cols=%lld is too large", (long long)nrows, (long long)cols);
+        if (!dst || !src) return fail("transpose", "null pointer");
+        uintptr_t bytes = (uintptr_t)(nrows * cols) * sizeof(float), a = (uintptr_t)dst, b = (uintptr_t)src;
+        if (!(a + bytes <= b || b + bytes <= a)) return fail("transpose", "dst and src overlap (not done in place)");
+    }
+    return real->transpose(dev, dst, src, nrows, cols);
+}
+
+/* ---- embedding ---- */
+
+/* The ids' values live in device memory (the plugin checks them against vocab), and each plugin
+ * checks the table and output pointers in its own order around that. */
+static ct_status embedding_args(const char *op, const int32_t *ids, int64_t n, int64_t c, int64_t vocab) {
+    if (n < 0 || c < 0 || vocab < 0)
+        return fail(op, "negative shape n=%lld c=%lld vocab=%lld", (long long)n, (long long)c, (long long)vocab);
+    if (!(n == 0 || ids)) return fail(op, "null ids");
+    return CT_OK;
+}
+
+static ct_status w_embedding_forward(ct_device *dev, float *out, const int32_t *ids, const float *table, int64_t n,
+                                     int64_t c, int64_t vocab) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(embedding_args("embedding_forward", ids, n, c, vocab));
+    return real->embedding_forward(dev, out, ids, table, n, c, vocab);
+}
+
+static ct_status w_embedding_backward(ct_device *dev, float *dtable, const int32_t *ids, const float *dout, int64_t n,
+                                      int64_t c, int64_t vocab) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(embedding_args("embedding_backward", ids, n, c, vocab));
+    return real->embedding_backward(dev, dtable, ids, dout, n, c, vocab);
+}
+
+static ct_status range_shape(const char *op, int64_t n, int64_t c, int64_t begin, int64_t nrows) {
+    if (n < 0 || c < 0 || nrows < 0)
+        return fail(op, "negative shape n=%lld c=%lld rows=%lld", (long long)n, (long long)c, (long long)nrows);
+    return vocab_offset(op, begin);
+}
+
+static ct_status w_embedding_forward_range(ct_device *dev, float *out, const int32_t *ids, const float *table,
+                                           int64_t n, int64_t c, int64_t begin, int64_t nrows) {
+    const char *op = "embedding_forward_range";
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(range_shape(op, n, c, begin, nrows));
+    if (n > 0 && c > 0 && !(out && ids && (nrows == 0 || table))) return fail(op, "null pointer");
+    return real->embedding_forward_range(dev, out, ids, table, n, c, begin, nrows);
+}
+
+static ct_status w_embedding_backward_range(ct_device *dev, float *dtable, const int32_t *ids, const float *dout,
+                                            int64_t n, int64_t c, int64_t begin, int64_t nrows) {
+    const char *op = "embedding_backward_range";
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(range_shape(op, n, c, begin, nrows));
+    if (n > 0 && c > 0 && nrows > 0 && (!dtable || !ids || !dout)) return fail(op, "null pointer");
+    return real->embedding_backward_range(dev, dtable, ids, dout, n, c, begin, nrows);
+}
+
+/* ---- norms and bias ---- */
+
+/* The forward norms: c > 0 where there are rows, eps >= 0, the pointers when there are rows. */
+static ct_status norm_forward_args(const char *op, int pointers_set, int64_t n, int64_t c, float eps) {
+    CHECK(rows(op, n, c));
+    if (!(c > 0 || n == 0)) return fail(op, "zero columns");
+    if (!(eps >= 0)) return fail(op, "eps %g is negative", (double)eps);
+    if (n > 0 && !pointers_set) return fail(op, "null pointer");
+    return CT_OK;
+}
+
+/* The backward halves and bias: the pointers when there is work. */
+static ct_status rows_args(const char *op, int pointers_set, int64_t n, int64_t c) {
+    CHECK(rows(op, n, c));
+    if (n > 0 && c > 0 && !pointers_set) return fail(op, "null pointer");
+    return CT_OK;
+}
+
+static ct_status w_rmsnorm_forward(ct_device *dev, float *out, float *rstd, const float *x, const float *w, int64_t n,
+                                   int64_t c, float eps) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(norm_forward_args("rmsnorm_forward", out && rstd && x && w, n, c, eps));
+    return real->rmsnorm_forward(dev, out, rstd, x, w, n, c, eps);
+}
+
+static ct_status w_rmsnorm_backward_input(ct_device *dev, float *dx, const float *dout, const float *x, const float *w,
+                                          const float *rstd, int64_t n, int64_t c) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rows_args("rmsnorm_backward_input", dx && dout && x && w && rstd, n, c));
+    return real->rmsnorm_backward_input(dev, dx, dout, x, w, rstd, n, c);
+}
+
+static ct_status w_rmsnorm_backward_weight(ct_device *dev, float *dw, const float *dout, const float *x,
+                                           const float *rstd, int64_t n, int64_t c) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rows_args("rmsnorm_backward_weight", dw && dout && x && rstd, n, c));
+    return real->rmsnorm_backward_weight(dev, dw, dout, x, rstd, n, c);
+}
+
+static ct_status w_layernorm_forward(ct_device *dev, float *out, float *mean, float *rstd, const float *x,
+                                     const float *w, const float *b, int64_t n, int64_t c, float eps) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(norm_forward_args("layernorm_forward", out && mean && rstd && x && w, n, c, eps)); /* b may be NULL */
+    return real->layernorm_forward(dev, out, mean, rstd, x, w, b, n, c, eps);
+}
+
+static ct_status w_layernorm_backward_input(ct_device *dev, float *dx, const float *dout, const float *x,
+                                            const float *w, const float *mean, const float *rstd, int64_t n,
+                                            int64_t c) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rows_args("layernorm_backward_input", dx && dout && x && w && mean && rstd, n, c));
+    return real->layernorm_backward_input(dev, dx, dout, x, w, mean, rstd, n, c);
+}
+
+static ct_status w_layernorm_backward_weight(ct_device *dev, float *dw, float *db, const float *dout, const float *x,
+                                             const float *mean, const float *rstd, int64_t n, int64_t c) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rows_args("layernorm_backward_weight", dw && dout && x && mean && rstd, n, c)); /* db may be NULL */
+    return real->layernorm_backward_weight(dev, dw, db, dout, x, mean, rstd, n, c);
+}
+
+static ct_status w_bias_forward(ct_device *dev, float *out, const float *x, const float *bias, int64_t n, int64_t c) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rows_args("bias_forward", out && x && bias, n, c));
+    return real->bias_forward(dev, out, x, bias, n, c);
+}
+
+static ct_status w_bias_backward(ct_device *dev, float *dbias, const float *dout, int64_t n, int64_t c) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rows_args("bias_backward", dbias && dout, n, c));
+    return real->bias_backward(dev, dbias, dout, n, c);
+}
+
+/* ---- position and attention ---- */
+
+static ct_status w_rope_forward(ct_device *dev, float *out, const float *x, int64_t b, int64_t t, int64_t h,
+                                int64_t hd, float theta) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rope_theta("rope_forward", out, x, 1, b, t, h, hd, theta));
+    return real->rope_forward(dev, out, x, b, t, h, hd, theta);
+}
+
+static ct_status w_rope_backward(ct_device *dev, float *dx, const float *dout, int64_t b, int64_t t, int64_t h,
+                                 int64_t hd, float theta) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rope_theta("rope_backward", dx, dout, 1, b, t, h, hd, theta));
+    return real->rope_backward(dev, dx, dout, b, t, h, hd, theta);
+}
+
+static ct_status w_rope_forward_pos(ct_device *dev, float *out, const float *x, const int32_t *pos, int64_t b,
+                                    int64_t t, int64_t h, int64_t hd, float theta) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rope_theta("rope_forward_pos", out, x, pos != NULL, b, t, h, hd, theta));
+    return real->rope_forward_pos(dev, out, x, pos, b, t, h, hd, theta);
+}
+
+static ct_status w_rope_backward_pos(ct_device *dev, float *dx, const float *dout, const int32_t *pos, int64_t b,
+                                     int64_t t, int64_t h, int64_t hd, float theta) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rope_theta("rope_backward_pos", dx, dout, pos != NULL, b, t, h, hd, theta));
+    return real->rope_backward_pos(dev, dx, dout, pos, b, t, h, hd, theta);
+}
+
+/* rope_freqs_*: the frequency table instead of theta; pos may be NULL (rows 0..t-1). */
+static ct_status rope_freqs_args(const char *op, const void *out, const void *x, const float *inv_freq, int64_t b,
+                                 int64_t t, int64_t h, int64_t hd) {
+    CHECK(rope_shape(op, b, t, h, hd));
+    if (b > 0 && t > 0 && h > 0 && hd > 0 && (!out || !x || !inv_freq)) return fail(op, "null pointer");
+    return CT_OK;
+}
+
+static ct_status w_rope_freqs_forward(ct_device *dev, float *out, const float *x, const int32_t *pos,
+                                      const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t hd) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rope_freqs_args("rope_freqs_forward", out, x, inv_freq, b, t, h, hd));
+    return real->rope_freqs_forward(dev, out, x, pos, inv_freq, b, t, h, hd);
+}
+
+static ct_status w_rope_freqs_backward(ct_device *dev, float *dx, const float *dout, const int32_t *pos,
+                                       const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t hd) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rope_freqs_args("rope_freqs_backward", dx, dout, inv_freq, b, t, h, hd));
+    return real->rope_freqs_backward(dev, dx, dout, pos, inv_freq, b, t, h, hd);
+}
+
+static ct_status w_attention_forward(ct_device *dev, float *out, float *lse, const float *q, const float *k,
+                                     const float *v, int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t hd) {
+    const char *op = "attention_forward";
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(attention_shape(op, b, t, h, kvh, hd));
+    if (b > 0 && t > 0 && h > 0 && (!out || !lse || !q || !k || !v)) return fail(op, "null pointer");
+    return real->attention_forward(dev, out, lse, q, k, v, b, t, h, kvh, hd);
+}
+
+static ct_status w_attention_backward(ct_device *dev, float *dq, float *dk, float *dv, const float *dout,
+                                      const float *q, const float *k, const float *v, const float *out,
+                                      const float *lse, int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t hd) {
+    const char *op = "attention_backward";
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(attention_shape(op, b, t, h, kvh, hd));
+    if (b > 0 && t > 0 && h > 0 && (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse))
+        return fail(op, "null pointer");
+    return real->attention_backward(dev, dq, dk, dv, dout, q, k, v, out, lse, b, t, h, kvh, hd);
+}
+
+static ct_status w_attention_block_forward(ct_device *dev, float *out, float *lse, const float *q, const float *k,
+                                           const float *v, const int32_t *q_pos, const int32_t *k_pos, int64_t b,
+                                           int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t hd) {
+    const char *op = "attention_block_forward";
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(attention_block_shape(op, b, tq, tk, h, kvh, hd));
+    if (b > 0 && tq > 0 && h > 0 && (!out || !lse || !q || !q_pos || (tk > 0 && (!k || !v || !k_pos))))
+        return fail(op, "null pointer");
+    return real->attention_block_forward(dev, out, lse, q, k, v, q_pos, k_pos, b, tq, tk, h, kvh, hd);
+}
+
+static ct_status w_attention_block_backward(ct_device *dev, float *dq, float *dk, float *dv, const float *dout,
+                                            const float *q, const float *k, const float *v, const float *out,
+                                            const float *lse, const int32_t *q_pos, const int32_t *k_pos, int64_t b,
+                                            int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t hd) {
+    const char *op = "attention_block_backward";
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(attention_block_shape(op, b, tq, tk, h, kvh, hd));
+    if (b > 0 && tq > 0 && tk > 0 && h > 0 &&
+        (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse || !q_pos || !k_pos))
+        return fail(op, "null pointer");
+    return real->attention_block_backward(dev, dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, b, tq, tk, h, kvh,
+                                          hd);
+}
+
+static ct_status w_attention_merge(ct_device *dev, float *out, float *lse, const float *out2, const float *lse2,
+                                   int64_t b, int64_t t, int64_t h, int64_t hd) {
+    const char *op = "attention_merge";
+    if (!dev) return CT_ERR_INVALID;
+    if (b < 0 || t < 0 || h < 0 || hd < 0)
+        return fail(op, "negative shape b=%lld t=%lld h=%lld d=%lld", (long long)b, (long long)t, (long long)h,
+                    (long long)hd);
+    if (b > 0 && t > 0 && h > 0 && (!out || !lse || !out2 || !lse2)) return fail(op, "null pointer");
+    return real->attention_merge(dev, out, lse, out2, lse2, b, t, h, hd);
+}
+
+/* ---- activations ---- */
+
+static ct_status w_swiglu_forward(ct_device *dev, float *out, const float *a, const float *g, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("swiglu_forward", n, out && a && g));
+    return real->swiglu_forward(dev, out, a, g, n);
+}
+
+static ct_status w_swiglu_backward(ct_device *dev, float *da, float *dg, const float *dout, const float *a,
+                                   const float *g, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("swiglu_backward", n, da && dg && dout && a && g));
+    return real->swiglu_backward(dev, da, dg, dout, a, g, n);
+}
+
+static ct_status w_gelu_forward(ct_device *dev, float *out, const float *x, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("gelu_forward", n, out && x));
+    return real->gelu_forward(dev, out, x, n);
+}
+
+static ct_status w_gelu_backward(ct_device *dev, float *dx, const float *dout, const float *x, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("gelu_backward", n, dx && dout && x));
+    return real->gelu_backward(dev, dx, dout, x, n);
+}
+
+/* ---- loss ---- */
+
+static ct_status w_cross_entropy_forward(ct_device *dev, float *losses, const float *logits, const int32_t *targets,
+                                         int64_t n, int64_t v, int32_t ignore_index) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(cross_entropy_shape("cross_entropy_forward", targets, n, v));
+    return real->cross_entropy_forward(dev, losses, logits, targets, n, v, ignore_index);
+}
+
+static ct_status w_cross_entropy_backward(ct_device *dev, float *dlogits, const float *logits, const int32_t *targets,
+                                          float dloss, int64_t n, int64_t v, int32_t ignore_index) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(cross_entropy_shape("cross_entropy_backward", targets, n, v));
+    return real->cross_entropy_backward(dev, dlogits, logits, targets, dloss, n, v, ignore_index);
+}
+
+static ct_status w_cross_entropy_backward_dev(ct_device *dev, float *dlogits, const float *logits,
+                                              const int32_t *targets, const float *dloss, int64_t n, int64_t v,
+                                              int32_t ignore_index) {
+    const char *op = "cross_entropy_backward_dev";
+    if (!dev) return CT_ERR_INVALID;
+    if (!dloss) return fail(op, "null dloss");
+    CHECK(cross_entropy_shape(op, targets, n, v));
+    return real->cross_entropy_backward_dev(dev, dlogits, logits, targets, dloss, n, v, ignore_index);
+}
+
+/* The shard ops: v >= 0 columns (an empty shard is valid), targets not checked (an id outside the
+ * shard is simply not in it). */
+static ct_status shard_shape(const char *op, int64_t n, int64_t v, int64_t begin) {
+    if (n < 0 || v < 0) return fail(op, "negative shape n=%lld v=%lld", (long long)n, (long long)v);
+    return vocab_offset(op, begin);
+}
+
+static ct_status w_cross_entropy_stats(ct_device *dev, float *stats, const float *logits, const int32_t *targets,
+                                       int64_t n, int64_t v, int64_t begin, int32_t ignore_index) {
+    const char *op = "cross_entropy_stats";
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(shard_shape(op, n, v, begin));
+    if (n > 0 && !(stats && targets && (v == 0 || logits))) return fail(op, "null pointer");
+    return real->cross_entropy_stats(dev, stats, logits, targets, n, v, begin, ignore_index);
+}
+
+static ct_status w_cross_entropy_backward_lse(ct_device *dev, float *dlogits, const float *logits,
+                                              const int32_t *targets, const float *lse, float dloss, int64_t n,
+                                              int64_t v, int64_t begin, int32_t ignore_index) {
+    const char *op = "cross_entropy_backward_lse";
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(shard_shape(op, n, v, begin));
+    if (n > 0 && v > 0 && (!dlogits || !logits || !targets || !lse)) return fail(op, "null pointer");
+    return real->cross_entropy_backward_lse(dev, dlogits, logits, targets, lse, dloss, n, v, begin, ignore_index);
+}
+
+/* ---- optimizer and precision ---- */
+
+static ct_status w_adamw(ct_device *dev, float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(adamw_args("adamw", param && grad && m && v, n, beta1, beta2, step));
+    return real->adamw(dev, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+
+static ct_status w_adamw_bf16_moments(ct_device *dev, float *param, const float *grad, uint32_t *mv, int64_t n,
+                                      float lr, float beta1, float beta2, float eps, float weight_decay,
+                                      int64_t step) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(adamw_args("adamw_bf16_moments", param && grad && mv, n, beta1, beta2, step));
+    return real->adamw_bf16_moments(dev, param, grad, mv, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+
+static ct_status w_cast_f32_to_bf16(ct_device *dev, uint16_t *dst, const float *src, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("cast_f32_to_bf16", n, dst && src));
+    return real->cast_f32_to_bf16(dev, dst, src, n);
+}
+
+static ct_status w_cast_bf16_to_f32(ct_device *dev, float *dst, const uint16_t *src, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("cast_bf16_to_f32", n, dst && src));
+    return real->cast_bf16_to_f32(dev, dst, src, n);
+}
+
+static ct_status w_round_bf16(ct_device *dev, float *x, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("round_bf16", n, x != NULL));
+    return real->round_bf16(dev, x, n);
+}
+
+/* The scales are not checked (they may come from a device-side amax). */
+static ct_status w_amax(ct_device *dev, float *amax, const float *src, int64_t n, int64_t group) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(groups("amax", n, group));
+    if (n > 0 && (!amax || !src)) return fail("amax", "null pointer");
+    return real->amax(dev, amax, src, n, group);
+}
+
+static ct_status fp8_cast_args(const char *op, int pointers_set, int64_t n, int64_t group, ct_dtype fmt) {
+    CHECK(groups(op, n, group));
+    CHECK(fp8_format(op, fmt));
+    if (n > 0 && !pointers_set) return fail(op, "null pointer");
+    return CT_OK;
+}
+
+static ct_status w_quantize_fp8(ct_device *dev, uint8_t *dst, const float *src, const float *scale, int64_t n,
+                                int64_t group, ct_dtype fmt) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(fp8_cast_args("quantize_fp8", dst && src && scale, n, group, fmt));
+    return real->quantize_fp8(dev, dst, src, scale, n, group, fmt);
+}
+
+static ct_status w_dequantize_fp8(ct_device *dev, float *dst, const uint8_t *src, const float *scale, int64_t n,
+                                  int64_t group, ct_dtype fmt) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(fp8_cast_args("dequantize_fp8", dst && src && scale, n, group, fmt));
+    return real->dequantize_fp8(dev, dst, src, scale, n, group, fmt);
+}
+
+/* ---- ABI 2.1: elementwise ops (a one-input op checks x as its second input too) ---- */
+
+static ct_status w_ew_axpby(ct_device *dev, float *out, float alpha, const float *x, float beta, const float *y,
+                            int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("ew_axpby", n, out && x && y));
+    return real->ew_axpby(dev, out, alpha, x, beta, y, n);
+}
+
+static ct_status w_ew_mul(ct_device *dev, float *out, const float *x, const float *y, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("ew_mul", n, out && x && y));
+    return real->ew_mul(dev, out, x, y, n);
+}
+
+static ct_status w_ew_div(ct_device *dev, float *out, const float *x, const float *y, float eps, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("ew_div", n, out && x && y));
+    return real->ew_div(dev, out, x, y, eps, n);
+}
+
+static ct_status w_ew_sqrt(ct_device *dev, float *out, const float *x, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("ew_sqrt", n, out && x));
+    return real->ew_sqrt(dev, out, x, n);
+}
+
+static ct_status w_ew_sign(ct_device *dev, float *out, const float *x, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("ew_sign", n, out && x));
+    return real->ew_sign(dev, out, x, n);
+}
+
+static ct_status w_ew_clamp(ct_device *dev, float *out, const float *x, float lo, float hi, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("ew_clamp", n, out && x));
+    return real->ew_clamp(dev, out, x, lo, hi, n);
+}
+
+static ct_status w_ew_greater(ct_device *dev, float *out, const float *x, const float *y, int64_t n) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(length("ew_greater", n, out && x && y));
+    return real->ew_greater(dev, out, x, y, n);
+}
+
+/* ---- the table ---- */
+
+/* Each op the plugin has (set, and inside its table's struct_size) gets its checking wrapper. */
+#define WRAP(op)                                                                                                       \
+    do {                                                                                                               \
+        if (wrapped.op) wrapped.op = w_##op;                                                                           \
+    } while (0)
+
+const ct_device_api *devcheck_wrap(const ct_device_api *r, const ct_host *h) {
+    real = r;
+    host = h;
+    capturing = 0;
+    capture_failed = CT_OK;
+    memset(&wrapped, 0, sizeof wrapped);
+    memcpy(&wrapped, r, r->struct_size < sizeof wrapped ? r->struct_size : sizeof wrapped); /* an older table is shorter */
+    WRAP(copy);
+    WRAP(zero);
+    WRAP(copy_2d);
+    if (wrapped.graph_begin && wrapped.graph_end) {
+        wrapped.graph_begin = w_graph_begin;
+        wrapped.graph_end = w_graph_end;
+    }
+    WRAP(matmul);
+    WRAP(axpy);
+    WRAP(add);
+    WRAP(scale);
+    WRAP(sum);
+    WRAP(sum_squares);
+    WRAP(sum_to_device);
+    WRAP(transpose);
+    WRAP(embedding_forward);
+    WRAP(embedding_backward);
+    WRAP(embedding_forward_range);
+    WRAP(embedding_backward_range);
+    WRAP(rmsnorm_forward);
+    WRAP(rmsnorm_backward_input);
+    WRAP(rmsnorm_backward_weight);
+    WRAP(layernorm_forward);
+    WRAP(layernorm_backward_input);
+    WRAP(layernorm_backward_weight);
+    WRAP(bias_forward);
+    WRAP(bias_backward);
+    WRAP(rope_forward);
+    WRAP(rope_backward);
+    WRAP(rope_forward_pos);
+    WRAP(rope_backward_pos);
+    WRAP(rope_freqs_forward);
+    WRAP(rope_freqs_backward);
+    WRAP(attention_forward);
+    WRAP(attention_backward);
+    WRAP(attention_block_forward);
+    WRAP(attention_block_backward);
+    WRAP(attention_merge);
+    WRAP(swiglu_forward);
+    WRAP(swiglu_backward);
+    WRAP(gelu_forward);
+    WRAP(gelu_backward);
+    WRAP(cross_entropy_forward);
+    WRAP(cross_entropy_backward);
+    WRAP(cross_entropy_backward_dev);
+    WRAP(cross_entropy_stats);
+    WRAP(cross_entropy_backward_lse);
+    WRAP(adamw);
+    WRAP(adamw_bf16_moments);
+    WRAP(cast_f32_to_bf16);
+    WRAP(cast_bf16_to_f32);
+    WRAP(round_bf16);
+    WRAP(amax);
+    WRAP(quantize_fp8);
+    WRAP(dequantize_fp8);
+    WRAP(ew_axpby);
+    WRAP(ew_mul);
+    WRAP(ew_div);
+    WRAP(ew_sqrt);
+    WRAP(ew_sign);
+    WRAP(ew_clamp);
+    WRAP(ew_greater);
+    return &wrapped;
+}
