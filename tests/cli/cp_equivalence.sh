@@ -168,7 +168,7 @@ one_att, n = float(sys.argv[2].split()[1]), int(sys.argv[3])
 a2a = [c for c in l["collectives"] if c["what"] == "cp all_to_all"]
 calls = a2a[0]["count"] if a2a else 0
 q = l["time_s"]["attention"] * n / one_att
-ok = 0.95 < q < 1.05 and calls == 6 * 8
+ok = 0.95 < q < 1.05 and calls == 6 * 8 and l["parallelism"]["context_parallel_rotate_method"] == "ulysses"
 print("%s plan cp %d ulysses: attention %.3g s per rank, %.3f x 1/%d of one rank's; %d all-to-alls per step (6 layers x 8)"
       % ("ok  " if ok else "FAIL", n, l["time_s"]["attention"], q, n, calls))
 sys.exit(0 if ok else 1)
