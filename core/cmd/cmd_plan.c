@@ -220,7 +220,7 @@ ct_status cmd_plan(int argc, char **argv) {
         goto out;
     }
     if (a.search) {
-        plan_search_opts o = {a.gpus, hw.gpus_per_node, a.top, 1, 1, 1, 1, 1};
+        plan_search_opts o = {a.gpus, hw.gpus_per_node, a.top, 1, 1, 1, 1, 1, 1};
         if (plan_search_ex(ctx, &o, &hw, &res, &n, &stats) != CT_OK) {
             fprintf(stderr, "ctitan plan: %s\n", ct_last_error());
             st = CT_ERR_INVALID;

@@ -25,14 +25,15 @@ void plan_layout_line(const plan_layout *l, char *out, size_t len) {
     if (l->pp > 1) snprintf(pp, sizeof pp, " (%s, microbatch %d)", l->schedule, l->pp_microbatch_size);
     if (l->ac == PLAN_AC_SELECTIVE_LAYER) snprintf(ac, sizeof ac, "selective every %d", l->ac_every);
     else snprintf(ac, sizeof ac, "%s", ac_name(l->ac));
-    char global[48], off[48] = "";
+    char global[48], off[48] = "", cpm[32] = "";
+    if (l->cp > 1 && l->cp_method[0]) snprintf(cpm, sizeof cpm, " (%s)", l->cp_method);
     if (l->global_batch > 0) snprintf(global, sizeof global, "%lld", (long long)l->global_batch);
     else snprintf(global, sizeof global, "local x dp");
     if (l->offload) snprintf(off, sizeof off, "; offload %d blocks", l->offload);
     snprintf(out, len,
-             "dp_replicate %d x dp_shard %d x cp %d x tp %d%s x pp %d%s; local batch %lld of global %s x seq %lld; "
+             "dp_replicate %d x dp_shard %d x cp %d%s x tp %d%s x pp %d%s; local batch %lld of global %s x seq %lld; "
              "AC %s%s; float8 %s; compile %s",
-             l->dp_replicate, l->dp_shard, l->cp, l->tp, l->tp > 1 && l->async_tp ? " (async)" : "", l->pp, pp,
+             l->dp_replicate, l->dp_shard, l->cp, cpm, l->tp, l->tp > 1 && l->async_tp ? " (async)" : "", l->pp, pp,
              (long long)l->local_batch, global, (long long)l->seq_len, ac, off,
              l->float8 ? (l->float8_recipe[0] ? l->float8_recipe : "on") : "off", l->compile ? "on" : "off");
 }
@@ -158,6 +159,52 @@ static void print_rule(const plan_search_stats *st, const plan_result *win, cons
                 100 * (st->rule_result.tokens_per_s_per_gpu / win->tokens_per_s_per_gpu - 1));
 }
 
+/* The cp axis's collectives of a plan: bytes per step and the seconds they leave exposed. */
+static void cp_comm(const plan_result *r, double *bytes, double *exposed) {
+    *bytes = *exposed = 0;
+    for (int i = 0; i < r->n_comms && i < (int)(sizeof r->comms / sizeof r->comms[0]); i++)
+        if (r->comms[i].axis == CT_AXIS_CP) *bytes += r->comms[i].bytes, *exposed += r->comms[i].exposed;
+}
+
+/* The winner's rotate method against the others at its other settings: the step time's parts where
+ * they differ (attention, its recompute, the cp collectives and what they leave exposed), memory. */
+static void print_cp_methods(const plan_search_stats *st, const plan_result *win, FILE *f) {
+    if (!win || st->n_cp_methods < 2) return;
+    const struct plan_cp_method *next = NULL; /* the best other method that fits */
+    for (int i = 0; i < st->n_cp_methods; i++) {
+        const struct plan_cp_method *e = &st->cp_methods[i];
+        if (e->evaluated && e->r.fits && strcmp(e->r.layout.cp_method, win->layout.cp_method) &&
+            (!next || e->r.tokens_per_s_per_gpu > next->r.tokens_per_s_per_gpu))
+            next = e;
+    }
+    fprintf(f, "context parallel rotate method at seq %lld, cp %d: %s, %.0f tokens/s per GPU", (long long)win->layout.seq_len,
+            win->layout.cp, win->layout.cp_method, win->tokens_per_s_per_gpu);
+    if (next) fprintf(f, " against %.0f for %s, the next best that fits", next->r.tokens_per_s_per_gpu, next->r.layout.cp_method);
+    else fprintf(f, ", the only one that fits");
+    fprintf(f, "; each method with the winner's other settings:\n");
+    for (int i = 0; i < st->n_cp_methods; i++) {
+        const struct plan_cp_method *e = &st->cp_methods[i];
+        fprintf(f, "  %-10s ", e->r.layout.cp_method);
+        if (!e->evaluated) {
+            fprintf(f, "cannot run here: %s\n", e->note);
+            continue;
+        }
+        char step[32], att[32], rec[32], bytes_s[32], cpx[32], all[32];
+        double bytes, exposed;
+        cp_comm(&e->r, &bytes, &exposed);
+        fmt_s(e->r.step_time, step, sizeof step);
+        fmt_s(e->r.t_attention, att, sizeof att);
+        fmt_s(e->r.t_recompute, rec, sizeof rec);
+        fmt_bytes(bytes, bytes_s, sizeof bytes_s);
+        fmt_s(exposed, cpx, sizeof cpx);
+        fmt_s(e->r.t_comm_exposed, all, sizeof all);
+        fprintf(f, "step %s: attention %s, recompute %s, cp collectives %s with %s exposed (all comm exposed %s); "
+                   "%.2f GiB per GPU (%s), %.0f tokens/s per GPU\n",
+                step, att, rec, bytes_s, cpx, all, e->r.mem_total / GIB, e->r.fits ? "fits" : "does not fit",
+                e->r.tokens_per_s_per_gpu);
+    }
+}
+
 void plan_report_text(const plan_report *rep, FILE *f) {
     const hw_profile *hw = rep->hw;
     fprintf(f, "plan: %s on %d x %s (%d per node)\n", rep->manifest_path, rep->gpus, hw->name, rep->gpus_per_node);
@@ -196,6 +243,7 @@ void plan_report_text(const plan_report *rep, FILE *f) {
                    "where a layout fits\n",
                 st->ref_gpus, st->ref_tokens_per_s_per_gpu, rep->gpus);
     }
+    print_cp_methods(st, win, f);
     print_rule(st, win, hw, f);
 }
 
@@ -209,6 +257,7 @@ static json_t *layout_json(const plan_layout *l) {
                             "tensor_parallel_degree", l->tp, "pipeline_parallel_degree", l->pp, "pipeline_parallel_schedule",
                             l->schedule, "pipeline_parallel_microbatch_size", l->pp_microbatch_size,
                             "enable_async_tensor_parallel", l->async_tp && l->tp > 1);
+    if (par && l->cp_method[0]) json_object_set_new(par, "context_parallel_rotate_method", json_string(l->cp_method));
     return par;
 }
 
@@ -322,6 +371,27 @@ ct_status plan_print_json(const plan_report *rep, FILE *f) {
         json_object_set_new(s, "reference_gpus", json_integer(st->ref_gpus));
         json_object_set_new(s, "reference_tokens_per_s_per_gpu", jreal(st->ref_tokens_per_s_per_gpu));
         json_object_set_new(s, "first_refusal", json_string(st->first_refusal));
+        json_t *cpm = json_array(); /* the winner's layout with each rotate method (cp > 1) */
+        for (int i = 0; i < st->n_cp_methods; i++) {
+            const struct plan_cp_method *e = &st->cp_methods[i];
+            double bytes, exposed;
+            cp_comm(&e->r, &bytes, &exposed);
+            json_t *one = json_pack("{s:s, s:b, s:s}", "method", e->r.layout.cp_method, "evaluated", e->evaluated,
+                                    "note", e->note);
+            if (one && e->evaluated) {
+                json_object_set_new(one, "fits", json_boolean(e->r.fits));
+                json_object_set_new(one, "tokens_per_s_per_gpu", jreal(e->r.tokens_per_s_per_gpu));
+                json_object_set_new(one, "step_time_s", jreal(e->r.step_time));
+                json_object_set_new(one, "attention_s", jreal(e->r.t_attention));
+                json_object_set_new(one, "recompute_s", jreal(e->r.t_recompute));
+                json_object_set_new(one, "comm_exposed_s", jreal(e->r.t_comm_exposed));
+                json_object_set_new(one, "cp_comm_bytes", jreal(bytes));
+                json_object_set_new(one, "cp_comm_exposed_s", jreal(exposed));
+                json_object_set_new(one, "memory_gib", jreal(e->r.mem_total / GIB));
+            }
+            json_array_append_new(cpm, one);
+        }
+        json_object_set_new(s, "cp_methods", cpm);
         json_object_set_new(root, "search", s);
         json_t *g = json_object();
         json_object_set_new(g, "rule", json_string(st->rule ? st->rule : ""));
@@ -465,6 +535,7 @@ ct_status plan_write_manifest(const manifest *mf, const plan_layout *l, const ch
     kv_setf(&s, mesh_degree_keys[CT_AXIS_PP], "%lld", l->pp);
     kv_setf(&s, "parallelism.pipeline_parallel_microbatch_size", "%lld", l->pp_microbatch_size);
     if (l->schedule[0]) kv_set(&s, "parallelism.pipeline_parallel_schedule", l->schedule, 0);
+    if (l->cp > 1 && l->cp_method[0]) kv_set(&s, PLAN_CP_METHOD_KEY, l->cp_method, 0);
     /* async TP in torchtitan's later spelling, the one the planner reads; the tp plugin takes either,
      * so the other goes. The key exists where the tp plugin is loaded (tp > 1). */
     kv_del(&s, "parallelism.enable_async_tensor_parallel");

@@ -162,7 +162,22 @@ ct_status plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l) {
     mf_get_str(mf, "training.mixed_precision_param", &mp);
     l->bf16 = !strcmp(mp, "bfloat16");
     l->offload = (int)get_int(mf, "activation_offload.layers", 0);
+    const char *cm = NULL;
+    if (!mf_get_str(mf, PLAN_CP_METHOD_KEY, &cm)) snprintf(l->cp_method, sizeof l->cp_method, "%s", cm);
     return CT_OK;
+}
+
+int plan_cp_methods(const plan_ctx *c, char (*names)[16], int max) {
+    const mf_schema_entry *e = NULL;
+    for (int i = 0; i < c->mf->n_schema && !e; i++)
+        if (!strcmp(c->mf->schema[i].key, PLAN_CP_METHOD_KEY)) e = &c->mf->schema[i];
+    int n = 0;
+    for (const char *p = e && e->choices ? e->choices : ""; *p && n < max;) {
+        size_t len = strcspn(p, "|");
+        if (len < sizeof names[0]) snprintf(names[n++], sizeof names[0], "%.*s", (int)len, p);
+        p += len + (p[len] == '|');
+    }
+    return n;
 }
 
 /* Sets one key; *st keeps the first failure (every key is set whatever failed before). */
@@ -202,6 +217,7 @@ static ct_status apply_layout(plan_ctx *c, const plan_layout *l) {
         set_key(c, &st, "activation_checkpoint.selective_ac_option", "%d", l->ac_every > 0 ? l->ac_every : 2);
     if (l->float8 && l->float8_recipe[0]) set_key(c, &st, "quantize.dense.float8.format", "%s", l->float8_recipe);
     set_key(c, &st, "activation_offload.layers", "%d", l->offload);
+    if (l->cp_method[0]) set_key(c, &st, PLAN_CP_METHOD_KEY, "%s", l->cp_method);
     return st;
 }
 

@@ -156,6 +156,9 @@ void plan_trace_free(plan_trace *t);
 
 /* ---- layouts and results ---- */
 
+/* The cp strategy's attention method, a knob of the search where the strategy declares its choices. */
+#define PLAN_CP_METHOD_KEY "parallelism.context_parallel_rotate_method"
+
 enum { PLAN_AC_NONE = 0, PLAN_AC_SELECTIVE_OP = 1, PLAN_AC_SELECTIVE_LAYER = 2, PLAN_AC_FULL = 3 };
 
 typedef struct plan_layout {
@@ -169,6 +172,9 @@ typedef struct plan_layout {
     char float8_recipe[64];   /* tensorwise, rowwise, mxfp8 ... (the plugin's format) */
     int compile, async_tp, bf16;
     int offload;              /* activation_offload.layers: blocks whose saved activations wait in host memory */
+    /* PLAN_CP_METHOD_KEY, read by the cp strategy when cp > 1 (allgather, alltoall or ulysses for the
+     * shipped one); "" where the cp strategy declares no such key */
+    char cp_method[16];
 } plan_layout;
 
 /* Memory categories of a plan (bytes on the largest rank). */
@@ -223,6 +229,9 @@ const ct_model_desc *plan_model(const plan_ctx *ctx);
 manifest *plan_manifest(const plan_ctx *ctx);
 /* The manifest's own layout for `gpus` GPUs (data_parallel_shard_degree -1 takes what is left). */
 ct_status plan_layout_from_manifest(plan_ctx *ctx, int gpus, plan_layout *l);
+/* The rotate methods the cp strategy declares (the choices of parallelism.context_parallel_rotate_method,
+ * at most max, each under 16 bytes), in its order; 0 where it declares none. */
+int plan_cp_methods(const plan_ctx *ctx, char (*names)[16], int max);
 /* Evaluates one layout; r->fits says whether it fits hw with headroom. A status other than CT_OK only
  * for a layout the plugins refuse (ct_last_error says why; the search skips those). */
 ct_status plan_eval(plan_ctx *ctx, const plan_layout *l, const hw_profile *hw, plan_result *r);
@@ -234,6 +243,7 @@ typedef struct plan_search_opts {
     int vary_ac, vary_float8, vary_compile, vary_schedule; /* all 1 by default */
     int vary_offload; /* 1: a mesh without a pipeline whose whole local batch fits in no AC mode is tried
                          again with every block's activations offloaded (activation_offload.layers) */
+    int vary_cp_method; /* 1: with cp > 1, each rotate method the cp strategy declares (PLAN_CP_METHOD_KEY) */
 } plan_search_opts;
 /* Every layout that multiplies to opts->gpus and divides the model, evaluated; *out sorted by
  * tokens/s per GPU (fitting first). */

@@ -2,17 +2,18 @@
  * rule for a model's size.
  *
  * A mesh is dp_replicate x dp_shard x cp x tp x pp; its knobs are the schedule, the pp microbatch
- * size, the local batch (the global batch fixed), the AC mode, float8, compile and async TP. Three
- * cuts keep 405B on 4096 GPUs to about a thousand evaluations, the first two assumptions about the
+ * size, the local batch (the global batch fixed), the AC mode, float8, compile, async TP and, with
+ * cp > 1, the cp strategy's rotate method (allgather, alltoall, ulysses: whatever it declares). Three
+ * cuts keep 405B on 4096 GPUs to about five thousand evaluations, the first two assumptions about the
  * memory and time model that physics makes true, the third a heuristic:
  *   - a mesh whose parameters, gradients and optimizer states alone (from one evaluated FSDP layout,
  *     divided by the mesh's shards) exceed the capacity is not evaluated;
  *   - memory grows with the microbatch, and less AC saves more: the largest local batch that fits is
  *     found by bisection for each AC mode, and an AC mode that recomputes more is not tried where
  *     one that recomputes less fits (it could only be slower);
- *   - every mesh is evaluated with default knobs (no float8, no compile, 1F1B, no async TP); on the
- *     best SEARCH_FULL_MESHES of them the knobs are tuned by coordinate descent (each knob's values
- *     with the others held, until a round changes nothing).
+ *   - every mesh is evaluated with default knobs (no float8, no compile, 1F1B, no async TP, the
+ *     manifest's rotate method); on the best SEARCH_FULL_MESHES of them the knobs are tuned by
+ *     coordinate descent (each knob's values with the others held, until a round changes nothing).
  * Without a pipeline, a mesh whose whole local batch fits in no AC mode is walked once more with
  * every block's saved activations offloaded to host memory (activation_offload.layers). The counts
  * (meshes, pruned, evaluated, refused) come back in plan_search_stats; the output prints them.
@@ -37,7 +38,10 @@ static const char *const search_schedules[] = {"1F1B", "Interleaved1F1B", "ZBVZe
 typedef struct knobs {
     const char *schedule;
     int float8, compile, async_tp;
+    char cp_method[16]; /* cp > 1: PLAN_CP_METHOD_KEY ("" where the cp strategy has none) */
 } knobs;
+
+#define SEARCH_MAX_CP_METHODS 4
 
 /* The fewest tokens of a sequence the search leaves a context-parallel rank. */
 #define CP_MIN_TOKENS 1024
@@ -60,6 +64,8 @@ typedef struct searcher {
     int have_sched[N_SCHEDULES];
     int min_spr[N_SCHEDULES]; /* each schedule's fewest stages per rank (interleaved ones: 2) */
     int n_layers;       /* the model's blocks (activation offload's candidates) */
+    char cp_methods[SEARCH_MAX_CP_METHODS][16]; /* the cp strategy's rotate methods (cp > 1's knob) */
+    int n_cp_methods;
     plan_result *res;
     int n_res, cap_res;
     char err[256];      /* the last refusal */
@@ -110,6 +116,16 @@ static int ac_modes(const searcher *s, int *ac) {
     return 3;
 }
 
+/* Whether a rotate method can run on the mesh: ulysses splits each tp rank's query and kv heads over
+ * cp (the shipped cp strategy refuses the rest at start-up; skipped here rather than counted as
+ * refused). */
+static int cp_method_fits(const searcher *s, const char *method, const mesh *m) {
+    const plan_model_sizes *ms = &s->st->model;
+    int kvh = ms->n_kv_heads ? ms->n_kv_heads : ms->n_heads;
+    if (strcmp(method, "ulysses") || !ms->n_heads) return 1;
+    return ms->n_heads / m->tp % m->cp == 0 && kvh / m->tp % m->cp == 0;
+}
+
 /* One mesh with one set of knobs: the batch walks described at the top. Returns the best tokens/s
  * per GPU that fit (0 none). */
 static double walk(searcher *s, const mesh *m, const knobs *k) {
@@ -120,6 +136,11 @@ static double walk(searcher *s, const mesh *m, const knobs *k) {
     if (l.float8 && !l.float8_recipe[0]) snprintf(l.float8_recipe, sizeof l.float8_recipe, "tensorwise");
     l.compile = k->compile;
     l.async_tp = m->tp > 1 ? k->async_tp : 0;
+    if (m->cp > 1) { /* the knob's method, or the first the mesh can run (the manifest's may not) */
+        const char *cm = k->cp_method;
+        for (int i = 0; i < s->n_cp_methods && !cp_method_fits(s, cm, m); i++) cm = s->cp_methods[i];
+        snprintf(l.cp_method, sizeof l.cp_method, "%s", cm);
+    }
     l.global_batch = s->G;
     if (m->pp > 1) l.offload = 0; /* (not with a pipeline yet) */
     int64_t B = s->G / ((int64_t)m->rep * m->shard), d[SEARCH_MAX_DIVISORS];
@@ -231,7 +252,8 @@ static int same_layout(const plan_layout *a, const plan_layout *b) {
            a->pp == b->pp && (a->pp == 1 || (!strcmp(a->schedule, b->schedule) && a->pp_microbatch_size == b->pp_microbatch_size)) &&
            a->local_batch == b->local_batch && a->global_batch == b->global_batch && a->ac == b->ac &&
            a->float8 == b->float8 && (!a->float8 || !strcmp(a->float8_recipe, b->float8_recipe)) &&
-           a->compile == b->compile && (a->tp == 1 || a->async_tp == b->async_tp);
+           a->compile == b->compile && (a->tp == 1 || a->async_tp == b->async_tp) &&
+           (a->cp == 1 || !strcmp(a->cp_method, b->cp_method));
 }
 
 /* A knob the model gives no effect (compile, async TP where nothing overlaps): the same layout but
@@ -314,7 +336,8 @@ static mesh *meshes_list(searcher *s, int *n) {
 /* The first pass's knobs: no float8, no compile, 1F1B, no async TP. */
 static knobs first_knobs(const searcher *s) {
     const plan_search_opts *o = s->o;
-    knobs k = {"1F1B", s->tmpl.float8, s->tmpl.compile, 0};
+    knobs k = {"1F1B", s->tmpl.float8, s->tmpl.compile, 0, {0}};
+    snprintf(k.cp_method, sizeof k.cp_method, "%s", s->tmpl.cp_method);
     if (o->vary_float8) k.float8 = 0; /* float8's casts add memory: the first pass keeps every mesh that fits */
     if (o->vary_compile) k.compile = 0;
     if (!o->vary_schedule && s->tmpl.schedule[0]) k.schedule = s->tmpl.schedule;
@@ -323,7 +346,7 @@ static knobs first_knobs(const searcher *s) {
 
 static int same_knobs(const knobs *a, const knobs *b, const mesh *m) {
     return a->float8 == b->float8 && a->compile == b->compile && (m->tp == 1 || a->async_tp == b->async_tp) &&
-           (m->pp == 1 || !strcmp(a->schedule, b->schedule));
+           (m->pp == 1 || !strcmp(a->schedule, b->schedule)) && (m->cp == 1 || !strcmp(a->cp_method, b->cp_method));
 }
 
 /* The knobs of one mesh by coordinate descent from the first pass's: each knob's other values
@@ -339,8 +362,8 @@ static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
     if (!same_knobs(&cur, k1, m)) tried[nt++] = cur;
     for (int round = 0; round < 3; round++) {
         int moved = 0;
-        for (int dim = 0; dim < 3; dim++) {
-            knobs alt[N_SCHEDULES + 4];
+        for (int dim = 0; dim < 4; dim++) {
+            knobs alt[N_SCHEDULES + SEARCH_MAX_CP_METHODS + 4];
             int na = 0;
             if (dim == 0 && m->pp > 1 && o->vary_schedule)
                 for (int i = 0; i < N_SCHEDULES; i++)
@@ -355,6 +378,12 @@ static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
                         na++;
                     }
             if (dim == 2 && m->tp > 1) alt[na] = cur, alt[na].async_tp = 0, na++, alt[na] = cur, alt[na].async_tp = 1, na++;
+            if (dim == 3 && m->cp > 1)
+                for (int i = 0; i < s->n_cp_methods; i++)
+                    if (cp_method_fits(s, s->cp_methods[i], m)) {
+                        alt[na] = cur;
+                        snprintf(alt[na++].cp_method, sizeof alt[0].cp_method, "%s", s->cp_methods[i]);
+                    }
             knobs best = cur;
             for (int i = 0; i < na; i++) {
                 int seen = 0;
@@ -436,6 +465,8 @@ static void searcher_init(searcher *s, plan_ctx *ctx, const plan_search_opts *o,
     }
     const ct_model_desc *d = plan_model(ctx);
     s->n_layers = d->n_layers > 0 ? d->n_layers : d->n_units - 2;
+    if (o->vary_cp_method && s->tmpl.cp_method[0])
+        s->n_cp_methods = plan_cp_methods(ctx, s->cp_methods, SEARCH_MAX_CP_METHODS);
     static_memory(s);
 }
 
@@ -475,7 +506,8 @@ static void rule_eval(searcher *s, const plan_result *winner) {
     st->rule = plan_guide_rule(st->model.n_params, s->o->gpus, s->o->gpus_per_node, &rl);
     mesh m = {.rep = rl.dp_replicate, .shard = rl.dp_shard, .cp = rl.cp, .tp = rl.tp, .pp = rl.pp};
     knobs k = {rl.pp > 1 ? rl.schedule : s->tmpl.schedule, rl.float8 && s->hw->peak_flops[PLAN_FP8] > 0, rl.compile,
-               rl.async_tp};
+               rl.async_tp, {0}};
+    snprintf(k.cp_method, sizeof k.cp_method, "%s", s->tmpl.cp_method);
     searcher rs = *s; /* its own results: s->res is sorted and pointed into */
     rs.res = NULL, rs.n_res = rs.cap_res = 0, rs.err[0] = 0;
     int64_t dp = (int64_t)m.rep * m.shard;
@@ -514,6 +546,37 @@ static void rule_eval(searcher *s, const plan_result *winner) {
     st->rule_layout = st->rule_result.layout;
     st->agrees = winner && winner->fits && plan_layout_kind(&winner->layout) == plan_layout_kind(&st->rule_layout);
     free(rs.res);
+}
+
+/* The winner's layout with each rotate method the cp strategy declares, its other settings held: the
+ * numbers that say why its method won (a method that cannot run there says why instead). */
+static void cp_methods_eval(searcher *s, const plan_result *win) {
+    plan_search_stats *st = s->st;
+    const plan_layout *w = &win->layout;
+    mesh m = {.rep = w->dp_replicate, .shard = w->dp_shard, .cp = w->cp, .tp = w->tp, .pp = w->pp};
+    if (w->cp <= 1 || s->n_cp_methods < 2) return;
+    for (int i = 0; i < s->n_cp_methods && i < (int)(sizeof st->cp_methods / sizeof st->cp_methods[0]); i++) {
+        struct plan_cp_method *e = &st->cp_methods[st->n_cp_methods++];
+        memset(e, 0, sizeof *e);
+        e->r.layout = *w;
+        snprintf(e->r.layout.cp_method, sizeof e->r.layout.cp_method, "%s", s->cp_methods[i]);
+        if (!strcmp(w->cp_method, s->cp_methods[i])) {
+            e->r = *win, e->evaluated = 1;
+        } else if (!cp_method_fits(s, s->cp_methods[i], &m)) {
+            snprintf(e->note, sizeof e->note, "needs the heads per tp rank (%d and %d kv) to divide by cp %d",
+                     st->model.n_heads / w->tp, (st->model.n_kv_heads ? st->model.n_kv_heads : st->model.n_heads) / w->tp,
+                     w->cp);
+        } else {
+            plan_layout l = e->r.layout;
+            st->evaluated++;
+            if (plan_eval(s->ctx, &l, s->hw, &e->r) != CT_OK) {
+                st->refused++;
+                snprintf(e->note, sizeof e->note, "%s", ct_last_error());
+            } else {
+                e->r.layout = l, e->evaluated = 1;
+            }
+        }
+    }
 }
 
 /* The manifest's degrees do not fit `gpus` (tp 8 on 1 GPU): its layout at its own size still gives
@@ -608,6 +671,7 @@ ct_status plan_search_ex(plan_ctx *ctx, const plan_search_opts *o, const hw_prof
         for (int i = 0; i < s.n_res; i++)
             if (s.res[i].fits) s.res[i].scaling_efficiency = s.res[i].tokens_per_s_per_gpu / st->ref_tokens_per_s_per_gpu;
     }
+    if (win) cp_methods_eval(&s, win);
     rule_eval(&s, win);
     if (win) st->rule_result.scaling_efficiency = st->rule_result.fits ? st->rule_result.tokens_per_s_per_gpu / st->ref_tokens_per_s_per_gpu : 0;
 

@@ -34,6 +34,15 @@ typedef struct plan_search_stats {
     int rule_evaluated;    /* 0: the plugins refused it (rule_err says why) */
     char rule_err[256];
     int agrees;            /* the winner is of the rule's kind (FSDP alone, FSDP x TP, 3D with pp) */
+    /* context parallel, where the winner has cp > 1 and the cp strategy declares rotate methods: the
+     * winner's layout planned with each (its other settings held), in the strategy's order, so the
+     * output can say why the winner's method won. evaluated 0: skipped or refused, note says why. */
+    int n_cp_methods;
+    struct plan_cp_method {
+        plan_result r; /* r.layout.cp_method names the method */
+        int evaluated;
+        char note[200];
+    } cp_methods[4];
 } plan_search_stats;
 
 /* plan_search with its statistics (stats may be NULL). */

@@ -1,5 +1,6 @@
 /* attention.c: causal attention of this rank's queries against every cp rank's keys, forward and
- * backward, a custom op either way (context_parallel_rotate_method):
+ * backward, a custom op either way (context_parallel_rotate_method; its third value, ulysses, splits
+ * heads instead and is ulysses.c's, reached through cp_attention here):
  *
  *   allgather  K and V all-gathered over cp, put in sequence order, one attention_block_forward of the
  *              local queries against the whole sequence; backward gathers them again, computes the
@@ -435,6 +436,7 @@ ct_tensor *cp_attention(cp *c, ct_builder *b, ct_tensor *q, ct_tensor *k, ct_ten
                                     "(context parallel: T this rank's rows, an even count)");
         return NULL;
     }
+    if (c->ulysses) return cp_ulysses_attention(c, b, q, k, v);
     attn_state s = {c};
     ct_tensor *in[3] = {q, k, v}, *out[2] = {NULL, NULL};
     return b->custom(b, c->ring ? &ring_op : &gather_op, &s, sizeof s, in, 3, out, 2) == CT_OK ? out[0] : NULL;

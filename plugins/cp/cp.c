@@ -3,7 +3,8 @@
  * Each sequence is split over the cp ranks (cp.h: 2 x cp chunks, load-balanced); every rank of a cp
  * group gets the same whole batch from the host and the builder this plugin wraps (ops.c) keeps only
  * its rows: token ids and targets are cut at the embedding and the loss, RoPE takes the rows' real
- * positions, attention reaches every rank's keys (attention.c), and the loss is summed over cp. The
+ * positions, attention reaches every rank's keys (attention.c), or every rank's rows by heads
+ * (ulysses.c), and the loss is summed over cp. The
  * core knows nothing of it. Parameters are not split: a data-parallel strategy that shards over
  * dp_shard x cp (CT_AXIS_DP_SHARD_CP) sums the cp ranks' partial gradients in its reduce-scatter;
  * the gradient of every other slot is summed over cp here, once per step.
@@ -17,8 +18,10 @@
 
 static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "context_parallel_rotate_method", CT_OPT_STRING, "allgather",
-     "how attention reaches the other cp ranks' keys: allgather (gather K and V, attend at once) or alltoall "
-     "(pass K/V blocks around a ring, each hop hidden behind a block's attention)", NULL, "allgather|alltoall"},
+     "how attention reaches the other cp ranks' keys: allgather (gather K and V, attend at once), alltoall "
+     "(pass K/V blocks around a ring, each hop hidden behind a block's attention) or ulysses (all-to-all q, k and "
+     "v to H/cp heads of the whole sequence, attend, all-to-all the output back; heads must divide by cp)", NULL,
+     "allgather|alltoall|ulysses"},
     {sizeof(ct_option_spec), "context_parallel_ring_overlap", CT_OPT_BOOL, "true",
      "under alltoall, start each ring transfer before the attention it hides behind (false: wait for it first, "
      "to measure what the overlap hides)", NULL, NULL},
@@ -50,13 +53,37 @@ static ct_status read_options(cp *c) {
     if (h->opt_string(h, "context_parallel_rotate_method", &method) ||
         h->opt_bool(h, "context_parallel_ring_overlap", &overlap))
         return CT_ERR_INVALID;
-    if (strcmp(method, "allgather") && strcmp(method, "alltoall")) { /* the host checked the choices already */
-        h->set_error(h, "context_parallel_rotate_method: expected allgather or alltoall, got '%s'", method);
+    if (strcmp(method, "allgather") && strcmp(method, "alltoall") && strcmp(method, "ulysses")) {
+        /* the host checked the choices already */
+        h->set_error(h, "context_parallel_rotate_method: expected allgather, alltoall or ulysses, got '%s'", method);
         return CT_ERR_INVALID;
     }
     c->ring = strcmp(method, "alltoall") == 0;
+    c->ulysses = strcmp(method, "ulysses") == 0;
     c->ring_overlap = overlap;
     return CT_OK;
+}
+
+/* Ulysses splits each rank's heads over cp: n_heads and n_kv_heads, per tp rank under TP, must divide
+ * by the degree. Checked here where the pack describes its heads, else on the first attention call
+ * (ulysses.c). Tensor parallel refuses heads its own degree does not divide. */
+static ct_status check_heads(cp *c) {
+    const ct_model_desc *d = c->env.model;
+    int64_t h = d ? d->n_heads : 0, kvh = d && d->n_kv_heads ? d->n_kv_heads : h;
+    int tp = c->mesh.degree[CT_AXIS_TP] > 1 ? c->mesh.degree[CT_AXIS_TP] : 1;
+    if (h <= 0 || h % tp || kvh % tp || (h / tp % c->size == 0 && kvh / tp % c->size == 0)) return CT_OK;
+    if (tp == 1)
+        c->host->set_error(c->host, "context_parallel_rotate_method: ulysses splits the attention heads over "
+                                    "context_parallel_degree %d, which must divide n_heads %lld and n_kv_heads %lld; "
+                                    "use a degree that divides both, or allgather or alltoall",
+                           c->size, (long long)h, (long long)kvh);
+    else
+        c->host->set_error(c->host, "context_parallel_rotate_method: ulysses splits each tp rank's attention heads "
+                                    "over context_parallel_degree %d, which must divide the heads per tp rank: "
+                                    "n_heads %lld and n_kv_heads %lld over tensor_parallel_degree %d leave %lld and "
+                                    "%lld; use a degree that divides both, or allgather or alltoall",
+                           c->size, (long long)h, (long long)kvh, tp, (long long)(h / tp), (long long)(kvh / tp));
+    return CT_ERR_INVALID;
 }
 
 static ct_status cp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
@@ -79,6 +106,7 @@ static ct_status cp_create(const ct_host *h, const ct_strategy_env *env, ct_stra
                      c->size, (long long)env->seq_len, c->size);
         st = CT_ERR_INVALID;
     }
+    if (st == CT_OK && c->ulysses && c->size > 1) st = check_heads(c);
     if (st == CT_OK && !env->planning) st = check_device(c);
     if (st != CT_OK) {
         free(c);
@@ -175,10 +203,11 @@ static ct_status cp_finish_backward(ct_strategy *p) {
 
 /* The collectives no op sees: finish_backward's all-reduce over cp of each slot no data-parallel
  * strategy shards over dp_shard x cp, once per step, blocking. Every other collective of context
- * parallel belongs to an op (the loss's all-reduce, the custom ops' gathers and ring transfers),
- * which the planner sees through the builder per microbatch. Memory: the custom ops' temporaries are
- * the builder's scratch (their plan reserves it, so the planner counts it there); what this plugin
- * allocates itself is the position tables, a few int32 per token. */
+ * parallel belongs to an op (the loss's all-reduce, the custom ops' gathers and ring transfers,
+ * ulysses' all-to-alls on the builder), which the planner sees through the builder per microbatch.
+ * Memory: the custom ops' temporaries are the builder's scratch or, for ulysses' reordering in
+ * backward, the unit's backward region (their plan reserves it, so the planner counts it there);
+ * what this plugin allocates itself is the position tables, a few int32 per token. */
 static ct_status cp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
     cp *c = p;
     (void)n_microbatches; /* once per step whatever the count */
@@ -228,7 +257,7 @@ CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *inf
     info->kind = CT_KIND_STRATEGY;
     info->name = "cp";
     info->description = "context parallel: each sequence split over cp in 2 x cp load-balanced chunks, attention by "
-                        "all-gathered or ring-passed K/V";
+                        "all-gathered or ring-passed K/V, or heads all-to-all'd (ulysses)";
     info->options = options;
     info->api = &api;
     return CT_OK;

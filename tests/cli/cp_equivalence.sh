@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Context parallel computes the same function as one rank: a small llama3 (2 layers, dim 64, grouped
-# kv heads; fp32), same seed and global batch, real MPI ranks. CP 2 and CP 4 with each rotate method
-# (allgather; alltoall, the ring, also with its overlap off), FSDP 2 x CP 2, TP 2 x CP 2, PP 2 x CP 2,
+# kv heads; fp32), same seed and global batch, real MPI ranks. CP 2 and CP 4 with allgather and alltoall
+# (the ring, also with its overlap off), FSDP 2 x CP 2, TP 2 x CP 2, PP 2 x CP 2,
 # DDP 2 x CP 2, ZeRO-2 2 x CP 2, and on 8 ranks HSDP 2 x 2 x CP 2 and the 4D layouts dp_shard 2 x cp 2
 # x tp 2 and pp 2 x cp 2 x dp_shard 2: 20-step loss and grad-norm curves within 1e-6 (relative) of
 # the single rank; the ring with bf16 parameters and full activation checkpointing too (against one
@@ -9,8 +9,13 @@
 # one rank's. A checkpoint saved under CP 2 continues on one rank and under FSDP 2, and one rank's
 # continues under CP 2, on the same curves; sdk/examples/gpt2 (learned positions, built out of tree)
 # under CP 2 follows its one-rank curve; the planner sees per-rank activations and attention at 1/cp.
+# Ulysses (rotate method ulysses: heads all-to-all'd over cp around attention), on the same model with
+# 8 heads and 4 kv heads (GQA that cp 4 and tp 2 x cp 2 divide): CP 2, CP 4, FSDP 2 x CP 2, TP 2 x CP 2
+# and PP 2 x CP 2, 8-step curves within 1e-6 of one rank's; the planner prices its attention (H/cp heads
+# of the whole sequence) at 1/cp of one rank's, and 4 all-to-alls per layer forward and 4 backward.
 # Bad input stops at start-up with status 2 naming the key: a degree that does not cut the sequence
-# into 2 x cp chunks, and a rotate method that does not exist (refused with cp 1 too).
+# into 2 x cp chunks, a rotate method that does not exist (refused with cp 1 too), and ulysses where cp
+# does not divide the kv heads (4 heads, 2 kv heads: cp 4, and cp 2 under tp 2), in one line.
 set -u
 . tests/cli/lib/layouts.sh
 base=("${common[@]}")
@@ -45,6 +50,26 @@ bf16=(--training.mixed_precision_param=bfloat16 --activation_checkpoint.mode=ful
 run single_bf16_ac 1 --training.local_batch_size=8 "${bf16[@]}"
 run cp2_ring_bf16_ac 2 "${cp[@]}" --parallelism.context_parallel_degree=2 $ring "${bf16[@]}"
 CURVE_TOL=$CURVE_TOL_BF16 compare single_bf16_ac cp2_ring_bf16_ac 20 || exit 1
+# Ulysses: 8 steps of a model whose 8 heads and 4 kv heads divide by cp 4 and by tp 2 x cp 2
+uly=(--model.n_heads=8 --model.n_kv_heads=4 --training.steps=8)
+ulysses=--parallelism.context_parallel_rotate_method=ulysses
+run single_h8 1 --training.local_batch_size=8 "${uly[@]}"
+run cp2_ulysses 2 "${cp[@]}" --parallelism.context_parallel_degree=2 $ulysses "${uly[@]}"
+run cp4_ulysses 4 "${cp[@]}" --parallelism.context_parallel_degree=4 $ulysses "${uly[@]}"
+run fsdp2_cp2_ulysses 4 --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.context_parallel_degree=2 $ulysses "${uly[@]}"
+run tp2_cp2_ulysses 4 "${cp[@]}" --parallelism.tensor_parallel_degree=2 --parallelism.context_parallel_degree=2 \
+  $ulysses "${uly[@]}"
+run pp2_cp2_ulysses 4 "${cp[@]}" --parallelism.pipeline_parallel_degree=2 --parallelism.context_parallel_degree=2 \
+  $ulysses "${uly[@]}"
+for r in "cp2_ulysses 2 cp ranks attends 4 of the 8 query heads and 2 of the 4 kv heads over" \
+         "cp4_ulysses 4 cp ranks attends 2 of the 8 query heads and 1 of the 4 kv heads over" \
+         "tp2_cp2_ulysses 2 cp ranks attends 2 of the 4 query heads and 1 of the 2 kv heads of its tp rank"; do
+  grep -q "context parallel ulysses: each of ${r#* }" "$T/${r%% *}.log" || fail "${r%% *}: no line '... each of ${r#* }'"
+done
+for r in cp2_ulysses cp4_ulysses fsdp2_cp2_ulysses tp2_cp2_ulysses pp2_cp2_ulysses; do
+  compare single_h8 $r 8 || exit 1
+done
 grep -q "dp_shard 1, cp 4, tp 1" "$T/cp4.log" || fail "cp4 did not run with cp 4"
 grep -q "dp_shard 2, cp 2, tp 2; strategy fsdp" "$T/fsdp2_cp2_tp2.log" || fail "fsdp2_cp2_tp2 layout"
 grep -q "pp 2, dp_replicate 1, dp_shard 2, cp 2, tp 1; strategy fsdp" "$T/pp2_cp2_fsdp2.log" || fail "pp2_cp2_fsdp2 layout"
@@ -130,6 +155,25 @@ for n in 2 4; do for m in allgather alltoall; do
     printf "%s plan cp %d %s: activations %.4f GiB, attention %.3g s per rank: %.3f and %.3f x 1/%d of one rank'"'"'s\n",
            ok ? "ok  " : "FAIL", n, m, y[1], y[2], qa, qt, n; exit !ok }' || exit 1
 done; done
+# ulysses: attention on H/cp heads of the whole sequence at 1/cp of one rank's, and 4 all-to-alls per
+# layer forward and 4 backward (debugmodel: 16 heads, 16 kv heads, 6 layers)
+for n in 2 4; do
+  "$CTITAN" plan configs/llama3_debug.yaml --training.seq_len=4096 --training.local_batch_size=1 \
+    --training.global_batch_size=1 --parallelism.data_parallel_shard_degree=1 --parallelism.context_parallel_degree=$n \
+    $ulysses --hardware h100-sxm --gpus $n --json >"$T/plan_ulysses$n.json" || fail "plan: cp $n ulysses"
+  python3 - "$T/plan_ulysses$n.json" "$one" $n <<'PY' || exit 1
+import json, sys
+l = json.load(open(sys.argv[1]))["layouts"][0]
+one_att, n = float(sys.argv[2].split()[1]), int(sys.argv[3])
+a2a = [c for c in l["collectives"] if c["what"] == "cp all_to_all"]
+calls = a2a[0]["count"] if a2a else 0
+q = l["time_s"]["attention"] * n / one_att
+ok = 0.95 < q < 1.05 and calls == 6 * 8 and l["parallelism"]["context_parallel_rotate_method"] == "ulysses"
+print("%s plan cp %d ulysses: attention %.3g s per rank, %.3f x 1/%d of one rank's; %d all-to-alls per step (6 layers x 8)"
+      % ("ok  " if ok else "FAIL", n, l["time_s"]["attention"], q, n, calls))
+sys.exit(0 if ok else 1)
+PY
+done
 
 # bad input: status 2 before any step, the key named
 expect_refusal() { # what key ranks args...
@@ -146,3 +190,12 @@ expect_refusal "seq_len 66 under cp 2 (not 4 equal chunks)" "context_parallel_de
   --training.seq_len=66 --parallelism.context_parallel_degree=2
 expect_refusal "an unknown rotate method (cp 1)" "context_parallel_rotate_method.*allgather" 1 --training.local_batch_size=8 \
   --parallelism.context_parallel_rotate_method=ring
+expect_refusal "ulysses with 2 kv heads over cp 4" "context_parallel_rotate_method.*context_parallel_degree 4.*n_heads 4 and n_kv_heads 2" \
+  4 "${cp[@]}" --parallelism.context_parallel_degree=4 $ulysses
+expect_refusal "ulysses with 1 kv head per tp rank over cp 2" \
+  "context_parallel_rotate_method.*tp rank.*context_parallel_degree 2.*n_heads 4 and n_kv_heads 2 over tensor_parallel_degree 2 leave 2 and 1" \
+  4 "${cp[@]}" --parallelism.context_parallel_degree=2 --parallelism.tensor_parallel_degree=2 $ulysses
+n=$("$CTITAN" launch -n 4 train "${common[@]}" "${cp[@]}" --parallelism.context_parallel_degree=4 $ulysses 2>&1 |
+   grep -v "\[info " | grep -c .)
+[ "$n" -eq 1 ] || fail "the ulysses refusal took $n lines besides the info ones, expected one"
+echo "ok   the ulysses refusal is one line"

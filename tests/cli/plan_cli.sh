@@ -2,7 +2,8 @@
 # plan_cli: `ctitan plan`. Bad usage or input exits 2 with one line naming what is wrong (and the
 # file, line and key of a manifest error); --help documents every option; --json parses and has
 # the documented keys, for one layout and for a search; --write-manifest writes a manifest that
-# `ctitan train --dry-run` accepts unchanged; the shipped recipes plan.
+# `ctitan train --dry-run` accepts unchanged; a long-sequence search picks context parallel's rotate
+# method and says why; the shipped recipes plan.
 set -uo pipefail
 BUILD=${BUILD:-build}
 CTITAN=${CTITAN:-$BUILD/ctitan}
@@ -124,6 +125,33 @@ PY
 else
     fail "plan --search exited $?: $(head -c 300 "$WORK/err")"
 fi
+
+# context parallel's rotate method is a knob of the search: at seq 131072 on 8 GPUs Llama 3 8B runs
+# cp 8 with ulysses (its attention the host's, which selective per-op AC keeps); the winner's layout
+# with each method is listed (JSON search.cp_methods, and one text line each) with the next best named,
+# and the written manifest sets the method
+long=(configs/llama3_8b.yaml "${HW[@]}" --gpus 8 --search --top 1 --training.seq_len=131072 --training.global_batch_size=8)
+if "$CTITAN" plan "${long[@]}" --json --write-manifest "$WORK/cp.yaml" >"$WORK/cp.json" 2>"$WORK/err"; then
+    python3 - "$WORK/cp.json" "$WORK/cp.yaml" <<'PY' && ok "--search at seq 131072: cp 8 with ulysses, each method's plan listed" || fail "--search, cp methods"
+import json, sys
+d = json.load(open(sys.argv[1]))
+p = d["layouts"][0]["parallelism"]
+assert p["context_parallel_degree"] == 8 and p["context_parallel_rotate_method"] == "ulysses", p
+m = d["search"]["cp_methods"]
+assert [e["method"] for e in m] == ["allgather", "alltoall", "ulysses"], m
+assert all(e["evaluated"] and e["fits"] for e in m), m
+best = max(m, key=lambda e: e["tokens_per_s_per_gpu"])
+assert best["method"] == "ulysses" and best["tokens_per_s_per_gpu"] == d["layouts"][0]["tokens_per_s_per_gpu"], m
+assert 'context_parallel_rotate_method: "ulysses"\n' in open(sys.argv[2]).read()
+PY
+else
+    fail "plan --search at seq 131072 exited $?: $(head -c 300 "$WORK/err")"
+fi
+"$CTITAN" plan "${long[@]}" >"$WORK/out" 2>"$WORK/err" &&
+    grep -qE "^context parallel rotate method at seq 131072, cp 8: ulysses, [0-9]+ tokens/s per GPU against [0-9]+ for alltoall, the next best that fits" "$WORK/out" &&
+    [ "$(grep -cE "^  (allgather|alltoall|ulysses) +step " "$WORK/out")" -eq 3 ] &&
+    ok "the text names the method and why: $(grep -m1 "^context parallel rotate method" "$WORK/out" | cut -c1-120)" ||
+    fail "the text's rotate method lines: $(grep -A3 "^context parallel" "$WORK/out" | head -4)"
 
 # nothing fits: a search still prints (exit 0), but --write-manifest writes nothing and exits 1
 "$CTITAN" plan configs/llama3_70b.yaml "${HW[@]}" --gpus 1 --search >"$WORK/out" 2>"$WORK/err" &&

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The planner against measurement: trains layouts on CPU ranks (each a few steps of a tiny model:
 # FSDP 2 and 4, HSDP 2x2, DDP 2, TP 2 and 4, async TP (also with float8), FSDP x TP, PP 2 and 4 under 1F1B,
-# Interleaved1F1B and ZBVZeroBubble, CP 2 (both rotate methods), FSDP 2 x CP 2, AC none / selective / full, float8, bf16, the debug model and
+# Interleaved1F1B and ZBVZeroBubble, CP 2 (each rotate method), FSDP 2 x CP 2, AC none / selective / full, float8, bf16, the debug model and
 # the 124M-class shape), takes what each run measured (tests/cli/lib/plan_validate.py measure: the
 # last step's memory record, the largest rank's, and the median step time after the first two
 # steps), then plans each layout with `ctitan plan ... --json` against a profile `ctitan plan
@@ -59,6 +59,7 @@ pp4_1f1b     4 8 r4pp   @pp --parallelism.pipeline_parallel_degree=4 --paralleli
 pp4_interl   4 8 r4pp   @pp --parallelism.pipeline_parallel_degree=4 --parallelism.pipeline_parallel_schedule=Interleaved1F1B --parallelism.pipeline_parallel_layers_per_stage=1
 cp2          2 8 r2cp   --training.local_batch_size=8 --parallelism.context_parallel_degree=2
 cp2_ring     2 8 r2cp   --training.local_batch_size=8 --parallelism.context_parallel_degree=2 --parallelism.context_parallel_rotate_method=alltoall
+cp2_ulysses  2 8 r2cp   --training.local_batch_size=8 --parallelism.context_parallel_degree=2 --parallelism.context_parallel_rotate_method=ulysses
 fsdp2_cp2    4 8 r4fcp  --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.context_parallel_degree=2
 fsdp2_pp2     4 8 r4fpp  --training.local_batch_size=4 --parallelism.pipeline_parallel_microbatch_size=1 --parallelism.data_parallel_shard_degree=2 --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B
 EOF
