@@ -623,7 +623,12 @@ void ckpt_purge(const char *folder, int64_t keep) {
         if (steps[i] == full) continue;
         char p[PATH_MAX];
         snprintf(p, sizeof p, "%s/step-%" PRId64, folder, steps[i]);
-        rm_rf(p);
+        /* renamed first: a process killed while deleting leaves a step-N.tmp, which the next start
+         * clears as an interrupted save, never a step-N missing its metadata.json */
+        char gone[PATH_MAX + 8];
+        snprintf(gone, sizeof gone, "%s.tmp", p);
+        rm_rf(gone);
+        rm_rf(rename(p, gone) == 0 ? gone : p);
     }
     free(steps);
 }
