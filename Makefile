@@ -139,8 +139,15 @@ check: all $(CHECK_UNIT:%=$(BUILD)/tests/%)
 
 # two tests at a time by default (tests/run.sh: the longest first); CT_TEST_JOBS=1 runs them one by one
 CT_TEST_JOBS ?= 2
+# The libFuzzer targets the suite runs (fuzz_safetensors.sh, fuzz_tensorfile.sh) are built here with
+# the rest where clang is (-j applies): built by the first of those tests, the instrumented core took
+# a job slot for 75 s of compiling, one file at a time. Where clang cannot build them the tests say
+# so and skip their libFuzzer runs, as before.
+FUZZ_TESTED := build/fuzz/fuzz_safetensors build/fuzz/fuzz_tensorfile
 test: deps
 	$(MAKE) all $(TEST_BIN) $(MPI_TEST_BIN) $(TEST_PLUGIN_SOS)
+	@if command -v clang >/dev/null 2>&1; then $(MAKE) $(FUZZ_TESTED) || \
+	  echo "make test: the libFuzzer targets did not build: the fuzz tests skip their libFuzzer runs"; fi
 	BUILD=$(BUILD) CT_TEST_JOBS=$(CT_TEST_JOBS) tests/run.sh
 
 bench: deps all
