@@ -71,7 +71,7 @@ all: $(BUILD)/ctitan $(PLUGIN_SOS) $(EXTRA_SOS) $(BUILD)/ctitan-sdk.pc
 help:
 	@echo "make            build build/ctitan and every plugin under build/plugins/"
 	@echo "make demo       install what is missing, build, prepare the demo data, train debugmodel, sample text"
-	@echo "make check      build, run the fast tier: unit tests and CLI checks with no MPI and no training (seconds)"
+	@echo "make check      build, run the fast tiers (tests/tiers.txt: unit, contract): no MPI, no training (seconds)"
 	@echo "make test       install what is missing, build, run the whole test suite"
 	@echo "make test SANITIZE=1   the same under AddressSanitizer + UndefinedBehaviorSanitizer"
 	@echo "make bench      sgemm peak, then tokens/s, GFLOP/s and the ratio to that peak; the planner's searches and their time"
@@ -129,18 +129,25 @@ $(BUILD)/ctitan-sdk.pc: sdk/ctitan-sdk.pc.in sdk/include/ctitan/abi.h
 
 -include $(wildcard tests/unit/*.mk)
 
-# The fast tier for the edit-compile loop: unit tests that open no session and CLI scripts that run
-# in seconds, none launching MPI ranks or a training run. `make test` runs these and everything else.
-CHECK_UNIT := test_core_config test_pool test_hw_profile test_shard test_safetensors test_tensorfile test_tokenizer test_hf_tokenizer test_fp8 \
-              test_cpu_gradcheck test_schedules test_device_conformance test_devcheck test_lion test_tensorboard test_plot_ticks
-CHECK_CLI  := configs plugin_exports bad_input manifest_limits hf_convert schedule_cli plan_cli core_layers
+# The fast tiers for the edit-compile loop (tests/tiers.txt): unit (cmocka tests of one part) and
+# contract (the command line, files and plugin ABI from outside), none launching MPI ranks or a
+# training run. `make test` runs these and every other tier.
+CHECK_TIERS := unit,contract
+CHECK_UNIT := $(shell awk '$$1 ~ /^test_/ && index(",$(CHECK_TIERS),", "," $$2 ",") { print $$1 }' tests/tiers.txt)
 check: all $(CHECK_UNIT:%=$(BUILD)/tests/%)
-	BUILD=$(BUILD) tests/run.sh $(CHECK_UNIT) $(CHECK_CLI)
+	BUILD=$(BUILD) tests/run.sh --tier $(CHECK_TIERS)
 
 # two tests at a time by default (tests/run.sh: the longest first); CT_TEST_JOBS=1 runs them one by one
 CT_TEST_JOBS ?= 2
+# The libFuzzer targets the suite runs (fuzz_safetensors.sh, fuzz_tensorfile.sh) are built here with
+# the rest where clang is (-j applies): built by the first of those tests, the instrumented core took
+# a job slot for 75 s of compiling, one file at a time. Where clang cannot build them the tests say
+# so and skip their libFuzzer runs, as before.
+FUZZ_TESTED := build/fuzz/fuzz_safetensors build/fuzz/fuzz_tensorfile
 test: deps
 	$(MAKE) all $(TEST_BIN) $(MPI_TEST_BIN) $(TEST_PLUGIN_SOS)
+	@if command -v clang >/dev/null 2>&1; then $(MAKE) $(FUZZ_TESTED) || \
+	  echo "make test: the libFuzzer targets did not build: the fuzz tests skip their libFuzzer runs"; fi
 	BUILD=$(BUILD) CT_TEST_JOBS=$(CT_TEST_JOBS) tests/run.sh
 
 bench: deps all

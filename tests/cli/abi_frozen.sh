@@ -11,8 +11,8 @@
 set -u
 . tests/cli/lib/data.sh
 BUILD=${BUILD:-build}; CTITAN=${CTITAN:-$BUILD/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 WARN=(-std=c11 -Wall -Wextra -Werror -O2 -shared -fPIC -fvisibility=hidden)
 test_data "$T" 2048
 printf 'model:\n  name: llama3\n  flavor: debugmodel\n  vocab_size: 2048\n  n_layers: 2\n' >"$T/m.yaml"

@@ -10,8 +10,8 @@
 # half its f32 bytes, and the planner follows each checkpointing mode.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 . tests/cli/lib/data.sh
 test_data "$T" 2048 || fail "test data"
 B=4 S=128 D=256

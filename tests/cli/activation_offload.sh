@@ -13,8 +13,8 @@
 #   4. what cannot be offloaded is refused with the key's line: too many blocks, pipeline parallel.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 . tests/cli/lib/data.sh
 test_data "$T" 2048 || fail "test data"
 args=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --model.tokenizer_path="$T/tok.model"

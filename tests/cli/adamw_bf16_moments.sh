@@ -12,8 +12,8 @@
 #      setting and the way out; a misspelt implementation is refused with its key.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 . tests/cli/lib/curves.sh
 . tests/cli/lib/data.sh
 test_data "$T" 2048 || fail "test data"

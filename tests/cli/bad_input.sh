@@ -2,7 +2,8 @@
 # Bad input gets one clear line naming the file and line or key, and exit status 2; never a crash.
 set -u
 CTITAN=${CTITAN:-build/ctitan}; BUILD=${BUILD:-build}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/common.sh
+test_tmp
 fails=0
 # expect NAME PATTERN... -- ARGS: runs ctitan ARGS, wants status 2, one stderr line matching every PATTERN
 expect() {

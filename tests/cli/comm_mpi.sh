@@ -26,8 +26,8 @@ export LSAN_OPTIONS="suppressions=$supp:print_suppressions=0"
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
 
 mpirun_n() { timeout 90 mpirun --allow-run-as-root --oversubscribe -x LSAN_OPTIONS -x ASAN_OPTIONS -n "$@"; }
-fails=0
-fail() { echo "FAIL $*"; fails=$((fails+1)); }
+. tests/cli/lib/common.sh
+counting_fails
 
 # run LABEL NRANKS COMMAND...: exit 0, no FAIL line, every check printed, the timeout checks done
 run() {

@@ -5,8 +5,8 @@
 # the cap, and its first step's loss is one rank's (measured without a cap) to 1e-6.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=${KEEP_T:-$(mktemp -d)}; [ -n "${KEEP_T:-}" ] || trap 'rm -rf "$T"' EXIT; mkdir -p "$T"
 . tests/cli/lib/common.sh
+test_tmp
 . tests/cli/lib/data.sh
 test_data "$T" 2048 || fail "test data"
 LIMIT=300

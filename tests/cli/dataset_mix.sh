@@ -15,8 +15,8 @@
 #   index past the list) ends with status 2 and one line naming file:line: key.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 . tests/cli/lib/curves.sh
 corpus=tests/data/tokenizer/corpus.txt
 n=$(wc -l <"$corpus")

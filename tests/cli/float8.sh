@@ -6,8 +6,8 @@ set -u
 CTITAN=${CTITAN:-build/ctitan}
 if [ "${BUILD:-build}" = build-san ]; then # minutes of float8 emulation: the sanitizer runs test_fp8 and the golden test
   echo "skipped under SANITIZE=1 (test_fp8 and test_float8_golden cover the casts and the GEMMs there)"; exit 0; fi
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 . tests/cli/lib/curves.sh
 corpus=tests/data/tokenizer/corpus.txt
 "$CTITAN" tokenizer train --input "$corpus" --vocab-size 2048 --output "$T/tok.model" >/dev/null || fail tokenizer

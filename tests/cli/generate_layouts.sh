@@ -5,8 +5,8 @@
 # and a huge generate.max_new_tokens allocates nothing from it.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 . tests/cli/lib/data.sh
 test_data "$T" 2048 || fail "test data"
 base=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --model.tokenizer_path="$T/tok.model"

@@ -10,7 +10,8 @@
 #     gives one line on stderr and exit status 2; an unwritable output gives exit status 1.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/common.sh
+test_tmp
 G=tests/golden
 fails=0
 ok() { echo "ok   $1"; }

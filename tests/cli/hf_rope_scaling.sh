@@ -10,7 +10,8 @@
 #     options to set); so are bad scaling options, and resuming the run's checkpoint without it.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/common.sh
+test_tmp
 G=tests/golden/hf/llama31_from_transformers
 fails=0
 ok() { echo "ok   $1"; }

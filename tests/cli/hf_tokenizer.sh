@@ -7,7 +7,8 @@
 # neither format is refused in one line that names the formats read.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/common.sh
+test_tmp
 HF=tests/data/tokenizer/hf
 fails=0
 ok() { echo "ok   $*"; }

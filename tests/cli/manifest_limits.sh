@@ -5,7 +5,8 @@
 # under `timeout 10` (without the limits they ran for minutes), and each must finish in 2 s.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/common.sh
+test_tmp
 fails=0
 # expect NAME PATTERN... -- ARGS: runs ctitan train ARGS, wants status 2 within 2 s, one stderr line matching every PATTERN
 expect() {

@@ -10,8 +10,8 @@
 #     remedy it names (initial_load_path + initial_load_model_only in a new folder) trains.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 . tests/cli/lib/data.sh
 test_data "$T" 512 || fail "test data"
 sizes=(--model.vocab_size=512 --model.n_layers=2 --model.dim=64 --model.n_heads=4 --model.n_kv_heads=2)

@@ -7,9 +7,9 @@
 # has ranks. About 10 s on 2 cores.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL $*"; fails=$((fails+1)); }
+. tests/cli/lib/common.sh
+test_tmp
+counting_fails
 M=configs/llama3_debug.yaml
 small=(--training.local_batch_size=2 --training.seq_len=128 --device.threads=1 --comm.train_timeout_seconds=60)
 

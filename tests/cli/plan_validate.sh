@@ -14,8 +14,8 @@
 # picks layouts; KEEP_T=DIR keeps the runs (and reuses the profiles already there).
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=${KEEP_T:-$(mktemp -d)}; [ -n "${KEEP_T:-}" ] || trap 'rm -rf "$T"' EXIT; mkdir -p "$T"; rm -f "$T"/*.prev*.json
 . tests/cli/lib/common.sh
+test_tmp; rm -f "$T"/*.prev*.json
 . tests/cli/lib/data.sh
 PV=tests/cli/lib/plan_validate.py
 # a sanitizer build: the ring layout's step time is not compared (plan_validate.py step_bound)

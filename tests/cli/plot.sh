@@ -9,8 +9,8 @@
 # with one line naming the folder, file or field.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 
 # 1. docs/observability.md's picture from real runs (the script keeps them for the checks below)
 CTITAN=$CTITAN KEEP="$T/runs" scripts/make_readme_plot.sh "$T/readme.png" >"$T/readme.log" 2>&1 ||

@@ -12,7 +12,8 @@
 set -u
 . tests/cli/lib/data.sh
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/common.sh
+test_tmp
 fails=0
 # expect NAME STATUS PATTERN... -- ARGS: runs ctitan ARGS; status STATUS and, for a failure, one
 # stderr line matching every PATTERN (for success, the patterns are looked for in stdout)

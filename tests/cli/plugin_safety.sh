@@ -6,9 +6,9 @@
 set -u
 CTITAN=${CTITAN:-build/ctitan}; BUILD=${BUILD:-build}
 case $CTITAN in /*) ;; *) CTITAN=$(pwd)/$CTITAN ;; esac
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL $*"; fails=$((fails+1)); }
+. tests/cli/lib/common.sh
+test_tmp
+counting_fails
 # expect NAME STATUS PATTERN... -- CMD...: CMD exits STATUS within 60 s, with one stderr line matching every PATTERN
 expect() {
   local name=$1 want=$2; shift 2; local pats=()

@@ -5,9 +5,9 @@
 set -u
 CTITAN=${CTITAN:-build/ctitan}; BUILD=${BUILD:-build}
 case $CTITAN in /*) ;; *) CTITAN=$(pwd)/$CTITAN ;; esac
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fails=0
-fail() { echo "FAIL $*"; fails=$((fails+1)); }
+. tests/cli/lib/common.sh
+test_tmp
+counting_fails
 # expect NAME STATUS PATTERN -- CMD...: CMD exits STATUS with one stderr line matching PATTERN
 expect() {
   local name=$1 want=$2 pat=$3; shift 4

@@ -13,8 +13,8 @@ CTITAN=${CTITAN:-build/ctitan}
 BUILD=${BUILD:-build}
 ROOT=$(pwd)
 case $CTITAN in /*) ;; *) CTITAN=$ROOT/$CTITAN ;; esac
-T=${KEEP_T:-$(mktemp -d)}; [ -n "${KEEP_T:-}" ] || trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 . tests/cli/lib/curves.sh
 
 # the pack, as a third party builds it

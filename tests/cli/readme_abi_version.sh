@@ -3,8 +3,8 @@
 # and names no other ABI version, the pkg-config file carries it, and `ctitan --version` prints it.
 set -u
 CTITAN=${CTITAN:-build/ctitan}; BUILD=${BUILD:-build}
-fails=0
-fail() { echo "FAIL $*"; fails=$((fails+1)); }
+. tests/cli/lib/common.sh
+counting_fails
 MAJ=$(sed -n 's/^#define CT_ABI_MAJOR \([0-9]*\).*/\1/p' sdk/include/ctitan/abi.h)
 MIN=$(sed -n 's/^#define CT_ABI_MINOR \([0-9]*\).*/\1/p' sdk/include/ctitan/abi.h)
 [ -n "$MAJ" ] && [ -n "$MIN" ] || { echo "FAIL cannot read CT_ABI_MAJOR / CT_ABI_MINOR from abi.h"; exit 1; }

@@ -15,8 +15,8 @@
 # environment variables, so the command line stays as written.
 set -u
 CTITAN=${CTITAN:-build/ctitan}; BUILD=${BUILD:-build}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 root=$(pwd)
 . tests/cli/lib/data.sh
 test_data "$T" 2048 || fail "test data"

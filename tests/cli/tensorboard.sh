@@ -11,8 +11,8 @@
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 PY=${CT_PYTHON:-python3}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 "$PY" -c "import tensorboard" 2>/dev/null ||
   fail "$PY cannot import tensorboard: install it with \`$PY -m pip install tensorboard\` (or set CT_PYTHON to a Python that has it)"
 . tests/cli/lib/data.sh

@@ -6,7 +6,8 @@
 # a version-1 shard (no checksum) is still read and trained on.
 set -u
 CTITAN=${CTITAN:-build/ctitan}; BUILD=${BUILD:-build}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/common.sh
+test_tmp
 fails=0
 ok() { echo "ok   $*"; }
 bad() { echo "FAIL $*"; fails=$((fails + 1)); }

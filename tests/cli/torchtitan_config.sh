@@ -5,7 +5,8 @@
 # status 2 and one line naming where.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/common.sh
+test_tmp
 fails=0
 # expect NAME PATTERN... -- ARGS: runs ctitan ARGS, wants status 2, one stderr line matching every PATTERN
 expect() {

@@ -6,7 +6,8 @@
 # covers two.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/common.sh
+test_tmp
 . tests/cli/lib/data.sh
 test_data "$T" 512 || { echo "FAIL test data"; exit 1; }
 N=6

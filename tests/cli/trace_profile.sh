@@ -6,7 +6,8 @@
 # the trace's counters show too, and name the tensors that own them. Bad profiling keys exit 2.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+. tests/cli/lib/common.sh
+test_tmp
 . tests/cli/lib/data.sh
 test_data "$T" 512 || { echo "FAIL test data"; exit 1; }
 args=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --model.tokenizer_path="$T/tok.model"

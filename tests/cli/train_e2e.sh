@@ -4,8 +4,8 @@
 # the large batch, the saved model reloads for `ctitan generate`, and profiling writes a trace.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 . tests/cli/lib/common.sh
+test_tmp
 corpus=tests/data/tokenizer/corpus.txt
 "$CTITAN" tokenizer train --input "$corpus" --vocab-size 512 --output "$T/tok.model" >/dev/null || fail "tokenizer train"
 "$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --output "$T/data.bin" >/dev/null || fail "tokenize"

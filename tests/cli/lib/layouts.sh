@@ -5,8 +5,8 @@
 #   compare REF RUN N        RUN's N losses and grad norms against REF's, within 1e-6 (same_curve)
 #   mem RUN                  bytes of parameters + gradients + optimizer states per rank (first step)
 CTITAN=${CTITAN:-build/ctitan}
-T=${KEEP_T:-$(mktemp -d)}; [ -n "${KEEP_T:-}" ] || trap 'rm -rf "$T"' EXIT; mkdir -p "$T"
-fail() { echo "FAIL $*"; exit 1; }
+. tests/cli/lib/common.sh
+test_tmp
 . tests/cli/lib/curves.sh
 STEPS=${STEPS:-20}
 corpus=tests/data/tokenizer/corpus.txt
