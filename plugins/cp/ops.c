@@ -2,7 +2,7 @@
  * whole (B, T) token ids and targets, and this builder keeps this rank's rows (cp.h: chunks i and
  * 2cp-1-i of each sequence) where they enter and leave the model:
  *
- *   embedding      the local rows of the ids (B, T/cp), then the next builder's embedding
+ *   embedding      the local rows of the model's token ids (B, T/cp), then the next builder's embedding
  *   positions      the local rows' positions (for learned position embeddings)
  *   rope           RoPE at the local rows' real positions (a custom op on rope_forward_pos)
  *   rope_freqs     the same with the model's frequency table (rope_freqs_forward with positions)
@@ -127,10 +127,15 @@ static ct_tensor *local_ids(cp *c, ct_builder *n, const ct_tensor *ids, const ch
     return cp_chunks_to_local(c, out->data, ids->data, c->rank, b, tl, 1, sizeof(int32_t)) ? NULL : out;
 }
 
+/* The model's token ids (the host marks them CT_TENSOR_TOKEN_IDS) are cut to this rank's rows; the
+ * positions() output is local already; any other ids are the pack's own (a class label, a table
+ * lookup that is not per token) and pass as they are; a per-token tensor of the pack's own would then
+ * keep T rows where the activations have T/cp, and the next op that meets both refuses the shapes. */
 static ct_tensor *cp_embedding(ct_builder *b, const ct_tensor *ids, ct_tensor *table) {
     cp *c = CP(b);
     ct_builder *n = c->next;
-    if (n->memo(n, (ct_tensor *)ids, &local_ids_key, NULL)) return n->embedding(n, ids, table);
+    if (!ids || !(ids->flags & CT_TENSOR_TOKEN_IDS) || n->memo(n, (ct_tensor *)ids, &local_ids_key, NULL))
+        return n->embedding(n, ids, table);
     ct_tensor *mine = local_ids(c, n, ids, "token ids");
     return mine ? n->embedding(n, mine, table) : NULL;
 }
