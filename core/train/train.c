@@ -702,6 +702,7 @@ static ct_status step_tb(run_log *lg, int64_t step, double loss, double norm, do
         {"comm/all_gather(bytes)", (double)g_comm_bytes[CS_ALL_GATHER]},
         {"comm/reduce_scatter(bytes)", (double)g_comm_bytes[CS_REDUCE_SCATTER]},
         {"comm/all_reduce(bytes)", (double)g_comm_bytes[CS_ALL_REDUCE]},
+        {"comm/all_to_all(bytes)", (double)g_comm_bytes[CS_ALL_TO_ALL]},
     };
     return tb_write(lg->tb, step, v, (int)(sizeof v / sizeof v[0]));
 }
@@ -739,12 +740,14 @@ static ct_status step_log(train_run *r, int64_t step, double loss, double norm, 
             "\"tflops\": %.6f, \"mfu\": %.3f, \"memory\": {\"peak_bytes\": %lld, \"params\": %lld, "
             "\"grads\": %lld, \"optimizer\": %lld, \"activations\": %lld, \"activations_live_peak\": %lld, "
             "\"master\": %lld, \"comm\": %lld}, "
-            "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld}%s",
+            "\"comm_bytes\": {\"all_gather\": %lld, \"reduce_scatter\": %lld, \"all_reduce\": %lld, "
+            "\"all_to_all\": %lld}%s",
             (long long)step, loss, norm, lr, tps, tflops, mfu, (long long)mem[0], (long long)mem[1 + CT_MEM_PARAMS],
             (long long)mem[1 + CT_MEM_GRADS], (long long)mem[1 + CT_MEM_OPTIMIZER], (long long)mem[1 + CT_MEM_ACTIVATIONS],
             (long long)mem[CT_MEM_NCATEGORIES + 1], (long long)mem[1 + CT_MEM_MASTER], (long long)mem[1 + CT_MEM_COMM],
             (long long)g_comm_bytes[CS_ALL_GATHER],
-            (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE], offload);
+            (long long)g_comm_bytes[CS_REDUCE_SCATTER], (long long)g_comm_bytes[CS_ALL_REDUCE],
+            (long long)g_comm_bytes[CS_ALL_TO_ALL], offload);
     if (st == CT_OK) st = step_tb(&r->lg, step, loss, norm, lr, tps, tflops, mfu, mem);
     if (st != CT_OK) return st;
     r->t_log = ct_now();

@@ -70,6 +70,14 @@ done
 for r in cp2_ulysses cp4_ulysses fsdp2_cp2_ulysses tp2_cp2_ulysses pp2_cp2_ulysses; do
   compare single_h8 $r 8 || exit 1
 done
+# metrics.jsonl counts the all-to-alls: per layer q and the output (8 x 32 local rows x dim 64), k and v
+# (x 32: 4 kv heads of 8 dims) forward and their conjugates backward, f32: 2 layers x 2 x 196,608 bytes
+# a step; none without
+a2a() { step_records "$1" | tail -1 | sed 's/.*"all_to_all": \([0-9]*\).*/\1/'; }
+got=$(a2a cp2_ulysses); want=$((8 * 2 * 2 * (2 * 8 * 32 * 64 + 2 * 8 * 32 * 32) * 4))
+[ "$got" = "$want" ] || fail "cp2_ulysses: comm_bytes.all_to_all $got after 8 steps, expected $want"
+[ "$(a2a cp2)" = 0 ] || fail "cp2 (allgather): comm_bytes.all_to_all $(a2a cp2), expected 0"
+echo "ok   cp2_ulysses: comm_bytes.all_to_all $got after 8 steps (2 layers x 2 x 196608 a step); cp2 allgather 0"
 grep -q "dp_shard 1, cp 4, tp 1" "$T/cp4.log" || fail "cp4 did not run with cp 4"
 grep -q "dp_shard 2, cp 2, tp 2; strategy fsdp" "$T/fsdp2_cp2_tp2.log" || fail "fsdp2_cp2_tp2 layout"
 grep -q "pp 2, dp_replicate 1, dp_shard 2, cp 2, tp 1; strategy fsdp" "$T/pp2_cp2_fsdp2.log" || fail "pp2_cp2_fsdp2 layout"

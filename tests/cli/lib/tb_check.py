@@ -35,6 +35,7 @@ STEP_TAGS = {
     "comm/all_gather(bytes)": ("comm_bytes", "all_gather"),
     "comm/reduce_scatter(bytes)": ("comm_bytes", "reduce_scatter"),
     "comm/all_reduce(bytes)": ("comm_bytes", "all_reduce"),
+    "comm/all_to_all(bytes)": ("comm_bytes", "all_to_all"),
 }
 VAL_TAGS = {"validation_metrics/loss": ("validation_loss",), "validation_metrics/tokens": ("validation_tokens",)}
 
