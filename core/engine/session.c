@@ -205,7 +205,8 @@ static ct_status add_option_lists(session *s, manifest *mf) {
         if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "auto")) names[0] = "fsdp", names[1] = "ddp";
         if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "none")) names[0] = NULL;
         for (int k = 0; k < 2 && names[k]; k++) {
-            if ((named[i].kind == CT_KIND_STRATEGY && s->stratp && !strcmp(names[k], s->stratp->info.name)) ||
+            if ((named[i].kind == CT_KIND_STRATEGY && session_dp_strategy(s) &&
+                 !strcmp(names[k], session_dp_strategy(s)->info.name)) ||
                 (named[i].kind == CT_KIND_QUANTIZER && s->quantp))
                 continue; /* loaded for this run: its options are in */
             if ((st = load_named(s, named[i].section, named[i].key, names[k], named[i].kind, &p))) return st;
@@ -310,6 +311,36 @@ static const char *strategy_name(const manifest *mf, int world) {
     return NULL;
 }
 
+const session_strategy_slot session_strategy_slots[] = {
+    {"parallelism.tp_strategy", "tp", CT_AXIS_TP},
+    {"parallelism.cp_strategy", "cp", CT_AXIS_CP},
+    {"parallelism.dp_strategy", NULL, -1},
+};
+const int session_n_strategy_slots = (int)(sizeof session_strategy_slots / sizeof session_strategy_slots[0]);
+_Static_assert(sizeof session_strategy_slots / sizeof session_strategy_slots[0] <= SESSION_MAX_STRATEGIES,
+               "SESSION_MAX_STRATEGIES holds every slot");
+
+const char *session_strategy_for(const manifest *mf, int i, int world) {
+    const session_strategy_slot *slot = &session_strategy_slots[i];
+    if (slot->axis < 0) return strategy_name(mf, world);
+    const char *name = slot->dflt;
+    mf_get_str(mf, slot->key, &name);
+    return name;
+}
+
+const plugin *session_dp_strategy(const session *s) {
+    for (int i = 0; i < session_n_strategy_slots; i++)
+        if (session_strategy_slots[i].axis < 0) return s->strategyp[i];
+    return NULL;
+}
+
+/* Slot i's strategy is created in this job: the data-parallel one where it is loaded, an axis's where
+ * its degree is > 1. */
+static int strategy_on(const session *s, int i) {
+    int axis = session_strategy_slots[i].axis;
+    return s->strategyp[i] && (axis < 0 || s->mesh.degree[axis] > 1);
+}
+
 /* Joins the job, builds the mesh and creates the strategies. */
 /* Plans the pipeline (pp > 1) once the mesh exists; idempotent. */
 static ct_status plan_pipeline(session *s, const ct_model_desc *d) {
@@ -350,11 +381,13 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INTERNAL;
     }
-    int axis_on = s->axisp && s->mesh.degree[CT_AXIS_TP] > 1, cp_on = s->cpp && s->mesh.degree[CT_AXIS_CP] > 1;
-    if (!s->stratp && !axis_on && !cp_on) return CT_OK;
+    const plugin *first = session_dp_strategy(s); /* the one the refusal below names: data parallel's first */
+    for (int i = 0; i < session_n_strategy_slots && !first; i++)
+        if (strategy_on(s, i)) first = s->strategyp[i];
+    if (!first) return CT_OK;
     if (!s->commp) {
         fprintf(stderr, "ctitan: parallelism: strategy '%s' needs several ranks (launch with ctitan launch -n N)\n",
-                (s->stratp ? s->stratp : axis_on ? s->axisp : s->cpp)->info.name);
+                first->info.name);
         return CT_ERR_INVALID;
     }
     const char *mp = "float32";
@@ -373,22 +406,16 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
     ct_strategy_env env = {sizeof env, s->d, s->dev, commstats_wrap(s->capi), s->comm, &s->mesh,
                            strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, plan, d, seq_len, s->qapi != NULL, 0,
                            s->pl && pipeline_splits_backward(s->pl)};
-    if (s->axisp && s->mesh.degree[CT_AXIS_TP] > 1) {
-        s->xapi = s->axisp->info.api;
+    for (int i = 0; i < session_n_strategy_slots; i++) {
+        if (!strategy_on(s, i)) continue;
+        int axis = session_strategy_slots[i].axis;
+        s->strategy_api[i] = s->strategyp[i]->info.api;
         ct_clear_error();
-        if (s->xapi->create(&s->axisp->host, &env, &s->xstrat) != CT_OK)
-            return fail_plugin(s, CT_ERR_INVALID, s->axisp, "parallelism", mesh_degree_keys[CT_AXIS_TP]);
+        if (s->strategy_api[i]->create(&s->strategyp[i]->host, &env, &s->strategy[i]) == CT_OK) continue;
+        /* an axis's strategy is refused where its degree was set; the data-parallel one as a whole */
+        return axis >= 0 ? fail_plugin(s, CT_ERR_INVALID, s->strategyp[i], "parallelism", mesh_degree_keys[axis])
+                         : fail_line(CT_ERR_INVALID, "parallelism");
     }
-    if (cp_on) {
-        s->cpapi = s->cpp->info.api;
-        ct_clear_error();
-        if (s->cpapi->create(&s->cpp->host, &env, &s->cpstrat) != CT_OK)
-            return fail_plugin(s, CT_ERR_INVALID, s->cpp, "parallelism", mesh_degree_keys[CT_AXIS_CP]);
-    }
-    if (!s->stratp) return CT_OK;
-    s->sapi = s->stratp->info.api;
-    ct_clear_error();
-    if (s->sapi->create(&s->stratp->host, &env, &s->strat) != CT_OK) return fail_line(CT_ERR_INVALID, "parallelism");
     return CT_OK;
 }
 
@@ -403,15 +430,15 @@ static ct_status load_plugins(session *s, manifest *mf, int with_params) {
     if ((st = load_slot(s, "optimizer", CT_KIND_OPTIMIZER, &s->optp))) return st;
     int env_world = mesh_env_world_size();
     if (with_params && env_world > 1 && (st = load_slot(s, "comm", CT_KIND_COMM, &s->commp))) return st;
-    const char *sname = with_params ? strategy_name(mf, env_world) : NULL;
-    if (sname && (st = load_named(s, "parallelism", "parallelism.dp_strategy", sname, CT_KIND_STRATEGY, &s->stratp)))
-        return st;
-    const char *axisname = "tp";
-    mf_get_str(mf, "parallelism.tp_strategy", &axisname);
-    if ((st = load_named(s, "parallelism", "parallelism.tp_strategy", axisname, CT_KIND_STRATEGY, &s->axisp))) return st;
-    const char *cpname = "cp";
-    mf_get_str(mf, "parallelism.cp_strategy", &cpname);
-    if ((st = load_named(s, "parallelism", "parallelism.cp_strategy", cpname, CT_KIND_STRATEGY, &s->cpp))) return st;
+    for (int pass = 0; pass < 2; pass++) /* the data-parallel strategy first (its errors come first) */
+        for (int i = 0; i < session_n_strategy_slots; i++) {
+            const session_strategy_slot *slot = &session_strategy_slots[i];
+            if ((slot->axis < 0) != (pass == 0)) continue;
+            /* the data-parallel one only for a run (it needs the job's size); the axes' always */
+            const char *name = slot->axis >= 0 || with_params ? session_strategy_for(mf, i, env_world) : NULL;
+            if (name && (st = load_named(s, "parallelism", slot->key, name, CT_KIND_STRATEGY, &s->strategyp[i])))
+                return st;
+        }
     if (float8_requested(mf) &&
         (st = load_named(s, "quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER,
                          &s->quantp)))
@@ -491,18 +518,11 @@ static ct_status build_runtime(session *s, manifest *mf) {
     if ((st = open_dist(s, &d))) return st;
     if ((st = plan_pipeline(s, &d))) return st; /* (open_dist planned it when strategies were made) */
     runtime_dist dist = {s->capi, s->comm, &s->mesh, {0}, {0}, 0, s->pl ? s->pl->unit_rank : NULL};
-    if (s->xstrat) {
-        dist.st[dist.n_st] = s->xapi;
-        dist.strat[dist.n_st++] = s->xstrat;
-    }
-    if (s->cpstrat) {
-        dist.st[dist.n_st] = s->cpapi;
-        dist.strat[dist.n_st++] = s->cpstrat;
-    }
-    if (s->strat) {
-        dist.st[dist.n_st] = s->sapi;
-        dist.strat[dist.n_st++] = s->strat;
-    }
+    for (int i = 0; i < session_n_strategy_slots; i++) /* in the order they wrap the builder */
+        if (s->strategy[i]) {
+            dist.st[dist.n_st] = s->strategy_api[i];
+            dist.strat[dist.n_st++] = s->strategy[i];
+        }
     int64_t seed = 0;
     mf_get_int(mf, "training.seed", &seed);
     st = runtime_init(&s->rt, s->d, s->dev, s->m, s->model, (uint64_t)seed, s->commp ? &dist : NULL);
@@ -626,17 +646,14 @@ void session_close(session *s) {
         free(s->pl);
     }
     if (s->rt_ready) runtime_free(&s->rt);
-    if (s->strat) s->sapi->destroy(s->strat);
-    if (s->cpstrat) s->cpapi->destroy(s->cpstrat);
-    if (s->xstrat) s->xapi->destroy(s->xstrat);
+    for (int i = session_n_strategy_slots - 1; i >= 0; i--) /* the last made first */
+        if (s->strategy[i]) s->strategy_api[i]->destroy(s->strategy[i]);
     if (s->quant) s->qapi->destroy(s->quant);
     mesh_free(&s->mesh, s->comm ? s->capi : NULL, s->comm);
     if (s->comm) s->capi->destroy(s->comm);
     if (s->model) s->m->destroy(s->model);
     if (s->dev) s->d->destroy(s->dev);
-    plugin_unload(s->stratp);
-    plugin_unload(s->axisp);
-    plugin_unload(s->cpp);
+    for (int i = 0; i < session_n_strategy_slots; i++) plugin_unload(s->strategyp[i]);
     plugin_unload(s->quantp);
     plugin_unload(s->commp);
     plugin_unload(s->optp);
@@ -864,7 +881,6 @@ ct_status session_open_plan(session *s, manifest *mf, int with_instances) {
     return CT_OK;
 }
 
-const char *session_strategy_name(const manifest *mf, int world) { return strategy_name(mf, world); }
 
 ct_status session_load_plugin(session *s, const char *section, const char *key, const char *name, ct_plugin_kind kind,
                               plugin **out) {

@@ -281,13 +281,6 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     r->mesh.dp_size = l->dp_replicate * l->dp_shard;
     r->mesh.dp_shard_cp_size = l->dp_shard * l->cp;
     if (apply_layout(c, l) != CT_OK) return ct_fail(CT_ERR_INVALID, "the layout's keys cannot be set");
-    const char *dp = session_strategy_name(c->mf, r->mesh.world_size);
-    const char *axis = "tp";
-    mf_get_str(c->mf, "parallelism.tp_strategy", &axis);
-    const char *cpname = "cp";
-    mf_get_str(c->mf, "parallelism.cp_strategy", &cpname);
-    const char *names[3] = {l->tp > 1 ? axis : NULL, l->cp > 1 ? cpname : NULL, dp};
-    const char *keys[3] = {"parallelism.tp_strategy", "parallelism.cp_strategy", "parallelism.dp_strategy"};
     const ct_tp_rule *tp_plan = NULL;
     if (CT_HAS_FIELD(c->s.m, ct_model_api, get_tp_plan) && c->s.m->get_tp_plan) tp_plan = c->s.m->get_tp_plan(c->s.model);
     else if (CT_HAS_FIELD(c->s.m, ct_model_api, tp_plan)) tp_plan = c->s.m->tp_plan;
@@ -305,10 +298,12 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     env.fp8_all_gather = l->float8 && fp8_ag;
     r->env = env;
     runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL};
-    for (int k = 0; k < 3; k++) {
-        if (!names[k]) continue;
-        plugin *p = strategy_plugin(c, keys[k], names[k]);
-        if (!p) return ct_fail(CT_ERR_INVALID, "strategy %s cannot be loaded", names[k]);
+    for (int k = 0; k < session_n_strategy_slots; k++) { /* as a run makes them (engine/session.h) */
+        const session_strategy_slot *slot = &session_strategy_slots[k];
+        const char *name = session_strategy_for(c->mf, k, r->mesh.world_size);
+        if (!name || (slot->axis >= 0 && r->mesh.degree[slot->axis] <= 1)) continue;
+        plugin *p = strategy_plugin(c, slot->key, name);
+        if (!p) return ct_fail(CT_ERR_INVALID, "strategy %s cannot be loaded", name);
         const ct_strategy_api *a = p->info.api;
         if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) { /* it never promised to plan */
             note_add(r->note, sizeof r->note,
@@ -318,11 +313,11 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
         }
         ct_strategy *inst = NULL;
         ct_clear_error();
-        if (a->create(&p->host, &env, &inst) != CT_OK) return fail(names[k]);
+        if (a->create(&p->host, &env, &inst) != CT_OK) return fail(name);
         r->api[r->n] = a;
         r->inst[r->n] = inst;
         r->names[r->n] = p->info.name;
-        r->op_level[r->n] = k < 2;
+        r->op_level[r->n] = slot->axis >= 0;
         r->plug[r->n++] = p;
         dist.st[dist.n_st] = a;
         dist.strat[dist.n_st++] = inst;

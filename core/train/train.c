@@ -622,7 +622,7 @@ static void train_banner_print(const train_run *r) {
     if (s->world > 1)
         printf("mesh: %d ranks: pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d; strategy %s\n", s->world,
                s->mesh.degree[0], s->mesh.degree[1], s->mesh.degree[2], s->mesh.degree[3], s->mesh.degree[4],
-               s->stratp ? s->stratp->info.name : "none");
+               session_dp_strategy(s) ? session_dp_strategy(s)->info.name : "none");
     if (s->peak_flops > 0)
         printf("device: %s, %s matmul peak %.1f GFLOP/s (the device's figure, how it got it above; MFU below is "
                "against it)\n",
