@@ -994,11 +994,12 @@ static void train_help_print(void) {
     manifest_add_core_schema(m0);
     manifest_print_schema(m0, stdout);
     manifest_free(m0);
-    /* the parallelism keys of the default strategies (tp, cp, fsdp: loaded by name, as a run does) */
-    static const char *const defaults[] = {"tp", "cp", "fsdp"};
-    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) {
+    /* the parallelism keys of the strategies a manifest that names none gets on two ranks (each axis's
+     * default, and the data-parallel one the degrees pick), loaded by name as a run does */
+    for (int i = 0; i < session_n_strategy_slots; i++) {
         manifest *m1 = manifest_new();
-        plugin *p = m1 ? plugin_load(defaults[i], CT_KIND_STRATEGY, "parallelism", m1) : NULL;
+        const char *name = m1 ? session_strategy_for(m1, i, 2) : NULL;
+        plugin *p = name ? plugin_load(name, CT_KIND_STRATEGY, "parallelism", m1) : NULL;
         if (p && p->info.options && p->info.options->key) {
             printf("\nkeys of the %s strategy (%s):\n", p->info.name, p->info.description ? p->info.description : "");
             manifest_add_plugin_schema(m1, "parallelism", p->info.options);
