@@ -227,8 +227,9 @@ typedef struct runtime {
     int64_t share_buf_n;
     int64_t seq_multiple;                  /* every sequence's length is a multiple of it (strategies') */
     double comm_seconds;   /* wall time in strategy hooks and collectives (exposed communication) */
-    const ct_quantizer_api *qapi; /* float8 linear layers (NULL: none) */
+    const ct_quantizer_api *qapi; /* the quantizer of the linear layers (NULL: none) */
     ct_quantizer *quant;
+    const char *quant_name;       /* its plugin's name, for the start-up report */
     float *bf16_shadow;         /* mixed_precision_param=bfloat16: bf16-rounded copies of the replicated
                                    parameters of the unit that runs (sharded ones: the strategy rounds its
                                    gather), as large as the largest unit's */

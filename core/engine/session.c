@@ -539,6 +539,7 @@ static ct_status build_runtime(session *s, manifest *mf) {
     if (s->pl && (st = pipeline_start(s->pl, mf, &s->rt, commstats_wrap(s->capi), s->comm, &s->mesh))) return st;
     s->rt.qapi = s->qapi;
     s->rt.quant = s->quant;
+    s->rt.quant_name = s->quantp ? s->quantp->info.name : NULL;
     if (s->qapi) runtime_decide_quant(&s->rt);
     return CT_OK;
 }

@@ -93,11 +93,12 @@ static ct_status check_f32(const ct_tensor *t, const char *op, const char *what)
     return CT_OK;
 }
 
-/* The start-up report of which linear layers float8 converts (rank 0 prints it). */
+/* The start-up report of which linear layers the quantizer converts (rank 0 prints it). */
 void quant_note(runtime *rt, const char *name, int yes, const char *why) {
     if (g_log_rank > 0 || rt->planning) return;
-    if (yes) printf("float8: %s converted\n", name);
-    else printf("float8: %s stays in high precision (%s)\n", name, why);
+    const char *q = rt->quant_name ? rt->quant_name : "quantizer";
+    if (yes) printf("%s: %s converted\n", q, name);
+    else printf("%s: %s stays in high precision (%s)\n", q, name, why);
 }
 
 /* ---- per-op selective checkpointing (RT_AC_OP units) ----

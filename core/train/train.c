@@ -51,7 +51,7 @@ static void compile_setup(session *s, manifest *mf) {
     else if (s->world > 1 || s->rt.dist.n_st > 0 || s->pl)
         why = "not with several ranks or a parallelism plugin yet (their hooks and collectives are not captured)";
     else if (s->rt.qapi)
-        why = "not with float8 (its scales are read back on the host)";
+        why = "not with a quantizer (its scales are read back on the host)";
     else if (s->rt.offload.layers)
         why = "not with activation offload (its copies to and from the host are not captured)";
     if (why) {
