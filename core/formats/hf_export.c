@@ -448,6 +448,7 @@ static ct_status check_config_json(const char *path, const ct_hf_export *x, cons
             json_t *t = json_object_get(rp, "rope_type");
             if (!json_is_string(t) || strcmp(json_string_value(t), "default")) v = rp; /* scaled: not plain */
         }
+        if ((!v || json_is_null(v)) && (f->flags & CT_HF_OR_ABSENT)) continue; /* transformers' default */
         char want[96];
         value_str(f, want, sizeof want);
         if (!v && f->type != CT_HF_NULL)

@@ -346,6 +346,9 @@ typedef enum ct_hf_type {
  * (checkpoint.initial_load_in_hf) requires its config.json to hold this exact value, and names the
  * key when it does not. */
 #define CT_HF_CHECKED 0x1u
+/* With CT_HF_CHECKED: a loaded config.json may also leave the key out (or hold null), because
+ * transformers' default for it is this value (attention_bias false in a LlamaConfig, say). */
+#define CT_HF_OR_ABSENT 0x2u
 
 /* Frozen, like ct_hf_name. One config.json key: a '.' in it nests ("rope_scaling.factor" is the key
  * factor of the object rope_scaling). */
@@ -355,7 +358,7 @@ typedef struct ct_hf_field {
     int64_t i;
     double f;
     const char *s;
-    uint32_t flags; /* CT_HF_CHECKED */
+    uint32_t flags; /* CT_HF_CHECKED, CT_HF_OR_ABSENT */
 } ct_hf_field;
 
 typedef struct ct_hf_export {
@@ -405,9 +408,9 @@ typedef struct ct_model_api {
      * array is the model's and stays valid until destroy. */
     const ct_tp_rule *(*get_tp_plan)(ct_model *model);
     /* ABI 2.12, optional: this instance's Hugging Face export (ct_hf_export above); the host sets
-     * out->struct_size. Every pointer it fills is the model's, valid until destroy. NULL: the host
-     * exports the pack as a Llama (model_type "llama", or "qwen2" with CT_MODEL_QKV_BIAS) by
-     * ct_model_desc, as packs built before 2.12 were. */
+     * out->struct_size. Every pointer it fills is the model's, valid until destroy. NULL: the pack
+     * has no Hugging Face form (checkpoint.last_save_in_hf and initial_load_in_hf refuse it, naming
+     * the pack). */
     ct_status (*hf_export)(ct_model *model, ct_hf_export *out);
 } ct_model_api;
 
