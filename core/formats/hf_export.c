@@ -408,24 +408,33 @@ static int same_value(const ct_hf_field *f, json_t *v) {
     return 0;
 }
 
-/* config.json against x: model_type, then every CT_HF_CHECKED field. */
-static ct_status check_config_json(const char *path, const ct_hf_export *x, const char *who) {
+/* config.json's JSON (the caller json_decref's it), or NULL and an error naming the file. */
+static json_t *read_config_json(const char *path) {
     FILE *fp = fopen(path, "rb");
-    if (!fp) return ct_fail(CT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!fp) {
+        ct_set_error("%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
     char *text = malloc(CONFIG_CAP + 1);
     size_t n = text ? fread(text, 1, CONFIG_CAP + 1, fp) : 0;
     int bad = !text || ferror(fp);
     fclose(fp);
     if (bad || n > CONFIG_CAP) {
         free(text);
-        return ct_fail(bad ? CT_ERR_IO : CT_ERR_INVALID, "%s: %s", path,
-                       bad ? "cannot read it" : "larger than 1 MB; not a config.json?");
+        ct_set_error("%s: %s", path, bad ? "cannot read it" : "larger than 1 MB; not a config.json?");
+        return NULL;
     }
     json_error_t je;
     json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &je);
     free(text);
-    if (!root)
-        return ct_fail(CT_ERR_INVALID, "%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
+    if (!root) ct_set_error("%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
+    return root;
+}
+
+/* config.json against x: model_type, then every CT_HF_CHECKED field. */
+static ct_status check_config_json(const char *path, const ct_hf_export *x, const char *who) {
+    json_t *root = read_config_json(path);
+    if (!root) return CT_ERR_INVALID;
     ct_status st = CT_OK;
     json_t *type = json_object_get(root, "model_type");
     if (!json_is_object(root))
@@ -552,5 +561,81 @@ done:
     free(flags);
     if (st != CT_OK) tf_free(f);
     else *out = f;
+    return st;
+}
+
+/* ---- RoPE scaling ------------------------------------------------------------------------------ */
+
+/* A number of obj (absent or null: dflt). */
+static ct_status rope_num(json_t *obj, const char *path, const char *what, const char *key, double dflt,
+                          double *out) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return CT_OK;
+    }
+    if (!json_is_number(v)) return ct_fail(CT_ERR_INVALID, "%s: %s.%s must be a number", path, what, key);
+    *out = json_number_value(v);
+    return CT_OK;
+}
+
+/* One RoPE object: rope_scaling (transformers 4: "rope_type", or "type" in older files) or
+ * rope_parameters (transformers 5, which may omit rope_type for plain RoPE). "default" leaves *r as
+ * it is; the frequency-band type fills it, original_max_position_embeddings falling back to
+ * max_position_embeddings. Any other type is refused. */
+static ct_status read_rope_object(json_t *root, const char *path, const char *what, int need_type, hf_rope *r) {
+    json_t *obj = json_object_get(root, what);
+    if (!obj || json_is_null(obj)) return CT_OK;
+    if (!json_is_object(obj)) return ct_fail(CT_ERR_INVALID, "%s: %s must be null or an object", path, what);
+    json_t *type = json_object_get(obj, "rope_type");
+    if (!type || json_is_null(type)) type = json_object_get(obj, "type");
+    if ((!type || json_is_null(type)) && need_type)
+        return ct_fail(CT_ERR_INVALID, "%s: %s has no rope_type (ctitan reads rope_type default and %s)", path, what,
+                       HF_ROPE_BANDS);
+    if (!type || json_is_null(type)) return CT_OK;
+    const char *t = json_is_string(type) ? json_string_value(type) : NULL;
+    if (t && !strcmp(t, "default")) return CT_OK;
+    if (!t || strcmp(t, HF_ROPE_BANDS)) {
+        char got[64];
+        snprintf(got, sizeof got, "%s", t ? t : "(not a string)");
+        for (char *p = got; *p; p++)
+            if ((unsigned char)*p < 0x20) *p = '?';
+        return ct_fail(CT_ERR_INVALID, "%s: %s rope_type '%s' is not supported (ctitan reads rope_type default and %s)",
+                       path, what, got, HF_ROPE_BANDS);
+    }
+    if (!json_object_get(obj, "factor"))
+        return ct_fail(CT_ERR_INVALID, "%s: %s of rope_type %s has no factor", path, what, HF_ROPE_BANDS);
+    json_t *mp = json_object_get(root, "max_position_embeddings");
+    json_t *o = json_object_get(obj, "original_max_position_embeddings");
+    double orig = 0;
+    if (rope_num(obj, path, what, "factor", 0, &r->factor) ||
+        rope_num(obj, path, what, "low_freq_factor", 1.0, &r->low) ||
+        rope_num(obj, path, what, "high_freq_factor", 4.0, &r->high) ||
+        rope_num(obj, path, what, "original_max_position_embeddings",
+                 json_is_integer(mp) ? (double)json_integer_value(mp) : 2048, &orig))
+        return CT_ERR_INVALID;
+    if ((o && !json_is_null(o) && !json_is_integer(o)) || orig < 1 || orig > INT32_MAX)
+        return ct_fail(CT_ERR_INVALID, "%s: %s.original_max_position_embeddings must be a positive integer", path,
+                       what);
+    r->orig = (int64_t)orig;
+    return CT_OK;
+}
+
+ct_status hf_read_rope(const char *dir, hf_rope *out) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    memset(out, 0, sizeof *out);
+    json_t *root = read_config_json(path);
+    if (!root) return CT_ERR_INVALID;
+    hf_rope a = {0}, b = {0};
+    ct_status st = json_is_object(root) ? CT_OK : ct_fail(CT_ERR_INVALID, "%s: expected a JSON object", path);
+    if (st == CT_OK) st = read_rope_object(root, path, "rope_scaling", 1, &a);
+    if (st == CT_OK) st = read_rope_object(root, path, "rope_parameters", 0, &b);
+    if (st == CT_OK && a.factor != 0 && b.factor != 0 &&
+        (a.factor != b.factor || a.low != b.low || a.high != b.high || a.orig != b.orig))
+        st = ct_fail(CT_ERR_INVALID, "%s: rope_scaling and rope_parameters give different %s scaling", path,
+                     HF_ROPE_BANDS);
+    if (st == CT_OK) *out = a.factor != 0 ? a : b;
+    json_decref(root);
     return st;
 }
