@@ -2,7 +2,8 @@
  * SwiGLU, untied output). Forward only: the host's tape replays the backward.
  *
  * Units: 0 = tok_embeddings, 1..L = layers.0 .. layers.L-1, L+1 = norm + output (+ loss).
- * Parameter names are torchtitan's FQNs, so checkpoints and Hugging Face mappings line up.
+ * Parameter names are torchtitan's FQNs, so checkpoints and Hugging Face mappings line up; hf_export
+ * (ABI 2.12) gives the pack's Hugging Face table (LlamaForCausalLM, Llama 3.1's rope_scaling).
  */
 #include "ctitan/model.h"
 

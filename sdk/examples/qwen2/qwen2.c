@@ -9,8 +9,9 @@
  *     embedding table declared in unit 0, through the registry's share (ABI 2.1), so every layout
  *     (FSDP, pipeline stages, tensor parallel) keeps the two uses equal and a checkpoint holds the
  *     table once;
- *   - describe() names the features (CT_MODEL_QKV_BIAS, CT_MODEL_TIED_EMBEDDINGS) and the Hugging
- *     Face model_type "qwen2", so an export writes a Qwen2ForCausalLM folder;
+ *   - hf_export (ABI 2.12) gives Qwen2's Hugging Face names and config.json fields, so a run's export
+ *     writes a Qwen2ForCausalLM folder and a run loads one; describe() names the features
+ *     (CT_MODEL_QKV_BIAS, CT_MODEL_TIED_EMBEDDINGS) and the model_type "qwen2" as well;
  *   - get_tp_plan: the plan depends on the instance (a tied head is planned under its use name).
  *
  * Units: 0 = tok_embeddings, 1..L = layers.0 .. layers.L-1, L+1 = norm + output (+ loss). Names are
