@@ -427,7 +427,7 @@ static ct_status initial_load(session *s, const manifest *mf, char *dir, size_t 
     int model_only, in_hf;
     mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
     mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
-    if (in_hf) { /* a Hugging Face Llama folder: the model only */
+    if (in_hf) { /* a Hugging Face folder, read by the pack's table: the model only */
         char beside[PATH_MAX];
         const char *hf = ckpt_hf_folder(initial, beside, sizeof beside);
         if (hf != initial && s->rank == 0)
