@@ -43,29 +43,43 @@ static int count_stars(const char *p) {
     return n;
 }
 
-ct_status hf_export_name(const ct_hf_export *x, const char *name, char *hf, size_t len, uint32_t *flags) {
-    for (const ct_hf_name *r = x->names; r && r->ctitan; r++) {
-        const char *cap[MAX_STARS];
-        size_t caplen[MAX_STARS];
-        if (!match(r->ctitan, name, cap, caplen, 0)) continue;
-        if (!r->hf || count_stars(r->hf) != count_stars(r->ctitan))
-            return ct_fail(CT_ERR_INVALID, "Hugging Face name pattern of '%s' must have as many '*' as it (%d)",
-                           r->ctitan, count_stars(r->ctitan));
-        size_t o = 0;
-        int k = 0;
-        for (const char *p = r->hf; *p; p++) {
-            const char *src = *p == '*' ? cap[k] : p;
-            size_t n = *p == '*' ? caplen[k++] : 1;
-            if (o + n >= len) return ct_fail(CT_ERR_INVALID, "Hugging Face name of '%s' is too long", name);
-            memcpy(hf + o, src, n);
-            o += n;
-        }
-        hf[o] = 0;
-        if (!o) return ct_fail(CT_ERR_INVALID, "Hugging Face name of '%s' is empty", name);
-        *flags = r->flags;
-        return CT_OK;
+/* The first row of x's table whose ctitan pattern matches name, among the CT_HF_TIED rows (tied) or the
+ * others; the stars' runs in cap[]. NULL when none does. */
+static const ct_hf_name *row_for(const ct_hf_export *x, const char *name, int tied, const char **cap,
+                                 size_t *caplen) {
+    for (const ct_hf_name *r = x->names; r && r->ctitan; r++)
+        if (!(r->flags & CT_HF_TIED) == !tied && match(r->ctitan, name, cap, caplen, 0)) return r;
+    return NULL;
+}
+
+/* name's Hugging Face name by row r (its stars' runs in cap[]) into hf. */
+static ct_status fill_name(const ct_hf_name *r, const char *name, const char **cap, const size_t *caplen, char *hf,
+                           size_t len) {
+    if (!r->hf || count_stars(r->hf) != count_stars(r->ctitan))
+        return ct_fail(CT_ERR_INVALID, "Hugging Face name pattern of '%s' must have as many '*' as it (%d)",
+                       r->ctitan, count_stars(r->ctitan));
+    size_t o = 0;
+    int k = 0;
+    for (const char *p = r->hf; *p; p++) {
+        const char *src = *p == '*' ? cap[k] : p;
+        size_t n = *p == '*' ? caplen[k++] : 1;
+        if (o + n >= len) return ct_fail(CT_ERR_INVALID, "Hugging Face name of '%s' is too long", name);
+        memcpy(hf + o, src, n);
+        o += n;
     }
-    return ct_fail(CT_ERR_INVALID, "parameter '%s' has no Hugging Face name in the pack's table", name);
+    hf[o] = 0;
+    if (!o) return ct_fail(CT_ERR_INVALID, "Hugging Face name of '%s' is empty", name);
+    return CT_OK;
+}
+
+ct_status hf_export_name(const ct_hf_export *x, const char *name, char *hf, size_t len, uint32_t *flags) {
+    const char *cap[MAX_STARS];
+    size_t caplen[MAX_STARS];
+    const ct_hf_name *r = row_for(x, name, 0, cap, caplen);
+    if (!r) return ct_fail(CT_ERR_INVALID, "parameter '%s' has no Hugging Face name in the pack's table", name);
+    ct_status st = fill_name(r, name, cap, caplen, hf, len);
+    if (st == CT_OK) *flags = r->flags;
+    return st;
 }
 
 void hf_permute_rows(float *dst, const float *src, int64_t n_heads, int64_t head_dim, int64_t cols, int to_hf) {
@@ -431,11 +445,12 @@ static json_t *read_config_json(const char *path) {
     return root;
 }
 
-/* config.json against x: model_type, then every CT_HF_CHECKED field. */
-static ct_status check_config_json(const char *path, const ct_hf_export *x, const char *who) {
+/* config.json against x: model_type, then every CT_HF_CHECKED field; *tied: its tie_word_embeddings. */
+static ct_status check_config_json(const char *path, const ct_hf_export *x, const char *who, int *tied) {
     json_t *root = read_config_json(path);
     if (!root) return CT_ERR_INVALID;
     ct_status st = CT_OK;
+    *tied = json_is_true(json_object_get(root, "tie_word_embeddings"));
     json_t *type = json_object_get(root, "model_type");
     if (!json_is_object(root))
         st = ct_fail(CT_ERR_INVALID, "%s: expected a JSON object", path);
@@ -527,7 +542,8 @@ ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *
     if (st != CT_OK) return st;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if ((st = check_config_json(path, x, who)) != CT_OK) return st;
+    int tied = 0;
+    if ((st = check_config_json(path, x, who, &tied)) != CT_OK) return st;
     st_model *m = st_model_open(dir);
     if (!m) return CT_ERR_INVALID; /* its message names the file */
     int n = want->count;
@@ -539,8 +555,17 @@ ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *
         goto done;
     }
     f->version = TF_VERSION;
-    for (int i = 0; i < n && st == CT_OK; i++)
+    for (int i = 0; i < n && st == CT_OK; i++) {
         st = hf_export_name(x, want->entries[i].name, names[i], sizeof names[i], &flags[i]);
+        const char *cap[MAX_STARS];
+        size_t caplen[MAX_STARS];
+        const ct_hf_name *r = tied && st == CT_OK && !st_model_find(m, names[i])
+                                  ? row_for(x, want->entries[i].name, 1, cap, caplen) : NULL;
+        if (r) { /* a tied folder: the parameter reads the tensor the head shares */
+            st = fill_name(r, want->entries[i].name, cap, caplen, names[i], sizeof names[i]);
+            flags[i] = r->flags & ~CT_HF_TIED;
+        }
+    }
     for (int i = 0; i < m->count && st == CT_OK; i++) { /* nothing in the folder is left unread */
         const char *name = m->tensors[i]->name;
         size_t nl = strlen(name);

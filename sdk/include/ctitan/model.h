@@ -322,6 +322,11 @@ typedef struct ct_tp_rule {
  * keeps in halves (x[i], x[i + head_dim/2]): HF row h*hd + j*hd/2 + i is ctitan row h*hd + 2i + j.
  * Mark q and k projections (and their biases), and a per-head norm applied before RoPE (QK-norm). */
 #define CT_HF_ROPE_ROWS 0x1u
+/* Load only, never written: the tensor a tied folder (config.json's tie_word_embeddings true) holds
+ * in place of the parameter's own when the folder lacks it, as transformers reads a tied model (a pack
+ * with an untied head takes the embedding table as its head: {"output.weight",
+ * "model.embed_tokens.weight", CT_HF_TIED} beside output.weight's own row). */
+#define CT_HF_TIED 0x2u
 
 /* Frozen: this element never grows (a later minor that needs more adds a new array). */
 typedef struct ct_hf_name {
@@ -330,7 +335,7 @@ typedef struct ct_hf_name {
     /* the Hugging Face tensor name; its '*'s take what the ctitan pattern's matched, in order
      * ("model.layers.*.self_attn.q_proj.weight"); the same number of '*'s as ctitan's */
     const char *hf;
-    uint32_t flags; /* CT_HF_* */
+    uint32_t flags; /* CT_HF_ROPE_ROWS, CT_HF_TIED */
 } ct_hf_name;
 
 typedef enum ct_hf_type {
