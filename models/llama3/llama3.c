@@ -462,11 +462,13 @@ static const ct_tp_rule tp_plan[] = {
 
 /* Hugging Face's LlamaForCausalLM names. ctitan's RoPE rotates interleaved pairs, Hugging Face's halves:
  * q and k rows are permuted per head. A tied head (tie_word_embeddings) is the table's use and is not
- * written: the folder has no lm_head.weight, as transformers writes a tied Llama. */
+ * written: the folder has no lm_head.weight, as transformers writes a tied Llama. An untied head reads
+ * a tied folder's table (Llama 3.2 1B and 3B are tied) as its own copy. */
 static const ct_hf_name hf_names[] = {
     {"tok_embeddings.weight", "model.embed_tokens.weight", 0},
     {"norm.weight", "model.norm.weight", 0},
     {"output.weight", "lm_head.weight", 0},
+    {"output.weight", "model.embed_tokens.weight", CT_HF_TIED},
     {"layers.*.attention_norm.weight", "model.layers.*.input_layernorm.weight", 0},
     {"layers.*.attention.wq.weight", "model.layers.*.self_attn.q_proj.weight", CT_HF_ROPE_ROWS},
     {"layers.*.attention.wk.weight", "model.layers.*.self_attn.k_proj.weight", CT_HF_ROPE_ROWS},
@@ -513,7 +515,8 @@ static ct_status llama_hf_export(ct_model *p, ct_hf_export *out) {
         FIELD("rope_scaling", CT_HF_NULL, 0, 0, NULL, 0);
     }
     FIELD("rope_theta", CT_HF_FLOAT, 0, m->rope_theta, NULL, C);
-    FIELD("tie_word_embeddings", CT_HF_BOOL, m->tied, 0, NULL, m->tied ? C : A);
+    /* a tied head must find no lm_head.weight of its own; an untied one reads either folder */
+    FIELD("tie_word_embeddings", CT_HF_BOOL, m->tied, 0, NULL, m->tied ? C : 0);
     FIELD("use_cache", CT_HF_BOOL, 1, 0, NULL, 0);
     FIELD("vocab_size", CT_HF_INT, m->vocab, 0, NULL, C);
     f[n] = (ct_hf_field){0};

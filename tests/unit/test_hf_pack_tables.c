@@ -5,7 +5,8 @@
  *     verified, byte for byte (config.json and model.safetensors);
  *   - transformers' Llama and Qwen2 folders load by the tables; a key transformers defaults to the
  *     model's value (CT_HF_OR_ABSENT: attention_bias, use_sliding_window) may be left out, and
- *     another value of it is refused naming the key;
+ *     another value of it is refused naming the key; a tied Llama folder reads into the untied llama3
+ *     as a copy of the table (CT_HF_TIED);
  *   - a pack without a table has no Hugging Face form: the export check names it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -173,6 +174,61 @@ static void test_llama3_table_loads_transformers_llama(void **state) {
     session_close(&s);
 }
 
+/* A tied Llama folder (Llama 3.2 1B and 3B are tied) reads into the untied llama3 as a copy of the
+ * table (CT_HF_TIED) and into the tied one as itself; an untied folder without lm_head.weight is
+ * refused, and so is an untied folder for the tied model. */
+static void test_llama3_reads_tied_folders(void **state) {
+    (void)state;
+    const char *sizes = "name: llama3, flavor: debugmodel, dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, "
+                        "vocab_size: 128, ffn_hidden: 80, rope_theta: 25000, norm_eps: 1e-6";
+    char model[400];
+    session untied, tied;
+    open_or_fail(&untied, sizes);
+    snprintf(model, sizeof model, "%s, tie_word_embeddings: true", sizes);
+    open_or_fail(&tied, model);
+    ct_hf_export xu, xt;
+    table_of(&untied, &xu);
+    table_of(&tied, &xt);
+    tf_file *want = params_of(&untied, NULL), *golden = NULL, *back = NULL;
+    if (hf_import_load(GOLDEN "/hf/from_transformers", &xu, want, 32 / 4, "llama3", &golden) != CT_OK)
+        fail_msg("%s", ct_last_error());
+    tf_file *w = params_of(&tied, golden); /* no output.weight: the tied head is the table's use */
+    char dir[] = "/tmp/ctitan-hfpack-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    if (hf_export_save(dir, &xt, w, 8, HF_FLOAT32, "llama3") != CT_OK) fail_msg("%s", ct_last_error());
+    if (hf_import_load(dir, &xu, want, 8, "llama3", &back) != CT_OK) fail_msg("tied into untied: %s", ct_last_error());
+    const tf_entry *emb = tf_find(back, "tok_embeddings.weight"), *out = tf_find(back, "output.weight");
+    assert_non_null(emb);
+    assert_non_null(out);
+    assert_int_equal(emb->numel, out->numel);
+    assert_memory_equal(emb->data, out->data, sizeof(float) * (size_t)emb->numel);
+    assert_memory_equal(emb->data, tf_find(golden, "tok_embeddings.weight")->data, sizeof(float) * (size_t)emb->numel);
+    tf_free(back);
+    if (load(&tied, dir, "llama3") != CT_OK) fail_msg("tied into tied: %s", ct_last_error());
+    assert_int_equal(load(&tied, GOLDEN "/hf/from_transformers", "llama3"), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "tie_word_embeddings is false, model llama3 has true"));
+    char conf[256];
+    snprintf(conf, sizeof conf, "%s/config.json", dir);
+    char saved[300];
+    snprintf(saved, sizeof saved, "%s.tied", conf);
+    assert_int_equal(rename(conf, saved), 0);
+    FILE *in = fopen(saved, "rb"), *o = fopen(conf, "wb");
+    char line[256];
+    while (fgets(line, sizeof line, in))
+        fputs(strstr(line, "\"tie_word_embeddings\": true") ? "  \"tie_word_embeddings\": false,\n" : line, o);
+    fclose(in);
+    fclose(o);
+    unlink(saved);
+    assert_int_equal(load(&untied, dir, "llama3"), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "tensor 'lm_head.weight' (ctitan's 'output.weight') is missing"));
+    remove_folder(dir);
+    free_params(w);
+    free_params(want);
+    tf_free(golden);
+    session_close(&tied);
+    session_close(&untied);
+}
+
 static void test_qwen2_table_loads_transformers_qwen2(void **state) {
     (void)state;
     session s;
@@ -207,6 +263,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama3_table_writes_the_verified_golden),
         cmocka_unit_test(test_llama3_table_loads_transformers_llama),
+        cmocka_unit_test(test_llama3_reads_tied_folders),
         cmocka_unit_test(test_qwen2_table_loads_transformers_qwen2),
         cmocka_unit_test(test_a_pack_without_a_table_has_no_hf_form),
     };
