@@ -135,8 +135,8 @@ ct_status ckpt_load_model_from(session *s, const char *path);
  * own path; else path (whose load then says what is missing). */
 const char *ckpt_hf_folder(const char *path, char *buf, size_t len);
 
-/* checkpoint.last_save_in_hf: CT_OK when the model can be written as a Hugging Face folder (by its
- * pack's own table, ABI 2.12, else as a Llama by its description); else CT_ERR_INVALID and one line
+/* checkpoint.last_save_in_hf: CT_OK when the model can be written as a Hugging Face folder by its
+ * pack's own table (ABI 2.12; a pack without one is refused); else CT_ERR_INVALID and one line
  * starting with `who` (the manifest key's place). Reads shapes only: call before training. */
 ct_status ckpt_hf_export_check(session *s, const char *who);
 

@@ -2,7 +2,7 @@
  * async_mode (files written by a background thread while training goes on), keep_latest_k. */
 #include "checkpoint/checkpoint.h"
 
-#include "formats/hf.h"
+#include "formats/hf_export.h"
 #include "base/error.h"
 
 #include <inttypes.h>
@@ -68,27 +68,46 @@ ct_status ckpt_load_model_from(session *s, const char *path) {
     return load_model_checked(s, dir);
 }
 
-/* CT_OK when the model scales RoPE as config.json says (rope_scaling llama3, or plain); else
- * CT_ERR_INVALID and the model options that would match: the same weights with other frequencies give
- * other logits. */
-static ct_status same_rope_scaling(const ct_model_desc *d, const hf_config *c, const char *dir) {
-    if (d->rope_scaling_factor == c->rope_scaling_factor &&
-        (c->rope_scaling_factor == 0 ||
-         (d->rope_low_freq_factor == c->rope_low_freq_factor && d->rope_high_freq_factor == c->rope_high_freq_factor &&
-          d->rope_original_max_position == c->rope_original_max_position)))
+/* CT_OK when the model scales RoPE as config.json says (the frequency bands of ct_model_desc.rope_*,
+ * or plain); else CT_ERR_INVALID and the model options that would match: the same weights with other
+ * frequencies give other logits. */
+static ct_status same_rope_scaling(const ct_model_desc *d, const hf_rope *c, const char *dir) {
+    if (d->rope_scaling_factor == c->factor &&
+        (c->factor == 0 || (d->rope_low_freq_factor == c->low && d->rope_high_freq_factor == c->high &&
+                            d->rope_original_max_position == c->orig)))
         return CT_OK;
-    if (c->rope_scaling_factor == 0)
-        return ct_fail(CT_ERR_INVALID, "%s/config.json has plain RoPE but the model scales it (llama3, factor %g): set "
-                       "model.rope_scaling: none", dir, d->rope_scaling_factor);
-    return ct_fail(CT_ERR_INVALID, "%s/config.json scales RoPE (rope_type llama3) and the model does not, or not the "
-                   "same way: set model.rope_scaling: llama3, model.rope_scaling_factor: %g, "
+    if (c->factor == 0)
+        return ct_fail(CT_ERR_INVALID, "%s/config.json has plain RoPE but the model scales it (%s, factor %g): set "
+                       "model.rope_scaling: none", dir, HF_ROPE_BANDS, d->rope_scaling_factor);
+    return ct_fail(CT_ERR_INVALID, "%s/config.json scales RoPE (rope_type %s) and the model does not, or not the "
+                   "same way: set model.rope_scaling: %s, model.rope_scaling_factor: %g, "
                    "model.rope_low_freq_factor: %g, model.rope_high_freq_factor: %g, "
                    "model.rope_original_max_position: %lld (or model.flavor: from_checkpoint, which takes every "
-                   "setting from config.json)", dir, c->rope_scaling_factor, c->rope_low_freq_factor,
-                   c->rope_high_freq_factor, (long long)c->rope_original_max_position);
+                   "setting from config.json)", dir, HF_ROPE_BANDS, HF_ROPE_BANDS, c->factor, c->low, c->high,
+                   (long long)c->orig);
 }
 
-static int pack_export(session *s, ct_hf_export *x);
+/* The pack's own Hugging Face form (ABI 2.12) into *x; an error naming the pack when it has none or
+ * cannot give it. */
+static ct_status pack_export(session *s, ct_hf_export *x) {
+    const char *name = s->modelp->info.name;
+    if (!CT_HAS_FIELD(s->m, ct_model_api, hf_export) || !s->m->hf_export)
+        return ct_fail(CT_ERR_UNSUPPORTED, "model %s has no Hugging Face form (its pack gives no hf_export table, "
+                       "ABI 2.12)", name);
+    memset(x, 0, sizeof *x);
+    x->struct_size = sizeof *x;
+    if (s->m->hf_export(s->model, x) != CT_OK)
+        return ct_fail(CT_ERR_INVALID, "model %s cannot describe its Hugging Face form: %s", name, ct_last_error());
+    return CT_OK;
+}
+
+/* 1 when x checks config.json's key `top` (or a key nested in it) itself. */
+static int table_checks(const ct_hf_export *x, const char *top) {
+    size_t n = strlen(top);
+    for (const ct_hf_field *f = x->fields; f && f->key; f++)
+        if ((f->flags & CT_HF_CHECKED) && !strncmp(f->key, top, n) && (!f->key[n] || f->key[n] == '.')) return 1;
+    return 0;
+}
 
 /* The model's parameters as shapes (no data), a shared one (a tied head) left out. */
 static tf_file *param_shapes(session *s) {
@@ -114,26 +133,24 @@ static void free_shapes(tf_file *w) {
     free(w);
 }
 
-/* Loads a Hugging Face folder into the model (each rank takes its shard): by the pack's own table when
- * it has one, else as a Llama or Qwen2. */
+/* Loads a Hugging Face folder into the model by the pack's table (each rank takes its shard). A table
+ * that does not check rope_scaling itself has config.json's RoPE scaling checked against the model's
+ * description. */
 static ct_status load_hf(session *s, const char *dir) {
     ct_hf_export x;
     tf_file *w = NULL;
-    int own = pack_export(s, &x);
-    ct_status rc = CT_OK;
-    if (own < 0) return ct_fail(CT_ERR_INVALID, "model %s cannot describe its Hugging Face form: %s",
-                                s->modelp->info.name, ct_last_error());
-    if (own) {
-        tf_file *want = param_shapes(s);
-        if (!want) return CT_ERR_NOMEM;
-        rc = hf_import_load(dir, &x, want, s->rt.desc.head_dim, s->modelp->info.name, &w);
-        free_shapes(want);
-        if (rc != CT_OK) return rc;
-    } else {
-        hf_config cfg;
-        if (hf_load(dir, &cfg, &w) != CT_OK) return CT_ERR_INVALID;
-        rc = same_rope_scaling(&s->rt.desc, &cfg, dir);
+    ct_status rc = pack_export(s, &x);
+    if (rc != CT_OK) return rc;
+    if (!table_checks(&x, "rope_scaling")) {
+        hf_rope r;
+        if ((rc = hf_read_rope(dir, &r)) != CT_OK || (rc = same_rope_scaling(&s->rt.desc, &r, dir)) != CT_OK)
+            return rc;
     }
+    tf_file *want = param_shapes(s);
+    if (!want) return CT_ERR_NOMEM;
+    rc = hf_import_load(dir, &x, want, s->rt.desc.head_dim, s->modelp->info.name, &w);
+    free_shapes(want);
+    if (rc != CT_OK) return rc;
     for (int i = 0; i < s->rt.n_params && rc == CT_OK; i++) {
         const ct_tensor *p = &s->rt.params[i]->t;
         const tf_entry *e =
@@ -147,58 +164,22 @@ static ct_status load_hf(session *s, const char *dir) {
     return rc;
 }
 
-/* The pack's own Hugging Face export (ABI 2.12) into *x: 1, 0 when the pack has none (it exports as a
- * Llama by its description), -1 when it failed (the error set). */
-static int pack_export(session *s, ct_hf_export *x) {
-    if (!CT_HAS_FIELD(s->m, ct_model_api, hf_export) || !s->m->hf_export) return 0;
-    memset(x, 0, sizeof *x);
-    x->struct_size = sizeof *x;
-    if (s->m->hf_export(s->model, x) != CT_OK) return -1;
-    return 1;
-}
-
 ct_status ckpt_hf_export_check(session *s, const char *who) {
     const ct_model_desc *d = &s->rt.desc;
-    int n = s->rt.n_params, m = 0;
-    tf_entry *e = calloc((size_t)(n > 0 ? n : 1), sizeof *e);
-    if (!e) return ct_fail(CT_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) { /* shapes only: the check reads no data */
-        const ct_tensor *p = &s->rt.params[i]->t;
-        if (runtime_param_copy_of(&s->rt, i) >= 0) continue; /* a shared parameter is written once */
-        tf_entry *t = &e[m++];
-        *t = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
-        memcpy(t->shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
-    }
-    tf_file w = {.entries = e, .count = m};
     ct_hf_export x;
+    if (pack_export(s, &x) != CT_OK) return ct_fail(CT_ERR_INVALID, "%s: %s", who, ct_last_error());
+    tf_file *w = param_shapes(s); /* shapes only: the check reads no data */
+    if (!w) return CT_ERR_NOMEM;
     ct_status rc = CT_OK;
-    int own = pack_export(s, &x);
-    if (own < 0)
-        rc = ct_fail(CT_ERR_INVALID, "%s: model %s cannot describe its Hugging Face export: %s", who,
-                     s->modelp->info.name, ct_last_error());
-    else if (own && hf_export_check(&x, &w, d->head_dim, s->modelp->info.name) != CT_OK)
+    if (hf_export_check(&x, w, d->head_dim, s->modelp->info.name) != CT_OK)
         rc = ct_fail(CT_ERR_INVALID, "%s: model %s cannot be exported to Hugging Face: %s", who,
                      s->modelp->info.name, ct_last_error());
-    else if (!own) {
-        hf_config cfg = {.n_heads = d->n_heads, .rope_theta = d->rope_theta, .norm_eps = d->norm_eps,
-                         .max_position_embeddings = HF_DEFAULT_MAX_POSITIONS};
-        w.count = n; /* as a Llama: the shared head is a parameter of its own (tied features) */
-        for (int i = 0, k = 0; i < n; i++) {
-            const ct_tensor *p = &s->rt.params[i]->t;
-            e[k] = (tf_entry){.name = (char *)p->name, .dtype = 1, .ndim = p->ndim, .numel = 1};
-            memcpy(e[k++].shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
-        }
-        if (!d->n_heads || hf_config_from_weights(&cfg, &w) != CT_OK)
-            rc = ct_fail(CT_ERR_INVALID, "%s: model %s cannot be exported as a Hugging Face Llama: %s", who,
-                         s->modelp->info.name,
-                         d->n_heads ? ct_last_error() : "its pack does not describe its heads (ct_model_desc 1.2)");
-    }
-    free(e);
+    free_shapes(w);
     return rc;
 }
 
-/* Writes the model (gathered from every rank) as a Hugging Face folder (rank 0 writes): by the pack's
- * own table when it has one, else as a Llama by its description. */
+/* Writes the model (gathered from every rank) as a Hugging Face folder by the pack's table (rank 0
+ * writes). */
 static ct_status save_hf(session *s, const char *dir, int bf16) {
     const ct_model_desc *d = &s->rt.desc;
     int n = 0;
@@ -219,31 +200,9 @@ static ct_status save_hf(session *s, const char *dir, int bf16) {
         }
     }
     ct_hf_export x;
-    int own = s->rank == 0 ? pack_export(s, &x) : 0;
-    if (own < 0) {
-        rc = CT_ERR_INVALID;
-    } else if (own) {
+    if (s->rank == 0 && (rc = pack_export(s, &x)) == CT_OK) {
         tf_file w = {e, n, TF_VERSION};
         rc = hf_export_save(dir, &x, &w, d->head_dim, bf16 ? HF_BFLOAT16 : HF_FLOAT32, s->modelp->info.name);
-    } else if (s->rank == 0) {
-        tf_file w = {e, n, TF_VERSION};
-        hf_config cfg = {0};
-        if (!d->n_heads) {
-            rc = ct_fail(CT_ERR_UNSUPPORTED, "the model pack does not describe its heads (ct_model_desc 1.2): cannot "
-                         "export");
-        } else {
-            cfg.n_heads = d->n_heads;
-            cfg.rope_theta = d->rope_theta;
-            cfg.norm_eps = d->norm_eps;
-            cfg.max_position_embeddings = HF_DEFAULT_MAX_POSITIONS;
-            cfg.rope_scaling_factor = d->rope_scaling_factor; /* 0: plain RoPE */
-            cfg.rope_low_freq_factor = d->rope_low_freq_factor;
-            cfg.rope_high_freq_factor = d->rope_high_freq_factor;
-            cfg.rope_original_max_position = d->rope_original_max_position;
-            if (hf_config_from_weights(&cfg, &w) != CT_OK ||
-                hf_save(dir, &cfg, &w, bf16 ? HF_BFLOAT16 : HF_FLOAT32) != CT_OK)
-                rc = CT_ERR_IO;
-        }
     }
 done:
     for (int i = 0; i < n; i++) free(e[i].data);
@@ -468,7 +427,7 @@ static ct_status initial_load(session *s, const manifest *mf, char *dir, size_t 
     int model_only, in_hf;
     mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
     mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
-    if (in_hf) { /* a Hugging Face Llama folder: the model only */
+    if (in_hf) { /* a Hugging Face folder, read by the pack's table: the model only */
         char beside[PATH_MAX];
         const char *hf = ckpt_hf_folder(initial, beside, sizeof beside);
         if (hf != initial && s->rank == 0)

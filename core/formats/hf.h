@@ -1,4 +1,7 @@
-/* hf.h: Hugging Face Llama and Qwen2 checkpoints <-> ctitan's llama3 and qwen2 parameters.
+/* hf.h: Hugging Face Llama and Qwen2 checkpoints <-> ctitan's llama3 and qwen2 parameters, for
+ * `ctitan convert` and model.flavor: from_checkpoint of a Hugging Face folder. A run's export and load
+ * (checkpoint.last_save_in_hf, initial_load_in_hf) go through the model pack's own table instead
+ * (hf_export.h); the packs' tables write the same bytes as hf_save.
  *
  * A Hugging Face folder holds config.json (a LlamaConfig) and model.safetensors (or shards named by
  * model.safetensors.index.json). ctitan names parameters as torchtitan does; the mapping is

@@ -43,29 +43,43 @@ static int count_stars(const char *p) {
     return n;
 }
 
-ct_status hf_export_name(const ct_hf_export *x, const char *name, char *hf, size_t len, uint32_t *flags) {
-    for (const ct_hf_name *r = x->names; r && r->ctitan; r++) {
-        const char *cap[MAX_STARS];
-        size_t caplen[MAX_STARS];
-        if (!match(r->ctitan, name, cap, caplen, 0)) continue;
-        if (!r->hf || count_stars(r->hf) != count_stars(r->ctitan))
-            return ct_fail(CT_ERR_INVALID, "Hugging Face name pattern of '%s' must have as many '*' as it (%d)",
-                           r->ctitan, count_stars(r->ctitan));
-        size_t o = 0;
-        int k = 0;
-        for (const char *p = r->hf; *p; p++) {
-            const char *src = *p == '*' ? cap[k] : p;
-            size_t n = *p == '*' ? caplen[k++] : 1;
-            if (o + n >= len) return ct_fail(CT_ERR_INVALID, "Hugging Face name of '%s' is too long", name);
-            memcpy(hf + o, src, n);
-            o += n;
-        }
-        hf[o] = 0;
-        if (!o) return ct_fail(CT_ERR_INVALID, "Hugging Face name of '%s' is empty", name);
-        *flags = r->flags;
-        return CT_OK;
+/* The first row of x's table whose ctitan pattern matches name, among the CT_HF_TIED rows (tied) or the
+ * others; the stars' runs in cap[]. NULL when none does. */
+static const ct_hf_name *row_for(const ct_hf_export *x, const char *name, int tied, const char **cap,
+                                 size_t *caplen) {
+    for (const ct_hf_name *r = x->names; r && r->ctitan; r++)
+        if (!(r->flags & CT_HF_TIED) == !tied && match(r->ctitan, name, cap, caplen, 0)) return r;
+    return NULL;
+}
+
+/* name's Hugging Face name by row r (its stars' runs in cap[]) into hf. */
+static ct_status fill_name(const ct_hf_name *r, const char *name, const char **cap, const size_t *caplen, char *hf,
+                           size_t len) {
+    if (!r->hf || count_stars(r->hf) != count_stars(r->ctitan))
+        return ct_fail(CT_ERR_INVALID, "Hugging Face name pattern of '%s' must have as many '*' as it (%d)",
+                       r->ctitan, count_stars(r->ctitan));
+    size_t o = 0;
+    int k = 0;
+    for (const char *p = r->hf; *p; p++) {
+        const char *src = *p == '*' ? cap[k] : p;
+        size_t n = *p == '*' ? caplen[k++] : 1;
+        if (o + n >= len) return ct_fail(CT_ERR_INVALID, "Hugging Face name of '%s' is too long", name);
+        memcpy(hf + o, src, n);
+        o += n;
     }
-    return ct_fail(CT_ERR_INVALID, "parameter '%s' has no Hugging Face name in the pack's table", name);
+    hf[o] = 0;
+    if (!o) return ct_fail(CT_ERR_INVALID, "Hugging Face name of '%s' is empty", name);
+    return CT_OK;
+}
+
+ct_status hf_export_name(const ct_hf_export *x, const char *name, char *hf, size_t len, uint32_t *flags) {
+    const char *cap[MAX_STARS];
+    size_t caplen[MAX_STARS];
+    const ct_hf_name *r = row_for(x, name, 0, cap, caplen);
+    if (!r) return ct_fail(CT_ERR_INVALID, "parameter '%s' has no Hugging Face name in the pack's table", name);
+    ct_status st = fill_name(r, name, cap, caplen, hf, len);
+    if (st == CT_OK) *flags = r->flags;
+    return st;
 }
 
 void hf_permute_rows(float *dst, const float *src, int64_t n_heads, int64_t head_dim, int64_t cols, int to_hf) {
@@ -408,25 +422,35 @@ static int same_value(const ct_hf_field *f, json_t *v) {
     return 0;
 }
 
-/* config.json against x: model_type, then every CT_HF_CHECKED field. */
-static ct_status check_config_json(const char *path, const ct_hf_export *x, const char *who) {
+/* config.json's JSON (the caller json_decref's it), or NULL and an error naming the file. */
+static json_t *read_config_json(const char *path) {
     FILE *fp = fopen(path, "rb");
-    if (!fp) return ct_fail(CT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!fp) {
+        ct_set_error("%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
     char *text = malloc(CONFIG_CAP + 1);
     size_t n = text ? fread(text, 1, CONFIG_CAP + 1, fp) : 0;
     int bad = !text || ferror(fp);
     fclose(fp);
     if (bad || n > CONFIG_CAP) {
         free(text);
-        return ct_fail(bad ? CT_ERR_IO : CT_ERR_INVALID, "%s: %s", path,
-                       bad ? "cannot read it" : "larger than 1 MB; not a config.json?");
+        ct_set_error("%s: %s", path, bad ? "cannot read it" : "larger than 1 MB; not a config.json?");
+        return NULL;
     }
     json_error_t je;
     json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &je);
     free(text);
-    if (!root)
-        return ct_fail(CT_ERR_INVALID, "%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
+    if (!root) ct_set_error("%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
+    return root;
+}
+
+/* config.json against x: model_type, then every CT_HF_CHECKED field; *tied: its tie_word_embeddings. */
+static ct_status check_config_json(const char *path, const ct_hf_export *x, const char *who, int *tied) {
+    json_t *root = read_config_json(path);
+    if (!root) return CT_ERR_INVALID;
     ct_status st = CT_OK;
+    *tied = json_is_true(json_object_get(root, "tie_word_embeddings"));
     json_t *type = json_object_get(root, "model_type");
     if (!json_is_object(root))
         st = ct_fail(CT_ERR_INVALID, "%s: expected a JSON object", path);
@@ -448,6 +472,7 @@ static ct_status check_config_json(const char *path, const ct_hf_export *x, cons
             json_t *t = json_object_get(rp, "rope_type");
             if (!json_is_string(t) || strcmp(json_string_value(t), "default")) v = rp; /* scaled: not plain */
         }
+        if ((!v || json_is_null(v)) && (f->flags & CT_HF_OR_ABSENT)) continue; /* transformers' default */
         char want[96];
         value_str(f, want, sizeof want);
         if (!v && f->type != CT_HF_NULL)
@@ -517,7 +542,8 @@ ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *
     if (st != CT_OK) return st;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if ((st = check_config_json(path, x, who)) != CT_OK) return st;
+    int tied = 0;
+    if ((st = check_config_json(path, x, who, &tied)) != CT_OK) return st;
     st_model *m = st_model_open(dir);
     if (!m) return CT_ERR_INVALID; /* its message names the file */
     int n = want->count;
@@ -529,8 +555,17 @@ ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *
         goto done;
     }
     f->version = TF_VERSION;
-    for (int i = 0; i < n && st == CT_OK; i++)
+    for (int i = 0; i < n && st == CT_OK; i++) {
         st = hf_export_name(x, want->entries[i].name, names[i], sizeof names[i], &flags[i]);
+        const char *cap[MAX_STARS];
+        size_t caplen[MAX_STARS];
+        const ct_hf_name *r = tied && st == CT_OK && !st_model_find(m, names[i])
+                                  ? row_for(x, want->entries[i].name, 1, cap, caplen) : NULL;
+        if (r) { /* a tied folder: the parameter reads the tensor the head shares */
+            st = fill_name(r, want->entries[i].name, cap, caplen, names[i], sizeof names[i]);
+            flags[i] = r->flags & ~CT_HF_TIED;
+        }
+    }
     for (int i = 0; i < m->count && st == CT_OK; i++) { /* nothing in the folder is left unread */
         const char *name = m->tensors[i]->name;
         size_t nl = strlen(name);
@@ -551,5 +586,81 @@ done:
     free(flags);
     if (st != CT_OK) tf_free(f);
     else *out = f;
+    return st;
+}
+
+/* ---- RoPE scaling ------------------------------------------------------------------------------ */
+
+/* A number of obj (absent or null: dflt). */
+static ct_status rope_num(json_t *obj, const char *path, const char *what, const char *key, double dflt,
+                          double *out) {
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return CT_OK;
+    }
+    if (!json_is_number(v)) return ct_fail(CT_ERR_INVALID, "%s: %s.%s must be a number", path, what, key);
+    *out = json_number_value(v);
+    return CT_OK;
+}
+
+/* One RoPE object: rope_scaling (transformers 4: "rope_type", or "type" in older files) or
+ * rope_parameters (transformers 5, which may omit rope_type for plain RoPE). "default" leaves *r as
+ * it is; the frequency-band type fills it, original_max_position_embeddings falling back to
+ * max_position_embeddings. Any other type is refused. */
+static ct_status read_rope_object(json_t *root, const char *path, const char *what, int need_type, hf_rope *r) {
+    json_t *obj = json_object_get(root, what);
+    if (!obj || json_is_null(obj)) return CT_OK;
+    if (!json_is_object(obj)) return ct_fail(CT_ERR_INVALID, "%s: %s must be null or an object", path, what);
+    json_t *type = json_object_get(obj, "rope_type");
+    if (!type || json_is_null(type)) type = json_object_get(obj, "type");
+    if ((!type || json_is_null(type)) && need_type)
+        return ct_fail(CT_ERR_INVALID, "%s: %s has no rope_type (ctitan reads rope_type default and %s)", path, what,
+                       HF_ROPE_BANDS);
+    if (!type || json_is_null(type)) return CT_OK;
+    const char *t = json_is_string(type) ? json_string_value(type) : NULL;
+    if (t && !strcmp(t, "default")) return CT_OK;
+    if (!t || strcmp(t, HF_ROPE_BANDS)) {
+        char got[64];
+        snprintf(got, sizeof got, "%s", t ? t : "(not a string)");
+        for (char *p = got; *p; p++)
+            if ((unsigned char)*p < 0x20) *p = '?';
+        return ct_fail(CT_ERR_INVALID, "%s: %s rope_type '%s' is not supported (ctitan reads rope_type default and %s)",
+                       path, what, got, HF_ROPE_BANDS);
+    }
+    if (!json_object_get(obj, "factor"))
+        return ct_fail(CT_ERR_INVALID, "%s: %s of rope_type %s has no factor", path, what, HF_ROPE_BANDS);
+    json_t *mp = json_object_get(root, "max_position_embeddings");
+    json_t *o = json_object_get(obj, "original_max_position_embeddings");
+    double orig = 0;
+    if (rope_num(obj, path, what, "factor", 0, &r->factor) ||
+        rope_num(obj, path, what, "low_freq_factor", 1.0, &r->low) ||
+        rope_num(obj, path, what, "high_freq_factor", 4.0, &r->high) ||
+        rope_num(obj, path, what, "original_max_position_embeddings",
+                 json_is_integer(mp) ? (double)json_integer_value(mp) : 2048, &orig))
+        return CT_ERR_INVALID;
+    if ((o && !json_is_null(o) && !json_is_integer(o)) || orig < 1 || orig > INT32_MAX)
+        return ct_fail(CT_ERR_INVALID, "%s: %s.original_max_position_embeddings must be a positive integer", path,
+                       what);
+    r->orig = (int64_t)orig;
+    return CT_OK;
+}
+
+ct_status hf_read_rope(const char *dir, hf_rope *out) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    memset(out, 0, sizeof *out);
+    json_t *root = read_config_json(path);
+    if (!root) return CT_ERR_INVALID;
+    hf_rope a = {0}, b = {0};
+    ct_status st = json_is_object(root) ? CT_OK : ct_fail(CT_ERR_INVALID, "%s: expected a JSON object", path);
+    if (st == CT_OK) st = read_rope_object(root, path, "rope_scaling", 1, &a);
+    if (st == CT_OK) st = read_rope_object(root, path, "rope_parameters", 0, &b);
+    if (st == CT_OK && a.factor != 0 && b.factor != 0 &&
+        (a.factor != b.factor || a.low != b.low || a.high != b.high || a.orig != b.orig))
+        st = ct_fail(CT_ERR_INVALID, "%s: rope_scaling and rope_parameters give different %s scaling", path,
+                     HF_ROPE_BANDS);
+    if (st == CT_OK) *out = a.factor != 0 ? a : b;
+    json_decref(root);
     return st;
 }

@@ -40,6 +40,19 @@ ct_status hf_export_save(const char *dir, const ct_hf_export *x, const tf_file *
 ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *want, int64_t head_dim,
                          const char *who, tf_file **out);
 
+/* Hugging Face's frequency-band RoPE scaling (transformers' rope_type "llama3", Llama 3.1's; the
+ * same as ct_model_desc.rope_*): factor 0 is plain RoPE. */
+#define HF_ROPE_BANDS "llama3"
+typedef struct hf_rope {
+    double factor, low, high; /* factor, low_freq_factor, high_freq_factor */
+    int64_t orig;             /* original_max_position_embeddings */
+} hf_rope;
+
+/* DIR/config.json's RoPE scaling, from rope_scaling (transformers 4) or rope_parameters (5), which
+ * must agree when both scale; rope_type default (or none) is plain. Another rope_type is refused,
+ * naming it. */
+ct_status hf_read_rope(const char *dir, hf_rope *out);
+
 /* config.json's text for x (malloc'd; NULL and an error when a field is malformed). */
 char *hf_export_config(const ct_hf_export *x, hf_dtype dtype, const char *who);
 

@@ -124,7 +124,7 @@ static ct_status dry_run(session *s, manifest *mf, int argc, char **argv) {
 }
 
 /* checkpoint.last_save_in_hf: what the final export needs, checked before training (the names and
- * shapes of the parameters as a Hugging Face Llama, and a checkpoint folder to write into). */
+ * shapes of the parameters under the pack's Hugging Face table, and a checkpoint folder to write into). */
 static ct_status check_hf_export(session *s, manifest *mf) {
     int hf = 0, enable = 0;
     char where[600];

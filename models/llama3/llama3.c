@@ -2,7 +2,8 @@
  * SwiGLU, untied output). Forward only: the host's tape replays the backward.
  *
  * Units: 0 = tok_embeddings, 1..L = layers.0 .. layers.L-1, L+1 = norm + output (+ loss).
- * Parameter names are torchtitan's FQNs, so checkpoints and Hugging Face mappings line up.
+ * Parameter names are torchtitan's FQNs, so checkpoints and Hugging Face mappings line up; hf_export
+ * (ABI 2.12) gives the pack's Hugging Face table (LlamaForCausalLM, Llama 3.1's rope_scaling).
  */
 #include "ctitan/model.h"
 
@@ -54,6 +55,7 @@ typedef struct ct_model { /* the ABI's opaque ct_model */
     int64_t rope_orig;
     float *inv_freq;
     int depth_init, tied;
+    ct_hf_field fields[25]; /* hf_export's answer, kept until destroy */
     ct_tensor *tok_embeddings, *norm, *output; /* tied: output is the head's use of tok_embeddings */
     layer *layers;
 } llama;
@@ -458,6 +460,74 @@ static const ct_tp_rule tp_plan[] = {
     {NULL, CT_TP_NONE},
 };
 
+/* Hugging Face's LlamaForCausalLM names. ctitan's RoPE rotates interleaved pairs, Hugging Face's halves:
+ * q and k rows are permuted per head. A tied head (tie_word_embeddings) is the table's use and is not
+ * written: the folder has no lm_head.weight, as transformers writes a tied Llama. An untied head reads
+ * a tied folder's table (Llama 3.2 1B and 3B are tied) as its own copy. */
+static const ct_hf_name hf_names[] = {
+    {"tok_embeddings.weight", "model.embed_tokens.weight", 0},
+    {"norm.weight", "model.norm.weight", 0},
+    {"output.weight", "lm_head.weight", 0},
+    {"output.weight", "model.embed_tokens.weight", CT_HF_TIED},
+    {"layers.*.attention_norm.weight", "model.layers.*.input_layernorm.weight", 0},
+    {"layers.*.attention.wq.weight", "model.layers.*.self_attn.q_proj.weight", CT_HF_ROPE_ROWS},
+    {"layers.*.attention.wk.weight", "model.layers.*.self_attn.k_proj.weight", CT_HF_ROPE_ROWS},
+    {"layers.*.attention.wv.weight", "model.layers.*.self_attn.v_proj.weight", 0},
+    {"layers.*.attention.wo.weight", "model.layers.*.self_attn.o_proj.weight", 0},
+    {"layers.*.ffn_norm.weight", "model.layers.*.post_attention_layernorm.weight", 0},
+    {"layers.*.feed_forward.w1.weight", "model.layers.*.mlp.gate_proj.weight", 0},
+    {"layers.*.feed_forward.w2.weight", "model.layers.*.mlp.down_proj.weight", 0},
+    {"layers.*.feed_forward.w3.weight", "model.layers.*.mlp.up_proj.weight", 0},
+    {NULL, NULL, 0},
+};
+
+/* LlamaConfig's keys as transformers writes them, with Llama 3.1's rope_scaling block as Meta's
+ * config.json has it (rope_type "llama3") when the model scales RoPE. CT_HF_CHECKED: what a loaded
+ * folder must match beyond the tensors' shapes; CT_HF_OR_ABSENT: a folder may leave the key out
+ * (LlamaConfig's default is the value). The scaling is checked by the host against ct_model_desc. */
+static ct_status llama_hf_export(ct_model *p, ct_hf_export *out) {
+    llama *m = p;
+    ct_hf_field *f = m->fields;
+    int n = 0;
+    const uint32_t C = CT_HF_CHECKED, A = CT_HF_CHECKED | CT_HF_OR_ABSENT;
+#define FIELD(k, t, iv, fv, sv, fl) f[n++] = (ct_hf_field){k, t, iv, fv, sv, fl}
+    FIELD("attention_bias", CT_HF_BOOL, 0, 0, NULL, A);
+    FIELD("attention_dropout", CT_HF_FLOAT, 0, 0.0, NULL, 0);
+    FIELD("head_dim", CT_HF_INT, m->head_dim, 0, NULL, C);
+    FIELD("hidden_act", CT_HF_STRING, 0, 0, "silu", C);
+    FIELD("hidden_size", CT_HF_INT, m->dim, 0, NULL, C);
+    FIELD("initializer_range", CT_HF_FLOAT, 0, 0.02, NULL, 0);
+    FIELD("intermediate_size", CT_HF_INT, m->ffn_hidden, 0, NULL, C);
+    FIELD("max_position_embeddings", CT_HF_INT, 8192, 0, NULL, 0);
+    FIELD("mlp_bias", CT_HF_BOOL, 0, 0, NULL, A);
+    FIELD("num_attention_heads", CT_HF_INT, m->n_heads, 0, NULL, C);
+    FIELD("num_hidden_layers", CT_HF_INT, m->n_layers, 0, NULL, C);
+    FIELD("num_key_value_heads", CT_HF_INT, m->n_kv_heads, 0, NULL, C);
+    FIELD("pretraining_tp", CT_HF_INT, 1, 0, NULL, 0);
+    FIELD("rms_norm_eps", CT_HF_FLOAT, 0, m->norm_eps, NULL, C);
+    if (m->rope_factor != 0) {
+        FIELD("rope_scaling.factor", CT_HF_FLOAT, 0, m->rope_factor, NULL, 0);
+        FIELD("rope_scaling.high_freq_factor", CT_HF_FLOAT, 0, m->rope_high, NULL, 0);
+        FIELD("rope_scaling.low_freq_factor", CT_HF_FLOAT, 0, m->rope_low, NULL, 0);
+        FIELD("rope_scaling.original_max_position_embeddings", CT_HF_INT, m->rope_orig, 0, NULL, 0);
+        FIELD("rope_scaling.rope_type", CT_HF_STRING, 0, 0, "llama3", 0);
+    } else {
+        FIELD("rope_scaling", CT_HF_NULL, 0, 0, NULL, 0);
+    }
+    FIELD("rope_theta", CT_HF_FLOAT, 0, m->rope_theta, NULL, C);
+    /* a tied head must find no lm_head.weight of its own; an untied one reads either folder */
+    FIELD("tie_word_embeddings", CT_HF_BOOL, m->tied, 0, NULL, m->tied ? C : 0);
+    FIELD("use_cache", CT_HF_BOOL, 1, 0, NULL, 0);
+    FIELD("vocab_size", CT_HF_INT, m->vocab, 0, NULL, C);
+    f[n] = (ct_hf_field){0};
+#undef FIELD
+    out->architecture = "LlamaForCausalLM";
+    out->model_type = "llama";
+    out->names = hf_names;
+    out->fields = f;
+    return CT_OK;
+}
+
 static const ct_model_api api = {
     .struct_size = sizeof(ct_model_api),
     .flavors = flavor_names,
@@ -468,6 +538,7 @@ static const ct_model_api api = {
     .unit_name = llama_unit_name,
     .unit_forward = llama_unit_forward,
     .tp_plan = tp_plan,
+    .hf_export = llama_hf_export,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

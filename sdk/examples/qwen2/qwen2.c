@@ -9,8 +9,9 @@
  *     embedding table declared in unit 0, through the registry's share (ABI 2.1), so every layout
  *     (FSDP, pipeline stages, tensor parallel) keeps the two uses equal and a checkpoint holds the
  *     table once;
- *   - describe() names the features (CT_MODEL_QKV_BIAS, CT_MODEL_TIED_EMBEDDINGS) and the Hugging
- *     Face model_type "qwen2", so an export writes a Qwen2ForCausalLM folder;
+ *   - hf_export (ABI 2.12) gives Qwen2's Hugging Face names and config.json fields, so a run's export
+ *     writes a Qwen2ForCausalLM folder and a run loads one; describe() names the features
+ *     (CT_MODEL_QKV_BIAS, CT_MODEL_TIED_EMBEDDINGS) and the model_type "qwen2" as well;
  *   - get_tp_plan: the plan depends on the instance (a tied head is planned under its use name).
  *
  * Units: 0 = tok_embeddings, 1..L = layers.0 .. layers.L-1, L+1 = norm + output (+ loss). Names are
@@ -63,6 +64,7 @@ typedef struct ct_model { /* the ABI's opaque ct_model */
     double rope_theta, norm_eps;
     int tied;
     ct_tensor *tok_embeddings, *norm, *output; /* output: the shared table's head use when tied */
+    ct_hf_field fields[20]; /* hf_export's answer, kept until destroy */
     layer *layers;
 } qwen2;
 
@@ -330,6 +332,65 @@ static const ct_tp_rule *qwen2_get_tp_plan(ct_model *p) {
     return tp_plan;
 }
 
+/* ABI 2.12: Hugging Face's Qwen2ForCausalLM names. ctitan's RoPE rotates interleaved pairs, Hugging
+ * Face's halves: q and k rows are permuted per head, and so are their biases (one element per row). A
+ * tied head is the table's use and is not written (no lm_head.weight, as transformers writes it). */
+static const ct_hf_name hf_names[] = {
+    {"tok_embeddings.weight", "model.embed_tokens.weight", 0},
+    {"norm.weight", "model.norm.weight", 0},
+    {"output.weight", "lm_head.weight", 0},
+    {"layers.*.attention_norm.weight", "model.layers.*.input_layernorm.weight", 0},
+    {"layers.*.attention.wq.weight", "model.layers.*.self_attn.q_proj.weight", CT_HF_ROPE_ROWS},
+    {"layers.*.attention.wq.bias", "model.layers.*.self_attn.q_proj.bias", CT_HF_ROPE_ROWS},
+    {"layers.*.attention.wk.weight", "model.layers.*.self_attn.k_proj.weight", CT_HF_ROPE_ROWS},
+    {"layers.*.attention.wk.bias", "model.layers.*.self_attn.k_proj.bias", CT_HF_ROPE_ROWS},
+    {"layers.*.attention.wv.weight", "model.layers.*.self_attn.v_proj.weight", 0},
+    {"layers.*.attention.wv.bias", "model.layers.*.self_attn.v_proj.bias", 0},
+    {"layers.*.attention.wo.weight", "model.layers.*.self_attn.o_proj.weight", 0},
+    {"layers.*.ffn_norm.weight", "model.layers.*.post_attention_layernorm.weight", 0},
+    {"layers.*.feed_forward.w1.weight", "model.layers.*.mlp.gate_proj.weight", 0},
+    {"layers.*.feed_forward.w2.weight", "model.layers.*.mlp.down_proj.weight", 0},
+    {"layers.*.feed_forward.w3.weight", "model.layers.*.mlp.up_proj.weight", 0},
+    {NULL, NULL, 0},
+};
+
+/* Qwen2Config's keys as transformers writes them (q/k/v biases are implied; no head_dim). CT_HF_CHECKED:
+ * what a loaded folder must match beyond the tensors' shapes; CT_HF_OR_ABSENT: a folder may leave the
+ * key out (Qwen2Config's default is the value). This pack attends to every earlier token, so a folder
+ * with use_sliding_window true is refused. */
+static ct_status qwen2_hf_export(ct_model *p, ct_hf_export *out) {
+    qwen2 *m = p;
+    ct_hf_field *f = m->fields;
+    int n = 0;
+    const uint32_t C = CT_HF_CHECKED, A = CT_HF_CHECKED | CT_HF_OR_ABSENT;
+#define FIELD(k, t, iv, fv, sv, fl) f[n++] = (ct_hf_field){k, t, iv, fv, sv, fl}
+    FIELD("attention_dropout", CT_HF_FLOAT, 0, 0.0, NULL, 0);
+    FIELD("hidden_act", CT_HF_STRING, 0, 0, "silu", C);
+    FIELD("hidden_size", CT_HF_INT, m->dim, 0, NULL, C);
+    FIELD("initializer_range", CT_HF_FLOAT, 0, 0.02, NULL, 0);
+    FIELD("intermediate_size", CT_HF_INT, m->ffn_hidden, 0, NULL, C);
+    FIELD("max_position_embeddings", CT_HF_INT, 8192, 0, NULL, 0);
+    FIELD("max_window_layers", CT_HF_INT, m->n_layers, 0, NULL, 0);
+    FIELD("num_attention_heads", CT_HF_INT, m->n_heads, 0, NULL, C);
+    FIELD("num_hidden_layers", CT_HF_INT, m->n_layers, 0, NULL, C);
+    FIELD("num_key_value_heads", CT_HF_INT, m->n_kv_heads, 0, NULL, C);
+    FIELD("rms_norm_eps", CT_HF_FLOAT, 0, m->norm_eps, NULL, C);
+    FIELD("rope_scaling", CT_HF_NULL, 0, 0, NULL, C);
+    FIELD("rope_theta", CT_HF_FLOAT, 0, m->rope_theta, NULL, C);
+    FIELD("sliding_window", CT_HF_NULL, 0, 0, NULL, 0);
+    FIELD("tie_word_embeddings", CT_HF_BOOL, m->tied, 0, NULL, m->tied ? C : A);
+    FIELD("use_cache", CT_HF_BOOL, 1, 0, NULL, 0);
+    FIELD("use_sliding_window", CT_HF_BOOL, 0, 0, NULL, A);
+    FIELD("vocab_size", CT_HF_INT, m->vocab, 0, NULL, C);
+    f[n] = (ct_hf_field){0};
+#undef FIELD
+    out->architecture = "Qwen2ForCausalLM";
+    out->model_type = "qwen2";
+    out->names = hf_names;
+    out->fields = f;
+    return CT_OK;
+}
+
 static const ct_model_api api = {
     .struct_size = sizeof(ct_model_api),
     .flavors = flavor_names,
@@ -341,6 +402,7 @@ static const ct_model_api api = {
     .unit_forward = qwen2_unit_forward,
     .tp_plan = NULL,
     .get_tp_plan = qwen2_get_tp_plan,
+    .hf_export = qwen2_hf_export,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

@@ -322,6 +322,11 @@ typedef struct ct_tp_rule {
  * keeps in halves (x[i], x[i + head_dim/2]): HF row h*hd + j*hd/2 + i is ctitan row h*hd + 2i + j.
  * Mark q and k projections (and their biases), and a per-head norm applied before RoPE (QK-norm). */
 #define CT_HF_ROPE_ROWS 0x1u
+/* Load only, never written: the tensor a tied folder (config.json's tie_word_embeddings true) holds
+ * in place of the parameter's own when the folder lacks it, as transformers reads a tied model (a pack
+ * with an untied head takes the embedding table as its head: {"output.weight",
+ * "model.embed_tokens.weight", CT_HF_TIED} beside output.weight's own row). */
+#define CT_HF_TIED 0x2u
 
 /* Frozen: this element never grows (a later minor that needs more adds a new array). */
 typedef struct ct_hf_name {
@@ -330,7 +335,7 @@ typedef struct ct_hf_name {
     /* the Hugging Face tensor name; its '*'s take what the ctitan pattern's matched, in order
      * ("model.layers.*.self_attn.q_proj.weight"); the same number of '*'s as ctitan's */
     const char *hf;
-    uint32_t flags; /* CT_HF_* */
+    uint32_t flags; /* CT_HF_ROPE_ROWS, CT_HF_TIED */
 } ct_hf_name;
 
 typedef enum ct_hf_type {
@@ -346,6 +351,9 @@ typedef enum ct_hf_type {
  * (checkpoint.initial_load_in_hf) requires its config.json to hold this exact value, and names the
  * key when it does not. */
 #define CT_HF_CHECKED 0x1u
+/* With CT_HF_CHECKED: a loaded config.json may also leave the key out (or hold null), because
+ * transformers' default for it is this value (attention_bias false in a LlamaConfig, say). */
+#define CT_HF_OR_ABSENT 0x2u
 
 /* Frozen, like ct_hf_name. One config.json key: a '.' in it nests ("rope_scaling.factor" is the key
  * factor of the object rope_scaling). */
@@ -355,7 +363,7 @@ typedef struct ct_hf_field {
     int64_t i;
     double f;
     const char *s;
-    uint32_t flags; /* CT_HF_CHECKED */
+    uint32_t flags; /* CT_HF_CHECKED, CT_HF_OR_ABSENT */
 } ct_hf_field;
 
 typedef struct ct_hf_export {
@@ -405,9 +413,9 @@ typedef struct ct_model_api {
      * array is the model's and stays valid until destroy. */
     const ct_tp_rule *(*get_tp_plan)(ct_model *model);
     /* ABI 2.12, optional: this instance's Hugging Face export (ct_hf_export above); the host sets
-     * out->struct_size. Every pointer it fills is the model's, valid until destroy. NULL: the host
-     * exports the pack as a Llama (model_type "llama", or "qwen2" with CT_MODEL_QKV_BIAS) by
-     * ct_model_desc, as packs built before 2.12 were. */
+     * out->struct_size. Every pointer it fills is the model's, valid until destroy. NULL: the pack
+     * has no Hugging Face form (checkpoint.last_save_in_hf and initial_load_in_hf refuse it, naming
+     * the pack). */
     ct_status (*hf_export)(ct_model *model, ct_hf_export *out);
 } ct_model_api;
 
