@@ -49,7 +49,7 @@ static const char tokenize_usage[] =
     "  --quiet            no progress on stderr (the summary line on stdout stays)\n"
     "  --progress SECONDS seconds between progress lines when stderr is not a terminal (default 10; a\n"
     "                     terminal gets one line rewritten every 0.5 s); 0: after every document\n"
-    "  --check SHARD      verify a shard (header, size, version 2's checksum) and print its version,\n"
+    "  --check SHARD      verify a shard (header, size, checksum) and print its version,\n"
     "                     token count and CRC-32; repeat for more\n"
     "  --help             this text\n"
     "\n"
@@ -458,7 +458,8 @@ static ct_status check_shards(const char **paths, int n) {
         }
         printf("%s: token shard version %u, %llu tokens, CRC-32 0x%08x (%s)\n", paths[i], info.version,
                (unsigned long long)info.count, info.checksum,
-               info.version >= 2 ? "matches the header" : "version 1 stores none");
+               info.version == 3 ? "matches the header; targets masked as the flags say"
+               : info.version == 2 ? "matches the header" : "version 1 stores none");
     }
     return rc;
 }
