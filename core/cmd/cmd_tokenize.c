@@ -860,7 +860,10 @@ static ct_status tokenizer_train(int argc, char **argv) {
     if (!vocab) { usage_error(cmd, "--vocab-size N is required", NULL); goto done; }
     if (!out_path) { usage_error(cmd, "--output FILE is required", NULL); goto done; }
     if (input_check(cmd, &in)) goto done;
-    if (in.src.format == FMT_CHAT) { usage_error(cmd, "--format chat applies to ctitan tokenize only", NULL); goto done; }
+    if (in.src.format == FMT_CHAT) {
+        usage_error(cmd, "--format chat applies to ctitan tokenize only", NULL);
+        goto done;
+    }
 
     rc = CT_ERR_IO;
     double t0 = ct_now();

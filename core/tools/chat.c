@@ -84,7 +84,8 @@ static char *config_path(const char *tokenizer_path) {
         snprintf(buf, sizeof buf, "%s/tokenizer_config.json", tokenizer_path);
     } else {
         const char *slash = strrchr(tokenizer_path, '/');
-        if (slash) snprintf(buf, sizeof buf, "%.*s/tokenizer_config.json", (int)(slash - tokenizer_path), tokenizer_path);
+        if (slash)
+            snprintf(buf, sizeof buf, "%.*s/tokenizer_config.json", (int)(slash - tokenizer_path), tokenizer_path);
         else snprintf(buf, sizeof buf, "tokenizer_config.json");
     }
     return strdup(buf);

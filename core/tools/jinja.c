@@ -16,6 +16,7 @@
 
 #define MAX_DEPTH 64
 #define MAX_BYTES ((size_t)64 << 20)
+#define MAX_STEPS (1L << 22)   /* statements and expressions one render may evaluate */
 
 /* ---- arena --------------------------------------------------------------------------------------- */
 
@@ -265,7 +266,8 @@ static size_t lex_tag(parser *p, size_t i, const char *close, int *minus, int *p
             continue;
         }
         if (depth == 0) {
-            if ((c == '-' || c == '+') && i + 2 < p->len + 0 && p->src[i + 1] == close[0] && p->src[i + 2] == close[1]) {
+            if ((c == '-' || c == '+') && i + 2 < p->len && p->src[i + 1] == close[0] &&
+                p->src[i + 2] == close[1]) {
                 *minus = c == '-';
                 *plus = c == '+';
                 return i + 3;
@@ -1037,6 +1039,7 @@ typedef struct render {
     frame *top;
     int failed;
     int brk, cont;   /* a break or continue is unwinding to its loop */
+    long steps;
 } render;
 
 static void rerr(render *r, size_t off, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -1778,7 +1781,8 @@ static jv *call_method(render *r, const node *call, jv *obj) {
         if (IS("capitalize")) return ascii_case(r, obj, 2);
         if (IS("title")) return ascii_case(r, obj, 3);
         if (IS("replace")) {
-            jv *o = need(r, &nm, arg(r, call, 0, NULL), V_STR, "old"), *w = need(r, &nm, arg(r, call, 1, NULL), V_STR, "new");
+            jv *o = need(r, &nm, arg(r, call, 0, NULL), V_STR, "old");
+            jv *w = need(r, &nm, arg(r, call, 1, NULL), V_STR, "new");
             jv *c = arg(r, call, 2, NULL);
             if (!o || !w || r->failed) return NULL;
             return replace(r, obj, o, w, c && c->k == V_INT ? c->i : -1);
@@ -1962,8 +1966,8 @@ static jv *binop(render *r, const node *n, jv *a, jv *b) {
         jv *s = mkval(r, V_STR);
         char *c = s ? ralloc(r, x->n + y->n + 1) : NULL;
         if (!c) return NULL;
-        memcpy(c, x->s, x->n);
-        memcpy(c + x->n, y->s, y->n);
+        if (x->n) memcpy(c, x->s, x->n);
+        if (y->n) memcpy(c + x->n, y->s, y->n);
         s->s = c;
         s->n = x->n + y->n;
         return s;
@@ -1974,8 +1978,8 @@ static jv *binop(render *r, const node *n, jv *a, jv *b) {
         jv *s = mkval(r, V_STR);
         char *c = s ? ralloc(r, a->n + b->n + 1) : NULL;
         if (!c) return NULL;
-        memcpy(c, a->s, a->n);
-        memcpy(c + a->n, b->s, b->n);
+        if (a->n) memcpy(c, a->s, a->n);
+        if (b->n) memcpy(c + a->n, b->s, b->n);
         s->s = c;
         s->n = a->n + b->n;
         return s;
@@ -2034,6 +2038,7 @@ static jv *binop(render *r, const node *n, jv *a, jv *b) {
 
 static jv *eval(render *r, const node *n) {
     if (r->failed) return NULL;
+    if (++r->steps > MAX_STEPS) return RFAIL(r, n->off, "the template takes more than %ld steps", MAX_STEPS);
     switch (n->kind) {
     case E_LIT: return n->lit;
     case E_NAME: return lookup(r, n->name, n->nlen);
@@ -2131,7 +2136,7 @@ static int emit(render *r, const char *s, size_t n) {
         r->out = g;
         r->cap = c;
     }
-    memcpy(r->out + r->len, s, n);
+    if (n) memcpy(r->out + r->len, s, n);
     r->len += n;
     r->out[r->len] = 0;
     return 0;
@@ -2156,6 +2161,10 @@ static jv *loop_var(render *r, jv *list, size_t i) {
 }
 
 static int exec_stmt(render *r, const node *n) {
+    if (++r->steps > MAX_STEPS) {
+        rerr(r, n->off, "the template takes more than %ld steps", MAX_STEPS);
+        return -1;
+    }
     switch (n->kind) {
     case S_TEXT: return emit(r, n->lit->s, n->lit->n);
     case S_OUT: {

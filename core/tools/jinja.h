@@ -23,8 +23,9 @@
  * "NAME:LINE:COL: unsupported ... 'construct'"; errors while rendering (raise_exception, a type
  * error, an attribute of an undefined value) also name the line and column.
  *
- * Untrusted input: the parser bounds nesting (64 levels), rendering bounds the bytes a render may
- * allocate (64 MiB), so no template can recurse or loop without end (loops run over finite lists).
+ * Untrusted input: the parser bounds nesting (64 levels); rendering bounds the bytes a render may
+ * allocate (64 MiB) and the steps it may take (4M statements and expressions: nested loops over
+ * finite lists still multiply), so no template can recurse, grow or run without end.
  *
  * Lifetimes: jinja_parse's template owns a copy of the source; free with jinja_free. jinja_render's
  * output is malloc'd, the caller frees it. Errors: ct_status with one line for ct_last_error().

@@ -27,16 +27,21 @@ cp "$G/qwen/tokenizer_config.json" "$T/qwen/"
 
 for c in llama3_config:llama3: llama3_builtin:llama3:llama3 qwen_config:qwen: chatml_builtin:qwen:chatml; do
   IFS=: read -r case dir tpl <<<"$c"
-  "$CTITAN" tokenize --format chat --tokenizer "$T/$dir" ${tpl:+--chat-template "$tpl"} --seq-len 128 \
-    --input "$G/conversations.jsonl" --output "$T/$case.bin" >"$T/$case.log" 2>&1 || { cat "$T/$case.log"; fail "$case: tokenize"; continue; }
+  if ! "$CTITAN" tokenize --format chat --tokenizer "$T/$dir" ${tpl:+--chat-template "$tpl"} --seq-len 128 \
+       --input "$G/conversations.jsonl" --output "$T/$case.bin" >"$T/$case.log" 2>&1; then
+    cat "$T/$case.log"; fail "$case: tokenize"; continue
+  fi
   if cmp -s "$T/$case.bin" "$G/$case.bin"; then
     echo "ok   $case: $(wc -c <"$G/$case.bin") bytes equal to the golden shard"
   else
     at=$(cmp "$T/$case.bin" "$G/$case.bin" | sed 's/.*byte \([0-9]*\),.*/\1/')
     fail "$case: differs from $G/$case.bin at byte $at (word $(( (at - 33) / 4 )); see $G/$case.txt)"
   fi
-  stats=$(sed -n '1s/^# [a-z0-9_]*: //p' "$G/$case.txt")
-  want=$(python3 -c 'import json,sys; s=json.loads(sys.argv[1]); print("%(packed)d packed into %(sequences)d sequences of 128, %(too_long)d dropped longer than --seq-len, %(no_assistant)d dropped without assistant tokens; %(tokens)d tokens: %(counted)d kept in the loss" % s)' "$stats")
+  # the counts the golden's header line gives, as the summary must say them
+  want=$(sed -n '1s/^# [a-z0-9_]*: //p' "$G/$case.txt" | python3 -c 'import json, sys
+s = json.load(sys.stdin)
+print("%(packed)d packed into %(sequences)d sequences of 128, %(too_long)d dropped longer than --seq-len, "
+      "%(no_assistant)d dropped without assistant tokens; %(tokens)d tokens: %(counted)d kept in the loss" % s)')
   grep -qF "12 conversations" "$T/$case.log" && grep -qF "$want" "$T/$case.log" &&
     echo "ok   $case: $want" || { cat "$T/$case.log"; fail "$case: the summary does not say: $want"; }
 done
@@ -58,13 +63,16 @@ refused "a macro" "macro.jinja:2:4: unsupported statement 'macro'" \
 printf '{%%- for m in messages %%}\n  {{- m.content | wordcount }}\n{%%- endfor %%}\n' >"$T/filter.jinja"
 refused "an unknown filter" "filter.jinja:2:19: unsupported filter 'wordcount'" \
   "${chat[@]}" --tokenizer "$T/llama3" --chat-template "$T/filter.jinja" --input "$G/conversations.jsonl"
-printf '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}\n{"text": "hi"}\n' >"$T/notconv.jsonl"
-refused "not a conversation" "notconv.jsonl:2: not a conversation: expected {\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...}" \
+printf '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}\n{"text": "hi"}\n' \
+  >"$T/notconv.jsonl"
+refused "not a conversation" \
+  "notconv.jsonl:2: not a conversation: expected {\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...}" \
   "${chat[@]}" --tokenizer "$T/llama3" --input "$T/notconv.jsonl"
 printf '{"messages": [{"role": "user", "content": "a"}, {"content": "b"}]}\n' >"$T/norole.jsonl"
 refused "a missing role" "norole.jsonl:1: messages[1]: no \"role\"" \
   "${chat[@]}" --tokenizer "$T/llama3" --input "$T/norole.jsonl"
-printf '{%%- for m in messages %%}{%%- if m.role == "tool" %%}{{ raise_exception("no tools here") }}{%%- endif %%}{{ m.content }}{%%- endfor %%}' >"$T/raise.jinja"
+printf '%s' '{%- for m in messages %}{%- if m.role == "tool" %}{{ raise_exception("no tools here") }}' \
+  '{%- endif %}{{ m.content }}{%- endfor %}' >"$T/raise.jinja"
 printf '{"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}\n' >"$T/tool.jsonl"
 refused "raise_exception" "tool.jsonl:1: $T/raise.jinja:1:54: the template raised an exception: no tools here" \
   "${chat[@]}" --tokenizer "$T/llama3" --chat-template "$T/raise.jinja" --input "$T/tool.jsonl"
@@ -86,17 +94,21 @@ cat >"$T/qwen3.jinja" <<'JINJA'
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
 JINJA
 sed -n 2p "$G/conversations.jsonl" >"$T/multi.jsonl"
-refused "a template that renders earlier turns differently" "multi.jsonl:1: messages[1] (assistant): the template renders the conversation up to it differently once more follows" \
+refused "a template that renders earlier turns differently" \
+  "multi.jsonl:1: messages[1] (assistant): the template renders the conversation up to it differently once more follows" \
   "${chat[@]}" --tokenizer "$T/qwen" --chat-template "$T/qwen3.jinja" --input "$T/multi.jsonl"
 sed -n 1p "$G/conversations.jsonl" >"$T/single.jsonl"
-"${chat[@]/$T\/x.bin/$T/single.bin}" --tokenizer "$T/qwen" --chat-template "$T/qwen3.jinja" --input "$T/single.jsonl" >"$T/out" 2>&1 &&
+"${chat[@]/$T\/x.bin/$T/single.bin}" --tokenizer "$T/qwen" --chat-template "$T/qwen3.jinja" \
+  --input "$T/single.jsonl" >"$T/out" 2>&1 &&
   grep -qF "1 packed" "$T/out" && echo "ok   the same template on a single-turn conversation: $(cat "$T/out")" ||
   { cat "$T/out"; fail "qwen3 template on one turn"; }
-refused "no chat_template" "tokenizer_config.json: chat_template: missing; name a template with --chat-template llama3, chatml or a file" \
+refused "no chat_template" \
+  "tokenizer_config.json: chat_template: missing; name a template with --chat-template llama3, chatml or a file" \
   "${chat[@]}" --tokenizer tests/data/tokenizer/hf/llama3 --input "$G/conversations.jsonl"
 refused "--format chat without --seq-len" "--format chat needs --seq-len N" \
   "$CTITAN" tokenize --format chat --tokenizer "$T/llama3" --input "$G/conversations.jsonl" --output "$T/x.bin"
 refused "--chat-template with jsonl" "--chat-template applies to --format chat only" \
-  "$CTITAN" tokenize --format jsonl --chat-template llama3 --tokenizer "$T/llama3" --input "$G/conversations.jsonl" --output "$T/x.bin"
+  "$CTITAN" tokenize --format jsonl --chat-template llama3 --tokenizer "$T/llama3" --input "$G/conversations.jsonl" \
+  --output "$T/x.bin"
 [ ! -e "$T/x.bin" ] || fail "a refused run left $T/x.bin"
 [ "$fails" -eq 0 ] && echo "tokenize_chat: ok" || { echo "tokenize_chat: $fails failed"; exit 1; }

@@ -27,7 +27,7 @@ Packing as ctitan documents it: first fit into blocks of SEQ tokens, EOS after a
 block has room, EOS padding, one EOS at the end; a conversation longer than SEQ, or with no assistant
 token after its first, is dropped.
 
-Run with /work/pyenv/bin/python (transformers 5.x, tokenizers): python tests/golden/gen_chat_golden.py
+Run with a Python that has transformers 5.x and tokenizers: python3 tests/golden/gen_chat_golden.py
 """
 import json
 import os
