@@ -71,6 +71,7 @@ typedef struct jv {
     size_t n;          /* STR: bytes; LIST: items; DICT/NS: pairs */
     struct jv **items; /* LIST: n items; DICT/NS: key, value, key, value, ... */
     size_t cap;        /* NS: pairs allocated */
+    int tuple;         /* LIST: a Python tuple (items' pairs), for str() */
 } jv;
 
 static jv v_undef = {.k = V_UNDEF}, v_none = {.k = V_NONE}, v_true = {.k = V_BOOL, .i = 1},
@@ -292,6 +293,15 @@ static size_t lex_tag(parser *p, size_t i, const char *close, int *minus, int *p
             if (fl) {
                 j++;
                 while (j < p->len && is_digit(p->src[j])) j++;
+            }
+            if (j < p->len && (p->src[j] == 'e' || p->src[j] == 'E')) {   /* 1e3, 2.5e-4 */
+                size_t k = j + 1;
+                if (k < p->len && (p->src[k] == '+' || p->src[k] == '-')) k++;
+                if (k < p->len && is_digit(p->src[k])) {
+                    while (k < p->len && is_digit(p->src[k])) k++;
+                    j = k;
+                    fl = 1;
+                }
             }
             tok *t = push_tok(p, fl ? T_FLOAT : T_INT, i, j - i);
             if (!t) break;
@@ -580,7 +590,7 @@ static node *parse_postfix(parser *p, node *n) {
             tok *a = peek(p);
             if (a->k != T_NAME && a->k != T_INT) return PFAIL(p, a->off, "expected an attribute name after '.'");
             p->ti++;
-            node *m = mk(p, E_ATTR, t->off);
+            node *m = mk(p, E_ATTR, a->off);
             if (!m) return NULL;
             m->a = n;
             m->name = p->src + a->off;
@@ -679,19 +689,25 @@ static node *parse_filters(parser *p, node *n) {
     return p->failed ? NULL : n;
 }
 
-static node *parse_unary(parser *p) {
+/* As Jinja's: a sign applies to what follows it without its filters, which then apply to the signed
+ * value (-3 | abs is 3). */
+static node *parse_unary(parser *p, int with_filters) {
     tok *t = peek(p);
+    node *n;
     if (accept_op(p, "-") || accept_op(p, "+")) {
         if (++p->depth > MAX_DEPTH) return PFAIL(p, t->off, "expressions nested deeper than %d", MAX_DEPTH);
-        node *a = parse_unary(p);
+        node *a = parse_unary(p, 0);
         p->depth--;
         if (!a) return NULL;
-        if (tok_is(p, t, T_OP, "+")) return a;
-        node *n = mk(p, E_NEG, t->off);
-        if (n) n->a = a;
-        return n;
+        if (tok_is(p, t, T_OP, "+")) {
+            n = a;
+        } else if ((n = mk(p, E_NEG, t->off))) {
+            n->a = a;
+        }
+    } else {
+        n = parse_postfix(p, parse_primary(p));
     }
-    return parse_filters(p, parse_postfix(p, parse_primary(p)));
+    return with_filters ? parse_filters(p, n) : n;
 }
 
 static node *bin(parser *p, int op, size_t off, node *a, node *b) {
@@ -706,7 +722,7 @@ static node *bin(parser *p, int op, size_t off, node *a, node *b) {
 }
 
 static node *parse_mul(parser *p) {
-    node *n = parse_unary(p);
+    node *n = parse_unary(p, 1);
     while (n && !p->failed) {
         tok *t = peek(p);
         int op = tok_is(p, t, T_OP, "*") ? OP_MUL : tok_is(p, t, T_OP, "/") ? OP_DIV
@@ -714,7 +730,7 @@ static node *parse_mul(parser *p) {
         if (tok_is(p, t, T_OP, "**")) return PFAIL(p, t->off, "unsupported operator '**'");
         if (op < 0) break;
         p->ti++;
-        n = bin(p, op, t->off, n, parse_unary(p));
+        n = bin(p, op, t->off, n, parse_unary(p, 1));
     }
     return n;
 }
@@ -1230,10 +1246,10 @@ static int to_str(sbuf *b, const jv *v, int repr) {
     case V_FLOAT: fmt_float(num, sizeof num, v->f); return sb_str(b, num);
     case V_STR: return repr ? repr_str(b, v->s, v->n) : sb_put(b, v->s, v->n);
     case V_LIST:
-        if (sb_str(b, "[")) return -1;
+        if (sb_str(b, v->tuple ? "(" : "[")) return -1;
         for (size_t i = 0; i < v->n; i++)
             if ((i && sb_str(b, ", ")) || to_str(b, v->items[i], 1)) return -1;
-        return sb_str(b, "]");
+        return sb_str(b, !v->tuple ? "]" : v->n == 1 ? ",)" : ")");
     case V_DICT:
     case V_NS:
         if (sb_str(b, v->k == V_NS ? "<Namespace {" : "{")) return -1;
@@ -1656,6 +1672,7 @@ static jv *filter(render *r, const node *n, jv *v) {
             if (!pair) return NULL;
             pair->items[0] = v->items[2 * i];
             pair->items[1] = v->items[2 * i + 1];
+            pair->tuple = 1;
             list->items[i] = pair;
         }
         return list;

@@ -10,6 +10,8 @@ Writes into tests/golden/chat/:
                                tokenizer.json is the same one with three reserved specials renamed
                                <|im_start|>, <|im_end|>, <|endoftext|> (qwen_tokenizer_json below; the
                                test makes it with sed)
+  renders.json                 Jinja snippets and the fuzz corpus's templates (tests/fuzz/corpus/jinja)
+                               rendered by transformers' Jinja environment, for tests/unit/test_jinja.c
   CASE.bin                     the token shard each case must write, word for word (version 3: bit 31 of
                                a word masks it as a target), and CASE.txt, each conversation's ids and
                                mask as transformers gives them, for reading a difference
@@ -258,6 +260,97 @@ def shard_bytes(words):
     return b"CTTOKENS" + struct.pack("<IIQQ", 3, 4, len(words), zlib.crc32(body)) + body
 
 
+# Jinja snippets, one construct or two each, rendered by transformers' environment into renders.json
+# (tests/unit/test_jinja.c renders them with ctitan's interpreter and compares the text).
+SNIPPETS = [
+    "{{ 'a' + 'b' ~ 1 ~ none ~ true }}", "{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 1 / 4 }} {{ 2 * 3 }}",
+    "{{ 2.5 * 2 }} {{ 0.1 + 0.2 }} {{ 1e3 if false else 10 / 4 }} {{ -(3) }} {{ 3 - 5 }}",
+    "{{ [1, 'a', none, true, 2.5] }} {{ {'k': 'v', 'n': [1]} }}",
+    "{{ 1 == 1.0 }} {{ 'b' > 'a' }} {{ 2 <= 1 }} {{ [1, 2] == [1, 2] }} {{ 'x' != 'y' }}",
+    "{{ 'ab' in 'cabd' }} {{ 3 not in [1, 2] }} {{ 'role' in messages[0] }} {{ 'zz' in messages[0] }}",
+    "{{ x is defined }} {{ messages is defined }} {{ none is none }} {{ 'a' is string }} {{ 1 is number }}",
+    "{{ 3 is odd }} {{ 4 is even }} {{ true is boolean }} {{ false is false }} {{ 1 is integer }} {{ 1.5 is float }}",
+    "{{ messages[0] is mapping }} {{ messages is sequence }} {{ 'a' is iterable }} {{ 2 is equalto 2 }}",
+    "{{ x is not defined and not false }} {{ not (1 and 0) or 'fallback' }} {{ 0 or '' or 'last' }}",
+    "{{ messages | length }} {{ 'héllo' | length }} {{ messages[0] | length }} {{ [] | length }}",
+    "{{ '  hé \\n ' | trim }}|{{ 'xxhixx' | trim('x') }}|{{ 'ab' | upper }}|{{ 'AB' | lower }}",
+    "{{ 'hello world' | title }} {{ 'hello' | capitalize }} {{ ['a', 'b', 3] | join('-') }} {{ 'abc' | list }}",
+    "{{ [3, 1] | first }} {{ [3, 1] | last }} {{ 'xyz' | first }} {{ undefined_name | default('dflt') }}",
+    "{{ '' | default('e', true) }} {{ 'v' | d('w') }} {{ 42 | string }} {{ '7' | int + 1 }} {{ '2.5' | float }}",
+    "{{ -3 | abs }} {{ 'a-b-c' | replace('-', '+') }} {{ [1, 2, 3, 4] | select('odd') | list }}",
+    "{{ ['a', 'b', 'a'] | reject('equalto', 'a') | list }} {{ {'b': 1, 'a': 2} | items | list }}",
+    "{{ messages[0] | tojson }}", "{{ {'k': [1, 2.5, none, true, 'é\\n\\t\\\"'], 'e': {}} | tojson(indent=2) }}",
+    "{{ 'é' | tojson }} {{ 'é' | tojson(ensure_ascii=true) }} {{ [] | tojson }} {{ {} | tojson(indent=4) }}",
+    "{{ '  a  '.strip() }}|{{ '\\n\\na\\n'.lstrip('\\n') }}|{{ 'a\\n\\n'.rstrip('\\n') }}|{{ 'xa'.lstrip('x') }}",
+    "{{ 'hello'.startswith('he') }} {{ 'hello'.endswith('lo') }} {{ 'hello'.endswith('x') }}",
+    "{{ 'a,b,,c'.split(',') }} {{ '  x  y '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'x</think>y'.split('</think>')[-1] }}",
+    "{{ 'Ab'.upper() }} {{ 'Ab'.lower() }} {{ 'ab ab'.replace('a', 'x') }} {{ 'ab cd'.title() }}",
+    "{{ messages[0].get('role') }} {{ messages[0].get('nope', 'dflt') }} {{ messages[0].keys() | list }}",
+    "{{ messages[-1].content }} {{ messages[1:] | length }} {{ messages[::-1][0].role }} {{ 'abcdef'[1:4] }}",
+    "{{ 'abcdef'[::2] }} {{ 'abcdef'[-2:] }} {{ [1, 2, 3][::-1] }} {{ [1, 2, 3][5] is defined }} {{ 'héllo'[1] }}",
+    "{% for m in messages %}{{ loop.index }}/{{ loop.length }}:{{ m.role }}"
+    "{% if loop.first %}F{% endif %}{% if loop.last %}L{% endif %} {% endfor %}",
+    "{% for m in messages %}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.index0 }}"
+    "{{ loop.previtem.role if loop.previtem is defined else '-' }} {% endfor %}",
+    "{% for m in messages %}{% if loop.index0 == 1 %}{% continue %}{% endif %}{{ m.role }}"
+    "{% if loop.index == 3 %}{% break %}{% endif %},{% endfor %}",
+    "{% set ns = namespace(n=0, s='') %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% set ns.s = ns.s ~ m.role[0] %}"
+    "{% endfor %}{{ ns.n }} {{ ns.s }}",
+    "{% set x = 1 %}{% for m in messages %}{% set x = 2 %}{% endfor %}{{ x }}",
+    "{% if false %}a{% elif none %}b{% elif messages %}c{% else %}d{% endif %}",
+    "{% for i in range(3) %}{{ i }}{% endfor %} {% for i in range(1, 7, 2) %}{{ i }}{% endfor %}",
+    "{{ 'y' if messages else 'n' }} {{ 'y' if [] else 'n' }} {{ ('a' if false) is defined }}",
+    "line1\n  {% if true %}\n    indented\n  {% endif %}\nline2\n",
+    "a  {%- if true -%}  b  {%- endif -%}  c\n{# comment #}\n  {#- trimmed -#}  d {{- ' e ' -}} f",
+    "  {%+ if true %}plus{% endif +%}\nafter\n",
+    "{{ 'adjacent' 'strings' }} {{ \"dq\" ~ 'sq' }} {{ 'it\\'s' }}",
+    "{{ bos_token }}{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}|{% endfor %}",
+    "{{ raise_exception('stop here') }}",
+    "{{ missing.attr }}",
+    "{{ 1 + 'a' }}",
+]
+
+SNIPPET_VARS = {"messages": [{"role": "system", "content": "  Be brief.  "},
+                             {"role": "user", "content": "Hi \u00e9 \u2713"},
+                             {"role": "assistant", "content": "Hello!\n"}],
+                "bos_token": "<s>", "eos_token": "</s>", "add_generation_prompt": False, "tools": None}
+
+
+def renders():
+    """Every snippet and every corpus template (tests/fuzz/corpus/jinja) with two conversations."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+    corpus = os.path.join(ROOT, "tests/fuzz/corpus/jinja")
+    full = dict(SNIPPET_VARS, messages=[
+        {"role": "system", "content": "  Be brief.  "}, {"role": "user", "content": "Hi \u2014 \u00fcn\u00efcode \U0001F600"},
+        {"role": "assistant", "content": "Hello!\n"}, {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"}])
+    tools = dict(SNIPPET_VARS, add_generation_prompt=True, enable_thinking=False, messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+            "name": "get_weather", "arguments": {"city": "Z\u00fcrich", "n": 2}}}]},
+        {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "22C"},
+        {"role": "assistant", "content": "Sunny, 22C."}],
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])
+    cases = [("snippet %d" % i, t, SNIPPET_VARS) for i, t in enumerate(SNIPPETS)]
+    for name in sorted(os.listdir(corpus)):
+        src = open(os.path.join(corpus, name), encoding="utf-8").read()
+        cases += [(name + " full", src, full), (name + " tools", src, tools)]
+    out = []
+    for name, src, v in cases:
+        if name.startswith("bad_"):  # Jinja that the subset leaves out: ctitan refuses it
+            out.append({"name": name, "template": src, "vars": v, "error": "outside the subset"})
+            continue
+        try:
+            text = _compile_jinja_template(src).render(**v)
+            out.append({"name": name, "template": src, "vars": v, "output": text})
+        except Exception as e:  # a refusal ctitan must make too (any one-line message)
+            out.append({"name": name, "template": src, "vars": v, "error": type(e).__name__})
+    with open(os.path.join(OUT, "renders.json"), "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    print("renders.json: %d cases, %d errors" % (len(out), sum("error" in c for c in out)))
+
+
 def main():
     os.makedirs(os.path.join(OUT, "llama3"), exist_ok=True)
     os.makedirs(os.path.join(OUT, "qwen"), exist_ok=True)
@@ -312,6 +405,7 @@ def main():
                 assert i1 == i2 and m1 == m2, "qwen_config vs chatml_builtin"
     finally:
         shutil.rmtree(tmp)
+    renders()
 
 
 if __name__ == "__main__":
