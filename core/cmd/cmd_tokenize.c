@@ -529,23 +529,42 @@ typedef struct packer {
     uint32_t *words;       /* nblocks * seq */
     int64_t *used;         /* tokens in each block */
     size_t nblocks, cap;
-    size_t open_from;      /* blocks before it are full */
+    int64_t *room;         /* a max tree over the blocks' free tokens: leaves room[cap + b], the root room[1] */
     uint32_t eos;
     uint64_t packed, too_long, no_assistant, counted, masked, conv_tokens;
 } packer;
 
+/* Block b's free tokens into the tree. */
+static void room_set(packer *pk, size_t b) {
+    size_t i = pk->cap + b;
+    pk->room[i] = pk->seq - pk->used[b];
+    for (i /= 2; i >= 1; i /= 2)
+        pk->room[i] = pk->room[2 * i] > pk->room[2 * i + 1] ? pk->room[2 * i] : pk->room[2 * i + 1];
+}
+
+/* The first block with n free tokens (nblocks when none): down the tree, left when the left has room. */
+static size_t first_fit(const packer *pk, int64_t n) {
+    if (!pk->cap || pk->room[1] < n) return pk->nblocks;
+    size_t i = 1;
+    while (i < pk->cap) i = pk->room[2 * i] >= n ? 2 * i : 2 * i + 1;
+    return i - pk->cap;
+}
+
 static ct_status pack(packer *pk, const int32_t *ids, const unsigned char *counted, size_t n) {
-    size_t b = pk->open_from;
-    while (b < pk->nblocks && pk->seq - pk->used[b] < (int64_t)n) b++;
+    size_t b = first_fit(pk, (int64_t)n);
     if (b == pk->nblocks) {
-        if (pk->nblocks == pk->cap) {
+        if (pk->nblocks == pk->cap) { /* twice the blocks: the tree is rebuilt over them */
             size_t c = pk->cap ? 2 * pk->cap : 64;
             uint32_t *w = realloc(pk->words, c * (size_t)pk->seq * sizeof *w);
             if (w) pk->words = w;
             int64_t *u = w ? realloc(pk->used, c * sizeof *u) : NULL;
-            if (!u) return ct_fail(CT_ERR_NOMEM, "out of memory for %zu sequences", c);
-            pk->used = u;
+            if (u) pk->used = u;
+            int64_t *r = u ? calloc(2 * c, sizeof *r) : NULL;
+            if (!r) return ct_fail(CT_ERR_NOMEM, "out of memory for %zu sequences", c);
+            free(pk->room);
+            pk->room = r;
             pk->cap = c;
+            for (size_t k = 0; k < pk->nblocks; k++) room_set(pk, k);
         }
         pk->used[pk->nblocks++] = 0;
     }
@@ -561,7 +580,7 @@ static ct_status pack(packer *pk, const int32_t *ids, const unsigned char *count
         pk->words[b * (size_t)pk->seq + (size_t)pk->used[b]++] = pk->eos | SHARD_MASKED;
         pk->masked++;
     }
-    while (pk->open_from < pk->nblocks && pk->used[pk->open_from] == pk->seq) pk->open_from++;
+    room_set(pk, b);
     pk->packed++;
     pk->conv_tokens += n;
     return CT_OK;
@@ -659,6 +678,7 @@ fail:
 done:
     free(c.pk.words);
     free(c.pk.used);
+    free(c.pk.room);
     chat_template_free(tpl);
     tokenizer_free(tok);
     return rc;

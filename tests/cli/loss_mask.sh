@@ -6,7 +6,8 @@
 #   nothing: the masked run's loss and grad norm follow the plain run's within 1e-6 at every step;
 # - the same random ids left unmasked (unmasked.bin, version 2) move the loss far from it (the
 #   comparison can fail);
-# - gradient accumulation (4 x 2 sequences) and FSDP 2 on masked.bin follow one rank within 1e-6;
+# - gradient accumulation (4 x 2 sequences) and FSDP 2 on masked.bin follow one rank within 1e-6, and
+#   so they do on chat data `ctitan tokenize --format chat` packs (12 conversations, Llama 3's template);
 # - a masked shard whose every target is masked, and one whose id (low 31 bits) is outside the
 #   vocabulary, are refused with one line and status 2.
 set -u
@@ -46,12 +47,24 @@ compare plain masked $STEPS || exit 1
 if CURVE_TOL=1e-3 compare plain unmasked $STEPS >"$T/unmasked.cmp"; then
   cat "$T/unmasked.cmp"; fail "the unmasked random ids left the loss within 1e-3: the test cannot tell masks apart"
 fi
-echo "ok   unmasked random ids move the curve: $(tail -1 "$T/unmasked.cmp")"
+echo "ok   the same random ids unmasked move the curve: $(tail -1 "$T/unmasked.cmp" | sed "s/^FAIL //")"
 m=(--training.dataset_path="$T/masked.bin" --training.seq_len=16 --training.global_batch_size=8)
 run accum 1 "${m[@]}" --training.local_batch_size=2
 run fsdp2 2 "${m[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
 compare masked accum $STEPS || exit 1
 compare masked fsdp2 $STEPS || exit 1
+# chat data as `ctitan tokenize --format chat` writes it (the golden conversations, Llama 3's template,
+# this test's tokenizer): FSDP 2 and gradient accumulation follow one rank on it too
+"$CTITAN" tokenize --format chat --tokenizer "$T/tok.model" --chat-template llama3 --seq-len 64 \
+  --input tests/golden/chat/conversations.jsonl --output "$T/chat.bin" >"$T/chat.log" 2>&1 ||
+  { cat "$T/chat.log"; fail "tokenize --format chat"; }
+grep -q "kept in the loss" "$T/chat.log" || { cat "$T/chat.log"; fail "tokenize --format chat: no summary"; }
+c=(--training.dataset_path="$T/chat.bin" --training.seq_len=64 --training.global_batch_size=8)
+run chat 1 "${c[@]}" --training.local_batch_size=8
+run chat_accum 1 "${c[@]}" --training.local_batch_size=2
+run chat_fsdp2 2 "${c[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
+compare chat chat_accum $STEPS || exit 1
+compare chat chat_fsdp2 $STEPS || exit 1
 refused() { # shard message
   "$CTITAN" train "${common[@]}" --training.dataset_path="$T/$1" --training.seq_len=16 \
     --job.dump_folder="$T/r" >"$T/r.log" 2>&1
