@@ -17,6 +17,8 @@
 #define MAX_DEPTH 64
 #define MAX_BYTES ((size_t)64 << 20)
 #define MAX_STEPS (1L << 22)   /* statements and expressions one render may evaluate */
+#define MAX_NEST 128           /* lists, dicts and namespaces printed or compared inside each other (a
+                                  namespace may even hold itself) */
 
 /* ---- arena --------------------------------------------------------------------------------------- */
 
@@ -1223,7 +1225,8 @@ static void fmt_float(char *buf, size_t n, double f) {
     if (e && (e[1] == '+' || e[1] == '-') && e[2] == '0' && e[3]) memmove(e + 2, e + 3, strlen(e + 3) + 1);
 }
 
-static int to_str(sbuf *b, const jv *v, int repr);
+static int to_str_at(sbuf *b, const jv *v, int repr, int depth);
+static int to_str(sbuf *b, const jv *v, int repr) { return to_str_at(b, v, repr, 0); }
 
 static int repr_str(sbuf *b, const char *s, size_t n) {
     if (sb_put(b, "'", 1)) return -1;
@@ -1236,8 +1239,12 @@ static int repr_str(sbuf *b, const char *s, size_t n) {
 }
 
 /* Python's str() (repr for the items of lists and dicts). */
-static int to_str(sbuf *b, const jv *v, int repr) {
+static int to_str_at(sbuf *b, const jv *v, int repr, int depth) {
     char num[64];
+    if (depth > MAX_NEST && (v->k == V_LIST || v->k == V_DICT || v->k == V_NS)) {
+        rerr(b->r, 0, "a value nested deeper than %d (or holding itself) cannot be printed", MAX_NEST);
+        return -1;
+    }
     switch (v->k) {
     case V_UNDEF: return 0;
     case V_NONE: return sb_str(b, "None");
@@ -1248,14 +1255,14 @@ static int to_str(sbuf *b, const jv *v, int repr) {
     case V_LIST:
         if (sb_str(b, v->tuple ? "(" : "[")) return -1;
         for (size_t i = 0; i < v->n; i++)
-            if ((i && sb_str(b, ", ")) || to_str(b, v->items[i], 1)) return -1;
+            if ((i && sb_str(b, ", ")) || to_str_at(b, v->items[i], 1, depth + 1)) return -1;
         return sb_str(b, !v->tuple ? "]" : v->n == 1 ? ",)" : ")");
     case V_DICT:
     case V_NS:
         if (sb_str(b, v->k == V_NS ? "<Namespace {" : "{")) return -1;
         for (size_t i = 0; i < v->n; i++)
-            if ((i && sb_str(b, ", ")) || to_str(b, v->items[2 * i], 1) || sb_str(b, ": ") ||
-                to_str(b, v->items[2 * i + 1], 1))
+            if ((i && sb_str(b, ", ")) || to_str_at(b, v->items[2 * i], 1, depth + 1) || sb_str(b, ": ") ||
+                to_str_at(b, v->items[2 * i + 1], 1, depth + 1))
                 return -1;
         return sb_str(b, v->k == V_NS ? "}>" : "}");
     }
@@ -1319,6 +1326,10 @@ static int to_json(render *r, sbuf *b, const jv *v, int indent, int level, int a
     case V_LIST:
     case V_DICT: {
         int dict = v->k == V_DICT;
+        if (level > MAX_NEST) {
+            rerr(r, off, "tojson: a value nested deeper than %d", MAX_NEST);
+            return -1;
+        }
         if (sb_str(b, dict ? "{" : "[")) return -1;
         for (size_t i = 0; i < v->n; i++) {
             if (i && sb_str(b, indent >= 0 ? "," : ", ")) return -1;
@@ -1527,7 +1538,13 @@ static jv *split(render *r, const jv *s, const jv *sep, long long maxsplit, size
 static int num(const jv *v) { return v->k == V_INT || v->k == V_BOOL || v->k == V_FLOAT; }
 static double fnum(const jv *v) { return v->k == V_FLOAT ? v->f : (double)v->i; }
 
-static int equal(const jv *a, const jv *b) {
+static int equal_at(const jv *a, const jv *b, int depth);
+static int equal(const jv *a, const jv *b) { return equal_at(a, b, 0); }
+
+/* Python's ==; past MAX_NEST levels (a namespace holding itself) unequal unless the same value. */
+static int equal_at(const jv *a, const jv *b, int depth) {
+    if (a == b) return 1;
+    if (depth > MAX_NEST) return 0;
     if (num(a) && num(b)) return a->k == V_FLOAT || b->k == V_FLOAT ? fnum(a) == fnum(b) : a->i == b->i;
     if (a->k != b->k) return 0;
     switch (a->k) {
@@ -1536,13 +1553,13 @@ static int equal(const jv *a, const jv *b) {
     case V_LIST:
         if (a->n != b->n) return 0;
         for (size_t i = 0; i < a->n; i++)
-            if (!equal(a->items[i], b->items[i])) return 0;
+            if (!equal_at(a->items[i], b->items[i], depth + 1)) return 0;
         return 1;
     case V_DICT:
         if (a->n != b->n) return 0;
         for (size_t i = 0; i < a->n; i++) {
             jv *k = a->items[2 * i], *o = k->k == V_STR ? dict_get(b, k->s, k->n) : NULL;
-            if (!o || !equal(a->items[2 * i + 1], o)) return 0;
+            if (!o || !equal_at(a->items[2 * i + 1], o, depth + 1)) return 0;
         }
         return 1;
     default: return a == b;
