@@ -900,9 +900,26 @@ static node *parse_stmt(parser *p, part *pt) {
         if (!n) return NULL;
         if (v->k != T_NAME) return PFAIL(p, v->off, "expected a loop variable after 'for'");
         p->ti++;
-        if (at_op(p, ",")) return PFAIL(p, peek(p)->off, "unsupported construct 'for with several targets'");
         n->name = p->src + v->off;
         n->nlen = v->len;
+        /* for a, b in pairs: the targets, kept in kwn (nkw of them, 2 or more) */
+        if (at_op(p, ",")) {
+            char **names = palloc(p, 16 * sizeof *names);
+            if (!names) return NULL;
+            n->kwn = names;
+            tok *cur = v;
+            do {
+                if (n->nkw == 16) return PFAIL(p, cur->off, "more than 16 loop targets");
+                char *nm = palloc(p, cur->len + 1);
+                if (!nm) return NULL;
+                memcpy(nm, p->src + cur->off, cur->len);
+                names[n->nkw++] = nm;
+                if (!accept_op(p, ",")) break;
+                cur = peek(p);
+                if (cur->k != T_NAME) return PFAIL(p, cur->off, "expected a loop variable after ','");
+                p->ti++;
+            } while (1);
+        }
         if (!at_name(p, "in")) return PFAIL(p, peek(p)->off, "expected 'in' after the loop variable");
         p->ti++;
         if (!(n->a = parse_or(p))) return NULL;
@@ -2222,11 +2239,22 @@ static int exec_stmt(render *r, const node *n) {
         r->top = &f;
         int rc = 0;
         for (size_t i = 0; i < list->n && !rc; i++) {
-            jv *lv = loop_var(r, list, i);
-            if (!lv || assign(r, &f, "loop", 4, lv) || assign(r, &f, n->name, n->nlen, list->items[i])) {
+            jv *lv = loop_var(r, list, i), *item = list->items[i];
+            if (!lv || assign(r, &f, "loop", 4, lv)) {
                 rc = -1;
                 break;
             }
+            if (!n->nkw) {
+                rc = assign(r, &f, n->name, n->nlen, item);
+            } else if (item->k != V_LIST || item->n != n->nkw) {   /* for a, b in pairs: unpack each */
+                rerr(r, n->off, "cannot unpack a %s into %zu loop variables", item->k == V_LIST ? "list of another "
+                     "length" : kind_name(item), n->nkw);
+                rc = -1;
+            } else {
+                for (size_t k = 0; k < n->nkw && !rc; k++)
+                    rc = assign(r, &f, n->kwn[k], strlen(n->kwn[k]), item->items[k]);
+            }
+            if (rc) break;
             rc = exec(r, n->b);
             if (r->cont) r->cont = 0;
             if (r->brk) {

@@ -4,7 +4,7 @@
  *
  * What is read:
  *   text, {{ expr }}, {% stmt %}, {# comment #}; whitespace control {%- -%} {{- -}} {#- -#} and {%+
- *   statements   if / elif / else / endif, for NAME in expr / endfor (loop.index, index0, revindex,
+ *   statements   if / elif / else / endif, for NAME[, NAME...] in expr / endfor (loop.index, index0, revindex,
  *                revindex0, first, last, length, previtem, nextitem), set NAME = expr,
  *                set NAME.ATTR = expr (a namespace), break, continue, generation / endgeneration
  *   expressions  literals ('..', "..", integers, floats, true/false/none in either case, [..], {..}),
@@ -17,9 +17,9 @@
  *                title first last join default d string list reject select replace int float abs
  *                items
  *   methods      str: strip lstrip rstrip startswith endswith split upper lower replace title
- *                capitalize format-free; dict: get items keys values
+ *                capitalize; dict: get items keys values
  * Anything else (macros, blocks, extends, include, call, filter blocks, set blocks, raw, for-else,
- * tuple unpacking, an unknown filter, test, method or function) is refused at parse time with
+ * for-if, an unknown filter, test, method or function) is refused at parse time with
  * "NAME:LINE:COL: unsupported ... 'construct'"; errors while rendering (raise_exception, a type
  * error, an attribute of an undefined value) also name the line and column.
  *

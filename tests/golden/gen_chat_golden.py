@@ -283,7 +283,8 @@ SNIPPETS = [
     "{{ 'é' | tojson }} {{ 'é' | tojson(ensure_ascii=true) }} {{ [] | tojson }} {{ {} | tojson(indent=4) }}",
     "{{ '  a  '.strip() }}|{{ '\\n\\na\\n'.lstrip('\\n') }}|{{ 'a\\n\\n'.rstrip('\\n') }}|{{ 'xa'.lstrip('x') }}",
     "{{ 'hello'.startswith('he') }} {{ 'hello'.endswith('lo') }} {{ 'hello'.endswith('x') }}",
-    "{{ 'a,b,,c'.split(',') }} {{ '  x  y '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'x</think>y'.split('</think>')[-1] }}",
+    "{{ 'a,b,,c'.split(',') }} {{ '  x  y '.split() }} {{ 'a b c'.split(' ', 1) }} "
+    "{{ 'x</think>y'.split('</think>')[-1] }}",
     "{{ 'Ab'.upper() }} {{ 'Ab'.lower() }} {{ 'ab ab'.replace('a', 'x') }} {{ 'ab cd'.title() }}",
     "{{ messages[0].get('role') }} {{ messages[0].get('nope', 'dflt') }} {{ messages[0].keys() | list }}",
     "{{ messages[-1].content }} {{ messages[1:] | length }} {{ messages[::-1][0].role }} {{ 'abcdef'[1:4] }}",
@@ -294,7 +295,8 @@ SNIPPETS = [
     "{{ loop.previtem.role if loop.previtem is defined else '-' }} {% endfor %}",
     "{% for m in messages %}{% if loop.index0 == 1 %}{% continue %}{% endif %}{{ m.role }}"
     "{% if loop.index == 3 %}{% break %}{% endif %},{% endfor %}",
-    "{% set ns = namespace(n=0, s='') %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% set ns.s = ns.s ~ m.role[0] %}"
+    "{% set ns = namespace(n=0, s='') %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+    "{% set ns.s = ns.s ~ m.role[0] %}"
     "{% endfor %}{{ ns.n }} {{ ns.s }}",
     "{% set x = 1 %}{% for m in messages %}{% set x = 2 %}{% endfor %}{{ x }}",
     "{% if false %}a{% elif none %}b{% elif messages %}c{% else %}d{% endif %}",
@@ -303,6 +305,9 @@ SNIPPETS = [
     "line1\n  {% if true %}\n    indented\n  {% endif %}\nline2\n",
     "a  {%- if true -%}  b  {%- endif -%}  c\n{# comment #}\n  {#- trimmed -#}  d {{- ' e ' -}} f",
     "  {%+ if true %}plus{% endif +%}\nafter\n",
+    "{% for k, v in messages[0] | items %}{{ k }}={{ v }};{% endfor %} "
+    "{% for a, b in [[1, 2], [3, 4]] %}{{ a + b }}{% endfor %}",
+    "{% for a, b in [[1, 2, 3]] %}{% endfor %}",
     "{{ 'adjacent' 'strings' }} {{ \"dq\" ~ 'sq' }} {{ 'it\\'s' }}",
     "{{ bos_token }}{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}|{% endfor %}",
     "{{ raise_exception('stop here') }}",
@@ -321,7 +326,8 @@ def renders():
     from transformers.utils.chat_template_utils import _compile_jinja_template
     corpus = os.path.join(ROOT, "tests/fuzz/corpus/jinja")
     full = dict(SNIPPET_VARS, messages=[
-        {"role": "system", "content": "  Be brief.  "}, {"role": "user", "content": "Hi \u2014 \u00fcn\u00efcode \U0001F600"},
+        {"role": "system", "content": "  Be brief.  "},
+        {"role": "user", "content": "Hi \u2014 \u00fcn\u00efcode \U0001F600"},
         {"role": "assistant", "content": "Hello!\n"}, {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"}])
     tools = dict(SNIPPET_VARS, add_generation_prompt=True, enable_thinking=False, messages=[
@@ -331,10 +337,16 @@ def renders():
         {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "22C"},
         {"role": "assistant", "content": "Sunny, 22C."}],
         tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])
+    builtin = dict(SNIPPET_VARS, builtin_tools=["brave_search", "code_interpreter"], tools_in_user_message=False,
+                   messages=[{"role": "system", "content": "Sys"}, {"role": "user", "content": "Weather?"},
+                             {"role": "assistant", "tool_calls": [{"type": "function", "function": {
+                                 "name": "brave_search", "arguments": {"query": "Z\u00fcrich"}}}]},
+                             {"role": "ipython", "content": {"temp": 22}}, {"role": "assistant", "content": "22C."}])
     cases = [("snippet %d" % i, t, SNIPPET_VARS) for i, t in enumerate(SNIPPETS)]
     for name in sorted(os.listdir(corpus)):
         src = open(os.path.join(corpus, name), encoding="utf-8").read()
-        cases += [(name + " full", src, full), (name + " tools", src, tools)]
+        cases += [(name + " full", src, full), (name + " tools", src, tools),
+                  (name + " builtin tools", src, builtin)]
     out = []
     for name, src, v in cases:
         if name.startswith("bad_"):  # Jinja that the subset leaves out: ctitan refuses it

@@ -1,8 +1,9 @@
 /* test_jinja.c: ctitan's chat-template interpreter renders what transformers' Jinja environment
  * renders, byte for byte: tests/golden/chat/renders.json (gen_chat_golden.py) holds Jinja snippets
  * (one or two constructs each: operators, tests, filters, string methods, slices, loops and their
- * variables, namespaces, whitespace control) and the fuzz corpus's chat templates (Llama 3, Qwen2.5,
- * Qwen3, the built-in ones) with two conversations, and the text transformers rendered, or that it
+ * variables, namespaces, whitespace control) and the fuzz corpus's chat templates (Llama 3, Llama 3.1
+ * with its tool paths, Qwen2.5, Qwen3, the built-in ones) with three conversations (plain, tool calls,
+ * Llama 3.1's built-in tools), and the text transformers rendered, or that it
  * raised: then ctitan must refuse too, in one line naming the template. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -98,7 +99,7 @@ static void test_refusals_name_the_construct(void **state) {
         {"{{ x is divisibleby 3 }}", "t.jinja:1:9: unsupported test 'divisibleby'"},
         {"{{ 'a'.zfill(3) }}", "t.jinja:1:8: unsupported method 'zfill'"},
         {"{{ cycler(1) }}", "t.jinja:1:4: unsupported function 'cycler'"},
-        {"{% for a, b in x %}{% endfor %}", "t.jinja:1:9: unsupported construct 'for with several targets'"},
+        {"{% for a in x if a %}{% endfor %}", "t.jinja:1:15: unsupported construct 'for ... if'"},
         {"{% for a in x %}{% else %}{% endfor %}", "t.jinja:1:20: unsupported construct 'for ... else'"},
         {"{% set x %}y{% endset %}", "t.jinja:1:4: unsupported construct 'set block'"},
         {"{{ 2 ** 3 }}", "t.jinja:1:6: unsupported operator '**'"},
