@@ -107,7 +107,7 @@ struct node {
     node *a, *b, *c;      /* operands; S_IF: a condition, c the elif/else; E_SLICE: a b c */
     node **args;          /* call, filter, test arguments; list items; dict keys and values; body */
     size_t nargs;
-    char **kwn;           /* keyword argument names */
+    char **kwn;           /* keyword argument names; S_FOR: its targets when it has several */
     node **kwv;
     size_t nkw;
     const char *name;     /* names, attributes, filters, tests; S_SET: the variable */
