@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "data/shard.h"
+#include "tools/chat.h"
 #include "tools/instream.h"
 #include "tools/tokenizer.h"
 
@@ -23,6 +25,8 @@ static const char tokenize_usage[] =
     "usage: ctitan tokenize --tokenizer PATH --input FILE [--input FILE ...] --output SHARD\n"
     "                       [--format text|jsonl] [--field NAME] [--skip-missing] [--split-on LINE]\n"
     "                       [--allow-special] [--quiet] [--progress SECONDS]\n"
+    "       ctitan tokenize --format chat --tokenizer PATH --input FILE [--input FILE ...] --output SHARD\n"
+    "                       --seq-len N [--chat-template llama3|chatml|FILE] [--quiet] [--progress SECONDS]\n"
     "       ctitan tokenize --check SHARD [--check SHARD ...]\n"
     "\n"
     "Encodes documents into a token shard: each document becomes BOS + its tokens + EOS\n"
@@ -40,6 +44,17 @@ static const char tokenize_usage[] =
     "  --output SHARD     the shard to write (atomically: SHARD.tmp, then rename; nothing on an error)\n"
     "  --format text      each file is one document, held whole in memory (default)\n"
     "  --format jsonl     one JSON object per line; its --field string is a document\n"
+    "  --format chat      one conversation per line: {\"messages\": [{\"role\": ..., \"content\": ...}, ...]} or\n"
+    "                     {\"prompt\": ..., \"completion\": ...} (a user turn and an assistant turn), rendered\n"
+    "                     with the chat template and tokenized; only the assistant turns' tokens (content\n"
+    "                     and end-of-turn token) count in the loss, the rest is masked (a version 3 shard);\n"
+    "                     conversations are packed first-fit into sequences of --seq-len tokens, EOS after\n"
+    "                     each, EOS padding masked; one longer than a sequence is dropped and counted\n"
+    "  --seq-len N        chat: training.seq_len of the runs that will read the shard\n"
+    "  --chat-template T  chat: llama3 or chatml (built in, with generation blocks), or a file holding a\n"
+    "                     Jinja template; default: chat_template of the tokenizer_config.json beside the\n"
+    "                     tokenizer (the Jinja subset Llama 3 and Qwen2/2.5/3 templates use; anything\n"
+    "                     else is refused naming the construct, its line and column)\n"
     "  --field NAME       jsonl: the field holding the text (default: text); a line without it, or\n"
     "                     with a value that is not a string, is an error naming the file and line\n"
     "  --skip-missing     jsonl: skip such lines instead, counted in the summary (invalid JSON is\n"
@@ -49,14 +64,15 @@ static const char tokenize_usage[] =
     "  --quiet            no progress on stderr (the summary line on stdout stays)\n"
     "  --progress SECONDS seconds between progress lines when stderr is not a terminal (default 10; a\n"
     "                     terminal gets one line rewritten every 0.5 s); 0: after every document\n"
-    "  --check SHARD      verify a shard (header, size, version 2's checksum) and print its version,\n"
+    "  --check SHARD      verify a shard (header, size, checksum) and print its version,\n"
     "                     token count and CRC-32; repeat for more\n"
     "  --help             this text\n"
     "\n"
     "Progress: bytes read (with the percentage and ETA when the size is known: files, not pipes;\n"
     "compressed files by their compressed bytes), MB of text and MB/s, documents, tokens.\n"
     "Exit status: 0; 2 for bad input (a missing file, invalid JSON, a missing field, corrupt or\n"
-    "truncated gzip or zstd, a corrupt shard); 1 for a failure to write.\n";
+    "truncated gzip or zstd, a corrupt shard, a line that is not a conversation, a template error);\n"
+    "1 for a failure to write.\n";
 
 static const char tokenizer_usage[] =
     "usage: ctitan tokenizer train  --input FILE [--input FILE ...] --vocab-size N --output FILE\n"
@@ -82,16 +98,20 @@ static ct_status usage_error(const char *cmd, const char *msg, const char *arg) 
 
 /* ---- documents ----------------------------------------------------------------------------------- */
 
-typedef enum { FMT_TEXT, FMT_JSONL } doc_format;
+typedef enum { FMT_TEXT, FMT_JSONL, FMT_CHAT } doc_format;
 
 /* Called once per non-empty document; a failure stops the reading (a failure of the consumer). */
 typedef ct_status (*doc_fn)(void *ctx, const char *text, size_t len);
+/* --format chat: called once per conversation (a JSON value) with its FILE:LINE; its status is the
+ * reading's (CT_ERR_INVALID: the input's fault). */
+typedef ct_status (*conv_fn)(void *ctx, const json_t *conv, const char *where);
 
 typedef struct doc_source {
     doc_format format;
     const char *split_on;   /* text format: separator line, or NULL for one document per file */
     const char *field;      /* jsonl: the string field that is the document */
     int skip_missing;       /* jsonl: lines without that string are counted in skipped, not errors */
+    conv_fn on_conv;        /* chat: the consumer of each conversation (its ctx is the doc_fn's) */
     uint64_t documents, bytes, skipped;
     uint64_t read;          /* bytes read from the inputs already closed */
     instream *cur;          /* the input being read, for progress */
@@ -100,6 +120,7 @@ typedef struct doc_source {
 static int parse_format(const char *s, doc_format *f) {
     if (strcmp(s, "text") == 0) *f = FMT_TEXT;
     else if (strcmp(s, "jsonl") == 0) *f = FMT_JSONL;
+    else if (strcmp(s, "chat") == 0) *f = FMT_CHAT;
     else return -1;
     return 0;
 }
@@ -157,6 +178,24 @@ static ct_status jsonl_line(doc_source *src, const char *name, uint64_t lineno, 
         return CT_ERR_INVALID;
     }
     ct_status rc = emit(src, json_string_value(text), json_string_length(text), fn, ctx);
+    json_decref(obj);
+    return rc;
+}
+
+/* --format chat: one conversation per line (blank lines skipped). */
+static ct_status chat_line(doc_source *src, const char *name, uint64_t lineno, const char *line, size_t n,
+                           void *ctx) {
+    size_t k = 0;
+    while (k < n && strchr(" \t\r\n", line[k])) k++;
+    if (k == n) return CT_OK;
+    char where[PATH_MAX + 32];
+    snprintf(where, sizeof where, "%s:%llu", name, (unsigned long long)lineno);
+    json_error_t je;
+    json_t *obj = json_loadb(line, n, 0, &je);
+    if (!obj) return ct_fail(CT_ERR_INVALID, "%s: invalid JSON: %s", where, je.text);
+    src->documents++;
+    src->bytes += n;
+    ct_status rc = src->on_conv(ctx, obj, where);
     json_decref(obj);
     return rc;
 }
@@ -220,6 +259,10 @@ static ct_status read_lines(doc_source *src, instream *in, doc_fn fn, void *ctx)
             rc = jsonl_line(src, name, lineno, r.line, r.n, fn, ctx);
             continue;
         }
+        if (src->format == FMT_CHAT) {
+            rc = chat_line(src, name, lineno, r.line, r.n, ctx);
+            continue;
+        }
         if (chomp(r.line, r.n) == seplen && memcmp(r.line, src->split_on, seplen) == 0) {
             rc = emit(src, doc, doclen, fn, ctx);
             doclen = 0;
@@ -268,7 +311,7 @@ static ct_status read_documents(doc_source *src, const char *path, doc_fn fn, vo
     instream *in = instream_open(path, &bad);
     if (!in) return bad ? CT_ERR_INVALID : CT_ERR_IO;
     src->cur = in;
-    ct_status rc = src->format == FMT_JSONL || src->split_on ? read_lines(src, in, fn, ctx)
+    ct_status rc = src->format != FMT_TEXT || src->split_on ? read_lines(src, in, fn, ctx)
                                                               : read_whole(src, in, fn, ctx);
     src->cur = NULL;
     src->read += instream_offset(in);
@@ -303,7 +346,7 @@ static int input_opt(const char *cmd, int argc, char **argv, int *i, input_opts 
     }
     if (ct_cli_opt(argc, argv, i, "--format", &v)) {
         if (!v || parse_format(v, &o->src.format)) {
-            usage_error(cmd, "--format must be text or jsonl, got", v ? v : "nothing");
+            usage_error(cmd, "--format must be text, jsonl or chat, got", v ? v : "nothing");
             return -1;
         }
         return 1;
@@ -334,7 +377,7 @@ static int input_opt(const char *cmd, int argc, char **argv, int *i, input_opts 
 
 /* What the options say together, after the command line is read. */
 static int input_check(const char *cmd, input_opts *o) {
-    if (o->src.split_on && o->src.format == FMT_JSONL) {
+    if (o->src.split_on && o->src.format != FMT_TEXT) {
         usage_error(cmd, "--split-on applies to --format text only", NULL);
         return -1;
     }
@@ -458,7 +501,8 @@ static ct_status check_shards(const char **paths, int n) {
         }
         printf("%s: token shard version %u, %llu tokens, CRC-32 0x%08x (%s)\n", paths[i], info.version,
                (unsigned long long)info.count, info.checksum,
-               info.version >= 2 ? "matches the header" : "version 1 stores none");
+               info.version == 3 ? "matches the header; targets masked as the flags say"
+               : info.version == 2 ? "matches the header" : "version 1 stores none");
     }
     return rc;
 }
@@ -474,6 +518,172 @@ static int64_t inputs_size(const char **paths, int n) {
     return total;
 }
 
+/* ---- ctitan tokenize --format chat: conversations packed first-fit into sequences ----------------- */
+
+/* Each block is one training sequence's seq_len tokens: the loader's window b is block b and the first
+ * token of block b + 1 (its last target), so a block holds whole conversations, each followed by the
+ * EOS when room is left, then EOS padding; every word but an assistant token's carries SHARD_MASKED,
+ * a conversation's first token always (it is the target of another conversation's last token). */
+typedef struct packer {
+    int64_t seq;
+    uint32_t *words;       /* nblocks * seq */
+    int64_t *used;         /* tokens in each block */
+    size_t nblocks, cap;
+    int64_t *room;         /* a max tree over the blocks' free tokens: leaves room[cap + b], the root room[1] */
+    uint32_t eos;
+    uint64_t packed, too_long, no_assistant, counted, masked, conv_tokens;
+} packer;
+
+/* Block b's free tokens into the tree. */
+static void room_set(packer *pk, size_t b) {
+    size_t i = pk->cap + b;
+    pk->room[i] = pk->seq - pk->used[b];
+    for (i /= 2; i >= 1; i /= 2)
+        pk->room[i] = pk->room[2 * i] > pk->room[2 * i + 1] ? pk->room[2 * i] : pk->room[2 * i + 1];
+}
+
+/* The first block with n free tokens (nblocks when none): down the tree, left when the left has room. */
+static size_t first_fit(const packer *pk, int64_t n) {
+    if (!pk->cap || pk->room[1] < n) return pk->nblocks;
+    size_t i = 1;
+    while (i < pk->cap) i = pk->room[2 * i] >= n ? 2 * i : 2 * i + 1;
+    return i - pk->cap;
+}
+
+static ct_status pack(packer *pk, const int32_t *ids, const unsigned char *counted, size_t n) {
+    size_t b = first_fit(pk, (int64_t)n);
+    if (b == pk->nblocks) {
+        if (pk->nblocks == pk->cap) { /* twice the blocks: the tree is rebuilt over them */
+            size_t c = pk->cap ? 2 * pk->cap : 64;
+            uint32_t *w = realloc(pk->words, c * (size_t)pk->seq * sizeof *w);
+            if (w) pk->words = w;
+            int64_t *u = w ? realloc(pk->used, c * sizeof *u) : NULL;
+            if (u) pk->used = u;
+            int64_t *r = u ? calloc(2 * c, sizeof *r) : NULL;
+            if (!r) return ct_fail(CT_ERR_NOMEM, "out of memory for %zu sequences", c);
+            free(pk->room);
+            pk->room = r;
+            pk->cap = c;
+            for (size_t k = 0; k < pk->nblocks; k++) room_set(pk, k);
+        }
+        pk->used[pk->nblocks++] = 0;
+    }
+    uint32_t *w = pk->words + b * (size_t)pk->seq + pk->used[b];
+    for (size_t i = 0; i < n; i++) {
+        int masked = i == 0 || !counted[i];
+        w[i] = (uint32_t)ids[i] | (masked ? SHARD_MASKED : 0);
+        pk->counted += !masked;
+        pk->masked += masked;
+    }
+    pk->used[b] += (int64_t)n;
+    if (pk->used[b] < pk->seq) { /* the separator: block-causal attention starts a document after it */
+        pk->words[b * (size_t)pk->seq + (size_t)pk->used[b]++] = pk->eos | SHARD_MASKED;
+        pk->masked++;
+    }
+    room_set(pk, b);
+    pk->packed++;
+    pk->conv_tokens += n;
+    return CT_OK;
+}
+
+typedef struct chat_ctx {
+    const ct_tokenizer *tok;
+    const chat_template *tpl;
+    packer pk;
+    const doc_source *src;
+    progress *prog;
+} chat_ctx;
+
+static ct_status chat_conv(void *ctx, const json_t *conv, const char *where) {
+    chat_ctx *c = ctx;
+    int32_t *ids;
+    unsigned char *counted;
+    size_t n;
+    ct_status rc = chat_encode(c->tpl, c->tok, conv, where, &ids, &counted, &n);
+    if (rc != CT_OK) return rc;
+    size_t k = 1;   /* the first token never counts */
+    while (k < n && !counted[k]) k++;
+    if ((int64_t)n > c->pk.seq) c->pk.too_long++;   /* dropped whole: a cut turn would teach a cut answer */
+    else if (k >= n) c->pk.no_assistant++;          /* dropped: nothing in it counts */
+    else rc = pack(&c->pk, ids, counted, n);
+    free(ids);
+    free(counted);
+    if (rc == CT_OK) progress_tick(c->prog, c->src, c->pk.counted + c->pk.masked);
+    return rc;
+}
+
+/* The packed blocks and one more EOS (the last window's last target), all masked padding after each
+ * block's conversations. */
+static ct_status write_packed(packer *pk, const char *path, uint64_t *padding) {
+    *padding = 0;
+    for (size_t b = 0; b < pk->nblocks; b++)
+        for (int64_t i = pk->used[b]; i < pk->seq; i++) {
+            pk->words[b * (size_t)pk->seq + (size_t)i] = pk->eos | SHARD_MASKED;
+            (*padding)++;
+        }
+    shard_writer *w = shard_writer_open_masked(path);
+    if (!w) return CT_ERR_IO;
+    uint32_t last = pk->eos | SHARD_MASKED;
+    if (shard_writer_append(w, pk->words, pk->nblocks * (size_t)pk->seq) != CT_OK ||
+        shard_writer_append(w, &last, 1) != CT_OK) {
+        shard_writer_abort(w);
+        return CT_ERR_IO;
+    }
+    return shard_writer_close(w);
+}
+
+/* ctitan tokenize --format chat: read, render, pack, write; the summary line on stdout. */
+static ct_status tokenize_chat(input_opts *in, const char *tok_path, const char *choice, long seq_len,
+                               const char *out_path, progress *prog) {
+    chat_ctx c = {.src = &in->src, .prog = prog, .pk = {.seq = seq_len}};
+    chat_template *tpl = NULL;
+    ct_status rc = CT_ERR_INVALID;
+    ct_tokenizer *tok = tokenizer_load(tok_path);
+    if (!tok) goto fail;
+    if (tokenizer_notice(tok)) fprintf(stderr, "ctitan tokenize: note: %s\n", tokenizer_notice(tok));
+    if (tokenizer_eos_id(tok) < 0) {
+        ct_set_error("%s: the tokenizer has no EOS token to separate conversations with", tok_path);
+        goto fail;
+    }
+    if ((rc = chat_template_load(tok_path, choice, tok, &tpl)) != CT_OK) goto fail;
+    c.tok = tok;
+    c.tpl = tpl;
+    c.pk.eos = (uint32_t)tokenizer_eos_id(tok);
+    in->src.on_conv = chat_conv;
+    for (int i = 0; i < in->ninputs; i++)
+        if ((rc = read_documents(&in->src, in->inputs[i], NULL, &c)) != CT_OK) goto fail;
+    rc = CT_ERR_INVALID;
+    if (c.pk.packed == 0) {
+        ct_set_error("no conversation to write: %llu read, %llu longer than --seq-len %ld, %llu without assistant "
+                     "tokens", (unsigned long long)in->src.documents, (unsigned long long)c.pk.too_long, seq_len,
+                     (unsigned long long)c.pk.no_assistant);
+        goto fail;
+    }
+    uint64_t padding;
+    if ((rc = write_packed(&c.pk, out_path, &padding)) != CT_OK) goto fail;
+    double dt = ct_now() - prog->t0;
+    progress_end(prog);
+    printf("tokenize: %llu conversations (%s): %llu packed into %zu sequences of %ld, %llu dropped longer than "
+           "--seq-len, %llu dropped without assistant tokens; %llu tokens: %llu kept in the loss, %llu masked "
+           "(%llu of them padding) in %.2f s -> %s\n", (unsigned long long)in->src.documents,
+           chat_template_origin(tpl), (unsigned long long)c.pk.packed, c.pk.nblocks, seq_len,
+           (unsigned long long)c.pk.too_long, (unsigned long long)c.pk.no_assistant,
+           (unsigned long long)(c.pk.counted + c.pk.masked + padding + 1), (unsigned long long)c.pk.counted,
+           (unsigned long long)(c.pk.masked + padding + 1), (unsigned long long)(padding + 1), dt, out_path);
+    rc = CT_OK;
+    goto done;
+fail:
+    progress_end(prog);
+    fprintf(stderr, "ctitan tokenize: %s\n", ct_last_error());
+done:
+    free(c.pk.words);
+    free(c.pk.used);
+    free(c.pk.room);
+    chat_template_free(tpl);
+    tokenizer_free(tok);
+    return rc;
+}
+
 static int parse_seconds(const char *s, double *out) {
     char *end;
     errno = 0;
@@ -483,13 +693,16 @@ static int parse_seconds(const char *s, double *out) {
     return 0;
 }
 
+static int parse_int(const char *s, long lo, long hi, long *out);
+
 ct_status cmd_tokenize(int argc, char **argv) {
     static const char cmd[] = "tokenize";
     if (wants_help(argc, argv)) {
         fputs(tokenize_usage, stdout);
         return CT_OK;
     }
-    const char *tok_path = NULL, *out_path = NULL;
+    const char *tok_path = NULL, *out_path = NULL, *chat_choice = NULL;
+    long seq_len = 0;
     input_opts in = {.inputs = calloc((size_t)argc + 1, sizeof(char *))};
     const char **checks = calloc((size_t)argc + 1, sizeof(char *));
     int nchecks = 0;
@@ -519,6 +732,16 @@ ct_status cmd_tokenize(int argc, char **argv) {
                 usage_error(cmd, "--progress must be a number of seconds in 0..86400, got", v ? v : "nothing");
                 goto done;
             }
+        } else if (ct_cli_opt(argc, argv, &i, "--chat-template", &v)) {
+            if (!(chat_choice = v) || !*v) {
+                usage_error(cmd, "--chat-template needs " CHAT_BUILTINS " or a file", NULL);
+                goto done;
+            }
+        } else if (ct_cli_opt(argc, argv, &i, "--seq-len", &v)) {
+            if (!v || parse_int(v, 2, 1L << 24, &seq_len)) {
+                usage_error(cmd, "--seq-len must be an integer in 2..16777216, got", v ? v : "nothing");
+                goto done;
+            }
         } else if (strcmp(argv[i], "--allow-special") == 0) {
             c.allow_special = 1;
         } else if (strcmp(argv[i], "--quiet") == 0) {
@@ -540,9 +763,27 @@ ct_status cmd_tokenize(int argc, char **argv) {
     if (!in.ninputs) { usage_error(cmd, "at least one --input FILE is required", NULL); goto done; }
     if (!out_path) { usage_error(cmd, "--output SHARD is required", NULL); goto done; }
     if (input_check(cmd, &in)) goto done;
+    if (in.src.format == FMT_CHAT) {
+        if (!seq_len) { usage_error(cmd, "--format chat needs --seq-len N (training.seq_len)", NULL); goto done; }
+        if (c.allow_special) {
+            usage_error(cmd, "--allow-special applies to text and jsonl (a chat template's special tokens are "
+                        "always special)", NULL);
+            goto done;
+        }
+    } else if (chat_choice || seq_len) {
+        usage_error(cmd, chat_choice ? "--chat-template applies to --format chat only"
+                                     : "--seq-len applies to --format chat only", NULL);
+        goto done;
+    }
 
     rc = CT_ERR_IO;
     prog.t0 = prog.last = ct_now();
+    prog.tty = isatty(STDERR_FILENO);
+    prog.total = inputs_size(in.inputs, in.ninputs);
+    if (in.src.format == FMT_CHAT) {
+        rc = tokenize_chat(&in, tok_path, chat_choice, seq_len, out_path, &prog);
+        goto done;
+    }
     prog.tty = isatty(STDERR_FILENO);
     prog.total = inputs_size(in.inputs, in.ninputs);
     tok = tokenizer_load(tok_path);
@@ -639,6 +880,10 @@ static ct_status tokenizer_train(int argc, char **argv) {
     if (!vocab) { usage_error(cmd, "--vocab-size N is required", NULL); goto done; }
     if (!out_path) { usage_error(cmd, "--output FILE is required", NULL); goto done; }
     if (input_check(cmd, &in)) goto done;
+    if (in.src.format == FMT_CHAT) {
+        usage_error(cmd, "--format chat applies to ctitan tokenize only", NULL);
+        goto done;
+    }
 
     rc = CT_ERR_IO;
     double t0 = ct_now();

@@ -17,12 +17,24 @@
 
 static int name_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* Reads one shard and appends it to the source's tokens. */
-static ct_status append_shard(data_source *src, const char *path) {
+/* Reads one shard, checks its ids against the vocabulary and appends it to the source's tokens (a
+ * masked shard's words keep their SHARD_MASKED flags; an unmasked one's ids are checked whole, so a
+ * word with bit 31 set is refused as out of the vocabulary, as it always was). */
+static ct_status append_shard(data_source *src, const char *path, const char *source, int64_t vocab) {
     uint32_t *t;
     uint64_t n;
-    ct_status st = shard_read(path, &t, &n);
+    shard_info info;
+    ct_status st = shard_read_info(path, &t, &n, &info);
     if (st != CT_OK) return st;
+    uint32_t id_mask = info.version == SHARD_VERSION_MASKED ? SHARD_ID_MASK : UINT32_MAX;
+    for (uint64_t i = 0; i < n; i++)
+        if ((int64_t)(t[i] & id_mask) >= vocab) {
+            ct_set_error("%s: token %u at position %llu is outside the model's vocabulary of %lld", source,
+                         t[i] & id_mask, (unsigned long long)(src->n_tokens + i), (long long)vocab);
+            shard_free(t);
+            return CT_ERR_INVALID;
+        }
+    if (info.version == SHARD_VERSION_MASKED) src->masked = 1;
     uint32_t *grown = realloc(src->tokens, sizeof(uint32_t) * (size_t)(src->n_tokens + n + 1));
     if (!grown) {
         shard_free(t);
@@ -35,7 +47,7 @@ static ct_status append_shard(data_source *src, const char *path) {
     return CT_OK;
 }
 
-static ct_status load_folder(data_source *src, const char *path) {
+static ct_status load_folder(data_source *src, const char *path, int64_t vocab) {
     DIR *d = opendir(path);
     if (!d) return ct_fail(CT_ERR_IO, "%s: cannot open the dataset folder", path);
     char **names = NULL;
@@ -56,7 +68,7 @@ static ct_status load_folder(data_source *src, const char *path) {
     for (size_t i = 0; i < n && rc == CT_OK; i++) {
         char p[PATH_MAX];
         snprintf(p, sizeof p, "%s/%s", path, names[i]);
-        rc = append_shard(src, p);
+        rc = append_shard(src, p, path, vocab);
     }
     for (size_t i = 0; i < n; i++) free(names[i]);
     free(names);
@@ -86,15 +98,9 @@ ct_status dataloader_add(dataloader *dl, const char *path, double weight, int64_
         return ct_fail(CT_ERR_INVALID, "%s: weight %g: expected a finite number > 0", path, weight);
     if (stat(path, &st) != 0)
         return ct_fail(CT_ERR_INVALID, "%s: dataset not found (make one with `ctitan tokenize`)", path);
-    ct_status rc = S_ISDIR(st.st_mode) ? load_folder(&src, path) : append_shard(&src, path);
+    ct_status rc = S_ISDIR(st.st_mode) ? load_folder(&src, path, vocab) : append_shard(&src, path, path, vocab);
     if (rc != CT_OK) goto fail;
     rc = CT_ERR_INVALID;
-    for (uint64_t i = 0; i < src.n_tokens; i++)
-        if ((int64_t)src.tokens[i] >= vocab) {
-            ct_set_error("%s: token %u at position %llu is outside the model's vocabulary of %lld", path,
-                         src.tokens[i], (unsigned long long)i, (long long)vocab);
-            goto fail;
-        }
     src.n_windows = src.n_tokens > 0 ? (int64_t)((src.n_tokens - 1) / (uint64_t)dl->seq_len) : 0;
     if (src.n_windows < 1) {
         ct_set_error("%s: %llu tokens are not enough for one sequence of %lld + 1", path,
@@ -273,6 +279,13 @@ ct_status dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_
         w = src->perm[w];
     }
     const uint32_t *tok = src->tokens + (uint64_t)w * (uint64_t)dl->seq_len;
+    if (src->masked) { /* a masked shard's flag: this token, as a target, does not count */
+        for (int64_t t = 0; t < dl->seq_len; t++) {
+            inputs[t] = (int32_t)(tok[t] & SHARD_ID_MASK);
+            targets[t] = tok[t + 1] & SHARD_MASKED ? CT_IGNORE_INDEX : (int32_t)tok[t + 1];
+        }
+        return CT_OK;
+    }
     for (int64_t t = 0; t < dl->seq_len; t++) {
         inputs[t] = (int32_t)tok[t];
         targets[t] = (int32_t)tok[t + 1];

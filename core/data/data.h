@@ -28,8 +28,9 @@
 
 typedef struct data_source {
     char *path;         /* as opened */
-    uint32_t *tokens;
+    uint32_t *tokens;   /* a masked source's words keep SHARD_MASKED (data/shard.h) */
     uint64_t n_tokens;
+    int masked;         /* one of its shards is version 3 (the others have no flags to strip) */
     int64_t n_windows;
     double weight;
     int64_t count;      /* sequences per period */
@@ -69,7 +70,8 @@ static inline int64_t dataloader_global_index(int64_t base, int64_t G, int64_t d
     return base + dp_rank * (G / dp) + i;
 }
 
-/* Sequence number s: inputs and targets (seq_len each). An ordered loader past its last window gives
+/* Sequence number s: inputs and targets (seq_len each). A target that a masked shard (version 3) flags
+ * is CT_IGNORE_INDEX. An ordered loader past its last window gives
  * padding (inputs 0, targets CT_IGNORE_INDEX: no loss, no count). CT_OK; CT_ERR_INVALID with the line
  * set for a negative s. */
 ct_status dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_t *targets);

@@ -28,9 +28,9 @@ static uint64_t get_le64(const unsigned char *p) {
     return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
 }
 
-static void header_encode(unsigned char *h, uint64_t count, uint32_t checksum) {
+static void header_encode(unsigned char *h, uint32_t version, uint64_t count, uint32_t checksum) {
     memcpy(h, SHARD_MAGIC, 8);
-    put_le32(h + 8, SHARD_VERSION);
+    put_le32(h + 8, version);
     put_le32(h + 12, 4);
     put_le64(h + 16, count);
     put_le64(h + 24, checksum);   /* CRC-32 in the low half, the high half 0 */
@@ -42,12 +42,13 @@ struct shard_writer {
     char *path, *tmp;
     int fd;
     uint64_t count;
+    uint32_t version;      /* SHARD_VERSION or SHARD_VERSION_MASKED */
     uint32_t crc;          /* CRC-32 of the token bytes written so far */
     unsigned char buf[4 * BUF_TOKENS];
     size_t nbuf;           /* bytes in buf */
 };
 
-shard_writer *shard_writer_open(const char *path) {
+static shard_writer *writer_open(const char *path, uint32_t version) {
     shard_writer *w = calloc(1, sizeof *w);
     size_t n = strlen(path);
     if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(n + 5))) {
@@ -57,6 +58,7 @@ shard_writer *shard_writer_open(const char *path) {
         return NULL;
     }
     w->fd = -1;
+    w->version = version;
     memcpy(w->tmp, path, n);
     memcpy(w->tmp + n, ".tmp", 5);
     char *slash = strrchr(w->tmp, '/');
@@ -72,7 +74,7 @@ shard_writer *shard_writer_open(const char *path) {
     }
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     unsigned char h[SHARD_HEADER_BYTES];
-    header_encode(h, 0, 0);   /* the count and checksum are patched on close */
+    header_encode(h, version, 0, 0);   /* the count and checksum are patched on close */
     w->crc = (uint32_t)crc32(0, Z_NULL, 0);
     if (w->fd < 0 || ct_write_all(w->fd, h, sizeof h)) {
         ct_set_error("%s: cannot create: %s", w->tmp, strerror(errno));
@@ -81,6 +83,9 @@ shard_writer *shard_writer_open(const char *path) {
     }
     return w;
 }
+
+shard_writer *shard_writer_open(const char *path) { return writer_open(path, SHARD_VERSION); }
+shard_writer *shard_writer_open_masked(const char *path) { return writer_open(path, SHARD_VERSION_MASKED); }
 
 static ct_status flush_buf(shard_writer *w) {
     if (w->nbuf && ct_write_all(w->fd, w->buf, w->nbuf))
@@ -116,7 +121,7 @@ void shard_writer_abort(shard_writer *w) {
 ct_status shard_writer_close(shard_writer *w) {
     unsigned char h[SHARD_HEADER_BYTES];
     if (flush_buf(w) != CT_OK) goto fail;
-    header_encode(h, w->count, w->crc);
+    header_encode(h, w->version, w->count, w->crc);
     if (pwrite(w->fd, h, sizeof h, 0) != (ssize_t)sizeof h || fsync(w->fd)) {
         ct_set_error("%s: write failed: %s", w->tmp, strerror(errno));
         goto fail;
@@ -189,8 +194,8 @@ static ct_status open_checked(const char *path, checked *c) {
     }
     uint32_t version = get_le32(h + 8), bpt = get_le32(h + 12);
     uint64_t n = get_le64(h + 16), sum = get_le64(h + 24);
-    if (version != 1 && version != 2) {
-        ct_set_error("%s: token shard version %u, this build reads versions 1 and 2", path, version);
+    if (version < 1 || version > SHARD_VERSION_MASKED) {
+        ct_set_error("%s: token shard version %u, this build reads versions 1, 2 and 3", path, version);
         goto fail;
     }
     if (bpt != 4) {
@@ -237,11 +242,26 @@ static ct_status read_at(const char *path, int fd, unsigned char *p, size_t n, u
     return CT_OK;
 }
 
-/* Version 2: the tokens' CRC-32 against the header's. */
+/* Version 2 and 3: the tokens' CRC-32 against the header's. */
 static ct_status checksum_check(const char *path, const checked *c, uint32_t crc) {
     if (c->version < 2 || crc == c->checksum) return CT_OK;
     return ct_fail(CT_ERR_INVALID, "%s: checksum mismatch: the header says 0x%08x, the tokens give 0x%08x; the file "
                    "is corrupt", path, c->checksum, crc);
+}
+
+/* Version 3: some target must count (counted: whether a token after the first is unmasked). */
+static ct_status mask_check(const char *path, const checked *c, int counted) {
+    if (c->version < SHARD_VERSION_MASKED || counted) return CT_OK;
+    return ct_fail(CT_ERR_INVALID, "%s: a masked (version 3) shard of %llu tokens whose every target is masked; "
+                   "expected at least one unmasked token after the first", path, (unsigned long long)c->count);
+}
+
+/* Whether one of the n little-endian words at p, the first being word `first` of the file, is an
+ * unmasked token after word 0. */
+static int any_counted(const unsigned char *p, size_t n, uint64_t first) {
+    for (size_t i = first ? 0 : 1; i < n; i++)
+        if (!(p[4 * i + 3] & 0x80)) return 1;
+    return 0;
 }
 
 ct_status shard_count(const char *path, uint64_t *n) {
@@ -259,6 +279,7 @@ ct_status shard_verify(const char *path, shard_info *info) {
     if (rc != CT_OK) return rc;
     unsigned char *buf = malloc(4 * BUF_TOKENS);
     uint32_t crc = (uint32_t)crc32(0, Z_NULL, 0);
+    int counted = 0;
     if (!buf) {
         rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
         goto done;
@@ -267,9 +288,11 @@ ct_status shard_verify(const char *path, shard_info *info) {
         size_t k = 4 * c.count - off < 4 * BUF_TOKENS ? (size_t)(4 * c.count - off) : 4 * BUF_TOKENS;
         if ((rc = read_at(path, c.fd, buf, k, SHARD_HEADER_BYTES + off)) != CT_OK) goto done;
         crc = (uint32_t)crc32_z(crc, buf, k);
+        if (c.version == SHARD_VERSION_MASKED && !counted) counted = any_counted(buf, k / 4, off / 4);
         off += k;
     }
     if ((rc = checksum_check(path, &c, crc)) != CT_OK) goto done;
+    if ((rc = mask_check(path, &c, counted)) != CT_OK) goto done;
     if (info) *info = (shard_info){.version = c.version, .count = c.count, .checksum = crc};
 done:
     free(buf);
@@ -278,6 +301,10 @@ done:
 }
 
 ct_status shard_read(const char *path, uint32_t **tokens, uint64_t *n) {
+    return shard_read_info(path, tokens, n, NULL);
+}
+
+ct_status shard_read_info(const char *path, uint32_t **tokens, uint64_t *n, shard_info *info) {
     *tokens = NULL;
     *n = 0;
     checked c;
@@ -290,8 +317,9 @@ ct_status shard_read(const char *path, uint32_t **tokens, uint64_t *n) {
     }
     if (c.count == 0) {
         /* nothing to allocate; the CRC-32 of no bytes is 0 */
-        if ((rc = checksum_check(path, &c, 0)) != CT_OK) goto fail;
+        if ((rc = checksum_check(path, &c, 0)) != CT_OK || (rc = mask_check(path, &c, 0)) != CT_OK) goto fail;
         close(c.fd);
+        if (info) *info = (shard_info){.version = c.version, .count = 0, .checksum = 0};
         return CT_OK;
     }
     t = malloc((size_t)c.count * 4);
@@ -301,8 +329,12 @@ ct_status shard_read(const char *path, uint32_t **tokens, uint64_t *n) {
     }
     unsigned char *p = (unsigned char *)t;
     if ((rc = read_at(path, c.fd, p, (size_t)c.count * 4, SHARD_HEADER_BYTES)) != CT_OK) goto fail;
-    if ((rc = checksum_check(path, &c, (uint32_t)crc32_z(0, p, (size_t)c.count * 4))) != CT_OK) goto fail;
+    uint32_t crc = (uint32_t)crc32_z(0, p, (size_t)c.count * 4);
+    if ((rc = checksum_check(path, &c, crc)) != CT_OK) goto fail;
+    if (c.version == SHARD_VERSION_MASKED && (rc = mask_check(path, &c, any_counted(p, (size_t)c.count, 0))) != CT_OK)
+        goto fail;
     close(c.fd);
+    if (info) *info = (shard_info){.version = c.version, .count = c.count, .checksum = crc};
     for (size_t i = 0; i < (size_t)c.count; i++) t[i] = get_le32(p + 4 * i);   /* no-op on LE hosts */
     *tokens = t;
     *n = c.count;

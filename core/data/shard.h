@@ -2,9 +2,16 @@
  *
  * Layout, little-endian:
  *
- *   header, 32 bytes:  "CTTOKENS" (8 bytes) | u32 version = 2 | u32 bytes per token = 4
+ *   header, 32 bytes:  "CTTOKENS" (8 bytes) | u32 version = 2 or 3 | u32 bytes per token = 4
  *                      | u64 token count | u64 checksum
  *   then count tokens, u32 each.
+ *
+ * Version 3 (a shard with a loss mask, as `ctitan tokenize --format chat` writes) is version 2 whose
+ * token words carry a flag in bit 31 (SHARD_MASKED): that token, as the target of the token before it,
+ * does not count in the loss (the loader gives CT_IGNORE_INDEX for it); as an input it is the id in
+ * the low 31 bits. Token ids are below 2^31 in every version, so a version 1 or 2 word with bit 31 set
+ * is an id out of any vocabulary, never a mask; the version, not the bit, says which a shard means.
+ * A version 3 shard must hold at least one unmasked token after its first (else nothing would count).
  *
  * Version 2's checksum is the CRC-32 (zlib's crc32, the one gzip and Python's zlib.crc32 compute) of
  * the 4 * count token bytes in the low 32 bits, the high 32 bits zero. Version 1 (written before the
@@ -32,13 +39,17 @@
 #include "base/error.h"
 
 #define SHARD_MAGIC "CTTOKENS"
-#define SHARD_VERSION 2        /* what writers write; readers read 1 (no checksum) and 2 */
+#define SHARD_VERSION 2        /* what writers write; readers read 1 (no checksum), 2 and 3 (masked) */
+#define SHARD_VERSION_MASKED 3 /* version 2 with SHARD_MASKED flags in the token words */
+#define SHARD_MASKED 0x80000000u
+#define SHARD_ID_MASK 0x7fffffffu
 #define SHARD_HEADER_BYTES 32
 
 /* Writes n tokens (atomically). */
 ct_status shard_write(const char *path, const uint32_t *tokens, uint64_t n);
 
-/* Reads a whole shard: *tokens is malloc'd (free with shard_free; NULL when *n is 0). */
+/* Reads a whole shard: *tokens is malloc'd (free with shard_free; NULL when *n is 0). A version 3
+ * shard's words keep their SHARD_MASKED flags: use shard_read_info to know which version was read. */
 ct_status shard_read(const char *path, uint32_t **tokens, uint64_t *n);
 void shard_free(uint32_t *tokens);
 
@@ -48,17 +59,21 @@ ct_status shard_count(const char *path, uint64_t *n);
 /* What a shard's header says, after every check shard_read makes (the checksum included), streaming
  * the tokens through a fixed buffer: for a reader that maps the file, or a tool that only checks it. */
 typedef struct shard_info {
-    uint32_t version;     /* 1 or 2 */
+    uint32_t version;     /* 1, 2 or 3 (SHARD_VERSION_MASKED) */
     uint64_t count;       /* tokens */
     uint32_t checksum;    /* CRC-32 of the token bytes (version 1: computed here, not stored) */
 } shard_info;
 ct_status shard_verify(const char *path, shard_info *info);
+/* shard_read that also fills *info (may be NULL). */
+ct_status shard_read_info(const char *path, uint32_t **tokens, uint64_t *n, shard_info *info);
 
 /* A streaming writer: tokens are appended to "path.tmp" (path's folder is made when missing);
  * shard_writer_close patches the count and checksum, fsyncs and renames. shard_writer_abort (or a
  * failed close) removes the temporary file. */
 typedef struct shard_writer shard_writer;
 shard_writer *shard_writer_open(const char *path);
+/* The same, writing version 3: the words appended carry SHARD_MASKED where a target is masked. */
+shard_writer *shard_writer_open_masked(const char *path);
 ct_status shard_writer_append(shard_writer *w, const uint32_t *tokens, size_t n);
 uint64_t shard_writer_count(const shard_writer *w);
 ct_status shard_writer_close(shard_writer *w);   /* frees w */

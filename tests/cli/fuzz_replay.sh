@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the tokenizer, shard, input-decompression, manifest, TOML and checkpoint fuzz targets as plain
-# programs (cc, no libFuzzer; the target and its driver under AddressSanitizer + UBSan, linked with
+# Builds the tokenizer, shard, chat-template, input-decompression, manifest, TOML and checkpoint fuzz
+# targets as plain programs (cc, no libFuzzer; the target and its driver under AddressSanitizer + UBSan, linked with
 # the core library $BUILD/libctitan-core.a, itself sanitized in the sanitizer build) and replays
 # their seed corpora plus deterministic mutations of every seed.
 # Run from the repository root; BUILD (default build) says where the programs go.
@@ -23,6 +23,9 @@ build fuzz_shard
 "$out/fuzz_tokenizer_file" -m 20 tests/data/tokenizer/hf/gpt2/tokenizer.json
 "$out/fuzz_tokenizer_file" -m 20 tests/data/tokenizer/hf/torchtitan/tokenizer.json
 "$out/fuzz_shard" -m 300 tests/fuzz/corpus/shard
+# chat templates (ctitan tokenize --format chat): the Llama 3 and Qwen ones, the built-ins, refusals
+build fuzz_jinja
+"$out/fuzz_jinja" -m 300 tests/fuzz/corpus/jinja
 # ctitan tokenize's decompression front end: plain, gzip and zstd seeds, truncated and corrupt ones
 build fuzz_instream
 "$out/fuzz_instream" -m 100 tests/fuzz/corpus/instream

@@ -1,9 +1,10 @@
 /* fuzz_shard.c: any bytes, as a token shard file, are read back exactly or refused with a message.
  *
  * A shard that reads must have been 32 + 4 * count bytes with the documented header; shard_verify
- * agrees with shard_read, and shard_count with both except on a checksum mismatch (it reads only the
- * header). Writing the tokens again reproduces a version-2 file byte for byte, and a version-1 file
- * with the version and the tokens' CRC-32 put in.
+ * agrees with shard_read, and shard_count with both except on a checksum mismatch or a version 3 shard
+ * with no unmasked target (it reads only the header). Writing the tokens again reproduces a version-2
+ * or version-3 (masked) file byte for byte, and a version-1 file with the version and the tokens'
+ * CRC-32 put in; a version-3 file that reads has an unmasked token after its first.
  *
  * libFuzzer:  make build/fuzz/fuzz_shard (links build/fuzz/libctitan-core.a, the core built with the
  *             fuzzer's instrumentation); replay: tests/cli/fuzz_replay.sh's build of it.
@@ -64,22 +65,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ct_status vrc = shard_verify(in_path, &info);
     CHECK((vrc == CT_OK) == (rc == CT_OK));
     CHECK(vrc == CT_OK || strcmp(ct_last_error(), err) == 0);
-    int crc_only = rc != CT_OK && strstr(err, "checksum mismatch") != NULL;
-    CHECK((shard_count(in_path, &c) == CT_OK) == (rc == CT_OK || crc_only));
+    /* faults in the tokens, which shard_count does not read */
+    int tokens_only = rc != CT_OK && (strstr(err, "checksum mismatch") || strstr(err, "every target is masked"));
+    CHECK((shard_count(in_path, &c) == CT_OK) == (rc == CT_OK || tokens_only));
     if (rc != CT_OK) {
         CHECK(strstr(err, in_path) != NULL && strchr(err, '\n') == NULL);
         CHECK(t == NULL && n == 0);
         return 0;
     }
     CHECK(c == n && info.count == n && size == 32 + 4 * n && memcmp(data, "CTTOKENS", 8) == 0);
-    CHECK(info.version == data[8] && (info.version == 1 || info.version == 2));
-    CHECK(shard_write(out_path, t, n) == CT_OK);
+    CHECK(info.version == data[8] && info.version >= 1 && info.version <= 3);
+    if (info.version == 3) { /* some word after the first is unmasked */
+        uint64_t k = 1;
+        while (k < n && (t[k] & SHARD_MASKED)) k++;
+        CHECK(k < n);
+    }
+    shard_writer *w = info.version == 3 ? shard_writer_open_masked(out_path) : shard_writer_open(out_path);
+    CHECK(w && shard_writer_append(w, t, (size_t)n) == CT_OK && shard_writer_close(w) == CT_OK);
     size_t m;
     unsigned char *back = slurp(out_path, &m);
     CHECK(m == size && memcmp(back + 32, data + 32, size - 32) == 0);
     unsigned char want[32];
     memcpy(want, data, 32);
-    want[8] = 2;
+    want[8] = info.version == 3 ? 3 : 2;
     for (int i = 0; i < 4; i++) want[24 + i] = (unsigned char)(info.checksum >> (8 * i));
     CHECK(memcmp(back, want, 32) == 0);
     free(back);

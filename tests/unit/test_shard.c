@@ -190,8 +190,8 @@ static void test_malformed_files_are_refused(void **state) {
     expect_header_error(b, 0, "too short");
     expect_header_error(b, 31, "too short");
     good_image(b); b[0] = 'X';  expect_header_error(b, 40, "bad magic");
-    good_image(b); b[8] = 3;    expect_header_error(b, 40, "version 3, this build reads versions 1 and 2");
-    good_image(b); b[8] = 0;    expect_header_error(b, 40, "version 0, this build reads versions 1 and 2");
+    good_image(b); b[8] = 4;    expect_header_error(b, 40, "version 4, this build reads versions 1, 2 and 3");
+    good_image(b); b[8] = 0;    expect_header_error(b, 40, "version 0, this build reads versions 1, 2 and 3");
     good_image(b); b[12] = 2;   expect_header_error(b, 40, "2 bytes per token");
     good_image(b); b[30] = 1;   expect_header_error(b, 40, "version 1's reserved header field");
     good_image(b); b[24] = 1;   expect_header_error(b, 40, "version 1's reserved header field");
@@ -313,6 +313,50 @@ static void test_streaming_writer_is_atomic(void **state) {
     rmdir(made);
 }
 
+/* Version 3 keeps the SHARD_MASKED flags it was written with; a reader learns the version from
+ * shard_read_info, and one whose every target is masked is refused by shard_read and shard_verify. */
+static void test_masked_version_3(void **state) {
+    (void)state;
+    char p[256];
+    path_of(p, "masked.bin");
+    uint32_t words[5] = {7 | SHARD_MASKED, 9 | SHARD_MASKED, 11, 2 | SHARD_MASKED, 5};
+    shard_writer *w = shard_writer_open_masked(p);
+    assert_non_null(w);
+    assert_int_equal(shard_writer_append(w, words, 5), CT_OK);
+    assert_int_equal(shard_writer_close(w), CT_OK);
+    unsigned char b[64];
+    assert_int_equal(read_bytes(p, b, sizeof b), 32 + 20);
+    assert_int_equal(b[8], 3);
+    assert_int_equal(b[32 + 3], 0x80);   /* the flag is bit 31 of the little-endian word */
+    uint32_t *t;
+    uint64_t m;
+    shard_info info;
+    assert_int_equal(shard_read_info(p, &t, &m, &info), CT_OK);
+    assert_int_equal(info.version, SHARD_VERSION_MASKED);
+    assert_int_equal(m, 5);
+    assert_memory_equal(t, words, sizeof words);
+    shard_free(t);
+    assert_int_equal(shard_verify(p, &info), CT_OK);
+    assert_int_equal(info.version, 3);
+    /* only the first word unmasked: no target counts */
+    uint32_t none[3] = {1, 2 | SHARD_MASKED, 3 | SHARD_MASKED};
+    path_of(p, "all_masked.bin");
+    w = shard_writer_open_masked(p);
+    assert_int_equal(shard_writer_append(w, none, 3), CT_OK);
+    assert_int_equal(shard_writer_close(w), CT_OK);
+    assert_int_equal(shard_read(p, &t, &m), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "all_masked.bin: a masked (version 3) shard of 3 tokens whose every "
+                           "target is masked"));
+    assert_int_equal(shard_verify(p, NULL), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "every target is masked"));
+    /* the same words in a version 2 shard are plain words (ids out of any vocabulary) */
+    assert_int_equal(shard_write(p, none, 3), CT_OK);
+    assert_int_equal(shard_read_info(p, &t, &m, &info), CT_OK);
+    assert_int_equal(info.version, 2);
+    assert_int_equal(t[1], 2 | SHARD_MASKED);
+    shard_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_sizes),
@@ -320,6 +364,7 @@ int main(void) {
         cmocka_unit_test(test_malformed_files_are_refused),
         cmocka_unit_test(test_version_1_is_still_read),
         cmocka_unit_test(test_streaming_writer_is_atomic),
+        cmocka_unit_test(test_masked_version_3),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

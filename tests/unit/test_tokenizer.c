@@ -773,7 +773,8 @@ static void test_command_errors(void **state) {
     write_file(txt, "hi\n", 3);
     expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--tokenizer FILE is required", "tokenize", NULL);
     expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "unknown argument --bogus", "tokenize", "--bogus", NULL);
-    expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--format must be text or jsonl, got xml", "tokenize", "--format", "xml", NULL);
+    expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--format must be text, jsonl or chat, got xml", "tokenize",
+                     "--format", "xml", NULL);
     expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--output needs a file", "tokenize", "--tokenizer", VOCAB, "--input", txt, "--output", NULL);
     expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--output SHARD is required", "tokenize", "--tokenizer", VOCAB, "--input", txt, NULL);
     expect_cmd_fails(cmd_tokenize, CT_ERR_INVALID, "--split-on applies to --format text only", "tokenize", "--tokenizer", VOCAB,
