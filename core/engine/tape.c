@@ -845,12 +845,25 @@ static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_t
     if (rt->trace_ops == 1 &&
         rt->observer->op(rt, RT_OP_ATTENTION, qs[0], qs[1], qs[2], qs[3], (int)ks[2], saved) != CT_OK)
         return NULL;
-    if (!SAC_REUSED(rt, saved) &&
-        dev_check(DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
-                                             qs[1], qs[2], ks[2], qs[3]),
-                  "attention_forward") != CT_OK)
+    rt_tensor *docs = rt->cur_docs; /* block-causal: the rows' positions and document ids (2, B, T) */
+    if (docs && (docs->t.shape[1] != qs[0] || docs->t.shape[2] != qs[1])) {
+        ct_set_error("attention: block-causal attention over %lld x %lld rows, but the microbatch's document ids are "
+                     "(%lld, %lld): a strategy that splits the sequence must wrap attention itself (ct_builder.doc_ids)",
+                     (long long)qs[0], (long long)qs[1], (long long)docs->t.shape[1], (long long)docs->t.shape[2]);
         return NULL;
-    if (record(rt, OP_ATTENTION, y, q, k, v, lse, NULL, 0) != CT_OK) return NULL;
+    }
+    if (docs && !SAC_REUSED(rt, saved)) {
+        const int32_t *pos = docs->t.data, *doc = pos ? pos + qs[0] * qs[1] : NULL;
+        if (dev_check(DEV(rt)->attention_doc_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data,
+                                                     pos, pos, doc, doc, qs[0], qs[1], qs[1], qs[2], ks[2], qs[3]),
+                      "attention_doc_forward") != CT_OK)
+            return NULL;
+    } else if (!SAC_REUSED(rt, saved) &&
+               dev_check(DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data,
+                                                    qs[0], qs[1], qs[2], ks[2], qs[3]),
+                         "attention_forward") != CT_OK)
+        return NULL;
+    if (record(rt, OP_ATTENTION, y, q, k, v, lse, docs, 0) != CT_OK) return NULL;
     return &y->t;
 }
 
@@ -1138,6 +1151,11 @@ static ct_tensor *t_linear_cross_entropy(ct_builder *b, ct_tensor *x, ct_tensor 
     TRACED_OP("linear_cross_entropy", linear_flops(x, w), op_linear_cross_entropy(b, x, w, t), x, w, t);
 }
 
+static const ct_tensor *op_doc_ids(ct_builder *b) {
+    runtime *rt = RT(b);
+    return rt->cur_doc_ids ? &rt->cur_doc_ids->t : NULL;
+}
+
 static ct_status op_device(ct_builder *b, const ct_device_api **api, ct_device **dev) {
     runtime *rt = RT(b);
     *api = DEV(rt);
@@ -1174,6 +1192,7 @@ void tape_builder_init(runtime *rt) {
         .account_comm = op_account_comm,
         .rope_freqs = t_rope_freqs,
         .linear_cross_entropy = t_linear_cross_entropy,
+        .doc_ids = op_doc_ids,
     };
     rt->top = &rt->builder;
 }
@@ -1283,6 +1302,13 @@ static ct_status attention_bwd(runtime *rt, tape_entry *e, const float *dy) {
     float *gq, *gk, *gv;
     ct_status st = grads_of(rt, q, &gq, k, &gk, v, &gv);
     if (st != CT_OK) return st;
+    if (e->aux[1]) { /* block-causal: the positions and document ids the forward had */
+        const int32_t *pos = e->aux[1]->t.data, *doc = pos ? pos + s[0] * s[1] : NULL;
+        return dev_check(DEV(rt)->attention_doc_backward(rt->dev, gq, gk, gv, dy, q->t.data, k->t.data, v->t.data,
+                                                         e->out->t.data, e->aux[0]->t.data, pos, pos, doc, doc, s[0],
+                                                         s[1], s[1], s[2], k->t.shape[2], s[3]),
+                         "attention_doc_backward");
+    }
     return dev_check(DEV(rt)->attention_backward(rt->dev, gq, gk, gv, dy, q->t.data, k->t.data, v->t.data,
                                                  e->out->t.data, e->aux[0]->t.data, s[0], s[1], s[2], k->t.shape[2],
                                                  s[3]),
@@ -1747,6 +1773,7 @@ static void fw_account_comm(ct_builder *b, int axis, double seconds) { NEXT(b)->
 static ct_status fw_device(ct_builder *b, const ct_device_api **api, ct_device **dev) {
     return NEXT(b)->device(NEXT(b), api, dev);
 }
+static const ct_tensor *fw_doc_ids(ct_builder *b) { return NEXT(b)->doc_ids(NEXT(b)); }
 
 ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
     tape_layer *l = calloc(1, sizeof *l);
@@ -1779,6 +1806,7 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
         .account_comm = fw_account_comm,
         .rope_freqs = fw_rope_freqs,
         .linear_cross_entropy = fw_linear_cross_entropy,
+        .doc_ids = fw_doc_ids,
         .planning = next->planning, /* a strategy's layer over the planner's builder plans too */
     };
     (void)rt;

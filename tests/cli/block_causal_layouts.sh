@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Block-causal attention (model.attn_mask_type: block_causal) computes the same function under every
+# layout: the fortunes corpus tokenized one fortune per document (each ended by EOS; 753 documents,
+# about 45 tokens each, so a 128-token sequence packs about three), a small llama3, same seed and
+# global batch, real MPI ranks. FSDP 2, TP 2, PP 2 (1F1B, and ZBVZeroBubble with full checkpointing,
+# so every stage takes its own microbatch's document ids and the split backward replays them), full
+# activation checkpointing and torchtitan's per-op selective checkpointing: loss and grad-norm curves
+# within 1e-6 (relative) of one rank. The causal run on the same data differs from the block-causal
+# one at the first step (so the mask is applied), and torchtitan's three flex/varlen feature tests
+# (fsdp+flex_attn with full AC, fsdp+flex_attn+per_op_sac, fsdp+varlen_attn+per_op_sac) run with
+# its flags on 4 ranks and match one rank. Refusals: context parallel with block_causal, no tokenizer,
+# a causal mask asked beside a block-causal flavor, rope_positions without block_causal.
+set -u
+STEPS=${BC_STEPS:-4}
+. tests/cli/lib/layouts.sh
+"$CTITAN" tokenize --tokenizer "$T/tok.model" --input "$corpus" --split-on % --output "$T/docs.bin" >"$T/tok.log" \
+  || fail "tokenize documents"
+grep -q "753 documents" "$T/tok.log" || { cat "$T/tok.log"; fail "expected 753 documents"; }
+common+=(--model.n_layers=2 --model.dim=64 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_hidden=128
+         --training.seq_len=128 --training.dataset_path="$T/docs.bin")
+bc=(--model.attn_mask_type=block_causal --model.tokenizer_path="$T/tok.model")
+one=(--training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1)
+
+run single 1 --training.local_batch_size=8 "${bc[@]}"
+run causal 1 --training.local_batch_size=8
+l1=$(step_records single | sed -n 1p | sed 's/.*"loss": \([-0-9.e+]*\).*/\1/')
+l0=$(step_records causal | sed -n 1p | sed 's/.*"loss": \([-0-9.e+]*\).*/\1/')
+awk -v a="$l1" -v b="$l0" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d > 1e-4) }' \
+  || fail "block_causal's first loss $l1 is causal's $l0: the document mask changed nothing"
+echo "ok   block_causal differs from causal on packed documents (first loss $l1 vs $l0)"
+
+run fsdp2 2 "${bc[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
+compare single fsdp2 "$STEPS" || exit 1
+run tp2 2 "${bc[@]}" "${one[@]}" --parallelism.tensor_parallel_degree=2
+compare single tp2 "$STEPS" || exit 1
+run pp2 2 "${bc[@]}" "${one[@]}" --parallelism.pipeline_parallel_degree=2 \
+  --parallelism.pipeline_parallel_schedule=1F1B --parallelism.pipeline_parallel_microbatch_size=2
+compare single pp2 "$STEPS" || exit 1
+run pp2_zbv 2 "${bc[@]}" "${one[@]}" --parallelism.pipeline_parallel_degree=2 \
+  --parallelism.pipeline_parallel_schedule=ZBVZeroBubble --parallelism.pipeline_parallel_microbatch_size=2 \
+  --activation_checkpoint.mode=full
+compare single pp2_zbv "$STEPS" || exit 1
+run ac_full 1 "${bc[@]}" --training.local_batch_size=8 --activation_checkpoint.mode=full
+compare single ac_full "$STEPS" || exit 1
+run ac_op 1 "${bc[@]}" --training.local_batch_size=8 --activation_checkpoint.mode=selective \
+  --activation_checkpoint.selective_ac_option=op
+compare single ac_op "$STEPS" || exit 1
+
+# torchtitan's feature tests (tests/integration_tests/features.py), its flags on its 4 ranks
+tt=(--model.tokenizer_path="$T/tok.model" --parallelism.data_parallel_shard_degree=4 --training.local_batch_size=2)
+run flex_attn 4 "${tt[@]}" --activation_checkpoint.mode=full --model.flavor=debugmodel_flex_attn
+compare single flex_attn "$STEPS" || exit 1
+run flex_attn_sac 4 "${tt[@]}" --activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=op \
+  --model.flavor=debugmodel_flex_attn
+compare single flex_attn_sac "$STEPS" || exit 1
+run varlen_attn_sac 4 "${tt[@]}" --activation_checkpoint.mode=selective \
+  --activation_checkpoint.selective_ac_option=op --model.flavor=debugmodel_varlen_attn
+compare single varlen_attn_sac "$STEPS" || exit 1
+
+# refusals: status 2, one line naming the key
+refuse() { # name pattern args...
+  local name=$1 pat=$2; shift 2
+  "$CTITAN" train "${common[@]}" --job.dump_folder="$T/refused" "$@" >"$T/refused.log" 2>&1; local rc=$?
+  [ "$rc" -eq 2 ] && [ "$(wc -l <"$T/refused.log")" -eq 1 ] && grep -qE -- "$pat" "$T/refused.log" \
+    || { cat "$T/refused.log"; fail "$name: status $rc"; }
+  echo "ok   refused: $name: $(cat "$T/refused.log")"
+}
+refuse "block_causal without a tokenizer" "attn_mask_type.*EOS.*model.tokenizer_path" \
+  --model.attn_mask_type=block_causal --model.tokenizer_path=
+refuse "causal beside a flex flavor" "attn_mask_type: 'causal'.*block-causal flavors" \
+  --model.flavor=debugmodel_flex_attn --model.attn_mask_type=causal --model.tokenizer_path="$T/tok.model"
+refuse "rope_positions without block_causal" "rope_positions: 'document' needs model.attn_mask_type block_causal" \
+  --model.rope_positions=document
+refuse "an unknown mask type" "attn_mask_type.*causal.*block_causal" --model.attn_mask_type=sliding
+"$CTITAN" launch -n 2 train "${common[@]}" "${bc[@]}" "${one[@]}" --parallelism.context_parallel_degree=2 \
+  --job.dump_folder="$T/cp" >"$T/cp.log" 2>&1 && fail "block_causal with context parallel ran"
+grep -q "attn_mask_type: block_causal attention is not available with context parallel" "$T/cp.log" \
+  || { cat "$T/cp.log"; fail "context parallel refusal"; }
+echo "ok   refused: context parallel with block_causal names model.attn_mask_type"
