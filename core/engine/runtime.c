@@ -803,20 +803,11 @@ void runtime_doc_ids(int32_t *docs, const int32_t *tokens, int64_t B, int64_t T,
 rt_tensor *runtime_upload_tokens(runtime *rt, const int32_t *ids, int64_t B, int64_t T) {
     rt_tensor *t = runtime_upload_ids(rt, ids, B, T);
     if (!t || rt->doc_eos < 0) return t;
+    /* two tensors, each its own owner: the tape's backward reads a view's data from its owner's start */
     int64_t shape[3] = {2, B, T};
-    rt_tensor *d = tape_new_activation(rt, CT_I32, 3, shape), *v = pool_alloc(&rt->act->desc, sizeof *v);
-    if (!d || !v) {
-        if (!v) ct_set_error("out of memory for the tape");
-        return NULL;
-    }
-    *v = (rt_tensor){.t = d->t, .base = d};
-    v->t.ndim = 2;
-    v->t.shape[0] = B;
-    v->t.shape[1] = T;
-    v->t.shape[2] = 0;
-    v->t.grad = NULL;
+    rt_tensor *d = tape_new_activation(rt, CT_I32, 3, shape), *v = d ? tape_new_activation(rt, CT_I32, 2, shape + 1) : NULL;
+    if (!d || !v) return NULL;
     if (d->t.data && ids) { /* the planner's tensors hold no data */
-        v->t.data = (int32_t *)d->t.data + B * T;
         int32_t *host = malloc(sizeof(int32_t) * (size_t)(2 * B * T) + 1);
         if (!host) {
             ct_set_error("out of memory for document ids");
@@ -824,7 +815,9 @@ rt_tensor *runtime_upload_tokens(runtime *rt, const int32_t *ids, int64_t B, int
         }
         for (int64_t i = 0; i < B * T; i++) host[i] = (int32_t)(i % T); /* positions 0..T-1 in each row */
         runtime_doc_ids(host + B * T, ids, B, T, rt->doc_eos);
-        ct_status st = rt->d->copy(rt->dev, d->t.data, host, sizeof(int32_t) * (size_t)(2 * B * T), CT_COPY_H2D);
+        size_t bytes = sizeof(int32_t) * (size_t)(B * T);
+        ct_status st = rt->d->copy(rt->dev, d->t.data, host, 2 * bytes, CT_COPY_H2D);
+        if (st == CT_OK) st = rt->d->copy(rt->dev, v->t.data, host + B * T, bytes, CT_COPY_H2D);
         free(host);
         if (st != CT_OK) return NULL;
     }

@@ -53,7 +53,7 @@ typedef struct rt_tensor {
     int freed;                   /* liveness.c gave its data back: no op may read it */
     struct rt_tensor *docs;      /* token ids under block-causal attention: their rows' positions and document
                                     ids, int32 (2, B, T) (runtime_upload_tokens); NULL otherwise */
-    struct rt_tensor *doc_view;  /* that tensor's second half, the document ids (B, T): ct_builder.doc_ids */
+    struct rt_tensor *doc_view;  /* the document ids again, (B, T) on their own: ct_builder.doc_ids */
 } rt_tensor;
 
 typedef struct pool_chunk {

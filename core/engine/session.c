@@ -640,12 +640,6 @@ static ct_status set_attention_mask(session *s, manifest *mf) {
     }
     const char *key = mf_is_set(mf, "model.attn_mask_type") ? "model.attn_mask_type" : "model.flavor";
     mf_where(mf, key, where, sizeof where);
-    if (s->mesh.degree[CT_AXIS_CP] > 1) {
-        fprintf(stderr, "ctitan: %s: block_causal attention is not available with context parallel yet "
-                        "(parallelism.context_parallel_degree > 1): use causal attention or context_parallel_degree 1\n",
-                where);
-        return CT_ERR_INVALID;
-    }
     if (!CT_HAS_FIELD(s->d, ct_device_api, attention_doc_backward) || !s->d->attention_doc_forward ||
         !s->d->attention_doc_backward) {
         fprintf(stderr, "ctitan: %s: block_causal needs the device's attention_doc_forward/backward (ABI 2.13), "

@@ -3192,6 +3192,13 @@ static void test_attention_doc(void **state)
     doc_case_run("150 tokens, documents up to 12", b, t, h, kvh, 16, docs, pos, all, t, all, t);
     doc_case_run("150 tokens, rows shuffled", b, t, h, kvh, 16, docs, pos, perm, t, perm, t);
     doc_case_run("query and key subsets", b, t, h, kvh, 16, docs, pos, perm, 60, perm + 40, 90);
+    { /* context parallel's rank 0 of 2 on 128 tokens: chunks 0 and 3 of 4 against the whole sequence */
+        int32_t cprows[64];
+        for (int i = 0; i < 32; i++)
+            cprows[i] = i, cprows[32 + i] = 96 + i;
+        doc_rows(docs, pos, 1, 128, 40);
+        doc_case_run("cp rank rows against the whole sequence", 1, 128, h, kvh, 16, docs, pos, cprows, 64, all, 128);
+    }
     doc_rows(docs, pos, b, t, 90);
     doc_case_run("150 tokens, documents up to 90", b, t, h, kvh, 32, docs, pos, all, t, all, t);
     for (int64_t i = 0; i < b * t; i++)
