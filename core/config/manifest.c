@@ -142,6 +142,9 @@ static const struct {
     {"plan.hardware", CT_OPT_STRING, "",
      "the hardware profile (a name in configs/hardware/ or a file, e.g. from `ctitan plan --calibrate`) that "
      "`--dry-run` and the start-up prediction plan against; empty: memory only"},
+    {"plan.mean_document_length", CT_OPT_FLOAT, "0",
+     "block_causal: the mean document length the planner prices attention at; 0: measured from "
+     "training.dataset_path (tokens per EOS)"},
     {"compile.enable", CT_OPT_BOOL, "false",
      "capture a microbatch's forward and backward as a device graph and launch it from then on (CUDA; one rank, no float8)"},
     {"parallelism.pipeline_parallel_degree", CT_OPT_INT, "1", "pipeline parallel degree"},
@@ -170,6 +173,7 @@ static const struct {
     {"lr_scheduler.decay_ratio", "[0, 1]", NULL},
     {"lr_scheduler.decay_type", NULL, "linear|sqrt|cosine"},
     {"model.attn_mask_type", NULL, "causal|block_causal"},
+    {"plan.mean_document_length", "[0, 1e9]", NULL},
     {"model.rope_positions", NULL, "sequence|document"},
     {"lr_scheduler.min_lr_factor", "[0, 1]", NULL},
     {"training.local_batch_size", "[1, 1048576]", NULL},

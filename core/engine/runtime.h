@@ -232,6 +232,7 @@ typedef struct runtime {
     int32_t doc_eos;       /* model.attn_mask_type block_causal: the EOS id that ends a document; -1: causal */
     rt_tensor *cur_docs;   /* the (2, B, T) positions and document ids of the tokens unit_forward runs on */
     rt_tensor *cur_doc_ids; /* their document ids (B, T), what ct_builder.doc_ids returns */
+    double attn_doc_len;   /* the planner: block-causal attention priced at documents this long (0: causal) */
     double comm_seconds;   /* wall time in strategy hooks and collectives (exposed communication) */
     const ct_quantizer_api *qapi; /* the quantizer of the linear layers (NULL: none) */
     ct_quantizer *quant;

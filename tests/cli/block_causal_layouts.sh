@@ -9,7 +9,8 @@
 # grad-norm curves within 1e-6 (relative) of one rank. The causal run on the same data differs from the block-causal
 # one at the first step (so the mask is applied), and torchtitan's three flex/varlen feature tests
 # (fsdp+flex_attn with full AC, fsdp+flex_attn+per_op_sac, fsdp+varlen_attn+per_op_sac) run with
-# its flags on 4 ranks and match one rank. Refusals: no tokenizer, a causal mask asked beside a
+# its flags on 4 ranks and match one rank. The planner prices attention lower with shorter documents.
+# Refusals: no tokenizer, a causal mask asked beside a
 # block-causal flavor, rope_positions without block_causal, an unknown mask type.
 set -u
 STEPS=${BC_STEPS:-4}
@@ -64,6 +65,15 @@ compare single flex_attn_sac "$STEPS" || exit 1
 run varlen_attn_sac 4 "${tt[@]}" --activation_checkpoint.mode=selective \
   --activation_checkpoint.selective_ac_option=op --model.flavor=debugmodel_varlen_attn
 compare single varlen_attn_sac "$STEPS" || exit 1
+
+# the planner prices block-causal attention at the data's mean document length (45 tokens here), or
+# at plan.mean_document_length: attention time falls with shorter documents
+att() { "$CTITAN" plan "${common[@]}" --training.seq_len=2048 --training.local_batch_size=1 --hardware h100-sxm \
+          --gpus 1 --json "$@" 2>"$T/plan.err" | sed -n 's/.*"attention": \([0-9.e+-]*\).*/\1/p' | head -1; }
+a_causal=$(att); a_data=$(att "${bc[@]}"); a_512=$(att "${bc[@]}" --plan.mean_document_length=512)
+awk -v c="$a_causal" -v d="$a_data" -v m="$a_512" 'BEGIN { exit !(c > 0 && d > 0 && d < m && m < c / 2) }' \
+  || { cat "$T/plan.err"; fail "planned attention: causal $a_causal s, documents of 512 $a_512 s, the data's $a_data s"; }
+echo "ok   planned attention per step: causal $a_causal s, documents of 512 tokens $a_512 s, the data's (45) $a_data s"
 
 # refusals: status 2, one line naming the key
 refuse() { # name pattern args...
