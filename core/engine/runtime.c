@@ -790,12 +790,14 @@ rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_
     return t;
 }
 
-void runtime_doc_ids(int32_t *docs, const int32_t *tokens, int64_t B, int64_t T, int32_t eos) {
+void runtime_doc_ids(int32_t *docs, int32_t *pos, const int32_t *tokens, int64_t B, int64_t T, int32_t eos) {
     for (int64_t b = 0; b < B; b++) {
-        int32_t d = 0;
+        int32_t d = 0, at = 0;
         for (int64_t t = 0; t < T; t++) {
             docs[b * T + t] = d;
-            if (tokens[b * T + t] == eos) d++; /* the EOS is its document's last token */
+            if (pos) pos[b * T + t] = at;
+            at++;
+            if (tokens[b * T + t] == eos) d++, at = 0; /* the EOS is its document's last token */
         }
     }
 }
@@ -804,19 +806,19 @@ rt_tensor *runtime_upload_tokens(runtime *rt, const int32_t *ids, int64_t B, int
     rt_tensor *t = runtime_upload_ids(rt, ids, B, T);
     if (!t || rt->doc_eos < 0) return t;
     /* two tensors, each its own owner: the tape's backward reads a view's data from its owner's start */
-    int64_t shape[3] = {2, B, T};
+    int64_t planes = rt->rope_doc ? 3 : 2, shape[3] = {planes, B, T};
     rt_tensor *d = tape_new_activation(rt, CT_I32, 3, shape), *v = d ? tape_new_activation(rt, CT_I32, 2, shape + 1) : NULL;
     if (!d || !v) return NULL;
     if (d->t.data && ids) { /* the planner's tensors hold no data */
-        int32_t *host = malloc(sizeof(int32_t) * (size_t)(2 * B * T) + 1);
+        int32_t *host = malloc(sizeof(int32_t) * (size_t)(planes * B * T) + 1);
         if (!host) {
             ct_set_error("out of memory for document ids");
             return NULL;
         }
         for (int64_t i = 0; i < B * T; i++) host[i] = (int32_t)(i % T); /* positions 0..T-1 in each row */
-        runtime_doc_ids(host + B * T, ids, B, T, rt->doc_eos);
+        runtime_doc_ids(host + B * T, planes == 3 ? host + 2 * B * T : NULL, ids, B, T, rt->doc_eos);
         size_t bytes = sizeof(int32_t) * (size_t)(B * T);
-        ct_status st = rt->d->copy(rt->dev, d->t.data, host, 2 * bytes, CT_COPY_H2D);
+        ct_status st = rt->d->copy(rt->dev, d->t.data, host, (size_t)planes * bytes, CT_COPY_H2D);
         if (st == CT_OK) st = rt->d->copy(rt->dev, v->t.data, host + B * T, bytes, CT_COPY_H2D);
         free(host);
         if (st != CT_OK) return NULL;

@@ -646,11 +646,21 @@ static ct_status set_attention_mask(session *s, manifest *mf) {
                         "which device '%s' lacks\n", where, s->devp->info.name);
         return CT_ERR_INVALID;
     }
-    if (strcmp(rope, "sequence")) {
+    if (!strcmp(rope, "document")) {
         mf_where(mf, "model.rope_positions", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: '%s' is not available yet: RoPE positions count from the sequence's start "
-                        "(sequence, torchtitan's way)\n", where, rope);
-        return CT_ERR_INVALID;
+        if (s->mesh.degree[CT_AXIS_CP] > 1) {
+            fprintf(stderr, "ctitan: %s: document positions are not available with context parallel "
+                            "(parallelism.context_parallel_degree > 1), whose RoPE takes the sequence's: use sequence\n",
+                    where);
+            return CT_ERR_INVALID;
+        }
+        if (!CT_HAS_FIELD(s->d, ct_device_api, rope_freqs_backward) || !s->d->rope_forward_pos ||
+            !s->d->rope_backward_pos || !s->d->rope_freqs_forward || !s->d->rope_freqs_backward) {
+            fprintf(stderr, "ctitan: %s: document positions need the device's RoPE at explicit positions (ABI 2.3, "
+                            "2.4), which device '%s' lacks\n", where, s->devp->info.name);
+            return CT_ERR_INVALID;
+        }
+        s->rt.rope_doc = 1;
     }
     const char *tp;
     if ((mf_get_str(mf, "model.tokenizer_path", &tp) || !*tp) && (mf_get_str(mf, "model.hf_assets_path", &tp) || !*tp)) {

@@ -15,7 +15,8 @@ same tokens, so the C test can show that the mask changed them. Run from the rep
 
 Before writing it checks the explicit mask against torch's scaled_dot_product_attention given the
 same boolean mask, and against running each document alone, from position 0, through the causal
-model (its logits must be the packed run's rows for that document to 1e-9).
+model (its logits must be the packed run's rows for that document to 1e-9): so the same logits hold
+for RoPE positions restarted per document (input.doc_positions), which the C test checks too.
 """
 import argparse
 import math
@@ -40,6 +41,19 @@ def doc_ids(tokens):
     """(B, T) document ids: 0 from each row's start, one more after each EOS."""
     is_eos = (tokens == EOS).long()
     return torch.cumsum(is_eos, dim=1) - is_eos
+
+
+def doc_positions(tokens):
+    """(B, T) each token's position within its document, from 0 (RoPE restarted per document)."""
+    d = doc_ids(tokens)
+    T = tokens.shape[1]
+    idx = torch.arange(T).expand_as(d)
+    start = torch.zeros_like(d)
+    for b in range(d.shape[0]):
+        for doc in range(int(d[b].max()) + 1):
+            rows = (d[b] == doc).nonzero().flatten()
+            start[b, rows] = int(rows[0])
+    return idx - start
 
 
 def doc_mask(tokens):
@@ -116,7 +130,7 @@ def compute():
         assert sdpa_diff < 1e-10, f"explicit mask and sdpa disagree by {sdpa_diff}"
         # each document alone, from its own start, through the causal model: the packed rows are its
         # logits (RoPE's scores depend only on the distance between positions, so the offset of a
-        # document in its sequence changes nothing)
+        # document in its sequence changes nothing: RoPE restarted per document is the same function)
         alone = 0.0
         d = doc_ids(tokens)
         for b in range(B):
@@ -141,6 +155,7 @@ def compute():
     items.append(("input.targets_raw", raw))
     items.append(("input.targets", targets))
     items.append(("input.doc_ids", doc_ids(tokens).to(torch.int32)))
+    items.append(("input.doc_positions", doc_positions(tokens).to(torch.int32)))
     items.append(("expected.logits", logits.detach()))
     items.append(("expected.causal_logits", causal_logits))
     items.append(("expected.loss", loss.detach()))

@@ -74,14 +74,17 @@ static double rel_err(const float *got, const float *want, int64_t n) {
     return sqrt(num / (den > 0 ? den : 1e-30));
 }
 
-/* The document ids the runtime derives from the tokens are PyTorch's (torchtitan's counting). */
+/* The document ids and in-document positions the runtime derives from the tokens are PyTorch's
+ * (torchtitan's counting: the EOS is its document's last token). */
 static void test_document_ids_match(void **state) {
     fixture *f = *state;
-    int32_t docs[B * T];
-    runtime_doc_ids(docs, f->tokens, B, T, f->eos);
-    const int32_t *want = find(f, "input.doc_ids")->data;
-    for (int i = 0; i < B * T; i++)
+    int32_t docs[B * T], pos[B * T];
+    runtime_doc_ids(docs, pos, f->tokens, B, T, f->eos);
+    const int32_t *want = find(f, "input.doc_ids")->data, *want_pos = find(f, "input.doc_positions")->data;
+    for (int i = 0; i < B * T; i++) {
         if (docs[i] != want[i]) fail_msg("document id of token %d: %d, PyTorch %d", i, docs[i], want[i]);
+        if (pos[i] != want_pos[i]) fail_msg("position in its document of token %d: %d, PyTorch %d", i, pos[i], want_pos[i]);
+    }
     assert_true(docs[T - 1] >= 2 && docs[2 * T - 1] >= 2); /* several documents per sequence */
 }
 
@@ -103,8 +106,39 @@ static void test_logits_match_pytorch(void **state) {
     free(logits);
 }
 
+/* The loss and every gradient against PyTorch's, within TOL; *worst gets the largest gradient error. */
+static void expect_loss_and_gradients(fixture *f, double *loss_out, double *worst_out);
+
 static void test_loss_and_every_gradient_match_pytorch(void **state) {
     fixture *f = *state;
+    double loss, worst;
+    expect_loss_and_gradients(f, &loss, &worst);
+    print_message("loss %.9f vs PyTorch %.9f; %d gradients, worst relative error %.2e\n", loss,
+                  *(const float *)find(f, "expected.loss")->data, f->s.rt.n_params, worst);
+}
+
+/* model.rope_positions: document: RoPE at each token's position within its document. RoPE's scores
+ * depend only on the distance between two positions, and the mask keeps both in one document, so the
+ * function is the one above (PyTorch checks it by running each document alone from position 0): the
+ * same logits, loss and gradients, reached through rotations at other angles. */
+static void test_document_positions_match_pytorch(void **state) {
+    fixture *f = *state;
+    const tf_entry *want = find(f, "expected.logits");
+    float *seq = malloc(sizeof(float) * (size_t)want->numel), *logits = malloc(sizeof(float) * (size_t)want->numel);
+    assert_int_equal(runtime_forward_logits(&f->s.rt, f->tokens, B, T, seq), CT_OK);
+    f->s.rt.rope_doc = 1;
+    assert_int_equal(runtime_forward_logits(&f->s.rt, f->tokens, B, T, logits), CT_OK);
+    double e = rel_err(logits, want->data, want->numel), loss, worst;
+    if (!(e <= TOL)) fail_msg("logits with document positions: relative error %.3g > %.1g", e, TOL);
+    /* the rotations did change: not the sequence positions' bits (only rounding tells them apart) */
+    assert_true(memcmp(seq, logits, sizeof(float) * (size_t)want->numel) != 0);
+    free(seq);
+    free(logits);
+    expect_loss_and_gradients(f, &loss, &worst);
+    print_message("RoPE restarted per document: logits %.2e, gradients %.2e from PyTorch\n", e, worst);
+}
+
+static void expect_loss_and_gradients(fixture *f, double *loss_out, double *worst_out) {
     int64_t valid = 0;
     for (int i = 0; i < B * T; i++) valid += f->targets[i] != CT_IGNORE_INDEX;
     double loss_sum, worst = 0;
@@ -127,8 +161,8 @@ static void test_loss_and_every_gradient_match_pytorch(void **state) {
         if (!(e <= TOL)) fail_msg("%s: relative error %.3g > %.1g", name, e, TOL);
         free(g);
     }
-    print_message("loss %.9f vs PyTorch %.9f; %d gradients, worst relative error %.2e\n", loss, want_loss,
-                  f->s.rt.n_params, worst);
+    *loss_out = loss;
+    *worst_out = worst;
 }
 
 /* A training step given the raw targets masks each document's first target itself: its loss and
@@ -156,6 +190,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_logits_match_pytorch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_loss_and_every_gradient_match_pytorch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_step_masks_document_boundaries, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_document_positions_match_pytorch, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
