@@ -361,7 +361,7 @@ static pp_ctx *ctx_get(pipeline *pl, int mb) {
     swap_ctx(rt, c);
     rt->act = &rt->saved;
     int64_t n = pl->mb_size * pl->T;
-    c->tok = runtime_upload_ids(rt, pl->tokens + (int64_t)mb * n, pl->mb_size, pl->T);
+    c->tok = runtime_upload_tokens(rt, pl->tokens + (int64_t)mb * n, pl->mb_size, pl->T);
     c->tgt = runtime_upload_ids(rt, pl->targets + (int64_t)mb * n, pl->mb_size, pl->T);
     swap_ctx(rt, c);
     if (!c->tok || !c->tgt) {

@@ -51,6 +51,10 @@ typedef struct rt_tensor {
                                     gradient of its own) */
     struct tape_entry *last_bwd; /* tape_backward: the last op whose backward reads its data */
     int freed;                   /* liveness.c gave its data back: no op may read it */
+    struct rt_tensor *docs;      /* token ids under block-causal attention: their rows' positions and document
+                                    ids, int32 (2, B, T), and with rope_doc a third plane, each row's position in
+                                    its document (3, B, T) (runtime_upload_tokens); NULL otherwise */
+    struct rt_tensor *doc_view;  /* the document ids again, (B, T) on their own: ct_builder.doc_ids */
 } rt_tensor;
 
 typedef struct pool_chunk {
@@ -226,6 +230,11 @@ typedef struct runtime {
     struct rope_table *rope_tables; /* rope_freqs' frequency tables on the device (tape.c) */
     int64_t share_buf_n;
     int64_t seq_multiple;                  /* every sequence's length is a multiple of it (strategies') */
+    int32_t doc_eos;       /* model.attn_mask_type block_causal: the EOS id that ends a document; -1: causal */
+    int rope_doc;          /* model.rope_positions document: RoPE at positions within each document */
+    rt_tensor *cur_docs;   /* the (2 or 3, B, T) positions and document ids of the tokens unit_forward runs on */
+    rt_tensor *cur_doc_ids; /* their document ids (B, T), what ct_builder.doc_ids returns */
+    double attn_doc_len;   /* the planner: block-causal attention priced at documents this long (0: causal) */
     double comm_seconds;   /* wall time in strategy hooks and collectives (exposed communication) */
     const ct_quantizer_api *qapi; /* the quantizer of the linear layers (NULL: none) */
     ct_quantizer *quant;
@@ -404,6 +413,12 @@ void runtime_note_act_peak(runtime *rt);
 void runtime_use_shadow(runtime *rt, int on);
 ct_status runtime_shadow_unit(runtime *rt, int u);
 rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T);
+/* The model's token ids (B, T): runtime_upload_ids, and under block-causal attention (doc_eos >= 0)
+ * their positions and document ids beside them (rt_tensor.docs). */
+rt_tensor *runtime_upload_tokens(runtime *rt, const int32_t *ids, int64_t B, int64_t T);
+/* Document ids of tokens (B, T): 0 from each row's start, one more after each `eos`; docs (B, T). With
+ * pos not NULL, also each token's position within its document (B, T), from 0. */
+void runtime_doc_ids(int32_t *docs, int32_t *pos, const int32_t *tokens, int64_t B, int64_t T, int32_t eos);
 ct_status runtime_reset_arenas(runtime *rt);
 /* The gradient buffer of a unit boundary tensor (an output gradient a pipeline receives, an input
  * gradient it sends): in the context's own pool under bgrad_ctx, else as tape_grad. */

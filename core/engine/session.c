@@ -454,6 +454,26 @@ static ct_status load_plugins(session *s, manifest *mf, int with_params) {
     return CT_OK;
 }
 
+/* torchtitan's flavors for its attention backends (debugmodel_flex_attn, debugmodel_varlen_attn,
+ * 8B_flex, 8B_varlen): the base flavor with block-causal attention, unless the pack has a flavor of
+ * that very name. Returns the name to give the pack (s->flavor or `flavor`). */
+static const char *base_flavor(session *s, const char *flavor) {
+    static const char *const suffix[] = {"_flex_attn", "_varlen_attn", "_flex", "_varlen"};
+    for (const char *const *f = s->m->flavors; f && *f; f++)
+        if (!strcmp(*f, flavor)) return flavor;
+    size_t n = strlen(flavor);
+    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
+        size_t k = strlen(suffix[i]);
+        if (n > k && n - k < sizeof s->flavor && !strcmp(flavor + n - k, suffix[i])) {
+            memcpy(s->flavor, flavor, n - k);
+            s->flavor[n - k] = 0;
+            s->flavor_doc = 1;
+            return s->flavor;
+        }
+    }
+    return flavor;
+}
+
 /* The model pack on the training sequence length. */
 static ct_status create_model(session *s, manifest *mf) {
     char where[600];
@@ -469,6 +489,7 @@ static ct_status create_model(session *s, manifest *mf) {
     /* from_checkpoint with a description that names no flavor (a Hugging Face folder's): its options
      * set every size, so the pack's first flavor only fills what they leave */
     if (!strcmp(flavor, "from_checkpoint") && s->m->flavors && s->m->flavors[0]) flavor = s->m->flavors[0];
+    flavor = base_flavor(s, flavor);
     ct_model_config cfg = {sizeof cfg, flavor, seq_len};
     ct_clear_error();
     if (s->m->create(&s->modelp->host, &cfg, &s->model) != CT_OK)
@@ -592,6 +613,78 @@ static ct_status set_compute_modes(session *s, manifest *mf) {
     return CT_OK;
 }
 
+/* model.attn_mask_type (or a *_flex_attn / *_varlen_attn flavor): block_causal takes the document
+ * boundaries from the tokenizer's EOS, which the tokenizer named by model.tokenizer_path (or
+ * model.hf_assets_path) must have. */
+static ct_status set_attention_mask(session *s, manifest *mf) {
+    char where[600];
+    const char *mask, *rope;
+    mf_get_str(mf, "model.attn_mask_type", &mask);
+    mf_get_str(mf, "model.rope_positions", &rope);
+    int explicit_mask = mf_is_set(mf, "model.attn_mask_type");
+    if (s->flavor_doc && explicit_mask && strcmp(mask, "block_causal")) {
+        mf_where(mf, "model.attn_mask_type", where, sizeof where);
+        fprintf(stderr, "ctitan: %s: '%s', but model.flavor '%s_...' is one of torchtitan's block-causal flavors: "
+                        "expected block_causal, or the flavor '%s'\n", where, mask, s->flavor, s->flavor);
+        return CT_ERR_INVALID;
+    }
+    int block = s->flavor_doc || !strcmp(mask, "block_causal");
+    if (!block) {
+        if (strcmp(rope, "sequence")) {
+            mf_where(mf, "model.rope_positions", where, sizeof where);
+            fprintf(stderr, "ctitan: %s: '%s' needs model.attn_mask_type block_causal (documents to restart at)\n",
+                    where, rope);
+            return CT_ERR_INVALID;
+        }
+        return CT_OK;
+    }
+    const char *key = mf_is_set(mf, "model.attn_mask_type") ? "model.attn_mask_type" : "model.flavor";
+    mf_where(mf, key, where, sizeof where);
+    if (!CT_HAS_FIELD(s->d, ct_device_api, attention_doc_backward) || !s->d->attention_doc_forward ||
+        !s->d->attention_doc_backward) {
+        fprintf(stderr, "ctitan: %s: block_causal needs the device's attention_doc_forward/backward (ABI 2.13), "
+                        "which device '%s' lacks\n", where, s->devp->info.name);
+        return CT_ERR_INVALID;
+    }
+    if (!strcmp(rope, "document")) {
+        mf_where(mf, "model.rope_positions", where, sizeof where);
+        if (s->mesh.degree[CT_AXIS_CP] > 1) {
+            fprintf(stderr, "ctitan: %s: document positions are not available with context parallel "
+                            "(parallelism.context_parallel_degree > 1), whose RoPE takes the sequence's: use sequence\n",
+                    where);
+            return CT_ERR_INVALID;
+        }
+        if (!CT_HAS_FIELD(s->d, ct_device_api, rope_freqs_backward) || !s->d->rope_forward_pos ||
+            !s->d->rope_backward_pos || !s->d->rope_freqs_forward || !s->d->rope_freqs_backward) {
+            fprintf(stderr, "ctitan: %s: document positions need the device's RoPE at explicit positions (ABI 2.3, "
+                            "2.4), which device '%s' lacks\n", where, s->devp->info.name);
+            return CT_ERR_INVALID;
+        }
+        s->rt.rope_doc = 1;
+    }
+    const char *tp;
+    if ((mf_get_str(mf, "model.tokenizer_path", &tp) || !*tp) && (mf_get_str(mf, "model.hf_assets_path", &tp) || !*tp)) {
+        fprintf(stderr, "ctitan: %s: block_causal takes document boundaries from the tokenizer's EOS token: set "
+                        "model.tokenizer_path (or model.hf_assets_path) to the tokenizer the data was made with\n",
+                where);
+        return CT_ERR_INVALID;
+    }
+    ct_tokenizer *tok = NULL;
+    ct_status st = session_open_tokenizer(s, &tok);
+    if (st != CT_OK) return st;
+    int32_t eos = tokenizer_eos_id(tok);
+    tokenizer_free(tok);
+    if (eos < 0) {
+        mf_where(mf, mf_is_set(mf, "model.tokenizer_path") ? "model.tokenizer_path" : "model.hf_assets_path", where,
+                 sizeof where);
+        fprintf(stderr, "ctitan: %s: the tokenizer has no EOS token, which block_causal (model.attn_mask_type) needs to "
+                        "tell where a document ends\n", where);
+        return CT_ERR_INVALID;
+    }
+    s->rt.doc_eos = eos;
+    return CT_OK;
+}
+
 /* ABI 2.1: on many ranks the optimizer gets the comm and mesh the strategies get (Muon gathers
  * whole matrices over the groups a slot is sharded or split over). */
 static ct_status attach_optimizer(session *s) {
@@ -632,7 +725,9 @@ ct_status session_open(session *s, manifest *mf, int with_params, int with_optim
     if ((st = load_plugins(s, mf, with_params)) || (st = create_device_and_model(s, mf)))
         return st;
     if (!with_params) return CT_OK;
-    if ((st = create_quantizer(s, mf)) || (st = build_runtime(s, mf)) || (st = set_compute_modes(s, mf))) return st;
+    if ((st = create_quantizer(s, mf)) || (st = build_runtime(s, mf)) || (st = set_compute_modes(s, mf)) ||
+        (st = set_attention_mask(s, mf)))
+        return st;
     return with_optimizer ? create_optimizer(s) : CT_OK;
 }
 
@@ -954,9 +1049,40 @@ ct_status session_step_params(session *s, double lr, int64_t step) {
     return CT_OK;
 }
 
+/* Block-causal attention: a document's first token is not a target (as torchtitan main masks the loss
+ * at document boundaries): the query before it, the previous document's EOS, sees nothing of its
+ * document. Returns targets, or *buf (the caller frees it) holding them with those ignored; NULL when
+ * out of memory. */
+static const int32_t *mask_boundaries(const session *s, const int32_t *inputs, const int32_t *targets, int64_t n,
+                                      int32_t **buf) {
+    *buf = NULL;
+    if (s->rt.doc_eos < 0) return targets;
+    if (!(*buf = malloc(sizeof(int32_t) * (size_t)n + 1))) {
+        ct_set_error("out of memory for the loss mask");
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++) (*buf)[i] = inputs[i] == s->rt.doc_eos ? CT_IGNORE_INDEX : targets[i];
+    return *buf;
+}
+
+static ct_status train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
+                            int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
+                            int64_t *valid_out);
+
 ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
                              int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
                              int64_t *valid_out) {
+    int32_t *buf;
+    const int32_t *tg = mask_boundaries(s, inputs, targets, G * T, &buf);
+    if (!tg) return CT_ERR_NOMEM;
+    ct_status st = train_step(s, inputs, tg, G, L, T, lr, max_norm, step, loss, norm, valid_out);
+    free(buf);
+    return st;
+}
+
+static ct_status train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
+                            int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
+                            int64_t *valid_out) {
     double valid = 0;
     for (int64_t i = 0; i < G * T; i++) valid += targets[i] != CT_IGNORE_INDEX;
     ct_status st = dp_sum(s, &valid); /* the loss is normalised by the global batch's valid tokens */
@@ -1020,8 +1146,21 @@ ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *t
     return session_post_step(s);
 }
 
+static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
+                           int64_t T, double *loss_sum, int64_t *valid_out);
+
 ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
                             int64_t T, double *loss_sum, int64_t *valid_out) {
+    int32_t *buf;
+    const int32_t *tg = mask_boundaries(s, inputs, targets, G * T, &buf);
+    if (!tg) return CT_ERR_NOMEM;
+    ct_status st = eval_step(s, inputs, tg, G, L, T, loss_sum, valid_out);
+    free(buf);
+    return st;
+}
+
+static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
+                           int64_t T, double *loss_sum, int64_t *valid_out) {
     double valid = 0, sum = 0;
     for (int64_t i = 0; i < G * T; i++) valid += targets[i] != CT_IGNORE_INDEX;
     /* the bf16 copies follow the weights the last optimizer step left (a training step refreshes them

@@ -60,6 +60,9 @@ typedef struct session {
     double peak_flops; /* measured matmul peak of the device at matmul_precision, FLOP/s (0 if unknown) */
     int opt_calls;                /* optimizer calls in the last step (contiguous tensors merged) */
     const char *matmul_precision; /* "f32", or "bf16" once the device took set_matmul_dtype(CT_BF16) */
+    char flavor[64];      /* model.flavor as the pack got it: torchtitan's *_flex_attn / *_varlen_attn names
+                             without their suffix */
+    int flavor_doc;       /* the flavor's name asked for block-causal attention (its suffix) */
 } session;
 
 /* Command-line arguments common to train/generate: a manifest and --section.key=value overrides. */

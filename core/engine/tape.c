@@ -724,6 +724,41 @@ static ct_tensor *op_layernorm(ct_builder *b, ct_tensor *xt, ct_tensor *wt, ct_t
     return &y->t;
 }
 
+/* model.rope_positions: document: the rows' positions within their documents (the third plane of the
+ * microbatch's (3, B, T) document tensor), or NULL to rotate by the row index. x is (B, T, H, D). */
+static rt_tensor *rope_doc_rows(runtime *rt, const rt_tensor *x) {
+    rt_tensor *docs = rt->cur_docs;
+    if (!rt->rope_doc || !docs) return NULL;
+    if (docs->t.shape[0] != 3 || docs->t.shape[1] != x->t.shape[0] || docs->t.shape[2] != x->t.shape[1]) {
+        ct_set_error("rope: positions restart per document (model.rope_positions: document), but rope got %lld x %lld "
+                     "rows and the microbatch has %lld x %lld", (long long)x->t.shape[0], (long long)x->t.shape[1],
+                     (long long)docs->t.shape[1], (long long)docs->t.shape[2]);
+        return NULL;
+    }
+    return docs;
+}
+
+/* Rotary embedding at the document positions of each row (b calls of one row): forward, or the backward
+ * (dx += R^T dout) when `back`; table NULL for theta's plain RoPE. */
+static ct_status rope_doc_rows_run(runtime *rt, const rt_tensor *docs, float *out, const float *in, const float *table,
+                                   float theta, const int64_t *shape, int back) {
+    const ct_device_api *d = DEV(rt);
+    int64_t B = shape[0], T = shape[1], H = shape[2], D = shape[3], row = T * H * D;
+    const int32_t *pos = docs->t.data ? (const int32_t *)docs->t.data + 2 * B * T : NULL;
+    if (!pos) return CT_OK; /* the planner's */
+    ct_status st = CT_OK;
+    for (int64_t bi = 0; bi < B && st == CT_OK; bi++) {
+        const int32_t *p = pos + bi * T;
+        if (table)
+            st = back ? d->rope_freqs_backward(rt->dev, out + bi * row, in + bi * row, p, table, 1, T, H, D)
+                      : d->rope_freqs_forward(rt->dev, out + bi * row, in + bi * row, p, table, 1, T, H, D);
+        else
+            st = back ? d->rope_backward_pos(rt->dev, out + bi * row, in + bi * row, p, 1, T, H, D, theta)
+                      : d->rope_forward_pos(rt->dev, out + bi * row, in + bi * row, p, 1, T, H, D, theta);
+    }
+    return dev_check(st, back ? "rope backward at document positions" : "rope at document positions");
+}
+
 static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
     runtime *rt = RT(b);
     rt_tensor *x = (rt_tensor *)xt;
@@ -732,14 +767,17 @@ static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
         ct_set_error("rope: expects x of shape (B, T, H, D) with D even");
         return NULL;
     }
-    rt_tensor *y = like(rt, x);
-    if (!y) return NULL;
+    rt_tensor *y = like(rt, x), *docs = rope_doc_rows(rt, x);
+    if (!y || (rt->rope_doc && rt->cur_docs && !docs)) return NULL;
     if (rt->trace_ops == 1 &&
         rt->observer->op(rt, RT_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0) != CT_OK)
         return NULL;
-    if (dev_check(DEV(rt)->rope_forward(rt->dev, y->t.data, x->t.data, x->t.shape[0], x->t.shape[1], x->t.shape[2],
-                                   x->t.shape[3], theta), "rope_forward") != CT_OK) return NULL;
-    if (record(rt, OP_ROPE, y, x, NULL, NULL, NULL, NULL, theta) != CT_OK) return NULL;
+    if (docs) {
+        if (rope_doc_rows_run(rt, docs, y->t.data, x->t.data, NULL, theta, x->t.shape, 0) != CT_OK) return NULL;
+    } else if (dev_check(DEV(rt)->rope_forward(rt->dev, y->t.data, x->t.data, x->t.shape[0], x->t.shape[1],
+                                               x->t.shape[2], x->t.shape[3], theta), "rope_forward") != CT_OK)
+        return NULL;
+    if (record(rt, OP_ROPE, y, x, NULL, NULL, NULL, docs, theta) != CT_OK) return NULL;
     return &y->t;
 }
 
@@ -815,13 +853,17 @@ static ct_tensor *op_rope_freqs(ct_builder *b, ct_tensor *xt, const float *inv_f
     memset(table, 0, sizeof *table);
     table->t = (ct_tensor){.struct_size = sizeof table->t, .dtype = CT_F32, .ndim = 1, .shape = {half}};
     if (!(table->t.data = rope_table_on_device(rt, inv_freq, half))) return NULL;
+    rt_tensor *docs = rope_doc_rows(rt, x);
+    if (rt->rope_doc && rt->cur_docs && !docs) return NULL;
     if (rt->trace_ops == 1 &&
         rt->observer->op(rt, RT_OP_ROPE, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], 0, 0) != CT_OK)
         return NULL;
-    if (dev_check(d->rope_freqs_forward(rt->dev, y->t.data, x->t.data, NULL, table->t.data, x->t.shape[0],
-                                        x->t.shape[1], x->t.shape[2], x->t.shape[3]), "rope_freqs_forward") != CT_OK)
+    if (docs) {
+        if (rope_doc_rows_run(rt, docs, y->t.data, x->t.data, table->t.data, 0, x->t.shape, 0) != CT_OK) return NULL;
+    } else if (dev_check(d->rope_freqs_forward(rt->dev, y->t.data, x->t.data, NULL, table->t.data, x->t.shape[0],
+                                               x->t.shape[1], x->t.shape[2], x->t.shape[3]), "rope_freqs_forward") != CT_OK)
         return NULL;
-    if (record(rt, OP_ROPE, y, x, NULL, NULL, table, NULL, 0) != CT_OK) return NULL;
+    if (record(rt, OP_ROPE, y, x, NULL, NULL, table, docs, 0) != CT_OK) return NULL;
     return &y->t;
 }
 
@@ -845,12 +887,25 @@ static ct_tensor *op_attention(ct_builder *b, ct_tensor *qt, ct_tensor *kt, ct_t
     if (rt->trace_ops == 1 &&
         rt->observer->op(rt, RT_OP_ATTENTION, qs[0], qs[1], qs[2], qs[3], (int)ks[2], saved) != CT_OK)
         return NULL;
-    if (!SAC_REUSED(rt, saved) &&
-        dev_check(DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data, qs[0],
-                                             qs[1], qs[2], ks[2], qs[3]),
-                  "attention_forward") != CT_OK)
+    rt_tensor *docs = rt->cur_docs; /* block-causal: the rows' positions and document ids (2, B, T) */
+    if (docs && (docs->t.shape[1] != qs[0] || docs->t.shape[2] != qs[1])) {
+        ct_set_error("attention: block-causal attention over %lld x %lld rows, but the microbatch's document ids are "
+                     "(%lld, %lld): a strategy that splits the sequence must wrap attention itself (ct_builder.doc_ids)",
+                     (long long)qs[0], (long long)qs[1], (long long)docs->t.shape[1], (long long)docs->t.shape[2]);
         return NULL;
-    if (record(rt, OP_ATTENTION, y, q, k, v, lse, NULL, 0) != CT_OK) return NULL;
+    }
+    if (docs && !SAC_REUSED(rt, saved)) {
+        const int32_t *pos = docs->t.data, *doc = pos ? pos + qs[0] * qs[1] : NULL;
+        if (dev_check(DEV(rt)->attention_doc_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data,
+                                                     pos, pos, doc, doc, qs[0], qs[1], qs[1], qs[2], ks[2], qs[3]),
+                      "attention_doc_forward") != CT_OK)
+            return NULL;
+    } else if (!SAC_REUSED(rt, saved) &&
+               dev_check(DEV(rt)->attention_forward(rt->dev, y->t.data, lse->t.data, q->t.data, k->t.data, v->t.data,
+                                                    qs[0], qs[1], qs[2], ks[2], qs[3]),
+                         "attention_forward") != CT_OK)
+        return NULL;
+    if (record(rt, OP_ATTENTION, y, q, k, v, lse, docs, 0) != CT_OK) return NULL;
     return &y->t;
 }
 
@@ -1138,6 +1193,11 @@ static ct_tensor *t_linear_cross_entropy(ct_builder *b, ct_tensor *x, ct_tensor 
     TRACED_OP("linear_cross_entropy", linear_flops(x, w), op_linear_cross_entropy(b, x, w, t), x, w, t);
 }
 
+static const ct_tensor *op_doc_ids(ct_builder *b) {
+    runtime *rt = RT(b);
+    return rt->cur_doc_ids ? &rt->cur_doc_ids->t : NULL;
+}
+
 static ct_status op_device(ct_builder *b, const ct_device_api **api, ct_device **dev) {
     runtime *rt = RT(b);
     *api = DEV(rt);
@@ -1174,6 +1234,7 @@ void tape_builder_init(runtime *rt) {
         .account_comm = op_account_comm,
         .rope_freqs = t_rope_freqs,
         .linear_cross_entropy = t_linear_cross_entropy,
+        .doc_ids = op_doc_ids,
     };
     rt->top = &rt->builder;
 }
@@ -1283,6 +1344,13 @@ static ct_status attention_bwd(runtime *rt, tape_entry *e, const float *dy) {
     float *gq, *gk, *gv;
     ct_status st = grads_of(rt, q, &gq, k, &gk, v, &gv);
     if (st != CT_OK) return st;
+    if (e->aux[1]) { /* block-causal: the positions and document ids the forward had */
+        const int32_t *pos = e->aux[1]->t.data, *doc = pos ? pos + s[0] * s[1] : NULL;
+        return dev_check(DEV(rt)->attention_doc_backward(rt->dev, gq, gk, gv, dy, q->t.data, k->t.data, v->t.data,
+                                                         e->out->t.data, e->aux[0]->t.data, pos, pos, doc, doc, s[0],
+                                                         s[1], s[1], s[2], k->t.shape[2], s[3]),
+                         "attention_doc_backward");
+    }
     return dev_check(DEV(rt)->attention_backward(rt->dev, gq, gk, gv, dy, q->t.data, k->t.data, v->t.data,
                                                  e->out->t.data, e->aux[0]->t.data, s[0], s[1], s[2], k->t.shape[2],
                                                  s[3]),
@@ -1419,6 +1487,8 @@ static ct_status pointwise_bwd(runtime *rt, tape_entry *e, const float *dy, int 
     case OP_ROPE:
         if (!in) return CT_OK;
         if ((st = grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) != CT_OK) return st;
+        if (e->aux[1]) /* model.rope_positions: document */
+            return rope_doc_rows_run(rt, e->aux[1], gx, dy, e->aux[0] ? e->aux[0]->t.data : NULL, e->f, x->t.shape, 1);
         if (e->aux[0]) /* rope_freqs: the table it copied */
             st = d->rope_freqs_backward(rt->dev, gx, dy, NULL, e->aux[0]->t.data, x->t.shape[0], x->t.shape[1],
                                         x->t.shape[2], x->t.shape[3]);
@@ -1536,7 +1606,10 @@ static int entry_read_list(const tape_entry *e, rt_tensor **r) {
     case OP_ADD:
     case OP_COLLECTIVE: /* gradients and shapes only */
     case OP_BIAS: return 0;
-    case OP_ROPE: r[n++] = e->aux[0]; return n; /* rope_freqs' table */
+    case OP_ROPE: /* rope_freqs' table; the document positions */
+        r[n++] = e->aux[0];
+        r[n++] = e->aux[1];
+        return n;
     case OP_ATTENTION: r[n++] = e->out; break;
     case OP_CUSTOM:
         for (int i = 0; i < e->custom->n_in; i++) r[n++] = (rt_tensor *)e->custom->in[i];
@@ -1747,6 +1820,7 @@ static void fw_account_comm(ct_builder *b, int axis, double seconds) { NEXT(b)->
 static ct_status fw_device(ct_builder *b, const ct_device_api **api, ct_device **dev) {
     return NEXT(b)->device(NEXT(b), api, dev);
 }
+static const ct_tensor *fw_doc_ids(ct_builder *b) { return NEXT(b)->doc_ids(NEXT(b)); }
 
 ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
     tape_layer *l = calloc(1, sizeof *l);
@@ -1779,6 +1853,7 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
         .account_comm = fw_account_comm,
         .rope_freqs = fw_rope_freqs,
         .linear_cross_entropy = fw_linear_cross_entropy,
+        .doc_ids = fw_doc_ids,
         .planning = next->planning, /* a strategy's layer over the planner's builder plans too */
     };
     (void)rt;

@@ -479,6 +479,34 @@ static ct_status w_attention_block_backward(ct_device *dev, float *dq, float *dk
                                           hd);
 }
 
+static ct_status w_attention_doc_forward(ct_device *dev, float *out, float *lse, const float *q, const float *k,
+                                         const float *v, const int32_t *q_pos, const int32_t *k_pos,
+                                         const int32_t *q_doc, const int32_t *k_doc, int64_t b, int64_t tq, int64_t tk,
+                                         int64_t h, int64_t kvh, int64_t hd) {
+    const char *op = "attention_doc_forward";
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(attention_block_shape(op, b, tq, tk, h, kvh, hd));
+    if (b > 0 && tq > 0 && h > 0 &&
+        (!out || !lse || !q || !q_pos || !q_doc || (tk > 0 && (!k || !v || !k_pos || !k_doc))))
+        return fail(op, "null pointer (positions and document ids are required, (b,tq) and (b,tk))");
+    return real->attention_doc_forward(dev, out, lse, q, k, v, q_pos, k_pos, q_doc, k_doc, b, tq, tk, h, kvh, hd);
+}
+
+static ct_status w_attention_doc_backward(ct_device *dev, float *dq, float *dk, float *dv, const float *dout,
+                                          const float *q, const float *k, const float *v, const float *out,
+                                          const float *lse, const int32_t *q_pos, const int32_t *k_pos,
+                                          const int32_t *q_doc, const int32_t *k_doc, int64_t b, int64_t tq,
+                                          int64_t tk, int64_t h, int64_t kvh, int64_t hd) {
+    const char *op = "attention_doc_backward";
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(attention_block_shape(op, b, tq, tk, h, kvh, hd));
+    if (b > 0 && tq > 0 && tk > 0 && h > 0 &&
+        (!dq || !dk || !dv || !dout || !q || !k || !v || !out || !lse || !q_pos || !k_pos || !q_doc || !k_doc))
+        return fail(op, "null pointer (positions and document ids are required, (b,tq) and (b,tk))");
+    return real->attention_doc_backward(dev, dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, q_doc, k_doc, b, tq,
+                                        tk, h, kvh, hd);
+}
+
 static ct_status w_attention_merge(ct_device *dev, float *out, float *lse, const float *out2, const float *lse2,
                                    int64_t b, int64_t t, int64_t h, int64_t hd) {
     const char *op = "attention_merge";
@@ -731,6 +759,8 @@ const ct_device_api *devcheck_wrap(const ct_device_api *r, const ct_host *h) {
     WRAP(attention_block_forward);
     WRAP(attention_block_backward);
     WRAP(attention_merge);
+    WRAP(attention_doc_forward);
+    WRAP(attention_doc_backward);
     WRAP(swiglu_forward);
     WRAP(swiglu_backward);
     WRAP(gelu_forward);

@@ -19,6 +19,8 @@
 #include "host/host.h"
 #include "base/util.h"
 #include "tools/schedule.h"
+#include "tools/tokenizer.h"
+#include "data/shard.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -36,6 +38,8 @@ struct plan_ctx {
     int n_strat;
     char quant_format[64];      /* the recipe s.quant was created with */
     int borrowed;               /* s.opt and s.quant are a running session's */
+    double doc_len;             /* block-causal attention: the mean document length it is priced at (0: causal) */
+    char doc_note[200];         /* where that length came from, for the plan's assumptions */
 };
 
 const char *const plan_mem_names[PLAN_MEM_N] = {"params", "grads", "optimizer", "master", "fsdp_buffers", "tp_buffers",
@@ -49,6 +53,59 @@ static const char *axis_name(int axis) {
 /* `what` failed: its line, with the plugin's or the runtime's detail when one was left. */
 static ct_status fail(const char *what) {
     return ct_fail(CT_ERR_INVALID, "%s%s%s", what, ct_last_error()[0] ? ": " : "", ct_last_error());
+}
+
+/* The data's mean document length: tokens per EOS of the training shard (a single file of at most
+ * 2^26 tokens, read whole); 0 where it cannot be measured. */
+static double measure_doc_len(const manifest *mf, int32_t eos) {
+    const char *p;
+    char path[4096];
+    uint64_t n = 0, docs = 0;
+    uint32_t *tokens = NULL;
+    if (eos < 0 || mf_get_str(mf, "training.dataset_path", &p) || !*p) return 0;
+    session_resolve_path(mf, p, path, sizeof path);
+    if (shard_count(path, &n) != CT_OK || n == 0 || n > ((uint64_t)1 << 26) || shard_read(path, &tokens, &n) != CT_OK) {
+        ct_clear_error();
+        return 0;
+    }
+    for (uint64_t i = 0; i < n; i++) docs += tokens[i] == (uint32_t)eos;
+    shard_free(tokens);
+    return (double)n / (double)(docs ? docs : 1);
+}
+
+/* Block-causal attention (model.attn_mask_type, or one of torchtitan's *_flex_attn flavors) costs the
+ * pairs within documents: priced at plan.mean_document_length, else at the training data's mean
+ * document length (EOS from the run's tokenizer, or the manifest's), else as causal with a note. */
+static void plan_doc_len(plan_ctx *c, const session *run) {
+    const char *mask = "causal";
+    mf_get_str(c->mf, "model.attn_mask_type", &mask);
+    if (!(run ? run->rt.doc_eos >= 0 : c->s.flavor_doc || !strcmp(mask, "block_causal"))) return;
+    double given = 0;
+    mf_get_float(c->mf, "plan.mean_document_length", &given);
+    if (given > 0) {
+        c->doc_len = given;
+        snprintf(c->doc_note, sizeof c->doc_note,
+                 "block-causal attention priced at documents of %.0f tokens (plan.mean_document_length)", given);
+        return;
+    }
+    int32_t eos = run ? run->rt.doc_eos : -1;
+    const char *tp;
+    if (eos < 0 && ((!mf_get_str(c->mf, "model.tokenizer_path", &tp) && *tp) ||
+                    (!mf_get_str(c->mf, "model.hf_assets_path", &tp) && *tp))) {
+        char path[4096];
+        session_resolve_path(c->mf, tp, path, sizeof path);
+        ct_tokenizer *tok = tokenizer_load(path);
+        if (tok) eos = tokenizer_eos_id(tok), tokenizer_free(tok);
+        ct_clear_error();
+    }
+    c->doc_len = measure_doc_len(c->mf, eos);
+    if (c->doc_len > 0)
+        snprintf(c->doc_note, sizeof c->doc_note,
+                 "block-causal attention priced at the training data's mean document length, %.1f tokens", c->doc_len);
+    else
+        snprintf(c->doc_note, sizeof c->doc_note,
+                 "block-causal attention priced as causal: the data's mean document length could not be measured "
+                 "(set plan.mean_document_length)");
 }
 
 /* run: a running session whose optimizer and quantizer the plan borrows instead of creating its
@@ -80,6 +137,7 @@ static ct_status open_ctx(plan_ctx **out, manifest *mf, const session *run) {
     const char *fmt = "tensorwise";
     mf_get_str(mf, "quantize.dense.float8.format", &fmt);
     snprintf(c->quant_format, sizeof c->quant_format, "%s", fmt);
+    plan_doc_len(c, run);
     *out = c;
     return CT_OK;
 }
@@ -384,6 +442,8 @@ static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_
     r->ts.matmul_dtype = l->bf16 ? PLAN_BF16 : PLAN_F32;
     t->state = &r->ts;
     rt->trace = t;
+    rt->attn_doc_len = c->doc_len;
+    if (c->doc_note[0]) note_add(r->ts.assumptions, sizeof r->ts.assumptions, "%s", c->doc_note);
     if (runtime_wrap_builder(rt) != CT_OK) return CT_ERR_INVALID;
     const char *mode = "none", *opt = "op";
     mf_get_str(c->mf, "activation_checkpoint.mode", &mode);

@@ -45,8 +45,10 @@ ct_status plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2
     switch (kind) {
     case RT_OP_ATTENTION: { /* causal: half of the score matrix; backward recomputes the scores */
         double bh = a * (double)s2, t = b, d = (double)s3, kv = (double)kv_heads;
+        /* block-causal over documents of mean length L: t (L + 1) / 2 visible pairs, not t (t + 1) / 2 */
+        double L = rt->attn_doc_len, pairs = L > 0 && L < t ? (L + 1) / (t + 1) : 1;
         o->dtype = state_of(rt)->matmul_dtype;
-        o->flops[0] = 2.0 * bh * t * t * d;
+        o->flops[0] = 2.0 * bh * t * t * d * pairs;
         o->flops[1] = 2.5 * o->flops[0];
         o->bytes[0] = F32 * (2.0 * a * t * (double)s2 * d + 2.0 * a * t * kv * d + bh * t);
         o->bytes[1] = 2.0 * o->bytes[0];

@@ -12,6 +12,12 @@
  *              block's dK/dV sums, each rank adding its queries' share in ring order, so after cp hops
  *              the sum arrives at the block's owner; dQ accumulates locally.
  *
+ * Under block-causal attention (the builder's doc_ids, ABI 2.13: the microbatch's (B, T) document ids,
+ * the same on every cp rank) the op takes the ids as a fourth input, cuts each rank's rows of them as it
+ * cuts the token ids, and every block call is attention_doc_forward/backward with the queries' and the
+ * block's rows' documents beside their positions: a document that crosses chunks and ranks keeps its
+ * keys wherever they are, and the rest of the op (gathers, the ring, merges) is unchanged.
+ *
  * Only local tensors are kept for backward (q, k, v, out, lse: the op's inputs and outputs), so the
  * saved activations fall to 1/cp; gathered and passed blocks live in the builder's scratch for the
  * duration of one callback. Every sum runs in a fixed order: the results are deterministic.
@@ -45,10 +51,12 @@ typedef struct {
 /* The sizes of one call: q (b, tl, h, d), k and v (b, tl, kvh, d); the whole sequence is T = cp tl. */
 typedef struct {
     int64_t b, tl, h, kvh, d, ch, T, e, n; /* ch = tl / 2 rows per chunk; e = kvh d; n = b tl e */
+    const int32_t *docs; /* block-causal: the whole sequences' document ids (b, T); NULL: causal */
+    int32_t *rdocs;      /* ... and every rank's rows of them, rank-major (cp, b, tl) (scratch) */
 } dims;
 
 static dims dims_of(const cp *c, const ct_tensor *q, const ct_tensor *k) {
-    dims z = {q->shape[0], q->shape[1], q->shape[2], k->shape[2], q->shape[3], 0, 0, 0, 0};
+    dims z = {q->shape[0], q->shape[1], q->shape[2], k->shape[2], q->shape[3], 0, 0, 0, 0, NULL, NULL};
     z.ch = z.tl / 2;
     z.T = z.tl * c->size;
     z.e = z.kvh * z.d;
@@ -160,6 +168,22 @@ static int pack_kv(cp *c, float *kv, const ct_tensor *k, const ct_tensor *v, int
            cp_failed(c, d->copy(c->env.dev, kv + n, v->data, bytes, CT_COPY_D2D), "copy");
 }
 
+/* Block-causal: z->rdocs, every rank's rows of the document ids, cut as the token ids are (device
+ * copies, so a captured graph replays them). 0 when causal or done, -1 with the error set. */
+static int rank_docs(cp *c, ct_builder *b, dims *z, ct_tensor *const *in, int n_in) {
+    if (n_in < 4 || !in[3]) return 0;
+    z->docs = in[3]->data;
+    z->rdocs = b->scratch(b, sizeof(int32_t) * (size_t)(c->size * z->b * z->tl));
+    if (!z->rdocs) return -1;
+    for (int r = 0; r < c->size; r++)
+        if (cp_chunks_to_local(c, z->rdocs + (int64_t)r * z->b * z->tl, z->docs, r, z->b, z->tl, 1, sizeof(int32_t)))
+            return -1;
+    return 0;
+}
+
+/* Rank r's rows' document ids for sequence s of the batch (tl entries). */
+static const int32_t *docs_of(const dims *z, int r, int64_t s) { return z->rdocs + ((int64_t)r * z->b + s) * z->tl; }
+
 /* ---- allgather ---- */
 
 /* K and V (b, T, kvh, d) each, in sequence order, from every rank's block: kv (2n) and all (cp 2n)
@@ -184,6 +208,17 @@ static ct_status ag_fwd(ct_builder *b, cp *c, const dims *z, ct_tensor *const *i
     float *K = b->scratch(b, sizeof(float) * (size_t)(2 * z->n * c->size)), *V = K ? K + z->n * c->size : NULL;
     if (!pos || !kv || !all || !K) return CT_ERR_NOMEM;
     if (gather_kv(c, b, 0, z, k, v, kv, all, K, V)) return CT_ERR_INTERNAL;
+    if (z->docs) { /* one sequence at a time: its queries' and the whole sequence's documents */
+        int64_t qn = z->tl * z->h * z->d, kn = z->T * z->e;
+        for (int64_t s = 0; s < z->b; s++) {
+            float *o = (float *)out[0]->data + s * qn, *l = (float *)out[1]->data + s * z->h * z->tl;
+            ct_status st = c->env.dapi->attention_doc_forward(
+                c->env.dev, o, l, (const float *)q->data + s * qn, K + s * kn, V + s * kn, pos + c->rank * z->tl,
+                pos + c->size * z->tl, docs_of(z, c->rank, s), z->docs + s * z->T, 1, z->tl, z->T, z->h, z->kvh, z->d);
+            if (cp_failed(c, st, "attention_doc_forward")) return st;
+        }
+        return CT_OK;
+    }
     ct_status st = c->env.dapi->attention_block_forward(c->env.dev, out[0]->data, out[1]->data, q->data, K, V,
                                                         pos + c->rank * z->tl, pos + c->size * z->tl, z->b, z->tl, z->T,
                                                         z->h, z->kvh, z->d);
@@ -203,10 +238,22 @@ static ct_status ag_bwd(ct_builder *b, cp *c, const dims *z, ct_tensor *const *i
     float *dq = b->grad(b, q), *dk = b->grad(b, k), *dv = b->grad(b, v);
     if (!pos || !kv || !all || !K || !dq || !dk || !dv) return CT_ERR_NOMEM;
     if (gather_kv(c, b, 1, z, k, v, kv, all, K, V) ||
-        cp_failed(c, d->zero(c->env.dev, dK, sizeof(float) * (size_t)(2 * whole)), "zero") ||
-        cp_failed(c, d->attention_block_backward(c->env.dev, dq, dK, dV, dout, q->data, K, V, out[0]->data, out[1]->data,
-                                                 pos + c->rank * z->tl, pos + c->size * z->tl, z->b, z->tl, z->T, z->h,
-                                                 z->kvh, z->d), "attention_block_backward"))
+        cp_failed(c, d->zero(c->env.dev, dK, sizeof(float) * (size_t)(2 * whole)), "zero"))
+        return CT_ERR_INTERNAL;
+    if (z->docs) {
+        int64_t qn = z->tl * z->h * z->d, kn = z->T * z->e;
+        for (int64_t s = 0; s < z->b; s++)
+            if (cp_failed(c, d->attention_doc_backward(c->env.dev, dq + s * qn, dK + s * kn, dV + s * kn, dout + s * qn,
+                                                       (const float *)q->data + s * qn, K + s * kn, V + s * kn,
+                                                       (const float *)out[0]->data + s * qn,
+                                                       (const float *)out[1]->data + s * z->h * z->tl,
+                                                       pos + c->rank * z->tl, pos + c->size * z->tl,
+                                                       docs_of(z, c->rank, s), z->docs + s * z->T, 1, z->tl, z->T, z->h,
+                                                       z->kvh, z->d), "attention_doc_backward"))
+                return CT_ERR_INTERNAL;
+    } else if (cp_failed(c, d->attention_block_backward(c->env.dev, dq, dK, dV, dout, q->data, K, V, out[0]->data,
+                                                        out[1]->data, pos + c->rank * z->tl, pos + c->size * z->tl, z->b,
+                                                        z->tl, z->T, z->h, z->kvh, z->d), "attention_block_backward"))
         return CT_ERR_INTERNAL;
     for (int r = 0; r < c->size; r++) { /* rank r's rows of dK and dV, rank-major for the reduce-scatter */
         float *blk = all + (int64_t)r * 2 * z->n;
@@ -244,15 +291,19 @@ static piece piece_at(const dims *z, int i) {
  * (b, tl, h, d) and lse (b, h, tl), piece by piece, the transfers in flight poked between pieces.
  * plse (h, tl / 2) is scratch for a piece's lse. */
 static int block_forward(cp *c, ct_builder *b, const dims *z, float *o, float *lse, float *plse, const float *q,
-                         const float *kb, const float *vb, const int32_t *qpos, const int32_t *kpos,
+                         const float *kb, const float *vb, const int32_t *qpos, const int32_t *kpos, int src,
                          transfer *const *ts, int nts) {
     const ct_device_api *d = c->env.dapi;
     for (int i = 0; i < n_pieces(z); i++) {
         piece p = piece_at(z, i);
         if (p.tq <= 0) continue;
         int64_t qo = (p.s * z->tl + p.a) * z->h * z->d, ko = p.s * z->tl * z->e;
-        if (cp_failed(c, d->attention_block_forward(c->env.dev, o + qo, plse, q + qo, kb + ko, vb + ko, qpos + p.a, kpos,
-                                                    1, p.tq, z->tl, z->h, z->kvh, z->d), "attention_block_forward") ||
+        ct_status st = z->docs ? d->attention_doc_forward(c->env.dev, o + qo, plse, q + qo, kb + ko, vb + ko, qpos + p.a,
+                                                          kpos, docs_of(z, c->rank, p.s) + p.a, docs_of(z, src, p.s), 1,
+                                                          p.tq, z->tl, z->h, z->kvh, z->d)
+                               : d->attention_block_forward(c->env.dev, o + qo, plse, q + qo, kb + ko, vb + ko,
+                                                            qpos + p.a, kpos, 1, p.tq, z->tl, z->h, z->kvh, z->d);
+        if (cp_failed(c, st, "attention_block_forward") ||
             copy_rows(c, lse + p.s * z->h * z->tl + p.a, z->tl, plse, p.tq, z->h, p.tq))
             return -1;
         poke(c, b, ts, nts);
@@ -263,16 +314,24 @@ static int block_forward(cp *c, ct_builder *b, const dims *z, float *o, float *l
 /* One block's backward: dq (b, tl, h, d) and the block's dkb, dvb += the local queries' share. */
 static int block_backward(cp *c, ct_builder *b, const dims *z, float *dq, float *dkb, float *dvb, const float *dout,
                           const float *q, const float *kb, const float *vb, const float *o, const float *lse,
-                          float *plse, const int32_t *qpos, const int32_t *kpos, transfer *const *ts, int nts) {
+                          float *plse, const int32_t *qpos, const int32_t *kpos, int src, transfer *const *ts,
+                          int nts) {
     const ct_device_api *d = c->env.dapi;
     for (int i = 0; i < n_pieces(z); i++) {
         piece p = piece_at(z, i);
         if (p.tq <= 0) continue;
         int64_t qo = (p.s * z->tl + p.a) * z->h * z->d, ko = p.s * z->tl * z->e;
-        if (copy_rows(c, plse, p.tq, lse + p.s * z->h * z->tl + p.a, z->tl, z->h, p.tq) ||
-            cp_failed(c, d->attention_block_backward(c->env.dev, dq + qo, dkb + ko, dvb + ko, dout + qo, q + qo, kb + ko,
-                                                     vb + ko, o + qo, plse, qpos + p.a, kpos, 1, p.tq, z->tl, z->h, z->kvh,
-                                                     z->d), "attention_block_backward"))
+        if (copy_rows(c, plse, p.tq, lse + p.s * z->h * z->tl + p.a, z->tl, z->h, p.tq))
+            return -1;
+        ct_status st =
+            z->docs ? d->attention_doc_backward(c->env.dev, dq + qo, dkb + ko, dvb + ko, dout + qo, q + qo, kb + ko,
+                                                vb + ko, o + qo, plse, qpos + p.a, kpos,
+                                                docs_of(z, c->rank, p.s) + p.a, docs_of(z, src, p.s), 1, p.tq, z->tl,
+                                                z->h, z->kvh, z->d)
+                    : d->attention_block_backward(c->env.dev, dq + qo, dkb + ko, dvb + ko, dout + qo, q + qo, kb + ko,
+                                                  vb + ko, o + qo, plse, qpos + p.a, kpos, 1, p.tq, z->tl, z->h, z->kvh,
+                                                  z->d);
+        if (cp_failed(c, st, "attention_block_backward"))
             return -1;
         poke(c, b, ts, nts);
     }
@@ -301,7 +360,7 @@ static ct_status ring_fwd(ct_builder *b, cp *c, const dims *z, ct_tensor *const 
             if (!bad && !c->ring_overlap) bad = transfer_wait(c, b, 0, &t);
         }
         bad = bad || block_forward(c, b, z, s ? o2 : o, s ? lse2 : lse, plse, q->data, cur, cur + z->n,
-                                   pos + c->rank * z->tl, pos + src * z->tl, &inflight, 1);
+                                   pos + c->rank * z->tl, pos + src * z->tl, src, &inflight, 1);
         bad = bad || (s > 0 && cp_failed(c, d->attention_merge(c->env.dev, o, lse, o2, lse2, z->b, z->tl, z->h, z->d),
                                          "attention_merge"));
         bad |= transfer_wait(c, b, 0, &t); /* also on failure: nothing may stay in flight */
@@ -339,7 +398,7 @@ static ct_status ring_bwd(ct_builder *b, cp *c, const dims *z, ct_tensor *const 
         if (!bad && !c->ring_overlap) bad = transfer_wait(c, b, 1, &tacc);
         bad = bad || cp_failed(c, d->zero(c->env.dev, sum, blk), "zero");
         bad = bad || block_backward(c, b, z, dq, sum, sum + z->n, dout, q->data, cur, cur + z->n, out[0]->data,
-                                    out[1]->data, plse, pos + c->rank * z->tl, pos + src * z->tl, inflight, 2);
+                                    out[1]->data, plse, pos + c->rank * z->tl, pos + src * z->tl, src, inflight, 2);
         /* the sum so far arrived with the previous step's transfer (which also sent that step's sum on) */
         if (s > 0) bad |= transfer_wait(c, b, 1, &tacc);
         bad = bad || (s > 0 && cp_failed(c, d->axpy(c->env.dev, sum, got[s % 2], 1.0f, 2 * z->n), "axpy"));
@@ -366,21 +425,21 @@ static ct_status attn_outputs(ct_builder *b, const ct_tensor *q, ct_tensor **out
 
 static ct_status attn_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
     cp *c = ((attn_state *)sp)->c;
-    (void)n_in;
     (void)n_out;
     dims z = dims_of(c, in[0], in[1]);
     ct_status st = attn_outputs(b, in[0], out);
     if (st != CT_OK) return st;
+    if (rank_docs(c, b, &z, in, n_in)) return CT_ERR_NOMEM;
     return c->ring ? ring_fwd(b, c, &z, in, out) : ag_fwd(b, c, &z, in, out);
 }
 
 static ct_status attn_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor *const *out,
                           const float *const *dy, int n_out, int halves) {
     cp *c = ((attn_state *)sp)->c;
-    (void)n_in;
     (void)n_out;
     if (!(halves & CT_GRAD_INPUT) || !dy[0]) return CT_OK; /* lse's gradient never flows */
     dims z = dims_of(c, in[0], in[1]);
+    if (rank_docs(c, b, &z, in, n_in)) return CT_ERR_NOMEM;
     return c->ring ? ring_bwd(b, c, &z, in, out, dy[0]) : ag_bwd(b, c, &z, in, out, dy[0]);
 }
 
@@ -436,8 +495,23 @@ ct_tensor *cp_attention(cp *c, ct_builder *b, ct_tensor *q, ct_tensor *k, ct_ten
                                     "(context parallel: T this rank's rows, an even count)");
         return NULL;
     }
-    if (c->ulysses) return cp_ulysses_attention(c, b, q, k, v);
+    if (c->ulysses) return cp_ulysses_attention(c, b, q, k, v); /* the next builder's attention sees the ids */
+    /* block-causal (ABI 2.13): the microbatch's document ids, kept with the op for its backward */
+    ct_tensor *docs = CT_HAS_FIELD(b, ct_builder, doc_ids) && b->doc_ids ? (ct_tensor *)b->doc_ids(b) : NULL;
+    const ct_device_api *d = c->env.dapi;
+    if (docs && (docs->ndim != 2 || docs->shape[0] != qs[0] || docs->shape[1] != qs[1] * c->size)) {
+        c->host->set_error(c->host, "attention: the document ids are not (B, T) = (%lld, %lld)", (long long)qs[0],
+                           (long long)(qs[1] * c->size));
+        return NULL;
+    }
+    if (docs && (!CT_HAS_FIELD(d, ct_device_api, attention_doc_backward) || !d->attention_doc_forward ||
+                 !d->attention_doc_backward)) {
+        c->host->set_error(c->host, "context parallel: block-causal attention needs the device's "
+                                    "attention_doc_forward/backward (ABI 2.13)");
+        return NULL;
+    }
     attn_state s = {c};
-    ct_tensor *in[3] = {q, k, v}, *out[2] = {NULL, NULL};
-    return b->custom(b, c->ring ? &ring_op : &gather_op, &s, sizeof s, in, 3, out, 2) == CT_OK ? out[0] : NULL;
+    ct_tensor *in[4] = {q, k, v, docs}, *out[2] = {NULL, NULL};
+    return b->custom(b, c->ring ? &ring_op : &gather_op, &s, sizeof s, in, docs ? 4 : 3, out, 2) == CT_OK ? out[0]
+                                                                                                           : NULL;
 }

@@ -6,6 +6,9 @@
  *   ulysses.c    attention by heads instead (ulysses): q, k, v all-to-all'd to H/cp heads of the whole
  *                sequence, the next builder's causal attention, the output all-to-all'd back
  *
+ * Block-causal attention (ABI 2.13, the builder's doc_ids): the document ids travel with the rows as
+ * the positions do (attention.c); Ulysses needs nothing, its attention is the next builder's.
+ *
  * Load-balanced causal sharding (torchtitan's): a sequence of T tokens is cut into 2 x cp chunks of
  * c = T / (2 cp) rows; cp rank i holds chunks i and 2cp-1-i, in that order, so every rank holds
  * T / cp rows and sees about the same number of causal (query, key) pairs. Everything outside

@@ -1013,6 +1013,50 @@ static ct_status cpu_attention_block_backward(ct_device *dev, float *dq, float *
     return CT_OK;
 }
 
+static ct_status cpu_attention_doc_forward(ct_device *dev, float *out, float *lse, const float *q,
+                                           const float *k, const float *v, const int32_t *q_pos,
+                                           const int32_t *k_pos, const int32_t *q_doc,
+                                           const int32_t *k_doc, int64_t b, int64_t tq, int64_t tk,
+                                           int64_t h, int64_t kvh, int64_t hd)
+{
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (b == 0 || tq == 0 || h == 0)
+        return CT_OK;
+    cpu_enter(d);
+    if (tk == 0) { /* an empty key block: no query sees a key */
+        memset(out, 0, (size_t)(b * tq * h * hd) * sizeof(float));
+        for (int64_t i = 0; i < b * h * tq; i++)
+            lse[i] = -INFINITY;
+        return CT_OK;
+    }
+    if (attention_doc_forward_f32(out, lse, q, k, v, q_pos, k_pos, q_doc, k_doc, b, tq, tk, h, kvh,
+                                  hd) != 0)
+        return cpu_fail(d, CT_ERR_NOMEM, "attention_doc_forward", "cannot allocate scratch memory");
+    return CT_OK;
+}
+
+static ct_status cpu_attention_doc_backward(ct_device *dev, float *dq, float *dk, float *dv,
+                                            const float *dout, const float *q, const float *k,
+                                            const float *v, const float *out, const float *lse,
+                                            const int32_t *q_pos, const int32_t *k_pos,
+                                            const int32_t *q_doc, const int32_t *k_doc, int64_t b,
+                                            int64_t tq, int64_t tk, int64_t h, int64_t kvh,
+                                            int64_t hd)
+{
+    cpu_device *d = dev;
+    if (!d)
+        return CT_ERR_INVALID;
+    if (b == 0 || tq == 0 || tk == 0 || h == 0)
+        return CT_OK;
+    cpu_enter(d);
+    if (attention_doc_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, q_doc, k_doc,
+                                   b, tq, tk, h, kvh, hd) != 0)
+        return cpu_fail(d, CT_ERR_NOMEM, "attention_doc_backward", "cannot allocate scratch memory");
+    return CT_OK;
+}
+
 static ct_status cpu_swiglu_forward(ct_device *dev, float *out, const float *a, const float *g,
                                     int64_t n)
 {
@@ -1445,6 +1489,8 @@ static const ct_device_api cpu_api = {
     .copy_async = cpu_copy_async,
     .copy_wait = cpu_copy_wait,
     .adamw_bf16_moments = cpu_adamw_bf16_moments,
+    .attention_doc_forward = cpu_attention_doc_forward,
+    .attention_doc_backward = cpu_attention_doc_backward,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

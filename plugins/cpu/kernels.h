@@ -82,6 +82,17 @@ int attention_block_backward_f32(float *dq, float *dk, float *dv, const float *d
                                  int64_t b, int64_t tq, int64_t tk, int64_t h, int64_t kvh,
                                  int64_t d);
 
+/* ABI 2.13: positions and documents per batch row (b,tq) and (b,tk). */
+int attention_doc_forward_f32(float *out, float *lse, const float *q, const float *k,
+                              const float *v, const int32_t *q_pos, const int32_t *k_pos,
+                              const int32_t *q_doc, const int32_t *k_doc, int64_t b, int64_t tq,
+                              int64_t tk, int64_t h, int64_t kvh, int64_t d);
+int attention_doc_backward_f32(float *dq, float *dk, float *dv, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, const int32_t *q_pos, const int32_t *k_pos,
+                               const int32_t *q_doc, const int32_t *k_doc, int64_t b, int64_t tq,
+                               int64_t tk, int64_t h, int64_t kvh, int64_t d);
+
 int attention_forward_f32(float *out, float *lse, const float *q, const float *k, const float *v,
                           int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d);
 int attention_backward_f32(float *dq, float *dk, float *dv, const float *dout, const float *q,

@@ -739,36 +739,42 @@ CPU_KERNEL int K(attention_backward)(real *dq, real *dk, real *dv, const real *d
 
 #ifndef CT_KERNELS_ATT_ORDER
 #define CT_KERNELS_ATT_ORDER
-/* A position and the row holding it. Sorted by (pos, row), a total order, so the sort and all that
- * is built on it do not depend on how qsort breaks ties. */
+/* A key or query row's (document, position) and the row holding it. Sorted by (doc, pos, row), a
+ * total order, so the sort and all that is built on it do not depend on how qsort breaks ties. */
 typedef struct {
-    int32_t pos, row;
+    int32_t doc, pos, row;
 } cpu_pos_row;
 
 static int cpu_pos_row_cmp(const void *a, const void *b)
 {
     const cpu_pos_row *x = a, *y = b;
+    if (x->doc != y->doc)
+        return x->doc < y->doc ? -1 : 1;
     if (x->pos != y->pos)
         return x->pos < y->pos ? -1 : 1;
     return (x->row > y->row) - (x->row < y->row);
 }
 
-/* The causal mask of a query block against a key block, in position order. With the keys sorted by
- * position every query's visible keys are a prefix of them, and with the queries sorted too those
- * prefixes grow: a run of consecutive sorted queries needs only the prefix its last query sees, so
- * masked keys cost no work whatever order the positions come in. */
+/* The mask of a query block against a key block, in (document, position) order. With the keys
+ * sorted so, every query's visible keys (its own document's, at positions up to its own) are one
+ * run [lo, hi) of them, and with the queries sorted too both ends only grow: a run of consecutive
+ * sorted queries needs only the keys from its first query's lo to its last query's hi, so masked
+ * keys (later positions, other documents) cost no work whatever order the rows come in. Without
+ * documents every lo is 0 and the runs are prefixes. */
 typedef struct {
     int32_t *qrow;   /* (tq) the query row of sorted query r */
-    int32_t *nvis;   /* (tq) how many sorted keys sorted query r sees */
+    int32_t *lo;     /* (tq) the first sorted key sorted query r sees */
+    int32_t *nvis;   /* (tq) one past the last sorted key sorted query r sees */
     int32_t *krow;   /* (tk) the key row of sorted key j */
     int keys_sorted; /* krow is the identity: k, v, dk and dv are used in place */
 } cpu_att_order;
 
-/* Returns nonzero when the index arrays cannot be allocated; free o->qrow after. */
+/* q_doc and k_doc may be NULL (one document). Returns nonzero when the index arrays cannot be
+ * allocated; free o->qrow after. */
 static int cpu_att_order_new(cpu_att_order *o, const int32_t *q_pos, const int32_t *k_pos,
-                             int64_t tq, int64_t tk)
+                             const int32_t *q_doc, const int32_t *k_doc, int64_t tq, int64_t tk)
 {
-    o->qrow = malloc((size_t)(2 * tq + tk) * sizeof(int32_t) + 1);
+    o->qrow = malloc((size_t)(3 * tq + tk) * sizeof(int32_t) + 1);
     cpu_pos_row *tmp = malloc((size_t)(tq + tk) * sizeof(cpu_pos_row) + 1);
     if (!o->qrow || !tmp) {
         free(o->qrow);
@@ -776,13 +782,14 @@ static int cpu_att_order_new(cpu_att_order *o, const int32_t *q_pos, const int32
         o->qrow = NULL;
         return -1;
     }
-    o->nvis = o->qrow + tq;
+    o->lo = o->qrow + tq;
+    o->nvis = o->lo + tq;
     o->krow = o->nvis + tq;
     cpu_pos_row *ks = tmp, *qs = tmp + tk;
     for (int64_t j = 0; j < tk; j++)
-        ks[j] = (cpu_pos_row){k_pos[j], (int32_t)j};
+        ks[j] = (cpu_pos_row){k_doc ? k_doc[j] : 0, k_pos[j], (int32_t)j};
     for (int64_t i = 0; i < tq; i++)
-        qs[i] = (cpu_pos_row){q_pos[i], (int32_t)i};
+        qs[i] = (cpu_pos_row){q_doc ? q_doc[i] : 0, q_pos[i], (int32_t)i};
     qsort(ks, (size_t)tk, sizeof *ks, cpu_pos_row_cmp);
     qsort(qs, (size_t)tq, sizeof *qs, cpu_pos_row_cmp);
     o->keys_sorted = 1;
@@ -790,57 +797,107 @@ static int cpu_att_order_new(cpu_att_order *o, const int32_t *q_pos, const int32
         o->krow[j] = ks[j].row;
         o->keys_sorted &= ks[j].row == j;
     }
-    int64_t seen = 0; /* key j is visible to a query at p when k_pos[j] <= p */
+    /* key j is visible to a query at (doc, p) when k_doc[j] == doc and k_pos[j] <= p */
+    int64_t first = 0, seen = 0;
     for (int64_t r = 0; r < tq; r++) {
-        while (seen < tk && ks[seen].pos <= qs[r].pos)
+        while (first < tk && ks[first].doc < qs[r].doc)
+            first++;
+        if (seen < first)
+            seen = first;
+        while (seen < tk && ks[seen].doc == qs[r].doc && ks[seen].pos <= qs[r].pos)
             seen++;
         o->qrow[r] = qs[r].row;
+        o->lo[r] = (int32_t)first;
         o->nvis[r] = (int32_t)seen;
     }
     free(tmp);
     return 0;
 }
+
+/* The orders of a call: one shared by the batch (positions (tq), (tk), no documents) or one per
+ * batch row (positions and documents (b,tq), (b,tk)). Frees what it made on failure. */
+static int cpu_att_orders_new(cpu_att_order *o, int64_t n, const int32_t *q_pos, const int32_t *k_pos,
+                              const int32_t *q_doc, const int32_t *k_doc, int64_t tq, int64_t tk)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (cpu_att_order_new(&o[i], q_pos + i * tq, k_pos + i * tk, q_doc ? q_doc + i * tq : NULL,
+                              k_doc ? k_doc + i * tk : NULL, tq, tk) != 0) {
+            while (i-- > 0)
+                free(o[i].qrow);
+            return -1;
+        }
+    return 0;
+}
+
+static void cpu_att_orders_free(cpu_att_order *o, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        free(o[i].qrow);
+    free(o);
+}
 #endif
 
-/* dst (b,tk,cols) row j = src row krow[j], for every batch. */
-static void K(att_gather_keys)(real *dst, const real *src, const int32_t *krow, int64_t b,
-                               int64_t tk, int64_t cols)
+/* dst (b,tk,cols) row j = src row krow[j] of its batch's order, for every batch. */
+static void K(att_gather_keys)(real *dst, const real *src, const cpu_att_order *o, int64_t norder,
+                               int64_t b, int64_t tk, int64_t cols)
 {
 #pragma omp parallel for schedule(static) if (b * tk * cols >= CPU_PAR_MIN)
     for (int64_t bj = 0; bj < b * tk; bj++) {
         int64_t bi = bj / tk, j = bj % tk;
+        const int32_t *krow = o[norder > 1 ? bi : 0].krow;
         memcpy(dst + bj * cols, src + (bi * tk + krow[j]) * cols, (size_t)cols * sizeof(real));
     }
 }
 
-/* Attention of a query block at positions q_pos against a key block at k_pos (ctitan/device.h):
- * q (b,tq,h,d); k, v (b,tk,kvh,d); out (b,tq,h,d); lse (b,h,tq), -inf (and out 0) for a query that
- * sees no key. As attention_forward, one task per (batch, head) and CPU_ATT_BLOCK queries at a time,
- * but the queries of a block are the next ones in position order (gathered into qb, their outputs
- * scattered back) and the keys are in position order, so a block's scores cover only the key prefix
- * its queries can see. Returns nonzero when scratch memory cannot be allocated. */
-CPU_KERNEL int K(attention_block_forward)(real *out, real *lse, const real *q, const real *k,
-                                          const real *v, const int32_t *q_pos,
-                                          const int32_t *k_pos, int64_t b, int64_t tq, int64_t tk,
-                                          int64_t h, int64_t kvh, int64_t d)
+/* Builds the orders of a call (norder of them) and, where some batch's keys are out of order,
+ * gathers k and v into work (2 * nkv reals). Returns the orders (NULL when out of memory). */
+static cpu_att_order *K(att_orders)(int64_t norder, const int32_t *q_pos, const int32_t *k_pos,
+                                    const int32_t *q_doc, const int32_t *k_doc, int64_t tq, int64_t tk,
+                                    int *all_sorted)
+{
+    cpu_att_order *o = malloc((size_t)norder * sizeof *o);
+    if (!o || cpu_att_orders_new(o, norder, q_pos, k_pos, q_doc, k_doc, tq, tk) != 0) {
+        free(o);
+        return NULL;
+    }
+    *all_sorted = 1;
+    for (int64_t i = 0; i < norder; i++)
+        *all_sorted &= o[i].keys_sorted;
+    return o;
+}
+
+/* Attention of a query block against a key block (ctitan/device.h): q (b,tq,h,d); k, v
+ * (b,tk,kvh,d); out (b,tq,h,d); lse (b,h,tq), -inf (and out 0) for a query that sees no key.
+ * Positions and documents: shared by the batch (norder 1: q_pos (tq), k_pos (tk), no documents,
+ * attention_block_forward) or per batch row (norder b: (b,tq), (b,tk), documents may be NULL,
+ * attention_doc_forward). As attention_forward, one task per (batch, head) and CPU_ATT_BLOCK
+ * queries at a time, but the queries of a block are the next ones in (document, position) order
+ * (gathered into qb, their outputs scattered back) and the keys are in that order too, so a
+ * block's scores cover only the run of keys its queries can see. Returns nonzero when scratch
+ * memory cannot be allocated. */
+static int K(attention_masked_forward)(real *out, real *lse, const real *q, const real *k, const real *v,
+                                       const int32_t *q_pos, const int32_t *k_pos, const int32_t *q_doc,
+                                       const int32_t *k_doc, int64_t norder, int64_t b, int64_t tq,
+                                       int64_t tk, int64_t h, int64_t kvh, int64_t d)
 {
     int64_t group = h / kvh, ldq = h * d, ldk = kvh * d;
     int64_t per = CPU_ATT_BLOCK * (tk + 2 * d);
     real scale = (real)(1.0 / sqrt((double)d));
-    cpu_att_order o;
-    if (cpu_att_order_new(&o, q_pos, k_pos, tq, tk) != 0)
+    int sorted;
+    cpu_att_order *ord = K(att_orders)(norder, q_pos, k_pos, q_doc, k_doc, tq, tk, &sorted);
+    if (!ord)
         return -1;
     int nthreads = omp_get_max_threads();
-    int64_t nkv = o.keys_sorted ? 0 : b * tk * ldk;
+    int64_t nkv = sorted ? 0 : b * tk * ldk;
     real *work = malloc((size_t)(2 * nkv + nthreads * per) * sizeof(real) + 1);
     if (!work) {
-        free(o.qrow);
+        cpu_att_orders_free(ord, norder);
         return -1;
     }
     const real *ks = k, *vs = v;
-    if (!o.keys_sorted) {
-        K(att_gather_keys)(work, k, o.krow, b, tk, ldk);
-        K(att_gather_keys)(work + nkv, v, o.krow, b, tk, ldk);
+    if (!sorted) {
+        K(att_gather_keys)(work, k, ord, norder, b, tk, ldk);
+        K(att_gather_keys)(work + nkv, v, ord, norder, b, tk, ldk);
         ks = work;
         vs = work + nkv;
     }
@@ -848,42 +905,46 @@ CPU_KERNEL int K(attention_block_forward)(real *out, real *lse, const real *q, c
 #pragma omp parallel for schedule(static) if (b * h * tq * tk * d >= CPU_PAR_MIN * 4)
     for (int64_t bh = 0; bh < b * h; bh++) {
         int64_t bi = bh / h, hi = bh % h, kh = hi / group;
+        const cpu_att_order o = ord[norder > 1 ? bi : 0];
         real *s = scratch + omp_get_thread_num() * per, inv_sum[CPU_ATT_BLOCK];
         real *qb = s + CPU_ATT_BLOCK * tk, *ob = qb + CPU_ATT_BLOCK * d; /* (br, d) each */
         const real *qh = q + bi * tq * ldq + hi * d;
-        const real *kh_ = ks + bi * tk * ldk + kh * d, *vh = vs + bi * tk * ldk + kh * d;
+        const real *kh0 = ks + bi * tk * ldk + kh * d, *vh0 = vs + bi * tk * ldk + kh * d;
         real *oh = out + bi * tq * ldq + hi * d, *lh = lse + bh * tq;
         for (int64_t r0 = 0; r0 < tq; r0 += CPU_ATT_BLOCK) {
             int64_t r1 = r0 + CPU_ATT_BLOCK < tq ? r0 + CPU_ATT_BLOCK : tq;
-            int br = (int)(r1 - r0), nk = o.nvis[r1 - 1];
-            if (nk == 0) { /* no query of the block sees a key */
+            int br = (int)(r1 - r0), klo = o.lo[r0], nk = o.nvis[r1 - 1] - klo;
+            if (nk <= 0) { /* no query of the block sees a key */
                 for (int64_t r = r0; r < r1; r++) {
                     memset(oh + o.qrow[r] * ldq, 0, (size_t)d * sizeof(real));
                     lh[o.qrow[r]] = -INFINITY;
                 }
                 continue;
             }
+            const real *kh_ = kh0 + klo * ldk, *vh = vh0 + klo * ldk;
             for (int64_t r = r0; r < r1; r++)
                 memcpy(qb + (r - r0) * d, qh + o.qrow[r] * ldq, (size_t)d * sizeof(real));
             R_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, br, nk, (int)d, scale, qb, (int)d, kh_,
                    (int)ldk, 0, s, nk);
             for (int64_t r = r0; r < r1; r++) {
                 real *row = s + (r - r0) * nk;
-                int64_t n = o.nvis[r];
-                for (int64_t j = n; j < nk; j++) /* causal mask */
+                int64_t a = o.lo[r] - klo, n = o.nvis[r] - klo;
+                for (int64_t j = 0; j < a; j++) /* other documents */
                     row[j] = 0;
-                if (n == 0) {
+                for (int64_t j = n > a ? n : a; j < nk; j++) /* causal mask */
+                    row[j] = 0;
+                if (n <= a) {
                     inv_sum[r - r0] = 0;
                     lh[o.qrow[r]] = -INFINITY;
                     continue;
                 }
-                real mx = row[0];
+                real mx = row[a];
 #pragma omp simd reduction(max : mx)
-                for (int64_t j = 1; j < n; j++)
+                for (int64_t j = a + 1; j < n; j++)
                     mx = row[j] > mx ? row[j] : mx;
                 real sum = 0;
 #pragma omp simd reduction(+ : sum)
-                for (int64_t j = 0; j < n; j++) {
+                for (int64_t j = a; j < n; j++) {
                     real e = R_EXP(row[j] - mx);
                     row[j] = e;
                     sum += e;
@@ -891,7 +952,7 @@ CPU_KERNEL int K(attention_block_forward)(real *out, real *lse, const real *q, c
                 inv_sum[r - r0] = 1 / sum;
                 lh[o.qrow[r]] = mx + R_LOG(sum);
             }
-            /* ob = (exp scores (br, nk) @ v[0:nk]) / sum, scattered to the block's query rows */
+            /* ob = (exp scores (br, nk) @ v[klo:klo+nk]) / sum, scattered to the block's query rows */
             R_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, (int)d, nk, 1, s, nk, vh,
                    (int)ldk, 0, ob, (int)d);
             for (int64_t r = r0; r < r1; r++) {
@@ -902,8 +963,26 @@ CPU_KERNEL int K(attention_block_forward)(real *out, real *lse, const real *q, c
         }
     }
     free(work);
-    free(o.qrow);
+    cpu_att_orders_free(ord, norder);
     return 0;
+}
+
+CPU_KERNEL int K(attention_block_forward)(real *out, real *lse, const real *q, const real *k,
+                                          const real *v, const int32_t *q_pos,
+                                          const int32_t *k_pos, int64_t b, int64_t tq, int64_t tk,
+                                          int64_t h, int64_t kvh, int64_t d)
+{
+    return K(attention_masked_forward)(out, lse, q, k, v, q_pos, k_pos, NULL, NULL, 1, b, tq, tk, h, kvh, d);
+}
+
+/* ABI 2.13: positions and documents per batch row, key j visible to query i when
+ * k_doc[j] == q_doc[i] and k_pos[j] <= q_pos[i]. */
+CPU_KERNEL int K(attention_doc_forward)(real *out, real *lse, const real *q, const real *k,
+                                        const real *v, const int32_t *q_pos, const int32_t *k_pos,
+                                        const int32_t *q_doc, const int32_t *k_doc, int64_t b,
+                                        int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t d)
+{
+    return K(attention_masked_forward)(out, lse, q, k, v, q_pos, k_pos, q_doc, k_doc, b, b, tq, tk, h, kvh, d);
 }
 
 /* out, lse += a second block's partial result (ctitan/device.h): with l = logaddexp(lse, lse2),
@@ -953,33 +1032,34 @@ static void K(att_scatter_head)(real *dst, const real *src, const int32_t *krow,
 /* Backward of one block from the FINAL out and lse (ctitan/device.h), attention_backward's formula
  * on the visible keys: dV += P^T dO; dS = P * (dO V^T - rowsum(dO * O)); dQ += scale dS K;
  * dK += scale dS^T Q, P = exp(scale q k^T - lse). One task per (batch, kv head) walking its group's
- * heads in order, blocks as in attention_block_forward. Unsorted keys are gathered (and their dk, dv
- * summed in position order, then scattered back). A query with lse -inf adds nothing.
+ * heads in order, blocks and orders as in attention_masked_forward. Unsorted keys are gathered (and
+ * their dk, dv summed in sorted order, then scattered back). A query with lse -inf adds nothing.
  * Returns nonzero when scratch memory cannot be allocated. */
-CPU_KERNEL int K(attention_block_backward)(real *dq, real *dk, real *dv, const real *dout,
-                                           const real *q, const real *k, const real *v,
-                                           const real *out, const real *lse, const int32_t *q_pos,
-                                           const int32_t *k_pos, int64_t b, int64_t tq, int64_t tk,
-                                           int64_t h, int64_t kvh, int64_t d)
+static int K(attention_masked_backward)(real *dq, real *dk, real *dv, const real *dout, const real *q,
+                                        const real *k, const real *v, const real *out, const real *lse,
+                                        const int32_t *q_pos, const int32_t *k_pos, const int32_t *q_doc,
+                                        const int32_t *k_doc, int64_t norder, int64_t b, int64_t tq,
+                                        int64_t tk, int64_t h, int64_t kvh, int64_t d)
 {
     int64_t group = h / kvh, ldq = h * d, ldk = kvh * d;
     int64_t per = CPU_ATT_BLOCK * (2 * tk + 3 * d);
     real scale = (real)(1.0 / sqrt((double)d));
-    cpu_att_order o;
-    if (cpu_att_order_new(&o, q_pos, k_pos, tq, tk) != 0)
+    int sorted;
+    cpu_att_order *ord = K(att_orders)(norder, q_pos, k_pos, q_doc, k_doc, tq, tk, &sorted);
+    if (!ord)
         return -1;
     int nthreads = omp_get_max_threads();
-    int64_t nkv = o.keys_sorted ? 0 : b * tk * ldk;
+    int64_t nkv = sorted ? 0 : b * tk * ldk;
     real *work = malloc((size_t)(4 * nkv + nthreads * per) * sizeof(real) + 1);
     if (!work) {
-        free(o.qrow);
+        cpu_att_orders_free(ord, norder);
         return -1;
     }
     const real *ks = k, *vs = v;
     real *dks = dk, *dvs = dv;
-    if (!o.keys_sorted) {
-        K(att_gather_keys)(work, k, o.krow, b, tk, ldk);
-        K(att_gather_keys)(work + nkv, v, o.krow, b, tk, ldk);
+    if (!sorted) {
+        K(att_gather_keys)(work, k, ord, norder, b, tk, ldk);
+        K(att_gather_keys)(work + nkv, v, ord, norder, b, tk, ldk);
         ks = work;
         vs = work + nkv;
         dks = work + 2 * nkv;
@@ -990,38 +1070,46 @@ CPU_KERNEL int K(attention_block_backward)(real *dq, real *dk, real *dv, const r
 #pragma omp parallel for schedule(static) if (b * h * tq * tk * d >= CPU_PAR_MIN * 4)
     for (int64_t bk = 0; bk < b * kvh; bk++) {
         int64_t bi = bk / kvh, kh = bk % kvh;
+        const cpu_att_order o = ord[norder > 1 ? bi : 0];
         real *p = scratch + omp_get_thread_num() * per, *dp = p + CPU_ATT_BLOCK * tk;
         real *qb = dp + CPU_ATT_BLOCK * tk, *dob = qb + CPU_ATT_BLOCK * d;
         real *dqb = dob + CPU_ATT_BLOCK * d; /* (br, d) each */
-        const real *kh_ = ks + bi * tk * ldk + kh * d, *vh = vs + bi * tk * ldk + kh * d;
-        real *dkh = dks + bi * tk * ldk + kh * d, *dvh = dvs + bi * tk * ldk + kh * d;
+        const real *kh0 = ks + bi * tk * ldk + kh * d, *vh0 = vs + bi * tk * ldk + kh * d;
+        real *dkh0 = dks + bi * tk * ldk + kh * d, *dvh0 = dvs + bi * tk * ldk + kh * d;
         for (int64_t hi = kh * group; hi < (kh + 1) * group; hi++) {
             const real *qh = q + bi * tq * ldq + hi * d, *oh = out + bi * tq * ldq + hi * d;
             const real *doh = dout + bi * tq * ldq + hi * d, *lh = lse + (bi * h + hi) * tq;
             real *dqh = dq + bi * tq * ldq + hi * d;
             for (int64_t r0 = 0; r0 < tq; r0 += CPU_ATT_BLOCK) {
                 int64_t r1 = r0 + CPU_ATT_BLOCK < tq ? r0 + CPU_ATT_BLOCK : tq;
-                int br = (int)(r1 - r0), nk = o.nvis[r1 - 1];
-                if (nk == 0)
+                int br = (int)(r1 - r0), klo = o.lo[r0], nk = o.nvis[r1 - 1] - klo;
+                if (nk <= 0)
                     continue;
+                const real *kh_ = kh0 + klo * ldk, *vh = vh0 + klo * ldk;
+                real *dkh = dkh0 + klo * ldk, *dvh = dvh0 + klo * ldk;
                 for (int64_t r = r0; r < r1; r++) {
                     memcpy(qb + (r - r0) * d, qh + o.qrow[r] * ldq, (size_t)d * sizeof(real));
                     memcpy(dob + (r - r0) * d, doh + o.qrow[r] * ldq, (size_t)d * sizeof(real));
                 }
                 R_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, br, nk, (int)d, scale, qb, (int)d,
                        kh_, (int)ldk, 0, p, nk);
-                int64_t nrow[CPU_ATT_BLOCK];
+                int64_t alo[CPU_ATT_BLOCK], ahi[CPU_ATT_BLOCK];
                 for (int64_t r = r0; r < r1; r++) {
                     real *row = p + (r - r0) * nk, l = lh[o.qrow[r]];
-                    int64_t n = l == -INFINITY ? 0 : o.nvis[r];
-                    nrow[r - r0] = n;
+                    int64_t a = o.lo[r] - klo, n = l == -INFINITY ? a : o.nvis[r] - klo;
+                    if (n < a)
+                        n = a;
+                    alo[r - r0] = a;
+                    ahi[r - r0] = n;
+                    for (int64_t j = 0; j < a; j++)
+                        row[j] = 0;
 #pragma omp simd
-                    for (int64_t j = 0; j < n; j++)
+                    for (int64_t j = a; j < n; j++)
                         row[j] = R_EXP(row[j] - l);
                     for (int64_t j = n; j < nk; j++)
                         row[j] = 0;
                 }
-                /* dV[0:nk] += P^T dO;  dP = dO V[0:nk]^T */
+                /* dV[klo:klo+nk] += P^T dO;  dP = dO V[klo:klo+nk]^T */
                 R_GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, nk, (int)d, br, 1, p, nk, dob,
                        (int)d, 1, dvh, (int)ldk);
                 R_GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, br, nk, (int)d, 1, dob, (int)d, vh,
@@ -1033,13 +1121,15 @@ CPU_KERNEL int K(attention_block_backward)(real *dq, real *dk, real *dv, const r
                     for (int64_t c = 0; c < d; c++)
                         di += doi[c] * oi[c];
                     real *prow = p + (r - r0) * nk, *dprow = dp + (r - r0) * nk;
-                    int64_t n = nrow[r - r0];
-                    for (int64_t j = 0; j < n; j++)
+                    int64_t a = alo[r - r0], n = ahi[r - r0];
+                    for (int64_t j = 0; j < a; j++)
+                        dprow[j] = 0;
+                    for (int64_t j = a; j < n; j++)
                         dprow[j] = prow[j] * (dprow[j] - di);
                     for (int64_t j = n; j < nk; j++)
                         dprow[j] = 0;
                 }
-                /* dQ (block rows) += scale dS K[0:nk];  dK[0:nk] += scale dS^T Q (block rows) */
+                /* dQ (block rows) += scale dS K[klo:klo+nk];  dK[klo:klo+nk] += scale dS^T Q (block rows) */
                 R_GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, (int)d, nk, scale, dp, nk,
                        kh_, (int)ldk, 0, dqb, (int)d);
                 for (int64_t r = r0; r < r1; r++) {
@@ -1052,14 +1142,36 @@ CPU_KERNEL int K(attention_block_backward)(real *dq, real *dk, real *dv, const r
                        (int)d, 1, dkh, (int)ldk);
             }
         }
-        if (!o.keys_sorted) { /* this task's kv head, back in the caller's key order */
+        if (!sorted) { /* this task's kv head, back in the caller's key order */
             K(att_scatter_head)(dk, dks, o.krow, bi, tk, kh, ldk, d);
             K(att_scatter_head)(dv, dvs, o.krow, bi, tk, kh, ldk, d);
         }
     }
     free(work);
-    free(o.qrow);
+    cpu_att_orders_free(ord, norder);
     return 0;
+}
+
+CPU_KERNEL int K(attention_block_backward)(real *dq, real *dk, real *dv, const real *dout,
+                                           const real *q, const real *k, const real *v,
+                                           const real *out, const real *lse, const int32_t *q_pos,
+                                           const int32_t *k_pos, int64_t b, int64_t tq, int64_t tk,
+                                           int64_t h, int64_t kvh, int64_t d)
+{
+    return K(attention_masked_backward)(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, NULL, NULL, 1, b, tq,
+                                        tk, h, kvh, d);
+}
+
+/* ABI 2.13: attention_block_backward with positions and documents per batch row. */
+CPU_KERNEL int K(attention_doc_backward)(real *dq, real *dk, real *dv, const real *dout,
+                                         const real *q, const real *k, const real *v,
+                                         const real *out, const real *lse, const int32_t *q_pos,
+                                         const int32_t *k_pos, const int32_t *q_doc,
+                                         const int32_t *k_doc, int64_t b, int64_t tq, int64_t tk,
+                                         int64_t h, int64_t kvh, int64_t d)
+{
+    return K(attention_masked_backward)(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, q_doc, k_doc, b, b, tq,
+                                        tk, h, kvh, d);
 }
 
 /* ---------------------------------------------------------------- activations */

@@ -212,6 +212,9 @@ CUDA_OP(rope_backward_pos);
 CUDA_OP(attention_block_forward);
 CUDA_OP(attention_merge);
 CUDA_OP(attention_block_backward);
+/* ABI 2.13: ops.c (attention over packed documents) */
+CUDA_OP(attention_doc_forward);
+CUDA_OP(attention_doc_backward);
 /* ABI 2.4: ops.c (rope with the model's frequency table) */
 CUDA_OP(rope_freqs_forward);
 CUDA_OP(rope_freqs_backward);

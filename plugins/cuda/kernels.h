@@ -152,6 +152,18 @@ cudaError_t cuk_attention_block_backward(const cuk_env *e, float *dq, float *dk,
                                          const float *q, const float *k, const float *v, const float *out,
                                          const float *lse, const int32_t *q_pos, const int32_t *k_pos,
                                          int64_t b, int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t d);
+/* ABI 2.13: positions and documents per batch row, q_pos/q_doc (b,tq), k_pos/k_doc (b,tk): key j
+ * visible to query i when they share a document and k_pos[j] <= q_pos[i]; a (query tile, key tile)
+ * pair whose position or document ranges rule out every key is skipped. */
+cudaError_t cuk_attention_doc_forward(const cuk_env *e, float *out, float *lse, const float *q, const float *k,
+                                      const float *v, const int32_t *q_pos, const int32_t *k_pos, const int32_t *q_doc,
+                                      const int32_t *k_doc, int64_t b, int64_t tq, int64_t tk, int64_t h, int64_t kvh,
+                                      int64_t d);
+cudaError_t cuk_attention_doc_backward(const cuk_env *e, float *dq, float *dk, float *dv, const float *dout,
+                                       const float *q, const float *k, const float *v, const float *out,
+                                       const float *lse, const int32_t *q_pos, const int32_t *k_pos,
+                                       const int32_t *q_doc, const int32_t *k_doc, int64_t b, int64_t tq, int64_t tk,
+                                       int64_t h, int64_t kvh, int64_t d);
 /* out, lse (b,t,h,d), (b,h,t) merged with out2, lse2 by log-sum-exp */
 cudaError_t cuk_attention_merge(const cuk_env *e, float *out, float *lse, const float *out2, const float *lse2,
                                 int64_t b, int64_t t, int64_t h, int64_t d);

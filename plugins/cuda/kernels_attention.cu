@@ -381,10 +381,10 @@ static size_t smem_dq(int64_t d)
     return sizeof(float) * (size_t)(4 * ATT_TILE * (d + 1) + ATT_TILE * ATT_LDS + 2 * ATT_TILE);
 }
 
-/* (with the block variants' two tiles of positions: ATT_POS_BYTES, defined below) */
+/* (with the block variants' tiles of positions and documents: ATT_POS_BYTES, defined below) */
 extern "C" size_t cuk_attention_smem_bytes(int64_t d)
 {
-    size_t pos = 2 * ATT_TILE * sizeof(int);
+    size_t pos = 4 * ATT_TILE * sizeof(int);
     size_t a = smem_forward(d) + pos, b = smem_dkdv(d) + pos, c = smem_dq(d) + pos;
     return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
@@ -483,24 +483,55 @@ extern "C" cudaError_t cuk_attention_backward(const cuk_env *e, float *dq, float
 
 #define ATT_POS_NONE 0x7fffffff /* a key position past tk: visible to no query */
 
-/* bounds[i] (i < nqt) = the largest q_pos of query tile i; bounds[nqt + j] = the smallest k_pos of
- * key tile j. */
-static __global__ void att_tile_bounds_k(int *bounds, const int32_t *q_pos, const int32_t *k_pos, int tq, int tk,
-                                         int nqt, int nkt)
+/* What a tile's rows span, three ints per tile, per batch row when positions are (ABI 2.13: nb = b)
+ * or once for the batch (nb = 1): for query tile i, { the largest q_pos, the smallest and the
+ * largest q_doc } at bounds[(bi * (nqt + nkt) + i) * 3]; for key tile j the same at nqt + j with
+ * the smallest k_pos. Without documents (NULL) every row is in document 0. */
+static __global__ void att_tile_bounds_k(int *bounds, const int32_t *q_pos, const int32_t *k_pos,
+                                         const int32_t *q_doc, const int32_t *k_doc, int tq, int tk, int nqt,
+                                         int nkt, int nb)
 {
-    CUK_FOR(i, (int64_t)nqt + nkt) {
-        if (i < nqt) {
+    CUK_FOR(i, (int64_t)nb * (nqt + nkt)) {
+        int bi = (int)(i / (nqt + nkt)), t = (int)(i % (nqt + nkt));
+        int *o = bounds + i * 3, dlo = ATT_POS_NONE, dhi = -1;
+        if (t < nqt) {
+            const int32_t *pos = q_pos + (int64_t)bi * tq, *doc = q_doc ? q_doc + (int64_t)bi * tq : NULL;
             int m = -1;
-            for (int r = (int)i * ATT_TILE; r < tq && r < ((int)i + 1) * ATT_TILE; r++)
-                m = q_pos[r] > m ? q_pos[r] : m;
-            bounds[i] = m;
+            for (int r = t * ATT_TILE; r < tq && r < (t + 1) * ATT_TILE; r++) {
+                int dr = doc ? doc[r] : 0;
+                m = pos[r] > m ? pos[r] : m;
+                dlo = dr < dlo ? dr : dlo;
+                dhi = dr > dhi ? dr : dhi;
+            }
+            o[0] = m;
         } else {
-            int j = (int)i - nqt, m = ATT_POS_NONE;
-            for (int c = j * ATT_TILE; c < tk && c < (j + 1) * ATT_TILE; c++)
-                m = k_pos[c] < m ? k_pos[c] : m;
-            bounds[i] = m;
+            const int32_t *pos = k_pos + (int64_t)bi * tk, *doc = k_doc ? k_doc + (int64_t)bi * tk : NULL;
+            int j = t - nqt, m = ATT_POS_NONE;
+            for (int c = j * ATT_TILE; c < tk && c < (j + 1) * ATT_TILE; c++) {
+                int dc = doc ? doc[c] : 0;
+                m = pos[c] < m ? pos[c] : m;
+                dlo = dc < dlo ? dc : dlo;
+                dhi = dc > dhi ? dc : dhi;
+            }
+            o[0] = m;
         }
+        o[1] = dlo;
+        o[2] = dhi;
     }
+}
+
+/* Whether some key of key tile kb (bounds) may be visible to some query of query tile qb: a key
+ * position at or before the latest query's, and the two document ranges overlapping. */
+static __device__ __forceinline__ bool tiles_meet(const int *qb, const int *kb)
+{
+    return kb[0] <= qb[0] && kb[1] <= qb[2] && kb[2] >= qb[1];
+}
+
+/* A tile's rows' documents into s (-1 for every row without documents, `fill` past n). */
+static __device__ __forceinline__ void load_doc(int *s, const int32_t *doc, int row0, int n, int fill)
+{
+    for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x)
+        s[r] = row0 + r < n ? (doc ? doc[row0 + r] : -1) : fill;
 }
 
 /* the positions of tile rows row0.. into s, `fill` past n */
@@ -514,18 +545,28 @@ static __device__ __forceinline__ void load_pos(int *s, const int32_t *pos, int 
 template <int DC>
 static __global__ void __launch_bounds__(ATT_THREADS)
     attention_block_forward_k(float *out, float *lse, const float *q, const float *k, const float *v,
-                              const int32_t *q_pos, const int32_t *k_pos, const int *bounds, int tq, int tk, int h,
-                              int kvh, int d, float scale)
+                              const int32_t *q_pos, const int32_t *k_pos, const int32_t *q_doc,
+                              const int32_t *k_doc, int per_batch, const int *bounds, int tq, int tk, int h, int kvh,
+                              int d, float scale)
 {
     extern __shared__ float smem[];
     const int ld = d + 1;
     float *Qs = smem, *Ks = Qs + ATT_TILE * ld, *Vs = Ks + ATT_TILE * ld, *Ss = Vs + ATT_TILE * ld;
     float *row_m = Ss + ATT_TILE * ATT_LDS, *row_l = row_m + ATT_TILE, *row_a = row_l + ATT_TILE;
     int *qpos_s = (int *)(row_a + ATT_TILE), *kpos_s = qpos_s + ATT_TILE;
+    int *qdoc_s = kpos_s + ATT_TILE, *kdoc_s = qdoc_s + ATT_TILE;
     const int nqt = (tq + ATT_TILE - 1) / ATT_TILE, nkt = (tk + ATT_TILE - 1) / ATT_TILE;
     const int qt = blockIdx.x, hi = blockIdx.y, bi = blockIdx.z, kh = hi / (h / kvh);
     const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3, warp = tid >> 5, lane = tid & 31;
-    const int q0 = qt * ATT_TILE, qmax = bounds[qt];
+    const int q0 = qt * ATT_TILE;
+    if (per_batch) { /* ABI 2.13: this batch row's positions and documents */
+        q_pos += (int64_t)bi * tq;
+        k_pos += (int64_t)bi * tk;
+        q_doc = q_doc ? q_doc + (int64_t)bi * tq : NULL;
+        k_doc = k_doc ? k_doc + (int64_t)bi * tk : NULL;
+        bounds += (int64_t)bi * (nqt + nkt) * 3;
+    }
+    const int *qbound = bounds + qt * 3;
     const int64_t ldq = (int64_t)h * d, ldk = (int64_t)kvh * d;
     const float *qb = q + (int64_t)bi * tq * ldq + (int64_t)hi * d;
     const float *kb = k + (int64_t)bi * tk * ldk + (int64_t)kh * d;
@@ -533,6 +574,7 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 
     load_tile(Qs, ld, qb, ldq, q0, tq, d);
     load_pos(qpos_s, q_pos, q0, tq, -1);
+    load_doc(qdoc_s, q_doc, q0, tq, -1);
     if (tid < ATT_TILE) {
         row_m[tid] = -INFINITY;
         row_l[tid] = 0.0f;
@@ -543,20 +585,22 @@ static __global__ void __launch_bounds__(ATT_THREADS)
             acc[a][cc] = 0.0f;
 
     for (int kt = 0; kt < nkt; kt++) {
-        if (bounds[nqt + kt] > qmax) /* no key of the tile is visible to a query of ours */
+        if (!tiles_meet(qbound, bounds + (nqt + kt) * 3)) /* no key of the tile is visible to a query of ours */
             continue;
         const int k0 = kt * ATT_TILE;
         __syncthreads(); /* the previous tile's K, V and P are used up */
         load_tile(Ks, ld, kb, ldk, k0, tk, d);
         load_tile(Vs, ld, vb, ldk, k0, tk, d);
         load_pos(kpos_s, k_pos, k0, tk, ATT_POS_NONE);
+        load_doc(kdoc_s, k_doc, k0, tk, -2);
         __syncthreads();
         float s[4][8];
         tile_dot(s, Qs, Ks, ld, d, tx, ty);
         for (int a = 0; a < 4; a++)
             for (int jj = 0; jj < 8; jj++) {
                 int i = ty * 4 + a, j = tx + 8 * jj;
-                Ss[i * ATT_LDS + j] = kpos_s[j] <= qpos_s[i] ? s[a][jj] * scale : -INFINITY;
+                bool seen = kpos_s[j] <= qpos_s[i] && kdoc_s[j] == qdoc_s[i];
+                Ss[i * ATT_LDS + j] = seen ? s[a][jj] * scale : -INFINITY;
             }
         __syncthreads();
         for (int r = warp * 16; r < warp * 16 + 16; r++) {
@@ -620,8 +664,8 @@ static __global__ void __launch_bounds__(ATT_THREADS)
 static __device__ __forceinline__ void block_scores_to_grads(float *Ps, float *dSs, const float *Qs,
                                                              const float *dOs, const float *Ks, const float *Vs,
                                                              const float *lse_s, const float *D_s, const int *qpos_s,
-                                                             const int *kpos_s, int ld, int d, float scale, int tx,
-                                                             int ty)
+                                                             const int *kpos_s, const int *qdoc_s, const int *kdoc_s,
+                                                             int ld, int d, float scale, int tx, int ty)
 {
     float s[4][8];
     tile_dot(s, Qs, Ks, ld, d, tx, ty);
@@ -629,7 +673,7 @@ static __device__ __forceinline__ void block_scores_to_grads(float *Ps, float *d
     for (int a = 0; a < 4; a++)
         for (int jj = 0; jj < 8; jj++) {
             int i = ty * 4 + a, j = tx + 8 * jj;
-            bool seen = kpos_s[j] <= qpos_s[i] && lse_s[i] != -INFINITY;
+            bool seen = kpos_s[j] <= qpos_s[i] && kdoc_s[j] == qdoc_s[i] && lse_s[i] != -INFINITY;
             p[a][jj] = seen ? expf(s[a][jj] * scale - lse_s[i]) : 0.0f;
             if (Ps)
                 Ps[i * ATT_LDS + j] = p[a][jj];
@@ -647,7 +691,8 @@ template <int DC>
 static __global__ void __launch_bounds__(ATT_THREADS)
     attention_block_dkdv_k(float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
                            const float *lse, const float *Dv, const int32_t *q_pos, const int32_t *k_pos,
-                           const int *bounds, int tq, int tk, int h, int kvh, int d, float scale)
+                           const int32_t *q_doc, const int32_t *k_doc, int per_batch, const int *bounds, int tq,
+                           int tk, int h, int kvh, int d, float scale)
 {
     extern __shared__ float smem[];
     const int ld = d + 1;
@@ -655,15 +700,25 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     float *Ps = dOs + ATT_TILE * ld, *dSs = Ps + ATT_TILE * ATT_LDS;
     float *lse_s = dSs + ATT_TILE * ATT_LDS, *D_s = lse_s + ATT_TILE;
     int *qpos_s = (int *)(D_s + ATT_TILE), *kpos_s = qpos_s + ATT_TILE;
-    const int nqt = (tq + ATT_TILE - 1) / ATT_TILE;
+    int *qdoc_s = kpos_s + ATT_TILE, *kdoc_s = qdoc_s + ATT_TILE;
+    const int nqt = (tq + ATT_TILE - 1) / ATT_TILE, nkt = (tk + ATT_TILE - 1) / ATT_TILE;
     const int kt = blockIdx.x, kh = blockIdx.y, bi = blockIdx.z, group = h / kvh;
     const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
-    const int k0 = kt * ATT_TILE, kmin = bounds[nqt + kt];
+    const int k0 = kt * ATT_TILE;
     const int64_t ldq = (int64_t)h * d, ldk = (int64_t)kvh * d;
+    if (per_batch) { /* ABI 2.13: this batch row's positions and documents */
+        q_pos += (int64_t)bi * tq;
+        k_pos += (int64_t)bi * tk;
+        q_doc = q_doc ? q_doc + (int64_t)bi * tq : NULL;
+        k_doc = k_doc ? k_doc + (int64_t)bi * tk : NULL;
+        bounds += (int64_t)bi * (nqt + nkt) * 3;
+    }
+    const int *kbound = bounds + (nqt + kt) * 3;
 
     load_tile(Ks, ld, k + (int64_t)bi * tk * ldk + (int64_t)kh * d, ldk, k0, tk, d);
     load_tile(Vs, ld, v + (int64_t)bi * tk * ldk + (int64_t)kh * d, ldk, k0, tk, d);
     load_pos(kpos_s, k_pos, k0, tk, ATT_POS_NONE);
+    load_doc(kdoc_s, k_doc, k0, tk, -2);
     float dka[4][DC], dva[4][DC];
     for (int a = 0; a < 4; a++)
         for (int cc = 0; cc < DC; cc++) {
@@ -676,20 +731,22 @@ static __global__ void __launch_bounds__(ATT_THREADS)
         const float *dob = dout + (int64_t)bi * tq * ldq + (int64_t)hi * d;
         const float *lse_b = lse + ((int64_t)bi * h + hi) * tq, *D_b = Dv + ((int64_t)bi * h + hi) * tq;
         for (int qt = 0; qt < nqt; qt++) {
-            if (bounds[qt] < kmin) /* no query of the tile sees a key of ours */
+            if (!tiles_meet(bounds + qt * 3, kbound)) /* no query of the tile sees a key of ours */
                 continue;
             const int q0 = qt * ATT_TILE;
             __syncthreads();
             load_tile(Qs, ld, qb, ldq, q0, tq, d);
             load_tile(dOs, ld, dob, ldq, q0, tq, d);
             load_pos(qpos_s, q_pos, q0, tq, -1);
+            load_doc(qdoc_s, q_doc, q0, tq, -1);
             if (tid < ATT_TILE) {
                 int qi = q0 + tid;
                 lse_s[tid] = qi < tq ? lse_b[qi] : 0.0f;
                 D_s[tid] = qi < tq ? D_b[qi] : 0.0f;
             }
             __syncthreads();
-            block_scores_to_grads(Ps, dSs, Qs, dOs, Ks, Vs, lse_s, D_s, qpos_s, kpos_s, ld, d, scale, tx, ty);
+            block_scores_to_grads(Ps, dSs, Qs, dOs, Ks, Vs, lse_s, D_s, qpos_s, kpos_s, qdoc_s, kdoc_s, ld, d, scale,
+                                  tx, ty);
             __syncthreads();
             const int imax = tq - q0 < ATT_TILE ? tq - q0 : ATT_TILE;
             for (int i = 0; i < imax; i++) {
@@ -732,24 +789,35 @@ template <int DC>
 static __global__ void __launch_bounds__(ATT_THREADS)
     attention_block_dq_k(float *dq, const float *dout, const float *q, const float *k, const float *v,
                          const float *lse, const float *Dv, const int32_t *q_pos, const int32_t *k_pos,
-                         const int *bounds, int tq, int tk, int h, int kvh, int d, float scale)
+                         const int32_t *q_doc, const int32_t *k_doc, int per_batch, const int *bounds, int tq, int tk,
+                         int h, int kvh, int d, float scale)
 {
     extern __shared__ float smem[];
     const int ld = d + 1;
     float *Qs = smem, *dOs = Qs + ATT_TILE * ld, *Ks = dOs + ATT_TILE * ld, *Vs = Ks + ATT_TILE * ld;
     float *dSs = Vs + ATT_TILE * ld, *lse_s = dSs + ATT_TILE * ATT_LDS, *D_s = lse_s + ATT_TILE;
     int *qpos_s = (int *)(D_s + ATT_TILE), *kpos_s = qpos_s + ATT_TILE;
+    int *qdoc_s = kpos_s + ATT_TILE, *kdoc_s = qdoc_s + ATT_TILE;
     const int nqt = (tq + ATT_TILE - 1) / ATT_TILE, nkt = (tk + ATT_TILE - 1) / ATT_TILE;
     const int qt = blockIdx.x, hi = blockIdx.y, bi = blockIdx.z, kh = hi / (h / kvh);
     const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
-    const int q0 = qt * ATT_TILE, qmax = bounds[qt];
+    const int q0 = qt * ATT_TILE;
     const int64_t ldq = (int64_t)h * d, ldk = (int64_t)kvh * d;
+    if (per_batch) { /* ABI 2.13: this batch row's positions and documents */
+        q_pos += (int64_t)bi * tq;
+        k_pos += (int64_t)bi * tk;
+        q_doc = q_doc ? q_doc + (int64_t)bi * tq : NULL;
+        k_doc = k_doc ? k_doc + (int64_t)bi * tk : NULL;
+        bounds += (int64_t)bi * (nqt + nkt) * 3;
+    }
+    const int *qbound = bounds + qt * 3;
     const float *kb = k + (int64_t)bi * tk * ldk + (int64_t)kh * d;
     const float *vb = v + (int64_t)bi * tk * ldk + (int64_t)kh * d;
 
     load_tile(Qs, ld, q + (int64_t)bi * tq * ldq + (int64_t)hi * d, ldq, q0, tq, d);
     load_tile(dOs, ld, dout + (int64_t)bi * tq * ldq + (int64_t)hi * d, ldq, q0, tq, d);
     load_pos(qpos_s, q_pos, q0, tq, -1);
+    load_doc(qdoc_s, q_doc, q0, tq, -1);
     if (tid < ATT_TILE) {
         int qi = q0 + tid;
         int64_t base = ((int64_t)bi * h + hi) * tq;
@@ -762,15 +830,17 @@ static __global__ void __launch_bounds__(ATT_THREADS)
             dqa[a][cc] = 0.0f;
 
     for (int kt = 0; kt < nkt; kt++) {
-        if (bounds[nqt + kt] > qmax)
+        if (!tiles_meet(qbound, bounds + (nqt + kt) * 3))
             continue;
         const int k0 = kt * ATT_TILE;
         __syncthreads();
         load_tile(Ks, ld, kb, ldk, k0, tk, d);
         load_tile(Vs, ld, vb, ldk, k0, tk, d);
         load_pos(kpos_s, k_pos, k0, tk, ATT_POS_NONE);
+        load_doc(kdoc_s, k_doc, k0, tk, -2);
         __syncthreads();
-        block_scores_to_grads(NULL, dSs, Qs, dOs, Ks, Vs, lse_s, D_s, qpos_s, kpos_s, ld, d, scale, tx, ty);
+        block_scores_to_grads(NULL, dSs, Qs, dOs, Ks, Vs, lse_s, D_s, qpos_s, kpos_s, qdoc_s, kdoc_s, ld, d, scale,
+                              tx, ty);
         __syncthreads();
         const int jmax = tk - k0 < ATT_TILE ? tk - k0 : ATT_TILE;
         for (int j = 0; j < jmax; j++) {
@@ -800,24 +870,34 @@ static __global__ void __launch_bounds__(ATT_THREADS)
     }
 }
 
-/* The two positions' extremes per tile, in scratch the caller puts back. */
-static int *tile_bounds(const cuk_env *e, const int32_t *q_pos, const int32_t *k_pos, int tq, int tk)
+/* What each tile's rows span (att_tile_bounds_k), in scratch the caller puts back; nb = b when
+ * positions and documents are per batch row, else 1. */
+static int *tile_bounds(const cuk_env *e, const int32_t *q_pos, const int32_t *k_pos, const int32_t *q_doc,
+                        const int32_t *k_doc, int tq, int tk, int nb)
 {
     int nqt = (tq + ATT_TILE - 1) / ATT_TILE, nkt = (tk + ATT_TILE - 1) / ATT_TILE;
-    int *bounds = (int *)cuda_scratch_get(e->dev, sizeof(int) * (size_t)(nqt + nkt + 1));
+    int64_t n = (int64_t)nb * (nqt + nkt);
+    int *bounds = (int *)cuda_scratch_get(e->dev, sizeof(int) * (size_t)(3 * n + 1));
     if (bounds)
-        att_tile_bounds_k<<<cuk_grid(e, nqt + nkt, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(bounds, q_pos, k_pos,
-                                                                                              tq, tk, nqt, nkt);
+        att_tile_bounds_k<<<cuk_grid(e, n, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(bounds, q_pos, k_pos, q_doc,
+                                                                                      k_doc, tq, tk, nqt, nkt, nb);
     return bounds;
 }
 
-/* the positions' tile of ints next to each kernel's floats */
-#define ATT_POS_BYTES (2 * ATT_TILE * sizeof(int))
+/* the positions' and documents' tiles of ints next to each kernel's floats */
+#define ATT_POS_BYTES (4 * ATT_TILE * sizeof(int))
+
+/* The rows' positions and documents, as the kernels take them. */
+typedef struct {
+    const int32_t *q_pos, *k_pos, *q_doc, *k_doc;
+    int per_batch;
+    const int *bounds;
+} att_mask;
 
 template <int DC>
 static cudaError_t block_forward_launch(const cuk_env *e, float *out, float *lse, const float *q, const float *k,
-                                        const float *v, const int32_t *q_pos, const int32_t *k_pos,
-                                        const int *bounds, int b, int tq, int tk, int h, int kvh, int d)
+                                        const float *v, const att_mask *m, int b, int tq, int tk, int h, int kvh,
+                                        int d)
 {
     size_t bytes = smem_forward(d) + ATT_POS_BYTES;
     cudaError_t err = smem_limit((const void *)attention_block_forward_k<DC>, bytes);
@@ -825,15 +905,16 @@ static cudaError_t block_forward_launch(const cuk_env *e, float *out, float *lse
         return err;
     dim3 grid((unsigned)((tq + ATT_TILE - 1) / ATT_TILE), (unsigned)h, (unsigned)b);
     attention_block_forward_k<DC><<<grid, ATT_THREADS, bytes, e->stream>>>(
-        out, lse, q, k, v, q_pos, k_pos, bounds, tq, tk, h, kvh, d, (float)(1.0 / sqrt((double)d)));
+        out, lse, q, k, v, m->q_pos, m->k_pos, m->q_doc, m->k_doc, m->per_batch, m->bounds, tq, tk, h, kvh, d,
+        (float)(1.0 / sqrt((double)d)));
     return cudaGetLastError();
 }
 
 template <int DC>
 static cudaError_t block_backward_launch(const cuk_env *e, float *dq, float *dk, float *dv, const float *dout,
                                          const float *q, const float *k, const float *v, const float *lse,
-                                         const float *Dv, const int32_t *q_pos, const int32_t *k_pos,
-                                         const int *bounds, int b, int tq, int tk, int h, int kvh, int d)
+                                         const float *Dv, const att_mask *m, int b, int tq, int tk, int h, int kvh,
+                                         int d)
 {
     const float scale = (float)(1.0 / sqrt((double)d));
     size_t bytes_kv = smem_dkdv(d) + ATT_POS_BYTES, bytes_q = smem_dq(d) + ATT_POS_BYTES;
@@ -844,41 +925,47 @@ static cudaError_t block_backward_launch(const cuk_env *e, float *dq, float *dk,
         return err;
     const unsigned nqt = (unsigned)((tq + ATT_TILE - 1) / ATT_TILE), nkt = (unsigned)((tk + ATT_TILE - 1) / ATT_TILE);
     attention_block_dkdv_k<DC><<<dim3(nkt, (unsigned)kvh, (unsigned)b), ATT_THREADS, bytes_kv, e->stream>>>(
-        dk, dv, dout, q, k, v, lse, Dv, q_pos, k_pos, bounds, tq, tk, h, kvh, d, scale);
+        dk, dv, dout, q, k, v, lse, Dv, m->q_pos, m->k_pos, m->q_doc, m->k_doc, m->per_batch, m->bounds, tq, tk, h,
+        kvh, d, scale);
     attention_block_dq_k<DC><<<dim3(nqt, (unsigned)h, (unsigned)b), ATT_THREADS, bytes_q, e->stream>>>(
-        dq, dout, q, k, v, lse, Dv, q_pos, k_pos, bounds, tq, tk, h, kvh, d, scale);
+        dq, dout, q, k, v, lse, Dv, m->q_pos, m->k_pos, m->q_doc, m->k_doc, m->per_batch, m->bounds, tq, tk, h, kvh,
+        d, scale);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t cuk_attention_block_forward(const cuk_env *e, float *out, float *lse, const float *q,
-                                                   const float *k, const float *v, const int32_t *q_pos,
-                                                   const int32_t *k_pos, int64_t b, int64_t tq, int64_t tk,
-                                                   int64_t h, int64_t kvh, int64_t d)
+/* The forward of either form: positions shared by the batch (per_batch 0, no documents) or per
+ * batch row with documents (ABI 2.13). */
+static cudaError_t masked_forward(const cuk_env *e, float *out, float *lse, const float *q, const float *k,
+                                  const float *v, const int32_t *q_pos, const int32_t *k_pos, const int32_t *q_doc,
+                                  const int32_t *k_doc, int per_batch, int64_t b, int64_t tq, int64_t tk, int64_t h,
+                                  int64_t kvh, int64_t d)
 {
     if (d > CUK_ATTENTION_MAX_D)
         return cudaErrorInvalidValue;
     int B = (int)b, TQ = (int)tq, TK = (int)tk, H = (int)h, KVH = (int)kvh, D = (int)d;
-    int *bounds = tile_bounds(e, q_pos, k_pos, TQ, TK);
+    att_mask m = {q_pos, k_pos, q_doc, k_doc, per_batch, NULL};
+    int *bounds = tile_bounds(e, q_pos, k_pos, q_doc, k_doc, TQ, TK, per_batch ? B : 1);
     if (!bounds)
         return cudaErrorMemoryAllocation;
+    m.bounds = bounds;
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess) {
         if (d <= 32)
-            err = block_forward_launch<4>(e, out, lse, q, k, v, q_pos, k_pos, bounds, B, TQ, TK, H, KVH, D);
+            err = block_forward_launch<4>(e, out, lse, q, k, v, &m, B, TQ, TK, H, KVH, D);
         else if (d <= 64)
-            err = block_forward_launch<8>(e, out, lse, q, k, v, q_pos, k_pos, bounds, B, TQ, TK, H, KVH, D);
+            err = block_forward_launch<8>(e, out, lse, q, k, v, &m, B, TQ, TK, H, KVH, D);
         else
-            err = block_forward_launch<16>(e, out, lse, q, k, v, q_pos, k_pos, bounds, B, TQ, TK, H, KVH, D);
+            err = block_forward_launch<16>(e, out, lse, q, k, v, &m, B, TQ, TK, H, KVH, D);
     }
     cuda_scratch_put(e->dev, bounds);
     return err;
 }
 
-extern "C" cudaError_t cuk_attention_block_backward(const cuk_env *e, float *dq, float *dk, float *dv,
-                                                    const float *dout, const float *q, const float *k,
-                                                    const float *v, const float *out, const float *lse,
-                                                    const int32_t *q_pos, const int32_t *k_pos, int64_t b,
-                                                    int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t d)
+static cudaError_t masked_backward(const cuk_env *e, float *dq, float *dk, float *dv, const float *dout,
+                                   const float *q, const float *k, const float *v, const float *out, const float *lse,
+                                   const int32_t *q_pos, const int32_t *k_pos, const int32_t *q_doc,
+                                   const int32_t *k_doc, int per_batch, int64_t b, int64_t tq, int64_t tk, int64_t h,
+                                   int64_t kvh, int64_t d)
 {
     if (d > CUK_ATTENTION_MAX_D)
         return cudaErrorInvalidValue;
@@ -887,28 +974,62 @@ extern "C" cudaError_t cuk_attention_block_backward(const cuk_env *e, float *dq,
     float *Dv = (float *)cuda_scratch_get(e->dev, sizeof(float) * (size_t)rows);
     if (!Dv)
         return cudaErrorMemoryAllocation;
-    int *bounds = tile_bounds(e, q_pos, k_pos, TQ, TK);
+    int *bounds = tile_bounds(e, q_pos, k_pos, q_doc, k_doc, TQ, TK, per_batch ? B : 1);
     if (!bounds) {
         cuda_scratch_put(e->dev, Dv);
         return cudaErrorMemoryAllocation;
     }
+    att_mask m = {q_pos, k_pos, q_doc, k_doc, per_batch, bounds};
     attention_dvec_k<<<cuk_grid(e, rows * 32, CUK_THREADS), CUK_THREADS, 0, e->stream>>>(Dv, dout, out, rows, TQ,
                                                                                           H, D);
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess) {
         if (d <= 32)
-            err = block_backward_launch<4>(e, dq, dk, dv, dout, q, k, v, lse, Dv, q_pos, k_pos, bounds, B, TQ, TK,
-                                           H, KVH, D);
+            err = block_backward_launch<4>(e, dq, dk, dv, dout, q, k, v, lse, Dv, &m, B, TQ, TK, H, KVH, D);
         else if (d <= 64)
-            err = block_backward_launch<8>(e, dq, dk, dv, dout, q, k, v, lse, Dv, q_pos, k_pos, bounds, B, TQ, TK,
-                                           H, KVH, D);
+            err = block_backward_launch<8>(e, dq, dk, dv, dout, q, k, v, lse, Dv, &m, B, TQ, TK, H, KVH, D);
         else
-            err = block_backward_launch<16>(e, dq, dk, dv, dout, q, k, v, lse, Dv, q_pos, k_pos, bounds, B, TQ, TK,
-                                            H, KVH, D);
+            err = block_backward_launch<16>(e, dq, dk, dv, dout, q, k, v, lse, Dv, &m, B, TQ, TK, H, KVH, D);
     }
     cuda_scratch_put(e->dev, bounds);
     cuda_scratch_put(e->dev, Dv);
     return err;
+}
+
+extern "C" cudaError_t cuk_attention_block_forward(const cuk_env *e, float *out, float *lse, const float *q,
+                                                   const float *k, const float *v, const int32_t *q_pos,
+                                                   const int32_t *k_pos, int64_t b, int64_t tq, int64_t tk,
+                                                   int64_t h, int64_t kvh, int64_t d)
+{
+    return masked_forward(e, out, lse, q, k, v, q_pos, k_pos, NULL, NULL, 0, b, tq, tk, h, kvh, d);
+}
+
+extern "C" cudaError_t cuk_attention_block_backward(const cuk_env *e, float *dq, float *dk, float *dv,
+                                                    const float *dout, const float *q, const float *k,
+                                                    const float *v, const float *out, const float *lse,
+                                                    const int32_t *q_pos, const int32_t *k_pos, int64_t b,
+                                                    int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t d)
+{
+    return masked_backward(e, dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, NULL, NULL, 0, b, tq, tk, h, kvh, d);
+}
+
+extern "C" cudaError_t cuk_attention_doc_forward(const cuk_env *e, float *out, float *lse, const float *q,
+                                                 const float *k, const float *v, const int32_t *q_pos,
+                                                 const int32_t *k_pos, const int32_t *q_doc, const int32_t *k_doc,
+                                                 int64_t b, int64_t tq, int64_t tk, int64_t h, int64_t kvh, int64_t d)
+{
+    return masked_forward(e, out, lse, q, k, v, q_pos, k_pos, q_doc, k_doc, 1, b, tq, tk, h, kvh, d);
+}
+
+extern "C" cudaError_t cuk_attention_doc_backward(const cuk_env *e, float *dq, float *dk, float *dv,
+                                                  const float *dout, const float *q, const float *k, const float *v,
+                                                  const float *out, const float *lse, const int32_t *q_pos,
+                                                  const int32_t *k_pos, const int32_t *q_doc, const int32_t *k_doc,
+                                                  int64_t b, int64_t tq, int64_t tk, int64_t h, int64_t kvh,
+                                                  int64_t d)
+{
+    return masked_backward(e, dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, q_doc, k_doc, 1, b, tq, tk, h, kvh,
+                           d);
 }
 
 /* ---------------------------------------------------------------- merge */

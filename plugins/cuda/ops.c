@@ -486,6 +486,58 @@ ct_status cuda_attention_block_backward(ct_device *dev, float *dq, float *dk, fl
     return CT_OK;
 }
 
+/* ---------------------------------------------------------------- attention over documents (ABI 2.13) */
+
+ct_status cuda_attention_doc_forward(ct_device *dev, float *out, float *lse, const float *q, const float *k,
+                                     const float *v, const int32_t *q_pos, const int32_t *k_pos, const int32_t *q_doc,
+                                     const int32_t *k_doc, int64_t b, int64_t tq, int64_t tk, int64_t h, int64_t kvh,
+                                     int64_t hd)
+{
+    cuda_device *d = dev;
+    const char *op = "attention_doc_forward";
+    ct_status st = attention_check(d, op, b, h, hd);
+    if (st != CT_OK)
+        return st;
+    if (b == 0 || tq == 0 || h == 0)
+        return CT_OK;
+    if (tk == 0) { /* no key tile: the kernel reads none of these, they only need to be addresses */
+        k = v = q;
+        k_pos = q_pos;
+        k_doc = q_doc;
+    }
+    st = cuda_enter(d, op);
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_attention_doc_forward(&d->env, out, lse, q, k, v, q_pos, k_pos, q_doc, k_doc, b, tq, tk, h,
+                                              kvh, hd);
+    if (e != cudaSuccess)
+        return cuda_error(d, op, "kernel launch", e);
+    return CT_OK;
+}
+
+ct_status cuda_attention_doc_backward(ct_device *dev, float *dq, float *dk, float *dv, const float *dout,
+                                      const float *q, const float *k, const float *v, const float *out,
+                                      const float *lse, const int32_t *q_pos, const int32_t *k_pos,
+                                      const int32_t *q_doc, const int32_t *k_doc, int64_t b, int64_t tq, int64_t tk,
+                                      int64_t h, int64_t kvh, int64_t hd)
+{
+    cuda_device *d = dev;
+    const char *op = "attention_doc_backward";
+    ct_status st = attention_check(d, op, b, h, hd);
+    if (st != CT_OK)
+        return st;
+    if (b == 0 || tq == 0 || tk == 0 || h == 0)
+        return CT_OK;
+    st = cuda_enter(d, op);
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_attention_doc_backward(&d->env, dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, q_doc,
+                                               k_doc, b, tq, tk, h, kvh, hd);
+    if (e != cudaSuccess)
+        return cuda_error(d, op, "kernel launch", e);
+    return CT_OK;
+}
+
 /* ---------------------------------------------------------------- activations */
 
 ct_status cuda_swiglu_forward(ct_device *dev, float *out, const float *a, const float *g, int64_t n)

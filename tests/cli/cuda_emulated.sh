@@ -13,7 +13,8 @@
 #       float8 and tensor-parallel ops, 1.4's fp8 GEMM, bf16 operands and shared stream, 1.5's
 #       device-resident loss ops and graph capture, 2.1's elementwise ops, 2.3's rope at positions
 #       and attention by blocks with its merge, 2.4's rope with a frequency table, 2.9's copies
-#       beside the work on a second stream ordered by events, 2.10's AdamW with bf16 moments), with
+#       beside the work on a second stream ordered by events, 2.10's AdamW with bf16 moments, 2.13's
+#       block-causal attention over packed documents and its merge by blocks), with
 #       ASan/UBSan on the kernels and the host code;
 #   (b) again with cuBLASLt finding no algorithm (the cublasSgemm fallback), and with cudaMalloc
 #       failing past 228 MiB live (the allocator's trim-and-retry);
@@ -22,7 +23,8 @@
 #       48, 64, 128 over several tiles, cross-entropy over 128256 columns, ...), twice for bits;
 #       the seven ew_* ops over a million elements, bit for bit the CPU's; a context-parallel
 #       rank's ring of attention blocks (2 to 4 ranks, positions shuffled), merged, and its backward;
-#       rope with Llama 3.1's scaled table, at rows 0..t-1 and at positions past 120000;
+#       rope with Llama 3.1's scaled table, at rows 0..t-1 and at positions past 120000; block-causal
+#       attention over packed documents, whole rows and shuffled query and key halves;
 #   (e) compile.enable: ctitan train with the emulated plugin, the microbatch captured as a CUDA
 #       graph and launched, against the eager run (f32; bf16 with checkpointing; a refused capture).
 set -euo pipefail

@@ -5,7 +5,8 @@
  * RoPE at head dim 128, a large matmul with transposes, long sums and a tensor-wide amax; the
  * elementwise ops of ABI 2.1 must match bit for bit. ABI 2.3's context-parallel ops: one rank's
  * ring of attention blocks at load-balanced (and shuffled) positions, merged, and their backward,
- * over 2 to 4 ranks at head dims 48 to 128, and RoPE at those positions.
+ * over 2 to 4 ranks at head dims 48 to 128, and RoPE at those positions. ABI 2.13's block-causal
+ * attention over packed documents, whole rows and context-parallel-like halves, forward and backward.
  *
  *     cross_check REFERENCE.so TESTED.so [RTOL]
  *
@@ -464,6 +465,87 @@ static void cp_ring_case(device *R, device *T, int64_t b, int64_t t, int cp, int
     free(q), free(g), free(gq0);
 }
 
+/* ABI 2.13: block-causal attention over packed documents of random lengths (up to maxlen) at
+ * positions 0..t-1 of each row, forward and backward, the rows whole or (shuffled) a query half
+ * against a key half as context parallel would cut them. */
+static void doc_case(device *R, device *T, int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d, int maxlen,
+                     int split)
+{
+    int64_t tq = split ? t / 2 : t, tk = split ? t - t / 3 : t;
+    int64_t nq = b * tq * h * d, nk = b * tk * kvh * d, nl = b * h * tq;
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)t), *pos = malloc(sizeof(int32_t) * (size_t)(b * t));
+    int32_t *doc = malloc(sizeof(int32_t) * (size_t)(b * t));
+    int32_t *qp = malloc(sizeof(int32_t) * (size_t)(b * tq)), *qd = malloc(sizeof(int32_t) * (size_t)(b * tq));
+    int32_t *kp = malloc(sizeof(int32_t) * (size_t)(b * tk)), *kd = malloc(sizeof(int32_t) * (size_t)(b * tk));
+    for (int64_t i = 0; i < t; i++)
+        rows[i] = (int32_t)i;
+    for (int64_t i = t - 1; split && i > 0; i--) {
+        int64_t j = (int64_t)((urand() + 1.0f) * 0.5f * (float)(i + 1));
+        j = j > i ? i : j;
+        int32_t x = rows[i];
+        rows[i] = rows[j];
+        rows[j] = x;
+    }
+    for (int64_t bi = 0; bi < b; bi++) {
+        int32_t dc = 0, left = 1 + (int32_t)((urand() + 1.0f) * 0.5f * (float)maxlen);
+        for (int64_t i = 0; i < t; i++) {
+            pos[bi * t + i] = (int32_t)i;
+            doc[bi * t + i] = dc;
+            if (--left <= 0) {
+                dc++;
+                left = 1 + (int32_t)((urand() + 1.0f) * 0.5f * (float)maxlen);
+            }
+        }
+        for (int64_t i = 0; i < tq; i++)
+            qp[bi * tq + i] = pos[bi * t + rows[i]], qd[bi * tq + i] = doc[bi * t + rows[i]];
+        for (int64_t j = 0; j < tk; j++)
+            kp[bi * tk + j] = pos[bi * t + rows[t - tk + j]], kd[bi * tk + j] = doc[bi * t + rows[t - tk + j]];
+    }
+    float *q = rand_host(nq, 1.5f), *k = rand_host(nk, 1.5f), *v = rand_host(nk, 1), *g = rand_host(nq, 1);
+    float *gq0 = rand_host(nq, 0.5f), *gk0 = rand_host(nk, 0.5f), *gv0 = rand_host(nk, 0.5f);
+    float *res[2][5];
+    int64_t ns[5] = {nq, nl, nq, nk, nk};
+    device *devs[2] = {R, T};
+    for (int r = 0; r < 3; r++) { /* R once, T twice (determinism) */
+        device *D = devs[r > 0];
+        float *dq = up(D, q, 4 * nq), *dk = up(D, k, 4 * nk), *dv = up(D, v, 4 * nk), *dg = up(D, g, 4 * nq);
+        float *gq = up(D, gq0, 4 * nq), *gk = up(D, gk0, 4 * nk), *gv = up(D, gv0, 4 * nk);
+        float *out = up(D, NULL, 4 * nq), *lse = up(D, NULL, 4 * nl);
+        int32_t *dqp = up(D, qp, 4 * b * tq), *dqd = up(D, qd, 4 * b * tq), *dkp = up(D, kp, 4 * b * tk),
+                *dkd = up(D, kd, 4 * b * tk);
+        must(D->api->attention_doc_forward(D->dev, out, lse, dq, dk, dv, dqp, dkp, dqd, dkd, b, tq, tk, h, kvh, d), D,
+             "attention_doc_forward");
+        must(D->api->attention_doc_backward(D->dev, gq, gk, gv, dg, dq, dk, dv, out, lse, dqp, dkp, dqd, dkd, b, tq, tk,
+                                            h, kvh, d),
+             D, "attention_doc_backward");
+        float *got[5] = {down(D, out, nq), down(D, lse, nl), down(D, gq, nq), down(D, gk, nk), down(D, gv, nk)};
+        for (int64_t i = 0; i < nl; i++) /* a query with no key: -inf on both, compared as 0 */
+            if (isinf(got[1][i]))
+                got[1][i] = 0;
+        if (r < 2)
+            memcpy(res[r], got, sizeof got);
+        else
+            for (int i = 0; i < 5; i++) {
+                same_bits("attention_doc (twice)", res[1][i], got[i], ns[i]);
+                free(got[i]);
+            }
+        void *bufs[] = {dq, dk, dv, dg, gq, gk, gv, out, lse, dqp, dqd, dkp, dkd};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            D->api->free(D->dev, bufs[i]);
+    }
+    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; i++) {
+        char what[128];
+        snprintf(what, sizeof what, "attention_doc%s t%lld docs<=%d h%lld kvh%lld d%lld %s", split ? " split" : "",
+                 (long long)t, maxlen, (long long)h, (long long)kvh, (long long)d, names[i]);
+        compare(what, res[0][i], res[1][i], ns[i]);
+        free(res[0][i]);
+        free(res[1][i]);
+    }
+    free(rows), free(pos), free(doc), free(qp), free(qd), free(kp), free(kd);
+    free(q), free(k), free(v), free(g), free(gq0), free(gk0), free(gv0);
+}
+
 /* ABI 2.4: rope with Llama 3.1's scaled table (theta 5e5, factor 8, original 8192, as the llama3
  * pack computes it), rows 0..t-1 and positions far into a long context (out of order). */
 static void rope_freqs_case(device *R, device *T)
@@ -656,6 +738,9 @@ int main(int argc, char **argv)
     cp_ring_case(&R, &T, 1, 512, 4, 1, 4, 2, 64, 0);
     cp_ring_case(&R, &T, 2, 264, 2, 0, 2, 1, 128, 1);
     cp_ring_case(&R, &T, 1, 300, 3, 2, 3, 3, 48, 1);
+    doc_case(&R, &T, 2, 300, 4, 2, 64, 40, 0);
+    doc_case(&R, &T, 1, 264, 2, 1, 128, 150, 1);
+    doc_case(&R, &T, 2, 200, 3, 3, 48, 20, 1);
     cross_entropy_case(&R, &T, 5, 128256);
     embedding_backward_case(&R, &T, 6000, 300, 50);
     norm_weight_case(&R, &T, 300000, 8);

@@ -797,6 +797,65 @@ static void test_attention_block_gradients(void **state)
     case_run_and_free(&c);
 }
 
+/* Block-causal attention (ABI 2.13), one key block as the whole: per batch row positions and
+ * documents, rows unsorted, several documents per row, row 0's query 3 alone in its document (no
+ * key: no gradient) and a key of a document no query has. dim and saved as attention_block. */
+static const int32_t gc_dq_pos[2 * 7] = {9, 0, 4, 12, 1, 6, 7, 0, 1, 2, 3, 4, 5, 6};
+static const int32_t gc_dk_pos[2 * 6] = {3, 8, 2, 5, 11, 6, 6, 5, 4, 0, 1, 2};
+static const int32_t gc_dq_doc[2 * 7] = {1, 0, 0, 4, 0, 1, 1, 0, 0, 0, 1, 1, 2, 2};
+static const int32_t gc_dk_doc[2 * 6] = {0, 1, 0, 1, 3, 1, 2, 1, 1, 0, 0, 1};
+
+static void attd_fwd64(op_case *c, double *out)
+{
+    assert_int_equal(attention_doc_forward_f64(out, c->saved[0], c->in[0], c->in[1], c->in[2], gc_dq_pos, gc_dk_pos,
+                                               gc_dq_doc, gc_dk_doc, c->dim[0], c->dim[1], c->dim[2], c->dim[3],
+                                               c->dim[4], c->dim[5]),
+                     0);
+}
+static void attd_bwd64(op_case *c)
+{
+    attd_fwd64(c, c->saved[1]);
+    assert_int_equal(attention_doc_backward_f64(c->grad[0], c->grad[1], c->grad[2], c->r, c->in[0], c->in[1],
+                                                c->in[2], c->saved[1], c->saved[0], gc_dq_pos, gc_dk_pos, gc_dq_doc,
+                                                gc_dk_doc, c->dim[0], c->dim[1], c->dim[2], c->dim[3], c->dim[4],
+                                                c->dim[5]),
+                     0);
+}
+static void attd_fwd32(op_case *c, float *out)
+{
+    assert_int_equal(attention_doc_forward_f32(out, c->saved_f[0], c->in_f[0], c->in_f[1], c->in_f[2], gc_dq_pos,
+                                               gc_dk_pos, gc_dq_doc, gc_dk_doc, c->dim[0], c->dim[1], c->dim[2],
+                                               c->dim[3], c->dim[4], c->dim[5]),
+                     0);
+}
+static void attd_bwd32(op_case *c)
+{
+    attd_fwd32(c, c->saved_f[1]);
+    assert_int_equal(attention_doc_backward_f32(c->grad_f[0], c->grad_f[1], c->grad_f[2], c->r_f, c->in_f[0],
+                                                c->in_f[1], c->in_f[2], c->saved_f[1], c->saved_f[0], gc_dq_pos,
+                                                gc_dk_pos, gc_dq_doc, gc_dk_doc, c->dim[0], c->dim[1], c->dim[2],
+                                                c->dim[3], c->dim[4], c->dim[5]),
+                     0);
+}
+
+static void test_attention_doc_gradients(void **state)
+{
+    (void)state;
+    const int64_t b = 2, tq = 7, tk = 6, h = 4, kvh = 2, d = 6;
+    op_case c = {.name = "attention_doc", .n_in = 3, .in_name = {"q", "k", "v"}, .dim = {b, tq, tk, h, kvh, d}};
+    c.in_size[0] = b * tq * h * d;
+    c.in_size[1] = c.in_size[2] = b * tk * kvh * d;
+    c.out_size = b * tq * h * d;
+    c.saved_size[0] = b * h * tq;
+    c.saved_size[1] = b * tq * h * d;
+    c.forward_f64 = attd_fwd64;
+    c.backward_f64 = attd_bwd64;
+    c.forward_f32 = attd_fwd32;
+    c.backward_f32 = attd_bwd32;
+    case_setup(&c, 1.5);
+    case_run_and_free(&c);
+}
+
 /* ---------------------------------------------------------------- swiglu, gelu */
 
 static void swiglu_fwd64(op_case *c, double *out)
@@ -1047,6 +1106,7 @@ int main(void)
         cmocka_unit_test(test_rope_pos_gradients),
         cmocka_unit_test(test_rope_freqs_gradients),
         cmocka_unit_test(test_attention_block_gradients),
+        cmocka_unit_test(test_attention_doc_gradients),
         cmocka_unit_test(test_swiglu_gradients),
         cmocka_unit_test(test_gelu_gradients),
         cmocka_unit_test(test_cross_entropy_gradients),

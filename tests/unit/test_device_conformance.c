@@ -3015,6 +3015,295 @@ static void test_attention_blocks_merge_to_attention(void **state)
 }
 
 /* Queries that see no key of the block: out 0, lse -inf, and nothing from them in backward. */
+/* ---- ABI 2.13: attention over packed documents ---- */
+
+/* The naive reference of attention_doc_forward and its backward, in double: for each (batch row,
+ * head, query) the visible keys (same document, position not later), softmax, out, lse; then the
+ * gradients from dout through the same P. ro (b,tq,h,d), rl (b,h,tq), rdq (b,tq,h,d), rdk and rdv
+ * (b,tk,kvh,d) are ADDED to (the callers pass zeroed or initial values). */
+typedef struct {
+    int64_t b, tq, tk, h, kvh, d;
+    const float *q, *k, *v, *dout;
+    const int32_t *qp, *kp, *qd, *kd; /* (b,tq), (b,tk) */
+} doc_case;
+
+static void doc_reference(const doc_case *c, double *ro, double *rl, double *rdq, double *rdk, double *rdv)
+{
+    int64_t h = c->h, d = c->d, kvh = c->kvh, tq = c->tq, tk = c->tk, group = h / kvh;
+    double scale = 1.0 / sqrt((double)d), *p = ref_alloc(tk), *o = ref_alloc(d);
+    for (int64_t bi = 0; bi < c->b; bi++)
+        for (int64_t hi = 0; hi < h; hi++)
+            for (int64_t i = 0; i < tq; i++) {
+                const float *qi = c->q + ((bi * tq + i) * h + hi) * d;
+                const float *doi = c->dout + ((bi * tq + i) * h + hi) * d;
+                double mx = -INFINITY, sum = 0, di = 0;
+                for (int64_t j = 0; j < tk; j++) {
+                    int seen = c->kd[bi * tk + j] == c->qd[bi * tq + i] && c->kp[bi * tk + j] <= c->qp[bi * tq + i];
+                    const float *kj = c->k + ((bi * tk + j) * kvh + hi / group) * d;
+                    p[j] = -INFINITY;
+                    if (!seen)
+                        continue;
+                    p[j] = 0;
+                    for (int64_t x = 0; x < d; x++)
+                        p[j] += (double)qi[x] * kj[x] * scale;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int64_t j = 0; j < tk; j++)
+                    sum += isinf(p[j]) ? 0 : exp(p[j] - mx);
+                rl[(bi * h + hi) * tq + i] += sum > 0 ? mx + log(sum) : -INFINITY;
+                memset(o, 0, (size_t)d * sizeof *o);
+                for (int64_t j = 0; j < tk; j++) {
+                    p[j] = isinf(p[j]) ? 0 : exp(p[j] - mx) / sum;
+                    for (int64_t x = 0; x < d; x++)
+                        o[x] += p[j] * c->v[((bi * tk + j) * kvh + hi / group) * d + x];
+                }
+                for (int64_t x = 0; x < d; x++) {
+                    ro[((bi * tq + i) * h + hi) * d + x] += o[x];
+                    di += (double)doi[x] * o[x];
+                }
+                for (int64_t j = 0; j < tk; j++) {
+                    if (p[j] == 0)
+                        continue;
+                    int64_t kr = ((bi * tk + j) * kvh + hi / group) * d;
+                    double dp = 0;
+                    for (int64_t x = 0; x < d; x++)
+                        dp += (double)doi[x] * c->v[kr + x];
+                    double ds = p[j] * (dp - di) * scale;
+                    for (int64_t x = 0; x < d; x++) {
+                        rdv[kr + x] += p[j] * doi[x];
+                        rdk[kr + x] += ds * qi[x];
+                        rdq[((bi * tq + i) * h + hi) * d + x] += ds * c->k[kr + x];
+                    }
+                }
+            }
+    free(p);
+    free(o);
+}
+
+/* Documents of random lengths (1..maxlen) in each of the b rows of t tokens: docs (b,t), positions
+ * 0..t-1 in each row. */
+static void doc_rows(int32_t *docs, int32_t *pos, int64_t b, int64_t t, int maxlen)
+{
+    for (int64_t bi = 0; bi < b; bi++) {
+        int32_t doc = 0, left = 1 + (int32_t)(rnd_u64() % (uint64_t)maxlen);
+        for (int64_t i = 0; i < t; i++) {
+            docs[bi * t + i] = doc;
+            pos[bi * t + i] = (int32_t)i;
+            if (--left == 0) {
+                doc++;
+                left = 1 + (int32_t)(rnd_u64() % (uint64_t)maxlen);
+            }
+        }
+    }
+}
+
+/* One call of attention_doc_forward and attention_doc_backward on queries qsel and keys ksel (row
+ * indices into the b x t rows; nq and nk of each per batch row) against the reference. */
+static void doc_case_run(const char *what, int64_t b, int64_t t, int64_t h, int64_t kvh, int64_t d,
+                         const int32_t *docs, const int32_t *pos, const int32_t *qsel, int64_t tq,
+                         const int32_t *ksel, int64_t tk)
+{
+    int64_t nq = b * tq * h * d, nk = b * tk * kvh * d, nl = b * h * tq;
+    float *q = host_rand(nq, 1.5), *k = host_rand(nk, 1.5), *v = host_rand(nk, 1), *dout = host_rand(nq, 1);
+    int32_t *qp = malloc(sizeof(int32_t) * (size_t)(2 * b * (tq + tk))), *kp = qp + b * tq;
+    int32_t *qd = kp + b * tk, *kd = qd + b * tq;
+    assert_non_null(qp);
+    (void)t;
+    for (int64_t bi = 0; bi < b; bi++) {
+        for (int64_t i = 0; i < tq; i++) {
+            qp[bi * tq + i] = pos[bi * t + qsel[i]];
+            qd[bi * tq + i] = docs[bi * t + qsel[i]];
+        }
+        for (int64_t j = 0; j < tk; j++) {
+            kp[bi * tk + j] = pos[bi * t + ksel[j]];
+            kd[bi * tk + j] = docs[bi * t + ksel[j]];
+        }
+    }
+    doc_case c = {b, tq, tk, h, kvh, d, q, k, v, dout, qp, kp, qd, kd};
+    double *ro = ref_alloc(nq), *rl = ref_alloc(nl);
+    grad_buf gq = grad_new(nq), gk = grad_new(nk), gv = grad_new(nk);
+    doc_reference(&c, ro, rl, gq.ref, gk.ref, gv.ref);
+    float *dq_ = dev_floats(q, nq), *dk_ = dev_floats(k, nk), *dv_ = dev_floats(v, nk), *ddo = dev_floats(dout, nq);
+    float *out = dev_floats(NULL, nq), *lse = dev_floats(NULL, nl);
+    int32_t *dqp = dev_ints(qp, b * tq), *dkp = dev_ints(kp, b * tk), *dqd = dev_ints(qd, b * tq),
+            *dkd = dev_ints(kd, b * tk);
+    assert_int_equal(api->attention_doc_forward(dev, out, lse, dq_, dk_, dv_, dqp, dkp, dqd, dkd, b, tq, tk, h, kvh, d),
+                     CT_OK);
+    char name[160];
+    snprintf(name, sizeof name, "attention_doc_forward out (%s)", what);
+    expect_close_tol(name, out, ro, nq, 1e-5);
+    float *hl = download(lse, nl);
+    for (int64_t i = 0; i < nl; i++) {
+        if (isinf(rl[i]) != isinf(hl[i]) || (!isinf(rl[i]) && fabs(hl[i] - rl[i]) > 1e-5 * (1 + fabs(rl[i]))))
+            fail_msg("attention_doc_forward lse[%lld] (%s) = %g, expected %g", (long long)i, what, (double)hl[i],
+                     rl[i]);
+    }
+    free(hl);
+    assert_int_equal(api->attention_doc_backward(dev, gq.dev, gk.dev, gv.dev, ddo, dq_, dk_, dv_, out, lse, dqp, dkp,
+                                                 dqd, dkd, b, tq, tk, h, kvh, d),
+                     CT_OK);
+    snprintf(name, sizeof name, "attention_doc_backward dq (%s)", what);
+    grad_check_free(name, &gq);
+    snprintf(name, sizeof name, "attention_doc_backward dk (%s)", what);
+    grad_check_free(name, &gk);
+    snprintf(name, sizeof name, "attention_doc_backward dv (%s)", what);
+    grad_check_free(name, &gv);
+    float *bufs[] = {dq_, dk_, dv_, ddo, out, lse};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        api->free(dev, bufs[i]);
+    int32_t *ibufs[] = {dqp, dkp, dqd, dkd};
+    for (size_t i = 0; i < sizeof ibufs / sizeof ibufs[0]; i++)
+        api->free(dev, ibufs[i]);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(qp);
+    free(ro);
+    free(rl);
+}
+
+/* Block-causal attention against the reference: packed rows of short and long documents (one
+ * query tile and several), the rows shuffled and a query subset against a key subset (context
+ * parallel's chunks), one document over the whole row (causal attention), and queries whose
+ * document has no key in the block (lse -inf, out 0, no gradient). */
+static void test_attention_doc(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(attention_doc_forward);
+    TP_SKIP_UNLESS(attention_doc_backward);
+    const int64_t b = 2, t = 150, h = 4, kvh = 2;
+    int32_t *docs = malloc(sizeof(int32_t) * (size_t)(2 * b * t)), *pos = docs + b * t;
+    int32_t *all = malloc(sizeof(int32_t) * (size_t)t), *perm = malloc(sizeof(int32_t) * (size_t)t);
+    assert_non_null(docs);
+    assert_non_null(all);
+    assert_non_null(perm);
+    for (int64_t i = 0; i < t; i++)
+        all[i] = perm[i] = (int32_t)i;
+    for (int64_t i = t - 1; i > 0; i--) { /* a fixed shuffle */
+        int64_t j = (int64_t)(rnd_u64() % (uint64_t)(i + 1));
+        int32_t x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    doc_rows(docs, pos, b, 9, 4);
+    doc_case_run("9 tokens, short documents", b, 9, h, kvh, 8, docs, pos, all, 9, all, 9);
+    doc_rows(docs, pos, b, t, 12);
+    doc_case_run("150 tokens, documents up to 12", b, t, h, kvh, 16, docs, pos, all, t, all, t);
+    doc_case_run("150 tokens, rows shuffled", b, t, h, kvh, 16, docs, pos, perm, t, perm, t);
+    doc_case_run("query and key subsets", b, t, h, kvh, 16, docs, pos, perm, 60, perm + 40, 90);
+    { /* context parallel's rank 0 of 2 on 128 tokens: chunks 0 and 3 of 4 against the whole sequence */
+        int32_t cprows[64];
+        for (int i = 0; i < 32; i++)
+            cprows[i] = i, cprows[32 + i] = 96 + i;
+        doc_rows(docs, pos, 1, 128, 40);
+        doc_case_run("cp rank rows against the whole sequence", 1, 128, h, kvh, 16, docs, pos, cprows, 64, all, 128);
+    }
+    doc_rows(docs, pos, b, t, 90);
+    doc_case_run("150 tokens, documents up to 90", b, t, h, kvh, 32, docs, pos, all, t, all, t);
+    for (int64_t i = 0; i < b * t; i++)
+        docs[i] = 0;
+    doc_case_run("one document: causal", b, t, h, kvh, 16, docs, pos, all, t, all, t);
+    free(docs);
+    free(all);
+    free(perm);
+}
+
+/* Two key blocks merged by attention_merge are the whole, and their backwards (from the final out
+ * and lse) sum to the whole's: what context parallel does with the documents' ops. */
+static void test_attention_doc_blocks_merge(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(attention_doc_forward);
+    TP_SKIP_UNLESS(attention_doc_backward);
+    TP_SKIP_UNLESS(attention_merge);
+    const int64_t b = 2, t = 96, h = 2, kvh = 1, d = 16, half = t / 2;
+    int64_t nq = b * t * h * d, nk = b * t * kvh * d, nkh = b * half * kvh * d, nl = b * h * t;
+    int32_t *docs = malloc(sizeof(int32_t) * (size_t)(2 * b * t)), *pos = docs + b * t;
+    assert_non_null(docs);
+    doc_rows(docs, pos, b, t, 30);
+    float *q = host_rand(nq, 1.5), *k = host_rand(nk, 1.5), *v = host_rand(nk, 1), *dout = host_rand(nq, 1);
+    /* key blocks: the first and second half of each row, as (b, half) tensors */
+    float *kh[2], *vh[2];
+    int32_t *kp[2], *kd[2];
+    for (int s = 0; s < 2; s++) {
+        float *hk = malloc(sizeof(float) * (size_t)nkh), *hv = malloc(sizeof(float) * (size_t)nkh);
+        int32_t *hp = malloc(sizeof(int32_t) * (size_t)(b * half)), *hd = malloc(sizeof(int32_t) * (size_t)(b * half));
+        assert_true(hk && hv && hp && hd);
+        for (int64_t bi = 0; bi < b; bi++) {
+            memcpy(hk + bi * half * kvh * d, k + (bi * t + s * half) * kvh * d, sizeof(float) * (size_t)(half * kvh * d));
+            memcpy(hv + bi * half * kvh * d, v + (bi * t + s * half) * kvh * d, sizeof(float) * (size_t)(half * kvh * d));
+            memcpy(hp + bi * half, pos + bi * t + s * half, sizeof(int32_t) * (size_t)half);
+            memcpy(hd + bi * half, docs + bi * t + s * half, sizeof(int32_t) * (size_t)half);
+        }
+        kh[s] = dev_floats(hk, nkh);
+        vh[s] = dev_floats(hv, nkh);
+        kp[s] = dev_ints(hp, b * half);
+        kd[s] = dev_ints(hd, b * half);
+        free(hk);
+        free(hv);
+        free(hp);
+        free(hd);
+    }
+    float *dq_ = dev_floats(q, nq), *dk_ = dev_floats(k, nk), *dv_ = dev_floats(v, nk), *ddo = dev_floats(dout, nq);
+    int32_t *dp = dev_ints(pos, b * t), *dd = dev_ints(docs, b * t);
+    float *out = dev_floats(NULL, nq), *lse = dev_floats(NULL, nl), *o2 = dev_floats(NULL, nq),
+          *l2 = dev_floats(NULL, nl), *wo = dev_floats(NULL, nq), *wl = dev_floats(NULL, nl);
+    assert_int_equal(api->attention_doc_forward(dev, wo, wl, dq_, dk_, dv_, dp, dp, dd, dd, b, t, t, h, kvh, d), CT_OK);
+    assert_int_equal(api->attention_doc_forward(dev, out, lse, dq_, kh[0], vh[0], dp, kp[0], dd, kd[0], b, t, half, h,
+                                                kvh, d),
+                     CT_OK);
+    assert_int_equal(api->attention_doc_forward(dev, o2, l2, dq_, kh[1], vh[1], dp, kp[1], dd, kd[1], b, t, half, h,
+                                                kvh, d),
+                     CT_OK);
+    assert_int_equal(api->attention_merge(dev, out, lse, o2, l2, b, t, h, d), CT_OK);
+    double *want = download_double(wo, nq);
+    expect_close_tol("attention_doc_forward merged out", out, want, nq, 1e-5);
+    free(want);
+    want = download_double(wl, nl);
+    expect_close_tol("attention_doc_forward merged lse", lse, want, nl, 1e-5);
+    free(want);
+    /* backward: the whole, and the two halves (their dk, dv into their own rows) */
+    float *fq = dev_floats(NULL, nq), *fk = dev_floats(NULL, nk), *fv = dev_floats(NULL, nk);
+    assert_int_equal(api->attention_doc_backward(dev, fq, fk, fv, ddo, dq_, dk_, dv_, wo, wl, dp, dp, dd, dd, b, t, t,
+                                                 h, kvh, d),
+                     CT_OK);
+    grad_buf gq = grad_new(nq);
+    float *hfq = download(fq, nq), *hfk = download(fk, nk), *hfv = download(fv, nk);
+    for (int64_t i = 0; i < nq; i++)
+        gq.ref[i] += hfq[i];
+    for (int s = 0; s < 2; s++) {
+        grad_buf gk = grad_new(nkh), gv = grad_new(nkh);
+        for (int64_t bi = 0; bi < b; bi++)
+            for (int64_t j = 0; j < half * kvh * d; j++) {
+                gk.ref[bi * half * kvh * d + j] += hfk[(bi * t + s * half) * kvh * d + j];
+                gv.ref[bi * half * kvh * d + j] += hfv[(bi * t + s * half) * kvh * d + j];
+            }
+        assert_int_equal(api->attention_doc_backward(dev, gq.dev, gk.dev, gv.dev, ddo, dq_, kh[s], vh[s], wo, wl, dp,
+                                                     kp[s], dd, kd[s], b, t, half, h, kvh, d),
+                         CT_OK);
+        grad_check_free(s ? "attention_doc_backward dk (second block)" : "attention_doc_backward dk (first block)",
+                        &gk);
+        grad_check_free(s ? "attention_doc_backward dv (second block)" : "attention_doc_backward dv (first block)",
+                        &gv);
+    }
+    grad_check_free("attention_doc_backward dq (two blocks)", &gq);
+    free(hfq);
+    free(hfk);
+    free(hfv);
+    float *bufs[] = {dq_, dk_, dv_, ddo, out, lse, o2, l2, wo, wl, fq, fk, fv, kh[0], kh[1], vh[0], vh[1]};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        api->free(dev, bufs[i]);
+    int32_t *ibufs[] = {dp, dd, kp[0], kp[1], kd[0], kd[1]};
+    for (size_t i = 0; i < sizeof ibufs / sizeof ibufs[0]; i++)
+        api->free(dev, ibufs[i]);
+    free(docs);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+}
+
 static void test_attention_block_no_visible_key(void **state)
 {
     (void)state;
@@ -3263,6 +3552,8 @@ int main(void)
         cmocka_unit_test(test_attention_block_no_visible_key),
         cmocka_unit_test(test_attention_merge_infinite),
         cmocka_unit_test(test_attention_block_is_deterministic),
+        cmocka_unit_test(test_attention_doc),
+        cmocka_unit_test(test_attention_doc_blocks_merge),
         cmocka_unit_test(test_share_stream), /* the device stays on the shared stream from here */
         cmocka_unit_test(test_graph_capture),
     };

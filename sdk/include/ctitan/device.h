@@ -363,6 +363,27 @@ typedef struct ct_device_api {
     ct_status (*adamw_bf16_moments)(ct_device *dev, float *param, const float *grad, uint32_t *mv, int64_t n,
                                     float lr, float beta1, float beta2, float eps, float weight_decay,
                                     int64_t step);
+
+    /* ---- ABI 2.13: attention over packed documents (optional: both or neither) ----
+     * attention_block_forward / attention_block_backward with a document id beside each position and
+     * both given per batch row: q_pos and q_doc (b,tq), k_pos and k_doc (b,tk), int32 in device memory,
+     * any values >= 0 (rows in any order, as context parallel's chunks come). Key j of batch row bi is
+     * visible to query i when k_doc[bi,j] == q_doc[bi,i] and k_pos[bi,j] <= q_pos[bi,i] (block-causal: a
+     * token sees the earlier tokens of its own document). Everything else is as the block ops: lse
+     * (b,h,tq) is -inf (and out 0) for a query that sees no key, the results of several key blocks
+     * merge with attention_merge, and the backward takes the FINAL out and lse. A device skips the key
+     * tiles no query of a query tile can see (by position range and document range), so a sequence of
+     * short documents costs less than a causal one. With every document id 0 and positions 0..t-1 in
+     * each row it is attention_forward. */
+    ct_status (*attention_doc_forward)(ct_device *dev, float *out, float *lse, const float *q, const float *k,
+                                       const float *v, const int32_t *q_pos, const int32_t *k_pos,
+                                       const int32_t *q_doc, const int32_t *k_doc, int64_t b, int64_t tq, int64_t tk,
+                                       int64_t h, int64_t kvh, int64_t d);
+    ct_status (*attention_doc_backward)(ct_device *dev, float *dq, float *dk, float *dv, const float *dout,
+                                        const float *q, const float *k, const float *v, const float *out,
+                                        const float *lse, const int32_t *q_pos, const int32_t *k_pos,
+                                        const int32_t *q_doc, const int32_t *k_doc, int64_t b, int64_t tq,
+                                        int64_t tk, int64_t h, int64_t kvh, int64_t d);
 } ct_device_api;
 
 #endif

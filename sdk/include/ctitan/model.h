@@ -194,6 +194,18 @@ struct ct_builder {
      * On the planner's builder (planning) they are the planner's device, which computes nothing. NULL
      * on a 2.11 host: check with CT_HAS_FIELD. */
     ct_status (*device)(ct_builder *b, const struct ct_device_api **api, ct_device **dev);
+    /* ---- ABI 2.13 ---- */
+    /* The document ids of the microbatch being built, for an operation-level strategy that wraps
+     * attention (context parallel cuts them with the rows): int32 (B, T) in device memory, the same B
+     * and T as the token ids unit_forward got, ids counting up from 0 in each sequence; a document
+     * ends with the tokenizer's EOS token (the EOS is its last token). NULL when attention is causal
+     * across the whole sequence (model.attn_mask_type causal). Attention under block_causal is
+     * device.h's attention_doc_forward with these ids and positions 0..T-1 in each row: key j is
+     * visible to query i when they share a document and j <= i. The tensor is the host's and lives
+     * as long as the microbatch's token ids. The planner's builder returns NULL (it prices attention
+     * from the data's mean document length instead). NULL (the function) on a 2.12 host: check with
+     * CT_HAS_FIELD. */
+    const ct_tensor *(*doc_ids)(ct_builder *b);
 };
 
 /* ABI 2.0: a custom op a strategy records (async tensor parallel's overlapped pieces, loss parallel,
