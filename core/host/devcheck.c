@@ -731,7 +731,10 @@ static ct_status moe_rows(const char *op, int64_t n, int64_t k, int64_t d) {
     return CT_OK;
 }
 
-static ct_status moe_func(const char *op, int func) {
+/* The router's n rows of e > 0 experts, and its score function */
+static ct_status moe_scores_args(const char *op, int64_t n, int64_t e, int func) {
+    if (n < 0 || e <= 0)
+        return fail(op, "shape n=%lld e=%lld, expected n >= 0 and e > 0", (long long)n, (long long)e);
     if (func != CT_MOE_SOFTMAX && func != CT_MOE_SIGMOID)
         return fail(op, "score function %d, expected CT_MOE_SOFTMAX (0) or CT_MOE_SIGMOID (1)", func);
     return CT_OK;
@@ -740,8 +743,7 @@ static ct_status moe_func(const char *op, int func) {
 static ct_status w_moe_scores_forward(ct_device *dev, float *scores, const float *logits, int64_t n, int64_t e,
                                       int func) {
     if (!dev) return CT_ERR_INVALID;
-    CHECK(moe_shape("moe_scores_forward", n, e, 1));
-    CHECK(moe_func("moe_scores_forward", func));
+    CHECK(moe_scores_args("moe_scores_forward", n, e, func));
     if (n > 0 && !(scores && logits)) return fail("moe_scores_forward", "null pointer");
     return real->moe_scores_forward(dev, scores, logits, n, e, func);
 }
@@ -749,8 +751,7 @@ static ct_status w_moe_scores_forward(ct_device *dev, float *scores, const float
 static ct_status w_moe_scores_backward(ct_device *dev, float *dlogits, const float *dscores, const float *scores,
                                        int64_t n, int64_t e, int func) {
     if (!dev) return CT_ERR_INVALID;
-    CHECK(moe_shape("moe_scores_backward", n, e, 1));
-    CHECK(moe_func("moe_scores_backward", func));
+    CHECK(moe_scores_args("moe_scores_backward", n, e, func));
     if (n > 0 && !(dlogits && dscores && scores)) return fail("moe_scores_backward", "null pointer");
     return real->moe_scores_backward(dev, dlogits, dscores, scores, n, e, func);
 }

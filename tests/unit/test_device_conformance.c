@@ -3636,7 +3636,7 @@ static void test_moe_topk(void **state)
     (void)state;
     TP_SKIP_UNLESS(moe_topk_forward);
     const int64_t n = 41, e = 16;
-    float *s = host_rand(n * e, 1), *bias = host_rand(e, 0.3), *dw = host_rand(n * 8, 1);
+    float *s = host_rand(n * e, 1), *bias = host_rand(e, 0.3), *dw = host_rand(n * e, 1);
     for (int64_t j = 0; j < n * e; j++)
         s[j] = 0.5f + 0.5f * s[j]; /* scores in [0, 1), as softmax and sigmoid give */
     for (int64_t j = 0; j < e; j++) /* row 0: every score equal: the lowest indices win */
@@ -3933,6 +3933,17 @@ static void test_grouped_matmul(void **state)
                      "grouped_matmul_forward e = 0");
         expect_error(api->grouped_matmul_backward_weight(dev, gw.dev, ddy, dx, doff, -1, e, o, in), CT_ERR_INVALID,
                      "grouped_matmul_backward_weight m = -1");
+        /* offsets that break the contract: refused with a message by a device that reads them, or
+         * clamped into [0, m] by one that cannot without a round trip; never a read past the rows */
+        int32_t bad[5] = {0, (int32_t)m + 9, 3, -4, (int32_t)m * 2};
+        int32_t *dbad = dev_ints(bad, e + 1);
+        ct_status st = api->grouped_matmul_forward(dev, dy, dx, dw, dbad, m, e, o, in);
+        if (st != CT_OK)
+            expect_error(st, CT_ERR_INVALID, "grouped_matmul_forward with bad offsets");
+        st = api->grouped_matmul_backward_weight(dev, dw, ddy, dx, dbad, m, e, o, in);
+        if (st != CT_OK)
+            expect_error(st, CT_ERR_INVALID, "grouped_matmul_backward_weight with bad offsets");
+        api->free(dev, dbad);
         free(a1);
         free(a2);
         free(ref);
