@@ -106,5 +106,10 @@ if "$CTITAN" plan --help >/dev/null 2>&1; then
 else
   echo "ctitan plan is not in this build: skipped"
 fi
+# The MoE experts' grouped GEMMs (ABI 2.14) against one dense sgemm of the same size, 2 threads
+echo "== grouped GEMM (MoE experts, 8 uneven segments) against one dense sgemm of the same size"
+cc -std=c11 -O2 -Wall -Wextra -Werror -D_GNU_SOURCE -Isdk/include -o "$BUILD/bench_grouped_matmul" \
+  tests/bench/bench_grouped_matmul.c -ldl
+CT_BENCH_THREADS=2 "$BUILD/bench_grouped_matmul" "$BUILD/plugins/ctitan-cpu.so"
 # Training memory against PyTorch on the CPU (PyTorch's side where it is installed)
 BUILD=$BUILD scripts/bench_memory.sh

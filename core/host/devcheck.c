@@ -6,6 +6,7 @@
 #include "host/devcheck.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -708,6 +709,193 @@ static ct_status w_ew_greater(ct_device *dev, float *out, const float *x, const 
 
 /* ---- the table ---- */
 
+/* ---- ABI 2.14: mixture of experts ---- */
+
+/* n rows of e experts, k chosen per row: e > 0, 1 <= k <= e, n*k within int32 (flat pair indices) */
+static ct_status moe_shape(const char *op, int64_t n, int64_t e, int64_t k) {
+    if (n < 0 || e <= 0 || k < 1 || k > e)
+        return fail(op, "shape n=%lld e=%lld k=%lld, expected n >= 0, e > 0 and 1 <= k <= e", (long long)n,
+                    (long long)e, (long long)k);
+    if (n > INT32_MAX / k)
+        return fail(op, "n*k = %lld*%lld exceeds the int32 range of the routing indices", (long long)n, (long long)k);
+    return CT_OK;
+}
+
+/* n tokens, k slots, d features of the dispatch ops; e is not an argument there */
+static ct_status moe_rows(const char *op, int64_t n, int64_t k, int64_t d) {
+    if (n < 0 || k < 1 || d < 0)
+        return fail(op, "shape n=%lld k=%lld d=%lld, expected n, d >= 0 and k >= 1", (long long)n, (long long)k,
+                    (long long)d);
+    if (n > INT32_MAX / k)
+        return fail(op, "n*k = %lld*%lld exceeds the int32 range of the routing indices", (long long)n, (long long)k);
+    return CT_OK;
+}
+
+/* The router's n rows of e > 0 experts, and its score function */
+static ct_status moe_scores_args(const char *op, int64_t n, int64_t e, int func) {
+    if (n < 0 || e <= 0)
+        return fail(op, "shape n=%lld e=%lld, expected n >= 0 and e > 0", (long long)n, (long long)e);
+    if (func != CT_MOE_SOFTMAX && func != CT_MOE_SIGMOID)
+        return fail(op, "score function %d, expected CT_MOE_SOFTMAX (0) or CT_MOE_SIGMOID (1)", func);
+    return CT_OK;
+}
+
+static ct_status w_moe_scores_forward(ct_device *dev, float *scores, const float *logits, int64_t n, int64_t e,
+                                      int func) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(moe_scores_args("moe_scores_forward", n, e, func));
+    if (n > 0 && !(scores && logits)) return fail("moe_scores_forward", "null pointer");
+    return real->moe_scores_forward(dev, scores, logits, n, e, func);
+}
+
+static ct_status w_moe_scores_backward(ct_device *dev, float *dlogits, const float *dscores, const float *scores,
+                                       int64_t n, int64_t e, int func) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(moe_scores_args("moe_scores_backward", n, e, func));
+    if (n > 0 && !(dlogits && dscores && scores)) return fail("moe_scores_backward", "null pointer");
+    return real->moe_scores_backward(dev, dlogits, dscores, scores, n, e, func);
+}
+
+static ct_status w_moe_topk_forward(ct_device *dev, int32_t *idx, float *weights, const float *scores,
+                                   const float *bias, int64_t n, int64_t e, int64_t k, int64_t n_groups,
+                                   int64_t topk_groups, int normalize, float route_scale) {
+    const char *op = "moe_topk_forward";
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(moe_shape(op, n, e, k));
+    if (n_groups < 0) return fail(op, "n_groups %lld, expected >= 0", (long long)n_groups);
+    if (n_groups > 1) {
+        if (e % n_groups != 0)
+            return fail(op, "%lld experts do not split into %lld groups", (long long)e, (long long)n_groups);
+        if (topk_groups < 1 || topk_groups > n_groups)
+            return fail(op, "topk_groups %lld, expected 1..%lld (n_groups)", (long long)topk_groups,
+                        (long long)n_groups);
+        if (k > topk_groups * (e / n_groups))
+            return fail(op, "k=%lld is more than the %lld experts of the %lld eligible groups", (long long)k,
+                        (long long)(topk_groups * (e / n_groups)), (long long)topk_groups);
+    }
+    if (!isfinite(route_scale)) return fail(op, "route_scale %g is not finite", (double)route_scale);
+    if (n > 0 && !(idx && weights && scores)) return fail(op, "null pointer");
+    return real->moe_topk_forward(dev, idx, weights, scores, bias, n, e, k, n_groups, topk_groups, normalize,
+                                  route_scale);
+}
+
+static ct_status w_moe_topk_backward(ct_device *dev, float *dscores, const float *dweights, const float *scores,
+                                    const int32_t *idx, int64_t n, int64_t e, int64_t k, int normalize,
+                                    float route_scale) {
+    const char *op = "moe_topk_backward";
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(moe_shape(op, n, e, k));
+    if (!isfinite(route_scale)) return fail(op, "route_scale %g is not finite", (double)route_scale);
+    if (n > 0 && !(dscores && dweights && scores && idx)) return fail(op, "null pointer");
+    return real->moe_topk_backward(dev, dscores, dweights, scores, idx, n, e, k, normalize, route_scale);
+}
+
+static ct_status w_moe_permute(ct_device *dev, int32_t *order, int32_t *inv, int32_t *offsets, const int32_t *idx,
+                               int64_t nk, int64_t e) {
+    const char *op = "moe_permute";
+    if (!dev) return CT_ERR_INVALID;
+    if (nk < 0 || e <= 0 || nk > INT32_MAX || e >= INT32_MAX)
+        return fail(op, "shape nk=%lld e=%lld, expected 0 <= nk <= %d and e > 0", (long long)nk, (long long)e,
+                    INT32_MAX);
+    if (!offsets || (nk > 0 && !(order && inv && idx))) return fail(op, "null pointer");
+    return real->moe_permute(dev, order, inv, offsets, idx, nk, e);
+}
+
+static ct_status w_moe_gather_forward(ct_device *dev, float *out, const float *x, const int32_t *order, int64_t n,
+                                      int64_t k, int64_t d) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(moe_rows("moe_gather_forward", n, k, d));
+    if (n > 0 && d > 0 && !(out && x && order)) return fail("moe_gather_forward", "null pointer");
+    return real->moe_gather_forward(dev, out, x, order, n, k, d);
+}
+
+static ct_status w_moe_gather_backward(ct_device *dev, float *dx, const float *dout, const int32_t *inv, int64_t n,
+                                       int64_t k, int64_t d) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(moe_rows("moe_gather_backward", n, k, d));
+    if (n > 0 && d > 0 && !(dx && dout && inv)) return fail("moe_gather_backward", "null pointer");
+    return real->moe_gather_backward(dev, dx, dout, inv, n, k, d);
+}
+
+/* The grouped GEMMs' (m, e, o, i): e > 0 experts, m rows within int32 (offsets), o and i within BLAS's int;
+ * the offsets always (e + 1 of them), the others when there is work. */
+static ct_status grouped_args(const char *op, int pointers_set, const int32_t *offsets, int64_t m, int64_t e,
+                              int64_t o, int64_t i) {
+    if (m < 0 || e <= 0 || o < 0 || i < 0)
+        return fail(op, "shape m=%lld e=%lld o=%lld i=%lld, expected e > 0 and the others >= 0", (long long)m,
+                    (long long)e, (long long)o, (long long)i);
+    if (m > INT32_MAX || o > INT_MAX || i > INT_MAX || (o > 0 && i > INT64_MAX / o / e))
+        return fail(op, "shape m=%lld o=%lld i=%lld exceeds the int range of the GEMMs", (long long)m, (long long)o,
+                    (long long)i);
+    if (!offsets) return fail(op, "null offsets");
+    if (m > 0 && o > 0 && !pointers_set) return fail(op, "null pointer");
+    return CT_OK;
+}
+
+static ct_status w_grouped_matmul_forward(ct_device *dev, float *y, const float *x, const float *w,
+                                          const int32_t *offsets, int64_t m, int64_t e, int64_t o, int64_t i) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(grouped_args("grouped_matmul_forward", y && (i == 0 || (x && w)), offsets, m, e, o, i));
+    return real->grouped_matmul_forward(dev, y, x, w, offsets, m, e, o, i);
+}
+
+static ct_status w_grouped_matmul_backward_input(ct_device *dev, float *dx, const float *dy, const float *w,
+                                                 const int32_t *offsets, int64_t m, int64_t e, int64_t o,
+                                                 int64_t i) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(grouped_args("grouped_matmul_backward_input", i == 0 || (dx && dy && w), offsets, m, e, o, i));
+    return real->grouped_matmul_backward_input(dev, dx, dy, w, offsets, m, e, o, i);
+}
+
+static ct_status w_grouped_matmul_backward_weight(ct_device *dev, float *dw, const float *dy, const float *x,
+                                                  const int32_t *offsets, int64_t m, int64_t e, int64_t o,
+                                                  int64_t i) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(grouped_args("grouped_matmul_backward_weight", i == 0 || (dw && dy && x), offsets, m, e, o, i));
+    return real->grouped_matmul_backward_weight(dev, dw, dy, x, offsets, m, e, o, i);
+}
+
+static ct_status w_moe_combine_forward(ct_device *dev, float *out, const float *y, const float *weights,
+                                       const int32_t *inv, int64_t n, int64_t k, int64_t d) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(moe_rows("moe_combine_forward", n, k, d));
+    if (n > 0 && d > 0 && !(out && y && weights && inv)) return fail("moe_combine_forward", "null pointer");
+    return real->moe_combine_forward(dev, out, y, weights, inv, n, k, d);
+}
+
+static ct_status w_moe_combine_backward(ct_device *dev, float *dy, float *dweights, const float *dout,
+                                        const float *y, const float *weights, const int32_t *inv, int64_t n,
+                                        int64_t k, int64_t d) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(moe_rows("moe_combine_backward", n, k, d));
+    if (n > 0 && !(dweights && weights && inv && (d == 0 || (dy && dout && y))))
+        return fail("moe_combine_backward", "null pointer");
+    return real->moe_combine_backward(dev, dy, dweights, dout, y, weights, inv, n, k, d);
+}
+
+/* The twelve MoE ops come as a set: a table with some but not all of them offers none (a model
+ * pack asks for the set with one NULL check). */
+static void moe_all_or_none(void) {
+    int have = !!wrapped.moe_scores_forward + !!wrapped.moe_scores_backward + !!wrapped.moe_topk_forward +
+               !!wrapped.moe_topk_backward + !!wrapped.moe_permute + !!wrapped.moe_gather_forward +
+               !!wrapped.moe_gather_backward + !!wrapped.grouped_matmul_forward +
+               !!wrapped.grouped_matmul_backward_input + !!wrapped.grouped_matmul_backward_weight +
+               !!wrapped.moe_combine_forward + !!wrapped.moe_combine_backward;
+    if (have == 12) return;
+    wrapped.moe_scores_forward = NULL;
+    wrapped.moe_scores_backward = NULL;
+    wrapped.moe_topk_forward = NULL;
+    wrapped.moe_topk_backward = NULL;
+    wrapped.moe_permute = NULL;
+    wrapped.moe_gather_forward = NULL;
+    wrapped.moe_gather_backward = NULL;
+    wrapped.grouped_matmul_forward = NULL;
+    wrapped.grouped_matmul_backward_input = NULL;
+    wrapped.grouped_matmul_backward_weight = NULL;
+    wrapped.moe_combine_forward = NULL;
+    wrapped.moe_combine_backward = NULL;
+}
+
 /* Each op the plugin has (set, and inside its table's struct_size) gets its checking wrapper. */
 #define WRAP(op)                                                                                                       \
     do {                                                                                                               \
@@ -785,5 +973,18 @@ const ct_device_api *devcheck_wrap(const ct_device_api *r, const ct_host *h) {
     WRAP(ew_sign);
     WRAP(ew_clamp);
     WRAP(ew_greater);
+    WRAP(moe_scores_forward);
+    WRAP(moe_scores_backward);
+    WRAP(moe_topk_forward);
+    WRAP(moe_topk_backward);
+    WRAP(moe_permute);
+    WRAP(moe_gather_forward);
+    WRAP(moe_gather_backward);
+    WRAP(grouped_matmul_forward);
+    WRAP(grouped_matmul_backward_input);
+    WRAP(grouped_matmul_backward_weight);
+    WRAP(moe_combine_forward);
+    WRAP(moe_combine_backward);
+    moe_all_or_none();
     return &wrapped;
 }

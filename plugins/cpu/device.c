@@ -39,6 +39,7 @@
 
 #include "cpu_math.h"
 #include "kernels.h"
+#include "moe.h"
 
 /* The ABI's opaque ct_device is this state: create hands out a cpu_device *. */
 typedef struct cpu_copy_job {
@@ -97,6 +98,25 @@ static int64_t cpu_find_bad_id(const int32_t *ids, int64_t n, int64_t limit, int
             return i;
     }
     return -1;
+}
+
+/* For moe.c, which sees the device only through these two. */
+void cpu_device_enter(const ct_device *d)
+{
+    cpu_enter(d);
+}
+
+ct_status cpu_device_fail(const ct_device *d, ct_status status, const char *op, const char *fmt, ...)
+{
+    if (d && d->host && d->host->set_error) {
+        char msg[256];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        d->host->set_error(d->host, "%s: %s", op, msg);
+    }
+    return status;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -1491,6 +1511,18 @@ static const ct_device_api cpu_api = {
     .adamw_bf16_moments = cpu_adamw_bf16_moments,
     .attention_doc_forward = cpu_attention_doc_forward,
     .attention_doc_backward = cpu_attention_doc_backward,
+    .moe_scores_forward = cpu_moe_scores_forward,
+    .moe_scores_backward = cpu_moe_scores_backward,
+    .moe_topk_forward = cpu_moe_topk_forward,
+    .moe_topk_backward = cpu_moe_topk_backward,
+    .moe_permute = cpu_moe_permute,
+    .moe_gather_forward = cpu_moe_gather_forward,
+    .moe_gather_backward = cpu_moe_gather_backward,
+    .grouped_matmul_forward = cpu_grouped_matmul_forward,
+    .grouped_matmul_backward_input = cpu_grouped_matmul_backward_input,
+    .grouped_matmul_backward_weight = cpu_grouped_matmul_backward_weight,
+    .moe_combine_forward = cpu_moe_combine_forward,
+    .moe_combine_backward = cpu_moe_combine_backward,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

@@ -226,5 +226,18 @@ CUDA_OP(host_alloc);
 CUDA_OP(host_free);
 CUDA_OP(copy_async);
 CUDA_OP(copy_wait);
+/* ABI 2.14: ops_moe.c (mixture of experts) */
+CUDA_OP(moe_scores_forward);
+CUDA_OP(moe_scores_backward);
+CUDA_OP(moe_topk_forward);
+CUDA_OP(moe_topk_backward);
+CUDA_OP(moe_permute);
+CUDA_OP(moe_gather_forward);
+CUDA_OP(moe_gather_backward);
+CUDA_OP(grouped_matmul_forward);
+CUDA_OP(grouped_matmul_backward_input);
+CUDA_OP(grouped_matmul_backward_weight);
+CUDA_OP(moe_combine_forward);
+CUDA_OP(moe_combine_backward);
 
 #endif

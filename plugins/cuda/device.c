@@ -321,6 +321,18 @@ static const ct_device_api cuda_api = {
     .host_free = cuda_host_free,
     .copy_async = cuda_copy_async,
     .copy_wait = cuda_copy_wait,
+    .moe_scores_forward = cuda_moe_scores_forward,
+    .moe_scores_backward = cuda_moe_scores_backward,
+    .moe_topk_forward = cuda_moe_topk_forward,
+    .moe_topk_backward = cuda_moe_topk_backward,
+    .moe_permute = cuda_moe_permute,
+    .moe_gather_forward = cuda_moe_gather_forward,
+    .moe_gather_backward = cuda_moe_gather_backward,
+    .grouped_matmul_forward = cuda_grouped_matmul_forward,
+    .grouped_matmul_backward_input = cuda_grouped_matmul_backward_input,
+    .grouped_matmul_backward_weight = cuda_grouped_matmul_backward_weight,
+    .moe_combine_forward = cuda_moe_combine_forward,
+    .moe_combine_backward = cuda_moe_combine_backward,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

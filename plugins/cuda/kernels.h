@@ -170,6 +170,29 @@ cudaError_t cuk_attention_merge(const cuk_env *e, float *out, float *lse, const 
 /* Dynamic shared memory the attention kernels need for head dim d (the largest of the three). */
 size_t cuk_attention_smem_bytes(int64_t d);
 
+/* ---- mixture of experts (kernels_moe.cu, ABI 2.14): device.h's moe_* and grouped_matmul_* ---- */
+/* scores forward (out = scores, in = logits) or backward (out = dlogits += ..., in = the saved scores) */
+cudaError_t cuk_moe_scores(const cuk_env *e, float *out, const float *dscores, const float *in, int64_t n,
+                           int64_t experts, int sigmoid, int backward);
+cudaError_t cuk_moe_topk(const cuk_env *e, int32_t *idx, float *weights, const float *scores, const float *bias,
+                         int64_t n, int64_t experts, int64_t k, int64_t n_groups, int64_t topk_groups, int normalize,
+                         float route_scale);
+cudaError_t cuk_moe_topk_backward(const cuk_env *e, float *dscores, const float *dweights, const float *scores,
+                                  const int32_t *idx, int64_t n, int64_t experts, int64_t k, int normalize,
+                                  float route_scale);
+cudaError_t cuk_moe_permute(const cuk_env *e, int32_t *order, int32_t *inv, int32_t *offsets, const int32_t *idx,
+                            int64_t nk, int64_t experts);
+/* forward: out (n*k,d) from in = x by perm = order; backward: out = dx += from in = dout by perm = inv */
+cudaError_t cuk_moe_gather(const cuk_env *e, float *out, const float *in, const int32_t *perm, int64_t n, int64_t k,
+                           int64_t d, int backward);
+cudaError_t cuk_moe_combine(const cuk_env *e, float *out, const float *y, const float *weights, const int32_t *inv,
+                            int64_t n, int64_t k, int64_t d);
+cudaError_t cuk_moe_combine_backward(const cuk_env *e, float *dy, float *dweights, const float *dout, const float *y,
+                                     const float *weights, const int32_t *inv, int64_t n, int64_t k, int64_t d);
+/* which 0: out = y, a = x, b = w; 1: out = dx, a = dy, b = w; 2: out = dw, a = dy, b = x */
+cudaError_t cuk_grouped_matmul(const cuk_env *e, int which, float *out, const float *a, const float *b,
+                               const int32_t *offsets, int64_t m, int64_t experts, int64_t o, int64_t i);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,7 +14,8 @@
 #       device-resident loss ops and graph capture, 2.1's elementwise ops, 2.3's rope at positions
 #       and attention by blocks with its merge, 2.4's rope with a frequency table, 2.9's copies
 #       beside the work on a second stream ordered by events, 2.10's AdamW with bf16 moments, 2.13's
-#       block-causal attention over packed documents and its merge by blocks), with
+#       block-causal attention over packed documents and its merge by blocks, 2.14's
+#       mixture-of-experts routing, permutation and grouped GEMMs), with
 #       ASan/UBSan on the kernels and the host code;
 #   (b) again with cuBLASLt finding no algorithm (the cublasSgemm fallback), and with cudaMalloc
 #       failing past 228 MiB live (the allocator's trim-and-retry);
@@ -24,7 +25,8 @@
 #       the seven ew_* ops over a million elements, bit for bit the CPU's; a context-parallel
 #       rank's ring of attention blocks (2 to 4 ranks, positions shuffled), merged, and its backward;
 #       rope with Llama 3.1's scaled table, at rows 0..t-1 and at positions past 120000; block-causal
-#       attention over packed documents, whole rows and shuffled query and key halves;
+#       attention over packed documents, whole rows and shuffled query and key halves; a
+#       DeepSeek-V3-shaped MoE layer forward and backward, its routing identical to the CPU's;
 #   (e) compile.enable: ctitan train with the emulated plugin, the microbatch captured as a CUDA
 #       graph and launched, against the eager run (f32; bf16 with checkpointing; a refused capture).
 set -euo pipefail

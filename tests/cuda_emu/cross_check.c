@@ -7,6 +7,8 @@
  * ring of attention blocks at load-balanced (and shuffled) positions, merged, and their backward,
  * over 2 to 4 ranks at head dims 48 to 128, and RoPE at those positions. ABI 2.13's block-causal
  * attention over packed documents, whole rows and context-parallel-like halves, forward and backward.
+ * ABI 2.14's MoE ops as a DeepSeek-V3-shaped layer (64 experts, 8 groups, a bias), forward and
+ * backward, the routing identical.
  *
  *     cross_check REFERENCE.so TESTED.so [RTOL]
  *
@@ -23,6 +25,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -721,6 +724,97 @@ static void ew_case(device *R, device *T, int64_t n)
     free(x), free(y);
 }
 
+/* A DeepSeek-V3-shaped MoE layer on both devices (sigmoid scores, a bias, 8 groups of which 3
+ * eligible, normalised weights, 64 experts, 6 per token), forward and backward, each op's result
+ * compared; the routing (indices, order, offsets) must be identical. The tested device runs twice
+ * for bits. Top-k reads the reference's scores on both devices: a last-ulp difference in a sigmoid
+ * must not be able to flip a near tie. */
+static void moe_layer_case(device *R, device *T, int64_t n, int64_t e, int64_t k, int64_t dm, int64_t o)
+{
+    const int64_t nk = n * k;
+    for (int r = 0; r < 2; r++) {
+        const ct_device_api *A = r ? T->api : R->api;
+        if (A->struct_size < offsetof(ct_device_api, moe_combine_backward) + sizeof(void *) ||
+            !A->moe_combine_backward) {
+            printf("skip moe layer: %s has no mixture-of-experts ops (ABI 2.14)\n", r ? T->path : R->path);
+            return;
+        }
+    }
+    float *logits = rand_host(n * e, 4), *bias = rand_host(e, 0.05f), *x = rand_host(n * dm, 1),
+          *w = rand_host(e * o * dm, 0.3f), *dout = rand_host(n * o, 1);
+    float *ref_scores = NULL;
+    int32_t *routing[3][3] = {{0}};
+    float *res[3][6];
+    device *devs[3] = {R, T, T};
+    for (int r = 0; r < 3; r++) {
+        device *D = devs[r];
+        const ct_device_api *A = D->api;
+        float *dl = up(D, logits, 4 * n * e), *ds = up(D, NULL, 4 * n * e), *db = up(D, bias, 4 * e),
+              *dwt = up(D, NULL, 4 * nk), *dx = up(D, x, 4 * n * dm), *dgx = up(D, NULL, 4 * nk * dm),
+              *dw = up(D, w, 4 * e * o * dm), *dh = up(D, NULL, 4 * nk * o), *dy = up(D, NULL, 4 * n * o),
+              *ddy = up(D, dout, 4 * n * o), *gh = up(D, NULL, 4 * nk * o), *gwt = up(D, NULL, 4 * nk),
+              *ggx = up(D, NULL, 4 * nk * dm), *gw = up(D, NULL, 4 * e * o * dm), *gx = up(D, NULL, 4 * n * dm),
+              *gs = up(D, NULL, 4 * n * e), *gl = up(D, NULL, 4 * n * e);
+        int32_t *idx = up(D, NULL, 4 * nk), *order = up(D, NULL, 4 * nk), *inv = up(D, NULL, 4 * nk),
+                *offsets = up(D, NULL, 4 * (e + 1));
+        must(A->moe_scores_forward(D->dev, ds, dl, n, e, CT_MOE_SIGMOID), D, "moe_scores_forward");
+        res[r][0] = down(D, ds, n * e);
+        if (r == 0)
+            ref_scores = res[0][0];
+        else
+            A->copy(D->dev, ds, ref_scores, 4 * (size_t)(n * e), CT_COPY_H2D);
+        must(A->moe_topk_forward(D->dev, idx, dwt, ds, db, n, e, k, 8, 3, 1, 2.5f), D, "moe_topk_forward");
+        must(A->moe_permute(D->dev, order, inv, offsets, idx, nk, e), D, "moe_permute");
+        must(A->moe_gather_forward(D->dev, dgx, dx, order, n, k, dm), D, "moe_gather_forward");
+        must(A->grouped_matmul_forward(D->dev, dh, dgx, dw, offsets, nk, e, o, dm), D, "grouped_matmul_forward");
+        must(A->moe_combine_forward(D->dev, dy, dh, dwt, inv, n, k, o), D, "moe_combine_forward");
+        must(A->moe_combine_backward(D->dev, gh, gwt, ddy, dh, dwt, inv, n, k, o), D, "moe_combine_backward");
+        must(A->grouped_matmul_backward_input(D->dev, ggx, gh, dw, offsets, nk, e, o, dm), D,
+             "grouped_matmul_backward_input");
+        must(A->grouped_matmul_backward_weight(D->dev, gw, gh, dgx, offsets, nk, e, o, dm), D,
+             "grouped_matmul_backward_weight");
+        must(A->moe_gather_backward(D->dev, gx, ggx, inv, n, k, dm), D, "moe_gather_backward");
+        must(A->moe_topk_backward(D->dev, gs, gwt, ds, idx, n, e, k, 1, 2.5f), D, "moe_topk_backward");
+        must(A->moe_scores_backward(D->dev, gl, gs, ds, n, e, CT_MOE_SIGMOID), D, "moe_scores_backward");
+        res[r][1] = down(D, dy, n * o);
+        res[r][2] = down(D, gl, n * e);
+        res[r][3] = down(D, gx, n * dm);
+        res[r][4] = down(D, gw, e * o * dm);
+        res[r][5] = down(D, dwt, nk);
+        routing[r][0] = (int32_t *)down(D, idx, nk);
+        routing[r][1] = (int32_t *)down(D, order, nk);
+        routing[r][2] = (int32_t *)down(D, offsets, e + 1);
+        float *fb[] = {dl, ds, db, dwt, dx, dgx, dw, dh, dy, ddy, gh, gwt, ggx, gw, gx, gs, gl};
+        for (size_t b = 0; b < sizeof fb / sizeof fb[0]; b++)
+            A->free(D->dev, fb[b]);
+        A->free(D->dev, idx), A->free(D->dev, order), A->free(D->dev, inv), A->free(D->dev, offsets);
+    }
+    const char *names[] = {"scores", "out", "dlogits", "dx", "dw", "weights"};
+    const int64_t sizes[] = {n * e, n * o, n * e, n * dm, e * o * dm, nk};
+    char what[128];
+    for (int q = 0; q < 6; q++) {
+        snprintf(what, sizeof what, "moe layer n%lld e%lld k%lld %s", (long long)n, (long long)e, (long long)k,
+                 names[q]);
+        compare(what, res[0][q], res[1][q], sizes[q]);
+        same_bits(what, res[1][q], res[2][q], sizes[q]);
+    }
+    const int64_t isz[] = {nk, nk, e + 1};
+    const char *inames[] = {"idx", "order", "offsets"};
+    for (int q = 0; q < 3; q++) {
+        int same = memcmp(routing[0][q], routing[1][q], 4 * (size_t)isz[q]) == 0 &&
+                   memcmp(routing[1][q], routing[2][q], 4 * (size_t)isz[q]) == 0;
+        failures += !same;
+        printf("%s moe layer %-38s %s\n", same ? "ok  " : "FAIL", inames[q], same ? "identical" : "differ");
+    }
+    for (int r = 0; r < 3; r++)
+        for (int q = 0; q < 6; q++)
+            free(res[r][q]);
+    for (int r = 0; r < 3; r++)
+        for (int q = 0; q < 3; q++)
+            free(routing[r][q]);
+    free(logits), free(bias), free(x), free(w), free(dout);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -748,6 +842,7 @@ int main(int argc, char **argv)
     rope_freqs_case(&R, &T);
     amax_case(&R, &T, 3000001);
     ew_case(&R, &T, 1000003);
+    moe_layer_case(&R, &T, 509, 64, 6, 96, 80);
     R.api->destroy(R.dev);
     T.api->destroy(T.dev);
     printf("cross_check: %s (%d failure(s)), rtol %g\n", failures ? "FAIL" : "ok", failures, rtol);

@@ -6,6 +6,8 @@
  *   - the analytic gradients (double kernels) match (L(x+h) - L(x-h)) / 2h to ~1e-6 relative;
  *   - calling backward twice gives twice the gradient (backward accumulates);
  *   - the float kernels' outputs and gradients agree with the double ones to float tolerance.
+ * The mixture-of-experts kernels (moe_impl.h, ABI 2.14) are checked as one layer: router scores,
+ * top-k weights, gather, the grouped GEMMs and combine, composed.
  * Also: matmul's transposes and beta against a triple loop, AdamW against a hand computation,
  * and bf16 rounding (ties to even, NaN, inf, subnormals, overflow).
  */
@@ -28,6 +30,10 @@
 #include "kernels_impl.h"
 #define CT_REAL_DOUBLE 0
 #include "kernels_impl.h"
+#define CT_REAL_DOUBLE 1
+#include "moe_impl.h"
+#define CT_REAL_DOUBLE 0
+#include "moe_impl.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -984,6 +990,125 @@ static void test_cross_entropy_ignored_rows_and_stability(void **state)
 
 /* ---------------------------------------------------------------- AdamW */
 
+/* ---------------------------------------------------------------- mixture of experts (ABI 2.14) */
+
+/* A stable counting sort of idx (nk) by expert: the reference for moe_permute's contract. */
+static void moe_permute_host(int32_t *order, int32_t *inv, int32_t *offsets, const int32_t *idx, int64_t nk,
+                             int64_t e)
+{
+    int64_t p = 0;
+    for (int64_t g = 0; g < e; g++) {
+        offsets[g] = (int32_t)p;
+        for (int64_t j = 0; j < nk; j++)
+            if (idx[j] == g) {
+                order[p] = (int32_t)j;
+                inv[j] = (int32_t)p++;
+            }
+    }
+    offsets[e] = (int32_t)p;
+}
+
+/* An MoE layer, out (n,o) = sum_s weight(t,s) * x_t W_{idx(t,s)}^T, through the kernels: scores from
+ * logits (n,e), top-k (the case's routing), permute, gather x (n,d), grouped GEMM with w (e,o,d),
+ * combine. With backward (dout = r), the gradients of logits, x and w, in reverse op order.
+ * dim: n, e, k, d, o, and 0 (softmax, k of all experts, plain weights) or 1 (sigmoid, 4 groups of
+ * which 2 eligible, a bias, normalised weights times 2.5). */
+#define MOE_LAYER(real, sfx)                                                                                      \
+    static void moe_layer_##sfx(const op_case *c, real *out, const real *logits, const real *x, const real *w,    \
+                                const real *r, real *dlogits, real *dx, real *dw)                                 \
+    {                                                                                                             \
+        const int64_t n = c->dim[0], e = c->dim[1], k = c->dim[2], d = c->dim[3], o = c->dim[4], nk = n * k;      \
+        const int grouped_route = c->dim[5] == 1;                                                                 \
+        real *s = calloc((size_t)(n * e), sizeof(real)), *wt = calloc((size_t)nk, sizeof(real));                  \
+        real *gx = calloc((size_t)(nk * d), sizeof(real)), *h = calloc((size_t)(nk * o), sizeof(real));           \
+        real bias[64];                                                                                            \
+        int32_t *idx = calloc((size_t)nk, sizeof(int32_t)), *order = calloc((size_t)nk, sizeof(int32_t));        \
+        int32_t *inv = calloc((size_t)nk, sizeof(int32_t)), *offsets = calloc((size_t)e + 1, sizeof(int32_t));    \
+        assert_true(s && wt && gx && h && idx && order && inv && offsets && e <= 64);                             \
+        for (int64_t j = 0; j < e; j++)                                                                           \
+            bias[j] = (real)(0.05 * (double)((j * 7) % 5));                                                       \
+        moe_scores_forward_##sfx(s, logits, n, e, grouped_route);                                                 \
+        assert_int_equal(moe_topk_forward_##sfx(idx, wt, s, grouped_route ? bias : NULL, n, e, k,                 \
+                                                grouped_route ? 4 : 0, 2, grouped_route, grouped_route ? 2.5 : 1), \
+                         0);                                                                                      \
+        moe_permute_host(order, inv, offsets, idx, nk, e);                                                        \
+        moe_gather_forward_##sfx(gx, x, order, n, k, d);                                                          \
+        grouped_matmul_##sfx(0, h, gx, w, offsets, e, o, d);                                                      \
+        moe_combine_forward_##sfx(out, h, wt, inv, n, k, o);                                                      \
+        if (r) {                                                                                                  \
+            real *dh = calloc((size_t)(nk * o), sizeof(real)), *dwt = calloc((size_t)nk, sizeof(real));          \
+            real *dgx = calloc((size_t)(nk * d), sizeof(real)), *ds = calloc((size_t)(n * e), sizeof(real));      \
+            assert_true(dh && dwt && dgx && ds);                                                                  \
+            moe_combine_backward_##sfx(dh, dwt, r, h, wt, inv, n, k, o);                                          \
+            grouped_matmul_##sfx(1, dgx, dh, w, offsets, e, o, d);                                                \
+            grouped_matmul_##sfx(2, dw, dh, gx, offsets, e, o, d);                                                \
+            moe_gather_backward_##sfx(dx, dgx, inv, n, k, d);                                                     \
+            moe_topk_backward_##sfx(ds, dwt, s, idx, n, e, k, grouped_route, grouped_route ? 2.5 : 1);            \
+            moe_scores_backward_##sfx(dlogits, ds, s, n, e, grouped_route);                                       \
+            free(dh);                                                                                             \
+            free(dwt);                                                                                            \
+            free(dgx);                                                                                            \
+            free(ds);                                                                                             \
+        }                                                                                                         \
+        free(s);                                                                                                  \
+        free(wt);                                                                                                 \
+        free(gx);                                                                                                 \
+        free(h);                                                                                                  \
+        free(idx);                                                                                                \
+        free(order);                                                                                              \
+        free(inv);                                                                                                \
+        free(offsets);                                                                                            \
+    }
+MOE_LAYER(double, f64)
+MOE_LAYER(float, f32)
+
+static void moe_fwd64(op_case *c, double *out)
+{
+    moe_layer_f64(c, out, c->in[0], c->in[1], c->in[2], NULL, NULL, NULL, NULL);
+}
+static void moe_bwd64(op_case *c)
+{
+    double *out = zero_vec(c->out_size);
+    moe_layer_f64(c, out, c->in[0], c->in[1], c->in[2], c->r, c->grad[0], c->grad[1], c->grad[2]);
+    free(out);
+}
+static void moe_fwd32(op_case *c, float *out)
+{
+    moe_layer_f32(c, out, c->in_f[0], c->in_f[1], c->in_f[2], NULL, NULL, NULL, NULL);
+}
+static void moe_bwd32(op_case *c)
+{
+    float *out = calloc((size_t)c->out_size + 1, sizeof *out);
+    assert_non_null(out);
+    moe_layer_f32(c, out, c->in_f[0], c->in_f[1], c->in_f[2], c->r_f, c->grad_f[0], c->grad_f[1], c->grad_f[2]);
+    free(out);
+}
+
+static void moe_case_run(int64_t n, int64_t e, int64_t k, int64_t d, int64_t o, int64_t route)
+{
+    op_case c = {.name = route ? "moe layer (sigmoid, groups, bias, normalised)" : "moe layer (softmax)",
+                 .n_in = 3, .in_name = {"logits", "x", "w"}, .dim = {n, e, k, d, o, route}};
+    c.in_size[0] = n * e;
+    c.in_size[1] = n * d;
+    c.in_size[2] = e * o * d;
+    c.out_size = n * o;
+    c.forward_f64 = moe_fwd64;
+    c.backward_f64 = moe_bwd64;
+    c.forward_f32 = moe_fwd32;
+    c.backward_f32 = moe_bwd32;
+    case_setup(&c, 1.0);
+    case_run_and_free(&c);
+}
+
+/* Finite differences through every MoE kernel at once: scores, top-k weights, gather, the grouped
+ * GEMMs and combine (the routing itself is piecewise constant: h = 1e-6 does not move it here). */
+static void test_moe_layer_gradients(void **state)
+{
+    (void)state;
+    moe_case_run(7, 6, 2, 5, 3, 0);  /* n*k = 14 rows over 6 experts: some get none */
+    moe_case_run(5, 8, 3, 4, 6, 1);
+}
+
 static void test_adamw_matches_hand_computation(void **state)
 {
     (void)state;
@@ -1111,6 +1236,7 @@ int main(void)
         cmocka_unit_test(test_gelu_gradients),
         cmocka_unit_test(test_cross_entropy_gradients),
         cmocka_unit_test(test_cross_entropy_ignored_rows_and_stability),
+        cmocka_unit_test(test_moe_layer_gradients),
         cmocka_unit_test(test_adamw_matches_hand_computation),
         cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_fast_exp_accuracy),

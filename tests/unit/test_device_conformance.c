@@ -56,6 +56,12 @@
  *     equal rope_*; with a Llama 3.1-style scaled table, without and with (shuffled) positions,
  *     they rotate pair i by (float)p * inv_freq[i] (cos/sin in double here), and backward
  *     accumulates R^T dout; odd d and a NULL table are refused.
+ *   - the optional mixture-of-experts ops of ABI 2.14: router scores (softmax, sigmoid) and their
+ *     backward; top-k against a sort-based reference (ties to the lower index, a bias that moves
+ *     the choice but not the weights, group-limited routing, normalised and scaled weights) and its
+ *     backward; the stable permutation with an expert nobody chose, n*k prime and indices no
+ *     expert owns; gather, combine and the three grouped GEMMs (an empty segment, rows in no
+ *     segment, shapes across tiles) with accumulating backwards; the layer composed, twice for bits.
  *
  * The harness brings its own minimal ct_host (log, set_error, memory, option getters answered
  * from the spec) and runs the plugin as the host does, behind the argument checks the host puts in
@@ -3504,6 +3510,514 @@ static void test_bad_arguments_are_errors(void **state)
     api->free(dev, buf);
 }
 
+/* ---------------------------------------------------------------- ABI 2.14: mixture of experts */
+
+static int32_t *download_ints(const int32_t *d, int64_t n)
+{
+    return download_bytes(d, (size_t)n * sizeof(int32_t));
+}
+
+static void expect_ints(const char *what, const int32_t *dgot, const int32_t *ref, int64_t n)
+{
+    int32_t *got = download_ints(dgot, n);
+    for (int64_t i = 0; i < n; i++)
+        if (got[i] != ref[i]) {
+            int32_t g = got[i];
+            free(got);
+            fail_msg("%s[%lld] = %d, expected %d", what, (long long)i, g, ref[i]);
+        }
+    free(got);
+}
+
+static void test_moe_scores(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(moe_scores_forward);
+    const int64_t n = 37, e = 13;
+    for (int func = CT_MOE_SOFTMAX; func <= CT_MOE_SIGMOID; func++) {
+        float *l = host_rand(n * e, 4), *ds = host_rand(n * e, 1);
+        double *ref = ref_alloc(n * e);
+        for (int64_t t = 0; t < n; t++) {
+            double m = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < e; j++)
+                m = fmax(m, l[t * e + j]);
+            for (int64_t j = 0; j < e; j++)
+                sum += exp((double)l[t * e + j] - m);
+            for (int64_t j = 0; j < e; j++)
+                ref[t * e + j] = func == CT_MOE_SIGMOID ? 1 / (1 + exp(-(double)l[t * e + j]))
+                                                        : exp((double)l[t * e + j] - m) / sum;
+        }
+        float *dl = dev_floats(l, n * e), *dsc = dev_floats(NULL, n * e), *dds = dev_floats(ds, n * e);
+        expect_error(api->moe_scores_forward(dev, dsc, dl, n, e, func), CT_OK, "moe_scores_forward");
+        expect_close(func ? "moe_scores_forward sigmoid" : "moe_scores_forward softmax", dsc, ref, n * e);
+        float *s = download(dsc, n * e);
+        grad_buf g = grad_new(n * e);
+        for (int64_t t = 0; t < n; t++) {
+            double dot = 0;
+            for (int64_t j = 0; j < e; j++)
+                dot += (double)ds[t * e + j] * s[t * e + j];
+            for (int64_t j = 0; j < e; j++) {
+                double sj = s[t * e + j], dj = ds[t * e + j];
+                g.ref[t * e + j] += func == CT_MOE_SIGMOID ? dj * sj * (1 - sj) : sj * (dj - dot);
+            }
+        }
+        expect_error(api->moe_scores_backward(dev, g.dev, dds, dsc, n, e, func), CT_OK, "moe_scores_backward");
+        grad_check_free("moe_scores_backward", &g);
+        api->free(dev, dl);
+        api->free(dev, dsc);
+        api->free(dev, dds);
+        free(l);
+        free(ds);
+        free(s);
+        free(ref);
+    }
+}
+
+/* The reference's ranking: by value (computed in f32, as the device does) descending, then index. */
+typedef struct moe_ranked {
+    float v;
+    int64_t i;
+} moe_ranked;
+
+static int moe_ranked_cmp(const void *a, const void *b)
+{
+    const moe_ranked *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* idx (n,k) and weights (n,k) by sorting: the group scores by sorting each group, the groups by
+ * sorting their scores, the eligible experts by sorting them. */
+static void moe_topk_reference(int32_t *idx, double *w, const float *s, const float *bias, int64_t n, int64_t e,
+                               int64_t k, int64_t n_groups, int64_t topk_groups, int normalize, double scale)
+{
+    moe_ranked *r = malloc((size_t)e * sizeof *r), *gr = malloc((size_t)e * sizeof *gr);
+    char *ok = malloc((size_t)e);
+    assert_true(r && gr && ok);
+    const int64_t groups = n_groups > 1 ? n_groups : 1, gsize = e / groups;
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t j = 0; j < e; j++)
+            r[j] = (moe_ranked){s[t * e + j] + (bias ? bias[j] : 0.0f), j};
+        memset(ok, 1, (size_t)e);
+        if (groups > 1) {
+            for (int64_t g = 0; g < groups; g++) {
+                moe_ranked m[64];
+                assert_true(gsize <= 64);
+                memcpy(m, r + g * gsize, (size_t)gsize * sizeof *m);
+                qsort(m, (size_t)gsize, sizeof *m, moe_ranked_cmp);
+                gr[g] = (moe_ranked){gsize >= 2 ? m[0].v + m[1].v : m[0].v, g};
+            }
+            qsort(gr, (size_t)groups, sizeof *gr, moe_ranked_cmp);
+            memset(ok, 0, (size_t)e);
+            for (int64_t q = 0; q < topk_groups; q++)
+                memset(ok + gr[q].i * gsize, 1, (size_t)gsize);
+        }
+        int64_t m = 0;
+        for (int64_t j = 0; j < e; j++)
+            if (ok[j])
+                r[m++] = r[j];
+        qsort(r, (size_t)m, sizeof *r, moe_ranked_cmp);
+        double sum = 0;
+        for (int64_t c = 0; c < k; c++) {
+            idx[t * k + c] = (int32_t)r[c].i;
+            sum += s[t * e + r[c].i];
+        }
+        for (int64_t c = 0; c < k; c++)
+            w[t * k + c] = s[t * e + r[c].i] * (normalize ? scale / (sum + 1e-20) : scale);
+    }
+    free(r);
+    free(gr);
+    free(ok);
+}
+
+static void test_moe_topk(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(moe_topk_forward);
+    const int64_t n = 41, e = 16;
+    float *s = host_rand(n * e, 1), *bias = host_rand(e, 0.3), *dw = host_rand(n * e, 1);
+    for (int64_t j = 0; j < n * e; j++)
+        s[j] = 0.5f + 0.5f * s[j]; /* scores in [0, 1), as softmax and sigmoid give */
+    for (int64_t j = 0; j < e; j++) /* row 0: every score equal: the lowest indices win */
+        s[j] = 0.25f;
+    for (int64_t j = 0; j < e; j++) /* row 1: ties between non-neighbours */
+        s[e + j] = j % 3 == 0 ? 0.75f : 0.125f;
+    for (int64_t j = 2 * e; j < 3 * e; j++) /* row 2: two tied groups */
+        s[j] = (j % 4) == 0 ? 0.5f : 0.125f;
+    float *ds = dev_floats(s, n * e), *db = dev_floats(bias, e);
+    struct {
+        int64_t k, n_groups, topk_groups;
+        int bias, normalize;
+        float scale;
+    } cases[] = {
+        {1, 0, 0, 0, 0, 1.0f}, {3, 0, 0, 0, 1, 1.0f}, {4, 0, 0, 1, 1, 2.5f},  {2, 1, 1, 1, 0, 1.0f},
+        {3, 4, 2, 0, 1, 1.0f}, {5, 4, 2, 1, 1, 2.5f}, {8, 8, 4, 1, 0, 0.5f}, {16, 4, 4, 1, 1, 1.0f},
+        {2, 16, 2, 1, 1, 1.0f},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t k = cases[c].k;
+        char what[160];
+        snprintf(what, sizeof what, "moe_topk_forward k=%lld n_groups=%lld topk_groups=%lld bias=%d normalize=%d",
+                 (long long)k, (long long)cases[c].n_groups, (long long)cases[c].topk_groups, cases[c].bias,
+                 cases[c].normalize);
+        int32_t *ridx = malloc((size_t)(n * k) * sizeof *ridx);
+        double *rw = ref_alloc(n * k);
+        assert_non_null(ridx);
+        moe_topk_reference(ridx, rw, s, cases[c].bias ? bias : NULL, n, e, k, cases[c].n_groups,
+                           cases[c].topk_groups, cases[c].normalize, cases[c].scale);
+        int32_t *didx = dev_ints(NULL, n * k);
+        float *dwt = dev_floats(NULL, n * k);
+        expect_error(api->moe_topk_forward(dev, didx, dwt, ds, cases[c].bias ? db : NULL, n, e, k, cases[c].n_groups,
+                                           cases[c].topk_groups, cases[c].normalize, cases[c].scale),
+                     CT_OK, what);
+        expect_ints(what, didx, ridx, n * k);
+        expect_close(what, dwt, rw, n * k);
+        /* backward: dscores += d(weights)/d(scores)^T dweights at the chosen experts */
+        grad_buf g = grad_new(n * e);
+        float *ddw = dev_floats(dw, n * k);
+        for (int64_t t = 0; t < n; t++) {
+            double sum = 0, dot = 0;
+            for (int64_t q = 0; q < k; q++) {
+                sum += s[t * e + ridx[t * k + q]];
+                dot += (double)dw[t * k + q] * s[t * e + ridx[t * k + q]];
+            }
+            for (int64_t q = 0; q < k; q++)
+                g.ref[t * e + ridx[t * k + q]] +=
+                    cases[c].normalize ? cases[c].scale * (dw[t * k + q] / (sum + 1e-20) - dot / ((sum + 1e-20) * (sum + 1e-20)))
+                                       : cases[c].scale * dw[t * k + q];
+        }
+        expect_error(api->moe_topk_backward(dev, g.dev, ddw, ds, didx, n, e, k, cases[c].normalize, cases[c].scale),
+                     CT_OK, "moe_topk_backward");
+        grad_check_free("moe_topk_backward", &g);
+        api->free(dev, ddw);
+        api->free(dev, didx);
+        api->free(dev, dwt);
+        free(ridx);
+        free(rw);
+    }
+    /* ties: row 0 takes experts 0..k-1 */
+    int32_t *didx = dev_ints(NULL, n * 4);
+    float *dwt = dev_floats(NULL, n * 4);
+    expect_error(api->moe_topk_forward(dev, didx, dwt, ds, NULL, n, e, 4, 0, 0, 0, 1.0f), CT_OK, "moe_topk ties");
+    int32_t *got = download_ints(didx, 4 * 2);
+    for (int q = 0; q < 4; q++)
+        assert_int_equal(got[q], q);
+    assert_int_equal(got[4], 0); /* row 1: 0, 3, 6, 9 tie at 0.75 */
+    assert_int_equal(got[5], 3);
+    free(got);
+    /* bad arguments */
+    expect_error(api->moe_topk_forward(dev, didx, dwt, ds, NULL, n, e, e + 1, 0, 0, 0, 1.0f), CT_ERR_INVALID,
+                 "moe_topk_forward k > e");
+    expect_error(api->moe_topk_forward(dev, didx, dwt, ds, NULL, n, e, 0, 0, 0, 0, 1.0f), CT_ERR_INVALID,
+                 "moe_topk_forward k = 0");
+    expect_error(api->moe_topk_forward(dev, didx, dwt, ds, NULL, n, e, 2, 3, 1, 0, 1.0f), CT_ERR_INVALID,
+                 "moe_topk_forward 3 groups of 16 experts");
+    expect_error(api->moe_topk_forward(dev, didx, dwt, ds, NULL, n, e, 2, 4, 5, 0, 1.0f), CT_ERR_INVALID,
+                 "moe_topk_forward topk_groups > n_groups");
+    expect_error(api->moe_topk_forward(dev, didx, dwt, ds, NULL, n, e, 9, 4, 2, 0, 1.0f), CT_ERR_INVALID,
+                 "moe_topk_forward k past the eligible experts");
+    expect_error(api->moe_topk_forward(dev, NULL, dwt, ds, NULL, n, e, 2, 0, 0, 0, 1.0f), CT_ERR_INVALID,
+                 "moe_topk_forward idx NULL");
+    expect_error(api->moe_scores_forward(dev, dwt, ds, n, e, 7), CT_ERR_INVALID, "moe_scores_forward func 7");
+    api->free(dev, didx);
+    api->free(dev, dwt);
+    api->free(dev, ds);
+    api->free(dev, db);
+    free(s);
+    free(bias);
+    free(dw);
+}
+
+/* The reference permutation: a stable sort by expert, out-of-range indices after every expert. */
+static void moe_permute_reference(int32_t *order, int32_t *inv, int32_t *offsets, const int32_t *idx, int64_t nk,
+                                  int64_t e)
+{
+    int64_t p = 0;
+    for (int64_t g = 0; g <= e; g++) {
+        offsets[g < e ? g : e] = (int32_t)p;
+        if (g == e)
+            offsets[e] = (int32_t)p;
+        for (int64_t j = 0; j < nk; j++) {
+            int64_t b = idx[j] >= 0 && idx[j] < e ? idx[j] : e;
+            if (b == g) {
+                order[p] = (int32_t)j;
+                inv[j] = (int32_t)p++;
+            }
+        }
+    }
+}
+
+static void test_moe_permute(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(moe_permute);
+    /* nk = 21 (7 tokens x 3), 5 experts, expert 3 chosen by nobody; then a longer one over many
+     * experts, and one with indices no expert owns */
+    const int64_t sizes[][2] = {{21, 5}, {1531, 37}, {0, 4}, {19, 6}};
+    for (int c = 0; c < 4; c++) {
+        const int64_t nk = sizes[c][0], e = sizes[c][1];
+        int32_t *idx = malloc((size_t)(nk + 1) * sizeof *idx), *order = malloc((size_t)(nk + 1) * sizeof *order),
+                *inv = malloc((size_t)(nk + 1) * sizeof *inv), *offsets = malloc((size_t)(e + 1) * sizeof *offsets);
+        assert_true(idx && order && inv && offsets);
+        for (int64_t j = 0; j < nk; j++) {
+            idx[j] = (int32_t)(rnd_u64() % (uint64_t)e);
+            if (c == 0 && idx[j] == 3)
+                idx[j] = 4;
+            if (c == 3 && j % 5 == 2)
+                idx[j] = j % 2 ? -1 : (int32_t)(e + j);
+        }
+        moe_permute_reference(order, inv, offsets, idx, nk, e);
+        int32_t *di = dev_ints(idx, nk), *dord = dev_ints(NULL, nk), *dinv = dev_ints(NULL, nk),
+                *doff = dev_ints(NULL, e + 1);
+        expect_error(api->moe_permute(dev, dord, dinv, doff, di, nk, e), CT_OK, "moe_permute");
+        expect_ints("moe_permute offsets", doff, offsets, e + 1);
+        expect_ints("moe_permute order", dord, order, nk);
+        expect_ints("moe_permute inv", dinv, inv, nk);
+        if (c == 0)
+            assert_int_equal(offsets[3], offsets[4]); /* the expert nobody chose holds no row */
+        api->free(dev, di);
+        api->free(dev, dord);
+        api->free(dev, dinv);
+        api->free(dev, doff);
+        free(idx);
+        free(order);
+        free(inv);
+        free(offsets);
+    }
+    int32_t *buf = dev_ints(NULL, 8);
+    expect_error(api->moe_permute(dev, buf, buf, buf, buf, 4, 0), CT_ERR_INVALID, "moe_permute e = 0");
+    expect_error(api->moe_permute(dev, buf, buf, NULL, buf, 4, 2), CT_ERR_INVALID, "moe_permute offsets NULL");
+    api->free(dev, buf);
+}
+
+/* A random permutation of 0..nk-1 (order) and its inverse. */
+static void moe_random_permutation(int32_t *order, int32_t *inv, int64_t nk)
+{
+    for (int64_t j = 0; j < nk; j++)
+        order[j] = (int32_t)j;
+    for (int64_t j = nk - 1; j > 0; j--) {
+        int64_t r = (int64_t)(rnd_u64() % (uint64_t)(j + 1));
+        int32_t tmp = order[j];
+        order[j] = order[r];
+        order[r] = tmp;
+    }
+    for (int64_t j = 0; j < nk; j++)
+        inv[order[j]] = (int32_t)j;
+}
+
+static void test_moe_gather_and_combine(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(moe_gather_forward);
+    const int64_t n = 7, k = 3, d = 45, nk = n * k; /* 21 rows, d past one 32-wide slice */
+    int32_t order[21], inv[21];
+    moe_random_permutation(order, inv, nk);
+    float *x = host_rand(n * d, 1), *dout = host_rand(nk * d, 1), *y = host_rand(nk * d, 1),
+          *w = host_rand(nk, 1), *dcomb = host_rand(n * d, 1);
+    int32_t *dord = dev_ints(order, nk), *dinv = dev_ints(inv, nk);
+    float *dx = dev_floats(x, n * d), *dg = dev_floats(NULL, nk * d), *ddout = dev_floats(dout, nk * d),
+          *dy = dev_floats(y, nk * d), *dw = dev_floats(w, nk), *dc = dev_floats(NULL, n * d),
+          *ddc = dev_floats(dcomb, n * d);
+    /* gather */
+    double *ref = ref_alloc(nk * d);
+    for (int64_t j = 0; j < nk; j++)
+        for (int64_t c = 0; c < d; c++)
+            ref[j * d + c] = x[(order[j] / k) * d + c];
+    expect_error(api->moe_gather_forward(dev, dg, dx, dord, n, k, d), CT_OK, "moe_gather_forward");
+    expect_close("moe_gather_forward", dg, ref, nk * d);
+    grad_buf gx = grad_new(n * d);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t s = 0; s < k; s++)
+            for (int64_t c = 0; c < d; c++)
+                gx.ref[t * d + c] += dout[inv[t * k + s] * d + c];
+    expect_error(api->moe_gather_backward(dev, gx.dev, ddout, dinv, n, k, d), CT_OK, "moe_gather_backward");
+    grad_check_free("moe_gather_backward", &gx);
+    /* combine */
+    double *rc = ref_alloc(n * d);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t s = 0; s < k; s++)
+            for (int64_t c = 0; c < d; c++)
+                rc[t * d + c] += (double)w[t * k + s] * y[inv[t * k + s] * d + c];
+    expect_error(api->moe_combine_forward(dev, dc, dy, dw, dinv, n, k, d), CT_OK, "moe_combine_forward");
+    expect_close("moe_combine_forward", dc, rc, n * d);
+    grad_buf gy = grad_new(nk * d), gw = grad_new(nk);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t s = 0; s < k; s++) {
+            int64_t j = inv[t * k + s];
+            for (int64_t c = 0; c < d; c++) {
+                gy.ref[j * d + c] += (double)w[t * k + s] * dcomb[t * d + c];
+                gw.ref[t * k + s] += (double)dcomb[t * d + c] * y[j * d + c];
+            }
+        }
+    expect_error(api->moe_combine_backward(dev, gy.dev, gw.dev, ddc, dy, dw, dinv, n, k, d), CT_OK,
+                 "moe_combine_backward");
+    grad_check_free("moe_combine_backward dy", &gy);
+    grad_check_free("moe_combine_backward dweights", &gw);
+    /* the same bits twice */
+    float *a1 = download(dc, n * d);
+    expect_error(api->moe_combine_forward(dev, dc, dy, dw, dinv, n, k, d), CT_OK, "moe_combine_forward again");
+    float *a2 = download(dc, n * d);
+    assert_memory_equal(a1, a2, (size_t)(n * d) * sizeof(float));
+    /* bad arguments, and no work without pointers */
+    expect_error(api->moe_gather_forward(dev, dg, dx, dord, n, 0, d), CT_ERR_INVALID, "moe_gather_forward k = 0");
+    expect_error(api->moe_combine_forward(dev, dc, dy, NULL, dinv, n, k, d), CT_ERR_INVALID,
+                 "moe_combine_forward weights NULL");
+    expect_error(api->moe_gather_backward(dev, NULL, NULL, NULL, 0, k, d), CT_OK, "moe_gather_backward n = 0");
+    free(a1);
+    free(a2);
+    free(ref);
+    free(rc);
+    free(x);
+    free(dout);
+    free(y);
+    free(w);
+    free(dcomb);
+    float *bufs[] = {dx, dg, ddout, dy, dw, dc, ddc};
+    for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++)
+        api->free(dev, bufs[b]);
+    api->free(dev, dord);
+    api->free(dev, dinv);
+}
+
+static void test_grouped_matmul(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(grouped_matmul_forward);
+    /* segments of 7, 0, 33 and 3 rows (expert 1 gets none) and 5 rows past every segment; then
+     * one expert holding every row; o and i across several tiles and not multiples of anything */
+    const int32_t offs1[] = {0, 7, 7, 40, 43}, offs2[] = {0, 29};
+    const struct {
+        const int32_t *offsets;
+        int64_t m, e, o, i;
+    } cases[] = {{offs1, 48, 4, 37, 45}, {offs2, 29, 1, 5, 70}};
+    for (int c = 0; c < 2; c++) {
+        const int64_t m = cases[c].m, e = cases[c].e, o = cases[c].o, in = cases[c].i;
+        const int32_t *off = cases[c].offsets;
+        float *x = host_rand(m * in, 1), *w = host_rand(e * o * in, 1), *dyh = host_rand(m * o, 1),
+              *y0 = host_rand(m * o, 1);
+        float *dx = dev_floats(x, m * in), *dw = dev_floats(w, e * o * in), *ddy = dev_floats(dyh, m * o),
+              *dy = dev_floats(y0, m * o);
+        int32_t *doff = dev_ints(off, e + 1);
+        double *ref = ref_alloc(m * o);
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t q = 0; q < o; q++)
+                ref[r * o + q] = y0[r * o + q]; /* rows in no segment keep their values */
+        grad_buf gx = grad_new(m * in), gw = grad_new(e * o * in);
+        for (int64_t g = 0; g < e; g++)
+            for (int64_t r = off[g]; r < off[g + 1]; r++)
+                for (int64_t q = 0; q < o; q++) {
+                    double acc = 0;
+                    for (int64_t p = 0; p < in; p++) {
+                        acc += (double)x[r * in + p] * w[(g * o + q) * in + p];
+                        gx.ref[r * in + p] += (double)dyh[r * o + q] * w[(g * o + q) * in + p];
+                        gw.ref[(g * o + q) * in + p] += (double)dyh[r * o + q] * x[r * in + p];
+                    }
+                    ref[r * o + q] = acc;
+                }
+        expect_error(api->grouped_matmul_forward(dev, dy, dx, dw, doff, m, e, o, in), CT_OK, "grouped_matmul_forward");
+        expect_close("grouped_matmul_forward", dy, ref, m * o);
+        expect_error(api->grouped_matmul_backward_input(dev, gx.dev, ddy, dw, doff, m, e, o, in), CT_OK,
+                     "grouped_matmul_backward_input");
+        grad_check_free("grouped_matmul_backward_input", &gx);
+        expect_error(api->grouped_matmul_backward_weight(dev, gw.dev, ddy, dx, doff, m, e, o, in), CT_OK,
+                     "grouped_matmul_backward_weight");
+        grad_check_free("grouped_matmul_backward_weight", &gw);
+        float *a1 = download(dy, m * o);
+        expect_error(api->grouped_matmul_forward(dev, dy, dx, dw, doff, m, e, o, in), CT_OK, "grouped_matmul again");
+        float *a2 = download(dy, m * o);
+        assert_memory_equal(a1, a2, (size_t)(m * o) * sizeof(float));
+        expect_error(api->grouped_matmul_forward(dev, dy, dx, dw, NULL, m, e, o, in), CT_ERR_INVALID,
+                     "grouped_matmul_forward offsets NULL");
+        expect_error(api->grouped_matmul_forward(dev, dy, dx, dw, doff, m, 0, o, in), CT_ERR_INVALID,
+                     "grouped_matmul_forward e = 0");
+        expect_error(api->grouped_matmul_backward_weight(dev, gw.dev, ddy, dx, doff, -1, e, o, in), CT_ERR_INVALID,
+                     "grouped_matmul_backward_weight m = -1");
+        /* offsets that break the contract: refused with a message by a device that reads them, or
+         * clamped into [0, m] by one that cannot without a round trip; never a read past the rows */
+        int32_t bad[5] = {0, (int32_t)m + 9, 3, -4, (int32_t)m * 2};
+        int32_t *dbad = dev_ints(bad, e + 1);
+        ct_status st = api->grouped_matmul_forward(dev, dy, dx, dw, dbad, m, e, o, in);
+        if (st != CT_OK)
+            expect_error(st, CT_ERR_INVALID, "grouped_matmul_forward with bad offsets");
+        st = api->grouped_matmul_backward_weight(dev, dw, ddy, dx, dbad, m, e, o, in);
+        if (st != CT_OK)
+            expect_error(st, CT_ERR_INVALID, "grouped_matmul_backward_weight with bad offsets");
+        api->free(dev, dbad);
+        free(a1);
+        free(a2);
+        free(ref);
+        free(x);
+        free(w);
+        free(dyh);
+        free(y0);
+        api->free(dev, dx);
+        api->free(dev, dw);
+        api->free(dev, ddy);
+        api->free(dev, dy);
+        api->free(dev, doff);
+    }
+}
+
+/* The ops composed as a layer uses them (scores, top-k, permute, gather, one grouped GEMM, combine)
+ * against the same layer computed here in double from the device's routing; run twice, the same bits. */
+static void test_moe_layer_composed(void **state)
+{
+    (void)state;
+    TP_SKIP_UNLESS(moe_combine_forward);
+    const int64_t n = 29, e = 8, k = 3, d = 19, o = 23, nk = n * k;
+    float *logits = host_rand(n * e, 3), *x = host_rand(n * d, 1), *w = host_rand(e * o * d, 0.5);
+    float *dl = dev_floats(logits, n * e), *dxs = dev_floats(x, n * d), *dwt = dev_floats(w, e * o * d);
+    float *ds = dev_floats(NULL, n * e), *dweights = dev_floats(NULL, nk), *dgx = dev_floats(NULL, nk * d),
+          *dh = dev_floats(NULL, nk * o), *dout = dev_floats(NULL, n * o);
+    int32_t *didx = dev_ints(NULL, nk), *dord = dev_ints(NULL, nk), *dinv = dev_ints(NULL, nk),
+            *doff = dev_ints(NULL, e + 1);
+    float *first = NULL;
+    for (int run = 0; run < 2; run++) {
+        expect_error(api->moe_scores_forward(dev, ds, dl, n, e, CT_MOE_SIGMOID), CT_OK, "layer scores");
+        expect_error(api->moe_topk_forward(dev, didx, dweights, ds, NULL, n, e, k, 4, 2, 1, 2.0f), CT_OK, "layer topk");
+        expect_error(api->moe_permute(dev, dord, dinv, doff, didx, nk, e), CT_OK, "layer permute");
+        expect_error(api->moe_gather_forward(dev, dgx, dxs, dord, n, k, d), CT_OK, "layer gather");
+        expect_error(api->grouped_matmul_forward(dev, dh, dgx, dwt, doff, nk, e, o, d), CT_OK, "layer grouped");
+        expect_error(api->moe_combine_forward(dev, dout, dh, dweights, dinv, n, k, o), CT_OK, "layer combine");
+        float *got = download(dout, n * o);
+        if (run == 0)
+            first = got;
+        else {
+            assert_memory_equal(first, got, (size_t)(n * o) * sizeof(float));
+            free(got);
+        }
+    }
+    int32_t *idx = download_ints(didx, nk);
+    float *wts = download(dweights, nk);
+    double *ref = ref_alloc(n * o);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t s = 0; s < k; s++) {
+            int64_t g = idx[t * k + s];
+            assert_true(g >= 0 && g < e);
+            for (int64_t q = 0; q < o; q++) {
+                double acc = 0;
+                for (int64_t p = 0; p < d; p++)
+                    acc += (double)x[t * d + p] * w[(g * o + q) * d + p];
+                ref[t * o + q] += wts[t * k + s] * acc;
+            }
+        }
+    expect_close("the composed MoE layer", dout, ref, n * o);
+    free(first);
+    free(idx);
+    free(wts);
+    free(ref);
+    free(logits);
+    free(x);
+    free(w);
+    float *fb[] = {dl, dxs, dwt, ds, dweights, dgx, dh, dout};
+    for (size_t b = 0; b < sizeof fb / sizeof fb[0]; b++)
+        api->free(dev, fb[b]);
+    int32_t *ib[] = {didx, dord, dinv, doff};
+    for (size_t b = 0; b < sizeof ib / sizeof ib[0]; b++)
+        api->free(dev, ib[b]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -3554,6 +4068,12 @@ int main(void)
         cmocka_unit_test(test_attention_block_is_deterministic),
         cmocka_unit_test(test_attention_doc),
         cmocka_unit_test(test_attention_doc_blocks_merge),
+        cmocka_unit_test(test_moe_scores),
+        cmocka_unit_test(test_moe_topk),
+        cmocka_unit_test(test_moe_permute),
+        cmocka_unit_test(test_moe_gather_and_combine),
+        cmocka_unit_test(test_grouped_matmul),
+        cmocka_unit_test(test_moe_layer_composed),
         cmocka_unit_test(test_share_stream), /* the device stays on the shared stream from here */
         cmocka_unit_test(test_graph_capture),
     };

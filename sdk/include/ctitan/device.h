@@ -34,6 +34,9 @@
 
 typedef enum ct_copy_kind { CT_COPY_H2D = 1, CT_COPY_D2H = 2, CT_COPY_D2D = 3 } ct_copy_kind;
 
+/* The router's score function of moe_scores_forward / moe_scores_backward (ABI 2.14). */
+typedef enum ct_moe_score { CT_MOE_SOFTMAX = 0, CT_MOE_SIGMOID = 1 } ct_moe_score;
+
 typedef struct ct_device_info {
     size_t struct_size;
     const char *name;   /* "cpu", "cuda:0"; the device's string, valid until its destroy */
@@ -384,6 +387,74 @@ typedef struct ct_device_api {
                                         const float *lse, const int32_t *q_pos, const int32_t *k_pos,
                                         const int32_t *q_doc, const int32_t *k_doc, int64_t b, int64_t tq,
                                         int64_t tk, int64_t h, int64_t kvh, int64_t d);
+
+    /* ---- ABI 2.14: mixture of experts (optional: all or none) ----
+     * Routing, dispatch and the experts' GEMMs of an MoE layer, all on the device: nothing is read
+     * back to the host, so a step with MoE layers stays asynchronous and capturable. n tokens, e
+     * experts, k experts per token (1 <= k <= e), d features; the n*k (token, slot) pairs are flat
+     * index t*k + s. Indices are int32 in device memory. Ops are deterministic (no float atomics).
+     * The layer: scores -> topk -> permute -> gather -> grouped_matmul (the experts' FFN, applied
+     * per segment) -> combine. An index read from device memory outside its range is never read
+     * through: the pair is skipped (an output row it would fill is zero). The host offers the ops
+     * only when the table sets all twelve. */
+    /* scores (n,e) = softmax over each row of logits (n,e) (func CT_MOE_SOFTMAX) or sigmoid of each
+     * element (CT_MOE_SIGMOID). Backward from the saved scores: softmax dlogits += s * (ds - sum(ds * s))
+     * per row, sigmoid dlogits += ds * s * (1 - s). */
+    ct_status (*moe_scores_forward)(ct_device *dev, float *scores, const float *logits, int64_t n, int64_t e,
+                                    int func);
+    ct_status (*moe_scores_backward)(ct_device *dev, float *dlogits, const float *dscores, const float *scores,
+                                     int64_t n, int64_t e, int func);
+    /* Per row t of scores (n,e): idx (n,k) = the k experts with the largest scores[t,j] + bias[j], in
+     * descending order of that sum; ties go to the LOWER expert index. bias (e) may be NULL (zero):
+     * it changes only the choice (DeepSeek-V3's aux-loss-free balancing). Group-limited routing when
+     * n_groups > 1: the e experts form n_groups groups of e / n_groups consecutive experts (n_groups
+     * divides e); a group's score is the sum of its two best scores + bias (its one when it has one
+     * expert); only the topk_groups best groups (ties: lower group) are eligible, and k must be at
+     * most topk_groups * e / n_groups. n_groups 0 or 1: every expert is eligible (topk_groups ignored).
+     * weights (n,k) = scores[t, idx[t,s]] (WITHOUT the bias), when normalize divided by their row's
+     * sum + 1e-20, then multiplied by route_scale. Backward: dscores (n,e) += the gradient of weights
+     * through that normalisation and scale (at the chosen experts only; the choice is constant). */
+    ct_status (*moe_topk_forward)(ct_device *dev, int32_t *idx, float *weights, const float *scores,
+                                  const float *bias, int64_t n, int64_t e, int64_t k, int64_t n_groups,
+                                  int64_t topk_groups, int normalize, float route_scale);
+    ct_status (*moe_topk_backward)(ct_device *dev, float *dscores, const float *dweights, const float *scores,
+                                   const int32_t *idx, int64_t n, int64_t e, int64_t k, int normalize,
+                                   float route_scale);
+    /* A stable sort of the nk pairs (nk = n*k) by expert idx (nk): order (nk) = the flat pair index
+     * of the j-th pair in expert order (pairs of one expert keep their flat order), inv (nk) with
+     * inv[order[j]] = j, offsets (e+1): expert g's pairs are positions offsets[g] .. offsets[g+1]
+     * (offsets[0] = 0). An index outside [0,e) is no expert's: such pairs sort after every expert,
+     * at offsets[e] .. nk, in flat order (nothing reads them back to refuse them). */
+    ct_status (*moe_permute)(ct_device *dev, int32_t *order, int32_t *inv, int32_t *offsets, const int32_t *idx,
+                             int64_t nk, int64_t e);
+    /* Dispatch: out (n*k,d) row j = x (n,d) row order[j] / k. Backward (no atomics): dx (n,d) row t
+     * += sum over s < k, in order of s, of dout row inv[t*k + s]. */
+    ct_status (*moe_gather_forward)(ct_device *dev, float *out, const float *x, const int32_t *order, int64_t n,
+                                    int64_t k, int64_t d);
+    ct_status (*moe_gather_backward)(ct_device *dev, float *dx, const float *dout, const int32_t *inv, int64_t n,
+                                     int64_t k, int64_t d);
+    /* The experts' linear layer over the permuted rows: w (e,o,i) holds expert g's (o,i) weight; rows
+     * offsets[g] .. offsets[g+1] of x (m,i) are expert g's segment (offsets (e+1) in device memory,
+     * non-decreasing, within [0,m]; offsets that are not: CT_ERR_INVALID where the device reads them
+     * without a round trip (the CPU), elsewhere each segment clamped into [0,m]). y (m,o) segment
+     * rows = x_seg w_g^T (overwritten; rows in no segment are not written). Backward: dx_seg += dy_seg w_g; dw_g += dy_seg^T x_seg (an expert
+     * with no row adds nothing). */
+    ct_status (*grouped_matmul_forward)(ct_device *dev, float *y, const float *x, const float *w,
+                                        const int32_t *offsets, int64_t m, int64_t e, int64_t o, int64_t i);
+    ct_status (*grouped_matmul_backward_input)(ct_device *dev, float *dx, const float *dy, const float *w,
+                                               const int32_t *offsets, int64_t m, int64_t e, int64_t o,
+                                               int64_t i);
+    ct_status (*grouped_matmul_backward_weight)(ct_device *dev, float *dw, const float *dy, const float *x,
+                                                const int32_t *offsets, int64_t m, int64_t e, int64_t o,
+                                                int64_t i);
+    /* Combine: out (n,d) row t = sum over s < k, in order of s, of weights[t*k + s] * y row
+     * inv[t*k + s]; y is (n*k,d) in expert order. Backward: dy row inv[t*k+s] += weights[t*k+s] *
+     * dout row t; dweights[t*k+s] += dot(dout row t, y row inv[t*k+s]). */
+    ct_status (*moe_combine_forward)(ct_device *dev, float *out, const float *y, const float *weights,
+                                     const int32_t *inv, int64_t n, int64_t k, int64_t d);
+    ct_status (*moe_combine_backward)(ct_device *dev, float *dy, float *dweights, const float *dout,
+                                      const float *y, const float *weights, const int32_t *inv, int64_t n,
+                                      int64_t k, int64_t d);
 } ct_device_api;
 
 #endif
