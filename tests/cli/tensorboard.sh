@@ -60,7 +60,7 @@ from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 recs, data, at = [], open(sys.argv[1], "rb").read(), 0
 while at < len(data):
     n = struct.unpack("<Q", data[at:at + 8])[0]; recs.append(bytearray(data[at + 12:at + 12 + n])); at += n + 16
-last = max(i for i, r in enumerate(recs) if b"comm/all_reduce" in r)
+last = max(i for i, r in enumerate(recs) if b"comm/all_to_all" in r)
 recs[last][-4:] = struct.pack("<f", struct.unpack("<f", recs[last][-4:])[0] + 1)
 with open(sys.argv[2], "wb") as f:
     for r in recs:
@@ -68,7 +68,7 @@ with open(sys.argv[2], "wb") as f:
 PY
 "$PY" tests/cli/lib/tb_check.py "$T/mod/$id" "$T/single/metrics.jsonl" >"$T/mod.log" 2>&1 &&
   fail "tb_check.py passed a changed value: $(cat "$T/mod.log")"
-grep -q "^FAIL comm/all_reduce(bytes) step 4: " "$T/mod.log" || fail "tb_check.py: $(cat "$T/mod.log")"
+grep -q "^FAIL comm/all_to_all(bytes) step 4: " "$T/mod.log" || fail "tb_check.py: $(cat "$T/mod.log")"
 echo "ok   tb_check.py finds a changed value: $(cat "$T/mod.log")"
 run fsdp 2 --job.dump_folder="$T/fsdp" --parallelism.data_parallel_shard_degree=2
 check "$T/fsdp" "$T/fsdp/tb"
