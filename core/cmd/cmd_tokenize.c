@@ -592,6 +592,7 @@ typedef struct chat_ctx {
     packer pk;
     const doc_source *src;
     progress *prog;
+    uint64_t eos_inside; /* conversations whose tokens hold the EOS before their end */
 } chat_ctx;
 
 static ct_status chat_conv(void *ctx, const json_t *conv, const char *where) {
@@ -603,6 +604,11 @@ static ct_status chat_conv(void *ctx, const json_t *conv, const char *where) {
     if (rc != CT_OK) return rc;
     size_t k = 1;   /* the first token never counts */
     while (k < n && !counted[k]) k++;
+    for (size_t i = 0; i + 1 < n; i++) /* the template ends turns with the EOS that separates documents */
+        if ((uint32_t)ids[i] == c->pk.eos) {
+            c->eos_inside++;
+            break;
+        }
     if ((int64_t)n > c->pk.seq) c->pk.too_long++;   /* dropped whole: a cut turn would teach a cut answer */
     else if (k >= n) c->pk.no_assistant++;          /* dropped: nothing in it counts */
     else rc = pack(&c->pk, ids, counted, n);
@@ -670,6 +676,13 @@ static ct_status tokenize_chat(input_opts *in, const char *tok_path, const char 
            (unsigned long long)c.pk.too_long, (unsigned long long)c.pk.no_assistant,
            (unsigned long long)(c.pk.counted + c.pk.masked + padding + 1), (unsigned long long)c.pk.counted,
            (unsigned long long)(c.pk.masked + padding + 1), (unsigned long long)(padding + 1), dt, out_path);
+    if (c.eos_inside) /* block_causal splits documents at the EOS: each turn would attend only to itself */
+        fprintf(stderr,
+                "ctitan tokenize: note: %llu conversations hold the tokenizer's EOS (id %u) before their end (the "
+                "template ends turns with it): under model.attn_mask_type block_causal each turn would be a "
+                "document of its own and an answer would not see its prompt; train this shard with causal "
+                "attention, or tokenize with a tokenizer whose EOS ends only the conversation\n",
+                (unsigned long long)c.eos_inside, c.pk.eos);
     rc = CT_OK;
     goto done;
 fail:
