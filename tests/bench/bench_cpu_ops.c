@@ -21,54 +21,11 @@
 #include <string.h>
 #include <time.h>
 
-static const ct_option_spec *options;
+#include "bench_host.h"
+#include "ctitan/util.h"
 
-static void h_log(const ct_host *h, ct_log_level l, const char *fmt, ...)
-{
-    (void)h;
-    (void)l;
-    (void)fmt;
-}
-static void h_err(const ct_host *h, const char *fmt, ...)
-{
-    (void)h;
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "plugin error: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-}
-static ct_status h_int(const ct_host *h, const char *key, int64_t *out)
-{
-    (void)h;
-    if (strcmp(key, "threads") == 0 && getenv("CT_BENCH_THREADS")) {
-        *out = atoll(getenv("CT_BENCH_THREADS"));
-        return CT_OK;
-    }
-    for (const ct_option_spec *o = options; o && o->key; o++)
-        if (strcmp(o->key, key) == 0 && o->default_value) {
-            *out = atoll(o->default_value);
-            return CT_OK;
-        }
-    return CT_ERR_INVALID;
-}
-
-static const ct_host host = {.struct_size = sizeof(ct_host),
-                             .abi_major = CT_ABI_MAJOR,
-                             .abi_minor = CT_ABI_MINOR,
-                             .log = h_log,
-                             .set_error = h_err,
-                             .opt_int = h_int};
 static const ct_device_api *api;
 static ct_device *dev;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static float *buf(int64_t n, float scale)
 {
@@ -90,11 +47,11 @@ static float *buf(int64_t n, float scale)
     do {                                                                                           \
         double best = 1e30;                                                                        \
         for (int rep = 0; rep < 5; rep++) {                                                        \
-            double t0 = now();                                                                     \
+            double t0 = ct_util_now();                                                                     \
             if ((call) != CT_OK)                                                                   \
                 exit(1);                                                                           \
             api->synchronize(dev);                                                                 \
-            double dt = now() - t0;                                                                \
+            double dt = ct_util_now() - t0;                                                                \
             best = dt < best ? dt : best;                                                          \
         }                                                                                          \
         if ((flops) > 0)                                                                           \
