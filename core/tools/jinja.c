@@ -796,12 +796,13 @@ static node *parse_not(parser *p) {
     return parse_compare(p);
 }
 
-static node *parse_and(parser *p) {
-    node *n = parse_not(p);
-    while (n && !p->failed && at_name(p, "and")) {
+/* operand (word operand)*: a left-associative chain of the keyword operator `word` */
+static node *parse_chain(parser *p, node *(*operand)(parser *), const char *word, int kind) {
+    node *n = operand(p);
+    while (n && !p->failed && at_name(p, word)) {
         size_t off = peek(p)->off;
         p->ti++;
-        node *b = parse_not(p), *m = b ? mk(p, E_AND, off) : NULL;
+        node *b = operand(p), *m = b ? mk(p, kind, off) : NULL;
         if (!m) return NULL;
         m->a = n;
         m->b = b;
@@ -810,19 +811,9 @@ static node *parse_and(parser *p) {
     return n;
 }
 
-static node *parse_or(parser *p) {
-    node *n = parse_and(p);
-    while (n && !p->failed && at_name(p, "or")) {
-        size_t off = peek(p)->off;
-        p->ti++;
-        node *b = parse_and(p), *m = b ? mk(p, E_OR, off) : NULL;
-        if (!m) return NULL;
-        m->a = n;
-        m->b = b;
-        n = m;
-    }
-    return n;
-}
+static node *parse_and(parser *p) { return parse_chain(p, parse_not, "and", E_AND); }
+
+static node *parse_or(parser *p) { return parse_chain(p, parse_and, "or", E_OR); }
 
 /* a if cond else b (else optional: undefined) */
 static node *parse_expr(parser *p) {
