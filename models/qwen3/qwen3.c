@@ -209,7 +209,7 @@ static ct_status qwen3_describe(ct_model *p, ct_model_desc *d) {
     }
     if (CT_HAS_FIELD(d, ct_model_desc, hf_model_type)) {
         d->features = m->tied ? CT_MODEL_TIED_EMBEDDINGS : 0;
-        d->hf_model_type = "qwen3";
+        d->hf_model_type = m->n_experts ? "qwen3_moe" : "qwen3";
     }
     return CT_OK;
 }
@@ -408,6 +408,11 @@ static const ct_hf_name hf_names[] = {
     {"layers.*.feed_forward.w1.weight", "model.layers.*.mlp.gate_proj.weight", 0},
     {"layers.*.feed_forward.w2.weight", "model.layers.*.mlp.down_proj.weight", 0},
     {"layers.*.feed_forward.w3.weight", "model.layers.*.mlp.up_proj.weight", 0},
+    /* MoE blocks (Qwen3MoeForCausalLM): one tensor per expert, as transformers saves them */
+    {"layers.*.moe.router.gate.weight", "model.layers.*.mlp.gate.weight", 0},
+    {"layers.*.moe.experts.w1", "model.layers.*.mlp.experts.*.gate_proj.weight", CT_HF_EXPERTS},
+    {"layers.*.moe.experts.w2", "model.layers.*.mlp.experts.*.down_proj.weight", CT_HF_EXPERTS},
+    {"layers.*.moe.experts.w3", "model.layers.*.mlp.experts.*.up_proj.weight", CT_HF_EXPERTS},
     {NULL, NULL, 0},
 };
 
@@ -420,11 +425,20 @@ static ct_status qwen3_hf_export(ct_model *p, ct_hf_export *out) {
 #define FIELD(k, t, iv, fv, sv, fl) f[n++] = (ct_hf_field){k, t, iv, fv, sv, fl}
     FIELD("attention_bias", CT_HF_BOOL, 0, 0, NULL, CT_HF_CHECKED);
     FIELD("attention_dropout", CT_HF_FLOAT, 0, 0.0, NULL, 0);
+    if (m->n_experts) { /* Qwen3MoeConfig's: every block sparse (no mlp_only_layers) */
+        FIELD("decoder_sparse_step", CT_HF_INT, 1, 0, NULL, CT_HF_CHECKED | CT_HF_OR_ABSENT);
+        FIELD("moe_intermediate_size", CT_HF_INT, m->moe_hidden, 0, NULL, CT_HF_CHECKED);
+        FIELD("norm_topk_prob", CT_HF_BOOL, m->norm_topk, 0, NULL, CT_HF_CHECKED);
+        FIELD("num_experts", CT_HF_INT, m->n_experts, 0, NULL, 0);
+        FIELD("num_experts_per_tok", CT_HF_INT, m->top_k, 0, NULL, CT_HF_CHECKED);
+        FIELD("output_router_logits", CT_HF_BOOL, 0, 0, NULL, 0);
+        FIELD("router_aux_loss_coef", CT_HF_FLOAT, 0, m->aux_coef, NULL, 0);
+    }
     FIELD("head_dim", CT_HF_INT, m->head_dim, 0, NULL, CT_HF_CHECKED);
     FIELD("hidden_act", CT_HF_STRING, 0, 0, "silu", CT_HF_CHECKED);
     FIELD("hidden_size", CT_HF_INT, m->dim, 0, NULL, CT_HF_CHECKED);
     FIELD("initializer_range", CT_HF_FLOAT, 0, 0.02, NULL, 0);
-    FIELD("intermediate_size", CT_HF_INT, m->ffn_hidden, 0, NULL, CT_HF_CHECKED);
+    FIELD("intermediate_size", CT_HF_INT, m->ffn_hidden, 0, NULL, m->n_experts ? 0 : CT_HF_CHECKED);
     FIELD("max_position_embeddings", CT_HF_INT, m->max_positions, 0, NULL, 0);
     FIELD("max_window_layers", CT_HF_INT, m->n_layers, 0, NULL, 0);
     FIELD("num_attention_heads", CT_HF_INT, m->n_heads, 0, NULL, CT_HF_CHECKED);
@@ -440,8 +454,8 @@ static ct_status qwen3_hf_export(ct_model *p, ct_hf_export *out) {
     FIELD("vocab_size", CT_HF_INT, m->vocab, 0, NULL, CT_HF_CHECKED);
     f[n] = (ct_hf_field){0};
 #undef FIELD
-    out->architecture = "Qwen3ForCausalLM";
-    out->model_type = "qwen3";
+    out->architecture = m->n_experts ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM";
+    out->model_type = m->n_experts ? "qwen3_moe" : "qwen3";
     out->names = hf_names;
     out->fields = f;
     return CT_OK;

@@ -31,8 +31,14 @@ sys.path.insert(0, HERE)
 from gen_llama3_golden import ctt_read, ctt_write  # noqa: E402
 
 OUT = os.path.join(HERE, "qwen3_moe_tiny.ctt")
+HF_FOLDER = os.path.join(HERE, "hf", "qwen3_moe_from_transformers")  # the same model saved by transformers
+ROOT = os.path.dirname(os.path.dirname(HERE))
+OPTIONS = ["--model.name=qwen3", "--model.flavor=debugmodel_moe", "--model.dim=32", "--model.n_layers=2",
+           "--model.n_heads=4", "--model.n_kv_heads=2", "--model.head_dim=16", "--model.vocab_size=512",
+           "--model.n_experts=8", "--model.top_k=2", "--model.moe_hidden=16", "--model.rope_theta=50000",
+           "--model.norm_eps=1e-6", "--model.tie_word_embeddings=false", "--model.router_aux_loss_coef=0.01"]
 TINY = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128, rms_norm_eps=1e-6,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512, rms_norm_eps=1e-6,
             rope_theta=50000.0, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
             router_aux_loss_coef=0.01, max_position_embeddings=64)
 SEED = 20261208
@@ -117,8 +123,56 @@ def ctitan_tensors(model, grads=False):
     return [(n, t.detach().clone().contiguous()) for n, t in out]
 
 
-def compute():
+def save_folder(model, folder):
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    for f in os.listdir(folder):
+        os.chmod(os.path.join(folder, f), 0o644)
+
+
+def verify_export(ctitan, logits64):
+    """A one-step run at lr 0 loads the committed folder (checkpoint.initial_load_in_hf) and exports it
+    (checkpoint.last_save_in_hf): its tensors must be transformers' bit for bit, and transformers must load
+    the export and give the golden logits. Returns (relative error, tensors)."""
+    import subprocess
+    import tempfile
+
+    from safetensors.torch import load_file
+    from transformers import Qwen3MoeForCausalLM
+
+    corpus = os.path.join(ROOT, "tests", "data", "tokenizer", "corpus.txt")
+    with tempfile.TemporaryDirectory() as tmp:
+        tok, data = os.path.join(tmp, "tok.model"), os.path.join(tmp, "data.bin")
+        quiet = dict(check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([ctitan, "tokenizer", "train", "--input", corpus, "--vocab-size", "512", "--output", tok],
+                       **quiet)
+        subprocess.run([ctitan, "tokenize", "--tokenizer", tok, "--input", corpus, "--output", data], **quiet)
+        subprocess.run([ctitan, "train", os.path.join(ROOT, "configs", "llama3_debug.yaml"), *OPTIONS,
+                        f"--training.dataset_path={data}", "--training.seq_len=16", "--training.local_batch_size=2",
+                        "--training.steps=1", "--optimizer.lr=0", "--lr_scheduler.warmup_steps=0",
+                        "--generate.max_new_tokens=0", "--device.threads=1", f"--job.dump_folder={tmp}/run",
+                        "--checkpoint.enable=true", "--checkpoint.initial_load_in_hf=true",
+                        f"--checkpoint.initial_load_path={HF_FOLDER}", "--checkpoint.last_save_in_hf=true"], **quiet)
+        out = os.path.join(tmp, "run", "checkpoint", "step-1-hf")
+        tensors = load_file(os.path.join(out, "model.safetensors"))
+        theirs = load_file(os.path.join(HF_FOLDER, "model.safetensors"))
+        assert sorted(tensors) == sorted(theirs), sorted(set(tensors) ^ set(theirs))
+        for k in tensors:
+            assert torch.equal(tensors[k], theirs[k]), f"{k} changed in the round trip"
+        model = Qwen3MoeForCausalLM.from_pretrained(out, attn_implementation="eager",
+                                                    experts_implementation="eager").eval()
+        with torch.no_grad():
+            logits = model.double()(ctt_read(OUT)["input.tokens"].long()).logits
+    e = float((logits - logits64).norm() / logits64.norm())
+    return e, len(tensors)
+
+
+def compute(folder=None):
     model, tokens, targets = make_model()
+    if folder:
+        save_folder(model, folder)
     params = ctitan_tensors(model)  # the float32 weights
     m64 = model.double()
     out = m64(tokens, output_router_logits=True)
@@ -142,9 +196,10 @@ def compute():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="recompute and compare with the committed file")
+    ap.add_argument("--ctitan", default=os.environ.get("CTITAN", os.path.join(ROOT, "build", "ctitan")))
     a = ap.parse_args()
     torch.set_num_threads(1)
-    items = compute()
+    items = compute(None if a.check else HF_FOLDER)
     if a.check:
         old = ctt_read(OUT)
         new = {n: t for n, t in items}
@@ -153,7 +208,10 @@ def main():
         if bad or len(old) != len(new):
             print(f"FAIL: {OUT} differs from a regeneration ({bad[:3]})")
             return 1
-        print(f"ok: {OUT} equals a regeneration ({len(new)} tensors)")
+        e, n = verify_export(a.ctitan, old["expected.logits"].double())
+        assert e <= 1e-6, f"transformers on ctitan's export: relative error {e:.3g}"
+        print(f"ok: {OUT} equals a regeneration ({len(new)} tensors); ctitan's Hugging Face round trip keeps all "
+              f"{n} tensors bit for bit and transformers on ctitan's export gives the logits within {e:.2e}")
         return 0
     ctt_write(OUT, items)
     print(f"wrote {OUT}: {len(items)} tensors")

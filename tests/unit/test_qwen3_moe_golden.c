@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "engine/moe.h"
+#include "formats/hf_export.h"
 #include "formats/tensorfile.h"
 #include "session_fixture.h"
 
@@ -26,7 +27,7 @@
 static const char *yaml_fmt =
     "device: {name: cpu, threads: 2}\n"
     "model: {name: qwen3, flavor: debugmodel_moe, dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, head_dim: 16,\n"
-    "        vocab_size: 128, n_experts: 8, top_k: 2, moe_hidden: 16, rope_theta: 50000, norm_eps: 1e-6,\n"
+    "        vocab_size: 512, n_experts: 8, top_k: 2, moe_hidden: 16, rope_theta: 50000, norm_eps: 1e-6,\n"
     "        tie_word_embeddings: false, router_aux_loss_coef: 0.01, moe_force_load_balance: %s}\n"
     "optimizer: {name: AdamW, lr: 1e-3}\n"
     "training: {seq_len: 16, local_batch_size: 2}\n"
@@ -147,6 +148,36 @@ static void counts_after_step(fixture *f, int forced) {
     assert_int_equal(runtime_moe_zero_counts(&f->s.rt), CT_OK);
 }
 
+/* transformers' save_pretrained of the same model (one tensor per expert) through the pack's table
+ * (CT_HF_EXPERTS, ABI 2.15), as checkpoint.initial_load_in_hf reads it: every parameter equals the
+ * golden's, bit for bit. */
+static void test_transformers_folder_loads_through_the_table(void **state) {
+    fixture *f = *state;
+    session *s = &f->s;
+    ct_hf_export x = {.struct_size = sizeof x};
+    assert_int_equal(s->m->hf_export(s->model, &x), CT_OK);
+    assert_string_equal(x.architecture, "Qwen3MoeForCausalLM");
+    tf_file want = {0};
+    want.entries = calloc((size_t)s->rt.n_params, sizeof(tf_entry));
+    for (int i = 0; i < s->rt.n_params; i++) {
+        const ct_tensor *p = &s->rt.params[i]->t;
+        tf_entry *e = &want.entries[want.count++];
+        *e = (tf_entry){.name = (char *)p->name, .dtype = TF_F32, .ndim = p->ndim, .numel = ct_tensor_numel(p)};
+        memcpy(e->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim);
+    }
+    tf_file *w = NULL;
+    if (hf_import_load("tests/golden/hf/qwen3_moe_from_transformers", &x, &want, 16, "qwen3", &w) != CT_OK)
+        fail_msg("%s", ct_last_error());
+    assert_int_equal(w->count, s->rt.n_params);
+    for (int i = 0; i < w->count; i++) {
+        const tf_entry *got = &w->entries[i], *g = tf_find(f->g, got->name);
+        if (!g || g->numel != got->numel || memcmp(g->data, got->data, sizeof(float) * (size_t)g->numel))
+            fail_msg("%s: differs from transformers' tensor(s)", got->name);
+    }
+    tf_free(w);
+    free(want.entries);
+}
+
 static void test_counts_add_up(void **state) { counts_after_step(*state, 0); }
 static void test_forced_balance_spreads_evenly(void **state) { counts_after_step(*state, 1); }
 
@@ -156,6 +187,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_loss_aux_and_every_gradient_match_transformers, setup, teardown),
         /* full activation checkpointing recomputes the blocks: the aux loss still counts once */
         cmocka_unit_test_setup_teardown(test_loss_aux_and_every_gradient_match_transformers, setup_ac, teardown),
+        cmocka_unit_test_setup_teardown(test_transformers_folder_loads_through_the_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_counts_add_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forced_balance_spreads_evenly, setup_forced, teardown),
     };
