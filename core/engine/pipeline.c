@@ -26,6 +26,7 @@
 #include "host/host.h"
 #include "engine/session.h"
 #include "engine/tape.h"
+#include "engine/moe.h"
 #include "base/util.h"
 
 #include <stdio.h>
@@ -570,6 +571,7 @@ ct_status pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targ
     pl->targets = targets;
     pl->T = T;
     pl->loss_scale = loss_scale;
+    runtime_moe_set_loss_scale(rt, loss_scale);
     pl->last = last;
     pl->loss_sum = 0;
     memset(pl->bwd_done, 0, sizeof(int) * (size_t)nu);

@@ -7,6 +7,7 @@
 #include "host/host.h"
 #include "engine/mesh.h"
 #include "engine/tape.h"
+#include "engine/moe.h"
 
 #include <limits.h>
 #include <math.h>
@@ -646,6 +647,7 @@ static void graph_drop(runtime *rt);
 void runtime_free(runtime *rt) {
     if (!rt->d) return;
     graph_drop(rt);
+    runtime_moe_free(rt);
     for (int i = 0; i < rt->n_params; i++) {
         free((char *)rt->params[i]->t.name);
         free(rt->params[i]);
@@ -1145,6 +1147,7 @@ static ct_status upload_microbatch(runtime *rt, const int32_t *tokens, const int
     io[2] = io[1] ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;
     io[3] = io[2] ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL; /* the loss, kept past the head's backward */
     if (!io[3]) return CT_ERR_NOMEM;
+    runtime_moe_set_loss_scale(rt, loss_scale); /* what aux_loss gives the units' own losses */
     return rt->d->copy(rt->dev, io[2]->t.data, &loss_scale, sizeof loss_scale, CT_COPY_H2D);
 }
 

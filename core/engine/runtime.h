@@ -322,6 +322,8 @@ typedef struct runtime {
     int planning, trace_ops;
     const rt_observer *observer; /* set by the planner: the tape tells it each op (engine/observer.h) */
     struct plan_trace *trace;
+    float loss_scale;   /* the microbatch's d(loss)/d(loss sum): 1 / global valid tokens */
+    struct rt_moe *moe; /* moe.c: the aux-loss sum and the MoE layers' counts on the device (NULL: none yet) */
 } runtime;
 
 /* The planner's runtime (after runtime_plan, on plan_null_device): storage carved from address

@@ -7,6 +7,7 @@
 #include "host/devcheck.h"
 #include "host/rank.h"
 #include "engine/mesh.h"
+#include "engine/moe.h"
 #include "tools/schedule.h"
 #include "formats/tensorfile.h"
 #include "tools/tokenizer.h"
@@ -1080,6 +1081,45 @@ ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *t
     return st;
 }
 
+/* The step's auxiliary losses (ct_builder.aux_loss), summed over the microbatches, the pipeline's
+ * stages and the data-parallel ranks, normalised as the loss is and added to *loss. */
+static ct_status step_aux(session *s, double valid, double *loss) {
+    double aux;
+    ct_status st = runtime_take_aux(&s->rt, &aux);
+    if (st == CT_OK && s->pl) {
+        ct_clear_error();
+        st = s->capi->all_reduce(s->comm, s->mesh.group[CT_AXIS_PP], &aux, &aux, 1, CT_F64, CT_REDUCE_SUM, NULL);
+    }
+    if (st == CT_OK) st = dp_sum(s, &aux);
+    if (st != CT_OK) return st;
+    s->has_aux |= s->rt.moe != NULL || aux != 0;
+    s->aux_loss = valid > 0 ? aux / valid : 0.0;
+    *loss += s->aux_loss;
+    return CT_OK;
+}
+
+/* ABI 2.15: the model's post_step with the step's per-expert counts, summed over the data-parallel
+ * ranks; the counts start again from zero. */
+static ct_status model_post_step(session *s, int64_t step) {
+    const ct_moe_load *loads;
+    int n = runtime_moe_loads(&s->rt, &loads);
+    if (n < 0) return ct_fail(CT_ERR_NOMEM, "out of memory for the MoE counts");
+    int hook = CT_HAS_FIELD(s->m, ct_model_api, post_step) && s->m->post_step;
+    ct_status st = CT_OK;
+    for (int i = 0; hook && i < n && st == CT_OK && s->capi && s->mesh.dp_size > 1; i++) {
+        ct_clear_error();
+        st = s->capi->all_reduce(s->comm, s->mesh.dp_group, (void *)loads[i].counts, (void *)loads[i].counts,
+                                 loads[i].n_experts, CT_F32, CT_REDUCE_SUM, NULL);
+    }
+    if (st == CT_OK && hook) {
+        ct_model_step info = {sizeof info, step, s->rt.d, s->rt.dev, n, loads};
+        ct_clear_error();
+        if ((st = s->m->post_step(s->rt.model, &info)) != CT_OK && !ct_last_error()[0])
+            ct_set_error("model post_step failed (status %d)", st);
+    }
+    return st == CT_OK ? runtime_moe_zero_counts(&s->rt) : st;
+}
+
 static ct_status train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
                             int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
                             int64_t *valid_out) {
@@ -1103,6 +1143,7 @@ static ct_status train_step(session *s, const int32_t *inputs, const int32_t *ta
     }
     if ((st = dp_sum(s, &loss_sum)) != CT_OK) return st;
     *loss = valid > 0 ? loss_sum / valid : 0.0;
+    if ((st = step_aux(s, valid, loss)) != CT_OK) return st;
     if ((st = runtime_sum_shared_grads(&s->rt)) != CT_OK || (st = runtime_grad_norm(&s->rt, norm)) != CT_OK) return st;
     if (!isfinite(*norm)) return CT_OK; /* nothing updated: the caller sees the norm */
     /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1 */
@@ -1112,7 +1153,7 @@ static ct_status train_step(session *s, const int32_t *inputs, const int32_t *ta
     if (CT_HAS_FIELD(s->o, ct_optimizer_api, step_param) && s->o->step_param) {
         st = session_step_params(s, lr, step);
         trace_end("optimizer");
-        return st;
+        return st == CT_OK ? model_post_step(s, step) : st;
     }
     /* one call per run of back-to-back tensors with the same decay flag when the optimizer is
      * elementwise (ABI 1.4), else one per tensor; states lie at the same offsets as the data */
@@ -1143,7 +1184,8 @@ static ct_status train_step(session *s, const int32_t *inputs, const int32_t *ta
     }
     s->opt_calls = calls;
     trace_end("optimizer");
-    return session_post_step(s);
+    st = session_post_step(s);
+    return st == CT_OK ? model_post_step(s, step) : st;
 }
 
 static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,

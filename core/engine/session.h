@@ -59,6 +59,9 @@ typedef struct session {
     pipeline *pl;      /* pipeline parallel (pp > 1), else NULL */
     double peak_flops; /* measured matmul peak of the device at matmul_precision, FLOP/s (0 if unknown) */
     int opt_calls;                /* optimizer calls in the last step (contiguous tensors merged) */
+    double aux_loss;   /* the last step's auxiliary losses (ct_builder.aux_loss), normalised as the loss is
+                          and included in it; 0 without any */
+    int has_aux;       /* a unit added an auxiliary loss in some step */
     const char *matmul_precision; /* "f32", or "bf16" once the device took set_matmul_dtype(CT_BF16) */
     char flavor[64];      /* model.flavor as the pack got it: torchtitan's *_flex_attn / *_varlen_attn names
                              without their suffix */

@@ -9,6 +9,7 @@
 #include "engine/runtime.h"
 #include "engine/liveness.h"
 #include "engine/tape.h"
+#include "engine/moe.h"
 #include "base/util.h"
 
 #include <math.h>
@@ -1235,6 +1236,9 @@ void tape_builder_init(runtime *rt) {
         .rope_freqs = t_rope_freqs,
         .linear_cross_entropy = t_linear_cross_entropy,
         .doc_ids = op_doc_ids,
+        .moe = tape_moe,
+        .moe_experts = tape_moe_experts,
+        .aux_loss = tape_aux_loss,
     };
     rt->top = &rt->builder;
 }
@@ -1821,6 +1825,14 @@ static ct_status fw_device(ct_builder *b, const ct_device_api **api, ct_device *
     return NEXT(b)->device(NEXT(b), api, dev);
 }
 static const ct_tensor *fw_doc_ids(ct_builder *b) { return NEXT(b)->doc_ids(NEXT(b)); }
+static ct_tensor *fw_moe(ct_builder *b, ct_tensor *x, const ct_moe_layer *layer) {
+    return NEXT(b)->moe(NEXT(b), x, layer);
+}
+static ct_tensor *fw_moe_experts(ct_builder *b, ct_tensor *x, const ct_tensor *offsets, ct_tensor *w1, ct_tensor *w3,
+                                 ct_tensor *w2) {
+    return NEXT(b)->moe_experts(NEXT(b), x, offsets, w1, w3, w2);
+}
+static ct_tensor *fw_aux_loss(ct_builder *b, ct_tensor *x, ct_tensor *loss) { return NEXT(b)->aux_loss(NEXT(b), x, loss); }
 
 ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
     tape_layer *l = calloc(1, sizeof *l);
@@ -1854,6 +1866,9 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
         .rope_freqs = fw_rope_freqs,
         .linear_cross_entropy = fw_linear_cross_entropy,
         .doc_ids = fw_doc_ids,
+        .moe = fw_moe,
+        .moe_experts = fw_moe_experts,
+        .aux_loss = fw_aux_loss,
         .planning = next->planning, /* a strategy's layer over the planner's builder plans too */
     };
     (void)rt;

@@ -52,17 +52,23 @@ static const ct_hf_name *row_for(const ct_hf_export *x, const char *name, int ti
     return NULL;
 }
 
-/* name's Hugging Face name by row r (its stars' runs in cap[]) into hf. */
-static ct_status fill_name(const ct_hf_name *r, const char *name, const char **cap, const size_t *caplen, char *hf,
-                           size_t len) {
-    if (!r->hf || count_stars(r->hf) != count_stars(r->ctitan))
-        return ct_fail(CT_ERR_INVALID, "Hugging Face name pattern of '%s' must have as many '*' as it (%d)",
-                       r->ctitan, count_stars(r->ctitan));
+/* name's Hugging Face name by row r (its stars' runs in cap[]) into hf; under CT_HF_EXPERTS the pattern's
+ * last '*' takes `expert`. */
+static ct_status fill_name_at(const ct_hf_name *r, const char *name, const char **cap, const size_t *caplen,
+                              int64_t expert, char *hf, size_t len) {
+    int extra = (r->flags & CT_HF_EXPERTS) != 0;
+    if (!r->hf || count_stars(r->hf) != count_stars(r->ctitan) + extra)
+        return ct_fail(CT_ERR_INVALID, "Hugging Face name pattern of '%s' must have %d '*'%s", r->ctitan,
+                       count_stars(r->ctitan) + extra, extra ? " (one more than it: CT_HF_EXPERTS)" : "");
+    char index[24];
+    snprintf(index, sizeof index, "%lld", (long long)expert);
+    int n_cap = count_stars(r->ctitan);
     size_t o = 0;
     int k = 0;
     for (const char *p = r->hf; *p; p++) {
-        const char *src = *p == '*' ? cap[k] : p;
-        size_t n = *p == '*' ? caplen[k++] : 1;
+        int at_index = *p == '*' && k == n_cap;
+        const char *src = at_index ? index : *p == '*' ? cap[k] : p;
+        size_t n = at_index ? strlen(index) : *p == '*' ? caplen[k++] : 1;
         if (o + n >= len) return ct_fail(CT_ERR_INVALID, "Hugging Face name of '%s' is too long", name);
         memcpy(hf + o, src, n);
         o += n;
@@ -71,6 +77,23 @@ static ct_status fill_name(const ct_hf_name *r, const char *name, const char **c
     if (!o) return ct_fail(CT_ERR_INVALID, "Hugging Face name of '%s' is empty", name);
     return CT_OK;
 }
+
+static ct_status fill_name(const ct_hf_name *r, const char *name, const char **cap, const size_t *caplen, char *hf,
+                           size_t len) {
+    return fill_name_at(r, name, cap, caplen, 0, hf, len);
+}
+
+/* The Hugging Face name of expert j of a CT_HF_EXPERTS parameter (of any other: its one name). */
+static ct_status expert_name(const ct_hf_export *x, const char *name, int64_t j, char *hf, size_t len) {
+    const char *cap[MAX_STARS];
+    size_t caplen[MAX_STARS];
+    const ct_hf_name *r = row_for(x, name, 0, cap, caplen);
+    if (!r) return ct_fail(CT_ERR_INVALID, "parameter '%s' has no Hugging Face name in the pack's table", name);
+    return fill_name_at(r, name, cap, caplen, j, hf, len);
+}
+
+/* The tensors a parameter is in a Hugging Face folder: its experts under CT_HF_EXPERTS, else 1. */
+static int64_t hf_parts(const tf_entry *e, uint32_t flags) { return flags & CT_HF_EXPERTS ? e->shape[0] : 1; }
 
 ct_status hf_export_name(const ct_hf_export *x, const char *name, char *hf, size_t len, uint32_t *flags) {
     const char *cap[MAX_STARS];
@@ -291,8 +314,15 @@ ct_status hf_export_check(const ct_hf_export *x, const tf_file *w, int64_t head_
         char hf[MAX_NAME];
         uint32_t flags = 0;
         if ((st = hf_export_name(x, e->name, hf, sizeof hf, &flags)) != CT_OK) break;
-        if (e->dtype != TF_F32 || e->ndim < 1 || e->ndim > 2) {
-            st = ct_fail(CT_ERR_INVALID, "%s: parameter '%s' is not a 1-D or 2-D float32 tensor", who, e->name);
+        int experts = (flags & CT_HF_EXPERTS) != 0;
+        if (e->dtype != TF_F32 || (experts ? e->ndim != 3 : (e->ndim < 1 || e->ndim > 2))) {
+            st = ct_fail(CT_ERR_INVALID, "%s: parameter '%s' is not a %s float32 tensor", who, e->name,
+                         experts ? "3-D (CT_HF_EXPERTS)" : "1-D or 2-D");
+            break;
+        }
+        if (experts && (flags & CT_HF_ROPE_ROWS)) {
+            st = ct_fail(CT_ERR_INVALID, "%s: parameter '%s' is marked both CT_HF_EXPERTS and CT_HF_ROPE_ROWS", who,
+                         e->name);
             break;
         }
         if ((flags & CT_HF_ROPE_ROWS) && (head_dim < 2 || head_dim % 2 || e->shape[0] % head_dim)) {
@@ -339,19 +369,37 @@ ct_status hf_export_save(const char *dir, const ct_hf_export *x, const tf_file *
     if (mkdir(dir, 0777) != 0 && (errno != EEXIST || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
         return ct_fail(CT_ERR_IO, "%s: cannot create the folder: %s", dir,
                        errno == EEXIST ? "not a folder" : strerror(errno));
-    int n = w->count;
-    st_entry *entries = calloc((size_t)(n ? n : 1), sizeof *entries);
-    char (*names)[MAX_NAME] = calloc((size_t)(n ? n : 1), sizeof *names);
+    int n = w->count, total = 0;
+    for (int i = 0; i < n; i++) {
+        char hf[MAX_NAME];
+        uint32_t flags = 0;
+        if ((rc = hf_export_name(x, w->entries[i].name, hf, sizeof hf, &flags)) != CT_OK) return rc;
+        total += (int)hf_parts(&w->entries[i], flags);
+    }
+    st_entry *entries = calloc((size_t)(total ? total : 1), sizeof *entries);
+    char (*names)[MAX_NAME] = calloc((size_t)(total ? total : 1), sizeof *names);
     float **owned = calloc((size_t)(n ? n : 1), sizeof *owned); /* permuted copies */
+    int64_t(*shapes)[2] = calloc((size_t)(total ? total : 1), sizeof *shapes); /* an expert's (rows, cols) */
     char *config = NULL;
-    if (!entries || !names || !owned) {
+    if (!entries || !names || !owned || !shapes) {
         rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", dir);
         goto done;
     }
-    for (int i = 0; i < n; i++) {
+    for (int i = 0, at = 0; i < n; i++) {
         const tf_entry *e = &w->entries[i];
         uint32_t flags = 0;
-        if ((rc = hf_export_name(x, e->name, names[i], sizeof names[i], &flags)) != CT_OK) goto done;
+        if ((rc = hf_export_name(x, e->name, names[at], sizeof names[at], &flags)) != CT_OK) goto done;
+        if (flags & CT_HF_EXPERTS) { /* one (rows, cols) tensor per expert */
+            int64_t per = e->shape[1] * e->shape[2];
+            for (int64_t j = 0; j < e->shape[0]; j++, at++) {
+                if ((rc = expert_name(x, e->name, j, names[at], sizeof names[at])) != CT_OK) goto done;
+                shapes[at][0] = e->shape[1];
+                shapes[at][1] = e->shape[2];
+                entries[at] = (st_entry){names[at], dtype == HF_BFLOAT16 ? ST_BF16 : ST_F32, 2, shapes[at],
+                                         (const float *)e->data + j * per, NULL};
+            }
+            continue;
+        }
         const float *data = e->data;
         if (flags & CT_HF_ROPE_ROWS) {
             if (!(owned[i] = malloc(sizeof(float) * (size_t)(e->numel ? e->numel : 1)))) {
@@ -361,12 +409,13 @@ ct_status hf_export_save(const char *dir, const ct_hf_export *x, const tf_file *
             hf_permute_rows(owned[i], data, e->shape[0] / head_dim, head_dim, e->ndim == 2 ? e->shape[1] : 1, 1);
             data = owned[i];
         }
-        entries[i] = (st_entry){names[i], dtype == HF_BFLOAT16 ? ST_BF16 : ST_F32, e->ndim, e->shape, data, NULL};
+        entries[at] = (st_entry){names[at], dtype == HF_BFLOAT16 ? ST_BF16 : ST_F32, e->ndim, e->shape, data, NULL};
+        at++;
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     const char *meta[] = {"format", "pt"};
-    if ((rc = st_write(path, entries, n, meta, 1)) != CT_OK) goto done;
+    if ((rc = st_write(path, entries, total, meta, 1)) != CT_OK) goto done;
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (!(config = hf_export_config(x, dtype, who))) {
         rc = CT_ERR_INVALID;
@@ -378,6 +427,7 @@ done:
     free(owned);
     free(names);
     free(entries);
+    free(shapes);
     free(config);
     return rc;
 }
@@ -535,6 +585,76 @@ static ct_status load_one(const st_model *m, const tf_entry *w, const char *hf, 
     return CT_OK;
 }
 
+/* Entry e <- the folder's tensors of CT_HF_EXPERTS want entry w: expert j's (rows, cols) at row block j. */
+static ct_status load_experts(const st_model *m, const ct_hf_export *x, const tf_entry *w, const char *dir,
+                              tf_entry *e) {
+    int64_t per = w->shape[1] * w->shape[2];
+    float *buf = malloc(sizeof(float) * (size_t)(w->numel ? w->numel : 1));
+    if (!buf || !(e->name = strdup(w->name))) {
+        free(buf);
+        return ct_fail(CT_ERR_NOMEM, "%s: out of memory for '%s'", dir, w->name);
+    }
+    ct_status st = CT_OK;
+    for (int64_t j = 0; j < w->shape[0] && st == CT_OK; j++) {
+        char hf[MAX_NAME];
+        if ((st = expert_name(x, w->name, j, hf, sizeof hf)) != CT_OK) break;
+        const st_tensor *t = st_model_find(m, hf);
+        if (!t) {
+            st = ct_fail(CT_ERR_INVALID, "%s: tensor '%s' (expert %lld of ctitan's '%s') is missing", dir, hf,
+                         (long long)j, w->name);
+        } else if (t->ndim != 2 || t->shape[0] != w->shape[1] || t->shape[1] != w->shape[2]) {
+            char got[96];
+            shape_text(got, sizeof got, t->ndim, t->shape);
+            st = ct_fail(CT_ERR_INVALID, "%s: tensor '%s' has shape %s, an expert of the model's '%s' is (%lld, %lld)",
+                         st_model_where(m, hf), hf, got, w->name, (long long)w->shape[1], (long long)w->shape[2]);
+        } else {
+            st = st_to_f32(t, buf + j * per, st_model_where(m, hf));
+        }
+    }
+    if (st != CT_OK) {
+        free(buf);
+        free(e->name);
+        e->name = NULL;
+        return st;
+    }
+    e->data = buf;
+    e->dtype = TF_F32;
+    e->ndim = w->ndim;
+    memcpy(e->shape, w->shape, sizeof e->shape);
+    e->numel = w->numel;
+    return CT_OK;
+}
+
+static int cmp_name(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
+
+/* Every Hugging Face name the model's parameters read (each expert's under CT_HF_EXPERTS), sorted: *out
+ * (MAX_NAME each) the caller frees. */
+static ct_status all_names(const ct_hf_export *x, const tf_file *want, char (*names)[MAX_NAME],
+                           const uint32_t *flags, char (**out)[MAX_NAME], int64_t *count) {
+    int64_t n = 0;
+    for (int i = 0; i < want->count; i++) n += hf_parts(&want->entries[i], flags[i]);
+    char(*all)[MAX_NAME] = calloc((size_t)(n ? n : 1), sizeof *all);
+    if (!all) return ct_fail(CT_ERR_NOMEM, "out of memory");
+    int64_t at = 0;
+    for (int i = 0; i < want->count; i++) {
+        if (!(flags[i] & CT_HF_EXPERTS)) {
+            memcpy(all[at++], names[i], MAX_NAME);
+            continue;
+        }
+        for (int64_t j = 0; j < want->entries[i].shape[0]; j++) {
+            ct_status st = expert_name(x, want->entries[i].name, j, all[at++], MAX_NAME);
+            if (st != CT_OK) {
+                free(all);
+                return st;
+            }
+        }
+    }
+    qsort(all, (size_t)n, sizeof *all, cmp_name);
+    *out = all;
+    *count = n;
+    return CT_OK;
+}
+
 ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *want, int64_t head_dim,
                          const char *who, tf_file **out) {
     *out = NULL;
@@ -566,17 +686,24 @@ ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *
             flags[i] = r->flags & ~CT_HF_TIED;
         }
     }
+    char(*all)[MAX_NAME] = NULL;
+    int64_t n_all = 0;
+    if (st == CT_OK) st = all_names(x, want, names, flags, &all, &n_all);
     for (int i = 0; i < m->count && st == CT_OK; i++) { /* nothing in the folder is left unread */
         const char *name = m->tensors[i]->name;
         size_t nl = strlen(name);
+        char key[MAX_NAME] = {0};
+        snprintf(key, sizeof key, "%s", name);
         int known = nl > 20 && !strcmp(name + nl - 20, ".rotary_emb.inv_freq"); /* a buffer old files kept */
-        for (int j = 0; j < n && !known; j++) known = !strcmp(names[j], name);
+        if (!known) known = nl < MAX_NAME && bsearch(key, all, (size_t)n_all, sizeof *all, cmp_name) != NULL;
         if (!known)
             st = ct_fail(CT_ERR_INVALID, "%s: tensor '%s' is not a parameter of model %s (nothing to map it to)",
                          m->where[i], name, who);
     }
+    free(all);
     for (int i = 0; i < n && st == CT_OK; i++) {
-        st = load_one(m, &want->entries[i], names[i], flags[i], head_dim, dir, &f->entries[i]);
+        st = flags[i] & CT_HF_EXPERTS ? load_experts(m, x, &want->entries[i], dir, &f->entries[i])
+                                      : load_one(m, &want->entries[i], names[i], flags[i], head_dim, dir, &f->entries[i]);
         if (st != CT_OK) free(f->entries[i].name); /* half made */
         else f->count++;
     }

@@ -721,14 +721,18 @@ static ct_status step_log(train_run *r, int64_t step, double loss, double norm, 
     /* above 100% the peak figure is wrong (a bug to report); the line says it was clamped */
     const char *clamped = mfu > 100.0 ? ", clamped: achieved exceeds the peak figure" : "";
     if (mfu > 100.0) mfu = 100.0;
+    char aux[96] = ""; /* auxiliary losses (MoE load balancing), included in the loss */
+    if (s->has_aux) snprintf(aux, sizeof aux, "  aux_loss %.4f", s->aux_loss);
     printf("step %5lld  loss %8.4f  grad_norm %8.4f  lr %.3e  tps %8.0f  tflops %7.4f  mfu %5.1f%% (of %s peak%s)"
-           "  memory %.3f GiB\n",
-           (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib((int64_t)mem[0]));
+           "  memory %.3f GiB%s\n",
+           (long long)step, loss, norm, lr, tps, tflops, mfu, s->devp->info.name, clamped, gib((int64_t)mem[0]), aux);
     fflush(stdout);
-    char offload[160] = ""; /* activation offload: host memory, and the bytes copied since the last record */
+    char offload[224] = ""; /* activation offload: host memory, and the bytes copied since the last record */
     if (s->rt.offload.layers)
         snprintf(offload, sizeof offload, ", \"offload\": {\"host_bytes\": %.0f, \"copied_bytes\": %.0f}",
                  s->rt.offload.host_bytes, s->rt.offload.step_bytes_out + s->rt.offload.step_bytes_in);
+    if (s->has_aux)
+        snprintf(offload + strlen(offload), sizeof offload - strlen(offload), ", \"aux_loss\": %.9g", s->aux_loss);
     loss = as_logged("%.9g", loss);
     norm = as_logged("%.9g", norm);
     lr = as_logged("%.6e", lr);

@@ -9,8 +9,15 @@
  * the host; and its tensor-parallel plan marks the QK-norm weights CT_TP_REPLICATED_PARTIAL
  * (torchtitan's SequenceParallel(sequence_dim=2)): they meet head-split q and k, so their gradients
  * are summed over tp.
+ *
+ * MoE flavors (debugmodel_moe, 30B-A3B, 235B-A22B; model.n_experts > 0): every block's feed-forward is
+ * the host's moe op (ABI 2.15) over torchtitan's layers.N.moe.router.gate.weight and stacked
+ * layers.N.moe.experts.w1/w2/w3, softmax top-k with norm_topk_prob and no shared expert, as
+ * Qwen3MoeForCausalLM; the load-balancing loss is transformers' formula per block, averaged over the
+ * blocks, weighted by router_aux_loss_coef and reported as aux_loss.
  */
 #include <ctitan/abi.h>
+#include <ctitan/device.h>
 #include <ctitan/host.h>
 #include <ctitan/model.h>
 #include <ctitan/tensor.h>
@@ -24,20 +31,28 @@ typedef struct flavor {
     const char *name;
     int64_t dim, n_layers, n_heads, n_kv_heads, head_dim, vocab, ffn_hidden;
     int tied;
+    int64_t n_experts, top_k, moe_hidden; /* 0 experts: dense */
 } flavor;
 
 /* torchtitan's qwen3 flavors (models/qwen3/__init__.py), Qwen3's config.json sizes: rope_theta 1e6,
  * rms_norm_eps 1e-6 throughout */
 static const flavor flavors[] = {
-    {"debugmodel", 256, 8, 16, 8, 128, 2048, 3072, 1},
-    {"0.6B", 1024, 28, 16, 8, 128, 151936, 3072, 1},
-    {"1.7B", 2048, 28, 16, 8, 128, 151936, 6144, 1},
-    {"4B", 2560, 36, 32, 8, 128, 151936, 9728, 1},
-    {"8B", 4096, 36, 32, 8, 128, 151936, 12288, 0},
-    {"14B", 5120, 40, 40, 8, 128, 151936, 17408, 0},
-    {"32B", 5120, 64, 64, 8, 128, 151936, 25600, 0},
+    {"debugmodel", 256, 8, 16, 8, 128, 2048, 3072, 1, 0, 0, 0},
+    {"0.6B", 1024, 28, 16, 8, 128, 151936, 3072, 1, 0, 0, 0},
+    {"1.7B", 2048, 28, 16, 8, 128, 151936, 6144, 1, 0, 0, 0},
+    {"4B", 2560, 36, 32, 8, 128, 151936, 9728, 1, 0, 0, 0},
+    {"8B", 4096, 36, 32, 8, 128, 151936, 12288, 0, 0, 0, 0},
+    {"14B", 5120, 40, 40, 8, 128, 151936, 17408, 0, 0, 0, 0},
+    {"32B", 5120, 64, 64, 8, 128, 151936, 25600, 0, 0, 0, 0},
+    /* mixture of experts (torchtitan's debugmodel_moe; Qwen3-30B-A3B and 235B-A22B's config.json): every block's
+     * feed-forward is e experts of moe_hidden, top-8 by softmax, the 8 weights renormalised
+     * (norm_topk_prob), no shared expert */
+    {"debugmodel_moe", 256, 8, 16, 8, 128, 2048, 3072, 1, 64, 8, 768},
+    {"30B-A3B", 2048, 48, 32, 4, 128, 151936, 6144, 0, 128, 8, 768},
+    {"235B-A22B", 4096, 94, 64, 4, 128, 151936, 12288, 0, 128, 8, 1536},
 };
-static const char *const flavor_names[] = {"debugmodel", "0.6B", "1.7B", "4B", "8B", "14B", "32B", NULL};
+static const char *const flavor_names[] = {"debugmodel", "0.6B", "1.7B", "4B", "8B", "14B", "32B",
+                                           "debugmodel_moe", "30B-A3B", "235B-A22B", NULL};
 #define N_FLAVORS (sizeof flavors / sizeof flavors[0])
 
 static const ct_option_spec options[] = {
@@ -57,21 +72,40 @@ static const ct_option_spec options[] = {
      "the output head reuses tok_embeddings.weight (the flavor's choice by default: 0.6B to 4B tie)", NULL, NULL},
     {sizeof(ct_option_spec), "max_position_embeddings", CT_OPT_INT, "40960",
      "the context length written to an exported config.json (Qwen3's)", "[1, 2147483647]", NULL},
+    {sizeof(ct_option_spec), "n_experts", CT_OPT_INT, NULL,
+     "override the number of experts per block (0: a dense feed-forward; the MoE flavors have 64 or 128)",
+     "[0, 65536]", NULL},
+    {sizeof(ct_option_spec), "top_k", CT_OPT_INT, NULL, "override the experts per token (num_experts_per_tok)",
+     "[1, 65536]", NULL},
+    {sizeof(ct_option_spec), "moe_hidden", CT_OPT_INT, NULL,
+     "override each expert's SwiGLU hidden size (moe_intermediate_size)", "[1, 4194304]", NULL},
+    {sizeof(ct_option_spec), "norm_topk_prob", CT_OPT_BOOL, "true",
+     "divide each token's top-k router weights by their sum", NULL, NULL},
+    {sizeof(ct_option_spec), "router_aux_loss_coef", CT_OPT_FLOAT, "0.001",
+     "weight of the load-balancing loss (transformers' formula per MoE block, averaged over the blocks; 0: none)",
+     "[0, 1000]", NULL},
+    {sizeof(ct_option_spec), "moe_force_load_balance", CT_OPT_BOOL, "false",
+     "tests: route token t's slot s to expert (t*top_k + s) % n_experts (torchtitan's debug.moe_force_load_balance)",
+     NULL, NULL},
     {0},
 };
 
 typedef struct layer {
     ct_tensor *attention_norm, *wq, *wk, *wv, *wo, *q_norm, *k_norm, *ffn_norm, *w1, *w2, *w3;
+    ct_tensor *router; /* MoE blocks: the gate (e, dim); w1, w3 (e, moe_hidden, dim), w2 (e, dim, moe_hidden) */
     char unit_name[24];
 } layer;
 
-#define N_FIELDS 24
+#define N_FIELDS 32
 
 typedef struct ct_model {
     const ct_host *host;
     int64_t dim, n_layers, n_heads, n_kv_heads, head_dim, vocab, ffn_hidden, seq_len, max_positions;
     double rope_theta, norm_eps;
     int tied;
+    int64_t n_experts, top_k, moe_hidden;
+    int norm_topk, force_balance;
+    double aux_coef;
     ct_tensor *tok_embeddings, *norm, *output;
     layer *layers;
     ct_hf_field fields[N_FIELDS]; /* hf_export's answer, kept until destroy */
@@ -88,7 +122,8 @@ static ct_status qwen3_create(const ct_host *h, const ct_model_config *cfg, ct_m
     for (size_t i = 0; i < N_FLAVORS; i++)
         if (cfg->flavor && !strcmp(cfg->flavor, flavors[i].name)) f = &flavors[i];
     if (!f) {
-        h->set_error(h, "unknown flavor '%s' (known: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B)",
+        h->set_error(h, "unknown flavor '%s' (known: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B, debugmodel_moe, 30B-A3B, "
+                        "235B-A22B)",
                      cfg->flavor ? cfg->flavor : "");
         return CT_ERR_INVALID;
     }
@@ -97,7 +132,9 @@ static ct_status qwen3_create(const ct_host *h, const ct_model_config *cfg, ct_m
     *m = (qwen3){.host = h, .dim = f->dim, .n_layers = f->n_layers, .n_heads = f->n_heads,
                  .n_kv_heads = f->n_kv_heads, .head_dim = f->head_dim, .vocab = f->vocab,
                  .ffn_hidden = f->ffn_hidden, .seq_len = cfg->seq_len, .tied = f->tied,
-                 .rope_theta = 1e6, .norm_eps = 1e-6, .max_positions = 40960};
+                 .rope_theta = 1e6, .norm_eps = 1e-6, .max_positions = 40960, .n_experts = f->n_experts,
+                 .top_k = f->top_k ? f->top_k : 8, .moe_hidden = f->moe_hidden ? f->moe_hidden : f->ffn_hidden / 4,
+                 .norm_topk = 1, .aux_coef = 0.001};
     override_int(h, "dim", &m->dim);
     override_int(h, "n_layers", &m->n_layers);
     override_int(h, "n_heads", &m->n_heads);
@@ -109,12 +146,20 @@ static ct_status qwen3_create(const ct_host *h, const ct_model_config *cfg, ct_m
     h->opt_float(h, "rope_theta", &m->rope_theta);
     h->opt_float(h, "norm_eps", &m->norm_eps);
     h->opt_bool(h, "tie_word_embeddings", &m->tied);
+    override_int(h, "n_experts", &m->n_experts);
+    override_int(h, "top_k", &m->top_k);
+    override_int(h, "moe_hidden", &m->moe_hidden);
+    h->opt_bool(h, "norm_topk_prob", &m->norm_topk);
+    h->opt_float(h, "router_aux_loss_coef", &m->aux_coef);
+    h->opt_bool(h, "moe_force_load_balance", &m->force_balance);
     const char *bad = m->head_dim % 2 ? "head_dim: must be even (RoPE rotates pairs)"
                       : m->n_heads % m->n_kv_heads ? "n_kv_heads: must divide n_heads"
-                                                   : NULL;
+                      : m->n_experts && m->top_k > m->n_experts ? "top_k: must be at most n_experts"
+                                                                : NULL;
     if (bad || !(m->layers = calloc((size_t)m->n_layers, sizeof(layer)))) {
-        if (bad) h->set_error(h, "%s (head_dim %lld, n_heads %lld, n_kv_heads %lld)", bad, (long long)m->head_dim,
-                              (long long)m->n_heads, (long long)m->n_kv_heads);
+        if (bad) h->set_error(h, "%s (head_dim %lld, n_heads %lld, n_kv_heads %lld, top_k %lld, n_experts %lld)", bad,
+                              (long long)m->head_dim, (long long)m->n_heads, (long long)m->n_kv_heads,
+                              (long long)m->top_k, (long long)m->n_experts);
         free(m);
         return bad ? CT_ERR_INVALID : CT_ERR_NOMEM;
     }
@@ -130,9 +175,15 @@ static void qwen3_destroy(ct_model *p) {
     free(p);
 }
 
-static int64_t n_params_of(const qwen3 *m) {
+/* The parameters of every block's feed-forward, and those one token computes with (top_k experts). */
+static int64_t ffn_params(const qwen3 *m, int active) {
+    if (!m->n_experts) return 3 * m->dim * m->ffn_hidden;
+    return m->n_experts * m->dim + (active ? m->top_k : m->n_experts) * 3 * m->dim * m->moe_hidden;
+}
+
+static int64_t n_params_of(const qwen3 *m, int active) {
     int64_t q = m->n_heads * m->head_dim, kv = m->n_kv_heads * m->head_dim;
-    int64_t per_layer = 2 * m->dim + 2 * m->head_dim + 2 * m->dim * q + 2 * m->dim * kv + 3 * m->dim * m->ffn_hidden;
+    int64_t per_layer = 2 * m->dim + 2 * m->head_dim + 2 * m->dim * q + 2 * m->dim * kv + ffn_params(m, active);
     return m->vocab * m->dim * (m->tied ? 1 : 2) + m->dim + m->n_layers * per_layer;
 }
 
@@ -142,11 +193,11 @@ static ct_status qwen3_describe(ct_model *p, ct_model_desc *d) {
     d->vocab_size = m->vocab;
     d->dim = m->dim;
     d->n_layers = (int)m->n_layers;
-    d->n_params = n_params_of(m);
+    d->n_params = n_params_of(m, 0);
     d->n_embedding_params = m->vocab * m->dim;
     /* torchtitan: 6 * (params - embedding) + 12 * layers * heads * head_dim * seq_len; a tied table still
-     * costs the output projection */
-    d->flops_per_token = 6.0 * (double)(d->n_params - d->n_embedding_params + (m->tied ? m->vocab * m->dim : 0)) +
+     * costs the output projection; under MoE only the top_k experts a token visits count */
+    d->flops_per_token = 6.0 * (double)(n_params_of(m, 1) - d->n_embedding_params + (m->tied ? m->vocab * m->dim : 0)) +
                          12.0 * (double)m->n_layers * (double)m->n_heads * (double)m->head_dim * (double)m->seq_len;
     if (CT_HAS_FIELD(d, ct_model_desc, norm_eps)) {
         d->n_heads = m->n_heads;
@@ -158,7 +209,7 @@ static ct_status qwen3_describe(ct_model *p, ct_model_desc *d) {
     }
     if (CT_HAS_FIELD(d, ct_model_desc, hf_model_type)) {
         d->features = m->tied ? CT_MODEL_TIED_EMBEDDINGS : 0;
-        d->hf_model_type = "qwen3";
+        d->hf_model_type = m->n_experts ? "qwen3_moe" : "qwen3";
     }
     return CT_OK;
 }
@@ -170,6 +221,32 @@ static ct_tensor *add(ct_param_registry *r, int unit, const char *name, int64_t 
 }
 
 static ct_init trunc_init(float std) { return (ct_init){sizeof(ct_init), CT_INIT_TRUNC_NORMAL, std, -2.0f, 2.0f, 0}; }
+
+/* A block's experts, as torchtitan names them: layers.N.moe.router.gate.weight (e, dim) and
+ * layers.N.moe.experts.w1, w3 (e, moe_hidden, dim), w2 (e, dim, moe_hidden), initialised as the dense
+ * block's w1, w3 and w2 are. */
+static ct_status declare_moe(qwen3 *m, ct_param_registry *r, layer *L, int i, float std) {
+    int64_t e = m->n_experts, h = m->moe_hidden, d = m->dim;
+    const struct {
+        ct_tensor **t;
+        const char *suffix;
+        int64_t shape[3];
+        int ndim;
+        float std;
+    } ps[] = {
+        {&L->router, "moe.router.gate.weight", {e, d, 0}, 2, 0.02f},
+        {&L->w1, "moe.experts.w1", {e, h, d}, 3, 0.02f},
+        {&L->w2, "moe.experts.w2", {e, d, h}, 3, std},
+        {&L->w3, "moe.experts.w3", {e, h, d}, 3, std},
+    };
+    for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+        char n[128];
+        ct_init init = trunc_init(ps[k].std);
+        snprintf(n, sizeof n, "layers.%d.%s", i, ps[k].suffix);
+        if (!(*ps[k].t = r->add(r, i + 1, n, ps[k].ndim, ps[k].shape, &init, 0))) return CT_ERR_INVALID;
+    }
+    return CT_OK;
+}
 
 static ct_status qwen3_declare(ct_model *p, ct_param_registry *r) {
     qwen3 *m = p;
@@ -203,7 +280,9 @@ static ct_status qwen3_declare(ct_model *p, ct_param_registry *r) {
             {&L->w2, "feed_forward.w2.weight", m->dim, m->ffn_hidden, trunc_init(std), CT_TENSOR_LINEAR},
             {&L->w3, "feed_forward.w3.weight", m->ffn_hidden, m->dim, trunc_init(std), CT_TENSOR_LINEAR},
         };
-        for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+        size_t np = sizeof ps / sizeof ps[0] - (m->n_experts ? 3 : 0); /* MoE: the experts replace w1..w3 */
+        if (m->n_experts && declare_moe(m, r, L, (int)i, std) != CT_OK) return CT_ERR_INVALID;
+        for (size_t k = 0; k < np; k++) {
             char n[128];
             snprintf(n, sizeof n, "layers.%lld.%s", (long long)i, ps[k].suffix);
             if (!(*ps[k].t = add(r, (int)i + 1, n, ps[k].d0, ps[k].d1, ps[k].init, ps[k].flags)))
@@ -236,6 +315,21 @@ static ct_tensor *heads(qwen3 *m, ct_builder *b, ct_tensor *h, ct_tensor *w, ct_
     return rotate ? b->rope(b, t, (float)m->rope_theta) : t;
 }
 
+/* h (B, T, D) -> the block's experts on h: softmax top-k routing, weights renormalised (norm_topk_prob), and
+ * the load-balancing loss of transformers' Qwen3-MoE on this block, averaged over the blocks (each block's
+ * coefficient divided by their number). NULL with the error set. */
+static ct_tensor *moe_forward(qwen3 *m, const layer *L, ct_builder *b, ct_tensor *h) {
+    if (!CT_HAS_FIELD(b, ct_builder, moe) || !b->moe) {
+        m->host->set_error(m->host, "qwen3: the MoE flavors need a host with ct_builder.moe (ABI 2.15)");
+        return NULL;
+    }
+    ct_moe_layer ml = {.struct_size = sizeof ml, .router = L->router, .w1 = L->w1, .w3 = L->w3, .w2 = L->w2,
+                       .top_k = m->top_k, .score_func = CT_MOE_SOFTMAX, .normalize = m->norm_topk, .route_scale = 1.0f,
+                       .aux_loss_coef = (float)(m->aux_coef / (double)m->n_layers),
+                       .force_load_balance = m->force_balance};
+    return b->moe(b, h, &ml);
+}
+
 /* x (B, T, D) -> x + attention(norm(x)) -> x + feed_forward(norm(x)); every builder call returns NULL on
  * failure with the error set. */
 static ct_status block_forward(qwen3 *m, const layer *L, ct_builder *b, ct_tensor *x, ct_tensor **out) {
@@ -249,8 +343,12 @@ static ct_status block_forward(qwen3 *m, const layer *L, ct_builder *b, ct_tenso
     if (!(o = b->view(b, o, 3, (int64_t[]){q->shape[0], q->shape[1], q->shape[2] * m->head_dim})))
         return CT_ERR_INVALID;
     if (!(o = b->linear(b, o, L->wo)) || !(x = b->add(b, x, o))) return CT_ERR_INVALID;
-    if (!(h = b->rmsnorm(b, x, L->ffn_norm, eps)) || !(a = b->linear(b, h, L->w1)) || !(g = b->linear(b, h, L->w3)))
-        return CT_ERR_INVALID;
+    if (!(h = b->rmsnorm(b, x, L->ffn_norm, eps))) return CT_ERR_INVALID;
+    if (m->n_experts) { /* the experts in place of the dense feed-forward */
+        if (!(h = moe_forward(m, L, b, h))) return CT_ERR_INVALID;
+        return (*out = b->add(b, x, h)) ? CT_OK : CT_ERR_INVALID;
+    }
+    if (!(a = b->linear(b, h, L->w1)) || !(g = b->linear(b, h, L->w3))) return CT_ERR_INVALID;
     if (!(h = b->swiglu(b, a, g)) || !(h = b->linear(b, h, L->w2))) return CT_ERR_INVALID;
     return (*out = b->add(b, x, h)) ? CT_OK : CT_ERR_INVALID;
 }
@@ -310,6 +408,11 @@ static const ct_hf_name hf_names[] = {
     {"layers.*.feed_forward.w1.weight", "model.layers.*.mlp.gate_proj.weight", 0},
     {"layers.*.feed_forward.w2.weight", "model.layers.*.mlp.down_proj.weight", 0},
     {"layers.*.feed_forward.w3.weight", "model.layers.*.mlp.up_proj.weight", 0},
+    /* MoE blocks (Qwen3MoeForCausalLM): one tensor per expert, as transformers saves them */
+    {"layers.*.moe.router.gate.weight", "model.layers.*.mlp.gate.weight", 0},
+    {"layers.*.moe.experts.w1", "model.layers.*.mlp.experts.*.gate_proj.weight", CT_HF_EXPERTS},
+    {"layers.*.moe.experts.w2", "model.layers.*.mlp.experts.*.down_proj.weight", CT_HF_EXPERTS},
+    {"layers.*.moe.experts.w3", "model.layers.*.mlp.experts.*.up_proj.weight", CT_HF_EXPERTS},
     {NULL, NULL, 0},
 };
 
@@ -322,11 +425,20 @@ static ct_status qwen3_hf_export(ct_model *p, ct_hf_export *out) {
 #define FIELD(k, t, iv, fv, sv, fl) f[n++] = (ct_hf_field){k, t, iv, fv, sv, fl}
     FIELD("attention_bias", CT_HF_BOOL, 0, 0, NULL, CT_HF_CHECKED);
     FIELD("attention_dropout", CT_HF_FLOAT, 0, 0.0, NULL, 0);
+    if (m->n_experts) { /* Qwen3MoeConfig's: every block sparse (no mlp_only_layers) */
+        FIELD("decoder_sparse_step", CT_HF_INT, 1, 0, NULL, CT_HF_CHECKED | CT_HF_OR_ABSENT);
+        FIELD("moe_intermediate_size", CT_HF_INT, m->moe_hidden, 0, NULL, CT_HF_CHECKED);
+        FIELD("norm_topk_prob", CT_HF_BOOL, m->norm_topk, 0, NULL, CT_HF_CHECKED);
+        FIELD("num_experts", CT_HF_INT, m->n_experts, 0, NULL, 0);
+        FIELD("num_experts_per_tok", CT_HF_INT, m->top_k, 0, NULL, CT_HF_CHECKED);
+        FIELD("output_router_logits", CT_HF_BOOL, 0, 0, NULL, 0);
+        FIELD("router_aux_loss_coef", CT_HF_FLOAT, 0, m->aux_coef, NULL, 0);
+    }
     FIELD("head_dim", CT_HF_INT, m->head_dim, 0, NULL, CT_HF_CHECKED);
     FIELD("hidden_act", CT_HF_STRING, 0, 0, "silu", CT_HF_CHECKED);
     FIELD("hidden_size", CT_HF_INT, m->dim, 0, NULL, CT_HF_CHECKED);
     FIELD("initializer_range", CT_HF_FLOAT, 0, 0.02, NULL, 0);
-    FIELD("intermediate_size", CT_HF_INT, m->ffn_hidden, 0, NULL, CT_HF_CHECKED);
+    FIELD("intermediate_size", CT_HF_INT, m->ffn_hidden, 0, NULL, m->n_experts ? 0 : CT_HF_CHECKED);
     FIELD("max_position_embeddings", CT_HF_INT, m->max_positions, 0, NULL, 0);
     FIELD("max_window_layers", CT_HF_INT, m->n_layers, 0, NULL, 0);
     FIELD("num_attention_heads", CT_HF_INT, m->n_heads, 0, NULL, CT_HF_CHECKED);
@@ -342,8 +454,8 @@ static ct_status qwen3_hf_export(ct_model *p, ct_hf_export *out) {
     FIELD("vocab_size", CT_HF_INT, m->vocab, 0, NULL, CT_HF_CHECKED);
     f[n] = (ct_hf_field){0};
 #undef FIELD
-    out->architecture = "Qwen3ForCausalLM";
-    out->model_type = "qwen3";
+    out->architecture = m->n_experts ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM";
+    out->model_type = m->n_experts ? "qwen3_moe" : "qwen3";
     out->names = hf_names;
     out->fields = f;
     return CT_OK;
@@ -368,8 +480,9 @@ CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *inf
     info->abi_minor = CT_ABI_MINOR;
     info->kind = CT_KIND_MODEL;
     info->name = "qwen3";
-    info->description = "Qwen3 dense (Llama 3 block with per-head QK-norm, head_dim 128, tied small flavors); "
-                        "flavors debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B";
+    info->description = "Qwen3 dense and MoE (Llama 3 block with per-head QK-norm, head_dim 128, tied small flavors; "
+                        "softmax top-8 experts); flavors debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B, debugmodel_moe, "
+                        "30B-A3B, 235B-A22B";
     info->options = options;
     info->api = &api;
     return CT_OK;

@@ -95,6 +95,32 @@ typedef enum ct_collective {
 /* ABI 2.11 (the limit itself is 2.0's): a custom op's most inputs, and most outputs. */
 #define CT_CUSTOM_MAX_IO 8
 
+/* ABI 2.15: one mixture-of-experts layer (ct_builder.moe), token-choice top-k routing over e experts,
+ * each a SwiGLU feed-forward of hidden size h on model width d. The tensors are the pack's parameters
+ * (declared like any other; a strategy that shards experts splits w1, w3 and w2 along dim 0). */
+typedef struct ct_moe_layer {
+    size_t struct_size;
+    ct_tensor *router;       /* (e, d): the gate; router logits (n, e) = x @ router^T */
+    ct_tensor *w1, *w3;      /* (e, h, d): each expert's gate and up projections */
+    ct_tensor *w2;           /* (e, d, h): each expert's down projection */
+    int64_t top_k;           /* experts per token, 1..e */
+    int score_func;          /* ct_moe_score (device.h): CT_MOE_SOFTMAX or CT_MOE_SIGMOID */
+    int normalize;           /* 1: the k weights divided by their sum (Hugging Face's norm_topk_prob) */
+    float route_scale;       /* the weights multiplied by it (1: none) */
+    int64_t n_groups, topk_groups; /* group-limited routing (device.h, moe_topk_forward); 0: none */
+    /* (e) floats in device memory or NULL: added to the scores for choosing only, never differentiated
+     * (DeepSeek-V3's aux-loss-free balancing; the pack owns it and updates it in post_step) */
+    const float *expert_bias;
+    /* > 0: the Switch load-balancing loss of this layer (transformers' load_balancing_loss_func on this
+     * layer's router alone): coef * e * sum_j f_j P_j, f_j the fraction of the n*k (token, slot) pairs
+     * routed to expert j, P_j the mean score of expert j over the n tokens; multiplied by n (a sum over
+     * tokens, like the cross-entropy's) and added to the loss through aux_loss */
+    float aux_loss_coef;
+    /* 1 (tests, torchtitan's moe_force_load_balance): token t's slot s goes to expert (t*k + s) % e,
+     * weighted by its score as if chosen; group-limited routing and expert_bias are ignored */
+    int force_load_balance;
+} ct_moe_layer;
+
 /* The host's ops. Every op returns a new tensor (or NULL on error) and records its backward. */
 typedef struct ct_builder ct_builder;
 struct ct_custom_op;
@@ -206,6 +232,28 @@ struct ct_builder {
      * from the data's mean document length instead). NULL (the function) on a 2.12 host: check with
      * CT_HAS_FIELD. */
     const ct_tensor *(*doc_ids)(ct_builder *b);
+    /* ---- ABI 2.15: mixture of experts, and losses beside the head's ---- */
+    /* One MoE layer on x (..., d) -> (..., d): router logits, scores, top-k, the (token, slot) pairs
+     * sorted by expert, the tokens gathered in that order, moe_experts on them, and the weighted sum
+     * back per token; backward on the tape. Nothing of the routing is read back to the host. The
+     * per-expert counts of each call are summed for post_step (ct_model_step); with aux_loss_coef > 0
+     * the layer's load-balancing loss goes through aux_loss. Needs the device's 2.14 MoE ops (an error
+     * naming the device otherwise). The host's moe calls moe_experts and aux_loss through the outermost
+     * builder, so an operation-level strategy that wraps them sees every layer's. NULL on a 2.14 host:
+     * check with CT_HAS_FIELD. */
+    ct_tensor *(*moe)(ct_builder *b, ct_tensor *x, const ct_moe_layer *layer);
+    /* The experts' SwiGLU over rows sorted by expert: x (m, d), offsets (e+1) int32 in device memory
+     * (expert g's rows are offsets[g] .. offsets[g+1]) -> (m, d), row r = w2_g (silu(w1_g x_r) * w3_g x_r)
+     * for the expert g whose segment holds r (rows in no segment are 0). w1, w3 (e, h, d); w2 (e, d, h).
+     * The point where an expert-parallel strategy sends rows to the ranks holding their experts. */
+    ct_tensor *(*moe_experts)(ct_builder *b, ct_tensor *x, const ct_tensor *offsets, ct_tensor *w1, ct_tensor *w3,
+                              ct_tensor *w2);
+    /* An auxiliary loss of a unit that is not the head: loss, an f32 scalar, is added to the step's loss,
+     * normalised by the same global count of valid tokens (so it is a sum over tokens, like the
+     * cross-entropy's), and reported beside it (metrics `aux_loss`). Returns x unchanged in value (a
+     * new tensor the unit passes on in x's place); its backward gives loss the gradient the head's loss
+     * gets. The value is counted once per microbatch, whatever activation checkpointing recomputes. */
+    ct_tensor *(*aux_loss)(ct_builder *b, ct_tensor *x, ct_tensor *loss);
 };
 
 /* ABI 2.0: a custom op a strategy records (async tensor parallel's overlapped pieces, loss parallel,
@@ -339,6 +387,10 @@ typedef struct ct_tp_rule {
  * with an untied head takes the embedding table as its head: {"output.weight",
  * "model.embed_tokens.weight", CT_HF_TIED} beside output.weight's own row). */
 #define CT_HF_TIED 0x2u
+/* ABI 2.15: a stack of experts' matrices (e, rows, cols), one Hugging Face tensor (rows, cols) per expert:
+ * the Hugging Face pattern has one '*' more than the ctitan pattern, its last taking the expert's index
+ * ({"layers.*.moe.experts.w1", "model.layers.*.mlp.experts.*.gate_proj.weight", CT_HF_EXPERTS}). */
+#define CT_HF_EXPERTS 0x4u
 
 /* Frozen: this element never grows (a later minor that needs more adds a new array). */
 typedef struct ct_hf_name {
@@ -347,7 +399,7 @@ typedef struct ct_hf_name {
     /* the Hugging Face tensor name; its '*'s take what the ctitan pattern's matched, in order
      * ("model.layers.*.self_attn.q_proj.weight"); the same number of '*'s as ctitan's */
     const char *hf;
-    uint32_t flags; /* CT_HF_ROPE_ROWS, CT_HF_TIED */
+    uint32_t flags; /* CT_HF_ROPE_ROWS, CT_HF_TIED, CT_HF_EXPERTS */
 } ct_hf_name;
 
 typedef enum ct_hf_type {
@@ -391,6 +443,25 @@ typedef struct ct_hf_export {
     const ct_hf_field *fields;
 } ct_hf_export;
 
+/* ABI 2.15: one ct_builder.moe call site's load over a step. Frozen: this element never grows. */
+typedef struct ct_moe_load {
+    const char *router;   /* the call's router weight name ("layers.3.moe.router.gate.weight") */
+    int64_t n_experts;
+    /* (n_experts) floats in device memory: the (token, slot) pairs routed to each expert over the
+     * step's microbatches, summed over the data-parallel ranks; zeroed by the host after post_step */
+    const float *counts;
+} ct_moe_load;
+
+struct ct_device_api;
+typedef struct ct_model_step {
+    size_t struct_size;
+    int64_t step;                    /* the step just taken, from 1 */
+    const struct ct_device_api *api; /* the device the counts (and the pack's tensors) live on */
+    ct_device *dev;
+    int n_moe;                       /* this rank's ct_builder.moe call sites, in forward order */
+    const ct_moe_load *moe;          /* n_moe elements; valid during the call */
+} ct_model_step;
+
 typedef struct ct_model_api {
     size_t struct_size;
     const char *const *flavors; /* NULL-terminated list of flavor names; static, valid until unload */
@@ -429,6 +500,10 @@ typedef struct ct_model_api {
      * has no Hugging Face form (checkpoint.last_save_in_hf and initial_load_in_hf refuse it, naming
      * the pack). */
     ct_status (*hf_export)(ct_model *model, ct_hf_export *out);
+    /* ABI 2.15, optional: called on every rank after each optimizer step (after the strategies'
+     * post_step), with what the step routed (ct_model_step). A pack updates its own state here
+     * (DeepSeek-V3's expert bias from the token counts). */
+    ct_status (*post_step)(ct_model *model, const struct ct_model_step *step);
 } ct_model_api;
 
 #endif
