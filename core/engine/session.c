@@ -1065,24 +1065,26 @@ static const int32_t *mask_boundaries(const session *s, const int32_t *inputs, c
     return *buf;
 }
 
-static ct_status train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
-                            int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
-                            int64_t *valid_out);
+static ct_status train_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                            int64_t G, int64_t L, int64_t T, double lr, double max_norm, int64_t step, double *loss,
+                            double *norm, int64_t *valid_out);
 
-ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
-                             int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
-                             int64_t *valid_out) {
-    int32_t *buf;
-    const int32_t *tg = mask_boundaries(s, inputs, targets, G * T, &buf);
+ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                             int64_t G, int64_t L, int64_t T, double lr, double max_norm, int64_t step, double *loss,
+                             double *norm, int64_t *valid_out) {
+    int32_t *buf = NULL;
+    if (s->rt.doc_eos < 0) starts = NULL; /* causal: no documents */
+    const int32_t *tg = starts ? targets : mask_boundaries(s, inputs, targets, G * T, &buf);
     if (!tg) return CT_ERR_NOMEM;
-    ct_status st = train_step(s, inputs, tg, G, L, T, lr, max_norm, step, loss, norm, valid_out);
+    ct_status st = train_step(s, inputs, tg, starts, G, L, T, lr, max_norm, step, loss, norm, valid_out);
+    s->rt.doc_starts = NULL;
     free(buf);
     return st;
 }
 
-static ct_status train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
-                            int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
-                            int64_t *valid_out) {
+static ct_status train_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                            int64_t G, int64_t L, int64_t T, double lr, double max_norm, int64_t step, double *loss,
+                            double *norm, int64_t *valid_out) {
     double valid = 0;
     for (int64_t i = 0; i < G * T; i++) valid += targets[i] != CT_IGNORE_INDEX;
     ct_status st = dp_sum(s, &valid); /* the loss is normalised by the global batch's valid tokens */
@@ -1095,6 +1097,7 @@ static ct_status train_step(session *s, const int32_t *inputs, const int32_t *ta
     int64_t accum = G / L;
     for (int64_t m = 0; m < accum; m++) {
         double ls;
+        s->rt.doc_starts = starts ? starts + m * L * T : NULL;
         st = s->pl ? pipeline_step(s->pl, inputs + m * L * T, targets + m * L * T, L, T, scale, m == accum - 1, &ls)
                    : runtime_forward_backward(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, scale,
                                               m == accum - 1, &ls);
@@ -1146,21 +1149,23 @@ static ct_status train_step(session *s, const int32_t *inputs, const int32_t *ta
     return session_post_step(s);
 }
 
-static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
-                           int64_t T, double *loss_sum, int64_t *valid_out);
+static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                           int64_t G, int64_t L, int64_t T, double *loss_sum, int64_t *valid_out);
 
-ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
-                            int64_t T, double *loss_sum, int64_t *valid_out) {
-    int32_t *buf;
-    const int32_t *tg = mask_boundaries(s, inputs, targets, G * T, &buf);
+ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                            int64_t G, int64_t L, int64_t T, double *loss_sum, int64_t *valid_out) {
+    int32_t *buf = NULL;
+    if (s->rt.doc_eos < 0) starts = NULL;
+    const int32_t *tg = starts ? targets : mask_boundaries(s, inputs, targets, G * T, &buf);
     if (!tg) return CT_ERR_NOMEM;
-    ct_status st = eval_step(s, inputs, tg, G, L, T, loss_sum, valid_out);
+    ct_status st = eval_step(s, inputs, tg, starts, G, L, T, loss_sum, valid_out);
+    s->rt.doc_starts = NULL;
     free(buf);
     return st;
 }
 
-static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
-                           int64_t T, double *loss_sum, int64_t *valid_out) {
+static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                           int64_t G, int64_t L, int64_t T, double *loss_sum, int64_t *valid_out) {
     double valid = 0, sum = 0;
     for (int64_t i = 0; i < G * T; i++) valid += targets[i] != CT_IGNORE_INDEX;
     /* the bf16 copies follow the weights the last optimizer step left (a training step refreshes them
@@ -1169,6 +1174,7 @@ static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *tar
     ct_status st;
     for (int64_t m = 0; m < G / L; m++) {
         double ls;
+        s->rt.doc_starts = starts ? starts + m * L * T : NULL;
         if ((st = runtime_forward_loss(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, &ls)) != CT_OK) return st;
         sum += ls;
     }

@@ -126,9 +126,13 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
  * forward/backward each microbatch with the loss normalised by the global batch's valid-token
  * count, global grad norm over every rank, clip to max_norm, optimizer step at lr on local storage.
  * *loss and *valid are global.
+ * Under block-causal attention, starts (G, T; may be NULL) gives the documents: 1 where an input starts
+ * one (dataloader_sequence_docs, which also ignored the targets that start one); NULL: a document ends
+ * at each EOS, and a target after an EOS is ignored here.
  * CT_OK, or the status of what failed (ct_last_error). A norm that is not finite is no failure: CT_OK
  * with *norm not finite and nothing updated (the caller decides). */
-ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
+ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                             int64_t G, int64_t L,
                              int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
                              int64_t *valid);
 
@@ -136,9 +140,11 @@ ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *t
  * microbatches of L with nothing recorded, no gradient, optimizer or strategy post_step touched (the
  * same forward the training step runs, so the same loss under every layout; under pipeline parallel
  * each stage's output goes to the next over the pp group, outside the schedule). *loss_sum: the summed
- * cross entropy and *valid the valid target tokens, both over the whole global batch.
+ * cross entropy and *valid the valid target tokens, both over the whole global batch. starts: as
+ * session_train_step's.
  * CT_OK, or the status of what failed (ct_last_error). */
-ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
+ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                            int64_t G, int64_t L,
                             int64_t T, double *loss_sum, int64_t *valid);
 
 /* ABI 2.1: the optimizer's step_param once per parameter slot, in slot order on every rank (slots of

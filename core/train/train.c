@@ -366,6 +366,7 @@ typedef struct train_run {
     lr_schedule sched;
     dataloader dl;
     int32_t *inputs, *targets; /* (accum, L, T) on the host */
+    uint8_t *starts;           /* (accum, L, T): block-causal documents, where a loader's shards record them */
     /* validation.*: the held-out loader (ordered), its microbatch, how often and how many batches */
     int val_on;
     dataloader vdl;
@@ -610,6 +611,9 @@ static void train_banner_print(const train_run *r) {
            "microbatches x %lld; %lld steps\n",
            (unsigned long long)r->dl.n_tokens, (long long)r->dl.n_windows, (long long)r->T, (long long)r->G,
            (long long)r->dp, (long long)r->accum, (long long)r->L, (long long)r->steps);
+    if (r->starts)
+        printf("documents: block_causal takes them from the document starts the shards record (version 4)%s\n",
+               r->dl.docs ? "" : ", in the held-out set; the training set's end at each EOS");
     const char *whole = r->val_steps < 0                   ? ": the whole set"
                         : r->val_steps > r->val_batches ? ": the whole set (fewer than validation.steps)"
                                                           : "";
@@ -635,7 +639,9 @@ static ct_status train_start(train_run *r) {
     size_t bytes = sizeof(int32_t) * (size_t)(r->G_local * r->T);
     r->inputs = malloc(bytes);
     r->targets = malloc(bytes);
-    if (!r->inputs || !r->targets) {
+    int docs = r->s->rt.doc_eos >= 0 && (r->dl.docs || (r->val_on && r->vdl.docs));
+    if (docs) r->starts = malloc((size_t)(r->G_local * r->T));
+    if (!r->inputs || !r->targets || (docs && !r->starts)) {
         fprintf(stderr, "ctitan: cannot allocate the batch: %lld sequences of %lld tokens\n", (long long)r->G_local,
                 (long long)r->T);
         return CT_ERR_NOMEM;
@@ -760,13 +766,23 @@ static ct_status step_log(train_run *r, int64_t step, double loss, double norm, 
     return CT_OK;
 }
 
+/* Sequence s of a loader into row i of the batch, with its document starts when the loader's shards
+ * record them and attention keeps to documents (r->starts); returns the starts to pass on, or NULL. */
+static const uint8_t *row_read(train_run *r, dataloader *dl, int64_t s, int64_t i) {
+    int docs = r->starts && dl->docs;
+    dataloader_sequence_docs(dl, s, r->inputs + i * r->T, r->targets + i * r->T, docs ? r->starts + i * r->T : NULL,
+                             r->s->rt.doc_eos);
+    return docs ? r->starts : NULL;
+}
+
 /* The whole global batch is read first: the loss is normalised by its valid-token count. */
-static void batch_read(train_run *r) {
+static const uint8_t *batch_read(train_run *r) {
+    const uint8_t *starts = NULL;
     for (int64_t i = 0; i < r->G_local; i++) /* this data-parallel rank's contiguous slice */
-        dataloader_sequence(&r->dl, dataloader_global_index(r->dl.position, r->G, r->dp_rank, r->dp, i),
-                            r->inputs + i * r->T, r->targets + i * r->T);
+        starts = row_read(r, &r->dl, dataloader_global_index(r->dl.position, r->G, r->dp_rank, r->dp, i), i);
     r->dl.position += r->G;
     r->ck.state.tokens_seen += r->G * r->T;
+    return starts;
 }
 
 /* validation.*: the held-out set from its first sequence, in batches of the training's global batch
@@ -777,12 +793,13 @@ static ct_status validate(train_run *r, int64_t step) {
     int64_t tokens = 0;
     trace_begin("validate");
     for (int64_t b = 0; b < r->val_batches; b++) {
+        const uint8_t *starts = NULL;
         for (int64_t i = 0; i < r->G_local; i++)
-            dataloader_sequence(&r->vdl, dataloader_global_index(b * r->G, r->G, r->dp_rank, r->dp, i),
-                                r->inputs + i * r->T, r->targets + i * r->T);
+            starts = row_read(r, &r->vdl, dataloader_global_index(b * r->G, r->G, r->dp_rank, r->dp, i), i);
         double ls;
         int64_t valid;
-        ct_status st = session_eval_step(r->s, r->inputs, r->targets, r->G_local, r->val_L, r->T, &ls, &valid);
+        ct_status st =
+            session_eval_step(r->s, r->inputs, r->targets, starts, r->G_local, r->val_L, r->T, &ls, &valid);
         if (st != CT_OK) return st;
         sum += ls;
         tokens += valid;
@@ -814,11 +831,11 @@ static step_next train_step(train_run *r, int64_t step) {
     profiler_step_begin(&r->prof, step);
     trace_begin("step");
     double lr = lr_at(&r->sched, step - r->ck.lr_offset);
-    batch_read(r);
+    const uint8_t *starts = batch_read(r);
     double loss, norm;
     int64_t valid;
-    if (session_train_step(s, r->inputs, r->targets, r->G_local, r->L, r->T, lr, r->max_norm, step, &loss, &norm,
-                           &valid) != CT_OK)
+    if (session_train_step(s, r->inputs, r->targets, starts, r->G_local, r->L, r->T, lr, r->max_norm, step, &loss,
+                           &norm, &valid) != CT_OK)
         return STEP_FAILED;
     if (!isfinite(norm)) {
         fprintf(stderr, "ctitan: step %lld: gradient norm is %g; stopping (lower optimizer.lr?)\n", (long long)step,
@@ -980,6 +997,7 @@ done:
     }
     free(r.inputs);
     free(r.targets);
+    free(r.starts);
     dataloader_close(&r.dl);
     dataloader_close(&r.vdl);
     return rc;

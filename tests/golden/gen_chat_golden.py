@@ -12,8 +12,9 @@ Writes into tests/golden/chat/:
                                test makes it with sed)
   renders.json                 Jinja snippets and the fuzz corpus's templates (tests/fuzz/corpus/jinja)
                                rendered by transformers' Jinja environment, for tests/unit/test_jinja.c
-  CASE.bin                     the token shard each case must write, word for word (version 3: bit 31 of
-                               a word masks it as a target), and CASE.txt, each conversation's ids and
+  CASE.bin                     the token shard each case must write, word for word (version 4: bit 31 of
+                               a word masks it as a target, bit 30 marks a conversation's first token),
+                               and CASE.txt, each conversation's ids and
                                mask as transformers gives them, for reading a difference
 
 Cases: llama3_config and qwen_config (the folders' templates), llama3_builtin and chatml_builtin
@@ -47,6 +48,7 @@ OUT = os.path.join(HERE, "chat")
 BASE_TOKENIZER = os.path.join(ROOT, "tests/data/tokenizer/hf/llama3/tokenizer.json")
 SEQ = 128
 MASKED = 1 << 31
+DOC_START = 1 << 30
 
 CONVERSATIONS = [
     {"messages": [{"role": "system", "content": "You are a terse assistant."},
@@ -238,7 +240,8 @@ def pack(encoded, eos):
         if b is None:
             blocks.append([]), used.append(0)
             b = len(blocks) - 1
-        words = [t | (MASKED if i == 0 or not mask[i] else 0) for i, t in enumerate(ids)]
+        words = [t | (MASKED if i == 0 or not mask[i] else 0) | (DOC_START if i == 0 else 0)
+                 for i, t in enumerate(ids)]
         stats["counted"] += sum(1 for w in words if not w & MASKED)
         blocks[b] += words
         used[b] += len(ids)
@@ -257,7 +260,7 @@ def pack(encoded, eos):
 
 def shard_bytes(words):
     body = struct.pack("<%dI" % len(words), *words)
-    return b"CTTOKENS" + struct.pack("<IIQQ", 3, 4, len(words), zlib.crc32(body)) + body
+    return b"CTTOKENS" + struct.pack("<IIQQ", 4, 4, len(words), zlib.crc32(body)) + body
 
 
 # Jinja snippets, one construct or two each, rendered by transformers' environment into renders.json
