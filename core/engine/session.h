@@ -71,6 +71,9 @@ typedef struct run_args {
     int print_config, dry_run, help;
     const char *checkpoint; /* generate: model file */
     const char *prompt;     /* generate: overrides generate.prompt */
+    int chat;               /* generate --chat: the prompt as a user message through a chat template */
+    const char *chat_template; /* generate --chat-template: llama3, chatml or a file (implies chat) */
+    int print_prompt_ids;   /* generate --print-prompt-ids */
     int reads_no_data;      /* generate: a torchtitan dataset name (c4_test) is dropped, not refused */
 } run_args;
 
@@ -120,6 +123,12 @@ ct_status session_open_tokenizer(session *s, ct_tokenizer **tok);
  * memory grows with the tokens made. */
 ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prompt, int64_t max_new, double temperature,
                      int64_t top_k, double top_p, uint64_t seed, int64_t max_context);
+/* The same from a chat template's prompt: prompt (n ids, as the template renders it: no BOS added)
+ * and the template's end-of-turn token stop, which may be sampled (though special) and ends the
+ * reply; only the reply is printed. */
+ct_status session_generate_chat(session *s, const ct_tokenizer *tok, const int32_t *prompt, size_t n, int32_t stop,
+                                int64_t max_new, double temperature, int64_t top_k, double top_p, uint64_t seed,
+                                int64_t max_context);
 
 /* One optimizer step. inputs, targets: this rank's G sequences (its slice of the global batch; the
  * whole batch on one rank), (G, T) on the host, run in microbatches of L: zero grads,

@@ -15,6 +15,7 @@
 #include "host/rank.h"
 #include "train/train.h"
 #include "plan/plan.h"
+#include "tools/chat.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -164,7 +165,7 @@ static void run_id_make(char *out, size_t len) {
 }
 
 /* s as a JSON string literal in out (quotes, backslashes and control bytes escaped; cut to fit). */
-static void json_string(char *out, size_t len, const char *s) {
+static void json_quote(char *out, size_t len, const char *s) {
     size_t k = 0;
     out[k++] = '"';
     for (; *s && k + 8 < len; s++) {
@@ -393,10 +394,10 @@ static ct_status log_start(run_log *lg, train_run *r, int64_t after_step) {
     manifest *mf = r->mf;
     char abs[4096], quoted[8300], f8[80] = "null";
     const char *mp = "float32", *fmt = "tensorwise";
-    json_string(quoted, sizeof quoted, realpath(mf->path, abs) ? abs : mf->path);
+    json_quote(quoted, sizeof quoted, realpath(mf->path, abs) ? abs : mf->path);
     mf_get_str(mf, "training.mixed_precision_param", &mp);
     mf_get_str(mf, "quantize.dense.float8.format", &fmt);
-    if (s->quantp) json_string(f8, sizeof f8, fmt);
+    if (s->quantp) json_quote(f8, sizeof f8, fmt);
     const int *d = s->mesh.degree;
     return log_record(lg, "\"event\": \"start\", \"first_step\": %lld, \"steps\": %lld, \"world_size\": %d, "
                           "\"seed\": %lld, \"manifest\": %s, \"pid\": %ld, \"tokens_per_step\": %lld, "
@@ -1095,6 +1096,11 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
     ct_status st;
     *stop_signal = 0;
     manifest *mf = session_parse(argc, argv, &a, train_usage, &st);
+    if (mf && (a.chat || a.chat_template || a.print_prompt_ids)) {
+        fprintf(stderr, "ctitan: train: --chat, --chat-template and --print-prompt-ids belong to `ctitan generate`\n");
+        manifest_free(mf);
+        return CT_ERR_INVALID;
+    }
     if (a.help) {
         train_help_print();
         manifest_free(mf);
@@ -1142,14 +1148,81 @@ out:
     return st;
 }
 
+static void ids_print(const char *what, const int32_t *ids, size_t n) {
+    fprintf(stderr, "generate: %s: %zu tokens:", what, n);
+    for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+    fprintf(stderr, "\n");
+}
+
+/* --print-prompt-ids without --chat: BOS (else EOS) and the prompt's ids, as the sample starts from. */
+static ct_status prompt_ids_print(const ct_tokenizer *tok, const char *prompt) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n) != CT_OK) {
+        fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
+        return CT_ERR_INVALID;
+    }
+    int32_t start = tokenizer_bos_id(tok) >= 0 ? tokenizer_bos_id(tok) : tokenizer_eos_id(tok);
+    int32_t *all = malloc(sizeof(int32_t) * (n + 1));
+    if (!all) {
+        free(ids);
+        return CT_ERR_NOMEM;
+    }
+    size_t k = 0;
+    if (start >= 0) all[k++] = start;
+    for (size_t i = 0; i < n; i++) all[k++] = ids[i];
+    ids_print("prompt ids", all, k);
+    free(all);
+    free(ids);
+    return CT_OK;
+}
+
+/* ctitan generate --chat: the prompt as one user message through the chat template (--chat-template,
+ * else the tokenizer_config.json beside the tokenizer), stopped at the template's end-of-turn token. */
+static ct_status generate_chat(session *s, const run_args *a, const ct_tokenizer *tok, const char *prompt,
+                               int64_t max_new, double temp, int64_t top_k, double top_p, uint64_t seed, int64_t T) {
+    const char *tp;
+    char path[4096];
+    if ((mf_get_str(s->mf, "model.tokenizer_path", &tp) || !*tp) && (mf_get_str(s->mf, "model.hf_assets_path", &tp) || !*tp))
+        tp = ""; /* session_open_tokenizer has refused this already */
+    session_resolve_path(s->mf, tp, path, sizeof path);
+    chat_template *tpl = NULL;
+    int32_t *ids = NULL, eot = -1;
+    size_t n = 0;
+    ct_status st = chat_template_load(path, a->chat_template, tok, &tpl);
+    if (st == CT_OK) st = chat_end_of_turn(tpl, tok, &eot);
+    if (st == CT_OK) st = chat_encode_prompt(tpl, tok, prompt, &ids, &n);
+    if (st != CT_OK) {
+        fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
+        chat_template_free(tpl);
+        return st == CT_ERR_NOMEM ? st : CT_ERR_INVALID;
+    }
+    size_t l = 0;
+    const char *eot_text = tokenizer_token_bytes(tok, eot, &l);
+    fprintf(stderr, "generate: chat template %s; the reply ends at %.*s (id %d)\n", chat_template_origin(tpl),
+            (int)l, eot_text ? eot_text : "", eot);
+    if (a->print_prompt_ids) ids_print("chat prompt ids", ids, n);
+    st = session_generate_chat(s, tok, ids, n, eot, max_new, temp, top_k, top_p, seed, T);
+    free(ids);
+    chat_template_free(tpl);
+    return st;
+}
+
 static const char *generate_usage =
     "usage: ctitan generate MANIFEST.yaml [--checkpoint MODEL.ctt|STEP_FOLDER|CHECKPOINT_FOLDER] [--prompt TEXT]\n"
-    "                       [--section.key=value ...]\n"
+    "                       [--chat] [--chat-template llama3|chatml|FILE] [--print-prompt-ids] [--section.key=value ...]\n"
     "  Samples text from a trained model: by default job.dump_folder/model.ctt, written by `ctitan train`;\n"
     "  or any checkpoint (a step-N folder, or a checkpoint folder: its newest step), whatever its layout.\n"
     "  The model is the one the file describes (model.name, flavor and options need not be given; keys\n"
     "  given must agree with it). Files of older ctitan carry no description: the manifest says.\n"
-    "  generate.max_new_tokens (default here 64), temperature, top_k, top_p and seed apply.\n";
+    "  generate.max_new_tokens (default here 64), temperature, top_k, top_p and seed apply.\n"
+    "  --chat               the prompt is one user message, rendered with the chat template and its\n"
+    "                       generation prompt (as transformers' apply_chat_template(..., add_generation_prompt\n"
+    "                       =True)); the reply stops at the template's end-of-turn token, and only the\n"
+    "                       reply is printed\n"
+    "  --chat-template T    (implies --chat) llama3 or chatml (built in), or a file holding a Jinja template;\n"
+    "                       default: chat_template of the tokenizer_config.json beside the tokenizer\n"
+    "  --print-prompt-ids   print the prompt's token ids on stderr before sampling\n";
 
 ct_status cmd_generate(int argc, char **argv) {
     run_args a = {.reads_no_data = 1};
@@ -1200,7 +1273,10 @@ ct_status cmd_generate(int argc, char **argv) {
     mf_get_float(mf, "generate.top_p", &top_p);
     if (mf_get_int(mf, "generate.seed", &seed)) mf_get_int(mf, "training.seed", &seed);
     mf_get_int(mf, "training.seq_len", &T);
-    st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
+    if (a.chat || a.chat_template)
+        st = generate_chat(&s, &a, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
+    else if (!a.print_prompt_ids || (st = prompt_ids_print(tok, prompt)) == CT_OK)
+        st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
 out:
     tokenizer_free(tok);
     session_close(&s);
