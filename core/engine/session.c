@@ -36,6 +36,7 @@ static ct_status flag_value(int argc, char **argv, int *i, run_args *a) {
     }
     if (!strncmp(arg, "--checkpoint", 12)) a->checkpoint = v;
     else if (!strncmp(arg, "--chat-template", 15)) a->chat_template = v;
+    else if (!strncmp(arg, "--logits-out", 12)) a->logits_out = v;
     else a->prompt = v;
     return CT_OK;
 }
@@ -89,7 +90,8 @@ static ct_status args_parse(int argc, char **argv, run_args *a, overrides *ov, c
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) a->help = 1;
         else if (!strcmp(arg, "--print-config") || !strcmp(arg, "--print_config")) a->print_config = 1;
         else if (!strcmp(arg, "--dry-run") || !strcmp(arg, "--dry_run")) a->dry_run = 1;
-        else if (is_flag(arg, "--checkpoint") || is_flag(arg, "--prompt") || is_flag(arg, "--chat-template"))
+        else if (is_flag(arg, "--checkpoint") || is_flag(arg, "--prompt") || is_flag(arg, "--chat-template") ||
+                 is_flag(arg, "--logits-out"))
             st = flag_value(argc, argv, &i, a);
         else if (!strcmp(arg, "--chat")) a->chat = 1;
         else if (!strcmp(arg, "--print-prompt-ids")) a->print_prompt_ids = 1;

@@ -74,6 +74,7 @@ typedef struct run_args {
     int chat;               /* generate --chat: the prompt as a user message through a chat template */
     const char *chat_template; /* generate --chat-template: llama3, chatml or a file (implies chat) */
     int print_prompt_ids;   /* generate --print-prompt-ids */
+    const char *logits_out; /* generate --logits-out FILE: the prompt's logits */
     int reads_no_data;      /* generate: a torchtitan dataset name (c4_test) is dropped, not refused */
 } run_args;
 

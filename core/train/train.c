@@ -1096,8 +1096,9 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
     ct_status st;
     *stop_signal = 0;
     manifest *mf = session_parse(argc, argv, &a, train_usage, &st);
-    if (mf && (a.chat || a.chat_template || a.print_prompt_ids)) {
-        fprintf(stderr, "ctitan: train: --chat, --chat-template and --print-prompt-ids belong to `ctitan generate`\n");
+    if (mf && (a.chat || a.chat_template || a.print_prompt_ids || a.logits_out)) {
+        fprintf(stderr, "ctitan: train: --chat, --chat-template, --print-prompt-ids and --logits-out belong to "
+                        "`ctitan generate`\n");
         manifest_free(mf);
         return CT_ERR_INVALID;
     }
@@ -1154,8 +1155,41 @@ static void ids_print(const char *what, const int32_t *ids, size_t n) {
     fprintf(stderr, "\n");
 }
 
-/* --print-prompt-ids without --chat: BOS (else EOS) and the prompt's ids, as the sample starts from. */
-static ct_status prompt_ids_print(const ct_tokenizer *tok, const char *prompt) {
+/* --logits-out FILE: the model's logits at each of the prompt's n positions, (n, vocab) float32 in the
+ * host's byte order (little-endian on every host ctitan runs on), written whole or not at all. */
+static ct_status logits_write(session *s, const char *path, const int32_t *ids, size_t n) {
+    int64_t V = s->rt.desc.vocab_size;
+    float *logits = malloc(sizeof(float) * (size_t)V * n + 1);
+    if (!logits) return ct_fail(CT_ERR_NOMEM, "out of memory for the prompt's logits");
+    ct_status st = runtime_forward_logits(&s->rt, ids, 1, (int64_t)n, logits);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = st == CT_OK ? fopen(tmp, "wb") : NULL;
+    if (st == CT_OK && !f) st = ct_fail(CT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    if (f) {
+        size_t put = fwrite(logits, sizeof(float), (size_t)V * n, f);
+        if ((fclose(f) != 0 || put != (size_t)V * n || rename(tmp, path) != 0) && st == CT_OK)
+            st = ct_fail(CT_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+        if (st != CT_OK) unlink(tmp);
+    }
+    free(logits);
+    if (st == CT_OK) fprintf(stderr, "generate: logits of the %zu prompt positions (%zu x %lld float32) -> %s\n", n, n,
+                             (long long)V, path);
+    return st;
+}
+
+/* --print-prompt-ids and --logits-out: what the sample starts from (ids, n). */
+static ct_status prompt_extras(session *s, const run_args *a, const char *what, const int32_t *ids, size_t n) {
+    if (a->print_prompt_ids) ids_print(what, ids, n);
+    if (a->logits_out && logits_write(s, a->logits_out, ids, n) != CT_OK) {
+        fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
+        return CT_ERR_IO;
+    }
+    return CT_OK;
+}
+
+/* The same without --chat: BOS (else EOS) and the prompt's ids, as the sample starts from. */
+static ct_status prompt_extras_text(session *s, const run_args *a, const ct_tokenizer *tok, const char *prompt) {
     int32_t *ids = NULL;
     size_t n = 0;
     if (tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n) != CT_OK) {
@@ -1171,10 +1205,10 @@ static ct_status prompt_ids_print(const ct_tokenizer *tok, const char *prompt) {
     size_t k = 0;
     if (start >= 0) all[k++] = start;
     for (size_t i = 0; i < n; i++) all[k++] = ids[i];
-    ids_print("prompt ids", all, k);
+    ct_status st = k ? prompt_extras(s, a, "prompt ids", all, k) : CT_OK;
     free(all);
     free(ids);
-    return CT_OK;
+    return st;
 }
 
 /* ctitan generate --chat: the prompt as one user message through the chat template (--chat-template,
@@ -1201,8 +1235,8 @@ static ct_status generate_chat(session *s, const run_args *a, const ct_tokenizer
     const char *eot_text = tokenizer_token_bytes(tok, eot, &l);
     fprintf(stderr, "generate: chat template %s; the reply ends at %.*s (id %d)\n", chat_template_origin(tpl),
             (int)l, eot_text ? eot_text : "", eot);
-    if (a->print_prompt_ids) ids_print("chat prompt ids", ids, n);
-    st = session_generate_chat(s, tok, ids, n, eot, max_new, temp, top_k, top_p, seed, T);
+    st = prompt_extras(s, a, "chat prompt ids", ids, n);
+    if (st == CT_OK) st = session_generate_chat(s, tok, ids, n, eot, max_new, temp, top_k, top_p, seed, T);
     free(ids);
     chat_template_free(tpl);
     return st;
@@ -1210,7 +1244,8 @@ static ct_status generate_chat(session *s, const run_args *a, const ct_tokenizer
 
 static const char *generate_usage =
     "usage: ctitan generate MANIFEST.yaml [--checkpoint MODEL.ctt|STEP_FOLDER|CHECKPOINT_FOLDER] [--prompt TEXT]\n"
-    "                       [--chat] [--chat-template llama3|chatml|FILE] [--print-prompt-ids] [--section.key=value ...]\n"
+    "                       [--chat] [--chat-template llama3|chatml|FILE] [--print-prompt-ids] [--logits-out FILE]\n"
+    "                       [--section.key=value ...]\n"
     "  Samples text from a trained model: by default job.dump_folder/model.ctt, written by `ctitan train`;\n"
     "  or any checkpoint (a step-N folder, or a checkpoint folder: its newest step), whatever its layout.\n"
     "  The model is the one the file describes (model.name, flavor and options need not be given; keys\n"
@@ -1222,7 +1257,9 @@ static const char *generate_usage =
     "                       reply is printed\n"
     "  --chat-template T    (implies --chat) llama3 or chatml (built in), or a file holding a Jinja template;\n"
     "                       default: chat_template of the tokenizer_config.json beside the tokenizer\n"
-    "  --print-prompt-ids   print the prompt's token ids on stderr before sampling\n";
+    "  --print-prompt-ids   print the prompt's token ids on stderr before sampling\n"
+    "  --logits-out FILE    write the model's logits at each of those ids' positions: (ids, vocab) float32,\n"
+    "                       little-endian, before sampling\n";
 
 ct_status cmd_generate(int argc, char **argv) {
     run_args a = {.reads_no_data = 1};
@@ -1275,7 +1312,7 @@ ct_status cmd_generate(int argc, char **argv) {
     mf_get_int(mf, "training.seq_len", &T);
     if (a.chat || a.chat_template)
         st = generate_chat(&s, &a, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
-    else if (!a.print_prompt_ids || (st = prompt_ids_print(tok, prompt)) == CT_OK)
+    else if ((st = prompt_extras_text(&s, &a, tok, prompt)) == CT_OK)
         st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
 out:
     tokenizer_free(tok);
