@@ -47,7 +47,8 @@ static const char tokenize_usage[] =
     "  --format chat      one conversation per line: {\"messages\": [{\"role\": ..., \"content\": ...}, ...]} or\n"
     "                     {\"prompt\": ..., \"completion\": ...} (a user turn and an assistant turn), rendered\n"
     "                     with the chat template and tokenized; only the assistant turns' tokens (content\n"
-    "                     and end-of-turn token) count in the loss, the rest is masked (a version 3 shard);\n"
+    "                     and end-of-turn token) count in the loss, the rest is masked (a version 4 shard,\n"
+    "                     which also records where each conversation starts: block_causal's documents);\n"
     "                     conversations are packed first-fit into sequences of --seq-len tokens, EOS after\n"
     "                     each, EOS padding masked; one longer than a sequence is dropped and counted\n"
     "  --seq-len N        chat: training.seq_len of the runs that will read the shard\n"
@@ -499,9 +500,12 @@ static ct_status check_shards(const char **paths, int n) {
             rc = CT_ERR_INVALID;
             continue;
         }
-        printf("%s: token shard version %u, %llu tokens, CRC-32 0x%08x (%s)\n", paths[i], info.version,
-               (unsigned long long)info.count, info.checksum,
-               info.version == 3 ? "matches the header; targets masked as the flags say"
+        char docs[80] = "";
+        if (info.version == SHARD_VERSION_DOCS)
+            snprintf(docs, sizeof docs, ", %llu documents started", (unsigned long long)info.documents);
+        printf("%s: token shard version %u, %llu tokens%s, CRC-32 0x%08x (%s)\n", paths[i], info.version,
+               (unsigned long long)info.count, docs, info.checksum,
+               info.version >= 3 ? "matches the header; targets masked as the flags say"
                : info.version == 2 ? "matches the header" : "version 1 stores none");
     }
     return rc;
@@ -523,7 +527,9 @@ static int64_t inputs_size(const char **paths, int n) {
 /* Each block is one training sequence's seq_len tokens: the loader's window b is block b and the first
  * token of block b + 1 (its last target), so a block holds whole conversations, each followed by the
  * EOS when room is left, then EOS padding; every word but an assistant token's carries SHARD_MASKED,
- * a conversation's first token always (it is the target of another conversation's last token). */
+ * a conversation's first token always (it is the target of another conversation's last token), and
+ * that first token carries SHARD_DOC_START: block-causal attention keeps to conversations, whatever
+ * EOS tokens the template puts inside them (ChatML ends every turn with Qwen's EOS, <|im_end|>). */
 typedef struct packer {
     int64_t seq;
     uint32_t *words;       /* nblocks * seq */
@@ -571,12 +577,14 @@ static ct_status pack(packer *pk, const int32_t *ids, const unsigned char *count
     uint32_t *w = pk->words + b * (size_t)pk->seq + pk->used[b];
     for (size_t i = 0; i < n; i++) {
         int masked = i == 0 || !counted[i];
-        w[i] = (uint32_t)ids[i] | (masked ? SHARD_MASKED : 0);
+        if ((uint32_t)ids[i] > SHARD_DOC_ID_MASK) /* the flags of version 4 take bits 30 and 31 */
+            return ct_fail(CT_ERR_INVALID, "token id %d: a chat shard holds ids below 2^30", ids[i]);
+        w[i] = (uint32_t)ids[i] | (masked ? SHARD_MASKED : 0) | (i == 0 ? SHARD_DOC_START : 0);
         pk->counted += !masked;
         pk->masked += masked;
     }
     pk->used[b] += (int64_t)n;
-    if (pk->used[b] < pk->seq) { /* the separator: block-causal attention starts a document after it */
+    if (pk->used[b] < pk->seq) { /* the separator, the conversation's last token */
         pk->words[b * (size_t)pk->seq + (size_t)pk->used[b]++] = pk->eos | SHARD_MASKED;
         pk->masked++;
     }
@@ -592,7 +600,6 @@ typedef struct chat_ctx {
     packer pk;
     const doc_source *src;
     progress *prog;
-    uint64_t eos_inside; /* conversations whose tokens hold the EOS before their end */
 } chat_ctx;
 
 static ct_status chat_conv(void *ctx, const json_t *conv, const char *where) {
@@ -604,11 +611,6 @@ static ct_status chat_conv(void *ctx, const json_t *conv, const char *where) {
     if (rc != CT_OK) return rc;
     size_t k = 1;   /* the first token never counts */
     while (k < n && !counted[k]) k++;
-    for (size_t i = 0; i + 1 < n; i++) /* the template ends turns with the EOS that separates documents */
-        if ((uint32_t)ids[i] == c->pk.eos) {
-            c->eos_inside++;
-            break;
-        }
     if ((int64_t)n > c->pk.seq) c->pk.too_long++;   /* dropped whole: a cut turn would teach a cut answer */
     else if (k >= n) c->pk.no_assistant++;          /* dropped: nothing in it counts */
     else rc = pack(&c->pk, ids, counted, n);
@@ -627,7 +629,7 @@ static ct_status write_packed(packer *pk, const char *path, uint64_t *padding) {
             pk->words[b * (size_t)pk->seq + (size_t)i] = pk->eos | SHARD_MASKED;
             (*padding)++;
         }
-    shard_writer *w = shard_writer_open_masked(path);
+    shard_writer *w = shard_writer_open_docs(path);
     if (!w) return CT_ERR_IO;
     uint32_t last = pk->eos | SHARD_MASKED;
     if (shard_writer_append(w, pk->words, pk->nblocks * (size_t)pk->seq) != CT_OK ||
@@ -676,13 +678,6 @@ static ct_status tokenize_chat(input_opts *in, const char *tok_path, const char 
            (unsigned long long)c.pk.too_long, (unsigned long long)c.pk.no_assistant,
            (unsigned long long)(c.pk.counted + c.pk.masked + padding + 1), (unsigned long long)c.pk.counted,
            (unsigned long long)(c.pk.masked + padding + 1), (unsigned long long)(padding + 1), dt, out_path);
-    if (c.eos_inside) /* block_causal splits documents at the EOS: each turn would attend only to itself */
-        fprintf(stderr,
-                "ctitan tokenize: note: %llu conversations hold the tokenizer's EOS (id %u) before their end (the "
-                "template ends turns with it): under model.attn_mask_type block_causal each turn would be a "
-                "document of its own and an answer would not see its prompt; train this shard with causal "
-                "attention, or tokenize with a tokenizer whose EOS ends only the conversation\n",
-                (unsigned long long)c.eos_inside, c.pk.eos);
     rc = CT_OK;
     goto done;
 fail:

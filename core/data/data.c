@@ -26,7 +26,20 @@ static ct_status append_shard(data_source *src, const char *path, const char *so
     shard_info info;
     ct_status st = shard_read_info(path, &t, &n, &info);
     if (st != CT_OK) return st;
-    uint32_t id_mask = info.version == SHARD_VERSION_MASKED ? SHARD_ID_MASK : UINT32_MAX;
+    uint32_t id_mask = info.version == SHARD_VERSION_DOCS     ? SHARD_DOC_ID_MASK
+                       : info.version == SHARD_VERSION_MASKED ? SHARD_ID_MASK
+                                                              : UINT32_MAX;
+    /* one source's document starts are its shards' or none: a folder mixing both would have documents
+     * end at the EOS in some windows and not in others */
+    int docs = info.version == SHARD_VERSION_DOCS;
+    if (src->n_tokens && docs != src->docs) {
+        ct_set_error("%s: %s is a version %u shard, %s; expected every shard of a source to record document "
+                     "starts (version 4, `ctitan tokenize --format chat`) or none", source, path, info.version,
+                     docs ? "recording document starts, but the shards before it do not"
+                          : "without document starts, but the shards before it record them");
+        shard_free(t);
+        return CT_ERR_INVALID;
+    }
     for (uint64_t i = 0; i < n; i++)
         if ((int64_t)(t[i] & id_mask) >= vocab) {
             ct_set_error("%s: token %u at position %llu is outside the model's vocabulary of %lld", source,
@@ -34,7 +47,8 @@ static ct_status append_shard(data_source *src, const char *path, const char *so
             shard_free(t);
             return CT_ERR_INVALID;
         }
-    if (info.version == SHARD_VERSION_MASKED) src->masked = 1;
+    if (info.version >= SHARD_VERSION_MASKED) src->masked = 1;
+    src->docs = docs;
     uint32_t *grown = realloc(src->tokens, sizeof(uint32_t) * (size_t)(src->n_tokens + n + 1));
     if (!grown) {
         shard_free(t);
@@ -100,6 +114,7 @@ ct_status dataloader_add(dataloader *dl, const char *path, double weight, int64_
         return ct_fail(CT_ERR_INVALID, "%s: dataset not found (make one with `ctitan tokenize`)", path);
     ct_status rc = S_ISDIR(st.st_mode) ? load_folder(&src, path, vocab) : append_shard(&src, path, path, vocab);
     if (rc != CT_OK) goto fail;
+    dl->docs |= src.docs;
     rc = CT_ERR_INVALID;
     src.n_windows = src.n_tokens > 0 ? (int64_t)((src.n_tokens - 1) / (uint64_t)dl->seq_len) : 0;
     if (src.n_windows < 1) {
@@ -261,6 +276,27 @@ int dataloader_source_of(dataloader *dl, int64_t s) {
 }
 
 ct_status dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_t *targets) {
+    return dataloader_sequence_docs(dl, s, inputs, targets, NULL, -1);
+}
+
+/* A window's documents: from the starts its shard records (version 4), else after each EOS; and in
+ * either case the target that starts a document does not count. */
+static void window_docs(const data_source *src, const uint32_t *tok, int64_t T, int32_t *inputs, int32_t *targets,
+                        uint8_t *starts, int32_t eos) {
+    for (int64_t t = 0; t < T; t++) {
+        if (src->docs) {
+            starts[t] = (tok[t] & SHARD_DOC_START) != 0;
+            if (tok[t + 1] & SHARD_DOC_START) targets[t] = CT_IGNORE_INDEX;
+        } else {
+            starts[t] = t > 0 && inputs[t - 1] == eos;
+            if (inputs[t] == eos) targets[t] = CT_IGNORE_INDEX;
+        }
+    }
+}
+
+ct_status dataloader_sequence_docs(dataloader *dl, int64_t s, int32_t *inputs, int32_t *targets, uint8_t *starts,
+                                   int32_t eos) {
+    if (starts) memset(starts, 0, (size_t)dl->seq_len);
     if (s < 0) return ct_fail(CT_ERR_INVALID, "sequence number %lld: expected one >= 0", (long long)s);
     int64_t k;
     int i = locate(dl, s, &k);
@@ -280,15 +316,17 @@ ct_status dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_
     }
     const uint32_t *tok = src->tokens + (uint64_t)w * (uint64_t)dl->seq_len;
     if (src->masked) { /* a masked shard's flag: this token, as a target, does not count */
+        uint32_t id = src->docs ? SHARD_DOC_ID_MASK : SHARD_ID_MASK;
         for (int64_t t = 0; t < dl->seq_len; t++) {
-            inputs[t] = (int32_t)(tok[t] & SHARD_ID_MASK);
-            targets[t] = tok[t + 1] & SHARD_MASKED ? CT_IGNORE_INDEX : (int32_t)tok[t + 1];
+            inputs[t] = (int32_t)(tok[t] & id);
+            targets[t] = tok[t + 1] & SHARD_MASKED ? CT_IGNORE_INDEX : (int32_t)(tok[t + 1] & id);
         }
-        return CT_OK;
+    } else {
+        for (int64_t t = 0; t < dl->seq_len; t++) {
+            inputs[t] = (int32_t)tok[t];
+            targets[t] = (int32_t)tok[t + 1];
+        }
     }
-    for (int64_t t = 0; t < dl->seq_len; t++) {
-        inputs[t] = (int32_t)tok[t];
-        targets[t] = (int32_t)tok[t + 1];
-    }
+    if (starts) window_docs(src, tok, dl->seq_len, inputs, targets, starts, eos);
     return CT_OK;
 }

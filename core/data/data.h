@@ -30,7 +30,8 @@ typedef struct data_source {
     char *path;         /* as opened */
     uint32_t *tokens;   /* a masked source's words keep SHARD_MASKED (data/shard.h) */
     uint64_t n_tokens;
-    int masked;         /* one of its shards is version 3 (the others have no flags to strip) */
+    int masked;         /* one of its shards is version 3 or 4 (the others have no flags to strip) */
+    int docs;           /* its shards record document starts (version 4, all of them) */
     int64_t n_windows;
     double weight;
     int64_t count;      /* sequences per period */
@@ -44,6 +45,7 @@ typedef struct dataloader {
     data_source *src;
     int n_src;
     int ordered;        /* validation: no shuffle, no mixing */
+    int docs;           /* some source records document starts (dataloader_sequence_docs) */
     int64_t seq_len;
     uint64_t seed;
     uint64_t n_tokens;  /* over every source */
@@ -75,6 +77,13 @@ static inline int64_t dataloader_global_index(int64_t base, int64_t G, int64_t d
  * padding (inputs 0, targets CT_IGNORE_INDEX: no loss, no count). CT_OK; CT_ERR_INVALID with the line
  * set for a negative s. */
 ct_status dataloader_sequence(dataloader *dl, int64_t s, int32_t *inputs, int32_t *targets);
+/* dataloader_sequence, and for block-causal attention the window's documents: starts[t] (seq_len of
+ * them) is 1 where input t starts a document, as a version 4 shard records it, or, for a source that
+ * records none, right after an input equal to eos (-1: none). Either way a target that starts a
+ * document is CT_IGNORE_INDEX (nothing of its document is visible to the query before it). Padding
+ * rows have no starts. */
+ct_status dataloader_sequence_docs(dataloader *dl, int64_t s, int32_t *inputs, int32_t *targets, uint8_t *starts,
+                                   int32_t eos);
 /* The index of the source sequence s comes from (-1: an ordered loader's padding, or s < 0). */
 int dataloader_source_of(dataloader *dl, int64_t s);
 

@@ -42,7 +42,7 @@ struct shard_writer {
     char *path, *tmp;
     int fd;
     uint64_t count;
-    uint32_t version;      /* SHARD_VERSION or SHARD_VERSION_MASKED */
+    uint32_t version;      /* SHARD_VERSION, SHARD_VERSION_MASKED or SHARD_VERSION_DOCS */
     uint32_t crc;          /* CRC-32 of the token bytes written so far */
     unsigned char buf[4 * BUF_TOKENS];
     size_t nbuf;           /* bytes in buf */
@@ -86,6 +86,7 @@ static shard_writer *writer_open(const char *path, uint32_t version) {
 
 shard_writer *shard_writer_open(const char *path) { return writer_open(path, SHARD_VERSION); }
 shard_writer *shard_writer_open_masked(const char *path) { return writer_open(path, SHARD_VERSION_MASKED); }
+shard_writer *shard_writer_open_docs(const char *path) { return writer_open(path, SHARD_VERSION_DOCS); }
 
 static ct_status flush_buf(shard_writer *w) {
     if (w->nbuf && ct_write_all(w->fd, w->buf, w->nbuf))
@@ -194,8 +195,8 @@ static ct_status open_checked(const char *path, checked *c) {
     }
     uint32_t version = get_le32(h + 8), bpt = get_le32(h + 12);
     uint64_t n = get_le64(h + 16), sum = get_le64(h + 24);
-    if (version < 1 || version > SHARD_VERSION_MASKED) {
-        ct_set_error("%s: token shard version %u, this build reads versions 1, 2 and 3", path, version);
+    if (version < 1 || version > SHARD_VERSION_DOCS) {
+        ct_set_error("%s: token shard version %u, this build reads versions 1, 2, 3 and 4", path, version);
         goto fail;
     }
     if (bpt != 4) {
@@ -249,11 +250,11 @@ static ct_status checksum_check(const char *path, const checked *c, uint32_t crc
                    "is corrupt", path, c->checksum, crc);
 }
 
-/* Version 3: some target must count (counted: whether a token after the first is unmasked). */
+/* Versions 3 and 4: some target must count (counted: whether a token after the first is unmasked). */
 static ct_status mask_check(const char *path, const checked *c, int counted) {
     if (c->version < SHARD_VERSION_MASKED || counted) return CT_OK;
-    return ct_fail(CT_ERR_INVALID, "%s: a masked (version 3) shard of %llu tokens whose every target is masked; "
-                   "expected at least one unmasked token after the first", path, (unsigned long long)c->count);
+    return ct_fail(CT_ERR_INVALID, "%s: a masked (version %u) shard of %llu tokens whose every target is masked; "
+                   "expected at least one unmasked token after the first", path, c->version, (unsigned long long)c->count);
 }
 
 /* Whether one of the n little-endian words at p, the first being word `first` of the file, is an
@@ -280,6 +281,7 @@ ct_status shard_verify(const char *path, shard_info *info) {
     unsigned char *buf = malloc(4 * BUF_TOKENS);
     uint32_t crc = (uint32_t)crc32(0, Z_NULL, 0);
     int counted = 0;
+    uint64_t docs = 0;
     if (!buf) {
         rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
         goto done;
@@ -288,12 +290,14 @@ ct_status shard_verify(const char *path, shard_info *info) {
         size_t k = 4 * c.count - off < 4 * BUF_TOKENS ? (size_t)(4 * c.count - off) : 4 * BUF_TOKENS;
         if ((rc = read_at(path, c.fd, buf, k, SHARD_HEADER_BYTES + off)) != CT_OK) goto done;
         crc = (uint32_t)crc32_z(crc, buf, k);
-        if (c.version == SHARD_VERSION_MASKED && !counted) counted = any_counted(buf, k / 4, off / 4);
+        if (c.version >= SHARD_VERSION_MASKED && !counted) counted = any_counted(buf, k / 4, off / 4);
+        if (c.version == SHARD_VERSION_DOCS)
+            for (size_t i = 0; i < k / 4; i++) docs += (buf[4 * i + 3] & 0x40) != 0;
         off += k;
     }
     if ((rc = checksum_check(path, &c, crc)) != CT_OK) goto done;
     if ((rc = mask_check(path, &c, counted)) != CT_OK) goto done;
-    if (info) *info = (shard_info){.version = c.version, .count = c.count, .checksum = crc};
+    if (info) *info = (shard_info){.version = c.version, .count = c.count, .checksum = crc, .documents = docs};
 done:
     free(buf);
     close(c.fd);
@@ -331,7 +335,7 @@ ct_status shard_read_info(const char *path, uint32_t **tokens, uint64_t *n, shar
     if ((rc = read_at(path, c.fd, p, (size_t)c.count * 4, SHARD_HEADER_BYTES)) != CT_OK) goto fail;
     uint32_t crc = (uint32_t)crc32_z(0, p, (size_t)c.count * 4);
     if ((rc = checksum_check(path, &c, crc)) != CT_OK) goto fail;
-    if (c.version == SHARD_VERSION_MASKED && (rc = mask_check(path, &c, any_counted(p, (size_t)c.count, 0))) != CT_OK)
+    if (c.version >= SHARD_VERSION_MASKED && (rc = mask_check(path, &c, any_counted(p, (size_t)c.count, 0))) != CT_OK)
         goto fail;
     close(c.fd);
     if (info) *info = (shard_info){.version = c.version, .count = c.count, .checksum = crc};

@@ -362,7 +362,8 @@ static pp_ctx *ctx_get(pipeline *pl, int mb) {
     swap_ctx(rt, c);
     rt->act = &rt->saved;
     int64_t n = pl->mb_size * pl->T;
-    c->tok = runtime_upload_tokens(rt, pl->tokens + (int64_t)mb * n, pl->mb_size, pl->T);
+    c->tok = runtime_upload_tokens(rt, pl->tokens + (int64_t)mb * n, pl->starts ? pl->starts + mb * n : NULL,
+                                   pl->mb_size, pl->T);
     c->tgt = runtime_upload_ids(rt, pl->targets + (int64_t)mb * n, pl->mb_size, pl->T);
     swap_ctx(rt, c);
     if (!c->tok || !c->tgt) {
@@ -568,6 +569,7 @@ ct_status pipeline_step(pipeline *pl, const int32_t *tokens, const int32_t *targ
                        (long long)B, pl->n_mb, (long long)pl->mb_size);
     int nu = rt->desc.n_units;
     pl->tokens = tokens;
+    pl->starts = rt->doc_starts; /* the session's, for this call */
     pl->targets = targets;
     pl->T = T;
     pl->loss_scale = loss_scale;

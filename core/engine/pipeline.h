@@ -46,6 +46,7 @@ typedef struct pipeline {
     /* one call of pipeline_step */
     runtime *rt;
     const int32_t *tokens, *targets;
+    const uint8_t *starts; /* the tokens' document starts (runtime.doc_starts), or NULL */
     int64_t T;
     float loss_scale;
     int last;

@@ -792,19 +792,21 @@ rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_
     return t;
 }
 
-void runtime_doc_ids(int32_t *docs, int32_t *pos, const int32_t *tokens, int64_t B, int64_t T, int32_t eos) {
+void runtime_doc_ids(int32_t *docs, int32_t *pos, const int32_t *tokens, const uint8_t *starts, int64_t B,
+                     int64_t T, int32_t eos) {
     for (int64_t b = 0; b < B; b++) {
         int32_t d = 0, at = 0;
         for (int64_t t = 0; t < T; t++) {
+            if (starts && t > 0 && starts[b * T + t]) d++, at = 0;
             docs[b * T + t] = d;
             if (pos) pos[b * T + t] = at;
             at++;
-            if (tokens[b * T + t] == eos) d++, at = 0; /* the EOS is its document's last token */
+            if (!starts && tokens[b * T + t] == eos) d++, at = 0; /* the EOS is its document's last token */
         }
     }
 }
 
-rt_tensor *runtime_upload_tokens(runtime *rt, const int32_t *ids, int64_t B, int64_t T) {
+rt_tensor *runtime_upload_tokens(runtime *rt, const int32_t *ids, const uint8_t *starts, int64_t B, int64_t T) {
     rt_tensor *t = runtime_upload_ids(rt, ids, B, T);
     if (!t || rt->doc_eos < 0) return t;
     /* two tensors, each its own owner: the tape's backward reads a view's data from its owner's start */
@@ -818,7 +820,7 @@ rt_tensor *runtime_upload_tokens(runtime *rt, const int32_t *ids, int64_t B, int
             return NULL;
         }
         for (int64_t i = 0; i < B * T; i++) host[i] = (int32_t)(i % T); /* positions 0..T-1 in each row */
-        runtime_doc_ids(host + B * T, planes == 3 ? host + 2 * B * T : NULL, ids, B, T, rt->doc_eos);
+        runtime_doc_ids(host + B * T, planes == 3 ? host + 2 * B * T : NULL, ids, starts, B, T, rt->doc_eos);
         size_t bytes = sizeof(int32_t) * (size_t)(B * T);
         ct_status st = rt->d->copy(rt->dev, d->t.data, host, (size_t)planes * bytes, CT_COPY_H2D);
         if (st == CT_OK) st = rt->d->copy(rt->dev, v->t.data, host + B * T, bytes, CT_COPY_H2D);
@@ -1142,7 +1144,7 @@ static ct_status upload_microbatch(runtime *rt, const int32_t *tokens, const int
     ct_status st = runtime_reset_arenas(rt);
     if (st != CT_OK) return st;
     rt->act = &rt->saved;
-    io[0] = runtime_upload_tokens(rt, tokens, B, T);
+    io[0] = runtime_upload_tokens(rt, tokens, rt->doc_starts, B, T);
     io[1] = io[0] ? runtime_upload_ids(rt, targets, B, T) : NULL;
     io[2] = io[1] ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL;
     io[3] = io[2] ? tape_new_activation(rt, CT_F32, 0, NULL) : NULL; /* the loss, kept past the head's backward */
@@ -1335,7 +1337,7 @@ ct_status runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, 
     ct_status st = runtime_reset_arenas(rt);
     runtime_use_shadow(rt, 1);
     rt->act = &rt->saved;
-    rt_tensor *tok = st != CT_OK ? NULL : runtime_upload_tokens(rt, tokens, B, Tp), *logits = NULL;
+    rt_tensor *tok = st != CT_OK ? NULL : runtime_upload_tokens(rt, tokens, NULL, B, Tp), *logits = NULL;
     if (st == CT_OK && !tok) st = CT_ERR_NOMEM;
     if (st == CT_OK)
         st = rt->dist.unit_rank ? forward_units_pp(rt, tok, NULL, &logits) : forward_units(rt, tok, NULL, 0, &logits);
@@ -1364,7 +1366,7 @@ ct_status runtime_forward_loss(runtime *rt, const int32_t *tokens, const int32_t
     ct_status st = runtime_reset_arenas(rt);
     runtime_use_shadow(rt, 1);
     rt->act = &rt->saved;
-    rt_tensor *tok = st != CT_OK ? NULL : runtime_upload_tokens(rt, tokens, B, T), *tg = NULL, *loss = NULL;
+    rt_tensor *tok = st != CT_OK ? NULL : runtime_upload_tokens(rt, tokens, rt->doc_starts, B, T), *tg = NULL, *loss = NULL;
     if (tok) tg = runtime_upload_ids(rt, targets, B, T);
     if (st == CT_OK && !tg) st = CT_ERR_NOMEM;
     if (st == CT_OK)

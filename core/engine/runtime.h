@@ -231,6 +231,10 @@ typedef struct runtime {
     int64_t share_buf_n;
     int64_t seq_multiple;                  /* every sequence's length is a multiple of it (strategies') */
     int32_t doc_eos;       /* model.attn_mask_type block_causal: the EOS id that ends a document; -1: causal */
+    const uint8_t *doc_starts; /* block_causal: the document starts (B, T) of the tokens given to the running
+                                  runtime_forward_backward, runtime_forward_loss or pipeline_step, as the
+                                  shard records them (dataloader_sequence_docs); NULL: after each EOS.
+                                  Set by the session around that call only. */
     int rope_doc;          /* model.rope_positions document: RoPE at positions within each document */
     rt_tensor *cur_docs;   /* the (2 or 3, B, T) positions and document ids of the tokens unit_forward runs on */
     rt_tensor *cur_doc_ids; /* their document ids (B, T), what ct_builder.doc_ids returns */
@@ -416,11 +420,13 @@ void runtime_use_shadow(runtime *rt, int on);
 ct_status runtime_shadow_unit(runtime *rt, int u);
 rt_tensor *runtime_upload_ids(runtime *rt, const int32_t *ids, int64_t B, int64_t T);
 /* The model's token ids (B, T): runtime_upload_ids, and under block-causal attention (doc_eos >= 0)
- * their positions and document ids beside them (rt_tensor.docs). */
-rt_tensor *runtime_upload_tokens(runtime *rt, const int32_t *ids, int64_t B, int64_t T);
-/* Document ids of tokens (B, T): 0 from each row's start, one more after each `eos`; docs (B, T). With
- * pos not NULL, also each token's position within its document (B, T), from 0. */
-void runtime_doc_ids(int32_t *docs, int32_t *pos, const int32_t *tokens, int64_t B, int64_t T, int32_t eos);
+ * their positions and document ids beside them (rt_tensor.docs), from starts (B, T) when not NULL. */
+rt_tensor *runtime_upload_tokens(runtime *rt, const int32_t *ids, const uint8_t *starts, int64_t B, int64_t T);
+/* Document ids of tokens (B, T): 0 from each row's start, one more at each token that starts[] flags,
+ * or with starts NULL after each `eos`; docs (B, T). With pos not NULL, also each token's position
+ * within its document (B, T), from 0. */
+void runtime_doc_ids(int32_t *docs, int32_t *pos, const int32_t *tokens, const uint8_t *starts, int64_t B,
+                     int64_t T, int32_t eos);
 ct_status runtime_reset_arenas(runtime *rt);
 /* The gradient buffer of a unit boundary tensor (an output gradient a pipeline receives, an input
  * gradient it sends): in the context's own pool under bgrad_ctx, else as tape_grad. */

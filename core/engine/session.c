@@ -26,7 +26,8 @@ typedef struct overrides {
     int n, n_owned;
 } overrides;
 
-/* A flag with a value (--checkpoint PATH, --prompt TEXT): CT_OK, or CT_ERR_INVALID when it has none. */
+/* A flag with a value (--checkpoint PATH, --prompt TEXT, --chat-template T): CT_OK, or CT_ERR_INVALID
+ * when it has none. */
 static ct_status flag_value(int argc, char **argv, int *i, run_args *a) {
     const char *arg = argv[*i];
     const char *v = strchr(arg, '=') ? strchr(arg, '=') + 1 : (*i + 1 < argc ? argv[++*i] : NULL);
@@ -34,9 +35,17 @@ static ct_status flag_value(int argc, char **argv, int *i, run_args *a) {
         fprintf(stderr, "ctitan: %s needs a value (see --help)\n", arg);
         return CT_ERR_INVALID;
     }
-    if (arg[2] == 'c') a->checkpoint = v;
+    if (!strncmp(arg, "--checkpoint", 12)) a->checkpoint = v;
+    else if (!strncmp(arg, "--chat-template", 15)) a->chat_template = v;
+    else if (!strncmp(arg, "--logits-out", 12)) a->logits_out = v;
     else a->prompt = v;
     return CT_OK;
+}
+
+/* Whether arg is --NAME or --NAME=... */
+static int is_flag(const char *arg, const char *name) {
+    size_t n = strlen(name);
+    return !strncmp(arg, name, n) && (arg[n] == 0 || arg[n] == '=');
 }
 
 /* One override, as torchtitan's command line takes them: --key=value, --key value, a bare boolean
@@ -82,9 +91,11 @@ static ct_status args_parse(int argc, char **argv, run_args *a, overrides *ov, c
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) a->help = 1;
         else if (!strcmp(arg, "--print-config") || !strcmp(arg, "--print_config")) a->print_config = 1;
         else if (!strcmp(arg, "--dry-run") || !strcmp(arg, "--dry_run")) a->dry_run = 1;
-        else if (!strcmp(arg, "--checkpoint") || !strncmp(arg, "--checkpoint=", 13) || !strcmp(arg, "--prompt") ||
-                 !strncmp(arg, "--prompt=", 9))
+        else if (is_flag(arg, "--checkpoint") || is_flag(arg, "--prompt") || is_flag(arg, "--chat-template") ||
+                 is_flag(arg, "--logits-out"))
             st = flag_value(argc, argv, &i, a);
+        else if (!strcmp(arg, "--chat")) a->chat = 1;
+        else if (!strcmp(arg, "--print-prompt-ids")) a->print_prompt_ids = 1;
         else if (!strncmp(arg, "--", 2)) st = override_add(ov, argc, argv, &i);
         else if (!a->config) a->config = arg;
         else {
@@ -869,8 +880,33 @@ ct_status session_open_tokenizer(session *s, ct_tokenizer **out) {
     return CT_OK;
 }
 
+/* The prompt of a sample: text (encoded after BOS, and printed before the sample), or a chat
+ * template's ids (as they are) with the end-of-turn token that ends the reply, which alone is printed. */
+typedef struct gen_prompt {
+    const char *text;
+    const int32_t *ids;
+    size_t n;
+    int32_t stop; /* -1: none (the EOS ends a sample either way) */
+} gen_prompt;
+
+static ct_status generate(session *s, const ct_tokenizer *tok, const gen_prompt *gp, int64_t max_new,
+                          double temperature, int64_t top_k, double top_p, uint64_t seed, int64_t max_context);
+
 ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prompt, int64_t max_new, double temperature,
                      int64_t top_k, double top_p, uint64_t seed, int64_t max_context) {
+    gen_prompt gp = {.text = prompt, .stop = -1};
+    return generate(s, tok, &gp, max_new, temperature, top_k, top_p, seed, max_context);
+}
+
+ct_status session_generate_chat(session *s, const ct_tokenizer *tok, const int32_t *prompt, size_t n, int32_t stop,
+                                int64_t max_new, double temperature, int64_t top_k, double top_p, uint64_t seed,
+                                int64_t max_context) {
+    gen_prompt gp = {.ids = prompt, .n = n, .stop = stop};
+    return generate(s, tok, &gp, max_new, temperature, top_k, top_p, seed, max_context);
+}
+
+static ct_status generate(session *s, const ct_tokenizer *tok, const gen_prompt *gp, int64_t max_new,
+                          double temperature, int64_t top_k, double top_p, uint64_t seed, int64_t max_context) {
     int32_t *ids = NULL, *ctx = NULL;
     float *logits = NULL;
     size_t n = 0, cap = 0, logit_bytes;
@@ -885,7 +921,7 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
         return CT_ERR_INVALID;
     }
     logits = malloc(logit_bytes);
-    if (!logits || tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n) != CT_OK) {
+    if (!logits || (!gp->ids && tokenizer_encode(tok, gp->text, strlen(gp->text), 0, &ids, &n) != CT_OK)) {
         fprintf(stderr, "ctitan: generate: %s\n", logits ? ct_last_error() : "out of memory for the logits");
         goto done;
     }
@@ -896,10 +932,19 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
         goto done;
     }
     int64_t len = 0;
-    /* GPT-2 style tokenizers have no BOS: the sample is conditioned on the EOS that ends a document */
+    /* GPT-2 style tokenizers have no BOS: the sample is conditioned on the EOS that ends a document; a
+     * chat template's ids hold what the template puts first */
     int32_t start = tokenizer_bos_id(tok) >= 0 ? tokenizer_bos_id(tok) : tokenizer_eos_id(tok);
-    if (start >= 0) ctx[len++] = start;
-    for (size_t i = 0; i < n && len < max_context; i++) ctx[len++] = ids[i];
+    if (start >= 0 && !gp->ids) ctx[len++] = start;
+    const int32_t *given = gp->ids ? gp->ids : ids;
+    if (gp->ids) n = gp->n;
+    if (gp->ids && (int64_t)n > max_context) { /* cut, it would lose the generation prompt at its end */
+        fprintf(stderr, "ctitan: generate: the chat prompt is %zu tokens, more than the model's context of %lld "
+                        "(training.seq_len); give a shorter prompt\n", n, (long long)max_context);
+        rc = CT_ERR_INVALID;
+        goto done;
+    }
+    for (size_t i = 0; i < n && len < max_context; i++) ctx[len++] = given[i];
     if (len == 0) {
         fprintf(stderr, "ctitan: generate: the prompt is empty and the tokenizer has no BOS or EOS token to start from; "
                         "give a prompt\n");
@@ -907,6 +952,7 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
         goto done;
     }
     int64_t first_new = len;
+    int32_t ended = -1; /* the token that ended the sample, -1: max_new */
     uint64_t key = ct_util_splitmix64(seed ^ 0x5A3Bu);
     for (int64_t step = 0; step < max_new; step++) {
         int64_t T = len < max_context ? len : max_context;
@@ -919,11 +965,15 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
          * no token (a tokenizer.json may leave gaps) */
         float *last = logits + (T - 1) * V;
         for (int64_t v = 0; v < V; v++)
-            if (v != tokenizer_eos_id(tok) && (v >= tokenizer_vocab_size(tok) || tokenizer_is_special(tok, (int32_t)v) ||
-                                               !tokenizer_token_bytes(tok, (int32_t)v, NULL)))
+            if (v != tokenizer_eos_id(tok) && v != gp->stop &&
+                (v >= tokenizer_vocab_size(tok) || tokenizer_is_special(tok, (int32_t)v) ||
+                 !tokenizer_token_bytes(tok, (int32_t)v, NULL)))
                 last[v] = -INFINITY;
         int32_t next = sample(last, V, temperature, top_k, top_p, key, (uint64_t)step);
-        if (next == tokenizer_eos_id(tok)) break;
+        if (next == tokenizer_eos_id(tok) || next == gp->stop) {
+            ended = next;
+            break;
+        }
         if ((size_t)len == cap) {
             size_t grown_cap;
             int32_t *grown = NULL;
@@ -944,7 +994,13 @@ ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prom
         fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
         goto done;
     }
-    printf("%s", prompt);
+    if (gp->ids) { /* a reply: how it ended, where a script reading stdout does not see it */
+        size_t l = 0;
+        const char *end = ended >= 0 ? tokenizer_token_bytes(tok, ended, &l) : NULL;
+        fprintf(stderr, "generate: the reply: %lld tokens, ended by %.*s\n", (long long)(len - first_new),
+                end ? (int)l : 29, end ? end : "generate.max_new_tokens");
+    }
+    if (!gp->ids) printf("%s", gp->text);
     fwrite(text, 1, out_len, stdout);
     printf("\n");
     free(text);
@@ -1066,17 +1122,19 @@ static const int32_t *mask_boundaries(const session *s, const int32_t *inputs, c
     return *buf;
 }
 
-static ct_status train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
-                            int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
-                            int64_t *valid_out);
+static ct_status train_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                            int64_t G, int64_t L, int64_t T, double lr, double max_norm, int64_t step, double *loss,
+                            double *norm, int64_t *valid_out);
 
-ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
-                             int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
-                             int64_t *valid_out) {
-    int32_t *buf;
-    const int32_t *tg = mask_boundaries(s, inputs, targets, G * T, &buf);
+ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                             int64_t G, int64_t L, int64_t T, double lr, double max_norm, int64_t step, double *loss,
+                             double *norm, int64_t *valid_out) {
+    int32_t *buf = NULL;
+    if (s->rt.doc_eos < 0) starts = NULL; /* causal: no documents */
+    const int32_t *tg = starts ? targets : mask_boundaries(s, inputs, targets, G * T, &buf);
     if (!tg) return CT_ERR_NOMEM;
-    ct_status st = train_step(s, inputs, tg, G, L, T, lr, max_norm, step, loss, norm, valid_out);
+    ct_status st = train_step(s, inputs, tg, starts, G, L, T, lr, max_norm, step, loss, norm, valid_out);
+    s->rt.doc_starts = NULL;
     free(buf);
     return st;
 }
@@ -1120,9 +1178,9 @@ static ct_status model_post_step(session *s, int64_t step) {
     return st == CT_OK ? runtime_moe_zero_counts(&s->rt) : st;
 }
 
-static ct_status train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
-                            int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
-                            int64_t *valid_out) {
+static ct_status train_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                            int64_t G, int64_t L, int64_t T, double lr, double max_norm, int64_t step, double *loss,
+                            double *norm, int64_t *valid_out) {
     double valid = 0;
     for (int64_t i = 0; i < G * T; i++) valid += targets[i] != CT_IGNORE_INDEX;
     ct_status st = dp_sum(s, &valid); /* the loss is normalised by the global batch's valid tokens */
@@ -1135,6 +1193,7 @@ static ct_status train_step(session *s, const int32_t *inputs, const int32_t *ta
     int64_t accum = G / L;
     for (int64_t m = 0; m < accum; m++) {
         double ls;
+        s->rt.doc_starts = starts ? starts + m * L * T : NULL;
         st = s->pl ? pipeline_step(s->pl, inputs + m * L * T, targets + m * L * T, L, T, scale, m == accum - 1, &ls)
                    : runtime_forward_backward(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, scale,
                                               m == accum - 1, &ls);
@@ -1188,21 +1247,23 @@ static ct_status train_step(session *s, const int32_t *inputs, const int32_t *ta
     return st == CT_OK ? model_post_step(s, step) : st;
 }
 
-static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
-                           int64_t T, double *loss_sum, int64_t *valid_out);
+static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                           int64_t G, int64_t L, int64_t T, double *loss_sum, int64_t *valid_out);
 
-ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
-                            int64_t T, double *loss_sum, int64_t *valid_out) {
-    int32_t *buf;
-    const int32_t *tg = mask_boundaries(s, inputs, targets, G * T, &buf);
+ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                            int64_t G, int64_t L, int64_t T, double *loss_sum, int64_t *valid_out) {
+    int32_t *buf = NULL;
+    if (s->rt.doc_eos < 0) starts = NULL;
+    const int32_t *tg = starts ? targets : mask_boundaries(s, inputs, targets, G * T, &buf);
     if (!tg) return CT_ERR_NOMEM;
-    ct_status st = eval_step(s, inputs, tg, G, L, T, loss_sum, valid_out);
+    ct_status st = eval_step(s, inputs, tg, starts, G, L, T, loss_sum, valid_out);
+    s->rt.doc_starts = NULL;
     free(buf);
     return st;
 }
 
-static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
-                           int64_t T, double *loss_sum, int64_t *valid_out) {
+static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                           int64_t G, int64_t L, int64_t T, double *loss_sum, int64_t *valid_out) {
     double valid = 0, sum = 0;
     for (int64_t i = 0; i < G * T; i++) valid += targets[i] != CT_IGNORE_INDEX;
     /* the bf16 copies follow the weights the last optimizer step left (a training step refreshes them
@@ -1211,6 +1272,7 @@ static ct_status eval_step(session *s, const int32_t *inputs, const int32_t *tar
     ct_status st;
     for (int64_t m = 0; m < G / L; m++) {
         double ls;
+        s->rt.doc_starts = starts ? starts + m * L * T : NULL;
         if ((st = runtime_forward_loss(&s->rt, inputs + m * L * T, targets + m * L * T, L, T, &ls)) != CT_OK) return st;
         sum += ls;
     }

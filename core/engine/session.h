@@ -74,6 +74,10 @@ typedef struct run_args {
     int print_config, dry_run, help;
     const char *checkpoint; /* generate: model file */
     const char *prompt;     /* generate: overrides generate.prompt */
+    int chat;               /* generate --chat: the prompt as a user message through a chat template */
+    const char *chat_template; /* generate --chat-template: llama3, chatml or a file (implies chat) */
+    int print_prompt_ids;   /* generate --print-prompt-ids */
+    const char *logits_out; /* generate --logits-out FILE: the prompt's logits */
     int reads_no_data;      /* generate: a torchtitan dataset name (c4_test) is dropped, not refused */
 } run_args;
 
@@ -123,15 +127,25 @@ ct_status session_open_tokenizer(session *s, ct_tokenizer **tok);
  * memory grows with the tokens made. */
 ct_status session_generate(session *s, const ct_tokenizer *tok, const char *prompt, int64_t max_new, double temperature,
                      int64_t top_k, double top_p, uint64_t seed, int64_t max_context);
+/* The same from a chat template's prompt: prompt (n ids, as the template renders it: no BOS added)
+ * and the template's end-of-turn token stop, which may be sampled (though special) and ends the
+ * reply; only the reply is printed. */
+ct_status session_generate_chat(session *s, const ct_tokenizer *tok, const int32_t *prompt, size_t n, int32_t stop,
+                                int64_t max_new, double temperature, int64_t top_k, double top_p, uint64_t seed,
+                                int64_t max_context);
 
 /* One optimizer step. inputs, targets: this rank's G sequences (its slice of the global batch; the
  * whole batch on one rank), (G, T) on the host, run in microbatches of L: zero grads,
  * forward/backward each microbatch with the loss normalised by the global batch's valid-token
  * count, global grad norm over every rank, clip to max_norm, optimizer step at lr on local storage.
  * *loss and *valid are global.
+ * Under block-causal attention, starts (G, T; may be NULL) gives the documents: 1 where an input starts
+ * one (dataloader_sequence_docs, which also ignored the targets that start one); NULL: a document ends
+ * at each EOS, and a target after an EOS is ignored here.
  * CT_OK, or the status of what failed (ct_last_error). A norm that is not finite is no failure: CT_OK
  * with *norm not finite and nothing updated (the caller decides). */
-ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
+ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                             int64_t G, int64_t L,
                              int64_t T, double lr, double max_norm, int64_t step, double *loss, double *norm,
                              int64_t *valid);
 
@@ -139,9 +153,11 @@ ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *t
  * microbatches of L with nothing recorded, no gradient, optimizer or strategy post_step touched (the
  * same forward the training step runs, so the same loss under every layout; under pipeline parallel
  * each stage's output goes to the next over the pp group, outside the schedule). *loss_sum: the summed
- * cross entropy and *valid the valid target tokens, both over the whole global batch.
+ * cross entropy and *valid the valid target tokens, both over the whole global batch. starts: as
+ * session_train_step's.
  * CT_OK, or the status of what failed (ct_last_error). */
-ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, int64_t G, int64_t L,
+ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *targets, const uint8_t *starts,
+                            int64_t G, int64_t L,
                             int64_t T, double *loss_sum, int64_t *valid);
 
 /* ABI 2.1: the optimizer's step_param once per parameter slot, in slot order on every rank (slots of

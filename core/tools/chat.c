@@ -373,3 +373,49 @@ done:
     json_decref(msgs);
     return rc;
 }
+
+ct_status chat_encode_prompt(const chat_template *t, const ct_tokenizer *tok, const char *user, int32_t **ids,
+                             size_t *n) {
+    *ids = NULL;
+    *n = 0;
+    json_t *conv = json_pack("{s:[{s:s, s:s}]}", "messages", "role", "user", "content", user);
+    if (!conv) return ct_fail(CT_ERR_INVALID, "the prompt is not valid UTF-8");
+    json_t *msgs = json_object_get(conv, "messages");
+    char *text = NULL;
+    size_t len = 0, nspans = 0;
+    jinja_span *spans = NULL;
+    ct_status rc = render(t, conv, msgs, 1, 1, "the prompt", &text, &len, &spans, &nspans);
+    if (rc == CT_OK && (rc = tokenizer_encode(tok, text, len, 1, ids, n)) != CT_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ct_last_error());
+        ct_set_error("the prompt rendered with %s: %s", t->origin, msg);
+    }
+    free(spans);
+    free(text);
+    json_decref(conv);
+    return rc;
+}
+
+ct_status chat_end_of_turn(const chat_template *t, const ct_tokenizer *tok, int32_t *id) {
+    *id = -1;
+    json_t *conv = json_pack("{s:[{s:s, s:s}, {s:s, s:s}]}", "messages", "role", "user", "content", "Hi", "role",
+                             "assistant", "content", "Hello");
+    if (!conv) return ct_fail(CT_ERR_NOMEM, "out of memory");
+    int32_t *ids;
+    unsigned char *counted;
+    size_t n;
+    ct_status rc = chat_encode(t, tok, conv, "a probe conversation", &ids, &counted, &n);
+    json_decref(conv);
+    if (rc != CT_OK) return rc;
+    size_t last = n;
+    while (last > 0 && !counted[last - 1]) last--;
+    if (last == 0 || !tokenizer_is_special(tok, ids[last - 1]))
+        rc = ct_fail(CT_ERR_INVALID, "%s: an assistant turn does not end with a special token (its last token is "
+                     "%s), so a reply has no end-of-turn token to stop at", t->origin,
+                     last == 0 ? "none" : "plain text");
+    else
+        *id = ids[last - 1];
+    free(ids);
+    free(counted);
+    return rc;
+}

@@ -50,4 +50,16 @@ const char *chat_template_origin(const chat_template *t);
 ct_status chat_encode(const chat_template *t, const ct_tokenizer *tok, const json_t *conv, const char *where,
                       int32_t **ids, unsigned char **counted, size_t *n);
 
+/* A prompt for generation: one user message `user` rendered with add_generation_prompt true and
+ * tokenized (special tokens in the text are special), as transformers' apply_chat_template([{"role":
+ * "user", "content": user}], add_generation_prompt=True) gives it. *ids (n of them) is malloc'd. */
+ct_status chat_encode_prompt(const chat_template *t, const ct_tokenizer *tok, const char *user, int32_t **ids,
+                             size_t *n);
+
+/* The template's end-of-turn token: the last token that counts of a probe conversation (a user turn
+ * and an assistant turn), which chat.h's rule makes the assistant's end-of-turn token (<|eot_id|>,
+ * <|im_end|>). CT_ERR_INVALID when that token is not a special token (a template whose turns end in
+ * plain text gives generation no token to stop at but the EOS). */
+ct_status chat_end_of_turn(const chat_template *t, const ct_tokenizer *tok, int32_t *id);
+
 #endif

@@ -15,6 +15,7 @@
 #include "host/rank.h"
 #include "train/train.h"
 #include "plan/plan.h"
+#include "tools/chat.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -164,7 +165,7 @@ static void run_id_make(char *out, size_t len) {
 }
 
 /* s as a JSON string literal in out (quotes, backslashes and control bytes escaped; cut to fit). */
-static void json_string(char *out, size_t len, const char *s) {
+static void json_quote(char *out, size_t len, const char *s) {
     size_t k = 0;
     out[k++] = '"';
     for (; *s && k + 8 < len; s++) {
@@ -366,6 +367,7 @@ typedef struct train_run {
     lr_schedule sched;
     dataloader dl;
     int32_t *inputs, *targets; /* (accum, L, T) on the host */
+    uint8_t *starts;           /* (accum, L, T): block-causal documents, where a loader's shards record them */
     /* validation.*: the held-out loader (ordered), its microbatch, how often and how many batches */
     int val_on;
     dataloader vdl;
@@ -392,10 +394,10 @@ static ct_status log_start(run_log *lg, train_run *r, int64_t after_step) {
     manifest *mf = r->mf;
     char abs[4096], quoted[8300], f8[80] = "null";
     const char *mp = "float32", *fmt = "tensorwise";
-    json_string(quoted, sizeof quoted, realpath(mf->path, abs) ? abs : mf->path);
+    json_quote(quoted, sizeof quoted, realpath(mf->path, abs) ? abs : mf->path);
     mf_get_str(mf, "training.mixed_precision_param", &mp);
     mf_get_str(mf, "quantize.dense.float8.format", &fmt);
-    if (s->quantp) json_string(f8, sizeof f8, fmt);
+    if (s->quantp) json_quote(f8, sizeof f8, fmt);
     const int *d = s->mesh.degree;
     return log_record(lg, "\"event\": \"start\", \"first_step\": %lld, \"steps\": %lld, \"world_size\": %d, "
                           "\"seed\": %lld, \"manifest\": %s, \"pid\": %ld, \"tokens_per_step\": %lld, "
@@ -610,6 +612,9 @@ static void train_banner_print(const train_run *r) {
            "microbatches x %lld; %lld steps\n",
            (unsigned long long)r->dl.n_tokens, (long long)r->dl.n_windows, (long long)r->T, (long long)r->G,
            (long long)r->dp, (long long)r->accum, (long long)r->L, (long long)r->steps);
+    if (r->starts)
+        printf("documents: block_causal takes them from the document starts the shards record (version 4)%s\n",
+               r->dl.docs ? "" : ", in the held-out set; the training set's end at each EOS");
     const char *whole = r->val_steps < 0                   ? ": the whole set"
                         : r->val_steps > r->val_batches ? ": the whole set (fewer than validation.steps)"
                                                           : "";
@@ -635,7 +640,9 @@ static ct_status train_start(train_run *r) {
     size_t bytes = sizeof(int32_t) * (size_t)(r->G_local * r->T);
     r->inputs = malloc(bytes);
     r->targets = malloc(bytes);
-    if (!r->inputs || !r->targets) {
+    int docs = r->s->rt.doc_eos >= 0 && (r->dl.docs || (r->val_on && r->vdl.docs));
+    if (docs) r->starts = malloc((size_t)(r->G_local * r->T));
+    if (!r->inputs || !r->targets || (docs && !r->starts)) {
         fprintf(stderr, "ctitan: cannot allocate the batch: %lld sequences of %lld tokens\n", (long long)r->G_local,
                 (long long)r->T);
         return CT_ERR_NOMEM;
@@ -764,13 +771,23 @@ static ct_status step_log(train_run *r, int64_t step, double loss, double norm, 
     return CT_OK;
 }
 
+/* Sequence s of a loader into row i of the batch, with its document starts when the loader's shards
+ * record them and attention keeps to documents (r->starts); returns the starts to pass on, or NULL. */
+static const uint8_t *row_read(train_run *r, dataloader *dl, int64_t s, int64_t i) {
+    int docs = r->starts && dl->docs;
+    dataloader_sequence_docs(dl, s, r->inputs + i * r->T, r->targets + i * r->T, docs ? r->starts + i * r->T : NULL,
+                             r->s->rt.doc_eos);
+    return docs ? r->starts : NULL;
+}
+
 /* The whole global batch is read first: the loss is normalised by its valid-token count. */
-static void batch_read(train_run *r) {
+static const uint8_t *batch_read(train_run *r) {
+    const uint8_t *starts = NULL;
     for (int64_t i = 0; i < r->G_local; i++) /* this data-parallel rank's contiguous slice */
-        dataloader_sequence(&r->dl, dataloader_global_index(r->dl.position, r->G, r->dp_rank, r->dp, i),
-                            r->inputs + i * r->T, r->targets + i * r->T);
+        starts = row_read(r, &r->dl, dataloader_global_index(r->dl.position, r->G, r->dp_rank, r->dp, i), i);
     r->dl.position += r->G;
     r->ck.state.tokens_seen += r->G * r->T;
+    return starts;
 }
 
 /* validation.*: the held-out set from its first sequence, in batches of the training's global batch
@@ -781,12 +798,13 @@ static ct_status validate(train_run *r, int64_t step) {
     int64_t tokens = 0;
     trace_begin("validate");
     for (int64_t b = 0; b < r->val_batches; b++) {
+        const uint8_t *starts = NULL;
         for (int64_t i = 0; i < r->G_local; i++)
-            dataloader_sequence(&r->vdl, dataloader_global_index(b * r->G, r->G, r->dp_rank, r->dp, i),
-                                r->inputs + i * r->T, r->targets + i * r->T);
+            starts = row_read(r, &r->vdl, dataloader_global_index(b * r->G, r->G, r->dp_rank, r->dp, i), i);
         double ls;
         int64_t valid;
-        ct_status st = session_eval_step(r->s, r->inputs, r->targets, r->G_local, r->val_L, r->T, &ls, &valid);
+        ct_status st =
+            session_eval_step(r->s, r->inputs, r->targets, starts, r->G_local, r->val_L, r->T, &ls, &valid);
         if (st != CT_OK) return st;
         sum += ls;
         tokens += valid;
@@ -818,11 +836,11 @@ static step_next train_step(train_run *r, int64_t step) {
     profiler_step_begin(&r->prof, step);
     trace_begin("step");
     double lr = lr_at(&r->sched, step - r->ck.lr_offset);
-    batch_read(r);
+    const uint8_t *starts = batch_read(r);
     double loss, norm;
     int64_t valid;
-    if (session_train_step(s, r->inputs, r->targets, r->G_local, r->L, r->T, lr, r->max_norm, step, &loss, &norm,
-                           &valid) != CT_OK)
+    if (session_train_step(s, r->inputs, r->targets, starts, r->G_local, r->L, r->T, lr, r->max_norm, step, &loss,
+                           &norm, &valid) != CT_OK)
         return STEP_FAILED;
     if (!isfinite(norm)) {
         fprintf(stderr, "ctitan: step %lld: gradient norm is %g; stopping (lower optimizer.lr?)\n", (long long)step,
@@ -984,6 +1002,7 @@ done:
     }
     free(r.inputs);
     free(r.targets);
+    free(r.starts);
     dataloader_close(&r.dl);
     dataloader_close(&r.vdl);
     return rc;
@@ -1081,6 +1100,12 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
     ct_status st;
     *stop_signal = 0;
     manifest *mf = session_parse(argc, argv, &a, train_usage, &st);
+    if (mf && (a.chat || a.chat_template || a.print_prompt_ids || a.logits_out)) {
+        fprintf(stderr, "ctitan: train: --chat, --chat-template, --print-prompt-ids and --logits-out belong to "
+                        "`ctitan generate`\n");
+        manifest_free(mf);
+        return CT_ERR_INVALID;
+    }
     if (a.help) {
         train_help_print();
         manifest_free(mf);
@@ -1128,14 +1153,117 @@ out:
     return st;
 }
 
+static void ids_print(const char *what, const int32_t *ids, size_t n) {
+    fprintf(stderr, "generate: %s: %zu tokens:", what, n);
+    for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+    fprintf(stderr, "\n");
+}
+
+/* --logits-out FILE: the model's logits at each of the prompt's n positions, (n, vocab) float32 in the
+ * host's byte order (little-endian on every host ctitan runs on), written whole or not at all. */
+static ct_status logits_write(session *s, const char *path, const int32_t *ids, size_t n) {
+    int64_t V = s->rt.desc.vocab_size;
+    float *logits = malloc(sizeof(float) * (size_t)V * n + 1);
+    if (!logits) return ct_fail(CT_ERR_NOMEM, "out of memory for the prompt's logits");
+    ct_status st = runtime_forward_logits(&s->rt, ids, 1, (int64_t)n, logits);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = st == CT_OK ? fopen(tmp, "wb") : NULL;
+    if (st == CT_OK && !f) st = ct_fail(CT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    if (f) {
+        size_t put = fwrite(logits, sizeof(float), (size_t)V * n, f);
+        if ((fclose(f) != 0 || put != (size_t)V * n || rename(tmp, path) != 0) && st == CT_OK)
+            st = ct_fail(CT_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+        if (st != CT_OK) unlink(tmp);
+    }
+    free(logits);
+    if (st == CT_OK) fprintf(stderr, "generate: logits of the %zu prompt positions (%zu x %lld float32) -> %s\n", n, n,
+                             (long long)V, path);
+    return st;
+}
+
+/* --print-prompt-ids and --logits-out: what the sample starts from (ids, n). */
+static ct_status prompt_extras(session *s, const run_args *a, const char *what, const int32_t *ids, size_t n) {
+    if (a->print_prompt_ids) ids_print(what, ids, n);
+    if (a->logits_out && logits_write(s, a->logits_out, ids, n) != CT_OK) {
+        fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
+        return CT_ERR_IO;
+    }
+    return CT_OK;
+}
+
+/* The same without --chat: BOS (else EOS) and the prompt's ids, as the sample starts from. */
+static ct_status prompt_extras_text(session *s, const run_args *a, const ct_tokenizer *tok, const char *prompt) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (tokenizer_encode(tok, prompt, strlen(prompt), 0, &ids, &n) != CT_OK) {
+        fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
+        return CT_ERR_INVALID;
+    }
+    int32_t start = tokenizer_bos_id(tok) >= 0 ? tokenizer_bos_id(tok) : tokenizer_eos_id(tok);
+    int32_t *all = malloc(sizeof(int32_t) * (n + 1));
+    if (!all) {
+        free(ids);
+        return CT_ERR_NOMEM;
+    }
+    size_t k = 0;
+    if (start >= 0) all[k++] = start;
+    for (size_t i = 0; i < n; i++) all[k++] = ids[i];
+    ct_status st = k ? prompt_extras(s, a, "prompt ids", all, k) : CT_OK;
+    free(all);
+    free(ids);
+    return st;
+}
+
+/* ctitan generate --chat: the prompt as one user message through the chat template (--chat-template,
+ * else the tokenizer_config.json beside the tokenizer), stopped at the template's end-of-turn token. */
+static ct_status generate_chat(session *s, const run_args *a, const ct_tokenizer *tok, const char *prompt,
+                               int64_t max_new, double temp, int64_t top_k, double top_p, uint64_t seed, int64_t T) {
+    const char *tp;
+    char path[4096];
+    if ((mf_get_str(s->mf, "model.tokenizer_path", &tp) || !*tp) && (mf_get_str(s->mf, "model.hf_assets_path", &tp) || !*tp))
+        tp = ""; /* session_open_tokenizer has refused this already */
+    session_resolve_path(s->mf, tp, path, sizeof path);
+    chat_template *tpl = NULL;
+    int32_t *ids = NULL, eot = -1;
+    size_t n = 0;
+    ct_status st = chat_template_load(path, a->chat_template, tok, &tpl);
+    if (st == CT_OK) st = chat_end_of_turn(tpl, tok, &eot);
+    if (st == CT_OK) st = chat_encode_prompt(tpl, tok, prompt, &ids, &n);
+    if (st != CT_OK) {
+        fprintf(stderr, "ctitan: generate: %s\n", ct_last_error());
+        chat_template_free(tpl);
+        return st == CT_ERR_NOMEM ? st : CT_ERR_INVALID;
+    }
+    size_t l = 0;
+    const char *eot_text = tokenizer_token_bytes(tok, eot, &l);
+    fprintf(stderr, "generate: chat template %s; the reply ends at %.*s (id %d)\n", chat_template_origin(tpl),
+            (int)l, eot_text ? eot_text : "", eot);
+    st = prompt_extras(s, a, "chat prompt ids", ids, n);
+    if (st == CT_OK) st = session_generate_chat(s, tok, ids, n, eot, max_new, temp, top_k, top_p, seed, T);
+    free(ids);
+    chat_template_free(tpl);
+    return st;
+}
+
 static const char *generate_usage =
     "usage: ctitan generate MANIFEST.yaml [--checkpoint MODEL.ctt|STEP_FOLDER|CHECKPOINT_FOLDER] [--prompt TEXT]\n"
+    "                       [--chat] [--chat-template llama3|chatml|FILE] [--print-prompt-ids] [--logits-out FILE]\n"
     "                       [--section.key=value ...]\n"
     "  Samples text from a trained model: by default job.dump_folder/model.ctt, written by `ctitan train`;\n"
     "  or any checkpoint (a step-N folder, or a checkpoint folder: its newest step), whatever its layout.\n"
     "  The model is the one the file describes (model.name, flavor and options need not be given; keys\n"
     "  given must agree with it). Files of older ctitan carry no description: the manifest says.\n"
-    "  generate.max_new_tokens (default here 64), temperature, top_k, top_p and seed apply.\n";
+    "  generate.max_new_tokens (default here 64), temperature, top_k, top_p and seed apply.\n"
+    "  --chat               the prompt is one user message, rendered with the chat template and its\n"
+    "                       generation prompt (as transformers' apply_chat_template(..., add_generation_prompt\n"
+    "                       =True)); the reply stops at the template's end-of-turn token, and only the\n"
+    "                       reply is printed\n"
+    "  --chat-template T    (implies --chat) llama3 or chatml (built in), or a file holding a Jinja template;\n"
+    "                       default: chat_template of the tokenizer_config.json beside the tokenizer\n"
+    "  --print-prompt-ids   print the prompt's token ids on stderr before sampling\n"
+    "  --logits-out FILE    write the model's logits at each of those ids' positions: (ids, vocab) float32,\n"
+    "                       little-endian, before sampling\n";
 
 ct_status cmd_generate(int argc, char **argv) {
     run_args a = {.reads_no_data = 1};
@@ -1186,7 +1314,10 @@ ct_status cmd_generate(int argc, char **argv) {
     mf_get_float(mf, "generate.top_p", &top_p);
     if (mf_get_int(mf, "generate.seed", &seed)) mf_get_int(mf, "training.seed", &seed);
     mf_get_int(mf, "training.seq_len", &T);
-    st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
+    if (a.chat || a.chat_template)
+        st = generate_chat(&s, &a, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
+    else if ((st = prompt_extras_text(&s, &a, tok, prompt)) == CT_OK)
+        st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
 out:
     tokenizer_free(tok);
     session_close(&s);

@@ -4,7 +4,9 @@
 #   - `build/ctitan ...`, `mpirun ...`, `make ...`, `cc ...` lines (with `\` continuations);
 #     build/ is $BUILD (the sanitizer build under SANITIZE=1);
 #   - train runs get overrides APPENDED only: a tiny dataset and tokenizer made here, 3 steps of
-#     seq 32, an 8-token sample, one thread, their own dump folder;
+#     seq 32, an 8-token sample, one thread, their own dump folder; configs/sft_* runs (train and
+#     generate) get one thread and one dump folder of their own, and read the shards the docs'
+#     tokenize commands wrote before them;
 #   - synopsis lines (placeholders such as MANIFEST.yaml, [--option], a|b, ...) run `ctitan CMD --help`;
 #   - `make demo`, `make test`, `make bench`, `make fuzz` are skipped: minutes of training, the
 #     whole suite this test is part of, the benchmark, the fuzzers;
@@ -67,6 +69,9 @@ while IFS= read -r cmd; do
   # does not: leak checks are off for it, every other memory error still fails
   [[ "$cmd" == mpirun* ]] && run="ASAN_OPTIONS=\${ASAN_OPTIONS:+\$ASAN_OPTIONS:}detect_leaks=0 $run"
   [[ "$run" == *" train "* ]] && extra=("${tiny[@]}" --job.dump_folder="$T/run$i")
+  # the fine-tuning manifest runs on the data its own doc commands made (20 short steps), and its
+  # generate reads what its train wrote
+  [[ "$run" == *configs/sft_* ]] && extra=(--device.threads=1 --job.dump_folder="$T/sft")
   if eval "$run" '"${extra[@]}"' >"$T/$i.log" 2>&1 </dev/null; then # mpirun would read the list
     echo "ok   $cmd  ($(grep -c '^step\|\] step' "$T/$i.log") step lines; sample: $(grep -A1 '^sample:\|\] sample:' "$T/$i.log" | tail -1 | cut -c1-50))"
   else

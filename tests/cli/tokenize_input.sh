@@ -137,9 +137,9 @@ head -c 8 /dev/zero | dd of="$T/v1.bin" bs=1 seek=24 conv=notrunc status=none
   ok "--check of a version-1 shard: $(cat "$T/out")" || { bad "--check v1"; cat "$T/out"; }
 "$CTITAN" train "${run[@]}" --training.dataset_path="$T/v1.bin" --job.dump_folder="$T/r2" >"$T/out" 2>&1 &&
   grep -qE "^step +1 " "$T/out" && ok "a training run reads the version-1 shard" || { bad "train on v1"; tail -n 3 "$T/out"; }
-printf '\x04' | dd of="$T/v1.bin" bs=1 seek=8 conv=notrunc status=none
+printf '\x05' | dd of="$T/v1.bin" bs=1 seek=8 conv=notrunc status=none
 "$CTITAN" tokenize --check "$T/v1.bin" >"$T/out" 2>"$T/err"; rc=$?
-[ "$rc" -eq 2 ] && grep -q "v1.bin: token shard version 4, this build reads versions 1, 2 and 3" "$T/err" &&
-  ok "version 4 is refused: $(cat "$T/err")" || { bad "version 4: status $rc"; cat "$T/err"; }
+[ "$rc" -eq 2 ] && grep -q "v1.bin: token shard version 5, this build reads versions 1, 2, 3 and 4" "$T/err" &&
+  ok "version 5 is refused: $(cat "$T/err")" || { bad "version 5: status $rc"; cat "$T/err"; }
 
 [ "$fails" -eq 0 ] && echo "tokenize_input: ok" || { echo "tokenize_input: $fails failed"; exit 1; }

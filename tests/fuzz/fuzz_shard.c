@@ -74,20 +74,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     CHECK(c == n && info.count == n && size == 32 + 4 * n && memcmp(data, "CTTOKENS", 8) == 0);
-    CHECK(info.version == data[8] && info.version >= 1 && info.version <= 3);
-    if (info.version == 3) { /* some word after the first is unmasked */
+    CHECK(info.version == data[8] && info.version >= 1 && info.version <= 4);
+    if (info.version >= 3) { /* some word after the first is unmasked */
         uint64_t k = 1;
         while (k < n && (t[k] & SHARD_MASKED)) k++;
         CHECK(k < n);
     }
-    shard_writer *w = info.version == 3 ? shard_writer_open_masked(out_path) : shard_writer_open(out_path);
+    shard_writer *w = info.version == 4   ? shard_writer_open_docs(out_path)
+                      : info.version == 3 ? shard_writer_open_masked(out_path)
+                                          : shard_writer_open(out_path);
     CHECK(w && shard_writer_append(w, t, (size_t)n) == CT_OK && shard_writer_close(w) == CT_OK);
     size_t m;
     unsigned char *back = slurp(out_path, &m);
     CHECK(m == size && memcmp(back + 32, data + 32, size - 32) == 0);
     unsigned char want[32];
     memcpy(want, data, 32);
-    want[8] = info.version == 3 ? 3 : 2;
+    want[8] = info.version >= 3 ? (unsigned char)info.version : 2;
     for (int i = 0; i < 4; i++) want[24 + i] = (unsigned char)(info.checksum >> (8 * i));
     CHECK(memcmp(back, want, 32) == 0);
     free(back);

@@ -10,10 +10,13 @@ Writes into tests/golden/chat/:
                                tokenizer.json is the same one with three reserved specials renamed
                                <|im_start|>, <|im_end|>, <|endoftext|> (qwen_tokenizer_json below; the
                                test makes it with sed)
+  generation_prompts.txt       three prompts as one user message with the generation prompt, per case:
+                               transformers' ids (tests/cli/generate_chat.sh)
   renders.json                 Jinja snippets and the fuzz corpus's templates (tests/fuzz/corpus/jinja)
                                rendered by transformers' Jinja environment, for tests/unit/test_jinja.c
-  CASE.bin                     the token shard each case must write, word for word (version 3: bit 31 of
-                               a word masks it as a target), and CASE.txt, each conversation's ids and
+  CASE.bin                     the token shard each case must write, word for word (version 4: bit 31 of
+                               a word masks it as a target, bit 30 marks a conversation's first token),
+                               and CASE.txt, each conversation's ids and
                                mask as transformers gives them, for reading a difference
 
 Cases: llama3_config and qwen_config (the folders' templates), llama3_builtin and chatml_builtin
@@ -47,6 +50,7 @@ OUT = os.path.join(HERE, "chat")
 BASE_TOKENIZER = os.path.join(ROOT, "tests/data/tokenizer/hf/llama3/tokenizer.json")
 SEQ = 128
 MASKED = 1 << 31
+DOC_START = 1 << 30
 
 CONVERSATIONS = [
     {"messages": [{"role": "system", "content": "You are a terse assistant."},
@@ -238,7 +242,8 @@ def pack(encoded, eos):
         if b is None:
             blocks.append([]), used.append(0)
             b = len(blocks) - 1
-        words = [t | (MASKED if i == 0 or not mask[i] else 0) for i, t in enumerate(ids)]
+        words = [t | (MASKED if i == 0 or not mask[i] else 0) | (DOC_START if i == 0 else 0)
+                 for i, t in enumerate(ids)]
         stats["counted"] += sum(1 for w in words if not w & MASKED)
         blocks[b] += words
         used[b] += len(ids)
@@ -257,7 +262,7 @@ def pack(encoded, eos):
 
 def shard_bytes(words):
     body = struct.pack("<%dI" % len(words), *words)
-    return b"CTTOKENS" + struct.pack("<IIQQ", 3, 4, len(words), zlib.crc32(body)) + body
+    return b"CTTOKENS" + struct.pack("<IIQQ", 4, 4, len(words), zlib.crc32(body)) + body
 
 
 # Jinja snippets, one construct or two each, rendered by transformers' environment into renders.json
@@ -363,6 +368,23 @@ def renders():
     print("renders.json: %d cases, %d errors" % (len(out), sum("error" in c for c in out)))
 
 
+# `ctitan generate --chat` wraps its prompt as one user message plus the generation prompt
+# (tests/cli/generate_chat.sh): transformers' ids for it, per case, in generation_prompts.txt.
+GENERATION_PROMPTS = ["What is the capital of France?", "Traduis « bonjour » en allemand.", "日本の首都は？ 🗼"]
+
+
+def generation_prompts(cases, toks):
+    with open(os.path.join(OUT, "generation_prompts.txt"), "w", encoding="utf-8") as f:
+        f.write("# case prompt-index: transformers' apply_chat_template([user], add_generation_prompt=True) ids\n")
+        for i, p in enumerate(GENERATION_PROMPTS):
+            f.write("prompt %d %s\n" % (i, p))
+        for case, folder, template, _ in cases:
+            for i, p in enumerate(GENERATION_PROMPTS):
+                ids = toks[folder].apply_chat_template([{"role": "user", "content": p}], chat_template=template,
+                                                       tokenize=True, add_generation_prompt=True, return_dict=True)
+                f.write("%s %d %s\n" % (case, i, " ".join(map(str, ids["input_ids"]))))
+
+
 def main():
     os.makedirs(os.path.join(OUT, "llama3"), exist_ok=True)
     os.makedirs(os.path.join(OUT, "qwen"), exist_ok=True)
@@ -415,6 +437,7 @@ def main():
             # the Qwen template adds a default system prompt: compare from the first assistant token on
             if messages_of(c)[0]["role"] == "system":
                 assert i1 == i2 and m1 == m2, "qwen_config vs chatml_builtin"
+        generation_prompts(cases, toks)
     finally:
         shutil.rmtree(tmp)
     renders()

@@ -582,8 +582,65 @@ static void test_dataloader_mixture_is_exact_per_period(void **state) {
     unlink(b);
 }
 
+/* Documents for block-causal attention: a version 4 shard's recorded starts, whatever EOS tokens its
+ * documents hold (ChatML's turns end in Qwen's EOS); a version 2 shard's, after each EOS. A target that
+ * starts a document is ignored; the flags never reach the ids. One source is all version 4 or none. */
+static void test_dataloader_document_starts(void **state) {
+    (void)state;
+    enum { EOS = 2, M = SHARD_MASKED, S = SHARD_DOC_START };
+    /* two conversations in a window of 8: [5 EOS 6 EOS] [7 EOS 9 EOS], then a masked final EOS */
+    uint32_t words[9] = {5 | M | S, EOS | M, 6, EOS, 7 | M | S, EOS | M, 9, EOS, EOS | M};
+    char a[] = "/tmp/ctitan-docs-XXXXXX", b[] = "/tmp/ctitan-docs-XXXXXX";
+    close(mkstemp(a));
+    close(mkstemp(b));
+    shard_writer *w = shard_writer_open_docs(a);
+    assert_int_equal(shard_writer_append(w, words, 9), CT_OK);
+    assert_int_equal(shard_writer_close(w), CT_OK);
+    dataloader dl;
+    assert_int_equal(dataloader_open(&dl, a, 8, 1, 100), CT_OK);
+    assert_int_equal(dl.docs, 1);
+    int32_t in[8], tg[8];
+    uint8_t st[8];
+    assert_int_equal(dataloader_sequence_docs(&dl, 0, in, tg, st, EOS), CT_OK);
+    const int32_t want_in[8] = {5, EOS, 6, EOS, 7, EOS, 9, EOS}, want_tg[8] = {-100, 6, EOS, -100, -100, 9, EOS, -100};
+    const uint8_t want_st[8] = {1, 0, 0, 0, 1, 0, 0, 0};
+    assert_memory_equal(in, want_in, sizeof in);
+    assert_memory_equal(tg, want_tg, sizeof tg);
+    assert_memory_equal(st, want_st, sizeof st);
+    /* without starts asked: the ids stripped of both flags, the masks as before */
+    assert_int_equal(dataloader_sequence(&dl, 0, in, tg), CT_OK);
+    assert_memory_equal(in, want_in, sizeof in);
+    assert_memory_equal(tg, want_tg, sizeof tg); /* the starts are masked in the shard too */
+    dataloader_close(&dl);
+    /* version 2, the same ids: a document after each EOS, and the target after an EOS ignored */
+    uint32_t plain[9];
+    for (int i = 0; i < 9; i++) plain[i] = words[i] & SHARD_DOC_ID_MASK;
+    assert_int_equal(shard_write(b, plain, 9), CT_OK);
+    assert_int_equal(dataloader_open(&dl, b, 8, 1, 100), CT_OK);
+    assert_int_equal(dl.docs, 0);
+    assert_int_equal(dataloader_sequence_docs(&dl, 0, in, tg, st, EOS), CT_OK);
+    const uint8_t eos_st[8] = {0, 0, 1, 0, 1, 0, 1, 0};
+    const int32_t eos_tg[8] = {EOS, -100, EOS, -100, EOS, -100, EOS, -100};
+    assert_memory_equal(st, eos_st, sizeof st);
+    assert_memory_equal(tg, eos_tg, sizeof tg);
+    dataloader_close(&dl);
+    /* a folder with both kinds is refused, naming the shard */
+    char dir[] = "/tmp/ctitan-docsdir-XXXXXX", p1[64], p2[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(p1, sizeof p1, "%s/a.bin", dir);
+    snprintf(p2, sizeof p2, "%s/b.bin", dir);
+    assert_int_equal(rename(a, p1), 0);
+    assert_int_equal(rename(b, p2), 0);
+    assert_int_equal(dataloader_open(&dl, dir, 8, 1, 100), CT_ERR_INVALID);
+    assert_non_null(strstr(ct_last_error(), "b.bin is a version 2 shard, without document starts"));
+    unlink(p1);
+    unlink(p2);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dataloader_document_starts),
         cmocka_unit_test(test_overrides_last_wins_and_unset_keys_take_defaults),
         cmocka_unit_test(test_nulls_and_second_documents_are_refused),
         cmocka_unit_test(test_limits_refuse_bombs_depth_and_key_counts),

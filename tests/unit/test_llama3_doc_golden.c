@@ -79,7 +79,7 @@ static double rel_err(const float *got, const float *want, int64_t n) {
 static void test_document_ids_match(void **state) {
     fixture *f = *state;
     int32_t docs[B * T], pos[B * T];
-    runtime_doc_ids(docs, pos, f->tokens, B, T, f->eos);
+    runtime_doc_ids(docs, pos, f->tokens, NULL, B, T, f->eos);
     const int32_t *want = find(f, "input.doc_ids")->data, *want_pos = find(f, "input.doc_positions")->data;
     for (int i = 0; i < B * T; i++) {
         if (docs[i] != want[i]) fail_msg("document id of token %d: %d, PyTorch %d", i, docs[i], want[i]);
@@ -176,7 +176,7 @@ static void test_step_masks_document_boundaries(void **state) {
     }
     assert_true(raw_valid > want_valid);
     double loss, norm;
-    assert_int_equal(session_train_step(&f->s, f->tokens, f->raw, B, B, T, 0.0, 0.0, 1, &loss, &norm, &valid), CT_OK);
+    assert_int_equal(session_train_step(&f->s, f->tokens, f->raw, NULL, B, B, T, 0.0, 0.0, 1, &loss, &norm, &valid), CT_OK);
     float want_loss = *(const float *)find(f, "expected.loss")->data;
     assert_int_equal(valid, want_valid);
     if (fabs(loss - want_loss) > TOL * fabs(want_loss)) fail_msg("step loss %.9f, PyTorch %.9f", loss, want_loss);

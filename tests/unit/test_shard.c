@@ -190,8 +190,8 @@ static void test_malformed_files_are_refused(void **state) {
     expect_header_error(b, 0, "too short");
     expect_header_error(b, 31, "too short");
     good_image(b); b[0] = 'X';  expect_header_error(b, 40, "bad magic");
-    good_image(b); b[8] = 4;    expect_header_error(b, 40, "version 4, this build reads versions 1, 2 and 3");
-    good_image(b); b[8] = 0;    expect_header_error(b, 40, "version 0, this build reads versions 1, 2 and 3");
+    good_image(b); b[8] = 5;    expect_header_error(b, 40, "version 5, this build reads versions 1, 2, 3 and 4");
+    good_image(b); b[8] = 0;    expect_header_error(b, 40, "version 0, this build reads versions 1, 2, 3 and 4");
     good_image(b); b[12] = 2;   expect_header_error(b, 40, "2 bytes per token");
     good_image(b); b[30] = 1;   expect_header_error(b, 40, "version 1's reserved header field");
     good_image(b); b[24] = 1;   expect_header_error(b, 40, "version 1's reserved header field");
@@ -357,6 +357,40 @@ static void test_masked_version_3(void **state) {
     shard_free(t);
 }
 
+/* Version 4 keeps SHARD_DOC_START beside SHARD_MASKED; shard_verify counts the documents started. */
+static void test_doc_starts_version_4(void **state) {
+    (void)state;
+    char p[256];
+    path_of(p, "docs.bin");
+    uint32_t words[6] = {7 | SHARD_MASKED | SHARD_DOC_START, 9, 2 | SHARD_MASKED, 8 | SHARD_MASKED | SHARD_DOC_START,
+                         5, 2 | SHARD_MASKED};
+    shard_writer *w = shard_writer_open_docs(p);
+    assert_non_null(w);
+    assert_int_equal(shard_writer_append(w, words, 6), CT_OK);
+    assert_int_equal(shard_writer_close(w), CT_OK);
+    unsigned char b[64];
+    assert_int_equal(read_bytes(p, b, sizeof b), 32 + 24);
+    assert_int_equal(b[8], 4);
+    assert_int_equal(b[32 + 3], 0xc0); /* bits 31 and 30 of the little-endian word */
+    uint32_t *t;
+    uint64_t m;
+    shard_info info;
+    assert_int_equal(shard_read_info(p, &t, &m, &info), CT_OK);
+    assert_int_equal(info.version, SHARD_VERSION_DOCS);
+    assert_memory_equal(t, words, sizeof words);
+    shard_free(t);
+    assert_int_equal(shard_verify(p, &info), CT_OK);
+    assert_int_equal(info.documents, 2);
+    /* a version 3 shard counts none, whatever its bit 30 */
+    path_of(p, "masked3.bin");
+    w = shard_writer_open_masked(p);
+    assert_int_equal(shard_writer_append(w, words, 6), CT_OK);
+    assert_int_equal(shard_writer_close(w), CT_OK);
+    assert_int_equal(shard_verify(p, &info), CT_OK);
+    assert_int_equal(info.version, 3);
+    assert_int_equal(info.documents, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_sizes),
@@ -365,6 +399,7 @@ int main(void) {
         cmocka_unit_test(test_version_1_is_still_read),
         cmocka_unit_test(test_streaming_writer_is_atomic),
         cmocka_unit_test(test_masked_version_3),
+        cmocka_unit_test(test_doc_starts_version_4),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
