@@ -128,6 +128,7 @@ $(BUILD)/ctitan-sdk.pc: sdk/ctitan-sdk.pc.in sdk/include/ctitan/abi.h
 	sed -e 's|@PREFIX@|$(abspath sdk)|' -e 's|@VERSION@|$(ABI_VERSION).0|' $< > $@
 
 -include $(wildcard tests/unit/*.mk)
+include tests/cuda_emu/emu.mk
 
 # The fast tiers for the edit-compile loop (tests/tiers.txt): unit (cmocka tests of one part) and
 # contract (the command line, files and plugin ABI from outside), none launching MPI ranks or a
@@ -148,6 +149,8 @@ test: deps
 	$(MAKE) all $(TEST_BIN) $(MPI_TEST_BIN) $(TEST_PLUGIN_SOS)
 	@if command -v clang >/dev/null 2>&1; then $(MAKE) $(FUZZ_TESTED) || \
 	  echo "make test: the libFuzzer targets did not build: the fuzz tests skip their libFuzzer runs"; fi
+	@if [ "$(SANITIZE)" != 1 ] && command -v $(CXX) >/dev/null 2>&1 && command -v perl >/dev/null 2>&1 && \
+	  [ "$$(uname -m)" = x86_64 ]; then $(MAKE) cuda-emu; fi
 	BUILD=$(BUILD) CT_TEST_JOBS=$(CT_TEST_JOBS) tests/run.sh
 
 bench: deps all

@@ -6,8 +6,8 @@
 # kernel launch that runs every block in turn with one host thread per CUDA thread (real
 # barriers for __syncthreads and warp shuffles), cuBLAS/cuBLASLt as an OpenBLAS sgemm, CUB's
 # radix sort as a stable sort (see tests/cuda_emu/cuda_emu.h for what it can and cannot show).
-# The .cu files are compiled by g++ after two rewrites (launches and dynamic shared memory); the
-# plugin's C files are compiled as they are, against the stand-in headers.
+# The .cu files are compiled by g++ after two rewrites (launches and dynamic shared memory), the
+# plugin's C files as they are, against the stand-in headers: tests/cuda_emu/emu.mk (`make cuda-emu`).
 #
 #   (a) the emulated plugin passes every test of tests/unit/test_device_conformance.c (ABI 1.0,
 #       float8 and tensor-parallel ops, 1.4's fp8 GEMM, bf16 operands and shared stream, 1.5's
@@ -36,9 +36,6 @@ if [ "$BUILD" = build-san ]; then # it builds its own ASan/UBSan binaries: once 
   echo "skipped under SANITIZE=1 (this test always runs under ASan/UBSan; the plain suite runs it)"; exit 0; fi
 OUT=$BUILD/cuda-emu
 EMU=tests/cuda_emu
-OPENBLAS_INC=/usr/include/x86_64-linux-gnu/openblas-openmp
-OPENBLAS_LIB=/usr/lib/x86_64-linux-gnu/openblas-openmp
-SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 mkdir -p "$OUT/src"
 
 . tests/cli/lib/common.sh
@@ -47,44 +44,10 @@ for tool in g++ perl; do
 done
 [ "$(uname -m)" = x86_64 ] || { echo "skip: tests/cuda_emu switches fibers with x86-64 code"; exit 0; }
 
-# the kernels: launches become emu_launch calls, dynamic shared memory a pointer to the block's
-CXX_FLAGS=(-std=c++17 -O1 -g -fPIC -Wall -Wextra -Werror $SAN -I"$EMU" -I"$EMU/include" -Iplugins/cuda -Isdk/include)
-pids=()
-objs=()
-for cu in plugins/cuda/*.cu; do
-    name=$(basename "$cu" .cu)
-    perl -0pe 's/(\w+(?:<\w+>)?)<<<(.*?)>>>\(/emu_launch(EMU_CFG($2), $1, /gs;
-               s/extern __shared__ (\w+) (\w+)\[\];/$1 *$2 = ($1 *)emu_dynamic_smem();/g' "$cu" >"$OUT/src/$name.cpp"
-    ! grep -q '<<<' "$OUT/src/$name.cpp" || fail "$cu: a launch the rewrite did not catch"
-    g++ "${CXX_FLAGS[@]}" -include "$EMU/cuda_emu.h" -c -o "$OUT/$name.cu.o" "$OUT/src/$name.cpp" &
-    pids+=($!)
-    objs+=("$OUT/$name.cu.o")
-done
-C_FLAGS=(-std=c11 -O1 -g -fPIC -Wall -Wextra -Werror -fno-strict-aliasing -D_GNU_SOURCE $SAN -Isdk/include -I"$EMU/include")
-for c in plugins/cuda/*.c; do
-    name=$(basename "$c" .c)
-    cc "${C_FLAGS[@]}" -c -o "$OUT/$name.c.o" "$c" &
-    pids+=($!)
-    objs+=("$OUT/$name.c.o")
-done
-for emu in emu_runtime emu_streams emu_graphs; do
-    g++ -std=c++17 -O1 -g -fPIC -Wall -Wextra -Werror $SAN -I"$EMU" -I"$EMU/include" -I"$OPENBLAS_INC" \
-        -c -o "$OUT/$emu.o" "$EMU/$emu.cpp" &
-    pids+=($!)
-done
-cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE $SAN -Isdk/include -Icore -o "$OUT/test_device_conformance" \
-    tests/unit/test_device_conformance.c core/host/devcheck.c -lcmocka -ldl -lm &
-pids+=($!)
-cc -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE $SAN -Isdk/include -o "$OUT/cross_check" \
-    "$EMU/cross_check.c" -ldl -lm &
-pids+=($!)
-for p in "${pids[@]}"; do
-    wait "$p" || fail "a compile step failed (see above)"
-done
-g++ -shared $SAN -o "$OUT/ctitan-cuda-emu.so" "${objs[@]}" "$OUT/emu_runtime.o" "$OUT/emu_streams.o" \
-    "$OUT/emu_graphs.o" -L"$OPENBLAS_LIB" -Wl,-rpath,"$OPENBLAS_LIB" -lopenblas -lpthread -Wl,-z,nodelete \
-    -Wl,--version-script=plugins/cuda/exports.map ||
-    fail "cannot link the emulated plugin"
+# the emulated plugin, the harnesses and the emulator's own check: tests/cuda_emu/emu.mk's rules, which
+# `make test` has run with the rest of the build (here make finds them up to date)
+MAKEFLAGS= make -s BUILD="$BUILD" cuda-emu >"$OUT/build.log" 2>&1 ||
+    { grep -E 'error|rewrite' "$OUT/build.log" | head -20; fail "cannot build the emulated plugin (make cuda-emu; $OUT/build.log)"; }
 echo "ok: built $OUT/ctitan-cuda-emu.so (plugins/cuda/*.c and *.cu on tests/cuda_emu)"
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
@@ -156,9 +119,6 @@ grep -q 'create failed: create: no CUDA device is visible' "$OUT/nodevice.log" |
 echo "ok: with no device, create refuses cleanly"
 
 # the emulator's own stream capture and graphs (tests/cuda_emu/emu_graph_check.cpp), with leak checks
-g++ "${CXX_FLAGS[@]}" -I"$OPENBLAS_INC" -o "$OUT/emu_graph_check" "$EMU/emu_graph_check.cpp" "$OUT/emu_runtime.o" \
-    "$OUT/emu_streams.o" "$OUT/emu_graphs.o" -L"$OPENBLAS_LIB" -Wl,-rpath,"$OPENBLAS_LIB" -lopenblas -lpthread ||
-    fail "cannot build $EMU/emu_graph_check.cpp"
 "$OUT/emu_graph_check" >"$OUT/emu_graph_check.log" 2>&1 ||
     { grep -E '^FAIL|runtime error|Sanitizer' "$OUT/emu_graph_check.log" | head -20 || true
       fail "$EMU/emu_graph_check.cpp: see $OUT/emu_graph_check.log"; }

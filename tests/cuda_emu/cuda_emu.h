@@ -1,6 +1,6 @@
 /* cuda_emu.h: CUDA's device-side language on the CPU, for running the CUDA plugin's kernels
  * (plugins/cuda/kernels_*.cu) where there is no GPU. Included first (g++ -include) into each .cu
- * file after tests/cli/cuda_emulated.sh has rewritten its launches:
+ * file after tests/cuda_emu/emu.mk (`make cuda-emu`) has rewritten its launches:
  *
  *     kernel<<<grid, block, smem, stream>>>(args)  ->  emu_launch(EMU_CFG(grid, block, smem, stream), kernel, args)
  *     extern __shared__ T name[];                   ->  T *name = (T *)emu_dynamic_smem();
