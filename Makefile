@@ -46,7 +46,7 @@ CORE_LIB := $(BUILD)/libctitan-core.a
 # appends its outputs to EXTRA_SOS.
 .DEFAULT_GOAL := all
 EXTRA_SOS :=
--include $(wildcard plugins/*/plugin.mk)
+-include $(wildcard plugins/*/plugin.mk) $(wildcard models/*/plugin.mk)
 PLUGIN_DIRS := $(wildcard plugins/*/) $(wildcard models/*/)
 PLUGIN_NAMES := $(foreach d,$(PLUGIN_DIRS),$(notdir $(patsubst %/,%,$(d))))
 PLUGIN_NAMES := $(foreach n,$(PLUGIN_NAMES),$(if $(SKIP_$(n)),,$(n)))

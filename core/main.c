@@ -33,7 +33,7 @@ static const char *usage =
     "  launch -n N CMD     run `ctitan CMD` on N ranks under mpirun (as root, oversubscribed)\n"
     "  tokenize            turn text or JSONL into a token shard\n"
     "  tokenizer           train / encode / decode with a BPE vocabulary (tiktoken format)\n"
-    "  convert             --to hf | --from hf: a model (.ctt) to or from a Hugging Face Llama or Qwen2 folder\n"
+    "  convert             --to hf | --from hf: a model (.ctt) to or from a Hugging Face folder, through its pack\n"
     "  schedule            check and draw a pipeline schedule (timeline, bubble, --svg)\n"
     "  plot RUN_DIR...     runs' loss (or any metric) against step or tokens, as SVG or PNG\n"
     "  config import FILE  torchtitan's TOML config as a ctitan YAML manifest\n"

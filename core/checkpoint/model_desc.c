@@ -2,6 +2,7 @@
 #include "checkpoint/model_desc.h"
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_pack.h"
 #include "formats/tensorfile.h"
 #include "base/error.h"
 
@@ -98,52 +99,6 @@ oom:
     return NULL;
 }
 
-json_t *mdesc_from_hf(const hf_config *c) {
-    json_t *d = json_object(), *model = json_object(), *opts = json_object();
-    if (!d || !model || !opts) {
-        json_decref(d);
-        json_decref(model);
-        json_decref(opts);
-        return NULL;
-    }
-    int qwen2 = (c->features & CT_MODEL_QKV_BIAS) != 0;
-    int64_t head_dim = c->head_dim ? c->head_dim : c->n_heads ? c->dim / c->n_heads : 0;
-    const struct { const char *key; int64_t v; } ints[] = {
-        {"dim", c->dim}, {"n_layers", c->n_layers}, {"vocab_size", c->vocab}, {"n_heads", c->n_heads},
-        {"n_kv_heads", c->n_kv_heads}, {"ffn_hidden", c->ffn_hidden}};
-    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
-        json_object_set_new(model, ints[i].key, json_integer(ints[i].v));
-        json_object_set_new(opts, ints[i].key, json_integer(ints[i].v));
-    }
-    json_object_set_new(model, "head_dim", json_integer(head_dim));
-    json_object_set_new(model, "features", json_integer(c->features));
-    json_object_set_new(model, "rope_theta", json_real(c->rope_theta));
-    json_object_set_new(model, "norm_eps", json_real(c->norm_eps));
-    json_object_set_new(model, "hf_model_type", json_string(qwen2 ? "qwen2" : "llama"));
-    json_object_set_new(opts, "rope_theta", json_real(c->rope_theta));
-    json_object_set_new(opts, "norm_eps", json_real(c->norm_eps));
-    if (c->rope_scaling_factor != 0) { /* Llama 3.1's scaled RoPE: the pack's options and the description */
-        const struct { const char *key; double v; } sc[] = {
-            {"rope_scaling_factor", c->rope_scaling_factor}, {"rope_low_freq_factor", c->rope_low_freq_factor},
-            {"rope_high_freq_factor", c->rope_high_freq_factor}};
-        for (size_t i = 0; i < sizeof sc / sizeof *sc; i++) {
-            json_object_set_new(model, sc[i].key, json_real(sc[i].v));
-            json_object_set_new(opts, sc[i].key, json_real(sc[i].v));
-        }
-        json_object_set_new(model, "rope_original_max_position", json_integer(c->rope_original_max_position));
-        json_object_set_new(opts, "rope_original_max_position", json_integer(c->rope_original_max_position));
-        json_object_set_new(opts, "rope_scaling", json_string("llama3"));
-    }
-    /* a tied Llama is read for the untied llama3 pack (its output a copy), a tied Qwen2 shares */
-    json_object_set_new(opts, "tie_word_embeddings", json_boolean(c->features & CT_MODEL_TIED_EMBEDDINGS));
-    json_object_set_new(d, "format", json_string("ctitan-model"));
-    json_object_set_new(d, "version", json_integer(MDESC_VERSION));
-    json_object_set_new(d, "name", json_string(qwen2 ? "qwen2" : "llama3"));
-    json_object_set_new(d, "options", opts);
-    json_object_set_new(d, "model", model);
-    return d;
-}
-
 static int key_ok(const char *k) {
     size_t n = strlen(k);
     if (n < 1 || n > MAX_KEY) return 0;
@@ -222,21 +177,12 @@ static ct_status read_metadata(const char *dir, json_t **out) {
     return CT_OK;
 }
 
+/* A Hugging Face folder's description: the model pack its model_type names, created from its config.json. */
 static ct_status read_hf(const char *dir, json_t **out) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return ct_fail(CT_ERR_IO, "%s: cannot open it", path);
-    enum { CAP = 1 << 20 };
-    char *text = malloc(CAP + 1);
-    size_t n = text ? fread(text, 1, CAP + 1, fp) : 0;
-    fclose(fp);
-    hf_config c;
-    ct_status rc = CT_OK;
-    if (!text || n > CAP) rc = ct_fail(CT_ERR_IO, "%s: cannot read it (or larger than 1 MB)", path);
-    else if (hf_config_parse(text, n, path, &c) != CT_OK) rc = CT_ERR_INVALID;
-    else if (!(*out = mdesc_from_hf(&c))) rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
-    free(text);
+    hf_pack k;
+    ct_status rc = hf_pack_from_folder(dir, NULL, &k);
+    if (rc == CT_OK && !(*out = hf_pack_describe(&k))) rc = ct_fail(CT_ERR_NOMEM, "%s: out of memory", dir);
+    hf_pack_close(&k);
     return rc;
 }
 

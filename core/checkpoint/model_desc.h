@@ -20,7 +20,6 @@
 
 #include "config/manifest.h"
 #include "engine/session.h"
-#include "formats/hf.h"
 
 #include <jansson.h>
 
@@ -28,12 +27,11 @@
 
 /* The running model's description (after session_open with parameters). NULL when out of memory. */
 json_t *mdesc_build(const session *s);
-/* A Hugging Face config's description: name llama3 or qwen2, no flavor. */
-json_t *mdesc_from_hf(const hf_config *c);
 /* CT_OK when d has the shape above, else CT_ERR_INVALID and "label: what is wrong" set. */
 ct_status mdesc_check(const json_t *d, const char *label);
 /* The description of a model file (.ctt), a step folder, a checkpoint folder (its newest step) or,
- * with in_hf, a Hugging Face folder (its config.json). CT_OK with *out NULL when the file has none;
+ * with in_hf, a Hugging Face folder (the pack its config.json's model_type names, created from it:
+ * hf_pack.h; no flavor). CT_OK with *out NULL when the file has none;
  * CT_OK with *out (the caller's reference) when it has one; else a status and one line set. */
 ct_status mdesc_read(const char *path, int in_hf, json_t **out);
 /* A ct_model_desc field of d ("n_heads"): 1 and *out when present, else 0. */

@@ -10,48 +10,52 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/hf.h"
-#include "formats/tensorfile.h"
+#include "checkpoint/hf_pack.h"
 #include "checkpoint/model_desc.h"
+#include "formats/hf_export.h"
+#include "formats/tensorfile.h"
 
 #define ERRLEN 1024
 
 static const char usage[] =
     "usage: ctitan convert --to hf --input MODEL.ctt --output DIR [--dtype float32|bfloat16]\n"
     "                      [--n-heads H] [--n-kv-heads K] [--rope-theta X] [--norm-eps X]\n"
-    "                      [--max-position-embeddings N]\n"
-    "       ctitan convert --from hf --input DIR --output MODEL.ctt\n"
+    "                      [--max-position-embeddings N] [--model PACK]\n"
+    "       ctitan convert --from hf --input DIR --output MODEL.ctt [--model PACK]\n"
     "\n"
-    "Converts a llama3 or qwen2 model between ctitan's model file (a .ctt of float32 parameters under\n"
-    "torchtitan's names, as `ctitan train` saves it) and a Hugging Face LlamaForCausalLM or\n"
-    "Qwen2ForCausalLM folder (config.json + model.safetensors). q and k rows (and their biases) are\n"
-    "permuted between ctitan's interleaved RoPE pairs and Hugging Face's halves; a float32 round trip\n"
-    "is bit-exact. A model with layers.N.attention.w{q,k,v}.bias is a Qwen2; one without\n"
-    "output.weight has tied embeddings (tie_word_embeddings: true, no lm_head.weight).\n"
+    "Converts a model between ctitan's model file (a .ctt of float32 parameters under torchtitan's\n"
+    "names, as `ctitan train` saves it) and a Hugging Face folder (config.json + model.safetensors),\n"
+    "through the model pack's own tables: its Hugging Face names, the q and k rows it permutes between\n"
+    "ctitan's interleaved RoPE pairs and Hugging Face's halves, its config.json fields, and how\n"
+    "config.json sets its options. A float32 round trip is bit-exact. The pack is the one the model\n"
+    "file's description names (else the one that runs its model_type), or for a folder the model pack\n"
+    "on the plugin search path that runs its model_type (`ctitan plugins` lists the packs); --model names\n"
+    "another (a name or the path of a .so).\n"
     "\n"
     "  --to hf             write DIR/config.json and DIR/model.safetensors (DIR is created if missing).\n"
-    "                      The sizes come from the tensors' shapes, the heads, RoPE base, RoPE scaling\n"
-    "                      (Llama 3.1's llama3 type) and norm epsilon from the model description every\n"
-    "                      saved model carries (a flag that contradicts it is refused). For a file without\n"
-    "                      one (an older ctitan's, a golden file), the flags below, or its config.n_heads,\n"
-    "                      config.n_kv_heads, config.rope_theta, config.norm_eps and config.rope_scaling_*\n"
-    "                      scalars; other non-parameter entries are ignored.\n"
+    "                      The model comes from the description every saved model carries (a flag that\n"
+    "                      contradicts it is refused). A file without one (an older ctitan's, a golden\n"
+    "                      file) is a model of the default pack (model.name's default): its sizes from the\n"
+    "                      tensors' shapes, the heads, RoPE base, RoPE scaling and norm epsilon\n"
+    "                      from the flags below, or its config.n_heads, config.n_kv_heads,\n"
+    "                      config.rope_theta, config.norm_eps and config.rope_scaling_* scalars; other\n"
+    "                      non-parameter entries are ignored.\n"
     "  --dtype T           float32 (default) or bfloat16 (rounded to nearest even)\n"
     "  --n-heads H         query heads (the shapes cannot tell; needed only for a file without a description)\n"
     "  --n-kv-heads K      key/value heads (default: from layers.0.attention.wk.weight's shape)\n"
-    "  --rope-theta X      RoPE base (default 500000, as ctitan's llama3 flavors)\n"
+    "  --rope-theta X      RoPE base (default 500000)\n"
     "  --norm-eps X        RMSNorm epsilon (default 1e-5)\n"
-    "  --max-position-embeddings N   written to config.json (default 8192)\n"
+    "  --max-position-embeddings N   written to config.json (default: the pack's)\n"
     "\n"
     "  --from hf           read DIR/config.json and DIR/model.safetensors (or the shards named by\n"
     "                      model.safetensors.index.json; F32, BF16, F16 or F64 tensors) and write the\n"
-    "                      parameters as float32, in the order the llama3 pack declares them, after the\n"
-    "                      model description (so generate and model.flavor: from_checkpoint need no sizes).\n"
-    "                      The model options to use with the file are printed. A tied Qwen2 gives no output.weight\n"
-    "                      (the qwen2 pack shares the table), a tied Llama a copy of the table. RoPE\n"
-    "                      scaling of rope_type llama3 (Llama 3.1+) is kept in the model description.\n"
-    "                      Refused: other RoPE types, a Llama's biases, Qwen2's sliding window, other\n"
-    "                      activations or model types, head_dim != hidden_size / heads.\n"
+    "                      parameters as float32, in the order the pack declares them, after the model\n"
+    "                      description (so generate and model.flavor: from_checkpoint need no sizes).\n"
+    "                      The model options to use with the file are printed. A tied folder gives a pack\n"
+    "                      that shares the table no head of its own, an untied pack a copy of the table.\n"
+    "                      Refused: a model_type no pack runs, RoPE types other than default and the\n"
+    "                      frequency-band one, and any key the pack's table checks with another value.\n"
+    "  --model PACK        the model pack to convert through (default: as above)\n"
     "  --help              this text\n";
 
 static ct_status usage_error(const char *msg, const char *arg) {
@@ -115,25 +119,8 @@ static const char *short_g(char *out, size_t len, double x) {
     return out;
 }
 
-/* The manifest's model section that runs the converted file (a Qwen2 on sdk/examples/qwen2's pack). */
-static void print_model_line(const hf_config *c) {
-    char theta[32], eps[32], scaling[256] = "", f[32], lo[32], hi[32];
-    int qwen2 = (c->features & CT_MODEL_QKV_BIAS) != 0;
-    if (c->rope_scaling_factor != 0)
-        snprintf(scaling, sizeof scaling, ", rope_scaling: llama3, rope_scaling_factor: %s, rope_low_freq_factor: %s, "
-                 "rope_high_freq_factor: %s, rope_original_max_position: %lld",
-                 short_g(f, sizeof f, c->rope_scaling_factor), short_g(lo, sizeof lo, c->rope_low_freq_factor),
-                 short_g(hi, sizeof hi, c->rope_high_freq_factor), (long long)c->rope_original_max_position);
-    printf("model: {name: %s, dim: %lld, n_layers: %lld, n_heads: %lld, n_kv_heads: %lld, vocab_size: %lld, "
-           "ffn_hidden: %lld, rope_theta: %s, norm_eps: %s%s%s}\n",
-           qwen2 ? "qwen2" : "llama3", (long long)c->dim,
-           (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->vocab,
-           (long long)c->ffn_hidden, short_g(theta, sizeof theta, c->rope_theta), short_g(eps, sizeof eps, c->norm_eps),
-           scaling, !qwen2 ? "" : c->features & CT_MODEL_TIED_EMBEDDINGS ? ", tie_word_embeddings: true" : ", tie_word_embeddings: false");
-}
-
 typedef struct args {
-    const char *input, *output;
+    const char *input, *output, *model;
     hf_dtype dtype;
     int64_t n_heads, n_kv_heads, max_pos; /* 0: not given */
     double rope_theta, norm_eps;          /* 0: not given */
@@ -178,6 +165,103 @@ static int described(const tf_file *f, const args *a, json_t **out) {
     return 0;
 }
 
+/* A file without a description (an older ctitan's, a golden file): a model of the default pack, its
+ * sizes from the shapes of the torchtitan-named tensors ctitan wrote then, the rest from the flags or
+ * the file's config.* scalars. The options in *opts; -1 after one error line. */
+static int legacy_options(const tf_file *f, const args *a, json_t *opts) {
+    double v;
+    int64_t heads = a->n_heads ? a->n_heads : ctt_count(f, "config.n_heads");
+    int64_t kv = a->n_kv_heads ? a->n_kv_heads : ctt_count(f, "config.n_kv_heads");
+    if (!heads) {
+        fprintf(stderr, "ctitan convert: %s has no model description nor config.n_heads; give --n-heads (the shapes "
+                        "cannot tell it)\n", a->input);
+        return -1;
+    }
+    const tf_entry *emb = tf_find(f, "tok_embeddings.weight"), *w1 = tf_find(f, "layers.0.feed_forward.w1.weight");
+    const tf_entry *wk = tf_find(f, "layers.0.attention.wk.weight");
+    const char *bad = !emb || emb->ndim != 2 ? "tok_embeddings.weight" : !w1 || w1->ndim != 2 ? "layers.0.feed_forward.w1.weight"
+                      : !kv && (!wk || wk->ndim != 2) ? "layers.0.attention.wk.weight" : NULL;
+    if (bad) {
+        fprintf(stderr, "ctitan convert: %s: tensor '%s' is missing or not a 2-D tensor (it gives the model's sizes)\n",
+                a->input, bad);
+        return -1;
+    }
+    if (emb->shape[1] % heads) {
+        fprintf(stderr, "ctitan convert: %s: n_heads %lld does not divide the model width %lld (from "
+                        "tok_embeddings.weight)\n", a->input, (long long)heads, (long long)emb->shape[1]);
+        return -1;
+    }
+    int64_t head_dim = emb->shape[1] / heads, layers = 0;
+    if (!kv && wk->shape[0] % head_dim) {
+        fprintf(stderr, "ctitan convert: %s: tensor 'layers.0.attention.wk.weight' has %lld rows, not a multiple of "
+                        "head_dim %lld\n", a->input, (long long)wk->shape[0], (long long)head_dim);
+        return -1;
+    }
+    for (char name[64];; layers++) {
+        snprintf(name, sizeof name, "layers.%lld.attention_norm.weight", (long long)layers);
+        if (!tf_find(f, name) || layers >= 1024) break;
+    }
+    json_object_set_new(opts, "dim", json_integer(emb->shape[1]));
+    json_object_set_new(opts, "vocab_size", json_integer(emb->shape[0]));
+    json_object_set_new(opts, "n_layers", json_integer(layers ? layers : 1));
+    json_object_set_new(opts, "ffn_hidden", json_integer(w1->shape[0]));
+    json_object_set_new(opts, "n_heads", json_integer(heads));
+    json_object_set_new(opts, "n_kv_heads", json_integer(kv ? kv : wk->shape[0] / head_dim));
+    json_object_set_new(opts, "rope_theta", json_real(a->rope_theta            ? a->rope_theta
+                                                      : ctt_scalar(f, "config.rope_theta", &v) ? v
+                                                                                                : 500000.0));
+    json_object_set_new(opts, "norm_eps", json_real(a->norm_eps ? a->norm_eps : ctt_scalar(f, "config.norm_eps", &v) ? v : 1e-5));
+    if (ctt_scalar(f, "config.rope_scaling_factor", &v) && v != 0) {
+        json_object_set_new(opts, "rope_scaling", json_string(HF_ROPE_BANDS));
+        json_object_set_new(opts, "rope_scaling_factor", json_real(v));
+        if (ctt_scalar(f, "config.rope_low_freq_factor", &v)) json_object_set_new(opts, "rope_low_freq_factor", json_real(v));
+        if (ctt_scalar(f, "config.rope_high_freq_factor", &v))
+            json_object_set_new(opts, "rope_high_freq_factor", json_real(v));
+        int64_t orig = ctt_count(f, "config.rope_original_max_position");
+        if (orig) json_object_set_new(opts, "rope_original_max_position", json_integer(orig));
+    }
+    return 0;
+}
+
+/* The file's parameters in the pack's order (pointing into f), after checking every one is there with
+ * its shape and that no tensor the pack's table would name is left over. NULL after one error line. */
+static tf_file *pack_params(const hf_pack *k, const tf_file *f, const char *input) {
+    tf_file *w = calloc(1, sizeof *w);
+    tf_entry *e = w ? calloc((size_t)(k->want->count ? k->want->count : 1), sizeof *e) : NULL;
+    if (!e) {
+        fprintf(stderr, "ctitan convert: out of memory\n");
+        free(w);
+        return NULL;
+    }
+    w->entries = e;
+    w->version = TF_VERSION;
+    for (int i = 0; i < k->want->count; i++) {
+        const tf_entry *p = &k->want->entries[i];
+        const tf_entry *got = tf_expect(f, NULL, p->name, TF_F32, p->ndim, p->shape);
+        if (!got) {
+            fprintf(stderr, "ctitan convert: %s: %s\n", input, ct_last_error());
+            goto fail;
+        }
+        e[w->count++] = *got;
+    }
+    for (int i = 0; i < f->count; i++) {
+        char hf[256];
+        uint32_t flags;
+        const char *name = f->entries[i].name;
+        if (!tf_find(w, name) && hf_export_name(&k->x, name, hf, sizeof hf, &flags) == CT_OK) {
+            fprintf(stderr, "ctitan convert: %s: tensor '%s' is not a parameter of model %s\n", input, name,
+                    k->p->info.name);
+            goto fail;
+        }
+    }
+    ct_clear_error();
+    return w;
+fail:
+    free(e);
+    free(w);
+    return NULL;
+}
+
 static ct_status to_hf(const args *a) {
     tf_file *f = tf_read(a->input);
     if (!f || tf_check_finite(f, a->input) != CT_OK) {
@@ -188,73 +272,108 @@ static ct_status to_hf(const args *a) {
     if (f->version < 2)
         printf("convert: note: %s: format version %d has no checksums: its data cannot be verified\n", a->input,
                f->version);
-    hf_config cfg = {0};
-    double v;
     ct_status rc = CT_ERR_INVALID; /* until the input is known good */
-    json_t *desc = NULL;
-    if (described(f, a, &desc)) goto done;
-    cfg.n_heads = a->n_heads ? a->n_heads : ctt_count(f, "config.n_heads");
-    cfg.n_kv_heads = a->n_kv_heads ? a->n_kv_heads : ctt_count(f, "config.n_kv_heads");
-    cfg.rope_theta = a->rope_theta ? a->rope_theta : ctt_scalar(f, "config.rope_theta", &v) ? v : HF_DEFAULT_ROPE_THETA;
-    cfg.norm_eps = a->norm_eps ? a->norm_eps : ctt_scalar(f, "config.norm_eps", &v) ? v : HF_DEFAULT_NORM_EPS;
+    json_t *desc = NULL, *opts = json_object(), *shown = NULL;
+    hf_pack k = {0};
+    tf_file *w = NULL;
+    ct_hf_field *fields = NULL;
+    const char *name = NULL, *flavor = NULL, *model_type = NULL;
+    if (!opts || described(f, a, &desc)) goto done;
     if (desc) { /* the file's own description (flags that contradict it were refused) */
-        if (mdesc_field(desc, "n_heads", &v) && v > 0) cfg.n_heads = (int64_t)v;
-        if (mdesc_field(desc, "n_kv_heads", &v) && v > 0) cfg.n_kv_heads = (int64_t)v;
-        if (mdesc_field(desc, "rope_theta", &v) && v > 0) cfg.rope_theta = v;
-        if (mdesc_field(desc, "norm_eps", &v) && v > 0) cfg.norm_eps = v;
-    }
-    cfg.max_position_embeddings = a->max_pos ? a->max_pos : HF_DEFAULT_MAX_POSITIONS;
-    if (desc) { /* Llama 3.1's RoPE scaling from the description (0: none) */
-        if (mdesc_field(desc, "rope_scaling_factor", &v) && v != 0) {
-            cfg.rope_scaling_factor = v;
-            cfg.rope_low_freq_factor = mdesc_field(desc, "rope_low_freq_factor", &v) ? v : 0;
-            cfg.rope_high_freq_factor = mdesc_field(desc, "rope_high_freq_factor", &v) ? v : 0;
-            cfg.rope_original_max_position = mdesc_field(desc, "rope_original_max_position", &v) ? (int64_t)v : 0;
+        json_object_update(opts, json_object_get(desc, "options"));
+        name = json_string_value(json_object_get(desc, "name"));
+        flavor = json_string_value(json_object_get(desc, "flavor"));
+        model_type = json_string_value(json_object_get(json_object_get(desc, "model"), "hf_model_type"));
+    } else {
+        manifest *dm = manifest_new();
+        const char *dflt;
+        if (dm) manifest_add_core_schema(dm);
+        if (!dm || mf_get_str(dm, "model.name", &dflt) || legacy_options(f, a, opts)) {
+            manifest_free(dm);
+            goto done;
         }
-    } else if (ctt_scalar(f, "config.rope_scaling_factor", &v) && v != 0) { /* a file without a description (a golden file) */
-        cfg.rope_scaling_factor = v;
-        cfg.rope_low_freq_factor = ctt_scalar(f, "config.rope_low_freq_factor", &v) ? v : 0;
-        cfg.rope_high_freq_factor = ctt_scalar(f, "config.rope_high_freq_factor", &v) ? v : 0;
-        cfg.rope_original_max_position = ctt_count(f, "config.rope_original_max_position");
+        static char default_name[128];
+        snprintf(default_name, sizeof default_name, "%s", dflt);
+        name = default_name;
+        manifest_free(dm);
     }
-    if (!cfg.n_heads) {
-        fprintf(stderr, "ctitan convert: %s has no model description nor config.n_heads; give --n-heads (the shapes "
-                        "cannot tell it)\n", a->input);
-        goto done;
-    }
-    if (hf_config_from_weights(&cfg, f) != CT_OK) {
-        fprintf(stderr, "ctitan convert: %s: %s\n", a->input, ct_last_error());
-        goto done;
-    }
-    rc = CT_ERR_IO;
-    if (hf_save(a->output, &cfg, f, a->dtype) != CT_OK) {
+    if (a->model) name = a->model;
+    if (hf_pack_from_options(name, a->model ? NULL : model_type, opts, flavor, a->input, &k) != CT_OK) {
         fprintf(stderr, "ctitan convert: %s\n", ct_last_error());
         goto done;
     }
-    int64_t per_block = cfg.features & CT_MODEL_QKV_BIAS ? 12 : 9;
-    printf("convert: %s -> %s/config.json, %s/model.safetensors (%s, %lld tensors, %s%s)\n", a->input, a->output,
-           a->output, hf_model_type(&cfg), (long long)(3 + per_block * cfg.n_layers - cfg.tied),
-           a->dtype == HF_BFLOAT16 ? "bfloat16" : "float32", cfg.tied ? ", tied embeddings: no lm_head" : "");
-    print_model_line(&cfg);
+    if (!(w = pack_params(&k, f, a->input))) goto done;
+    ct_hf_export x = k.x;
+    if (a->max_pos) { /* the one key a flag sets: the context length the folder announces */
+        int n = 0, found = 0;
+        while (x.fields && x.fields[n].key) n++;
+        if (!(fields = calloc((size_t)n + 1, sizeof *fields))) goto done;
+        for (int i = 0; i < n; i++) {
+            fields[i] = x.fields[i];
+            if (!strcmp(fields[i].key, "max_position_embeddings") && fields[i].type == CT_HF_INT) {
+                fields[i].i = a->max_pos;
+                found = 1;
+            }
+        }
+        if (!found) {
+            fprintf(stderr, "ctitan convert: model %s writes no max_position_embeddings; leave out "
+                            "--max-position-embeddings\n", k.p->info.name);
+            goto done;
+        }
+        x.fields = fields;
+    }
+    rc = CT_ERR_IO;
+    if (hf_export_save(a->output, &x, w, k.desc.head_dim, a->dtype, k.p->info.name) != CT_OK) {
+        fprintf(stderr, "ctitan convert: %s\n", ct_last_error());
+        goto done;
+    }
+    char head[256] = "";
+    uint32_t flags;
+    if (k.shared[0] && hf_export_name(&k.x, k.shared, head, sizeof head, &flags) == CT_OK) {
+        size_t n = strlen(head); /* "lm_head.weight": the folder has no head of its own */
+        if (n > 7 && !strcmp(head + n - 7, ".weight")) head[n - 7] = 0;
+    }
+    printf("convert: %s -> %s/config.json, %s/model.safetensors (%s, %d tensors, %s%s%s)\n", a->input, a->output,
+           a->output, k.x.model_type, w->count, a->dtype == HF_BFLOAT16 ? "bfloat16" : "float32",
+           *head ? ", tied embeddings: no " : "", head);
+    if ((shown = hf_pack_describe(&k))) hf_pack_print_model(&k, shown, stdout);
     rc = CT_OK;
 done:
+    json_decref(shown);
+    json_decref(opts);
     json_decref(desc);
+    free(fields);
+    if (w) free(w->entries);
+    free(w);
+    hf_pack_close(&k);
     tf_free(f);
     return rc;
 }
 
 static ct_status from_hf(const args *a) {
-    hf_config cfg;
-    tf_file *f;
-    if (hf_load(a->input, &cfg, &f) != CT_OK || tf_check_finite(f, a->input) != CT_OK) {
+    hf_pack k;
+    tf_file *f = NULL;
+    json_t *desc = NULL;
+    if (hf_pack_from_folder(a->input, a->model, &k) != CT_OK ||
+        hf_import_load_folder(a->input, &k.x, k.im ? k.im->options : NULL, k.want, k.desc.head_dim, k.p->info.name, &f) != CT_OK ||
+        tf_check_finite(f, a->input) != CT_OK) {
         fprintf(stderr, "ctitan convert: %s\n", ct_last_error());
         tf_free(f);
+        hf_pack_close(&k);
         return CT_ERR_INVALID;
     }
+    /* which tied reading this was: a pack that shares the table, or an untied head copied from it */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", a->input);
+    json_t *root = hf_config_read(path);
+    int folder_tied = json_is_true(json_object_get(root, "tie_word_embeddings"));
+    json_decref(root);
+    const char *copied = NULL;
+    for (int i = 0; i < k.want->count && !copied && folder_tied && !k.shared[0]; i++)
+        if (hf_tied_row(&k.x, k.want->entries[i].name)) copied = k.want->entries[i].name;
     tf_writer *w = tf_writer_open(a->output);
-    json_t *desc = w ? mdesc_from_hf(&cfg) : NULL; /* so that generate and from_checkpoint need no sizes */
+    desc = w ? hf_pack_describe(&k) : NULL; /* so that generate and from_checkpoint need no sizes */
     char *text = desc ? json_dumps(desc, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-    json_decref(desc);
     if (w && (!text || tf_writer_add_text(w, MDESC_ENTRY, text) != CT_OK)) {
         tf_writer_abort(w);
         w = NULL;
@@ -267,14 +386,19 @@ static ct_status from_hf(const args *a) {
     }
     if (!w || tf_writer_close(w) != CT_OK) {
         fprintf(stderr, "ctitan convert: %s\n", ct_last_error());
+        json_decref(desc);
         tf_free(f);
+        hf_pack_close(&k);
         return CT_ERR_IO;
     }
-    printf("convert: %s -> %s (%s, %d tensors, float32%s)\n", a->input, a->output, hf_model_type(&cfg), f->count,
-           !cfg.tied ? "" : cfg.features & CT_MODEL_TIED_EMBEDDINGS ? "; tied embeddings: no output.weight"
-                                                                    : "; output.weight copied from the tied embeddings");
-    print_model_line(&cfg);
+    char note[300] = "";
+    if (folder_tied && k.shared[0]) snprintf(note, sizeof note, "; tied embeddings: no %s", k.shared);
+    else if (copied) snprintf(note, sizeof note, "; %s copied from the tied embeddings", copied);
+    printf("convert: %s -> %s (%s, %d tensors, float32%s)\n", a->input, a->output, k.x.model_type, f->count, note);
+    hf_pack_print_model(&k, desc, stdout);
+    json_decref(desc);
     tf_free(f);
+    hf_pack_close(&k);
     return CT_OK;
 }
 
@@ -294,6 +418,7 @@ ct_status cmd_convert(int argc, char **argv) {
         else if (ct_cli_opt(argc, argv, &i, "--input", &v)) bad = !(a.input = v);
         else if (ct_cli_opt(argc, argv, &i, "--output", &v)) bad = !(a.output = v);
         else if (ct_cli_opt(argc, argv, &i, "--dtype", &v)) bad = !(dtype = v);
+        else if (ct_cli_opt(argc, argv, &i, "--model", &v)) bad = !(a.model = v);
         else if (ct_cli_opt(argc, argv, &i, "--n-heads", &v)) bad = parse_pos_int(v, &a.n_heads);
         else if (ct_cli_opt(argc, argv, &i, "--n-kv-heads", &v)) bad = parse_pos_int(v, &a.n_kv_heads);
         else if (ct_cli_opt(argc, argv, &i, "--max-position-embeddings", &v)) bad = parse_pos_int(v, &a.max_pos);

@@ -3,6 +3,8 @@
  * what ctitan does; any other value is refused with that reason, so no setting is silently dropped. */
 #include "config/torchtitan_keys.h"
 
+#include "config/manifest.h"
+
 #include <string.h>
 
 #define NO_MOE "ctitan's models are dense (no MoE experts)"
@@ -102,4 +104,20 @@ const tt_key *tt_key_find(const char *key) {
     for (const tt_key *t = tt_keys; t->key; t++)
         if (!strcmp(t->key, key)) return t;
     return NULL;
+}
+
+int tt_dense_quantizer_requested(manifest *mf) {
+    int on = 0;
+    const char *v;
+    if (!mf_get_str(mf, "quantize.linear.float8.recipe_name", &v) || !mf_get_str(mf, "quantize.linear.mx.recipe_name", &v))
+        on = 1;
+    if (!mf_get_str(mf, "model.converters", &v) && (strstr(v, "float8") || strstr(v, "mx"))) on = 1;
+    manifest_alias(mf, "quantize.linear.mx.recipe_name", "quantize.dense.float8.format");
+    manifest_alias(mf, "quantize.linear.float8.recipe_name", "quantize.dense.float8.format");
+    manifest_alias(mf, "quantize.linear.mx.filter_fqns", "quantize.dense.float8.filter_fqns");
+    manifest_alias(mf, "quantize.linear.float8.filter_fqns", "quantize.dense.float8.filter_fqns");
+    manifest_alias(mf, "quantize.linear.float8.emulate", "quantize.dense.float8.emulate");
+    manifest_alias(mf, "quantize.linear.float8.enable_fsdp_float8_all_gather",
+                   "quantize.dense.float8.enable_fsdp_float8_all_gather");
+    return on;
 }

@@ -16,4 +16,11 @@ const tt_key *tt_key_find(const char *key);
 /* Every entry, up to one whose key is NULL (for the docs' table and tests). */
 extern const tt_key tt_keys[];
 
+typedef struct manifest manifest;
+/* torchtitan's float8 and MX spellings (quantize.linear.float8.*, quantize.linear.mx.*, [float8]) become
+ * the float8 plugin's keys (quantize.dense.float8.*, keeping their lines) where those are not set; 1
+ * when torchtitan's way of turning the dense quantizer on is there (a recipe name, or float8 or mx in
+ * model.converters), else 0. */
+int tt_dense_quantizer_requested(manifest *mf);
+
 #endif

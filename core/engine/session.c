@@ -9,6 +9,7 @@
 #include "engine/mesh.h"
 #include "engine/moe.h"
 #include "tools/schedule.h"
+#include "config/torchtitan_keys.h"
 #include "formats/tensorfile.h"
 #include "tools/tokenizer.h"
 
@@ -190,9 +191,32 @@ static ct_status load_named(session *s, const char *section, const char *key, co
     return CT_OK;
 }
 
+/* The quantizer of the dense linear layers: the plugin quantize.dense.name names, its options the
+ * section quantize.dense.NAME (*section), its switch that section's enable key (*enable_key). */
+typedef struct quantizer_keys {
+    const char *name;
+    char section[160], enable_key[200], format_key[200];
+} quantizer_keys;
+
+static void dense_quantizer(const manifest *mf, quantizer_keys *q) {
+    q->name = "";
+    mf_get_str(mf, "quantize.dense.name", &q->name);
+    snprintf(q->section, sizeof q->section, "quantize.dense.%.100s", q->name);
+    snprintf(q->enable_key, sizeof q->enable_key, "%s.enable", q->section);
+    snprintf(q->format_key, sizeof q->format_key, "%s.format", q->section);
+}
+
+/* The quantizer runs when its enable key is true or torchtitan's spellings ask for it (they become
+ * its keys first: config/torchtitan_keys.c). */
+static int quantizer_requested(manifest *mf, const quantizer_keys *q) {
+    int on = 0;
+    mf_get_bool(mf, q->enable_key, &on);
+    return tt_dense_quantizer_requested(mf) || on;
+}
+
 /* The option lists of plugins this run names but may not create, so that one manifest validates
  * the same on 1 rank, on N and under --dry-run: the data-parallel strategy (under "auto" both that
- * it can pick), the pipeline schedule and runner, the float8 quantizer, and the comm plugin when a
+ * it can pick), the pipeline schedule and runner, the dense quantizer, and the comm plugin when a
  * comm key is not known yet (the comm plugin links MPI, which a 1-rank run does not load).
  * Each is loaded (a name that does not load is an error at its key), its options join the schema,
  * and it is unloaded; the plugins the run creates are loaded again, later, as before. */
@@ -203,7 +227,6 @@ static ct_status add_option_lists(session *s, manifest *mf) {
     } named[] = {
         {"parallelism", "parallelism.dp_strategy", "auto", CT_KIND_STRATEGY},
         {"parallelism", "parallelism.pipeline_runner", "pp", CT_KIND_PIPELINE},
-        {"quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER},
         {"comm", "comm.name", "mpi", CT_KIND_COMM},
     };
     char where[600];
@@ -211,19 +234,24 @@ static ct_status add_option_lists(session *s, manifest *mf) {
     ct_status st;
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
         const char *name = named[i].dflt;
-        if (named[i].kind != CT_KIND_QUANTIZER) mf_get_str(mf, named[i].key, &name);
+        mf_get_str(mf, named[i].key, &name);
         if (named[i].kind == CT_KIND_COMM && (s->commp || !manifest_has_unknown(mf, "comm."))) continue;
         const char *names[2] = {name, NULL};
         if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "auto")) names[0] = "fsdp", names[1] = "ddp";
         if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "none")) names[0] = NULL;
         for (int k = 0; k < 2 && names[k]; k++) {
-            if ((named[i].kind == CT_KIND_STRATEGY && session_dp_strategy(s) &&
-                 !strcmp(names[k], session_dp_strategy(s)->info.name)) ||
-                (named[i].kind == CT_KIND_QUANTIZER && s->quantp))
+            if (named[i].kind == CT_KIND_STRATEGY && session_dp_strategy(s) &&
+                !strcmp(names[k], session_dp_strategy(s)->info.name))
                 continue; /* loaded for this run: its options are in */
             if ((st = load_named(s, named[i].section, named[i].key, names[k], named[i].kind, &p))) return st;
             plugin_unload(p);
         }
+    }
+    quantizer_keys q; /* the dense quantizer's options, when this run does not create it */
+    dense_quantizer(mf, &q);
+    if (!s->quantp) {
+        if ((st = load_named(s, q.section, q.enable_key, q.name, CT_KIND_QUANTIZER, &p))) return st;
+        plugin_unload(p);
     }
     const char *sched = "1F1B"; /* by its own loader: schedule names are normalized */
     mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &sched);
@@ -279,25 +307,6 @@ static ct_status fail_plugin(const session *s, ct_status status, const plugin *p
     }
     mf_where(s->mf, key, where, sizeof where);
     return fail_line(status, where);
-}
-
-/* Float8 is asked for by quantize.dense.float8.enable, torchtitan's recipe names, or its
- * converters list; torchtitan's spellings become quantize.dense.float8.* (with their lines). */
-static int float8_requested(manifest *mf) {
-    int on = 0;
-    const char *v;
-    mf_get_bool(mf, "quantize.dense.float8.enable", &on);
-    if (!mf_get_str(mf, "quantize.linear.float8.recipe_name", &v) || !mf_get_str(mf, "quantize.linear.mx.recipe_name", &v))
-        on = 1;
-    if (!mf_get_str(mf, "model.converters", &v) && (strstr(v, "float8") || strstr(v, "mx"))) on = 1;
-    manifest_alias(mf, "quantize.linear.mx.recipe_name", "quantize.dense.float8.format");
-    manifest_alias(mf, "quantize.linear.float8.recipe_name", "quantize.dense.float8.format");
-    manifest_alias(mf, "quantize.linear.mx.filter_fqns", "quantize.dense.float8.filter_fqns");
-    manifest_alias(mf, "quantize.linear.float8.filter_fqns", "quantize.dense.float8.filter_fqns");
-    manifest_alias(mf, "quantize.linear.float8.emulate", "quantize.dense.float8.emulate");
-    manifest_alias(mf, "quantize.linear.float8.enable_fsdp_float8_all_gather",
-                   "quantize.dense.float8.enable_fsdp_float8_all_gather");
-    return on;
 }
 
 /* The data-parallel strategy the manifest asks for: parallelism.dp_strategy, or by the degrees as
@@ -451,9 +460,11 @@ static ct_status load_plugins(session *s, manifest *mf, int with_params) {
             if (name && (st = load_named(s, "parallelism", slot->key, name, CT_KIND_STRATEGY, &s->strategyp[i])))
                 return st;
         }
-    if (float8_requested(mf) &&
-        (st = load_named(s, "quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER,
-                         &s->quantp)))
+    quantizer_keys q;
+    dense_quantizer(mf, &q);
+    snprintf(s->quant_section, sizeof s->quant_section, "%s", q.section); /* the plugin keeps the pointer */
+    if (quantizer_requested(mf, &q) &&
+        (st = load_named(s, s->quant_section, q.enable_key, q.name, CT_KIND_QUANTIZER, &s->quantp)))
         return st;
     if ((st = add_option_lists(s, mf))) return st;
     if (manifest_validate(mf) != CT_OK) {
@@ -533,7 +544,9 @@ static ct_status create_quantizer(session *s, manifest *mf) {
     s->qapi = s->quantp->info.api;
     ct_clear_error();
     if (s->qapi->create(&s->quantp->host, s->d, s->dev, &s->quant) != CT_OK) {
-        mf_where(mf, "quantize.dense.float8.format", where, sizeof where);
+        quantizer_keys q; /* refused at its format */
+        dense_quantizer(mf, &q);
+        mf_where(mf, q.format_key, where, sizeof where);
         return fail_line(CT_ERR_INVALID, where);
     }
     return CT_OK;

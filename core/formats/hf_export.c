@@ -436,8 +436,7 @@ done:
 
 #define CONFIG_CAP (1 << 20) /* bytes of config.json read */
 
-/* config.json's value at the '.'-separated path, or NULL. */
-static json_t *get_path(json_t *root, const char *path) {
+json_t *hf_config_get(json_t *root, const char *path) {
     char seg[MAX_NAME];
     while (root && json_is_object(root)) {
         size_t n = strcspn(path, ".");
@@ -472,8 +471,7 @@ static int same_value(const ct_hf_field *f, json_t *v) {
     return 0;
 }
 
-/* config.json's JSON (the caller json_decref's it), or NULL and an error naming the file. */
-static json_t *read_config_json(const char *path) {
+json_t *hf_config_read(const char *path) {
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         ct_set_error("%s: cannot open: %s", path, strerror(errno));
@@ -496,8 +494,17 @@ static json_t *read_config_json(const char *path) {
 }
 
 /* config.json against x: model_type, then every CT_HF_CHECKED field; *tied: its tie_word_embeddings. */
-static ct_status check_config_json(const char *path, const ct_hf_export *x, const char *who, int *tied) {
-    json_t *root = read_config_json(path);
+/* links: the keys a folder set the model's options from (ABI 2.16), NULL when the options are the
+ * manifest's; a linked key the folder leaves out was read as transformers' default for it. */
+static int linked(const ct_hf_option *links, const char *key) {
+    for (const ct_hf_option *l = links; l && l->key; l++)
+        if (!strcmp(l->key, key)) return 1;
+    return 0;
+}
+
+static ct_status check_config_json(const char *path, const ct_hf_export *x, const char *who,
+                                   const ct_hf_option *links, int folder_made, int *tied) {
+    json_t *root = hf_config_read(path);
     if (!root) return CT_ERR_INVALID;
     ct_status st = CT_OK;
     *tied = json_is_true(json_object_get(root, "tie_word_embeddings"));
@@ -513,21 +520,24 @@ static ct_status check_config_json(const char *path, const ct_hf_export *x, cons
     }
     for (const ct_hf_field *f = x->fields; st == CT_OK && f && f->key; f++) {
         if (!(f->flags & CT_HF_CHECKED)) continue;
-        json_t *v = get_path(root, f->key);
+        json_t *v = hf_config_get(root, f->key);
         /* transformers 5 writes RoPE's settings into rope_parameters (rope_type "default": plain RoPE) */
         json_t *rp = json_object_get(root, "rope_parameters");
-        if (!v && !strcmp(f->key, "rope_theta")) v = get_path(rp, "rope_theta");
+        if (!v && !strcmp(f->key, "rope_theta")) v = hf_config_get(rp, "rope_theta");
         if (!strcmp(f->key, "rope_scaling") && f->type == CT_HF_NULL && (!v || json_is_null(v)) && rp &&
             !json_is_null(rp)) {
             json_t *t = json_object_get(rp, "rope_type");
             if (!json_is_string(t) || strcmp(json_string_value(t), "default")) v = rp; /* scaled: not plain */
         }
-        if ((!v || json_is_null(v)) && (f->flags & CT_HF_OR_ABSENT)) continue; /* transformers' default */
+        if ((!v || json_is_null(v)) && ((f->flags & CT_HF_OR_ABSENT) || linked(links, f->key)))
+            continue; /* transformers' default */
         char want[96];
         value_str(f, want, sizeof want);
         if (!v && f->type != CT_HF_NULL)
             st = ct_fail(CT_ERR_INVALID, "%s: key '%s' is missing; model %s has %s (set the model's options to match "
                          "the folder)", path, f->key, who, want);
+        else if (!same_value(f, v) && folder_made) /* the options came from this folder: it is what differs */
+            st = ct_fail(CT_ERR_INVALID, "%s: %s must be %s (model %s runs no other)", path, f->key, want, who);
         else if (!same_value(f, v)) {
             char *got = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
             st = ct_fail(CT_ERR_INVALID, "%s: %s is %.60s, model %s has %s (set the model's options to match the "
@@ -548,9 +558,11 @@ static void shape_text(char *out, size_t len, int ndim, const int64_t *shape) {
 
 /* Entry e <- the folder's tensor for want entry w (its Hugging Face name hf). */
 static ct_status load_one(const st_model *m, const tf_entry *w, const char *hf, uint32_t flags, int64_t head_dim,
-                          const char *dir, tf_entry *e) {
+                          const char *dir, int tied_row, tf_entry *e) {
     const st_tensor *t = st_model_find(m, hf);
-    if (!t) return ct_fail(CT_ERR_INVALID, "%s: tensor '%s' (ctitan's '%s') is missing", dir, hf, w->name);
+    if (!t)
+        return ct_fail(CT_ERR_INVALID, "%s: tensor '%s' (ctitan's '%s') is missing%s", dir, hf, w->name,
+                       tied_row ? " and tie_word_embeddings is false" : "");
     int same = t->ndim == w->ndim;
     for (int d = 0; same && d < w->ndim; d++) same = t->shape[d] == w->shape[d];
     if (!same) {
@@ -655,15 +667,15 @@ static ct_status all_names(const ct_hf_export *x, const tf_file *want, char (*na
     return CT_OK;
 }
 
-ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *want, int64_t head_dim,
-                         const char *who, tf_file **out) {
+static ct_status import_load(const char *dir, const ct_hf_export *x, const ct_hf_option *links, const tf_file *want,
+                             int64_t head_dim, const char *who, int folder_made, tf_file **out) {
     *out = NULL;
     ct_status st = hf_export_check(x, want, head_dim, who);
     if (st != CT_OK) return st;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     int tied = 0;
-    if ((st = check_config_json(path, x, who, &tied)) != CT_OK) return st;
+    if ((st = check_config_json(path, x, who, links, folder_made, &tied)) != CT_OK) return st;
     st_model *m = st_model_open(dir);
     if (!m) return CT_ERR_INVALID; /* its message names the file */
     int n = want->count;
@@ -702,8 +714,12 @@ ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *
     }
     free(all);
     for (int i = 0; i < n && st == CT_OK; i++) {
-        st = flags[i] & CT_HF_EXPERTS ? load_experts(m, x, &want->entries[i], dir, &f->entries[i])
-                                      : load_one(m, &want->entries[i], names[i], flags[i], head_dim, dir, &f->entries[i]);
+        const char *cap[MAX_STARS];
+        size_t caplen[MAX_STARS];
+        int tied_row = !tied && row_for(x, want->entries[i].name, 1, cap, caplen) != NULL;
+        st = flags[i] & CT_HF_EXPERTS
+                 ? load_experts(m, x, &want->entries[i], dir, &f->entries[i])
+                 : load_one(m, &want->entries[i], names[i], flags[i], head_dim, dir, tied_row, &f->entries[i]);
         if (st != CT_OK) free(f->entries[i].name); /* half made */
         else f->count++;
     }
@@ -714,6 +730,29 @@ done:
     if (st != CT_OK) tf_free(f);
     else *out = f;
     return st;
+}
+
+ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *want, int64_t head_dim,
+                         const char *who, tf_file **out) {
+    return import_load(dir, x, NULL, want, head_dim, who, 0, out);
+}
+
+ct_status hf_import_load_folder(const char *dir, const ct_hf_export *x, const ct_hf_option *links, const tf_file *want,
+                                int64_t head_dim, const char *who, tf_file **out) {
+    return import_load(dir, x, links, want, head_dim, who, 1, out);
+}
+
+ct_status hf_import_check_folder(const char *dir, const ct_hf_export *x, const ct_hf_option *links, const char *who) {
+    char path[4096];
+    int tied;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    return check_config_json(path, x, who, links, 1, &tied);
+}
+
+int hf_tied_row(const ct_hf_export *x, const char *name) {
+    const char *cap[MAX_STARS];
+    size_t caplen[MAX_STARS];
+    return row_for(x, name, 1, cap, caplen) != NULL;
 }
 
 /* ---- RoPE scaling ------------------------------------------------------------------------------ */
@@ -773,21 +812,52 @@ static ct_status read_rope_object(json_t *root, const char *path, const char *wh
     return CT_OK;
 }
 
-ct_status hf_read_rope(const char *dir, hf_rope *out) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    memset(out, 0, sizeof *out);
-    json_t *root = read_config_json(path);
-    if (!root) return CT_ERR_INVALID;
+/* root's RoPE scaling (root a JSON object; path names it in messages). */
+static ct_status rope_of(json_t *root, const char *path, hf_rope *out) {
     hf_rope a = {0}, b = {0};
-    ct_status st = json_is_object(root) ? CT_OK : ct_fail(CT_ERR_INVALID, "%s: expected a JSON object", path);
-    if (st == CT_OK) st = read_rope_object(root, path, "rope_scaling", 1, &a);
+    memset(out, 0, sizeof *out);
+    ct_status st = read_rope_object(root, path, "rope_scaling", 1, &a);
     if (st == CT_OK) st = read_rope_object(root, path, "rope_parameters", 0, &b);
     if (st == CT_OK && a.factor != 0 && b.factor != 0 &&
         (a.factor != b.factor || a.low != b.low || a.high != b.high || a.orig != b.orig))
         st = ct_fail(CT_ERR_INVALID, "%s: rope_scaling and rope_parameters give different %s scaling", path,
                      HF_ROPE_BANDS);
     if (st == CT_OK) *out = a.factor != 0 ? a : b;
+    return st;
+}
+
+ct_status hf_read_rope(const char *dir, hf_rope *out) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    memset(out, 0, sizeof *out);
+    json_t *root = hf_config_read(path);
+    if (!root) return CT_ERR_INVALID;
+    ct_status st = json_is_object(root) ? rope_of(root, path, out)
+                                        : ct_fail(CT_ERR_INVALID, "%s: expected a JSON object", path);
     json_decref(root);
     return st;
+}
+
+ct_status hf_config_view(json_t *root, const char *path, json_t **view) {
+    *view = NULL;
+    if (!json_is_object(root)) return ct_fail(CT_ERR_INVALID, "%s: expected a JSON object", path);
+    hf_rope r;
+    ct_status st = rope_of(root, path, &r);
+    if (st != CT_OK) return st;
+    json_t *v = json_deep_copy(root), *rp = json_object_get(root, "rope_parameters");
+    json_t *theta = json_object_get(root, "rope_theta");
+    if (!v) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
+    if ((!theta || json_is_null(theta)) && json_is_object(rp) && json_object_get(rp, "rope_theta"))
+        json_object_set(v, "rope_theta", json_object_get(rp, "rope_theta"));
+    json_object_del(v, "rope_parameters");
+    json_t *scaling = r.factor == 0 ? json_null()
+                                    : json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", HF_ROPE_BANDS, "factor",
+                                                r.factor, "low_freq_factor", r.low, "high_freq_factor", r.high,
+                                                "original_max_position_embeddings", (json_int_t)r.orig);
+    if (!scaling || json_object_set_new(v, "rope_scaling", scaling)) {
+        json_decref(v);
+        return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
+    }
+    *view = v;
+    return CT_OK;
 }

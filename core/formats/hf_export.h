@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "base/error.h"
 #include "ctitan/model.h"
 #include "formats/tensorfile.h"
@@ -39,6 +41,32 @@ ct_status hf_export_save(const char *dir, const ct_hf_export *x, const tf_file *
  * parameters in want's order (free with tf_free). */
 ct_status hf_import_load(const char *dir, const ct_hf_export *x, const tf_file *want, int64_t head_dim,
                          const char *who, tf_file **out);
+
+/* The same, for a folder whose config.json set the model's options (a pack created from it by its
+ * hf_import links, ABI 2.16): a CT_HF_CHECKED field that differs is what the pack cannot run ("KEY must
+ * be VALUE"), and one the links read may be absent (it was read as transformers' default). */
+ct_status hf_import_load_folder(const char *dir, const ct_hf_export *x, const ct_hf_option *links, const tf_file *want,
+                                int64_t head_dim, const char *who, tf_file **out);
+
+/* Only the config.json part of hf_import_load_folder: model_type and the CT_HF_CHECKED fields. */
+ct_status hf_import_check_folder(const char *dir, const ct_hf_export *x, const ct_hf_option *links, const char *who);
+
+/* Whether x's table has a CT_HF_TIED row for parameter `name` (an untied head that reads a tied folder's
+ * table). */
+int hf_tied_row(const ct_hf_export *x, const char *name);
+
+/* config.json's JSON (the caller json_decref's it: at most 1 MB, no duplicate key), or NULL and an error
+ * naming the file. */
+json_t *hf_config_read(const char *path);
+
+/* root's value at the '.'-separated key ("rope_scaling.factor"), or NULL. */
+json_t *hf_config_get(json_t *root, const char *key);
+
+/* config.json (root) as transformers 4 writes it, whichever version wrote it: rope_parameters (5) read
+ * as rope_scaling, which becomes null (plain RoPE) or the frequency-band type with every key
+ * (hf_read_rope's), and rope_theta the top-level key. *view: a new reference. A RoPE type ctitan does
+ * not run is refused, naming it (path names the file). */
+ct_status hf_config_view(json_t *root, const char *path, json_t **view);
 
 /* Hugging Face's frequency-band RoPE scaling (transformers' rope_type "llama3", Llama 3.1's; the
  * same as ct_model_desc.rope_*): factor 0 is plain RoPE. */

@@ -493,8 +493,8 @@ static ct_status llama_hf_export(ct_model *p, ct_hf_export *out) {
 #define FIELD(k, t, iv, fv, sv, fl) f[n++] = (ct_hf_field){k, t, iv, fv, sv, fl}
     FIELD("attention_bias", CT_HF_BOOL, 0, 0, NULL, A);
     FIELD("attention_dropout", CT_HF_FLOAT, 0, 0.0, NULL, 0);
-    FIELD("head_dim", CT_HF_INT, m->head_dim, 0, NULL, C);
-    FIELD("hidden_act", CT_HF_STRING, 0, 0, "silu", C);
+    FIELD("head_dim", CT_HF_INT, m->head_dim, 0, NULL, A); /* LlamaConfig: hidden_size / heads */
+    FIELD("hidden_act", CT_HF_STRING, 0, 0, "silu", A);
     FIELD("hidden_size", CT_HF_INT, m->dim, 0, NULL, C);
     FIELD("initializer_range", CT_HF_FLOAT, 0, 0.02, NULL, 0);
     FIELD("intermediate_size", CT_HF_INT, m->ffn_hidden, 0, NULL, C);
@@ -528,6 +528,28 @@ static ct_status llama_hf_export(ct_model *p, ct_hf_export *out) {
     return CT_OK;
 }
 
+/* How a LlamaConfig's keys set this pack's options (ABI 2.16), with LlamaConfig's defaults; Llama 3.1's
+ * rope_scaling (the host reads transformers 5's rope_parameters as it). A tied Llama folder runs on the
+ * untied pack, its head a copy of the table (CT_HF_TIED above), so tie_word_embeddings is not read. */
+static const ct_hf_option hf_options[] = {
+    {"hidden_size", "dim", NULL, NULL, 0},
+    {"num_hidden_layers", "n_layers", NULL, NULL, 0},
+    {"num_attention_heads", "n_heads", NULL, NULL, 0},
+    {"num_key_value_heads", "n_kv_heads", "num_attention_heads", NULL, 0},
+    {"vocab_size", "vocab_size", NULL, NULL, 0},
+    {"intermediate_size", "ffn_hidden", NULL, NULL, 0},
+    {"rope_theta", "rope_theta", NULL, "10000", 0},
+    {"rms_norm_eps", "norm_eps", NULL, "1e-6", 0},
+    {"rope_scaling.rope_type", "rope_scaling", NULL, NULL, CT_HF_OPTIONAL},
+    {"rope_scaling.factor", "rope_scaling_factor", NULL, NULL, CT_HF_OPTIONAL},
+    {"rope_scaling.low_freq_factor", "rope_low_freq_factor", NULL, NULL, CT_HF_OPTIONAL},
+    {"rope_scaling.high_freq_factor", "rope_high_freq_factor", NULL, NULL, CT_HF_OPTIONAL},
+    {"rope_scaling.original_max_position_embeddings", "rope_original_max_position", NULL, NULL, CT_HF_OPTIONAL},
+    {NULL, NULL, NULL, NULL, 0},
+};
+
+static const ct_hf_import hf_import = {sizeof(ct_hf_import), "llama", hf_options};
+
 static const ct_model_api api = {
     .struct_size = sizeof(ct_model_api),
     .flavors = flavor_names,
@@ -539,6 +561,7 @@ static const ct_model_api api = {
     .unit_forward = llama_unit_forward,
     .tp_plan = tp_plan,
     .hf_export = llama_hf_export,
+    .hf_import = &hf_import,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

@@ -461,6 +461,24 @@ static ct_status qwen3_hf_export(ct_model *p, ct_hf_export *out) {
     return CT_OK;
 }
 
+/* How a Qwen3Config's keys set this pack's options (ABI 2.16), with Qwen3Config's defaults. */
+static const ct_hf_option hf_options[] = {
+    {"hidden_size", "dim", NULL, NULL, 0},
+    {"num_hidden_layers", "n_layers", NULL, NULL, 0},
+    {"num_attention_heads", "n_heads", NULL, NULL, 0},
+    {"num_key_value_heads", "n_kv_heads", "num_attention_heads", NULL, 0},
+    {"head_dim", "head_dim", NULL, NULL, 0},
+    {"vocab_size", "vocab_size", NULL, NULL, 0},
+    {"intermediate_size", "ffn_hidden", NULL, NULL, 0},
+    {"rope_theta", "rope_theta", NULL, "10000", 0},
+    {"rms_norm_eps", "norm_eps", NULL, "1e-6", 0},
+    {"tie_word_embeddings", "tie_word_embeddings", NULL, "false", 0},
+    {"max_position_embeddings", "max_position_embeddings", NULL, NULL, CT_HF_OPTIONAL},
+    {NULL, NULL, NULL, NULL, 0},
+};
+
+static const ct_hf_import hf_import = {sizeof(ct_hf_import), "qwen3", hf_options};
+
 static const ct_model_api api = {
     .struct_size = sizeof(ct_model_api),
     .flavors = flavor_names,
@@ -472,6 +490,7 @@ static const ct_model_api api = {
     .unit_forward = qwen3_unit_forward,
     .tp_plan = tp_plan,
     .hf_export = qwen3_hf_export,
+    .hf_import = &hf_import,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

@@ -51,7 +51,8 @@ typedef struct ct_quantizer { /* the ABI's opaque ct_quantizer */
 static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "enable", CT_OPT_BOOL, "false", "train the converted linear layers in float8", NULL, NULL},
     {sizeof(ct_option_spec), "format", CT_OPT_STRING, "tensorwise",
-     "tensorwise | rowwise | rowwise_with_gw_hp | mxfp8 | e4m3 | e5m2", NULL, NULL},
+     "tensorwise | rowwise | rowwise_with_gw_hp | mxfp8 | e4m3 | e5m2", NULL,
+     "tensorwise|rowwise|rowwise_with_gw_hp|mxfp8|e4m3|e5m2|mxfp8_cublas|mxfp8_cublas_rceil|mxfp8_rceil"},
     {sizeof(ct_option_spec), "emulate", CT_OPT_BOOL, "false",
      "torchao's emulate: fp8 casts with f32 GEMMs even where the device has a scaled fp8 matmul", NULL, NULL},
     {sizeof(ct_option_spec), "filter_fqns", CT_OPT_STRING, "output",

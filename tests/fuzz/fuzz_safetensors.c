@@ -1,5 +1,6 @@
 /* fuzz_safetensors: feeds arbitrary bytes to the safetensors reader (core/formats/safetensors.c) and, as
- * JSON, to the index and config.json parsers (core/formats/safetensors.c, core/formats/hf.c).
+ * JSON, to the index and config.json parsers (core/formats/safetensors.c; core/formats/hf_export.c's view of
+ * a config.json, what the host reads a model pack's options from).
  *
  * Properties checked on every input:
  *   - nothing crashes, leaks or trips a sanitizer, and no allocation is sized by the input's claims;
@@ -22,7 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "formats/hf.h"
+#include "formats/hf_export.h"
 #include "formats/safetensors.h"
 
 #define CHECK(cond)                                                                                \
@@ -110,14 +111,19 @@ static void check_round_trip(const st_file *f) {
 }
 
 static void check_json_parsers(const uint8_t *data, size_t size) {
-    hf_config c;
-    if (hf_config_parse((const char *)data, size, "fuzz", &c) == CT_OK) {
-        CHECK(c.dim > 0 && c.n_heads > 0 && c.n_kv_heads > 0 && c.n_layers > 0 && c.vocab > 0 && c.ffn_hidden > 0);
-        CHECK(c.dim % c.n_heads == 0 && c.n_heads % c.n_kv_heads == 0 && c.head_dim * c.n_heads == c.dim);
-        CHECK(c.head_dim % 2 == 0 && c.rope_theta > 0 && c.norm_eps >= 0);
-    } else {
+    /* config.json as the host reads it before a model pack's options are set from it (hf_pack.c) */
+    json_error_t je;
+    json_t *root = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &je), *view = NULL;
+    if (root && hf_config_view(root, "fuzz", &view) == CT_OK) {
+        json_t *rs = json_object_get(view, "rope_scaling");
+        CHECK(json_is_object(view) && !json_object_get(view, "rope_parameters") && rs);
+        CHECK(json_is_null(rs) || (json_number_value(json_object_get(rs, "factor")) != 0 &&
+                                   json_integer_value(json_object_get(rs, "original_max_position_embeddings")) >= 1));
+    } else if (root) {
         check_error_line();
     }
+    json_decref(view);
+    json_decref(root);
     char **pairs;
     int n;
     if (st_index_parse(data, size, "fuzz", &pairs, &n) == CT_OK) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden files for ctitan's Hugging Face interop (core/formats/hf.c, `ctitan convert`), checked with transformers.
+"""Golden files for ctitan's Hugging Face interop (`ctitan convert` through the packs' tables), checked with transformers.
 
 Two directions, both under tests/golden/hf/:
 
@@ -276,7 +276,7 @@ A LlamaForCausalLM with {cfg}, weights from a seeded generator, saved by `save_p
 (one file) and in bfloat16 (20 KB shards with `model.safetensors.index.json`). from_transformers.ctt
 holds `config.*`, `input.tokens` ({b} x {t}), `expected.logits` (transformers in float64 on the float32
 weights) and `expected.logits_hf_f32` (transformers in float32; relative error {err_hf_f32:.2e} to
-float64). tests/unit/test_hf.c loads the folders with hf_load and runs ctitan's llama3 on them.
+float64). tests/unit/test_hf.c loads the folders through the llama3 pack (as `ctitan convert` does) and runs ctitan's llama3 on them.
 
 ## llama31_from_transformers/, llama31_from_transformers.ctt (Llama 3.1 RoPE scaling)
 

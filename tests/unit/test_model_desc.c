@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include <unistd.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,11 +122,23 @@ static void test_apply_fills_the_manifest_and_compares_what_it_sets(void **state
     json_decref(d);
 }
 
+/* A Hugging Face folder's config.json describes the pack its model_type names (hf_pack.c): here a tied
+ * Qwen2 with q/k/v biases, as transformers writes its config. */
 static void test_hf_config_describes_the_pack_that_runs_it(void **state) {
     (void)state;
-    hf_config c = {.dim = 64, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .vocab = 256, .ffn_hidden = 192,
-                   .rope_theta = 1e6, .norm_eps = 1e-6, .features = CT_MODEL_QKV_BIAS | CT_MODEL_TIED_EMBEDDINGS};
-    json_t *d = mdesc_from_hf(&c);
+    char dir[] = "/tmp/ct-mdesc-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,\n"
+          " \"num_key_value_heads\": 2, \"vocab_size\": 256, \"intermediate_size\": 192, \"rope_theta\": 1000000.0,\n"
+          " \"rms_norm_eps\": 1e-06, \"tie_word_embeddings\": true, \"hidden_act\": \"silu\"}\n", f);
+    fclose(f);
+    json_t *d = NULL;
+    if (mdesc_read(dir, 1, &d) != CT_OK) fail_msg("%s", ct_last_error());
+    unlink(path);
+    rmdir(dir);
     assert_non_null(d);
     assert_int_equal(mdesc_check(d, "hf"), CT_OK);
     assert_string_equal(json_string_value(json_object_get(d, "name")), "qwen2");

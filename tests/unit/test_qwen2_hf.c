@@ -1,4 +1,4 @@
-/* test_qwen2_hf.c: a Hugging Face Qwen2 folder runs in sdk/examples/qwen2's pack (core/formats/hf.c).
+/* test_qwen2_hf.c: a Hugging Face Qwen2 folder runs in sdk/examples/qwen2's pack (through the qwen2 pack's tables, core/checkpoint/hf_pack.c).
  *
  * Golden data (tests/golden/hf/, made and checked by tests/golden/gen_qwen2_golden.py):
  *   qwen2_from_transformers/ + .ctt: a tiny tied Qwen2ForCausalLM with random q/k/v biases saved by
@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "formats/hf.h"
+#include "hf_pack_fixture.h"
 #include "formats/safetensors.h"
 #include "formats/tensorfile.h"
 #include "session_fixture.h"
@@ -162,10 +162,10 @@ static void test_qwen2_configs_refused(void **state) {
                           "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 96, "
                           "\"use_sliding_window\": true}";
     assert_int_equal(hf_config_parse(sliding, strlen(sliding), "c.json", &c), CT_ERR_INVALID);
-    assert_non_null(strstr(ct_last_error(), "c.json: use_sliding_window must be false"));
-    const char *other = "{\"model_type\": \"qwen3\", \"hidden_size\": 32}";
+    assert_non_null(strstr(ct_last_error(), "config.json: use_sliding_window must be false"));
+    const char *other = "{\"model_type\": \"mistral\", \"hidden_size\": 32}"; /* no pack on the search path runs it */
     assert_int_equal(hf_config_parse(other, strlen(other), "c.json", &c), CT_ERR_INVALID);
-    assert_non_null(strstr(ct_last_error(), "model_type 'qwen3' is not supported"));
+    assert_non_null(strstr(ct_last_error(), "model_type 'mistral' is not supported"));
     const char *ok = "{\"model_type\": \"qwen2\", \"hidden_size\": 32, \"intermediate_size\": 64, "
                      "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 96, "
                      "\"tie_word_embeddings\": false}";

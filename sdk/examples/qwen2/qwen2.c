@@ -365,7 +365,7 @@ static ct_status qwen2_hf_export(ct_model *p, ct_hf_export *out) {
     const uint32_t C = CT_HF_CHECKED, A = CT_HF_CHECKED | CT_HF_OR_ABSENT;
 #define FIELD(k, t, iv, fv, sv, fl) f[n++] = (ct_hf_field){k, t, iv, fv, sv, fl}
     FIELD("attention_dropout", CT_HF_FLOAT, 0, 0.0, NULL, 0);
-    FIELD("hidden_act", CT_HF_STRING, 0, 0, "silu", C);
+    FIELD("hidden_act", CT_HF_STRING, 0, 0, "silu", A);
     FIELD("hidden_size", CT_HF_INT, m->dim, 0, NULL, C);
     FIELD("initializer_range", CT_HF_FLOAT, 0, 0.02, NULL, 0);
     FIELD("intermediate_size", CT_HF_INT, m->ffn_hidden, 0, NULL, C);
@@ -391,6 +391,22 @@ static ct_status qwen2_hf_export(ct_model *p, ct_hf_export *out) {
     return CT_OK;
 }
 
+/* How a Qwen2Config's keys set this pack's options (ABI 2.16), with Qwen2Config's defaults. */
+static const ct_hf_option hf_options[] = {
+    {"hidden_size", "dim", NULL, NULL, 0},
+    {"num_hidden_layers", "n_layers", NULL, NULL, 0},
+    {"num_attention_heads", "n_heads", NULL, NULL, 0},
+    {"num_key_value_heads", "n_kv_heads", "num_attention_heads", NULL, 0},
+    {"vocab_size", "vocab_size", NULL, NULL, 0},
+    {"intermediate_size", "ffn_hidden", NULL, NULL, 0},
+    {"rope_theta", "rope_theta", NULL, "10000", 0},
+    {"rms_norm_eps", "norm_eps", NULL, "1e-6", 0},
+    {"tie_word_embeddings", "tie_word_embeddings", NULL, "false", 0},
+    {NULL, NULL, NULL, NULL, 0},
+};
+
+static const ct_hf_import hf_import = {sizeof(ct_hf_import), "qwen2", hf_options};
+
 static const ct_model_api api = {
     .struct_size = sizeof(ct_model_api),
     .flavors = flavor_names,
@@ -403,6 +419,7 @@ static const ct_model_api api = {
     .tp_plan = NULL,
     .get_tp_plan = qwen2_get_tp_plan,
     .hf_export = qwen2_hf_export,
+    .hf_import = &hf_import,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

@@ -462,6 +462,38 @@ typedef struct ct_model_step {
     const ct_moe_load *moe;          /* n_moe elements; valid during the call */
 } ct_model_step;
 
+/* ABI 2.16: how a Hugging Face config.json becomes this pack's options, as data, so the host creates the
+ * model from a folder without knowing it (`ctitan convert --from hf`, model.flavor: from_checkpoint of
+ * a folder with checkpoint.initial_load_in_hf). The host picks the pack whose model_type is the
+ * folder's, sets each linked option from config.json, creates the instance (the pack's own checks
+ * apply), then reads the tensors by its hf_export table, whose CT_HF_CHECKED fields the folder must
+ * hold. RoPE is read as transformers writes it in either version: a folder's rope_parameters (5) is
+ * seen as rope_scaling (4) with rope_type (or "type"), and rope_theta as the top-level key; the host
+ * refuses a rope_type other than "default" and the frequency-band type (model.h's ct_model_desc
+ * rope_* fields), filling that type's keys transformers defaults (low_freq_factor 1, high_freq_factor
+ * 4, original_max_position_embeddings from max_position_embeddings). */
+
+/* The key may be absent (after fallback and dflt): the option is then left unset. */
+#define CT_HF_OPTIONAL 0x1u
+
+/* Frozen: this element never grows (a later minor that needs more adds a new array). */
+typedef struct ct_hf_option {
+    const char *key;      /* config.json's key; a '.' nests ("rope_scaling.factor"); NULL ends the array */
+    const char *option;   /* the pack's option it sets ("dim"), one of those it declared */
+    const char *fallback; /* NULL, or the key read when `key` is absent (LlamaConfig's num_key_value_heads
+                             defaults to num_attention_heads) */
+    const char *dflt;     /* NULL, or the value when both are absent, as a manifest writes it ("1e-6") */
+    uint32_t flags;       /* CT_HF_OPTIONAL */
+} ct_hf_option;
+
+typedef struct ct_hf_import {
+    size_t struct_size;
+    const char *model_type; /* the config.json model_type this pack runs ("llama") */
+    /* the options the folder sets, ended by an element whose key is NULL; the host checks each value's
+     * JSON type against the option's (a positive integer for CT_OPT_INT). A JSON null is an absent key. */
+    const ct_hf_option *options;
+} ct_hf_import;
+
 typedef struct ct_model_api {
     size_t struct_size;
     const char *const *flavors; /* NULL-terminated list of flavor names; static, valid until unload */
@@ -504,6 +536,11 @@ typedef struct ct_model_api {
      * post_step), with what the step routed (ct_model_step). A pack updates its own state here
      * (DeepSeek-V3's expert bias from the token counts). */
     ct_status (*post_step)(ct_model *model, const struct ct_model_step *step);
+    /* ABI 2.16, optional: how a Hugging Face folder's config.json becomes this pack's options
+     * (ct_hf_import above); static, valid while the plugin is loaded. NULL: the host cannot create
+     * the pack from a folder (a manifest that sets its options can still load one with
+     * checkpoint.initial_load_in_hf). Needs hf_export. */
+    const ct_hf_import *hf_import;
 } ct_model_api;
 
 #endif
