@@ -55,22 +55,29 @@ static ct_status fail(const char *what) {
     return ct_fail(CT_ERR_INVALID, "%s%s%s", what, ct_last_error()[0] ? ": " : "", ct_last_error());
 }
 
-/* The data's mean document length: tokens per EOS of the training shard (a single file of at most
- * 2^26 tokens, read whole); 0 where it cannot be measured. */
+/* The data's mean document length: tokens per document of the training shard (a single file of at
+ * most 2^26 tokens, read whole), its documents those a version 4 shard marks (SHARD_DOC_START, as
+ * training splits them), else one per EOS (masked or not); 0 where it cannot be measured. */
 static double measure_doc_len(const manifest *mf, int32_t eos) {
     const char *p;
     char path[4096];
     uint64_t n = 0, docs = 0;
     uint32_t *tokens = NULL;
-    if (eos < 0 || mf_get_str(mf, "training.dataset_path", &p) || !*p) return 0;
+    shard_info info = {0};
+    if (mf_get_str(mf, "training.dataset_path", &p) || !*p) return 0;
     session_resolve_path(mf, p, path, sizeof path);
-    if (shard_count(path, &n) != CT_OK || n == 0 || n > ((uint64_t)1 << 26) || shard_read(path, &tokens, &n) != CT_OK) {
+    if (shard_count(path, &n) != CT_OK || n == 0 || n > ((uint64_t)1 << 26) ||
+        shard_read_info(path, &tokens, &n, &info) != CT_OK) {
         ct_clear_error();
         return 0;
     }
-    for (uint64_t i = 0; i < n; i++) docs += tokens[i] == (uint32_t)eos;
+    if (info.version == SHARD_VERSION_DOCS)
+        for (uint64_t i = 0; i < n; i++) docs += (tokens[i] & SHARD_DOC_START) != 0;
+    else if (eos >= 0)
+        for (uint64_t i = 0; i < n; i++)
+            docs += (info.version == SHARD_VERSION_MASKED ? tokens[i] & SHARD_ID_MASK : tokens[i]) == (uint32_t)eos;
     shard_free(tokens);
-    return (double)n / (double)(docs ? docs : 1);
+    return docs ? (double)n / (double)docs : 0;
 }
 
 /* Block-causal attention (model.attn_mask_type, or one of torchtitan's *_flex_attn flavors) costs the

@@ -10,7 +10,8 @@
 #   step, so each conversation sees itself whole and nothing of the others, and its loss masks hold;
 # - the comparison can fail: the packed shard as version 3 (no starts: a document ends at each EOS,
 #   so an answer does not see its prompt), and as version 4 with every mask cleared, both leave the
-#   alone run's curve by more than 1e-4 (100 times the bound) within the 3 steps.
+#   alone run's curve by more than 1e-4 (100 times the bound) within the 3 steps;
+# - the planner's mean document length is the shard's, per conversation (per EOS without starts).
 set -u
 CTITAN=${CTITAN:-build/ctitan}
 . tests/cli/lib/common.sh
@@ -72,4 +73,13 @@ for ctl in eos_split unmasked; do
   fi
   echo "ok   $ctl leaves the alone run's curve: $(sed 's/^FAIL //' "$T/$ctl.cmp" | head -1)"
 done
+# the planner prices block-causal attention at the documents the shard records (513 words, 10
+# conversations: 51.3 tokens), and at one per EOS, masked ones included, where a shard records none
+doclen() { "$CTITAN" plan "${common[@]}" --training.dataset_path="$T/$1" --training.global_batch_size=4 \
+             --training.local_batch_size=4 --hardware h100-sxm --gpus 1 2>&1 |
+           sed -n "s/.*priced at the training data's mean document length, \([0-9.]*\) tokens.*/\1/p"; }
+l4=$(doclen packed.bin) l3=$(doclen eos_split.bin)
+[ "$l4" = 51.3 ] || fail "plan on the version 4 shard: mean document length '$l4', expected 51.3 (513 words, 10 conversations)"
+awk -v a="$l3" 'BEGIN { exit !(a > 0 && a < 51.3) }' || fail "plan on the version 3 shard: '$l3' tokens per EOS, expected under 51.3"
+echo "ok   the plan prices documents of $l4 tokens on the shard's starts, $l3 per EOS without them"
 echo "chat_documents: ok"
