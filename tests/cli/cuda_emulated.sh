@@ -28,7 +28,8 @@
 #       attention over packed documents, whole rows and shuffled query and key halves; a
 #       DeepSeek-V3-shaped MoE layer forward and backward, its routing identical to the CPU's;
 #   (e) compile.enable: ctitan train with the emulated plugin, the microbatch captured as a CUDA
-#       graph and launched, against the eager run (f32; bf16 with checkpointing; a refused capture).
+#       graph and launched, against the eager run (f32; block-causal attention over packed
+#       documents; bf16 with checkpointing; a refused capture).
 set -euo pipefail
 
 BUILD=${BUILD:-build}
@@ -179,6 +180,19 @@ same_curve eager_scaled compile_scaled
 captured compile_scaled
 [ "$(curve eager_f32)" != "$(curve eager_scaled)" ] || fail "rope_scaling llama3 did not change the curve"
 echo "ok: compile.enable with rope_scaling llama3: 4 launches; 3 steps identical to eager (and not the plain curve)"
+# block-causal attention over packed documents (one fortune per document, about 45 tokens, so most
+# 32-token sequences hold a boundary, each microbatch at other places): the graph reads each
+# microbatch's document ids from the uploads it was captured with, so replays follow the eager run
+"$CTITAN" tokenize --tokenizer "$OUT/tok.model" --input "$corpus" --split-on % --output "$OUT/docs.bin" >/dev/null ||
+    fail "cannot make the document data"
+docs=(--model.attn_mask_type=block_causal --training.dataset_path="$OUT/docs.bin")
+train eager_docs "${docs[@]}" &
+pid=$!
+train compile_docs "${docs[@]}" --compile.enable=true
+wait $pid || exit 1
+same_curve eager_docs compile_docs
+captured compile_docs
+echo "ok: compile.enable with block_causal over packed documents: 4 launches; 3 steps identical to eager"
 bf16=(--training.mixed_precision_param=bfloat16 --activation_checkpoint.mode=full)
 train eager_bf16 "${bf16[@]}" &
 pid=$!
