@@ -1111,6 +1111,20 @@ static ct_status model_post_step(session *s, int64_t step) {
         st = s->capi->all_reduce(s->comm, s->mesh.dp_group, (void *)loads[i].counts, (void *)loads[i].counts,
                                  loads[i].n_experts, CT_F32, CT_REDUCE_SUM, NULL);
     }
+    /* an axis strategy whose sequences must hold a multiple of its tokens (context parallel, sequence
+     * parallel) gives each rank of its axis part of the rows: their counts add up too */
+    for (int k = 0; hook && k < session_n_strategy_slots && st == CT_OK; k++) {
+        int axis = session_strategy_slots[k].axis;
+        const ct_strategy_api *a = s->strategy_api[k];
+        if (axis < 0 || axis >= CT_MESH_NAXES || !s->strategy[k] || !CT_HAS_FIELD(a, ct_strategy_api, sequence_multiple) ||
+            !a->sequence_multiple || a->sequence_multiple(s->strategy[k]) <= 1)
+            continue;
+        for (int i = 0; i < n && st == CT_OK; i++) {
+            ct_clear_error();
+            st = s->capi->all_reduce(s->comm, s->mesh.group[axis], (void *)loads[i].counts, (void *)loads[i].counts,
+                                     loads[i].n_experts, CT_F32, CT_REDUCE_SUM, NULL);
+        }
+    }
     if (st == CT_OK && hook) {
         ct_model_step info = {sizeof info, step, s->rt.d, s->rt.dev, n, loads};
         ct_clear_error();
