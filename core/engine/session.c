@@ -339,7 +339,12 @@ const plugin *session_dp_strategy(const session *s) {
  * its degree is > 1. */
 static int strategy_on(const session *s, int i) {
     int axis = session_strategy_slots[i].axis;
-    return s->strategyp[i] && (axis < 0 || s->mesh.degree[axis] > 1);
+    return s->strategyp[i] && (axis < 0 || mesh_shard_degree(&s->mesh, axis) > 1);
+}
+
+/* The key that sets an axis slot's degree (ep is no mesh axis of its own: it is borrowed from dp_shard x cp). */
+static const char *slot_degree_key(int axis) {
+    return axis == CT_AXIS_EP ? "parallelism.expert_parallel_degree" : mesh_degree_keys[axis];
 }
 
 /* Joins the job, builds the mesh and creates the strategies. */
@@ -378,7 +383,12 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
-    if (mesh_build(&s->mesh, s->commp ? s->capi : NULL, s->comm, s->rank, s->world, degree) != CT_OK) {
+    int ep = 1;
+    if (mesh_ep_degree(s->mf, degree, &ep) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        return CT_ERR_INVALID;
+    }
+    if (mesh_build(&s->mesh, s->commp ? s->capi : NULL, s->comm, s->rank, s->world, degree, ep) != CT_OK) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INTERNAL;
     }
@@ -414,7 +424,7 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
         ct_clear_error();
         if (s->strategy_api[i]->create(&s->strategyp[i]->host, &env, &s->strategy[i]) == CT_OK) continue;
         /* an axis's strategy is refused where its degree was set; the data-parallel one as a whole */
-        return axis >= 0 ? fail_plugin(s, CT_ERR_INVALID, s->strategyp[i], "parallelism", mesh_degree_keys[axis])
+        return axis >= 0 ? fail_plugin(s, CT_ERR_INVALID, s->strategyp[i], "parallelism", slot_degree_key(axis))
                          : fail_line(CT_ERR_INVALID, "parallelism");
     }
     return CT_OK;

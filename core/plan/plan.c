@@ -359,7 +359,7 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     for (int k = 0; k < session_n_strategy_slots; k++) { /* as a run makes them (engine/session.h) */
         const session_strategy_slot *slot = &session_strategy_slots[k];
         const char *name = session_strategy_for(c->mf, k, r->mesh.world_size);
-        if (!name || (slot->axis >= 0 && r->mesh.degree[slot->axis] <= 1)) continue;
+        if (!name || (slot->axis >= 0 && mesh_shard_degree(&r->mesh, slot->axis) <= 1)) continue;
         plugin *p = strategy_plugin(c, slot->key, name);
         if (!p) return ct_fail(CT_ERR_INVALID, "strategy %s cannot be loaded", name);
         const ct_strategy_api *a = p->info.api;
