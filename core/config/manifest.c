@@ -160,6 +160,8 @@ static const struct {
     {"parallelism.pipeline_runner", CT_OPT_STRING, "pp", "the pipeline runner plugin (a name or a path)"},
     {"parallelism.expert_parallel_degree", CT_OPT_INT, "1",
      "expert parallel degree: the MoE experts split over this many ranks borrowed from dp_shard x cp (must divide it)"},
+    {"parallelism.ep_strategy", CT_OPT_STRING, "ep",
+     "the strategy plugin serving expert parallel (a name or a path); it declares its own parallelism.* keys"},
     {"parallelism.context_parallel_degree", CT_OPT_INT, "1",
      "context parallel degree: each sequence split over cp ranks in 2 x cp load-balanced chunks (FSDP shards over dp_shard x cp)"},
 };

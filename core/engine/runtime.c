@@ -288,8 +288,10 @@ static ct_status place_params(runtime *rt, const decl *decls) {
     }
     for (int k = 0; k < rt->dist.n_st; k++) {
         ct_clear_error();
-        if (rt->dist.st[k]->place(rt->dist.strat[k], rt->slots, rt->n_params) != CT_OK)
-            return ct_fail(CT_ERR_INTERNAL, "strategy place failed: %s", ct_last_error());
+        ct_status st = rt->dist.st[k]->place(rt->dist.strat[k], rt->slots, rt->n_params);
+        if (st != CT_OK) /* a layout the model cannot take is bad input */
+            return ct_fail(st == CT_ERR_INVALID ? CT_ERR_INVALID : CT_ERR_INTERNAL, "strategy place failed: %s",
+                           ct_last_error());
     }
     for (int i = 0; i < rt->n_params; i++) {
         const ct_param_slot *sl = &rt->slots[i];

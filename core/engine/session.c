@@ -315,6 +315,7 @@ static const char *strategy_name(const manifest *mf, int world) {
 const session_strategy_slot session_strategy_slots[] = {
     {"parallelism.tp_strategy", "tp", CT_AXIS_TP},
     {"parallelism.cp_strategy", "cp", CT_AXIS_CP},
+    {"parallelism.ep_strategy", "ep", CT_AXIS_EP},
     {"parallelism.dp_strategy", NULL, -1},
 };
 const int session_n_strategy_slots = (int)(sizeof session_strategy_slots / sizeof session_strategy_slots[0]);

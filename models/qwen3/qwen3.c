@@ -246,7 +246,9 @@ static ct_status declare_moe(qwen3 *m, ct_param_registry *r, layer *L, int i, fl
         char n[128];
         ct_init init = trunc_init(ps[k].std);
         snprintf(n, sizeof n, "layers.%d.%s", i, ps[k].suffix);
-        if (!(*ps[k].t = r->add(r, i + 1, n, ps[k].ndim, ps[k].shape, &init, 0))) return CT_ERR_INVALID;
+        /* the stacked experts (not the router) are what expert parallel splits along dim 0 */
+        if (!(*ps[k].t = r->add(r, i + 1, n, ps[k].ndim, ps[k].shape, &init, k ? CT_TENSOR_EXPERTS : 0)))
+            return CT_ERR_INVALID;
     }
     return CT_OK;
 }
