@@ -177,6 +177,10 @@ ct_status plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l) {
     l->cp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_CP], 1);
     l->tp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_TP], 1);
     l->pp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_PP], 1);
+    int64_t ep = get_int(mf, "parallelism.expert_parallel_degree", 1);
+    if (ep > 1) /* said, never planned as if it were absent */
+        return ct_fail(CT_ERR_UNSUPPORTED, "parallelism.expert_parallel_degree %lld: the planner does not model expert "
+                       "parallel yet (plan the layout without it)", (long long)ep);
     int64_t others = (int64_t)l->dp_replicate * l->cp * l->tp * l->pp;
     if (others < 1 || l->dp_replicate < 1 || l->cp < 1 || l->tp < 1 || l->pp < 1)
         return ct_fail(CT_ERR_INVALID, "parallelism degrees must be positive");

@@ -15,10 +15,14 @@
 #   TP's or CP's reordered sums broke would send a token to another expert, a jump in the loss far above
 #   1e-6, which is why the bound stays 1e-6 rather than loosened.
 set -u
+# lr 3e-4, not the debug manifest's 3e-3: AdamW moves a weight by about lr whatever its gradient's size,
+# so weights whose gradients are near zero (the router's, rare experts') follow the rounding of the
+# reordered sums; at 3e-3 the MoE model's grad norm drifts from 1e-8 to 1e-6 relative in 4 steps on every
+# layout (FSDP 2 included), at 3e-4 it stays below 1e-7 (measured with forced balance).
 STEPS=${STEPS:-4}
 . tests/cli/lib/layouts.sh
 moe=(--model.name=qwen3 --model.flavor=debugmodel_moe --model.n_layers=2 --model.n_experts=8 --model.top_k=2
-     --model.moe_hidden=64 --model.vocab_size=2048 --model.moe_log_load=true --lr_scheduler.warmup_steps=2)
+     --model.moe_hidden=64 --model.vocab_size=2048 --model.moe_log_load=true --optimizer.lr=3e-4)
 aux_col() { grep '"loss"' "$T/$1/metrics.jsonl" | sed 's/.*"aux_loss": \([-0-9.e+naif]*\).*/\1/'; }
 same_aux() { # REF RUN: the aux_loss records within 1e-6 relative
   paste -d' ' <(aux_col "$1") <(aux_col "$2") | awk -v name="aux_loss $2 vs $1" -v n="$STEPS" '
