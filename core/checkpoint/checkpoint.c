@@ -63,7 +63,7 @@ static int saves(const session *s, const ct_param_slot *sl) {
     if (!s->capi) return 1;
     for (int a = 0; a < CT_MESH_NAXES; a++) {
         if (sl->placement == CT_PLACE_SHARD && (mesh_axis_bits(sl->shard_axis) & 1u << a)) continue;
-        if (sl->split_dim >= 0 && a == sl->split_axis) continue;
+        if (sl->split_dim >= 0 && (mesh_axis_bits(sl->split_axis) & 1u << a)) continue;
         if (a == CT_AXIS_PP) continue; /* each stage writes its own units (the others hold none here) */
         if (s->mesh.coord[a] != 0) return 0;
     }

@@ -157,6 +157,10 @@ static const struct {
     {"parallelism.pipeline_parallel_last_stage_less_layers", CT_OPT_INT, "1", "the output counts as this many layers"},
     {"parallelism.pipeline_parallel_stage_units", CT_OPT_STRING, "", "units per stage, e.g. \"3,3,2\" (overrides the above)"},
     {"parallelism.pipeline_runner", CT_OPT_STRING, "pp", "the pipeline runner plugin (a name or a path)"},
+    {"parallelism.expert_parallel_degree", CT_OPT_INT, "1",
+     "expert parallel degree: the MoE experts split over this many ranks borrowed from dp_shard x cp (must divide it)"},
+    {"parallelism.ep_strategy", CT_OPT_STRING, "ep",
+     "the strategy plugin serving expert parallel (a name or a path); it declares its own parallelism.* keys"},
     {"parallelism.context_parallel_degree", CT_OPT_INT, "1",
      "context parallel degree: each sequence split over cp ranks in 2 x cp load-balanced chunks (FSDP shards over dp_shard x cp)"},
 };
@@ -207,6 +211,7 @@ static const struct {
     {"parallelism.tensor_parallel_degree", "[1, 1048576]", NULL},
     {"parallelism.pipeline_parallel_degree", "[1, 1048576]", NULL},
     {"parallelism.context_parallel_degree", "[1, 1048576]", NULL},
+    {"parallelism.expert_parallel_degree", "[1, 1048576]", NULL},
     {"parallelism.pipeline_parallel_microbatch_size", "[1, 1048576]", NULL},
     {"parallelism.pipeline_parallel_layers_per_stage", "[0, 1048576]", NULL},
     {"parallelism.pipeline_parallel_first_stage_less_layers", "[0, 1048576]", NULL},

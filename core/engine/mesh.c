@@ -67,8 +67,24 @@ ct_status mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NA
     return CT_OK;
 }
 
+ct_status mesh_ep_degree(const manifest *mf, const int degree[CT_MESH_NAXES], int *ep) {
+    static const char key[] = "parallelism.expert_parallel_degree";
+    char where[600];
+    int64_t v = 1, from = (int64_t)degree[CT_AXIS_DP_SHARD] * degree[CT_AXIS_CP];
+    mf_get_int(mf, key, &v);
+    *ep = 1;
+    if (v < 1 || from % v) {
+        mf_where(mf, key, where, sizeof where);
+        return ct_fail(CT_ERR_INVALID, "%s: expert parallel borrows its ranks from dp_shard x cp (%d x %d = %lld), "
+                       "which degree %lld does not divide", where, degree[CT_AXIS_DP_SHARD], degree[CT_AXIS_CP],
+                       (long long)from, (long long)v);
+    }
+    *ep = (int)v;
+    return CT_OK;
+}
+
 ct_status mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_rank, int world_size,
-                     const int degree[CT_MESH_NAXES]) {
+                     const int degree[CT_MESH_NAXES], int ep) {
     memset(m, 0, sizeof *m);
     m->struct_size = sizeof *m;
     m->world_rank = world_rank;
@@ -84,6 +100,11 @@ ct_status mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int w
     m->dp_size = degree[CT_AXIS_DP_REPLICATE] * degree[CT_AXIS_DP_SHARD];
     m->dp_shard_cp_rank = m->coord[CT_AXIS_DP_SHARD] * degree[CT_AXIS_CP] + m->coord[CT_AXIS_CP];
     m->dp_shard_cp_size = degree[CT_AXIS_DP_SHARD] * degree[CT_AXIS_CP];
+    /* expert parallel: consecutive dp_shard_cp ranks (torchtitan's dp_shard_in_ep x cp) */
+    m->ep_size = ep;
+    m->ep_rank = m->dp_shard_cp_rank % ep;
+    m->efsdp_size = m->dp_shard_cp_size / ep;
+    m->efsdp_rank = m->dp_shard_cp_rank / ep;
     if (!c) return CT_OK; /* one rank: no groups */
     ct_comm_group *world;
     if (c->world(comm, &world) != CT_OK) return ct_fail(CT_ERR_INTERNAL, "comm: no world group: %s", ct_last_error());
@@ -104,6 +125,11 @@ ct_status mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int w
                          m->coord[CT_AXIS_CP] * stride[CT_AXIS_CP];
     if (c->split(comm, world, shard_cp_color, m->dp_shard_cp_rank, "dp_shard_cp", &m->dp_shard_cp_group) != CT_OK)
         return ct_fail(CT_ERR_INTERNAL, "comm: cannot create the dp_shard_cp group: %s", ct_last_error());
+    if (c->split(comm, m->dp_shard_cp_group, m->efsdp_rank, m->ep_rank, "ep", &m->ep_group) != CT_OK ||
+        c->split(comm, m->dp_shard_cp_group, m->ep_rank, m->efsdp_rank, "efsdp", &m->efsdp_group) != CT_OK)
+        return ct_fail(CT_ERR_INTERNAL, "comm: cannot create the ep and efsdp groups: %s", ct_last_error());
+    commstats_name_group(m->ep_group, "ep");
+    commstats_name_group(m->efsdp_group, "efsdp");
     return CT_OK;
 }
 
@@ -112,21 +138,29 @@ void mesh_free(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm) {
     for (int a = 0; a < CT_MESH_NAXES; a++)
         if (m->group[a]) c->group_free(comm, m->group[a]);
     if (m->dp_group) c->group_free(comm, m->dp_group);
+    if (m->ep_group) c->group_free(comm, m->ep_group);
+    if (m->efsdp_group) c->group_free(comm, m->efsdp_group);
     if (m->dp_shard_cp_group) c->group_free(comm, m->dp_shard_cp_group);
     memset(m, 0, sizeof *m);
 }
 
 int mesh_shard_degree(const ct_mesh_info *m, int axis) {
     if (axis == CT_AXIS_DP_SHARD_CP) return m->dp_shard_cp_size;
+    if (axis == CT_AXIS_EP) return m->ep_size > 1 ? m->ep_size : 1;
+    if (axis == CT_AXIS_EFSDP) return m->ep_size > 1 ? m->efsdp_size : m->dp_shard_cp_size;
     return axis >= 0 && axis < CT_MESH_NAXES ? m->degree[axis] : 1;
 }
 
 ct_comm_group *mesh_shard_group(const ct_mesh_info *m, int axis) {
     if (axis == CT_AXIS_DP_SHARD_CP) return m->dp_shard_cp_group;
+    if (axis == CT_AXIS_EP) return m->ep_group;
+    if (axis == CT_AXIS_EFSDP) return m->efsdp_group;
     return axis >= 0 && axis < CT_MESH_NAXES ? m->group[axis] : NULL;
 }
 
 unsigned mesh_axis_bits(int axis) {
-    if (axis == CT_AXIS_DP_SHARD_CP) return 1u << CT_AXIS_DP_SHARD | 1u << CT_AXIS_CP;
+    /* ep and efsdp each span part of dp_shard x cp: a slot split over ep and sharded over efsdp is a
+     * different block on every rank of dp_shard x cp */
+    if (axis == CT_AXIS_DP_SHARD_CP || axis == CT_AXIS_EP || axis == CT_AXIS_EFSDP) return 1u << CT_AXIS_DP_SHARD | 1u << CT_AXIS_CP;
     return axis >= 0 && axis < CT_MESH_NAXES ? 1u << axis : 0;
 }

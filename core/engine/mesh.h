@@ -18,10 +18,14 @@ ct_status mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NA
 /* Fills coordinates and creates the groups (a collective over the world). CT_ERR_INTERNAL when the
  * comm cannot make one: "comm: cannot create the tp group: " and the comm's message. */
 ct_status mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_rank, int world_size,
-                     const int degree[CT_MESH_NAXES]);
+                     const int degree[CT_MESH_NAXES], int ep);
+/* parallelism.expert_parallel_degree, checked against the degrees: it must divide dp_shard x cp, the
+ * ranks it is borrowed from. CT_OK, or CT_ERR_INVALID with the line naming the key (nothing printed). */
+ct_status mesh_ep_degree(const manifest *mf, const int degree[CT_MESH_NAXES], int *ep);
 void mesh_free(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm);
 
-/* A shard axis (ct_param_slot.shard_axis: a mesh axis or the flattened CT_AXIS_DP_SHARD_CP): its
+/* A shard axis (ct_param_slot.shard_axis: a mesh axis, the flattened CT_AXIS_DP_SHARD_CP, or ABI 2.17's
+ * CT_AXIS_EP and CT_AXIS_EFSDP, both within dp_shard x cp): its
  * degree, its group (NULL on one rank or for a bad axis) and the mesh axes it spans as bits. */
 int mesh_shard_degree(const ct_mesh_info *m, int axis);
 ct_comm_group *mesh_shard_group(const ct_mesh_info *m, int axis);

@@ -14,7 +14,10 @@
  */
 #include "host/host.h"
 #include "engine/moe.h"
+#include "engine/mesh.h"
 #include "engine/tape.h"
+#include "host/trace.h"
+#include "base/util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -669,4 +672,130 @@ ct_tensor *tape_moe(ct_builder *b, ct_tensor *x, const ct_moe_layer *L) {
             return NULL;
     }
     return top->view(top, y, x->ndim, x->shape);
+}
+
+/* ---- all_to_all_v (ABI 2.17): rows to each rank of an axis by counts, the gradient back the other way ---- */
+
+#define A2AV_MAX_RANKS 256
+
+typedef struct a2av_state {
+    int axis, degree;
+    int64_t c; /* columns */
+    int64_t send[A2AV_MAX_RANKS], recv[A2AV_MAX_RANKS]; /* rows; only the first `degree` are sent in the state */
+} a2av_state;
+
+static int64_t rows_sum(const int64_t *r, int n) {
+    int64_t s = 0;
+    for (int i = 0; i < n; i++) s += r[i];
+    return s;
+}
+
+/* dst (sum recv rows, c) from src (sum send rows, c), rows by the counts over the axis's group. */
+static ct_status a2av_move(runtime *rt, const a2av_state *s, const int64_t *send, const int64_t *recv, const float *src,
+                           float *dst) {
+    int64_t so[A2AV_MAX_RANKS], ro[A2AV_MAX_RANKS], sc[A2AV_MAX_RANKS], rc[A2AV_MAX_RANKS], a = 0, b = 0;
+    for (int j = 0; j < s->degree; j++) {
+        sc[j] = send[j] * s->c, rc[j] = recv[j] * s->c;
+        so[j] = a, ro[j] = b;
+        a += sc[j], b += rc[j];
+    }
+    const ct_comm_api *c = rt->coll_capi;
+    int traced_axis = s->axis < CT_MESH_NAXES ? s->axis : CT_AXIS_DP_SHARD; /* ep lives within dp_shard x cp */
+    const char *name = rt->in_backward ? "ep_comm_bwd" : "ep_comm_fwd";
+    trace_begin(name);
+    double t0 = ct_now();
+    ct_clear_error();
+    ct_status st = c->all_to_allv(rt->dist.comm, mesh_shard_group(rt->dist.mesh, s->axis), src, sc, so, dst, rc, ro,
+                                  CT_F32, NULL);
+    rt->builder.account_comm(&rt->builder, traced_axis, ct_now() - t0);
+    trace_end(name);
+    if (st != CT_OK && !ct_last_error()[0]) ct_set_error("all_to_all_v over axis %d failed (status %d)", s->axis, st);
+    return st;
+}
+
+static ct_status a2av_forward(ct_builder *b, void *state, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out) {
+    (void)n_in;
+    (void)n_out;
+    const a2av_state *s = state;
+    if (!(out[0] = b->new_tensor(b, CT_F32, 2, (int64_t[]){rows_sum(s->recv, s->degree), s->c}))) return CT_ERR_NOMEM;
+    return a2av_move(RT(b), s, s->send, s->recv, in[0]->data, out[0]->data);
+}
+
+static ct_status a2av_backward(ct_builder *b, void *state, ct_tensor *const *in, int n_in, ct_tensor *const *out,
+                               const float *const *dy, int n_out, int halves) {
+    (void)n_in;
+    (void)n_out;
+    (void)out;
+    if (!(halves & CT_GRAD_INPUT)) return CT_OK;
+    runtime *rt = RT(b);
+    const a2av_state *s = state;
+    int64_t n = rows_sum(s->send, s->degree) * s->c, m = rows_sum(s->recv, s->degree) * s->c;
+    /* every rank takes part, whether a gradient reached its output or not */
+    float *tmp = b->backward_scratch(b, sizeof(float) * (size_t)(n + (dy[0] ? 0 : m) + 1)), *dx = b->grad(b, in[0]);
+    if (!tmp || !dx) return CT_ERR_NOMEM;
+    const float *g = dy[0];
+    if (!g) {
+        ct_status z = check(rt->d->zero(rt->dev, tmp + n, sizeof(float) * (size_t)m), "zero");
+        if (z != CT_OK) return z;
+        g = tmp + n;
+    }
+    ct_status st = a2av_move(rt, s, s->recv, s->send, g, tmp);
+    return st == CT_OK ? check(rt->d->axpy(rt->dev, dx, tmp, 1.0f, n), "axpy") : st;
+}
+
+static ct_status a2av_plan(ct_builder *b, void *state, ct_tensor *const *in, int n_in, ct_tensor **out, int n_out,
+                           ct_op_cost *cost) {
+    (void)in;
+    (void)n_in;
+    (void)n_out;
+    const a2av_state *s = state;
+    int axis = s->axis < CT_MESH_NAXES ? s->axis : CT_AXIS_DP_SHARD;
+    double sent = 4.0 * (double)(rows_sum(s->send, s->degree) * s->c);
+    cost->n_comm = 2;
+    cost->comm[0] = (ct_op_comm){axis, CT_COLL_ALL_TO_ALL, 1, 0, sent, 0};
+    cost->comm[1] = (ct_op_comm){axis, CT_COLL_ALL_TO_ALL, 2, 0, sent, 0};
+    cost->backward_scratch = sent;
+    return (out[0] = b->new_tensor(b, CT_F32, 2, (int64_t[]){rows_sum(s->recv, s->degree), s->c})) ? CT_OK
+                                                                                                   : CT_ERR_NOMEM;
+}
+
+static const ct_custom_op a2av_op = {sizeof(ct_custom_op), "all_to_all_v", a2av_forward, a2av_backward, a2av_plan};
+
+ct_tensor *tape_all_to_all_v(ct_builder *b, ct_tensor *x, int axis, const int64_t *send_rows, const int64_t *recv_rows) {
+    runtime *rt = RT(b);
+    const ct_mesh_info *mesh = rt->dist.mesh;
+    int degree = mesh ? mesh_shard_degree(mesh, axis) : 1;
+    if (!x || x->dtype != CT_F32 || x->ndim != 2 || !send_rows || !recv_rows ||
+        !((axis >= 0 && axis < CT_MESH_NAXES) || axis == CT_AXIS_EP)) {
+        ct_set_error("all_to_all_v: needs an f32 x (rows, c), a mesh axis or CT_AXIS_EP (got %d) and both counts", axis);
+        return NULL;
+    }
+    if (degree > A2AV_MAX_RANKS) {
+        ct_set_error("all_to_all_v: %d ranks on the axis, more than the %d it handles", degree, A2AV_MAX_RANKS);
+        return NULL;
+    }
+    int64_t sent = 0;
+    for (int j = 0; j < degree; j++) {
+        if (send_rows[j] < 0 || recv_rows[j] < 0) {
+            ct_set_error("all_to_all_v: negative row count for rank %d", j);
+            return NULL;
+        }
+        sent += send_rows[j];
+    }
+    if (sent != x->shape[0]) {
+        ct_set_error("all_to_all_v: the send counts add up to %lld rows, x has %lld", (long long)sent,
+                     (long long)x->shape[0]);
+        return NULL;
+    }
+    if (degree <= 1) return x;
+    if (!rt->planning && !(rt->coll_capi && CT_HAS_FIELD(rt->coll_capi, ct_comm_api, all_to_allv) &&
+                           rt->coll_capi->all_to_allv)) {
+        ct_set_error("all_to_all_v: the comm plugin has no all_to_allv (ABI 2.17)");
+        return NULL;
+    }
+    a2av_state s = {axis, degree, x->shape[1], {0}, {0}};
+    memcpy(s.send, send_rows, sizeof(int64_t) * (size_t)degree);
+    memcpy(s.recv, recv_rows, sizeof(int64_t) * (size_t)degree);
+    ct_tensor *y;
+    return rt->builder.custom(&rt->builder, &a2av_op, &s, sizeof s, &x, 1, &y, 1) == CT_OK ? y : NULL;
 }

@@ -9,6 +9,8 @@ ct_tensor *tape_moe(ct_builder *b, ct_tensor *x, const ct_moe_layer *layer);
 ct_tensor *tape_moe_experts(ct_builder *b, ct_tensor *x, const ct_tensor *offsets, ct_tensor *w1, ct_tensor *w3,
                             ct_tensor *w2);
 ct_tensor *tape_aux_loss(ct_builder *b, ct_tensor *x, ct_tensor *loss);
+/* ABI 2.17: ct_builder.all_to_all_v of the host's builder. */
+ct_tensor *tape_all_to_all_v(ct_builder *b, ct_tensor *x, int axis, const int64_t *send_rows, const int64_t *recv_rows);
 /* The microbatch's loss scale (1 / global valid tokens), which aux_loss gives each auxiliary loss in
  * backward; called before each microbatch (or pipeline step). */
 void runtime_moe_set_loss_scale(runtime *rt, float scale);

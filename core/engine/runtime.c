@@ -288,17 +288,21 @@ static ct_status place_params(runtime *rt, const decl *decls) {
     }
     for (int k = 0; k < rt->dist.n_st; k++) {
         ct_clear_error();
-        if (rt->dist.st[k]->place(rt->dist.strat[k], rt->slots, rt->n_params) != CT_OK)
-            return ct_fail(CT_ERR_INTERNAL, "strategy place failed: %s", ct_last_error());
+        ct_status st = rt->dist.st[k]->place(rt->dist.strat[k], rt->slots, rt->n_params);
+        if (st != CT_OK) /* a layout the model cannot take is bad input */
+            return ct_fail(st == CT_ERR_INVALID ? CT_ERR_INVALID : CT_ERR_INTERNAL, "strategy place failed: %s",
+                           ct_last_error());
     }
     for (int i = 0; i < rt->n_params; i++) {
         const ct_param_slot *sl = &rt->slots[i];
         const ct_tensor *p = sl->param;
         int64_t split;
         int split_ok = sl->split_dim < 0 ? sl->split_parts == 1 && !memcmp(sl->global_shape, p->shape, sizeof sl->global_shape)
-                                   : sl->split_dim < p->ndim && sl->split_parts > 1 && sl->split_axis >= 0 &&
-                                         sl->split_axis < CT_MESH_NAXES && rt->dist.mesh &&
-                                         rt->dist.mesh->degree[sl->split_axis] == sl->split_parts && sl->split_index >= 0 &&
+                                   : sl->split_dim < p->ndim && sl->split_parts > 1 && rt->dist.mesh &&
+                                         ((sl->split_axis >= 0 && sl->split_axis < CT_MESH_NAXES) ||
+                                          sl->split_axis == CT_AXIS_EP) &&
+                                         mesh_shard_degree(rt->dist.mesh, sl->split_axis) == sl->split_parts &&
+                                         sl->split_index >= 0 &&
                                          sl->split_index < sl->split_parts &&
                                          !__builtin_mul_overflow(p->shape[sl->split_dim], sl->split_parts, &split) &&
                                          split == sl->global_shape[sl->split_dim];
@@ -314,6 +318,14 @@ static ct_status place_params(runtime *rt, const decl *decls) {
             return ct_fail(CT_ERR_INTERNAL, "strategy placed %s badly (local %lld at %lld of %lld, dim %d in %d parts)",
                            p->name, (long long)sl->local_numel, (long long)sl->offset, (long long)sl->numel,
                            sl->split_dim, sl->split_parts);
+        /* experts split over ep: the ranks that hold the same ones are efsdp, and only there may their
+         * storage be sharded (and their gradients reduced) */
+        if (sl->split_dim >= 0 && sl->split_axis == CT_AXIS_EP &&
+            (sharded ? sl->shard_axis != CT_AXIS_EFSDP
+                     : sl->placement == CT_PLACE_REPLICATE && mesh_shard_degree(rt->dist.mesh, CT_AXIS_EFSDP) > 1))
+            return ct_fail(CT_ERR_INVALID, "parallelism.expert_parallel_degree: %s is split over ep, but the data-parallel "
+                           "strategy %s it; it must shard it over efsdp (the ranks holding the same experts), as fsdp "
+                           "does", p->name, sharded ? "shards it over another axis than efsdp" : "replicates");
     }
     return CT_OK;
 }
@@ -1392,7 +1404,7 @@ ct_status runtime_zero_grads(runtime *rt) {
 static unsigned grad_axes(const ct_param_slot *sl, int pp) {
     unsigned mask = pp ? 1u << CT_AXIS_PP : 0;
     if (sl->placement == CT_PLACE_SHARD) mask |= mesh_axis_bits(sl->shard_axis);
-    if (sl->split_dim >= 0 && sl->split_parts > 1) mask |= 1u << sl->split_axis;
+    if (sl->split_dim >= 0 && sl->split_parts > 1) mask |= mesh_axis_bits(sl->split_axis);
     return mask;
 }
 
@@ -1595,8 +1607,8 @@ static ct_status param_get_here(runtime *rt, int i, float *host, int grad) {
     if (st == CT_OK) st = rt->d->alloc(rt->dev, sizeof(float) * (size_t)n * (size_t)(parts + 1), (void **)&dev);
     if (st == CT_OK) st = rt->d->copy(rt->dev, dev, blocks, sizeof(float) * (size_t)n, CT_COPY_H2D);
     if (st == CT_OK)
-        st = rt->dist.capi->all_gather(rt->dist.comm, rt->dist.mesh->group[sl->split_axis], dev, dev + n, n, CT_F32,
-                                       NULL);
+        st = rt->dist.capi->all_gather(rt->dist.comm, mesh_shard_group(rt->dist.mesh, sl->split_axis), dev, dev + n, n,
+                                       CT_F32, NULL);
     if (st == CT_OK) st = rt->d->copy(rt->dev, blocks, dev + n, sizeof(float) * (size_t)n * (size_t)parts, CT_COPY_D2H);
     if (st == CT_OK) {
         ct_param_slot other = *sl;

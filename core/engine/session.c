@@ -335,6 +335,7 @@ static const char *strategy_name(const manifest *mf, int world) {
 const session_strategy_slot session_strategy_slots[] = {
     {"parallelism.tp_strategy", "tp", CT_AXIS_TP},
     {"parallelism.cp_strategy", "cp", CT_AXIS_CP},
+    {"parallelism.ep_strategy", "ep", CT_AXIS_EP},
     {"parallelism.dp_strategy", NULL, -1},
 };
 const int session_n_strategy_slots = (int)(sizeof session_strategy_slots / sizeof session_strategy_slots[0]);
@@ -359,7 +360,12 @@ const plugin *session_dp_strategy(const session *s) {
  * its degree is > 1. */
 static int strategy_on(const session *s, int i) {
     int axis = session_strategy_slots[i].axis;
-    return s->strategyp[i] && (axis < 0 || s->mesh.degree[axis] > 1);
+    return s->strategyp[i] && (axis < 0 || mesh_shard_degree(&s->mesh, axis) > 1);
+}
+
+/* The key that sets an axis slot's degree (ep is no mesh axis of its own: it is borrowed from dp_shard x cp). */
+static const char *slot_degree_key(int axis) {
+    return axis == CT_AXIS_EP ? "parallelism.expert_parallel_degree" : mesh_degree_keys[axis];
 }
 
 /* Joins the job, builds the mesh and creates the strategies. */
@@ -398,7 +404,12 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
-    if (mesh_build(&s->mesh, s->commp ? s->capi : NULL, s->comm, s->rank, s->world, degree) != CT_OK) {
+    int ep = 1;
+    if (mesh_ep_degree(s->mf, degree, &ep) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        return CT_ERR_INVALID;
+    }
+    if (mesh_build(&s->mesh, s->commp ? s->capi : NULL, s->comm, s->rank, s->world, degree, ep) != CT_OK) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INTERNAL;
     }
@@ -434,7 +445,7 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
         ct_clear_error();
         if (s->strategy_api[i]->create(&s->strategyp[i]->host, &env, &s->strategy[i]) == CT_OK) continue;
         /* an axis's strategy is refused where its degree was set; the data-parallel one as a whole */
-        return axis >= 0 ? fail_plugin(s, CT_ERR_INVALID, s->strategyp[i], "parallelism", mesh_degree_keys[axis])
+        return axis >= 0 ? fail_plugin(s, CT_ERR_INVALID, s->strategyp[i], "parallelism", slot_degree_key(axis))
                          : fail_line(CT_ERR_INVALID, "parallelism");
     }
     return CT_OK;
@@ -1181,6 +1192,20 @@ static ct_status model_post_step(session *s, int64_t step) {
         ct_clear_error();
         st = s->capi->all_reduce(s->comm, s->mesh.dp_group, (void *)loads[i].counts, (void *)loads[i].counts,
                                  loads[i].n_experts, CT_F32, CT_REDUCE_SUM, NULL);
+    }
+    /* an axis strategy whose sequences must hold a multiple of its tokens (context parallel, sequence
+     * parallel) gives each rank of its axis part of the rows: their counts add up too */
+    for (int k = 0; hook && k < session_n_strategy_slots && st == CT_OK; k++) {
+        int axis = session_strategy_slots[k].axis;
+        const ct_strategy_api *a = s->strategy_api[k];
+        if (axis < 0 || axis >= CT_MESH_NAXES || !s->strategy[k] || !CT_HAS_FIELD(a, ct_strategy_api, sequence_multiple) ||
+            !a->sequence_multiple || a->sequence_multiple(s->strategy[k]) <= 1)
+            continue;
+        for (int i = 0; i < n && st == CT_OK; i++) {
+            ct_clear_error();
+            st = s->capi->all_reduce(s->comm, s->mesh.group[axis], (void *)loads[i].counts, (void *)loads[i].counts,
+                                     loads[i].n_experts, CT_F32, CT_REDUCE_SUM, NULL);
+        }
     }
     if (st == CT_OK && hook) {
         ct_model_step info = {sizeof info, step, s->rt.d, s->rt.dev, n, loads};

@@ -27,7 +27,7 @@ typedef struct session_strategy_slot {
     const char *dflt; /* the plugin when the key is absent ("tp"); NULL for the data-parallel slot */
     int axis;         /* CT_AXIS_*, or -1: the data-parallel strategy */
 } session_strategy_slot;
-#define SESSION_MAX_STRATEGIES 4
+#define SESSION_MAX_STRATEGIES 5
 extern const session_strategy_slot session_strategy_slots[];
 extern const int session_n_strategy_slots;
 

@@ -1239,6 +1239,7 @@ void tape_builder_init(runtime *rt) {
         .moe = tape_moe,
         .moe_experts = tape_moe_experts,
         .aux_loss = tape_aux_loss,
+        .all_to_all_v = tape_all_to_all_v,
     };
     rt->top = &rt->builder;
 }
@@ -1833,6 +1834,10 @@ static ct_tensor *fw_moe_experts(ct_builder *b, ct_tensor *x, const ct_tensor *o
     return NEXT(b)->moe_experts(NEXT(b), x, offsets, w1, w3, w2);
 }
 static ct_tensor *fw_aux_loss(ct_builder *b, ct_tensor *x, ct_tensor *loss) { return NEXT(b)->aux_loss(NEXT(b), x, loss); }
+static ct_tensor *fw_all_to_all_v(ct_builder *b, ct_tensor *x, int axis, const int64_t *send_rows,
+                                  const int64_t *recv_rows) {
+    return NEXT(b)->all_to_all_v(NEXT(b), x, axis, send_rows, recv_rows);
+}
 
 ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
     tape_layer *l = calloc(1, sizeof *l);
@@ -1869,6 +1874,7 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
         .moe = fw_moe,
         .moe_experts = fw_moe_experts,
         .aux_loss = fw_aux_loss,
+        .all_to_all_v = fw_all_to_all_v,
         .planning = next->planning, /* a strategy's layer over the planner's builder plans too */
     };
     (void)rt;

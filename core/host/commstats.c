@@ -79,6 +79,15 @@ static ct_status w_all_to_all(ct_comm *c, ct_comm_group *g, const void *s, void 
     real->group_rank(c, g, &rank, &size);
     TRACED(CS_ALL_TO_ALL, g, BYTES(n, dt) * size, req, real->all_to_all(c, g, s, r, n, dt, req));
 }
+/* ABI 2.17: the bytes this rank sends */
+static ct_status w_all_to_allv(ct_comm *c, ct_comm_group *g, const void *s, const int64_t *sc, const int64_t *so,
+                               void *r, const int64_t *rc, const int64_t *ro, ct_dtype dt, ct_comm_request **req) {
+    int rank = 0, size = 1;
+    real->group_rank(c, g, &rank, &size);
+    int64_t n = 0;
+    for (int j = 0; j < size; j++) n += sc[j];
+    TRACED(CS_ALL_TO_ALL, g, BYTES(n, dt), req, real->all_to_allv(c, g, s, sc, so, r, rc, ro, dt, req));
+}
 static ct_status w_send(ct_comm *c, ct_comm_group *g, const void *b, int64_t n, ct_dtype dt, int peer, int tag,
                         ct_comm_request **req) {
     TRACED(CS_SEND, g, BYTES(n, dt), req, real->send(c, g, b, n, dt, peer, tag, req));
@@ -94,5 +103,6 @@ const ct_comm_api *commstats_wrap(const ct_comm_api *r) {
     wrapped.broadcast = w_broadcast;
     wrapped.all_to_all = w_all_to_all;
     wrapped.send = w_send;
+    if (CT_HAS_FIELD(r, ct_comm_api, all_to_allv) && r->all_to_allv) wrapped.all_to_allv = w_all_to_allv;
     return &wrapped;
 }

@@ -184,6 +184,10 @@ ct_status plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l) {
     l->cp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_CP], 1);
     l->tp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_TP], 1);
     l->pp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_PP], 1);
+    int64_t ep = get_int(mf, "parallelism.expert_parallel_degree", 1);
+    if (ep > 1) /* said, never planned as if it were absent */
+        return ct_fail(CT_ERR_UNSUPPORTED, "parallelism.expert_parallel_degree %lld: the planner does not model expert "
+                       "parallel yet (plan the layout without it)", (long long)ep);
     int64_t others = (int64_t)l->dp_replicate * l->cp * l->tp * l->pp;
     if (others < 1 || l->dp_replicate < 1 || l->cp < 1 || l->tp < 1 || l->pp < 1)
         return ct_fail(CT_ERR_INVALID, "parallelism degrees must be positive");
@@ -366,7 +370,7 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     for (int k = 0; k < session_n_strategy_slots; k++) { /* as a run makes them (engine/session.h) */
         const session_strategy_slot *slot = &session_strategy_slots[k];
         const char *name = session_strategy_for(c->mf, k, r->mesh.world_size);
-        if (!name || (slot->axis >= 0 && r->mesh.degree[slot->axis] <= 1)) continue;
+        if (!name || (slot->axis >= 0 && mesh_shard_degree(&r->mesh, slot->axis) <= 1)) continue;
         plugin *p = strategy_plugin(c, slot->key, name);
         if (!p) return ct_fail(CT_ERR_INVALID, "strategy %s cannot be loaded", name);
         const ct_strategy_api *a = p->info.api;

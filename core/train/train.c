@@ -625,9 +625,14 @@ static void train_banner_print(const train_run *r) {
                (long long)r->vdl.n_windows, (long long)r->T, (long long)r->val_freq, (long long)r->val_batches,
                r->val_batches == 1 ? "" : "es", (long long)r->G, (long long)r->val_L, whole);
     if (s->world > 1)
-        printf("mesh: %d ranks: pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d; strategy %s\n", s->world,
-               s->mesh.degree[0], s->mesh.degree[1], s->mesh.degree[2], s->mesh.degree[3], s->mesh.degree[4],
+    {
+        char ep[96] = "";
+        if (s->mesh.ep_size > 1) /* borrowed from dp_shard x cp: no axis of its own */
+            snprintf(ep, sizeof ep, " (ep %d x efsdp %d of dp_shard x cp)", s->mesh.ep_size, s->mesh.efsdp_size);
+        printf("mesh: %d ranks: pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d%s; strategy %s\n", s->world,
+               s->mesh.degree[0], s->mesh.degree[1], s->mesh.degree[2], s->mesh.degree[3], s->mesh.degree[4], ep,
                session_dp_strategy(s) ? session_dp_strategy(s)->info.name : "none");
+    }
     if (s->peak_flops > 0)
         printf("device: %s, %s matmul peak %.1f GFLOP/s (the device's figure, how it got it above; MFU below is "
                "against it)\n",

@@ -87,6 +87,8 @@ static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "moe_force_load_balance", CT_OPT_BOOL, "false",
      "tests: route token t's slot s to expert (t*top_k + s) % n_experts (torchtitan's debug.moe_force_load_balance)",
      NULL, NULL},
+    {sizeof(ct_option_spec), "moe_log_load", CT_OPT_BOOL, "false",
+     "log each MoE block's per-expert token counts after every step (rank 0: its pipeline stage's blocks)", NULL, NULL},
     {0},
 };
 
@@ -104,7 +106,7 @@ typedef struct ct_model {
     double rope_theta, norm_eps;
     int tied;
     int64_t n_experts, top_k, moe_hidden;
-    int norm_topk, force_balance;
+    int norm_topk, force_balance, log_load;
     double aux_coef;
     ct_tensor *tok_embeddings, *norm, *output;
     layer *layers;
@@ -152,6 +154,7 @@ static ct_status qwen3_create(const ct_host *h, const ct_model_config *cfg, ct_m
     h->opt_bool(h, "norm_topk_prob", &m->norm_topk);
     h->opt_float(h, "router_aux_loss_coef", &m->aux_coef);
     h->opt_bool(h, "moe_force_load_balance", &m->force_balance);
+    h->opt_bool(h, "moe_log_load", &m->log_load);
     const char *bad = m->head_dim % 2 ? "head_dim: must be even (RoPE rotates pairs)"
                       : m->n_heads % m->n_kv_heads ? "n_kv_heads: must divide n_heads"
                       : m->n_experts && m->top_k > m->n_experts ? "top_k: must be at most n_experts"
@@ -243,7 +246,9 @@ static ct_status declare_moe(qwen3 *m, ct_param_registry *r, layer *L, int i, fl
         char n[128];
         ct_init init = trunc_init(ps[k].std);
         snprintf(n, sizeof n, "layers.%d.%s", i, ps[k].suffix);
-        if (!(*ps[k].t = r->add(r, i + 1, n, ps[k].ndim, ps[k].shape, &init, 0))) return CT_ERR_INVALID;
+        /* the stacked experts (not the router) are what expert parallel splits along dim 0 */
+        if (!(*ps[k].t = r->add(r, i + 1, n, ps[k].ndim, ps[k].shape, &init, k ? CT_TENSOR_EXPERTS : 0)))
+            return CT_ERR_INVALID;
     }
     return CT_OK;
 }
@@ -385,6 +390,12 @@ static const ct_tp_rule tp_plan[] = {
     {"layers.*.feed_forward.w1.weight", CT_TP_COLWISE},
     {"layers.*.feed_forward.w2.weight", CT_TP_ROWWISE},
     {"layers.*.feed_forward.w3.weight", CT_TP_COLWISE},
+    /* MoE blocks: the router and the experts stay whole on every tp rank (torchtitan without expert tensor
+     * parallel); under sequence parallel the layer sees 1/tp of the token rows, so their gradients are summed */
+    {"layers.*.moe.router.gate.weight", CT_TP_SEQUENCE_PARALLEL},
+    {"layers.*.moe.experts.w1", CT_TP_SEQUENCE_PARALLEL},
+    {"layers.*.moe.experts.w2", CT_TP_SEQUENCE_PARALLEL},
+    {"layers.*.moe.experts.w3", CT_TP_SEQUENCE_PARALLEL},
     {"norm.weight", CT_TP_SEQUENCE_PARALLEL},
     {"output.weight", CT_TP_OUTPUT_COLWISE},
     {NULL, CT_TP_NONE},
@@ -479,6 +490,26 @@ static const ct_hf_option hf_options[] = {
 
 static const ct_hf_import hf_import = {sizeof(ct_hf_import), "qwen3", hf_options};
 
+/* model.moe_log_load: one line per MoE block and step, "moe load step S NAME: c0 c1 ...", the (token, slot)
+ * pairs each expert took, summed over the step and the data-parallel ranks (what the host hands post_step). */
+static ct_status qwen3_post_step(ct_model *p, const ct_model_step *step) {
+    qwen3 *m = p;
+    if (!m->log_load || !step->n_moe) return CT_OK;
+    for (int i = 0; i < step->n_moe; i++) {
+        const ct_moe_load *l = &step->moe[i];
+        float c[256];
+        char line[256 * 12 + 160];
+        int64_t e = l->n_experts < 256 ? l->n_experts : 256;
+        ct_status st = step->api->copy(step->dev, c, l->counts, sizeof(float) * (size_t)e, CT_COPY_D2H);
+        if (st != CT_OK) return st;
+        int n = snprintf(line, sizeof line, "moe load step %lld %s:", (long long)step->step, l->router);
+        for (int64_t j = 0; j < e && n > 0 && n < (int)sizeof line; j++)
+            n += snprintf(line + n, sizeof line - (size_t)n, " %.0f", (double)c[j]);
+        m->host->log(m->host, CT_LOG_INFO, "%s", line);
+    }
+    return CT_OK;
+}
+
 static const ct_model_api api = {
     .struct_size = sizeof(ct_model_api),
     .flavors = flavor_names,
@@ -491,6 +522,7 @@ static const ct_model_api api = {
     .tp_plan = tp_plan,
     .hf_export = qwen3_hf_export,
     .hf_import = &hf_import,
+    .post_step = qwen3_post_step,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

@@ -177,9 +177,12 @@ static ct_status cp_post_backward(ct_strategy *p, int unit, int last_microbatch)
 }
 
 /* A slot whose gradient this plugin sums over cp: one this rank holds that no data-parallel strategy
- * sums over dp_shard x cp. */
+ * sums over dp_shard x cp. Experts split over ep (ABI 2.17) are complete already: the ep group's
+ * all-to-all brings them the tokens of its cp ranks, and the reduction over efsdp the rest of
+ * dp_shard x cp. */
 static int summed_here(const ct_param_slot *s) {
     if (s->placement == CT_PLACE_NONE || s->local_numel == 0) return 0;
+    if (CT_HAS_FIELD(s, ct_param_slot, split_axis) && s->split_dim >= 0 && s->split_axis == CT_AXIS_EP) return 0;
     return !(s->placement == CT_PLACE_SHARD && s->shard_axis == CT_AXIS_DP_SHARD_CP);
 }
 

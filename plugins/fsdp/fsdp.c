@@ -87,6 +87,17 @@ static const ct_option_spec options[] = {
 
 static ct_comm_group *shard_group(fsdp *f) { return f->group; }
 
+/* ABI 2.17: experts split over ep (CT_AXIS_EP) are sharded over efsdp, the ranks that hold the same
+ * experts; every other slot over the strategy's own axis. */
+static int on_efsdp(const fsdp *f, const ct_param_slot *s) {
+    return s->split_dim >= 0 && s->split_axis == CT_AXIS_EP && CT_HAS_FIELD(&f->mesh, ct_mesh_info, efsdp_size) &&
+           f->mesh.ep_size > 1;
+}
+static int slot_S(const fsdp *f, const ct_param_slot *s) { return on_efsdp(f, s) ? f->mesh.efsdp_size : f->S; }
+static ct_comm_group *slot_group(fsdp *f, const ct_param_slot *s) {
+    return on_efsdp(f, s) ? f->mesh.efsdp_group : f->group;
+}
+
 static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
     fsdp *f = calloc(1, sizeof *f);
     if (!f) return CT_ERR_NOMEM;
@@ -174,18 +185,18 @@ static void buf_put(fsdp *f, float *p, int64_t n) {
     f->cache[f->n_cache++] = (buf){p, n};
 }
 
-static int64_t full_n(fsdp *f, const ct_param_slot *s) { return s->local_numel * f->S; }
+static int64_t full_n(fsdp *f, const ct_param_slot *s) { return s->local_numel * slot_S(f, s); }
 
 static ct_status fsdp_place(ct_strategy *p, ct_param_slot *slots, int n) {
     fsdp *f = p;
-    int S = f->S, r = f->r;
     for (int i = 0; i < n; i++) {
         ct_param_slot *s = CT_SLOT_AT(slots, i);
         if (s->placement == CT_PLACE_NONE) continue; /* another pipeline stage's */
+        int ef = on_efsdp(f, s), S = ef ? f->mesh.efsdp_size : f->S, r = ef ? f->mesh.efsdp_rank : f->r;
         int64_t rows = s->param->ndim ? s->param->shape[0] : 1, row = s->numel / (rows ? rows : 1);
         int64_t rows_per = (rows + S - 1) / S; /* dim-0 blocks, the last ones padded */
         s->placement = CT_PLACE_SHARD;
-        s->shard_axis = f->axis;
+        s->shard_axis = ef ? CT_AXIS_EFSDP : f->axis;
         s->local_numel = rows_per * row;
         s->offset = (int64_t)r * s->local_numel;
     }
@@ -313,7 +324,7 @@ static ct_status gather_start(fsdp *f, int k) {
             }
             st = DAPI(f)->cast_f32_to_bf16(f->env.dev, (uint16_t *)u->h_local[j], s->local_data, s->local_numel);
             if (!st)
-                st = CAPI(f)->all_gather(f->env.comm, shard_group(f), u->h_local[j], u->h_full[j], s->local_numel,
+                st = CAPI(f)->all_gather(f->env.comm, slot_group(f, s), u->h_local[j], u->h_full[j], s->local_numel,
                                          CT_BF16, &u->greq[j]);
             if (st) return st;
             continue;
@@ -328,10 +339,10 @@ static ct_status gather_start(fsdp *f, int k) {
         u->full[j] = full;
         u->full_numel[j] = full_n(f, s);
         if (u->q8_full[j])
-            st = CAPI(f)->all_gather(f->env.comm, shard_group(f), u->q8_local[j], u->q8_full[j], s->local_numel,
+            st = CAPI(f)->all_gather(f->env.comm, slot_group(f, s), u->q8_local[j], u->q8_full[j], s->local_numel,
                                      CT_F8_E4M3, &u->greq[j]);
         else
-            st = CAPI(f)->all_gather(f->env.comm, shard_group(f), s->local_data, full, s->local_numel, CT_F32,
+            st = CAPI(f)->all_gather(f->env.comm, slot_group(f, s), s->local_data, full, s->local_numel, CT_F32,
                                      &u->greq[j]);
         if (st) return st;
     }
@@ -553,7 +564,7 @@ static ct_status fsdp_post_backward(ct_strategy *p, int k, int last_microbatch) 
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
         u->rs_out[j] = buf_get(f, s->local_numel);
         if (!u->rs_out[j]) return CT_ERR_NOMEM;
-        ct_status st = CAPI(f)->reduce_scatter(f->env.comm, shard_group(f), s->param->grad, u->rs_out[j],
+        ct_status st = CAPI(f)->reduce_scatter(f->env.comm, slot_group(f, s), s->param->grad, u->rs_out[j],
                                                s->local_numel, CT_F32, CT_REDUCE_SUM, &u->rsreq[j]);
         if (st) return st;
     }

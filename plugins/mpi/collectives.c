@@ -182,6 +182,52 @@ ct_status ctmpi_all_to_all(ct_comm *comm, ct_comm_group *group, const void *send
     return ctmpi_finish(c, r, rc, req);
 }
 
+/* ABI 2.17. MPI's counts and displacements are ints, and a started MPI_Ialltoallv reads them until it
+ * completes (an abandoned one, until the job ends): they live at the end of the request, freed with it. */
+ct_status ctmpi_all_to_allv(ct_comm *comm, ct_comm_group *group, const void *send, const int64_t *send_counts,
+                            const int64_t *send_offsets, void *recv, const int64_t *recv_counts,
+                            const int64_t *recv_offsets, ct_dtype dt, ct_comm_request **req)
+{
+    ctmpi *c = comm;
+    ctmpi_req *r;
+    MPI_Datatype type;
+    ct_status st = op_begin(c, group, "all_to_allv", 0, dt, req, &r, &type);
+    if (st)
+        return st;
+    ctmpi_group *g = group;
+    if (!send_counts || !send_offsets || !recv_counts || !recv_offsets)
+        return op_error(c, r, CT_ERR_INVALID, "NULL counts or offsets");
+    ctmpi_req *grown = realloc(r, sizeof *r + 4 * sizeof(int) * (size_t)g->size);
+    if (!grown)
+        return op_error(c, r, CT_ERR_NOMEM, "out of memory for %d ranks' counts", g->size);
+    r = grown;
+    int *v = (int *)(r + 1), *sc = v, *sd = v + g->size, *rc = v + 2 * g->size, *rd = v + 3 * g->size;
+    int64_t sent = 0, got = 0, send_end = 0, recv_end = 0;
+    for (int j = 0; j < g->size; j++) {
+        const int64_t a[4] = {send_counts[j], send_offsets[j], recv_counts[j], recv_offsets[j]};
+        for (int k = 0; k < 4; k++)
+            if (a[k] < 0 || a[k] > INT_MAX)
+                return op_error(c, r, a[k] < 0 ? CT_ERR_INVALID : CT_ERR_UNSUPPORTED,
+                                "rank %d's count or offset %lld is negative or above %d (MPI counts are int)", j,
+                                (long long)a[k], INT_MAX);
+        sc[j] = (int)a[0], sd[j] = (int)a[1], rc[j] = (int)a[2], rd[j] = (int)a[3];
+        sent += a[0], got += a[2];
+        if (a[0] + a[1] > send_end)
+            send_end = a[0] + a[1];
+        if (a[2] + a[3] > recv_end)
+            recv_end = a[2] + a[3];
+    }
+    r->count = sent;
+    size_t sz = ct_dtype_size(dt);
+    if ((send_end && !send) || (recv_end && !recv))
+        return op_error(c, r, CT_ERR_INVALID, "NULL buffer");
+    if (send_end && recv_end && overlap(send, (size_t)send_end * sz, recv, (size_t)recv_end * sz))
+        return op_error(c, r, CT_ERR_INVALID, "send and recv overlap");
+    (void)got;
+    int rc_ = MPI_Ialltoallv(send, sc, sd, type, recv, rc, rd, type, g->comm, &r->req);
+    return ctmpi_finish(c, r, rc_, req);
+}
+
 /* send and recv: the peer is a rank of the group; tags are MPI's (0 .. MPI_TAG_UB, at least
  * 32767). On error r is freed. */
 static ct_status check_peer(ctmpi *c, ctmpi_req *r, const void *buf, int peer, int tag)

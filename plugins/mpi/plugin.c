@@ -346,6 +346,7 @@ static const ct_comm_api api = {
     .reduce_scatter = ctmpi_reduce_scatter,
     .broadcast = ctmpi_broadcast,
     .all_to_all = ctmpi_all_to_all,
+    .all_to_allv = ctmpi_all_to_allv,
     .send = ctmpi_send,
     .recv = ctmpi_recv,
     .barrier = ctmpi_barrier,

@@ -123,6 +123,9 @@ ct_status ctnccl_reduce_scatter(ct_comm *comm, ct_comm_group *group, const void 
                                 int64_t count, ct_dtype dt, ct_reduce_op op, ct_comm_request **req);
 ct_status ctnccl_broadcast(ct_comm *comm, ct_comm_group *group, void *buf, int64_t count,
                            ct_dtype dt, int root, ct_comm_request **req);
+ct_status ctnccl_all_to_allv(ct_comm *comm, ct_comm_group *group, const void *send, const int64_t *send_counts,
+                             const int64_t *send_offsets, void *recv, const int64_t *recv_counts,
+                             const int64_t *recv_offsets, ct_dtype dt, ct_comm_request **req);
 ct_status ctnccl_all_to_all(ct_comm *comm, ct_comm_group *group, const void *send, void *recv,
                             int64_t count, ct_dtype dt, ct_comm_request **req);
 ct_status ctnccl_send(ct_comm *comm, ct_comm_group *group, const void *buf, int64_t count,

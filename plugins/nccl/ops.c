@@ -248,6 +248,42 @@ ct_status ctnccl_all_to_all(ct_comm *comm, ct_comm_group *group, const void *sen
     return op_end(c, g, &o, r, req);
 }
 
+/* ABI 2.17: the same grouped sends and receives, each pair with its own count and offset. */
+ct_status ctnccl_all_to_allv(ct_comm *comm, ct_comm_group *group, const void *send, const int64_t *send_counts,
+                             const int64_t *send_offsets, void *recv, const int64_t *recv_counts,
+                             const int64_t *recv_offsets, ct_dtype dt, ct_comm_request **req) {
+    ctnccl *c = comm;
+    ctnccl_group *g = group;
+    op o = {0};
+    int64_t sent = 0;
+    if (g && (!send_counts || !send_offsets || !recv_counts || !recv_offsets)) {
+        c->host->set_error(c->host, "all_to_allv on group %s: NULL counts or offsets", g->name);
+        return CT_ERR_INVALID;
+    }
+    for (int j = 0; g && j < g->size; j++) {
+        if (send_counts[j] < 0 || send_offsets[j] < 0 || recv_counts[j] < 0 || recv_offsets[j] < 0) {
+            c->host->set_error(c->host, "all_to_allv on group %s: rank %d's count or offset is negative", g->name, j);
+            return CT_ERR_INVALID;
+        }
+        sent += send_counts[j];
+    }
+    ct_status st = op_begin(c, g, "all_to_allv", sent, dt, MOVE, NULL, 0, &o);
+    if (st) return st;
+    size_t sz = ct_dtype_size(dt);
+    ncclResult_t r = ncclGroupStart();
+    for (int j = 0; j < g->size && r == ncclSuccess; j++) {
+        if (send_counts[j])
+            r = ncclSend((const char *)send + (size_t)send_offsets[j] * sz, (size_t)send_counts[j], o.type, j, g->nc,
+                         g->stream);
+        if (r == ncclSuccess && recv_counts[j])
+            r = ncclRecv((char *)recv + (size_t)recv_offsets[j] * sz, (size_t)recv_counts[j], o.type, j, g->nc,
+                         g->stream);
+    }
+    ncclResult_t end = ncclGroupEnd(); /* always closes the group, even after an error */
+    if (r == ncclSuccess) r = end;
+    return op_end(c, g, &o, r, req);
+}
+
 ct_status ctnccl_send(ct_comm *comm, ct_comm_group *group, const void *buf, int64_t count, ct_dtype dt, int peer,
                       int tag, ct_comm_request **req) {
     ctnccl *c = comm;

@@ -371,6 +371,7 @@ static const ct_comm_api api = {
     .reduce_scatter = ctnccl_reduce_scatter,
     .broadcast = ctnccl_broadcast,
     .all_to_all = ctnccl_all_to_all,
+    .all_to_allv = ctnccl_all_to_allv,
     .send = ctnccl_send,
     .recv = ctnccl_recv,
     .barrier = ctnccl_barrier,

@@ -252,6 +252,25 @@ static ct_tensor *tp_add(ct_builder *b, ct_tensor *x, ct_tensor *y) {
     ct_tensor *in[2] = {x, y};
     return follow(t, t->next->add(t->next, x, y), in, 2);
 }
+/* ABI 2.15: a MoE layer keeps its input's rows (its router and experts are whole: CT_TP_SEQUENCE_PARALLEL in the
+ * plan, so their gradients are summed over tp under sequence parallel). */
+static ct_tensor *tp_moe(ct_builder *b, ct_tensor *x, const ct_moe_layer *layer) {
+    tp *t = TP(b);
+    return follow(t, t->next->moe(t->next, x, layer), &x, 1);
+}
+/* A unit's own loss over 1/tp of the token rows (sequence parallel) is this rank's part: summed over tp,
+ * so every rank adds the whole (as the head's loss) and the reported value is the layer's. */
+static ct_tensor *tp_aux_loss(ct_builder *b, ct_tensor *x, ct_tensor *loss) {
+    tp *t = TP(b);
+    ct_builder *n = t->next;
+    if (t->sequence_parallel && loss && loss->ndim == 0) {
+        ct_tensor *v = n->view(n, loss, 1, (int64_t[]){1});
+        if (!v || !(v = n->collective(n, CT_COLL_ALL_REDUCE, v, CT_AXIS_TP, CT_DIM_ROWS)) ||
+            !(loss = n->view(n, v, 0, NULL)))
+            return NULL;
+    }
+    return follow(t, n->aux_loss(n, x, loss), &x, 1);
+}
 /* A view of a parameter is that parameter to check_weight; a view of an activation stands where it does. */
 static ct_tensor *tp_view(ct_builder *b, ct_tensor *x, int ndim, const int64_t *shape) {
     tp *t = TP(b);
@@ -301,4 +320,8 @@ void tp_builder_init(tp *t, ct_builder *next, ct_builder *out) {
     out->cross_entropy = tp_cross_entropy;
     out->finish_output = tp_finish_output;
     if (CT_HAS_FIELD(out, ct_builder, linear_cross_entropy)) out->linear_cross_entropy = tp_linear_cross_entropy;
+    if (CT_HAS_FIELD(next, ct_builder, aux_loss) && next->moe && next->aux_loss) {
+        out->moe = tp_moe;
+        out->aux_loss = tp_aux_loss;
+    }
 }

@@ -617,6 +617,38 @@ static void check_all_to_all(group *g)
     }
 }
 
+/* ABI 2.17: all_to_allv with a different count for every (sender, receiver) pair, zero included
+ * (rank i sends (i + 2 j) % 5 elements to rank j), packed at uneven offsets; started and waited for. */
+static void check_all_to_allv(group *g)
+{
+    if (!CT_HAS_FIELD(api, ct_comm_api, all_to_allv) || !api->all_to_allv)
+        return;
+    int P = g->size;
+    int64_t *v = xmalloc(sizeof(int64_t) * 4 * (size_t)P), *sc = v, *so = v + P, *rc = v + 2 * P, *ro = v + 3 * P;
+    int64_t st = 0, rt = 0;
+    for (int j = 0; j < P; j++) {
+        sc[j] = (g->rank + 2 * j) % 5, rc[j] = (j + 2 * g->rank) % 5;
+        so[j] = st + 1, ro[j] = rt + 2; /* a gap before each block */
+        st += sc[j] + 1, rt += rc[j] + 2;
+    }
+    float *send = xmalloc(sizeof(float) * (size_t)(st + 1)), *recv = xmalloc(sizeof(float) * (size_t)(rt + 1));
+    for (int j = 0; j < P; j++)
+        for (int64_t k = 0; k < sc[j]; k++)
+            send[so[j] + k] = (float)(g->rank * 1000 + j * 10 + k);
+    char what[128];
+    snprintf(what, sizeof what, "all_to_allv of uneven f32 counts on %s", g->name);
+    ct_comm_request *req = NULL;
+    expect_status(api->all_to_allv(comm, g->g, send, sc, so, recv, rc, ro, CT_F32, &req), CT_OK, what);
+    expect_status(api->wait(comm, req), CT_OK, what);
+    for (int j = 0; j < P; j++)
+        for (int64_t k = 0; k < rc[j]; k++)
+            if (recv[ro[j] + k] != (float)(j * 1000 + g->rank * 10 + k))
+                failf("%s: element %lld from rank %d is %g", what, (long long)k, j, (double)recv[ro[j] + k]);
+    free(send);
+    free(recv);
+    free(v);
+}
+
 /* Around the ring: non-blocking both ways; two tags received in the opposite order of sending;
  * then blocking sends and receives, ordered so the ring cannot deadlock. */
 static void check_send_recv(group *g)
@@ -923,6 +955,8 @@ static void run_group_checks(group *g, group *other)
     DONE("broadcast from every root");
     check_all_to_all(g);
     DONE("all_to_all");
+    check_all_to_allv(g);
+    DONE("all_to_allv");
     check_send_recv(g);
     DONE("send/recv ring");
     expect_status(api->barrier(comm, g->g), CT_OK, "barrier");

@@ -80,6 +80,15 @@ typedef struct ct_comm_api {
      * overlap with the compute stream in between. The stream stays the device's; the comm uses it
      * until its destroy, so the device is destroyed after the comm. */
     ct_status (*bind_stream)(ct_comm *comm, ct_stream *stream);
+    /* ---- ABI 2.17, optional (NULL: the comm has none; expert parallel needs it) ---- */
+    /* The all-to-all with variable splits (MPI_Alltoallv): send_counts[j] elements from send +
+     * send_offsets[j] go to rank j; recv_counts[j] elements from rank j land at recv + recv_offsets[j]
+     * (offsets in elements). The four arrays hold one value per rank of the group, in host memory, and
+     * are the caller's: the comm reads them before the call returns. Rank i's send_counts[j] must equal
+     * rank j's recv_counts[i]. send and recv must not overlap. */
+    ct_status (*all_to_allv)(ct_comm *comm, ct_comm_group *group, const void *send, const int64_t *send_counts,
+                             const int64_t *send_offsets, void *recv, const int64_t *recv_counts,
+                             const int64_t *recv_offsets, ct_dtype dt, ct_comm_request **req);
 } ct_comm_api;
 
 #endif

@@ -254,6 +254,16 @@ struct ct_builder {
      * new tensor the unit passes on in x's place); its backward gives loss the gradient the head's loss
      * gets. The value is counted once per microbatch, whatever activation checkpointing recomputes. */
     ct_tensor *(*aux_loss)(ct_builder *b, ct_tensor *x, ct_tensor *loss);
+    /* ---- ABI 2.17 ---- */
+    /* The differentiable all-to-all with variable splits over `axis` (a mesh axis or CT_AXIS_EP): x (rows,
+     * c), its first send_rows[0] rows go to rank 0 of the axis, the next send_rows[1] to rank 1, ...; the
+     * result (sum of recv_rows, c) holds recv_rows[r] rows from rank r, in rank order. send_rows and
+     * recv_rows hold one count per rank of the axis, in host memory, copied before the call returns; rank
+     * i's send_rows[j] must be rank j's recv_rows[i] (exchange the counts first). Backward: the all-to-all
+     * of the gradient with the counts swapped. Needs the comm's all_to_allv (an error naming it
+     * otherwise). NULL on a 2.16 host: check with CT_HAS_FIELD. */
+    ct_tensor *(*all_to_all_v)(ct_builder *b, ct_tensor *x, int axis, const int64_t *send_rows,
+                               const int64_t *recv_rows);
 };
 
 /* ABI 2.0: a custom op a strategy records (async tensor parallel's overlapped pieces, loss parallel,
@@ -448,7 +458,8 @@ typedef struct ct_moe_load {
     const char *router;   /* the call's router weight name ("layers.3.moe.router.gate.weight") */
     int64_t n_experts;
     /* (n_experts) floats in device memory: the (token, slot) pairs routed to each expert over the
-     * step's microbatches, summed over the data-parallel ranks; zeroed by the host after post_step */
+     * step's microbatches, summed over the data-parallel ranks and over
+     * the axes that split a sequence's rows (tp under sequence parallel, cp); zeroed by the host after post_step */
     const float *counts;
 } ct_moe_load;
 

@@ -88,11 +88,29 @@ typedef struct ct_mesh_info {
      * gradients too. rank = coord[DP_SHARD] * degree[CP] + coord[CP]. The group is NULL on one rank. */
     ct_comm_group *dp_shard_cp_group;
     int dp_shard_cp_rank, dp_shard_cp_size;
+    /* ABI 2.17: expert parallel (parallelism.expert_parallel_degree), borrowed from dp_shard x cp as
+     * torchtitan borrows it: the ep group is ep_size consecutive ranks of dp_shard_cp (ep_rank =
+     * dp_shard_cp_rank % ep_size), which hold different experts and exchange tokens; the efsdp group is
+     * the dp_shard_cp ranks with the same ep_rank (efsdp_rank = dp_shard_cp_rank / ep_size, efsdp_size =
+     * dp_shard_cp_size / ep_size), which hold the same experts. ep_size is 1 without expert parallel
+     * (efsdp is then dp_shard_cp). The groups are NULL on one rank. */
+    ct_comm_group *ep_group;
+    int ep_rank, ep_size;
+    ct_comm_group *efsdp_group;
+    int efsdp_rank, efsdp_size;
 } ct_mesh_info;
 
 /* ABI 2.3: a ct_param_slot.shard_axis value beyond the mesh axes: sharded over dp_shard_cp_group
  * (degree dp_shard_cp_size, this rank's block dp_shard_cp_rank). */
 #define CT_AXIS_DP_SHARD_CP 5
+/* ABI 2.17: beyond the mesh axes too. CT_AXIS_EP: a ct_param_slot.split_axis (split over ep_group,
+ * split_parts ep_size, split_index ep_rank) and the axis of the builder's all_to_all_v. CT_AXIS_EFSDP: a
+ * shard_axis (sharded over efsdp_group): a data-parallel strategy shards a slot split over CT_AXIS_EP
+ * over efsdp, so its reduction sums the gradient over the ranks that hold the same experts. The host
+ * refuses a slot split over CT_AXIS_EP that is sharded over any other axis, or replicated while
+ * efsdp_size > 1. */
+#define CT_AXIS_EP 6
+#define CT_AXIS_EFSDP 7
 
 /* Given at create. The env struct itself may be gone after create returns (copy it); every pointer
  * in it (dapi, dev, capi, comm, mesh, tp_plan) is the host's and stays valid until destroy. */

@@ -41,6 +41,9 @@ static inline size_t ct_dtype_size(ct_dtype t) {
  * tells the model's token ids and targets from any other int32 tensor without guessing by shape. */
 #define CT_TENSOR_TOKEN_IDS 0x20u /* host: the model's input token ids (B, T) */
 #define CT_TENSOR_TARGETS 0x40u   /* host: the model's targets (B, T) */
+/* ABI 2.17, declared by the pack: stacked experts, dim 0 the expert (ct_moe_layer's w1, w3, w2), what
+ * expert parallel splits along dim 0 */
+#define CT_TENSOR_EXPERTS 0x80u
 
 typedef struct ct_tensor {
     size_t struct_size;
