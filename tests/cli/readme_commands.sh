@@ -4,7 +4,8 @@
 #   - `build/ctitan ...`, `mpirun ...`, `make ...`, `cc ...` lines (with `\` continuations);
 #     build/ is $BUILD (the sanitizer build under SANITIZE=1);
 #   - train runs get overrides APPENDED only: a tiny dataset and tokenizer made here, 3 steps of
-#     seq 32, an 8-token sample, one thread, their own dump folder; configs/sft_* runs (train and
+#     seq 32, an 8-token sample, one thread, their own dump folder (debugmodel_moe also 2 blocks of 8
+#     experts); configs/sft_* runs (train and
 #     generate) get one thread and one dump folder of their own, and read the shards the docs'
 #     tokenize commands wrote before them;
 #   - synopsis lines (placeholders such as MANIFEST.yaml, [--option], a|b, ...) run `ctitan CMD --help`;
@@ -69,6 +70,10 @@ while IFS= read -r cmd; do
   # does not: leak checks are off for it, every other memory error still fails
   [[ "$cmd" == mpirun* ]] && run="ASAN_OPTIONS=\${ASAN_OPTIONS:+\$ASAN_OPTIONS:}detect_leaks=0 $run"
   [[ "$run" == *" train "* ]] && extra=("${tiny[@]}" --job.dump_folder="$T/run$i")
+  # torchtitan's debugmodel_moe (8 blocks of 64 experts, 226M parameters) shrunk as the MoE tests shrink
+  # it: 2 blocks of 8 experts of hidden 64, top-2 (the two docs commands took 190 s of this test)
+  [[ "$run" == *" train "*debugmodel_moe* ]] &&
+    extra+=(--model.n_layers=2 --model.n_experts=8 --model.top_k=2 --model.moe_hidden=64)
   # the fine-tuning manifest runs on the data its own doc commands made (20 short steps), and its
   # generate reads what its train wrote
   [[ "$run" == *configs/sft_* ]] && extra=(--device.threads=1 --job.dump_folder="$T/sft")
