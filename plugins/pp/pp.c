@@ -8,12 +8,21 @@
  * the first action; between actions the runner tests them, and as soon as one has landed it asks
  * the host where the data goes and posts that receive too. An action waits only for what it reads.
  * Tags name (kind, destination stage, microbatch), so any order of arrival matches correctly.
+ *
+ * Memory does not depend on timing: a (stage, microbatch) whose last action ran is given back to
+ * the host once its sends completed, and before this rank starts a microbatch it has not run yet
+ * in the step it waits for every such send (a peer that had not posted the receive yet, being busy,
+ * would otherwise make the host take one more microbatch context than the schedule holds). While
+ * it waits, for that or for a message it reads, it keeps testing every message of the step, so a
+ * peer that waits on this rank's sends is served (no cycle of waits), bounded by the comm's
+ * train_timeout_seconds.
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime (ct_util_now) */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime (ct_util_now), sched_yield */
 
 #include "ctitan/pipeline.h"
 #include "ctitan/util.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +52,8 @@ typedef struct ct_runner { /* the ABI's opaque ct_runner */
     int *sends_left; /* per (stage, mb): sends still in flight */
     int *finished;   /* per (stage, mb): its last action ran */
     int *released;
+    int *started;   /* per microbatch: an action of it ran in this step */
+    double timeout; /* comm.train_timeout_seconds */
 } runner;
 
 static int stage_rank(const runner *r, int stage) {
@@ -68,6 +79,7 @@ static void pp_destroy(ct_runner *p) {
     free(r->sends_left);
     free(r->finished);
     free(r->released);
+    free(r->started);
     free(r);
 }
 
@@ -82,9 +94,15 @@ static ct_status pp_create(const ct_host *h, const ct_pipeline_env *env, ct_runn
                      env->actions ? env->actions->struct_size : (size_t)0);
         return CT_ERR_INVALID;
     }
+    double timeout = 0;
+    if (h->opt_float(h, "comm.train_timeout_seconds", &timeout) != CT_OK || !(timeout > 0)) {
+        h->set_error(h, "pp: comm.train_timeout_seconds: expected seconds above 0");
+        return CT_ERR_INVALID;
+    }
     runner *r = calloc(1, sizeof *r);
     if (!r) return CT_ERR_NOMEM;
     r->host = h;
+    r->timeout = timeout;
     r->env = *env;
     int n = env->n_stages * env->n_microbatches;
     r->in = calloc((size_t)env->n_actions + 1, sizeof(incoming));
@@ -93,7 +111,8 @@ static ct_status pp_create(const ct_host *h, const ct_pipeline_env *env, ct_runn
     r->sends_left = calloc((size_t)n, sizeof(int));
     r->finished = calloc((size_t)n, sizeof(int));
     r->released = calloc((size_t)n, sizeof(int));
-    if (!r->in || !r->out || !r->sends_left || !r->finished || !r->released) {
+    r->started = calloc((size_t)env->n_microbatches + 1, sizeof(int));
+    if (!r->in || !r->out || !r->sends_left || !r->finished || !r->released || !r->started) {
         pp_destroy(r);
         return CT_ERR_NOMEM;
     }
@@ -181,27 +200,81 @@ static ct_status progress(runner *r, const ct_pipeline_host *ph) {
     return CT_OK;
 }
 
-/* Blocks until what (kind, stage, mb) reads has arrived. */
+/* The error of a wait that passed comm.train_timeout_seconds. */
+static ct_status timed_out(runner *r, const char *what, int stage, int mb) {
+    r->host->set_error(r->host,
+                       "pp: rank %d waited %g s (comm.train_timeout_seconds) for %s of stage %d, microbatch %d: a "
+                       "pipeline neighbour died or is stuck",
+                       r->env.pp_rank, r->timeout, what, stage, mb);
+    return CT_ERR_TIMEOUT;
+}
+
+/* Tests m's data receive (posted): *done once it completed. */
+static ct_status test_data(runner *r, incoming *m) {
+    int done = 0;
+    ct_status st = r->env.capi->test(r->env.comm, m->dreq, &done);
+    if (st || !done) return st;
+    st = r->env.capi->wait(r->env.comm, m->dreq);
+    m->dreq = NULL;
+    m->done = !st;
+    return st;
+}
+
+/* Until what (kind, stage, mb) reads has arrived: testing every message of the step meanwhile (a
+ * comm with test), else blocked on this one. */
 static ct_status await(runner *r, const ct_pipeline_host *ph, int kind, int stage, int mb, double *waited) {
     incoming *m = find_in(r, kind, stage, mb);
     if (!m) return CT_OK; /* a local neighbour: nothing to receive */
     double t0 = ct_util_now();
     ct_status st = CT_OK;
     r->host->trace_begin(r->host, "pp_wait");
-    if (!m->hdr_done) {
-        st = r->env.capi->wait(r->env.comm, m->hreq);
-        m->hreq = NULL;
-        m->hdr_done = !st;
-    }
-    if (!st && !m->posted) st = post_data(r, ph, m);
-    if (!st && !m->done) {
-        st = r->env.capi->wait(r->env.comm, m->dreq);
-        m->dreq = NULL;
-        m->done = !st;
+    if (CT_HAS_FIELD(r->env.capi, ct_comm_api, test) && r->env.capi->test) {
+        while (!st && !m->done) {
+            if ((st = progress(r, ph))) break;
+            if (m->posted && (st = test_data(r, m))) break;
+            if (m->done) break;
+            if (ct_util_now() - t0 > r->timeout) st = timed_out(r, "a message", stage, mb);
+            else sched_yield();
+        }
+    } else {
+        if (!m->hdr_done) {
+            st = r->env.capi->wait(r->env.comm, m->hreq);
+            m->hreq = NULL;
+            m->hdr_done = !st;
+        }
+        if (!st && !m->posted) st = post_data(r, ph, m);
+        if (!st && !m->done) {
+            st = r->env.capi->wait(r->env.comm, m->dreq);
+            m->dreq = NULL;
+            m->done = !st;
+        }
     }
     r->host->trace_end(r->host, "pp_wait");
     *waited += ct_util_now() - t0;
     return st;
+}
+
+/* Before this rank's first action of a microbatch: every (stage, mb) whose last action ran is given
+ * back, its sends waited for, so the host reuses its context as the schedule plans (a comm without
+ * test: its sends complete at the step's end, as before). */
+static ct_status drain(runner *r, const ct_pipeline_host *ph, double *waited) {
+    const ct_comm_api *c = r->env.capi;
+    if (!CT_HAS_FIELD(c, ct_comm_api, test) || !c->test) return CT_OK;
+    int n = r->env.n_stages * r->env.n_microbatches;
+    double t0 = ct_util_now();
+    for (int k = 0; k < n; k++) {
+        while (r->finished[k] && !r->released[k]) {
+            ct_status st = progress(r, ph);
+            if (st) return st;
+            if (r->released[k]) break;
+            if (ct_util_now() - t0 > r->timeout)
+                return timed_out(r, "a neighbour to take the sends", k / r->env.n_microbatches,
+                                 k % r->env.n_microbatches);
+            sched_yield();
+        }
+    }
+    *waited += ct_util_now() - t0;
+    return CT_OK;
 }
 
 static ct_status send_out(runner *r, const ct_pipeline_host *ph, int kind, int stage, int mb) {
@@ -237,6 +310,7 @@ static ct_status pp_run_step(ct_runner *p, const ct_pipeline_host *ph, ct_pipeli
     memset(r->sends_left, 0, sizeof(int) * (size_t)n);
     memset(r->finished, 0, sizeof(int) * (size_t)n);
     memset(r->released, 0, sizeof(int) * (size_t)n);
+    memset(r->started, 0, sizeof(int) * (size_t)r->env.n_microbatches);
     r->n_out = 0;
     ct_status st = CT_OK;
     for (int i = 0; i < r->n_in && !st; i++) { /* every header of the step, posted before any work */
@@ -251,6 +325,10 @@ static ct_status pp_run_step(ct_runner *p, const ct_pipeline_host *ph, ct_pipeli
         const ct_pp_action *a = CT_AT(const ct_pp_action, r->env.actions, i);
         int s = a->stage, mb = a->microbatch;
         if ((st = progress(r, ph))) break;
+        if (mb >= 0 && mb < r->env.n_microbatches && !r->started[mb]) {
+            if ((st = drain(r, ph, &waited))) break;
+            r->started[mb] = 1;
+        }
         if (a->op == CT_PP_F && (st = await(r, ph, CT_PP_ACTIVATION, s, mb, &waited))) break;
         if ((a->op == CT_PP_B || a->op == CT_PP_I) && (st = await(r, ph, CT_PP_GRADIENT, s, mb, &waited))) break;
         if (a->op < CT_PP_F || a->op > CT_PP_W) {
@@ -299,6 +377,14 @@ static ct_status pp_run_step(ct_runner *p, const ct_pipeline_host *ph, ct_pipeli
     return CT_OK;
 }
 
+static const ct_option_spec options[] = {
+    {sizeof(ct_option_spec), "comm.train_timeout_seconds", CT_OPT_FLOAT, "300",
+     "seconds a pipeline rank waits for a neighbour's message, or for a neighbour to take its own, before it "
+     "fails naming the stage and microbatch (the comm plugin's key: one timeout for every wait)",
+     NULL, NULL},
+    {0},
+};
+
 static const ct_pipeline_api api = {
     .struct_size = sizeof(ct_pipeline_api),
     .create = pp_create,
@@ -313,7 +399,7 @@ CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *inf
     info->kind = CT_KIND_PIPELINE;
     info->name = "pp";
     info->description = "pipeline runner: a schedule's actions with non-blocking stage-to-stage sends, receives posted early";
-    info->options = NULL;
+    info->options = options;
     info->api = &api;
     return CT_OK;
 }
