@@ -439,17 +439,28 @@ static ct_status combine_plan(ct_builder *b, void *state, ct_tensor *const *in, 
 static const ct_custom_op combine_op = {sizeof(ct_custom_op), "moe_combine", combine_forward, combine_backward,
                                         combine_plan};
 
-/* ---- balance: the Switch load-balancing loss, as a sum over the n tokens ----
- * A = coef * e / n * sum_j c_j S_j, c_j the pairs routed to expert j, S_j = sum_t scores[t,j]; that is
- * n * coef * e * sum_j (c_j / n) (S_j / n), transformers' load_balancing_loss_func on one layer times
- * n. dA/dscores[t,j] = coef * e / n * c_j (the choice, and so c, is constant). */
+/* ---- balance: the Switch load-balancing loss, as a sum over the tokens ----
+ * Over the N tokens of the microbatch on every rank that holds different tokens of it (the
+ * data-parallel ranks, and the ranks that split its rows: context parallel, sequence parallel;
+ * runtime_token_axes), so that a layout computes the statistic one rank computes on the same
+ * microbatch: C_j the (token, slot) pairs routed to expert j and S_j = sum_t scores[t,j], both summed
+ * over those ranks (one all-reduce of 2e floats per axis, in the forward), and
+ *   A = coef * e / N * sum_j C_j S_j,
+ * which is N * coef * e * sum_j (C_j / N) (S_j / N): transformers' load_balancing_loss_func on one
+ * layer, times N (a sum over tokens, like the cross-entropy's). This rank's value is its share
+ * A * n / N (n its tokens; every rank holds the same n), so the shares the session sums over those
+ * axes make A; dA/dscores[t,j] = coef * e / N * C_j for this rank's tokens (the choice, and so C, is
+ * constant). */
 
 typedef struct balance_state {
     int64_t n, e, k;
     float coef;
+    int64_t N; /* n times the product of the token axes' degrees */
+    int n_axes;
+    int axes[CT_MESH_NAXES];
 } balance_state;
 
-/* in: scores (n,e), offsets (e+1). out: A (scalar), counts (e). */
+/* in: scores (n,e), offsets (e+1). out: A's share (scalar), [C | S] (2e). */
 static ct_status balance_forward(ct_builder *b, void *state, ct_tensor *const *in, int n_in, ct_tensor **out,
                                  int n_out) {
     (void)n_in;
@@ -458,20 +469,23 @@ static ct_status balance_forward(ct_builder *b, void *state, ct_tensor *const *i
     const balance_state *s = state;
     const ct_device_api *d = rt->d;
     int64_t n = s->n, e = s->e, nk = s->n * s->k;
-    if (!(out[0] = b->new_tensor(b, CT_F32, 0, NULL)) || !(out[1] = b->new_tensor(b, CT_F32, 1, (int64_t[]){e})))
+    if (!(out[0] = b->new_tensor(b, CT_F32, 0, NULL)) || !(out[1] = b->new_tensor(b, CT_F32, 1, (int64_t[]){2 * e})))
         return CT_ERR_NOMEM;
     const float *ones = moe_ones(rt, nk > n ? nk : n);
-    float *colsum = b->scratch(b, sizeof(float) * (size_t)e);
-    if (!ones || !colsum) return CT_ERR_NOMEM;
-    float *c = out[1]->data;
+    if (!ones) return CT_ERR_NOMEM;
+    float *c = out[1]->data, *colsum = c + e;
     ct_status st = check(d->zero(rt->dev, c, sizeof(float) * (size_t)e), "zero");
     if (st == CT_OK)
         st = check(d->grouped_matmul_backward_weight(rt->dev, c, ones, ones, in[1]->data, nk, e, 1, 1),
                    "grouped_matmul_backward_weight");
-    /* colsum (1,e) = ones (1,n) @ scores (n,e); A (1,1) = coef e / n * colsum (1,e) @ c (e,1) */
+    /* S (1,e) = ones (1,n) @ scores (n,e) */
     if (st == CT_OK) st = check(d->matmul(rt->dev, colsum, ones, in[0]->data, 1, e, n, 0, 0, 1.0f, 0.0f), "matmul");
+    for (int i = 0; i < s->n_axes && st == CT_OK; i++) st = tape_axis_all_reduce(rt, s->axes[i], c, 2 * e);
+    /* A's share (1,1) = coef e n / N^2 * S (1,e) @ C (e,1) */
+    double N = (double)s->N;
     if (st == CT_OK)
-        st = check(d->matmul(rt->dev, out[0]->data, colsum, c, 1, 1, e, 0, 0, s->coef * (float)e / (float)n, 0.0f),
+        st = check(d->matmul(rt->dev, out[0]->data, colsum, c, 1, 1, e, 0, 0,
+                             (float)((double)s->coef * (double)e * (double)n / (N * N)), 0.0f),
                    "matmul");
     return st;
 }
@@ -485,9 +499,9 @@ static ct_status balance_backward(ct_builder *b, void *state, ct_tensor *const *
     const balance_state *s = state;
     float *g = b->backward_scratch(b, sizeof(float) * (size_t)s->e), *ds = b->grad(b, in[0]);
     if (!g || !ds) return CT_ERR_NOMEM;
-    /* g (1,e) = dA (1,1) @ c (1,e) * coef e / n, added to every row of dscores */
+    /* g (1,e) = dA (1,1) @ C (1,e) * coef e / N, added to every row of dscores */
     ct_status st = check(rt->d->matmul(rt->dev, g, dy[0], out[1]->data, 1, s->e, 1, 0, 0,
-                                       s->coef * (float)s->e / (float)s->n, 0.0f),
+                                       (float)((double)s->coef * (double)s->e / (double)s->N), 0.0f),
                          "matmul");
     if (st == CT_OK) st = check(rt->d->bias_forward(rt->dev, ds, ds, g, s->n, s->e), "bias_forward");
     return st;
@@ -502,7 +516,11 @@ static ct_status balance_plan(ct_builder *b, void *state, ct_tensor *const *in, 
     cost->bytes[0] = 4.0 * (double)(s->n * s->e);
     cost->bytes[1] = 8.0 * (double)(s->n * s->e);
     cost->backward_scratch = 4.0 * (double)s->e;
-    return (out[0] = b->new_tensor(b, CT_F32, 0, NULL)) && (out[1] = b->new_tensor(b, CT_F32, 1, (int64_t[]){s->e}))
+    for (int i = 0; i < s->n_axes && cost->n_comm < (int)(sizeof cost->comm / sizeof cost->comm[0]); i++)
+        cost->comm[cost->n_comm++] = (ct_op_comm){s->axes[i], CT_COLL_ALL_REDUCE, CT_PHASE_FORWARD, 0,
+                                                  8.0 * (double)s->e, 1};
+    return (out[0] = b->new_tensor(b, CT_F32, 0, NULL)) &&
+                   (out[1] = b->new_tensor(b, CT_F32, 1, (int64_t[]){2 * s->e}))
                ? CT_OK
                : CT_ERR_NOMEM;
 }
@@ -665,7 +683,9 @@ ct_tensor *tape_moe(ct_builder *b, ct_tensor *x, const ct_moe_layer *L) {
     ct_tensor *cin[3] = {ys, r[0], dsp[3]};
     if (base->custom(base, &combine_op, &cs, sizeof cs, cin, 3, &y, 1) != CT_OK) return NULL;
     if (L->aux_loss_coef > 0) {
-        balance_state bs = {n, e, k, L->aux_loss_coef};
+        balance_state bs = {n, e, k, L->aux_loss_coef, n, 0, {0}};
+        bs.n_axes = runtime_token_axes(rt, bs.axes, 0);
+        for (int i = 0; i < bs.n_axes; i++) bs.N *= rt->dist.mesh->degree[bs.axes[i]];
         ct_tensor *bin[2] = {r[2], dsp[1]}, *bal[2];
         if (base->custom(base, &balance_op, &bs, sizeof bs, bin, 2, bal, 2) != CT_OK ||
             !(y = top->aux_loss(top, y, bal[0])))

@@ -191,6 +191,24 @@ int64_t runtime_global_index(const ct_param_slot *sl, int64_t k) {
 
 const int64_t *runtime_global_shape(const runtime *rt, int i) { return rt->slots[i].global_shape; }
 
+int runtime_token_axes(const runtime *rt, int axes[CT_MESH_NAXES], int rows_only) {
+    const ct_mesh_info *m = rt->dist.mesh;
+    int n = 0;
+    if (!m) return 0;
+    if (!rows_only)
+        for (int a = CT_AXIS_DP_REPLICATE; a <= CT_AXIS_DP_SHARD; a++)
+            if (m->degree[a] > 1) axes[n++] = a;
+    for (int k = 0; k < rt->dist.n_st && n < CT_MESH_NAXES; k++) {
+        const ct_strategy_api *a = rt->dist.st[k];
+        int x = rt->dist.axis[k];
+        if (x < 0 || x >= CT_MESH_NAXES || m->degree[x] <= 1 || !CT_HAS_FIELD(a, ct_strategy_api, sequence_multiple) ||
+            !a->sequence_multiple || a->sequence_multiple(rt->dist.strat[k]) <= 1)
+            continue;
+        axes[n++] = x;
+    }
+    return n;
+}
+
 ct_status runtime_wrap_builder(runtime *rt) {
     for (int k = 0; k < rt->dist.n_st; k++) {
         const ct_strategy_api *a = rt->dist.st[k];

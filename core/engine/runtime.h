@@ -149,6 +149,7 @@ typedef struct runtime_dist {
     ct_strategy *strat[RT_MAX_STRATEGIES];
     int n_st;
     const int *unit_rank; /* pipeline parallel: the pp rank that runs each unit (NULL: this rank runs all) */
+    int axis[RT_MAX_STRATEGIES]; /* st[k]'s mesh axis (ct_mesh_axis, CT_AXIS_EP, ...); -1: the data-parallel one */
 } runtime_dist;
 
 /* Time blocked in the tape's collectives over one mesh axis (and in strategies' custom ops that
@@ -478,6 +479,10 @@ ct_status runtime_keep_op_unit(runtime *rt, pool_mark from, rt_tensor **out);
 const int64_t *runtime_global_shape(const runtime *rt, int i);
 /* Asks each op-level strategy to wrap the builder (after setup); rt->top is what the pack calls.
  * CT_OK, or a status with the error set. */
+/* The mesh axes whose ranks hold different tokens of one microbatch, each of degree above 1: with
+ * rows_only 0 the data-parallel ones (dp_replicate, dp_shard) and, always, those whose strategy splits
+ * a sequence's rows (a sequence_multiple above 1: context parallel, sequence parallel). Their count. */
+int runtime_token_axes(const runtime *rt, int axes[CT_MESH_NAXES], int rows_only);
 ct_status runtime_wrap_builder(runtime *rt);
 /* Element k of parameter i's block, flattened -> its index in the flattened global parameter. */
 int64_t runtime_global_index(const ct_param_slot *sl, int64_t k);

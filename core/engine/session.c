@@ -574,10 +574,11 @@ static ct_status build_runtime(session *s, manifest *mf) {
     if (s->m->describe(s->model, &d) != CT_OK) return fail_line(CT_ERR_INVALID, "model");
     if ((st = open_dist(s, &d))) return st;
     if ((st = plan_pipeline(s, &d))) return st; /* (open_dist planned it when strategies were made) */
-    runtime_dist dist = {s->capi, s->comm, &s->mesh, {0}, {0}, 0, s->pl ? s->pl->unit_rank : NULL};
+    runtime_dist dist = {s->capi, s->comm, &s->mesh, {0}, {0}, 0, s->pl ? s->pl->unit_rank : NULL, {0}};
     for (int i = 0; i < session_n_strategy_slots; i++) /* in the order they wrap the builder */
         if (s->strategy[i]) {
             dist.st[dist.n_st] = s->strategy_api[i];
+            dist.axis[dist.n_st] = session_strategy_slots[i].axis;
             dist.strat[dist.n_st++] = s->strategy[i];
         }
     int64_t seed = 0;
@@ -1163,8 +1164,21 @@ ct_status session_train_step(session *s, const int32_t *inputs, const int32_t *t
     return st;
 }
 
-/* The step's auxiliary losses (ct_builder.aux_loss), summed over the microbatches, the pipeline's
- * stages and the data-parallel ranks, normalised as the loss is and added to *loss. */
+/* buf (n values of type dt) summed over the axes whose strategy splits a sequence's rows (context
+ * parallel, sequence parallel: runtime_token_axes), each rank holding part of a microbatch's tokens. */
+static ct_status row_axes_sum(session *s, void *buf, int64_t n, ct_dtype dt) {
+    int axes[CT_MESH_NAXES], na = runtime_token_axes(&s->rt, axes, 1);
+    ct_status st = CT_OK;
+    for (int i = 0; i < na && st == CT_OK; i++) {
+        ct_clear_error();
+        st = s->capi->all_reduce(s->comm, s->mesh.group[axes[i]], buf, buf, n, dt, CT_REDUCE_SUM, NULL);
+    }
+    return st;
+}
+
+/* The step's auxiliary losses (ct_builder.aux_loss: each rank's value is its part), summed over the
+ * microbatches, the pipeline's stages, the data-parallel ranks and the ranks that split a sequence's
+ * rows, normalised as the loss is and added to *loss. */
 static ct_status step_aux(session *s, double valid, double *loss) {
     double aux;
     ct_status st = runtime_take_aux(&s->rt, &aux);
@@ -1173,6 +1187,7 @@ static ct_status step_aux(session *s, double valid, double *loss) {
         st = s->capi->all_reduce(s->comm, s->mesh.group[CT_AXIS_PP], &aux, &aux, 1, CT_F64, CT_REDUCE_SUM, NULL);
     }
     if (st == CT_OK) st = dp_sum(s, &aux);
+    if (st == CT_OK && s->capi) st = row_axes_sum(s, &aux, 1, CT_F64);
     if (st != CT_OK) return st;
     s->has_aux |= s->rt.moe != NULL || aux != 0;
     s->aux_loss = valid > 0 ? aux / valid : 0.0;
@@ -1195,18 +1210,8 @@ static ct_status model_post_step(session *s, int64_t step) {
     }
     /* an axis strategy whose sequences must hold a multiple of its tokens (context parallel, sequence
      * parallel) gives each rank of its axis part of the rows: their counts add up too */
-    for (int k = 0; hook && k < session_n_strategy_slots && st == CT_OK; k++) {
-        int axis = session_strategy_slots[k].axis;
-        const ct_strategy_api *a = s->strategy_api[k];
-        if (axis < 0 || axis >= CT_MESH_NAXES || !s->strategy[k] || !CT_HAS_FIELD(a, ct_strategy_api, sequence_multiple) ||
-            !a->sequence_multiple || a->sequence_multiple(s->strategy[k]) <= 1)
-            continue;
-        for (int i = 0; i < n && st == CT_OK; i++) {
-            ct_clear_error();
-            st = s->capi->all_reduce(s->comm, s->mesh.group[axis], (void *)loads[i].counts, (void *)loads[i].counts,
-                                     loads[i].n_experts, CT_F32, CT_REDUCE_SUM, NULL);
-        }
-    }
+    for (int i = 0; hook && i < n && st == CT_OK && s->capi; i++)
+        st = row_axes_sum(s, (void *)loads[i].counts, loads[i].n_experts, CT_F32);
     if (st == CT_OK && hook) {
         ct_model_step info = {sizeof info, step, s->rt.d, s->rt.dev, n, loads};
         ct_clear_error();

@@ -203,6 +203,11 @@ static ct_status axis_collective(runtime *rt, int axis, char kind, const float *
     return CT_OK;
 }
 
+ct_status tape_axis_all_reduce(runtime *rt, int axis, float *buf, int64_t count) {
+    if (!rt->dist.mesh || axis < 0 || axis >= CT_MESH_NAXES || rt->dist.mesh->degree[axis] <= 1) return CT_OK;
+    return axis_collective(rt, axis, 'r', buf, buf, count);
+}
+
 /* x's shape with dim d multiplied by num/den (checked: it must divide; CT_ERR_INVALID otherwise). */
 static ct_status scaled_shape(const rt_tensor *x, int d, int64_t num, int64_t den, int64_t *shape) {
     if ((x->t.shape[d] * num) % den)

@@ -35,6 +35,9 @@ void tape_layer_free(ct_builder *b);
 void tape_rope_tables_free(runtime *rt);
 /* Replays entries from `tail` back to the first, accumulating gradients. CT_OK, or the status of the
  * op's backward that failed (the device's, the comm's, a custom op's) with the error set. */
+/* buf (count floats, device memory) summed in place over a mesh axis's ranks, timed and counted as
+ * the tape's collectives are (planning: only noted): CT_OK or the comm's status, its error set. */
+ct_status tape_axis_all_reduce(runtime *rt, int axis, float *buf, int64_t count);
 ct_status tape_backward(runtime *rt, tape_entry *tail, int halves);
 /* After a recompute in a pool in heap mode: gives back what the tape made there that no op's
  * backward reads (nothing when a custom op keeps tensors the tape cannot see). */

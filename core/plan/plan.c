@@ -299,6 +299,7 @@ typedef struct plan_run {
     const char *names[3];
     plugin *plug[3];
     int op_level[3]; /* an axis strategy (tp, cp): its buffers are op-level ones */
+    int axis[3];     /* its mesh axis (session_strategy_slots), -1: the data-parallel one */
     int n;
     runtime rt;
     int rt_ready;
@@ -366,7 +367,7 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     mf_get_bool(c->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
     env.fp8_all_gather = l->float8 && fp8_ag;
     r->env = env;
-    runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL};
+    runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL, {0}};
     for (int k = 0; k < session_n_strategy_slots; k++) { /* as a run makes them (engine/session.h) */
         const session_strategy_slot *slot = &session_strategy_slots[k];
         const char *name = session_strategy_for(c->mf, k, r->mesh.world_size);
@@ -387,7 +388,9 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
         r->inst[r->n] = inst;
         r->names[r->n] = p->info.name;
         r->op_level[r->n] = slot->axis >= 0;
+        r->axis[r->n] = slot->axis;
         r->plug[r->n++] = p;
+        dist.axis[dist.n_st] = slot->axis;
         dist.st[dist.n_st] = a;
         dist.strat[dist.n_st++] = inst;
     }
@@ -821,7 +824,7 @@ static ct_status stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, in
         q.mesh.coord[CT_AXIS_PP] = pr;
         ct_strategy_env env = r->env;
         env.mesh = &q.mesh;
-        runtime_dist dist = {NULL, NULL, &q.mesh, {0}, {0}, 0, r->pl.unit_rank};
+        runtime_dist dist = {NULL, NULL, &q.mesh, {0}, {0}, 0, r->pl.unit_rank, {0}};
         for (int k = 0; k < r->n && !bad; k++) {
             ct_clear_error();
             if (r->api[k]->create(&r->plug[k]->host, &env, &q.inst[k]) != CT_OK) {
@@ -832,6 +835,7 @@ static ct_status stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, in
             q.names[k] = r->names[k];
             q.op_level[k] = r->op_level[k];
             q.n = k + 1;
+            dist.axis[dist.n_st] = r->axis[k];
             dist.st[dist.n_st] = q.api[k];
             dist.strat[dist.n_st++] = q.inst[k];
         }

@@ -382,19 +382,6 @@ void cp_plan_comm(ct_op_cost *cost, int kind, int phase, int overlapped, double 
     cost->comm[cost->n_comm++] = (ct_op_comm){CT_AXIS_CP, kind, phase, overlapped, elems * sizeof(float), calls};
 }
 
-/* ABI 2.15: a unit's own loss over this rank's rows is its part: summed over cp, so every rank adds the
- * whole (as the head's loss, which cp sums too) and the reported value is the layer's. */
-static ct_tensor *cp_aux_loss(ct_builder *b, ct_tensor *x, ct_tensor *loss) {
-    ct_builder *n = ((cp *)b->ctx)->next;
-    if (loss && loss->ndim == 0) {
-        ct_tensor *v = n->view(n, loss, 1, (int64_t[]){1});
-        if (!v || !(v = n->collective(n, CT_COLL_ALL_REDUCE, v, CT_AXIS_CP, CT_DIM_ROWS)) ||
-            !(loss = n->view(n, v, 0, NULL)))
-            return NULL;
-    }
-    return n->aux_loss(n, x, loss);
-}
-
 void cp_builder_init(cp *c, ct_builder *next, ct_builder *out) {
     c->next = next;
     out->ctx = c; /* every other op already forwards to next */
@@ -405,5 +392,4 @@ void cp_builder_init(cp *c, ct_builder *next, ct_builder *out) {
     out->attention = cp_attention_op;
     out->cross_entropy = cp_cross_entropy;
     out->finish_output = cp_finish_output;
-    if (CT_HAS_FIELD(next, ct_builder, aux_loss) && next->aux_loss) out->aux_loss = cp_aux_loss;
 }

@@ -258,17 +258,11 @@ static ct_tensor *tp_moe(ct_builder *b, ct_tensor *x, const ct_moe_layer *layer)
     tp *t = TP(b);
     return follow(t, t->next->moe(t->next, x, layer), &x, 1);
 }
-/* A unit's own loss over 1/tp of the token rows (sequence parallel) is this rank's part: summed over tp,
- * so every rank adds the whole (as the head's loss) and the reported value is the layer's. */
+/* A unit's own loss (ABI 2.15) keeps its input's layout; under sequence parallel the host's MoE
+ * balance loss is already this rank's share of the statistic over every rank's rows. */
 static ct_tensor *tp_aux_loss(ct_builder *b, ct_tensor *x, ct_tensor *loss) {
     tp *t = TP(b);
     ct_builder *n = t->next;
-    if (t->sequence_parallel && loss && loss->ndim == 0) {
-        ct_tensor *v = n->view(n, loss, 1, (int64_t[]){1});
-        if (!v || !(v = n->collective(n, CT_COLL_ALL_REDUCE, v, CT_AXIS_TP, CT_DIM_ROWS)) ||
-            !(loss = n->view(n, v, 0, NULL)))
-            return NULL;
-    }
     return follow(t, n->aux_loss(n, x, loss), &x, 1);
 }
 /* A view of a parameter is that parameter to check_weight; a view of an activation stands where it does. */
