@@ -488,7 +488,8 @@ static const ct_hf_option hf_options[] = {
     {NULL, NULL, NULL, NULL, 0},
 };
 
-static const ct_hf_import hf_import = {sizeof(ct_hf_import), "qwen3", hf_options};
+static const ct_hf_import hf_import = {
+    .struct_size = sizeof(ct_hf_import), .model_type = "qwen3", .options = hf_options};
 
 /* model.moe_log_load: one line per MoE block and step, "moe load step S NAME: c0 c1 ...", the (token, slot)
  * pairs each expert took, summed over the step and the data-parallel ranks (what the host hands post_step). */
