@@ -20,7 +20,29 @@ static const ct_hf_import *import_of(const plugin *p) {
     if (p->info.kind != CT_KIND_MODEL || p->info.abi_minor < 16 || !CT_HAS_FIELD(api, ct_model_api, hf_import))
         return NULL;
     const ct_hf_import *im = api->hf_import;
-    return im && im->struct_size >= sizeof(ct_hf_import) && im->model_type && im->options ? im : NULL;
+    return im && CT_HAS_FIELD(im, ct_hf_import, options) && im->model_type && im->options ? im : NULL;
+}
+
+/* The further model_types of a pack built against 2.18 or later (ct_hf_import.more_model_types). */
+static const char *const *more_types_of(const plugin *p, const ct_hf_import *im) {
+    return p->info.abi_minor >= 18 && CT_HAS_FIELD(im, ct_hf_import, more_model_types) ? im->more_model_types : NULL;
+}
+
+/* Whether the pack's hf_import runs config.json's model_type `type`. */
+static int runs_type(const plugin *p, const ct_hf_import *im, const char *type) {
+    if (!strcmp(im->model_type, type)) return 1;
+    for (const char *const *t = more_types_of(p, im); t && *t; t++)
+        if (!strcmp(*t, type)) return 1;
+    return 0;
+}
+
+/* Appends "type" to a list of quoted model_types for a message, once. */
+static void add_known(char *known, size_t len, const char *type) {
+    char quoted[80];
+    snprintf(quoted, sizeof quoted, "\"%.64s\"", type);
+    size_t used = strlen(known);
+    if (!strstr(known, quoted) && used + strlen(quoted) + 3 < len)
+        snprintf(known + used, len - used, "%s%s", used ? ", " : "", quoted);
 }
 
 /* Calls fn on every ctitan-*.so of the search path that loads, in order (folders, then names); stops
@@ -69,13 +91,12 @@ static int match_type(const plugin *p, void *ctx) {
     finder *f = ctx;
     const ct_hf_import *im = import_of(p);
     if (!im) return 0;
-    if (!strcmp(im->model_type, f->model_type)) {
+    if (runs_type(p, im, f->model_type)) {
         snprintf(f->path, f->len, "%s", p->path);
         return 1;
     }
-    size_t used = strlen(f->known);
-    if (!strstr(f->known, im->model_type) && used + strlen(im->model_type) + 5 < sizeof f->known)
-        snprintf(f->known + used, sizeof f->known - used, "%s\"%s\"", used ? ", " : "", im->model_type);
+    add_known(f->known, sizeof f->known, im->model_type);
+    for (const char *const *t = more_types_of(p, im); t && *t; t++) add_known(f->known, sizeof f->known, *t);
     return 0;
 }
 
@@ -290,9 +311,13 @@ ct_status hf_pack_from_folder(const char *dir, const char *pack_name, hf_pack *k
     if (st == CT_OK && !im)
         st = ct_fail(CT_ERR_INVALID, "%s: model %s cannot be created from a Hugging Face folder (its pack gives no "
                      "hf_import)", label, k->p->info.name);
-    else if (st == CT_OK && strcmp(im->model_type, json_string_value(type)))
-        st = ct_fail(CT_ERR_INVALID, "%s: model_type '%.60s' is not model %s's '%s'", label, json_string_value(type),
-                     k->p->info.name, im->model_type);
+    else if (st == CT_OK && !runs_type(k->p, im, json_string_value(type))) {
+        char known[512] = "";
+        add_known(known, sizeof known, im->model_type);
+        for (const char *const *t = more_types_of(k->p, im); t && *t; t++) add_known(known, sizeof known, *t);
+        st = ct_fail(CT_ERR_INVALID, "%s: model_type '%.60s' is not model %s's %s", label, json_string_value(type),
+                     k->p->info.name, known);
+    }
     for (const ct_hf_option *l = im ? im->options : NULL; st == CT_OK && l && l->key; l++) {
         const ct_option_spec *o = l->option ? option_of(k->p, l->option) : NULL;
         json_t *v = NULL;

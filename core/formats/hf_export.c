@@ -176,6 +176,7 @@ static json_t *field_value(const ct_hf_field *f, const char *who) {
         ct_set_error("%s: config.json key '%s' is a NULL string", who, f->key);
         return NULL;
     case CT_HF_NULL: return json_null();
+    case CT_HF_EMPTY_LIST: return json_array();
     }
     ct_set_error("%s: config.json key '%s' has unknown type %d", who, f->key, (int)f->type);
     return NULL;
@@ -456,6 +457,7 @@ static void value_str(const ct_hf_field *f, char *out, size_t len) {
     case CT_HF_FLOAT: hf_format_double(out, len, f->f); break;
     case CT_HF_BOOL: snprintf(out, len, "%s", f->i ? "true" : "false"); break;
     case CT_HF_STRING: snprintf(out, len, "\"%s\"", f->s ? f->s : ""); break;
+    case CT_HF_EMPTY_LIST: snprintf(out, len, "[]"); break;
     default: snprintf(out, len, "null"); break;
     }
 }
@@ -467,6 +469,7 @@ static int same_value(const ct_hf_field *f, json_t *v) {
     case CT_HF_BOOL: return json_is_boolean(v) && json_is_true(v) == (f->i != 0);
     case CT_HF_STRING: return json_is_string(v) && f->s && !strcmp(json_string_value(v), f->s);
     case CT_HF_NULL: return !v || json_is_null(v);
+    case CT_HF_EMPTY_LIST: return json_is_array(v) && !json_array_size(v);
     }
     return 0;
 }

@@ -436,8 +436,9 @@ static ct_status qwen3_hf_export(ct_model *p, ct_hf_export *out) {
 #define FIELD(k, t, iv, fv, sv, fl) f[n++] = (ct_hf_field){k, t, iv, fv, sv, fl}
     FIELD("attention_bias", CT_HF_BOOL, 0, 0, NULL, CT_HF_CHECKED);
     FIELD("attention_dropout", CT_HF_FLOAT, 0, 0.0, NULL, 0);
-    if (m->n_experts) { /* Qwen3MoeConfig's: every block sparse (no mlp_only_layers) */
+    if (m->n_experts) { /* Qwen3MoeConfig's: every block sparse (step 1, no mlp_only_layers) */
         FIELD("decoder_sparse_step", CT_HF_INT, 1, 0, NULL, CT_HF_CHECKED | CT_HF_OR_ABSENT);
+        FIELD("mlp_only_layers", CT_HF_EMPTY_LIST, 0, 0, NULL, CT_HF_CHECKED | CT_HF_OR_ABSENT);
         FIELD("moe_intermediate_size", CT_HF_INT, m->moe_hidden, 0, NULL, CT_HF_CHECKED);
         FIELD("norm_topk_prob", CT_HF_BOOL, m->norm_topk, 0, NULL, CT_HF_CHECKED);
         FIELD("num_experts", CT_HF_INT, m->n_experts, 0, NULL, 0);
@@ -472,7 +473,13 @@ static ct_status qwen3_hf_export(ct_model *p, ct_hf_export *out) {
     return CT_OK;
 }
 
-/* How a Qwen3Config's keys set this pack's options (ABI 2.16), with Qwen3Config's defaults. */
+/* How a Qwen3Config's keys set this pack's options (ABI 2.16), with Qwen3Config's defaults. A
+ * Qwen3MoeConfig's (model_type qwen3_moe, ABI 2.18) also set the experts; a dense folder has none of
+ * them, and its model no experts. transformers 5 writes num_experts as num_local_experts. Left out of a
+ * MoE folder, num_experts_per_tok and router_aux_loss_coef take the pack's defaults, which are
+ * Qwen3MoeConfig's (8, 0.001); norm_topk_prob's is given (false; the pack's own is true, and a dense
+ * model ignores it). decoder_sparse_step and mlp_only_layers are the export's checked fields (every
+ * block sparse); output_router_logits only asks transformers to return the router logits. */
 static const ct_hf_option hf_options[] = {
     {"hidden_size", "dim", NULL, NULL, 0},
     {"num_hidden_layers", "n_layers", NULL, NULL, 0},
@@ -485,10 +492,16 @@ static const ct_hf_option hf_options[] = {
     {"rms_norm_eps", "norm_eps", NULL, "1e-6", 0},
     {"tie_word_embeddings", "tie_word_embeddings", NULL, "false", 0},
     {"max_position_embeddings", "max_position_embeddings", NULL, NULL, CT_HF_OPTIONAL},
+    {"num_experts", "n_experts", "num_local_experts", NULL, CT_HF_OPTIONAL},
+    {"num_experts_per_tok", "top_k", NULL, NULL, CT_HF_OPTIONAL},
+    {"moe_intermediate_size", "moe_hidden", NULL, NULL, CT_HF_OPTIONAL},
+    {"norm_topk_prob", "norm_topk_prob", NULL, "false", 0},
+    {"router_aux_loss_coef", "router_aux_loss_coef", NULL, NULL, CT_HF_OPTIONAL},
     {NULL, NULL, NULL, NULL, 0},
 };
 
-static const ct_hf_import hf_import = {sizeof(ct_hf_import), "qwen3", hf_options};
+static const char *const hf_more_types[] = {"qwen3_moe", NULL};
+static const ct_hf_import hf_import = {sizeof(ct_hf_import), "qwen3", hf_options, hf_more_types};
 
 /* model.moe_log_load: one line per MoE block and step, "moe load step S NAME: c0 c1 ...", the (token, slot)
  * pairs each expert took, summed over the step and the data-parallel ranks (what the host hands post_step). */

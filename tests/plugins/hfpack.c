@@ -113,7 +113,8 @@ static const ct_hf_option hf_options[] = {
     {NULL, NULL, NULL, NULL, 0},
 };
 
-static const ct_hf_import hf_import = {sizeof(ct_hf_import), "ctitan_toy", hf_options};
+static const ct_hf_import hf_import = {
+    .struct_size = sizeof(ct_hf_import), .model_type = "ctitan_toy", .options = hf_options};
 
 static const ct_model_api api = {
     .struct_size = sizeof(ct_model_api),

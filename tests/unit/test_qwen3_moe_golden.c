@@ -6,14 +6,22 @@
  * batch, and transformers' logits, cross-entropy, load-balancing loss (router_aux_loss_coef 0.01, the
  * mean over the blocks of load_balancing_loss_func on each) and every parameter's gradient of their sum.
  * We load the weights and want each within 1e-6 relative. Also: the per-expert counts post_step gets
- * add up to every (token, slot) pair, and moe_force_load_balance spreads them evenly. */
+ * add up to every (token, slot) pair, and moe_force_load_balance spreads them evenly.
+ *
+ * tests/golden/hf/qwen3_moe_from_transformers is the same model saved by transformers (model_type
+ * qwen3_moe, which the pack's hf_import claims beside qwen3: ABI 2.18). `ctitan convert --from hf`
+ * makes a model file of it, and model.flavor: from_checkpoint of that file and of the folder itself
+ * gives a model whose logits are transformers'; the file goes to HF and back byte for byte; a folder
+ * the pack cannot build (decoder_sparse_step 2, mlp_only_layers [1]) is refused in one line naming the key. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <sys/wait.h>
 
+#include "checkpoint/checkpoint.h"
 #include "engine/moe.h"
 #include "formats/hf_export.h"
 #include "formats/tensorfile.h"
@@ -178,6 +186,141 @@ static void test_transformers_folder_loads_through_the_table(void **state) {
     free(want.entries);
 }
 
+#define MOE_FOLDER "tests/golden/hf/qwen3_moe_from_transformers"
+
+/* Runs `ctitan ARGS` with its stdout and stderr in DIR/out and DIR/err; its exit status. */
+static int ctitan(const char *dir, const char *fmt, ...) {
+    char args[2048], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    const char *bin = getenv("CTITAN");
+    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err", bin ? bin : "build/ctitan", args, dir, dir);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* DIR/NAME's line count; *first its first line. */
+static long file_lines(const char *dir, const char *name, char *first, size_t len) {
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    long n = 0;
+    first[0] = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (!n && !first[0]) { /* as much of it as fits */
+            size_t l = strlen(line) < len ? strlen(line) : len - 1;
+            memcpy(first, line, l);
+            first[l] = 0;
+        }
+        n += strchr(line, '\n') != NULL;
+    }
+    if (f) fclose(f);
+    return n;
+}
+
+/* A session of model.flavor: from_checkpoint on `path` (a folder: checkpoint.initial_load_in_hf). */
+static void open_from_checkpoint(session *s, const char *path, int in_hf) {
+    char yaml[1024], mfpath[] = "/tmp/ctitan-test-XXXXXX.yaml";
+    snprintf(yaml, sizeof yaml,
+             "device: {name: cpu, threads: 2}\n"
+             "model: {flavor: from_checkpoint}\n"
+             "checkpoint: {initial_load_path: %s, initial_load_in_hf: %s}\n"
+             "training: {seq_len: 16, local_batch_size: 2}\n"
+             "activation_checkpoint: {mode: none}\n", path, in_hf ? "true" : "false");
+    fixture_plugin_path();
+    int fd = mkstemps(mfpath, 5);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fputs(yaml, f);
+    fclose(f);
+    manifest *mf = manifest_load(mfpath);
+    unlink(mfpath);
+    if (!mf) fail_msg("%s", ct_last_error());
+    manifest_add_core_schema(mf);
+    if (mdesc_from_checkpoint(mf) != CT_OK) fail_msg("from_checkpoint of %s", path);
+    if (session_open(s, mf, 1, 1) != CT_OK) fail_msg("session: %s", ct_last_error());
+}
+
+static double logits_error(session *s, const tf_file *g) {
+    const tf_entry *want = tf_find(g, "expected.logits");
+    float *logits = malloc(sizeof(float) * (size_t)want->numel);
+    assert_int_equal(runtime_forward_logits(&s->rt, tf_find(g, "input.tokens")->data, B, T, logits), CT_OK);
+    double e = rel_err(logits, want->data, want->numel);
+    free(logits);
+    return e;
+}
+
+/* A folder the pack cannot build: convert exits 2 with one line naming the key, and writes nothing. */
+static void refused(const char *tmp, const char *name, const char *sed, const char *want) {
+    char cmd[1024], first[512];
+    snprintf(cmd, sizeof cmd, "cp -r %s %s/%s && sed -i '%s' %s/%s/config.json", MOE_FOLDER, tmp, name, sed, tmp, name);
+    assert_int_equal(system(cmd), 0);
+    int st = ctitan(tmp, "convert --from hf --input %s/%s --output %s/%s.ctt", tmp, name, tmp, name);
+    long n = file_lines(tmp, "err", first, sizeof first);
+    print_message("%s: exit %d: %s", name, st, first);
+    if (st != 2 || n != 1 || !strstr(first, want)) fail_msg("%s: exit %d, %ld lines: %s", name, st, n, first);
+    snprintf(cmd, sizeof cmd, "%s/%s.ctt", tmp, name);
+    assert_int_not_equal(access(cmd, F_OK), 0);
+}
+
+static void test_qwen3_moe_folder_converts_and_runs_from_checkpoint(void **state) {
+    fixture *f = *state;
+    char tmp[] = "/tmp/ct-q3moe-XXXXXX", path[256], first[512];
+    assert_non_null(mkdtemp(tmp));
+    /* the folder -> a model file, through the pack that claims qwen3_moe */
+    if (ctitan(tmp, "convert --from hf --input %s --output %s/a.ctt", MOE_FOLDER, tmp))
+        fail_msg("convert --from hf: %s", (file_lines(tmp, "err", first, sizeof first), first));
+    file_lines(tmp, "out", first, sizeof first);
+    if (!strstr(first, "(qwen3_moe, 27 tensors, float32)")) fail_msg("convert: %s", first);
+    /* from_checkpoint of the file and of the folder: transformers' logits */
+    for (int in_hf = 0; in_hf < 2; in_hf++) {
+        session s;
+        snprintf(path, sizeof path, "%s/a.ctt", tmp);
+        open_from_checkpoint(&s, in_hf ? MOE_FOLDER : path, in_hf);
+        assert_int_equal(s.rt.n_params, 3 + 2 * 12);
+        if (!in_hf && session_load_model(&s, path) != CT_OK) fail_msg("%s", ct_last_error());
+        if (in_hf) { /* as checkpoint.initial_load_in_hf reads it */
+            ct_hf_export x = {.struct_size = sizeof x};
+            assert_int_equal(s.m->hf_export(s.model, &x), CT_OK);
+            assert_string_equal(x.model_type, "qwen3_moe");
+            tf_file want = {0}, *w = NULL;
+            want.entries = calloc((size_t)s.rt.n_params, sizeof(tf_entry));
+            for (int i = 0; i < s.rt.n_params; i++) {
+                const ct_tensor *p = &s.rt.params[i]->t;
+                tf_entry *e = &want.entries[want.count++];
+                *e = (tf_entry){.name = (char *)p->name, .dtype = TF_F32, .ndim = p->ndim, .numel = ct_tensor_numel(p)};
+                memcpy(e->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim);
+            }
+            if (hf_import_load(MOE_FOLDER, &x, &want, 16, "qwen3", &w) != CT_OK) fail_msg("%s", ct_last_error());
+            for (int i = 0; i < s.rt.n_params; i++)
+                assert_int_equal(runtime_param_set(&s.rt, i, tf_find(w, runtime_param_key(&s.rt, i))->data), 0);
+            tf_free(w);
+            free(want.entries);
+        }
+        double e = logits_error(&s, f->g);
+        print_message("from_checkpoint of the %s: logits within %.2e of transformers' (float64)\n",
+                      in_hf ? "folder" : "converted file", e);
+        if (!(e <= TOL)) fail_msg("logits: relative error %.3g > %.0e", e, TOL);
+        session_close(&s);
+    }
+    /* ctitan -> HF -> ctitan: the same file, byte for byte */
+    if (ctitan(tmp, "convert --to hf --input %s/a.ctt --output %s/hf", tmp, tmp) ||
+        ctitan(tmp, "convert --from hf --input %s/hf --output %s/b.ctt", tmp, tmp))
+        fail_msg("round trip: %s", (file_lines(tmp, "err", first, sizeof first), first));
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "cmp -s %s/a.ctt %s/b.ctt && grep -q '\"mlp_only_layers\": \\[\\]' %s/hf/config.json", tmp,
+             tmp, tmp);
+    if (system(cmd)) fail_msg("ctitan -> HF -> ctitan is not byte-identical (or the export lacks mlp_only_layers)");
+    refused(tmp, "step2", "s/\"decoder_sparse_step\": 1/\"decoder_sparse_step\": 2/",
+            "config.json: decoder_sparse_step must be 1 (model qwen3 runs no other)");
+    refused(tmp, "dense0", "s/\"mlp_only_layers\": \\[\\]/\"mlp_only_layers\": [0]/",
+            "config.json: mlp_only_layers must be [] (model qwen3 runs no other)");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_counts_add_up(void **state) { counts_after_step(*state, 0); }
 static void test_forced_balance_spreads_evenly(void **state) { counts_after_step(*state, 1); }
 
@@ -188,6 +331,7 @@ int main(void) {
         /* full activation checkpointing recomputes the blocks: the aux loss still counts once */
         cmocka_unit_test_setup_teardown(test_loss_aux_and_every_gradient_match_transformers, setup_ac, teardown),
         cmocka_unit_test_setup_teardown(test_transformers_folder_loads_through_the_table, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_qwen3_moe_folder_converts_and_runs_from_checkpoint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_counts_add_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forced_balance_spreads_evenly, setup_forced, teardown),
     };

@@ -405,7 +405,8 @@ static const ct_hf_option hf_options[] = {
     {NULL, NULL, NULL, NULL, 0},
 };
 
-static const ct_hf_import hf_import = {sizeof(ct_hf_import), "qwen2", hf_options};
+static const ct_hf_import hf_import = {
+    .struct_size = sizeof(ct_hf_import), .model_type = "qwen2", .options = hf_options};
 
 static const ct_model_api api = {
     .struct_size = sizeof(ct_model_api),

@@ -420,7 +420,10 @@ typedef enum ct_hf_type {
     CT_HF_FLOAT = 2,  /* f: written as Python writes a float (500000.0, 1e-05) */
     CT_HF_BOOL = 3,   /* i: 0 false, else true */
     CT_HF_STRING = 4, /* s */
-    CT_HF_NULL = 5
+    CT_HF_NULL = 5,
+    /* ABI 2.18: written as []; a loaded config.json's value must be an empty list (Qwen3MoeConfig's
+     * mlp_only_layers when every block is sparse) */
+    CT_HF_EMPTY_LIST = 6
 } ct_hf_type;
 
 /* A field the model's arithmetic depends on that the tensors' shapes do not tell (heads against
@@ -506,6 +509,10 @@ typedef struct ct_hf_import {
     /* the options the folder sets, ended by an element whose key is NULL; the host checks each value's
      * JSON type against the option's (a positive integer for CT_OPT_INT). A JSON null is an absent key. */
     const ct_hf_option *options;
+    /* ABI 2.18, optional: NULL, or a NULL-terminated list of the further model_types this pack runs
+     * from the same options (qwen3's "qwen3_moe" beside "qwen3"); a link whose key one model_type's
+     * folders lack is CT_HF_OPTIONAL. The instance's hf_export names the model_type a folder must have. */
+    const char *const *more_model_types;
 } ct_hf_import;
 
 typedef struct ct_model_api {
