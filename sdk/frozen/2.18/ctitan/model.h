@@ -112,9 +112,12 @@ typedef struct ct_moe_layer {
      * (DeepSeek-V3's aux-loss-free balancing; the pack owns it and updates it in post_step) */
     const float *expert_bias;
     /* > 0: the Switch load-balancing loss of this layer (transformers' load_balancing_loss_func on this
-     * layer's router alone): coef * e * sum_j f_j P_j, f_j the fraction of the n*k (token, slot) pairs
-     * routed to expert j, P_j the mean score of expert j over the n tokens; multiplied by n (a sum over
-     * tokens, like the cross-entropy's) and added to the loss through aux_loss */
+     * layer's router alone): coef * e * sum_j f_j P_j, f_j the fraction of the N*k (token, slot) pairs
+     * routed to expert j, P_j the mean score of expert j over the N tokens; multiplied by N (a sum over
+     * tokens, like the cross-entropy's) and added to the loss through aux_loss. The N tokens are the
+     * microbatch's on every rank that holds some of them (data parallel, and the context- and
+     * sequence-parallel ranks that split its rows), so every layout computes one rank's statistic;
+     * each rank's aux_loss value is its share (hosts before 2.18: each rank's own tokens) */
     float aux_loss_coef;
     /* 1 (tests, torchtitan's moe_force_load_balance): token t's slot s goes to expert (t*k + s) % e,
      * weighted by its score as if chosen; group-limited routing and expert_bias are ignored */
