@@ -48,6 +48,12 @@ typedef struct ct_quantizer_api {
      * tokens. May be called on an instance made with dapi and dev NULL (planning): it must then
      * not touch the device. NULL: the planner assumes f32 GEMMs and no extra memory, and says so. */
     ct_status (*plan_linear)(ct_quantizer *q, const ct_tensor *weight, int64_t n, ct_quant_cost *cost);
+    /* ---- ABI 2.19, optional ---- */
+    /* 1 when a data-parallel strategy gathers the weights this quantizer converts (CT_TENSOR_QUANTIZED)
+     * as e4m3 with tensor-wide scales from one all-reduced amax (torchao's float8 all-gather for FSDP:
+     * ct_strategy_env.fp8_all_gather), as the quantizer's own options ask; the quantizer refuses at
+     * create a recipe that cannot run from such weights. NULL or 0: gathered in the compute dtype. */
+    int (*gather_quantized)(ct_quantizer *q);
 } ct_quantizer_api;
 
 #endif
