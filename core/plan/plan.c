@@ -761,8 +761,10 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
 
 /* The microbatches a pp rank holds at once, from the simulated schedule (starts from schedule_check
  * under `c`): from its first F here (from_arrival: from when its first input lands, the sending
- * stage's F end, since the runner posts every receive early) to its last backward action here. A
- * context (arenas) is held from the F; a received input's buffer from its arrival. */
+ * stage's F end, since the runner posts every receive early) to its last backward action here (the
+ * runner waits for that microbatch's sends before this rank starts another microbatch, so a finished
+ * one is never held beside a new one). A context (arenas) is held from the F; a received input's
+ * buffer from its arrival. */
 static int held_contexts(const sched_plan *p, const schedule_costs *c, int rank, int from_arrival) {
     int nm = p->n_microbatches;
     int64_t *from = malloc(sizeof(int64_t) * (size_t)nm), *to = malloc(sizeof(int64_t) * (size_t)nm);
@@ -787,13 +789,6 @@ static int held_contexts(const sched_plan *p, const schedule_costs *c, int rank,
             begin = fend[(a->stage - 1) * nm + m];
         if (begin < from[m]) from[m] = begin;
         int64_t end = sr->start[i] + dur;
-        /* a backward that sends its input's gradient to another rank lets go of the microbatch when the
-         * runner sees the send complete: after its next action */
-        if (a->op != CT_PP_F && a->stage > 0 && schedule_stage_rank(p->placement, p->pp, a->stage - 1) != rank &&
-            i + 1 < sr->n) {
-            const ct_pp_action *nx = &sr->actions[i + 1];
-            end = sr->start[i + 1] + (nx->op == CT_PP_F ? c->f : nx->op == CT_PP_B ? c->b : nx->op == CT_PP_W ? c->w : c->i);
-        }
         if (a->op != CT_PP_F && end > to[m]) to[m] = end;
     }
     for (int m = 0; m < nm; m++) {
