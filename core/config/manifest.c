@@ -110,8 +110,6 @@ static const struct {
     {"quantize.dense.name", CT_OPT_STRING, "float8",
      "the quantizer plugin of the dense linear layers: its options are quantize.dense.NAME.*, and its own enable "
      "option turns it on"},
-    {"quantize.dense.float8.enable_fsdp_float8_all_gather", CT_OPT_BOOL, "false",
-     "FSDP gathers tensorwise weights in float8 (half the bytes; one amax all-reduce per step)"},
     {"quantize.linear.float8.recipe_name", CT_OPT_STRING, NULL, "torchtitan's spelling of quantize.dense.float8.format"},
     {"quantize.linear.float8.filter_fqns", CT_OPT_STRING, NULL, "torchtitan's spelling of the filter"},
     {"quantize.linear.float8.emulate", CT_OPT_BOOL, NULL, "torchtitan's spelling of quantize.dense.float8.emulate"},

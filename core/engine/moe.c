@@ -134,15 +134,18 @@ ct_status runtime_take_aux(runtime *rt, double *aux) {
     return st;
 }
 
-int runtime_moe_loads(runtime *rt, const ct_moe_load **loads) {
+ct_status runtime_moe_loads(runtime *rt, const ct_moe_load **loads, int *n) {
     struct rt_moe *m = rt->moe;
     *loads = NULL;
-    if (!m || !m->n_sites) return 0;
-    if (!m->loads && !(m->loads = calloc((size_t)m->n_sites, sizeof *m->loads))) return -1;
+    *n = 0;
+    if (!m || !m->n_sites) return CT_OK;
+    if (!m->loads && !(m->loads = calloc((size_t)m->n_sites, sizeof *m->loads)))
+        return ct_fail(CT_ERR_NOMEM, "out of memory for the MoE counts");
     for (int i = 0; i < m->n_sites; i++)
         m->loads[i] = (ct_moe_load){m->sites[i].router, m->sites[i].e, m->sites[i].counts};
     *loads = m->loads;
-    return m->n_sites;
+    *n = m->n_sites;
+    return CT_OK;
 }
 
 ct_status runtime_moe_zero_counts(runtime *rt) {

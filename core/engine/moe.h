@@ -17,9 +17,9 @@ void runtime_moe_set_loss_scale(runtime *rt, float scale);
 /* *aux = the auxiliary losses summed over the microbatches since the last call (not yet normalised),
  * and the sum restarted. CT_OK, or the device's status. */
 ct_status runtime_take_aux(runtime *rt, double *aux);
-/* The moe call sites' per-expert counts for post_step: their number (*loads the runtime's, valid
- * until the next call), 0 when none, -1 when out of memory. */
-int runtime_moe_loads(runtime *rt, const ct_moe_load **loads);
+/* The moe call sites' per-expert counts for post_step: *n of them (*loads the runtime's, valid until
+ * the next call; 0 when none). CT_OK, or CT_ERR_NOMEM with the error set. */
+ct_status runtime_moe_loads(runtime *rt, const ct_moe_load **loads, int *n);
 ct_status runtime_moe_zero_counts(runtime *rt);
 void runtime_moe_free(runtime *rt);
 

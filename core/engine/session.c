@@ -206,6 +206,11 @@ static void dense_quantizer(const manifest *mf, quantizer_keys *q) {
     snprintf(q->format_key, sizeof q->format_key, "%s.format", q->section);
 }
 
+int session_quant_gathers(const ct_quantizer_api *qapi, ct_quantizer *q) {
+    return qapi && q && CT_HAS_FIELD(qapi, ct_quantizer_api, gather_quantized) && qapi->gather_quantized &&
+           qapi->gather_quantized(q);
+}
+
 /* The quantizer runs when its enable key is true or torchtitan's spellings ask for it (they become
  * its keys first: config/torchtitan_keys.c). */
 static int quantizer_requested(manifest *mf, const quantizer_keys *q) {
@@ -424,9 +429,7 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
     }
     const char *mp = "float32";
     mf_get_str(s->mf, "training.mixed_precision_param", &mp);
-    int fp8_ag = 0;
     int64_t seq_len = 0;
-    mf_get_bool(s->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
     mf_get_int(s->mf, "training.seq_len", &seq_len);
     /* strategies talk through the counting table, so the metrics report their bytes */
     /* the plan is an optional field of the model's table: read only where the table holds it */
@@ -436,7 +439,8 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
     ct_status pst = plan_pipeline(s, d); /* the strategies learn whether its schedule splits backward */
     if (pst) return pst;
     ct_strategy_env env = {sizeof env, s->d, s->dev, commstats_wrap(s->capi), s->comm, &s->mesh,
-                           strcmp(mp, "bfloat16") == 0, fp8_ag && s->qapi != NULL, plan, d, seq_len, s->qapi != NULL, 0,
+                           strcmp(mp, "bfloat16") == 0, session_quant_gathers(s->qapi, s->quant), plan, d, seq_len,
+                           s->qapi != NULL, 0,
                            s->pl && pipeline_splits_backward(s->pl)};
     for (int i = 0; i < session_n_strategy_slots; i++) {
         if (!strategy_on(s, i)) continue;
@@ -541,16 +545,6 @@ static ct_status create_device_and_model(session *s, manifest *mf) {
 
 static ct_status create_quantizer(session *s, manifest *mf) {
     char where[600];
-    int fp8_ag = 0;
-    const char *fmt = "tensorwise";
-    mf_get_bool(mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
-    mf_get_str(mf, "quantize.dense.float8.format", &fmt);
-    if (fp8_ag && (!s->quantp || strcmp(fmt, "tensorwise"))) {
-        mf_where(mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", where, sizeof where);
-        fprintf(stderr, "ctitan: %s: float8 all-gather needs float8 enabled with the tensorwise format (as in torchao)\n",
-                where);
-        return CT_ERR_INVALID;
-    }
     if (!s->quantp) return CT_OK;
     s->qapi = s->quantp->info.api;
     ct_clear_error();
@@ -1199,10 +1193,10 @@ static ct_status step_aux(session *s, double valid, double *loss) {
  * ranks; the counts start again from zero. */
 static ct_status model_post_step(session *s, int64_t step) {
     const ct_moe_load *loads;
-    int n = runtime_moe_loads(&s->rt, &loads);
-    if (n < 0) return ct_fail(CT_ERR_NOMEM, "out of memory for the MoE counts");
+    int n = 0;
+    ct_status st = runtime_moe_loads(&s->rt, &loads, &n);
+    if (st != CT_OK) return st;
     int hook = CT_HAS_FIELD(s->m, ct_model_api, post_step) && s->m->post_step;
-    ct_status st = CT_OK;
     for (int i = 0; hook && i < n && st == CT_OK && s->capi && s->mesh.dp_size > 1; i++) {
         ct_clear_error();
         st = s->capi->all_reduce(s->comm, s->mesh.dp_group, (void *)loads[i].counts, (void *)loads[i].counts,

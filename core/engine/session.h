@@ -167,4 +167,8 @@ ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *ta
 ct_status session_step_params(session *s, double lr, int64_t step);
 
 
+/* 1 when the quantizer asks a data-parallel strategy to gather its converted weights in float8
+ * (ABI 2.19's gather_quantized; the strategy env's fp8_all_gather); 0 without one. */
+int session_quant_gathers(const ct_quantizer_api *qapi, ct_quantizer *q);
+
 #endif

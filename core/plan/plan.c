@@ -338,6 +338,8 @@ static void note_add(char *note, size_t len, const char *fmt, ...) {
 }
 
 /* The mesh, the planning strategies, the placement and (pp > 1) the pipeline's split and actions. */
+static ct_status ensure_quant(plan_ctx *c, const plan_layout *l);
+
 static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     memset(r, 0, sizeof *r);
     r->mesh.struct_size = sizeof r->mesh;
@@ -363,9 +365,8 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     }
     ct_strategy_env env = {sizeof env, NULL, NULL, NULL, NULL, &r->mesh, l->bf16, 0, tp_plan, &c->desc,
                            l->seq_len, l->float8, 1, l->pp > 1 && pipeline_splits_backward(&r->pl)};
-    int fp8_ag = 0;
-    mf_get_bool(c->mf, "quantize.dense.float8.enable_fsdp_float8_all_gather", &fp8_ag);
-    env.fp8_all_gather = l->float8 && fp8_ag;
+    if (l->float8 && ensure_quant(c, l) != CT_OK) return CT_ERR_INVALID;
+    env.fp8_all_gather = l->float8 && session_quant_gathers(c->s.qapi, c->s.quant);
     r->env = env;
     runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL, {0}};
     for (int k = 0; k < session_n_strategy_slots; k++) { /* as a run makes them (engine/session.h) */

@@ -46,6 +46,7 @@ typedef struct ct_quantizer { /* the ABI's opaque ct_quantizer */
     int probed;          /* the probe ran a GEMM: its small buffers stay in the scratch */
     float *host_amax;
     size_t host_cap;
+    int gather_fp8; /* enable_fsdp_float8_all_gather, under the tensorwise recipe */
 } f8;
 
 static const ct_option_spec options[] = {
@@ -57,6 +58,9 @@ static const ct_option_spec options[] = {
      "torchao's emulate: fp8 casts with f32 GEMMs even where the device has a scaled fp8 matmul", NULL, NULL},
     {sizeof(ct_option_spec), "filter_fqns", CT_OPT_STRING, "output",
      "comma-separated substrings: linear weights whose name contains one stay in high precision", NULL, NULL},
+    {sizeof(ct_option_spec), "enable_fsdp_float8_all_gather", CT_OPT_BOOL, "false",
+     "FSDP gathers the converted weights in float8 (tensorwise only: e4m3 with one all-reduced amax per "
+     "weight, half the bytes of bf16); no effect while enable is false", NULL, NULL},
     {0},
 };
 
@@ -103,12 +107,21 @@ static ct_status f8_create(const ct_host *h, const ct_device_api *d, ct_device *
                         "e5m2)", fmt, bd <= 2 ? "; did you mean '" : "", bd <= 2 ? best : "", bd <= 2 ? "'?" : "");
         return CT_ERR_INVALID;
     }
+    int gather = 0;
+    h->opt_bool(h, "enable_fsdp_float8_all_gather", &gather);
+    if (gather && r != R_TENSORWISE) {
+        if (d) { /* a run; a planning instance (the search trying another recipe) gathers in high precision */
+            h->set_error(h, "enable_fsdp_float8_all_gather needs the tensorwise format, not '%s' (as in torchao)", fmt);
+            return CT_ERR_INVALID;
+        }
+        gather = 0;
+    }
     if (!d) { /* a planning instance (plan_linear only): the device's GEMM is assumed where the recipe has one */
         f8 *q = calloc(1, sizeof *q);
         if (!q) return CT_ERR_NOMEM;
         int emulate = 0;
         h->opt_bool(h, "emulate", &emulate);
-        *q = (f8){.host = h, .r = (recipe)r, .filter = filter};
+        *q = (f8){.host = h, .r = (recipe)r, .filter = filter, .gather_fp8 = gather};
         q->device_gemm = q->probed = !emulate && (tensorwise(q) || rowwise(q));
         *out = q;
         return CT_OK;
@@ -120,7 +133,7 @@ static ct_status f8_create(const ct_host *h, const ct_device_api *d, ct_device *
     }
     f8 *q = calloc(1, sizeof *q);
     if (!q) return CT_ERR_NOMEM;
-    *q = (f8){.host = h, .d = d, .dev = dev, .r = (recipe)r, .filter = filter};
+    *q = (f8){.host = h, .d = d, .dev = dev, .r = (recipe)r, .filter = filter, .gather_fp8 = gather};
     ct_status st = probe_device_gemm(q);
     if (st != CT_OK) {
         f8_destroy(q);
@@ -557,6 +570,9 @@ static ct_status f8_plan_linear(ct_quantizer *p, const ct_tensor *weight, int64_
     return CT_OK;
 }
 
+/* ABI 2.19: FSDP gathers the converted weights in e4m3 (ct_strategy_env.fp8_all_gather) */
+static int f8_gather_quantized(ct_quantizer *q) { return q->gather_fp8; }
+
 static const ct_quantizer_api api = {
     .struct_size = sizeof(ct_quantizer_api),
     .create = f8_create,
@@ -566,6 +582,7 @@ static const ct_quantizer_api api = {
     .backward_input = f8_backward_input,
     .backward_weight = f8_backward_weight,
     .plan_linear = f8_plan_linear,
+    .gather_quantized = f8_gather_quantized,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {
