@@ -785,11 +785,14 @@ static int held_contexts(const sched_plan *p, const schedule_costs *c, int rank,
         if (begin < from[m]) from[m] = begin;
         int64_t end = sr->start[i] + dur;
         /* a backward that sends its input's gradient to another rank lets go of the microbatch when the
-         * runner sees the send complete: after its next action */
+         * runner sees the send complete: after its next action, or before it when that action starts a
+         * microbatch (plugins/pp waits for every finished microbatch's sends first) */
         if (a->op != CT_PP_F && a->stage > 0 && schedule_stage_rank(p->placement, p->pp, a->stage - 1) != rank &&
             i + 1 < sr->n) {
             const ct_pp_action *nx = &sr->actions[i + 1];
-            end = sr->start[i + 1] + (nx->op == CT_PP_F ? c->f : nx->op == CT_PP_B ? c->b : nx->op == CT_PP_W ? c->w : c->i);
+            int starts = from[nx->microbatch] == INT64_MAX; /* no earlier action of its microbatch here */
+            end = sr->start[i + 1] +
+                  (starts ? 0 : nx->op == CT_PP_F ? c->f : nx->op == CT_PP_B ? c->b : nx->op == CT_PP_W ? c->w : c->i);
         }
         if (a->op != CT_PP_F && end > to[m]) to[m] = end;
     }
