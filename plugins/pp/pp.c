@@ -349,13 +349,19 @@ static ct_status pp_run_step(ct_runner *p, const ct_pipeline_host *ph, ct_pipeli
             maybe_release(r, ph, s, mb);
         }
     }
-    /* every send completes before the step ends (its buffers belong to the step's microbatches) */
+    /* every send completes before the step ends (its buffers belong to the step's microbatches), and
+     * what it held back is released: the step's last microbatches, everything under a comm without test */
     for (int i = 0; i < r->n_out; i++) {
         outgoing *o = &r->out[i];
+        int in_flight = o->dreq != NULL; /* both sends started, counted in sends_left */
         ct_status s1 = o->hreq ? c->wait(r->env.comm, o->hreq) : CT_OK;
         ct_status s2 = o->dreq ? c->wait(r->env.comm, o->dreq) : CT_OK;
         o->hreq = o->dreq = NULL;
         if (!st) st = s1 ? s1 : s2;
+        if (!st && in_flight) {
+            r->sends_left[o->stage * r->env.n_microbatches + o->mb]--;
+            maybe_release(r, ph, o->stage, o->mb);
+        }
     }
     if (st) { /* leave nothing half-done behind: complete or time out what is still posted */
         for (int i = 0; i < r->n_in; i++) {
