@@ -299,11 +299,11 @@ static ct_status apply_layout(plan_ctx *c, const plan_layout *l) {
 
 typedef struct plan_run {
     ct_mesh_info mesh;
-    const ct_strategy_api *api[3];
-    ct_strategy *inst[3];
-    const char *names[3];
-    plugin *plug[3];
-    int op_level[3]; /* an axis strategy (tp, cp): its buffers are op-level ones */
+    const ct_strategy_api *api[SESSION_MAX_STRATEGIES];
+    ct_strategy *inst[SESSION_MAX_STRATEGIES];
+    const char *names[SESSION_MAX_STRATEGIES];
+    plugin *plug[SESSION_MAX_STRATEGIES];
+    int op_level[SESSION_MAX_STRATEGIES]; /* an axis strategy (tp, cp): its buffers are op-level ones */
     int n;
     runtime rt;
     int rt_ready;
@@ -828,7 +828,7 @@ out:
 /* The strategies' report for pp rank `pr`: fresh planning instances on that rank's coordinates,
  * placing only its stages' units (the others' slots CT_PLACE_NONE), with the float8 decisions the
  * trace made. pp 1 asks the trace's own instances. mem: [strategy][category]. */
-static ct_status stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, int n_micro, double mem[3][8],
+static ct_status stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, int n_micro, double mem[SESSION_MAX_STRATEGIES][8],
                               ct_comm_cost *comms, int *n_comms, int max_comms) {
     plan_run q;
     memset(&q, 0, sizeof q);
@@ -949,7 +949,7 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
     }
     /* the strategies' own buffers and collectives: per pp rank (first, a middle one, last) */
     static ct_comm_cost comms[1024];
-    double strat_mem[64][3][8];
+    double strat_mem[64][SESSION_MAX_STRATEGIES][8];
     memset(strat_mem, 0, sizeof strat_mem);
     double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, unit_block = 0, step_comm = 0, step_comm_overlap = 0;
     int nu_c = nu < 1024 ? nu : 1024;
