@@ -1,7 +1,8 @@
 /* search.c: plan_search, every layout that multiplies to N GPUs evaluated and ranked, and the guide's
  * rule for a model's size.
  *
- * A mesh is dp_replicate x dp_shard x cp x tp x pp; its knobs are the schedule, the pp microbatch
+ * A mesh is dp_replicate x dp_shard x cp x tp x pp, and for a model with experts an ep borrowed from
+ * dp_shard x cp (each divisor of dp_shard x cp that divides the experts); its knobs are the schedule, the pp microbatch
  * size, the local batch (the global batch fixed), the AC mode, float8, compile, async TP and, with
  * cp > 1, the cp strategy's rotate method (allgather, alltoall, ulysses: whatever it declares). Three
  * cuts keep 405B on 4096 GPUs to about five thousand evaluations, the first two assumptions about the
