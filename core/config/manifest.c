@@ -142,6 +142,9 @@ static const struct {
     {"plan.mean_document_length", CT_OPT_FLOAT, "0",
      "block_causal: the mean document length the planner prices attention at; 0: measured from "
      "training.dataset_path (tokens per EOS)"},
+    {"plan.ep_load_imbalance", CT_OPT_FLOAT, "1",
+     "expert parallel: the tokens the busiest ep rank's experts receive over a balanced share (1: routing "
+     "perfectly balanced); the planner times its all-to-alls and experts' GEMMs at that"},
     {"compile.enable", CT_OPT_BOOL, "false",
      "capture a microbatch's forward and backward as a device graph and launch it from then on (CUDA; one rank, no float8)"},
     {"parallelism.pipeline_parallel_degree", CT_OPT_INT, "1", "pipeline parallel degree"},
@@ -175,6 +178,7 @@ static const struct {
     {"lr_scheduler.decay_type", NULL, "linear|sqrt|cosine"},
     {"model.attn_mask_type", NULL, "causal|block_causal"},
     {"plan.mean_document_length", "[0, 1e9]", NULL},
+    {"plan.ep_load_imbalance", "[1, 1000]", NULL},
     {"model.rope_positions", NULL, "sequence|document"},
     {"lr_scheduler.min_lr_factor", "[0, 1]", NULL},
     {"training.local_batch_size", "[1, 1048576]", NULL},

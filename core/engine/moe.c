@@ -772,7 +772,7 @@ static ct_status a2av_plan(ct_builder *b, void *state, ct_tensor *const *in, int
     (void)n_in;
     (void)n_out;
     const a2av_state *s = state;
-    int axis = s->axis < CT_MESH_NAXES ? s->axis : CT_AXIS_DP_SHARD;
+    int axis = s->axis; /* a mesh axis or CT_AXIS_EP: the planner times it over that group */
     double sent = 4.0 * (double)(rows_sum(s->send, s->degree) * s->c);
     cost->n_comm = 2;
     cost->comm[0] = (ct_op_comm){axis, CT_COLL_ALL_TO_ALL, 1, 0, sent, 0};

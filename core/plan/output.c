@@ -30,10 +30,12 @@ void plan_layout_line(const plan_layout *l, char *out, size_t len) {
     if (l->global_batch > 0) snprintf(global, sizeof global, "%lld", (long long)l->global_batch);
     else snprintf(global, sizeof global, "local x dp");
     if (l->offload) snprintf(off, sizeof off, "; offload %d blocks", l->offload);
+    char ep[64] = "";
+    if (l->ep > 1) snprintf(ep, sizeof ep, " (ep %d x efsdp %d of dp_shard x cp)", l->ep, l->dp_shard * l->cp / l->ep);
     snprintf(out, len,
-             "dp_replicate %d x dp_shard %d x cp %d%s x tp %d%s x pp %d%s; local batch %lld of global %s x seq %lld; "
+             "dp_replicate %d x dp_shard %d x cp %d%s x tp %d%s x pp %d%s%s; local batch %lld of global %s x seq %lld; "
              "AC %s%s; float8 %s; compile %s",
-             l->dp_replicate, l->dp_shard, l->cp, cpm, l->tp, l->tp > 1 && l->async_tp ? " (async)" : "", l->pp, pp,
+             l->dp_replicate, l->dp_shard, l->cp, cpm, l->tp, l->tp > 1 && l->async_tp ? " (async)" : "", l->pp, pp, ep,
              (long long)l->local_batch, global, (long long)l->seq_len, ac, off,
              l->float8 ? (l->float8_recipe[0] ? l->float8_recipe : "on") : "off", l->compile ? "on" : "off");
 }
@@ -113,6 +115,12 @@ void plan_print_text(FILE *f, const plan_result *r, const hw_profile *hw) {
         fprintf(f, "    %-22s %s in %.0f calls, %s, exposed %s, hidden ", c->what, line, c->count, a, b);
         fmt_s(c->seconds - c->exposed > 0 ? c->seconds - c->exposed : 0, a, sizeof a);
         fprintf(f, "%s (%s)\n", a, c->inter_node ? "across nodes" : "within a node");
+    }
+    if (r->layout.ep > 1) {
+        fmt_s(r->t_ep_all_to_all, a, sizeof a);
+        fprintf(f, "  expert parallel: %d experts per layer over ep %d (%d each); dispatch and combine all-to-alls %s "
+                "per step at %.2f x balanced routing\n", r->n_experts, r->layout.ep,
+                r->layout.ep ? r->n_experts / r->layout.ep : 0, a, r->ep_imbalance);
     }
     if (r->layout.pp > 1)
         fprintf(f, "  pipeline: %s, bubble %.1f%% of the step, %d microbatch%s in flight\n", r->layout.schedule,
@@ -258,6 +266,7 @@ static json_t *layout_json(const plan_layout *l) {
                             l->schedule, "pipeline_parallel_microbatch_size", l->pp_microbatch_size,
                             "enable_async_tensor_parallel", l->async_tp && l->tp > 1);
     if (par && l->cp_method[0]) json_object_set_new(par, "context_parallel_rotate_method", json_string(l->cp_method));
+    if (par) json_object_set_new(par, "expert_parallel_degree", json_integer(l->ep > 1 ? l->ep : 1));
     return par;
 }
 
@@ -294,6 +303,9 @@ static json_t *result_json(const plan_result *r, const hw_profile *hw) {
     json_object_set_new(t, "comm_hidden", jreal(r->t_comm_hidden));
     json_object_set_new(t, "bubble", jreal(r->t_bubble));
     json_object_set_new(t, "offload_exposed", jreal(r->t_offload_exposed));
+    json_object_set_new(t, "ep_all_to_all", jreal(r->t_ep_all_to_all));
+    json_object_set_new(o, "n_experts", json_integer(r->n_experts));
+    json_object_set_new(o, "ep_load_imbalance", jreal(r->ep_imbalance > 0 ? r->ep_imbalance : 1));
     json_object_set_new(o, "activation_offload",
                         json_pack("{s:i, s:f, s:f, s:f, s:f}", "layers", l->offload, "host_gib", r->host_bytes / GIB,
                                   "host_capacity_gib", hw ? hw->host_mem / GIB : 0.0, "copied_gib_per_step",
@@ -536,6 +548,8 @@ ct_status plan_write_manifest(const manifest *mf, const plan_layout *l, const ch
     kv_setf(&s, "parallelism.pipeline_parallel_microbatch_size", "%lld", l->pp_microbatch_size);
     if (l->schedule[0]) kv_set(&s, "parallelism.pipeline_parallel_schedule", l->schedule, 0);
     if (l->cp > 1 && l->cp_method[0]) kv_set(&s, PLAN_CP_METHOD_KEY, l->cp_method, 0);
+    if (l->ep > 1 || kv_find(&s, "parallelism.expert_parallel_degree"))
+        kv_setf(&s, "parallelism.expert_parallel_degree", "%lld", l->ep > 1 ? l->ep : 1);
     /* async TP in torchtitan's later spelling, the one the planner reads; the tp plugin takes either,
      * so the other goes. The key exists where the tp plugin is loaded (tp > 1). */
     kv_del(&s, "parallelism.enable_async_tensor_parallel");

@@ -47,7 +47,10 @@ const char *const plan_mem_names[PLAN_MEM_N] = {"params", "grads", "optimizer", 
 
 /* a mesh axis's name, or the flattened dp_shard x cp's (CT_AXIS_DP_SHARD_CP) */
 static const char *axis_name(int axis) {
-    return axis >= 0 && axis < CT_MESH_NAXES ? mesh_axis_names[axis] : "dp_shard_cp";
+    return axis >= 0 && axis < CT_MESH_NAXES ? mesh_axis_names[axis]
+           : axis == CT_AXIS_EP                ? "ep"
+           : axis == CT_AXIS_EFSDP             ? "efsdp"
+                                               : "dp_shard_cp";
 }
 
 /* `what` failed: its line, with the plugin's or the runtime's detail when one was left. */
@@ -185,9 +188,6 @@ ct_status plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l) {
     l->tp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_TP], 1);
     l->pp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_PP], 1);
     int64_t ep = get_int(mf, "parallelism.expert_parallel_degree", 1);
-    if (ep > 1) /* said, never planned as if it were absent */
-        return ct_fail(CT_ERR_UNSUPPORTED, "parallelism.expert_parallel_degree %lld: the planner does not model expert "
-                       "parallel yet (plan the layout without it)", (long long)ep);
     int64_t others = (int64_t)l->dp_replicate * l->cp * l->tp * l->pp;
     if (others < 1 || l->dp_replicate < 1 || l->cp < 1 || l->tp < 1 || l->pp < 1)
         return ct_fail(CT_ERR_INVALID, "parallelism degrees must be positive");
@@ -202,6 +202,10 @@ ct_status plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l) {
         return ct_fail(CT_ERR_INVALID, "the layout dp_replicate %d x dp_shard %lld x cp %d x tp %d x pp %d is %lld "
                        "GPUs, not %d", l->dp_replicate, (long long)shard, l->cp, l->tp, l->pp,
                        (long long)(others * shard), gpus);
+    if (ep < 1 || (shard * l->cp) % ep)
+        return ct_fail(CT_ERR_INVALID, "parallelism.expert_parallel_degree %lld: expert parallel borrows its ranks from "
+                       "dp_shard x cp (%lld x %d), which it does not divide", (long long)ep, (long long)shard, l->cp);
+    l->ep = (int)ep;
     const char *v = "1F1B";
     mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &v);
     snprintf(l->schedule, sizeof l->schedule, "%s", v);
@@ -287,6 +291,7 @@ static ct_status apply_layout(plan_ctx *c, const plan_layout *l) {
     if (l->float8 && l->float8_recipe[0]) set_key(c, &st, "quantize.dense.float8.format", "%s", l->float8_recipe);
     set_key(c, &st, "activation_offload.layers", "%d", l->offload);
     if (l->cp_method[0]) set_key(c, &st, PLAN_CP_METHOD_KEY, "%s", l->cp_method);
+    set_key(c, &st, "parallelism.expert_parallel_degree", "%d", l->ep > 1 ? l->ep : 1);
     return st;
 }
 
@@ -294,12 +299,12 @@ static ct_status apply_layout(plan_ctx *c, const plan_layout *l) {
 
 typedef struct plan_run {
     ct_mesh_info mesh;
-    const ct_strategy_api *api[3];
-    ct_strategy *inst[3];
-    const char *names[3];
-    plugin *plug[3];
-    int op_level[3]; /* an axis strategy (tp, cp): its buffers are op-level ones */
-    int axis[3];     /* its mesh axis (session_strategy_slots), -1: the data-parallel one */
+    const ct_strategy_api *api[SESSION_MAX_STRATEGIES];
+    ct_strategy *inst[SESSION_MAX_STRATEGIES];
+    const char *names[SESSION_MAX_STRATEGIES];
+    plugin *plug[SESSION_MAX_STRATEGIES];
+    int op_level[SESSION_MAX_STRATEGIES]; /* an axis strategy (tp, cp): its buffers are op-level ones */
+    int axis[SESSION_MAX_STRATEGIES];     /* its mesh axis (session_strategy_slots), -1: the data-parallel one */
     int n;
     runtime rt;
     int rt_ready;
@@ -352,6 +357,8 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     r->mesh.world_rank = -1; /* nobody's: the pipeline's plan prints nothing */
     r->mesh.dp_size = l->dp_replicate * l->dp_shard;
     r->mesh.dp_shard_cp_size = l->dp_shard * l->cp;
+    r->mesh.ep_size = l->ep > 1 ? l->ep : 1; /* rank 0: ep_rank and efsdp_rank 0 */
+    r->mesh.efsdp_size = r->mesh.dp_shard_cp_size / r->mesh.ep_size;
     if (apply_layout(c, l) != CT_OK) return ct_fail(CT_ERR_INVALID, "the layout's keys cannot be set");
     const ct_tp_rule *tp_plan = NULL;
     if (CT_HAS_FIELD(c->s.m, ct_model_api, get_tp_plan) && c->s.m->get_tp_plan) tp_plan = c->s.m->get_tp_plan(c->s.model);
@@ -611,8 +618,10 @@ static int axis_inter_node(const plan_layout *l, const hw_profile *hw, int axis,
     int deg[CT_MESH_NAXES] = {l->pp, l->dp_replicate, l->dp_shard, l->cp, l->tp};
     int64_t stride = 1;
     (void)hw;
-    if (axis == CT_AXIS_DP_SHARD_CP) /* dp_shard and cp are adjacent: one run of dp_shard x cp x tp ranks */
-        return (int64_t)l->tp * l->cp * l->dp_shard > gpus_per_node;
+    /* dp_shard and cp are adjacent: one run of dp_shard x cp x tp ranks; efsdp strides through all of it */
+    if (axis == CT_AXIS_DP_SHARD_CP || axis == CT_AXIS_EFSDP) return (int64_t)l->tp * l->cp * l->dp_shard > gpus_per_node;
+    if (axis == CT_AXIS_EP) /* ep consecutive ranks of dp_shard x cp: a run of ep x tp ranks */
+        return (int64_t)l->tp * (l->ep > 1 ? l->ep : 1) > gpus_per_node;
     for (int a = CT_MESH_NAXES - 1; a > axis; a--) stride *= deg[a];
     (void)hw;
     return stride * deg[axis] > gpus_per_node;
@@ -702,6 +711,13 @@ static double offload_wait(const plan_trace *t, const unit_time *ut, int nu, dou
     return waited;
 }
 
+/* Under expert parallel, an op of the experts' own work (their grouped GEMMs, the ep strategy's
+ * reorders of the rows it received): the busiest rank's takes plan.ep_load_imbalance x the balanced time. */
+static int ep_busiest(const plan_layout *l, const plan_op *o) {
+    return l->ep > 1 && o->kind == RT_OP_CUSTOM && o->name &&
+           (!strcmp(o->name, "grouped_linear") || !strcmp(o->name, "ep_reorder"));
+}
+
 static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profile *hw, int gpn, unit_time *ut,
                        const int *ac, plan_result *res, int n_micro, const int *unit_rank) {
     int nu = t->n_units;
@@ -712,6 +728,7 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         unit_time *u = &ut[o->unit];
         if (o->kind == RT_OP_COLLECTIVE) continue;
         double f = op_seconds(hw, o, 0), b = op_seconds(hw, o, 1);
+        if (ep_busiest(l, o)) f *= res->ep_imbalance, b *= res->ep_imbalance;
         u->f += f;
         /* GEMMs split their backward into dX and dW halves; everything else is input-side */
         double bw = o->kind == RT_OP_GEMM ? b / 2 : 0;
@@ -741,6 +758,7 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         int inter = axis_inter_node(l, hw, o->axis, gpn);
         int calls = o->coll_calls > 1 ? o->coll_calls : 1;
         double s = calls * comm_seconds(hw, o->coll_kind, (int)o->shape[0], o->coll_bytes / calls, inter);
+        if (o->axis == CT_AXIS_EP) s *= res->ep_imbalance; /* the busiest rank's rows, which every rank waits for */
         /* a recompute repeats the forward's collectives */
         double reps = o->phase == 1 && ac[o->unit] == RT_AC_FULL ? 2 : 1;
         unit_time *u = &ut[o->unit];
@@ -757,6 +775,7 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         cl->count += reps * n_micro;
         cl->seconds += reps * s * n_micro;
         cl->exposed += reps * (s - hide) * n_micro;
+        if (o->axis == CT_AXIS_EP) res->t_ep_all_to_all += reps * s * n_micro;
     }
 }
 
@@ -808,7 +827,7 @@ out:
 /* The strategies' report for pp rank `pr`: fresh planning instances on that rank's coordinates,
  * placing only its stages' units (the others' slots CT_PLACE_NONE), with the float8 decisions the
  * trace made. pp 1 asks the trace's own instances. mem: [strategy][category]. */
-static ct_status stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, int n_micro, double mem[3][8],
+static ct_status stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, int pr, int n_micro, double mem[SESSION_MAX_STRATEGIES][8],
                               ct_comm_cost *comms, int *n_comms, int max_comms) {
     plan_run q;
     memset(&q, 0, sizeof q);
@@ -906,6 +925,13 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
         }
         if (sl->whole & CT_WHOLE_GRAD) whole_grad[pr] += (double)sl->numel * 4.0;
     }
+    for (int i = 0; i < rt->n_params; i++) { /* the experts per layer, whole (before ep split them) */
+        const ct_param_slot *sl = &rt->slots[i];
+        const ct_tensor *w = &rt->params[i]->t;
+        if (!(w->flags & CT_TENSOR_EXPERTS) || w->ndim < 1) continue;
+        int64_t e = w->shape[0] * (sl->split_axis == CT_AXIS_EP && sl->split_parts > 1 ? sl->split_parts : 1);
+        if (e > res->n_experts) res->n_experts = (int)e;
+    }
     double local_bytes[64] = {0}; /* the storage allocation: param_bytes of that rank */
     double replicated[64] = {0};  /* bf16 compute's rounded copies: the largest unit's replicated parameters */
     for (int i = 0; i < rt->n_params; i++) {
@@ -923,7 +949,7 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
     }
     /* the strategies' own buffers and collectives: per pp rank (first, a middle one, last) */
     static ct_comm_cost comms[1024];
-    double strat_mem[64][3][8];
+    double strat_mem[64][SESSION_MAX_STRATEGIES][8];
     memset(strat_mem, 0, sizeof strat_mem);
     double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, unit_block = 0, step_comm = 0, step_comm_overlap = 0;
     int nu_c = nu < 1024 ? nu : 1024;
@@ -972,6 +998,16 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
         bad = fail("out of memory");
         goto done;
     }
+    res->ep_imbalance = 1;
+    mf_get_float(c->mf, "plan.ep_load_imbalance", &res->ep_imbalance);
+    if (res->ep_imbalance < 1) res->ep_imbalance = 1;
+    if (l->ep > 1 && res->ep_imbalance > 1)
+        note_add(r.note, sizeof r.note, "expert parallel: the busiest of the ep %d ranks receives %.2f x a balanced "
+                 "share of the routed tokens (plan.ep_load_imbalance): its all-to-alls and experts' GEMMs timed at "
+                 "that, memory planned at balanced routing", l->ep, res->ep_imbalance);
+    else if (l->ep > 1)
+        note_add(r.note, sizeof r.note, "expert parallel: routing assumed perfectly balanced, each of the ep %d ranks "
+                 "receiving 1/%d of the routed tokens (plan.ep_load_imbalance sets the busiest rank's share)", l->ep, l->ep);
     unit_times(&t, l, hw, gpn, ut, rt->ac, res, n_micro * accum, unit_rank);
     /* FSDP's gathers hide behind the previous unit's compute (prefetch); its reduce-scatters behind
      * the next unit's backward; what does not fit shows */

@@ -175,6 +175,9 @@ typedef struct plan_layout {
     /* PLAN_CP_METHOD_KEY, read by the cp strategy when cp > 1 (allgather, alltoall or ulysses for the
      * shipped one); "" where the cp strategy declares no such key */
     char cp_method[16];
+    /* parallelism.expert_parallel_degree (0 or 1: none): borrowed from dp_shard x cp, which it divides;
+     * efsdp, the ranks holding the same experts, is dp_shard x cp / ep */
+    int ep;
 } plan_layout;
 
 /* Memory categories of a plan (bytes on the largest rank). */
@@ -218,6 +221,10 @@ typedef struct plan_result {
     /* activation offload: host memory held for the copies, bytes copied out and in per step, and
      * the copy time that does not hide behind the neighbouring units' compute */
     double host_bytes, offload_bytes, t_offload, t_offload_exposed;
+    /* mixture of experts: the experts per layer (0: a dense model), and under ep > 1 the seconds per step
+     * of the dispatch and combine all-to-alls and the load imbalance they were timed at */
+    int n_experts;
+    double t_ep_all_to_all, ep_imbalance;
 } plan_result;
 
 /* A planner over one manifest: its plugins loaded, model created (no parameters). */

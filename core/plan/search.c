@@ -1,7 +1,8 @@
 /* search.c: plan_search, every layout that multiplies to N GPUs evaluated and ranked, and the guide's
  * rule for a model's size.
  *
- * A mesh is dp_replicate x dp_shard x cp x tp x pp; its knobs are the schedule, the pp microbatch
+ * A mesh is dp_replicate x dp_shard x cp x tp x pp, and for a model with experts an ep borrowed from
+ * dp_shard x cp (each divisor of dp_shard x cp that divides the experts); its knobs are the schedule, the pp microbatch
  * size, the local batch (the global batch fixed), the AC mode, float8, compile, async TP and, with
  * cp > 1, the cp strategy's rotate method (allgather, alltoall, ulysses: whatever it declares). Three
  * cuts keep 405B on 4096 GPUs to about five thousand evaluations, the first two assumptions about the
@@ -48,6 +49,7 @@ typedef struct knobs {
 
 typedef struct mesh {
     int rep, shard, cp, tp, pp;
+    int ep; /* expert parallel, borrowed from shard x cp (0 or 1: none) */
     double best; /* tokens/s per GPU of its best fitting layout so far, 0 none */
     knobs k;     /* the knobs of that layout (the first pass's until one fits) */
 } mesh;
@@ -64,6 +66,7 @@ typedef struct searcher {
     int have_sched[N_SCHEDULES];
     int min_spr[N_SCHEDULES]; /* each schedule's fewest stages per rank (interleaved ones: 2) */
     int n_layers;       /* the model's blocks (activation offload's candidates) */
+    int n_experts;      /* experts per MoE layer (0: a dense model, which never gets ep > 1) */
     char cp_methods[SEARCH_MAX_CP_METHODS][16]; /* the cp strategy's rotate methods (cp > 1's knob) */
     int n_cp_methods;
     plan_result *res;
@@ -131,6 +134,7 @@ static int cp_method_fits(const searcher *s, const char *method, const mesh *m) 
 static double walk(searcher *s, const mesh *m, const knobs *k) {
     plan_layout l = s->tmpl;
     l.dp_replicate = m->rep, l.dp_shard = m->shard, l.cp = m->cp, l.tp = m->tp, l.pp = m->pp;
+    l.ep = m->ep > 1 ? m->ep : 1;
     snprintf(l.schedule, sizeof l.schedule, "%s", m->pp > 1 ? k->schedule : s->tmpl.schedule);
     l.float8 = k->float8;
     if (l.float8 && !l.float8_recipe[0]) snprintf(l.float8_recipe, sizeof l.float8_recipe, "tensorwise");
@@ -226,7 +230,7 @@ void plan_model_sizes_get(const plan_ctx *ctx, plan_model_sizes *ms) {
 static void static_memory(searcher *s) {
     plan_layout l = s->tmpl;
     plan_result r;
-    l.dp_replicate = 1, l.dp_shard = s->o->gpus, l.cp = 1, l.tp = 1, l.pp = 1;
+    l.dp_replicate = 1, l.dp_shard = s->o->gpus, l.cp = 1, l.tp = 1, l.pp = 1, l.ep = 1;
     l.local_batch = 1, l.global_batch = s->o->gpus, l.pp_microbatch_size = 1;
     l.ac = PLAN_AC_FULL, l.float8 = 0, l.compile = 0, l.async_tp = 0;
     memset(&r, 0, sizeof r);
@@ -236,6 +240,7 @@ static void static_memory(searcher *s) {
         return; /* no pruning: every mesh is evaluated */
     }
     s->capacity = s->hw->mem_bytes > 0 ? s->hw->mem_bytes * (1.0 - s->hw->headroom_frac) : r.mem_capacity;
+    s->n_experts = r.n_experts;
     s->static_all = (r.mem[PLAN_MEM_PARAMS] + r.mem[PLAN_MEM_GRADS] + r.mem[PLAN_MEM_OPTIMIZER] + r.mem[PLAN_MEM_MASTER]) *
                     (double)s->o->gpus;
 }
@@ -249,6 +254,7 @@ static int pruned(const searcher *s, const mesh *m) {
 
 static int same_layout(const plan_layout *a, const plan_layout *b) {
     return a->dp_replicate == b->dp_replicate && a->dp_shard == b->dp_shard && a->cp == b->cp && a->tp == b->tp &&
+           (a->ep > 1 ? a->ep : 1) == (b->ep > 1 ? b->ep : 1) &&
            a->pp == b->pp && (a->pp == 1 || (!strcmp(a->schedule, b->schedule) && a->pp_microbatch_size == b->pp_microbatch_size)) &&
            a->local_batch == b->local_batch && a->global_batch == b->global_batch && a->ac == b->ac &&
            a->float8 == b->float8 && (!a->float8 || !strcmp(a->float8_recipe, b->float8_recipe)) &&
@@ -307,24 +313,32 @@ static mesh *meshes_list(searcher *s, int *n) {
                     int rep = (int)d[c];
                     if (rep > dp) break;
                     if (dp % rep) continue;
-                    mesh m = {.rep = rep, .shard = dp / rep, .cp = cp, .tp = tp, .pp = pp};
-                    s->st->meshes++;
-                    if (pruned(s, &m)) {
-                        s->st->pruned++;
-                        int64_t sh = (int64_t)m.shard * m.cp * m.tp * m.pp;
-                        if (!s->have_closest || sh > (int64_t)s->closest.shard * s->closest.cp * s->closest.tp * s->closest.pp)
-                            s->closest = m, s->have_closest = 1;
-                        continue;
-                    }
-                    if (k == cap) {
-                        mesh *g = realloc(list, sizeof *g * (size_t)(cap *= 2));
-                        if (!g) {
-                            *n = k;
-                            return list;
+                    /* expert parallel (MoE models): ep divides dp_shard x cp, the ranks it borrows, as
+                     * torchtitan requires, and the experts, which it splits */
+                    int64_t de[SEARCH_MAX_DIVISORS];
+                    int nde = s->n_experts > 0 ? divisors((int64_t)(dp / rep) * cp, de, SEARCH_MAX_DIVISORS) : 1;
+                    if (s->n_experts <= 0) de[0] = 1;
+                    for (int x = 0; x < nde; x++) {
+                        if (s->n_experts > 0 && s->n_experts % de[x]) continue;
+                        mesh m = {.rep = rep, .shard = dp / rep, .cp = cp, .tp = tp, .pp = pp, .ep = (int)de[x]};
+                        s->st->meshes++;
+                        if (pruned(s, &m)) {
+                            s->st->pruned++;
+                            int64_t sh = (int64_t)m.shard * m.cp * m.tp * m.pp;
+                            if (!s->have_closest || sh > (int64_t)s->closest.shard * s->closest.cp * s->closest.tp * s->closest.pp)
+                                s->closest = m, s->have_closest = 1;
+                            continue;
                         }
-                        list = g;
+                        if (k == cap) {
+                            mesh *g = realloc(list, sizeof *g * (size_t)(cap *= 2));
+                            if (!g) {
+                                *n = k;
+                                return list;
+                            }
+                            list = g;
+                        }
+                        list[k++] = m;
                     }
-                    list[k++] = m;
                 }
             }
         }
@@ -536,7 +550,7 @@ static void rule_eval(searcher *s, const plan_result *winner) {
         st->rule_result = rs.res[pick];
     } else { /* for the text: the rule's layout as it would have been tried */
         plan_layout l = s->tmpl;
-        l.dp_replicate = m.rep, l.dp_shard = m.shard, l.cp = m.cp, l.tp = m.tp, l.pp = m.pp;
+        l.dp_replicate = m.rep, l.dp_shard = m.shard, l.cp = m.cp, l.tp = m.tp, l.pp = m.pp, l.ep = 1;
         snprintf(l.schedule, sizeof l.schedule, "%s", k.schedule);
         l.float8 = k.float8, l.compile = k.compile, l.async_tp = k.async_tp, l.ac = rl.ac;
         l.global_batch = rs.G, l.local_batch = rs.G / dp;
@@ -553,7 +567,7 @@ static void rule_eval(searcher *s, const plan_result *winner) {
 static void cp_methods_eval(searcher *s, const plan_result *win) {
     plan_search_stats *st = s->st;
     const plan_layout *w = &win->layout;
-    mesh m = {.rep = w->dp_replicate, .shard = w->dp_shard, .cp = w->cp, .tp = w->tp, .pp = w->pp};
+    mesh m = {.rep = w->dp_replicate, .shard = w->dp_shard, .cp = w->cp, .tp = w->tp, .pp = w->pp, .ep = w->ep};
     if (w->cp <= 1 || s->n_cp_methods < 2) return;
     for (int i = 0; i < s->n_cp_methods && i < (int)(sizeof st->cp_methods / sizeof st->cp_methods[0]); i++) {
         struct plan_cp_method *e = &st->cp_methods[st->n_cp_methods++];

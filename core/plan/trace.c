@@ -4,6 +4,7 @@
 #include "plan/plan_internal.h"
 
 #include "host/host.h"
+#include "engine/mesh.h"
 #include "base/util.h"
 
 #include <stdio.h>
@@ -132,7 +133,7 @@ ct_status plan_note_comm(runtime *rt, int axis, ct_collective kind, double bytes
     o->coll_calls = 1;
     o->phase = rt->trace_ops;
     o->overlapped = overlapped;
-    o->shape[0] = rt->dist.mesh ? rt->dist.mesh->degree[axis] : 1;
+    o->shape[0] = rt->dist.mesh ? mesh_shard_degree(rt->dist.mesh, axis) : 1;
     return CT_OK;
 }
 
@@ -172,7 +173,7 @@ ct_status plan_custom(runtime *rt, const ct_custom_op *op, void *state, ct_tenso
         k->phase = c.comm[i].phase == 2 ? 2 : 1;
         k->overlapped = c.comm[i].overlapped;
         k->name = op->name;
-        k->shape[0] = rt->dist.mesh && (unsigned)k->axis < CT_MESH_NAXES ? rt->dist.mesh->degree[k->axis] : 1;
+        k->shape[0] = rt->dist.mesh ? mesh_shard_degree(rt->dist.mesh, k->axis) : 1; /* (ep: the core's all_to_all_v) */
     }
     return CT_OK;
 }

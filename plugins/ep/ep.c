@@ -22,12 +22,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define EP_MAX_UNITS 1024
+
 typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     const ct_host *host;
     ct_strategy_env env;
     int size, rank; /* ep */
     ct_builder *next;
     int n_experts;  /* split parameters seen by place */
+    int64_t el;     /* experts per rank (the split parameters' dim 0) */
+    int units[EP_MAX_UNITS], n_units; /* the units holding experts: one routing exchange each per microbatch */
 } ep;
 
 #define EP(b) ((ep *)(b)->ctx)
@@ -78,6 +82,8 @@ static ct_status ep_place(ct_strategy *p, ct_param_slot *slots, int n) {
         s->split_dim = 0;
         s->split_parts = e->size;
         s->split_index = e->rank;
+        e->el = w->shape[0];
+        if (e->n_units < EP_MAX_UNITS && (!e->n_units || e->units[e->n_units - 1] != s->unit)) e->units[e->n_units++] = s->unit;
         if (s->placement != CT_PLACE_NONE) {
             s->placement = CT_PLACE_REPLICATE;
             s->local_numel = s->numel;
@@ -277,6 +283,20 @@ static ct_status ep_finish_backward(ct_strategy *s) {
     return CT_OK;
 }
 
+/* What the planner asks: nothing allocated here that the host does not count (the dispatched rows and
+ * their reorders are tape tensors, the all_to_all_v the builder's, which the planner sees per
+ * microbatch); the routing counts' equal all-to-all, (ep, el+1) int32 per MoE layer and microbatch,
+ * blocking in forward. */
+static ct_status ep_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
+    ep *e = p;
+    ct_util_report_clear(out);
+    double bytes = (double)e->size * (double)(e->el + 1) * sizeof(int32_t);
+    for (int i = 0; i < e->n_units; i++)
+        ct_util_report_comm(out, CT_AXIS_EP, CT_COLL_ALL_TO_ALL, e->units[i], CT_PHASE_FORWARD, bytes,
+                            n_microbatches > 0 ? n_microbatches : 1, 0);
+    return CT_OK;
+}
+
 static const ct_strategy_api api = {
     .struct_size = sizeof(ct_strategy_api),
     .create = ep_create,
@@ -289,6 +309,7 @@ static const ct_strategy_api api = {
     .post_backward = ep_post_backward,
     .finish_backward = ep_finish_backward,
     .wrap_builder = ep_wrap_builder,
+    .report = ep_report,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

@@ -829,7 +829,7 @@ static int64_t sim_step(fsdp *f, sim_unit *us, int nu, int n_microbatches) {
  * a unit's full gradients with the previous unit's reduction in flight, the float8 bytes. */
 static ct_status fsdp_report(ct_strategy *p, int n_microbatches, ct_strategy_report *out) {
     fsdp *f = p;
-    int S = f->S, R = f->mesh.degree[CT_AXIS_DP_REPLICATE], nu = 0, n_fp8 = 0;
+    int R = f->mesh.degree[CT_AXIS_DP_REPLICATE], nu = 0, n_fp8 = 0;
     double mb = f->sync_last ? 1 : n_microbatches > 0 ? n_microbatches : 1;
     ct_util_report_clear(out);
     for (int i = 0; i < f->n_slots; i++) {
@@ -860,9 +860,14 @@ static ct_status fsdp_report(ct_strategy *p, int n_microbatches, ct_strategy_rep
                sent = is_fp8(f, s) ? l / sizeof(float) : gathers_bf16(f, s) ? l / 2 : l;
         int regather = f->reshard == 2 || (f->reshard == 1 && s->unit != nu - 1);
         n_fp8 += is_fp8(f, s);
-        ct_util_report_comm(out, f->axis, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_FORWARD, sent * S, mb, 1);
-        if (regather) ct_util_report_comm(out, f->axis, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_BACKWARD, sent * S, mb, 1);
-        ct_util_report_comm(out, f->axis, CT_COLL_REDUCE_SCATTER, s->unit, CT_PHASE_BACKWARD, l * S, mb, 1);
+        /* experts split over ep are sharded over efsdp, the ranks holding the same ones: gathered and
+         * reduced there (nothing to move where efsdp is one rank) */
+        int axis = on_efsdp(f, s) ? CT_AXIS_EFSDP : f->axis, Sx = slot_S(f, s);
+        if (Sx > 1) {
+            ct_util_report_comm(out, axis, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_FORWARD, sent * Sx, mb, 1);
+            if (regather) ct_util_report_comm(out, axis, CT_COLL_ALL_GATHER, s->unit, CT_PHASE_BACKWARD, sent * Sx, mb, 1);
+            ct_util_report_comm(out, axis, CT_COLL_REDUCE_SCATTER, s->unit, CT_PHASE_BACKWARD, l * Sx, mb, 1);
+        }
         if (R > 1) ct_util_report_comm(out, CT_AXIS_DP_REPLICATE, CT_COLL_ALL_REDUCE, s->unit, CT_PHASE_BACKWARD, l, mb, 0);
     }
     if (n_fp8) /* fp8_precompute: every converted weight's amax in one all-reduce (MAX) */

@@ -183,10 +183,38 @@ else
     fail "plan of the small recipe exited $?: $(head -c 300 "$WORK/err")"
 fi
 for r in configs/recipes/medium_fsdp_tp.yaml:8 configs/recipes/large_3d_interleaved.yaml:512 configs/llama3_1b.yaml:1 \
-    configs/llama3_3b.yaml:1; do
+    configs/llama3_3b.yaml:1 configs/recipes/qwen3_30b_a3b_8gpu.yaml:8; do
     "$CTITAN" plan "${r%%:*}" "${HW[@]}" --gpus "${r##*:}" >"$WORK/out" 2>"$WORK/err" && ok "plan ${r%%:*} on ${r##*:}" ||
         fail "plan ${r%%:*} on ${r##*:} exited $?: $(head -c 300 "$WORK/err")"
 done
+
+# expert parallel: planned with its assumption stated; the search walks ep for a mixture of experts
+# (qwen3's debugmodel_moe shrunk) and never for a dense model
+moe=(--model.name=qwen3 --model.flavor=debugmodel_moe --model.n_layers=2 --model.n_experts=8 --model.top_k=2
+     --model.moe_hidden=64 --model.vocab_size=2048 --training.seq_len=64 --training.global_batch_size=8)
+if "$CTITAN" plan configs/llama3_debug.yaml "${moe[@]}" "${HW[@]}" --gpus 4 --parallelism.data_parallel_shard_degree=4 \
+    --parallelism.expert_parallel_degree=2 >"$WORK/out" 2>"$WORK/err" &&
+    grep -q "ep 2 x efsdp 2 of dp_shard x cp" "$WORK/out" && grep -q "ep all_to_all" "$WORK/out" &&
+    grep -q "routing assumed perfectly balanced" "$WORK/out"; then
+    ok "an EP 2 x efsdp 2 layout planned, its all-to-alls timed and balanced routing stated"
+else fail "EP plan: $(head -c 300 "$WORK/err")"; fi
+if "$CTITAN" plan configs/llama3_debug.yaml "${moe[@]}" "${HW[@]}" --gpus 4 --parallelism.data_parallel_shard_degree=4 \
+    --parallelism.expert_parallel_degree=2 --plan.ep_load_imbalance=2 >"$WORK/out" 2>"$WORK/err" &&
+    grep -q "receives 2.00 x a balanced share" "$WORK/out"; then
+    ok "plan.ep_load_imbalance stated"
+else fail "EP plan with an imbalance: $(head -c 300 "$WORK/err")"; fi
+"$CTITAN" plan configs/llama3_debug.yaml "${moe[@]}" "${HW[@]}" --gpus 4 --parallelism.expert_parallel_degree=3 \
+    >"$WORK/out" 2>"$WORK/err"
+st=$?
+[ $st -eq 2 ] && grep -q "expert_parallel_degree 3.*does not divide" "$WORK/err" &&
+    ok "an ep that does not divide dp_shard x cp refused (status 2)" || fail "ep 3 on 4: status $st, $(head -c 300 "$WORK/err")"
+eps() { python3 -c "import json,sys; print(sorted({l['parallelism']['expert_parallel_degree'] for l in json.load(open(sys.argv[1]))['layouts']}))" "$1"; }
+"$CTITAN" plan configs/llama3_debug.yaml "${moe[@]}" "${HW[@]}" --gpus 4 --search --top 100 --json >"$WORK/moe.json" 2>"$WORK/err" &&
+    "$CTITAN" plan configs/llama3_debug.yaml --training.seq_len=64 --training.global_batch_size=8 "${HW[@]}" --gpus 4 \
+        --search --top 100 --json >"$WORK/dense.json" 2>>"$WORK/err" || fail "searches: $(head -c 300 "$WORK/err")"
+m=$(eps "$WORK/moe.json") d=$(eps "$WORK/dense.json")
+[ "$d" = "[1]" ] && [ "${m#\[1, }" != "$m" ] && ok "the search walks ep for the MoE model ($m), not for the dense one ($d)" ||
+    fail "ep in the searches: MoE $m, dense $d"
 
 # the guide's three recipes as the README plans them (h100-sxm, torchtitan's layouts): each at or
 # below the peak torchtitan measured for it (76.8, 67.6, 72.7 GiB)

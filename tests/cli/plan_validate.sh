@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The planner against measurement: trains layouts on CPU ranks (each a few steps of a tiny model:
 # FSDP 2 and 4, HSDP 2x2, DDP 2, TP 2 and 4, async TP (also with float8), FSDP x TP, PP 2 and 4 under 1F1B,
-# Interleaved1F1B and ZBVZeroBubble, CP 2 (each rotate method), FSDP 2 x CP 2, AC none / selective / full, float8, bf16, the debug model and
+# Interleaved1F1B and ZBVZeroBubble, CP 2 (each rotate method), FSDP 2 x CP 2, qwen3's MoE debug model
+# on one rank, FSDP 2, EP 2 and EP 2 x FSDP 2, AC none / selective / full, float8, bf16, the debug model and
 # the 124M-class shape), takes what each run measured (tests/cli/lib/plan_validate.py measure: the
 # last step's memory record, the largest rank's, and the median step time after the first two
 # steps), then plans each layout with `ctitan plan ... --json` against a profile `ctitan plan
@@ -35,6 +36,10 @@ common=(--training.dataset_path="$T/data.bin" --training.seq_len=$SEQ --training
 m124=(--model.dim=768 --model.n_layers=12 --model.n_heads=12 --model.n_kv_heads=4 --model.ffn_hidden=2048
       --model.vocab_size=32000)
 pp=(--training.local_batch_size=8 --parallelism.pipeline_parallel_microbatch_size=1)
+# qwen3's debugmodel_moe shrunk as tests/cli/moe_layouts.sh shrinks it, its routing forced balanced (the
+# plan's assumption for expert parallel, plan.ep_load_imbalance 1)
+moe=(--model.name=qwen3 --model.flavor=debugmodel_moe --model.n_layers=2 --model.n_experts=8 --model.top_k=2
+     --model.moe_hidden=64 --model.vocab_size=2048 --model.moe_force_load_balance=true)
 
 # name ranks global_batch profile args...: one layout per line. The layouts naming one profile share
 # it: `ctitan plan --calibrate` runs once per profile, on the first of its layouts. Calibration
@@ -65,16 +70,20 @@ cp2          2 8 r2cp   --training.local_batch_size=8 --parallelism.context_para
 cp2_ring     2 8 r2cp   --training.local_batch_size=8 --parallelism.context_parallel_degree=2 --parallelism.context_parallel_rotate_method=alltoall
 cp2_ulysses  2 8 r2cp   --training.local_batch_size=8 --parallelism.context_parallel_degree=2 --parallelism.context_parallel_rotate_method=ulysses
 fsdp2_cp2    4 8 r4fcp  --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.context_parallel_degree=2
+moe          1 8 r1moe  @moe --training.local_batch_size=8
+moe_fsdp2    2 8 r2moe  @moe --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
+moe_ep2      2 8 r2moe  @moe --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.expert_parallel_degree=2
+moe_ep2fsdp2 4 8 r4moe  @moe --training.local_batch_size=2 --parallelism.data_parallel_shard_degree=4 --parallelism.expert_parallel_degree=2
 fsdp2_pp2     4 8 r4fpp  --training.local_batch_size=4 --parallelism.pipeline_parallel_microbatch_size=1 --parallelism.data_parallel_shard_degree=2 --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B
 EOF
 )
 if [ -n "${PV_ONLY:-}" ]; then layouts=$(echo "$layouts" | grep -E "^(${PV_ONLY// /|}) "); fi
 
-# expand NAME's argument words: @m124 and @pp stand for those arrays
+# expand NAME's argument words: @m124, @pp and @moe stand for those arrays
 args_of() {
   local w; args=()
   for w in $(echo "$layouts" | awk -v n="$1" '$1 == n { for (i = 5; i <= NF; i++) print $i }'); do
-    case $w in @m124) args+=("${m124[@]}") ;; @pp) args+=("${pp[@]}") ;; *) args+=("$w") ;; esac
+    case $w in @m124) args+=("${m124[@]}") ;; @pp) args+=("${pp[@]}") ;; @moe) args+=("${moe[@]}") ;; *) args+=("$w") ;; esac
   done
 }
 ctitan_on() { # ranks command...
