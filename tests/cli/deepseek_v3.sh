@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# models/deepseek_v3 computes the same function on every layout it runs: the debugmodel shrunk (3 blocks, the
+# first dense; MLA with v narrower than q and k; 8 experts of hidden 32, top-3 by softmax, 2 shared experts;
+# seq 64), real routing with aux-loss-free balancing on (the expert bias moved after every step from the
+# step's global counts), same seed and global batch. FSDP 2 and EP 2 (borrowing dp_shard 2) against one rank:
+# loss and grad-norm curves within 1e-6 relative, and the per-expert counts and expert biases the pack logs
+# (model.moe_log_load) equal to one rank's, step by step. Then the 671B routing (sigmoid over 4 groups, top-2
+# of the best 2, route_scale 2.5, normalised) with a low-rank q, one rank against EP 2.
+set -u
+STEPS=${STEPS:-4}
+. tests/cli/lib/layouts.sh
+ds=(--model.name=deepseek_v3 --model.flavor=debugmodel --model.dim=64 --model.n_layers=3 --model.n_heads=4
+    --model.kv_lora_rank=32 --model.qk_nope_head_dim=16 --model.qk_rope_head_dim=8 --model.v_head_dim=16
+    --model.inter_dim=128 --model.moe_inter_dim=32 --model.vocab_size=2048 --model.moe_log_load=true
+    --model.load_balance_coeff=1e-3 --optimizer.lr=3e-4)
+v3=(--model.score_func=sigmoid --model.n_expert_groups=4 --model.n_limited_groups=2 --model.top_k=2
+    --model.route_scale=2.5 --model.route_norm=true --model.q_lora_rank=24 --model.n_shared_experts=1)
+lines() { grep -o 'moe \(load\|bias\) step .*' "$T/$1.log"; }
+same_lines() { # REF RUN: RUN's count and bias lines are REF's
+  local got; got=$(lines "$2" | wc -l)
+  if [ "$got" -gt 0 ] && [ "$(lines "$1" | grep -cxFf <(lines "$2"))" = "$got" ]; then
+    echo "ok   per-expert counts and expert biases $2 vs $1: $got lines equal"
+  else echo "FAIL per-expert counts and expert biases $2 vs $1"; diff <(lines "$1") <(lines "$2") | head -4; return 1; fi
+}
+fails=0
+run single 1 "${ds[@]}" --training.local_batch_size=8
+run fsdp2 2 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
+run ep2 2 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.expert_parallel_degree=2
+for r in fsdp2 ep2; do
+  compare single $r "$STEPS" || fails=$((fails + 1))
+  same_lines single $r || fails=$((fails + 1))
+done
+grep -q 'moe bias step 1 layers.1' "$T/single.log" || { echo "FAIL no expert bias update logged"; fails=$((fails + 1)); }
+run v3single 1 "${ds[@]}" "${v3[@]}" --training.local_batch_size=8
+run v3ep2 2 "${ds[@]}" "${v3[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.expert_parallel_degree=2
+compare v3single v3ep2 "$STEPS" || fails=$((fails + 1))
+same_lines v3single v3ep2 || fails=$((fails + 1))
+[ $fails -eq 0 ] && echo "deepseek_v3: ok" || { echo "deepseek_v3: $fails failed"; exit 1; }
