@@ -115,8 +115,8 @@ typedef struct layer {
     ct_tensor *w1, *w2, *w3;    /* dense: the SwiGLU; MoE: the stacked experts (e, h, d) / (e, d, h) */
     ct_tensor *router;          /* MoE: (e, dim) */
     ct_tensor *sw1, *sw2, *sw3; /* MoE with shared experts: one SwiGLU of moe_inter_dim * n_shared */
-    float *bias;                /* MoE: the expert bias (e), host memory */
-    char unit_name[24];
+    float *bias;                /* MoE: the expert bias (e), host memory: a buffer (ABI 2.18) */
+    char unit_name[24], bias_name[48];
 } layer;
 
 #define N_FIELDS 40
@@ -132,6 +132,8 @@ typedef struct ct_model {
     float *inv_freq;   /* YaRN: rope / 2 frequencies */
     ct_tensor *tok_embeddings, *norm, *output;
     layer *layers;
+    ct_model_buffer *buffers; /* one per MoE block: its expert bias */
+    int n_buffers;
     ct_hf_field fields[N_FIELDS];
 } dsv3;
 
@@ -214,6 +216,15 @@ static const char *check_sizes(const dsv3 *m) {
     return NULL;
 }
 
+static void dsv3_destroy(ct_model *p) {
+    if (!p) return;
+    for (int64_t l = 0; p->layers && l < p->n_layers; l++) free(p->layers[l].bias);
+    free(p->buffers);
+    free(p->layers);
+    free(p->inv_freq);
+    free(p);
+}
+
 static ct_status dsv3_create(const ct_host *h, const ct_model_config *cfg, ct_model **out) {
     const flavor *f = NULL;
     for (size_t i = 0; i < N_FLAVORS; i++)
@@ -248,27 +259,25 @@ static ct_status dsv3_create(const ct_host *h, const ct_model_config *cfg, ct_mo
         free(m);
         return CT_ERR_NOMEM;
     }
+    if (!(m->buffers = calloc((size_t)m->n_layers, sizeof(ct_model_buffer)))) {
+        dsv3_destroy(m);
+        return CT_ERR_NOMEM;
+    }
     for (int64_t l = 0; l < m->n_layers; l++) {
-        snprintf(m->layers[l].unit_name, sizeof m->layers[l].unit_name, "layers.%d", (int)l);
-        if (is_moe(m, l) && !(m->layers[l].bias = calloc((size_t)m->n_experts, sizeof(float)))) {
-            for (int64_t j = 0; j < l; j++) free(m->layers[j].bias);
-            free(m->layers);
-            free(m->inv_freq);
-            free(m);
+        layer *L = &m->layers[l];
+        snprintf(L->unit_name, sizeof L->unit_name, "layers.%d", (int)l);
+        if (!is_moe(m, l)) continue;
+        if (!(L->bias = calloc((size_t)m->n_experts, sizeof(float)))) {
+            dsv3_destroy(m);
             return CT_ERR_NOMEM;
         }
+        snprintf(L->bias_name, sizeof L->bias_name, "layers.%d.moe.expert_bias", (int)l); /* torchtitan's buffer */
+        m->buffers[m->n_buffers++] = (ct_model_buffer){L->bias_name, (int)l + 1, m->n_experts, L->bias};
     }
     *out = m;
     return CT_OK;
 }
 
-static void dsv3_destroy(ct_model *p) {
-    if (!p) return;
-    for (int64_t l = 0; l < p->n_layers; l++) free(p->layers[l].bias);
-    free(p->layers);
-    free(p->inv_freq);
-    free(p);
-}
 
 static int64_t attention_params(const dsv3 *m) {
     int64_t qk = m->nope + m->rope, h = m->n_heads;
@@ -461,13 +470,14 @@ static ct_tensor *swiglu_ffn(ct_builder *b, ct_tensor *h, ct_tensor *w1, ct_tens
     return b->linear(b, a, w2);
 }
 
-/* The expert bias on the device for this forward: a copy of the pack's, in the builder's arena. NULL
- * (not an error) when balancing is off or the builder only plans. */
+/* The expert bias on the device for this forward: a copy of the pack's, in the builder's arena (applied
+ * whether or not balancing moves it: a loaded DeepSeek-V3 routes with its e_score_correction_bias). NULL
+ * (not an error) when the builder only plans. */
 static const float *bias_on_device(dsv3 *m, const layer *L, ct_builder *b, int *failed) {
     const ct_device_api *d;
     ct_device *dev;
     *failed = 0;
-    if (m->balance_coeff <= 0 || b->planning) return NULL;
+    if (b->planning) return NULL;
     ct_tensor *t = b->new_tensor(b, CT_F32, 1, (int64_t[]){m->n_experts});
     if (!t || b->device(b, &d, &dev) != CT_OK ||
         d->copy(dev, t->data, L->bias, sizeof(float) * (size_t)m->n_experts, CT_COPY_H2D) != CT_OK) {
@@ -552,6 +562,7 @@ static const ct_hf_name hf_names[] = {
     {"layers.*.moe.shared_experts.w1.weight", "model.layers.*.mlp.shared_experts.gate_proj.weight", 0},
     {"layers.*.moe.shared_experts.w2.weight", "model.layers.*.mlp.shared_experts.down_proj.weight", 0},
     {"layers.*.moe.shared_experts.w3.weight", "model.layers.*.mlp.shared_experts.up_proj.weight", 0},
+    {"layers.*.moe.expert_bias", "model.layers.*.mlp.gate.e_score_correction_bias", 0}, /* a buffer */
     {NULL, NULL, 0},
 };
 
@@ -689,6 +700,12 @@ static ct_status dsv3_post_step(ct_model *p, const ct_model_step *step) {
     return st;
 }
 
+/* ABI 2.18: the expert biases, which checkpoints save and Hugging Face folders carry */
+static int dsv3_buffers(ct_model *p, const ct_model_buffer **out) {
+    *out = p->buffers;
+    return p->n_buffers;
+}
+
 static const ct_model_api api = {
     .struct_size = sizeof(ct_model_api),
     .flavors = flavor_names,
@@ -702,6 +719,7 @@ static const ct_model_api api = {
     .hf_export = dsv3_hf_export,
     .hf_import = &hf_import,
     .post_step = dsv3_post_step,
+    .buffers = dsv3_buffers,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

@@ -4,7 +4,8 @@
 # seq 64), real routing with aux-loss-free balancing on (the expert bias moved after every step from the
 # step's global counts), same seed and global batch. FSDP 2 and EP 2 (borrowing dp_shard 2) against one rank:
 # loss and grad-norm curves within 1e-6 relative, and the per-expert counts and expert biases the pack logs
-# (model.moe_log_load) equal to one rank's, step by step. Then the 671B routing (sigmoid over 4 groups, top-2
+# (model.moe_log_load) equal to one rank's, step by step; EP 2's checkpoint, biases included, resumes on one
+# rank on its curve. Then the 671B routing (sigmoid over 4 groups, top-2
 # of the best 2, route_scale 2.5, normalised) with a low-rank q, one rank against EP 2.
 set -u
 STEPS=${STEPS:-4}
@@ -26,12 +27,20 @@ fails=0
 run single 1 "${ds[@]}" --training.local_batch_size=8
 run fsdp2 2 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
 run ep2 2 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
-  --parallelism.expert_parallel_degree=2
+  --parallelism.expert_parallel_degree=2 --checkpoint.enable=true --checkpoint.interval=2
 for r in fsdp2 ep2; do
   compare single $r "$STEPS" || fails=$((fails + 1))
   same_lines single $r || fails=$((fails + 1))
 done
 grep -q 'moe bias step 1 layers.1' "$T/single.log" || { echo "FAIL no expert bias update logged"; fails=$((fails + 1)); }
+# the expert biases are checkpointed (ABI 2.18 buffers): EP 2's step-2 checkpoint resumes on one rank on EP 2's
+# curve, routing by the restored biases (a bias left at zero would route other tokens from step 3 on)
+mkdir -p "$T/resume/checkpoint" && cp -r "$T/ep2/checkpoint/step-2" "$T/resume/checkpoint/"
+run resume 1 "${ds[@]}" --training.local_batch_size=8 --checkpoint.enable=true
+grep -q "resuming after step 2" "$T/resume.log" || { echo "FAIL resume: did not resume"; fails=$((fails + 1)); }
+same_curve "one rank resumed from EP 2's step-2 checkpoint" "$T/ep2/metrics.jsonl" "$T/resume/metrics.jsonl" \
+  $((STEPS - 2)) 3 || fails=$((fails + 1))
+same_lines ep2 resume || fails=$((fails + 1))
 run v3single 1 "${ds[@]}" "${v3[@]}" --training.local_batch_size=8
 run v3ep2 2 "${ds[@]}" "${v3[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
   --parallelism.expert_parallel_degree=2

@@ -7,7 +7,8 @@ layout, one batch, transformers' logits, the loss and every parameter's gradient
 first dense; multi-head latent attention with q_lora_rank 24, kv_lora_rank 16, qk_nope 8, qk_rope 4 and
 v_head_dim 6 (so v is narrower than q and k, as in DeepSeek-V3); 8 routed experts of hidden 16 in 4 groups,
 top-2 over the 2 best groups by sigmoid with norm_topk_prob and routed_scaling_factor 2.5, one shared expert.
-The expert bias (e_score_correction_bias) is zero, as a fresh model's.
+The expert bias (e_score_correction_bias, ctitan's layers.N.moe.expert_bias buffer) is random, so the choice
+differs from the scores' own.
 
 transformers' router computes in float32 whatever the model's dtype; the generator runs it in float64 (the
 same arithmetic) so the golden values carry no float32 rounding. RoPE: DeepSeek's checkpoints keep the rope
@@ -98,6 +99,9 @@ def make_model():
                 p.copy_(z * 0.3)
             else:
                 p.copy_(z * 0.1)
+        for name, b in sorted(model.named_buffers()):
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.05 * torch.randn(b.shape, generator=gen, dtype=torch.float32))
     tokens = torch.randint(0, TINY["vocab_size"], (BATCH, SEQ), generator=gen, dtype=torch.int64)
     targets = torch.randint(0, TINY["vocab_size"], (BATCH, SEQ), generator=gen, dtype=torch.int64)
     return model, tokens, targets
@@ -145,6 +149,10 @@ def ctitan_tensors(model, grads=False):
                 out.append((pre + "feed_forward." + MLP[rest[len("mlp."):]], t))
             else:
                 raise KeyError(name)
+    if not grads:  # the expert biases: buffers, float32 as transformers keeps them
+        for name, b in model.named_buffers():
+            if name.endswith("mlp.gate.e_score_correction_bias"):
+                out.append((f"layers.{name.split('.')[2]}.moe.expert_bias", b.float()))
     return [(n, t.detach().clone().contiguous()) for n, t in out]
 
 
@@ -158,9 +166,9 @@ def save_folder(model, folder):
 
 
 def verify_export(ctitan, logits64):
-    """A one-step run at lr 0 loads the committed folder (checkpoint.initial_load_in_hf) and exports it
-    (checkpoint.last_save_in_hf): transformers must load the export and give the golden logits. Returns
-    (relative error, tensors written)."""
+    """A one-step run at lr 0 (and no bias update) loads the committed folder (checkpoint.initial_load_in_hf)
+    and exports it (checkpoint.last_save_in_hf): its tensors must be transformers' bit for bit, and
+    transformers must load the export and give the golden logits. Returns (relative error, tensors)."""
     import subprocess
     import tempfile
 
@@ -183,6 +191,10 @@ def verify_export(ctitan, logits64):
                         "--checkpoint.last_save_in_hf=true"], **quiet)
         out = os.path.join(tmp, "run", "checkpoint", "step-1-hf")
         tensors = load_file(os.path.join(out, "model.safetensors"))
+        theirs = load_file(os.path.join(HF_FOLDER, "model.safetensors"))
+        assert sorted(tensors) == sorted(theirs), sorted(set(tensors) ^ set(theirs))
+        for k in tensors:
+            assert torch.equal(tensors[k], theirs[k]), f"{k} changed in the round trip"
         model = DeepseekV3ForCausalLM.from_pretrained(out, attn_implementation="eager",
                                                       experts_implementation="eager").eval()
         with torch.no_grad():
@@ -226,8 +238,8 @@ def main():
             return 1
         e, n = verify_export(a.ctitan, old["expected.logits"].double())
         assert e <= 1e-6, f"transformers on ctitan's export: relative error {e:.3g}"
-        print(f"ok: {OUT} equals a regeneration ({len(new)} tensors); transformers on ctitan's export of the "
-              f"loaded folder ({n} tensors) gives the logits within {e:.2e}")
+        print(f"ok: {OUT} equals a regeneration ({len(new)} tensors); ctitan's Hugging Face round trip keeps all "
+              f"{n} tensors bit for bit and transformers on ctitan's export gives the logits within {e:.2e}")
         return 0
     ctt_write(OUT, items)
     print(f"wrote {OUT}: {len(items)} tensors")

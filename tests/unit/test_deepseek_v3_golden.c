@@ -6,7 +6,10 @@
  * heads of 8 + 4 rotated columns, v heads of 6; 8 sigmoid-routed experts in 4 groups, top-2 over the best 2
  * groups, normalised and scaled by 2.5, one shared expert), one batch, and transformers' logits,
  * cross-entropy and every parameter's gradient. We load the weights and want each within 1e-6 relative,
- * with and without activation checkpointing. Also: the per-expert counts post_step gets add up. */
+ * with and without activation checkpointing. The expert biases (e_score_correction_bias, random here) are
+ * the pack's buffers (ABI 2.18), loaded from the golden file like the parameters and applied to the choice.
+ * Also: transformers' saved folder loads through the pack's Hugging Face table bit for bit, its biases
+ * included, and the per-expert counts post_step gets add up. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -151,24 +154,30 @@ static void counts_after_step(fixture *f, int forced) {
 /* transformers' save_pretrained of the same model (one tensor per expert) through the pack's table
  * (CT_HF_EXPERTS, ABI 2.15), as checkpoint.initial_load_in_hf reads it: every parameter equals the
  * golden's, bit for bit. */
-static void __attribute__((unused)) test_transformers_folder_loads_through_the_table(void **state) {
+static void test_transformers_folder_loads_through_the_table(void **state) {
     fixture *f = *state;
     session *s = &f->s;
     ct_hf_export x = {.struct_size = sizeof x};
     assert_int_equal(s->m->hf_export(s->model, &x), CT_OK);
     assert_string_equal(x.architecture, "DeepseekV3ForCausalLM");
     tf_file want = {0};
-    want.entries = calloc((size_t)s->rt.n_params, sizeof(tf_entry));
+    const ct_model_buffer *buf;
+    int nb = session_buffers(s, &buf);
+    assert_int_equal(nb, 2); /* the MoE blocks' expert biases (ABI 2.18 buffers) */
+    want.entries = calloc((size_t)(s->rt.n_params + nb), sizeof(tf_entry));
     for (int i = 0; i < s->rt.n_params; i++) {
         const ct_tensor *p = &s->rt.params[i]->t;
         tf_entry *e = &want.entries[want.count++];
         *e = (tf_entry){.name = (char *)p->name, .dtype = TF_F32, .ndim = p->ndim, .numel = ct_tensor_numel(p)};
         memcpy(e->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim);
     }
+    for (int i = 0; i < nb; i++)
+        want.entries[want.count++] = (tf_entry){.name = (char *)buf[i].name, .dtype = TF_F32, .ndim = 1,
+                                                .shape = {buf[i].numel}, .numel = buf[i].numel};
     tf_file *w = NULL;
     if (hf_import_load("tests/golden/hf/deepseek_v3_from_transformers", &x, &want, 16, "deepseek_v3", &w) != CT_OK)
         fail_msg("%s", ct_last_error());
-    assert_int_equal(w->count, s->rt.n_params);
+    assert_int_equal(w->count, s->rt.n_params + nb);
     for (int i = 0; i < w->count; i++) {
         const tf_entry *got = &w->entries[i], *g = tf_find(f->g, got->name);
         if (!g || g->numel != got->numel || memcmp(g->data, got->data, sizeof(float) * (size_t)g->numel))
@@ -187,6 +196,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_loss_and_every_gradient_match_transformers, setup, teardown),
         /* full activation checkpointing recomputes the blocks: the aux loss still counts once */
         cmocka_unit_test_setup_teardown(test_loss_and_every_gradient_match_transformers, setup_ac, teardown),
+        cmocka_unit_test_setup_teardown(test_transformers_folder_loads_through_the_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_counts_add_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forced_balance_spreads_evenly, setup_forced, teardown),
     };
