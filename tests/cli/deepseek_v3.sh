@@ -6,7 +6,8 @@
 # loss and grad-norm curves within 1e-6 relative, and the per-expert counts and expert biases the pack logs
 # (model.moe_log_load) equal to one rank's, step by step; EP 2's checkpoint, biases included, resumes on one
 # rank on its curve. Then the 671B routing (sigmoid over 4 groups, top-2
-# of the best 2, route_scale 2.5, normalised) with a low-rank q, one rank against EP 2.
+# of the best 2, route_scale 2.5, normalised) with a low-rank q, one rank against EP 2. Last, transformers'
+# folder through `ctitan convert` and model.flavor: from_checkpoint.
 set -u
 STEPS=${STEPS:-4}
 . tests/cli/lib/layouts.sh
@@ -46,4 +47,21 @@ run v3ep2 2 "${ds[@]}" "${v3[@]}" --training.local_batch_size=4 --parallelism.da
   --parallelism.expert_parallel_degree=2
 compare v3single v3ep2 "$STEPS" || fails=$((fails + 1))
 same_lines v3single v3ep2 || fails=$((fails + 1))
+# transformers' DeepseekV3ForCausalLM folder (tests/golden/hf, expert biases included) through the pack's tables:
+# convert to a model file and back to a folder and again to a model file (the two files equal byte for byte),
+# and model.flavor: from_checkpoint of the folder and of the file train alike
+hf=tests/golden/hf/deepseek_v3_from_transformers
+{ "$CTITAN" convert --from hf --input "$hf" --output "$T/a.ctt" && "$CTITAN" convert --to hf --input "$T/a.ctt" \
+    --output "$T/hf" && "$CTITAN" convert --from hf --input "$T/hf" --output "$T/b.ctt"; } >"$T/convert.log" 2>&1 &&
+  cmp -s "$T/a.ctt" "$T/b.ctt" && echo "ok   convert: folder -> file -> folder -> file, the files equal" ||
+  { echo "FAIL convert round trip"; tail -3 "$T/convert.log"; fails=$((fails + 1)); }
+"$CTITAN" tokenizer train --input "$corpus" --vocab-size 512 --output "$T/tok512.model" >/dev/null &&
+  "$CTITAN" tokenize --tokenizer "$T/tok512.model" --input "$corpus" --output "$T/data512.bin" >/dev/null ||
+  fail "the 512-token data"
+fc=(--model.name=deepseek_v3 --model.flavor=from_checkpoint --training.local_batch_size=8 --training.steps=2
+    --training.dataset_path="$T/data512.bin")
+run fromhf 1 "${fc[@]}" --checkpoint.enable=true --checkpoint.initial_load_in_hf=true --checkpoint.initial_load_path="$hf"
+run fromctt 1 "${fc[@]}" --checkpoint.initial_load_path="$T/a.ctt"
+same_curve "from_checkpoint: the model file vs the folder" "$T/fromhf/metrics.jsonl" "$T/fromctt/metrics.jsonl" 2 ||
+  fails=$((fails + 1))
 [ $fails -eq 0 ] && echo "deepseek_v3: ok" || { echo "deepseek_v3: $fails failed"; exit 1; }
