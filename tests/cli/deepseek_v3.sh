@@ -5,7 +5,8 @@
 # step's global counts), same seed and global batch. FSDP 2 and EP 2 (borrowing dp_shard 2) against one rank:
 # loss and grad-norm curves within 1e-6 relative, and the per-expert counts and expert biases the pack logs
 # (model.moe_log_load) equal to one rank's, step by step; EP 2's checkpoint, biases included, resumes on one
-# rank on its curve. Then the 671B routing (sigmoid over 4 groups, top-2
+# rank on its curve, and PP 2's (each stage saving its blocks' biases) on one rank's. PP 2 and CP 2 follow one
+# rank too. Then the 671B routing (sigmoid over 4 groups, top-2
 # of the best 2, route_scale 2.5, normalised) with a low-rank q, one rank against EP 2. Last, transformers'
 # folder through `ctitan convert` and model.flavor: from_checkpoint.
 set -u
@@ -29,7 +30,11 @@ run single 1 "${ds[@]}" --training.local_batch_size=8
 run fsdp2 2 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
 run ep2 2 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
   --parallelism.expert_parallel_degree=2 --checkpoint.enable=true --checkpoint.interval=2
-for r in fsdp2 ep2; do
+run pp2 2 "${ds[@]}" --training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1 \
+  --parallelism.pipeline_parallel_degree=2 --checkpoint.enable=true --checkpoint.interval=2
+run cp2 2 "${ds[@]}" --training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1 \
+  --parallelism.context_parallel_degree=2
+for r in fsdp2 ep2 pp2 cp2; do
   compare single $r "$STEPS" || fails=$((fails + 1))
   same_lines single $r || fails=$((fails + 1))
 done
@@ -42,6 +47,12 @@ grep -q "resuming after step 2" "$T/resume.log" || { echo "FAIL resume: did not 
 same_curve "one rank resumed from EP 2's step-2 checkpoint" "$T/ep2/metrics.jsonl" "$T/resume/metrics.jsonl" \
   $((STEPS - 2)) 3 || fails=$((fails + 1))
 same_lines ep2 resume || fails=$((fails + 1))
+# PP 2's checkpoint: each stage writes the biases of its own blocks
+mkdir -p "$T/resumepp/checkpoint" && cp -r "$T/pp2/checkpoint/step-2" "$T/resumepp/checkpoint/"
+run resumepp 1 "${ds[@]}" --training.local_batch_size=8 --checkpoint.enable=true
+same_curve "one rank resumed from PP 2's step-2 checkpoint" "$T/single/metrics.jsonl" "$T/resumepp/metrics.jsonl" \
+  $((STEPS - 2)) 3 || fails=$((fails + 1))
+same_lines single resumepp || fails=$((fails + 1))
 run v3single 1 "${ds[@]}" "${v3[@]}" --training.local_batch_size=8
 run v3ep2 2 "${ds[@]}" "${v3[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
   --parallelism.expert_parallel_degree=2
