@@ -2,7 +2,7 @@
 """Golden values for ctitan's DeepSeek-V3 pack (models/deepseek_v3), from transformers' DeepseekV3ForCausalLM
 in float64.
 
-Writes tests/golden/deepseek_v3_tiny.ctt: a tiny random DeepSeek-V3's parameters under ctitan's names and
+Writes tests/golden/deepseek_v3_tiny.ctt (and deepseek_v3_yarn_tiny.ctt, below): a tiny random DeepSeek-V3's parameters under ctitan's names and
 layout, one batch, transformers' logits, the loss and every parameter's gradient. The model: 3 blocks, the
 first dense; multi-head latent attention with q_lora_rank 24, kv_lora_rank 16, qk_nope 8, qk_rope 4 and
 v_head_dim 6 (so v is narrower than q and k, as in DeepSeek-V3); 8 routed experts of hidden 16 in 4 groups,
@@ -31,6 +31,7 @@ sys.path.insert(0, HERE)
 from gen_llama3_golden import ctt_read, ctt_write  # noqa: E402
 
 OUT = os.path.join(HERE, "deepseek_v3_tiny.ctt")
+OUT_YARN = os.path.join(HERE, "deepseek_v3_yarn_tiny.ctt")
 HF_FOLDER = os.path.join(HERE, "hf", "deepseek_v3_from_transformers")  # the same model saved by transformers
 ROOT = os.path.dirname(os.path.dirname(HERE))
 OPTIONS = ["--model.name=deepseek_v3", "--model.flavor=671B", "--model.dim=32", "--model.n_layers=3",
@@ -44,6 +45,11 @@ TINY = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_
             rms_norm_eps=1e-6, rope_theta=10000.0, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
             n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=24,
             kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, max_position_embeddings=64)
+# The second golden: q projected directly (q_lora_rank None) and YaRN RoPE (factor 40 over an original context of
+# 8 positions, mscale = mscale_all_dim = 1, so the softmax scale is multiplied by (0.1 ln 40 + 1)^2): ctitan turns
+# YaRN on when training.seq_len (16) exceeds model.original_seq_len (8), as torchtitan does.
+YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=8, beta_fast=32.0,
+            beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)
 SEED = 20261207
 BATCH, SEQ = 2, 16
 MARGIN = 1e-4  # every token's chosen groups and experts beat the next by more (no near tie)
@@ -77,12 +83,13 @@ def margins(group_scores, eligible, kg, k):
     return float((g[:, kg - 1] - g[:, kg]).min()), float((e[:, k - 1] - e[:, k]).min())
 
 
-def make_model():
+def make_model(yarn=False):
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as mod
 
     mod.DeepseekV3TopkRouter.forward = router_forward_f64
-    config = DeepseekV3Config(**TINY, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
+    tiny = dict(TINY, q_lora_rank=None, rope_parameters=YARN) if yarn else TINY
+    config = DeepseekV3Config(**tiny, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
                               rope_interleave=True, experts_implementation="eager")
     torch.manual_seed(SEED)
     model = DeepseekV3ForCausalLM(config).to(torch.float32).eval()
@@ -203,8 +210,8 @@ def verify_export(ctitan, logits64):
     return e, len(tensors)
 
 
-def compute(folder=None):
-    model, tokens, targets = make_model()
+def compute(folder=None, yarn=False):
+    model, tokens, targets = make_model(yarn)
     if folder:
         save_folder(model, folder)
     params = ctitan_tensors(model)  # the float32 weights
@@ -228,21 +235,24 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(1)
     items = compute(None if a.check else HF_FOLDER)
+    yarn_items = compute(None, yarn=True)
     if a.check:
-        old = ctt_read(OUT)
-        new = {n: t for n, t in items}
-        bad = [n for n in new if n not in old or not torch.equal(old[n].double(), new[n].double().float().double()
-                                                                  if new[n].is_floating_point() else new[n].double())]
-        if bad or len(old) != len(new):
-            print(f"FAIL: {OUT} differs from a regeneration ({bad[:3]})")
-            return 1
-        e, n = verify_export(a.ctitan, old["expected.logits"].double())
+        for path, its in ((OUT, items), (OUT_YARN, yarn_items)):
+            old = ctt_read(path)
+            new = {n: t for n, t in its}
+            bad = [n for n in new if n not in old or not torch.equal(old[n].double(), new[n].double().float().double()
+                                                                      if new[n].is_floating_point() else new[n].double())]
+            if bad or len(old) != len(new):
+                print(f"FAIL: {path} differs from a regeneration ({bad[:3]})")
+                return 1
+        e, n = verify_export(a.ctitan, ctt_read(OUT)["expected.logits"].double())
         assert e <= 1e-6, f"transformers on ctitan's export: relative error {e:.3g}"
-        print(f"ok: {OUT} equals a regeneration ({len(new)} tensors); ctitan's Hugging Face round trip keeps all "
+        print(f"ok: {OUT} and {OUT_YARN} equal a regeneration; ctitan's Hugging Face round trip keeps all "
               f"{n} tensors bit for bit and transformers on ctitan's export gives the logits within {e:.2e}")
         return 0
     ctt_write(OUT, items)
-    print(f"wrote {OUT}: {len(items)} tensors")
+    ctt_write(OUT_YARN, yarn_items)
+    print(f"wrote {OUT}: {len(items)} tensors, {OUT_YARN}: {len(yarn_items)} tensors")
     return 0
 
 

@@ -6,7 +6,8 @@
  * heads of 8 + 4 rotated columns, v heads of 6; 8 sigmoid-routed experts in 4 groups, top-2 over the best 2
  * groups, normalised and scaled by 2.5, one shared expert), one batch, and transformers' logits,
  * cross-entropy and every parameter's gradient. We load the weights and want each within 1e-6 relative,
- * with and without activation checkpointing. The expert biases (e_score_correction_bias, random here) are
+ * with and without activation checkpointing; and a second golden with q projected directly (q_lora_rank 0) and
+ * YaRN RoPE (transformers' yarn rope_parameters, ctitan's YaRN when seq_len exceeds original_seq_len). The expert biases (e_score_correction_bias, random here) are
  * the pack's buffers (ABI 2.18), loaded from the golden file like the parameters and applied to the choice.
  * Also: transformers' saved folder loads through the pack's Hugging Face table bit for bit, its biases
  * included, and the per-expert counts post_step gets add up. */
@@ -23,6 +24,9 @@
 #include "session_fixture.h"
 
 #define GOLDEN "tests/golden/deepseek_v3_tiny.ctt"
+/* the same sizes with q projected directly and YaRN on (seq_len 16 above original_seq_len 8, factor 40, mscale 1) */
+#define GOLDEN_YARN "tests/golden/deepseek_v3_yarn_tiny.ctt"
+#define YARN_OPTIONS "q_lora_rank: 0, original_seq_len: 8, rope_factor: 40, mscale: 1"
 #define B 2
 #define T 16
 #define TOL 1e-6
@@ -31,8 +35,8 @@ static const char *yaml_fmt =
     "device: {name: cpu, threads: 2}\n"
     "model: {name: deepseek_v3, flavor: 671B, dim: 32, n_layers: 3, n_dense_layers: 1, n_heads: 4, vocab_size: 512,\n"
     "        inter_dim: 64, moe_inter_dim: 16, n_experts: 8, n_shared_experts: 1, top_k: 2, n_expert_groups: 4,\n"
-    "        n_limited_groups: 2, q_lora_rank: 24, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 4,\n"
-    "        v_head_dim: 6, norm_eps: 1e-6, moe_force_load_balance: %s}\n"
+    "        n_limited_groups: 2, kv_lora_rank: 16, qk_nope_head_dim: 8, qk_rope_head_dim: 4,\n"
+    "        v_head_dim: 6, norm_eps: 1e-6, moe_force_load_balance: %s, %s}\n"
     "optimizer: {name: AdamW, lr: 1e-3}\n"
     "training: {seq_len: 16, local_batch_size: 2}\n"
     "activation_checkpoint: {mode: %s}\n";
@@ -41,23 +45,30 @@ typedef struct fixture {
     session s;
     tf_file *g;
     const int32_t *tokens, *targets;
+    int n_params; /* parameters the golden model has */
 } fixture;
 
-static int open_with(void **state, const char *force, const char *ac) {
+static int open_golden(void **state, const char *golden, const char *force, const char *ac, const char *extra) {
     fixture *f = calloc(1, sizeof *f);
-    char yaml[1024];
-    snprintf(yaml, sizeof yaml, yaml_fmt, force, ac);
-    if (!(f->g = tf_read(GOLDEN))) fail_msg("%s", ct_last_error());
+    char yaml[1280];
+    snprintf(yaml, sizeof yaml, yaml_fmt, force, extra, ac);
+    if (!(f->g = tf_read(golden))) fail_msg("%s", ct_last_error());
     if (fixture_open(&f->s, yaml)) fail_msg("session: %s", ct_last_error());
-    if (session_load_model(&f->s, GOLDEN) != CT_OK) fail_msg("%s", ct_last_error());
+    if (session_load_model(&f->s, golden) != CT_OK) fail_msg("%s", ct_last_error());
+    /* the head's 3, the dense block's 12 and each MoE block's 16 (q directly: 2 fewer per block) */
+    f->n_params = strcmp(golden, GOLDEN) ? 3 + 10 + 2 * 14 : 3 + 12 + 2 * 16;
     f->tokens = tf_find(f->g, "input.tokens")->data;
     f->targets = tf_find(f->g, "input.targets")->data;
     *state = f;
     return 0;
 }
+static int open_with(void **state, const char *force, const char *ac) {
+    return open_golden(state, GOLDEN, force, ac, "q_lora_rank: 24");
+}
 static int setup(void **state) { return open_with(state, "false", "none"); }
 static int setup_ac(void **state) { return open_with(state, "false", "full"); }
 static int setup_forced(void **state) { return open_with(state, "true", "none"); }
+static int setup_yarn(void **state) { return open_golden(state, GOLDEN_YARN, "false", "none", YARN_OPTIONS); }
 
 static int teardown(void **state) {
     fixture *f = *state;
@@ -109,7 +120,7 @@ static void test_loss_and_every_gradient_match_transformers(void **state) {
     if (aux != 0) fail_msg("aux_loss %.3g: DeepSeek-V3 balances without one", aux);
     double worst = 0;
     const char *worst_name = "";
-    assert_int_equal(f->s.rt.n_params, 3 + 12 + 2 * 16);
+    assert_int_equal(f->s.rt.n_params, f->n_params);
     for (int i = 0; i < f->s.rt.n_params; i++) {
         ct_tensor *p = &f->s.rt.params[i]->t;
         char name[256];
@@ -196,6 +207,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_loss_and_every_gradient_match_transformers, setup, teardown),
         /* full activation checkpointing recomputes the blocks: the aux loss still counts once */
         cmocka_unit_test_setup_teardown(test_loss_and_every_gradient_match_transformers, setup_ac, teardown),
+        /* q projected directly, and YaRN's frequencies and softmax scale */
+        cmocka_unit_test_setup_teardown(test_logits_match_transformers, setup_yarn, teardown),
+        cmocka_unit_test_setup_teardown(test_loss_and_every_gradient_match_transformers, setup_yarn, teardown),
         cmocka_unit_test_setup_teardown(test_transformers_folder_loads_through_the_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_counts_add_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forced_balance_spreads_evenly, setup_forced, teardown),
