@@ -8,7 +8,7 @@
 # rank on its curve, and PP 2's (each stage saving its blocks' biases) on one rank's. PP 2 and CP 2 follow one
 # rank too. Then the 671B routing (sigmoid over 4 groups, top-2
 # of the best 2, route_scale 2.5, normalised) with a low-rank q, one rank against EP 2. Last, transformers'
-# folder through `ctitan convert` and model.flavor: from_checkpoint.
+# folder through `ctitan convert` and model.flavor: from_checkpoint, and torchtitan's TOML naming deepseek_v3.
 set -u
 STEPS=${STEPS:-4}
 . tests/cli/lib/layouts.sh
@@ -75,4 +75,17 @@ run fromhf 1 "${fc[@]}" --checkpoint.enable=true --checkpoint.initial_load_in_hf
 run fromctt 1 "${fc[@]}" --checkpoint.initial_load_path="$T/a.ctt"
 same_curve "from_checkpoint: the model file vs the folder" "$T/fromhf/metrics.jsonl" "$T/fromctt/metrics.jsonl" 2 ||
   fails=$((fails + 1))
+# torchtitan's config path: its debug TOML with [model] name deepseek_v3 (the flavor is torchtitan's), and its
+# debug.moe_force_load_balance, which becomes the pack's model.moe_force_load_balance (every expert 1/8 of the
+# 2 ranks' 8 x 32 x 3 pairs)
+sed 's/^name = "llama3"/name = "deepseek_v3"/' configs/torchtitan/llama3_debugmodel.toml >"$T/dsv3.toml"
+"$CTITAN" launch -n 2 train "$T/dsv3.toml" --training.dataset_path="$T/data512.bin" --model.vocab_size=512 \
+  --model.n_layers=2 --model.dim=64 --model.n_heads=4 --model.kv_lora_rank=32 --model.qk_nope_head_dim=16 \
+  --model.qk_rope_head_dim=8 --model.v_head_dim=16 --model.inter_dim=128 --model.moe_inter_dim=32 \
+  --training.seq_len=32 --training.local_batch_size=4 --training.steps=1 --activation_checkpoint.mode=none \
+  --parallelism.data_parallel_shard_degree=2 --parallelism.expert_parallel_degree=2 --metrics.enable_tensorboard=false \
+  --debug.moe_force_load_balance=true --model.moe_log_load=true --device.threads=1 --job.dump_folder="$T/toml" \
+  >"$T/toml.log" 2>&1 && grep -q 'moe load step 1 layers.1.moe.router.gate.weight: 96 96 96 96 96 96 96 96' "$T/toml.log" &&
+  echo "ok   torchtitan's debug TOML as deepseek_v3 under FSDP 2 x EP 2, debug.moe_force_load_balance spreading evenly" ||
+  { echo "FAIL torchtitan's TOML"; tail -3 "$T/toml.log"; fails=$((fails + 1)); }
 [ $fails -eq 0 ] && echo "deepseek_v3: ok" || { echo "deepseek_v3: $fails failed"; exit 1; }
