@@ -345,7 +345,8 @@ static ct_status declare_rows(ct_param_registry *r, int64_t i, const param_row *
     return CT_OK;
 }
 
-/* one block's parameters, torchtitan's names and initialisation (depth-scaled output projections) */
+/* one block's parameters, torchtitan's names and initialisation (depth-scaled: the output projections, w2 and w3,
+ * and the router, as torchtitan's deepseek_v3 inits them) */
 static ct_status declare_block(dsv3 *m, ct_param_registry *r, int64_t i) {
     layer *L = &m->layers[i];
     const ct_init ones = {sizeof(ct_init), CT_INIT_CONSTANT, 0, 0, 0, 1.0f};
@@ -368,7 +369,7 @@ static ct_status declare_block(dsv3 *m, ct_param_registry *r, int64_t i) {
         {&L->w1, moe ? NULL : "feed_forward.w1.weight", 2, {m->inter_dim, d}, trunc_init(0.02f), LIN},
         {&L->w2, moe ? NULL : "feed_forward.w2.weight", 2, {d, m->inter_dim}, trunc_init(std), LIN},
         {&L->w3, moe ? NULL : "feed_forward.w3.weight", 2, {m->inter_dim, d}, trunc_init(std), LIN},
-        {&L->router, moe ? "moe.router.gate.weight" : NULL, 2, {e, d}, trunc_init(0.02f), 0},
+        {&L->router, moe ? "moe.router.gate.weight" : NULL, 2, {e, d}, trunc_init(std), 0},
         {&L->w1, moe ? "moe.experts.w1" : NULL, 3, {e, mh, d}, trunc_init(0.02f), EX},
         {&L->w2, moe ? "moe.experts.w2" : NULL, 3, {e, d, mh}, trunc_init(std), EX},
         {&L->w3, moe ? "moe.experts.w3" : NULL, 3, {e, mh, d}, trunc_init(std), EX},
