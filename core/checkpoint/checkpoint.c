@@ -161,8 +161,20 @@ ckpt_snapshot *ckpt_snapshot_take(session *s, int what, int export_bf16) {
     if (!sn) goto nomem;
     sn->rank = s->rank;
     int kmax = (what & CKPT_OPTIMIZER) ? s->n_state : 0;
-    sn->p = calloc((size_t)s->rt.n_params * (size_t)(kmax + 1) + 1, sizeof(snap_piece));
+    const ct_model_buffer *buf;
+    int nb = session_buffers(s, &buf);
+    sn->p = calloc((size_t)s->rt.n_params * (size_t)(kmax + 1) + (size_t)nb + 1, sizeof(snap_piece));
     if (!sn->p) goto nomem;
+    for (int i = 0; i < nb && (what & CKPT_MODEL); i++) { /* the pack's buffers: whole, from their stage */
+        if (!session_buffer_saved_here(s, &buf[i]) || buf[i].numel <= 0) continue;
+        snap_piece *p = &sn->p[sn->n];
+        if (!(p->data = malloc(sizeof(float) * (size_t)buf[i].numel))) goto nomem;
+        sn->n++;
+        p->b = (box){.ndim = 1, .len = {buf[i].numel}};
+        p->n = buf[i].numel;
+        snprintf(p->name, sizeof p->name, "%s", buf[i].name);
+        memcpy(p->data, buf[i].data, sizeof(float) * (size_t)p->n);
+    }
     for (int i = 0; i < s->rt.n_params; i++) {
         const ct_param_slot *sl = &s->rt.slots[i];
         if (!saves(s, sl)) continue;
@@ -364,6 +376,19 @@ static json_t *tensors_listed(const session *s, json_t *shards) {
             json_object_set_new(t, "dtype", json_string(bf16 ? "bf16" : "f32"));
             json_object_set_new(t, "shape", box_json(s->rt.slots[i].global_shape, p->ndim));
             json_object_set_new(tensors, name, t);
+        }
+    }
+    const ct_model_buffer *buf;
+    int nb = session_buffers(s, &buf);
+    for (int i = 0; i < nb; i++) {
+        size_t j;
+        json_t *e;
+        json_array_foreach(shards, j, e) if (!strcmp(json_string_value(json_object_get(e, "tensor")), buf[i].name)) {
+            json_t *t = json_object();
+            json_object_set_new(t, "dtype", json_string("f32"));
+            json_object_set_new(t, "shape", box_json(&buf[i].numel, 1));
+            json_object_set_new(tensors, buf[i].name, t);
+            break;
         }
     }
     return tensors;
@@ -1006,6 +1031,32 @@ static ct_status tensor_load(session *s, ckpt_reader *r, int i, int k, const box
     return CT_OK;
 }
 
+/* Buffer b (the pack's, ABI 2.20), whole, from its pieces into the pack's memory. */
+static ct_status buffer_load(ckpt_reader *r, const ct_model_buffer *b) {
+    json_t *t = json_object_get(r->tensors, b->name);
+    int64_t shape[CT_MAX_DIMS];
+    int nd = 0;
+    if (!t || parse_box(json_object_get(t, "shape"), shape, &nd) || nd != 1 || shape[0] != b->numel)
+        return ct_fail(CT_ERR_INVALID, "%s: %s is missing or has another shape than the model's", r->path, b->name);
+    float *grown = realloc(r->local, sizeof(float) * (size_t)(b->numel > 0 ? b->numel : 1));
+    if (!grown) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", r->path);
+    r->local = grown;
+    box want = {.ndim = 1, .len = {b->numel}};
+    int64_t covered = 0;
+    for (size_t j = 0; j < r->np; j++) {
+        piece *p = &r->pieces[j];
+        if (strcmp(p->tensor, b->name) || p->b.ndim != 1) continue;
+        ct_status st = piece_read(r, p, b->name);
+        if (st != CT_OK) return st;
+        covered += copy_intersection(p, r->buf, &want, r->local);
+    }
+    if (covered != b->numel)
+        return ct_fail(CT_ERR_INVALID, "%s: the pieces of %s cover %" PRId64 " of its %" PRId64 " elements", r->path,
+                       b->name, covered, b->numel);
+    memcpy(b->data, r->local, sizeof(float) * (size_t)b->numel);
+    return CT_OK;
+}
+
 ct_status ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state *st, int *has_state) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/metadata.json", step_dir);
@@ -1041,6 +1092,10 @@ ct_status ckpt_load(session *s, const char *step_dir, int what, ckpt_train_state
         for (int k = (what & CKPT_MODEL) ? -1 : 0; k < ((what & CKPT_OPTIMIZER) ? s->n_state : 0); k++)
             if ((rc = tensor_load(s, &r, i, k, &want)) != CT_OK) goto done;
     }
+    const ct_model_buffer *buf;
+    int nb = session_buffers(s, &buf);
+    for (int i = 0; i < nb && (what & CKPT_MODEL); i++)
+        if ((rc = buffer_load(&r, &buf[i])) != CT_OK) goto done;
     json_t *ts = json_object_get(root, "train_state");
     if (st && json_is_object(ts)) {
         st->step = json_integer_value(json_object_get(ts, "step"));

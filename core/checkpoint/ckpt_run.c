@@ -109,10 +109,12 @@ static int table_checks(const ct_hf_export *x, const char *top) {
     return 0;
 }
 
-/* The model's parameters as shapes (no data), a shared one (a tied head) left out. */
+/* The model's parameters as shapes (no data), a shared one (a tied head) left out, then the pack's buffers. */
 static tf_file *param_shapes(session *s) {
     tf_file *w = calloc(1, sizeof *w);
-    if (!w || !(w->entries = calloc((size_t)(s->rt.n_params > 0 ? s->rt.n_params : 1), sizeof(tf_entry)))) {
+    const ct_model_buffer *buf;
+    int nb = session_buffers(s, &buf);
+    if (!w || !(w->entries = calloc((size_t)(s->rt.n_params + nb + 1), sizeof(tf_entry)))) {
         free(w);
         ct_set_error("out of memory");
         return NULL;
@@ -125,6 +127,9 @@ static tf_file *param_shapes(session *s) {
         memcpy(t->shape, runtime_global_shape(&s->rt, i), sizeof(int64_t) * (size_t)p->ndim);
         for (int d = 0; d < p->ndim; d++) t->numel *= t->shape[d];
     }
+    for (int i = 0; i < nb; i++)
+        w->entries[w->count++] = (tf_entry){.name = (char *)buf[i].name, .dtype = TF_F32, .ndim = 1,
+                                            .shape = {buf[i].numel}, .numel = buf[i].numel};
     return w;
 }
 
@@ -160,6 +165,13 @@ static ct_status load_hf(session *s, const char *dir) {
         else if (runtime_param_set(&s->rt, i, e->data) != CT_OK)
             rc = CT_ERR_INTERNAL;
     }
+    const ct_model_buffer *buf;
+    int nb = session_buffers(s, &buf);
+    for (int i = 0; i < nb && rc == CT_OK; i++) { /* the pack's buffers (e_score_correction_bias) */
+        const tf_entry *e = tf_expect(w, dir, buf[i].name, 1, 1, &buf[i].numel);
+        if (!e || tf_check_finite_data(e->data, e->numel, dir, buf[i].name) != CT_OK) rc = CT_ERR_INVALID;
+        else memcpy(buf[i].data, e->data, sizeof(float) * (size_t)buf[i].numel);
+    }
     tf_free(w);
     return rc;
 }
@@ -184,7 +196,9 @@ static ct_status save_hf(session *s, const char *dir, int bf16) {
     const ct_model_desc *d = &s->rt.desc;
     int n = 0;
     ct_status rc = CT_OK;
-    tf_entry *e = calloc((size_t)s->rt.n_params, sizeof *e);
+    const ct_model_buffer *buf;
+    int nb = session_buffers(s, &buf);
+    tf_entry *e = calloc((size_t)(s->rt.n_params + nb + 1), sizeof *e);
     if (!e) return ct_fail(CT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < s->rt.n_params; i++) { /* every rank gathers: a collective for sharded parameters */
         const ct_tensor *p = &s->rt.params[i]->t;
@@ -198,6 +212,16 @@ static ct_status save_hf(session *s, const char *dir, int bf16) {
             rc = ct_fail(CT_ERR_INTERNAL, "cannot gather %s", p->name);
             goto done;
         }
+    }
+    for (int i = 0; i < nb; i++) { /* the pack's buffers, rank 0's copies (under pp: see docs/checkpoints.md) */
+        tf_entry *t = &e[n++];
+        *t = (tf_entry){.name = (char *)buf[i].name, .dtype = 1, .ndim = 1, .shape = {buf[i].numel},
+                        .numel = buf[i].numel};
+        if (!(t->data = malloc(sizeof(float) * (size_t)t->numel))) {
+            rc = ct_fail(CT_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        memcpy(t->data, buf[i].data, sizeof(float) * (size_t)t->numel);
     }
     ct_hf_export x;
     if (s->rank == 0 && (rc = pack_export(s, &x)) == CT_OK) {

@@ -133,6 +133,21 @@ static ct_tensor *keep(hf_pack *k, const char *name, int ndim, const int64_t *sh
     return t;
 }
 
+/* The pack's buffers (ABI 2.20) after the parameters in want: converted like them, by the same table. */
+static ct_status want_buffers(hf_pack *k) {
+    const ct_model_buffer *b = NULL;
+    int n = CT_HAS_FIELD(k->api, ct_model_api, buffers) && k->api->buffers ? k->api->buffers(k->model, &b) : 0;
+    if (n <= 0 || !b) return CT_OK;
+    tf_entry *grown = realloc(k->want->entries, sizeof *grown * (size_t)(k->want->count + n));
+    if (!grown) return ct_fail(CT_ERR_NOMEM, "out of memory");
+    k->want->entries = grown;
+    for (int i = 0; i < n; i++)
+        grown[k->want->count++] = (tf_entry){.name = (char *)b[i].name, .dtype = TF_F32, .ndim = 1,
+                                             .shape = {b[i].numel}, .numel = b[i].numel};
+    k->n_buffers = n;
+    return CT_OK;
+}
+
 static ct_tensor *reg_add(ct_param_registry *r, int unit, const char *name, int ndim, const int64_t *shape,
                           const ct_init *init, uint32_t flags) {
     (void)unit, (void)init, (void)flags;
@@ -281,6 +296,7 @@ static ct_status create(hf_pack *k, const char *flavor, const char *label) {
     ct_param_registry reg = {sizeof reg, k, reg_add, reg_share};
     if (k->api->describe(k->model, &k->desc) != CT_OK || k->api->declare_params(k->model, &reg) != CT_OK)
         return ct_fail(CT_ERR_INVALID, "%s: model %s: %s", label, name, ct_last_error());
+    if (want_buffers(k) != CT_OK) return CT_ERR_NOMEM;
     if (!CT_HAS_FIELD(k->api, ct_model_api, hf_export) || !k->api->hf_export)
         return ct_fail(CT_ERR_INVALID, "%s: model %s has no Hugging Face form (its pack gives no hf_export)", label,
                        name);

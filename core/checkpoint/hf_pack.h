@@ -25,7 +25,8 @@ typedef struct hf_pack {
     ct_model *model;
     ct_model_desc desc;
     ct_hf_export x;          /* the instance's table (the model's, valid until hf_pack_close) */
-    tf_file *want;           /* every parameter written once: names and shapes, no data */
+    tf_file *want;           /* every parameter written once: names and shapes, no data; then the buffers */
+    int n_buffers;           /* want's last entries that are the pack's buffers (ABI 2.20), not parameters */
     char shared[128];        /* the first shared use ("output.weight" of a tied head), or "" */
     json_t *set;             /* the options set (name -> JSON value), for the description */
     struct ct_tensor **made; /* the shape-only tensors handed to the pack */

@@ -237,6 +237,7 @@ static tf_file *pack_params(const hf_pack *k, const tf_file *f, const char *inpu
     w->version = TF_VERSION;
     for (int i = 0; i < k->want->count; i++) {
         const tf_entry *p = &k->want->entries[i];
+        if (i >= k->want->count - k->n_buffers && !tf_find(f, p->name)) continue; /* a file from before the buffers */
         const tf_entry *got = tf_expect(f, NULL, p->name, TF_F32, p->ndim, p->shape);
         if (!got) {
             fprintf(stderr, "ctitan convert: %s: %s\n", input, ct_last_error());

@@ -724,6 +724,22 @@ ct_status manifest_torchtitan(manifest *m, int reads_data) {
         ct_status st = manifest_alias(m, t->key, t->maps_to);
         if (st != CT_OK) return st;
     }
+    /* debug.moe_force_load_balance true is the MoE packs' model.moe_force_load_balance (qwen3, deepseek_v3; a
+     * pack without experts then refuses the key by name); false, routing as learned, is every model's */
+    const mf_value *force = find_value(m, "debug.moe_force_load_balance");
+    int force_on = 0;
+    if (force && force->value && !mf_parse_bool(force->value, &force_on) && force_on) {
+        const mf_value *to = find_value(m, "model.moe_force_load_balance");
+        int to_on = 1;
+        if (to && to->value && !mf_parse_bool(to->value, &to_on) && !to_on) {
+            mf_where(m, "debug.moe_force_load_balance", where, sizeof where);
+            mf_where(m, "model.moe_force_load_balance", there, sizeof there);
+            return ct_fail(CT_ERR_INVALID, "%s: 'true' disagrees with %s ('%.100s'); set one of them", where, there,
+                           to->value);
+        }
+        ct_status st = manifest_alias(m, "debug.moe_force_load_balance", "model.moe_force_load_balance");
+        if (st != CT_OK) return st;
+    }
     /* torchtitan names its datasets (c4, c4_test: Hugging Face downloads); ctitan reads token shards. The
      * name with a dataset_path beside it is torchtitan's way to give the local copy: the path is read. A
      * name is a valid value; it is refused only where a dataset must be read (training, validation when

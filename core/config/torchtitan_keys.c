@@ -97,7 +97,9 @@ const tt_key tt_keys[] = {
     {"debug.deterministic", "false", NULL,
      "no deterministic mode to switch on"},
     {"debug.deterministic_warn_only", "*", NULL, "no deterministic mode to switch on"},
-    {"debug.moe_force_load_balance", "false", NULL, NO_MOE},
+    /* true becomes model.moe_force_load_balance (manifest_torchtitan), which the MoE packs declare */
+    {"debug.moe_force_load_balance", "true|false", NULL,
+     "false routes as the model learned; true is the MoE packs' model.moe_force_load_balance (qwen3, deepseek_v3)"},
     {0},
 };
 

@@ -790,6 +790,35 @@ void session_close(session *s) {
     memset(s, 0, sizeof *s);
 }
 
+int session_buffers(const session *s, const ct_model_buffer **out) {
+    *out = NULL;
+    if (!s->m || !s->model || !CT_HAS_FIELD(s->m, ct_model_api, buffers) || !s->m->buffers) return 0;
+    int n = s->m->buffers(s->model, out);
+    if (n <= 0 || !*out) *out = NULL;
+    return *out ? n : 0;
+}
+
+int session_buffer_saved_here(const session *s, const ct_model_buffer *b) {
+    if (!s->capi) return 1;
+    for (int a = 0; a < CT_MESH_NAXES; a++)
+        if (a != CT_AXIS_PP && s->mesh.coord[a] != 0) return 0;
+    return !s->rt.dist.unit_rank || s->rt.dist.unit_rank[b->unit] == s->mesh.coord[CT_AXIS_PP];
+}
+
+/* The file's copy of each buffer, where it holds one (a file written before the pack had buffers leaves
+ * them as the pack made them). */
+static ct_status load_buffers(session *s, const tf_file *f, const char *path) {
+    const ct_model_buffer *b;
+    int n = session_buffers(s, &b);
+    for (int i = 0; i < n; i++) {
+        if (!tf_find(f, b[i].name)) continue;
+        const tf_entry *e = tf_expect(f, path, b[i].name, 1, 1, &b[i].numel);
+        if (!e || tf_check_finite_data(e->data, e->numel, path, b[i].name) != CT_OK) return CT_ERR_INVALID;
+        memcpy(b[i].data, e->data, sizeof(float) * (size_t)b[i].numel);
+    }
+    return CT_OK;
+}
+
 ct_status session_load_model(session *s, const char *path) {
     tf_file *f = tf_read(path);
     if (!f) return CT_ERR_INVALID;
@@ -812,8 +841,9 @@ ct_status session_load_model(session *s, const char *path) {
             return CT_ERR_INTERNAL;
         }
     }
+    ct_status st = load_buffers(s, f, path);
     tf_free(f);
-    return CT_OK;
+    return st;
 }
 
 /* Picks the next token from logits (V): greedy at temperature 0, else top-k sampling. */

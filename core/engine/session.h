@@ -103,6 +103,14 @@ void session_resolve_path(const manifest *mf, const char *p, char *out, size_t l
  * from_checkpoint must have been resolved first (mdesc_from_checkpoint, checkpoint/model_desc.h):
  * the session takes the manifest as it is. */
 ct_status session_load_model(session *s, const char *path);
+
+/* ABI 2.20: the pack's buffers (ct_model_buffer: its own state beside the parameters), *out the pack's
+ * array; 0 (and *out NULL) when it has none. */
+int session_buffers(const session *s, const struct ct_model_buffer **out);
+
+/* Whether this rank's copy of buffer b is the one a save writes: the first rank of every mesh axis but pp,
+ * on the pipeline stage that runs b's unit. */
+int session_buffer_saved_here(const session *s, const struct ct_model_buffer *b);
 /* Every strategy's post_step (ABI 2.1): after the optimizer's step and after local storage was loaded.
  * CT_OK, or the strategy's status with the error set. */
 ct_status session_post_step(session *s);

@@ -515,6 +515,20 @@ typedef struct ct_hf_import {
     const char *const *more_model_types;
 } ct_hf_import;
 
+/* ABI 2.20: a pack's state beside its parameters, never trained (DeepSeek-V3's expert bias, which the pack
+ * moves in post_step): f32 vectors in host memory that the pack owns. The host saves each in checkpoints
+ * (the pipeline stage holding `unit` writes it; every other rank's copy is the same or unused), restores it
+ * when a checkpoint or model file is loaded, and maps it through hf_export's names like a parameter
+ * (checkpoint.initial_load_in_hf and last_save_in_hf, `ctitan convert`). A buffer is never sharded,
+ * differentiated or seen by the optimizer; the pack keeps the copies on the data-parallel ranks equal (an
+ * update from the step's global counts does). Frozen: this element never grows. */
+typedef struct ct_model_buffer {
+    const char *name; /* a name no parameter has ("layers.3.moe.expert_bias"); valid until destroy */
+    int unit;         /* the unit that computes with it */
+    int64_t numel;    /* a 1-D tensor of numel f32 */
+    float *data;      /* host memory, the pack's until destroy; the host reads it to save, writes it to load */
+} ct_model_buffer;
+
 typedef struct ct_model_api {
     size_t struct_size;
     const char *const *flavors; /* NULL-terminated list of flavor names; static, valid until unload */
@@ -562,6 +576,9 @@ typedef struct ct_model_api {
      * the pack from a folder (a manifest that sets its options can still load one with
      * checkpoint.initial_load_in_hf). Needs hf_export. */
     const ct_hf_import *hf_import;
+    /* ABI 2.20, optional: the instance's buffers (ct_model_buffer above): *out their array, the model's,
+     * valid until destroy, in a fixed order; returns how many (0: none). NULL: the pack has none. */
+    int (*buffers)(ct_model *model, const ct_model_buffer **out);
 } ct_model_api;
 
 #endif
