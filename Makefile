@@ -74,7 +74,7 @@ help:
 	@echo "make check      build, run the fast tiers (tests/tiers.txt: unit, contract): no MPI, no training (seconds)"
 	@echo "make test       install what is missing, build, run the whole test suite"
 	@echo "make test SANITIZE=1   the same under AddressSanitizer + UndefinedBehaviorSanitizer"
-	@echo "make bench      sgemm peak, then tokens/s, GFLOP/s and the ratio to that peak; the MoE grouped GEMM against one sgemm; the planner's searches and their time"
+	@echo "make bench      sgemm peak, then tokens/s, GFLOP/s and the ratio to that peak; the MoE grouped GEMM against one sgemm; qwen3 MoE training (one rank, EP 2, forced balance) against PyTorch; the planner's searches and their time (BENCH_ONLY=\"moe cp\": those sections)"
 	@echo "make deps       install missing Debian packages (apt-get; a no-op when all are present)"
 	@echo "make fuzz       build the libFuzzer targets (clang) under build/fuzz/"
 	@echo "make clean      remove build outputs"
