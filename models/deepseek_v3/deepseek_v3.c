@@ -24,6 +24,9 @@
  * data-parallel ranks (torchtitan's rule). The bias is the pack's host state, copied to the device at each
  * forward.
  *
+ * Tensor parallel (tp_plan below): MLA's per-head projections split over the heads, its low-rank ones whole
+ * (CT_TP_REPLICATED_PARTIAL); the forward is the same code, its column ops seeing the local heads.
+ *
  * Units: 0 = tok_embeddings, 1..L = layers.0 .. layers.L-1, L+1 = norm + output (+ loss). Parameter names are
  * torchtitan's FQNs; the Hugging Face table maps DeepseekV3ForCausalLM's.
  */
@@ -105,6 +108,10 @@ static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "moe_force_load_balance", CT_OPT_BOOL, "false",
      "tests: route token t's slot s to expert (t*top_k + s) % n_experts (torchtitan's debug.moe_force_load_balance)",
      NULL, NULL},
+    {sizeof(ct_option_spec), "expert_bias_skew", CT_OPT_FLOAT, "0",
+     "tests: every MoE block's expert bias starts at this on its first top_k experts (0 on the others), which then "
+     "take most tokens until balancing moves it",
+     "[0, 1000]", NULL},
     {sizeof(ct_option_spec), "moe_log_load", CT_OPT_BOOL, "false",
      "log each MoE block's per-expert token counts and expert bias after every step", NULL, NULL},
     {0},
@@ -126,7 +133,7 @@ typedef struct ct_model {
     int64_t dim, n_layers, n_dense, n_heads, vocab, inter_dim, moe_inter_dim, n_experts, n_shared, top_k;
     int64_t n_groups, topk_groups, q_lora, kv_lora, nope, rope, v, seq_len, original_seq_len, max_positions;
     int score_func, route_norm, force_balance, log_load;
-    double route_scale, rope_theta, rope_factor, beta_fast, beta_slow, mscale, norm_eps, balance_coeff;
+    double route_scale, rope_theta, rope_factor, beta_fast, beta_slow, mscale, norm_eps, balance_coeff, bias_skew;
     int yarn;          /* seq_len > original_seq_len: YaRN frequencies and the softmax scale times attn_scale */
     float attn_scale;  /* mscale^2 (1 without YaRN) */
     float *inv_freq;   /* YaRN: rope / 2 frequencies */
@@ -199,6 +206,7 @@ static void read_options(dsv3 *m, const ct_host *h) {
     h->opt_float(h, "mscale", &m->mscale);
     h->opt_float(h, "norm_eps", &m->norm_eps);
     h->opt_float(h, "load_balance_coeff", &m->balance_coeff);
+    h->opt_float(h, "expert_bias_skew", &m->bias_skew);
     h->opt_bool(h, "moe_force_load_balance", &m->force_balance);
     h->opt_bool(h, "moe_log_load", &m->log_load);
 }
@@ -271,6 +279,7 @@ static ct_status dsv3_create(const ct_host *h, const ct_model_config *cfg, ct_mo
             dsv3_destroy(m);
             return CT_ERR_NOMEM;
         }
+        for (int64_t j = 0; j < m->top_k; j++) L->bias[j] = (float)m->bias_skew;
         snprintf(L->bias_name, sizeof L->bias_name, "layers.%d.moe.expert_bias", (int)l); /* torchtitan's buffer */
         m->buffers[m->n_buffers++] = (ct_model_buffer){L->bias_name, (int)l + 1, m->n_experts, L->bias};
     }
@@ -537,6 +546,40 @@ static ct_status dsv3_unit_forward(ct_model *p, int unit, ct_builder *b, ct_tens
     return CT_ERR_INVALID;
 }
 
+/* Tensor parallel, torchtitan's plan for MLA: the per-head projections (wq or wq_b, wkv_b) column-wise over
+ * the heads, wo row-wise; the low-rank projections and their norms whole on every rank, over every token row
+ * (plugins/tp gathers the rows for wq_a and wkv_a as for a column-wise linear), the head-split weights after
+ * them making their gradients partial: CT_TP_REPLICATED_PARTIAL sums them over tp. The column ops then see
+ * the local heads (k_pe, one head, joins each). The dense blocks as Llama's; the MoE blocks as Qwen3's (the
+ * router and the routed experts whole, on the stream's rows); the shared experts a SwiGLU split like the
+ * dense one. */
+static const ct_tp_rule tp_plan[] = {
+    {"tok_embeddings.weight", CT_TP_EMBED_ROWWISE},
+    {"layers.*.attention_norm.weight", CT_TP_SEQUENCE_PARALLEL},
+    {"layers.*.attention.wq.weight", CT_TP_COLWISE},
+    {"layers.*.attention.wq_a.weight", CT_TP_REPLICATED_PARTIAL},
+    {"layers.*.attention.q_norm.weight", CT_TP_REPLICATED_PARTIAL},
+    {"layers.*.attention.wq_b.weight", CT_TP_COLWISE},
+    {"layers.*.attention.wkv_a.weight", CT_TP_REPLICATED_PARTIAL},
+    {"layers.*.attention.kv_norm.weight", CT_TP_REPLICATED_PARTIAL},
+    {"layers.*.attention.wkv_b.weight", CT_TP_COLWISE},
+    {"layers.*.attention.wo.weight", CT_TP_ROWWISE},
+    {"layers.*.ffn_norm.weight", CT_TP_SEQUENCE_PARALLEL},
+    {"layers.*.feed_forward.w1.weight", CT_TP_COLWISE},
+    {"layers.*.feed_forward.w2.weight", CT_TP_ROWWISE},
+    {"layers.*.feed_forward.w3.weight", CT_TP_COLWISE},
+    {"layers.*.moe.router.gate.weight", CT_TP_SEQUENCE_PARALLEL},
+    {"layers.*.moe.experts.w1", CT_TP_SEQUENCE_PARALLEL},
+    {"layers.*.moe.experts.w2", CT_TP_SEQUENCE_PARALLEL},
+    {"layers.*.moe.experts.w3", CT_TP_SEQUENCE_PARALLEL},
+    {"layers.*.moe.shared_experts.w1.weight", CT_TP_COLWISE},
+    {"layers.*.moe.shared_experts.w2.weight", CT_TP_ROWWISE},
+    {"layers.*.moe.shared_experts.w3.weight", CT_TP_COLWISE},
+    {"norm.weight", CT_TP_SEQUENCE_PARALLEL},
+    {"output.weight", CT_TP_OUTPUT_COLWISE},
+    {NULL, CT_TP_NONE},
+};
+
 /* DeepseekV3ForCausalLM's names. DeepSeek's checkpoints keep the RoPE columns in interleaved pairs, as
  * ctitan's RoPE takes them (transformers' rope_interleave): no row is permuted. */
 static const ct_hf_name hf_names[] = {
@@ -717,7 +760,7 @@ static const ct_model_api api = {
     .declare_params = dsv3_declare,
     .unit_name = dsv3_unit_name,
     .unit_forward = dsv3_unit_forward,
-    .tp_plan = NULL, /* MLA's column ops are not split over tp yet */
+    .tp_plan = tp_plan,
     .hf_export = dsv3_hf_export,
     .hf_import = &hf_import,
     .post_step = dsv3_post_step,

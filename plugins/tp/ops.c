@@ -4,6 +4,8 @@
  *
  *   column-wise   every token row in (all-gather under sequence parallel, Megatron's f without it),
  *                 this rank's output features out
+ *   replicated    (CT_TP_REPLICATED_PARTIAL on the stream: MLA's wq_a, wkv_a) every token row in, as
+ *   partial       column-wise, the whole weight, an output whose gradient is partial (AT_PARTIAL)
  *   row-wise      this rank's input features in; the partial sums reduced (reduce-scatter of the
  *                 token rows under sequence parallel, Megatron's g without it)
  *   embedding     this rank's vocabulary rows (a ranged lookup), the rest summed in as row-wise
@@ -37,13 +39,17 @@ static char gathered_key, sharded_logits_key;
  * until a row-wise linear reduces it: memo split_key), whole on every rank (gathered or reduced:
  * memo whole_key), or unmarked: the residual stream's state, its token rows split under sequence
  * parallel and whole without. A view of a parameter carries its parameter (memo param_key). */
-static char split_key, whole_key, param_key;
-enum { AT_STREAM, AT_WHOLE, AT_SPLIT };
+static char split_key, whole_key, param_key, partial_key;
+/* AT_PARTIAL: every token row, the same values on every rank, computed by a replicated linear from the
+ * gathered rows (MLA's low-rank wq_a and wkv_a) for the head-split weights after it: its gradient is
+ * partial on each rank (each has its heads' share), summed by the gather's backward (memo partial_key). */
+enum { AT_STREAM, AT_WHOLE, AT_SPLIT, AT_PARTIAL };
 
 static int state_of(tp *t, ct_tensor *x) {
     ct_builder *n = t->next;
     if (!x) return AT_WHOLE;
     if (n->memo(n, x, &split_key, NULL)) return AT_SPLIT;
+    if (n->memo(n, x, &partial_key, NULL)) return AT_PARTIAL;
     return n->memo(n, x, &whole_key, NULL) ? AT_WHOLE : AT_STREAM;
 }
 
@@ -54,20 +60,21 @@ static ct_tensor *param_of(tp *t, ct_tensor *w) {
     return t->next->memo(t->next, w, &param_key, NULL);
 }
 
-/* y computed from the activations in[]: split if one of them is, whole if all are. NULL when the note
- * cannot be kept (out of memory, error set). */
+/* y computed from the activations in[]: split if one of them is, else partial if one of them is, whole if
+ * all are. NULL when the note cannot be kept (out of memory, error set). */
 static ct_tensor *follow(tp *t, ct_tensor *y, ct_tensor *const *in, int n_in) {
     ct_builder *n = t->next;
-    int split = 0, whole = 1, acts = 0;
+    int split = 0, partial = 0, whole = 1, acts = 0;
     for (int i = 0; y && i < n_in; i++) {
         if (!in[i] || param_of(t, in[i])) continue;
         int st = state_of(t, in[i]);
         acts++;
         split |= st == AT_SPLIT;
+        partial |= st == AT_PARTIAL;
         whole &= st == AT_WHOLE;
     }
-    if (!y || (!split && !(whole && acts))) return y;
-    return n->memo(n, y, split ? &split_key : &whole_key, y);
+    if (!y || (!split && !partial && !(whole && acts))) return y;
+    return n->memo(n, y, split ? &split_key : partial ? &partial_key : &whole_key, y);
 }
 
 static const char *style_name(ct_tp_style st) {
@@ -89,22 +96,25 @@ static ct_status check_weight(tp *t, const char *op, ct_tensor *w, ct_tensor *co
     if (st == CT_TP_COLWISE || st == CT_TP_OUTPUT_COLWISE || st == CT_TP_EMBED_ROWWISE ||
         (st == CT_TP_ROWWISE && p->ndim > 1))
         return CT_OK; /* split with the activations it meets */
-    int split = 0, rows = 0;
+    int split = 0, partial = 0, rows = 0;
     for (int i = 0; i < n_in; i++) {
         if (!in[i] || param_of(t, in[i])) continue;
         int at = state_of(t, in[i]);
         split |= at == AT_SPLIT;
+        partial |= at == AT_PARTIAL;
         rows |= at == AT_STREAM && t->sequence_parallel;
     }
     int summed = tp_grad_summed(t, p);
-    if (summed == (split || rows)) return CT_OK;
+    if (summed == (split || partial || rows)) return CT_OK;
     if (!summed)
         t->host->set_error(t->host,
                            "tensor parallel: %s applies parameter '%s' (tp style %s) to activations split over tp "
                            "(%s): its gradient would be partial on each rank; give it CT_TP_REPLICATED_PARTIAL in the "
                            "model's tp_plan (torchtitan's SequenceParallel(sequence_dim=2)), which sums it over tp",
                            op, p->name ? p->name : "?", style_name(st),
-                           split ? "by features, after a column-wise linear" : "by token rows, sequence parallel");
+                           split     ? "by features, after a column-wise linear"
+                           : partial ? "a gradient partial over the head-split weights they feed"
+                                     : "by token rows, sequence parallel");
     else
         t->host->set_error(t->host,
                            "tensor parallel: %s applies parameter '%s' (tp style %s, whose gradient is summed over tp) "
@@ -126,6 +136,7 @@ static ct_tensor *rows_in(tp *t, ct_tensor *x) {
 static ct_tensor *linear_colwise(tp *t, ct_tensor *x, ct_tensor *w, ct_tp_style style) {
     ct_builder *n = t->next;
     ct_tensor *y, *X = n->memo(n, x, &gathered_key, NULL);
+    if (state_of(t, x) == AT_PARTIAL) X = x; /* every row already, its gradient summed behind it */
     if (!X && t->sequence_parallel && t->async_chunks > 0 && !quantized(w)) {
         y = tp_gather_linear(t, n, x, w, &X);
         if (!y || !n->memo(n, x, &gathered_key, X)) return NULL;
@@ -151,6 +162,18 @@ static ct_tensor *linear_rowwise(tp *t, ct_tensor *x, ct_tensor *w) {
                          CT_DIM_ROWS);
 }
 
+/* A CT_TP_REPLICATED_PARTIAL matrix on the residual stream (MLA's wq_a, wkv_a, torchtitan's NoParallel
+ * after the attention's Replicate input): the whole weight on every token row, gathered as a column-wise
+ * linear gathers them (the same collective: the host makes one per x), for the head-split weights after
+ * it. The output is partial (AT_PARTIAL); the weight's gradient is summed over tp (tp.c). */
+static ct_tensor *linear_replicated(tp *t, ct_tensor *x, ct_tensor *w) {
+    ct_builder *n = t->next;
+    ct_tensor *y, *X = n->memo(n, x, &gathered_key, NULL);
+    if (!X && !(X = rows_in(t, x))) return NULL;
+    if (!(y = n->linear(n, X, w))) return NULL;
+    return n->memo(n, y, &partial_key, y);
+}
+
 static ct_tensor *tp_linear(ct_builder *b, ct_tensor *x, ct_tensor *w) {
     tp *t = TP(b);
     ct_tp_style style = tp_style_of(t, w);
@@ -158,6 +181,10 @@ static ct_tensor *tp_linear(ct_builder *b, ct_tensor *x, ct_tensor *w) {
     case CT_TP_COLWISE:
     case CT_TP_OUTPUT_COLWISE: return linear_colwise(t, x, w, style);
     case CT_TP_ROWWISE: return linear_rowwise(t, x, w);
+    case CT_TP_REPLICATED_PARTIAL:
+        /* on activations already split or partial: an ordinary replicated linear */
+        if (w->ndim == 2 && t->size > 1 && state_of(t, x) == AT_STREAM) return linear_replicated(t, x, w);
+        /* fall through */
     default:
         if (check_weight(t, "linear", w, &x, 1) != CT_OK) return NULL;
         return follow(t, t->next->linear(t->next, x, w), &x, 1);

@@ -7,9 +7,9 @@
  * this plugin wraps (ops.c) then puts the collectives each style implies around the linear,
  * embedding and loss ops, through the host's differentiable collectives and its own custom ops
  * (custom.c). What is left here is the one reduction no op sees: under sequence parallel a norm
- * weight meets 1/tp of the token rows on each rank, and a CT_TP_REPLICATED_PARTIAL weight (QK-norm)
- * meets head-split activations, so their gradients are summed over tp after the step's last
- * backward. ops.c refuses a replicated weight whose gradient would be partial without such a sum.
+ * weight meets 1/tp of the token rows on each rank, and a CT_TP_REPLICATED_PARTIAL weight (QK-norm;
+ * MLA's low-rank projections and their norms, before head-split weights) gets a partial gradient, so
+ * their gradients are summed over tp after the step's last backward. ops.c refuses a replicated weight whose gradient would be partial without such a sum.
  */
 #include "tp.h"
 #include "ctitan/util.h"

@@ -2,13 +2,16 @@
 # models/deepseek_v3 computes the same function on every layout it runs: the debugmodel shrunk (3 blocks, the
 # first dense; MLA with v narrower than q and k; 8 experts of hidden 32, top-3 by softmax, 2 shared experts;
 # seq 64), real routing with aux-loss-free balancing on (the expert bias moved after every step from the
-# step's global counts), same seed and global batch. FSDP 2 and EP 2 (borrowing dp_shard 2) against one rank:
-# loss and grad-norm curves within 1e-6 relative, and the per-expert counts and expert biases the pack logs
-# (model.moe_log_load) equal to one rank's, step by step; EP 2's checkpoint, biases included, resumes on one
-# rank on its curve, and PP 2's (each stage saving its blocks' biases) on one rank's. PP 2 and CP 2 follow one
-# rank too. Then the 671B routing (sigmoid over 4 groups, top-2
-# of the best 2, route_scale 2.5, normalised) with a low-rank q, one rank against EP 2. Last, transformers'
-# folder through `ctitan convert` and model.flavor: from_checkpoint, and torchtitan's TOML naming deepseek_v3.
+# step's global counts), same seed and global batch. Against one rank, loss and grad-norm curves within 1e-6
+# relative and the per-expert counts and expert biases the pack logs (model.moe_log_load) equal to one
+# rank's, step by step: TP 2 (sequence parallel; MLA's heads split, the low-rank kv projection gathered and
+# whole), FSDP 4, EP 2 x FSDP 2, EP 4, PP 2 x EP 2, EP 2 x CP 2 and EP 2 x TP 2 (4 ranks each: FSDP 2, EP 2,
+# PP 2 and CP 2 alone are covered by these). EP 2 x FSDP 2's checkpoint, biases included, resumes on one rank
+# on its curve, and PP 2 x EP 2's (each stage saving its blocks' biases) on one rank's. Then the 671B routing
+# (sigmoid over 4 groups, top-2 of the best 2, route_scale 2.5, normalised) with a low-rank q, one rank
+# against EP 2 and against TP 2 without sequence parallel (wq_a and q_norm whole, their gradients summed over
+# tp). Last, transformers' folder through `ctitan convert` and model.flavor: from_checkpoint, and
+# torchtitan's TOML naming deepseek_v3.
 set -u
 STEPS=${STEPS:-4}
 . tests/cli/lib/layouts.sh
@@ -27,37 +30,49 @@ same_lines() { # REF RUN: RUN's count and bias lines are REF's
 }
 fails=0
 run single 1 "${ds[@]}" --training.local_batch_size=8
-run fsdp2 2 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
-run ep2 2 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+run tp2 2 "${ds[@]}" --training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1 \
+  --parallelism.tensor_parallel_degree=2
+run fsdp4 4 "${ds[@]}" --training.local_batch_size=2 --parallelism.data_parallel_shard_degree=4
+run ep2fsdp2 4 "${ds[@]}" --training.local_batch_size=2 --parallelism.data_parallel_shard_degree=4 \
   --parallelism.expert_parallel_degree=2 --checkpoint.enable=true --checkpoint.interval=2
-run pp2 2 "${ds[@]}" --training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1 \
-  --parallelism.pipeline_parallel_degree=2 --checkpoint.enable=true --checkpoint.interval=2
-run cp2 2 "${ds[@]}" --training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1 \
-  --parallelism.context_parallel_degree=2
-for r in fsdp2 ep2 pp2 cp2; do
+run ep4 4 "${ds[@]}" --training.local_batch_size=2 --parallelism.data_parallel_shard_degree=4 \
+  --parallelism.expert_parallel_degree=4
+run pp2ep2 4 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.pipeline_parallel_degree=2 --parallelism.expert_parallel_degree=2 --checkpoint.enable=true \
+  --checkpoint.interval=2
+run ep2cp2 4 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.context_parallel_degree=2 --parallelism.expert_parallel_degree=2
+run ep2tp2 4 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.expert_parallel_degree=2 --parallelism.tensor_parallel_degree=2
+grep -q "ep 2 x efsdp 2 of dp_shard x cp" "$T/ep2fsdp2.log" || { echo "FAIL ep2fsdp2 did not run expert parallel"; fails=$((fails + 1)); }
+for r in tp2 fsdp4 ep2fsdp2 ep4 pp2ep2 ep2cp2 ep2tp2; do
   compare single $r "$STEPS" || fails=$((fails + 1))
   same_lines single $r || fails=$((fails + 1))
 done
 grep -q 'moe bias step 1 layers.1' "$T/single.log" || { echo "FAIL no expert bias update logged"; fails=$((fails + 1)); }
-# the expert biases are checkpointed (ABI 2.20 buffers): EP 2's step-2 checkpoint resumes on one rank on EP 2's
-# curve, routing by the restored biases (a bias left at zero would route other tokens from step 3 on)
-mkdir -p "$T/resume/checkpoint" && cp -r "$T/ep2/checkpoint/step-2" "$T/resume/checkpoint/"
+# the expert biases are checkpointed (ABI 2.20 buffers): EP 2 x FSDP 2's step-2 checkpoint resumes on one rank
+# on its curve, routing by the restored biases (a bias left at zero would route other tokens from step 3 on)
+mkdir -p "$T/resume/checkpoint" && cp -r "$T/ep2fsdp2/checkpoint/step-2" "$T/resume/checkpoint/"
 run resume 1 "${ds[@]}" --training.local_batch_size=8 --checkpoint.enable=true
 grep -q "resuming after step 2" "$T/resume.log" || { echo "FAIL resume: did not resume"; fails=$((fails + 1)); }
-same_curve "one rank resumed from EP 2's step-2 checkpoint" "$T/ep2/metrics.jsonl" "$T/resume/metrics.jsonl" \
-  $((STEPS - 2)) 3 || fails=$((fails + 1))
-same_lines ep2 resume || fails=$((fails + 1))
-# PP 2's checkpoint: each stage writes the biases of its own blocks
-mkdir -p "$T/resumepp/checkpoint" && cp -r "$T/pp2/checkpoint/step-2" "$T/resumepp/checkpoint/"
+same_curve "one rank resumed from EP 2 x FSDP 2's step-2 checkpoint" "$T/ep2fsdp2/metrics.jsonl" \
+  "$T/resume/metrics.jsonl" $((STEPS - 2)) 3 || fails=$((fails + 1))
+same_lines ep2fsdp2 resume || fails=$((fails + 1))
+# PP 2 x EP 2's checkpoint: each stage writes the biases of its own blocks
+mkdir -p "$T/resumepp/checkpoint" && cp -r "$T/pp2ep2/checkpoint/step-2" "$T/resumepp/checkpoint/"
 run resumepp 1 "${ds[@]}" --training.local_batch_size=8 --checkpoint.enable=true
-same_curve "one rank resumed from PP 2's step-2 checkpoint" "$T/single/metrics.jsonl" "$T/resumepp/metrics.jsonl" \
-  $((STEPS - 2)) 3 || fails=$((fails + 1))
+same_curve "one rank resumed from PP 2 x EP 2's step-2 checkpoint" "$T/single/metrics.jsonl" \
+  "$T/resumepp/metrics.jsonl" $((STEPS - 2)) 3 || fails=$((fails + 1))
 same_lines single resumepp || fails=$((fails + 1))
 run v3single 1 "${ds[@]}" "${v3[@]}" --training.local_batch_size=8
 run v3ep2 2 "${ds[@]}" "${v3[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
   --parallelism.expert_parallel_degree=2
-compare v3single v3ep2 "$STEPS" || fails=$((fails + 1))
-same_lines v3single v3ep2 || fails=$((fails + 1))
+run v3tp2 2 "${ds[@]}" "${v3[@]}" --training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1 \
+  --parallelism.tensor_parallel_degree=2 --parallelism.enable_sequence_parallel=false
+for r in v3ep2 v3tp2; do
+  compare v3single $r "$STEPS" || fails=$((fails + 1))
+  same_lines v3single $r || fails=$((fails + 1))
+done
 # transformers' DeepseekV3ForCausalLM folder (tests/golden/hf, expert biases included) through the pack's tables:
 # convert to a model file and back to a folder and again to a model file (the two files equal byte for byte),
 # and model.flavor: from_checkpoint of the folder and of the file train alike
