@@ -368,7 +368,10 @@ typedef enum ct_tp_style {
     CT_TP_SEQUENCE_PARALLEL = 5, /* a norm weight: replicated; under SP it sees 1/tp of the rows, so its gradient is summed over tp */
     /* ABI 2.11: a replicated weight applied to activations split over tp whatever the SP switch (a
      * per-head QK-norm on head-split q and k, a per-head bias): each rank's gradient is partial and is
-     * summed over tp, with or without sequence parallel (torchtitan's SequenceParallel(sequence_dim=2)) */
+     * summed over tp, with or without sequence parallel (torchtitan's SequenceParallel(sequence_dim=2)).
+     * A matrix with this style in a linear on the residual stream (DeepSeek-V3's low-rank wq_a, wkv_a)
+     * is applied whole to the gathered token rows; its output, and what follows until a column-wise
+     * linear, is the same on every rank with a gradient partial over the heads split after it */
     CT_TP_REPLICATED_PARTIAL = 6
 } ct_tp_style;
 /* A 1-D tensor (a bias) takes the style of the linear it belongs to: CT_TP_COLWISE splits it along
