@@ -71,6 +71,10 @@ static int remote_next(const runner *r, int s) {
     return s + 1 < r->env.n_stages && stage_rank(r, s + 1) != r->env.pp_rank;
 }
 
+/* The comm can test an operation without blocking (ct_comm_api.test): the runner moves messages along
+ * between actions and while it waits; without it, receives block and sends complete at the step's end. */
+static int has_test(const runner *r) { return CT_HAS_FIELD(r->env.capi, ct_comm_api, test) && r->env.capi->test; }
+
 static void pp_destroy(ct_runner *p) {
     runner *r = p;
     if (!r) return;
@@ -167,7 +171,7 @@ static void maybe_release(runner *r, const ct_pipeline_host *ph, int stage, int 
 /* Moves every pending message along without blocking. */
 static ct_status progress(runner *r, const ct_pipeline_host *ph) {
     const ct_comm_api *c = r->env.capi;
-    if (!CT_HAS_FIELD(c, ct_comm_api, test) || !c->test) return CT_OK;
+    if (!has_test(r)) return CT_OK;
     for (int i = 0; i < r->n_in; i++) {
         incoming *m = &r->in[i];
         int done = 0;
@@ -220,6 +224,16 @@ static ct_status test_data(runner *r, incoming *m) {
     return st;
 }
 
+/* One turn of a wait that began at t0: every message of the step moved along, then the timeout's error
+ * (naming what is awaited) once comm.train_timeout_seconds passed, else the core yielded. */
+static ct_status wait_turn(runner *r, const ct_pipeline_host *ph, double t0, const char *what, int stage, int mb) {
+    ct_status st = progress(r, ph);
+    if (st) return st;
+    if (ct_util_now() - t0 > r->timeout) return timed_out(r, what, stage, mb);
+    sched_yield();
+    return CT_OK;
+}
+
 /* Until what (kind, stage, mb) reads has arrived: testing every message of the step meanwhile (a
  * comm with test), else blocked on this one. */
 static ct_status await(runner *r, const ct_pipeline_host *ph, int kind, int stage, int mb, double *waited) {
@@ -228,13 +242,10 @@ static ct_status await(runner *r, const ct_pipeline_host *ph, int kind, int stag
     double t0 = ct_util_now();
     ct_status st = CT_OK;
     r->host->trace_begin(r->host, "pp_wait");
-    if (CT_HAS_FIELD(r->env.capi, ct_comm_api, test) && r->env.capi->test) {
+    if (has_test(r)) {
         while (!st && !m->done) {
-            if ((st = progress(r, ph))) break;
             if (m->posted && (st = test_data(r, m))) break;
-            if (m->done) break;
-            if (ct_util_now() - t0 > r->timeout) st = timed_out(r, "a message", stage, mb);
-            else sched_yield();
+            if (!m->done) st = wait_turn(r, ph, t0, "a message", stage, mb);
         }
     } else {
         if (!m->hdr_done) {
@@ -256,25 +267,17 @@ static ct_status await(runner *r, const ct_pipeline_host *ph, int kind, int stag
 
 /* Before this rank's first action of a microbatch: every (stage, mb) whose last action ran is given
  * back, its sends waited for, so the host reuses its context as the schedule plans (a comm without
- * test: its sends complete at the step's end, as before). */
+ * test: its sends complete at the step's end). */
 static ct_status drain(runner *r, const ct_pipeline_host *ph, double *waited) {
-    const ct_comm_api *c = r->env.capi;
-    if (!CT_HAS_FIELD(c, ct_comm_api, test) || !c->test) return CT_OK;
-    int n = r->env.n_stages * r->env.n_microbatches;
+    if (!has_test(r)) return CT_OK;
+    int n = r->env.n_stages * r->env.n_microbatches, nm = r->env.n_microbatches;
     double t0 = ct_util_now();
-    for (int k = 0; k < n; k++) {
-        while (r->finished[k] && !r->released[k]) {
-            ct_status st = progress(r, ph);
-            if (st) return st;
-            if (r->released[k]) break;
-            if (ct_util_now() - t0 > r->timeout)
-                return timed_out(r, "a neighbour to take the sends", k / r->env.n_microbatches,
-                                 k % r->env.n_microbatches);
-            sched_yield();
-        }
-    }
+    ct_status st = CT_OK;
+    for (int k = 0; k < n && !st; k++)
+        while (!st && r->finished[k] && !r->released[k])
+            st = wait_turn(r, ph, t0, "a neighbour to take the sends", k / nm, k % nm);
     *waited += ct_util_now() - t0;
-    return CT_OK;
+    return st;
 }
 
 static ct_status send_out(runner *r, const ct_pipeline_host *ph, int kind, int stage, int mb) {
