@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes core/tools/unicode_nfc.h: the Unicode data ctitan needs to tell whether text is in NFC.
+"""Writes core/tokenizer/unicode_nfc.h: the Unicode data ctitan needs to tell whether text is in NFC.
 
 ctitan does not normalise text; a tokenizer.json whose normalizer is NFC is applied to text that is
 already in NFC (where NFC is the identity) and other text is refused. Deciding that needs, per code

@@ -3,7 +3,7 @@
 #include "checkpoint/model_desc.h"
 #include "engine/mesh.h"
 
-#include "formats/tensorfile.h"
+#include "io/tensorfile.h"
 #include "base/error.h"
 #include "base/util.h"
 

@@ -2,7 +2,7 @@
  * async_mode (files written by a background thread while training goes on), keep_latest_k. */
 #include "checkpoint/checkpoint.h"
 
-#include "formats/hf_export.h"
+#include "io/hf_export.h"
 #include "base/error.h"
 
 #include <inttypes.h>

@@ -13,8 +13,8 @@
 #include <stdio.h>
 
 #include "config/manifest.h"
-#include "formats/hf_export.h"
-#include "formats/tensorfile.h"
+#include "io/hf_export.h"
+#include "io/tensorfile.h"
 #include "host/host.h"
 
 typedef struct hf_pack {

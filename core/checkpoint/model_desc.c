@@ -3,7 +3,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_pack.h"
-#include "formats/tensorfile.h"
+#include "io/tensorfile.h"
 #include "base/error.h"
 
 #include <inttypes.h>

@@ -12,8 +12,8 @@
 
 #include "checkpoint/hf_pack.h"
 #include "checkpoint/model_desc.h"
-#include "formats/hf_export.h"
-#include "formats/tensorfile.h"
+#include "io/hf_export.h"
+#include "io/tensorfile.h"
 
 #define ERRLEN 1024
 

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/schedule.h"
+#include "schedule/schedule.h"
 
 #define ERRLEN 2048
 

@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 #include "data/shard.h"
-#include "tools/chat.h"
-#include "tools/instream.h"
-#include "tools/tokenizer.h"
+#include "tokenizer/chat.h"
+#include "io/instream.h"
+#include "tokenizer/tokenizer.h"
 
 #define CHUNK (1 << 16)   /* decompressed bytes handed to the line splitter at a time */
 

@@ -9,7 +9,7 @@
 #include "ctitan/pipeline.h"
 #include "config/manifest.h"
 #include "engine/runtime.h"
-#include "tools/schedule.h"
+#include "schedule/schedule.h"
 
 typedef struct pp_ctx pp_ctx;
 

@@ -8,10 +8,10 @@
 #include "host/rank.h"
 #include "engine/mesh.h"
 #include "engine/moe.h"
-#include "tools/schedule.h"
+#include "schedule/schedule.h"
 #include "config/torchtitan_keys.h"
-#include "formats/tensorfile.h"
-#include "tools/tokenizer.h"
+#include "io/tensorfile.h"
+#include "tokenizer/tokenizer.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -11,7 +11,7 @@
 #include "config/manifest.h"
 #include "engine/pipeline.h"
 #include "engine/runtime.h"
-#include "tools/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 /* Errors: every function here that can fail returns ct_status after printing its one line on
  * stderr: CT_ERR_INVALID for bad input (manifest, options, plugins, data files, usage), another

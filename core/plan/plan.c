@@ -18,8 +18,8 @@
 #include "engine/tape.h"
 #include "host/host.h"
 #include "base/util.h"
-#include "tools/schedule.h"
-#include "tools/tokenizer.h"
+#include "schedule/schedule.h"
+#include "tokenizer/tokenizer.h"
 #include "data/shard.h"
 
 #include <math.h>

@@ -20,7 +20,7 @@
  * (meshes, pruned, evaluated, refused) come back in plan_search_stats; the output prints them.
  */
 #include "plan/search.h"
-#include "tools/schedule.h"
+#include "schedule/schedule.h"
 #include "base/error.h"
 #include "base/util.h"
 #include "engine/mesh.h"

@@ -15,7 +15,7 @@
 #include "host/rank.h"
 #include "train/train.h"
 #include "plan/plan.h"
-#include "tools/chat.h"
+#include "tokenizer/chat.h"
 
 #include <errno.h>
 #include <limits.h>

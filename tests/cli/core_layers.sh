@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The core's folders depend only downward (core/README.md, "Layers"): every `#include "F/..."` in
 # core/ names a folder F below the including file's own, in this order from the bottom:
-#   base < config < host < formats, data < tools < engine < checkpoint, plan < train < cmd < main.c
-# Folders on one floor (formats and data, checkpoint and plan) do not include each other, so no
+#   base < config < host < io, data < tokenizer, schedule < engine < checkpoint, plan < train < cmd < main.c
+# Folders on one floor (io and data, tokenizer and schedule, checkpoint and plan) do not include each other, so no
 # two folders include each other. A new folder must be placed here; an include that goes up or
 # sideways fails, naming the file and line. An include allowed to go up would be listed below with
 # the work that removes it; the list is empty and may only stay so.
@@ -10,7 +10,7 @@ set -u
 . tests/cli/lib/common.sh
 floor() {
   case "$1" in
-    base) echo 0 ;; config) echo 1 ;; host) echo 2 ;; formats | data) echo 3 ;; tools) echo 4 ;; engine) echo 5 ;;
+    base) echo 0 ;; config) echo 1 ;; host) echo 2 ;; io | data) echo 3 ;; tokenizer | schedule) echo 4 ;; engine) echo 5 ;;
     checkpoint | plan) echo 6 ;; train) echo 7 ;; cmd) echo 8 ;; .) echo 9 ;; *) echo "" ;;
   esac
 }

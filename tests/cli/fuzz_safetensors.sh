@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The safetensors reader (core/formats/safetensors.c) and the config.json / index parsers (core/formats/hf_export.c,
-# core/formats/safetensors.c) under AddressSanitizer + UBSan: builds tests/fuzz/fuzz_safetensors.c as a replay
+# The safetensors reader (core/io/safetensors.c) and the config.json / index parsers (core/io/hf_export.c,
+# core/io/safetensors.c) under AddressSanitizer + UBSan: builds tests/fuzz/fuzz_safetensors.c as a replay
 # program (cc, tests/fuzz/replay_main.c, no libFuzzer), replays the committed seeds
 # (tests/fuzz/corpus/safetensors: valid files written by Python's safetensors, hand-made broken ones,
 # config.json and index seeds) and the golden Hugging Face folders, each with seeded mutations; then,

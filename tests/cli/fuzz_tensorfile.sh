@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ctt reader (core/formats/tensorfile.c) under AddressSanitizer + UBSan: builds the replay driver of
+# The ctt reader (core/io/tensorfile.c) under AddressSanitizer + UBSan: builds the replay driver of
 # tests/fuzz/fuzz_tensorfile.c with cc, runs it on valid, truncated and corrupted seeds (version 1
 # built here, version 2 in tests/fuzz/corpus/tensorfile) plus seeded
 # random mutations of each, then (when clang has libFuzzer) a short libFuzzer run.

@@ -1,4 +1,4 @@
-/* fuzz_instream.c: `ctitan tokenize`'s decompression front end (core/tools/instream.c) on any bytes.
+/* fuzz_instream.c: `ctitan tokenize`'s decompression front end (core/io/instream.c) on any bytes.
  *
  * Any file is read to its end or refused with one line naming it, always as the input's fault; plain
  * data comes back unchanged. Then the same bytes, gzip-compressed as two members and zstd-compressed as
@@ -17,7 +17,7 @@
 #include <zstd.h>
 
 #include "base/error.h"
-#include "tools/instream.h"
+#include "io/instream.h"
 
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "fuzz_instream: %s failed\n", #c); __builtin_trap(); } } while (0)
 #define MAX_OUT (64u << 20)   /* a small input may decompress to a lot: read this much at most */

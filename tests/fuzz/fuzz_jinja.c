@@ -17,7 +17,7 @@
 #include <jansson.h>
 
 #include "base/error.h"
-#include "tools/jinja.h"
+#include "tokenizer/jinja.h"
 
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "fuzz_jinja: %s failed\n", #c); __builtin_trap(); } } while (0)
 

@@ -1,5 +1,5 @@
-/* fuzz_safetensors: feeds arbitrary bytes to the safetensors reader (core/formats/safetensors.c) and, as
- * JSON, to the index and config.json parsers (core/formats/safetensors.c; core/formats/hf_export.c's view of
+/* fuzz_safetensors: feeds arbitrary bytes to the safetensors reader (core/io/safetensors.c) and, as
+ * JSON, to the index and config.json parsers (core/io/safetensors.c; core/io/hf_export.c's view of
  * a config.json, what the host reads a model pack's options from).
  *
  * Properties checked on every input:
@@ -23,8 +23,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "formats/hf_export.h"
-#include "formats/safetensors.h"
+#include "io/hf_export.h"
+#include "io/safetensors.h"
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

@@ -1,6 +1,6 @@
 /* fuzz_schedule_csv.c: any bytes as a CSV pipeline schedule: the parser of the CSV schedule plugin
  * (plugins/schedules/csv.c, compiled in here) returns every rank's actions or refuses with a message
- * naming the file; the checker (core/tools/schedule.c) then accepts the lists or names what is wrong, and
+ * naming the file; the checker (core/schedule/schedule.c) then accepts the lists or names what is wrong, and
  * the timeline of an accepted schedule is drawn. Never a crash, a leak or an out-of-range action.
  *
  * The first 3 bytes choose the shape: pp = 1 + b0 % 4, stages per rank = 1 + b1 % 3,
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/schedule.h"
+#include "schedule/schedule.h"
 
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "fuzz_schedule_csv: %s failed\n", #c); __builtin_trap(); } } while (0)
 

@@ -1,4 +1,4 @@
-/* fuzz_tensorfile: feeds arbitrary bytes to the ctt reader (core/formats/tensorfile.c).
+/* fuzz_tensorfile: feeds arbitrary bytes to the ctt reader (core/io/tensorfile.c).
  *
  * Properties checked on every input:
  *   - tf_read_mem never crashes, leaks or trips a sanitizer;
@@ -21,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "formats/tensorfile.h"
+#include "io/tensorfile.h"
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

@@ -18,8 +18,8 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "tools/hf_tokenizer.h"
-#include "tools/tokenizer.h"
+#include "tokenizer/hf_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "fuzz_tokenizer_file: %s failed\n", #c); __builtin_trap(); } } while (0)
 

@@ -151,7 +151,7 @@ QWEN_STOCK = """{%- if tools %}
 {%- endif %}
 """
 
-# ctitan's built-in templates (core/tools/chat.c), word for word.
+# ctitan's built-in templates (core/tokenizer/chat.c), word for word.
 BUILTIN_LLAMA3 = """{{- bos_token }}
 {%- for message in messages %}
     {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}

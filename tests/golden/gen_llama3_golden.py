@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Golden values for a tiny Llama 3, computed with plain PyTorch on the CPU in float64.
 
-Writes tests/golden/llama3_tiny.ctt (the ctt format of core/formats/tensorfile.h): the parameters, one batch,
+Writes tests/golden/llama3_tiny.ctt (the ctt format of core/io/tensorfile.h): the parameters, one batch,
 the logits and loss, every parameter's gradient, and ten AdamW steps with gradient clipping. The C
 model pack is checked against it. Run from the repository root:
 
@@ -38,7 +38,7 @@ N_IGNORED = 5  # targets set to -100
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama3_tiny.ctt")
 
 # ---------------------------------------------------------------------------------------------------
-# ctt format (see core/formats/tensorfile.h): little-endian; header "CTTENSOR", u32 version 1, u32 count,
+# ctt format (see core/io/tensorfile.h): little-endian; header "CTTENSOR", u32 version 1, u32 count,
 # u64 reserved; per tensor u32 name_len, name, u32 dtype (1 f32, 5 int32), u32 ndim, u64 shape[ndim],
 # data.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden files for ctitan's Qwen2 interop (core/formats/hf.c, `ctitan convert`, sdk/examples/qwen2), from transformers.
+"""Golden files for ctitan's Qwen2 interop (core/io/hf_export.c, `ctitan convert`, sdk/examples/qwen2), from transformers.
 
 Writes, under tests/golden/hf/:
 

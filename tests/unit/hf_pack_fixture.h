@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "checkpoint/hf_pack.h"
-#include "formats/hf_export.h"
-#include "formats/tensorfile.h"
+#include "io/hf_export.h"
+#include "io/tensorfile.h"
 
 typedef struct hf_config {
     int64_t dim, n_layers, n_heads, n_kv_heads, head_dim, vocab, ffn_hidden, max_position_embeddings;

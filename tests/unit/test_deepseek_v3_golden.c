@@ -19,8 +19,8 @@
 #include <math.h>
 
 #include "engine/moe.h"
-#include "formats/hf_export.h"
-#include "formats/tensorfile.h"
+#include "io/hf_export.h"
+#include "io/tensorfile.h"
 #include "session_fixture.h"
 
 #define GOLDEN "tests/golden/deepseek_v3_tiny.ctt"

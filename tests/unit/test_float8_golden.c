@@ -18,7 +18,7 @@
 #include "host/host.h"
 #include "config/manifest.h"
 #include "session_fixture.h"
-#include "formats/tensorfile.h"
+#include "io/tensorfile.h"
 
 #include "ctitan/quantizer.h"
 

@@ -20,9 +20,9 @@
 #include <unistd.h>
 
 #include "hf_pack_fixture.h"
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 #include "session_fixture.h"
-#include "formats/tensorfile.h"
+#include "io/tensorfile.h"
 
 #define GOLDEN_DIR "tests/golden/hf"
 #define LLAMA3_TINY "tests/golden/llama3_tiny.ctt"

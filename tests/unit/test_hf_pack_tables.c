@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 #include "checkpoint/checkpoint.h"
-#include "formats/hf_export.h"
-#include "formats/tensorfile.h"
+#include "io/hf_export.h"
+#include "io/tensorfile.h"
 #include "session_fixture.h"
 
 #define GOLDEN "tests/golden"

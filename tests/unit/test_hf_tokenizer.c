@@ -28,8 +28,8 @@
 #include <time.h>
 
 #include "base/error.h"
-#include "tools/hf_tokenizer.h"
-#include "tools/tokenizer.h"
+#include "tokenizer/hf_tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #define HF "tests/data/tokenizer/hf"
 #define GOLDEN HF "/golden.txt"

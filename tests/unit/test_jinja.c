@@ -16,7 +16,7 @@
 
 #include <jansson.h>
 
-#include "tools/jinja.h"
+#include "tokenizer/jinja.h"
 
 static void test_renders_equal_transformers(void **state) {
     (void)state;

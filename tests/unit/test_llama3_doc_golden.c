@@ -13,7 +13,7 @@
 #include <math.h>
 
 #include "session_fixture.h"
-#include "formats/tensorfile.h"
+#include "io/tensorfile.h"
 
 #define GOLDEN "tests/golden/llama3_doc_tiny.ctt"
 #define B 2

@@ -11,7 +11,7 @@
 #include <math.h>
 
 #include "session_fixture.h"
-#include "formats/tensorfile.h"
+#include "io/tensorfile.h"
 
 #define GOLDEN "tests/golden/llama3_tiny.ctt"
 

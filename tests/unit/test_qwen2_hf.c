@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 #include "hf_pack_fixture.h"
-#include "formats/safetensors.h"
-#include "formats/tensorfile.h"
+#include "io/safetensors.h"
+#include "io/tensorfile.h"
 #include "session_fixture.h"
 
 #define GOLDEN "tests/golden/hf/qwen2_from_transformers"

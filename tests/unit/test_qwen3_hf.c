@@ -1,5 +1,5 @@
 /* test_qwen3_hf.c: transformers' Qwen3 runs in models/qwen3 through the pack's own Hugging Face table
- * (ABI 2.12, core/formats/hf_export.c), with no Qwen3 knowledge in the core.
+ * (ABI 2.12, core/io/hf_export.c), with no Qwen3 knowledge in the core.
  *
  * Golden data (tests/golden/hf/, made and checked by tests/golden/gen_qwen3_golden.py):
  *   qwen3_from_transformers/ + .ctt: a tiny tied Qwen3ForCausalLM (head_dim 16 where hidden_size /
@@ -18,8 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "formats/hf_export.h"
-#include "formats/tensorfile.h"
+#include "io/hf_export.h"
+#include "io/tensorfile.h"
 #include "session_fixture.h"
 
 #define GOLDEN "tests/golden/hf/qwen3_from_transformers"

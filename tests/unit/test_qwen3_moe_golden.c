@@ -23,8 +23,8 @@
 
 #include "checkpoint/checkpoint.h"
 #include "engine/moe.h"
-#include "formats/hf_export.h"
-#include "formats/tensorfile.h"
+#include "io/hf_export.h"
+#include "io/tensorfile.h"
 #include "session_fixture.h"
 
 #define GOLDEN "tests/golden/qwen3_moe_tiny.ctt"

@@ -1,4 +1,4 @@
-/* test_safetensors.c: the safetensors reader, writer and dtype conversions (core/formats/safetensors.c).
+/* test_safetensors.c: the safetensors reader, writer and dtype conversions (core/io/safetensors.c).
  *
  * Conversions are checked against independent references (exhaustively for 16-bit inputs); the
  * reader against one hand-made header per rule it enforces; the writer by reading its output back. */
@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 
 static uint32_t f2u(float f) {
     uint32_t u;

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "tools/schedule.h"
+#include "schedule/schedule.h"
 
 
 static int setup(void **state) {

@@ -1,4 +1,4 @@
-/* test_tensorfile: the ctt reader and writer (core/formats/tensorfile.c).
+/* test_tensorfile: the ctt reader and writer (core/io/tensorfile.c).
  *
  * Files for the reader are built byte by byte from the format in tensorfile.h, not with the writer,
  * so the two sides are checked against the spec rather than against each other. */
@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "formats/tensorfile.h"
+#include "io/tensorfile.h"
 
 /* ---- a byte buffer to build files with ---- */
 

@@ -26,7 +26,7 @@
 #include "base/error.h"
 #include "cmd/cmd_tokenize.h"
 #include "data/shard.h"
-#include "tools/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #define VOCAB "tests/data/tokenizer/vocab.tiktoken"
 #define GOLDEN "tests/data/tokenizer/golden.txt"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Golden outputs of torchao's float8 training recipes for one linear layer (tests/unit/test_float8_golden.c).
 
-Writes tests/golden/float8/float8_linear.ctt (the ctt format of core/formats/tensorfile.h): the inputs x, w, dy of a
+Writes tests/golden/float8/float8_linear.ctt (the ctt format of core/io/tensorfile.h): the inputs x, w, dy of a
 single nn.Linear(64, 96, bias=False) and, per recipe (tensorwise, rowwise, rowwise_with_gw_hp), the output y
 and the gradients dx, dw that torchao computes with `convert_to_float8_training` and
 `Float8LinearConfig(emulate=True)` on the CPU. Emulation casts each GEMM operand to the fp8 grid exactly as
@@ -39,7 +39,7 @@ RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "float8_linear.ctt")
 
 # ---------------------------------------------------------------------------------------------------
-# the ctt format (core/formats/tensorfile.h): the reader and writer of tests/golden/gen_llama3_golden.py
+# the ctt format (core/io/tensorfile.h): the reader and writer of tests/golden/gen_llama3_golden.py
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from gen_llama3_golden import ctt_read, ctt_write  # noqa: E402  (the ctt format, shared)
 

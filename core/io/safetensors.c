@@ -1,5 +1,5 @@
 /* safetensors.c: the safetensors format (described in safetensors.h). */
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 /* hf_tokenizer.c: a Hugging Face tokenizer.json (and its tokenizer_config.json) checked key by key
  * and turned into an hf_spec for tokenizer_from_hf. What is accepted is listed in hf_tokenizer.h. */
-#include "tools/hf_tokenizer.h"
-#include "tools/unicode_nfc.h"
+#include "tokenizer/hf_tokenizer.h"
+#include "tokenizer/unicode_nfc.h"
 #include "base/error.h"
 
 #include <jansson.h>

@@ -12,7 +12,7 @@
  * The 256 single bytes are ranks 0..255 in byte order; merge k makes rank 256 + k. A merge whose bytes
  * already name a token (possible when two different splits spell the same bytes) reuses that token.
  */
-#include "tools/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "base/error.h"
 #include "base/util.h"
 

@@ -1,6 +1,6 @@
 /* schedule.c: pipeline schedules on the host side: names, loading, every rank's actions, the checker
  * (a simulation of all ranks together) and the pictures of its result. See schedule.h. */
-#include "tools/schedule.h"
+#include "schedule/schedule.h"
 
 #include <ctype.h>
 #include <dirent.h>

@@ -1,5 +1,5 @@
 /* hf_export.c: a model's parameters -> a Hugging Face folder by the pack's table (see hf_export.h). */
-#include "formats/hf_export.h"
+#include "io/hf_export.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "base/util.h"
-#include "formats/safetensors.h"
+#include "io/safetensors.h"
 
 #define MAX_STARS 4     /* '*'s in one pattern */
 #define MAX_NAME 256    /* a mapped name's bytes */

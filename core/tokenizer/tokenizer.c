@@ -2,8 +2,8 @@
  * splits text with the pre-tokenizer's regex, BPE-merges by rank. The formats and the encoding rules
  * are described in tokenizer.h and hf_tokenizer.h. */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "tools/tokenizer.h"
-#include "tools/hf_tokenizer.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/hf_tokenizer.h"
 #include "base/error.h"
 #include "base/util.h"
 

@@ -1,6 +1,6 @@
 /* chat.c: conversations through a chat template into token ids and the assistant-token mask (what
  * counts and why: chat.h). */
-#include "tools/chat.h"
+#include "tokenizer/chat.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "tools/jinja.h"
+#include "tokenizer/jinja.h"
 
 /* Llama 3's template (Meta's, as in Llama 3 Instruct's tokenizer_config.json) with the assistant's
  * content and <|eot_id|> in a generation block. */

@@ -1,5 +1,5 @@
 /* instream.c: plain, gzip and zstd input through one fixed buffer (see instream.h). */
-#include "tools/instream.h"
+#include "io/instream.h"
 #include "base/error.h"
 
 #include <errno.h>

@@ -30,7 +30,7 @@
 #include <jansson.h>
 
 #include "base/error.h"
-#include "tools/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 typedef struct chat_template chat_template;
 

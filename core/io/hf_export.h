@@ -15,7 +15,7 @@
 
 #include "base/error.h"
 #include "ctitan/model.h"
-#include "formats/tensorfile.h"
+#include "io/tensorfile.h"
 
 /* What the exported tensors hold. */
 typedef enum hf_dtype { HF_FLOAT32, HF_BFLOAT16 } hf_dtype;

@@ -29,7 +29,7 @@
 #ifndef CTITAN_HF_TOKENIZER_H
 #define CTITAN_HF_TOKENIZER_H
 
-#include "tools/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 /* GPT-2's pre-tokenisation pattern (ByteLevel with use_regex true). */
 #define HF_GPT2_PATTERN \

@@ -1,5 +1,5 @@
 /* tensorfile.c: the "ctt" named-tensor file (format in tensorfile.h). */
-#include "formats/tensorfile.h"
+#include "io/tensorfile.h"
 
 #include "base/error.h"
 #include "base/util.h"

@@ -2,7 +2,7 @@
  * tags (whitespace control applied as Jinja's lexer does with trim_blocks and lstrip_blocks), each tag
  * into tokens, then parsed into a tree that rendering walks. Every value of a render lives in one
  * arena, freed at its end, and bounded. */
-#include "tools/jinja.h"
+#include "tokenizer/jinja.h"
 
 #include <limits.h>
 #include <math.h>
