@@ -6,7 +6,8 @@
 # at zero); both export. Against one rank's export: every expert bias equal bit for bit (the updates are
 # signs of integer counts, the same on every layout) and moved from zero, every weight within 1e-6 relative
 # (the layouts' own tolerance). The same for the model files (model.ctt, which hold the biases too), and the
-# PP run's step-3 checkpoint (each stage writing its own blocks' biases) loaded on one rank exports the same.
+# PP run's step-3 checkpoint (each stage writing its own blocks' biases) loaded on one rank exports the same, as
+# does one rank's loaded under PP 2 x EP 2.
 set -u
 STEPS=3
 . tests/cli/lib/layouts.sh
@@ -78,4 +79,13 @@ run reload 1 "${ds[@]}" --training.local_batch_size=8 --training.steps=1 --optim
 if out=$(same_export "$T/pp2ep2/$hf" "$T/reload/checkpoint/step-1-hf/model.safetensors" 2>&1); then
   echo "ok   PP 2 x EP 2's checkpoint loaded on one rank (lr 0, no bias update) exports the same: $out"
 else fail "PP 2 x EP 2's checkpoint loaded on one rank: $out"; fi
+# and the other way: one rank's checkpoint loaded under PP 2 x EP 2 (each stage takes its blocks' biases) exports one
+# rank's biases and weights
+run reloadpp 4 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.pipeline_parallel_degree=2 --parallelism.expert_parallel_degree=2 --training.steps=1 --optimizer.lr=0 \
+  --model.load_balance_coeff=0 --checkpoint.initial_load_path="$T/single/checkpoint/step-$STEPS" \
+  --checkpoint.initial_load_model_only=true
+if out=$(same_export "$T/single/$hf" "$T/reloadpp/checkpoint/step-1-hf/model.safetensors" 2>&1); then
+  echo "ok   one rank's checkpoint loaded under PP 2 x EP 2 (lr 0, no bias update) exports the same: $out"
+else fail "one rank's checkpoint loaded under PP 2 x EP 2: $out"; fi
 [ "$fails" -eq 0 ] && echo "deepseek_v3_hf_pp: ok" || { echo "deepseek_v3_hf_pp: $fails failed"; exit 1; }
