@@ -99,7 +99,8 @@ static const ct_option_spec options[] = {
      "as transformers runs a config.json whose rope_scaling is yarn) or none (plain RoPE)", NULL, "auto|yarn|none"},
     {sizeof(ct_option_spec), "rope_factor", CT_OPT_FLOAT, "40", "YaRN's factor", "[1, 1e6]", NULL},
     {sizeof(ct_option_spec), "original_seq_len", CT_OPT_INT, "4096",
-     "the pretraining context: a longer training.seq_len turns YaRN on", "[1, 2147483647]", NULL},
+     "the pretraining context: under rope_scaling auto a longer training.seq_len turns YaRN on",
+     "[1, 2147483647]", NULL},
     {sizeof(ct_option_spec), "beta_fast", CT_OPT_FLOAT, "32", "YaRN's fast rotation bound", "(0, 1e6]", NULL},
     {sizeof(ct_option_spec), "beta_slow", CT_OPT_FLOAT, "1", "YaRN's slow rotation bound", "(0, 1e6]", NULL},
     {sizeof(ct_option_spec), "mscale", CT_OPT_FLOAT, NULL, "override YaRN's attention mscale", "[0, 100]", NULL},
@@ -140,7 +141,8 @@ typedef struct ct_model {
     int64_t n_groups, topk_groups, q_lora, kv_lora, nope, rope, v, seq_len, original_seq_len, max_positions;
     int score_func, route_norm, force_balance, log_load, rope_mode;
     double route_scale, rope_theta, rope_factor, beta_fast, beta_slow, mscale, norm_eps, balance_coeff, bias_skew;
-    int yarn;          /* seq_len > original_seq_len: YaRN frequencies and the softmax scale times attn_scale */
+    int yarn;          /* rope_scaling yarn, or auto and seq_len > original_seq_len: YaRN frequencies and the
+                          softmax scale times attn_scale */
     float attn_scale;  /* mscale^2 (1 without YaRN) */
     float *inv_freq;   /* YaRN: rope / 2 frequencies */
     ct_tensor *tok_embeddings, *norm, *output;
