@@ -213,15 +213,18 @@ static ct_status save_hf(session *s, const char *dir, int bf16) {
             goto done;
         }
     }
-    for (int i = 0; i < nb; i++) { /* the pack's buffers, rank 0's copies (under pp: see docs/checkpoints.md) */
+    for (int i = 0; i < nb; i++) { /* the pack's buffers, each from the stage that runs its block */
         tf_entry *t = &e[n++];
         *t = (tf_entry){.name = (char *)buf[i].name, .dtype = 1, .ndim = 1, .shape = {buf[i].numel},
                         .numel = buf[i].numel};
-        if (!(t->data = malloc(sizeof(float) * (size_t)t->numel))) {
+        if (!(t->data = malloc(sizeof(float) * (size_t)(t->numel > 0 ? t->numel : 1)))) {
             rc = ct_fail(CT_ERR_NOMEM, "out of memory");
             goto done;
         }
-        memcpy(t->data, buf[i].data, sizeof(float) * (size_t)t->numel);
+        if (session_buffer_get(s, &buf[i], t->data) != CT_OK) {
+            rc = ct_fail(CT_ERR_INTERNAL, "cannot gather %s: %s", buf[i].name, ct_last_error());
+            goto done;
+        }
     }
     ct_hf_export x;
     if (s->rank == 0 && (rc = pack_export(s, &x)) == CT_OK) {

@@ -219,6 +219,18 @@ static ct_status set_option(hf_pack *k, const ct_option_spec *o, json_t *v, cons
     return CT_OK;
 }
 
+/* Whether s is one of choices ("a|b|c"). */
+static int is_choice(const char *choices, const char *s) {
+    size_t n = strlen(s);
+    for (const char *c = choices; c && *c;) {
+        const char *end = strchr(c, '|');
+        size_t len = end ? (size_t)(end - c) : strlen(c);
+        if (len == n && !strncmp(c, s, n)) return 1;
+        c = end ? end + 1 : c + len;
+    }
+    return 0;
+}
+
 /* config.json's value for one link, checked against the option's type; *v NULL when absent and
  * optional. */
 static ct_status link_value(json_t *view, const ct_hf_option *l, const ct_option_spec *o, const char *label,
@@ -256,6 +268,14 @@ static ct_status link_value(json_t *view, const ct_hf_option *l, const ct_option
         return ct_fail(CT_ERR_INVALID, o->type == CT_OPT_BOOL ? "%s: %s must be true or false" : "%s: key '%s' must be %s",
                        label, l->key,
                        o->type == CT_OPT_INT ? "a positive integer" : o->type == CT_OPT_FLOAT ? "a number" : "a string");
+    if (o->type == CT_OPT_STRING && o->choices && !is_choice(o->choices, json_string_value(x))) {
+        char got[64];
+        snprintf(got, sizeof got, "%s", json_string_value(x));
+        for (char *c = got; *c; c++)
+            if ((unsigned char)*c < 0x20) *c = '?';
+        return ct_fail(CT_ERR_INVALID, "%s: %s '%s' is not supported (the pack's model.%s takes %s)", label, l->key,
+                       got, o->key, o->choices);
+    }
     *v = json_incref(x);
     return CT_OK;
 }

@@ -339,6 +339,24 @@ ct_status mdesc_for_load(manifest *mf, const char *path) {
     return CT_OK;
 }
 
+/* The pack's buffers after the weights (w NULL on the ranks that do not write), each as the stage that runs
+ * its block holds it; session_load_model restores them. */
+static ct_status save_buffers(session *s, tf_writer *w, const char *path) {
+    const ct_model_buffer *b;
+    int nb = session_buffers(s, &b);
+    for (int i = 0; i < nb; i++) {
+        float *data = malloc(sizeof(float) * (size_t)(b[i].numel > 0 ? b[i].numel : 1));
+        ct_status st = data ? session_buffer_get(s, &b[i], data) : CT_ERR_NOMEM;
+        if (st == CT_OK && w && tf_writer_add(w, b[i].name, 1, 1, &b[i].numel, data) != CT_OK)
+            st = ct_fail(CT_ERR_IO, "%s (writing %s)", tf_writer_error(w), b[i].name);
+        else if (st != CT_OK)
+            st = ct_fail(st, "%s: cannot gather %s: %s", path, b[i].name, data ? ct_last_error() : "out of memory");
+        free(data);
+        if (st != CT_OK) return st;
+    }
+    return CT_OK;
+}
+
 ct_status ckpt_save_model(session *s, const char *path) {
     /* every rank gathers (a collective for sharded parameters); rank 0 writes */
     char err[2048] = "";
@@ -381,6 +399,11 @@ ct_status ckpt_save_model(session *s, const char *path) {
         buf = grown;
     }
     free(buf);
+    ct_status bst = save_buffers(s, w, path);
+    if (bst != CT_OK) {
+        if (w) tf_writer_abort(w);
+        return bst;
+    }
     if (failed) return ct_fail(CT_ERR_IO, "%s", err);
     if (w && tf_writer_close(w) != CT_OK) return CT_ERR_IO;
     return CT_OK;

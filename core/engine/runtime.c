@@ -1599,16 +1599,23 @@ static ct_status param_get_here(runtime *rt, int i, float *host, int grad);
 ct_status runtime_param_get(runtime *rt, int i, float *host, int grad) {
     const ct_param_slot *sl = &rt->slots[i];
     if (!rt->dist.unit_rank) return param_get_here(rt, i, host, grad);
-    int owner = rt->dist.unit_rank[sl->unit];
     ct_status st = sl->placement != CT_PLACE_NONE ? param_get_here(rt, i, host, grad) : CT_OK;
     if (st != CT_OK) return st;
     int64_t n = 1;
     for (int d = 0; d < sl->param->ndim; d++) n *= sl->global_shape[d];
-    float *dev = NULL;
-    if ((st = rt->d->alloc(rt->dev, sizeof(float) * (size_t)(n > 0 ? n : 1), (void **)&dev)) != CT_OK) return st;
-    if (sl->placement != CT_PLACE_NONE) st = rt->d->copy(rt->dev, dev, host, sizeof(float) * (size_t)n, CT_COPY_H2D);
+    return runtime_stage_broadcast(rt, sl->unit, host, n);
+}
+
+ct_status runtime_stage_broadcast(runtime *rt, int unit, float *host, int64_t n) {
+    if (!rt->dist.unit_rank) return CT_OK;
+    int owner = rt->dist.unit_rank[unit];
+    float *dev = NULL; /* through the device: a comm backend may move device memory only */
+    ct_status st = rt->d->alloc(rt->dev, sizeof(float) * (size_t)(n > 0 ? n : 1), (void **)&dev);
+    if (st != CT_OK) return st;
+    if (rt->dist.mesh->coord[CT_AXIS_PP] == owner) st = rt->d->copy(rt->dev, dev, host, sizeof(float) * (size_t)n, CT_COPY_H2D);
     if (st == CT_OK)
-        st = rt->dist.capi->broadcast(rt->dist.comm, rt->dist.mesh->group[CT_AXIS_PP], dev, n, CT_F32, owner, NULL);
+        st = rt->dist.capi->broadcast(rt->dist.comm, rt->dist.mesh->group[CT_AXIS_PP], dev, n, CT_F32, owner,
+                                      NULL);
     if (st == CT_OK) st = rt->d->copy(rt->dev, host, dev, sizeof(float) * (size_t)n, CT_COPY_D2H);
     rt->d->free(rt->dev, dev);
     return st;

@@ -388,6 +388,10 @@ ct_status runtime_scale_grads(runtime *rt, float s);
  * the shards when sharded, a collective then). */
 ct_status runtime_param_get(runtime *rt, int i, float *host, int grad);
 ct_status runtime_param_set(runtime *rt, int i, const float *host);
+/* n floats at host, from the pipeline stage that runs unit to every rank of this rank's pp group (in
+ * place; the other stages' host contents are overwritten). A collective over pp; CT_OK at once without
+ * pipeline parallel. */
+ct_status runtime_stage_broadcast(runtime *rt, int unit, float *host, int64_t n);
 /* The index of the parameter called name, or -1 (a lookup: no error set). */
 int runtime_find_param(runtime *rt, const char *name);
 /* Shared parameters (model.h's share): parameter i's index of the parameter it is a copy of, or -1;

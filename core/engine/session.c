@@ -805,6 +805,11 @@ int session_buffer_saved_here(const session *s, const ct_model_buffer *b) {
     return !s->rt.dist.unit_rank || s->rt.dist.unit_rank[b->unit] == s->mesh.coord[CT_AXIS_PP];
 }
 
+ct_status session_buffer_get(session *s, const ct_model_buffer *b, float *host) {
+    memcpy(host, b->data, sizeof(float) * (size_t)b->numel);
+    return s->capi ? runtime_stage_broadcast(&s->rt, b->unit, host, b->numel) : CT_OK;
+}
+
 /* The file's copy of each buffer, where it holds one (a file written before the pack had buffers leaves
  * them as the pack made them). */
 static ct_status load_buffers(session *s, const tf_file *f, const char *path) {

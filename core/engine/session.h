@@ -111,6 +111,10 @@ int session_buffers(const session *s, const struct ct_model_buffer **out);
 /* Whether this rank's copy of buffer b is the one a save writes: the first rank of every mesh axis but pp,
  * on the pipeline stage that runs b's unit. */
 int session_buffer_saved_here(const session *s, const struct ct_model_buffer *b);
+
+/* Buffer b's values (numel floats into host) as the pipeline stage that runs its unit holds them: the
+ * copy a save or an export writes (another stage's copy is never updated). A collective over pp. */
+ct_status session_buffer_get(session *s, const struct ct_model_buffer *b, float *host);
 /* Every strategy's post_step (ABI 2.1): after the optimizer's step and after local storage was loaded.
  * CT_OK, or the strategy's status with the error set. */
 ct_status session_post_step(session *s);

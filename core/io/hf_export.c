@@ -507,9 +507,11 @@ static int linked(const ct_hf_option *links, const char *key) {
 
 static ct_status check_config_json(const char *path, const ct_hf_export *x, const char *who,
                                    const ct_hf_option *links, int folder_made, int *tied) {
-    json_t *root = hf_config_read(path);
-    if (!root) return CT_ERR_INVALID;
-    ct_status st = CT_OK;
+    json_t *raw = hf_config_read(path), *root = NULL;
+    if (!raw) return CT_ERR_INVALID;
+    ct_status st = hf_config_view(raw, path, &root); /* rope_parameters as rope_scaling, as transformers 4 writes it */
+    json_decref(raw);
+    if (st != CT_OK) return st;
     *tied = json_is_true(json_object_get(root, "tie_word_embeddings"));
     json_t *type = json_object_get(root, "model_type");
     if (!json_is_object(root))
@@ -524,14 +526,6 @@ static ct_status check_config_json(const char *path, const ct_hf_export *x, cons
     for (const ct_hf_field *f = x->fields; st == CT_OK && f && f->key; f++) {
         if (!(f->flags & CT_HF_CHECKED)) continue;
         json_t *v = hf_config_get(root, f->key);
-        /* transformers 5 writes RoPE's settings into rope_parameters (rope_type "default": plain RoPE) */
-        json_t *rp = json_object_get(root, "rope_parameters");
-        if (!v && !strcmp(f->key, "rope_theta")) v = hf_config_get(rp, "rope_theta");
-        if (!strcmp(f->key, "rope_scaling") && f->type == CT_HF_NULL && (!v || json_is_null(v)) && rp &&
-            !json_is_null(rp)) {
-            json_t *t = json_object_get(rp, "rope_type");
-            if (!json_is_string(t) || strcmp(json_string_value(t), "default")) v = rp; /* scaled: not plain */
-        }
         if ((!v || json_is_null(v)) && ((f->flags & CT_HF_OR_ABSENT) || linked(links, f->key)))
             continue; /* transformers' default */
         char want[96];
@@ -542,9 +536,12 @@ static ct_status check_config_json(const char *path, const ct_hf_export *x, cons
         else if (!same_value(f, v) && folder_made) /* the options came from this folder: it is what differs */
             st = ct_fail(CT_ERR_INVALID, "%s: %s must be %s (model %s runs no other)", path, f->key, want, who);
         else if (!same_value(f, v)) {
-            char *got = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+            json_t *rt = json_is_object(v) ? json_object_get(v, "rope_type") : NULL; /* a RoPE scaling: its type */
+            char *got = json_is_string(rt) ? NULL : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+            char typed[96];
+            if (json_is_string(rt)) snprintf(typed, sizeof typed, "rope_type %.60s", json_string_value(rt));
             st = ct_fail(CT_ERR_INVALID, "%s: %s is %.60s, model %s has %s (set the model's options to match the "
-                         "folder)", path, f->key, got ? got : "?", who, want);
+                         "folder)", path, f->key, got ? got : json_is_string(rt) ? typed : "?", who, want);
             free(got);
         }
     }
@@ -773,10 +770,60 @@ static ct_status rope_num(json_t *obj, const char *path, const char *what, const
     return CT_OK;
 }
 
+/* A message-safe copy of a JSON string (control characters replaced). */
+static void safe_text(char *out, size_t len, const char *t) {
+    snprintf(out, len, "%s", t ? t : "(not a string)");
+    for (char *p = out; *p; p++)
+        if ((unsigned char)*p < 0x20) *p = '?';
+}
+
+/* YaRN (rope_type "yarn") as transformers runs it, into r: the correction range floored and ceiled
+ * (truncate), cos and sin scaled by attention_factor (by default mscale's YaRN factor over
+ * mscale_all_dim's, or factor's own when either is absent), DeepSeek's softmax scale times mscale_all_dim's
+ * factor squared. ctitan's YaRN (DeepSeek-V3's, torchtitan's) leaves cos and sin alone, so what it runs is
+ * the case attention_factor 1; any other is refused, naming the key to change. */
+static double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * log(factor) + 1.0; }
+
+static ct_status read_yarn(json_t *root, json_t *obj, const char *path, const char *what, hf_rope *r) {
+    double orig = 0, ms = 0, af = 0;
+    json_t *mp = json_object_get(root, "max_position_embeddings"), *o = json_object_get(obj, "original_max_position_embeddings");
+    json_t *f = json_object_get(obj, "factor"), *a = json_object_get(obj, "attention_factor");
+    json_t *tr = json_object_get(obj, "truncate");
+    if (!json_is_number(f) || json_number_value(f) < 1)
+        return ct_fail(CT_ERR_INVALID, "%s: %s.factor must be a number of at least 1 (rope_type yarn)", path, what);
+    r->factor = json_number_value(f);
+    if (rope_num(obj, path, what, "original_max_position_embeddings",
+                 json_is_integer(mp) ? (double)json_integer_value(mp) : 0, &orig) ||
+        rope_num(obj, path, what, "beta_fast", 32, &r->beta_fast) || rope_num(obj, path, what, "beta_slow", 1, &r->beta_slow) ||
+        rope_num(obj, path, what, "mscale", 0, &ms) || rope_num(obj, path, what, "mscale_all_dim", 0, &r->mscale_all_dim) ||
+        rope_num(obj, path, what, "attention_factor", 0, &af))
+        return CT_ERR_INVALID;
+    if ((o && !json_is_null(o) && !json_is_integer(o)) || orig < 1 || orig > INT32_MAX)
+        return ct_fail(CT_ERR_INVALID, "%s: %s.original_max_position_embeddings (or max_position_embeddings) must be a "
+                       "positive integer", path, what);
+    r->orig = (int64_t)orig;
+    if (r->beta_fast == 0) r->beta_fast = 32; /* transformers reads 0 as the default */
+    if (r->beta_slow == 0) r->beta_slow = 1;
+    if (!(r->beta_fast > 0 && r->beta_slow > 0))
+        return ct_fail(CT_ERR_INVALID, "%s: %s.beta_fast and beta_slow must be positive", path, what);
+    if (tr && !json_is_null(tr) && !json_is_true(tr))
+        return ct_fail(CT_ERR_INVALID, "%s: %s.truncate must be true (ctitan's YaRN floors and ceils the correction "
+                       "range)", path, what);
+    if (!a || json_is_null(a)) af = ms != 0 && r->mscale_all_dim != 0
+                                       ? yarn_mscale(r->factor, ms) / yarn_mscale(r->factor, r->mscale_all_dim)
+                                       : yarn_mscale(r->factor, 1.0);
+    if (af != 1.0)
+        return ct_fail(CT_ERR_INVALID, "%s: %s scales cos and sin by %.6g (attention_factor, or YaRN's mscale over "
+                       "mscale_all_dim): ctitan's YaRN runs attention_factor 1 only: set %s.mscale equal to "
+                       "%s.mscale_all_dim", path, what, af, what, what);
+    r->yarn = 1;
+    return CT_OK;
+}
+
 /* One RoPE object: rope_scaling (transformers 4: "rope_type", or "type" in older files) or
  * rope_parameters (transformers 5, which may omit rope_type for plain RoPE). "default" leaves *r as
  * it is; the frequency-band type fills it, original_max_position_embeddings falling back to
- * max_position_embeddings. Any other type is refused. */
+ * max_position_embeddings; so does yarn (read_yarn). Any other type is refused. */
 static ct_status read_rope_object(json_t *root, const char *path, const char *what, int need_type, hf_rope *r) {
     json_t *obj = json_object_get(root, what);
     if (!obj || json_is_null(obj)) return CT_OK;
@@ -784,18 +831,17 @@ static ct_status read_rope_object(json_t *root, const char *path, const char *wh
     json_t *type = json_object_get(obj, "rope_type");
     if (!type || json_is_null(type)) type = json_object_get(obj, "type");
     if ((!type || json_is_null(type)) && need_type)
-        return ct_fail(CT_ERR_INVALID, "%s: %s has no rope_type (ctitan reads rope_type default and %s)", path, what,
-                       HF_ROPE_BANDS);
+        return ct_fail(CT_ERR_INVALID, "%s: %s has no rope_type (ctitan reads rope_type default, %s and yarn)", path,
+                       what, HF_ROPE_BANDS);
     if (!type || json_is_null(type)) return CT_OK;
     const char *t = json_is_string(type) ? json_string_value(type) : NULL;
     if (t && !strcmp(t, "default")) return CT_OK;
+    if (t && !strcmp(t, "yarn")) return read_yarn(root, obj, path, what, r);
     if (!t || strcmp(t, HF_ROPE_BANDS)) {
         char got[64];
-        snprintf(got, sizeof got, "%s", t ? t : "(not a string)");
-        for (char *p = got; *p; p++)
-            if ((unsigned char)*p < 0x20) *p = '?';
-        return ct_fail(CT_ERR_INVALID, "%s: %s rope_type '%s' is not supported (ctitan reads rope_type default and %s)",
-                       path, what, got, HF_ROPE_BANDS);
+        safe_text(got, sizeof got, t);
+        return ct_fail(CT_ERR_INVALID, "%s: %s rope_type '%s' is not supported (ctitan reads rope_type default, %s "
+                       "and yarn)", path, what, got, HF_ROPE_BANDS);
     }
     if (!json_object_get(obj, "factor"))
         return ct_fail(CT_ERR_INVALID, "%s: %s of rope_type %s has no factor", path, what, HF_ROPE_BANDS);
@@ -815,16 +861,20 @@ static ct_status read_rope_object(json_t *root, const char *path, const char *wh
     return CT_OK;
 }
 
+static int same_rope(const hf_rope *a, const hf_rope *b) {
+    return a->yarn == b->yarn && a->factor == b->factor && a->low == b->low && a->high == b->high &&
+           a->orig == b->orig && a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow &&
+           a->mscale_all_dim == b->mscale_all_dim;
+}
+
 /* root's RoPE scaling (root a JSON object; path names it in messages). */
 static ct_status rope_of(json_t *root, const char *path, hf_rope *out) {
     hf_rope a = {0}, b = {0};
     memset(out, 0, sizeof *out);
     ct_status st = read_rope_object(root, path, "rope_scaling", 1, &a);
     if (st == CT_OK) st = read_rope_object(root, path, "rope_parameters", 0, &b);
-    if (st == CT_OK && a.factor != 0 && b.factor != 0 &&
-        (a.factor != b.factor || a.low != b.low || a.high != b.high || a.orig != b.orig))
-        st = ct_fail(CT_ERR_INVALID, "%s: rope_scaling and rope_parameters give different %s scaling", path,
-                     HF_ROPE_BANDS);
+    if (st == CT_OK && a.factor != 0 && b.factor != 0 && !same_rope(&a, &b))
+        st = ct_fail(CT_ERR_INVALID, "%s: rope_scaling and rope_parameters give different RoPE scaling", path);
     if (st == CT_OK) *out = a.factor != 0 ? a : b;
     return st;
 }
@@ -837,8 +887,25 @@ ct_status hf_read_rope(const char *dir, hf_rope *out) {
     if (!root) return CT_ERR_INVALID;
     ct_status st = json_is_object(root) ? rope_of(root, path, out)
                                         : ct_fail(CT_ERR_INVALID, "%s: expected a JSON object", path);
+    if (st == CT_OK && out->yarn) /* a model described by ct_model_desc has no YaRN fields */
+        st = ct_fail(CT_ERR_INVALID, "%s: RoPE scaling of rope_type yarn is not supported for this model (it reads "
+                     "rope_type default and %s)", path, HF_ROPE_BANDS);
     json_decref(root);
     return st;
+}
+
+/* The view's rope_scaling for r: null, the frequency bands, or YaRN with every key transformers reads (cos
+ * and sin unscaled: mscale equal to mscale_all_dim, or attention_factor 1 when mscale_all_dim is 0). */
+static json_t *rope_json(const hf_rope *r) {
+    if (r->factor == 0) return json_null();
+    if (!r->yarn)
+        return json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", HF_ROPE_BANDS, "factor", r->factor, "low_freq_factor",
+                         r->low, "high_freq_factor", r->high, "original_max_position_embeddings", (json_int_t)r->orig);
+    return json_pack("{s:s, s:f, s:I, s:f, s:f, s:f, s:f}", "rope_type", "yarn", "factor", r->factor,
+                     "original_max_position_embeddings", (json_int_t)r->orig, "beta_fast", r->beta_fast, "beta_slow",
+                     r->beta_slow, "mscale_all_dim", r->mscale_all_dim,
+                     r->mscale_all_dim != 0 ? "mscale" : "attention_factor",
+                     r->mscale_all_dim != 0 ? r->mscale_all_dim : 1.0);
 }
 
 ct_status hf_config_view(json_t *root, const char *path, json_t **view) {
@@ -853,10 +920,7 @@ ct_status hf_config_view(json_t *root, const char *path, json_t **view) {
     if ((!theta || json_is_null(theta)) && json_is_object(rp) && json_object_get(rp, "rope_theta"))
         json_object_set(v, "rope_theta", json_object_get(rp, "rope_theta"));
     json_object_del(v, "rope_parameters");
-    json_t *scaling = r.factor == 0 ? json_null()
-                                    : json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", HF_ROPE_BANDS, "factor",
-                                                r.factor, "low_freq_factor", r.low, "high_freq_factor", r.high,
-                                                "original_max_position_embeddings", (json_int_t)r.orig);
+    json_t *scaling = rope_json(&r);
     if (!scaling || json_object_set_new(v, "rope_scaling", scaling)) {
         json_decref(v);
         return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);

@@ -63,22 +63,27 @@ json_t *hf_config_read(const char *path);
 json_t *hf_config_get(json_t *root, const char *key);
 
 /* config.json (root) as transformers 4 writes it, whichever version wrote it: rope_parameters (5) read
- * as rope_scaling, which becomes null (plain RoPE) or the frequency-band type with every key
- * (hf_read_rope's), and rope_theta the top-level key. *view: a new reference. A RoPE type ctitan does
- * not run is refused, naming it (path names the file). */
+ * as rope_scaling, which becomes null (plain RoPE), the frequency-band type or YaRN, with every key
+ * (hf_read_rope's, rope_json's), and rope_theta the top-level key. *view: a new reference. A RoPE type or
+ * YaRN setting ctitan does not run is refused, naming it (path names the file). */
 ct_status hf_config_view(json_t *root, const char *path, json_t **view);
 
 /* Hugging Face's frequency-band RoPE scaling (transformers' rope_type "llama3", Llama 3.1's; the
- * same as ct_model_desc.rope_*): factor 0 is plain RoPE. */
+ * same as ct_model_desc.rope_*): factor 0 is plain RoPE. yarn: transformers' rope_type "yarn" instead
+ * (factor, orig, beta_fast, beta_slow, mscale_all_dim; cos and sin unscaled, which is what ctitan's
+ * YaRN runs: DeepSeek-V3's softmax scale times (0.1 mscale_all_dim ln factor + 1)^2). */
 #define HF_ROPE_BANDS "llama3"
 typedef struct hf_rope {
     double factor, low, high; /* factor, low_freq_factor, high_freq_factor */
     int64_t orig;             /* original_max_position_embeddings */
+    int yarn;
+    double beta_fast, beta_slow, mscale_all_dim;
 } hf_rope;
 
 /* DIR/config.json's RoPE scaling, from rope_scaling (transformers 4) or rope_parameters (5), which
- * must agree when both scale; rope_type default (or none) is plain. Another rope_type is refused,
- * naming it. */
+ * must agree when both scale; rope_type default (or none) is plain. YaRN and any other rope_type are
+ * refused, naming it: this is the reader for models whose description (ct_model_desc) carries the
+ * scaling; a pack whose table checks rope_scaling itself reads YaRN through hf_config_view. */
 ct_status hf_read_rope(const char *dir, hf_rope *out);
 
 /* config.json's text for x (malloc'd; NULL and an error when a field is malformed). */

@@ -12,10 +12,12 @@
  * rope(k_pe) repeated over the heads]. The builder's attention takes one head size for q, k and v and scales
  * by 1/sqrt(q's): v is padded with zero columns to q's head size and the output's first v_head_dim columns
  * kept. RoPE rotates interleaved pairs, DeepSeek's own layout, which Hugging Face's checkpoints keep
- * (transformers' rope_interleave): the weights map without any row permutation. When training.seq_len
- * exceeds original_seq_len, RoPE's frequencies are YaRN's (torchtitan's precompute_freqs_cis, through the
- * builder's rope_freqs) and the softmax scale is multiplied by mscale^2, mscale = 0.1 * mscale *
- * ln(rope_factor) + 1 (folded into q).
+ * (transformers' rope_interleave): the weights map without any row permutation. Under YaRN (model.rope_scaling
+ * auto: when training.seq_len exceeds original_seq_len, torchtitan's rule; yarn: always, as transformers runs a
+ * config.json whose rope_scaling is yarn) RoPE's frequencies are YaRN's (torchtitan's precompute_freqs_cis,
+ * through the builder's rope_freqs) and the softmax scale is multiplied by mscale^2, mscale = 0.1 * mscale *
+ * ln(rope_factor) + 1 (folded into q): transformers' yarn with mscale = mscale_all_dim, which a Hugging Face
+ * folder's rope_scaling gives and an export writes.
  *
  * Routing: softmax or sigmoid scores, group-limited (n_expert_groups, n_limited_groups), the top_k weights
  * normalised (route_norm) and scaled (route_scale). Aux-loss-free load balancing: each MoE block keeps an
@@ -92,10 +94,13 @@ static const ct_option_spec options[] = {
     {sizeof(ct_option_spec), "route_scale", CT_OPT_FLOAT, NULL, "override the routed weights' multiplier",
      "(0, 1000]", NULL},
     {sizeof(ct_option_spec), "rope_theta", CT_OPT_FLOAT, "10000", "RoPE base", "(0, 1e12]", NULL},
-    {sizeof(ct_option_spec), "rope_factor", CT_OPT_FLOAT, "40", "YaRN's factor (when seq_len > original_seq_len)",
-     "[1, 1e6]", NULL},
+    {sizeof(ct_option_spec), "rope_scaling", CT_OPT_STRING, "auto",
+     "RoPE's scaling: auto (YaRN when training.seq_len exceeds original_seq_len, torchtitan's rule), yarn (always, "
+     "as transformers runs a config.json whose rope_scaling is yarn) or none (plain RoPE)", NULL, "auto|yarn|none"},
+    {sizeof(ct_option_spec), "rope_factor", CT_OPT_FLOAT, "40", "YaRN's factor", "[1, 1e6]", NULL},
     {sizeof(ct_option_spec), "original_seq_len", CT_OPT_INT, "4096",
-     "the pretraining context: a longer training.seq_len turns YaRN on", "[1, 2147483647]", NULL},
+     "the pretraining context: under rope_scaling auto a longer training.seq_len turns YaRN on",
+     "[1, 2147483647]", NULL},
     {sizeof(ct_option_spec), "beta_fast", CT_OPT_FLOAT, "32", "YaRN's fast rotation bound", "(0, 1e6]", NULL},
     {sizeof(ct_option_spec), "beta_slow", CT_OPT_FLOAT, "1", "YaRN's slow rotation bound", "(0, 1e6]", NULL},
     {sizeof(ct_option_spec), "mscale", CT_OPT_FLOAT, NULL, "override YaRN's attention mscale", "[0, 100]", NULL},
@@ -126,15 +131,18 @@ typedef struct layer {
     char unit_name[24], bias_name[48];
 } layer;
 
-#define N_FIELDS 40
+#define N_FIELDS 48
+
+enum { ROPE_AUTO, ROPE_YARN, ROPE_NONE }; /* model.rope_scaling */
 
 typedef struct ct_model {
     const ct_host *host;
     int64_t dim, n_layers, n_dense, n_heads, vocab, inter_dim, moe_inter_dim, n_experts, n_shared, top_k;
     int64_t n_groups, topk_groups, q_lora, kv_lora, nope, rope, v, seq_len, original_seq_len, max_positions;
-    int score_func, route_norm, force_balance, log_load;
+    int score_func, route_norm, force_balance, log_load, rope_mode;
     double route_scale, rope_theta, rope_factor, beta_fast, beta_slow, mscale, norm_eps, balance_coeff, bias_skew;
-    int yarn;          /* seq_len > original_seq_len: YaRN frequencies and the softmax scale times attn_scale */
+    int yarn;          /* rope_scaling yarn, or auto and seq_len > original_seq_len: YaRN frequencies and the
+                          softmax scale times attn_scale */
     float attn_scale;  /* mscale^2 (1 without YaRN) */
     float *inv_freq;   /* YaRN: rope / 2 frequencies */
     ct_tensor *tok_embeddings, *norm, *output;
@@ -197,6 +205,8 @@ static void read_options(dsv3 *m, const ct_host *h) {
     override_int(h, "original_seq_len", &m->original_seq_len);
     override_int(h, "max_position_embeddings", &m->max_positions);
     if (h->opt_string(h, "score_func", &s) == CT_OK && s) m->score_func = strcmp(s, "sigmoid") ? CT_MOE_SOFTMAX : CT_MOE_SIGMOID;
+    if (h->opt_string(h, "rope_scaling", &s) == CT_OK && s)
+        m->rope_mode = !strcmp(s, "yarn") ? ROPE_YARN : !strcmp(s, "none") ? ROPE_NONE : ROPE_AUTO;
     h->opt_bool(h, "route_norm", &m->route_norm);
     h->opt_float(h, "route_scale", &m->route_scale);
     h->opt_float(h, "rope_theta", &m->rope_theta);
@@ -261,7 +271,7 @@ static ct_status dsv3_create(const ct_host *h, const ct_model_config *cfg, ct_mo
         free(m);
         return CT_ERR_INVALID;
     }
-    m->yarn = m->seq_len > m->original_seq_len && m->rope_factor > 1;
+    m->yarn = m->rope_mode == ROPE_YARN || (m->rope_mode == ROPE_AUTO && m->seq_len > m->original_seq_len && m->rope_factor > 1);
     if (!(m->layers = calloc((size_t)m->n_layers, sizeof(layer))) || (m->yarn && yarn_setup(m) != CT_OK)) {
         free(m->layers);
         free(m);
@@ -642,7 +652,18 @@ static ct_status dsv3_hf_export(ct_model *p, ct_hf_export *out) {
     FIELD("qk_rope_head_dim", CT_HF_INT, m->rope, 0, NULL, C);
     FIELD("rms_norm_eps", CT_HF_FLOAT, 0, m->norm_eps, NULL, C);
     FIELD("rope_interleave", CT_HF_BOOL, 1, 0, NULL, C | CT_HF_OR_ABSENT);
-    FIELD("rope_scaling", CT_HF_NULL, 0, 0, NULL, C);
+    if (m->yarn) { /* what transformers runs as this pack's YaRN: cos and sin unscaled (hf_config_view's form) */
+        if (m->mscale == 0) FIELD("rope_scaling.attention_factor", CT_HF_FLOAT, 0, 1.0, NULL, C);
+        FIELD("rope_scaling.beta_fast", CT_HF_FLOAT, 0, m->beta_fast, NULL, C);
+        FIELD("rope_scaling.beta_slow", CT_HF_FLOAT, 0, m->beta_slow, NULL, C);
+        FIELD("rope_scaling.factor", CT_HF_FLOAT, 0, m->rope_factor, NULL, C);
+        if (m->mscale != 0) FIELD("rope_scaling.mscale", CT_HF_FLOAT, 0, m->mscale, NULL, C);
+        FIELD("rope_scaling.mscale_all_dim", CT_HF_FLOAT, 0, m->mscale, NULL, C);
+        FIELD("rope_scaling.original_max_position_embeddings", CT_HF_INT, m->original_seq_len, 0, NULL, C);
+        FIELD("rope_scaling.rope_type", CT_HF_STRING, 0, 0, "yarn", C);
+    } else {
+        FIELD("rope_scaling", CT_HF_NULL, 0, 0, NULL, C);
+    }
     FIELD("rope_theta", CT_HF_FLOAT, 0, m->rope_theta, NULL, C);
     FIELD("routed_scaling_factor", CT_HF_FLOAT, 0, m->route_scale, NULL, C);
     FIELD("scoring_func", CT_HF_STRING, 0, 0, sig ? "sigmoid" : "softmax", sig ? C | CT_HF_OR_ABSENT : C);
@@ -685,6 +706,16 @@ static const ct_hf_option hf_options[] = {
     {"rope_theta", "rope_theta", NULL, "10000", 0},
     {"rms_norm_eps", "norm_eps", NULL, "1e-6", 0},
     {"max_position_embeddings", "max_position_embeddings", NULL, NULL, CT_HF_OPTIONAL},
+    /* RoPE: a folder says plain (null) or YaRN, which transformers runs whatever the length (hf_config_view
+     * turns rope_parameters into this rope_scaling, its defaults filled in, and refuses what the pack cannot run:
+     * cos and sin scaled) */
+    {"rope_scaling.rope_type", "rope_scaling", NULL, "none", 0}, /* absent: plain, whatever training.seq_len */
+    /* YaRN's settings: present whenever rope_type is yarn (the view fills transformers' defaults in) */
+    {"rope_scaling.factor", "rope_factor", NULL, NULL, CT_HF_OPTIONAL},
+    {"rope_scaling.original_max_position_embeddings", "original_seq_len", NULL, NULL, CT_HF_OPTIONAL},
+    {"rope_scaling.beta_fast", "beta_fast", NULL, NULL, CT_HF_OPTIONAL},
+    {"rope_scaling.beta_slow", "beta_slow", NULL, NULL, CT_HF_OPTIONAL},
+    {"rope_scaling.mscale_all_dim", "mscale", NULL, NULL, CT_HF_OPTIONAL},
     {NULL, NULL, NULL, NULL, 0},
 };
 

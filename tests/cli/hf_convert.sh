@@ -5,8 +5,10 @@
 #     config.*, input.*, expected.*, grad.*, adamw.* entries are not model weights), and a second
 #     round trip reproduces both files; bfloat16 exports are stable too;
 #   - folders written by transformers (one file in float32; bfloat16 shards with an index) convert;
+#   - DeepSeek-V3's YaRN rope_scaling reads into the pack's options and is written back (below);
 #   - bad input (corrupt or truncated safetensors, missing config.json, unsupported config such as
-#     YaRN RoPE scaling (Llama 3.1's llama3 type is read: tests/cli/hf_rope_scaling.sh), bad flags)
+#     YaRN RoPE scaling on Llama (Llama 3.1's llama3 type is read: tests/cli/hf_rope_scaling.sh), YaRN
+#     the DeepSeek-V3 pack cannot run, bad flags)
 #     gives one line on stderr and exit status 2; an unwritable output gives exit status 1.
 set -u
 CTITAN=${CTITAN:-build/ctitan}
@@ -93,8 +95,10 @@ cp -r "$T/hf" "$T/cut"; truncate -s -10 "$T/cut/model.safetensors"
 expect_fail "truncated file" 2 "model.safetensors: tensor '.*': data_offsets .* run past the data section" -- --from hf --input "$T/cut" --output "$T/x.ctt"
 cp -r "$T/hf" "$T/noconf"; rm "$T/noconf/config.json"
 expect_fail "missing config.json" 2 "noconf/config.json: cannot open" -- --from hf --input "$T/noconf" --output "$T/x.ctt"
-cp -r "$T/hf" "$T/scaled"; sed -i 's/"rope_scaling": null/"rope_scaling": {"rope_type": "yarn", "factor": 8.0}/' "$T/scaled/config.json"
-expect_fail "YaRN RoPE scaling" 2 "rope_scaling rope_type 'yarn' is not supported \(ctitan reads rope_type default and llama3\)" -- --from hf --input "$T/scaled" --output "$T/x.ctt"
+cp -r "$T/hf" "$T/scaled"; sed -i 's/"rope_scaling": null/"rope_scaling": {"rope_type": "yarn", "factor": 8.0, "mscale": 1.0, "mscale_all_dim": 1.0}/' "$T/scaled/config.json"
+expect_fail "YaRN RoPE scaling on Llama" 2 "rope_scaling.rope_type 'yarn' is not supported \(the pack's model.rope_scaling takes none\|llama3\)" -- --from hf --input "$T/scaled" --output "$T/x.ctt"
+cp -r "$T/hf" "$T/yarn2"; sed -i 's/"rope_scaling": null/"rope_scaling": {"rope_type": "yarn", "factor": 8.0}/' "$T/yarn2/config.json"
+expect_fail "YaRN scaling cos and sin" 2 "config.json: rope_scaling scales cos and sin by 1.20794 .*set rope_scaling.mscale equal to rope_scaling.mscale_all_dim" -- --from hf --input "$T/yarn2" --output "$T/x.ctt"
 [ -e "$T/x.ctt" ] && bad "a failed conversion left $T/x.ctt" || ok "failed conversions write nothing"
 expect_fail "missing .ctt" 2 "nope.ctt: cannot open" -- --to hf --input "$T/nope.ctt" --output "$T/o"
 expect_fail "no head count" 2 "old.ctt has no model description nor config.n_heads; give --n-heads" -- --to hf --input "$T/old.ctt" --output "$T/o"
@@ -110,6 +114,39 @@ expect_fail "bad dtype" 2 "--dtype must be float32 or bfloat16, not fp8" -- --to
 expect_fail "bad number" 2 "bad value for --n-heads" -- --to hf --input a --output b --n-heads four
 expect_fail "dtype with --from" 2 "apply to --to hf only" -- --from hf --input a --output b --dtype bfloat16
 expect_fail "no output" 2 "--input and --output are required" -- --from hf --input a
+# DeepSeek-V3's YaRN (tests/golden/hf/deepseek_v3_yarn_from_transformers, transformers 5's rope_parameters): the folder
+# converts with model.rope_scaling yarn and its settings, and back to a folder whose rope_scaling is transformers 4's
+# form of the same (then to the same .ctt again); DeepSeek's own config.json spelling ("type", integers) reads
+# alike. YaRN the pack cannot run (cos and sin scaled: mscale unlike mscale_all_dim, or neither given), a
+# truncate of false and another rope_type are refused, naming the key.
+Y=$G/hf/deepseek_v3_yarn_from_transformers
+ystr="rope_scaling: yarn, rope_factor: 40, original_seq_len: 4096, beta_fast: 32, beta_slow: 1, mscale: 1}"
+if run --from hf --input "$Y" --output "$T/y.ctt" && grep -qF "$ystr" "$T/out" &&
+    run --to hf --input "$T/y.ctt" --output "$T/yhf" &&
+    tr -d ' \n' <"$T/yhf/config.json" | grep -qF '"rope_scaling":{"beta_fast":32.0,"beta_slow":1.0,"factor":40.0,"mscale":1.0,"mscale_all_dim":1.0,"original_max_position_embeddings":4096,"rope_type":"yarn"}' &&
+    run --from hf --input "$T/yhf" --output "$T/y2.ctt" && cmp -s "$T/y.ctt" "$T/y2.ctt"; then
+    ok "DeepSeek-V3's YaRN folder: $ystr; written back as rope_scaling yarn; the files equal"
+else bad "DeepSeek-V3's YaRN folder: $(cat "$T/err" "$T/out")"; fi
+# yarn_config NAME JSON: the folder with rope_parameters gone and rope_scaling set to JSON (DeepSeek's own spelling)
+yarn_config() {
+    rm -rf "$T/$1"; cp -r "$Y" "$T/$1"
+    sed -i '/"rope_parameters": {/,/}/d' "$T/$1/config.json"
+    sed -i "s/\"rope_interleave\": true,/\"rope_interleave\": true, \"rope_scaling\": $2, \"rope_theta\": 10000.0,/" "$T/$1/config.json"
+}
+yarn_config ydeepseek '{"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"}'
+if run --from hf --input "$T/ydeepseek" --output "$T/y3.ctt" && cmp -s "$T/y.ctt" "$T/y3.ctt"; then
+    ok "DeepSeek-V3's own rope_scaling spelling gives the same model file"
+else bad "DeepSeek-V3's own rope_scaling spelling: $(cat "$T/err" "$T/out")"; fi
+yarn_config ymscale '{"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "mscale": 0.707, "mscale_all_dim": 1.0}'
+expect_fail "YaRN mscale unlike mscale_all_dim" 2 "rope_scaling scales cos and sin by 0.92.*set rope_scaling.mscale equal to rope_scaling.mscale_all_dim" -- --from hf --input "$T/ymscale" --output "$T/x.ctt"
+yarn_config ybare '{"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096}'
+expect_fail "YaRN without mscale" 2 "rope_scaling scales cos and sin by 1.36889" -- --from hf --input "$T/ybare" --output "$T/x.ctt"
+yarn_config ytrunc '{"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "mscale": 1, "mscale_all_dim": 1, "truncate": false}'
+expect_fail "YaRN truncate false" 2 "rope_scaling.truncate must be true" -- --from hf --input "$T/ytrunc" --output "$T/x.ctt"
+yarn_config yllama '{"rope_type": "llama3", "factor": 8.0}'
+expect_fail "Llama 3.1 scaling on DeepSeek-V3" 2 "rope_scaling.rope_type 'llama3' is not supported \(the pack's model.rope_scaling takes auto\|yarn\|none\)" -- --from hf --input "$T/yllama" --output "$T/x.ctt"
+yarn_config ydyn '{"rope_type": "dynamic", "factor": 8.0}'
+expect_fail "dynamic scaling on DeepSeek-V3" 2 "rope_scaling rope_type 'dynamic' is not supported" -- --from hf --input "$T/ydyn" --output "$T/x.ctt"
 touch "$T/file"
 expect_fail "unwritable output" 1 "cannot create the folder" -- --to hf --input "$G/llama3_tiny.ctt" --output "$T/file/sub"
 

@@ -2,8 +2,8 @@
 """Golden values for ctitan's DeepSeek-V3 pack (models/deepseek_v3), from transformers' DeepseekV3ForCausalLM
 in float64.
 
-Writes tests/golden/deepseek_v3_tiny.ctt (and deepseek_v3_yarn_tiny.ctt, below): a tiny random DeepSeek-V3's parameters under ctitan's names and
-layout, one batch, transformers' logits, the loss and every parameter's gradient. The model: 3 blocks, the
+Writes tests/golden/deepseek_v3_tiny.ctt (and deepseek_v3_yarn_tiny.ctt and deepseek_v3_hf_yarn_tiny.ctt, below): a tiny
+random DeepSeek-V3's parameters under ctitan's names and layout, one batch, transformers' logits, the loss and every parameter's gradient. The model: 3 blocks, the
 first dense; multi-head latent attention with q_lora_rank 24, kv_lora_rank 16, qk_nope 8, qk_rope 4 and
 v_head_dim 6 (so v is narrower than q and k, as in DeepSeek-V3); 8 routed experts of hidden 16 in 4 groups,
 top-2 over the 2 best groups by sigmoid with norm_topk_prob and routed_scaling_factor 2.5, one shared expert.
@@ -32,7 +32,9 @@ from gen_llama3_golden import ctt_read, ctt_write  # noqa: E402
 
 OUT = os.path.join(HERE, "deepseek_v3_tiny.ctt")
 OUT_YARN = os.path.join(HERE, "deepseek_v3_yarn_tiny.ctt")
+OUT_HF_YARN = os.path.join(HERE, "deepseek_v3_hf_yarn_tiny.ctt")
 HF_FOLDER = os.path.join(HERE, "hf", "deepseek_v3_from_transformers")  # the same model saved by transformers
+HF_YARN_FOLDER = os.path.join(HERE, "hf", "deepseek_v3_yarn_from_transformers")
 ROOT = os.path.dirname(os.path.dirname(HERE))
 OPTIONS = ["--model.name=deepseek_v3", "--model.flavor=671B", "--model.dim=32", "--model.n_layers=3",
            "--model.n_dense_layers=1", "--model.n_heads=4", "--model.vocab_size=512", "--model.inter_dim=64",
@@ -50,6 +52,14 @@ TINY = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_
 # YaRN on when training.seq_len (16) exceeds model.original_seq_len (8), as torchtitan does.
 YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=8, beta_fast=32.0,
             beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)
+# The third: the first model's sizes and weights with DeepSeek-V3's own rope_scaling (its config.json: YaRN of factor 40
+# over 4096 positions, mscale = mscale_all_dim = 1, max_position_embeddings 163840), saved by transformers with its
+# logits only (deepseek_v3_hf_yarn_tiny.ctt): transformers runs YaRN at every length, so the folder loads into
+# ctitan as model.rope_scaling yarn (tests/unit/test_deepseek_v3_golden.c).
+DEEPSEEK_YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
+                     beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)
+YARN_OPTIONS = ["--model.rope_scaling=yarn", "--model.rope_factor=40", "--model.original_seq_len=4096",
+                "--model.mscale=1", "--model.max_position_embeddings=163840"]
 SEED = 20261207
 BATCH, SEQ = 2, 16
 MARGIN = 1e-4  # every token's chosen groups and experts beat the next by more (no near tie)
@@ -83,12 +93,14 @@ def margins(group_scores, eligible, kg, k):
     return float((g[:, kg - 1] - g[:, kg]).min()), float((e[:, k - 1] - e[:, k]).min())
 
 
-def make_model(yarn=False):
+def make_model(yarn=False, hf_yarn=False):
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as mod
 
     mod.DeepseekV3TopkRouter.forward = router_forward_f64
     tiny = dict(TINY, q_lora_rank=None, rope_parameters=YARN) if yarn else TINY
+    if hf_yarn:
+        tiny = dict(TINY, max_position_embeddings=163840, rope_parameters=DEEPSEEK_YARN)
     config = DeepseekV3Config(**tiny, tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
                               rope_interleave=True, experts_implementation="eager")
     torch.manual_seed(SEED)
@@ -172,10 +184,13 @@ def save_folder(model, folder):
         os.chmod(os.path.join(folder, f), 0o644)
 
 
-def verify_export(ctitan, logits64):
+def verify_export(ctitan, logits64, folder=HF_FOLDER, extra=(), golden=OUT):
     """A one-step run at lr 0 (and no bias update) loads the committed folder (checkpoint.initial_load_in_hf)
-    and exports it (checkpoint.last_save_in_hf): its tensors must be transformers' bit for bit, and
-    transformers must load the export and give the golden logits. Returns (relative error, tensors)."""
+    and exports it (checkpoint.last_save_in_hf): its tensors must be transformers' bit for bit, its config.json's
+    RoPE scaling transformers' own, and transformers must load the export and give the golden logits. Returns
+    (relative error, tensors)."""
+    import json
+
     import subprocess
     import tempfile
 
@@ -189,29 +204,36 @@ def verify_export(ctitan, logits64):
         subprocess.run([ctitan, "tokenizer", "train", "--input", corpus, "--vocab-size", "512", "--output", tok],
                        **quiet)
         subprocess.run([ctitan, "tokenize", "--tokenizer", tok, "--input", corpus, "--output", data], **quiet)
-        subprocess.run([ctitan, "train", os.path.join(ROOT, "configs", "llama3_debug.yaml"), *OPTIONS,
+        subprocess.run([ctitan, "train", os.path.join(ROOT, "configs", "llama3_debug.yaml"), *OPTIONS, *extra,
                         f"--training.dataset_path={data}", "--training.seq_len=16", "--training.local_batch_size=2",
                         "--training.steps=1", "--optimizer.lr=0", "--lr_scheduler.warmup_steps=0",
                         "--model.load_balance_coeff=0", "--generate.max_new_tokens=0", "--device.threads=1",
                         f"--job.dump_folder={tmp}/run", "--checkpoint.enable=true",
-                        "--checkpoint.initial_load_in_hf=true", f"--checkpoint.initial_load_path={HF_FOLDER}",
+                        "--checkpoint.initial_load_in_hf=true", f"--checkpoint.initial_load_path={folder}",
                         "--checkpoint.last_save_in_hf=true"], **quiet)
         out = os.path.join(tmp, "run", "checkpoint", "step-1-hf")
         tensors = load_file(os.path.join(out, "model.safetensors"))
-        theirs = load_file(os.path.join(HF_FOLDER, "model.safetensors"))
+        theirs = load_file(os.path.join(folder, "model.safetensors"))
+        with open(os.path.join(out, "config.json")) as f_ours, open(os.path.join(folder, "config.json")) as f_theirs:
+            ours, orig = json.load(f_ours), json.load(f_theirs)
+        want = orig["rope_parameters"] if orig["rope_parameters"]["rope_type"] != "default" else None
+        got = ours["rope_scaling"]
+        if want is not None:
+            want = {k: v for k, v in want.items() if k != "rope_theta"}
+        assert got == want, f"exported rope_scaling {got}, transformers wrote {want}"
         assert sorted(tensors) == sorted(theirs), sorted(set(tensors) ^ set(theirs))
         for k in tensors:
             assert torch.equal(tensors[k], theirs[k]), f"{k} changed in the round trip"
         model = DeepseekV3ForCausalLM.from_pretrained(out, attn_implementation="eager",
                                                       experts_implementation="eager").eval()
         with torch.no_grad():
-            logits = model.double()(ctt_read(OUT)["input.tokens"].long()).logits
+            logits = model.double()(ctt_read(golden)["input.tokens"].long()).logits
     e = float((logits - logits64).norm() / logits64.norm())
     return e, len(tensors)
 
 
-def compute(folder=None, yarn=False):
-    model, tokens, targets = make_model(yarn)
+def compute(folder=None, yarn=False, hf_yarn=False):
+    model, tokens, targets = make_model(yarn, hf_yarn)
     if folder:
         save_folder(model, folder)
     params = ctitan_tensors(model)  # the float32 weights
@@ -221,6 +243,9 @@ def compute(folder=None, yarn=False):
         g, e = layer.mlp.gate.last_margins
         assert min(g, e) > MARGIN, f"a router near tie (groups {g:.2e}, experts {e:.2e}): pick another seed"
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    if hf_yarn:  # the weights are the folder's (and the first golden's): the logits and loss only
+        return [("input.tokens", tokens.to(torch.int32)), ("input.targets", targets.to(torch.int32)),
+                ("expected.logits", logits.detach()), ("expected.loss", loss.detach().reshape(1))]
     loss.backward()
     items = params + [("input.tokens", tokens.to(torch.int32)), ("input.targets", targets.to(torch.int32)),
                       ("expected.logits", logits.detach()), ("expected.loss", loss.detach().reshape(1))]
@@ -236,8 +261,9 @@ def main():
     torch.set_num_threads(1)
     items = compute(None if a.check else HF_FOLDER)
     yarn_items = compute(None, yarn=True)
+    hf_yarn_items = compute(None if a.check else HF_YARN_FOLDER, hf_yarn=True)
     if a.check:
-        for path, its in ((OUT, items), (OUT_YARN, yarn_items)):
+        for path, its in ((OUT, items), (OUT_YARN, yarn_items), (OUT_HF_YARN, hf_yarn_items)):
             old = ctt_read(path)
             new = {n: t for n, t in its}
             bad = [n for n in new if n not in old or not torch.equal(old[n].double(), new[n].double().float().double()
@@ -247,12 +273,19 @@ def main():
                 return 1
         e, n = verify_export(a.ctitan, ctt_read(OUT)["expected.logits"].double())
         assert e <= 1e-6, f"transformers on ctitan's export: relative error {e:.3g}"
-        print(f"ok: {OUT} and {OUT_YARN} equal a regeneration; ctitan's Hugging Face round trip keeps all "
-              f"{n} tensors bit for bit and transformers on ctitan's export gives the logits within {e:.2e}")
+        ey, ny = verify_export(a.ctitan, ctt_read(OUT_HF_YARN)["expected.logits"].double(), HF_YARN_FOLDER,
+                               YARN_OPTIONS, OUT_HF_YARN)
+        assert ey <= 1e-6, f"transformers on ctitan's YaRN export: relative error {ey:.3g}"
+        print(f"ok: {OUT}, {OUT_YARN} and {OUT_HF_YARN} equal a regeneration; ctitan's Hugging Face round trip keeps "
+              f"all {n} tensors bit for bit and transformers on ctitan's export gives the logits within {e:.2e}; "
+              f"with DeepSeek-V3's YaRN rope_scaling: all {ny} tensors, the rope_scaling transformers wrote, the "
+              f"logits within {ey:.2e}")
         return 0
     ctt_write(OUT, items)
     ctt_write(OUT_YARN, yarn_items)
-    print(f"wrote {OUT}: {len(items)} tensors, {OUT_YARN}: {len(yarn_items)} tensors")
+    ctt_write(OUT_HF_YARN, hf_yarn_items)
+    print(f"wrote {OUT}: {len(items)} tensors, {OUT_YARN}: {len(yarn_items)} tensors, {OUT_HF_YARN}: "
+          f"{len(hf_yarn_items)} tensors, and {HF_FOLDER} and {HF_YARN_FOLDER}")
     return 0
 
 

@@ -10,7 +10,11 @@
  * YaRN RoPE (transformers' yarn rope_parameters, ctitan's YaRN when seq_len exceeds original_seq_len). The expert biases (e_score_correction_bias, random here) are
  * the pack's buffers (ABI 2.20), loaded from the golden file like the parameters and applied to the choice.
  * Also: transformers' saved folder loads through the pack's Hugging Face table bit for bit, its biases
- * included, and the per-expert counts post_step gets add up. */
+ * included, and the per-expert counts post_step gets add up. Last, the first model saved by transformers with
+ * DeepSeek-V3's own rope_scaling (YaRN, factor 40 over 4096 positions, mscale = mscale_all_dim = 1; the folder
+ * tests/golden/hf/deepseek_v3_yarn_from_transformers, its logits in deepseek_v3_hf_yarn_tiny.ctt): the folder
+ * sets the pack's options to YaRN at every length (model.rope_scaling yarn, as transformers runs it), and
+ * the model it loads gives transformers' logits within 1e-6 at seq_len 16, far below original_seq_len. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +22,7 @@
 #include <cmocka.h>
 #include <math.h>
 
+#include "checkpoint/hf_pack.h"
 #include "engine/moe.h"
 #include "io/hf_export.h"
 #include "io/tensorfile.h"
@@ -27,6 +32,11 @@
 /* the same sizes with q projected directly and YaRN on (seq_len 16 above original_seq_len 8, factor 40, mscale 1) */
 #define GOLDEN_YARN "tests/golden/deepseek_v3_yarn_tiny.ctt"
 #define YARN_OPTIONS "q_lora_rank: 0, original_seq_len: 8, rope_factor: 40, mscale: 1"
+#define GOLDEN_HF_YARN "tests/golden/deepseek_v3_hf_yarn_tiny.ctt"
+#define HF_YARN_DIR "tests/golden/hf/deepseek_v3_yarn_from_transformers"
+#define HF_YARN_OPTIONS                                                                                                \
+    "q_lora_rank: 24, rope_scaling: yarn, rope_factor: 40, original_seq_len: 4096, mscale: 1, "                        \
+    "max_position_embeddings: 163840"
 #define B 2
 #define T 16
 #define TOL 1e-6
@@ -54,7 +64,9 @@ static int open_golden(void **state, const char *golden, const char *force, cons
     snprintf(yaml, sizeof yaml, yaml_fmt, force, extra, ac);
     if (!(f->g = tf_read(golden))) fail_msg("%s", ct_last_error());
     if (fixture_open(&f->s, yaml)) fail_msg("session: %s", ct_last_error());
-    if (session_load_model(&f->s, golden) != CT_OK) fail_msg("%s", ct_last_error());
+    /* a golden without weights (deepseek_v3_hf_yarn_tiny.ctt: its folder has them) loads none */
+    if (tf_find(f->g, "tok_embeddings.weight") && session_load_model(&f->s, golden) != CT_OK)
+        fail_msg("%s", ct_last_error());
     /* the head's 3, the dense block's 12 and each MoE block's 16 (q directly: 2 fewer per block) */
     f->n_params = strcmp(golden, GOLDEN) ? 3 + 10 + 2 * 14 : 3 + 12 + 2 * 16;
     f->tokens = tf_find(f->g, "input.tokens")->data;
@@ -163,6 +175,22 @@ static void counts_after_step(fixture *f, int forced) {
     assert_int_equal(runtime_moe_zero_counts(&f->s.rt), CT_OK);
 }
 
+/* The session's parameters then its buffers, as shapes: what a Hugging Face load reads (free want->entries). */
+static void want_shapes(session *s, tf_file *want) {
+    const ct_model_buffer *buf;
+    int nb = session_buffers(s, &buf);
+    want->entries = calloc((size_t)(s->rt.n_params + nb), sizeof(tf_entry));
+    for (int i = 0; i < s->rt.n_params; i++) {
+        const ct_tensor *p = &s->rt.params[i]->t;
+        tf_entry *e = &want->entries[want->count++];
+        *e = (tf_entry){.name = (char *)p->name, .dtype = TF_F32, .ndim = p->ndim, .numel = ct_tensor_numel(p)};
+        memcpy(e->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim);
+    }
+    for (int i = 0; i < nb; i++)
+        want->entries[want->count++] = (tf_entry){.name = (char *)buf[i].name, .dtype = TF_F32, .ndim = 1,
+                                                  .shape = {buf[i].numel}, .numel = buf[i].numel};
+}
+
 /* transformers' save_pretrained of the same model (one tensor per expert) through the pack's table
  * (CT_HF_EXPERTS, ABI 2.15), as checkpoint.initial_load_in_hf reads it: every parameter equals the
  * golden's, bit for bit. */
@@ -176,16 +204,7 @@ static void test_transformers_folder_loads_through_the_table(void **state) {
     const ct_model_buffer *buf;
     int nb = session_buffers(s, &buf);
     assert_int_equal(nb, 2); /* the MoE blocks' expert biases (ABI 2.20 buffers) */
-    want.entries = calloc((size_t)(s->rt.n_params + nb), sizeof(tf_entry));
-    for (int i = 0; i < s->rt.n_params; i++) {
-        const ct_tensor *p = &s->rt.params[i]->t;
-        tf_entry *e = &want.entries[want.count++];
-        *e = (tf_entry){.name = (char *)p->name, .dtype = TF_F32, .ndim = p->ndim, .numel = ct_tensor_numel(p)};
-        memcpy(e->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim);
-    }
-    for (int i = 0; i < nb; i++)
-        want.entries[want.count++] = (tf_entry){.name = (char *)buf[i].name, .dtype = TF_F32, .ndim = 1,
-                                                .shape = {buf[i].numel}, .numel = buf[i].numel};
+    want_shapes(s, &want);
     tf_file *w = NULL;
     if (hf_import_load("tests/golden/hf/deepseek_v3_from_transformers", &x, &want, 16, "deepseek_v3", &w) != CT_OK)
         fail_msg("%s", ct_last_error());
@@ -197,6 +216,60 @@ static void test_transformers_folder_loads_through_the_table(void **state) {
     }
     tf_free(w);
     free(want.entries);
+}
+
+/* The option the folder set (a number, or a string when want_s). */
+static void expect_option(const hf_pack *k, const char *key, double want, const char *want_s) {
+    json_t *v = json_object_get(k->set, key);
+    if (want_s ? !json_is_string(v) || strcmp(json_string_value(v), want_s) : json_number_value(v) != want)
+        fail_msg("the folder set model.%s to %s", key, v ? json_dumps(v, JSON_ENCODE_ANY) : "nothing");
+}
+
+/* DeepSeek-V3's YaRN folder: the options it sets, then a session with them loads it and gives transformers'
+ * logits. Plain RoPE on the same weights (the first golden's logits) is far off, so the check can fail. */
+static void test_yarn_folder_matches_transformers(void **state) {
+    (void)state;
+    fixture_plugin_path();
+    hf_pack k;
+    if (hf_pack_from_folder(HF_YARN_DIR, NULL, &k) != CT_OK) fail_msg("%s", ct_last_error());
+    expect_option(&k, "rope_scaling", 0, "yarn");
+    expect_option(&k, "rope_factor", 40, NULL);
+    expect_option(&k, "original_seq_len", 4096, NULL);
+    expect_option(&k, "beta_fast", 32, NULL);
+    expect_option(&k, "beta_slow", 1, NULL);
+    expect_option(&k, "mscale", 1, NULL);
+    hf_pack_close(&k);
+
+    fixture *f;
+    open_golden((void **)&f, GOLDEN_HF_YARN, "false", "none", HF_YARN_OPTIONS);
+    session *s = &f->s;
+    ct_hf_export x = {.struct_size = sizeof x};
+    assert_int_equal(s->m->hf_export(s->model, &x), CT_OK);
+    tf_file want = {0}, *w = NULL;
+    want_shapes(s, &want);
+    if (hf_import_load(HF_YARN_DIR, &x, &want, 16, "deepseek_v3", &w) != CT_OK) fail_msg("%s", ct_last_error());
+    for (int i = 0; i < s->rt.n_params; i++)
+        assert_int_equal(runtime_param_set(&s->rt, i, tf_find(w, s->rt.params[i]->t.name)->data), CT_OK);
+    const ct_model_buffer *buf;
+    int nb = session_buffers(s, &buf);
+    for (int i = 0; i < nb; i++) memcpy(buf[i].data, tf_find(w, buf[i].name)->data, sizeof(float) * (size_t)buf[i].numel);
+    tf_free(w);
+    free(want.entries);
+
+    const tf_entry *yarn = tf_find(f->g, "expected.logits");
+    tf_file *plain_g = tf_read(GOLDEN);
+    assert_non_null(plain_g);
+    const tf_entry *plain = tf_find(plain_g, "expected.logits");
+    assert_int_equal(yarn->numel, plain->numel);
+    float *logits = malloc(sizeof(float) * (size_t)yarn->numel);
+    assert_int_equal(runtime_forward_logits(&s->rt, f->tokens, B, T, logits), CT_OK);
+    double e = rel_err(logits, yarn->data, yarn->numel), gap = rel_err(plain->data, yarn->data, yarn->numel);
+    print_message("YaRN folder: logits relative error %.2e (plain RoPE's logits are %.2e away)\n", e, gap);
+    if (!(e <= TOL)) fail_msg("YaRN folder: logits relative error %.3g > %.0e", e, TOL);
+    if (!(gap > 100 * TOL)) fail_msg("YaRN changes the logits by only %.3g: the check would not tell", gap);
+    free(logits);
+    tf_free(plain_g);
+    teardown((void **)&f);
 }
 
 static void test_counts_add_up(void **state) { counts_after_step(*state, 0); }
@@ -212,6 +285,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_logits_match_transformers, setup_yarn, teardown),
         cmocka_unit_test_setup_teardown(test_loss_and_every_gradient_match_transformers, setup_yarn, teardown),
         cmocka_unit_test_setup_teardown(test_transformers_folder_loads_through_the_table, setup, teardown),
+        cmocka_unit_test(test_yarn_folder_matches_transformers),
         cmocka_unit_test_setup_teardown(test_counts_add_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forced_balance_spreads_evenly, setup_forced, teardown),
     };

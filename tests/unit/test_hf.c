@@ -369,10 +369,16 @@ static void test_unsupported_or_broken_configs_are_refused(void **state) {
     if (hf_load(dir, &c, &w) != CT_OK) fail_msg("the base config: %s", ct_last_error());
     tf_free(w);
     expect_config_error(dir, "rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 8.0}",
-                        "rope_scaling rope_type 'dynamic' is not supported (ctitan reads rope_type default and llama3)");
+                        "rope_scaling rope_type 'dynamic' is not supported (ctitan reads rope_type default, llama3 and "
+                        "yarn)");
     expect_config_error(dir, "rope_scaling", "{\"factor\": 8.0}", "rope_scaling has no rope_type");
     expect_config_error(dir, "rope_parameters", "{\"rope_type\": \"yarn\", \"rope_theta\": 1e4}",
-                        "rope_parameters rope_type 'yarn' is not supported (ctitan reads rope_type default and llama3)");
+                        "rope_parameters.factor must be a number of at least 1 (rope_type yarn)");
+    /* YaRN that ctitan runs (cos and sin unscaled) is read, and refused by llama3's pack, naming the key */
+    expect_config_error(dir, "rope_parameters",
+                        "{\"rope_type\": \"yarn\", \"rope_theta\": 1e4, \"factor\": 8.0, \"mscale\": 1.0, "
+                        "\"mscale_all_dim\": 1.0, \"original_max_position_embeddings\": 64}",
+                        "rope_scaling.rope_type 'yarn' is not supported (the pack's model.rope_scaling takes none|llama3)");
     expect_config_error(dir, "rope_scaling", "{\"rope_type\": \"llama3\"}", "rope_scaling of rope_type llama3 has no factor");
     expect_config_error(dir, "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4.0}",
                         "must be above rope_low_freq_factor 4");
