@@ -318,7 +318,16 @@ typedef struct flattener {
     manifest *m;
     yaml_document_t *doc;
     long nodes; /* visited so far, aliases expanded */
+    const mf_data_format *data; /* manifest_load_data's file; NULL: a manifest */
 } flattener;
+
+/* The format of the file being read: a manifest's, or a data file's own (manifest_load_data). */
+static const mf_data_format manifest_format = {
+    "manifest", "the manifest must be a map of sections (job:, model:, training: ...)", MF_MAX_DEPTH, MF_MAX_KEYS};
+static const mf_data_format *format_of(const flattener *f) { return f->data ? f->data : &manifest_format; }
+
+/* Nodes visited while flattening: a data file has no aliases, so two (a key and its value) per entry. */
+static long max_nodes(const flattener *f) { return f->data ? 2L * f->data->max_keys + 1 : MF_MAX_NODES; }
 
 static int is_null(const yaml_node_t *v) {
     const char *s = (const char *)v->data.scalar.value;
@@ -328,9 +337,9 @@ static int is_null(const yaml_node_t *v) {
 
 /* Counts one visited node against MF_MAX_NODES. */
 static ct_status visit(flattener *f, const yaml_node_t *n) {
-    if (++f->nodes <= MF_MAX_NODES) return CT_OK;
-    return ct_fail(CT_ERR_INVALID, "%s:%d: the manifest expands to more than %d nodes (aliases counted each time "
-                   "they are used)", f->m->path, (int)n->start_mark.line + 1, MF_MAX_NODES);
+    if (++f->nodes <= max_nodes(f)) return CT_OK;
+    return ct_fail(CT_ERR_INVALID, "%s:%d: the %s expands to more than %ld nodes (aliases counted each time "
+                   "they are used)", f->m->path, (int)n->start_mark.line + 1, format_of(f)->what, max_nodes(f));
 }
 
 /* A sequence value becomes one string, its items joined with ','. */
@@ -374,29 +383,68 @@ static ct_status flatten_items(flattener *f, const yaml_node_t *v, const char *k
     return add_value(f->m, key, count, 2, line);
 }
 
+/* One value of a data file (manifest_load_data): a scalar as written (NULL for an empty value), a map as an
+ * entry of its own (MF_MAP) before its keys, a list as its item count (MF_ITEMS) before its items, each
+ * "key[i]" and any value. */
+static ct_status data_value(flattener *f, yaml_node_t *v, const char *key, int line, int depth) {
+    manifest *m = f->m;
+    if (m->n_values >= f->data->max_keys)
+        return ct_fail(CT_ERR_INVALID, "%s:%d: %s: more than %d keys, maps, lists and items", m->path, line, key,
+                       f->data->max_keys);
+    if (v->type == YAML_SCALAR_NODE)
+        return add_value(m, key, is_null(v) ? NULL : (const char *)v->data.scalar.value, 0, line);
+    if (v->type == YAML_MAPPING_NODE) {
+        ct_status st = add_value(m, key, NULL, MF_MAP, line);
+        return st != CT_OK ? st : flatten(f, v, key, depth + 1);
+    }
+    char count[32];
+    snprintf(count, sizeof count, "%d", (int)(v->data.sequence.items.top - v->data.sequence.items.start));
+    ct_status st = add_value(m, key, count, MF_ITEMS, line);
+    int i = 0;
+    for (yaml_node_item_t *it = v->data.sequence.items.start; st == CT_OK && it < v->data.sequence.items.top; it++) {
+        yaml_node_t *item = yaml_document_get_node(f->doc, *it);
+        char sub[MF_MAX_KEY_LEN + 1];
+        if ((st = visit(f, item)) != CT_OK) break;
+        if (snprintf(sub, sizeof sub, "%s[%d]", key, i++) >= (int)sizeof sub)
+            return ct_fail(CT_ERR_INVALID, "%s:%d: key '%.40s...' is longer than %d characters", m->path, line, key,
+                           MF_MAX_KEY_LEN);
+        st = data_value(f, item, sub, (int)item->start_mark.line + 1, depth + 1);
+    }
+    return st;
+}
+
 /* Flattens a YAML mapping node into dotted keys. `depth` counts the maps around it, aliases
  * expanded, so a map that holds an alias of itself ends at MF_MAX_DEPTH. */
 static ct_status flatten(flattener *f, yaml_node_t *node, const char *prefix, int depth) {
     manifest *m = f->m;
-    if (depth > MF_MAX_DEPTH)
+    if (depth > format_of(f)->max_depth)
         return ct_fail(CT_ERR_INVALID, "%s:%d: maps nested deeper than %d levels (aliases expanded)", m->path,
-                       (int)node->start_mark.line + 1, MF_MAX_DEPTH);
+                       (int)node->start_mark.line + 1, format_of(f)->max_depth);
     for (yaml_node_pair_t *p = node->data.mapping.pairs.start; p < node->data.mapping.pairs.top; p++) {
         yaml_node_t *k = yaml_document_get_node(f->doc, p->key);
         yaml_node_t *v = yaml_document_get_node(f->doc, p->value);
         int line = (int)k->start_mark.line + 1;
         if (visit(f, k) || visit(f, v)) return CT_ERR_INVALID;
+        const char *in = *prefix ? ": " : ""; /* the map holding the key, when it is not the root */
         if (k->type != YAML_SCALAR_NODE)
-            return ct_fail(CT_ERR_INVALID, "%s:%d: keys must be plain names", m->path, line);
+            return ct_fail(CT_ERR_INVALID, "%s:%d: %s%skeys must be plain names", m->path, line, prefix, in);
         const char *kname = (const char *)k->data.scalar.value;
-        if (!*kname || strchr(kname, '.'))
-            return ct_fail(CT_ERR_INVALID, "%s:%d: '%.80s': keys are plain names; nest sections as maps", m->path, line,
-                           kname);
+        if (!*kname || strchr(kname, '.') || (f->data && strpbrk(kname, "[]")))
+            return ct_fail(CT_ERR_INVALID, "%s:%d: %s%s'%.80s': keys are plain names; nest sections as maps", m->path,
+                           line, prefix, in, kname);
         char key[MF_MAX_KEY_LEN + 1];
         if (snprintf(key, sizeof key, "%s%s%s", prefix, *prefix ? "." : "", kname) >= (int)sizeof key)
             return ct_fail(CT_ERR_INVALID, "%s:%d: key '%.40s...' is longer than %d characters", m->path, line, kname,
                            MF_MAX_KEY_LEN);
         ct_status st = CT_OK;
+        const mf_value *first = find_value(m, key);
+        if (f->data && first) /* a map given twice is refused too: its keys would merge unseen */
+            return ct_fail(CT_ERR_INVALID, "%s:%d: %s: duplicate %s (first given at line %d)", m->path, line, key,
+                           !*prefix && first->is_seq == MF_MAP ? "section" : "key", first->line);
+        if (f->data) {
+            if ((st = data_value(f, v, key, line, depth)) != CT_OK) return st;
+            continue;
+        }
         if (v->type == YAML_MAPPING_NODE) {
             if ((st = flatten(f, v, key, depth + 1)) != CT_OK) return st;
             continue;
@@ -404,7 +452,9 @@ static ct_status flatten(flattener *f, yaml_node_t *node, const char *prefix, in
         if (!*prefix)
             return ct_fail(CT_ERR_INVALID, "%s:%d: %s: a top-level key must be a section (a map of keys)", m->path,
                            line, key);
-        if (find_value(m, key)) return ct_fail(CT_ERR_INVALID, "%s:%d: %s: duplicate key", m->path, line, key);
+        if (first)
+            return ct_fail(CT_ERR_INVALID, "%s:%d: %s: duplicate key (first given at line %d)", m->path, line, key,
+                           first->line);
         if (m->n_values >= MF_MAX_KEYS)
             return ct_fail(CT_ERR_INVALID, "%s:%d: %s: more than %d keys", m->path, line, key, MF_MAX_KEYS);
         if (v->type == YAML_SCALAR_NODE && is_null(v))
@@ -475,19 +525,21 @@ static int has_suffix(const char *s, const char *suffix) {
 }
 
 /* Streams the parser's events once before loading: refuses a second document, nesting deeper than
- * MF_MAX_DEPTH, and more anchors or aliases than allowed, stopping as soon as one is seen (libyaml
- * itself has no depth limit, and its scanner slows down with the depth of flow collections).
- * CT_OK (*toml 1 for text that is no YAML but reads as TOML), or CT_ERR_INVALID with the error set. */
-static ct_status check_events(const char *path, const unsigned char *buf, size_t n, int *toml) {
+ * the format's depth, and more anchors or aliases than allowed (a data file: any), stopping as soon as
+ * one is seen (libyaml itself has no depth limit, and its scanner slows down with the depth of flow
+ * collections). CT_OK (*toml 1 for text that is no YAML but reads as TOML; a data file passes no toml),
+ * or CT_ERR_INVALID with the error set. */
+static ct_status check_events(const char *path, const unsigned char *buf, size_t n, const mf_data_format *fmt,
+                              int *toml) {
     yaml_parser_t p;
     yaml_event_t e;
-    int depth = 0, docs = 0, anchors = 0, aliases = 0;
+    int depth = 0, docs = 0, anchors = 0, aliases = 0, data = !toml;
     ct_status rc = CT_ERR_INVALID;
     if (!yaml_parser_initialize(&p)) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
     yaml_parser_set_input_string(&p, buf, n);
     for (;;) {
         if (!yaml_parser_parse(&p, &e)) {
-            if (toml_header_line((const char *)buf, n)) { /* TOML with a .yaml (or no) suffix */
+            if (!data && toml_header_line((const char *)buf, n)) { /* TOML with a .yaml (or no) suffix */
                 *toml = 1;
                 rc = CT_OK;
             } else
@@ -508,9 +560,11 @@ static ct_status check_events(const char *path, const unsigned char *buf, size_t
         docs += e.type == YAML_DOCUMENT_START_EVENT;
         yaml_event_delete(&e);
         if (docs > 1)
-            ct_set_error("%s:%d: a second YAML document starts here; a manifest is one document", path, line);
-        else if (depth > MF_MAX_DEPTH)
-            ct_set_error("%s:%d: maps and lists nested deeper than %d levels", path, line, MF_MAX_DEPTH);
+            ct_set_error("%s:%d: a second YAML document starts here; a %s is one document", path, line, fmt->what);
+        else if (depth > fmt->max_depth)
+            ct_set_error("%s:%d: maps and lists nested deeper than %d levels", path, line, fmt->max_depth);
+        else if (data && (anchors || aliases))
+            ct_set_error("%s:%d: an anchor or alias (&name, *name); a %s has none", path, line, fmt->what);
         else if (anchors > MF_MAX_ANCHORS)
             ct_set_error("%s:%d: more than %d anchors (&name)", path, line, MF_MAX_ANCHORS);
         else if (aliases > MF_MAX_ALIASES)
@@ -524,19 +578,19 @@ static ct_status check_events(const char *path, const unsigned char *buf, size_t
 }
 
 /* The whole file, refused past MF_MAX_BYTES. NULL with the error set. */
-static unsigned char *read_capped(const char *path, size_t *n) {
+static unsigned char *read_capped(const char *path, const char *what, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        ct_set_error("%s: cannot open manifest: %s", path, strerror(errno));
+        ct_set_error("%s: cannot open %s: %s", path, what, strerror(errno));
         return NULL;
     }
     unsigned char *buf = malloc(MF_MAX_BYTES + 1);
     size_t got = buf ? fread(buf, 1, MF_MAX_BYTES + 1, f) : 0;
     int bad = !buf || ferror(f);
     fclose(f);
-    if (bad) ct_set_error("%s: cannot read manifest: %s", path, buf ? strerror(errno) : "out of memory");
+    if (bad) ct_set_error("%s: cannot read %s: %s", path, what, buf ? strerror(errno) : "out of memory");
     else if (got > MF_MAX_BYTES)
-        ct_set_error("%s:1: the manifest is larger than %d MiB", path, MF_MAX_BYTES >> 20);
+        ct_set_error("%s:1: the %s is larger than %d MiB", path, what, MF_MAX_BYTES >> 20);
     if (bad || got > MF_MAX_BYTES) {
         free(buf);
         return NULL;
@@ -545,9 +599,11 @@ static unsigned char *read_capped(const char *path, size_t *n) {
     return buf;
 }
 
-manifest *manifest_load(const char *path) {
+/* A manifest (data NULL) or a data file in its format. */
+static manifest *load(const char *path, const mf_data_format *data) {
+    const mf_data_format *fmt = data ? data : &manifest_format;
     size_t n = 0;
-    unsigned char *buf = read_capped(path, &n);
+    unsigned char *buf = read_capped(path, fmt->what, &n);
     if (!buf) return NULL;
     manifest *m = calloc(1, sizeof *m);
     yaml_parser_t parser;
@@ -566,8 +622,8 @@ manifest *manifest_load(const char *path) {
         ct_set_error("%s: out of memory", path);
         goto fail;
     }
-    int toml = has_suffix(path, ".toml");
-    if (!toml && check_events(path, buf, n, &toml) != CT_OK) goto fail;
+    int toml = !data && has_suffix(path, ".toml");
+    if (!toml && check_events(path, buf, n, fmt, data ? NULL : &toml) != CT_OK) goto fail;
     if (!toml) {
         yaml_parser_set_input_string(&parser, buf, n);
         if (!yaml_parser_load(&parser, &doc)) {
@@ -579,16 +635,15 @@ manifest *manifest_load(const char *path) {
         have_doc = 1;
     }
     yaml_node_t *root = have_doc ? yaml_document_get_root_node(&doc) : NULL;
-    if (root && root->type != YAML_MAPPING_NODE && toml_header_line((const char *)buf, n)) toml = 1;
+    if (!data && root && root->type != YAML_MAPPING_NODE && toml_header_line((const char *)buf, n)) toml = 1;
     if (toml) { /* torchtitan's configs: [section] tables, key = value */
         if (mf_toml_parse(path, (const char *)buf, n, MF_MAX_DEPTH, toml_leaf, m) != CT_OK) goto fail;
     } else if (root) {
         if (root->type != YAML_MAPPING_NODE) {
-            ct_set_error("%s:%d: the manifest must be a map of sections (job:, model:, training: ...)", path,
-                         (int)root->start_mark.line + 1);
+            ct_set_error("%s:%d: %s", path, (int)root->start_mark.line + 1, fmt->root);
             goto fail;
         }
-        flattener f = {m, &doc, 0};
+        flattener f = {m, &doc, 0, data};
         if (flatten(&f, root, "", 1) != CT_OK) goto fail;
     }
     if (have_doc) yaml_document_delete(&doc);
@@ -602,6 +657,11 @@ fail:
     manifest_free(m);
     return NULL;
 }
+
+manifest *manifest_load(const char *path) { return load(path, NULL); }
+manifest *manifest_load_data(const char *path, const mf_data_format *format) { return load(path, format); }
+
+const mf_value *mf_find(const manifest *m, const char *key) { return find_value(m, key); }
 
 /* Removes the item keys of the list of maps at `key` ("key[N]..."), then rebuilds the index. */
 static void drop_items(manifest *m, const char *key) {

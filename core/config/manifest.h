@@ -17,14 +17,17 @@
 typedef struct mf_value {
     char *key;    /* dotted: "training.steps" */
     char *value;  /* the scalar as written; NULL for a sequence or map (type errors) */
-    int is_seq;   /* 1: the YAML value was a list of plain values, joined with ',' in value; 2: a list of
-                   * maps, item i's keys flattened under "key[i]." and value the item count */
+    int is_seq;   /* 1: the YAML value was a list of plain values, joined with ',' in value; 2 (MF_ITEMS): a
+                   * list of maps, item i's keys flattened under "key[i]." and value the item count (in a data
+                   * file, any list, item i being "key[i]"); 3 (MF_MAP, data files only): a map, value NULL,
+                   * its keys following it under "key." */
     int line;     /* 1-based line in the manifest, 0 for the command line */
     int flag;     /* command line: MF_FLAG_BARE for `--key` (value "true"), MF_FLAG_NEGATED for `--no-key`
                    * (value "false"); validation refuses either on a key that is not a boolean */
 } mf_value;
 
 enum { MF_FLAG_NONE, MF_FLAG_BARE, MF_FLAG_NEGATED };
+enum { MF_ITEMS = 2, MF_MAP = 3 }; /* mf_value.is_seq */
 
 typedef struct mf_schema_entry {
     char *key; /* dotted */
@@ -67,6 +70,23 @@ typedef struct manifest {
  * `key: null`, `key:`) are refused, so a key is either given a value or left out for its default.
  * On error returns NULL with the message "path:line[:col]: what" set (ct_last_error). */
 manifest *manifest_load(const char *path);
+
+/* A YAML file that is not a manifest but is read like one (a hardware profile, core/plan/hardware.c): the
+ * same dotted keys with their lines, limits and syntax errors, but read as data for its own reader to
+ * check: no schema, no TOML; a top-level key may hold a plain value; every map and every list is an entry
+ * of its own placed before what it holds (is_seq MF_MAP, MF_ITEMS), so m->values is the document in
+ * order and a reader can tell a map, a list and a plain value apart; an empty value is kept (value NULL)
+ * for that reader to refuse naming what it expects; any key given twice is refused (a map given twice:
+ * "duplicate section" at the top level), as are anchors, aliases and '[' or ']' in a key. */
+typedef struct mf_data_format {
+    const char *what; /* the file's kind in messages: "cannot open hardware profile", "a hardware profile has none" */
+    const char *root; /* the message for a root that is not a map: "expected a hardware profile: a map of ..." */
+    int max_depth;    /* maps and lists nested in each other */
+    int max_keys;     /* entries in all: keys, maps, lists and their items */
+} mf_data_format;
+manifest *manifest_load_data(const char *path, const mf_data_format *format);
+/* The value given for key (its text, kind and line), or NULL; no default counts. */
+const mf_value *mf_find(const manifest *m, const char *key);
 /* Applies one "--section.key=value" (key and value separately). The last override of a key wins. */
 ct_status manifest_override(manifest *m, const char *key, const char *value);
 /* Applies a bare boolean flag as torchtitan's command line takes them: `--key` (MF_FLAG_BARE, true) or

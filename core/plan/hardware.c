@@ -22,10 +22,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <yaml.h>
 
 /* Limits on reading a profile, which is untrusted input. */
-#define HW_MAX_BYTES (4 << 20)   /* file size */
 #define HW_MAX_DEPTH 8           /* maps and lists nested (the schema needs 5) */
 #define HW_MAX_ENTRIES 65536     /* measured ops, and measured collectives */
 #define HW_MAX_DIRS 16           /* folders searched for a NAME */
@@ -252,6 +250,10 @@ static void write_quoted(FILE *f, const char *s) {
 
 /* ---- reading ---- */
 
+/* A profile is read by config/'s reader as data (manifest_load_data): dotted keys in file order, each map
+ * and list an entry before what it holds, every key with its line. What follows checks its keys,
+ * types and ranges. */
+
 typedef struct entry_line {
     int index, line;
     plan_measured_op op;
@@ -259,8 +261,8 @@ typedef struct entry_line {
 } entry_line;
 
 typedef struct reader {
+    const manifest *m;
     const char *path;
-    yaml_document_t *doc;
     hw_profile *hw;
     int line[K_N];                  /* where each key was given, 0: not given */
     int section_line[N_SECTIONS];
@@ -281,21 +283,24 @@ static int fail_at(reader *r, int line, const char *key, const char *fmt, ...) {
     return -1;
 }
 
-static int node_line(const yaml_node_t *n) { return (int)n->start_mark.line + 1; }
-
-static int is_null(const yaml_node_t *v) {
-    const char *s = (const char *)v->data.scalar.value;
-    return v->type == YAML_SCALAR_NODE && v->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
-           (!*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") || !strcmp(s, "NULL"));
+/* The entries under m->values[i] (a map's keys, a list's items) follow it: the index after the last. */
+static int subtree_end(const manifest *m, int i) {
+    const char *key = m->values[i].key;
+    size_t n = strlen(key);
+    int j = i + 1;
+    while (j < m->n_values && !strncmp(m->values[j].key, key, n) &&
+           (m->values[j].key[n] == '.' || m->values[j].key[n] == '['))
+        j++;
+    return j;
 }
 
-/* The scalar text of v, or NULL after an error naming `key` and what it expects. */
-static const char *scalar(reader *r, const yaml_node_t *v, const char *key, const char *expect) {
-    if (v->type != YAML_SCALAR_NODE)
-        return fail_at(r, node_line(v), key, "a %s where a plain value belongs; expected %s",
-                       v->type == YAML_MAPPING_NODE ? "map" : "list", expect), NULL;
-    if (is_null(v)) return fail_at(r, node_line(v), key, "no value; expected %s", expect), NULL;
-    return (const char *)v->data.scalar.value;
+/* The scalar text of v, or NULL after an error naming its key and what it expects. */
+static const char *scalar(reader *r, const mf_value *v, const char *expect) {
+    if (v->is_seq)
+        return fail_at(r, v->line, v->key, "a %s where a plain value belongs; expected %s",
+                       v->is_seq == MF_MAP ? "map" : "list", expect), NULL;
+    if (!v->value) return fail_at(r, v->line, v->key, "no value; expected %s", expect), NULL;
+    return v->value;
 }
 
 /* The names a map's unknown key could have been: "bf16_tflops, fp8_tflops, fp32_tflops". */
@@ -311,33 +316,32 @@ static void known_keys(const char *section, char *buf, size_t len) {
     if (used < len) snprintf(buf + used, len - used, ", measured");
 }
 
-static int read_key(reader *r, int ki, const yaml_node_t *v, const char *dotted) {
+static int read_key(reader *r, int ki, const mf_value *v) {
     const hw_key *k = &keys[ki];
     char expect[160];
     expect_text(k, expect, sizeof expect);
-    const char *s = scalar(r, v, dotted, expect);
+    const char *s = scalar(r, v, expect);
     if (!s) return -1;
-    int line = node_line(v);
     if (k->type == T_STR) {
         size_t cap = ki == K_NAME ? sizeof r->hw->name : sizeof r->hw->source;
         const char *bad = !*s ? "is empty" : strlen(s) >= cap ? "is too long" : text_problem(s);
-        if (bad) return fail_at(r, line, dotted, "the value %s; expected %s", bad, expect);
+        if (bad) return fail_at(r, v->line, v->key, "the value %s; expected %s", bad, expect);
         memcpy((char *)r->hw + k->off, s, strlen(s) + 1);
     } else if (k->type == T_BOOL) {
         if (mf_parse_bool(s, (int *)((char *)r->hw + k->off)))
-            return fail_at(r, line, dotted, "'%.40s' is not true or false", s);
+            return fail_at(r, v->line, v->key, "'%.40s' is not true or false", s);
     } else if (k->type == T_INT) {
         int64_t n;
         if (parse_count(s, (int64_t)k->hi, &n) || n < (int64_t)k->lo)
-            return fail_at(r, line, dotted, "'%.40s' is not a whole number in range; expected %s", s, expect);
+            return fail_at(r, v->line, v->key, "'%.40s' is not a whole number in range; expected %s", s, expect);
         *(int *)((char *)r->hw + k->off) = (int)n;
     } else if (ki == K_FP8 && !strcmp(s, "none")) {
         r->fp8_none = 1;
     } else {
         double human, base;
         if (parse_key_value(k, s, &human, &base))
-            return fail_at(r, line, dotted, "'%.40s' is not a number; expected %s", s, expect);
-        if (!in_range(k, human)) return fail_at(r, line, dotted, "%s is out of range; expected %s", s, expect);
+            return fail_at(r, v->line, v->key, "'%.40s' is not a number; expected %s", s, expect);
+        if (!in_range(k, human)) return fail_at(r, v->line, v->key, "%s is out of range; expected %s", s, expect);
         *field(r->hw, k) = base;
     }
     return 0;
@@ -349,43 +353,37 @@ static int section_index(const char *name) {
     return -1;
 }
 
-static int read_measured(reader *r, const yaml_node_t *map);
+static int read_measured(reader *r, int at);
 
-/* One map of keys: the top level (section "") or a section. */
-static int read_map(reader *r, const yaml_node_t *map, const char *section) {
-    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
-        const yaml_node_t *k = yaml_document_get_node(r->doc, p->key), *v = yaml_document_get_node(r->doc, p->value);
-        int line = node_line(k);
-        if (k->type != YAML_SCALAR_NODE) return fail_at(r, line, section, "keys must be plain names");
-        const char *name = (const char *)k->data.scalar.value;
-        char dotted[160];
-        snprintf(dotted, sizeof dotted, "%s%s%.100s", section, *section ? "." : "", name);
+/* One map of keys, the entries [from, to) of m->values: the top level (section "") or a section. */
+static int read_map(reader *r, int from, int to, const char *section) {
+    size_t skip = *section ? strlen(section) + 1 : 0;
+    for (int i = from; i < to; i = subtree_end(r->m, i)) {
+        const mf_value *v = &r->m->values[i];
+        const char *name = v->key + skip;
         int ki = 0;
         while (ki < K_N && (strcmp(keys[ki].section, section) || strcmp(keys[ki].key, name))) ki++;
-        if (ki < K_N) {
-            if (r->line[ki]) return fail_at(r, line, dotted, "duplicate key (first given at line %d)", r->line[ki]);
+        if (ki < K_N) { /* a known key (one given twice the reader refused) */
             if (keys[ki].alt && r->line[keys[ki].alt])
-                return fail_at(r, line, dotted, "given with %s.%s at line %d; give one of the two", section,
+                return fail_at(r, v->line, v->key, "given with %s.%s at line %d; give one of the two", section,
                                keys[keys[ki].alt].key, r->line[keys[ki].alt]);
-            r->line[ki] = line;
-            if (read_key(r, ki, v, dotted)) return -1;
+            r->line[ki] = v->line;
+            if (read_key(r, ki, v)) return -1;
             continue;
         }
         int si = *section ? -1 : section_index(name);
         if (si < 0 && (*section || strcmp(name, "measured"))) {
             char known[512];
             known_keys(section, known, sizeof known);
-            return fail_at(r, line, dotted, "unknown key; expected one of %s", known);
+            return fail_at(r, v->line, v->key, "unknown key; expected one of %s", known);
         }
-        int *seen = si >= 0 ? &r->section_line[si] : &r->measured_line;
-        if (*seen) return fail_at(r, line, dotted, "duplicate section (first given at line %d)", *seen);
-        *seen = line;
-        if (v->type != YAML_MAPPING_NODE) {
+        *(si >= 0 ? &r->section_line[si] : &r->measured_line) = v->line;
+        if (v->is_seq != MF_MAP) {
             char known[512];
             known_keys(name, known, sizeof known);
-            return fail_at(r, line, dotted, "expected a map of keys (%s)", si >= 0 ? known : "ops, comms");
+            return fail_at(r, v->line, v->key, "expected a map of keys (%s)", si >= 0 ? known : "ops, comms");
         }
-        if (si >= 0 ? read_map(r, v, name) : read_measured(r, v)) return -1;
+        if (si >= 0 ? read_map(r, i + 1, subtree_end(r->m, i), name) : read_measured(r, i)) return -1;
     }
     return 0;
 }
@@ -440,43 +438,40 @@ static void join_names(const char *const *names, int n, char *buf, size_t len) {
 }
 
 /* A positive (or, with zero_ok, non-negative) measurement of at most `hi`. */
-static int read_measure(reader *r, const yaml_node_t *v, const char *dotted, int zero_ok, double hi,
-                        const char *unit, double *out) {
+static int read_measure(reader *r, const mf_value *v, int zero_ok, double hi, const char *unit, double *out) {
     char expect[96];
     snprintf(expect, sizeof expect, "%s in %c0, %g]", unit, zero_ok ? '[' : '(', hi);
-    const char *s = scalar(r, v, dotted, expect);
+    const char *s = scalar(r, v, expect);
     if (!s) return -1;
-    if (parse_scaled(s, 0, out))
-        return fail_at(r, node_line(v), dotted, "'%.40s' is not a number; expected %s", s, expect);
+    if (parse_scaled(s, 0, out)) return fail_at(r, v->line, v->key, "'%.40s' is not a number; expected %s", s, expect);
     if (!(zero_ok ? *out >= 0 : *out > 0) || *out > hi)
-        return fail_at(r, node_line(v), dotted, "%s is out of range; expected %s", s, expect);
+        return fail_at(r, v->line, v->key, "%s is out of range; expected %s", s, expect);
     return 0;
 }
 
 /* A name from a list: an op kind, a dtype or a collective. */
-static int read_choice(reader *r, const yaml_node_t *v, const char *dotted, const char *const *names, int n,
-                       int *out) {
+static int read_choice(reader *r, const mf_value *v, const char *const *names, int n, int *out) {
     char known[256];
     join_names(names, n, known, sizeof known);
-    const char *s = scalar(r, v, dotted, known);
+    const char *s = scalar(r, v, known);
     if (!s) return -1;
     if ((*out = find_name(s, names, n)) < 0)
-        return fail_at(r, node_line(v), dotted, "'%.40s' is unknown; expected one of %s", s, known);
+        return fail_at(r, v->line, v->key, "'%.40s' is unknown; expected one of %s", s, known);
     return 0;
 }
 
-/* shape: a list of 1 to 4 whole numbers; the rest are 0. */
-static int read_shape(reader *r, const yaml_node_t *v, const char *dotted, int64_t shape[4]) {
+/* shape: a list of 1 to 4 whole numbers (its items follow it in m->values); the rest are 0. */
+static int read_shape(reader *r, const mf_value *v, int64_t shape[4]) {
     const char *expect = "a list of 1 to 4 whole numbers, as [m, k, n]";
-    if (v->type != YAML_SEQUENCE_NODE) return fail_at(r, node_line(v), dotted, "expected %s", expect);
-    int n = (int)(v->data.sequence.items.top - v->data.sequence.items.start);
-    if (n < 1 || n > 4) return fail_at(r, node_line(v), dotted, "%d numbers; expected %s", n, expect);
-    for (int i = 0; i < n; i++) {
-        const yaml_node_t *it = yaml_document_get_node(r->doc, v->data.sequence.items.start[i]);
-        const char *s = scalar(r, it, dotted, expect);
+    int64_t n;
+    if (v->is_seq != MF_ITEMS || mf_parse_int(v->value, &n)) return fail_at(r, v->line, v->key, "expected %s", expect);
+    if (n < 1 || n > 4) return fail_at(r, v->line, v->key, "%d numbers; expected %s", (int)n, expect);
+    for (int i = 0, at = (int)(v - r->m->values) + 1; i < n; i++, at = subtree_end(r->m, at)) {
+        const mf_value *item = &r->m->values[at];
+        const char *s = scalar(r, item, expect);
         if (!s) return -1;
         if (parse_count(s, (int64_t)1 << 62, &shape[i]))
-            return fail_at(r, node_line(it), dotted, "'%.40s' is not a whole number; expected %s", s, expect);
+            return fail_at(r, item->line, v->key, "'%.40s' is not a whole number; expected %s", s, expect);
     }
     return 0;
 }
@@ -492,104 +487,87 @@ static int grow(entry_line **lines, int n, int *cap) {
     return 0;
 }
 
-/* One map holding each key of `names` once, their value nodes into `values`; -1 for a key that is
- * unknown, repeated or missing. */
-static int item_keys(reader *r, const yaml_node_t *item, const char *where, const char *const *names, int n,
-                     const yaml_node_t **values) {
+/* The map at m->values[at] holding each key of `names` once, their entries into `values`; -1 for a key
+ * that is unknown or missing (one given twice the reader refused). */
+static int item_keys(reader *r, int at, const char *const *names, int n, const mf_value **values) {
+    const mf_value *item = &r->m->values[at];
     char known[128];
     join_names(names, n, known, sizeof known);
-    if (item->type != YAML_MAPPING_NODE) return fail_at(r, node_line(item), where, "expected a map of %s", known);
+    if (item->is_seq != MF_MAP) return fail_at(r, item->line, item->key, "expected a map of %s", known);
     for (int i = 0; i < n; i++) values[i] = NULL;
-    for (yaml_node_pair_t *p = item->data.mapping.pairs.start; p < item->data.mapping.pairs.top; p++) {
-        const yaml_node_t *k = yaml_document_get_node(r->doc, p->key);
-        const char *name = k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "";
-        int j = find_name(name, names, n);
-        char dotted[160];
-        snprintf(dotted, sizeof dotted, "%s.%.64s", where, name);
-        if (j < 0) return fail_at(r, node_line(k), dotted, "unknown key; expected one of %s", known);
-        if (values[j]) return fail_at(r, node_line(k), dotted, "duplicate key");
-        values[j] = yaml_document_get_node(r->doc, p->value);
+    size_t skip = strlen(item->key) + 1;
+    for (int i = at + 1, end = subtree_end(r->m, at); i < end; i = subtree_end(r->m, i)) {
+        const mf_value *v = &r->m->values[i];
+        int j = find_name(v->key + skip, names, n);
+        if (j < 0) return fail_at(r, v->line, v->key, "unknown key; expected one of %s", known);
+        values[j] = v;
     }
     for (int i = 0; i < n; i++)
-        if (!values[i]) return fail_at(r, node_line(item), where, "missing %s; expected each of %s", names[i], known);
+        if (!values[i]) return fail_at(r, item->line, item->key, "missing %s; expected each of %s", names[i], known);
     return 0;
 }
 
-static int read_op(reader *r, const yaml_node_t *item, int index) {
-    char where[48], d[5][80];
-    const yaml_node_t *v[5];
-    snprintf(where, sizeof where, "measured.ops[%d]", index);
-    if (item_keys(r, item, where, op_keys, 5, v)) return -1;
-    for (int i = 0; i < 5; i++) snprintf(d[i], sizeof d[i], "%s.%s", where, op_keys[i]);
+static int read_op(reader *r, int at, int index) {
+    const mf_value *v[5], *item = &r->m->values[at];
+    if (item_keys(r, at, op_keys, 5, v)) return -1;
     if (r->n_ops >= HW_MAX_ENTRIES)
-        return fail_at(r, node_line(item), where, "more than %d measured ops", HW_MAX_ENTRIES);
-    if (grow(&r->op_lines, r->n_ops, &r->cap_ops)) return fail_at(r, node_line(item), where, "out of memory");
+        return fail_at(r, item->line, item->key, "more than %d measured ops", HW_MAX_ENTRIES);
+    if (grow(&r->op_lines, r->n_ops, &r->cap_ops)) return fail_at(r, item->line, item->key, "out of memory");
     entry_line *e = &r->op_lines[r->n_ops];
     memset(e, 0, sizeof *e);
-    if (read_choice(r, v[0], d[0], op_names, RT_OP_NKINDS, &e->op.kind) || read_shape(r, v[1], d[1], e->op.shape) ||
-        read_choice(r, v[2], d[2], dtype_names, PLAN_NDTYPES, &e->op.dtype) ||
-        read_measure(r, v[3], d[3], 0, 1e6, "seconds", &e->op.seconds[0]) ||
-        read_measure(r, v[4], d[4], 1, 1e6, "seconds", &e->op.seconds[1]))
+    if (read_choice(r, v[0], op_names, RT_OP_NKINDS, &e->op.kind) || read_shape(r, v[1], e->op.shape) ||
+        read_choice(r, v[2], dtype_names, PLAN_NDTYPES, &e->op.dtype) ||
+        read_measure(r, v[3], 0, 1e6, "seconds", &e->op.seconds[0]) ||
+        read_measure(r, v[4], 1, 1e6, "seconds", &e->op.seconds[1]))
         return -1;
     e->index = index;
-    e->line = node_line(item);
+    e->line = item->line;
     r->n_ops++;
     return 0;
 }
 
-static int read_comm(reader *r, const yaml_node_t *item, int index) {
-    char where[48], d[4][80];
+static int read_comm(reader *r, int at, int index) {
     const char *known = "a whole number of ranks in [1, 1048576]";
-    const yaml_node_t *v[4];
+    const mf_value *v[4], *item = &r->m->values[at];
     const char *names[N_COMM_NAMES];
-    snprintf(where, sizeof where, "measured.comms[%d]", index);
-    if (item_keys(r, item, where, comm_keys, 4, v)) return -1;
-    for (int i = 0; i < 4; i++) snprintf(d[i], sizeof d[i], "%s.%s", where, comm_keys[i]);
+    if (item_keys(r, at, comm_keys, 4, v)) return -1;
     for (int i = 0; i < N_COMM_NAMES; i++) names[i] = comm_names[i].name;
     if (r->n_comms >= HW_MAX_ENTRIES)
-        return fail_at(r, node_line(item), where, "more than %d measured collectives", HW_MAX_ENTRIES);
-    if (grow(&r->comm_lines, r->n_comms, &r->cap_comms)) return fail_at(r, node_line(item), where, "out of memory");
+        return fail_at(r, item->line, item->key, "more than %d measured collectives", HW_MAX_ENTRIES);
+    if (grow(&r->comm_lines, r->n_comms, &r->cap_comms)) return fail_at(r, item->line, item->key, "out of memory");
     entry_line *e = &r->comm_lines[r->n_comms];
     memset(e, 0, sizeof *e);
     int which;
-    if (read_choice(r, v[0], d[0], names, N_COMM_NAMES, &which)) return -1;
+    if (read_choice(r, v[0], names, N_COMM_NAMES, &which)) return -1;
     e->comm.kind = comm_names[which].kind;
-    const char *s = scalar(r, v[1], d[1], known);
+    const char *s = scalar(r, v[1], known);
     int64_t ranks;
     if (!s) return -1;
     if (parse_count(s, 1048576, &ranks) || ranks < 1)
-        return fail_at(r, node_line(v[1]), d[1], "'%.40s' is out of range; expected %s", s, known);
+        return fail_at(r, v[1]->line, v[1]->key, "'%.40s' is out of range; expected %s", s, known);
     e->comm.ranks = (int)ranks;
-    if (read_measure(r, v[2], d[2], 0, 1e18, "bytes", &e->comm.bytes) ||
-        read_measure(r, v[3], d[3], 0, 1e6, "seconds", &e->comm.seconds))
+    if (read_measure(r, v[2], 0, 1e18, "bytes", &e->comm.bytes) ||
+        read_measure(r, v[3], 0, 1e6, "seconds", &e->comm.seconds))
         return -1;
     e->index = index;
-    e->line = node_line(item);
+    e->line = item->line;
     r->n_comms++;
     return 0;
 }
 
-/* measured: {ops: [...], comms: [...]}, both optional. */
-static int read_measured(reader *r, const yaml_node_t *map) {
-    int seen[2] = {0, 0};
+/* measured (the map at m->values[at]): {ops: [...], comms: [...]}, both optional. */
+static int read_measured(reader *r, int at) {
     static const char *const lists[] = {"ops", "comms"};
-    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
-        const yaml_node_t *k = yaml_document_get_node(r->doc, p->key), *v = yaml_document_get_node(r->doc, p->value);
-        const char *name = k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "";
-        int j = find_name(name, lists, 2), line = node_line(k);
-        char dotted[96];
-        snprintf(dotted, sizeof dotted, "measured.%.64s", name);
-        if (j < 0) return fail_at(r, line, dotted, "unknown key; expected ops or comms");
-        if (seen[j]) return fail_at(r, line, dotted, "duplicate key (first given at line %d)", seen[j]);
-        seen[j] = line;
-        if (v->type != YAML_SEQUENCE_NODE)
-            return fail_at(r, line, dotted, "expected a list of {%s}", j ? "kind, ranks, bytes, seconds"
-                                                                         : "kind, shape, dtype, forward_s, backward_s");
-        yaml_node_item_t *it = v->data.sequence.items.start;
-        for (int i = 0; it + i < v->data.sequence.items.top; i++) {
-            const yaml_node_t *item = yaml_document_get_node(r->doc, it[i]);
-            if (j ? read_comm(r, item, i) : read_op(r, item, i)) return -1;
-        }
+    for (int i = at + 1, end = subtree_end(r->m, at); i < end; i = subtree_end(r->m, i)) {
+        const mf_value *v = &r->m->values[i];
+        int j = find_name(v->key + strlen("measured."), lists, 2);
+        if (j < 0) return fail_at(r, v->line, v->key, "unknown key; expected ops or comms");
+        if (v->is_seq != MF_ITEMS)
+            return fail_at(r, v->line, v->key, "expected a list of {%s}", j ? "kind, ranks, bytes, seconds"
+                                                                            : "kind, shape, dtype, forward_s, backward_s");
+        int index = 0;
+        for (int it = i + 1, items = subtree_end(r->m, i); it < items; it = subtree_end(r->m, it))
+            if (j ? read_comm(r, it, index++) : read_op(r, it, index++)) return -1;
     }
     return 0;
 }
@@ -657,95 +635,28 @@ static int take_measurements(reader *r) {
 
 /* ---- the file ---- */
 
-/* The whole file, refused past HW_MAX_BYTES. NULL with the error set. */
-static unsigned char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        ct_set_error("%s: cannot open hardware profile: %s", path, strerror(errno));
-        return NULL;
-    }
-    unsigned char *buf = malloc(HW_MAX_BYTES + 1);
-    size_t got = buf ? fread(buf, 1, HW_MAX_BYTES + 1, f) : 0;
-    int bad = !buf || ferror(f);
-    fclose(f);
-    if (bad)
-        ct_set_error("%s: cannot read hardware profile: %s", path, buf ? strerror(errno) : "out of memory");
-    else if (got > HW_MAX_BYTES) ct_set_error("%s:1: the file is larger than %d MiB", path, HW_MAX_BYTES >> 20);
-    if (bad || got > HW_MAX_BYTES) {
-        free(buf);
-        return NULL;
-    }
-    *n = got;
-    return buf;
-}
+/* How config/'s reader takes a profile: no anchors or aliases (a profile has no use for them), nesting
+ * no deeper than HW_MAX_DEPTH, and room for HW_MAX_ENTRIES of each measurement (an op is 10 entries:
+ * its map, 5 keys, its shape's list and up to 4 numbers). */
+static const mf_data_format profile_format = {
+    "hardware profile",
+    "expected a hardware profile: a map of name, source, gpus_per_node, compute, memory, intra_node, inter_node, "
+    "assumptions (configs/hardware/README.md)",
+    HW_MAX_DEPTH, 16 * HW_MAX_ENTRIES};
 
-static void syntax_error(const yaml_parser_t *p, const char *path) {
-    ct_set_error("%s:%d:%d: YAML syntax error: %s%s%s", path, (int)p->problem_mark.line + 1,
-                 (int)p->problem_mark.column + 1, p->problem ? p->problem : "unknown", p->context ? " " : "",
-                 p->context ? p->context : "");
-}
-
-/* Streams the parser's events before loading: one document, no anchors or aliases (a profile has
- * no use for them), nesting no deeper than HW_MAX_DEPTH. */
-static ct_status check_events(const char *path, const unsigned char *buf, size_t n) {
-    yaml_parser_t p;
-    yaml_event_t e;
-    int depth = 0, docs = 0;
+/* Reads the profile at `path` into hw (zeroed by the caller). */
+static ct_status read_profile(const char *path, hw_profile *hw) {
+    manifest *m = manifest_load_data(path, &profile_format);
+    if (!m) return CT_ERR_INVALID;
+    reader r = {.m = m, .path = path, .hw = hw};
     ct_status rc = CT_ERR_INVALID;
-    if (!yaml_parser_initialize(&p)) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
-    yaml_parser_set_input_string(&p, buf, n);
-    for (;;) {
-        if (!yaml_parser_parse(&p, &e)) {
-            syntax_error(&p, path);
-            break;
-        }
-        int line = (int)e.start_mark.line + 1, done = e.type == YAML_STREAM_END_EVENT;
-        int anchor = (e.type == YAML_SCALAR_EVENT && e.data.scalar.anchor) ||
-                     (e.type == YAML_MAPPING_START_EVENT && e.data.mapping_start.anchor) ||
-                     (e.type == YAML_SEQUENCE_START_EVENT && e.data.sequence_start.anchor) ||
-                     e.type == YAML_ALIAS_EVENT;
-        depth += e.type == YAML_MAPPING_START_EVENT || e.type == YAML_SEQUENCE_START_EVENT;
-        depth -= e.type == YAML_MAPPING_END_EVENT || e.type == YAML_SEQUENCE_END_EVENT;
-        docs += e.type == YAML_DOCUMENT_START_EVENT;
-        yaml_event_delete(&e);
-        if (docs > 1) ct_set_error("%s:%d: a second YAML document starts here; a profile is one", path, line);
-        else if (anchor)
-            ct_set_error("%s:%d: an anchor or alias (&name, *name); a profile has none", path, line);
-        else if (depth > HW_MAX_DEPTH)
-            ct_set_error("%s:%d: maps and lists nested deeper than a profile's keys go", path, line);
-        else if (done) rc = CT_OK;
-        else continue;
-        break;
-    }
-    yaml_parser_delete(&p);
-    return rc;
-}
-
-/* Reads the YAML text of `path` into hw (zeroed by the caller). */
-static ct_status read_profile(const char *path, const unsigned char *buf, size_t n, hw_profile *hw) {
-    yaml_parser_t parser;
-    yaml_document_t doc;
-    reader r = {.path = path, .doc = &doc, .hw = hw};
-    ct_status rc = check_events(path, buf, n);
-    if (rc != CT_OK) return rc;
-    if (!yaml_parser_initialize(&parser)) return ct_fail(CT_ERR_NOMEM, "%s: out of memory", path);
-    yaml_parser_set_input_string(&parser, buf, n);
-    if (!yaml_parser_load(&parser, &doc)) {
-        syntax_error(&parser, path);
-        yaml_parser_delete(&parser);
-        return CT_ERR_INVALID;
-    }
-    rc = CT_ERR_INVALID;
-    const yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (!root || root->type != YAML_MAPPING_NODE)
-        fail_at(&r, root ? node_line(root) : 1, NULL, "expected a hardware profile: a map of name, source, "
-                "gpus_per_node, compute, memory, intra_node, inter_node, assumptions (configs/hardware/README.md)");
-    else if (!read_map(&r, root, "") && !check_complete(&r) && !take_measurements(&r))
+    if (!m->n_values) /* an empty document: no map at all */
+        fail_at(&r, 1, NULL, "%s", profile_format.root);
+    else if (!read_map(&r, 0, m->n_values, "") && !check_complete(&r) && !take_measurements(&r))
         rc = CT_OK;
     free(r.op_lines);
     free(r.comm_lines);
-    yaml_document_delete(&doc);
-    yaml_parser_delete(&parser);
+    manifest_free(m);
     return rc;
 }
 
@@ -865,16 +776,12 @@ static ct_status resolve(const char *name_or_path, char *path, size_t len) {
 ct_status hw_profile_load(const char *name_or_path, hw_profile *hw) {
     memset(hw, 0, sizeof *hw);
     char path[sizeof hw->path];
-    size_t n = 0;
     if (!name_or_path || !*name_or_path)
         return ct_fail(CT_ERR_INVALID, "hardware: no profile given; expected a NAME (configs/hardware/NAME.yaml) or "
                        "a FILE");
     ct_status rc = resolve(name_or_path, path, sizeof path);
     if (rc != CT_OK) return rc;
-    unsigned char *buf = read_file(path, &n);
-    if (!buf) return CT_ERR_INVALID;
-    rc = read_profile(path, buf, n, hw);
-    free(buf);
+    rc = read_profile(path, hw);
     if (rc != CT_OK) {
         hw_profile_free(hw);
         return rc;

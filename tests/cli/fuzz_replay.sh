@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the tokenizer, shard, chat-template, input-decompression, manifest, TOML and checkpoint fuzz
-# targets as plain programs (cc, no libFuzzer; the target and its driver under AddressSanitizer + UBSan, linked with
+# Builds the tokenizer, shard, chat-template, input-decompression, manifest, TOML, hardware-profile and
+# checkpoint fuzz targets as plain programs (cc, no libFuzzer; the target and its driver under AddressSanitizer + UBSan, linked with
 # the core library $BUILD/libctitan-core.a, itself sanitized in the sanitizer build) and replays
 # their seed corpora plus deterministic mutations of every seed.
 # Run from the repository root; BUILD (default build) says where the programs go.
@@ -35,6 +35,9 @@ build fuzz_toml
 "$out/fuzz_toml" -m 300 tests/fuzz/corpus/toml
 build fuzz_manifest
 "$out/fuzz_manifest" -m 200 tests/fuzz/corpus/manifest
+# hardware profiles through the same reader: the shipped ones, a calibrated one, every optional key
+build fuzz_hw_profile
+"$out/fuzz_hw_profile" -m 200 tests/fuzz/corpus/hw_profile configs/hardware/h100-sxm.yaml configs/hardware/a100-80gb.yaml
 
 build fuzz_checkpoint
 "$out/fuzz_checkpoint" -m 200 tests/fuzz/corpus/checkpoint

@@ -376,14 +376,14 @@ static void test_bad_structure_names_line_and_key(void **state) {
     refused(28, "    - {kind: all_gather, ranks: 8, bytes: 1048576, seconds: 2e-5}\n---\nname: again",
             "29: a second YAML document");
     refused(5, "  bf16_tflops: [1", "6:13: YAML syntax error: did not find expected ',' or ']'");
-    refused(1, "name: [[[[[[[[[[x]]]]]]]]]]", "1: maps and lists nested deeper than a profile's keys go");
+    refused(1, "name: [[[[[[[[[[x]]]]]]]]]]", "1: maps and lists nested deeper than 8 levels");
     char *big = malloc((4 << 20) + 2); /* past the size limit: refused before it is parsed */
     memset(big, '#', (4 << 20) + 1);
     big[(4 << 20) + 1] = 0;
     write_text(path, big);
     free(big);
     assert_int_equal(hw_profile_load(path, &hw), CT_ERR_INVALID);
-    assert_non_null(strstr(ct_last_error(), "case.yaml:1: the file is larger than 4 MiB"));
+    assert_non_null(strstr(ct_last_error(), "case.yaml:1: the hardware profile is larger than 4 MiB"));
     write_text(path, "");
     assert_int_equal(hw_profile_load(path, &hw), CT_ERR_INVALID);
     assert_non_null(strstr(ct_last_error(), "case.yaml:1: expected a hardware profile"));
@@ -404,6 +404,10 @@ static void test_bad_measurements_name_line_and_key(void **state) {
             "26: measured.ops[0].shape: 5 numbers; expected a list of 1 to 4 whole numbers");
     refused(26, "    - {kind: gemm, shape: [8, -1], dtype: bf16, forward_s: 1, backward_s: 2}",
             "26: measured.ops[0].shape: '-1' is not a whole number");
+    refused(26, "    - {kind: gemm, shape: [8, \"16,32\"], dtype: bf16, forward_s: 1, backward_s: 2}",
+            "26: measured.ops[0].shape: '16,32' is not a whole number"); /* one item, not two */
+    refused(26, "    - kind: gemm\n      shape:\n        - 8\n        - -1\n      dtype: bf16\n      forward_s: 1\n"
+            "      backward_s: 2", "29: measured.ops[0].shape: '-1' is not a whole number"); /* the item's own line */
     refused(26, "    - {kind: gemm, shape: 8, dtype: bf16, forward_s: 1, backward_s: 2}",
             "26: measured.ops[0].shape: expected a list");
     refused(26, "    - {kind: gemm, shape: [8], dtype: fp16, forward_s: 1, backward_s: 2}",
