@@ -882,6 +882,22 @@ static ct_status stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, in
     return bad;
 }
 
+/* Whether pp ranks a and b hold the same parameters in the same order (shapes, flags and placement):
+ * their strategies then report the same buffers. */
+static int stage_params_alike(const runtime *rt, const int *unit_rank, int a, int b) {
+    int i = 0, j = 0;
+    for (;;) {
+        while (i < rt->n_params && unit_rank[rt->slots[i].unit] != a) i++;
+        while (j < rt->n_params && unit_rank[rt->slots[j].unit] != b) j++;
+        if (i == rt->n_params || j == rt->n_params) return i == rt->n_params && j == rt->n_params;
+        const ct_param_slot *x = &rt->slots[i], *y = &rt->slots[j];
+        if (x->numel != y->numel || x->local_numel != y->local_numel || x->placement != y->placement ||
+            rt->params[i]->t.flags != rt->params[j]->t.flags)
+            return 0;
+        i++, j++;
+    }
+}
+
 /* ---- the evaluation ---- */
 
 static double align64d(double b) { return ceil(b / 64.0) * 64.0; }
@@ -947,7 +963,8 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
                 unit_bytes += align64d((double)rt->slots[i].numel * 4.0);
         if (pr < npr && unit_bytes > replicated[pr]) replicated[pr] = unit_bytes;
     }
-    /* the strategies' own buffers and collectives: per pp rank (first, a middle one, last) */
+    /* the strategies' own buffers and collectives: per pp rank (first, a middle one, last; below, the
+     * others); the collectives are rank 0's */
     static ct_comm_cost comms[1024];
     double strat_mem[64][SESSION_MAX_STRATEGIES][8];
     memset(strat_mem, 0, sizeof strat_mem);
@@ -989,8 +1006,20 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
             }
         }
     }
-    for (int pr = 0; pr < npr; pr++) /* the stages in between are like the middle one */
-        if (pr != probe[0] && pr != probe[1] && pr != probe[2]) memcpy(strat_mem[pr], strat_mem[probe[1]], sizeof strat_mem[pr]);
+    /* every other stage: like a probed one that holds the same parameters (a middle rank of a model
+     * whose first blocks are dense and the rest experts is not like rank 1), else asked itself */
+    for (int pr = 0; pr < npr; pr++) {
+        if (pr == probe[0] || pr == probe[1] || pr == probe[2]) continue;
+        int like = -1;
+        for (int q = 1; q < pr && like < 0; q++) /* (the ranks below pr are known) */
+            if (stage_params_alike(rt, unit_rank, q, pr)) like = q;
+        if (like >= 0) {
+            memcpy(strat_mem[pr], strat_mem[like], sizeof strat_mem[pr]);
+            continue;
+        }
+        int nc = 0; /* (rank 0's collectives in `comms` are read already) */
+        if ((bad = stage_report(c, l, &r, pr, n_micro * accum, strat_mem[pr], comms, &nc, 1024))) goto done;
+    }
 
     /* time per unit and per microbatch */
     unit_time *ut = calloc((size_t)nu, sizeof *ut);

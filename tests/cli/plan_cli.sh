@@ -216,6 +216,19 @@ m=$(eps "$WORK/moe.json") d=$(eps "$WORK/dense.json")
 [ "$d" = "[1]" ] && [ "${m#\[1, }" != "$m" ] && ok "the search walks ep for the MoE model ($m), not for the dense one ($d)" ||
     fail "ep in the searches: MoE $m, dense $d"
 
+# every pipeline stage's FSDP buffers counted from its own parameters: DeepSeek-V3's shape (dense first
+# blocks, then experts) at pp 6, where rank 1 holds dense blocks and ranks 2-4 experts; the largest rank's
+# buffers are the same whether 1 or 3 first blocks are dense (the expert stages are alike)
+fsdpbuf() {
+    "$CTITAN" plan "$WORK/ds.yaml" "${HW[@]}" --gpus 12 --model.n_dense_layers="$1" --json 2>>"$WORK/err" |
+        python3 -c "import json,sys; print(json.load(sys.stdin)['layouts'][0]['memory_gib']['fsdp_buffers'])"
+}
+printf 'model:\n  name: deepseek_v3\n  flavor: debugmodel\n  n_layers: 10\n  moe_inter_dim: 1024\ntraining:\n  local_batch_size: 8\n  seq_len: 256\n  mixed_precision_param: bfloat16\nparallelism:\n  data_parallel_shard_degree: 2\n  pipeline_parallel_degree: 6\n  pipeline_parallel_microbatch_size: 1\n' >"$WORK/ds.yaml"
+: >"$WORK/err"
+b1=$(fsdpbuf 1) b3=$(fsdpbuf 3)
+[ -n "$b1" ] && [ "$b1" = "$b3" ] && ok "pp stages' FSDP buffers from their own parameters ($b1 GiB with 1 or 3 dense blocks first)" ||
+    fail "pp stages' FSDP buffers: $b1 GiB with 1 dense block, $b3 with 3: $(head -c 300 "$WORK/err")"
+
 # the guide's three recipes as the README plans them (h100-sxm, torchtitan's layouts): each at or
 # below the peak torchtitan measured for it (76.8, 67.6, 72.7 GiB)
 while IFS='|' read -r want args; do
