@@ -639,6 +639,42 @@ static double comm_seconds(const hw_profile *hw, int kind, int ranks, double byt
     return kind == CT_COLL_ALL_REDUCE ? 2 * one : one;
 }
 
+/* The ranks of a group over `axis` that share one node (the group spans nodes): tp innermost, so
+ * ep's run of ep x tp ranks has gpus_per_node / tp of its ranks on each node. */
+static int axis_node_ranks(const plan_layout *l, int axis, int gpus_per_node) {
+    int deg[CT_MESH_NAXES] = {l->pp, l->dp_replicate, l->dp_shard, l->cp, l->tp};
+    int64_t stride = 1, n;
+    if (axis == CT_AXIS_EP) {
+        stride = l->tp;
+        n = l->ep > 1 ? l->ep : 1;
+    } else if (axis >= 0 && axis < CT_MESH_NAXES) {
+        for (int a = CT_MESH_NAXES - 1; a > axis; a--) stride *= deg[a];
+        n = deg[axis];
+    } else {
+        return 1;
+    }
+    int64_t g = stride > 0 ? gpus_per_node / stride : 1;
+    return (int)(g < 1 ? 1 : g > n ? n : g);
+}
+
+/* An all-to-all over a group that spans nodes, `local` of its `ranks` on each node: each rank's
+ * pairwise exchange sends (ranks - local)/ranks of its buffer off the node through its own NIC and
+ * (local - 1)/ranks over the node's links at the same time; the slower side is the time. */
+static double a2a_inter_seconds(const hw_profile *hw, int ranks, int local, double bytes) {
+    if (ranks <= 1 || bytes <= 0 || hw->inter_bw <= 0) return 0;
+    double n = ranks, off = (n - local) / n * bytes / hw->inter_bw;
+    double on = local > 1 && hw->intra_bw > 0 ? (local - 1) / n * bytes / hw->intra_bw : 0;
+    return (n - 1) * hw->inter_lat + fmax(off, on);
+}
+
+/* A collective over `axis` of the layout: an all-to-all across nodes as above, else comm_seconds. */
+static double axis_comm_seconds(const hw_profile *hw, const plan_layout *l, int gpn, int axis, int kind, int ranks,
+                                double bytes) {
+    int inter = axis_inter_node(l, hw, axis, gpn);
+    if (inter && kind == CT_COLL_ALL_TO_ALL) return a2a_inter_seconds(hw, ranks, axis_node_ranks(l, axis, gpn), bytes);
+    return comm_seconds(hw, kind, ranks, bytes, inter);
+}
+
 static plan_comm_line *comm_line(plan_result *res, const char *what, int axis, int kind, int inter) {
     for (int i = 0; i < res->n_comms; i++)
         if (!strcmp(res->comms[i].what, what)) return &res->comms[i];
@@ -752,12 +788,21 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
             ut[u].bi += z;
             ut[u].membound += z;
         }
+    /* the lines show rank 0's collectives; expert parallel's those of the first pp rank holding experts
+     * (DeepSeek-V3's first blocks are dense: rank 0 may hold none) */
+    int ep_rank = -1;
+    for (int i = 0; i < t->n_ops; i++) {
+        const plan_op *o = &t->ops[i];
+        if (o->kind != RT_OP_COLLECTIVE || o->axis != CT_AXIS_EP || o->unit < 0 || o->unit >= nu) continue;
+        int pr = unit_rank ? unit_rank[o->unit] : 0;
+        if (ep_rank < 0 || pr < ep_rank) ep_rank = pr;
+    }
     for (int i = 0; i < t->n_ops; i++) { /* the op-level strategies' collectives: blocking unless overlapped */
         const plan_op *o = &t->ops[i];
         if (o->kind != RT_OP_COLLECTIVE || o->unit < 0 || o->unit >= nu) continue;
         int inter = axis_inter_node(l, hw, o->axis, gpn);
         int calls = o->coll_calls > 1 ? o->coll_calls : 1;
-        double s = calls * comm_seconds(hw, o->coll_kind, (int)o->shape[0], o->coll_bytes / calls, inter);
+        double s = calls * axis_comm_seconds(hw, l, gpn, o->axis, o->coll_kind, (int)o->shape[0], o->coll_bytes / calls);
         if (o->axis == CT_AXIS_EP) s *= res->ep_imbalance; /* the busiest rank's rows, which every rank waits for */
         /* a recompute repeats the forward's collectives */
         double reps = o->phase == 1 && ac[o->unit] == RT_AC_FULL ? 2 : 1;
@@ -766,7 +811,7 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         double hide = o->overlapped ? fmin(s * ovl, o->phase == 1 ? u->f : u->bi + u->bw) : 0;
         u->comm_exposed += reps * (s - hide);
         u->comm_hidden += reps * hide;
-        if (unit_rank && unit_rank[o->unit] != 0) continue; /* the lines show rank 0's */
+        if (unit_rank && unit_rank[o->unit] != (o->axis == CT_AXIS_EP ? ep_rank : 0)) continue;
         char what[48];
         snprintf(what, sizeof what, "%s %s", axis_name(o->axis), kind_name(o->coll_kind));
         plan_comm_line *cl = comm_line(res, what, o->axis, o->coll_kind, inter);
@@ -982,7 +1027,7 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
             int k = (int)cc->struct_size;
             if (!mesh_axis_bits(cc->axis)) continue;
             int inter = axis_inter_node(l, hw, cc->axis, gpn);
-            double s = comm_seconds(hw, cc->kind, mesh_shard_degree(&r.mesh, cc->axis), cc->bytes, inter);
+            double s = axis_comm_seconds(hw, l, gpn, cc->axis, cc->kind, mesh_shard_degree(&r.mesh, cc->axis), cc->bytes);
             double total = s * cc->count;
             if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP && !cc->overlapped) {
                 unit_block += total; /* blocking: the unit waits for it */
