@@ -183,10 +183,19 @@ else
     fail "plan of the small recipe exited $?: $(head -c 300 "$WORK/err")"
 fi
 for r in configs/recipes/medium_fsdp_tp.yaml:8 configs/recipes/large_3d_interleaved.yaml:512 configs/llama3_1b.yaml:1 \
-    configs/llama3_3b.yaml:1 configs/recipes/qwen3_30b_a3b_8gpu.yaml:8; do
+    configs/llama3_3b.yaml:1 configs/recipes/qwen3_30b_a3b_8gpu.yaml:8 configs/recipes/deepseek_v3_671b_256gpu.yaml:256; do
     "$CTITAN" plan "${r%%:*}" "${HW[@]}" --gpus "${r##*:}" >"$WORK/out" 2>"$WORK/err" && ok "plan ${r%%:*} on ${r##*:}" ||
         fail "plan ${r%%:*} on ${r##*:} exited $?: $(head -c 300 "$WORK/err")"
 done
+
+# DeepSeek-V3 671B's recipe on 256 H100s fits with expert parallel (ep 128), its all-to-alls across nodes
+if "$CTITAN" plan configs/recipes/deepseek_v3_671b_256gpu.yaml "${HW[@]}" --gpus 256 --json >"$WORK/out" 2>"$WORK/err" &&
+    python3 -c "
+import json, sys
+l = json.load(open(sys.argv[1]))['layouts'][0]
+sys.exit(not (l['fits'] and l['parallelism']['expert_parallel_degree'] == 128 and l['time_s']['ep_all_to_all'] > 0))" "$WORK/out"; then
+    ok "the DeepSeek-V3 671B recipe fits 256 H100s with ep 128"
+else fail "the DeepSeek-V3 671B recipe: $(head -c 300 "$WORK/err")"; fi
 
 # expert parallel: planned with its assumption stated; the search walks ep for a mixture of experts
 # (qwen3's debugmodel_moe shrunk) and never for a dense model
