@@ -251,15 +251,25 @@ b1=$(fsdpbuf 1) b3=$(fsdpbuf 3)
     fail "pp stages' FSDP buffers: $b1 GiB with 1 dense block, $b3 with 3: $(head -c 300 "$WORK/err")"
 # ... and with expert parallel the dispatch and combine all-to-alls shown are the first expert stage's
 # (rank 0 holds dense blocks only): 2 layers x 4 a2a + 2 again in the recomputed layer, 8 microbatches,
-# each 256 tokens x top 3 x 256 f32 (and the routing counts: 40 bytes per layer and microbatch)
+# each 256 tokens x top 3 x 256 f32, and that stage's routing counts (40 bytes per layer and microbatch)
 epa=$("$CTITAN" plan "$WORK/ds.yaml" "${HW[@]}" --gpus 12 --model.n_dense_layers=3 --parallelism.expert_parallel_degree=2 \
     --json 2>"$WORK/err" | python3 -c "
 import json, sys
 l = json.load(sys.stdin)['layouts'][0]
 print(l['time_s']['ep_all_to_all'], [c['bytes'] for c in l['collectives'] if c['what'] == 'ep all_to_all'])")
-[ "${epa%% *}" != "0.0" ] && [ "${epa#* }" = "[$((80 * 256 * 3 * 256 * 4 + 7 * 8 * 40)).0]" ] &&
+[ "${epa%% *}" != "0.0" ] && [ "${epa#* }" = "[$((80 * 256 * 3 * 256 * 4 + 2 * 8 * 40)).0]" ] &&
     ok "pp with dense first blocks: the expert stages' all-to-alls shown ($epa)" ||
     fail "pp x ep all-to-alls shown: '$epa' $(head -c 300 "$WORK/err")"
+# ... and the expert stages' FSDP collectives are timed, not rank 0's alone: larger experts cost more
+fsdpt() {
+    "$CTITAN" plan "$WORK/ds.yaml" "${HW[@]}" --gpus 12 --model.n_dense_layers=3 --model.moe_inter_dim="$1" --json \
+        2>>"$WORK/err" | python3 -c "import json,sys; t=json.load(sys.stdin)['layouts'][0]['time_s']; print(t['comm_exposed'] + t['comm_hidden'])"
+}
+: >"$WORK/err"
+t1=$(fsdpt 1024) t4=$(fsdpt 4096)
+awk -v a="${t1:-0}" -v b="${t4:-0}" 'BEGIN { exit !(a > 0 && b > 1.5 * a) }' &&
+    ok "pp stages' FSDP collectives from their own parameters ($t1 s, $t4 s with 4x the experts)" ||
+    fail "pp stages' FSDP collectives: $t1 s with experts of 1024, $t4 s with 4096: $(head -c 300 "$WORK/err")"
 
 # the guide's three recipes as the README plans them (h100-sxm, torchtitan's layouts): each at or
 # below the peak torchtitan measured for it (76.8, 67.6, 72.7 GiB)
