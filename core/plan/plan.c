@@ -755,7 +755,7 @@ static int ep_busiest(const plan_layout *l, const plan_op *o) {
 }
 
 static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profile *hw, int gpn, unit_time *ut,
-                       const int *ac, plan_result *res, int n_micro, const int *unit_rank) {
+                       const int *ac, plan_result *res, int n_micro, const int *unit_rank, int ep_rank) {
     int nu = t->n_units;
     memset(ut, 0, sizeof *ut * (size_t)nu);
     for (int i = 0; i < t->n_ops; i++) {
@@ -788,15 +788,6 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
             ut[u].bi += z;
             ut[u].membound += z;
         }
-    /* the lines show rank 0's collectives; expert parallel's those of the first pp rank holding experts
-     * (DeepSeek-V3's first blocks are dense: rank 0 may hold none) */
-    int ep_rank = -1;
-    for (int i = 0; i < t->n_ops; i++) {
-        const plan_op *o = &t->ops[i];
-        if (o->kind != RT_OP_COLLECTIVE || o->axis != CT_AXIS_EP || o->unit < 0 || o->unit >= nu) continue;
-        int pr = unit_rank ? unit_rank[o->unit] : 0;
-        if (ep_rank < 0 || pr < ep_rank) ep_rank = pr;
-    }
     for (int i = 0; i < t->n_ops; i++) { /* the op-level strategies' collectives: blocking unless overlapped */
         const plan_op *o = &t->ops[i];
         if (o->kind != RT_OP_COLLECTIVE || o->unit < 0 || o->unit >= nu) continue;
@@ -811,6 +802,7 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         double hide = o->overlapped ? fmin(s * ovl, o->phase == 1 ? u->f : u->bi + u->bw) : 0;
         u->comm_exposed += reps * (s - hide);
         u->comm_hidden += reps * hide;
+        /* the lines show rank 0's collectives, expert parallel's those of the first rank holding experts */
         if (unit_rank && unit_rank[o->unit] != (o->axis == CT_AXIS_EP ? ep_rank : 0)) continue;
         char what[48];
         snprintf(what, sizeof what, "%s %s", axis_name(o->axis), kind_name(o->coll_kind));
@@ -1109,7 +1101,7 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
     else if (l->ep > 1)
         note_add(r.note, sizeof r.note, "expert parallel: routing assumed perfectly balanced, each of the ep %d ranks "
                  "receiving 1/%d of the routed tokens (plan.ep_load_imbalance sets the busiest rank's share)", l->ep, l->ep);
-    unit_times(&t, l, hw, gpn, ut, rt->ac, res, n_micro * accum, unit_rank);
+    unit_times(&t, l, hw, gpn, ut, rt->ac, res, n_micro * accum, unit_rank, ep_line_rank);
     /* FSDP's gathers hide behind the previous unit's compute (prefetch); its reduce-scatters behind
      * the next unit's backward; what does not fit shows */
     double exp_r[64] = {0}, hid_r[64] = {0}, ovl = hw->comm_overlap > 0 ? hw->comm_overlap : 1.0;
