@@ -639,6 +639,42 @@ static double comm_seconds(const hw_profile *hw, int kind, int ranks, double byt
     return kind == CT_COLL_ALL_REDUCE ? 2 * one : one;
 }
 
+/* The ranks of a group over `axis` that share one node (the group spans nodes): tp innermost, so
+ * ep's run of ep x tp ranks has gpus_per_node / tp of its ranks on each node. */
+static int axis_node_ranks(const plan_layout *l, int axis, int gpus_per_node) {
+    int deg[CT_MESH_NAXES] = {l->pp, l->dp_replicate, l->dp_shard, l->cp, l->tp};
+    int64_t stride = 1, n;
+    if (axis == CT_AXIS_EP) {
+        stride = l->tp;
+        n = l->ep > 1 ? l->ep : 1;
+    } else if (axis >= 0 && axis < CT_MESH_NAXES) {
+        for (int a = CT_MESH_NAXES - 1; a > axis; a--) stride *= deg[a];
+        n = deg[axis];
+    } else {
+        return 1;
+    }
+    int64_t g = stride > 0 ? gpus_per_node / stride : 1;
+    return (int)(g < 1 ? 1 : g > n ? n : g);
+}
+
+/* An all-to-all over a group that spans nodes, `local` of its `ranks` on each node: each rank's
+ * pairwise exchange sends (ranks - local)/ranks of its buffer off the node through its own NIC and
+ * (local - 1)/ranks over the node's links at the same time; the slower side is the time. */
+static double a2a_inter_seconds(const hw_profile *hw, int ranks, int local, double bytes) {
+    if (ranks <= 1 || bytes <= 0 || hw->inter_bw <= 0) return 0;
+    double n = ranks, off = (n - local) / n * bytes / hw->inter_bw;
+    double on = local > 1 && hw->intra_bw > 0 ? (local - 1) / n * bytes / hw->intra_bw : 0;
+    return (n - 1) * hw->inter_lat + fmax(off, on);
+}
+
+/* A collective over `axis` of the layout: an all-to-all across nodes as above, else comm_seconds. */
+static double axis_comm_seconds(const hw_profile *hw, const plan_layout *l, int gpn, int axis, int kind, int ranks,
+                                double bytes) {
+    int inter = axis_inter_node(l, hw, axis, gpn);
+    if (inter && kind == CT_COLL_ALL_TO_ALL) return a2a_inter_seconds(hw, ranks, axis_node_ranks(l, axis, gpn), bytes);
+    return comm_seconds(hw, kind, ranks, bytes, inter);
+}
+
 static plan_comm_line *comm_line(plan_result *res, const char *what, int axis, int kind, int inter) {
     for (int i = 0; i < res->n_comms; i++)
         if (!strcmp(res->comms[i].what, what)) return &res->comms[i];
@@ -719,7 +755,7 @@ static int ep_busiest(const plan_layout *l, const plan_op *o) {
 }
 
 static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profile *hw, int gpn, unit_time *ut,
-                       const int *ac, plan_result *res, int n_micro, const int *unit_rank) {
+                       const int *ac, plan_result *res, int n_micro, const int *unit_rank, int ep_rank) {
     int nu = t->n_units;
     memset(ut, 0, sizeof *ut * (size_t)nu);
     for (int i = 0; i < t->n_ops; i++) {
@@ -757,7 +793,7 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         if (o->kind != RT_OP_COLLECTIVE || o->unit < 0 || o->unit >= nu) continue;
         int inter = axis_inter_node(l, hw, o->axis, gpn);
         int calls = o->coll_calls > 1 ? o->coll_calls : 1;
-        double s = calls * comm_seconds(hw, o->coll_kind, (int)o->shape[0], o->coll_bytes / calls, inter);
+        double s = calls * axis_comm_seconds(hw, l, gpn, o->axis, o->coll_kind, (int)o->shape[0], o->coll_bytes / calls);
         if (o->axis == CT_AXIS_EP) s *= res->ep_imbalance; /* the busiest rank's rows, which every rank waits for */
         /* a recompute repeats the forward's collectives */
         double reps = o->phase == 1 && ac[o->unit] == RT_AC_FULL ? 2 : 1;
@@ -766,7 +802,8 @@ static void unit_times(const plan_trace *t, const plan_layout *l, const hw_profi
         double hide = o->overlapped ? fmin(s * ovl, o->phase == 1 ? u->f : u->bi + u->bw) : 0;
         u->comm_exposed += reps * (s - hide);
         u->comm_hidden += reps * hide;
-        if (unit_rank && unit_rank[o->unit] != 0) continue; /* the lines show rank 0's */
+        /* the lines show rank 0's collectives, expert parallel's those of the first rank holding experts */
+        if (unit_rank && unit_rank[o->unit] != (o->axis == CT_AXIS_EP ? ep_rank : 0)) continue;
         char what[48];
         snprintf(what, sizeof what, "%s %s", axis_name(o->axis), kind_name(o->coll_kind));
         plan_comm_line *cl = comm_line(res, what, o->axis, o->coll_kind, inter);
@@ -882,6 +919,66 @@ static ct_status stage_report(plan_ctx *c, const plan_layout *l, plan_run *r, in
     return bad;
 }
 
+/* The first pp rank holding experts (0 without pp), -1 for a dense model: its expert-parallel
+ * collectives are the ones the plan shows (DeepSeek-V3's first blocks are dense). */
+static int first_expert_rank(const runtime *rt, const int *unit_rank) {
+    int first = -1;
+    for (int i = 0; i < rt->n_params; i++) {
+        if (!(rt->params[i]->t.flags & CT_TENSOR_EXPERTS)) continue;
+        int pr = unit_rank ? unit_rank[rt->slots[i].unit] : 0;
+        if (first < 0 || pr < first) first = pr;
+    }
+    return first;
+}
+
+/* Whether pp ranks a and b hold the same parameters in the same order (shapes, flags and placement):
+ * their strategies then report the same buffers. */
+static int stage_params_alike(const runtime *rt, const int *unit_rank, int a, int b) {
+    int i = 0, j = 0;
+    for (;;) {
+        while (i < rt->n_params && unit_rank[rt->slots[i].unit] != a) i++;
+        while (j < rt->n_params && unit_rank[rt->slots[j].unit] != b) j++;
+        if (i == rt->n_params || j == rt->n_params) return i == rt->n_params && j == rt->n_params;
+        const ct_param_slot *x = &rt->slots[i], *y = &rt->slots[j];
+        if (x->numel != y->numel || x->local_numel != y->local_numel || x->placement != y->placement ||
+            rt->params[i]->t.flags != rt->params[j]->t.flags)
+            return 0;
+        i++, j++;
+    }
+}
+
+/* One pp rank's strategy collectives (stage_report's): each unit's overlapped ones into unit_comm_f
+ * and _b (seconds per step), the rank's blocking, per-step and overlapped per-step ones, and the lines
+ * the plan shows: rank 0's, expert parallel's from ep_line_rank. */
+static void stage_comms(plan_result *res, const plan_layout *l, const hw_profile *hw, int gpn, const plan_run *r,
+                        const ct_comm_cost *comms, int nc, int pr, int ep_line_rank, double *unit_comm_f,
+                        double *unit_comm_b, int nu_c, double *rank_block, double *rank_step, double *rank_step_ovl) {
+    for (int i = 0; i < nc; i++) {
+        const ct_comm_cost *cc = &comms[i];
+        int k = (int)cc->struct_size;
+        if (!mesh_axis_bits(cc->axis)) continue;
+        int inter = axis_inter_node(l, hw, cc->axis, gpn);
+        double s = axis_comm_seconds(hw, l, gpn, cc->axis, cc->kind, mesh_shard_degree(&r->mesh, cc->axis), cc->bytes);
+        double total = s * cc->count;
+        int per_unit = cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP;
+        if (per_unit && !cc->overlapped) rank_block[pr] += total; /* blocking: the unit waits for it */
+        else if (per_unit) *(cc->phase == CT_PHASE_FORWARD ? &unit_comm_f[cc->unit] : &unit_comm_b[cc->unit]) += total;
+        else if (cc->overlapped) rank_step_ovl[pr] += total;
+        else rank_step[pr] += total;
+        if (pr != (cc->axis == CT_AXIS_EP && ep_line_rank >= 0 ? ep_line_rank : 0)) continue;
+        char what[48];
+        snprintf(what, sizeof what, "%s %s", r->names[k], kind_name(cc->kind));
+        plan_comm_line *cl = comm_line(res, what, cc->axis, cc->kind, inter);
+        if (cl) {
+            cl->bytes += cc->bytes * cc->count;
+            cl->count += cc->count;
+            cl->seconds += total;
+            if (!cc->overlapped) cl->exposed += total;
+            else cl->hidden_candidate += total; /* its exposed share is set once the overlap is known */
+        }
+    }
+}
+
 /* ---- the evaluation ---- */
 
 static double align64d(double b) { return ceil(b / 64.0) * 64.0; }
@@ -947,50 +1044,46 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
                 unit_bytes += align64d((double)rt->slots[i].numel * 4.0);
         if (pr < npr && unit_bytes > replicated[pr]) replicated[pr] = unit_bytes;
     }
-    /* the strategies' own buffers and collectives: per pp rank (first, a middle one, last) */
+    /* the strategies' own buffers and collectives: per pp rank (first, a middle one, last; below, the
+     * others); the collectives are rank 0's */
     static ct_comm_cost comms[1024];
     double strat_mem[64][SESSION_MAX_STRATEGIES][8];
     memset(strat_mem, 0, sizeof strat_mem);
-    double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, unit_block = 0, step_comm = 0, step_comm_overlap = 0;
+    /* per pp rank: its units' overlapped collectives, and its blocking and per-step ones */
+    double unit_comm_f[1024] = {0}, unit_comm_b[1024] = {0}, rank_block[64] = {0}, rank_step[64] = {0},
+           rank_step_ovl[64] = {0};
     int nu_c = nu < 1024 ? nu : 1024;
     int probe[3] = {0, npr > 2 ? 1 : 0, npr - 1};
-    for (int j = 2; j >= 0; j--) { /* rank 0's comms last: they stay in `comms` */
-        int nc = 0;
-        if (j < 2 && probe[j] == probe[j + 1] && j != 0) continue;
-        if ((bad = stage_report(c, l, &r, probe[j], n_micro * accum, strat_mem[probe[j]], comms, &nc, 1024)))
-            goto done;
-        if (j > 0) continue;
-        for (int i = 0; i < nc; i++) {
-            const ct_comm_cost *cc = &comms[i];
-            int k = (int)cc->struct_size;
-            if (!mesh_axis_bits(cc->axis)) continue;
-            int inter = axis_inter_node(l, hw, cc->axis, gpn);
-            double s = comm_seconds(hw, cc->kind, mesh_shard_degree(&r.mesh, cc->axis), cc->bytes, inter);
-            double total = s * cc->count;
-            if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP && !cc->overlapped) {
-                unit_block += total; /* blocking: the unit waits for it */
-            } else if (cc->unit >= 0 && cc->unit < nu_c && cc->phase != CT_PHASE_STEP) {
-                if (cc->phase == CT_PHASE_FORWARD) unit_comm_f[cc->unit] += total;
-                else unit_comm_b[cc->unit] += total;
-            } else if (cc->overlapped) {
-                step_comm_overlap += total;
-            } else {
-                step_comm += total;
-            }
-            char what[48];
-            snprintf(what, sizeof what, "%s %s", r.names[k], kind_name(cc->kind));
-            plan_comm_line *cl = comm_line(res, what, cc->axis, cc->kind, inter);
-            if (cl) {
-                cl->bytes += cc->bytes * cc->count;
-                cl->count += cc->count;
-                cl->seconds += total;
-                if (!cc->overlapped) cl->exposed += total;
-                else cl->hidden_candidate += total; /* its exposed share is set once the overlap is known */
-            }
-        }
+    int ep_line_rank = first_expert_rank(rt, unit_rank);
+    for (int j = 2; j >= 0; j--) {
+        int nc = 0, pr = probe[j];
+        if ((j < 2 && pr == probe[j + 1]) || (j == 0 && pr == probe[2])) continue; /* each rank once */
+        if ((bad = stage_report(c, l, &r, pr, n_micro * accum, strat_mem[pr], comms, &nc, 1024))) goto done;
+        stage_comms(res, l, hw, gpn, &r, comms, nc, pr, ep_line_rank, unit_comm_f, unit_comm_b, nu_c, rank_block,
+                    rank_step, rank_step_ovl);
     }
-    for (int pr = 0; pr < npr; pr++) /* the stages in between are like the middle one */
-        if (pr != probe[0] && pr != probe[1] && pr != probe[2]) memcpy(strat_mem[pr], strat_mem[probe[1]], sizeof strat_mem[pr]);
+    /* every other stage: like a probed one that holds the same parameters (a middle rank of a model
+     * whose first blocks are dense and the rest experts is not like rank 1), else asked itself */
+    for (int pr = 0; pr < npr; pr++) {
+        if (pr == probe[0] || pr == probe[1] || pr == probe[2]) continue;
+        int like = -1;
+        for (int q = 1; q < pr && like < 0; q++) /* (the ranks below pr are known) */
+            if (stage_params_alike(rt, unit_rank, q, pr)) like = q;
+        if (like >= 0) {
+            memcpy(strat_mem[pr], strat_mem[like], sizeof strat_mem[pr]);
+            rank_block[pr] = rank_block[like], rank_step[pr] = rank_step[like], rank_step_ovl[pr] = rank_step_ovl[like];
+            for (int u = 0, v = 0; u < nu_c && v < nu_c; u++, v++) { /* the k-th unit of one as of the other */
+                while (u < nu_c && unit_rank[u] != pr) u++;
+                while (v < nu_c && unit_rank[v] != like) v++;
+                if (u < nu_c && v < nu_c) unit_comm_f[u] = unit_comm_f[v], unit_comm_b[u] = unit_comm_b[v];
+            }
+            continue;
+        }
+        int nc = 0;
+        if ((bad = stage_report(c, l, &r, pr, n_micro * accum, strat_mem[pr], comms, &nc, 1024))) goto done;
+        stage_comms(res, l, hw, gpn, &r, comms, nc, pr, ep_line_rank, unit_comm_f, unit_comm_b, nu_c, rank_block,
+                    rank_step, rank_step_ovl);
+    }
 
     /* time per unit and per microbatch */
     unit_time *ut = calloc((size_t)nu, sizeof *ut);
@@ -1008,19 +1101,28 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
     else if (l->ep > 1)
         note_add(r.note, sizeof r.note, "expert parallel: routing assumed perfectly balanced, each of the ep %d ranks "
                  "receiving 1/%d of the routed tokens (plan.ep_load_imbalance sets the busiest rank's share)", l->ep, l->ep);
-    unit_times(&t, l, hw, gpn, ut, rt->ac, res, n_micro * accum, unit_rank);
+    unit_times(&t, l, hw, gpn, ut, rt->ac, res, n_micro * accum, unit_rank, ep_line_rank);
     /* FSDP's gathers hide behind the previous unit's compute (prefetch); its reduce-scatters behind
      * the next unit's backward; what does not fit shows */
-    double exposed_f = 0, exposed_b = 0, hidden = 0, ovl = hw->comm_overlap > 0 ? hw->comm_overlap : 1.0;
+    double exp_r[64] = {0}, hid_r[64] = {0}, ovl = hw->comm_overlap > 0 ? hw->comm_overlap : 1.0;
     for (int u = 0; u < nu_c; u++) {
-        if (unit_rank && unit_rank[u] != 0) continue;
-        double cover_f = u > 0 ? ut[u - 1].f : 0, cover_b = u > 0 ? ut[u - 1].bi + ut[u - 1].bw + ut[u - 1].re : 0;
+        int pr = unit_rank ? unit_rank[u] : 0;
+        if (pr >= npr) continue;
+        int prev = u > 0 && (!unit_rank || unit_rank[u - 1] == pr); /* a stage's first unit: nothing before it here */
+        double cover_f = prev ? ut[u - 1].f : 0, cover_b = prev ? ut[u - 1].bi + ut[u - 1].bw + ut[u - 1].re : 0;
         double cf = unit_comm_f[u] / (n_micro * accum), cb = unit_comm_b[u] / (n_micro * accum);
         double ef = cf - fmin(cf * ovl, cover_f), eb = cb - fmin(cb * ovl, cover_b);
-        exposed_f += ef;
-        exposed_b += eb;
-        hidden += (unit_comm_f[u] + unit_comm_b[u]) / (n_micro * accum) - ef - eb;
+        exp_r[pr] += ef + eb;
+        hid_r[pr] += (unit_comm_f[u] + unit_comm_b[u]) / (n_micro * accum) - ef - eb;
     }
+    /* the step waits for the pp rank whose strategies' collectives show most (rank 0 without pp) */
+    int cr = 0;
+    for (int pr = 1; pr < npr; pr++)
+        if (exp_r[pr] * n_micro * accum + rank_block[pr] + rank_step[pr] >
+            exp_r[cr] * n_micro * accum + rank_block[cr] + rank_step[cr])
+            cr = pr;
+    double exposed = exp_r[cr], hidden = hid_r[cr], unit_block = rank_block[cr], step_comm = rank_step[cr],
+           step_comm_overlap = rank_step_ovl[cr];
     /* per pp rank: compute of one microbatch */
     double F[64] = {0}, BI[64] = {0}, BW[64] = {0}, RE[64] = {0}, TPX[64] = {0}, SEND[64] = {0};
     for (int u = 0; u < nu; u++) {
@@ -1076,15 +1178,15 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
         step = (F[0] + BI[0] + BW[0] + RE[0] + TPX[0]) * accum;
         res->inflight_microbatches = 1;
     }
-    step += (exposed_f + exposed_b) * n_micro * accum + unit_block;
+    step += exposed * n_micro * accum + unit_block;
     /* the step's own collectives: DDP / HSDP all-reduces overlap the backward when the strategy says so */
     double back = (BI[slowest] + BW[slowest] + RE[slowest]) * n_micro * accum;
     double ovl_exposed = step_comm_overlap - fmin(step_comm_overlap * ovl, back);
     step += step_comm + ovl_exposed;
-    res->t_comm_exposed = (exposed_f + exposed_b) * n_micro * accum + unit_block + step_comm + ovl_exposed;
+    res->t_comm_exposed = exposed * n_micro * accum + unit_block + step_comm + ovl_exposed;
     res->t_comm_hidden += hidden * n_micro * accum + step_comm_overlap - ovl_exposed;
     {
-        double ovl = 0, shown = (exposed_f + exposed_b) * n_micro * accum + ovl_exposed;
+        double ovl = 0, shown = exposed * n_micro * accum + ovl_exposed;
         for (int i = 0; i < res->n_comms; i++) ovl += res->comms[i].hidden_candidate;
         for (int i = 0; i < res->n_comms; i++) /* the overlapped ones show in proportion */
             if (ovl > 0) res->comms[i].exposed += res->comms[i].hidden_candidate * fmin(1.0, shown / ovl);

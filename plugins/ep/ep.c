@@ -83,13 +83,12 @@ static ct_status ep_place(ct_strategy *p, ct_param_slot *slots, int n) {
         s->split_parts = e->size;
         s->split_index = e->rank;
         e->el = w->shape[0];
-        if (e->n_units < EP_MAX_UNITS && (!e->n_units || e->units[e->n_units - 1] != s->unit)) e->units[e->n_units++] = s->unit;
-        if (s->placement != CT_PLACE_NONE) {
-            s->placement = CT_PLACE_REPLICATE;
-            s->local_numel = s->numel;
-            s->offset = 0;
-        }
         e->n_experts++;
+        if (s->placement == CT_PLACE_NONE) continue; /* another pipeline stage's: no routing exchange here */
+        if (e->n_units < EP_MAX_UNITS && (!e->n_units || e->units[e->n_units - 1] != s->unit)) e->units[e->n_units++] = s->unit;
+        s->placement = CT_PLACE_REPLICATE;
+        s->local_numel = s->numel;
+        s->offset = 0;
     }
     if (!e->n_experts) {
         e->host->set_error(e->host, "parallelism.expert_parallel_degree: the model declares no experts "

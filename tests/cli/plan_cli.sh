@@ -183,10 +183,19 @@ else
     fail "plan of the small recipe exited $?: $(head -c 300 "$WORK/err")"
 fi
 for r in configs/recipes/medium_fsdp_tp.yaml:8 configs/recipes/large_3d_interleaved.yaml:512 configs/llama3_1b.yaml:1 \
-    configs/llama3_3b.yaml:1 configs/recipes/qwen3_30b_a3b_8gpu.yaml:8; do
+    configs/llama3_3b.yaml:1 configs/recipes/qwen3_30b_a3b_8gpu.yaml:8 configs/recipes/deepseek_v3_671b_256gpu.yaml:256; do
     "$CTITAN" plan "${r%%:*}" "${HW[@]}" --gpus "${r##*:}" >"$WORK/out" 2>"$WORK/err" && ok "plan ${r%%:*} on ${r##*:}" ||
         fail "plan ${r%%:*} on ${r##*:} exited $?: $(head -c 300 "$WORK/err")"
 done
+
+# DeepSeek-V3 671B's recipe on 256 H100s fits with expert parallel (ep 128), its all-to-alls across nodes
+if "$CTITAN" plan configs/recipes/deepseek_v3_671b_256gpu.yaml "${HW[@]}" --gpus 256 --json >"$WORK/out" 2>"$WORK/err" &&
+    python3 -c "
+import json, sys
+l = json.load(open(sys.argv[1]))['layouts'][0]
+sys.exit(not (l['fits'] and l['parallelism']['expert_parallel_degree'] == 128 and l['time_s']['ep_all_to_all'] > 0))" "$WORK/out"; then
+    ok "the DeepSeek-V3 671B recipe fits 256 H100s with ep 128"
+else fail "the DeepSeek-V3 671B recipe: $(head -c 300 "$WORK/err")"; fi
 
 # expert parallel: planned with its assumption stated; the search walks ep for a mixture of experts
 # (qwen3's debugmodel_moe shrunk) and never for a dense model
@@ -215,6 +224,52 @@ eps() { python3 -c "import json,sys; print(sorted({l['parallelism']['expert_para
 m=$(eps "$WORK/moe.json") d=$(eps "$WORK/dense.json")
 [ "$d" = "[1]" ] && [ "${m#\[1, }" != "$m" ] && ok "the search walks ep for the MoE model ($m), not for the dense one ($d)" ||
     fail "ep in the searches: MoE $m, dense $d"
+
+# an all-to-all across nodes: ep 16 over 2 nodes of 8, each rank sends half its rows off its node through
+# its own NIC (50 GB/s) and 7/16 over NVLink at once: 8 calls (dispatch and combine, forward and backward,
+# 2 layers) of 4096 tokens x top 2 x 256 f32 each, 15 latencies apiece
+a2a=$("$CTITAN" plan configs/llama3_debug.yaml "${moe[@]}" --model.n_experts=16 --training.seq_len=4096 \
+    --training.local_batch_size=1 --training.global_batch_size=16 "${HW[@]}" --gpus 16 \
+    --parallelism.data_parallel_shard_degree=16 --parallelism.expert_parallel_degree=16 --json 2>"$WORK/err" |
+    python3 -c "import json,sys; print(json.load(sys.stdin)['layouts'][0]['time_s']['ep_all_to_all'])")
+want=$(python3 -c "print(8 * (15 * 5e-6 + 0.5 * 4096 * 2 * 256 * 4 / 50e9))")
+awk -v g="${a2a:-0}" -v w="$want" 'BEGIN { d = g / w - 1; exit !(d < 1e-9 && d > -1e-9) }' &&
+    ok "ep all-to-all across nodes: only the rows that leave a node cross its NICs ($a2a s)" ||
+    fail "ep all-to-all across 2 nodes: ${a2a:-none} s planned, $want by hand: $(head -c 300 "$WORK/err")"
+
+# every pipeline stage's FSDP buffers counted from its own parameters: DeepSeek-V3's shape (dense first
+# blocks, then experts) at pp 6, where rank 1 holds dense blocks and ranks 2-4 experts; the largest rank's
+# buffers are the same whether 1 or 3 first blocks are dense (the expert stages are alike)
+fsdpbuf() {
+    "$CTITAN" plan "$WORK/ds.yaml" "${HW[@]}" --gpus 12 --model.n_dense_layers="$1" --json 2>>"$WORK/err" |
+        python3 -c "import json,sys; print(json.load(sys.stdin)['layouts'][0]['memory_gib']['fsdp_buffers'])"
+}
+printf 'model:\n  name: deepseek_v3\n  flavor: debugmodel\n  n_layers: 10\n  moe_inter_dim: 1024\ntraining:\n  local_batch_size: 8\n  seq_len: 256\n  mixed_precision_param: bfloat16\nparallelism:\n  data_parallel_shard_degree: 2\n  pipeline_parallel_degree: 6\n  pipeline_parallel_microbatch_size: 1\n' >"$WORK/ds.yaml"
+: >"$WORK/err"
+b1=$(fsdpbuf 1) b3=$(fsdpbuf 3)
+[ -n "$b1" ] && [ "$b1" = "$b3" ] && ok "pp stages' FSDP buffers from their own parameters ($b1 GiB with 1 or 3 dense blocks first)" ||
+    fail "pp stages' FSDP buffers: $b1 GiB with 1 dense block, $b3 with 3: $(head -c 300 "$WORK/err")"
+# ... and with expert parallel the dispatch and combine all-to-alls shown are the first expert stage's
+# (rank 0 holds dense blocks only): 2 layers x 4 a2a + 2 again in the recomputed layer, 8 microbatches,
+# each 256 tokens x top 3 x 256 f32, and that stage's routing counts (40 bytes per layer and microbatch)
+epa=$("$CTITAN" plan "$WORK/ds.yaml" "${HW[@]}" --gpus 12 --model.n_dense_layers=3 --parallelism.expert_parallel_degree=2 \
+    --json 2>"$WORK/err" | python3 -c "
+import json, sys
+l = json.load(sys.stdin)['layouts'][0]
+print(l['time_s']['ep_all_to_all'], [c['bytes'] for c in l['collectives'] if c['what'] == 'ep all_to_all'])")
+[ "${epa%% *}" != "0.0" ] && [ "${epa#* }" = "[$((80 * 256 * 3 * 256 * 4 + 2 * 8 * 40)).0]" ] &&
+    ok "pp with dense first blocks: the expert stages' all-to-alls shown ($epa)" ||
+    fail "pp x ep all-to-alls shown: '$epa' $(head -c 300 "$WORK/err")"
+# ... and the expert stages' FSDP collectives are timed, not rank 0's alone: larger experts cost more
+fsdpt() {
+    "$CTITAN" plan "$WORK/ds.yaml" "${HW[@]}" --gpus 12 --model.n_dense_layers=3 --model.moe_inter_dim="$1" --json \
+        2>>"$WORK/err" | python3 -c "import json,sys; t=json.load(sys.stdin)['layouts'][0]['time_s']; print(t['comm_exposed'] + t['comm_hidden'])"
+}
+: >"$WORK/err"
+t1=$(fsdpt 1024) t4=$(fsdpt 4096)
+awk -v a="${t1:-0}" -v b="${t4:-0}" 'BEGIN { exit !(a > 0 && b > 1.5 * a) }' &&
+    ok "pp stages' FSDP collectives from their own parameters ($t1 s, $t4 s with 4x the experts)" ||
+    fail "pp stages' FSDP collectives: $t1 s with experts of 1024, $t4 s with 4096: $(head -c 300 "$WORK/err")"
 
 # the guide's three recipes as the README plans them (h100-sxm, torchtitan's layouts): each at or
 # below the peak torchtitan measured for it (76.8, 67.6, 72.7 GiB)
