@@ -9,7 +9,8 @@
 #     layout's `knobs` by whole key, `parallelism` by the last word),
 #   - write both in the manifest it proposes, which plans again to the same tokens/s;
 # the layout with the first values is evaluated too, slower by the gather it reports. The shipped
-# knobs keep their keys in the same places (tp's async TP and float8's switch on Llama 3 1B). A knob
+# knobs keep their keys in the same places (tp's async TP and float8's switch on Llama 3 1B), and tp's
+# later spelling of async TP, the one it declares, wins over the older one when both are given. A knob
 # list naming an option the plugin does not have is refused at load: exit 2, one line.
 set -uo pipefail
 BUILD=${BUILD:-build}; CTITAN=${CTITAN:-$BUILD/ctitan}
@@ -97,6 +98,26 @@ PY
     fail "the shipped knobs in JSON"
 else
     fail "plan --search of Llama 3 1B exited $?: $(head -c 300 "$WORK/err")"
+fi
+
+# tp's knob is the later spelling, which wins when given: parallelism.enable_async_tensor_parallel=true
+# under compile.enable_async_tensor_parallel=false plans as no async TP, and alone as async TP
+tpplan() { # NAME ARGS...: the layout's step time and hidden comm seconds into $WORK/NAME
+    local name=$1
+    shift
+    "$CTITAN" plan configs/llama3_1b.yaml --hardware h100-sxm --gpus 2 --parallelism.tensor_parallel_degree=2 "$@" \
+        --json >"$WORK/$name.json" 2>"$WORK/err" &&
+        python3 -c 'import json,sys; l=json.load(open(sys.argv[1]))["layouts"][0]; print(l["step_time_s"], l["time_s"]["comm_hidden"])' \
+            "$WORK/$name.json" >"$WORK/$name"
+}
+if tpplan off && tpplan on --compile.enable_async_tensor_parallel=true &&
+    tpplan old --parallelism.enable_async_tensor_parallel=true &&
+    tpplan both --parallelism.enable_async_tensor_parallel=true --compile.enable_async_tensor_parallel=false; then
+    if cmp -s "$WORK/off" "$WORK/both" && cmp -s "$WORK/on" "$WORK/old" && ! cmp -s "$WORK/off" "$WORK/on"; then
+        ok "async TP: the later spelling wins when given (step s, hidden s: off $(cat "$WORK/off"), on $(cat "$WORK/on"))"
+    else fail "async TP spellings: off $(cat "$WORK/off"), on $(cat "$WORK/on"), older alone $(cat "$WORK/old"), both $(cat "$WORK/both")"; fi
+else
+    fail "plan with tp 2: $(head -c 300 "$WORK/err")"
 fi
 
 # a knob list naming an option the plugin lacks is refused at load, in one line
