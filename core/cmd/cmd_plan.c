@@ -41,7 +41,8 @@ static const char usage[] =
     "                           heads, pp up to the layers), schedule (1F1B, Interleaved1F1B, ZBVZeroBubble,\n"
     "                           GPipe), pp microbatch size, local batch for the manifest's global batch\n"
     "                           (training.global_batch_size, else local_batch_size x the manifest's data-\n"
-    "                           parallel degree), AC mode, float8, compile and async TP; drop those that do\n"
+    "                           parallel degree), AC mode, compile and the plugins' search knobs (float8,\n"
+    "                           async TP, cp's rotate method, a third party's own); drop those that do\n"
     "                           not fit, rank by tokens/s per GPU, print the best with their breakdowns,\n"
     "                           the largest microbatch that fits the winner, the scaling efficiency against\n"
     "                           the smallest count N/2^k that fits, and the guide's rule for this model's\n"
@@ -50,7 +51,7 @@ static const char usage[] =
     "  --json                   print the plan as JSON instead of text (schema: docs/planning.md)\n"
     "  --write-manifest FILE    write the manifest with the plan's layout (the winner with --search) set:\n"
     "                           parallelism.*, training.local_batch_size and global_batch_size,\n"
-    "                           activation_checkpoint.*, quantize.dense.float8.*, compile.enable; `ctitan\n"
+    "                           activation_checkpoint.*, compile.enable, the plugins' search knobs; `ctitan\n"
     "                           train FILE` runs it unchanged\n"
     "  --calibrate              measure this machine through the manifest's own device and comm plugins\n"
     "                           (under `ctitan launch -n N` also the collectives) and write a profile\n"
@@ -220,7 +221,7 @@ ct_status cmd_plan(int argc, char **argv) {
         goto out;
     }
     if (a.search) {
-        plan_search_opts o = {a.gpus, hw.gpus_per_node, a.top, 1, 1, 1, 1, 1, 1};
+        plan_search_opts o = {a.gpus, hw.gpus_per_node, a.top, 1, 1, 1, 1, 1};
         if (plan_search_ex(ctx, &o, &hw, &res, &n, &stats) != CT_OK) {
             fprintf(stderr, "ctitan plan: %s\n", ct_last_error());
             st = CT_ERR_INVALID;

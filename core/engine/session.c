@@ -1094,6 +1094,15 @@ ct_status session_load_plugin(session *s, const char *section, const char *key, 
     return load_named(s, section, key, name, kind, out);
 }
 
+ct_status session_load_quantizer(session *s, char *enable_key, size_t len) {
+    quantizer_keys q;
+    dense_quantizer(s->mf, &q);
+    snprintf(enable_key, len, "%s", q.enable_key);
+    if (s->quantp) return CT_OK;
+    snprintf(s->quant_section, sizeof s->quant_section, "%s", q.section); /* the plugin keeps the pointer */
+    return load_named(s, s->quant_section, q.enable_key, q.name, CT_KIND_QUANTIZER, &s->quantp);
+}
+
 /* ABI 2.1: every strategy's post_step, in order, after local storage changed (the optimizer's step,
  * a checkpoint load): ZeRO all-gathers the updated shards into the whole compute copies. A 2.0
  * strategy's table ends before the field. Counts as communication time. */

@@ -131,6 +131,9 @@ const plugin *session_dp_strategy(const session *s);
 /* Loads a plugin by name as a run does (its options join the manifest's schema). */
 ct_status session_load_plugin(session *s, const char *section, const char *key, const char *name, ct_plugin_kind kind,
                               plugin **out);
+/* Loads the dense quantizer (quantize.dense.name) into s->quantp as a run that asks for it does, without
+ * creating it (already loaded: nothing); *enable_key gets the key that switches it on. */
+ct_status session_load_quantizer(session *s, char *enable_key, size_t len);
 
 /* Opens model.tokenizer_path (else model.hf_assets_path; a tokenizer file or a folder) and checks it
  * against the model (every id it makes is a row of the embedding). Prints one line naming the key

@@ -337,6 +337,32 @@ static ct_status options_check(const char *path, const ct_option_spec *opts) {
     return CT_OK;
 }
 
+/* A plugin's search knobs (ABI 2.21): stepped like the options, each naming one of its options with at
+ * least one value. Read only from a plugin built against 2.21 or later. */
+static ct_status knobs_check(const char *path, const ct_plugin_info *info) {
+    const ct_search_knob *k = plugin_knobs(info);
+    if (!k) return CT_OK;
+    if (!CT_HAS_FIELD(k, ct_search_knob, label))
+        return ct_fail(CT_ERR_INVALID, "%s: search knob list's first entry has struct_size %zu, less than the %zu of "
+                       "ABI 2.21's ct_search_knob: set it to sizeof(ct_search_knob)", path, k->struct_size,
+                       offsetof(ct_search_knob, label) + sizeof k->label);
+    for (int i = 0; CT_AT(const ct_search_knob, k, i)->key; i++) {
+        const ct_search_knob *e = CT_AT(const ct_search_knob, k, i);
+        int known = 0;
+        for (int j = 0; info->options && CT_AT(const ct_option_spec, info->options, j)->key && !known; j++)
+            known = !strcmp(CT_AT(const ct_option_spec, info->options, j)->key, e->key);
+        if (e->struct_size != k->struct_size || !known || !e->values || !*e->values)
+            return ct_fail(CT_ERR_INVALID, "%s: search knob '%.64s': expected an entry of sizeof(ct_search_knob) naming "
+                           "one of the plugin's options, with its values (\"a|b\")", path, e->key);
+    }
+    return CT_OK;
+}
+
+const ct_search_knob *plugin_knobs(const ct_plugin_info *info) {
+    if (info->abi_major != CT_ABI_MAJOR || info->abi_minor < 21) return NULL;
+    return info->knobs;
+}
+
 /* The folder of the running binary + "/plugins". */
 static void exe_plugin_dir(char *buf, size_t len) {
     char exe[PATH_MAX];
@@ -557,7 +583,7 @@ plugin *plugin_open(const char *path) {
         ct_set_error("%s: plugin entry returned no name or no API table", path);
         goto fail;
     }
-    if (options_check(path, p->info.options) != CT_OK) goto fail;
+    if (options_check(path, p->info.options) != CT_OK || knobs_check(path, &p->info) != CT_OK) goto fail;
     return p;
 fail:
     plugin_unload(p);

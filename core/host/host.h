@@ -54,6 +54,10 @@ typedef struct plugin {
     const manifest *mf;
 } plugin;
 
+/* The plugin's search knobs (ct_plugin_info.knobs, stepped by CT_AT; checked at load to name its options),
+ * or NULL: none, or built against an ABI before 2.21. */
+const ct_search_knob *plugin_knobs(const ct_plugin_info *info);
+
 /* Loads the plugin `name` (a bare name -> "ctitan-<lowercase name>.so" on the search path, which
  * never includes the manifest's folder; or a path to a .so, relative to the manifest's folder) and
  * checks it is of `kind`. The file is checked before dlopen (plugin_file_check). On error returns

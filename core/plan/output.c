@@ -20,24 +20,53 @@ static const char *ac_name(int ac) {
     return ac == PLAN_AC_NONE ? "none" : ac == PLAN_AC_FULL ? "full" : ac == PLAN_AC_SELECTIVE_OP ? "selective op" : "selective layer";
 }
 
+/* What the knobs of the strategy on `axis` add after its degree where they count: " (async)" for a
+ * boolean that is on (its label, else its key's last word), " (alltoall)" for a string's value. */
+static void axis_knobs(const plan_layout *l, int axis, char *out, size_t len) {
+    size_t at = 0;
+    out[0] = 0;
+    for (int i = 0; i < l->n_knobs && at < len; i++) {
+        const plan_setting *k = &l->knob[i];
+        if (k->quantizer || k->axis != axis || !plan_knob_applies(k, l) || !k->value[0] || !strcmp(k->value, "false"))
+            continue;
+        const char *word = k->value, *dot = strrchr(k->key, '.');
+        if (plan_knob_true(k)) word = k->label[0] ? k->label : dot ? dot + 1 : k->key;
+        at += (size_t)snprintf(out + at, len - at, " (%s)", word);
+    }
+}
+
+/* The dense quantizer as the layout line names it: "float8 tensorwise", "float8 on", "float8 off". */
+static void quant_words(const plan_layout *l, char *out, size_t len) {
+    size_t at = (size_t)snprintf(out, len, "%s", l->quant_name[0] ? l->quant_name : "quantizer");
+    int said = 0;
+    for (int i = 0; l->quant && i < l->n_knobs && at < len; i++)
+        if (l->knob[i].quantizer && !l->knob[i].enables && l->knob[i].value[0])
+            at += (size_t)snprintf(out + at, len - at, " %s", l->knob[i].value), said = 1;
+    if (!said && at < len) snprintf(out + at, len - at, " %s", l->quant ? "on" : "off");
+}
+
 void plan_layout_line(const plan_layout *l, char *out, size_t len) {
     char pp[96] = "", ac[48];
     if (l->pp > 1) snprintf(pp, sizeof pp, " (%s, microbatch %d)", l->schedule, l->pp_microbatch_size);
     if (l->ac == PLAN_AC_SELECTIVE_LAYER) snprintf(ac, sizeof ac, "selective every %d", l->ac_every);
     else snprintf(ac, sizeof ac, "%s", ac_name(l->ac));
-    char global[48], off[48] = "", cpm[32] = "";
-    if (l->cp > 1 && l->cp_method[0]) snprintf(cpm, sizeof cpm, " (%s)", l->cp_method);
+    char global[48], off[48] = "", rep[64], shard[64], cpk[64], tpk[64], ppk[64], quant[128];
+    axis_knobs(l, CT_AXIS_DP_REPLICATE, rep, sizeof rep);
+    axis_knobs(l, CT_AXIS_DP_SHARD, shard, sizeof shard);
+    axis_knobs(l, CT_AXIS_CP, cpk, sizeof cpk);
+    axis_knobs(l, CT_AXIS_TP, tpk, sizeof tpk);
+    axis_knobs(l, CT_AXIS_PP, ppk, sizeof ppk);
+    quant_words(l, quant, sizeof quant);
     if (l->global_batch > 0) snprintf(global, sizeof global, "%lld", (long long)l->global_batch);
     else snprintf(global, sizeof global, "local x dp");
     if (l->offload) snprintf(off, sizeof off, "; offload %d blocks", l->offload);
     char ep[64] = "";
     if (l->ep > 1) snprintf(ep, sizeof ep, " (ep %d x efsdp %d of dp_shard x cp)", l->ep, l->dp_shard * l->cp / l->ep);
     snprintf(out, len,
-             "dp_replicate %d x dp_shard %d x cp %d%s x tp %d%s x pp %d%s%s; local batch %lld of global %s x seq %lld; "
-             "AC %s%s; float8 %s; compile %s",
-             l->dp_replicate, l->dp_shard, l->cp, cpm, l->tp, l->tp > 1 && l->async_tp ? " (async)" : "", l->pp, pp, ep,
-             (long long)l->local_batch, global, (long long)l->seq_len, ac, off,
-             l->float8 ? (l->float8_recipe[0] ? l->float8_recipe : "on") : "off", l->compile ? "on" : "off");
+             "dp_replicate %d%s x dp_shard %d%s x cp %d%s x tp %d%s x pp %d%s%s%s; local batch %lld of global %s x seq %lld; "
+             "AC %s%s; %s; compile %s",
+             l->dp_replicate, rep, l->dp_shard, shard, l->cp, cpk, l->tp, tpk, l->pp, ppk, pp, ep,
+             (long long)l->local_batch, global, (long long)l->seq_len, ac, off, quant, l->compile ? "on" : "off");
 }
 
 /* ---- text ---- */
@@ -178,21 +207,22 @@ static void cp_comm(const plan_result *r, double *bytes, double *exposed) {
  * they differ (attention, its recompute, the cp collectives and what they leave exposed), memory. */
 static void print_cp_methods(const plan_search_stats *st, const plan_result *win, FILE *f) {
     if (!win || st->n_cp_methods < 2) return;
-    const struct plan_cp_method *next = NULL; /* the best other method that fits */
+    int ki = st->cp_knob;
+    const struct plan_cp_method *next = NULL; /* the best other value that fits */
     for (int i = 0; i < st->n_cp_methods; i++) {
         const struct plan_cp_method *e = &st->cp_methods[i];
-        if (e->evaluated && e->r.fits && strcmp(e->r.layout.cp_method, win->layout.cp_method) &&
+        if (e->evaluated && e->r.fits && strcmp(e->r.layout.knob[ki].value, win->layout.knob[ki].value) &&
             (!next || e->r.tokens_per_s_per_gpu > next->r.tokens_per_s_per_gpu))
             next = e;
     }
     fprintf(f, "context parallel rotate method at seq %lld, cp %d: %s, %.0f tokens/s per GPU", (long long)win->layout.seq_len,
-            win->layout.cp, win->layout.cp_method, win->tokens_per_s_per_gpu);
-    if (next) fprintf(f, " against %.0f for %s, the next best that fits", next->r.tokens_per_s_per_gpu, next->r.layout.cp_method);
+            win->layout.cp, win->layout.knob[ki].value, win->tokens_per_s_per_gpu);
+    if (next) fprintf(f, " against %.0f for %s, the next best that fits", next->r.tokens_per_s_per_gpu, next->r.layout.knob[ki].value);
     else fprintf(f, ", the only one that fits");
     fprintf(f, "; each method with the winner's other settings:\n");
     for (int i = 0; i < st->n_cp_methods; i++) {
         const struct plan_cp_method *e = &st->cp_methods[i];
-        fprintf(f, "  %-10s ", e->r.layout.cp_method);
+        fprintf(f, "  %-10s ", e->r.layout.knob[ki].value);
         if (!e->evaluated) {
             fprintf(f, "cannot run here: %s\n", e->note);
             continue;
@@ -259,15 +289,41 @@ void plan_report_text(const plan_report *rep, FILE *f) {
 
 static json_t *jreal(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
+/* The degrees, and each strategy's knobs under their key's last word: a boolean true where it counts,
+ * a string as set. */
 static json_t *layout_json(const plan_layout *l) {
-    json_t *par = json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:b}", "data_parallel_replicate_degree", l->dp_replicate,
+    json_t *par = json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:i}", "data_parallel_replicate_degree", l->dp_replicate,
                             "data_parallel_shard_degree", l->dp_shard, "context_parallel_degree", l->cp,
                             "tensor_parallel_degree", l->tp, "pipeline_parallel_degree", l->pp, "pipeline_parallel_schedule",
-                            l->schedule, "pipeline_parallel_microbatch_size", l->pp_microbatch_size,
-                            "enable_async_tensor_parallel", l->async_tp && l->tp > 1);
-    if (par && l->cp_method[0]) json_object_set_new(par, "context_parallel_rotate_method", json_string(l->cp_method));
+                            l->schedule, "pipeline_parallel_microbatch_size", l->pp_microbatch_size);
+    for (int i = 0; par && i < l->n_knobs; i++) {
+        const plan_setting *k = &l->knob[i];
+        const char *dot = strrchr(k->key, '.'), *name = dot ? dot + 1 : k->key;
+        if (k->quantizer) continue;
+        if (!strcmp(k->value, "true") || !strcmp(k->value, "false") || !k->value[0])
+            json_object_set_new(par, name, json_boolean(plan_knob_true(k) && plan_knob_applies(k, l)));
+        else json_object_set_new(par, name, json_string(k->value));
+    }
     if (par) json_object_set_new(par, "expert_parallel_degree", json_integer(l->ep > 1 ? l->ep : 1));
     return par;
+}
+
+/* Every plugin knob that counts in the layout, by its whole key: {"compile.enable_async_tensor_parallel": "true"}. */
+static json_t *knobs_json(const plan_layout *l) {
+    json_t *o = json_object();
+    for (int i = 0; o && i < l->n_knobs; i++)
+        if (plan_knob_applies(&l->knob[i], l) && l->knob[i].value[0])
+            json_object_set_new(o, l->knob[i].key, json_string(l->knob[i].value));
+    return o;
+}
+
+/* The dense quantizer's string settings, one word each ("tensorwise"); "" when it is off. */
+static void quant_recipe(const plan_layout *l, char *out, size_t len) {
+    size_t at = 0;
+    out[0] = 0;
+    for (int i = 0; l->quant && i < l->n_knobs && at < len; i++)
+        if (l->knob[i].quantizer && !l->knob[i].enables && l->knob[i].value[0])
+            at += (size_t)snprintf(out + at, len - at, "%s%s", at ? " " : "", l->knob[i].value);
 }
 
 static json_t *result_json(const plan_result *r, const hw_profile *hw) {
@@ -283,7 +339,10 @@ static json_t *result_json(const plan_result *r, const hw_profile *hw) {
     if (l->ac == PLAN_AC_SELECTIVE_OP) json_object_set_new(ac, "selective_ac_option", json_string("op"));
     if (l->ac == PLAN_AC_SELECTIVE_LAYER) json_object_set_new(ac, "selective_ac_option", json_integer(l->ac_every));
     json_object_set_new(o, "activation_checkpoint", ac);
-    json_object_set_new(o, "float8", json_pack("{s:b, s:s}", "enable", l->float8 != 0, "recipe", l->float8 ? l->float8_recipe : ""));
+    char recipe[128];
+    quant_recipe(l, recipe, sizeof recipe);
+    json_object_set_new(o, "float8", json_pack("{s:b, s:s}", "enable", l->quant != 0, "recipe", recipe));
+    json_object_set_new(o, "knobs", knobs_json(l));
     json_object_set_new(o, "compile", json_boolean(l->compile));
     json_object_set_new(o, "bf16", json_boolean(l->bf16));
     json_object_set_new(o, "fits", json_boolean(r->fits));
@@ -388,7 +447,7 @@ ct_status plan_print_json(const plan_report *rep, FILE *f) {
             const struct plan_cp_method *e = &st->cp_methods[i];
             double bytes, exposed;
             cp_comm(&e->r, &bytes, &exposed);
-            json_t *one = json_pack("{s:s, s:b, s:s}", "method", e->r.layout.cp_method, "evaluated", e->evaluated,
+            json_t *one = json_pack("{s:s, s:b, s:s}", "method", e->r.layout.knob[st->cp_knob].value, "evaluated", e->evaluated,
                                     "note", e->note);
             if (one && e->evaluated) {
                 json_object_set_new(one, "fits", json_boolean(e->r.fits));
@@ -547,14 +606,8 @@ ct_status plan_write_manifest(const manifest *mf, const plan_layout *l, const ch
     kv_setf(&s, mesh_degree_keys[CT_AXIS_PP], "%lld", l->pp);
     kv_setf(&s, "parallelism.pipeline_parallel_microbatch_size", "%lld", l->pp_microbatch_size);
     if (l->schedule[0]) kv_set(&s, "parallelism.pipeline_parallel_schedule", l->schedule, 0);
-    if (l->cp > 1 && l->cp_method[0]) kv_set(&s, PLAN_CP_METHOD_KEY, l->cp_method, 0);
     if (l->ep > 1 || kv_find(&s, "parallelism.expert_parallel_degree"))
         kv_setf(&s, "parallelism.expert_parallel_degree", "%lld", l->ep > 1 ? l->ep : 1);
-    /* async TP in torchtitan's later spelling, the one the planner reads; the tp plugin takes either,
-     * so the other goes. The key exists where the tp plugin is loaded (tp > 1). */
-    kv_del(&s, "parallelism.enable_async_tensor_parallel");
-    if (l->tp > 1 || kv_find(&s, "compile.enable_async_tensor_parallel"))
-        kv_set(&s, "compile.enable_async_tensor_parallel", l->tp > 1 && l->async_tp ? "true" : "false", 0);
     kv_setf(&s, "training.local_batch_size", "%lld", l->local_batch);
     kv_setf(&s, "training.global_batch_size", "%lld", l->global_batch);
     kv_set(&s, "activation_checkpoint.mode",
@@ -567,7 +620,7 @@ ct_status plan_write_manifest(const manifest *mf, const plan_layout *l, const ch
     kv_del(&s, "quantize.linear.float8.recipe_name");
     kv_del(&s, "quantize.linear.mx.recipe_name");
     kv *conv = kv_find(&s, "model.converters");
-    if (conv && !l->float8) { /* only the converters that are not float8 stay */
+    if (conv && !l->quant) { /* only the converters that are not float8 stay */
         char kept[4096] = "";
         for (char *item = conv->value; *item;) {
             size_t n = strcspn(item, ",");
@@ -578,8 +631,17 @@ ct_status plan_write_manifest(const manifest *mf, const plan_layout *l, const ch
         if (kept[0]) kv_set(&s, "model.converters", kept, 1);
         else kv_del(&s, "model.converters");
     }
-    kv_set(&s, "quantize.dense.float8.enable", l->float8 ? "true" : "false", 0);
-    if (l->float8 && l->float8_recipe[0]) kv_set(&s, "quantize.dense.float8.format", l->float8_recipe, 0);
+    /* the plugins' knobs where they count (the quantizer's switch always), as the layout sets them; one
+     * that does not count keeps the layout's value where the manifest (or an evaluation's setting of
+     * it) has the key, and goes where the layout leaves it unset */
+    for (int i = 0; i < l->n_knobs; i++) {
+        const plan_setting *k = &l->knob[i];
+        if (!k->value[0]) {
+            if (!plan_knob_applies(k, l)) kv_del(&s, k->key);
+        } else if (plan_knob_applies(k, l) || kv_find(&s, k->key)) {
+            kv_set(&s, k->key, k->value, 0);
+        }
+    }
     kv_set(&s, "compile.enable", l->compile ? "true" : "false", 0);
     if (s.oom) {
         rc = ct_fail(CT_ERR_NOMEM, "out of memory");

@@ -26,7 +26,7 @@ ct_status plan_print_json(const plan_report *rep, FILE *f);
 
 /* Writes `mf` (its values as given in the file and on the command line) with the layout's keys set:
  * parallelism.*, training.local_batch_size and global_batch_size, activation_checkpoint.*,
- * quantize.dense.float8.*, compile.enable. Relative paths that name files beside the manifest are
+ * compile.enable, each plugin search knob where it counts. Relative paths that name files beside the manifest are
  * rewritten to stay valid from the new file's folder. CT_OK, or a status (CT_ERR_IO, or CT_ERR_NOMEM)
  * with one line set. */
 ct_status plan_write_manifest(const manifest *mf, const plan_layout *l, const char *path);

@@ -34,9 +34,12 @@ struct plan_ctx {
     session s;
     manifest *mf;
     ct_model_desc desc;
-    plugin *strat[MAX_PLUGINS]; /* strategy plugins loaded so far, by name */
+    plugin *strat[MAX_PLUGINS]; /* strategy plugins loaded so far ... */
+    char *strat_name[MAX_PLUGINS]; /* ... by the name the manifest gives (a path for a third party's) */
     int n_strat;
-    char quant_format[64];      /* the recipe s.quant was created with */
+    int quant_asked;            /* the manifest turns the dense quantizer on */
+    char quant_sig[512];        /* the quantizer's knob settings s.quant was created with */
+    plan_knob_table knobs;      /* the search knobs the manifest's plugins declare */
     int borrowed;               /* s.opt and s.quant are a running session's */
     double doc_len;             /* block-causal attention: the mean document length it is priced at (0: causal) */
     char doc_note[200];         /* where that length came from, for the plan's assumptions */
@@ -118,6 +121,33 @@ static void plan_doc_len(plan_ctx *c, const session *run) {
                  "(set plan.mean_document_length)");
 }
 
+static plugin *strategy_plugin(plan_ctx *c, const char *key, const char *name);
+
+/* The search knobs of the strategies the manifest names for the mesh axes and of the dense quantizer
+ * (loaded here, not created, when the manifest does not turn it on: the search may). A plugin that
+ * does not load declares none here (its layouts fail where they would in a run). */
+static void plan_knobs_collect(plan_ctx *c) {
+    c->quant_asked = c->s.quantp != NULL;
+    c->quant_sig[0] = 0;
+    for (int k = 0; k < session_n_strategy_slots; k++) {
+        const session_strategy_slot *slot = &session_strategy_slots[k];
+        const char *name = slot->axis >= 0 ? session_strategy_for(c->mf, k, 1) : NULL;
+        plugin *p = name ? strategy_plugin(c, slot->key, name) : NULL;
+        if (p) plan_knobs_add(&c->knobs, p, "parallelism", slot->axis, 0, NULL);
+    }
+    char enable_key[200];
+    if (session_load_quantizer(&c->s, enable_key, sizeof enable_key) == CT_OK)
+        plan_knobs_add(&c->knobs, c->s.quantp, c->s.quant_section, -1, 1, enable_key);
+    for (int i = 0; i < c->knobs.n; i++) c->knobs.vp[i] = c->knobs.values[i];
+    ct_clear_error();
+}
+
+int plan_knobs(const plan_ctx *c, const plan_setting **knobs, const char *const **values) {
+    if (knobs) *knobs = c->knobs.k;
+    if (values) *values = c->knobs.vp;
+    return c->knobs.n;
+}
+
 /* run: a running session whose optimizer and quantizer the plan borrows instead of creating its
  * own (a plugin may keep its host table in a global that a second instance would overwrite). */
 static ct_status open_ctx(plan_ctx **out, manifest *mf, const session *run) {
@@ -144,9 +174,7 @@ static ct_status open_ctx(plan_ctx **out, manifest *mf, const session *run) {
         plan_close(c);
         return st;
     }
-    const char *fmt = "tensorwise";
-    mf_get_str(mf, "quantize.dense.float8.format", &fmt);
-    snprintf(c->quant_format, sizeof c->quant_format, "%s", fmt);
+    plan_knobs_collect(c);
     plan_doc_len(c, run);
     *out = c;
     return CT_OK;
@@ -157,7 +185,7 @@ ct_status plan_open(plan_ctx **out, manifest *mf) { return open_ctx(out, mf, NUL
 void plan_close(plan_ctx *c) {
     if (!c) return;
     if (c->borrowed) c->s.opt = NULL, c->s.quant = NULL; /* the run's */
-    for (int i = 0; i < c->n_strat; i++) plugin_unload(c->strat[i]);
+    for (int i = 0; i < c->n_strat; i++) plugin_unload(c->strat[i]), free(c->strat_name[i]);
     c->s.mf = NULL; /* the caller's manifest */
     session_close(&c->s);
     free(c);
@@ -220,37 +248,30 @@ ct_status plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l) {
             : !strcmp(mode, "selective") ? (strcmp(opt, "op") ? PLAN_AC_SELECTIVE_LAYER : PLAN_AC_SELECTIVE_OP)
                                          : PLAN_AC_NONE;
     l->ac_every = l->ac == PLAN_AC_SELECTIVE_LAYER ? (int)atoi(opt) : 0;
-    l->float8 = c->s.quantp != NULL;
-    snprintf(l->float8_recipe, sizeof l->float8_recipe, "%s", c->quant_format);
+    l->quant = c->quant_asked;
+    const char *qn = "";
+    mf_get_str(mf, "quantize.dense.name", &qn);
+    snprintf(l->quant_name, sizeof l->quant_name, "%s", qn);
     int on = 0;
     mf_get_bool(mf, "compile.enable", &on);
     l->compile = on;
-    on = 0;
-    mf_get_bool(mf, "compile.enable_async_tensor_parallel", &on);
-    l->async_tp = on;
-    on = 0; /* the tp plugin takes either spelling */
-    mf_get_bool(mf, "parallelism.enable_async_tensor_parallel", &on);
-    l->async_tp |= on;
     const char *mp = "float32";
     mf_get_str(mf, "training.mixed_precision_param", &mp);
     l->bf16 = !strcmp(mp, "bfloat16");
     l->offload = (int)get_int(mf, "activation_offload.layers", 0);
-    const char *cm = NULL;
-    if (!mf_get_str(mf, PLAN_CP_METHOD_KEY, &cm)) snprintf(l->cp_method, sizeof l->cp_method, "%s", cm);
-    return CT_OK;
-}
-
-int plan_cp_methods(const plan_ctx *c, char (*names)[16], int max) {
-    const mf_schema_entry *e = NULL;
-    for (int i = 0; i < c->mf->n_schema && !e; i++)
-        if (!strcmp(c->mf->schema[i].key, PLAN_CP_METHOD_KEY)) e = &c->mf->schema[i];
-    int n = 0;
-    for (const char *p = e && e->choices ? e->choices : ""; *p && n < max;) {
-        size_t len = strcspn(p, "|");
-        if (len < sizeof names[0]) snprintf(names[n++], sizeof names[0], "%.*s", (int)len, p);
-        p += len + (p[len] == '|');
+    /* the knobs as the manifest sets them ("" where it leaves one unset: its plugin's own reading
+     * stands); the quantizer's switch as the manifest turns it on, torchtitan's spellings included */
+    l->n_knobs = c->knobs.n;
+    for (int i = 0; i < c->knobs.n; i++) {
+        plan_setting *k = &l->knob[i];
+        *k = c->knobs.k[i];
+        const char *v = "";
+        if (!mf_get_bool(mf, k->key, &on)) v = on ? "true" : "false";
+        else mf_get_str(mf, k->key, &v);
+        if (k->enables) v = l->quant ? "true" : "false";
+        snprintf(k->value, sizeof k->value, "%s", v);
     }
-    return n;
+    return CT_OK;
 }
 
 /* Sets one key; *st keeps the first failure (every key is set whatever failed before). */
@@ -279,8 +300,6 @@ static ct_status apply_layout(plan_ctx *c, const plan_layout *l) {
     set_key(c, &st, "training.local_batch_size", "%lld", (long long)l->local_batch);
     set_key(c, &st, "training.mixed_precision_param", "%s", l->bf16 ? "bfloat16" : "float32");
     set_key(c, &st, "compile.enable", "%s", l->compile ? "true" : "false");
-    set_key(c, &st, "compile.enable_async_tensor_parallel", "%s", l->async_tp ? "true" : "false");
-    set_key(c, &st, "parallelism.enable_async_tensor_parallel", "%s", l->async_tp ? "true" : "false");
     if (l->schedule[0]) set_key(c, &st, "parallelism.pipeline_parallel_schedule", "%s", l->schedule);
     if (l->global_batch > 0) set_key(c, &st, "training.global_batch_size", "%lld", (long long)l->global_batch);
     static const char *modes[] = {"none", "selective", "selective", "full"};
@@ -288,9 +307,9 @@ static ct_status apply_layout(plan_ctx *c, const plan_layout *l) {
     if (l->ac == PLAN_AC_SELECTIVE_OP) set_key(c, &st, "activation_checkpoint.selective_ac_option", "op");
     if (l->ac == PLAN_AC_SELECTIVE_LAYER)
         set_key(c, &st, "activation_checkpoint.selective_ac_option", "%d", l->ac_every > 0 ? l->ac_every : 2);
-    if (l->float8 && l->float8_recipe[0]) set_key(c, &st, "quantize.dense.float8.format", "%s", l->float8_recipe);
     set_key(c, &st, "activation_offload.layers", "%d", l->offload);
-    if (l->cp_method[0]) set_key(c, &st, PLAN_CP_METHOD_KEY, "%s", l->cp_method);
+    for (int i = 0; i < l->n_knobs; i++) /* the plugins' knobs; "" leaves the manifest's */
+        if (l->knob[i].value[0]) set_key(c, &st, l->knob[i].key, "%s", l->knob[i].value);
     set_key(c, &st, "parallelism.expert_parallel_degree", "%d", l->ep > 1 ? l->ep : 1);
     return st;
 }
@@ -317,10 +336,15 @@ typedef struct plan_run {
 
 static plugin *strategy_plugin(plan_ctx *c, const char *key, const char *name) {
     for (int i = 0; i < c->n_strat; i++)
-        if (!strcmp(c->strat[i]->info.name, name)) return c->strat[i];
+        if (!strcmp(c->strat_name[i], name)) return c->strat[i];
     if (c->n_strat == MAX_PLUGINS) return NULL;
     plugin *p = NULL;
-    if (session_load_plugin(&c->s, "parallelism", key, name, CT_KIND_STRATEGY, &p) != CT_OK) return NULL;
+    char *copy = strdup(name);
+    if (!copy || session_load_plugin(&c->s, "parallelism", key, name, CT_KIND_STRATEGY, &p) != CT_OK) {
+        free(copy);
+        return NULL;
+    }
+    c->strat_name[c->n_strat] = copy;
     return c->strat[c->n_strat++] = p;
 }
 
@@ -371,9 +395,9 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
         r->pl_ready = 1;
     }
     ct_strategy_env env = {sizeof env, NULL, NULL, NULL, NULL, &r->mesh, l->bf16, 0, tp_plan, &c->desc,
-                           l->seq_len, l->float8, 1, l->pp > 1 && pipeline_splits_backward(&r->pl)};
-    if (l->float8 && ensure_quant(c, l) != CT_OK) return CT_ERR_INVALID;
-    env.fp8_all_gather = l->float8 && session_quant_gathers(c->s.qapi, c->s.quant);
+                           l->seq_len, l->quant, 1, l->pp > 1 && pipeline_splits_backward(&r->pl)};
+    if (l->quant && ensure_quant(c, l) != CT_OK) return CT_ERR_INVALID;
+    env.fp8_all_gather = l->quant && session_quant_gathers(c->s.qapi, c->s.quant);
     r->env = env;
     runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL, {0}};
     for (int k = 0; k < session_n_strategy_slots; k++) { /* as a run makes them (engine/session.h) */
@@ -408,23 +432,20 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     return CT_OK;
 }
 
-/* The quantizer of the layout's recipe, created without a device (loaded first when the manifest did
- * not ask for float8 and the search does). */
+/* The dense quantizer with the layout's settings of its knobs, created without a device (loaded at
+ * open, also where the manifest does not turn it on and the search does). */
 static ct_status ensure_quant(plan_ctx *c, const plan_layout *l) {
-    if (!c->s.quantp) {
-        if (session_load_plugin(&c->s, "quantize.dense.float8", "quantize.dense.float8.enable", "float8", CT_KIND_QUANTIZER,
-                                &c->s.quantp) != CT_OK)
-            return ct_fail(CT_ERR_INVALID, "the float8 quantizer cannot be loaded");
-        c->s.qapi = c->s.quantp->info.api;
-        c->quant_format[0] = 0;
-    }
-    if (c->s.quant && (c->borrowed || !strcmp(c->quant_format, l->float8_recipe))) return CT_OK;
+    if (!c->s.quantp) return ct_fail(CT_ERR_INVALID, "the dense quantizer (quantize.dense.name) cannot be loaded");
+    c->s.qapi = c->s.quantp->info.api;
+    char sig[sizeof c->quant_sig];
+    plan_knobs_quant_signature(l, sig, sizeof sig);
+    if (c->s.quant && (c->borrowed || !strcmp(c->quant_sig, sig))) return CT_OK;
     if (c->borrowed) return CT_OK; /* the run has none: planned without (the trace says so) */
     if (c->s.quant) c->s.qapi->destroy(c->s.quant);
     c->s.quant = NULL;
     ct_clear_error();
     if (c->s.qapi->create(&c->s.quantp->host, NULL, NULL, &c->s.quant) != CT_OK) c->s.quant = NULL;
-    snprintf(c->quant_format, sizeof c->quant_format, "%s", l->float8_recipe);
+    snprintf(c->quant_sig, sizeof c->quant_sig, "%s", sig);
     return CT_OK;
 }
 
@@ -476,9 +497,9 @@ static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_
     ct_clear_error();
     if (runtime_offload_set(rt, l->offload) != CT_OK)
         return ct_fail(CT_ERR_INVALID, "activation_offload.layers: %s", ct_last_error());
-    ct_status st = l->float8 ? ensure_quant(c, l) : CT_OK;
+    ct_status st = l->quant ? ensure_quant(c, l) : CT_OK;
     if (st != CT_OK) return st;
-    if (l->float8 && c->s.qapi) {
+    if (l->quant && c->s.qapi) {
         if (!c->s.quant) note_add(r->ts.assumptions, sizeof r->ts.assumptions,
                                   "the quantizer cannot be created without a device: float8 planned as its GEMMs at "
                                   "the fp8 rate with no memory of its own");

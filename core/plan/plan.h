@@ -156,10 +156,20 @@ void plan_trace_free(plan_trace *t);
 
 /* ---- layouts and results ---- */
 
-/* The cp strategy's attention method, a knob of the search where the strategy declares its choices. */
-#define PLAN_CP_METHOD_KEY "parallelism.context_parallel_rotate_method"
-
 enum { PLAN_AC_NONE = 0, PLAN_AC_SELECTIVE_OP = 1, PLAN_AC_SELECTIVE_LAYER = 2, PLAN_AC_FULL = 3 };
+
+/* A plugin's search knob (ABI 2.21, ct_search_knob) as a layout carries it: the option's whole manifest
+ * key, its value there and where it counts, so that a layout prints and writes itself without the
+ * plugins. The planner knows none of these keys by name. */
+#define PLAN_MAX_KNOBS 8
+typedef struct plan_setting {
+    char key[128];  /* "compile.enable_async_tensor_parallel", "quantize.dense.float8.format" */
+    char value[48]; /* "" where the layout leaves it to the manifest */
+    char label[24]; /* a boolean's word in the layout line where it is true; "" shows a string's value */
+    int axis;       /* CT_AXIS_* of the op-level strategy declaring it: counts where that axis has > 1 rank */
+    int quantizer;  /* the dense quantizer's: counts where the quantizer is on ... */
+    int enables;    /* ... except its enable key, whose "true" turns it on (plan_layout.quant) */
+} plan_setting;
 
 typedef struct plan_layout {
     int dp_replicate, dp_shard, cp, tp, pp;   /* multiply to the GPU count */
@@ -168,13 +178,14 @@ typedef struct plan_layout {
     int64_t local_batch, global_batch, seq_len;
     int ac;                   /* PLAN_AC_* */
     int ac_every;             /* selective layer: every n-th block */
-    int float8;               /* 0 off, else quantize.dense.float8 on with `float8_recipe` */
-    char float8_recipe[64];   /* tensorwise, rowwise, mxfp8 ... (the plugin's format) */
-    int compile, async_tp, bf16;
+    /* the dense quantizer (quantize.dense.name, `quant_name`) converts the linears: the typed copy of
+     * its enable knob (or the manifest's asking for it), which the cost model reads */
+    int quant;
+    char quant_name[32];
+    int compile, bf16;
     int offload;              /* activation_offload.layers: blocks whose saved activations wait in host memory */
-    /* PLAN_CP_METHOD_KEY, read by the cp strategy when cp > 1 (allgather, alltoall or ulysses for the
-     * shipped one); "" where the cp strategy declares no such key */
-    char cp_method[16];
+    plan_setting knob[PLAN_MAX_KNOBS]; /* the plugins' search knobs (plan_knobs' order) */
+    int n_knobs;
     /* parallelism.expert_parallel_degree (0 or 1: none): borrowed from dp_shard x cp, which it divides;
      * efsdp, the ranks holding the same experts, is dp_shard x cp / ep */
     int ep;
@@ -236,9 +247,18 @@ const ct_model_desc *plan_model(const plan_ctx *ctx);
 manifest *plan_manifest(const plan_ctx *ctx);
 /* The manifest's own layout for `gpus` GPUs (data_parallel_shard_degree -1 takes what is left). */
 ct_status plan_layout_from_manifest(plan_ctx *ctx, int gpus, plan_layout *l);
-/* The rotate methods the cp strategy declares (the choices of parallelism.context_parallel_rotate_method,
- * at most max, each under 16 bytes), in its order; 0 where it declares none. */
-int plan_cp_methods(const plan_ctx *ctx, char (*names)[16], int max);
+/* The search knobs the manifest's plugins declare (ABI 2.21): each with its values ("|"-separated,
+ * in the order tried) in *values (the context's; NULL where a slot is out of range), n of them. The
+ * layouts of plan_layout_from_manifest carry the same knobs in the same order. */
+int plan_knobs(const plan_ctx *ctx, const plan_setting **knobs, const char *const **values);
+/* Whether a knob counts in a layout (its plugin runs there). */
+int plan_knob_applies(const plan_setting *k, const plan_layout *l);
+/* Sets knob i of l (as plan_knobs lists it) to value, and the typed field it feeds (quant). */
+void plan_layout_set_knob(plan_layout *l, int i, const char *value);
+/* The i-th of a knob's values ("a|b") into out: 1, or 0 past the last. */
+int plan_knob_value(const char *values, int i, char *out, size_t len);
+/* Whether a knob's value is "true" (a boolean knob that is on). */
+int plan_knob_true(const plan_setting *k);
 /* Evaluates one layout; r->fits says whether it fits hw with headroom. A status other than CT_OK only
  * for a layout the plugins refuse (ct_last_error says why; the search skips those). */
 ct_status plan_eval(plan_ctx *ctx, const plan_layout *l, const hw_profile *hw, plan_result *r);
@@ -247,10 +267,10 @@ ct_status plan_trace_layout(plan_ctx *ctx, const plan_layout *l, plan_trace *t);
 
 typedef struct plan_search_opts {
     int gpus, gpus_per_node, top_k;
-    int vary_ac, vary_float8, vary_compile, vary_schedule; /* all 1 by default */
+    int vary_ac, vary_knobs, vary_compile, vary_schedule; /* all 1 by default; vary_knobs: every search
+                                                             knob the plugins declare (plan_knobs) */
     int vary_offload; /* 1: a mesh without a pipeline whose whole local batch fits in no AC mode is tried
                          again with every block's activations offloaded (activation_offload.layers) */
-    int vary_cp_method; /* 1: with cp > 1, each rotate method the cp strategy declares (PLAN_CP_METHOD_KEY) */
 } plan_search_opts;
 /* Every layout that multiplies to opts->gpus and divides the model, evaluated; *out sorted by
  * tokens/s per GPU (fitting first). */

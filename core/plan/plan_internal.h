@@ -28,6 +28,20 @@ ct_status plan_note_comm(runtime *rt, int axis, ct_collective kind, double bytes
 ct_status plan_custom(runtime *rt, const ct_custom_op *op, void *state, ct_tensor *const *in, int n_in, ct_tensor **out,
                       int n_out);
 
+/* The plugins' search knobs (knobs.c): each setting's value "", its values "a|b" beside it. */
+struct plugin;
+typedef struct plan_knob_table {
+    plan_setting k[PLAN_MAX_KNOBS];
+    char values[PLAN_MAX_KNOBS][256];
+    const char *vp[PLAN_MAX_KNOBS]; /* values[i], for plan_knobs */
+    int n;
+    char dropped[200]; /* a knob past PLAN_MAX_KNOBS, left out ("" none) */
+} plan_knob_table;
+void plan_knobs_add(plan_knob_table *t, const struct plugin *p, const char *section, int axis, int quantizer,
+                    const char *enable_key);
+/* The quantizer's settings of l as one string ("key=value;..."), to tell when to create it again. */
+void plan_knobs_quant_signature(const plan_layout *l, char *out, size_t len);
+
 /* Per-trace state the notes need: the GEMM dtype of an unconverted linear, the float8 bytes. */
 typedef struct plan_trace_state {
     int matmul_dtype;        /* PLAN_F32 or PLAN_BF16 */

@@ -3,8 +3,9 @@
  *
  * A mesh is dp_replicate x dp_shard x cp x tp x pp, and for a model with experts an ep borrowed from
  * dp_shard x cp (each divisor of dp_shard x cp that divides the experts); its knobs are the schedule, the pp microbatch
- * size, the local batch (the global batch fixed), the AC mode, float8, compile, async TP and, with
- * cp > 1, the cp strategy's rotate method (allgather, alltoall, ulysses: whatever it declares). Three
+ * size, the local batch (the global batch fixed), the AC mode, compile and every search knob the
+ * plugins declare where their plugin runs (ABI 2.21, plan_knobs: tp's async TP at tp > 1, cp's rotate
+ * method at cp > 1, the dense quantizer's switch and, where it is on, its format). Three
  * cuts keep 405B on 4096 GPUs to about five thousand evaluations, the first two assumptions about the
  * memory and time model that physics makes true, the third a heuristic:
  *   - a mesh whose parameters, gradients and optimizer states alone (from one evaluated FSDP layout,
@@ -12,8 +13,8 @@
  *   - memory grows with the microbatch, and less AC saves more: the largest local batch that fits is
  *     found by bisection for each AC mode, and an AC mode that recomputes more is not tried where
  *     one that recomputes less fits (it could only be slower);
- *   - every mesh is evaluated with default knobs (no float8, no compile, 1F1B, no async TP, the
- *     manifest's rotate method); on the best SEARCH_FULL_MESHES of them the knobs are tuned by
+ *   - every mesh is evaluated with default knobs (no compile, 1F1B, each plugin knob at the first
+ *     value it lists); on the best SEARCH_FULL_MESHES of them the knobs are tuned by
  *     coordinate descent (each knob's values with the others held, until a round changes nothing).
  * Without a pipeline, a mesh whose whole local batch fits in no AC mode is walked once more with
  * every block's saved activations offloaded to host memory (activation_offload.layers). The counts
@@ -38,11 +39,11 @@ static const char *const search_schedules[] = {"1F1B", "Interleaved1F1B", "ZBVZe
 
 typedef struct knobs {
     const char *schedule;
-    int float8, compile, async_tp;
-    char cp_method[16]; /* cp > 1: PLAN_CP_METHOD_KEY ("" where the cp strategy has none) */
+    int compile;
+    char v[PLAN_MAX_KNOBS][48]; /* each plugin knob's value, in plan_knobs' order ("": the manifest's) */
 } knobs;
 
-#define SEARCH_MAX_CP_METHODS 4
+#define SEARCH_MAX_VALUES 8 /* values tried per plugin knob */
 
 /* The fewest tokens of a sequence the search leaves a context-parallel rank. */
 #define CP_MIN_TOKENS 1024
@@ -59,7 +60,7 @@ typedef struct searcher {
     const hw_profile *hw;
     const plan_search_opts *o;
     plan_search_stats *st;
-    plan_layout tmpl;   /* the manifest's layout: sequence length, float8 recipe, precision, fixed knobs */
+    plan_layout tmpl;   /* the manifest's layout: sequence length, precision, fixed knobs */
     int64_t G;          /* global batch, sequences */
     double static_all;  /* parameters + gradients + optimizer states + master weights of all ranks (0: unknown) */
     double capacity;    /* bytes a layout may use */
@@ -67,8 +68,11 @@ typedef struct searcher {
     int min_spr[N_SCHEDULES]; /* each schedule's fewest stages per rank (interleaved ones: 2) */
     int n_layers;       /* the model's blocks (activation offload's candidates) */
     int n_experts;      /* experts per MoE layer (0: a dense model, which never gets ep > 1) */
-    char cp_methods[SEARCH_MAX_CP_METHODS][16]; /* the cp strategy's rotate methods (cp > 1's knob) */
-    int n_cp_methods;
+    const plan_setting *kt;          /* the plugins' search knobs (plan_knobs) ... */
+    const char *const *kv;           /* ... their values, "a|b" */
+    int nk;
+    int quant_knob;                  /* the dense quantizer's switch among them (-1: none) */
+    int fp8;                         /* the hardware has a float8 rate: the quantizer may be switched on */
     plan_result *res;
     int n_res, cap_res;
     char err[256];      /* the last refusal */
@@ -119,15 +123,21 @@ static int ac_modes(const searcher *s, int *ac) {
     return 3;
 }
 
-/* Whether a rotate method can run on the mesh: ulysses splits each tp rank's query and kv heads over
- * cp (the shipped cp strategy refuses the rest at start-up; skipped here rather than counted as
- * refused). */
-static int cp_method_fits(const searcher *s, const char *method, const mesh *m) {
-    const plan_model_sizes *ms = &s->st->model;
-    int kvh = ms->n_kv_heads ? ms->n_kv_heads : ms->n_heads;
-    if (strcmp(method, "ulysses") || !ms->n_heads) return 1;
-    return ms->n_heads / m->tp % m->cp == 0 && kvh / m->tp % m->cp == 0;
+/* Whether the search may give knob i other values: every knob with vary_knobs, the quantizer's
+ * switch only on hardware with a float8 rate. */
+static int knob_varied(const searcher *s, int i) {
+    return s->o->vary_knobs && (i != s->quant_knob || s->fp8);
 }
+
+/* Whether knob i counts on mesh m with knobs k (its plugin runs there). */
+static int knob_counts(const searcher *s, int i, const mesh *m, const knobs *k) {
+    plan_layout l;
+    l.dp_replicate = m->rep, l.dp_shard = m->shard, l.cp = m->cp, l.tp = m->tp, l.pp = m->pp;
+    l.quant = s->quant_knob >= 0 ? !strcmp(k->v[s->quant_knob], "true") : s->tmpl.quant;
+    return plan_knob_applies(&s->kt[i], &l);
+}
+
+static int knob_boolean(const searcher *s, int i) { return !strcmp(s->kv[i], "false|true") || !strcmp(s->kv[i], "true|false"); }
 
 /* One mesh with one set of knobs: the batch walks described at the top. Returns the best tokens/s
  * per GPU that fit (0 none). */
@@ -136,15 +146,8 @@ static double walk(searcher *s, const mesh *m, const knobs *k) {
     l.dp_replicate = m->rep, l.dp_shard = m->shard, l.cp = m->cp, l.tp = m->tp, l.pp = m->pp;
     l.ep = m->ep > 1 ? m->ep : 1;
     snprintf(l.schedule, sizeof l.schedule, "%s", m->pp > 1 ? k->schedule : s->tmpl.schedule);
-    l.float8 = k->float8;
-    if (l.float8 && !l.float8_recipe[0]) snprintf(l.float8_recipe, sizeof l.float8_recipe, "tensorwise");
     l.compile = k->compile;
-    l.async_tp = m->tp > 1 ? k->async_tp : 0;
-    if (m->cp > 1) { /* the knob's method, or the first the mesh can run (the manifest's may not) */
-        const char *cm = k->cp_method;
-        for (int i = 0; i < s->n_cp_methods && !cp_method_fits(s, cm, m); i++) cm = s->cp_methods[i];
-        snprintf(l.cp_method, sizeof l.cp_method, "%s", cm);
-    }
+    for (int i = 0; i < s->nk; i++) plan_layout_set_knob(&l, i, k->v[i]);
     l.global_batch = s->G;
     if (m->pp > 1) l.offload = 0; /* (not with a pipeline yet) */
     int64_t B = s->G / ((int64_t)m->rep * m->shard), d[SEARCH_MAX_DIVISORS];
@@ -232,7 +235,9 @@ static void static_memory(searcher *s) {
     plan_result r;
     l.dp_replicate = 1, l.dp_shard = s->o->gpus, l.cp = 1, l.tp = 1, l.pp = 1, l.ep = 1;
     l.local_batch = 1, l.global_batch = s->o->gpus, l.pp_microbatch_size = 1;
-    l.ac = PLAN_AC_FULL, l.float8 = 0, l.compile = 0, l.async_tp = 0;
+    l.ac = PLAN_AC_FULL, l.compile = 0;
+    if (s->quant_knob >= 0) plan_layout_set_knob(&l, s->quant_knob, "false");
+    l.quant = 0;
     memset(&r, 0, sizeof r);
     s->st->evaluated++;
     if (plan_eval(s->ctx, &l, s->hw, &r) != CT_OK) {
@@ -252,22 +257,40 @@ static int pruned(const searcher *s, const mesh *m) {
     return 0.9 * s->static_all / ((double)m->shard * m->cp * m->tp * m->pp) > s->capacity;
 }
 
+/* Whether a and b set every knob that counts in them alike. */
+static int same_knob_values(const plan_layout *a, const plan_layout *b) {
+    if (a->n_knobs != b->n_knobs) return 0;
+    for (int i = 0; i < a->n_knobs; i++) {
+        int in_a = plan_knob_applies(&a->knob[i], a), in_b = plan_knob_applies(&b->knob[i], b);
+        if (in_a != in_b || (in_a && strcmp(a->knob[i].value, b->knob[i].value))) return 0;
+    }
+    return 1;
+}
+
+static int same_layout_but_strategy_knobs(const plan_layout *a, const plan_layout *b);
+
 static int same_layout(const plan_layout *a, const plan_layout *b) {
     return a->dp_replicate == b->dp_replicate && a->dp_shard == b->dp_shard && a->cp == b->cp && a->tp == b->tp &&
            (a->ep > 1 ? a->ep : 1) == (b->ep > 1 ? b->ep : 1) &&
            a->pp == b->pp && (a->pp == 1 || (!strcmp(a->schedule, b->schedule) && a->pp_microbatch_size == b->pp_microbatch_size)) &&
            a->local_batch == b->local_batch && a->global_batch == b->global_batch && a->ac == b->ac &&
-           a->float8 == b->float8 && (!a->float8 || !strcmp(a->float8_recipe, b->float8_recipe)) &&
-           a->compile == b->compile && (a->tp == 1 || a->async_tp == b->async_tp) &&
-           (a->cp == 1 || !strcmp(a->cp_method, b->cp_method));
+           a->quant == b->quant && a->compile == b->compile && same_knob_values(a, b);
 }
 
-/* A knob the model gives no effect (compile, async TP where nothing overlaps): the same layout but
- * for those, planned to the same memory and time, is not a second choice. */
+static int same_layout_but_strategy_knobs(const plan_layout *a, const plan_layout *b) {
+    plan_layout x = *a, y = *b;
+    for (int i = 0; i < x.n_knobs && i < y.n_knobs; i++)
+        if (!x.knob[i].quantizer) snprintf(x.knob[i].value, sizeof x.knob[i].value, "%s", y.knob[i].value);
+    return same_layout(&x, &y);
+}
+
+/* A knob the model gives no effect (compile, a strategy's knob where nothing changes, such as async
+ * TP where nothing overlaps): the same layout but for those, planned to the same memory and time, is
+ * not a second choice. */
 static int same_outcome(const plan_result *a, const plan_result *b) {
     plan_layout x = a->layout, y = b->layout;
-    x.compile = y.compile, x.async_tp = y.async_tp;
-    return same_layout(&x, &y) && a->mem_total == b->mem_total && a->step_time == b->step_time;
+    x.compile = y.compile;
+    return same_layout_but_strategy_knobs(&x, &y) && a->mem_total == b->mem_total && a->step_time == b->step_time;
 }
 
 static int mesh_cmp(const void *a, const void *b) {
@@ -347,61 +370,77 @@ static mesh *meshes_list(searcher *s, int *n) {
     return list;
 }
 
-/* The first pass's knobs: no float8, no compile, 1F1B, no async TP. */
+/* The first pass's knobs: no compile, 1F1B, each plugin knob the search varies at the first value it
+ * lists (the quantizer off: its casts add memory, and the first pass keeps every mesh that fits). */
 static knobs first_knobs(const searcher *s) {
     const plan_search_opts *o = s->o;
-    knobs k = {"1F1B", s->tmpl.float8, s->tmpl.compile, 0, {0}};
-    snprintf(k.cp_method, sizeof k.cp_method, "%s", s->tmpl.cp_method);
-    if (o->vary_float8) k.float8 = 0; /* float8's casts add memory: the first pass keeps every mesh that fits */
-    if (o->vary_compile) k.compile = 0;
+    knobs k;
+    memset(&k, 0, sizeof k);
+    k.schedule = "1F1B";
+    k.compile = o->vary_compile ? 0 : s->tmpl.compile;
     if (!o->vary_schedule && s->tmpl.schedule[0]) k.schedule = s->tmpl.schedule;
+    for (int i = 0; i < s->nk; i++) {
+        if (knob_varied(s, i)) plan_knob_value(s->kv[i], 0, k.v[i], sizeof k.v[i]);
+        else snprintf(k.v[i], sizeof k.v[i], "%s", s->tmpl.knob[i].value);
+    }
     return k;
 }
 
-static int same_knobs(const knobs *a, const knobs *b, const mesh *m) {
-    return a->float8 == b->float8 && a->compile == b->compile && (m->tp == 1 || a->async_tp == b->async_tp) &&
-           (m->pp == 1 || !strcmp(a->schedule, b->schedule)) && (m->cp == 1 || !strcmp(a->cp_method, b->cp_method));
+static int same_knobs(const searcher *s, const knobs *a, const knobs *b, const mesh *m) {
+    if (a->compile != b->compile || (m->pp > 1 && strcmp(a->schedule, b->schedule))) return 0;
+    for (int i = 0; i < s->nk; i++) {
+        int in_a = knob_counts(s, i, m, a), in_b = knob_counts(s, i, m, b);
+        if (in_a != in_b || (in_a && strcmp(a->v[i], b->v[i]))) return 0;
+    }
+    return 1;
 }
 
 /* The knobs of one mesh by coordinate descent from the first pass's: each knob's other values
- * tried with the rest held, the best kept, until a round changes nothing. float8 and compile move
- * together (four pairs): they interact (compile may refuse float8). */
+ * tried with the rest held, the best kept, until a round changes nothing. The quantizer's switch and
+ * compile move together (four pairs): they interact (compile may refuse the quantizer). Dimension 0
+ * is the schedule, 1 that pair, 2 + i plugin knob i. */
 static int schedule_fits(const searcher *s, const char *name, int pp);
 
-static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
+static int knob_alternatives(searcher *s, const mesh *m, const knobs *cur, int dim, knobs *alt) {
     const plan_search_opts *o = s->o;
+    int na = 0;
+    if (dim == 0 && m->pp > 1 && o->vary_schedule)
+        for (int i = 0; i < N_SCHEDULES; i++)
+            if (s->have_sched[i] && schedule_fits(s, search_schedules[i], m->pp))
+                alt[na] = *cur, alt[na++].schedule = search_schedules[i];
+    int q = s->quant_knob, vq = q >= 0 && knob_varied(s, q);
+    if (dim == 1)
+        for (int f = 0; f < (vq ? 2 : 1); f++)
+            for (int c = 0; c < (o->vary_compile ? 2 : 1); c++) {
+                alt[na] = *cur;
+                if (vq) plan_knob_value(s->kv[q], f, alt[na].v[q], sizeof alt[na].v[q]);
+                if (o->vary_compile) alt[na].compile = c;
+                na++;
+            }
+    int i = dim - 2;
+    if (i >= 0 && i < s->nk && i != q && knob_varied(s, i) && knob_counts(s, i, m, cur))
+        for (int j = 0; j < SEARCH_MAX_VALUES; j++) {
+            alt[na] = *cur;
+            if (!plan_knob_value(s->kv[i], j, alt[na].v[i], sizeof alt[na].v[i])) break;
+            na++;
+        }
+    return na;
+}
+
+static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
     knobs tried[64], cur = m->k;
     int nt = 0;
     tried[nt++] = *k1; /* walked in the first pass, like m->k */
-    if (!same_knobs(&cur, k1, m)) tried[nt++] = cur;
+    if (!same_knobs(s, &cur, k1, m)) tried[nt++] = cur;
     for (int round = 0; round < 3; round++) {
         int moved = 0;
-        for (int dim = 0; dim < 4; dim++) {
-            knobs alt[N_SCHEDULES + SEARCH_MAX_CP_METHODS + 4];
-            int na = 0;
-            if (dim == 0 && m->pp > 1 && o->vary_schedule)
-                for (int i = 0; i < N_SCHEDULES; i++)
-                    if (s->have_sched[i] && schedule_fits(s, search_schedules[i], m->pp))
-                        alt[na] = cur, alt[na++].schedule = search_schedules[i];
-            if (dim == 1)
-                for (int f = 0; f < (o->vary_float8 ? 2 : 1); f++)
-                    for (int c = 0; c < (o->vary_compile ? 2 : 1); c++) {
-                        alt[na] = cur;
-                        if (o->vary_float8) alt[na].float8 = f;
-                        if (o->vary_compile) alt[na].compile = c;
-                        na++;
-                    }
-            if (dim == 2 && m->tp > 1) alt[na] = cur, alt[na].async_tp = 0, na++, alt[na] = cur, alt[na].async_tp = 1, na++;
-            if (dim == 3 && m->cp > 1)
-                for (int i = 0; i < s->n_cp_methods; i++)
-                    if (cp_method_fits(s, s->cp_methods[i], m)) {
-                        alt[na] = cur;
-                        snprintf(alt[na++].cp_method, sizeof alt[0].cp_method, "%s", s->cp_methods[i]);
-                    }
+        for (int dim = 0; dim < 2 + s->nk; dim++) {
+            knobs alt[N_SCHEDULES + SEARCH_MAX_VALUES + 4];
+            int na = knob_alternatives(s, m, &cur, dim, alt);
             knobs best = cur;
             for (int i = 0; i < na; i++) {
                 int seen = 0;
-                for (int j = 0; j < nt && !seen; j++) seen = same_knobs(&tried[j], &alt[i], m);
+                for (int j = 0; j < nt && !seen; j++) seen = same_knobs(s, &tried[j], &alt[i], m);
                 if (seen || nt == 64) continue;
                 tried[nt++] = alt[i];
                 double b = walk(s, m, &alt[i]);
@@ -413,27 +452,32 @@ static void tune_mesh(searcher *s, mesh *m, const knobs *k1) {
     }
 }
 
+/* knobs k with the quantizer off and no compile, where the search varies those */
+static knobs plain_knobs(const searcher *s, knobs k) {
+    if (s->quant_knob >= 0 && knob_varied(s, s->quant_knob))
+        plan_knob_value(s->kv[s->quant_knob], 0, k.v[s->quant_knob], sizeof k.v[0]);
+    if (s->o->vary_compile) k.compile = 0;
+    return k;
+}
+
 /* One GPU count: every mesh with the first pass's knobs, then the best meshes' knobs tuned. s->res
  * holds what was evaluated. */
 static void search_count(searcher *s) {
     int nm = 0;
     mesh *ms = meshes_list(s, &nm); /* NULL: none divides (or no memory): no layout */
     if (nm == 0 && s->have_closest) { /* all pruned: the most sharded one shows how far from fitting */
-        knobs plain = first_knobs(s);
-        plain.float8 = s->o->vary_float8 ? 0 : plain.float8;
+        knobs plain = plain_knobs(s, first_knobs(s));
         walk(s, &s->closest, &plain);
     }
     knobs k1 = first_knobs(s);
     for (int i = 0; i < nm; i++) {
         ms[i].k = k1;
         ms[i].best = walk(s, &ms[i], &k1);
-        if (ms[i].best == 0 && (s->o->vary_float8 || s->o->vary_compile)) {
-            /* nothing fits or every probe was refused: float8's copies, or float8 or compile the plugins
-             * cannot plan here, may be why; the plain knobs */
-            knobs plain = k1;
-            if (s->o->vary_float8) plain.float8 = 0;
-            if (s->o->vary_compile) plain.compile = 0;
-            if (!same_knobs(&plain, &k1, &ms[i])) ms[i].k = plain, ms[i].best = walk(s, &ms[i], &plain);
+        if (ms[i].best == 0 && (s->o->vary_knobs || s->o->vary_compile)) {
+            /* nothing fits or every probe was refused: the quantizer's copies, or the quantizer or
+             * compile the plugins cannot plan here, may be why; the plain knobs */
+            knobs plain = plain_knobs(s, k1);
+            if (!same_knobs(s, &plain, &k1, &ms[i])) ms[i].k = plain, ms[i].best = walk(s, &ms[i], &plain);
         }
     }
     qsort(ms, (size_t)nm, sizeof *ms, mesh_cmp);
@@ -479,8 +523,11 @@ static void searcher_init(searcher *s, plan_ctx *ctx, const plan_search_opts *o,
     }
     const ct_model_desc *d = plan_model(ctx);
     s->n_layers = d->n_layers > 0 ? d->n_layers : d->n_units - 2;
-    if (o->vary_cp_method && s->tmpl.cp_method[0])
-        s->n_cp_methods = plan_cp_methods(ctx, s->cp_methods, SEARCH_MAX_CP_METHODS);
+    s->nk = plan_knobs(ctx, &s->kt, &s->kv);
+    s->quant_knob = -1;
+    for (int i = 0; i < s->nk; i++)
+        if (s->kt[i].enables) s->quant_knob = i;
+    s->fp8 = hw->peak_flops[PLAN_FP8] > 0;
     static_memory(s);
 }
 
@@ -510,30 +557,39 @@ static double best_at(plan_ctx *ctx, const plan_search_opts *o, const hw_profile
     return best;
 }
 
-/* The guide's layout: its mesh and knobs (schedule, compile, float8, async TP) as the rule says, the
- * AC mode and microbatch tuned to the memory as for any mesh (the guide's second step); compile, then
- * float8, dropped where the plugins refuse them, and that said. Its best variant that fits, else
- * the one that needs the least memory. */
+/* The guide's layout: its mesh and knobs (schedule, compile, the quantizer, async TP) as the rule
+ * says, the AC mode and microbatch tuned to the memory as for any mesh (the guide's second step);
+ * compile, then the quantizer, dropped where the plugins refuse them, and that said. Its best variant
+ * that fits, else the one that needs the least memory. The guide's "async TP" is every boolean knob
+ * the tp axis's strategy declares, on; its other knobs are the manifest's (else their first value). */
 static void rule_eval(searcher *s, const plan_result *winner) {
     plan_search_stats *st = s->st;
     plan_layout rl;
     st->rule = plan_guide_rule(st->model.n_params, s->o->gpus, s->o->gpus_per_node, &rl);
     mesh m = {.rep = rl.dp_replicate, .shard = rl.dp_shard, .cp = rl.cp, .tp = rl.tp, .pp = rl.pp};
-    knobs k = {rl.pp > 1 ? rl.schedule : s->tmpl.schedule, rl.float8 && s->hw->peak_flops[PLAN_FP8] > 0, rl.compile,
-               rl.async_tp, {0}};
-    snprintf(k.cp_method, sizeof k.cp_method, "%s", s->tmpl.cp_method);
+    knobs k;
+    memset(&k, 0, sizeof k);
+    k.schedule = rl.pp > 1 ? rl.schedule : s->tmpl.schedule;
+    k.compile = rl.compile;
+    for (int i = 0; i < s->nk; i++) {
+        snprintf(k.v[i], sizeof k.v[i], "%s", s->tmpl.knob[i].value);
+        if (!k.v[i][0]) plan_knob_value(s->kv[i], 0, k.v[i], sizeof k.v[i]);
+        if (s->kt[i].axis == CT_AXIS_TP && rl.tp > 1 && knob_boolean(s, i)) snprintf(k.v[i], sizeof k.v[i], "true");
+    }
+    int q = s->quant_knob;
+    if (q >= 0) snprintf(k.v[q], sizeof k.v[q], "%s", rl.quant && s->fp8 ? "true" : "false");
     searcher rs = *s; /* its own results: s->res is sorted and pointed into */
     rs.res = NULL, rs.n_res = rs.cap_res = 0, rs.err[0] = 0;
     int64_t dp = (int64_t)m.rep * m.shard;
     if (rs.G % dp) rs.G = (rs.G / dp > 0 ? rs.G / dp : 1) * dp; /* the nearest batch that splits */
     walk(&rs, &m, &k);
     for (int drop = 0; rs.n_res == 0 && drop < 2; drop++) {
-        int *knob = drop == 0 ? &k.compile : &k.float8;
-        if (!*knob) continue;
+        if (drop == 0 ? !k.compile : q < 0 || strcmp(k.v[q], "true")) continue;
         size_t used = strlen(st->rule_err);
         snprintf(st->rule_err + used, sizeof st->rule_err - used, "%s%s off: %.150s", used ? "; " : "",
-                 drop == 0 ? "compile" : "float8", rs.err);
-        *knob = 0;
+                 drop == 0 ? "compile" : s->tmpl.quant_name, rs.err);
+        if (drop == 0) k.compile = 0;
+        else snprintf(k.v[q], sizeof k.v[q], "false");
         walk(&rs, &m, &k);
     }
     int pick = -1;
@@ -552,7 +608,8 @@ static void rule_eval(searcher *s, const plan_result *winner) {
         plan_layout l = s->tmpl;
         l.dp_replicate = m.rep, l.dp_shard = m.shard, l.cp = m.cp, l.tp = m.tp, l.pp = m.pp, l.ep = 1;
         snprintf(l.schedule, sizeof l.schedule, "%s", k.schedule);
-        l.float8 = k.float8, l.compile = k.compile, l.async_tp = k.async_tp, l.ac = rl.ac;
+        l.compile = k.compile, l.ac = rl.ac;
+        for (int i = 0; i < s->nk; i++) plan_layout_set_knob(&l, i, k.v[i]);
         l.global_batch = rs.G, l.local_batch = rs.G / dp;
         st->rule_result.layout = l;
         snprintf(st->rule_err, sizeof st->rule_err, "%s", rs.err);
@@ -562,33 +619,36 @@ static void rule_eval(searcher *s, const plan_result *winner) {
     free(rs.res);
 }
 
-/* The winner's layout with each rotate method the cp strategy declares, its other settings held: the
- * numbers that say why its method won (a method that cannot run there says why instead). */
+/* The winner's layout with each value of the string knob the cp axis's strategy declares (its rotate
+ * method), its other settings held: the numbers that say why its value won (a value the plugin
+ * refuses there says why instead). */
 static void cp_methods_eval(searcher *s, const plan_result *win) {
     plan_search_stats *st = s->st;
     const plan_layout *w = &win->layout;
-    mesh m = {.rep = w->dp_replicate, .shard = w->dp_shard, .cp = w->cp, .tp = w->tp, .pp = w->pp, .ep = w->ep};
-    if (w->cp <= 1 || s->n_cp_methods < 2) return;
-    for (int i = 0; i < s->n_cp_methods && i < (int)(sizeof st->cp_methods / sizeof st->cp_methods[0]); i++) {
+    int ki = -1;
+    for (int i = 0; i < s->nk && ki < 0; i++)
+        if (s->kt[i].axis == CT_AXIS_CP && !knob_boolean(s, i) && knob_varied(s, i)) ki = i;
+    char value[48];
+    if (w->cp <= 1 || ki < 0 || !plan_knob_value(s->kv[ki], 1, value, sizeof value)) return;
+    st->cp_knob = ki;
+    for (int i = 0; i < (int)(sizeof st->cp_methods / sizeof st->cp_methods[0]); i++) {
+        if (!plan_knob_value(s->kv[ki], i, value, sizeof value)) break;
         struct plan_cp_method *e = &st->cp_methods[st->n_cp_methods++];
         memset(e, 0, sizeof *e);
         e->r.layout = *w;
-        snprintf(e->r.layout.cp_method, sizeof e->r.layout.cp_method, "%s", s->cp_methods[i]);
-        if (!strcmp(w->cp_method, s->cp_methods[i])) {
+        plan_layout_set_knob(&e->r.layout, ki, value);
+        if (!strcmp(w->knob[ki].value, value)) {
             e->r = *win, e->evaluated = 1;
-        } else if (!cp_method_fits(s, s->cp_methods[i], &m)) {
-            snprintf(e->note, sizeof e->note, "needs the heads per tp rank (%d and %d kv) to divide by cp %d",
-                     st->model.n_heads / w->tp, (st->model.n_kv_heads ? st->model.n_kv_heads : st->model.n_heads) / w->tp,
-                     w->cp);
+            continue;
+        }
+        plan_layout l = e->r.layout;
+        st->evaluated++;
+        if (plan_eval(s->ctx, &l, s->hw, &e->r) != CT_OK) {
+            st->refused++;
+            e->r.layout = l;
+            snprintf(e->note, sizeof e->note, "%s", ct_last_error());
         } else {
-            plan_layout l = e->r.layout;
-            st->evaluated++;
-            if (plan_eval(s->ctx, &l, s->hw, &e->r) != CT_OK) {
-                st->refused++;
-                snprintf(e->note, sizeof e->note, "%s", ct_last_error());
-            } else {
-                e->r.layout = l, e->evaluated = 1;
-            }
+            e->r.layout = l, e->evaluated = 1;
         }
     }
 }
@@ -731,18 +791,17 @@ const char *plan_guide_rule(double n_params, int gpus, int gpus_per_node, plan_l
     l->ac = PLAN_AC_SELECTIVE_OP;
     l->bf16 = 1;
     snprintf(l->schedule, sizeof l->schedule, "1F1B");
-    snprintf(l->float8_recipe, sizeof l->float8_recipe, "tensorwise");
     if (gpus < 1) gpus = 1;
     if (gpus_per_node < 1) gpus_per_node = 1;
     if (n_params <= 10e9) {
         l->dp_shard = gpus;
-        l->compile = 1, l->float8 = 1;
+        l->compile = 1, l->quant = 1;
         return "up to 10B parameters: FSDP alone (data_parallel_shard_degree over every GPU), with compile and float8";
     }
     if (n_params <= 100e9) {
         l->tp = gpus % 2 == 0 && gpus_per_node >= 2 ? 2 : 1;
         l->dp_shard = gpus / l->tp;
-        l->async_tp = l->tp > 1, l->compile = 1;
+        l->compile = 1;
         return "10B to 100B parameters: FSDP x TP with async TP (the guide's recipe: data_parallel_shard_degree 4 x "
                "tensor_parallel_degree 2 on 8 GPUs, FSDP over the rest when there are more)";
     }
@@ -751,7 +810,6 @@ const char *plan_guide_rule(double n_params, int gpus, int gpus_per_node, plan_l
     int pp = 8;
     while (pp > 1 && (gpus / tp) % pp) pp /= 2;
     l->tp = tp, l->pp = pp, l->dp_shard = gpus / tp / pp;
-    l->async_tp = tp > 1;
     snprintf(l->schedule, sizeof l->schedule, "Interleaved1F1B");
     return "beyond 100B parameters: 3D, FSDP x TP x PP with the Interleaved1F1B schedule (TP within a node, up to 8; "
            "PP up to 8 across nodes; FSDP over the rest)";

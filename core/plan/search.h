@@ -34,12 +34,14 @@ typedef struct plan_search_stats {
     int rule_evaluated;    /* 0: the plugins refused it (rule_err says why) */
     char rule_err[256];
     int agrees;            /* the winner is of the rule's kind (FSDP alone, FSDP x TP, 3D with pp) */
-    /* context parallel, where the winner has cp > 1 and the cp strategy declares rotate methods: the
-     * winner's layout planned with each (its other settings held), in the strategy's order, so the
-     * output can say why the winner's method won. evaluated 0: skipped or refused, note says why. */
+    /* context parallel, where the winner has cp > 1 and the cp strategy declares a string search knob
+     * (its rotate method): the winner's layout planned with each of its values (its other settings
+     * held), in the strategy's order, so the output can say why the winner's value won. evaluated 0:
+     * refused, note says why. */
     int n_cp_methods;
+    int cp_knob; /* the knob: r.layout.knob[cp_knob] names each entry's value */
     struct plan_cp_method {
-        plan_result r; /* r.layout.cp_method names the method */
+        plan_result r;
         int evaluated;
         char note[200];
     } cp_methods[4];

@@ -28,6 +28,12 @@ static const ct_option_spec options[] = {
     {0},
 };
 
+/* What a planner's search may vary (ABI 2.21): the rotate method, shown as "cp 2 (alltoall)". */
+static const ct_search_knob knobs[] = {
+    {sizeof(ct_search_knob), "context_parallel_rotate_method", "allgather|alltoall|ulysses", NULL},
+    {0},
+};
+
 int cp_failed(cp *c, ct_status st, const char *what) {
     if (st == CT_OK) return 0;
     c->host->set_error(c->host, "context parallel: %s failed (status %d)", what, st);
@@ -263,5 +269,6 @@ CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *inf
                         "all-gathered or ring-passed K/V, or heads all-to-all'd (ulysses)";
     info->options = options;
     info->api = &api;
+    info->knobs = knobs;
     return CT_OK;
 }

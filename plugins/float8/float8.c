@@ -64,6 +64,14 @@ static const ct_option_spec options[] = {
     {0},
 };
 
+/* What a planner's search may vary (ABI 2.21): whether to convert at all, and the two recipes with a
+ * scaled GEMM on every FP8 device (the mx formats need Blackwell's). */
+static const ct_search_knob knobs[] = {
+    {sizeof(ct_search_knob), "enable", "false|true", NULL},
+    {sizeof(ct_search_knob), "format", "tensorwise|rowwise", NULL},
+    {0},
+};
+
 static size_t edit_distance(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b), prev[64], cur[64];
     if (la > 62 || lb > 62) return 99;
@@ -594,5 +602,6 @@ CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *inf
     info->description = "float8 linear layers: tensorwise, rowwise, rowwise_with_gw_hp, mxfp8, e4m3, e5m2 (torchao recipes)";
     info->options = options;
     info->api = &api;
+    info->knobs = knobs;
     return CT_OK;
 }

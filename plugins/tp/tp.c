@@ -28,8 +28,14 @@ static const ct_option_spec options[] = {
      NULL},
     {sizeof(ct_option_spec), "async_tensor_parallel_chunks", CT_OPT_INT, "4",
      "chunks per overlapped collective under async TP", "[1, 64]", NULL},
-    {sizeof(ct_option_spec), "compile.enable_async_tensor_parallel", CT_OPT_BOOL, "false",
-     "torchtitan's later spelling of parallelism.enable_async_tensor_parallel", NULL, NULL},
+    {sizeof(ct_option_spec), "compile.enable_async_tensor_parallel", CT_OPT_BOOL, NULL,
+     "torchtitan's later spelling of parallelism.enable_async_tensor_parallel; wins over it when given", NULL, NULL},
+    {0},
+};
+
+/* What a planner's search may vary (ABI 2.21): async TP, in the spelling that wins. */
+static const ct_search_knob knobs[] = {
+    {sizeof(ct_search_knob), "compile.enable_async_tensor_parallel", "false|true", "async"},
     {0},
 };
 
@@ -86,14 +92,15 @@ static ct_status check_divides(const tp *t) {
 
 static ct_status read_options(tp *t) {
     const ct_host *h = t->host;
-    int sp = 1, loss_off = 0, async = 0, async2 = 0;
+    int sp = 1, loss_off = 0, async = 0, later = 0;
     int64_t chunks = 4;
     if (h->opt_bool(h, "enable_sequence_parallel", &sp) || h->opt_bool(h, "disable_loss_parallel", &loss_off) ||
         h->opt_bool(h, "enable_async_tensor_parallel", &async) ||
-        h->opt_bool(h, "compile.enable_async_tensor_parallel", &async2) ||
         h->opt_int(h, "async_tensor_parallel_chunks", &chunks))
         return CT_ERR_INVALID;
-    async |= async2;
+    /* the later spelling, when given, wins (it has no default: unset answers CT_ERR_INVALID): it is the
+     * knob a planner's search sets */
+    if (h->opt_bool(h, "compile.enable_async_tensor_parallel", &later) == CT_OK) async = later;
     if (chunks < 1 || chunks > 64) {
         h->set_error(h, "async_tensor_parallel_chunks: expected 1 to 64 chunks, got %lld", (long long)chunks);
         return CT_ERR_INVALID;
@@ -306,5 +313,6 @@ CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *inf
                         "parallel, async TP";
     info->options = options;
     info->api = &api;
+    info->knobs = knobs;
     return CT_OK;
 }

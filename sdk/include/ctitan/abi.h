@@ -42,7 +42,7 @@
  * be rebuilt against this SDK. Minor versions of 2 only append fields, functions and kinds; what each
  * appended is in sdk/CHANGELOG.md, and sdk/frozen/ holds each minor's headers as released. */
 #define CT_ABI_MAJOR 2
-#define CT_ABI_MINOR 20
+#define CT_ABI_MINOR 21
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 
@@ -131,6 +131,25 @@ typedef struct ct_strategy ct_strategy;
 typedef struct ct_quantizer ct_quantizer;
 typedef struct ct_runner ct_runner;
 
+/* ABI 2.21: one of a plugin's options that a planner's search may vary (`ctitan plan --search`). The
+ * planner sets the option's key to each value in turn, asks the plugins for the layout's cost as for
+ * any layout, and writes the best value in the manifest it proposes: it knows no plugin's key by name.
+ * A knob counts only where its plugin runs in the layout: a strategy's where its mesh axis has more
+ * than one rank (an op-level strategy) or always (a unit-level one), the dense quantizer's where it is
+ * on; the quantizer's knob on its own `enable` key is how the search turns it on (tried only on
+ * hardware whose profile gives a float8 rate). A plugin that takes one setting under two spellings
+ * declares the knob on one and lets that one, when given, win over the other. The list ends with an
+ * entry whose key is NULL and is stepped by its first entry's struct_size (CT_AT), like the options. */
+typedef struct ct_search_knob {
+    size_t struct_size;
+    const char *key;    /* one of the plugin's options, spelled as in its list ("enable",
+                           "compile.enable_async_tensor_parallel") */
+    const char *values; /* "a|b", in the order the search tries them; the first is where every layout
+                           starts ("false|true" for a boolean; for a string, some of its choices) */
+    const char *label;  /* may be NULL: a boolean's word in the plan's layout line where it is true
+                           ("async": "tp 2 (async)"); a string knob shows its value */
+} ct_search_knob;
+
 /* Filled by the entry function. Every pointer in it (name, description, options, api) belongs to
  * the plugin and must stay valid until the host unloads it: static storage, never the stack. */
 typedef struct ct_plugin_info {
@@ -144,6 +163,9 @@ typedef struct ct_plugin_info {
     const void *api;         /* ct_device_api *, ct_model_api *, ct_optimizer_api *, ct_comm_api *,
                                 ct_strategy_api *, ct_quantizer_api *,
                                 ct_schedule_api *, ct_pipeline_api * per kind */
+    /* ABI 2.21, may be NULL: the options a planner's search may vary. The host reads it only from a
+     * plugin built against 2.21 or later (the host zeroes the struct before the entry runs). */
+    const ct_search_knob *knobs;
 } ct_plugin_info;
 
 typedef ct_status (*ct_plugin_entry_fn)(const ct_host *host, ct_plugin_info *info);
