@@ -304,7 +304,7 @@ typedef struct plan_run {
     const char *names[SESSION_MAX_STRATEGIES];
     plugin *plug[SESSION_MAX_STRATEGIES];
     int op_level[SESSION_MAX_STRATEGIES]; /* an axis strategy (tp, cp): its buffers are op-level ones */
-    int axis[SESSION_MAX_STRATEGIES];     /* its mesh axis (session_strategy_slots), -1: the data-parallel one */
+    int axis[SESSION_MAX_STRATEGIES];     /* its mesh axis (engine/strategies.h), -1: the data-parallel one */
     int n;
     runtime rt;
     int rt_ready;
@@ -376,12 +376,21 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     env.fp8_all_gather = l->float8 && session_quant_gathers(c->s.qapi, c->s.quant);
     r->env = env;
     runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL, {0}};
-    for (int k = 0; k < session_n_strategy_slots; k++) { /* as a run makes them (engine/session.h) */
-        const session_strategy_slot *slot = &session_strategy_slots[k];
-        const char *name = session_strategy_for(c->mf, k, r->mesh.world_size);
-        if (!name || (slot->axis >= 0 && mesh_shard_degree(&r->mesh, slot->axis) <= 1)) continue;
-        plugin *p = strategy_plugin(c, slot->key, name);
-        if (!p) return ct_fail(CT_ERR_INVALID, "strategy %s cannot be loaded", name);
+    strategy_list list; /* as a run makes them (engine/strategies.h) */
+    if (strategy_list_read(c->mf, r->mesh.world_size, 1, &list) != CT_OK) return CT_ERR_INVALID;
+    for (int k = 0; k < list.n; k++) {
+        strategy_item *it = &list.item[k];
+        plugin *p = strategy_plugin(c, it->key, it->name);
+        if (!p) return ct_fail(CT_ERR_INVALID, "strategy %s cannot be loaded", it->name);
+        if (strategy_resolve(c->mf, it, p->info.api, p->info.name) != CT_OK) return CT_ERR_INVALID;
+    }
+    if (strategy_list_check(c->mf, &list) != CT_OK || strategy_list_cover(c->mf, &list, &r->mesh) != CT_OK)
+        return CT_ERR_INVALID;
+    for (int k = 0; k < list.n; k++) {
+        const strategy_item *it = &list.item[k];
+        if (!strategy_on_mesh(it, &r->mesh)) continue;
+        plugin *p = strategy_plugin(c, it->key, it->name);
+        const char *name = it->name;
         const ct_strategy_api *a = p->info.api;
         if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) { /* it never promised to plan */
             note_add(r->note, sizeof r->note,
@@ -395,10 +404,10 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
         r->api[r->n] = a;
         r->inst[r->n] = inst;
         r->names[r->n] = p->info.name;
-        r->op_level[r->n] = slot->axis >= 0;
-        r->axis[r->n] = slot->axis;
+        r->op_level[r->n] = it->serves == CT_SERVES_AXIS;
+        r->axis[r->n] = it->axis;
         r->plug[r->n++] = p;
-        dist.axis[dist.n_st] = slot->axis;
+        dist.axis[dist.n_st] = it->axis;
         dist.st[dist.n_st] = a;
         dist.strat[dist.n_st++] = inst;
     }
