@@ -242,7 +242,8 @@ static ct_status add_option_lists(session *s, manifest *mf) {
         mf_get_str(mf, named[i].key, &name);
         if (named[i].kind == CT_KIND_COMM && (s->commp || !manifest_has_unknown(mf, "comm."))) continue;
         const char *names[2] = {name, NULL};
-        if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "auto")) names[0] = "fsdp", names[1] = "ddp";
+        if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "auto"))
+            names[0] = strategy_dp_auto[0], names[1] = strategy_dp_auto[1];
         if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "none")) names[0] = NULL;
         for (int k = 0; k < 2 && names[k]; k++) {
             if (named[i].kind == CT_KIND_STRATEGY && session_dp_strategy(s) &&
@@ -432,7 +433,8 @@ static ct_status load_strategies(session *s, manifest *mf, int env_world, int wi
 }
 
 /* Loads every plugin the manifest names (the axes' strategies in every run, see load_strategies; the
- * option lists of the others it may not create, see add_option_lists) and validates the manifest against the core's and their keys. */
+ * option lists of the others it may not create, see add_option_lists) and validates the manifest
+ * against the core's and their keys. */
 static ct_status load_plugins(session *s, manifest *mf, int with_params) {
     ct_status st;
     if ((st = launch_check_world())) return st; /* torchrun or srun without an MPI job: before MPI sets its variables */

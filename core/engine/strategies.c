@@ -22,6 +22,8 @@ static const struct {
 #define N_DEFAULT ((int)(sizeof default_order / sizeof default_order[0]))
 #define DP_ITEM "dp" /* the list's item for the data-parallel pick */
 
+const char *const strategy_dp_auto[2] = {"fsdp", "ddp"};
+
 /* The data-parallel strategy the degrees pick when parallelism.dp_strategy is auto (fsdp, ddp or NULL). */
 static const char *strategy_dp_name(const manifest *mf, int world) {
     int64_t rep = 1, shard = -1, others = 1, cp = 1, v;
@@ -34,8 +36,8 @@ static const char *strategy_dp_name(const manifest *mf, int world) {
     if (rep > world) rep = world + 1;
     if (shard == -1) shard = world % (rep * others) ? 1 : world / (rep * others);
     if (!mf_get_int(mf, mesh_degree_keys[CT_AXIS_CP], &v) && v > 1) cp = v;
-    if (shard > 1 || cp > 1) return "fsdp";
-    if (rep > 1) return "ddp";
+    if (shard > 1 || cp > 1) return strategy_dp_auto[0];
+    if (rep > 1) return strategy_dp_auto[1];
     return NULL;
 }
 

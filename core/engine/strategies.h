@@ -59,6 +59,10 @@ ct_status strategy_list_cover(const manifest *mf, const strategy_list *l, const 
 /* Whether item it is created on this mesh: the data-parallel one always, an axis's where its degree is > 1. */
 int strategy_on_mesh(const strategy_item *it, const ct_mesh_info *mesh);
 
+/* The data-parallel plugins parallelism.dp_strategy: auto picks from (fsdp, ddp): their options are
+ * validated in every run. */
+extern const char *const strategy_dp_auto[2];
+
 /* The axis's name ("tp", "cp", "ep", ...), or NULL for one no strategy may serve; the key of its degree. */
 const char *strategy_axis_name(int axis);
 const char *strategy_degree_key(int axis);

@@ -377,10 +377,11 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     r->env = env;
     runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL, {0}};
     strategy_list list; /* as a run makes them (engine/strategies.h) */
+    plugin *loaded[SESSION_MAX_STRATEGIES];
     if (strategy_list_read(c->mf, r->mesh.world_size, 1, &list) != CT_OK) return CT_ERR_INVALID;
     for (int k = 0; k < list.n; k++) {
         strategy_item *it = &list.item[k];
-        plugin *p = strategy_plugin(c, it->key, it->name);
+        plugin *p = loaded[k] = strategy_plugin(c, it->key, it->name);
         if (!p) return ct_fail(CT_ERR_INVALID, "strategy %s cannot be loaded", it->name);
         if (strategy_resolve(c->mf, it, p->info.api, p->info.name) != CT_OK) return CT_ERR_INVALID;
     }
@@ -389,7 +390,7 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     for (int k = 0; k < list.n; k++) {
         const strategy_item *it = &list.item[k];
         if (!strategy_on_mesh(it, &r->mesh)) continue;
-        plugin *p = strategy_plugin(c, it->key, it->name);
+        plugin *p = loaded[k];
         const char *name = it->name;
         const ct_strategy_api *a = p->info.api;
         if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) { /* it never promised to plan */
