@@ -112,6 +112,7 @@ TEST_PLUGIN_SOS := $(TEST_PLUGIN_SRC:tests/plugins/%.c=$(BUILD)/tests/plugins/ct
 $(BUILD)/tests/plugins/ctitan-%.so: tests/plugins/%.c $(wildcard sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(PLUGIN_CFLAGS) $(PLUGIN_LDFLAGS) -o $@ $< $(PLUGIN_LIBS)
+$(BUILD)/tests/plugins/ctitan-axisprobe_cp.so: tests/plugins/axisprobe.c # it builds axisprobe.c for another axis
 
 $(BUILD)/tests/%: tests/unit/%.c $(CORE_LIB) $(wildcard tests/unit/*.h sdk/include/ctitan/*.h)
 	@mkdir -p $(dir $@)

@@ -173,6 +173,11 @@ static const struct {
     {"parallelism.data_parallel_shard_degree", CT_OPT_INT, "-1", "FSDP degree; -1 = ranks left over",
      "[-1, 1048576]", NULL},
     {"parallelism.tensor_parallel_degree", CT_OPT_INT, "1", "tensor parallel degree", "[1, 1048576]", NULL},
+    {"parallelism.strategies", CT_OPT_STRING, NULL,
+     "the strategies in the order they are applied (each wraps the builder the ones before it wrapped): plugin "
+     "names or paths, and dp for the one dp_strategy picks, the data-parallel one last; default: tp_strategy, "
+     "cp_strategy, ep_strategy, dp (torchtitan's order)",
+     NULL, NULL},
     {"parallelism.tp_strategy", CT_OPT_STRING, "tp",
      "the strategy plugin serving the tp mesh axis (a name or a path); it declares its own parallelism.* keys",
      NULL, NULL},

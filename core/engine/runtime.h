@@ -140,7 +140,7 @@ typedef struct arena {
 
 /* Many ranks: the comm, the mesh and the strategies (all NULL on one rank). Strategies run in order
  * (tensor parallel first, then the data-parallel one); finish_backward in the reverse order. */
-#define RT_MAX_STRATEGIES 4 /* the tp axis's, the cp axis's, the ep one's, the data-parallel one */
+#define RT_MAX_STRATEGIES 8 /* the strategies of one run (engine/strategies.h): one per axis and a data-parallel one */
 typedef struct runtime_dist {
     const ct_comm_api *capi;
     ct_comm *comm;

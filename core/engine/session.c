@@ -242,7 +242,8 @@ static ct_status add_option_lists(session *s, manifest *mf) {
         mf_get_str(mf, named[i].key, &name);
         if (named[i].kind == CT_KIND_COMM && (s->commp || !manifest_has_unknown(mf, "comm."))) continue;
         const char *names[2] = {name, NULL};
-        if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "auto")) names[0] = "fsdp", names[1] = "ddp";
+        if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "auto"))
+            names[0] = strategy_dp_auto[0], names[1] = strategy_dp_auto[1];
         if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "none")) names[0] = NULL;
         for (int k = 0; k < 2 && names[k]; k++) {
             if (named[i].kind == CT_KIND_STRATEGY && session_dp_strategy(s) &&
@@ -314,63 +315,15 @@ static ct_status fail_plugin(const session *s, ct_status status, const plugin *p
     return fail_line(status, where);
 }
 
-/* The data-parallel strategy the manifest asks for: parallelism.dp_strategy, or by the degrees as
- * torchtitan picks (fsdp when dp_shard > 1 or cp > 1, sharding over dp_shard x cp; ddp when only
- * dp_replicate > 1; none on one data-parallel rank without cp). Read leniently: bad values are
- * reported by validation right after. */
-static const char *strategy_name(const manifest *mf, int world) {
-    const char *name = "auto";
-    mf_get_str(mf, "parallelism.dp_strategy", &name);
-    if (strcmp(name, "auto") != 0) return strcmp(name, "none") ? name : NULL;
-    int64_t rep = 1, shard = -1, others = 1, cp = 1, v;
-    static const int axes[] = {CT_AXIS_PP, CT_AXIS_CP, CT_AXIS_TP};
-    if (mf_get_int(mf, mesh_degree_keys[CT_AXIS_DP_REPLICATE], &rep) || rep < 1) rep = 1;
-    if (mf_get_int(mf, mesh_degree_keys[CT_AXIS_DP_SHARD], &shard)) shard = -1;
-    for (int i = 0; i < 3; i++) /* not validated yet: capped past the world so nothing overflows */
-        if (!mf_get_int(mf, mesh_degree_keys[axes[i]], &v) && v > 0)
-            others = v > world || others * v > world ? world + 1 : others * v;
-    if (rep > world) rep = world + 1;
-    if (shard == -1) shard = world % (rep * others) ? 1 : world / (rep * others);
-    if (!mf_get_int(mf, mesh_degree_keys[CT_AXIS_CP], &v) && v > 1) cp = v;
-    if (shard > 1 || cp > 1) return "fsdp";
-    if (rep > 1) return "ddp";
-    return NULL;
-}
-
-const session_strategy_slot session_strategy_slots[] = {
-    {"parallelism.tp_strategy", "tp", CT_AXIS_TP},
-    {"parallelism.cp_strategy", "cp", CT_AXIS_CP},
-    {"parallelism.ep_strategy", "ep", CT_AXIS_EP},
-    {"parallelism.dp_strategy", NULL, -1},
-};
-const int session_n_strategy_slots = (int)(sizeof session_strategy_slots / sizeof session_strategy_slots[0]);
-_Static_assert(sizeof session_strategy_slots / sizeof session_strategy_slots[0] <= SESSION_MAX_STRATEGIES,
-               "SESSION_MAX_STRATEGIES holds every slot");
-
-const char *session_strategy_for(const manifest *mf, int i, int world) {
-    const session_strategy_slot *slot = &session_strategy_slots[i];
-    if (slot->axis < 0) return strategy_name(mf, world);
-    const char *name = slot->dflt;
-    mf_get_str(mf, slot->key, &name);
-    return name;
-}
-
 const plugin *session_dp_strategy(const session *s) {
-    for (int i = 0; i < session_n_strategy_slots; i++)
-        if (session_strategy_slots[i].axis < 0) return s->strategyp[i];
+    for (int i = 0; i < s->strategies.n; i++)
+        if (s->strategies.item[i].serves == CT_SERVES_DATA_PARALLEL) return s->strategyp[i];
     return NULL;
 }
 
-/* Slot i's strategy is created in this job: the data-parallel one where it is loaded, an axis's where
- * its degree is > 1. */
+/* Item i's strategy is created in this job (loaded, and on the mesh: an axis's where its degree is > 1). */
 static int strategy_on(const session *s, int i) {
-    int axis = session_strategy_slots[i].axis;
-    return s->strategyp[i] && (axis < 0 || mesh_shard_degree(&s->mesh, axis) > 1);
-}
-
-/* The key that sets an axis slot's degree (ep is no mesh axis of its own: it is borrowed from dp_shard x cp). */
-static const char *slot_degree_key(int axis) {
-    return axis == CT_AXIS_EP ? "parallelism.expert_parallel_degree" : mesh_degree_keys[axis];
+    return s->strategyp[i] && strategy_on_mesh(&s->strategies.item[i], &s->mesh);
 }
 
 /* Joins the job, builds the mesh and creates the strategies. */
@@ -418,8 +371,12 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INTERNAL;
     }
+    if (strategy_list_cover(s->mf, &s->strategies, &s->mesh) != CT_OK) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        return CT_ERR_INVALID;
+    }
     const plugin *first = session_dp_strategy(s); /* the one the refusal below names: data parallel's first */
-    for (int i = 0; i < session_n_strategy_slots && !first; i++)
+    for (int i = 0; i < s->strategies.n && !first; i++)
         if (strategy_on(s, i)) first = s->strategyp[i];
     if (!first) return CT_OK;
     if (!s->commp) {
@@ -442,22 +399,42 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
                            strcmp(mp, "bfloat16") == 0, session_quant_gathers(s->qapi, s->quant), plan, d, seq_len,
                            s->qapi != NULL, 0,
                            s->pl && pipeline_splits_backward(s->pl)};
-    for (int i = 0; i < session_n_strategy_slots; i++) {
+    for (int i = 0; i < s->strategies.n; i++) {
         if (!strategy_on(s, i)) continue;
-        int axis = session_strategy_slots[i].axis;
+        const strategy_item *it = &s->strategies.item[i];
         s->strategy_api[i] = s->strategyp[i]->info.api;
         ct_clear_error();
         if (s->strategy_api[i]->create(&s->strategyp[i]->host, &env, &s->strategy[i]) == CT_OK) continue;
         /* an axis's strategy is refused where its degree was set; the data-parallel one as a whole */
-        return axis >= 0 ? fail_plugin(s, CT_ERR_INVALID, s->strategyp[i], "parallelism", slot_degree_key(axis))
-                         : fail_line(CT_ERR_INVALID, "parallelism");
+        return it->serves == CT_SERVES_AXIS
+                   ? fail_plugin(s, CT_ERR_INVALID, s->strategyp[i], "parallelism", strategy_degree_key(it->axis))
+                   : fail_line(CT_ERR_INVALID, "parallelism");
     }
     return CT_OK;
 }
 
-/* Loads every plugin the manifest names (the tp and cp axes' in every run, so their keys are validated
- * even when their degree is 1; the option lists of the others it may not create, see
- * add_option_lists) and validates the manifest against the core's and their keys. */
+/* The strategies of the list (engine/strategies.h), each loaded and told what it serves; the data-parallel
+ * pick first (its errors come first) and only for a run (it needs the job's size), the others always, so
+ * their keys are validated even where their degree is 1. */
+static ct_status load_strategies(session *s, manifest *mf, int env_world, int with_params) {
+    strategy_list *l = &s->strategies;
+    ct_status st = strategy_list_read(mf, env_world, with_params, l);
+    for (int pass = 0; pass < 2 && st == CT_OK; pass++)
+        for (int i = 0; i < l->n && st == CT_OK; i++) {
+            strategy_item *it = &l->item[i];
+            if ((it->serves == CT_SERVES_DATA_PARALLEL && !strcmp(it->key, "parallelism.dp_strategy")) != (pass == 0))
+                continue;
+            if ((st = load_named(s, "parallelism", it->key, it->name, CT_KIND_STRATEGY, &s->strategyp[i]))) return st;
+            st = strategy_resolve(mf, it, s->strategyp[i]->info.api, s->strategyp[i]->info.name);
+        }
+    if (st == CT_OK) st = strategy_list_check(mf, l);
+    if (st != CT_OK) fprintf(stderr, "ctitan: %s\n", ct_last_error());
+    return st;
+}
+
+/* Loads every plugin the manifest names (the axes' strategies in every run, see load_strategies; the
+ * option lists of the others it may not create, see add_option_lists) and validates the manifest
+ * against the core's and their keys. */
 static ct_status load_plugins(session *s, manifest *mf, int with_params) {
     ct_status st;
     if ((st = launch_check_world())) return st; /* torchrun or srun without an MPI job: before MPI sets its variables */
@@ -466,15 +443,7 @@ static ct_status load_plugins(session *s, manifest *mf, int with_params) {
     if ((st = load_slot(s, "optimizer", CT_KIND_OPTIMIZER, &s->optp))) return st;
     int env_world = mesh_env_world_size();
     if (with_params && env_world > 1 && (st = load_slot(s, "comm", CT_KIND_COMM, &s->commp))) return st;
-    for (int pass = 0; pass < 2; pass++) /* the data-parallel strategy first (its errors come first) */
-        for (int i = 0; i < session_n_strategy_slots; i++) {
-            const session_strategy_slot *slot = &session_strategy_slots[i];
-            if ((slot->axis < 0) != (pass == 0)) continue;
-            /* the data-parallel one only for a run (it needs the job's size); the axes' always */
-            const char *name = slot->axis >= 0 || with_params ? session_strategy_for(mf, i, env_world) : NULL;
-            if (name && (st = load_named(s, "parallelism", slot->key, name, CT_KIND_STRATEGY, &s->strategyp[i])))
-                return st;
-        }
+    if ((st = load_strategies(s, mf, env_world, with_params))) return st;
     quantizer_keys q;
     dense_quantizer(mf, &q);
     snprintf(s->quant_section, sizeof s->quant_section, "%s", q.section); /* the plugin keeps the pointer */
@@ -569,10 +538,10 @@ static ct_status build_runtime(session *s, manifest *mf) {
     if ((st = open_dist(s, &d))) return st;
     if ((st = plan_pipeline(s, &d))) return st; /* (open_dist planned it when strategies were made) */
     runtime_dist dist = {s->capi, s->comm, &s->mesh, {0}, {0}, 0, s->pl ? s->pl->unit_rank : NULL, {0}};
-    for (int i = 0; i < session_n_strategy_slots; i++) /* in the order they wrap the builder */
+    for (int i = 0; i < s->strategies.n; i++) /* in the order they wrap the builder */
         if (s->strategy[i]) {
             dist.st[dist.n_st] = s->strategy_api[i];
-            dist.axis[dist.n_st] = session_strategy_slots[i].axis;
+            dist.axis[dist.n_st] = s->strategies.item[i].axis;
             dist.strat[dist.n_st++] = s->strategy[i];
         }
     int64_t seed = 0;
@@ -773,14 +742,14 @@ void session_close(session *s) {
         free(s->pl);
     }
     if (s->rt_ready) runtime_free(&s->rt);
-    for (int i = session_n_strategy_slots - 1; i >= 0; i--) /* the last made first */
+    for (int i = s->strategies.n - 1; i >= 0; i--) /* the last made first */
         if (s->strategy[i]) s->strategy_api[i]->destroy(s->strategy[i]);
     if (s->quant) s->qapi->destroy(s->quant);
     mesh_free(&s->mesh, s->comm ? s->capi : NULL, s->comm);
     if (s->comm) s->capi->destroy(s->comm);
     if (s->model) s->m->destroy(s->model);
     if (s->dev) s->d->destroy(s->dev);
-    for (int i = 0; i < session_n_strategy_slots; i++) plugin_unload(s->strategyp[i]);
+    for (int i = 0; i < s->strategies.n; i++) plugin_unload(s->strategyp[i]);
     plugin_unload(s->quantp);
     plugin_unload(s->commp);
     plugin_unload(s->optp);

@@ -11,25 +11,12 @@
 #include "config/manifest.h"
 #include "engine/pipeline.h"
 #include "engine/runtime.h"
+#include "engine/strategies.h"
 #include "tokenizer/tokenizer.h"
 
 /* Errors: every function here that can fail returns ct_status after printing its one line on
  * stderr: CT_ERR_INVALID for bad input (manifest, options, plugins, data files, usage), another
  * status for a failure while running. main.c alone turns statuses into exit codes. */
-
-/* The strategies a run may load, in the order they wrap the model's builder (torchtitan applies
- * tensor parallel, then context parallel, then data parallel): a slot is named by its manifest key,
- * and serves one mesh axis (created only where that axis's degree is > 1) or, with axis -1, the
- * data-parallel group (its plugin chosen from the degrees, see session_strategy_for). A strategy for another axis is
- * one more row here; nothing else in the session names one. */
-typedef struct session_strategy_slot {
-    const char *key;  /* "parallelism.tp_strategy" */
-    const char *dflt; /* the plugin when the key is absent ("tp"); NULL for the data-parallel slot */
-    int axis;         /* CT_AXIS_*, or -1: the data-parallel strategy */
-} session_strategy_slot;
-#define SESSION_MAX_STRATEGIES 5
-extern const session_strategy_slot session_strategy_slots[];
-extern const int session_n_strategy_slots;
 
 typedef struct session {
     manifest *mf;
@@ -39,8 +26,9 @@ typedef struct session {
     ct_quantizer *quant;
     const ct_comm_api *capi; /* NULL on one rank */
     ct_comm *comm;
-    /* the strategies by session_strategy_slots: the plugin loaded for slot i (NULL: none), its API and
-     * its instance (NULL where it is not created: a mesh axis of degree 1) */
+    /* the strategies in the order they are applied (engine/strategies.h): item i's plugin, its API and
+     * its instance (NULL where it is not created: a mesh axis of degree 1, or no run) */
+    strategy_list strategies;
     plugin *strategyp[SESSION_MAX_STRATEGIES];
     const ct_strategy_api *strategy_api[SESSION_MAX_STRATEGIES];
     ct_strategy *strategy[SESSION_MAX_STRATEGIES];
@@ -121,11 +109,6 @@ ct_status session_post_step(session *s);
 /* The planner's session: plugins, model and (with_instances) optimizer and quantizer without a
  * device; see session.c. */
 ct_status session_open_plan(session *s, manifest *mf, int with_instances);
-/* The plugin slot i of session_strategy_slots names for a job of `world` ranks, leniently read
- * (validation comes after). The data-parallel slot: parallelism.dp_strategy, or by the degrees as
- * torchtitan picks (NULL: none). An axis's slot always names one (its options are validated even
- * where its degree is 1). */
-const char *session_strategy_for(const manifest *mf, int i, int world);
 /* The data-parallel strategy's plugin of s (NULL: none). */
 const plugin *session_dp_strategy(const session *s);
 /* Loads a plugin by name as a run does (its options join the manifest's schema). */

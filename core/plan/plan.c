@@ -123,18 +123,20 @@ static void plan_doc_len(plan_ctx *c, const session *run) {
 
 static plugin *strategy_plugin(plan_ctx *c, const char *key, const char *name);
 
-/* The search knobs of the strategies the manifest names for the mesh axes and of the dense quantizer
+/* The search knobs of the strategies the manifest lists for the mesh axes and of the dense quantizer
  * (loaded here, not created, when the manifest does not turn it on: the search may). A plugin that
  * does not load declares none here (its layouts fail where they would in a run). */
 static void plan_knobs_collect(plan_ctx *c) {
     c->quant_asked = c->s.quantp != NULL;
     c->quant_sig[0] = 0;
-    for (int k = 0; k < session_n_strategy_slots; k++) {
-        const session_strategy_slot *slot = &session_strategy_slots[k];
-        const char *name = slot->axis >= 0 ? session_strategy_for(c->mf, k, 1) : NULL;
-        plugin *p = name ? strategy_plugin(c, slot->key, name) : NULL;
-        if (p) plan_knobs_add(&c->knobs, p, "parallelism", slot->axis, 0, NULL);
-    }
+    strategy_list list; /* the mesh axes' strategies (the data-parallel one declares no knob here) */
+    if (strategy_list_read(c->mf, 1, 0, &list) == CT_OK)
+        for (int k = 0; k < list.n; k++) {
+            strategy_item *it = &list.item[k];
+            plugin *p = strategy_plugin(c, it->key, it->name);
+            if (p && strategy_resolve(c->mf, it, p->info.api, p->info.name) == CT_OK && it->serves == CT_SERVES_AXIS)
+                plan_knobs_add(&c->knobs, p, "parallelism", it->axis, 0, NULL);
+        }
     char enable_key[200];
     if (session_load_quantizer(&c->s, enable_key, sizeof enable_key) == CT_OK)
         plan_knobs_add(&c->knobs, c->s.quantp, c->s.quant_section, -1, 1, enable_key);
@@ -323,7 +325,7 @@ typedef struct plan_run {
     const char *names[SESSION_MAX_STRATEGIES];
     plugin *plug[SESSION_MAX_STRATEGIES];
     int op_level[SESSION_MAX_STRATEGIES]; /* an axis strategy (tp, cp): its buffers are op-level ones */
-    int axis[SESSION_MAX_STRATEGIES];     /* its mesh axis (session_strategy_slots), -1: the data-parallel one */
+    int axis[SESSION_MAX_STRATEGIES];     /* its mesh axis (engine/strategies.h), -1: the data-parallel one */
     int n;
     runtime rt;
     int rt_ready;
@@ -400,12 +402,22 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     env.fp8_all_gather = l->quant && session_quant_gathers(c->s.qapi, c->s.quant);
     r->env = env;
     runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL, {0}};
-    for (int k = 0; k < session_n_strategy_slots; k++) { /* as a run makes them (engine/session.h) */
-        const session_strategy_slot *slot = &session_strategy_slots[k];
-        const char *name = session_strategy_for(c->mf, k, r->mesh.world_size);
-        if (!name || (slot->axis >= 0 && mesh_shard_degree(&r->mesh, slot->axis) <= 1)) continue;
-        plugin *p = strategy_plugin(c, slot->key, name);
-        if (!p) return ct_fail(CT_ERR_INVALID, "strategy %s cannot be loaded", name);
+    strategy_list list; /* as a run makes them (engine/strategies.h) */
+    plugin *loaded[SESSION_MAX_STRATEGIES];
+    if (strategy_list_read(c->mf, r->mesh.world_size, 1, &list) != CT_OK) return CT_ERR_INVALID;
+    for (int k = 0; k < list.n; k++) {
+        strategy_item *it = &list.item[k];
+        plugin *p = loaded[k] = strategy_plugin(c, it->key, it->name);
+        if (!p) return ct_fail(CT_ERR_INVALID, "strategy %s cannot be loaded", it->name);
+        if (strategy_resolve(c->mf, it, p->info.api, p->info.name) != CT_OK) return CT_ERR_INVALID;
+    }
+    if (strategy_list_check(c->mf, &list) != CT_OK || strategy_list_cover(c->mf, &list, &r->mesh) != CT_OK)
+        return CT_ERR_INVALID;
+    for (int k = 0; k < list.n; k++) {
+        const strategy_item *it = &list.item[k];
+        if (!strategy_on_mesh(it, &r->mesh)) continue;
+        plugin *p = loaded[k];
+        const char *name = it->name;
         const ct_strategy_api *a = p->info.api;
         if (!CT_HAS_FIELD(a, ct_strategy_api, report) || !a->report) { /* it never promised to plan */
             note_add(r->note, sizeof r->note,
@@ -419,10 +431,10 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
         r->api[r->n] = a;
         r->inst[r->n] = inst;
         r->names[r->n] = p->info.name;
-        r->op_level[r->n] = slot->axis >= 0;
-        r->axis[r->n] = slot->axis;
+        r->op_level[r->n] = it->serves == CT_SERVES_AXIS;
+        r->axis[r->n] = it->axis;
         r->plug[r->n++] = p;
-        dist.axis[dist.n_st] = slot->axis;
+        dist.axis[dist.n_st] = it->axis;
         dist.st[dist.n_st] = a;
         dist.strat[dist.n_st++] = inst;
     }

@@ -1024,9 +1024,13 @@ static void train_help_print(void) {
     manifest_free(m0);
     /* the parallelism keys of the strategies a manifest that names none gets on two ranks (each axis's
      * default, and the data-parallel one the degrees pick), loaded by name as a run does */
-    for (int i = 0; i < session_n_strategy_slots; i++) {
+    strategy_list l;
+    manifest *m0l = manifest_new();
+    if (!m0l || strategy_list_read(m0l, 2, 1, &l) != CT_OK) l.n = 0;
+    manifest_free(m0l);
+    for (int i = 0; i < l.n; i++) {
         manifest *m1 = manifest_new();
-        const char *name = m1 ? session_strategy_for(m1, i, 2) : NULL;
+        const char *name = m1 ? l.item[i].name : NULL;
         plugin *p = name ? plugin_load(name, CT_KIND_STRATEGY, "parallelism", m1) : NULL;
         if (p && p->info.options && p->info.options->key) {
             printf("\nkeys of the %s strategy (%s):\n", p->info.name, p->info.description ? p->info.description : "");

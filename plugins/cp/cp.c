@@ -257,6 +257,8 @@ static const ct_strategy_api api = {
     .wrap_builder = cp_wrap_builder,
     .sequence_multiple = cp_sequence_multiple,
     .report = cp_report,
+    .serves = CT_SERVES_AXIS,
+    .axis = CT_AXIS_CP,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

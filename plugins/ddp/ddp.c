@@ -122,6 +122,8 @@ static const ct_strategy_api api = {
     .post_backward = ddp_post_backward,
     .finish_backward = ddp_finish_backward,
     .report = ddp_report,
+    .serves = CT_SERVES_DATA_PARALLEL,
+    .axis = -1,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

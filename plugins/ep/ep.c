@@ -309,6 +309,8 @@ static const ct_strategy_api api = {
     .finish_backward = ep_finish_backward,
     .wrap_builder = ep_wrap_builder,
     .report = ep_report,
+    .serves = CT_SERVES_AXIS,
+    .axis = CT_AXIS_EP,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

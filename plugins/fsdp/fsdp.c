@@ -893,6 +893,8 @@ static const ct_strategy_api api = {
     .finish_backward = fsdp_finish_backward,
     .post_step = fsdp_post_step,
     .report = fsdp_report,
+    .serves = CT_SERVES_DATA_PARALLEL,
+    .axis = -1,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

@@ -301,6 +301,8 @@ static const ct_strategy_api api = {
     .wrap_builder = tp_wrap_builder,
     .sequence_multiple = tp_sequence_multiple,
     .report = tp_report,
+    .serves = CT_SERVES_AXIS,
+    .axis = CT_AXIS_TP,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {

@@ -6,13 +6,14 @@
  * splits parameters and wraps the builder's ops with the collectives its plan implies (an
  * operation-level strategy: wrap_builder). The model never knows.
  *
- * Which strategies run: the ones serving the tp and cp mesh axes (parallelism.tp_strategy, created
- * when tensor_parallel_degree > 1; ABI 2.3: parallelism.cp_strategy, created when
- * context_parallel_degree > 1) and the data-parallel one (parallelism.dp_strategy). The host calls
- * the axis strategies' place() first (tp, then cp), then the data-parallel one's on the blocks they
- * left; every hook runs in that order, finish_backward in the reverse one. Builders wrap in that
- * order too: the pack calls the outermost (the last strategy's), whose ops call the next one's, down
- * to the host's. A cp rank's gradients are partial sums over its tokens: a data-parallel strategy
+ * Which strategies run, in which order: the list parallelism.strategies (ABI 2.22), by default
+ * torchtitan's order: the ones serving the tp, cp and ep axes (parallelism.tp_strategy, created when
+ * tensor_parallel_degree > 1; ABI 2.3: parallelism.cp_strategy, created when context_parallel_degree
+ * > 1; ABI 2.17: parallelism.ep_strategy) and then the data-parallel one (parallelism.dp_strategy).
+ * Each says what it serves (`serves`, ABI 2.22). The host calls the axis strategies' place() first,
+ * in the list's order, then the data-parallel one's on the blocks they left (it comes last); every
+ * hook runs in that order, finish_backward in the reverse one. Builders wrap in that order too: the
+ * pack calls the outermost (the last strategy's), whose ops call the next one's, down to the host's. A cp rank's gradients are partial sums over its tokens: a data-parallel strategy
  * that shards over CT_AXIS_DP_SHARD_CP sums them in its reduce-scatter; the cp strategy sums over
  * cp the gradients of every other slot in its finish_backward.
  *
@@ -252,6 +253,22 @@ typedef struct ct_strategy_api {
      * it issues per step with `n_microbatches` microbatches per step. A strategy that sets report
      * must accept env.planning; the host makes planning instances only of those. */
     ct_status (*report)(ct_strategy *s, int n_microbatches, ct_strategy_report *out);
+    /* ---- ABI 2.22 ---- */
+    /* What the strategy serves, which tells the host when to create it and where the ordered list
+     * parallelism.strategies may put it: CT_SERVES_AXIS, the mesh axis `axis` (CT_AXIS_TP, CT_AXIS_CP,
+     * CT_AXIS_EP, CT_AXIS_DP_REPLICATE or CT_AXIS_DP_SHARD; created where that axis's degree is > 1), or
+     * CT_SERVES_DATA_PARALLEL, the data-parallel group (`axis` unused; created where it is named, after
+     * every axis's strategy in the list). CT_SERVES_UNSAID (0, and every plugin built before 2.22): the
+     * host takes it from the key that named the plugin (parallelism.tp_strategy: the tp axis, ...,
+     * parallelism.dp_strategy: data parallel) and refuses the plugin as an item of parallelism.strategies
+     * under any other name. */
+    int serves;
+    int axis;
 } ct_strategy_api;
+
+/* ABI 2.22: ct_strategy_api.serves. */
+#define CT_SERVES_UNSAID 0
+#define CT_SERVES_AXIS 1
+#define CT_SERVES_DATA_PARALLEL 2
 
 #endif
