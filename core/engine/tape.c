@@ -679,8 +679,8 @@ static ct_tensor *op_embedding(ct_builder *b, const ct_tensor *idst, ct_tensor *
     if (rt->trace_ops == 1 &&
         rt->observer->op(rt, RT_OP_EMBEDDING, numel(ids), table->t.shape[1], table->t.shape[0], 0, 0, 0) != CT_OK)
         return NULL;
-    if (dev_check(DEV(rt)->embedding_forward(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
-                                             table->t.shape[1], table->t.shape[0]),
+    if (dev_check(DEV(rt)->embedding_forward_general(rt->dev, y->t.data, ids->t.data, table->t.data, numel(ids),
+                                                     table->t.shape[1], 0, table->t.shape[0], 1),
                   "embedding_forward") != CT_OK)
         return NULL;
     if (record(rt, OP_EMBEDDING, y, ids, table, NULL, NULL, NULL, 0) != CT_OK) return NULL;
@@ -755,12 +755,8 @@ static ct_status rope_doc_rows_run(runtime *rt, const rt_tensor *docs, float *ou
     ct_status st = CT_OK;
     for (int64_t bi = 0; bi < B && st == CT_OK; bi++) {
         const int32_t *p = pos + bi * T;
-        if (table)
-            st = back ? d->rope_freqs_backward(rt->dev, out + bi * row, in + bi * row, p, table, 1, T, H, D)
-                      : d->rope_freqs_forward(rt->dev, out + bi * row, in + bi * row, p, table, 1, T, H, D);
-        else
-            st = back ? d->rope_backward_pos(rt->dev, out + bi * row, in + bi * row, p, 1, T, H, D, theta)
-                      : d->rope_forward_pos(rt->dev, out + bi * row, in + bi * row, p, 1, T, H, D, theta);
+        st = back ? d->rope_backward_general(rt->dev, out + bi * row, in + bi * row, p, table, theta, 1, T, H, D)
+                  : d->rope_forward_general(rt->dev, out + bi * row, in + bi * row, p, table, theta, 1, T, H, D);
     }
     return dev_check(st, back ? "rope backward at document positions" : "rope at document positions");
 }
@@ -780,8 +776,9 @@ static ct_tensor *op_rope(ct_builder *b, ct_tensor *xt, float theta) {
         return NULL;
     if (docs) {
         if (rope_doc_rows_run(rt, docs, y->t.data, x->t.data, NULL, theta, x->t.shape, 0) != CT_OK) return NULL;
-    } else if (dev_check(DEV(rt)->rope_forward(rt->dev, y->t.data, x->t.data, x->t.shape[0], x->t.shape[1],
-                                               x->t.shape[2], x->t.shape[3], theta), "rope_forward") != CT_OK)
+    } else if (dev_check(DEV(rt)->rope_forward_general(rt->dev, y->t.data, x->t.data, NULL, NULL, theta, x->t.shape[0],
+                                                       x->t.shape[1], x->t.shape[2], x->t.shape[3]),
+                         "rope_forward") != CT_OK)
         return NULL;
     if (record(rt, OP_ROPE, y, x, NULL, NULL, NULL, docs, theta) != CT_OK) return NULL;
     return &y->t;
@@ -845,9 +842,9 @@ static ct_tensor *op_rope_freqs(ct_builder *b, ct_tensor *xt, const float *inv_f
         ct_set_error("rope_freqs: expects x of shape (B, T, H, D) with D even and a table of D/2 frequencies");
         return NULL;
     }
-    if (!CT_HAS_FIELD(d, ct_device_api, rope_freqs_backward) || !d->rope_freqs_forward || !d->rope_freqs_backward) {
-        ct_set_error("rope_freqs: the device lacks rope_freqs_forward/rope_freqs_backward (ABI 2.4), which scaled "
-                     "RoPE needs");
+    if (!CT_HAS_FIELD(d, ct_device_api, rope_backward_general) || !d->rope_forward_general || !d->rope_backward_general) {
+        ct_set_error("rope_freqs: the device lacks rope_forward_general/rope_backward_general (ABI 2.23), which "
+                     "scaled RoPE needs");
         return NULL;
     }
     int64_t half = x->t.shape[3] / 2;
@@ -866,8 +863,9 @@ static ct_tensor *op_rope_freqs(ct_builder *b, ct_tensor *xt, const float *inv_f
         return NULL;
     if (docs) {
         if (rope_doc_rows_run(rt, docs, y->t.data, x->t.data, table->t.data, 0, x->t.shape, 0) != CT_OK) return NULL;
-    } else if (dev_check(d->rope_freqs_forward(rt->dev, y->t.data, x->t.data, NULL, table->t.data, x->t.shape[0],
-                                               x->t.shape[1], x->t.shape[2], x->t.shape[3]), "rope_freqs_forward") != CT_OK)
+    } else if (dev_check(d->rope_forward_general(rt->dev, y->t.data, x->t.data, NULL, table->t.data, 0, x->t.shape[0],
+                                                 x->t.shape[1], x->t.shape[2], x->t.shape[3]),
+                         "rope_freqs_forward") != CT_OK)
         return NULL;
     if (record(rt, OP_ROPE, y, x, NULL, NULL, table, docs, 0) != CT_OK) return NULL;
     return &y->t;
@@ -1390,10 +1388,9 @@ static ct_status linear_xent_bwd(runtime *rt, tape_entry *e, const float *dy, in
         st = dev_check(d->matmul(rt->dev, logits, xr, w->t.data, nr, v, k, 0, 1, 1.0f, 0.0f), "matmul");
         if (st == CT_OK) st = dev_check(d->zero(rt->dev, dl, sizeof(float) * (size_t)(nr * v)), "zero");
         if (st == CT_OK)
-            st = on_dev ? dev_check(d->cross_entropy_backward_dev(rt->dev, dl, logits, tr, dy, nr, v, CT_IGNORE_INDEX),
-                                    "cross_entropy_backward_dev")
-                        : dev_check(d->cross_entropy_backward(rt->dev, dl, logits, tr, dloss, nr, v, CT_IGNORE_INDEX),
-                                    "cross_entropy_backward");
+            st = dev_check(d->cross_entropy_backward_general(rt->dev, dl, logits, tr, NULL, dloss, on_dev ? dy : NULL,
+                                                             nr, v, 0, CT_IGNORE_INDEX),
+                           "cross_entropy_backward");
         if (st == CT_OK && gx)
             st = dev_check(d->matmul(rt->dev, gx + r0 * k, dl, w->t.data, nr, k, v, 0, 0, 1.0f, 1.0f), "matmul");
         if (st == CT_OK && gw) st = dev_check(d->matmul(rt->dev, gw, dl, xr, v, k, nr, 1, 0, 1.0f, 1.0f), "matmul");
@@ -1402,8 +1399,9 @@ static ct_status linear_xent_bwd(runtime *rt, tape_entry *e, const float *dy, in
     return st;
 }
 
-/* The loss's gradient dloss: on the device where it reads it there (ABI 1.5), else read to the
- * host once by xent_host_dloss and passed by value. */
+/* The loss's gradient dloss: on the device where it reads it there (ABI 1.5; the checking layer sets
+ * cross_entropy_backward_dev exactly when cross_entropy_backward_general takes dloss_dev), else read to
+ * the host once by xent_host_dloss and passed by value. */
 static int xent_dloss_on_device(const ct_device_api *d) {
     return CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_dev) && d->cross_entropy_backward_dev;
 }
@@ -1418,10 +1416,9 @@ static ct_status xent_host_dloss(runtime *rt, const float *dy, float *dloss) {
 static ct_status xent_grad_rows(runtime *rt, float *dx, const float *logits, const int32_t *targets, const float *dy,
                                 float dloss, int64_t n, int64_t v) {
     const ct_device_api *d = DEV(rt);
-    if (xent_dloss_on_device(d))
-        return dev_check(d->cross_entropy_backward_dev(rt->dev, dx, logits, targets, dy, n, v, CT_IGNORE_INDEX),
-                         "cross_entropy_backward_dev");
-    return dev_check(d->cross_entropy_backward(rt->dev, dx, logits, targets, dloss, n, v, CT_IGNORE_INDEX),
+    const float *dloss_dev = xent_dloss_on_device(d) ? dy : NULL;
+    return dev_check(d->cross_entropy_backward_general(rt->dev, dx, logits, targets, NULL, dloss, dloss_dev, n, v, 0,
+                                                       CT_IGNORE_INDEX),
                      "cross_entropy_backward");
 }
 
@@ -1492,18 +1489,16 @@ static ct_status pointwise_bwd(runtime *rt, tape_entry *e, const float *dy, int 
     case OP_EMBEDDING:
         if (!wt) return CT_OK;
         if ((st = grads_of(rt, w, &gw, NULL, NULL, NULL, NULL)) != CT_OK) return st;
-        st = d->embedding_backward(rt->dev, gw, x->t.data, dy, numel(x), w->t.shape[1], w->t.shape[0]);
+        st = d->embedding_backward_general(rt->dev, gw, x->t.data, dy, numel(x), w->t.shape[1], 0, w->t.shape[0], 1);
         break;
     case OP_ROPE:
         if (!in) return CT_OK;
         if ((st = grads_of(rt, x, &gx, NULL, NULL, NULL, NULL)) != CT_OK) return st;
         if (e->aux[1]) /* model.rope_positions: document */
             return rope_doc_rows_run(rt, e->aux[1], gx, dy, e->aux[0] ? e->aux[0]->t.data : NULL, e->f, x->t.shape, 1);
-        if (e->aux[0]) /* rope_freqs: the table it copied */
-            st = d->rope_freqs_backward(rt->dev, gx, dy, NULL, e->aux[0]->t.data, x->t.shape[0], x->t.shape[1],
-                                        x->t.shape[2], x->t.shape[3]);
-        else
-            st = d->rope_backward(rt->dev, gx, dy, x->t.shape[0], x->t.shape[1], x->t.shape[2], x->t.shape[3], e->f);
+        /* rope_freqs: the table it copied; rope: theta */
+        st = d->rope_backward_general(rt->dev, gx, dy, NULL, e->aux[0] ? e->aux[0]->t.data : NULL, e->f, x->t.shape[0],
+                                      x->t.shape[1], x->t.shape[2], x->t.shape[3]);
         break;
     case OP_SWIGLU:
         if (!in) return CT_OK;

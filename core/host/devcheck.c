@@ -15,6 +15,8 @@
 static const ct_device_api *real;
 static const ct_host *host;
 static ct_device_api wrapped;
+/* whether the plugin has each 2.23 general op itself (else the host derives it from the narrow ones) */
+static int own_embedding, own_rope, own_xent;
 /* a graph capture in progress (graph_begin succeeded, graph_end not called yet), and the first
  * refusal during it */
 static int capturing;
@@ -272,18 +274,41 @@ static ct_status embedding_args(const char *op, const int32_t *ids, int64_t n, i
     return CT_OK;
 }
 
+/* An op a plugin built for an older minor does not have, asked for through a general op. */
+static ct_status lacks(const char *op, const char *narrow) {
+    if (host && host->set_error) host->set_error(host, "%s: the device has neither this op nor %s", op, narrow);
+    if (capturing && capture_failed == CT_OK) capture_failed = CT_ERR_UNSUPPORTED;
+    return CT_ERR_UNSUPPORTED;
+}
+
+/* The embedding family, checked: the plugin's general op, or for an older plugin the narrow op of the case. */
+static ct_status embedding_any(ct_device *dev, int backward, float *dst, const int32_t *ids, const float *src,
+                               int64_t n, int64_t c, int64_t begin, int64_t nrows, int strict) {
+    if (own_embedding)
+        return backward ? real->embedding_backward_general(dev, dst, ids, src, n, c, begin, nrows, strict)
+                        : real->embedding_forward_general(dev, dst, ids, src, n, c, begin, nrows, strict);
+    if (strict)
+        return backward ? real->embedding_backward(dev, dst, ids, src, n, c, nrows)
+                        : real->embedding_forward(dev, dst, ids, src, n, c, nrows);
+    if (backward)
+        return real->embedding_backward_range ? real->embedding_backward_range(dev, dst, ids, src, n, c, begin, nrows)
+                                              : lacks("embedding_backward_general", "embedding_backward_range");
+    return real->embedding_forward_range ? real->embedding_forward_range(dev, dst, ids, src, n, c, begin, nrows)
+                                         : lacks("embedding_forward_general", "embedding_forward_range");
+}
+
 static ct_status w_embedding_forward(ct_device *dev, float *out, const int32_t *ids, const float *table, int64_t n,
                                      int64_t c, int64_t vocab) {
     if (!dev) return CT_ERR_INVALID;
     CHECK(embedding_args("embedding_forward", ids, n, c, vocab));
-    return real->embedding_forward(dev, out, ids, table, n, c, vocab);
+    return embedding_any(dev, 0, out, ids, table, n, c, 0, vocab, 1);
 }
 
 static ct_status w_embedding_backward(ct_device *dev, float *dtable, const int32_t *ids, const float *dout, int64_t n,
                                       int64_t c, int64_t vocab) {
     if (!dev) return CT_ERR_INVALID;
     CHECK(embedding_args("embedding_backward", ids, n, c, vocab));
-    return real->embedding_backward(dev, dtable, ids, dout, n, c, vocab);
+    return embedding_any(dev, 1, dtable, ids, dout, n, c, 0, vocab, 1);
 }
 
 static ct_status range_shape(const char *op, int64_t n, int64_t c, int64_t begin, int64_t nrows) {
@@ -298,7 +323,7 @@ static ct_status w_embedding_forward_range(ct_device *dev, float *out, const int
     if (!dev) return CT_ERR_INVALID;
     CHECK(range_shape(op, n, c, begin, nrows));
     if (n > 0 && c > 0 && !(out && ids && (nrows == 0 || table))) return fail(op, "null pointer");
-    return real->embedding_forward_range(dev, out, ids, table, n, c, begin, nrows);
+    return embedding_any(dev, 0, out, ids, table, n, c, begin, nrows, 0);
 }
 
 static ct_status w_embedding_backward_range(ct_device *dev, float *dtable, const int32_t *ids, const float *dout,
@@ -307,7 +332,37 @@ static ct_status w_embedding_backward_range(ct_device *dev, float *dtable, const
     if (!dev) return CT_ERR_INVALID;
     CHECK(range_shape(op, n, c, begin, nrows));
     if (n > 0 && c > 0 && nrows > 0 && (!dtable || !ids || !dout)) return fail(op, "null pointer");
-    return real->embedding_backward_range(dev, dtable, ids, dout, n, c, begin, nrows);
+    return embedding_any(dev, 1, dtable, ids, dout, n, c, begin, nrows, 0);
+}
+
+/* The general op checks as the narrow op of its case: strict as embedding_forward (the plugin checks
+ * the ids and its pointers), a range as embedding_forward_range. */
+static ct_status embedding_general_args(const char *op, int backward, const void *dst, const int32_t *ids,
+                                        const void *src, int64_t n, int64_t c, int64_t begin, int64_t nrows,
+                                        int strict) {
+    if (strict != 0 && strict != 1) return fail(op, "strict %d, expected 0 or 1", strict);
+    if (strict) {
+        if (begin != 0) return fail(op, "begin %lld with strict, expected 0 (the whole table)", (long long)begin);
+        return embedding_args(op, ids, n, c, nrows);
+    }
+    CHECK(range_shape(op, n, c, begin, nrows));
+    if (n > 0 && c > 0 && (backward ? nrows > 0 && !(dst && ids && src) : !(dst && ids && (nrows == 0 || src))))
+        return fail(op, "null pointer");
+    return CT_OK;
+}
+
+static ct_status w_embedding_forward_general(ct_device *dev, float *out, const int32_t *ids, const float *table,
+                                             int64_t n, int64_t c, int64_t begin, int64_t nrows, int strict) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(embedding_general_args("embedding_forward_general", 0, out, ids, table, n, c, begin, nrows, strict));
+    return embedding_any(dev, 0, out, ids, table, n, c, begin, nrows, strict);
+}
+
+static ct_status w_embedding_backward_general(ct_device *dev, float *dtable, const int32_t *ids, const float *dout,
+                                              int64_t n, int64_t c, int64_t begin, int64_t nrows, int strict) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(embedding_general_args("embedding_backward_general", 1, dtable, ids, dout, n, c, begin, nrows, strict));
+    return embedding_any(dev, 1, dtable, ids, dout, n, c, begin, nrows, strict);
 }
 
 /* ---- norms and bias ---- */
@@ -385,32 +440,54 @@ static ct_status w_bias_backward(ct_device *dev, float *dbias, const float *dout
 
 /* ---- position and attention ---- */
 
+/* The RoPE family, checked: the plugin's general op, or for an older plugin the narrow op of the case
+ * (a table: rope_freqs_*; positions: rope_*_pos; neither: rope_forward/backward). */
+static ct_status rope_any(ct_device *dev, int backward, float *out, const float *x, const int32_t *pos,
+                          const float *inv, float theta, int64_t b, int64_t t, int64_t h, int64_t hd) {
+    const char *op = backward ? "rope_backward_general" : "rope_forward_general";
+    if (own_rope)
+        return backward ? real->rope_backward_general(dev, out, x, pos, inv, theta, b, t, h, hd)
+                        : real->rope_forward_general(dev, out, x, pos, inv, theta, b, t, h, hd);
+    if (inv) {
+        ct_status (*f)(ct_device *, float *, const float *, const int32_t *, const float *, int64_t, int64_t, int64_t,
+                       int64_t) = backward ? real->rope_freqs_backward : real->rope_freqs_forward;
+        return f ? f(dev, out, x, pos, inv, b, t, h, hd) : lacks(op, "rope_freqs_forward/rope_freqs_backward");
+    }
+    if (pos) {
+        ct_status (*f)(ct_device *, float *, const float *, const int32_t *, int64_t, int64_t, int64_t, int64_t,
+                       float) = backward ? real->rope_backward_pos : real->rope_forward_pos;
+        return f ? f(dev, out, x, pos, b, t, h, hd, theta) : lacks(op, "rope_forward_pos/rope_backward_pos");
+    }
+    return backward ? real->rope_backward(dev, out, x, b, t, h, hd, theta)
+                    : real->rope_forward(dev, out, x, b, t, h, hd, theta);
+}
+
 static ct_status w_rope_forward(ct_device *dev, float *out, const float *x, int64_t b, int64_t t, int64_t h,
                                 int64_t hd, float theta) {
     if (!dev) return CT_ERR_INVALID;
     CHECK(rope_theta("rope_forward", out, x, 1, b, t, h, hd, theta));
-    return real->rope_forward(dev, out, x, b, t, h, hd, theta);
+    return rope_any(dev, 0, out, x, NULL, NULL, theta, b, t, h, hd);
 }
 
 static ct_status w_rope_backward(ct_device *dev, float *dx, const float *dout, int64_t b, int64_t t, int64_t h,
                                  int64_t hd, float theta) {
     if (!dev) return CT_ERR_INVALID;
     CHECK(rope_theta("rope_backward", dx, dout, 1, b, t, h, hd, theta));
-    return real->rope_backward(dev, dx, dout, b, t, h, hd, theta);
+    return rope_any(dev, 1, dx, dout, NULL, NULL, theta, b, t, h, hd);
 }
 
 static ct_status w_rope_forward_pos(ct_device *dev, float *out, const float *x, const int32_t *pos, int64_t b,
                                     int64_t t, int64_t h, int64_t hd, float theta) {
     if (!dev) return CT_ERR_INVALID;
     CHECK(rope_theta("rope_forward_pos", out, x, pos != NULL, b, t, h, hd, theta));
-    return real->rope_forward_pos(dev, out, x, pos, b, t, h, hd, theta);
+    return rope_any(dev, 0, out, x, pos, NULL, theta, b, t, h, hd);
 }
 
 static ct_status w_rope_backward_pos(ct_device *dev, float *dx, const float *dout, const int32_t *pos, int64_t b,
                                      int64_t t, int64_t h, int64_t hd, float theta) {
     if (!dev) return CT_ERR_INVALID;
     CHECK(rope_theta("rope_backward_pos", dx, dout, pos != NULL, b, t, h, hd, theta));
-    return real->rope_backward_pos(dev, dx, dout, pos, b, t, h, hd, theta);
+    return rope_any(dev, 1, dx, dout, pos, NULL, theta, b, t, h, hd);
 }
 
 /* rope_freqs_*: the frequency table instead of theta; pos may be NULL (rows 0..t-1). */
@@ -425,14 +502,37 @@ static ct_status w_rope_freqs_forward(ct_device *dev, float *out, const float *x
                                       const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t hd) {
     if (!dev) return CT_ERR_INVALID;
     CHECK(rope_freqs_args("rope_freqs_forward", out, x, inv_freq, b, t, h, hd));
-    return real->rope_freqs_forward(dev, out, x, pos, inv_freq, b, t, h, hd);
+    return rope_any(dev, 0, out, x, pos, inv_freq, 1.0f, b, t, h, hd);
 }
 
 static ct_status w_rope_freqs_backward(ct_device *dev, float *dx, const float *dout, const int32_t *pos,
                                        const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t hd) {
     if (!dev) return CT_ERR_INVALID;
     CHECK(rope_freqs_args("rope_freqs_backward", dx, dout, inv_freq, b, t, h, hd));
-    return real->rope_freqs_backward(dev, dx, dout, pos, inv_freq, b, t, h, hd);
+    return rope_any(dev, 1, dx, dout, pos, inv_freq, 1.0f, b, t, h, hd);
+}
+
+/* The general op: as rope_freqs_* with a table, as rope_* (theta > 0) without. */
+static ct_status rope_general_args(const char *op, const void *out, const void *x, const float *inv, float theta,
+                                   int64_t b, int64_t t, int64_t h, int64_t hd) {
+    if (inv) return rope_freqs_args(op, out, x, inv, b, t, h, hd);
+    return rope_theta(op, out, x, 1, b, t, h, hd, theta);
+}
+
+static ct_status w_rope_forward_general(ct_device *dev, float *out, const float *x, const int32_t *pos,
+                                        const float *inv_freq, float theta, int64_t b, int64_t t, int64_t h,
+                                        int64_t hd) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rope_general_args("rope_forward_general", out, x, inv_freq, theta, b, t, h, hd));
+    return rope_any(dev, 0, out, x, pos, inv_freq, theta, b, t, h, hd);
+}
+
+static ct_status w_rope_backward_general(ct_device *dev, float *dx, const float *dout, const int32_t *pos,
+                                         const float *inv_freq, float theta, int64_t b, int64_t t, int64_t h,
+                                         int64_t hd) {
+    if (!dev) return CT_ERR_INVALID;
+    CHECK(rope_general_args("rope_backward_general", dx, dout, inv_freq, theta, b, t, h, hd));
+    return rope_any(dev, 1, dx, dout, pos, inv_freq, theta, b, t, h, hd);
 }
 
 static ct_status w_attention_forward(ct_device *dev, float *out, float *lse, const float *q, const float *k,
@@ -555,11 +655,32 @@ static ct_status w_cross_entropy_forward(ct_device *dev, float *losses, const fl
     return real->cross_entropy_forward(dev, losses, logits, targets, n, v, ignore_index);
 }
 
+/* The cross-entropy backward family, checked: the plugin's general op, or for an older plugin the narrow
+ * op of the case (an lse: _lse, which takes dloss by value only; dloss on the device: _dev). */
+static ct_status xent_any(ct_device *dev, float *dlogits, const float *logits, const int32_t *targets, const float *lse,
+                          float dloss, const float *dloss_dev, int64_t n, int64_t v, int64_t begin,
+                          int32_t ignore_index) {
+    const char *op = "cross_entropy_backward_general";
+    if (own_xent)
+        return real->cross_entropy_backward_general(dev, dlogits, logits, targets, lse, dloss, dloss_dev, n, v, begin,
+                                                    ignore_index);
+    if (lse) {
+        if (dloss_dev || !real->cross_entropy_backward_lse)
+            return lacks(op, dloss_dev ? "a shard's backward with dloss in device memory" : "cross_entropy_backward_lse");
+        return real->cross_entropy_backward_lse(dev, dlogits, logits, targets, lse, dloss, n, v, begin, ignore_index);
+    }
+    if (dloss_dev)
+        return real->cross_entropy_backward_dev
+                   ? real->cross_entropy_backward_dev(dev, dlogits, logits, targets, dloss_dev, n, v, ignore_index)
+                   : lacks(op, "cross_entropy_backward_dev");
+    return real->cross_entropy_backward(dev, dlogits, logits, targets, dloss, n, v, ignore_index);
+}
+
 static ct_status w_cross_entropy_backward(ct_device *dev, float *dlogits, const float *logits, const int32_t *targets,
                                           float dloss, int64_t n, int64_t v, int32_t ignore_index) {
     if (!dev) return CT_ERR_INVALID;
     CHECK(cross_entropy_shape("cross_entropy_backward", targets, n, v));
-    return real->cross_entropy_backward(dev, dlogits, logits, targets, dloss, n, v, ignore_index);
+    return xent_any(dev, dlogits, logits, targets, NULL, dloss, NULL, n, v, 0, ignore_index);
 }
 
 static ct_status w_cross_entropy_backward_dev(ct_device *dev, float *dlogits, const float *logits,
@@ -569,7 +690,7 @@ static ct_status w_cross_entropy_backward_dev(ct_device *dev, float *dlogits, co
     if (!dev) return CT_ERR_INVALID;
     if (!dloss) return fail(op, "null dloss");
     CHECK(cross_entropy_shape(op, targets, n, v));
-    return real->cross_entropy_backward_dev(dev, dlogits, logits, targets, dloss, n, v, ignore_index);
+    return xent_any(dev, dlogits, logits, targets, NULL, 0.0f, dloss, n, v, 0, ignore_index);
 }
 
 /* The shard ops: v >= 0 columns (an empty shard is valid), targets not checked (an id outside the
@@ -595,7 +716,24 @@ static ct_status w_cross_entropy_backward_lse(ct_device *dev, float *dlogits, co
     if (!dev) return CT_ERR_INVALID;
     CHECK(shard_shape(op, n, v, begin));
     if (n > 0 && v > 0 && (!dlogits || !logits || !targets || !lse)) return fail(op, "null pointer");
-    return real->cross_entropy_backward_lse(dev, dlogits, logits, targets, lse, dloss, n, v, begin, ignore_index);
+    return xent_any(dev, dlogits, logits, targets, lse, dloss, NULL, n, v, begin, ignore_index);
+}
+
+/* The general op checks as the narrow op of its case: whole rows (begin 0) or a shard. */
+static ct_status w_cross_entropy_backward_general(ct_device *dev, float *dlogits, const float *logits,
+                                                  const int32_t *targets, const float *lse, float dloss,
+                                                  const float *dloss_dev, int64_t n, int64_t v, int64_t begin,
+                                                  int32_t ignore_index) {
+    const char *op = "cross_entropy_backward_general";
+    if (!dev) return CT_ERR_INVALID;
+    if (lse) {
+        CHECK(shard_shape(op, n, v, begin));
+        if (n > 0 && v > 0 && (!dlogits || !logits || !targets)) return fail(op, "null pointer");
+    } else {
+        if (begin != 0) return fail(op, "begin %lld without lse, expected 0 (whole rows)", (long long)begin);
+        CHECK(cross_entropy_shape(op, targets, n, v));
+    }
+    return xent_any(dev, dlogits, logits, targets, lse, dloss, dloss_dev, n, v, begin, ignore_index);
 }
 
 /* ---- optimizer and precision ---- */
@@ -902,6 +1040,38 @@ static void moe_all_or_none(void) {
         if (wrapped.op) wrapped.op = w_##op;                                                                           \
     } while (0)
 
+/* The 2.23 families: the general op where the plugin has it or the narrow op of its base case (which
+ * every device has: embedding_forward/backward, rope_forward/backward, cross_entropy_backward); each
+ * narrow op where the plugin has it or its general op. Both reach the plugin through *_any. */
+#define OWN(op) (CT_HAS_FIELD(real, ct_device_api, op) && real->op)
+#define FILL(op, have)                                                                                                 \
+    do {                                                                                                               \
+        wrapped.op = (have) ? w_##op : NULL;                                                                           \
+    } while (0)
+static void general_and_narrow(void) {
+    own_embedding = OWN(embedding_forward_general) && OWN(embedding_backward_general);
+    own_rope = OWN(rope_forward_general) && OWN(rope_backward_general);
+    own_xent = OWN(cross_entropy_backward_general);
+    FILL(embedding_forward_general, own_embedding || real->embedding_forward);
+    FILL(embedding_backward_general, own_embedding || real->embedding_backward);
+    FILL(embedding_forward, own_embedding || real->embedding_forward);
+    FILL(embedding_backward, own_embedding || real->embedding_backward);
+    FILL(embedding_forward_range, own_embedding || OWN(embedding_forward_range));
+    FILL(embedding_backward_range, own_embedding || OWN(embedding_backward_range));
+    FILL(rope_forward_general, own_rope || real->rope_forward);
+    FILL(rope_backward_general, own_rope || real->rope_backward);
+    FILL(rope_forward, own_rope || real->rope_forward);
+    FILL(rope_backward, own_rope || real->rope_backward);
+    FILL(rope_forward_pos, own_rope || OWN(rope_forward_pos));
+    FILL(rope_backward_pos, own_rope || OWN(rope_backward_pos));
+    FILL(rope_freqs_forward, own_rope || OWN(rope_freqs_forward));
+    FILL(rope_freqs_backward, own_rope || OWN(rope_freqs_backward));
+    FILL(cross_entropy_backward_general, own_xent || real->cross_entropy_backward);
+    FILL(cross_entropy_backward, own_xent || real->cross_entropy_backward);
+    FILL(cross_entropy_backward_dev, own_xent || OWN(cross_entropy_backward_dev));
+    FILL(cross_entropy_backward_lse, own_xent || OWN(cross_entropy_backward_lse));
+}
+
 const ct_device_api *devcheck_wrap(const ct_device_api *r, const ct_host *h) {
     real = r;
     host = h;
@@ -924,10 +1094,7 @@ const ct_device_api *devcheck_wrap(const ct_device_api *r, const ct_host *h) {
     WRAP(sum_squares);
     WRAP(sum_to_device);
     WRAP(transpose);
-    WRAP(embedding_forward);
-    WRAP(embedding_backward);
-    WRAP(embedding_forward_range);
-    WRAP(embedding_backward_range);
+    general_and_narrow();
     WRAP(rmsnorm_forward);
     WRAP(rmsnorm_backward_input);
     WRAP(rmsnorm_backward_weight);
@@ -936,12 +1103,6 @@ const ct_device_api *devcheck_wrap(const ct_device_api *r, const ct_host *h) {
     WRAP(layernorm_backward_weight);
     WRAP(bias_forward);
     WRAP(bias_backward);
-    WRAP(rope_forward);
-    WRAP(rope_backward);
-    WRAP(rope_forward_pos);
-    WRAP(rope_backward_pos);
-    WRAP(rope_freqs_forward);
-    WRAP(rope_freqs_backward);
     WRAP(attention_forward);
     WRAP(attention_backward);
     WRAP(attention_block_forward);
@@ -954,10 +1115,7 @@ const ct_device_api *devcheck_wrap(const ct_device_api *r, const ct_host *h) {
     WRAP(gelu_forward);
     WRAP(gelu_backward);
     WRAP(cross_entropy_forward);
-    WRAP(cross_entropy_backward);
-    WRAP(cross_entropy_backward_dev);
     WRAP(cross_entropy_stats);
-    WRAP(cross_entropy_backward_lse);
     WRAP(adamw);
     WRAP(adamw_bf16_moments);
     WRAP(cast_f32_to_bf16);
@@ -986,5 +1144,6 @@ const ct_device_api *devcheck_wrap(const ct_device_api *r, const ct_host *h) {
     WRAP(moe_combine_forward);
     WRAP(moe_combine_backward);
     moe_all_or_none();
+    wrapped.struct_size = sizeof wrapped; /* the general ops are there whatever the plugin's minor */
     return &wrapped;
 }

@@ -19,8 +19,10 @@
 
 /* The checking table around `real`, reporting through `host` (the table the plugin was given).
  * One per process, as the host runs one device: a second call replaces the first. Optional ops
- * the plugin leaves NULL (or that its older table does not reach) stay NULL; struct_size is the
- * plugin's. */
+ * the plugin leaves NULL (or that its older table does not reach) stay NULL, save the 2.23 families:
+ * each general op is there when the plugin has it or the narrow op of its base case (derived from
+ * the narrow ops by case), and each narrow op when the plugin has it or the general op (derived
+ * from it); struct_size is today's, so callers may test for the general ops on any plugin. */
 const ct_device_api *devcheck_wrap(const ct_device_api *real, const ct_host *host);
 
 #endif

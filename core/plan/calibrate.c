@@ -277,8 +277,8 @@ static ct_status op_run(cal *c, bench *bn, int backward) {
         return d->attention_backward(dev, f[6], f[7], f[8], f[5], f[0], f[1], f[2], f[3], f[4], s[0], s[1], s[2], kv,
                                      s[3]);
     case RT_OP_EMBEDDING:
-        if (!backward) return d->embedding_forward(dev, f[2], p[0], f[1], s[0], s[1], s[2]);
-        return d->embedding_backward(dev, f[4], p[0], f[3], s[0], s[1], s[2]);
+        if (!backward) return d->embedding_forward_general(dev, f[2], p[0], f[1], s[0], s[1], 0, s[2], 1);
+        return d->embedding_backward_general(dev, f[4], p[0], f[3], s[0], s[1], 0, s[2], 1);
     case RT_OP_RMSNORM:
         if (!backward) return d->rmsnorm_forward(dev, f[2], f[3], f[0], f[1], s[0], s[1], 1e-5f);
         st = d->rmsnorm_backward_input(dev, f[5], f[4], f[0], f[1], f[3], s[0], s[1]);
@@ -288,8 +288,8 @@ static ct_status op_run(cal *c, bench *bn, int backward) {
         st = d->layernorm_backward_input(dev, f[7], f[6], f[0], f[1], f[4], f[5], s[0], s[1]);
         return st ? st : d->layernorm_backward_weight(dev, f[8], f[9], f[6], f[0], f[4], f[5], s[0], s[1]);
     case RT_OP_ROPE:
-        if (!backward) return d->rope_forward(dev, f[1], f[0], s[0], s[1], s[2], s[3], 10000.0f);
-        return d->rope_backward(dev, f[3], f[2], s[0], s[1], s[2], s[3], 10000.0f);
+        if (!backward) return d->rope_forward_general(dev, f[1], f[0], NULL, NULL, 10000.0f, s[0], s[1], s[2], s[3]);
+        return d->rope_backward_general(dev, f[3], f[2], NULL, NULL, 10000.0f, s[0], s[1], s[2], s[3]);
     case RT_OP_SWIGLU:
         if (!backward) return d->swiglu_forward(dev, f[2], f[0], f[1], s[0]);
         return d->swiglu_backward(dev, f[4], f[5], f[3], f[0], f[1], s[0]);
@@ -306,7 +306,8 @@ static ct_status op_run(cal *c, bench *bn, int backward) {
         return st ? st : d->bias_backward(dev, f[5], f[3], s[0], s[1]);
     case RT_OP_XENT:
         if (!backward) return d->cross_entropy_forward(dev, f[2], f[0], p[1], s[0], s[1], -100);
-        return d->cross_entropy_backward(dev, f[3], f[0], p[1], 1.0f / (float)s[0], s[0], s[1], -100);
+        return d->cross_entropy_backward_general(dev, f[3], f[0], p[1], NULL, 1.0f / (float)s[0], NULL, s[0], s[1], 0,
+                                                 -100);
     case RT_OP_CAST:
         if (s[1]) return backward ? CT_OK : d->round_bf16(dev, f[0], s[0]);
         if (!backward) return d->cast_f32_to_bf16(dev, p[1], f[0], s[0]);

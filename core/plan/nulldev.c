@@ -71,12 +71,10 @@ static ct_status nd_sum(ct_device *dev, double *out, const float *x, int64_t n) 
 }
 NO_OP(nd_sum_to_device, U float *o, U const float *x, U int64_t n)
 NO_OP(nd_transpose, U float *d, U const float *s, U int64_t r, U int64_t c)
-NO_OP(nd_emb_fwd, U float *o, U const int32_t *ids, U const float *t, U int64_t n, U int64_t c, U int64_t v)
-NO_OP(nd_emb_bwd, U float *o, U const int32_t *ids, U const float *t, U int64_t n, U int64_t c, U int64_t v)
-NO_OP(nd_emb_fwd_range, U float *o, U const int32_t *ids, U const float *t, U int64_t n, U int64_t c, U int64_t b,
-      U int64_t r)
-NO_OP(nd_emb_bwd_range, U float *o, U const int32_t *ids, U const float *t, U int64_t n, U int64_t c, U int64_t b,
-      U int64_t r)
+NO_OP(nd_emb_fwd, U float *o, U const int32_t *ids, U const float *t, U int64_t n, U int64_t c, U int64_t b,
+      U int64_t r, U int s)
+NO_OP(nd_emb_bwd, U float *o, U const int32_t *ids, U const float *t, U int64_t n, U int64_t c, U int64_t b,
+      U int64_t r, U int s)
 NO_OP(nd_rms_fwd, U float *o, U float *r, U const float *x, U const float *w, U int64_t n, U int64_t c, U float e)
 NO_OP(nd_rms_bwd_in, U float *dx, U const float *dy, U const float *x, U const float *w, U const float *r, U int64_t n,
       U int64_t c)
@@ -89,11 +87,9 @@ NO_OP(nd_ln_bwd_w, U float *dw, U float *db, U const float *dy, U const float *x
       U int64_t n, U int64_t c)
 NO_OP(nd_bias_fwd, U float *o, U const float *x, U const float *b, U int64_t n, U int64_t c)
 NO_OP(nd_bias_bwd, U float *db, U const float *dy, U int64_t n, U int64_t c)
-NO_OP(nd_rope_fwd, U float *o, U const float *x, U int64_t b, U int64_t t, U int64_t h, U int64_t d, U float th)
-NO_OP(nd_rope_bwd, U float *o, U const float *x, U int64_t b, U int64_t t, U int64_t h, U int64_t d, U float th)
-NO_OP(nd_rope_freqs_fwd, U float *o, U const float *x, U const int32_t *p, U const float *f, U int64_t b,
+NO_OP(nd_rope_fwd, U float *o, U const float *x, U const int32_t *p, U const float *f, U float th, U int64_t b,
       U int64_t t, U int64_t h, U int64_t d)
-NO_OP(nd_rope_freqs_bwd, U float *o, U const float *x, U const int32_t *p, U const float *f, U int64_t b,
+NO_OP(nd_rope_bwd, U float *o, U const float *x, U const int32_t *p, U const float *f, U float th, U int64_t b,
       U int64_t t, U int64_t h, U int64_t d)
 NO_OP(nd_attn_fwd, U float *o, U float *l, U const float *q, U const float *k, U const float *v, U int64_t b,
       U int64_t t, U int64_t h, U int64_t kvh, U int64_t d)
@@ -105,13 +101,12 @@ NO_OP(nd_swiglu_bwd, U float *da, U float *dg, U const float *dy, U const float 
 NO_OP(nd_gelu_fwd, U float *o, U const float *x, U int64_t n)
 NO_OP(nd_gelu_bwd, U float *dx, U const float *dy, U const float *x, U int64_t n)
 NO_OP(nd_xent_fwd, U float *l, U const float *lg, U const int32_t *t, U int64_t n, U int64_t v, U int32_t ig)
-NO_OP(nd_xent_bwd, U float *dl, U const float *lg, U const int32_t *t, U float d, U int64_t n, U int64_t v, U int32_t ig)
+NO_OP(nd_xent_bwd, U float *dl, U const float *lg, U const int32_t *t, U const float *l, U float d, U const float *dd,
+      U int64_t n, U int64_t v, U int64_t b, U int32_t ig)
 NO_OP(nd_xent_bwd_dev, U float *dl, U const float *lg, U const int32_t *t, U const float *d, U int64_t n, U int64_t v,
       U int32_t ig)
 NO_OP(nd_xent_stats, U float *s, U const float *lg, U const int32_t *t, U int64_t n, U int64_t v, U int64_t b,
       U int32_t ig)
-NO_OP(nd_xent_bwd_lse, U float *dl, U const float *lg, U const int32_t *t, U const float *l, U float d, U int64_t n,
-      U int64_t v, U int64_t b, U int32_t ig)
 NO_OP(nd_round_bf16, U float *x, U int64_t n)
 NO_OP(nd_cast_f32_to_bf16, U uint16_t *d, U const float *s, U int64_t n)
 NO_OP(nd_cast_bf16_to_f32, U float *d, U const uint16_t *s, U int64_t n)
@@ -151,10 +146,8 @@ const ct_device_api plan_null_device = {
     .sum_squares = nd_sum,
     .sum_to_device = nd_sum_to_device,
     .transpose = nd_transpose,
-    .embedding_forward = nd_emb_fwd,
-    .embedding_backward = nd_emb_bwd,
-    .embedding_forward_range = nd_emb_fwd_range,
-    .embedding_backward_range = nd_emb_bwd_range,
+    .embedding_forward_general = nd_emb_fwd,
+    .embedding_backward_general = nd_emb_bwd,
     .rmsnorm_forward = nd_rms_fwd,
     .rmsnorm_backward_input = nd_rms_bwd_in,
     .rmsnorm_backward_weight = nd_rms_bwd_w,
@@ -163,10 +156,8 @@ const ct_device_api plan_null_device = {
     .layernorm_backward_weight = nd_ln_bwd_w,
     .bias_forward = nd_bias_fwd,
     .bias_backward = nd_bias_bwd,
-    .rope_forward = nd_rope_fwd,
-    .rope_backward = nd_rope_bwd,
-    .rope_freqs_forward = nd_rope_freqs_fwd,
-    .rope_freqs_backward = nd_rope_freqs_bwd,
+    .rope_forward_general = nd_rope_fwd,
+    .rope_backward_general = nd_rope_bwd,
     .attention_forward = nd_attn_fwd,
     .attention_backward = nd_attn_bwd,
     .swiglu_forward = nd_swiglu_fwd,
@@ -174,10 +165,10 @@ const ct_device_api plan_null_device = {
     .gelu_forward = nd_gelu_fwd,
     .gelu_backward = nd_gelu_bwd,
     .cross_entropy_forward = nd_xent_fwd,
-    .cross_entropy_backward = nd_xent_bwd,
+    .cross_entropy_backward_general = nd_xent_bwd,
+    /* never called: it tells the tape the loss's gradient stays on the device, as on a GPU */
     .cross_entropy_backward_dev = nd_xent_bwd_dev,
     .cross_entropy_stats = nd_xent_stats,
-    .cross_entropy_backward_lse = nd_xent_bwd_lse,
     .round_bf16 = nd_round_bf16,
     .cast_f32_to_bf16 = nd_cast_f32_to_bf16,
     .cast_bf16_to_f32 = nd_cast_bf16_to_f32,

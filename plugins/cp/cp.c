@@ -43,9 +43,10 @@ int cp_failed(cp *c, ct_status st, const char *what) {
 /* The device ops a live instance needs (ABI 2.3, optional in the device table). */
 static ct_status check_device(cp *c) {
     const ct_device_api *d = c->env.dapi;
-    if (!CT_HAS_FIELD(d, ct_device_api, attention_block_backward) || !d->rope_forward_pos || !d->rope_backward_pos ||
-        !d->attention_block_forward || !d->attention_merge || !d->attention_block_backward) {
-        c->host->set_error(c->host, "context parallel: the device lacks the ABI 2.3 ops it needs (rope_forward_pos, "
+    if (!CT_HAS_FIELD(d, ct_device_api, rope_backward_general) || !d->rope_forward_general ||
+        !d->rope_backward_general || !d->attention_block_forward || !d->attention_merge ||
+        !d->attention_block_backward) {
+        c->host->set_error(c->host, "context parallel: the device lacks the ops it needs (rope_forward_general, "
                                     "attention_block_forward, attention_merge, attention_block_backward)");
         return CT_ERR_UNSUPPORTED;
     }

@@ -4,8 +4,8 @@
  *
  *   embedding      the local rows of the model's token ids (B, T/cp), then the next builder's embedding
  *   positions      the local rows' positions (for learned position embeddings)
- *   rope           RoPE at the local rows' real positions (a custom op on rope_forward_pos)
- *   rope_freqs     the same with the model's frequency table (rope_freqs_forward with positions)
+ *   rope           RoPE at the local rows' real positions (a custom op on rope_forward_general)
+ *   rope_freqs     the same with the model's frequency table (rope_forward_general with a table)
  *   attention      the local queries against every rank's keys (attention.c)
  *   cross_entropy  the local rows of the targets, the next builder's loss, then summed over cp, so
  *                  every cp rank holds the whole sequence's loss and each back-propagates its tokens'
@@ -178,11 +178,9 @@ static ct_status rope_fwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_i
     (void)n_out;
     const int32_t *pos = cp_positions_for(c, x->shape[1]);
     if (!pos || !(out[0] = b->new_tensor(b, CT_F32, 4, x->shape))) return CT_ERR_NOMEM;
-    if (s->inv_freq)
-        return c->env.dapi->rope_freqs_forward(c->env.dev, out[0]->data, x->data, pos + c->rank * x->shape[1],
-                                               s->inv_freq, x->shape[0], x->shape[1], x->shape[2], x->shape[3]);
-    return c->env.dapi->rope_forward_pos(c->env.dev, out[0]->data, x->data, pos + c->rank * x->shape[1], x->shape[0],
-                                         x->shape[1], x->shape[2], x->shape[3], s->theta);
+    return c->env.dapi->rope_forward_general(c->env.dev, out[0]->data, x->data, pos + c->rank * x->shape[1],
+                                             s->inv_freq, s->theta, x->shape[0], x->shape[1], x->shape[2],
+                                             x->shape[3]);
 }
 
 static ct_status rope_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor *const *out,
@@ -197,11 +195,8 @@ static ct_status rope_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_i
     const int32_t *pos = cp_positions_for(c, x->shape[1]);
     float *g = b->grad(b, x);
     if (!pos || !g) return CT_ERR_NOMEM;
-    if (s->inv_freq)
-        return c->env.dapi->rope_freqs_backward(c->env.dev, g, dy[0], pos + c->rank * x->shape[1], s->inv_freq,
-                                                x->shape[0], x->shape[1], x->shape[2], x->shape[3]);
-    return c->env.dapi->rope_backward_pos(c->env.dev, g, dy[0], pos + c->rank * x->shape[1], x->shape[0], x->shape[1],
-                                          x->shape[2], x->shape[3], s->theta);
+    return c->env.dapi->rope_backward_general(c->env.dev, g, dy[0], pos + c->rank * x->shape[1], s->inv_freq,
+                                              s->theta, x->shape[0], x->shape[1], x->shape[2], x->shape[3]);
 }
 
 /* The planner's forward: y shaped like x; memory-bound (x read and y written; dy read, dx read and
@@ -271,9 +266,10 @@ static ct_tensor *cp_rope_freqs(ct_builder *b, ct_tensor *x, const float *inv_fr
         return NULL;
     }
     if (!cp_planning(n) &&
-        (!CT_HAS_FIELD(d, ct_device_api, rope_freqs_backward) || !d->rope_freqs_forward || !d->rope_freqs_backward)) {
-        c->host->set_error(c->host, "context parallel: the device lacks rope_freqs_forward/rope_freqs_backward "
-                                    "(ABI 2.4), which scaled RoPE needs");
+        (!CT_HAS_FIELD(d, ct_device_api, rope_backward_general) || !d->rope_forward_general ||
+         !d->rope_backward_general)) {
+        c->host->set_error(c->host, "context parallel: the device lacks rope_forward_general/rope_backward_general "
+                                    "(ABI 2.23), which scaled RoPE needs");
         return NULL;
     }
     const float *table = NULL;

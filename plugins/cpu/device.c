@@ -748,40 +748,45 @@ static ct_status cpu_sum_squares(ct_device *dev, double *out, const float *x, in
 
 /* ---------------------------------------------------------------- layers */
 
-static ct_status cpu_embedding_forward(ct_device *dev, float *out, const int32_t *ids,
-                                       const float *table, int64_t n, int64_t c, int64_t vocab)
+/* ABI 2.23: the table holds rows [begin, begin + rows) of the vocabulary. strict (begin 0): an id
+ * outside them is an error; otherwise its row is 0 (forward) or skipped (backward). One kernel each
+ * way, so the whole table and a shard add up repeated ids in the same order. */
+static ct_status cpu_embedding(cpu_device *d, const char *op, int backward, float *dst,
+                               const int32_t *ids, const float *src, int64_t n, int64_t c,
+                               int64_t begin, int64_t rows, int strict)
 {
-    cpu_device *d = dev;
-    int64_t bad = cpu_find_bad_id(ids, n, vocab, 0, 0);
-    if (bad >= 0)
-        return cpu_fail(d, CT_ERR_INVALID, "embedding_forward",
-                        "ids[%lld] = %d is outside [0, %lld)", (long long)bad, ids[bad],
-                        (long long)vocab);
-    if (n == 0 || c == 0)
+    if (strict) {
+        int64_t bad = cpu_find_bad_id(ids, n, rows, 0, 0);
+        if (bad >= 0)
+            return cpu_fail(d, CT_ERR_INVALID, op, "ids[%lld] = %d is outside [0, %lld)",
+                            (long long)bad, ids[bad], (long long)rows);
+    }
+    if (n == 0 || c == 0 || (backward && rows == 0))
         return CT_OK;
-    if (!out || !table)
-        return cpu_fail(d, CT_ERR_INVALID, "embedding_forward", "null pointer");
+    if (strict && (!dst || !src))
+        return cpu_fail(d, CT_ERR_INVALID, op, "null pointer");
     cpu_enter(d);
-    embedding_forward_f32(out, ids, table, n, c);
+    if (backward)
+        embedding_backward_f32(dst, ids, src, n, c, begin, rows);
+    else
+        embedding_forward_f32(dst, ids, src, n, c, begin, rows);
     return CT_OK;
 }
 
-static ct_status cpu_embedding_backward(ct_device *dev, float *dtable, const int32_t *ids,
-                                        const float *dout, int64_t n, int64_t c, int64_t vocab)
+static ct_status cpu_embedding_forward_general(ct_device *dev, float *out, const int32_t *ids,
+                                               const float *table, int64_t n, int64_t c,
+                                               int64_t begin, int64_t rows, int strict)
 {
-    cpu_device *d = dev;
-    int64_t bad = cpu_find_bad_id(ids, n, vocab, 0, 0);
-    if (bad >= 0)
-        return cpu_fail(d, CT_ERR_INVALID, "embedding_backward",
-                        "ids[%lld] = %d is outside [0, %lld)", (long long)bad, ids[bad],
-                        (long long)vocab);
-    if (n == 0 || c == 0)
-        return CT_OK;
-    if (!dtable || !dout)
-        return cpu_fail(d, CT_ERR_INVALID, "embedding_backward", "null pointer");
-    cpu_enter(d);
-    embedding_backward_f32(dtable, ids, dout, n, c);
-    return CT_OK;
+    return cpu_embedding(dev, "embedding_forward_general", 0, out, ids, table, n, c, begin, rows,
+                         strict);
+}
+
+static ct_status cpu_embedding_backward_general(ct_device *dev, float *dtable, const int32_t *ids,
+                                                const float *dout, int64_t n, int64_t c,
+                                                int64_t begin, int64_t rows, int strict)
+{
+    return cpu_embedding(dev, "embedding_backward_general", 1, dtable, ids, dout, n, c, begin,
+                         rows, strict);
 }
 
 static ct_status cpu_rmsnorm_forward(ct_device *dev, float *out, float *rstd, const float *x,
@@ -867,30 +872,33 @@ static ct_status cpu_bias_backward(ct_device *dev, float *dbias, const float *do
     return CT_OK;
 }
 
-/* rope_forward / rope_backward */
-static ct_status cpu_rope(cpu_device *d, const char *op, float *out, const float *x, int64_t b,
-                          int64_t t, int64_t h, int64_t hd, float theta, int backward)
+/* ABI 2.23: RoPE at positions pos (NULL: 0..t-1) with the table inv_freq (NULL: theta's). */
+static ct_status cpu_rope(cpu_device *d, const char *op, float *out, const float *x,
+                          const int32_t *pos, const float *inv_freq, float theta, int64_t b,
+                          int64_t t, int64_t h, int64_t hd, int backward)
 {
     if (b == 0 || t == 0 || h == 0 || hd == 0)
         return CT_OK;
     cpu_enter(d);
-    int rc = backward ? rope_backward_f32(out, x, b, t, h, hd, theta)
-                      : rope_forward_f32(out, x, b, t, h, hd, theta);
+    int rc = backward ? rope_backward_f32(out, x, pos, inv_freq, theta, b, t, h, hd)
+                      : rope_forward_f32(out, x, pos, inv_freq, theta, b, t, h, hd);
     if (rc != 0)
         return cpu_fail(d, CT_ERR_NOMEM, op, "cannot allocate the cos/sin table");
     return CT_OK;
 }
 
-static ct_status cpu_rope_forward(ct_device *dev, float *out, const float *x, int64_t b, int64_t t,
-                                  int64_t h, int64_t hd, float theta)
+static ct_status cpu_rope_forward_general(ct_device *dev, float *out, const float *x,
+                                          const int32_t *pos, const float *inv_freq, float theta,
+                                          int64_t b, int64_t t, int64_t h, int64_t hd)
 {
-    return cpu_rope(dev, "rope_forward", out, x, b, t, h, hd, theta, 0);
+    return cpu_rope(dev, "rope_forward_general", out, x, pos, inv_freq, theta, b, t, h, hd, 0);
 }
 
-static ct_status cpu_rope_backward(ct_device *dev, float *dx, const float *dout, int64_t b, int64_t t,
-                                   int64_t h, int64_t hd, float theta)
+static ct_status cpu_rope_backward_general(ct_device *dev, float *dx, const float *dout,
+                                           const int32_t *pos, const float *inv_freq, float theta,
+                                           int64_t b, int64_t t, int64_t h, int64_t hd)
 {
-    return cpu_rope(dev, "rope_backward", dx, dout, b, t, h, hd, theta, 1);
+    return cpu_rope(dev, "rope_backward_general", dx, dout, pos, inv_freq, theta, b, t, h, hd, 1);
 }
 
 static ct_status cpu_attention_forward(ct_device *dev, float *out, float *lse, const float *q,
@@ -921,66 +929,6 @@ static ct_status cpu_attention_backward(ct_device *dev, float *dq, float *dk, fl
 }
 
 /* ---------------------------------------------------------------- context parallel (ABI 2.3) */
-
-static ct_status cpu_rope_pos(ct_device *dev, const char *op, float *out, const float *x,
-                              const int32_t *pos, int64_t b, int64_t t, int64_t h, int64_t hd,
-                              float theta, int backward)
-{
-    cpu_device *d = dev;
-    if (b == 0 || t == 0 || h == 0 || hd == 0)
-        return CT_OK;
-    cpu_enter(d);
-    int rc = backward ? rope_backward_pos_f32(out, x, pos, b, t, h, hd, theta)
-                      : rope_forward_pos_f32(out, x, pos, b, t, h, hd, theta);
-    if (rc != 0)
-        return cpu_fail(d, CT_ERR_NOMEM, op, "cannot allocate the cos/sin table");
-    return CT_OK;
-}
-
-static ct_status cpu_rope_forward_pos(ct_device *dev, float *out, const float *x, const int32_t *pos,
-                                      int64_t b, int64_t t, int64_t h, int64_t hd, float theta)
-{
-    return cpu_rope_pos(dev, "rope_forward_pos", out, x, pos, b, t, h, hd, theta, 0);
-}
-
-static ct_status cpu_rope_backward_pos(ct_device *dev, float *dx, const float *dout,
-                                       const int32_t *pos, int64_t b, int64_t t, int64_t h,
-                                       int64_t hd, float theta)
-{
-    return cpu_rope_pos(dev, "rope_backward_pos", dx, dout, pos, b, t, h, hd, theta, 1);
-}
-
-/* ---------------------------------------------------------------- scaled RoPE (ABI 2.4) */
-
-/* rope_freqs_*: the model's inverse-frequency table instead of theta; pos may be NULL. */
-static ct_status cpu_rope_freqs(ct_device *dev, const char *op, float *out, const float *x,
-                                const int32_t *pos, const float *inv_freq, int64_t b, int64_t t,
-                                int64_t h, int64_t hd, int backward)
-{
-    cpu_device *d = dev;
-    if (b == 0 || t == 0 || h == 0 || hd == 0)
-        return CT_OK;
-    cpu_enter(d);
-    int rc = backward ? rope_freqs_backward_f32(out, x, pos, inv_freq, b, t, h, hd)
-                      : rope_freqs_forward_f32(out, x, pos, inv_freq, b, t, h, hd);
-    if (rc != 0)
-        return cpu_fail(d, CT_ERR_NOMEM, op, "cannot allocate the cos/sin table");
-    return CT_OK;
-}
-
-static ct_status cpu_rope_freqs_forward(ct_device *dev, float *out, const float *x,
-                                        const int32_t *pos, const float *inv_freq, int64_t b,
-                                        int64_t t, int64_t h, int64_t hd)
-{
-    return cpu_rope_freqs(dev, "rope_freqs_forward", out, x, pos, inv_freq, b, t, h, hd, 0);
-}
-
-static ct_status cpu_rope_freqs_backward(ct_device *dev, float *dx, const float *dout,
-                                         const int32_t *pos, const float *inv_freq, int64_t b,
-                                         int64_t t, int64_t h, int64_t hd)
-{
-    return cpu_rope_freqs(dev, "rope_freqs_backward", dx, dout, pos, inv_freq, b, t, h, hd, 1);
-}
 
 static ct_status cpu_attention_block_forward(ct_device *dev, float *out, float *lse, const float *q,
                                              const float *k, const float *v, const int32_t *q_pos,
@@ -1138,32 +1086,37 @@ static ct_status cpu_cross_entropy_forward(ct_device *dev, float *losses, const 
     return CT_OK;
 }
 
-static ct_status cpu_cross_entropy_backward(ct_device *dev, float *dlogits, const float *logits,
-                                            const int32_t *targets, float dloss, int64_t n,
-                                            int64_t v, int32_t ignore_index)
+/* ABI 2.23: every form of the backward. dloss_dev (when set) is read as the op runs. Whole rows
+ * (lse NULL): targets checked, the softmax formed from each row. A shard (lse set): targets not
+ * checked, an id outside this shard's columns is simply not here. */
+static ct_status cpu_cross_entropy_backward_general(ct_device *dev, float *dlogits,
+                                                    const float *logits, const int32_t *targets,
+                                                    const float *lse, float dloss,
+                                                    const float *dloss_dev, int64_t n, int64_t v,
+                                                    int64_t begin, int32_t ignore_index)
 {
     cpu_device *d = dev;
-    ct_status st =
-        cpu_cross_entropy_check(d, "cross_entropy_backward", targets, n, v, ignore_index);
+    const char *op = "cross_entropy_backward_general";
+    if (lse) {
+        if (n == 0 || v == 0)
+            return CT_OK;
+        cpu_enter(d);
+        cross_entropy_backward_lse_f32(dlogits, logits, targets, lse,
+                                       dloss_dev ? *dloss_dev : dloss, n, v, begin, ignore_index);
+        return CT_OK;
+    }
+    ct_status st = cpu_cross_entropy_check(d, op, targets, n, v, ignore_index);
     if (st != CT_OK)
         return st;
     if (n == 0)
         return CT_OK;
     if (!dlogits || !logits)
-        return cpu_fail(d, CT_ERR_INVALID, "cross_entropy_backward", "null pointer");
+        return cpu_fail(d, CT_ERR_INVALID, op, "null pointer");
     cpu_enter(d);
-    if (cross_entropy_backward_f32(dlogits, logits, targets, dloss, n, v, ignore_index) != 0)
-        return cpu_fail(d, CT_ERR_NOMEM, "cross_entropy_backward",
-                        "cannot allocate scratch memory");
+    if (cross_entropy_backward_f32(dlogits, logits, targets, dloss_dev ? *dloss_dev : dloss, n, v,
+                                   ignore_index) != 0)
+        return cpu_fail(d, CT_ERR_NOMEM, op, "cannot allocate scratch memory");
     return CT_OK;
-}
-
-/* ABI 1.5: dloss in device memory, read when the op runs */
-static ct_status cpu_cross_entropy_backward_dev(ct_device *dev, float *dlogits, const float *logits,
-                                                const int32_t *targets, const float *dloss, int64_t n,
-                                                int64_t v, int32_t ignore_index)
-{
-    return cpu_cross_entropy_backward(dev, dlogits, logits, targets, *dloss, n, v, ignore_index);
 }
 
 /* ---------------------------------------------------------------- optimizer and precision */
@@ -1324,28 +1277,6 @@ static ct_status cpu_transpose(ct_device *dev, float *dst, const float *src, int
 
 /* ---------------------------------------------------------------- tensor parallel (ABI 1.3) */
 
-static ct_status cpu_embedding_forward_range(ct_device *dev, float *out, const int32_t *ids,
-                                             const float *table, int64_t n, int64_t c,
-                                             int64_t begin, int64_t rows)
-{
-    if (n == 0 || c == 0)
-        return CT_OK;
-    cpu_enter(dev);
-    embedding_forward_range_f32(out, ids, table, n, c, begin, rows);
-    return CT_OK;
-}
-
-static ct_status cpu_embedding_backward_range(ct_device *dev, float *dtable, const int32_t *ids,
-                                              const float *dout, int64_t n, int64_t c,
-                                              int64_t begin, int64_t rows)
-{
-    if (n == 0 || c == 0 || rows == 0)
-        return CT_OK;
-    cpu_enter(dev);
-    embedding_backward_range_f32(dtable, ids, dout, n, c, begin, rows);
-    return CT_OK;
-}
-
 /* Targets are not checked: an id outside this shard's columns is simply not here. */
 static ct_status cpu_cross_entropy_stats(ct_device *dev, float *stats, const float *logits,
                                          const int32_t *targets, int64_t n, int64_t v,
@@ -1355,19 +1286,6 @@ static ct_status cpu_cross_entropy_stats(ct_device *dev, float *stats, const flo
         return CT_OK;
     cpu_enter(dev);
     cross_entropy_stats_f32(stats, logits, targets, n, v, begin, ignore_index);
-    return CT_OK;
-}
-
-static ct_status cpu_cross_entropy_backward_lse(ct_device *dev, float *dlogits, const float *logits,
-                                                const int32_t *targets, const float *lse,
-                                                float dloss, int64_t n, int64_t v, int64_t begin,
-                                                int32_t ignore_index)
-{
-    if (n == 0 || v == 0)
-        return CT_OK;
-    cpu_enter(dev);
-    cross_entropy_backward_lse_f32(dlogits, logits, targets, lse, dloss, n, v, begin,
-                                   ignore_index);
     return CT_OK;
 }
 
@@ -1452,8 +1370,6 @@ static const ct_device_api cpu_api = {
     .scale = cpu_scale,
     .sum = cpu_sum,
     .sum_squares = cpu_sum_squares,
-    .embedding_forward = cpu_embedding_forward,
-    .embedding_backward = cpu_embedding_backward,
     .rmsnorm_forward = cpu_rmsnorm_forward,
     .rmsnorm_backward_input = cpu_rmsnorm_backward_input,
     .rmsnorm_backward_weight = cpu_rmsnorm_backward_weight,
@@ -1462,8 +1378,6 @@ static const ct_device_api cpu_api = {
     .layernorm_backward_weight = cpu_layernorm_backward_weight,
     .bias_forward = cpu_bias_forward,
     .bias_backward = cpu_bias_backward,
-    .rope_forward = cpu_rope_forward,
-    .rope_backward = cpu_rope_backward,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .swiglu_forward = cpu_swiglu_forward,
@@ -1471,7 +1385,6 @@ static const ct_device_api cpu_api = {
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
     .cross_entropy_forward = cpu_cross_entropy_forward,
-    .cross_entropy_backward = cpu_cross_entropy_backward,
     .adamw = cpu_adamw,
     .cast_f32_to_bf16 = cpu_cast_f32_to_bf16,
     .cast_bf16_to_f32 = cpu_cast_bf16_to_f32,
@@ -1480,15 +1393,11 @@ static const ct_device_api cpu_api = {
     .quantize_fp8 = cpu_quantize_fp8,
     .dequantize_fp8 = cpu_dequantize_fp8,
     .transpose = cpu_transpose,
-    .embedding_forward_range = cpu_embedding_forward_range,
-    .embedding_backward_range = cpu_embedding_backward_range,
     .cross_entropy_stats = cpu_cross_entropy_stats,
-    .cross_entropy_backward_lse = cpu_cross_entropy_backward_lse,
     .copy_2d = cpu_copy_2d,
     .matmul_fp8 = cpu_matmul_fp8,
     .matmul_fp8_rows = cpu_matmul_fp8_rows,
     .sum_to_device = cpu_sum_to_device,
-    .cross_entropy_backward_dev = cpu_cross_entropy_backward_dev,
     .ew_axpby = cpu_ew_axpby,
     .ew_mul = cpu_ew_mul,
     .ew_div = cpu_ew_div,
@@ -1496,13 +1405,9 @@ static const ct_device_api cpu_api = {
     .ew_sign = cpu_ew_sign,
     .ew_clamp = cpu_ew_clamp,
     .ew_greater = cpu_ew_greater,
-    .rope_forward_pos = cpu_rope_forward_pos,
-    .rope_backward_pos = cpu_rope_backward_pos,
     .attention_block_forward = cpu_attention_block_forward,
     .attention_merge = cpu_attention_merge,
     .attention_block_backward = cpu_attention_block_backward,
-    .rope_freqs_forward = cpu_rope_freqs_forward,
-    .rope_freqs_backward = cpu_rope_freqs_backward,
     .region_reserve = cpu_region_reserve,
     .region_resize = cpu_region_resize,
     .region_release = cpu_region_release,
@@ -1525,6 +1430,12 @@ static const ct_device_api cpu_api = {
     .grouped_matmul_backward_weight = cpu_grouped_matmul_backward_weight,
     .moe_combine_forward = cpu_moe_combine_forward,
     .moe_combine_backward = cpu_moe_combine_backward,
+    /* ABI 2.23: one op per family; the narrow ops it supersedes stay NULL (the host derives them) */
+    .embedding_forward_general = cpu_embedding_forward_general,
+    .embedding_backward_general = cpu_embedding_backward_general,
+    .rope_forward_general = cpu_rope_forward_general,
+    .rope_backward_general = cpu_rope_backward_general,
+    .cross_entropy_backward_general = cpu_cross_entropy_backward_general,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info)

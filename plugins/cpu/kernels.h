@@ -26,16 +26,12 @@ void ew_greater_f32(float *out, const float *x, const float *y, int64_t n);
 double sum_f32(const float *x, int64_t n);
 double sum_squares_f32(const float *x, int64_t n);
 
-void embedding_forward_f32(float *out, const int32_t *ids, const float *table, int64_t n,
-                           int64_t c);
+/* A table holding vocabulary rows [begin, begin + rows) (begin 0, rows vocab: the whole table);
+ * begin >= 0, ids outside the range give a zero row (forward) and nothing (backward). */
+void embedding_forward_f32(float *out, const int32_t *ids, const float *table, int64_t n, int64_t c,
+                           int64_t begin, int64_t rows);
 void embedding_backward_f32(float *dtable, const int32_t *ids, const float *dout, int64_t n,
-                            int64_t c);
-
-/* ABI 1.3: a table holding vocabulary rows [begin, begin + rows); begin >= 0. */
-void embedding_forward_range_f32(float *out, const int32_t *ids, const float *table, int64_t n,
-                                 int64_t c, int64_t begin, int64_t rows);
-void embedding_backward_range_f32(float *dtable, const int32_t *ids, const float *dout, int64_t n,
-                                  int64_t c, int64_t begin, int64_t rows);
+                            int64_t c, int64_t begin, int64_t rows);
 void copy_2d_f32(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                  int64_t cols);
 
@@ -55,21 +51,12 @@ void layernorm_backward_weight_f32(float *dw, float *db, const float *dout, cons
 void bias_forward_f32(float *out, const float *x, const float *bias, int64_t n, int64_t c);
 void bias_backward_f32(float *dbias, const float *dout, int64_t n, int64_t c);
 
-int rope_forward_f32(float *out, const float *x, int64_t b, int64_t t, int64_t h, int64_t d,
-                     float theta);
-int rope_backward_f32(float *dx, const float *dout, int64_t b, int64_t t, int64_t h, int64_t d,
-                      float theta);
-
-/* ABI 2.3: positions from arrays (int32, any values >= 0, in any order). */
-int rope_forward_pos_f32(float *out, const float *x, const int32_t *pos, int64_t b, int64_t t,
-                         int64_t h, int64_t d, float theta);
-int rope_backward_pos_f32(float *dx, const float *dout, const int32_t *pos, int64_t b, int64_t t,
-                          int64_t h, int64_t d, float theta);
-/* ABI 2.4: the model's per-pair inverse frequencies inv_freq (d/2); pos may be NULL (rows 0..t-1). */
-int rope_freqs_forward_f32(float *out, const float *x, const int32_t *pos, const float *inv_freq,
-                           int64_t b, int64_t t, int64_t h, int64_t d);
-int rope_freqs_backward_f32(float *dx, const float *dout, const int32_t *pos, const float *inv_freq,
-                            int64_t b, int64_t t, int64_t h, int64_t d);
+/* ABI 2.23, every case: positions pos (int32, any values >= 0, in any order) or NULL for rows
+ * 0..t-1; the model's per-pair inverse frequencies inv_freq (d/2) or NULL for theta^(-2i/d). */
+int rope_forward_f32(float *out, const float *x, const int32_t *pos, const float *inv_freq,
+                     float theta, int64_t b, int64_t t, int64_t h, int64_t d);
+int rope_backward_f32(float *dx, const float *dout, const int32_t *pos, const float *inv_freq,
+                      float theta, int64_t b, int64_t t, int64_t h, int64_t d);
 int attention_block_forward_f32(float *out, float *lse, const float *q, const float *k,
                                 const float *v, const int32_t *q_pos, const int32_t *k_pos,
                                 int64_t b, int64_t tq, int64_t tk, int64_t h, int64_t kvh,

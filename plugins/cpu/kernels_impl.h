@@ -251,37 +251,10 @@ CPU_KERNEL void K(transpose)(real *dst, const real *src, int64_t rows, int64_t c
 
 /* ---------------------------------------------------------------- embedding */
 
-/* out (n,c) = table[ids[i]]; ids already checked against vocab */
-CPU_KERNEL void K(embedding_forward)(real *out, const int32_t *ids, const real *table, int64_t n,
-                                     int64_t c)
-{
-#pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++)
-        memcpy(out + i * c, table + (int64_t)ids[i] * c, (size_t)c * sizeof(real));
-}
-
-/* dtable (vocab,c) += scatter of dout (n,c). Partitioned by column block: every block walks the
- * rows in order, so repeated ids add up in a fixed order with no races. */
-CPU_KERNEL void K(embedding_backward)(real *dtable, const int32_t *ids, const real *dout, int64_t n,
-                                      int64_t c)
-{
-    int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
-#pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
-    for (int64_t bl = 0; bl < nblocks; bl++) {
-        int64_t j0 = bl * CPU_COL_BLOCK, j1 = j0 + CPU_COL_BLOCK < c ? j0 + CPU_COL_BLOCK : c;
-        for (int64_t i = 0; i < n; i++) {
-            real *dst = dtable + (int64_t)ids[i] * c;
-            const real *src = dout + i * c;
-            for (int64_t j = j0; j < j1; j++)
-                dst[j] += src[j];
-        }
-    }
-}
-
-/* The table holds rows [begin, begin + rows) of the vocabulary (tensor parallel): out (n,c) =
- * table[ids[i] - begin] for ids in that range, 0 for the others. begin >= 0, so the difference
+/* The table holds rows [begin, begin + rows) of the vocabulary (the whole table: begin 0, or a tensor-parallel
+ * shard): out (n,c) = table[ids[i] - begin] for ids in that range, 0 for the others. begin >= 0, so the difference
  * never overflows. */
-CPU_KERNEL void K(embedding_forward_range)(real *out, const int32_t *ids, const real *table,
+CPU_KERNEL void K(embedding_forward)(real *out, const int32_t *ids, const real *table,
                                            int64_t n, int64_t c, int64_t begin, int64_t rows)
 {
 #pragma omp parallel for schedule(static) if (n * c >= CPU_PAR_MIN)
@@ -295,8 +268,8 @@ CPU_KERNEL void K(embedding_forward_range)(real *out, const int32_t *ids, const 
 }
 
 /* dtable (rows,c) += dout rows whose ids fall in [begin, begin + rows). Partitioned by column
- * block like embedding_backward, so repeated ids add up in row order with no races. */
-CPU_KERNEL void K(embedding_backward_range)(real *dtable, const int32_t *ids, const real *dout,
+ * block: every block walks the rows in order, so repeated ids add up in row order with no races. */
+CPU_KERNEL void K(embedding_backward)(real *dtable, const int32_t *ids, const real *dout,
                                             int64_t n, int64_t c, int64_t begin, int64_t rows)
 {
     int64_t nblocks = (c + CPU_COL_BLOCK - 1) / CPU_COL_BLOCK;
@@ -562,45 +535,20 @@ static CPU_CLONES int K(rope_apply)(real *out, const real *x, const int32_t *pos
     return 0;
 }
 
-CPU_KERNEL_LINKAGE int K(rope_forward)(real *out, const real *x, int64_t b, int64_t t, int64_t h,
-                                       int64_t d, real theta)
+/* Every case of RoPE (ABI 2.23): positions pos (t entries), or NULL for rows 0..t-1; pair i rotates
+ * by p * inv_freq[i] (d/2 entries, the model's table), or with inv_freq NULL by p * theta^(-2i/d). */
+CPU_KERNEL_LINKAGE int K(rope_forward)(real *out, const real *x, const int32_t *pos,
+                                       const real *inv_freq, real theta, int64_t b, int64_t t,
+                                       int64_t h, int64_t d)
 {
-    return K(rope_apply)(out, x, NULL, NULL, b, t, h, d, theta, 0);
+    return K(rope_apply)(out, x, pos, inv_freq, b, t, h, d, theta, 0);
 }
 
-CPU_KERNEL_LINKAGE int K(rope_backward)(real *dx, const real *dout, int64_t b, int64_t t, int64_t h,
-                                        int64_t d, real theta)
+CPU_KERNEL_LINKAGE int K(rope_backward)(real *dx, const real *dout, const int32_t *pos,
+                                        const real *inv_freq, real theta, int64_t b, int64_t t,
+                                        int64_t h, int64_t d)
 {
-    return K(rope_apply)(dx, dout, NULL, NULL, b, t, h, d, theta, 1);
-}
-
-/* ABI 2.3: row t of every sequence at position pos[t] (t entries). */
-CPU_KERNEL_LINKAGE int K(rope_forward_pos)(real *out, const real *x, const int32_t *pos, int64_t b,
-                                           int64_t t, int64_t h, int64_t d, real theta)
-{
-    return K(rope_apply)(out, x, pos, NULL, b, t, h, d, theta, 0);
-}
-
-CPU_KERNEL_LINKAGE int K(rope_backward_pos)(real *dx, const real *dout, const int32_t *pos,
-                                            int64_t b, int64_t t, int64_t h, int64_t d, real theta)
-{
-    return K(rope_apply)(dx, dout, pos, NULL, b, t, h, d, theta, 1);
-}
-
-/* ABI 2.4: pair i rotates by p * inv_freq[i] (d/2 entries, the model's table); pos as above, or
- * NULL for rows 0..t-1. */
-CPU_KERNEL_LINKAGE int K(rope_freqs_forward)(real *out, const real *x, const int32_t *pos,
-                                             const real *inv_freq, int64_t b, int64_t t, int64_t h,
-                                             int64_t d)
-{
-    return K(rope_apply)(out, x, pos, inv_freq, b, t, h, d, 1, 0);
-}
-
-CPU_KERNEL_LINKAGE int K(rope_freqs_backward)(real *dx, const real *dout, const int32_t *pos,
-                                              const real *inv_freq, int64_t b, int64_t t, int64_t h,
-                                              int64_t d)
-{
-    return K(rope_apply)(dx, dout, pos, inv_freq, b, t, h, d, 1, 1);
+    return K(rope_apply)(dx, dout, pos, inv_freq, b, t, h, d, theta, 1);
 }
 
 /* ---------------------------------------------------------------- attention */

@@ -152,8 +152,6 @@ CUDA_OP(add);
 CUDA_OP(scale);
 CUDA_OP(sum);
 CUDA_OP(sum_squares);
-CUDA_OP(embedding_forward);
-CUDA_OP(embedding_backward);
 CUDA_OP(rmsnorm_forward);
 CUDA_OP(rmsnorm_backward_input);
 CUDA_OP(rmsnorm_backward_weight);
@@ -162,8 +160,6 @@ CUDA_OP(layernorm_backward_input);
 CUDA_OP(layernorm_backward_weight);
 CUDA_OP(bias_forward);
 CUDA_OP(bias_backward);
-CUDA_OP(rope_forward);
-CUDA_OP(rope_backward);
 CUDA_OP(attention_forward);
 CUDA_OP(attention_backward);
 CUDA_OP(swiglu_forward);
@@ -171,7 +167,6 @@ CUDA_OP(swiglu_backward);
 CUDA_OP(gelu_forward);
 CUDA_OP(gelu_backward);
 CUDA_OP(cross_entropy_forward);
-CUDA_OP(cross_entropy_backward);
 CUDA_OP(adamw);
 CUDA_OP(adamw_bf16_moments);
 CUDA_OP(cast_f32_to_bf16);
@@ -181,19 +176,15 @@ CUDA_OP(amax);
 CUDA_OP(quantize_fp8);
 CUDA_OP(dequantize_fp8);
 CUDA_OP(transpose);
-CUDA_OP(embedding_forward_range);
-CUDA_OP(embedding_backward_range);
 CUDA_OP(cross_entropy_stats);
-CUDA_OP(cross_entropy_backward_lse);
 CUDA_OP(copy_2d);
 /* ABI 1.4: blas.c (matmul_fp8, set_matmul_dtype), stream.c (share_stream) */
 CUDA_OP(matmul_fp8);
 CUDA_OP(set_matmul_dtype);
 CUDA_OP(share_stream);
 CUDA_OP(matmul_fp8_rows);
-/* ABI 1.5: ops.c (sum_to_device, cross_entropy_backward_dev), graph.c (the graph ops) */
+/* ABI 1.5: ops.c (sum_to_device), graph.c (the graph ops) */
 CUDA_OP(sum_to_device);
-CUDA_OP(cross_entropy_backward_dev);
 CUDA_OP(graph_begin);
 CUDA_OP(graph_end);
 CUDA_OP(graph_launch);
@@ -206,18 +197,13 @@ CUDA_OP(ew_sqrt);
 CUDA_OP(ew_sign);
 CUDA_OP(ew_clamp);
 CUDA_OP(ew_greater);
-/* ABI 2.3: ops.c (explicit-position rope, attention by blocks and its merge) */
-CUDA_OP(rope_forward_pos);
-CUDA_OP(rope_backward_pos);
+/* ABI 2.3: ops.c (attention by blocks and its merge) */
 CUDA_OP(attention_block_forward);
 CUDA_OP(attention_merge);
 CUDA_OP(attention_block_backward);
 /* ABI 2.13: ops.c (attention over packed documents) */
 CUDA_OP(attention_doc_forward);
 CUDA_OP(attention_doc_backward);
-/* ABI 2.4: ops.c (rope with the model's frequency table) */
-CUDA_OP(rope_freqs_forward);
-CUDA_OP(rope_freqs_backward);
 CUDA_OP(region_reserve);
 CUDA_OP(region_resize);
 CUDA_OP(region_release);
@@ -239,5 +225,11 @@ CUDA_OP(grouped_matmul_backward_input);
 CUDA_OP(grouped_matmul_backward_weight);
 CUDA_OP(moe_combine_forward);
 CUDA_OP(moe_combine_backward);
+/* ABI 2.23: ops.c (one op per family: embedding, rope, cross-entropy backward) */
+CUDA_OP(embedding_forward_general);
+CUDA_OP(embedding_backward_general);
+CUDA_OP(rope_forward_general);
+CUDA_OP(rope_backward_general);
+CUDA_OP(cross_entropy_backward_general);
 
 #endif

@@ -125,9 +125,11 @@ cudaError_t cuk_cross_entropy_backward(const cuk_env *e, float *dlogits, const f
 cudaError_t cuk_cross_entropy_stats(const cuk_env *e, float *stats, const float *logits,
                                     const int32_t *targets, int64_t n, int64_t v, int64_t begin,
                                     int32_t ignore_index);
+/* dloss_dev (device, one f32) replaces dloss when not NULL */
 cudaError_t cuk_cross_entropy_backward_lse(const cuk_env *e, float *dlogits, const float *logits,
-                                           const int32_t *targets, const float *lse, float dloss, int64_t n,
-                                           int64_t v, int64_t begin, int32_t ignore_index);
+                                           const int32_t *targets, const float *lse, float dloss,
+                                           const float *dloss_dev, int64_t n, int64_t v, int64_t begin,
+                                           int32_t ignore_index);
 
 /* ---- embedding backward (kernels_embedding.cu): sort by id, then one ordered sum per id ---- */
 /* dtable (rows,c) += dout rows whose ids are in [begin, begin + rows); n <= INT32_MAX,

@@ -397,16 +397,18 @@ static __global__ void cross_entropy_stats_k(float *stats, const float *logits, 
 }
 
 /* dlogits (n,v) += dloss * exp(logits - lse[row]), then -= dloss at the target's column (when it
- * is in this shard); rows whose target is ignore_index are left alone. Fully parallel:
+ * is in this shard); rows whose target is ignore_index are left alone. dloss_dev (device, one f32)
+ * replaces dloss_value when not NULL. Fully parallel:
  * grid.x = rows, grid.y = column slices. */
 static __global__ void cross_entropy_backward_lse_k(float *dlogits, const float *logits, const int32_t *targets,
-                                                    const float *lse, float dloss, int64_t v, int64_t begin,
-                                                    int32_t ignore_index)
+                                                    const float *lse, float dloss_value, const float *dloss_dev,
+                                                    int64_t v, int64_t begin, int32_t ignore_index)
 {
     const int64_t row = blockIdx.x;
     const int32_t target = targets[row];
     if (target == ignore_index)
         return;
+    const float dloss = dloss_dev ? *dloss_dev : dloss_value;
     const int64_t t = (int64_t)target - begin;
     const float l = lse[row];
     const float *x = logits + row * v;
@@ -449,7 +451,8 @@ extern "C" cudaError_t cuk_cross_entropy_stats(const cuk_env *e, float *stats, c
 
 extern "C" cudaError_t cuk_cross_entropy_backward_lse(const cuk_env *e, float *dlogits, const float *logits,
                                                       const int32_t *targets, const float *lse, float dloss,
-                                                      int64_t n, int64_t v, int64_t begin, int32_t ignore_index)
+                                                      const float *dloss_dev, int64_t n, int64_t v, int64_t begin,
+                                                      int32_t ignore_index)
 {
     int64_t slices = (v + CUK_THREADS * 4 - 1) / (CUK_THREADS * 4);
     if (slices > 65535)
@@ -457,6 +460,6 @@ extern "C" cudaError_t cuk_cross_entropy_backward_lse(const cuk_env *e, float *d
     if (slices < 1)
         slices = 1;
     cross_entropy_backward_lse_k<<<dim3((unsigned)n, (unsigned)slices), CUK_THREADS, 0, e->stream>>>(
-        dlogits, logits, targets, lse, dloss, v, begin, ignore_index);
+        dlogits, logits, targets, lse, dloss, dloss_dev, v, begin, ignore_index);
     return cudaGetLastError();
 }

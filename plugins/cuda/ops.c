@@ -159,18 +159,40 @@ static ct_status embedding_checked(cuda_device *d, const char *op, float *dst, c
     return st;
 }
 
-ct_status cuda_embedding_forward(ct_device *dev, float *out, const int32_t *ids, const float *table, int64_t n,
-                                 int64_t c, int64_t vocab)
+/* A shard's rows [begin, begin + rows): an id outside them gives a zero row, or adds nothing. */
+static ct_status embedding_ranged(cuda_device *d, const char *op, float *dst, const int32_t *ids, const float *src,
+                                  int64_t n, int64_t c, int64_t begin, int64_t rows, int backward)
 {
-    cuda_device *d = dev;
-    return embedding_checked(d, "embedding_forward", out, ids, table, n, c, vocab, 0);
+    if (n == 0 || c == 0 || (backward && rows == 0))
+        return CT_OK;
+    if (n > INT32_MAX || (backward && (rows >= INT32_MAX || c > (int64_t)65535 * 128)))
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, op, "shape n=%lld c=%lld rows=%lld exceeds the CUDA kernels' limits",
+                         (long long)n, (long long)c, (long long)rows);
+    ct_status st = cuda_enter(d, op);
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = backward ? cuk_embedding_backward(&d->env, dst, ids, src, n, c, begin, rows, NULL)
+                             : cuk_embedding_forward(&d->env, dst, ids, src, n, c, begin, rows, NULL);
+    return e == cudaSuccess ? CT_OK : cuda_error(d, op, "kernel launch", e);
 }
 
-ct_status cuda_embedding_backward(ct_device *dev, float *dtable, const int32_t *ids, const float *dout, int64_t n,
-                                  int64_t c, int64_t vocab)
+/* ABI 2.23: strict (begin 0) checks the ids against the whole table; otherwise the table is a shard. */
+ct_status cuda_embedding_forward_general(ct_device *dev, float *out, const int32_t *ids, const float *table, int64_t n,
+                                         int64_t c, int64_t begin, int64_t rows, int strict)
 {
     cuda_device *d = dev;
-    return embedding_checked(d, "embedding_backward", dtable, ids, dout, n, c, vocab, 1);
+    const char *op = "embedding_forward_general";
+    return strict ? embedding_checked(d, op, out, ids, table, n, c, rows, 0)
+                  : embedding_ranged(d, op, out, ids, table, n, c, begin, rows, 0);
+}
+
+ct_status cuda_embedding_backward_general(ct_device *dev, float *dtable, const int32_t *ids, const float *dout,
+                                          int64_t n, int64_t c, int64_t begin, int64_t rows, int strict)
+{
+    cuda_device *d = dev;
+    const char *op = "embedding_backward_general";
+    return strict ? embedding_checked(d, op, dtable, ids, dout, n, c, rows, 1)
+                  : embedding_ranged(d, op, dtable, ids, dout, n, c, begin, rows, 1);
 }
 
 /* ---------------------------------------------------------------- norms, bias */
@@ -310,8 +332,8 @@ ct_status cuda_bias_backward(ct_device *dev, float *dbias, const float *dout, in
 
 /* ---------------------------------------------------------------- rope */
 
-/* pos: the positions of rope_*_pos, or NULL for rows 0..t-1; inv: the frequency table of
- * rope_freqs_* (then theta is unused), or NULL for theta^(-2i/d) */
+/* pos: the rows' positions, or NULL for rows 0..t-1; inv: the model's frequency table (then theta
+ * is unused), or NULL for theta^(-2i/d) */
 static ct_status rope_launch(cuda_device *d, const char *op, float *out, const float *x, const int32_t *pos,
                              const float *inv, int64_t b, int64_t t, int64_t h, int64_t hd, float theta, int backward)
 {
@@ -324,47 +346,19 @@ static ct_status rope_launch(cuda_device *d, const char *op, float *out, const f
     return e == cudaSuccess ? CT_OK : cuda_error(d, op, "kernel launch", e);
 }
 
-ct_status cuda_rope_forward(ct_device *dev, float *out, const float *x, int64_t b, int64_t t, int64_t h, int64_t hd,
-                            float theta)
+/* ABI 2.23: every case of RoPE (pos and inv_freq each optional). */
+ct_status cuda_rope_forward_general(ct_device *dev, float *out, const float *x, const int32_t *pos,
+                                    const float *inv_freq, float theta, int64_t b, int64_t t, int64_t h, int64_t hd)
 {
     cuda_device *d = dev;
-    return rope_launch(d, "rope_forward", out, x, NULL, NULL, b, t, h, hd, theta, 0);
+    return rope_launch(d, "rope_forward_general", out, x, pos, inv_freq, b, t, h, hd, theta, 0);
 }
 
-ct_status cuda_rope_backward(ct_device *dev, float *dx, const float *dout, int64_t b, int64_t t, int64_t h,
-                             int64_t hd, float theta)
+ct_status cuda_rope_backward_general(ct_device *dev, float *dx, const float *dout, const int32_t *pos,
+                                     const float *inv_freq, float theta, int64_t b, int64_t t, int64_t h, int64_t hd)
 {
     cuda_device *d = dev;
-    return rope_launch(d, "rope_backward", dx, dout, NULL, NULL, b, t, h, hd, theta, 1);
-}
-
-ct_status cuda_rope_forward_pos(ct_device *dev, float *out, const float *x, const int32_t *pos, int64_t b, int64_t t,
-                                int64_t h, int64_t hd, float theta)
-{
-    cuda_device *d = dev;
-    return rope_launch(d, "rope_forward_pos", out, x, pos, NULL, b, t, h, hd, theta, 0);
-}
-
-ct_status cuda_rope_backward_pos(ct_device *dev, float *dx, const float *dout, const int32_t *pos, int64_t b,
-                                 int64_t t, int64_t h, int64_t hd, float theta)
-{
-    cuda_device *d = dev;
-    return rope_launch(d, "rope_backward_pos", dx, dout, pos, NULL, b, t, h, hd, theta, 1);
-}
-
-/* ABI 2.4: the model's frequency table inv_freq (device memory); pos optional. */
-ct_status cuda_rope_freqs_forward(ct_device *dev, float *out, const float *x, const int32_t *pos,
-                                  const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t hd)
-{
-    cuda_device *d = dev;
-    return rope_launch(d, "rope_freqs_forward", out, x, pos, inv_freq, b, t, h, hd, 1.0f, 0);
-}
-
-ct_status cuda_rope_freqs_backward(ct_device *dev, float *dx, const float *dout, const int32_t *pos,
-                                   const float *inv_freq, int64_t b, int64_t t, int64_t h, int64_t hd)
-{
-    cuda_device *d = dev;
-    return rope_launch(d, "rope_freqs_backward", dx, dout, pos, inv_freq, b, t, h, hd, 1.0f, 1);
+    return rope_launch(d, "rope_backward_general", dx, dout, pos, inv_freq, b, t, h, hd, theta, 1);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -637,20 +631,37 @@ ct_status cuda_cross_entropy_forward(ct_device *dev, float *losses, const float 
                                  0);
 }
 
-ct_status cuda_cross_entropy_backward(ct_device *dev, float *dlogits, const float *logits, const int32_t *targets,
-                                      float dloss, int64_t n, int64_t v, int32_t ignore_index)
+/* A shard of each row (lse given): targets not checked, an id outside this shard's columns is simply
+ * not here. */
+static ct_status cross_entropy_backward_shard(cuda_device *d, const char *op, float *dlogits, const float *logits,
+                                              const int32_t *targets, const float *lse, float dloss,
+                                              const float *dloss_dev, int64_t n, int64_t v, int64_t begin,
+                                              int32_t ignore_index)
 {
-    cuda_device *d = dev;
-    return cross_entropy_checked(d, "cross_entropy_backward", dlogits, logits, targets, dloss, NULL, n, v,
-                                 ignore_index, 1);
+    if (n == 0 || v == 0)
+        return CT_OK;
+    if (n > INT32_MAX)
+        return cuda_fail(d, CT_ERR_UNSUPPORTED, op, "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
+    ct_status st = cuda_enter(d, op);
+    if (st != CT_OK)
+        return st;
+    cudaError_t e = cuk_cross_entropy_backward_lse(&d->env, dlogits, logits, targets, lse, dloss, dloss_dev, n, v,
+                                                   begin, ignore_index);
+    return e == cudaSuccess ? CT_OK : cuda_error(d, op, "kernel launch", e);
 }
 
-ct_status cuda_cross_entropy_backward_dev(ct_device *dev, float *dlogits, const float *logits, const int32_t *targets,
-                                          const float *dloss, int64_t n, int64_t v, int32_t ignore_index)
+/* ABI 2.23: whole rows (lse NULL, targets checked) or a shard; dloss_dev, when set, replaces dloss. */
+ct_status cuda_cross_entropy_backward_general(ct_device *dev, float *dlogits, const float *logits,
+                                              const int32_t *targets, const float *lse, float dloss,
+                                              const float *dloss_dev, int64_t n, int64_t v, int64_t begin,
+                                              int32_t ignore_index)
 {
     cuda_device *d = dev;
-    return cross_entropy_checked(d, "cross_entropy_backward_dev", dlogits, logits, targets, 0.0f, dloss, n, v,
-                                 ignore_index, 1);
+    const char *op = "cross_entropy_backward_general";
+    if (lse)
+        return cross_entropy_backward_shard(d, op, dlogits, logits, targets, lse, dloss, dloss_dev, n, v, begin,
+                                            ignore_index);
+    return cross_entropy_checked(d, op, dlogits, logits, targets, dloss, dloss_dev, n, v, ignore_index, 1);
 }
 
 /* ---------------------------------------------------------------- optimizer, precision */

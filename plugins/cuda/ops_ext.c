@@ -1,6 +1,6 @@
 /* ops_ext.c: the CUDA plugin's optional ops: float8 (ABI 1.2: amax, quantize and dequantize
- * with group scales, transpose) and tensor parallel (ABI 1.3: embedding and cross-entropy over a
- * vocabulary shard, copy_2d). The host checked their arguments (core/host/devcheck.c); what is
+ * with group scales, transpose) and tensor parallel (ABI 1.3: a vocabulary shard's cross-entropy
+ * stats, copy_2d; the shard's embedding and backward are ops.c's 2.23 general ops). The host checked their arguments (core/host/devcheck.c); what is
  * left here are the GPU's limits.
  */
 #include "cuda_device.h"
@@ -71,43 +71,6 @@ ct_status cuda_transpose(ct_device *dev, float *dst, const float *src, int64_t r
 
 /* ---------------------------------------------------------------- tensor parallel (ABI 1.3) */
 
-ct_status cuda_embedding_forward_range(ct_device *dev, float *out, const int32_t *ids, const float *table, int64_t n,
-                                       int64_t c, int64_t begin, int64_t rows)
-{
-    cuda_device *d = dev;
-    if (n == 0 || c == 0)
-        return CT_OK;
-    if (n > INT32_MAX)
-        return cuda_fail(d, CT_ERR_UNSUPPORTED, "embedding_forward_range",
-                         "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
-    ct_status st = cuda_enter(d, "embedding_forward_range");
-    if (st != CT_OK)
-        return st;
-    cudaError_t e = cuk_embedding_forward(&d->env, out, ids, table, n, c, begin, rows, NULL);
-    if (e != cudaSuccess)
-        return cuda_error(d, "embedding_forward_range", "kernel launch", e);
-    return CT_OK;
-}
-
-ct_status cuda_embedding_backward_range(ct_device *dev, float *dtable, const int32_t *ids, const float *dout,
-                                        int64_t n, int64_t c, int64_t begin, int64_t rows)
-{
-    cuda_device *d = dev;
-    if (n == 0 || c == 0 || rows == 0)
-        return CT_OK;
-    if (n > INT32_MAX || rows >= INT32_MAX || c > (int64_t)65535 * 128)
-        return cuda_fail(d, CT_ERR_UNSUPPORTED, "embedding_backward_range",
-                         "shape n=%lld c=%lld rows=%lld exceeds the CUDA kernels' limits", (long long)n, (long long)c,
-                         (long long)rows);
-    ct_status st = cuda_enter(d, "embedding_backward_range");
-    if (st != CT_OK)
-        return st;
-    cudaError_t e = cuk_embedding_backward(&d->env, dtable, ids, dout, n, c, begin, rows, NULL);
-    if (e != cudaSuccess)
-        return cuda_error(d, "embedding_backward_range", "kernel launch", e);
-    return CT_OK;
-}
-
 /* Targets are not checked: an id outside this shard's columns is simply not here. */
 ct_status cuda_cross_entropy_stats(ct_device *dev, float *stats, const float *logits, const int32_t *targets,
                                    int64_t n, int64_t v, int64_t begin, int32_t ignore_index)
@@ -124,26 +87,6 @@ ct_status cuda_cross_entropy_stats(ct_device *dev, float *stats, const float *lo
     cudaError_t e = cuk_cross_entropy_stats(&d->env, stats, logits, targets, n, v, begin, ignore_index);
     if (e != cudaSuccess)
         return cuda_error(d, "cross_entropy_stats", "kernel launch", e);
-    return CT_OK;
-}
-
-ct_status cuda_cross_entropy_backward_lse(ct_device *dev, float *dlogits, const float *logits, const int32_t *targets,
-                                          const float *lse, float dloss, int64_t n, int64_t v, int64_t begin,
-                                          int32_t ignore_index)
-{
-    cuda_device *d = dev;
-    if (n == 0 || v == 0)
-        return CT_OK;
-    if (n > INT32_MAX)
-        return cuda_fail(d, CT_ERR_UNSUPPORTED, "cross_entropy_backward_lse",
-                         "%lld rows exceed the CUDA grid (2^31 - 1 blocks)", (long long)n);
-    ct_status st = cuda_enter(d, "cross_entropy_backward_lse");
-    if (st != CT_OK)
-        return st;
-    cudaError_t e =
-        cuk_cross_entropy_backward_lse(&d->env, dlogits, logits, targets, lse, dloss, n, v, begin, ignore_index);
-    if (e != cudaSuccess)
-        return cuda_error(d, "cross_entropy_backward_lse", "kernel launch", e);
     return CT_OK;
 }
 

@@ -77,8 +77,8 @@ static ct_status embedding_fwd(ct_builder *b, void *sp, ct_tensor *const *in, in
     memcpy(shape, ids->shape, sizeof shape);
     shape[ids->ndim] = table->shape[1];
     if (!(out[0] = b->new_tensor(b, CT_F32, ids->ndim + 1, shape))) return CT_ERR_NOMEM;
-    return d->embedding_forward_range(s->t->env.dev, out[0]->data, ids->data, table->data, numel(ids), table->shape[1],
-                                      s->begin, table->shape[0]);
+    return d->embedding_forward_general(s->t->env.dev, out[0]->data, ids->data, table->data, numel(ids),
+                                        table->shape[1], s->begin, table->shape[0], 0);
 }
 
 static ct_status embedding_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in, ct_tensor *const *out,
@@ -91,8 +91,8 @@ static ct_status embedding_bwd(ct_builder *b, void *sp, ct_tensor *const *in, in
     if (!(halves & CT_GRAD_WEIGHT) || !dy[0]) return CT_OK;
     float *g = b->grad(b, table);
     if (!g) return CT_ERR_NOMEM;
-    return s->t->env.dapi->embedding_backward_range(s->t->env.dev, g, ids->data, dy[0], numel(ids), table->shape[1],
-                                                    s->begin, table->shape[0]);
+    return s->t->env.dapi->embedding_backward_general(s->t->env.dev, g, ids->data, dy[0], numel(ids), table->shape[1],
+                                                      s->begin, table->shape[0], 0);
 }
 
 /* The GEMM dtype of a matmul the device runs for the strategy: the host rounds every matmul's
@@ -135,7 +135,8 @@ ct_tensor *tp_embedding_ranged(tp *t, ct_builder *b, const ct_tensor *ids, ct_te
         t->host->set_error(t->host, "embedding: expects int32 ids and a (vocab, dim) f32 table");
         return NULL;
     }
-    if (!tp_planning(b) && (!d->embedding_forward_range || !d->embedding_backward_range)) {
+    if (!tp_planning(b) && (!CT_HAS_FIELD(d, ct_device_api, embedding_backward_general) ||
+                            !d->embedding_forward_general || !d->embedding_backward_general)) {
         t->host->set_error(t->host, "tensor parallel: the device lacks the ranged embedding ops");
         return NULL;
     }
@@ -231,8 +232,8 @@ static ct_status ce_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in,
     if (!g) return CT_ERR_NOMEM;
     ct_status st = d->copy(s->t->env.dev, &dloss, dy[0], sizeof dloss, CT_COPY_D2H);
     if (st != CT_OK) return st;
-    return d->cross_entropy_backward_lse(s->t->env.dev, g, logits->data, targets->data, s->lse->data, dloss, n, v,
-                                         s->begin, CT_IGNORE_INDEX);
+    return d->cross_entropy_backward_general(s->t->env.dev, g, logits->data, targets->data, s->lse->data, dloss, NULL,
+                                             n, v, s->begin, CT_IGNORE_INDEX);
 }
 
 /* The planner's forward: the scalar loss, and the per-row stats (3 per row) and log-sum-exp that
@@ -262,7 +263,8 @@ static const ct_custom_op ce_op = {sizeof(ct_custom_op), "tp.cross_entropy", ce_
 
 ct_tensor *tp_cross_entropy_sharded(tp *t, ct_builder *b, ct_tensor *logits, const ct_tensor *targets) {
     const ct_device_api *d = t->env.dapi; /* NULL on a planning instance: only shapes then */
-    if (!tp_planning(b) && (!d->cross_entropy_stats || !d->cross_entropy_backward_lse)) {
+    if (!tp_planning(b) && (!d->cross_entropy_stats || !CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_general) ||
+                            !d->cross_entropy_backward_general)) {
         t->host->set_error(t->host, "loss parallel: the device lacks cross_entropy_stats; set "
                                     "parallelism.disable_loss_parallel");
         return NULL;
@@ -350,10 +352,10 @@ static ct_status lxe_bwd(ct_builder *b, void *sp, ct_tensor *const *in, int n_in
         const float *xr = (const float *)X->data + r0 * k;
         bad = failed(t, d->matmul(dev, logits, xr, w->data, nr, v, k, 0, 1, 1.0f, 0.0f), "loss parallel: matmul") ||
               failed(t, d->zero(dev, dl, sizeof(float) * (size_t)(nr * v)), "zero") ||
-              failed(t, d->cross_entropy_backward_lse(dev, dl, logits, (const int32_t *)targets->data + r0,
-                                                      (const float *)s->lse->data + r0, dloss, nr, v, s->begin,
-                                                      CT_IGNORE_INDEX),
-                     "loss parallel: cross_entropy_backward_lse") ||
+              failed(t, d->cross_entropy_backward_general(dev, dl, logits, (const int32_t *)targets->data + r0,
+                                                          (const float *)s->lse->data + r0, dloss, NULL, nr, v,
+                                                          s->begin, CT_IGNORE_INDEX),
+                     "loss parallel: cross_entropy_backward_general") ||
               (gx && failed(t, d->matmul(dev, gx + r0 * k, dl, w->data, nr, k, v, 0, 0, 1.0f, 1.0f), "matmul")) ||
               (gw && failed(t, d->matmul(dev, gw, dl, xr, v, k, nr, 1, 0, 1.0f, 1.0f), "matmul"));
     }
@@ -391,7 +393,8 @@ static const ct_custom_op lxe_op = {sizeof(ct_custom_op), "tp.linear_cross_entro
 
 ct_tensor *tp_linear_cross_entropy_sharded(tp *t, ct_builder *b, ct_tensor *X, ct_tensor *w, const ct_tensor *targets) {
     const ct_device_api *d = t->env.dapi; /* NULL on a planning instance: only shapes then */
-    if (!tp_planning(b) && (!d->cross_entropy_stats || !d->cross_entropy_backward_lse || !d->zero)) {
+    if (!tp_planning(b) && (!d->cross_entropy_stats || !CT_HAS_FIELD(d, ct_device_api, cross_entropy_backward_general) ||
+                            !d->cross_entropy_backward_general || !d->zero)) {
         t->host->set_error(t->host, "loss parallel: the device lacks cross_entropy_stats; set "
                                     "parallelism.disable_loss_parallel");
         return NULL;

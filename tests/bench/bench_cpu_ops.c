@@ -190,7 +190,7 @@ static void bench_model(const char *name, int64_t n, int64_t c, int64_t ffn, int
     snprintf(label, sizeof label, "%s cross_entropy fwd+bwd (%ld,%ld)", name, (long)n, (long)vocab);
     TIME(label, 0,
          api->cross_entropy_forward(dev, losses, logits, tg, n, vocab, -100) ||
-             api->cross_entropy_backward(dev, dl, logits, tg, 1.0f / n, n, vocab, -100));
+             api->cross_entropy_backward_general(dev, dl, logits, tg, NULL, 1.0f / n, NULL, n, vocab, 0, -100));
     free(ht);
     api->free(dev, tg);
     api->free(dev, logits);

@@ -293,8 +293,8 @@ static void cross_entropy_case(device *R, device *T, int64_t n, int64_t v)
         float *dl = up(D, logits, 4 * n * v), *loss = up(D, NULL, 4 * n), *dg = up(D, g0, 4 * n * v);
         int32_t *dt = up(D, targets, 4 * n);
         must(D->api->cross_entropy_forward(D->dev, loss, dl, dt, n, v, -100), D, "cross_entropy_forward");
-        must(D->api->cross_entropy_backward(D->dev, dg, dl, dt, 1.0f / (float)n, n, v, -100), D,
-             "cross_entropy_backward");
+        must(D->api->cross_entropy_backward_general(D->dev, dg, dl, dt, NULL, 1.0f / (float)n, NULL, n, v, 0, -100),
+             D, "cross_entropy_backward_general");
         res[r][0] = down(D, loss, n);
         res[r][1] = down(D, dg, n * v);
         D->api->free(D->dev, dl), D->api->free(D->dev, loss), D->api->free(D->dev, dg), D->api->free(D->dev, dt);
@@ -321,7 +321,7 @@ static void embedding_backward_case(device *R, device *T, int64_t n, int64_t c, 
         device *D = devs[r];
         float *dd = up(D, dout, 4 * n * c), *dg = up(D, g0, 4 * vocab * c);
         int32_t *di = up(D, ids, 4 * n);
-        must(D->api->embedding_backward(D->dev, dg, di, dd, n, c, vocab), D, "embedding_backward");
+        must(D->api->embedding_backward_general(D->dev, dg, di, dd, n, c, 0, vocab, 1), D, "embedding_backward_general");
         res[r] = down(D, dg, vocab * c);
         D->api->free(D->dev, dd), D->api->free(D->dev, dg), D->api->free(D->dev, di);
     }
@@ -426,8 +426,10 @@ static void cp_ring_case(device *R, device *T, int64_t b, int64_t t, int cp, int
             must(D->api->attention_block_backward(D->dev, gq, gk[s], gv[s], dg, dq, dk[s], dv[s], out, lse, dpos[qr],
                                                   dpos[s], b, tl, tl, h, kvh, d),
                  D, "attention_block_backward");
-        must(D->api->rope_forward_pos(D->dev, rq, rq, dpos[qr], b, tl, h, d, 500000.0f), D, "rope_forward_pos");
-        must(D->api->rope_backward_pos(D->dev, rg, dg, dpos[qr], b, tl, h, d, 500000.0f), D, "rope_backward_pos");
+        must(D->api->rope_forward_general(D->dev, rq, rq, dpos[qr], NULL, 500000.0f, b, tl, h, d), D,
+             "rope_forward_general (positions)");
+        must(D->api->rope_backward_general(D->dev, rg, dg, dpos[qr], NULL, 500000.0f, b, tl, h, d), D,
+             "rope_backward_general (positions)");
         float *got[5 + 2 * CC_MAX_CP] = {down(D, out, nq), down(D, lse, nl), down(D, gq, nq), down(D, rq, nq),
                                          down(D, rg, nq)};
         for (int s = 0; s < cp; s++) {
@@ -576,10 +578,10 @@ static void rope_freqs_case(device *R, device *T)
         int32_t *dpos = up(D, pos, sizeof pos);
         for (int with_pos = 0; with_pos < 2; with_pos++) {
             float *dx = up(D, x, 4 * n), *dg = up(D, g0, 4 * n);
-            must(D->api->rope_freqs_forward(D->dev, dx, dx, with_pos ? dpos : NULL, dinv, b, t, h, d), D,
-                 "rope_freqs_forward");
-            must(D->api->rope_freqs_backward(D->dev, dg, dx, with_pos ? dpos : NULL, dinv, b, t, h, d), D,
-                 "rope_freqs_backward");
+            must(D->api->rope_forward_general(D->dev, dx, dx, with_pos ? dpos : NULL, dinv, 1.0f, b, t, h, d), D,
+                 "rope_forward_general (table)");
+            must(D->api->rope_backward_general(D->dev, dg, dx, with_pos ? dpos : NULL, dinv, 1.0f, b, t, h, d), D,
+                 "rope_backward_general (table)");
             res[r][2 * with_pos] = down(D, dx, n);
             res[r][2 * with_pos + 1] = down(D, dg, n);
             D->api->free(D->dev, dx);
@@ -611,8 +613,9 @@ static void rope_matmul_sum_case(device *R, device *T)
     for (int r = 0; r < 2; r++) {
         device *D = devs[r];
         float *dx = up(D, x, 4 * n), *dg = up(D, g0, 4 * n);
-        must(D->api->rope_forward(D->dev, dx, dx, b, t, h, d, 500000.0f), D, "rope_forward");
-        must(D->api->rope_backward(D->dev, dg, dx, b, t, h, d, 500000.0f), D, "rope_backward");
+        must(D->api->rope_forward_general(D->dev, dx, dx, NULL, NULL, 500000.0f, b, t, h, d), D, "rope_forward_general");
+        must(D->api->rope_backward_general(D->dev, dg, dx, NULL, NULL, 500000.0f, b, t, h, d), D,
+             "rope_backward_general");
         res[r][0] = down(D, dx, n);
         res[r][1] = down(D, dg, n);
         float *da = up(D, A, 4 * k * m), *db = up(D, B, 4 * nn * k), *dc = up(D, C, 4 * m * nn);

@@ -340,19 +340,19 @@ static void test_matmul_transposes_and_beta(void **state)
 /* out (n,c) = table[ids];  grad wrt the table (vocab,c) */
 static void emb_fwd64(op_case *c, double *out)
 {
-    embedding_forward_f64(out, c->ids, c->in[0], c->dim[0], c->dim[1]);
+    embedding_forward_f64(out, c->ids, c->in[0], c->dim[0], c->dim[1], 0, c->dim[2]);
 }
 static void emb_bwd64(op_case *c)
 {
-    embedding_backward_f64(c->grad[0], c->ids, c->r, c->dim[0], c->dim[1]);
+    embedding_backward_f64(c->grad[0], c->ids, c->r, c->dim[0], c->dim[1], 0, c->dim[2]);
 }
 static void emb_fwd32(op_case *c, float *out)
 {
-    embedding_forward_f32(out, c->ids, c->in_f[0], c->dim[0], c->dim[1]);
+    embedding_forward_f32(out, c->ids, c->in_f[0], c->dim[0], c->dim[1], 0, c->dim[2]);
 }
 static void emb_bwd32(op_case *c)
 {
-    embedding_backward_f32(c->grad_f[0], c->ids, c->r_f, c->dim[0], c->dim[1]);
+    embedding_backward_f32(c->grad_f[0], c->ids, c->r_f, c->dim[0], c->dim[1], 0, c->dim[2]);
 }
 
 static void test_embedding_gradients(void **state)
@@ -523,24 +523,23 @@ static void test_bias_gradients(void **state)
 static void rope_fwd64(op_case *c, double *out)
 {
     assert_int_equal(
-        rope_forward_f64(out, c->in[0], c->dim[0], c->dim[1], c->dim[2], c->dim[3], c->param), 0);
+        rope_forward_f64(out, c->in[0], NULL, NULL, c->param, c->dim[0], c->dim[1], c->dim[2], c->dim[3]), 0);
 }
 static void rope_bwd64(op_case *c)
 {
     assert_int_equal(
-        rope_backward_f64(c->grad[0], c->r, c->dim[0], c->dim[1], c->dim[2], c->dim[3], c->param),
+        rope_backward_f64(c->grad[0], c->r, NULL, NULL, c->param, c->dim[0], c->dim[1], c->dim[2], c->dim[3]),
         0);
 }
 static void rope_fwd32(op_case *c, float *out)
 {
-    assert_int_equal(rope_forward_f32(out, c->in_f[0], c->dim[0], c->dim[1], c->dim[2], c->dim[3],
-                                      (float)c->param),
+    assert_int_equal(rope_forward_f32(out, c->in_f[0], NULL, NULL, (float)c->param, c->dim[0], c->dim[1], c->dim[2], c->dim[3]),
                      0);
 }
 static void rope_bwd32(op_case *c)
 {
-    assert_int_equal(rope_backward_f32(c->grad_f[0], c->r_f, c->dim[0], c->dim[1], c->dim[2],
-                                       c->dim[3], (float)c->param),
+    assert_int_equal(rope_backward_f32(c->grad_f[0], c->r_f, NULL, NULL, (float)c->param, c->dim[0], c->dim[1], c->dim[2],
+                                       c->dim[3]),
                      0);
 }
 
@@ -572,7 +571,7 @@ static void test_rope_convention_and_in_place(void **state)
     double x[4 * 6], y[4 * 6];
     for (int i = 0; i < t * d; i++)
         x[i] = y[i] = rnd();
-    assert_int_equal(rope_forward_f64(y, y, 1, t, 1, d, theta), 0); /* out aliases x */
+    assert_int_equal(rope_forward_f64(y, y, NULL, NULL, theta, 1, t, 1, d), 0); /* out aliases x */
     for (int64_t p = 0; p < t; p++)
         for (int64_t i = 0; i < d / 2; i++) {
             double a = (double)p * pow(theta, -2.0 * (double)i / (double)d);
@@ -659,26 +658,26 @@ static const int32_t gc_k_pos[6] = {3, 8, 2, 5, 11, 6};
 
 static void rope_pos_fwd64(op_case *c, double *out)
 {
-    assert_int_equal(rope_forward_pos_f64(out, c->in[0], gc_q_pos, c->dim[0], c->dim[1], c->dim[2],
-                                          c->dim[3], c->param),
+    assert_int_equal(rope_forward_f64(out, c->in[0], gc_q_pos, NULL, c->param, c->dim[0], c->dim[1],
+                                      c->dim[2], c->dim[3]),
                      0);
 }
 static void rope_pos_bwd64(op_case *c)
 {
-    assert_int_equal(rope_backward_pos_f64(c->grad[0], c->r, gc_q_pos, c->dim[0], c->dim[1],
-                                           c->dim[2], c->dim[3], c->param),
+    assert_int_equal(rope_backward_f64(c->grad[0], c->r, gc_q_pos, NULL, c->param, c->dim[0], c->dim[1],
+                                           c->dim[2], c->dim[3]),
                      0);
 }
 static void rope_pos_fwd32(op_case *c, float *out)
 {
-    assert_int_equal(rope_forward_pos_f32(out, c->in_f[0], gc_q_pos, c->dim[0], c->dim[1],
-                                          c->dim[2], c->dim[3], (float)c->param),
+    assert_int_equal(rope_forward_f32(out, c->in_f[0], gc_q_pos, NULL, (float)c->param, c->dim[0], c->dim[1],
+                                          c->dim[2], c->dim[3]),
                      0);
 }
 static void rope_pos_bwd32(op_case *c)
 {
-    assert_int_equal(rope_backward_pos_f32(c->grad_f[0], c->r_f, gc_q_pos, c->dim[0], c->dim[1],
-                                           c->dim[2], c->dim[3], (float)c->param),
+    assert_int_equal(rope_backward_f32(c->grad_f[0], c->r_f, gc_q_pos, NULL, (float)c->param, c->dim[0], c->dim[1],
+                                           c->dim[2], c->dim[3]),
                      0);
 }
 
@@ -705,25 +704,25 @@ static const float gc_inv32[4] = {1.0f, 0.21f, 0.0125f, 0.000125f};
 
 static void rope_freqs_fwd64(op_case *c, double *out)
 {
-    assert_int_equal(rope_freqs_forward_f64(out, c->in[0], c->param ? gc_q_pos : NULL, gc_inv64, c->dim[0],
+    assert_int_equal(rope_forward_f64(out, c->in[0], c->param ? gc_q_pos : NULL, gc_inv64, 1, c->dim[0],
                                             c->dim[1], c->dim[2], c->dim[3]),
                      0);
 }
 static void rope_freqs_bwd64(op_case *c)
 {
-    assert_int_equal(rope_freqs_backward_f64(c->grad[0], c->r, c->param ? gc_q_pos : NULL, gc_inv64, c->dim[0],
+    assert_int_equal(rope_backward_f64(c->grad[0], c->r, c->param ? gc_q_pos : NULL, gc_inv64, 1, c->dim[0],
                                              c->dim[1], c->dim[2], c->dim[3]),
                      0);
 }
 static void rope_freqs_fwd32(op_case *c, float *out)
 {
-    assert_int_equal(rope_freqs_forward_f32(out, c->in_f[0], c->param ? gc_q_pos : NULL, gc_inv32, c->dim[0],
+    assert_int_equal(rope_forward_f32(out, c->in_f[0], c->param ? gc_q_pos : NULL, gc_inv32, 1, c->dim[0],
                                             c->dim[1], c->dim[2], c->dim[3]),
                      0);
 }
 static void rope_freqs_bwd32(op_case *c)
 {
-    assert_int_equal(rope_freqs_backward_f32(c->grad_f[0], c->r_f, c->param ? gc_q_pos : NULL, gc_inv32,
+    assert_int_equal(rope_backward_f32(c->grad_f[0], c->r_f, c->param ? gc_q_pos : NULL, gc_inv32, 1,
                                              c->dim[0], c->dim[1], c->dim[2], c->dim[3]),
                      0);
 }

@@ -4,8 +4,11 @@
  *   - a bad call is refused with CT_ERR_INVALID and one "op: what" line through the plugin's host
  *     table, and never reaches the plugin; a good one reaches it once, with its arguments, and
  *     its status comes back; a null device is refused without a message;
- *   - the table keeps the plugin's struct_size; ops the plugin leaves NULL stay NULL; ops the layer
+ *   - the table has today's struct_size; ops the plugin leaves NULL stay NULL; ops the layer
  *     does not check are the plugin's own functions;
+ *   - the 2.23 families: a plugin with only the general ops gets every narrow op, each calling the
+ *     general op with its case's arguments; a plugin of an older minor with only narrow ops gets the
+ *     general ops, each case calling its narrow op (and a case it has no op for is unsupported);
  *   - the MoE ops (ABI 2.14): bad shapes and group settings refused, and a table with some but not
  *     all twelve offers none;
  *   - a refusal while a graph captures makes graph_end fail with it and free the graph, as a
@@ -137,7 +140,7 @@ static void the_table(void **state) {
     fake.struct_size = offsetof(ct_device_api, amax); /* a plugin of an older ABI: its table ends earlier */
     fake.amax = f_amax; /* past its struct_size: never read */
     const ct_device_api *d = devcheck_wrap(&fake, &host);
-    assert_int_equal(d->struct_size, offsetof(ct_device_api, amax));
+    assert_int_equal(d->struct_size, sizeof(ct_device_api)); /* today's: the 2.23 general ops are always there */
     assert_null(d->amax);
     assert_null(d->add); /* the plugin's NULL stays NULL */
     assert_non_null(d->axpy);
@@ -275,11 +278,181 @@ static void moe_ops_all_or_none(void **state) {
     assert_non_null(d->moe_scores_forward);
 }
 
+/* ---- the 2.23 families: which op the plugin saw, with which case arguments ---- */
+
+static char seen[64];
+static const void *seen_pos, *seen_table, *seen_lse, *seen_dloss_dev;
+static int64_t seen_begin, seen_rows;
+static int seen_strict;
+static float seen_theta, seen_dloss;
+
+static void saw(const char *op) {
+    calls++;
+    snprintf(seen, sizeof seen, "%s", op);
+}
+static ct_status g_emb_fwd(ct_device *dev, float *out, const int32_t *ids, const float *table, int64_t n, int64_t c,
+                           int64_t begin, int64_t rows, int strict) {
+    (void)dev, (void)out, (void)ids, (void)table, (void)n, (void)c;
+    saw("embedding_forward_general");
+    seen_begin = begin, seen_rows = rows, seen_strict = strict;
+    return CT_OK;
+}
+static ct_status g_emb_bwd(ct_device *dev, float *dt, const int32_t *ids, const float *dout, int64_t n, int64_t c,
+                           int64_t begin, int64_t rows, int strict) {
+    (void)dt, (void)dout;
+    ct_status st = g_emb_fwd(dev, NULL, ids, NULL, n, c, begin, rows, strict);
+    saw("embedding_backward_general");
+    return st;
+}
+static ct_status g_rope(ct_device *dev, float *out, const float *x, const int32_t *pos, const float *inv, float theta,
+                        int64_t b, int64_t t, int64_t h, int64_t d) {
+    (void)dev, (void)out, (void)x, (void)b, (void)t, (void)h, (void)d;
+    saw("rope_forward_general");
+    seen_pos = pos, seen_table = inv, seen_theta = theta;
+    return CT_OK;
+}
+static ct_status g_xent(ct_device *dev, float *dl, const float *l, const int32_t *t, const float *lse, float dloss,
+                        const float *dloss_dev, int64_t n, int64_t v, int64_t begin, int32_t ig) {
+    (void)dev, (void)dl, (void)l, (void)t, (void)n, (void)v, (void)ig;
+    saw("cross_entropy_backward_general");
+    seen_lse = lse, seen_dloss = dloss, seen_dloss_dev = dloss_dev, seen_begin = begin;
+    return CT_OK;
+}
+static ct_status n_emb(ct_device *dev, float *out, const int32_t *ids, const float *table, int64_t n, int64_t c,
+                       int64_t vocab) {
+    (void)dev, (void)out, (void)ids, (void)table, (void)n, (void)c;
+    saw("embedding_forward");
+    seen_rows = vocab;
+    return CT_OK;
+}
+static ct_status n_emb_range(ct_device *dev, float *out, const int32_t *ids, const float *table, int64_t n, int64_t c,
+                             int64_t begin, int64_t rows) {
+    (void)dev, (void)out, (void)ids, (void)table, (void)n, (void)c;
+    saw("embedding_forward_range");
+    seen_begin = begin, seen_rows = rows;
+    return CT_OK;
+}
+static ct_status n_rope(ct_device *dev, float *out, const float *x, int64_t b, int64_t t, int64_t h, int64_t d,
+                        float theta) {
+    (void)dev, (void)out, (void)x, (void)b, (void)t, (void)h, (void)d;
+    saw("rope_forward");
+    seen_theta = theta;
+    return CT_OK;
+}
+static ct_status n_rope_pos(ct_device *dev, float *out, const float *x, const int32_t *pos, int64_t b, int64_t t,
+                            int64_t h, int64_t d, float theta) {
+    (void)dev, (void)out, (void)x, (void)b, (void)t, (void)h, (void)d;
+    saw("rope_forward_pos");
+    seen_pos = pos, seen_theta = theta;
+    return CT_OK;
+}
+static ct_status n_xent(ct_device *dev, float *dl, const float *l, const int32_t *t, float dloss, int64_t n, int64_t v,
+                        int32_t ig) {
+    (void)dev, (void)dl, (void)l, (void)t, (void)n, (void)v, (void)ig;
+    saw("cross_entropy_backward");
+    seen_dloss = dloss;
+    return CT_OK;
+}
+static ct_status n_xent_lse(ct_device *dev, float *dl, const float *l, const int32_t *t, const float *lse, float dloss,
+                            int64_t n, int64_t v, int64_t begin, int32_t ig) {
+    (void)dev, (void)dl, (void)l, (void)t, (void)n, (void)v, (void)ig;
+    saw("cross_entropy_backward_lse");
+    seen_lse = lse, seen_dloss = dloss, seen_begin = begin;
+    return CT_OK;
+}
+
+/* A 2.23 plugin with the general ops alone: every narrow op is there and reaches the general op. */
+static void narrow_ops_from_the_general(void **state) {
+    (void)state;
+    fake.embedding_forward_general = g_emb_fwd;
+    fake.embedding_backward_general = g_emb_bwd;
+    fake.rope_forward_general = g_rope;
+    fake.rope_backward_general = g_rope;
+    fake.cross_entropy_backward_general = g_xent;
+    const ct_device_api *d = devcheck_wrap(&fake, &host);
+    float x[8] = {0}, one = 1.0f;
+    int32_t ids[2] = {0, 1};
+    assert_int_equal(d->embedding_forward(&the_device, x, ids, x, 2, 2, 7), CT_OK);
+    assert_string_equal(seen, "embedding_forward_general");
+    assert_true(seen_begin == 0 && seen_rows == 7 && seen_strict == 1);
+    assert_int_equal(d->embedding_backward_range(&the_device, x, ids, x, 2, 2, 5, 3), CT_OK);
+    assert_string_equal(seen, "embedding_backward_general");
+    assert_true(seen_begin == 5 && seen_rows == 3 && seen_strict == 0);
+    assert_int_equal(d->rope_forward(&the_device, x, x, 1, 2, 1, 4, 500.0f), CT_OK);
+    assert_true(!seen_pos && !seen_table && seen_theta == 500.0f);
+    assert_int_equal(d->rope_backward_pos(&the_device, x, x, ids, 1, 2, 1, 4, 9.0f), CT_OK);
+    assert_true(seen_pos == ids && !seen_table && seen_theta == 9.0f);
+    assert_int_equal(d->rope_freqs_forward(&the_device, x, x, NULL, x, 1, 2, 1, 4), CT_OK);
+    assert_true(!seen_pos && seen_table == x);
+    assert_int_equal(d->cross_entropy_backward_dev(&the_device, x, x, ids, &one, 2, 4, -100), CT_OK);
+    assert_true(!seen_lse && seen_dloss_dev == &one && seen_begin == 0);
+    assert_int_equal(d->cross_entropy_backward_lse(&the_device, x, x, ids, x, 0.5f, 2, 4, 8, -100), CT_OK);
+    assert_true(seen_lse == x && seen_dloss == 0.5f && !seen_dloss_dev && seen_begin == 8);
+    assert_int_equal(calls, 8);
+    /* the general op's own checks: a case no narrow op has a name for */
+    assert_int_equal(d->cross_entropy_backward_general(&the_device, x, x, ids, NULL, 1, NULL, 2, 4, 3, -100),
+                     CT_ERR_INVALID);
+    assert_string_equal(last_error, "fake: cross_entropy_backward_general: begin 3 without lse, expected 0 (whole rows)");
+    assert_int_equal(d->embedding_forward_general(&the_device, x, ids, x, 2, 2, 1, 3, 1), CT_ERR_INVALID);
+    assert_string_equal(last_error, "fake: embedding_forward_general: begin 1 with strict, expected 0 (the whole table)");
+    assert_int_equal(calls, 8);
+}
+
+/* A plugin of an older minor with narrow ops alone: each case of the general op reaches its narrow op. */
+static void general_ops_from_the_narrow(void **state) {
+    (void)state;
+    fake.struct_size = offsetof(ct_device_api, embedding_forward_general);
+    fake.embedding_forward = n_emb;
+    fake.embedding_backward = n_emb; /* same shape of call: a stand-in */
+    fake.embedding_forward_range = n_emb_range;
+    fake.rope_forward = n_rope;
+    fake.rope_backward = n_rope;
+    fake.rope_forward_pos = n_rope_pos;
+    fake.cross_entropy_backward = n_xent;
+    fake.cross_entropy_backward_lse = n_xent_lse;
+    const ct_device_api *d = devcheck_wrap(&fake, &host);
+    assert_non_null(d->embedding_forward_general);
+    assert_non_null(d->rope_forward_general);
+    assert_non_null(d->cross_entropy_backward_general);
+    assert_null(d->rope_freqs_forward); /* the plugin has no case for it: not offered */
+    assert_null(d->cross_entropy_backward_dev);
+    float x[8] = {0}, one = 1.0f;
+    int32_t ids[2] = {0, 1};
+    assert_int_equal(d->embedding_forward_general(&the_device, x, ids, x, 2, 2, 0, 7, 1), CT_OK);
+    assert_string_equal(seen, "embedding_forward");
+    assert_true(seen_rows == 7);
+    assert_int_equal(d->embedding_forward_general(&the_device, x, ids, x, 2, 2, 4, 3, 0), CT_OK);
+    assert_string_equal(seen, "embedding_forward_range");
+    assert_true(seen_begin == 4 && seen_rows == 3);
+    assert_int_equal(d->rope_forward_general(&the_device, x, x, NULL, NULL, 500.0f, 1, 2, 1, 4), CT_OK);
+    assert_string_equal(seen, "rope_forward");
+    assert_int_equal(d->rope_forward_general(&the_device, x, x, ids, NULL, 9.0f, 1, 2, 1, 4), CT_OK);
+    assert_string_equal(seen, "rope_forward_pos");
+    assert_true(seen_pos == ids && seen_theta == 9.0f);
+    assert_int_equal(d->cross_entropy_backward_general(&the_device, x, x, ids, NULL, 0.25f, NULL, 2, 4, 0, -100),
+                     CT_OK);
+    assert_string_equal(seen, "cross_entropy_backward");
+    assert_true(seen_dloss == 0.25f);
+    assert_int_equal(d->cross_entropy_backward_general(&the_device, x, x, ids, x, 0.5f, NULL, 2, 4, 6, -100), CT_OK);
+    assert_string_equal(seen, "cross_entropy_backward_lse");
+    assert_true(seen_lse == x && seen_begin == 6);
+    assert_int_equal(calls, 6);
+    /* cases the old plugin has no op for: unsupported, with a line, and the plugin not called */
+    assert_int_equal(d->rope_forward_general(&the_device, x, x, NULL, x, 1.0f, 1, 2, 1, 4), CT_ERR_UNSUPPORTED);
+    assert_string_equal(last_error,
+                        "fake: rope_forward_general: the device has neither this op nor rope_freqs_forward/rope_freqs_backward");
+    assert_int_equal(d->cross_entropy_backward_general(&the_device, x, x, ids, x, 0.5f, &one, 2, 4, 6, -100),
+                     CT_ERR_UNSUPPORTED);
+    assert_int_equal(calls, 6);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(refused_before_the_plugin, setup),
         cmocka_unit_test_setup(good_calls_reach_the_plugin, setup),
         cmocka_unit_test_setup(the_table, setup),
+        cmocka_unit_test_setup(narrow_ops_from_the_general, setup),
+        cmocka_unit_test_setup(general_ops_from_the_narrow, setup),
         cmocka_unit_test_setup(refusal_fails_the_capture, setup),
         cmocka_unit_test_setup(moe_ops_checked, setup),
         cmocka_unit_test_setup(moe_ops_all_or_none, setup),

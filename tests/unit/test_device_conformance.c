@@ -56,6 +56,10 @@
  *     equal rope_*; with a Llama 3.1-style scaled table, without and with (shuffled) positions,
  *     they rotate pair i by (float)p * inv_freq[i] (cos/sin in double here), and backward
  *     accumulates R^T dout; odd d and a NULL table are refused.
+ *   - the general ops of ABI 2.23 (the narrow ops above reach them through the host's layer): the
+ *     cases that agree on their inputs give the same bits (dloss in device memory or by value, for
+ *     whole rows and for a shard with its lse; positions 0..t-1 or none; strict or the whole range),
+ *     strict embedding refuses an id outside the table and the range zeroes its row.
  *   - the optional mixture-of-experts ops of ABI 2.14: router scores (softmax, sigmoid) and their
  *     backward; top-k against a sort-based reference (ties to the lower index, a bias that moves
  *     the choice but not the weights, group-limited routing, normalised and scaled weights) and its
@@ -2301,6 +2305,116 @@ static void test_sum_to_device(void **state)
     expect_error(api->sum_to_device(dev, NULL, NULL, 4), CT_ERR_INVALID, "sum_to_device with null pointers");
 }
 
+/* The 2.23 general ops, called as the host calls them (the narrow ops' tests above reach them too,
+ * through the checking layer): the cases that agree on their inputs give the same bits. Cross-entropy:
+ * dloss from device memory is the value's bits, for whole rows and for a shard with its lse (a case
+ * no narrow op has); RoPE: positions 0..t-1 are NULL's; embedding: strict and a range over the whole
+ * table agree where every id is valid, strict refuses an id outside and the range gives its row 0. */
+static void test_general_ops(void **state)
+{
+    (void)state;
+    const int64_t n = 23, v = 300, begin = 50;
+    const float dloss = 0.0371f;
+    float *logits = host_rand(n * v, 5), *init = host_rand(n * v, 0.5), *lse = host_rand(n, 1);
+    int32_t targets[23];
+    for (int64_t i = 0; i < n; i++) {
+        targets[i] = i % 5 == 2 ? -100 : (int32_t)(rnd_u64() % (uint64_t)v);
+        lse[i] += 9.0f;
+    }
+    float *dl = dev_floats(logits, n * v), *dlse = dev_floats(lse, n), *ddloss = dev_floats(&dloss, 1);
+    int32_t *dt = dev_upload(targets, sizeof targets);
+    for (int shard = 0; shard < 2; shard++) {
+        float *g1 = dev_floats(init, n * v), *g2 = dev_floats(init, n * v);
+        const float *l = shard ? dlse : NULL;
+        int64_t b0 = shard ? begin : 0;
+        assert_int_equal(api->cross_entropy_backward_general(dev, g1, dl, dt, l, dloss, NULL, n, v, b0, -100), CT_OK);
+        assert_int_equal(api->cross_entropy_backward_general(dev, g2, dl, dt, l, 99.0f, ddloss, n, v, b0, -100),
+                         CT_OK);
+        float *a = download(g1, n * v), *b = download(g2, n * v);
+        expect_same_bits(shard ? "cross_entropy_backward_general (lse): dloss_dev vs dloss"
+                               : "cross_entropy_backward_general (rows): dloss_dev vs dloss",
+                         a, b, n * v);
+        int differs = 0;
+        for (int64_t i = 0; i < n * v; i++)
+            differs |= a[i] != init[i];
+        assert_true(differs); /* the op did add a gradient */
+        free(a);
+        free(b);
+        api->free(dev, g1);
+        api->free(dev, g2);
+    }
+    targets[4] = (int32_t)v;
+    assert_int_equal(api->copy(dev, dt, targets, sizeof targets, CT_COPY_H2D), CT_OK);
+    expect_error(api->cross_entropy_backward_general(dev, dl, dl, dt, NULL, 1.0f, NULL, n, v, 0, -100), CT_ERR_INVALID,
+                 "cross_entropy_backward_general (rows) with target == v");
+
+    /* rope: x (b,t,h,d) */
+    const int64_t rb = 2, rt = 9, rh = 3, rd = 16, rn = rb * rt * rh * rd;
+    float *x = host_rand(rn, 1);
+    int32_t pos[9];
+    for (int i = 0; i < rt; i++)
+        pos[i] = i;
+    float *dx = dev_floats(x, rn), *y1 = dev_floats(NULL, rn), *y2 = dev_floats(NULL, rn);
+    int32_t *dpos = dev_upload(pos, sizeof pos);
+    assert_int_equal(api->rope_forward_general(dev, y1, dx, NULL, NULL, 500000.0f, rb, rt, rh, rd), CT_OK);
+    assert_int_equal(api->rope_forward_general(dev, y2, dx, dpos, NULL, 500000.0f, rb, rt, rh, rd), CT_OK);
+    float *ra = download(y1, rn), *rbits = download(y2, rn);
+    expect_same_bits("rope_forward_general: positions 0..t-1 vs NULL", ra, rbits, rn);
+    free(ra);
+    free(rbits);
+    assert_int_equal(api->rope_backward_general(dev, y1, dx, NULL, NULL, 500000.0f, rb, rt, rh, rd), CT_OK);
+    assert_int_equal(api->rope_backward_general(dev, y2, dx, dpos, NULL, 500000.0f, rb, rt, rh, rd), CT_OK);
+    ra = download(y1, rn), rbits = download(y2, rn);
+    expect_same_bits("rope_backward_general: positions 0..t-1 vs NULL", ra, rbits, rn);
+    free(ra);
+    free(rbits);
+    expect_error(api->rope_forward_general(dev, y1, dx, NULL, NULL, 0.0f, rb, rt, rh, rd), CT_ERR_INVALID,
+                 "rope_forward_general without a table and theta 0");
+
+    /* embedding: table (vocab,c), ids repeating */
+    const int64_t en = 40, ec = 70, vocab = 11;
+    float *table = host_rand(vocab * ec, 1), *dout = host_rand(en * ec, 1);
+    int32_t ids[40];
+    for (int i = 0; i < en; i++)
+        ids[i] = (int32_t)(rnd_u64() % (uint64_t)vocab);
+    int32_t *dids = dev_upload(ids, sizeof ids);
+    float *dtab = dev_floats(table, vocab * ec), *ddout = dev_floats(dout, en * ec);
+    float *o1 = dev_floats(NULL, en * ec), *o2 = dev_floats(NULL, en * ec);
+    float *t1 = dev_floats(table, vocab * ec), *t2 = dev_floats(table, vocab * ec);
+    assert_int_equal(api->embedding_forward_general(dev, o1, dids, dtab, en, ec, 0, vocab, 1), CT_OK);
+    assert_int_equal(api->embedding_forward_general(dev, o2, dids, dtab, en, ec, 0, vocab, 0), CT_OK);
+    assert_int_equal(api->embedding_backward_general(dev, t1, dids, ddout, en, ec, 0, vocab, 1), CT_OK);
+    assert_int_equal(api->embedding_backward_general(dev, t2, dids, ddout, en, ec, 0, vocab, 0), CT_OK);
+    float *ea = download(o1, en * ec), *eb = download(o2, en * ec);
+    expect_same_bits("embedding_forward_general: strict vs the whole range", ea, eb, en * ec);
+    assert_memory_equal(ea, table + (int64_t)ids[7] * ec, (size_t)ec * sizeof(float));
+    free(ea);
+    free(eb);
+    ea = download(t1, vocab * ec), eb = download(t2, vocab * ec);
+    expect_same_bits("embedding_backward_general: strict vs the whole range", ea, eb, vocab * ec);
+    free(ea);
+    free(eb);
+    ids[3] = (int32_t)vocab;
+    assert_int_equal(api->copy(dev, dids, ids, sizeof ids, CT_COPY_H2D), CT_OK);
+    expect_error(api->embedding_forward_general(dev, o1, dids, dtab, en, ec, 0, vocab, 1), CT_ERR_INVALID,
+                 "embedding_forward_general (strict) with id == vocab");
+    assert_int_equal(api->embedding_forward_general(dev, o2, dids, dtab, en, ec, 0, vocab, 0), CT_OK);
+    ea = download(o2, en * ec);
+    for (int64_t j = 0; j < ec; j++)
+        assert_true(ea[3 * ec + j] == 0.0f);
+    free(ea);
+
+    float *bufs[] = {dl, dlse, ddloss, (float *)dt, dx, y1, y2, (float *)dpos, (float *)dids, dtab, ddout, o1, o2, t1, t2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        api->free(dev, bufs[i]);
+    free(logits);
+    free(init);
+    free(lse);
+    free(x);
+    free(table);
+    free(dout);
+}
+
 /* cross_entropy_backward_dev: bit for bit cross_entropy_backward with the same dloss by value. */
 static void test_cross_entropy_backward_dev(void **state)
 {
@@ -4059,6 +4173,7 @@ int main(void)
         cmocka_unit_test(test_elementwise_nan),
         cmocka_unit_test(test_sum_to_device),
         cmocka_unit_test(test_cross_entropy_backward_dev),
+        cmocka_unit_test(test_general_ops),
         cmocka_unit_test(test_rope_pos),
         cmocka_unit_test(test_rope_freqs),
         cmocka_unit_test(test_attention_block_is_attention),

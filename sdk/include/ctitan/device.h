@@ -18,8 +18,9 @@
  *    plugin's name: a plugin checks what only it knows (its limits, ids and targets in its
  *    memory, what a graph capture cannot hold).
  *
- * Optional ops (NULL = unsupported) are marked so; everything else is required. Ops are grouped by
- * topic, the whole-tensor op before its variants; none is ordered by the version that added it.
+ * Optional ops (NULL = unsupported) are marked so; everything else is required, save the narrow ops a
+ * 2.23 general op supersedes (marked so). Ops are grouped by topic, the whole-tensor op before its
+ * variants; none is ordered by the version that added it.
  *
  * Handles (abi.h): the ct_device from create is the host's to pass back until destroy; a ct_stream
  * (share_stream) belongs to the device and lives until its destroy; a ct_graph (graph_end) is the
@@ -98,7 +99,9 @@ typedef struct ct_device_api {
     /* Optional. dst (cols, rows) = src (rows, cols) transposed. */
     ct_status (*transpose)(ct_device *dev, float *dst, const float *src, int64_t rows, int64_t cols);
 
-    /* ---- embedding: the whole vocabulary, or a range of it (tensor parallel) ---- */
+    /* ---- embedding: the whole vocabulary, or a range of it (tensor parallel) ----
+     * Superseded by embedding_forward_general / embedding_backward_general (ABI 2.23): the host no longer
+     * calls these four; a plugin built for ABI >= 2.23 may leave them NULL. */
     /* out (n,c) = table[ids[i]]; table (vocab,c); an id outside [0,vocab) is CT_ERR_INVALID. */
     ct_status (*embedding_forward)(ct_device *dev, float *out, const int32_t *ids, const float *table,
                                    int64_t n, int64_t c, int64_t vocab);
@@ -138,7 +141,9 @@ typedef struct ct_device_api {
     /* ---- position and attention ---- */
     /* Rotary embedding on x (b,t,h,d), d even: each pair (x[2i], x[2i+1]) at position p (= t index)
      * rotates by angle p * theta^(-2i/d) (Llama's interleaved-pair convention). out may alias x.
-     * Backward rotates by the negative angle: dx += R^T dout. */
+     * Backward rotates by the negative angle: dx += R^T dout.
+     * Superseded by rope_forward_general / rope_backward_general (ABI 2.23), as are rope_*_pos and
+     * rope_freqs_*: the host no longer calls them; a plugin built for ABI >= 2.23 may leave them NULL. */
     ct_status (*rope_forward)(ct_device *dev, float *out, const float *x, int64_t b, int64_t t, int64_t h,
                               int64_t d, float theta);
     ct_status (*rope_backward)(ct_device *dev, float *dx, const float *dout, int64_t b, int64_t t,
@@ -167,7 +172,9 @@ typedef struct ct_device_api {
     /* ---- loss: whole rows, or vocabulary-sharded rows merged by their log-sum-exp ---- */
     /* losses (n) = -log softmax(logits (n,v))[targets[i]], or 0 where targets[i] == ignore_index;
      * a target outside [0,v) that is not ignore_index is CT_ERR_INVALID.
-     * Backward: dlogits (n,v) += dloss * (softmax(logits) - onehot(target)) on rows not ignored. */
+     * Backward: dlogits (n,v) += dloss * (softmax(logits) - onehot(target)) on rows not ignored.
+     * The backward, its _dev and its _lse form are superseded by cross_entropy_backward_general (ABI 2.23):
+     * the host no longer calls them; a plugin built for ABI >= 2.23 may leave them NULL. */
     ct_status (*cross_entropy_forward)(ct_device *dev, float *losses, const float *logits,
                                        const int32_t *targets, int64_t n, int64_t v,
                                        int32_t ignore_index);
@@ -455,6 +462,41 @@ typedef struct ct_device_api {
     ct_status (*moe_combine_backward)(ct_device *dev, float *dy, float *dweights, const float *dout,
                                       const float *y, const float *weights, const int32_t *inv, int64_t n,
                                       int64_t k, int64_t d);
+
+    /* ---- ABI 2.23: one general op per family ----
+     * Each covers every variant of its family above, which a plugin built for ABI >= 2.23 may leave NULL:
+     * the host calls only these, and fills the narrow ops from them for any caller that still uses one
+     * (and, for a plugin built for an older minor, these from its narrow ops). Optional; the host offers
+     * them whenever the plugin has either form. */
+    /* Embedding over rows [begin, begin + rows) of the vocabulary (begin >= 0): table (rows,c),
+     * out (n,c) = table[ids[i] - begin] where ids[i] is in that range. An id outside it gives a zero row
+     * when strict is 0 (a vocabulary shard), and is CT_ERR_INVALID when strict is 1, which needs begin 0
+     * (the whole table). Backward: dtable (rows,c) += the dout rows whose ids are in range, in row order;
+     * strict as the forward. embedding_forward/_backward are (0, vocab, strict 1), the _range ops strict 0. */
+    ct_status (*embedding_forward_general)(ct_device *dev, float *out, const int32_t *ids, const float *table,
+                                           int64_t n, int64_t c, int64_t begin, int64_t rows, int strict);
+    ct_status (*embedding_backward_general)(ct_device *dev, float *dtable, const int32_t *ids, const float *dout,
+                                            int64_t n, int64_t c, int64_t begin, int64_t rows, int strict);
+    /* Rotary embedding of x (b,t,h,d): pos (t int32, device memory) the rows' positions, or NULL for
+     * 0..t-1; inv_freq (d/2 f32, device memory) the frequency table, or NULL for theta^(-2i/d) formed on
+     * the device as rope_forward forms it (theta is read only then). rope_forward, rope_forward_pos and
+     * rope_freqs_forward are its three cases, bit for bit; backward accumulates dx += R^T dout. */
+    ct_status (*rope_forward_general)(ct_device *dev, float *out, const float *x, const int32_t *pos,
+                                      const float *inv_freq, float theta, int64_t b, int64_t t, int64_t h,
+                                      int64_t d);
+    ct_status (*rope_backward_general)(ct_device *dev, float *dx, const float *dout, const int32_t *pos,
+                                       const float *inv_freq, float theta, int64_t b, int64_t t, int64_t h,
+                                       int64_t d);
+    /* Cross-entropy backward in every form: dlogits (n,v) += dloss * (softmax - onehot) on rows not ignored.
+     * dloss is read from dloss_dev (ONE f32 in device memory, when the kernels run) when that is set, else
+     * the value dloss. lse NULL: whole rows (begin 0, v the vocabulary), the softmax formed from the row,
+     * a target outside [0,v) that is not ignore_index CT_ERR_INVALID: cross_entropy_backward (_dev).
+     * lse (n) set: logits hold columns [begin, begin + v) of rows whose full logsumexp lse is, targets
+     * not checked, v 0 a no-op: cross_entropy_backward_lse. Each case gives its narrow op's bits. */
+    ct_status (*cross_entropy_backward_general)(ct_device *dev, float *dlogits, const float *logits,
+                                                const int32_t *targets, const float *lse, float dloss,
+                                                const float *dloss_dev, int64_t n, int64_t v, int64_t begin,
+                                                int32_t ignore_index);
 } ct_device_api;
 
 #endif
