@@ -151,7 +151,8 @@ static const struct {
      NULL, "mxfp8|mxfp8_cublas|mxfp8_cublas_rceil|mxfp8_rceil"},
     {"quantize.linear.mx.filter_fqns", CT_OPT_STRING, NULL, "torchtitan's spelling of the filter", NULL, NULL},
     {"model.converters", CT_OPT_STRING, NULL,
-     "torchtitan's converters list: float8 / quantize.linear.float8 / mx / quantize.linear.mx enable float8",
+     "torchtitan's converters list: float8 / quantize.linear.float8 / mx / quantize.linear.mx enable float8; "
+     "quantize.grouped_mm.float8 / quantize.grouped_mm.mx the MoE experts' (alone: the experts only)",
      NULL, NULL},
     {"generate.max_new_tokens", CT_OPT_INT, "0", "after training, sample this many tokens (0: none)",
      "[0, 1048576]", NULL},
@@ -1185,11 +1186,11 @@ static ct_status check_forms(const manifest *m) {
             p = end + strspn(end, ", ");
         }
     if (!mf_get_str(m, "model.converters", &v) &&
-        (bad = list_outsider(v, "float8|mx|quantize.linear.float8|quantize.linear.mx", item, sizeof item))) {
+        (bad = list_outsider(v, "float8|mx|quantize.linear.float8|quantize.linear.mx|quantize.grouped_mm.float8|"
+                             "quantize.grouped_mm.mx", item, sizeof item))) {
         mf_where(m, "model.converters", where, sizeof where);
-        ct_set_error("%s: unknown converter '%s'; expected float8, mx, quantize.linear.float8 or quantize.linear.mx%s",
-                     where, bad, strstr(bad, "grouped_mm") ? " (grouped_mm converters quantize MoE experts; ctitan's "
-                     "models have none)" : "");
+        ct_set_error("%s: unknown converter '%s'; expected float8, mx, quantize.linear.float8, quantize.linear.mx, "
+                     "quantize.grouped_mm.float8 or quantize.grouped_mm.mx", where, bad);
         return CT_ERR_INVALID;
     }
     if (!mf_get_str(m, "checkpoint.exclude_from_loading", &v) &&

@@ -7,7 +7,6 @@
 
 #include <string.h>
 
-#define NO_MOE "ctitan's models are dense (no MoE experts)"
 #define NO_FT "no torchft fault tolerance: a dead rank ends the job (comm.train_timeout_seconds) and the run " \
               "resumes from its newest checkpoint"
 #define LOADER "the data loader reads memory-mapped token shards in the training thread: no worker processes"
@@ -22,6 +21,13 @@ const tt_key tt_keys[] = {
     {"float8.recipe_name", "*", "quantize.linear.float8.recipe_name", "[float8] is [quantize.linear.float8]"},
     {"float8.filter_fqns", "*", "quantize.linear.float8.filter_fqns", "[float8] is [quantize.linear.float8]"},
     {"float8.emulate", "*", "quantize.linear.float8.emulate", "[float8] is [quantize.linear.float8]"},
+    {"quantize.grouped_mm.float8.fqns", "*", "quantize.dense.float8.grouped_mm_fqns",
+     "[quantize.grouped_mm.float8] fqns is the float8 plugin's grouped_mm_fqns (recipe rowwise)"},
+    {"quantize.grouped_mm.mx.fqns", "*", "quantize.dense.float8.grouped_mm_fqns",
+     "[quantize.grouped_mm.mx] fqns is the float8 plugin's grouped_mm_fqns (quantize.grouped_mm.mx in "
+     "model.converters makes its grouped_mm_recipe mxfp8)"},
+    {"quantize.grouped_mm.mx.recipe_name", "*", "quantize.dense.float8.grouped_mm_recipe",
+     "[quantize.grouped_mm.mx] recipe_name is the float8 plugin's grouped_mm_recipe (mxfp8)"},
     {"float8.precompute_float8_dynamic_scale_for_fsdp", "*", NULL,
      "float8 all-gather already computes every weight's scale in one all-reduce per step"},
     /* accepted with the values that describe ctitan */
@@ -76,9 +82,6 @@ const tt_key tt_keys[] = {
     {"quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "*", NULL,
      "float8 all-gather already computes every weight's scale in one all-reduce per step"},
     {"quantize.linear.mx.mxfp8_dim1_cast_kernel_choice", "*", NULL, "the float8 plugin casts with its own kernels"},
-    {"quantize.grouped_mm.float8.fqns", "", NULL, NO_MOE},
-    {"quantize.grouped_mm.mx.recipe_name", "*", NULL, NO_MOE},
-    {"quantize.grouped_mm.mx.fqns", "", NULL, NO_MOE},
     {"comm.trace_buf_size", "*", NULL, "no NCCL flight recorder; collectives are traced by profiling"},
     {"comm.save_traces_folder", "*", NULL, "no NCCL flight recorder; collectives are traced by profiling"},
     {"comm.save_traces_file_prefix", "*", NULL, "no NCCL flight recorder; collectives are traced by profiling"},
@@ -109,12 +112,36 @@ const tt_key *tt_key_find(const char *key) {
     return NULL;
 }
 
+/* 1 when the comma-separated list names item. */
+static int list_has(const char *list, const char *item) {
+    size_t n = strlen(item);
+    for (const char *p = list; *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+        p += strspn(p, " ");
+        if (!strncmp(p, item, n) && (p[n] == ',' || p[n] == ' ' || !p[n])) return 1;
+    }
+    return 0;
+}
+
+/* torchtitan's converters list: the linear converters (float8, mx, quantize.linear.*) turn the
+ * quantizer on; the grouped_mm ones too, and alone they leave the linear layers in high precision
+ * (linears: false); quantize.grouped_mm.mx makes the experts' recipe mxfp8 unless one is set. */
+static int tt_converters(manifest *mf, const char *v) {
+    int linear = list_has(v, "float8") || list_has(v, "mx") || list_has(v, "quantize.linear.float8") ||
+                 list_has(v, "quantize.linear.mx");
+    int grouped_f8 = list_has(v, "quantize.grouped_mm.float8"), grouped_mx = list_has(v, "quantize.grouped_mm.mx");
+    const char *r;
+    if (grouped_mx && mf_get_str(mf, "quantize.dense.float8.grouped_mm_recipe", &r))
+        manifest_override(mf, "quantize.dense.float8.grouped_mm_recipe", "mxfp8");
+    if (!linear && (grouped_f8 || grouped_mx)) manifest_override(mf, "quantize.dense.float8.linears", "false");
+    return linear || grouped_f8 || grouped_mx;
+}
+
 int tt_dense_quantizer_requested(manifest *mf) {
     int on = 0;
     const char *v;
     if (!mf_get_str(mf, "quantize.linear.float8.recipe_name", &v) || !mf_get_str(mf, "quantize.linear.mx.recipe_name", &v))
         on = 1;
-    if (!mf_get_str(mf, "model.converters", &v) && (strstr(v, "float8") || strstr(v, "mx"))) on = 1;
+    if (!mf_get_str(mf, "model.converters", &v) && tt_converters(mf, v)) on = 1;
     manifest_alias(mf, "quantize.linear.mx.recipe_name", "quantize.dense.float8.format");
     manifest_alias(mf, "quantize.linear.float8.recipe_name", "quantize.dense.float8.format");
     manifest_alias(mf, "quantize.linear.mx.filter_fqns", "quantize.dense.float8.filter_fqns");

@@ -19,8 +19,9 @@ extern const tt_key tt_keys[];
 typedef struct manifest manifest;
 /* torchtitan's float8 and MX spellings (quantize.linear.float8.*, quantize.linear.mx.*, [float8]) become
  * the float8 plugin's keys (quantize.dense.float8.*, keeping their lines) where those are not set; 1
- * when torchtitan's way of turning the dense quantizer on is there (a recipe name, or float8 or mx in
- * model.converters), else 0. */
+ * when torchtitan's way of turning the dense quantizer on is there (a recipe name, or a converter in
+ * model.converters: quantize.grouped_mm.* alone sets the plugin's linears false, and
+ * quantize.grouped_mm.mx its grouped_mm_recipe mxfp8 where unset), else 0. */
 int tt_dense_quantizer_requested(manifest *mf);
 
 #endif

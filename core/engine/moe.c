@@ -331,10 +331,12 @@ static ct_status dispatch_plan(ct_builder *b, void *state, ct_tensor *const *in,
 static const ct_custom_op dispatch_op = {sizeof(ct_custom_op), "moe_dispatch", dispatch_forward, dispatch_backward,
                                          dispatch_plan};
 
-/* ---- grouped linear: y (m,o) segment g = x_g @ w_g^T ---- */
+/* ---- grouped linear: y (m,o) segment g = x_g @ w_g^T ----
+ * On the device's grouped GEMMs, or the quantizer's when it converts w (ABI 2.24: same operands). */
 
 typedef struct glinear_state {
     int64_t m, e, o, i;
+    int quant; /* the quantizer runs the three GEMMs */
 } glinear_state;
 
 /* in: x (m,i), w (e,o,i), offsets (e+1). out: y (m,o). */
@@ -347,6 +349,10 @@ static ct_status glinear_forward(ct_builder *b, void *state, ct_tensor *const *i
     if (!(out[0] = b->new_tensor(b, CT_F32, 2, (int64_t[]){s->m, s->o}))) return CT_ERR_NOMEM;
     ct_status st = check(rt->d->zero(rt->dev, out[0]->data, sizeof(float) * (size_t)(s->m * s->o)), "zero");
     if (st != CT_OK) return st;
+    if (s->quant)
+        return check(rt->qapi->grouped_forward(rt->quant, out[0]->data, in[0]->data, in[1]->data, in[2]->data, s->m,
+                                               s->e, s->o, s->i),
+                     "float8 grouped_forward");
     return check(rt->d->grouped_matmul_forward(rt->dev, out[0]->data, in[0]->data, in[1]->data, in[2]->data, s->m, s->e,
                                                s->o, s->i),
                  "grouped_matmul_forward");
@@ -364,16 +370,22 @@ static ct_status glinear_backward(ct_builder *b, void *state, ct_tensor *const *
     if (halves & CT_GRAD_INPUT) {
         float *dx = b->grad(b, in[0]);
         if (!dx) return CT_ERR_NOMEM;
-        st = check(rt->d->grouped_matmul_backward_input(rt->dev, dx, dy[0], in[1]->data, in[2]->data, s->m, s->e, s->o,
-                                                        s->i),
-                   "grouped_matmul_backward_input");
+        st = s->quant ? check(rt->qapi->grouped_backward_input(rt->quant, dx, dy[0], in[1]->data, in[2]->data, s->m,
+                                                               s->e, s->o, s->i),
+                              "float8 grouped_backward_input")
+                      : check(rt->d->grouped_matmul_backward_input(rt->dev, dx, dy[0], in[1]->data, in[2]->data, s->m,
+                                                                   s->e, s->o, s->i),
+                              "grouped_matmul_backward_input");
     }
     if (st == CT_OK && (halves & CT_GRAD_WEIGHT)) {
         float *dw = b->grad(b, in[1]);
         if (!dw) return CT_ERR_NOMEM;
-        st = check(rt->d->grouped_matmul_backward_weight(rt->dev, dw, dy[0], in[0]->data, in[2]->data, s->m, s->e, s->o,
-                                                         s->i),
-                   "grouped_matmul_backward_weight");
+        st = s->quant ? check(rt->qapi->grouped_backward_weight(rt->quant, dw, dy[0], in[0]->data, in[2]->data, s->m,
+                                                                s->e, s->o, s->i),
+                              "float8 grouped_backward_weight")
+                      : check(rt->d->grouped_matmul_backward_weight(rt->dev, dw, dy[0], in[0]->data, in[2]->data, s->m,
+                                                                    s->e, s->o, s->i),
+                              "grouped_matmul_backward_weight");
     }
     return st;
 }
@@ -388,6 +400,15 @@ static ct_status glinear_plan(ct_builder *b, void *state, ct_tensor *const *in, 
     cost->matmul_flops[0] = f;
     cost->matmul_flops[1] = 2 * f;
     cost->matmul_dtype = CT_F32;
+    runtime *rt = RT(b);
+    if (s->quant && rt->qapi->plan_linear) { /* the quantizer's casts (its GEMM dtype and traffic) */
+        ct_quant_cost qc = {sizeof qc, CT_F32, 0, 0, 0, {0, 0}};
+        ct_status st = rt->qapi->plan_linear(rt->quant, in[1], s->m, &qc);
+        if (st != CT_OK) return st;
+        cost->matmul_dtype = qc.gemm_dtype;
+        cost->bytes[0] += qc.cast_bytes[0];
+        cost->bytes[1] += qc.cast_bytes[1];
+    }
     return (out[0] = b->new_tensor(b, CT_F32, 2, (int64_t[]){s->m, s->o})) ? CT_OK : CT_ERR_NOMEM;
 }
 
@@ -620,11 +641,12 @@ ct_tensor *tape_moe_experts(ct_builder *b, ct_tensor *x, const ct_tensor *offset
         return NULL;
     }
     ct_builder *top = rt->top, *base = &rt->builder;
-    glinear_state up = {m, e, h, d}, down = {m, e, d, h};
+    glinear_state up = {m, e, h, d, tape_quantizes(rt, w1)}, up3 = {m, e, h, d, tape_quantizes(rt, w3)},
+                  down = {m, e, d, h, tape_quantizes(rt, w2)};
     ct_tensor *a, *g, *y;
     ct_tensor *in1[3] = {x, w1, (ct_tensor *)offsets}, *in3[3] = {x, w3, (ct_tensor *)offsets};
     if (base->custom(base, &glinear_op, &up, sizeof up, in1, 3, &a, 1) != CT_OK ||
-        base->custom(base, &glinear_op, &up, sizeof up, in3, 3, &g, 1) != CT_OK || !(a = top->swiglu(top, a, g)))
+        base->custom(base, &glinear_op, &up3, sizeof up3, in3, 3, &g, 1) != CT_OK || !(a = top->swiglu(top, a, g)))
         return NULL;
     ct_tensor *in2[3] = {a, w2, (ct_tensor *)offsets};
     return base->custom(base, &glinear_op, &down, sizeof down, in2, 3, &y, 1) == CT_OK ? y : NULL;

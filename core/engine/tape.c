@@ -102,6 +102,28 @@ void quant_note(runtime *rt, const char *name, int yes, const char *why) {
     else printf("%s: %s stays in high precision (%s)\n", q, name, why);
 }
 
+/* 1 when the quantizer runs the GEMMs of weight w (asked once per owner and reported): a linear's
+ * (out, in) weight, or an experts weight (e, o, i) when the quantizer has grouped GEMMs (ABI 2.24;
+ * one without is never asked about a 3-D weight). */
+int tape_quantizes(runtime *rt, ct_tensor *wt) {
+    rt_tensor *w = (rt_tensor *)wt, *owner = w->base ? w->base : w;
+    if (!rt->qapi) return 0;
+    if (owner->t.ndim == 3 && !tape_quantizer_grouped(rt)) return 0;
+    if (!(owner->t.flags & CT_TENSOR_QUANT_DECIDED)) {
+        const char *why = "";
+        int yes = rt->qapi->converts(rt->quant, &owner->t, &why);
+        owner->t.flags |= CT_TENSOR_QUANT_DECIDED | (yes ? CT_TENSOR_QUANTIZED : 0);
+        quant_note(rt, owner->t.name, yes, why);
+    }
+    return (owner->t.flags & CT_TENSOR_QUANTIZED) != 0;
+}
+
+int tape_quantizer_grouped(const runtime *rt) {
+    const ct_quantizer_api *q = rt->qapi;
+    return q && CT_HAS_FIELD(q, ct_quantizer_api, grouped_backward_weight) && q->grouped_forward &&
+           q->grouped_backward_input && q->grouped_backward_weight;
+}
+
 /* ---- per-op selective checkpointing (RT_AC_OP units) ----
  * torchtitan's policy: the outputs of the compute-heavy ops (attention, every other matmul of a
  * block: the 1st, 3rd, ... and reduce-scatters) are saved in forward; everything else is
@@ -609,13 +631,7 @@ static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
     rt_tensor *y = saved ? sac_out(rt, CT_F32, x->t.ndim, shape) : new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
     if (!y) return NULL;
     rt_tensor *owner = w->base ? w->base : w;
-    if (rt->qapi && !(owner->t.flags & CT_TENSOR_QUANT_DECIDED)) { /* ask once per weight */
-        const char *why = "";
-        int yes = rt->qapi->converts(rt->quant, &owner->t, &why);
-        owner->t.flags |= CT_TENSOR_QUANT_DECIDED | (yes ? CT_TENSOR_QUANTIZED : 0);
-        quant_note(rt, owner->t.name, yes, why);
-    }
-    int quant = rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED);
+    int quant = tape_quantizes(rt, &w->t);
     if (rt->trace_ops == 1 && rt->observer->linear(rt, owner, n, in, outf, quant, saved) != CT_OK) return NULL;
     if (!SAC_REUSED(rt, saved) && !(quant && rt->planning)) { /* else computed in forward and saved */
         ct_status st = quant ? rt->qapi->forward(rt->quant, y->t.data, x->t.data, w->t.data, n, outf, in)
@@ -1038,14 +1054,7 @@ static int64_t xent_rows(int64_t n, int64_t in, int64_t v) {
 static int xent_fused(runtime *rt, const ct_tensor *wt) {
     rt_tensor *w = (rt_tensor *)wt;
     if (!rt->bf16_compute || rt->sac_phase != RT_SAC_OFF || !DEV(rt)->zero || !w || w->t.dtype != CT_F32) return 0;
-    rt_tensor *owner = w->base ? w->base : w;
-    if (rt->qapi && !(owner->t.flags & CT_TENSOR_QUANT_DECIDED)) { /* ask once per weight, as linear does */
-        const char *why = "";
-        int yes = rt->qapi->converts(rt->quant, &owner->t, &why);
-        owner->t.flags |= CT_TENSOR_QUANT_DECIDED | (yes ? CT_TENSOR_QUANTIZED : 0);
-        quant_note(rt, owner->t.name, yes, why);
-    }
-    return !(rt->qapi && (owner->t.flags & CT_TENSOR_QUANTIZED));
+    return !tape_quantizes(rt, &w->t);
 }
 
 static ct_tensor *op_linear_cross_entropy(ct_builder *b, ct_tensor *xt, ct_tensor *wt, const ct_tensor *tt) {

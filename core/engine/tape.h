@@ -27,6 +27,11 @@ float *tape_grad(runtime *rt, rt_tensor *t);
 float *tape_grad_in(runtime *rt, rt_tensor *t, pool *p);
 /* Prints whether the quantizer converts the weight `name`. */
 void quant_note(runtime *rt, const char *name, int yes, const char *why);
+/* 1 when the quantizer runs the GEMMs of weight w (a linear's, or an experts weight (e, o, i) under a
+ * quantizer with grouped GEMMs); the first call per weight asks it and reports the answer. */
+int tape_quantizes(runtime *rt, ct_tensor *w);
+/* 1 when the run's quantizer has the experts' grouped GEMMs (ABI 2.24). */
+int tape_quantizer_grouped(const runtime *rt);
 /* A builder layer for an operation-level strategy: every op forwards to `next` until the strategy
  * replaces it (ct_strategy_api.wrap_builder). Freed with tape_layer_free. */
 ct_builder *tape_layer_new(runtime *rt, ct_builder *next);

@@ -14,6 +14,16 @@
  * device without the op, or one that refuses the recipe's format pairs (cuBLASLt has no e5m2 x
  * e5m2), emulates, and says so once.
  *
+ * The MoE experts' grouped GEMMs (ABI 2.24; weights named in grouped_mm_fqns, torchtitan's
+ * quantize.grouped_mm.*) follow torchao's float8 grouped GEMM: e4m3 for every operand; rowwise scales
+ * along each GEMM's reduction, so the forward scales x per token and w per expert output channel, the
+ * input gradient dy per token and w per expert input column, and the weight gradient, whose reduction
+ * runs over an expert's tokens, dy and x per column within each expert's segment (mxfp8: blocks of 32
+ * along the same dimensions, a segment's tail block zero-padded as torchtitan pads token groups). They
+ * are emulated (casts, then the device's f32 grouped GEMM): no device op multiplies fp8 per segment.
+ * The weight gradient needs the segments' bounds on the host: one copy of the e+1 offsets, the same
+ * round trip the scales make.
+ *
  * Emulation (MXFP8's 32-element blocks everywhere, and the fallback above): each operand
  * is cast to the fp8 grid with the device's quantize/dequantize ops and the GEMM runs in f32 on
  * the dequantised values, the exact emulation of an fp8 GEMM with f32 accumulation (up to
@@ -42,6 +52,13 @@ typedef struct ct_quantizer { /* the ABI's opaque ct_quantizer */
     const char *filter; /* comma-separated substrings of weight names left in high precision */
     buf a, b, t, q8, sc; /* scratch: two dequantised operands, a transpose, fp8 bytes, scales */
     buf q8b, s2;         /* the device GEMM's second fp8 operand, and its two tensor-wide scales */
+    buf pad;             /* mxfp8 grouped: an expert segment padded to whole blocks of 32 rows */
+    recipe gr;           /* the experts' recipe: R_ROWWISE or R_MXFP8 */
+    const char *grouped; /* comma-separated substrings of experts weight names converted ("": none) */
+    int linears;         /* 0: only the experts are converted */
+    int grouped_noted;   /* the log line about the grouped GEMMs was written */
+    int32_t *host_off;   /* the offsets read back for the weight gradient */
+    size_t off_cap;
     int device_gemm;     /* the start-up probe found matmul_fp8 running this recipe's format pairs */
     int probed;          /* the probe ran a GEMM: its small buffers stay in the scratch */
     float *host_amax;
@@ -58,6 +75,15 @@ static const ct_option_spec options[] = {
      "torchao's emulate: fp8 casts with f32 GEMMs even where the device has a scaled fp8 matmul", NULL, NULL},
     {sizeof(ct_option_spec), "filter_fqns", CT_OPT_STRING, "output",
      "comma-separated substrings: linear weights whose name contains one stay in high precision", NULL, NULL},
+    {sizeof(ct_option_spec), "linears", CT_OPT_BOOL, "true",
+     "convert the linear layers (false: only the experts grouped_mm_fqns names, as torchtitan's converters list "
+     "with only quantize.grouped_mm.*)", NULL, NULL},
+    {sizeof(ct_option_spec), "grouped_mm_fqns", CT_OPT_STRING, "",
+     "comma-separated substrings: the MoE experts weights (e, o, i) whose name contains one run their grouped GEMMs "
+     "in float8 (torchtitan's quantize.grouped_mm.float8.fqns, e.g. experts); empty: none", NULL, NULL},
+    {sizeof(ct_option_spec), "grouped_mm_recipe", CT_OPT_STRING, "rowwise",
+     "the experts' recipe: rowwise (e4m3, power-of-two scales per row along each GEMM's reduction) or mxfp8 "
+     "(torchtitan's quantize.grouped_mm.mx)", NULL, "rowwise|mxfp8"},
     {sizeof(ct_option_spec), "enable_fsdp_float8_all_gather", CT_OPT_BOOL, "false",
      "FSDP gathers the converted weights in float8 (tensorwise only: e4m3 with one all-reduced amax per "
      "weight, half the bytes of bf16); no effect while enable is false", NULL, NULL},
@@ -91,6 +117,22 @@ static void f8_destroy(ct_quantizer *p);
 static ct_status probe_device_gemm(f8 *q);
 static int tensorwise(const f8 *q);
 static int rowwise(const f8 *q);
+
+/* The experts' options: grouped_mm_recipe, grouped_mm_fqns, linears into q. */
+static ct_status grouped_options(const ct_host *h, f8 *q) {
+    const char *gr = "rowwise";
+    q->grouped = "";
+    q->linears = 1;
+    h->opt_string(h, "grouped_mm_recipe", &gr);
+    h->opt_string(h, "grouped_mm_fqns", &q->grouped);
+    h->opt_bool(h, "linears", &q->linears);
+    if (strcmp(gr, "rowwise") && strcmp(gr, "mxfp8")) {
+        h->set_error(h, "grouped_mm_recipe: unknown '%s' (known: rowwise, mxfp8)", gr);
+        return CT_ERR_INVALID;
+    }
+    q->gr = strcmp(gr, "mxfp8") ? R_ROWWISE : R_MXFP8;
+    return CT_OK;
+}
 
 static ct_status f8_create(const ct_host *h, const ct_device_api *d, ct_device *dev, ct_quantizer **out) {
     const char *fmt = "tensorwise", *filter = "output";
@@ -131,6 +173,11 @@ static ct_status f8_create(const ct_host *h, const ct_device_api *d, ct_device *
         h->opt_bool(h, "emulate", &emulate);
         *q = (f8){.host = h, .r = (recipe)r, .filter = filter, .gather_fp8 = gather};
         q->device_gemm = q->probed = !emulate && (tensorwise(q) || rowwise(q));
+        ct_status st = grouped_options(h, q);
+        if (st != CT_OK) {
+            free(q);
+            return st;
+        }
         *out = q;
         return CT_OK;
     }
@@ -142,7 +189,8 @@ static ct_status f8_create(const ct_host *h, const ct_device_api *d, ct_device *
     f8 *q = calloc(1, sizeof *q);
     if (!q) return CT_ERR_NOMEM;
     *q = (f8){.host = h, .d = d, .dev = dev, .r = (recipe)r, .filter = filter, .gather_fp8 = gather};
-    ct_status st = probe_device_gemm(q);
+    ct_status st = grouped_options(h, q);
+    if (st == CT_OK && q->linears) st = probe_device_gemm(q); /* experts only: no linear GEMM to probe for */
     if (st != CT_OK) {
         f8_destroy(q);
         return st;
@@ -169,7 +217,9 @@ static void f8_destroy(ct_quantizer *p) {
     buf_free(q, &q->sc);
     buf_free(q, &q->q8b);
     buf_free(q, &q->s2);
+    buf_free(q, &q->pad);
     free(q->host_amax);
+    free(q->host_off);
     free(q);
 }
 
@@ -187,21 +237,47 @@ static void *need(f8 *q, buf *b, size_t bytes) {
     return b->p;
 }
 
-static int f8_converts(ct_quantizer *p, const ct_tensor *w, const char **why) {
-    f8 *q = p;
-    const char *name = w->name ? w->name : "";
-    for (const char *f = q->filter; *f;) {
+/* 1 when name contains one of the comma-separated substrings in list. */
+static int names_match(const char *list, const char *name) {
+    for (const char *f = list; *f;) {
         size_t len = strcspn(f, ",");
         char pat[128];
         if (len && len < sizeof pat) {
             memcpy(pat, f, len);
             pat[len] = 0;
-            if (strstr(name, pat)) {
-                *why = "filter_fqns";
-                return 0;
-            }
+            if (strstr(name, pat)) return 1;
         }
         f += len + (f[len] == ',');
+    }
+    return 0;
+}
+
+/* An experts weight (e, o, i): converted when grouped_mm_fqns names it and o, i suit the recipe
+ * (torchao's float8 grouped GEMM wants both multiples of 16; MX blocks of 32). */
+static int converts_experts(const f8 *q, const ct_tensor *w, const char *name, const char **why) {
+    if (!names_match(q->grouped, name)) {
+        *why = "not in grouped_mm_fqns";
+        return 0;
+    }
+    int64_t mult = q->gr == R_MXFP8 ? 32 : 16;
+    if (w->shape[1] % mult || w->shape[2] % mult) {
+        *why = q->gr == R_MXFP8 ? "expert dims not multiples of 32" : "expert dims not multiples of 16";
+        return 0;
+    }
+    return 1;
+}
+
+static int f8_converts(ct_quantizer *p, const ct_tensor *w, const char **why) {
+    f8 *q = p;
+    const char *name = w->name ? w->name : "";
+    if (w->ndim == 3) return converts_experts(q, w, name, why);
+    if (!q->linears) {
+        *why = "linears: false";
+        return 0;
+    }
+    if (names_match(q->filter, name)) {
+        *why = "filter_fqns";
+        return 0;
     }
     int64_t mult = q->r == R_MXFP8 ? 32 : 16;
     if (w->ndim != 2 || w->shape[0] % mult || w->shape[1] % mult) {
@@ -265,16 +341,17 @@ static ct_status fake_quant(f8 *q, float *dst, const float *src, int64_t n, int6
 }
 
 /* An operand (rows, cols) whose GEMM reduction runs along dim `red` (1: along rows' contiguous cols,
- * 0: down the columns), cast per the recipe into dst laid out like src. */
-static ct_status cast_operand(f8 *q, float *dst, const float *src, int64_t rows, int64_t cols, int red, ct_dtype fmt) {
+ * 0: down the columns), cast per recipe r into dst laid out like src (dst may be src). */
+static ct_status cast_operand_as(f8 *q, recipe r, float *dst, const float *src, int64_t rows, int64_t cols, int red,
+                                 ct_dtype fmt) {
     int64_t n = rows * cols;
-    switch (q->r) {
+    switch (r) {
     case R_TENSORWISE:
     case R_E4M3:
     case R_E5M2: return fake_quant(q, dst, src, n, n, fmt, 0, 0);
     default: break;
     }
-    int mx = q->r == R_MXFP8;
+    int mx = r == R_MXFP8;
     int64_t red_len = red ? cols : rows;
     int64_t group = mx ? 32 : red_len;
     if (mx && red_len % 32) {
@@ -290,6 +367,10 @@ static ct_status cast_operand(f8 *q, float *dst, const float *src, int64_t rows,
     st = fake_quant(q, t, t, n, group, CT_F8_E4M3, !mx, mx);
     if (st != CT_OK) return st;
     return q->d->transpose(q->dev, dst, t, cols, rows);
+}
+
+static ct_status cast_operand(f8 *q, float *dst, const float *src, int64_t rows, int64_t cols, int red, ct_dtype fmt) {
+    return cast_operand_as(q, q->r, dst, src, rows, cols, red, fmt);
 }
 
 static ct_dtype fmt_in(f8 *q) { return q->r == R_E5M2 ? CT_F8_E5M2 : CT_F8_E4M3; }
@@ -488,6 +569,109 @@ static ct_status f8_backward_weight(ct_quantizer *p, float *dw, const float *dy,
     return q->d->matmul(q->dev, dw, gq, xq, out, in, n, 1, 0, 1.0f, 1.0f);
 }
 
+/* ---- the experts' grouped GEMMs (ABI 2.24) ---- */
+
+/* The device's grouped GEMMs are there (the host offers MoE only with them), and the log says once
+ * how the experts run. */
+static ct_status grouped_ready(f8 *q) {
+    if (!q->d) return planning_only(q);
+    if (!CT_HAS_FIELD(q->d, ct_device_api, grouped_matmul_backward_weight) || !q->d->grouped_matmul_forward ||
+        !q->d->grouped_matmul_backward_input || !q->d->grouped_matmul_backward_weight) {
+        q->host->set_error(q->host, "float8 grouped GEMMs need the device's grouped_matmul ops (ABI 2.14)");
+        return CT_ERR_UNSUPPORTED;
+    }
+    if (!q->grouped_noted) {
+        q->grouped_noted = 1;
+        q->host->log(q->host, CT_LOG_INFO, "float8 experts (%s): emulated (e4m3 casts, f32 grouped GEMMs)",
+                     recipe_names[q->gr]);
+    }
+    return CT_OK;
+}
+
+/* y segment g = x_g w_g^T: x scaled per token along i, w per (expert, output channel) along i. */
+static ct_status f8_grouped_forward(ct_quantizer *p, float *y, const float *x, const float *w, const int32_t *offsets,
+                                    int64_t m, int64_t e, int64_t o, int64_t i) {
+    f8 *q = p;
+    ct_status st = grouped_ready(q);
+    if (st != CT_OK) return st;
+    float *xq = need(q, &q->a, sizeof(float) * (size_t)(m * i + 1)), *wq = need(q, &q->b, sizeof(float) * (size_t)(e * o * i));
+    if (!xq || !wq) return CT_ERR_NOMEM;
+    if (m > 0 && (st = cast_operand_as(q, q->gr, xq, x, m, i, 1, CT_F8_E4M3)) != CT_OK) return st;
+    if ((st = cast_operand_as(q, q->gr, wq, w, e * o, i, 1, CT_F8_E4M3)) != CT_OK) return st;
+    return q->d->grouped_matmul_forward(q->dev, y, xq, wq, offsets, m, e, o, i);
+}
+
+/* dx_g += dy_g w_g: dy scaled per token along o, w per (expert, input column) along o. */
+static ct_status f8_grouped_backward_input(ct_quantizer *p, float *dx, const float *dy, const float *w,
+                                           const int32_t *offsets, int64_t m, int64_t e, int64_t o, int64_t i) {
+    f8 *q = p;
+    ct_status st = grouped_ready(q);
+    if (st != CT_OK) return st;
+    float *gq = need(q, &q->a, sizeof(float) * (size_t)(m * o + 1)), *wq = need(q, &q->b, sizeof(float) * (size_t)(e * o * i));
+    if (!gq || !wq) return CT_ERR_NOMEM;
+    if (m > 0 && (st = cast_operand_as(q, q->gr, gq, dy, m, o, 1, CT_F8_E4M3)) != CT_OK) return st;
+    for (int64_t g = 0; g < e && st == CT_OK; g++)
+        st = cast_operand_as(q, q->gr, wq + g * o * i, w + g * o * i, o, i, 0, CT_F8_E4M3);
+    if (st != CT_OK) return st;
+    return q->d->grouped_matmul_backward_input(q->dev, dx, gq, wq, offsets, m, e, o, i);
+}
+
+/* The offsets (e+1) on the host, checked as the device checks them; NULL with the error set. */
+static const int32_t *host_offsets(f8 *q, const int32_t *offsets, int64_t m, int64_t e) {
+    if ((size_t)(e + 1) > q->off_cap) {
+        int32_t *h = realloc(q->host_off, sizeof(int32_t) * (size_t)(e + 1));
+        if (!h) {
+            q->host->set_error(q->host, "out of memory for %lld expert offsets", (long long)(e + 1));
+            return NULL;
+        }
+        q->host_off = h;
+        q->off_cap = (size_t)(e + 1);
+    }
+    if (q->d->copy(q->dev, q->host_off, offsets, sizeof(int32_t) * (size_t)(e + 1), CT_COPY_D2H) != CT_OK) return NULL;
+    for (int64_t g = 0; g <= e; g++)
+        if (q->host_off[g] < 0 || q->host_off[g] > m || (g && q->host_off[g] < q->host_off[g - 1])) {
+            q->host->set_error(q->host, "float8 grouped GEMM: offsets[%lld] = %d is not within [offsets[%lld], %lld]",
+                               (long long)g, q->host_off[g], (long long)(g ? g - 1 : 0), (long long)m);
+            return NULL;
+        }
+    return q->host_off;
+}
+
+/* rows (len, cols) of one expert's segment cast with their scales down each column, over the
+ * segment's rows only (its reduction); mxfp8 pads a segment to whole blocks of 32 rows with zeros. */
+static ct_status cast_segment(f8 *q, float *dst, const float *src, int64_t len, int64_t cols) {
+    int64_t padded = q->gr == R_MXFP8 ? (len + 31) / 32 * 32 : len;
+    if (padded == len) return cast_operand_as(q, q->gr, dst, src, len, cols, 0, CT_F8_E4M3);
+    float *t = need(q, &q->pad, sizeof(float) * (size_t)(padded * cols));
+    if (!t) return CT_ERR_NOMEM;
+    size_t bytes = sizeof(float) * (size_t)(len * cols);
+    ct_status st = q->d->copy(q->dev, t, src, bytes, CT_COPY_D2D);
+    if (st == CT_OK) st = q->d->zero(q->dev, t + len * cols, sizeof(float) * (size_t)((padded - len) * cols));
+    if (st == CT_OK) st = cast_operand_as(q, q->gr, t, t, padded, cols, 0, CT_F8_E4M3);
+    return st == CT_OK ? q->d->copy(q->dev, dst, t, bytes, CT_COPY_D2D) : st;
+}
+
+/* dw_g += dy_g^T x_g: the reduction runs over expert g's tokens, so dy and x are scaled per column
+ * within each segment (an empty segment casts nothing and adds nothing). */
+static ct_status f8_grouped_backward_weight(ct_quantizer *p, float *dw, const float *dy, const float *x,
+                                            const int32_t *offsets, int64_t m, int64_t e, int64_t o, int64_t i) {
+    f8 *q = p;
+    ct_status st = grouped_ready(q);
+    if (st != CT_OK) return st;
+    const int32_t *off = host_offsets(q, offsets, m, e);
+    if (!off) return CT_ERR_INVALID;
+    float *gq = need(q, &q->a, sizeof(float) * (size_t)(m * o + 1)), *xq = need(q, &q->b, sizeof(float) * (size_t)(m * i + 1));
+    if (!gq || !xq) return CT_ERR_NOMEM;
+    for (int64_t g = 0; g < e && st == CT_OK; g++) {
+        int64_t r0 = off[g], len = off[g + 1] - off[g];
+        if (len == 0) continue;
+        st = cast_segment(q, gq + r0 * o, dy + r0 * o, len, o);
+        if (st == CT_OK) st = cast_segment(q, xq + r0 * i, x + r0 * i, len, i);
+    }
+    if (st != CT_OK) return st;
+    return q->d->grouped_matmul_backward_weight(q->dev, dw, gq, xq, offsets, m, e, o, i);
+}
+
 /* ---- the planner's questions (ABI 2.2) ----
  * What one converted linear w (out, in) with n tokens costs, from what the three GEMMs above do.
  * Nothing is kept from forward for backward (each GEMM casts its operands afresh from the host's x,
@@ -499,7 +683,7 @@ static ct_status f8_backward_weight(ct_quantizer *p, float *dw, const float *dy,
  * adds the dequantise (5e: 14e), a transpose into k-contiguous (or reduction-contiguous) form adds
  * 8e, the emulation's transpose back another 8e. */
 typedef struct plan_bufs {
-    double a, b, t, q8, sc, q8b, s2; /* bytes of each need() buffer, as in f8 */
+    double a, b, t, q8, sc, q8b, s2, pad; /* bytes of each need() buffer, as in f8 */
 } plan_bufs;
 
 static void grow(double *cap, double bytes) {
@@ -525,25 +709,52 @@ static double plan_device_gemm(const f8 *q, plan_bufs *pb, double m, double n, d
     return 9 * (m * k + n * k) + 8 * ((a_t ? m * k : 0) + (b_t ? n * k : 0));
 }
 
-/* cast_operand (emulated) of (rows, cols) reduced along `red`; fake_quant when tensor-wide. */
-static double plan_cast(const f8 *q, plan_bufs *pb, double rows, double cols, int red, int tensor_wide) {
+/* cast_operand_as (emulated) of (rows, cols) reduced along `red` per recipe r; fake_quant when
+ * tensor-wide. */
+static double plan_cast_as(const f8 *q, recipe r, plan_bufs *pb, double rows, double cols, int red, int tensor_wide) {
+    (void)q;
     double e = rows * cols;
     grow(&pb->q8, e);
-    if (tensor_wide || tensorwise(q)) {
+    if (tensor_wide || r == R_TENSORWISE || r == R_E4M3 || r == R_E5M2) {
         grow(&pb->sc, sizeof(float));
         return 14 * e;
     }
-    double group = q->r == R_MXFP8 ? 32 : red ? cols : rows;
+    double group = r == R_MXFP8 ? 32 : red ? cols : rows;
     grow(&pb->sc, sizeof(float) * e / group);
     if (red) return 14 * e;
     grow(&pb->t, sizeof(float) * e);
     return 30 * e;
 }
 
+static double plan_cast(const f8 *q, plan_bufs *pb, double rows, double cols, int red, int tensor_wide) {
+    return plan_cast_as(q, q->r, pb, rows, cols, red, tensor_wide);
+}
+
+/* An experts weight (e, o, i) over m rows: the three emulated grouped GEMMs above. The weight
+ * gradient's casts run per segment: a segment's transpose is at most all m rows (and the offsets'
+ * host copy is not device memory). */
+static ct_status plan_grouped(f8 *q, const ct_tensor *weight, double m, ct_quant_cost *cost) {
+    double e = (double)weight->shape[0], o = (double)weight->shape[1], i = (double)weight->shape[2], f = sizeof(float);
+    plan_bufs pb = {0};
+    recipe r = q->gr;
+    grow(&pb.a, f * (m * (i > o ? i : o) + 1));
+    grow(&pb.b, f * (e * o * i > m * i + 1 ? e * o * i : m * i + 1));
+    cost->cast_bytes[0] = plan_cast_as(q, r, &pb, m, i, 1, 0) + plan_cast_as(q, r, &pb, e * o, i, 1, 0);
+    cost->cast_bytes[1] = plan_cast_as(q, r, &pb, m, o, 1, 0) + e * plan_cast_as(q, r, &pb, o, i, 0, 0) +
+                          plan_cast_as(q, r, &pb, m, o, 0, 0) + plan_cast_as(q, r, &pb, m, i, 0, 0);
+    if (r == R_MXFP8) grow(&pb.pad, f * (m + 31) * (i > o ? i : o));
+    cost->gemm_dtype = CT_F32; /* emulated: f32 grouped GEMMs on dequantised values */
+    cost->saved_bytes = 0;
+    cost->weight_bytes = 0;
+    cost->scratch_bytes = pb.a + pb.b + pb.t + pb.q8 + pb.sc + pb.pad;
+    return CT_OK;
+}
+
 static ct_status f8_plan_linear(ct_quantizer *p, const ct_tensor *weight, int64_t n_tokens, ct_quant_cost *cost) {
     f8 *q = p;
+    if (weight->ndim == 3) return plan_grouped(q, weight, (double)n_tokens, cost); /* ABI 2.24: experts */
     if (weight->ndim != 2) {
-        q->host->set_error(q->host, "plan_linear wants a (out, in) weight, got %d dims", weight->ndim);
+        q->host->set_error(q->host, "plan_linear wants a (out, in) or (e, out, in) weight, got %d dims", weight->ndim);
         return CT_ERR_INVALID;
     }
     double n = (double)n_tokens, out = (double)weight->shape[0], in = (double)weight->shape[1], f = sizeof(float);
@@ -591,6 +802,9 @@ static const ct_quantizer_api api = {
     .backward_weight = f8_backward_weight,
     .plan_linear = f8_plan_linear,
     .gather_quantized = f8_gather_quantized,
+    .grouped_forward = f8_grouped_forward,
+    .grouped_backward_input = f8_grouped_backward_input,
+    .grouped_backward_weight = f8_grouped_backward_weight,
 };
 
 CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *info) {
@@ -599,7 +813,8 @@ CT_EXPORT ct_status ctitan_plugin_entry(const ct_host *host, ct_plugin_info *inf
     info->abi_minor = CT_ABI_MINOR;
     info->kind = CT_KIND_QUANTIZER;
     info->name = "float8";
-    info->description = "float8 linear layers: tensorwise, rowwise, rowwise_with_gw_hp, mxfp8, e4m3, e5m2 (torchao recipes)";
+    info->description = "float8 linear layers (tensorwise, rowwise, rowwise_with_gw_hp, mxfp8, e4m3, e5m2) and MoE "
+                        "experts' grouped GEMMs (rowwise, mxfp8): torchao recipes";
     info->options = options;
     info->api = &api;
     info->knobs = knobs;

@@ -75,7 +75,7 @@ inactive "selective option with ac off" "activation_checkpoint: {mode: none, sel
 inactive "stage units at pipeline degree 1" "parallelism: {pipeline_parallel_stage_units: \"3;3\"}" "pipeline_parallel_stage_units: expected positive unit counts"
 inactive "exclude list with checkpoints off" "checkpoint: {exclude_from_loading: [optimiser]}" "expected a list of optimizer, lr_scheduler, dataloader"
 inactive "validation seq_len with validation off" "validation: {seq_len: 32}" "validation.seq_len: 32; validation windows"
-inactive "unknown converter" "model: {converters: [float8, quantize.grouped_mm.float8]}" "unknown converter 'quantize.grouped_mm.float8'.*no MoE|ctitan's models have none"
+inactive "unknown converter" "model: {converters: [float8, quantize.grouped_mm.fp8]}" "unknown converter 'quantize.grouped_mm.fp8'.*quantize.grouped_mm.float8"
 inactive "plugin choice with cp 1" "parallelism: {context_parallel_rotate_method: ring}" "expected allgather, alltoall or ulysses"
 
 # ---- torchtitan's TOML: the debug config trains ----

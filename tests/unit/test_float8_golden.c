@@ -15,12 +15,7 @@
  * The plugins are loaded through the core's loader (plugin_load) with a manifest from a temporary file,
  * as a session does; run from the repository root (BUILD=build-san picks the sanitizer build).
  */
-#include "host/host.h"
-#include "config/manifest.h"
-#include "session_fixture.h"
 #include "io/tensorfile.h"
-
-#include "ctitan/quantizer.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -34,62 +29,23 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "float8_fixture.h"
+
 #define GOLDEN "tests/golden/float8/float8_linear.ctt"
 #define TOL 1e-5
 
 /* ---------------------------------------------------------------- the device and the quantizer */
 
-typedef struct env {
-    manifest *mf;
-    plugin *devp, *quantp;
-    const ct_device_api *d;
-    ct_device *dev;
-    const ct_quantizer_api *q;
-    ct_quantizer *quant;
-} env;
+typedef f8_env env;
+#define env_close f8_env_close
 
-static void env_close(env *e) {
-    if (e->quant) e->q->destroy(e->quant);
-    if (e->dev) e->d->destroy(e->dev);
-    if (e->quantp) plugin_unload(e->quantp);
-    if (e->devp) plugin_unload(e->devp);
-    if (e->mf) manifest_free(e->mf);
-    memset(e, 0, sizeof *e);
-}
-
-/* Loads the cpu device and the float8 quantizer with quantize.dense.float8.format = format and, unless
- * filter is NULL (the plugin's default, "output"), filter_fqns = filter. Fails the test on any error. */
+/* The float8 quantizer with format = format and, unless filter is NULL (the plugin's default,
+ * "output"), filter_fqns = filter. */
 static void env_open(env *e, const char *format, const char *filter) {
-    memset(e, 0, sizeof *e);
-    fixture_plugin_path();
-    char yaml[512], path[] = "/tmp/ctitan-float8-XXXXXX.yaml";
-    snprintf(yaml, sizeof yaml,
-             "device: {name: cpu, threads: 2}\n"
-             "quantize:\n  dense:\n    float8:\n      enable: true\n      format: %s\n%s%s%s",
-             format, filter ? "      filter_fqns: \"" : "", filter ? filter : "", filter ? "\"\n" : "");
-    int fd = mkstemps(path, 5);
-    assert_true(fd >= 0);
-    FILE *f = fdopen(fd, "w");
-    assert_non_null(f);
-    fputs(yaml, f);
-    fclose(f);
-    e->mf = manifest_load(path);
-    unlink(path);
-    if (!e->mf) fail_msg("manifest: %s", ct_last_error());
-    manifest_add_core_schema(e->mf);
-    e->devp = plugin_load("cpu", CT_KIND_DEVICE, "device", e->mf);
-    if (!e->devp) fail_msg("%s", ct_last_error());
-    manifest_add_plugin_schema(e->mf, "device", e->devp->info.options);
-    e->quantp = plugin_load("float8", CT_KIND_QUANTIZER, "quantize.dense.float8", e->mf);
-    if (!e->quantp) fail_msg("%s", ct_last_error());
-    manifest_add_plugin_schema(e->mf, "quantize.dense.float8", e->quantp->info.options);
-    if (manifest_validate(e->mf) != CT_OK) fail_msg("manifest: %s", ct_last_error());
-    e->d = e->devp->info.api;
-    e->q = e->quantp->info.api;
-    ct_clear_error();
-    if (e->d->create(&e->devp->host, &e->dev) != CT_OK) fail_msg("cpu create: %s", ct_last_error());
-    if (e->q->create(&e->quantp->host, e->d, e->dev, &e->quant) != CT_OK)
-        fail_msg("float8 create (%s): %s", format, ct_last_error());
+    char opts[256];
+    snprintf(opts, sizeof opts, "      format: %s\n%s%s%s", format, filter ? "      filter_fqns: \"" : "",
+             filter ? filter : "", filter ? "\"\n" : "");
+    f8_env_open(e, opts);
 }
 
 /* ---------------------------------------------------------------- the golden file */

@@ -42,7 +42,7 @@
  * be rebuilt against this SDK. Minor versions of 2 only append fields, functions and kinds; what each
  * appended is in sdk/CHANGELOG.md, and sdk/frozen/ holds each minor's headers as released. */
 #define CT_ABI_MAJOR 2
-#define CT_ABI_MINOR 23
+#define CT_ABI_MINOR 24
 
 #define CT_PLUGIN_ENTRY_NAME "ctitan_plugin_entry"
 

@@ -3,7 +3,8 @@
  * A quantizer owns the GEMMs of the linear layers it converts: forward (x W^T), input gradient
  * (dY W) and weight gradient (dY^T X). It casts the operands per its recipe (scales, formats) and
  * runs them with the device's ops; layers it does not convert stay in high precision. The host asks
- * `converts` once per linear weight at start-up and reports the list.
+ * `converts` once per linear weight at start-up and reports the list. From ABI 2.24 a quantizer may
+ * also own the MoE experts' grouped GEMMs (grouped_forward and its two backward halves).
  *
  * Accumulation: backward halves ADD into dx and dw, like every device backward op.
  */
@@ -54,6 +55,23 @@ typedef struct ct_quantizer_api {
      * ct_strategy_env.fp8_all_gather), as the quantizer's own options ask; the quantizer refuses at
      * create a recipe that cannot run from such weights. NULL or 0: gathered in the compute dtype. */
     int (*gather_quantized)(ct_quantizer *q);
+    /* ---- ABI 2.24, optional: the experts' grouped GEMMs (all three or none) ----
+     * The device's grouped_matmul ops (device.h, ABI 2.14) through the quantizer: w (e, o, i) holds
+     * expert g's (o, i) weight, rows offsets[g] .. offsets[g+1] of the (m, .) activations are expert
+     * g's segment, offsets (e+1) int32 in device memory (non-decreasing, within [0, m]; offsets that
+     * are not: CT_ERR_INVALID with a message). A segment may be empty. Rows in no segment are not
+     * read, and y's are not written. A quantizer that sets these is also asked converts() on each
+     * 3-D experts weight (e, o, i) at first use, and plan_linear() with it (n: the m rows of all
+     * segments together); one that leaves them NULL is asked about 2-D linear weights only. */
+    /* y segment g (rows, o) = x_g (rows, i) @ w_g (o, i)^T */
+    ct_status (*grouped_forward)(ct_quantizer *q, float *y, const float *x, const float *w, const int32_t *offsets,
+                                 int64_t m, int64_t e, int64_t o, int64_t i);
+    /* dx_g (rows, i) += dy_g (rows, o) @ w_g (o, i) */
+    ct_status (*grouped_backward_input)(ct_quantizer *q, float *dx, const float *dy, const float *w,
+                                        const int32_t *offsets, int64_t m, int64_t e, int64_t o, int64_t i);
+    /* dw_g (o, i) += dy_g (rows, o)^T @ x_g (rows, i); an expert with no row adds nothing */
+    ct_status (*grouped_backward_weight)(ct_quantizer *q, float *dw, const float *dy, const float *x,
+                                         const int32_t *offsets, int64_t m, int64_t e, int64_t o, int64_t i);
 } ct_quantizer_api;
 
 #endif
