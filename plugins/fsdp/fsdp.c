@@ -26,8 +26,9 @@
  *
  * A parameter whose group is one rank (experts with efsdp 1, or dp_shard x cp 1 under an explicit
  * fsdp) is its own shard: no gather, no reduce-scatter. In f32 compute the shard itself is the
- * parameter (under bf16 or float8 compute the rounded copy is still made, from the shard alone),
- * and its gradient accumulates in the local gradient directly (see grad_in_place).
+ * parameter; under bf16 compute its rounded values are made from the shard for each window
+ * (rounds_own), under the float8 all-gather its e4m3 copy as before. Its gradient accumulates
+ * in the local gradient directly (see grad_in_place).
  */
 #include "ctitan/strategy.h"
 #include "ctitan/util.h"
@@ -322,7 +323,18 @@ static int keeps_bf16(fsdp *f) { return f->env.bf16_compute && f->reshard == 0 &
  * resharded after its forward gathers f32 and rounds: the buffer cache keeps each size it ever
  * held, so bf16 buffers beside the f32 ones would add memory, not save it.) bf16 values take half
  * the floats of a buffer (rounded up). */
-static int gathers_bf16(fsdp *f, const ct_param_slot *s) { return keeps_bf16(f) && !is_fp8(f, s); }
+static int gathers_bf16(fsdp *f, const ct_param_slot *s) { return keeps_bf16(f) && !is_fp8(f, s) && !whole(f, s); }
+/* A group of one rank under bf16 compute has nothing to gather: its rounded f32 values are made from
+ * the shard for each window and, where a unit stays gathered, dropped between windows instead of a
+ * bf16 copy held (the same values: both round to nearest even). */
+static int rounds_own(fsdp *f, const ct_param_slot *s) {
+    return whole(f, s) && f->env.bf16_compute && !is_fp8(f, s);
+}
+/* rounds_own's values for a window: the shard copied and rounded to bf16 */
+static ct_status round_own(fsdp *f, const ct_param_slot *s, float *full) {
+    ct_status st = DAPI(f)->copy(f->env.dev, full, s->local_data, sizeof(float) * (size_t)s->local_numel, CT_COPY_D2D);
+    return st ? st : DAPI(f)->round_bf16(f->env.dev, full, s->numel);
+}
 /* A unit kept gathered between windows keeps its float8-gathered weights as the gathered e4m3
  * bytes (a quarter of the f32 bytes) and dequantizes them again for each window: the same bytes
  * and scale give the same values, so this loses nothing in f32 or bf16 compute. */
@@ -342,19 +354,17 @@ static ct_status gather_start(fsdp *f, int k) {
             s->param->data = s->local_data;
             continue;
         }
-        int one = whole(f, s) && !u->q8_full[j]; /* a group of one: the shard cast or copied, no collective */
         if (gathers_bf16(f, s)) { /* the shard cast to bf16 (round to nearest even), gathered as bf16 */
             u->h_n[2 * j] = half_n(full_n(f, s));
             u->h_n[2 * j + 1] = half_n(s->local_numel);
-            u->h_local[j] = one ? NULL : buf_get(f, u->h_n[2 * j + 1]);
+            u->h_local[j] = buf_get(f, u->h_n[2 * j + 1]);
             u->h_full[j] = buf_get(f, u->h_n[2 * j]);
-            if ((!one && !u->h_local[j]) || !u->h_full[j]) {
+            if (!u->h_local[j] || !u->h_full[j]) {
                 f->host->set_error(f->host, "cannot allocate bf16 buffers to gather %s", s->param->name);
                 return CT_ERR_NOMEM;
             }
-            st = DAPI(f)->cast_f32_to_bf16(f->env.dev, (uint16_t *)(one ? u->h_full[j] : u->h_local[j]), s->local_data,
-                                           s->local_numel);
-            if (!st && !one)
+            st = DAPI(f)->cast_f32_to_bf16(f->env.dev, (uint16_t *)u->h_local[j], s->local_data, s->local_numel);
+            if (!st)
                 st = CAPI(f)->all_gather(f->env.comm, slot_group(f, s), u->h_local[j], u->h_full[j], s->local_numel,
                                          CT_BF16, &u->greq[j]);
             if (st) return st;
@@ -369,10 +379,9 @@ static ct_status gather_start(fsdp *f, int k) {
         s->param->data = full;
         u->full[j] = full;
         u->full_numel[j] = full_n(f, s);
-        if (one) { /* bf16 values of the shard's own (gather_wait rounds only what it waited for) */
-            st = DAPI(f)->copy(f->env.dev, full, s->local_data, sizeof(float) * (size_t)s->local_numel, CT_COPY_D2D);
-            if (!st && f->env.bf16_compute) st = DAPI(f)->round_bf16(f->env.dev, full, s->numel);
-        } else if (u->q8_full[j])
+        if (rounds_own(f, s)) /* no collective (gather_wait rounds only what it waited for) */
+            st = round_own(f, s, full);
+        else if (u->q8_full[j])
             st = CAPI(f)->all_gather(f->env.comm, slot_group(f, s), u->q8_local[j], u->q8_full[j], s->local_numel,
                                      CT_F8_E4M3, &u->greq[j]);
         else
@@ -399,16 +408,18 @@ static ct_status dequantize(fsdp *f, unit_state *u, int j) {
 static ct_status expand(fsdp *f, unit_state *u) {
     for (int j = 0; j < u->n; j++) {
         if (u->full[j] || u->greq[j]) continue;
-        if (u->q8_full[j]) { /* held float8 bytes (keeps_fp8) */
-            ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
-            if (!(u->full[j] = buf_get(f, full_n(f, s)))) {
-                f->host->set_error(f->host, "cannot allocate %lld floats for %s", (long long)full_n(f, s),
-                                   s->param->name);
+        ct_param_slot *w = CT_SLOT_AT(f->slots, u->params[j]);
+        /* held float8 bytes (keeps_fp8), or a group of one's values dropped since its last window */
+        int f8 = u->q8_full[j] != NULL, own = !f8 && keeps_bf16(f) && rounds_own(f, w);
+        if (f8 || own) {
+            if (!(u->full[j] = buf_get(f, full_n(f, w)))) {
+                f->host->set_error(f->host, "cannot allocate %lld floats for %s", (long long)full_n(f, w),
+                                   w->param->name);
                 return CT_ERR_NOMEM;
             }
-            s->param->data = u->full[j];
-            u->full_numel[j] = full_n(f, s);
-            ct_status st = dequantize(f, u, j);
+            w->param->data = u->full[j];
+            u->full_numel[j] = full_n(f, w);
+            ct_status st = f8 ? dequantize(f, u, j) : round_own(f, w, u->full[j]);
             if (st) return st;
             continue;
         }
@@ -436,8 +447,9 @@ static ct_status expand(fsdp *f, unit_state *u) {
 static void shrink_to_bf16(fsdp *f, unit_state *u) {
     if (u->fwd_open || u->windows) return;
     for (int j = 0; j < u->n; j++) {
-        if (!(u->h_full[j] || u->q8_full[j]) || !u->full[j] || u->greq[j]) continue;
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
+        int remade = u->h_full[j] || u->q8_full[j] || (keeps_bf16(f) && rounds_own(f, s));
+        if (!remade || !u->full[j] || u->greq[j]) continue;
         buf_put(f, u->full[j], full_n(f, s));
         u->full[j] = NULL;
         s->param->data = NULL;
@@ -717,6 +729,7 @@ typedef struct sim_unit {
     int gathered, waiting, grads, rs_pending;
     int half, expanded; /* its bf16-gathered parameters' bf16 copies held; their f32 values held */
     int f8_full;        /* its float8-gathered parameters' f32 values held (their bytes: keeps_fp8) */
+    int own;            /* its rounds_own parameters' f32 values held */
 } sim_unit;
 
 static void sim_get(sim *m, int64_t n) {
@@ -760,11 +773,11 @@ static void sim_gather_start(fsdp *f, sim *m, sim_unit *us, int nu, int k) { /* 
             sim_get(m, full_n(f, s));
             continue;
         }
-        if (!whole(f, s)) sim_get(m, half_n(s->local_numel));
+        sim_get(m, half_n(s->local_numel));
         sim_get(m, half_n(full_n(f, s)));
         u->half = 1;
     }
-    u->gathered = u->waiting = 1;
+    u->gathered = u->waiting = u->own = 1;
     u->expanded = 0;
 }
 
@@ -772,6 +785,9 @@ static void sim_expand(fsdp *f, sim *m, sim_unit *u) { /* expand */
     for (int j = 0; !u->f8_full && j < u->n; j++)
         if (is_fp8(f, SIM_SLOT(f, u, j))) sim_get(m, full_n(f, SIM_SLOT(f, u, j)));
     u->f8_full = 1;
+    for (int j = 0; !u->own && keeps_bf16(f) && j < u->n; j++)
+        if (rounds_own(f, SIM_SLOT(f, u, j))) sim_get(m, full_n(f, SIM_SLOT(f, u, j)));
+    u->own = 1;
     if (u->expanded || !u->half) return;
     for (int j = 0; j < u->n; j++) {
         const ct_param_slot *s = SIM_SLOT(f, u, j);
@@ -787,6 +803,9 @@ static void sim_shrink(fsdp *f, sim *m, sim_unit *u) { /* shrink_to_bf16 */
     for (int j = 0; keeps_fp8(f) && u->f8_full && j < u->n; j++)
         if (is_fp8(f, SIM_SLOT(f, u, j))) sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
     if (keeps_fp8(f)) u->f8_full = 0;
+    for (int j = 0; u->own && keeps_bf16(f) && j < u->n; j++)
+        if (rounds_own(f, SIM_SLOT(f, u, j))) sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
+    if (keeps_bf16(f)) u->own = 0;
     if (!u->expanded || !u->half) return;
     for (int j = 0; j < u->n; j++)
         if (gathers_bf16(f, SIM_SLOT(f, u, j))) sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
@@ -800,7 +819,7 @@ static void sim_gather_wait(fsdp *f, sim *m, sim_unit *us, int nu, int k) {
         if (is_fp8(f, SIM_SLOT(f, u, j))) {
             if (!keeps_fp8(f)) sim_put(m, (full_n(f, SIM_SLOT(f, u, j)) + 3) / 4);
             sim_put(m, (SIM_SLOT(f, u, j)->local_numel + 3) / 4);
-        } else if (gathers_bf16(f, SIM_SLOT(f, u, j)) && !whole(f, SIM_SLOT(f, u, j))) {
+        } else if (gathers_bf16(f, SIM_SLOT(f, u, j))) {
             sim_put(m, half_n(SIM_SLOT(f, u, j)->local_numel));
         }
     u->waiting = 0;
@@ -816,10 +835,14 @@ static void sim_release(fsdp *f, sim *m, sim_unit *u) {
             continue;
         }
         if (param_in_place(f, s)) continue;
+        if (rounds_own(f, s)) {
+            if (u->own) sim_put(m, full_n(f, s));
+            continue;
+        }
         if (!gathers_bf16(f, s) || u->expanded) sim_put(m, full_n(f, s));
         if (gathers_bf16(f, s) && u->half) sim_put(m, half_n(full_n(f, s)));
     }
-    u->gathered = u->half = u->expanded = u->f8_full = 0;
+    u->gathered = u->half = u->expanded = u->f8_full = u->own = 0;
 }
 
 static void sim_rs_finish(fsdp *f, sim *m, sim_unit *u, int gin) {
