@@ -23,6 +23,12 @@
  * last set (PyTorch's pipelining syncs gradients only on the last microbatch). Zero-bubble windows
  * of one unit may overlap, so each unit counts its open backward windows and nothing it holds is
  * given back while one is open.
+ *
+ * A parameter whose group is one rank (experts with efsdp 1, or dp_shard x cp 1 under an explicit
+ * fsdp) is its own shard: no gather, no reduce-scatter. In f32 compute the shard itself is the
+ * parameter; under bf16 compute its rounded values are made from the shard for each window
+ * (rounds_own), under the float8 all-gather its e4m3 copy as before. Its gradient accumulates
+ * in the local gradient directly (see grad_in_place).
  */
 #include "ctitan/strategy.h"
 #include "ctitan/util.h"
@@ -51,6 +57,7 @@ typedef struct unit_state {
     int rs_pending;
     int windows;             /* backward windows open: pre_backward calls not yet closed by post_backward */
     int grads;               /* full gradient buffers held (accumulating) */
+    char *gin;               /* per param: its gradient accumulates in the local shard itself (grad_in_place) */
 } unit_state;
 
 typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
@@ -70,6 +77,7 @@ typedef struct ct_strategy { /* the ABI's opaque ct_strategy */
     int sync_last;     /* pipeline parallel: keep gathers and full gradients until post_backward's last */
     int saw_last;      /* a post_backward with last since the previous finish_backward */
     int split;         /* the pipeline schedule splits backward (ABI 2.6): windows of a unit overlap */
+    int fresh;         /* the next backward is a step's first (the local gradients are zero) */
     /* what it shards over: dp_shard, or under context parallel torchtitan's dp_shard x cp (ABI 2.3),
      * whose reduce-scatter also sums the cp ranks' partial gradients */
     int axis, S, r;
@@ -98,6 +106,23 @@ static ct_comm_group *slot_group(fsdp *f, const ct_param_slot *s) {
     return on_efsdp(f, s) ? f->mesh.efsdp_group : f->group;
 }
 
+/* A group of one rank (experts with efsdp 1, or dp_shard x cp 1 under an explicit fsdp): the shard
+ * is the whole tensor, so there is nothing to gather or reduce-scatter. */
+static int whole(const fsdp *f, const ct_param_slot *s) { return slot_S(f, s) == 1; }
+static int is_fp8(const fsdp *f, const ct_param_slot *s) { return f->fp8 && (s->param->flags & CT_TENSOR_QUANTIZED); }
+/* Its shard is used in place for compute: no copy, no buffer. Not under bf16 compute or the float8
+ * all-gather, whose compute values are rounded copies of the f32 master (made without a collective). */
+static int param_in_place(const fsdp *f, const ct_param_slot *s) {
+    return whole(f, s) && !f->env.bf16_compute && !is_fp8(f, s);
+}
+/* Its gradient accumulates straight into the local shard's gradient (zeroed at the step's start)
+ * when that holds nothing yet: under pipeline parallel (one reduction per step) or in a step's first
+ * microbatch. A later microbatch without PP accumulates in a buffer of its own and adds it, as
+ * before, so the sums keep their order and HSDP's all-reduce sums each microbatch once. */
+static int grad_in_place(const fsdp *f, const ct_param_slot *s, int first) {
+    return whole(f, s) && (f->sync_last || first);
+}
+
 static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, ct_strategy **out) {
     fsdp *f = calloc(1, sizeof *f);
     if (!f) return CT_ERR_NOMEM;
@@ -115,6 +140,7 @@ static ct_status fsdp_create(const ct_host *h, const ct_strategy_env *env, ct_st
     h->opt_string(h, "fsdp_reshard_after_forward", &policy);
     int pp = env->mesh->degree[CT_AXIS_PP] > 1;
     f->sync_last = pp;
+    f->fresh = 1;
     /* a host before 2.6 cannot say: keep nothing beside the f32 copy, as under a split schedule */
     f->split = !CT_HAS_FIELD(env, ct_strategy_env, split_backward) || env->split_backward;
     if (!strcmp(policy, "never")) f->reshard = 0;
@@ -233,7 +259,8 @@ static ct_status fsdp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_u
         u->h_local = calloc((size_t)u->n + 1, sizeof(float *));
         u->h_full = calloc((size_t)u->n + 1, sizeof(float *));
         u->h_n = calloc(2 * (size_t)u->n + 1, sizeof(int64_t));
-        if (!u->h_n || !u->greq || !u->full || !u->full_numel || !u->rsreq || !u->rs_out || !u->q8_local || !u->q8_full ||
+        u->gin = calloc((size_t)u->n + 1, 1);
+        if (!u->h_n || !u->gin || !u->greq || !u->full || !u->full_numel || !u->rsreq || !u->rs_out || !u->q8_local || !u->q8_full ||
             !u->h_local || !u->h_full)
             return CT_ERR_NOMEM;
     }
@@ -245,7 +272,6 @@ static ct_status fsdp_setup(ct_strategy *p, ct_param_slot *slots, int n, int n_u
     return CT_OK;
 }
 
-static int is_fp8(fsdp *f, const ct_param_slot *s) { return f->fp8 && (s->param->flags & CT_TENSOR_QUANTIZED); }
 
 /* Float8 scales of every converted weight this rank holds, from ONE all-reduce of their amaxes
  * over the shard group (torchao's precompute_float8_dynamic_scale_for_fsdp): tensor-wide e4m3
@@ -297,7 +323,18 @@ static int keeps_bf16(fsdp *f) { return f->env.bf16_compute && f->reshard == 0 &
  * resharded after its forward gathers f32 and rounds: the buffer cache keeps each size it ever
  * held, so bf16 buffers beside the f32 ones would add memory, not save it.) bf16 values take half
  * the floats of a buffer (rounded up). */
-static int gathers_bf16(fsdp *f, const ct_param_slot *s) { return keeps_bf16(f) && !is_fp8(f, s); }
+static int gathers_bf16(fsdp *f, const ct_param_slot *s) { return keeps_bf16(f) && !is_fp8(f, s) && !whole(f, s); }
+/* A group of one rank under bf16 compute has nothing to gather: its rounded f32 values are made from
+ * the shard for each window and, where a unit stays gathered, dropped between windows instead of a
+ * bf16 copy held (the same values: both round to nearest even). */
+static int rounds_own(fsdp *f, const ct_param_slot *s) {
+    return whole(f, s) && f->env.bf16_compute && !is_fp8(f, s);
+}
+/* rounds_own's values for a window: the shard copied and rounded to bf16 */
+static ct_status round_own(fsdp *f, const ct_param_slot *s, float *full) {
+    ct_status st = DAPI(f)->copy(f->env.dev, full, s->local_data, sizeof(float) * (size_t)s->local_numel, CT_COPY_D2D);
+    return st ? st : DAPI(f)->round_bf16(f->env.dev, full, s->numel);
+}
 /* A unit kept gathered between windows keeps its float8-gathered weights as the gathered e4m3
  * bytes (a quarter of the f32 bytes) and dequantizes them again for each window: the same bytes
  * and scale give the same values, so this loses nothing in f32 or bf16 compute. */
@@ -313,6 +350,10 @@ static ct_status gather_start(fsdp *f, int k) {
     if (st) return st;
     for (int j = 0; j < u->n; j++) {
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
+        if (param_in_place(f, s)) { /* the shard is the whole tensor */
+            s->param->data = s->local_data;
+            continue;
+        }
         if (gathers_bf16(f, s)) { /* the shard cast to bf16 (round to nearest even), gathered as bf16 */
             u->h_n[2 * j] = half_n(full_n(f, s));
             u->h_n[2 * j + 1] = half_n(s->local_numel);
@@ -338,7 +379,9 @@ static ct_status gather_start(fsdp *f, int k) {
         s->param->data = full;
         u->full[j] = full;
         u->full_numel[j] = full_n(f, s);
-        if (u->q8_full[j])
+        if (rounds_own(f, s)) /* no collective (gather_wait rounds only what it waited for) */
+            st = round_own(f, s, full);
+        else if (u->q8_full[j])
             st = CAPI(f)->all_gather(f->env.comm, slot_group(f, s), u->q8_local[j], u->q8_full[j], s->local_numel,
                                      CT_F8_E4M3, &u->greq[j]);
         else
@@ -365,16 +408,18 @@ static ct_status dequantize(fsdp *f, unit_state *u, int j) {
 static ct_status expand(fsdp *f, unit_state *u) {
     for (int j = 0; j < u->n; j++) {
         if (u->full[j] || u->greq[j]) continue;
-        if (u->q8_full[j]) { /* held float8 bytes (keeps_fp8) */
-            ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
-            if (!(u->full[j] = buf_get(f, full_n(f, s)))) {
-                f->host->set_error(f->host, "cannot allocate %lld floats for %s", (long long)full_n(f, s),
-                                   s->param->name);
+        ct_param_slot *w = CT_SLOT_AT(f->slots, u->params[j]);
+        /* held float8 bytes (keeps_fp8), or a group of one's values dropped since its last window */
+        int f8 = u->q8_full[j] != NULL, own = !f8 && keeps_bf16(f) && rounds_own(f, w);
+        if (f8 || own) {
+            if (!(u->full[j] = buf_get(f, full_n(f, w)))) {
+                f->host->set_error(f->host, "cannot allocate %lld floats for %s", (long long)full_n(f, w),
+                                   w->param->name);
                 return CT_ERR_NOMEM;
             }
-            s->param->data = u->full[j];
-            u->full_numel[j] = full_n(f, s);
-            ct_status st = dequantize(f, u, j);
+            w->param->data = u->full[j];
+            u->full_numel[j] = full_n(f, w);
+            ct_status st = f8 ? dequantize(f, u, j) : round_own(f, w, u->full[j]);
             if (st) return st;
             continue;
         }
@@ -402,8 +447,9 @@ static ct_status expand(fsdp *f, unit_state *u) {
 static void shrink_to_bf16(fsdp *f, unit_state *u) {
     if (u->fwd_open || u->windows) return;
     for (int j = 0; j < u->n; j++) {
-        if (!(u->h_full[j] || u->q8_full[j]) || !u->full[j] || u->greq[j]) continue;
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
+        int remade = u->h_full[j] || u->q8_full[j] || (keeps_bf16(f) && rounds_own(f, s));
+        if (!remade || !u->full[j] || u->greq[j]) continue;
         buf_put(f, u->full[j], full_n(f, s));
         u->full[j] = NULL;
         s->param->data = NULL;
@@ -507,6 +553,10 @@ static ct_status fsdp_pre_backward(ct_strategy *p, int k) {
     u->grads = 1;
     for (int j = 0; j < u->n; j++) { /* fresh full gradients, zeroed: the tape accumulates into them */
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
+        if ((u->gin[j] = (char)grad_in_place(f, s, f->fresh))) { /* zeroed with the step */
+            s->param->grad = s->local_grad;
+            continue;
+        }
         float *g = buf_get(f, full_n(f, s));
         if (!g) return CT_ERR_NOMEM;
         st = DAPI(f)->zero(f->env.dev, g, sizeof(float) * (size_t)full_n(f, s));
@@ -523,6 +573,7 @@ static ct_status rs_finish(fsdp *f, int k) {
     ct_status st = CT_OK;
     for (int j = 0; j < u->n && !st; j++) {
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
+        if (u->gin[j]) continue; /* reduced in place at post_backward */
         st = CAPI(f)->wait(f->env.comm, u->rsreq[j]);
         u->rsreq[j] = NULL;
         if (!st && f->mesh.degree[CT_AXIS_DP_REPLICATE] > 1) /* HSDP: sum the shard over replicas */
@@ -560,15 +611,26 @@ static ct_status fsdp_post_backward(ct_strategy *p, int k, int last_microbatch) 
         return CT_ERR_INTERNAL;
     }
     u->grads = 0;
+    int pending = 0;
     for (int j = 0; j < u->n; j++) {
         ct_param_slot *s = CT_SLOT_AT(f->slots, u->params[j]);
+        if (u->gin[j]) { /* the gradient is the local shard's already; HSDP sums it over replicas */
+            ct_status st = f->mesh.degree[CT_AXIS_DP_REPLICATE] > 1
+                               ? CAPI(f)->all_reduce(f->env.comm, f->mesh.group[CT_AXIS_DP_REPLICATE], s->local_grad,
+                                                     s->local_grad, s->local_numel, CT_F32, CT_REDUCE_SUM, NULL)
+                               : CT_OK;
+            s->param->grad = NULL;
+            if (st) return st;
+            continue;
+        }
+        pending = 1;
         u->rs_out[j] = buf_get(f, s->local_numel);
         if (!u->rs_out[j]) return CT_ERR_NOMEM;
         ct_status st = CAPI(f)->reduce_scatter(f->env.comm, slot_group(f, s), s->param->grad, u->rs_out[j],
                                                s->local_numel, CT_F32, CT_REDUCE_SUM, &u->rsreq[j]);
         if (st) return st;
     }
-    u->rs_pending = u->n > 0;
+    u->rs_pending = pending;
     release_params(f, k);
     /* one unit's reductions in flight at a time: finish the unit after this one */
     return k + 1 < f->n_units ? rs_finish(f, k + 1) : CT_OK;
@@ -586,6 +648,7 @@ static ct_status fsdp_finish_backward(ct_strategy *p) {
             return CT_ERR_INTERNAL;
         }
     }
+    f->fresh = f->saw_last; /* without PP, a step's later microbatches add to what the first left */
     if (!f->saw_last) return CT_OK; /* more microbatches of this step follow: stay gathered */
     f->saw_last = 0;
     return release_all(f);
@@ -629,6 +692,7 @@ static void fsdp_destroy(ct_strategy *p) {
         free(f->units[k].h_local);
         free(f->units[k].h_full);
         free(f->units[k].h_n);
+        free(f->units[k].gin);
     }
     free(f->units);
     if (f->dev_scales) DAPI(f)->free(f->env.dev, f->dev_scales);
@@ -665,6 +729,7 @@ typedef struct sim_unit {
     int gathered, waiting, grads, rs_pending;
     int half, expanded; /* its bf16-gathered parameters' bf16 copies held; their f32 values held */
     int f8_full;        /* its float8-gathered parameters' f32 values held (their bytes: keeps_fp8) */
+    int own;            /* its rounds_own parameters' f32 values held */
 } sim_unit;
 
 static void sim_get(sim *m, int64_t n) {
@@ -703,6 +768,7 @@ static void sim_gather_start(fsdp *f, sim *m, sim_unit *us, int nu, int k) { /* 
     u->f8_full = 1;
     for (int j = 0; j < u->n; j++) {
         const ct_param_slot *s = SIM_SLOT(f, u, j);
+        if (param_in_place(f, s)) continue;
         if (!gathers_bf16(f, s)) {
             sim_get(m, full_n(f, s));
             continue;
@@ -711,7 +777,7 @@ static void sim_gather_start(fsdp *f, sim *m, sim_unit *us, int nu, int k) { /* 
         sim_get(m, half_n(full_n(f, s)));
         u->half = 1;
     }
-    u->gathered = u->waiting = 1;
+    u->gathered = u->waiting = u->own = 1;
     u->expanded = 0;
 }
 
@@ -719,6 +785,9 @@ static void sim_expand(fsdp *f, sim *m, sim_unit *u) { /* expand */
     for (int j = 0; !u->f8_full && j < u->n; j++)
         if (is_fp8(f, SIM_SLOT(f, u, j))) sim_get(m, full_n(f, SIM_SLOT(f, u, j)));
     u->f8_full = 1;
+    for (int j = 0; !u->own && keeps_bf16(f) && j < u->n; j++)
+        if (rounds_own(f, SIM_SLOT(f, u, j))) sim_get(m, full_n(f, SIM_SLOT(f, u, j)));
+    u->own = 1;
     if (u->expanded || !u->half) return;
     for (int j = 0; j < u->n; j++) {
         const ct_param_slot *s = SIM_SLOT(f, u, j);
@@ -734,6 +803,9 @@ static void sim_shrink(fsdp *f, sim *m, sim_unit *u) { /* shrink_to_bf16 */
     for (int j = 0; keeps_fp8(f) && u->f8_full && j < u->n; j++)
         if (is_fp8(f, SIM_SLOT(f, u, j))) sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
     if (keeps_fp8(f)) u->f8_full = 0;
+    for (int j = 0; u->own && keeps_bf16(f) && j < u->n; j++)
+        if (rounds_own(f, SIM_SLOT(f, u, j))) sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
+    if (keeps_bf16(f)) u->own = 0;
     if (!u->expanded || !u->half) return;
     for (int j = 0; j < u->n; j++)
         if (gathers_bf16(f, SIM_SLOT(f, u, j))) sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
@@ -762,14 +834,20 @@ static void sim_release(fsdp *f, sim *m, sim_unit *u) {
             if (keeps_fp8(f)) sim_put(m, (full_n(f, s) + 3) / 4);
             continue;
         }
+        if (param_in_place(f, s)) continue;
+        if (rounds_own(f, s)) {
+            if (u->own) sim_put(m, full_n(f, s));
+            continue;
+        }
         if (!gathers_bf16(f, s) || u->expanded) sim_put(m, full_n(f, s));
         if (gathers_bf16(f, s) && u->half) sim_put(m, half_n(full_n(f, s)));
     }
-    u->gathered = u->half = u->expanded = u->f8_full = 0;
+    u->gathered = u->half = u->expanded = u->f8_full = u->own = 0;
 }
 
-static void sim_rs_finish(fsdp *f, sim *m, sim_unit *u) {
+static void sim_rs_finish(fsdp *f, sim *m, sim_unit *u, int gin) {
     for (int j = 0; u->rs_pending && j < u->n; j++) {
+        if (grad_in_place(f, SIM_SLOT(f, u, j), gin)) continue;
         sim_put(m, SIM_SLOT(f, u, j)->local_numel);
         sim_put(m, full_n(f, SIM_SLOT(f, u, j)));
     }
@@ -781,6 +859,9 @@ static void sim_rs_finish(fsdp *f, sim *m, sim_unit *u) {
  * last reducing them. */
 static int64_t sim_step(fsdp *f, sim_unit *us, int nu, int n_microbatches) {
     sim m = {0};
+    /* without PP a step's later microbatches (replayed here) keep their gradients in buffers; its
+     * only one, or PP's whole step, in the shard of a group of one (grad_in_place) */
+    int gin = f->sync_last || n_microbatches <= 1;
     for (int mb = f->sync_last && n_microbatches > 1 ? 0 : 1; mb < 2; mb++) {
         int last = mb == 1;
         for (int k = 0; k < nu; k++) { /* pre_forward, post_forward */
@@ -791,9 +872,10 @@ static int64_t sim_step(fsdp *f, sim_unit *us, int nu, int n_microbatches) {
         }
         for (int k = nu - 1; k >= 0; k--) {
             sim_gather_wait(f, &m, us, nu, k); /* pre_backward */
-            sim_rs_finish(f, &m, &us[k]);
+            sim_rs_finish(f, &m, &us[k], gin);
             if (!us[k].grads)
-                for (int j = 0; j < us[k].n; j++) sim_get(&m, full_n(f, SIM_SLOT(f, &us[k], j)));
+                for (int j = 0; j < us[k].n; j++)
+                    if (!grad_in_place(f, SIM_SLOT(f, &us[k], j), gin)) sim_get(&m, full_n(f, SIM_SLOT(f, &us[k], j)));
             us[k].grads = 1;
             sim_gather_start(f, &m, us, nu, k - 1);
             if (!last) { /* post_backward of an earlier microbatch under PP: keep accumulating */
@@ -801,14 +883,15 @@ static int64_t sim_step(fsdp *f, sim_unit *us, int nu, int n_microbatches) {
                 continue;
             }
             us[k].grads = 0; /* post_backward: reduce */
-            for (int j = 0; j < us[k].n; j++) sim_get(&m, SIM_SLOT(f, &us[k], j)->local_numel);
+            for (int j = 0; j < us[k].n; j++)
+                if (!grad_in_place(f, SIM_SLOT(f, &us[k], j), gin)) sim_get(&m, SIM_SLOT(f, &us[k], j)->local_numel);
             us[k].rs_pending = us[k].n > 0;
             sim_release(f, &m, &us[k]);
-            if (k + 1 < nu) sim_rs_finish(f, &m, &us[k + 1]);
+            if (k + 1 < nu) sim_rs_finish(f, &m, &us[k + 1], gin);
         }
     }
     for (int k = 0; k < nu; k++) { /* finish_backward */
-        sim_rs_finish(f, &m, &us[k]);
+        sim_rs_finish(f, &m, &us[k], gin);
         if (us[k].gathered) {
             sim_gather_wait(f, &m, us, nu, k);
             sim_release(f, &m, &us[k]);

@@ -2,7 +2,7 @@
 # The planner against measurement: trains layouts on CPU ranks (each a few steps of a tiny model:
 # FSDP 2 and 4, HSDP 2x2, DDP 2, TP 2 and 4, async TP (also with float8), FSDP x TP, PP 2 and 4 under 1F1B,
 # Interleaved1F1B and ZBVZeroBubble, CP 2 (each rotate method), FSDP 2 x CP 2, qwen3's MoE debug model
-# on one rank, FSDP 2, EP 2 and EP 2 x FSDP 2, AC none / selective / full, float8, bf16, the debug model and
+# on one rank, FSDP 2, EP 2, EP 2 x FSDP 2 and PP 2 x EP 2 (efsdp 1: the experts used in place), AC none / selective / full, float8, bf16, the debug model and
 # the 124M-class shape), takes what each run measured (tests/cli/lib/plan_validate.py measure: the
 # last step's memory record, the largest rank's, and the median step time after the first two
 # steps), then plans each layout with `ctitan plan ... --json` against a profile `ctitan plan
@@ -75,6 +75,7 @@ moe          1 8 r1moe  @moe --training.local_batch_size=8
 moe_fsdp2    2 8 r2moe  @moe --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2
 moe_ep2      2 8 r2moe  @moe --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 --parallelism.expert_parallel_degree=2
 moe_ep2fsdp2 4 8 r4moe  @moe --training.local_batch_size=2 --parallelism.data_parallel_shard_degree=4 --parallelism.expert_parallel_degree=2
+moe_pp2ep2   4 8 r4moepp @moe --training.local_batch_size=4 --parallelism.pipeline_parallel_microbatch_size=1 --parallelism.data_parallel_shard_degree=2 --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=1F1B --parallelism.expert_parallel_degree=2
 fsdp2_pp2     4 8 r4fpp  --training.local_batch_size=4 --parallelism.pipeline_parallel_microbatch_size=1 --parallelism.data_parallel_shard_degree=2 --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B
 EOF
 )
