@@ -1166,7 +1166,6 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
         BW[pr] += ut[u].bw;
         RE[pr] += ut[u].re;
         TPX[pr] += ut[u].comm_exposed;
-        res->t_comm_hidden += ut[u].comm_hidden * (pr == 0 ? n_micro * accum : 0);
         if (pp > 1 && u + 1 < nu && unit_rank[u + 1] != pr) /* a stage boundary: the activation goes on */
             SEND[pr] += comm_seconds(hw, CT_COLL_ALL_GATHER, 2, 2 * t.units[u].out_bytes,
                                      axis_inter_node(l, hw, CT_AXIS_PP, gpn)) ;
@@ -1224,7 +1223,11 @@ ct_status plan_eval(plan_ctx *c, const plan_layout *l, const hw_profile *hw, pla
         for (int i = 0; i < res->n_comms; i++) /* the overlapped ones show in proportion */
             if (ovl > 0) res->comms[i].exposed += res->comms[i].hidden_candidate * fmin(1.0, shown / ovl);
     }
-    for (int pr = 0; pr < 1; pr++) res->t_comm_exposed += TPX[pr] * n_micro * accum;
+    /* the op-level collectives (tp's, ep's all-to-alls) of the stage that sets the pace, inside its
+     * compute above: shown here, not added again (rank 0 holds no experts in DeepSeek-V3's first stage) */
+    res->t_comm_exposed += TPX[slowest] * n_micro * accum;
+    for (int u = 0; u < nu; u++)
+        if ((unit_rank ? unit_rank[u] : 0) == slowest) res->t_comm_hidden += ut[u].comm_hidden * n_micro * accum;
     /* the optimizer: its plan_step per slot, or the assumed traffic */
     double opt_s = 0, opt_bytes = 0;
     int assumed_opt = !c->s.opt || !CT_HAS_FIELD(c->s.o, ct_optimizer_api, plan_step) || !c->s.o->plan_step;
