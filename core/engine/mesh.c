@@ -67,8 +67,18 @@ ct_status mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NA
     return CT_OK;
 }
 
+const char *mesh_axis_name(int axis) {
+    if (axis == CT_AXIS_EP) return "ep";
+    return axis >= 0 && axis < CT_MESH_NAXES ? mesh_axis_names[axis] : NULL;
+}
+
+const char *mesh_axis_degree_key(int axis) {
+    if (axis == CT_AXIS_EP) return MESH_EP_DEGREE_KEY;
+    return axis >= 0 && axis < CT_MESH_NAXES ? mesh_degree_keys[axis] : NULL;
+}
+
 ct_status mesh_ep_degree(const manifest *mf, const int degree[CT_MESH_NAXES], int *ep) {
-    static const char key[] = "parallelism.expert_parallel_degree";
+    static const char key[] = MESH_EP_DEGREE_KEY;
     char where[600];
     int64_t v = 1, from = (int64_t)degree[CT_AXIS_DP_SHARD] * degree[CT_AXIS_CP];
     mf_get_int(mf, key, &v);
@@ -125,10 +135,10 @@ ct_status mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int w
                          m->coord[CT_AXIS_CP] * stride[CT_AXIS_CP];
     if (c->split(comm, world, shard_cp_color, m->dp_shard_cp_rank, "dp_shard_cp", &m->dp_shard_cp_group) != CT_OK)
         return ct_fail(CT_ERR_INTERNAL, "comm: cannot create the dp_shard_cp group: %s", ct_last_error());
-    if (c->split(comm, m->dp_shard_cp_group, m->efsdp_rank, m->ep_rank, "ep", &m->ep_group) != CT_OK ||
+    if (c->split(comm, m->dp_shard_cp_group, m->efsdp_rank, m->ep_rank, mesh_axis_name(CT_AXIS_EP), &m->ep_group) != CT_OK ||
         c->split(comm, m->dp_shard_cp_group, m->ep_rank, m->efsdp_rank, "efsdp", &m->efsdp_group) != CT_OK)
         return ct_fail(CT_ERR_INTERNAL, "comm: cannot create the ep and efsdp groups: %s", ct_last_error());
-    commstats_name_group(m->ep_group, "ep");
+    commstats_name_group(m->ep_group, mesh_axis_name(CT_AXIS_EP));
     commstats_name_group(m->efsdp_group, "efsdp");
     return CT_OK;
 }

@@ -11,6 +11,12 @@ extern const char *const mesh_axis_names[CT_MESH_NAXES];
 /* Each axis's degree key in a manifest ("parallelism.tensor_parallel_degree"), by ct_mesh_axis: the
  * one place they are spelled. */
 extern const char *const mesh_degree_keys[CT_MESH_NAXES];
+/* Expert parallel's degree key: ep is not a mesh axis of its own (it is borrowed from dp_shard x cp). */
+#define MESH_EP_DEGREE_KEY "parallelism.expert_parallel_degree"
+/* The name ("tp", "ep", ...) and degree key of a mesh axis or CT_AXIS_EP, for messages and manifests; NULL
+ * for any other axis. */
+const char *mesh_axis_name(int axis);
+const char *mesh_axis_degree_key(int axis);
 
 /* Reads parallelism.* and checks that the degrees multiply to world_size (dp_shard -1 takes what is
  * left): CT_OK, or CT_ERR_INVALID with the line naming the key set (nothing printed). */

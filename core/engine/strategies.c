@@ -59,14 +59,9 @@ static const char *entry_name(const manifest *mf, int e, int world) {
     return name;
 }
 
-const char *strategy_axis_name(int axis) {
-    if (axis == CT_AXIS_EP) return "ep";
-    return axis > CT_AXIS_PP && axis < CT_MESH_NAXES ? mesh_axis_names[axis] : NULL;
-}
+const char *strategy_axis_name(int axis) { return axis == CT_AXIS_PP ? NULL : mesh_axis_name(axis); }
 
-const char *strategy_degree_key(int axis) {
-    return axis == CT_AXIS_EP ? "parallelism.expert_parallel_degree" : mesh_degree_keys[axis];
-}
+const char *strategy_degree_key(int axis) { return mesh_axis_degree_key(axis); }
 
 static void role_text(int serves, int axis, char *buf, size_t len) {
     if (serves == CT_SERVES_DATA_PARALLEL) snprintf(buf, len, "data parallel");

@@ -606,8 +606,7 @@ ct_status plan_write_manifest(const manifest *mf, const plan_layout *l, const ch
     kv_setf(&s, mesh_degree_keys[CT_AXIS_PP], "%lld", l->pp);
     kv_setf(&s, "parallelism.pipeline_parallel_microbatch_size", "%lld", l->pp_microbatch_size);
     if (l->schedule[0]) kv_set(&s, "parallelism.pipeline_parallel_schedule", l->schedule, 0);
-    if (l->ep > 1 || kv_find(&s, "parallelism.expert_parallel_degree"))
-        kv_setf(&s, "parallelism.expert_parallel_degree", "%lld", l->ep > 1 ? l->ep : 1);
+    if (l->ep > 1 || kv_find(&s, MESH_EP_DEGREE_KEY)) kv_setf(&s, MESH_EP_DEGREE_KEY, "%lld", l->ep > 1 ? l->ep : 1);
     kv_setf(&s, "training.local_batch_size", "%lld", l->local_batch);
     kv_setf(&s, "training.global_batch_size", "%lld", l->global_batch);
     kv_set(&s, "activation_checkpoint.mode",

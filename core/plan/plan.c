@@ -217,7 +217,7 @@ ct_status plan_layout_from_manifest(plan_ctx *c, int gpus, plan_layout *l) {
     l->cp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_CP], 1);
     l->tp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_TP], 1);
     l->pp = (int)get_int(mf, mesh_degree_keys[CT_AXIS_PP], 1);
-    int64_t ep = get_int(mf, "parallelism.expert_parallel_degree", 1);
+    int64_t ep = get_int(mf, MESH_EP_DEGREE_KEY, 1);
     int64_t others = (int64_t)l->dp_replicate * l->cp * l->tp * l->pp;
     if (others < 1 || l->dp_replicate < 1 || l->cp < 1 || l->tp < 1 || l->pp < 1)
         return ct_fail(CT_ERR_INVALID, "parallelism degrees must be positive");
@@ -312,7 +312,7 @@ static ct_status apply_layout(plan_ctx *c, const plan_layout *l) {
     set_key(c, &st, "activation_offload.layers", "%d", l->offload);
     for (int i = 0; i < l->n_knobs; i++) /* the plugins' knobs; "" leaves the manifest's */
         if (l->knob[i].value[0]) set_key(c, &st, l->knob[i].key, "%s", l->knob[i].value);
-    set_key(c, &st, "parallelism.expert_parallel_degree", "%d", l->ep > 1 ? l->ep : 1);
+    set_key(c, &st, MESH_EP_DEGREE_KEY, "%d", l->ep > 1 ? l->ep : 1);
     return st;
 }
 
