@@ -56,6 +56,7 @@ static int axis_degree(const plan_layout *l, int axis) {
     case CT_AXIS_CP: return l->cp;
     case CT_AXIS_TP: return l->tp;
     case CT_AXIS_PP: return l->pp;
+    case CT_AXIS_EP: return l->ep > 1 ? l->ep : 1;
     default: return 1;
     }
 }
