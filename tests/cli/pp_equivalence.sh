@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pipeline parallel computes the same function as one rank: llama3 debugmodel (fp32), same seed and
+# Pipeline parallel computes the same function as one rank: llama3 debugmodel at half width (fp32), same seed and
 # global batch, real MPI ranks. PP 2 with every shipped schedule (the zero-bubble ones with full
 # activation checkpointing), PP 4 with Interleaved1F1B, a CSV
 # schedule, a CSV with two stages per rank (the count taken from the file), explicit units per stage, PP 2 x FSDP 2 and PP 2 x FSDP 2 x TP 2 on 8 ranks: 20-step loss
@@ -10,6 +10,7 @@
 set -u
 STEPS=${PP_STEPS:-20}
 . tests/cli/lib/layouts.sh
+common+=("${narrow[@]}") # debugmodel at half width: the layouts' arithmetic, a third of the time
 pp=(--training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1)
 run single 1 --training.local_batch_size=8
 for s in GPipe 1F1B Interleaved1F1B LoopedBFS InterleavedZeroBubble ZBVZeroBubble; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tensor parallel computes the same function as one rank: llama3 debugmodel (fp32), same seed, same
+# Tensor parallel computes the same function as one rank: llama3 debugmodel at half width (fp32), same seed, same
 # global batch, real MPI ranks. TP 2, TP 4, TP 2 without sequence parallel, TP 2 with async TP,
 # TP 2 without loss parallel, TP 2 with full activation checkpointing, FSDP 2 x TP 2 and ZeRO-2 x TP 2
 # (whole compute storage: tp leaves the parameters where the host pointed them) on 4 ranks:
@@ -12,6 +12,7 @@
 # loss in blocks under loss parallel) and TP 2 without loss parallel follow one rank within the bf16 bound.
 set -u
 . tests/cli/lib/layouts.sh
+common+=("${narrow[@]}") # debugmodel at half width: the layouts' arithmetic, a third of the time
 tp=(--training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1)
 run single 1 --training.local_batch_size=8
 run tp2 2 "${tp[@]}" --parallelism.tensor_parallel_degree=2
@@ -46,9 +47,9 @@ awk -v a="$(act tp2_bf16)" -v b="$(act tp2_noloss_bf16)" 'BEGIN { ok = a > 0 && 
 single=$(mem single)
 for n in 2 4; do
   got=$(mem tp$n)
-  # llama3 debugmodel: dim 256, 6 layers; whole (not split) per rank: 13 norm weights of 256 floats,
+  # llama3 debugmodel at dim 128, 6 layers; whole (not split) per rank: 13 norm weights of 128 floats,
   # x 3 (param, grad, two AdamW states = 4 copies in all), each 64-byte aligned
-  awk -v s="$single" -v g="$got" -v n=$n 'BEGIN { whole = 13 * 256 * 4 * 4; want = (s - whole) / n + whole; r = g / want
+  awk -v s="$single" -v g="$got" -v n=$n 'BEGIN { whole = 13 * 128 * 4 * 4; want = (s - whole) / n + whole; r = g / want
     printf "%s  tp%d: params+grads+optimizer %d bytes per rank; split matrices at 1/%d predict %d (ratio %.4f)\n",
            (r > 0.99 && r < 1.01) ? "ok  " : "FAIL", n, g, n, want, r; exit !(r > 0.99 && r < 1.01) }' || exit 1
 done
@@ -77,7 +78,7 @@ env -u MAKEFLAGS -u MFLAGS -u CFLAGS -u CPPFLAGS -u LDFLAGS PKG_CONFIG_PATH="$RO
 run mlp_tp2 2 "${tp[@]}" --parallelism.tensor_parallel_degree=2 --parallelism.tp_strategy="$T/mlp_tp/mlp_tp.so"
 grep -q "tp 2; strategy none" "$T/mlp_tp2.log" || fail "mlp_tp2 did not run with tp 2"
 compare single mlp_tp2 20 || exit 1
-# the feed-forward weights (3 x 6 layers of 768 x 256 in debugmodel) halved, the rest whole
-awk -v s="$single" -v g="$(mem mlp_tp2)" 'BEGIN { ffn = 3 * 6 * 768 * 256 * 4 * 4; want = s - ffn / 2; r = g / want
+# the feed-forward weights (3 x 6 layers of 384 x 128 at this width) halved, the rest whole
+awk -v s="$single" -v g="$(mem mlp_tp2)" 'BEGIN { ffn = 3 * 6 * 384 * 128 * 4 * 4; want = s - ffn / 2; r = g / want
   printf "%s  mlp_tp 2 (out of tree, by path): params+grads+optimizer %d bytes per rank; halved feed-forward predicts %d (ratio %.4f)\n",
          (r > 0.99 && r < 1.01) ? "ok  " : "FAIL", g, want, r; exit !(r > 0.99 && r < 1.01) }' || exit 1

@@ -1,6 +1,8 @@
 # layouts.sh: sourced by the layout-equivalence tests (fsdp_, tp_, pp_equivalence.sh). Trains a
 # tokenizer on the test corpus into $T, and defines:
 #   common   the debugmodel fp32 settings every run shares ($STEPS steps, global batch 8 x 64 tokens)
+#   narrow   debugmodel at half its width (dim 128, SwiGLU hidden 384; its 6 layers and 16 heads kept):
+#            a third of the FLOPs per token, for the tests that train a layout dozens of times
 #   run NAME RANKS ARGS...   one run (launched on RANKS ranks when > 1), its log in $T/NAME.log
 #   compare REF RUN N        RUN's N losses and grad norms against REF's, within 1e-6 (same_curve)
 #   mem RUN                  bytes of parameters + gradients + optimizer states per rank (first step)
@@ -16,6 +18,7 @@ common=(configs/llama3_debug.yaml --training.dataset_path="$T/data.bin" --traini
         --training.global_batch_size=8 --training.steps=$STEPS --metrics.log_freq=1 --generate.max_new_tokens=0
         --training.mixed_precision_param=float32 --activation_checkpoint.mode=none --lr_scheduler.warmup_steps=5
         --device.threads=1 --comm.train_timeout_seconds=120)
+narrow=(--model.dim=128 --model.ffn_hidden=384)
 run() { # name ranks args...
   local name=$1 n=$2; shift 2
   if [ "$n" -eq 1 ]; then "$CTITAN" train "${common[@]}" --job.dump_folder="$T/$name" "$@" >"$T/$name.log" 2>&1
