@@ -47,6 +47,7 @@ typedef struct session {
     int n_state;
     pipeline *pl;      /* pipeline parallel (pp > 1), else NULL */
     double peak_flops; /* measured matmul peak of the device at matmul_precision, FLOP/s (0 if unknown) */
+    int peak_stated;   /* 1: peak_flops is metrics.peak_tflops, not measured */
     int opt_calls;                /* optimizer calls in the last step (contiguous tensors merged) */
     double aux_loss;   /* the last step's auxiliary losses (ct_builder.aux_loss), normalised as the loss is
                           and included in it; 0 without any */

@@ -634,9 +634,9 @@ static void train_banner_print(const train_run *r) {
                session_dp_strategy(s) ? session_dp_strategy(s)->info.name : "none");
     }
     if (s->peak_flops > 0)
-        printf("device: %s, %s matmul peak %.1f GFLOP/s (the device's figure, how it got it above; MFU below is "
-               "against it)\n",
-               s->devp->info.name, s->matmul_precision ? s->matmul_precision : "f32", s->peak_flops / 1e9);
+        printf("device: %s, %s matmul peak %.1f GFLOP/s (%s; MFU below is against it)\n", s->devp->info.name,
+               s->matmul_precision ? s->matmul_precision : "f32", s->peak_flops / 1e9,
+               s->peak_stated ? "as metrics.peak_tflops states it" : "the device's figure, how it got it above");
 }
 
 /* After the log is open: the batch buffers, the opening lines, compile, and the checkpoint to resume
@@ -1151,7 +1151,10 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
         st = seed_checkpoint_write(&s, mf);
         goto out;
     }
-    if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
+    double stated = 0; /* metrics.peak_tflops: the peak as the user states it, no probe */
+    mf_get_float(mf, "metrics.peak_tflops", &stated);
+    if (stated > 0) s.peak_flops = stated * 1e12, s.peak_stated = 1;
+    else if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
     if (s.rank == 0) plan_line(argc, argv, &s, s.world > 1 ? s.world : 1);
     st = train_loop(&s, mf, stop_signal);
     if (!st && !*stop_signal && max_new > 0) sample_print(&s, mf, tok, max_new);
