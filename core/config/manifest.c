@@ -202,7 +202,8 @@ static const struct {
      NULL, NULL},
     {"parallelism.pipeline_parallel_degree", CT_OPT_INT, "1", "pipeline parallel degree", "[1, 1048576]", NULL},
     {"parallelism.pipeline_parallel_schedule", CT_OPT_STRING, "1F1B",
-     "GPipe | 1F1B | Interleaved1F1B | LoopedBFS | InterleavedZeroBubble | ZBVZeroBubble | CSV | a schedule plugin's path",
+     "GPipe | 1F1B | Interleaved1F1B | LoopedBFS | InterleavedZeroBubble | ZBVZeroBubble | DualPipeV | CSV | a schedule "
+     "plugin's path",
      NULL, NULL},
     {"parallelism.pipeline_parallel_schedule_csv", CT_OPT_STRING,
      "", "the CSV schedule's file: one row of actions per pp rank", NULL, NULL},

@@ -56,7 +56,8 @@ const tt_key tt_keys[] = {
     {"parallelism.module_fqns_per_model_part", NULL, NULL,
      "stages are split by units: parallelism.pipeline_parallel_stage_units (e.g. \"3,3,2\") or layers_per_stage"},
     {"parallelism.pipeline_parallel_expert_parallel_overlap", "*", NULL,
-     "expert parallel's all-to-alls are not overlapped with another pipeline microbatch's compute"},
+     "expert parallel's all-to-alls are not overlapped with another pipeline microbatch's compute (DualPipeV runs "
+     "each paired forward and backward one after the other)"},
     {"parallelism.context_parallel_load_balancer", "headtail", NULL,
      "each sequence is split into 2 x cp chunks, rank r holding chunk r and its mirror (headtail)"},
     {"parallelism.expert_tensor_parallel_degree", "1", NULL, "no expert tensor parallel: each expert is whole on the ep rank that holds it (parallelism.expert_parallel_degree)"},

@@ -6,8 +6,10 @@
 # relative and the per-expert counts and expert biases the pack logs (model.moe_log_load) equal to one
 # rank's, step by step: TP 2 (sequence parallel; MLA's heads split, the low-rank kv projection gathered and
 # whole), FSDP 4, EP 2 x FSDP 2, EP 4, PP 2 x EP 2, EP 2 x CP 2 and EP 2 x TP 2 (4 ranks each: FSDP 2, EP 2,
-# PP 2 and CP 2 alone are covered by these). EP 2 x FSDP 2's checkpoint, biases included, resumes on one rank
-# on its curve, and PP 2 x EP 2's (each stage saving its blocks' biases) on one rank's. Then the 671B routing
+# PP 2 and CP 2 alone are covered by these), and torchtitan's pp_dualpipev: PP 2 x EP 2 under DualPipeV with AC
+# none (stages 1,1,1,2 units, so that rank 0, which logs, holds an MoE block in the V's last stage). EP 2 x FSDP
+# 2's checkpoint, biases included, resumes on one rank on its curve, and PP 2 x EP 2's and DualPipeV's (each
+# stage saving its blocks' biases, rank 0 holding the first and the last stage) on one rank's. Then the 671B routing
 # (sigmoid over 4 groups, top-2 of the best 2, route_scale 2.5, normalised) with a low-rank q, one rank
 # against EP 2 and against TP 2 without sequence parallel (wq_a and q_norm whole, their gradients summed over
 # tp). Last, transformers' folder through `ctitan convert` and model.flavor: from_checkpoint, and
@@ -40,12 +42,19 @@ run ep4 4 "${ds[@]}" --training.local_batch_size=2 --parallelism.data_parallel_s
 run pp2ep2 4 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
   --parallelism.pipeline_parallel_degree=2 --parallelism.expert_parallel_degree=2 --checkpoint.enable=true \
   --checkpoint.interval=2
+run dualpipev 4 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
+  --parallelism.pipeline_parallel_degree=2 --parallelism.expert_parallel_degree=2 \
+  --parallelism.pipeline_parallel_schedule=DualPipeV --activation_checkpoint.mode=none \
+  --parallelism.pipeline_parallel_stage_units=1,1,1,2 --checkpoint.enable=true --checkpoint.interval=2
+grep -q "pipeline: DualPipeV, 4 stages on 2 ranks" "$T/dualpipev.log" &&
+  grep -q "stage 3 (rank 0): units 3-4 (layers.2 .. output)" "$T/dualpipev.log" ||
+  { echo "FAIL dualpipev did not run DualPipeV in a V"; fails=$((fails + 1)); }
 run ep2cp2 4 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
   --parallelism.context_parallel_degree=2 --parallelism.expert_parallel_degree=2
 run ep2tp2 4 "${ds[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
   --parallelism.expert_parallel_degree=2 --parallelism.tensor_parallel_degree=2
 grep -q "ep 2 x efsdp 2 of dp_shard x cp" "$T/ep2fsdp2.log" || { echo "FAIL ep2fsdp2 did not run expert parallel"; fails=$((fails + 1)); }
-for r in tp2 fsdp4 ep2fsdp2 ep4 pp2ep2 ep2cp2 ep2tp2; do
+for r in tp2 fsdp4 ep2fsdp2 ep4 pp2ep2 dualpipev ep2cp2 ep2tp2; do
   compare single $r "$STEPS" || fails=$((fails + 1))
   same_lines single $r || fails=$((fails + 1))
 done
@@ -64,6 +73,11 @@ run resumepp 1 "${ds[@]}" --training.local_batch_size=8 --checkpoint.enable=true
 same_curve "one rank resumed from PP 2 x EP 2's step-2 checkpoint" "$T/single/metrics.jsonl" \
   "$T/resumepp/metrics.jsonl" $((STEPS - 2)) 3 || fails=$((fails + 1))
 same_lines single resumepp || fails=$((fails + 1))
+mkdir -p "$T/resumedpv/checkpoint" && cp -r "$T/dualpipev/checkpoint/step-2" "$T/resumedpv/checkpoint/"
+run resumedpv 1 "${ds[@]}" --training.local_batch_size=8 --checkpoint.enable=true
+same_curve "one rank resumed from DualPipeV's step-2 checkpoint" "$T/single/metrics.jsonl" \
+  "$T/resumedpv/metrics.jsonl" $((STEPS - 2)) 3 || fails=$((fails + 1))
+same_lines single resumedpv || fails=$((fails + 1))
 run v3single 1 "${ds[@]}" "${v3[@]}" --training.local_batch_size=8
 run v3ep2 2 "${ds[@]}" "${v3[@]}" --training.local_batch_size=4 --parallelism.data_parallel_shard_degree=2 \
   --parallelism.expert_parallel_degree=2

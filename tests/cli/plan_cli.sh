@@ -188,6 +188,24 @@ for r in configs/recipes/medium_fsdp_tp.yaml:8 configs/recipes/large_3d_interlea
         fail "plan ${r%%:*} on ${r##*:} exited $?: $(head -c 300 "$WORK/err")"
 done
 
+# DualPipeV named in the manifest is planned: its actions simulated with the stages' costs. Without the
+# overlapped F+B pair (not in schedule ABI 2.x) its bubble is no smaller than ZBVZeroBubble's, which is why
+# the search does not try it; fewer microbatches than stages exit 2 naming the key
+dpv=(configs/llama3_1b.yaml "${HW[@]}" --gpus 8 --parallelism.pipeline_parallel_degree=4
+     --parallelism.data_parallel_shard_degree=2 --training.local_batch_size=8)
+bubble() { sed -n 's/.*pipeline: '"$1"', bubble \([0-9.]*\)% of the step.*/\1/p' "$WORK/$1"; }
+if "$CTITAN" plan "${dpv[@]}" --parallelism.pipeline_parallel_schedule=DualPipeV >"$WORK/DualPipeV" 2>"$WORK/err" &&
+    "$CTITAN" plan "${dpv[@]}" --parallelism.pipeline_parallel_schedule=ZBVZeroBubble >"$WORK/ZBVZeroBubble" 2>>"$WORK/err" &&
+    grep -q "x pp 4 (DualPipeV, microbatch 1)" "$WORK/DualPipeV" && [ -n "$(bubble DualPipeV)" ] &&
+    python3 -c "import sys; sys.exit(not float(sys.argv[1]) >= float(sys.argv[2]) > 0)" "$(bubble DualPipeV)" "$(bubble ZBVZeroBubble)"; then
+    ok "DualPipeV planned on pp 4 x dp_shard 2: bubble $(bubble DualPipeV)% (ZBVZeroBubble $(bubble ZBVZeroBubble)%)"
+else fail "DualPipeV plan: $(head -c 300 "$WORK/err")"; fi
+"$CTITAN" plan "${dpv[@]}" --parallelism.pipeline_parallel_schedule=DualPipeV --training.local_batch_size=4 >/dev/null 2>"$WORK/err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "pipeline_parallel_schedule: pipeline schedule DualPipeV, pp 4 x 2 stages per rank, 4 microbatches: needs at least as many microbatches as stages (2 x pp = 8), got 4" "$WORK/err" &&
+    ok "DualPipeV with 4 microbatches on pp 4: status 2, the key named" ||
+    fail "DualPipeV with too few microbatches: status $rc: $(head -c 300 "$WORK/err")"
+
 # DeepSeek-V3 671B's recipe on 256 H100s fits with pipeline parallel 32 and expert parallel 8, its all-to-alls priced
 if "$CTITAN" plan configs/recipes/deepseek_v3_671b_256gpu.yaml "${HW[@]}" --gpus 256 --json >"$WORK/out" 2>"$WORK/err" &&
     python3 -c "

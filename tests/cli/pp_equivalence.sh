@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline parallel computes the same function as one rank: llama3 debugmodel at half width (fp32), same seed and
 # global batch, real MPI ranks. PP 2 with every shipped schedule (the zero-bubble ones with full
-# activation checkpointing), PP 4 with Interleaved1F1B, a CSV
+# activation checkpointing, DualPipeV without, as torchtitan runs it), PP 4 with Interleaved1F1B, a CSV
 # schedule, a CSV with two stages per rank (the count taken from the file), explicit units per stage, PP 2 x FSDP 2 and PP 2 x FSDP 2 x TP 2 on 8 ranks: 20-step loss
 # and grad-norm curves within 1e-6 (relative) of the single rank; under bf16 compute 1F1B, Interleaved1F1B and
 # ZBVZeroBubble within 1e-6 of one rank's bf16 run with the same microbatches. Also: 1F1B holds fewer microbatches
@@ -13,7 +13,7 @@ STEPS=${PP_STEPS:-20}
 common+=("${narrow[@]}") # debugmodel at half width: the layouts' arithmetic, a third of the time
 pp=(--training.local_batch_size=8 --parallelism.data_parallel_shard_degree=1)
 run single 1 --training.local_batch_size=8
-for s in GPipe 1F1B Interleaved1F1B LoopedBFS InterleavedZeroBubble ZBVZeroBubble; do
+for s in GPipe 1F1B Interleaved1F1B LoopedBFS InterleavedZeroBubble ZBVZeroBubble DualPipeV; do
   ac=none; case $s in *ZeroBubble) ac=full ;; esac # split backward halves with recomputed units
   run "pp2_$s" 2 "${pp[@]}" --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=$s \
     --activation_checkpoint.mode=$ac

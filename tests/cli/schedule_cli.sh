@@ -57,12 +57,29 @@ run 0 --name gpipe --stages 4 --microbatches 8 && has out "bubble 0.273  peak ac
 run 0 --name zbv --stages 8 --microbatches 8 && has out "ZBVZeroBubble: pp 4, 8 stages (2 per rank)" "zbv --stages 8"
 run 0 --name LoopedBFS --pp 2 --microbatches 4 && has out "LoopedBFS: pp 2, 4 stages" "LoopedBFS"
 run 0 --name interleaved_zb --pp 2 --microbatches 4 && has out "InterleavedZeroBubble: pp 2" "interleaved_zb"
+# DualPipeV (any spelling): warm-up forwards, then pairs of one chunk's F and the other's B, emitted F then B
+# (rank 0: 0F7 then 7B3, 7F4 then 0B0), I and W in the cool-down; the same bubble as ZBV at F=1 B=2 I=W=1
+for name in DualPipeV dual_pipe_v ScheduleDualPipeV; do
+    run 0 --name "$name" --pp 4 --microbatches 8 || continue
+    has out "DualPipeV: pp 4, 8 stages (2 per rank), 8 microbatches" "$name"
+    has out "bubble 0.059  peak activations 9  makespan 51" "$name pp 4 x 8"
+    grep -q '^rank 0 .* 0F7 7B3---- 7F4 0B0---- ' "$WORK/out" || fail "$name: rank 0 does not pair F and B"
+    grep -q '^rank 0 .* 0I7 0W7$' "$WORK/out" || fail "$name: rank 0 does not end on I and W"
+done
+ok "DualPipeV pp 4 x 8: bubble 0.059, peak 9, makespan 51, F+B pairs"
+# one stage mixes whole Bs (steady state) with I then W (warm-up turn and cool-down), per microbatch
+if run 0 --name DualPipeV --pp 2 --microbatches 4 --write-csv "$WORK/dpv.csv"; then
+    has dpv.csv "(V placement)" "DualPipeV --write-csv"
+    grep -qx '0F0,0F1,0F2,3F0,3I0,3W0,3F1,0F3,3B1,3F2,0B0,3B2,3F3,0B1,3B3,0I2,0W2,0I3,0W3' "$WORK/dpv.csv" &&
+        ok "DualPipeV pp 2 x 4, rank 0: PyTorch's order, stage 3's microbatch 0 as I and W, 1-3 as B" ||
+        fail "DualPipeV pp 2 x 4 rank 0's order: $(sed -n 2p "$WORK/dpv.csv")"
+fi
 # costs are parameters: B as cheap as F gives GPipe 2 (m + p - 1)
 run 0 --name gpipe --pp 4 --microbatches 8 --costs 1,1,1,1 && has out "makespan 22" "--costs 1,1,1,1"
 
 # -- an unknown name lists what can be loaded
 if run 2 --name NoSuchSchedule --pp 2 --microbatches 2; then
-    for n in GPipe 1F1B Interleaved1F1B LoopedBFS InterleavedZeroBubble ZBVZeroBubble CSV; do
+    for n in GPipe 1F1B Interleaved1F1B LoopedBFS InterleavedZeroBubble ZBVZeroBubble DualPipeV CSV; do
         has err "$n" "unknown name lists $n"
     done
     has err "unknown pipeline schedule 'NoSuchSchedule'" "unknown name"
@@ -108,6 +125,9 @@ run 2 --name csv --pp 2 --microbatches 4 && has err "pipeline_parallel_schedule_
 run 2 --name Interleaved1F1B --pp 4 --microbatches 9 && has err "rounds" "Interleaved1F1B with 9 microbatches on pp 4"
 run 2 --name GPipe --pp 2 --stages 4 --microbatches 4 && has err "exactly 1 stage per rank" "GPipe with 2 stages per rank"
 run 2 --name gpipe --pp 3 --stages 4 --microbatches 4 && has err "do not split evenly" "4 stages on 3 ranks"
+run 2 --name DualPipeV --pp 4 --microbatches 7 &&
+    has err "DualPipeV, pp 4 x 2 stages per rank, 7 microbatches: needs at least as many microbatches as stages (2 x pp = 8), got 7" \
+        "DualPipeV with 7 microbatches on pp 4"
 for f in err; do [ "$(wc -l <"$WORK/$f")" -le 1 ] || fail "a usage error printed more than one line"; done
 run 0 --help && has out "--microbatches M" "--help"
 ok "bad usage and refused shapes exit 2 with one line"

@@ -69,6 +69,9 @@ static void test_normalize_maps_spellings_to_one_file(void **state) {
         {"ZBVZeroBubble", "zbvzerobubble"},
         {"zbv", "zbvzerobubble"},
         {"zero_bubble_v", "zbvzerobubble"},
+        {"DualPipeV", "dualpipev"},
+        {"ScheduleDualPipeV", "dualpipev"},
+        {"dual_pipe_v", "dualpipev"},
         {"CSV", "csv"},
         {"PipelineScheduleMulti", "csv"},
         {"MyOwnSchedule", "myownschedule"}, /* not shipped: still a file name on the search path */
@@ -91,7 +94,7 @@ static void test_unknown_name_lists_loadable_schedules(void **state) {
     assert_null(schedule_load("NoSuchSchedule", NULL));
     const char *err = ct_last_error();
     static const char *names[] = {"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
-                                  "ZBVZeroBubble", "CSV"};
+                                  "ZBVZeroBubble", "DualPipeV", "CSV"};
     assert_non_null(strstr(err, "NoSuchSchedule"));
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!strstr(err, names[i])) fail_msg("'%s' missing from: %s", names[i], err);
@@ -106,11 +109,12 @@ static void test_unknown_name_lists_loadable_schedules(void **state) {
 /* ---- every shipped schedule over many shapes ---- */
 
 static const char *shipped[] = {"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
-                                "ZBVZeroBubble"};
+                                "ZBVZeroBubble", "DualPipeV"};
 
 /* pp in {2, 4, 8} x stages per rank in the schedule's range and {1, 2} x microbatches in {pp, 2pp, 4pp}.
  * No shape in this grid is refused: every microbatch count is a multiple of pp, which is all the
- * interleaved schedules ask (max(1, m / pp) equal rounds); refusals are tested below. */
+ * interleaved schedules ask (max(1, m / pp) equal rounds), and DualPipeV, which needs at least as many
+ * microbatches as stages, skips m = pp; refusals are tested below. */
 static void test_every_schedule_passes_the_checker(void **state) {
     (void)state;
     int checked = 0;
@@ -123,17 +127,26 @@ static void test_every_schedule_passes_the_checker(void **state) {
                 if (spr < api->min_stages_per_rank || (api->max_stages_per_rank && spr > api->max_stages_per_rank))
                     continue;
                 for (int f = 1; f <= 4; f *= 2) {
-                    int m = f * pp;
+                    int m = f * pp, mixed = !strcmp(shipped[i], "DualPipeV");
+                    if (mixed && m < pp * spr) continue;
                     sched_plan plan;
                     plan_checked(p, pp, spr, m, &plan);
                     /* one F and one backward (B, or I and W) per (stage, microbatch), nothing else */
-                    int64_t total = 0, busy = 0;
+                    int64_t total = 0, busy = 0, counts[5] = {0};
                     for (int r = 0; r < pp; r++) {
                         total += plan.ranks[r].n;
                         busy += plan.ranks[r].busy;
+                        for (int k = 0; k < plan.ranks[r].n; k++) counts[plan.ranks[r].actions[k].op]++;
                     }
+                    int64_t cells = (int64_t)pp * spr * m;
                     int split = !strcmp(shipped[i], "InterleavedZeroBubble") || !strcmp(shipped[i], "ZBVZeroBubble");
-                    assert_int_equal(total, (int64_t)pp * spr * m * (split ? 3 : 2));
+                    assert_int_equal(counts[CT_PP_F], cells);
+                    assert_int_equal(counts[CT_PP_B] + counts[CT_PP_I], cells);
+                    assert_int_equal(counts[CT_PP_I], counts[CT_PP_W]);
+                    if (mixed) /* DualPipeV: whole Bs in the steady state, I and W in the cool-down, both */
+                        assert_true(counts[CT_PP_B] > 0 && counts[CT_PP_I] > 0);
+                    else
+                        assert_int_equal(total, cells * (split ? 3 : 2));
                     assert_int_equal(busy, (int64_t)pp * spr * m * 3); /* F=1 + B=2, or F + I + W */
                     assert_true(plan.bubble >= 0 && plan.bubble < 1);
                     assert_true(plan.makespan >= (int64_t)spr * m * 3);
@@ -144,7 +157,8 @@ static void test_every_schedule_passes_the_checker(void **state) {
             }
         plugin_unload(p);
     }
-    assert_int_equal(checked, 2 * 9 + 4 * 9); /* GPipe, 1F1B at 1 stage; four schedules at 2 stages */
+    /* GPipe, 1F1B at 1 stage; four schedules at 2 stages; DualPipeV at 2 stages and m of 2pp and 4pp */
+    assert_int_equal(checked, 2 * 9 + 4 * 9 + 6);
 }
 
 static void test_gpipe_and_1f1b_have_the_textbook_bubble(void **state) {
@@ -214,6 +228,38 @@ static void test_interleaved_and_zero_bubble_beat_1f1b(void **state) {
     plugin_unload(zbv);
 }
 
+/* DualPipeV: below 1F1B's and Interleaved1F1B's bubble, and its memory balanced: every rank runs 2p
+ * forwards before its first backward (2 (p - 1 - r) of chunk 0, then r + 1 of each chunk), and a
+ * steady-state pair's F comes before its B, so every rank holds at most 2p + 1 (stage, microbatch)
+ * activations, whatever m is. At the bottom of the V, rank p - 1 runs microbatch 0 through stage p right
+ * after stage p - 1, at time p: no bubble at the turn. */
+static void test_dualpipev_bubble_and_memory(void **state) {
+    (void)state;
+    plugin *ob = load("1F1B"), *il = load("Interleaved1F1B"), *dp = load("DualPipeV");
+    for (int pp = 2; pp <= 8; pp *= 2)
+        for (int m = 2 * pp; m <= 4 * pp; m *= 2) {
+            sched_plan o, i, d;
+            plan_checked(ob, pp, 1, m, &o);
+            plan_checked(il, pp, 2, m, &i);
+            plan_checked(dp, pp, 2, m, &d);
+            if (!(d.bubble < o.bubble && d.bubble < i.bubble))
+                fail_msg("pp %d m %d: DualPipeV bubble %.4f, 1F1B %.4f, Interleaved1F1B %.4f", pp, m, d.bubble,
+                         o.bubble, i.bubble);
+            for (int r = 0; r < pp; r++) assert_int_equal(d.ranks[r].peak_activations, 2 * pp + 1);
+            const sched_rank *last = &d.ranks[pp - 1];
+            assert_int_equal(last->actions[1].op, CT_PP_F);
+            assert_int_equal(last->actions[1].stage, pp);
+            assert_int_equal(last->actions[1].microbatch, 0);
+            assert_int_equal(last->start[1], pp);
+            schedule_plan_free(&o);
+            schedule_plan_free(&i);
+            schedule_plan_free(&d);
+        }
+    plugin_unload(ob);
+    plugin_unload(il);
+    plugin_unload(dp);
+}
+
 /* Shapes a schedule cannot serve are refused with a message, never a crash or a wrong list. */
 static void test_refused_shapes_are_clean_errors(void **state) {
     (void)state;
@@ -228,6 +274,9 @@ static void test_refused_shapes_are_clean_errors(void **state) {
         {"1F1B", 2, 3, 8, "exactly 1 stage per rank"},
         {"Interleaved1F1B", 4, 1, 8, "2 or more stages per rank"},
         {"ZBVZeroBubble", 2, 3, 8, "exactly 2 stages per rank"},
+        {"DualPipeV", 2, 1, 8, "exactly 2 stages per rank"},
+        {"DualPipeV", 4, 2, 7, "at least as many microbatches as stages (2 x pp = 8), got 7"},
+        {"DualPipeV", 8, 2, 1, "at least as many microbatches as stages (2 x pp = 16), got 1"},
         {"CSV", 2, 1, 4, "pipeline_parallel_schedule_csv"}, /* no file */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -465,6 +514,7 @@ int main(void) {
         cmocka_unit_test(test_every_schedule_passes_the_checker),
         cmocka_unit_test(test_gpipe_and_1f1b_have_the_textbook_bubble),
         cmocka_unit_test(test_interleaved_and_zero_bubble_beat_1f1b),
+        cmocka_unit_test(test_dualpipev_bubble_and_memory),
         cmocka_unit_test(test_refused_shapes_are_clean_errors),
         cmocka_unit_test(test_orders_match_pytorch),
         cmocka_unit_test(test_small_capacity_reports_the_count),

@@ -3,9 +3,11 @@ the golden file test_schedules.c compares ctitan's schedule plugins with.
 
     python3 tests/unit/data/gen_schedule_orders.py      (from the repository root; needs torch)
 
-The multi-stage schedules (LoopedBFS, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble) come
-from torch.distributed.pipelining's own _calculate_single_rank_operations, called on an instance
-built without a process group; idle steps (None) are dropped. GPipe and 1F1B run their orders
+The multi-stage schedules (LoopedBFS, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble,
+DualPipeV) come from torch.distributed.pipelining's own _calculate_single_rank_operations, called on
+an instance built without a process group; idle steps (None) are dropped, and DualPipeV's overlapped
+forward+backward actions are written as their two halves in PyTorch's order (the forward, then the
+backward), as ctitan's schedule ABI has no paired action. GPipe and 1F1B run their orders
 inside step() in PyTorch, so they are transcribed from Schedule{GPipe,1F1B}._step_microbatches.
 Each line: <plugin file name> <pp> <stages per rank> <microbatches> <rank> <actions, comma-separated>.
 """
@@ -25,7 +27,11 @@ def multi(cls, p, v, m):
     rows = []
     for r in range(p):
         o.rank = r
-        rows.append([str(a) for a in o._calculate_single_rank_operations(r) if a is not None])
+        ops = []
+        for a in o._calculate_single_rank_operations(r):
+            if a is not None:
+                ops.extend(str(sub) for sub in (getattr(a, "sub_actions", None) or (a,)))
+        rows.append(ops)
     return rows
 
 
@@ -50,6 +56,11 @@ def one_f1b(p, m):
 def main():
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schedule_orders.txt")
     lines = [f"# PyTorch {torch.__version__} pipeline schedule orders; written by gen_schedule_orders.py"]
+
+    def emit(name, p, v, m, rows):
+        for r, ops in enumerate(rows):
+            lines.append(f"{name} {p} {v} {m} {r} {','.join(ops)}")
+
     for p in (1, 2, 3, 4):
         for m in sorted({1, 3, p, 2 * p, 2 * p + 2}):
             cases = [("gpipe", 1, gpipe(p, m)), ("1f1b", 1, one_f1b(p, m))]
@@ -60,8 +71,11 @@ def main():
                     cases.append(("interleavedzerobubble", v, multi(S.ScheduleInterleavedZeroBubble, p, v, m)))
             cases.append(("zbvzerobubble", 2, multi(S.ScheduleZBVZeroBubble, p, 2, m)))
             for name, v, rows in cases:
-                for r, ops in enumerate(rows):
-                    lines.append(f"{name} {p} {v} {m} {r} {','.join(ops)}")
+                emit(name, p, v, m, rows)
+    # DualPipeV takes at least as many microbatches as stages (2p); pp 8 is the deepest the unit test checks
+    for p in (1, 2, 3, 4, 8):
+        for m in sorted({2 * p, 2 * p + 1, 2 * p + 3, 4 * p}):
+            emit("dualpipev", p, 2, m, multi(S.ScheduleDualPipeV, p, 2, m))
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"{out}: {len(lines) - 1} rank orders")
