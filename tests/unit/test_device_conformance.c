@@ -10,6 +10,7 @@
  *     CT_DEVICE_OPTIONS  plugin options as key=value,key=value (default: the defaults the plugin's
  *                        option spec declares), e.g. CT_DEVICE_OPTIONS=threads=1
  *     CT_DEVICE_RTOL     tolerance, relative to each tensor's largest magnitude (default 1e-4)
+ *     CT_CONFORMANCE_ONLY  GLOB[,GLOB...]: only the tests whose names match one (e.g. '*matmul*')
  *
  * What it checks:
  *   - the entry symbol fills ct_plugin_info: kind CT_KIND_DEVICE, the same ABI major, a name, an
@@ -84,6 +85,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -4192,5 +4194,22 @@ int main(void)
         cmocka_unit_test(test_share_stream), /* the device stays on the shared stream from here */
         cmocka_unit_test(test_graph_capture),
     };
-    return cmocka_run_group_tests(tests, load_plugin, unload_plugin);
+    /* CT_CONFORMANCE_ONLY=GLOB[,GLOB...]: only the tests whose names match one of them (fnmatch) */
+    const char *only = getenv("CT_CONFORMANCE_ONLY");
+    if (!only) return cmocka_run_group_tests(tests, load_plugin, unload_plugin);
+    struct CMUnitTest picked[sizeof tests / sizeof tests[0]];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        char globs[1024];
+        snprintf(globs, sizeof globs, "%s", only);
+        int match = 0;
+        for (char *save = NULL, *g = strtok_r(globs, ",", &save); g && !match; g = strtok_r(NULL, ",", &save))
+            match = fnmatch(g, tests[i].name, 0) == 0;
+        if (match) picked[n++] = tests[i];
+    }
+    if (!n) {
+        fprintf(stderr, "CT_CONFORMANCE_ONLY=%s: no test of this suite matches\n", only);
+        return 1;
+    }
+    return _cmocka_run_group_tests("device conformance", picked, n, load_plugin, unload_plugin);
 }
