@@ -8,6 +8,7 @@
 #include "host/rank.h"
 #include "engine/mesh.h"
 #include "engine/moe.h"
+#include "engine/quantize.h"
 #include "schedule/schedule.h"
 #include "config/torchtitan_keys.h"
 #include "io/tensorfile.h"
@@ -553,15 +554,15 @@ static ct_status build_runtime(session *s, manifest *mf) {
     }
     s->rt_ready = 1;
     s->rt.coll_capi = s->capi ? commstats_wrap(s->capi) : NULL;
+    s->rt.qapi = s->qapi; /* (its layer goes in first, under the strategies') */
+    s->rt.quant = s->quant;
+    s->rt.quant_name = s->quantp ? s->quantp->info.name : NULL;
     if (runtime_wrap_builder(&s->rt) != CT_OK) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
     if (s->pl && (st = pipeline_start(s->pl, mf, &s->rt, commstats_wrap(s->capi), s->comm, &s->mesh))) return st;
-    s->rt.qapi = s->qapi;
-    s->rt.quant = s->quant;
-    s->rt.quant_name = s->quantp ? s->quantp->info.name : NULL;
-    if (s->qapi) runtime_decide_quant(&s->rt);
+    if (s->qapi) quantize_decide_linears(&s->rt);
     return CT_OK;
 }
 

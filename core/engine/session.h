@@ -21,7 +21,7 @@
 typedef struct session {
     manifest *mf;
     plugin *devp, *modelp, *optp, *commp, *quantp;
-    const ct_quantizer_api *qapi; /* NULL: no float8 */
+    const ct_quantizer_api *qapi; /* NULL: no quantizer */
     char quant_section[160];      /* its options' section (quantize.dense.NAME): quantp->section points here */
     ct_quantizer *quant;
     const ct_comm_api *capi; /* NULL on one rank */
