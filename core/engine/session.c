@@ -207,6 +207,21 @@ static void dense_quantizer(const manifest *mf, quantizer_keys *q) {
     snprintf(q->format_key, sizeof q->format_key, "%s.format", q->section);
 }
 
+const char *session_quant_recipe(const session *s, char *out, size_t len) {
+    const ct_search_knob *list = s->quantp ? plugin_knobs(&s->quantp->info) : NULL;
+    size_t at = 0;
+    out[0] = 0;
+    for (int i = 0; list && CT_AT(const ct_search_knob, list, i)->key && at < len; i++) {
+        const ct_search_knob *k = CT_AT(const ct_search_knob, list, i);
+        const char *v = NULL;
+        if (strchr(k->key, '.') || !k->values || !strcmp(k->values, "false|true") ||
+            s->quantp->host.opt_string(&s->quantp->host, k->key, &v) != CT_OK || !v || !v[0])
+            continue; /* another section's, a switch, or not a string */
+        at += (size_t)snprintf(out + at, len - at, "%s%s", at ? " " : "", v);
+    }
+    return out;
+}
+
 int session_quant_gathers(const ct_quantizer_api *qapi, ct_quantizer *q) {
     return qapi && q && CT_HAS_FIELD(qapi, ct_quantizer_api, gather_quantized) && qapi->gather_quantized &&
            qapi->gather_quantized(q);
