@@ -332,11 +332,12 @@ static const ct_custom_op dispatch_op = {sizeof(ct_custom_op), "moe_dispatch", d
                                          dispatch_plan};
 
 /* ---- grouped linear: y (m,o) segment g = x_g @ w_g^T ----
- * On the device's grouped GEMMs, or the quantizer's when it converts w (ABI 2.24: same operands). */
+ * On the device's grouped GEMMs, or on the GEMMs a builder layer handed moe_experts (tape.h's
+ * tape_gemm: the quantizer's, with the same operands). */
 
 typedef struct glinear_state {
     int64_t m, e, o, i;
-    int quant; /* the quantizer runs the three GEMMs */
+    const tape_gemm *gemm; /* NULL: the device's */
 } glinear_state;
 
 /* in: x (m,i), w (e,o,i), offsets (e+1). out: y (m,o). */
@@ -346,13 +347,12 @@ static ct_status glinear_forward(ct_builder *b, void *state, ct_tensor *const *i
     (void)n_out;
     runtime *rt = RT(b);
     const glinear_state *s = state;
+    const tape_gemm *g = s->gemm;
     if (!(out[0] = b->new_tensor(b, CT_F32, 2, (int64_t[]){s->m, s->o}))) return CT_ERR_NOMEM;
     ct_status st = check(rt->d->zero(rt->dev, out[0]->data, sizeof(float) * (size_t)(s->m * s->o)), "zero");
     if (st != CT_OK) return st;
-    if (s->quant)
-        return check(rt->qapi->grouped_forward(rt->quant, out[0]->data, in[0]->data, in[1]->data, in[2]->data, s->m,
-                                               s->e, s->o, s->i),
-                     "float8 grouped_forward");
+    tape_gemm_call c = {TAPE_GEMM_FORWARD, out[0]->data, in[0]->data, in[1]->data, in[2]->data, s->m, s->e, s->o, s->i};
+    if (g) return tape_gemm_run(rt, g, &c);
     return check(rt->d->grouped_matmul_forward(rt->dev, out[0]->data, in[0]->data, in[1]->data, in[2]->data, s->m, s->e,
                                                s->o, s->i),
                  "grouped_matmul_forward");
@@ -365,27 +365,26 @@ static ct_status glinear_backward(ct_builder *b, void *state, ct_tensor *const *
     (void)out;
     runtime *rt = RT(b);
     const glinear_state *s = state;
+    const tape_gemm *g = s->gemm;
     ct_status st = CT_OK;
     if (!dy[0]) return CT_OK;
     if (halves & CT_GRAD_INPUT) {
         float *dx = b->grad(b, in[0]);
         if (!dx) return CT_ERR_NOMEM;
-        st = s->quant ? check(rt->qapi->grouped_backward_input(rt->quant, dx, dy[0], in[1]->data, in[2]->data, s->m,
-                                                               s->e, s->o, s->i),
-                              "float8 grouped_backward_input")
-                      : check(rt->d->grouped_matmul_backward_input(rt->dev, dx, dy[0], in[1]->data, in[2]->data, s->m,
-                                                                   s->e, s->o, s->i),
-                              "grouped_matmul_backward_input");
+        tape_gemm_call c = {TAPE_GEMM_INPUT, dx, dy[0], in[1]->data, in[2]->data, s->m, s->e, s->o, s->i};
+        st = g ? tape_gemm_run(rt, g, &c)
+               : check(rt->d->grouped_matmul_backward_input(rt->dev, dx, dy[0], in[1]->data, in[2]->data, s->m, s->e,
+                                                            s->o, s->i),
+                       "grouped_matmul_backward_input");
     }
     if (st == CT_OK && (halves & CT_GRAD_WEIGHT)) {
         float *dw = b->grad(b, in[1]);
         if (!dw) return CT_ERR_NOMEM;
-        st = s->quant ? check(rt->qapi->grouped_backward_weight(rt->quant, dw, dy[0], in[0]->data, in[2]->data, s->m,
-                                                                s->e, s->o, s->i),
-                              "float8 grouped_backward_weight")
-                      : check(rt->d->grouped_matmul_backward_weight(rt->dev, dw, dy[0], in[0]->data, in[2]->data, s->m,
-                                                                    s->e, s->o, s->i),
-                              "grouped_matmul_backward_weight");
+        tape_gemm_call c = {TAPE_GEMM_WEIGHT, dw, dy[0], in[0]->data, in[2]->data, s->m, s->e, s->o, s->i};
+        st = g ? tape_gemm_run(rt, g, &c)
+               : check(rt->d->grouped_matmul_backward_weight(rt->dev, dw, dy[0], in[0]->data, in[2]->data, s->m, s->e,
+                                                             s->o, s->i),
+                       "grouped_matmul_backward_weight");
     }
     return st;
 }
@@ -400,10 +399,9 @@ static ct_status glinear_plan(ct_builder *b, void *state, ct_tensor *const *in, 
     cost->matmul_flops[0] = f;
     cost->matmul_flops[1] = 2 * f;
     cost->matmul_dtype = CT_F32;
-    runtime *rt = RT(b);
-    if (s->quant && rt->qapi->plan_linear) { /* the quantizer's casts (its GEMM dtype and traffic) */
+    if (s->gemm && s->gemm->plan) { /* the GEMMs' own costs (a quantizer's casts: its GEMM dtype and traffic) */
         ct_quant_cost qc = {sizeof qc, CT_F32, 0, 0, 0, {0, 0}};
-        ct_status st = rt->qapi->plan_linear(rt->quant, in[1], s->m, &qc);
+        ct_status st = s->gemm->plan(RT(b), in[1], s->m, &qc);
         if (st != CT_OK) return st;
         cost->matmul_dtype = qc.gemm_dtype;
         cost->bytes[0] += qc.cast_bytes[0];
@@ -623,7 +621,12 @@ ct_tensor *tape_aux_loss(ct_builder *b, ct_tensor *x, ct_tensor *loss) {
 
 ct_tensor *tape_moe_experts(ct_builder *b, ct_tensor *x, const ct_tensor *offsets, ct_tensor *w1, ct_tensor *w3,
                             ct_tensor *w2) {
-    runtime *rt = RT(b);
+    const tape_gemm *device[3] = {NULL, NULL, NULL};
+    return tape_moe_experts_gemm(RT(b), x, offsets, w1, w3, w2, device);
+}
+
+ct_tensor *tape_moe_experts_gemm(runtime *rt, ct_tensor *x, const ct_tensor *offsets, ct_tensor *w1, ct_tensor *w3,
+                                 ct_tensor *w2, const tape_gemm *const gemm[3]) {
     if (need_moe_ops(rt, "moe_experts") != CT_OK) return NULL;
     if (!x || !offsets || !w1 || !w3 || !w2 || x->ndim != 2 || w1->ndim != 3 || w3->ndim != 3 || w2->ndim != 3 ||
         offsets->dtype != CT_I32 || offsets->ndim != 1) {
@@ -641,8 +644,7 @@ ct_tensor *tape_moe_experts(ct_builder *b, ct_tensor *x, const ct_tensor *offset
         return NULL;
     }
     ct_builder *top = rt->top, *base = &rt->builder;
-    glinear_state up = {m, e, h, d, tape_quantizes(rt, w1)}, up3 = {m, e, h, d, tape_quantizes(rt, w3)},
-                  down = {m, e, d, h, tape_quantizes(rt, w2)};
+    glinear_state up = {m, e, h, d, gemm[0]}, up3 = {m, e, h, d, gemm[1]}, down = {m, e, d, h, gemm[2]};
     ct_tensor *a, *g, *y;
     ct_tensor *in1[3] = {x, w1, (ct_tensor *)offsets}, *in3[3] = {x, w3, (ct_tensor *)offsets};
     if (base->custom(base, &glinear_op, &up, sizeof up, in1, 3, &a, 1) != CT_OK ||

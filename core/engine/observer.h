@@ -33,15 +33,17 @@ typedef enum rt_op_kind {
 
 struct runtime;
 struct rt_tensor;
+struct tape_gemm;
 
 typedef struct rt_observer {
     /* an op of kind rt_op_kind with its shape (see the kinds), kv heads (attention) and whether
      * selective checkpointing keeps its output */
     ct_status (*op)(struct runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2, int64_t s3, int kv_heads,
                     int sac_keep);
-    /* a linear of weight w: n rows of in -> out features, quantized or not */
-    ct_status (*linear)(struct runtime *rt, const struct rt_tensor *w, int64_t n, int64_t in, int64_t out, int quant,
-                        int sac_keep);
+    /* a linear of weight w: n rows of in -> out features, on the device's matmul (gemm NULL) or on the
+     * GEMMs a builder layer handed the tape (tape.h: the quantizer's), which price themselves */
+    ct_status (*linear)(struct runtime *rt, const struct rt_tensor *w, int64_t n, int64_t in, int64_t out,
+                        const struct tape_gemm *gemm, int sac_keep);
     /* a collective the tape would run now (bytes: the whole gathered or reduced buffer) */
     ct_status (*comm)(struct runtime *rt, int axis, ct_collective kind, double bytes, int overlapped);
     /* the op just noted runs its forward again in backward (a fused loss recomputes its GEMM) */

@@ -8,6 +8,7 @@
 #include "engine/mesh.h"
 #include "engine/tape.h"
 #include "engine/moe.h"
+#include "engine/quantize.h"
 
 #include <limits.h>
 #include <math.h>
@@ -210,6 +211,12 @@ int runtime_token_axes(const runtime *rt, int axes[CT_MESH_NAXES], int rows_only
 }
 
 ct_status runtime_wrap_builder(runtime *rt) {
+    if (rt->qapi) { /* the quantizer first, innermost: the strategies' linears reach it */
+        ct_builder *q = quantize_layer_new(rt, rt->top);
+        if (!q) return ct_fail(CT_ERR_NOMEM, "out of memory");
+        rt->layers[rt->n_layers++] = q;
+        rt->top = q;
+    }
     for (int k = 0; k < rt->dist.n_st; k++) {
         const ct_strategy_api *a = rt->dist.st[k];
         if (CT_HAS_FIELD(a, ct_strategy_api, sequence_multiple) && a->sequence_multiple) {
@@ -224,7 +231,7 @@ ct_status runtime_wrap_builder(runtime *rt) {
         }
         if (!CT_HAS_FIELD(a, ct_strategy_api, wrap_builder) || !a->wrap_builder) continue;
         ct_builder *out = tape_layer_new(rt, rt->top);
-        if (!out || rt->n_layers >= RT_MAX_STRATEGIES) {
+        if (!out || rt->n_layers >= RT_MAX_LAYERS) {
             tape_layer_free(out);
             return ct_fail(CT_ERR_NOMEM, "out of memory");
         }
@@ -1673,13 +1680,3 @@ int runtime_find_param(runtime *rt, const char *name) {
     return -1;
 }
 
-void runtime_decide_quant(runtime *rt) {
-    for (int i = 0; i < rt->n_params; i++) {
-        ct_tensor *w = &rt->params[i]->t;
-        if (!(w->flags & CT_TENSOR_LINEAR)) continue; /* others are decided when a linear first uses them */
-        const char *why = "";
-        int yes = rt->qapi->converts(rt->quant, w, &why);
-        w->flags |= CT_TENSOR_QUANT_DECIDED | (yes ? CT_TENSOR_QUANTIZED : 0);
-        quant_note(rt, w->name, yes, why);
-    }
-}

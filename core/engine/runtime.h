@@ -141,6 +141,7 @@ typedef struct arena {
 /* Many ranks: the comm, the mesh and the strategies (all NULL on one rank). Strategies run in order
  * (tensor parallel first, then the data-parallel one); finish_backward in the reverse order. */
 #define RT_MAX_STRATEGIES 8 /* the strategies of one run (engine/strategies.h): one per axis and a data-parallel one */
+#define RT_MAX_LAYERS (RT_MAX_STRATEGIES + 1) /* the builder's layers: the strategies' and the quantizer's */
 typedef struct runtime_dist {
     const ct_comm_api *capi;
     ct_comm *comm;
@@ -241,7 +242,8 @@ typedef struct runtime {
     rt_tensor *cur_doc_ids; /* their document ids (B, T), what ct_builder.doc_ids returns */
     double attn_doc_len;   /* the planner: block-causal attention priced at documents this long (0: causal) */
     double comm_seconds;   /* wall time in strategy hooks and collectives (exposed communication) */
-    const ct_quantizer_api *qapi; /* the quantizer of the linear layers (NULL: none) */
+    const ct_quantizer_api *qapi; /* the quantizer of the linear layers (NULL: none), set before
+                                     runtime_wrap_builder puts its layer (quantize.c) in the chain */
     ct_quantizer *quant;
     const char *quant_name;       /* its plugin's name, for the start-up report */
     float *bf16_shadow;         /* mixed_precision_param=bfloat16: bf16-rounded copies of the replicated
@@ -304,7 +306,7 @@ typedef struct runtime {
     tape_entry *tail;
     ct_builder builder;  /* the host's ops */
     ct_builder *top;     /* what the pack calls: the host's, wrapped by each op-level strategy in order */
-    ct_builder *layers[RT_MAX_STRATEGIES]; /* the wrapping layers (tape_layer_new) */
+    ct_builder *layers[RT_MAX_LAYERS]; /* the wrapping layers (tape_layer_new), the quantizer's first */
     int n_layers;
     int64_t peak_act_bytes; /* live bytes of saved + scratch + grads at their worst */
     int64_t act_allocs;     /* activations made so far (a custom op's forward: did it return them all) */
@@ -491,8 +493,6 @@ ct_status runtime_wrap_builder(runtime *rt);
 /* Element k of parameter i's block, flattened -> its index in the flattened global parameter. */
 int64_t runtime_global_index(const ct_param_slot *sl, int64_t k);
 
-/* Asks the quantizer about every weight the pack declared as a linear layer's (and reports it). */
-void runtime_decide_quant(runtime *rt);
 
 
 #endif

@@ -8,6 +8,7 @@
 #include "host/rank.h"
 #include "engine/mesh.h"
 #include "engine/moe.h"
+#include "engine/quantize.h"
 #include "schedule/schedule.h"
 #include "config/torchtitan_keys.h"
 #include "io/tensorfile.h"
@@ -204,6 +205,21 @@ static void dense_quantizer(const manifest *mf, quantizer_keys *q) {
     snprintf(q->section, sizeof q->section, "quantize.dense.%.100s", q->name);
     snprintf(q->enable_key, sizeof q->enable_key, "%s.enable", q->section);
     snprintf(q->format_key, sizeof q->format_key, "%s.format", q->section);
+}
+
+const char *session_quant_recipe(const session *s, char *out, size_t len) {
+    const ct_search_knob *list = s->quantp ? plugin_knobs(&s->quantp->info) : NULL;
+    size_t at = 0;
+    out[0] = 0;
+    for (int i = 0; list && CT_AT(const ct_search_knob, list, i)->key && at < len; i++) {
+        const ct_search_knob *k = CT_AT(const ct_search_knob, list, i);
+        const char *v = NULL;
+        if (strchr(k->key, '.') || !k->values || !strcmp(k->values, "false|true") ||
+            s->quantp->host.opt_string(&s->quantp->host, k->key, &v) != CT_OK || !v || !v[0])
+            continue; /* another section's, a switch, or not a string */
+        at += (size_t)snprintf(out + at, len - at, "%s%s", at ? " " : "", v);
+    }
+    return out;
 }
 
 int session_quant_gathers(const ct_quantizer_api *qapi, ct_quantizer *q) {
@@ -553,15 +569,15 @@ static ct_status build_runtime(session *s, manifest *mf) {
     }
     s->rt_ready = 1;
     s->rt.coll_capi = s->capi ? commstats_wrap(s->capi) : NULL;
+    s->rt.qapi = s->qapi; /* (its layer goes in first, under the strategies') */
+    s->rt.quant = s->quant;
+    s->rt.quant_name = s->quantp ? s->quantp->info.name : NULL;
     if (runtime_wrap_builder(&s->rt) != CT_OK) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
     if (s->pl && (st = pipeline_start(s->pl, mf, &s->rt, commstats_wrap(s->capi), s->comm, &s->mesh))) return st;
-    s->rt.qapi = s->qapi;
-    s->rt.quant = s->quant;
-    s->rt.quant_name = s->quantp ? s->quantp->info.name : NULL;
-    if (s->qapi) runtime_decide_quant(&s->rt);
+    if (s->qapi) quantize_decide_linears(&s->rt);
     return CT_OK;
 }
 

@@ -21,7 +21,7 @@
 typedef struct session {
     manifest *mf;
     plugin *devp, *modelp, *optp, *commp, *quantp;
-    const ct_quantizer_api *qapi; /* NULL: no float8 */
+    const ct_quantizer_api *qapi; /* NULL: no quantizer */
     char quant_section[160];      /* its options' section (quantize.dense.NAME): quantp->section points here */
     ct_quantizer *quant;
     const ct_comm_api *capi; /* NULL on one rank */
@@ -166,6 +166,10 @@ ct_status session_eval_step(session *s, const int32_t *inputs, const int32_t *ta
 ct_status session_step_params(session *s, double lr, int64_t step);
 
 
+/* The loaded dense quantizer's recipe as its own options read it: the values of its string search
+ * knobs (ABI 2.21, ct_plugin_info.knobs; the planner's layout line names it by the same words), one
+ * word each, into out (len bytes, "" when it has none or no quantizer is loaded). Returns out. */
+const char *session_quant_recipe(const session *s, char *out, size_t len);
 /* 1 when the quantizer asks a data-parallel strategy to gather its converted weights in float8
  * (ABI 2.19's gather_quantized; the strategy env's fp8_all_gather); 0 without one. */
 int session_quant_gathers(const ct_quantizer_api *qapi, ct_quantizer *q);

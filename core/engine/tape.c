@@ -24,13 +24,14 @@ struct tape_entry {
     float f;
     int64_t i0, i1; /* collectives: the kind, and axis * 2 + (1 if over columns) */
     struct custom_entry *custom; /* OP_CUSTOM: the strategy's op and its tensors */
+    const tape_gemm *gemm;       /* OP_LINEAR: the GEMMs a builder layer handed it (NULL: the device's) */
     int idx;                     /* the op's index in its unit's pass (liveness.c) */
     tape_entry *prev;
 };
 
 #define RT(b) ((runtime *)(b)->ctx)
 #define DEV(rt) (rt)->d
-/* A device or quantizer call's status, with a message when it failed and the callee left none. */
+/* A device call's status, with a message when it failed and the callee left none. */
 static ct_status dev_check(ct_status st, const char *what) {
     if (st != CT_OK && !ct_last_error()[0]) ct_set_error("device op %s failed (status %d)", what, st);
     return st;
@@ -81,7 +82,7 @@ static ct_status record(runtime *rt, op_kind op, rt_tensor *out, rt_tensor *a, r
     if (rt->recording) {
         tape_entry *e = pool_alloc(&rt->act->desc, sizeof *e);
         if (!e) return ct_fail(CT_ERR_NOMEM, "out of memory for the tape");
-        *e = (tape_entry){op, out, {a, b, c}, {aux0, aux1}, f, 0, 0, NULL, live_op_index(rt), rt->tail};
+        *e = (tape_entry){op, out, {a, b, c}, {aux0, aux1}, f, 0, 0, NULL, NULL, live_op_index(rt), rt->tail};
         rt->tail = e;
     }
     rt_tensor *in[3] = {a, b, c};
@@ -94,34 +95,12 @@ static ct_status check_f32(const ct_tensor *t, const char *op, const char *what)
     return CT_OK;
 }
 
-/* The start-up report of which linear layers the quantizer converts (rank 0 prints it). */
-void quant_note(runtime *rt, const char *name, int yes, const char *why) {
-    if (g_log_rank > 0 || rt->planning) return;
-    const char *q = rt->quant_name ? rt->quant_name : "quantizer";
-    if (yes) printf("%s: %s converted\n", q, name);
-    else printf("%s: %s stays in high precision (%s)\n", q, name, why);
-}
-
-/* 1 when the quantizer runs the GEMMs of weight w (asked once per owner and reported): a linear's
- * (out, in) weight, or an experts weight (e, o, i) when the quantizer has grouped GEMMs (ABI 2.24;
- * one without is never asked about a 3-D weight). */
-int tape_quantizes(runtime *rt, ct_tensor *wt) {
-    rt_tensor *w = (rt_tensor *)wt, *owner = w->base ? w->base : w;
-    if (!rt->qapi) return 0;
-    if (owner->t.ndim == 3 && !tape_quantizer_grouped(rt)) return 0;
-    if (!(owner->t.flags & CT_TENSOR_QUANT_DECIDED)) {
-        const char *why = "";
-        int yes = rt->qapi->converts(rt->quant, &owner->t, &why);
-        owner->t.flags |= CT_TENSOR_QUANT_DECIDED | (yes ? CT_TENSOR_QUANTIZED : 0);
-        quant_note(rt, owner->t.name, yes, why);
-    }
-    return (owner->t.flags & CT_TENSOR_QUANTIZED) != 0;
-}
-
-int tape_quantizer_grouped(const runtime *rt) {
-    const ct_quantizer_api *q = rt->qapi;
-    return q && CT_HAS_FIELD(q, ct_quantizer_api, grouped_backward_weight) && q->grouped_forward &&
-           q->grouped_backward_input && q->grouped_backward_weight;
+ct_status tape_gemm_run(runtime *rt, const tape_gemm *g, const tape_gemm_call *c) {
+    static const char *const half[] = {"forward", "backward_input", "backward_weight"};
+    ct_status st = g->run(rt, c);
+    if (st != CT_OK && !ct_last_error()[0])
+        ct_set_error("%s %s%s failed (status %d)", g->name, c->offsets ? "grouped_" : "", half[c->half], st);
+    return st;
 }
 
 /* ---- per-op selective checkpointing (RT_AC_OP units) ----
@@ -621,8 +600,8 @@ static ct_status param_usable(runtime *rt, const ct_tensor *t, const char *op) {
     return CT_OK;
 }
 
-/* y = x w^T on this rank's operands (the quantizer's GEMMs when it converts w). */
-static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
+/* y = x w^T on this rank's operands, on the device's matmul or g's GEMMs. */
+static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w, const tape_gemm *g) {
     int64_t in = w->t.shape[1], outf = w->t.shape[0], n = numel(x) / in;
     int64_t shape[CT_MAX_DIMS];
     memcpy(shape, x->t.shape, sizeof shape);
@@ -631,19 +610,20 @@ static rt_tensor *linear_plain(runtime *rt, rt_tensor *x, rt_tensor *w) {
     rt_tensor *y = saved ? sac_out(rt, CT_F32, x->t.ndim, shape) : new_tensor(rt, rt->act, CT_F32, x->t.ndim, shape);
     if (!y) return NULL;
     rt_tensor *owner = w->base ? w->base : w;
-    int quant = tape_quantizes(rt, &w->t);
-    if (rt->trace_ops == 1 && rt->observer->linear(rt, owner, n, in, outf, quant, saved) != CT_OK) return NULL;
-    if (!SAC_REUSED(rt, saved) && !(quant && rt->planning)) { /* else computed in forward and saved */
-        ct_status st = quant ? rt->qapi->forward(rt->quant, y->t.data, x->t.data, w->t.data, n, outf, in)
-                             : DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f);
-        if (dev_check(st, quant ? "float8 forward" : "matmul") != CT_OK) return NULL;
+    if (rt->trace_ops == 1 && rt->observer->linear(rt, owner, n, in, outf, g, saved) != CT_OK) return NULL;
+    if (!SAC_REUSED(rt, saved) && !(g && rt->planning)) { /* else computed in forward and saved */
+        tape_gemm_call c = {TAPE_GEMM_FORWARD, y->t.data, x->t.data, w->t.data, NULL, n, 1, outf, in};
+        if (g && tape_gemm_run(rt, g, &c) != CT_OK) return NULL;
+        if (!g && dev_check(DEV(rt)->matmul(rt->dev, y->t.data, x->t.data, w->t.data, n, outf, in, 0, 1, 1.0f, 0.0f),
+                            "matmul") != CT_OK)
+            return NULL;
     }
-    if (record(rt, OP_LINEAR, y, x, w, NULL, NULL, NULL, (float)quant) != CT_OK) return NULL;
+    if (record(rt, OP_LINEAR, y, x, w, NULL, NULL, NULL, 0.0f) != CT_OK) return NULL;
+    if (rt->recording) rt->tail->gemm = g;
     return y;
 }
 
-static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
-    runtime *rt = RT(b);
+static ct_tensor *linear_op(runtime *rt, ct_tensor *xt, ct_tensor *wt, const tape_gemm *g) {
     rt_tensor *x = (rt_tensor *)xt, *w = (rt_tensor *)wt;
     if (check_f32(xt, "linear", "x") != CT_OK || check_f32(wt, "linear", "w") != CT_OK ||
         param_usable(rt, wt, "linear") != CT_OK)
@@ -653,9 +633,11 @@ static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) {
                      (long long)w->t.shape[0], (long long)w->t.shape[w->t.ndim - 1]);
         return NULL;
     }
-    rt_tensor *y = linear_plain(rt, x, w);
+    rt_tensor *y = linear_plain(rt, x, w, g);
     return y ? &y->t : NULL;
 }
+
+static ct_tensor *op_linear(ct_builder *b, ct_tensor *xt, ct_tensor *wt) { return linear_op(RT(b), xt, wt, NULL); }
 
 static ct_tensor *op_bias(ct_builder *b, ct_tensor *xt, ct_tensor *bt) {
     runtime *rt = RT(b);
@@ -1041,9 +1023,10 @@ static ct_tensor *op_cross_entropy(ct_builder *b, ct_tensor *lt, const ct_tensor
  * time (xent_rows): each block's GEMM and cross entropy in forward, the per-row losses summed once;
  * backward computes each block's logits again, its logit gradients, and from them the input's and
  * the weight's, so (rows x V) floats twice are the most it holds, not (n x V) logits and their
- * gradient. In f32, and where a block would not pay (a float8 weight, a per-op checkpointed unit,
- * whose recompute must meet the same ops), it is the linear and cross_entropy ops themselves, the
- * same numbers bit for bit. */
+ * gradient. In f32, and where a block would not pay (a per-op checkpointed unit, whose recompute
+ * must meet the same ops), it is the linear and cross_entropy ops themselves, the same numbers bit
+ * for bit. A weight whose GEMMs a builder layer runs (a quantized one) never reaches this op: that
+ * layer (quantize.c) gives the head its own linear and this builder's cross_entropy. */
 static int64_t xent_rows(int64_t n, int64_t in, int64_t v) {
     /* a block's logits at most half the head input's bytes: the loss costs O(x), not O(n V) */
     int64_t r = (n * in + 2 * v - 1) / (2 * v);
@@ -1053,8 +1036,7 @@ static int64_t xent_rows(int64_t n, int64_t in, int64_t v) {
 /* Whether linear_cross_entropy runs fused (in blocks) here, else as the two ops. */
 static int xent_fused(runtime *rt, const ct_tensor *wt) {
     rt_tensor *w = (rt_tensor *)wt;
-    if (!rt->bf16_compute || rt->sac_phase != RT_SAC_OFF || !DEV(rt)->zero || !w || w->t.dtype != CT_F32) return 0;
-    return !tape_quantizes(rt, &w->t);
+    return rt->bf16_compute && rt->sac_phase == RT_SAC_OFF && DEV(rt)->zero && w && w->t.dtype == CT_F32;
 }
 
 static ct_tensor *op_linear_cross_entropy(ct_builder *b, ct_tensor *xt, ct_tensor *wt, const ct_tensor *tt) {
@@ -1174,6 +1156,9 @@ static double attention_flops(const ct_tensor *q) { /* q is (B, T, H, D) */
 
 static ct_tensor *t_linear(ct_builder *b, ct_tensor *x, ct_tensor *w) {
     TRACED_OP("linear", linear_flops(x, w), op_linear(b, x, w), x, w);
+}
+ct_tensor *tape_linear_gemm(runtime *rt, ct_tensor *x, ct_tensor *w, const tape_gemm *g) {
+    TRACED_OP("linear", linear_flops(x, w), linear_op(rt, x, w, g), x, w);
 }
 static ct_tensor *t_bias(ct_builder *b, ct_tensor *x, ct_tensor *bs) { TRACED_OP("bias", 0, op_bias(b, x, bs), x, bs); }
 static ct_tensor *t_embedding(ct_builder *b, const ct_tensor *ids, ct_tensor *table) {
@@ -1315,14 +1300,13 @@ static ct_status linear_bwd(runtime *rt, tape_entry *e, const float *dy, int in,
     float *gx = NULL, *gw = NULL;
     ct_status st = grads_of(rt, in ? x : NULL, &gx, wt ? w : NULL, &gw, NULL, NULL);
     if (st != CT_OK) return st;
-    if (e->f != 0 && rt->planning) return CT_OK; /* the quantizer's costs came from plan_linear */
-    if (e->f != 0) { /* float8: the quantizer runs both GEMMs */
-        if (in && (st = dev_check(rt->qapi->backward_input(rt->quant, gx, dy, w->t.data, n, m, k),
-                                  "float8 backward_input")) != CT_OK)
-            return st;
-        if (wt)
-            st = dev_check(rt->qapi->backward_weight(rt->quant, gw, dy, x->t.data, n, m, k), "float8 backward_weight");
-        return st;
+    const tape_gemm *g = e->gemm;
+    if (g && rt->planning) return CT_OK; /* g's costs came from its plan */
+    if (g) { /* g runs both GEMMs */
+        tape_gemm_call ci = {TAPE_GEMM_INPUT, gx, dy, w->t.data, NULL, n, 1, m, k},
+                       cw = {TAPE_GEMM_WEIGHT, gw, dy, x->t.data, NULL, n, 1, m, k};
+        if (in && (st = tape_gemm_run(rt, g, &ci)) != CT_OK) return st;
+        return wt ? tape_gemm_run(rt, g, &cw) : CT_OK;
     }
     if (in && (st = dev_check(d->matmul(rt->dev, gx, dy, w->t.data, n, k, m, 0, 0, 1.0f, 1.0f), "matmul")) != CT_OK)
         return st;
@@ -1891,6 +1875,8 @@ ct_builder *tape_layer_new(runtime *rt, ct_builder *next) {
 }
 
 void tape_layer_free(ct_builder *b) { free(b); }
+
+ct_builder *tape_layer_next(ct_builder *b) { return NEXT(b); }
 
 ct_status tape_note_cast(runtime *rt, int64_t elements, int in_place) {
     if (rt->trace_ops != 1 || elements <= 0) return CT_OK;

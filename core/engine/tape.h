@@ -25,17 +25,44 @@ rt_tensor *tape_new_activation(runtime *rt, ct_dtype dt, int ndim, const int64_t
 float *tape_grad(runtime *rt, rt_tensor *t);
 /* The same, allocated in pool p on first use. */
 float *tape_grad_in(runtime *rt, rt_tensor *t, pool *p);
-/* Prints whether the quantizer converts the weight `name`. */
-void quant_note(runtime *rt, const char *name, int yes, const char *why);
-/* 1 when the quantizer runs the GEMMs of weight w (a linear's, or an experts weight (e, o, i) under a
- * quantizer with grouped GEMMs); the first call per weight asks it and reports the answer. */
-int tape_quantizes(runtime *rt, ct_tensor *w);
-/* 1 when the run's quantizer has the experts' grouped GEMMs (ABI 2.24). */
-int tape_quantizer_grouped(const runtime *rt);
+/* GEMMs that run a linear, or the MoE experts' grouped linears, in place of the device's: what a
+ * builder layer hands the tape's own linear op (tape_linear_gemm) and the experts' (moe.h,
+ * tape_moe_experts_gemm), which record and replay them like the device's (selective checkpointing,
+ * liveness and the planner's trace see the same linear). quantize.c's run the quantizer. */
+typedef enum tape_gemm_half {
+    TAPE_GEMM_FORWARD, /* out (n, o) = a (n, i) @ b (o, i)^T: a = x, b = w */
+    TAPE_GEMM_INPUT,   /* out (n, i) += a (n, o) @ b (o, i): a = dy, b = w */
+    TAPE_GEMM_WEIGHT   /* out (o, i) += a (n, o)^T @ b (n, i): a = dy, b = x */
+} tape_gemm_half;
+/* One GEMM: the shapes above, per expert segment where offsets is set (w (e, o, i), rows offsets[g] ..
+ * offsets[g+1] of the (n, .) activations expert g's, offsets (e+1) int32 in device memory: the
+ * quantizer's grouped calls, ABI 2.24); offsets NULL: a linear's (e 1). */
+typedef struct tape_gemm_call {
+    tape_gemm_half half;
+    float *out;
+    const float *a, *b;
+    const int32_t *offsets;
+    int64_t n, e, o, i;
+} tape_gemm_call;
+/* run: CT_OK or a status (with the error set, or the tape names `name` and the half). plan: on a
+ * planning runtime, the costs of the GEMMs of weight w over n rows (grouped: all segments'); NULL: the
+ * planner prices them at the unconverted rate and says so. Nothing but plan is called while planning. */
+typedef struct tape_gemm {
+    const char *name; /* who runs them, for errors and the planner's assumptions */
+    ct_status (*run)(runtime *rt, const tape_gemm_call *c);
+    ct_status (*plan)(runtime *rt, const ct_tensor *w, int64_t n, ct_quant_cost *cost);
+} tape_gemm;
+/* The tape's linear, x (..., in) @ w (out, in)^T, with its GEMMs run by g (NULL: the device's matmul,
+ * which is ct_builder.linear of the host's builder). Recorded as the same linear op either way. */
+ct_tensor *tape_linear_gemm(runtime *rt, ct_tensor *x, ct_tensor *w, const tape_gemm *g);
+/* g runs c: CT_OK, or its status with a message naming g and the half where it left none. */
+ct_status tape_gemm_run(runtime *rt, const tape_gemm *g, const tape_gemm_call *c);
 /* A builder layer for an operation-level strategy: every op forwards to `next` until the strategy
  * replaces it (ct_strategy_api.wrap_builder). Freed with tape_layer_free. */
 ct_builder *tape_layer_new(runtime *rt, ct_builder *next);
 void tape_layer_free(ct_builder *b);
+/* The builder below a layer tape_layer_new made. */
+ct_builder *tape_layer_next(ct_builder *b);
 /* Frees rope_freqs' device tables (runtime_free). */
 void tape_rope_tables_free(runtime *rt);
 /* Replays entries from `tail` back to the first, accumulating gradients. CT_OK, or the status of the

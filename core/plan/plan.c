@@ -15,6 +15,7 @@
 #include "engine/mesh.h"
 #include "engine/pipeline.h"
 #include "engine/session.h"
+#include "engine/quantize.h"
 #include "engine/tape.h"
 #include "host/host.h"
 #include "base/util.h"
@@ -499,6 +500,16 @@ static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_
     rt->trace = t;
     rt->attn_doc_len = c->doc_len;
     if (c->doc_note[0]) note_add(r->ts.assumptions, sizeof r->ts.assumptions, "%s", c->doc_note);
+    ct_status st = l->quant ? ensure_quant(c, l) : CT_OK;
+    if (st != CT_OK) return st;
+    if (l->quant && c->s.qapi) {
+        if (!c->s.quant) note_add(r->ts.assumptions, sizeof r->ts.assumptions,
+                                  "the quantizer cannot be created without a device: float8 planned as its GEMMs at "
+                                  "the fp8 rate with no memory of its own");
+        rt->qapi = c->s.quant ? c->s.qapi : NULL;
+        rt->quant = c->s.quant;
+        if (rt->qapi) quantize_decide_linears(rt); /* as the session does at start-up */
+    }
     if (runtime_wrap_builder(rt) != CT_OK) return CT_ERR_INVALID;
     const char *mode = "none", *opt = "op";
     mf_get_str(c->mf, "activation_checkpoint.mode", &mode);
@@ -509,16 +520,6 @@ static ct_status run_trace(plan_ctx *c, const plan_layout *l, plan_run *r, plan_
     ct_clear_error();
     if (runtime_offload_set(rt, l->offload) != CT_OK)
         return ct_fail(CT_ERR_INVALID, "activation_offload.layers: %s", ct_last_error());
-    ct_status st = l->quant ? ensure_quant(c, l) : CT_OK;
-    if (st != CT_OK) return st;
-    if (l->quant && c->s.qapi) {
-        if (!c->s.quant) note_add(r->ts.assumptions, sizeof r->ts.assumptions,
-                                  "the quantizer cannot be created without a device: float8 planned as its GEMMs at "
-                                  "the fp8 rate with no memory of its own");
-        rt->qapi = c->s.quant ? c->s.qapi : NULL;
-        rt->quant = c->s.quant;
-        if (rt->qapi) runtime_decide_quant(rt); /* as the session does at start-up */
-    }
     int64_t B = l->pp > 1 ? l->pp_microbatch_size : l->local_batch, T = l->seq_len;
     t->tokens = B * T;
     if (runtime_reset_arenas(rt) != CT_OK) return fail("arenas");

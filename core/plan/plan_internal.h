@@ -5,6 +5,7 @@
 
 #include "ctitan/device.h"
 #include "engine/runtime.h"
+#include "engine/tape.h"
 #include "plan/plan.h"
 
 /* The device the planner runs the tape on: computes nothing, allocates address space only. */
@@ -17,10 +18,10 @@ extern const rt_observer plan_observer;
 
 /* Called by the tape on a planning runtime while rt->trace_ops is set (1: the traced forward pass;
  * 2: the traced backward pass, recomputes included). Each returns CT_OK, or a status with the error set
- * (CT_ERR_NOMEM for the trace; the quantizer's plan_linear status). */
+ * (CT_ERR_NOMEM for the trace; the status of a linear's GEMMs' plan: the quantizer's plan_linear). */
 ct_status plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2, int64_t s3, int kv_heads,
                        int sac_keep);
-ct_status plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t in, int64_t out, int quant,
+ct_status plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t in, int64_t out, const tape_gemm *g,
                            int sac_keep);
 /* A collective the tape would run now (bytes: the whole gathered or reduced buffer). */
 ct_status plan_note_comm(runtime *rt, int axis, ct_collective kind, double bytes, int overlapped);

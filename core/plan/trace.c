@@ -80,7 +80,7 @@ ct_status plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2
     return CT_OK;
 }
 
-ct_status plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t in, int64_t out, int quant,
+ct_status plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t in, int64_t out, const tape_gemm *g,
                            int sac_keep) {
     plan_trace_state *ps = state_of(rt);
     plan_op *o = next_op(rt);
@@ -92,13 +92,12 @@ ct_status plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t i
     o->dtype = ps->matmul_dtype;
     o->flops[0] = 2.0 * (double)n * (double)in * (double)out;
     o->flops[1] = 2.0 * o->flops[0];
-    if (!quant) return CT_OK;
-    const ct_quantizer_api *q = rt->qapi;
-    if (!CT_HAS_FIELD(q, ct_quantizer_api, plan_linear) || !q->plan_linear) {
+    if (!g) return CT_OK; /* the device's matmul */
+    if (!g->plan) {
         if (!strstr(ps->assumptions, "plan_linear"))
             snprintf(ps->assumptions + strlen(ps->assumptions), sizeof ps->assumptions - strlen(ps->assumptions),
-                     "%sthe quantizer has no plan_linear: its GEMMs are planned at the unconverted rate, with no "
-                     "memory of its own", ps->assumptions[0] ? "; " : "");
+                     "%sthe %s has no plan_linear: its GEMMs are planned at the unconverted rate, with no "
+                     "memory of its own", ps->assumptions[0] ? "; " : "", g->name);
         return CT_OK;
     }
     ct_quant_cost c;
@@ -106,9 +105,9 @@ ct_status plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t i
     c.struct_size = sizeof c;
     c.gemm_dtype = CT_F32;
     ct_clear_error();
-    ct_status st = q->plan_linear(rt->quant, &w->t, n, &c);
+    ct_status st = g->plan(rt, &w->t, n, &c);
     if (st != CT_OK) {
-        if (!ct_last_error()[0]) ct_set_error("the quantizer's plan_linear failed for %s", w->t.name);
+        if (!ct_last_error()[0]) ct_set_error("the %s's plan_linear failed for %s", g->name, w->t.name);
         return st;
     }
     o->dtype = c.gemm_dtype == CT_F8_E4M3 || c.gemm_dtype == CT_F8_E5M2 ? PLAN_FP8

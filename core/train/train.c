@@ -39,7 +39,7 @@ static double gib(int64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
 /* compile.enable: the steady-state microbatch as one device graph (runtime.c) where the device
  * captures graphs (ABI 1.5) and nothing in the step needs the host mid-way: one rank (the
- * strategies' collectives are not captured), no float8 (its scales are read back). */
+ * strategies' collectives are not captured), no quantizer (its scales are read back). */
 static void compile_setup(session *s, manifest *mf) {
     int compile = 0;
     mf_get_bool(mf, "compile.enable", &compile);
@@ -392,12 +392,11 @@ static ct_status log_start(run_log *lg, train_run *r, int64_t after_step) {
     if (!lg->f) return CT_OK;
     session *s = r->s;
     manifest *mf = r->mf;
-    char abs[4096], quoted[8300], f8[80] = "null";
-    const char *mp = "float32", *fmt = "tensorwise";
+    char abs[4096], quoted[8300], f8[80] = "null", recipe[64];
+    const char *mp = "float32";
     json_quote(quoted, sizeof quoted, realpath(mf->path, abs) ? abs : mf->path);
     mf_get_str(mf, "training.mixed_precision_param", &mp);
-    mf_get_str(mf, "quantize.dense.float8.format", &fmt);
-    if (s->quantp) json_quote(f8, sizeof f8, fmt);
+    if (s->quantp) json_quote(f8, sizeof f8, session_quant_recipe(s, recipe, sizeof recipe));
     const int *d = s->mesh.degree;
     return log_record(lg, "\"event\": \"start\", \"first_step\": %lld, \"steps\": %lld, \"world_size\": %d, "
                           "\"seed\": %lld, \"manifest\": %s, \"pid\": %ld, \"tokens_per_step\": %lld, "

@@ -26,6 +26,8 @@ for r in tensorwise rowwise rowwise_with_gw_hp mxfp8; do
     --job.dump_folder="$T/$r" >"$T/$r.log" 2>&1 || { tail "$T/$r.log"; fail "$r run"; }
   grep -q "float8: layers.0.attention.wq.weight converted" "$T/$r.log" || fail "$r: no conversion report"
   grep -q "float8: output.weight stays in high precision (filter_fqns)" "$T/$r.log" || fail "$r: output not filtered"
+  # the start record names the recipe the quantizer runs (its own reading of its options)
+  grep '"event": "start"' "$T/$r/metrics.jsonl" | grep -q "\"float8\": \"$r\"}" || fail "$r: start record's float8"
   final_within "$r against fp32" "$T/fp32/metrics.jsonl" "$T/$r/metrics.jsonl" $STEPS 0.03 || exit 1
 done
 # bf16 compute (bf16 weights for compute, saved activations held in bf16 between forward and
@@ -82,6 +84,9 @@ awk -v a="$(gathered ag_false)" -v b="$(gathered ag_true)" 'BEGIN { ok = b <= a 
 "$CTITAN" train "${base[@]}" --training.steps=2 --quantize.dense.float8.enable=true --quantize.dense.float8.format=rowwise \
   --job.dump_folder="$T/rowwise2" >/dev/null 2>&1 || fail "rowwise 2 steps"
 cmp -s <(loss_of alias) <(loss_of rowwise2) || fail "quantize.linear.float8.recipe_name=rowwise is not the rowwise recipe"
+grep '"event": "start"' "$T/alias/metrics.jsonl" | grep -q '"float8": "rowwise"}' ||
+  fail "recipe_name=rowwise: the start record does not name rowwise"
+grep '"event": "start"' "$T/fp32/metrics.jsonl" | grep -q '"float8": null}' || fail "fp32: the start record names a recipe"
 out=$("$CTITAN" train "${base[@]}" --quantize.linear.mx.recipe_name=mxpf8 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q "did you mean 'mxfp8'" || fail "misspelt mxpf8: status $rc: $out"
 echo "ok   quantize.linear.float8.recipe_name selects the recipe; 'mxpf8' is refused with a hint"
