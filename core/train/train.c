@@ -438,7 +438,7 @@ static ct_status train_settings_check(train_run *r) {
     r->accum = r->G_local / L;
     r->non_dp = r->s->world / dp > 0 ? r->s->world / dp : 1;
     if (profiler_open(&r->prof, mf, &ts->profiling, r->dump) != CT_OK) return CT_ERR_INVALID;
-    ct_status st = lr_setup(mf, r->steps, &r->sched);
+    ct_status st = lr_setup(&r->s->cfg.lr, mf, r->steps, &r->sched);
     if (st != CT_OK) fprintf(stderr, "ctitan: %s\n", ct_last_error());
     return st;
 }
@@ -1013,8 +1013,10 @@ static void train_help_print(void) {
     /* the parallelism keys of the strategies a manifest that names none gets on two ranks (each axis's
      * default, and the data-parallel one the degrees pick), loaded by name as a run does */
     strategy_list l;
+    engine_settings es;
     manifest *m0l = manifest_new();
-    if (!m0l || strategy_list_read(m0l, 2, 1, &l) != CT_OK) l.n = 0;
+    if (m0l) engine_settings_read(m0l, &es);
+    if (!m0l || strategy_list_read(&es, m0l, 2, 1, &l) != CT_OK) l.n = 0;
     manifest_free(m0l);
     for (int i = 0; i < l.n; i++) {
         manifest *m1 = manifest_new();

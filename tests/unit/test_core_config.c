@@ -329,7 +329,9 @@ static lr_schedule schedule(const char *yaml, int64_t steps) {
     manifest *m = load_yaml(yaml);
     assert_int_equal(manifest_validate(m), 0);
     lr_schedule s;
-    assert_int_equal(lr_setup(m, steps, &s), CT_OK);
+    engine_settings es;
+    engine_settings_read(m, &es);
+    assert_int_equal(lr_setup(&es.lr, m, steps, &s), CT_OK);
     /* s.type points into the manifest, freed below: keep a literal instead */
     s.type = strcmp(s.type, "cosine") == 0 ? "cosine" : strcmp(s.type, "sqrt") == 0 ? "sqrt" : "linear";
     manifest_free(m);
