@@ -63,8 +63,8 @@ void engine_settings_read(const manifest *mf, engine_settings *es) {
     es->quantizer_name = "";
     mf_get_str(mf, "quantize.dense.name", &es->quantizer_name);
     es->flavor = str_or_null(mf, "model.flavor");
-    mf_get_int(mf, "training.seq_len", &es->seq_len);
-    mf_get_int(mf, "training.seed", &es->seed);
+    es->has_seq_len = !mf_get_int(mf, "training.seq_len", &es->seq_len);
+    es->has_seed = !mf_get_int(mf, "training.seed", &es->seed);
     es->mixed_precision_param = "float32";
     mf_get_str(mf, "training.mixed_precision_param", &es->mixed_precision_param);
     es->ac_mode = str_or_null(mf, "activation_checkpoint.mode");

@@ -62,6 +62,7 @@ typedef struct engine_settings {
     const char *quantizer_name;        /* quantize.dense.name ("" when none) */
     const char *flavor;                /* model.flavor */
     int64_t seq_len, seed;             /* training.* (0 when none) */
+    int has_seq_len, has_seed;         /* they have a value (given or default) that is an integer */
     const char *mixed_precision_param; /* training.* ("float32" when none) */
     const char *ac_mode, *ac_option;   /* activation_checkpoint.mode, selective_ac_option */
     int64_t offload_layers;            /* activation_offload.layers (0 when none) */
