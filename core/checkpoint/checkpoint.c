@@ -304,14 +304,13 @@ static json_t *dataset_config(const manifest *mf) {
 static json_t *run_config(session *s, int optimizer) {
     json_t *c = json_object();
     const ct_model_desc *d = &s->rt.desc;
-    const char *str;
-    int64_t v;
-    if (s->mf && !mf_get_int(s->mf, "training.seed", &v)) json_object_set_new(c, "training.seed", json_integer(v));
+    const engine_settings *es = &s->cfg; /* read when the session opened on s->mf */
+    if (s->mf && es->has_seed) json_object_set_new(c, "training.seed", json_integer(es->seed));
     json_t *data = s->mf ? dataset_config(s->mf) : NULL; /* another mixture: another sequence at each position */
     if (data) json_object_set_new(c, "training.dataset", data);
-    if (s->mf && !mf_get_int(s->mf, "training.seq_len", &v)) json_object_set_new(c, "training.seq_len", json_integer(v));
-    if (s->mf && !mf_get_str(s->mf, "model.name", &str)) json_object_set_new(c, "model.name", json_string(str));
-    if (s->mf && !mf_get_str(s->mf, "model.flavor", &str)) json_object_set_new(c, "model.flavor", json_string(str));
+    if (s->mf && es->has_seq_len) json_object_set_new(c, "training.seq_len", json_integer(es->seq_len));
+    if (s->mf && es->model_name) json_object_set_new(c, "model.name", json_string(es->model_name));
+    if (s->mf && es->flavor) json_object_set_new(c, "model.flavor", json_string(es->flavor));
     /* the optimizer's states: another optimizer, or another layout of its states (AdamW's bf16 moments) */
     if (optimizer && s->optp) json_object_set_new(c, "optimizer.name", json_string(s->optp->info.name));
     if (optimizer && s->optp) json_object_set_new(c, "optimizer.states_per_element", json_integer(s->n_state));

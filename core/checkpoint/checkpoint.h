@@ -17,6 +17,7 @@
 #ifndef CT_CHECKPOINT_H
 #define CT_CHECKPOINT_H
 
+#include "checkpoint/settings.h"
 #include "engine/session.h"
 
 #include <stdint.h>
@@ -93,6 +94,7 @@ ct_status ckpt_save_model(session *s, const char *path);
 #include <pthread.h>
 
 typedef struct ckpt_plan {
+    ckpt_settings cfg; /* the section's keys, read once by ckpt_begin */
     int enable, async, last_model_only, export_bf16, last_in_hf;
     int64_t interval, keep;
     char folder[4096];

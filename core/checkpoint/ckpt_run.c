@@ -1,6 +1,7 @@
 /* ckpt_run.c: checkpoints in the training loop: resume at start, periodic and final saves,
  * async_mode (files written by a background thread while training goes on), keep_latest_k. */
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/settings.h"
 
 #include "io/hf_export.h"
 #include "base/error.h"
@@ -44,13 +45,11 @@ static ct_status resolve_step_dir(const char *path, char *out, size_t len) {
 }
 
 /* The model of a checkpoint made for this model: its recorded model settings must match the run's. */
-static ct_status load_model_checked(session *s, const char *dir) {
+static ct_status load_model_checked(session *s, const char *dir, int allow) {
     ckpt_info info;
     ct_status rc = ckpt_inspect(s, dir, 0, &info);
     if (rc != CT_OK) return rc;
     if (info.config_diff[0]) {
-        int allow = 0;
-        if (s->mf) mf_get_bool(s->mf, "checkpoint.allow_config_change", &allow);
         if (!allow)
             return ct_fail(CT_ERR_INVALID, "checkpoint %s was written with %s (set checkpoint.allow_config_change: "
                            "true to load it anyway)", dir, info.config_diff);
@@ -65,7 +64,9 @@ ct_status ckpt_load_model_from(session *s, const char *path) {
     char dir[PATH_MAX];
     ct_status rc = resolve_step_dir(path, dir, sizeof dir);
     if (rc != CT_OK) return rc;
-    return load_model_checked(s, dir);
+    ckpt_settings cs; /* the command's one reading of the section (NULL manifest: all off) */
+    ckpt_settings_read(s->mf, &cs);
+    return load_model_checked(s, dir, cs.allow_config_change);
 }
 
 /* CT_OK when the model scales RoPE as config.json says (the frequency bands of ct_model_desc.rope_*,
@@ -239,9 +240,8 @@ done:
 
 /* CT_OK if the checkpoint was written with this run's settings, or checkpoint.allow_config_change lets
  * it differ (said in one line); else CT_ERR_INVALID and the difference. */
-static ct_status config_allowed(const manifest *mf, const char *dir, const ckpt_info *info) {
-    int allow = 0;
-    mf_get_bool(mf, "checkpoint.allow_config_change", &allow);
+static ct_status config_allowed(const ckpt_plan *ck, const char *dir, const ckpt_info *info) {
+    int allow = ck->cfg.allow_config_change;
     if (!info->has_config)
         printf("checkpoint: %s does not record the run's settings (an older ctitan wrote it): training.seq_len and "
                "the model's settings are not compared\n", dir);
@@ -287,7 +287,7 @@ static ct_status resume_full_below(session *s, const manifest *mf, ckpt_plan *ck
     ckpt_info info;
     ct_status st = ckpt_inspect(s, dir, 1, &info);
     if (st != CT_OK) return ct_fail(st, "checkpoint: %s", ct_last_error());
-    if ((st = config_allowed(mf, dir, &info)) != CT_OK) return st;
+    if ((st = config_allowed(ck, dir, &info)) != CT_OK) return st;
     *found = 1;
     return CT_OK;
 }
@@ -301,10 +301,9 @@ static ct_status resume_full_below(session *s, const manifest *mf, ckpt_plan *ck
 static ct_status pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int64_t load_step, char *dir, size_t len,
                              int *found) {
     char where[600];
-    int64_t steps_total, step = load_step;
+    int64_t steps_total = ck->cfg.steps, step = load_step;
     ct_status st;
     *found = 0;
-    mf_get_int(mf, "training.steps", &steps_total);
     if (load_step < 0) {
         int64_t *steps;
         int n;
@@ -322,7 +321,7 @@ static ct_status pick_resume(session *s, const manifest *mf, ckpt_plan *ck, int6
         mf_where(mf, "checkpoint.load_step", where, sizeof where);
         return ct_fail(st, "%s: %s", where, ct_last_error());
     }
-    if ((st = config_allowed(mf, dir, &info)) != CT_OK) return st;
+    if ((st = config_allowed(ck, dir, &info)) != CT_OK) return st;
     if (info.step > steps_total) {
         mf_where(mf, "training.steps", where, sizeof where);
         return ct_fail(CT_ERR_INVALID, "%s: checkpoint %s is at step %" PRId64 ", past training.steps %" PRId64 ": "
@@ -392,24 +391,21 @@ static ct_status exclude_list_check(const manifest *mf, const char *exclude) {
 
 /* The checkpoint keys into a fresh ck, checked; load_step and exclude_from_loading for the caller.
  * CT_OK, or CT_ERR_INVALID with the line set. */
-static ct_status ckpt_settings_read(session *s, const manifest *mf, const char *dump, ckpt_plan *ck,
-                                    int64_t *load_step, const char **exclude) {
+static ct_status ckpt_settings_check(session *s, const manifest *mf, const char *dump, ckpt_plan *ck,
+                                     int64_t *load_step, const char **exclude) {
     char where[600];
-    const char *folder, *mode, *dtype;
     memset(ck, 0, sizeof *ck);
-    mf_get_bool(mf, "checkpoint.enable", &ck->enable);
-    mf_get_str(mf, "checkpoint.folder", &folder);
-    mf_get_int(mf, "checkpoint.interval", &ck->interval);
-    mf_get_int(mf, "checkpoint.keep_latest_k", &ck->keep);
-    mf_get_int(mf, "checkpoint.load_step", load_step);
-    mf_get_bool(mf, "checkpoint.last_save_model_only", &ck->last_model_only);
-    mf_get_bool(mf, "checkpoint.last_save_in_hf", &ck->last_in_hf);
-    mf_get_str(mf, "checkpoint.async_mode", &mode);
-    mf_get_str(mf, "checkpoint.export_dtype", &dtype);
-    mf_get_str(mf, "checkpoint.exclude_from_loading", exclude);
-    int64_t seed;
-    mf_get_int(mf, "training.seed", &seed);
-    ck->state.seed = seed;
+    ckpt_settings_read(mf, &ck->cfg); /* the section, once */
+    const ckpt_settings *cs = &ck->cfg;
+    const char *folder = cs->folder, *mode = cs->async_mode, *dtype = cs->export_dtype;
+    ck->enable = cs->enable;
+    ck->interval = cs->interval;
+    ck->keep = cs->keep;
+    *load_step = cs->load_step;
+    ck->last_model_only = cs->last_model_only;
+    ck->last_in_hf = cs->last_in_hf;
+    *exclude = cs->exclude_from_loading;
+    ck->state.seed = cs->seed;
     ck->state.dp_size = s->mesh.dp_size > 0 ? s->mesh.dp_size : 1;
     snprintf(ck->folder, sizeof ck->folder, "%s/%s", dump, folder);
     if (strcmp(mode, "disabled") && strcmp(mode, "async")) {
@@ -446,14 +442,13 @@ const char *ckpt_hf_folder(const char *path, char *buf, size_t len) {
  * model-only load is done here (*found 0); a full checkpoint is checked like a resume and left in dir
  * for the caller to load (*found 1). *found 0 too when no initial load is set. CT_OK, or a status with
  * the line set. */
-static ct_status initial_load(session *s, const manifest *mf, char *dir, size_t len, int *found) {
-    const char *initial;
+static ct_status initial_load(session *s, const manifest *mf, const ckpt_plan *ck, char *dir, size_t len,
+                              int *found) {
+    const char *initial = ck->cfg.initial_load_path;
     ct_status st;
     *found = 0;
-    if (mf_get_str(mf, "checkpoint.initial_load_path", &initial)) return CT_OK;
-    int model_only, in_hf;
-    mf_get_bool(mf, "checkpoint.initial_load_model_only", &model_only);
-    mf_get_bool(mf, "checkpoint.initial_load_in_hf", &in_hf);
+    if (!initial) return CT_OK;
+    int model_only = ck->cfg.initial_load_model_only, in_hf = ck->cfg.initial_load_in_hf;
     if (in_hf) { /* a Hugging Face folder, read by the pack's table: the model only */
         char beside[PATH_MAX];
         const char *hf = ckpt_hf_folder(initial, beside, sizeof beside);
@@ -471,12 +466,12 @@ static ct_status initial_load(session *s, const manifest *mf, char *dir, size_t 
     }
     if ((st = resolve_step_dir(initial, dir, len)) != CT_OK) return initial_load_fail(mf, st);
     if (model_only) {
-        if ((st = load_model_checked(s, dir)) != CT_OK) return initial_load_fail(mf, st);
+        if ((st = load_model_checked(s, dir, ck->cfg.allow_config_change)) != CT_OK) return initial_load_fail(mf, st);
         printf("checkpoint: loaded %s (model)\n", dir);
         return CT_OK;
     }
     ckpt_info info; /* a full initial load continues another run: the same checks as a resume */
-    if ((st = ckpt_inspect(s, dir, 1, &info)) != CT_OK || (st = config_allowed(mf, dir, &info)) != CT_OK)
+    if ((st = ckpt_inspect(s, dir, 1, &info)) != CT_OK || (st = config_allowed(ck, dir, &info)) != CT_OK)
         return initial_load_fail(mf, st);
     *found = 1;
     return CT_OK;
@@ -507,7 +502,7 @@ static ct_status resume_load(session *s, ckpt_plan *ck, const char *dir, int wha
 ct_status ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan *ck) {
     int64_t load_step;
     const char *exclude;
-    ct_status st = ckpt_settings_read(s, mf, dump, ck, &load_step, &exclude);
+    ct_status st = ckpt_settings_check(s, mf, dump, ck, &load_step, &exclude);
     if (st != CT_OK) return st;
     /* resume from the run's own folder first, else the initial load */
     char dir[PATH_MAX];
@@ -520,7 +515,7 @@ ct_status ckpt_begin(session *s, const manifest *mf, const char *dump, ckpt_plan
             want_state = 0;
         }
     }
-    if (!found && (st = initial_load(s, mf, dir, sizeof dir, &found)) != CT_OK) return st;
+    if (!found && (st = initial_load(s, mf, ck, dir, sizeof dir, &found)) != CT_OK) return st;
     if (!found) return CT_OK;
     return resume_load(s, ck, dir, what, want_state, exclude);
 }
@@ -611,10 +606,10 @@ ct_status ckpt_end(session *s, ckpt_plan *ck, int64_t last_step) {
 }
 
 ct_status ckpt_seed(session *s, const manifest *mf, const char *dump) {
-    const char *folder;
+    ckpt_settings cs;
     char path[PATH_MAX];
-    mf_get_str(mf, "checkpoint.folder", &folder);
-    snprintf(path, sizeof path, "%s/%s", dump, folder);
+    ckpt_settings_read(mf, &cs);
+    snprintf(path, sizeof path, "%s/%s", dump, cs.folder);
     ct_status st = ckpt_save(s, path, 0, NULL, CKPT_MODEL, 0);
     if (st != CT_OK) return ct_fail(st, "seed checkpoint: %s", ct_last_error());
     printf("checkpoint: seed checkpoint written to %s/step-0\n", path);

@@ -77,9 +77,9 @@ json_t *mdesc_build(const session *s) {
     const char *str;
     json_object_set_new(d, "format", json_string("ctitan-model"));
     json_object_set_new(d, "version", json_integer(MDESC_VERSION));
-    if (s->mf && !mf_get_str(s->mf, "model.name", &str) && strlen(str) <= MAX_STR)
+    if (s->mf && (str = s->cfg.model_name) && strlen(str) <= MAX_STR) /* read when the session opened */
         json_object_set_new(d, "name", json_string(str));
-    if (s->mf && !mf_get_str(s->mf, "model.flavor", &str) && strlen(str) <= MAX_STR && strcmp(str, "from_checkpoint"))
+    if (s->mf && (str = s->cfg.flavor) && strlen(str) <= MAX_STR && strcmp(str, "from_checkpoint"))
         json_object_set_new(d, "flavor", json_string(str));
     const ct_option_spec *list = s->modelp ? s->modelp->info.options : NULL;
     for (int i = 0; list && CT_AT(const ct_option_spec, list, i)->key; i++) {

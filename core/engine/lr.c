@@ -25,16 +25,16 @@ double lr_at(const lr_schedule *s, int64_t step) {
     return s->lr * adj;
 }
 
-ct_status lr_setup(const manifest *mf, int64_t steps, lr_schedule *s) {
-    int64_t total;
-    double ratio;
+ct_status lr_setup(const lr_settings *ls, const manifest *mf, int64_t steps, lr_schedule *s) {
+    int64_t total = ls->total_steps;
+    double ratio = ls->decay_ratio;
     char where[600];
-    mf_get_float(mf, "optimizer.lr", &s->lr);
-    mf_get_float(mf, "lr_scheduler.min_lr_factor", &s->min_lr_factor);
-    mf_get_int(mf, "lr_scheduler.warmup_steps", &s->warmup);
-    mf_get_str(mf, "lr_scheduler.decay_type", &s->type);
+    s->lr = ls->lr;
+    s->min_lr_factor = ls->min_lr_factor;
+    s->warmup = ls->warmup_steps;
+    s->type = ls->decay_type;
     const char *total_key = "lr_scheduler.total_steps";
-    if (mf_get_int(mf, total_key, &total)) {
+    if (!ls->has_total_steps) {
         total = steps;
         total_key = "training.steps";
     }
@@ -52,7 +52,7 @@ ct_status lr_setup(const manifest *mf, int64_t steps, lr_schedule *s) {
                        "min_lr_factor <= 1 and at least one step", where);
     }
     if (s->warmup > total) s->warmup = total;
-    if (mf_get_float(mf, "lr_scheduler.decay_ratio", &ratio) == 0) {
+    if (ls->has_decay_ratio) {
         if (ratio < 0 || ratio > 1) {
             mf_where(mf, "lr_scheduler.decay_ratio", where, sizeof where);
             return ct_fail(CT_ERR_INVALID, "%s: expected a fraction in [0, 1], got %g", where, ratio);

@@ -1,6 +1,8 @@
 /* mesh.c: degrees from the manifest, coordinates, and one comm group per mesh axis. */
 #include "engine/mesh.h"
 
+#include "engine/settings.h"
+
 #include "host/commstats.h"
 #include "base/error.h"
 
@@ -23,12 +25,11 @@ int mesh_env_world_size(void) {
     return 1;
 }
 
-ct_status mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]) {
+ct_status mesh_degrees(const mesh_settings *ms, const manifest *mf, int world_size, int degree[CT_MESH_NAXES]) {
     char where[600];
     int64_t others = 1;
     for (int a = 0; a < CT_MESH_NAXES; a++) {
-        int64_t v;
-        mf_get_int(mf, mesh_degree_keys[a], &v);
+        int64_t v = ms->degree[a];
         if (v < 1 && !(a == CT_AXIS_DP_SHARD && v == -1)) {
             mf_where(mf, mesh_degree_keys[a], where, sizeof where);
             return ct_fail(CT_ERR_INVALID, "%s: a degree must be >= 1%s, got %lld", where,
@@ -77,11 +78,10 @@ const char *mesh_axis_degree_key(int axis) {
     return axis >= 0 && axis < CT_MESH_NAXES ? mesh_degree_keys[axis] : NULL;
 }
 
-ct_status mesh_ep_degree(const manifest *mf, const int degree[CT_MESH_NAXES], int *ep) {
+ct_status mesh_ep_degree(const mesh_settings *ms, const manifest *mf, const int degree[CT_MESH_NAXES], int *ep) {
     static const char key[] = MESH_EP_DEGREE_KEY;
     char where[600];
-    int64_t v = 1, from = (int64_t)degree[CT_AXIS_DP_SHARD] * degree[CT_AXIS_CP];
-    mf_get_int(mf, key, &v);
+    int64_t v = ms->ep, from = (int64_t)degree[CT_AXIS_DP_SHARD] * degree[CT_AXIS_CP];
     *ep = 1;
     if (v < 1 || from % v) {
         mf_where(mf, key, where, sizeof where);

@@ -18,16 +18,19 @@ extern const char *const mesh_degree_keys[CT_MESH_NAXES];
 const char *mesh_axis_name(int axis);
 const char *mesh_axis_degree_key(int axis);
 
-/* Reads parallelism.* and checks that the degrees multiply to world_size (dp_shard -1 takes what is
- * left): CT_OK, or CT_ERR_INVALID with the line naming the key set (nothing printed). */
-ct_status mesh_degrees(const manifest *mf, int world_size, int degree[CT_MESH_NAXES]);
+/* The degree keys as read (engine/settings.h). */
+typedef struct mesh_settings mesh_settings;
+
+/* Checks that the degrees (ms, engine_settings_read's) multiply to world_size (dp_shard -1 takes what is
+ * left): CT_OK, or CT_ERR_INVALID with the line naming the key where mf set it (nothing printed). */
+ct_status mesh_degrees(const mesh_settings *ms, const manifest *mf, int world_size, int degree[CT_MESH_NAXES]);
 /* Fills coordinates and creates the groups (a collective over the world). CT_ERR_INTERNAL when the
  * comm cannot make one: "comm: cannot create the tp group: " and the comm's message. */
 ct_status mesh_build(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm, int world_rank, int world_size,
                      const int degree[CT_MESH_NAXES], int ep);
 /* parallelism.expert_parallel_degree, checked against the degrees: it must divide dp_shard x cp, the
  * ranks it is borrowed from. CT_OK, or CT_ERR_INVALID with the line naming the key (nothing printed). */
-ct_status mesh_ep_degree(const manifest *mf, const int degree[CT_MESH_NAXES], int *ep);
+ct_status mesh_ep_degree(const mesh_settings *ms, const manifest *mf, const int degree[CT_MESH_NAXES], int *ep);
 void mesh_free(ct_mesh_info *m, const ct_comm_api *c, ct_comm *comm);
 
 /* A shard axis (ct_param_slot.shard_axis: a mesh axis, the flattened CT_AXIS_DP_SHARD_CP, or ABI 2.17's

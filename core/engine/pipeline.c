@@ -55,13 +55,13 @@ static ct_status bad_setting(const manifest *mf, const char *key, const char *fm
 }
 
 /* Units per stage: explicit counts, or by weight (the embedding and the output as configured). */
-static ct_status split_units(pipeline *pl, const manifest *mf, const ct_model_desc *desc) {
+static ct_status split_units(pipeline *pl, const pipeline_settings *ps, const manifest *mf, const ct_model_desc *desc) {
     int nu = desc->n_units, S = pl->n_stages;
     pl->stage_u0 = calloc((size_t)S, sizeof(int));
     pl->stage_u1 = calloc((size_t)S, sizeof(int));
     if (!pl->stage_u0 || !pl->stage_u1) return CT_ERR_NOMEM;
-    const char *list = NULL;
-    if (!mf_get_str(mf, "parallelism.pipeline_parallel_stage_units", &list) && list[0]) {
+    const char *list = ps->stage_units;
+    if (list) {
         int s = 0, u = 0;
         for (const char *p = list; *p && s <= S;) {
             char *end;
@@ -84,9 +84,7 @@ static ct_status split_units(pipeline *pl, const manifest *mf, const ct_model_de
         }
         return CT_OK;
     }
-    int64_t first = 1, last = 1;
-    mf_get_int(mf, "parallelism.pipeline_parallel_first_stage_less_layers", &first);
-    mf_get_int(mf, "parallelism.pipeline_parallel_last_stage_less_layers", &last);
+    int64_t first = ps->first_less, last = ps->last_less;
     if (first < 0 || last < 0)
         return bad_setting(mf, "parallelism.pipeline_parallel_first_stage_less_layers", "%s", "must not be negative");
     int64_t *w = calloc((size_t)nu, sizeof(int64_t)), total = 0;
@@ -114,10 +112,8 @@ static ct_status split_units(pipeline *pl, const manifest *mf, const ct_model_de
 }
 
 /* Microbatches: training.local_batch_size in pieces of pipeline_parallel_microbatch_size. */
-static ct_status plan_microbatches(pipeline *pl, const manifest *mf) {
-    int64_t L = 1, mbs = 1;
-    mf_get_int(mf, "training.local_batch_size", &L);
-    mf_get_int(mf, "parallelism.pipeline_parallel_microbatch_size", &mbs);
+static ct_status plan_microbatches(pipeline *pl, const pipeline_settings *ps, const manifest *mf) {
+    int64_t L = ps->local_batch_size, mbs = ps->microbatch_size;
     if (mbs < 1 || L % mbs) {
         char what[160];
         snprintf(what, sizeof what, "%lld must divide training.local_batch_size (%lld) into microbatches", (long long)mbs,
@@ -131,19 +127,17 @@ static ct_status plan_microbatches(pipeline *pl, const manifest *mf) {
 
 /* How many stages: the units list, layers per stage, or the schedule's stages per rank; they must
  * share evenly among the pp ranks, in a number per rank the schedule runs. */
-static ct_status plan_stage_count(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const char *csv) {
+static ct_status plan_stage_count(pipeline *pl, const pipeline_settings *ps, const manifest *mf,
+                                  const ct_model_desc *desc, const char *csv) {
     const ct_schedule_api *sa = schedule_api(pl->schedp);
-    const char *list = NULL;
-    int64_t lps = 0;
+    const char *list = ps->stage_units;
+    int64_t lps = ps->layers_per_stage;
     int n_stages;
-    mf_get_int(mf, "parallelism.pipeline_parallel_layers_per_stage", &lps);
-    if (!mf_get_str(mf, "parallelism.pipeline_parallel_stage_units", &list) && list[0]) {
+    if (list) {
         n_stages = 1;
         for (const char *p = list; *p; p++) n_stages += *p == ',';
     } else if (lps > 0) {
-        int64_t first = 1, last = 1;
-        mf_get_int(mf, "parallelism.pipeline_parallel_first_stage_less_layers", &first);
-        mf_get_int(mf, "parallelism.pipeline_parallel_last_stage_less_layers", &last);
+        int64_t first = ps->first_less, last = ps->last_less;
         n_stages = (int)((desc->n_layers + first + last + lps - 1) / lps);
     } else { /* the schedule's own count (a CSV's stages), else its least */
         int spr = 1;
@@ -156,7 +150,7 @@ static ct_status plan_stage_count(pipeline *pl, const manifest *mf, const ct_mod
     if (n_stages % pl->pp) {
         snprintf(what, sizeof what, "the split gives %d stages, which %d pipeline ranks cannot share evenly", n_stages,
                  pl->pp);
-        return bad_setting(mf, list && list[0] ? "parallelism.pipeline_parallel_stage_units"
+        return bad_setting(mf, list ? "parallelism.pipeline_parallel_stage_units"
                                     : "parallelism.pipeline_parallel_layers_per_stage", "%s", what);
     }
     pl->n_stages = n_stages;
@@ -188,24 +182,22 @@ int pipeline_splits_backward(const pipeline *pl) {
     return 0;
 }
 
-ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
-                  const char *(*unit_name)(ct_model *, int), ct_model *model) {
+ct_status pipeline_plan(pipeline *pl, const pipeline_settings *ps, const manifest *mf, const ct_model_desc *desc,
+                        const ct_mesh_info *mesh, const char *(*unit_name)(ct_model *, int), ct_model *model) {
     char csv_path[4096];
     memset(pl, 0, sizeof *pl);
     pl->pp = mesh->degree[CT_AXIS_PP];
     pl->rank = mesh->coord[CT_AXIS_PP];
-    const char *name = "1F1B", *csv = NULL;
-    mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &name);
-    if (mf_get_str(mf, "parallelism.pipeline_parallel_schedule_csv", &csv) || !csv[0]) csv = NULL;
+    const char *name = ps->schedule, *csv = ps->schedule_csv;
     if (csv) {
         session_resolve_path(mf, csv, csv_path, sizeof csv_path);
         csv = csv_path;
     }
     if (!(pl->schedp = schedule_load(name, mf)))
         return bad_setting(mf, "parallelism.pipeline_parallel_schedule", "%s", ct_last_error());
-    ct_status st = plan_microbatches(pl, mf);
-    if (st == CT_OK) st = plan_stage_count(pl, mf, desc, csv);
-    if (st == CT_OK) st = split_units(pl, mf, desc);
+    ct_status st = plan_microbatches(pl, ps, mf);
+    if (st == CT_OK) st = plan_stage_count(pl, ps, mf, desc, csv);
+    if (st == CT_OK) st = split_units(pl, ps, mf, desc);
     if (st != CT_OK) return st;
     const char *key = csv ? "parallelism.pipeline_parallel_schedule_csv" : "parallelism.pipeline_parallel_schedule";
     if (schedule_actions(pl->schedp, pl->pp, pl->spr, pl->n_mb, csv, &pl->plan) != CT_OK)
@@ -224,10 +216,9 @@ ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *d
     return CT_OK;
 }
 
-ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, ct_comm *comm,
-                   const ct_mesh_info *mesh) {
-    const char *name = "pp";
-    mf_get_str(mf, "parallelism.pipeline_runner", &name);
+ct_status pipeline_start(pipeline *pl, const pipeline_settings *ps, const manifest *mf, runtime *rt,
+                         const ct_comm_api *capi, ct_comm *comm, const ct_mesh_info *mesh) {
+    const char *name = ps->runner;
     if (!(pl->runp = plugin_load(name, CT_KIND_PIPELINE, "parallelism", mf)))
         return bad_setting(mf, "parallelism.pipeline_runner", "%s", ct_last_error());
     pl->api = pl->runp->info.api;

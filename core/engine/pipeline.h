@@ -8,6 +8,7 @@
 
 #include "ctitan/pipeline.h"
 #include "config/manifest.h"
+#include "engine/settings.h"
 #include "engine/runtime.h"
 #include "schedule/schedule.h"
 
@@ -56,16 +57,16 @@ typedef struct pipeline {
     double busy_seconds, step_seconds; /* summed over every pipeline_step */
 } pipeline;
 
-/* Plans the pipeline from the manifest (pp > 1): loads the schedule and checks it, splits the units
- * into stages. Prints one clear line and returns CT_ERR_INVALID for a bad setting (CT_ERR_NOMEM when
+/* Plans the pipeline from its keys (ps, engine_settings_read's; pp > 1): loads the schedule and checks it,
+ * splits the units into stages; a bad key is named where mf set it. Prints one clear line and returns CT_ERR_INVALID for a bad setting (CT_ERR_NOMEM when
  * memory runs out); CT_OK on success. */
-ct_status pipeline_plan(pipeline *pl, const manifest *mf, const ct_model_desc *desc, const ct_mesh_info *mesh,
-                  const char *(*unit_name)(ct_model *, int), ct_model *model);
+ct_status pipeline_plan(pipeline *pl, const pipeline_settings *ps, const manifest *mf, const ct_model_desc *desc,
+                        const ct_mesh_info *mesh, const char *(*unit_name)(ct_model *, int), ct_model *model);
 /* 1 when some rank's schedule splits a unit's backward into input and weight halves (I/W). */
 int pipeline_splits_backward(const pipeline *pl);
 /* Creates the runner plugin once the runtime exists. CT_OK, or a status after printing one line. */
-ct_status pipeline_start(pipeline *pl, const manifest *mf, runtime *rt, const ct_comm_api *capi, ct_comm *comm,
-                   const ct_mesh_info *mesh);
+ct_status pipeline_start(pipeline *pl, const pipeline_settings *ps, const manifest *mf, runtime *rt,
+                         const ct_comm_api *capi, ct_comm *comm, const ct_mesh_info *mesh);
 /* One local batch (B sequences of T) through the pipeline: forward, backward and the strategies'
  * hooks; *loss_sum gets the summed loss of the batch on every pp rank. CT_OK, or the status of what
  * failed (the runner's, a hook's, the comm's) with the error set. */

@@ -199,9 +199,8 @@ typedef struct quantizer_keys {
     char section[160], enable_key[200], format_key[200];
 } quantizer_keys;
 
-static void dense_quantizer(const manifest *mf, quantizer_keys *q) {
-    q->name = "";
-    mf_get_str(mf, "quantize.dense.name", &q->name);
+static void dense_quantizer(const engine_settings *es, quantizer_keys *q) {
+    q->name = es->quantizer_name;
     snprintf(q->section, sizeof q->section, "quantize.dense.%.100s", q->name);
     snprintf(q->enable_key, sizeof q->enable_key, "%s.enable", q->section);
     snprintf(q->format_key, sizeof q->format_key, "%s.format", q->section);
@@ -253,9 +252,9 @@ static ct_status add_option_lists(session *s, manifest *mf) {
     char where[600];
     plugin *p;
     ct_status st;
+    const char *given[] = {s->cfg.strategies.role[STRATEGY_KEY_DP], s->cfg.pp.runner, s->cfg.comm_name};
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
-        const char *name = named[i].dflt;
-        mf_get_str(mf, named[i].key, &name);
+        const char *name = given[i] ? given[i] : named[i].dflt;
         if (named[i].kind == CT_KIND_COMM && (s->commp || !manifest_has_unknown(mf, "comm."))) continue;
         const char *names[2] = {name, NULL};
         if (named[i].kind == CT_KIND_STRATEGY && !strcmp(name, "auto"))
@@ -270,13 +269,12 @@ static ct_status add_option_lists(session *s, manifest *mf) {
         }
     }
     quantizer_keys q; /* the dense quantizer's options, when this run does not create it */
-    dense_quantizer(mf, &q);
+    dense_quantizer(&s->cfg, &q);
     if (!s->quantp) {
         if ((st = load_named(s, q.section, q.enable_key, q.name, CT_KIND_QUANTIZER, &p))) return st;
         plugin_unload(p);
     }
-    const char *sched = "1F1B"; /* by its own loader: schedule names are normalized */
-    mf_get_str(mf, "parallelism.pipeline_parallel_schedule", &sched);
+    const char *sched = s->cfg.pp.schedule; /* by its own loader: schedule names are normalized */
     if (!(p = schedule_load(sched, mf))) {
         mf_where(mf, "parallelism.pipeline_parallel_schedule", where, sizeof where);
         fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
@@ -287,11 +285,9 @@ static ct_status add_option_lists(session *s, manifest *mf) {
     return CT_OK;
 }
 
-static ct_status load_slot(session *s, const char *section, ct_plugin_kind kind, plugin **out) {
+static ct_status load_slot(session *s, const char *section, const char *name, ct_plugin_kind kind, plugin **out) {
     char key[64];
-    const char *name;
     snprintf(key, sizeof key, "%s.name", section);
-    mf_get_str(s->mf, key, &name);
     return load_named(s, section, key, name, kind, out);
 }
 
@@ -347,7 +343,7 @@ static int strategy_on(const session *s, int i) {
 static ct_status plan_pipeline(session *s, const ct_model_desc *d) {
     if (s->pl || s->mesh.degree[CT_AXIS_PP] <= 1) return CT_OK;
     if (!(s->pl = calloc(1, sizeof *s->pl))) return CT_ERR_NOMEM;
-    return pipeline_plan(s->pl, s->mf, d, &s->mesh, s->m->unit_name, s->model);
+    return pipeline_plan(s->pl, &s->cfg.pp, s->mf, d, &s->mesh, s->m->unit_name, s->model);
 }
 
 static ct_status open_dist(session *s, const ct_model_desc *d) {
@@ -374,12 +370,12 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
         s->world = 1;
     }
     int degree[CT_MESH_NAXES];
-    if (mesh_degrees(s->mf, s->world, degree) != CT_OK) {
+    if (mesh_degrees(&s->cfg.mesh, s->mf, s->world, degree) != CT_OK) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
     int ep = 1;
-    if (mesh_ep_degree(s->mf, degree, &ep) != CT_OK) {
+    if (mesh_ep_degree(&s->cfg.mesh, s->mf, degree, &ep) != CT_OK) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
@@ -400,10 +396,8 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
                 first->info.name);
         return CT_ERR_INVALID;
     }
-    const char *mp = "float32";
-    mf_get_str(s->mf, "training.mixed_precision_param", &mp);
-    int64_t seq_len = 0;
-    mf_get_int(s->mf, "training.seq_len", &seq_len);
+    const char *mp = s->cfg.mixed_precision_param;
+    int64_t seq_len = s->cfg.seq_len;
     /* strategies talk through the counting table, so the metrics report their bytes */
     /* the plan is an optional field of the model's table: read only where the table holds it */
     const ct_tp_rule *plan = CT_HAS_FIELD(s->m, ct_model_api, tp_plan) ? s->m->tp_plan : NULL;
@@ -434,7 +428,7 @@ static ct_status open_dist(session *s, const ct_model_desc *d) {
  * their keys are validated even where their degree is 1. */
 static ct_status load_strategies(session *s, manifest *mf, int env_world, int with_params) {
     strategy_list *l = &s->strategies;
-    ct_status st = strategy_list_read(mf, env_world, with_params, l);
+    ct_status st = strategy_list_read(&s->cfg, mf, env_world, with_params, l);
     for (int pass = 0; pass < 2 && st == CT_OK; pass++)
         for (int i = 0; i < l->n && st == CT_OK; i++) {
             strategy_item *it = &l->item[i];
@@ -454,14 +448,15 @@ static ct_status load_strategies(session *s, manifest *mf, int env_world, int wi
 static ct_status load_plugins(session *s, manifest *mf, int with_params) {
     ct_status st;
     if ((st = launch_check_world())) return st; /* torchrun or srun without an MPI job: before MPI sets its variables */
-    if ((st = load_slot(s, "device", CT_KIND_DEVICE, &s->devp))) return st;
-    if ((st = load_slot(s, "model", CT_KIND_MODEL, &s->modelp))) return st;
-    if ((st = load_slot(s, "optimizer", CT_KIND_OPTIMIZER, &s->optp))) return st;
+    if ((st = load_slot(s, "device", s->cfg.device_name, CT_KIND_DEVICE, &s->devp))) return st;
+    if ((st = load_slot(s, "model", s->cfg.model_name, CT_KIND_MODEL, &s->modelp))) return st;
+    if ((st = load_slot(s, "optimizer", s->cfg.optimizer_name, CT_KIND_OPTIMIZER, &s->optp))) return st;
     int env_world = mesh_env_world_size();
-    if (with_params && env_world > 1 && (st = load_slot(s, "comm", CT_KIND_COMM, &s->commp))) return st;
+    if (with_params && env_world > 1 && (st = load_slot(s, "comm", s->cfg.comm_name, CT_KIND_COMM, &s->commp)))
+        return st;
     if ((st = load_strategies(s, mf, env_world, with_params))) return st;
     quantizer_keys q;
-    dense_quantizer(mf, &q);
+    dense_quantizer(&s->cfg, &q);
     snprintf(s->quant_section, sizeof s->quant_section, "%s", q.section); /* the plugin keeps the pointer */
     if (quantizer_requested(mf, &q) &&
         (st = load_named(s, s->quant_section, q.enable_key, q.name, CT_KIND_QUANTIZER, &s->quantp)))
@@ -500,10 +495,8 @@ static const char *base_flavor(session *s, const char *flavor) {
 /* The model pack on the training sequence length. */
 static ct_status create_model(session *s, manifest *mf) {
     char where[600];
-    int64_t seq_len;
-    const char *flavor;
-    mf_get_int(mf, "training.seq_len", &seq_len);
-    mf_get_str(mf, "model.flavor", &flavor);
+    int64_t seq_len = s->cfg.seq_len;
+    const char *flavor = s->cfg.flavor;
     if (seq_len < 1) {
         mf_where(mf, "training.seq_len", where, sizeof where);
         fprintf(stderr, "ctitan: %s: must be positive\n", where);
@@ -535,7 +528,7 @@ static ct_status create_quantizer(session *s, manifest *mf) {
     ct_clear_error();
     if (s->qapi->create(&s->quantp->host, s->d, s->dev, &s->quant) != CT_OK) {
         quantizer_keys q; /* refused at its format */
-        dense_quantizer(mf, &q);
+        dense_quantizer(&s->cfg, &q);
         mf_where(mf, q.format_key, where, sizeof where);
         return fail_line(CT_ERR_INVALID, where);
     }
@@ -560,8 +553,7 @@ static ct_status build_runtime(session *s, manifest *mf) {
             dist.axis[dist.n_st] = s->strategies.item[i].axis;
             dist.strat[dist.n_st++] = s->strategy[i];
         }
-    int64_t seed = 0;
-    mf_get_int(mf, "training.seed", &seed);
+    int64_t seed = s->cfg.seed;
     st = runtime_init(&s->rt, s->d, s->dev, s->m, s->model, (uint64_t)seed, s->commp ? &dist : NULL);
     if (st != CT_OK) { /* CT_ERR_INVALID: refused declarations, or too large */
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
@@ -576,7 +568,7 @@ static ct_status build_runtime(session *s, manifest *mf) {
         fprintf(stderr, "ctitan: %s\n", ct_last_error());
         return CT_ERR_INVALID;
     }
-    if (s->pl && (st = pipeline_start(s->pl, mf, &s->rt, commstats_wrap(s->capi), s->comm, &s->mesh))) return st;
+    if (s->pl && (st = pipeline_start(s->pl, &s->cfg.pp, mf, &s->rt, commstats_wrap(s->capi), s->comm, &s->mesh))) return st;
     if (s->qapi) quantize_decide_linears(&s->rt);
     return CT_OK;
 }
@@ -585,9 +577,7 @@ static ct_status build_runtime(session *s, manifest *mf) {
  * offers them; unsupported leaves matmul exact on the bf16-rounded parameters, as the CPU computes). */
 static ct_status set_compute_modes(session *s, manifest *mf) {
     char where[600];
-    const char *mode, *option, *mp;
-    mf_get_str(mf, "activation_checkpoint.mode", &mode);
-    mf_get_str(mf, "activation_checkpoint.selective_ac_option", &option);
+    const char *mode = s->cfg.ac_mode, *option = s->cfg.ac_option, *mp = s->cfg.mixed_precision_param;
     if (runtime_set_ac(&s->rt, mode, option) != CT_OK) { /* under selective, the option was bad */
         const char *key = strcmp(mode, "selective") ? "activation_checkpoint.mode"
                                                     : "activation_checkpoint.selective_ac_option";
@@ -595,8 +585,7 @@ static ct_status set_compute_modes(session *s, manifest *mf) {
         fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
         return CT_ERR_INVALID;
     }
-    int64_t offload = 0;
-    mf_get_int(mf, "activation_offload.layers", &offload);
+    int64_t offload = s->cfg.offload_layers;
     if (offload && s->pl) {
         mf_where(mf, "activation_offload.layers", where, sizeof where);
         fprintf(stderr, "ctitan: %s: not with pipeline parallel yet (its microbatches interleave; use 0)\n", where);
@@ -608,7 +597,6 @@ static ct_status set_compute_modes(session *s, manifest *mf) {
         fprintf(stderr, "ctitan: %s: %s\n", where, ct_last_error());
         return CT_ERR_INVALID;
     }
-    mf_get_str(mf, "training.mixed_precision_param", &mp);
     if (strcmp(mp, "bfloat16") && strcmp(mp, "float32")) {
         mf_where(mf, "training.mixed_precision_param", where, sizeof where);
         fprintf(stderr, "ctitan: %s: expected float32 or bfloat16, got '%s'\n", where, mp);
@@ -634,10 +622,8 @@ static ct_status set_compute_modes(session *s, manifest *mf) {
  * model.hf_assets_path) must have. */
 static ct_status set_attention_mask(session *s, manifest *mf) {
     char where[600];
-    const char *mask, *rope;
-    mf_get_str(mf, "model.attn_mask_type", &mask);
-    mf_get_str(mf, "model.rope_positions", &rope);
-    int explicit_mask = mf_is_set(mf, "model.attn_mask_type");
+    const char *mask = s->cfg.attn_mask_type, *rope = s->cfg.rope_positions;
+    int explicit_mask = s->cfg.attn_mask_set;
     if (s->flavor_doc && explicit_mask && strcmp(mask, "block_causal")) {
         mf_where(mf, "model.attn_mask_type", where, sizeof where);
         fprintf(stderr, "ctitan: %s: '%s', but model.flavor '%s_...' is one of torchtitan's block-causal flavors: "
@@ -654,7 +640,7 @@ static ct_status set_attention_mask(session *s, manifest *mf) {
         }
         return CT_OK;
     }
-    const char *key = mf_is_set(mf, "model.attn_mask_type") ? "model.attn_mask_type" : "model.flavor";
+    const char *key = s->cfg.attn_mask_set ? "model.attn_mask_type" : "model.flavor";
     mf_where(mf, key, where, sizeof where);
     if (!CT_HAS_FIELD(s->d, ct_device_api, attention_doc_backward) || !s->d->attention_doc_forward ||
         !s->d->attention_doc_backward) {
@@ -679,8 +665,8 @@ static ct_status set_attention_mask(session *s, manifest *mf) {
         }
         s->rt.rope_doc = 1;
     }
-    const char *tp;
-    if ((mf_get_str(mf, "model.tokenizer_path", &tp) || !*tp) && (mf_get_str(mf, "model.hf_assets_path", &tp) || !*tp)) {
+    const char *tp = s->cfg.tokenizer_path, *hf = s->cfg.hf_assets_path;
+    if ((!tp || !*tp) && (!hf || !*hf)) {
         fprintf(stderr, "ctitan: %s: block_causal takes document boundaries from the tokenizer's EOS token: set "
                         "model.tokenizer_path (or model.hf_assets_path) to the tokenizer the data was made with\n",
                 where);
@@ -692,7 +678,7 @@ static ct_status set_attention_mask(session *s, manifest *mf) {
     int32_t eos = tokenizer_eos_id(tok);
     tokenizer_free(tok);
     if (eos < 0) {
-        mf_where(mf, mf_is_set(mf, "model.tokenizer_path") ? "model.tokenizer_path" : "model.hf_assets_path", where,
+        mf_where(mf, s->cfg.tokenizer_path_set ? "model.tokenizer_path" : "model.hf_assets_path", where,
                  sizeof where);
         fprintf(stderr, "ctitan: %s: the tokenizer has no EOS token, which block_causal (model.attn_mask_type) needs to "
                         "tell where a document ends\n", where);
@@ -739,6 +725,7 @@ ct_status session_open(session *s, manifest *mf, int with_params, int with_optim
     ct_status st;
     memset(s, 0, sizeof *s);
     s->mf = mf;
+    engine_settings_read(mf, &s->cfg);
     if ((st = load_plugins(s, mf, with_params)) || (st = create_device_and_model(s, mf)))
         return st;
     if (!with_params) return CT_OK;
@@ -890,9 +877,9 @@ ct_status session_open_tokenizer(session *s, ct_tokenizer **out) {
     char path[4096], where[600];
     *out = NULL;
     /* torchtitan's model.hf_assets_path (a Hub folder) is read when no tokenizer_path names a file */
-    if (mf_get_str(s->mf, key, &tok_path) || !*tok_path) {
+    if (!(tok_path = s->cfg.tokenizer_path) || !*tok_path) {
         key = "model.hf_assets_path";
-        if (mf_get_str(s->mf, key, &tok_path) || !*tok_path) {
+        if (!(tok_path = s->cfg.hf_assets_path) || !*tok_path) {
             mf_where(s->mf, "model.tokenizer_path", where, sizeof where);
             fprintf(stderr, "ctitan: %s: not set, nor model.hf_assets_path; sampling (generate.max_new_tokens > 0) "
                             "needs a tokenizer (tokenizer.json, tokenizer.model or a folder holding one)\n", where);
@@ -1060,6 +1047,7 @@ ct_status session_open_plan(session *s, manifest *mf, int with_instances) {
     ct_status st;
     memset(s, 0, sizeof *s);
     s->mf = mf;
+    engine_settings_read(mf, &s->cfg);
     if ((st = load_plugins(s, mf, 0)) || (st = create_model(s, mf))) return st;
     if (!with_instances) return CT_OK;
     ct_clear_error();
@@ -1082,7 +1070,7 @@ ct_status session_load_plugin(session *s, const char *section, const char *key, 
 
 ct_status session_load_quantizer(session *s, char *enable_key, size_t len) {
     quantizer_keys q;
-    dense_quantizer(s->mf, &q);
+    dense_quantizer(&s->cfg, &q);
     snprintf(enable_key, len, "%s", q.enable_key);
     if (s->quantp) return CT_OK;
     snprintf(s->quant_section, sizeof s->quant_section, "%s", q.section); /* the plugin keeps the pointer */

@@ -11,6 +11,7 @@
 #include "config/manifest.h"
 #include "engine/pipeline.h"
 #include "engine/runtime.h"
+#include "engine/settings.h"
 #include "engine/strategies.h"
 #include "tokenizer/tokenizer.h"
 
@@ -20,6 +21,7 @@
 
 typedef struct session {
     manifest *mf;
+    engine_settings cfg; /* the engine's keys, read from mf once when the session opens */
     plugin *devp, *modelp, *optp, *commp, *quantp;
     const ct_quantizer_api *qapi; /* NULL: no quantizer */
     char quant_section[160];      /* its options' section (quantize.dense.NAME): quantp->section points here */

@@ -3,21 +3,22 @@
 
 #include "base/error.h"
 #include "engine/mesh.h"
+#include "engine/settings.h"
 
 #include <stdio.h>
 #include <string.h>
 
 /* torchtitan's order (tensor, context, expert, then data parallel), and the one place the core pairs a
- * strategy's key with what it serves: the role of a plugin that does not say (built before ABI 2.22). */
+ * strategy's key with what it serves: the role of a plugin that does not say (built before ABI 2.22).
+ * Entry e's key, the one that names the plugin, is strategy_role_keys[e] (engine/settings.h). */
 static const struct {
-    const char *key;  /* the key that names the plugin */
     const char *dflt; /* its default; NULL: the data-parallel pick (strategy_dp_name) */
     int serves, axis;
-} default_order[] = {
-    {"parallelism.tp_strategy", "tp", CT_SERVES_AXIS, CT_AXIS_TP},
-    {"parallelism.cp_strategy", "cp", CT_SERVES_AXIS, CT_AXIS_CP},
-    {"parallelism.ep_strategy", "ep", CT_SERVES_AXIS, CT_AXIS_EP},
-    {"parallelism.dp_strategy", NULL, CT_SERVES_DATA_PARALLEL, -1},
+} default_order[STRATEGY_N_KEYS] = {
+    [STRATEGY_KEY_TP] = {"tp", CT_SERVES_AXIS, CT_AXIS_TP},
+    [STRATEGY_KEY_CP] = {"cp", CT_SERVES_AXIS, CT_AXIS_CP},
+    [STRATEGY_KEY_EP] = {"ep", CT_SERVES_AXIS, CT_AXIS_EP},
+    [STRATEGY_KEY_DP] = {NULL, CT_SERVES_DATA_PARALLEL, -1},
 };
 #define N_DEFAULT ((int)(sizeof default_order / sizeof default_order[0]))
 #define DP_ITEM "dp" /* the list's item for the data-parallel pick */
@@ -25,17 +26,19 @@ static const struct {
 const char *const strategy_dp_auto[2] = {"fsdp", "ddp"};
 
 /* The data-parallel strategy the degrees pick when parallelism.dp_strategy is auto (fsdp, ddp or NULL). */
-static const char *strategy_dp_name(const manifest *mf, int world) {
+static const char *strategy_dp_name(const mesh_settings *ms, int world) {
     int64_t rep = 1, shard = -1, others = 1, cp = 1, v;
     static const int axes[] = {CT_AXIS_PP, CT_AXIS_CP, CT_AXIS_TP};
-    if (mf_get_int(mf, mesh_degree_keys[CT_AXIS_DP_REPLICATE], &rep) || rep < 1) rep = 1;
-    if (mf_get_int(mf, mesh_degree_keys[CT_AXIS_DP_SHARD], &shard)) shard = -1;
+    const int64_t *deg = ms->degree;
+    const int *has = ms->has_degree;
+    if (has[CT_AXIS_DP_REPLICATE] && deg[CT_AXIS_DP_REPLICATE] >= 1) rep = deg[CT_AXIS_DP_REPLICATE];
+    if (has[CT_AXIS_DP_SHARD]) shard = deg[CT_AXIS_DP_SHARD];
     for (int i = 0; i < 3; i++) /* not validated yet: capped past the world so nothing overflows */
-        if (!mf_get_int(mf, mesh_degree_keys[axes[i]], &v) && v > 0)
+        if (has[axes[i]] && (v = deg[axes[i]]) > 0)
             others = v > world || others * v > world ? world + 1 : others * v;
     if (rep > world) rep = world + 1;
     if (shard == -1) shard = world % (rep * others) ? 1 : world / (rep * others);
-    if (!mf_get_int(mf, mesh_degree_keys[CT_AXIS_CP], &v) && v > 1) cp = v;
+    if (has[CT_AXIS_CP] && deg[CT_AXIS_CP] > 1) cp = deg[CT_AXIS_CP];
     if (shard > 1 || cp > 1) return strategy_dp_auto[0];
     if (rep > 1) return strategy_dp_auto[1];
     return NULL;
@@ -44,19 +47,16 @@ static const char *strategy_dp_name(const manifest *mf, int world) {
 /* parallelism.dp_strategy: a plugin, none (NULL), or auto: by the degrees as torchtitan picks (fsdp when
  * dp_shard > 1 or cp > 1, sharding over dp_shard x cp; ddp when only dp_replicate > 1; none on one
  * data-parallel rank without cp). */
-static const char *dp_pick(const manifest *mf, int world) {
-    const char *name = "auto";
-    mf_get_str(mf, "parallelism.dp_strategy", &name);
+static const char *dp_pick(const engine_settings *es, int world) {
+    const char *name = es->strategies.role[STRATEGY_KEY_DP] ? es->strategies.role[STRATEGY_KEY_DP] : "auto";
     if (strcmp(name, "auto") != 0) return strcmp(name, "none") ? name : NULL;
-    return strategy_dp_name(mf, world);
+    return strategy_dp_name(&es->mesh, world);
 }
 
 /* The plugin default_order entry e names (NULL: none). */
-static const char *entry_name(const manifest *mf, int e, int world) {
-    if (!default_order[e].dflt) return dp_pick(mf, world);
-    const char *name = default_order[e].dflt;
-    mf_get_str(mf, default_order[e].key, &name);
-    return name;
+static const char *entry_name(const engine_settings *es, int e, int world) {
+    if (!default_order[e].dflt) return dp_pick(es, world);
+    return es->strategies.role[e] ? es->strategies.role[e] : default_order[e].dflt;
 }
 
 const char *strategy_axis_name(int axis) { return axis == CT_AXIS_PP ? NULL : mesh_axis_name(axis); }
@@ -88,12 +88,12 @@ static ct_status item_add(strategy_list *l, const char *where, const char *name,
 
 /* Each *_strategy key the manifest sets names an item of the explicit list: its value (an axis's key)
  * or the dp item (dp_strategy, which says what dp is). */
-static ct_status keys_in_list(const manifest *mf, const strategy_list *l, int has_dp, const char *list_where) {
+static ct_status keys_in_list(const engine_settings *es, const manifest *mf, const strategy_list *l, int has_dp,
+                              const char *list_where) {
     char where[600];
     for (int e = 0; e < N_DEFAULT; e++) {
-        const char *key = default_order[e].key, *name = NULL;
-        if (!mf_is_set(mf, key)) continue;
-        mf_get_str(mf, key, &name);
+        const char *key = strategy_role_keys[e], *name = es->strategies.role[e];
+        if (!es->strategies.role_set[e]) continue;
         int found = !default_order[e].dflt && has_dp;
         for (int i = 0; i < l->n && !found && default_order[e].dflt; i++) found = !strcmp(l->item[i].name, name);
         if (found) continue;
@@ -110,15 +110,16 @@ static ct_status empty_item(const char *where, const char *v) {
                                    "separated by commas", where, v);
 }
 
-ct_status strategy_list_read(const manifest *mf, int world, int with_dp, strategy_list *out) {
+ct_status strategy_list_read(const engine_settings *es, const manifest *mf, int world, int with_dp,
+                             strategy_list *out) {
     char where[600];
-    const char *v;
+    const char *v = es->strategies.list;
     memset(out, 0, sizeof *out);
-    if (!mf_is_set(mf, STRATEGY_LIST_KEY) || mf_get_str(mf, STRATEGY_LIST_KEY, &v)) {
+    if (!v) {
         for (int e = 0; e < N_DEFAULT; e++) {
-            const char *name = default_order[e].dflt || with_dp ? entry_name(mf, e, world) : NULL;
-            mf_where(mf, default_order[e].key, where, sizeof where);
-            if (name && item_add(out, where, name, strlen(name), default_order[e].key, default_order[e].serves,
+            const char *name = default_order[e].dflt || with_dp ? entry_name(es, e, world) : NULL;
+            mf_where(mf, strategy_role_keys[e], where, sizeof where);
+            if (name && item_add(out, where, name, strlen(name), strategy_role_keys[e], default_order[e].serves,
                                  default_order[e].axis))
                 return CT_ERR_INVALID;
         }
@@ -133,13 +134,13 @@ ct_status strategy_list_read(const manifest *mf, int world, int with_dp, strateg
         if (!n) return empty_item(where, v);
         ct_status st = CT_OK;
         if (n == strlen(DP_ITEM) && !strncmp(p, DP_ITEM, n)) {
-            const char *name = with_dp ? dp_pick(mf, world) : NULL;
+            const char *name = with_dp ? dp_pick(es, world) : NULL;
             if (has_dp++) return ct_fail(CT_ERR_INVALID, "%s: dp is listed twice", where);
             if (name) st = item_add(out, where, name, strlen(name), "parallelism.dp_strategy", CT_SERVES_DATA_PARALLEL, -1);
         } else {
             int e = 0; /* the role of an axis key whose value it is, for a plugin that does not say its own */
-            while (e < N_DEFAULT && !(default_order[e].dflt && strlen(entry_name(mf, e, world)) == n &&
-                                      !strncmp(entry_name(mf, e, world), p, n)))
+            while (e < N_DEFAULT && !(default_order[e].dflt && strlen(entry_name(es, e, world)) == n &&
+                                      !strncmp(entry_name(es, e, world), p, n)))
                 e++;
             st = item_add(out, where, p, n, STRATEGY_LIST_KEY, e < N_DEFAULT ? default_order[e].serves : CT_SERVES_UNSAID,
                           e < N_DEFAULT ? default_order[e].axis : -1);
@@ -150,7 +151,7 @@ ct_status strategy_list_read(const manifest *mf, int world, int with_dp, strateg
         p += 1 + strspn(p + 1, " "); /* one comma: "a,,b" and "a," leave an empty item */
         if (!*p) return empty_item(where, v);
     }
-    return keys_in_list(mf, out, has_dp, where);
+    return keys_in_list(es, mf, out, has_dp, where);
 }
 
 ct_status strategy_resolve(const manifest *mf, strategy_item *it, const ct_strategy_api *api, const char *name) {

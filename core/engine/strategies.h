@@ -18,6 +18,7 @@
 #include "ctitan/strategy.h"
 #include "config/manifest.h"
 #include "engine/runtime.h"
+#include "engine/settings.h"
 
 #define STRATEGY_LIST_KEY "parallelism.strategies"
 #define SESSION_MAX_STRATEGIES RT_MAX_STRATEGIES
@@ -37,11 +38,12 @@ typedef struct strategy_list {
     int listed; /* 1: from parallelism.strategies; 0: the default order */
 } strategy_list;
 
-/* The list a job of `world` ranks runs, leniently read (the manifest is validated after the plugins
- * load): without `with_dp` the data-parallel pick is left out (it needs the job's size). An explicit
+/* The list a job of `world` ranks runs, from the keys as es holds them (engine_settings_read's, leniently
+ * read: the manifest is validated after the plugins load; mf names a key in an error): without `with_dp` the data-parallel pick is left out (it needs the job's size). An explicit
  * list is checked here for what needs no plugin: items, duplicates, and that each *_strategy key the
  * manifest sets names an item. */
-ct_status strategy_list_read(const manifest *mf, int world, int with_dp, strategy_list *out);
+ct_status strategy_list_read(const engine_settings *es, const manifest *mf, int world, int with_dp,
+                             strategy_list *out);
 
 /* The role of item it once its plugin is loaded (api, whose name is `name`): the plugin's own (ABI 2.22),
  * which must agree with a key that named it, else the key's; an item of parallelism.strategies that

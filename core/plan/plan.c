@@ -131,7 +131,7 @@ static void plan_knobs_collect(plan_ctx *c) {
     c->quant_asked = c->s.quantp != NULL;
     c->quant_sig[0] = 0;
     strategy_list list; /* the mesh axes' strategies (the data-parallel one declares no knob here) */
-    if (strategy_list_read(c->mf, 1, 0, &list) == CT_OK)
+    if (strategy_list_read(&c->s.cfg, c->mf, 1, 0, &list) == CT_OK)
         for (int k = 0; k < list.n; k++) {
             strategy_item *it = &list.item[k];
             plugin *p = strategy_plugin(c, it->key, it->name);
@@ -314,6 +314,8 @@ static ct_status apply_layout(plan_ctx *c, const plan_layout *l) {
     for (int i = 0; i < l->n_knobs; i++) /* the plugins' knobs; "" leaves the manifest's */
         if (l->knob[i].value[0]) set_key(c, &st, l->knob[i].key, "%s", l->knob[i].value);
     set_key(c, &st, MESH_EP_DEGREE_KEY, "%d", l->ep > 1 ? l->ep : 1);
+    engine_settings_read(c->mf, &c->s.cfg); /* the session's keys are the layout's now (and none points at a
+                                             * value the overrides freed) */
     return st;
 }
 
@@ -391,7 +393,7 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     if (CT_HAS_FIELD(c->s.m, ct_model_api, get_tp_plan) && c->s.m->get_tp_plan) tp_plan = c->s.m->get_tp_plan(c->s.model);
     else if (CT_HAS_FIELD(c->s.m, ct_model_api, tp_plan)) tp_plan = c->s.m->tp_plan;
     if (l->pp > 1) { /* first: the strategies learn whether its schedule splits backward */
-        if (pipeline_plan(&r->pl, c->mf, &c->desc, &r->mesh, NULL, NULL) != CT_OK) {
+        if (pipeline_plan(&r->pl, &c->s.cfg.pp, c->mf, &c->desc, &r->mesh, NULL, NULL) != CT_OK) {
             r->pl_ready = 1;
             return ct_fail(CT_ERR_INVALID, "the pipeline cannot be split so (see above)");
         }
@@ -405,7 +407,7 @@ static ct_status run_open(plan_ctx *c, const plan_layout *l, plan_run *r) {
     runtime_dist dist = {NULL, NULL, &r->mesh, {0}, {0}, 0, NULL, {0}};
     strategy_list list; /* as a run makes them (engine/strategies.h) */
     plugin *loaded[SESSION_MAX_STRATEGIES];
-    if (strategy_list_read(c->mf, r->mesh.world_size, 1, &list) != CT_OK) return CT_ERR_INVALID;
+    if (strategy_list_read(&c->s.cfg, c->mf, r->mesh.world_size, 1, &list) != CT_OK) return CT_ERR_INVALID;
     for (int k = 0; k < list.n; k++) {
         strategy_item *it = &list.item[k];
         plugin *p = loaded[k] = strategy_plugin(c, it->key, it->name);

@@ -14,18 +14,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-ct_status profiler_open(profiler *p, manifest *mf) {
-    const char *dump, *traces, *snaps;
+ct_status profiler_open(profiler *p, const manifest *mf, const profile_settings *ps, const char *dump) {
     char where[600];
     memset(p, 0, sizeof *p);
-    mf_get_bool(mf, "profiling.enable_profiling", &p->trace);
-    mf_get_bool(mf, "profiling.enable_memory_snapshot", &p->snapshot);
-    mf_get_int(mf, "profiling.profile_freq", &p->freq);
-    mf_get_int(mf, "profiling.profiler_warmup", &p->warmup);
-    mf_get_int(mf, "profiling.profiler_active", &p->active);
-    mf_get_str(mf, "job.dump_folder", &dump);
-    mf_get_str(mf, "profiling.save_traces_folder", &traces);
-    mf_get_str(mf, "profiling.save_memory_snapshot_folder", &snaps);
+    p->trace = ps->trace;
+    p->snapshot = ps->snapshot;
+    p->freq = ps->freq;
+    p->warmup = ps->warmup;
+    p->active = ps->active;
     const char *key = p->freq < 1 ? "profiling.profile_freq" : p->active < 1 ? "profiling.profiler_active"
                       : p->warmup < 0 || p->warmup + p->active > p->freq ? "profiling.profiler_warmup" : NULL;
     if (key) {
@@ -35,8 +31,8 @@ ct_status profiler_open(profiler *p, manifest *mf) {
                 where, (long long)p->freq, (long long)p->active, (long long)p->warmup);
         return CT_ERR_INVALID;
     }
-    snprintf(p->traces, sizeof p->traces, "%s/%s", dump, traces);
-    snprintf(p->snaps, sizeof p->snaps, "%s/%s", dump, snaps);
+    snprintf(p->traces, sizeof p->traces, "%s/%s", dump, ps->traces);
+    snprintf(p->snaps, sizeof p->snaps, "%s/%s", dump, ps->snaps);
     return CT_OK;
 }
 

@@ -4,6 +4,7 @@
 
 #include "config/manifest.h"
 #include "engine/session.h"
+#include "train/settings.h"
 
 #include <stdint.h>
 
@@ -13,8 +14,9 @@ typedef struct profiler {
     char traces[2048], snaps[2048]; /* the folders under job.dump_folder */
 } profiler;
 
-/* Reads and checks the profiling keys; a bad one is one line on stderr and CT_ERR_INVALID. */
-ct_status profiler_open(profiler *p, manifest *mf);
+/* Checks the profiling keys (ps, read by train_settings_read; mf names a bad one) and places the folders
+ * under dump (job.dump_folder); a bad one is one line on stderr and CT_ERR_INVALID. */
+ct_status profiler_open(profiler *p, const manifest *mf, const profile_settings *ps, const char *dump);
 /* Before a step: opens the trace window when the step is in one; arms the snapshot's peak. */
 void profiler_step_begin(profiler *p, int64_t step);
 /* After a step's work: stops recording and the snapshot's peak capture. */

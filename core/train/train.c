@@ -13,6 +13,7 @@
 #include "host/tensorboard.h"
 #include "engine/session.h"
 #include "host/rank.h"
+#include "train/settings.h"
 #include "train/train.h"
 #include "plan/plan.h"
 #include "tokenizer/chat.h"
@@ -40,9 +41,7 @@ static double gib(int64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 /* compile.enable: the steady-state microbatch as one device graph (runtime.c) where the device
  * captures graphs (ABI 1.5) and nothing in the step needs the host mid-way: one rank (the
  * strategies' collectives are not captured), no quantizer (its scales are read back). */
-static void compile_setup(session *s, manifest *mf) {
-    int compile = 0;
-    mf_get_bool(mf, "compile.enable", &compile);
+static void compile_setup(session *s, int compile) {
     if (!compile) return;
     const ct_device_api *d = s->rt.d;
     const char *name = s->devp->info.name, *why = NULL;
@@ -89,23 +88,25 @@ static void print_model_summary(session *s, int64_t seq_len) {
 
 /* The GPUs the run would have: the job's ranks under `ctitan launch`, else the manifest's degrees
  * (data_parallel_shard_degree -1 then counts as 1). */
-static int run_world(const manifest *mf) {
+static int run_world(const train_settings *ts) {
     int env = mesh_env_world_size();
     if (env > 1) return env;
-    int64_t world = 1, v;
-    for (int a = 0; a < CT_MESH_NAXES; a++)
-        if (!mf_get_int(mf, mesh_degree_keys[a], &v) && v > 1 && v < (1 << 20)) world *= v;
+    int64_t world = 1;
+    for (int a = 0; a < CT_MESH_NAXES; a++) {
+        int64_t v = ts->degree[a];
+        if (v > 1 && v < (1 << 20)) world *= v;
+    }
     return world < (1 << 20) ? (int)world : 1;
 }
 
 /* --dry-run: the planner's evaluation of this manifest for the world it would run on. */
-static ct_status dry_run(session *s, manifest *mf, int argc, char **argv) {
+static ct_status dry_run(session *s, const train_settings *ts, int argc, char **argv) {
     ct_model_desc d = {.struct_size = sizeof d};
     if (s->m->describe(s->model, &d) != CT_OK) {
         fprintf(stderr, "ctitan: model describe failed: %s\n", ct_last_error());
         return CT_ERR_INTERNAL;
     }
-    int world = run_world(mf);
+    int world = run_world(ts);
     printf("dry run: model %s, %d layers, dim %lld, vocab %lld, %.3fB parameters, %.3f GFLOP per token; %d GPUs\n",
            s->modelp->info.name, d.n_layers, (long long)d.dim, (long long)d.vocab_size, (double)d.n_params / 1e9,
            d.flops_per_token / 1e9, world);
@@ -126,14 +127,11 @@ static ct_status dry_run(session *s, manifest *mf, int argc, char **argv) {
 
 /* checkpoint.last_save_in_hf: what the final export needs, checked before training (the names and
  * shapes of the parameters under the pack's Hugging Face table, and a checkpoint folder to write into). */
-static ct_status check_hf_export(session *s, manifest *mf) {
-    int hf = 0, enable = 0;
+static ct_status check_hf_export(session *s, manifest *mf, const train_settings *ts) {
     char where[600];
-    mf_get_bool(mf, "checkpoint.last_save_in_hf", &hf);
-    if (!hf) return CT_OK;
-    mf_get_bool(mf, "checkpoint.enable", &enable);
+    if (!ts->hf_export) return CT_OK;
     mf_where(mf, "checkpoint.last_save_in_hf", where, sizeof where);
-    if (!enable) {
+    if (!ts->ckpt_enable) {
         fprintf(stderr, "ctitan: %s: the final Hugging Face export goes into the checkpoint folder; it needs "
                         "checkpoint.enable: true\n", where);
         return CT_ERR_INVALID;
@@ -232,13 +230,10 @@ static ct_status world_max(session *s, int v, int *out) {
 /* metrics.enable_tensorboard: rank 0's event file in its own folder per start, save_tb_folder/run_id,
  * so a rerun or a resume in the same dump folder shows in TensorBoard as a run of its own. CT_OK, or a
  * status with the line set (naming the key). */
-static ct_status tb_log_open(manifest *mf, const char *dump, run_log *lg) {
-    int on = 0;
-    const char *sub = "tb";
+static ct_status tb_log_open(const manifest *mf, const train_settings *ts, const char *dump, run_log *lg) {
+    const char *sub = ts->tb_folder;
     char folder[4200], where[600];
-    mf_get_bool(mf, "metrics.enable_tensorboard", &on);
-    mf_get_str(mf, "metrics.save_tb_folder", &sub);
-    if (!on) return CT_OK;
+    if (!ts->tensorboard) return CT_OK;
     mf_where(mf, "metrics.save_tb_folder", where, sizeof where);
     if (!*sub)
         return ct_fail(CT_ERR_INVALID, "%s: empty; expected a folder name (under job.dump_folder) or an absolute path",
@@ -252,7 +247,7 @@ static ct_status tb_log_open(manifest *mf, const char *dump, run_log *lg) {
 
 /* Rank 0 takes the dump folder's lock and opens metrics.jsonl to append; every rank learns whether
  * that worked, so a refused job ends on all of them. */
-static ct_status run_log_open(session *s, manifest *mf, const char *dump, run_log *lg) {
+static ct_status run_log_open(session *s, const manifest *mf, const train_settings *ts, const char *dump, run_log *lg) {
     int bad = 0;
     memset(lg, 0, sizeof *lg);
     snprintf(lg->path, sizeof lg->path, "%s/metrics.jsonl", dump);
@@ -266,7 +261,7 @@ static ct_status run_log_open(session *s, manifest *mf, const char *dump, run_lo
         } else if (!(lg->f = ct_fopen_nofollow(lg->path, "a"))) {
             fprintf(stderr, "ctitan: %s: cannot open %s to append: %s\n", where, lg->path, ct_open_strerror(errno));
             bad = 1;
-        } else if (tb_log_open(mf, dump, lg) != CT_OK) {
+        } else if (tb_log_open(mf, ts, dump, lg) != CT_OK) {
             fprintf(stderr, "ctitan: %s\n", ct_last_error());
             bad = 1;
         }
@@ -356,7 +351,8 @@ typedef enum step_next { STEP_GO_ON, STEP_END, STEP_FAILED } step_next;
 /* One start of `ctitan train`: its settings, its data, its files and what the steps measure. */
 typedef struct train_run {
     session *s;
-    manifest *mf;
+    manifest *mf;              /* for resolving paths and naming keys in errors */
+    const train_settings *cfg; /* the keys, read once at the command's start */
     int64_t steps, L, G, T, log_freq, seed; /* training.*, metrics.log_freq */
     double max_norm;
     const char *dump;
@@ -393,9 +389,8 @@ static ct_status log_start(run_log *lg, train_run *r, int64_t after_step) {
     session *s = r->s;
     manifest *mf = r->mf;
     char abs[4096], quoted[8300], f8[80] = "null", recipe[64];
-    const char *mp = "float32";
+    const char *mp = r->cfg->mixed_precision_param;
     json_quote(quoted, sizeof quoted, realpath(mf->path, abs) ? abs : mf->path);
-    mf_get_str(mf, "training.mixed_precision_param", &mp);
     if (s->quantp) json_quote(f8, sizeof f8, session_quant_recipe(s, recipe, sizeof recipe));
     const int *d = s->mesh.degree;
     return log_record(lg, "\"event\": \"start\", \"first_step\": %lld, \"steps\": %lld, \"world_size\": %d, "
@@ -408,17 +403,18 @@ static ct_status log_start(run_log *lg, train_run *r, int64_t after_step) {
 }
 
 /* The training keys, checked. */
-static ct_status train_settings_read(train_run *r) {
+static ct_status train_settings_check(train_run *r) {
     manifest *mf = r->mf;
+    const train_settings *ts = r->cfg;
     char where[600];
-    mf_get_int(mf, "training.steps", &r->steps);
-    mf_get_int(mf, "training.local_batch_size", &r->L);
-    mf_get_int(mf, "training.global_batch_size", &r->G);
-    mf_get_int(mf, "training.seq_len", &r->T);
-    mf_get_int(mf, "metrics.log_freq", &r->log_freq);
-    mf_get_int(mf, "training.seed", &r->seed);
-    mf_get_float(mf, "training.max_norm", &r->max_norm);
-    mf_get_str(mf, "job.dump_folder", &r->dump);
+    r->steps = ts->steps;
+    r->L = ts->local_batch_size;
+    r->G = ts->global_batch_size;
+    r->T = ts->seq_len;
+    r->log_freq = ts->log_freq;
+    r->seed = ts->seed;
+    r->max_norm = ts->max_norm;
+    r->dump = ts->dump_folder;
     r->dp = r->s->mesh.dp_size > 0 ? r->s->mesh.dp_size : 1;
     r->dp_rank = r->s->mesh.dp_rank;
     int64_t L = r->L, dp = r->dp;
@@ -431,9 +427,7 @@ static ct_status train_settings_read(train_run *r) {
                 where, (long long)dp, (long long)L, (long long)r->G);
         return CT_ERR_INVALID;
     }
-    int wandb = 0;
-    mf_get_bool(mf, "metrics.enable_wandb", &wandb);
-    if (wandb) {
+    if (ts->wandb) {
         mf_where(mf, "metrics.enable_wandb", where, sizeof where);
         fprintf(stderr, "ctitan: %s: true is not supported (no network here); TensorBoard is the supported logger: set "
                         "this to false and metrics.enable_tensorboard to true\n",
@@ -443,8 +437,8 @@ static ct_status train_settings_read(train_run *r) {
     r->G_local = r->G / dp;
     r->accum = r->G_local / L;
     r->non_dp = r->s->world / dp > 0 ? r->s->world / dp : 1;
-    if (profiler_open(&r->prof, mf) != CT_OK) return CT_ERR_INVALID;
-    ct_status st = lr_setup(mf, r->steps, &r->sched);
+    if (profiler_open(&r->prof, mf, &ts->profiling, r->dump) != CT_OK) return CT_ERR_INVALID;
+    ct_status st = lr_setup(&r->s->cfg.lr, mf, r->steps, &r->sched);
     if (st != CT_OK) fprintf(stderr, "ctitan: %s\n", ct_last_error());
     return st;
 }
@@ -472,14 +466,13 @@ static ct_status source_add(train_run *r, dataloader *dl, const char *where, con
 
 /* SECTION.dataset (a path, or a list of {path, weight}) or SECTION.dataset_path, into dl (initialised
  * by the caller; ordered: validation, where weights do not apply). */
-static ct_status dataset_open(train_run *r, const char *section, dataloader *dl) {
+static ct_status dataset_open(train_run *r, const char *section, const train_dataset *ds, dataloader *dl) {
     manifest *mf = r->mf;
     char key[64], old_key[64], where[600], where2[600];
-    const char *path, *old_path;
+    const char *path = ds->path, *old_path = ds->old_path;
     snprintf(key, sizeof key, "%s.dataset", section);
     snprintf(old_key, sizeof old_key, "%s.dataset_path", section);
-    int n = mf_list_len(mf, key), has = n >= 0 || !mf_get_str(mf, key, &path);
-    int has_old = !mf_get_str(mf, old_key, &old_path);
+    int n = ds->n_items, has = ds->has, has_old = ds->has_old;
     mf_where(mf, key, where, sizeof where);
     if (has && has_old) {
         mf_where(mf, old_key, where2, sizeof where2);
@@ -501,19 +494,16 @@ static ct_status dataset_open(train_run *r, const char *section, dataloader *dl)
         return CT_ERR_INVALID;
     }
     for (int i = 0; i < n; i++) {
-        char item[300];
-        double weight = 1.0;
-        snprintf(item, sizeof item, "%s[%d].weight", key, i);
-        int has_weight = !mf_get_float(mf, item, &weight);
-        snprintf(item, sizeof item, "%s[%d].path", key, i);
-        if (dl->ordered && has_weight) {
+        double weight = ds->items[i].weight;
+        if (dl->ordered && ds->items[i].has_weight) {
             item_where(mf, key, i, "weight", where, sizeof where);
             fprintf(stderr, "ctitan: %s: validation reads every source whole, in order; weights do not apply (leave "
                             "it out)\n", where);
             return CT_ERR_INVALID;
         }
         item_where(mf, key, i, "path", where, sizeof where);
-        if (mf_get_str(mf, item, &path) || !*path) {
+        path = ds->items[i].path;
+        if (!path || !*path) {
             fprintf(stderr, "ctitan: %s: not set; each source is {path: SHARD_OR_FOLDER, weight: W}\n", where);
             return CT_ERR_INVALID;
         }
@@ -530,19 +520,20 @@ static ct_status dataset_open(train_run *r, const char *section, dataloader *dl)
 /* validation.*: checked and its dataset opened when validation.enable is true. */
 static ct_status validation_open(train_run *r) {
     manifest *mf = r->mf;
+    const validation_settings *v = &r->cfg->validation;
     char where[600];
-    int64_t T = r->T;
-    mf_get_bool(mf, "validation.enable", &r->val_on);
+    int64_t T = v->has_seq_len ? v->seq_len : r->T;
+    r->val_on = v->enable;
     if (!r->val_on) return CT_OK;
-    mf_get_int(mf, "validation.freq", &r->val_freq);
-    mf_get_int(mf, "validation.steps", &r->val_steps);
-    if (mf_get_int(mf, "validation.local_batch_size", &r->val_L)) r->val_L = r->L;
+    r->val_freq = v->freq;
+    r->val_steps = v->steps;
+    r->val_L = v->local_batch_size;
     if (r->val_steps == 0) {
         mf_where(mf, "validation.steps", where, sizeof where);
         fprintf(stderr, "ctitan: %s: 0 batches; expected -1 (the whole held-out set) or a count >= 1\n", where);
         return CT_ERR_INVALID;
     }
-    if (!mf_get_int(mf, "validation.seq_len", &T) && T != r->T) {
+    if (v->has_seq_len && T != r->T) {
         mf_where(mf, "validation.seq_len", where, sizeof where);
         fprintf(stderr, "ctitan: %s: %lld; validation windows have training.seq_len's length (%lld): expected that or "
                         "leave it out\n", where, (long long)T, (long long)r->T);
@@ -555,16 +546,14 @@ static ct_status validation_open(train_run *r) {
                 where, (long long)r->val_L, (long long)r->G_local, (long long)r->G, (long long)r->dp);
         return CT_ERR_INVALID;
     }
-    const char *p;
-    if (mf_list_len(mf, "validation.dataset") < 0 && mf_get_str(mf, "validation.dataset", &p) &&
-        mf_get_str(mf, "validation.dataset_path", &p)) {
+    if (!v->data.has && !v->data.has_old) {
         mf_where(mf, "validation.enable", where, sizeof where);
         fprintf(stderr, "ctitan: %s: true, but neither validation.dataset nor validation.dataset_path names the "
                         "held-out tokens\n", where);
         return CT_ERR_INVALID;
     }
     dataloader_init(&r->vdl, r->T, (uint64_t)r->seed, 1);
-    if (dataset_open(r, "validation", &r->vdl)) return CT_ERR_INVALID;
+    if (dataset_open(r, "validation", &v->data, &r->vdl)) return CT_ERR_INVALID;
     int64_t whole = (r->vdl.n_windows + r->G - 1) / r->G; /* the last batch padded with ignored targets */
     r->val_batches = r->val_steps < 0 || r->val_steps > whole ? whole : r->val_steps;
     return CT_OK;
@@ -575,7 +564,7 @@ static ct_status train_data_open(train_run *r) {
     manifest *mf = r->mf;
     char where[600];
     dataloader_init(&r->dl, r->T, (uint64_t)r->seed, 0);
-    if (dataset_open(r, "training", &r->dl) || validation_open(r)) goto fail;
+    if (dataset_open(r, "training", &r->cfg->data, &r->dl) || validation_open(r)) goto fail;
     if (ct_mkdir_p(r->dump) || ct_require_dir(r->dump)) {
         mf_where(mf, "job.dump_folder", where, sizeof where);
         if (errno == ENOTDIR) fprintf(stderr, "ctitan: %s: %s is not a folder (a file is in the way)\n", where, r->dump);
@@ -652,7 +641,7 @@ static ct_status train_start(train_run *r) {
         return CT_ERR_NOMEM;
     }
     train_banner_print(r);
-    compile_setup(r->s, r->mf);
+    compile_setup(r->s, r->cfg->compile);
     r->t_log = ct_now();
     r->warmup_steps = r->steps > 2 ? 2 : r->steps > 1 ? 1 : 0;
     if (ckpt_begin(r->s, r->mf, r->dump, &r->ck) != CT_OK) {
@@ -965,14 +954,14 @@ static step_next train_finish(train_run *r) {
 
 /* One start of the run. CT_OK with *stop_signal set when a stop signal ended it cleanly (after a
  * step, or in the last one); else *stop_signal is 0. */
-static ct_status train_loop(session *s, manifest *mf, int *stop_signal) {
-    train_run r = {.s = s, .mf = mf};
+static ct_status train_loop(session *s, manifest *mf, const train_settings *ts, int *stop_signal) {
+    train_run r = {.s = s, .mf = mf, .cfg = ts};
     step_next next = STEP_GO_ON;
-    ct_status rc = train_settings_read(&r);
+    ct_status rc = train_settings_check(&r);
     *stop_signal = 0;
     if (!rc) rc = train_data_open(&r);
     if (rc) return rc;
-    rc = run_log_open(s, mf, r.dump, &r.lg);
+    rc = run_log_open(s, mf, ts, r.dump, &r.lg);
     if (!rc) rc = train_start(&r);
     if (rc || r.ck.finished) goto done; /* finished: restarted after its last step: said so; writes nothing */
     r.dl.position = r.ck.state.data_position;
@@ -1024,8 +1013,10 @@ static void train_help_print(void) {
     /* the parallelism keys of the strategies a manifest that names none gets on two ranks (each axis's
      * default, and the data-parallel one the degrees pick), loaded by name as a run does */
     strategy_list l;
+    engine_settings es;
     manifest *m0l = manifest_new();
-    if (!m0l || strategy_list_read(m0l, 2, 1, &l) != CT_OK) l.n = 0;
+    if (m0l) engine_settings_read(m0l, &es);
+    if (!m0l || strategy_list_read(&es, m0l, 2, 1, &l) != CT_OK) l.n = 0;
     manifest_free(m0l);
     for (int i = 0; i < l.n; i++) {
         manifest *m1 = manifest_new();
@@ -1042,10 +1033,8 @@ static void train_help_print(void) {
 }
 
 /* checkpoint.create_seed_checkpoint: writes step-0 into the folder, under its lock like any run. */
-static ct_status seed_checkpoint_write(session *s, manifest *mf) {
-    const char *dump;
+static ct_status seed_checkpoint_write(session *s, manifest *mf, const char *dump) {
     char id[64], where[600];
-    mf_get_str(mf, "job.dump_folder", &dump);
     int bad = 0;
     if (s->rank == 0) {
         run_id_make(id, sizeof id);
@@ -1069,18 +1058,11 @@ static ct_status seed_checkpoint_write(session *s, manifest *mf) {
 }
 
 /* The end-of-run sample: optional, so its failure is a warning; the training stands. */
-static void sample_print(session *s, manifest *mf, ct_tokenizer *tok, int64_t max_new) {
-    int64_t top_k, seed, T;
-    const char *prompt;
-    double temp, top_p;
-    mf_get_str(mf, "generate.prompt", &prompt);
-    mf_get_float(mf, "generate.temperature", &temp);
-    mf_get_int(mf, "generate.top_k", &top_k);
-    mf_get_float(mf, "generate.top_p", &top_p);
-    if (mf_get_int(mf, "generate.seed", &seed)) mf_get_int(mf, "training.seed", &seed);
-    mf_get_int(mf, "training.seq_len", &T);
+static void sample_print(session *s, const train_settings *ts, ct_tokenizer *tok, int64_t max_new) {
+    const generate_settings *g = &ts->generate;
     printf("sample:\n");
-    if (session_generate(s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T))
+    if (session_generate(s, tok, g->prompt, max_new, g->temperature, g->top_k, g->top_p, (uint64_t)g->seed,
+                         ts->seq_len))
         fprintf(stderr, "ctitan: warning: the end-of-run sample failed (above); the training itself completed "
                         "and was saved\n");
 }
@@ -1124,30 +1106,27 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
     memset(&s, 0, sizeof s); /* closed at out (freeing mf) also when mf is refused before the session opens */
     s.mf = mf;
     ct_tokenizer *tok = NULL;
+    train_settings ts = {0};
     int dry = a.dry_run;
     if ((st = mdesc_from_checkpoint(mf)) == CT_OK) st = session_open(&s, mf, !dry, !dry);
     if (st) goto out;
-    int pc = a.print_config;
-    if (!pc) mf_get_bool(mf, "job.print_config", &pc);
-    if (pc) manifest_print(mf, stdout);
+    if ((st = train_settings_read(mf, &ts))) { /* the keys, once, from the validated manifest */
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        goto out;
+    }
+    if (a.print_config || ts.print_config) manifest_print(mf, stdout);
     if (dry) { /* like the dataset, the files the run reads are not opened */
-        st = dry_run(&s, mf, argc, argv);
+        st = dry_run(&s, &ts, argc, argv);
         goto out;
     }
     /* what the end of the run needs is checked now, not after the training */
-    int64_t max_new = 0;
-    mf_get_int(mf, "generate.max_new_tokens", &max_new);
+    int64_t max_new = ts.generate.max_new;
     if (max_new > 0 && (st = session_open_tokenizer(&s, &tok))) goto out;
-    if ((st = check_hf_export(&s, mf))) goto out;
-    int prof;
-    mf_get_bool(mf, "profiling.enable_profiling", &prof);
-    trace_enable(prof); /* recording starts at the profiling windows' steps (train/profile.c) */
-    const char *desc;
-    if (!mf_get_str(mf, "job.description", &desc) && *desc) printf("job: %s\n", desc);
-    int seed_ckpt;
-    mf_get_bool(mf, "checkpoint.create_seed_checkpoint", &seed_ckpt);
-    if (seed_ckpt) {
-        st = seed_checkpoint_write(&s, mf);
+    if ((st = check_hf_export(&s, mf, &ts))) goto out;
+    trace_enable(ts.profiling.trace); /* recording starts at the profiling windows' steps (train/profile.c) */
+    if (ts.description && *ts.description) printf("job: %s\n", ts.description);
+    if (ts.seed_checkpoint) {
+        st = seed_checkpoint_write(&s, mf, ts.dump_folder);
         goto out;
     }
     double stated = 0; /* metrics.peak_tflops: the peak as the user states it, no probe */
@@ -1155,9 +1134,10 @@ ct_status cmd_train(int argc, char **argv, int *stop_signal) {
     if (stated > 0) s.peak_flops = stated * 1e12, s.peak_stated = 1;
     else if (s.d->measure_peak_flops && s.d->measure_peak_flops(s.dev, &s.peak_flops) != CT_OK) s.peak_flops = 0;
     if (s.rank == 0) plan_line(argc, argv, &s, s.world > 1 ? s.world : 1);
-    st = train_loop(&s, mf, stop_signal);
-    if (!st && !*stop_signal && max_new > 0) sample_print(&s, mf, tok, max_new);
+    st = train_loop(&s, mf, &ts, stop_signal);
+    if (!st && !*stop_signal && max_new > 0) sample_print(&s, &ts, tok, max_new);
 out:
+    train_settings_free(&ts);
     tokenizer_free(tok);
     runlock_release();
     session_close(&s);
@@ -1228,11 +1208,12 @@ static ct_status prompt_extras_text(session *s, const run_args *a, const ct_toke
 
 /* ctitan generate --chat: the prompt as one user message through the chat template (--chat-template,
  * else the tokenizer_config.json beside the tokenizer), stopped at the template's end-of-turn token. */
-static ct_status generate_chat(session *s, const run_args *a, const ct_tokenizer *tok, const char *prompt,
-                               int64_t max_new, double temp, int64_t top_k, double top_p, uint64_t seed, int64_t T) {
-    const char *tp;
+static ct_status generate_chat(session *s, const run_args *a, const train_settings *ts, const ct_tokenizer *tok,
+                               const char *prompt, int64_t max_new, double temp, int64_t top_k, double top_p,
+                               uint64_t seed, int64_t T) {
+    const char *tp = ts->tokenizer_path;
     char path[4096];
-    if ((mf_get_str(s->mf, "model.tokenizer_path", &tp) || !*tp) && (mf_get_str(s->mf, "model.hf_assets_path", &tp) || !*tp))
+    if ((!tp || !*tp) && (!(tp = ts->hf_assets_path) || !*tp))
         tp = ""; /* session_open_tokenizer has refused this already */
     session_resolve_path(s->mf, tp, path, sizeof path);
     chat_template *tpl = NULL;
@@ -1291,11 +1272,18 @@ ct_status cmd_generate(int argc, char **argv) {
     s.mf = mf;
     ct_tokenizer *tok = NULL;
     char path[4096];
-    const char *dump, *prompt;
-    mf_get_str(mf, "job.dump_folder", &dump);
+    /* the keys, once: the model's keys the file's description sets below are none of them */
+    train_settings ts;
+    if ((st = train_settings_read(mf, &ts))) {
+        fprintf(stderr, "ctitan: %s\n", ct_last_error());
+        train_settings_free(&ts);
+        manifest_free(mf);
+        return st;
+    }
     if (a.checkpoint) snprintf(path, sizeof path, "%s", a.checkpoint);
-    else snprintf(path, sizeof path, "%s/model.ctt", dump);
+    else snprintf(path, sizeof path, "%s/model.ctt", ts.dump_folder);
     if ((st = mdesc_for_load(mf, path))) { /* the model the file describes: no shape keys needed */
+        train_settings_free(&ts);
         manifest_free(mf);
         return st;
     }
@@ -1313,23 +1301,15 @@ ct_status cmd_generate(int argc, char **argv) {
         st = CT_ERR_INTERNAL;
         goto out;
     }
-    int64_t max_new, top_k, seed, T;
-    double temp;
-    mf_get_int(mf, "generate.max_new_tokens", &max_new);
-    if (max_new <= 0) max_new = 64;
-    mf_get_str(mf, "generate.prompt", &prompt);
-    if (a.prompt) prompt = a.prompt;
-    mf_get_float(mf, "generate.temperature", &temp);
-    mf_get_int(mf, "generate.top_k", &top_k);
-    double top_p;
-    mf_get_float(mf, "generate.top_p", &top_p);
-    if (mf_get_int(mf, "generate.seed", &seed)) mf_get_int(mf, "training.seed", &seed);
-    mf_get_int(mf, "training.seq_len", &T);
+    const generate_settings *g = &ts.generate;
+    int64_t max_new = g->max_new > 0 ? g->max_new : 64, T = ts.seq_len;
+    const char *prompt = a.prompt ? a.prompt : g->prompt;
     if (a.chat || a.chat_template)
-        st = generate_chat(&s, &a, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
+        st = generate_chat(&s, &a, &ts, tok, prompt, max_new, g->temperature, g->top_k, g->top_p, (uint64_t)g->seed, T);
     else if ((st = prompt_extras_text(&s, &a, tok, prompt)) == CT_OK)
-        st = session_generate(&s, tok, prompt, max_new, temp, top_k, top_p, (uint64_t)seed, T);
+        st = session_generate(&s, tok, prompt, max_new, g->temperature, g->top_k, g->top_p, (uint64_t)g->seed, T);
 out:
+    train_settings_free(&ts);
     tokenizer_free(tok);
     session_close(&s);
     return st;

@@ -17,27 +17,12 @@
 #include "host/host.h"
 #include "base/error.h"
 #include "data/shard.h"
-
-static manifest *load_yaml(const char *yaml) {
-    char path[] = "/tmp/ctitan-cfg-XXXXXX.yaml";
-    int fd = mkstemps(path, 5);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, yaml, strlen(yaml)), (int)strlen(yaml));
-    close(fd);
-    manifest *m = manifest_load(path);
-    unlink(path);
-    if (!m) fail_msg("%s", ct_last_error());
-    manifest_add_core_schema(m);
-    return m;
-}
+#include "manifest_fixture.h"
 
 /* manifest_load's error for a YAML text (the manifest must be refused). */
 static void load_error(const char *yaml, char *err, size_t errlen) {
-    char path[] = "/tmp/ctitan-cfg-XXXXXX.yaml";
-    int fd = mkstemps(path, 5);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, yaml, strlen(yaml)), (int)strlen(yaml));
-    close(fd);
+    char path[FIXTURE_PATH_LEN];
+    fixture_write(yaml, path);
     manifest *m = manifest_load(path);
     snprintf(err, errlen, "%s", ct_last_error());
     unlink(path);
@@ -46,7 +31,7 @@ static void load_error(const char *yaml, char *err, size_t errlen) {
 
 static void test_overrides_last_wins_and_unset_keys_take_defaults(void **state) {
     (void)state;
-    manifest *m = load_yaml("training:\n  steps: 5\n  seq_len: 64\nlr_scheduler: {decay_type: sqrt}\n");
+    manifest *m = fixture_yaml("training:\n  steps: 5\n  seq_len: 64\nlr_scheduler: {decay_type: sqrt}\n");
     assert_int_equal(manifest_override(m, "training.steps", "7"), 0);
     assert_int_equal(manifest_override(m, "training.steps", "9"), 0);
     assert_int_equal(manifest_validate(m), 0);
@@ -77,7 +62,7 @@ static void test_duplicate_keys_and_lists_are_errors(void **state) {
     assert_null(manifest_load(path));
     unlink(path);
     assert_non_null(strstr(ct_last_error(), ":3: training.steps: duplicate key"));
-    manifest *m = load_yaml("training:\n  steps: [1, 2]\n");
+    manifest *m = fixture_yaml("training:\n  steps: [1, 2]\n");
     assert_int_equal(manifest_validate(m), CT_ERR_INVALID);
     assert_non_null(strstr(ct_last_error(), "expected an integer"));
     manifest_free(m);
@@ -96,7 +81,7 @@ static void test_nulls_and_second_documents_are_refused(void **state) {
     assert_non_null(strstr(err, ":2: training.steps: no value"));
     load_error("training: {steps: 1}\n---\ntraining: {steps: 2}\n", err, sizeof err);
     assert_non_null(strstr(err, ":2: a second YAML document"));
-    manifest *m = load_yaml("generate: {prompt: \"\"}\n"); /* an empty string is a value */
+    manifest *m = fixture_yaml("generate: {prompt: \"\"}\n"); /* an empty string is a value */
     assert_int_equal(manifest_validate(m), 0);
     manifest_free(m);
 }
@@ -162,7 +147,7 @@ static void test_toml_reads_as_yaml_would(void **state) {
     assert_non_null(strstr(ct_last_error(), ".toml:2: training.steps: expected an integer, got 'ten'"));
     manifest_free(m);
     /* TOML text in a file of another name is read as TOML when it is no YAML */
-    m = load_yaml("[job]\ndump_folder = \"./outputs\"\n[training]\nsteps = 10\n");
+    m = fixture_yaml("[job]\ndump_folder = \"./outputs\"\n[training]\nsteps = 10\n");
     assert_int_equal(mf_get_int(m, "training.steps", &iv), 0);
     assert_int_equal(iv, 10);
     manifest_free(m);
@@ -195,7 +180,7 @@ static void test_bare_flags_and_negations(void **state) {
     assert_int_equal(manifest_cli_key("--no-checkpoint.enable=true", key, sizeof key, &value, &neg), CT_ERR_INVALID);
     assert_non_null(strstr(ct_last_error(), "takes no value"));
 
-    manifest *m = load_yaml("checkpoint: {enable: false}\n");
+    manifest *m = fixture_yaml("checkpoint: {enable: false}\n");
     assert_int_equal(manifest_override_flag(m, "checkpoint.enable", MF_FLAG_BARE), 0);
     assert_int_equal(manifest_validate(m), 0);
     assert_int_equal(mf_get_bool(m, "checkpoint.enable", &bv), 0);
@@ -245,7 +230,7 @@ static void test_limits_refuse_bombs_depth_and_key_counts(void **state) {
 /* validate's message for one override on an otherwise empty manifest ("" when valid). */
 static const char *override_error(const char *key, const char *value) {
     static char err[1024];
-    manifest *m = load_yaml("job: {description: x}\n");
+    manifest *m = fixture_yaml("job: {description: x}\n");
     /* the dense quantizer's keys are its plugin's (a run adds them whether or not it creates it) */
     plugin *q = plugin_load("float8", CT_KIND_QUANTIZER, "quantize.dense.float8", m);
     if (!q) fail_msg("%s", ct_last_error());
@@ -308,7 +293,7 @@ static void test_plugin_options_outlive_the_plugin(void **state) {
         {sizeof(ct_option_spec), skey, CT_OPT_STRING, "a", help, NULL, choices},
         {0},
     };
-    manifest *m = load_yaml("parallelism: {probe_level: 4}\n");
+    manifest *m = fixture_yaml("parallelism: {probe_level: 4}\n");
     manifest_add_plugin_schema(m, "parallelism", opts);
     memset(key, 'x', sizeof key - 1); /* the plugin's strings are gone */
     memset(skey, 'x', sizeof skey - 1);
@@ -326,10 +311,12 @@ static void test_plugin_options_outlive_the_plugin(void **state) {
 }
 
 static lr_schedule schedule(const char *yaml, int64_t steps) {
-    manifest *m = load_yaml(yaml);
+    manifest *m = fixture_yaml(yaml);
     assert_int_equal(manifest_validate(m), 0);
     lr_schedule s;
-    assert_int_equal(lr_setup(m, steps, &s), CT_OK);
+    engine_settings es;
+    engine_settings_read(m, &es);
+    assert_int_equal(lr_setup(&es.lr, m, steps, &s), CT_OK);
     /* s.type points into the manifest, freed below: keep a literal instead */
     s.type = strcmp(s.type, "cosine") == 0 ? "cosine" : strcmp(s.type, "sqrt") == 0 ? "sqrt" : "linear";
     manifest_free(m);
@@ -432,7 +419,7 @@ static void test_dataloader_windows_shuffle_and_layouts(void **state) {
 static void test_lists_of_maps(void **state) {
     (void)state;
     char err[1024];
-    manifest *m = load_yaml("training:\n  dataset:\n    - path: a.bin\n      weight: 3\n    - {path: b.bin}\n");
+    manifest *m = fixture_yaml("training:\n  dataset:\n    - path: a.bin\n      weight: 3\n    - {path: b.bin}\n");
     assert_int_equal(manifest_validate(m), 0);
     assert_int_equal(mf_list_len(m, "training.dataset"), 2);
     const char *p;
@@ -461,7 +448,7 @@ static void test_lists_of_maps(void **state) {
     assert_non_null(
         strstr(ct_last_error(), "command line: --training.dataset[2].weight: training.dataset has 2 items (0 to 1)"));
     {
-        manifest *z = load_yaml("training:\n  dataset: [{path: a.bin}, {path: b.bin}]\n");
+        manifest *z = fixture_yaml("training:\n  dataset: [{path: a.bin}, {path: b.bin}]\n");
         assert_int_equal(manifest_override(z, "training.dataset[01].weight", "2"), 0);
         assert_int_equal(manifest_validate(z), CT_ERR_INVALID);
         assert_non_null(strstr(ct_last_error(), "--training.dataset[01].weight: item index with a leading zero"));
@@ -473,11 +460,11 @@ static void test_lists_of_maps(void **state) {
     assert_int_equal(manifest_validate(m), 0);
     manifest_free(m);
     /* a weight out of range names its line; a list of maps where none is declared is refused */
-    m = load_yaml("training:\n  dataset:\n    - {path: a.bin}\n    - path: b.bin\n      weight: 0\n");
+    m = fixture_yaml("training:\n  dataset:\n    - {path: a.bin}\n    - path: b.bin\n      weight: 0\n");
     assert_int_equal(manifest_validate(m), CT_ERR_INVALID);
     assert_non_null(strstr(ct_last_error(), ":5: training.dataset[1].weight: expected a number in (0, 1e12], got '0'"));
     manifest_free(m);
-    m = load_yaml("training:\n  seq_len: [{a: 1}]\n");
+    m = fixture_yaml("training:\n  seq_len: [{a: 1}]\n");
     assert_int_equal(manifest_validate(m), CT_ERR_INVALID);
     assert_non_null(strstr(ct_last_error(), "training.seq_len[0].a: unknown key"));
     manifest_free(m);

@@ -15,19 +15,13 @@
 #include "base/error.h"
 #include "config/manifest.h"
 #include "engine/strategies.h"
+#include "manifest_fixture.h"
 
-/* A manifest of core keys with the overrides given as "key=value" strings, NULL-terminated. */
-static manifest *with(const char *const *kv) {
-    manifest *m = manifest_new();
-    assert_non_null(m);
-    manifest_add_core_schema(m);
-    for (; *kv; kv++) {
-        char key[128];
-        const char *eq = strchr(*kv, '=');
-        snprintf(key, sizeof key, "%.*s", (int)(eq - *kv), *kv);
-        assert_int_equal(manifest_override(m, key, eq + 1), CT_OK);
-    }
-    return m;
+/* The list as a session reads it: the keys once (engine_settings_read), then the list from them. */
+static ct_status list_read(const manifest *m, int world, int with_dp, strategy_list *l) {
+    engine_settings es;
+    engine_settings_read(m, &es);
+    return strategy_list_read(&es, m, world, with_dp, l);
 }
 
 /* "name:serves:axis,..." of a list, for one comparison */
@@ -59,18 +53,18 @@ static ct_strategy_api before_2_22(void) {
 static void test_default_is_torchtitans_order_from_the_keys(void **state) {
     (void)state;
     strategy_list l;
-    manifest *m = with((const char *[]){"parallelism.tensor_parallel_degree=2", NULL});
-    assert_int_equal(strategy_list_read(m, 8, 1, &l), CT_OK); /* dp_shard -1 -> 4: fsdp */
+    manifest *m = fixture_overrides((const char *[]){"parallelism.tensor_parallel_degree=2", NULL});
+    assert_int_equal(list_read(m, 8, 1, &l), CT_OK); /* dp_shard -1 -> 4: fsdp */
     assert_int_equal(l.listed, 0);
     assert_string_equal(show(&l), "tp:1:4,cp:1:3,ep:1:6,fsdp:2:-1");
-    assert_int_equal(strategy_list_read(m, 2, 1, &l), CT_OK); /* tp 2 on 2 ranks: no data parallel */
+    assert_int_equal(list_read(m, 2, 1, &l), CT_OK); /* tp 2 on 2 ranks: no data parallel */
     assert_string_equal(show(&l), "tp:1:4,cp:1:3,ep:1:6");
     manifest_free(m);
-    m = with((const char *[]){"parallelism.tp_strategy=/x/mytp.so", "parallelism.data_parallel_replicate_degree=2",
+    m = fixture_overrides((const char *[]){"parallelism.tp_strategy=/x/mytp.so", "parallelism.data_parallel_replicate_degree=2",
                               NULL});
-    assert_int_equal(strategy_list_read(m, 2, 1, &l), CT_OK);
+    assert_int_equal(list_read(m, 2, 1, &l), CT_OK);
     assert_string_equal(show(&l), "/x/mytp.so:1:4,cp:1:3,ep:1:6,ddp:2:-1");
-    assert_int_equal(strategy_list_read(m, 2, 0, &l), CT_OK); /* without the job's size: no dp pick */
+    assert_int_equal(list_read(m, 2, 0, &l), CT_OK); /* without the job's size: no dp pick */
     assert_string_equal(show(&l), "/x/mytp.so:1:4,cp:1:3,ep:1:6");
     manifest_free(m);
 }
@@ -78,8 +72,8 @@ static void test_default_is_torchtitans_order_from_the_keys(void **state) {
 static void test_the_list_gives_the_order(void **state) {
     (void)state;
     strategy_list l;
-    manifest *m = with((const char *[]){"parallelism.strategies=cp, /x/probe.so,tp ,dp", NULL});
-    assert_int_equal(strategy_list_read(m, 4, 1, &l), CT_OK); /* dp_shard 4: fsdp */
+    manifest *m = fixture_overrides((const char *[]){"parallelism.strategies=cp, /x/probe.so,tp ,dp", NULL});
+    assert_int_equal(list_read(m, 4, 1, &l), CT_OK); /* dp_shard 4: fsdp */
     assert_int_equal(l.listed, 1);
     /* items known by a key's value take its role until the plugin says; others wait for theirs */
     assert_string_equal(show(&l), "cp:1:3,/x/probe.so:0:-1,tp:1:4,fsdp:2:-1");
@@ -94,10 +88,10 @@ static void test_the_list_gives_the_order(void **state) {
 static void test_a_plugin_before_2_22_takes_its_keys_role(void **state) {
     (void)state;
     strategy_list l;
-    manifest *m = with((const char *[]){"parallelism.cp_strategy=/x/old.so", "parallelism.strategies=/x/old.so,/x/new.so",
+    manifest *m = fixture_overrides((const char *[]){"parallelism.cp_strategy=/x/old.so", "parallelism.strategies=/x/old.so,/x/new.so",
                                         NULL});
     ct_strategy_api old = before_2_22(), unsaid = said(CT_SERVES_UNSAID, 0);
-    assert_int_equal(strategy_list_read(m, 1, 1, &l), CT_OK);
+    assert_int_equal(list_read(m, 1, 1, &l), CT_OK);
     assert_int_equal(strategy_resolve(m, &l.item[0], &old, "old"), CT_OK);
     assert_int_equal(l.item[0].serves, CT_SERVES_AXIS);
     assert_int_equal(l.item[0].axis, CT_AXIS_CP);
@@ -111,8 +105,8 @@ static void test_a_plugin_before_2_22_takes_its_keys_role(void **state) {
  * and, on a refusal, whether the message holds `want`. */
 static ct_status refused(const char *const *kv, const ct_strategy_api *apis, const char *want) {
     strategy_list l;
-    manifest *m = with(kv);
-    ct_status st = strategy_list_read(m, 4, 1, &l);
+    manifest *m = fixture_overrides(kv);
+    ct_status st = list_read(m, 4, 1, &l);
     for (int i = 0; i < l.n && st == CT_OK; i++)
         st = strategy_resolve(m, &l.item[i], apis ? &apis[i] : &(ct_strategy_api){0}, l.item[i].name);
     if (st == CT_OK) st = strategy_list_check(m, &l);
@@ -160,8 +154,8 @@ static void test_an_axis_of_degree_above_1_needs_a_strategy(void **state) {
     mesh.struct_size = sizeof mesh;
     for (int a = 0; a < CT_MESH_NAXES; a++) mesh.degree[a] = 1;
     mesh.degree[CT_AXIS_CP] = 2;
-    manifest *m = with((const char *[]){"parallelism.strategies=tp", NULL});
-    assert_int_equal(strategy_list_read(m, 2, 1, &l), CT_OK);
+    manifest *m = fixture_overrides((const char *[]){"parallelism.strategies=tp", NULL});
+    assert_int_equal(list_read(m, 2, 1, &l), CT_OK);
     assert_int_equal(strategy_list_cover(m, &l, &mesh), CT_ERR_INVALID);
     assert_non_null(strstr(ct_last_error(), "no strategy serves the cp axis, whose degree "
                                             "(parallelism.context_parallel_degree) is 2"));
