@@ -1360,21 +1360,21 @@ static ct_status forward_units_pp(runtime *rt, rt_tensor *tokens, rt_tensor *tar
  * up to one: attention is causal, so the padding after the last real token changes none of the real
  * positions' logits. */
 ct_status runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, int64_t T, float *logits_out) {
-    int64_t mult = rt->seq_multiple > 1 ? rt->seq_multiple : 1, Tp = (T + mult - 1) / mult * mult;
+    int64_t mult = rt->seq_multiple > 1 ? rt->seq_multiple : 1, Tpad = (T + mult - 1) / mult * mult;
     int32_t *padded = NULL;
     float *host = NULL;
     if (B < 1 || T < 1)
         return ct_fail(CT_ERR_INVALID, "forward_logits: empty input (%lld x %lld)", (long long)B, (long long)T);
-    if (Tp != T) {
-        if (!(padded = malloc(sizeof(int32_t) * (size_t)(B * Tp)))) return ct_fail(CT_ERR_NOMEM, "out of memory");
+    if (Tpad != T) {
+        if (!(padded = malloc(sizeof(int32_t) * (size_t)(B * Tpad)))) return ct_fail(CT_ERR_NOMEM, "out of memory");
         for (int64_t b = 0; b < B; b++)
-            for (int64_t t = 0; t < Tp; t++) padded[b * Tp + t] = tokens[b * T + (t < T ? t : T - 1)];
+            for (int64_t t = 0; t < Tpad; t++) padded[b * Tpad + t] = tokens[b * T + (t < T ? t : T - 1)];
         tokens = padded;
     }
     ct_status st = runtime_reset_arenas(rt);
     runtime_use_shadow(rt, 1);
     rt->act = &rt->saved;
-    rt_tensor *tok = st != CT_OK ? NULL : runtime_upload_tokens(rt, tokens, NULL, B, Tp), *logits = NULL;
+    rt_tensor *tok = st != CT_OK ? NULL : runtime_upload_tokens(rt, tokens, NULL, B, Tpad), *logits = NULL;
     if (st == CT_OK && !tok) st = CT_ERR_NOMEM;
     if (st == CT_OK)
         st = rt->dist.unit_rank ? forward_units_pp(rt, tok, NULL, &logits) : forward_units(rt, tok, NULL, 0, &logits);
@@ -1385,15 +1385,15 @@ ct_status runtime_forward_logits(runtime *rt, const int32_t *tokens, int64_t B, 
     free(padded);
     if (st != CT_OK) return st;
     int64_t V = logits->t.shape[logits->t.ndim - 1];
-    if (ct_tensor_numel(&logits->t) != B * Tp * V)
+    if (ct_tensor_numel(&logits->t) != B * Tpad * V)
         return ct_fail(CT_ERR_INVALID, "model: the last unit must return logits (B, T, V) without targets");
-    if (Tp == T)
+    if (Tpad == T)
         return rt->d->copy(rt->dev, logits_out, logits->t.data, sizeof(float) * (size_t)(B * T * V), CT_COPY_D2H);
-    if (!(host = malloc(sizeof(float) * (size_t)(B * Tp * V)))) return ct_fail(CT_ERR_NOMEM, "out of memory");
-    st = rt->d->copy(rt->dev, host, logits->t.data, sizeof(float) * (size_t)(B * Tp * V), CT_COPY_D2H);
+    if (!(host = malloc(sizeof(float) * (size_t)(B * Tpad * V)))) return ct_fail(CT_ERR_NOMEM, "out of memory");
+    st = rt->d->copy(rt->dev, host, logits->t.data, sizeof(float) * (size_t)(B * Tpad * V), CT_COPY_D2H);
     if (st == CT_OK)
         for (int64_t b = 0; b < B; b++) /* the real positions of each sequence */
-            memcpy(logits_out + b * T * V, host + b * Tp * V, sizeof(float) * (size_t)(T * V));
+            memcpy(logits_out + b * T * V, host + b * Tpad * V, sizeof(float) * (size_t)(T * V));
     free(host);
     return st;
 }

@@ -665,8 +665,8 @@ static ct_status set_attention_mask(session *s, manifest *mf) {
         }
         s->rt.rope_doc = 1;
     }
-    const char *tp = s->cfg.tokenizer_path, *hf = s->cfg.hf_assets_path;
-    if ((!tp || !*tp) && (!hf || !*hf)) {
+    const char *tok_path = s->cfg.tokenizer_path, *hf = s->cfg.hf_assets_path;
+    if ((!tok_path || !*tok_path) && (!hf || !*hf)) {
         fprintf(stderr, "ctitan: %s: block_causal takes document boundaries from the tokenizer's EOS token: set "
                         "model.tokenizer_path (or model.hf_assets_path) to the tokenizer the data was made with\n",
                 where);

@@ -65,12 +65,12 @@ static int utf8_valid(const unsigned char *s, size_t n) {
         else if (c >= 0xf0 && c <= 0xf4) { len = 4; min = 0x10000; }
         else return 0;
         if (n - i < len) return 0;
-        unsigned cp = c & (0x7f >> len);
+        unsigned code = c & (0x7f >> len);
         for (size_t k = 1; k < len; k++) {
             if ((s[i + k] & 0xc0) != 0x80) return 0;
-            cp = cp << 6 | (s[i + k] & 0x3f);
+            code = code << 6 | (s[i + k] & 0x3f);
         }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+        if (code < min || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) return 0;
         i += len;
     }
     return 1;

@@ -103,11 +103,11 @@ static void plan_doc_len(plan_ctx *c, const session *run) {
         return;
     }
     int32_t eos = run ? run->rt.doc_eos : -1;
-    const char *tp;
-    if (eos < 0 && ((!mf_get_str(c->mf, "model.tokenizer_path", &tp) && *tp) ||
-                    (!mf_get_str(c->mf, "model.hf_assets_path", &tp) && *tp))) {
+    const char *tok_path;
+    if (eos < 0 && ((!mf_get_str(c->mf, "model.tokenizer_path", &tok_path) && *tok_path) ||
+                    (!mf_get_str(c->mf, "model.hf_assets_path", &tok_path) && *tok_path))) {
         char path[4096];
-        session_resolve_path(c->mf, tp, path, sizeof path);
+        session_resolve_path(c->mf, tok_path, path, sizeof path);
         ct_tokenizer *tok = tokenizer_load(path);
         if (tok) eos = tokenizer_eos_id(tok), tokenizer_free(tok);
         ct_clear_error();

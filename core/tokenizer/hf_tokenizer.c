@@ -15,7 +15,7 @@
 /* ---- ByteLevel's alphabet: every byte is shown as one code point ------------------------------- */
 
 /* Bytes that are printable (33..126, 161..172, 174..255) stand for themselves; the other 68 take
- * U+0100.. in byte order. byte_of_cp[cp] is the byte + 1, 0 for code points outside the alphabet. */
+ * U+0100.. in byte order. byte_of_cp[code] is the byte + 1, 0 for code points outside the alphabet. */
 static void byte_alphabet(int byte_of_cp[324]) {
     memset(byte_of_cp, 0, 324 * sizeof *byte_of_cp);
     int next = 256;
@@ -28,15 +28,15 @@ static void byte_alphabet(int byte_of_cp[324]) {
 /* Decodes one UTF-8 code point of a JSON string (jansson guarantees valid UTF-8). */
 static uint32_t utf8_next(const unsigned char **p) {
     const unsigned char *s = *p;
-    uint32_t cp;
+    uint32_t code;
     int n;
-    if (s[0] < 0x80) { cp = s[0]; n = 1; }
-    else if (s[0] < 0xe0) { cp = s[0] & 0x1f; n = 2; }
-    else if (s[0] < 0xf0) { cp = s[0] & 0x0f; n = 3; }
-    else { cp = s[0] & 0x07; n = 4; }
-    for (int i = 1; i < n; i++) cp = cp << 6 | (s[i] & 0x3f);
+    if (s[0] < 0x80) { code = s[0]; n = 1; }
+    else if (s[0] < 0xe0) { code = s[0] & 0x1f; n = 2; }
+    else if (s[0] < 0xf0) { code = s[0] & 0x0f; n = 3; }
+    else { code = s[0] & 0x07; n = 4; }
+    for (int i = 1; i < n; i++) code = code << 6 | (s[i] & 0x3f);
     *p = s + n;
-    return cp;
+    return code;
 }
 
 /* ---- \u0000 in the file: read through U+FFFF ------------------------------------------------------ */
@@ -133,12 +133,12 @@ static size_t key_bytes(const int byte_of_cp[324], const char *key, int masked, 
     const unsigned char *p = (const unsigned char *)key;
     size_t n = 0;
     while (*p) {
-        uint32_t cp = utf8_next(&p);
-        if (cp >= 324 || !byte_of_cp[cp]) {
+        uint32_t code = utf8_next(&p);
+        if (code >= 324 || !byte_of_cp[code]) {
             *in_alphabet = 0;
             return unmask(key, strlen(key), masked, out);
         }
-        out[n++] = (unsigned char)(byte_of_cp[cp] - 1);
+        out[n++] = (unsigned char)(byte_of_cp[code] - 1);
     }
     *in_alphabet = 1;
     return n;
@@ -645,13 +645,13 @@ done:
 
 /* ---- NFC: is the text already normalised? ------------------------------------------------------- */
 
-static void nfc_props(uint32_t cp, int *ccc, int *flags) {
+static void nfc_props(uint32_t code, int *ccc, int *flags) {
     size_t lo = 0, hi = sizeof nfc_ranges / sizeof nfc_ranges[0];
     *ccc = *flags = 0;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (cp < nfc_ranges[mid].first) hi = mid;
-        else if (cp > nfc_ranges[mid].last) lo = mid + 1;
+        if (code < nfc_ranges[mid].first) hi = mid;
+        else if (code > nfc_ranges[mid].last) lo = mid + 1;
         else {
             *ccc = nfc_ranges[mid].ccc;
             *flags = nfc_ranges[mid].flags;
@@ -671,9 +671,9 @@ static int sorted_has32(const uint32_t *a, size_t n, uint32_t v) {
 }
 
 /* The second of some composite (NFC_Quick_Check=Maybe): the table, Hangul vowels and trailing consonants. */
-static int nfc_is_second(uint32_t cp) {
-    return (cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2) ||
-           sorted_has32(nfc_seconds, sizeof nfc_seconds / sizeof nfc_seconds[0], cp);
+static int nfc_is_second(uint32_t code) {
+    return (code >= 0x1161 && code <= 0x1175) || (code >= 0x11A8 && code <= 0x11C2) ||
+           sorted_has32(nfc_seconds, sizeof nfc_seconds / sizeof nfc_seconds[0], code);
 }
 
 static int nfc_composes(uint32_t first, uint32_t second) {
@@ -691,20 +691,20 @@ static int nfc_composes(uint32_t first, uint32_t second) {
 }
 
 /* Length of the valid UTF-8 sequence at s and its code point, 0 if none (overlong, surrogate ...). */
-static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
+static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *code) {
     unsigned char c = s[0];
     size_t need;
-    if (c < 0x80) { *cp = c; return 1; }
-    if (c >= 0xc2 && c <= 0xdf) { need = 2; *cp = c & 0x1f; }
-    else if (c >= 0xe0 && c <= 0xef) { need = 3; *cp = c & 0x0f; }
-    else if (c >= 0xf0 && c <= 0xf4) { need = 4; *cp = c & 0x07; }
+    if (c < 0x80) { *code = c; return 1; }
+    if (c >= 0xc2 && c <= 0xdf) { need = 2; *code = c & 0x1f; }
+    else if (c >= 0xe0 && c <= 0xef) { need = 3; *code = c & 0x0f; }
+    else if (c >= 0xf0 && c <= 0xf4) { need = 4; *code = c & 0x07; }
     else return 0;
     if (n < need) return 0;
     for (size_t i = 1; i < need; i++) {
         if ((s[i] & 0xc0) != 0x80) return 0;
-        *cp = *cp << 6 | (s[i] & 0x3f);
+        *code = *code << 6 | (s[i] & 0x3f);
     }
-    if ((need == 3 && (*cp < 0x800 || (*cp >= 0xd800 && *cp <= 0xdfff))) || (need == 4 && (*cp < 0x10000 || *cp > 0x10ffff)))
+    if ((need == 3 && (*code < 0x800 || (*code >= 0xd800 && *code <= 0xdfff))) || (need == 4 && (*code < 0x10000 || *code > 0x10ffff)))
         return 0;
     return need;
 }
@@ -713,8 +713,8 @@ int hf_nfc_check(const unsigned char *s, size_t n, size_t *at, uint32_t *bad_cp)
     int have_starter = 0, starter_decomp = 0, last_ccc = 0, max_between = 0, n_between = 0;
     uint32_t starter = 0;
     for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        size_t k = utf8_decode(s + i, n - i, &cp);
+        uint32_t code;
+        size_t k = utf8_decode(s + i, n - i, &code);
         if (k == 0) {   /* not text: encoded byte by byte, nothing composes across it */
             have_starter = 0;
             last_ccc = 0;
@@ -722,22 +722,22 @@ int hf_nfc_check(const unsigned char *s, size_t n, size_t *at, uint32_t *bad_cp)
             continue;
         }
         int ccc, flags;
-        nfc_props(cp, &ccc, &flags);
+        nfc_props(code, &ccc, &flags);
         int bad = (flags & (NFC_NO | NFC_UNASSIGNED)) != 0 || (ccc && last_ccc > ccc) ||
                   /* a mark after a precomposed letter might reorder with the letter's own marks */
                   (ccc && have_starter && starter_decomp);
-        if (!bad && have_starter && nfc_is_second(cp)) {
+        if (!bad && have_starter && nfc_is_second(code)) {
             int blocked = ccc == 0 ? n_between > 0 : max_between >= ccc;
-            bad = !blocked && nfc_composes(starter, cp);
+            bad = !blocked && nfc_composes(starter, code);
         }
         if (bad) {
             *at = i;
-            *bad_cp = cp;
+            *bad_cp = code;
             return 1;
         }
         if (ccc == 0) {
             have_starter = 1;
-            starter = cp;
+            starter = code;
             starter_decomp = (flags & NFC_DECOMP) != 0;
             n_between = max_between = 0;
         } else {

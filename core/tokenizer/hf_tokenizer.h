@@ -72,8 +72,8 @@ typedef struct hf_spec {
 
 /* 0 if the text is certainly in Unicode NFC (so NFC leaves it as it is); 1 if it is not, or cannot be
  * told without normalising (a combining mark after a precomposed letter, a code point unassigned in
- * NFC_UNICODE_VERSION), with the byte offset and code point in *at, *cp. Invalid UTF-8 is skipped. */
-int hf_nfc_check(const unsigned char *s, size_t n, size_t *at, uint32_t *cp);
+ * NFC_UNICODE_VERSION), with the byte offset and code point in *at, *code. Invalid UTF-8 is skipped. */
+int hf_nfc_check(const unsigned char *s, size_t n, size_t *at, uint32_t *code);
 
 /* jansson refuses NUL in object keys: a copy of the JSON text with every \u0000 escape inside a
  * string rewritten to \uFFFF (same length) in *masked (malloc'd), or *masked NULL when there is none.

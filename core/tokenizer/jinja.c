@@ -1314,15 +1314,15 @@ static int to_json(render *r, sbuf *b, const jv *v, int indent, int level, int a
                 if (sb_str(b, num)) return -1;
             } else if (c >= 0x80 && ascii) {
                 /* a UTF-8 sequence as \uXXXX (surrogate pairs above U+FFFF) */
-                unsigned cp = 0;
+                unsigned code = 0;
                 int k = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
-                cp = c & (0x3F >> k);
-                for (int m = 0; m < k && i + 1 < v->n; m++) cp = cp << 6 | ((unsigned char)v->s[++i] & 0x3F);
-                if (cp >= 0x10000) {
-                    cp -= 0x10000;
-                    snprintf(num, sizeof num, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+                code = c & (0x3F >> k);
+                for (int m = 0; m < k && i + 1 < v->n; m++) code = code << 6 | ((unsigned char)v->s[++i] & 0x3F);
+                if (code >= 0x10000) {
+                    code -= 0x10000;
+                    snprintf(num, sizeof num, "\\u%04x\\u%04x", 0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF));
                 } else {
-                    snprintf(num, sizeof num, "\\u%04x", cp);
+                    snprintf(num, sizeof num, "\\u%04x", code);
                 }
                 if (sb_str(b, num)) return -1;
             } else if (sb_put(b, v->s + i, 1)) {
@@ -1373,12 +1373,12 @@ static int to_json(render *r, sbuf *b, const jv *v, int indent, int level, int a
 static unsigned utf8_at(const char *s, size_t n, size_t i, size_t *len) {
     unsigned char c = (unsigned char)s[i];
     int k = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
-    unsigned cp = k ? c & (0x3Fu >> k) : c;
+    unsigned code = k ? c & (0x3Fu >> k) : c;
     size_t m = 1;
     for (; m <= (size_t)k && i + m < n && ((unsigned char)s[i + m] & 0xC0) == 0x80; m++)
-        cp = cp << 6 | ((unsigned char)s[i + m] & 0x3F);
+        code = code << 6 | ((unsigned char)s[i + m] & 0x3F);
     *len = m;
-    return cp;
+    return code;
 }
 
 /* The start of the code point that ends at byte i (exclusive). */
@@ -1388,17 +1388,17 @@ static size_t utf8_back(const char *s, size_t i) {
     return j;
 }
 
-static int py_space(unsigned cp) {
-    return (cp >= 9 && cp <= 13) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
-           cp == 0x3000;
+static int py_space(unsigned code) {
+    return (code >= 9 && code <= 13) || (code >= 0x1C && code <= 0x20) || code == 0x85 || code == 0xA0 || code == 0x1680 ||
+           (code >= 0x2000 && code <= 0x200A) || code == 0x2028 || code == 0x2029 || code == 0x202F || code == 0x205F ||
+           code == 0x3000;
 }
 
-static int in_chars(unsigned cp, const jv *chars) {
-    if (!chars) return py_space(cp);
+static int in_chars(unsigned code, const jv *chars) {
+    if (!chars) return py_space(code);
     for (size_t i = 0; i < chars->n;) {
         size_t l;
-        if (utf8_at(chars->s, chars->n, i, &l) == cp) return 1;
+        if (utf8_at(chars->s, chars->n, i, &l) == code) return 1;
         i += l;
     }
     return 0;

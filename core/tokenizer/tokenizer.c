@@ -623,18 +623,18 @@ static size_t utf8_seq(const unsigned char *s, size_t n) {
     unsigned char c = s[0];
     if (c < 0x80) return 1;
     size_t need;
-    uint32_t cp;
-    if (c >= 0xc2 && c <= 0xdf) { need = 2; cp = c & 0x1f; }
-    else if (c >= 0xe0 && c <= 0xef) { need = 3; cp = c & 0x0f; }
-    else if (c >= 0xf0 && c <= 0xf4) { need = 4; cp = c & 0x07; }
+    uint32_t code;
+    if (c >= 0xc2 && c <= 0xdf) { need = 2; code = c & 0x1f; }
+    else if (c >= 0xe0 && c <= 0xef) { need = 3; code = c & 0x0f; }
+    else if (c >= 0xf0 && c <= 0xf4) { need = 4; code = c & 0x07; }
     else return 0;
     if (n < need) return 0;
     for (size_t i = 1; i < need; i++) {
         if ((s[i] & 0xc0) != 0x80) return 0;
-        cp = cp << 6 | (s[i] & 0x3f);
+        code = code << 6 | (s[i] & 0x3f);
     }
-    if (need == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) return 0;
-    if (need == 4 && (cp < 0x10000 || cp > 0x10ffff)) return 0;
+    if (need == 3 && (code < 0x800 || (code >= 0xd800 && code <= 0xdfff))) return 0;
+    if (need == 4 && (code < 0x10000 || code > 0x10ffff)) return 0;
     return need;
 }
 
@@ -1003,11 +1003,11 @@ static ct_status hf_split_added(hf_encoder *h, int cls, const unsigned char *t, 
 
 static ct_status hf_encode(const ct_tokenizer *tok, const char *text, size_t len, int allow_special, encoder *e) {
     size_t at;
-    uint32_t cp;
-    if (tok->nfc && hf_nfc_check((const unsigned char *)text, len, &at, &cp))
+    uint32_t code;
+    if (tok->nfc && hf_nfc_check((const unsigned char *)text, len, &at, &code))
         return ct_fail(CT_ERR_INVALID, "tokenizer: the text is not in Unicode NFC at byte %zu (U+%04X, or it cannot "
                        "be told without normalising); this tokenizer.json's normalizer is NFC, which ctitan does "
-                       "not apply: normalise the text to NFC first", at, (unsigned)cp);
+                       "not apply: normalise the text to NFC first", at, (unsigned)code);
     hf_encoder h = {.e = *e, .allow_special = allow_special};
     ct_status st = hf_split_added(&h, 0, (const unsigned char *)text, len);
     *e = h.e;

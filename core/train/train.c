@@ -1211,11 +1211,11 @@ static ct_status prompt_extras_text(session *s, const run_args *a, const ct_toke
 static ct_status generate_chat(session *s, const run_args *a, const train_settings *ts, const ct_tokenizer *tok,
                                const char *prompt, int64_t max_new, double temp, int64_t top_k, double top_p,
                                uint64_t seed, int64_t T) {
-    const char *tp = ts->tokenizer_path;
+    const char *tok_path = ts->tokenizer_path;
     char path[4096];
-    if ((!tp || !*tp) && (!(tp = ts->hf_assets_path) || !*tp))
-        tp = ""; /* session_open_tokenizer has refused this already */
-    session_resolve_path(s->mf, tp, path, sizeof path);
+    if ((!tok_path || !*tok_path) && (!(tok_path = ts->hf_assets_path) || !*tok_path))
+        tok_path = ""; /* session_open_tokenizer has refused this already */
+    session_resolve_path(s->mf, tok_path, path, sizeof path);
     chat_template *tpl = NULL;
     int32_t *ids = NULL, eot = -1;
     size_t n = 0;
