@@ -406,6 +406,8 @@ static ct_status glinear_plan(ct_builder *b, void *state, ct_tensor *const *in, 
         cost->matmul_dtype = qc.gemm_dtype;
         cost->bytes[0] += qc.cast_bytes[0];
         cost->bytes[1] += qc.cast_bytes[1];
+        runtime *rt = RT(b);
+        if (rt->trace_ops == 1 && rt->observer) rt->observer->gemm_memory(rt, &qc); /* its casts' memory */
     }
     return (out[0] = b->new_tensor(b, CT_F32, 2, (int64_t[]){s->m, s->o})) ? CT_OK : CT_ERR_NOMEM;
 }

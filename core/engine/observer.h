@@ -34,6 +34,7 @@ typedef enum rt_op_kind {
 struct runtime;
 struct rt_tensor;
 struct tape_gemm;
+struct ct_quant_cost;
 
 typedef struct rt_observer {
     /* an op of kind rt_op_kind with its shape (see the kinds), kv heads (attention) and whether
@@ -52,6 +53,9 @@ typedef struct rt_observer {
      * rt->plan_bwd_scratch to the op's backward scratch */
     ct_status (*custom)(struct runtime *rt, const ct_custom_op *op, void *state, ct_tensor *const *in, int n_in,
                         ct_tensor **out, int n_out);
+    /* the memory of GEMMs a builder layer handed an op that prices them itself (moe.c's grouped linear:
+     * the quantizer's saved bytes, cached weight casts and scratch), as linear counts a linear's */
+    void (*gemm_memory)(struct runtime *rt, const struct ct_quant_cost *cost);
 } rt_observer;
 
 #endif

@@ -80,6 +80,14 @@ ct_status plan_note_op(runtime *rt, int kind, int64_t s0, int64_t s1, int64_t s2
     return CT_OK;
 }
 
+/* A converted GEMM's own memory: what it keeps per microbatch and per weight, its largest temporaries. */
+static void plan_note_gemm_memory(runtime *rt, const ct_quant_cost *c) {
+    plan_trace_state *ps = state_of(rt);
+    ps->float8_saved += c->saved_bytes;
+    ps->float8_weights += c->weight_bytes;
+    if (c->scratch_bytes > ps->float8_scratch) ps->float8_scratch = c->scratch_bytes;
+}
+
 ct_status plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t in, int64_t out, const tape_gemm *g,
                            int sac_keep) {
     plan_trace_state *ps = state_of(rt);
@@ -115,9 +123,7 @@ ct_status plan_note_linear(runtime *rt, const rt_tensor *w, int64_t n, int64_t i
                                                                        : ps->matmul_dtype;
     o->bytes[0] = c.cast_bytes[0];
     o->bytes[1] = c.cast_bytes[1];
-    ps->float8_saved += c.saved_bytes;
-    ps->float8_weights += c.weight_bytes;
-    if (c.scratch_bytes > ps->float8_scratch) ps->float8_scratch = c.scratch_bytes;
+    plan_note_gemm_memory(rt, &c);
     return CT_OK;
 }
 
@@ -179,4 +185,5 @@ ct_status plan_custom(runtime *rt, const ct_custom_op *op, void *state, ct_tenso
 
 static void plan_note_refwd(runtime *rt) { rt->trace->ops[rt->trace->n_ops - 1].bwd_refwd = 1; }
 
-const rt_observer plan_observer = {plan_note_op, plan_note_linear, plan_note_comm, plan_note_refwd, plan_custom};
+const rt_observer plan_observer = {plan_note_op,     plan_note_linear, plan_note_comm,
+                                   plan_note_refwd, plan_custom,      plan_note_gemm_memory};
