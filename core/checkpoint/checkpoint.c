@@ -274,29 +274,6 @@ done:
     return rc;
 }
 
-/* training.dataset as written: "PATH" for one source (or training.dataset_path), "PATH weight W; ..." for
- * a mixture. NULL when the manifest names no dataset (generate, convert). */
-static json_t *dataset_config(const manifest *mf) {
-    const char *path;
-    int n = mf_list_len(mf, "training.dataset");
-    if (n < 0) {
-        if (!mf_get_str(mf, "training.dataset", &path) || !mf_get_str(mf, "training.dataset_path", &path))
-            return json_string(path);
-        return NULL;
-    }
-    char out[4096] = "", item[300];
-    size_t len = 0;
-    for (int i = 0; i < n && len < sizeof out; i++) {
-        double w = 1.0;
-        snprintf(item, sizeof item, "training.dataset[%d].weight", i);
-        mf_get_float(mf, item, &w);
-        snprintf(item, sizeof item, "training.dataset[%d].path", i);
-        if (mf_get_str(mf, item, &path)) path = "";
-        len += (size_t)snprintf(out + len, sizeof out - len, "%s%s weight %g", i ? "; " : "", path, w);
-    }
-    return json_string(out);
-}
-
 /* What a resume must match (checkpoint.allow_config_change lifts it): the data order (seed,
  * seq_len, the dataset and its mixture) and the model, under the config keys that set them, and with
  * `optimizer` (a save that holds the optimizer's states) the optimizer and its states per element.
@@ -306,8 +283,8 @@ static json_t *run_config(session *s, int optimizer) {
     const ct_model_desc *d = &s->rt.desc;
     const engine_settings *es = &s->cfg; /* read when the session opened on s->mf */
     if (s->mf && es->has_seed) json_object_set_new(c, "training.seed", json_integer(es->seed));
-    json_t *data = s->mf ? dataset_config(s->mf) : NULL; /* another mixture: another sequence at each position */
-    if (data) json_object_set_new(c, "training.dataset", data);
+    if (s->mf && es->has_dataset) /* another mixture: another sequence at each position */
+        json_object_set_new(c, "training.dataset", json_string(es->dataset));
     if (s->mf && es->has_seq_len) json_object_set_new(c, "training.seq_len", json_integer(es->seq_len));
     if (s->mf && es->model_name) json_object_set_new(c, "model.name", json_string(es->model_name));
     if (s->mf && es->flavor) json_object_set_new(c, "model.flavor", json_string(es->flavor));

@@ -3,6 +3,7 @@
 
 #include "engine/strategies.h"
 
+#include <stdio.h>
 #include <string.h>
 
 const char *const strategy_role_keys[STRATEGY_N_KEYS] = {
@@ -54,6 +55,28 @@ static void lr_read(const manifest *mf, lr_settings *lr) {
     lr->has_decay_ratio = !mf_get_float(mf, "lr_scheduler.decay_ratio", &lr->decay_ratio);
 }
 
+/* training.dataset as written (engine_settings.dataset). */
+static void dataset_spelling(const manifest *mf, engine_settings *es) {
+    const char *path;
+    int n = mf_list_len(mf, "training.dataset");
+    if (n < 0) {
+        if (!mf_get_str(mf, "training.dataset", &path) || !mf_get_str(mf, "training.dataset_path", &path))
+            snprintf(es->dataset, sizeof es->dataset, "%s", path), es->has_dataset = 1;
+        return;
+    }
+    char item[300];
+    size_t len = 0;
+    for (int i = 0; i < n && len < sizeof es->dataset; i++) {
+        double w = 1.0;
+        snprintf(item, sizeof item, "training.dataset[%d].weight", i);
+        mf_get_float(mf, item, &w);
+        snprintf(item, sizeof item, "training.dataset[%d].path", i);
+        if (mf_get_str(mf, item, &path)) path = "";
+        len += (size_t)snprintf(es->dataset + len, sizeof es->dataset - len, "%s%s weight %g", i ? "; " : "", path, w);
+    }
+    es->has_dataset = 1;
+}
+
 void engine_settings_read(const manifest *mf, engine_settings *es) {
     memset(es, 0, sizeof *es);
     es->device_name = str_or_null(mf, "device.name");
@@ -65,6 +88,7 @@ void engine_settings_read(const manifest *mf, engine_settings *es) {
     es->flavor = str_or_null(mf, "model.flavor");
     es->has_seq_len = !mf_get_int(mf, "training.seq_len", &es->seq_len);
     es->has_seed = !mf_get_int(mf, "training.seed", &es->seed);
+    dataset_spelling(mf, es);
     es->mixed_precision_param = "float32";
     mf_get_str(mf, "training.mixed_precision_param", &es->mixed_precision_param);
     es->ac_mode = str_or_null(mf, "activation_checkpoint.mode");

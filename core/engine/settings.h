@@ -69,6 +69,10 @@ typedef struct engine_settings {
     const char *attn_mask_type, *rope_positions; /* model.* */
     int attn_mask_set;                 /* the manifest gives model.attn_mask_type */
     const char *tokenizer_path, *hf_assets_path; /* model.*: NULL when unset */
+    /* training.dataset as written, what a checkpoint records: "PATH" for one source (or
+     * training.dataset_path), "PATH weight W; ..." for a mixture; has_dataset 0 when none (generate) */
+    char dataset[4096];
+    int has_dataset;
     int tokenizer_path_set;            /* the manifest gives model.tokenizer_path */
     mesh_settings mesh;
     strategy_settings strategies;
