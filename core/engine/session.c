@@ -206,6 +206,13 @@ static void dense_quantizer(const engine_settings *es, quantizer_keys *q) {
     snprintf(q->format_key, sizeof q->format_key, "%s.format", q->section);
 }
 
+const char *session_quant_format_key(const session *s, char *out, size_t len) {
+    quantizer_keys q;
+    dense_quantizer(&s->cfg, &q);
+    snprintf(out, len, "%s", q.format_key);
+    return out;
+}
+
 const char *session_quant_recipe(const session *s, char *out, size_t len) {
     const ct_search_knob *list = s->quantp ? plugin_knobs(&s->quantp->info) : NULL;
     size_t at = 0;

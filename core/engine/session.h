@@ -172,6 +172,8 @@ ct_status session_step_params(session *s, double lr, int64_t step);
  * knobs (ABI 2.21, ct_plugin_info.knobs; the planner's layout line names it by the same words), one
  * word each, into out (len bytes, "" when it has none or no quantizer is loaded). Returns out. */
 const char *session_quant_recipe(const session *s, char *out, size_t len);
+/* The dense quantizer's format key (quantize.dense.NAME.format), where a message about its recipe points. */
+const char *session_quant_format_key(const session *s, char *out, size_t len);
 /* 1 when the quantizer asks a data-parallel strategy to gather its converted weights in float8
  * (ABI 2.19's gather_quantized; the strategy env's fp8_all_gather); 0 without one. */
 int session_quant_gathers(const ct_quantizer_api *qapi, ct_quantizer *q);

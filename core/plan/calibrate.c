@@ -1136,9 +1136,9 @@ static int open_compute(cal *c, manifest *mf) {
     c->s.qapi = c->s.quantp->info.api;
     ct_clear_error();
     if (c->s.qapi->create(&c->s.quantp->host, c->s.d, c->s.dev, &c->s.quant) != CT_OK) {
-        char where[600];
+        char where[600], key[200];
         c->s.quant = NULL;
-        mf_where(mf, "quantize.dense.float8.format", where, sizeof where);
+        mf_where(mf, session_quant_format_key(&c->s, key, sizeof key), where, sizeof where);
         cal_error(c, "%s: %s", where, ct_last_error());
         return -1;
     }
