@@ -137,6 +137,11 @@ static int tt_converters(manifest *mf, const char *v) {
     return linear || grouped_f8 || grouped_mx;
 }
 
+const char *const tt_quantizer_recipe_keys[] = {"quantize.linear.float8.recipe_name", "quantize.linear.mx.recipe_name",
+                                                NULL};
+
+int tt_converter_quantizes(const char *s, size_t n) { return memmem(s, n, "float8", 6) || memmem(s, n, "mx", 2); }
+
 int tt_dense_quantizer_requested(manifest *mf) {
     int on = 0;
     const char *v;

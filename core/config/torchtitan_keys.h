@@ -3,6 +3,8 @@
 #ifndef CT_TORCHTITAN_KEYS_H
 #define CT_TORCHTITAN_KEYS_H
 
+#include <stddef.h>
+
 typedef struct tt_key {
     const char *key;     /* dotted, as torchtitan spells it */
     const char *accept;  /* values accepted: "*" any, "a|b" these (each item of a list), "" only empty;
@@ -23,5 +25,11 @@ typedef struct manifest manifest;
  * model.converters: quantize.grouped_mm.* alone sets the plugin's linears false, and
  * quantize.grouped_mm.mx its grouped_mm_recipe mxfp8 where unset), else 0. */
 int tt_dense_quantizer_requested(manifest *mf);
+/* torchtitan's keys that turn the dense quantizer on beside the plugin's own switch (its recipe names),
+ * up to a NULL: a manifest the planner writes drops them and keeps the switch alone. */
+extern const char *const tt_quantizer_recipe_keys[];
+/* 1 when the model.converters item s[0..n) is one of torchtitan's quantizing converters (float8, mx and
+ * their quantize.linear / quantize.grouped_mm spellings), else 0. */
+int tt_converter_quantizes(const char *s, size_t n);
 
 #endif

@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "engine/mesh.h"
 #include "base/util.h"
+#include "config/torchtitan_keys.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -615,15 +616,14 @@ ct_status plan_write_manifest(const manifest *mf, const plan_layout *l, const ch
     if (l->ac == PLAN_AC_SELECTIVE_LAYER) kv_setf(&s, "activation_checkpoint.selective_ac_option", "%lld", l->ac_every);
     if (l->offload) kv_setf(&s, "activation_offload.layers", "%lld", l->offload);
     else kv_del(&s, "activation_offload.layers"); /* (0 is the default) */
-    /* float8 is on by quantize.dense.float8.enable alone: torchtitan's other spellings go */
-    kv_del(&s, "quantize.linear.float8.recipe_name");
-    kv_del(&s, "quantize.linear.mx.recipe_name");
+    /* the quantizer is on by its own switch (a knob) alone: torchtitan's other spellings go */
+    for (int i = 0; tt_quantizer_recipe_keys[i]; i++) kv_del(&s, tt_quantizer_recipe_keys[i]);
     kv *conv = kv_find(&s, "model.converters");
-    if (conv && !l->quant) { /* only the converters that are not float8 stay */
+    if (conv && !l->quant) { /* only the converters that do not quantize stay */
         char kept[4096] = "";
         for (char *item = conv->value; *item;) {
             size_t n = strcspn(item, ",");
-            if (!memmem(item, n, "float8", 6) && !memmem(item, n, "mx", 2))
+            if (!tt_converter_quantizes(item, n))
                 snprintf(kept + strlen(kept), sizeof kept - strlen(kept), "%s%.*s", kept[0] ? "," : "", (int)n, item);
             item += n + (item[n] == ',');
         }
