@@ -32,20 +32,21 @@ static const char *type_name(ct_opt_type t) {
     return "?";
 }
 
-/* The manifest section the core reads a plugin of this kind's options from. */
-static const char *kind_section(ct_plugin_kind kind) {
-    switch (kind) {
+/* The manifest section the core reads a plugin's options from (a quantizer's is quantize.dense.NAME). */
+static const char *plugin_section(const ct_plugin_info *in, char *buf, size_t len) {
+    switch (in->kind) {
     case CT_KIND_STRATEGY:
     case CT_KIND_SCHEDULE:
     case CT_KIND_PIPELINE: return "parallelism";
-    case CT_KIND_QUANTIZER: return "quantize.dense.float8";
-    default: return plugin_kind_name(kind);
+    case CT_KIND_QUANTIZER: snprintf(buf, len, "quantize.dense.%s", in->name); return buf;
+    default: return plugin_kind_name(in->kind);
     }
 }
 
 static void describe(const plugin *p) {
     const ct_plugin_info *in = &p->info;
-    const char *section = kind_section(in->kind);
+    char buf[200];
+    const char *section = plugin_section(in, buf, sizeof buf);
     int n = 0;
     while (in->options && CT_AT(const ct_option_spec, in->options, n)->key) n++;
     printf("%s\n", p->path);
