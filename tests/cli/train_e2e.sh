@@ -36,6 +36,19 @@ grep -q '^sample:' "$T/a.log" || fail "no sample printed"
 # AdamW is elementwise (ABI 1.4): the decayed tensors and the norms, stored apart, in one call each
 grep -qE '^optimizer: adamw: [0-9]+ parameter tensors updated in 2 calls per step$' "$T/a.log" ||
   fail "optimizer calls: $(grep '^optimizer:' "$T/a.log")"
+# metrics.peak_tflops states the peak MFU is against instead of the device's probe: 2 steps at a
+# stated 0.1 TFLOP/s, each record's mfu its tflops over 0.1
+"$CTITAN" train "$T/run.yaml" --training.steps=2 --generate.max_new_tokens=0 --metrics.peak_tflops=0.1 \
+  --job.dump_folder="$T/peak" >"$T/peak.log" 2>&1 || { cat "$T/peak.log"; fail "train with metrics.peak_tflops"; }
+grep -q '^device: cpu, f32 matmul peak 100.0 GFLOP/s (as metrics.peak_tflops states it;' "$T/peak.log" ||
+  fail "metrics.peak_tflops: device line $(grep '^device:' "$T/peak.log")"
+! grep -q '^\[info cpu\] peak' "$T/peak.log" || fail "metrics.peak_tflops: the device still probed its peak"
+grep '"loss"' "$T/peak/metrics.jsonl" | python3 -c '
+import json, sys
+recs = [json.loads(l) for l in sys.stdin]
+ok = len(recs) == 2 and all(abs(r["mfu"] - 100 * r["tflops"] / 0.1) <= 1e-6 * max(1, r["mfu"]) for r in recs)
+print(("ok  " if ok else "FAIL") + " metrics.peak_tflops 0.1: mfu " + ", ".join("%.2f%% at %.5f TFLOP/s" % (r["mfu"], r["tflops"]) for r in recs))
+sys.exit(0 if ok else 1)' || fail "metrics.peak_tflops: mfu not against the stated peak"
 # the same seed gives the same run, bit for bit (the printed losses and norms)
 "$CTITAN" train "$T/run.yaml" >/dev/null 2>&1 || fail "second run"
 cut -d, -f1-3 "$T/a.jsonl" >"$T/a.cut"; grep '"loss"' "$T/out/metrics.jsonl" | tail -30 | cut -d, -f1-3 >"$T/b.cut"
